@@ -1,0 +1,114 @@
+"""TRM on Sudoku-Extreme.
+
+  --config=configs/trm_sudoku.py        paper setup, MLP-t variant (87.4%)
+  --config=configs/trm_sudoku.py:att    paper setup, attention variant (74.7%)
+  --config=configs/trm_sudoku.py:cpu    small model and generated puzzles that
+                                        learn on a 2-core CPU in minutes
+  (`:cpu,att` = the small model with attention)
+
+The paper setup is upstream's README command
+  pretrain.py data_paths=[data/sudoku-extreme-1k-aug-1000] epochs=50000
+  eval_interval=5000 lr=1e-4 puzzle_emb_lr=1e-4 weight_decay=1.0
+  puzzle_emb_weight_decay=1.0 arch.mlp_t=True arch.pos_encodings=none
+  arch.H_cycles=3 arch.L_cycles=6 ema=True  (global batch 768)
+Upstream trained it on 1 L40S in about 18-36 h (paper: 87.4% MLP-t, 74.7%
+attention, exact accuracy on the 423k test puzzles).
+"""
+import ml_collections
+
+from trm import config_lib
+
+# Upstream measures time in epochs over the 1,000 training groups.
+_GROUPS, _BATCH = 1000, 768
+
+
+def get_config(arg=None):
+  variants = config_lib.parse_variants(arg, {"cpu", "mlp", "att"})
+  if {"mlp", "att"} <= variants:
+    raise ValueError("Choose one of the variants 'mlp' and 'att'.")
+  attention = "att" in variants
+  c = ml_collections.ConfigDict()
+
+  c.model = ml_collections.ConfigDict(dict(
+      name="trm",               # model family, see trm/models/__init__.py
+      hidden_size=512,          # width D
+      num_heads=8,              # attention heads (head_dim = D / heads)
+      expansion=4.0,            # SwiGLU expansion
+      L_layers=2,               # depth of the one shared network
+      H_cycles=3,               # T: outer recursions per ACT step
+      L_cycles=6,               # n: z_L updates per outer recursion
+      halt_max_steps=16,        # N_sup: ACT supervision steps
+      halt_exploration_prob=0.1,  # chance a row must run a random min steps
+      puzzle_emb_ndim=512,      # puzzle-embedding width (0 = none)
+      puzzle_emb_len=16,        # prefix positions in front of the tokens
+      pos_encodings="rope" if attention else "none",  # rope | learned | none
+      mlp_t=not attention,      # token-mixing MLP instead of attention
+      rms_norm_eps=1e-5,        # scale-free RMSNorm epsilon
+      rope_theta=10000.0,       # RoPE base
+      forward_dtype="bfloat16",  # activations; parameters stay float32
+      no_ACT_continue=True,     # halt on sigmoid(q_halt) alone (TRM)
+  ))
+
+  c.data = ml_collections.ConfigDict(dict(
+      name="sudoku",            # dataset builder in trm/data/
+      data_dir="data/sudoku-extreme-1k-aug-1000",  # '' = <workdir>/data
+      epochs_per_iter=5000,     # epochs per shuffle block (upstream eval_interval)
+      eval_batch_size=_BATCH,   # global batch of the evaluation
+      max_eval_batches=-1,      # evaluate on at most this many (-1: all)
+      prefetch=2,               # batches Grain prepares ahead
+      # How to build the data when data_dir holds none:
+      build=ml_collections.ConfigDict(dict(
+          source="hub",         # hub (download) | csv (from csv_dir) | generate
+          csv_dir="",           # directory with train.csv / test.csv
+          subsample_size=1000,  # training puzzles kept (-1: all)
+          num_aug=1000,         # augmented copies of each training puzzle
+          min_difficulty=-1,    # minimum rating kept (-1: no filter)
+          num_train=1000,       # generate: training puzzles
+          num_test=1000,        # generate: test puzzles
+          num_blanks=40,        # generate: blank cells per puzzle
+          seed=0,               # builder seed (subsample, augmentation)
+      )),
+  ))
+
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-4,                  # AdamATan2 peak learning rate
+      lr_min_ratio=1.0,         # cosine floor; 1.0 = constant after warmup
+      warmup_steps=2000,        # linear warmup from lr/warmup_steps
+      beta1=0.9,                # AdamATan2 betas
+      beta2=0.95,
+      weight_decay=1.0,         # decoupled, on every parameter
+      puzzle_emb_lr=1e-4,       # sparse sign-SGD on the puzzle embeddings
+      puzzle_emb_weight_decay=1.0,
+      ema=True,                 # evaluate and keep an EMA of the parameters
+      ema_rate=0.999,           # EMA decay
+  ))
+
+  c.seed = 0                    # model init, ACT exploration, data order
+  c.global_batch_size = _BATCH  # rows per train step, over all devices
+  c.total_steps = 50000 * _GROUPS // _BATCH  # 50k epochs = 65,104 steps
+  c.eval_every = 5000 * _GROUPS // _BATCH    # 5k epochs = 6,510 steps
+  c.checkpoint_every = c.eval_every          # save cadence in steps
+  c.keep_checkpoints = 3        # newest checkpoints kept on disk
+  c.log_every = 100             # train metrics cadence in steps
+  c.mesh = config_lib.mesh_config()
+  c.logical_axis_rules = config_lib.default_logical_axis_rules()
+
+  if "cpu" in variants:
+    # Small enough to learn on 2 CPU cores in a few minutes: generated
+    # puzzles with fewer blanks, a narrow model, fewer recursions.
+    c.model.update(hidden_size=128, num_heads=4, H_cycles=2, L_cycles=2,
+                   halt_max_steps=4, puzzle_emb_ndim=128,
+                   forward_dtype="float32")
+    c.data.update(data_dir="", epochs_per_iter=1, eval_batch_size=256,
+                  max_eval_batches=-1)
+    c.data.build.update(source="generate", subsample_size=-1, num_aug=0,
+                        num_train=20000, num_test=1000, num_blanks=30)
+    c.optim.update(lr=1e-3, puzzle_emb_lr=1e-2, warmup_steps=100,
+                   weight_decay=0.1, puzzle_emb_weight_decay=0.1,
+                   ema_rate=0.99)
+    c.global_batch_size = 64
+    c.total_steps = 2000
+    c.eval_every = 500
+    c.checkpoint_every = 500
+    c.log_every = 50
+  return c.lock()

@@ -1,0 +1,32 @@
+"""Install: `pip install -e .` (CPU), `pip install -e .[test]`, `.[tpu]` or `.[gpu]`."""
+from setuptools import find_packages, setup
+
+setup(
+    name="trm",
+    version="0.1.0",
+    description="GSPMD-style mesh-sharded training of Tiny Recursive Models in JAX.",
+    packages=find_packages(include=["trm", "trm.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax==0.10.2",
+        "flax==0.12.8",
+        "optax==0.2.8",
+        "orbax-checkpoint==0.12.8",
+        "ml-collections==1.1.0",
+        "clu==0.0.12",
+        "grain==0.2.18",
+        "absl-py>=2.1",
+        "numpy>=1.26",
+        "tensorflow-datasets==4.9.10",
+        # clu.metric_writers imports both without declaring them.
+        "tensorflow-cpu==2.21.0",
+        "tensorboard==2.21.0",
+    ],
+    extras_require={
+        "test": ["pytest>=8"],
+        "tpu": ["jax[tpu]==0.10.2"],
+        "gpu": ["jax[cuda12]==0.10.2"],
+        # Reading the upstream Sudoku CSVs from the Hugging Face Hub.
+        "hub": ["huggingface_hub"],
+    },
+)

@@ -1,0 +1,1 @@
+"""Mesh-sharded training of Tiny Recursive Models (and friends) in JAX."""

@@ -1,0 +1,55 @@
+"""Orbax checkpoints of the train state with the Grain iterator beside it.
+
+Each checkpoint step holds two items: `state` (the whole TrainState: params,
+optimizer, EMA, puzzle table, ACT carry) and `data_iter` (the Grain iterator
+position), so a resumed run continues on exactly the data it would have seen.
+Orbax writes a step into a temporary directory and renames it when complete,
+so a crash mid-save leaves the previous checkpoints as they were. Restores go
+onto the shardings of the *current* mesh, whatever mesh wrote them.
+"""
+from __future__ import annotations
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+
+
+def make_manager(directory: str, *, max_to_keep: int,
+                 async_save: bool = True) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(
+      directory,
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep, create=True,
+          enable_async_checkpointing=async_save),
+      item_names=("state", "data_iter"))
+
+
+def save(manager: ocp.CheckpointManager, step: int, state, data_iter) -> None:
+  """Starts an (async) save of `state` and the iterator position at `step`."""
+  manager.save(step, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state),
+      data_iter=grain.checkpoint.CheckpointSave(data_iter)), force=True)
+
+
+def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
+  """Restores the newest checkpoint onto `abstract_state`'s shardings.
+
+  `data_iter` is moved to the saved position in place. Returns the state, or
+  None when the directory holds no checkpoint.
+  """
+  step = manager.latest_step()
+  if step is None:
+    return None
+  logging.info("Restoring checkpoint step %d from %s", step, manager.directory)
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract_state),
+      data_iter=grain.checkpoint.CheckpointRestore(data_iter)))
+  return restored["state"]
+
+
+def abstract_like(state):
+  """ShapeDtypeStructs (with shardings) of a concrete state."""
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+      state)

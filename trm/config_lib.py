@@ -1,0 +1,48 @@
+"""Helpers shared by the config files in `configs/`."""
+from __future__ import annotations
+
+import ml_collections
+
+
+def parse_variants(arg: str | None, allowed: set[str]) -> set[str]:
+  """'cpu,att' -> {'cpu', 'att'}; unknown names are a clear error."""
+  names = {a.strip() for a in (arg or "").split(",") if a.strip()}
+  unknown = names - allowed
+  if unknown:
+    raise ValueError(f"Unknown config variant(s) {sorted(unknown)}; choose "
+                     f"from {sorted(allowed)} (e.g. --config=FILE.py:cpu).")
+  return names
+
+
+def default_logical_axis_rules():
+  """Logical axis -> mesh axes, ordered, first match wins.
+
+  Batch over data x fsdp; weights' model width over fsdp (ZeRO-3 style) and
+  their inner widths (MLP, heads, vocabulary) over model (tensor parallel).
+  """
+  return (
+      ("activation_batch", ("data", "fsdp")),
+      ("activation_length", None),
+      ("activation_embed", None),
+      ("activation_heads", "model"),
+      ("embed", "fsdp"),
+      ("mlp", "model"),
+      ("heads", "model"),
+      ("vocab", "model"),
+      ("token", None),
+      ("token_mlp", "model"),
+      ("puzzle", "fsdp"),
+      ("puzzle_embed", "model"),
+  )
+
+
+def mesh_config(data: int = -1, fsdp: int = 1, model: int = 1,
+                dcn_data: int = 1) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      data=data,      # data-parallel size inside a slice (-1: the rest)
+      fsdp=fsdp,      # fully-sharded data-parallel size inside a slice
+      model=model,    # tensor-parallel size inside a slice
+      dcn_data=dcn_data,  # number of slices, data parallel across them
+      dcn_fsdp=1,     # fsdp across slices (rarely useful)
+      dcn_model=1,    # tensor parallel across slices (rarely useful)
+  ))

@@ -1,0 +1,1 @@
+"""Dataset builders and input pipelines."""

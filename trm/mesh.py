@@ -1,0 +1,183 @@
+"""The device mesh and logical-axis sharding, both built from the config.
+
+Mesh axes are always ('data', 'fsdp', 'model'). `config.mesh.{data,fsdp,model}`
+are sizes inside one slice (ICI); `config.mesh.dcn_{data,fsdp,model}` are sizes
+across slices (DCN). One ICI size may be -1: "all remaining devices".
+
+Parameters and activations carry logical axis names ('embed', 'mlp',
+'activation_batch', ...); `config.logical_axis_rules` maps them to mesh axes,
+ordered, first match wins. Nothing in the code names a mesh axis per array.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "model")
+# Logical name of the batch axis of activations and input batches.
+BATCH = "activation_batch"
+
+
+class MeshConfigError(ValueError):
+  """A mesh or batch setting that cannot work on the devices at hand."""
+
+
+def _resolve_sizes(sizes: Sequence[int], num_devices: int,
+                   what: str) -> tuple[int, ...]:
+  """Replaces a single -1 so that the product equals `num_devices`."""
+  sizes = [int(s) for s in sizes]
+  names = [f"{what}{a}" for a in MESH_AXES]
+  for name, size in zip(names, sizes):
+    if size == 0 or size < -1:
+      raise MeshConfigError(
+          f"config.{name}={size}: mesh sizes must be positive, or -1 for "
+          "'the remaining devices'.")
+  if sizes.count(-1) > 1:
+    raise MeshConfigError(
+        f"config.{', config.'.join(n for n, s in zip(names, sizes) if s == -1)}"
+        " are all -1: at most one mesh axis may be -1.")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise MeshConfigError(
+          f"The fixed mesh sizes {dict(zip(names, sizes))} multiply to {known}, "
+          f"which does not divide the {num_devices} devices available; "
+          "change config.mesh so the product divides the device count.")
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise MeshConfigError(
+        f"config.mesh {dict(zip(names, sizes))} has {math.prod(sizes)} devices"
+        f" but {num_devices} are available; set one axis to -1 or make the "
+        "product equal the device count.")
+  return tuple(sizes)
+
+
+def mesh_shapes(mesh_config, num_devices: int) -> tuple[tuple[int, ...],
+                                                         tuple[int, ...]]:
+  """Returns the (ICI, DCN) sizes of ('data', 'fsdp', 'model')."""
+  dcn = tuple(int(mesh_config.get(f"dcn_{a}", 1)) for a in MESH_AXES)
+  for axis, size in zip(MESH_AXES, dcn):
+    if size < 1:
+      raise MeshConfigError(f"config.mesh.dcn_{axis}={size} must be >= 1.")
+  num_slices = math.prod(dcn)
+  if num_devices % num_slices:
+    raise MeshConfigError(
+        f"config.mesh.dcn_* ask for {num_slices} slices, which does not divide"
+        f" the {num_devices} devices available.")
+  ici = _resolve_sizes([mesh_config[a] for a in MESH_AXES],
+                       num_devices // num_slices, "mesh.")
+  return ici, dcn
+
+
+def make_mesh(mesh_config, devices: Sequence[Any] | None = None) -> Mesh:
+  """Builds the ('data', 'fsdp', 'model') mesh with Auto axis types."""
+  devices = list(jax.devices() if devices is None else devices)
+  ici, dcn = mesh_shapes(mesh_config, len(devices))
+  if math.prod(dcn) > 1:
+    if hasattr(devices[0], "slice_index"):
+      array = mesh_utils.create_hybrid_device_mesh(
+          ici, dcn, devices, allow_split_physical_axes=True)
+    else:
+      # Devices without slice information (CPU): consecutive blocks of devices
+      # play the slices, and each mesh axis is (dcn, ici) with dcn outermost,
+      # which is the layout create_hybrid_device_mesh produces.
+      array = np.asarray(devices, dtype=object).reshape(dcn + ici)
+      array = array.transpose(0, 3, 1, 4, 2, 5).reshape(
+          [d * i for d, i in zip(dcn, ici)])
+  elif devices[0].platform == "cpu":
+    array = np.asarray(devices, dtype=object).reshape(ici)
+  else:
+    array = mesh_utils.create_device_mesh(
+        ici, devices, allow_split_physical_axes=True)
+  return Mesh(array, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def logical_rules(config) -> tuple[tuple[str, Any], ...]:
+  """The ordered (logical name, mesh axes) rules as hashable tuples."""
+  rules = []
+  for i, rule in enumerate(config.logical_axis_rules):
+    if len(rule) != 2:
+      raise MeshConfigError(
+          f"config.logical_axis_rules[{i}]={rule!r} must be a pair "
+          "(logical_name, mesh_axis | tuple of mesh axes | None).")
+    name, axes = rule
+    flat = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    for axis in flat:
+      if axis not in MESH_AXES:
+        raise MeshConfigError(
+            f"config.logical_axis_rules[{i}] maps {name!r} to unknown mesh axis"
+            f" {axis!r}; mesh axes are {MESH_AXES}.")
+    rules.append((name, axes if isinstance(axes, str) or axes is None
+                  else tuple(axes)))
+  return tuple(rules)
+
+
+def batch_parallelism(mesh: Mesh, rules) -> int:
+  """How many ways the batch axis is split across devices."""
+  spec = nn.logical_to_mesh_axes((BATCH,), rules)[0]
+  axes = (spec,) if isinstance(spec, str) else tuple(spec or ())
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def check_batch_size(global_batch_size: int, mesh: Mesh, rules,
+                     field: str = "global_batch_size") -> None:
+  """Raises unless the batch splits evenly over devices and processes."""
+  ways = batch_parallelism(mesh, rules)
+  if global_batch_size <= 0 or global_batch_size % ways:
+    raise MeshConfigError(
+        f"config.{field}={global_batch_size} must be a positive multiple of "
+        f"the data-parallel size {ways} (mesh {dict(mesh.shape)}, batch "
+        f"sharded over {nn.logical_to_mesh_axes((BATCH,), rules)[0]}).")
+  if global_batch_size % jax.process_count():
+    raise MeshConfigError(
+        f"config.{field}={global_batch_size} must be divisible by the number "
+        f"of processes ({jax.process_count()}).")
+
+
+def logical_sharding(mesh: Mesh, rules, names: Sequence[str | None]):
+  """NamedSharding for an array whose axes carry these logical names."""
+  return NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(names), rules))
+
+
+def _fit_spec(spec: PartitionSpec, shape, mesh: Mesh) -> PartitionSpec:
+  """Drops mesh axes from dimensions they do not divide (those replicate)."""
+  fitted = []
+  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    flat = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    kept = []
+    for axis in flat:
+      if dim % (math.prod(mesh.shape[a] for a in kept) * mesh.shape[axis]) == 0:
+        kept.append(axis)
+    fitted.append(None if not kept else kept[0] if len(kept) == 1
+                  else tuple(kept))
+  return PartitionSpec(*fitted)
+
+
+def tree_shardings(mesh: Mesh, rules, boxed_tree):
+  """Shardings for a (possibly abstract) tree of `nn.LogicallyPartitioned`.
+
+  A dimension that a mesh axis does not divide (a vocabulary of 11 on
+  model=2) is not split along that axis, as MaxText and big_vision do.
+  """
+  specs = nn.get_partition_spec(boxed_tree)
+  shapes = nn.meta.unbox(boxed_tree)
+  return jax.tree.map(
+      lambda spec, x: NamedSharding(
+          mesh, _fit_spec(nn.logical_to_mesh_axes(tuple(spec), rules)
+                          if spec else PartitionSpec(), x.shape, mesh)),
+      specs, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def constrain(x, names: Sequence[str | None]):
+  """Activation sharding hint by logical names (no-op outside a mesh)."""
+  return nn.with_logical_constraint(x, tuple(names))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())

@@ -1,0 +1,28 @@
+"""Models, chosen by name from the config (`config.model.name`)."""
+from __future__ import annotations
+
+import dataclasses
+
+
+def get_model(model_config, metadata):
+  """Builds the model named by `model_config.name` for a dataset's metadata.
+
+  Sizes that depend on the data (vocabulary, sequence length, number of puzzle
+  identifiers) come from the dataset, as upstream injects them.
+  """
+  kwargs = dict(model_config)
+  name = kwargs.pop("name")
+  if name == "trm":
+    from trm.models import trm  # pylint: disable=g-import-not-at-top
+    known = {f.name for f in dataclasses.fields(trm.TRMConfig)}
+    unknown = set(kwargs) - known
+    if unknown:
+      raise ValueError(f"config.model has keys {sorted(unknown)} that model "
+                       f"'trm' does not know; known: {sorted(known)}.")
+    cfg = trm.TRMConfig(vocab_size=metadata.vocab_size,
+                        seq_len=metadata.seq_len,
+                        num_puzzle_identifiers=metadata.num_puzzle_identifiers,
+                        **kwargs)
+    return trm.TRM(cfg)
+  raise ValueError(f"config.model.name={name!r} is not a known model; "
+                   "known: 'trm'.")

@@ -1,0 +1,193 @@
+"""The training loop, top to bottom: setup, mesh, data, model, shard, step,
+checkpoint, loop. `python -m trm.main` calls `train_and_evaluate`.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+
+import flax.linen as nn
+import jax
+import ml_collections
+from absl import logging
+from clu import metric_writers, parameter_overview, periodic_actions
+
+from trm import checkpoint as ckpt_lib
+from trm import losses
+from trm import mesh as mesh_lib
+from trm import state as state_lib
+from trm import steps
+from trm.data import pipeline, puzzle_dataset, puzzle_format
+from trm.models import get_model
+
+
+def _data_dir(config, workdir: str) -> str:
+  return config.data.data_dir or os.path.join(workdir, "data")
+
+
+def prepare_data(config, workdir: str) -> str:
+  """Builds the dataset named by the config when its directory has none."""
+  data_dir = _data_dir(config, workdir)
+  if config.data.name == "sudoku":
+    from trm.data import sudoku  # pylint: disable=g-import-not-at-top
+    build = config.data.build
+    sudoku.ensure_dataset(
+        data_dir, source=build.source, csv_dir=build.csv_dir or None,
+        subsample_size=(None if build.subsample_size < 0
+                        else build.subsample_size),
+        num_aug=build.num_aug,
+        min_difficulty=(None if build.min_difficulty < 0
+                        else build.min_difficulty),
+        seed=build.seed, num_train=build.num_train, num_test=build.num_test,
+        num_blanks=build.num_blanks)
+  else:
+    raise ValueError(f"config.data.name={config.data.name!r} has no builder; "
+                     "known: 'sudoku'.")
+  return data_dir
+
+
+def evaluate(eval_fn, state, test_source, batch_shardings) -> dict:
+  """Mean metrics over the whole test split (final ACT step of each row)."""
+  totals = None
+  for k in range(len(test_source)):
+    batch = pipeline.to_global(test_source[k], batch_shardings)
+    metrics, _, _ = eval_fn(state, batch)
+    totals = losses.merge(totals, metrics)
+  return losses.compute(totals) if totals else {}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
+  """Trains, evaluates and checkpoints; resumes from `workdir` if it can."""
+  # ---------------------------------------------------------------- setup
+  is_main = jax.process_index() == 0
+  os.makedirs(workdir, exist_ok=True)
+  writer = metric_writers.create_default_writer(
+      workdir, just_logging=not is_main, asynchronous=True)
+  if is_main:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+
+  # ----------------------------------------------------------------- mesh
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  mesh_lib.check_batch_size(config.global_batch_size, mesh, rules)
+  mesh_lib.check_batch_size(config.data.eval_batch_size, mesh, rules,
+                            "data.eval_batch_size")
+  logging.info("Mesh %s over %d devices, %d processes", dict(mesh.shape),
+               mesh.size, jax.process_count())
+
+  # ----------------------------------------------------------------- data
+  data_dir = prepare_data(config, workdir)
+  train_meta, train_arrays = puzzle_format.read_split(data_dir, "train")
+  test_meta, test_arrays = puzzle_format.read_split(data_dir, "test")
+  if (test_meta.seq_len, test_meta.vocab_size) != (train_meta.seq_len,
+                                                   train_meta.vocab_size):
+    raise ValueError(f"{data_dir}: train and test splits disagree on seq_len "
+                     "or vocab_size; rebuild the dataset.")
+  process = dict(process_index=jax.process_index(),
+                 process_count=jax.process_count())
+  train_source = puzzle_dataset.TrainBatches(
+      train_meta, train_arrays, global_batch_size=config.global_batch_size,
+      seed=config.seed, epochs_per_iter=config.data.epochs_per_iter,
+      num_batches=config.total_steps, **process)
+  test_source = puzzle_dataset.TestBatches(
+      test_meta, test_arrays, global_batch_size=config.data.eval_batch_size,
+      max_batches=config.data.max_eval_batches, **process)
+  train_iter = pipeline.grain_iterator(train_source, config.data.prefetch)
+  batch_shardings = pipeline.batch_shardings(mesh, rules)
+
+  # ---------------------------------------------------------------- model
+  model = get_model(config.model, train_meta)
+  tx = steps.make_optimizer(config.optim, config.total_steps)
+
+  # ---------------------------------------------------------------- shard
+  init_fn = state_lib.make_init_fn(model, tx, config.global_batch_size,
+                                   config.seed)
+  abstract, state_shardings = state_lib.abstract_state(init_fn, mesh, rules)
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"),
+                                  max_to_keep=config.keep_checkpoints)
+  state = ckpt_lib.restore_latest(manager, abstract, train_iter)
+  if state is None:
+    state = state_lib.init_state(init_fn, mesh, rules, state_shardings)
+    logging.info("Initialised a new model.")
+  start_step = int(state.step)
+  if is_main:
+    parameter_overview.log_parameter_overview(
+        state.params, include_stats=jax.process_count() == 1)
+  writer.write_hparams({"num_params": int(sum(
+      x.size for x in jax.tree.leaves(state.params)))})
+
+  # ----------------------------------------------------------------- step
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    train_step = jax.jit(
+        functools.partial(steps.train_step, model=model, tx=tx,
+                          optim_config=config.optim,
+                          total_steps=config.total_steps,
+                          global_batch_size=config.global_batch_size),
+        in_shardings=(state_shardings, batch_shardings),
+        out_shardings=(state_shardings, None), donate_argnums=0)
+    eval_step = jax.jit(
+        functools.partial(steps.eval_step, model=model,
+                          use_ema=config.optim.ema),
+        in_shardings=(state_shardings, batch_shardings))
+    compile_start = time.time()
+    train_step = train_step.lower(
+        abstract, pipeline.abstract_batch(config.global_batch_size,
+                                          train_meta.seq_len,
+                                          batch_shardings)).compile()
+  compile_seconds = time.time() - compile_start
+  logging.info("Train step compiled in %.1f s; memory per device: %s",
+               compile_seconds, train_step.memory_analysis())
+  writer.write_scalars(start_step, {"timing/compile_seconds": compile_seconds})
+
+  def run_eval(step: int) -> dict:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      start = time.time()
+      results = evaluate(eval_step, state, test_source, batch_shardings)
+    results = {f"eval/{k}": v for k, v in results.items()}
+    results["eval/seconds"] = time.time() - start
+    writer.write_scalars(step, results)
+    if is_main:
+      with open(os.path.join(workdir, f"eval_{step}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return results
+
+  # ----------------------------------------------------------------- loop
+  report = periodic_actions.ReportProgress(
+      num_train_steps=config.total_steps, writer=writer, every_secs=30)
+  hooks = [report] if is_main else []
+  train_metrics, pending, results = None, None, {}
+  step = start_step
+  logging.info("Training from step %d to %d.", start_step, config.total_steps)
+  with metric_writers.ensure_flushes(writer):
+    while step < config.total_steps:
+      batch = pipeline.to_global(next(train_iter), batch_shardings)
+      with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        state, metrics = train_step(state, batch)
+      step += 1
+      train_metrics = losses.merge(train_metrics, metrics)
+      for hook in hooks:
+        hook(step)
+      # Metrics are fetched one interval late so the host never waits on the
+      # step it just dispatched.
+      if step % config.log_every == 0 or step == config.total_steps:
+        if pending is not None:
+          writer.write_scalars(*pending)
+        pending = (step, {f"train/{k}": v for k, v in
+                          losses.compute(train_metrics).items()})
+        train_metrics = None
+      if step % config.eval_every == 0 or step == config.total_steps:
+        with report.timed("eval"):
+          results = run_eval(step)
+        logging.info("Step %d eval: %s", step, results)
+      if step % config.checkpoint_every == 0 or step == config.total_steps:
+        ckpt_lib.save(manager, step, state, train_iter)
+    if pending is not None:
+      writer.write_scalars(*pending)
+    if start_step >= config.total_steps:  # a finished run: report again
+      results = run_eval(step)
+    manager.wait_until_finished()
+  logging.info("Final evaluation at step %d: %s", step, results)
+  return state, results
