@@ -56,7 +56,8 @@ def act_loss(outputs, carry, *, train: bool):
   rows = labels.shape[0]
   loss_count = rows if train else num_valid
   metrics = {
-      "loss": _average(loss, loss_count),
+      "loss": _average(loss if train else jnp.where(
+          valid, row_lm_loss + 0.5 * row_q_loss, 0).sum(), loss_count),
       "lm_loss": _average(row_lm_loss.sum() if train
                           else jnp.where(valid, row_lm_loss, 0).sum(),
                           loss_count),

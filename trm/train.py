@@ -161,33 +161,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   train_metrics, pending, results = None, None, {}
   step = start_step
   logging.info("Training from step %d to %d.", start_step, config.total_steps)
-  with metric_writers.ensure_flushes(writer):
-    while step < config.total_steps:
-      batch = pipeline.to_global(next(train_iter), batch_shardings)
-      with jax.profiler.StepTraceAnnotation("train", step_num=step):
-        state, metrics = train_step(state, batch)
-      step += 1
-      train_metrics = losses.merge(train_metrics, metrics)
-      for hook in hooks:
-        hook(step)
-      # Metrics are fetched one interval late so the host never waits on the
-      # step it just dispatched.
-      if step % config.log_every == 0 or step == config.total_steps:
-        if pending is not None:
-          writer.write_scalars(*pending)
-        pending = (step, {f"train/{k}": v for k, v in
-                          losses.compute(train_metrics).items()})
-        train_metrics = None
-      if step % config.eval_every == 0 or step == config.total_steps:
-        with report.timed("eval"):
-          results = run_eval(step)
-        logging.info("Step %d eval: %s", step, results)
-      if step % config.checkpoint_every == 0 or step == config.total_steps:
-        ckpt_lib.save(manager, step, state, train_iter)
-    if pending is not None:
-      writer.write_scalars(*pending)
-    if start_step >= config.total_steps:  # a finished run: report again
-      results = run_eval(step)
+  try:
+    with metric_writers.ensure_flushes(writer):
+      while step < config.total_steps:
+        batch = pipeline.to_global(next(train_iter), batch_shardings)
+        with jax.profiler.StepTraceAnnotation("train", step_num=step):
+          state, metrics = train_step(state, batch)
+        step += 1
+        train_metrics = losses.merge(train_metrics, metrics)
+        for hook in hooks:
+          hook(step)
+        # Metrics are fetched one interval late so the host never waits on
+        # the step it just dispatched.
+        if step % config.log_every == 0 or step == config.total_steps:
+          if pending is not None:
+            writer.write_scalars(*pending)
+          pending = (step, {f"train/{k}": v for k, v in
+                            losses.compute(train_metrics).items()})
+          train_metrics = None
+        if step % config.eval_every == 0 or step == config.total_steps:
+          with report.timed("eval"):
+            results = run_eval(step)
+          logging.info("Step %d eval: %s", step, results)
+        if step % config.checkpoint_every == 0 or step == config.total_steps:
+          ckpt_lib.save(manager, step, state, train_iter)
+      if pending is not None:
+        writer.write_scalars(*pending)
+      if start_step >= config.total_steps:  # a finished run: report again
+        results = run_eval(step)
+  finally:
+    # Also on a crash: a save in flight completes, so the newest checkpoint
+    # on disk is whole.
     manager.wait_until_finished()
   logging.info("Final evaluation at step %d: %s", step, results)
   return state, results
