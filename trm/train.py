@@ -193,5 +193,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     # Also on a crash: a save in flight completes, so the newest checkpoint
     # on disk is whole.
     manager.wait_until_finished()
-  logging.info("Final evaluation at step %d: %s", step, results)
+  logging.info("Final evaluation at step %d: %s", step, "  ".join(
+      f"{k.removeprefix('eval/')}={v:.4f}" for k, v in sorted(results.items())))
   return state, results
