@@ -8,7 +8,6 @@ Uses the trainer's own mesh, state, sharding and step code on random
 Sudoku-shaped batches (vocab 11, 81 cells, 1 puzzle id), so it needs no
 dataset. Prints the device, compile seconds, steps/s and examples/s.
 """
-import functools
 import time
 
 import flax.linen as nn
@@ -58,15 +57,8 @@ def main(_):
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     start = time.time()
-    step_fn = jax.jit(
-        functools.partial(steps.train_step, model=model, tx=tx,
-                          optim_config=config.optim,
-                          total_steps=config.total_steps,
-                          global_batch_size=batch_size),
-        in_shardings=(shardings, batch_shardings),
-        out_shardings=(shardings, None), donate_argnums=0).lower(
-            abstract, pipeline.abstract_batch(batch_size, 81,
-                                              batch_shardings)).compile()
+    step_fn = steps.compile_train_step(config, model, tx, abstract, shardings,
+                                       batch_shardings, SUDOKU.seq_len)
     compile_seconds = time.time() - start
   for _ in range(2):
     state, metrics = step_fn(state, batch())

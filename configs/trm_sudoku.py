@@ -47,6 +47,7 @@ def get_config(arg=None):
       rope_theta=10000.0,       # RoPE base
       forward_dtype="bfloat16",  # activations; parameters stay float32
       no_ACT_continue=True,     # halt on sigmoid(q_halt) alone (TRM)
+      remat=False,              # recompute blocks in backward (less memory)
   ))
 
   c.data = ml_collections.ConfigDict(dict(

@@ -197,3 +197,16 @@ def test_sigkill_mid_run_then_resume_matches(tmp_path, data_dir):
   for a, b in zip(jax.tree.leaves(_params(reference)),
                   jax.tree.leaves(_params(resumed))):
     np.testing.assert_array_equal(a, b)
+
+
+def test_remote_data_dir_is_a_clear_error():
+  config = tiny_config(**{"data.data_dir": "gs://bucket/sudoku"})
+  with pytest.raises(ValueError, match="config.data.data_dir"):
+    train.prepare_data(config, "/tmp/unused")
+
+
+@pytest.mark.parametrize("key", ["total_steps", "eval_every",
+                                 "checkpoint_every", "data.epochs_per_iter"])
+def test_non_positive_cadence_is_a_clear_error(tmp_path, key):
+  with pytest.raises(ValueError, match=f"config.{key}=0"):
+    train.train_and_evaluate(tiny_config(**{key: 0}), str(tmp_path))

@@ -90,3 +90,21 @@ def eval_step(state: TrainState, batch, *, model: trm_model.TRM,
   carry, outputs = step(carry)
   _, metrics = losses.act_loss(outputs, carry, train=False)
   return metrics, jnp.argmax(outputs["logits"], -1), outputs["q_halt_logits"]
+
+
+def compile_train_step(config, model, tx, abstract_state, state_shardings,
+                       batch_shardings, seq_len: int):
+  """The train step jitted with shardings and donation, compiled ahead of time.
+
+  Call inside `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`.
+  """
+  from trm.data import pipeline  # pylint: disable=g-import-not-at-top
+  jitted = jax.jit(
+      functools.partial(train_step, model=model, tx=tx,
+                        optim_config=config.optim,
+                        total_steps=config.total_steps,
+                        global_batch_size=config.global_batch_size),
+      in_shardings=(state_shardings, batch_shardings),
+      out_shardings=(state_shardings, None), donate_argnums=0)
+  return jitted.lower(abstract_state, pipeline.abstract_batch(
+      config.global_batch_size, seq_len, batch_shardings)).compile()

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 from absl import logging
+from etils import epath
 from clu import metric_writers, parameter_overview, periodic_actions
 
 from trm import checkpoint as ckpt_lib
@@ -24,7 +25,24 @@ from trm.models import get_model
 
 
 def _data_dir(config, workdir: str) -> str:
-  return config.data.data_dir or os.path.join(workdir, "data")
+  data_dir = config.data.data_dir or os.path.join(workdir, "data")
+  if "://" in data_dir:
+    raise ValueError(
+        f"Dataset directory {data_dir!r} is remote, but datasets are memory-"
+        "mapped from local disk: set --config.data.data_dir to a local path "
+        "(each worker builds or copies its own).")
+  return data_dir
+
+
+def check_config(config) -> None:
+  """Rejects values that would only fail (or misbehave) deep in the run."""
+  for key in ("total_steps", "eval_every", "checkpoint_every", "log_every",
+              "keep_checkpoints", "data.epochs_per_iter", "data.prefetch"):
+    node = config
+    for name in key.split("."):
+      node = node[name]
+    if node <= 0:
+      raise ValueError(f"config.{key}={node} must be a positive integer.")
 
 
 def prepare_data(config, workdir: str) -> str:
@@ -61,13 +79,14 @@ def evaluate(eval_fn, state, test_source, batch_shardings) -> dict:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Trains, evaluates and checkpoints; resumes from `workdir` if it can."""
   # ---------------------------------------------------------------- setup
+  check_config(config)
   is_main = jax.process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
+  workpath = epath.Path(workdir)  # local or gs://
+  workpath.mkdir(parents=True, exist_ok=True)
   writer = metric_writers.create_default_writer(
       workdir, just_logging=not is_main, asynchronous=True)
   if is_main:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
+    (workpath / "config.json").write_text(config.to_json_best_effort(indent=2))
 
   # ----------------------------------------------------------------- mesh
   mesh = mesh_lib.make_mesh(config.mesh)
@@ -106,7 +125,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   init_fn = state_lib.make_init_fn(model, tx, config.global_batch_size,
                                    config.seed)
   abstract, state_shardings = state_lib.abstract_state(init_fn, mesh, rules)
-  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"),
+  manager = ckpt_lib.make_manager(str(workpath / "checkpoints"),
                                   max_to_keep=config.keep_checkpoints)
   state = ckpt_lib.restore_latest(manager, abstract, train_iter)
   if state is None:
@@ -121,25 +140,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
 
   # ----------------------------------------------------------------- step
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    train_step = jax.jit(
-        functools.partial(steps.train_step, model=model, tx=tx,
-                          optim_config=config.optim,
-                          total_steps=config.total_steps,
-                          global_batch_size=config.global_batch_size),
-        in_shardings=(state_shardings, batch_shardings),
-        out_shardings=(state_shardings, None), donate_argnums=0)
     eval_step = jax.jit(
         functools.partial(steps.eval_step, model=model,
                           use_ema=config.optim.ema),
         in_shardings=(state_shardings, batch_shardings))
     compile_start = time.time()
-    train_step = train_step.lower(
-        abstract, pipeline.abstract_batch(config.global_batch_size,
-                                          train_meta.seq_len,
-                                          batch_shardings)).compile()
+    train_step = steps.compile_train_step(config, model, tx, abstract,
+                                          state_shardings, batch_shardings,
+                                          train_meta.seq_len)
   compile_seconds = time.time() - compile_start
-  logging.info("Train step compiled in %.1f s; memory per device: %s",
-               compile_seconds, train_step.memory_analysis())
+  memory = train_step.memory_analysis()
+  logging.info(
+      "Train step compiled in %.1f s; per device: arguments %.1f MiB, "
+      "temporaries %.1f MiB", compile_seconds,
+      getattr(memory, "argument_size_in_bytes", 0) / 2**20,
+      getattr(memory, "temp_size_in_bytes", 0) / 2**20)
   writer.write_scalars(start_step, {"timing/compile_seconds": compile_seconds})
 
   def run_eval(step: int) -> dict:
@@ -150,8 +165,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     results["eval/seconds"] = time.time() - start
     writer.write_scalars(step, results)
     if is_main:
-      with open(os.path.join(workdir, f"eval_{step}.json"), "w") as f:
-        json.dump(results, f, indent=1)
+      (workpath / f"eval_{step}.json").write_text(json.dumps(results, indent=1))
     return results
 
   # ----------------------------------------------------------------- loop

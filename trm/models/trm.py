@@ -51,6 +51,7 @@ class TRMConfig:
   rope_theta: float = 10000.0
   forward_dtype: str = "bfloat16"
   no_ACT_continue: bool = True
+  remat: bool = False  # recompute each block in the backward pass
 
   def __post_init__(self):
     if not self.no_ACT_continue:
@@ -146,8 +147,9 @@ class ReasoningNet(nn.Module):
   @nn.compact
   def __call__(self, h, injection, rope):
     h = h + injection
+    block = nn.remat(Block) if self.cfg.remat else Block
     for i in range(self.cfg.L_layers):
-      h = Block(self.cfg, name=f"layers_{i}")(h, rope)
+      h = block(self.cfg, name=f"layers_{i}")(h, rope)
     return h
 
 
