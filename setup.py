@@ -23,7 +23,8 @@ setup(
         "tensorboard==2.21.0",
     ],
     extras_require={
-        "test": ["pytest>=8"],
+        # libtpu (via jax[tpu]) lets the tests compile for TPU topologies.
+        "test": ["pytest>=8", "jax[tpu]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
         "gpu": ["jax[cuda12]==0.10.2"],
         # Reading the upstream Sudoku CSVs from the Hugging Face Hub.

@@ -20,17 +20,14 @@ from trm import mesh as mesh_lib
 from trm import state as state_lib
 from trm import steps
 from trm.data import pipeline
-from trm.data.puzzle_format import PuzzleDatasetMetadata
+from trm.data import sudoku
 from trm.models import get_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                           lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (after 2 warm-up).")
 
-SUDOKU = PuzzleDatasetMetadata(
-    pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=11,
-    seq_len=81, num_puzzle_identifiers=1, total_groups=1,
-    mean_puzzle_examples=1, total_puzzles=1, sets=["all"])
+SUDOKU = sudoku.dataset_metadata(1)
 
 
 def main(_):

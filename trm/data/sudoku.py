@@ -566,6 +566,26 @@ def _load_source(output_dir: str, source: str, csv_dir: Optional[str],
           for split, path in paths.items()}
 
 
+def dataset_metadata(n: int) -> puzzle_format.PuzzleDatasetMetadata:
+  """Metadata of a Sudoku split with `n` original puzzles (groups)."""
+  return puzzle_format.PuzzleDatasetMetadata(
+      pad_id=0,
+      ignore_label_id=0,
+      blank_identifier_id=0,
+      vocab_size=VOCAB_SIZE,
+      seq_len=SEQ_LEN,
+      num_puzzle_identifiers=1,
+      total_groups=n,
+      mean_puzzle_examples=1.0,
+      # Upstream stores the number of *groups* here, not puzzles. Kept so the
+      # files match upstream's; upstream only uses it to weight
+      # mean_puzzle_examples when merging datasets, which stays correct
+      # because every Sudoku puzzle has exactly one example.
+      total_puzzles=n,
+      sets=["all"],
+  )
+
+
 def _encode_split(boards: np.ndarray, solutions: np.ndarray, num_aug: int,
                   rng: np.random.Generator):
   """Upstream arrays and metadata for one split.
@@ -594,22 +614,7 @@ def _encode_split(boards: np.ndarray, solutions: np.ndarray, num_aug: int,
       "puzzle_indices": np.arange(n_puzzles + 1, dtype=np.int32),
       "group_indices": np.arange(0, n_puzzles + 1, per, dtype=np.int32),
   }
-  metadata = puzzle_format.PuzzleDatasetMetadata(
-      pad_id=0,
-      ignore_label_id=0,
-      blank_identifier_id=0,
-      vocab_size=VOCAB_SIZE,
-      seq_len=SEQ_LEN,
-      num_puzzle_identifiers=1,
-      total_groups=n,
-      mean_puzzle_examples=1.0,
-      # Upstream stores the number of *groups* here, not puzzles. Kept so the
-      # files match upstream's; upstream only uses it to weight
-      # mean_puzzle_examples when merging datasets, which stays correct
-      # because every Sudoku puzzle has exactly one example.
-      total_puzzles=n,
-      sets=["all"],
-  )
+  metadata = dataset_metadata(n)
   return metadata, {"all": arrays}
 
 

@@ -319,3 +319,26 @@ def act_step(model: TRM, variables, carry: Carry, puzzle_vectors, *,
                             steps=steps, halted=halted)
   return new_carry, {"logits": logits, "q_halt_logits": q_halt,
                      "q_continue_logits": q_continue}
+
+
+def net_call_flops(cfg: TRMConfig) -> int:
+  """Matmul FLOPs of one application of the shared network, per example."""
+  s, d = cfg.total_len, cfg.hidden_size
+  block = 6 * s * d * layers.swiglu_width(d, cfg.expansion)  # channel SwiGLU
+  if cfg.mlp_t:
+    block += 6 * d * s * layers.swiglu_width(s, cfg.expansion)  # token SwiGLU
+  else:
+    block += 8 * s * d * d + 4 * s * s * d  # q,k,v,o projections; scores, AV
+  return cfg.L_layers * block
+
+
+def train_flops_per_example(cfg: TRMConfig) -> int:
+  """Model FLOPs of one train step per example (recomputation not counted).
+
+  Forward: H_cycles * (L_cycles + 1) network calls and the LM head; backward
+  (twice the forward) through the last L_cycles + 1 calls and the head only.
+  """
+  calls_forward = cfg.H_cycles * (cfg.L_cycles + 1)
+  calls_backward = 2 * (cfg.L_cycles + 1)
+  head = 6 * cfg.seq_len * cfg.hidden_size * cfg.vocab_size
+  return net_call_flops(cfg) * (calls_forward + calls_backward) + head

@@ -1,0 +1,495 @@
+r"""Runs the trainer on every worker of one or more Cloud TPU slices.
+
+  python launch/tpu_pod.py all --name=trm-a --project=P --zone=us-central2-b \
+      --accelerator_type=v4-64 --num_slices=2 --workdir=gs://BUCKET/run \
+      --config=configs/trm_sudoku.py --override=total_steps=1000
+
+Sub-commands: create, setup, run, logs, stop, delete, all (= create, setup,
+run, logs). Every gcloud command is printed (`shlex.join`) before it runs;
+`--dry_run` prints them and runs nothing. See launch/README.md.
+
+The command lists are built by pure functions (`create_commands(args)`, ...)
+so tests can check them without gcloud.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Fixed locations on each worker. `~` is left for the remote shell to expand,
+# so these are never passed through shlex.quote.
+REMOTE_DIR = "~/trm"
+REMOTE_VENV = "~/trm_venv"
+REMOTE_LOG = "~/trm_run.log"
+_UPLOAD_DIR = "~/trm_upload"
+
+DEFAULT_RUNTIME = "tpu-ubuntu2204-base"
+# Ray's TPU multislice helper uses 8081 as the default MEGASCALE port.
+DEFAULT_MEGASCALE_PORT = 8081
+# Stands in for slice 0 worker 0's IP where it cannot be looked up (dry run).
+COORDINATOR_PLACEHOLDER = "SLICE0_WORKER0_IP"
+
+# Anchored at the start of the command line so it matches the python process
+# but not the remote `bash -c '... python -m trm.main ...'` shell that runs
+# pkill itself (a bare `pkill -f trm.main` would kill its own shell).
+_TRAINER_PATTERN = r"^[^ ]*python[0-9.]* -m trm[.]main( |$)"
+
+_ACCEL_RE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-([0-9]+)$")
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+SUBCOMMANDS = ("create", "setup", "run", "logs", "stop", "delete", "all")
+
+
+class LaunchError(ValueError):
+  """A bad flag value; the message names the flag."""
+
+
+# ---------------------------------------------------------------------------
+# Topology.
+
+
+def hosts_per_slice(accelerator_type: str) -> int:
+  """Worker VMs in one slice of `accelerator_type` (e.g. v4-64 -> 8)."""
+  m = _ACCEL_RE.match(accelerator_type or "")
+  if not m:
+    raise LaunchError(
+        f"--accelerator_type: expected GENERATION-SIZE with GENERATION in "
+        f"v2, v3, v4, v5p, v5litepod, v6e (e.g. v4-8, v4-64, v5p-128, "
+        f"v5litepod-16), got {accelerator_type!r}")
+  gen, size = m.group(1), int(m.group(2))
+  if gen in ("v5litepod", "v6e"):
+    # Size counts chips: up to 8 on one host, 4 chips a host beyond that.
+    if size not in (1, 4, 8) and (size < 16 or size % 16):
+      raise LaunchError(f"--accelerator_type: no {gen} slice of size {size}")
+    return 1 if size <= 8 else size // 4
+  # Size counts TensorCores: 8 a host (v4/v5p: 4 chips x 2 cores).
+  if size < 8 or size % 8:
+    raise LaunchError(
+        f"--accelerator_type: {gen} sizes are multiples of 8, got {size}")
+  return size // 8
+
+
+def node_names(args) -> list[str]:
+  """TPU VM names: NAME for one slice, NAME-0 .. NAME-{n-1} for a queued
+  resource created with --node-prefix=NAME (gcloud's naming)."""
+  if args.num_slices == 1:
+    return [args.name]
+  return [f"{args.name}-{i}" for i in range(args.num_slices)]
+
+
+def _location(args) -> list[str]:
+  # Left out when unset: gcloud then uses compute/zone and core/project.
+  flags = []
+  if args.zone:
+    flags.append(f"--zone={args.zone}")
+  if args.project:
+    flags.append(f"--project={args.project}")
+  return flags
+
+
+# ---------------------------------------------------------------------------
+# Validation.
+
+
+def split_override(text: str) -> tuple[str, str]:
+  """'model.hidden=512' -> ('model.hidden', '512')."""
+  key, sep, value = text.partition("=")
+  if not sep or not _KEY_RE.match(key):
+    raise LaunchError(
+        f"--override: expected KEY=VALUE with a dotted config key such as "
+        f"total_steps=1000 or mesh.fsdp=8, got {text!r}")
+  return key, value
+
+
+def _split_env(text: str) -> tuple[str, str]:
+  key, sep, value = text.partition("=")
+  if not sep or not _ENV_RE.match(key):
+    raise LaunchError(f"--env: expected NAME=VALUE, got {text!r}")
+  return key, value
+
+
+def validate(args, subcommand: str) -> None:
+  """Raises LaunchError (naming the flag) before anything is run."""
+  if not args.name or not _NAME_RE.match(args.name):
+    raise LaunchError(
+        f"--name: lower-case letters, digits and '-', starting with a letter "
+        f"(it names the TPU VM or queued resource), got {args.name!r}")
+  if args.num_slices < 1:
+    raise LaunchError(f"--num_slices: must be >= 1, got {args.num_slices}")
+  needs_hosts = subcommand in ("create", "run", "all")
+  if needs_hosts or args.accelerator_type is not None:
+    hosts = hosts_per_slice(args.accelerator_type)
+  for text in args.override:
+    split_override(text)
+  for text in args.env:
+    _split_env(text)
+  if not 1 <= args.megascale_port <= 65535:
+    raise LaunchError(f"--megascale_port: not a port: {args.megascale_port}")
+
+  if subcommand in ("setup", "all"):
+    if bool(args.code_dir) == bool(args.repo_url):
+      raise LaunchError("setup: give exactly one of --repo_url (git clone on "
+                        "the workers) or --code_dir (copy a local directory)")
+    if args.code_dir and not os.path.isdir(args.code_dir):
+      raise LaunchError(f"--code_dir: no such directory: {args.code_dir!r}")
+
+  if subcommand in ("run", "all"):
+    if not args.config:
+      raise LaunchError("--config: required, e.g. configs/trm_sudoku.py")
+    path = args.config.partition(":")[0]
+    if os.path.isabs(path):
+      raise LaunchError(
+          f"--config: give the path relative to the repository root (the "
+          f"workers resolve it inside {REMOTE_DIR}), got {path!r}")
+    root = args.code_dir or REPO_ROOT
+    if not os.path.isfile(os.path.join(root, path)):
+      raise LaunchError(f"--config: no file {path!r} under {root}")
+    if not args.workdir:
+      raise LaunchError("--workdir: required (gs://BUCKET/DIR on a pod)")
+    if hosts * args.num_slices > 1 and not re.match(r"^gs://[^/]+",
+                                                    args.workdir):
+      raise LaunchError(
+          f"--workdir: {args.accelerator_type} x {args.num_slices} slice(s) "
+          f"is {hosts * args.num_slices} hosts; every host must see the same "
+          f"checkpoints, so use a gs://BUCKET/... path, got {args.workdir!r}")
+
+
+# ---------------------------------------------------------------------------
+# Command builders (pure: args in, list of argv lists out).
+
+
+def _ssh(args, node: str, script: str, worker: str = "all") -> list[str]:
+  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", node, *_location(args),
+          f"--worker={worker}",
+          # Many workers at once: a host-key prompt would stall them all.
+          "--strict-host-key-checking=no",
+          f"--command={script}"]
+
+
+def create_commands(args) -> list[list[str]]:
+  """One TPU VM, or a multislice queued resource (VMs NAME-0, NAME-1, ...)."""
+  capacity = {"on_demand": [], "spot": ["--spot"],
+              "reserved": ["--reserved"]}[args.capacity]
+  if args.num_slices == 1:
+    return [["gcloud", "compute", "tpus", "tpu-vm", "create", args.name,
+             *_location(args), f"--accelerator-type={args.accelerator_type}",
+             f"--version={args.runtime_version}", *capacity]]
+  return [["gcloud", "compute", "tpus", "queued-resources", "create",
+           args.name, f"--node-count={args.num_slices}",
+           f"--node-prefix={args.name}",
+           f"--accelerator-type={args.accelerator_type}",
+           f"--runtime-version={args.runtime_version}", *_location(args),
+           *capacity]]
+
+
+def wait_command(args) -> list[str]:
+  """Prints the queued resource's state (ACTIVE once its VMs are up)."""
+  return ["gcloud", "compute", "tpus", "queued-resources", "describe",
+          args.name, *_location(args), "--format=value(state.state)"]
+
+
+def _install_script() -> str:
+  # python3-venv is missing on the base image; the dpkg lock is often held by
+  # unattended upgrades right after boot, hence the lock timeout.
+  venv = (f"{{ [ -x {REMOTE_VENV}/bin/pip ] || {{ sudo apt-get -qq update && "
+          f"sudo DEBIAN_FRONTEND=noninteractive apt-get -qq -o "
+          f"DPkg::Lock::Timeout=600 install -y python3-venv && "
+          f"python3 -m venv --clear {REMOTE_VENV}; }}; }}")
+  return " && ".join([
+      venv, f". {REMOTE_VENV}/bin/activate", f"cd {REMOTE_DIR}",
+      "pip install -q -U pip", "pip install -q -e '.[tpu]'",
+      # Workers must run identical code (else their HLOs differ and the job
+      # hangs): print each worker's commit so a mismatch is visible.
+      'echo "$(hostname): trm installed at $(git rev-parse --short HEAD '
+      '2>/dev/null || echo copied-code)"'])
+
+
+def setup_commands(args) -> list[list[str]]:
+  """Puts the code in ~/trm on every worker of every slice and installs it."""
+  commands = []
+  for node in node_names(args):
+    if args.code_dir:
+      # Copied next to ~/trm and merged in, so a local workdir such as
+      # ~/trm/runs/x survives a re-setup.
+      commands.append(_ssh(args, node, f"rm -rf {_UPLOAD_DIR}"))
+      commands.append(
+          ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse",
+           args.code_dir, f"{node}:{_UPLOAD_DIR}", *_location(args),
+           "--worker=all", "--strict-host-key-checking=no"])
+      fetch = (f"mkdir -p {REMOTE_DIR} && cp -a {_UPLOAD_DIR}/. {REMOTE_DIR}/"
+               f" && rm -rf {_UPLOAD_DIR}")
+    else:
+      # Fetching the revision itself works for branches, tags and commits.
+      fetch = (f"{{ [ -d {REMOTE_DIR}/.git ] || git clone -q "
+               f"{shlex.quote(args.repo_url)} {REMOTE_DIR}; }} && "
+               f"cd {REMOTE_DIR} && git fetch -q origin "
+               f"{shlex.quote(args.revision)} && "
+               f"git checkout -q --detach FETCH_HEAD")
+    commands.append(_ssh(args, node, f"{fetch} && {_install_script()}"))
+  return commands
+
+
+def coordinator_lookup_command(args) -> list[str]:
+  """Prints the internal IPs of slice 0's workers, worker 0 first."""
+  return ["gcloud", "compute", "tpus", "tpu-vm", "describe",
+          node_names(args)[0], *_location(args),
+          "--flatten=networkEndpoints[]",
+          "--format=csv[no-heading](networkEndpoints.ipAddress)"]
+
+
+def megascale_env(args, slice_id: int, coordinator_ip: str) -> dict[str, str]:
+  """What libtpu reads to join N slices into one job over the DCN."""
+  return {
+      "MEGASCALE_COORDINATOR_ADDRESS": f"{coordinator_ip}:{args.megascale_port}",
+      "MEGASCALE_NUM_SLICES": str(args.num_slices),
+      "MEGASCALE_SLICE_ID": str(slice_id),
+      "MEGASCALE_PORT": str(args.megascale_port),
+  }
+
+
+def train_command(args) -> str:
+  """`python -m trm.main ...` as one remote shell string, every value quoted."""
+  argv = ["python", "-m", "trm.main", f"--config={args.config}",
+          f"--workdir={args.workdir}"]
+  for text in args.override:
+    key, value = split_override(text)
+    argv.append(f"--config.{key}={value}")
+  return shlex.join(argv)
+
+
+def _kill_script() -> str:
+  pattern = shlex.quote(_TRAINER_PATTERN)
+  # SIGTERM, up to 30 s for the TPU to be released, then SIGKILL.
+  return (f"{{ pkill -f {pattern}; for _ in $(seq 30); do "
+          f"pgrep -f {pattern} > /dev/null || break; sleep 1; done; "
+          f"pkill -9 -f {pattern}; true; }}")
+
+
+def remote_run_script(args, slice_id: int, coordinator_ip: str | None) -> str:
+  """What one slice's workers execute: stop old run, start the trainer."""
+  env = dict(_split_env(text) for text in args.env)
+  if args.num_slices > 1 and args.megascale_env:
+    env.update(megascale_env(args, slice_id, coordinator_ip))
+  parts = [f". {REMOTE_VENV}/bin/activate", f"cd {REMOTE_DIR}",
+           # A trainer left over on any worker holds its TPU and would stall
+           # the new job on every other worker.
+           _kill_script()]
+  parts += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+  # setsid+nohup: the trainer outlives the ssh session; the braces keep the
+  # `&` from backgrounding the whole && chain (so set-up errors still fail).
+  parts.append(f"{{ setsid nohup {train_command(args)} > {REMOTE_LOG} 2>&1 "
+               f"< /dev/null & }}")
+  parts.append(f'echo "$(hostname): trm.main started, pid $!, log '
+               f'{REMOTE_LOG}"')
+  return " && ".join(parts)
+
+
+def run_commands(args, coordinator_ip: str | None = None) -> list[list[str]]:
+  """The same trainer on every worker of every slice (one ssh per slice)."""
+  if coordinator_ip is None:
+    coordinator_ip = args.coordinator_address or COORDINATOR_PLACEHOLDER
+  return [_ssh(args, node, remote_run_script(args, i, coordinator_ip))
+          for i, node in enumerate(node_names(args))]
+
+
+def logs_commands(args) -> list[list[str]]:
+  """Follows slice 0 worker 0's log (process 0 logs the metrics)."""
+  return [_ssh(args, node_names(args)[0], f"tail -n 200 -F {REMOTE_LOG}",
+               worker="0")]
+
+
+def stop_commands(args) -> list[list[str]]:
+  return [_ssh(args, node, _kill_script()) for node in node_names(args)]
+
+
+def delete_commands(args) -> list[list[str]]:
+  if args.num_slices == 1:
+    return [["gcloud", "compute", "tpus", "tpu-vm", "delete", args.name,
+             *_location(args), "--quiet"]]
+  # --force also deletes the queued resource's TPU VMs.
+  return [["gcloud", "compute", "tpus", "queued-resources", "delete",
+           args.name, *_location(args), "--force", "--quiet"]]
+
+
+# ---------------------------------------------------------------------------
+# Running.
+
+
+def _show(command: list[str]) -> None:
+  print(shlex.join(command), flush=True)
+
+
+def execute(commands: list[list[str]], dry_run: bool) -> None:
+  for command in commands:
+    _show(command)
+    if not dry_run:
+      subprocess.run(command, check=True)
+
+
+def _capture(command: list[str]) -> str:
+  _show(command)
+  return subprocess.run(command, check=True, capture_output=True,
+                        text=True).stdout.strip()
+
+
+def wait_until_active(args) -> None:
+  """Polls the queued resource; its VMs are usable once it is ACTIVE."""
+  if args.dry_run:
+    _show(wait_command(args))
+    return
+  deadline = time.monotonic() + args.max_wait_minutes * 60
+  while True:
+    state = _capture(wait_command(args))
+    print(f"queued resource {args.name}: {state or '?'}", flush=True)
+    if state == "ACTIVE":
+      return
+    if state in ("FAILED", "SUSPENDED", "SUSPENDING"):
+      raise RuntimeError(f"queued resource {args.name} is {state}")
+    if time.monotonic() > deadline:
+      raise RuntimeError(f"queued resource {args.name} not ACTIVE after "
+                         f"{args.max_wait_minutes} min (--max_wait_minutes)")
+    time.sleep(30)
+
+
+def coordinator_ip(args) -> str | None:
+  """Slice 0 worker 0's internal IP (looked up unless given or not needed)."""
+  if args.num_slices == 1 or not args.megascale_env:
+    return None
+  if args.coordinator_address:
+    return args.coordinator_address
+  command = coordinator_lookup_command(args)
+  if args.dry_run:
+    _show(command)
+    return COORDINATOR_PLACEHOLDER
+  ips = _capture(command).split()
+  if not ips:
+    raise RuntimeError(f"no network endpoints for {node_names(args)[0]}")
+  return ips[0]
+
+
+def dispatch(args) -> None:
+  sub = args.subcommand
+  if sub in ("create", "all"):
+    execute(create_commands(args), args.dry_run)
+    if sub == "all" and args.num_slices > 1:
+      wait_until_active(args)
+  if sub in ("setup", "all"):
+    execute(setup_commands(args), args.dry_run)
+  if sub in ("run", "all"):
+    execute(run_commands(args, coordinator_ip(args)), args.dry_run)
+  if sub in ("logs", "all"):
+    execute(logs_commands(args), args.dry_run)
+  if sub == "stop":
+    execute(stop_commands(args), args.dry_run)
+  if sub == "delete":
+    execute(delete_commands(args), args.dry_run)
+
+
+# ---------------------------------------------------------------------------
+# Flags.
+
+
+def _common_flags() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(add_help=False)
+  p.add_argument("--name", required=True,
+                 help="TPU VM name (one slice) or queued-resource name and "
+                 "node prefix (several slices: VMs NAME-0, NAME-1, ...).")
+  p.add_argument("--project", help="GCP project (default: gcloud config).")
+  p.add_argument("--zone", help="e.g. us-central2-b (default: gcloud config).")
+  p.add_argument("--accelerator_type",
+                 help="Slice type, e.g. v4-8 (1 host) or v4-64 (8 hosts).")
+  p.add_argument("--num_slices", type=int, default=1,
+                 help="Slices joined over the DCN (>1: queued resource).")
+  p.add_argument("--runtime_version", default=DEFAULT_RUNTIME,
+                 help="TPU VM image.")
+  p.add_argument("--capacity", choices=("on_demand", "spot", "reserved"),
+                 default="on_demand")
+  p.add_argument("--max_wait_minutes", type=float, default=120,
+                 help="`all`: how long to wait for a queued resource.")
+  p.add_argument("--repo_url", help="setup: git URL cloned on each worker.")
+  p.add_argument("--revision", default="HEAD",
+                 help="setup: branch, tag or commit to check out (a commit "
+                 "guarantees every worker runs the same code).")
+  p.add_argument("--code_dir",
+                 help="setup: local directory copied to each worker instead "
+                 "of --repo_url.")
+  p.add_argument("--config",
+                 help="Config path relative to the repo root, optionally "
+                 "with :variant.")
+  p.add_argument("--workdir", help="gs://BUCKET/DIR (required on >1 host).")
+  p.add_argument("--override", action="append", default=[],
+                 metavar="KEY=VALUE",
+                 help="Repeatable; becomes --config.KEY=VALUE.")
+  p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                 help="Repeatable; exported before the trainer starts.")
+  p.add_argument("--megascale_port", type=int, default=DEFAULT_MEGASCALE_PORT)
+  p.add_argument("--coordinator_address",
+                 help="Slice 0 worker 0 IP/hostname (default: looked up with "
+                 "`tpu-vm describe`).")
+  p.add_argument("--no_megascale_env", dest="megascale_env",
+                 action="store_false",
+                 help="Do not export MEGASCALE_*; rely on the values the "
+                 "queued resource puts in the VMs' tpu-env metadata.")
+  p.add_argument("--dry_run", action="store_true",
+                 help="Print every command, run nothing.")
+  return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="tpu_pod.py",
+      description="Run trm on every worker of one or more Cloud TPU slices.")
+  subs = parser.add_subparsers(dest="subcommand", required=True)
+  common = _common_flags()
+  helps = {
+      "create": "create the TPU VM (1 slice) or queued resource (>1)",
+      "setup": "get the code onto every worker and pip install -e .[tpu]",
+      "run": "start the trainer in the background on every worker",
+      "logs": "follow slice 0 worker 0's log",
+      "stop": "kill the trainer on every worker",
+      "delete": "delete the TPU VM / queued resource",
+      "all": "create, setup, run, logs",
+  }
+  for name in SUBCOMMANDS:
+    subs.add_parser(name, parents=[common], help=helps[name])
+  return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  """Parses and validates; exits with a usage error naming the bad flag."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  try:
+    validate(args, args.subcommand)
+  except LaunchError as e:
+    parser.error(str(e))
+  return args
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    dispatch(args)
+  except subprocess.CalledProcessError as e:
+    print(f"tpu_pod.py: command failed with exit status {e.returncode}: "
+          f"{shlex.join(e.cmd)}", file=sys.stderr)
+    return e.returncode or 1
+  except RuntimeError as e:
+    print(f"tpu_pod.py: {e}", file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    return 130
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,111 @@
+"""TPU compile checks on a CPU host (libtpu compile-only devices)."""
+import functools
+import importlib.util
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from trm import aot
+from trm import mesh as mesh_lib
+from trm.data import sudoku
+from trm.models import trm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sudoku_config(variant="cpu"):
+  spec = importlib.util.spec_from_file_location(
+      "trm_sudoku", os.path.join(ROOT, "configs", "trm_sudoku.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant)
+
+
+@pytest.mark.parametrize("name, generation, shape, chips", [
+    ("v4-8", "v4", "2x2x1", 4), ("v4-64", "v4", "2x4x4", 32),
+    ("v4-4096", "v4", "8x16x16", 2048), ("v5p-128", "v5p", "4x4x4", 64),
+    ("v5e-16", "v5e", "4x4", 16), ("v5litepod-256", "v5e", "16x16", 256),
+])
+def test_topology_names(name, generation, shape, chips):
+  topology = aot.parse_topology(name)
+  assert (topology.generation, topology.shape, topology.chips) == (
+      generation, shape, chips)
+
+
+@pytest.mark.parametrize("name", ["v4-7", "v4-6", "v3-8", "tpu", "v5e-3"])
+def test_bad_topology_names(name):
+  with pytest.raises(ValueError, match="--topology"):
+    aot.parse_topology(name)
+
+
+@pytest.mark.parametrize("num_slices", [1, 2])
+def test_small_trm_compiles_for_v4_8(num_slices):
+  config = sudoku_config()
+  config.mesh.dcn_data = num_slices
+  report = aot.compile_report(config, aot.parse_topology("v4-8"), num_slices,
+                              sudoku.dataset_metadata(1))
+  assert report["chips"] == 4 * num_slices
+  assert report["mesh"] == {"data": 4 * num_slices, "fsdp": 1, "model": 1}
+  assert report["fits"]
+  assert 0 < report["total_gib"] < 1
+  assert report["train_flops_per_step"] > 0
+  assert "verdict: FITS" in aot.format_report(report)
+
+
+def test_slices_must_match_the_mesh():
+  config = sudoku_config()
+  with pytest.raises(mesh_lib.MeshConfigError, match="dcn_data=2"):
+    aot.compile_report(config, aot.parse_topology("v4-8"), 2,
+                       sudoku.dataset_metadata(1))
+
+
+def test_mesh_that_does_not_fit_the_topology_is_a_clear_error():
+  config = sudoku_config()
+  config.mesh.update(data=2, fsdp=1, model=1)  # 2 of v4-8's 4 chips
+  with pytest.raises(mesh_lib.MeshConfigError, match="4 are available"):
+    aot.compile_report(config, aot.parse_topology("v4-8"), 1,
+                       sudoku.dataset_metadata(1))
+
+
+def test_cli_reports_does_not_fit_with_exit_code_1():
+  # A 100M-row puzzle table, replicated over the data axis: 24 GiB of
+  # parameters per chip plus its update does not fit a v4 chip.
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.aot", "--config=configs/trm_sudoku.py:cpu",
+       "--topology=v4-8", "--num_puzzle_identifiers=100000000"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+  assert "verdict: DOES NOT FIT" in result.stdout
+
+
+def test_flops_formula_matches_xla_cost_analysis():
+  """With one H cycle (no loops) XLA counts every FLOP of the step."""
+  for mlp_t in (True, False):
+    cfg = trm.TRMConfig(vocab_size=11, seq_len=81, num_puzzle_identifiers=1,
+                        hidden_size=256, num_heads=4, H_cycles=1, L_cycles=2,
+                        puzzle_emb_ndim=256, mlp_t=mlp_t,
+                        forward_dtype="float32")
+    model = trm.TRM(cfg)
+    variables = nn.meta.unbox(jax.eval_shape(
+        functools.partial(trm.init_variables, model, jax.random.PRNGKey(0))))
+    batch = 8
+    carry = jax.eval_shape(lambda: trm.empty_carry(cfg, batch))
+    vectors = jax.ShapeDtypeStruct((batch, 256), jnp.float32)
+
+    def loss(params, carry, vectors):
+      _, out = trm.act_step(model, {**variables, "params": params}, carry,
+                            vectors, train=False)
+      return jnp.sum(out["logits"])
+
+    compiled = jax.jit(jax.grad(loss)).lower(
+        variables["params"], carry, vectors).compile()
+    xla_flops = compiled.cost_analysis()["flops"]
+    # The step formula counts the forward of all H*(L+1) calls plus the
+    # backward of the last L+1; with H=1 that is 3x the forward.
+    ours = trm.train_flops_per_example(cfg) * batch
+    assert abs(xla_flops - ours) / ours < 0.15, (mlp_t, xla_flops, ours)

@@ -1,0 +1,260 @@
+"""launch/tpu_pod.py: the gcloud commands it builds, without running gcloud."""
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "launch", "tpu_pod.py")
+
+# launch/ is not a package; load the script as a module.
+_spec = importlib.util.spec_from_file_location("tpu_pod", SCRIPT)
+tpu_pod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tpu_pod)
+
+TRAIN = ("python -m trm.main --config=configs/trm_sudoku.py "
+         "--workdir=gs://bucket/run --config.total_steps=1000")
+MULTI = ["--name=trm-a", "--project=proj", "--zone=us-central2-b",
+         "--accelerator_type=v4-64", "--num_slices=2",
+         "--workdir=gs://bucket/run", "--config=configs/trm_sudoku.py",
+         "--override=total_steps=1000",
+         "--repo_url=https://github.com/example/trm.git", "--revision=abc123"]
+
+
+def _args(*flags, sub="all"):
+  return tpu_pod.parse_args([sub, *flags])
+
+
+def _remote(command):
+  """The remote shell string of a `tpu-vm ssh ... --command=...` argv."""
+  (script,) = [a[len("--command="):] for a in command
+               if a.startswith("--command=")]
+  return script
+
+
+def _is(command, *words):
+  expected = ["gcloud", "compute", "tpus", *words]
+  return command[:len(expected)] == expected
+
+
+@pytest.fixture(name="no_gcloud")
+def _no_gcloud(tmp_path):
+  """PATH whose `gcloud` records being called (a real one may be installed)."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  marker = tmp_path / "gcloud_was_called"
+  stub = bin_dir / "gcloud"
+  stub.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(marker))}\nexit 1\n")
+  stub.chmod(0o755)
+  env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+  return env, marker
+
+
+def _cli(env, *argv):
+  return subprocess.run([sys.executable, "launch/tpu_pod.py", *argv],
+                        cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=60, check=False)
+
+
+def test_cli_dry_run_two_slices(no_gcloud):
+  env, marker = no_gcloud
+  proc = _cli(env, "all", *MULTI, "--dry_run")
+  assert proc.returncode == 0, proc.stderr
+  assert not marker.exists()
+  commands = [shlex.split(line) for line in proc.stdout.splitlines()]
+  assert commands and all(c[0] == "gcloud" for c in commands)
+
+  creates = [c for c in commands if _is(c, "queued-resources", "create")]
+  assert len(creates) == 1
+  assert creates[0][5] == "trm-a"
+  for flag in ("--node-count=2", "--node-prefix=trm-a",
+               "--accelerator-type=v4-64",
+               "--runtime-version=tpu-ubuntu2204-base",
+               "--zone=us-central2-b", "--project=proj"):
+    assert flag in creates[0]
+  # Provisioning is waited for before anything is ssh'd into.
+  waits = [c for c in commands if _is(c, "queued-resources", "describe")]
+  assert commands.index(waits[0]) < min(
+      i for i, c in enumerate(commands) if _is(c, "tpu-vm", "ssh"))
+
+  ssh = [c for c in commands if _is(c, "tpu-vm", "ssh")]
+  setup = [c for c in ssh if "pip install" in _remote(c)]
+  run = [c for c in ssh if "trm.main" in _remote(c) and "pkill" in _remote(c)
+         and "nohup" in _remote(c)]
+  logs = [c for c in ssh if "tail" in _remote(c)]
+  for group in (setup, run):
+    assert [c[5] for c in group] == ["trm-a-0", "trm-a-1"]
+    assert all("--worker=all" in c for c in group)
+  assert all("git clone" in _remote(c) and "abc123" in _remote(c)
+             and "pip install -q -e '.[tpu]'" in _remote(c) for c in setup)
+  for slice_id, command in enumerate(run):
+    script = _remote(command)
+    assert TRAIN in script
+    assert "~/trm_run.log" in script
+    tokens = shlex.split(script)
+    assert "MEGASCALE_NUM_SLICES=2" in tokens
+    assert f"MEGASCALE_SLICE_ID={slice_id}" in tokens
+    assert "MEGASCALE_PORT=8081" in tokens
+    assert any(t.startswith("MEGASCALE_COORDINATOR_ADDRESS=") and
+               t.endswith(":8081") for t in tokens)
+  assert len(logs) == 1 and logs[0][5] == "trm-a-0"
+  assert "--worker=0" in logs[0]
+
+  proc = _cli(env, "delete", *MULTI, "--dry_run")
+  assert proc.returncode == 0, proc.stderr
+  (delete,) = [shlex.split(line) for line in proc.stdout.splitlines()]
+  assert _is(delete, "queued-resources", "delete")
+  assert {"trm-a", "--force", "--quiet"} <= set(delete)
+  assert not marker.exists()
+
+
+def test_cli_dry_run_single_v4_8(no_gcloud):
+  env, marker = no_gcloud
+  flags = ["--name=one", "--zone=us-central2-b", "--accelerator_type=v4-8",
+           "--config=configs/trm_sudoku.py:cpu", "--workdir=runs/x",
+           "--code_dir=."]
+  proc = _cli(env, "all", *flags, "--dry_run")
+  assert proc.returncode == 0, proc.stderr
+  commands = [shlex.split(line) for line in proc.stdout.splitlines()]
+  assert _is(commands[0], "tpu-vm", "create")
+  assert {"one", "--accelerator-type=v4-8",
+          "--version=tpu-ubuntu2204-base"} <= set(commands[0])
+  assert not any(_is(c, "queued-resources") for c in commands)
+  assert any(_is(c, "tpu-vm", "scp") and "--recurse" in c for c in commands)
+  script = _remote(next(c for c in commands if "nohup" in " ".join(c)))
+  # A single host: no slice variables, and a local workdir is allowed.
+  assert "MEGASCALE" not in script
+  assert ("python -m trm.main --config=configs/trm_sudoku.py:cpu "
+          "--workdir=runs/x") in script
+  proc = _cli(env, "delete", *flags, "--dry_run")
+  assert shlex.split(proc.stdout) == [
+      "gcloud", "compute", "tpus", "tpu-vm", "delete", "one",
+      "--zone=us-central2-b", "--quiet"]
+  assert not marker.exists()
+
+
+@pytest.mark.parametrize("sub", tpu_pod.SUBCOMMANDS)
+def test_dry_run_never_calls_subprocess(monkeypatch, capsys, sub):
+  def fail(*a, **k):
+    raise AssertionError(f"subprocess.run called in a dry run: {a} {k}")
+  monkeypatch.setattr(subprocess, "run", fail)
+  assert tpu_pod.main([sub, *MULTI, "--dry_run"]) == 0
+  printed = capsys.readouterr().out.splitlines()
+  assert printed and all(line.startswith("gcloud ") for line in printed)
+
+
+def test_real_run_uses_argv_lists_and_looked_up_coordinator(monkeypatch):
+  calls = []
+
+  def fake_run(command, **kwargs):
+    assert isinstance(command, list) and not kwargs.get("shell")
+    calls.append(command)
+    out = ""
+    if "--format=value(state.state)" in command:
+      out = "ACTIVE\n"
+    elif any(a.startswith("--flatten=networkEndpoints") for a in command):
+      out = "10.1.2.3\n10.1.2.4\n"
+    return subprocess.CompletedProcess(command, 0, stdout=out, stderr="")
+
+  monkeypatch.setattr(subprocess, "run", fake_run)
+  assert tpu_pod.main(["all", *MULTI]) == 0
+  runs = [c for c in calls if "nohup" in " ".join(c)]
+  assert len(runs) == 2
+  for command in runs:
+    tokens = shlex.split(_remote(command))
+    assert "MEGASCALE_COORDINATOR_ADDRESS=10.1.2.3:8081" in tokens
+  assert "--worker=0" in calls[-1]  # logs last
+
+
+def test_builders_match_cli():
+  args = _args(*MULTI, "--coordinator_address=10.0.0.9")
+  assert [c[5] for c in tpu_pod.create_commands(args)] == ["trm-a"]
+  assert tpu_pod.node_names(args) == ["trm-a-0", "trm-a-1"]
+  assert tpu_pod.megascale_env(args, 1, "10.0.0.9") == {
+      "MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.9:8081",
+      "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1",
+      "MEGASCALE_PORT": "8081"}
+  assert tpu_pod.train_command(args) == TRAIN
+  for command in tpu_pod.stop_commands(args):
+    assert "--worker=all" in command and "pkill -f" in _remote(command)
+  no_env = _args(*MULTI, "--no_megascale_env")
+  assert all("MEGASCALE" not in _remote(c) for c in tpu_pod.run_commands(no_env))
+
+
+def test_kill_pattern_spares_its_own_shell():
+  pattern = tpu_pod._TRAINER_PATTERN  # pylint: disable=protected-access
+  assert re.search(pattern, "python -m trm.main --config=c --workdir=w")
+  assert re.search(pattern, "/home/u/trm_venv/bin/python3.10 -m trm.main")
+  script = _remote(tpu_pod.run_commands(_args(*MULTI))[0])
+  # pkill -f matches the full command line of the remote `bash -c SCRIPT`.
+  assert not re.search(pattern, f"bash -c {script}")
+  assert not re.search(pattern, "python -m trm.mainx")
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--workdir", "gs://bucket/run; rm -rf /"),
+    ("--workdir", "gs://bucket/my run $(reboot) `id` 'x' \"y\""),
+    ("--override", "note=a b; rm -rf / && echo 'hi'"),
+])
+def test_values_are_quoted_in_remote_command(flag, value):
+  flags = [f for f in MULTI if not f.startswith(flag)]
+  args = _args(*flags, f"{flag}={value}")
+  expected = (f"--workdir={value}" if flag == "--workdir"
+              else f"--config.{value}")
+  for command in tpu_pod.run_commands(args):
+    tokens = shlex.split(_remote(command))
+    assert expected in tokens
+    assert "rm" not in tokens and "reboot" not in " ".join(
+        t for t in tokens if t != expected)
+
+
+def test_config_path_with_spaces_is_one_token(tmp_path):
+  cfg = tmp_path / "my configs" / "a;b.py"
+  cfg.parent.mkdir()
+  cfg.write_text("")
+  flags = [f for f in MULTI if not f.startswith(("--config", "--repo_url"))]
+  args = _args(*flags, f"--code_dir={tmp_path}",
+               "--config=my configs/a;b.py:variant x")
+  tokens = shlex.split(_remote(tpu_pod.run_commands(args)[0]))
+  assert "--config=my configs/a;b.py:variant x" in tokens
+
+
+@pytest.mark.parametrize("flags, names", [
+    (["--workdir=/tmp/run"], "--workdir"),
+    (["--workdir=runs/x"], "--workdir"),
+    (["--accelerator_type=v4_64"], "--accelerator_type"),
+    (["--accelerator_type=v4-12"], "--accelerator_type"),
+    (["--accelerator_type=tpu-64"], "--accelerator_type"),
+    (["--num_slices=0"], "--num_slices"),
+    (["--config=configs/missing.py"], "--config"),
+    (["--override=total_steps"], "--override"),
+    (["--name=Bad_Name"], "--name"),
+    (["--code_dir=."], "--repo_url"),  # both sources given
+])
+def test_bad_flags_are_rejected_naming_the_flag(capsys, flags, names):
+  keys = {f.split("=")[0] for f in flags}
+  base = [f for f in MULTI if f.split("=")[0] not in keys]
+  with pytest.raises(SystemExit) as e:
+    _args(*base, *flags)
+  assert e.value.code == 2
+  assert names in capsys.readouterr().err
+
+
+def test_multi_host_workdir_check_counts_slices():
+  # One v4-8 host may use a local workdir; two v4-8 slices may not.
+  single = ["--name=a", "--accelerator_type=v4-8", "--workdir=runs/x",
+            "--config=configs/trm_sudoku.py"]
+  _args(*single, sub="run")
+  with pytest.raises(SystemExit):
+    _args(*single, "--num_slices=2", sub="run")
+
+
+@pytest.mark.parametrize("accelerator, hosts", [
+    ("v4-8", 1), ("v4-16", 2), ("v4-64", 8), ("v5p-128", 16), ("v2-32", 4),
+    ("v5litepod-8", 1), ("v5litepod-16", 4), ("v6e-256", 64)])
+def test_hosts_per_slice(accelerator, hosts):
+  assert tpu_pod.hosts_per_slice(accelerator) == hosts
