@@ -2,14 +2,16 @@
 
 Each checkpoint step holds two items: `state` (the whole TrainState: params,
 optimizer, EMA, puzzle table, ACT carry) and `data_iter` (the Grain iterator
-position), so a resumed run continues on exactly the data it would have seen.
+state), so a resumed run continues on exactly the data it would have seen.
+Every process's iterator walks the same sequence of *global* batches (each
+takes its rows), so their states are identical: one JSON file, written by the
+primary process, restores onto any number of processes.
 Orbax writes a step into a temporary directory and renames it when complete,
 so a crash mid-save leaves the previous checkpoints as they were. Restores go
 onto the shardings of the *current* mesh, whatever mesh wrote them.
 """
 from __future__ import annotations
 
-import grain
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
@@ -29,7 +31,7 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter) -> None:
   """Starts an (async) save of `state` and the iterator position at `step`."""
   manager.save(step, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state),
-      data_iter=grain.checkpoint.CheckpointSave(data_iter)), force=True)
+      data_iter=ocp.args.JsonSave(data_iter.get_state())), force=True)
 
 
 def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
@@ -44,7 +46,8 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
   logging.info("Restoring checkpoint step %d from %s", step, manager.directory)
   restored = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(abstract_state),
-      data_iter=grain.checkpoint.CheckpointRestore(data_iter)))
+      data_iter=ocp.args.JsonRestore()))
+  data_iter.set_state(restored["data_iter"])
   return restored["state"]
 
 
