@@ -109,3 +109,15 @@ def test_flops_formula_matches_xla_cost_analysis():
     # backward of the last L+1; with H=1 that is 3x the forward.
     ours = trm.train_flops_per_example(cfg) * batch
     assert abs(xla_flops - ours) / ours < 0.15, (mlp_t, xla_flops, ours)
+
+
+def test_multislice_devices_need_dcn_sizes():
+  """Two slices with dcn_data=1 would silently span DCN with ICI axes."""
+  devices = aot.topology_devices(aot.parse_topology("v4-8"), 2)
+  config = sudoku_config()
+  with pytest.raises(mesh_lib.MeshConfigError, match="span 2 slice"):
+    mesh_lib.make_mesh(config.mesh, devices)
+  config.mesh.dcn_data = 2
+  mesh = mesh_lib.make_mesh(config.mesh, devices)
+  # Slice 0's devices hold the first half of the data axis.
+  assert {d.slice_index for d in mesh.devices[:4].flat} == {0}

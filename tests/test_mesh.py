@@ -203,7 +203,7 @@ def test_default_rules_resolution():
   assert spec("activation_batch", "activation_length",
               "activation_embed") == P(("data", "fsdp"), None, None)
   assert spec("token", "token_mlp") == P(None, "model")
-  assert spec("puzzle", "puzzle_embed") == P("fsdp", "model")
+  assert spec("puzzle", "puzzle_embed") == P(None, "fsdp")
   assert spec("vocab", "embed") == P("model", "fsdp")
 
 
@@ -290,7 +290,7 @@ def test_param_shardings_follow_rules(mlp_t):
   assert spec(params["embed_tokens"]["embedding"]) == P(None, "fsdp")
   assert spec(params["lm_head"]["kernel"]) == P("fsdp", None)
   assert spec(params["q_head"]["kernel"]) == P("fsdp", None)
-  assert spec(state.puzzle_emb["weights"]) == P("fsdp", "model")
+  assert spec(state.puzzle_emb["weights"]) == P(None, "fsdp")
   assert spec(state.buffers["H_init"]) == P("fsdp")
   for leaf in jax.tree.leaves(params):
     assert leaf.sharding.mesh.shape == mesh.shape
@@ -355,7 +355,7 @@ def test_each_device_holds_only_its_shard(mlp_t):
   mu = mu["kernel"]
   assert mu.addressable_shards[0].data.shape == (16, 256)
   table = state.puzzle_emb["weights"]
-  assert table.addressable_shards[0].data.shape == (2, 16)
+  assert table.addressable_shards[0].data.shape == (4, 16)
 
 
 @pytest.mark.parametrize("mlp_t", [False, True])

@@ -19,6 +19,9 @@ def default_logical_axis_rules():
 
   Batch over data x fsdp; weights' model width over fsdp (ZeRO-3 style) and
   their inner widths (MLP, heads, vocabulary) over model (tensor parallel).
+  The puzzle-embedding table is split by columns: its row count (876,406 for
+  ARC-AGI-1) rarely divides a mesh axis, its width (512) does, and a column
+  split keeps lookups and sparse updates local to each device.
   """
   return (
       ("activation_batch", ("data", "fsdp")),
@@ -31,8 +34,8 @@ def default_logical_axis_rules():
       ("vocab", "model"),
       ("token", None),
       ("token_mlp", "model"),
-      ("puzzle", "fsdp"),
-      ("puzzle_embed", "model"),
+      ("puzzle", None),
+      ("puzzle_embed", "fsdp"),
   )
 
 

@@ -79,6 +79,12 @@ def make_mesh(mesh_config, devices: Sequence[Any] | None = None) -> Mesh:
   """Builds the ('data', 'fsdp', 'model') mesh with Auto axis types."""
   devices = list(jax.devices() if devices is None else devices)
   ici, dcn = mesh_shapes(mesh_config, len(devices))
+  if hasattr(devices[0], "slice_index"):
+    slices = len({d.slice_index for d in devices})
+    if slices != math.prod(dcn):
+      raise MeshConfigError(
+          f"The devices span {slices} slice(s) but config.mesh.dcn_* multiply"
+          f" to {math.prod(dcn)}; set --config.mesh.dcn_data={slices}.")
   if math.prod(dcn) > 1:
     if hasattr(devices[0], "slice_index"):
       array = mesh_utils.create_hybrid_device_mesh(

@@ -83,8 +83,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   is_main = jax.process_index() == 0
   workpath = epath.Path(workdir)  # local or gs://
   workpath.mkdir(parents=True, exist_ok=True)
-  writer = metric_writers.create_default_writer(
-      workdir, just_logging=not is_main, asynchronous=True)
+  # Metrics are global: process 0 writes them, the others stay quiet.
+  writer = (metric_writers.create_default_writer(workdir, asynchronous=True)
+            if is_main else metric_writers.MultiWriter([]))
   if is_main:
     (workpath / "config.json").write_text(config.to_json_best_effort(indent=2))
 

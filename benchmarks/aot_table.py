@@ -1,0 +1,82 @@
+r"""Per-chip memory and fit verdicts on TPU topologies, as a Markdown table.
+
+  python benchmarks/aot_table.py [--rows=sudoku,arc] > table.md
+
+Compiles each row's real train step with `trm.aot` (libtpu compile-only
+devices, no TPU needed; `pip install -e .[tpu]`). Rows: model config x
+topology x mesh x batch. ARC rows use the Sudoku config file with ARC's data
+shapes (30x30 grids = 900 tokens, 12 tokens, 876,406 puzzle identifiers for
+ARC-AGI-1 with 1000 augmentations) and upstream's ARC architecture
+(attention, L_cycles 4) until the ARC config exists.
+"""
+import importlib.util
+import os
+import sys
+
+from trm import aot  # sets the libtpu environment before jax loads
+from trm.data import sudoku
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARC_SHAPES = dict(seq_len=900, vocab_size=12, num_puzzle_identifiers=876406)
+ARC_MODEL = dict(mlp_t=False, pos_encodings="rope", L_cycles=4)
+
+# (label, variant, model overrides, shapes, topology, slices, mesh, extra)
+ROWS = {
+    "sudoku": [
+        ("TRM Sudoku MLP-t", "", {}, {}, "v4-8", 1, {}, {}),
+        ("TRM Sudoku MLP-t", "", {}, {}, "v4-64", 1, {}, {}),
+        ("TRM Sudoku MLP-t", "", {}, {}, "v4-64", 2, {"dcn_data": 2}, {}),
+        ("TRM Sudoku attention", "att", {}, {}, "v4-8", 1, {}, {}),
+    ],
+    "arc": [
+        ("TRM ARC-1 (attention)", "", ARC_MODEL, ARC_SHAPES, "v4-8", 1, {}, {}),
+        ("TRM ARC-1 (attention), remat", "", dict(ARC_MODEL, remat=True),
+         ARC_SHAPES, "v4-8", 1, {}, {}),
+        ("TRM ARC-1 (attention)", "", ARC_MODEL, ARC_SHAPES, "v4-64", 1, {},
+         {}),
+        ("TRM ARC-1 (attention), table on fsdp", "", ARC_MODEL, ARC_SHAPES,
+         "v4-64", 1, {"data": 1, "fsdp": -1}, {}),
+    ],
+}
+
+
+def load_config(variant):
+  spec = importlib.util.spec_from_file_location(
+      "trm_sudoku", os.path.join(ROOT, "configs", "trm_sudoku.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant)
+
+
+def main(argv):
+  groups = argv[1].removeprefix("--rows=").split(",") if len(argv) > 1 else \
+      list(ROWS)
+  print("| model | topology | mesh (data, fsdp, model) | global batch | "
+        "per-device batch | args GiB | temp GiB | total GiB / usable | "
+        "verdict | compile s | step s at 50% MFU |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  for group in groups:
+    for label, variant, model, shapes, topo, slices, mesh, extra in ROWS[group]:
+      config = load_config(variant)
+      config.model.update(model)
+      config.mesh.update(mesh)
+      config.update(extra)
+      metadata = sudoku.dataset_metadata(1)
+      metadata = metadata.__class__(**{**metadata.__dict__, **shapes})
+      report = aot.compile_report(config, aot.parse_topology(topo), slices,
+                                  metadata)
+      m = report["mesh"]
+      where = f"{slices} x {topo}" if slices > 1 else topo
+      memory = (f"{report['argument_gib']:.2f} | {report['temp_gib']:.2f} | "
+                f"{report['total_gib']:.2f} / {report['usable_gib']}"
+                if "total_gib" in report else
+                f"- | - | compiler: out of HBM / {report['usable_gib']}")
+      print(f"| {label} | {where} | {m['data']}, {m['fsdp']}, {m['model']} | "
+            f"{report['global_batch_size']} | {report['per_device_batch']:g} |"
+            f" {memory} | {'FITS' if report['fits'] else 'DOES NOT FIT'} | "
+            f"{report['compile_seconds']:.0f} | "
+            f"{report['step_seconds_at_50pct_mfu']:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv)
