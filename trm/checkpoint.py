@@ -12,7 +12,6 @@ onto the shardings of the *current* mesh, whatever mesh wrote them.
 """
 from __future__ import annotations
 
-import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -50,9 +49,3 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
   data_iter.set_state(restored["data_iter"])
   return restored["state"]
 
-
-def abstract_like(state):
-  """ShapeDtypeStructs (with shardings) of a concrete state."""
-  return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-      state)

@@ -184,6 +184,3 @@ def constrain(x, names: Sequence[str | None]):
   """Activation sharding hint by logical names (no-op outside a mesh)."""
   return nn.with_logical_constraint(x, tuple(names))
 
-
-def replicated(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, PartitionSpec())

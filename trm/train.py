@@ -169,6 +169,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       (workpath / f"eval_{step}.json").write_text(json.dumps(results, indent=1))
     return results
 
+  def write_train_metrics(step: int, metrics) -> None:
+    writer.write_scalars(step, {f"train/{k}": v for k, v in
+                                losses.compute(metrics).items()})
+
   # ----------------------------------------------------------------- loop
   report = periodic_actions.ReportProgress(
       num_train_steps=config.total_steps, writer=writer, every_secs=30)
@@ -190,10 +194,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
         # the step it just dispatched.
         if step % config.log_every == 0 or step == config.total_steps:
           if pending is not None:
-            writer.write_scalars(*pending)
-          pending = (step, {f"train/{k}": v for k, v in
-                            losses.compute(train_metrics).items()})
-          train_metrics = None
+            write_train_metrics(*pending)
+          pending, train_metrics = (step, train_metrics), None
         if step % config.eval_every == 0 or step == config.total_steps:
           with report.timed("eval"):
             results = run_eval(step)
@@ -201,7 +203,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
         if step % config.checkpoint_every == 0 or step == config.total_steps:
           ckpt_lib.save(manager, step, state, train_iter)
       if pending is not None:
-        writer.write_scalars(*pending)
+        write_train_metrics(*pending)
       if start_step >= config.total_steps:  # a finished run: report again
         results = run_eval(step)
   finally:
