@@ -18,13 +18,18 @@ setup(
         "absl-py>=2.1",
         "numpy>=1.26",
         "tensorflow-datasets==4.9.10",
+        # Hugging Face checkpoints and tokenizers (DiffuCoder / Dream).
+        "safetensors>=0.4",
+        "tokenizers>=0.19",
         # clu.metric_writers imports both without declaring them.
         "tensorflow-cpu==2.21.0",
         "tensorboard==2.21.0",
     ],
     extras_require={
         # libtpu (via jax[tpu]) lets the tests compile for TPU topologies.
-        "test": ["pytest>=8", "jax[tpu]==0.10.2"],
+        # torch + transformers only build reference models for parity tests.
+        "test": ["pytest>=8", "jax[tpu]==0.10.2", "torch==2.13.0",
+                 "transformers>=4.51,<5"],
         "tpu": ["jax[tpu]==0.10.2"],
         "gpu": ["jax[cuda12]==0.10.2"],
         # Reading the upstream Sudoku CSVs from the Hugging Face Hub.

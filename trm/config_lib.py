@@ -36,6 +36,9 @@ def default_logical_axis_rules():
       ("token_mlp", "model"),
       ("puzzle", None),
       ("puzzle_embed", "fsdp"),
+      ("kv_heads", None),   # 4 key/value heads (Qwen2-7B): rarely divisible
+      ("head_dim", None),
+      ("layers", None),     # the stacked axis of scanned layers
   )
 
 
