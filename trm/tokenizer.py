@@ -1,0 +1,73 @@
+"""DiffuCoder / Dream tokenizer from a checkpoint directory's tokenizer.json.
+
+Qwen2 byte-level BPE plus Dream's special tokens. The ids come from the file
+itself (`<|mask|>` is 151666 and `<|dlm_pad|>` 151667 in the published
+checkpoints) and are checked to exist, so a tokenizer from another model
+fails here with the token's name rather than producing garbage later.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from tokenizers import Tokenizer
+
+MASK = "<|mask|>"
+DLM_PAD = "<|dlm_pad|>"
+END_OF_TEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+@dataclasses.dataclass(frozen=True)
+class DreamTokenizer:
+  tokenizer: Tokenizer
+  mask_id: int
+  eos_id: int               # <|endoftext|>, also the pad id
+  dlm_pad_id: int | None    # Instruct / cpGRPO checkpoints only
+  im_end_id: int | None
+
+  def encode(self, text: str) -> list[int]:
+    return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids) -> str:
+    return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+  def stop_ids(self) -> list[int]:
+    """Where a completion ends, as the reference callers split it."""
+    return [i for i in (self.eos_id, self.dlm_pad_id, self.im_end_id)
+            if i is not None]
+
+
+def chat_prompt(query: str, system: str = SYSTEM_PROMPT) -> str:
+  """The Instruct prompt as DiffuCoder's README builds it by hand.
+
+  Note the newline before the user turn's <|im_end|>, which
+  `apply_chat_template` would not add; the model was prompted this way.
+  """
+  return (f"{IM_START}system\n{system}{IM_END}\n"
+          f"{IM_START}user\n{query}\n{IM_END}\n"
+          f"{IM_START}assistant\n")
+
+
+def load_tokenizer(directory: str) -> DreamTokenizer:
+  path = os.path.join(directory, "tokenizer.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"{path} not found: point --checkpoint at a DiffuCoder/Dream "
+        "directory that holds tokenizer.json (the Hugging Face download).")
+  tokenizer = Tokenizer.from_file(path)
+
+  def token_id(token: str, required: bool) -> int | None:
+    found = tokenizer.token_to_id(token)
+    if found is None and required:
+      raise ValueError(f"{path} has no {token} token, so it is not a "
+                       "DiffuCoder/Dream tokenizer (masked diffusion needs "
+                       f"{MASK}); use the checkpoint's own tokenizer.json.")
+    return found
+
+  return DreamTokenizer(tokenizer=tokenizer, mask_id=token_id(MASK, True),
+                        eos_id=token_id(END_OF_TEXT, True),
+                        dlm_pad_id=token_id(DLM_PAD, False),
+                        im_end_id=token_id(IM_END, False))
