@@ -1,0 +1,61 @@
+"""Fine-tuning data: JSONL pairs, code packing, batching."""
+import json
+
+import numpy as np
+import pytest
+
+from trm.data import sft
+
+
+def test_jsonl_pairs_and_errors(tmp_path):
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps({"prompt": "p1", "response": "r1"}) + "\n\n"
+                  + json.dumps({"prompt": "p2", "response": "r2"}) + "\n")
+  assert sft.read_jsonl_pairs(str(path)) == [("p1", "r1"), ("p2", "r2")]
+  path.write_text(json.dumps({"prompt": "p"}) + "\n")
+  with pytest.raises(ValueError, match=r"train.jsonl:1: missing key"):
+    sft.read_jsonl_pairs(str(path))
+  path.write_text("{not json\n")
+  with pytest.raises(ValueError, match=r"train.jsonl:1: not valid JSON"):
+    sft.read_jsonl_pairs(str(path))
+
+
+def test_pair_rows_pad_truncate_and_prompt_never_maskable():
+  tokens, maskable = sft.pair_rows([([1, 2], [3, 4, 5]), ([6], [7] * 10)],
+                                   seq_len=6, pad_id=0)
+  np.testing.assert_array_equal(tokens, [[1, 2, 3, 4, 5, 0],
+                                         [6, 7, 7, 7, 7, 7]])
+  np.testing.assert_array_equal(maskable, [[0, 0, 1, 1, 1, 1],
+                                           [0, 1, 1, 1, 1, 1]])
+  with pytest.raises(ValueError, match="example 0 has a 6-token prompt"):
+    sft.pair_rows([([1] * 6, [2])], seq_len=6, pad_id=0)
+
+
+def test_packing(tmp_path):
+  (tmp_path / "a.py").write_text("x")
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "b.py").write_text("y")
+  assert sft.read_code_files(str(tmp_path / "**" / "*.py")) == ["x", "y"]
+  with pytest.raises(FileNotFoundError, match="No files match"):
+    sft.read_code_files(str(tmp_path / "*.rs"))
+  tokens, maskable = sft.packed_rows([[1, 2, 3], [4, 5]], seq_len=3, eos_id=9)
+  np.testing.assert_array_equal(tokens, [[1, 2, 3], [9, 4, 5]])
+  assert not maskable[:, 0].any() and maskable[:, 1:].all()
+
+
+def test_batches_are_deterministic_cover_epochs_and_split_by_process():
+  tokens = np.arange(10)[:, None] * np.ones((1, 4), np.int32)
+  maskable = np.ones_like(tokens, bool)
+  source = sft.SFTBatches(tokens, maskable, global_batch_size=4, seed=3,
+                          num_batches=6)
+  first_epoch = np.concatenate([source[k]["tokens"][:, 0] for k in (0, 1)])
+  assert len(set(first_epoch)) == 8  # no row twice within an epoch
+  assert not np.array_equal(source[0]["tokens"], source[2]["tokens"])
+  halves = [sft.SFTBatches(tokens, maskable, global_batch_size=4, seed=3,
+                           num_batches=6, process_index=i, process_count=2)
+            for i in range(2)]
+  np.testing.assert_array_equal(
+      np.concatenate([h[5]["tokens"] for h in halves]), source[5]["tokens"])
+  with pytest.raises(ValueError, match="cannot fill one global batch"):
+    sft.SFTBatches(tokens, maskable, global_batch_size=16, seed=0,
+                   num_batches=1)

@@ -1,0 +1,133 @@
+"""Fine-tuning data for masked-diffusion LMs: JSONL pairs and code files.
+
+Each row is `seq_len` tokens plus a `maskable` mask (what the noise may mask
+and the loss scores):
+  * prompt/response JSONL: prompt, then response, then `<|dlm_pad|>` up to
+    `seq_len` (DiffuCoder-Instruct's recipe: pads are ordinary, maskable
+    tokens, so the model learns where a completion ends). The prompt is never
+    masked.
+  * code files: documents joined with EOS and cut into `seq_len` windows
+    (packing); every token is maskable except the first of a window, which
+    has nothing before it to predict it from.
+
+`SFTBatches` serves them like the puzzle pipeline: batch k is a pure function
+of (rows, seed, k) and each process takes its rows of the global batch.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+
+def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
+                     response_key: str = "response"):
+  """[(prompt, response)] from a JSONL file, with line-numbered errors."""
+  pairs = []
+  with open(path) as f:
+    for line_number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{line_number}: not valid JSON ({e}).") from e
+      missing = [k for k in (prompt_key, response_key) if k not in record]
+      if missing:
+        raise ValueError(f"{path}:{line_number}: missing key(s) {missing}; "
+                         f"set the data.prompt_key / data.response_key names.")
+      pairs.append((str(record[prompt_key]), str(record[response_key])))
+  if not pairs:
+    raise ValueError(f"{path} holds no examples.")
+  return pairs
+
+
+def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data"):
+  """(tokens [N, L] int32, maskable [N, L] bool) from (prompt, response) ids.
+
+  Responses longer than the room left are cut; a prompt that leaves no room
+  for a response is an error naming the example.
+  """
+  tokens = np.full((len(token_pairs), seq_len), pad_id, np.int32)
+  maskable = np.zeros((len(token_pairs), seq_len), bool)
+  for i, (prompt, response) in enumerate(token_pairs):
+    if len(prompt) >= seq_len:
+      raise ValueError(
+          f"{source}: example {i} has a {len(prompt)}-token prompt, which "
+          f"leaves no room for a response in seq_len={seq_len}; raise "
+          "seq_len or shorten the prompt.")
+    response = list(response)[:seq_len - len(prompt)]
+    row = list(prompt) + response
+    tokens[i, :len(row)] = row
+    maskable[i, len(prompt):] = True
+  return tokens, maskable
+
+
+def read_code_files(pattern: str):
+  """Texts of the files matching a glob (recursive `**` allowed), sorted."""
+  paths = sorted(p for p in glob.glob(pattern, recursive=True)
+                 if os.path.isfile(p))
+  if not paths:
+    raise FileNotFoundError(f"No files match {pattern!r}; set data.path to a "
+                            "glob such as 'src/**/*.py'.")
+  texts = []
+  for path in paths:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      texts.append(f.read())
+  return texts
+
+
+def packed_rows(documents, seq_len: int, eos_id: int):
+  """Documents joined with EOS, cut into full windows (the tail is dropped)."""
+  stream = []
+  for doc in documents:
+    stream.extend(doc)
+    stream.append(eos_id)
+  count = len(stream) // seq_len
+  if count == 0:
+    raise ValueError(f"The documents hold {len(stream)} tokens, fewer than "
+                     f"one row of seq_len={seq_len}.")
+  tokens = np.asarray(stream[:count * seq_len], np.int32).reshape(count,
+                                                                  seq_len)
+  maskable = np.ones_like(tokens, bool)
+  maskable[:, 0] = False
+  return tokens, maskable
+
+
+class SFTBatches:
+  """Random-access source: item k = this process's rows of batch k.
+
+  Epoch e visits the rows in a permutation seeded by (seed, e); batches do
+  not cross epochs (the rows left over are dropped).
+  """
+
+  def __init__(self, tokens, maskable, *, global_batch_size: int, seed: int,
+               num_batches: int, process_index: int = 0,
+               process_count: int = 1):
+    if len(tokens) < global_batch_size:
+      raise ValueError(f"{len(tokens)} rows cannot fill one global batch of "
+                       f"{global_batch_size}; add data or lower the batch.")
+    if global_batch_size % process_count:
+      raise ValueError(f"Global batch {global_batch_size} is not divisible by"
+                       f" the {process_count} processes.")
+    self.tokens, self.maskable = tokens, maskable
+    self.global_batch_size = global_batch_size
+    self.seed, self.num_batches = seed, num_batches
+    local = global_batch_size // process_count
+    self.local_slice = slice(process_index * local, (process_index + 1) * local)
+    self.batches_per_epoch = len(tokens) // global_batch_size
+
+  def __len__(self):
+    return self.num_batches
+
+  def __getitem__(self, k):
+    if not 0 <= k < self.num_batches:
+      raise IndexError(k)
+    epoch, j = divmod(k, self.batches_per_epoch)
+    order = np.random.Generator(np.random.Philox(key=self.seed + epoch)
+                                ).permutation(len(self.tokens))
+    rows = order[j * self.global_batch_size:(j + 1) * self.global_batch_size]
+    rows = rows[self.local_slice]
+    return {"tokens": self.tokens[rows], "maskable": self.maskable[rows]}
