@@ -1,0 +1,328 @@
+"""Compiled Dream sampler vs the spec's schedule and a plain numpy loop."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trm import diffusion_sampling as ds
+
+V, D, MASK = 16, 8, 15   # tiny vocab; the last id is the mask token
+PAD = 0
+F32_MIN = np.finfo(np.float32).min
+
+
+def _make_model(seed=0, max_len=64):
+  """Fixed random embedding + linear head + bidirectional mean mixing."""
+  r = np.random.default_rng(seed)
+  emb = jnp.asarray(r.normal(size=(V, D)), jnp.float32)
+  pos_emb = jnp.asarray(r.normal(size=(max_len, D)), jnp.float32)
+  w = jnp.asarray(r.normal(size=(D, V)) * 2.0, jnp.float32)
+  # Never predict the mask token, so "all revealed" means no mask left.
+  bias = jnp.zeros((V,), jnp.float32).at[MASK].set(-30.0)
+
+  def logits_fn(tokens, mask, positions):
+    b, l = tokens.shape
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(l), (b, l))
+    h = emb[tokens] + pos_emb[positions]
+    m = jnp.ones((b, l), bool) if mask is None else mask
+    pair = (m[:, :, None] & m[:, None, :]).astype(jnp.float32)  # [B,q,k]
+    mixed = jnp.einsum("bqk,bkd->bqd", pair, h)
+    mixed = mixed / jnp.maximum(pair.sum(-1, keepdims=True), 1.0)
+    return (h + jnp.tanh(mixed)) @ w + bias
+
+  return logits_fn
+
+
+# ---------------------------------------------------------------- schedule
+
+
+@pytest.mark.parametrize("n,steps,head,mid,tail", [
+    (256, 256, 0, 1, 2), (256, 128, 1, 2, 3), (64, 16, 3, 4, 5),
+    (8, 8, 0, 1, 2)])
+def test_reveal_schedule_matches_spec_table(n, steps, head, mid, tail):
+  s = ds.reveal_schedule(steps, n)
+  assert s == [head] + [mid] * (steps - 2) + [tail]
+  assert sum(s) == n
+
+
+def test_timesteps_float32():
+  ts = ds._timesteps(256, 1e-3)
+  assert ts.dtype == np.float32 and ts[0] == 1.0
+  assert ts[-1] == np.float32(1e-3) and np.all(np.diff(ts) < 0)
+
+
+# ---------------------------------------------------- numpy reference loop
+
+
+def _np_softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def _np_sample_tokens(logits, top_p, top_k, alg):
+  """Greedy (T=0) reference sample_tokens on [N,V] float32 logits."""
+  lg = logits.astype(np.float32).copy()
+  if top_p is not None and top_p < 1:
+    order = np.argsort(-lg, axis=-1, kind="stable")
+    cum = np.cumsum(_np_softmax(np.take_along_axis(lg, order, -1)), -1)
+    drop_sorted = np.zeros_like(cum, bool)
+    drop_sorted[:, 1:] = (cum > top_p)[:, :-1]   # first token always kept
+    drop = np.zeros_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, -1)
+    lg[drop] = F32_MIN
+  if top_k is not None:
+    kth = np.sort(lg, -1)[:, -min(top_k, V)][:, None]
+    lg[lg < kth] = F32_MIN
+  p = _np_softmax(lg)
+  conf, x0 = p.max(-1), p.argmax(-1)
+  if alg == "topk_margin":
+    sp = -np.sort(-p, -1)
+    conf = sp[:, 0] - sp[:, 1]
+  elif alg == "entropy":
+    conf = (p * np.log(p + np.float32(1e-10))).sum(-1)
+  return conf, x0
+
+
+def _np_generate(logits_fn, ids, am, *, n_new, steps, alg, top_p=None,
+                 top_k=None, eps=1e-3):
+  """Straight loop over the spec (§2.2), numpy, greedy; returns x, history."""
+  model = jax.jit(logits_fn)
+  b, p = ids.shape
+  x = np.concatenate([ids, np.full((b, n_new), MASK)], 1).astype(np.int32)
+  if am is not None and (am == 0).any():
+    m = np.concatenate([am.astype(bool), np.ones((b, n_new), bool)], 1)
+    pos = np.cumsum(m, -1).astype(np.int32) - 1
+    pos[~m] = 1
+  else:
+    m, pos = None, None
+  ts = ds._timesteps(steps, eps)
+  hist = []
+  for i in range(steps):
+    mask_index = x == MASK
+    raw = np.asarray(model(jnp.asarray(x), None if m is None else
+                           jnp.asarray(m), None if pos is None else
+                           jnp.asarray(pos)))
+    lg = np.concatenate([raw[:, :1], raw[:, :-1]], 1)
+    conf, x0 = _np_sample_tokens(lg[mask_index], top_p, top_k, alg)
+    t, s = ts[i], ts[i + 1]
+    num = np.float32(mask_index.sum()) / np.float32(b)
+    k = int(num * (np.float32(1) - s / t)) if i < steps - 1 else int(num)
+    full = np.full(x.shape, -np.inf, np.float32)
+    full[mask_index] = conf
+    if k > 0:
+      idx = np.argsort(-full, -1, kind="stable")[:, :k]
+      x_ = np.full_like(x, MASK)
+      x_[mask_index] = x0
+      rows = np.arange(b)[:, None]
+      x[rows, idx] = x_[rows, idx]
+    hist.append(x.copy())
+  return x, np.stack(hist)
+
+
+def _prompts(b, p, seed=1):
+  r = np.random.default_rng(seed)
+  return r.integers(1, MASK, size=(b, p)).astype(np.int32)
+
+
+@pytest.mark.parametrize("alg,top_p,top_k", [
+    ("maskgit_plus", None, None), ("topk_margin", None, None),
+    ("entropy", None, None), ("maskgit_plus", 0.7, 5),
+    ("topk_margin", None, 4), ("entropy", 0.8, None)])
+def test_greedy_matches_numpy_loop(alg, top_p, top_k):
+  fn = _make_model()
+  ids = _prompts(3, 4)
+  n_new, steps = 12, 6
+  want, want_h = _np_generate(fn, ids, None, n_new=n_new, steps=steps,
+                              alg=alg, top_p=top_p, top_k=top_k)
+  got, got_h = ds.diffusion_generate(
+      fn, ids, None, mask_token_id=MASK, max_new_tokens=n_new, steps=steps,
+      alg=alg, top_p=top_p, top_k=top_k, rng=jax.random.key(0),
+      return_history=True)
+  np.testing.assert_array_equal(np.asarray(got_h), want_h)
+  np.testing.assert_array_equal(np.asarray(got), want)
+  assert not (want == MASK).any()
+  np.testing.assert_array_equal(want[:, :4], ids)
+
+
+def test_reveals_per_step_follow_schedule():
+  fn = _make_model(seed=3)
+  ids = _prompts(2, 3)
+  n_new, steps = 16, 8
+  x, hist = ds.diffusion_generate(
+      fn, ids, None, mask_token_id=MASK, max_new_tokens=n_new, steps=steps,
+      alg="entropy", rng=jax.random.key(0), return_history=True)
+  masks = np.concatenate(
+      [np.full((1, 2), n_new), (np.asarray(hist) == MASK).sum(-1)], 0)
+  revealed = masks[:-1] - masks[1:]                       # [steps, B]
+  sched = ds.reveal_schedule(steps, n_new)
+  np.testing.assert_array_equal(revealed, np.array(sched)[:, None]
+                                .repeat(2, 1))
+  assert sched == [1, 2, 2, 2, 2, 2, 2, 3]   # != the (n, n) pattern
+  assert not (np.asarray(x) == MASK).any()
+
+
+def test_left_padded_batch_mask_and_positions():
+  fn = _make_model(seed=5)
+  seen = []
+
+  def spy(tokens, mask, positions):
+    jax.debug.callback(lambda m, q: seen.append((np.asarray(m),
+                                                 np.asarray(q))),
+                       mask, positions)
+    return fn(tokens, mask, positions)
+
+  p, n_new, steps = 5, 8, 4
+  ids = _prompts(3, p, seed=7)
+  am = np.ones((3, p), np.int32)
+  am[0, :2] = 0          # prompt lengths 3, 5, 4, padded on the left
+  am[2, :1] = 0
+  ids[am == 0] = PAD
+  got, got_h = ds.diffusion_generate(
+      spy, ids, am, mask_token_id=MASK, max_new_tokens=n_new, steps=steps,
+      alg="maskgit_plus", rng=jax.random.key(0), return_history=True)
+  want, want_h = _np_generate(fn, ids, am, n_new=n_new, steps=steps,
+                              alg="maskgit_plus")
+  np.testing.assert_array_equal(np.asarray(got_h), want_h)
+  np.testing.assert_array_equal(np.asarray(got), want)
+  # What the model saw: the 2-D mask extended with ones, cumsum-1 positions
+  # with pads at 1.
+  assert len(seen) == steps
+  m_ext = np.concatenate([am, np.ones((3, n_new), np.int32)], 1).astype(bool)
+  pos = np.cumsum(m_ext, -1) - 1
+  pos[~m_ext] = 1
+  for m, q in seen:
+    np.testing.assert_array_equal(m, m_ext)
+    np.testing.assert_array_equal(q, pos)
+  assert pos[0, 2] == 0 and pos[0, 0] == 1 and pos[1, 0] == 0
+  # Padding changes the result vs. an unmasked run (the mask is really used).
+  nomask = ds.diffusion_generate(
+      fn, ids, None, mask_token_id=MASK, max_new_tokens=n_new, steps=steps,
+      alg="maskgit_plus", rng=jax.random.key(0))
+  assert not np.array_equal(np.asarray(nomask), want)
+
+
+def test_all_ones_mask_means_no_mask():
+  fn = _make_model()
+  seen = []
+
+  def spy(tokens, mask, positions):
+    seen.append((mask is None, positions is None))   # at trace time
+    return fn(tokens, mask, positions)
+
+  ids = _prompts(2, 3)
+  a = ds.diffusion_generate(spy, ids, np.ones_like(ids),
+                            mask_token_id=MASK, max_new_tokens=4, steps=4,
+                            alg="maskgit_plus")
+  b = ds.diffusion_generate(fn, ids, None, mask_token_id=MASK,
+                            max_new_tokens=4, steps=4, alg="maskgit_plus")
+  assert seen and all(s == (True, True) for s in seen)
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ------------------------------------------------------------ stochastic
+
+
+def _revealed_counts(hist, n_new, b):
+  masks = np.concatenate([np.full((1, b), n_new),
+                          (np.asarray(hist) == MASK).sum(-1)], 0)
+  return masks[:-1] - masks[1:]
+
+
+def _check_monotone(ids, hist):
+  """Prompt untouched; a revealed token never changes or re-masks."""
+  h = np.asarray(hist)
+  p = ids.shape[1]
+  for i in range(h.shape[0]):
+    np.testing.assert_array_equal(h[i, :, :p], ids)
+    if i:
+      kept = h[i - 1] != MASK
+      np.testing.assert_array_equal(h[i][kept], h[i - 1][kept])
+
+
+def test_origin_greedy():
+  fn = _make_model(seed=2)
+  ids = _prompts(4, 3)
+  n_new, steps = 24, 8
+  kw = dict(mask_token_id=MASK, max_new_tokens=n_new, steps=steps,
+            alg="origin", return_history=True)
+  x, hist = ds.diffusion_generate(fn, ids, None, rng=jax.random.key(1), **kw)
+  x2, hist2 = ds.diffusion_generate(fn, ids, None, rng=jax.random.key(1),
+                                    **kw)
+  _, hist3 = ds.diffusion_generate(fn, ids, None, rng=jax.random.key(2), **kw)
+  x, hist = np.asarray(x), np.asarray(hist)
+  np.testing.assert_array_equal(x, np.asarray(x2))
+  np.testing.assert_array_equal(hist, np.asarray(hist2))
+  assert not np.array_equal(hist, np.asarray(hist3))
+  assert not (x == MASK).any()
+  _check_monotone(ids, hist)
+  counts = _revealed_counts(hist, n_new, 4).sum(1)       # whole batch
+  assert counts.sum() == 4 * n_new and (counts >= 0).all()
+  # p = 1 - s/t ~ 1/(steps - i): no step reveals nearly everything early.
+  assert counts[:steps // 2].sum() < 4 * n_new * 0.8
+  assert counts[:-1].sum() > 0
+  # Each reveal at T=0 is the argmax of the shifted logits at that step.
+  model = jax.jit(fn)
+  prev = np.concatenate([ids, np.full((4, n_new), MASK)], 1)
+  for i in range(steps):
+    raw = np.asarray(model(jnp.asarray(prev), None, None))
+    best = np.concatenate([raw[:, :1], raw[:, :-1]], 1).argmax(-1)
+    new = (prev == MASK) & (hist[i] != MASK)
+    np.testing.assert_array_equal(hist[i][new], best[new])
+    prev = hist[i]
+
+
+def test_alg_temp_gumbel_topk():
+  fn = _make_model(seed=4)
+  ids = _prompts(3, 4)
+  n_new, steps = 16, 6
+  kw = dict(mask_token_id=MASK, max_new_tokens=n_new, steps=steps,
+            alg="maskgit_plus", alg_temp=0.5, return_history=True)
+  x, hist = ds.diffusion_generate(fn, ids, None, rng=jax.random.key(3), **kw)
+  _, hist2 = ds.diffusion_generate(fn, ids, None, rng=jax.random.key(3), **kw)
+  _, hist3 = ds.diffusion_generate(fn, ids, None, rng=jax.random.key(9), **kw)
+  hist = np.asarray(hist)
+  np.testing.assert_array_equal(hist, np.asarray(hist2))
+  assert not np.array_equal(hist, np.asarray(hist3))
+  sched = ds.reveal_schedule(steps, n_new)
+  np.testing.assert_array_equal(_revealed_counts(hist, n_new, 3),
+                                np.array(sched)[:, None].repeat(3, 1))
+  _check_monotone(ids, hist)
+  assert not (np.asarray(x) == MASK).any()
+  greedy = ds.diffusion_generate(fn, ids, None, mask_token_id=MASK,
+                                 max_new_tokens=n_new, steps=steps,
+                                 alg="maskgit_plus")
+  # Sampling positions changes the order, hence (typically) the tokens.
+  assert not np.array_equal(np.asarray(greedy), np.asarray(x))
+
+
+def test_temperature_sampling_bf16():
+  base = _make_model(seed=6)
+  fn = lambda t, m, q: base(t, m, q).astype(jnp.bfloat16)  # model dtype
+  ids = _prompts(2, 3)
+  kw = dict(mask_token_id=MASK, max_new_tokens=10, steps=5, alg="entropy",
+            temperature=0.7, top_p=0.95, top_k=8)
+  a = np.asarray(ds.diffusion_generate(fn, ids, None,
+                                       rng=jax.random.key(5), **kw))
+  b = np.asarray(ds.diffusion_generate(fn, ids, None,
+                                       rng=jax.random.key(5), **kw))
+  np.testing.assert_array_equal(a, b)
+  assert not (a == MASK).any() and a.shape == (2, 13)
+  np.testing.assert_array_equal(a[:, :3], ids)
+
+
+def test_bad_alg():
+  with pytest.raises(ValueError):
+    ds.diffusion_generate(_make_model(), _prompts(1, 2), None,
+                          mask_token_id=MASK, max_new_tokens=2, steps=2,
+                          alg="nope")
+
+
+def test_split_completion():
+  toks = np.array([[5, 6, 7, 2, 9], [3, 1, 1, 1, 1], [4, 4, 4, 4, 4],
+                   [8, 3, 9, 9, 9]])
+  assert ds.split_completion(toks, [1, 2]) == [
+      [5, 6, 7], [3], [4, 4, 4, 4, 4], [8, 3, 9, 9, 9]]
+  assert ds.split_completion(toks, [9]) == [
+      [5, 6, 7, 2], [3, 1, 1, 1, 1], [4, 4, 4, 4, 4], [8, 3]]
+  assert ds.split_completion(toks[:, :0], [1]) == [[], [], [], []]
