@@ -326,3 +326,24 @@ def test_split_completion():
   assert ds.split_completion(toks, [9]) == [
       [5, 6, 7, 2], [3, 1, 1, 1, 1], [4, 4, 4, 4, 4], [8, 3]]
   assert ds.split_completion(toks[:, :0], [1]) == [[], [], [], []]
+
+
+def test_params_enter_the_loop_as_arguments():
+  """logits_fn(params, ...) gives the same result, and new params need no
+  recompilation (they are traced arguments, not constants)."""
+  fn = _make_model()
+  ids = _prompts(2, 4)
+  kwargs = dict(mask_token_id=MASK, max_new_tokens=8, steps=4,
+                alg="entropy", rng=jax.random.key(0))
+  want = ds.diffusion_generate(fn, ids, None, **kwargs)
+
+  def with_params(scale, tokens, mask, positions):
+    return scale * fn(tokens, mask, positions)
+
+  got = ds.diffusion_generate(with_params, ids, None, params=jnp.float32(1.0),
+                              **kwargs)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  before = ds._generate._cache_size()  # pylint: disable=protected-access
+  ds.diffusion_generate(with_params, ids, None, params=jnp.float32(2.0),
+                        **kwargs)
+  assert ds._generate._cache_size() == before  # pylint: disable=protected-access

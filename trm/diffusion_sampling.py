@@ -124,7 +124,8 @@ def _rank_desc(scores):
 @functools.partial(jax.jit, static_argnames=(
     "logits_fn", "mask_token_id", "max_new_tokens", "steps", "eps", "alg",
     "alg_temp", "temperature", "top_p", "top_k", "use_mask", "history"))
-def _generate(logits_fn, input_ids, attention_mask, rng, *, mask_token_id,
+def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
+              mask_token_id,
               max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p,
               top_k, use_mask, history):
   b, p = input_ids.shape
@@ -148,7 +149,8 @@ def _generate(logits_fn, input_ids, attention_mask, rng, *, mask_token_id,
     key = jax.random.fold_in(rng, i)
     k_tok, k_sel = jax.random.split(key)
     mask_index = x == mask_token_id
-    raw = logits_fn(x, am, pos)
+    raw = (logits_fn(x, am, pos) if params is None
+           else logits_fn(params, x, am, pos))
     # Dream's AR alignment: position j is predicted by the raw output j-1.
     logits = jnp.concatenate([raw[:, :1], raw[:, :-1]], axis=1)
     last = i == steps - 1
@@ -199,14 +201,16 @@ def diffusion_generate(logits_fn: LogitsFn, input_ids, attention_mask=None,
                        alg: str = "origin", alg_temp: Optional[float] = None,
                        temperature: float = 0.0, top_p: Optional[float] = None,
                        top_k: Optional[int] = None, rng=None,
-                       return_history: bool = False):
+                       return_history: bool = False, params=None):
   """Dream `diffusion_generate` -> sequences [B, P + max_new_tokens].
 
   Output is prompt + canvas, no EOS handling (see `split_completion`). With
   `return_history` also returns x after every step, [steps, B, L]. Rows must
   hold equal mask counts (left-pad the prompts), as in the reference.
   `logits_fn` is a static jit argument: pass the same function object to
-  reuse the compiled loop.
+  reuse the compiled loop. With `params` (a pytree, e.g. sharded model
+  weights) it is called as `logits_fn(params, tokens, mask, positions)` and
+  the weights enter the compiled loop as arguments, not as constants.
   """
   if alg not in ALGS:
     raise ValueError(f"Unknown alg: {alg}")
@@ -221,7 +225,7 @@ def diffusion_generate(logits_fn: LogitsFn, input_ids, attention_mask=None,
       np.any(np.asarray(attention_mask) == 0))
   am = jnp.asarray(attention_mask, bool) if use_mask else None
   return _generate(
-      logits_fn, input_ids, am, rng, mask_token_id=int(mask_token_id),
+      logits_fn, params, input_ids, am, rng, mask_token_id=int(mask_token_id),
       max_new_tokens=int(max_new_tokens), steps=int(steps), eps=float(eps),
       alg=alg, alg_temp=None if alg_temp is None else float(alg_temp),
       temperature=float(temperature),
