@@ -4,14 +4,18 @@ from __future__ import annotations
 import dataclasses
 
 
-def get_model(model_config, metadata):
-  """Builds the model named by `model_config.name` for a dataset's metadata.
+def get_model(model_config, metadata=None):
+  """Builds the model named by `model_config.name`.
 
-  Sizes that depend on the data (vocabulary, sequence length, number of puzzle
-  identifiers) come from the dataset, as upstream injects them.
+  For TRM, sizes that depend on the data (vocabulary, sequence length, number
+  of puzzle identifiers) come from the dataset's metadata, as upstream
+  injects them; language models take every size from the config.
   """
   kwargs = dict(model_config)
   name = kwargs.pop("name")
+  if name == "dream":
+    from trm.models import dream  # pylint: disable=g-import-not-at-top
+    return dream.Dream(dream.DreamConfig.from_config(model_config))
   if name == "trm":
     from trm.models import trm  # pylint: disable=g-import-not-at-top
     known = {f.name for f in dataclasses.fields(trm.TRMConfig)}
@@ -25,4 +29,4 @@ def get_model(model_config, metadata):
                         **kwargs)
     return trm.TRM(cfg)
   raise ValueError(f"config.model.name={name!r} is not a known model; "
-                   "known: 'trm'.")
+                   "known: 'trm', 'dream'.")
