@@ -203,17 +203,6 @@ def dataset_metadata(config, overrides: dict):
       metadata, **{k: v for k, v in overrides.items() if v is not None})
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
-                                          lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", None, "e.g. v4-8, v4-64, v5p-128.")
-_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices (multi-slice).")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Override the dataset's "
-                                "sequence length (e.g. 900 for ARC/Maze).")
-_VOCAB = flags.DEFINE_integer("vocab_size", None, "Override the vocabulary.")
-_PUZZLES = flags.DEFINE_integer("num_puzzle_identifiers", None,
-                                "Override the puzzle-embedding rows.")
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -231,6 +220,22 @@ def main(argv):
   sys.exit(0 if report["fits"] else 1)
 
 
+def define_flags():
+  """Defines the command-line flags; only when run as a program, so that
+  tests can import several entry points into one process."""
+  global _CONFIG, _TOPOLOGY, _NUM_SLICES, _SEQ_LEN, _VOCAB, _PUZZLES
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
+                                            lock_config=True)
+  _TOPOLOGY = flags.DEFINE_string("topology", None, "e.g. v4-8, v4-64, v5p-128.")
+  _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices (multi-slice).")
+  _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Override the dataset's "
+                                  "sequence length (e.g. 900 for ARC/Maze).")
+  _VOCAB = flags.DEFINE_integer("vocab_size", None, "Override the vocabulary.")
+  _PUZZLES = flags.DEFINE_integer("num_puzzle_identifiers", None,
+                                  "Override the puzzle-embedding rows.")
+
+
 if __name__ == "__main__":
+  define_flags()
   flags.mark_flags_as_required(["config"])
   app.run(main)

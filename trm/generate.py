@@ -19,28 +19,6 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Model config.",
-                                          lock_config=True)
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None,
-                                  "Hugging Face checkpoint directory.")
-_PROMPT = flags.DEFINE_string("prompt", None, "One prompt.")
-_BATCH_FILE = flags.DEFINE_string("batch_file", None,
-                                  "A file with one prompt per line.")
-_CHAT = flags.DEFINE_bool("chat", False, "Wrap prompts in the Instruct "
-                          "ChatML template.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate.")
-_STEPS = flags.DEFINE_integer("steps", 256, "Denoising steps.")
-_ALG = flags.DEFINE_enum("alg", "entropy", ["origin", "maskgit_plus",
-                                            "topk_margin", "entropy"],
-                         "Which masked positions to reveal first.")
-_ALG_TEMP = flags.DEFINE_float("alg_temp", 0.0, "Randomness of the reveal "
-                               "order (0: most confident first).")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Token sampling "
-                                  "temperature (0: greedy).")
-_TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass.")
-_TOP_K = flags.DEFINE_integer("top_k", None, "Top-k sampling.")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-
 
 def read_prompts(prompt: str | None, batch_file: str | None) -> list[str]:
   if bool(prompt) == bool(batch_file):
@@ -131,6 +109,35 @@ def main(argv):
         f"call with compilation {first:.1f} s)")
 
 
+def define_flags():
+  """Defines the command-line flags; only when run as a program, so that
+  tests can import several entry points into one process."""
+  global _CONFIG, _CHECKPOINT, _PROMPT, _BATCH_FILE, _CHAT, _MAX_NEW, \
+      _STEPS, _ALG, _ALG_TEMP, _TEMPERATURE, _TOP_P, _TOP_K, _SEED
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Model config.",
+                                            lock_config=True)
+  _CHECKPOINT = flags.DEFINE_string("checkpoint", None,
+                                    "Hugging Face checkpoint directory.")
+  _PROMPT = flags.DEFINE_string("prompt", None, "One prompt.")
+  _BATCH_FILE = flags.DEFINE_string("batch_file", None,
+                                    "A file with one prompt per line.")
+  _CHAT = flags.DEFINE_bool("chat", False, "Wrap prompts in the Instruct "
+                            "ChatML template.")
+  _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate.")
+  _STEPS = flags.DEFINE_integer("steps", 256, "Denoising steps.")
+  _ALG = flags.DEFINE_enum("alg", "entropy", ["origin", "maskgit_plus",
+                                              "topk_margin", "entropy"],
+                           "Which masked positions to reveal first.")
+  _ALG_TEMP = flags.DEFINE_float("alg_temp", 0.0, "Randomness of the reveal "
+                                 "order (0: most confident first).")
+  _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Token sampling "
+                                    "temperature (0: greedy).")
+  _TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass.")
+  _TOP_K = flags.DEFINE_integer("top_k", None, "Top-k sampling.")
+  _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+
+
 if __name__ == "__main__":
+  define_flags()
   flags.mark_flags_as_required(["config"])
   app.run(main)
