@@ -9,11 +9,11 @@ shapes (30x30 grids = 900 tokens, 12 tokens, 876,406 puzzle identifiers for
 ARC-AGI-1 with 1000 augmentations) and upstream's ARC architecture
 (attention, L_cycles 4) until the ARC config exists.
 """
-import importlib.util
 import os
 import sys
 
 from trm import aot  # sets the libtpu environment before jax loads
+from trm import config_lib
 from trm.data import sudoku
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,11 +41,8 @@ ROWS = {
 
 
 def load_config(variant):
-  spec = importlib.util.spec_from_file_location(
-      "trm_sudoku", os.path.join(ROOT, "configs", "trm_sudoku.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(variant)
+  return config_lib.load_config(
+      os.path.join(ROOT, "configs", "trm_sudoku.py"), variant)
 
 
 def main(argv):

@@ -1,6 +1,5 @@
 """TPU compile checks on a CPU host (libtpu compile-only devices)."""
 import functools
-import importlib.util
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from trm import config_lib
 from trm import aot
 from trm import mesh as mesh_lib
 from trm.data import sudoku
@@ -19,11 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def sudoku_config(variant="cpu"):
-  spec = importlib.util.spec_from_file_location(
-      "trm_sudoku", os.path.join(ROOT, "configs", "trm_sudoku.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(variant)
+  return config_lib.load_config(
+      os.path.join(ROOT, "configs", "trm_sudoku.py"), variant)
 
 
 @pytest.mark.parametrize("name, generation, shape, chips", [

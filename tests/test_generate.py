@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from trm import config_lib
 from trm import generate
 from trm import tokenizer as tok_lib
 from trm.models import dream, get_model, hf_import
@@ -18,12 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tiny_config():
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location(
-      "diffucoder", os.path.join(ROOT, "configs", "diffucoder_7b.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config("tiny")
+  return config_lib.load_config(
+      os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
 
 
 @pytest.fixture(scope="module")

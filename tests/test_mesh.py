@@ -1,6 +1,5 @@
 """Tests for trm.mesh: mesh construction, config errors, logical sharding."""
 
-import importlib.util
 import math
 import os
 import types
@@ -28,10 +27,7 @@ def _mesh(**kw):
 
 
 def _load_sudoku_config(arg):
-  spec = importlib.util.spec_from_file_location("trm_sudoku_cfg", _CONFIG_FILE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return config_lib.load_config(_CONFIG_FILE, arg)
 
 
 def test_eight_cpu_devices():

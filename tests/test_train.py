@@ -1,6 +1,5 @@
 """End-to-end: the loss falls, a crashed run resumes bit-exactly, bad
 configs fail early with clear messages. 8 CPU devices, mesh 2x2x2."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from trm import config_lib
 from trm import mesh as mesh_lib
 from trm import train
 from trm.data import pipeline
@@ -17,11 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny_config(**overrides):
-  spec = importlib.util.spec_from_file_location(
-      "trm_sudoku", os.path.join(ROOT, "configs", "trm_sudoku.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config("cpu")
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "trm_sudoku.py"), "cpu")
   config.model.update(hidden_size=32, num_heads=2, puzzle_emb_ndim=32,
                       halt_max_steps=2)
   config.data.build.update(num_train=256, num_test=32, num_blanks=30)

@@ -52,3 +52,15 @@ def mesh_config(data: int = -1, fsdp: int = 1, model: int = 1,
       dcn_fsdp=1,     # fsdp across slices (rarely useful)
       dcn_model=1,    # tensor parallel across slices (rarely useful)
   ))
+
+
+def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of a config file, as `--config=path:arg` would give it
+  (for tests, benchmarks and notebooks)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f"trm_config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
