@@ -2,7 +2,8 @@ r"""Per-chip memory and fit verdicts on TPU topologies, as a Markdown table.
 
   python benchmarks/aot_table.py [--rows=sudoku,arc] > table.md
 
-Compiles each row's real train step with `trm.aot` (libtpu compile-only
+Compiles each row's real train step (TRM, or DiffuCoder's masked-diffusion
+fine-tuning step) with `trm.aot` (libtpu compile-only
 devices, no TPU needed; `pip install -e .[tpu]`). Rows: model config x
 topology x mesh x batch. ARC rows use the Sudoku config file with ARC's data
 shapes (30x30 grids = 900 tokens, 12 tokens, 876,406 puzzle identifiers for
@@ -20,7 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARC_SHAPES = dict(seq_len=900, vocab_size=12, num_puzzle_identifiers=876406)
 ARC_MODEL = dict(mlp_t=False, pos_encodings="rope", L_cycles=4)
 
-# (label, variant, model overrides, shapes, topology, slices, mesh, extra)
+SUDOKU, DIFFUCODER = "trm_sudoku.py", "diffucoder_7b.py"
+# (label, variant, model overrides, shapes, topology, slices, mesh, extra);
+# rows use configs/trm_sudoku.py unless extra names another "config_file".
 ROWS = {
     "sudoku": [
         ("TRM Sudoku MLP-t", "", {}, {}, "v4-8", 1, {}, {}),
@@ -37,12 +40,25 @@ ROWS = {
         ("TRM ARC-1 (attention), table on fsdp", "", ARC_MODEL, ARC_SHAPES,
          "v4-64", 1, {"data": 1, "fsdp": -1}, {}),
     ],
+    "diffucoder": [
+        ("DiffuCoder 7B, seq 2048", "", {}, {}, "v4-64", 1, {},
+         {"config_file": DIFFUCODER, "global_batch_size": 128}),
+        ("DiffuCoder 7B, seq 2048", "", {}, {}, "v4-64", 1, {},
+         {"config_file": DIFFUCODER, "global_batch_size": 256}),
+        ("DiffuCoder 7B, seq 2048", "", {}, {}, "v4-64", 1, {},
+         {"config_file": DIFFUCODER, "global_batch_size": 512}),
+        ("DiffuCoder 7B, seq 2048", "", {}, {}, "v4-64", 2,
+         {"dcn_data": 2}, {"config_file": DIFFUCODER,
+                           "global_batch_size": 256}),
+        ("DiffuCoder 7B, seq 2048", "", {}, {}, "v4-16", 1, {},
+         {"config_file": DIFFUCODER, "global_batch_size": 8}),
+    ],
 }
 
 
-def load_config(variant):
-  return config_lib.load_config(
-      os.path.join(ROOT, "configs", "trm_sudoku.py"), variant)
+def load_config(variant, config_file=SUDOKU):
+  return config_lib.load_config(os.path.join(ROOT, "configs", config_file),
+                                variant)
 
 
 def main(argv):
@@ -54,7 +70,8 @@ def main(argv):
   print("|---|---|---|---|---|---|---|---|---|---|---|")
   for group in groups:
     for label, variant, model, shapes, topo, slices, mesh, extra in ROWS[group]:
-      config = load_config(variant)
+      extra = dict(extra)
+      config = load_config(variant, extra.pop("config_file", SUDOKU))
       config.model.update(model)
       config.mesh.update(mesh)
       config.update(extra)

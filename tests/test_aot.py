@@ -118,3 +118,15 @@ def test_multislice_devices_need_dcn_sizes():
   mesh = mesh_lib.make_mesh(config.mesh, devices)
   # Slice 0's devices hold the first half of the data axis.
   assert {d.slice_index for d in mesh.devices[:4].flat} == {0}
+
+
+@pytest.mark.parametrize("num_slices", [1, 2])
+def test_tiny_diffucoder_train_step_compiles_for_v4_8(num_slices):
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
+  config.mesh.dcn_data = num_slices
+  report = aot.compile_report(config, aot.parse_topology("v4-8"), num_slices,
+                              aot.dataset_metadata(config, {}))
+  assert report["mesh"] == {"data": num_slices, "fsdp": 4, "model": 1}
+  assert report["fits"] and 0 < report["total_gib"] < 1
+  assert report["train_flops_per_step"] > 0

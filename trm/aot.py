@@ -101,16 +101,48 @@ def topology_devices(topology: Topology, num_slices: int):
         "the TPU extra: pip install -e .[tpu]") from e
 
 
-def compile_report(config, topology: Topology, num_slices: int,
-                   metadata) -> dict:
-  """Compiles the train step for the topology; returns the figures."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+def _train_step_builder(config, mesh, rules, metadata):
+  """(function that compiles the model family's train step, FLOPs per step)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from trm import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.models import get_model  # pylint: disable=g-import-not-at-top
+
+  def under_mesh(fn):
+    def run():
+      with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        return fn()
+    return run
+
+  batch = config.global_batch_size
+  if config.model.name == "dream":
+    from trm import lm_steps  # pylint: disable=g-import-not-at-top
+    model = get_model(config.model)
+    tx = lm_steps.make_optimizer(config.optim, config.total_steps)
+    init_fn = lm_steps.make_init_fn(model, tx, config.seed)
+    abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
+    batch_shardings = lm_steps.batch_shardings(mesh, rules)
+    flops = lm_steps.train_flops_per_example(model.cfg, config.seq_len) * batch
+    return under_mesh(lambda: lm_steps.compile_train_step(
+        config, model, tx, abstract, shardings, batch_shardings)), flops
   from trm import steps  # pylint: disable=g-import-not-at-top
   from trm.data import pipeline  # pylint: disable=g-import-not-at-top
-  from trm.models import get_model, trm  # pylint: disable=g-import-not-at-top
+  from trm.models import trm  # pylint: disable=g-import-not-at-top
+  model = get_model(config.model, metadata)
+  tx = steps.make_optimizer(config.optim, config.total_steps)
+  init_fn = state_lib.make_init_fn(model, tx, batch, config.seed)
+  abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
+  batch_shardings = pipeline.batch_shardings(mesh, rules)
+  flops = trm.train_flops_per_example(model.cfg) * batch
+  return under_mesh(lambda: steps.compile_train_step(
+      config, model, tx, abstract, shardings, batch_shardings,
+      metadata.seq_len)), flops
+
+
+def compile_report(config, topology: Topology, num_slices: int,
+                   metadata=None) -> dict:
+  """Compiles the train step for the topology; returns the figures."""
+  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
 
   slices = math.prod(config.mesh.get(f"dcn_{a}", 1) for a in mesh_lib.MESH_AXES)
   if slices != num_slices:
@@ -121,12 +153,7 @@ def compile_report(config, topology: Topology, num_slices: int,
   mesh = mesh_lib.make_mesh(config.mesh, devices)
   rules = mesh_lib.logical_rules(config)
   mesh_lib.check_batch_size(config.global_batch_size, mesh, rules)
-  model = get_model(config.model, metadata)
-  tx = steps.make_optimizer(config.optim, config.total_steps)
-  init_fn = state_lib.make_init_fn(model, tx, config.global_batch_size,
-                                   config.seed)
-  abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
-  batch_shardings = pipeline.batch_shardings(mesh, rules)
+  compile_step, flops = _train_step_builder(config, mesh, rules, metadata)
   report = {
       "topology": topology.name, "num_slices": num_slices,
       "chips": len(devices), "mesh": dict(mesh.shape),
@@ -134,17 +161,13 @@ def compile_report(config, topology: Topology, num_slices: int,
       "per_device_batch": config.global_batch_size
                           / mesh_lib.batch_parallelism(mesh, rules),
       "usable_gib": topology.chip.usable_hbm_gib,
+      "train_flops_per_step": flops,
+      "step_seconds_at_50pct_mfu": flops / (
+          0.5 * len(devices) * topology.chip.peak_bf16_tflops * 1e12),
   }
-  flops = trm.train_flops_per_example(model.cfg) * config.global_batch_size
-  report["train_flops_per_step"] = flops
-  report["step_seconds_at_50pct_mfu"] = flops / (
-      0.5 * len(devices) * topology.chip.peak_bf16_tflops * 1e12)
   start = time.time()
   try:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      compiled = steps.compile_train_step(config, model, tx, abstract,
-                                          shardings, batch_shardings,
-                                          metadata.seq_len)
+    compiled = compile_step()
   except Exception as e:  # pylint: disable=broad-except
     text = str(e)
     if "RESOURCE_EXHAUSTED" not in text and "hbm" not in text.lower():
@@ -193,8 +216,11 @@ def format_report(report: dict) -> str:
 
 
 def dataset_metadata(config, overrides: dict):
-  """Shapes of the config's dataset, without reading it."""
+  """Shapes of the config's dataset without reading it (TRM configs; None
+  for language models, whose shapes are all in the config)."""
   from trm.data import sudoku  # pylint: disable=g-import-not-at-top
+  if config.model.name != "trm":
+    return None
   if config.data.name != "sudoku":
     raise ValueError(f"config.data.name={config.data.name!r}: no known shapes;"
                      " known: 'sudoku'.")

@@ -1,0 +1,123 @@
+"""Masked-diffusion fine-tuning step for DiffuCoder / Dream.
+
+State and step follow the TRM ones: `trm.state.abstract_state` /
+`init_state` build the state abstract-first from logical axis names, and one
+jitted step runs with the state donated. The objective is `trm.diffusion_loss`; training attends to every
+position, pads included, as DiffuCoder's maintainers trained it.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from clu import metrics as clu_metrics
+
+from trm import diffusion_loss
+from trm.models import dream
+
+
+@flax.struct.dataclass
+class LMState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+
+
+def make_optimizer(optim_config, total_steps: int):
+  """AdamW after global-norm clipping; linear warmup, then cosine to 10%."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, optim_config.lr, optim_config.warmup_steps,
+      max(total_steps, optim_config.warmup_steps + 1),
+      end_value=0.1 * optim_config.lr)
+  return optax.chain(
+      optax.clip_by_global_norm(optim_config.grad_clip_norm),
+      optax.adamw(schedule, b1=optim_config.beta1, b2=optim_config.beta2,
+                  eps=optim_config.eps,
+                  weight_decay=optim_config.weight_decay))
+
+
+def make_init_fn(model: dream.Dream, tx, seed: int):
+  """() -> boxed LMState (leaves carry logical axis names)."""
+
+  def init():
+    init_key, state_key = jax.random.split(jax.random.PRNGKey(seed))
+    params = model.init(init_key, jnp.zeros((1, 1), jnp.int32))["params"]
+    return LMState(step=jnp.zeros((), jnp.int32), params=params,
+                   opt_state=tx.init(params), rng=state_key)
+
+  return init
+
+
+def train_step(state: LMState, batch, *, model: dream.Dream, tx,
+               chunk_size: int = 512):
+  """batch = {tokens [B, L] int32, maskable [B, L] bool}."""
+  cfg = model.cfg
+  rng = jax.random.fold_in(state.rng, state.step)
+  noisy, masked, t = diffusion_loss.add_noise(
+      rng, batch["tokens"], batch["maskable"], cfg.mask_token_id)
+
+  def loss_fn(params):
+    variables = {"params": params}
+    hidden = model.apply(variables, noisy, method="hidden")
+    head = functools.partial(model.apply, variables,
+                             method="logits_from_hidden")
+    return diffusion_loss.shifted_masked_loss(hidden, head, batch["tokens"],
+                                              masked, t, chunk_size)
+
+  (loss, num_masked), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      state.params)
+  # PyTorch's padding_idx: the pad row of the embedding is never updated.
+  grads["embed_tokens"] = grads["embed_tokens"].at[cfg.pad_token_id].set(0)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {
+      "loss": clu_metrics.Average(total=loss, count=jnp.int32(1)),
+      "masked_tokens": clu_metrics.Average(
+          total=num_masked.astype(jnp.float32), count=jnp.int32(1)),
+      "grad_norm": clu_metrics.Average(total=optax.tree.norm(grads),
+                                       count=jnp.int32(1)),
+  }
+  return state.replace(step=state.step + 1, params=params,
+                       opt_state=opt_state), metrics
+
+
+def batch_shardings(mesh, rules):
+  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  rows = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH, None))
+  return {"tokens": rows, "maskable": rows}
+
+
+def compile_train_step(config, model, tx, abstract_state, state_shardings,
+                       batch_sharding):
+  """Jitted with shardings and donation, compiled ahead of time.
+
+  Call inside `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`.
+  """
+  shapes = (config.global_batch_size, config.seq_len)
+  batch = {"tokens": jax.ShapeDtypeStruct(shapes, jnp.int32,
+                                          sharding=batch_sharding["tokens"]),
+           "maskable": jax.ShapeDtypeStruct(
+               shapes, jnp.bool_, sharding=batch_sharding["maskable"])}
+  return jax.jit(
+      functools.partial(train_step, model=model, tx=tx),
+      in_shardings=(state_shardings, batch_sharding),
+      out_shardings=(state_shardings, None), donate_argnums=0).lower(
+          abstract_state, batch).compile()
+
+
+def train_flops_per_example(cfg: dream.DreamConfig, seq_len: int) -> int:
+  """Model FLOPs (6 x matmul parameters x tokens, plus attention scores and
+  values), recomputation not counted."""
+  d, h = cfg.hidden_size, cfg.head_dim
+  kv = cfg.num_key_value_heads * h
+  per_layer = (d * d + 2 * d * kv + d * d  # q, k, v, o projections
+               + 3 * d * cfg.intermediate_size)  # gate, up, down
+  matmul = cfg.num_hidden_layers * per_layer + d * cfg.vocab_size  # + head
+  attention = cfg.num_hidden_layers * 2 * 2 * seq_len * d  # QK^T and AV
+  return 3 * seq_len * (2 * matmul + attention)
+
