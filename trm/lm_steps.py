@@ -17,6 +17,7 @@ import optax
 from clu import metrics as clu_metrics
 
 from trm import diffusion_loss
+from trm import state as state_lib
 from trm.models import dream
 
 
@@ -94,20 +95,15 @@ def batch_shardings(mesh, rules):
 
 def compile_train_step(config, model, tx, abstract_state, state_shardings,
                        batch_sharding):
-  """Jitted with shardings and donation, compiled ahead of time.
-
-  Call inside `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`.
-  """
+  """The fine-tuning step, compiled ahead of time (`state.compile_step`)."""
   shapes = (config.global_batch_size, config.seq_len)
   batch = {"tokens": jax.ShapeDtypeStruct(shapes, jnp.int32,
                                           sharding=batch_sharding["tokens"]),
            "maskable": jax.ShapeDtypeStruct(
                shapes, jnp.bool_, sharding=batch_sharding["maskable"])}
-  return jax.jit(
-      functools.partial(train_step, model=model, tx=tx),
-      in_shardings=(state_shardings, batch_sharding),
-      out_shardings=(state_shardings, None), donate_argnums=0).lower(
-          abstract_state, batch).compile()
+  return state_lib.compile_step(functools.partial(train_step, model=model,
+                                                  tx=tx),
+                                abstract_state, state_shardings, batch)
 
 
 def train_flops_per_example(cfg: dream.DreamConfig, seq_len: int) -> int:

@@ -79,3 +79,17 @@ def init_state(init_fn, mesh, rules, shardings) -> TrainState:
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     return jax.jit(lambda: nn.meta.unbox(init_fn()),
                    out_shardings=shardings)()
+
+
+def compile_step(step_fn, abstract_state, state_shardings, abstract_batch):
+  """`step_fn(state, batch) -> (state, metrics)` jitted with the state's
+  shardings in and out and the state donated, compiled ahead of time for an
+  abstract batch whose leaves carry their shardings.
+
+  Call inside `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`.
+  """
+  batch_shardings = jax.tree.map(lambda x: x.sharding, abstract_batch)
+  return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
+                 out_shardings=(state_shardings, None),
+                 donate_argnums=0).lower(abstract_state,
+                                         abstract_batch).compile()

@@ -16,6 +16,7 @@ import optax
 
 from trm import losses
 from trm import optim
+from trm import state as state_lib
 from trm.models import trm as trm_model
 from trm.state import TrainState
 
@@ -94,17 +95,12 @@ def eval_step(state: TrainState, batch, *, model: trm_model.TRM,
 
 def compile_train_step(config, model, tx, abstract_state, state_shardings,
                        batch_shardings, seq_len: int):
-  """The train step jitted with shardings and donation, compiled ahead of time.
-
-  Call inside `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`.
-  """
+  """The TRM train step, compiled ahead of time (see `state.compile_step`)."""
   from trm.data import pipeline  # pylint: disable=g-import-not-at-top
-  jitted = jax.jit(
+  return state_lib.compile_step(
       functools.partial(train_step, model=model, tx=tx,
                         optim_config=config.optim,
                         total_steps=config.total_steps,
                         global_batch_size=config.global_batch_size),
-      in_shardings=(state_shardings, batch_shardings),
-      out_shardings=(state_shardings, None), donate_argnums=0)
-  return jitted.lower(abstract_state, pipeline.abstract_batch(
-      config.global_batch_size, seq_len, batch_shardings)).compile()
+      abstract_state, state_shardings, pipeline.abstract_batch(
+          config.global_batch_size, seq_len, batch_shardings))
