@@ -2,8 +2,11 @@
 
   --config=configs/diffucoder_7b.py        the real 7B (config.json of
                                            DiffuCoder-7B-Instruct)
+  --config=configs/diffucoder_7b.py:1b     Qwen2.5-1.5B-shaped (1.8B with the
+                                           untied head), for one-GPU benchmarks
   --config=configs/diffucoder_7b.py:tiny   a 64-wide, 2-layer model with the
-                                           same code, for CPU tests
+                                           same code and a byte tokenizer, for
+                                           CPU tests and demos
 
 Parameters are float32 (7.616B, ~122 GB with AdamW state), sharded FSDP over
 every device by default; compute is bfloat16.
@@ -14,7 +17,7 @@ from trm import config_lib
 
 
 def get_config(arg=None):
-  variants = config_lib.parse_variants(arg, {"tiny"})
+  variants = config_lib.parse_variants(arg, {"tiny", "1b"})
   c = ml_collections.ConfigDict()
 
   c.model = ml_collections.ConfigDict(dict(
@@ -36,9 +39,21 @@ def get_config(arg=None):
   ))
 
   c.data = ml_collections.ConfigDict(dict(
-      name="jsonl",             # placeholder data source
-      path="",                  # training data file
+      format="jsonl",           # jsonl: prompt/response pairs | code: files
+      path="",                  # JSONL file, or a glob of code files
+      eval_path="",             # held-out data, same format; '' = hold out
+      eval_rows=64,             # rows of `path` held out when eval_path is ''
+      tokenizer="",             # dir with tokenizer.json, or 'bytes';
+                                # '' = init_checkpoint's directory
+      prompt_key="prompt",      # JSONL field of the prompt
+      response_key="response",  # JSONL field of the response
+      chat=True,                # wrap JSONL prompts in the ChatML template
+      eval_batch_size=64,       # sequences per eval batch, over all devices
+      max_eval_batches=-1,      # cap on eval batches (-1: all held-out rows)
+      prefetch=2,               # batches Grain prepares ahead
   ))
+  c.init_checkpoint = ""        # Hugging Face checkpoint dir to fine-tune
+                                # from; '' = random initialisation
 
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-5,                  # AdamW peak learning rate (float)
@@ -56,18 +71,31 @@ def get_config(arg=None):
   c.total_steps = 10000         # train steps
   c.eval_every = 1000           # evaluation cadence in steps
   c.checkpoint_every = 1000     # save cadence in steps
+  c.log_every = 10              # train-metric cadence in steps
+  c.keep_checkpoints = 3        # newest checkpoints kept on disk
+  c.loss_chunk_size = 512       # positions whose logits exist at once
   c.mesh = config_lib.mesh_config(data=1, fsdp=-1, model=1)
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
 
+  if "1b" in variants:
+    # Qwen2.5-1.5B's transformer shapes with DiffuCoder's vocabulary.
+    c.model.update(hidden_size=1536, intermediate_size=8960,
+                   num_attention_heads=12, num_key_value_heads=2)
   if "tiny" in variants:
     # Same code at toy sizes: 4 q heads over 2 kv heads (GQA groups of 2).
+    # Byte tokenizer: ids 0-255 are bytes, 256 <|endoftext|> (eos = pad),
+    # 257 <|dlm_pad|>, 258 <|im_end|>; <|mask|> is model.mask_token_id.
     c.model.update(vocab_size=512, hidden_size=64, intermediate_size=128,
                    num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, mask_token_id=500, pad_token_id=1,
+                   num_key_value_heads=2, mask_token_id=500, pad_token_id=256,
                    dtype="float32")
-    c.global_batch_size = 8
-    c.seq_len = 64
-    c.total_steps = 100
-    c.eval_every = 50
-    c.checkpoint_every = 50
+    c.data.update(format="code", path="trm/**/*.py", tokenizer="bytes",
+                  eval_rows=32, eval_batch_size=16)
+    c.optim.update(lr=1e-3, warmup_steps=20)
+    c.global_batch_size = 16
+    c.seq_len = 128
+    c.total_steps = 300
+    c.eval_every = 100
+    c.checkpoint_every = 100
+    c.log_every = 20
   return c.lock()

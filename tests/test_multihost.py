@@ -15,6 +15,7 @@ from trm import steps
 from trm import train
 from trm.data import pipeline, puzzle_dataset, puzzle_format
 from trm.models import get_model
+from trm.tasks import puzzle
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
@@ -64,7 +65,7 @@ def _train_losses(workdir):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("sudoku"))
-  train.prepare_data(tiny_config(**{"data.data_dir": path}), path)
+  puzzle.prepare_data(tiny_config(**{"data.data_dir": path}), path)
   return path
 
 

@@ -59,3 +59,30 @@ def test_batches_are_deterministic_cover_epochs_and_split_by_process():
   with pytest.raises(ValueError, match="cannot fill one global batch"):
     sft.SFTBatches(tokens, maskable, global_batch_size=16, seed=0,
                    num_batches=1)
+
+
+def test_chat_rows_close_with_im_end_then_dlm_pad():
+  from trm import tokenizer as tok_lib
+  tokenizer = tok_lib.ByteTokenizer(mask_id=500)
+  (prompt, response), = sft.chat_pair_ids([("hi", "ok")], tokenizer,
+                                          chat=True)
+  assert tokenizer.decode(prompt) == tok_lib.chat_prompt("hi")
+  assert response == [ord("o"), ord("k"), tokenizer.im_end_id]
+  tokens, maskable = sft.pair_rows([(prompt, response)], len(prompt) + 5,
+                                   pad_id=tokenizer.dlm_pad_id)
+  assert tokens[0, -2:].tolist() == [tokenizer.dlm_pad_id] * 2
+  assert maskable[0].tolist() == [False] * len(prompt) + [True] * 5
+
+
+def test_eval_batches_in_order_and_split_by_process():
+  tokens = np.arange(10)[:, None] * np.ones((1, 3), np.int32)
+  maskable = np.ones_like(tokens, bool)
+  second = sft.SFTEvalBatches(tokens, maskable, global_batch_size=4,
+                              process_index=1, process_count=2)
+  assert len(second) == 2  # the last 2 rows do not fill a batch
+  np.testing.assert_array_equal(second[0]["tokens"][:, 0], [2, 3])
+  np.testing.assert_array_equal(second[1]["tokens"][:, 0], [6, 7])
+  assert len(sft.SFTEvalBatches(tokens, maskable, global_batch_size=4,
+                                max_batches=1)) == 1
+  with pytest.raises(ValueError, match="cannot fill one eval batch"):
+    sft.SFTEvalBatches(tokens, maskable, global_batch_size=11)

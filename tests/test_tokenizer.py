@@ -48,3 +48,18 @@ def test_chat_prompt_matches_the_readme_layout():
   assert tok_lib.chat_prompt("Write fib.") == (
       "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
       "<|im_start|>user\nWrite fib.\n<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_byte_tokenizer_round_trip_and_checks():
+  import types
+  tokenizer = tok_lib.ByteTokenizer(mask_id=500)
+  ids = tokenizer.encode("é x")
+  assert ids == list("é x".encode())
+  assert tokenizer.decode(ids + [256, 500]) == "é x<|endoftext|><|mask|>"
+  cfg = types.SimpleNamespace(mask_token_id=500, vocab_size=512)
+  assert tok_lib.from_spec("bytes", cfg).vocab_size == 501
+  with pytest.raises(ValueError, match="vocab_size=299"):
+    tok_lib.from_spec("bytes", types.SimpleNamespace(mask_token_id=299,
+                                                     vocab_size=299))
+  with pytest.raises(ValueError, match="collides"):
+    tok_lib.ByteTokenizer(mask_id=257)

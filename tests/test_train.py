@@ -12,6 +12,7 @@ from trm import config_lib
 from trm import mesh as mesh_lib
 from trm import train
 from trm.data import pipeline
+from trm.tasks import puzzle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,20 +28,14 @@ def tiny_config(**overrides):
   config.mesh.update(data=2, fsdp=2, model=2)
   config.update(global_batch_size=16, total_steps=12, eval_every=12,
                 checkpoint_every=6, log_every=3)
-  for key, value in overrides.items():
-    node = config
-    *path, last = key.split(".")
-    for name in path:
-      node = node[name]
-    node[last] = value
-  return config
+  return config_lib.set_values(config, overrides)
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   """One generated dataset shared by the tests (built by the trainer)."""
   path = str(tmp_path_factory.mktemp("sudoku"))
-  train.prepare_data(tiny_config(**{"data.data_dir": path}), path)
+  puzzle.prepare_data(tiny_config(**{"data.data_dir": path}), path)
   return path
 
 
@@ -199,7 +194,7 @@ def test_sigkill_mid_run_then_resume_matches(tmp_path, data_dir):
 def test_remote_data_dir_is_a_clear_error():
   config = tiny_config(**{"data.data_dir": "gs://bucket/sudoku"})
   with pytest.raises(ValueError, match="config.data.data_dir"):
-    train.prepare_data(config, "/tmp/unused")
+    puzzle.prepare_data(config, "/tmp/unused")
 
 
 @pytest.mark.parametrize("key", ["total_steps", "eval_every",

@@ -49,3 +49,23 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
   data_iter.set_state(restored["data_iter"])
   return restored["state"]
 
+
+
+def restore_params(directory: str, abstract_params, step: int | None = None):
+  """(params, step): only the `params` field of a saved train state (no
+  optimizer state is read), onto `abstract_params`' shardings."""
+  manager = ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(create=False,
+                                                      read_only=True),
+      item_names=("state", "data_iter"))
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"{directory} holds no checkpoint; point at the "
+                            "checkpoints/ directory of a trm.main workdir.")
+  item = {"params": abstract_params}
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(
+          item=item,
+          restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+          partial_restore=True)))
+  return restored["state"]["params"], step

@@ -64,3 +64,14 @@ def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+def set_values(config: ml_collections.ConfigDict, values: dict):
+  """Sets dotted keys ({'data.path': ...}) as --config.key=value would."""
+  for key, value in values.items():
+    node = config
+    *path, last = key.split(".")
+    for name in path:
+      node = node[name]
+    node[last] = value
+  return config

@@ -6,14 +6,17 @@ r"""Sample from DiffuCoder / Dream with masked diffusion, sharded on the mesh.
       --checkpoint=DIR --batch_file=prompts.txt --max_new_tokens=256 \
       --steps=256 --alg=entropy --temperature=0.3 --top_p=0.95
 
-The checkpoint directory is the Hugging Face download (safetensors shards,
-index, config.json, tokenizer.json); each process reads only the slices of
-the weights its devices hold. Prompts are left-padded into one batch; the
+--checkpoint is the Hugging Face download (safetensors shards, index,
+config.json, tokenizer.json), or a `trm.main` fine-tuning workdir (its newest
+Orbax checkpoint; the tokenizer is then the config's data.tokenizer, or
+--tokenizer). Each process reads only the slices of the weights its devices
+hold. Prompts are left-padded into one batch; the
 whole denoising loop is one compiled program. Completions are cut at
 <|endoftext|>, <|dlm_pad|> or <|im_end|>, as the reference callers do.
 """
 from __future__ import annotations
 
+import os
 import time
 
 from absl import app, flags
@@ -48,6 +51,23 @@ def left_pad(token_lists, pad_id: int, max_len: int):
   return ids, mask
 
 
+def load_params(checkpoint: str, cfg, shardings):
+  """(params, description) from a HF directory or a trm.main workdir."""
+  import os  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax.linen import meta  # pylint: disable=g-import-not-at-top
+  from trm import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.models import dream, hf_import  # pylint: disable=g-import-not-at-top
+  saved = os.path.join(checkpoint, "checkpoints")
+  if os.path.isdir(saved):
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        meta.unbox(dream.abstract_params(cfg)), shardings)
+    params, step = ckpt_lib.restore_params(saved, abstract)
+    return params, f"{saved} step {step}"
+  return hf_import.load_hf_checkpoint(checkpoint, cfg, shardings), checkpoint
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -57,17 +77,18 @@ def main(argv):
   from trm import diffusion_sampling  # pylint: disable=g-import-not-at-top
   from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-  from trm.models import dream, hf_import  # pylint: disable=g-import-not-at-top
+  from trm.models import dream  # pylint: disable=g-import-not-at-top
+  from trm.tasks import diffusion_lm  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
   if not _CHECKPOINT.value:
     raise app.UsageError("--checkpoint is required.")
   prompts = read_prompts(_PROMPT.value, _BATCH_FILE.value)
-  tokenizer = tok_lib.load_tokenizer(_CHECKPOINT.value)
   cfg = dream.DreamConfig.from_config(config.model)
-  if tokenizer.mask_id != cfg.mask_token_id:
-    raise ValueError(f"tokenizer.json's <|mask|> is {tokenizer.mask_id} but "
-                     f"config.model.mask_token_id={cfg.mask_token_id}.")
+  workdir = os.path.isdir(os.path.join(_CHECKPOINT.value, "checkpoints"))
+  tokenizer = tok_lib.from_spec(
+      _TOKENIZER.value or (diffusion_lm.tokenizer_spec(config) if workdir
+                           else _CHECKPOINT.value), cfg)
   texts = [tok_lib.chat_prompt(p) if _CHAT.value else p for p in prompts]
   ids, mask = left_pad([tokenizer.encode(t) for t in texts],
                        tokenizer.eos_id, config.seq_len - _MAX_NEW.value)
@@ -78,7 +99,8 @@ def main(argv):
   with nn.logical_axis_rules(rules):
     shardings = mesh_lib.tree_shardings(mesh, rules,
                                         dream.abstract_params(cfg))
-  params = hf_import.load_hf_checkpoint(_CHECKPOINT.value, cfg, shardings)
+  params, source = load_params(_CHECKPOINT.value, cfg, shardings)
+  print(f"weights: {source}")
 
   def logits_fn(params, tokens, attention_mask, positions):
     return model.apply({"params": params}, tokens, attention_mask, positions)
@@ -112,12 +134,16 @@ def main(argv):
 def define_flags():
   """Defines the command-line flags; only when run as a program, so that
   tests can import several entry points into one process."""
-  global _CONFIG, _CHECKPOINT, _PROMPT, _BATCH_FILE, _CHAT, _MAX_NEW, \
+  global _CONFIG, _CHECKPOINT, _TOKENIZER, _PROMPT, _BATCH_FILE, _CHAT, _MAX_NEW, \
       _STEPS, _ALG, _ALG_TEMP, _TEMPERATURE, _TOP_P, _TOP_K, _SEED
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Model config.",
                                             lock_config=True)
-  _CHECKPOINT = flags.DEFINE_string("checkpoint", None,
-                                    "Hugging Face checkpoint directory.")
+  _CHECKPOINT = flags.DEFINE_string(
+      "checkpoint", None, "Hugging Face checkpoint directory, or a trm.main "
+      "workdir (its newest checkpoint).")
+  _TOKENIZER = flags.DEFINE_string(
+      "tokenizer", None, "Directory with tokenizer.json, or 'bytes'; default:"
+      " the checkpoint directory (HF), or config.data.tokenizer (workdir).")
   _PROMPT = flags.DEFINE_string("prompt", None, "One prompt.")
   _BATCH_FILE = flags.DEFINE_string("batch_file", None,
                                     "A file with one prompt per line.")

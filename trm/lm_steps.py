@@ -2,8 +2,9 @@
 
 State and step follow the TRM ones: `trm.state.abstract_state` /
 `init_state` build the state abstract-first from logical axis names, and one
-jitted step runs with the state donated. The objective is `trm.diffusion_loss`; training attends to every
-position, pads included, as DiffuCoder's maintainers trained it.
+jitted step runs with the state donated. The objective is
+`trm.diffusion_loss`; training attends to every position, pads included, as
+DiffuCoder's maintainers trained it.
 """
 from __future__ import annotations
 
@@ -87,23 +88,66 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
                        opt_state=opt_state), metrics
 
 
+def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,
+              chunk_size: int = 512):
+  """Held-out diffusion loss with the same noise at every evaluation, so
+  figures from different steps compare."""
+  noisy, masked, t = diffusion_loss.add_noise(
+      jax.random.PRNGKey(seed), batch["tokens"], batch["maskable"],
+      model.cfg.mask_token_id)
+  variables = {"params": state.params}
+  hidden = model.apply(variables, noisy, method="hidden")
+  head = functools.partial(model.apply, variables, method="logits_from_hidden")
+  loss, num_masked = diffusion_loss.shifted_masked_loss(
+      hidden, head, batch["tokens"], masked, t, chunk_size)
+  return {"loss": clu_metrics.Average(total=loss, count=jnp.int32(1)),
+          "masked_tokens": clu_metrics.Average(
+              total=num_masked.astype(jnp.float32), count=jnp.int32(1))}
+
+
+def state_from_hf_checkpoint(directory: str, model: dream.Dream, tx,
+                             seed: int, mesh, rules, shardings) -> LMState:
+  """A fresh fine-tuning state around published weights: each process reads
+  only its devices' slices of the safetensors; the optimizer state is born
+  sharded next to them."""
+  from trm.models import hf_import  # pylint: disable=g-import-not-at-top
+  params = hf_import.load_hf_checkpoint(directory, model.cfg,
+                                        shardings.params)
+  _, state_key = jax.random.split(jax.random.PRNGKey(seed))
+
+  def build(params):
+    return LMState(step=jnp.zeros((), jnp.int32), params=params,
+                   opt_state=tx.init(params), rng=state_key)
+
+  with jax.set_mesh(mesh):
+    return jax.jit(build, in_shardings=(shardings.params,),
+                   out_shardings=shardings, donate_argnums=0)(params)
+
+
 def batch_shardings(mesh, rules):
   from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   rows = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH, None))
   return {"tokens": rows, "maskable": rows}
 
 
+def abstract_batch(global_batch_size: int, seq_len: int, shardings):
+  """ShapeDtypeStructs of one global batch (for ahead-of-time lowering)."""
+  shape = (global_batch_size, seq_len)
+  return {"tokens": jax.ShapeDtypeStruct(shape, jnp.int32,
+                                         sharding=shardings["tokens"]),
+          "maskable": jax.ShapeDtypeStruct(shape, jnp.bool_,
+                                           sharding=shardings["maskable"])}
+
+
 def compile_train_step(config, model, tx, abstract_state, state_shardings,
                        batch_sharding):
   """The fine-tuning step, compiled ahead of time (`state.compile_step`)."""
-  shapes = (config.global_batch_size, config.seq_len)
-  batch = {"tokens": jax.ShapeDtypeStruct(shapes, jnp.int32,
-                                          sharding=batch_sharding["tokens"]),
-           "maskable": jax.ShapeDtypeStruct(
-               shapes, jnp.bool_, sharding=batch_sharding["maskable"])}
-  return state_lib.compile_step(functools.partial(train_step, model=model,
-                                                  tx=tx),
-                                abstract_state, state_shardings, batch)
+  return state_lib.compile_step(
+      functools.partial(train_step, model=model, tx=tx,
+                        chunk_size=config.loss_chunk_size),
+      abstract_state, state_shardings,
+      abstract_batch(config.global_batch_size, config.seq_len,
+                     batch_sharding))
 
 
 def train_flops_per_example(cfg: dream.DreamConfig, seq_len: int) -> int:

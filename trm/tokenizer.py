@@ -31,6 +31,10 @@ class DreamTokenizer:
   def encode(self, text: str) -> list[int]:
     return self.tokenizer.encode(text, add_special_tokens=False).ids
 
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
   def decode(self, ids) -> str:
     return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
@@ -38,6 +42,51 @@ class DreamTokenizer:
     """Where a completion ends, as the reference callers split it."""
     return [i for i in (self.eos_id, self.dlm_pad_id, self.im_end_id)
             if i is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteTokenizer:
+  """Bytes as tokens, for small models trained from scratch on CPU.
+
+  Ids 0-255 are the UTF-8 bytes, then <|endoftext|>, <|dlm_pad|> and
+  <|im_end|>; <|mask|> is the model's mask id (above them). Text is
+  encoded literally: a chat template is just more bytes.
+  """
+  mask_id: int
+  eos_id: int = 256
+  dlm_pad_id: int | None = 257
+  im_end_id: int | None = 258
+
+  def __post_init__(self):
+    if self.mask_id <= 258:
+      raise ValueError(f"config.model.mask_token_id={self.mask_id} collides "
+                       "with the byte tokenizer's ids 0-258; use an id above "
+                       "258.")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.mask_id + 1
+
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+  def decode(self, ids) -> str:
+    names = {self.eos_id: END_OF_TEXT, self.dlm_pad_id: DLM_PAD,
+             self.im_end_id: IM_END, self.mask_id: MASK}
+    out, run = [], bytearray()
+    for i in ids:
+      i = int(i)
+      if i < 256:
+        run.append(i)
+        continue
+      out.append(run.decode("utf-8", errors="replace"))
+      run = bytearray()
+      out.append(names.get(i, f"<|{i}|>"))
+    out.append(run.decode("utf-8", errors="replace"))
+    return "".join(out)
+
+  def stop_ids(self) -> list[int]:
+    return [self.eos_id, self.dlm_pad_id, self.im_end_id]
 
 
 def chat_prompt(query: str, system: str = SYSTEM_PROMPT) -> str:
@@ -49,6 +98,24 @@ def chat_prompt(query: str, system: str = SYSTEM_PROMPT) -> str:
   return (f"{IM_START}system\n{system}{IM_END}\n"
           f"{IM_START}user\n{query}\n{IM_END}\n"
           f"{IM_START}assistant\n")
+
+
+def from_spec(spec: str, model_cfg):
+  """The tokenizer a config names: 'bytes', or a directory with
+  tokenizer.json; checked against the model's mask id and vocabulary."""
+  if spec == "bytes":
+    tokenizer = ByteTokenizer(mask_id=model_cfg.mask_token_id)
+  else:
+    tokenizer = load_tokenizer(spec)
+  if tokenizer.mask_id != model_cfg.mask_token_id:
+    raise ValueError(f"The tokenizer ({spec}) has <|mask|> = "
+                     f"{tokenizer.mask_id} but config.model.mask_token_id="
+                     f"{model_cfg.mask_token_id}; they must agree.")
+  if tokenizer.vocab_size > model_cfg.vocab_size:
+    raise ValueError(f"The tokenizer ({spec}) has {tokenizer.vocab_size} ids,"
+                     f" more than config.model.vocab_size="
+                     f"{model_cfg.vocab_size}.")
+  return tokenizer
 
 
 def load_tokenizer(directory: str) -> DreamTokenizer:

@@ -3,9 +3,7 @@ checkpoint, loop. `python -m trm.main` calls `train_and_evaluate`.
 """
 from __future__ import annotations
 
-import functools
 import json
-import os
 import time
 
 import flax.linen as nn
@@ -19,25 +17,14 @@ from trm import checkpoint as ckpt_lib
 from trm import losses
 from trm import mesh as mesh_lib
 from trm import state as state_lib
-from trm import steps
-from trm.data import pipeline, puzzle_dataset, puzzle_format
-from trm.models import get_model
-
-
-def _data_dir(config, workdir: str) -> str:
-  data_dir = config.data.data_dir or os.path.join(workdir, "data")
-  if "://" in data_dir:
-    raise ValueError(
-        f"Dataset directory {data_dir!r} is remote, but datasets are memory-"
-        "mapped from local disk: set --config.data.data_dir to a local path "
-        "(each worker builds or copies its own).")
-  return data_dir
+from trm import tasks
+from trm.data import pipeline
 
 
 def check_config(config) -> None:
   """Rejects values that would only fail (or misbehave) deep in the run."""
   for key in ("total_steps", "eval_every", "checkpoint_every", "log_every",
-              "keep_checkpoints", "data.epochs_per_iter", "data.prefetch"):
+              "keep_checkpoints", "data.prefetch"):
     node = config
     for name in key.split("."):
       node = node[name]
@@ -45,33 +32,12 @@ def check_config(config) -> None:
       raise ValueError(f"config.{key}={node} must be a positive integer.")
 
 
-def prepare_data(config, workdir: str) -> str:
-  """Builds the dataset named by the config when its directory has none."""
-  data_dir = _data_dir(config, workdir)
-  if config.data.name == "sudoku":
-    from trm.data import sudoku  # pylint: disable=g-import-not-at-top
-    build = config.data.build
-    sudoku.ensure_dataset(
-        data_dir, source=build.source, csv_dir=build.csv_dir or None,
-        subsample_size=(None if build.subsample_size < 0
-                        else build.subsample_size),
-        num_aug=build.num_aug,
-        min_difficulty=(None if build.min_difficulty < 0
-                        else build.min_difficulty),
-        seed=build.seed, num_train=build.num_train, num_test=build.num_test,
-        num_blanks=build.num_blanks)
-  else:
-    raise ValueError(f"config.data.name={config.data.name!r} has no builder; "
-                     "known: 'sudoku'.")
-  return data_dir
-
-
-def evaluate(eval_fn, state, test_source, batch_shardings) -> dict:
-  """Mean metrics over the whole test split (final ACT step of each row)."""
+def evaluate(eval_fn, state, eval_source, batch_shardings) -> dict:
+  """Mean metrics over every batch of the held-out split."""
   totals = None
-  for k in range(len(test_source)):
-    batch = pipeline.to_global(test_source[k], batch_shardings)
-    metrics, _, _ = eval_fn(state, batch)
+  for k in range(len(eval_source)):
+    batch = pipeline.to_global(eval_source[k], batch_shardings)
+    metrics = eval_fn(state, batch)
     totals = losses.merge(totals, metrics)
   return losses.compute(totals) if totals else {}
 
@@ -98,39 +64,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   logging.info("Mesh %s over %d devices, %d processes", dict(mesh.shape),
                mesh.size, jax.process_count())
 
-  # ----------------------------------------------------------------- data
-  data_dir = prepare_data(config, workdir)
-  train_meta, train_arrays = puzzle_format.read_split(data_dir, "train")
-  test_meta, test_arrays = puzzle_format.read_split(data_dir, "test")
-  if (test_meta.seq_len, test_meta.vocab_size) != (train_meta.seq_len,
-                                                   train_meta.vocab_size):
-    raise ValueError(f"{data_dir}: train and test splits disagree on seq_len "
-                     "or vocab_size; rebuild the dataset.")
-  process = dict(process_index=jax.process_index(),
-                 process_count=jax.process_count())
-  train_source = puzzle_dataset.TrainBatches(
-      train_meta, train_arrays, global_batch_size=config.global_batch_size,
-      seed=config.seed, epochs_per_iter=config.data.epochs_per_iter,
-      num_batches=config.total_steps, **process)
-  test_source = puzzle_dataset.TestBatches(
-      test_meta, test_arrays, global_batch_size=config.data.eval_batch_size,
-      max_batches=config.data.max_eval_batches, **process)
-  train_iter = pipeline.grain_iterator(train_source, config.data.prefetch)
-  batch_shardings = pipeline.batch_shardings(mesh, rules)
-
-  # ---------------------------------------------------------------- model
-  model = get_model(config.model, train_meta)
-  tx = steps.make_optimizer(config.optim, config.total_steps)
+  # ------------------------------------------------------ data and model
+  # The model family's task reads its data and names its model and steps.
+  task = tasks.build(config, workdir, mesh, rules)
+  train_iter = pipeline.grain_iterator(task.train_source, config.data.prefetch)
 
   # ---------------------------------------------------------------- shard
-  init_fn = state_lib.make_init_fn(model, tx, config.global_batch_size,
-                                   config.seed)
-  abstract, state_shardings = state_lib.abstract_state(init_fn, mesh, rules)
+  abstract, state_shardings = state_lib.abstract_state(task.init_fn, mesh,
+                                                       rules)
   manager = ckpt_lib.make_manager(str(workpath / "checkpoints"),
                                   max_to_keep=config.keep_checkpoints)
   state = ckpt_lib.restore_latest(manager, abstract, train_iter)
-  if state is None:
-    state = state_lib.init_state(init_fn, mesh, rules, state_shardings)
+  if state is None and task.initial_state is not None:
+    state = task.initial_state(mesh, rules, state_shardings)
+    logging.info("Initialised from %s.", config.get("init_checkpoint"))
+  elif state is None:
+    state = state_lib.init_state(task.init_fn, mesh, rules, state_shardings)
     logging.info("Initialised a new model.")
   start_step = int(state.step)
   if is_main:
@@ -140,15 +89,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       x.size for x in jax.tree.leaves(state.params)))})
 
   # ----------------------------------------------------------------- step
+  batch_shardings = task.batch_shardings
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    eval_step = jax.jit(
-        functools.partial(steps.eval_step, model=model,
-                          use_ema=config.optim.ema),
-        in_shardings=(state_shardings, batch_shardings))
+    eval_step = jax.jit(task.eval_step,
+                        in_shardings=(state_shardings, batch_shardings))
     compile_start = time.time()
-    train_step = steps.compile_train_step(config, model, tx, abstract,
-                                          state_shardings, batch_shardings,
-                                          train_meta.seq_len)
+    train_step = state_lib.compile_step(task.train_step, abstract,
+                                        state_shardings, task.abstract_batch)
   compile_seconds = time.time() - compile_start
   memory = train_step.memory_analysis()
   logging.info(
@@ -161,7 +108,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   def run_eval(step: int) -> dict:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       start = time.time()
-      results = evaluate(eval_step, state, test_source, batch_shardings)
+      results = evaluate(eval_step, state, task.eval_source,
+                         batch_shardings)
     results = {f"eval/{k}": v for k, v in results.items()}
     results["eval/seconds"] = time.time() - start
     writer.write_scalars(step, results)

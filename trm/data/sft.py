@@ -131,3 +131,80 @@ class SFTBatches:
     rows = order[j * self.global_batch_size:(j + 1) * self.global_batch_size]
     rows = rows[self.local_slice]
     return {"tokens": self.tokens[rows], "maskable": self.maskable[rows]}
+
+
+class SFTEvalBatches:
+  """Held-out rows in order, in full global batches (a short tail is left
+  out); item k = this process's rows of eval batch k."""
+
+  def __init__(self, tokens, maskable, *, global_batch_size: int,
+               max_batches: int = -1, process_index: int = 0,
+               process_count: int = 1):
+    count = len(tokens) // global_batch_size
+    if count == 0:
+      raise ValueError(f"{len(tokens)} held-out rows cannot fill one eval "
+                       f"batch of data.eval_batch_size={global_batch_size}; "
+                       "hold out more rows (data.eval_rows) or lower it.")
+    self.count = count if max_batches < 0 else min(count, max_batches)
+    self.tokens, self.maskable = tokens, maskable
+    self.global_batch_size = global_batch_size
+    self.local = global_batch_size // process_count
+    self.offset = process_index * self.local
+
+  def __len__(self):
+    return self.count
+
+  def __getitem__(self, k):
+    if not 0 <= k < self.count:
+      raise IndexError(k)
+    start = k * self.global_batch_size + self.offset
+    rows = slice(start, start + self.local)
+    return {"tokens": self.tokens[rows], "maskable": self.maskable[rows]}
+
+
+def chat_pair_ids(pairs, tokenizer, chat: bool):
+  """[(prompt ids, response ids)]: with `chat`, the prompt in the ChatML
+  template and the response closed by <|im_end|>, as the Instruct model was
+  fine-tuned."""
+  from trm import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  prompts = [tok_lib.chat_prompt(p) if chat else p for p, _ in pairs]
+  close = [tokenizer.im_end_id] if chat and tokenizer.im_end_id is not None \
+      else []
+  return [(tokenizer.encode(p), tokenizer.encode(r) + close)
+          for p, (_, r) in zip(prompts, pairs)]
+
+
+def read_rows(data_config, tokenizer, seq_len: int, path: str):
+  """(tokens, maskable) for `path` in the config's format."""
+  if data_config.format == "jsonl":
+    pairs = read_jsonl_pairs(path, data_config.prompt_key,
+                             data_config.response_key)
+    pad_id = (tokenizer.dlm_pad_id if tokenizer.dlm_pad_id is not None
+              else tokenizer.eos_id)
+    return pair_rows(chat_pair_ids(pairs, tokenizer, data_config.chat),
+                     seq_len, pad_id, source=path)
+  if data_config.format == "code":
+    documents = [tokenizer.encode(text) for text in read_code_files(path)]
+    return packed_rows(documents, seq_len, tokenizer.eos_id)
+  raise ValueError(f"config.data.format={data_config.format!r} is not known; "
+                   "use 'jsonl' (prompt/response pairs) or 'code' (files).")
+
+
+def train_and_eval_rows(data_config, tokenizer, seq_len: int):
+  """Training and held-out rows: `eval_path`'s, or the last `eval_rows` rows
+  of `path`."""
+  if not data_config.path:
+    raise ValueError("config.data.path is empty: set it to a JSONL file of "
+                     "prompt/response pairs or a glob of code files.")
+  tokens, maskable = read_rows(data_config, tokenizer, seq_len,
+                               data_config.path)
+  if data_config.eval_path:
+    return (tokens, maskable), read_rows(data_config, tokenizer, seq_len,
+                                         data_config.eval_path)
+  held = data_config.eval_rows
+  if not 0 < held < len(tokens):
+    raise ValueError(f"config.data.eval_rows={held} must be positive and "
+                     f"below the {len(tokens)} rows of {data_config.path}, or "
+                     "set config.data.eval_path.")
+  return ((tokens[:-held], maskable[:-held]),
+          (tokens[-held:], maskable[-held:]))

@@ -1,0 +1,138 @@
+"""DiffuCoder fine-tuning through the training loop (`trm.tasks.diffusion_lm`):
+the loss falls on code files, runs resume, a published checkpoint is the
+starting point, trm.generate samples from the workdir, bad data fails early.
+8 CPU devices, mesh 2x2x2."""
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trm import config_lib
+from trm import mesh as mesh_lib
+from trm import state as state_lib
+from trm import tasks
+from trm import train
+from trm.models import dream, hf_import
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(data_glob, **overrides):
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
+  config.data.update(path=data_glob, eval_rows=16, eval_batch_size=8)
+  config.mesh.update(data=2, fsdp=2, model=2)
+  config.update(total_steps=40, eval_every=20, checkpoint_every=20,
+                log_every=10, seq_len=64)
+  return config_lib.set_values(config, overrides)
+
+
+@pytest.fixture(scope="module")
+def code_glob():
+  return os.path.join(ROOT, "trm", "**", "*.py")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, code_glob):
+  workdir = str(tmp_path_factory.mktemp("ft"))
+  _, results = train.train_and_evaluate(tiny_config(code_glob), workdir)
+  return workdir, results
+
+
+def _eval_loss(workdir, step):
+  with open(os.path.join(workdir, f"eval_{step}.json")) as f:
+    return json.load(f)["eval/loss"]
+
+
+def test_loss_falls_and_checkpoints_are_written(trained):
+  workdir, results = trained
+  first, last = _eval_loss(workdir, 20), _eval_loss(workdir, 40)
+  assert last == pytest.approx(results["eval/loss"])
+  assert last < first - 0.5, (first, last)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20",
+                                                                      "40"]
+
+
+def test_rerun_resumes_and_reevaluates_identically(trained, code_glob):
+  workdir, results = trained
+  state, again = train.train_and_evaluate(tiny_config(code_glob), workdir)
+  assert int(state.step) == 40
+  assert again["eval/loss"] == pytest.approx(results["eval/loss"], rel=1e-6)
+
+
+def test_starts_from_a_hugging_face_checkpoint(tmp_path, code_glob):
+  config = tiny_config(code_glob)
+  model = dream.Dream(dream.DreamConfig.from_config(config.model))
+  params = nn.meta.unbox(model.init(jax.random.key(7),
+                                    jnp.zeros((1, 4), jnp.int32))["params"])
+  hf_import.export_hf_checkpoint(params, model.cfg, str(tmp_path / "hf"))
+  config.init_checkpoint = str(tmp_path / "hf")
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  task = tasks.build(config, str(tmp_path), mesh, rules)
+  _, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
+  state = task.initial_state(mesh, rules, shardings)
+  assert int(state.step) == 0
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params),
+               params)
+  # Sharded as the rules say, optimizer state included.
+  assert (state.params["embed_tokens"].sharding
+          == shardings.params["embed_tokens"])
+  config.update(total_steps=2, eval_every=2, checkpoint_every=2)
+  trained_state, _ = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert int(trained_state.step) == 2
+
+
+def test_generate_samples_from_the_workdir(trained, code_glob):
+  workdir, _ = trained
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.generate",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+       "--prompt=def f(x):", "--max_new_tokens=16", "--steps=8"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"weights: {workdir}/checkpoints step 40" in result.stdout
+  assert "=== def f(x):" in result.stdout
+  assert "tokens/s" in result.stdout
+
+
+def test_jsonl_pairs_train(tmp_path):
+  path = tmp_path / "pairs.jsonl"
+  with open(path, "w") as f:
+    for i in range(40):
+      f.write(json.dumps({"prompt": f"add {i} and 1",
+                          "response": f"{i + 1}"}) + "\n")
+  # The ChatML template is spelled out in bytes: room for ~120 tokens.
+  config = tiny_config(str(path), **{"data.format": "jsonl"})
+  config.update(total_steps=4, eval_every=4, checkpoint_every=4, seq_len=160)
+  state, results = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert int(state.step) == 4 and np.isfinite(results["eval/loss"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"data.path": ""}, "config.data.path is empty"),
+    ({"data.eval_rows": 10**6}, "config.data.eval_rows=1000000"),
+    ({"data.eval_rows": 4}, "cannot fill one eval batch"),
+    ({"data.format": "csv"}, "config.data.format='csv'"),
+    ({"data.tokenizer": ""}, "No tokenizer"),
+    ({"model.mask_token_id": 100}, "collides with the byte tokenizer"),
+    ({"loss_chunk_size": 0}, "config.loss_chunk_size=0"),
+])
+def test_bad_configs_fail_before_compiling(tmp_path, code_glob, overrides,
+                                           message):
+  with pytest.raises((ValueError, FileNotFoundError), match=message):
+    train.train_and_evaluate(tiny_config(code_glob, **overrides),
+                             str(tmp_path))
+
+
+def test_missing_files_name_the_pattern(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"No files match .*\*\.rs"):
+    train.train_and_evaluate(tiny_config(str(tmp_path / "*.rs")),
+                             str(tmp_path))

@@ -1,0 +1,42 @@
+"""What the training loop trains, chosen by `config.model.name`.
+
+The loop in `trm/train.py` is the same for every model family; a task module
+supplies the parts that differ as one plain `Task` record: the data sources,
+the model, the state initialiser and the step functions. A task module has a
+single entry point, `build(config, workdir, mesh, rules) -> Task`, which
+validates the family's config keys and reads its data before anything is
+compiled.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  model: Any
+  # Random access: item k is this process's rows of global batch k.
+  train_source: Any
+  # Sequence of this process's rows of each evaluation batch.
+  eval_source: Any
+  batch_shardings: dict       # batch key -> NamedSharding
+  abstract_batch: dict        # ShapeDtypeStructs of one global train batch
+  init_fn: Callable[[], Any]  # () -> state whose leaves carry logical names
+  train_step: Callable        # (state, batch) -> (state, metrics)
+  eval_step: Callable         # (state, batch) -> metrics
+  # (mesh, rules, shardings) -> state, for a run that starts from weights
+  # other than init_fn's (e.g. a published checkpoint); None = init_fn.
+  initial_state: Optional[Callable] = None
+
+
+def build(config, workdir: str, mesh, rules) -> Task:
+  name = config.model.name
+  if name == "trm":
+    from trm.tasks import puzzle  # pylint: disable=g-import-not-at-top
+    return puzzle.build(config, workdir, mesh, rules)
+  if name == "dream":
+    from trm.tasks import diffusion_lm  # pylint: disable=g-import-not-at-top
+    return diffusion_lm.build(config, workdir, mesh, rules)
+  raise ValueError(f"config.model.name={name!r} has no training task; "
+                   "known: 'trm', 'dream'.")

@@ -1,0 +1,89 @@
+"""TRM on puzzle datasets (Sudoku): upstream's data, ACT step and evaluation."""
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+
+from trm import state as state_lib
+from trm import steps
+from trm.data import pipeline, puzzle_dataset, puzzle_format
+from trm.models import get_model
+from trm.tasks import Task
+
+
+def _data_dir(config, workdir: str) -> str:
+  data_dir = config.data.data_dir or os.path.join(workdir, "data")
+  if "://" in data_dir:
+    raise ValueError(
+        f"Dataset directory {data_dir!r} is remote, but datasets are memory-"
+        "mapped from local disk: set --config.data.data_dir to a local path "
+        "(each worker builds or copies its own).")
+  return data_dir
+
+
+def prepare_data(config, workdir: str) -> str:
+  """Builds the dataset named by the config when its directory has none."""
+  data_dir = _data_dir(config, workdir)
+  if config.data.name == "sudoku":
+    from trm.data import sudoku  # pylint: disable=g-import-not-at-top
+    build_config = config.data.build
+    sudoku.ensure_dataset(
+        data_dir, source=build_config.source,
+        csv_dir=build_config.csv_dir or None,
+        subsample_size=(None if build_config.subsample_size < 0
+                        else build_config.subsample_size),
+        num_aug=build_config.num_aug,
+        min_difficulty=(None if build_config.min_difficulty < 0
+                        else build_config.min_difficulty),
+        seed=build_config.seed, num_train=build_config.num_train,
+        num_test=build_config.num_test, num_blanks=build_config.num_blanks)
+  else:
+    raise ValueError(f"config.data.name={config.data.name!r} has no builder; "
+                     "known: 'sudoku'.")
+  return data_dir
+
+
+def _eval_metrics(state, batch, *, model, use_ema: bool):
+  metrics, _, _ = steps.eval_step(state, batch, model=model, use_ema=use_ema)
+  return metrics
+
+
+def build(config, workdir: str, mesh, rules) -> Task:
+  if config.data.epochs_per_iter <= 0:
+    raise ValueError(f"config.data.epochs_per_iter={config.data.epochs_per_iter}"
+                     " must be a positive integer.")
+  data_dir = prepare_data(config, workdir)
+  train_meta, train_arrays = puzzle_format.read_split(data_dir, "train")
+  test_meta, test_arrays = puzzle_format.read_split(data_dir, "test")
+  if (test_meta.seq_len, test_meta.vocab_size) != (train_meta.seq_len,
+                                                   train_meta.vocab_size):
+    raise ValueError(f"{data_dir}: train and test splits disagree on seq_len "
+                     "or vocab_size; rebuild the dataset.")
+  process = dict(process_index=jax.process_index(),
+                 process_count=jax.process_count())
+  train_source = puzzle_dataset.TrainBatches(
+      train_meta, train_arrays, global_batch_size=config.global_batch_size,
+      seed=config.seed, epochs_per_iter=config.data.epochs_per_iter,
+      num_batches=config.total_steps, **process)
+  test_source = puzzle_dataset.TestBatches(
+      test_meta, test_arrays, global_batch_size=config.data.eval_batch_size,
+      max_batches=config.data.max_eval_batches, **process)
+  batch_shardings = pipeline.batch_shardings(mesh, rules)
+
+  model = get_model(config.model, train_meta)
+  tx = steps.make_optimizer(config.optim, config.total_steps)
+  return Task(
+      model=model, train_source=train_source, eval_source=test_source,
+      batch_shardings=batch_shardings,
+      abstract_batch=pipeline.abstract_batch(
+          config.global_batch_size, train_meta.seq_len, batch_shardings),
+      init_fn=state_lib.make_init_fn(model, tx, config.global_batch_size,
+                                     config.seed),
+      train_step=functools.partial(
+          steps.train_step, model=model, tx=tx, optim_config=config.optim,
+          total_steps=config.total_steps,
+          global_batch_size=config.global_batch_size),
+      eval_step=functools.partial(_eval_metrics, model=model,
+                                  use_ema=config.optim.ema))
