@@ -136,3 +136,34 @@ def test_missing_files_name_the_pattern(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"No files match .*\*\.rs"):
     train.train_and_evaluate(tiny_config(str(tmp_path / "*.rs")),
                              str(tmp_path))
+
+
+def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):
+  workdir, _ = trained
+  tokenizer_dir = tmp_path / "tok"
+  tokenizer_dir.mkdir()
+  (tokenizer_dir / "tokenizer.json").write_text("{}")
+  (tokenizer_dir / "modeling_dream.py").write_text("# remote code")
+  out = tmp_path / "hf"
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+       f"--out={out}", f"--tokenizer={tokenizer_dir}", "--dtype=float32"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "step 40" in result.stdout
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors",
+                                     "modeling_dream.py", "tokenizer.json"]
+  config = tiny_config("unused")
+  cfg = dream.DreamConfig.from_config(config.model)
+  exported = hf_import.load_hf_checkpoint(str(out), cfg)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  with nn.logical_axis_rules(rules):
+    shardings = mesh_lib.tree_shardings(mesh, rules,
+                                        dream.abstract_params(cfg))
+  from trm import generate  # pylint: disable=g-import-not-at-top
+  saved, _ = generate.load_params(workdir, cfg, shardings)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(exported),
+               jax.device_get(saved))

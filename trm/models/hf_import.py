@@ -379,6 +379,9 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
     shards[-1].append((name, x))
     size += x.nbytes
   n = len(shards)
+  if jax.process_index() != 0:
+    return []
+  os.makedirs(directory, exist_ok=True)
   files = ([SINGLE_FILE] if n == 1 else
            [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
   weight_map = {}
