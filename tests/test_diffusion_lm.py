@@ -91,6 +91,7 @@ def test_starts_from_a_hugging_face_checkpoint(tmp_path, code_glob):
 
 def test_generate_samples_from_the_workdir(trained, code_glob):
   workdir, _ = trained
+  workdir = os.path.relpath(workdir, ROOT)  # relative paths work too
   result = subprocess.run(
       [sys.executable, "-m", "trm.generate",
        "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",

@@ -12,6 +12,8 @@ onto the shardings of the *current* mesh, whatever mesh wrote them.
 """
 from __future__ import annotations
 
+import os
+
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -54,6 +56,8 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
 def restore_params(directory: str, abstract_params, step: int | None = None):
   """(params, step): only the `params` field of a saved train state (no
   optimizer state is read), onto `abstract_params`' shardings."""
+  if "://" not in directory:  # Orbax reads local paths only when absolute
+    directory = os.path.abspath(directory)
   manager = ocp.CheckpointManager(
       directory, options=ocp.CheckpointManagerOptions(create=False,
                                                       read_only=True),
