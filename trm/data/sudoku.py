@@ -745,6 +745,21 @@ def ensure_dataset(output_dir: str, **build_kwargs) -> str:
   return output_dir
 
 
+def ensure_from_config(output_dir: str, build_config) -> str:
+  """`ensure_dataset` with the arguments of `config.data.build` (-1 and ''
+  mean 'not set')."""
+  return ensure_dataset(
+      output_dir, source=build_config.source,
+      csv_dir=build_config.csv_dir or None,
+      subsample_size=(None if build_config.subsample_size < 0
+                      else build_config.subsample_size),
+      num_aug=build_config.num_aug,
+      min_difficulty=(None if build_config.min_difficulty < 0
+                      else build_config.min_difficulty),
+      seed=build_config.seed, num_train=build_config.num_train,
+      num_test=build_config.num_test, num_blanks=build_config.num_blanks)
+
+
 # ----------------------------------------------------------------------------
 # CLI.
 

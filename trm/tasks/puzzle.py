@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 
 import jax
@@ -11,6 +12,9 @@ from trm import steps
 from trm.data import pipeline, puzzle_dataset, puzzle_format
 from trm.models import get_model
 from trm.tasks import Task
+
+# Dataset builders (modules of trm/data/) a config can name.
+BUILDERS = ("sudoku",)
 
 
 def _data_dir(config, workdir: str) -> str:
@@ -24,24 +28,18 @@ def _data_dir(config, workdir: str) -> str:
 
 
 def prepare_data(config, workdir: str) -> str:
-  """Builds the dataset named by the config when its directory has none."""
+  """Builds the dataset named by the config when its directory has none.
+
+  `config.data.name` names a builder module in `trm/data/` whose
+  `ensure_from_config(data_dir, build_config)` builds the dataset from
+  `config.data.build` unless the directory already holds one.
+  """
   data_dir = _data_dir(config, workdir)
-  if config.data.name == "sudoku":
-    from trm.data import sudoku  # pylint: disable=g-import-not-at-top
-    build_config = config.data.build
-    sudoku.ensure_dataset(
-        data_dir, source=build_config.source,
-        csv_dir=build_config.csv_dir or None,
-        subsample_size=(None if build_config.subsample_size < 0
-                        else build_config.subsample_size),
-        num_aug=build_config.num_aug,
-        min_difficulty=(None if build_config.min_difficulty < 0
-                        else build_config.min_difficulty),
-        seed=build_config.seed, num_train=build_config.num_train,
-        num_test=build_config.num_test, num_blanks=build_config.num_blanks)
-  else:
+  if config.data.name not in BUILDERS:
     raise ValueError(f"config.data.name={config.data.name!r} has no builder; "
-                     "known: 'sudoku'.")
+                     f"known: {sorted(BUILDERS)}.")
+  builder = importlib.import_module(f"trm.data.{config.data.name}")
+  builder.ensure_from_config(data_dir, config.data.build)
   return data_dir
 
 
