@@ -56,6 +56,7 @@ def get_config(arg=None):
       epochs_per_iter=5000,     # epochs per shuffle block (upstream eval_interval)
       eval_batch_size=_BATCH,   # global batch of the evaluation
       max_eval_batches=-1,      # evaluate on at most this many (-1: all)
+      eval_sheet_rows=8,        # rows drawn to eval_<step>/sheet.png (0: none)
       prefetch=2,               # batches Grain prepares ahead
       # How to build the data when data_dir holds none:
       build=ml_collections.ConfigDict(dict(

@@ -90,8 +90,8 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
 
 def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,
               chunk_size: int = 512):
-  """Held-out diffusion loss with the same noise at every evaluation, so
-  figures from different steps compare."""
+  """(metrics, no outputs): the held-out diffusion loss with the same noise
+  at every evaluation, so figures from different steps compare."""
   noisy, masked, t = diffusion_loss.add_noise(
       jax.random.PRNGKey(seed), batch["tokens"], batch["maskable"],
       model.cfg.mask_token_id)
@@ -102,7 +102,7 @@ def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,
       hidden, head, batch["tokens"], masked, t, chunk_size)
   return {"loss": clu_metrics.Average(total=loss, count=jnp.int32(1)),
           "masked_tokens": clu_metrics.Average(
-              total=num_masked.astype(jnp.float32), count=jnp.int32(1))}
+              total=num_masked.astype(jnp.float32), count=jnp.int32(1))}, {}
 
 
 def state_from_hf_checkpoint(directory: str, model: dream.Dream, tx,

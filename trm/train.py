@@ -4,6 +4,7 @@ checkpoint, loop. `python -m trm.main` calls `train_and_evaluate`.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import flax.linen as nn
@@ -32,14 +33,21 @@ def check_config(config) -> None:
       raise ValueError(f"config.{key}={node} must be a positive integer.")
 
 
-def evaluate(eval_fn, state, eval_source, batch_shardings) -> dict:
-  """Mean metrics over every batch of the held-out split."""
+def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
+             save_dir: str | None = None) -> dict:
+  """Mean metrics over every batch of the held-out split, plus the task's
+  hook's (e.g. ARC pass@K), which may write files into `save_dir`."""
   totals = None
   for k in range(len(eval_source)):
     batch = pipeline.to_global(eval_source[k], batch_shardings)
-    metrics = eval_fn(state, batch)
+    metrics, outputs = eval_fn(state, batch)
     totals = losses.merge(totals, metrics)
-  return losses.compute(totals) if totals else {}
+    if hook is not None:
+      hook.update(batch, outputs)
+  results = losses.compute(totals) if totals else {}
+  if hook is not None:
+    results.update(hook.result(save_dir))
+  return results
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
@@ -108,8 +116,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   def run_eval(step: int) -> dict:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       start = time.time()
-      results = evaluate(eval_step, state, task.eval_source,
-                         batch_shardings)
+      hook = task.make_eval_hook() if task.make_eval_hook else None
+      save_dir = None if "://" in workdir else os.path.join(workdir,
+                                                            f"eval_{step}")
+      results = evaluate(eval_step, state, task.eval_source, batch_shardings,
+                         hook, save_dir)
     results = {f"eval/{k}": v for k, v in results.items()}
     results["eval/seconds"] = time.time() - start
     writer.write_scalars(step, results)

@@ -254,13 +254,13 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
   return hf
 
 
-def _get(tree, path):
+def get_path(tree, path):
   for key in path:
     tree = tree[key]
   return tree
 
 
-def _set(tree, path, value):
+def set_path(tree, path, value):
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
@@ -281,7 +281,7 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
     files = _Files(directory, stack)
     specs = []
     for leaf in _leaves(cfg):
-      target = _get(abstract, leaf.path)
+      target = get_path(abstract, leaf.path)
       layer_shape = target.shape[1:] if leaf.per_layer else target.shape
       want = _hf_shape(leaf, layer_shape, cfg)
       names = ([leaf.hf_name.replace("{i}", str(i))
@@ -313,8 +313,8 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
         value = jnp.asarray(block(tuple(slice(None) for _ in shape)))
       else:
         value = jax.make_array_from_callback(
-            shape, _get(shardings, leaf.path), block, dtype=dtype)
-      _set(params, leaf.path, value)
+            shape, get_path(shardings, leaf.path), block, dtype=dtype)
+      set_path(params, leaf.path, value)
   return params
 
 
@@ -353,7 +353,7 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
   os.makedirs(directory, exist_ok=True)
   tensors: list[tuple[str, np.ndarray]] = []
   for leaf in _leaves(cfg):
-    value = np.asarray(jax.device_get(_get(params, leaf.path)))
+    value = np.asarray(jax.device_get(get_path(params, leaf.path)))
     out_dtype = np.dtype(dtype) if dtype else value.dtype
     if leaf.per_layer:
       items = [(leaf.hf_name.replace("{i}", str(i)), _to_hf(leaf, value[i]))

@@ -24,10 +24,14 @@ class Task:
   abstract_batch: dict        # ShapeDtypeStructs of one global train batch
   init_fn: Callable[[], Any]  # () -> state whose leaves carry logical names
   train_step: Callable        # (state, batch) -> (state, metrics)
-  eval_step: Callable         # (state, batch) -> metrics
+  eval_step: Callable         # (state, batch) -> (metrics, outputs dict)
   # (mesh, rules, shardings) -> state, for a run that starts from weights
   # other than init_fn's (e.g. a published checkpoint); None = init_fn.
   initial_state: Optional[Callable] = None
+  # () -> a fresh per-evaluation hook with `update(batch, outputs)` (global
+  # arrays) and `result(save_dir) -> dict` (collective: every process calls
+  # it), for metrics beyond the step's averages (ARC voting, sample sheets).
+  make_eval_hook: Optional[Callable[[], Any]] = None
 
 
 def build(config, workdir: str, mesh, rules) -> Task:

@@ -14,7 +14,7 @@ from trm.models import get_model
 from trm.tasks import Task
 
 # Dataset builders (modules of trm/data/) a config can name.
-BUILDERS = ("sudoku",)
+BUILDERS = ("sudoku", "maze", "arc")
 
 
 def _data_dir(config, workdir: str) -> str:
@@ -43,9 +43,55 @@ def prepare_data(config, workdir: str) -> str:
   return data_dir
 
 
-def _eval_metrics(state, batch, *, model, use_ema: bool):
-  metrics, _, _ = steps.eval_step(state, batch, model=model, use_ema=use_ema)
-  return metrics
+def _eval_step(state, batch, *, model, use_ema: bool):
+  metrics, predictions, q_halt_logits = steps.eval_step(
+      state, batch, model=model, use_ema=use_ema)
+  return metrics, {"predictions": predictions, "q_halt_logits": q_halt_logits}
+
+
+class EvalHook:
+  """Per evaluation: ARC voting and pass@K (ARC datasets; `submission.json`
+  beside the sheet) and a PNG sheet of the first rows (input, prediction,
+  target)."""
+
+  def __init__(self, data_dir: str, kind: str, arc: bool, sheet_rows: int):
+    from trm import arc_eval  # pylint: disable=g-import-not-at-top
+    self.kind, self.sheet_rows = kind, sheet_rows
+    self.evaluator = arc_eval.ARCEvaluator(data_dir) if arc else None
+    self.rows = arc_eval.addressable_rows
+    self.sheet = None
+
+  def update(self, batch, outputs) -> None:
+    if self.evaluator is None and not self.sheet_rows:
+      return
+    inputs = self.rows(batch["inputs"])
+    predictions = self.rows(outputs["predictions"])
+    if self.evaluator is not None:
+      self.evaluator.update(self.rows(batch["puzzle_identifiers"]), inputs,
+                            predictions, self.rows(outputs["q_halt_logits"]))
+    if self.sheet is None and self.sheet_rows and jax.process_index() == 0:
+      n = self.sheet_rows
+      self.sheet = (inputs[:n], predictions[:n], self.rows(batch["labels"])[:n])
+
+  def result(self, save_dir) -> dict:
+    results = {}
+    if self.evaluator is not None:
+      results = self.evaluator.result(save_dir)
+    if self.sheet is not None and save_dir:
+      from trm import visualize  # pylint: disable=g-import-not-at-top
+      visualize.sample_sheet(self.kind, *self.sheet,
+                             os.path.join(save_dir, "sheet.png"),
+                             max_rows=self.sheet_rows)
+    return results
+
+
+def visualize_kind(metadata):
+  """'sudoku', 'maze' or 'arc'; None for datasets with no picture."""
+  from trm import visualize  # pylint: disable=g-import-not-at-top
+  try:
+    return visualize.kind_from_metadata(metadata)
+  except ValueError:
+    return None
 
 
 def build(config, workdir: str, mesh, rules) -> Task:
@@ -72,6 +118,7 @@ def build(config, workdir: str, mesh, rules) -> Task:
 
   model = get_model(config.model, train_meta)
   tx = steps.make_optimizer(config.optim, config.total_steps)
+  kind = visualize_kind(train_meta)
   return Task(
       model=model, train_source=train_source, eval_source=test_source,
       batch_shardings=batch_shardings,
@@ -83,5 +130,8 @@ def build(config, workdir: str, mesh, rules) -> Task:
           steps.train_step, model=model, tx=tx, optim_config=config.optim,
           total_steps=config.total_steps,
           global_batch_size=config.global_batch_size),
-      eval_step=functools.partial(_eval_metrics, model=model,
-                                  use_ema=config.optim.ema))
+      eval_step=functools.partial(_eval_step, model=model,
+                                  use_ema=config.optim.ema),
+      make_eval_hook=functools.partial(
+          EvalHook, data_dir, kind, arc=config.data.name == "arc",
+          sheet_rows=config.data.get("eval_sheet_rows", 8) if kind else 0))
