@@ -53,9 +53,12 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
 
 
 
-def restore_params(directory: str, abstract_params, step: int | None = None):
-  """(params, step): only the `params` field of a saved train state (no
-  optimizer state is read), onto `abstract_params`' shardings."""
+def restore_fields(directory: str, abstract_fields: dict,
+                   step: int | None = None):
+  """(fields, step): only the named fields of a saved train state (e.g.
+  {'params': ...}; the optimizer state and ACT carry are never read), onto
+  the shardings of the given abstract arrays. For sampling, evaluation and
+  export, whose batch and optimizer may differ from the run's."""
   if "://" not in directory:  # Orbax reads local paths only when absolute
     directory = os.path.abspath(directory)
   manager = ocp.CheckpointManager(
@@ -64,12 +67,12 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
       item_names=("state", "data_iter"))
   step = manager.latest_step() if step is None else step
   if step is None:
-    raise FileNotFoundError(f"{directory} holds no checkpoint; point at the "
-                            "checkpoints/ directory of a trm.main workdir.")
-  item = {"params": abstract_params}
+    raise FileNotFoundError(f"{directory} holds no checkpoint; point at a "
+                            "trm.main workdir.")
   restored = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.PyTreeRestore(
-          item=item,
-          restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+          item=abstract_fields,
+          restore_args=ocp.checkpoint_utils.construct_restore_args(
+              abstract_fields),
           partial_restore=True)))
-  return restored["state"]["params"], step
+  return dict(restored["state"]), step

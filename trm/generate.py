@@ -63,7 +63,8 @@ def load_params(checkpoint: str, cfg, shardings):
     abstract = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         meta.unbox(dream.abstract_params(cfg)), shardings)
-    params, step = ckpt_lib.restore_params(saved, abstract)
+    fields, step = ckpt_lib.restore_fields(saved, {"params": abstract})
+    params = fields["params"]
     return params, f"{saved} step {step}"
   return hf_import.load_hf_checkpoint(checkpoint, cfg, shardings), checkpoint
 
