@@ -11,8 +11,10 @@ import pytest
 
 from trm import config_lib
 from trm import aot
+from trm import lm_steps
 from trm import mesh as mesh_lib
 from trm.data import sudoku
+from trm.models import dream
 from trm.models import trm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,3 +132,79 @@ def test_tiny_diffucoder_train_step_compiles_for_v4_8(num_slices):
   assert report["mesh"] == {"data": num_slices, "fsdp": 4, "model": 1}
   assert report["fits"] and 0 < report["total_gib"] < 1
   assert report["train_flops_per_step"] > 0
+
+
+def _tiny_dream_config():
+  return config_lib.load_config(
+      os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
+
+
+def test_tiny_diffucoder_sampling_loop_compiles_for_v4_8():
+  sample = aot.SampleSettings(batch=None, prompt_len=24, max_new_tokens=16,
+                              steps=8, alg="entropy", temperature=0.3,
+                              top_p=0.95)
+  report = aot.compile_report(_tiny_dream_config(), aot.parse_topology("v4-8"),
+                              1, None, sample)
+  assert report["mode"] == "sample"
+  assert report["mesh"] == {"data": 1, "fsdp": 4, "model": 1}
+  # One prompt per data-parallel device by default.
+  assert report["sample_batch"] == 4 and report["per_device_batch"] == 1
+  assert report["fits"] and 0 < report["total_gib"] < 1
+  # The weights (float32, sharded 4 ways) are the arguments.
+  cfg = dream.DreamConfig.from_config(_tiny_dream_config().model)
+  assert report["argument_gib"] * aot.GIB >= dream.param_count(cfg) * 4 / 4
+  forward = lm_steps.train_flops_per_example(cfg, 24 + 16) // 3
+  assert report["sample_flops_per_call"] == forward * 4 * 8
+  assert report["new_tokens_per_second_at_50pct_mfu"] > 0
+  text = aot.format_report(report)
+  assert "sampling batch 4 (1 per data-parallel device)" in text
+  assert "prompt 24 + 16 new tokens, 8 steps, alg entropy" in text
+  assert "verdict: FITS" in text
+
+
+def test_sample_flops_are_a_third_of_training_per_forward():
+  cfg = dream.DreamConfig()
+  # 7.6B parameters: about 2 x N FLOPs per token and step, plus attention.
+  flops = aot.sample_flops_per_call(cfg, batch=1, prompt_len=512,
+                                    max_new_tokens=512, steps=1)
+  assert 2 * 7.0e9 * 1024 < flops < 2 * 8.2e9 * 1024
+  assert aot.sample_flops_per_call(cfg, 3, 512, 512, 5) == 15 * flops
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(batch=0), "--sample_batch=0"),
+    (dict(prompt_len=-1), "--prompt_len=-1"),
+    (dict(max_new_tokens=0), "--max_new_tokens=0"),
+    (dict(steps=0), "--steps=0"),
+    (dict(alg="greedy"), "--alg='greedy'"),
+    (dict(top_p=1.5), "--top_p=1.5"),
+    (dict(temperature=-1.0), "--temperature=-1.0"),
+])
+def test_bad_sample_settings(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    aot.SampleSettings(**{"batch": 4, **kwargs})
+
+
+def test_sample_mode_needs_a_dream_config():
+  with pytest.raises(ValueError, match="--mode=sample"):
+    aot.compile_report(sudoku_config(), aot.parse_topology("v4-8"), 1,
+                       sudoku.dataset_metadata(1), aot.SampleSettings(4))
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--mode=sample", "--steps=0"], "--steps=0 must be a positive"),
+    (["--mode=sample", "--alg=fast"], "--alg='fast': choose from"),
+    (["--mode=sample", "--seq_len=64"], "--seq_len only apply to --mode=train"),
+    (["--prompt_len=64"], "--prompt_len only apply to --mode=sample"),
+    (["--mode=decode"], "--mode"),
+    (["--mode=sample", "--config=configs/trm_sudoku.py:cpu"],
+     "--config has model 'trm'"),
+])
+def test_cli_rejects_bad_sample_flags(args, match):
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.aot",
+       "--config=configs/diffucoder_7b.py:tiny", "--topology=v4-8", *args],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode != 0
+  assert match in result.stderr, result.stderr[-2000:]
+  assert "verdict" not in result.stdout

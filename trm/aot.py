@@ -2,6 +2,9 @@ r"""Compile the real train step for a TPU topology on a CPU host.
 
   python -m trm.aot --config=configs/trm_sudoku.py --topology=v4-64 \
       [--num_slices=2 --config.mesh.dcn_data=2] [--config.key=value]
+  python -m trm.aot --config=configs/diffucoder_7b.py --topology=v4-64 \
+      --mode=sample [--sample_batch=32 --prompt_len=512 --max_new_tokens=512
+      --steps=512 --alg=entropy --temperature=0.3 --top_p=0.95]
 
 Uses libtpu's compile-only devices (`pip install -e .[tpu]`; no TPU needed)
 and the trainer's own mesh, sharding and step code, then prints per chip the
@@ -9,6 +12,14 @@ argument, output, temporary and total bytes against the usable HBM, a FITS /
 DOES NOT FIT verdict (exit code 1 when it does not fit), the compile time,
 and the analytic training FLOPs per step with the step time they imply at 50%
 MFU.
+
+`--mode=sample` (Dream / DiffuCoder configs) compiles instead the whole
+masked-diffusion sampling loop (`diffusion_sampling.diffusion_generate`, as
+`trm.generate` runs it: weights sharded by the config's rules and passed as
+arguments, a left-padded prompt batch with its padding mask, replicated as
+`trm.generate`'s host arrays are; the model's activation constraints shard
+the batch over the data-parallel axes inside). Its FLOPs are the model
+forward over prompt + canvas, times the steps.
 """
 from __future__ import annotations
 
@@ -139,9 +150,92 @@ def _train_step_builder(config, mesh, rules, metadata):
       metadata.seq_len)), flops
 
 
+@dataclasses.dataclass(frozen=True)
+class SampleSettings:
+  """What `--mode=sample` compiles: one `diffusion_generate` call."""
+  batch: int | None        # prompts per call (None: one per data-parallel
+                           # device, filled in by `compile_report`)
+  prompt_len: int = 512    # left-padded prompt length P
+  max_new_tokens: int = 512
+  steps: int = 512
+  alg: str = "entropy"
+  temperature: float = 0.0
+  top_p: float | None = None
+
+  def __post_init__(self):
+    from trm import diffusion_sampling  # pylint: disable=g-import-not-at-top
+    for flag, value in (("sample_batch", self.batch),
+                        ("prompt_len", self.prompt_len),
+                        ("max_new_tokens", self.max_new_tokens),
+                        ("steps", self.steps)):
+      if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f"--{flag}={value!r} must be a positive integer.")
+    if self.alg not in diffusion_sampling.ALGS:
+      raise ValueError(f"--alg={self.alg!r}: choose from "
+                       f"{', '.join(diffusion_sampling.ALGS)}.")
+    if self.temperature < 0:
+      raise ValueError(f"--temperature={self.temperature} must be >= 0.")
+    if self.top_p is not None and not 0 < self.top_p <= 1:
+      raise ValueError(f"--top_p={self.top_p} must lie in (0, 1].")
+
+
+def sample_flops_per_call(cfg, batch: int, prompt_len: int,
+                          max_new_tokens: int, steps: int) -> int:
+  """Model FLOPs of one sampling call: every step is a full forward over
+  prompt + canvas (no KV cache), i.e. a third of the train step's 6N."""
+  from trm import lm_steps  # pylint: disable=g-import-not-at-top
+  length = prompt_len + max_new_tokens
+  return lm_steps.train_flops_per_example(cfg, length) // 3 * batch * steps
+
+
+def _sample_builder(config, mesh, rules, sample: SampleSettings):
+  """(function that compiles the sampling loop, FLOPs per call)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from trm import diffusion_sampling  # pylint: disable=g-import-not-at-top
+  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.models import dream  # pylint: disable=g-import-not-at-top
+
+  cfg = dream.DreamConfig.from_config(config.model)
+  model = dream.Dream(cfg)
+  with nn.logical_axis_rules(rules):
+    boxed = dream.abstract_params(cfg)
+    shardings = mesh_lib.tree_shardings(mesh, rules, boxed)
+  params = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      nn.meta.unbox(boxed), shardings)
+  # trm.generate hands the sampler host arrays: they enter replicated.
+  replicated = NamedSharding(mesh, PartitionSpec())
+  shape = (sample.batch, sample.prompt_len)
+  ids = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
+  mask = jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=replicated)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
+
+  def logits_fn(params, tokens, attention_mask, positions):
+    return model.apply({"params": params}, tokens, attention_mask, positions)
+
+  def compile_sampler():
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return diffusion_sampling.lower_generate(
+          logits_fn, ids, mask, params=params, rng=rng,
+          mask_token_id=cfg.mask_token_id,
+          max_new_tokens=sample.max_new_tokens, steps=sample.steps,
+          alg=sample.alg, temperature=sample.temperature,
+          top_p=sample.top_p).compile()
+
+  flops = sample_flops_per_call(cfg, sample.batch, sample.prompt_len,
+                                sample.max_new_tokens, sample.steps)
+  return compile_sampler, flops
+
+
 def compile_report(config, topology: Topology, num_slices: int,
-                   metadata=None) -> dict:
-  """Compiles the train step for the topology; returns the figures."""
+                   metadata=None, sample: SampleSettings | None = None
+                   ) -> dict:
+  """Compiles the train step (or with `sample`, the Dream sampling loop) for
+  the topology; returns the figures."""
   from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
 
   slices = math.prod(config.mesh.get(f"dcn_{a}", 1) for a in mesh_lib.MESH_AXES)
@@ -152,19 +246,46 @@ def compile_report(config, topology: Topology, num_slices: int,
   devices = topology_devices(topology, num_slices)
   mesh = mesh_lib.make_mesh(config.mesh, devices)
   rules = mesh_lib.logical_rules(config)
-  mesh_lib.check_batch_size(config.global_batch_size, mesh, rules)
-  compile_step, flops = _train_step_builder(config, mesh, rules, metadata)
+  half_peak = 0.5 * len(devices) * topology.chip.peak_bf16_tflops * 1e12
   report = {
+      "mode": "sample" if sample else "train",
       "topology": topology.name, "num_slices": num_slices,
       "chips": len(devices), "mesh": dict(mesh.shape),
-      "global_batch_size": config.global_batch_size,
-      "per_device_batch": config.global_batch_size
-                          / mesh_lib.batch_parallelism(mesh, rules),
       "usable_gib": topology.chip.usable_hbm_gib,
-      "train_flops_per_step": flops,
-      "step_seconds_at_50pct_mfu": flops / (
-          0.5 * len(devices) * topology.chip.peak_bf16_tflops * 1e12),
   }
+  if sample is None:
+    mesh_lib.check_batch_size(config.global_batch_size, mesh, rules)
+    compile_step, flops = _train_step_builder(config, mesh, rules, metadata)
+    report.update({
+        "global_batch_size": config.global_batch_size,
+        "per_device_batch": config.global_batch_size
+                            / mesh_lib.batch_parallelism(mesh, rules),
+        "train_flops_per_step": flops,
+        "step_seconds_at_50pct_mfu": flops / half_peak,
+    })
+  else:
+    if config.model.name != "dream":
+      raise ValueError(f"--mode=sample compiles the masked-diffusion sampler "
+                       f"of 'dream' models; config.model.name is "
+                       f"{config.model.name!r}.")
+    ways = mesh_lib.batch_parallelism(mesh, rules)
+    if sample.batch is None:
+      sample = dataclasses.replace(sample, batch=ways)
+    compile_step, flops = _sample_builder(config, mesh, rules, sample)
+    seconds = flops / half_peak
+    report.update({
+        "sample_batch": sample.batch,
+        "per_device_batch": sample.batch / ways,
+        "prompt_len": sample.prompt_len,
+        "max_new_tokens": sample.max_new_tokens,
+        "steps": sample.steps, "alg": sample.alg,
+        "temperature": sample.temperature, "top_p": sample.top_p,
+        "param_dtype": config.model.param_dtype,
+        "sample_flops_per_call": flops,
+        "call_seconds_at_50pct_mfu": seconds,
+        "new_tokens_per_second_at_50pct_mfu":
+            sample.batch * sample.max_new_tokens / seconds,
+    })
   start = time.time()
   try:
     compiled = compile_step()
@@ -190,13 +311,20 @@ def compile_report(config, topology: Topology, num_slices: int,
 
 
 def format_report(report: dict) -> str:
-  lines = [
-      f"topology: {report['topology']} x {report['num_slices']} slice(s), "
-      f"{report['chips']} chips; mesh {report['mesh']}; global batch "
-      f"{report['global_batch_size']} ({report['per_device_batch']:g} per "
-      "data-parallel device)",
-      f"compile_seconds: {report['compile_seconds']:.1f}",
-  ]
+  where = (f"topology: {report['topology']} x {report['num_slices']} "
+           f"slice(s), {report['chips']} chips; mesh {report['mesh']}; ")
+  if report.get("mode") == "sample":
+    lines = [
+        where + f"sampling batch {report['sample_batch']} "
+        f"({report['per_device_batch']:g} per data-parallel device), prompt "
+        f"{report['prompt_len']} + {report['max_new_tokens']} new tokens, "
+        f"{report['steps']} steps, alg {report['alg']}, temperature "
+        f"{report['temperature']:g}, top_p {report['top_p']}; params "
+        f"{report['param_dtype']}"]
+  else:
+    lines = [where + f"global batch {report['global_batch_size']} "
+             f"({report['per_device_batch']:g} per data-parallel device)"]
+  lines.append(f"compile_seconds: {report['compile_seconds']:.1f}")
   if "total_gib" in report:
     lines.append(
         f"per chip: arguments {report['argument_gib']:.2f} GiB, outputs "
@@ -206,12 +334,21 @@ def format_report(report: dict) -> str:
         "usable")
   else:
     lines.append(f"compiler: {report['error']}")
-  lines += [
-      f"train_flops_per_step: {report['train_flops_per_step']:.3e} (model "
-      "FLOPs)",
-      f"step_seconds_at_50pct_mfu: {report['step_seconds_at_50pct_mfu']:.4f}",
-      f"verdict: {'FITS' if report['fits'] else 'DOES NOT FIT'}",
-  ]
+  if report.get("mode") == "sample":
+    lines += [
+        f"sample_flops_per_call: {report['sample_flops_per_call']:.3e} (model"
+        " FLOPs: forward x steps)",
+        f"call_seconds_at_50pct_mfu: {report['call_seconds_at_50pct_mfu']:.3f}"
+        f" ({report['new_tokens_per_second_at_50pct_mfu']:.1f} new tokens/s)",
+    ]
+  else:
+    lines += [
+        f"train_flops_per_step: {report['train_flops_per_step']:.3e} (model "
+        "FLOPs)",
+        f"step_seconds_at_50pct_mfu: "
+        f"{report['step_seconds_at_50pct_mfu']:.4f}",
+    ]
+  lines.append(f"verdict: {'FITS' if report['fits'] else 'DOES NOT FIT'}")
   return "\n".join(lines)
 
 
@@ -237,19 +374,57 @@ def main(argv):
   topology = parse_topology(_TOPOLOGY.value)
   if _NUM_SLICES.value < 1:
     raise app.UsageError("--num_slices must be >= 1.")
-  metadata = dataset_metadata(_CONFIG.value, {
-      "seq_len": _SEQ_LEN.value, "vocab_size": _VOCAB.value,
-      "num_puzzle_identifiers": _PUZZLES.value})
+  sample = sample_settings_from_flags()
+  if sample is None:
+    metadata = dataset_metadata(_CONFIG.value, {
+        "seq_len": _SEQ_LEN.value, "vocab_size": _VOCAB.value,
+        "num_puzzle_identifiers": _PUZZLES.value})
+  elif _CONFIG.value.model.name != "dream":
+    raise app.UsageError(
+        "--mode=sample compiles the masked-diffusion sampler of 'dream' "
+        f"models; --config has model {_CONFIG.value.model.name!r}.")
+  else:
+    metadata = None
   report = compile_report(_CONFIG.value, topology, _NUM_SLICES.value,
-                          metadata)
+                          metadata, sample)
   print(format_report(report), flush=True)
   sys.exit(0 if report["fits"] else 1)
+
+
+_TRAIN_ONLY = ("seq_len", "vocab_size", "num_puzzle_identifiers")
+_SAMPLE_ONLY = ("sample_batch", "prompt_len", "max_new_tokens", "steps",
+                "alg", "temperature", "top_p")
+
+
+def sample_settings_from_flags() -> SampleSettings | None:
+  """SampleSettings for --mode=sample, None for --mode=train; flags of the
+  other mode are an error rather than silently ignored."""
+  given = lambda names: [f"--{n}" for n in names  # noqa: E731
+                         if flags.FLAGS[n].present]
+  if _MODE.value == "train":
+    if given(_SAMPLE_ONLY):
+      raise app.UsageError(f"{', '.join(given(_SAMPLE_ONLY))} only apply to "
+                           "--mode=sample.")
+    return None
+  if given(_TRAIN_ONLY):
+    raise app.UsageError(f"{', '.join(given(_TRAIN_ONLY))} only apply to "
+                         "--mode=train.")
+  try:
+    return SampleSettings(
+        batch=_SAMPLE_BATCH.value, prompt_len=_PROMPT_LEN.value,
+        max_new_tokens=_MAX_NEW.value,
+        steps=_MAX_NEW.value if _STEPS.value is None else _STEPS.value,
+        alg=_ALG.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
 
 
 def define_flags():
   """Defines the command-line flags; only when run as a program, so that
   tests can import several entry points into one process."""
-  global _CONFIG, _TOPOLOGY, _NUM_SLICES, _SEQ_LEN, _VOCAB, _PUZZLES
+  global _CONFIG, _TOPOLOGY, _NUM_SLICES, _SEQ_LEN, _VOCAB, _PUZZLES, _MODE
+  global _SAMPLE_BATCH, _PROMPT_LEN, _MAX_NEW, _STEPS, _ALG, _TEMPERATURE
+  global _TOP_P
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                             lock_config=True)
   _TOPOLOGY = flags.DEFINE_string("topology", None, "e.g. v4-8, v4-64, v5p-128.")
@@ -259,6 +434,24 @@ def define_flags():
   _VOCAB = flags.DEFINE_integer("vocab_size", None, "Override the vocabulary.")
   _PUZZLES = flags.DEFINE_integer("num_puzzle_identifiers", None,
                                   "Override the puzzle-embedding rows.")
+  _MODE = flags.DEFINE_enum("mode", "train", ["train", "sample"],
+                            "train: the train step; sample: the Dream "
+                            "masked-diffusion sampling loop.")
+  _SAMPLE_BATCH = flags.DEFINE_integer(
+      "sample_batch", None, "sample: prompts per call (default: one per "
+      "data-parallel device).")
+  _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 512, "sample: left-padded "
+                                     "prompt length.")
+  _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512,
+                                  "sample: tokens generated per prompt.")
+  _STEPS = flags.DEFINE_integer("steps", None, "sample: denoising steps "
+                                "(default: --max_new_tokens).")
+  _ALG = flags.DEFINE_string("alg", "entropy", "sample: origin, "
+                             "maskgit_plus, topk_margin or entropy.")
+  _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "sample: token "
+                                    "sampling temperature (0: greedy).")
+  _TOP_P = flags.DEFINE_float("top_p", None, "sample: nucleus mass (None: "
+                              "off; 0.95 compiles the vocabulary sort).")
 
 
 if __name__ == "__main__":

@@ -212,10 +212,6 @@ def diffusion_generate(logits_fn: LogitsFn, input_ids, attention_mask=None,
   weights) it is called as `logits_fn(params, tokens, mask, positions)` and
   the weights enter the compiled loop as arguments, not as constants.
   """
-  if alg not in ALGS:
-    raise ValueError(f"Unknown alg: {alg}")
-  if steps < 1 or max_new_tokens < 1:
-    raise ValueError("steps and max_new_tokens must be >= 1")
   if rng is None:
     rng = jax.random.key(0)
   input_ids = jnp.asarray(input_ids, jnp.int32)
@@ -225,13 +221,53 @@ def diffusion_generate(logits_fn: LogitsFn, input_ids, attention_mask=None,
       np.any(np.asarray(attention_mask) == 0))
   am = jnp.asarray(attention_mask, bool) if use_mask else None
   return _generate(
-      logits_fn, params, input_ids, am, rng, mask_token_id=int(mask_token_id),
-      max_new_tokens=int(max_new_tokens), steps=int(steps), eps=float(eps),
-      alg=alg, alg_temp=None if alg_temp is None else float(alg_temp),
+      logits_fn, params, input_ids, am, rng, **_static_kwargs(
+          mask_token_id=mask_token_id, max_new_tokens=max_new_tokens,
+          steps=steps, eps=eps, alg=alg, alg_temp=alg_temp,
+          temperature=temperature, top_p=top_p, top_k=top_k,
+          use_mask=use_mask, history=return_history))
+
+
+def _static_kwargs(*, mask_token_id, max_new_tokens, steps, eps, alg,
+                   alg_temp, temperature, top_p, top_k, use_mask, history):
+  """Checked, normalised static arguments of `_generate` (one cache key per
+  setting whatever the caller's number types)."""
+  if alg not in ALGS:
+    raise ValueError(f"Unknown alg: {alg}")
+  if steps < 1 or max_new_tokens < 1:
+    raise ValueError("steps and max_new_tokens must be >= 1")
+  return dict(
+      mask_token_id=int(mask_token_id), max_new_tokens=int(max_new_tokens),
+      steps=int(steps), eps=float(eps), alg=alg,
+      alg_temp=None if alg_temp is None else float(alg_temp),
       temperature=float(temperature),
       top_p=None if top_p is None else float(top_p),
-      top_k=None if top_k is None else int(top_k), use_mask=use_mask,
-      history=bool(return_history))
+      top_k=None if top_k is None else int(top_k), use_mask=bool(use_mask),
+      history=bool(history))
+
+
+def lower_generate(logits_fn: LogitsFn, input_ids, attention_mask=None, *,
+                   mask_token_id: int, max_new_tokens: int, steps: int = 512,
+                   eps: float = 1e-3, alg: str = "origin",
+                   alg_temp: Optional[float] = None, temperature: float = 0.0,
+                   top_p: Optional[float] = None, top_k: Optional[int] = None,
+                   rng=None, return_history: bool = False, params=None):
+  """`jax.stages.Lowered` of the program `diffusion_generate` runs, for
+  abstract arguments (`jax.ShapeDtypeStruct`s, with shardings if wanted):
+  ahead-of-time compilation without allocating the weights.
+
+  Arguments as `diffusion_generate`, except that `attention_mask` is used as
+  given: pass one (a left-padded batch) for the padding-mask program, None
+  for the all-ones one. `rng` defaults to an abstract key.
+  """
+  if rng is None:
+    rng = jax.eval_shape(lambda: jax.random.key(0))
+  return _generate.lower(
+      logits_fn, params, input_ids, attention_mask, rng, **_static_kwargs(
+          mask_token_id=mask_token_id, max_new_tokens=max_new_tokens,
+          steps=steps, eps=eps, alg=alg, alg_temp=alg_temp,
+          temperature=temperature, top_p=top_p, top_k=top_k,
+          use_mask=attention_mask is not None, history=return_history))
 
 
 def split_completion(tokens, stop_ids: Sequence[int]) -> list[list[int]]:
