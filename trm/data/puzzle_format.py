@@ -24,6 +24,7 @@ import uuid
 from typing import Any, Mapping, Optional
 
 import numpy as np
+from absl import logging
 
 METADATA_FILE = "dataset.json"
 IDENTIFIERS_FILE = "identifiers.json"
@@ -398,3 +399,44 @@ def read_split(data_dir: str, split: str, set_name: str = "all",
   _check_arrays(metadata, arrays, os.path.join(split_dir, set_name),
                 check_tokens=check_tokens)
   return metadata, arrays
+
+
+# ----------------------------------------------------------------------------
+# What a builder records about a build (`build_info.json`), so a dataset
+# directory built with other arguments is noticed.
+
+BUILD_INFO_FILE = "build_info.json"
+
+
+def build_args(signature, builder: str, **build_kwargs) -> dict:
+  """All of a builder's `build_dataset(output_dir, ...)` arguments, defaults
+  filled in, as recorded on disk."""
+  bound = signature.bind("", **build_kwargs)
+  bound.apply_defaults()
+  args = dict(bound.arguments)
+  del args["output_dir"]
+  return {"builder": builder, **args}
+
+
+def is_built(output_dir: str, extra_files=()) -> bool:
+  """Both splits' `dataset.json` (each written last) and `extra_files`
+  exist."""
+  files = [os.path.join(split, METADATA_FILE) for split in ("train", "test")]
+  return all(os.path.isfile(os.path.join(output_dir, f))
+             for f in files + list(extra_files))
+
+
+def warn_if_built_otherwise(output_dir: str, wanted: dict,
+                            derived=("counts",)) -> None:
+  """An existing dataset is never rebuilt; a differing recorded build (keys
+  in `derived` are outputs, not arguments) only warns."""
+  try:
+    with open(os.path.join(output_dir, BUILD_INFO_FILE)) as f:
+      built = json.load(f)
+  except (OSError, ValueError):
+    return
+  built = {k: v for k, v in built.items() if k not in derived}
+  if built != wanted:
+    logging.warning("Using existing dataset %s built with %s, not the "
+                    "requested %s; delete it to rebuild.", output_dir, built,
+                    wanted)

@@ -40,7 +40,7 @@ HF_URL = ("https://huggingface.co/datasets/" + HF_REPO +
           "/resolve/main/{split}.csv")
 SPLITS = ("train", "test")
 SOURCES = ("generate", "csv", "hub")
-BUILD_INFO_FILE = "build_info.json"
+BUILD_INFO_FILE = puzzle_format.BUILD_INFO_FILE
 
 SEQ_LEN = 81
 VOCAB_SIZE = 11  # PAD + "0".."9": stored tokens are cell values + 1.
@@ -709,39 +709,17 @@ _BUILD_SIGNATURE = inspect.signature(build_dataset)
 
 def _build_args(**build_kwargs) -> dict:
   """All build_dataset arguments (defaults filled in), as recorded on disk."""
-  bound = _BUILD_SIGNATURE.bind("", **build_kwargs)
-  bound.apply_defaults()
-  args = dict(bound.arguments)
-  del args["output_dir"]
-  return {"builder": "trm.data.sudoku", **args}
+  return puzzle_format.build_args(_BUILD_SIGNATURE, "trm.data.sudoku",
+                                  **build_kwargs)
 
 
 def ensure_dataset(output_dir: str, **build_kwargs) -> str:
-  """Builds the dataset unless both splits already exist; returns output_dir.
-
-  A split counts as present when its `dataset.json` exists (it is written
-  last). An existing dataset is never rebuilt, even if it was built with other
-  arguments; that case only logs a warning.
-  """
-  present = all(
-      os.path.isfile(os.path.join(output_dir, split,
-                                  puzzle_format.METADATA_FILE))
-      for split in SPLITS)
-  if not present:
+  """Builds the dataset unless both splits exist; returns output_dir (see
+  `puzzle_format.is_built` / `warn_if_built_otherwise`)."""
+  if not puzzle_format.is_built(output_dir):
     return build_dataset(output_dir, **build_kwargs)
-  wanted = _build_args(**build_kwargs)
-  info_path = os.path.join(output_dir, BUILD_INFO_FILE)
-  try:
-    with open(info_path) as f:
-      built = json.load(f)
-  except (OSError, ValueError):
-    built = None
-  if built is not None:
-    built = {k: v for k, v in built.items() if k != "counts"}
-    if built != wanted:
-      logging.warning("Using existing dataset %s built with %s, not the "
-                      "requested %s; delete it to rebuild.", output_dir,
-                      built, wanted)
+  puzzle_format.warn_if_built_otherwise(output_dir,
+                                        _build_args(**build_kwargs))
   return output_dir
 
 

@@ -134,4 +134,4 @@ def build(config, workdir: str, mesh, rules) -> Task:
                                   use_ema=config.optim.ema),
       make_eval_hook=functools.partial(
           EvalHook, data_dir, kind, arc=config.data.name == "arc",
-          sheet_rows=config.data.get("eval_sheet_rows", 8) if kind else 0))
+          sheet_rows=config.data.eval_sheet_rows if kind else 0))
