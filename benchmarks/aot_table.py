@@ -8,10 +8,9 @@ r"""Per-chip memory and fit verdicts on TPU topologies, as a Markdown table.
 Compiles each row's real train step (TRM, or DiffuCoder's masked-diffusion
 fine-tuning step) with `trm.aot` (libtpu compile-only
 devices, no TPU needed; `pip install -e .[tpu]`). Rows: model config x
-topology x mesh x batch. ARC rows use the Sudoku config file with ARC's data
-shapes (30x30 grids = 900 tokens, 12 tokens, 876,406 puzzle identifiers for
-ARC-AGI-1 with 1000 augmentations) and upstream's ARC architecture
-(attention, L_cycles 4) until the ARC config exists. The `diffucoder_sample`
+topology x mesh x batch. Dataset shapes come from `trm.aot.dataset_metadata`
+(ARC-AGI-1 with ConceptARC and 1000 augmentations: 900 tokens, vocabulary
+12, 876,406 puzzle identifiers), so nothing is built. The `diffucoder_sample`
 rows compile DiffuCoder's whole sampling loop instead (`trm.aot
 --mode=sample`) and print a table of their own.
 """
@@ -20,13 +19,10 @@ import sys
 
 from trm import aot  # sets the libtpu environment before jax loads
 from trm import config_lib
-from trm.data import sudoku
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARC_SHAPES = dict(seq_len=900, vocab_size=12, num_puzzle_identifiers=876406)
-ARC_MODEL = dict(mlp_t=False, pos_encodings="rope", L_cycles=4)
 
-SUDOKU, DIFFUCODER = "trm_sudoku.py", "diffucoder_7b.py"
+SUDOKU, ARC, DIFFUCODER = "trm_sudoku.py", "trm_arc.py", "diffucoder_7b.py"
 # DiffuCoder README / Dream eval settings: alg entropy, temperature 0.3,
 # top_p 0.95 (compiles the vocabulary sort), one token per step; prompts
 # left-padded to 512, 512 new tokens (Dream's HumanEval setting; 1024 of the
@@ -44,13 +40,16 @@ ROWS = {
         ("TRM Sudoku attention", "att", {}, {}, "v4-8", 1, {}, {}),
     ],
     "arc": [
-        ("TRM ARC-1 (attention)", "", ARC_MODEL, ARC_SHAPES, "v4-8", 1, {}, {}),
-        ("TRM ARC-1 (attention), remat", "", dict(ARC_MODEL, remat=True),
-         ARC_SHAPES, "v4-8", 1, {}, {}),
-        ("TRM ARC-1 (attention)", "", ARC_MODEL, ARC_SHAPES, "v4-64", 1, {},
-         {}),
-        ("TRM ARC-1 (attention), table on fsdp", "", ARC_MODEL, ARC_SHAPES,
-         "v4-64", 1, {"data": 1, "fsdp": -1}, {}),
+        ("TRM ARC-1 (configs/trm_arc.py:arc1)", "arc1", {}, {}, "v4-8", 1, {},
+         {"config_file": ARC}),
+        ("TRM ARC-1, no remat", "arc1", {"remat": False}, {}, "v4-8", 1, {},
+         {"config_file": ARC}),
+        ("TRM ARC-1 (configs/trm_arc.py:arc1)", "arc1", {}, {}, "v4-64", 1, {},
+         {"config_file": ARC}),
+        ("TRM ARC-1, table on fsdp", "arc1", {}, {}, "v4-64", 1,
+         {"data": 1, "fsdp": -1}, {"config_file": ARC}),
+        ("TRM ARC-2 (configs/trm_arc.py:arc2)", "arc2", {}, {}, "v4-8", 1, {},
+         {"config_file": ARC}),
     ],
     "diffucoder": [
         ("DiffuCoder 7B, seq 2048", "", {}, {}, "v4-64", 1, {},
@@ -121,8 +120,7 @@ def main(argv):
     config.model.update(model)
     config.mesh.update(mesh)
     config.update(extra)
-    metadata = sudoku.dataset_metadata(1)
-    metadata = metadata.__class__(**{**metadata.__dict__, **shapes})
+    metadata = aot.dataset_metadata(config, shapes)
     sample = (None if sample_batch is None else
               aot.SampleSettings(batch=sample_batch, **SAMPLE))
     if kind != ("sample" if sample else "train"):

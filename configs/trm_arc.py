@@ -72,7 +72,8 @@ def get_config(arg=None):
       rope_theta=10000.0,       # RoPE base
       forward_dtype="bfloat16",  # activations; parameters stay float32
       no_ACT_continue=True,     # halt on sigmoid(q_halt) alone (TRM)
-      remat=False,              # recompute blocks in backward (less memory)
+      remat=True,               # recompute blocks in backward: batch 768 of
+                                # 900 tokens needs it on v4-8 (trm.aot)
   ))
 
   c.data = ml_collections.ConfigDict(dict(

