@@ -70,8 +70,8 @@ def test_cli_rejects_a_prompt_longer_than_the_context(checkpoint):
   result = subprocess.run(
       [sys.executable, "-m", "trm.generate",
        "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={checkpoint}",
-       "--prompt=" + " ".join(["w1"] * 80), "--max_new_tokens=8"],
+       "--prompt=" + " ".join(["w1"] * 130), "--max_new_tokens=8"],
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode != 0
-  assert "A prompt has 80 tokens" in result.stderr
+  assert "A prompt has 130 tokens" in result.stderr
