@@ -103,6 +103,7 @@ def get_config(arg=None):
   c.eval_every = _EVAL_EPOCHS * _GROUPS // batch  # 5k epochs
   c.checkpoint_every = c.eval_every          # save cadence in steps
   c.keep_checkpoints = 3        # newest checkpoints kept on disk
+  c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
   c.log_every = 100             # train metrics cadence in steps
   c.mesh = config_lib.mesh_config()
   c.logical_axis_rules = config_lib.default_logical_axis_rules()

@@ -212,6 +212,31 @@ def test_values_are_quoted_in_remote_command(flag, value):
         t for t in tokens if t != expected)
 
 
+_INJECTION = "x'; touch /tmp/pwned; echo \"$(id)\" `id` $HOME"
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("--env=NOTE", "NOTE={}"),
+    ("--repo_url", "{}"),
+    ("--revision", "{}"),
+    ("--coordinator_address", "MEGASCALE_COORDINATOR_ADDRESS={}:8081"),
+])
+def test_other_values_are_quoted_in_remote_scripts(flag, expected):
+  """--env values, --repo_url, --revision and --coordinator_address reach
+  the remote shell as one word each, never as shell syntax."""
+  name = flag.split("=")[0]
+  base = [f for f in MULTI if f.split("=")[0] != name]
+  args = _args(*base, f"{flag}={_INJECTION}")
+  scripts = [_remote(c) for c in tpu_pod.setup_commands(args)
+             + tpu_pod.run_commands(args)]
+  seen = False
+  for script in scripts:
+    tokens = shlex.split(script)
+    assert "touch" not in tokens and "id" not in tokens, script
+    seen |= expected.format(_INJECTION) in tokens
+  assert seen
+
+
 def test_config_path_with_spaces_is_one_token(tmp_path):
   cfg = tmp_path / "my configs" / "a;b.py"
   cfg.parent.mkdir()

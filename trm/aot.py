@@ -39,6 +39,8 @@ import time
 from absl import app, flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags
 
+from trm import config_lib
+
 GIB = 2**30
 
 
@@ -430,6 +432,16 @@ def sample_settings_from_flags() -> SampleSettings | None:
     raise app.UsageError(str(e)) from e
 
 
+def _check_topology_flag(name: str | None) -> bool:
+  """--topology is checked while flags are parsed: one line, no traceback."""
+  if name is not None:
+    try:
+      parse_topology(name)
+    except ValueError as e:
+      raise flags.ValidationError(str(e)) from e
+  return True
+
+
 def define_flags():
   """Defines the command-line flags; only when run as a program, so that
   tests can import several entry points into one process."""
@@ -439,6 +451,7 @@ def define_flags():
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                             lock_config=True)
   _TOPOLOGY = flags.DEFINE_string("topology", None, "e.g. v4-8, v4-64, v5p-128.")
+  flags.register_validator("topology", _check_topology_flag)
   _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices (multi-slice).")
   _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Override the dataset's "
                                   "sequence length (e.g. 900 for ARC/Maze).")
@@ -468,4 +481,4 @@ def define_flags():
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

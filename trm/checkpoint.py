@@ -1,21 +1,42 @@
 """Orbax checkpoints of the train state with the Grain iterator beside it.
 
 Each checkpoint step holds two items: `state` (the whole TrainState: params,
-optimizer, EMA, puzzle table, ACT carry) and `data_iter` (the Grain iterator
-state), so a resumed run continues on exactly the data it would have seen.
+optimizer, EMA, puzzle table, ACT carry, skipped-step counters) and
+`data_iter` (the Grain iterator state), so a resumed run continues on exactly
+the data it would have seen.
 Every process's iterator walks the same sequence of *global* batches (each
 takes its rows), so their states are identical: one JSON file, written by the
 primary process, restores onto any number of processes.
 Orbax writes a step into a temporary directory and renames it when complete,
-so a crash mid-save leaves the previous checkpoints as they were. Restores go
-onto the shardings of the *current* mesh, whatever mesh wrote them.
+so a crash mid-save leaves the previous checkpoints as they were, and it
+deletes old steps (beyond `max_to_keep`) only after a new one has committed,
+so a failed save deletes nothing. Restores go onto the shardings of the
+*current* mesh, whatever mesh wrote them. A newest checkpoint that cannot be
+read (truncated files, missing metadata or commit marker) is moved aside
+with a warning and the previous one restored; if none can be, the run stops
+with an error and nothing is moved.
 """
 from __future__ import annotations
 
 import os
+import time
 
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
+
+# What Orbax 0.12 writes last into every finished step, relative to the step
+# directory: the commit markers of the step and of each item, and metadata.
+_COMMITTED_FILES = ("commit_success.txt", "_CHECKPOINT_METADATA",
+                    "state/commit_success.txt", "state/_METADATA",
+                    "data_iter/commit_success.txt")
+
+
+class CheckpointError(RuntimeError):
+  """Checkpoints exist but none can be restored, or a save failed."""
 
 
 def make_manager(directory: str, *, max_to_keep: int,
@@ -28,29 +49,152 @@ def make_manager(directory: str, *, max_to_keep: int,
       item_names=("state", "data_iter"))
 
 
+def _complete_steps(directory) -> list[int]:
+  """Steps on disk that carry every commit marker, oldest first."""
+  directory = epath.Path(directory)
+  if not directory.exists():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir()
+                if p.name.isdigit() and not missing_files(p))
+
+
+def _save_error(manager, error: Exception) -> CheckpointError:
+  kept = _complete_steps(manager.directory)
+  return CheckpointError(
+      f"Writing a checkpoint to {manager.directory} failed "
+      f"({type(error).__name__}: {error}). The checkpoints already there are "
+      f"untouched (complete steps: {kept or 'none'}).")
+
+
 def save(manager: ocp.CheckpointManager, step: int, state, data_iter) -> None:
-  """Starts an (async) save of `state` and the iterator position at `step`."""
-  manager.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
-      data_iter=ocp.args.JsonSave(data_iter.get_state())), force=True)
+  """Starts an (async) save of `state` and the iterator position at `step`.
+
+  Raises `CheckpointError` if this or the previous (async) save failed.
+  """
+  try:
+    manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data_iter=ocp.args.JsonSave(data_iter.get_state())), force=True)
+  except Exception as e:  # pylint: disable=broad-except
+    raise _save_error(manager, e) from e
+
+
+def wait_until_finished(manager: ocp.CheckpointManager) -> None:
+  """Blocks until a save in flight has committed; `CheckpointError` if it
+  failed (the earlier checkpoints are then still on disk)."""
+  try:
+    manager.wait_until_finished()
+  except Exception as e:  # pylint: disable=broad-except
+    raise _save_error(manager, e) from e
+
+
+def missing_files(step_dir) -> list[str]:
+  """The commit markers and metadata files a finished step lacks."""
+  step_dir = epath.Path(step_dir)
+  return [name for name in _COMMITTED_FILES if not (step_dir / name).exists()]
+
+
+def _all_processes_agree(ok: bool) -> bool:
+  """True only if `ok` on every process (all must restore the same step)."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def _move(source: epath.Path, target: epath.Path, copy: bool) -> None:
+  """Renames a directory; with `copy`, copies it file by file and deletes
+  the source (object stores cannot rename directories)."""
+  if not copy:
+    source.rename(target)
+    return
+
+  def copy_tree(src, dst):
+    dst.mkdir(parents=True, exist_ok=True)
+    for child in src.iterdir():
+      if child.is_dir():
+        copy_tree(child, dst / child.name)
+      else:
+        child.copy(dst / child.name)
+
+  copy_tree(source, target)
+  source.rmtree()
+
+
+def _set_aside(manager: ocp.CheckpointManager, steps) -> None:
+  """Moves unreadable steps to `<step>.unreadable-<time>` beside them (kept
+  for inspection, out of Orbax's view) so that saving those steps again does
+  not collide with them."""
+  directory = epath.Path(manager.directory)
+  if jax.process_index() == 0:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for step in steps:
+      target = directory / f"{step}.unreadable-{stamp}"
+      _move(directory / str(step), target, copy="://" in str(directory))
+      logging.warning("Moved unreadable checkpoint %s to %s.",
+                      directory / str(step), target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("trm_checkpoint_set_aside")
+  manager.reload()
+
+
+def _short(text: str, limit: int = 600) -> str:
+  text = " ".join(str(text).split())
+  return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
-  """Restores the newest checkpoint onto `abstract_state`'s shardings.
+  """Restores the newest readable checkpoint onto `abstract_state`'s
+  shardings.
 
   `data_iter` is moved to the saved position in place. Returns the state, or
-  None when the directory holds no checkpoint.
+  None when the directory holds no checkpoint. A step that lacks a commit
+  marker or metadata file, or fails to load, is skipped with a warning for
+  the previous one (and, once an older one has loaded, set aside, see
+  `_set_aside`). Raises `CheckpointError` naming the directory if
+  checkpoints exist but none loads: the run must not silently start over.
   """
-  step = manager.latest_step()
-  if step is None:
+  steps = sorted(manager.all_steps(), reverse=True)
+  if not steps:
     return None
-  logging.info("Restoring checkpoint step %d from %s", step, manager.directory)
-  restored = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state),
-      data_iter=ocp.args.JsonRestore()))
-  data_iter.set_state(restored["data_iter"])
-  return restored["state"]
-
+  # A checkpoint of another config (sizes, batch, model family) is the
+  # user's mistake, not corruption: say so instead of falling back.
+  from trm import restore_check  # pylint: disable=g-import-not-at-top
+  restore_check.check(str(manager.directory), abstract_state, steps[0])
+  failures = []
+  for step in steps:
+    path = epath.Path(manager.directory) / str(step)
+    error = None
+    missing = missing_files(path)
+    if missing:
+      error = f"incomplete, it has no {', '.join(missing)}"
+    else:
+      logging.info("Restoring checkpoint %s", path)
+      try:
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data_iter=ocp.args.JsonRestore()))
+        # Every restored buffer materialised before anything runs on it.
+        jax.block_until_ready(restored["state"])
+        data_iter.set_state(restored["data_iter"])
+      except Exception as e:  # pylint: disable=broad-except
+        error = f"{type(e).__name__}: {_short(e)}"
+    if not _all_processes_agree(error is None):
+      error = error or "another process could not read it"
+      logging.warning("Checkpoint %s cannot be restored (%s); falling back to "
+                      "the previous one.", path, error)
+      failures.append((step, error))
+      continue
+    if failures:
+      _set_aside(manager, [s for s, _ in failures])
+      logging.warning("Resuming from checkpoint %s instead of the newer, "
+                      "unreadable step(s) %s.", path, [s for s, _ in failures])
+    return restored["state"]
+  raise CheckpointError(
+      f"{manager.directory} holds checkpoints (steps {sorted(steps)}) but none"
+      f" can be restored; the newest, step {failures[0][0]}: "
+      f"{failures[0][1]}. Refusing to start from scratch over them: if the "
+      "config (or the trm version) changed since they were written, go back "
+      "to it; otherwise move the directory away or use another --workdir.")
 
 
 def restore_fields(directory: str, abstract_fields: dict,

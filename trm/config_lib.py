@@ -67,11 +67,79 @@ def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def set_values(config: ml_collections.ConfigDict, values: dict):
-  """Sets dotted keys ({'data.path': ...}) as --config.key=value would."""
+  """Sets dotted keys ({'data.path': ...}) as --config.key=value would.
+
+  A key the config does not define, or a value of the wrong type, is a
+  ValueError naming `config.<key>`.
+  """
   for key, value in values.items():
     node = config
     *path, last = key.split(".")
-    for name in path:
-      node = node[name]
-    node[last] = value
+    for depth, name in enumerate(path + [last]):
+      if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+        where = ".".join(["config"] + (path + [last])[:depth])
+        known = (sorted(node.keys()) if isinstance(node,
+                                                   ml_collections.ConfigDict)
+                 else [])
+        raise ValueError(f"config.{key}: {where} has no field {name!r}"
+                         + (f"; its fields are {known}" if known else "")
+                         + ". Only fields the config file defines can be set.")
+      if depth < len(path):
+        node = node[name]
+    try:
+      node[last] = value
+    except (TypeError, ValueError):
+      raise ValueError(
+          f"config.{key}={value!r} has the wrong type: config.{key} holds "
+          f"type {type(node[last]).__name__}, not {type(value).__name__}."
+      ) from None
   return config
+
+
+def _config_override_error(error: Exception, argv) -> str | None:
+  """The one-line message for ml_collections' error on a --config.KEY=VALUE
+  that names no field (a KeyError wrapped in an AttributeError), or None."""
+  inner = error
+  while inner.args and isinstance(inner.args[0], BaseException):
+    inner = inner.args[0]
+  text = str(inner.args[0] if inner.args else inner)
+  name, _, hint = text.partition("\n")
+  name = name.strip("'\"")
+  overrides = [a.split("=", 1)[0] for a in argv[1:]
+               if a.startswith("--config.")]
+  named = [flag for flag in overrides if name in flag.split(".")[1:]]
+  if not named:
+    return None
+  return (f"{named[0]}: the config has no field {name!r}"
+          + (f" ({hint.strip()})" if hint.strip() else "")
+          + "; --config.KEY=VALUE only sets fields the config file defines.")
+
+
+def _config_file_error(text: str) -> str:
+  """ml_collections reports an exception raised by a config file (e.g. an
+  unknown variant) with its whole traceback; keep the flag and the error."""
+  if "Traceback (most recent call last)" not in text:
+    return text
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  return f"{lines[0]} {lines[-1]}"
+
+
+def parse_flags(argv):
+  """absl `flags_parser` for the command-line tools (`app.run(main,
+  flags_parser=config_lib.parse_flags)`). Flag errors stay one line: a
+  --config.KEY=VALUE naming no config field names the flag (ml_collections
+  raises a chained KeyError traceback), and an error raised by the config
+  file itself is shown without its traceback."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = _config_file_error(str(e))
+  except (AttributeError, KeyError) as e:
+    message = _config_override_error(e, argv)
+    if message is None:
+      raise
+  sys.stderr.write(f"FATAL Flags parsing error: {message}\n"
+                   "Pass --helpshort or --helpfull to see help on flags.\n")
+  sys.exit(1)

@@ -21,6 +21,8 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
+from trm import config_lib
+
 # The number each paper table reports, per dataset builder.
 PAPER_METRIC = {"sudoku": "exact_accuracy", "maze": "exact_accuracy",
                 "arc": "ARC/pass@2"}
@@ -34,8 +36,10 @@ def load_state(checkpoint: str, task, abstract, shardings, mesh, rules):
   saved = os.path.join(checkpoint, "checkpoints")
   names = ("params", "ema_params", "buffers", "puzzle_emb")
   if os.path.isdir(saved):
-    fields, step = ckpt_lib.restore_fields(
-        saved, {k: getattr(abstract, k) for k in names})
+    from trm import restore_check  # pylint: disable=g-import-not-at-top
+    wanted = {k: getattr(abstract, k) for k in names}
+    restore_check.check(saved, wanted, family="TRM (puzzle)")
+    fields, step = ckpt_lib.restore_fields(saved, wanted)
     state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
     return state.replace(**fields), f"{saved} step {step}"
   if not os.path.isfile(checkpoint):
@@ -119,4 +123,4 @@ def define_flags():
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config", "checkpoint"])
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

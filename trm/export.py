@@ -20,6 +20,8 @@ import shutil
 from absl import app, flags
 from ml_collections import config_flags
 
+from trm import config_lib
+
 # Files of a Hugging Face model directory that are not weights or config.json.
 TOKENIZER_FILES = ("tokenizer*", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json",
@@ -84,4 +86,4 @@ def define_flags():
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config", "checkpoint", "out"])
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

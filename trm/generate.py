@@ -22,12 +22,17 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
+from trm import config_lib
+
 
 def read_prompts(prompt: str | None, batch_file: str | None) -> list[str]:
   if bool(prompt) == bool(batch_file):
     raise app.UsageError("Give exactly one of --prompt and --batch_file.")
   if prompt:
     return [prompt]
+  if not os.path.isfile(batch_file):
+    raise app.UsageError(f"--batch_file={batch_file}: no such file (one "
+                         "prompt per line).")
   with open(batch_file) as f:
     prompts = [line.rstrip("\n") for line in f if line.strip()]
   if not prompts:
@@ -40,9 +45,10 @@ def left_pad(token_lists, pad_id: int, max_len: int):
   import numpy as np  # pylint: disable=g-import-not-at-top
   longest = max(len(t) for t in token_lists)
   if longest > max_len:
-    raise ValueError(f"A prompt has {longest} tokens; with "
-                     f"--max_new_tokens it must fit config.seq_len "
-                     f"({max_len} + new tokens); shorten it.")
+    raise ValueError(f"A prompt has {longest} tokens but only "
+                     f"{max(max_len, 0)} fit: config.seq_len minus "
+                     "--max_new_tokens. Shorten the prompt, lower "
+                     "--max_new_tokens or raise config.seq_len.")
   ids = np.full((len(token_lists), longest), pad_id, np.int32)
   mask = np.zeros((len(token_lists), longest), bool)
   for i, tokens in enumerate(token_lists):
@@ -57,12 +63,14 @@ def load_params(checkpoint: str, cfg, shardings):
   import jax  # pylint: disable=g-import-not-at-top
   from flax.linen import meta  # pylint: disable=g-import-not-at-top
   from trm import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm import restore_check  # pylint: disable=g-import-not-at-top
   from trm.models import dream, hf_import  # pylint: disable=g-import-not-at-top
   saved = os.path.join(checkpoint, "checkpoints")
   if os.path.isdir(saved):
     abstract = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         meta.unbox(dream.abstract_params(cfg)), shardings)
+    restore_check.check(saved, {"params": abstract}, family="DiffuCoder/Dream")
     fields, step = ckpt_lib.restore_fields(saved, {"params": abstract})
     params = fields["params"]
     return params, f"{saved} step {step}"
@@ -167,4 +175,4 @@ def define_flags():
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

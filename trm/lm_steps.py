@@ -1,8 +1,9 @@
 """Masked-diffusion fine-tuning step for DiffuCoder / Dream.
 
 State and step follow the TRM ones: `trm.state.abstract_state` /
-`init_state` build the state abstract-first from logical axis names, and one
-jitted step runs with the state donated. The objective is
+`init_state` build the state abstract-first from logical axis names; one
+jitted step runs with the state donated, and a step with a non-finite loss or
+gradient is skipped (`trm.state.skip_nonfinite`). The objective is
 `trm.diffusion_loss`; training attends to every position, pads included, as
 DiffuCoder's maintainers trained it.
 """
@@ -28,6 +29,8 @@ class LMState:
   params: Any
   opt_state: Any
   rng: jax.Array
+  skipped_steps: jax.Array  # see `trm.state.skip_nonfinite`
+  bad_streak: jax.Array
 
 
 def make_optimizer(optim_config, total_steps: int):
@@ -50,7 +53,8 @@ def make_init_fn(model: dream.Dream, tx, seed: int):
     init_key, state_key = jax.random.split(jax.random.PRNGKey(seed))
     params = model.init(init_key, jnp.zeros((1, 1), jnp.int32))["params"]
     return LMState(step=jnp.zeros((), jnp.int32), params=params,
-                   opt_state=tx.init(params), rng=state_key)
+                   opt_state=tx.init(params), rng=state_key,
+                   **state_lib.zero_counters())
 
   return init
 
@@ -84,8 +88,10 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
       "grad_norm": clu_metrics.Average(total=optax.tree.norm(grads),
                                        count=jnp.int32(1)),
   }
-  return state.replace(step=state.step + 1, params=params,
-                       opt_state=opt_state), metrics
+  new_state = state.replace(step=state.step + 1, params=params,
+                            opt_state=opt_state)
+  return state_lib.skip_nonfinite(state, new_state, metrics,
+                                  state_lib.all_finite(loss, grads))
 
 
 def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,
@@ -117,7 +123,8 @@ def state_from_hf_checkpoint(directory: str, model: dream.Dream, tx,
 
   def build(params):
     return LMState(step=jnp.zeros((), jnp.int32), params=params,
-                   opt_state=tx.init(params), rng=state_key)
+                   opt_state=tx.init(params), rng=state_key,
+                   **state_lib.zero_counters())
 
   with jax.set_mesh(mesh):
     return jax.jit(build, in_shardings=(shardings.params,),

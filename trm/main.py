@@ -3,7 +3,9 @@ r"""Entry point, identical on every worker:
   python -m trm.main --config=configs/trm_sudoku.py:cpu --workdir=runs/sudoku \
       [--config.total_steps=500 ...]
 
-Re-running with the same --workdir resumes from its newest checkpoint.
+Re-running with the same --workdir resumes from its newest checkpoint. On
+SIGTERM (or a TPU preemption notice) the run saves a checkpoint at the
+current step and exits with status 0.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import os
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from trm import config_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with ':variant'.",
@@ -81,8 +85,11 @@ def main(argv):
   workdir = _WORKDIR.value
   if not workdir.startswith("gs://"):
     workdir = os.path.abspath(workdir)
-  train.train_and_evaluate(_CONFIG.value, workdir)
+  try:
+    train.train_and_evaluate(_CONFIG.value, workdir)
+  except train.Preempted as e:  # a clean stop: the scheduler restarts us
+    logging.warning("%s", e)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

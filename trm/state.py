@@ -5,6 +5,7 @@ logical axis names the model put on every variable (and the batch axes of the
 ACT carry), and turns them into shardings with the config's rules.
 `init_state` then runs the initialiser under `jit(out_shardings=...)`, so every
 array is born on its devices and no host ever holds the full state.
+`skip_nonfinite` is the update guard every family's train step ends with.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from clu import metrics as clu_metrics
 
 from trm import mesh as mesh_lib
 from trm.models import trm as trm_model
@@ -30,10 +32,74 @@ class TrainState:
   puzzle_emb: Any          # {'weights': [N, D]} sign-SGD table, or {}
   carry: trm_model.Carry   # streaming-ACT carry, persists across steps
   rng: jax.Array           # base PRNG key; step keys are fold_in(rng, step)
+  skipped_steps: jax.Array  # int32: steps whose update was skipped (NaN/Inf)
+  bad_streak: jax.Array    # int32: consecutive skipped steps up to `step`
 
   def variables(self, params=None):
     return {"params": self.params if params is None else params,
             "buffers": self.buffers, "puzzle_emb": self.puzzle_emb}
+
+
+def zero_counters() -> dict:
+  """The skipped-step counters of a fresh state (see `skip_nonfinite`)."""
+  return {"skipped_steps": jnp.zeros((), jnp.int32),
+          "bad_streak": jnp.zeros((), jnp.int32)}
+
+
+def all_finite(*trees) -> jax.Array:
+  """Scalar bool: every element of every floating leaf is finite."""
+  leaves = [x for x in jax.tree.leaves(trees)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not leaves:
+    return jnp.asarray(True)
+  return jnp.stack([jnp.isfinite(x).all() for x in leaves]).all()
+
+
+@flax.struct.dataclass
+class Counter(clu_metrics.Metric):
+  """A step counter as a metric: merging keeps the newer value, or the
+  larger with `keep_max` (no division, unlike clu's `LastValue`)."""
+  value: jax.Array
+  count: jax.Array  # 1: `trm.losses.compute` leaves out metrics with 0
+  keep_max: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def merge(self, other: "Counter") -> "Counter":
+    if self.keep_max:
+      return other.replace(value=jnp.maximum(self.value, other.value))
+    return other
+
+  def compute(self):
+    return self.value
+
+
+def skip_nonfinite(state, new_state, metrics: dict, ok, guarded=()):
+  """The update guard both model families' train steps end with.
+
+  `ok` is `all_finite(loss, gradients)`. When it is False the step's update
+  is dropped: every field keeps its value from `state` (parameters,
+  optimizer state, EMA, puzzle table, ACT carry), except `step`, which
+  advances so the data order stays that of a clean run. Fields named in
+  `guarded` are taken from `new_state` as they are: the step already left
+  them unchanged when not `ok` (cheaper than a select over a large table).
+  The step's metrics are zeroed (averages over an interval leave it out), and
+  `skipped_steps` (total) and `bad_streak` (consecutive, 0 after a good
+  step) count it in the state. Two metrics report them: `skipped_steps` and
+  `max_bad_streak`, the longest run of skipped steps an interval reached,
+  which the loop reads with the metrics it fetches anyway (no host sync).
+  """
+  kept = jax.tree.map(lambda new, old: jnp.where(ok, new, old),
+                      new_state, state.replace(**{
+                          name: getattr(new_state, name) for name in guarded}))
+  bad = jnp.logical_not(ok).astype(jnp.int32)
+  kept = kept.replace(step=state.step + 1,
+                      skipped_steps=state.skipped_steps + bad,
+                      bad_streak=(state.bad_streak + 1) * bad)
+  metrics = jax.tree.map(lambda x: jnp.where(ok, x, jnp.zeros_like(x)),
+                         metrics)
+  one = jnp.ones((), jnp.int32)
+  metrics["skipped_steps"] = Counter(kept.skipped_steps, one)
+  metrics["max_bad_streak"] = Counter(kept.bad_streak, one, keep_max=True)
+  return kept, metrics
 
 
 def _box_carry(carry: trm_model.Carry) -> trm_model.Carry:
@@ -58,7 +124,7 @@ def make_init_fn(model: trm_model.TRM, tx: optax.GradientTransformation,
         buffers=variables["buffers"],
         puzzle_emb=variables.get("puzzle_emb", {}),
         carry=_box_carry(trm_model.empty_carry(model.cfg, batch_size)),
-        rng=state_key)
+        rng=state_key, **zero_counters())
 
   return init
 

@@ -4,7 +4,8 @@ One train step = one ACT supervision step = one optimizer update, as upstream
 `pretrain.py::train_batch`: halted carry rows take the new batch's rows, the
 model runs one recursion, and both optimizers step (sparse sign-SGD on the
 puzzle-embedding rows the batch touched, AdamATan2 on everything else),
-followed by the EMA update.
+followed by the EMA update. A step whose loss or gradients hold a NaN or Inf
+changes nothing but the step counter (`state.skip_nonfinite`).
 """
 from __future__ import annotations
 
@@ -50,9 +51,11 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
     loss, metrics = losses.act_loss(outputs, new_carry, train=True)
     return loss / global_batch_size, (new_carry, metrics)
 
-  (_, (new_carry, metrics)), (param_grads, vector_grads) = jax.value_and_grad(
-      loss_fn, argnums=(0, 1), has_aux=True)(state.params, vectors)
+  (loss, (new_carry, metrics)), (param_grads, vector_grads) = (
+      jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+          state.params, vectors))
 
+  ok = state_lib.all_finite(loss, param_grads, vector_grads)
   updates, opt_state = tx.update(param_grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   puzzle_emb = state.puzzle_emb
@@ -60,16 +63,20 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
     emb_lr = optim.lr_schedule(optim_config.puzzle_emb_lr,
                                optim_config.warmup_steps, total_steps,
                                optim_config.lr_min_ratio)(state.step)
+    # A skipped step leaves the rows as they were (learning rate and
+    # gradient 0), without a select over the whole table.
     puzzle_emb = {"weights": optim.sparse_sign_sgd_update(
-        puzzle_emb["weights"], carry.puzzle_identifiers, vector_grads,
-        emb_lr, optim_config.puzzle_emb_weight_decay)}
+        puzzle_emb["weights"], carry.puzzle_identifiers,
+        jnp.where(ok, vector_grads, 0), emb_lr * ok,
+        optim_config.puzzle_emb_weight_decay)}
   ema_params = (optim.ema_update(state.ema_params, params,
                                  optim_config.ema_rate)
                 if optim_config.ema else params)
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state, ema_params=ema_params,
                             puzzle_emb=puzzle_emb, carry=new_carry)
-  return new_state, metrics
+  return state_lib.skip_nonfinite(state, new_state, metrics, ok,
+                                  guarded=("puzzle_emb",))
 
 
 def eval_step(state: TrainState, batch, *, model: trm_model.TRM,

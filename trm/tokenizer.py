@@ -124,7 +124,11 @@ def load_tokenizer(directory: str) -> DreamTokenizer:
     raise FileNotFoundError(
         f"{path} not found: point --checkpoint at a DiffuCoder/Dream "
         "directory that holds tokenizer.json (the Hugging Face download).")
-  tokenizer = Tokenizer.from_file(path)
+  try:
+    tokenizer = Tokenizer.from_file(path)
+  except Exception as e:  # the tokenizers library raises a bare Exception
+    raise ValueError(f"{path} is not a readable tokenizer.json ({e}); use the "
+                     "file of the Hugging Face download.") from e
 
   def token_id(token: str, required: bool) -> int | None:
     found = tokenizer.token_to_id(token)

@@ -1,15 +1,26 @@
 """The training loop, top to bottom: setup, mesh, data, model, shard, step,
 checkpoint, loop. `python -m trm.main` calls `train_and_evaluate`.
+
+Reliability: an unwritable workdir fails before anything is built; a step
+with a NaN/Inf loss or gradient is skipped inside the jitted step
+(`state.skip_nonfinite`), never checkpointed, and too many in a row stop the
+run (`NonFiniteError`); SIGTERM or a preemption notice saves the current step
+and raises `Preempted` (`trm.main` exits 0); an unreadable newest checkpoint
+falls back to the previous one (`checkpoint.restore_latest`).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 
 import flax.linen as nn
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
+import numpy as np
 from absl import logging
 from etils import epath
 from clu import metric_writers, parameter_overview, periodic_actions
@@ -22,6 +33,26 @@ from trm import tasks
 from trm.data import pipeline
 
 
+class WorkdirError(OSError):
+  """The workdir cannot be created or written."""
+
+
+class NonFiniteError(RuntimeError):
+  """Too many consecutive steps had a NaN or Inf loss or gradient."""
+
+
+class Preempted(Exception):
+  """Training stopped early on SIGTERM or a preemption notice, after saving
+  a checkpoint at `step` (rerun with the same workdir to resume)."""
+
+  def __init__(self, step: int, checkpoint: str | None):
+    self.step, self.checkpoint = step, checkpoint
+    super().__init__(
+        f"Preempted at step {step}; "
+        + (f"saved {checkpoint}." if checkpoint else "no checkpoint saved.")
+        + " Rerun with the same --workdir to resume.")
+
+
 def check_config(config) -> None:
   """Rejects values that would only fail (or misbehave) deep in the run."""
   for key in ("total_steps", "eval_every", "checkpoint_every", "log_every",
@@ -31,6 +62,78 @@ def check_config(config) -> None:
       node = node[name]
     if node <= 0:
       raise ValueError(f"config.{key}={node} must be a positive integer.")
+  if config.max_consecutive_bad_steps < 0:
+    raise ValueError(
+        f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "
+        "must be >= 0 (0: never stop on non-finite steps).")
+
+
+def check_workdir(workdir: str) -> epath.Path:
+  """Creates the workdir and writes a file into it (every process, since
+  each writes its checkpoint shards), so an unwritable one fails now rather
+  than at the first checkpoint."""
+  path = epath.Path(workdir)
+  probe = path / f".write_test.{jax.process_index()}"
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    probe.write_text("ok")
+    probe.unlink()
+  except Exception as e:  # pylint: disable=broad-except
+    raise WorkdirError(
+        f"Cannot write to the workdir {workdir!r} ({type(e).__name__}: {e}); "
+        "checkpoints, metrics and config.json go there. Pass a writable "
+        "--workdir.") from e
+  return path
+
+
+class _Preemption:
+  """When to stop early. Multi-process jobs use JAX's preemption sync point
+  (`manager.reached_preemption`): JAX's own SIGTERM handler tells the
+  coordination service, which picks a step every process reaches. A single
+  process installs a SIGTERM handler for the loop's lifetime that sets a flag
+  read each step (without the preemption service, processes agree on the
+  flag every `agree_every` steps). A second SIGTERM kills the process."""
+
+  def __init__(self, manager, agree_every: int):
+    self._manager, self._agree_every = manager, agree_every
+    self._sync = (jax.process_count() > 1
+                  and jax.config.jax_enable_preemption_service)
+    self._previous = None
+    self.signal_time = None
+
+  def __enter__(self):
+    if self._sync:
+      return self
+    if threading.current_thread() is not threading.main_thread():
+      logging.warning("Training outside the main thread: SIGTERM will not "
+                      "save a checkpoint before exiting.")
+      return self
+    self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+    return self
+
+  def __exit__(self, *unused_exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None
+
+  def _on_sigterm(self, signum, unused_frame):
+    if self.signal_time is None:
+      self.signal_time = time.time()
+      return
+    signal.signal(signum, self._previous or signal.SIG_DFL)
+    self._previous = None
+    signal.raise_signal(signum)
+
+  def reached(self, step: int) -> bool:
+    """Called once per step, with the same steps on every process."""
+    if self._sync:
+      return self._manager.reached_preemption(step)
+    if jax.process_count() == 1:
+      return self.signal_time is not None
+    if step % self._agree_every:
+      return False
+    return bool(np.any(multihost_utils.process_allgather(
+        np.int32(self.signal_time is not None))))
 
 
 def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
@@ -55,13 +158,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   # ---------------------------------------------------------------- setup
   check_config(config)
   is_main = jax.process_index() == 0
-  workpath = epath.Path(workdir)  # local or gs://
-  workpath.mkdir(parents=True, exist_ok=True)
-  # Metrics are global: process 0 writes them, the others stay quiet.
-  writer = (metric_writers.create_default_writer(workdir, asynchronous=True)
-            if is_main else metric_writers.MultiWriter([]))
-  if is_main:
-    (workpath / "config.json").write_text(config.to_json_best_effort(indent=2))
+  workpath = check_workdir(workdir)  # local or gs://
 
   # ----------------------------------------------------------------- mesh
   mesh = mesh_lib.make_mesh(config.mesh)
@@ -90,6 +187,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     state = state_lib.init_state(task.init_fn, mesh, rules, state_shardings)
     logging.info("Initialised a new model.")
   start_step = int(state.step)
+  # Only a run whose config checked out (mesh, data, restore) records it, so
+  # a bad restart leaves the run's config.json and logs as they were.
+  # Metrics are global: process 0 writes them, the others stay quiet.
+  writer = (metric_writers.create_default_writer(workdir, asynchronous=True)
+            if is_main else metric_writers.MultiWriter([]))
+  if is_main:
+    (workpath / "config.json").write_text(config.to_json_best_effort(indent=2))
   if is_main:
     parameter_overview.log_parameter_overview(
         state.params, include_stats=jax.process_count() == 1)
@@ -128,9 +232,54 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       (workpath / f"eval_{step}.json").write_text(json.dumps(results, indent=1))
     return results
 
+  bad_limit = config.max_consecutive_bad_steps
+
+  def check_bad_streak(step: int, streak: int) -> None:
+    """Stops once `bad_limit` consecutive steps were skipped (non-finite)."""
+    if not bad_limit or streak < bad_limit:
+      return
+    ckpt_lib.wait_until_finished(manager)
+    last = manager.latest_step()
+    kept = (f"The last good checkpoint, {manager.directory / str(last)}, is "
+            "kept" if last is not None else "No checkpoint had been written")
+    raise NonFiniteError(
+        f"{streak} consecutive train steps (by step {step}) had a NaN or Inf "
+        "loss or gradient; their updates were skipped. Stopping: config."
+        f"max_consecutive_bad_steps={bad_limit}. {kept}, and nothing was "
+        "saved after the bad steps began. Check the data and the learning "
+        "rate, then rerun to resume from it.")
+
   def write_train_metrics(step: int, metrics) -> None:
-    writer.write_scalars(step, {f"train/{k}": v for k, v in
-                                losses.compute(metrics).items()})
+    values = losses.compute(metrics)
+    writer.write_scalars(step, {f"train/{k}": v for k, v in values.items()})
+    check_bad_streak(step, int(values.get("max_bad_streak", 0)))
+
+  def save_checkpoint(step: int) -> bool:
+    """Saves unless the newest step was skipped (the state is then not one
+    a clean run reaches, and must not displace a good checkpoint)."""
+    streak = int(state.bad_streak)  # waits for the step, as the save would
+    if streak:
+      check_bad_streak(step, streak)
+      logging.warning(
+          "Step %d: not saving a checkpoint, the last %d step(s) had a "
+          "non-finite loss or gradient; the newest checkpoint stays step %s.",
+          step, streak, manager.latest_step())
+      return False
+    ckpt_lib.save(manager, step, state, train_iter)
+    return True
+
+  def stop_for_preemption(step: int):
+    since = (f" {time.time() - preemption.signal_time:.1f} s after SIGTERM"
+             if preemption.signal_time else "")
+    logging.warning("Preemption: saving step %d and stopping%s.", step, since)
+    saved = save_checkpoint(step)
+    ckpt_lib.wait_until_finished(manager)
+    if pending is not None:
+      write_train_metrics(*pending)
+    if train_metrics is not None:
+      write_train_metrics(step, train_metrics)
+    raise Preempted(step, str(manager.directory / str(step)) if saved
+                    else None)
 
   # ----------------------------------------------------------------- loop
   report = periodic_actions.ReportProgress(
@@ -138,9 +287,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   hooks = [report] if is_main else []
   train_metrics, pending, results = None, None, {}
   step = start_step
-  logging.info("Training from step %d to %d.", start_step, config.total_steps)
+  preemption = _Preemption(manager, config.log_every)
   try:
-    with metric_writers.ensure_flushes(writer):
+    with metric_writers.ensure_flushes(writer), preemption:
+      logging.info("Training from step %d to %d.", start_step,
+                   config.total_steps)
       while step < config.total_steps:
         batch = pipeline.to_global(next(train_iter), batch_shardings)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
@@ -155,12 +306,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
           if pending is not None:
             write_train_metrics(*pending)
           pending, train_metrics = (step, train_metrics), None
+        if preemption.reached(step):
+          stop_for_preemption(step)
         if step % config.eval_every == 0 or step == config.total_steps:
           with report.timed("eval"):
             results = run_eval(step)
           logging.info("Step %d eval: %s", step, results)
         if step % config.checkpoint_every == 0 or step == config.total_steps:
-          ckpt_lib.save(manager, step, state, train_iter)
+          save_checkpoint(step)
       if pending is not None:
         write_train_metrics(*pending)
       if start_step >= config.total_steps:  # a finished run: report again
@@ -168,7 +321,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   finally:
     # Also on a crash: a save in flight completes, so the newest checkpoint
     # on disk is whole.
-    manager.wait_until_finished()
+    ckpt_lib.wait_until_finished(manager)
   logging.info("Final evaluation at step %d: %s", step, "  ".join(
       f"{k.removeprefix('eval/')}={v:.4f}" for k, v in sorted(results.items())))
   return state, results

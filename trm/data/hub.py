@@ -92,8 +92,9 @@ def check_source(source: str, sources: Sequence[str],
   if source not in sources:
     raise ValueError(f"source must be one of {sources}, got {source!r}")
   if source == "csv" and not csv_dir:
-    raise ValueError("source='csv' needs csv_dir (holding train.csv and "
-                     "test.csv)")
+    raise ValueError("source='csv' needs csv_dir (--csv_dir, or "
+                     "config.data.build.csv_dir in trm.main) holding "
+                     "train.csv and test.csv")
 
 
 def csv_paths(output_dir: str, source: str, csv_dir: Optional[str],
@@ -121,8 +122,9 @@ def csv_paths(output_dir: str, source: str, csv_dir: Optional[str],
   for path in paths.values():
     if not os.path.isfile(path):
       raise FileNotFoundError(
-          f"{path} not found; --csv_dir must hold train.csv and test.csv of "
-          f"{repo} (or use --source=hub / --source=generate)")
+          f"{path} not found; the CSV directory (--csv_dir, or "
+          f"config.data.build.csv_dir in trm.main) must hold train.csv and "
+          f"test.csv of {repo} (or use source hub / generate)")
   return paths
 
 

@@ -396,8 +396,14 @@ def read_split(data_dir: str, split: str, set_name: str = "all",
     mode = "r" if (mmap and field in MMAP_FIELDS) else None
     try:
       arrays[field] = np.load(path, mmap_mode=mode, allow_pickle=False)
-    except ValueError as e:
-      raise ValueError(f"{path}: field {field!r}: cannot load: {e}") from e
+    except (ValueError, OSError) as e:
+      # np.load takes any non-.npy bytes for a pickle and suggests loading
+      # it unsafely; pickles are never loaded here, so that hint is dropped.
+      detail = "" if "allow_pickle" in str(e) else f" ({e})"
+      raise ValueError(
+          f"{path}: field {field!r}: not a readable .npy array (corrupt, "
+          "truncated, or holding pickled objects, which are never loaded)"
+          f"{detail}; rebuild the dataset.") from e
   _check_arrays(metadata, arrays, os.path.join(split_dir, set_name),
                 check_tokens=check_tokens)
   return metadata, arrays

@@ -26,6 +26,10 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
                      response_key: str = "response"):
   """[(prompt, response)] from a JSONL file, with line-numbered errors."""
   pairs = []
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} does not exist: set config.data.path (or "
+                            "data.eval_path) to a JSONL file of "
+                            "prompt/response pairs.")
   with open(path) as f:
     for line_number, line in enumerate(f, 1):
       if not line.strip():
@@ -34,13 +38,19 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
         record = json.loads(line)
       except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{line_number}: not valid JSON ({e}).") from e
+      if not isinstance(record, dict):
+        raise ValueError(f"{path}:{line_number}: expected a JSON object "
+                         f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}}, "
+                         f"got a {type(record).__name__}.")
       missing = [k for k in (prompt_key, response_key) if k not in record]
       if missing:
         raise ValueError(f"{path}:{line_number}: missing key(s) {missing}; "
                          f"set the data.prompt_key / data.response_key names.")
       pairs.append((str(record[prompt_key]), str(record[response_key])))
   if not pairs:
-    raise ValueError(f"{path} holds no examples.")
+    raise ValueError(f"{path} holds no examples; write one JSON object "
+                     f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}} "
+                     "per line.")
   return pairs
 
 

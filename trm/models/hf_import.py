@@ -177,6 +177,24 @@ def _normalize(index, shape) -> tuple[slice, ...]:
   return tuple(out)
 
 
+def _read_json(path: str):
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path} is not valid JSON ({e}); download it "
+                          "again.") from e
+
+
+def _read_index(path: str) -> dict:
+  index = _read_json(path)
+  if not isinstance(index, dict) or not isinstance(index.get("weight_map"),
+                                                   dict):
+    raise CheckpointError(f"{path} has no \"weight_map\" object (tensor name ->"
+                          " file); download it again.")
+  return dict(index["weight_map"])
+
+
 class _Files:
   """The tensors of a checkpoint directory, opened lazily, read by slice."""
 
@@ -187,8 +205,7 @@ class _Files:
     index_path = os.path.join(directory, INDEX_FILE)
     single = os.path.join(directory, SINGLE_FILE)
     if os.path.exists(index_path):
-      with open(index_path) as f:
-        self.weight_map = dict(json.load(f)["weight_map"])
+      self.weight_map = _read_index(index_path)
       self.where = f"{INDEX_FILE} in {directory}"
     elif os.path.exists(single):
       self.weight_map = {name: SINGLE_FILE
@@ -203,8 +220,13 @@ class _Files:
       path = os.path.join(self.directory, file)
       if not os.path.exists(path):
         raise CheckpointError(f"{path} (named in {self.where}) is missing.")
-      self._handles[file] = self._stack.enter_context(
-          safe_open(path, framework="numpy"))
+      try:
+        handle = safe_open(path, framework="numpy")
+      except Exception as e:  # pylint: disable=broad-except
+        raise CheckpointError(
+            f"{path} is not a readable .safetensors file ({type(e).__name__}:"
+            f" {e}); download it again.") from e
+      self._handles[file] = self._stack.enter_context(handle)
     return self._handles[file]
 
   def file_of(self, name: str) -> str:
@@ -228,8 +250,10 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
   path = os.path.join(directory, CONFIG_FILE)
   if not os.path.exists(path):
     raise CheckpointError(f"{path} is missing.")
-  with open(path) as f:
-    hf = json.load(f)
+  hf = _read_json(path)
+  if not isinstance(hf, dict):
+    raise CheckpointError(f"{path} holds a {type(hf).__name__}, not the "
+                          "model's config object.")
   for field in _CONFIG_FIELDS:
     if hf.get(field) is None:  # Qwen2 configs have no mask_token_id
       continue
@@ -266,6 +290,37 @@ def set_path(tree, path, value):
   tree[path[-1]] = value
 
 
+def _tensor_specs(files: _Files, cfg: DreamConfig, abstract):
+  """[(leaf, our shape, HF tensor names)] after checking that every tensor
+  exists with the shape `cfg` needs (reads the files' headers only)."""
+  specs = []
+  for leaf in _leaves(cfg):
+    target = get_path(abstract, leaf.path)
+    layer_shape = target.shape[1:] if leaf.per_layer else target.shape
+    want = _hf_shape(leaf, layer_shape, cfg)
+    names = ([leaf.hf_name.replace("{i}", str(i))
+              for i in range(cfg.num_hidden_layers)]
+             if leaf.per_layer else [leaf.hf_name])
+    for name in names:
+      got = files.shape(name)
+      if got != want:
+        raise CheckpointError(
+            f"Tensor {name!r} in {files.file_of(name)} has shape {got}; "
+            f"the model expects {want} (config.model sizes).")
+    specs.append((leaf, target.shape, names))
+  return specs
+
+
+def check_hf_checkpoint(directory: str, cfg: DreamConfig) -> None:
+  """Raises CheckpointError unless `directory` is an HF Dream checkpoint
+  whose config.json and tensors (names and shapes, from the headers alone)
+  fit `cfg`: what `load_hf_checkpoint` checks, without reading weights."""
+  check_hf_config(directory, cfg)
+  abstract = meta.unbox(dream.abstract_params(cfg))
+  with contextlib.ExitStack() as stack:
+    _tensor_specs(_Files(directory, stack), cfg, abstract)
+
+
 def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
   """Loads an HF Dream checkpoint into our params dict (`variables['params']`).
 
@@ -279,21 +334,7 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
   params: dict = {}
   with contextlib.ExitStack() as stack:
     files = _Files(directory, stack)
-    specs = []
-    for leaf in _leaves(cfg):
-      target = get_path(abstract, leaf.path)
-      layer_shape = target.shape[1:] if leaf.per_layer else target.shape
-      want = _hf_shape(leaf, layer_shape, cfg)
-      names = ([leaf.hf_name.replace("{i}", str(i))
-                for i in range(cfg.num_hidden_layers)]
-               if leaf.per_layer else [leaf.hf_name])
-      for name in names:
-        got = files.shape(name)
-        if got != want:
-          raise CheckpointError(
-              f"Tensor {name!r} in {files.file_of(name)} has shape {got}; "
-              f"the model expects {want} (config.model sizes).")
-      specs.append((leaf, target.shape, names))
+    specs = _tensor_specs(files, cfg, abstract)
 
     for leaf, shape, names in specs:
       def block(index, leaf=leaf, shape=shape, names=names):

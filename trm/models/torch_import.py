@@ -314,13 +314,17 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
   try:
     obj = torch.load(path, map_location="cpu", weights_only=True)
   except pickle.UnpicklingError as e:
+    # torch's message opens with advice to retry with weights_only=False
+    # (full unpickling); only its line naming the refused object is kept.
+    refused = [line for line in str(e).splitlines()
+               if "GLOBAL" in line or "WeightsUnpickler" in line]
     raise CheckpointError(
         f"Refusing to load {path}: torch.load(weights_only=True) rejected it "
         "because it contains pickled Python objects other than tensors and "
         "plain containers, and unpickling those can run arbitrary code. This "
         "importer never uses full pickle. If you trust the file, re-save just "
-        "its state_dict (torch.save(sd, ...)) or convert it to .safetensors. "
-        f"torch said: {str(e).splitlines()[0]}") from e
+        "its state_dict (torch.save(sd, ...)) or convert it to .safetensors."
+        + (f" torch: {refused[0].strip()}" if refused else "")) from e
   except Exception as e:  # corrupt / truncated / not a torch file
     raise CheckpointError(
         f"{path} is not a readable PyTorch checkpoint (torch.load with "

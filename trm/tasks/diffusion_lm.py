@@ -9,13 +9,15 @@ evaluates the held-out diffusion loss.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 
 from trm import lm_steps
+from trm import restore_check
 from trm import tokenizer as tok_lib
 from trm.data import sft
-from trm.models import dream
+from trm.models import dream, hf_import
 from trm.tasks import Task
 
 
@@ -29,7 +31,6 @@ def tokenizer_spec(config) -> str:
 
 
 def build(config, workdir: str, mesh, rules) -> Task:
-  del workdir  # data comes from config.data.path
   if config.loss_chunk_size <= 0:
     raise ValueError(f"config.loss_chunk_size={config.loss_chunk_size} must "
                      "be a positive integer.")
@@ -52,6 +53,11 @@ def build(config, workdir: str, mesh, rules) -> Task:
   tx = lm_steps.make_optimizer(config.optim, config.total_steps)
   initial_state = None
   if config.init_checkpoint:
+    if restore_check.latest_step(os.path.join(workdir, "checkpoints")) is None:
+      # A fresh run: check config.json and the tensor shapes now (no weights
+      # read), before the loop creates checkpoints/ or compiles anything.
+      # (A resumed run restores its own checkpoint instead.)
+      hf_import.check_hf_checkpoint(config.init_checkpoint, cfg)
     initial_state = functools.partial(lm_steps.state_from_hf_checkpoint,
                                       config.init_checkpoint, model, tx,
                                       config.seed)

@@ -1,0 +1,950 @@
+"""Bad inputs fail early with one clear message and touch no data.
+
+A table of bad configs, flags, datasets and checkpoints. Each case is called
+in-process (the command-line cases at the end run a subprocess: they fail
+while flags are parsed, before jax loads) and must raise one exception of
+the expected type whose one-line message contains the listed pieces (the
+field, file or flag at fault, and the fix). For every case the train step is
+never compiled, the inputs it was given (dataset, checkpoint directories,
+files) are byte-for-byte unchanged, and a fresh workdir gets no checkpoints/
+and no data/. Fixtures build tiny datasets and checkpoints without compiling
+a train step.
+"""
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl import app
+from safetensors.numpy import load_file, save_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from trm import aot
+from trm import checkpoint as ckpt_lib
+from trm import config_lib
+from trm import evaluate
+from trm import generate
+from trm import mesh as mesh_lib
+from trm import restore_check
+from trm import state as state_lib
+from trm import tasks
+from trm import tokenizer as tok_lib
+from trm import train
+from trm.data import pipeline, puzzle_format
+from trm.models import dream, get_model, hf_import, torch_import
+from trm.models import trm as trm_model
+from trm.tasks import puzzle
+
+# Orbax's failed restores leave coroutines that warn when garbage-collected.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnraisableExceptionWarning")
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+CheckpointError = torch_import.CheckpointError
+HFCheckpointError = hf_import.CheckpointError
+
+
+def dc_config(**overrides):
+  """configs/diffucoder_7b.py:tiny on this repository's own Python files."""
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
+  config.data.path = os.path.join(ROOT, "trm", "**", "*.py")
+  return config_lib.set_values(config, overrides)
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  """A tiny generated Sudoku dataset (256 train, 32 test puzzles)."""
+  path = str(tmp_path_factory.mktemp("sudoku"))
+  puzzle.prepare_data(tiny_config(**{"data.data_dir": path}), path)
+  return path
+
+
+def _write_checkpoint(config, workdir):
+  """A checkpoint of the freshly initialised state at step 3, as the loop
+  writes it, without compiling a train step."""
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  task = tasks.build(config, workdir, mesh, rules)
+  _, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
+  state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"),
+                                  max_to_keep=3)
+  ckpt_lib.save(manager, 3, state, pipeline.grain_iterator(task.train_source))
+  manager.wait_until_finished()
+  manager.close()
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def trm_workdir(tmp_path_factory, data):
+  return _write_checkpoint(tiny_config(**{"data.data_dir": data}),
+                           str(tmp_path_factory.mktemp("trm_run")))
+
+
+@pytest.fixture(scope="module")
+def dc_workdir(tmp_path_factory):
+  return _write_checkpoint(dc_config(), str(tmp_path_factory.mktemp("dc_run")))
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  """Tiny random DiffuCoder weights in the Hugging Face layout."""
+  directory = str(tmp_path_factory.mktemp("hf"))
+  cfg = dream.DreamConfig.from_config(dc_config().model)
+  params = nn.meta.unbox(dream.Dream(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  hf_import.export_hf_checkpoint(params, cfg, directory)
+  return directory
+
+
+@pytest.fixture(scope="module")
+def upstream_checkpoint(tmp_path_factory, data):
+  """An upstream-layout TRM state_dict (torch) of the tiny model."""
+  path = str(tmp_path_factory.mktemp("upstream") / "step_12")
+  model = get_model(tiny_config().model,
+                    puzzle_format.read_metadata(data, "train"))
+  abstract = nn.meta.unbox(jax.eval_shape(
+      lambda: trm_model.init_variables(model, jax.random.PRNGKey(0))))
+  zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract)
+  torch_import.export_torch_checkpoint(
+      zeros["params"], zeros["buffers"], zeros.get("puzzle_emb", {}),
+      model.cfg, path)
+  return path
+
+
+class Env:
+  """What a case may use: module fixtures (built on first use), a fresh
+  workdir and a scratch directory."""
+
+  def __init__(self, request, tmp_path):
+    self._request = request
+    self.tmp = tmp_path
+    self.workdir = str(tmp_path / "workdir")
+
+  def __getattr__(self, name):
+    if name.startswith("_"):
+      raise AttributeError(name)
+    return self._request.getfixturevalue(name)
+
+  def path(self, name: str) -> str:
+    return str(self.tmp / name)
+
+  def write(self, name: str, text: str) -> str:
+    path = self.tmp / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+  def copy(self, source: str, name: str) -> str:
+    """A private copy of a module fixture's directory, to edit or hand to
+    code that might write."""
+    target = self.path(name)
+    shutil.copytree(source, target)
+    return target
+
+
+@dataclasses.dataclass
+class Call:
+  fn: Callable[[], object]
+  # Existing inputs that must be byte-for-byte unchanged afterwards.
+  watch: tuple = ()
+  # Workdirs that must have no checkpoints/ and no data/ afterwards.
+  fresh: tuple = ()
+  # Paths that must not exist afterwards (e.g. a dataset to be built).
+  absent: tuple = ()
+
+
+CASES = []
+
+
+def case(name, error, *needles, xfail=None, forbid=()):
+  """Registers `make(env) -> Call`: it must raise `error` whose message
+  contains every one of `needles` and none of `forbid`."""
+  def register(make):
+    marks = [pytest.mark.xfail(strict=True, reason=xfail)] if xfail else []
+    CASES.append(pytest.param(make, error, needles, forbid, id=name,
+                              marks=marks))
+    return make
+  return register
+
+
+def train_call(env, config, workdir=None, watch=()):
+  """train_and_evaluate on `env.workdir` (fresh) or an existing workdir."""
+  if workdir is None:
+    return Call(lambda: train.train_and_evaluate(config, env.workdir),
+                watch=tuple(watch), fresh=(env.workdir,))
+  return Call(lambda: train.train_and_evaluate(config, workdir),
+              watch=(os.path.join(workdir, "checkpoints"),) + tuple(watch))
+
+
+def trm_train(env, watch_data=True, **overrides):
+  """A tiny TRM run on the shared dataset, with `overrides`."""
+  config = tiny_config(**{"data.data_dir": env.data, **overrides})
+  return train_call(env, config, watch=(env.data,) if watch_data else ())
+
+
+def trm_build(env, **overrides):
+  """A tiny TRM run that must build its dataset in a new directory first;
+  the directory must still not exist afterwards."""
+  call = trm_train(env, watch_data=False, **{"data.data_dir": env.path(
+      "built"), **overrides})
+  call.absent = (env.path("built"),)
+  return call
+
+
+def edited_dataset(env, edit):
+  data = env.copy(env.data, "data")
+  edit(data)
+  return train_call(env, tiny_config(**{"data.data_dir": data}),
+                    watch=(data,))
+
+
+def set_metadata(split, **fields):
+  def edit(data):
+    path = os.path.join(data, split, "dataset.json")
+    with open(path) as f:
+      metadata = json.load(f)
+    metadata.update(fields)
+    with open(path, "w") as f:
+      json.dump(metadata, f)
+  return edit
+
+
+# ------------------------------------------------------------------ config
+
+
+@case("unknown config key", ValueError, "config.total_stepz", "no field",
+      "total_steps")
+def _(env):
+  return Call(lambda: tiny_config(**{"total_stepz": 3}))
+
+
+@case("unknown nested config key", ValueError, "config.model.hidden_sise",
+      "config.model has no field", "hidden_size")
+def _(env):
+  return Call(lambda: tiny_config(**{"model.hidden_sise": 3}))
+
+
+@case("key the model does not know (unlocked config)", ValueError,
+      "hidden_sise", "config.model", "does not know")
+def _(env):
+  config = tiny_config(**{"data.data_dir": env.data})
+  with config.unlocked():
+    config.model.hidden_sise = 8
+  return train_call(env, config, watch=(env.data,))
+
+
+@case("wrong type: string for int", ValueError, "config.total_steps='abc'",
+      "wrong type", "int")
+def _(env):
+  return Call(lambda: tiny_config(**{"total_steps": "abc"}))
+
+
+@case("wrong type: float for int", ValueError, "config.model.hidden_size=1.5",
+      "wrong type", "int")
+def _(env):
+  return Call(lambda: tiny_config(**{"model.hidden_size": 1.5}))
+
+
+@case("unknown variant", ValueError, "Unknown config variant", "'gpu'",
+      "'cpu'")
+def _(env):
+  return Call(lambda: config_lib.load_config(
+      os.path.join(ROOT, "configs", "trm_sudoku.py"), "gpu"))
+
+
+@case("mesh product does not match devices", mesh_lib.MeshConfigError,
+      "config.mesh", "12 devices but 8 are available", "-1")
+def _(env):
+  return trm_train(env, **{"mesh.data": 3})
+
+
+@case("two -1 mesh axes", mesh_lib.MeshConfigError,
+      "config.mesh.data, config.mesh.fsdp", "at most one mesh axis may be -1")
+def _(env):
+  return trm_train(env, **{"mesh.data": -1, "mesh.fsdp": -1})
+
+
+@case("zero mesh axis", mesh_lib.MeshConfigError, "config.mesh.model=0",
+      "must be positive")
+def _(env):
+  return trm_train(env, **{"mesh.model": 0})
+
+
+@case("rule names an unknown mesh axis", mesh_lib.MeshConfigError,
+      "config.logical_axis_rules[0]", "'dp'", "('data', 'fsdp', 'model')")
+def _(env):
+  return trm_train(env, logical_axis_rules=(("activation_batch", "dp"),))
+
+
+@case("batch not divisible", mesh_lib.MeshConfigError,
+      "config.global_batch_size=10", "multiple of the data-parallel size 4")
+def _(env):
+  return trm_train(env, global_batch_size=10)
+
+
+@case("eval batch not divisible", mesh_lib.MeshConfigError,
+      "config.data.eval_batch_size=10", "multiple of the data-parallel size 4")
+def _(env):
+  return trm_train(env, **{"data.eval_batch_size": 10})
+
+
+for _key, _value in [("total_steps", 0), ("total_steps", -5),
+                     ("eval_every", 0), ("checkpoint_every", -1),
+                     ("log_every", 0), ("keep_checkpoints", 0),
+                     ("data.prefetch", 0), ("data.epochs_per_iter", -1)]:
+  case(f"{_key}={_value}", ValueError, f"config.{_key}={_value}",
+       "positive integer")(
+           lambda env, k=_key, v=_value: trm_train(env, **{k: v}))
+
+
+@case("unknown model name", ValueError, "config.model.name='gpt'", "'trm'",
+      "'dream'")
+def _(env):
+  return trm_train(env, **{"model.name": "gpt"})
+
+
+@case("unknown dataset builder", ValueError, "config.data.name='chess'",
+      "'sudoku'")
+def _(env):
+  return trm_train(env, **{"data.name": "chess"})
+
+
+@case("unknown positional encoding", ValueError,
+      "config.model.pos_encodings='alibi'", "'rope'")
+def _(env):
+  return trm_train(env, **{"model.pos_encodings": "alibi"})
+
+
+# -------------------------------------------------------------- puzzle data
+
+
+@case("missing CSV directory", FileNotFoundError, "nowhere/train.csv",
+      "config.data.build.csv_dir")
+def _(env):
+  return trm_build(env, **{"data.build.source": "csv",
+                          "data.build.csv_dir": env.path("nowhere")})
+
+
+@case("CSV directory without test.csv", FileNotFoundError, "csv/test.csv",
+      "must hold train.csv and test.csv")
+def _(env):
+  csv_dir = os.path.dirname(env.write("csv/train.csv", "source,q,a,rating\n"))
+  return trm_build(env, **{"data.build.source": "csv",
+                          "data.build.csv_dir": csv_dir})
+
+
+@case("malformed CSV row", ValueError, "csv/train.csv:2",
+      "expected 4 columns 'source,q,a,rating'")
+def _(env):
+  env.write("csv/train.csv", "source,q,a,rating\nx,123,456\n")
+  csv_dir = os.path.dirname(env.write("csv/test.csv", "source,q,a,rating\n"))
+  return trm_build(env, **{"data.build.source": "csv",
+                          "data.build.csv_dir": csv_dir})
+
+
+@case("generator setting out of range", ValueError, "num_blanks",
+      "[0, 64]", "99")
+def _(env):
+  return trm_build(env, **{"data.build.num_blanks": 99})
+
+
+@case("missing dataset directory", FileNotFoundError, "nope/train",
+      "does not exist", "python -m trm.data.sudoku --output_dir=")
+def _(env):
+  return Call(lambda: puzzle_format.read_split(env.path("nope"), "train"))
+
+
+@case("remote data_dir", ValueError, "'gs://bucket/sudoku'", "is remote",
+      "--config.data.data_dir")
+def _(env):
+  return trm_train(env, watch_data=False,
+                   **{"data.data_dir": "gs://bucket/sudoku"})
+
+
+@case("dataset.json seq_len differs from the arrays", ValueError,
+      "train/all__inputs.npy", "sequence length 81 != metadata seq_len 90")
+def _(env):
+  return edited_dataset(env, set_metadata("train", seq_len=90))
+
+
+@case("dataset.json vocab_size below the tokens", ValueError,
+      "train/all__inputs.npy", "token id 10 >= metadata vocab_size 5")
+def _(env):
+  return edited_dataset(env, set_metadata("train", vocab_size=5))
+
+
+@case("train and test metadata disagree", ValueError,
+      "train and test splits disagree on seq_len or vocab_size",
+      "rebuild the dataset")
+def _(env):
+  return edited_dataset(env, set_metadata("test", vocab_size=12))
+
+
+def _token_out_of_range(data):
+  path = os.path.join(data, "train", "all__inputs.npy")
+  inputs = np.load(path)
+  inputs[3, 7] = 200
+  np.save(path, inputs)
+
+
+@case("token id out of range", ValueError, "train/all__inputs.npy",
+      "token id 200 >= metadata vocab_size 11")
+def _(env):
+  return edited_dataset(env, _token_out_of_range)
+
+
+@case("corrupted dataset.json", ValueError, "test/dataset.json",
+      "invalid JSON")
+def _(env):
+  def edit(data):
+    with open(os.path.join(data, "test", "dataset.json"), "w") as f:
+      f.write('{"pad_id": 0,')
+  return edited_dataset(env, edit)
+
+
+@case("dataset.json missing a field", ValueError, "train/dataset.json",
+      "missing metadata field(s) ['seq_len']")
+def _(env):
+  def edit(data):
+    path = os.path.join(data, "train", "dataset.json")
+    with open(path) as f:
+      metadata = json.load(f)
+    del metadata["seq_len"]
+    with open(path, "w") as f:
+      json.dump(metadata, f)
+  return edited_dataset(env, edit)
+
+
+@case("missing array file", FileNotFoundError, "train/all__labels.npy",
+      "does not exist", "Build the data first")
+def _(env):
+  return edited_dataset(env, lambda data: os.remove(
+      os.path.join(data, "train", "all__labels.npy")))
+
+
+@case("corrupted array file", ValueError, "train/all__labels.npy",
+      "not a readable .npy array", "rebuild the dataset",
+      forbid=("allow_pickle",))
+def _(env):
+  def edit(data):
+    with open(os.path.join(data, "train", "all__labels.npy"), "wb") as f:
+      f.write(b"not an array")
+  return edited_dataset(env, edit)
+
+
+# -------------------------------------------------------------- checkpoints
+
+@case("restart with other model sizes", restore_check.CheckpointMismatchError,
+      "params/", "has shape", "config.model")
+def _(env):
+  workdir = env.copy(env.trm_workdir, "run")
+  return train_call(env, tiny_config(**{
+      "data.data_dir": env.data, "model.hidden_size": 64,
+      "model.puzzle_emb_ndim": 64}), workdir)
+
+
+@case("restart with another global batch",
+      restore_check.CheckpointMismatchError, "global_batch_size=16")
+def _(env):
+  workdir = env.copy(env.trm_workdir, "run")
+  return train_call(env, tiny_config(**{
+      "data.data_dir": env.data, "global_batch_size": 32}), workdir)
+
+
+@case("DiffuCoder workdir resumed with a TRM config",
+      restore_check.CheckpointMismatchError, "DiffuCoder/Dream",
+      "another model")
+def _(env):
+  workdir = env.copy(env.dc_workdir, "run")
+  return train_call(env, tiny_config(**{"data.data_dir": env.data}), workdir)
+
+
+@case("DiffuCoder workdir evaluated as TRM",
+      restore_check.CheckpointMismatchError, "checkpoints/3",
+      "holds a DiffuCoder/Dream train state", "another model")
+def _(env):
+  workdir = env.dc_workdir
+  return Call(lambda: evaluate.evaluate_checkpoint(
+      tiny_config(**{"data.data_dir": env.data}), workdir, env.path("eval")),
+              watch=(os.path.join(workdir, "checkpoints"), env.data))
+
+
+@case("TRM workdir evaluated with other sizes",
+      restore_check.CheckpointMismatchError, "checkpoints/3", "params/",
+      "has shape", "(256, 32)", "hidden_size")
+def _(env):
+  workdir = env.trm_workdir
+  return Call(lambda: evaluate.evaluate_checkpoint(
+      tiny_config(**{"data.data_dir": env.data, "model.hidden_size": 64,
+                     "model.puzzle_emb_ndim": 64}), workdir,
+      env.path("eval")), watch=(os.path.join(workdir, "checkpoints"),))
+
+
+def _dream_params_shardings(config):
+  cfg = dream.DreamConfig.from_config(config.model)
+  mesh, rules = mesh_lib.make_mesh(config.mesh), mesh_lib.logical_rules(config)
+  with nn.logical_axis_rules(rules):
+    return cfg, mesh_lib.tree_shardings(mesh, rules, dream.abstract_params(cfg))
+
+
+@case("TRM workdir sampled by trm.generate",
+      restore_check.CheckpointMismatchError, "holds a TRM (puzzle) train state",
+      "DiffuCoder/Dream", "another model")
+def _(env):
+  cfg, shardings = _dream_params_shardings(dc_config())
+  workdir = env.trm_workdir
+  return Call(lambda: generate.load_params(workdir, cfg, shardings),
+              watch=(os.path.join(workdir, "checkpoints"),))
+
+
+@case("DiffuCoder workdir sampled with other sizes",
+      restore_check.CheckpointMismatchError, "params/embed_tokens",
+      "has shape (512, 64) but this config needs (512, 32)")
+def _(env):
+  cfg, shardings = _dream_params_shardings(dc_config(**{
+      "model.hidden_size": 32, "model.intermediate_size": 64}))
+  workdir = env.dc_workdir
+  return Call(lambda: generate.load_params(workdir, cfg, shardings),
+              watch=(os.path.join(workdir, "checkpoints"),))
+
+
+@case("evaluate a checkpoint path that does not exist", FileNotFoundError,
+      "--checkpoint=", "neither a trm.main workdir")
+def _(env):
+  return Call(lambda: evaluate.evaluate_checkpoint(
+      tiny_config(**{"data.data_dir": env.data}), env.path("missing"),
+      env.path("eval")), watch=(env.data,))
+
+
+@case("upstream TRM checkpoint with wrong sizes", CheckpointError,
+      "step_12", "config.model.hidden_size=64; the checkpoint has 32")
+def _(env):
+  path = env.upstream_checkpoint
+  return Call(lambda: evaluate.evaluate_checkpoint(
+      tiny_config(**{"data.data_dir": env.data, "model.hidden_size": 64,
+                     "model.puzzle_emb_ndim": 64}), path, env.path("eval")),
+              watch=(path, env.data))
+
+
+class _Payload:
+  """Unpickling this would create a directory: stands in for any code."""
+
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    return (os.mkdir, (self.marker,))
+
+
+@case("torch checkpoint with pickled code", CheckpointError,
+      "Refusing to load", "evil.pt", "arbitrary code", "GLOBAL posix.mkdir",
+      forbid=("weights_only` set to `False`",))
+def _(env):
+  import torch  # pylint: disable=g-import-not-at-top
+  marker = env.path("payload_ran")
+  path = env.path("evil.pt")
+  torch.save({"_orig_mod.model.inner.payload": _Payload(marker)}, path)
+  cfg = get_model(tiny_config().model,
+                  puzzle_format.read_metadata(env.data, "train")).cfg
+
+  def load():
+    try:
+      torch_import.load_torch_checkpoint(path, cfg)
+    finally:
+      assert not os.path.exists(marker), "the pickled payload ran"
+  return Call(load, watch=(path,))
+
+
+def _hf_copy(env, edit):
+  directory = env.copy(env.hf_dir, "hf")
+  path = os.path.join(directory, "model.safetensors")
+  tensors = load_file(path)
+  edit(tensors)
+  save_file(tensors, path)
+  return directory
+
+
+def _hf_load(directory, **overrides):
+  cfg = dream.DreamConfig.from_config(dc_config(**overrides).model)
+  return Call(lambda: hf_import.load_hf_checkpoint(directory, cfg),
+              watch=(directory,))
+
+
+@case("safetensors with a missing tensor", HFCheckpointError,
+      "'model.layers.1.mlp.up_proj.weight'", "missing from the checkpoint",
+      "model.safetensors")
+def _(env):
+  return _hf_load(_hf_copy(env, lambda t: t.pop(
+      "model.layers.1.mlp.up_proj.weight")))
+
+
+@case("safetensors with a mis-shaped tensor", HFCheckpointError,
+      "'model.layers.0.self_attn.k_proj.weight'", "has shape (8, 64)",
+      "expects (32, 64) (config.model sizes)")
+def _(env):
+  def edit(tensors):
+    tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros(
+        (8, 64), np.float32)
+  return _hf_load(_hf_copy(env, edit))
+
+
+@case("HF config.json does not match config.model", HFCheckpointError,
+      "config.json", "hidden_size=64", "config.model.hidden_size=32")
+def _(env):
+  return _hf_load(env.hf_dir, **{"model.hidden_size": 32,
+                                 "model.intermediate_size": 64})
+
+
+@case("corrupted safetensors file", HFCheckpointError, "model.safetensors",
+      "not a readable .safetensors file", "download it again")
+def _(env):
+  directory = env.copy(env.hf_dir, "hf")
+  with open(os.path.join(directory, "model.safetensors"), "wb") as f:
+    f.write(b"\xff" * 64)
+  return _hf_load(directory)
+
+
+@case("corrupted HF config.json", HFCheckpointError, "config.json",
+      "not valid JSON")
+def _(env):
+  directory = env.copy(env.hf_dir, "hf")
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    f.write("{")
+  return _hf_load(directory)
+
+
+@case("init_checkpoint that does not fit, before anything is written",
+      HFCheckpointError, "config.json", "hidden_size=64",
+      "config.model.hidden_size=32")
+def _(env):
+  return train_call(env, dc_config(**{
+      "init_checkpoint": env.hf_dir, "data.tokenizer": "bytes",
+      "model.hidden_size": 32, "model.intermediate_size": 64}),
+                    watch=(env.hf_dir,))
+
+
+# ------------------------------------------------------ tokenizer, sampling
+
+
+def _tokenizer_without_mask(env):
+  vocab = {f"w{i}": i for i in range(500)}
+  tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+  tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+  tokenizer.add_special_tokens([tok_lib.END_OF_TEXT, tok_lib.IM_END])
+  os.makedirs(env.path("tok"))
+  tokenizer.save(env.path("tok/tokenizer.json"))
+  return env.path("tok")
+
+
+@case("tokenizer.json without the mask token", ValueError,
+      "tok/tokenizer.json", "has no <|mask|> token",
+      "use the checkpoint's own tokenizer.json")
+def _(env):
+  directory = _tokenizer_without_mask(env)
+  return train_call(env, dc_config(**{"data.tokenizer": directory}),
+                    watch=(directory,))
+
+
+@case("corrupted tokenizer.json", ValueError, "tok/tokenizer.json",
+      "not a readable tokenizer.json")
+def _(env):
+  directory = os.path.dirname(env.write("tok/tokenizer.json", "{bad"))
+  return train_call(env, dc_config(**{"data.tokenizer": directory}),
+                    watch=(directory,))
+
+
+@case("no tokenizer configured", ValueError, "config.data.tokenizer",
+      "config.init_checkpoint")
+def _(env):
+  return train_call(env, dc_config(**{"data.tokenizer": ""}))
+
+
+@case("prompt longer than the context", ValueError,
+      "A prompt has 200 tokens but only 64 fit", "config.seq_len",
+      "--max_new_tokens")
+def _(env):
+  tokenizer = tok_lib.ByteTokenizer(mask_id=500)
+  ids = [tokenizer.encode("x" * 200)]
+  return Call(lambda: generate.left_pad(ids, tokenizer.eos_id, 128 - 64))
+
+
+@case("generate without --prompt or --batch_file", app.UsageError,
+      "exactly one of --prompt and --batch_file")
+def _(env):
+  return Call(lambda: generate.read_prompts(None, None))
+
+
+@case("generate with a missing --batch_file", app.UsageError,
+      "--batch_file=", "no such file")
+def _(env):
+  return Call(lambda: generate.read_prompts(None, env.path("prompts.txt")))
+
+
+@case("generate with an empty --batch_file", app.UsageError,
+      "prompts.txt holds no prompts")
+def _(env):
+  path = env.write("prompts.txt", "\n\n")
+  return Call(lambda: generate.read_prompts(None, path), watch=(path,))
+
+
+# --------------------------------------------------------- fine-tuning data
+
+
+def dc_train(env, watch=(), **overrides):
+  return train_call(env, dc_config(**overrides), watch=watch)
+
+
+@case("JSONL line missing a key", ValueError, "sft.jsonl:2",
+      "missing key(s) ['response']", "data.response_key")
+def _(env):
+  path = env.write("sft.jsonl", '{"prompt": "a", "response": "b"}\n'
+                   '{"prompt": "c"}\n')
+  return dc_train(env, (path,), **{"data.format": "jsonl", "data.path": path})
+
+
+@case("JSONL line that is not JSON", ValueError, "sft.jsonl:2",
+      "not valid JSON")
+def _(env):
+  path = env.write("sft.jsonl", '{"prompt": "a", "response": "b"}\n'
+                   "{prompt: c}\n")
+  return dc_train(env, (path,), **{"data.format": "jsonl", "data.path": path})
+
+
+@case("JSONL line that is not an object", ValueError, "sft.jsonl:1",
+      "expected a JSON object", "got a list")
+def _(env):
+  path = env.write("sft.jsonl", "[1, 2]\n")
+  return dc_train(env, (path,), **{"data.format": "jsonl", "data.path": path})
+
+
+@case("empty JSONL file", ValueError, "sft.jsonl holds no examples",
+      "one JSON object")
+def _(env):
+  path = env.write("sft.jsonl", "\n")
+  return dc_train(env, (path,), **{"data.format": "jsonl", "data.path": path})
+
+
+@case("missing JSONL file", FileNotFoundError, "absent.jsonl does not exist",
+      "config.data.path")
+def _(env):
+  return dc_train(env, **{"data.format": "jsonl",
+                          "data.path": env.path("absent.jsonl")})
+
+
+@case("code glob matching nothing", FileNotFoundError, "No files match",
+      "src/**/*.py", "data.path")
+def _(env):
+  return dc_train(env, **{"data.path": env.path("src/**/*.py")})
+
+
+@case("eval_rows too many", ValueError, "config.data.eval_rows=100000",
+      "config.data.eval_path")
+def _(env):
+  return dc_train(env, **{"data.eval_rows": 100000})
+
+
+@case("held-out rows fewer than one eval batch", ValueError,
+      "8 held-out rows", "data.eval_batch_size=16", "data.eval_rows")
+def _(env):
+  return dc_train(env, **{"data.eval_rows": 8})
+
+
+@case("unknown data.format", ValueError, "config.data.format='parquet'",
+      "'jsonl'", "'code'")
+def _(env):
+  return dc_train(env, **{"data.format": "parquet"})
+
+
+@case("empty data.path", ValueError, "config.data.path is empty")
+def _(env):
+  return dc_train(env, **{"data.path": ""})
+
+
+# --------------------------------------------------------------------- AOT
+
+
+@case("bad trm.aot topology name", ValueError, "--topology='v4-7'",
+      "known v4 sizes", "v4-8")
+def _(env):
+  return Call(lambda: aot.parse_topology("v4-7"))
+
+
+@case("--num_slices does not match config.mesh.dcn_*",
+      mesh_lib.MeshConfigError, "--num_slices=2",
+      "--config.mesh.dcn_data=2")
+def _(env):
+  config = config_lib.load_config(os.path.join(ROOT, "configs",
+                                               "trm_sudoku.py"))
+  return Call(lambda: aot.compile_report(config, aot.parse_topology("v4-8"),
+                                         2))
+
+
+# -------------------------------------------------------------------- tests
+
+
+def _snapshot(path: str) -> dict:
+  """{relative path: sha1} of every file (and directory) under `path`."""
+  if not os.path.exists(path):
+    return {}
+  if os.path.isfile(path):
+    with open(path, "rb") as f:
+      return {"": hashlib.sha1(f.read()).hexdigest()}
+  out = {}
+  for root, dirs, files in os.walk(path):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(root, name), path) + "/"] = "dir"
+    for name in files:
+      full = os.path.join(root, name)
+      with open(full, "rb") as f:
+        out[os.path.relpath(full, path)] = hashlib.sha1(f.read()).hexdigest()
+  return out
+
+
+@pytest.fixture(name="no_compile")
+def _no_compile(monkeypatch):
+  def compile_step(*args, **kwargs):
+    raise AssertionError("the train step was compiled before the error")
+  monkeypatch.setattr(state_lib, "compile_step", compile_step)
+
+
+def _check_untouched(call: Call, before: dict) -> None:
+  for path in call.watch:
+    assert _snapshot(path) == before[path], f"{path} was changed"
+  for workdir in call.fresh:
+    for name in ("checkpoints", "data"):
+      assert not os.path.exists(os.path.join(workdir, name)), (
+          f"{name}/ was written into the workdir")
+  for path in call.absent:
+    assert not os.path.exists(path), f"{path} was created"
+
+
+@pytest.mark.parametrize("make, error, needles, forbid", CASES)
+def test_bad_input(make, error, needles, forbid, request, tmp_path,
+                   no_compile):  # pylint: disable=unused-argument
+  call = make(Env(request, tmp_path))
+  before = {path: _snapshot(path) for path in call.watch}
+  with pytest.raises(Exception) as info:
+    call.fn()
+  _check_untouched(call, before)
+  assert isinstance(info.value, error), (
+      f"{type(info.value).__name__}: {info.value}")
+  message = str(info.value)
+  assert "\n" not in message.strip(), f"not one line: {message!r}"
+  for needle in needles:
+    assert needle in message, f"{needle!r} not in: {message}"
+  for needle in forbid:
+    assert needle not in message, f"{needle!r} in: {message}"
+
+
+def test_there_are_enough_cases():
+  assert len(CASES) >= 30
+
+
+def test_matching_checkpoints_pass_the_restore_check(trm_workdir, dc_workdir,
+                                                     data):
+  """No false alarms: each workdir fits the config that wrote it, whole (as
+  trm.main restores it) and by fields (as trm.evaluate / trm.generate)."""
+  for config, workdir in [(tiny_config(**{"data.data_dir": data}),
+                           trm_workdir), (dc_config(), dc_workdir)]:
+    mesh = mesh_lib.make_mesh(config.mesh)
+    rules = mesh_lib.logical_rules(config)
+    task = tasks.build(config, workdir, mesh, rules)
+    abstract, _ = state_lib.abstract_state(task.init_fn, mesh, rules)
+    directory = os.path.join(workdir, "checkpoints")
+    restore_check.check(directory, abstract)
+    restore_check.check(os.path.relpath(directory), abstract)
+    restore_check.check(directory, {"params": abstract.params})
+  cfg, shardings = _dream_params_shardings(dc_config())
+  params, source = generate.load_params(dc_workdir, cfg, shardings)
+  assert source.endswith("step 3") and "embed_tokens" in params
+
+
+@pytest.mark.parametrize("overrides", [
+    {"model.hidden_size": 64, "model.puzzle_emb_ndim": 64},
+    {"global_batch_size": 32}], ids=["model sizes", "global batch"])
+def test_mismatched_restart_leaves_checkpoints_untouched(
+    overrides, trm_workdir, data, tmp_path, no_compile):  # pylint: disable=unused-argument
+  """Whatever the message, a restart whose config does not fit the
+  checkpoints fails before compiling and neither moves nor deletes them."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(trm_workdir, workdir)
+  before = _snapshot(os.path.join(workdir, "checkpoints"))
+  config = tiny_config(**{"data.data_dir": data, **overrides})
+  with pytest.raises(Exception):
+    train.train_and_evaluate(config, workdir)
+  assert _snapshot(os.path.join(workdir, "checkpoints")) == before
+
+
+def test_bad_restart_keeps_the_runs_config_json(trm_workdir, tmp_path,
+                                                no_compile):  # pylint: disable=unused-argument
+  workdir = str(tmp_path / "run")
+  shutil.copytree(trm_workdir, workdir)
+  saved = tiny_config().to_json_best_effort(indent=2)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(saved)
+  with pytest.raises(mesh_lib.MeshConfigError):
+    train.train_and_evaluate(tiny_config(**{"mesh.data": 3}), workdir)
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert f.read() == saved
+
+
+@pytest.mark.parametrize("module, flags, needles", [
+    pytest.param("trm.main", ["--config=configs/trm_sudoku.py:cpu",
+                              "--config.total_stepz=3"],
+                 ["--config.total_stepz", "no field", "total_steps"],
+                 id="trm.main unknown key"),
+    pytest.param("trm.main", ["--config=configs/trm_sudoku.py:gpu"],
+                 ["Unknown config variant(s) ['gpu']"],
+                 id="trm.main unknown variant"),
+    pytest.param("trm.main", ["--config=configs/trm_sudoku.py:cpu",
+                              "--config.total_steps=abc"],
+                 ["--config.total_steps=abc", "invalid literal for int()"],
+                 id="trm.main wrong type"),
+    pytest.param("trm.evaluate", ["--config=configs/trm_sudoku.py:cpu",
+                                  "--checkpoint=CKPT",
+                                  "--config.model.hidden_sise=3"],
+                 ["--config.model.hidden_sise", "no field", "hidden_size"],
+                 id="trm.evaluate unknown key"),
+    pytest.param("trm.generate", ["--config=configs/diffucoder_7b.py:gpu",
+                                  "--checkpoint=CKPT", "--prompt=x"],
+                 ["Unknown config variant(s) ['gpu']", "'tiny'"],
+                 id="trm.generate unknown variant"),
+    pytest.param("trm.aot", ["--config=configs/trm_sudoku.py",
+                             "--topology=v4-7"],
+                 ["--topology=v4-7", "known v4 sizes"],
+                 id="trm.aot bad topology"),
+])
+def test_cli_flag_errors_are_one_line(module, flags, needles, tmp_path):
+  """Flag errors stop the command while flags are parsed: one message, no
+  traceback, nothing written."""
+  workdir = tmp_path / "workdir"
+  argv = [f.replace("CKPT", str(tmp_path / "ckpt")) for f in flags]
+  if module == "trm.main":
+    argv.append(f"--workdir={workdir}")
+  result = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines()
+            if line.startswith("FATAL Flags parsing error")]
+  assert len(errors) == 1, result.stderr[-3000:]
+  for needle in needles:
+    assert needle in errors[0], errors[0]
+  assert not workdir.exists()

@@ -1,0 +1,163 @@
+"""Does a saved train state fit the current config? Checked before Orbax
+restores it, so that a checkpoint of another model, or of other sizes, fails
+with one message naming the checkpoint, the tensor and the config instead of
+Orbax's "Requested shape ... is not compatible" or tree-structure errors.
+
+Only the checkpoint's metadata (paths and shapes) is read; nothing is
+written or deleted.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+from etils import epath
+
+# Path names shown in a message at most.
+_SHOW = 4
+
+
+class CheckpointMismatchError(ValueError):
+  """A saved train state whose tree or shapes do not match the config."""
+
+
+def _name(key) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _shapes(tree) -> dict[str, tuple[int, ...]]:
+  """'params/L_level/.../kernel' -> shape, for every array leaf."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {"/".join(_name(k) for k in path): tuple(leaf.shape)
+          for path, leaf in leaves if hasattr(leaf, "shape")}
+
+
+def latest_step(directory: str) -> int | None:
+  """The newest finished step directory (Orbax names it by the step alone;
+  unfinished saves carry a temporary suffix)."""
+  path = epath.Path(directory)
+  if not path.exists():
+    return None
+  steps = [int(p.name) for p in path.iterdir() if p.name.isdigit()
+           and ("://" not in directory
+                or (p / "commit_success.txt").exists())]
+  return max(steps) if steps else None
+
+
+def saved_shapes(step_dir: str) -> dict[str, tuple[int, ...]] | None:
+  """Shapes of the `state` item of a step, from its metadata; None if the
+  metadata cannot be read (the restore then reports what is wrong)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  if "://" not in step_dir:  # Orbax reads local paths only when absolute
+    step_dir = os.path.abspath(step_dir)
+  try:
+    metadata = ocp.PyTreeCheckpointer().metadata(
+        os.path.join(step_dir, "state"))
+    tree = getattr(metadata, "item_metadata", metadata)
+    return _shapes(getattr(tree, "tree", tree)) or None
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _family(fields) -> str:
+  fields = set(fields)
+  if {"carry", "puzzle_emb", "ema_params"} & fields:
+    return "TRM (puzzle)"
+  if {"params", "opt_state"} <= fields:
+    return "DiffuCoder/Dream"
+  return "unknown"
+
+
+def _short(paths) -> str:
+  paths = sorted(paths)
+  more = f" and {len(paths) - _SHOW} more" if len(paths) > _SHOW else ""
+  return ", ".join(paths[:_SHOW]) + more
+
+
+def check(directory: str, abstract, step: int | None = None,
+          fields=None, family: str | None = None) -> None:
+  """Raises CheckpointMismatchError unless step `step` (default: the newest)
+  of the Orbax checkpoints in `directory` holds a state with the tree and
+  shapes of `abstract` (a pytree of arrays or ShapeDtypeStructs, e.g. the
+  abstract TrainState or {'params': ...}). With `fields` (or when `abstract`
+  is a dict), only those top-level fields are compared, as a partial restore
+  reads them; `family` ('TRM (puzzle)' or 'DiffuCoder/Dream') names the
+  model the config describes when the fields alone do not tell. Does nothing
+  if there is no checkpoint or its metadata cannot be read."""
+  step = latest_step(directory) if step is None else step
+  if step is None:
+    return
+  step_dir = os.path.join(str(directory), str(step))
+  saved = saved_shapes(step_dir)
+  if saved is None:
+    return
+  expected = _shapes(abstract)
+  if fields is None and isinstance(abstract, dict):
+    fields = list(abstract)
+  saved_fields = {p.split("/")[0] for p in saved}
+  expected_fields = {p.split("/")[0] for p in expected}
+  if fields is not None:
+    saved = {p: s for p, s in saved.items() if p.split("/")[0] in fields}
+    expected = {p: s for p, s in expected.items()
+                if p.split("/")[0] in fields}
+  where = f"Checkpoint {step_dir}"
+  fix = ("Use the config that wrote it (the run's config.json), or another "
+         "--workdir / --checkpoint.")
+  ours = family or _family(expected_fields)
+  theirs = _family(saved_fields)
+  lacking = sorted(set(fields or ()) - saved_fields)
+  if (ours != "unknown" and ours != theirs) or lacking:
+    wanted = (f"a {ours} model" if ours != "unknown"
+              else f"the fields {lacking}")
+    raise CheckpointMismatchError(
+        f"{where} holds a "
+        + (f"{theirs} " if theirs != "unknown" else "") + "train state (fields "
+        f"{sorted(saved_fields)}), but config.model.name describes {wanted} "
+        f"(fields {sorted(expected_fields)}): it was written by another "
+        f"model. {fix}")
+  # (The puzzle table is an empty field when config.model.puzzle_emb_ndim
+  # is 0: a config difference, reported with the tensors below.)
+  if fields is None and (saved_fields ^ expected_fields) - {"puzzle_emb"}:
+    raise CheckpointMismatchError(
+        f"{where} was written by another version of trm: its train state "
+        f"lacks {sorted(expected_fields - saved_fields - {'puzzle_emb'})} and "
+        f"has {sorted(saved_fields - expected_fields - {'puzzle_emb'})} "
+        "beyond this version's. "
+        "Resume it with the code that wrote it, or start another --workdir.")
+  missing = sorted(set(expected) - set(saved))
+  unexpected = sorted(set(saved) - set(expected))
+  if missing or unexpected:
+    parts = []
+    if missing:
+      parts.append(f"missing {_short(missing)}")
+    if unexpected:
+      parts.append(f"not in this model: {_short(unexpected)}")
+    raise CheckpointMismatchError(
+        f"{where} does not hold this config's model: {'; '.join(parts)}. "
+        "config.model differs from the run that wrote it (layers, attention "
+        f"or mlp_t, puzzle embedding, ...). {fix}")
+  wrong = [(p, saved[p], expected[p]) for p in sorted(expected)
+           if saved[p] != expected[p]]
+  if not wrong:
+    return
+  # A parameter's shape says most; the carry's alone differ when only the
+  # batch (or the dataset's seq_len) changed.
+  wrong.sort(key=lambda w: (w[0].startswith("carry/"),
+                            not w[0].startswith("params/")))
+  path, have, want = wrong[0]
+  if (path.startswith("carry/") and len(have) == len(want) and have
+      and have[0] != want[0] and have[1:] == want[1:]):
+    why = (f"the ACT carry keeps one row per example of the global batch: "
+           f"the run used global_batch_size={have[0]}, this config "
+           f"{want[0]}; keep config.global_batch_size={have[0]} to resume")
+  else:
+    why = ("the run that wrote it had other sizes: config.model (e.g. "
+           "hidden_size, num_heads, expansion, puzzle_emb_ndim) or the "
+           "dataset's seq_len / vocab_size / puzzle identifiers")
+  others = f" (and {len(wrong) - 1} more tensors)" if len(wrong) > 1 else ""
+  raise CheckpointMismatchError(
+      f"{where}: {path} has shape {have} but this config needs {want}"
+      f"{others}; {why}. {fix}")
