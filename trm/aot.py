@@ -198,6 +198,7 @@ def _sample_builder(config, mesh, rules, sample: SampleSettings):
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
   from trm import diffusion_sampling  # pylint: disable=g-import-not-at-top
   from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.models import dream  # pylint: disable=g-import-not-at-top
 
   cfg = dream.DreamConfig.from_config(config.model)
@@ -205,9 +206,7 @@ def _sample_builder(config, mesh, rules, sample: SampleSettings):
   with nn.logical_axis_rules(rules):
     boxed = dream.abstract_params(cfg)
     shardings = mesh_lib.tree_shardings(mesh, rules, boxed)
-  params = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      nn.meta.unbox(boxed), shardings)
+  params = state_lib.with_shardings(nn.meta.unbox(boxed), shardings)
   # trm.generate hands the sampler host arrays: they enter replicated.
   replicated = NamedSharding(mesh, PartitionSpec())
   shape = (sample.batch, sample.prompt_len)

@@ -198,11 +198,13 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
 
 
 def restore_fields(directory: str, abstract_fields: dict,
-                   step: int | None = None):
+                   step: int | None = None, family: str | None = None):
   """(fields, step): only the named fields of a saved train state (e.g.
   {'params': ...}; the optimizer state and ACT carry are never read), onto
   the shardings of the given abstract arrays. For sampling, evaluation and
-  export, whose batch and optimizer may differ from the run's."""
+  export, whose batch and optimizer may differ from the run's. A checkpoint
+  of another config or model `family` is refused first
+  (`restore_check.check`)."""
   if "://" not in directory:  # Orbax reads local paths only when absolute
     directory = os.path.abspath(directory)
   manager = ocp.CheckpointManager(
@@ -213,6 +215,8 @@ def restore_fields(directory: str, abstract_fields: dict,
   if step is None:
     raise FileNotFoundError(f"{directory} holds no checkpoint; point at a "
                             "trm.main workdir.")
+  from trm import restore_check  # pylint: disable=g-import-not-at-top
+  restore_check.check(directory, abstract_fields, step, family=family)
   restored = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.PyTreeRestore(
           item=abstract_fields,

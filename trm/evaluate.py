@@ -36,10 +36,9 @@ def load_state(checkpoint: str, task, abstract, shardings, mesh, rules):
   saved = os.path.join(checkpoint, "checkpoints")
   names = ("params", "ema_params", "buffers", "puzzle_emb")
   if os.path.isdir(saved):
-    from trm import restore_check  # pylint: disable=g-import-not-at-top
-    wanted = {k: getattr(abstract, k) for k in names}
-    restore_check.check(saved, wanted, family="TRM (puzzle)")
-    fields, step = ckpt_lib.restore_fields(saved, wanted)
+    fields, step = ckpt_lib.restore_fields(
+        saved, {k: getattr(abstract, k) for k in names},
+        family="TRM (puzzle)")
     state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
     return state.replace(**fields), f"{saved} step {step}"
   if not os.path.isfile(checkpoint):
@@ -50,12 +49,11 @@ def load_state(checkpoint: str, task, abstract, shardings, mesh, rules):
   params, buffers, puzzle_emb = torch_import.load_torch_checkpoint(
       checkpoint, task.model.cfg)
   state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
-  put = lambda tree, target: jax.device_put(tree, target)  # pylint: disable=unnecessary-lambda-assignment
   state = state.replace(
-      params=put(params, shardings.params),
-      ema_params=put(params, shardings.ema_params),
-      buffers=put(buffers, shardings.buffers),
-      puzzle_emb=put(puzzle_emb, shardings.puzzle_emb))
+      params=jax.device_put(params, shardings.params),
+      ema_params=jax.device_put(params, shardings.ema_params),
+      buffers=jax.device_put(buffers, shardings.buffers),
+      puzzle_emb=jax.device_put(puzzle_emb, shardings.puzzle_emb))
   return state, f"{checkpoint} (upstream PyTorch)"
 
 

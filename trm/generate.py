@@ -59,21 +59,17 @@ def left_pad(token_lists, pad_id: int, max_len: int):
 
 def load_params(checkpoint: str, cfg, shardings):
   """(params, description) from a HF directory or a trm.main workdir."""
-  import os  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   from flax.linen import meta  # pylint: disable=g-import-not-at-top
   from trm import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from trm import restore_check  # pylint: disable=g-import-not-at-top
+  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.models import dream, hf_import  # pylint: disable=g-import-not-at-top
   saved = os.path.join(checkpoint, "checkpoints")
   if os.path.isdir(saved):
-    abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+    abstract = state_lib.with_shardings(
         meta.unbox(dream.abstract_params(cfg)), shardings)
-    restore_check.check(saved, {"params": abstract}, family="DiffuCoder/Dream")
-    fields, step = ckpt_lib.restore_fields(saved, {"params": abstract})
-    params = fields["params"]
-    return params, f"{saved} step {step}"
+    fields, step = ckpt_lib.restore_fields(saved, {"params": abstract},
+                                           family="DiffuCoder/Dream")
+    return fields["params"], f"{saved} step {step}"
   return hf_import.load_hf_checkpoint(checkpoint, cfg, shardings), checkpoint
 
 

@@ -129,15 +129,20 @@ def make_init_fn(model: trm_model.TRM, tx: optax.GradientTransformation,
   return init
 
 
+def with_shardings(abstract, shardings):
+  """ShapeDtypeStructs of an unboxed abstract tree, carrying `shardings`
+  (what ahead-of-time lowering and Orbax restores take)."""
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      abstract, shardings)
+
+
 def abstract_state(init_fn, mesh, rules):
   """(abstract unboxed state with shardings, shardings tree)."""
   with nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(init_fn)
   shardings = mesh_lib.tree_shardings(mesh, rules, boxed)
-  abstract = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      nn.meta.unbox(boxed), shardings)
-  return abstract, shardings
+  return with_shardings(nn.meta.unbox(boxed), shardings), shardings
 
 
 def init_state(init_fn, mesh, rules, shardings) -> TrainState:
