@@ -38,5 +38,7 @@ setup(
         "gpu": ["jax[cuda12]==0.10.2"],
         # Reading the upstream Sudoku CSVs from the Hugging Face Hub.
         "hub": ["huggingface_hub"],
+        # GPT-2 BPE preparation of text (nanoGPT's data/shakespeare).
+        "gpt2": ["tiktoken"],
     },
 )

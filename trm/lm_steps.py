@@ -117,8 +117,15 @@ def state_from_hf_checkpoint(directory: str, model: dream.Dream, tx,
   only its devices' slices of the safetensors; the optimizer state is born
   sharded next to them."""
   from trm.models import hf_import  # pylint: disable=g-import-not-at-top
+  del rules  # the shardings already hold them
   params = hf_import.load_hf_checkpoint(directory, model.cfg,
                                         shardings.params)
+  return state_around_params(params, tx, seed, mesh, shardings)
+
+
+def state_around_params(params, tx, seed: int, mesh, shardings) -> LMState:
+  """A step-0 state holding `params` (already on `shardings.params`), with
+  the optimizer state created sharded beside them; `params` is donated."""
   _, state_key = jax.random.split(jax.random.PRNGKey(seed))
 
   def build(params):

@@ -153,6 +153,69 @@ def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
   return results
 
 
+def _saved_eval_loss(workpath: epath.Path, step: int) -> float:
+  """The eval loss a run recorded at `step` (inf if it recorded none)."""
+  path = workpath / f"eval_{step}.json"
+  try:
+    return float(json.loads(path.read_text())["eval/loss"])
+  except Exception:  # pylint: disable=broad-except
+    return float("inf")
+
+
+class _Speed:
+  """Time per step between log points, and MFU when the task knows its
+  FLOPs per step (nanoGPT's estimate_mfu: a running average that starts
+  after the first intervals, against the peak of the devices in use)."""
+
+  def __init__(self, flops_per_step, config):
+    self._flops = flops_per_step
+    self._peak = None
+    if flops_per_step:
+      from trm import mfu  # pylint: disable=g-import-not-at-top
+      dtype = config.model.get("dtype", "float32")
+      self._peak, description = mfu.peak_flops(jax.devices()[0], dtype)
+      logging.info("MFU is measured against %.1f TFLOP/s per device (%s).",
+                   self._peak / 1e12, description)
+    # CPU devices (even forced ones) share one machine's cores, which the
+    # measured peak already covers.
+    self._devices = (1 if jax.devices()[0].platform == "cpu"
+                     else jax.device_count())
+    self._running_mfu = None
+    self._intervals = 0
+    self.restart(None)
+
+  def restart(self, step) -> None:
+    self._start_time, self._start_step = time.time(), step
+
+  def interval(self, step: int) -> dict:
+    """{'timing/ms_per_step', 'timing/mfu_percent'} for the steps since the
+    last call (empty for the first interval, which includes warm-up)."""
+    now, start, start_step = time.time(), self._start_time, self._start_step
+    self.restart(step)
+    self._intervals += 1
+    if start_step is None or step <= start_step:
+      return {}
+    seconds = (now - start) / (step - start_step)
+    timing = {"timing/ms_per_step": 1000 * seconds}
+    if self._flops:
+      from trm import mfu  # pylint: disable=g-import-not-at-top
+      value = 100 * mfu.mfu(self._flops, seconds, self._devices, self._peak)
+      if self._intervals > 5:  # as nanoGPT: skip the first iterations
+        self._running_mfu = (value if self._running_mfu is None
+                             else 0.9 * self._running_mfu + 0.1 * value)
+      if self._running_mfu is not None:
+        timing["timing/mfu_percent"] = self._running_mfu
+    return timing
+
+  def log(self, step: int, values: dict, timing: dict) -> None:
+    """nanoGPT's progress line."""
+    line = f"iter {step}: loss {values.get('loss', float('nan')):.4f}"
+    line += f", time {timing['timing/ms_per_step']:.2f}ms"
+    if "timing/mfu_percent" in timing:
+      line += f", mfu {timing['timing/mfu_percent']:.2f}%"
+    logging.info(line)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Trains, evaluates and checkpoints; resumes from `workdir` if it can."""
   # ---------------------------------------------------------------- setup
@@ -205,17 +268,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     eval_step = jax.jit(task.eval_step,
                         in_shardings=(state_shardings, batch_shardings))
-    compile_start = time.time()
-    train_step = state_lib.compile_step(task.train_step, abstract,
-                                        state_shardings, task.abstract_batch)
-  compile_seconds = time.time() - compile_start
-  memory = train_step.memory_analysis()
-  logging.info(
-      "Train step compiled in %.1f s; per device: arguments %.1f MiB, "
-      "temporaries %.1f MiB", compile_seconds,
-      getattr(memory, "argument_size_in_bytes", 0) / 2**20,
-      getattr(memory, "temp_size_in_bytes", 0) / 2**20)
-  writer.write_scalars(start_step, {"timing/compile_seconds": compile_seconds})
 
   def run_eval(step: int) -> dict:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -231,6 +283,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     if is_main:
       (workpath / f"eval_{step}.json").write_text(json.dumps(results, indent=1))
     return results
+
+  if config.get("eval_only", False):  # nanoGPT's eval_only: no training
+    results = run_eval(start_step)
+    writer.flush()
+    logging.info("eval_only at step %d: %s", start_step, results)
+    return state, results
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    compile_start = time.time()
+    train_step = state_lib.compile_step(task.train_step, abstract,
+                                        state_shardings, task.abstract_batch)
+  compile_seconds = time.time() - compile_start
+  memory = train_step.memory_analysis()
+  logging.info(
+      "Train step compiled in %.1f s; per device: arguments %.1f MiB, "
+      "temporaries %.1f MiB", compile_seconds,
+      getattr(memory, "argument_size_in_bytes", 0) / 2**20,
+      getattr(memory, "temp_size_in_bytes", 0) / 2**20)
+  writer.write_scalars(start_step, {"timing/compile_seconds": compile_seconds})
+  speed = _Speed(task.flops_per_step, config)
 
   bad_limit = config.max_consecutive_bad_steps
 
@@ -249,9 +321,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
         "saved after the bad steps began. Check the data and the learning "
         "rate, then rerun to resume from it.")
 
-  def write_train_metrics(step: int, metrics) -> None:
+  def write_train_metrics(step: int, metrics, timing=None) -> None:
     values = losses.compute(metrics)
-    writer.write_scalars(step, {f"train/{k}": v for k, v in values.items()})
+    scalars = {f"train/{k}": v for k, v in values.items()}
+    if timing:
+      scalars.update(timing)
+      speed.log(step, values, timing)
+    writer.write_scalars(step, scalars)
     check_bad_streak(step, int(values.get("max_bad_streak", 0)))
 
   def save_checkpoint(step: int) -> bool:
@@ -287,6 +363,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   hooks = [report] if is_main else []
   train_metrics, pending, results = None, None, {}
   step = start_step
+  # nanoGPT's always_save_checkpoint=False: save only when the held-out loss
+  # improves on the best so far (that of the checkpoint resumed from).
+  save_improved_only = not config.get("always_save_checkpoint", True)
+  best_loss = _saved_eval_loss(workpath, start_step)
+  evaluated_at = None
   preemption = _Preemption(manager, config.log_every)
   try:
     with metric_writers.ensure_flushes(writer), preemption:
@@ -305,15 +386,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
         if step % config.log_every == 0 or step == config.total_steps:
           if pending is not None:
             write_train_metrics(*pending)
-          pending, train_metrics = (step, train_metrics), None
+          pending = (step, train_metrics, speed.interval(step))
+          train_metrics = None
         if preemption.reached(step):
           stop_for_preemption(step)
         if step % config.eval_every == 0 or step == config.total_steps:
           with report.timed("eval"):
             results = run_eval(step)
+          evaluated_at = step
           logging.info("Step %d eval: %s", step, results)
+          speed.restart(step)  # evaluation is not step time
         if step % config.checkpoint_every == 0 or step == config.total_steps:
-          save_checkpoint(step)
+          if not save_improved_only:
+            save_checkpoint(step)
+          elif (evaluated_at == step
+                and results.get("eval/loss", best_loss) < best_loss):
+            if save_checkpoint(step):
+              best_loss = results["eval/loss"]
+          else:
+            logging.info("Step %d: no checkpoint, eval loss %s is not below "
+                         "the best %.4f (always_save_checkpoint=False).", step,
+                         results.get("eval/loss") if evaluated_at == step
+                         else "not computed", best_loss)
+          speed.restart(step)  # nor is saving
       if pending is not None:
         write_train_metrics(*pending)
       if start_step >= config.total_steps:  # a finished run: report again

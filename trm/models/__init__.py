@@ -16,6 +16,9 @@ def get_model(model_config, metadata=None):
   if name == "dream":
     from trm.models import dream  # pylint: disable=g-import-not-at-top
     return dream.Dream(dream.DreamConfig.from_config(model_config))
+  if name == "gpt":
+    from trm.models import gpt  # pylint: disable=g-import-not-at-top
+    return gpt.GPT(gpt.GPTConfig.from_config(model_config))
   if name == "trm":
     from trm.models import trm  # pylint: disable=g-import-not-at-top
     known = {f.name for f in dataclasses.fields(trm.TRMConfig)}
@@ -29,4 +32,4 @@ def get_model(model_config, metadata=None):
                         **kwargs)
     return trm.TRM(cfg)
   raise ValueError(f"config.model.name={name!r} is not a known model; "
-                   "known: 'trm', 'dream'.")
+                   "known: 'trm', 'dream', 'gpt'.")

@@ -309,10 +309,12 @@ def _torch_to_numpy(torch, t) -> np.ndarray:
   return t.numpy()
 
 
-def _read_torch(path: str) -> dict[str, np.ndarray]:
-  torch = _import_torch(f"Reading the PyTorch checkpoint {path}")
+def load_weights_only(path: str, purpose: str):
+  """(torch, the object in `path`) read with torch.load(weights_only=True):
+  tensors and plain containers only, never arbitrary pickled objects."""
+  torch = _import_torch(purpose)
   try:
-    obj = torch.load(path, map_location="cpu", weights_only=True)
+    return torch, torch.load(path, map_location="cpu", weights_only=True)
   except pickle.UnpicklingError as e:
     # torch's message opens with advice to retry with weights_only=False
     # (full unpickling); only its line naming the refused object is kept.
@@ -329,6 +331,11 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
     raise CheckpointError(
         f"{path} is not a readable PyTorch checkpoint (torch.load with "
         f"weights_only=True failed: {type(e).__name__}: {e}).") from e
+
+
+def _read_torch(path: str) -> dict[str, np.ndarray]:
+  torch, obj = load_weights_only(path,
+                                 f"Reading the PyTorch checkpoint {path}")
   if not isinstance(obj, Mapping):
     raise CheckpointError(
         f"{path} holds a {type(obj).__name__}, not a state_dict (a mapping of "

@@ -32,6 +32,8 @@ class Task:
   # arrays) and `result(save_dir) -> dict` (collective: every process calls
   # it), for metrics beyond the step's averages (ARC voting, sample sheets).
   make_eval_hook: Optional[Callable[[], Any]] = None
+  # Model FLOPs of one train step (for MFU in the logs); None = not logged.
+  flops_per_step: Optional[float] = None
 
 
 def build(config, workdir: str, mesh, rules) -> Task:
@@ -42,5 +44,8 @@ def build(config, workdir: str, mesh, rules) -> Task:
   if name == "dream":
     from trm.tasks import diffusion_lm  # pylint: disable=g-import-not-at-top
     return diffusion_lm.build(config, workdir, mesh, rules)
+  if name == "gpt":
+    from trm.tasks import gpt  # pylint: disable=g-import-not-at-top
+    return gpt.build(config, workdir, mesh, rules)
   raise ValueError(f"config.model.name={name!r} has no training task; "
-                   "known: 'trm', 'dream'.")
+                   "known: 'trm', 'dream', 'gpt'.")

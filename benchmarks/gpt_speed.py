@@ -1,0 +1,123 @@
+r"""Time per iteration and MFU of nanoGPT's workflow on our trainer, and of
+nanoGPT's PyTorch loop on the same machine.
+
+  PYTHONPATH=. python benchmarks/gpt_speed.py            # CPU recipe, both
+  PYTHONPATH=. python benchmarks/gpt_speed.py --torch=false \
+      --config=configs/gpt.py:shakespeare_char           # one GPU
+
+Ours: the task `trm.main` trains (`trm.tasks.gpt`: random windows from the
+prepared tinyshakespeare, Grain, global arrays, the compiled step with
+accumulation and clipping), timed as nanoGPT times it with log_interval=1:
+wall time per iteration including the host's batch and a `loss` fetch every
+iteration. Warm-up iterations (compilation included) are not timed; the
+figure is the median over `--iters`. MFU uses nanoGPT's estimate_mfu formula
+against the peak of the device in use (`trm.mfu.peak_flops`: a measured
+matmul peak on CPU, the published peak on GPUs and TPUs).
+
+Theirs: `benchmarks/nanogpt_torch.py` (nanoGPT's loop with --compile=False,
+or the user's nanoGPT checkout with --nanogpt_dir), same sizes and data,
+run after ours in the same process.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "..", "configs",
+                           "gpt.py:shakespeare_char_cpu"),
+    "GPT config (configs/gpt.py variant).", lock_config=True)
+_INPUT = flags.DEFINE_string(
+    "input", os.path.join(os.path.dirname(__file__), "..", "..", "shared",
+                          "data", "tinyshakespeare", "input.txt"),
+    "Text to prepare when config.data_root/dataset is not prepared.")
+_ITERS = flags.DEFINE_integer("iters", 100, "Timed iterations.")
+_WARMUP = flags.DEFINE_integer("warmup", 10, "Untimed iterations first.")
+_TORCH = flags.DEFINE_bool("torch", True, "Also time nanoGPT's PyTorch "
+                           "loop (benchmarks/nanogpt_torch.py).")
+_NANOGPT_DIR = flags.DEFINE_string(
+    "nanogpt_dir", None, "A karpathy/nanoGPT checkout whose model.py the "
+    "PyTorch figure uses.")
+
+
+def time_ours(config, iters: int, warmup: int) -> dict:
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm import mfu  # pylint: disable=g-import-not-at-top
+  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm import tasks  # pylint: disable=g-import-not-at-top
+  from trm.data import pipeline  # pylint: disable=g-import-not-at-top
+
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  with tempfile.TemporaryDirectory() as workdir:
+    task = tasks.build(config, workdir, mesh, rules)
+  abstract, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
+  state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    step = state_lib.compile_step(task.train_step, abstract, shardings,
+                                  task.abstract_batch)
+  batches = pipeline.grain_iterator(task.train_source, config.data.prefetch)
+  seconds = []
+  for i in range(warmup + iters):
+    start = time.perf_counter()
+    batch = pipeline.to_global(next(batches), task.batch_shardings)
+    state, metrics = step(state, batch)
+    float(metrics["loss"].compute())  # nanoGPT's loss.item() each iteration
+    if i >= warmup:
+      seconds.append(time.perf_counter() - start)
+  per_iter = statistics.median(seconds)
+  peak, description = mfu.peak_flops(jax.devices()[0], config.dtype)
+  # CPU devices share the machine's cores, which the measured peak covers.
+  devices = 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
+  return {"ms_per_iter": 1000 * per_iter,
+          "mfu": mfu.mfu(task.flops_per_step, per_iter, devices, peak),
+          "peak": description,
+          "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+          "tokens_per_iter": config.global_batch_size * config.block_size}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = _CONFIG.value
+  if not config.data.input:
+    with config.unlocked():
+      config.data.input = _INPUT.value
+  if config.data.input.startswith("http"):
+    config.data.input = _INPUT.value
+  ours = time_ours(config, _ITERS.value, _WARMUP.value)
+  print(f"trm (JAX) on {ours['device']}: {ours['ms_per_iter']:.2f} ms/iter, "
+        f"mfu {100 * ours['mfu']:.2f}% of {ours['peak']}; "
+        f"{ours['tokens_per_iter']} tokens/iter, n_layer={config.n_layer} "
+        f"n_head={config.n_head} n_embd={config.n_embd} "
+        f"block_size={config.block_size} batch_size={config.batch_size} "
+        f"grad_accum={config.gradient_accumulation_steps} "
+        f"dtype={config.dtype}")
+  if not _TORCH.value:
+    return
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import nanogpt_torch  # pylint: disable=g-import-not-at-top
+  data_dir = os.path.join(config.data_root, config.dataset)
+  argv = [f"--data_dir={data_dir}", f"--iters={_ITERS.value}",
+          f"--n_layer={config.n_layer}", f"--n_head={config.n_head}",
+          f"--n_embd={config.n_embd}", f"--block_size={config.block_size}",
+          f"--batch_size={config.batch_size}"]
+  if _NANOGPT_DIR.value:
+    argv.append(f"--nanogpt_dir={_NANOGPT_DIR.value}")
+  theirs = nanogpt_torch.run(nanogpt_torch.parse_args(argv))
+  print(nanogpt_torch.report(theirs))
+  print(f"ours / nanoGPT PyTorch time per iteration: "
+        f"{ours['ms_per_iter'] / theirs['ms_per_iter']:.2f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

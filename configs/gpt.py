@@ -1,0 +1,133 @@
+"""GPT as nanoGPT trains it, on the sharded trainer.
+
+  --config=configs/gpt.py                       nanoGPT train.py defaults
+                                                (GPT-2 124M shapes, bias off)
+  --config=configs/gpt.py:shakespeare_char      config/train_shakespeare_char.py
+  --config=configs/gpt.py:shakespeare_char_cpu  the README's CPU recipe
+  --config=configs/gpt.py:gpt2 | gpt2-medium | gpt2-large | gpt2-xl
+                                                GPT-2 shapes (vocab 50257,
+                                                block 1024, bias on)
+
+nanoGPT's flag names are the config keys (`--config.n_layer=4`,
+`--config.max_iters=2000`, ...); the trainer's own keys (`total_steps`,
+`eval_every`, ...) follow them through FieldReferences, so setting either
+name works. Two differences from nanoGPT: `batch_size` is the micro-batch
+over the whole mesh (nanoGPT's is per GPU), and `--workdir` replaces
+`out_dir`.
+"""
+import ml_collections
+
+from trm import config_lib
+
+_GPT2_SIZES = {  # n_layer, n_head, n_embd (nanoGPT's from_pretrained table)
+    "gpt2": (12, 12, 768),
+    "gpt2-medium": (24, 16, 1024),
+    "gpt2-large": (36, 20, 1280),
+    "gpt2-xl": (48, 25, 1600),
+}
+
+
+def get_config(arg=None):
+  variants = config_lib.parse_variants(
+      arg, {"shakespeare_char", "shakespeare_char_cpu", *_GPT2_SIZES})
+  if len(variants) > 1:
+    raise ValueError(f"Choose one variant of configs/gpt.py, not "
+                     f"{sorted(variants)}.")
+  c = ml_collections.ConfigDict()
+
+  # I/O (nanoGPT names).
+  c.eval_interval = 2000        # evaluate (and maybe checkpoint) every N iters
+  c.log_interval = 1            # train-metric cadence in iterations
+  c.eval_iters = 200            # batches per split in estimate_loss
+  c.eval_only = False           # evaluate the restored model, then exit
+  c.always_save_checkpoint = True  # False: save only when val loss improves
+  c.init_from = "scratch"       # scratch | resume | gpt2 | gpt2-medium | ...
+  c.init_checkpoint = ""        # HF GPT-2 dir (init_from=gpt2*) or a nanoGPT
+                                # ckpt.pt to start from; '' = none
+  # Data.
+  c.dataset = "openwebtext"     # name: data lives in data_root/<dataset>
+  c.data_root = "data"          # parent of the prepared dataset directories
+  c.gradient_accumulation_steps = 40  # micro-batches per iteration
+  c.batch_size = 12             # sequences per micro-batch (whole mesh)
+  c.block_size = 1024           # context length in tokens
+  # Model.
+  c.n_layer = 12                # transformer blocks
+  c.n_head = 12                 # attention heads
+  c.n_embd = 768                # width
+  c.dropout = 0.0               # dropout rate (0.0 for pretraining)
+  c.bias = False                # biases in Linear and LayerNorm layers
+  # AdamW.
+  c.learning_rate = 6e-4        # peak learning rate (float)
+  c.max_iters = 600000          # training iterations
+  c.weight_decay = 1e-1         # decoupled, on 2-D weights only (float)
+  c.beta1 = 0.9                 # AdamW beta1 (float)
+  c.beta2 = 0.95                # AdamW beta2 (float)
+  c.grad_clip = 1.0             # global-norm clip; 0.0 disables (float)
+  # Learning-rate schedule.
+  c.decay_lr = True             # warmup + cosine; False: constant rate
+  c.warmup_iters = 2000         # linear warmup iterations
+  c.lr_decay_iters = 600000     # cosine reaches min_lr here (~= max_iters)
+  c.min_lr = 6e-5               # final learning rate (~= learning_rate/10)
+  # System.
+  c.dtype = "bfloat16"          # compute dtype: float32 | bfloat16
+  c.seed = 1337                 # init, data and dropout randomness
+
+  c.data = ml_collections.ConfigDict(dict(
+      input="",                 # text file or URL to prepare into data_root/
+                                # <dataset> when that is not prepared yet
+      tokenizer="char",         # preparation: char | gpt2 | tokenizer.json
+      eval_batch_size=c.get_ref("batch_size"),  # rows per eval batch
+      prefetch=2,               # batches Grain prepares ahead
+  ))
+  c.model = ml_collections.ConfigDict(dict(
+      name="gpt",               # model family, see trm/models/__init__.py
+      n_layer=c.get_ref("n_layer"),
+      n_head=c.get_ref("n_head"),
+      n_embd=c.get_ref("n_embd"),
+      block_size=c.get_ref("block_size"),
+      dropout=c.get_ref("dropout"),
+      bias=c.get_ref("bias"),
+      dtype=c.get_ref("dtype"),
+      vocab_size=0,             # 0: the dataset's meta.json (else 50304)
+      param_dtype="float32",    # stored parameters (AdamW needs float32)
+      remat=False,              # recompute blocks in the backward pass
+  ))
+
+  # The trainer's keys, tied to nanoGPT's.
+  c.total_steps = c.get_ref("max_iters")
+  c.eval_every = c.get_ref("eval_interval")
+  c.checkpoint_every = c.get_ref("eval_interval")
+  c.log_every = c.get_ref("log_interval")
+  c.global_batch_size = (c.get_ref("batch_size")
+                         * c.get_ref("gradient_accumulation_steps"))
+  c.keep_checkpoints = 2        # newest checkpoints kept on disk
+  c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
+  c.mesh = config_lib.mesh_config(data=-1, fsdp=1, model=1)
+  c.logical_axis_rules = config_lib.default_logical_axis_rules()
+
+  if variants & {"shakespeare_char", "shakespeare_char_cpu"}:
+    c.update(dict(
+        eval_interval=250, eval_iters=200, log_interval=10,
+        always_save_checkpoint=False, dataset="shakespeare_char",
+        gradient_accumulation_steps=1, batch_size=64, block_size=256,
+        n_layer=6, n_head=6, n_embd=384, dropout=0.2, learning_rate=1e-3,
+        max_iters=5000, lr_decay_iters=5000, min_lr=1e-4, beta2=0.99,
+        warmup_iters=100))
+    c.data.input = ("https://raw.githubusercontent.com/karpathy/char-rnn/"
+                    "master/data/tinyshakespeare/input.txt")
+  if "shakespeare_char_cpu" in variants:
+    # README: --device=cpu --compile=False --eval_iters=20 --log_interval=1
+    # --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
+    # --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
+    c.update(dict(
+        eval_iters=20, log_interval=1, block_size=64, batch_size=12,
+        n_layer=4, n_head=4, n_embd=128, max_iters=2000, lr_decay_iters=2000,
+        dropout=0.0, dtype="float32"))
+  gpt2 = variants & set(_GPT2_SIZES)
+  if gpt2:
+    name = gpt2.pop()
+    n_layer, n_head, n_embd = _GPT2_SIZES[name]
+    c.update(dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                  block_size=1024, bias=True))
+    c.model.vocab_size = 50257
+  return c.lock()

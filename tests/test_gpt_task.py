@@ -1,0 +1,197 @@
+"""GPT through the training loop (`trm.tasks.gpt`): nanoGPT's workflow on
+tinyshakespeare at toy sizes, 8 CPU devices as mesh 2x2x2: the loss falls,
+checkpoints follow always_save_checkpoint, eval_only and init_from work, a
+run resumes, and trm.sample prints text from the workdir."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from trm import config_lib
+from trm import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare",
+                           "input.txt")
+
+
+def tiny_config(data_root, **overrides):
+  config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                  "shakespeare_char_cpu")
+  config.mesh.update(data=2, fsdp=2, model=2)
+  config.data.input = SHAKESPEARE
+  values = dict(data_root=str(data_root), n_layer=2, n_head=2, n_embd=32,
+                block_size=32, batch_size=8, gradient_accumulation_steps=2,
+                max_iters=60, lr_decay_iters=60, warmup_iters=5,
+                eval_interval=30, eval_iters=4, log_interval=10,
+                learning_rate=3e-3)
+  values.update(overrides)
+  return config_lib.set_values(config, values)
+
+
+def _eval(workdir, step):
+  with open(os.path.join(workdir, f"eval_{step}.json")) as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+  return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_root):
+  workdir = str(tmp_path_factory.mktemp("gpt"))
+  config = tiny_config(data_root, always_save_checkpoint=True)
+  _, results = train.train_and_evaluate(config, workdir)
+  return workdir, results
+
+
+def test_loss_falls_and_both_splits_are_evaluated(trained, data_root):
+  workdir, results = trained
+  first, last = _eval(workdir, 30), _eval(workdir, 60)
+  assert {"eval/loss", "eval/val_loss", "eval/train_loss"} <= set(last)
+  assert last["eval/loss"] == last["eval/val_loss"]
+  assert last["eval/val_loss"] == pytest.approx(results["eval/val_loss"])
+  # Untrained: ln(65) = 4.17; the char model learns letter frequencies fast.
+  assert last["eval/train_loss"] < 3.3, last
+  assert last["eval/val_loss"] < first["eval/val_loss"]
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["30",
+                                                                      "60"]
+  # The dataset was prepared from the text, nanoGPT-style.
+  prepared = os.path.join(data_root, "shakespeare_char")
+  assert sorted(os.listdir(prepared)) == ["meta.json", "train.bin", "val.bin"]
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["model"]["vocab_size"] == 65
+
+
+def test_mfu_and_step_time_are_logged(trained):
+  workdir, _ = trained
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top,line-too-long
+  events = event_accumulator.EventAccumulator(workdir, size_guidance={
+      event_accumulator.TENSORS: 0})
+  events.Reload()
+  tags = set(events.Tags()["tensors"])
+  assert "timing/ms_per_step" in tags, tags
+
+
+def test_eval_only_evaluates_without_training(trained, data_root, tmp_path):
+  workdir, results = trained
+  config = tiny_config(data_root, eval_only=True, init_from="resume")
+  state, again = train.train_and_evaluate(config, workdir)
+  assert int(state.step) == 60
+  assert again["eval/val_loss"] == pytest.approx(results["eval/val_loss"],
+                                                 rel=1e-5)
+
+
+def test_resume_needs_a_checkpoint(data_root, tmp_path):
+  config = tiny_config(data_root, init_from="resume")
+  with pytest.raises(ValueError, match="init_from='resume'"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(init_from="gpt3"), "config.init_from"),
+    (dict(init_from="gpt2"), "config.init_checkpoint"),
+    (dict(dtype="float16"), "config.dtype"),
+    (dict(batch_size=6), "batch_size=6 must be a positive multiple"),
+    (dict(dataset="nowhere"), "nowhere"),
+])
+def test_bad_config_fails_before_training(data_root, tmp_path, overrides,
+                                          message):
+  config = tiny_config(data_root, **overrides)
+  if "dataset" in overrides:
+    config.data.input = ""  # not prepared, and nothing to prepare it from
+  with pytest.raises(Exception, match=message):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+
+
+def test_checkpoint_only_on_improvement(data_root, tmp_path):
+  # A learning rate of 0 never improves after the first evaluation.
+  config = tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
+                       max_iters=20, lr_decay_iters=20, eval_interval=10,
+                       always_save_checkpoint=False)
+  train.train_and_evaluate(config, str(tmp_path))
+  assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["10"]
+
+
+def test_sample_prints_text_from_the_workdir(trained):
+  workdir, _ = trained
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.sample", f"--workdir={workdir}",
+       "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=40",
+       "--top_k=5"],
+      capture_output=True, text=True, cwd=ROOT, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  samples = result.stdout.split("---------------")
+  assert len(samples) == 3, result.stdout
+  for sample in samples[:2]:
+    assert sample.strip().startswith("ROMEO:")
+    assert len(sample.strip()) >= len("ROMEO:") + 30
+  assert "tokens/s" in result.stderr
+
+
+def test_sample_rejects_a_missing_workdir(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.sample", f"--workdir={tmp_path}"],
+      capture_output=True, text=True, cwd=ROOT, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode != 0
+  assert "config.json" in result.stderr
+
+
+def test_start_file(tmp_path):
+  from trm import sample  # pylint: disable=g-import-not-at-top
+  prompt = tmp_path / "p.txt"
+  prompt.write_text("To be")
+  assert sample.read_start(f"FILE:{prompt}") == "To be"
+  assert sample.read_start("plain") == "plain"
+  with pytest.raises(FileNotFoundError, match="nope.txt"):
+    sample.read_start("FILE:nope.txt")
+
+
+def test_init_from_gpt2_adopts_its_shapes_and_evaluates_like_torch(
+    data_root, tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from trm.data import text  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+      vocab_size=65, n_positions=64, n_embd=32, n_layer=3, n_head=4,
+      activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
+      attn_pdrop=0.0)).eval()
+  hf_dir = tmp_path / "gpt2"
+  hf.save_pretrained(hf_dir, safe_serialization=True)
+  # The config asks for 2 layers and block 32: the checkpoint's 3 layers
+  # win, and its 64 positions are cropped to 32 (crop_block_size).
+  config = tiny_config(data_root, init_from="gpt2",
+                       init_checkpoint=str(hf_dir), eval_only=True,
+                       eval_iters=2)
+  workdir = tmp_path / "run"
+  _, results = train.train_and_evaluate(config, str(workdir))
+  with open(workdir / "config.json") as f:
+    recorded = json.load(f)
+  assert (recorded["n_layer"], recorded["n_embd"], recorded["bias"],
+          recorded["block_size"]) == (3, 32, True, 32)
+  windows = text.EvalWindows(os.path.join(data_root, "shakespeare_char"),
+                             32, config.data.eval_batch_size, 2, config.seed)
+  losses = {0: [], 1: []}
+  with torch.no_grad():
+    for k in range(len(windows)):
+      batch = windows[k]
+      out = hf(torch.tensor(batch["x"], dtype=torch.long),
+               labels=None).logits
+      loss = torch.nn.functional.cross_entropy(
+          out.reshape(-1, 65), torch.tensor(batch["y"],
+                                            dtype=torch.long).reshape(-1))
+      losses[int(batch["split"][0])].append(float(loss))
+  assert results["eval/val_loss"] == pytest.approx(np.mean(losses[1]),
+                                                   abs=1e-4)
+  assert results["eval/train_loss"] == pytest.approx(np.mean(losses[0]),
+                                                     abs=1e-4)

@@ -1,0 +1,188 @@
+r"""Samples from a GPT, with nanoGPT's sample.py options:
+
+  python -m trm.sample --workdir=runs/shakespeare_char \
+      --start="ROMEO:" --num_samples=3 --max_new_tokens=500
+  python -m trm.sample --init_from=gpt2 --checkpoint=DIR --start=FILE:p.txt
+
+`--init_from=resume` (the default) reads the newest checkpoint of a
+`trm.main` workdir and its config.json; `gpt2*` reads a Hugging Face GPT-2
+directory; `--checkpoint=.../ckpt.pt` reads nanoGPT's own checkpoint (with
+`--data_dir` holding the dataset's meta.json). Generation is one compiled
+program with a KV cache (`trm.models.gpt.generate`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app, flags
+
+from trm import config_lib
+
+_INIT_FROM = flags.DEFINE_string(
+    "init_from", "resume", "resume (a trm.main --workdir, or --checkpoint="
+    "ckpt.pt) | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (--checkpoint=HF "
+    "directory).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "The trm.main workdir "
+                               "(nanoGPT's out_dir).")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "A Hugging Face GPT-2 directory or a nanoGPT "
+    "ckpt.pt, instead of a workdir.")
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None, "Directory with the dataset's meta.json (default: the "
+    "run's data_root/dataset; GPT-2 BPE when there is none).")
+_START = flags.DEFINE_string("start", "\n", "Prompt text, or FILE:path.")
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 10, "Samples to draw.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 500, "Tokens per sample.")
+_TEMPERATURE = flags.DEFINE_float(
+    "temperature", 0.8, "1.0: unchanged; lower: less random; 0: greedy.")
+_TOP_K = flags.DEFINE_integer("top_k", 200, "Keep the k most likely tokens "
+                              "(0: all).")
+_SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
+
+
+def read_start(start: str) -> str:
+  """nanoGPT's --start: the text itself, or FILE:path for a file's text."""
+  if not start.startswith("FILE:"):
+    return start
+  path = start[len("FILE:"):]
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"--start={start!r}: {path} does not exist.")
+  with open(path, encoding="utf-8") as f:
+    return f.read()
+
+
+def run_config(workdir: str):
+  """The ConfigDict a trm.main run recorded in its config.json."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"{path} does not exist: --workdir must be the --workdir of a "
+        "`python -m trm.main --config=configs/gpt.py...` run.")
+  with open(path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  if config.get("model", {}).get("name") != "gpt":
+    raise ValueError(f"{path} describes model "
+                     f"{config.get('model', {}).get('name')!r}, not a GPT; "
+                     "use python -m trm.generate for DiffuCoder.")
+  return config
+
+
+def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
+               mesh, rules):
+  """(GPTConfig, params on `mesh`, default meta.json dir, description)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from trm import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.models import gpt, gpt_import  # pylint: disable=g-import-not-at-top
+
+  def shardings_for(cfg):
+    model = gpt.GPT(cfg)
+    boxed = jax.eval_shape(lambda: model.init(
+        jax.random.PRNGKey(0), jax.numpy.zeros((1, 1), "int32"))["params"])
+    with nn.logical_axis_rules(rules):
+      shardings = mesh_lib.tree_shardings(mesh, rules, boxed)
+    return nn.meta.unbox(boxed), shardings
+
+  def from_args(args: dict):
+    cfg = gpt.GPTConfig(**{k: args[k] for k in (
+        "n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")})
+    return cfg, shardings_for(cfg)[1]
+
+  if init_from.startswith("gpt2"):
+    if not checkpoint:
+      raise app.UsageError(
+          f"--init_from={init_from} needs --checkpoint=DIR, a Hugging Face "
+          f"directory of openai-community/{init_from} (config.json and "
+          "model.safetensors).")
+    params, args = gpt_import.load_hf_gpt2(checkpoint)
+    cfg, shardings = from_args(args)
+    return (cfg, gpt_import.to_sharded(params, shardings, cfg.param_dtype),
+            None, f"GPT-2 weights from {checkpoint}")
+  if init_from != "resume":
+    raise app.UsageError(f"--init_from={init_from!r} must be resume, gpt2, "
+                         "gpt2-medium, gpt2-large or gpt2-xl.")
+  if checkpoint:
+    params, args, extras = gpt_import.load_nanogpt_checkpoint(checkpoint)
+    cfg, shardings = from_args(args)
+    dataset = (extras.get("config") or {}).get("dataset")
+    return (cfg, gpt_import.to_sharded(params, shardings, cfg.param_dtype),
+            os.path.join("data", dataset) if dataset else None,
+            f"nanoGPT checkpoint {checkpoint}")
+  if not workdir:
+    raise app.UsageError("Pass --workdir (a trm.main run) or --checkpoint.")
+  config = run_config(workdir)
+  cfg = gpt.GPTConfig.from_config(config.model)
+  abstract, shardings = shardings_for(cfg)
+  fields, step = ckpt_lib.restore_fields(
+      os.path.join(workdir, "checkpoints"),
+      {"params": state_lib.with_shardings(abstract, shardings)})
+  data_dir = os.path.join(config.data_root, config.dataset)
+  return cfg, fields["params"], data_dir, f"{workdir} step {step}"
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.data import text  # pylint: disable=g-import-not-at-top
+  from trm.models import gpt  # pylint: disable=g-import-not-at-top
+
+  if _NUM_SAMPLES.value <= 0 or _MAX_NEW.value <= 0:
+    raise app.UsageError("--num_samples and --max_new_tokens must be "
+                         "positive.")
+  if _TEMPERATURE.value < 0:
+    raise app.UsageError("--temperature must be >= 0.")
+  start = read_start(_START.value)
+  # One device: a handful of samples gains nothing from splitting.
+  mesh = mesh_lib.make_mesh(config_lib.mesh_config(data=1),
+                            devices=jax.devices()[:1])
+  rules = config_lib.default_logical_axis_rules()
+  cfg, params, data_dir, source = load_model(
+      _INIT_FROM.value, _WORKDIR.value, _CHECKPOINT.value, mesh, rules)
+  data_dir = _DATA_DIR.value or data_dir
+  if data_dir and os.path.isfile(os.path.join(data_dir, "meta.json")):
+    meta = text.load_meta(data_dir)
+  else:
+    if _DATA_DIR.value:
+      text.load_meta(data_dir)  # the error that says what is missing
+    print("No meta.json found, assuming GPT-2 encodings...", file=sys.stderr)
+    meta = {"tokenizer": "gpt2", "vocab_size": 50257}
+  codec = text.codec_from_meta(meta)
+  prompt = np.asarray([codec.encode(start)] * _NUM_SAMPLES.value, np.int32)
+  if prompt.shape[1] == 0:
+    raise app.UsageError("--start encodes to no tokens; give some text.")
+  print(f"weights: {source}", file=sys.stderr)
+
+  model = gpt.GPT(cfg)
+  top_k = _TOP_K.value or None
+  generate = jax.jit(
+      lambda params, prompt, rng: gpt.generate(
+          model, params, prompt, _MAX_NEW.value, rng,
+          temperature=_TEMPERATURE.value, top_k=top_k))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    begin = time.time()
+    tokens = np.asarray(jax.device_get(generate(
+        params, prompt, jax.random.key(_SEED.value))))
+    seconds = time.time() - begin
+  for row in tokens:
+    print(codec.decode(row.tolist()))
+    print("---------------")
+  new = _NUM_SAMPLES.value * _MAX_NEW.value
+  print(f"device: {jax.devices()[0].device_kind}; {_NUM_SAMPLES.value} "
+        f"samples x {_MAX_NEW.value} tokens in {seconds:.2f} s including "
+        f"compilation ({new / seconds:.0f} tokens/s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=config_lib.parse_flags)
