@@ -313,10 +313,10 @@ for _key, _value in [("total_steps", 0), ("total_steps", -5),
            lambda env, k=_key, v=_value: trm_train(env, **{k: v}))
 
 
-@case("unknown model name", ValueError, "config.model.name='gpt'", "'trm'",
-      "'dream'")
+@case("unknown model name", ValueError, "config.model.name='gpt5'", "'trm'",
+      "'dream'", "'gpt'")
 def _(env):
-  return trm_train(env, **{"model.name": "gpt"})
+  return trm_train(env, **{"model.name": "gpt5"})
 
 
 @case("unknown dataset builder", ValueError, "config.data.name='chess'",
