@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from trm import config_lib
 from trm import mesh as mesh_lib
+from trm import mfu
 from trm.models import gpt
 
 RULES = config_lib.default_logical_axis_rules()
@@ -112,7 +113,9 @@ def test_num_params_and_flops_shakespeare_char():
   assert n == 10_646_784  # nanoGPT prints "10.65M"
   assert gpt.num_params(abstract, non_embedding=False) == n + 256 * 384
   assert gpt.num_params({"params": abstract}) == n
-  assert gpt.flops_per_token(cfg, n) == 6 * n + 12 * 6 * 6 * 64 * 256
+  # One sequence of 256 tokens: nanoGPT's 6N + 12 L H Q T per token.
+  assert mfu.nanogpt_flops_per_iter(n, 6, 6, 384, 256, 1) == (
+      6 * n + 12 * 6 * 6 * 64 * 256) * 256
   # GPT-2 124M with the padded vocabulary: nanoGPT prints "123.69M".
   assert gpt.num_params(gpt.abstract_params(gpt.GPTConfig())) == 123_689_472
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from trm import mfu
+from trm.models import gpt
 
 # nanoGPT GPT-2 124M (GPTConfig defaults): vocab 50304, block 1024, 12 layers,
 # 12 heads, 768 wide, bias=True. Non-embedding parameters by hand:
@@ -22,13 +23,17 @@ GPT2_N = 123_689_472
 
 
 def test_num_params_gpt2_124m():
-  assert mfu.nanogpt_num_params_non_embedding(50304, 12, 768, True) == GPT2_N
+  cfg = gpt.GPTConfig(vocab_size=50304, n_layer=12, n_head=12, n_embd=768,
+                      bias=True)
+  assert gpt.num_params(gpt.abstract_params(cfg)) == GPT2_N
 
 
 def test_num_params_shakespeare_char():
   # config/train_shakespeare_char.py with 65 characters and bias=False:
   # 65*384 + 6*(2*384 + 384*1152 + 384*384 + 384*1536 + 1536*384) + 384.
-  assert mfu.nanogpt_num_params_non_embedding(65, 6, 384, False) == 10_646_784
+  cfg = gpt.GPTConfig(vocab_size=65, n_layer=6, n_head=6, n_embd=384,
+                      block_size=256, bias=False)
+  assert gpt.num_params(gpt.abstract_params(cfg)) == 10_646_784
 
 
 def test_flops_gpt2_124m():
@@ -44,7 +49,9 @@ def test_flops_cpu_recipe():
   # README CPU recipe, 65 characters, bias=False: per block 2*128 (two
   # LayerNorm weights) + 12*128^2 (c_attn 3, attn c_proj 1, c_fc 4, mlp
   # c_proj 4); attention term 12 * L4 * H4 * Q32 * T64 = 393,216 per token.
-  n = mfu.nanogpt_num_params_non_embedding(65, 4, 128, False)
+  n = gpt.num_params(gpt.abstract_params(gpt.GPTConfig(
+      vocab_size=65, n_layer=4, n_head=4, n_embd=128, block_size=64,
+      bias=False)))
   assert n == 65 * 128 + 4 * (2 * 128 + 12 * 128 * 128) + 128
   flops = mfu.nanogpt_flops_per_iter(n, 4, 4, 128, 64, 12)
   assert flops == (6 * n + 393_216) * 64 * 12

@@ -235,24 +235,6 @@ def mfu(flops_per_iter: float, seconds_per_iter: float, num_devices: int,
   return flops_per_iter / seconds_per_iter / (num_devices * peak_per_device)
 
 
-def nanogpt_num_params_non_embedding(vocab_size: int, n_layer: int,
-                                     n_embd: int, bias: bool) -> int:
-  """What nanoGPT's `get_num_params()` returns for a freshly built GPT.
-
-  Counts the tied token embedding / lm_head once and excludes the position
-  embedding (nanoGPT's convention), so `nanogpt_flops_per_iter` can be fed from
-  a config without building a model. Per block: two LayerNorms (weight, plus
-  bias if `bias`), c_attn C->3C, attn c_proj C->C, c_fc C->4C, mlp c_proj
-  4C->C; then ln_f.
-  """
-  c = n_embd
-  ln = c * (2 if bias else 1)
-  linear = lambda fan_in, fan_out: fan_in * fan_out + (fan_out if bias else 0)
-  block = (2 * ln + linear(c, 3 * c) + linear(c, c) + linear(c, 4 * c) +
-           linear(4 * c, c))
-  return vocab_size * c + n_layer * block + ln
-
-
 def nanogpt_flops_per_iter(num_params_non_embedding: int, n_layer: int,
                            n_head: int, n_embd: int, block_size: int,
                            sequences_per_iter: int) -> float:

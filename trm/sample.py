@@ -75,17 +75,15 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
                mesh, rules):
   """(GPTConfig, params on `mesh`, default meta.json dir, description)."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
 
   from trm import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.models import gpt, gpt_import  # pylint: disable=g-import-not-at-top
+  from trm.tasks import gpt as gpt_task  # pylint: disable=g-import-not-at-top
 
   def shardings_for(cfg):
-    model = gpt.GPT(cfg)
-    boxed = jax.eval_shape(lambda: model.init(
-        jax.random.PRNGKey(0), jax.numpy.zeros((1, 1), "int32"))["params"])
+    boxed = gpt.abstract_params(cfg)
     with nn.logical_axis_rules(rules):
       shardings = mesh_lib.tree_shardings(mesh, rules, boxed)
     return nn.meta.unbox(boxed), shardings
@@ -123,8 +121,8 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
   fields, step = ckpt_lib.restore_fields(
       os.path.join(workdir, "checkpoints"),
       {"params": state_lib.with_shardings(abstract, shardings)})
-  data_dir = os.path.join(config.data_root, config.dataset)
-  return cfg, fields["params"], data_dir, f"{workdir} step {step}"
+  return (cfg, fields["params"], gpt_task.data_dir(config),
+          f"{workdir} step {step}")
 
 
 def main(argv):

@@ -395,12 +395,6 @@ def num_params(params, non_embedding: bool = True) -> int:
   return int(total)
 
 
-def flops_per_token(cfg: GPTConfig, num_params_non_embedding: int) -> int:
-  """nanoGPT estimate_mfu's 6N + 12 L H Q T (PaLM appendix B)."""
-  return int(6 * num_params_non_embedding
-             + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.block_size)
-
-
 # ------------------------------------------------------------------ sampling
 
 

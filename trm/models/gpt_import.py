@@ -332,6 +332,16 @@ def _hf_files(directory: str) -> tuple[list[str], str]:
                           f"{_HF_FILES}{extra}.")
 
 
+def hf_gpt2_model_args(directory: str) -> dict:
+  """The model args of a Hugging Face GPT-2 directory, from its config.json
+  alone (no weights read); errors as `load_hf_gpt2`."""
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"Hugging Face GPT-2 directory {directory} does "
+                            f"not exist; it should hold {_HF_FILES}.")
+  return _hf_model_args(_read_hf_config(directory),
+                        os.path.join(directory, HF_CONFIG))
+
+
 def load_hf_gpt2(directory: str) -> tuple[dict, dict]:
   """Reads a Hugging Face GPT-2 directory (GPT2LMHeadModel or GPT2Model).
 
@@ -345,11 +355,7 @@ def load_hf_gpt2(directory: str) -> tuple[dict, dict]:
     CheckpointError (a ValueError): missing, unexpected or misshapen
       tensors, or a config our model cannot represent.
   """
-  if not os.path.isdir(directory):
-    raise FileNotFoundError(f"Hugging Face GPT-2 directory {directory} does "
-                            f"not exist; it should hold {_HF_FILES}.")
-  hf = _read_hf_config(directory)
-  model_args = _hf_model_args(hf, os.path.join(directory, HF_CONFIG))
+  model_args = hf_gpt2_model_args(directory)
   files, where = _hf_files(directory)
   tensors: dict[str, np.ndarray] = {}
   for file in files:

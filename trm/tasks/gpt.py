@@ -132,10 +132,15 @@ def build(config, workdir: str, mesh, rules) -> Task:
 
   weights = None
   if config.init_checkpoint and config.init_from != "scratch":
-    # The weights' shapes win; read them even when resuming, since the
-    # resumed run's model was built from them.
-    weights = _load_weights(config)
-    _adopt_shapes(config, weights[1], weights[2])
+    # The weights' shapes win, also when resuming: the resumed run's model
+    # was built from them. A resumed GPT-2 run reads only config.json.
+    if resuming and config.init_from.startswith("gpt2"):
+      _adopt_shapes(config,
+                    gpt_import.hf_gpt2_model_args(config.init_checkpoint),
+                    config.init_checkpoint)
+    else:
+      weights = _load_weights(config)
+      _adopt_shapes(config, weights[1], weights[2])
 
   directory = data_dir(config)
   meta = text.ensure_prepared(directory, config.data.input,
@@ -170,10 +175,8 @@ def build(config, workdir: str, mesh, rules) -> Task:
     initial_state = functools.partial(_state_from_weights, params, tx,
                                       config.seed, cfg.param_dtype)
 
-  abstract_params = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0),
-                         jax.numpy.zeros((1, 1), "int32"))["params"])
-  non_embedding = gpt.num_params(abstract_params, non_embedding=True)
+  non_embedding = gpt.num_params(gpt.abstract_params(cfg),
+                                 non_embedding=True)
   flops = mfu.nanogpt_flops_per_iter(
       non_embedding, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,
       config.global_batch_size)
