@@ -1,7 +1,7 @@
 r"""Time per iteration and MFU of nanoGPT's workflow on our trainer, and of
 nanoGPT's PyTorch loop on the same machine.
 
-  PYTHONPATH=. python benchmarks/gpt_speed.py            # CPU recipe, both
+  PYTHONPATH=. python benchmarks/gpt_speed.py --rounds=5  # CPU recipe, both
   PYTHONPATH=. python benchmarks/gpt_speed.py --torch=false \
       --config=configs/gpt.py:shakespeare_char           # one GPU
 
@@ -16,7 +16,11 @@ matmul peak on CPU, the published peak on GPUs and TPUs).
 
 Theirs: `benchmarks/nanogpt_torch.py` (nanoGPT's loop with --compile=False,
 or the user's nanoGPT checkout with --nanogpt_dir), same sizes and data,
-run after ours in the same process.
+in the same process.
+
+Time per iteration on a shared 2-core machine moves by 10-20% between runs
+of the same program, so `--rounds` alternates the two (ours, theirs, ours,
+...) and reports each round and the median over rounds.
 """
 from __future__ import annotations
 
@@ -37,7 +41,9 @@ _INPUT = flags.DEFINE_string(
     "input", os.path.join(os.path.dirname(__file__), "..", "..", "shared",
                           "data", "tinyshakespeare", "input.txt"),
     "Text to prepare when config.data_root/dataset is not prepared.")
-_ITERS = flags.DEFINE_integer("iters", 100, "Timed iterations.")
+_ITERS = flags.DEFINE_integer("iters", 100, "Timed iterations per round.")
+_ROUNDS = flags.DEFINE_integer("rounds", 1, "Alternating rounds of ours and "
+                               "theirs; the summary is the median over them.")
 _WARMUP = flags.DEFINE_integer("warmup", 10, "Untimed iterations first.")
 _TORCH = flags.DEFINE_bool("torch", True, "Also time nanoGPT's PyTorch "
                            "loop (benchmarks/nanogpt_torch.py).")
@@ -46,7 +52,10 @@ _NANOGPT_DIR = flags.DEFINE_string(
     "PyTorch figure uses.")
 
 
-def time_ours(config, iters: int, warmup: int) -> dict:
+def make_ours(config):
+  """Builds the task and compiles its step once; returns `timed(iters,
+  warmup) -> figures`, which goes on training from where the last call
+  stopped."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -66,23 +75,28 @@ def time_ours(config, iters: int, warmup: int) -> dict:
     step = state_lib.compile_step(task.train_step, abstract, shardings,
                                   task.abstract_batch)
   batches = pipeline.grain_iterator(task.train_source, config.data.prefetch)
-  seconds = []
-  for i in range(warmup + iters):
-    start = time.perf_counter()
-    batch = pipeline.to_global(next(batches), task.batch_shardings)
-    state, metrics = step(state, batch)
-    float(metrics["loss"].compute())  # nanoGPT's loss.item() each iteration
-    if i >= warmup:
-      seconds.append(time.perf_counter() - start)
-  per_iter = statistics.median(seconds)
   peak, description = mfu.peak_flops(jax.devices()[0], config.dtype)
   # CPU devices share the machine's cores, which the measured peak covers.
   devices = 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
-  return {"ms_per_iter": 1000 * per_iter,
-          "mfu": mfu.mfu(task.flops_per_step, per_iter, devices, peak),
-          "peak": description,
-          "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
-          "tokens_per_iter": config.global_batch_size * config.block_size}
+
+  def timed(iters: int, warmup: int) -> dict:
+    nonlocal state
+    seconds = []
+    for i in range(warmup + iters):
+      start = time.perf_counter()
+      batch = pipeline.to_global(next(batches), task.batch_shardings)
+      state, metrics = step(state, batch)
+      float(metrics["loss"].compute())  # nanoGPT's loss.item() each iteration
+      if i >= warmup:
+        seconds.append(time.perf_counter() - start)
+    per_iter = statistics.median(seconds)
+    return {"ms_per_iter": 1000 * per_iter,
+            "mfu": mfu.mfu(task.flops_per_step, per_iter, devices, peak),
+            "peak": description,
+            "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+            "tokens_per_iter": config.global_batch_size * config.block_size}
+
+  return timed
 
 
 def main(argv):
@@ -94,29 +108,49 @@ def main(argv):
       config.data.input = _INPUT.value
   if config.data.input.startswith("http"):
     config.data.input = _INPUT.value
-  ours = time_ours(config, _ITERS.value, _WARMUP.value)
-  print(f"trm (JAX) on {ours['device']}: {ours['ms_per_iter']:.2f} ms/iter, "
-        f"mfu {100 * ours['mfu']:.2f}% of {ours['peak']}; "
-        f"{ours['tokens_per_iter']} tokens/iter, n_layer={config.n_layer} "
-        f"n_head={config.n_head} n_embd={config.n_embd} "
-        f"block_size={config.block_size} batch_size={config.batch_size} "
-        f"grad_accum={config.gradient_accumulation_steps} "
-        f"dtype={config.dtype}")
-  if not _TORCH.value:
-    return
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  import nanogpt_torch  # pylint: disable=g-import-not-at-top
-  data_dir = os.path.join(config.data_root, config.dataset)
-  argv = [f"--data_dir={data_dir}", f"--iters={_ITERS.value}",
-          f"--n_layer={config.n_layer}", f"--n_head={config.n_head}",
-          f"--n_embd={config.n_embd}", f"--block_size={config.block_size}",
-          f"--batch_size={config.batch_size}"]
-  if _NANOGPT_DIR.value:
-    argv.append(f"--nanogpt_dir={_NANOGPT_DIR.value}")
-  theirs = nanogpt_torch.run(nanogpt_torch.parse_args(argv))
-  print(nanogpt_torch.report(theirs))
-  print(f"ours / nanoGPT PyTorch time per iteration: "
-        f"{ours['ms_per_iter'] / theirs['ms_per_iter']:.2f}")
+  timed_ours = make_ours(config)
+  torch_args = None
+  if _TORCH.value:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import nanogpt_torch  # pylint: disable=g-import-not-at-top
+    data_dir = os.path.join(config.data_root, config.dataset)
+    argv = [f"--data_dir={data_dir}", f"--iters={_ITERS.value}",
+            f"--n_layer={config.n_layer}", f"--n_head={config.n_head}",
+            f"--n_embd={config.n_embd}", f"--block_size={config.block_size}",
+            f"--batch_size={config.batch_size}"]
+    if _NANOGPT_DIR.value:
+      argv.append(f"--nanogpt_dir={_NANOGPT_DIR.value}")
+    torch_args = nanogpt_torch.parse_args(argv)
+  ours_ms, theirs_ms = [], []
+  for round_index in range(_ROUNDS.value):
+    # Compilation happened in make_ours; later rounds need less warm-up.
+    ours = timed_ours(_ITERS.value, _WARMUP.value)
+    ours_ms.append(ours["ms_per_iter"])
+    print(f"round {round_index + 1}: trm (JAX) on {ours['device']}: "
+          f"{ours['ms_per_iter']:.2f} ms/iter, mfu {100 * ours['mfu']:.2f}% "
+          f"of {ours['peak']}; {ours['tokens_per_iter']} tokens/iter, "
+          f"n_layer={config.n_layer} n_head={config.n_head} "
+          f"n_embd={config.n_embd} block_size={config.block_size} "
+          f"batch_size={config.batch_size} "
+          f"grad_accum={config.gradient_accumulation_steps} "
+          f"dtype={config.dtype}", flush=True)
+    if torch_args is None:
+      continue
+    theirs = nanogpt_torch.run(torch_args)
+    theirs_ms.append(theirs["ms_per_iter"])
+    print(f"round {round_index + 1}: " + nanogpt_torch.report(theirs),
+          flush=True)
+  ours_median = statistics.median(ours_ms)
+  print(f"trm (JAX): median over {len(ours_ms)} rounds {ours_median:.2f} "
+        f"ms/iter (rounds: {', '.join(f'{t:.2f}' for t in ours_ms)})")
+  if theirs_ms:
+    theirs_median = statistics.median(theirs_ms)
+    print(f"nanoGPT PyTorch: median over {len(theirs_ms)} rounds "
+          f"{theirs_median:.2f} ms/iter (rounds: "
+          f"{', '.join(f'{t:.2f}' for t in theirs_ms)})")
+    print(f"ours / nanoGPT PyTorch time per iteration: "
+          f"{ours_median / theirs_median:.2f} (per round: "
+          f"{', '.join(f'{a / b:.2f}' for a, b in zip(ours_ms, theirs_ms))})")
 
 
 if __name__ == "__main__":

@@ -134,6 +134,24 @@ def test_tiny_diffucoder_train_step_compiles_for_v4_8(num_slices):
   assert report["train_flops_per_step"] > 0
 
 
+def test_tiny_gpt_train_step_compiles_for_v4_8():
+  """nanoGPT's iteration (accumulation, AdamW, the written-out backward
+  passes) compiles for TPU, parameters split over fsdp."""
+  config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                  "shakespeare_char")
+  config.update(dict(n_layer=2, n_head=2, n_embd=64, block_size=32,
+                     batch_size=8, gradient_accumulation_steps=2))
+  config.mesh.data, config.mesh.fsdp = 1, -1
+  with pytest.raises(ValueError, match="--vocab_size"):
+    aot.compile_report(config, aot.parse_topology("v4-8"), 1)
+  config.model.vocab_size = 65
+  report = aot.compile_report(config, aot.parse_topology("v4-8"), 1)
+  assert report["mesh"] == {"data": 1, "fsdp": 4, "model": 1}
+  assert report["global_batch_size"] == 16
+  assert report["fits"] and 0 < report["total_gib"] < 1
+  assert report["train_flops_per_step"] > 0
+
+
 def _tiny_dream_config():
   return config_lib.load_config(
       os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")

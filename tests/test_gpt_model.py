@@ -182,6 +182,71 @@ def test_attention_matches_jax_reference():
   np.testing.assert_allclose(ours, ref, atol=1e-6)
 
 
+def _layer_norm_reference(x, scale, bias):
+  x = x.astype(jnp.float32)
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  return (x - mean) / jnp.sqrt(var + 1e-5) * scale + bias
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layer_norm_and_gelu_grads_match_autodiff(dtype):
+  """The written-out backward passes of gpt.layer_norm and gpt.gelu equal
+  autodiff of the plain formulas (torch's LayerNorm and exact GELU)."""
+  x = (3.0 * jax.random.normal(jax.random.key(0), (2, 5, 16)) + 1.0).astype(
+      dtype)
+  scale = 1.0 + 0.1 * jax.random.normal(jax.random.key(1), (16,))
+  bias = 0.1 * jax.random.normal(jax.random.key(2), (16,))
+  dy = jax.random.normal(jax.random.key(3), (2, 5, 16))
+  tol = dict(rtol=2e-2, atol=2e-2) if dtype == "bfloat16" else dict(
+      rtol=1e-5, atol=1e-5)
+
+  def check(ours, ref, args):
+    np.testing.assert_allclose(np.asarray(ours(*args), np.float32),
+                               np.asarray(ref(*args), np.float32), **tol)
+    n = tuple(range(len(args)))
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(
+        ours(*a).astype(jnp.float32) * dy), argnums=n))(*args)
+    want = jax.jit(jax.grad(lambda *a: jnp.sum(
+        ref(*a).astype(jnp.float32) * dy), argnums=n))(*args)
+    for a, b in zip(got, want):
+      assert a.dtype == b.dtype
+      np.testing.assert_allclose(np.asarray(a, np.float32),
+                                 np.asarray(b, np.float32), **tol)
+
+  check(gpt.layer_norm, _layer_norm_reference, (x, scale, bias))
+  exact_gelu = lambda x: jax.nn.gelu(x.astype(jnp.float32),
+                                     approximate=False).astype(x.dtype)
+  check(gpt.gelu, exact_gelu, (x,))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmul_grads_match_autodiff(dtype):
+  """The written-out backward of gpt.matmul equals autodiff of jnp.dot,
+  for [B, T, K] inputs and with the product rounded to the compute dtype
+  as Linear does."""
+  x = jax.random.normal(jax.random.key(0), (3, 5, 8)).astype(dtype)
+  w = jax.random.normal(jax.random.key(1), (8, 6)).astype(dtype)
+  dy = jax.random.normal(jax.random.key(2), (3, 5, 6))
+
+  def ours(x, w):
+    return jnp.sum(gpt.matmul(x, w).astype(dtype).astype(jnp.float32) * dy)
+
+  def ref(x, w):
+    y = jnp.dot(x, w, preferred_element_type=jnp.float32)
+    return jnp.sum(y.astype(dtype).astype(jnp.float32) * dy)
+
+  got = jax.jit(jax.grad(ours, argnums=(0, 1)))(x, w)
+  want = jax.jit(jax.grad(ref, argnums=(0, 1)))(x, w)
+  for a, b in zip(got, want):
+    assert a.dtype == b.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(np.asarray(a, np.float32),
+                               np.asarray(b, np.float32), rtol=1e-2 if
+                               dtype == "bfloat16" else 1e-5, atol=1e-5)
+  np.testing.assert_allclose(gpt.matmul(x, w), jnp.dot(
+      x, w, preferred_element_type=jnp.float32), rtol=1e-6)
+
+
 def test_remat_same_values_and_grads():
   """remat changes nothing, dropout masks included (same rng)."""
   params = _params(std=0.3)

@@ -116,19 +116,51 @@ def test_gradient_accumulation_equals_one_big_batch():
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_train_steps_lower_the_loss():
-  state, model, tx = _tiny(2, 4, warmup_iters=0, learning_rate=1e-2)
-  rng = np.random.default_rng(2)
-  x = rng.integers(0, 11, size=(8, 8)).astype(np.int32)
-  batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + 3) % 11)}
+def _tiny_training(accum, micro, seed, shift):
+  """A tiny model's state, a jitted train step and a batch whose targets are
+  the inputs shifted by `shift` (mod 11)."""
+  state, model, tx = _tiny(accum, micro, warmup_iters=0, learning_rate=1e-2)
+  x = np.random.default_rng(seed).integers(
+      0, 11, size=(accum * micro, 8)).astype(np.int32)
+  batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + shift) % 11)}
   step = jax.jit(lambda s, b: gpt_steps.train_step(s, b, model=model, tx=tx,
-                                                   accum_steps=2))
+                                                   accum_steps=accum))
+  return state, step, batch
+
+
+def test_train_steps_lower_the_loss():
+  state, step, batch = _tiny_training(2, 4, seed=2, shift=3)
   losses = []
   for _ in range(30):
     state, metrics = step(state, batch)
     losses.append(float(metrics["loss"].compute()))
   assert losses[-1] < losses[0] - 0.5
   assert int(state.step) == 30
+
+
+def test_nonfinite_step_is_skipped():
+  """A NaN loss leaves parameters and AdamW state as they were, counts the
+  skip, and the next finite step updates as usual."""
+  state, step, batch = _tiny_training(1, 4, seed=5, shift=1)
+  state, _ = step(state, batch)
+  params = state.params
+  bad = state.replace(params=jax.tree_util.tree_map_with_path(
+      lambda path, p: p.at[0, 0].set(jnp.nan) if "c_fc" in str(path)
+      and p.ndim == 2 else p, params))
+  skipped, metrics = step(bad, batch)
+  assert int(skipped.step) == 2
+  assert int(skipped.skipped_steps) == 1
+  # Zeroed: an interval's average leaves the skipped step out.
+  assert int(metrics["loss"].count) == 0
+  assert float(metrics["loss"].total) == 0.0
+  for a, b in zip(jax.tree.leaves((skipped.params, skipped.opt_state)),
+                  jax.tree.leaves((bad.params, bad.opt_state))):
+    np.testing.assert_array_equal(a, b)
+  good, _ = step(state, batch)
+  assert int(good.skipped_steps) == 0
+  changed = [not np.array_equal(a, b) for a, b in
+             zip(jax.tree.leaves(good.params), jax.tree.leaves(params))]
+  assert all(changed)
 
 
 def test_eval_step_splits_train_and_val_rows():

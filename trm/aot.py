@@ -2,6 +2,7 @@ r"""Compile the real train step for a TPU topology on a CPU host.
 
   python -m trm.aot --config=configs/trm_sudoku.py --topology=v4-64 \
       [--num_slices=2 --config.mesh.dcn_data=2] [--config.key=value]
+  python -m trm.aot --config=configs/gpt.py --topology=v4-8 --vocab_size=50304
   python -m trm.aot --config=configs/diffucoder_7b.py --topology=v4-64 \
       --mode=sample [--sample_batch=32 --prompt_len=512 --max_new_tokens=512
       --steps=512 --alg=entropy --temperature=0.3 --top_p=0.95]
@@ -138,6 +139,8 @@ def _train_step_builder(config, mesh, rules, metadata):
     flops = lm_steps.train_flops_per_example(model.cfg, config.seq_len) * batch
     return under_mesh(lambda: lm_steps.compile_train_step(
         config, model, tx, abstract, shardings, batch_shardings)), flops
+  if config.model.name == "gpt":
+    return _gpt_train_step_builder(config, mesh, rules, under_mesh)
   from trm import steps  # pylint: disable=g-import-not-at-top
   from trm.data import pipeline  # pylint: disable=g-import-not-at-top
   from trm.models import trm  # pylint: disable=g-import-not-at-top
@@ -150,6 +153,39 @@ def _train_step_builder(config, mesh, rules, metadata):
   return under_mesh(lambda: steps.compile_train_step(
       config, model, tx, abstract, shardings, batch_shardings,
       metadata.seq_len)), flops
+
+
+def _gpt_train_step_builder(config, mesh, rules, under_mesh):
+  """nanoGPT's iteration (configs/gpt.py): accumulation and AdamW in one
+  step. A character-level config's vocabulary comes from its data, so an
+  unset `model.vocab_size` needs --vocab_size."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from trm import gpt_steps  # pylint: disable=g-import-not-at-top
+  from trm import lm_steps  # pylint: disable=g-import-not-at-top
+  from trm import mfu  # pylint: disable=g-import-not-at-top
+  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.models import gpt  # pylint: disable=g-import-not-at-top
+  if not config.model.vocab_size:
+    raise ValueError("config.model.vocab_size is 0 (taken from the prepared "
+                     "data at training time): pass --vocab_size, e.g. 65 for "
+                     "tinyshakespeare's characters or 50304 for GPT-2's "
+                     "tokens (nanoGPT's padded figure).")
+  cfg = gpt.GPTConfig.from_config(config.model)
+  model = gpt.GPT(cfg)
+  tx = gpt_steps.make_optimizer(config)
+  init_fn = lm_steps.make_init_fn(model, tx, config.seed)
+  abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
+  batch_shardings = gpt_steps.batch_shardings(mesh, rules)
+  abstract_batch = gpt_steps.abstract_batch(
+      config.global_batch_size, cfg.block_size, batch_shardings)
+  step = functools.partial(gpt_steps.train_step, model=model, tx=tx,
+                           accum_steps=config.gradient_accumulation_steps)
+  flops = mfu.nanogpt_flops_per_iter(
+      gpt.num_params(gpt.abstract_params(cfg), non_embedding=True),
+      cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,
+      config.global_batch_size)
+  return under_mesh(lambda: state_lib.compile_step(
+      step, abstract, shardings, abstract_batch)), flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,7 +423,11 @@ def main(argv):
   if _NUM_SLICES.value < 1:
     raise app.UsageError("--num_slices must be >= 1.")
   sample = sample_settings_from_flags()
-  if sample is None:
+  if sample is None and _CONFIG.value.model.name == "gpt":
+    metadata = None
+    if _VOCAB.value:
+      _CONFIG.value.model.vocab_size = _VOCAB.value
+  elif sample is None:
     metadata = dataset_metadata(_CONFIG.value, {
         "seq_len": _SEQ_LEN.value, "vocab_size": _VOCAB.value,
         "num_puzzle_identifiers": _PUZZLES.value})

@@ -102,8 +102,19 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int):
       accumulate, (jnp.zeros((), jnp.float32), zeros),
       (jnp.arange(accum_steps), xs, ys))
   grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  ok = state_lib.all_finite(loss, grads)
+
+  # The update runs only when finite, rather than being selected against the
+  # old state afterwards: that select kept the old AdamW moments alive next
+  # to their in-place update, and XLA copied every moment each step.
+  def apply(operands):
+    params, opt_state, grads = operands
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  params, opt_state = jax.lax.cond(
+      ok, apply, lambda operands: operands[:2],
+      (state.params, state.opt_state, grads))
   one = jnp.int32(1)
   metrics = {
       "loss": clu_metrics.Average(total=loss, count=one),
@@ -112,8 +123,8 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int):
   }
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state)
-  return state_lib.skip_nonfinite(state, new_state, metrics,
-                                  state_lib.all_finite(loss, grads))
+  return state_lib.skip_nonfinite(state, new_state, metrics, ok,
+                                  guarded=("params", "opt_state"))
 
 
 def eval_step(state, batch, *, model: gpt.GPT):
