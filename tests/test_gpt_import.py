@@ -136,6 +136,22 @@ def test_nanogpt_checkpoint_parity(hf, forward, tmp_path):
   np.testing.assert_allclose(forward(params, IDS), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_nanogpt_optimizer_state_is_checked(hf, tmp_path):
+  """AdamW's state is read only on request, and one that is not nanoGPT's
+  two parameter groups for this model is refused with the sizes."""
+  model, _, _ = hf
+  state = _nanogpt_state(model.state_dict())
+  path = _save_ckpt(str(tmp_path / "ckpt.pt"), state)
+  assert "adam" not in gpt_import.load_nanogpt_checkpoint(path)[2]
+  with pytest.raises(gpt_import.CheckpointError,
+                     match=r"groups of sizes \[1\].*\[10, 18\]"):
+    gpt_import.load_nanogpt_checkpoint(path, optimizer=True)
+  no_optimizer = _save_ckpt(str(tmp_path / "weights.pt"), state,
+                            optimizer=None)
+  assert gpt_import.load_nanogpt_checkpoint(
+      no_optimizer, optimizer=True)[2]["adam"] is None
+
+
 def test_nanogpt_checkpoint_without_bias(tmp_path):
   """bias=False, not compiled, no tril buffers: round trip of our params."""
   cfg = dataclasses.replace(CFG, bias=False)

@@ -213,3 +213,85 @@ def test_init_from_gpt2_adopts_its_shapes_and_evaluates_like_torch(
                                                    abs=1e-4)
   assert results["eval/train_loss"] == pytest.approx(np.mean(losses[0]),
                                                      abs=1e-4)
+
+
+def test_resume_from_a_nanogpt_checkpoint_continues_its_run(data_root,
+                                                            tmp_path):
+  """init_from='resume' with nanoGPT's ckpt.pt continues that run: its
+  weights, AdamW moments, iteration and best validation loss carry over,
+  and our next iteration equals the next iteration of nanoGPT's loop."""
+  torch = pytest.importorskip("torch")
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import nanogpt_torch  # pylint: disable=g-import-not-at-top
+  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm import tasks  # pylint: disable=g-import-not-at-top
+  from trm.data import pipeline  # pylint: disable=g-import-not-at-top
+  from trm.data import text  # pylint: disable=g-import-not-at-top
+  from trm.models import gpt_import  # pylint: disable=g-import-not-at-top
+
+  ckpt_path = str(tmp_path / "ckpt.pt")
+  config = tiny_config(data_root, init_from="resume",
+                       init_checkpoint=ckpt_path,
+                       gradient_accumulation_steps=1, grad_clip=1.0,
+                       weight_decay=0.1)
+  vocab = text.ensure_prepared(os.path.join(str(data_root), config.dataset),
+                               config.data.input, "char")["vocab_size"]
+  model_args = dict(n_layer=2, n_head=2, n_embd=32, block_size=32,
+                    bias=False, vocab_size=vocab, dropout=0.0)
+  torch.manual_seed(0)
+  model = nanogpt_torch.GPT(nanogpt_torch.Config(**model_args))
+  optimizer = model.configure_optimizers(
+      config.weight_decay, config.learning_rate, (config.beta1, config.beta2),
+      "cpu")
+  rng = np.random.default_rng(0)
+
+  def batch():
+    x = rng.integers(0, vocab, size=(8, 32))
+    return x, np.roll(x, -1, axis=1)
+
+  def torch_iteration(it, x, y):  # nanoGPT train.py's loop body
+    for group in optimizer.param_groups:
+      group["lr"] = nanogpt_torch.nanogpt_lr(
+          it, config.learning_rate, config.warmup_iters,
+          config.lr_decay_iters, config.min_lr)
+    _, loss = model(torch.from_numpy(x), torch.from_numpy(y))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+  def save(path, iter_num):
+    torch.save({"model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "model_args": model_args, "iter_num": iter_num,
+                "best_val_loss": torch.tensor(2.5), "config": {}}, path)
+
+  for it in range(3):
+    torch_iteration(it, *batch())
+  save(ckpt_path, 3)
+
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  task = tasks.build(config, str(tmp_path / "run"), mesh, rules)
+  assert task.initial_best_loss == pytest.approx(2.5)
+  abstract, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
+  state = task.initial_state(mesh, rules, shardings)
+  assert int(state.step) == 3
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    step = state_lib.compile_step(task.train_step, abstract, shardings,
+                                  task.abstract_batch)
+  x, y = batch()
+  state, _ = step(state, pipeline.to_global(
+      {"x": x.astype(np.int32), "y": y.astype(np.int32)},
+      task.batch_shardings))
+  torch_iteration(3, x, y)
+  save(str(tmp_path / "after.pt"), 4)
+  want, _, extras = gpt_import.load_nanogpt_checkpoint(
+      str(tmp_path / "after.pt"), optimizer=True)
+  assert extras["adam"]["count"] == 4
+  got = jax.device_get(state.params)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=2e-6)

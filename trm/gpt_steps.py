@@ -54,6 +54,24 @@ def make_optimizer(config):
   return adamw
 
 
+def with_adam_state(opt_state, schedule_count, adam=None):
+  """`make_optimizer`'s state with the schedule at `schedule_count` and, when
+  given, AdamW's moments and step count (adam = {mu, nu, count}, e.g. from
+  a nanoGPT checkpoint); without, AdamW's own state is kept."""
+  def replace(node):
+    if isinstance(node, optax.ScaleByAdamState) and adam is not None:
+      return node._replace(count=jnp.asarray(adam["count"], node.count.dtype),
+                           mu=adam["mu"], nu=adam["nu"])
+    if isinstance(node, optax.ScaleByScheduleState):
+      return node._replace(count=jnp.asarray(schedule_count,
+                                             node.count.dtype))
+    return node
+
+  kinds = (optax.ScaleByAdamState, optax.ScaleByScheduleState)
+  return jax.tree.map(replace, opt_state,
+                      is_leaf=lambda node: isinstance(node, kinds))
+
+
 def cross_entropy(logits, targets):
   """Mean token cross-entropy, ignoring targets of -1 (F.cross_entropy's
   ignore_index=-1), and the number of scored tokens."""

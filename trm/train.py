@@ -243,7 +243,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   manager = ckpt_lib.make_manager(str(workpath / "checkpoints"),
                                   max_to_keep=config.keep_checkpoints)
   state = ckpt_lib.restore_latest(manager, abstract, train_iter)
-  if state is None and task.initial_state is not None:
+  from_initial_state = state is None and task.initial_state is not None
+  if from_initial_state:
     state = task.initial_state(mesh, rules, state_shardings)
     logging.info("Initialised from %s.", config.get("init_checkpoint"))
   elif state is None:
@@ -367,6 +368,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   # improves on the best so far (that of the checkpoint resumed from).
   save_improved_only = not config.get("always_save_checkpoint", True)
   best_loss = _saved_eval_loss(workpath, start_step)
+  if from_initial_state and task.initial_best_loss is not None:
+    best_loss = task.initial_best_loss
   evaluated_at = None
   preemption = _Preemption(manager, config.log_every)
   try:

@@ -177,12 +177,69 @@ def _scalar(torch, value, what: str, path: str):
   return value
 
 
-def load_nanogpt_checkpoint(path: str) -> tuple[dict, dict, dict]:
+def _adam_state(torch, optimizer, args: Mapping[str, Any], path: str):
+  """nanoGPT's AdamW state_dict -> {'mu', 'nu': numpy trees in our layout,
+  'count': AdamW's step}.
+
+  nanoGPT's configure_optimizers makes two groups from named_parameters():
+  the tensors of 2 or more dimensions (decayed), then the rest, each in
+  module order, which is `_layout`'s order; torch numbers the parameters
+  through the groups in that order.
+  """
+  where = f"{path}: 'optimizer'"
+  if not isinstance(optimizer, Mapping) or not {"state", "param_groups"} <= set(
+      optimizer):
+    raise CheckpointError(f"{where} is not a torch optimizer state_dict "
+                          "(expected 'state' and 'param_groups').")
+  layout = _layout(args)
+  groups = ([name for name, _, shape, _ in layout if len(shape) >= 2],
+            [name for name, _, shape, _ in layout if len(shape) < 2])
+  torch_shapes = {name: shape[::-1] if is_linear else shape
+                  for name, _, shape, is_linear in layout}
+  sizes = [len(g.get("params", ())) if isinstance(g, Mapping) else None
+           for g in optimizer["param_groups"]]
+  if sizes != [len(g) for g in groups]:
+    raise CheckpointError(
+        f"{where} has parameter groups of sizes {sizes}; nanoGPT's AdamW for "
+        f"this model has [{len(groups[0])}, {len(groups[1])}] (weights of 2+ "
+        "dimensions, then biases and LayerNorms).")
+  moments = {"exp_avg": {}, "exp_avg_sq": {}}
+  steps = set()
+  for group, names in zip(optimizer["param_groups"], groups):
+    for index, name in zip(group["params"], names):
+      entry = optimizer["state"].get(index)
+      if entry is None:  # never stepped: torch creates the state lazily
+        for key in moments:
+          moments[key][name] = np.zeros(torch_shapes[name], np.float32)
+        steps.add(0)
+        continue
+      for key in moments:
+        value = entry.get(key) if isinstance(entry, Mapping) else None
+        if not isinstance(value, torch.Tensor):
+          raise CheckpointError(f"{where}: parameter {index} ({name}) has no "
+                                f"{key!r} tensor.")
+        moments[key][name] = _to_numpy(torch, value).astype(np.float32)
+      steps.add(int(_scalar(torch, entry.get("step", 0),
+                            f"optimizer step of {name}", path)))
+  if len(steps) != 1:
+    raise CheckpointError(f"{where}: its parameters were stepped different "
+                          f"numbers of times ({sorted(steps)}).")
+  return {"mu": _convert(moments["exp_avg"], args, where + " exp_avg",
+                         "transformer.", torch_linear=True),
+          "nu": _convert(moments["exp_avg_sq"], args, where + " exp_avg_sq",
+                         "transformer.", torch_linear=True),
+          "count": steps.pop()}
+
+
+def load_nanogpt_checkpoint(path: str, optimizer: bool = False
+                            ) -> tuple[dict, dict, dict]:
   """Reads a nanoGPT train.py `ckpt.pt`.
 
   Returns (params: numpy tree in our layout, model_args: {n_layer, n_head,
   n_embd, block_size, bias, vocab_size, dropout}, extras: {iter_num,
-  best_val_loss (float), config (dict)}). The optimizer state is ignored.
+  best_val_loss (float), config (dict)}). With `optimizer`, extras also has
+  'adam': AdamW's moments in our layout and its step count (`_adam_state`),
+  or None when the file has no optimizer state.
 
   Raises:
     FileNotFoundError: no such file.
@@ -250,6 +307,9 @@ def load_nanogpt_checkpoint(path: str) -> tuple[dict, dict, dict]:
   config = ckpt.get("config", {})
   extras = {"iter_num": int(iter_num), "best_val_loss": float(best),
             "config": dict(config) if isinstance(config, Mapping) else {}}
+  if optimizer:
+    extras["adam"] = (None if ckpt.get("optimizer") is None else
+                      _adam_state(torch, ckpt["optimizer"], model_args, path))
   return params, model_args, extras
 
 

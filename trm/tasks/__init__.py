@@ -34,6 +34,9 @@ class Task:
   make_eval_hook: Optional[Callable[[], Any]] = None
   # Model FLOPs of one train step (for MFU in the logs); None = not logged.
   flops_per_step: Optional[float] = None
+  # The best evaluation loss of the run initial_state continues (nanoGPT's
+  # best_val_loss), for saving on improvement; None = no earlier evaluation.
+  initial_best_loss: Optional[float] = None
 
 
 def build(config, workdir: str, mesh, rules) -> Task:

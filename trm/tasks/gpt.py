@@ -6,7 +6,8 @@ nanoGPT's get_batch. `init_from` follows nanoGPT:
   scratch   new weights (a workdir that already holds checkpoints resumes,
             so a preempted run restarts with the same command)
   resume    the workdir's newest checkpoint, which must exist; or, with
-            `init_checkpoint=.../ckpt.pt`, nanoGPT's weights
+            `init_checkpoint=.../ckpt.pt`, nanoGPT's run: its weights,
+            AdamW state, iteration and best validation loss
   gpt2*     OpenAI's GPT-2 weights from a Hugging Face directory in
             `init_checkpoint`
 Weights from a checkpoint decide the model's shapes, as in nanoGPT; the
@@ -19,6 +20,7 @@ import functools
 import os
 
 import jax
+import jax.numpy as jnp
 from absl import logging
 
 from trm import gpt_steps
@@ -72,15 +74,18 @@ def check_config(config) -> None:
 
 
 def _load_weights(config):
-  """(numpy params, their model args, what they are) for init_from."""
+  """(numpy params, their model args, what they are, extras) for init_from;
+  extras is a nanoGPT checkpoint's (iter_num, best_val_loss and, for
+  init_from='resume', AdamW's state), {} for GPT-2 weights."""
   path = config.init_checkpoint
   if config.init_from.startswith("gpt2"):
     params, args = gpt_import.load_hf_gpt2(path)
-    return params, args, f"GPT-2 weights from {path}"
-  params, args, extras = gpt_import.load_nanogpt_checkpoint(path)
+    return params, args, f"GPT-2 weights from {path}", {}
+  params, args, extras = gpt_import.load_nanogpt_checkpoint(
+      path, optimizer=config.init_from == "resume")
   return params, args, (f"nanoGPT checkpoint {path} (iter "
                         f"{extras.get('iter_num')}, best val loss "
-                        f"{extras.get('best_val_loss')})")
+                        f"{extras.get('best_val_loss')})"), extras
 
 
 def _adopt_shapes(config, args: dict, source: str) -> None:
@@ -108,11 +113,23 @@ def _crop_positions(params, block_size: int):
 
 
 def _state_from_weights(params, tx, seed: int, param_dtype: str, mesh,
-                        rules, shardings):
-  """A step-0 state around imported weights, placed on the mesh."""
+                        rules, shardings, adam=None, iter_num: int = 0):
+  """A state around imported weights, placed on the mesh: at step 0 with a
+  fresh AdamW, or with `adam` (a nanoGPT checkpoint's moments and count) at
+  step `iter_num`, continuing that run."""
   del rules  # the shardings hold them
   sharded = gpt_import.to_sharded(params, shardings.params, dtype=param_dtype)
-  return lm_steps.state_around_params(sharded, tx, seed, mesh, shardings)
+  state = lm_steps.state_around_params(sharded, tx, seed, mesh, shardings)
+  if adam is None and not iter_num:
+    return state
+  if adam is not None:
+    adam = dict(adam, **{k: gpt_import.to_sharded(adam[k], shardings.params,
+                                                  dtype=param_dtype)
+                         for k in ("mu", "nu")})
+  state = state.replace(
+      step=jnp.asarray(iter_num, jnp.int32),
+      opt_state=gpt_steps.with_adam_state(state.opt_state, iter_num, adam))
+  return jax.device_put(state, shardings)
 
 
 def build(config, workdir: str, mesh, rules) -> Task:
@@ -167,13 +184,29 @@ def build(config, workdir: str, mesh, rules) -> Task:
       config.eval_iters, config.seed, **process)
   batch_shardings = gpt_steps.batch_shardings(mesh, rules)
 
-  initial_state = None
+  initial_state, best_loss = None, None
   if weights is not None:
-    params = weights[0]
-    if params["wpe"]["embedding"].shape[0] > cfg.block_size:
+    params, _, source, extras = weights
+    crop = params["wpe"]["embedding"].shape[0] > cfg.block_size
+    if crop:
       params = _crop_positions(params, cfg.block_size)
+    resume = {}
+    if config.init_from == "resume":
+      # nanoGPT's init_from='resume': the run goes on from its iteration,
+      # AdamW state and best validation loss.
+      adam = extras.get("adam")
+      if adam is None:
+        logging.warning("%s holds no optimizer state: AdamW starts afresh "
+                        "at iteration %d.", source, extras["iter_num"])
+      elif crop:
+        adam = dict(adam, mu=_crop_positions(adam["mu"], cfg.block_size),
+                    nu=_crop_positions(adam["nu"], cfg.block_size))
+      resume = dict(adam=adam, iter_num=extras["iter_num"])
+      best_loss = extras["best_val_loss"]
+      logging.info("Continuing %s at iteration %d.", source,
+                   extras["iter_num"])
     initial_state = functools.partial(_state_from_weights, params, tx,
-                                      config.seed, cfg.param_dtype)
+                                      config.seed, cfg.param_dtype, **resume)
 
   non_embedding = gpt.num_params(gpt.abstract_params(cfg),
                                  non_embedding=True)
@@ -194,5 +227,6 @@ def build(config, workdir: str, mesh, rules) -> Task:
           accum_steps=config.gradient_accumulation_steps),
       eval_step=functools.partial(gpt_steps.eval_step, model=model),
       initial_state=initial_state,
-      flops_per_step=flops)
+      flops_per_step=flops,
+      initial_best_loss=best_loss)
 
