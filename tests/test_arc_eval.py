@@ -11,6 +11,7 @@ import pytest
 
 from trm import arc_eval
 from trm.data import dihedral
+import workers as workers_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -391,7 +392,7 @@ def test_two_processes_match_one(data_dir, tmp_path):
                               cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
-  outputs = [w.communicate(timeout=300)[0] for w in workers]
+  outputs = workers_lib.wait_all(workers, timeout=300)
   for worker, output in zip(workers, outputs):
     assert worker.returncode == 0, output[-3000:]
 

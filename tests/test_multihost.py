@@ -19,6 +19,7 @@ from trm.tasks import puzzle
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
+import workers as workers_lib  # pylint: disable=g-import-not-at-top
 
 # Runs trm.main's own distributed start-up, trains, and saves process 0's
 # parameters (replicated on a data-parallel mesh) for an exact comparison.
@@ -88,7 +89,7 @@ def test_two_processes_match_one_and_checkpoint_moves_between_them(
        "--num_processes=2", f"--process_id={i}"], cwd=ROOT, env=env,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
-  outputs = [w.communicate(timeout=600)[0] for w in workers]
+  outputs = workers_lib.wait_all(workers, timeout=600)
   for worker, output in zip(workers, outputs):
     assert worker.returncode == 0, output[-3000:]
 
