@@ -31,9 +31,10 @@ setup(
     ],
     extras_require={
         # libtpu (via jax[tpu]) lets the tests compile for TPU topologies.
-        # torch + transformers only build reference models for parity tests.
+        # torch + transformers only build reference models for parity tests;
+        # tiktoken runs the GPT-2 BPE preparation path (with a local encoding).
         "test": ["pytest>=8", "jax[tpu]==0.10.2", "torch==2.13.0",
-                 "transformers>=4.51,<5"],
+                 "transformers>=4.51,<5", "tiktoken>=0.7"],
         "tpu": ["jax[tpu]==0.10.2"],
         "gpu": ["jax[cuda12]==0.10.2"],
         # Reading the upstream Sudoku CSVs from the Hugging Face Hub.

@@ -163,6 +163,39 @@ def test_prepare_bpe_with_tokenizer_json(tmp_path):
     text_lib.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path / "no.json"))
 
 
+def test_prepare_bpe_with_tiktoken(tmp_path, monkeypatch):
+  """tokenizer='gpt2' goes through tiktoken's get_encoding. GPT-2's own
+  files need the network once, so a byte-level encoding with GPT-2's split
+  pattern and a few merges stands in for them here."""
+  tiktoken = pytest.importorskip("tiktoken")
+  ranks = {bytes([b]): b for b in range(256)}
+  for merge in (b"ea", b"pe", b"spe", b"ak", b"speak", b"ci", b" s"):
+    ranks[merge] = len(ranks)
+  encoding = tiktoken.Encoding(
+      "gpt2-standin",
+      pat_str=(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+"""
+               r"""| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""),
+      mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)})
+  asked = []
+  monkeypatch.setattr(tiktoken, "get_encoding",
+                      lambda name: asked.append(name) or encoding)
+  out = str(tmp_path / "bpe")
+  meta = text_lib.prepare_bpe(_SAMPLE, out, tokenizer="gpt2")
+  assert asked == ["gpt2"]
+  assert meta["tokenizer"] == "gpt2"
+  assert meta["vocab_size"] == encoding.n_vocab == 264
+  cut = int(len(_SAMPLE) * 0.9)
+  train = np.fromfile(os.path.join(out, "train.bin"), np.uint16)
+  val = np.fromfile(os.path.join(out, "val.bin"), np.uint16)
+  assert train.size < cut  # Merges happened.
+  codec = text_lib.codec_from_meta(text_lib.load_meta(out))
+  assert codec.decode(train) == _SAMPLE[:cut]
+  assert codec.decode(val) == _SAMPLE[cut:]
+  # encode_ordinary, as nanoGPT: special-token text is plain text.
+  ids = codec.encode("speak<|endoftext|>")
+  assert len(ids) > 2 and codec.decode(ids) == "speak<|endoftext|>"
+
+
 def test_gpt2_without_tiktoken_says_what_to_do(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "tiktoken", None)  # import fails
   with pytest.raises(text_lib.TokenizerUnavailableError,
