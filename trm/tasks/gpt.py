@@ -73,16 +73,16 @@ def check_config(config) -> None:
         f"config.warmup_iters={config.warmup_iters}.")
 
 
-def _load_weights(config):
+def _load_weights(config, optimizer: bool):
   """(numpy params, their model args, what they are, extras) for init_from;
-  extras is a nanoGPT checkpoint's (iter_num, best_val_loss and, for
-  init_from='resume', AdamW's state), {} for GPT-2 weights."""
+  extras is a nanoGPT checkpoint's (iter_num, best_val_loss and, with
+  `optimizer`, AdamW's state), {} for GPT-2 weights."""
   path = config.init_checkpoint
   if config.init_from.startswith("gpt2"):
     params, args = gpt_import.load_hf_gpt2(path)
     return params, args, f"GPT-2 weights from {path}", {}
   params, args, extras = gpt_import.load_nanogpt_checkpoint(
-      path, optimizer=config.init_from == "resume")
+      path, optimizer=optimizer)
   return params, args, (f"nanoGPT checkpoint {path} (iter "
                         f"{extras.get('iter_num')}, best val loss "
                         f"{extras.get('best_val_loss')})"), extras
@@ -156,7 +156,11 @@ def build(config, workdir: str, mesh, rules) -> Task:
                     gpt_import.hf_gpt2_model_args(config.init_checkpoint),
                     config.init_checkpoint)
     else:
-      weights = _load_weights(config)
+      # AdamW's state only when the run starts from the file: a resumed run
+      # restores its own (restore_latest never returns None over existing
+      # checkpoints, so initial_state goes unused).
+      weights = _load_weights(
+          config, optimizer=config.init_from == "resume" and not resuming)
       _adopt_shapes(config, weights[1], weights[2])
 
   directory = data_dir(config)
@@ -185,7 +189,7 @@ def build(config, workdir: str, mesh, rules) -> Task:
   batch_shardings = gpt_steps.batch_shardings(mesh, rules)
 
   initial_state, best_loss = None, None
-  if weights is not None:
+  if weights is not None and not resuming:
     params, _, source, extras = weights
     crop = params["wpe"]["embedding"].shape[0] > cfg.block_size
     if crop:
