@@ -20,7 +20,7 @@ by ranking (positions whose confidence rank < k) instead of dynamic shapes.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,21 @@ import numpy as np
 
 LogitsFn = Callable[[jax.Array, Optional[jax.Array], Optional[jax.Array]],
                     jax.Array]
+
+
+class Denoiser(NamedTuple):
+  """A model split at the LM head, so the sampler can apply the head to the
+  positions that may be revealed only (the head is most of a small model's
+  forward and all of its vocabulary-wide work).
+
+    hidden(params, tokens [B,L] i32, mask [B,L] bool | None,
+           positions [B,L] i32 | None) -> final-normed hidden [B, L, D]
+    head(params, h [..., D]) -> raw logits [..., V]
+
+  Both are static jit arguments: build one Denoiser per model and reuse it.
+  """
+  hidden: Callable
+  head: Callable
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 
@@ -149,8 +164,11 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
     key = jax.random.fold_in(rng, i)
     k_tok, k_sel = jax.random.split(key)
     mask_index = x == mask_token_id
-    raw = (logits_fn(x, am, pos) if params is None
-           else logits_fn(params, x, am, pos))
+    if isinstance(logits_fn, Denoiser):
+      raw = logits_fn.head(params, logits_fn.hidden(params, x, am, pos))
+    else:
+      raw = (logits_fn(x, am, pos) if params is None
+             else logits_fn(params, x, am, pos))
     # Dream's AR alignment: position j is predicted by the raw output j-1.
     logits = jnp.concatenate([raw[:, :1], raw[:, :-1]], axis=1)
     last = i == steps - 1

@@ -12,6 +12,7 @@ compile time does not grow with depth.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Mapping
 
@@ -326,6 +327,24 @@ class Dream(nn.Module):
   def __call__(self, tokens, attention_mask=None, positions=None):
     return self.logits_from_hidden(self.hidden(tokens, attention_mask,
                                                positions))
+
+
+@functools.lru_cache(maxsize=None)
+def denoiser(cfg: DreamConfig):
+  """The `diffusion_sampling.Denoiser` of `Dream(cfg)` (weights as the first
+  argument of both halves); one object per config, so compiled sampling
+  loops are reused across calls."""
+  from trm import diffusion_sampling  # pylint: disable=g-import-not-at-top
+  model = Dream(cfg)
+
+  def hidden(params, tokens, attention_mask, positions):
+    return model.apply({"params": params}, tokens, attention_mask, positions,
+                       method=Dream.hidden)
+
+  def head(params, h):
+    return model.apply({"params": params}, h, method=Dream.logits_from_hidden)
+
+  return diffusion_sampling.Denoiser(hidden, head)
 
 
 def abstract_params(cfg: DreamConfig):
