@@ -22,6 +22,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
@@ -39,12 +40,26 @@ class CheckpointError(RuntimeError):
   """Checkpoints exist but none can be restored, or a save failed."""
 
 
+# The held-out loss a step was saved with (Orbax keeps it in the step's own
+# metadata), and the best such loss of the run up to that step.
+EVAL_LOSS = "eval_loss"
+BEST_EVAL_LOSS = "best_eval_loss"
+
+
 def make_manager(directory: str, *, max_to_keep: int,
                  async_save: bool = True) -> ocp.CheckpointManager:
+  """Keeps the newest `max_to_keep` steps plus the step with the lowest
+  held-out loss: a save after preemption (or any save without an evaluation)
+  can never push the best checkpoint out."""
+  from orbax.checkpoint.checkpoint_managers import preservation_policy as pp  # pylint: disable=g-import-not-at-top
+  keep = pp.AnyPreservationPolicy([
+      pp.LatestN(n=max_to_keep),
+      pp.BestN(get_metric_fn=lambda metrics: metrics[EVAL_LOSS], reverse=True,
+               n=1, keep_checkpoints_without_metrics=False)])
   return ocp.CheckpointManager(
       directory,
       options=ocp.CheckpointManagerOptions(
-          max_to_keep=max_to_keep, create=True,
+          preservation_policy=keep, create=True,
           enable_async_checkpointing=async_save),
       item_names=("state", "data_iter"))
 
@@ -66,17 +81,62 @@ def _save_error(manager, error: Exception) -> CheckpointError:
       f"untouched (complete steps: {kept or 'none'}).")
 
 
-def save(manager: ocp.CheckpointManager, step: int, state, data_iter) -> None:
+@jax.jit
+def _finite_flags(leaves):
+  return jnp.stack([jnp.isfinite(x).all() for x in leaves])
+
+
+def nonfinite_leaves(state) -> list[str]:
+  """Paths of the floating leaves of `state` holding a NaN or Inf (one
+  compiled reduction; its replicated result reads on every process)."""
+  named = [(jax.tree_util.keystr(path), x) for path, x in
+           jax.tree_util.tree_flatten_with_path(state)[0]
+           if jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not named:
+    return []
+  flags = np.asarray(_finite_flags([x for _, x in named]))
+  return [name for (name, _), ok in zip(named, flags) if not ok]
+
+
+def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
+         eval_loss: float | None = None,
+         best_eval_loss: float | None = None) -> None:
   """Starts an (async) save of `state` and the iterator position at `step`.
 
-  Raises `CheckpointError` if this or the previous (async) save failed.
+  `eval_loss` is the held-out loss measured at this step (it ranks the step
+  for keeping the best, see `make_manager`); `best_eval_loss` the lowest of
+  the run so far, recorded in the step's metadata so a resumed run knows it
+  whatever files lie beside the checkpoint. A state with a NaN or Inf
+  anywhere is never written (`CheckpointError`, naming the leaves). Raises
+  `CheckpointError` if this or the previous (async) save failed.
   """
+  bad = nonfinite_leaves(state)
+  if bad:
+    raise CheckpointError(
+        f"Not saving step {step} to {manager.directory}: {len(bad)} leaves of "
+        f"the state hold NaN or Inf (first: {', '.join(bad[:3])}). The "
+        f"checkpoints already there are untouched (complete steps: "
+        f"{_complete_steps(manager.directory) or 'none'}).")
+  metadata = ({} if best_eval_loss is None or not np.isfinite(best_eval_loss)
+              else {BEST_EVAL_LOSS: float(best_eval_loss)})
+  metrics = (None if eval_loss is None or not np.isfinite(eval_loss)
+             else {EVAL_LOSS: float(eval_loss)})
   try:
     manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data_iter=ocp.args.JsonSave(data_iter.get_state())), force=True)
+        data_iter=ocp.args.JsonSave(data_iter.get_state())), force=True,
+                 metrics=metrics, custom_metadata=metadata)
   except Exception as e:  # pylint: disable=broad-except
     raise _save_error(manager, e) from e
+
+
+def saved_best_loss(manager: ocp.CheckpointManager, step: int) -> float | None:
+  """The best held-out loss recorded with checkpoint `step`, or None."""
+  try:
+    value = (manager.metadata(step).custom_metadata or {}).get(BEST_EVAL_LOSS)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return None if value is None else float(value)
 
 
 def wait_until_finished(manager: ocp.CheckpointManager) -> None:

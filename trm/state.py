@@ -75,7 +75,8 @@ class Counter(clu_metrics.Metric):
 def skip_nonfinite(state, new_state, metrics: dict, ok, guarded=()):
   """The update guard both model families' train steps end with.
 
-  `ok` is `all_finite(loss, gradients)`. When it is False the step's update
+  `ok` is `all_finite(loss, gradients)`; the new state's fields outside
+  `guarded` must be finite as well. When either fails the step's update
   is dropped: every field keeps its value from `state` (parameters,
   optimizer state, EMA, puzzle table, ACT carry), except `step`, which
   advances so the data order stays that of a clean run. Fields named in
@@ -87,6 +88,11 @@ def skip_nonfinite(state, new_state, metrics: dict, ok, guarded=()):
   `max_bad_streak`, the longest run of skipped steps an interval reached,
   which the loop reads with the metrics it fetches anyway (no host sync).
   """
+  # A finite gradient can still give non-finite weights (a huge learning
+  # rate, an overflow): the step is then skipped too, so nothing non-finite
+  # is ever kept (and so never saved).
+  ok = jnp.logical_and(ok, all_finite(new_state.replace(
+      **{name: None for name in guarded})))
   kept = jax.tree.map(lambda new, old: jnp.where(ok, new, old),
                       new_state, state.replace(**{
                           name: getattr(new_state, name) for name in guarded}))

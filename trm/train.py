@@ -11,7 +11,9 @@ falls back to the previous one (`checkpoint.restore_latest`).
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import threading
 import time
@@ -66,6 +68,21 @@ def check_config(config) -> None:
     raise ValueError(
         f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "
         "must be >= 0 (0: never stop on non-finite steps).")
+  for key, value in _rate_fields(config):
+    # An infinite or NaN rate makes every parameter non-finite in one step;
+    # a negative one climbs the loss.
+    if not math.isfinite(value) or value < 0:
+      raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
+
+
+def _rate_fields(node, prefix=""):
+  """(dotted key, value) of every learning rate and weight decay."""
+  for key, value in node.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _rate_fields(value, f"{prefix}{key}.")
+    elif (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and re.search(r"(^|_)lr$|learning_rate|weight_decay", key)):
+      yield prefix + key, float(value)
 
 
 def check_workdir(workdir: str) -> epath.Path:
@@ -333,7 +350,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
 
   def save_checkpoint(step: int) -> bool:
     """Saves unless the newest step was skipped (the state is then not one
-    a clean run reaches, and must not displace a good checkpoint)."""
+    a clean run reaches, and must not displace a good checkpoint). The
+    step's held-out loss (if evaluated now) and the run's best go into the
+    checkpoint's own metadata."""
+    nonlocal best_loss
     streak = int(state.bad_streak)  # waits for the step, as the save would
     if streak:
       check_bad_streak(step, streak)
@@ -342,7 +362,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
           "non-finite loss or gradient; the newest checkpoint stays step %s.",
           step, streak, manager.latest_step())
       return False
-    ckpt_lib.save(manager, step, state, train_iter)
+    eval_loss = results.get("eval/loss") if evaluated_at == step else None
+    if eval_loss is not None:
+      best_loss = min(best_loss, float(eval_loss))
+    ckpt_lib.save(manager, step, state, train_iter, eval_loss=eval_loss,
+                  best_eval_loss=best_loss)
     return True
 
   def stop_for_preemption(step: int):
@@ -367,7 +391,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   # nanoGPT's always_save_checkpoint=False: save only when the held-out loss
   # improves on the best so far (that of the checkpoint resumed from).
   save_improved_only = not config.get("always_save_checkpoint", True)
-  best_loss = _saved_eval_loss(workpath, start_step)
+  # The checkpoint's own record first: the step resumed from may have been
+  # saved on preemption, with no evaluation (and no eval file) of its own.
+  best_loss = ckpt_lib.saved_best_loss(manager, start_step)
+  if best_loss is None:
+    best_loss = _saved_eval_loss(workpath, start_step)
   if from_initial_state and task.initial_best_loss is not None:
     best_loss = task.initial_best_loss
   evaluated_at = None
@@ -404,8 +432,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
             save_checkpoint(step)
           elif (evaluated_at == step
                 and results.get("eval/loss", best_loss) < best_loss):
-            if save_checkpoint(step):
-              best_loss = results["eval/loss"]
+            save_checkpoint(step)
           else:
             logging.info("Step %d: no checkpoint, eval loss %s is not below "
                          "the best %.4f (always_save_checkpoint=False).", step,
