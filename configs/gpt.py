@@ -102,6 +102,8 @@ def get_config(arg=None):
                          * c.get_ref("gradient_accumulation_steps"))
   c.keep_checkpoints = 2        # newest checkpoints kept on disk
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
+  c.allow_config_change = False  # resume although model/optim/data/seed/batch
+                                # differ from the run's config.json
   c.mesh = config_lib.mesh_config(data=-1, fsdp=1, model=1)
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
 

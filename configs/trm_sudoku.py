@@ -92,6 +92,8 @@ def get_config(arg=None):
   c.checkpoint_every = c.eval_every          # save cadence in steps
   c.keep_checkpoints = 3        # newest checkpoints kept on disk
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
+  c.allow_config_change = False  # resume although model/optim/data/seed/batch
+                                # differ from the run's config.json
   c.log_every = 100             # train metrics cadence in steps
   c.mesh = config_lib.mesh_config()
   c.logical_axis_rules = config_lib.default_logical_axis_rules()

@@ -64,7 +64,7 @@ def make_manager(directory: str, *, max_to_keep: int,
       item_names=("state", "data_iter"))
 
 
-def _complete_steps(directory) -> list[int]:
+def complete_steps(directory) -> list[int]:
   """Steps on disk that carry every commit marker, oldest first."""
   directory = epath.Path(directory)
   if not directory.exists():
@@ -74,7 +74,7 @@ def _complete_steps(directory) -> list[int]:
 
 
 def _save_error(manager, error: Exception) -> CheckpointError:
-  kept = _complete_steps(manager.directory)
+  kept = complete_steps(manager.directory)
   return CheckpointError(
       f"Writing a checkpoint to {manager.directory} failed "
       f"({type(error).__name__}: {error}). The checkpoints already there are "
@@ -116,7 +116,7 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
         f"Not saving step {step} to {manager.directory}: {len(bad)} leaves of "
         f"the state hold NaN or Inf (first: {', '.join(bad[:3])}). The "
         f"checkpoints already there are untouched (complete steps: "
-        f"{_complete_steps(manager.directory) or 'none'}).")
+        f"{complete_steps(manager.directory) or 'none'}).")
   metadata = ({} if best_eval_loss is None or not np.isfinite(best_eval_loss)
               else {BEST_EVAL_LOSS: float(best_eval_loss)})
   metrics = (None if eval_loss is None or not np.isfinite(eval_loss)

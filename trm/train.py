@@ -28,10 +28,12 @@ from etils import epath
 from clu import metric_writers, parameter_overview, periodic_actions
 
 from trm import checkpoint as ckpt_lib
+from trm import config_record
 from trm import losses
 from trm import mesh as mesh_lib
 from trm import state as state_lib
 from trm import tasks
+from trm import workdir_lock
 from trm.data import pipeline
 
 
@@ -234,11 +236,23 @@ class _Speed:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
-  """Trains, evaluates and checkpoints; resumes from `workdir` if it can."""
-  # ---------------------------------------------------------------- setup
+  """Trains, evaluates and checkpoints; resumes from `workdir` if it can.
+
+  The workdir is locked for the whole run (`workdir_lock`): a second
+  trainer on it is refused before it writes anything."""
   check_config(config)
-  is_main = jax.process_index() == 0
   workpath = check_workdir(workdir)  # local or gs://
+  with workdir_lock.WorkdirLock(workdir):
+    return _train_and_evaluate(config, workdir, workpath)
+
+
+def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
+  # ---------------------------------------------------------------- setup
+  is_main = jax.process_index() == 0
+  # A resume may not change how the run trains (before anything is built).
+  saved_steps = ckpt_lib.complete_steps(workpath / "checkpoints")
+  resume_step = saved_steps[-1] if saved_steps else None
+  config_changes = config_record.check(config, workpath, resume_step)
 
   # ----------------------------------------------------------------- mesh
   mesh = mesh_lib.make_mesh(config.mesh)
@@ -274,7 +288,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   writer = (metric_writers.create_default_writer(workdir, asynchronous=True)
             if is_main else metric_writers.MultiWriter([]))
   if is_main:
-    (workpath / "config.json").write_text(config.to_json_best_effort(indent=2))
+    config_record.record(config, workpath, config_changes, resume_step)
   if is_main:
     parameter_overview.log_parameter_overview(
         state.params, include_stats=jax.process_count() == 1)

@@ -1,0 +1,106 @@
+"""The run's record of its config: `config.json` says how its steps were
+trained, so a resume may not silently change that.
+
+The first run writes `config.json`; it is never overwritten while the run
+has checkpoints. A resume compares its config with it: a change of a field
+that alters the trajectory (model, optimizer, schedule, data, seed, batch;
+everything not in `HARMLESS`) is refused before anything is restored,
+listing the changed fields, unless `--config.allow_config_change=True`.
+Every change, harmless or accepted, is appended to `config_history.jsonl`
+beside it (time, step, {field: [recorded, new]}).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from etils import epath
+
+RECORD = "config.json"
+HISTORY = "config_history.jsonl"
+
+# Fields that change how a run is watched, saved or laid out on devices,
+# never which updates it makes (restores across meshes are bitwise).
+HARMLESS = (
+    "allow_config_change", "checkpoint_every", "eval_every", "log_every",
+    "keep_checkpoints", "max_consecutive_bad_steps", "data.prefetch",
+    "data.eval_batch_size", "data.max_eval_batches", "data.eval_sheet_rows",
+    "eval_interval", "log_interval", "eval_iters", "eval_only",
+    "always_save_checkpoint", "init_from", "init_checkpoint",
+    "logical_axis_rules", "model.remat", "model.attention")
+HARMLESS_PREFIXES = ("mesh.",)
+# May grow (train for longer), not shrink below the recorded value.
+LONGER = ("total_steps", "max_iters")
+
+
+class ConfigChangedError(ValueError):
+  """A resume's config alters the trajectory of the recorded run."""
+
+
+def _flat(tree, prefix: str = "") -> dict:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def _harmless(key: str, old, new) -> bool:
+  if key in HARMLESS or key.startswith(HARMLESS_PREFIXES):
+    return True
+  return key in LONGER and isinstance(old, int) and isinstance(new, int) and (
+      new >= old)
+
+
+def changes(recorded: dict, config: dict) -> dict:
+  """{field: [recorded, new]} for every field that differs."""
+  old, new = _flat(recorded), _flat(config)
+  return {key: [old.get(key), new.get(key)]
+          for key in sorted(set(old) | set(new))
+          if old.get(key) != new.get(key)}
+
+
+def check(config, workpath: epath.Path, step: int | None) -> dict:
+  """The changes of `config` against the run's record when resuming from
+  checkpoint `step` (None: a new run, nothing to compare).
+
+  Raises `ConfigChangedError` when a trajectory field changed and
+  `config.allow_config_change` is False; call it before restoring.
+  """
+  record_path = workpath / RECORD
+  if step is None or not record_path.exists():
+    return {}
+  diff = changes(json.loads(record_path.read_text()),
+                 json.loads(config.to_json_best_effort()))
+  refused = {k: v for k, v in diff.items() if not _harmless(k, *v)}
+  if refused and not config.allow_config_change:
+    listed = "; ".join(f"config.{k}: {old!r} -> {new!r}"
+                       for k, (old, new) in refused.items())
+    raise ConfigChangedError(
+        f"Resuming {workpath} from step {step} with a config that changes how"
+        f" it trains: {listed}. {record_path} records the config its steps "
+        "were trained with. Rerun with the recorded values, use another "
+        "--workdir, or pass --config.allow_config_change=True to accept the "
+        f"change (it is then recorded in {workpath / HISTORY}).")
+  return diff
+
+
+def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
+  """Writes `config.json` for a new run (one with no checkpoint yet), or
+  appends a resume's changes to the history; call on process 0 only."""
+  record_path = workpath / RECORD
+  if step is None or not record_path.exists():
+    record_path.write_text(config.to_json_best_effort(indent=2))
+    return
+  if not diff:
+    return
+  entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
+           "changes": diff,
+           "accepted": sorted(k for k, v in diff.items()
+                              if not _harmless(k, *v))}
+  history = workpath / HISTORY
+  # Read and rewrite rather than append: object stores cannot append.
+  before = history.read_text() if history.exists() else ""
+  history.write_text(before + json.dumps(entry) + "\n")
