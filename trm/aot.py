@@ -40,6 +40,7 @@ import time
 from absl import app, flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags
 
+from trm import cli
 from trm import config_lib
 
 GIB = 2**30
@@ -520,4 +521,4 @@ def define_flags():
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config"])
-  app.run(main, flags_parser=config_lib.parse_flags)
+  cli.run(main)

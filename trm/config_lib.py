@@ -124,6 +124,19 @@ def _config_file_error(text: str) -> str:
   return f"{lines[0]} {lines[-1]}"
 
 
+def _missing_config_file(argv) -> str | None:
+  """ml_collections reads --config lazily, so a missing file would only
+  fail after jax has started, with a chained traceback; name it now."""
+  import os  # pylint: disable=g-import-not-at-top
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      path = arg.split("=", 1)[1].split(":", 1)[0]
+      if path and not os.path.isfile(path):
+        return (f"--config={path}: no such config file (relative paths start"
+                f" from {os.getcwd()}); e.g. --config=configs/trm_sudoku.py")
+  return None
+
+
 def parse_flags(argv):
   """absl `flags_parser` for the command-line tools (`app.run(main,
   flags_parser=config_lib.parse_flags)`). Flag errors stay one line: a
@@ -133,7 +146,10 @@ def parse_flags(argv):
   import sys  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   try:
-    return flags.FLAGS(argv)
+    parsed = flags.FLAGS(argv)
+    message = _missing_config_file(argv)
+    if message is None:
+      return parsed
   except flags.Error as e:
     message = _config_file_error(str(e))
   except (AttributeError, KeyError) as e:

@@ -21,6 +21,7 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
+from trm import cli
 from trm import config_lib
 
 # The number each paper table reports, per dataset builder.
@@ -121,4 +122,4 @@ def define_flags():
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config", "checkpoint"])
-  app.run(main, flags_parser=config_lib.parse_flags)
+  cli.run(main)

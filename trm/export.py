@@ -20,6 +20,7 @@ import shutil
 from absl import app, flags
 from ml_collections import config_flags
 
+from trm import cli
 from trm import config_lib
 
 # Files of a Hugging Face model directory that are not weights or config.json.
@@ -86,4 +87,4 @@ def define_flags():
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config", "checkpoint", "out"])
-  app.run(main, flags_parser=config_lib.parse_flags)
+  cli.run(main)

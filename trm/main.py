@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging as logging_std
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from trm import cli
 from trm import config_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -89,7 +91,9 @@ def main(argv):
     train.train_and_evaluate(_CONFIG.value, workdir)
   except train.Preempted as e:  # a clean stop: the scheduler restarts us
     logging.warning("%s", e)
+    sys.stderr.write(f"trm.main: {e}\n")
+    sys.exit(cli.EXIT_CODES.get(e.signum, 0))
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_lib.parse_flags)
+  cli.run(main)

@@ -19,6 +19,7 @@ import time
 
 from absl import app, flags
 
+from trm import cli
 from trm import config_lib
 
 _INIT_FROM = flags.DEFINE_string(
@@ -183,4 +184,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_lib.parse_flags)
+  cli.run(main)

@@ -28,6 +28,7 @@ from etils import epath
 from clu import metric_writers, parameter_overview, periodic_actions
 
 from trm import checkpoint as ckpt_lib
+from trm import cli
 from trm import config_record
 from trm import losses
 from trm import mesh as mesh_lib
@@ -49,10 +50,11 @@ class Preempted(Exception):
   """Training stopped early on SIGTERM or a preemption notice, after saving
   a checkpoint at `step` (rerun with the same workdir to resume)."""
 
-  def __init__(self, step: int, checkpoint: str | None):
-    self.step, self.checkpoint = step, checkpoint
+  def __init__(self, step: int, checkpoint: str | None,
+               signum: int = signal.SIGTERM):
+    self.step, self.checkpoint, self.signum = step, checkpoint, signum
     super().__init__(
-        f"Preempted at step {step}; "
+        f"Preempted at step {step} ({signal.Signals(signum).name}); "
         + (f"saved {checkpoint}." if checkpoint else "no checkpoint saved.")
         + " Rerun with the same --workdir to resume.")
 
@@ -109,16 +111,17 @@ class _Preemption:
   """When to stop early. Multi-process jobs use JAX's preemption sync point
   (`manager.reached_preemption`): JAX's own SIGTERM handler tells the
   coordination service, which picks a step every process reaches. A single
-  process installs a SIGTERM handler for the loop's lifetime that sets a flag
-  read each step (without the preemption service, processes agree on the
-  flag every `agree_every` steps). A second SIGTERM kills the process."""
+  process installs SIGTERM and SIGINT (Ctrl-C) handlers for the loop's
+  lifetime that set a flag read each step (without the preemption service,
+  processes agree on the flag every `agree_every` steps). A second signal
+  exits at once, skipping the save (the newest complete checkpoint stays)."""
 
   def __init__(self, manager, agree_every: int):
     self._manager, self._agree_every = manager, agree_every
     self._sync = (jax.process_count() > 1
                   and jax.config.jax_enable_preemption_service)
     self._previous = None
-    self.signal_time = None
+    self.signal_time, self.signum = None, signal.SIGTERM
 
   def __enter__(self):
     if self._sync:
@@ -127,21 +130,22 @@ class _Preemption:
       logging.warning("Training outside the main thread: SIGTERM will not "
                       "save a checkpoint before exiting.")
       return self
-    self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+    self._previous = {signum: signal.signal(signum, self._on_signal)
+                      for signum in (signal.SIGTERM, signal.SIGINT)}
     return self
 
   def __exit__(self, *unused_exc):
     if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+      for signum, handler in self._previous.items():
+        signal.signal(signum, handler)
       self._previous = None
 
-  def _on_sigterm(self, signum, unused_frame):
+  def _on_signal(self, signum, unused_frame):
     if self.signal_time is None:
-      self.signal_time = time.time()
+      self.signal_time, self.signum = time.time(), signum
       return
-    signal.signal(signum, self._previous or signal.SIG_DFL)
-    self._previous = None
-    signal.raise_signal(signum)
+    cli.exit_now(signum, "the checkpoint save was skipped; the newest "
+                 "complete checkpoint on disk is kept.")
 
   def reached(self, step: int) -> bool:
     """Called once per step, with the same steps on every process."""
@@ -384,7 +388,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
     return True
 
   def stop_for_preemption(step: int):
-    since = (f" {time.time() - preemption.signal_time:.1f} s after SIGTERM"
+    since = (f" {time.time() - preemption.signal_time:.1f} s after "
+             f"{signal.Signals(preemption.signum).name}"
              if preemption.signal_time else "")
     logging.warning("Preemption: saving step %d and stopping%s.", step, since)
     saved = save_checkpoint(step)
@@ -394,7 +399,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
     if train_metrics is not None:
       write_train_metrics(step, train_metrics)
     raise Preempted(step, str(manager.directory / str(step)) if saved
-                    else None)
+                    else None, preemption.signum)
 
   # ----------------------------------------------------------------- loop
   report = periodic_actions.ReportProgress(

@@ -27,6 +27,7 @@ from PIL import ImageDraw
 from PIL import ImageFont
 
 from trm import arc_eval
+from trm import cli
 
 KINDS = ("sudoku", "maze", "arc")
 Color = tuple[int, int, int]
@@ -443,4 +444,4 @@ def main(argv: Sequence[str]) -> None:
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["data_dir"])
-  app.run(main)
+  cli.run(main)

@@ -81,6 +81,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
+from trm import cli
 from trm.data import builder_cli
 from trm.data import dihedral
 from trm.data import puzzle_format
@@ -849,4 +850,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

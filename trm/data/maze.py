@@ -49,6 +49,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
+from trm import cli
 from trm.data import builder_cli
 from trm.data import dihedral
 from trm.data import hub
@@ -723,4 +724,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

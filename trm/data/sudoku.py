@@ -28,6 +28,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
+from trm import cli
 from trm.data import builder_cli
 from trm.data import hub
 from trm.data import puzzle_format
@@ -641,4 +642,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

@@ -31,6 +31,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from trm import cli
 from trm.data import puzzle_format
 
 TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/"
@@ -606,4 +607,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)
