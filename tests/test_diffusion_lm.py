@@ -168,3 +168,44 @@ def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):
   saved, _ = generate.load_params(workdir, cfg, shardings)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(exported),
                jax.device_get(saved))
+
+
+def _export(workdir, out, *extra):
+  return subprocess.run(
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+       f"--out={out}", "--dtype=float32", *extra],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def test_export_never_mixes_with_an_existing_directory(trained, tmp_path):
+  """An old sharded download in --out: refused untouched without
+  --overwrite; with it, replaced as a whole (its index, which loaders
+  prefer, must not survive to point at the old shards)."""
+  workdir, _ = trained
+  out = tmp_path / "hf"
+  out.mkdir()
+  old = {"model.safetensors.index.json": "{}",
+         "model-00001-of-00002.safetensors": "old", "config.json": "{}"}
+  for name, text in old.items():
+    (out / name).write_text(text)
+  refused = _export(workdir, out)
+  assert refused.returncode == 1, refused.stderr[-2000:]
+  assert f"--out={out} is not empty" in refused.stderr
+  assert "Traceback" not in refused.stderr
+  assert sorted(os.listdir(out)) == sorted(old)
+  replaced = _export(workdir, out, "--overwrite")
+  assert replaced.returncode == 0, replaced.stderr[-3000:]
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+  assert not [p for p in os.listdir(tmp_path) if p != "hf"]  # no leftovers
+
+
+def test_export_refuses_to_overwrite_its_tokenizer_source(trained, tmp_path):
+  workdir, _ = trained
+  (tmp_path / "tokenizer.json").write_text("{}")
+  for out in (tmp_path, tmp_path.parent):
+    result = _export(workdir, out, f"--tokenizer={tmp_path}", "--overwrite")
+    assert result.returncode == 1
+    assert "equals or contains --tokenizer" in result.stderr
+  assert os.listdir(tmp_path) == ["tokenizer.json"]

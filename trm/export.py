@@ -41,9 +41,46 @@ def copy_tokenizer_files(source: str, out: str) -> list[str]:
   return copied
 
 
+def check_out_dir(out: str, tokenizer: str | None, overwrite: bool) -> None:
+  """Refuses, before anything is read or written, an --out that would mix
+  with other files or destroy the tokenizer source."""
+  if "://" in out:
+    raise app.UsageError(f"--out={out}: export to a local directory, then "
+                         "copy it (an object store cannot swap a directory "
+                         "in atomically).")
+  if tokenizer:
+    real_out, real_tok = os.path.realpath(out), os.path.realpath(tokenizer)
+    if real_tok == real_out or real_tok.startswith(real_out + os.sep):
+      raise app.UsageError(
+          f"--out={out} equals or contains --tokenizer={tokenizer}: the "
+          "export would replace the files it copies. Export to a new "
+          "directory.")
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise app.UsageError(f"--out={out} is a file; pass a directory.")
+  if os.path.isdir(out) and os.listdir(out) and not overwrite:
+    raise app.UsageError(
+        f"--out={out} is not empty. An export into it would mix its files "
+        "(e.g. an old model.safetensors.index.json, which loaders prefer) "
+        "with the new weights. Use a new directory, or --overwrite to "
+        "replace the whole directory with the export.")
+
+
+def swap_in(staging: str, out: str) -> None:
+  """Moves the finished export to `out`; an existing `out` is replaced as a
+  whole (renamed aside, then deleted), so no file of it remains."""
+  if os.path.isdir(out):
+    old = f"{out.rstrip(os.sep)}.replaced-{os.getpid()}"
+    os.rename(out, old)
+    os.rename(staging, out)
+    shutil.rmtree(old)
+  else:
+    os.rename(staging, out)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value)
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -62,17 +99,27 @@ def main(argv):
     shardings = mesh_lib.tree_shardings(mesh, rules,
                                         dream.abstract_params(cfg))
   params, source = generate.load_params(_CHECKPOINT.value, cfg, shardings)
-  files = hf_import.export_hf_checkpoint(params, cfg, _OUT.value,
-                                         dtype=_DTYPE.value)
+  # Everything goes to a sibling directory first: a failed export leaves
+  # --out as it was.
+  out = _OUT.value.rstrip(os.sep)
+  staging = f"{out}.partial-{os.getpid()}"
+  try:
+    files = hf_import.export_hf_checkpoint(params, cfg, staging,
+                                           dtype=_DTYPE.value)
+    if jax.process_index() == 0:
+      copied = (copy_tokenizer_files(_TOKENIZER.value, staging)
+                if _TOKENIZER.value else [])
+      swap_in(staging, out)
+  finally:
+    if os.path.isdir(staging):
+      shutil.rmtree(staging, ignore_errors=True)
   if jax.process_index() == 0:
-    copied = (copy_tokenizer_files(_TOKENIZER.value, _OUT.value)
-              if _TOKENIZER.value else [])
-    print(f"exported {source} to {_OUT.value}: {len(files)} weight file(s), "
+    print(f"exported {source} to {out}: {len(files)} weight file(s), "
           f"config.json, {', '.join(copied) or 'no tokenizer files'}")
 
 
 def define_flags():
-  global _CONFIG, _CHECKPOINT, _OUT, _TOKENIZER, _DTYPE
+  global _CONFIG, _CHECKPOINT, _OUT, _TOKENIZER, _DTYPE, _OVERWRITE
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Model config.",
                                             lock_config=True)
   _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "trm.main workdir.")
@@ -82,6 +129,9 @@ def define_flags():
       "are copied (the checkpoint you fine-tuned from).")
   _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"],
                              "Stored dtype (the hub's is bfloat16).")
+  _OVERWRITE = flags.DEFINE_bool(
+      "overwrite", False, "Replace a non-empty --out as a whole (the new "
+      "export is written beside it and swapped in; no old file remains).")
 
 
 if __name__ == "__main__":
