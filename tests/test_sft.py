@@ -20,6 +20,42 @@ def test_jsonl_pairs_and_errors(tmp_path):
     sft.read_jsonl_pairs(str(path))
 
 
+@pytest.mark.parametrize("record, message", [
+    ({"prompt": None, "response": "r"}, r'"prompt" must be a string, got null'),
+    ({"prompt": "p", "response": ["a", "b"]},
+     r'"response" must be a string, got an array \["a", "b"\]'),
+    ({"prompt": "p", "response": 3}, r'"response" must be a string, got a '
+     "number 3"),
+    ({"prompt": "p", "response": "  "}, r'"response" is empty'),
+])
+def test_jsonl_values_must_be_strings_with_a_response(tmp_path, record,
+                                                      message):
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps({"prompt": "ok", "response": "ok"}) + "\n"
+                  + json.dumps(record) + "\n")
+  with pytest.raises(ValueError, match=r"train.jsonl:2: " + message):
+    sft.read_jsonl_pairs(str(path))
+
+
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path):
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps({"prompt": "a\u2028b", "response": "c"},
+                             ensure_ascii=False) + "\n", encoding="utf-8")
+  assert sft.read_jsonl_pairs(str(path)) == [("a\u2028b", "c")]
+
+
+@pytest.mark.parametrize("reader", ["jsonl", "code"])
+def test_non_utf8_files_name_the_file_and_offset(tmp_path, reader):
+  path = tmp_path / ("train.jsonl" if reader == "jsonl" else "a.py")
+  path.write_bytes(b'{"prompt": "p", "response": "r"}\n{"prompt": "\xe9"}\n')
+  with pytest.raises(ValueError, match=rf"{path.name}: not UTF-8 text: byte "
+                     r"0xe9 at offset 45 \(line 2\)"):
+    if reader == "jsonl":
+      sft.read_jsonl_pairs(str(path))
+    else:
+      sft.read_code_files(str(path))
+
+
 def test_pair_rows_pad_truncate_and_prompt_never_maskable():
   tokens, maskable = sft.pair_rows([([1, 2], [3, 4, 5]), ([6], [7] * 10)],
                                    seq_len=6, pad_id=0)

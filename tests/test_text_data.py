@@ -118,6 +118,10 @@ def test_read_text_errors(tmp_path, monkeypatch):
   assert text_lib.read_text(str(tmp_path / "a.txt")) == "héllo"
   with pytest.raises(FileNotFoundError, match="nope.txt does not exist"):
     text_lib.read_text(str(tmp_path / "nope.txt"))
+  (tmp_path / "latin1.txt").write_bytes("to be\nor n\xf6t".encode("latin1"))
+  with pytest.raises(ValueError, match=r"latin1.txt: not UTF-8 text: byte "
+                     r"0xf6 at offset 10 \(line 2\)"):
+    text_lib.read_text(str(tmp_path / "latin1.txt"))
 
   def offline(*args, **kwargs):
     raise urllib.error.URLError("Temporary failure in name resolution")

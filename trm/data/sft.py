@@ -21,6 +21,12 @@ import os
 
 import numpy as np
 
+from trm.data import io as data_io
+
+
+_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number",
+               float: "a number", list: "an array", dict: "an object"}
+
 
 def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
                      response_key: str = "response"):
@@ -30,23 +36,35 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
     raise FileNotFoundError(f"{path} does not exist: set config.data.path (or "
                             "data.eval_path) to a JSONL file of "
                             "prompt/response pairs.")
-  with open(path) as f:
-    for line_number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{line_number}: not valid JSON ({e}).") from e
-      if not isinstance(record, dict):
-        raise ValueError(f"{path}:{line_number}: expected a JSON object "
-                         f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}}, "
-                         f"got a {type(record).__name__}.")
-      missing = [k for k in (prompt_key, response_key) if k not in record]
-      if missing:
-        raise ValueError(f"{path}:{line_number}: missing key(s) {missing}; "
-                         f"set the data.prompt_key / data.response_key names.")
-      pairs.append((str(record[prompt_key]), str(record[response_key])))
+  text = data_io.read_utf8(path)
+  # Split on newlines only: JSON strings may hold U+2028 and the like.
+  for line_number, line in enumerate(text.split("\n"), 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{line_number}: not valid JSON ({e}).") from e
+    if not isinstance(record, dict):
+      raise ValueError(f"{path}:{line_number}: expected a JSON object "
+                       f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}}, "
+                       f"got a {type(record).__name__}.")
+    missing = [k for k in (prompt_key, response_key) if k not in record]
+    if missing:
+      raise ValueError(f"{path}:{line_number}: missing key(s) {missing}; "
+                       f"set the data.prompt_key / data.response_key names.")
+    # Strings only: str() would turn null into "None" and a list into its
+    # repr, and train on that.
+    for key in (prompt_key, response_key):
+      if not isinstance(record[key], str):
+        raise ValueError(
+            f"{path}:{line_number}: \"{key}\" must be a string, got "
+            f"{_JSON_TYPES.get(type(record[key]), 'a value')} "
+            f"{json.dumps(record[key])[:40]}.")
+    if not record[response_key].strip():
+      raise ValueError(f"{path}:{line_number}: \"{response_key}\" is empty;"
+                       " every example needs a response to learn from.")
+    pairs.append((record[prompt_key], record[response_key]))
   if not pairs:
     raise ValueError(f"{path} holds no examples; write one JSON object "
                      f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}} "
@@ -84,8 +102,8 @@ def read_code_files(pattern: str):
                             "glob such as 'src/**/*.py'.")
   texts = []
   for path in paths:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      texts.append(f.read())
+    texts.append(data_io.read_utf8(
+        path, fix="or narrow data.path's glob to text files"))
   return texts
 
 

@@ -32,6 +32,7 @@ from absl import flags
 from absl import logging
 
 from trm import cli
+from trm.data import io as data_io
 from trm.data import puzzle_format
 
 TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/"
@@ -70,7 +71,7 @@ def read_text(source: str) -> str:
   if source.startswith(("http://", "https://")):
     try:
       with urllib.request.urlopen(source, timeout=60) as response:
-        return response.read().decode("utf-8")
+        return data_io.decode_utf8(response.read(), source)
     except (urllib.error.URLError, OSError) as e:
       raise ConnectionError(
           f"Could not download {source} ({e}). If this machine is offline, "
@@ -79,8 +80,7 @@ def read_text(source: str) -> str:
   if not os.path.isfile(source):
     raise FileNotFoundError(f"{source} does not exist: pass a text file or "
                             "an http(s) URL as the input.")
-  with open(source, encoding="utf-8") as f:
-    return f.read()
+  return data_io.read_utf8(source)
 
 
 # ----------------------------------------------------------------------------

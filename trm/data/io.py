@@ -1,0 +1,22 @@
+"""Reading users' text files with errors that name the file and the place."""
+from __future__ import annotations
+
+
+def decode_utf8(data: bytes, path: str, fix: str = "") -> str:
+  """`data` as UTF-8; a ValueError naming `path` and the byte offset of the
+  first invalid byte otherwise (Python's own error names neither)."""
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise ValueError(
+        f"{path}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+        f"{e.start} (line {line}) is invalid ({e.reason}). Convert the file "
+        "to UTF-8 (e.g. iconv -f latin1 -t utf-8)" + (f"; {fix}" if fix else "")
+        + ".") from None
+
+
+def read_utf8(path: str, fix: str = "") -> str:
+  """The whole of a local text file, strictly UTF-8 (see `decode_utf8`)."""
+  with open(path, "rb") as f:
+    return decode_utf8(f.read(), path, fix)
