@@ -202,3 +202,12 @@ def test_remote_data_dir_is_a_clear_error():
 def test_non_positive_cadence_is_a_clear_error(tmp_path, key):
   with pytest.raises(ValueError, match=f"config.{key}=0"):
     train.train_and_evaluate(tiny_config(**{key: 0}), str(tmp_path))
+
+
+def test_a_split_smaller_than_one_batch_fails_before_compile(tmp_path):
+  config = tiny_config(**{"data.build.num_train": 2})
+  with pytest.raises(ValueError, match=r"holds 2 examples in 2 groups.*"
+                     r"config.global_batch_size=16.*epochs_per_iter"):
+    train.train_and_evaluate(config, str(tmp_path))
+  # Nothing of a run was written: no config record, events or checkpoints.
+  assert sorted(os.listdir(tmp_path)) == ["data"]

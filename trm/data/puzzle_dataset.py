@@ -132,6 +132,17 @@ class TrainBatches(_Split):
     self._cache = {}  # iteration -> its batches (most recent only)
     self._group_indices = np.asarray(arrays["group_indices"])
     self._puzzle_indices = np.asarray(arrays["puzzle_indices"])
+    # A split too small for one batch is found now, before anything is
+    # compiled or written, rather than at the first step.
+    if len(self._iteration(0)[1]) == 1:
+      raise ValueError(
+          f"The training split holds {int(self._puzzle_indices[-1])} examples"
+          f" in {len(self._group_indices) - 1} groups: one iteration "
+          f"(config.data.epochs_per_iter={epochs_per_iter} epochs, one puzzle"
+          " per group per epoch) fills no global batch of "
+          f"config.global_batch_size={global_batch_size}. Raise "
+          "config.data.epochs_per_iter, lower config.global_batch_size, or "
+          "build more training data.")
 
   def __len__(self):
     return self.num_batches
