@@ -3,6 +3,8 @@ the run's best held-out loss travels in the checkpoint's own metadata (so a
 resume after preemption knows it), and nothing non-finite is ever written.
 8 CPU devices."""
 import os
+import re
+import subprocess
 import sys
 
 import jax.numpy as jnp
@@ -74,7 +76,8 @@ def test_resume_after_preemption_keeps_the_best_checkpoint(
   real_reached = train._Preemption.reached  # pylint: disable=protected-access
   monkeypatch.setattr(train._Preemption, "reached",  # pylint: disable=protected-access
                       lambda self, step: step == 15 or real_reached(self, step))
-  with pytest.raises(train.Preempted, match="Preempted at step 15; saved"):
+  with pytest.raises(train.Preempted,
+                     match=r"Preempted at step 15 \(SIGTERM\); saved"):
     train.train_and_evaluate(config, workdir)
   checkpoints = os.path.join(workdir, "checkpoints")
   assert _steps(checkpoints) == [10, 15]
@@ -93,3 +96,51 @@ def test_config_rejects_nonfinite_or_negative_rates(tmp_path):
     config = tiny_config(tmp_path, **{key: value})
     with pytest.raises(ValueError, match=f"config.{key}=.* must be a finite"):
       train.check_config(config)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 9 MiB tmpfs: room for one checkpoint of the tiny TRM, not two."""
+  mount = tmp_path / "disk"
+  mount.mkdir()
+  made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=9M", "tmpfs",
+                         str(mount)], capture_output=True, check=False)
+  if made.returncode:
+    pytest.skip("mounting a tmpfs needs root")
+  yield mount
+  subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_is_one_line_and_loses_nothing(small_disk, tmp_path):
+  from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
+  from test_train import ROOT  # pylint: disable=g-import-not-at-top
+  from test_train import tiny_config as trm_config  # pylint: disable=g-import-not-at-top
+  config = trm_config(**{"data.data_dir": str(tmp_path / "data"),
+                         "mesh.data": 1, "mesh.fsdp": 1, "mesh.model": 1})
+  workdir = small_disk / "run"
+  command = [sys.executable, "-m", "trm.main",
+             "--config=configs/trm_sudoku.py:cpu", f"--workdir={workdir}"
+             ] + _cli_flags(config)
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  full = subprocess.run(command, cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert full.returncode == 2, full.stderr[-3000:]
+  assert "Traceback" not in full.stderr
+  errors = [l for l in full.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, errors
+  assert re.fullmatch(
+      rf"trm\.main: error: Writing a checkpoint to {workdir}/checkpoints "
+      r"failed \(no space left on device\); [0-9.]+ MiB free there\. Removed "
+      r"the partial save \(12\.orbax-checkpoint-tmp\); the last good "
+      rf"checkpoint, {workdir}/checkpoints/6, is kept\..*", errors[0])
+  assert _steps(workdir / "checkpoints") == [6]
+  assert os.listdir(workdir / "checkpoints") == ["6"]  # no partial left
+  # More room: the rerun resumes from step 6 and finishes.
+  subprocess.run(["mount", "-o", "remount,size=40M", str(small_disk)],
+                 check=True)
+  resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Restoring checkpoint" in resumed.stderr and "/6" in resumed.stderr
+  assert 12 in _steps(workdir / "checkpoints")

@@ -249,7 +249,8 @@ def test_sigterm_saves_exits_zero_and_resumes_identically(
   # The CLI flags reproduced the config exactly.
   with open(os.path.join(workdir, "config.json")) as f:
     assert json.load(f) == json.loads(config.to_json_best_effort())
-  stopped = int(re.search(r"Preempted at step (\d+); saved", log).group(1))
+  stopped = int(re.search(r"Preempted at step (\d+) \(SIGTERM\); saved",
+                          log).group(1))
   assert 0 < stopped < config.total_steps
   assert stopped in _steps_on_disk(workdir)
 

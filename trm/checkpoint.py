@@ -19,6 +19,7 @@ with an error and nothing is moved.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import jax
@@ -29,6 +30,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from trm import cli
+
 # What Orbax 0.12 writes last into every finished step, relative to the step
 # directory: the commit markers of the step and of each item, and metadata.
 _COMMITTED_FILES = ("commit_success.txt", "_CHECKPOINT_METADATA",
@@ -36,9 +39,12 @@ _COMMITTED_FILES = ("commit_success.txt", "_CHECKPOINT_METADATA",
                     "data_iter/commit_success.txt")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(cli.UserError, RuntimeError):
   """Checkpoints exist but none can be restored, or a save failed."""
 
+
+# Orbax writes a step into `<step>.orbax-checkpoint-tmp` and renames it.
+_TMP_MARK = ".orbax-checkpoint-tmp"
 
 # The held-out loss a step was saved with (Orbax keeps it in the step's own
 # metadata), and the best such loss of the run up to that step.
@@ -73,12 +79,57 @@ def complete_steps(directory) -> list[int]:
                 if p.name.isdigit() and not missing_files(p))
 
 
+def _free_space(directory) -> str:
+  if "://" in str(directory):
+    return ""
+  try:
+    free = shutil.disk_usage(str(directory)).free
+  except OSError:
+    return ""
+  return f"; {free / 2**20:.1f} MiB free there"
+
+
+def _remove_partial_saves(directory) -> list[str]:
+  """Deletes the temporary directories of saves that never committed (a
+  full disk stays full otherwise); primary process only."""
+  directory = epath.Path(directory)
+  if jax.process_index() != 0 or not directory.exists():
+    return []
+  removed = []
+  for path in directory.iterdir():
+    if _TMP_MARK in path.name:
+      path.rmtree(missing_ok=True)
+      removed.append(path.name)
+  return removed
+
+
 def _save_error(manager, error: Exception) -> CheckpointError:
+  free = _free_space(manager.directory)  # before the partial save goes
+  removed = _remove_partial_saves(manager.directory)
   kept = complete_steps(manager.directory)
+  last = (f"the last good checkpoint, {epath.Path(manager.directory) / str(kept[-1])}"
+          f", is kept" if kept else "no complete checkpoint was written yet")
+  cause = " ".join(str(error).split())
+  if "No space left on device" in cause:  # buried at the end of Orbax's text
+    cause = "no space left on device"
+  elif len(cause) > 300:
+    cause = f"{type(error).__name__}: {cause[:300]} ..."
+  else:
+    cause = f"{type(error).__name__}: {cause}"
   return CheckpointError(
-      f"Writing a checkpoint to {manager.directory} failed "
-      f"({type(error).__name__}: {error}). The checkpoints already there are "
-      f"untouched (complete steps: {kept or 'none'}).")
+      f"Writing a checkpoint to {manager.directory} failed ({cause}){free}. "
+      + (f"Removed the partial save ({', '.join(removed)}); " if removed
+         else "") + f"{last}. Free space (or fix the cause) and rerun to "
+      "resume.")
+
+
+def check_async_errors(manager: ocp.CheckpointManager) -> None:
+  """Raises `CheckpointError` now if a background save has failed, rather
+  than at the next save."""
+  try:
+    manager.check_for_errors()
+  except Exception as e:  # pylint: disable=broad-except
+    raise _save_error(manager, e) from e
 
 
 @jax.jit

@@ -80,6 +80,12 @@ def install_signal_handlers() -> None:
     signal.signal(signum, _on_signal)
 
 
+def traceback_requested() -> bool:
+  """--traceback or TRM_TRACEBACK=1."""
+  return (flags.FLAGS.is_parsed() and _TRACEBACK.value) or os.environ.get(
+      TRACEBACK_ENV, "") not in ("", "0")
+
+
 def is_user_error(error: BaseException) -> bool:
   return isinstance(error, (UserError, ValueError, OSError))
 
@@ -101,16 +107,33 @@ def _wrap(main):
     except app.UsageError:
       raise  # absl prints it as one line with the usage hint
     except Exception as error:  # pylint: disable=broad-except
-      if not is_user_error(error) or _TRACEBACK.value or os.environ.get(
-          TRACEBACK_ENV, "") not in ("", "0"):
+      if not is_user_error(error) or traceback_requested():
         raise
       sys.stderr.write(one_line(error) + "\n")
       sys.exit(2)
   return wrapped
 
 
+def _quiet_closed_loop_callbacks() -> None:
+  """After a failed asynchronous save, tensorstore's write callbacks find
+  Orbax's event loop closed and report each RuntimeError as "unraisable"
+  (a traceback apiece, dozens per save): noise after the one line that
+  already names the failure. Shown with --traceback."""
+  report = sys.unraisablehook
+
+  def unraisablehook(unraisable):
+    if (unraisable.exc_type is RuntimeError
+        and str(unraisable.exc_value) == "Event loop is closed"
+        and not traceback_requested()):
+      return
+    report(unraisable)
+
+  sys.unraisablehook = unraisablehook
+
+
 def run(main) -> None:
   """`app.run(main)` with the shared flag parser, one-line errors and
   signal handling."""
   install_signal_handlers()
+  _quiet_closed_loop_callbacks()
   app.run(_wrap(main), flags_parser=config_lib.parse_flags)

@@ -253,10 +253,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
 def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
   # ---------------------------------------------------------------- setup
   is_main = jax.process_index() == 0
-  # A resume may not change how the run trains (before anything is built).
-  saved_steps = ckpt_lib.complete_steps(workpath / "checkpoints")
-  resume_step = saved_steps[-1] if saved_steps else None
-  config_changes = config_record.check(config, workpath, resume_step)
 
   # ----------------------------------------------------------------- mesh
   mesh = mesh_lib.make_mesh(config.mesh)
@@ -270,6 +266,12 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
   # ------------------------------------------------------ data and model
   # The model family's task reads its data and names its model and steps.
   task = tasks.build(config, workdir, mesh, rules)
+  # A resume may not change how the run trains. Checked after the task has
+  # filled in what it derives from the data (e.g. nanoGPT's vocab_size, as
+  # recorded), before anything is restored.
+  saved_steps = ckpt_lib.complete_steps(workpath / "checkpoints")
+  resume_step = saved_steps[-1] if saved_steps else None
+  config_changes = config_record.check(config, workpath, resume_step)
   train_iter = pipeline.grain_iterator(task.train_source, config.data.prefetch)
 
   # ---------------------------------------------------------------- shard
@@ -434,6 +436,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
         # Metrics are fetched one interval late so the host never waits on
         # the step it just dispatched.
         if step % config.log_every == 0 or step == config.total_steps:
+          ckpt_lib.check_async_errors(manager)
           if pending is not None:
             write_train_metrics(*pending)
           pending = (step, train_metrics, speed.interval(step))
