@@ -303,3 +303,29 @@ def test_to_sharded(hf):
   del fewer["ln_f"]
   with pytest.raises(ValueError, match="ln_f"):
     gpt_import.to_sharded(fewer, shardings)
+
+
+def test_hf_integer_tensors_and_escaping_shard_names_are_refused(hf,
+                                                                 tmp_path):
+  _, _, directory = hf
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  tensors = load_file(os.path.join(directory, "model.safetensors"))
+  bad = tmp_path / "ints"
+  bad.mkdir()
+  (bad / "config.json").write_text(
+      open(os.path.join(directory, "config.json")).read())
+  name = next(k for k in tensors if k.endswith("wpe.weight"))
+  save_file(dict(tensors, **{name: tensors[name].astype(np.int32)}),
+            str(bad / "model.safetensors"))
+  with pytest.raises(ValueError, match=r"'wpe\.weight' has dtype int32; "
+                     "weights must be float16, bfloat16 or float32"):
+    gpt_import.load_hf_gpt2(str(bad))
+  escape = tmp_path / "escape"
+  escape.mkdir()
+  (escape / "config.json").write_text(
+      open(os.path.join(directory, "config.json")).read())
+  for file in ("../ints/model.safetensors", str(bad / "model.safetensors")):
+    (escape / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: file for k in tensors}}))
+    with pytest.raises(ValueError, match=r"names the weight file .* outside"):
+      gpt_import.load_hf_gpt2(str(escape))

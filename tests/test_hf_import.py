@@ -251,3 +251,15 @@ def test_config_mismatch_error(hf_model):
                            r"num_key_value_heads=1"):
     hf_import.load_hf_checkpoint(
         directory, dataclasses.replace(CFG, num_key_value_heads=1))
+
+
+@pytest.mark.parametrize("file", ["../model.safetensors", "/etc/passwd",
+                                  "sub/../../x.safetensors"])
+def test_index_shard_names_must_stay_inside_the_directory(tmp_path, file):
+  index = tmp_path / "model.safetensors.index.json"
+  index.write_text(json.dumps({"weight_map": {
+      "model.norm.weight": "model-00001-of-00002.safetensors",
+      "lm_head.weight": file}}))
+  with pytest.raises(hf_import.CheckpointError,
+                     match=r"names the weight file .* outside"):
+    hf_import._read_index(str(index))  # pylint: disable=protected-access

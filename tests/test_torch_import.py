@@ -7,6 +7,7 @@ code): its modules carry upstream's attribute names so that its
 """
 import math
 import pickle
+import re
 import sys
 
 import flax.linen as nn
@@ -582,7 +583,17 @@ def test_not_a_state_dict(tmp_path):
       "_orig_mod.model.inner.q_head.bias")
   assert "mixes key prefixes" in _load_error(tmp_path, mixed, cfg, "c")
   junk = tmp_path / "junk"
-  junk.write_bytes(b"this is not a checkpoint")
+  for text in (b"this is not a checkpoint", b"model.inner.weight 0.1 0.2\n",
+               b"{\"step\": 5}"):
+    junk.write_bytes(text)
+    with pytest.raises(CheckpointError, match=r"junk is not a PyTorch "
+                       r"checkpoint: torch.save writes a zip archive .* starts"
+                       r" with b'" + re.escape(text[:4].decode())):
+      torch_import.load_torch_checkpoint(str(junk), cfg)
+  # A torch.save archive cut short is corrupt, not "not a checkpoint".
+  whole = tmp_path / "whole.pt"
+  torch.save({"w": torch.zeros(64)}, str(whole))
+  junk.write_bytes(whole.read_bytes()[:200])
   with pytest.raises(CheckpointError, match="not a readable PyTorch"):
     torch_import.load_torch_checkpoint(str(junk), cfg)
   with pytest.raises(FileNotFoundError, match="does not exist"):

@@ -51,6 +51,7 @@ import numpy as np
 from safetensors import safe_open
 
 from trm.models.gpt import GPTConfig
+from trm.models import hf_import
 from trm.models import torch_import
 from trm.models.hf_import import CheckpointError
 
@@ -138,6 +139,12 @@ def _convert(tensors: dict[str, np.ndarray], args: Mapping[str, Any],
           f"{where}: tensor {prefix + name!r} has shape {tuple(value.shape)};"
           f" expected {stored} for n_embd={args['n_embd']}, vocab_size="
           f"{args['vocab_size']}, block_size={args['block_size']}.")
+    dtype = np.asarray(value).dtype
+    if not (np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16):
+      raise CheckpointError(
+          f"{where}: tensor {prefix + name!r} has dtype {dtype}; weights must "
+          "be float16, bfloat16 or float32 (an integer or bool tensor would "
+          "load as garbage).")
     if is_linear and torch_linear:
       value = value.T
     _set(params, path, np.ascontiguousarray(value))
@@ -376,6 +383,7 @@ def _hf_files(directory: str) -> tuple[list[str], str]:
     except (json.JSONDecodeError, KeyError, TypeError) as e:
       raise CheckpointError(f"{index} has no valid \"weight_map\" ({e}).") \
           from e
+    hf_import.check_shard_names(weight_map, directory, index)
     files = sorted(set(weight_map.values()))
     for file in files:
       if not os.path.isfile(os.path.join(directory, file)):

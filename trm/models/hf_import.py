@@ -186,12 +186,27 @@ def _read_json(path: str):
                           "again.") from e
 
 
+def check_shard_names(weight_map: dict, directory: str, index: str) -> None:
+  """Every file an index names must lie inside the checkpoint directory: a
+  name like '../x' or '/abs/x' would read tensors from elsewhere."""
+  root = os.path.realpath(directory)
+  for file in sorted(set(weight_map.values())):
+    target = os.path.realpath(os.path.join(directory, str(file)))
+    if (not isinstance(file, str) or os.path.isabs(file)
+        or not target.startswith(root + os.sep)):
+      raise CheckpointError(
+          f"{index} names the weight file {file!r}, which lies outside "
+          f"{directory}; an index may only name files inside its own "
+          "directory. Download the checkpoint again.")
+
+
 def _read_index(path: str) -> dict:
   index = _read_json(path)
   if not isinstance(index, dict) or not isinstance(index.get("weight_map"),
                                                    dict):
     raise CheckpointError(f"{path} has no \"weight_map\" object (tensor name ->"
                           " file); download it again.")
+  check_shard_names(index["weight_map"], os.path.dirname(path), path)
   return dict(index["weight_map"])
 
 

@@ -309,9 +309,26 @@ def _torch_to_numpy(torch, t) -> np.ndarray:
   return t.numpy()
 
 
+def _check_torch_file(path: str) -> None:
+  """`torch.save` writes a zip archive (a pickle before torch 1.6, opening
+  with the pickle protocol byte 0x80); anything else is not a checkpoint, and
+  torch's own error for it would blame "pickled objects"."""
+  with open(path, "rb") as f:
+    head = f.read(16)
+  # A zip's local header opens it even when the archive is cut short (then
+  # torch.load says it is unreadable, which is the right diagnosis).
+  if not head.startswith((b"PK\x03\x04", b"\x80")):
+    raise CheckpointError(
+        f"{path} is not a PyTorch checkpoint: torch.save writes a zip archive"
+        f" (or, before torch 1.6, a pickle), and this file starts with "
+        f"{head!r}. Pass the .pt/.pth/.bin file that torch.save wrote, or a "
+        ".safetensors file.")
+
+
 def load_weights_only(path: str, purpose: str):
   """(torch, the object in `path`) read with torch.load(weights_only=True):
   tensors and plain containers only, never arbitrary pickled objects."""
+  _check_torch_file(path)
   torch = _import_torch(purpose)
   try:
     return torch, torch.load(path, map_location="cpu", weights_only=True)
