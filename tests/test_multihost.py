@@ -127,3 +127,62 @@ def test_two_processes_match_one_and_checkpoint_moves_between_them(
   for a, b in zip(jax.tree.leaves(jax.device_get(restored.params)),
                   two_process_params):
     np.testing.assert_array_equal(a, b)
+
+
+def test_sigterm_to_every_process_saves_one_step_and_exits_zero(
+    tmp_path, data_dir):
+  """A pod's preemption notice reaches every host: through trm.main's own
+  start-up, both processes agree on a step, save it once, and exit 0."""
+  import re  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
+  config = tiny_config(**{"data.data_dir": data_dir, "mesh.data": -1,
+                          "mesh.fsdp": 1, "mesh.model": 1,
+                          "total_steps": 5000, "checkpoint_every": 5000,
+                          "eval_every": 5000})
+  workdir = str(tmp_path / "run")
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+       f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}",
+       "--num_processes=2", f"--process_id={i}", "--alsologtostderr"]
+      + _cli_flags(config), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  logs = [[], []]
+  started = [threading.Event(), threading.Event()]
+
+  def read(i):
+    for line in workers[i].stdout:
+      logs[i].append(line)
+      if "Training from step 0" in line:
+        started[i].set()
+
+  readers = [threading.Thread(target=read, args=(i,), daemon=True)
+             for i in range(2)]
+  for reader in readers:
+    reader.start()
+  try:
+    for i in range(2):
+      assert started[i].wait(600), "".join(logs[i][-40:])
+    for worker in workers:
+      worker.send_signal(signal.SIGTERM)
+    for worker in workers:
+      worker.wait(timeout=300)
+  finally:
+    for worker in workers:
+      if worker.poll() is None:
+        worker.kill()
+  for reader in readers:
+    reader.join(timeout=10)
+  texts = ["".join(log) for log in logs]
+  steps = []
+  for worker, text in zip(workers, texts):
+    assert worker.returncode == 0, text[-3000:]
+    assert "stack trace" not in text and "Traceback" not in text
+    steps.append(int(re.search(r"Preempted at step (\d+) \(SIGTERM\)",
+                               text).group(1)))
+  assert steps[0] == steps[1] and 0 < steps[0] < 5000
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", str(steps[0])))
