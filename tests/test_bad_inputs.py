@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from typing import Callable
@@ -31,6 +32,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from trm import aot
 from trm import checkpoint as ckpt_lib
 from trm import config_lib
+from trm import config_record
 from trm import evaluate
 from trm import generate
 from trm import mesh as mesh_lib
@@ -39,6 +41,7 @@ from trm import state as state_lib
 from trm import tasks
 from trm import tokenizer as tok_lib
 from trm import train
+from trm import workdir_lock
 from trm.data import pipeline, puzzle_format
 from trm.models import dream, get_model, hf_import, torch_import
 from trm.models import trm as trm_model
@@ -776,6 +779,170 @@ def _(env):
   return dc_train(env, **{"data.path": ""})
 
 
+# ------------------------------------------- reliability II (issue 14)
+
+
+def _gpt_config(env, **overrides):
+  from test_gpt_task import tiny_config as gpt_config  # pylint: disable=g-import-not-at-top
+  return gpt_config(env.tmp, **overrides)
+
+
+for _key, _value in (("optim.lr", float("inf")), ("optim.lr", float("nan")),
+                     ("optim.lr", -1e-3), ("optim.weight_decay", float("inf")),
+                     ("optim.puzzle_emb_lr", -0.01),
+                     ("optim.puzzle_emb_weight_decay", float("nan"))):
+  @case(f"TRM {_key}={_value}", ValueError, f"config.{_key}={_value}",
+        "must be a finite number >= 0")
+  def _(env, key=_key, value=_value):
+    return trm_train(env, **{key: value})
+
+for _key, _value in (("learning_rate", float("inf")), ("min_lr", -1e-4),
+                     ("weight_decay", float("nan"))):
+  @case(f"GPT {_key}={_value}", ValueError, f"config.{_key}={_value}",
+        "must be a finite number >= 0")
+  def _(env, key=_key, value=_value):
+    return train_call(env, _gpt_config(env, **{key: value}))
+
+for _key, _value in (("optim.lr", float("nan")), ("optim.weight_decay", -1.0)):
+  @case(f"DiffuCoder {_key}={_value}", ValueError, f"config.{_key}={_value}",
+        "must be a finite number >= 0")
+  def _(env, key=_key, value=_value):
+    return dc_train(env, **{key: value})
+
+
+def _resumable(env, config):
+  """A private copy of the TRM workdir with the run's config.json."""
+  workdir = env.copy(env.trm_workdir, "run")
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  return workdir
+
+
+for _key, _value in (("seed", 7), ("optim.lr", 5e-4),
+                     ("global_batch_size", 32), ("model.hidden_size", 64),
+                     ("optim.warmup_steps", 50), ("data.epochs_per_iter", 2)):
+  @case(f"resume with another {_key}", config_record.ConfigChangedError,
+        "from step 3", f"config.{_key}:", "allow_config_change=True",
+        "config.json")
+  def _(env, key=_key, value=_value):
+    config = tiny_config(**{"data.data_dir": env.data})
+    workdir = _resumable(env, config)
+    changed = tiny_config(**{"data.data_dir": env.data, key: value})
+    return train_call(env, changed, workdir=workdir,
+                      watch=(os.path.join(workdir, "config.json"),))
+
+
+@case("a second trainer on a locked workdir", workdir_lock.WorkdirLockedError,
+      "in use by another trainer", "pid 1,", "another --workdir",
+      "trainer.lock")
+def _(env):
+  lock = env.write("workdir/trainer.lock", json.dumps({
+      "host": socket.gethostname(), "pid": 1, "started": 0, "renewed": 0,
+      "path": env.path("workdir/trainer.lock")}))
+  call = trm_train(env)
+  call.watch += (lock,)
+  return call
+
+
+@case("training split smaller than one batch", ValueError,
+      "holds 2 examples in 2 groups", "config.global_batch_size=16",
+      "config.data.epochs_per_iter")
+def _(env):
+  call = trm_train(env, watch_data=False, **{
+      "data.data_dir": env.path("small"), "data.build.num_train": 2})
+  return call
+
+
+for _name, _value, _needle in (
+    ("null prompt", None, '"prompt" must be a string, got null'),
+    ("list response", ["a"], '"response" must be a string, got an array'),
+    ("numeric response", 3, '"response" must be a string, got a number'),
+    ("empty response", " ", '"response" is empty')):
+  @case(f"JSONL {_name}", ValueError, "sft.jsonl:2", _needle)
+  def _(env, name=_name, value=_value):
+    record = ({"prompt": value, "response": "r"} if name == "null prompt"
+              else {"prompt": "p", "response": value})
+    path = env.write("sft.jsonl", '{"prompt": "a", "response": "b"}\n'
+                     + json.dumps(record) + "\n")
+    return dc_train(env, (path,), **{"data.format": "jsonl",
+                                     "data.path": path})
+
+
+@case("JSONL file not UTF-8", ValueError, "sft.jsonl: not UTF-8 text",
+      "byte 0xe9 at offset 12 (line 1)", "iconv")
+def _(env):
+  path = env.path("sft.jsonl")
+  with open(path, "wb") as f:
+    f.write(b'{"prompt": "\xe9", "response": "b"}\n')
+  return dc_train(env, (path,), **{"data.format": "jsonl", "data.path": path})
+
+
+@case("code file not UTF-8", ValueError, "b.py: not UTF-8 text",
+      "byte 0xff at offset 2", "narrow data.path's glob")
+def _(env):
+  env.write("src/a.py", "x = 1\n")
+  with open(env.path("src/b.py"), "wb") as f:
+    f.write(b"# \xff\n")
+  return dc_train(env, (env.path("src"),),
+                  **{"data.path": env.path("src/*.py")})
+
+
+@case("text corpus not UTF-8", ValueError, "input.txt: not UTF-8 text",
+      "byte 0xf6 at offset 4 (line 1)")
+def _(env):
+  from trm.data import text as text_lib  # pylint: disable=g-import-not-at-top
+  path = env.path("input.txt")
+  with open(path, "wb") as f:
+    f.write(b"to b\xf6")
+  return Call(lambda: text_lib.read_text(path), watch=(path,))
+
+
+for _name, _text in (("text file", b"weights: 0.1, 0.2\n"),
+                     ("JSON file", b'{"w": [0.1]}'), ("empty file", b"")):
+  @case(f"{_name} given as a PyTorch checkpoint", CheckpointError,
+        "is not a PyTorch checkpoint", "torch.save writes a zip archive",
+        forbid=("arbitrary code", "pickled"))
+  def _(env, text=_text):
+    path = env.path("model.pt")
+    with open(path, "wb") as f:
+      f.write(text)
+    cfg = get_model(tiny_config().model,
+                    puzzle_format.read_metadata(env.data, "train")).cfg
+    return Call(lambda: torch_import.load_torch_checkpoint(path, cfg),
+                watch=(path,))
+
+
+for _name, _file in (("parent directory", "../elsewhere.safetensors"),
+                     ("absolute path", "/etc/hostname")):
+  @case(f"index shard name: {_name}", HFCheckpointError,
+        "model.safetensors.index.json names the weight file", "outside")
+  def _(env, file=_file):
+    directory = env.copy(env.hf_dir, "hf")
+    names = list(load_file(os.path.join(directory, "model.safetensors")))
+    with open(os.path.join(directory, "model.safetensors.index.json"),
+              "w") as f:
+      json.dump({"weight_map": {name: file for name in names}}, f)
+    cfg = dream.DreamConfig.from_config(dc_config().model)
+    return Call(lambda: hf_import.load_hf_checkpoint(directory, cfg),
+                watch=(directory,))
+
+
+@case("a state with a NaN is never saved", ckpt_lib.CheckpointError,
+      "Not saving step 4", "hold NaN or Inf", "['w']",
+      "complete steps: none")
+def _(env):
+  directory = env.path("ckpts")
+  manager = ckpt_lib.make_manager(directory, max_to_keep=3, async_save=False)
+
+  class Iterator:
+    def get_state(self):
+      return {}
+
+  state = {"w": jnp.full((3,), jnp.nan)}
+  return Call(lambda: ckpt_lib.save(manager, 4, state, Iterator()),
+              absent=(os.path.join(directory, "4"),))
+
+
 # --------------------------------------------------------------------- AOT
 
 
@@ -853,7 +1020,7 @@ def test_bad_input(make, error, needles, forbid, request, tmp_path,
 
 
 def test_there_are_enough_cases():
-  assert len(CASES) >= 30
+  assert len(CASES) >= 100
 
 
 def test_matching_checkpoints_pass_the_restore_check(trm_workdir, dc_workdir,
