@@ -373,9 +373,13 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, data_dir,
                       "_save_fn", disk_full_on_second_save)
   config = tiny_config(**{"data.data_dir": data_dir, "keep_checkpoints": 1})
   workdir = str(tmp_path)
-  with pytest.raises(ckpt_lib.CheckpointError, match="untouched"):
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r"no space left on device.*Removed the partial "
+                     r"save \(12.orbax-checkpoint-tmp\); the last good "
+                     r"checkpoint, .*/checkpoints/6, is kept"):
     train.train_and_evaluate(config, workdir)
   assert _steps_on_disk(workdir) == [6]
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["6"]
   assert not ckpt_lib.missing_files(os.path.join(workdir, "checkpoints", "6"))
 
 

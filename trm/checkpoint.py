@@ -96,11 +96,39 @@ def _remove_partial_saves(directory) -> list[str]:
   if jax.process_index() != 0 or not directory.exists():
     return []
   removed = []
-  for path in directory.iterdir():
-    if _TMP_MARK in path.name:
+  partial = [path for path in directory.iterdir() if _TMP_MARK in path.name]
+  for path in partial:
+    if "://" in str(path):
       path.rmtree(missing_ok=True)
-      removed.append(path.name)
+    else:
+      _wait_until_quiet(str(path))
+      shutil.rmtree(str(path), ignore_errors=True)
+    removed.append(path.name)
   return removed
+
+
+def _wait_until_quiet(path: str, quiet: float = 0.5, limit: float = 15.0):
+  """Waits until nothing under `path` has changed for `quiet` seconds: a
+  failed save's other writers (tensorstore) may still be finishing, and
+  deleting under them makes them fail again, noisily."""
+  def fingerprint():
+    out = []
+    for root, _, files in os.walk(path):
+      for name in files:
+        try:
+          st = os.stat(os.path.join(root, name))
+        except OSError:
+          continue
+        out.append((root, name, st.st_size, st.st_mtime_ns))
+    return sorted(out)
+  deadline, last, since = time.time() + limit, None, time.time()
+  while time.time() < deadline:
+    now = fingerprint()
+    if now != last:
+      last, since = now, time.time()
+    elif time.time() - since >= quiet:
+      return
+    time.sleep(0.1)
 
 
 def _save_error(manager, error: Exception) -> CheckpointError:
