@@ -56,7 +56,7 @@ _REKILL_PROB = flags.DEFINE_float("rekill_prob", 0.35, "Chance a restart is "
                                   "killed again.")
 _MAX_KILLS = flags.DEFINE_integer("max_kills", 3, "Kills per trial at most.")
 
-TRAIN_LOG = re.compile(r"\] \[(\d+)\] train/")
+TRAIN_LOG = re.compile(r"\] \[(\d+)\] .*train/")
 RESUMED = re.compile(r"Training from step (\d+) to")
 
 
