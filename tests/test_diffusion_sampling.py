@@ -347,3 +347,240 @@ def test_params_enter_the_loop_as_arguments():
   ds.diffusion_generate(with_params, ids, None, params=jnp.float32(2.0),
                         **kwargs)
   assert ds._generate._cache_size() == before  # pylint: disable=protected-access
+
+
+# ------------------------------------------ sort-free top-k / top-p (exact)
+
+
+def _sorted_filter(logits, top_p, top_k):
+  """The reference's filters with a stable descending sort (ties: lower id
+  first), in numpy float64 for the mass: the kept mask."""
+  x = np.asarray(logits, np.float64)
+  keep = np.ones(x.shape, bool)
+  if top_p is not None:
+    order = np.argsort(-x, axis=-1, kind="stable")
+    p = np.take_along_axis(_np_softmax(x), order, -1)
+    before = np.cumsum(p, -1) - p
+    np.put_along_axis(keep, order, before <= top_p, -1)
+  if top_k is not None:
+    # The reference takes the k-th of the top-p-filtered logits; top-p keeps
+    # a prefix of the sorted order, so that is the k-th of `x` wherever it
+    # matters (fewer than k kept: all of them are >= it anyway).
+    kth = -np.sort(-x, -1)[..., top_k - 1:top_k]
+    keep &= x >= kth
+  return keep
+
+
+def _kept(logits, top_p, top_k):
+  """The kept set our sampler uses for one row [V]: the candidates when they
+  are complete, else (as the sampler) the whole vocabulary."""
+  logits = logits[None]
+  values = logits
+  ids = jnp.arange(logits.shape[-1])[None]
+  keep = jnp.ones(values.shape, bool)
+  if top_k:
+    cand, cand_ids, kth, complete = ds._candidates(logits, top_k)  # pylint: disable=protected-access
+    if bool(complete[0]):
+      values, ids = cand, cand_ids
+    keep = ds._order_keys(values) >= kth[..., None]  # pylint: disable=protected-access
+  if top_p is not None:
+    log_norm = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+    keep &= ds._top_p_keep(values, log_norm, top_p)  # pylint: disable=protected-access
+  out = np.zeros(logits.shape[-1], bool)
+  out[np.asarray(ids)[0][np.asarray(keep)[0]]] = True
+  return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("top_p,top_k", [(None, 1), (None, 7), (None, 50),
+                                         (0.9, None), (0.5, None),
+                                         (0.95, 50), (0.3, 5)])
+def test_sort_free_filters_match_a_sorted_reference(dtype, top_p, top_k):
+  rng = np.random.default_rng(0)
+  # Coarse values: many ties, also at the boundaries (bf16 has few values).
+  logits = np.round(rng.normal(size=(6, 5, 1000)) * 4) / 4
+  logits[0, 0] = 0.0  # all equal
+  logits = jnp.asarray(logits, dtype).reshape(-1, 1000)
+  want = _sorted_filter(np.asarray(logits.astype(jnp.float32)), top_p, top_k)
+  for row in range(logits.shape[0]):
+    np.testing.assert_array_equal(_kept(logits[row], top_p, top_k), want[row])
+  if top_k and top_k < 16:
+    # Both paths ran: the all-equal row needs the whole vocabulary (ties at
+    # the boundary outside the candidate blocks), some others do not.
+    complete = np.asarray(ds._candidates(logits, top_k)[3])  # pylint: disable=protected-access
+    assert not complete[0] and complete[1:].any()
+
+
+def test_candidates_are_complete_for_continuous_logits():
+  """The fast path is the common one: only an exact tie of the boundary
+  value across blocks (row 28 here has its maximum twice) needs the
+  fallback."""
+  logits = jax.random.normal(jax.random.key(0), (64, 16384)) * 3
+  for k in (1, 50, 64):
+    complete = np.asarray(ds._candidates(logits, k)[3])  # pylint: disable=protected-access
+    assert complete.mean() > 0.95, (k, np.where(~complete))
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
+@pytest.mark.parametrize("top_p,top_k,temperature", [
+    (None, 50, 0.0), (0.95, 50, 0.2), (0.9, None, 0.0), (None, None, 0.0)])
+def test_sample_tokens_equals_full_vocabulary_softmax(alg, top_p, top_k,
+                                                      temperature):
+  """Confidence and greedy token equal those of a softmax over the whole
+  filtered vocabulary (the candidates hold every kept entry)."""
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.normal(size=(3, 4, 700)) * 3, jnp.float32)
+  conf, x0 = ds._sample_tokens(logits, jax.random.key(0),  # pylint: disable=protected-access
+                               temperature=0.0, top_p=top_p, top_k=top_k,
+                               conf_kind=alg)
+  keep = _sorted_filter(np.asarray(logits), top_p, top_k)
+  probs = _np_softmax(np.where(keep, np.asarray(logits, np.float64), -np.inf))
+  np.testing.assert_array_equal(np.asarray(x0), probs.argmax(-1))
+  if alg == "maskgit_plus":
+    want = probs.max(-1)
+  elif alg == "topk_margin":
+    top2 = -np.sort(-probs, -1)[..., :2]
+    want = top2[..., 0] - top2[..., 1]
+  else:
+    want = np.sum(probs * np.log(probs + 1e-10), -1)
+  np.testing.assert_allclose(np.asarray(conf), want, rtol=2e-5, atol=2e-6)
+  if temperature > 0:  # draws stay inside the kept set
+    _, drawn = ds._sample_tokens(logits, jax.random.key(1),  # pylint: disable=protected-access
+                                 temperature=temperature, top_p=top_p,
+                                 top_k=top_k, conf_kind=alg)
+    scaled = _sorted_filter(np.asarray(logits) / temperature, top_p, top_k)
+    assert np.take_along_axis(scaled, np.asarray(drawn)[..., None], -1).all()
+
+
+def _loop_hlo(top_k, top_p=None, vocab=4096):
+  fn = lambda t, m, q: jnp.zeros(t.shape + (vocab,), jnp.float32)  # noqa: E731
+  ids = jax.ShapeDtypeStruct((2, 8), jnp.int32)
+  return ds.lower_generate(fn, ids, None, mask_token_id=vocab - 1,
+                           max_new_tokens=8, steps=4, alg="entropy",
+                           top_k=top_k, top_p=top_p).compile().as_text()
+
+
+def _vocab_sorts(hlo_text: str, vocab: int = 4096) -> list[str]:
+  """HLO instructions that sort or top-k over the vocabulary (XLA:CPU emits
+  lax.top_k as a full sort inside loops and a TopK custom call outside)."""
+  return [line for line in hlo_text.splitlines()
+          if (" sort(" in line and f"{vocab}]" in line)
+          or 'custom_call_target="TopK"' in line]
+
+
+def test_no_vocabulary_sort_in_the_compiled_loop_with_top_k():
+  assert not _vocab_sorts(_loop_hlo(50))
+  assert not _vocab_sorts(_loop_hlo(50, top_p=0.95))
+  # The check can fail: top-k by lax.top_k, in a loop and outside one.
+  in_loop = jax.jit(lambda x: jax.lax.fori_loop(
+      0, 2, lambda i, y: y + jax.lax.top_k(y, 50)[0][..., -1:], x)).lower(
+          jax.ShapeDtypeStruct((2, 4096), jnp.float32)).compile().as_text()
+  plain = jax.jit(lambda x: jax.lax.top_k(x, 50)[0]).lower(
+      jax.ShapeDtypeStruct((2, 4096), jnp.float32)).compile().as_text()
+  assert _vocab_sorts(in_loop) and _vocab_sorts(plain)
+
+
+def test_head_only_on_the_canvas_is_token_exact():
+  """A Denoiser (head applied to the canvas rows only) gives the tokens of
+  the same model as a plain logits function over every position."""
+  r = np.random.default_rng(3)
+  emb = jnp.asarray(r.normal(size=(V, D)), jnp.float32)
+  w = jnp.asarray(r.normal(size=(D, V)) * 2, jnp.float32)
+  bias = jnp.zeros((V,)).at[MASK].set(-30.0)
+
+  def hidden(params, tokens, mask, positions):
+    h = params["emb"][tokens]
+    return h + jnp.tanh(h.mean(1, keepdims=True))
+
+  def head(params, h):
+    return h @ params["w"] + bias
+
+  params = {"emb": emb, "w": w}
+  full = lambda p, t, m, q: head(p, hidden(p, t, m, q))  # noqa: E731
+  ids = _prompts(3, 5)
+  for kw in (dict(alg="entropy", top_k=None), dict(alg="topk_margin"),
+             dict(alg="origin")):
+    a = ds.diffusion_generate(ds.Denoiser(hidden, head), ids, None,
+                              params=params, mask_token_id=MASK,
+                              max_new_tokens=12, steps=6, **kw)
+    b = ds.diffusion_generate(full, ids, None, params=params,
+                              mask_token_id=MASK, max_new_tokens=12, steps=6,
+                              **kw)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_prompt_holding_the_mask_token_is_filled_as_the_reference_does():
+  fn = _make_model(seed=4)
+  ids = _prompts(2, 6)
+  ids[:, 2] = MASK  # in every row: rows must hold equal mask counts
+  x = np.asarray(ds.diffusion_generate(fn, ids, None, mask_token_id=MASK,
+                                       max_new_tokens=6, steps=6,
+                                       alg="entropy"))
+  assert not (x == MASK).any()  # the prompts' mask tokens were filled too
+  want, _ = _np_generate(fn, ids, None, n_new=6, steps=6, alg="entropy")
+  np.testing.assert_array_equal(x, want)
+
+
+def test_default_top_k_is_hugging_faces_50():
+  import inspect  # pylint: disable=g-import-not-at-top
+  for fn in (ds.diffusion_generate, ds.lower_generate):
+    assert inspect.signature(fn).parameters["top_k"].default == 50
+  # 0 and None both turn it off (one compiled program).
+  vocab = 200
+  r = np.random.default_rng(5)
+  table = jnp.asarray(r.normal(size=(vocab,)) * 3, jnp.float32)
+  fn = lambda t, m, q: jnp.broadcast_to(table, t.shape + (vocab,)) + 0.01 * t[..., None]  # noqa: E731
+  ids = np.ones((1, 3), np.int32)
+  kw = dict(mask_token_id=vocab - 1, max_new_tokens=4, steps=2,
+            alg="entropy", temperature=1.0, rng=jax.random.key(0))
+  off = [np.asarray(ds.diffusion_generate(fn, ids, None, top_k=k, **kw))
+         for k in (None, 0)]
+  np.testing.assert_array_equal(off[0], off[1])
+
+
+@pytest.mark.parametrize("kw", [dict(alg="entropy", top_k=None),
+                                dict(alg="entropy"),
+                                dict(alg="topk_margin", top_k=20),
+                                dict(alg="maskgit_plus", top_p=0.9)],
+                         ids=["entropy-unset", "entropy-top_k50",
+                              "margin-top_k20", "maskgit-top_p"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_greedy_tokens_equal_the_pytorch_reference_loop(tmp_path, kw, padded):
+  """Same weights in a Dream model and in transformers' Qwen2 running the
+  reference `_sample` loop (benchmarks/dream_torch_sampler.py): greedy
+  tokens agree exactly, also left-padded."""
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "benchmarks"))
+  import dream_torch_sampler as ref  # pylint: disable=g-import-not-at-top
+  from trm.models import dream, hf_import  # pylint: disable=g-import-not-at-top
+  cfg = dream.DreamConfig(vocab_size=512, hidden_size=64,
+                          intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2,
+                          mask_token_id=511, pad_token_id=0, dtype="float32",
+                          remat="none")
+  init = nn.meta.unbox(dream.Dream(cfg).init(
+      jax.random.key(1), jnp.zeros((1, 4), jnp.int32))["params"])
+  # Peaked but unsaturated predictions. With the init's near-uniform ones
+  # confidences tie to within float noise (the two sides' roundings then
+  # pick the order); saturated ones (x200) tie exactly, and torch.topk
+  # breaks exact ties in another order than ours (lower index first).
+  init["lm_head"]["kernel"] = init["lm_head"]["kernel"] * 20
+  hf_import.export_hf_checkpoint(init, cfg, str(tmp_path), dtype="float32")
+  params = hf_import.load_hf_checkpoint(str(tmp_path), cfg)
+  model = ref.qwen2_from_hf_dir(str(tmp_path))
+  rng = np.random.default_rng(0)
+  ids = rng.integers(1, 500, (3, 7)).astype(np.int32)
+  mask = np.ones(ids.shape, bool)
+  if padded:
+    ids[1, :3], mask[1, :3] = cfg.pad_token_id, False
+  common = dict(mask_token_id=cfg.mask_token_id, max_new_tokens=10, steps=5,
+                **kw)
+  ours = np.asarray(ds.diffusion_generate(dream.denoiser(cfg), ids, mask,
+                                          params=params, **common))
+  theirs = ref.diffusion_generate(model, ids, mask, top_k=kw.get("top_k", 50),
+                                  **{k: v for k, v in common.items()
+                                     if k != "top_k"})
+  np.testing.assert_array_equal(ours, theirs)
