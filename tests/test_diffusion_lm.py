@@ -209,3 +209,17 @@ def test_export_refuses_to_overwrite_its_tokenizer_source(trained, tmp_path):
     assert result.returncode == 1
     assert "equals or contains --tokenizer" in result.stderr
   assert os.listdir(tmp_path) == ["tokenizer.json"]
+
+
+def test_the_python_api_samples_from_a_workdir(trained):
+  """DiffusionLM.from_pretrained on a trm.main workdir: sizes and tokenizer
+  from the run's config.json; a batch of prompts in, strings out."""
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  workdir, _ = trained
+  lm = DiffusionLM.from_pretrained(workdir, dtype="float32")
+  assert lm.source.endswith("step 40")
+  out = lm.generate(["def f(x):", "x = 1"], max_new_tokens=8, steps=4,
+                    return_tokens=True)
+  assert len(out.completions) == 2
+  assert all(isinstance(c, str) for c in out.completions)
+  assert out.tokens.shape == (2, out.prompt_len + 8)

@@ -317,19 +317,30 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
       return jnp.concatenate([rows[:, :1], rows[:, :-1]], axis=1)
     return rows[:, window - 1:length - 1]
 
-  def step(i, carry):
+  def logits_at(x, rows):
+    """Logits [B, S, V] for the window positions `rows` [B, S] (or for the
+    whole window when `rows` is None)."""
+    if isinstance(logits_fn, Denoiser):
+      # The LM head (most of a small model's forward) only where needed.
+      h = shifted_window(logits_fn.hidden(params, x, am, pos))
+      if rows is not None:
+        h = jnp.take_along_axis(h, rows[..., None], axis=1)
+      return logits_fn.head(params, h)
+    raw = shifted_window(logits_fn(x, am, pos) if params is None
+                         else logits_fn(params, x, am, pos))
+    return raw if rows is None else jnp.take_along_axis(
+        raw, rows[..., None], axis=1)
+
+  def step(i, carry, size=None):
+    """One denoising step; with `size`, only the (at most `size`) masked
+    positions of each row get logits and sampling."""
     x, hist = carry
     key = jax.random.fold_in(rng, i)
     k_tok, k_sel = jax.random.split(key)
     canvas = x[:, window:]
     mask_index = canvas == mask_token_id
-    if isinstance(logits_fn, Denoiser):
-      # The LM head (most of a small model's forward) only where needed.
-      logits = logits_fn.head(params, shifted_window(
-          logits_fn.hidden(params, x, am, pos)))
-    else:
-      logits = shifted_window(logits_fn(x, am, pos) if params is None
-                              else logits_fn(params, x, am, pos))
+    rows = None if size is None else _first_true(mask_index, size)
+    logits = logits_at(x, rows)
     last = i == steps - 1
     if alg == "origin":
       p_transfer = jnp.where(last, jnp.float32(1.0), ratios[i])
@@ -340,6 +351,13 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
     else:
       conf, x0 = _sample_tokens(logits, k_tok, temperature=temperature,
                                 top_p=top_p, top_k=top_k, conf_kind=alg)
+      if rows is not None:  # back to window positions; unmasked stay -inf
+        batch = jnp.arange(b)[:, None]
+        valid = jnp.take_along_axis(mask_index, rows, axis=1)
+        conf = jnp.full((b, n), -jnp.inf, conf.dtype).at[batch, rows].max(
+            jnp.where(valid, conf, -jnp.inf))
+        x0 = jnp.zeros((b, n), jnp.int32).at[batch, rows].max(
+            jnp.where(valid, x0, 0))
       # k from the BATCH-AVERAGE mask count, float32, truncated (as the
       # reference); exact integer quotient when counts divide evenly.
       count = jnp.sum(mask_index, dtype=jnp.int32)
@@ -369,8 +387,37 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
     return x, hist
 
   hist = jnp.zeros((steps if history else 0, b, length), jnp.int32)
-  x, hist = jax.lax.fori_loop(0, steps, step, (x, hist))
+  carry = (x, hist)
+  for first, stop, size in _segments(steps, n, eps, alg, window == p):
+    carry = jax.lax.fori_loop(first, stop, functools.partial(step, size=size),
+                              carry)
+  x, hist = carry
   return (x, hist) if history else x
+
+
+def _segments(steps: int, n: int, eps: float, alg: str, equal_counts: bool):
+  """[(first step, end step, positions per row or None)]: the loop in runs
+  of steps whose masked positions per row fit a static size.
+
+  With a confidence algorithm every row reveals the same count per step
+  (rows start equal: a canvas each), so the masked count of step i is the
+  host's `reveal_schedule` remainder; each halving of it (down to n/8, to
+  keep compiled copies of the step few) gets its own loop, which gives the
+  LM head and the sampling about 2/3 of the rows of a whole-canvas step.
+  """
+  if alg == "origin" or not equal_counts or n < 16:
+    return [(0, steps, None)]
+  left = n - np.concatenate([[0], np.cumsum(reveal_schedule(steps, n, eps))])
+  out, first, size = [], 0, n
+  while first < steps:
+    smaller = size // 2
+    # The first step whose masked count fits the next halving.
+    fits = np.nonzero(left[first:steps] <= smaller)[0] if size > n // 8 else []
+    stop = first + int(fits[0]) if len(fits) else steps
+    if stop > first:
+      out.append((first, stop, None if size == n else size))
+    first, size = stop, smaller
+  return out
 
 
 def diffusion_generate(logits_fn: LogitsFn, input_ids, attention_mask=None,

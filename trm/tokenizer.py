@@ -107,6 +107,11 @@ def from_spec(spec: str, model_cfg):
     tokenizer = ByteTokenizer(mask_id=model_cfg.mask_token_id)
   else:
     tokenizer = load_tokenizer(spec)
+  return check_against_model(tokenizer, model_cfg, spec)
+
+
+def check_against_model(tokenizer, model_cfg, spec: str):
+  """The tokenizer, once its mask id and size fit the model."""
   if tokenizer.mask_id != model_cfg.mask_token_id:
     raise ValueError(f"The tokenizer ({spec}) has <|mask|> = "
                      f"{tokenizer.mask_id} but config.model.mask_token_id="

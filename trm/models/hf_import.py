@@ -43,6 +43,11 @@ _CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size",
                   "mask_token_id", "pad_token_id")
 
 
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+_SAFETENSORS_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32",
+                       "float64": "F64"}
+
+
 class CheckpointError(ValueError):
   """A checkpoint that does not match the model or the HF layout."""
 
@@ -250,6 +255,11 @@ class _Files:
                             f"({self.where}).")
     return os.path.join(self.directory, self.weight_map[name])
 
+  def dtype(self, name: str) -> str:
+    """The safetensors dtype tag ('BF16', 'F32', 'I32', ...)."""
+    self.file_of(name)
+    return str(self._open(self.weight_map[name]).get_slice(name).get_dtype())
+
   def shape(self, name: str) -> tuple[int, ...]:
     self.file_of(name)
     return tuple(self._open(self.weight_map[name]).get_slice(name).get_shape())
@@ -305,9 +315,12 @@ def set_path(tree, path, value):
   tree[path[-1]] = value
 
 
-def _tensor_specs(files: _Files, cfg: DreamConfig, abstract):
+def _tensor_specs(files: _Files, cfg: DreamConfig, abstract,
+                  torch_dtype: str | None = None):
   """[(leaf, our shape, HF tensor names)] after checking that every tensor
-  exists with the shape `cfg` needs (reads the files' headers only)."""
+  exists with the shape `cfg` needs, in a floating dtype, and in
+  config.json's `torch_dtype` when it names one (file headers only)."""
+  stored = _SAFETENSORS_DTYPES.get(str(torch_dtype)) if torch_dtype else None
   specs = []
   for leaf in _leaves(cfg):
     target = get_path(abstract, leaf.path)
@@ -322,6 +335,14 @@ def _tensor_specs(files: _Files, cfg: DreamConfig, abstract):
         raise CheckpointError(
             f"Tensor {name!r} in {files.file_of(name)} has shape {got}; "
             f"the model expects {want} (config.model sizes).")
+      kind = files.dtype(name)
+      if kind not in _FLOAT_DTYPES or (stored and kind != stored):
+        raise CheckpointError(
+            f"Tensor {name!r} in {files.file_of(name)} has dtype {kind}; "
+            + (f"config.json says torch_dtype={torch_dtype!r} ({stored})."
+               if kind in _FLOAT_DTYPES else
+               "weights must be floating point (F16, BF16 or F32): an "
+               "integer or bool tensor would load as garbage."))
     specs.append((leaf, target.shape, names))
   return specs
 
@@ -330,10 +351,11 @@ def check_hf_checkpoint(directory: str, cfg: DreamConfig) -> None:
   """Raises CheckpointError unless `directory` is an HF Dream checkpoint
   whose config.json and tensors (names and shapes, from the headers alone)
   fit `cfg`: what `load_hf_checkpoint` checks, without reading weights."""
-  check_hf_config(directory, cfg)
+  hf = check_hf_config(directory, cfg)
   abstract = meta.unbox(dream.abstract_params(cfg))
   with contextlib.ExitStack() as stack:
-    _tensor_specs(_Files(directory, stack), cfg, abstract)
+    _tensor_specs(_Files(directory, stack), cfg, abstract,
+                  hf.get("torch_dtype"))
 
 
 def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
@@ -343,13 +365,13 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
   NamedSharding with the params' structure; then each device's shard is read
   from its slice of the files only. Params have `cfg.param_dtype`.
   """
-  check_hf_config(directory, cfg)
+  hf = check_hf_config(directory, cfg)
   abstract = meta.unbox(dream.abstract_params(cfg))
   dtype = np.dtype(cfg.param_dtype)
   params: dict = {}
   with contextlib.ExitStack() as stack:
     files = _Files(directory, stack)
-    specs = _tensor_specs(files, cfg, abstract)
+    specs = _tensor_specs(files, cfg, abstract, hf.get("torch_dtype"))
 
     for leaf, shape, names in specs:
       def block(index, leaf=leaf, shape=shape, names=names):
@@ -390,6 +412,8 @@ def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
       "use_cache": False,
       "bos_token_id": cfg.pad_token_id,
       "eos_token_id": cfg.pad_token_id,
+      # DiffuCoder's value (RoPE has no hard limit; Dream trained at 2048).
+      "max_position_embeddings": 131072,
       "torch_dtype": torch_dtype,
   }
   out.update({field: getattr(cfg, field) for field in _CONFIG_FIELDS})
