@@ -43,6 +43,11 @@ _STEPS = flags.DEFINE_integer("steps", 128, "Denoising steps.")
 _VOCAB = flags.DEFINE_integer("vocab", 16384, "Vocabulary size.")
 _HIDDEN = flags.DEFINE_integer("hidden", 256, "Hidden size.")
 _LAYERS = flags.DEFINE_integer("layers", 4, "Decoder layers.")
+_HEAD_SCALE = flags.DEFINE_float(
+    "head_scale", 20.0, "Multiplies the random LM head: peaked predictions "
+    "as a trained model's (at 1, the init's near-uniform ones make the "
+    "confidences tie to within float noise, and the two sides' roundings "
+    "pick the reveal order).")
 _SETTINGS = flags.DEFINE_list(
     "settings", ["unset", "top_k", "top_p"],
     "Which of: unset (top_k off, greedy), top_k (50, greedy), top_p (0.95 "
@@ -74,10 +79,11 @@ def main(argv):
       num_attention_heads=8, num_key_value_heads=2,
       mask_token_id=_VOCAB.value - 1, pad_token_id=0, dtype=_DTYPE.value,
       param_dtype="float32", remat="none")
-  init = dream.Dream(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+  init = nn.meta.unbox(dream.Dream(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  init["lm_head"]["kernel"] = init["lm_head"]["kernel"] * _HEAD_SCALE.value
   directory = tempfile.mkdtemp(prefix="dream_speed_")
-  hf_import.export_hf_checkpoint(nn.meta.unbox(init["params"]), cfg,
-                                 directory, dtype="float32")
+  hf_import.export_hf_checkpoint(init, cfg, directory, dtype="float32")
   params = hf_import.load_hf_checkpoint(directory, cfg)
   torch_model = ref.qwen2_from_hf_dir(
       directory, torch.float32 if _DTYPE.value == "float32"
@@ -90,7 +96,8 @@ def main(argv):
   new_tokens = _BATCH.value * _NEW.value
   print(f"Dream {dream.param_count(cfg):,} params, compute {_DTYPE.value}; "
         f"batch {_BATCH.value}, prompt {_PROMPT.value} + {_NEW.value} new, "
-        f"{_STEPS.value} steps, alg=entropy; JAX {jax.__version__}, torch "
+        f"{_STEPS.value} steps, alg=entropy, LM head x{_HEAD_SCALE.value:g}; "
+        f"JAX {jax.__version__}, torch "
         f"{torch.__version__}, 1 thread each", flush=True)
 
   compiled = {}

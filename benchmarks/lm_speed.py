@@ -124,12 +124,11 @@ def main(argv):
     half = _PROMPT_LEN.value // 2
     ids[1::2, :half], mask[1::2, :half] = cfg.pad_token_id, False
 
-  def logits_fn(params, tokens, attention_mask, positions):
-    return model.apply({"params": params}, tokens, attention_mask, positions)
+  denoiser = dream.denoiser(cfg)  # as trm.generate: head on masked rows
 
   def generate():
     return diffusion_sampling.diffusion_generate(
-        logits_fn, ids, mask, params=params, mask_token_id=cfg.mask_token_id,
+        denoiser, ids, mask, params=params, mask_token_id=cfg.mask_token_id,
         max_new_tokens=_MAX_NEW.value, steps=steps, alg=_ALG.value,
         temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         rng=jax.random.key(0))

@@ -1,4 +1,6 @@
 """Compiled Dream sampler vs the spec's schedule and a plain numpy loop."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -371,24 +373,38 @@ def _sorted_filter(logits, top_p, top_k):
   return keep
 
 
+@functools.partial(jax.jit, static_argnames=("top_p", "top_k"))
+def _kept_both(logits, top_p, top_k):
+  """Per row [R, V]: the kept set our sampler uses from the candidates, the
+  one from the whole vocabulary, and whether the candidates are complete."""
+  ids = jnp.broadcast_to(jnp.arange(logits.shape[-1]), logits.shape)
+  log_norm = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+
+  def kept(values, kth):
+    keep = jnp.ones(values.shape, bool)
+    if top_k:
+      keep = ds._order_keys(values) >= kth[..., None]  # pylint: disable=protected-access
+    if top_p is not None:
+      keep &= ds._top_p_keep(values, log_norm, top_p)  # pylint: disable=protected-access
+    return keep
+
+  if not top_k:
+    full = kept(logits, None)
+    return (ids, full), full, jnp.ones(logits.shape[:-1], bool)
+  cand, cand_ids, kth, complete = ds._candidates(logits, top_k)  # pylint: disable=protected-access
+  return (cand_ids, kept(cand, kth)), kept(logits, kth), complete
+
+
 def _kept(logits, top_p, top_k):
-  """The kept set our sampler uses for one row [V]: the candidates when they
-  are complete, else (as the sampler) the whole vocabulary."""
-  logits = logits[None]
-  values = logits
-  ids = jnp.arange(logits.shape[-1])[None]
-  keep = jnp.ones(values.shape, bool)
-  if top_k:
-    cand, cand_ids, kth, complete = ds._candidates(logits, top_k)  # pylint: disable=protected-access
-    if bool(complete[0]):
-      values, ids = cand, cand_ids
-    keep = ds._order_keys(values) >= kth[..., None]  # pylint: disable=protected-access
-  if top_p is not None:
-    log_norm = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-    keep &= ds._top_p_keep(values, log_norm, top_p)  # pylint: disable=protected-access
-  out = np.zeros(logits.shape[-1], bool)
-  out[np.asarray(ids)[0][np.asarray(keep)[0]]] = True
-  return out
+  """[R, V] bool: the kept set the sampler uses for each row (the candidates
+  where they are complete, else, as the sampler, the whole vocabulary)."""
+  (cand_ids, cand_keep), full, complete = jax.device_get(
+      _kept_both(logits, top_p, top_k))
+  out = np.array(full)
+  for row in np.nonzero(complete)[0]:
+    out[row] = False
+    out[row, cand_ids[row][cand_keep[row]]] = True
+  return out, complete
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -402,12 +418,11 @@ def test_sort_free_filters_match_a_sorted_reference(dtype, top_p, top_k):
   logits[0, 0] = 0.0  # all equal
   logits = jnp.asarray(logits, dtype).reshape(-1, 1000)
   want = _sorted_filter(np.asarray(logits.astype(jnp.float32)), top_p, top_k)
-  for row in range(logits.shape[0]):
-    np.testing.assert_array_equal(_kept(logits[row], top_p, top_k), want[row])
+  got, complete = _kept(logits, top_p, top_k)
+  np.testing.assert_array_equal(got, want)
   if top_k and top_k < 16:
     # Both paths ran: the all-equal row needs the whole vocabulary (ties at
     # the boundary outside the candidate blocks), some others do not.
-    complete = np.asarray(ds._candidates(logits, top_k)[3])  # pylint: disable=protected-access
     assert not complete[0] and complete[1:].any()
 
 

@@ -239,7 +239,6 @@ def _sample_builder(config, mesh, rules, sample: SampleSettings):
   from trm.models import dream  # pylint: disable=g-import-not-at-top
 
   cfg = dream.DreamConfig.from_config(config.model)
-  model = dream.Dream(cfg)
   with nn.logical_axis_rules(rules):
     boxed = dream.abstract_params(cfg)
     shardings = mesh_lib.tree_shardings(mesh, rules, boxed)
@@ -252,13 +251,10 @@ def _sample_builder(config, mesh, rules, sample: SampleSettings):
   key = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
 
-  def logits_fn(params, tokens, attention_mask, positions):
-    return model.apply({"params": params}, tokens, attention_mask, positions)
-
   def compile_sampler():
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       return diffusion_sampling.lower_generate(
-          logits_fn, ids, mask, params=params, rng=rng,
+          dream.denoiser(cfg), ids, mask, params=params, rng=rng,
           mask_token_id=cfg.mask_token_id,
           max_new_tokens=sample.max_new_tokens, steps=sample.steps,
           alg=sample.alg, temperature=sample.temperature,
