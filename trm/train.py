@@ -42,7 +42,7 @@ class WorkdirError(OSError):
   """The workdir cannot be created or written."""
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(cli.UserError, RuntimeError):
   """Too many consecutive steps had a NaN or Inf loss or gradient."""
 
 

@@ -23,11 +23,13 @@ from etils import epath
 from jax.experimental import multihost_utils
 import numpy as np
 
+from trm import cli
+
 LOCK_NAME = "trainer.lock"
 LEASE_SECONDS = 300.0
 
 
-class WorkdirLockedError(RuntimeError):
+class WorkdirLockedError(cli.UserError, RuntimeError):
   """Another live trainer holds the workdir."""
 
 

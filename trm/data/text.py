@@ -58,7 +58,7 @@ _EVAL_STREAM = 0x6576616C  # "eval"
 _CLI_HINT = "python -m trm.data.text --input=PATH_OR_URL --out_dir={}"
 
 
-class TokenizerUnavailableError(RuntimeError):
+class TokenizerUnavailableError(cli.UserError, RuntimeError):
   """The requested BPE tokenizer cannot be loaded here (e.g. offline)."""
 
 
