@@ -680,7 +680,7 @@ def _(env):
 
 @case("prompt longer than the context", ValueError,
       "A prompt has 200 tokens but only 64 fit", "config.seq_len",
-      "--max_new_tokens")
+      "lower max_new_tokens")
 def _(env):
   tokenizer = tok_lib.ByteTokenizer(mask_id=500)
   ids = [tokenizer.encode("x" * 200)]

@@ -256,10 +256,13 @@ def test_batch_not_divisible_by_processes(single):
 
 
 def test_iteration_without_full_batch(single):
+  """Found when the source is built (before any compile), with both
+  counts and the flags to change."""
   metadata, arrays = single
-  source = _train(metadata, arrays, global_batch_size=64, epochs_per_iter=1)
-  with pytest.raises(ValueError, match="epochs_per_iter"):
-    source[0]
+  with pytest.raises(ValueError, match=r"holds 19 examples in 10 groups.*"
+                     r"config.global_batch_size=64. Raise "
+                     r"config.data.epochs_per_iter"):
+    _train(metadata, arrays, global_batch_size=64, epochs_per_iter=1)
 
 
 # ----------------------------------------------------------------- TestBatches
