@@ -23,7 +23,6 @@ are `alg="origin"`, `steps=512`); see the README table.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -98,14 +97,12 @@ def left_pad(token_lists, pad_id: int, max_len: Optional[int] = None):
 
 
 def _read_json(path: str) -> dict:
+  """A config object from `path` (hf_import's reader, plus the checks that
+  the file exists and holds an object)."""
   from trm.models import hf_import  # pylint: disable=g-import-not-at-top
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} is missing.")
-  try:
-    with open(path) as f:
-      value = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise hf_import.CheckpointError(f"{path} is not valid JSON ({e}).") from e
+  value = hf_import._read_json(path)  # pylint: disable=protected-access
   if not isinstance(value, dict):
     raise hf_import.CheckpointError(f"{path} holds a {type(value).__name__},"
                                     " not a config object.")
@@ -240,12 +237,6 @@ class DiffusionLM:
     texts = [tok_lib.chat_prompt(p) if chat else p for p in prompts]
     return [self.tokenizer.encode(t) for t in texts]
 
-  def _settings(self, **kwargs) -> dict:
-    settings = dict(kwargs)
-    if settings["top_k"] == 0:
-      settings["top_k"] = None
-    return settings
-
   def compile(self, batch: int, prompt_len: int, *, padded: bool,
               history: bool = False, **settings):
     """(compiled program, compile seconds) for [batch, prompt_len] prompts
@@ -293,9 +284,6 @@ class DiffusionLM:
     if not prompts:
       raise ValueError("prompts is empty: pass at least one prompt.")
     steps = max_new_tokens if steps is None else steps
-    check_settings(max_new_tokens=max_new_tokens, steps=steps,
-                   temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
-                   alg_temp=alg_temp, eps=eps)
     if batch_size is not None and batch_size < 1:
       raise ValueError(f"batch_size={batch_size!r}: must be >= 1 (or None: "
                        "all prompts in one batch).")
@@ -317,11 +305,11 @@ class DiffusionLM:
       mask = np.concatenate([mask, np.repeat(mask[-1:], rows - len(prompts),
                                              0)])
     padded = bool((~mask).any())
-    settings = self._settings(
+    settings = dict(
         max_new_tokens=int(max_new_tokens), steps=int(steps), alg=alg,
         temperature=float(temperature),
         top_p=None if top_p is None else float(top_p),
-        top_k=None if top_k is None else int(top_k),
+        top_k=int(top_k) if top_k else None,  # 0 and None: off
         alg_temp=None if alg_temp is None else float(alg_temp),
         eps=float(eps))
     compiled, compile_seconds = self.compile(

@@ -186,7 +186,7 @@ def _read_json(path: str):
   try:
     with open(path) as f:
       return json.load(f)
-  except json.JSONDecodeError as e:
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise CheckpointError(f"{path} is not valid JSON ({e}); download it "
                           "again.") from e
 
