@@ -13,7 +13,10 @@ logical-axis rules. The sampling program is compiled ahead of time, and the
 compile and generation times are printed apart; generation runs once.
 Completions are cut at <|endoftext|>, <|dlm_pad|> or <|im_end|>, as the
 reference callers do. `--top_k` defaults to 50, what Hugging Face's
-`diffusion_generate` runs with; `--top_k=0` turns it off.
+`diffusion_generate` runs with; `--top_k=0` turns it off. `--cache=dual`
+(or `prefix`) switches to Fast-dLLM-style cached block decoding, with
+`--block_length` and, for parallel decoding, `--threshold` (approximate;
+see `trm/cached_sampling.py`).
 """
 from __future__ import annotations
 
@@ -56,6 +59,12 @@ def main(argv):
       max_new_tokens=_MAX_NEW.value, steps=steps,
       temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
       alg=_ALG.value, alg_temp=_ALG_TEMP.value, eps=1e-3)
+  if _CACHE.value:
+    from trm import cached_sampling  # pylint: disable=g-import-not-at-top
+    cached_sampling.check_cached_settings(
+        cache=_CACHE.value, block_length=_BLOCK_LENGTH.value,
+        threshold=_THRESHOLD.value, max_new_tokens=_MAX_NEW.value,
+        steps=steps, alg=_ALG.value)
   lm = inference.DiffusionLM.from_pretrained(
       _CHECKPOINT.value, dtype=_DTYPE.value, tokenizer=_TOKENIZER.value,
       config=_CONFIG.value)
@@ -64,15 +73,24 @@ def main(argv):
       prompts, max_new_tokens=_MAX_NEW.value, steps=steps, alg=_ALG.value,
       alg_temp=_ALG_TEMP.value, temperature=_TEMPERATURE.value,
       top_p=_TOP_P.value, top_k=_TOP_K.value, chat=_CHAT.value,
-      batch_size=_BATCH_SIZE.value, seed=_SEED.value)
+      batch_size=_BATCH_SIZE.value, seed=_SEED.value, cache=_CACHE.value,
+      block_length=_BLOCK_LENGTH.value, threshold=_THRESHOLD.value)
   for prompt, completion in zip(prompts, completions):
     print(f"=== {prompt}\n{completion}")
   import jax  # pylint: disable=g-import-not-at-top
   t = lm.timings
   print(f"device: {jax.device_count()} x {jax.devices()[0].device_kind}; "
-        f"batch {len(prompts)}, {_MAX_NEW.value} new tokens, {steps} steps: "
+        f"batch {len(prompts)}, {_MAX_NEW.value} new tokens, {_how(steps)}: "
         f"{t['new_tokens'] / t['run_seconds']:.1f} tokens/s (generation "
         f"{t['run_seconds']:.2f} s; compile {t['compile_seconds']:.1f} s)")
+
+
+def _how(steps: int) -> str:
+  if not _CACHE.value:
+    return f"{steps} steps"
+  rule = (f"threshold {_THRESHOLD.value:g}" if _THRESHOLD.value is not None
+          else f"{steps} steps")
+  return f"{_CACHE.value} cache, blocks of {_BLOCK_LENGTH.value}, {rule}"
 
 
 def define_flags():
@@ -80,7 +98,7 @@ def define_flags():
   tests can import several entry points into one process."""
   global _CONFIG, _CHECKPOINT, _TOKENIZER, _PROMPT, _BATCH_FILE, _CHAT, \
       _MAX_NEW, _STEPS, _ALG, _ALG_TEMP, _TEMPERATURE, _TOP_P, _TOP_K, \
-      _SEED, _BATCH_SIZE, _DTYPE
+      _SEED, _BATCH_SIZE, _DTYPE, _CACHE, _BLOCK_LENGTH, _THRESHOLD
   _CONFIG = config_flags.DEFINE_config_file(
       "config", None, "Optional: a config whose mesh and logical-axis rules "
       "to use (model sizes come from the checkpoint).", lock_config=True)
@@ -111,6 +129,15 @@ def define_flags():
   _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
   _BATCH_SIZE = flags.DEFINE_integer(
       "batch_size", None, "Prompts per compiled batch (default: all).")
+  _CACHE = flags.DEFINE_enum(
+      "cache", None, ["prefix", "dual"], "Cached block decoding (Fast-dLLM; "
+      "approximate, faster); unset: the exact reference sampler.")
+  _BLOCK_LENGTH = flags.DEFINE_integer(
+      "block_length", 32, "With --cache: tokens per block (divides "
+      "--max_new_tokens).")
+  _THRESHOLD = flags.DEFINE_float(
+      "threshold", None, "With --cache: reveal every token at least this "
+      "probable (and one per step at least); unset: fixed steps per block.")
   _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"],
                              "Compute dtype.")
 

@@ -176,6 +176,7 @@ class DiffusionLM:
     self.max_positions, self.source = max_positions, source
     self._denoiser = dream.denoiser(cfg)
     self._compiled = {}
+    self._cached_denoiser = None  # built on the first cached call
 
   @classmethod
   def from_pretrained(cls, path: str, *, mesh=None, dtype: str = "bfloat16",
@@ -253,12 +254,29 @@ class DiffusionLM:
       ids = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
       mask = (jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_) if padded
               else None)
-      compiled = diffusion_sampling.lower_generate(
-          self._denoiser, ids, mask, params=self.params,
-          mask_token_id=self.cfg.mask_token_id, return_history=history,
-          **settings).compile()
+      if settings.get("cache"):
+        compiled = self._lower_cached(ids, mask, history, settings).compile()
+      else:
+        settings = {k: v for k, v in settings.items()
+                    if k not in ("cache", "block_length", "threshold")}
+        compiled = diffusion_sampling.lower_generate(
+            self._denoiser, ids, mask, params=self.params,
+            mask_token_id=self.cfg.mask_token_id, return_history=history,
+            **settings).compile()
     self._compiled[key] = compiled
     return compiled, time.perf_counter() - start
+
+  def _lower_cached(self, ids, mask, history, settings):
+    from trm import cached_sampling  # pylint: disable=g-import-not-at-top
+    from trm.models import dream_cache  # pylint: disable=g-import-not-at-top
+    if history:
+      raise ValueError("return_history: not available with cache=...; the "
+                       "exact sampler (cache unset) records it.")
+    if self._cached_denoiser is None:
+      self._cached_denoiser = dream_cache.cached_denoiser(self.cfg)
+    return cached_sampling.lower_cached_generate(
+        self._cached_denoiser, ids, mask, params=self.params,
+        mask_token_id=self.cfg.mask_token_id, **settings)
 
   def generate(self, prompts, *, max_new_tokens: int = 256,
                steps: Optional[int] = None, alg: str = "entropy",
@@ -267,10 +285,15 @@ class DiffusionLM:
                alg_temp: Optional[float] = None, eps: float = 1e-3,
                chat: bool = False, batch_size: Optional[int] = None,
                seed: int = 0, return_tokens: bool = False,
-               return_history: bool = False):
+               return_history: bool = False, cache: Optional[str] = None,
+               block_length: int = 32, threshold: Optional[float] = None):
     """Completions (list of str) for `prompts` (a string or a list).
 
-    steps defaults to max_new_tokens (one token per step). With
+    steps defaults to max_new_tokens (one token per step). `cache`
+    ('prefix' or 'dual') selects Fast-dLLM-style cached block decoding
+    (`cached_sampling`: approximate, much faster on long canvases) with
+    blocks of `block_length` tokens and, with `threshold`, confidence-
+    threshold parallel decoding; unset, the exact reference sampler runs. With
     `return_tokens` (or `return_history`) a `Generation` comes back instead,
     holding the raw sequences and, with `return_history`, the canvas after
     every step. `self.timings` then holds the compile and run seconds.
@@ -312,6 +335,14 @@ class DiffusionLM:
         top_k=int(top_k) if top_k else None,  # 0 and None: off
         alg_temp=None if alg_temp is None else float(alg_temp),
         eps=float(eps))
+    if cache is not None:
+      from trm import cached_sampling  # pylint: disable=g-import-not-at-top
+      cached_sampling.check_cached_settings(
+          cache=cache, block_length=block_length, threshold=threshold,
+          max_new_tokens=max_new_tokens, steps=steps, alg=alg)
+      settings.update(cache=cache, block_length=int(block_length),
+                      threshold=None if threshold is None
+                      else float(threshold))
     compiled, compile_seconds = self.compile(
         size, ids.shape[1], padded=padded, history=return_history, **settings)
     start = time.perf_counter()

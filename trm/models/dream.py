@@ -201,11 +201,19 @@ def repeat_kv(x, groups: int):
 
 
 class Attention(nn.Module):
-  """Bidirectional GQA self-attention (sdpa semantics, explicit softmax)."""
+  """Bidirectional GQA self-attention (sdpa semantics, explicit softmax).
+
+  Two extra modes serve cached decoding (`dream_cache.py`): `return_kv`
+  also returns this call's keys and values ([B, L, KV, K], after RoPE,
+  before the GQA repeat); with `cache=(k, v)` over the whole sequence and
+  `start`, `x` is a window of it at `start`: its keys and values replace
+  the cached ones there and its queries attend to the whole sequence.
+  """
   cfg: DreamConfig
 
   @nn.compact
-  def __call__(self, x, pair_mask, cos, sin):
+  def __call__(self, x, pair_mask, cos, sin, *, return_kv=False, cache=None,
+               start=None):
     cfg = self.cfg
     d, h, kv, k = (cfg.hidden_size, cfg.num_attention_heads,
                    cfg.num_key_value_heads, cfg.head_dim)
@@ -215,6 +223,13 @@ class Attention(nn.Module):
     key = proj((kv, k), ("kv_heads", "head_dim"), "k_proj")
     value = proj((kv, k), ("kv_heads", "head_dim"), "v_proj")
     q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
+    new_kv = (key, value)
+    if cache is not None:
+      at = (0, start, 0, 0)
+      key = jax.lax.dynamic_update_slice(cache[0], key.astype(cache[0].dtype),
+                                         at)
+      value = jax.lax.dynamic_update_slice(cache[1],
+                                           value.astype(cache[1].dtype), at)
     key, value = repeat_kv(key, h // kv), repeat_kv(value, h // kv)
     q = mesh_lib.constrain(q, ("activation_batch", "activation_length",
                                "activation_heads", None))
@@ -227,8 +242,9 @@ class Attention(nn.Module):
       scores = jnp.where(pair_mask, scores, jnp.finfo(scores.dtype).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
     out = jnp.einsum("bhqs,bshk->bqhk", probs, value)
-    return Projection((h, k), (d,), ("heads", "head_dim"), ("embed",), False,
-                      cfg, name="o_proj")(out)
+    out = Projection((h, k), (d,), ("heads", "head_dim"), ("embed",), False,
+                     cfg, name="o_proj")(out)
+    return (out, new_kv) if return_kv else out
 
 
 class MLP(nn.Module):
@@ -248,17 +264,22 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """Pre-norm block; returns (x, None) so it can be the body of `nn.scan`."""
+  """Pre-norm block; returns (x, None) so it can be the body of `nn.scan`
+  (with `return_kv`, (x, (k, v)); see `Attention` for the cache modes)."""
   cfg: DreamConfig
 
   @nn.compact
-  def __call__(self, x, pair_mask, cos, sin):
+  def __call__(self, x, pair_mask, cos, sin, *, return_kv=False, cache=None,
+               start=None):
     cfg = self.cfg
-    x = x + Attention(cfg, name="self_attn")(
-        RMSNorm(cfg, name="input_layernorm")(x), pair_mask, cos, sin)
+    attn = Attention(cfg, name="self_attn")(
+        RMSNorm(cfg, name="input_layernorm")(x), pair_mask, cos, sin,
+        return_kv=return_kv, cache=cache, start=start)
+    attn, new_kv = attn if return_kv else (attn, None)
+    x = x + attn
     x = x + MLP(cfg, name="mlp")(
         RMSNorm(cfg, name="post_attention_layernorm")(x))
-    return mesh_lib.constrain(x, ACTIVATION), None
+    return mesh_lib.constrain(x, ACTIVATION), new_kv
 
 
 def _block_class(cfg: DreamConfig):
