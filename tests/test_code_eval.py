@@ -19,7 +19,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_generate import ROOT, make_tiny_checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 WORKERS = max(2, os.cpu_count() or 1)
-QUICK = code_exec.Limits(timeout_s=1.5, memory_mb=256)
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +61,20 @@ def test_prompts_and_programs(humaneval):
   assert chat.startswith("<|im_start|>system\nYou are a helpful assistant.")
   assert problem.prompt.strip() in chat
   assert chat.endswith("<|im_start|>assistant\n" + code_eval.RESPONSE_PREFIX)
-  # Instruct output: the whole function (imports come from the prompt), or
-  # only the body.
-  whole = ("def has_close_elements(numbers: List[float], threshold: float)"
-           " -> bool:\n" + problem.solution + "```\nExplanation: ...")
-  body = problem.solution + "```"
+  # Instruct output: the whole function (the prompt supplies the imports
+  # and, for HumanEval/38, the helper encode_cyclic), or only the body.
+  cyclic = humaneval[38]
+  answers = [
+      (problem, "def has_close_elements(numbers: List[float], threshold: "
+       "float) -> bool:\n" + problem.solution + "```\nExplanation: ..."),
+      (problem, problem.solution + "```"),
+      (cyclic, "def decode_cyclic(s: str):\n" + cyclic.solution + "```"),
+      (cyclic, "def decode_cyclic(s: str):\n    return s\n```")]
   outcomes = code_exec.run_programs(
-      [code_eval.program(problem, code_eval.postprocess(
-          problem, text, "humaneval", True), "humaneval", True)
-       for text in (whole, body)], workers=2)
-  assert [o.result for o in outcomes] == ["passed", "passed"]
+      [code_eval.program(p, code_eval.postprocess(p, text, "humaneval", True),
+                         "humaneval", True) for p, text in answers],
+      workers=2)
+  assert [o.passed for o in outcomes] == [True, True, True, False]
 
 
 # ------------------------------------------------------- post-processing
@@ -183,22 +186,24 @@ def test_bad_mbpp_files_are_named(tmp_path, content, message):
 # -------------------------------------------------------------- sandbox
 
 
-@pytest.mark.parametrize("source, want", [
-    ("while True:\n    pass\n", "timed out"),
-    ("import time\ntime.sleep(60)\n", "timed out"),
-    ("x = bytearray(10 ** 10)\n", "failed: memory limit"),
-    ("chunks = []\nwhile True:\n    chunks.append(' ' * 10 ** 6)\n",
+@pytest.mark.parametrize("source, timeout, want", [
+    ("while True:\n    pass\n", 1.5, "timed out"),
+    ("import time\ntime.sleep(60)\n", 1.5, "timed out"),
+    # The rest end on their own limit, well before the (generous) timeout.
+    ("x = bytearray(10 ** 10)\n", 20, "failed: memory limit"),
+    ("chunks = []\nwhile True:\n    chunks.append(' ' * 10 ** 6)\n", 20,
      "failed: memory limit"),
-    ("while True:\n    print('x' * 10000)\n", "File too large"),
+    ("while True:\n    print('x' * 10000)\n", 20, "File too large"),
     ("import os, time\nif os.fork() == 0:\n    time.sleep(60)\n"
-     "raise SystemExit(3)\n", "exit status 3"),
+     "raise SystemExit(3)\n", 20, "exit status 3"),
 ])
-def test_runaway_programs_are_contained(source, want):
+def test_runaway_programs_are_contained(source, timeout, want):
   start = time.perf_counter()
-  outcome = code_exec.run_program(source, QUICK)
+  outcome = code_exec.run_program(source, code_exec.Limits(
+      timeout_s=timeout, memory_mb=256))
   assert not outcome.passed
   assert want in outcome.result
-  assert time.perf_counter() - start < 10
+  assert time.perf_counter() - start < 15
 
 
 def test_programs_run_in_a_fresh_directory_with_a_small_environment():
@@ -211,7 +216,7 @@ def test_programs_run_in_a_fresh_directory_with_a_small_environment():
   os.environ["TRM_CODE_EVAL_SECRET"] = "1"
   try:
     source += "assert 'TRM_CODE_EVAL_SECRET' not in os.environ\n"
-    outcome = code_exec.run_program(source, QUICK)
+    outcome = code_exec.run_program(source, code_exec.Limits(timeout_s=5))
   finally:
     del os.environ["TRM_CODE_EVAL_SECRET"]
   assert outcome.passed, outcome.result

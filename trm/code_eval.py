@@ -12,9 +12,10 @@ Prompts follow the published evaluations (see the README section):
   MBPP tasks 2, 3, 4; the completion is cut at "[DONE]".
 - Instruct (`chat=True`): the DiffuCoder ChatML prompt with an EvalPlus-
   style instruction, the assistant turn opened with "```python\\n"; the code
-  block is extracted from the output. When it lacks the entry point's
-  `def`, it is taken as the body and appended to the HumanEval prompt; the
-  prompt's imports are kept in front (the tests' type hints need them).
+  block is extracted from the output and runs after the HumanEval prompt
+  (whose imports and helper functions the tests need; its docstring-only
+  stub is redefined), or continues it when it lacks a top-level `def` of
+  the entry point (only the body came back).
 
 MBPP data: no offline copy ships with any pip package (EvalPlus downloads
 its data at run time), so `--benchmark_path` names a JSONL file in the
@@ -139,9 +140,11 @@ def load_mbpp(path: str) -> tuple[list[Problem], list[Problem], str]:
                        "strings.")
     setup = [row.get("test_setup_code") or ""] + list(row.get("test_imports")
                                                       or [])
+    # The original file's code has Windows line endings.
     rows.append(Problem(
         task_id, _field(row, ("text", "prompt"), str, where).strip(),
-        "\n".join(s for s in setup if s), row.get("code") or "",
+        "\n".join(s for s in setup if s),
+        (row.get("code") or "").replace("\r\n", "\n"),
         test_list=tuple(tests)))
   number = lambda p: int(p.task_id) if str(p.task_id).isdigit() else -1
   shots = [p for p in rows if number(p) in MBPP_SHOT_IDS and p.solution]
@@ -207,11 +210,6 @@ def extract_code(text: str, in_block: bool = True) -> str:
   return next(c for c in candidates if c.strip() or c is text).rstrip() + "\n"
 
 
-def _imports(prompt: str) -> str:
-  return "".join(line + "\n" for line in prompt.splitlines()
-                 if re.match(r"(import|from) \w", line))
-
-
 def postprocess(problem: Problem, generation: str, benchmark: str,
                 chat: bool) -> str:
   """The completion to score, from the model's decoded output."""
@@ -226,13 +224,11 @@ def program(problem: Problem, completion: str, benchmark: str,
   """The whole test program for one completion."""
   if benchmark == "mbpp":
     return "\n".join([problem.tests, completion, *problem.test_list, ""])
-  if not chat:
-    code = problem.prompt + completion
-  elif re.search(rf"^\s*def {re.escape(problem.entry_point)}\s*\(",
-                 completion, re.M):
-    code = _imports(problem.prompt) + completion
-  else:  # only the body came back: it continues the prompt
-    code = problem.prompt + completion
+  whole = chat and re.search(
+      rf"^def {re.escape(problem.entry_point)}\s*\(", completion, re.M)
+  # A whole function goes after the prompt (its imports and helpers, and a
+  # docstring-only stub that the answer redefines); a body continues it.
+  code = problem.prompt + ("\n" if whole else "") + completion
   return f"{code}\n{problem.tests}\ncheck({problem.entry_point})\n"
 
 
