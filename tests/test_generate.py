@@ -141,11 +141,34 @@ def test_chat_history_and_timings(lm):
     (dict(max_new_tokens=200000), "exceed the model's 131072 positions"),
     (dict(alg="best"), "alg='best'"),
     (dict(batch_size=0), "batch_size=0"),
+    (dict(cache="full"), "cache='full': must be one of"),
+    (dict(cache="dual", block_length=3), "block_length=3: must divide"),
+    (dict(cache="dual", block_length=4, threshold=2.0),
+     "threshold=2.0: must lie in (0, 1]"),
+    (dict(cache="prefix", block_length=4, return_history=True),
+     "return_history: not "
+     "available with cache"),
 ])
 def test_api_bad_settings_are_one_clear_line(lm, kwargs, message):
   with pytest.raises(ValueError) as info:
     lm.generate(["w1"], **{"max_new_tokens": 4, **kwargs})
   assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_api_cached_decoding(lm):
+  """The cache agrees with the exact sampler on every prompt token, fills
+  the canvas, and is timed like the exact one."""
+  prompts = ["w3 w4 w5", "w9"]
+  exact = lm.generate(prompts, max_new_tokens=8, return_tokens=True)
+  for kwargs in (dict(cache="dual", threshold=0.9),
+                 dict(cache="prefix", steps=4)):
+    out = lm.generate(prompts, max_new_tokens=8, block_length=4,
+                      return_tokens=True, **kwargs)
+    assert out.tokens.shape == exact.tokens.shape
+    np.testing.assert_array_equal(out.tokens[:, :out.prompt_len],
+                                  exact.tokens[:, :exact.prompt_len])
+    assert not np.any(out.tokens == lm.cfg.mask_token_id)
+    assert lm.timings["compile_seconds"] > 0
 
 
 def test_api_empty_prompt_list(lm):
@@ -163,6 +186,14 @@ def _cli(*flags, timeout=300):
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
+def test_cli_cached_decoding(checkpoint):
+  result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3 w4",
+                "--max_new_tokens=8", "--cache=dual", "--block_length=4",
+                "--threshold=0.9")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "dual cache, blocks of 4, threshold 0.9: " in result.stdout
+
+
 def test_cli_compiles_once_and_prints_both_times(checkpoint):
   result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3 w4",
                 "--max_new_tokens=4")
@@ -177,9 +208,13 @@ def test_cli_compiles_once_and_prints_both_times(checkpoint):
     ("--top_k=-3", "top_k=-3: must be an integer >= 0"),
     ("--steps=-2", "steps=-2: must be an integer >= 1"),
     ("--max_new_tokens=200000", "exceed the model's"),
+    ("--threshold=0.9", "threshold=0.9: parallel decoding needs --cache"),
+    ("--cache=dual --block_length=3", "block_length=3: must divide "
+     "max_new_tokens=256"),
+    ("--cache=prefix --threshold=1.5", "threshold=1.5: must lie in (0, 1]"),
 ])
 def test_cli_bad_settings_are_one_line(checkpoint, flag, message):
-  result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3", flag)
+  result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3", *flag.split())
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   errors = [l for l in result.stderr.splitlines() if "error:" in l]

@@ -77,6 +77,9 @@ def sampler_settings(holders: dict) -> dict:
       "max_new_tokens", "alg", "alg_temp", "temperature", "top_p", "top_k")}
   settings["steps"] = value["steps"] or value["max_new_tokens"]
   inference.check_settings(**settings, eps=1e-3)
+  if value["threshold"] is not None and not value["cache"]:
+    raise ValueError(f"threshold={value['threshold']}: parallel decoding "
+                         "needs --cache=dual or --cache=prefix.")
   if value["cache"]:
     from trm import cached_sampling  # pylint: disable=g-import-not-at-top
     cached = {name: value[name] for name in ("cache", "block_length",
