@@ -18,7 +18,7 @@ from trm.data import pipeline
 from trm.data import sft
 from trm.data import text
 from trm.data import tfds_source
-from trm.data.tfds_builders import __main__ as tfds_build
+from trm.data import tfds_builders as tfds_build
 from trm.models import dream
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -220,3 +220,42 @@ def test_gpt_bad_split_is_one_line(built, tmp_path):
   assert lines[-1].startswith("trm.main: error: config.data.tfds.eval_split="
                               "'dev' is not a split"), lines[-5:]
   assert "Traceback" not in result.stderr
+
+
+def test_runs_recorded_before_the_tfds_keys_still_resume(tmp_path):
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from trm import config_record  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                  "shakespeare_char_cpu")
+  old = config.to_dict()
+  del old["data"]["source"], old["data"]["tfds"]
+  (tmp_path / config_record.RECORD).write_text(
+      ml_collections.ConfigDict(old).to_json_best_effort())
+  assert "data.source" in config_record.check(config, epath.Path(tmp_path), 5)
+  config.data.source = "tfds"  # this does change the data: refused
+  with pytest.raises(config_record.ConfigChangedError, match="data.source"):
+    config_record.check(config, epath.Path(tmp_path), 5)
+
+
+def test_build_command_line(tmp_path):
+  source = tmp_path / "play"
+  source.mkdir()
+  (source / "input.txt").write_text(
+      "To be, or not to be: that is the question.\n" * 50)
+  def build(manual_dir, out="out"):
+    return subprocess.run(
+        [sys.executable, "-m", "trm.data.tfds_builders",
+         "trm_tiny_shakespeare", f"--manual_dir={manual_dir}",
+         f"--data_dir={tmp_path / out}"],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  result = build(source)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert (f"--config.data.tfds.name=trm_tiny_shakespeare "
+          f"--config.data.tfds.data_dir={tmp_path / 'out'}") in result.stdout
+  (source / "input.txt").rename(source / "other.txt")
+  result = build(source, "out2")  # "out" holds it: TFDS would reuse it
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1].endswith(
+      f"error: {source / 'input.txt'} does not exist: pass --manual_dir=DIR "
+      "with DIR/input.txt (e.g. tinyshakespeare's input.txt, or any UTF-8 "
+      "text)."), result.stderr[-2000:]

@@ -82,8 +82,13 @@ def open_split(tfds_config, split_key: str, features: dict):
         f"{PREFIX}.name={name!r} was built as {file_format}, which has no "
         "random access; rebuild it with `tfds build ... "
         "--file_format=array_record`.")
+  # Decode only the features read: skipping the others (e.g. the text
+  # beside the tokens) cut reading 70 tinyshakespeare records from ~5.7 to
+  # ~4.0 ms (one measurement on a loaded 2-core host).
+  skip = {f: tfds.decode.SkipDecoding() for f in info.features
+          if f not in features}
   source = tfds.data_source(name, split=split, data_dir=data_dir,
-                            download=False)
+                            download=False, decoders=skip or None)
   if not len(source):
     raise ValueError(f"{PREFIX}.{split_key}={split!r} of {name} holds no "
                      "records; choose a larger split.")
@@ -134,7 +139,8 @@ class TokenStream(text.TokenFile):
   @property
   def data(self):
     if self._data is None:  # after unpickling (see TokenFile.__getstate__)
-      self._data = open_split(self.config, self.split_key, {})[0]
+      self._data = open_split(self.config, self.split_key,
+                              {self.feature: f"{PREFIX}.feature"})[0]
     return self
 
   def __getitem__(self, index: np.ndarray) -> np.ndarray:

@@ -10,10 +10,11 @@ from absl import app
 from absl import flags
 
 from trm import cli
+from trm.data import tfds_builders
 
 _MANUAL_DIR = flags.DEFINE_string(
-    "manual_dir", None, "Input: trm_tiny_shakespeare: a directory with "
-    "input.txt or the text file; trm_code_files: the source root.")
+    "manual_dir", None, "Input directory: trm_tiny_shakespeare: holds "
+    "input.txt; trm_code_files: the source root.")
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "TFDS data directory to write to (what the training "
     "config's data.tfds.data_dir names).")
@@ -23,35 +24,19 @@ _PATTERN = flags.DEFINE_string(
 flags.mark_flags_as_required(["manual_dir", "data_dir"])
 
 
-def build(name: str, manual_dir: str, data_dir: str, pattern: str = ""):
-  """Prepares builder `name` into `data_dir`; returns the builder."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from trm.data import tfds_builders  # pylint: disable=g-import-not-at-top
-  if name not in tfds_builders.BUILDERS:
-    raise ValueError(f"Unknown builder {name!r}; this project has "
-                     f"{sorted(tfds_builders.BUILDERS)}.")
-  if not os.path.exists(manual_dir):
-    raise FileNotFoundError(f"--manual_dir={manual_dir} does not exist.")
-  kwargs = {}
-  if pattern:
-    if name != "trm_code_files":
-      raise ValueError("--pattern applies to trm_code_files only.")
-    kwargs["config"] = tfds_builders.trm_code_files.CodeFilesConfig(
-        name="custom", pattern=pattern)
-  builder = tfds_builders.BUILDERS[name](data_dir=data_dir, **kwargs)
-  builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
-  return builder
-
-
 def main(argv: Sequence[str]) -> None:
   if len(argv) != 2:
     raise app.UsageError("Pass one builder name, e.g. trm_tiny_shakespeare.")
-  builder = build(argv[1], _MANUAL_DIR.value, _DATA_DIR.value,
+  builder = tfds_builders.build(argv[1], _MANUAL_DIR.value, _DATA_DIR.value,
                   _PATTERN.value)
   splits = ", ".join(f"{name}: {info.num_examples} records"
                      for name, info in builder.info.splits.items())
+  name = argv[1] + (f"/{builder.builder_config.name}" if _PATTERN.value
+                    else "")
   print(f"wrote {builder.data_dir} ({splits})")
+  print(f"train from it with --config.data.source=tfds "
+        f"--config.data.tfds.name={name} "
+        f"--config.data.tfds.data_dir={os.path.abspath(_DATA_DIR.value)}")
 
 
 if __name__ == "__main__":

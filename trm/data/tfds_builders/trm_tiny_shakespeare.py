@@ -3,7 +3,7 @@ ArrayRecord (TFDS), built offline from a local copy.
 
 The public `tiny_shakespeare` builder downloads its file and stores each
 split as ONE example, which is no use for random windows. This one reads
-`--manual_dir` (a directory holding `input.txt`, or the text file itself),
+`--manual_dir` (a directory holding `input.txt`; TFDS wants a directory),
 tokenises it exactly as `python -m trm.data.text` does (`text.char_splits`:
 vocabulary of the whole text, first 90% train, last 10% validation) and
 stores each split's token stream in fixed-size records of CHUNK_TOKENS
@@ -33,14 +33,12 @@ INPUT_NAME = "input.txt"
 
 
 def input_path(manual_dir) -> str:
-  """The text file: `manual_dir` itself, or its input.txt."""
-  path = os.fspath(manual_dir)
-  if os.path.isdir(path):
-    path = os.path.join(path, INPUT_NAME)
+  """manual_dir's input.txt."""
+  path = os.path.join(os.fspath(manual_dir), INPUT_NAME)
   if not os.path.isfile(path):
     raise FileNotFoundError(
         f"{path} does not exist: pass --manual_dir=DIR with DIR/{INPUT_NAME}"
-        " (e.g. tinyshakespeare's input.txt) or the text file itself.")
+        " (e.g. tinyshakespeare's input.txt, or any UTF-8 text).")
   return path
 
 
@@ -51,7 +49,7 @@ class TrmTinyShakespeare(base.OrderedArrayRecordBuilder):
   RELEASE_NOTES = {"1.0.0": "Char tokens of trm.data.text, 4096 per record."}
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
       f"Pass --manual_dir=DIR with DIR/{INPUT_NAME} (tinyshakespeare's "
-      "input.txt, or any UTF-8 text), or the path of the text file.")
+      "input.txt, or any UTF-8 text).")
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.ordered_info(__doc__, {
