@@ -5,6 +5,7 @@ bit-exactly; processes read disjoint rows; mistakes are one line naming the
 config field; and a GPT run trains from TFDS through `trm.main`."""
 import glob
 import os
+import pickle
 import subprocess
 import sys
 
@@ -79,6 +80,11 @@ def test_tfds_batches_equal_bin_batches(built):
   for k in range(5):
     for key in ("x", "y"):
       np.testing.assert_array_equal(from_tfds[k][key], from_bin[k][key])
+  # Grain workers get the source pickled: without the open TFDS source, which
+  # is reopened on first read.
+  copy = pickle.loads(pickle.dumps(from_tfds))
+  assert copy.file._data is None  # pylint: disable=protected-access
+  np.testing.assert_array_equal(copy[4]["x"], from_bin[4]["x"])
   streams = [stream, tfds_source.TokenStream(config, "eval_split")]
   eval_tfds = text.EvalWindows("tfds", 64, 8, 2, seed=3, streams=streams)
   eval_bin = text.EvalWindows(bin_dir, 64, 8, 2, seed=3)
