@@ -219,13 +219,19 @@ def test_gpt_trains_from_tfds_on_the_command_line(built, tmp_path):
   assert os.path.isfile(tmp_path / "run" / "eval_3.json")
 
 
-def test_gpt_bad_split_is_one_line(built, tmp_path):
-  result = _gpt(tmp_path, built[0], "--config.data.tfds.eval_split=dev")
+@pytest.mark.parametrize("override, message", [
+    ("--config.data.tfds.eval_split=dev",
+     "config.data.tfds.eval_split='dev' is not a split"),
+    ("--config.data.tfds.data_dir=/nonexistent/tfds",
+     "config.data.tfds.data_dir=/nonexistent/tfds does not exist"),
+])
+def test_gpt_bad_tfds_config_is_one_line(built, tmp_path, override, message):
+  result = _gpt(tmp_path, built[0], override)
   assert result.returncode == 2
   lines = result.stderr.strip().splitlines()
-  assert lines[-1].startswith("trm.main: error: config.data.tfds.eval_split="
-                              "'dev' is not a split"), lines[-5:]
-  assert "Traceback" not in result.stderr
+  assert lines[-1].startswith(f"trm.main: error: {message}"), lines[-5:]
+  assert len(lines[-1]) < 400 and "Traceback" not in result.stderr
+  assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_runs_recorded_before_the_tfds_keys_still_resume(tmp_path):

@@ -27,9 +27,9 @@ import numpy as np
 from trm.data import text
 
 PREFIX = "config.data.tfds"
-_BUILD_HINT = ("prepare it with `tfds build trm/data/tfds_builders/"
-               "trm_tiny_shakespeare.py --manual_dir=DIR --data_dir=DATA_DIR` "
-               "(or trm_code_files.py; README, 'TFDS data')")
+_BUILD_HINT = ("prepare it with `python -m trm.data.tfds_builders "
+               "trm_tiny_shakespeare --manual_dir=DIR --data_dir=DATA_DIR` "
+               "(or trm_code_files; README, 'TFDS data')")
 # Records fetched per `__getitems__` call when reading a whole split.
 _READ_BLOCK = 256
 
@@ -41,13 +41,10 @@ def _tfds():
   return tfds
 
 
-def open_split(tfds_config, split_key: str, features: dict):
-  """(data source, builder info) of `tfds_config[split_key]`, after checking
-  that the dataset, split and `features` exist and the files are
-  ArrayRecord. `features` maps each feature to the config field naming it."""
+def _prepared_builder(tfds_config):
+  """The TFDS builder of `tfds_config.name`, prepared in its data_dir."""
   tfds = _tfds()
   name, data_dir = tfds_config.name, tfds_config.data_dir or None
-  split = tfds_config[split_key]
   if not name:
     raise ValueError(f"{PREFIX}.name is empty: set it to the TFDS dataset to "
                      "train from, e.g. trm_tiny_shakespeare.")
@@ -65,6 +62,17 @@ def open_split(tfds_config, split_key: str, features: dict):
   if not builder.is_prepared():
     raise FileNotFoundError(
         f"{PREFIX}.name={name!r} is not prepared {where}; {_BUILD_HINT}.")
+  return builder
+
+
+def open_split(tfds_config, split_key: str, features: dict):
+  """(data source, builder info) of `tfds_config[split_key]`, after checking
+  that the dataset, split and `features` exist and the files are
+  ArrayRecord. `features` maps each feature to the config field naming it."""
+  tfds = _tfds()
+  builder = _prepared_builder(tfds_config)
+  name, data_dir = tfds_config.name, tfds_config.data_dir or None
+  split = tfds_config[split_key]
   info = builder.info
   base = str(split).split("[")[0]  # 'train[:10%]' slices split 'train'
   if base not in info.splits:
@@ -80,8 +88,8 @@ def open_split(tfds_config, split_key: str, features: dict):
   if file_format != "array_record":
     raise ValueError(
         f"{PREFIX}.name={name!r} was built as {file_format}, which has no "
-        "random access; rebuild it with `tfds build ... "
-        "--file_format=array_record`.")
+        "random access; rebuild it as array_record (our builders' default; "
+        "`tfds build ... --file_format=array_record`).")
   # Decode only the features read: skipping the others (e.g. the text
   # beside the tokens) cut reading 70 tinyshakespeare records from ~5.7 to
   # ~4.0 ms (one measurement on a loaded 2-core host).
@@ -95,15 +103,11 @@ def open_split(tfds_config, split_key: str, features: dict):
   return source, info
 
 
-METADATA_FILE = "metadata.json"
-
-
 def metadata(tfds_config) -> tuple[dict, str]:
   """(the dataset's metadata.json, or {} if it has none; the directory of
   the prepared version). Our builders record meta.json's fields there
   (vocabulary, tokenizer), which GPT and trm.sample read."""
-  builder = _tfds().builder(tfds_config.name,
-                            data_dir=tfds_config.data_dir or None)
+  builder = _prepared_builder(tfds_config)
   return dict(builder.info.metadata or {}), os.fspath(builder.data_dir)
 
 

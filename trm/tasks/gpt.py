@@ -38,9 +38,7 @@ INIT_FROM = ("scratch", "resume", "gpt2", "gpt2-medium", "gpt2-large",
              "gpt2-xl")
 DTYPES = ("float32", "bfloat16")
 _SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "bias")
-
-
-SOURCES = ("bin", "tfds")
+SOURCES = ("bin", "tfds")  # config.data.source
 
 
 def data_dir(config) -> str:
