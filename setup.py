@@ -18,6 +18,9 @@ setup(
         "absl-py>=2.1",
         "numpy>=1.26",
         "tensorflow-datasets==4.9.10",
+        # etils.epath's resource lookup, which TFDS builders need to prepare
+        # (tensorflow-datasets does not declare it).
+        "importlib_resources",
         # Hugging Face checkpoints and tokenizers (DiffuCoder / Dream).
         "safetensors>=0.4",
         "tokenizers>=0.19",

@@ -39,6 +39,7 @@ def get_config(arg=None):
   ))
 
   c.data = ml_collections.ConfigDict(dict(
+      source="files",           # files: data.path | tfds: data.tfds splits
       format="jsonl",           # jsonl: prompt/response pairs | code: files
       path="",                  # JSONL file, or a glob of code files
       eval_path="",             # held-out data, same format; '' = hold out
@@ -51,6 +52,15 @@ def get_config(arg=None):
       eval_batch_size=64,       # sequences per eval batch, over all devices
       max_eval_batches=-1,      # cap on eval batches (-1: all held-out rows)
       prefetch=2,               # batches Grain prepares ahead
+      tfds=ml_collections.ConfigDict(dict(  # data.source='tfds' (README)
+          name="trm_code_files",  # TFDS dataset[/config][:version]
+          data_dir="",          # its `tfds build --data_dir`; '' = TFDS's
+                                # default (~/tensorflow_datasets)
+          split="train",        # training records
+          eval_split="",        # held-out split; '' = hold out eval_rows
+          feature="text",       # code: the document text feature (jsonl
+                                # reads prompt_key / response_key instead)
+      )),
   ))
   c.init_checkpoint = ""        # Hugging Face checkpoint dir to fine-tune
                                 # from; '' = random initialisation

@@ -73,11 +73,21 @@ def get_config(arg=None):
   c.seed = 1337                 # init, data and dropout randomness
 
   c.data = ml_collections.ConfigDict(dict(
+      source="bin",             # bin: data_root/<dataset> .bin files |
+                                # tfds: the TFDS splits of data.tfds
       input="",                 # text file or URL to prepare into data_root/
                                 # <dataset> when that is not prepared yet
       tokenizer="char",         # preparation: char | gpt2 | tokenizer.json
       eval_batch_size=c.get_ref("batch_size"),  # rows per eval batch
       prefetch=2,               # batches Grain prepares ahead
+      tfds=ml_collections.ConfigDict(dict(  # data.source='tfds' (README)
+          name="trm_tiny_shakespeare",  # TFDS dataset[/config][:version]
+          data_dir="",          # its `tfds build --data_dir`; '' = TFDS's
+                                # default (~/tensorflow_datasets)
+          split="train",        # training windows (and estimate_loss train)
+          eval_split="validation",  # estimate_loss's val split
+          feature="tokens",     # feature of token-id records (one stream)
+      )),
   ))
   c.model = ml_collections.ConfigDict(dict(
       name="gpt",               # model family, see trm/models/__init__.py

@@ -31,6 +31,11 @@ HARMLESS = (
 HARMLESS_PREFIXES = ("mesh.",)
 # May grow (train for longer), not shrink below the recorded value.
 LONGER = ("total_steps", "max_iters")
+# Fields added after runs were recorded: absent from an older record, they
+# change nothing while they keep that run's data (the .bin directory or
+# files; the data.tfds keys are unused unless data.source is 'tfds').
+_ADDED_DATA_SOURCE = ("data.source", ("bin", "files"))
+_ADDED_TFDS_PREFIX = "data.tfds."
 
 
 class ConfigChangedError(ValueError):
@@ -54,6 +59,16 @@ def _harmless(key: str, old, new) -> bool:
       new >= old)
 
 
+def _added_and_unused(key: str, old, new, config) -> bool:
+  if old is not None:
+    return False
+  source_key, old_sources = _ADDED_DATA_SOURCE
+  if key == source_key:
+    return new in old_sources
+  return key.startswith(_ADDED_TFDS_PREFIX) and (
+      config.data.get("source") != "tfds")
+
+
 def changes(recorded: dict, config: dict) -> dict:
   """{field: [recorded, new]} for every field that differs."""
   old, new = _flat(recorded), _flat(config)
@@ -74,7 +89,8 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
     return {}
   diff = changes(json.loads(record_path.read_text()),
                  json.loads(config.to_json_best_effort()))
-  refused = {k: v for k, v in diff.items() if not _harmless(k, *v)}
+  refused = {k: v for k, v in diff.items()
+             if not _harmless(k, *v) and not _added_and_unused(k, *v, config)}
   if refused and not config.allow_config_change:
     listed = "; ".join(f"config.{k}: {old!r} -> {new!r}"
                        for k, (old, new) in refused.items())

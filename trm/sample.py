@@ -152,6 +152,10 @@ def main(argv):
   data_dir = _DATA_DIR.value or data_dir
   if data_dir and os.path.isfile(os.path.join(data_dir, "meta.json")):
     meta = text.load_meta(data_dir)
+  elif data_dir and os.path.isfile(os.path.join(data_dir, "metadata.json")):
+    # A TFDS run: the builder's metadata holds meta.json's fields.
+    with open(os.path.join(data_dir, "metadata.json")) as f:
+      meta = json.load(f)
   else:
     if _DATA_DIR.value:
       text.load_meta(data_dir)  # the error that says what is missing

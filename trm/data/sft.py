@@ -93,18 +93,24 @@ def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data"):
   return tokens, maskable
 
 
-def read_code_files(pattern: str):
-  """Texts of the files matching a glob (recursive `**` allowed), sorted."""
+def code_file_paths(pattern: str, what: str = "data.path"):
+  """The files matching a glob (recursive `**` allowed), sorted: the order
+  of the documents, so the TFDS code builder keeps it too."""
   paths = sorted(p for p in glob.glob(pattern, recursive=True)
                  if os.path.isfile(p))
   if not paths:
-    raise FileNotFoundError(f"No files match {pattern!r}; set data.path to a "
+    raise FileNotFoundError(f"No files match {pattern!r}; set {what} to a "
                             "glob such as 'src/**/*.py'.")
-  texts = []
-  for path in paths:
-    texts.append(data_io.read_utf8(
-        path, fix="or narrow data.path's glob to text files"))
-  return texts
+  return paths
+
+
+def read_code_file(path: str, what: str = "data.path") -> str:
+  return data_io.read_utf8(path, fix=f"or narrow {what}'s glob to text files")
+
+
+def read_code_files(pattern: str):
+  """Texts of the files matching a glob (recursive `**` allowed), sorted."""
+  return [read_code_file(path) for path in code_file_paths(pattern)]
 
 
 def packed_rows(documents, seq_len: int, eos_id: int):
@@ -202,37 +208,67 @@ def chat_pair_ids(pairs, tokenizer, chat: bool):
           for p, (_, r) in zip(prompts, pairs)]
 
 
-def read_rows(data_config, tokenizer, seq_len: int, path: str):
-  """(tokens, maskable) for `path` in the config's format."""
+def _from_tfds(data_config) -> bool:
+  source = data_config.get("source", "files")
+  if source not in ("files", "tfds"):
+    raise ValueError(f"config.data.source={source!r} must be 'files' "
+                     "(data.path) or 'tfds' (data.tfds).")
+  return source == "tfds"
+
+
+def read_rows(data_config, tokenizer, seq_len: int, path: str,
+              split_key: str = "split"):
+  """(tokens, maskable) for `path` in the config's format, or, with
+  data.source='tfds', for the split named by data.tfds[split_key]."""
+  tfds = _from_tfds(data_config)
+  if tfds:
+    from trm.data import tfds_source  # pylint: disable=g-import-not-at-top
+    path = f"tfds:{data_config.tfds.name}/{data_config.tfds[split_key]}"
   if data_config.format == "jsonl":
-    pairs = read_jsonl_pairs(path, data_config.prompt_key,
-                             data_config.response_key)
+    if tfds:
+      pairs = [tuple(row) for row in tfds_source.texts(
+          data_config.tfds, split_key,
+          {data_config.prompt_key: "config.data.prompt_key",
+           data_config.response_key: "config.data.response_key"})]
+    else:
+      pairs = read_jsonl_pairs(path, data_config.prompt_key,
+                               data_config.response_key)
     pad_id = (tokenizer.dlm_pad_id if tokenizer.dlm_pad_id is not None
               else tokenizer.eos_id)
     return pair_rows(chat_pair_ids(pairs, tokenizer, data_config.chat),
                      seq_len, pad_id, source=path)
   if data_config.format == "code":
-    documents = [tokenizer.encode(text) for text in read_code_files(path)]
+    if tfds:
+      texts = [row[0] for row in tfds_source.texts(
+          data_config.tfds, split_key,
+          {data_config.tfds.feature: "config.data.tfds.feature"})]
+    else:
+      texts = read_code_files(path)
+    documents = [tokenizer.encode(text) for text in texts]
     return packed_rows(documents, seq_len, tokenizer.eos_id)
   raise ValueError(f"config.data.format={data_config.format!r} is not known; "
                    "use 'jsonl' (prompt/response pairs) or 'code' (files).")
 
 
 def train_and_eval_rows(data_config, tokenizer, seq_len: int):
-  """Training and held-out rows: `eval_path`'s, or the last `eval_rows` rows
-  of `path`."""
-  if not data_config.path:
+  """Training and held-out rows: `eval_path`'s (data.tfds.eval_split's), or
+  the last `eval_rows` rows of `path` (of data.tfds.split)."""
+  tfds = _from_tfds(data_config)
+  if not tfds and not data_config.path:
     raise ValueError("config.data.path is empty: set it to a JSONL file of "
                      "prompt/response pairs or a glob of code files.")
   tokens, maskable = read_rows(data_config, tokenizer, seq_len,
                                data_config.path)
-  if data_config.eval_path:
+  if data_config.tfds.eval_split if tfds else data_config.eval_path:
     return (tokens, maskable), read_rows(data_config, tokenizer, seq_len,
-                                         data_config.eval_path)
+                                         data_config.eval_path, "eval_split")
   held = data_config.eval_rows
   if not 0 < held < len(tokens):
+    where = (f"data.tfds.split={data_config.tfds.split!r}" if tfds
+             else data_config.path)
+    instead = "data.tfds.eval_split" if tfds else "data.eval_path"
     raise ValueError(f"config.data.eval_rows={held} must be positive and "
-                     f"below the {len(tokens)} rows of {data_config.path}, or "
-                     "set config.data.eval_path.")
+                     f"below the {len(tokens)} rows of {where}, or set "
+                     f"config.{instead}.")
   return ((tokens[:-held], maskable[:-held]),
           (tokens[-held:], maskable[-held:]))

@@ -260,21 +260,29 @@ def _write(out_dir: str, train_ids, val_ids, meta: dict) -> dict:
   return meta
 
 
+def char_splits(text: str) -> tuple[dict, list[int], list[int]]:
+  """(meta, train ids, val ids) of nanoGPT's shakespeare_char preparation:
+  the vocabulary is every character of the whole text, the split 90/10 by
+  characters. Shared by `prepare_char` and the TFDS builder, so both give
+  the same token streams."""
+  train_text, val_text = _split_text(text)
+  chars = sorted(set(text))
+  _check_vocab_fits(len(chars), "char")
+  itos = {str(i): ch for i, ch in enumerate(chars)}
+  codec = CharCodec(itos)
+  meta = {"vocab_size": len(chars), "itos": itos,
+          "stoi": {ch: i for i, ch in enumerate(chars)}, "tokenizer": "char"}
+  return meta, codec.encode(train_text), codec.encode(val_text)
+
+
 def prepare_char(text: str, out_dir: str) -> dict:
   """nanoGPT's shakespeare_char preparation: one token per character.
 
   Returns the meta.json contents: vocab_size, itos ({"0": "\\n", ...}),
   stoi, tokenizer="char", and the train_tokens/val_tokens counts.
   """
-  train_text, val_text = _split_text(text)
-  chars = sorted(set(text))
-  _check_vocab_fits(len(chars), "char")
-  itos = {str(i): ch for i, ch in enumerate(chars)}
-  codec = CharCodec(itos)
-  return _write(out_dir, codec.encode(train_text), codec.encode(val_text),
-                {"vocab_size": len(chars), "itos": itos,
-                 "stoi": {ch: i for i, ch in enumerate(chars)},
-                 "tokenizer": "char"})
+  meta, train_ids, val_ids = char_splits(text)
+  return _write(out_dir, train_ids, val_ids, meta)
 
 
 def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2") -> dict:
@@ -389,7 +397,7 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
 # Grain sources.
 
 
-class _TokenFile:
+class TokenFile:
   """A uint16 token file, memory-mapped on first use.
 
   The memmap is dropped when pickled (Grain workers, checkpoints): pickling
@@ -470,18 +478,22 @@ class TokenWindows:
 
   Returns {"x": int32 [G/P, block_size], "y": int32 [G/P, block_size]} with
   y the next token of each x position.
+
+  `path` is a uint16 .bin file, or any token stream with the same methods
+  as `TokenFile` (`trm.data.tfds_source.TokenStream`: a TFDS split), so
+  the same text gives the same batches from either.
   """
 
-  def __init__(self, path: str, block_size: int, global_batch_size: int,
+  def __init__(self, path, block_size: int, global_batch_size: int,
                seed: int, process_index: int = 0, process_count: int = 1,
                num_batches: int | None = None):
     self.local_slice = _check_layout(block_size, global_batch_size, seed,
                                      process_index, process_count)
     if num_batches is not None and num_batches < 0:
       raise ValueError(f"num_batches={num_batches} must be non-negative.")
-    self.file = _TokenFile(path)
+    self.file = TokenFile(path) if isinstance(path, str) else path
     self.file.check_length(block_size)
-    self.path = path
+    self.path = self.file.path
     self.block_size = block_size
     self.global_batch_size = global_batch_size
     self.seed = seed
@@ -527,17 +539,20 @@ class EvalWindows:
   the same windows and compare directly; nanoGPT draws fresh ones each time,
   which only adds noise. Returns {"x", "y", "split": int32 [G/P]}, split 0
   for train and 1 for val, with this process's rows as in `TokenWindows`.
+  `streams` replaces data_dir's two files by other token streams (train,
+  val), e.g. two TFDS splits; data_dir then only names them.
   """
 
   def __init__(self, data_dir: str, block_size: int, global_batch_size: int,
                eval_iters: int, seed: int, process_index: int = 0,
-               process_count: int = 1):
+               process_count: int = 1, streams=None):
     self.local_slice = _check_layout(block_size, global_batch_size, seed,
                                      process_index, process_count)
     if eval_iters < 1:
       raise ValueError(f"eval_iters={eval_iters} must be positive.")
-    self.files = [_TokenFile(os.path.join(data_dir, TRAIN_FILE)),
-                  _TokenFile(os.path.join(data_dir, VAL_FILE))]
+    streams = streams or [os.path.join(data_dir, f)
+                          for f in (TRAIN_FILE, VAL_FILE)]
+    self.files = [TokenFile(s) if isinstance(s, str) else s for s in streams]
     for f in self.files:
       f.check_length(block_size)
     self.data_dir = data_dir

@@ -29,6 +29,7 @@ from trm import mesh as mesh_lib
 from trm import mfu
 from trm import restore_check
 from trm.data import text
+from trm.data import tfds_source
 from trm.models import gpt
 from trm.models import gpt_import
 from trm.tasks import Task
@@ -37,14 +38,22 @@ INIT_FROM = ("scratch", "resume", "gpt2", "gpt2-medium", "gpt2-large",
              "gpt2-xl")
 DTYPES = ("float32", "bfloat16")
 _SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "bias")
+SOURCES = ("bin", "tfds")  # config.data.source
 
 
 def data_dir(config) -> str:
+  """Where the dataset's vocabulary lives: data_root/<dataset> (meta.json),
+  or the prepared TFDS version directory (metadata.json)."""
+  if config.data.get("source", "bin") == "tfds":
+    return tfds_source.metadata(config.data.tfds)[1]
   return os.path.join(config.data_root, config.dataset)
 
 
 def check_config(config) -> None:
   """nanoGPT's keys, checked before any data is read or compiled."""
+  if config.data.source not in SOURCES:
+    raise ValueError(f"config.data.source={config.data.source!r} must be one "
+                     f"of {list(SOURCES)}.")
   if config.init_from not in INIT_FROM:
     raise ValueError(f"config.init_from={config.init_from!r} must be one of "
                      f"{list(INIT_FROM)}.")
@@ -132,6 +141,28 @@ def _state_from_weights(params, tx, seed: int, param_dtype: str, mesh,
   return jax.device_put(state, shardings)
 
 
+def _token_streams(config):
+  """(meta, its directory, [train, val] token streams) of config.data:
+  a prepared .bin directory (prepared from data.input if need be) or two
+  TFDS splits."""
+  if config.data.source == "tfds":
+    tfds_config = config.data.tfds
+    meta, directory = tfds_source.metadata(tfds_config)
+    if "vocab_size" not in meta and not config.model.vocab_size:
+      raise ValueError(
+          f"config.data.tfds.name={tfds_config.name!r} records no "
+          "vocab_size in its metadata (only trm_tiny_shakespeare does): set "
+          "config.model.vocab_size.")
+    return meta, directory, [tfds_source.TokenStream(tfds_config, "split"),
+                             tfds_source.TokenStream(tfds_config,
+                                                     "eval_split")]
+  directory = data_dir(config)
+  meta = text.ensure_prepared(directory, config.data.input,
+                              config.data.tokenizer)
+  return meta, directory, [os.path.join(directory, text.TRAIN_FILE),
+                           os.path.join(directory, text.VAL_FILE)]
+
+
 def build(config, workdir: str, mesh, rules) -> Task:
   check_config(config)
   checkpoints = os.path.join(workdir, "checkpoints")
@@ -163,13 +194,11 @@ def build(config, workdir: str, mesh, rules) -> Task:
           config, optimizer=config.init_from == "resume" and not resuming)
       _adopt_shapes(config, weights[1], weights[2])
 
-  directory = data_dir(config)
-  meta = text.ensure_prepared(directory, config.data.input,
-                              config.data.tokenizer)
+  meta, directory, streams = _token_streams(config)
   with config.unlocked():
     if not config.model.vocab_size:
       config.model.vocab_size = int(meta["vocab_size"])
-  if config.model.vocab_size < meta["vocab_size"]:
+  if config.model.vocab_size < meta.get("vocab_size", 0):
     raise ValueError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than "
         f"the vocabulary of {directory} ({meta['vocab_size']} tokens).")
@@ -180,12 +209,11 @@ def build(config, workdir: str, mesh, rules) -> Task:
   process = dict(process_index=jax.process_index(),
                  process_count=jax.process_count())
   train_source = text.TokenWindows(
-      os.path.join(directory, "train.bin"), cfg.block_size,
-      config.global_batch_size, config.seed, num_batches=config.total_steps,
-      **process)
+      streams[0], cfg.block_size, config.global_batch_size, config.seed,
+      num_batches=config.total_steps, **process)
   eval_source = text.EvalWindows(
       directory, cfg.block_size, config.data.eval_batch_size,
-      config.eval_iters, config.seed, **process)
+      config.eval_iters, config.seed, streams=streams, **process)
   batch_shardings = gpt_steps.batch_shardings(mesh, rules)
 
   initial_state, best_loss = None, None
