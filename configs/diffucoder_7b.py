@@ -36,6 +36,7 @@ def get_config(arg=None):
       param_dtype="float32",    # stored parameters: float32 | bfloat16
       remat="full",             # none | full: recompute blocks in backward
       scan_layers=True,         # nn.scan the layers: compile time flat in depth
+      attention="dot",          # dot | splash (Pallas TPU kernel, seq % 128 == 0)
   ))
 
   c.data = ml_collections.ConfigDict(dict(

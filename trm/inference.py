@@ -80,19 +80,23 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
         "positions; lower max_new_tokens or shorten the prompts.")
 
 
-def left_pad(token_lists, pad_id: int, max_len: Optional[int] = None):
-  """(ids [B, P], mask [B, P]) with every prompt right-aligned."""
+def left_pad(token_lists, pad_id: int, max_len: Optional[int] = None,
+             multiple_of: int = 1, new_tokens: int = 0):
+  """(ids [B, P], mask [B, P]) with every prompt right-aligned; P is the
+  longest prompt, raised so that P + new_tokens is a multiple of
+  `multiple_of` (the splash kernel tiles the sequence by 128)."""
   longest = max(len(t) for t in token_lists)
   if max_len is not None and longest > max_len:
     raise ValueError(f"A prompt has {longest} tokens but only "
                      f"{max(max_len, 0)} fit: the model's positions minus "
                      "max_new_tokens. Shorten the prompt, lower "
                      "max_new_tokens or raise config.seq_len.")
-  ids = np.full((len(token_lists), longest), pad_id, np.int32)
-  mask = np.zeros((len(token_lists), longest), bool)
+  width = longest + (-(longest + new_tokens)) % multiple_of
+  ids = np.full((len(token_lists), width), pad_id, np.int32)
+  mask = np.zeros((len(token_lists), width), bool)
   for i, tokens in enumerate(token_lists):
-    ids[i, longest - len(tokens):] = tokens
-    mask[i, longest - len(tokens):] = True
+    ids[i, width - len(tokens):] = tokens
+    mask[i, width - len(tokens):] = True
   return ids, mask
 
 
@@ -111,7 +115,8 @@ def _read_json(path: str) -> dict:
 
 def model_config_from_hf(directory: str, tokenizer=None, *,
                          dtype: str = "bfloat16",
-                         param_dtype: Optional[str] = None):
+                         param_dtype: Optional[str] = None,
+                         attention: str = "dot"):
   """(DreamConfig, max positions or None) from a Hugging Face directory's
   config.json; a Qwen2 config (no mask id) takes `<|mask|>` from the
   tokenizer."""
@@ -149,7 +154,8 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       mask_token_id=int(mask_id), pad_token_id=int(pad_id), dtype=dtype,
       param_dtype=param_dtype or ("bfloat16" if stored == "bfloat16"
-                                  else "float32"), remat="none")
+                                  else "float32"), remat="none",
+      attention=attention)
   positions = hf.get("max_position_embeddings")
   return cfg, (int(positions) if isinstance(positions, int) else None)
 
@@ -181,7 +187,8 @@ class DiffusionLM:
   @classmethod
   def from_pretrained(cls, path: str, *, mesh=None, dtype: str = "bfloat16",
                       param_dtype: Optional[str] = None,
-                      tokenizer: Optional[str] = None, config=None):
+                      tokenizer: Optional[str] = None, config=None,
+                      attention: Optional[str] = None):
     """From a Hugging Face directory or a `trm.main` workdir.
 
     mesh: a `jax.sharding.Mesh` (default: FSDP over every device, or the
@@ -189,7 +196,9 @@ class DiffusionLM:
     tokenizer: a directory with tokenizer.json or 'bytes' (default: the
     checkpoint's own, or the run's data.tokenizer); config: an
     ml_collections config whose mesh and logical-axis rules to use (its
-    model sizes are not: they come from the checkpoint).
+    model sizes are not: they come from the checkpoint); attention: 'dot'
+    or 'splash' (the Pallas TPU kernel; default: the config's
+    model.attention, else 'dot').
     """
     import flax.linen as nn  # pylint: disable=g-import-not-at-top
     from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
@@ -199,22 +208,28 @@ class DiffusionLM:
       raise FileNotFoundError(f"{path} is not a directory: pass a Hugging "
                               "Face checkpoint directory or a trm.main "
                               "workdir.")
+    if attention is None:
+      attention = (config.model.get("attention", "dot") if config is not None
+                   and "model" in config else "dot")
     workdir = os.path.isdir(os.path.join(path, "checkpoints"))
     if workdir:
       run = _workdir_config(path, config)
       cfg = dream.DreamConfig.from_config(dict(
-          run.model, **({"dtype": dtype} if dtype else {})))
+          run.model, attention=attention,
+          **({"dtype": dtype} if dtype else {})))
       spec = tokenizer or _run_tokenizer(run, path)
       tok = tok_lib.from_spec(spec, cfg)
       positions = int(run.seq_len) if "seq_len" in run else None
     elif tokenizer == "bytes":  # the mask id must come from config.json
       cfg, positions = model_config_from_hf(path, None, dtype=dtype,
-                                            param_dtype=param_dtype)
+                                            param_dtype=param_dtype,
+                                            attention=attention)
       tok = tok_lib.from_spec(tokenizer, cfg)
     else:
       tok = tok_lib.load_tokenizer(tokenizer or path)
       cfg, positions = model_config_from_hf(path, tok, dtype=dtype,
-                                            param_dtype=param_dtype)
+                                            param_dtype=param_dtype,
+                                            attention=attention)
       tok_lib.check_against_model(tok, cfg, tokenizer or path)
     if config is not None and "seq_len" in config:  # the context trained
       positions = min(positions or config.seq_len, config.seq_len)
@@ -320,7 +335,9 @@ class DiffusionLM:
                    temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
                    alg_temp=alg_temp, eps=eps,
                    max_positions=self.max_positions, prompt_len=longest)
-    ids, mask = left_pad(token_lists, self.tokenizer.eos_id)
+    ids, mask = left_pad(
+        token_lists, self.tokenizer.eos_id, new_tokens=int(max_new_tokens),
+        multiple_of=1 if self.cfg.attention == "dot" else 128)
     size = batch_size or len(prompts)
     rows = -(-len(prompts) // size) * size
     if rows > len(prompts):  # repeat the last prompt: one program for all

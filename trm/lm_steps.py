@@ -51,7 +51,7 @@ def make_init_fn(model: dream.Dream, tx, seed: int):
 
   def init():
     init_key, state_key = jax.random.split(jax.random.PRNGKey(seed))
-    params = model.init(init_key, jnp.zeros((1, 1), jnp.int32))["params"]
+    params = dream.init_params(model.cfg, init_key)
     return LMState(step=jnp.zeros((), jnp.int32), params=params,
                    opt_state=tx.init(params), rng=state_key,
                    **state_lib.zero_counters())

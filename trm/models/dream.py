@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from trm import mesh as mesh_lib
+from trm.models import tpu_attention
 
 _DTYPES = ("bfloat16", "float32")
 _REMAT = ("none", "full")
@@ -47,6 +48,7 @@ class DreamConfig:
   param_dtype: str = "float32"    # stored parameters
   remat: str = "full"             # none | full (recompute each block)
   scan_layers: bool = True        # nn.scan over the layers
+  attention: str = "dot"          # dot | splash (Pallas TPU) | splash_interpret
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size",
@@ -88,6 +90,9 @@ class DreamConfig:
     if self.remat not in _REMAT:
       raise ValueError(f"config.model.remat={self.remat!r} must be one of "
                        f"{_REMAT}.")
+    if self.attention not in tpu_attention.KINDS:
+      raise ValueError(f"config.model.attention={self.attention!r} must be "
+                       f"one of {tpu_attention.KINDS}.")
     if not isinstance(self.scan_layers, bool):
       raise ValueError(f"config.model.scan_layers={self.scan_layers!r} must "
                        "be a bool.")
@@ -230,21 +235,33 @@ class Attention(nn.Module):
                                          at)
       value = jax.lax.dynamic_update_slice(cache[1],
                                            value.astype(cache[1].dtype), at)
-    key, value = repeat_kv(key, h // kv), repeat_kv(value, h // kv)
     q = mesh_lib.constrain(q, ("activation_batch", "activation_length",
                                "activation_heads", None))
-    # Scores and softmax in fp32, as fused sdpa kernels accumulate.
-    scores = jnp.einsum("bqhk,bshk->bhqs", q, key,
-                        preferred_element_type=jnp.float32)
-    scores = scores * (1.0 / math.sqrt(k))
-    if pair_mask is not None:
-      # finfo.min, not -inf: a pad row with nothing to attend to stays finite.
-      scores = jnp.where(pair_mask, scores, jnp.finfo(scores.dtype).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
-    out = jnp.einsum("bhqs,bshk->bqhk", probs, value)
+    if cfg.attention != "dot" and cache is None:
+      # `pair_mask` is the key mask [B, L] here (see `Dream.hidden`).
+      out = tpu_attention.splash_attention(
+          q * jnp.asarray(1.0 / math.sqrt(k), q.dtype), key, value,
+          pair_mask, interpret=cfg.attention == "splash_interpret")
+    else:
+      out = _dot_attention(q, key, value, pair_mask, cfg)
     out = Projection((h, k), (d,), ("heads", "head_dim"), ("embed",), False,
                      cfg, name="o_proj")(out)
     return (out, new_kv) if return_kv else out
+
+
+def _dot_attention(q, key, value, pair_mask, cfg: DreamConfig):
+  """sdpa semantics with an explicit fp32 softmax over [B, H, Lq, Lk]."""
+  h, kv, k = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  key, value = repeat_kv(key, h // kv), repeat_kv(value, h // kv)
+  # Scores and softmax in fp32, as fused sdpa kernels accumulate.
+  scores = jnp.einsum("bqhk,bshk->bhqs", q, key,
+                      preferred_element_type=jnp.float32)
+  scores = scores * (1.0 / math.sqrt(k))
+  if pair_mask is not None:
+    # finfo.min, not -inf: a pad row with nothing to attend to stays finite.
+    scores = jnp.where(pair_mask, scores, jnp.finfo(scores.dtype).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
+  return jnp.einsum("bhqs,bshk->bqhk", probs, value)
 
 
 class MLP(nn.Module):
@@ -280,6 +297,17 @@ class DecoderLayer(nn.Module):
     x = x + MLP(cfg, name="mlp")(
         RMSNorm(cfg, name="post_attention_layernorm")(x))
     return mesh_lib.constrain(x, ACTIVATION), new_kv
+
+
+def attention_pair_mask(cfg: DreamConfig, attention_mask):
+  """What the layers take as `pair_mask`: [B, 1, L, L] pairs of real tokens
+  for the dot path, the key mask [B, L] itself for splash (segment ids)."""
+  if attention_mask is None:
+    return None
+  m = attention_mask.astype(bool)
+  if cfg.attention != "dot":
+    return m
+  return m[:, None, :, None] & m[:, None, None, :]
 
 
 def _block_class(cfg: DreamConfig):
@@ -325,10 +353,7 @@ class Dream(nn.Module):
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32),
                                    (batch, length))
-    pair_mask = None
-    if attention_mask is not None:
-      m = attention_mask.astype(bool)
-      pair_mask = m[:, None, :, None] & m[:, None, None, :]
+    pair_mask = attention_pair_mask(cfg, attention_mask)
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta,
                             cfg.compute_dtype)
     # No embedding scaling (Qwen2).
@@ -368,11 +393,16 @@ def denoiser(cfg: DreamConfig):
   return diffusion_sampling.Denoiser(hidden, head)
 
 
+def init_params(cfg: DreamConfig, rng):
+  """Boxed params of `Dream(cfg)`. The attention kernel holds no params, so
+  init traces the dot path, which takes a one-token sequence."""
+  plain = dataclasses.replace(cfg, attention="dot")
+  return Dream(plain).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
+
+
 def abstract_params(cfg: DreamConfig):
   """Boxed (LogicallyPartitioned) ShapeDtypeStructs of the params; no alloc."""
-  tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-  return jax.eval_shape(
-      lambda t: Dream(cfg).init(jax.random.key(0), t), tokens)["params"]
+  return jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
 
 
 def param_count(cfg: DreamConfig) -> int:

@@ -62,9 +62,7 @@ def encode(cfg: dream.DreamConfig, params, tokens, key_mask, positions):
   """Full forward -> (final-normed hidden [B,L,D], (k, v) [layers,B,L,KV,K])."""
   layer = dream.DecoderLayer(cfg)
   x, cos, sin = _embed(params, cfg, tokens, positions)
-  pair_mask = None
-  if key_mask is not None:
-    pair_mask = key_mask[:, None, :, None] & key_mask[:, None, None, :]
+  pair_mask = dream.attention_pair_mask(cfg, key_mask)
 
   def body(x, layer_params):
     return layer.apply({"params": layer_params}, x, pair_mask, cos, sin,
