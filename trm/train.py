@@ -25,13 +25,14 @@ import ml_collections
 import numpy as np
 from absl import logging
 from etils import epath
-from clu import metric_writers, parameter_overview, periodic_actions
+from clu import metric_writers, parameter_overview
 
 from trm import checkpoint as ckpt_lib
 from trm import cli
 from trm import config_record
 from trm import losses
 from trm import mesh as mesh_lib
+from trm import progress
 from trm import state as state_lib
 from trm import tasks
 from trm import workdir_lock
@@ -404,7 +405,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
                     else None, preemption.signum)
 
   # ----------------------------------------------------------------- loop
-  report = periodic_actions.ReportProgress(
+  # Its steps/s and ETA leave out the evaluations and saves it times.
+  report = progress.TrainProgress(
       num_train_steps=config.total_steps, writer=writer, every_secs=30)
   hooks = [report] if is_main else []
   train_metrics, pending, results = None, None, {}
@@ -444,17 +446,17 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
         if preemption.reached(step):
           stop_for_preemption(step)
         if step % config.eval_every == 0 or step == config.total_steps:
-          with report.timed("eval"):
+          with report.timed("eval", barrier=state):
             results = run_eval(step)
           evaluated_at = step
           logging.info("Step %d eval: %s", step, results)
           speed.restart(step)  # evaluation is not step time
         if step % config.checkpoint_every == 0 or step == config.total_steps:
-          if not save_improved_only:
-            save_checkpoint(step)
-          elif (evaluated_at == step
-                and results.get("eval/loss", best_loss) < best_loss):
-            save_checkpoint(step)
+          improved = (evaluated_at == step
+                      and results.get("eval/loss", best_loss) < best_loss)
+          if not save_improved_only or improved:
+            with report.timed("checkpoint", barrier=state):
+              save_checkpoint(step)
           else:
             logging.info("Step %d: no checkpoint, eval loss %s is not below "
                          "the best %.4f (always_save_checkpoint=False).", step,
