@@ -1,4 +1,4 @@
-"""Install: `pip install -e .` (CPU), `pip install -e .[test]`, `.[tpu]` or `.[gpu]`."""
+"""Install: `pip install -e .` (CPU), `pip install -e .[test]`, `.[tpu]`, `.[gpu]` or `.[wandb]`."""
 from setuptools import find_packages, setup
 
 setup(
@@ -32,14 +32,17 @@ setup(
     extras_require={
         # libtpu (via jax[tpu]) lets the tests compile for TPU topologies.
         # torch + transformers only build reference models for parity tests;
-        # tiktoken runs the GPT-2 BPE preparation path (with a local encoding).
+        # tiktoken runs the GPT-2 BPE preparation path (with a local encoding);
+        # wandb runs the W&B writer's tests offline.
         "test": ["pytest>=8", "jax[tpu]==0.10.2", "torch==2.13.0",
-                 "transformers>=4.51,<5", "tiktoken>=0.7"],
+                 "transformers>=4.51,<5", "tiktoken>=0.7", "wandb>=0.19"],
         "tpu": ["jax[tpu]==0.10.2"],
         "gpu": ["jax[cuda12]==0.10.2"],
         # Reading the upstream Sudoku CSVs from the Hugging Face Hub.
         "hub": ["huggingface_hub"],
         # GPT-2 BPE preparation of text (nanoGPT's data/shakespeare).
         "gpt2": ["tiktoken"],
+        # Weights & Biases metrics (config.wandb.enabled=True).
+        "wandb": ["wandb>=0.19"],
     },
 )

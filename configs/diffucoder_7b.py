@@ -78,6 +78,7 @@ def get_config(arg=None):
                                 # differ from the run's config.json
   c.loss_chunk_size = 512       # positions whose logits exist at once
   c.mesh = config_lib.mesh_config(data=1, fsdp=-1, model=1)
+  c.wandb = config_lib.wandb_config(project="diffucoder")  # W&B logging
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
 
   if "1b" in variants:

@@ -27,8 +27,9 @@ HARMLESS = (
     "data.eval_batch_size", "data.max_eval_batches", "data.eval_sheet_rows",
     "eval_interval", "log_interval", "eval_iters", "eval_only",
     "always_save_checkpoint", "init_from", "init_checkpoint",
-    "logical_axis_rules", "model.remat", "model.attention")
-HARMLESS_PREFIXES = ("mesh.",)
+    "logical_axis_rules", "model.remat", "model.attention", "wandb_log",
+    "wandb_project", "wandb_run_name")
+HARMLESS_PREFIXES = ("mesh.", "wandb.")
 # May grow (train for longer), not shrink below the recorded value.
 LONGER = ("total_steps", "max_iters")
 
