@@ -69,7 +69,8 @@ def get_config(arg=None):
   c.lr_decay_iters = 600000     # cosine reaches min_lr here (~= max_iters)
   c.min_lr = 6e-5               # final learning rate (~= learning_rate/10)
   # System.
-  c.dtype = "bfloat16"          # compute dtype: float32 | bfloat16
+  c.dtype = "bfloat16"          # compute dtype: float32 | bfloat16 | float16
+                                # (float16: with dynamic loss scaling)
   c.seed = 1337                 # init, data and dropout randomness
   # Weights & Biases (nanoGPT's names for config.wandb's fields).
   c.wandb_log = False           # also log metrics to W&B (.[wandb] extra)
@@ -109,6 +110,7 @@ def get_config(arg=None):
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.mesh = config_lib.mesh_config(data=-1, fsdp=1, model=1)
+  c.loss_scale = config_lib.loss_scale_config()  # float16 compute only
   c.wandb = config_lib.wandb_config(enabled=c.get_ref("wandb_log"),
                                     project=c.get_ref("wandb_project"),
                                     name=c.get_ref("wandb_run_name"))

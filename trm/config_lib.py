@@ -66,6 +66,14 @@ def wandb_config(enabled=False, project="trm",
   ))
 
 
+def loss_scale_config() -> ml_collections.ConfigDict:
+  """Dynamic loss scaling, used when model.dtype='float16' (trm/loss_scale.py)."""
+  return ml_collections.ConfigDict(dict(
+      initial=2.0**15,        # starting scale (float; a power of two)
+      growth_interval=2000,   # finite steps in a row before it doubles
+  ))
+
+
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
   """`get_config(arg)` of a config file, as `--config=path:arg` would give it
   (for tests, benchmarks and notebooks)."""

@@ -29,7 +29,10 @@ HARMLESS = (
     "always_save_checkpoint", "init_from", "init_checkpoint",
     "logical_axis_rules", "model.remat", "model.attention", "wandb_log",
     "wandb_project", "wandb_run_name")
-HARMLESS_PREFIXES = ("mesh.", "wandb.")
+# loss_scale.*: the scale itself is checkpointed state (float16 runs); its
+# knobs only steer how it moves, and runs recorded before they existed
+# resume.
+HARMLESS_PREFIXES = ("mesh.", "wandb.", "loss_scale.")
 # May grow (train for longer), not shrink below the recorded value.
 LONGER = ("total_steps", "max_iters")
 

@@ -31,6 +31,7 @@ from clu import metric_writers, parameter_overview
 from trm import checkpoint as ckpt_lib
 from trm import cli
 from trm import config_record
+from trm import loss_scale
 from trm import losses
 from trm import mesh as mesh_lib
 from trm import progress
@@ -81,6 +82,7 @@ def check_config(config) -> None:
     if not math.isfinite(value) or value < 0:
       raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
   wandb_writer.check_config(config)
+  loss_scale.check_config(config)
 
 
 def _rate_fields(node, prefix=""):
