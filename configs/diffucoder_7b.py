@@ -32,7 +32,8 @@ def get_config(arg=None):
       rms_norm_eps=1e-6,        # RMSNorm epsilon
       mask_token_id=151666,     # <|mask|>
       pad_token_id=151643,      # <|endoftext|> = eos = pad
-      dtype="bfloat16",         # compute dtype of activations
+      dtype="bfloat16",         # compute dtype: bfloat16 | float32 | float16
+                                # (float16: with dynamic loss scaling)
       param_dtype="float32",    # stored parameters: float32 | bfloat16
       remat="full",             # none | full: recompute blocks in backward
       scan_layers=True,         # nn.scan the layers: compile time flat in depth
@@ -89,6 +90,8 @@ def get_config(arg=None):
                                 # differ from the run's config.json
   c.loss_chunk_size = 512       # positions whose logits exist at once
   c.mesh = config_lib.mesh_config(data=1, fsdp=-1, model=1)
+  c.loss_scale = config_lib.loss_scale_config()  # float16 compute only
+  c.wandb = config_lib.wandb_config(project="diffucoder")  # W&B logging
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
 
   if "1b" in variants:

@@ -69,8 +69,13 @@ def get_config(arg=None):
   c.lr_decay_iters = 600000     # cosine reaches min_lr here (~= max_iters)
   c.min_lr = 6e-5               # final learning rate (~= learning_rate/10)
   # System.
-  c.dtype = "bfloat16"          # compute dtype: float32 | bfloat16
+  c.dtype = "bfloat16"          # compute dtype: float32 | bfloat16 | float16
+                                # (float16: with dynamic loss scaling)
   c.seed = 1337                 # init, data and dropout randomness
+  # Weights & Biases (nanoGPT's names for config.wandb's fields).
+  c.wandb_log = False           # also log metrics to W&B (.[wandb] extra)
+  c.wandb_project = "owt"       # W&B project
+  c.wandb_run_name = "gpt2"     # W&B run name
 
   c.data = ml_collections.ConfigDict(dict(
       source="bin",             # bin: data_root/<dataset> .bin files |
@@ -115,6 +120,10 @@ def get_config(arg=None):
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.mesh = config_lib.mesh_config(data=-1, fsdp=1, model=1)
+  c.loss_scale = config_lib.loss_scale_config()  # float16 compute only
+  c.wandb = config_lib.wandb_config(enabled=c.get_ref("wandb_log"),
+                                    project=c.get_ref("wandb_project"),
+                                    name=c.get_ref("wandb_run_name"))
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
 
   if variants & {"shakespeare_char", "shakespeare_char_cpu"}:
@@ -124,7 +133,8 @@ def get_config(arg=None):
         gradient_accumulation_steps=1, batch_size=64, block_size=256,
         n_layer=6, n_head=6, n_embd=384, dropout=0.2, learning_rate=1e-3,
         max_iters=5000, lr_decay_iters=5000, min_lr=1e-4, beta2=0.99,
-        warmup_iters=100))
+        warmup_iters=100, wandb_project="shakespeare-char",
+        wandb_run_name="mini-gpt"))
     c.data.input = ("https://raw.githubusercontent.com/karpathy/char-rnn/"
                     "master/data/tinyshakespeare/input.txt")
   if "shakespeare_char_cpu" in variants:

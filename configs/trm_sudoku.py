@@ -96,6 +96,7 @@ def get_config(arg=None):
                                 # differ from the run's config.json
   c.log_every = 100             # train metrics cadence in steps
   c.mesh = config_lib.mesh_config()
+  c.wandb = config_lib.wandb_config(project="trm-sudoku")  # W&B logging
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
 
   if "cpu" in variants:

@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
+from trm import cli  # pylint: disable=g-import-not-at-top
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 
@@ -138,3 +139,32 @@ def test_a_second_signal_exits_at_once_with_one_line(where):
   assert result.returncode == (0 if where == "loop" else 130), result.stderr
   assert expected in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_cpu_start_does_not_initialise_libtpu(tmp_path):
+  """With libtpu installed and no TPU, a CLI run (no JAX_PLATFORMS set)
+  starts on the CPU without libtpu's start-up errors."""
+  pytest.importorskip("libtpu")
+  if any(__import__("glob").glob(p) for p in cli.ACCELERATOR_FILES):
+    pytest.skip("this host has an accelerator")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+       f"--workdir={tmp_path}", "--config.optim.lr=-1.0", "--alsologtostderr"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert re.search(r"devices \(cpu\)", result.stderr)  # the backend started
+  for noise in ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "E0000",
+                "libtpu"):
+    assert noise not in result.stderr, result.stderr[-3000:]
+
+
+def test_an_explicit_platform_or_an_accelerator_is_left_alone(monkeypatch):
+  monkeypatch.setenv("JAX_PLATFORMS", "")
+  assert not cli.default_to_cpu()
+  assert os.environ["JAX_PLATFORMS"] == ""
+  monkeypatch.delenv("JAX_PLATFORMS")
+  monkeypatch.setattr(cli.glob, "glob", lambda pattern: (
+      ["/dev/accel0"] if pattern == "/dev/accel*" else []))
+  assert not cli.default_to_cpu()
+  assert "JAX_PLATFORMS" not in os.environ

@@ -85,7 +85,8 @@ def test_config_file_variants():
 
 
 @pytest.mark.parametrize("field,value", [
-    ("num_key_value_heads", 3), ("remat", "some"), ("dtype", "float16"),
+    ("num_key_value_heads", 3), ("remat", "some"), ("dtype", "float64"),
+    ("param_dtype", "float16"),
     ("mask_token_id", 600), ("hidden_size", 65)])
 def test_config_validation_names_field(field, value):
   with pytest.raises(ValueError, match=f"config.model.{field}"):

@@ -115,7 +115,9 @@ def test_resume_needs_a_checkpoint(data_root, tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (dict(init_from="gpt3"), "config.init_from"),
     (dict(init_from="gpt2"), "config.init_checkpoint"),
-    (dict(dtype="float16"), "config.dtype"),
+    (dict(dtype="float64"), "config.dtype"),
+    (dict(dtype="float16", **{"model.param_dtype": "bfloat16"}),
+     "config.model.param_dtype"),
     (dict(batch_size=6), "batch_size=6 must be a positive multiple"),
     (dict(dataset="nowhere"), "nowhere"),
 ])
@@ -127,6 +129,24 @@ def test_bad_config_fails_before_training(data_root, tmp_path, overrides,
   with pytest.raises(Exception, match=message):
     train.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+
+
+def test_float16_trains_checkpoints_and_resumes_its_loss_scale(data_root,
+                                                               tmp_path):
+  config = tiny_config(data_root, dtype="float16", max_iters=10,
+                       lr_decay_iters=20, eval_interval=10, **{
+                           "loss_scale.growth_interval": 4})
+  state, results = train.train_and_evaluate(config, str(tmp_path))
+  assert np.isfinite(results["eval/loss"])
+  scale = float(state.loss_scale.scale)
+  assert int(state.skipped_steps) == 0 and scale == 2.0**15 * 4  # grew twice
+  config = tiny_config(data_root, dtype="float16", max_iters=12,
+                       lr_decay_iters=20, eval_interval=10, **{
+                           "loss_scale.growth_interval": 4})
+  resumed, _ = train.train_and_evaluate(config, str(tmp_path))
+  assert int(resumed.step) == 12
+  # Restored (2 steps since the last growth at step 8), then 2 more: grown.
+  assert float(resumed.loss_scale.scale) == scale * 2
 
 
 def test_checkpoint_only_on_improvement(data_root, tmp_path):

@@ -42,6 +42,7 @@ from ml_collections import config_flags
 
 from trm import cli
 from trm import config_lib
+from trm import loss_scale
 
 GIB = 2**30
 
@@ -134,7 +135,8 @@ def _train_step_builder(config, mesh, rules, metadata):
     from trm import lm_steps  # pylint: disable=g-import-not-at-top
     model = get_model(config.model)
     tx = lm_steps.make_optimizer(config.optim, config.total_steps)
-    init_fn = lm_steps.make_init_fn(model, tx, config.seed)
+    init_fn = lm_steps.make_init_fn(model, tx, config.seed,
+                                    loss_scale.initial_state(config))
     abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
     batch_shardings = lm_steps.batch_shardings(mesh, rules)
     flops = lm_steps.train_flops_per_example(model.cfg, config.seq_len) * batch
@@ -174,7 +176,8 @@ def _gpt_train_step_builder(config, mesh, rules, under_mesh):
   cfg = gpt.GPTConfig.from_config(config.model)
   model = gpt.GPT(cfg)
   tx = gpt_steps.make_optimizer(config)
-  init_fn = lm_steps.make_init_fn(model, tx, config.seed)
+  init_fn = lm_steps.make_init_fn(model, tx, config.seed,
+                                  loss_scale.initial_state(config))
   abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
   batch_shardings = gpt_steps.batch_shardings(mesh, rules)
   abstract_batch = gpt_steps.abstract_batch(

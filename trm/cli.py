@@ -14,9 +14,14 @@ signals.
   SIGTERM, a scheduler's normal stop; 130 for Ctrl-C); inside it,
   `train._Preemption` takes over to save first. A second signal while the
   first is handled exits at once with one line.
+- On a host with no TPU or GPU, JAX_PLATFORMS defaults to cpu
+  (`default_to_cpu`): with libtpu installed (`.[tpu]`, `.[test]`) jax would
+  otherwise initialise it on every start and print its E0000 complaints
+  about TPU_WORKER_HOSTNAMES.
 """
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import sys
@@ -131,9 +136,36 @@ def _quiet_closed_loop_callbacks() -> None:
   sys.unraisablehook = unraisablehook
 
 
+# Device files of accelerators jax may use: TPU v2-v4 chips (/dev/accel*),
+# TPU v5e and later (/dev/vfio/<n>), NVIDIA and AMD GPUs.
+ACCELERATOR_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*",
+                     "/dev/kfd")
+
+
+def default_to_cpu() -> bool:
+  """Sets JAX_PLATFORMS=cpu when the user set no platform and the host has
+  no accelerator; True if it did.
+
+  jax tries every installed backend at start, libtpu's included, and libtpu
+  without a chip logs errors (TPU_WORKER_HOSTNAMES, TPU_ACCELERATOR_TYPE) on
+  the way to failing; JAX_PLATFORMS=cpu skips it. An explicit JAX_PLATFORMS
+  (even ''), --jax_platforms or JAX_FORCE_TPU_INIT wins, and so does any
+  accelerator device file, so TPU and GPU hosts start as before.
+  """
+  if ("JAX_PLATFORMS" in os.environ or "JAX_FORCE_TPU_INIT" in os.environ
+      or any(glob.glob(pattern) for pattern in ACCELERATOR_FILES)):
+    return False
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  jax = sys.modules.get("jax")
+  if jax is not None:  # imported already: its config read the variable then
+    jax.config.update("jax_platforms", "cpu")
+  return True
+
+
 def run(main) -> None:
-  """`app.run(main)` with the shared flag parser, one-line errors and
-  signal handling."""
+  """`app.run(main)` with the shared flag parser, one-line errors, signal
+  handling, and no libtpu start-up on hosts without an accelerator."""
+  default_to_cpu()
   install_signal_handlers()
   _quiet_closed_loop_callbacks()
   app.run(_wrap(main), flags_parser=config_lib.parse_flags)

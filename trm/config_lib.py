@@ -54,6 +54,26 @@ def mesh_config(data: int = -1, fsdp: int = 1, model: int = 1,
   ))
 
 
+def wandb_config(enabled=False, project="trm",
+                 name="") -> ml_collections.ConfigDict:
+  """The Weights & Biases writer's knobs (`trm/wandb_writer.py`)."""
+  return ml_collections.ConfigDict(dict(
+      enabled=enabled,  # also log metrics to W&B (pip install -e .[wandb])
+      project=project,  # W&B project
+      entity="",        # W&B team or user; '' = your default entity
+      name=name,        # run name; '' = W&B picks one
+      mode="online",    # online | offline (sync later) | disabled
+  ))
+
+
+def loss_scale_config() -> ml_collections.ConfigDict:
+  """Dynamic loss scaling, used when model.dtype='float16' (trm/loss_scale.py)."""
+  return ml_collections.ConfigDict(dict(
+      initial=2.0**15,        # starting scale (float; a power of two)
+      growth_interval=2000,   # finite steps in a row before it doubles
+  ))
+
+
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
   """`get_config(arg)` of a config file, as `--config=path:arg` would give it
   (for tests, benchmarks and notebooks)."""

@@ -27,8 +27,12 @@ HARMLESS = (
     "data.eval_batch_size", "data.max_eval_batches", "data.eval_sheet_rows",
     "eval_interval", "log_interval", "eval_iters", "eval_only",
     "always_save_checkpoint", "init_from", "init_checkpoint",
-    "logical_axis_rules", "model.remat", "model.attention")
-HARMLESS_PREFIXES = ("mesh.",)
+    "logical_axis_rules", "model.remat", "model.attention", "wandb_log",
+    "wandb_project", "wandb_run_name")
+# loss_scale.*: the scale itself is checkpointed state (float16 runs); its
+# knobs only steer how it moves, and runs recorded before they existed
+# resume.
+HARMLESS_PREFIXES = ("mesh.", "wandb.", "loss_scale.")
 # May grow (train for longer), not shrink below the recorded value.
 LONGER = ("total_steps", "max_iters")
 # Fields added after runs were recorded: absent from an older record, they

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 from clu import metrics as clu_metrics
 
+from trm import loss_scale as loss_scale_lib
 from trm import mesh as mesh_lib
 from trm import state as state_lib
 from trm.models import gpt
@@ -103,14 +104,16 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int):
   def loss_fn(params, x, y, rng):
     logits = model.apply({"params": params}, x, deterministic=False,
                          rngs={"dropout": rng})
-    return cross_entropy(logits, y)[0]
+    loss = cross_entropy(logits, y)[0]
+    return loss_scale_lib.scale_loss(state.loss_scale, loss), loss
 
-  grad_fn = jax.value_and_grad(loss_fn)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def accumulate(carry, inputs):
     loss_sum, grad_sum = carry
     k, x, y = inputs
-    loss, grads = grad_fn(state.params, x, y, jax.random.fold_in(step_rng, k))
+    (_, loss), grads = grad_fn(state.params, x, y,
+                               jax.random.fold_in(step_rng, k))
     grad_sum = jax.tree.map(lambda a, g: a + g / accum_steps, grad_sum, grads)
     return (loss_sum + loss / accum_steps, grad_sum), None
 
@@ -119,6 +122,8 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int):
   (loss, grads), _ = jax.lax.scan(
       accumulate, (jnp.zeros((), jnp.float32), zeros),
       (jnp.arange(accum_steps), xs, ys))
+  # Unscaled (float16 runs) before the finite check, clipping and AdamW.
+  grads = loss_scale_lib.unscale(state.loss_scale, grads)
   grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
   ok = state_lib.all_finite(loss, grads)
 

@@ -19,6 +19,7 @@ import optax
 from clu import metrics as clu_metrics
 
 from trm import diffusion_loss
+from trm import loss_scale as loss_scale_lib
 from trm import state as state_lib
 from trm.models import dream
 
@@ -31,6 +32,9 @@ class LMState:
   rng: jax.Array
   skipped_steps: jax.Array  # see `trm.state.skip_nonfinite`
   bad_streak: jax.Array
+  # float16 compute only (`trm.loss_scale`); None holds no arrays, so other
+  # runs' checkpoints are unchanged.
+  loss_scale: Any = None
 
 
 def make_optimizer(optim_config, total_steps: int):
@@ -46,15 +50,16 @@ def make_optimizer(optim_config, total_steps: int):
                   weight_decay=optim_config.weight_decay))
 
 
-def make_init_fn(model: dream.Dream, tx, seed: int):
-  """() -> boxed LMState (leaves carry logical axis names)."""
+def make_init_fn(model: dream.Dream, tx, seed: int, loss_scale=None):
+  """() -> boxed LMState (leaves carry logical axis names); `loss_scale`
+  from `trm.loss_scale.initial_state` (None unless float16)."""
 
   def init():
     init_key, state_key = jax.random.split(jax.random.PRNGKey(seed))
     params = dream.init_params(model.cfg, init_key)
     return LMState(step=jnp.zeros((), jnp.int32), params=params,
                    opt_state=tx.init(params), rng=state_key,
-                   **state_lib.zero_counters())
+                   loss_scale=loss_scale, **state_lib.zero_counters())
 
   return init
 
@@ -72,11 +77,14 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
     hidden = model.apply(variables, noisy, method="hidden")
     head = functools.partial(model.apply, variables,
                              method="logits_from_hidden")
-    return diffusion_loss.shifted_masked_loss(hidden, head, batch["tokens"],
-                                              masked, t, chunk_size)
+    loss, num_masked = diffusion_loss.shifted_masked_loss(
+        hidden, head, batch["tokens"], masked, t, chunk_size)
+    scaled = loss_scale_lib.scale_loss(state.loss_scale, loss)
+    return scaled, (loss, num_masked)
 
-  (loss, num_masked), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+  (_, (loss, num_masked)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       state.params)
+  grads = loss_scale_lib.unscale(state.loss_scale, grads)
   # PyTorch's padding_idx: the pad row of the embedding is never updated.
   grads["embed_tokens"] = grads["embed_tokens"].at[cfg.pad_token_id].set(0)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -112,7 +120,8 @@ def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,
 
 
 def state_from_hf_checkpoint(directory: str, model: dream.Dream, tx,
-                             seed: int, mesh, rules, shardings) -> LMState:
+                             seed: int, mesh, rules, shardings,
+                             loss_scale=None) -> LMState:
   """A fresh fine-tuning state around published weights: each process reads
   only its devices' slices of the safetensors; the optimizer state is born
   sharded next to them."""
@@ -120,10 +129,11 @@ def state_from_hf_checkpoint(directory: str, model: dream.Dream, tx,
   del rules  # the shardings already hold them
   params = hf_import.load_hf_checkpoint(directory, model.cfg,
                                         shardings.params)
-  return state_around_params(params, tx, seed, mesh, shardings)
+  return state_around_params(params, tx, seed, mesh, shardings, loss_scale)
 
 
-def state_around_params(params, tx, seed: int, mesh, shardings) -> LMState:
+def state_around_params(params, tx, seed: int, mesh, shardings,
+                        loss_scale=None) -> LMState:
   """A step-0 state holding `params` (already on `shardings.params`), with
   the optimizer state created sharded beside them; `params` is donated."""
   _, state_key = jax.random.split(jax.random.PRNGKey(seed))
@@ -131,7 +141,7 @@ def state_around_params(params, tx, seed: int, mesh, shardings) -> LMState:
   def build(params):
     return LMState(step=jnp.zeros((), jnp.int32), params=params,
                    opt_state=tx.init(params), rng=state_key,
-                   **state_lib.zero_counters())
+                   loss_scale=loss_scale, **state_lib.zero_counters())
 
   with jax.set_mesh(mesh):
     return jax.jit(build, in_shardings=(shardings.params,),

@@ -87,6 +87,8 @@ def skip_nonfinite(state, new_state, metrics: dict, ok, guarded=()):
   step) count it in the state. Two metrics report them: `skipped_steps` and
   `max_bad_streak`, the longest run of skipped steps an interval reached,
   which the loop reads with the metrics it fetches anyway (no host sync).
+  A float16 state's `loss_scale` (`trm.loss_scale`) follows the same
+  verdict, and is reported as the `loss_scale` metric.
   """
   # A finite gradient can still give non-finite weights (a huge learning
   # rate, an overflow): the step is then skipped too, so nothing non-finite
@@ -105,6 +107,12 @@ def skip_nonfinite(state, new_state, metrics: dict, ok, guarded=()):
   one = jnp.ones((), jnp.int32)
   metrics["skipped_steps"] = Counter(kept.skipped_steps, one)
   metrics["max_bad_streak"] = Counter(kept.bad_streak, one, keep_max=True)
+  loss_scale = getattr(state, "loss_scale", None)  # float16 runs only
+  if loss_scale is not None:
+    # Adjusted by the same verdict, skipped step or not (an overflow halves
+    # it; that is how the next step recovers).
+    kept = kept.replace(loss_scale=loss_scale.adjust(ok))
+    metrics["loss_scale"] = Counter(kept.loss_scale.scale, one)
   return kept, metrics
 
 

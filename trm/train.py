@@ -10,6 +10,7 @@ falls back to the previous one (`checkpoint.restore_latest`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,15 +26,18 @@ import ml_collections
 import numpy as np
 from absl import logging
 from etils import epath
-from clu import metric_writers, parameter_overview, periodic_actions
+from clu import metric_writers, parameter_overview
 
 from trm import checkpoint as ckpt_lib
 from trm import cli
 from trm import config_record
+from trm import loss_scale
 from trm import losses
 from trm import mesh as mesh_lib
+from trm import progress
 from trm import state as state_lib
 from trm import tasks
+from trm import wandb_writer
 from trm import workdir_lock
 from trm.data import pipeline
 
@@ -77,6 +81,8 @@ def check_config(config) -> None:
     # a negative one climbs the loss.
     if not math.isfinite(value) or value < 0:
       raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
+  wandb_writer.check_config(config)
+  loss_scale.check_config(config)
 
 
 def _rate_fields(node, prefix=""):
@@ -246,11 +252,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   trainer on it is refused before it writes anything."""
   check_config(config)
   workpath = check_workdir(workdir)  # local or gs://
-  with workdir_lock.WorkdirLock(workdir):
-    return _train_and_evaluate(config, workdir, workpath)
+  with workdir_lock.WorkdirLock(workdir), contextlib.ExitStack() as cleanup:
+    return _train_and_evaluate(config, workdir, workpath, cleanup)
 
 
-def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
+def make_writer(config, workdir: str, is_main: bool):
+  """TensorBoard (and W&B when config.wandb.enabled) on process 0; the
+  other processes write nothing (metrics are global)."""
+  if not is_main:
+    return metric_writers.MultiWriter([])
+  writers = [metric_writers.create_default_writer(workdir, asynchronous=True)]
+  if config.get("wandb") is not None and config.wandb.enabled:
+    writers.append(wandb_writer.create(config, workdir))
+  return metric_writers.MultiWriter(writers)
+
+
+def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
+                        cleanup: contextlib.ExitStack):
   # ---------------------------------------------------------------- setup
   is_main = jax.process_index() == 0
 
@@ -290,9 +308,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
   start_step = int(state.step)
   # Only a run whose config checked out (mesh, data, restore) records it, so
   # a bad restart leaves the run's config.json and logs as they were.
-  # Metrics are global: process 0 writes them, the others stay quiet.
-  writer = (metric_writers.create_default_writer(workdir, asynchronous=True)
-            if is_main else metric_writers.MultiWriter([]))
+  writer = make_writer(config, workdir, is_main)
+  cleanup.callback(writer.close)  # also on errors: W&B finishes its run
   if is_main:
     config_record.record(config, workpath, config_changes, resume_step)
   if is_main:
@@ -404,7 +421,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
                     else None, preemption.signum)
 
   # ----------------------------------------------------------------- loop
-  report = periodic_actions.ReportProgress(
+  # Its steps/s and ETA leave out the evaluations and saves it times.
+  report = progress.TrainProgress(
       num_train_steps=config.total_steps, writer=writer, every_secs=30)
   hooks = [report] if is_main else []
   train_metrics, pending, results = None, None, {}
@@ -444,17 +462,17 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path):
         if preemption.reached(step):
           stop_for_preemption(step)
         if step % config.eval_every == 0 or step == config.total_steps:
-          with report.timed("eval"):
+          with report.timed("eval", barrier=state):
             results = run_eval(step)
           evaluated_at = step
           logging.info("Step %d eval: %s", step, results)
           speed.restart(step)  # evaluation is not step time
         if step % config.checkpoint_every == 0 or step == config.total_steps:
-          if not save_improved_only:
-            save_checkpoint(step)
-          elif (evaluated_at == step
-                and results.get("eval/loss", best_loss) < best_loss):
-            save_checkpoint(step)
+          improved = (evaluated_at == step
+                      and results.get("eval/loss", best_loss) < best_loss)
+          if not save_improved_only or improved:
+            with report.timed("checkpoint", barrier=state):
+              save_checkpoint(step)
           else:
             logging.info("Step %d: no checkpoint, eval loss %s is not below "
                          "the best %.4f (always_save_checkpoint=False).", step,

@@ -83,10 +83,12 @@ class DreamConfig:
     if self.rms_norm_eps <= 0:
       raise ValueError(f"config.model.rms_norm_eps={self.rms_norm_eps} must "
                        "be positive.")
-    for name in ("dtype", "param_dtype"):
-      if getattr(self, name) not in _DTYPES:
+    # float16 computes only (with loss scaling); weights stay wider.
+    for name, allowed in (("dtype", _DTYPES + ("float16",)),
+                          ("param_dtype", _DTYPES)):
+      if getattr(self, name) not in allowed:
         raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
-                         f"be one of {_DTYPES}.")
+                         f"be one of {allowed}.")
     if self.remat not in _REMAT:
       raise ValueError(f"config.model.remat={self.remat!r} must be one of "
                        f"{_REMAT}.")

@@ -14,6 +14,7 @@ import os
 import jax
 
 from trm import lm_steps
+from trm import loss_scale
 from trm import restore_check
 from trm import tokenizer as tok_lib
 from trm.data import sft
@@ -35,6 +36,7 @@ def build(config, workdir: str, mesh, rules) -> Task:
     raise ValueError(f"config.loss_chunk_size={config.loss_chunk_size} must "
                      "be a positive integer.")
   cfg = dream.DreamConfig.from_config(config.model)
+  scale = loss_scale.initial_state(config)  # None unless float16
   tokenizer = tok_lib.from_spec(tokenizer_spec(config), cfg)
   (train_tokens, train_maskable), (eval_tokens, eval_maskable) = (
       sft.train_and_eval_rows(config.data, tokenizer, config.seq_len))
@@ -60,13 +62,13 @@ def build(config, workdir: str, mesh, rules) -> Task:
       hf_import.check_hf_checkpoint(config.init_checkpoint, cfg)
     initial_state = functools.partial(lm_steps.state_from_hf_checkpoint,
                                       config.init_checkpoint, model, tx,
-                                      config.seed)
+                                      config.seed, loss_scale=scale)
   return Task(
       model=model, train_source=train_source, eval_source=eval_source,
       batch_shardings=batch_shardings,
       abstract_batch=lm_steps.abstract_batch(
           config.global_batch_size, config.seq_len, batch_shardings),
-      init_fn=lm_steps.make_init_fn(model, tx, config.seed),
+      init_fn=lm_steps.make_init_fn(model, tx, config.seed, scale),
       train_step=functools.partial(lm_steps.train_step, model=model, tx=tx,
                                    chunk_size=config.loss_chunk_size),
       eval_step=functools.partial(lm_steps.eval_step, model=model,

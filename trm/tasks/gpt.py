@@ -25,6 +25,7 @@ from absl import logging
 
 from trm import gpt_steps
 from trm import lm_steps
+from trm import loss_scale
 from trm import mesh as mesh_lib
 from trm import mfu
 from trm import restore_check
@@ -36,7 +37,7 @@ from trm.tasks import Task
 
 INIT_FROM = ("scratch", "resume", "gpt2", "gpt2-medium", "gpt2-large",
              "gpt2-xl")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")  # float16: with loss scaling
 _SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "bias")
 SOURCES = ("bin", "tfds")  # config.data.source
 
@@ -65,10 +66,9 @@ def check_config(config) -> None:
         f"{config.init_from} --local-dir DIR`); nothing is downloaded "
         "during training.")
   if config.dtype not in DTYPES:
-    hint = (" (float16 needs loss scaling; bfloat16 has float32's range)"
-            if config.dtype == "float16" else "")
     raise ValueError(f"config.dtype={config.dtype!r} must be one of "
-                     f"{list(DTYPES)}{hint}.")
+                     f"{list(DTYPES)}.")
+  loss_scale.check_config(config)
   for key in ("batch_size", "block_size", "gradient_accumulation_steps",
               "eval_iters", "n_layer", "n_head", "n_embd"):
     if config[key] <= 0:
@@ -121,14 +121,15 @@ def _crop_positions(params, block_size: int):
   return params
 
 
-def _state_from_weights(params, tx, seed: int, param_dtype: str, mesh,
-                        rules, shardings, adam=None, iter_num: int = 0):
+def _state_from_weights(params, tx, seed: int, param_dtype: str, scale,
+                        mesh, rules, shardings, adam=None, iter_num: int = 0):
   """A state around imported weights, placed on the mesh: at step 0 with a
   fresh AdamW, or with `adam` (a nanoGPT checkpoint's moments and count) at
   step `iter_num`, continuing that run."""
   del rules  # the shardings hold them
   sharded = gpt_import.to_sharded(params, shardings.params, dtype=param_dtype)
-  state = lm_steps.state_around_params(sharded, tx, seed, mesh, shardings)
+  state = lm_steps.state_around_params(sharded, tx, seed, mesh, shardings,
+                                       scale)
   if adam is None and not iter_num:
     return state
   if adam is not None:
@@ -216,6 +217,7 @@ def build(config, workdir: str, mesh, rules) -> Task:
       config.eval_iters, config.seed, streams=streams, **process)
   batch_shardings = gpt_steps.batch_shardings(mesh, rules)
 
+  scale = loss_scale.initial_state(config)  # None unless float16
   initial_state, best_loss = None, None
   if weights is not None and not resuming:
     params, _, source, extras = weights
@@ -238,7 +240,8 @@ def build(config, workdir: str, mesh, rules) -> Task:
       logging.info("Continuing %s at iteration %d.", source,
                    extras["iter_num"])
     initial_state = functools.partial(_state_from_weights, params, tx,
-                                      config.seed, cfg.param_dtype, **resume)
+                                      config.seed, cfg.param_dtype, scale,
+                                      **resume)
 
   non_embedding = gpt.num_params(gpt.abstract_params(cfg),
                                  non_embedding=True)
@@ -253,7 +256,7 @@ def build(config, workdir: str, mesh, rules) -> Task:
       batch_shardings=batch_shardings,
       abstract_batch=gpt_steps.abstract_batch(
           config.global_batch_size, cfg.block_size, batch_shardings),
-      init_fn=lm_steps.make_init_fn(model, tx, config.seed),
+      init_fn=lm_steps.make_init_fn(model, tx, config.seed, scale),
       train_step=functools.partial(
           gpt_steps.train_step, model=model, tx=tx,
           accum_steps=config.gradient_accumulation_steps),
