@@ -56,7 +56,10 @@ def make_init_fn(model: dream.Dream, tx, seed: int, loss_scale=None):
 
   def init():
     init_key, state_key = jax.random.split(jax.random.PRNGKey(seed))
-    params = dream.init_params(model.cfg, init_key)
+    if isinstance(model, dream.Dream):  # whatever its attention kernel
+      params = dream.init_params(model.cfg, init_key)
+    else:  # GPT shares this state
+      params = model.init(init_key, jnp.zeros((1, 1), jnp.int32))["params"]
     return LMState(step=jnp.zeros((), jnp.int32), params=params,
                    opt_state=tx.init(params), rng=state_key,
                    loss_scale=loss_scale, **state_lib.zero_counters())
