@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from trm import mesh as mesh_lib
+from trm.models import gpt
 
 # Std of a standard normal truncated to [-2, 2]; dividing by it makes the
 # truncated draw have exactly the requested std (upstream trunc_normal_init_).
@@ -54,6 +55,13 @@ def swiglu_width(hidden_size: int, expansion: float) -> int:
   return find_multiple(round(expansion * hidden_size * 2 / 3), 256)
 
 
+def _linear_dot(x, w):
+  """x @ w in x's dtype. The backward pass is gpt.matmul's: the weight
+  gradient as (dy^T x)^T, which XLA:CPU runs without transposing (and
+  recomputing) the activation gradient; same math as jnp.dot."""
+  return gpt.matmul(x, w).astype(x.dtype)
+
+
 class Linear(nn.Module):
   """y = x W (+ b) with fp32 LeCun truncated-normal W cast to `dtype`."""
   features: int
@@ -69,7 +77,7 @@ class Linear(nn.Module):
     init = self.kernel_init or lecun_trunc_normal(fan_in)
     kernel = self.param("kernel", nn.with_logical_partitioning(init, self.axes),
                         (fan_in, self.features), jnp.float32)
-    y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    y = _linear_dot(x.astype(self.dtype), kernel.astype(self.dtype))
     if self.use_bias:
       bias = self.param("bias",
                         nn.with_logical_partitioning(self.bias_init,
