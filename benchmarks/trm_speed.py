@@ -16,7 +16,12 @@ untimed warm-up steps first; our compile time is reported apart.
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
+import gzip
+import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -66,6 +71,8 @@ def main():
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--steps", type=int, default=10, help="timed steps a round")
   p.add_argument("--threads", type=int, default=os.cpu_count())
+  p.add_argument("--trace", default="", help="also profile 3 of our steps "
+                 "into this directory and print op time by kind")
   args = p.parse_args()
   batch_size = args.batch or (64 if args.config == "cpu" else 8)
   torch.set_num_threads(args.threads)
@@ -122,6 +129,30 @@ def main():
         f"{max(theirs_ms):.1f})")
   print(f"speed-up (torch / ours, medians): {m_torch / m_ours:.2f}x; load "
         f"{min(loads):.2f}-{max(loads):.2f}")
+  if args.trace:
+    with jax.profiler.trace(args.trace, create_perfetto_trace=True):
+      run_ours(state, timed=True)
+    print_op_time(args.trace, steps=len(ours_batches) - 2)
+
+
+def print_op_time(trace_dir, steps):
+  """Sums the trace's per-op durations by kind (the name without its
+  numeric suffix: ynn_fusion = YNNPACK dot fusions, dot_general = other
+  dots), per step."""
+  path = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"),
+                   recursive=True)[0]
+  with gzip.open(path) as f:
+    events = json.load(f)["traceEvents"]
+  kinds = collections.Counter()
+  for e in events:
+    name = e.get("name", "")
+    if e.get("ph") == "X" and not name.startswith("$") and not any(
+        w in name for w in ("Thunk", "ThreadPool", "PjitFunction", "while")):
+      kinds[re.sub(r"\.\d+$", "", name)] += e.get("dur", 0) / 1e3 / steps
+  print(f"op time per step {sum(kinds.values()):.1f} ms (load "
+        f"{os.getloadavg()[0]:.2f}); by kind:")
+  for name, ms in kinds.most_common(8):
+    print(f"  {ms:8.1f} ms  {name}")
 
 
 if __name__ == "__main__":
