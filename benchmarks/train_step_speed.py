@@ -30,8 +30,9 @@ _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (after 2 warm-up).")
 SUDOKU = sudoku.dataset_metadata(1)
 
 
-def main(_):
-  config = _CONFIG.value
+def build(config):
+  """(model, initial state, compiled train step, compile seconds, batch
+  maker) from the trainer's own mesh, state, sharding and step code."""
   mesh = mesh_lib.make_mesh(config.mesh)
   rules = mesh_lib.logical_rules(config)
   batch_size = config.global_batch_size
@@ -44,19 +45,26 @@ def main(_):
   batch_shardings = pipeline.batch_shardings(mesh, rules)
 
   rng = np.random.default_rng(0)
-  def batch():
+  def batch(device=True):
     labels = rng.integers(2, 11, (batch_size, 81)).astype(np.int32)
     inputs = np.where(rng.random((batch_size, 81)) < 0.5, 1, labels)
-    return pipeline.to_global(
-        {"inputs": inputs.astype(np.int32), "labels": labels,
-         "puzzle_identifiers": np.zeros((batch_size,), np.int32)},
-        batch_shardings)
+    host = {"inputs": inputs.astype(np.int32), "labels": labels,
+            "puzzle_identifiers": np.zeros((batch_size,), np.int32)}
+    return pipeline.to_global(host, batch_shardings) if device else host
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     start = time.time()
     step_fn = steps.compile_train_step(config, model, tx, abstract, shardings,
                                        batch_shardings, SUDOKU.seq_len)
     compile_seconds = time.time() - start
+  return model, state, step_fn, compile_seconds, batch
+
+
+def main(_):
+  config = _CONFIG.value
+  batch_size = config.global_batch_size
+  mesh = mesh_lib.make_mesh(config.mesh)
+  _, state, step_fn, compile_seconds, batch = build(config)
   for _ in range(2):
     state, metrics = step_fn(state, batch())
   jax.block_until_ready(metrics)

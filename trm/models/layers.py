@@ -6,6 +6,7 @@ CastedLinear does. Normalisation and RoPE run in float32.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from trm import mesh as mesh_lib
+from trm.models import gpt
 
 # Std of a standard normal truncated to [-2, 2]; dividing by it makes the
 # truncated draw have exactly the requested std (upstream trunc_normal_init_).
@@ -53,6 +55,13 @@ def swiglu_width(hidden_size: int, expansion: float) -> int:
   return find_multiple(round(expansion * hidden_size * 2 / 3), 256)
 
 
+def _linear_dot(x, w):
+  """x @ w in x's dtype. The backward pass is gpt.matmul's: the weight
+  gradient as (dy^T x)^T, which XLA:CPU runs without transposing (and
+  recomputing) the activation gradient; same math as jnp.dot."""
+  return gpt.matmul(x, w).astype(x.dtype)
+
+
 class Linear(nn.Module):
   """y = x W (+ b) with fp32 LeCun truncated-normal W cast to `dtype`."""
   features: int
@@ -68,7 +77,7 @@ class Linear(nn.Module):
     init = self.kernel_init or lecun_trunc_normal(fan_in)
     kernel = self.param("kernel", nn.with_logical_partitioning(init, self.axes),
                         (fan_in, self.features), jnp.float32)
-    y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    y = _linear_dot(x.astype(self.dtype), kernel.astype(self.dtype))
     if self.use_bias:
       bias = self.param("bias",
                         nn.with_logical_partitioning(self.bias_init,
@@ -141,21 +150,130 @@ class Attention(nn.Module):
                   name="o_proj")(out)
 
 
-class SwiGLU(nn.Module):
-  """down(silu(gate) * up), gate = first half of the fused projection."""
+def _dot(a, b, contract):
+  """a . b contracting a's axis contract[0] with b's axis contract[1]."""
+  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)),
+                                    ((), ())))
+
+
+def _silu_parts(gate):
+  """(sigmoid(gate), silu(gate)); sigmoid via tanh, which XLA:CPU evaluates
+  faster than the exp of its logistic (the same function)."""
+  sig = 0.5 * jnp.tanh(0.5 * gate) + 0.5
+  return sig, gate * sig
+
+
+def _swiglu_norm(x, w_in, w_out, eps, tokens):
+  """Forward of `swiglu_residual_norm`; returns (y, residuals)."""
+  # Token mixing multiplies from the left by the transposed (small) weights,
+  # so that every dot reads both operands in their stored order.
+  h = jnp.dot(w_in.T, x) if tokens else jnp.dot(x, w_in)
+  axis = 0 if tokens else 1
+  gate, up = jnp.split(h, 2, axis=axis)
+  act = _silu_parts(gate)[1] * up
+  m = jnp.dot(w_out.T, act) if tokens else jnp.dot(act, w_out)
+  r = (x + m).astype(jnp.float32)
+  inv = jax.lax.rsqrt(jnp.mean(jnp.square(r), axis=axis, keepdims=True) + eps)
+  y = (r * inv).astype(x.dtype)
+  return y, (x, w_in, w_out, h, y, inv)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def swiglu_residual_norm(x, w_in, w_out, eps, tokens):
+  """rms_norm(x + down(silu(gate) * up)) on a 2-D x, with a written-out
+  backward pass (the same math as autodiff of SwiGLU then `rms_norm`).
+
+  tokens=False: x [N, D], w_in [D, 2I], w_out [I, D], features on axis 1.
+  tokens=True: x [S, M] with the features (tokens) on axis 0, w_in [S, 2I],
+  w_out [I, S]: the token mixer of the mlp_t block on a sequence-major
+  activation, so neither direction transposes an activation.
+
+  Why by hand: autodiff keeps silu(gate) * up, the residual sum and the
+  normalised output besides what is needed, and XLA:CPU lays the weight
+  gradients out with the activation gradient transposed, fusing that
+  transpose into its producers. Here the backward keeps x, the fused
+  projection h, the output y and 1/rms, and every dot reads its operands as
+  stored. Weights arrive cast to x.dtype (CastedLinear), gradients return in
+  the dtypes that came in.
+  """
+  return _swiglu_norm(x, w_in, w_out, eps, tokens)[0]
+
+
+def _swiglu_norm_bwd(eps, tokens, residuals, dy):
+  del eps
+  x, w_in, w_out, h, y, inv = residuals
+  axis = 0 if tokens else 1
+  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
+  dr = inv * (dy32 - y32 * jnp.mean(dy32 * y32, axis=axis, keepdims=True))
+  dr = dr.astype(x.dtype)
+  gate, up = jnp.split(h, 2, axis=axis)
+  sig, silu = _silu_parts(gate)
+  act = silu * up
+  if tokens:   # m = w_out^T act
+    d_out = _dot(act, dr, (1, 1))                    # [I, S]
+    d_act = jnp.dot(w_out, dr)                       # [I, M]
+  else:        # m = act w_out
+    d_out = _dot(act, dr, (0, 0))                    # [I, D]
+    d_act = jnp.dot(dr, w_out.T)                     # [N, I]
+  d_gate = d_act * up * (sig * (1 + gate * (1 - sig)))
+  dh = jnp.concatenate([d_gate, d_act * silu], axis=axis)
+  if tokens:   # h = w_in^T x
+    d_in = _dot(x, dh, (1, 1))                       # [S, 2I]
+    dx = dr + jnp.dot(w_in, dh)
+  else:        # h = x w_in
+    d_in = _dot(x, dh, (0, 0))                       # [D, 2I]
+    dx = dr + jnp.dot(dh, w_in.T)
+  return dx, d_in.astype(w_in.dtype), d_out.astype(w_out.dtype)
+
+
+swiglu_residual_norm.defvjp(
+    lambda x, w_in, w_out, eps, tokens: _swiglu_norm(x, w_in, w_out, eps,
+                                                     tokens),
+    _swiglu_norm_bwd)
+
+
+class Kernel(nn.Module):
+  """A Linear's fp32 kernel without the product, for fused callers; same
+  name, shape, init and logical axes as `Linear` creates."""
+  shape: tuple[int, int]
+  axes: tuple[str | None, str | None]
+
+  @nn.compact
+  def __call__(self, dtype):
+    return self.param(
+        "kernel", nn.with_logical_partitioning(
+            lecun_trunc_normal(self.shape[0]), self.axes),
+        self.shape, jnp.float32).astype(dtype)
+
+
+class SwiGLUNorm(nn.Module):
+  """rms_norm(x + SwiGLU(x)) with upstream's SwiGLU parameters
+  (gate_up_proj [hidden, 2 inter], first half the gate; down_proj).
+
+  `x` is [..., hidden] (tokens=False), or [hidden, ...] for the mlp_t token
+  mixer on a sequence-major activation (tokens=True); the norm runs over the
+  same axis as the MLP.
+  """
   hidden_size: int
   expansion: float
   dtype: jnp.dtype = jnp.bfloat16
+  eps: float = 1e-5
   # Logical names of (model width, inner width); the token-mixing MLP of the
   # mlp_t variant acts on the sequence axis and uses different names.
   axes: Sequence[str] = ("embed", "mlp")
+  tokens: bool = False
 
   @nn.compact
   def __call__(self, x):
     inter = swiglu_width(self.hidden_size, self.expansion)
     outer, inner = self.axes
-    gate_up = Linear(2 * inter, (outer, inner), dtype=self.dtype,
-                     name="gate_up_proj")(x)
-    gate, up = jnp.split(gate_up, 2, axis=-1)
-    return Linear(self.hidden_size, (inner, outer), dtype=self.dtype,
-                  name="down_proj")(nn.silu(gate) * up)
+    w_in = Kernel((self.hidden_size, 2 * inter), (outer, inner),
+                  name="gate_up_proj")(self.dtype)
+    w_out = Kernel((inter, self.hidden_size), (inner, outer),
+                   name="down_proj")(self.dtype)
+    shape = x.shape
+    flat = (x.reshape(shape[0], -1) if self.tokens
+            else x.reshape(-1, shape[-1]))
+    y = swiglu_residual_norm(flat.astype(self.dtype), w_in, w_out, self.eps,
+                             self.tokens)
+    return y.reshape(shape)

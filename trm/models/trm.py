@@ -113,43 +113,55 @@ CARRY_AXES = Carry(
     puzzle_identifiers=("activation_batch",))
 
 
+_SEQ_MAJOR = ("activation_length", "activation_batch", "activation_embed")
+
+
 class Block(nn.Module):
-  """Post-norm block: attention (or token-mixing MLP), then SwiGLU."""
+  """Post-norm block: attention (or token-mixing MLP), then SwiGLU.
+
+  With `seq_major` (mlp_t only) activations are [S, B, D] instead of
+  [B, S, D]: the token mixer and its norm over tokens then act on axis 0 of
+  an [S, B*D] matrix and the channel MLP on an [S*B, D] one, so no
+  activation is ever transposed.
+  """
   cfg: TRMConfig
+  seq_major: bool = False
 
   @nn.compact
   def __call__(self, h, rope):
     cfg = self.cfg
     if cfg.mlp_t:
-      # Token mixing acts on [B, D, S]; its RMSNorm normalises over tokens.
-      t = jnp.swapaxes(h, 1, 2)
-      t = layers.rms_norm(
-          t + layers.SwiGLU(cfg.total_len, cfg.expansion, cfg.dtype,
-                            axes=("token", "token_mlp"), name="mlp_t")(t),
-          cfg.rms_norm_eps)
-      h = jnp.swapaxes(t, 1, 2)
+      if not self.seq_major:
+        h = jnp.swapaxes(h, 0, 1)
+      # Token mixing: the MLP and its RMSNorm act over tokens.
+      h = layers.SwiGLUNorm(cfg.total_len, cfg.expansion, cfg.dtype,
+                            cfg.rms_norm_eps, axes=("token", "token_mlp"),
+                            tokens=True, name="mlp_t")(h)
+      h = mesh_lib.constrain(h, _SEQ_MAJOR)
     else:
       h = layers.rms_norm(
           h + layers.Attention(cfg.hidden_size, cfg.num_heads, cfg.num_heads,
                                cfg.dtype, name="self_attn")(h, rope),
           cfg.rms_norm_eps)
-    h = mesh_lib.constrain(h, _ACT)
-    h = layers.rms_norm(
-        h + layers.SwiGLU(cfg.hidden_size, cfg.expansion, cfg.dtype,
-                          name="mlp")(h), cfg.rms_norm_eps)
-    return mesh_lib.constrain(h, _ACT)
+      h = mesh_lib.constrain(h, _ACT)
+    h = layers.SwiGLUNorm(cfg.hidden_size, cfg.expansion, cfg.dtype,
+                          cfg.rms_norm_eps, name="mlp")(h)
+    if cfg.mlp_t and not self.seq_major:
+      h = jnp.swapaxes(h, 0, 1)
+    return mesh_lib.constrain(h, _SEQ_MAJOR if self.seq_major else _ACT)
 
 
 class ReasoningNet(nn.Module):
   """The one shared network: net(h, injection) = blocks(h + injection)."""
   cfg: TRMConfig
+  seq_major: bool = False  # activations [S, B, D] (see Block)
 
   @nn.compact
   def __call__(self, h, injection, rope):
     h = h + injection
     block = nn.remat(Block) if self.cfg.remat else Block
     for i in range(self.cfg.L_layers):
-      h = block(self.cfg, name=f"layers_{i}")(h, rope)
+      h = block(self.cfg, self.seq_major, name=f"layers_{i}")(h, rope)
     return h
 
 
@@ -173,7 +185,7 @@ class TRM(nn.Module):
           "embed_pos", nn.with_logical_partitioning(
               layers.trunc_normal(1.0 / math.sqrt(d)), ("token", "embed")),
           (cfg.total_len, d), jnp.float32)
-    self.L_level = ReasoningNet(cfg)
+    self.L_level = ReasoningNet(cfg, seq_major=cfg.mlp_t)
     init_state = nn.with_logical_partitioning(
         lambda key: layers.trunc_normal(1.0)(key, (d,)).astype(cfg.dtype),
         ("embed",))
@@ -220,6 +232,8 @@ class TRM(nn.Module):
     """
     cfg = self.cfg
     x = self._input_embeddings(inputs, puzzle_vectors)
+    if cfg.mlp_t:  # the recursion runs sequence-major (see Block)
+      x, z_H, z_L = (jnp.swapaxes(a, 0, 1) for a in (x, z_H, z_L))
     rope = (layers.rope_tables(cfg.total_len, cfg.hidden_size // cfg.num_heads,
                                cfg.rope_theta)
             if cfg.pos_encodings == "rope" else None)
@@ -241,7 +255,7 @@ class TRM(nn.Module):
       # differentiation never sees the loops.
       frozen = jax.lax.stop_gradient(self.L_level.variables)
       x_frozen = jax.lax.stop_gradient(x)
-      free_net = ReasoningNet(cfg, parent=None)  # unbound: a pure function
+      free_net = ReasoningNet(cfg, cfg.mlp_t, parent=None)  # unbound: a pure function
       frozen_net = lambda h, inj: free_net.apply(frozen, h, inj, rope)
       z_H, z_L = jax.lax.fori_loop(
           0, cfg.H_cycles - 1,
@@ -249,6 +263,8 @@ class TRM(nn.Module):
           (jax.lax.stop_gradient(z_H), jax.lax.stop_gradient(z_L)))
     net = lambda h, inj: self.L_level(h, inj, rope)
     z_H, z_L = h_cycle(net, z_H, z_L, x, inner_loop=False)
+    if cfg.mlp_t:
+      z_H, z_L = jnp.swapaxes(z_H, 0, 1), jnp.swapaxes(z_L, 0, 1)
     logits = self.lm_head(z_H)[:, cfg.prefix_len:]
     q_logits = self.q_head(z_H[:, 0]).astype(jnp.float32)
     return z_H, z_L, logits, q_logits[..., 0], q_logits[..., 1]
