@@ -53,7 +53,10 @@ def test_small_trm_compiles_for_v4_8(num_slices):
   assert report["fits"]
   assert 0 < report["total_gib"] < 1
   assert report["train_flops_per_step"] > 0
+  assert report["hbm_bytes_per_device"] > 0
+  assert report["bound"] in ("compute", "memory")
   assert "verdict: FITS" in aot.format_report(report)
+  assert "-bound" in aot.format_report(report)
 
 
 def test_slices_must_match_the_mesh():
@@ -108,6 +111,45 @@ def test_flops_formula_matches_xla_cost_analysis():
     # backward of the last L+1; with H=1 that is 3x the forward.
     ours = trm.train_flops_per_example(cfg) * batch
     assert abs(xla_flops - ours) / ours < 0.15, (mlp_t, xla_flops, ours)
+
+
+def test_unrolled_cost_analysis_scales_with_depth():
+  """XLA counts a loop body once, so the rolled step under-reports; the
+  unrolled twin `trm.aot` analyses grows with depth and matches the
+  analytic count."""
+  def cost(l_cycles, unroll):
+    cfg = trm.TRMConfig(vocab_size=11, seq_len=81, num_puzzle_identifiers=1,
+                        hidden_size=128, num_heads=4, H_cycles=3,
+                        L_cycles=l_cycles, puzzle_emb_ndim=128, mlp_t=True,
+                        forward_dtype="float32", unroll_loops=unroll)
+    model = trm.TRM(cfg)
+    variables = nn.meta.unbox(jax.eval_shape(
+        functools.partial(trm.init_variables, model, jax.random.PRNGKey(0))))
+    carry = jax.eval_shape(lambda: trm.empty_carry(cfg, 8))
+    vectors = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+
+    def loss(params, carry, vectors):
+      _, out = trm.act_step(model, {**variables, "params": params}, carry,
+                            vectors, train=False)
+      return jnp.sum(out["logits"])
+
+    compiled = jax.jit(jax.grad(loss)).lower(
+        variables["params"], carry, vectors).compile()
+    return aot.step_cost(compiled), trm.train_flops_per_example(cfg) * 8
+
+  (rolled2, _), _ = cost(2, False)
+  (rolled4, _), _ = cost(4, False)
+  (flops2, bytes2), ours2 = cost(2, True)
+  (flops4, bytes4), ours4 = cost(4, True)
+  # The rolled count misses the H - 1 gradient-free cycles (loop bodies
+  # counted once): about 30% of the step here.
+  assert rolled2 < 0.8 * ours2 and rolled4 < 0.8 * ours4
+  for xla, ours in ((flops2, ours2), (flops4, ours4)):
+    assert abs(xla - ours) / ours < 0.15, (xla, ours)
+  assert flops4 > 1.5 * flops2 and bytes4 > 1.3 * bytes2
+  report = aot.roofline(flops4, bytes4, aot.CHIPS["v4"])
+  assert report["bound"] in ("compute", "memory")
+  assert report["flops_per_byte"] == pytest.approx(flops4 / bytes4)
 
 
 def test_multislice_devices_need_dcn_sizes():

@@ -53,13 +53,14 @@ class Chip:
   peak_bf16_tflops: float  # published peak per chip
   chip_config: str
   chips_per_host: tuple[int, int, int]
+  hbm_gbps: float         # published HBM bandwidth per chip, GB/s
 
 
 CHIPS = {
-    "v4": Chip(30.75, 275.0, "megacore", (2, 2, 1)),
-    "v5p": Chip(95.74, 459.0, "megacore", (2, 2, 1)),
-    "v5e": Chip(15.75, 197.0, "default", (2, 2, 1)),
-    "v6e": Chip(31.25, 918.0, "default", (2, 2, 1)),
+    "v4": Chip(30.75, 275.0, "megacore", (2, 2, 1), 1200.0),
+    "v5p": Chip(95.74, 459.0, "megacore", (2, 2, 1), 2765.0),
+    "v5e": Chip(15.75, 197.0, "default", (2, 2, 1), 819.0),
+    "v6e": Chip(31.25, 918.0, "default", (2, 2, 1), 1640.0),
 }
 
 # Physical shape per chip count (v4 and v5p name cores: v4-N has N/2 chips).
@@ -117,8 +118,11 @@ def topology_devices(topology: Topology, num_slices: int):
         "the TPU extra: pip install -e .[tpu]") from e
 
 
-def _train_step_builder(config, mesh, rules, metadata):
-  """(function that compiles the model family's train step, FLOPs per step)."""
+def _train_step_builder(config, mesh, rules, metadata,
+                        unroll_loops: bool = False):
+  """(function that compiles the model family's train step, FLOPs per step).
+
+  `unroll_loops` (TRM): the recursion Python-unrolled, for cost analysis."""
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from trm import state as state_lib  # pylint: disable=g-import-not-at-top
@@ -148,6 +152,8 @@ def _train_step_builder(config, mesh, rules, metadata):
   from trm.data import pipeline  # pylint: disable=g-import-not-at-top
   from trm.models import trm  # pylint: disable=g-import-not-at-top
   model = get_model(config.model, metadata)
+  if unroll_loops:
+    model = trm.TRM(dataclasses.replace(model.cfg, unroll_loops=True))
   tx = steps.make_optimizer(config.optim, config.total_steps)
   init_fn = state_lib.make_init_fn(model, tx, batch, config.seed)
   abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
@@ -268,6 +274,25 @@ def _sample_builder(config, mesh, rules, sample: SampleSettings):
   return compile_sampler, flops
 
 
+def step_cost(compiled) -> tuple[float, float]:
+  """(FLOPs, bytes accessed) per device from XLA's cost analysis of a
+  compiled program (loop bodies counted once: see `unroll_loops`)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
+    cost = cost[0]
+  return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def roofline(flops: float, hbm_bytes: float, chip: Chip) -> dict:
+  """Per-device step time bounds from compute and from HBM traffic."""
+  compute_s = flops / (chip.peak_bf16_tflops * 1e12)
+  memory_s = hbm_bytes / (chip.hbm_gbps * 1e9)
+  return {"xla_flops_per_device": flops, "hbm_bytes_per_device": hbm_bytes,
+          "flops_per_byte": flops / hbm_bytes if hbm_bytes else float("inf"),
+          "compute_seconds": compute_s, "memory_seconds": memory_s,
+          "bound": "memory" if memory_s > compute_s else "compute"}
+
+
 def compile_report(config, topology: Topology, num_slices: int,
                    metadata=None, sample: SampleSettings | None = None
                    ) -> dict:
@@ -333,6 +358,11 @@ def compile_report(config, topology: Topology, num_slices: int,
     report.update(compile_seconds=time.time() - start, fits=False,
                   error=text.splitlines()[0][:400])
     return report
+  if sample is None and config.model.name == "trm":
+    # XLA counts each loop body once; the unrolled twin counts every cycle.
+    unrolled = _train_step_builder(config, mesh, rules, metadata,
+                                   unroll_loops=True)[0]()
+    report.update(roofline(*step_cost(unrolled), topology.chip))
   memory = compiled.memory_analysis()
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
            + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
@@ -385,6 +415,15 @@ def format_report(report: dict) -> str:
         f"step_seconds_at_50pct_mfu: "
         f"{report['step_seconds_at_50pct_mfu']:.4f}",
     ]
+  if "hbm_bytes_per_device" in report:
+    lines.append(
+        f"compiled program per chip (recursion unrolled): "
+        f"{report['xla_flops_per_device']:.3e} FLOPs, "
+        f"{report['hbm_bytes_per_device'] / GIB:.2f} GiB HBM traffic, "
+        f"{report['flops_per_byte']:.0f} FLOPs/byte; at peak "
+        f"{report['compute_seconds'] * 1e3:.2f} ms compute vs "
+        f"{report['memory_seconds'] * 1e3:.2f} ms memory: "
+        f"{report['bound']}-bound")
   lines.append(f"verdict: {'FITS' if report['fits'] else 'DOES NOT FIT'}")
   return "\n".join(lines)
 

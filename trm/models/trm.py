@@ -52,6 +52,10 @@ class TRMConfig:
   forward_dtype: str = "bfloat16"
   no_ACT_continue: bool = True
   remat: bool = False  # recompute each block in the backward pass
+  # Python-unrolled recursion, for `trm.aot`'s cost analysis only: XLA
+  # counts a loop body once, so the rolled program under-reports its FLOPs
+  # and bytes by the trip counts. Same math; a bigger program to compile.
+  unroll_loops: bool = False
 
   def __post_init__(self):
     if not self.no_ACT_continue:
@@ -241,7 +245,7 @@ class TRM(nn.Module):
     def h_cycle(net, z_H, z_L, x, inner_loop):
       def l_step(_, z_L):
         return net(z_L, z_H + x)
-      if inner_loop:
+      if inner_loop and not cfg.unroll_loops:
         z_L = jax.lax.fori_loop(0, cfg.L_cycles, l_step, z_L)
       else:
         for i in range(cfg.L_cycles):
@@ -257,10 +261,15 @@ class TRM(nn.Module):
       x_frozen = jax.lax.stop_gradient(x)
       free_net = ReasoningNet(cfg, cfg.mlp_t, parent=None)  # unbound: a pure function
       frozen_net = lambda h, inj: free_net.apply(frozen, h, inj, rope)
-      z_H, z_L = jax.lax.fori_loop(
-          0, cfg.H_cycles - 1,
-          lambda _, z: h_cycle(frozen_net, *z, x_frozen, inner_loop=True),
-          (jax.lax.stop_gradient(z_H), jax.lax.stop_gradient(z_L)))
+      frozen_cycle = lambda _, z: h_cycle(  # noqa: E731
+          frozen_net, *z, x_frozen, inner_loop=True)
+      z = (jax.lax.stop_gradient(z_H), jax.lax.stop_gradient(z_L))
+      if cfg.unroll_loops:
+        for i in range(cfg.H_cycles - 1):
+          z = frozen_cycle(i, z)
+      else:
+        z = jax.lax.fori_loop(0, cfg.H_cycles - 1, frozen_cycle, z)
+      z_H, z_L = z
     net = lambda h, inj: self.L_level(h, inj, rope)
     z_H, z_L = h_cycle(net, z_H, z_L, x, inner_loop=False)
     if cfg.mlp_t:
