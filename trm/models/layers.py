@@ -156,6 +156,12 @@ def _dot(a, b, contract):
                                     ((), ())))
 
 
+def _dot_rows(a, b):
+  """a^T b over every leading (row) axis of a and b: [..., P] x [..., Q]."""
+  rows = tuple(range(a.ndim - 1))
+  return jax.lax.dot_general(a, b, ((rows, rows), ((), ())))
+
+
 def _silu_parts(gate):
   """(sigmoid(gate), silu(gate)); sigmoid via tanh, which XLA:CPU evaluates
   faster than the exp of its logistic (the same function)."""
@@ -168,7 +174,7 @@ def _swiglu_norm(x, w_in, w_out, eps, tokens):
   # Token mixing multiplies from the left by the transposed (small) weights,
   # so that every dot reads both operands in their stored order.
   h = jnp.dot(w_in.T, x) if tokens else jnp.dot(x, w_in)
-  axis = 0 if tokens else 1
+  axis = 0 if tokens else -1
   gate, up = jnp.split(h, 2, axis=axis)
   act = _silu_parts(gate)[1] * up
   m = jnp.dot(w_out.T, act) if tokens else jnp.dot(act, w_out)
@@ -183,7 +189,9 @@ def swiglu_residual_norm(x, w_in, w_out, eps, tokens):
   """rms_norm(x + down(silu(gate) * up)) on a 2-D x, with a written-out
   backward pass (the same math as autodiff of SwiGLU then `rms_norm`).
 
-  tokens=False: x [N, D], w_in [D, 2I], w_out [I, D], features on axis 1.
+  tokens=False: x [..., D], w_in [D, 2I], w_out [I, D], features last
+  (not flattened: merging a sequence-major [S, B, D]'s S with its sharded
+  batch axis would make GSPMD all-gather the batch).
   tokens=True: x [S, M] with the features (tokens) on axis 0, w_in [S, 2I],
   w_out [I, S]: the token mixer of the mlp_t block on a sequence-major
   activation, so neither direction transposes an activation.
@@ -202,7 +210,7 @@ def swiglu_residual_norm(x, w_in, w_out, eps, tokens):
 def _swiglu_norm_bwd(eps, tokens, residuals, dy):
   del eps
   x, w_in, w_out, h, y, inv = residuals
-  axis = 0 if tokens else 1
+  axis = 0 if tokens else -1
   y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
   dr = inv * (dy32 - y32 * jnp.mean(dy32 * y32, axis=axis, keepdims=True))
   dr = dr.astype(x.dtype)
@@ -213,15 +221,15 @@ def _swiglu_norm_bwd(eps, tokens, residuals, dy):
     d_out = _dot(act, dr, (1, 1))                    # [I, S]
     d_act = jnp.dot(w_out, dr)                       # [I, M]
   else:        # m = act w_out
-    d_out = _dot(act, dr, (0, 0))                    # [I, D]
-    d_act = jnp.dot(dr, w_out.T)                     # [N, I]
+    d_out = _dot_rows(act, dr)                       # [I, D]
+    d_act = jnp.dot(dr, w_out.T)                     # [..., I]
   d_gate = d_act * up * (sig * (1 + gate * (1 - sig)))
   dh = jnp.concatenate([d_gate, d_act * silu], axis=axis)
   if tokens:   # h = w_in^T x
     d_in = _dot(x, dh, (1, 1))                       # [S, 2I]
     dx = dr + jnp.dot(w_in, dh)
   else:        # h = x w_in
-    d_in = _dot(x, dh, (0, 0))                       # [D, 2I]
+    d_in = _dot_rows(x, dh)                          # [D, 2I]
     dx = dr + jnp.dot(dh, w_in.T)
   return dx, d_in.astype(w_in.dtype), d_out.astype(w_out.dtype)
 
@@ -272,8 +280,8 @@ class SwiGLUNorm(nn.Module):
     w_out = Kernel((inter, self.hidden_size), (inner, outer),
                    name="down_proj")(self.dtype)
     shape = x.shape
-    flat = (x.reshape(shape[0], -1) if self.tokens
-            else x.reshape(-1, shape[-1]))
+    # [S, B*D] keeps the (major) batch axis's sharding on the merged axis.
+    flat = x.reshape(shape[0], -1) if self.tokens else x
     y = swiglu_residual_norm(flat.astype(self.dtype), w_in, w_out, self.eps,
                              self.tokens)
     return y.reshape(shape)
