@@ -254,6 +254,12 @@ class Kernel(nn.Module):
         self.shape, jnp.float32).astype(dtype)
 
 
+def _one_device() -> bool:
+  """No mesh, or a mesh of one device: nothing is sharded."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return mesh.empty or mesh.size == 1
+
+
 class SwiGLUNorm(nn.Module):
   """rms_norm(x + SwiGLU(x)) with upstream's SwiGLU parameters
   (gate_up_proj [hidden, 2 inter], first half the gate; down_proj).
@@ -280,8 +286,12 @@ class SwiGLUNorm(nn.Module):
     w_out = Kernel((inter, self.hidden_size), (inner, outer),
                    name="down_proj")(self.dtype)
     shape = x.shape
-    # [S, B*D] keeps the (major) batch axis's sharding on the merged axis.
-    flat = x.reshape(shape[0], -1) if self.tokens else x
+    if self.tokens:  # [S, B*D] keeps the (major) batch sharding
+      flat = x.reshape(shape[0], -1)
+    elif _one_device():  # 2-D dots: ~10% faster on XLA:CPU
+      flat = x.reshape(-1, shape[-1])
+    else:  # [S*B, D] would all-gather a sharded B: keep the axes
+      flat = x
     y = swiglu_residual_norm(flat.astype(self.dtype), w_in, w_out, self.eps,
                              self.tokens)
     return y.reshape(shape)
