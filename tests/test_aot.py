@@ -85,31 +85,35 @@ def test_cli_reports_does_not_fit_with_exit_code_1():
   assert "verdict: DOES NOT FIT" in result.stdout
 
 
+def _grad_step_cost(batch=8, **sizes):
+  """(FLOPs, bytes) XLA counts for the gradient of one ACT step of a small
+  TRM, and the analytic FLOPs of the step (`train_flops_per_example`)."""
+  cfg = trm.TRMConfig(vocab_size=11, seq_len=81, num_puzzle_identifiers=1,
+                      num_heads=4, forward_dtype="float32", **sizes)
+  model = trm.TRM(cfg)
+  variables = nn.meta.unbox(jax.eval_shape(
+      functools.partial(trm.init_variables, model, jax.random.PRNGKey(0))))
+  carry = jax.eval_shape(lambda: trm.empty_carry(cfg, batch))
+  vectors = jax.ShapeDtypeStruct((batch, cfg.puzzle_emb_ndim), jnp.float32)
+
+  def loss(params, carry, vectors):
+    _, out = trm.act_step(model, {**variables, "params": params}, carry,
+                          vectors, train=False)
+    return jnp.sum(out["logits"])
+
+  compiled = jax.jit(jax.grad(loss)).lower(
+      variables["params"], carry, vectors).compile()
+  return aot.step_cost(compiled), trm.train_flops_per_example(cfg) * batch
+
+
 def test_flops_formula_matches_xla_cost_analysis():
-  """With one H cycle (no loops) XLA counts every FLOP of the step."""
+  """With one H cycle (no loops) XLA counts every FLOP of the step. The
+  step formula counts the forward of all H*(L+1) calls plus the backward of
+  the last L+1; with H=1 that is 3x the forward."""
   for mlp_t in (True, False):
-    cfg = trm.TRMConfig(vocab_size=11, seq_len=81, num_puzzle_identifiers=1,
-                        hidden_size=256, num_heads=4, H_cycles=1, L_cycles=2,
-                        puzzle_emb_ndim=256, mlp_t=mlp_t,
-                        forward_dtype="float32")
-    model = trm.TRM(cfg)
-    variables = nn.meta.unbox(jax.eval_shape(
-        functools.partial(trm.init_variables, model, jax.random.PRNGKey(0))))
-    batch = 8
-    carry = jax.eval_shape(lambda: trm.empty_carry(cfg, batch))
-    vectors = jax.ShapeDtypeStruct((batch, 256), jnp.float32)
-
-    def loss(params, carry, vectors):
-      _, out = trm.act_step(model, {**variables, "params": params}, carry,
-                            vectors, train=False)
-      return jnp.sum(out["logits"])
-
-    compiled = jax.jit(jax.grad(loss)).lower(
-        variables["params"], carry, vectors).compile()
-    xla_flops = compiled.cost_analysis()["flops"]
-    # The step formula counts the forward of all H*(L+1) calls plus the
-    # backward of the last L+1; with H=1 that is 3x the forward.
-    ours = trm.train_flops_per_example(cfg) * batch
+    (xla_flops, _), ours = _grad_step_cost(
+        hidden_size=256, puzzle_emb_ndim=256, H_cycles=1, L_cycles=2,
+        mlp_t=mlp_t)
     assert abs(xla_flops - ours) / ours < 0.15, (mlp_t, xla_flops, ours)
 
 
@@ -118,24 +122,8 @@ def test_unrolled_cost_analysis_scales_with_depth():
   unrolled twin `trm.aot` analyses grows with depth and matches the
   analytic count."""
   def cost(l_cycles, unroll):
-    cfg = trm.TRMConfig(vocab_size=11, seq_len=81, num_puzzle_identifiers=1,
-                        hidden_size=128, num_heads=4, H_cycles=3,
-                        L_cycles=l_cycles, puzzle_emb_ndim=128, mlp_t=True,
-                        forward_dtype="float32", unroll_loops=unroll)
-    model = trm.TRM(cfg)
-    variables = nn.meta.unbox(jax.eval_shape(
-        functools.partial(trm.init_variables, model, jax.random.PRNGKey(0))))
-    carry = jax.eval_shape(lambda: trm.empty_carry(cfg, 8))
-    vectors = jax.ShapeDtypeStruct((8, 128), jnp.float32)
-
-    def loss(params, carry, vectors):
-      _, out = trm.act_step(model, {**variables, "params": params}, carry,
-                            vectors, train=False)
-      return jnp.sum(out["logits"])
-
-    compiled = jax.jit(jax.grad(loss)).lower(
-        variables["params"], carry, vectors).compile()
-    return aot.step_cost(compiled), trm.train_flops_per_example(cfg) * 8
+    return _grad_step_cost(hidden_size=128, puzzle_emb_ndim=128, H_cycles=3,
+                           L_cycles=l_cycles, mlp_t=True, unroll_loops=unroll)
 
   (rolled2, _), _ = cost(2, False)
   (rolled4, _), _ = cost(4, False)
