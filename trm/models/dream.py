@@ -255,15 +255,19 @@ def _dot_attention(q, key, value, pair_mask, cfg: DreamConfig):
   """sdpa semantics with an explicit fp32 softmax over [B, H, Lq, Lk]."""
   h, kv, k = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
   key, value = repeat_kv(key, h // kv), repeat_kv(value, h // kv)
+  # Heads-first operands: XLA:CPU runs these batched products ~4x faster
+  # than einsums over the [B, L, H, K] layout (13.7 -> 3.5 ms at [4, 256, 8,
+  # 32], see BUILD_NOTES); the same sums.
+  q, key, value = (jnp.swapaxes(t, 1, 2) for t in (q, key, value))
   # Scores and softmax in fp32, as fused sdpa kernels accumulate.
-  scores = jnp.einsum("bqhk,bshk->bhqs", q, key,
+  scores = jnp.einsum("bhqk,bhsk->bhqs", q, key,
                       preferred_element_type=jnp.float32)
   scores = scores * (1.0 / math.sqrt(k))
   if pair_mask is not None:
     # finfo.min, not -inf: a pad row with nothing to attend to stays finite.
     scores = jnp.where(pair_mask, scores, jnp.finfo(scores.dtype).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
-  return jnp.einsum("bhqs,bshk->bqhk", probs, value)
+  return jnp.swapaxes(jnp.einsum("bhqs,bhsk->bhqk", probs, value), 1, 2)
 
 
 class MLP(nn.Module):
