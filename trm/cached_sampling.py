@@ -78,16 +78,10 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
               eps):
   b, p = input_ids.shape
   length = p + max_new_tokens
-  x = jnp.concatenate(
-      [input_ids.astype(jnp.int32),
-       jnp.full((b, max_new_tokens), mask_token_id, jnp.int32)], axis=1)
-  if use_mask:  # as the exact sampler: pads unattended, at position 1
-    key_mask = jnp.concatenate([attention_mask.astype(bool),
-                                jnp.ones((b, max_new_tokens), bool)], axis=1)
-    pos = jnp.cumsum(key_mask.astype(jnp.int32), axis=-1) - 1
-    pos = jnp.where(key_mask, pos, 1).astype(jnp.int32)
-  else:
-    key_mask = None
+  x, key_mask, pos = ds.canvas_and_mask(
+      input_ids, attention_mask if use_mask else None, max_new_tokens,
+      mask_token_id)
+  if pos is None:  # windows slice the positions: make them explicit
     pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
   conf_kind = alg if threshold is None else "maskgit_plus"
   counts = jnp.asarray(ds.reveal_schedule(max(steps, 1), block_length, eps),
@@ -105,10 +99,7 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
         top_k=top_k, conf_kind=conf_kind)
     conf = jnp.where(masked, conf, -jnp.inf)
     if threshold is None:
-      scores = conf
-      if alg_temp:
-        scores = (conf / jnp.asarray(alg_temp, conf.dtype)).astype(
-            jnp.float32) + jax.random.gumbel(k_sel, conf.shape, jnp.float32)
+      scores = ds.reveal_scores(conf, alg_temp, k_sel)
       chosen = masked & (ds._rank_desc(scores) < count)  # pylint: disable=protected-access
     else:
       best = jnp.argmax(conf, axis=-1)[:, None]
@@ -194,8 +185,7 @@ def cached_generate(model, input_ids, attention_mask=None, *, params,
   input_ids = jnp.asarray(input_ids, jnp.int32)
   if input_ids.shape[1] < 1:
     raise ValueError("cached decoding needs prompts of at least one token.")
-  use_mask = attention_mask is not None and bool(
-      np.any(np.asarray(attention_mask) == 0))
+  use_mask = ds.needs_mask(attention_mask)
   return _generate(
       model, params, input_ids,
       jnp.asarray(attention_mask, bool) if use_mask else None,

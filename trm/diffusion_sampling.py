@@ -277,6 +277,42 @@ def _sample_tokens(logits, key, *, temperature, top_p, top_k, conf_kind):
       lambda: finish(logits, all_ids, _top_p_keep(logits, log_norm, top_p)))
 
 
+def canvas_and_mask(input_ids, attention_mask, max_new_tokens: int,
+                    mask_token_id: int):
+  """(prompt + masked canvas [B, L], key mask [B, L] | None, positions
+  [B, L] | None). With a padding mask the canvas is attended (mask tokens
+  are real inputs), pads are not, and pads get position 1, as the
+  reference; without one, both are None (full attention, arange)."""
+  b = input_ids.shape[0]
+  x = jnp.concatenate(
+      [input_ids.astype(jnp.int32),
+       jnp.full((b, max_new_tokens), mask_token_id, jnp.int32)], axis=1)
+  if attention_mask is None:
+    return x, None, None
+  am = jnp.concatenate([attention_mask.astype(bool),
+                        jnp.ones((b, max_new_tokens), bool)], axis=1)
+  pos = jnp.cumsum(am.astype(jnp.int32), axis=-1) - 1
+  return x, am, jnp.where(am, pos, 1).astype(jnp.int32)
+
+
+def needs_mask(attention_mask) -> bool:
+  """Host-side, as the reference's `torch.any(attention_mask == 0)`: an
+  all-ones mask means full attention and default positions."""
+  return attention_mask is not None and bool(
+      np.any(np.asarray(attention_mask) == 0))
+
+
+def reveal_scores(conf, alg_temp, key):
+  """Scores whose top-k is the reveal order: the confidences, or with
+  `alg_temp` the reference's multinomial(softmax(conf / alg_temp), k, no
+  replacement) == top-k of conf / alg_temp + Gumbel noise (log-softmax up
+  to a constant)."""
+  if alg_temp is None or alg_temp == 0:
+    return conf
+  scores = (conf / jnp.asarray(alg_temp, conf.dtype)).astype(jnp.float32)
+  return scores + jax.random.gumbel(key, scores.shape, jnp.float32)
+
+
 def _rank_desc(scores):
   """Rank of each entry in its row, descending, ties to the lower index."""
   order = jnp.argsort(-scores, axis=-1, stable=True)
@@ -293,18 +329,8 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
               top_k, use_mask, history, window):
   b, p = input_ids.shape
   length = p + max_new_tokens
-  x = jnp.concatenate(
-      [input_ids.astype(jnp.int32),
-       jnp.full((b, max_new_tokens), mask_token_id, jnp.int32)], axis=1)
-  if use_mask:
-    # The canvas is attended (mask tokens are real inputs), pads are not;
-    # pads get position 1 as in the reference.
-    am = jnp.concatenate([attention_mask.astype(bool),
-                          jnp.ones((b, max_new_tokens), bool)], axis=1)
-    pos = jnp.cumsum(am.astype(jnp.int32), axis=-1) - 1
-    pos = jnp.where(am, pos, 1).astype(jnp.int32)
-  else:
-    am, pos = None, None
+  x, am, pos = canvas_and_mask(input_ids, attention_mask if use_mask else None,
+                               max_new_tokens, mask_token_id)
   ratios = jnp.asarray(_transfer_ratios(steps, eps))
   # Only positions [window, length) can hold the mask token (the canvas,
   # unless a prompt holds it too): only they get logits and sampling.
@@ -368,15 +394,7 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
       # Confidence in the logits' dtype, -inf off the mask (reference).
       full_conf = jnp.where(mask_index, conf.astype(logits.dtype),
                             -jnp.inf).astype(logits.dtype)
-      if alg_temp is None or alg_temp == 0:
-        scores = full_conf
-      else:
-        # multinomial(softmax(conf/alg_temp), k, no replacement) ==
-        # top-k of conf/alg_temp + Gumbel noise (log-softmax up to a constant).
-        scores = (full_conf / jnp.asarray(alg_temp, full_conf.dtype)
-                  ).astype(jnp.float32)
-        scores = scores + jax.random.gumbel(k_sel, scores.shape, jnp.float32)
-      chosen = _rank_desc(scores) < k
+      chosen = _rank_desc(reveal_scores(full_conf, alg_temp, k_sel)) < k
       # As the reference: a chosen unmasked position would get mask_id (only
       # possible when rows hold different mask counts; keep them equal).
       canvas = jnp.where(chosen, jnp.where(mask_index, x0, mask_token_id),
@@ -444,10 +462,7 @@ def diffusion_generate(logits_fn: LogitsFn, input_ids, attention_mask=None,
   if rng is None:
     rng = jax.random.key(0)
   input_ids = jnp.asarray(input_ids, jnp.int32)
-  # Host-side decision, as the reference's `torch.any(attention_mask == 0)`:
-  # an all-ones mask means full attention and default positions.
-  use_mask = attention_mask is not None and bool(
-      np.any(np.asarray(attention_mask) == 0))
+  use_mask = needs_mask(attention_mask)
   am = jnp.asarray(attention_mask, bool) if use_mask else None
   return _generate(
       logits_fn, params, input_ids, am, rng, **_static_kwargs(
