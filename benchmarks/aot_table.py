@@ -18,7 +18,7 @@ import os
 import sys
 
 from trm import aot  # sets the libtpu environment before jax loads
-from trm import config_lib
+from trm.core import config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

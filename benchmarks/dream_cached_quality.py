@@ -59,9 +59,9 @@ def main(argv):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from trm import diffusion_loss  # pylint: disable=g-import-not-at-top
-  from trm.inference import DiffusionLM  # pylint: disable=g-import-not-at-top
-  from trm.models import dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import loss as diffusion_loss  # pylint: disable=g-import-not-at-top
+  from trm.families.dream.inference import DiffusionLM  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
 
   lm = DiffusionLM.from_pretrained(_WORKDIR.value, dtype="float32")
   p, n = _PROMPT.value, _NEW.value

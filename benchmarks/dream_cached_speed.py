@@ -49,9 +49,10 @@ def main(argv):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from trm import cached_sampling  # pylint: disable=g-import-not-at-top
-  from trm import diffusion_sampling  # pylint: disable=g-import-not-at-top
-  from trm.models import dream, dream_cache  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import sampling as diffusion_sampling  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import cache as dream_cache  # pylint: disable=g-import-not-at-top
 
   cfg = dream.DreamConfig(
       vocab_size=16384, hidden_size=256, intermediate_size=1024,

@@ -39,7 +39,8 @@ def main(argv):
   import torch  # pylint: disable=g-import-not-at-top
 
   import dream_torch_sampler as ref  # pylint: disable=g-import-not-at-top
-  from trm.models import dream, hf_import  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
 
   torch.set_num_threads(1)
   cfg = dream.DreamConfig(

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 def qwen2_from_hf_dir(directory: str, dtype=torch.float32):
   """A transformers Qwen2 model with the weights of a Dream-layout HF
-  directory (as `trm.models.hf_import.export_hf_checkpoint` writes)."""
+  directory (as `trm.families.dream.hf_import.export_hf_checkpoint` writes)."""
   import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top

@@ -5,13 +5,13 @@ nanoGPT's PyTorch loop on the same machine.
   PYTHONPATH=. python benchmarks/gpt_speed.py --torch=false \
       --config=configs/gpt.py:shakespeare_char           # one GPU
 
-Ours: the task `trm.main` trains (`trm.tasks.gpt`: random windows from the
+Ours: the task `trm.main` trains (`trm.families.gpt.task`: random windows from the
 prepared tinyshakespeare, Grain, global arrays, the compiled step with
 accumulation and clipping), timed as nanoGPT times it with log_interval=1:
 wall time per iteration including the host's batch and a `loss` fetch every
 iteration. Warm-up iterations (compilation included) are not timed; the
 figure is the median over `--iters`. MFU uses nanoGPT's estimate_mfu formula
-against the peak of the device in use (`trm.mfu.peak_flops`: a measured
+against the peak of the device in use (`trm.core.mfu.peak_flops`: a measured
 matmul peak on CPU, the published peak on GPUs and TPUs).
 
 Theirs: `benchmarks/nanogpt_torch.py` (nanoGPT's loop with --compile=False,
@@ -59,11 +59,11 @@ def make_ours(config):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
-  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from trm import mfu  # pylint: disable=g-import-not-at-top
-  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
-  from trm import tasks  # pylint: disable=g-import-not-at-top
-  from trm.data import pipeline  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import mfu  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import task as tasks  # pylint: disable=g-import-not-at-top
+  from trm.core import pipeline  # pylint: disable=g-import-not-at-top
 
   mesh = mesh_lib.make_mesh(config.mesh)
   rules = mesh_lib.logical_rules(config)

@@ -202,7 +202,7 @@ def identical(a, b) -> bool:
 
 def build_data(data_dir: str) -> None:
   subprocess.run(
-      [sys.executable, "-m", "trm.data.sudoku", f"--output_dir={data_dir}",
+      [sys.executable, "-m", "trm.data.puzzles.sudoku", f"--output_dir={data_dir}",
        "--source=generate", "--num_train=256", "--num_test=32",
        "--num_blanks=30", "--seed=0"],
       cwd=ROOT, env=env(), check=True, capture_output=True)

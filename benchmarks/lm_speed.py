@@ -6,7 +6,7 @@ r"""Forward and masked-diffusion sampling speed of a Dream / DiffuCoder config.
       --sample_batch=8 --prompt_len=256 --max_new_tokens=256   # one GPU
 
 Random weights are initialised on the config's mesh, every array born on its
-devices (`trm.state.init_state` with shardings from the logical axis rules),
+devices (`trm.core.state.init_state` with shardings from the logical axis rules),
 so nothing needs a checkpoint. Two measurements, each timed after a warm-up
 call (which includes compilation) and ended with `block_until_ready`:
 
@@ -51,11 +51,11 @@ def main(argv):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from trm import diffusion_sampling  # pylint: disable=g-import-not-at-top
-  from trm import lm_steps  # pylint: disable=g-import-not-at-top
-  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
-  from trm.models import dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import sampling as diffusion_sampling  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import steps as lm_steps  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
   if config.model.name != "dream":

@@ -32,9 +32,9 @@ literally nanoGPT's code) or, by default, the re-implementation below, written
 from nanoGPT's documented architecture with the same module tree and state-dict
 names, so a checkpoint of one loads into the other.
 
-MFU uses nanoGPT's estimate_mfu FLOP count (`trm.mfu.nanogpt_flops_per_iter`)
+MFU uses nanoGPT's estimate_mfu FLOP count (`trm.core.mfu.nanogpt_flops_per_iter`)
 divided by the JAX-measured CPU float32 matmul peak
-(`trm.mfu.measured_cpu_peak_flops`): the same denominator our JAX trainer's
+(`trm.core.mfu.measured_cpu_peak_flops`): the same denominator our JAX trainer's
 CPU MFU uses, so the two MFU figures compare directly. torch's own measured
 matmul peak is printed too, for reference.
 """
@@ -235,7 +235,7 @@ def _load_nanogpt(nanogpt_dir: str):
 def _prepare_char_inline(text: str, out_dir: str) -> None:
   """Character-level prep: sorted(set(text)) vocab, 90/10 split, uint16.
 
-  Only used when `trm.data.text.prepare_char` is not importable; writes the
+  Only used when `trm.data.text.windows.prepare_char` is not importable; writes the
   same file layout (train.bin, val.bin, meta.json with vocab_size/itos/stoi).
   """
   chars = sorted(set(text))
@@ -264,7 +264,7 @@ def ensure_data(data_dir: str, input_path: str) -> tuple[str, int]:
     with open(input_path, encoding="utf-8") as f:
       text = f.read()
     try:  # The project's own prep, when present; same file format.
-      from trm.data.text import prepare_char  # pylint: disable=g-import-not-at-top
+      from trm.data.text.windows import prepare_char  # pylint: disable=g-import-not-at-top
     except ImportError:
       prepare_char = None
     if prepare_char is not None:
@@ -309,7 +309,7 @@ def nanogpt_lr(it: int, learning_rate: float, warmup_iters: int,
 def torch_matmul_peak_flops(size: int = 1024, repeats: int = 5,
                             min_seconds: float = 0.25) -> float:
   """Best FLOP/s of a float32 size^3 torch.mm on CPU, sampled as
-  `trm.mfu.measured_matmul_peak_flops` samples JAX's (>= `repeats` calls and
+  `trm.core.mfu.measured_matmul_peak_flops` samples JAX's (>= `repeats` calls and
   >= `min_seconds`)."""
   g = torch.Generator().manual_seed(0)
   a = torch.randn(size, size, generator=g)
@@ -393,7 +393,7 @@ def run(args: argparse.Namespace | Mapping[str, Any] | None = None) -> dict:
   if args.iters < 1 or args.warmup_iters_timing < 0:
     raise ValueError("--iters must be >= 1 and --warmup_iters_timing >= 0")
 
-  from trm import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
 
   torch.set_num_threads(args.threads)
   torch.manual_seed(args.seed)

@@ -4,7 +4,7 @@ r"""Host time to build and read GPT batches: `.bin` memmap vs TFDS ArrayRecord.
       --input=../shared/data/tinyshakespeare/input.txt
 
 Builds `trm_tiny_shakespeare` (python -m trm.data.tfds_builders) and the
-.bin directory (trm.data.text) from the same text in a temporary directory,
+.bin directory (trm.data.text.windows) from the same text in a temporary directory,
 checks that both give the same batches, then times `--batches` batches of
 `--batch_size` x `--block_size` windows from each (`TokenWindows[k]`, what
 one process's Grain iterator does per step), alternating the two over
@@ -22,8 +22,8 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from trm.data import text
-from trm.data import tfds_source
+from trm.data.text import windows as text
+from trm.data.text import tfds_source
 from trm.data import tfds_builders as tfds_build
 
 _INPUT = flags.DEFINE_string("input", None, "Text file to build from.")

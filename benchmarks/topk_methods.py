@@ -29,7 +29,7 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from trm import diffusion_sampling as ds  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import sampling as ds  # pylint: disable=g-import-not-at-top
 
   k = _K.value
   x = jax.random.normal(jax.random.key(0), (_ROWS.value, _VOCAB.value)) * 3

@@ -16,11 +16,11 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from trm import mesh as mesh_lib
-from trm import state as state_lib
-from trm import steps
-from trm.data import pipeline
-from trm.data import sudoku
+from trm.core import mesh as mesh_lib
+from trm.core import state as state_lib
+from trm.families.trm import steps
+from trm.core import pipeline
+from trm.data.puzzles import sudoku
 from trm.models import get_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",

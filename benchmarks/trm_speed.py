@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 import trm_torch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from trm import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.core import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _VARIANTS = {"cpu": "cpu", "mlp_t": None, "att": "att"}
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

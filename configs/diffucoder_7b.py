@@ -13,7 +13,7 @@ every device by default; compute is bfloat16.
 """
 import ml_collections
 
-from trm import config_lib
+from trm.core import config_lib
 
 
 def get_config(arg=None):

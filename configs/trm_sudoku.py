@@ -16,7 +16,7 @@ attention, exact accuracy on the 423k test puzzles).
 """
 import ml_collections
 
-from trm import config_lib
+from trm.core import config_lib
 
 # Upstream measures time in epochs over the 1,000 training groups.
 _GROUPS, _BATCH = 1000, 768

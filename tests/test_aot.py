@@ -8,16 +8,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
+import repo
 
-from trm import config_lib
+from trm.core import config_lib
 from trm import aot
-from trm import lm_steps
-from trm import mesh as mesh_lib
-from trm.data import sudoku
-from trm.models import dream
-from trm.models import trm
+from trm.families.dream import steps as lm_steps
+from trm.core import mesh as mesh_lib
+from trm.data.puzzles import sudoku
+from trm.families.dream import model as dream
+from trm.families.trm import model as trm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = repo.ROOT
 
 
 def sudoku_config(variant="cpu"):

@@ -30,28 +30,31 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from trm import aot
-from trm import checkpoint as ckpt_lib
-from trm import config_lib
-from trm import config_record
+from trm.core import checkpoint as ckpt_lib
+from trm.core import config_lib
+from trm.core import config_record
 from trm import evaluate
 from trm import generate
-from trm import mesh as mesh_lib
-from trm import restore_check
-from trm import state as state_lib
-from trm import tasks
-from trm import tokenizer as tok_lib
-from trm import train
-from trm import workdir_lock
-from trm.data import pipeline, puzzle_format
-from trm.models import dream, get_model, hf_import, torch_import
-from trm.models import trm as trm_model
-from trm.tasks import puzzle
+from trm.core import mesh as mesh_lib
+from trm.core import restore_check
+from trm.core import state as state_lib
+from trm.core import task as tasks
+from trm.data.text import tokenizer as tok_lib
+from trm.core import train
+from trm.core import workdir_lock
+from trm.core import pipeline
+from trm.data.puzzles import format as puzzle_format
+from trm.models import get_model
+from trm.families.dream import model as dream
+from trm.families.dream import hf_import
+from trm.families.trm import torch_import
+from trm.families.trm import model as trm_model
+from trm.families.trm import task as puzzle
 
 # Orbax's failed restores leave coroutines that warn when garbage-collected.
 pytestmark = pytest.mark.filterwarnings(
     "ignore::pytest.PytestUnraisableExceptionWarning")
 
-sys.path.insert(0, os.path.dirname(__file__))
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 CheckpointError = torch_import.CheckpointError
@@ -368,7 +371,7 @@ def _(env):
 
 
 @case("missing dataset directory", FileNotFoundError, "nope/train",
-      "does not exist", "python -m trm.data.sudoku --output_dir=")
+      "does not exist", "python -m trm.data.puzzles.sudoku --output_dir=")
 def _(env):
   return Call(lambda: puzzle_format.read_split(env.path("nope"), "train"))
 
@@ -890,7 +893,7 @@ def _(env):
 @case("text corpus not UTF-8", ValueError, "input.txt: not UTF-8 text",
       "byte 0xf6 at offset 4 (line 1)")
 def _(env):
-  from trm.data import text as text_lib  # pylint: disable=g-import-not-at-top
+  from trm.data.text import windows as text_lib  # pylint: disable=g-import-not-at-top
   path = env.path("input.txt")
   with open(path, "wb") as f:
     f.write(b"to b\xf6")

@@ -9,11 +9,11 @@ import jax
 import pytest
 
 from trm import evaluate
-from trm import train
-from trm.models import get_model, torch_import
-from trm.data import puzzle_format
+from trm.core import train
+from trm.models import get_model
+from trm.families.trm import torch_import
+from trm.data.puzzles import format as puzzle_format
 
-sys.path.insert(0, os.path.dirname(__file__))
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 

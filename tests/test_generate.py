@@ -9,13 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
+import repo
 
-from trm import config_lib
+from trm.core import config_lib
 from trm import generate
-from trm import tokenizer as tok_lib
-from trm.models import dream, get_model, hf_import
+from trm.data.text import tokenizer as tok_lib
+from trm.models import get_model
+from trm.families.dream import model as dream
+from trm.families.dream import hf_import
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = repo.ROOT
 
 
 def _tiny_config():

@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import repo
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = repo.ROOT
 SCRIPT = os.path.join(REPO, "launch", "tpu_pod.py")
 
 # launch/ is not a package; load the script as a module.

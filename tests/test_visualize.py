@@ -6,13 +6,14 @@ import sys
 import numpy as np
 from PIL import Image
 import pytest
+import repo
 
-from trm import arc_eval
+from trm.families.trm import arc_eval
 from trm import visualize as vis
-from trm.data import puzzle_format
-from trm.data import sudoku
+from trm.data.puzzles import format as puzzle_format
+from trm.data.puzzles import sudoku
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = repo.ROOT
 
 
 def _px(image, x, y):

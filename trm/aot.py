@@ -40,9 +40,9 @@ import time
 from absl import app, flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags
 
-from trm import cli
-from trm import config_lib
-from trm import loss_scale
+from trm.core import cli
+from trm.core import config_lib
+from trm.core import loss_scale
 
 GIB = 2**30
 
@@ -125,7 +125,7 @@ def _train_step_builder(config, mesh, rules, metadata,
   `unroll_loops` (TRM): the recursion Python-unrolled, for cost analysis."""
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.models import get_model  # pylint: disable=g-import-not-at-top
 
   def under_mesh(fn):
@@ -136,7 +136,7 @@ def _train_step_builder(config, mesh, rules, metadata,
 
   batch = config.global_batch_size
   if config.model.name == "dream":
-    from trm import lm_steps  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import steps as lm_steps  # pylint: disable=g-import-not-at-top
     model = get_model(config.model)
     tx = lm_steps.make_optimizer(config.optim, config.total_steps)
     init_fn = lm_steps.make_init_fn(model, tx, config.seed,
@@ -148,9 +148,9 @@ def _train_step_builder(config, mesh, rules, metadata,
         config, model, tx, abstract, shardings, batch_shardings)), flops
   if config.model.name == "gpt":
     return _gpt_train_step_builder(config, mesh, rules, under_mesh)
-  from trm import steps  # pylint: disable=g-import-not-at-top
-  from trm.data import pipeline  # pylint: disable=g-import-not-at-top
-  from trm.models import trm  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import steps  # pylint: disable=g-import-not-at-top
+  from trm.core import pipeline  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import model as trm  # pylint: disable=g-import-not-at-top
   model = get_model(config.model, metadata)
   if unroll_loops:
     model = trm.TRM(dataclasses.replace(model.cfg, unroll_loops=True))
@@ -169,11 +169,11 @@ def _gpt_train_step_builder(config, mesh, rules, under_mesh):
   step. A character-level config's vocabulary comes from its data, so an
   unset `model.vocab_size` needs --vocab_size."""
   import functools  # pylint: disable=g-import-not-at-top
-  from trm import gpt_steps  # pylint: disable=g-import-not-at-top
-  from trm import lm_steps  # pylint: disable=g-import-not-at-top
-  from trm import mfu  # pylint: disable=g-import-not-at-top
-  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
-  from trm.models import gpt  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import steps as gpt_steps  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import steps as lm_steps  # pylint: disable=g-import-not-at-top
+  from trm.core import mfu  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
   if not config.model.vocab_size:
     raise ValueError("config.model.vocab_size is 0 (taken from the prepared "
                      "data at training time): pass --vocab_size, e.g. 65 for "
@@ -211,7 +211,7 @@ class SampleSettings:
   top_p: float | None = None
 
   def __post_init__(self):
-    from trm import diffusion_sampling  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import sampling as diffusion_sampling  # pylint: disable=g-import-not-at-top
     for flag, value in (("sample_batch", self.batch),
                         ("prompt_len", self.prompt_len),
                         ("max_new_tokens", self.max_new_tokens),
@@ -231,7 +231,7 @@ def sample_flops_per_call(cfg, batch: int, prompt_len: int,
                           max_new_tokens: int, steps: int) -> int:
   """Model FLOPs of one sampling call: every step is a full forward over
   prompt + canvas (no KV cache), i.e. a third of the train step's 6N."""
-  from trm import lm_steps  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import steps as lm_steps  # pylint: disable=g-import-not-at-top
   length = prompt_len + max_new_tokens
   return lm_steps.train_flops_per_example(cfg, length) // 3 * batch * steps
 
@@ -242,10 +242,10 @@ def _sample_builder(config, mesh, rules, sample: SampleSettings):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-  from trm import diffusion_sampling  # pylint: disable=g-import-not-at-top
-  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
-  from trm.models import dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import sampling as diffusion_sampling  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
 
   cfg = dream.DreamConfig.from_config(config.model)
   with nn.logical_axis_rules(rules):
@@ -298,7 +298,7 @@ def compile_report(config, topology: Topology, num_slices: int,
                    ) -> dict:
   """Compiles the train step (or with `sample`, the Dream sampling loop) for
   the topology; returns the figures."""
-  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
 
   slices = math.prod(config.mesh.get(f"dcn_{a}", 1) for a in mesh_lib.MESH_AXES)
   if slices != num_slices:
@@ -439,13 +439,13 @@ def dataset_metadata(config, overrides: dict):
     return None
   build = config.data.build
   if config.data.name == "sudoku":
-    from trm.data import sudoku  # pylint: disable=g-import-not-at-top
+    from trm.data.puzzles import sudoku  # pylint: disable=g-import-not-at-top
     metadata = sudoku.dataset_metadata(1)
   elif config.data.name == "maze":
-    from trm.data import maze  # pylint: disable=g-import-not-at-top
+    from trm.data.puzzles import maze  # pylint: disable=g-import-not-at-top
     metadata = maze.dataset_metadata(1)
   elif config.data.name == "arc":
-    from trm.data import arc  # pylint: disable=g-import-not-at-top
+    from trm.data.puzzles import arc  # pylint: disable=g-import-not-at-top
     # Upstream's data include ConceptARC (the kaggle source's default).
     metadata = arc.dataset_metadata(
         build.version, build.num_aug,

@@ -13,7 +13,7 @@ produced it (sizes, cycles, dataset). Prints the paper's metric (exact
 accuracy for Sudoku and Maze, pass@2 for ARC) and writes every metric to
 `<output_dir>/eval.json`, with ARC's `submission.json` and a sample sheet.
 
-DiffuCoder / Dream on code benchmarks (`trm.code_eval`):
+DiffuCoder / Dream on code benchmarks (`trm.families.dream.code_eval`):
 
   python -m trm.evaluate --config=configs/diffucoder_7b.py \
       --checkpoint=DiffuCoder-7B-Base --benchmark=humaneval
@@ -37,8 +37,8 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from trm import cli
-from trm import config_lib
+from trm.core import cli
+from trm.core import config_lib
 from trm import generate as generate_cli
 
 # The number each paper table reports, per dataset builder.
@@ -49,8 +49,8 @@ PAPER_METRIC = {"sudoku": "exact_accuracy", "maze": "exact_accuracy",
 def load_state(checkpoint: str, task, abstract, shardings, mesh, rules):
   """(train state, description) from a workdir or an upstream file."""
   import jax  # pylint: disable=g-import-not-at-top
-  from trm import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   saved = os.path.join(checkpoint, "checkpoints")
   names = ("params", "ema_params", "buffers", "puzzle_emb")
   if os.path.isdir(saved):
@@ -63,7 +63,7 @@ def load_state(checkpoint: str, task, abstract, shardings, mesh, rules):
     raise FileNotFoundError(
         f"--checkpoint={checkpoint} is neither a trm.main workdir (with a "
         "checkpoints/ directory) nor an upstream PyTorch checkpoint file.")
-  from trm.models import torch_import  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
   params, buffers, puzzle_emb = torch_import.load_torch_checkpoint(
       checkpoint, task.model.cfg)
   state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
@@ -79,10 +79,10 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
   """(metrics, where the weights came from); collective on every process."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
-  from trm import tasks  # pylint: disable=g-import-not-at-top
-  from trm import train  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import task as tasks  # pylint: disable=g-import-not-at-top
+  from trm.core import train  # pylint: disable=g-import-not-at-top
 
   if config.model.name != "trm":
     raise ValueError(f"config.model.name={config.model.name!r}: trm.evaluate "
@@ -114,7 +114,8 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
 def evaluate_code(config, checkpoint: str):
   """--benchmark: sample completions, run them, print and write pass@k."""
   import time  # pylint: disable=g-import-not-at-top
-  from trm import code_eval, code_exec  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import code_exec  # pylint: disable=g-import-not-at-top
   benchmark = _BENCHMARK.value
   if benchmark not in code_eval.BENCHMARKS:
     raise ValueError(f"--benchmark={benchmark}: must be one of "

@@ -20,8 +20,8 @@ import shutil
 from absl import app, flags
 from ml_collections import config_flags
 
-from trm import cli
-from trm import config_lib
+from trm.core import cli
+from trm.core import config_lib
 
 # Files of a Hugging Face model directory that are not weights or config.json.
 TOKENIZER_FILES = ("tokenizer*", "vocab.json", "merges.txt",
@@ -85,8 +85,9 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
 
   from trm import generate  # pylint: disable=g-import-not-at-top
-  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from trm.models import dream, hf_import  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
   if not os.path.isdir(os.path.join(_CHECKPOINT.value, "checkpoints")):

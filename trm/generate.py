@@ -6,7 +6,7 @@ r"""Sample from DiffuCoder / Dream with masked diffusion, sharded on the mesh.
       --max_new_tokens=256 --steps=256 --alg=entropy --temperature=0.3 \
       --top_p=0.95 [--config=configs/diffucoder_7b.py]
 
-A thin layer over `trm.inference.DiffusionLM`. --checkpoint is a Hugging
+A thin layer over `trm.families.dream.inference.DiffusionLM`. --checkpoint is a Hugging
 Face download (its config.json gives the model; no --config needed) or a
 `trm.main` fine-tuning workdir. --config, when given, supplies the mesh and
 logical-axis rules. The sampling program is compiled ahead of time, and the
@@ -16,7 +16,7 @@ reference callers do. `--top_k` defaults to 50, what Hugging Face's
 `diffusion_generate` runs with; `--top_k=0` turns it off. `--cache=dual`
 (or `prefix`) switches to Fast-dLLM-style cached block decoding, with
 `--block_length` and, for parallel decoding, `--threshold` (approximate;
-see `trm/cached_sampling.py`).
+see `trm/families/dream/cached_sampling.py`).
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from trm import cli
+from trm.core import cli
 from trm.data import io as data_io
-from trm.inference import left_pad, load_params  # noqa: F401 (re-exported)
+from trm.families.dream.inference import left_pad, load_params  # noqa: F401 (re-exported)
 
 
 def read_prompts(prompt: str | None, batch_file: str | None) -> list[str]:
@@ -71,7 +71,7 @@ def main(argv):
 def sampler_settings(holders: dict) -> dict:
   """`DiffusionLM.generate` arguments from the sampler flags, checked the
   way the API checks them, before any weight is read."""
-  from trm import inference  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   value = {name: holder.value for name, holder in holders.items()}
   settings = {name: value[name] for name in (
       "max_new_tokens", "alg", "alg_temp", "temperature", "top_p", "top_k")}
@@ -81,7 +81,7 @@ def sampler_settings(holders: dict) -> dict:
     raise ValueError(f"threshold={value['threshold']}: parallel decoding "
                          "needs --cache=dual or --cache=prefix.")
   if value["cache"]:
-    from trm import cached_sampling  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
     cached = {name: value[name] for name in ("cache", "block_length",
                                              "threshold")}
     cached_sampling.check_cached_settings(
@@ -104,7 +104,7 @@ def describe(settings: dict) -> str:
 
 def load_model(checkpoint: str, holders: dict, config=None):
   """The DiffusionLM the flags name (--dtype, --tokenizer)."""
-  from trm import inference  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   return inference.DiffusionLM.from_pretrained(
       checkpoint, dtype=holders["dtype"].value,
       tokenizer=holders["tokenizer"].value, config=config)

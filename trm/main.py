@@ -16,8 +16,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from trm import cli
-from trm import config_lib
+from trm.core import cli
+from trm.core import config_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with ':variant'.",
@@ -93,7 +93,7 @@ def main(argv):
   logging.get_absl_handler().addFilter(_QuietLibraries())
   # Imported here so --help and flag errors do not pay for importing jax.
   import jax  # pylint: disable=g-import-not-at-top
-  from trm import train  # pylint: disable=g-import-not-at-top
+  from trm.core import train  # pylint: disable=g-import-not-at-top
   jax.config.parse_flags_with_absl()
   initialize_distributed(jax)
   logging.info("JAX %s, %d processes, %d devices (%s)", jax.__version__,

@@ -8,7 +8,7 @@ r"""Samples from a GPT, with nanoGPT's sample.py options:
 `trm.main` workdir and its config.json; `gpt2*` reads a Hugging Face GPT-2
 directory; `--checkpoint=.../ckpt.pt` reads nanoGPT's own checkpoint (with
 `--data_dir` holding the dataset's meta.json). Generation is one compiled
-program with a KV cache (`trm.models.gpt.generate`).
+program with a KV cache (`trm.families.gpt.model.generate`).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import time
 
 from absl import app, flags
 
-from trm import cli
-from trm import config_lib
+from trm.core import cli
+from trm.core import config_lib
 
 _INIT_FROM = flags.DEFINE_string(
     "init_from", "resume", "resume (a trm.main --workdir, or --checkpoint="
@@ -77,11 +77,12 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
   """(GPTConfig, params on `mesh`, default meta.json dir, description)."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
 
-  from trm import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from trm import state as state_lib  # pylint: disable=g-import-not-at-top
-  from trm.models import gpt, gpt_import  # pylint: disable=g-import-not-at-top
-  from trm.tasks import gpt as gpt_task  # pylint: disable=g-import-not-at-top
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import task as gpt_task  # pylint: disable=g-import-not-at-top
 
   def shardings_for(cfg):
     boxed = gpt.abstract_params(cfg)
@@ -133,9 +134,9 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from trm import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from trm.data import text  # pylint: disable=g-import-not-at-top
-  from trm.models import gpt  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.data.text import windows as text  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
 
   if _NUM_SAMPLES.value <= 0 or _MAX_NEW.value <= 0:
     raise app.UsageError("--num_samples and --max_new_tokens must be "

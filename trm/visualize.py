@@ -26,8 +26,8 @@ from PIL import Image
 from PIL import ImageDraw
 from PIL import ImageFont
 
-from trm import arc_eval
-from trm import cli
+from trm.families.trm import arc_eval
+from trm.core import cli
 
 KINDS = ("sudoku", "maze", "arc")
 Color = tuple[int, int, int]
@@ -46,7 +46,7 @@ SUDOKU_BOX_LINE: Color = (0, 0, 0)
 # ------------------------------------------------------------------ Maze
 MAZE_SIZE = 30
 MAZE_CELL = 8  # Maze image: 30 * MAZE_CELL pixels square.
-# Upstream's CHARSET "# SGo" as token ids 1..5, 0 = pad (trm.data.maze).
+# Upstream's CHARSET "# SGo" as token ids 1..5, 0 = pad (trm.data.puzzles.maze).
 MAZE_COLORS: dict[int, Color] = {
     0: (128, 128, 128),  # pad
     1: (40, 40, 40),  # "#" wall
@@ -195,7 +195,7 @@ def render_arc(grid, labels=None, cell: int = ARC_CELL) -> Image.Image:
 
   Args:
     grid: a flat 900-token canvas (cropped as the evaluator does,
-      `trm.arc_eval.crop`) or a 2-D grid of colours 0..9 (other values are
+      `trm.families.trm.arc_eval.crop`) or a 2-D grid of colours 0..9 (other values are
       drawn white).
     labels: the target, same forms; when it has the same shape, differing
       cells get a white outline.
@@ -377,7 +377,7 @@ def dataset_sheet(data_dir: str, split: str, out: str, num: int = 8,
   """Renders examples start..start+num-1 of a built dataset split to `out`.
 
   Args:
-    data_dir: dataset root (`trm.data.puzzle_format` layout).
+    data_dir: dataset root (`trm.data.puzzles.format` layout).
     split: "train" or "test".
     out: PNG path.
     num: number of examples.
@@ -386,7 +386,7 @@ def dataset_sheet(data_dir: str, split: str, out: str, num: int = 8,
       is the prediction for example i of the split.
     set_name: the split's set.
   """
-  from trm.data import puzzle_format  # pylint: disable=g-import-not-at-top
+  from trm.data.puzzles import format as puzzle_format  # pylint: disable=g-import-not-at-top
   if num < 1 or start < 0:
     raise ValueError(f"need num >= 1 and start >= 0, got {num}, {start}")
   metadata, arrays = puzzle_format.read_split(data_dir, split, set_name,

@@ -14,13 +14,13 @@ def get_model(model_config, metadata=None):
   kwargs = dict(model_config)
   name = kwargs.pop("name")
   if name == "dream":
-    from trm.models import dream  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
     return dream.Dream(dream.DreamConfig.from_config(model_config))
   if name == "gpt":
-    from trm.models import gpt  # pylint: disable=g-import-not-at-top
+    from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
     return gpt.GPT(gpt.GPTConfig.from_config(model_config))
   if name == "trm":
-    from trm.models import trm  # pylint: disable=g-import-not-at-top
+    from trm.families.trm import model as trm  # pylint: disable=g-import-not-at-top
     known = {f.name for f in dataclasses.fields(trm.TRMConfig)}
     unknown = set(kwargs) - known
     if unknown:

@@ -9,7 +9,7 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
-from trm import cli
+from trm.core import cli
 from trm.data import tfds_builders
 
 _MANUAL_DIR = flags.DEFINE_string(

@@ -4,7 +4,7 @@ ArrayRecord (TFDS), one document per file, built offline.
 Each example is {"text": the file's UTF-8 text, "path": its path relative
 to --manual_dir}, in sorted path order, exactly the documents and order of
 DiffuCoder's `data.format='code'` with `data.path='DIR/<pattern>'`
-(`trm.data.sft.read_code_files`). The trainer tokenises and packs them as
+(`trm.data.text.sft.read_code_files`). The trainer tokenises and packs them as
 it does files, so both give the same rows. The glob comes from the builder
 config (default `py`: `**/*.py`); another is a JSON config:
 
@@ -19,7 +19,7 @@ import os
 
 import tensorflow_datasets as tfds
 
-from trm.data import sft
+from trm.data.text import sft
 from trm.data.tfds_builders import base
 
 

@@ -4,11 +4,11 @@ ArrayRecord (TFDS), built offline from a local copy.
 The public `tiny_shakespeare` builder downloads its file and stores each
 split as ONE example, which is no use for random windows. This one reads
 `--manual_dir` (a directory holding `input.txt`; TFDS wants a directory),
-tokenises it exactly as `python -m trm.data.text` does (`text.char_splits`:
+tokenises it exactly as `python -m trm.data.text.windows` does (`text.char_splits`:
 vocabulary of the whole text, first 90% train, last 10% validation) and
 stores each split's token stream in fixed-size records of CHUNK_TOKENS
 tokens (the last one shorter), in order. The reader
-(`trm.data.tfds_source.TokenStream`) puts the stream back together, so a
+(`trm.data.text.tfds_source.TokenStream`) puts the stream back together, so a
 run fed from here draws the same batches as one fed from train.bin.
 
     tfds build trm/data/tfds_builders/trm_tiny_shakespeare.py \
@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from trm.data import io as data_io
-from trm.data import text as text_lib
+from trm.data.text import windows as text_lib
 from trm.data.tfds_builders import base
 
 # Tokens per record: a window of block_size + 1 tokens spans at most
@@ -46,7 +46,7 @@ class TrmTinyShakespeare(base.OrderedArrayRecordBuilder):
   """Character-level text in fixed-size token records (nanoGPT's split)."""
 
   VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Char tokens of trm.data.text, 4096 per record."}
+  RELEASE_NOTES = {"1.0.0": "Char tokens of trm.data.text.windows, 4096 per record."}
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
       f"Pass --manual_dir=DIR with DIR/{INPUT_NAME} (tinyshakespeare's "
       "input.txt, or any UTF-8 text).")

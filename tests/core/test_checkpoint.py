@@ -1,0 +1,145 @@
+"""Checkpoint bookkeeping (`trm.core.checkpoint`): the best step survives keep-N,
+the run's best held-out loss travels in the checkpoint's own metadata (so a
+resume after preemption knows it), and nothing non-finite is ever written.
+8 CPU devices."""
+import os
+import re
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trm.core import checkpoint as ckpt_lib
+from trm.core import train
+
+from test_gpt_task import tiny_config  # pylint: disable=g-import-not-at-top
+
+
+class _Iterator:
+  """The part of a Grain iterator a save reads."""
+
+  def get_state(self):
+    return {"position": 0}
+
+
+def _steps(directory):
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+def test_keep_n_never_deletes_the_best_step(tmp_path):
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
+                                  async_save=False)
+  state = {"w": jnp.ones((4,))}
+  ckpt_lib.save(manager, 10, state, _Iterator(), eval_loss=1.0,
+                best_eval_loss=1.0)
+  # A save on preemption: no evaluation of its own.
+  ckpt_lib.save(manager, 15, state, _Iterator(), best_eval_loss=1.0)
+  ckpt_lib.save(manager, 20, state, _Iterator(), eval_loss=2.0,
+                best_eval_loss=1.0)
+  assert _steps(tmp_path) == [10, 20]
+  reopened = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1)
+  assert ckpt_lib.saved_best_loss(reopened, 20) == 1.0
+  ckpt_lib.save(reopened, 30, state, _Iterator(), eval_loss=0.5,
+                best_eval_loss=0.5)
+  reopened.wait_until_finished()
+  assert _steps(tmp_path) == [30]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_nonfinite_state_is_never_written(tmp_path, bad):
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=3,
+                                  async_save=False)
+  good = {"w": jnp.ones((4,)), "count": jnp.int32(3)}
+  ckpt_lib.save(manager, 1, good, _Iterator())
+  poisoned = {"w": jnp.ones((4,)).at[2].set(bad), "count": jnp.int32(3)}
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r"Not saving step 2 .* 1 leaves .*\['w'\].*"
+                     r"complete steps: \[1\]"):
+    ckpt_lib.save(manager, 2, poisoned, _Iterator())
+  assert _steps(tmp_path) == [1]
+
+
+def test_resume_after_preemption_keeps_the_best_checkpoint(
+    tmp_path, monkeypatch):
+  """nanoGPT's always_save_checkpoint=False with keep 1: the step saved on
+  preemption must not make the resumed run forget its best loss (it used to
+  read it from an eval file the preemption save does not write), or the
+  next save would happen whatever the loss and delete the best step."""
+  workdir = str(tmp_path / "run")
+  config = tiny_config(tmp_path, learning_rate=0.0, min_lr=0.0,
+                       max_iters=40, lr_decay_iters=40, eval_interval=10,
+                       always_save_checkpoint=False,
+                       **{"keep_checkpoints": 1})
+  real_reached = train._Preemption.reached  # pylint: disable=protected-access
+  monkeypatch.setattr(train._Preemption, "reached",  # pylint: disable=protected-access
+                      lambda self, step: step == 15 or real_reached(self, step))
+  with pytest.raises(train.Preempted,
+                     match=r"Preempted at step 15 \(SIGTERM\); saved"):
+    train.train_and_evaluate(config, workdir)
+  checkpoints = os.path.join(workdir, "checkpoints")
+  assert _steps(checkpoints) == [10, 15]
+  monkeypatch.setattr(train._Preemption, "reached", real_reached)  # pylint: disable=protected-access
+  train.train_and_evaluate(config, workdir)
+  # With a learning rate of 0 no later evaluation improves on step 10's: no
+  # further save, and step 10 (the best) is still there.
+  assert 10 in _steps(checkpoints)
+  assert max(_steps(checkpoints)) == 15
+
+
+def test_config_rejects_nonfinite_or_negative_rates(tmp_path):
+  for key, value in (("learning_rate", float("inf")),
+                     ("learning_rate", float("nan")),
+                     ("min_lr", -1e-4), ("weight_decay", float("inf"))):
+    config = tiny_config(tmp_path, **{key: value})
+    with pytest.raises(ValueError, match=f"config.{key}=.* must be a finite"):
+      train.check_config(config)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 9 MiB tmpfs: room for one checkpoint of the tiny TRM, not two."""
+  mount = tmp_path / "disk"
+  mount.mkdir()
+  made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=9M", "tmpfs",
+                         str(mount)], capture_output=True, check=False)
+  if made.returncode:
+    pytest.skip("mounting a tmpfs needs root")
+  yield mount
+  subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_is_one_line_and_loses_nothing(small_disk, tmp_path):
+  from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
+  from test_train import ROOT  # pylint: disable=g-import-not-at-top
+  from test_train import tiny_config as trm_config  # pylint: disable=g-import-not-at-top
+  config = trm_config(**{"data.data_dir": str(tmp_path / "data"),
+                         "mesh.data": 1, "mesh.fsdp": 1, "mesh.model": 1})
+  workdir = small_disk / "run"
+  command = [sys.executable, "-m", "trm.main",
+             "--config=configs/trm_sudoku.py:cpu", f"--workdir={workdir}"
+             ] + _cli_flags(config)
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  full = subprocess.run(command, cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert full.returncode == 2, full.stderr[-3000:]
+  assert "Traceback" not in full.stderr
+  errors = [l for l in full.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, errors
+  assert re.fullmatch(
+      rf"trm\.main: error: Writing a checkpoint to {workdir}/checkpoints "
+      r"failed \(no space left on device\); [0-9.]+ MiB free there\. Removed "
+      r"the partial save \(12\.orbax-checkpoint-tmp\); the last good "
+      rf"checkpoint, {workdir}/checkpoints/6, is kept\..*", errors[0])
+  assert _steps(workdir / "checkpoints") == [6]
+  assert os.listdir(workdir / "checkpoints") == ["6"]  # no partial left
+  # More room: the rerun resumes from step 6 and finishes.
+  subprocess.run(["mount", "-o", "remount,size=40M", str(small_disk)],
+                 check=True)
+  resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Restoring checkpoint" in resumed.stderr and "/6" in resumed.stderr
+  assert 12 in _steps(workdir / "checkpoints")

@@ -1,0 +1,169 @@
+"""The command-line contract (`trm.core.cli`): input errors are one line with no
+traceback (unless --traceback), a missing config file is named before jax
+starts, and SIGTERM / SIGINT stop cleanly before and inside the loop, a
+second signal at once."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
+from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
+from trm.core import cli  # pylint: disable=g-import-not-at-top
+
+ENV = dict(os.environ, JAX_PLATFORMS="cpu")
+
+
+def _main(*args, timeout=300):
+  return subprocess.run([sys.executable, "-m", "trm.main", *args], cwd=ROOT,
+                        env=ENV, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def test_a_missing_config_file_is_named_before_jax(tmp_path):
+  result = _main("--config=configs/nope.py", f"--workdir={tmp_path}",
+                 timeout=60)
+  assert result.returncode == 1
+  assert "--config=configs/nope.py: no such config file" in result.stderr
+  assert "Traceback" not in result.stderr
+  assert "TPU" not in result.stderr  # jax (and libtpu) never loaded
+
+
+def test_an_input_error_is_one_line_and_traceback_on_request(tmp_path):
+  args = ("--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}",
+          "--config.optim.lr=-1.0")
+  result = _main(*args)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
+  errors = [line for line in result.stderr.splitlines() if "error:" in line]
+  assert errors == ["trm.main: error: config.optim.lr=-1.0 must be a finite "
+                    "number >= 0."]
+  assert not os.listdir(tmp_path) or os.listdir(tmp_path) == []
+  shown = _main(*args, "--traceback")
+  assert shown.returncode == 1 and "Traceback" in shown.stderr
+
+
+def _start(workdir, config):
+  process = subprocess.Popen(
+      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+       f"--workdir={workdir}", "--alsologtostderr"] + _cli_flags(config),
+      cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      text=True)
+  lines, seen = [], {}
+
+  def read():
+    for line in process.stderr:
+      lines.append(line)
+      for marker in ("Mesh ", "Training from step"):
+        if marker in line:
+          seen.setdefault(marker, threading.Event()).set()
+
+  events = {m: seen.setdefault(m, threading.Event())
+            for m in ("Mesh ", "Training from step")}
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  return process, lines, events, reader
+
+
+def _finish(process, reader, lines):
+  try:
+    returncode = process.wait(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  reader.join(timeout=10)
+  return returncode, "".join(lines)
+
+
+def test_sigterm_before_the_loop_is_one_clean_line(tmp_path):
+  process, lines, events, reader = _start(
+      tmp_path, tiny_config(total_steps=200))
+  assert events["Mesh "].wait(300), "".join(lines[-40:])
+  process.send_signal(signal.SIGTERM)
+  returncode, log = _finish(process, reader, lines)
+  assert returncode == 0, log[-3000:]
+  assert "stopped by SIGTERM before training began" in log
+  assert "stack trace" not in log and "Traceback" not in log
+
+
+def test_ctrl_c_in_the_loop_saves_and_says_so(tmp_path):
+  process, lines, events, reader = _start(
+      tmp_path, tiny_config(total_steps=2000, checkpoint_every=1000))
+  assert events["Training from step"].wait(300), "".join(lines[-40:])
+  time.sleep(0.3)
+  process.send_signal(signal.SIGINT)
+  returncode, log = _finish(process, reader, lines)
+  assert returncode == 130, log[-3000:]
+  step = int(re.search(r"Preempted at step (\d+) \(SIGINT\); saved",
+                       log).group(1))
+  assert os.path.isdir(os.path.join(tmp_path, "checkpoints", str(step)))
+  assert "KeyboardInterrupt" not in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("where", ["loop", "before"])
+def test_a_second_signal_exits_at_once_with_one_line(where):
+  if where == "loop":
+    body = """
+      from trm.core import train
+      with train._Preemption(None, 1):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    """
+    expected = "SIGTERM again: exiting now; the checkpoint save was skipped"
+  else:
+    body = """
+      from trm.core import cli
+      cli.install_signal_handlers()
+      try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+      except cli.Interrupted:
+        os.kill(os.getpid(), signal.SIGINT)  # e.g. during cleanup
+        time.sleep(30)
+    """
+    expected = "SIGINT again: exiting now; cleanup was skipped."
+  script = "import os, signal, time\n" + textwrap.dedent(body)
+  start = time.time()
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+  assert time.time() - start < 25
+  assert result.returncode == (0 if where == "loop" else 130), result.stderr
+  assert expected in result.stderr
+  assert "Traceback" not in result.stderr
+
+
+def test_cpu_start_does_not_initialise_libtpu(tmp_path):
+  """With libtpu installed and no TPU, a CLI run (no JAX_PLATFORMS set)
+  starts on the CPU without libtpu's start-up errors."""
+  pytest.importorskip("libtpu")
+  if any(__import__("glob").glob(p) for p in cli.ACCELERATOR_FILES):
+    pytest.skip("this host has an accelerator")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+       f"--workdir={tmp_path}", "--config.optim.lr=-1.0", "--alsologtostderr"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert re.search(r"devices \(cpu\)", result.stderr)  # the backend started
+  for noise in ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "E0000",
+                "libtpu"):
+    assert noise not in result.stderr, result.stderr[-3000:]
+
+
+def test_an_explicit_platform_or_an_accelerator_is_left_alone(monkeypatch):
+  monkeypatch.setenv("JAX_PLATFORMS", "")
+  assert not cli.default_to_cpu()
+  assert os.environ["JAX_PLATFORMS"] == ""
+  monkeypatch.delenv("JAX_PLATFORMS")
+  monkeypatch.setattr(cli.glob, "glob", lambda pattern: (
+      ["/dev/accel0"] if pattern == "/dev/accel*" else []))
+  assert not cli.default_to_cpu()
+  assert "JAX_PLATFORMS" not in os.environ

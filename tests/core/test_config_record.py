@@ -1,0 +1,82 @@
+"""A resume checks its config against the run's record (`trm.core.config_record`):
+trajectory changes are refused before restore unless allowed, harmless ones
+pass, the original config.json is kept and every change is logged."""
+import json
+import os
+import sys
+
+import pytest
+
+from trm.core import config_record
+from trm.core import train
+
+from test_train import tiny_config  # pylint: disable=g-import-not-at-top
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+  """A 10-step run with checkpoints; its config.json as written."""
+  workdir = str(tmp_path_factory.mktemp("run"))
+  config = tiny_config(total_steps=10, checkpoint_every=10, eval_every=10)
+  train.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, "config.json")) as f:
+    return workdir, config, f.read()
+
+
+def _history(workdir):
+  path = os.path.join(workdir, config_record.HISTORY)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("key,value", [("seed", 7), ("optim.lr", 5e-4),
+                                       ("global_batch_size", 32),
+                                       ("model.hidden_size", 48)])
+def test_a_trajectory_change_is_refused_before_restore(finished_run, key,
+                                                       value):
+  workdir, config, recorded = finished_run
+  changed = config.copy_and_resolve_references()
+  node, *path = [changed] + key.split(".")
+  for name in path[:-1]:
+    node = node[name]
+  node[path[-1]] = value
+  with pytest.raises(config_record.ConfigChangedError,
+                     match=rf"from step 10 .*config\.{key}: .* -> "
+                     rf"{value!r}.*allow_config_change=True"):
+    train.train_and_evaluate(changed, workdir)
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert f.read() == recorded
+
+
+def test_harmless_changes_pass_and_are_logged(finished_run):
+  workdir, config, recorded = finished_run
+  changed = config.copy_and_resolve_references()
+  changed.total_steps = 12  # longer
+  changed.log_every = config.log_every + 1
+  train.train_and_evaluate(changed, workdir)
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert f.read() == recorded  # the original record is kept
+  last = _history(workdir)[-1]
+  assert last["step"] == 10 and last["accepted"] == []
+  assert last["changes"]["total_steps"] == [10, 12]
+  assert last["changes"]["log_every"] == [config.log_every, config.log_every + 1]
+
+
+def test_allow_config_change_accepts_and_records(finished_run):
+  workdir, config, _ = finished_run
+  changed = config.copy_and_resolve_references()
+  changed.total_steps = 14
+  changed.optim.lr = 5e-4
+  changed.allow_config_change = True
+  train.train_and_evaluate(changed, workdir)
+  last = _history(workdir)[-1]
+  assert last["accepted"] == ["optim.lr"]
+  assert last["changes"]["optim.lr"] == [config.optim.lr, 5e-4]
+
+
+def test_a_shorter_run_is_a_change():
+  assert config_record.changes({"total_steps": 10}, {"total_steps": 5})
+  assert not config_record._harmless("total_steps", 10, 5)  # pylint: disable=protected-access
+  assert config_record._harmless("total_steps", 10, 20)  # pylint: disable=protected-access

@@ -1,0 +1,189 @@
+"""2 processes x 4 CPU devices (gloo) against 1 process x 8 devices."""
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from trm.core import checkpoint as ckpt_lib
+from trm.core import mesh as mesh_lib
+from trm.core import state as state_lib
+from trm.families.trm import steps
+from trm.core import train
+from trm.core import pipeline
+from trm.data.puzzles import dataset as puzzle_dataset
+from trm.data.puzzles import format as puzzle_format
+from trm.models import get_model
+from trm.families.trm import task as puzzle
+
+from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
+import workers as workers_lib  # pylint: disable=g-import-not-at-top
+
+# Runs trm.main's own distributed start-up, trains, and saves process 0's
+# parameters (replicated on a data-parallel mesh) for an exact comparison.
+_WORKER = """
+import sys
+import numpy as np
+from absl import app
+import jax
+sys.path[:0] = {tests!r}
+from test_train import tiny_config
+from trm import main as trm_main
+from trm.core import train
+
+def run(_):
+  trm_main.initialize_distributed(jax)
+  assert jax.process_count() == 2 and jax.local_device_count() == 4
+  state, _ = train.train_and_evaluate(
+      tiny_config(**{overrides!r}), {workdir!r})
+  if jax.process_index() == 0:
+    np.savez({workdir!r} + "/params.npz", *[
+        np.asarray(x.addressable_shards[0].data)
+        for x in jax.tree.leaves(state.params)])
+
+app.run(run)
+"""
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _train_losses(workdir):
+  # Imported late: TensorFlow loaded before jax's CPU backend can abort it.
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(workdir)
+  events.Reload()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return [float(tf.make_ndarray(e.tensor_proto))
+          for e in events.Tensors("train/lm_loss")]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("sudoku"))
+  puzzle.prepare_data(tiny_config(**{"data.data_dir": path}), path)
+  return path
+
+
+def test_two_processes_match_one_and_checkpoint_moves_between_them(
+    tmp_path, data_dir):
+  overrides = {"data.data_dir": data_dir, "mesh.data": -1, "mesh.fsdp": 1,
+               "mesh.model": 1}
+  config = tiny_config(**overrides)
+  reference, _ = train.train_and_evaluate(config, str(tmp_path / "one"))
+
+  workdir = str(tmp_path / "two")
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  script = _WORKER.format(tests=[os.path.dirname(os.path.abspath(__file__)), os.path.join(ROOT, "tests")],
+                          overrides=overrides, workdir=workdir)
+  workers = [subprocess.Popen(
+      [sys.executable, "-c", script, "--config=configs/trm_sudoku.py:cpu",
+       f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}",
+       "--num_processes=2", f"--process_id={i}"], cwd=ROOT, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+  outputs = workers_lib.wait_all(workers, timeout=600)
+  for worker, output in zip(workers, outputs):
+    assert worker.returncode == 0, output[-3000:]
+
+  # Same data, same program: the logged losses agree to float tolerance.
+  np.testing.assert_allclose(_train_losses(workdir),
+                             _train_losses(str(tmp_path / "one")), rtol=1e-4)
+  saved = np.load(os.path.join(workdir, "params.npz"))
+  two_process_params = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+  for a, b in zip(jax.tree.leaves(jax.device_get(reference.params)),
+                  two_process_params):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+  # The 2-process checkpoint restores in this 1-process, 8-device run (another
+  # topology, 2x2x2 mesh) to exactly the parameters it held.
+  config = tiny_config(**{"data.data_dir": data_dir})
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  meta, arrays = puzzle_format.read_split(data_dir, "train")
+  model = get_model(config.model, meta)
+  init_fn = state_lib.make_init_fn(
+      model, steps.make_optimizer(config.optim, config.total_steps),
+      config.global_batch_size, config.seed)
+  abstract, _ = state_lib.abstract_state(init_fn, mesh, rules)
+  data_iter = pipeline.grain_iterator(puzzle_dataset.TrainBatches(
+      meta, arrays, global_batch_size=config.global_batch_size, seed=0,
+      epochs_per_iter=1, num_batches=config.total_steps))
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"),
+                                  max_to_keep=3)
+  restored = ckpt_lib.restore_latest(manager, abstract, data_iter)
+  assert int(restored.step) == config.total_steps
+  assert data_iter.get_state() == {"next_index": config.total_steps}
+  kernel = restored.params["L_level"]["layers_0"]["mlp"]["gate_up_proj"][
+      "kernel"]
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "model")
+  for a, b in zip(jax.tree.leaves(jax.device_get(restored.params)),
+                  two_process_params):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_sigterm_to_every_process_saves_one_step_and_exits_zero(
+    tmp_path, data_dir):
+  """A pod's preemption notice reaches every host: through trm.main's own
+  start-up, both processes agree on a step, save it once, and exit 0."""
+  import re  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
+  config = tiny_config(**{"data.data_dir": data_dir, "mesh.data": -1,
+                          "mesh.fsdp": 1, "mesh.model": 1,
+                          "total_steps": 5000, "checkpoint_every": 5000,
+                          "eval_every": 5000})
+  workdir = str(tmp_path / "run")
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+       f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}",
+       "--num_processes=2", f"--process_id={i}", "--alsologtostderr"]
+      + _cli_flags(config), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  logs = [[], []]
+  started = [threading.Event(), threading.Event()]
+
+  def read(i):
+    for line in workers[i].stdout:
+      logs[i].append(line)
+      if "Training from step 0" in line:
+        started[i].set()
+
+  readers = [threading.Thread(target=read, args=(i,), daemon=True)
+             for i in range(2)]
+  for reader in readers:
+    reader.start()
+  try:
+    for i in range(2):
+      assert started[i].wait(600), "".join(logs[i][-40:])
+    for worker in workers:
+      worker.send_signal(signal.SIGTERM)
+    for worker in workers:
+      worker.wait(timeout=300)
+  finally:
+    for worker in workers:
+      if worker.poll() is None:
+        worker.kill()
+  for reader in readers:
+    reader.join(timeout=10)
+  texts = ["".join(log) for log in logs]
+  steps = []
+  for worker, text in zip(workers, texts):
+    assert worker.returncode == 0, text[-3000:]
+    assert "stack trace" not in text and "Traceback" not in text
+    steps.append(int(re.search(r"Preempted at step (\d+) \(SIGTERM\)",
+                               text).group(1)))
+  assert steps[0] == steps[1] and 0 < steps[0] < 5000
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", str(steps[0])))

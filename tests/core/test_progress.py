@@ -1,0 +1,68 @@
+"""`trm.core.progress.TrainProgress`: steps/s and ETA leave out timed blocks."""
+import time
+
+from clu import periodic_actions
+
+from trm.core import progress
+
+
+class _Recorder:
+  """Keeps the scalars written to it (all ReportProgress writes)."""
+
+  def __init__(self):
+    self.scalars = []
+
+  def write_scalars(self, step, scalars):
+    self.scalars.append((step, dict(scalars)))
+
+
+class _Clock:
+  def __init__(self):
+    self.now = 1000.0
+
+  def __call__(self):
+    return self.now
+
+
+def _run(report_cls, monkeypatch):
+  """10 steps of 0.1 s, a 5 s evaluation after step 5; the steps/s reported
+  at step 10 (`every_steps=5`)."""
+  clock = _Clock()
+  monkeypatch.setattr(time, "monotonic", clock)
+  writer = _Recorder()
+  report = report_cls(num_train_steps=100, writer=writer, every_steps=5,
+                      every_secs=None)
+  report(0)
+  for step in range(1, 11):
+    clock.now += 0.1
+    report(step)
+    if step == 5:
+      with report.timed("eval"):
+        clock.now += 5.0
+  rates = {step: s["steps_per_sec"] for step, s in writer.scalars
+           if "steps_per_sec" in s}
+  return rates, report
+
+
+def test_eval_time_is_not_step_time(monkeypatch):
+  rates, report = _run(progress.TrainProgress, monkeypatch)
+  assert abs(rates[5] - 10.0) < 1e-6
+  assert abs(rates[10] - 10.0) < 1e-6  # 5 steps in 0.5 s of training
+  assert abs(report._time_per_part["eval"] - 5.0) < 1e-6  # still reported
+
+
+def test_clu_counts_eval_as_step_time(monkeypatch):
+  """What the subclass fixes (so the test above can tell the two apart)."""
+  rates, _ = _run(periodic_actions.ReportProgress, monkeypatch)
+  assert abs(rates[10] - 5 / 5.5) < 1e-6
+
+
+def test_timed_before_the_first_report(monkeypatch):
+  """A block before the first step (an eval_only run) changes nothing."""
+  clock = _Clock()
+  monkeypatch.setattr(time, "monotonic", clock)
+  report = progress.TrainProgress(num_train_steps=10, every_steps=2,
+                                  every_secs=None)
+  with report.timed("eval"):
+    clock.now += 3.0
+  assert report._time_per_part["eval"] == 3.0

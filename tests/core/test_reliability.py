@@ -1,0 +1,446 @@
+"""Reliability of the training loop: NaN/Inf steps are skipped, counted and
+stop the run; SIGTERM saves and exits 0; an unreadable newest checkpoint falls
+back to the previous one; an unwritable workdir fails at start-up and a failed
+save keeps the earlier checkpoints; checkpoints restore onto other meshes.
+8 CPU devices."""
+import glob
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from etils import epath
+
+from trm.core import checkpoint as ckpt_lib
+from trm.core import config_lib
+from trm.families.dream import steps as lm_steps
+from trm.core import mesh as mesh_lib
+from trm.core import state as state_lib
+from trm.families.trm import steps
+from trm.core import task as tasks
+from trm.core import train
+from trm.core import pipeline
+from trm.data.puzzles import format as puzzle_format
+from trm.models import get_model
+from trm.families.trm import task as puzzle
+
+from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("sudoku"))
+  puzzle.prepare_data(tiny_config(**{"data.data_dir": path}), path)
+  return path
+
+
+# The runs the SIGTERM and corrupt-checkpoint tests resume and compare: 40
+# steps of test_train's tiny model, checkpoints at 20 and 40.
+_RUN = {"total_steps": 40, "checkpoint_every": 20, "eval_every": 40,
+        "log_every": 5}
+
+
+def _run_config(data_dir):
+  return tiny_config(**{"data.data_dir": data_dir}, **_RUN)
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir, tmp_path_factory):
+  """Every leaf of the state an uninterrupted run ends with."""
+  state, _ = train.train_and_evaluate(
+      _run_config(data_dir), str(tmp_path_factory.mktemp("straight")))
+  return _host(state)
+
+
+def _host(tree):
+  return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def _assert_trees_equal(a, b):
+  leaves_a, tree_a = jax.tree.flatten(a)
+  leaves_b, tree_b = jax.tree.flatten(b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(x, y)
+
+
+def _steps_on_disk(workdir):
+  return sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))
+                if d.isdigit())
+
+
+# ------------------------------------------------------------ NaN / Inf steps
+
+
+def _poison(batch):
+  """Token ids past the vocabulary: the embedding lookup reads NaN rows, so
+  the loss and every gradient (the puzzle rows' too) are NaN."""
+  return dict(batch, inputs=np.full_like(batch["inputs"], 10**6))
+
+
+def test_trm_nonfinite_step_changes_nothing_but_the_counters(tmp_path,
+                                                             data_dir):
+  config = tiny_config(**{"data.data_dir": data_dir})
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  task = tasks.build(config, str(tmp_path), mesh, rules)
+  abstract, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
+  state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    step = state_lib.compile_step(task.train_step, abstract, shardings,
+                                  task.abstract_batch)
+
+  def run(state, batch):
+    return step(state, pipeline.to_global(batch, task.batch_shardings))
+
+  # The first step: every row of the fresh carry takes the (poisoned) batch.
+  before = _host(state)
+  state, metrics = run(state, _poison(task.train_source[0]))
+  after = _host(state)
+  assert int(after.step) == 1
+  assert (int(after.skipped_steps), int(after.bad_streak)) == (1, 1)
+  _assert_trees_equal(
+      before.replace(step=None, skipped_steps=None, bad_streak=None),
+      after.replace(step=None, skipped_steps=None, bad_streak=None))
+  values = {k: float(m.compute()) for k, m in _host(metrics).items()
+            if int(m.count)}
+  assert values["skipped_steps"] == 1 and values["max_bad_streak"] == 1
+  assert "loss" not in values  # the bad step's averages are left out
+
+  state, metrics = run(state, task.train_source[1])
+  good = _host(state)
+  assert (int(good.step), int(good.skipped_steps), int(good.bad_streak)) == (
+      2, 1, 0)
+  assert np.isfinite(float(metrics["loss"].compute()))
+  for name in ("params", "opt_state", "ema_params", "puzzle_emb"):
+    changed = [not np.array_equal(x, y) for x, y in zip(
+        jax.tree.leaves(getattr(after, name)),
+        jax.tree.leaves(getattr(good, name)))]
+    assert any(changed), name
+
+
+def test_lm_nonfinite_step_changes_nothing_but_the_counters():
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
+  config.mesh.update(data=2, fsdp=2, model=2)
+  config.update(seq_len=16, global_batch_size=8)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  model = get_model(config.model)
+  tx = lm_steps.make_optimizer(config.optim, config.total_steps)
+  init_fn = lm_steps.make_init_fn(model, tx, config.seed)
+  abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
+  state = state_lib.init_state(init_fn, mesh, rules, shardings)
+  batch_shardings = lm_steps.batch_shardings(mesh, rules)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    step = lm_steps.compile_train_step(config, model, tx, abstract, shardings,
+                                       batch_shardings)
+
+  def batch(first_token):
+    tokens = np.tile(np.arange(16, dtype=np.int32) + 5, (8, 1))
+    tokens[:, 0] = first_token
+    return {"tokens": jax.device_put(tokens, batch_shardings["tokens"]),
+            "maskable": jax.device_put(np.ones((8, 16), bool),
+                                       batch_shardings["maskable"])}
+
+  before = _host(state)
+  # A token id past the vocabulary: its embedding row reads as NaN.
+  state, metrics = step(state, batch(model.cfg.vocab_size + 7))
+  after = _host(state)
+  assert (int(after.step), int(after.skipped_steps),
+          int(after.bad_streak)) == (1, 1, 1)
+  _assert_trees_equal((before.params, before.opt_state),
+                      (after.params, after.opt_state))
+  assert float(metrics["skipped_steps"].compute()) == 1
+  assert int(metrics["loss"].count) == 0
+  state, _ = step(state, batch(5))
+  good = _host(state)
+  assert (int(good.step), int(good.skipped_steps), int(good.bad_streak)) == (
+      2, 1, 0)
+  # (Its learning rate is still 0: the schedule starts from 0 at count 0.)
+  assert any(not np.array_equal(x, y) for x, y in zip(
+      jax.tree.leaves(good.opt_state), jax.tree.leaves(after.opt_state)))
+
+
+def test_consecutive_nonfinite_steps_stop_the_run_keeping_the_checkpoint(
+    tmp_path, data_dir, monkeypatch):
+  config = tiny_config(**{"data.data_dir": data_dir, "log_every": 1,
+                          "checkpoint_every": 2,
+                          "max_consecutive_bad_steps": 3})
+  real_to_global, calls = pipeline.to_global, [0]
+
+  def poisoned_from_step_5(batch, shardings):
+    calls[0] += 1
+    return real_to_global(_poison(batch) if calls[0] >= 5 else batch,
+                          shardings)
+
+  monkeypatch.setattr(pipeline, "to_global", poisoned_from_step_5)
+  workdir = str(tmp_path)
+  with pytest.raises(train.NonFiniteError) as error:
+    train.train_and_evaluate(config, workdir)
+  message = str(error.value)
+  assert "3 consecutive train steps" in message
+  assert "max_consecutive_bad_steps=3" in message
+  assert os.path.join(workdir, "checkpoints", "4") in message
+  # Steps 5 (or 6) on were skipped: nothing was saved after step 4, and the
+  # run stopped within two steps of the third bad one.
+  assert _steps_on_disk(workdir) == [2, 4]
+  assert calls[0] <= 10
+
+
+# ------------------------------------------------------------------ SIGTERM
+
+
+def _cli_flags(config, prefix="--config"):
+  """Flags that set every leaf of `config` (so the CLI run is this config)."""
+  flags = []
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      flags += _cli_flags(value, f"{prefix}.{key}")
+    elif not isinstance(value, (list, tuple)):
+      flags.append(f"{prefix}.{key}={value}")
+  return flags
+
+
+def test_sigterm_saves_exits_zero_and_resumes_identically(
+    tmp_path, data_dir, reference):
+  config = _run_config(data_dir)
+  workdir = str(tmp_path)
+  process = subprocess.Popen(
+      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+       f"--workdir={workdir}", "--alsologtostderr"] + _cli_flags(config),
+      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  lines, started = [], threading.Event()
+
+  def read():
+    for line in process.stderr:
+      lines.append(line)
+      if "Training from step 0" in line:  # logged once SIGTERM is handled
+        started.set()
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  try:
+    assert started.wait(300), "".join(lines[-50:])
+    time.sleep(0.2)  # a step or two in
+    sent = time.time()
+    process.send_signal(signal.SIGTERM)
+    returncode = process.wait(timeout=60)
+    seconds = time.time() - sent
+  finally:
+    if process.poll() is None:
+      process.kill()
+  reader.join(timeout=10)
+  log = "".join(lines)
+  assert returncode == 0, log[-3000:]
+  assert seconds < 30, seconds
+  print(f"SIGTERM to exit: {seconds:.2f} s")
+  # The CLI flags reproduced the config exactly.
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f) == json.loads(config.to_json_best_effort())
+  stopped = int(re.search(r"Preempted at step (\d+) \(SIGTERM\); saved",
+                          log).group(1))
+  assert 0 < stopped < config.total_steps
+  assert stopped in _steps_on_disk(workdir)
+
+  resumed, _ = train.train_and_evaluate(config, workdir)
+  assert int(resumed.step) == config.total_steps
+  _assert_trees_equal(reference, _host(resumed))
+
+
+# ------------------------------------------------------ unreadable checkpoints
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_matches(
+    tmp_path, data_dir, reference, caplog):
+  config = _run_config(data_dir)
+  workdir = str(tmp_path)
+  train.train_and_evaluate(config, workdir)
+  assert _steps_on_disk(workdir) == [20, 40]
+  newest = os.path.join(workdir, "checkpoints", "40")
+  arrays = [p for p in glob.glob(os.path.join(newest, "state", "**", "d", "*"),
+                                 recursive=True) if os.path.isfile(p)]
+  assert arrays
+  for path in arrays:
+    os.truncate(path, os.path.getsize(path) // 2)
+  os.remove(os.path.join(newest, "state", "_METADATA"))
+
+  with caplog.at_level(logging.WARNING):
+    resumed, _ = train.train_and_evaluate(config, workdir)
+  assert f"Checkpoint {newest} cannot be restored" in caplog.text
+  assert "Resuming from checkpoint" in caplog.text
+  assert int(resumed.step) == 40
+  _assert_trees_equal(reference, _host(resumed))
+  # The unreadable step was set aside (for inspection); 40 was saved anew.
+  assert glob.glob(os.path.join(workdir, "checkpoints", "40.unreadable-*"))
+  assert _steps_on_disk(workdir) == [20, 40]
+
+
+class _Position:
+  """A stand-in for the Grain iterator: only its state is checkpointed."""
+
+  def __init__(self, index=0):
+    self.index = index
+
+  def get_state(self):
+    return {"next_index": self.index}
+
+  def set_state(self, state):
+    self.index = state["next_index"]
+
+
+def _small_state(step):
+  return {"w": jnp.arange(64, dtype=jnp.float32) * step,
+          "step": jnp.asarray(step, jnp.int32)}
+
+
+def _abstract(tree):
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+      tree)
+
+
+def test_incomplete_checkpoints_are_skipped_and_all_bad_is_an_error(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  manager = ckpt_lib.make_manager(directory, max_to_keep=5)
+  for step in (1, 2, 3):
+    ckpt_lib.save(manager, step, _small_state(step), _Position(step))
+  ckpt_lib.wait_until_finished(manager)
+  os.remove(os.path.join(directory, "3", "commit_success.txt"))  # no marker
+  os.remove(os.path.join(directory, "2", "data_iter", "metadata"))
+
+  position = _Position()
+  restored = ckpt_lib.restore_latest(
+      ckpt_lib.make_manager(directory, max_to_keep=5),
+      _abstract(_small_state(0)), position)
+  _assert_trees_equal(_host(restored), _host(_small_state(1)))
+  assert position.index == 1
+  assert sorted(os.listdir(directory))[0] == "1"
+  assert len(glob.glob(os.path.join(directory, "*.unreadable-*"))) == 2
+
+  # Object stores cannot rename directories: the copy-and-delete path.
+  aside = glob.glob(os.path.join(directory, "*.unreadable-*"))[0]
+  ckpt_lib._move(epath.Path(aside), epath.Path(aside + "-copy"), copy=True)  # pylint: disable=protected-access
+  assert not os.path.exists(aside)
+  assert os.path.isfile(os.path.join(aside + "-copy", "_CHECKPOINT_METADATA"))
+
+  os.remove(os.path.join(directory, "1", "_CHECKPOINT_METADATA"))
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=f"{directory} holds checkpoints .* none can be"):
+    ckpt_lib.restore_latest(ckpt_lib.make_manager(directory, max_to_keep=5),
+                            _abstract(_small_state(0)), _Position())
+
+
+# --------------------------------------------------- workdir and failed saves
+
+
+def test_unwritable_workdir_fails_before_data_or_compile(tmp_path,
+                                                         monkeypatch):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+
+  def no_build(*args, **kwargs):
+    raise AssertionError("the task was built before the workdir check")
+
+  monkeypatch.setattr(tasks, "build", no_build)
+  with pytest.raises(train.WorkdirError, match="Cannot write to the workdir"):
+    train.train_and_evaluate(tiny_config(), str(blocker / "sub"))
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, data_dir,
+                                                   monkeypatch):
+  from orbax.checkpoint._src.handlers import json_checkpoint_handler  # pylint: disable=g-import-not-at-top
+  real_save, calls = json_checkpoint_handler.JsonCheckpointHandler._save_fn, [0]
+
+  async def disk_full_on_second_save(self, x, directory):
+    calls[0] += 1
+    if calls[0] == 2:
+      raise OSError(28, "No space left on device")
+    return await real_save(self, x, directory)
+
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler,
+                      "_save_fn", disk_full_on_second_save)
+  config = tiny_config(**{"data.data_dir": data_dir, "keep_checkpoints": 1})
+  workdir = str(tmp_path)
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r"no space left on device.*Removed the partial "
+                     r"save \(12.orbax-checkpoint-tmp\); the last good "
+                     r"checkpoint, .*/checkpoints/6, is kept"):
+    train.train_and_evaluate(config, workdir)
+  assert _steps_on_disk(workdir) == [6]
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["6"]
+  assert not ckpt_lib.missing_files(os.path.join(workdir, "checkpoints", "6"))
+
+
+# ------------------------------------------------------- restore across meshes
+
+
+def test_checkpoint_restores_onto_other_meshes_bitwise(tmp_path, data_dir):
+  config = tiny_config(**{"data.data_dir": data_dir, "mesh.data": 4,
+                          "mesh.fsdp": 1, "mesh.model": 2})
+  rules = mesh_lib.logical_rules(config)
+  meta, _ = puzzle_format.read_split(data_dir, "train")
+  model = get_model(config.model, meta)
+  init_fn = state_lib.make_init_fn(
+      model, steps.make_optimizer(config.optim, config.total_steps),
+      config.global_batch_size, config.seed)
+
+  mesh = mesh_lib.make_mesh(config.mesh)
+  abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
+  state = state_lib.init_state(init_fn, mesh, rules, shardings)
+  # No leaf left at its initial value (Adam moments start as zeros).
+  def change(x):
+    if x.dtype == jnp.bool_:
+      return ~x
+    return x * 3 + 1 if jnp.issubdtype(x.dtype, jnp.floating) else x + 2
+
+  state = jax.jit(lambda s: jax.tree.map(change, s),
+                  out_shardings=shardings)(state)
+  saved = _host(state)
+  directory = str(tmp_path / "checkpoints")
+  manager = ckpt_lib.make_manager(directory, max_to_keep=1)
+  ckpt_lib.save(manager, 5, state, _Position(5))
+  ckpt_lib.wait_until_finished(manager)
+  kernel = ("params", "L_level", "layers_0", "mlp", "gate_up_proj", "kernel")
+
+  for sizes, devices in [((8, 1, 1), jax.devices()),
+                         ((2, 1, 2), jax.devices()[:4])]:
+    other = mesh_lib.make_mesh(tiny_config(**{
+        f"mesh.{axis}": size for axis, size in zip(mesh_lib.MESH_AXES, sizes)
+    }).mesh, devices=devices)
+    other_abstract, _ = state_lib.abstract_state(init_fn, other, rules)
+    restored = ckpt_lib.restore_latest(
+        ckpt_lib.make_manager(directory, max_to_keep=1), other_abstract,
+        _Position())
+    _assert_trees_equal(saved, _host(restored))
+    leaf = restored
+    for name in kernel:
+      leaf = getattr(leaf, name) if name == "params" else leaf[name]
+    assert leaf.sharding.mesh.shape == dict(zip(mesh_lib.MESH_AXES, sizes))
+    assert {d.id for d in leaf.sharding.device_set} == {d.id for d in devices}
+    for x in jax.tree.leaves(restored.opt_state):
+      assert x.sharding.mesh.devices.size == len(devices)
+
+
+def test_streak_metric_keeps_the_longest_run_of_an_interval():
+  def streak(n):
+    return state_lib.Counter(jnp.int32(n), jnp.int32(1), keep_max=True)
+
+  merged = streak(0)
+  for n in (1, 2, 3, 0, 1):  # a run of 3 that recovered inside the interval
+    merged = merged.merge(streak(n))
+  assert int(merged.compute()) == 3
+  total = state_lib.Counter(jnp.int32(4), jnp.int32(1)).merge(
+      state_lib.Counter(jnp.int32(5), jnp.int32(1)))
+  assert int(total.compute()) == 5

@@ -1,0 +1,214 @@
+"""End-to-end: the loss falls, a crashed run resumes bit-exactly, bad
+configs fail early with clear messages. 8 CPU devices, mesh 2x2x2."""
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import repo
+
+from trm.core import config_lib
+from trm.core import mesh as mesh_lib
+from trm.core import train
+from trm.core import pipeline
+from trm.families.trm import task as puzzle
+
+ROOT = repo.ROOT
+
+
+def tiny_config(**overrides):
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "trm_sudoku.py"), "cpu")
+  config.model.update(hidden_size=32, num_heads=2, puzzle_emb_ndim=32,
+                      halt_max_steps=2)
+  config.data.build.update(num_train=256, num_test=32, num_blanks=30)
+  config.data.update(eval_batch_size=16)
+  config.optim.update(warmup_steps=5)
+  config.mesh.update(data=2, fsdp=2, model=2)
+  config.update(global_batch_size=16, total_steps=12, eval_every=12,
+                checkpoint_every=6, log_every=3)
+  return config_lib.set_values(config, overrides)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  """One generated dataset shared by the tests (built by the trainer)."""
+  path = str(tmp_path_factory.mktemp("sudoku"))
+  puzzle.prepare_data(tiny_config(**{"data.data_dir": path}), path)
+  return path
+
+
+def _params(state):
+  return jax.tree.map(np.asarray, jax.device_get(state.params))
+
+
+def test_loss_falls_and_state_is_sharded(tmp_path, data_dir):
+  config = tiny_config(**{"data.data_dir": data_dir, "total_steps": 24,
+                          "eval_every": 24, "log_every": 4,
+                          "optim.lr": 3e-3})
+  state, results = train.train_and_evaluate(config, str(tmp_path))
+  assert int(state.step) == 24
+  kernel = state.params["L_level"]["layers_0"]["mlp"]["gate_up_proj"]["kernel"]
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "model")
+  assert "eval/blank_accuracy" in results
+  assert (tmp_path / "eval_24.json").exists()
+  # Train loss from the TensorBoard logs: the last interval is below the first.
+  from tensorboard.backend.event_processing import event_accumulator
+  events = event_accumulator.EventAccumulator(str(tmp_path))
+  events.Reload()
+  losses = [float(jax.numpy.asarray(
+      __import__("tensorflow").make_ndarray(e.tensor_proto)))
+            for e in events.Tensors("train/lm_loss")]
+  assert len(losses) == 6
+  assert losses[-1] < losses[0] - 0.1, losses
+
+
+def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
+                                                    monkeypatch):
+  config = tiny_config(**{"data.data_dir": data_dir})
+  reference, _ = train.train_and_evaluate(config, str(tmp_path / "straight"))
+
+  # Crash while fetching the batch of step 9, after the step-6 checkpoint.
+  real_to_global = pipeline.to_global
+  calls = {"n": 0}
+
+  def crashing_to_global(batch, shardings):
+    calls["n"] += 1
+    if calls["n"] == 9:
+      raise RuntimeError("simulated crash")
+    return real_to_global(batch, shardings)
+
+  workdir = str(tmp_path / "crashed")
+  monkeypatch.setattr(pipeline, "to_global", crashing_to_global)
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    train.train_and_evaluate(config, workdir)
+  monkeypatch.setattr(pipeline, "to_global", real_to_global)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["6"]
+
+  resumed, _ = train.train_and_evaluate(config, workdir)
+  assert int(resumed.step) == 12
+  for a, b in zip(jax.tree.leaves(_params(reference)),
+                  jax.tree.leaves(_params(resumed))):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(np.asarray(reference.carry.z_H),
+                                np.asarray(resumed.carry.z_H))
+  np.testing.assert_array_equal(
+      np.asarray(reference.puzzle_emb["weights"]),
+      np.asarray(resumed.puzzle_emb["weights"]))
+
+
+def test_mesh_mismatch_fails_before_anything_is_built(tmp_path):
+  config = tiny_config(**{"mesh.data": 3})
+  with pytest.raises(mesh_lib.MeshConfigError, match="config.mesh"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not (tmp_path / "data").exists()
+
+
+def test_batch_not_divisible_is_a_clear_error(tmp_path):
+  config = tiny_config(**{"global_batch_size": 10})
+  with pytest.raises(mesh_lib.MeshConfigError, match="global_batch_size=10"):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_missing_csv_data_is_a_clear_error(tmp_path):
+  config = tiny_config(**{"data.build.source": "csv",
+                          "data.build.csv_dir": str(tmp_path / "nowhere")})
+  with pytest.raises((FileNotFoundError, ValueError), match="nowhere"):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_unknown_model_key_is_rejected(tmp_path, data_dir):
+  config = tiny_config(**{"data.data_dir": data_dir})
+  with config.unlocked():
+    config.model.hidden_sise = 8
+  with pytest.raises(ValueError, match="hidden_sise"):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.total_stepz=3", "total_stepz"),
+    ("--config.total_steps=abc", "total_steps"),
+])
+def test_cli_rejects_typos_and_wrong_types(tmp_path, override, message):
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.main",
+       "--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}",
+       override], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert message in result.stderr
+  assert not (tmp_path / "checkpoints").exists()
+
+
+def test_cli_rejects_unknown_variant(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.main",
+       "--config=configs/trm_sudoku.py:gpu", f"--workdir={tmp_path}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert "Unknown config variant" in result.stderr
+
+
+_KILLED_RUN = """
+import os, signal, sys
+sys.path[:0] = {tests!r}
+from test_train import tiny_config
+from trm.core import train
+from trm.core import pipeline
+real, calls = pipeline.to_global, [0]
+def to_global(batch, shardings):
+  calls[0] += 1
+  if calls[0] == {kill_at}:
+    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no finally
+  return real(batch, shardings)
+pipeline.to_global = to_global
+train.train_and_evaluate(tiny_config(**{{"data.data_dir": {data!r}}}),
+                         {workdir!r})
+"""
+
+
+def test_sigkill_mid_run_then_resume_matches(tmp_path, data_dir):
+  """kill -9 during training; the rerun ends with the uninterrupted params."""
+  config = tiny_config(**{"data.data_dir": data_dir})
+  reference, _ = train.train_and_evaluate(config, str(tmp_path / "straight"))
+  workdir = str(tmp_path / "killed")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, "-c", _KILLED_RUN.format(
+          tests=[os.path.dirname(os.path.abspath(__file__)), os.path.join(ROOT, "tests")], kill_at=8, data=data_dir,
+          workdir=workdir)], cwd=ROOT, env=env, capture_output=True,
+      text=True, timeout=300)
+  assert result.returncode == -9, result.stderr[-2000:]
+  # Only whole checkpoints count: step 6 if its async save had finished,
+  # otherwise none (a half-written one is left in a temporary directory).
+  saved = [d for d in os.listdir(os.path.join(workdir, "checkpoints"))
+           if d.isdigit()]
+  assert saved in ([], ["6"])
+  resumed, _ = train.train_and_evaluate(config, workdir)
+  assert int(resumed.step) == 12
+  for a, b in zip(jax.tree.leaves(_params(reference)),
+                  jax.tree.leaves(_params(resumed))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_remote_data_dir_is_a_clear_error():
+  config = tiny_config(**{"data.data_dir": "gs://bucket/sudoku"})
+  with pytest.raises(ValueError, match="config.data.data_dir"):
+    puzzle.prepare_data(config, "/tmp/unused")
+
+
+@pytest.mark.parametrize("key", ["total_steps", "eval_every",
+                                 "checkpoint_every", "data.epochs_per_iter"])
+def test_non_positive_cadence_is_a_clear_error(tmp_path, key):
+  with pytest.raises(ValueError, match=f"config.{key}=0"):
+    train.train_and_evaluate(tiny_config(**{key: 0}), str(tmp_path))
+
+
+def test_a_split_smaller_than_one_batch_fails_before_compile(tmp_path):
+  config = tiny_config(**{"data.build.num_train": 2})
+  with pytest.raises(ValueError, match=r"holds 2 examples in 2 groups.*"
+                     r"config.global_batch_size=16.*epochs_per_iter"):
+    train.train_and_evaluate(config, str(tmp_path))
+  # Nothing of a run was written: no config record, events or checkpoints.
+  assert sorted(os.listdir(tmp_path)) == ["data"]

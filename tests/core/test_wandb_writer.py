@@ -1,0 +1,133 @@
+"""The W&B metric writer (`trm.core.wandb_writer`), run offline: a few train
+steps, then the run's own transaction log is read back."""
+import glob
+import importlib
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import pytest
+
+from test_train import tiny_config  # pylint: disable=g-import-not-at-top
+from trm.core import cli
+from trm.core import config_lib
+from trm.core import wandb_writer
+
+
+def _history(run_dir: str) -> list[dict]:
+  """The logged rows of an offline run's `run-<id>.wandb` file (a LevelDB-
+  style log of Record protos: 32 KiB blocks, 7-byte record headers)."""
+  from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
+  (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+  data = open(path, "rb").read()
+  assert data[:4] == b":W&B"
+  block, pos, parts, rows = 32768, 7, b"", []
+  while pos + 7 <= len(data):
+    if block - pos % block < 7:  # a block's zero-padded tail
+      pos += block - pos % block
+      continue
+    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    if length == 0 and kind == 0:
+      break
+    parts += data[pos + 7:pos + 7 + length]
+    pos += 7 + length
+    if kind in (1, 4):  # FULL or LAST: a whole record
+      record = wandb_internal_pb2.Record()
+      record.ParseFromString(parts)
+      parts = b""
+      if record.WhichOneof("record_type") == "history":
+        rows.append({item.key or "/".join(item.nested_key):
+                     json.loads(item.value_json)
+                     for item in record.history.item})
+  return rows
+
+
+def _offline(monkeypatch, tmp_path):
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  os.makedirs(tmp_path / "wandb_dir")
+
+
+def test_a_short_run_logs_its_metrics_offline(tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  from trm.core import train  # pylint: disable=g-import-not-at-top
+  _offline(monkeypatch, tmp_path)
+  workdir = tmp_path / "run"
+  config = tiny_config(**{
+      "data.data_dir": str(tmp_path / "data"), "total_steps": 6,
+      "eval_every": 6, "checkpoint_every": 6, "log_every": 3,
+      "wandb.enabled": True, "wandb.mode": "offline", "wandb.name": "t"})
+  _, results = train.train_and_evaluate(config, str(workdir))
+
+  run_id = (workdir / wandb_writer.RUN_ID_FILE).read_text()
+  (run_dir,) = glob.glob(str(tmp_path / "wandb_dir" / "wandb" /
+                             f"offline-run-*-{run_id}"))
+  rows = _history(run_dir)
+  step = wandb_writer.STEP_KEY
+  train_steps = [r[step] for r in rows if "train/lm_loss" in r]
+  assert train_steps == [3, 6], rows  # written one interval late, all kept
+  assert all(np.isfinite(r["train/lm_loss"]) for r in rows
+             if "train/lm_loss" in r)
+  (eval_row,) = [r for r in rows if "eval/loss" in r]
+  assert eval_row[step] == 6
+  assert eval_row["eval/loss"] == pytest.approx(results["eval/loss"])
+  saved = json.loads((workdir / "eval_6.json").read_text())
+  assert eval_row["eval/loss"] == pytest.approx(saved["eval/loss"])
+
+
+def test_other_kinds_of_values(tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  _offline(monkeypatch, tmp_path)
+  config = config_lib.load_config("configs/trm_sudoku.py", "cpu")
+  config_lib.set_values(config, {"wandb.enabled": True,
+                                 "wandb.mode": "offline"})
+  writer = wandb_writer.create(config, str(tmp_path))
+  writer.write_hparams({"num_params": 123})
+  writer.write_images(1, {"sheet": np.zeros((2, 4, 4, 3), np.uint8)})
+  writer.write_histograms(1, {"w": np.arange(10.0)}, {"w": 5})
+  writer.write_texts(2, {"note": "hello"})
+  writer.write_summaries(2, {"s": np.float32(0.5)})
+  writer.close()
+  (run_dir,) = glob.glob(str(tmp_path / "wandb_dir" / "wandb" /
+                             "offline-run-*"))
+  rows = _history(run_dir)  # one row per write; nested keys joined by /
+  images, histogram, text, summary = rows
+  assert images[wandb_writer.STEP_KEY] == 1 and images["sheet/count"] == 2
+  assert histogram["w/_type"] == "histogram"
+  assert histogram["w/values"] == [2, 2, 2, 2, 2]  # 10 values in 5 buckets
+  assert text == {wandb_writer.STEP_KEY: 2, "note": "hello", **{
+      k: v for k, v in text.items() if k.startswith("_")}}
+  assert summary["s"] == 0.5
+
+def test_enabled_without_wandb_is_one_clear_line(monkeypatch):
+  real_import = importlib.import_module
+
+  def no_wandb(name, *args):
+    if name == "wandb":
+      raise ImportError("No module named 'wandb'")
+    return real_import(name, *args)
+
+  monkeypatch.setattr(importlib, "import_module", no_wandb)
+  config = config_lib.load_config("configs/gpt.py")
+  config_lib.set_values(config, {"wandb_log": True})  # nanoGPT's name
+  with pytest.raises(wandb_writer.WandbUnavailableError) as error:
+    wandb_writer.check_config(config)
+  assert cli.is_user_error(error.value)
+  line = cli.one_line(error.value)
+  assert "config.wandb.enabled=True" in line and ".[wandb]" in line
+  config_lib.set_values(config, {"wandb_log": False})
+  wandb_writer.check_config(config)  # disabled: wandb is not needed
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("wandb.mode", "cloud", "config.wandb.mode='cloud' must be one of"),
+    ("wandb.project", "", "config.wandb.project is empty"),
+])
+def test_bad_settings_name_the_field(field, value, message):
+  config = config_lib.load_config("configs/diffucoder_7b.py", "tiny")
+  config_lib.set_values(config, {"wandb.enabled": True, field: value})
+  with pytest.raises(ValueError, match=message):
+    wandb_writer.check_config(config)

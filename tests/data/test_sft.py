@@ -1,0 +1,124 @@
+"""Fine-tuning data: JSONL pairs, code packing, batching."""
+import json
+
+import numpy as np
+import pytest
+
+from trm.data.text import sft
+
+
+def test_jsonl_pairs_and_errors(tmp_path):
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps({"prompt": "p1", "response": "r1"}) + "\n\n"
+                  + json.dumps({"prompt": "p2", "response": "r2"}) + "\n")
+  assert sft.read_jsonl_pairs(str(path)) == [("p1", "r1"), ("p2", "r2")]
+  path.write_text(json.dumps({"prompt": "p"}) + "\n")
+  with pytest.raises(ValueError, match=r"train.jsonl:1: missing key"):
+    sft.read_jsonl_pairs(str(path))
+  path.write_text("{not json\n")
+  with pytest.raises(ValueError, match=r"train.jsonl:1: not valid JSON"):
+    sft.read_jsonl_pairs(str(path))
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"prompt": None, "response": "r"}, r'"prompt" must be a string, got null'),
+    ({"prompt": "p", "response": ["a", "b"]},
+     r'"response" must be a string, got an array \["a", "b"\]'),
+    ({"prompt": "p", "response": 3}, r'"response" must be a string, got a '
+     "number 3"),
+    ({"prompt": "p", "response": "  "}, r'"response" is empty'),
+])
+def test_jsonl_values_must_be_strings_with_a_response(tmp_path, record,
+                                                      message):
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps({"prompt": "ok", "response": "ok"}) + "\n"
+                  + json.dumps(record) + "\n")
+  with pytest.raises(ValueError, match=r"train.jsonl:2: " + message):
+    sft.read_jsonl_pairs(str(path))
+
+
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path):
+  path = tmp_path / "train.jsonl"
+  path.write_text(json.dumps({"prompt": "a\u2028b", "response": "c"},
+                             ensure_ascii=False) + "\n", encoding="utf-8")
+  assert sft.read_jsonl_pairs(str(path)) == [("a\u2028b", "c")]
+
+
+@pytest.mark.parametrize("reader", ["jsonl", "code"])
+def test_non_utf8_files_name_the_file_and_offset(tmp_path, reader):
+  path = tmp_path / ("train.jsonl" if reader == "jsonl" else "a.py")
+  path.write_bytes(b'{"prompt": "p", "response": "r"}\n{"prompt": "\xe9"}\n')
+  with pytest.raises(ValueError, match=rf"{path.name}: not UTF-8 text: byte "
+                     r"0xe9 at offset 45 \(line 2\)"):
+    if reader == "jsonl":
+      sft.read_jsonl_pairs(str(path))
+    else:
+      sft.read_code_files(str(path))
+
+
+def test_pair_rows_pad_truncate_and_prompt_never_maskable():
+  tokens, maskable = sft.pair_rows([([1, 2], [3, 4, 5]), ([6], [7] * 10)],
+                                   seq_len=6, pad_id=0)
+  np.testing.assert_array_equal(tokens, [[1, 2, 3, 4, 5, 0],
+                                         [6, 7, 7, 7, 7, 7]])
+  np.testing.assert_array_equal(maskable, [[0, 0, 1, 1, 1, 1],
+                                           [0, 1, 1, 1, 1, 1]])
+  with pytest.raises(ValueError, match="example 0 has a 6-token prompt"):
+    sft.pair_rows([([1] * 6, [2])], seq_len=6, pad_id=0)
+
+
+def test_packing(tmp_path):
+  (tmp_path / "a.py").write_text("x")
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "b.py").write_text("y")
+  assert sft.read_code_files(str(tmp_path / "**" / "*.py")) == ["x", "y"]
+  with pytest.raises(FileNotFoundError, match="No files match"):
+    sft.read_code_files(str(tmp_path / "*.rs"))
+  tokens, maskable = sft.packed_rows([[1, 2, 3], [4, 5]], seq_len=3, eos_id=9)
+  np.testing.assert_array_equal(tokens, [[1, 2, 3], [9, 4, 5]])
+  assert not maskable[:, 0].any() and maskable[:, 1:].all()
+
+
+def test_batches_are_deterministic_cover_epochs_and_split_by_process():
+  tokens = np.arange(10)[:, None] * np.ones((1, 4), np.int32)
+  maskable = np.ones_like(tokens, bool)
+  source = sft.SFTBatches(tokens, maskable, global_batch_size=4, seed=3,
+                          num_batches=6)
+  first_epoch = np.concatenate([source[k]["tokens"][:, 0] for k in (0, 1)])
+  assert len(set(first_epoch)) == 8  # no row twice within an epoch
+  assert not np.array_equal(source[0]["tokens"], source[2]["tokens"])
+  halves = [sft.SFTBatches(tokens, maskable, global_batch_size=4, seed=3,
+                           num_batches=6, process_index=i, process_count=2)
+            for i in range(2)]
+  np.testing.assert_array_equal(
+      np.concatenate([h[5]["tokens"] for h in halves]), source[5]["tokens"])
+  with pytest.raises(ValueError, match="cannot fill one global batch"):
+    sft.SFTBatches(tokens, maskable, global_batch_size=16, seed=0,
+                   num_batches=1)
+
+
+def test_chat_rows_close_with_im_end_then_dlm_pad():
+  from trm.data.text import tokenizer as tok_lib
+  tokenizer = tok_lib.ByteTokenizer(mask_id=500)
+  (prompt, response), = sft.chat_pair_ids([("hi", "ok")], tokenizer,
+                                          chat=True)
+  assert tokenizer.decode(prompt) == tok_lib.chat_prompt("hi")
+  assert response == [ord("o"), ord("k"), tokenizer.im_end_id]
+  tokens, maskable = sft.pair_rows([(prompt, response)], len(prompt) + 5,
+                                   pad_id=tokenizer.dlm_pad_id)
+  assert tokens[0, -2:].tolist() == [tokenizer.dlm_pad_id] * 2
+  assert maskable[0].tolist() == [False] * len(prompt) + [True] * 5
+
+
+def test_eval_batches_in_order_and_split_by_process():
+  tokens = np.arange(10)[:, None] * np.ones((1, 3), np.int32)
+  maskable = np.ones_like(tokens, bool)
+  second = sft.SFTEvalBatches(tokens, maskable, global_batch_size=4,
+                              process_index=1, process_count=2)
+  assert len(second) == 2  # the last 2 rows do not fill a batch
+  np.testing.assert_array_equal(second[0]["tokens"][:, 0], [2, 3])
+  np.testing.assert_array_equal(second[1]["tokens"][:, 0], [6, 7])
+  assert len(sft.SFTEvalBatches(tokens, maskable, global_batch_size=4,
+                                max_batches=1)) == 1
+  with pytest.raises(ValueError, match="cannot fill one eval batch"):
+    sft.SFTEvalBatches(tokens, maskable, global_batch_size=11)

@@ -1,0 +1,274 @@
+"""TFDS/ArrayRecord data for GPT and DiffuCoder (`config.data.source='tfds'`):
+our builders write offline from local files; TFDS-fed batches equal the
+.bin / code-file batches of the same data; the Grain position restores
+bit-exactly; processes read disjoint rows; mistakes are one line naming the
+config field; and a GPT run trains from TFDS through `trm.main`."""
+import glob
+import os
+import pickle
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+import repo
+
+from trm.core import config_lib
+from trm.data.text import tokenizer as tok_lib
+from trm.core import pipeline
+from trm.data.text import sft
+from trm.data.text import windows as text
+from trm.data.text import tfds_source
+from trm.data import tfds_builders as tfds_build
+from trm.families.dream import model as dream
+
+ROOT = repo.ROOT
+SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare",
+                           "input.txt")
+ENV = dict(os.environ, JAX_PLATFORMS="cpu")
+
+
+def _corpus() -> str:
+  """tinyshakespeare where the checkout has ../shared/data, else generated
+  text (several records' worth, so windows cross record boundaries)."""
+  if os.path.isfile(SHAKESPEARE):
+    return text.read_text(SHAKESPEARE)
+  rng = np.random.default_rng(0)
+  words = ["thou", "art", "the", "king", "ROMEO:", "\n", "love,", "night."]
+  return " ".join(rng.choice(words, size=60000))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+  """(tfds config, .bin dir): the same text built both ways."""
+  root = tmp_path_factory.mktemp("tfds")
+  manual = root / "manual"
+  manual.mkdir()
+  corpus = _corpus()
+  (manual / "input.txt").write_text(corpus, encoding="utf-8")
+  data_dir = str(root / "tfds_data")
+  tfds_build.build("trm_tiny_shakespeare", str(manual), data_dir)
+  bin_dir = str(root / "bin")
+  text.prepare_char(corpus, bin_dir)
+  config = ml_collections.ConfigDict(dict(
+      name="trm_tiny_shakespeare", data_dir=data_dir, split="train",
+      eval_split="validation", feature="tokens"))
+  return config, bin_dir
+
+
+def test_build_writes_array_record_with_the_vocabulary(built):
+  config, bin_dir = built
+  version_dir = os.path.join(config.data_dir, "trm_tiny_shakespeare", "1.0.0")
+  records = glob.glob(os.path.join(version_dir, "*.array_record-*"))
+  assert sorted(os.path.basename(p).split(".")[0] for p in records) == [
+      "trm_tiny_shakespeare-train", "trm_tiny_shakespeare-validation"]
+  meta, directory = tfds_source.metadata(config)
+  assert directory == version_dir
+  bin_meta = text.load_meta(bin_dir)
+  for key in ("vocab_size", "itos", "tokenizer", "train_tokens",
+              "val_tokens"):
+    assert meta[key] == bin_meta[key], key
+
+
+def test_tfds_batches_equal_bin_batches(built):
+  config, bin_dir = built
+  stream = tfds_source.TokenStream(config)
+  assert stream.num_tokens == text.load_meta(bin_dir)["train_tokens"]
+  from_tfds = text.TokenWindows(stream, 64, 8, seed=3)
+  from_bin = text.TokenWindows(os.path.join(bin_dir, "train.bin"), 64, 8,
+                               seed=3)
+  for k in range(5):
+    for key in ("x", "y"):
+      np.testing.assert_array_equal(from_tfds[k][key], from_bin[k][key])
+  # Grain workers get the source pickled: without the open TFDS source, which
+  # is reopened on first read.
+  copy = pickle.loads(pickle.dumps(from_tfds))
+  assert copy.file._data is None  # pylint: disable=protected-access
+  np.testing.assert_array_equal(copy[4]["x"], from_bin[4]["x"])
+  streams = [stream, tfds_source.TokenStream(config, "eval_split")]
+  eval_tfds = text.EvalWindows("tfds", 64, 8, 2, seed=3, streams=streams)
+  eval_bin = text.EvalWindows(bin_dir, 64, 8, 2, seed=3)
+  for k in range(len(eval_bin)):
+    for key in ("x", "y", "split"):
+      np.testing.assert_array_equal(eval_tfds[k][key], eval_bin[k][key])
+
+
+def test_windows_across_records_are_the_stream(built):
+  config, bin_dir = built
+  stream = tfds_source.TokenStream(config)
+  tokens = np.fromfile(os.path.join(bin_dir, "train.bin"), np.uint16)
+  # Windows ending exactly at, and straddling, record boundaries; the last.
+  starts = np.asarray([0, stream.chunk - 65, stream.chunk - 1,
+                       stream.num_tokens - 65])
+  rows = stream.windows(starts, 64)
+  for row, start in zip(rows["x"], starts):
+    np.testing.assert_array_equal(row, tokens[start:start + 64])
+
+
+def test_iterator_state_restores_bit_exactly(built):
+  config, _ = built
+  def windows():
+    return text.TokenWindows(tfds_source.TokenStream(config), 32, 4, seed=7,
+                             num_batches=20)
+  first = pipeline.grain_iterator(windows())
+  for _ in range(3):
+    next(first)
+  state = first.get_state()
+  expected = [next(first) for _ in range(3)]
+  again = pipeline.grain_iterator(windows())  # a fresh pipeline and source
+  again.set_state(state)
+  for want in expected:
+    got = next(again)
+    for key in ("x", "y"):
+      np.testing.assert_array_equal(got[key], want[key])
+  # Not trivially equal: the restored position matters.
+  assert not np.array_equal(next(pipeline.grain_iterator(windows()))["x"],
+                            expected[0]["x"])
+
+
+def test_two_processes_read_disjoint_halves(built):
+  config, _ = built
+  stream = tfds_source.TokenStream(config)
+  whole = text.TokenWindows(stream, 32, 8, seed=1)
+  halves = [text.TokenWindows(stream, 32, 8, seed=1, process_index=p,
+                              process_count=2) for p in (0, 1)]
+  for k in range(3):
+    parts = [h[k]["x"] for h in halves]
+    assert parts[0].shape == (4, 32)
+    np.testing.assert_array_equal(np.concatenate(parts), whole[k]["x"])
+    np.testing.assert_array_equal(parts[1], whole[k]["x"][4:])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(data_dir="/nonexistent/tfds"),
+     "config.data.tfds.data_dir=/nonexistent/tfds does not exist"),
+    (dict(name="no_such_set"), "config.data.tfds.name='no_such_set'"),
+    (dict(split="test"), "config.data.tfds.split='test' is not a split"),
+    (dict(feature="tokenz"), "config.data.tfds.feature='tokenz' is not a"),
+    (dict(feature="text"), "not a 1-D sequence of token ids"),
+])
+def test_bad_tfds_config_names_the_field(built, change, message):
+  config = ml_collections.ConfigDict(built[0].to_dict())
+  config.update(change)
+  with pytest.raises((ValueError, OSError), match=message):
+    tfds_source.TokenStream(config)
+
+
+def _code_config(tmp_path):
+  src = tmp_path / "src"
+  for name, body in [("b/z.py", "def z():\n  return 26\n"),
+                     ("a.py", "print('a' * 40)\n" * 12),
+                     ("b/c.py", "x = [i for i in range(99)]\n" * 9),
+                     ("notes.txt", "not code")]:
+    (src / name).parent.mkdir(parents=True, exist_ok=True)
+    (src / name).write_text(body)
+  data_dir = str(tmp_path / "tfds_data")
+  tfds_build.build("trm_code_files", str(src), data_dir)
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
+  return config_lib.set_values(config, {
+      "data.path": str(src / "**" / "*.py"), "data.eval_rows": 1,
+      "data.tfds.data_dir": data_dir})
+
+
+def test_code_rows_from_tfds_equal_rows_from_files(tmp_path):
+  config = _code_config(tmp_path)
+  tokenizer = tok_lib.from_spec("bytes",
+                                dream.DreamConfig.from_config(config.model))
+  from_files = sft.train_and_eval_rows(config.data, tokenizer, 16)
+  config.data.source = "tfds"
+  from_tfds = sft.train_and_eval_rows(config.data, tokenizer, 16)
+  assert len(from_files[0][0]) > 4
+  for a, b in zip(from_files, from_tfds):
+    for x, y in zip(a, b):
+      np.testing.assert_array_equal(x, y)
+  config.data.tfds.feature = "nope"
+  with pytest.raises(ValueError, match="config.data.tfds.feature='nope'"):
+    sft.train_and_eval_rows(config.data, tokenizer, 16)
+
+
+def test_tfds_build_loads_our_builder_files():
+  """`tfds build trm/data/tfds_builders/<name>.py` resolves the file to our
+  builder with TFDS's own loader (running the `tfds` script itself needs
+  apache_beam in tensorflow-datasets 4.9.10; see README)."""
+  from tensorflow_datasets.scripts.cli import build  # pylint: disable=g-import-not-at-top
+  for name in ("trm_tiny_shakespeare", "trm_code_files"):
+    path = os.path.join(ROOT, "trm", "data", "tfds_builders", f"{name}.py")
+    cls, _ = build._get_builder_cls_and_kwargs(path, has_imports=False)  # pylint: disable=protected-access
+    assert cls.name == name
+
+
+def _gpt(tmp_path, config, *extra):
+  return subprocess.run(
+      [sys.executable, "-m", "trm.main",
+       "--config=configs/gpt.py:shakespeare_char_cpu",
+       f"--workdir={tmp_path / 'run'}", "--config.data.source=tfds",
+       f"--config.data.tfds.data_dir={config.data_dir}",
+       "--config.max_iters=3", "--config.lr_decay_iters=3",
+       "--config.warmup_iters=1", "--config.eval_interval=3",
+       "--config.eval_iters=1", "--config.n_layer=1", "--config.n_head=2",
+       "--config.n_embd=16", "--config.block_size=16",
+       "--config.batch_size=8", *extra],
+      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def test_gpt_trains_from_tfds_on_the_command_line(built, tmp_path):
+  result = _gpt(tmp_path, built[0])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert os.listdir(tmp_path / "run" / "checkpoints") == ["3"]
+  assert os.path.isfile(tmp_path / "run" / "eval_3.json")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.data.tfds.eval_split=dev",
+     "config.data.tfds.eval_split='dev' is not a split"),
+    ("--config.data.tfds.data_dir=/nonexistent/tfds",
+     "config.data.tfds.data_dir=/nonexistent/tfds does not exist"),
+])
+def test_gpt_bad_tfds_config_is_one_line(built, tmp_path, override, message):
+  result = _gpt(tmp_path, built[0], override)
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert lines[-1].startswith(f"trm.main: error: {message}"), lines[-5:]
+  assert len(lines[-1]) < 400 and "Traceback" not in result.stderr
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_runs_recorded_before_the_tfds_keys_still_resume(tmp_path):
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from trm.core import config_record  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                  "shakespeare_char_cpu")
+  old = config.to_dict()
+  del old["data"]["source"], old["data"]["tfds"]
+  (tmp_path / config_record.RECORD).write_text(
+      ml_collections.ConfigDict(old).to_json_best_effort())
+  assert "data.source" in config_record.check(config, epath.Path(tmp_path), 5)
+  config.data.source = "tfds"  # this does change the data: refused
+  with pytest.raises(config_record.ConfigChangedError, match="data.source"):
+    config_record.check(config, epath.Path(tmp_path), 5)
+
+
+def test_build_command_line(tmp_path):
+  source = tmp_path / "play"
+  source.mkdir()
+  (source / "input.txt").write_text(
+      "To be, or not to be: that is the question.\n" * 50)
+  def build(manual_dir, out="out"):
+    return subprocess.run(
+        [sys.executable, "-m", "trm.data.tfds_builders",
+         "trm_tiny_shakespeare", f"--manual_dir={manual_dir}",
+         f"--data_dir={tmp_path / out}"],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  result = build(source)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert (f"--config.data.tfds.name=trm_tiny_shakespeare "
+          f"--config.data.tfds.data_dir={tmp_path / 'out'}") in result.stdout
+  (source / "input.txt").rename(source / "other.txt")
+  result = build(source, "out2")  # "out" holds it: TFDS would reuse it
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1].endswith(
+      f"error: {source / 'input.txt'} does not exist: pass --manual_dir=DIR "
+      "with DIR/input.txt (e.g. tinyshakespeare's input.txt, or any UTF-8 "
+      "text)."), result.stderr[-2000:]

@@ -1,0 +1,65 @@
+"""Tokenizer loading, special tokens and the Instruct prompt."""
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from trm.data.text import tokenizer as tok_lib
+
+
+def _write_tokenizer(directory, specials):
+  vocab = {"[UNK]": 0, "def": 1, "fib": 2, "(": 3, ")": 4, ":": 5, "n": 6}
+  tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+  tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+  tokenizer.add_special_tokens(specials)
+  tokenizer.save(str(directory / "tokenizer.json"))
+
+
+def test_loads_special_tokens_and_round_trips(tmp_path):
+  _write_tokenizer(tmp_path, [tok_lib.END_OF_TEXT, tok_lib.IM_START,
+                              tok_lib.IM_END, tok_lib.MASK, tok_lib.DLM_PAD])
+  tok = tok_lib.load_tokenizer(str(tmp_path))
+  assert (tok.eos_id, tok.im_end_id, tok.mask_id, tok.dlm_pad_id) == (
+      7, 9, 10, 11)
+  assert tok.stop_ids() == [7, 11, 9]
+  ids = tok.encode("def fib ( n ) :")
+  assert ids == [1, 2, 3, 6, 4, 5]
+  assert tok.decode(ids).split() == ["def", "fib", "(", "n", ")", ":"]
+  prompt_ids = tok.encode(tok_lib.chat_prompt("fib"))
+  assert prompt_ids[0] == 8 and tok.im_end_id in prompt_ids
+
+
+def test_base_tokenizer_has_no_dlm_pad(tmp_path):
+  _write_tokenizer(tmp_path, [tok_lib.END_OF_TEXT, tok_lib.MASK])
+  tok = tok_lib.load_tokenizer(str(tmp_path))
+  assert tok.dlm_pad_id is None and tok.stop_ids() == [tok.eos_id]
+
+
+def test_tokenizer_without_mask_token_is_a_clear_error(tmp_path):
+  _write_tokenizer(tmp_path, [tok_lib.END_OF_TEXT])
+  with pytest.raises(ValueError, match=r"no <\|mask\|> token"):
+    tok_lib.load_tokenizer(str(tmp_path))
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    tok_lib.load_tokenizer(str(tmp_path))
+
+
+def test_chat_prompt_matches_the_readme_layout():
+  assert tok_lib.chat_prompt("Write fib.") == (
+      "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+      "<|im_start|>user\nWrite fib.\n<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_byte_tokenizer_round_trip_and_checks():
+  import types
+  tokenizer = tok_lib.ByteTokenizer(mask_id=500)
+  ids = tokenizer.encode("é x")
+  assert ids == list("é x".encode())
+  assert tokenizer.decode(ids + [256, 500]) == "é x<|endoftext|><|mask|>"
+  cfg = types.SimpleNamespace(mask_token_id=500, vocab_size=512)
+  assert tok_lib.from_spec("bytes", cfg).vocab_size == 501
+  with pytest.raises(ValueError, match="vocab_size=299"):
+    tok_lib.from_spec("bytes", types.SimpleNamespace(mask_token_id=299,
+                                                     vocab_size=299))
+  with pytest.raises(ValueError, match="collides"):
+    tok_lib.ByteTokenizer(mask_id=257)

@@ -1,0 +1,154 @@
+"""Cached block decoding: the model half (dream_cache) and the sampler."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trm.families.dream import cached_sampling
+from trm.families.dream import sampling as ds
+from trm.families.dream import model as dream
+from trm.families.dream import cache as dream_cache
+
+MASK = 60
+
+
+def _model(scan_layers: bool):
+  cfg = dream.DreamConfig(
+      vocab_size=64, hidden_size=32, intermediate_size=64,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      mask_token_id=MASK, pad_token_id=0, dtype="float32",
+      scan_layers=scan_layers, remat="none")
+  params = nn.meta.unbox(dream.Dream(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  return cfg, params
+
+
+def _padded_batch(length=12):
+  tokens = jax.random.randint(jax.random.key(1), (2, length), 0, MASK)
+  mask = jnp.array([[0, 0] + [1] * (length - 2), [1] * length], bool)
+  positions = jnp.where(mask, jnp.cumsum(mask, -1) - 1, 1)
+  return tokens, mask, positions
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_encode_and_window_match_the_full_forward(scan_layers):
+  cfg, params = _model(scan_layers)
+  tokens, mask, positions = _padded_batch()
+  full = dream.Dream(cfg).apply({"params": params}, tokens, mask, positions,
+                                method=dream.Dream.hidden)
+  hidden, (k, v) = dream_cache.encode(cfg, params, tokens, mask, positions)
+  assert k.shape == v.shape == (2, 2, 12, 2, 8)  # layers, B, L, KV, K
+  np.testing.assert_allclose(hidden, full, atol=2e-6)
+  # A window at 5 against its own fresh cache: the same rows.
+  window = dream_cache.window(cfg, params, tokens[:, 5:], positions[:, 5:],
+                              (k, v), 5, mask)
+  np.testing.assert_allclose(window, full[:, 5:], atol=2e-6)
+  # A window over everything replaces every cached key and value: a cache
+  # of other tokens does not matter (pad rows, which the full forward lets
+  # attend nothing, are never queried by the sampler).
+  other = (tokens + 7) % MASK
+  _, stale = dream_cache.encode(cfg, params, other, mask, positions)
+  window = dream_cache.window(cfg, params, tokens, positions, stale, 0, mask)
+  np.testing.assert_allclose(np.asarray(window)[np.asarray(mask)],
+                             np.asarray(full)[np.asarray(mask)], atol=2e-6)
+  # ... while a part-window does see the stale rest (the approximation).
+  part = dream_cache.window(cfg, params, tokens[:, 5:], positions[:, 5:],
+                            stale, 5, mask)
+  assert np.abs(np.asarray(part) - np.asarray(full[:, 5:])).max() > 1e-3
+
+
+def _context_free_models(vocab=64, width=16, length=64):
+  """A model whose output at position i depends on i only: no cache can be
+  stale, so cached decoding must give the exact sampler's tokens."""
+  table = jax.random.normal(jax.random.key(2), (length, width))
+  head_w = jax.random.normal(jax.random.key(3), (width, vocab)) * 4
+
+  def hidden(params, tokens, mask, positions):
+    del params, mask
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    return table[positions]
+
+  def head(params, h):
+    del params
+    return (h @ head_w).at[..., MASK].set(-1e4)  # never predict the mask
+
+  def encode(params, tokens, mask, positions):
+    return hidden(params, tokens, mask, positions), jnp.zeros((1,))
+
+  def window(params, tokens, positions, cache, start, mask):
+    del cache, start
+    return hidden(params, tokens, mask, positions)
+
+  return (ds.Denoiser(hidden, head),
+          dream_cache.CachedDenoiser(encode, window, head))
+
+
+_EXACT, _CACHED = _context_free_models()
+
+
+@pytest.mark.parametrize("cache", cached_sampling.CACHES)
+@pytest.mark.parametrize("threshold", [None, 0.5])
+@pytest.mark.parametrize("padded", [False, True])
+def test_cached_decoding_equals_exact_for_a_context_free_model(
+    cache, threshold, padded):
+  prompt = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
+  mask = np.array([[0, 1, 1, 1], [1, 1, 1, 1]]) if padded else None
+  common = dict(mask_token_id=MASK, max_new_tokens=16, alg="entropy")
+  exact = ds.diffusion_generate(_EXACT, prompt, mask, steps=16, **common)
+  cached = cached_sampling.cached_generate(
+      _CACHED, prompt, mask, params=None, cache=cache, block_length=4,
+      threshold=threshold, steps=8, **common)
+  assert not np.any(np.asarray(cached) == MASK)
+  np.testing.assert_array_equal(cached, exact)
+
+
+@pytest.mark.parametrize("cache", cached_sampling.CACHES)
+def test_threshold_and_fixed_steps_agree_where_they_coincide(cache):
+  """A threshold every token passes reveals a block in its first (full)
+  step, as fixed steps of one step per block do."""
+  cfg, params = _model(True)
+  model = dream_cache.cached_denoiser(cfg)
+  prompt = np.array([[5, 6, 7, 8, 9]])
+  common = dict(params=params, mask_token_id=MASK, max_new_tokens=12,
+                cache=cache, block_length=4)
+  one_step = cached_sampling.cached_generate(
+      model, prompt, threshold=None, steps=3, **common)
+  everything = cached_sampling.cached_generate(
+      model, prompt, threshold=1e-30, **common)
+  np.testing.assert_array_equal(one_step, everything)
+  assert not np.any(np.asarray(one_step) == MASK)
+
+
+def test_real_model_dual_and_prefix_fill_the_canvas_with_sampling():
+  cfg, params = _model(False)
+  model = dream_cache.cached_denoiser(cfg)
+  prompt = np.array([[5, 6, 7, 8], [1, 2, 3, 4]])
+  for cache in cached_sampling.CACHES:
+    out = cached_sampling.cached_generate(
+        model, prompt, params=params, mask_token_id=MASK, max_new_tokens=8,
+        cache=cache, block_length=4, threshold=0.9, temperature=0.7,
+        top_p=0.9, rng=jax.random.key(3))
+    out = np.asarray(out)
+    assert out.shape == (2, 12) and not np.any(out == MASK)
+    np.testing.assert_array_equal(out[:, :4], prompt)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(cache="full"), "cache='full': must be one of"),
+    (dict(block_length=5), "block_length=5: must divide max_new_tokens=16"),
+    (dict(block_length=0), "block_length=0: must be an integer >= 1"),
+    (dict(threshold=1.5), "threshold=1.5: must lie in (0, 1]"),
+    (dict(threshold=0.0), "threshold=0.0"),
+    (dict(threshold=None, steps=6), "steps=6: must be a multiple of the "
+     "number of blocks (4"),
+    (dict(threshold=None, alg="origin"), "alg='origin': cached decoding"),
+])
+def test_bad_settings_name_the_argument(kwargs, message):
+  settings = dict(cache="dual", block_length=4, threshold=0.9,
+                  max_new_tokens=16, steps=16, alg="entropy")
+  settings.update(kwargs)
+  with pytest.raises(ValueError) as error:
+    cached_sampling.check_cached_settings(**settings)
+  assert message in str(error.value)

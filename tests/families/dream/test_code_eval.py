@@ -1,0 +1,366 @@
+"""HumanEval / MBPP scoring (trm.families.dream.code_eval, trm.families.dream.code_exec): the canonical
+solutions pass, wrong code fails, runaway programs are contained, the
+network is closed, pass@k is exact, and trm.evaluate runs a tiny model end
+to end."""
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trm.families.dream import code_eval
+from trm.families.dream import code_exec
+
+from test_generate import ROOT, make_tiny_checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+WORKERS = max(2, os.cpu_count() or 1)
+
+
+@pytest.fixture(scope="module")
+def humaneval():
+  return code_eval.load_humaneval()
+
+
+# ------------------------------------------------------------- HumanEval
+
+
+def test_canonical_solutions_pass_all_164(humaneval):
+  assert len(humaneval) == 164
+  start = time.perf_counter()
+  records, results = code_eval.score(
+      humaneval, [[p.solution] for p in humaneval], "humaneval",
+      workers=WORKERS)
+  failed = [(r["task_id"], r["result"]) for r in records if not r["passed"]]
+  assert not failed
+  assert results == {"pass@1": 1.0}
+  print(f"oracle: 164/164 in {time.perf_counter() - start:.1f} s")
+
+
+def test_wrong_completions_pass_none(humaneval):
+  some = humaneval[:20]
+  # A constant answer, and each problem given its neighbour's solution.
+  wrong = [["    return None\n", nxt.solution]
+           for p, nxt in zip(some, some[1:] + some[:1])]
+  records, results = code_eval.score(some, wrong, "humaneval",
+                                     workers=WORKERS, ks=(1, 2))
+  assert len(records) == 40
+  assert not [r["task_id"] for r in records if r["passed"]]
+  assert results == {"pass@1": 0.0, "pass@2": 0.0}
+  assert all(r["result"].startswith("failed: ") for r in records)
+
+
+def test_prompts_and_programs(humaneval):
+  problem = humaneval[0]
+  assert code_eval.build_prompt(problem, "humaneval") == problem.prompt
+  chat = code_eval.build_prompt(problem, "humaneval", chat=True)
+  assert chat.startswith("<|im_start|>system\nYou are a helpful assistant.")
+  assert problem.prompt.strip() in chat
+  assert chat.endswith("<|im_start|>assistant\n" + code_eval.RESPONSE_PREFIX)
+  # Instruct output: the whole function (the prompt supplies the imports
+  # and, for HumanEval/38, the helper encode_cyclic), or only the body.
+  cyclic = humaneval[38]
+  answers = [
+      (problem, "def has_close_elements(numbers: List[float], threshold: "
+       "float) -> bool:\n" + problem.solution + "```\nExplanation: ..."),
+      (problem, problem.solution + "```"),
+      (cyclic, "def decode_cyclic(s: str):\n" + cyclic.solution + "```"),
+      (cyclic, "def decode_cyclic(s: str):\n    return s\n```")]
+  outcomes = code_exec.run_programs(
+      [code_eval.program(p, code_eval.postprocess(p, text, "humaneval", True),
+                         "humaneval", True) for p, text in answers],
+      workers=2)
+  assert [o.passed for o in outcomes] == [True, True, True, False]
+
+
+# ------------------------------------------------------- post-processing
+
+
+@pytest.mark.parametrize("text, want", [
+    ("    return 1\n\ndef helper():\n    pass", "    return 1\n"),
+    ("    return 1\nclass A:\n", "    return 1"),
+    ("    return 1\nif __name__ == '__main__':\n", "    return 1"),
+    ("    return 1\nprint(f(2))\n", "    return 1"),
+    ("    return 1\n# test\nassert f(1)", "    return 1"),
+    ("    x = 1  # keep\n    return x\n", "    x = 1  # keep\n    return x\n"),
+    ("    if x:\n        return 1\n    print(2)", "    if x:\n        return 1"
+     "\n    print(2)"),
+])
+def test_humaneval_stops_at_the_function_boundary(text, want):
+  problem = code_eval.Problem("t", "def f(x):\n", "", "", "f")
+  assert code_eval.postprocess(problem, text, "humaneval", False) == want
+
+
+@pytest.mark.parametrize("text, want", [
+    # The prompt opened the block: code up to the closing fence.
+    ("def f():\n    return 1\n```\nDone.", "def f():\n    return 1\n"),
+    # A block of its own after some prose.
+    ("Sure.\n```python\ndef f():\n    return 2\n```\n",
+     "def f():\n    return 2\n"),
+    # Two blocks: the one that defines something wins.
+    ("```\npip install x\n```\n```py\ndef g():\n    pass\n```",
+     "def g():\n    pass\n"),
+    # No closing fence (cut at the token limit).
+    ("def f():\n    return 3", "def f():\n    return 3\n"),
+])
+def test_chat_code_extraction(text, want):
+  assert code_eval.extract_code(text) == want
+
+
+def test_mbpp_stops_at_done():
+  problem = code_eval.Problem(1, "t", "", "")
+  assert code_eval.postprocess(problem, "def f(): return 1\n[DONE]\nmore",
+                               "mbpp", False) == "def f(): return 1\n"
+
+
+# ----------------------------------------------------------------- MBPP
+
+
+def _mbpp_row(task_id, name, body, tests, setup=""):
+  return dict(task_id=task_id, text=f"Write a function {name}.",
+              code=f"def {name}(x):\n    {body}", test_list=tests,
+              test_setup_code=setup, challenge_test_list=[])
+
+
+@pytest.fixture
+def mbpp_file(tmp_path):
+  rows = [_mbpp_row(2, "double", "return 2 * x", ["assert double(2) == 4"]),
+          _mbpp_row(3, "neg", "return -x", ["assert neg(1) == -1"]),
+          _mbpp_row(4, "inc", "return x + 1", ["assert inc(1) == 2"]),
+          _mbpp_row(11, "square", "return x * x",
+                    ["assert square(3) == 9", "assert square(-2) == 4"]),
+          _mbpp_row(12, "root", "return math.sqrt(x)",
+                    ["assert root(9) == 3"], setup="import math")]
+  path = tmp_path / "mbpp.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+def test_mbpp_loads_prompts_and_scores(mbpp_file):
+  problems, shots, split = code_eval.load_mbpp(mbpp_file)
+  assert [p.task_id for p in problems] == [11, 12]
+  assert [s.task_id for s in shots] == [2, 3, 4]
+  assert split == "all 2 rows except the 3 shots"
+  prompt = code_eval.build_prompt(problems[0], "mbpp", shots=shots)
+  assert prompt.count("[BEGIN]") == 4 and prompt.count("[DONE]") == 3
+  assert prompt.startswith("You are an expert Python programmer, and here "
+                           "is your task: Write a function double.")
+  assert prompt.endswith("assert square(-2) == 4\n[BEGIN]\n")
+  right = [[p.solution + "\n[DONE]\n"] for p in problems]
+  wrong = [["def square(x):\n    return x + x\n[DONE]"],
+           ["def root(x):\n    return x / 2\n"]]
+  _, results = code_eval.score(problems, right, "mbpp", workers=2)
+  assert results == {"pass@1": 1.0}
+  records, results = code_eval.score(problems, wrong, "mbpp", workers=2)
+  assert results == {"pass@1": 0.0}
+  assert records[0]["result"].startswith("failed: AssertionError")
+
+
+def test_mbpp_full_file_takes_the_test_split(tmp_path):
+  rows = [_mbpp_row(i, f"f{i}", "return x", [f"assert f{i}(1) == 1"])
+          for i in (2, 3, 4, 10, 11, 510, 511, 974)]
+  path = tmp_path / "full.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  problems, shots, split = code_eval.load_mbpp(str(path))
+  assert [p.task_id for p in problems] == [11, 510]
+  assert len(shots) == 3 and "tasks 11-510" in split
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json\n", "line 1: not JSON"),
+    ('{"task_id": 1, "text": "x"}\n', "test_list"),
+    ("", "holds no problems"),
+])
+def test_bad_mbpp_files_are_named(tmp_path, content, message):
+  path = tmp_path / "bad.jsonl"
+  path.write_text(content)
+  with pytest.raises(ValueError, match=message) as error:
+    code_eval.load_mbpp(str(path))
+  assert str(path) in str(error.value)
+
+
+# -------------------------------------------------------------- sandbox
+
+
+@pytest.mark.parametrize("source, timeout, want", [
+    ("while True:\n    pass\n", 1.5, "timed out"),
+    ("import time\ntime.sleep(60)\n", 1.5, "timed out"),
+    # The rest end on their own limit, well before the (generous) timeout.
+    ("x = bytearray(10 ** 10)\n", 20, "failed: memory limit"),
+    ("chunks = []\nwhile True:\n    chunks.append(' ' * 10 ** 6)\n", 20,
+     "failed: memory limit"),
+    ("while True:\n    print('x' * 10000)\n", 20, "File too large"),
+    ("import os, time\nif os.fork() == 0:\n    time.sleep(60)\n"
+     "raise SystemExit(3)\n", 20, "exit status 3"),
+])
+def test_runaway_programs_are_contained(source, timeout, want):
+  start = time.perf_counter()
+  outcome = code_exec.run_program(source, code_exec.Limits(
+      timeout_s=timeout, memory_mb=256))
+  assert not outcome.passed
+  assert want in outcome.result
+  assert time.perf_counter() - start < 15
+
+
+def test_programs_run_in_a_fresh_directory_with_a_small_environment():
+  source = ("import os, sys\n"
+            "assert sorted(os.listdir('.')) == ['solution.py', 'stderr', 'stdout'], "
+            "os.listdir('.')\n"
+            "assert os.environ['HOME'] == os.getcwd()\n"
+            "assert 'PYTHONPATH' not in os.environ\n"
+            "assert not any('site-packages' in p for p in sys.path)\n")
+  os.environ["TRM_CODE_EVAL_SECRET"] = "1"
+  try:
+    source += "assert 'TRM_CODE_EVAL_SECRET' not in os.environ\n"
+    outcome = code_exec.run_program(source, code_exec.Limits(timeout_s=5))
+  finally:
+    del os.environ["TRM_CODE_EVAL_SECRET"]
+  assert outcome.passed, outcome.result
+
+
+@pytest.fixture
+def server():
+  listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  listener.bind(("127.0.0.1", 0))
+  listener.listen(4)
+  listener.setblocking(False)
+  yield listener
+  listener.close()
+
+
+def _accepted(listener) -> bool:
+  try:
+    listener.accept()[0].close()
+    return True
+  except BlockingIOError:
+    return False
+
+
+def test_python_sockets_are_refused(server):
+  port = server.getsockname()[1]
+  source = ("import socket\n"
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=2)\n")
+  for namespace in (False, None):
+    outcome = code_exec.run_program(source, code_exec.Limits(
+        timeout_s=5, network_namespace=namespace))
+    assert not outcome.passed
+    assert "network access is disabled" in outcome.result
+  assert not _accepted(server)
+
+
+def test_network_namespace_stops_unguarded_code(server):
+  """A child interpreter escapes the socket guard, not the namespace; the
+  guard-only run shows the probe does reach the server."""
+  if not code_exec.namespace_prefix():
+    pytest.skip("no network namespace on this machine (unshare --net)")
+  port = server.getsockname()[1]
+  probe = (f"import socket; socket.create_connection(('127.0.0.1', {port}),"
+           " timeout=2)")
+  source = ("import subprocess, sys\n"
+            f"run = subprocess.run([sys.executable, '-I', '-c', {probe!r}])\n"
+            "sys.exit(run.returncode)\n")
+  walled = code_exec.run_program(source, code_exec.Limits(
+      timeout_s=5, network_namespace=True))
+  assert not walled.passed and not _accepted(server)
+  guarded = code_exec.run_program(source, code_exec.Limits(
+      timeout_s=5, network_namespace=False))
+  assert guarded.passed, guarded.result
+  assert _accepted(server)
+
+
+# ---------------------------------------------------------------- pass@k
+
+
+@pytest.mark.parametrize("n, c, k, want", [
+    (5, 2, 1, 0.4),
+    (5, 2, 2, 1 - 3 / 10),           # 1 - C(3,2)/C(5,2)
+    (10, 3, 5, 1 - 21 / 252),        # 1 - C(7,5)/C(10,5)
+    (10, 0, 5, 0.0),
+    (4, 3, 2, 1.0),                  # n - c < k: a correct one always drawn
+    (1, 1, 1, 1.0),
+])
+def test_pass_at_k_hand_computed(n, c, k, want):
+  assert code_eval.pass_at_k(n, c, k) == pytest.approx(want, abs=1e-12)
+
+
+def test_pass_at_k_is_stable_for_large_n():
+  # Exact rational arithmetic as the reference; the binomials overflow
+  # floats (C(1000, 500) ~ 1e299).
+  want = 1 - math.comb(1000 - 7, 500) / math.comb(1000, 500)
+  assert code_eval.pass_at_k(1000, 7, 500) == pytest.approx(want, rel=1e-12)
+  with pytest.raises(ValueError, match="k <= n"):
+    code_eval.pass_at_k(3, 1, 4)
+
+
+def test_ks_are_checked_against_the_samples():
+  assert code_eval.check_ks(["10", "1", "1"], 10) == [1, 10]
+  with pytest.raises(ValueError, match="--k=10 exceeds --num_samples=5"):
+    code_eval.check_ks([1, 10], 5)
+  with pytest.raises(ValueError, match="comma-separated list of integers"):
+    code_eval.check_ks(["one"], 5)
+
+
+def test_samples_use_their_own_seeds():
+  class FakeLM:
+    def __init__(self):
+      self.seeds = []
+
+    def generate(self, prompts, *, seed, batch_size, **unused):
+      self.seeds.append(seed)
+      return [f"{p}:{seed}" for p in prompts]
+
+  lm = FakeLM()
+  out = code_eval.generate(lm, ["a", "b", "c"], 2, seed=5, batch_size=2)
+  assert lm.seeds == [5, 7]  # two batches per round: keys 5, 6 then 7, 8
+  assert out == [["a:5", "a:7"], ["b:5", "b:7"], ["c:5", "c:7"]]
+
+
+# ------------------------------------------------------ trm.evaluate CLI
+
+
+def _evaluate(*flags):
+  return subprocess.run(
+      [sys.executable, "-m", "trm.evaluate",
+       "--config=configs/diffucoder_7b.py:tiny", *flags],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def test_tiny_model_end_to_end(tmp_path):
+  checkpoint = make_tiny_checkpoint(tmp_path / "ckpt")
+  output = tmp_path / "he" / "samples.jsonl"
+  result = _evaluate(f"--checkpoint={checkpoint}", "--benchmark=humaneval",
+                     "--limit=2", "--max_new_tokens=16", "--steps=4",
+                     "--config.seq_len=512", "--batch_size=2",
+                     f"--output={output}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = [json.loads(line) for line in output.read_text().splitlines()]
+  assert [r["task_id"] for r in records] == ["HumanEval/0", "HumanEval/1"]
+  for record in records:
+    assert set(record) >= {"task_id", "completion", "passed", "result"}
+    assert record["generation"]  # random words, but something came back
+  summary = json.loads((tmp_path / "he" / "samples_summary.json").read_text())
+  assert summary["pass@1"] == sum(r["passed"] for r in records) / 2
+  assert summary["problems"] == 2 and summary["sampler"]["steps"] == 4
+  assert f"pass@1: {100 * summary['pass@1']:.2f}%" in result.stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--benchmark=humaneva"], "--benchmark=humaneva: must be one of "
+     "humaneval, mbpp"),
+    (["--benchmark=mbpp"], "--benchmark=mbpp needs --benchmark_path"),
+    (["--benchmark=mbpp", "--benchmark_path=/nonexistent/mbpp.jsonl"],
+     "--benchmark_path=/nonexistent/mbpp.jsonl: no such file"),
+    (["--benchmark=humaneval", "--k=1,10"],
+     "--k=10 exceeds --num_samples=1"),
+])
+def test_bad_input_is_one_line(flags, message):
+  result = _evaluate("--checkpoint=/nonexistent", *flags)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f"trm.evaluate: error: {message}"), lines[0]

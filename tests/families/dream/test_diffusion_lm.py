@@ -1,0 +1,227 @@
+"""DiffuCoder fine-tuning through the training loop (`trm.families.dream.task`):
+the loss falls on code files, runs resume, a published checkpoint is the
+starting point, trm.generate samples from the workdir, bad data fails early.
+8 CPU devices, mesh 2x2x2."""
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import repo
+
+from trm.core import config_lib
+from trm.core import mesh as mesh_lib
+from trm.core import state as state_lib
+from trm.core import task as tasks
+from trm.core import train
+from trm.families.dream import model as dream
+from trm.families.dream import hf_import
+
+ROOT = repo.ROOT
+
+
+def tiny_config(data_glob, **overrides):
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
+  config.data.update(path=data_glob, eval_rows=16, eval_batch_size=8)
+  config.mesh.update(data=2, fsdp=2, model=2)
+  config.update(total_steps=40, eval_every=20, checkpoint_every=20,
+                log_every=10, seq_len=64)
+  return config_lib.set_values(config, overrides)
+
+
+@pytest.fixture(scope="module")
+def code_glob():
+  return os.path.join(ROOT, "trm", "**", "*.py")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, code_glob):
+  workdir = str(tmp_path_factory.mktemp("ft"))
+  _, results = train.train_and_evaluate(tiny_config(code_glob), workdir)
+  return workdir, results
+
+
+def _eval_loss(workdir, step):
+  with open(os.path.join(workdir, f"eval_{step}.json")) as f:
+    return json.load(f)["eval/loss"]
+
+
+def test_loss_falls_and_checkpoints_are_written(trained):
+  workdir, results = trained
+  first, last = _eval_loss(workdir, 20), _eval_loss(workdir, 40)
+  assert last == pytest.approx(results["eval/loss"])
+  assert last < first - 0.5, (first, last)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20",
+                                                                      "40"]
+
+
+def test_rerun_resumes_and_reevaluates_identically(trained, code_glob):
+  workdir, results = trained
+  state, again = train.train_and_evaluate(tiny_config(code_glob), workdir)
+  assert int(state.step) == 40
+  assert again["eval/loss"] == pytest.approx(results["eval/loss"], rel=1e-6)
+
+
+def test_starts_from_a_hugging_face_checkpoint(tmp_path, code_glob):
+  config = tiny_config(code_glob)
+  model = dream.Dream(dream.DreamConfig.from_config(config.model))
+  params = nn.meta.unbox(model.init(jax.random.key(7),
+                                    jnp.zeros((1, 4), jnp.int32))["params"])
+  hf_import.export_hf_checkpoint(params, model.cfg, str(tmp_path / "hf"))
+  config.init_checkpoint = str(tmp_path / "hf")
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  task = tasks.build(config, str(tmp_path), mesh, rules)
+  _, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
+  state = task.initial_state(mesh, rules, shardings)
+  assert int(state.step) == 0
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params),
+               params)
+  # Sharded as the rules say, optimizer state included.
+  assert (state.params["embed_tokens"].sharding
+          == shardings.params["embed_tokens"])
+  config.update(total_steps=2, eval_every=2, checkpoint_every=2)
+  trained_state, _ = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert int(trained_state.step) == 2
+
+
+def test_generate_samples_from_the_workdir(trained, code_glob):
+  workdir, _ = trained
+  workdir = os.path.relpath(workdir, ROOT)  # relative paths work too
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.generate",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+       "--prompt=def f(x):", "--max_new_tokens=16", "--steps=8"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"weights: {workdir}/checkpoints step 40" in result.stdout
+  assert "=== def f(x):" in result.stdout
+  assert "tokens/s" in result.stdout
+
+
+def test_jsonl_pairs_train(tmp_path):
+  path = tmp_path / "pairs.jsonl"
+  with open(path, "w") as f:
+    for i in range(40):
+      f.write(json.dumps({"prompt": f"add {i} and 1",
+                          "response": f"{i + 1}"}) + "\n")
+  # The ChatML template is spelled out in bytes: room for ~120 tokens.
+  config = tiny_config(str(path), **{"data.format": "jsonl"})
+  config.update(total_steps=4, eval_every=4, checkpoint_every=4, seq_len=160)
+  state, results = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert int(state.step) == 4 and np.isfinite(results["eval/loss"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"data.path": ""}, "config.data.path is empty"),
+    ({"data.eval_rows": 10**6}, "config.data.eval_rows=1000000"),
+    ({"data.eval_rows": 4}, "cannot fill one eval batch"),
+    ({"data.format": "csv"}, "config.data.format='csv'"),
+    ({"data.tokenizer": ""}, "No tokenizer"),
+    ({"model.mask_token_id": 100}, "collides with the byte tokenizer"),
+    ({"loss_chunk_size": 0}, "config.loss_chunk_size=0"),
+])
+def test_bad_configs_fail_before_compiling(tmp_path, code_glob, overrides,
+                                           message):
+  with pytest.raises((ValueError, FileNotFoundError), match=message):
+    train.train_and_evaluate(tiny_config(code_glob, **overrides),
+                             str(tmp_path))
+
+
+def test_missing_files_name_the_pattern(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"No files match .*\*\.rs"):
+    train.train_and_evaluate(tiny_config(str(tmp_path / "*.rs")),
+                             str(tmp_path))
+
+
+def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):
+  workdir, _ = trained
+  tokenizer_dir = tmp_path / "tok"
+  tokenizer_dir.mkdir()
+  (tokenizer_dir / "tokenizer.json").write_text("{}")
+  (tokenizer_dir / "modeling_dream.py").write_text("# remote code")
+  out = tmp_path / "hf"
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+       f"--out={out}", f"--tokenizer={tokenizer_dir}", "--dtype=float32"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "step 40" in result.stdout
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors",
+                                     "modeling_dream.py", "tokenizer.json"]
+  config = tiny_config("unused")
+  cfg = dream.DreamConfig.from_config(config.model)
+  exported = hf_import.load_hf_checkpoint(str(out), cfg)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  with nn.logical_axis_rules(rules):
+    shardings = mesh_lib.tree_shardings(mesh, rules,
+                                        dream.abstract_params(cfg))
+  from trm import generate  # pylint: disable=g-import-not-at-top
+  saved, _ = generate.load_params(workdir, cfg, shardings)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(exported),
+               jax.device_get(saved))
+
+
+def _export(workdir, out, *extra):
+  return subprocess.run(
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+       f"--out={out}", "--dtype=float32", *extra],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def test_export_never_mixes_with_an_existing_directory(trained, tmp_path):
+  """An old sharded download in --out: refused untouched without
+  --overwrite; with it, replaced as a whole (its index, which loaders
+  prefer, must not survive to point at the old shards)."""
+  workdir, _ = trained
+  out = tmp_path / "hf"
+  out.mkdir()
+  old = {"model.safetensors.index.json": "{}",
+         "model-00001-of-00002.safetensors": "old", "config.json": "{}"}
+  for name, text in old.items():
+    (out / name).write_text(text)
+  refused = _export(workdir, out)
+  assert refused.returncode == 1, refused.stderr[-2000:]
+  assert f"--out={out} is not empty" in refused.stderr
+  assert "Traceback" not in refused.stderr
+  assert sorted(os.listdir(out)) == sorted(old)
+  replaced = _export(workdir, out, "--overwrite")
+  assert replaced.returncode == 0, replaced.stderr[-3000:]
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+  assert not [p for p in os.listdir(tmp_path) if p != "hf"]  # no leftovers
+
+
+def test_export_refuses_to_overwrite_its_tokenizer_source(trained, tmp_path):
+  workdir, _ = trained
+  (tmp_path / "tokenizer.json").write_text("{}")
+  for out in (tmp_path, tmp_path.parent):
+    result = _export(workdir, out, f"--tokenizer={tmp_path}", "--overwrite")
+    assert result.returncode == 1
+    assert "equals or contains --tokenizer" in result.stderr
+  assert os.listdir(tmp_path) == ["tokenizer.json"]
+
+
+def test_the_python_api_samples_from_a_workdir(trained):
+  """DiffusionLM.from_pretrained on a trm.main workdir: sizes and tokenizer
+  from the run's config.json; a batch of prompts in, strings out."""
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  workdir, _ = trained
+  lm = DiffusionLM.from_pretrained(workdir, dtype="float32")
+  assert lm.source.endswith("step 40")
+  out = lm.generate(["def f(x):", "x = 1"], max_new_tokens=8, steps=4,
+                    return_tokens=True)
+  assert len(out.completions) == 2
+  assert all(isinstance(c, str) for c in out.completions)
+  assert out.tokens.shape == (2, out.prompt_len + 8)

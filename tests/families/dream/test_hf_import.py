@@ -1,0 +1,265 @@
+"""HF checkpoint import/export: logits parity with transformers' Qwen2."""
+import copy
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file, save_file
+
+from trm.core import config_lib
+from trm.core import mesh as mesh_lib
+from trm.families.dream import model as dream
+from trm.families.dream import hf_import
+
+RULES = config_lib.default_logical_axis_rules() + (
+    ("kv_heads", None), ("head_dim", None), ("layers", None))
+
+CFG = dream.DreamConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, mask_token_id=500,
+                        pad_token_id=1, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+  """A tiny random Qwen2 (Dream's state_dict layout) saved in several shards."""
+  torch.manual_seed(0)
+  config = transformers.Qwen2Config(
+      vocab_size=CFG.vocab_size, hidden_size=CFG.hidden_size,
+      intermediate_size=CFG.intermediate_size,
+      num_hidden_layers=CFG.num_hidden_layers,
+      num_attention_heads=CFG.num_attention_heads,
+      num_key_value_heads=CFG.num_key_value_heads,
+      rope_theta=CFG.rope_theta, rms_norm_eps=CFG.rms_norm_eps,
+      pad_token_id=CFG.pad_token_id, tie_word_embeddings=False,
+      torch_dtype="float32", attn_implementation="sdpa")
+  model = transformers.Qwen2ForCausalLM(config).eval()
+  with torch.no_grad():  # random non-trivial biases and norm weights
+    for name, p in model.named_parameters():
+      if name.endswith("bias") or "norm" in name:
+        p.add_(0.1 * torch.randn_like(p))
+  directory = str(tmp_path_factory.mktemp("hf"))
+  model.save_pretrained(directory, safe_serialization=True,
+                        max_shard_size="60KB")
+  return model, directory
+
+
+def _torch_logits(model, tokens, mask=None, positions=None):
+  tokens = torch.tensor(np.asarray(tokens), dtype=torch.long)
+  b, l = tokens.shape
+  m = (torch.ones(b, l, dtype=torch.bool) if mask is None
+       else torch.tensor(np.asarray(mask)))
+  # Dream passes a 4-D bool mask [B, 1, L, L] straight to sdpa: pairwise.
+  mask4 = m[:, None, :, None] & m[:, None, None, :]
+  kwargs = {}
+  if positions is not None:
+    kwargs["position_ids"] = torch.tensor(np.asarray(positions),
+                                          dtype=torch.long)
+  with torch.no_grad():
+    return model(input_ids=tokens, attention_mask=mask4,
+                 **kwargs).logits.float().numpy()
+
+
+def _ours(params, tokens, mask=None, positions=None, cfg=CFG):
+  fn = jax.jit(lambda p, *a: dream.Dream(cfg).apply({"params": p}, *a))
+  return np.asarray(fn(params, tokens, mask, positions))
+
+
+def test_checkpoint_is_sharded(hf_model):
+  _, directory = hf_model
+  files = [f for f in os.listdir(directory) if f.endswith(".safetensors")]
+  assert len(files) >= 3
+  assert os.path.exists(os.path.join(directory, hf_import.INDEX_FILE))
+
+
+def test_logits_parity_bidirectional(hf_model):
+  model, directory = hf_model
+  params = hf_import.load_hf_checkpoint(directory, CFG)
+  tokens = np.random.RandomState(0).randint(0, 512, (2, 11)).astype(np.int32)
+  ref = _torch_logits(model, tokens)
+  # The 4-D mask really makes torch bidirectional: the default is causal.
+  with torch.no_grad():
+    causal = model(input_ids=torch.tensor(tokens, dtype=torch.long)).logits
+  assert np.abs(causal.numpy() - ref).max() > 1e-2
+  np.testing.assert_allclose(_ours(params, tokens), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_tracks_torch_bfloat16(hf_model):
+  """bf16 compute (bf16 cos/sin, norm cast before weight) tracks torch bf16.
+
+  Not bit-exact (different kernels), but closer to torch's bf16 run than
+  that run is to float32.
+  """
+  model, directory = hf_model
+  tokens = np.random.RandomState(2).randint(0, 512, (2, 64)).astype(np.int32)
+  ref32 = _torch_logits(model, tokens)
+  ref16 = _torch_logits(copy.deepcopy(model).to(torch.bfloat16), tokens)
+  for param_dtype in ("float32", "bfloat16"):
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", param_dtype=param_dtype)
+    params = hf_import.load_hf_checkpoint(directory, cfg)
+    ours = _ours(params, tokens, cfg=cfg).astype(np.float32)
+    assert np.abs(ours - ref16).max() < 1e-2
+    assert np.abs(ours - ref16).mean() < np.abs(ref16 - ref32).mean()
+
+
+def test_logits_parity_left_padded(hf_model):
+  model, directory = hf_model
+  params = hf_import.load_hf_checkpoint(directory, CFG)
+  rng = np.random.RandomState(1)
+  tokens = rng.randint(0, 512, (3, 10)).astype(np.int32)
+  mask = np.ones((3, 10), bool)
+  mask[1, :3] = False
+  mask[2, :6] = False
+  tokens[~mask] = CFG.pad_token_id
+  positions = np.where(mask, np.cumsum(mask, axis=1) - 1, 1).astype(np.int32)
+  ref = _torch_logits(model, tokens, mask, positions)
+  ours = _ours(params, tokens, mask, positions)
+  assert np.isfinite(ours).all()
+  # Real positions must agree; torch's fully-masked pad rows are undefined.
+  np.testing.assert_allclose(ours[mask], ref[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_unscanned_layout_loads(hf_model):
+  model, directory = hf_model
+  cfg = dataclasses.replace(CFG, scan_layers=False)
+  params = hf_import.load_hf_checkpoint(directory, cfg)
+  tokens = np.arange(9, dtype=np.int32)[None] * 7
+  np.testing.assert_allclose(_ours(params, tokens, cfg=cfg),
+                             _torch_logits(model, tokens), atol=1e-5,
+                             rtol=1e-5)
+
+
+def test_sharded_load_matches(hf_model):
+  _, directory = hf_model
+  mesh = mesh_lib.make_mesh(config_lib.mesh_config(data=2, fsdp=2, model=2))
+  shardings = mesh_lib.tree_shardings(mesh, RULES,
+                                      dream.abstract_params(CFG))
+  sharded = hf_import.load_hf_checkpoint(directory, CFG, shardings)
+  plain = hf_import.load_hf_checkpoint(directory, CFG)
+  q = sharded["layers"]["self_attn"]["q_proj"]["kernel"]
+  assert q.sharding == shardings["layers"]["self_attn"]["q_proj"]["kernel"]
+  assert not q.is_fully_replicated
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a),
+                                                          np.asarray(b)),
+               sharded, plain)
+
+
+def test_sharded_load_reads_only_slices(hf_model, monkeypatch):
+  _, directory = hf_model
+  mesh = mesh_lib.make_mesh(config_lib.mesh_config(data=1, fsdp=8, model=1))
+  shardings = mesh_lib.tree_shardings(mesh, RULES,
+                                      dream.abstract_params(CFG))
+  reads = []
+  original = hf_import._Files.read
+
+  def spy(self, name, slices):
+    out = original(self, name, slices)
+    reads.append((name, out.size))
+    return out
+
+  monkeypatch.setattr(hf_import._Files, "read", spy)
+  hf_import.load_hf_checkpoint(directory, CFG, shardings)
+  # The embedding [512, 64] is split 8 ways on 'embed': each read is 1/8.
+  sizes = {s for n, s in reads if n == "model.embed_tokens.weight"}
+  assert sizes == {512 * 64 // 8}
+
+
+def test_export_round_trip(hf_model, tmp_path):
+  model, directory = hf_model
+  params = hf_import.load_hf_checkpoint(directory, CFG)
+  files = hf_import.export_hf_checkpoint(params, CFG, str(tmp_path),
+                                         shard_size_bytes=50_000)
+  assert len(files) > 1
+  again = hf_import.load_hf_checkpoint(str(tmp_path), CFG)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), params,
+               again)
+  # The exported tensors are exactly the original HF state_dict.
+  state = model.state_dict()
+  exported = {}
+  for f in files:
+    exported.update(load_file(os.path.join(tmp_path, f)))
+  assert set(exported) == set(state)
+  for name, value in state.items():
+    np.testing.assert_array_equal(exported[name], value.numpy())
+  config = json.load(open(os.path.join(tmp_path, "config.json")))
+  assert config["mask_token_id"] == 500 and config["model_type"] == "Dream"
+  # bfloat16 export (the hub's dtype) loads back within bf16 rounding.
+  bf = tmp_path / "bf16"
+  hf_import.export_hf_checkpoint(params, CFG, str(bf), dtype="bfloat16")
+  assert os.path.exists(bf / "model.safetensors")
+  back = hf_import.load_hf_checkpoint(str(bf), CFG)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-2,
+                                                       atol=1e-2),
+               params, back)
+
+
+def _copy_single(directory, tmp_path, edit):
+  """The checkpoint as one model.safetensors, with `edit` applied."""
+  tensors = {}
+  for f in os.listdir(directory):
+    if f.endswith(".safetensors"):
+      tensors.update(load_file(os.path.join(directory, f)))
+  edit(tensors)
+  save_file(tensors, str(tmp_path / "model.safetensors"))
+  with open(os.path.join(directory, "config.json")) as f:
+    config = json.load(f)
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump(config, f)
+  return str(tmp_path)
+
+
+def test_single_file_loads(hf_model, tmp_path):
+  model, directory = hf_model
+  single = _copy_single(directory, tmp_path, lambda t: None)
+  params = hf_import.load_hf_checkpoint(single, CFG)
+  tokens = np.arange(6, dtype=np.int32)[None] * 3
+  np.testing.assert_allclose(_ours(params, tokens),
+                             _torch_logits(model, tokens), atol=1e-5,
+                             rtol=1e-5)
+
+
+def test_missing_tensor_error(hf_model, tmp_path):
+  _, directory = hf_model
+  name = "model.layers.1.self_attn.k_proj.bias"
+  bad = _copy_single(directory, tmp_path, lambda t: t.pop(name))
+  with pytest.raises(hf_import.CheckpointError, match=name.replace(".", r"\.")):
+    hf_import.load_hf_checkpoint(bad, CFG)
+
+
+def test_misshaped_tensor_error(hf_model, tmp_path):
+  _, directory = hf_model
+  name = "model.layers.0.mlp.up_proj.weight"
+
+  def edit(t):
+    t[name] = t[name][:, :32].copy()
+
+  bad = _copy_single(directory, tmp_path, edit)
+  with pytest.raises(hf_import.CheckpointError,
+                     match=r"up_proj\.weight.*model\.safetensors.*\(128, 32\)"):
+    hf_import.load_hf_checkpoint(bad, CFG)
+
+
+def test_config_mismatch_error(hf_model):
+  _, directory = hf_model
+  with pytest.raises(hf_import.CheckpointError,
+                     match=r"num_key_value_heads=2.*config\.model\."
+                           r"num_key_value_heads=1"):
+    hf_import.load_hf_checkpoint(
+        directory, dataclasses.replace(CFG, num_key_value_heads=1))
+
+
+@pytest.mark.parametrize("file", ["../model.safetensors", "/etc/passwd",
+                                  "sub/../../x.safetensors"])
+def test_index_shard_names_must_stay_inside_the_directory(tmp_path, file):
+  index = tmp_path / "model.safetensors.index.json"
+  index.write_text(json.dumps({"weight_map": {
+      "model.norm.weight": "model-00001-of-00002.safetensors",
+      "lm_head.weight": file}}))
+  with pytest.raises(hf_import.CheckpointError,
+                     match=r"names the weight file .* outside"):
+    hf_import._read_index(str(index))  # pylint: disable=protected-access

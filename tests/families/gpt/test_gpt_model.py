@@ -1,0 +1,403 @@
+"""nanoGPT model: layout, init, counts, causality, dropout, KV cache, generate,
+sharding."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from trm.core import config_lib
+from trm.core import mesh as mesh_lib
+from trm.core import mfu
+from trm.families.gpt import model as gpt
+
+RULES = config_lib.default_logical_axis_rules()
+TINY = gpt.GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=4,
+                     n_embd=32)
+
+
+def _tokens(batch=2, length=12, seed=0, vocab=50):
+  return jax.random.randint(jax.random.key(seed), (batch, length), 0, vocab,
+                            jnp.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def _params(cfg=TINY, seed=0, std=None):
+  """Init params (jitted); `std` adds N(0, std) noise to every leaf so that
+  greedy decoding does not collapse onto one token as at nanoGPT's init."""
+  params = jax.jit(lambda: nn.meta.unbox(gpt.GPT(cfg).init(
+      jax.random.key(seed), jnp.zeros((1, 1), jnp.int32)))["params"])()
+  if std is None:
+    return params
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  return treedef.unflatten([x + std * jax.random.normal(k, x.shape, x.dtype)
+                            for k, x in zip(keys, leaves)])
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _forward(cfg, params, idx):
+  return gpt.GPT(cfg).apply({"params": params}, idx)
+
+
+def _shapes(tree):
+  return jax.tree.map(lambda x: tuple(x.shape), nn.meta.unbox(tree))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_param_names_and_shapes(bias):
+  cfg = dataclasses.replace(TINY, bias=bias)
+  shapes = _shapes(gpt.abstract_params(cfg))
+  c, v = 32, 50
+
+  def lin(n_in, n_out):
+    return ({"kernel": (n_in, n_out), "bias": (n_out,)} if bias
+            else {"kernel": (n_in, n_out)})
+
+  ln = {"scale": (c,), "bias": (c,)} if bias else {"scale": (c,)}
+  block = {"ln_1": ln, "attn": {"c_attn": lin(c, 3 * c), "c_proj": lin(c, c)},
+           "ln_2": ln, "mlp": {"c_fc": lin(c, 4 * c), "c_proj": lin(4 * c, c)}}
+  assert shapes == {"wte": {"embedding": (v, c)},
+                    "wpe": {"embedding": (16, c)},
+                    "h_0": block, "h_1": block, "ln_f": ln}
+  # Every parameter has a logical name per dimension; 2-D ones are matrices.
+  boxed = gpt.abstract_params(cfg)
+  specs = nn.get_partition_spec(boxed)
+  assert specs["wte"]["embedding"] == P("vocab", "embed")
+  assert specs["wpe"]["embedding"] == P(None, "embed")
+  assert specs["h_0"]["mlp"]["c_fc"]["kernel"] == P("embed", "mlp")
+  assert specs["h_0"]["mlp"]["c_proj"]["kernel"] == P("mlp", "embed")
+  for leaf in jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(
+      x, nn.LogicallyPartitioned)):
+    assert isinstance(leaf, nn.LogicallyPartitioned)
+    assert len(leaf.names) == leaf.value.ndim
+
+
+def test_init_statistics():
+  cfg = gpt.GPTConfig(block_size=256, vocab_size=2048, n_layer=4, n_head=4,
+                      n_embd=256)
+  params = jax.jit(lambda: nn.meta.unbox(gpt.GPT(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"])()
+  proj = 0.02 / math.sqrt(2 * cfg.n_layer)
+  for i in range(cfg.n_layer):
+    h = params[f"h_{i}"]
+    for value, std in ((h["attn"]["c_attn"]["kernel"], 0.02),
+                       (h["attn"]["c_proj"]["kernel"], proj),
+                       (h["mlp"]["c_fc"]["kernel"], 0.02),
+                       (h["mlp"]["c_proj"]["kernel"], proj)):
+      assert abs(float(jnp.std(value)) / std - 1) < 0.03
+      assert abs(float(jnp.mean(value))) < 0.05 * std
+    for name in ("ln_1", "ln_2"):
+      np.testing.assert_array_equal(h[name]["scale"], 1.0)
+      np.testing.assert_array_equal(h[name]["bias"], 0.0)
+    for bias in (h["attn"]["c_attn"]["bias"], h["mlp"]["c_proj"]["bias"]):
+      np.testing.assert_array_equal(bias, 0.0)
+  for table in (params["wte"]["embedding"], params["wpe"]["embedding"]):
+    assert abs(float(jnp.std(table)) / 0.02 - 1) < 0.03
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+
+
+def test_num_params_and_flops_shakespeare_char():
+  cfg = gpt.GPTConfig(n_layer=6, n_head=6, n_embd=384, block_size=256,
+                      vocab_size=65, bias=False, dropout=0.2)
+  abstract = gpt.abstract_params(cfg)
+  n = gpt.num_params(abstract)
+  assert n == 10_646_784  # nanoGPT prints "10.65M"
+  assert gpt.num_params(abstract, non_embedding=False) == n + 256 * 384
+  assert gpt.num_params({"params": abstract}) == n
+  # One sequence of 256 tokens: nanoGPT's 6N + 12 L H Q T per token.
+  assert mfu.nanogpt_flops_per_iter(n, 6, 6, 384, 256, 1) == (
+      6 * n + 12 * 6 * 6 * 64 * 256) * 256
+  # GPT-2 124M with the padded vocabulary: nanoGPT prints "123.69M".
+  assert gpt.num_params(gpt.abstract_params(gpt.GPTConfig())) == 123_689_472
+
+
+def test_from_config():
+  mc = ml_collections.ConfigDict(dict(name="gpt", n_layer=6, n_head=6,
+                                      n_embd=384, bias=False, dtype="bfloat16"))
+  cfg = gpt.GPTConfig.from_config(mc)
+  assert (cfg.n_layer, cfg.n_embd, cfg.bias, cfg.dtype, cfg.block_size) == (
+      6, 384, False, "bfloat16", 1024)
+  mc.unlocked = None
+  with pytest.raises(ValueError, match=r"config\.model\.unlocked.*n_layer"):
+    gpt.GPTConfig.from_config(mc)
+  with pytest.raises(ValueError, match=r"n_embd=100.*n_head=6"):
+    gpt.GPTConfig.from_config(dict(name="gpt", n_embd=100, n_head=6))
+  with pytest.raises(ValueError, match="dtype"):
+    gpt.GPTConfig(dtype="float64")
+
+
+def test_causal():
+  params = _params(std=0.3)
+  idx = _tokens(length=16)
+  ref = _forward(TINY, params, idx)
+  assert ref.shape == (2, 16, 50) and ref.dtype == jnp.float32
+  t = 9
+  changed = idx.at[:, t].set((idx[:, t] + 1) % 50)
+  out = _forward(TINY, params, changed)
+  np.testing.assert_allclose(out[:, :t], ref[:, :t], atol=1e-6)
+  assert float(jnp.max(jnp.abs(out[:, t:] - ref[:, t:]))) > 1e-3
+  with pytest.raises(ValueError, match="block_size"):
+    _forward(TINY, params, _tokens(length=17))
+
+
+def test_dropout():
+  cfg = dataclasses.replace(TINY, dropout=0.5)
+  params = _params(std=0.3)  # dropout adds no parameters
+  model = gpt.GPT(cfg)
+  idx = _tokens()
+  det = _forward(cfg, params, idx)
+  np.testing.assert_allclose(det, _forward(TINY, params, idx), atol=1e-6)
+  train = jax.jit(lambda p, key: model.apply(
+      {"params": p}, idx, deterministic=False, rngs={"dropout": key}))
+  run = lambda seed: train(params, jax.random.key(seed))
+  a, b = run(0), run(1)
+  np.testing.assert_array_equal(a, run(0))
+  assert float(jnp.max(jnp.abs(a - det))) > 1e-2
+  assert float(jnp.max(jnp.abs(a - b))) > 1e-2
+  with pytest.raises(Exception, match="dropout"):  # needs the rng
+    model.apply({"params": params}, idx, deterministic=False)
+  # Rate 0: training mode is the deterministic function.
+  zero = jax.jit(lambda p: gpt.GPT(TINY).apply({"params": p}, idx,
+                                              deterministic=False))(params)
+  np.testing.assert_allclose(zero, det, atol=1e-6)
+
+
+def test_attention_matches_jax_reference():
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 7, 4, 8))
+             for i in range(3))
+  causal = jnp.tril(jnp.ones((7, 7), bool))
+  ours = jax.jit(lambda q, k, v: gpt._attend(
+      q, k, v, causal, lambda x, deterministic: x, False))(q, k, v)
+  ref = jax.jit(functools.partial(jax.nn.dot_product_attention,
+                                  is_causal=True))(q, k, v)
+  np.testing.assert_allclose(ours, ref, atol=1e-6)
+
+
+def _layer_norm_reference(x, scale, bias):
+  x = x.astype(jnp.float32)
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  return (x - mean) / jnp.sqrt(var + 1e-5) * scale + bias
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layer_norm_and_gelu_grads_match_autodiff(dtype):
+  """The written-out backward passes of gpt.layer_norm and gpt.gelu equal
+  autodiff of the plain formulas (torch's LayerNorm and exact GELU)."""
+  x = (3.0 * jax.random.normal(jax.random.key(0), (2, 5, 16)) + 1.0).astype(
+      dtype)
+  scale = 1.0 + 0.1 * jax.random.normal(jax.random.key(1), (16,))
+  bias = 0.1 * jax.random.normal(jax.random.key(2), (16,))
+  dy = jax.random.normal(jax.random.key(3), (2, 5, 16))
+  tol = dict(rtol=2e-2, atol=2e-2) if dtype == "bfloat16" else dict(
+      rtol=1e-5, atol=1e-5)
+
+  def check(ours, ref, args):
+    np.testing.assert_allclose(np.asarray(ours(*args), np.float32),
+                               np.asarray(ref(*args), np.float32), **tol)
+    n = tuple(range(len(args)))
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(
+        ours(*a).astype(jnp.float32) * dy), argnums=n))(*args)
+    want = jax.jit(jax.grad(lambda *a: jnp.sum(
+        ref(*a).astype(jnp.float32) * dy), argnums=n))(*args)
+    for a, b in zip(got, want):
+      assert a.dtype == b.dtype
+      np.testing.assert_allclose(np.asarray(a, np.float32),
+                                 np.asarray(b, np.float32), **tol)
+
+  check(gpt.layer_norm, _layer_norm_reference, (x, scale, bias))
+  exact_gelu = lambda x: jax.nn.gelu(x.astype(jnp.float32),
+                                     approximate=False).astype(x.dtype)
+  check(gpt.gelu, exact_gelu, (x,))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmul_grads_match_autodiff(dtype):
+  """The written-out backward of gpt.matmul equals autodiff of jnp.dot,
+  for [B, T, K] inputs and with the product rounded to the compute dtype
+  as Linear does."""
+  x = jax.random.normal(jax.random.key(0), (3, 5, 8)).astype(dtype)
+  w = jax.random.normal(jax.random.key(1), (8, 6)).astype(dtype)
+  dy = jax.random.normal(jax.random.key(2), (3, 5, 6))
+
+  def ours(x, w):
+    return jnp.sum(gpt.matmul(x, w).astype(dtype).astype(jnp.float32) * dy)
+
+  def ref(x, w):
+    y = jnp.dot(x, w, preferred_element_type=jnp.float32)
+    return jnp.sum(y.astype(dtype).astype(jnp.float32) * dy)
+
+  got = jax.jit(jax.grad(ours, argnums=(0, 1)))(x, w)
+  want = jax.jit(jax.grad(ref, argnums=(0, 1)))(x, w)
+  for a, b in zip(got, want):
+    assert a.dtype == b.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(np.asarray(a, np.float32),
+                               np.asarray(b, np.float32), rtol=1e-2 if
+                               dtype == "bfloat16" else 1e-5, atol=1e-5)
+  np.testing.assert_allclose(gpt.matmul(x, w), jnp.dot(
+      x, w, preferred_element_type=jnp.float32), rtol=1e-6)
+
+
+def test_remat_same_values_and_grads():
+  """remat changes nothing, dropout masks included (same rng)."""
+  params = _params(std=0.3)
+  idx = _tokens()
+
+  def loss(cfg, p):
+    out = gpt.GPT(cfg).apply({"params": p}, idx, deterministic=False,
+                             rngs={"dropout": jax.random.key(7)})
+    return jnp.mean(out ** 2)
+
+  plain = dataclasses.replace(TINY, dropout=0.1)
+  remat = dataclasses.replace(plain, remat=True)
+  l0, g0 = jax.jit(jax.value_and_grad(functools.partial(loss, plain)))(params)
+  l1, g1 = jax.jit(jax.value_and_grad(functools.partial(loss, remat)))(params)
+  np.testing.assert_allclose(l0, l1, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+               g0, g1)
+  # decode is not rematerialised but must still work on the remat model.
+  logits, _ = jax.jit(lambda p: gpt.GPT(remat).apply(
+      {"params": p}, idx, gpt.init_cache(remat, 2, 12), 0,
+      method=gpt.GPT.decode))(params)
+  np.testing.assert_allclose(logits, _forward(TINY, params, idx), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_compute(dtype):
+  cfg = dataclasses.replace(TINY, dtype=dtype)
+  params = _params(std=0.3)
+  idx = _tokens()
+  out = _forward(cfg, params, idx)
+  assert out.dtype == jnp.float32
+  ref = _forward(TINY, params, idx)
+  assert float(jnp.max(jnp.abs(out - ref))) < 0.1 * float(jnp.max(jnp.abs(ref)))
+  assert gpt.init_cache(cfg, 1, 4)["k"].dtype == jnp.dtype(dtype)
+
+
+def test_decode_matches_forward():
+  params = _params(std=0.3)
+  model = gpt.GPT(TINY)
+  idx = _tokens(length=14)
+  ref = _forward(TINY, params, idx)
+  decode = jax.jit(lambda p, x, c, i: model.apply({"params": p}, x, c, i,
+                                                  method=gpt.GPT.decode))
+  cache = gpt.init_cache(TINY, 2, 14)
+  assert cache["k"].shape == (2, 2, 14, 4, 8)
+  pieces = []
+  logits, cache = decode(params, idx[:, :5], cache, 0)      # prefill
+  pieces.append(logits)
+  logits, cache = decode(params, idx[:, 5:8], cache, 5)     # a chunk
+  pieces.append(logits)
+  for t in range(8, 14):                                    # one at a time
+    logits, cache = decode(params, idx[:, t:t + 1], cache, jnp.int32(t))
+    pieces.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), ref, atol=1e-5)
+  with pytest.raises(ValueError, match="block_size"):
+    gpt.init_cache(TINY, 1, 17)
+
+
+def _last_logits(cfg, params, ctx):
+  """Logits at the last position of `ctx` (length <= block_size): right-pads
+  to block_size so one compiled forward serves every length (causal, so the
+  padding cannot change earlier positions)."""
+  n = ctx.shape[1]
+  padded = np.zeros((ctx.shape[0], cfg.block_size), np.int32)
+  padded[:, :n] = ctx
+  return np.asarray(_forward(cfg, params, jnp.asarray(padded)))[:, n - 1]
+
+
+def _reference_generate(cfg, params, prompt, steps):
+  """nanoGPT's generate loop (greedy), written plainly over the forward."""
+  idx = np.asarray(prompt)
+  for _ in range(steps):
+    ctx = idx if idx.shape[1] <= cfg.block_size else idx[:, -cfg.block_size:]
+    nxt = np.argmax(_last_logits(cfg, params, ctx), axis=-1)
+    idx = np.concatenate([idx, nxt[:, None].astype(idx.dtype)], axis=1)
+  return idx
+
+
+@pytest.mark.parametrize("t0,steps", [(3, 10),    # fits in block_size (16)
+                                      (10, 12),   # crosses block_size
+                                      (20, 5),    # prompt longer than it
+                                      (16, 3)])   # prompt exactly block_size
+def test_generate_greedy_matches_reference(t0, steps):
+  params = _params(std=0.3)
+  prompt = _tokens(length=t0, seed=t0)
+  out = gpt.generate(gpt.GPT(TINY), params, prompt, steps, jax.random.key(0),
+                     temperature=0.0)
+  assert out.shape == (2, t0 + steps) and out.dtype == jnp.int32
+  ref = _reference_generate(TINY, params, prompt, steps)
+  np.testing.assert_array_equal(out, ref)
+  # Not a degenerate repeat of one token.
+  assert len(np.unique(ref[:, t0:])) > 2
+
+
+def test_generate_top_k_and_temperature():
+  params = _params(std=0.3)
+  model = gpt.GPT(TINY)
+  prompt = _tokens(length=4, seed=3)
+  greedy = gpt.generate(model, params, prompt, 12, jax.random.key(0),
+                        temperature=0.0)
+  top1 = gpt.generate(model, params, prompt, 12, jax.random.key(5),
+                      temperature=1.0, top_k=1)
+  np.testing.assert_array_equal(top1, greedy)
+  # Sampling: reproducible per key, and every token within the top 3 of the
+  # logits nanoGPT would compute for its (cropped) context.
+  a = gpt.generate(model, params, prompt, 12, jax.random.key(1),
+                   temperature=0.8, top_k=3)
+  np.testing.assert_array_equal(a, gpt.generate(
+      model, params, prompt, 12, jax.random.key(1), temperature=0.8, top_k=3))
+  assert not np.array_equal(a, gpt.generate(
+      model, params, prompt, 12, jax.random.key(2), temperature=0.8, top_k=3))
+  logits = np.asarray(_forward(TINY, params, a))
+  for t in range(4, 16):
+    top3 = np.argsort(-logits[:, t - 1], axis=-1)[:, :3]
+    assert all(a[b, t] in top3[b] for b in range(2))
+  # top_k above the vocabulary size is clamped (k = min(top_k, vocab)).
+  logits = jnp.array([[0.0, 3.0, 1.0], [2.0, -1.0, 5.0]])
+  np.testing.assert_array_equal(
+      gpt._sample(logits, jax.random.key(0), 1e-3, 1000), [1, 2])
+  np.testing.assert_array_equal(
+      gpt._sample(logits, jax.random.key(0), 0.0, None), [1, 2])
+  # A traced temperature under an outer jit; 0 still means greedy.
+  traced = jax.jit(lambda temp: gpt.generate(
+      model, params, prompt, 12, jax.random.key(0), temperature=temp))
+  np.testing.assert_array_equal(traced(jnp.float32(0.0)), greedy)
+  assert gpt.generate(model, params, prompt, 0, jax.random.key(0)).shape == (
+      2, 4)
+
+
+def test_sharded_init_and_forward_match():
+  cfg = dataclasses.replace(TINY, vocab_size=64)
+  mesh = mesh_lib.make_mesh(config_lib.mesh_config(data=2, fsdp=2, model=2))
+  boxed = gpt.abstract_params(cfg)
+  shardings = mesh_lib.tree_shardings(mesh, RULES, boxed)
+  assert shardings["wte"]["embedding"].spec == P("model", "fsdp")
+  assert shardings["h_0"]["attn"]["c_attn"]["kernel"].spec == P("fsdp",
+                                                               "model")
+  model = gpt.GPT(cfg)
+  idx = _tokens(batch=4, length=16, vocab=64)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+    params = jax.jit(
+        lambda: nn.meta.unbox(model.init(jax.random.key(0), idx))["params"],
+        out_shardings=shardings)()
+    out = jax.jit(lambda p, x: model.apply({"params": p}, x))(params, idx)
+    cached = gpt.generate(model, params, idx[:, :4], 6, jax.random.key(0),
+                          temperature=0.0)
+  assert params["h_1"]["mlp"]["c_fc"]["kernel"].sharding.spec == P("fsdp",
+                                                                   "model")
+  plain = nn.meta.unbox(model.init(jax.random.key(0), idx))["params"]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-7),
+               params, plain)
+  np.testing.assert_allclose(out, _forward(cfg, plain, idx), atol=1e-5)
+  np.testing.assert_array_equal(
+      cached, _reference_generate(cfg, plain, idx[:, :4], 6))

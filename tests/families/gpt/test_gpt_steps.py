@@ -1,0 +1,228 @@
+"""nanoGPT's schedule, parameter groups, accumulation and estimate_loss."""
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from trm.core import config_lib
+from trm.families.gpt import steps as gpt_steps
+from trm.families.dream import steps as lm_steps
+from trm.families.gpt import model as gpt
+
+
+def _config(**overrides):
+  c = config_lib.load_config("configs/gpt.py", "shakespeare_char_cpu")
+  return config_lib.set_values(c, overrides)
+
+
+def _nanogpt_lr(it, c):
+  """nanoGPT train.py get_lr, written out."""
+  if it < c.warmup_iters:
+    return c.learning_rate * (it + 1) / (c.warmup_iters + 1)
+  if it > c.lr_decay_iters:
+    return c.min_lr
+  ratio = (it - c.warmup_iters) / (c.lr_decay_iters - c.warmup_iters)
+  coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+  return c.min_lr + coeff * (c.learning_rate - c.min_lr)
+
+
+def test_schedule_is_nanogpts():
+  c = _config()
+  schedule = gpt_steps.learning_rate_schedule(c)
+  for it in (0, 1, 50, 99, 100, 101, 1000, 1999, 2000, 2001, 5000):
+    assert float(schedule(it)) == pytest.approx(_nanogpt_lr(it, c), rel=1e-5)
+  assert float(schedule(0)) > 0  # non-zero at iteration 0
+  constant = gpt_steps.learning_rate_schedule(_config(decay_lr=False))
+  assert float(constant(1234)) == pytest.approx(1e-3)
+
+
+def test_weight_decay_only_on_matrices():
+  params = {"wte": {"embedding": jnp.ones((5, 4))},
+            "ln_f": {"scale": jnp.ones(4), "bias": jnp.zeros(4)},
+            "c_fc": {"kernel": jnp.ones((4, 8)), "bias": jnp.zeros(8)}}
+  mask = gpt_steps.decay_mask(params)
+  assert mask == {"wte": {"embedding": True},
+                  "ln_f": {"scale": False, "bias": False},
+                  "c_fc": {"kernel": True, "bias": False}}
+  # The decayed update of a 1-D parameter with zero gradient stays zero.
+  tx = gpt_steps.make_optimizer(_config(weight_decay=0.5, grad_clip=0.0))
+  grads = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert float(jnp.abs(updates["ln_f"]["scale"]).max()) == 0.0
+  assert float(jnp.abs(updates["c_fc"]["kernel"]).max()) > 0.0
+
+
+def test_optimizer_matches_torch_adamw():
+  torch = pytest.importorskip("torch")
+  c = _config(weight_decay=0.1, grad_clip=1.0, warmup_iters=2,
+              lr_decay_iters=10, learning_rate=1e-2, min_lr=1e-3)
+  rng = np.random.default_rng(0)
+  w = rng.normal(size=(3, 4)).astype(np.float32)
+  b = rng.normal(size=(4,)).astype(np.float32)
+  grads = [(rng.normal(size=(3, 4)).astype(np.float32) * 3,
+            rng.normal(size=(4,)).astype(np.float32)) for _ in range(4)]
+  tw, tb = torch.tensor(w, requires_grad=True), torch.tensor(b,
+                                                             requires_grad=True)
+  opt = torch.optim.AdamW([{"params": [tw], "weight_decay": c.weight_decay},
+                           {"params": [tb], "weight_decay": 0.0}],
+                          lr=1.0, betas=(c.beta1, c.beta2))
+  tx = gpt_steps.make_optimizer(c)
+  params = {"w": jnp.asarray(w), "b": jnp.asarray(b)}
+  opt_state = tx.init(params)
+  for it, (gw, gb) in enumerate(grads):
+    for group in opt.param_groups:
+      group["lr"] = _nanogpt_lr(it, c)
+    tw.grad, tb.grad = torch.tensor(gw), torch.tensor(gb)
+    torch.nn.utils.clip_grad_norm_([tw, tb], c.grad_clip)
+    opt.step()
+    updates, opt_state = tx.update({"w": jnp.asarray(gw), "b": jnp.asarray(gb)},
+                                   opt_state, params)
+    params = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(params["w"], tw.detach().numpy(), atol=1e-6)
+  np.testing.assert_allclose(params["b"], tb.detach().numpy(), atol=1e-6)
+
+
+def _tiny(accum, batch_size, **overrides):
+  c = _config(n_layer=2, n_head=2, n_embd=16, block_size=8,
+              gradient_accumulation_steps=accum, batch_size=batch_size,
+              grad_clip=0.0, **overrides)
+  with c.unlocked():
+    c.model.vocab_size = 11
+  model = gpt.GPT(gpt.GPTConfig.from_config(c.model))
+  tx = gpt_steps.make_optimizer(c)
+  state = jax.tree.map(lambda x: x, lm_steps.make_init_fn(model, tx, 0)())
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.meta.unbox(state), model, tx
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+  rng = np.random.default_rng(1)
+  x = rng.integers(0, 11, size=(8, 8)).astype(np.int32)
+  batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + 1) % 11)}
+  results = []
+  for accum, micro in ((1, 8), (4, 2)):
+    state, model, tx = _tiny(accum, micro)
+    new_state, metrics = jax.jit(
+        lambda s, b, model=model, tx=tx, accum=accum: gpt_steps.train_step(
+            s, b, model=model, tx=tx, accum_steps=accum))(state, batch)
+    results.append((new_state.params, float(metrics["loss"].compute())))
+  (p1, l1), (p2, l2) = results
+  assert l1 == pytest.approx(l2, rel=1e-5)
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def _tiny_training(accum, micro, seed, shift):
+  """A tiny model's state, a jitted train step and a batch whose targets are
+  the inputs shifted by `shift` (mod 11)."""
+  state, model, tx = _tiny(accum, micro, warmup_iters=0, learning_rate=1e-2)
+  x = np.random.default_rng(seed).integers(
+      0, 11, size=(accum * micro, 8)).astype(np.int32)
+  batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + shift) % 11)}
+  step = jax.jit(lambda s, b: gpt_steps.train_step(s, b, model=model, tx=tx,
+                                                   accum_steps=accum))
+  return state, step, batch
+
+
+def test_train_steps_lower_the_loss():
+  state, step, batch = _tiny_training(2, 4, seed=2, shift=3)
+  losses = []
+  for _ in range(30):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["loss"].compute()))
+  assert losses[-1] < losses[0] - 0.5
+  assert int(state.step) == 30
+
+
+def test_nonfinite_step_is_skipped():
+  """A NaN loss leaves parameters and AdamW state as they were, counts the
+  skip, and the next finite step updates as usual."""
+  state, step, batch = _tiny_training(1, 4, seed=5, shift=1)
+  state, _ = step(state, batch)
+  params = state.params
+  bad = state.replace(params=jax.tree_util.tree_map_with_path(
+      lambda path, p: p.at[0, 0].set(jnp.nan) if "c_fc" in str(path)
+      and p.ndim == 2 else p, params))
+  skipped, metrics = step(bad, batch)
+  assert int(skipped.step) == 2
+  assert int(skipped.skipped_steps) == 1
+  # Zeroed: an interval's average leaves the skipped step out.
+  assert int(metrics["loss"].count) == 0
+  assert float(metrics["loss"].total) == 0.0
+  for a, b in zip(jax.tree.leaves((skipped.params, skipped.opt_state)),
+                  jax.tree.leaves((bad.params, bad.opt_state))):
+    np.testing.assert_array_equal(a, b)
+  good, _ = step(state, batch)
+  assert int(good.skipped_steps) == 0
+  changed = [not np.array_equal(a, b) for a, b in
+             zip(jax.tree.leaves(good.params), jax.tree.leaves(params))]
+  assert all(changed)
+
+
+def test_eval_step_splits_train_and_val_rows():
+  state, model, _ = _tiny(1, 4)
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.integers(0, 11, size=(4, 8)).astype(np.int32))
+  y = jnp.asarray(rng.integers(0, 11, size=(4, 8)).astype(np.int32))
+  split = jnp.asarray([0, 1, 1, 0], jnp.int32)
+  metrics, outputs = gpt_steps.eval_step(state, {"x": x, "y": y,
+                                                 "split": split}, model=model)
+  assert outputs == {}
+  logits = model.apply({"params": state.params}, x)
+  row = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
+      logits, y).mean(-1))
+  assert float(metrics["val_loss"].compute()) == pytest.approx(
+      row[[1, 2]].mean(), rel=1e-5)
+  assert float(metrics["train_loss"].compute()) == pytest.approx(
+      row[[0, 3]].mean(), rel=1e-5)
+  assert float(metrics["loss"].compute()) == float(
+      metrics["val_loss"].compute())
+
+
+def test_cross_entropy_ignores_minus_one():
+  logits = jnp.asarray(np.random.default_rng(4).normal(size=(1, 3, 5)),
+                       jnp.float32)
+  loss, count = gpt_steps.cross_entropy(logits, jnp.asarray([[1, -1, 2]]))
+  full = optax.softmax_cross_entropy_with_integer_labels(
+      logits, jnp.asarray([[1, 0, 2]]))
+  assert int(count) == 2
+  assert float(loss) == pytest.approx(float((full[0, 0] + full[0, 2]) / 2))
+
+
+def test_config_variants_hold_nanogpts_values():
+  c = config_lib.load_config("configs/gpt.py", "shakespeare_char")
+  assert (c.batch_size, c.block_size, c.n_layer, c.n_head, c.n_embd,
+          c.dropout, c.learning_rate, c.max_iters, c.lr_decay_iters,
+          c.min_lr, c.beta2, c.warmup_iters, c.eval_interval, c.eval_iters,
+          c.log_interval, c.always_save_checkpoint, c.bias,
+          c.weight_decay, c.grad_clip) == (
+              64, 256, 6, 6, 384, 0.2, 1e-3, 5000, 5000, 1e-4, 0.99, 100,
+              250, 200, 10, False, False, 0.1, 1.0)
+  cpu = config_lib.load_config("configs/gpt.py", "shakespeare_char_cpu")
+  assert (cpu.block_size, cpu.batch_size, cpu.n_layer, cpu.n_head, cpu.n_embd,
+          cpu.max_iters, cpu.lr_decay_iters, cpu.dropout, cpu.eval_iters,
+          cpu.log_interval) == (64, 12, 4, 4, 128, 2000, 2000, 0.0, 20, 1)
+  xl = config_lib.load_config("configs/gpt.py", "gpt2-xl")
+  assert (xl.n_layer, xl.n_head, xl.n_embd, xl.bias, xl.model.vocab_size,
+          xl.block_size) == (48, 25, 1600, True, 50257, 1024)
+  default = config_lib.load_config("configs/gpt.py")
+  assert (default.gradient_accumulation_steps, default.batch_size,
+          default.bias, default.learning_rate, default.warmup_iters) == (
+              40, 12, False, 6e-4, 2000)
+
+
+def test_nanogpt_keys_drive_the_trainer_keys():
+  c = _config(max_iters=123, eval_interval=7, log_interval=3, batch_size=4,
+              gradient_accumulation_steps=5, n_layer=3, dropout=0.1)
+  assert (c.total_steps, c.eval_every, c.checkpoint_every, c.log_every,
+          c.global_batch_size, c.data.eval_batch_size) == (123, 7, 7, 3, 20, 4)
+  assert (c.model.n_layer, c.model.dropout) == (3, 0.1)
+  with pytest.raises(ValueError, match="config.n_layers"):
+    config_lib.set_values(c, {"n_layers": 2})
+  with pytest.raises(ValueError, match="Choose one variant"):
+    config_lib.load_config("configs/gpt.py", "gpt2,shakespeare_char")
+  assert isinstance(c, ml_collections.ConfigDict)

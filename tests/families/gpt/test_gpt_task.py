@@ -1,0 +1,318 @@
+"""GPT through the training loop (`trm.families.gpt.task`): nanoGPT's workflow on
+tinyshakespeare at toy sizes, 8 CPU devices as mesh 2x2x2: the loss falls,
+checkpoints follow always_save_checkpoint, eval_only and init_from work, a
+run resumes, and trm.sample prints text from the workdir."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import repo
+
+from trm.core import config_lib
+from trm.core import train
+
+ROOT = repo.ROOT
+SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare",
+                           "input.txt")
+
+
+def corpus_path(tmp_root) -> str:
+  """tinyshakespeare where the checkout has ../shared/data; otherwise this
+  repository's own Python sources, so the tests still run on a bare clone."""
+  if os.path.isfile(SHAKESPEARE):
+    return SHAKESPEARE
+  path = os.path.join(str(tmp_root), "corpus.txt")
+  if not os.path.exists(path):
+    texts = []
+    for folder, _, files in sorted(os.walk(os.path.join(ROOT, "trm"))):
+      texts += [open(os.path.join(folder, f), encoding="utf-8").read()
+                for f in sorted(files) if f.endswith(".py")]
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n".join(texts))
+  return path
+
+
+def tiny_config(data_root, **overrides):
+  config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                  "shakespeare_char_cpu")
+  config.mesh.update(data=2, fsdp=2, model=2)
+  config.data.input = corpus_path(data_root)
+  values = dict(data_root=str(data_root), n_layer=2, n_head=2, n_embd=32,
+                block_size=32, batch_size=8, gradient_accumulation_steps=2,
+                max_iters=60, lr_decay_iters=60, warmup_iters=5,
+                eval_interval=30, eval_iters=4, log_interval=10,
+                learning_rate=3e-3)
+  values.update(overrides)
+  return config_lib.set_values(config, values)
+
+
+def _eval(workdir, step):
+  with open(os.path.join(workdir, f"eval_{step}.json")) as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+  return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_root):
+  workdir = str(tmp_path_factory.mktemp("gpt"))
+  config = tiny_config(data_root, always_save_checkpoint=True)
+  _, results = train.train_and_evaluate(config, workdir)
+  return workdir, results
+
+
+def test_loss_falls_and_both_splits_are_evaluated(trained, data_root):
+  workdir, results = trained
+  first, last = _eval(workdir, 30), _eval(workdir, 60)
+  assert {"eval/loss", "eval/val_loss", "eval/train_loss"} <= set(last)
+  assert last["eval/loss"] == last["eval/val_loss"]
+  assert last["eval/val_loss"] == pytest.approx(results["eval/val_loss"])
+  with open(os.path.join(workdir, "config.json")) as f:
+    vocab = json.load(f)["model"]["vocab_size"]
+  with open(corpus_path(data_root), encoding="utf-8") as f:
+    assert vocab == len(set(f.read()))  # 65 for tinyshakespeare
+  # Untrained: ln(vocab); the char model learns letter frequencies fast.
+  assert last["eval/train_loss"] < np.log(vocab) - 0.8, last
+  assert last["eval/val_loss"] < first["eval/val_loss"]
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["30",
+                                                                      "60"]
+  # The dataset was prepared from the text, nanoGPT-style.
+  prepared = os.path.join(data_root, "shakespeare_char")
+  assert sorted(os.listdir(prepared)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_mfu_and_step_time_are_logged(trained):
+  workdir, _ = trained
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top,line-too-long
+  events = event_accumulator.EventAccumulator(workdir, size_guidance={
+      event_accumulator.TENSORS: 0})
+  events.Reload()
+  tags = set(events.Tags()["tensors"])
+  assert "timing/ms_per_step" in tags, tags
+
+
+def test_eval_only_evaluates_without_training(trained, data_root, tmp_path):
+  workdir, results = trained
+  config = tiny_config(data_root, eval_only=True, init_from="resume")
+  state, again = train.train_and_evaluate(config, workdir)
+  assert int(state.step) == 60
+  assert again["eval/val_loss"] == pytest.approx(results["eval/val_loss"],
+                                                 rel=1e-5)
+
+
+def test_resume_needs_a_checkpoint(data_root, tmp_path):
+  config = tiny_config(data_root, init_from="resume")
+  with pytest.raises(ValueError, match="init_from='resume'"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(init_from="gpt3"), "config.init_from"),
+    (dict(init_from="gpt2"), "config.init_checkpoint"),
+    (dict(dtype="float64"), "config.dtype"),
+    (dict(dtype="float16", **{"model.param_dtype": "bfloat16"}),
+     "config.model.param_dtype"),
+    (dict(batch_size=6), "batch_size=6 must be a positive multiple"),
+    (dict(dataset="nowhere"), "nowhere"),
+])
+def test_bad_config_fails_before_training(data_root, tmp_path, overrides,
+                                          message):
+  config = tiny_config(data_root, **overrides)
+  if "dataset" in overrides:
+    config.data.input = ""  # not prepared, and nothing to prepare it from
+  with pytest.raises(Exception, match=message):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+
+
+def test_float16_trains_checkpoints_and_resumes_its_loss_scale(data_root,
+                                                               tmp_path):
+  config = tiny_config(data_root, dtype="float16", max_iters=10,
+                       lr_decay_iters=20, eval_interval=10, **{
+                           "loss_scale.growth_interval": 4})
+  state, results = train.train_and_evaluate(config, str(tmp_path))
+  assert np.isfinite(results["eval/loss"])
+  scale = float(state.loss_scale.scale)
+  assert int(state.skipped_steps) == 0 and scale == 2.0**15 * 4  # grew twice
+  config = tiny_config(data_root, dtype="float16", max_iters=12,
+                       lr_decay_iters=20, eval_interval=10, **{
+                           "loss_scale.growth_interval": 4})
+  resumed, _ = train.train_and_evaluate(config, str(tmp_path))
+  assert int(resumed.step) == 12
+  # Restored (2 steps since the last growth at step 8), then 2 more: grown.
+  assert float(resumed.loss_scale.scale) == scale * 2
+
+
+def test_checkpoint_only_on_improvement(data_root, tmp_path):
+  # A learning rate of 0 never improves after the first evaluation.
+  config = tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
+                       max_iters=20, lr_decay_iters=20, eval_interval=10,
+                       always_save_checkpoint=False)
+  train.train_and_evaluate(config, str(tmp_path))
+  assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["10"]
+
+
+def test_sample_prints_text_from_the_workdir(trained):
+  workdir, _ = trained
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.sample", f"--workdir={workdir}",
+       "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=40",
+       "--top_k=5"],
+      capture_output=True, text=True, cwd=ROOT, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  samples = result.stdout.split("---------------")
+  assert len(samples) == 3, result.stdout
+  for sample in samples[:2]:
+    assert sample.strip().startswith("ROMEO:")
+    assert len(sample.strip()) >= len("ROMEO:") + 30
+  assert "tokens/s" in result.stderr
+
+
+def test_sample_rejects_a_missing_workdir(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.sample", f"--workdir={tmp_path}"],
+      capture_output=True, text=True, cwd=ROOT, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode != 0
+  assert "config.json" in result.stderr
+
+
+def test_start_file(tmp_path):
+  from trm import sample  # pylint: disable=g-import-not-at-top
+  prompt = tmp_path / "p.txt"
+  prompt.write_text("To be")
+  assert sample.read_start(f"FILE:{prompt}") == "To be"
+  assert sample.read_start("plain") == "plain"
+  with pytest.raises(FileNotFoundError, match="nope.txt"):
+    sample.read_start("FILE:nope.txt")
+
+
+def test_init_from_gpt2_adopts_its_shapes_and_evaluates_like_torch(
+    data_root, tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from trm.data.text import windows as text  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+      vocab_size=128, n_positions=64, n_embd=32, n_layer=3, n_head=4,
+      activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
+      attn_pdrop=0.0)).eval()
+  hf_dir = tmp_path / "gpt2"
+  hf.save_pretrained(hf_dir, safe_serialization=True)
+  # The config asks for 2 layers and block 32: the checkpoint's 3 layers
+  # win, and its 64 positions are cropped to 32 (crop_block_size).
+  config = tiny_config(data_root, init_from="gpt2",
+                       init_checkpoint=str(hf_dir), eval_only=True,
+                       eval_iters=2)
+  workdir = tmp_path / "run"
+  _, results = train.train_and_evaluate(config, str(workdir))
+  with open(workdir / "config.json") as f:
+    recorded = json.load(f)
+  assert (recorded["n_layer"], recorded["n_embd"], recorded["bias"],
+          recorded["block_size"]) == (3, 32, True, 32)
+  windows = text.EvalWindows(os.path.join(data_root, "shakespeare_char"),
+                             32, config.data.eval_batch_size, 2, config.seed)
+  losses = {0: [], 1: []}
+  with torch.no_grad():
+    for k in range(len(windows)):
+      batch = windows[k]
+      out = hf(torch.tensor(batch["x"], dtype=torch.long),
+               labels=None).logits
+      loss = torch.nn.functional.cross_entropy(
+          out.reshape(-1, 128), torch.tensor(batch["y"],
+                                            dtype=torch.long).reshape(-1))
+      losses[int(batch["split"][0])].append(float(loss))
+  assert results["eval/val_loss"] == pytest.approx(np.mean(losses[1]),
+                                                   abs=1e-4)
+  assert results["eval/train_loss"] == pytest.approx(np.mean(losses[0]),
+                                                     abs=1e-4)
+
+
+def test_resume_from_a_nanogpt_checkpoint_continues_its_run(data_root,
+                                                            tmp_path):
+  """init_from='resume' with nanoGPT's ckpt.pt continues that run: its
+  weights, AdamW moments, iteration and best validation loss carry over,
+  and our next iteration equals the next iteration of nanoGPT's loop."""
+  torch = pytest.importorskip("torch")
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import nanogpt_torch  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import task as tasks  # pylint: disable=g-import-not-at-top
+  from trm.core import pipeline  # pylint: disable=g-import-not-at-top
+  from trm.data.text import windows as text  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
+
+  ckpt_path = str(tmp_path / "ckpt.pt")
+  config = tiny_config(data_root, init_from="resume",
+                       init_checkpoint=ckpt_path,
+                       gradient_accumulation_steps=1, grad_clip=1.0,
+                       weight_decay=0.1)
+  vocab = text.ensure_prepared(os.path.join(str(data_root), config.dataset),
+                               config.data.input, "char")["vocab_size"]
+  model_args = dict(n_layer=2, n_head=2, n_embd=32, block_size=32,
+                    bias=False, vocab_size=vocab, dropout=0.0)
+  torch.manual_seed(0)
+  model = nanogpt_torch.GPT(nanogpt_torch.Config(**model_args))
+  optimizer = model.configure_optimizers(
+      config.weight_decay, config.learning_rate, (config.beta1, config.beta2),
+      "cpu")
+  rng = np.random.default_rng(0)
+
+  def batch():
+    x = rng.integers(0, vocab, size=(8, 32))
+    return x, np.roll(x, -1, axis=1)
+
+  def torch_iteration(it, x, y):  # nanoGPT train.py's loop body
+    for group in optimizer.param_groups:
+      group["lr"] = nanogpt_torch.nanogpt_lr(
+          it, config.learning_rate, config.warmup_iters,
+          config.lr_decay_iters, config.min_lr)
+    _, loss = model(torch.from_numpy(x), torch.from_numpy(y))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+  def save(path, iter_num):
+    torch.save({"model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "model_args": model_args, "iter_num": iter_num,
+                "best_val_loss": torch.tensor(2.5), "config": {}}, path)
+
+  for it in range(3):
+    torch_iteration(it, *batch())
+  save(ckpt_path, 3)
+
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  task = tasks.build(config, str(tmp_path / "run"), mesh, rules)
+  assert task.initial_best_loss == pytest.approx(2.5)
+  abstract, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
+  state = task.initial_state(mesh, rules, shardings)
+  assert int(state.step) == 3
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    step = state_lib.compile_step(task.train_step, abstract, shardings,
+                                  task.abstract_batch)
+  x, y = batch()
+  state, _ = step(state, pipeline.to_global(
+      {"x": x.astype(np.int32), "y": y.astype(np.int32)},
+      task.batch_shardings))
+  torch_iteration(3, x, y)
+  save(str(tmp_path / "after.pt"), 4)
+  want, _, extras = gpt_import.load_nanogpt_checkpoint(
+      str(tmp_path / "after.pt"), optimizer=True)
+  assert extras["adam"]["count"] == 4
+  got = jax.device_get(state.params)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=2e-6)

@@ -1,0 +1,171 @@
+"""What every command-line tool shares: flag parsing, one-line errors and
+signals.
+
+  if __name__ == "__main__":
+    cli.run(main)
+
+- A mistake in the input (a `UserError`, or a ValueError / OSError raised
+  while checking it) prints ONE line, `<tool>: error: <message>`, and exits
+  2. `--traceback` (or TRM_TRACEBACK=1) shows the whole traceback; other
+  exceptions (programming errors) always keep theirs.
+- SIGTERM and SIGINT (Ctrl-C) get Python handlers before jax loads, so
+  libtpu's failure-signal handler (a stack dump, exit 143) never takes them.
+  Before the training loop they stop the tool with one line (exit 0 for
+  SIGTERM, a scheduler's normal stop; 130 for Ctrl-C); inside it,
+  `train._Preemption` takes over to save first. A second signal while the
+  first is handled exits at once with one line.
+- On a host with no TPU or GPU, JAX_PLATFORMS defaults to cpu
+  (`default_to_cpu`): with libtpu installed (`.[tpu]`, `.[test]`) jax would
+  otherwise initialise it on every start and print its E0000 complaints
+  about TPU_WORKER_HOSTNAMES.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import sys
+import traceback
+
+from absl import app, flags
+
+from trm.core import config_lib
+
+TRACEBACK_ENV = "TRM_TRACEBACK"
+_TRACEBACK = flags.DEFINE_bool(
+    "traceback", False, "On an input error, show the whole traceback instead "
+    f"of one line (also: {TRACEBACK_ENV}=1).")
+EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}
+
+
+class UserError(Exception):
+  """Mixin for errors caused by the user's input or environment (not bugs):
+  the command line shows them as one line."""
+
+
+class Interrupted(BaseException):
+  """A SIGTERM or SIGINT arrived outside the training loop (a BaseException,
+  so `except Exception` in library code does not swallow it)."""
+
+  def __init__(self, signum: int):
+    self.signum = signum
+    super().__init__(signal.Signals(signum).name)
+
+
+def _tool() -> str:
+  """'trm.main' for `python -m trm.main`, else the script's name."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  if spec is not None and spec.name:
+    return spec.name
+  name = os.path.basename(sys.argv[0] or "trm")
+  if name in ("__main__.py", "-c", ""):
+    name = "trm"
+  return name.removesuffix(".py")
+
+
+def exit_now(signum: int, what: str) -> None:
+  """A second signal: one line, then exit without waiting for anything."""
+  sys.stderr.write(f"{_tool()}: {signal.Signals(signum).name} again: "
+                   f"exiting now; {what}\n")
+  sys.stderr.flush()
+  os._exit(EXIT_CODES.get(signum, 1))  # pylint: disable=protected-access
+
+
+def _on_signal(signum, unused_frame):
+  if getattr(_on_signal, "raised", False):
+    exit_now(signum, "cleanup was skipped.")
+  _on_signal.raised = True
+  raise Interrupted(signum)
+
+
+def install_signal_handlers() -> None:
+  """Our handlers for SIGTERM and SIGINT (main thread only)."""
+  _on_signal.raised = False
+  for signum in EXIT_CODES:
+    signal.signal(signum, _on_signal)
+
+
+def traceback_requested() -> bool:
+  """--traceback or TRM_TRACEBACK=1."""
+  return (flags.FLAGS.is_parsed() and _TRACEBACK.value) or os.environ.get(
+      TRACEBACK_ENV, "") not in ("", "0")
+
+
+def is_user_error(error: BaseException) -> bool:
+  return isinstance(error, (UserError, ValueError, OSError))
+
+
+def one_line(error: BaseException) -> str:
+  text = " ".join(str(error).split()) or type(error).__name__
+  return f"{_tool()}: error: {text}"
+
+
+def _wrap(main):
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except Interrupted as stop:
+      sys.stderr.write(f"{_tool()}: stopped by {stop} before training began"
+                       " or after it ended; nothing was saved by this "
+                       "signal (checkpoints already written are kept).\n")
+      sys.exit(EXIT_CODES.get(stop.signum, 1))
+    except app.UsageError:
+      raise  # absl prints it as one line with the usage hint
+    except Exception as error:  # pylint: disable=broad-except
+      if not is_user_error(error) or traceback_requested():
+        raise
+      sys.stderr.write(one_line(error) + "\n")
+      sys.exit(2)
+  return wrapped
+
+
+def _quiet_closed_loop_callbacks() -> None:
+  """After a failed asynchronous save, tensorstore's write callbacks find
+  Orbax's event loop closed and report each RuntimeError as "unraisable"
+  (a traceback apiece, dozens per save): noise after the one line that
+  already names the failure. Shown with --traceback."""
+  report = sys.unraisablehook
+
+  def unraisablehook(unraisable):
+    if (unraisable.exc_type is RuntimeError
+        and str(unraisable.exc_value) == "Event loop is closed"
+        and not traceback_requested()):
+      return
+    report(unraisable)
+
+  sys.unraisablehook = unraisablehook
+
+
+# Device files of accelerators jax may use: TPU v2-v4 chips (/dev/accel*),
+# TPU v5e and later (/dev/vfio/<n>), NVIDIA and AMD GPUs.
+ACCELERATOR_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*",
+                     "/dev/kfd")
+
+
+def default_to_cpu() -> bool:
+  """Sets JAX_PLATFORMS=cpu when the user set no platform and the host has
+  no accelerator; True if it did.
+
+  jax tries every installed backend at start, libtpu's included, and libtpu
+  without a chip logs errors (TPU_WORKER_HOSTNAMES, TPU_ACCELERATOR_TYPE) on
+  the way to failing; JAX_PLATFORMS=cpu skips it. An explicit JAX_PLATFORMS
+  (even ''), --jax_platforms or JAX_FORCE_TPU_INIT wins, and so does any
+  accelerator device file, so TPU and GPU hosts start as before.
+  """
+  if ("JAX_PLATFORMS" in os.environ or "JAX_FORCE_TPU_INIT" in os.environ
+      or any(glob.glob(pattern) for pattern in ACCELERATOR_FILES)):
+    return False
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  jax = sys.modules.get("jax")
+  if jax is not None:  # imported already: its config read the variable then
+    jax.config.update("jax_platforms", "cpu")
+  return True
+
+
+def run(main) -> None:
+  """`app.run(main)` with the shared flag parser, one-line errors, signal
+  handling, and no libtpu start-up on hosts without an accelerator."""
+  default_to_cpu()
+  install_signal_handlers()
+  _quiet_closed_loop_callbacks()
+  app.run(_wrap(main), flags_parser=config_lib.parse_flags)

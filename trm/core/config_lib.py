@@ -1,0 +1,181 @@
+"""Helpers shared by the config files in `configs/`."""
+from __future__ import annotations
+
+import ml_collections
+
+
+def parse_variants(arg: str | None, allowed: set[str]) -> set[str]:
+  """'cpu,att' -> {'cpu', 'att'}; unknown names are a clear error."""
+  names = {a.strip() for a in (arg or "").split(",") if a.strip()}
+  unknown = names - allowed
+  if unknown:
+    raise ValueError(f"Unknown config variant(s) {sorted(unknown)}; choose "
+                     f"from {sorted(allowed)} (e.g. --config=FILE.py:cpu).")
+  return names
+
+
+def default_logical_axis_rules():
+  """Logical axis -> mesh axes, ordered, first match wins.
+
+  Batch over data x fsdp; weights' model width over fsdp (ZeRO-3 style) and
+  their inner widths (MLP, heads, vocabulary) over model (tensor parallel).
+  The puzzle-embedding table is split by columns: its row count (876,406 for
+  ARC-AGI-1) rarely divides a mesh axis, its width (512) does, and a column
+  split keeps lookups and sparse updates local to each device.
+  """
+  return (
+      ("activation_batch", ("data", "fsdp")),
+      ("activation_length", None),
+      ("activation_embed", None),
+      ("activation_heads", "model"),
+      ("embed", "fsdp"),
+      ("mlp", "model"),
+      ("heads", "model"),
+      ("vocab", "model"),
+      ("token", None),
+      ("token_mlp", "model"),
+      ("puzzle", None),
+      ("puzzle_embed", "fsdp"),
+      ("kv_heads", None),   # 4 key/value heads (Qwen2-7B): rarely divisible
+      ("head_dim", None),
+      ("layers", None),     # the stacked axis of scanned layers
+  )
+
+
+def mesh_config(data: int = -1, fsdp: int = 1, model: int = 1,
+                dcn_data: int = 1) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      data=data,      # data-parallel size inside a slice (-1: the rest)
+      fsdp=fsdp,      # fully-sharded data-parallel size inside a slice
+      model=model,    # tensor-parallel size inside a slice
+      dcn_data=dcn_data,  # number of slices, data parallel across them
+      dcn_fsdp=1,     # fsdp across slices (rarely useful)
+      dcn_model=1,    # tensor parallel across slices (rarely useful)
+  ))
+
+
+def wandb_config(enabled=False, project="trm",
+                 name="") -> ml_collections.ConfigDict:
+  """The Weights & Biases writer's knobs (`trm/core/wandb_writer.py`)."""
+  return ml_collections.ConfigDict(dict(
+      enabled=enabled,  # also log metrics to W&B (pip install -e .[wandb])
+      project=project,  # W&B project
+      entity="",        # W&B team or user; '' = your default entity
+      name=name,        # run name; '' = W&B picks one
+      mode="online",    # online | offline (sync later) | disabled
+  ))
+
+
+def loss_scale_config() -> ml_collections.ConfigDict:
+  """Dynamic loss scaling, used when model.dtype='float16' (trm/core/loss_scale.py)."""
+  return ml_collections.ConfigDict(dict(
+      initial=2.0**15,        # starting scale (float; a power of two)
+      growth_interval=2000,   # finite steps in a row before it doubles
+  ))
+
+
+def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of a config file, as `--config=path:arg` would give it
+  (for tests, benchmarks and notebooks)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f"trm_config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def set_values(config: ml_collections.ConfigDict, values: dict):
+  """Sets dotted keys ({'data.path': ...}) as --config.key=value would.
+
+  A key the config does not define, or a value of the wrong type, is a
+  ValueError naming `config.<key>`.
+  """
+  for key, value in values.items():
+    node = config
+    *path, last = key.split(".")
+    for depth, name in enumerate(path + [last]):
+      if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+        where = ".".join(["config"] + (path + [last])[:depth])
+        known = (sorted(node.keys()) if isinstance(node,
+                                                   ml_collections.ConfigDict)
+                 else [])
+        raise ValueError(f"config.{key}: {where} has no field {name!r}"
+                         + (f"; its fields are {known}" if known else "")
+                         + ". Only fields the config file defines can be set.")
+      if depth < len(path):
+        node = node[name]
+    try:
+      node[last] = value
+    except (TypeError, ValueError):
+      raise ValueError(
+          f"config.{key}={value!r} has the wrong type: config.{key} holds "
+          f"type {type(node[last]).__name__}, not {type(value).__name__}."
+      ) from None
+  return config
+
+
+def _config_override_error(error: Exception, argv) -> str | None:
+  """The one-line message for ml_collections' error on a --config.KEY=VALUE
+  that names no field (a KeyError wrapped in an AttributeError), or None."""
+  inner = error
+  while inner.args and isinstance(inner.args[0], BaseException):
+    inner = inner.args[0]
+  text = str(inner.args[0] if inner.args else inner)
+  name, _, hint = text.partition("\n")
+  name = name.strip("'\"")
+  overrides = [a.split("=", 1)[0] for a in argv[1:]
+               if a.startswith("--config.")]
+  named = [flag for flag in overrides if name in flag.split(".")[1:]]
+  if not named:
+    return None
+  return (f"{named[0]}: the config has no field {name!r}"
+          + (f" ({hint.strip()})" if hint.strip() else "")
+          + "; --config.KEY=VALUE only sets fields the config file defines.")
+
+
+def _config_file_error(text: str) -> str:
+  """ml_collections reports an exception raised by a config file (e.g. an
+  unknown variant) with its whole traceback; keep the flag and the error."""
+  if "Traceback (most recent call last)" not in text:
+    return text
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  return f"{lines[0]} {lines[-1]}"
+
+
+def _missing_config_file(argv) -> str | None:
+  """ml_collections reads --config lazily, so a missing file would only
+  fail after jax has started, with a chained traceback; name it now."""
+  import os  # pylint: disable=g-import-not-at-top
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      path = arg.split("=", 1)[1].split(":", 1)[0]
+      if path and not os.path.isfile(path):
+        return (f"--config={path}: no such config file (relative paths start"
+                f" from {os.getcwd()}); e.g. --config=configs/trm_sudoku.py")
+  return None
+
+
+def parse_flags(argv):
+  """absl `flags_parser` for the command-line tools (`app.run(main,
+  flags_parser=config_lib.parse_flags)`). Flag errors stay one line: a
+  --config.KEY=VALUE naming no config field names the flag (ml_collections
+  raises a chained KeyError traceback), and an error raised by the config
+  file itself is shown without its traceback."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    parsed = flags.FLAGS(argv)
+    message = _missing_config_file(argv)
+    if message is None:
+      return parsed
+  except flags.Error as e:
+    message = _config_file_error(str(e))
+  except (AttributeError, KeyError) as e:
+    message = _config_override_error(e, argv)
+    if message is None:
+      raise
+  sys.stderr.write(f"FATAL Flags parsing error: {message}\n"
+                   "Pass --helpshort or --helpfull to see help on flags.\n")
+  sys.exit(1)

@@ -1,0 +1,180 @@
+"""The train state: built abstract-first, sharded by the logical rules.
+
+`abstract_state` evaluates the initialiser with `jax.eval_shape`, reads the
+logical axis names the model put on every variable (and the batch axes of the
+ACT carry), and turns them into shardings with the config's rules.
+`init_state` then runs the initialiser under `jit(out_shardings=...)`, so every
+array is born on its devices and no host ever holds the full state.
+`skip_nonfinite` is the update guard every family's train step ends with.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from clu import metrics as clu_metrics
+
+from trm.core import mesh as mesh_lib
+from trm.families.trm import model as trm_model
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array          # int32 scalar: optimizer updates done
+  params: Any              # AdamATan2-trained weights
+  opt_state: Any
+  ema_params: Any          # EMA of params; used for evaluation
+  buffers: Any             # H_init / L_init (fixed)
+  puzzle_emb: Any          # {'weights': [N, D]} sign-SGD table, or {}
+  carry: trm_model.Carry   # streaming-ACT carry, persists across steps
+  rng: jax.Array           # base PRNG key; step keys are fold_in(rng, step)
+  skipped_steps: jax.Array  # int32: steps whose update was skipped (NaN/Inf)
+  bad_streak: jax.Array    # int32: consecutive skipped steps up to `step`
+
+  def variables(self, params=None):
+    return {"params": self.params if params is None else params,
+            "buffers": self.buffers, "puzzle_emb": self.puzzle_emb}
+
+
+def zero_counters() -> dict:
+  """The skipped-step counters of a fresh state (see `skip_nonfinite`)."""
+  return {"skipped_steps": jnp.zeros((), jnp.int32),
+          "bad_streak": jnp.zeros((), jnp.int32)}
+
+
+def all_finite(*trees) -> jax.Array:
+  """Scalar bool: every element of every floating leaf is finite."""
+  leaves = [x for x in jax.tree.leaves(trees)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not leaves:
+    return jnp.asarray(True)
+  return jnp.stack([jnp.isfinite(x).all() for x in leaves]).all()
+
+
+@flax.struct.dataclass
+class Counter(clu_metrics.Metric):
+  """A step counter as a metric: merging keeps the newer value, or the
+  larger with `keep_max` (no division, unlike clu's `LastValue`)."""
+  value: jax.Array
+  count: jax.Array  # 1: `trm.families.trm.losses.compute` leaves out metrics with 0
+  keep_max: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def merge(self, other: "Counter") -> "Counter":
+    if self.keep_max:
+      return other.replace(value=jnp.maximum(self.value, other.value))
+    return other
+
+  def compute(self):
+    return self.value
+
+
+def skip_nonfinite(state, new_state, metrics: dict, ok, guarded=()):
+  """The update guard both model families' train steps end with.
+
+  `ok` is `all_finite(loss, gradients)`; the new state's fields outside
+  `guarded` must be finite as well. When either fails the step's update
+  is dropped: every field keeps its value from `state` (parameters,
+  optimizer state, EMA, puzzle table, ACT carry), except `step`, which
+  advances so the data order stays that of a clean run. Fields named in
+  `guarded` are taken from `new_state` as they are: the step already left
+  them unchanged when not `ok` (cheaper than a select over a large table).
+  The step's metrics are zeroed (averages over an interval leave it out), and
+  `skipped_steps` (total) and `bad_streak` (consecutive, 0 after a good
+  step) count it in the state. Two metrics report them: `skipped_steps` and
+  `max_bad_streak`, the longest run of skipped steps an interval reached,
+  which the loop reads with the metrics it fetches anyway (no host sync).
+  A float16 state's `loss_scale` (`trm.core.loss_scale`) follows the same
+  verdict, and is reported as the `loss_scale` metric.
+  """
+  # A finite gradient can still give non-finite weights (a huge learning
+  # rate, an overflow): the step is then skipped too, so nothing non-finite
+  # is ever kept (and so never saved).
+  ok = jnp.logical_and(ok, all_finite(new_state.replace(
+      **{name: None for name in guarded})))
+  kept = jax.tree.map(lambda new, old: jnp.where(ok, new, old),
+                      new_state, state.replace(**{
+                          name: getattr(new_state, name) for name in guarded}))
+  bad = jnp.logical_not(ok).astype(jnp.int32)
+  kept = kept.replace(step=state.step + 1,
+                      skipped_steps=state.skipped_steps + bad,
+                      bad_streak=(state.bad_streak + 1) * bad)
+  metrics = jax.tree.map(lambda x: jnp.where(ok, x, jnp.zeros_like(x)),
+                         metrics)
+  one = jnp.ones((), jnp.int32)
+  metrics["skipped_steps"] = Counter(kept.skipped_steps, one)
+  metrics["max_bad_streak"] = Counter(kept.bad_streak, one, keep_max=True)
+  loss_scale = getattr(state, "loss_scale", None)  # float16 runs only
+  if loss_scale is not None:
+    # Adjusted by the same verdict, skipped step or not (an overflow halves
+    # it; that is how the next step recovers).
+    kept = kept.replace(loss_scale=loss_scale.adjust(ok))
+    metrics["loss_scale"] = Counter(kept.loss_scale.scale, one)
+  return kept, metrics
+
+
+def _box_carry(carry: trm_model.Carry) -> trm_model.Carry:
+  return jax.tree.map(lambda x, names: nn.LogicallyPartitioned(x, names),
+                      carry, trm_model.CARRY_AXES,
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
+def make_init_fn(model: trm_model.TRM, tx: optax.GradientTransformation,
+                 batch_size: int, seed: int):
+  """A function () -> boxed TrainState (leaves carry logical axis names)."""
+
+  def init():
+    key = jax.random.PRNGKey(seed)
+    init_key, state_key = jax.random.split(key)
+    variables = trm_model.init_variables(model, init_key)
+    params = variables["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32), params=params,
+        opt_state=tx.init(params),
+        ema_params=jax.tree.map(lambda x: x, params),
+        buffers=variables["buffers"],
+        puzzle_emb=variables.get("puzzle_emb", {}),
+        carry=_box_carry(trm_model.empty_carry(model.cfg, batch_size)),
+        rng=state_key, **zero_counters())
+
+  return init
+
+
+def with_shardings(abstract, shardings):
+  """ShapeDtypeStructs of an unboxed abstract tree, carrying `shardings`
+  (what ahead-of-time lowering and Orbax restores take)."""
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      abstract, shardings)
+
+
+def abstract_state(init_fn, mesh, rules):
+  """(abstract unboxed state with shardings, shardings tree)."""
+  with nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(init_fn)
+  shardings = mesh_lib.tree_shardings(mesh, rules, boxed)
+  return with_shardings(nn.meta.unbox(boxed), shardings), shardings
+
+
+def init_state(init_fn, mesh, rules, shardings) -> TrainState:
+  """Runs the initialiser with every array born sharded."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    return jax.jit(lambda: nn.meta.unbox(init_fn()),
+                   out_shardings=shardings)()
+
+
+def compile_step(step_fn, abstract_state, state_shardings, abstract_batch):
+  """`step_fn(state, batch) -> (state, metrics)` jitted with the state's
+  shardings in and out and the state donated, compiled ahead of time for an
+  abstract batch whose leaves carry their shardings.
+
+  Call inside `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`.
+  """
+  batch_shardings = jax.tree.map(lambda x: x.sharding, abstract_batch)
+  return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
+                 out_shardings=(state_shardings, None),
+                 donate_argnums=0).lower(abstract_state,
+                                         abstract_batch).compile()

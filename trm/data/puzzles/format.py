@@ -1,0 +1,571 @@
+"""Upstream TRM's on-disk puzzle dataset format (`dataset/common.py`).
+
+A dataset directory holds one sub-directory per split (`train`, `test`) plus
+`identifiers.json` (puzzle-identifier id -> name, for visualisation only):
+
+  <out>/identifiers.json
+  <out>/<split>/dataset.json            PuzzleDatasetMetadata as JSON
+  <out>/<split>/<set>__inputs.npy       uint8 [n_examples, seq_len]
+  <out>/<split>/<set>__labels.npy       uint8 [n_examples, seq_len]
+  <out>/<split>/<set>__puzzle_identifiers.npy  int32 [n_puzzles]
+  <out>/<split>/<set>__puzzle_indices.npy      int32 [n_puzzles + 1]
+  <out>/<split>/<set>__group_indices.npy       int32 [n_groups + 1]
+
+The index arrays form a CSR-like hierarchy: group g owns puzzles
+`group_indices[g]:group_indices[g+1]`, puzzle p owns examples
+`puzzle_indices[p]:puzzle_indices[p+1]`. Datasets written by the upstream
+PyTorch builders load unchanged; files written here load in upstream too.
+"""
+
+import dataclasses
+import functools
+import inspect
+import json
+import os
+import uuid
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+from absl import logging
+
+METADATA_FILE = "dataset.json"
+IDENTIFIERS_FILE = "identifiers.json"
+
+# Field name -> (dtype, ndim). Order is the order files are written in.
+FIELDS = {
+    "inputs": (np.uint8, 2),
+    "labels": (np.uint8, 2),
+    "puzzle_identifiers": (np.int32, 1),
+    "puzzle_indices": (np.int32, 1),
+    "group_indices": (np.int32, 1),
+}
+# Token arrays can be large (ARC: GBs), so they stay on disk; the small index
+# arrays are indexed per sample and are worth holding in RAM (as upstream).
+MMAP_FIELDS = ("inputs", "labels")
+
+_BUILD_HINT = (
+    "Build the data first, e.g. "
+    "`python -m trm.data.puzzles.sudoku --output_dir={data_dir}` "
+    "(add --source=hub or --csv_dir=DIR for the real Sudoku-Extreme CSVs).")
+
+# Rows scanned per chunk when checking token ids of memory-mapped arrays, so a
+# multi-GB file is never materialised at once.
+_TOKEN_CHECK_ROWS = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class PuzzleDatasetMetadata:
+  """Mirror of upstream's pydantic `PuzzleDatasetMetadata` (same fields)."""
+  pad_id: int
+  ignore_label_id: Optional[int]
+  blank_identifier_id: int
+  vocab_size: int
+  seq_len: int
+  num_puzzle_identifiers: int
+  total_groups: int
+  mean_puzzle_examples: float
+  total_puzzles: int
+  sets: list[str]
+
+  def to_json_dict(self) -> dict[str, Any]:
+    """Same keys, order and types as upstream's `model_dump()`."""
+    d = dataclasses.asdict(self)
+    d["mean_puzzle_examples"] = float(d["mean_puzzle_examples"])
+    d["sets"] = list(d["sets"])
+    return d
+
+  @classmethod
+  def from_json_dict(cls, data: Any,
+                     source: str = "<dict>") -> "PuzzleDatasetMetadata":
+    """Validates and converts a decoded `dataset.json`.
+
+    Args:
+      data: the decoded JSON object.
+      source: file name used in error messages.
+
+    Raises:
+      ValueError: on unknown/missing keys or values of the wrong type.
+    """
+    if not isinstance(data, dict):
+      raise ValueError(f"{source}: expected a JSON object, got "
+                       f"{type(data).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    missing = [n for n in names if n not in data]
+    if unknown:
+      raise ValueError(f"{source}: unknown metadata field(s) {unknown}; "
+                       f"expected exactly {names}")
+    if missing:
+      raise ValueError(f"{source}: missing metadata field(s) {missing}")
+
+    values = {}
+    for name in names:
+      value = data[name]
+      if name == "ignore_label_id" and value is None:
+        values[name] = None
+      elif name == "mean_puzzle_examples":
+        # pydantic dumps a float, but hand-written files may hold an int.
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+          raise ValueError(f"{source}: field 'mean_puzzle_examples' must be a "
+                           f"number, got {value!r}")
+        values[name] = float(value)
+      elif name == "sets":
+        if (not isinstance(value, list) or not value or
+            not all(isinstance(s, str) and s for s in value)):
+          raise ValueError(f"{source}: field 'sets' must be a non-empty list "
+                           f"of non-empty strings, got {value!r}")
+        values[name] = list(value)
+      else:
+        # bool is an int subclass; a boolean here is always a mistake.
+        if isinstance(value, bool) or not isinstance(value, int):
+          raise ValueError(f"{source}: field {name!r} must be an integer, "
+                           f"got {value!r}")
+        values[name] = value
+    metadata = cls(**values)
+    metadata.check(source)
+    return metadata
+
+  def check(self, source: str = "<metadata>") -> None:
+    """Range checks on the metadata values alone."""
+    for name in ("vocab_size", "seq_len", "num_puzzle_identifiers"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{source}: field {name!r} must be >= 1, got "
+                         f"{getattr(self, name)}")
+    for name in ("total_groups", "total_puzzles"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{source}: field {name!r} must be >= 0, got "
+                         f"{getattr(self, name)}")
+    if not 0 <= self.pad_id < self.vocab_size:
+      raise ValueError(f"{source}: field 'pad_id'={self.pad_id} is outside "
+                       f"[0, vocab_size={self.vocab_size})")
+    if not 0 <= self.blank_identifier_id < self.num_puzzle_identifiers:
+      raise ValueError(
+          f"{source}: field 'blank_identifier_id'={self.blank_identifier_id} "
+          f"is outside [0, num_puzzle_identifiers="
+          f"{self.num_puzzle_identifiers})")
+    if len(set(self.sets)) != len(self.sets):
+      raise ValueError(f"{source}: field 'sets' has duplicates: {self.sets}")
+
+
+# ----------------------------------------------------------------------------
+# Atomic file writes.
+
+
+def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
+  """Writes `path` by calling `write_fn(file)` on a temp file, then renaming.
+
+  The temp file lives in the same directory, so the final os.replace is
+  atomic: readers (and `ensure_dataset`-style existence checks) never see a
+  half-written file, even if the writer is killed.
+  """
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  # Not tempfile.mkstemp: its files are mode 0600, this one honours the umask
+  # like a plain open() would. Mode "x" refuses to reuse an existing name.
+  tmp = os.path.join(directory,
+                     f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+  try:
+    with open(tmp, mode.replace("w", "x")) as f:
+      write_fn(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Atomically writes `obj` as JSON to `path`."""
+  atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
+
+
+def _write_npy_atomic(path: str, array: np.ndarray) -> None:
+  # np.save on a file object does not append ".npy", so the temp name is kept.
+  atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
+
+
+# ----------------------------------------------------------------------------
+# Validation shared by the writer and the reader.
+
+
+def _check_arrays(metadata: PuzzleDatasetMetadata, arrays: Mapping[str, Any],
+                  where: str, check_tokens: bool = True) -> None:
+  """Checks one set's arrays against each other and the metadata.
+
+  Args:
+    metadata: the split's metadata.
+    arrays: field name -> array for one set.
+    where: prefix for error messages (a directory and set name); the field's
+      file name is appended.
+    check_tokens: also scan inputs/labels for ids >= vocab_size (reads the
+      whole token arrays).
+
+  Raises:
+    ValueError: naming the offending field.
+  """
+  unknown = sorted(set(arrays) - set(FIELDS))
+  missing = [f for f in FIELDS if f not in arrays]
+  if unknown or missing:
+    raise ValueError(f"{where}: expected fields {list(FIELDS)}; unknown "
+                     f"{unknown}, missing {missing}")
+
+  def fail(field, msg):
+    raise ValueError(f"{where}__{field}.npy: field {field!r}: {msg}")
+
+  for field, (dtype, ndim) in FIELDS.items():
+    a = arrays[field]
+    if not isinstance(a, np.ndarray):
+      fail(field, f"expected a numpy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+      fail(field, f"expected dtype {np.dtype(dtype).name}, got {a.dtype}")
+    if a.ndim != ndim:
+      fail(field, f"expected {ndim} dims, got shape {a.shape}")
+
+  inputs, labels = arrays["inputs"], arrays["labels"]
+  if inputs.shape[1] != metadata.seq_len:
+    fail("inputs", f"sequence length {inputs.shape[1]} != metadata seq_len "
+         f"{metadata.seq_len}")
+  if labels.shape != inputs.shape:
+    fail("labels", f"shape {labels.shape} != inputs shape {inputs.shape}")
+
+  n_examples = inputs.shape[0]
+  n_puzzles = arrays["puzzle_identifiers"].shape[0]
+  _check_offsets(arrays["puzzle_indices"], n_puzzles, n_examples,
+                 lambda msg: fail("puzzle_indices", msg), "examples")
+  n_groups = arrays["group_indices"].shape[0] - 1
+  _check_offsets(arrays["group_indices"], n_groups, n_puzzles,
+                 lambda msg: fail("group_indices", msg), "puzzles")
+
+  ids = arrays["puzzle_identifiers"]
+  n_ids = metadata.num_puzzle_identifiers
+  if ids.size and (ids.min() < 0 or ids.max() >= n_ids):
+    fail("puzzle_identifiers", f"ids must lie in [0, num_puzzle_identifiers="
+         f"{metadata.num_puzzle_identifiers}), got range "
+         f"[{ids.min()}, {ids.max()}]")
+
+  if check_tokens:
+    for field in MMAP_FIELDS:
+      top = _max_token(arrays[field])
+      if top is not None and top >= metadata.vocab_size:
+        fail(field, f"token id {top} >= metadata vocab_size "
+             f"{metadata.vocab_size}")
+
+
+def _check_offsets(offsets: np.ndarray, n_items: int, n_children: int, fail,
+                   child_name: str) -> None:
+  """Checks a CSR offset array: length n_items+1, 0 .. n_children, monotone."""
+  if offsets.shape[0] != n_items + 1:
+    fail(f"expected length {n_items + 1}, got {offsets.shape[0]}")
+  if offsets.shape[0] == 0:
+    fail("must hold at least the leading 0")
+  if offsets[0] != 0:
+    fail(f"must start at 0, got {offsets[0]}")
+  if offsets[-1] != n_children:
+    fail(f"must end at the number of {child_name} ({n_children}), got "
+         f"{offsets[-1]}")
+  if np.any(np.diff(offsets) < 0):
+    fail("must be non-decreasing")
+
+
+def _max_token(tokens: np.ndarray) -> Optional[int]:
+  """Largest value of a (possibly memory-mapped) array, scanned in chunks."""
+  top = None
+  for start in range(0, tokens.shape[0], _TOKEN_CHECK_ROWS):
+    chunk = tokens[start:start + _TOKEN_CHECK_ROWS]
+    if chunk.size:
+      m = int(chunk.max())
+      top = m if top is None else max(top, m)
+  return top
+
+
+# ----------------------------------------------------------------------------
+# Public API.
+
+
+def write_split(out_dir: str, split: str, metadata: PuzzleDatasetMetadata,
+                arrays_by_set: Mapping[str, Mapping[str, np.ndarray]]) -> str:
+  """Writes one split (`<out_dir>/<split>/`) in upstream's layout.
+
+  Everything is validated before the first byte is written, and
+  `dataset.json` is written last, so its presence marks a complete split.
+
+  Args:
+    out_dir: dataset root.
+    split: split name, e.g. "train" or "test".
+    metadata: the split's metadata; `metadata.sets` must name exactly the keys
+      of `arrays_by_set`.
+    arrays_by_set: set name -> {field -> array}, see `FIELDS` for the fields,
+      dtypes and ranks.
+
+  Returns:
+    The split directory.
+
+  Raises:
+    ValueError: on inconsistent metadata or arrays, naming the field.
+  """
+  split_dir = os.path.join(out_dir, split)
+  metadata.check(os.path.join(split_dir, METADATA_FILE))
+  if sorted(arrays_by_set) != sorted(metadata.sets):
+    raise ValueError(f"{split_dir}: arrays given for sets "
+                     f"{sorted(arrays_by_set)} but metadata 'sets' is "
+                     f"{metadata.sets}")
+  for set_name in metadata.sets:
+    _check_arrays(metadata, arrays_by_set[set_name],
+                  os.path.join(split_dir, set_name))
+
+  os.makedirs(split_dir, exist_ok=True)
+  for set_name in metadata.sets:
+    for field in FIELDS:
+      _write_npy_atomic(os.path.join(split_dir, f"{set_name}__{field}.npy"),
+                        arrays_by_set[set_name][field])
+  write_json_atomic(os.path.join(split_dir, METADATA_FILE),
+                    metadata.to_json_dict())
+  return split_dir
+
+
+def write_identifiers(out_dir: str, names: list[str]) -> str:
+  """Writes `<out_dir>/identifiers.json` (id -> name list); returns its path."""
+  if not all(isinstance(n, str) for n in names):
+    raise ValueError(f"identifiers must be strings, got {names!r}")
+  path = os.path.join(out_dir, IDENTIFIERS_FILE)
+  write_json_atomic(path, list(names))
+  return path
+
+
+def read_metadata(data_dir: str, split: str) -> PuzzleDatasetMetadata:
+  """Reads and validates `<data_dir>/<split>/dataset.json`.
+
+  Raises:
+    FileNotFoundError: the directory or file is missing (with a build hint).
+    ValueError: the JSON is malformed or has unknown/missing fields.
+  """
+  split_dir = os.path.join(data_dir, split)
+  hint = _BUILD_HINT.format(data_dir=data_dir)
+  if not os.path.isdir(split_dir):
+    raise FileNotFoundError(
+        f"Puzzle dataset split directory {split_dir!r} does not exist. {hint}")
+  path = os.path.join(split_dir, METADATA_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"Puzzle dataset metadata {path!r} does not exist (incomplete or "
+        f"interrupted build?). {hint}")
+  try:
+    with open(path, "r") as f:
+      data = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: invalid JSON: {e}") from e
+  return PuzzleDatasetMetadata.from_json_dict(data, source=path)
+
+
+def read_split(data_dir: str, split: str, set_name: str = "all",
+               mmap: bool = True, check_tokens: bool = True
+               ) -> tuple[PuzzleDatasetMetadata, dict[str, np.ndarray]]:
+  """Loads one set of one split.
+
+  Args:
+    data_dir: dataset root (holding `<split>/dataset.json`).
+    split: split name, e.g. "train" or "test".
+    set_name: which set of the split (upstream always uses "all").
+    mmap: memory-map inputs/labels (read-only) instead of loading them.
+    check_tokens: scan inputs/labels for ids >= vocab_size. This reads the
+      token files once; disable it for very large datasets.
+
+  Returns:
+    (metadata, {field: array}) with the fields of `FIELDS`.
+
+  Raises:
+    FileNotFoundError: a directory or file is missing (with a build hint).
+    ValueError: metadata or arrays are malformed or mutually inconsistent.
+  """
+  metadata = read_metadata(data_dir, split)
+  split_dir = os.path.join(data_dir, split)
+  meta_path = os.path.join(split_dir, METADATA_FILE)
+  if set_name not in metadata.sets:
+    raise ValueError(f"{meta_path}: set {set_name!r} not in field 'sets' "
+                     f"{metadata.sets}")
+
+  arrays = {}
+  for field in FIELDS:
+    path = os.path.join(split_dir, f"{set_name}__{field}.npy")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(
+          f"Puzzle dataset file {path!r} does not exist (incomplete build?). "
+          f"{_BUILD_HINT.format(data_dir=data_dir)}")
+    mode = "r" if (mmap and field in MMAP_FIELDS) else None
+    try:
+      arrays[field] = np.load(path, mmap_mode=mode, allow_pickle=False)
+    except (ValueError, OSError) as e:
+      # np.load takes any non-.npy bytes for a pickle and suggests loading
+      # it unsafely; pickles are never loaded here, so that hint is dropped.
+      detail = "" if "allow_pickle" in str(e) else f" ({e})"
+      raise ValueError(
+          f"{path}: field {field!r}: not a readable .npy array (corrupt, "
+          "truncated, or holding pickled objects, which are never loaded)"
+          f"{detail}; rebuild the dataset.") from e
+  _check_arrays(metadata, arrays, os.path.join(split_dir, set_name),
+                check_tokens=check_tokens)
+  return metadata, arrays
+
+
+# ----------------------------------------------------------------------------
+# What a builder records about a build (`build_info.json`), so a dataset
+# directory built with other arguments is noticed.
+
+BUILD_INFO_FILE = "build_info.json"
+
+
+def build_args(signature, builder: str, **build_kwargs) -> dict:
+  """All of a builder's `build_dataset(output_dir, ...)` arguments, defaults
+  filled in, as recorded on disk."""
+  bound = signature.bind("", **build_kwargs)
+  bound.apply_defaults()
+  args = dict(bound.arguments)
+  del args["output_dir"]
+  return {"builder": builder, **args}
+
+
+def build_args_recorder(build_dataset: Callable, builder: str
+                        ) -> Callable[..., dict]:
+  """`build_args` bound to `build_dataset`'s signature and `builder`.
+
+  The signature is captured now, so the recorder describes the real builder
+  even if the name `build_dataset` is later rebound (e.g. wrapped or
+  patched).
+  """
+  return functools.partial(build_args, inspect.signature(build_dataset),
+                           builder)
+
+
+def check_build_args(subsample_size: Optional[int],
+                     non_negative: Sequence[tuple[str, int]] = ()) -> None:
+  """Raises ValueError unless `subsample_size` is None or >= 1 and every
+  (name, value) of `non_negative` is >= 0."""
+  if subsample_size is not None and subsample_size < 1:
+    raise ValueError(f"subsample_size must be >= 1, got {subsample_size}")
+  for name, value in non_negative:
+    if value < 0:
+      raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def is_built(output_dir: str, extra_files=()) -> bool:
+  """Both splits' `dataset.json` (each written last) and `extra_files`
+  exist."""
+  files = [os.path.join(split, METADATA_FILE) for split in ("train", "test")]
+  return all(os.path.isfile(os.path.join(output_dir, f))
+             for f in files + list(extra_files))
+
+
+def warn_if_built_otherwise(output_dir: str, wanted: dict,
+                            derived=("counts",)) -> None:
+  """An existing dataset is never rebuilt; a differing recorded build (keys
+  in `derived` are outputs, not arguments) only warns."""
+  try:
+    with open(os.path.join(output_dir, BUILD_INFO_FILE)) as f:
+      built = json.load(f)
+  except (OSError, ValueError):
+    return
+  built = {k: v for k, v in built.items() if k not in derived}
+  if built != wanted:
+    logging.warning("Using existing dataset %s built with %s, not the "
+                    "requested %s; delete it to rebuild.", output_dir, built,
+                    wanted)
+
+
+def ensure_built(output_dir: str, build_dataset: Callable,
+                 recorded_args: Callable[..., dict], build_kwargs: dict,
+                 extra_files=(), derived=("counts",)) -> str:
+  """A builder's `ensure_dataset`: builds unless `is_built`; returns
+  output_dir.
+
+  Args:
+    output_dir: dataset root.
+    build_dataset: the builder's `build_dataset(output_dir, **build_kwargs)`.
+    recorded_args: `build_kwargs` -> the arguments as recorded on disk (see
+      `build_args_recorder`); only called for an existing dataset.
+    build_kwargs: the build arguments.
+    extra_files: see `is_built`.
+    derived: see `warn_if_built_otherwise`.
+  """
+  if not is_built(output_dir, extra_files):
+    return build_dataset(output_dir, **build_kwargs)
+  warn_if_built_otherwise(output_dir, recorded_args(**build_kwargs),
+                          derived)
+  return output_dir
+
+
+def write_dataset(output_dir: str, encode_split: Callable[[str], tuple],
+                  build_info: dict, identifiers: Sequence[str] = ("<blank>",),
+                  splits: Sequence[str] = ("train", "test")) -> dict:
+  """Writes a whole dataset held in memory, split by split.
+
+  Writes each split (`encode_split(split)` -> (metadata, arrays by set), in
+  the order of `splits`), then `identifiers.json` and `build_info.json`
+  (`build_info` plus the counts).
+
+  Returns:
+    {split: {"groups": ..., "examples": ...}}, as recorded under "counts".
+  """
+  counts = {}
+  for split in splits:
+    metadata, arrays_by_set = encode_split(split)
+    write_split(output_dir, split, metadata, arrays_by_set)
+    counts[split] = {
+        "groups": metadata.total_groups,
+        "examples": sum(int(arrays["inputs"].shape[0])
+                        for arrays in arrays_by_set.values())}
+  write_identifiers(output_dir, list(identifiers))
+  write_json_atomic(os.path.join(output_dir, BUILD_INFO_FILE),
+                    {**build_info, "counts": counts})
+  return counts
+
+
+# ----------------------------------------------------------------------------
+# Datasets of one-example puzzles (Sudoku, Maze): one set "all", every puzzle
+# holds one example, every group the same number of puzzles, and the blank
+# puzzle identifier is the only one.
+
+
+def one_example_metadata(vocab_size: int, seq_len: int,
+                         num_groups: int) -> PuzzleDatasetMetadata:
+  """Metadata of a split of `num_groups` groups of one-example puzzles.
+
+  PAD is 0 and also the ignored label id. `total_puzzles` holds the number
+  of *groups*, not puzzles, as upstream's Sudoku and Maze builders store it
+  (even with augmented puzzles in each group). Kept so the files match
+  upstream's; upstream only uses it to weight mean_puzzle_examples when
+  merging datasets, which stays correct because every puzzle has exactly one
+  example, and nothing here reads it.
+  """
+  return PuzzleDatasetMetadata(
+      pad_id=0,
+      ignore_label_id=0,
+      blank_identifier_id=0,
+      vocab_size=vocab_size,
+      seq_len=seq_len,
+      num_puzzle_identifiers=1,
+      total_groups=num_groups,
+      mean_puzzle_examples=1.0,
+      total_puzzles=num_groups,
+      sets=["all"],
+  )
+
+
+def one_example_arrays(inputs: np.ndarray, labels: np.ndarray,
+                       group_size: int) -> dict[str, dict[str, np.ndarray]]:
+  """{"all": arrays} of one-example puzzles, `group_size` per group.
+
+  Args:
+    inputs, labels: uint8 [n_puzzles, seq_len], group by group.
+    group_size: puzzles per group; must divide n_puzzles.
+  """
+  n_puzzles = inputs.shape[0]
+  return {"all": {
+      "inputs": inputs,
+      "labels": labels,
+      "puzzle_identifiers": np.zeros(n_puzzles, np.int32),
+      "puzzle_indices": np.arange(n_puzzles + 1, dtype=np.int32),
+      "group_indices": np.arange(0, n_puzzles + 1, group_size,
+                                 dtype=np.int32),
+  }}

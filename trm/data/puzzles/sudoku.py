@@ -1,0 +1,645 @@
+"""Sudoku-Extreme dataset builder (port of upstream `build_sudoku_dataset.py`).
+
+Writes the upstream on-disk layout (see `trm.data.puzzles.format`) from one of:
+
+  * source="hub":      `sapientinc/sudoku-extreme` CSVs from the Hugging Face
+                       Hub (needs network; `huggingface_hub` is optional),
+  * source="csv":      the same CSVs already on disk (`csv_dir`),
+  * source="generate": an offline generator of unique-solution puzzles with a
+                       fixed number of blanks (difficulty knob). These are far
+                       easier than Sudoku-Extreme; they exist so the pipeline
+                       and tests run without network.
+
+Unlike upstream (which never seeds numpy), every random choice here comes
+from a `np.random.Generator` derived from `seed`, so builds are reproducible.
+
+CLI:
+  python -m trm.data.puzzles.sudoku --output_dir=data/sudoku --source=generate \
+      --num_train=1000 --num_test=1000 --num_blanks=40 --num_aug=0 --seed=0
+"""
+
+import array
+import functools
+import time
+from typing import Optional, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+
+from trm.core import cli
+from trm.data.puzzles import builder_cli
+from trm.data.puzzles import hub
+from trm.data.puzzles import format as puzzle_format
+from trm.data.puzzles import seeding
+
+HF_REPO = "sapientinc/sudoku-extreme"
+HF_URL = hub.HF_URL.format(repo=HF_REPO, filename="{split}.csv")
+SPLITS = ("train", "test")
+SOURCES = ("generate", "csv", "hub")
+BUILD_INFO_FILE = puzzle_format.BUILD_INFO_FILE
+
+SEQ_LEN = 81
+VOCAB_SIZE = 11  # PAD + "0".."9": stored tokens are cell values + 1.
+# 17 givens is the proven minimum for a unique Sudoku, hence 81 - 17.
+MAX_BLANKS = 64
+
+Seed = seeding.Seed
+
+# ----------------------------------------------------------------------------
+# Solution counting.
+#
+# Cells are 0..80 in row-major order; digit d in 1..9 is the bit 1 << (d - 1).
+# A search state is three lists of 9 used-digit masks (rows, columns, boxes),
+# so a cell's candidates are one OR and one NOT.
+
+_ALL = 0x1FF
+_ROW = tuple(i // 9 for i in range(81))
+_COL = tuple(i % 9 for i in range(81))
+_BOX = tuple((i // 27) * 3 + (i % 9) // 3 for i in range(81))
+_POPCOUNT = tuple(bin(m).count("1") for m in range(512))
+_BIT_TO_DIGIT = {1 << d: d + 1 for d in range(9)}
+
+
+def _count_from(rows: list[int], cols: list[int], boxes: list[int],
+                empties: list[int], limit: int) -> int:
+  """Counts completions of a partial grid, stopping once `limit` are found.
+
+  Depth-first search that always expands the empty cell with the fewest
+  candidates; a forced cell (one candidate) is filled in place without a new
+  recursion level, which makes the naked-single propagation cheap. `rows`,
+  `cols`, `boxes` and (as a set) `empties` are restored before returning.
+  """
+  placed = []
+  found = 0
+  while True:
+    if not empties:
+      found = 1
+      break
+    best_k, best_n, best_m = -1, 10, 0
+    for k, i in enumerate(empties):
+      m = _ALL & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
+      n = _POPCOUNT[m]
+      if n < best_n:
+        best_k, best_n, best_m = k, n, m
+        if n <= 1:
+          break
+    if best_n == 0:
+      break
+    # Swap-remove: O(1), and the set of empties is all that must be restored.
+    i = empties[best_k]
+    empties[best_k] = empties[-1]
+    empties.pop()
+    r, c, b = _ROW[i], _COL[i], _BOX[i]
+    if best_n == 1:
+      rows[r] |= best_m
+      cols[c] |= best_m
+      boxes[b] |= best_m
+      placed.append((i, best_m))
+      continue
+    m = best_m
+    while m:
+      bit = m & -m
+      m ^= bit
+      rows[r] |= bit
+      cols[c] |= bit
+      boxes[b] |= bit
+      found += _count_from(rows, cols, boxes, empties, limit - found)
+      rows[r] ^= bit
+      cols[c] ^= bit
+      boxes[b] ^= bit
+      if found >= limit:
+        break
+    empties.append(i)
+    break
+  for i, bit in placed:
+    rows[_ROW[i]] ^= bit
+    cols[_COL[i]] ^= bit
+    boxes[_BOX[i]] ^= bit
+    empties.append(i)
+  return found
+
+
+def _masks(board: Sequence[int]):
+  """Unit masks and empty cells of a flat board, or None if givens clash."""
+  rows, cols, boxes = [0] * 9, [0] * 9, [0] * 9
+  empties = []
+  for i, v in enumerate(board):
+    if v == 0:
+      empties.append(i)
+      continue
+    bit = 1 << (v - 1)
+    r, c, b = _ROW[i], _COL[i], _BOX[i]
+    if (rows[r] | cols[c] | boxes[b]) & bit:
+      return None
+    rows[r] |= bit
+    cols[c] |= bit
+    boxes[b] |= bit
+  return rows, cols, boxes, empties
+
+
+def count_solutions(board: np.ndarray, limit: int = 2) -> int:
+  """Number of solutions of a Sudoku board, counted up to `limit`.
+
+  Args:
+    board: 81 (or 9x9) cell values, 0 = blank, 1..9 = given digit.
+    limit: stop counting here; the default 2 answers "unique or not".
+
+  Returns:
+    min(number of solutions, limit); 0 if the givens already clash.
+  """
+  board = np.asarray(board).reshape(-1)
+  if board.shape != (81,) or board.min() < 0 or board.max() > 9:
+    raise ValueError(f"expected 81 cell values in 0..9, got {board}")
+  state = _masks(board.tolist())
+  if state is None:
+    return 0
+  return _count_from(*state, limit)
+
+
+def is_valid_solution(grid: np.ndarray) -> bool:
+  """True iff `grid` (81 or 9x9 values) is a complete, legal Sudoku grid."""
+  g = np.asarray(grid).reshape(9, 9)
+  boxes = g.reshape(3, 3, 3, 3).transpose(0, 2, 1, 3).reshape(9, 9)
+  digits = np.arange(1, 10)
+  return all(
+      np.array_equal(np.sort(units, axis=1), np.broadcast_to(digits, (9, 9)))
+      for units in (g, g.T, boxes))
+
+
+# ----------------------------------------------------------------------------
+# Offline generator.
+
+
+def _random_full_grid(rng: np.random.Generator) -> list[int]:
+  """A random valid solved grid.
+
+  The three diagonal boxes share no row, column or box, so they are filled
+  with independent random permutations; the rest is completed by depth-first
+  search trying digits in a random (pre-drawn, per cell) order. Completion
+  from three independent boxes always exists, and the search rarely
+  backtracks.
+  """
+  grid = [0] * 81
+  for box in range(3):
+    digits = rng.permutation(9) + 1
+    for k in range(9):
+      grid[(box * 3 + k // 3) * 9 + box * 3 + k % 3] = int(digits[k])
+  orders = (rng.permuted(np.tile(np.arange(9), (81, 1)), axis=1)).tolist()
+  rows, cols, boxes, empties = _masks(grid)
+
+  def fill() -> bool:
+    best, best_n, best_m = -1, 10, 0
+    for i in empties:
+      if grid[i]:
+        continue
+      m = _ALL & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
+      n = _POPCOUNT[m]
+      if n < best_n:
+        best, best_n, best_m = i, n, m
+    if best < 0:
+      return True
+    r, c, b = _ROW[best], _COL[best], _BOX[best]
+    for d in orders[best]:
+      bit = 1 << d
+      if not best_m & bit:
+        continue
+      grid[best] = d + 1
+      rows[r] |= bit
+      cols[c] |= bit
+      boxes[b] |= bit
+      if fill():
+        return True
+      rows[r] ^= bit
+      cols[c] ^= bit
+      boxes[b] ^= bit
+      grid[best] = 0
+    return False
+
+  if not fill():  # Cannot happen; guards against a broken invariant.
+    raise AssertionError("failed to complete a Sudoku grid")
+  return grid
+
+
+def _remove_cells(solution: list[int], num_blanks: int,
+                  rng: np.random.Generator) -> Optional[list[int]]:
+  """Blanks cells of a solved grid in random order, keeping the solution unique.
+
+  Uniqueness after blanking cell c (solution value s) is checked
+  incrementally: the current puzzle P has the unique solution `solution`, so
+  any other solution of P minus c must put a digit v != s at c. It is enough
+  to ask, for each candidate v != s of c, whether P minus c plus (c = v) is
+  solvable at all; usually c has no such candidate and nothing is searched.
+
+  Returns:
+    The board with exactly `num_blanks` blanks, or None when a full pass over
+    the cells reaches a minimal puzzle (no cell can be blanked) first.
+  """
+  board = list(solution)
+  rows, cols, boxes, _ = _masks(board)
+  empties = []
+  for i in rng.permutation(81).tolist():
+    if len(empties) == num_blanks:
+      break
+    s_bit = 1 << (solution[i] - 1)
+    r, c, b = _ROW[i], _COL[i], _BOX[i]
+    rows[r] ^= s_bit
+    cols[c] ^= s_bit
+    boxes[b] ^= s_bit
+    others = _ALL & ~(rows[r] | cols[c] | boxes[b]) & ~s_bit
+    unique = True
+    while others and unique:
+      bit = others & -others
+      others ^= bit
+      rows[r] |= bit
+      cols[c] |= bit
+      boxes[b] |= bit
+      unique = _count_from(rows, cols, boxes, empties, 1) == 0
+      rows[r] ^= bit
+      cols[c] ^= bit
+      boxes[b] ^= bit
+    if unique:
+      board[i] = 0
+      empties.append(i)
+    else:
+      rows[r] |= s_bit
+      cols[c] |= s_bit
+      boxes[b] |= s_bit
+  return board if len(empties) == num_blanks else None
+
+
+def _generate_one(seed: Seed, num_blanks: int, max_attempts: int):
+  """One (board, solution) pair from its own seed; see `generate_puzzles`."""
+  rng = np.random.default_rng(np.random.SeedSequence(seed))
+  for _ in range(max_attempts):
+    solution = _random_full_grid(rng)
+    board = _remove_cells(solution, num_blanks, rng)
+    if board is not None:
+      return board, solution
+  raise RuntimeError(
+      f"could not reach {num_blanks} blanks with a unique solution in "
+      f"{max_attempts} attempts; use fewer blanks (greedy blanking seldom "
+      f"gets past ~58)")
+
+
+def generate_puzzles(n: int, num_blanks: int, seed: Seed,
+                     max_attempts: int = 1000
+                     ) -> tuple[np.ndarray, np.ndarray]:
+  """Generates `n` random Sudoku puzzles with unique solutions.
+
+  Each puzzle starts from a random full grid; cells are blanked one at a
+  time in random order, skipping any cell whose removal would allow a second
+  solution, until `num_blanks` cells are blank. If one pass over all cells
+  ends in a minimal puzzle with fewer blanks (only likely above ~50 blanks),
+  that grid is discarded and a new one is drawn (retry, never "keep what was
+  reached"), so every puzzle has exactly `num_blanks` blanks.
+
+  Puzzle k uses the seed (seed..., k), so results do not depend on how the
+  work is split, and a larger `n` extends a smaller one.
+
+  Args:
+    n: number of puzzles.
+    num_blanks: blanks per puzzle, 0..64; the difficulty knob.
+    seed: int or sequence of non-negative ints.
+    max_attempts: fresh grids tried per puzzle before giving up.
+
+  Returns:
+    (boards, solutions), uint8 [n, 81]; 0 = blank, 1..9 = digits.
+  """
+  if not 0 <= num_blanks <= MAX_BLANKS:
+    raise ValueError(f"num_blanks must be in [0, {MAX_BLANKS}], got "
+                     f"{num_blanks}")
+  if n < 0:
+    raise ValueError(f"n must be >= 0, got {n}")
+  return _generate_range(seeding.entropy(seed), 0, n, num_blanks,
+                         max_attempts)
+
+
+def _generate_range(base: list[int], start: int, stop: int, num_blanks: int,
+                    max_attempts: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+  """Puzzles k = start..stop-1 of the stream `base` (see `generate_puzzles`)."""
+  return seeding.generate_range(
+      functools.partial(_generate_one, num_blanks=num_blanks,
+                        max_attempts=max_attempts), base, start, stop, SEQ_LEN)
+
+
+# ----------------------------------------------------------------------------
+# Augmentation.
+
+
+def shuffle_sudoku(board: np.ndarray, solution: np.ndarray,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+  """Applies one random validity-preserving transform to a board + solution.
+
+  Same transform family and draw order as upstream's `shuffle_sudoku`:
+  a permutation of the digits 1..9 (blank 0 stays 0), a transpose with
+  probability 1/2, a row permutation that shuffles the 3 bands and then the 3
+  rows inside each band, and likewise a column permutation over stacks. New
+  cell (r, c) is old cell (row_perm[r], col_perm[c]) of the (optionally)
+  transposed grid.
+
+  Args:
+    board: 81 or 9x9 values, 0 = blank.
+    solution: the matching solution, same shape.
+    rng: source of randomness.
+
+  Returns:
+    (board, solution) transformed, each with its input's shape and dtype.
+  """
+  digit_map = np.concatenate([[0], rng.permutation(9) + 1])
+  transpose = rng.random() < 0.5
+  bands = rng.permutation(3)
+  row_perm = np.concatenate([3 * b + rng.permutation(3) for b in bands])
+  stacks = rng.permutation(3)
+  col_perm = np.concatenate([3 * s + rng.permutation(3) for s in stacks])
+
+  def apply(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    grid = x.reshape(9, 9)
+    if transpose:
+      grid = grid.T
+    grid = grid[row_perm][:, col_perm]
+    return digit_map[grid].astype(x.dtype).reshape(x.shape)
+
+  return apply(board), apply(solution)
+
+
+# ----------------------------------------------------------------------------
+# Upstream CSVs.
+
+# Byte -> cell value; 255 marks a character that is not allowed.
+_Q_TABLE = np.full(256, 255, np.uint8)
+_Q_TABLE[ord(".")] = 0
+_Q_TABLE[ord("0")] = 0  # Upstream maps "." to "0" before decoding; accept both.
+_Q_TABLE[ord("1"):ord("9") + 1] = np.arange(1, 10)
+_A_TABLE = _Q_TABLE.copy()
+_A_TABLE[[ord("."), ord("0")]] = 255
+
+
+def read_csv(path: str, min_difficulty: Optional[int] = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+  """Reads an upstream Sudoku-Extreme CSV.
+
+  Format: one header row (skipped unread, as upstream does), then rows
+  `source,q,a,rating` with `q` 81 characters ('.' or '0' = blank, '1'..'9'),
+  `a` the 81-digit solution and `rating` an integer difficulty.
+
+  Args:
+    path: the CSV file.
+    min_difficulty: keep only rows with rating >= this (None: keep all).
+
+  Returns:
+    (boards, solutions), uint8 [N, 81]; 0 = blank, 1..9 = digits.
+
+  Raises:
+    ValueError: naming the file and line number of the first malformed row.
+  """
+  # Characters are packed into one byte buffer (81 bytes a row) instead of a
+  # list of arrays: the full train CSV has millions of rows.
+  q_buf, a_buf = bytearray(), bytearray()
+  lines = array.array("q")  # Line number of each kept row, for errors.
+  with hub.csv_rows(path, "source,q,a,rating") as rows:
+    for line, row in rows:
+      if len(row) != 4:
+        raise ValueError(f"{path}:{line}: expected 4 columns 'source,q,a,"
+                         f"rating', got {len(row)}: {row!r}")
+      _, q, a, rating = row
+      if len(q) != 81 or len(a) != 81:
+        raise ValueError(f"{path}:{line}: puzzle and solution must have 81 "
+                         f"characters, got {len(q)} and {len(a)}")
+      try:
+        rating = int(rating)
+      except ValueError:
+        raise ValueError(f"{path}:{line}: rating must be an integer, got "
+                         f"{rating!r}") from None
+      if min_difficulty is not None and rating < min_difficulty:
+        continue
+      # Non-ASCII becomes "?" (one byte), so lengths stay 81 and it is
+      # reported as an invalid character below.
+      q_buf += q.encode("ascii", errors="replace")
+      a_buf += a.encode("ascii", errors="replace")
+      lines.append(line)
+
+  boards = _Q_TABLE[np.frombuffer(bytes(q_buf), np.uint8).reshape(-1, 81)]
+  solutions = _A_TABLE[np.frombuffer(bytes(a_buf), np.uint8).reshape(-1, 81)]
+  bad = ((boards == 255).any(1) | (solutions == 255).any(1) |
+         ((boards != 0) & (boards != solutions)).any(1))
+  if bad.any():
+    k = int(np.argmax(bad))
+    if (boards[k] == 255).any() or (solutions[k] == 255).any():
+      why = ("invalid character (puzzle allows '.', '0'-'9'; solution "
+             "'1'-'9')")
+    else:
+      why = "a given digit of the puzzle differs from the solution"
+    raise ValueError(f"{path}:{lines[k]}: {why}")
+  return boards, solutions
+
+
+# Looked up at call time, so tests can replace it.
+_hf_hub_download = hub.hf_hub_download
+
+
+def download_csv(split: str, dest_dir: str, timeout: float = 60.0) -> str:
+  """Downloads `<split>.csv` of the HF dataset sapientinc/sudoku-extreme.
+
+  See `hub.download_csv` (split: "train" or "test"; an existing file is
+  reused); returns the local path, RuntimeError if the download failed.
+  """
+  return hub.download_csv(HF_REPO, split, dest_dir, splits=SPLITS,
+                          generated="puzzles",
+                          get_hub_download=_hf_hub_download, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------
+# Dataset builder.
+
+# Independent random streams derived from the build seed.
+_STREAM_TRAIN, _STREAM_TEST, _STREAM_SUBSAMPLE, _STREAM_AUG = range(4)
+
+
+def _generate_test(num_test: int, num_blanks: int, seed: int,
+                   train_boards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Test puzzles from their own seed stream, none equal to a train board
+  (see `seeding.generate_distinct`)."""
+  return seeding.generate_distinct(
+      num_test,
+      lambda start, stop: _generate_range([seed, _STREAM_TEST], start, stop,
+                                          num_blanks),
+      lambda board: board.tobytes(), {b.tobytes() for b in train_boards},
+      SEQ_LEN)
+
+
+def _load_source(output_dir: str, source: str, csv_dir: Optional[str],
+                 min_difficulty: Optional[int], seed: int, num_train: int,
+                 num_test: int, num_blanks: int):
+  """{split: (boards, solutions)} from the requested source."""
+  if source == "generate":
+    train = generate_puzzles(num_train, num_blanks, [seed, _STREAM_TRAIN])
+    test = _generate_test(num_test, num_blanks, seed, train[0])
+    return {"train": train, "test": test}
+  paths = hub.csv_paths(output_dir, source, csv_dir, HF_REPO, SPLITS,
+                        download_csv)
+  return {split: read_csv(path, min_difficulty)
+          for split, path in paths.items()}
+
+
+def dataset_metadata(n: int) -> puzzle_format.PuzzleDatasetMetadata:
+  """Metadata of a Sudoku split with `n` original puzzles (groups); see
+  `puzzle_format.one_example_metadata`."""
+  return puzzle_format.one_example_metadata(VOCAB_SIZE, SEQ_LEN, n)
+
+
+def _encode_split(boards: np.ndarray, solutions: np.ndarray, num_aug: int,
+                  rng: np.random.Generator):
+  """Upstream arrays and metadata for one split.
+
+  Each original puzzle is a group of 1 + num_aug puzzles (original first),
+  each puzzle holding one example.
+  """
+  n, per = len(boards), 1 + num_aug
+  inputs = np.empty((n * per, SEQ_LEN), np.uint8)
+  labels = np.empty((n * per, SEQ_LEN), np.uint8)
+  inputs[::per] = boards
+  labels[::per] = solutions
+  for g in range(n):
+    for a in range(1, per):
+      inputs[g * per + a], labels[g * per + a] = shuffle_sudoku(
+          boards[g], solutions[g], rng)
+  # Token = value + 1, so 0 stays free for padding: inputs 1 = blank and
+  # 2..10 = digits; labels 2..10. Every cell is supervised, givens included.
+  inputs += 1
+  labels += 1
+  return dataset_metadata(n), puzzle_format.one_example_arrays(inputs, labels,
+                                                               per)
+
+
+def _check_build_args(source, csv_dir, subsample_size, num_aug, seed,
+                      num_train, num_test, num_blanks) -> None:
+  hub.check_source(source, SOURCES, csv_dir)
+  puzzle_format.check_build_args(
+      subsample_size, (("num_aug", num_aug), ("seed", seed),
+                       ("num_train", num_train), ("num_test", num_test)))
+  if not 0 <= num_blanks <= MAX_BLANKS:
+    raise ValueError(f"num_blanks must be in [0, {MAX_BLANKS}], got "
+                     f"{num_blanks}")
+
+
+def build_dataset(output_dir: str, *, source: str = "generate",
+                  csv_dir: Optional[str] = None,
+                  subsample_size: Optional[int] = None, num_aug: int = 0,
+                  min_difficulty: Optional[int] = None, seed: int = 0,
+                  num_train: int = 1000, num_test: int = 1000,
+                  num_blanks: int = 40) -> str:
+  """Builds a Sudoku dataset in upstream's layout under `output_dir`.
+
+  Writes `train/` and `test/` (set "all"), `identifiers.json` and
+  `build_info.json` (the arguments, for provenance).
+
+  Args:
+    output_dir: dataset root; existing files are overwritten.
+    source: "generate" (offline generator), "csv" (CSVs in `csv_dir`) or
+      "hub" (download the CSVs into `csv_dir`, default `<output_dir>/raw`).
+    csv_dir: see `source`.
+    subsample_size: train only; keep a random subset of this many originals
+      (without replacement; no-op if not smaller than the train set).
+    num_aug: train only; augmented copies per original (`shuffle_sudoku`).
+    min_difficulty: csv/hub only; keep rows with rating >= this.
+    seed: seeds generation, subsampling and augmentation.
+    num_train, num_test, num_blanks: generate only; puzzle counts and blanks
+      per puzzle. Train and test use different seed streams and test boards
+      equal to a train board are replaced.
+
+  Returns:
+    `output_dir`.
+  """
+  _check_build_args(source, csv_dir, subsample_size, num_aug, seed, num_train,
+                    num_test, num_blanks)
+  start = time.time()
+  data = _load_source(output_dir, source, csv_dir, min_difficulty, seed,
+                      num_train, num_test, num_blanks)
+  data["train"] = seeding.subsample(data["train"], subsample_size, seed,
+                                    _STREAM_SUBSAMPLE)
+
+  aug_rng = seeding.stream_rng(seed, _STREAM_AUG)
+  info = _build_args(source=source, csv_dir=csv_dir,
+                     subsample_size=subsample_size, num_aug=num_aug,
+                     min_difficulty=min_difficulty, seed=seed,
+                     num_train=num_train, num_test=num_test,
+                     num_blanks=num_blanks)
+  counts = puzzle_format.write_dataset(
+      output_dir,
+      lambda split: _encode_split(*data[split],
+                                  num_aug if split == "train" else 0,
+                                  aug_rng),
+      info, splits=SPLITS)
+  logging.info("Built Sudoku dataset in %s (%s) in %.1fs: %s", output_dir,
+               source, time.time() - start, counts)
+  return output_dir
+
+
+# All build_dataset arguments (defaults filled in), as recorded on disk.
+_build_args = puzzle_format.build_args_recorder(build_dataset,
+                                                "trm.data.puzzles.sudoku")
+
+
+def ensure_dataset(output_dir: str, **build_kwargs) -> str:
+  """Builds the dataset unless both splits exist; returns output_dir (see
+  `puzzle_format.is_built` / `warn_if_built_otherwise`)."""
+  return puzzle_format.ensure_built(output_dir, build_dataset, _build_args,
+                                    build_kwargs)
+
+
+def ensure_from_config(output_dir: str, build_config) -> str:
+  """`ensure_dataset` with the arguments of `config.data.build` (-1 and ''
+  mean 'not set')."""
+  return ensure_dataset(
+      output_dir, **builder_cli.csv_source_config(build_config),
+      num_aug=build_config.num_aug,
+      min_difficulty=builder_cli.unset_if_negative(
+          build_config.min_difficulty),
+      seed=build_config.seed, num_train=build_config.num_train,
+      num_test=build_config.num_test, num_blanks=build_config.num_blanks)
+
+
+# ----------------------------------------------------------------------------
+# CLI.
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the CLI flags (only when run as a script, see `builder_cli`)."""
+  builder_cli.define_output_dir(flag_values)
+  builder_cli.define_csv_source_flags(flag_values, SOURCES, "puzzles")
+  flags.DEFINE_integer("num_blanks", 40, "generate: blanks per puzzle.",
+                       flag_values=flag_values)
+  flags.DEFINE_integer("num_aug", 0, "Train augmentations per puzzle.",
+                       flag_values=flag_values)
+  builder_cli.define_optional_int(
+      "subsample_size", "Train subset size (empty: all).", flag_values)
+  builder_cli.define_optional_int(
+      "min_difficulty", "csv/hub: minimum rating (empty: no filter).",
+      flag_values)
+  flags.DEFINE_integer("seed", 0, "Seed for generation, subsampling and "
+                       "augmentation.", flag_values=flag_values)
+
+
+def run_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> str:
+  """Builds the dataset described by parsed flags; returns output_dir."""
+  fv = flag_values
+  return build_dataset(
+      fv.output_dir, source=builder_cli.source(fv, "csv_dir", "csv"),
+      csv_dir=fv.csv_dir or None,
+      subsample_size=builder_cli.optional_int(fv, "subsample_size"),
+      num_aug=fv.num_aug,
+      min_difficulty=builder_cli.optional_int(fv, "min_difficulty"),
+      seed=fv.seed, num_train=fv.num_train, num_test=fv.num_test,
+      num_blanks=fv.num_blanks)
+
+
+def main(argv: Sequence[str]) -> None:
+  builder_cli.run_main(argv, run_from_flags)
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main)

@@ -1,0 +1,274 @@
+"""Fine-tuning data for masked-diffusion LMs: JSONL pairs and code files.
+
+Each row is `seq_len` tokens plus a `maskable` mask (what the noise may mask
+and the loss scores):
+  * prompt/response JSONL: prompt, then response, then `<|dlm_pad|>` up to
+    `seq_len` (DiffuCoder-Instruct's recipe: pads are ordinary, maskable
+    tokens, so the model learns where a completion ends). The prompt is never
+    masked.
+  * code files: documents joined with EOS and cut into `seq_len` windows
+    (packing); every token is maskable except the first of a window, which
+    has nothing before it to predict it from.
+
+`SFTBatches` serves them like the puzzle pipeline: batch k is a pure function
+of (rows, seed, k) and each process takes its rows of the global batch.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from trm.data import io as data_io
+
+
+_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number",
+               float: "a number", list: "an array", dict: "an object"}
+
+
+def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
+                     response_key: str = "response"):
+  """[(prompt, response)] from a JSONL file, with line-numbered errors."""
+  pairs = []
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} does not exist: set config.data.path (or "
+                            "data.eval_path) to a JSONL file of "
+                            "prompt/response pairs.")
+  text = data_io.read_utf8(path)
+  # Split on newlines only: JSON strings may hold U+2028 and the like.
+  for line_number, line in enumerate(text.split("\n"), 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{line_number}: not valid JSON ({e}).") from e
+    if not isinstance(record, dict):
+      raise ValueError(f"{path}:{line_number}: expected a JSON object "
+                       f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}}, "
+                       f"got a {type(record).__name__}.")
+    missing = [k for k in (prompt_key, response_key) if k not in record]
+    if missing:
+      raise ValueError(f"{path}:{line_number}: missing key(s) {missing}; "
+                       f"set the data.prompt_key / data.response_key names.")
+    # Strings only: str() would turn null into "None" and a list into its
+    # repr, and train on that.
+    for key in (prompt_key, response_key):
+      if not isinstance(record[key], str):
+        raise ValueError(
+            f"{path}:{line_number}: \"{key}\" must be a string, got "
+            f"{_JSON_TYPES.get(type(record[key]), 'a value')} "
+            f"{json.dumps(record[key])[:40]}.")
+    if not record[response_key].strip():
+      raise ValueError(f"{path}:{line_number}: \"{response_key}\" is empty;"
+                       " every example needs a response to learn from.")
+    pairs.append((record[prompt_key], record[response_key]))
+  if not pairs:
+    raise ValueError(f"{path} holds no examples; write one JSON object "
+                     f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}} "
+                     "per line.")
+  return pairs
+
+
+def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data"):
+  """(tokens [N, L] int32, maskable [N, L] bool) from (prompt, response) ids.
+
+  Responses longer than the room left are cut; a prompt that leaves no room
+  for a response is an error naming the example.
+  """
+  tokens = np.full((len(token_pairs), seq_len), pad_id, np.int32)
+  maskable = np.zeros((len(token_pairs), seq_len), bool)
+  for i, (prompt, response) in enumerate(token_pairs):
+    if len(prompt) >= seq_len:
+      raise ValueError(
+          f"{source}: example {i} has a {len(prompt)}-token prompt, which "
+          f"leaves no room for a response in seq_len={seq_len}; raise "
+          "seq_len or shorten the prompt.")
+    response = list(response)[:seq_len - len(prompt)]
+    row = list(prompt) + response
+    tokens[i, :len(row)] = row
+    maskable[i, len(prompt):] = True
+  return tokens, maskable
+
+
+def code_file_paths(pattern: str, what: str = "data.path"):
+  """The files matching a glob (recursive `**` allowed), sorted: the order
+  of the documents, so the TFDS code builder keeps it too."""
+  paths = sorted(p for p in glob.glob(pattern, recursive=True)
+                 if os.path.isfile(p))
+  if not paths:
+    raise FileNotFoundError(f"No files match {pattern!r}; set {what} to a "
+                            "glob such as 'src/**/*.py'.")
+  return paths
+
+
+def read_code_file(path: str, what: str = "data.path") -> str:
+  return data_io.read_utf8(path, fix=f"or narrow {what}'s glob to text files")
+
+
+def read_code_files(pattern: str):
+  """Texts of the files matching a glob (recursive `**` allowed), sorted."""
+  return [read_code_file(path) for path in code_file_paths(pattern)]
+
+
+def packed_rows(documents, seq_len: int, eos_id: int):
+  """Documents joined with EOS, cut into full windows (the tail is dropped)."""
+  stream = []
+  for doc in documents:
+    stream.extend(doc)
+    stream.append(eos_id)
+  count = len(stream) // seq_len
+  if count == 0:
+    raise ValueError(f"The documents hold {len(stream)} tokens, fewer than "
+                     f"one row of seq_len={seq_len}.")
+  tokens = np.asarray(stream[:count * seq_len], np.int32).reshape(count,
+                                                                  seq_len)
+  maskable = np.ones_like(tokens, bool)
+  maskable[:, 0] = False
+  return tokens, maskable
+
+
+class SFTBatches:
+  """Random-access source: item k = this process's rows of batch k.
+
+  Epoch e visits the rows in a permutation seeded by (seed, e); batches do
+  not cross epochs (the rows left over are dropped).
+  """
+
+  def __init__(self, tokens, maskable, *, global_batch_size: int, seed: int,
+               num_batches: int, process_index: int = 0,
+               process_count: int = 1):
+    if len(tokens) < global_batch_size:
+      raise ValueError(f"{len(tokens)} rows cannot fill one global batch of "
+                       f"{global_batch_size}; add data or lower the batch.")
+    if global_batch_size % process_count:
+      raise ValueError(f"Global batch {global_batch_size} is not divisible by"
+                       f" the {process_count} processes.")
+    self.tokens, self.maskable = tokens, maskable
+    self.global_batch_size = global_batch_size
+    self.seed, self.num_batches = seed, num_batches
+    local = global_batch_size // process_count
+    self.local_slice = slice(process_index * local, (process_index + 1) * local)
+    self.batches_per_epoch = len(tokens) // global_batch_size
+
+  def __len__(self):
+    return self.num_batches
+
+  def __getitem__(self, k):
+    if not 0 <= k < self.num_batches:
+      raise IndexError(k)
+    epoch, j = divmod(k, self.batches_per_epoch)
+    order = np.random.Generator(np.random.Philox(key=self.seed + epoch)
+                                ).permutation(len(self.tokens))
+    rows = order[j * self.global_batch_size:(j + 1) * self.global_batch_size]
+    rows = rows[self.local_slice]
+    return {"tokens": self.tokens[rows], "maskable": self.maskable[rows]}
+
+
+class SFTEvalBatches:
+  """Held-out rows in order, in full global batches (a short tail is left
+  out); item k = this process's rows of eval batch k."""
+
+  def __init__(self, tokens, maskable, *, global_batch_size: int,
+               max_batches: int = -1, process_index: int = 0,
+               process_count: int = 1):
+    count = len(tokens) // global_batch_size
+    if count == 0:
+      raise ValueError(f"{len(tokens)} held-out rows cannot fill one eval "
+                       f"batch of data.eval_batch_size={global_batch_size}; "
+                       "hold out more rows (data.eval_rows) or lower it.")
+    self.count = count if max_batches < 0 else min(count, max_batches)
+    self.tokens, self.maskable = tokens, maskable
+    self.global_batch_size = global_batch_size
+    self.local = global_batch_size // process_count
+    self.offset = process_index * self.local
+
+  def __len__(self):
+    return self.count
+
+  def __getitem__(self, k):
+    if not 0 <= k < self.count:
+      raise IndexError(k)
+    start = k * self.global_batch_size + self.offset
+    rows = slice(start, start + self.local)
+    return {"tokens": self.tokens[rows], "maskable": self.maskable[rows]}
+
+
+def chat_pair_ids(pairs, tokenizer, chat: bool):
+  """[(prompt ids, response ids)]: with `chat`, the prompt in the ChatML
+  template and the response closed by <|im_end|>, as the Instruct model was
+  fine-tuned."""
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  prompts = [tok_lib.chat_prompt(p) if chat else p for p, _ in pairs]
+  close = [tokenizer.im_end_id] if chat and tokenizer.im_end_id is not None \
+      else []
+  return [(tokenizer.encode(p), tokenizer.encode(r) + close)
+          for p, (_, r) in zip(prompts, pairs)]
+
+
+def _from_tfds(data_config) -> bool:
+  source = data_config.get("source", "files")
+  if source not in ("files", "tfds"):
+    raise ValueError(f"config.data.source={source!r} must be 'files' "
+                     "(data.path) or 'tfds' (data.tfds).")
+  return source == "tfds"
+
+
+def read_rows(data_config, tokenizer, seq_len: int, path: str,
+              split_key: str = "split"):
+  """(tokens, maskable) for `path` in the config's format, or, with
+  data.source='tfds', for the split named by data.tfds[split_key]."""
+  tfds = _from_tfds(data_config)
+  if tfds:
+    from trm.data.text import tfds_source  # pylint: disable=g-import-not-at-top
+    path = f"tfds:{data_config.tfds.name}/{data_config.tfds[split_key]}"
+  if data_config.format == "jsonl":
+    if tfds:
+      pairs = [tuple(row) for row in tfds_source.texts(
+          data_config.tfds, split_key,
+          {data_config.prompt_key: "config.data.prompt_key",
+           data_config.response_key: "config.data.response_key"})]
+    else:
+      pairs = read_jsonl_pairs(path, data_config.prompt_key,
+                               data_config.response_key)
+    pad_id = (tokenizer.dlm_pad_id if tokenizer.dlm_pad_id is not None
+              else tokenizer.eos_id)
+    return pair_rows(chat_pair_ids(pairs, tokenizer, data_config.chat),
+                     seq_len, pad_id, source=path)
+  if data_config.format == "code":
+    if tfds:
+      texts = [row[0] for row in tfds_source.texts(
+          data_config.tfds, split_key,
+          {data_config.tfds.feature: "config.data.tfds.feature"})]
+    else:
+      texts = read_code_files(path)
+    documents = [tokenizer.encode(text) for text in texts]
+    return packed_rows(documents, seq_len, tokenizer.eos_id)
+  raise ValueError(f"config.data.format={data_config.format!r} is not known; "
+                   "use 'jsonl' (prompt/response pairs) or 'code' (files).")
+
+
+def train_and_eval_rows(data_config, tokenizer, seq_len: int):
+  """Training and held-out rows: `eval_path`'s (data.tfds.eval_split's), or
+  the last `eval_rows` rows of `path` (of data.tfds.split)."""
+  tfds = _from_tfds(data_config)
+  if not tfds and not data_config.path:
+    raise ValueError("config.data.path is empty: set it to a JSONL file of "
+                     "prompt/response pairs or a glob of code files.")
+  tokens, maskable = read_rows(data_config, tokenizer, seq_len,
+                               data_config.path)
+  if data_config.tfds.eval_split if tfds else data_config.eval_path:
+    return (tokens, maskable), read_rows(data_config, tokenizer, seq_len,
+                                         data_config.eval_path, "eval_split")
+  held = data_config.eval_rows
+  if not 0 < held < len(tokens):
+    where = (f"data.tfds.split={data_config.tfds.split!r}" if tfds
+             else data_config.path)
+    instead = "data.tfds.eval_split" if tfds else "data.eval_path"
+    raise ValueError(f"config.data.eval_rows={held} must be positive and "
+                     f"below the {len(tokens)} rows of {where}, or set "
+                     f"config.{instead}.")
+  return ((tokens[:-held], maskable[:-held]),
+          (tokens[-held:], maskable[-held:]))

@@ -1,0 +1,188 @@
+"""TFDS splits as the data of the language-model tasks
+(`config.data.source = 'tfds'`).
+
+A split is read with `tfds.data_source(name, split=, data_dir=)`: random
+access into ArrayRecord, no TensorFlow input pipeline. The tasks keep their
+own Grain sources (`text.TokenWindows`, `sft.SFTBatches`), whose item k is
+this process's rows of global batch k; only what those rows are read from
+changes. So the per-process slicing, the global arrays and the checkpointed
+iterator position are the ones the other sources use, and the same data
+gives the same batches whichever way it is stored:
+
+  * GPT: `TokenStream`, a split of fixed-size token records (as
+    `trm_tiny_shakespeare` writes them) read as one long token stream, in
+    place of train.bin / val.bin;
+  * DiffuCoder: `texts`, the string features of every record (documents or
+    prompt/response pairs), tokenised and packed as files are.
+
+Every mistake names the config field (`config.data.tfds.<key>`) and says
+what to do: the command line shows it as one line (`trm.core.cli`).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from trm.data.text import windows as text
+
+PREFIX = "config.data.tfds"
+_BUILD_HINT = ("prepare it with `python -m trm.data.tfds_builders "
+               "trm_tiny_shakespeare --manual_dir=DIR --data_dir=DATA_DIR` "
+               "(or trm_code_files; README, 'TFDS data')")
+# Records fetched per `__getitems__` call when reading a whole split.
+_READ_BLOCK = 256
+
+
+def _tfds():
+  # Imported on first use: training from .bin files or code files never
+  # pays tensorflow_datasets' import time.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  return tfds
+
+
+def _prepared_builder(tfds_config):
+  """The TFDS builder of `tfds_config.name`, prepared in its data_dir."""
+  tfds = _tfds()
+  name, data_dir = tfds_config.name, tfds_config.data_dir or None
+  if not name:
+    raise ValueError(f"{PREFIX}.name is empty: set it to the TFDS dataset to "
+                     "train from, e.g. trm_tiny_shakespeare.")
+  if data_dir and not os.path.isdir(data_dir):
+    raise FileNotFoundError(
+        f"{PREFIX}.data_dir={data_dir} does not exist: point it at the "
+        f"--data_dir the dataset was built into, or {_BUILD_HINT}.")
+  where = f"in {data_dir}" if data_dir else "in TFDS's default data directory"
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise FileNotFoundError(
+        f"{PREFIX}.name={name!r}: no such dataset {where}; check "
+        f"{PREFIX}.name and {PREFIX}.data_dir, or {_BUILD_HINT}.") from None
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f"{PREFIX}.name={name!r} is not prepared {where}; {_BUILD_HINT}.")
+  return builder
+
+
+def open_split(tfds_config, split_key: str, features: dict):
+  """(data source, builder info) of `tfds_config[split_key]`, after checking
+  that the dataset, split and `features` exist and the files are
+  ArrayRecord. `features` maps each feature to the config field naming it."""
+  tfds = _tfds()
+  builder = _prepared_builder(tfds_config)
+  name, data_dir = tfds_config.name, tfds_config.data_dir or None
+  split = tfds_config[split_key]
+  info = builder.info
+  base = str(split).split("[")[0]  # 'train[:10%]' slices split 'train'
+  if base not in info.splits:
+    raise ValueError(
+        f"{PREFIX}.{split_key}={split!r} is not a split of {name} (it has "
+        f"{sorted(info.splits)}); set {PREFIX}.{split_key} to one of them.")
+  for feature, field in features.items():
+    if feature not in info.features:
+      raise ValueError(
+          f"{field}={feature!r} is not a feature of {name} (it has "
+          f"{sorted(info.features)}); set {field} to one of them.")
+  file_format = getattr(info.file_format, "value", info.file_format)
+  if file_format != "array_record":
+    raise ValueError(
+        f"{PREFIX}.name={name!r} was built as {file_format}, which has no "
+        "random access; rebuild it as array_record (our builders' default; "
+        "`tfds build ... --file_format=array_record`).")
+  # Decode only the features read: skipping the others (e.g. the text
+  # beside the tokens) cut reading 70 tinyshakespeare records from ~5.7 to
+  # ~4.0 ms (one measurement on a loaded 2-core host).
+  skip = {f: tfds.decode.SkipDecoding() for f in info.features
+          if f not in features}
+  source = tfds.data_source(name, split=split, data_dir=data_dir,
+                            download=False, decoders=skip or None)
+  if not len(source):
+    raise ValueError(f"{PREFIX}.{split_key}={split!r} of {name} holds no "
+                     "records; choose a larger split.")
+  return source, info
+
+
+def metadata(tfds_config) -> tuple[dict, str]:
+  """(the dataset's metadata.json, or {} if it has none; the directory of
+  the prepared version). Our builders record meta.json's fields there
+  (vocabulary, tokenizer), which GPT and trm.sample read."""
+  builder = _prepared_builder(tfds_config)
+  return dict(builder.info.metadata or {}), os.fspath(builder.data_dir)
+
+
+class TokenStream(text.TokenFile):
+  """A split of token records read as one stream: record r holds tokens
+  [r*C, (r+1)*C) with C the first record's length (the last may be
+  shorter), the layout of `trm_tiny_shakespeare`. Drop-in for a .bin
+  `TokenFile` in `text.TokenWindows` / `text.EvalWindows`: windows are read
+  by random access into only the records they touch."""
+
+  def __init__(self, tfds_config, split_key: str = "split"):
+    # Not TokenFile.__init__: there is no file; `data` opens the split.
+    self.config = tfds_config
+    self.split_key = split_key
+    self.feature = tfds_config.feature
+    source, info = open_split(tfds_config, split_key,
+                              {self.feature: f"{PREFIX}.feature"})
+    spec = info.features[self.feature]
+    if (len(getattr(spec, "shape", ())) != 1
+        or not np.issubdtype(np.dtype(spec.np_dtype), np.integer)):
+      raise ValueError(
+          f"{PREFIX}.feature={self.feature!r} of {tfds_config.name} is "
+          f"{spec!r}, not a 1-D sequence of token ids, which GPT needs; use "
+          "a token feature (trm_tiny_shakespeare's 'tokens').")
+    self.chunk = len(source[0][self.feature])
+    self.num_records = len(source)
+    self.num_tokens = ((self.num_records - 1) * self.chunk
+                       + len(source[self.num_records - 1][self.feature]))
+    self.path = (f"tfds:{tfds_config.name}/{tfds_config[split_key]}"
+                 f"[{self.feature}]@{tfds_config.data_dir}")
+    self._data = source
+
+  @property
+  def data(self):
+    if self._data is None:  # after unpickling (see TokenFile.__getstate__)
+      self._data = open_split(self.config, self.split_key,
+                              {self.feature: f"{PREFIX}.feature"})[0]
+    return self
+
+  def __getitem__(self, index: np.ndarray) -> np.ndarray:
+    """Tokens at the stream positions `index` (any integer array)."""
+    index = np.asarray(index)
+    records, inverse = np.unique(index // self.chunk, return_inverse=True)
+    table = np.zeros((len(records), self.chunk), np.int32)
+    fetched = self._data.__getitems__([int(r) for r in records])
+    for row, (r, record) in enumerate(zip(records, fetched)):
+      tokens = np.asarray(record[self.feature])
+      if len(tokens) != self.chunk and r != self.num_records - 1:
+        raise ValueError(
+            f"{self.path}: record {r} holds {len(tokens)} tokens, record 0 "
+            f"{self.chunk}: the split is not a stream of equal token records;"
+            f" build it with trm_tiny_shakespeare, or use {PREFIX}.feature "
+            "of such a split.")
+      table[row, :len(tokens)] = tokens
+    return table[inverse.reshape(index.shape), index % self.chunk]
+
+
+def texts(tfds_config, split_key: str, features: dict) -> list[list[str]]:
+  """[[record's value of each feature] for every record of the split], each
+  a string feature (TFDS stores them as UTF-8 bytes); `features` maps each
+  to the config field naming it."""
+  source, info = open_split(tfds_config, split_key, features)
+  for feature, field in features.items():
+    spec = info.features[feature]
+    if getattr(spec, "np_dtype", None) != np.object_:
+      raise ValueError(
+          f"{field}={feature!r} of {tfds_config.name} is {spec!r}, not text;"
+          f" set {field} to a text feature.")
+  rows = []
+  for start in range(0, len(source), _READ_BLOCK):
+    keys = range(start, min(start + _READ_BLOCK, len(source)))
+    for record in source.__getitems__(list(keys)):
+      rows.append([_as_str(record[f]) for f in features])
+  return rows
+
+
+def _as_str(value) -> str:
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,103 @@
+"""Dream with a key/value cache: the model half of cached decoding.
+
+Masked diffusion attends bidirectionally, so no cache is exact: a token
+revealed anywhere changes every position's keys. Fast-dLLM's observation is
+that keys and values far from the block being decoded change little between
+steps, so they can be computed once per block (`encode`) and reused while
+the block is decoded (`window`), which then runs the model on the block
+(dual cache) or on the block and everything after it (prefix cache) only.
+
+Both functions take the `Dream` params tree (scanned or not) and reuse the
+model's own modules, so the numerics are those of `Dream.hidden`: `encode`
+gives its hidden states (to float rounding: XLA fuses the two loops
+differently), and so does a `window` over the whole sequence, whatever the
+cache holds.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from trm.families.dream import model as dream
+
+
+class CachedDenoiser(NamedTuple):
+  """The cached-decoding view of a model (static jit argument; one per model).
+
+    encode(params, tokens [B,L], key_mask [B,L] bool | None,
+           positions [B,L]) -> (hidden [B,L,D], cache)
+    window(params, tokens [B,W], positions [B,W], cache, start,
+           key_mask | None) -> hidden [B,W,D] of the window at `start`
+    head(params, h [..., D]) -> raw logits [..., V]
+  """
+  encode: object
+  window: object
+  head: object
+
+
+def _stacked_layers(params, cfg: dream.DreamConfig):
+  """The per-layer params with a leading layer axis, scanned or not."""
+  if cfg.scan_layers:
+    return params["layers"]
+  layers = [params[f"layers_{i}"] for i in range(cfg.num_hidden_layers)]
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+
+
+def _embed(params, cfg, tokens, positions):
+  x = jnp.take(params["embed_tokens"], tokens, axis=0).astype(
+      cfg.compute_dtype)
+  cos, sin = dream.rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta,
+                                cfg.compute_dtype)
+  return dream.mesh_lib.constrain(x, dream.ACTIVATION), cos, sin
+
+
+def _norm(params, cfg, x):
+  return dream.RMSNorm(cfg).apply({"params": params["norm"]}, x)
+
+
+def encode(cfg: dream.DreamConfig, params, tokens, key_mask, positions):
+  """Full forward -> (final-normed hidden [B,L,D], (k, v) [layers,B,L,KV,K])."""
+  layer = dream.DecoderLayer(cfg)
+  x, cos, sin = _embed(params, cfg, tokens, positions)
+  pair_mask = dream.attention_pair_mask(cfg, key_mask)
+
+  def body(x, layer_params):
+    return layer.apply({"params": layer_params}, x, pair_mask, cos, sin,
+                       return_kv=True)
+
+  x, cache = jax.lax.scan(body, x, _stacked_layers(params, cfg))
+  return _norm(params, cfg, x), cache
+
+
+def window(cfg: dream.DreamConfig, params, tokens, positions, cache, start,
+           key_mask):
+  """Hidden states [B,W,D] of the window `tokens` placed at `start`: its
+  queries attend to the cached keys and values of the whole sequence, with
+  the window's own fresh ones in place (the cache itself is not changed).
+
+  The window's queries are real tokens (the decoded block and what follows
+  it), so only the keys need masking: `key_mask` [B, L].
+  """
+  layer = dream.DecoderLayer(cfg)
+  x, cos, sin = _embed(params, cfg, tokens, positions)
+  pair_mask = None if key_mask is None else key_mask[:, None, None, :]
+
+  def body(x, layer_and_cache):
+    layer_params, layer_cache = layer_and_cache
+    x, _ = layer.apply({"params": layer_params}, x, pair_mask, cos, sin,
+                       cache=layer_cache, start=start)
+    return x, None
+
+  x, _ = jax.lax.scan(body, x, (_stacked_layers(params, cfg), cache))
+  return _norm(params, cfg, x)
+
+
+@functools.lru_cache(maxsize=None)
+def cached_denoiser(cfg: dream.DreamConfig) -> CachedDenoiser:
+  """One object per config, so compiled sampling loops are reused."""
+  head = dream.denoiser(cfg).head
+  return CachedDenoiser(functools.partial(encode, cfg),
+                        functools.partial(window, cfg), head)

@@ -1,0 +1,204 @@
+"""Cached block decoding for masked-diffusion LMs: opt-in and approximate.
+
+After Fast-dLLM (Wu et al., 2025): the canvas is decoded block by block,
+left to right. Each block starts with one full forward, which refreshes the
+key/value cache and already reveals tokens of the block; the block's other
+steps run the model on a window only, against the cached keys and values:
+
+  cache="prefix"  the window is the block and everything after it (the
+                  prompt and decoded blocks come from the cache);
+  cache="dual"    the window is the block alone (the masked suffix comes
+                  from the cache too; it is refreshed at the next block).
+
+Each window starts one position before its block, because Dream predicts
+position j from the output at j - 1. Two reveal rules:
+
+  threshold=None  fixed steps: `steps / blocks` per block, revealing the
+                  reference's linspace schedule of the block's tokens by
+                  `alg` confidence (the first step is the full forward);
+  threshold=t     parallel decoding: every masked block position whose
+                  token probability is >= t, and at least the most
+                  confident one per row, until the block is done; the step
+                  count then follows the model's confidence.
+
+The exact sampler is `diffusion_sampling.diffusion_generate`; this one trades
+exactness for speed (BUILD_NOTES.md has the measured agreement).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from trm.families.dream import sampling as ds
+
+CACHES = ("prefix", "dual")
+ALGS = ("maskgit_plus", "topk_margin", "entropy")
+
+
+def check_cached_settings(*, cache: str, block_length: int,
+                          threshold: Optional[float], max_new_tokens: int,
+                          steps: Optional[int], alg: str) -> int:
+  """One ValueError naming the argument; returns the steps per block
+  (0 with a threshold)."""
+  if cache not in CACHES:
+    raise ValueError(f"cache={cache!r}: must be one of {CACHES} (or unset "
+                     "for the exact sampler).")
+  if not isinstance(block_length, (int, np.integer)) or block_length < 1:
+    raise ValueError(f"block_length={block_length!r}: must be an integer "
+                     ">= 1.")
+  if max_new_tokens % block_length:
+    raise ValueError(f"block_length={block_length}: must divide "
+                     f"max_new_tokens={max_new_tokens}.")
+  if threshold is not None:
+    if not 0 < threshold <= 1:
+      raise ValueError(f"threshold={threshold!r}: must lie in (0, 1] (or be "
+                       "unset for fixed steps per block).")
+    return 0
+  if alg not in ALGS:
+    raise ValueError(f"alg={alg!r}: cached decoding ranks by confidence; use "
+                     f"one of {ALGS}.")
+  blocks = max_new_tokens // block_length
+  if steps % blocks:
+    raise ValueError(f"steps={steps}: must be a multiple of the number of "
+                     f"blocks ({blocks} = max_new_tokens / block_length).")
+  return steps // blocks
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "model", "mask_token_id", "max_new_tokens", "block_length", "steps",
+    "cache", "threshold", "alg", "alg_temp", "temperature", "top_p", "top_k",
+    "use_mask", "eps"))
+def _generate(model, params, input_ids, attention_mask, rng, *,
+              mask_token_id, max_new_tokens, block_length, steps, cache,
+              threshold, alg, alg_temp, temperature, top_p, top_k, use_mask,
+              eps):
+  b, p = input_ids.shape
+  length = p + max_new_tokens
+  x, key_mask, pos = ds.canvas_and_mask(
+      input_ids, attention_mask if use_mask else None, max_new_tokens,
+      mask_token_id)
+  if pos is None:  # windows slice the positions: make them explicit
+    pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+  conf_kind = alg if threshold is None else "maskgit_plus"
+  counts = jnp.asarray(ds.reveal_schedule(max(steps, 1), block_length, eps),
+                       jnp.int32)
+  block_ids = jnp.arange(block_length)
+
+  def reveal(x, h, start, key, count):
+    """Sample the block at `start` from hidden rows h [B, block, D] (row j
+    predicts block position j) and reveal by the rule."""
+    k_tok, k_sel = jax.random.split(key)
+    block = jax.lax.dynamic_slice_in_dim(x, start, block_length, axis=1)
+    masked = block == mask_token_id
+    conf, x0 = ds._sample_tokens(  # pylint: disable=protected-access
+        model.head(params, h), k_tok, temperature=temperature, top_p=top_p,
+        top_k=top_k, conf_kind=conf_kind)
+    conf = jnp.where(masked, conf, -jnp.inf)
+    if threshold is None:
+      scores = ds.reveal_scores(conf, alg_temp, k_sel)
+      chosen = masked & (ds._rank_desc(scores) < count)  # pylint: disable=protected-access
+    else:
+      best = jnp.argmax(conf, axis=-1)[:, None]
+      chosen = masked & ((conf.astype(jnp.float32) >= threshold)
+                         | (block_ids == best))
+    block = jnp.where(chosen, x0, block)
+    return jax.lax.dynamic_update_slice_in_dim(x, block, start, axis=1)
+
+  def decode_block(x, start, key, width):
+    """All steps of the block at `start`; windows of `width` positions."""
+    hidden, kv = model.encode(params, x, key_mask, pos)
+    rows = jax.lax.dynamic_slice_in_dim(hidden, start - 1, block_length, 1)
+    x = reveal(x, rows, start, jax.random.fold_in(key, 0), counts[0])
+
+    def cached_step(x, i):
+      at = start - 1
+      tokens = jax.lax.dynamic_slice_in_dim(x, at, width, axis=1)
+      positions = jax.lax.dynamic_slice_in_dim(pos, at, width, axis=1)
+      h = model.window(params, tokens, positions, kv, at, key_mask)
+      return reveal(x, h[:, :block_length], start,
+                    jax.random.fold_in(key, i), counts[i])
+
+    if threshold is None:
+      return jax.lax.fori_loop(1, steps, lambda i, x: cached_step(x, i), x)
+
+    def unfinished(carry):
+      block = jax.lax.dynamic_slice_in_dim(carry[0], start, block_length, 1)
+      return jnp.any(block == mask_token_id)
+
+    x, _ = jax.lax.while_loop(
+        unfinished, lambda c: (cached_step(c[0], c[1]), c[1] + 1), (x, 1))
+    return x
+
+  blocks = max_new_tokens // block_length
+  if cache == "dual":  # one window width: one compiled block, looped
+    return jax.lax.fori_loop(
+        0, blocks, lambda j, x: decode_block(
+            x, p + j * block_length, jax.random.fold_in(rng, j),
+            block_length + 1), x)
+  for j in range(blocks):  # the prefix window shrinks block by block
+    start = p + j * block_length
+    x = decode_block(x, start, jax.random.fold_in(rng, j),
+                     length - start + 1)
+  return x
+
+
+def static_settings(*, mask_token_id: int, max_new_tokens: int,
+                    cache: str = "dual", block_length: int = 32,
+                    threshold: Optional[float] = 0.9,
+                    steps: Optional[int] = None, eps: float = 1e-3,
+                    alg: str = "entropy", alg_temp: Optional[float] = None,
+                    temperature: float = 0.0, top_p: Optional[float] = None,
+                    top_k: Optional[int] = ds.DEFAULT_TOP_K,
+                    use_mask: bool = False) -> dict:
+  """Checked, normalised static arguments of `_generate` (one compiled
+  program per setting whatever the caller's number types)."""
+  steps = max_new_tokens if steps is None else steps
+  per_block = check_cached_settings(
+      cache=cache, block_length=block_length, threshold=threshold,
+      max_new_tokens=max_new_tokens, steps=steps, alg=alg)
+  return dict(
+      mask_token_id=int(mask_token_id), max_new_tokens=int(max_new_tokens),
+      block_length=int(block_length), steps=int(per_block), cache=cache,
+      threshold=None if threshold is None else float(threshold), alg=alg,
+      alg_temp=None if alg_temp is None else float(alg_temp),
+      temperature=float(temperature),
+      top_p=None if top_p is None else float(top_p),
+      top_k=int(top_k) if top_k else None, use_mask=bool(use_mask),
+      eps=float(eps))
+
+
+def cached_generate(model, input_ids, attention_mask=None, *, params,
+                    rng=None, **settings):
+  """Cached block decoding -> sequences [B, P + max_new_tokens].
+
+  `model` is a `dream_cache.CachedDenoiser` (a static jit argument: reuse
+  the object). `settings` are those of `static_settings`: the sampling
+  arguments of `diffusion_generate` plus `cache`, `block_length` and
+  `threshold`; `steps` (default max_new_tokens) only counts with
+  `threshold=None`. Prompts must be non-empty (the first block is predicted
+  from the prompt's last output).
+  """
+  input_ids = jnp.asarray(input_ids, jnp.int32)
+  if input_ids.shape[1] < 1:
+    raise ValueError("cached decoding needs prompts of at least one token.")
+  use_mask = ds.needs_mask(attention_mask)
+  return _generate(
+      model, params, input_ids,
+      jnp.asarray(attention_mask, bool) if use_mask else None,
+      jax.random.key(0) if rng is None else rng,
+      **static_settings(use_mask=use_mask, **settings))
+
+
+def lower_cached_generate(model, input_ids, attention_mask=None, *, params,
+                          rng=None, **settings):
+  """`jax.stages.Lowered` of `cached_generate` for abstract arguments (as
+  `diffusion_sampling.lower_generate`: pass a mask for the padded program)."""
+  if rng is None:
+    rng = jax.eval_shape(lambda: jax.random.key(0))
+  return _generate.lower(
+      model, params, input_ids, attention_mask, rng,
+      **static_settings(use_mask=attention_mask is not None, **settings))

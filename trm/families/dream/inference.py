@@ -1,0 +1,416 @@
+"""DiffuCoder / Dream sampling as a Python API (notebooks, scripts, the CLI).
+
+  from trm import DiffusionLM
+  lm = DiffusionLM.from_pretrained("DiffuCoder-7B-Instruct")
+  lm.generate(["Write a quick sort."], chat=True, max_new_tokens=256,
+              temperature=0.3, top_p=0.95)
+
+`from_pretrained` takes a Hugging Face directory (its config.json gives
+the sizes, vocabulary, RoPE theta and special ids; no config file needed) or
+a `trm.main` fine-tuning workdir (its recorded config.json). Weights are read
+shard by shard onto the mesh (default: FSDP over every device). `generate`
+takes strings, tokenizes (optionally in the Instruct chat template),
+left-pads, splits into fixed-size batches so one compiled program serves
+them all, samples, and cuts each completion at the stop tokens. Compiled
+programs are kept per setting on the object; `compile` builds one ahead of
+time and reports its compile time.
+
+Defaults follow what Hugging Face's `diffusion_generate` runs with
+(`top_k=50`, `eps=1e-3`, greedy), except `alg="entropy"` and `steps =
+max_new_tokens`, DiffuCoder's recommendation (the reference's own defaults
+are `alg="origin"`, `steps=512`); see the README table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+from trm.core import config_lib
+from trm.families.dream import sampling as diffusion_sampling
+
+DEFAULT_TOP_K = diffusion_sampling.DEFAULT_TOP_K
+
+
+@dataclasses.dataclass
+class Generation:
+  """What `generate(..., return_tokens=True)` returns."""
+  completions: list[str]
+  tokens: np.ndarray                 # [N, P + max_new_tokens]: prompt + canvas
+  prompt_len: int                    # P: the padded prompt width
+  history: Optional[np.ndarray] = None  # [steps, N, P + max_new_tokens]
+
+
+def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
+                   top_p, top_k, alg: str, alg_temp, eps: float,
+                   max_positions: Optional[int] = None,
+                   prompt_len: int = 0) -> None:
+  """One ValueError naming the argument (the CLI flag has the same name)."""
+  def bad(name, value, want):
+    raise ValueError(f"{name}={value!r}: {want}.")
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    bad("max_new_tokens", max_new_tokens, "must be an integer >= 1")
+  if not isinstance(steps, (int, np.integer)) or steps < 1:
+    bad("steps", steps, "must be an integer >= 1")
+  if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+          and temperature >= 0):
+    bad("temperature", temperature, "must be a finite number >= 0 (0: greedy)")
+  if top_p is not None and not (isinstance(top_p, (int, float))
+                                and 0 < top_p <= 1):
+    bad("top_p", top_p, "must lie in (0, 1] (or be unset)")
+  if top_k is not None and not (isinstance(top_k, (int, np.integer))
+                                and top_k >= 0):
+    bad("top_k", top_k, "must be an integer >= 0 (0 or None: off)")
+  if alg not in diffusion_sampling.ALGS:
+    bad("alg", alg, f"must be one of {diffusion_sampling.ALGS}")
+  if alg_temp is not None and not (isinstance(alg_temp, (int, float))
+                                   and math.isfinite(alg_temp)
+                                   and alg_temp >= 0):
+    bad("alg_temp", alg_temp, "must be a finite number >= 0")
+  if not 0 < eps < 1:
+    bad("eps", eps, "must lie in (0, 1)")
+  if max_positions is not None and prompt_len + max_new_tokens > max_positions:
+    raise ValueError(
+        f"max_new_tokens={max_new_tokens}: the longest prompt ({prompt_len} "
+        f"tokens) plus the new tokens exceed the model's {max_positions} "
+        "positions; lower max_new_tokens or shorten the prompts.")
+
+
+def left_pad(token_lists, pad_id: int, max_len: Optional[int] = None,
+             multiple_of: int = 1, new_tokens: int = 0):
+  """(ids [B, P], mask [B, P]) with every prompt right-aligned; P is the
+  longest prompt, raised so that P + new_tokens is a multiple of
+  `multiple_of` (the splash kernel tiles the sequence by 128)."""
+  longest = max(len(t) for t in token_lists)
+  if max_len is not None and longest > max_len:
+    raise ValueError(f"A prompt has {longest} tokens but only "
+                     f"{max(max_len, 0)} fit: the model's positions minus "
+                     "max_new_tokens. Shorten the prompt, lower "
+                     "max_new_tokens or raise config.seq_len.")
+  width = longest + (-(longest + new_tokens)) % multiple_of
+  ids = np.full((len(token_lists), width), pad_id, np.int32)
+  mask = np.zeros((len(token_lists), width), bool)
+  for i, tokens in enumerate(token_lists):
+    ids[i, width - len(tokens):] = tokens
+    mask[i, width - len(tokens):] = True
+  return ids, mask
+
+
+def _read_json(path: str) -> dict:
+  """A config object from `path` (hf_import's reader, plus the checks that
+  the file exists and holds an object)."""
+  from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} is missing.")
+  value = hf_import._read_json(path)  # pylint: disable=protected-access
+  if not isinstance(value, dict):
+    raise hf_import.CheckpointError(f"{path} holds a {type(value).__name__},"
+                                    " not a config object.")
+  return value
+
+
+def model_config_from_hf(directory: str, tokenizer=None, *,
+                         dtype: str = "bfloat16",
+                         param_dtype: Optional[str] = None,
+                         attention: str = "dot"):
+  """(DreamConfig, max positions or None) from a Hugging Face directory's
+  config.json; a Qwen2 config (no mask id) takes `<|mask|>` from the
+  tokenizer."""
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
+  path = os.path.join(directory, hf_import.CONFIG_FILE)
+  hf = _read_json(path)
+  kind = str(hf.get("model_type", "")).lower()
+  if kind not in ("dream", "qwen2"):
+    raise hf_import.CheckpointError(
+        f"{path}: model_type={hf.get('model_type')!r}; a Dream/DiffuCoder "
+        "(model_type 'Dream') or Qwen2-shaped directory is needed.")
+  sizes = {}
+  for field in ("vocab_size", "hidden_size", "intermediate_size",
+                "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads"):
+    if not isinstance(hf.get(field), int):
+      raise hf_import.CheckpointError(
+          f"{path}: {field} is missing or not an integer.")
+    sizes[field] = hf[field]
+  mask_id = hf.get("mask_token_id")
+  if mask_id is None and tokenizer is not None:
+    mask_id = tokenizer.mask_id
+  if mask_id is None:
+    raise hf_import.CheckpointError(
+        f"{path} has no mask_token_id and no tokenizer names <|mask|>; pass "
+        "a DiffuCoder/Dream checkpoint.")
+  pad_id = hf.get("pad_token_id", hf.get("eos_token_id"))
+  if isinstance(pad_id, list):
+    pad_id = pad_id[0]
+  if pad_id is None:
+    raise hf_import.CheckpointError(f"{path}: pad_token_id is missing.")
+  stored = str(hf.get("torch_dtype") or "float32")
+  cfg = dream.DreamConfig(
+      **sizes, rope_theta=float(hf.get("rope_theta", 10000.0)),
+      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      mask_token_id=int(mask_id), pad_token_id=int(pad_id), dtype=dtype,
+      param_dtype=param_dtype or ("bfloat16" if stored == "bfloat16"
+                                  else "float32"), remat="none",
+      attention=attention)
+  positions = hf.get("max_position_embeddings")
+  return cfg, (int(positions) if isinstance(positions, int) else None)
+
+
+def _workdir_config(workdir: str, config):
+  """The model section and seq_len a `trm.main` run recorded."""
+  recorded = os.path.join(workdir, "config.json")
+  if os.path.isfile(recorded):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    return ml_collections.ConfigDict(_read_json(recorded))
+  if config is None:
+    raise FileNotFoundError(f"{recorded} is missing; pass the run's --config.")
+  return config
+
+
+class DiffusionLM:
+  """A Dream/DiffuCoder model on a mesh, with its tokenizer."""
+
+  def __init__(self, cfg, params, tokenizer, *, mesh, rules,
+               max_positions: Optional[int] = None, source: str = ""):
+    from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+    self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
+    self.mesh, self.rules = mesh, rules
+    self.max_positions, self.source = max_positions, source
+    self._denoiser = dream.denoiser(cfg)
+    self._compiled = {}
+    self._cached_denoiser = None  # built on the first cached call
+
+  @classmethod
+  def from_pretrained(cls, path: str, *, mesh=None, dtype: str = "bfloat16",
+                      param_dtype: Optional[str] = None,
+                      tokenizer: Optional[str] = None, config=None,
+                      attention: Optional[str] = None):
+    """From a Hugging Face directory or a `trm.main` workdir.
+
+    mesh: a `jax.sharding.Mesh` (default: FSDP over every device, or the
+    config's mesh when `config` is given); dtype: compute dtype;
+    tokenizer: a directory with tokenizer.json or 'bytes' (default: the
+    checkpoint's own, or the run's data.tokenizer); config: an
+    ml_collections config whose mesh and logical-axis rules to use (its
+    model sizes are not: they come from the checkpoint); attention: 'dot'
+    or 'splash' (the Pallas TPU kernel; default: the config's
+    model.attention, else 'dot').
+    """
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
+    from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+    from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f"{path} is not a directory: pass a Hugging "
+                              "Face checkpoint directory or a trm.main "
+                              "workdir.")
+    if attention is None:
+      attention = (config.model.get("attention", "dot") if config is not None
+                   and "model" in config else "dot")
+    workdir = os.path.isdir(os.path.join(path, "checkpoints"))
+    if workdir:
+      run = _workdir_config(path, config)
+      cfg = dream.DreamConfig.from_config(dict(
+          run.model, attention=attention,
+          **({"dtype": dtype} if dtype else {})))
+      spec = tokenizer or _run_tokenizer(run, path)
+      tok = tok_lib.from_spec(spec, cfg)
+      positions = int(run.seq_len) if "seq_len" in run else None
+    elif tokenizer == "bytes":  # the mask id must come from config.json
+      cfg, positions = model_config_from_hf(path, None, dtype=dtype,
+                                            param_dtype=param_dtype,
+                                            attention=attention)
+      tok = tok_lib.from_spec(tokenizer, cfg)
+    else:
+      tok = tok_lib.load_tokenizer(tokenizer or path)
+      cfg, positions = model_config_from_hf(path, tok, dtype=dtype,
+                                            param_dtype=param_dtype,
+                                            attention=attention)
+      tok_lib.check_against_model(tok, cfg, tokenizer or path)
+    if config is not None and "seq_len" in config:  # the context trained
+      positions = min(positions or config.seq_len, config.seq_len)
+    rules = (mesh_lib.logical_rules(config) if config is not None
+             else config_lib.default_logical_axis_rules())
+    if mesh is None:
+      mesh = mesh_lib.make_mesh(config.mesh if config is not None else
+                                config_lib.mesh_config(data=1, fsdp=-1,
+                                                       model=1))
+    with nn.logical_axis_rules(rules):
+      shardings = mesh_lib.tree_shardings(mesh, rules,
+                                          dream.abstract_params(cfg))
+    params, source = load_params(path, cfg, shardings)
+    return cls(cfg, params, tok, mesh=mesh, rules=rules,
+               max_positions=positions, source=source)
+
+  # ------------------------------------------------------------- generation
+
+  def encode(self, prompts: Sequence[str], chat: bool = False):
+    from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+    texts = [tok_lib.chat_prompt(p) if chat else p for p in prompts]
+    return [self.tokenizer.encode(t) for t in texts]
+
+  def compile(self, batch: int, prompt_len: int, *, padded: bool,
+              history: bool = False, **settings):
+    """(compiled program, compile seconds) for [batch, prompt_len] prompts
+    (`padded`: with a padding mask); cached per shape and setting."""
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    key = (batch, prompt_len, padded, history,
+           tuple(sorted(settings.items())))
+    if key in self._compiled:
+      return self._compiled[key], 0.0
+    start = time.perf_counter()
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      ids = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
+      mask = (jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_) if padded
+              else None)
+      if settings.get("cache"):
+        compiled = self._lower_cached(ids, mask, history, settings).compile()
+      else:
+        settings = {k: v for k, v in settings.items()
+                    if k not in ("cache", "block_length", "threshold")}
+        compiled = diffusion_sampling.lower_generate(
+            self._denoiser, ids, mask, params=self.params,
+            mask_token_id=self.cfg.mask_token_id, return_history=history,
+            **settings).compile()
+    self._compiled[key] = compiled
+    return compiled, time.perf_counter() - start
+
+  def _lower_cached(self, ids, mask, history, settings):
+    from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import cache as dream_cache  # pylint: disable=g-import-not-at-top
+    if history:
+      raise ValueError("return_history: not available with cache=...; the "
+                       "exact sampler (cache unset) records it.")
+    if self._cached_denoiser is None:
+      self._cached_denoiser = dream_cache.cached_denoiser(self.cfg)
+    return cached_sampling.lower_cached_generate(
+        self._cached_denoiser, ids, mask, params=self.params,
+        mask_token_id=self.cfg.mask_token_id, **settings)
+
+  def generate(self, prompts, *, max_new_tokens: int = 256,
+               steps: Optional[int] = None, alg: str = "entropy",
+               temperature: float = 0.0, top_p: Optional[float] = None,
+               top_k: Optional[int] = DEFAULT_TOP_K,
+               alg_temp: Optional[float] = None, eps: float = 1e-3,
+               chat: bool = False, batch_size: Optional[int] = None,
+               seed: int = 0, return_tokens: bool = False,
+               return_history: bool = False, cache: Optional[str] = None,
+               block_length: int = 32, threshold: Optional[float] = None):
+    """Completions (list of str) for `prompts` (a string or a list).
+
+    steps defaults to max_new_tokens (one token per step). `cache`
+    ('prefix' or 'dual') selects Fast-dLLM-style cached block decoding
+    (`cached_sampling`: approximate, much faster on long canvases) with
+    blocks of `block_length` tokens and, with `threshold`, confidence-
+    threshold parallel decoding; unset, the exact reference sampler runs. With
+    `return_tokens` (or `return_history`) a `Generation` comes back instead,
+    holding the raw sequences and, with `return_history`, the canvas after
+    every step. `self.timings` then holds the compile and run seconds.
+    """
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
+    if isinstance(prompts, str):
+      prompts = [prompts]
+    prompts = list(prompts)
+    if not prompts:
+      raise ValueError("prompts is empty: pass at least one prompt.")
+    steps = max_new_tokens if steps is None else steps
+    if batch_size is not None and batch_size < 1:
+      raise ValueError(f"batch_size={batch_size!r}: must be >= 1 (or None: "
+                       "all prompts in one batch).")
+    token_lists = self.encode(prompts, chat)
+    empty = [i for i, t in enumerate(token_lists) if not t]
+    if empty:
+      raise ValueError(f"prompt {empty[0]} encodes to no tokens; a sequence "
+                       "needs at least one token before the canvas.")
+    longest = max(len(t) for t in token_lists)
+    check_settings(max_new_tokens=max_new_tokens, steps=steps,
+                   temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
+                   alg_temp=alg_temp, eps=eps,
+                   max_positions=self.max_positions, prompt_len=longest)
+    ids, mask = left_pad(
+        token_lists, self.tokenizer.eos_id, new_tokens=int(max_new_tokens),
+        multiple_of=1 if self.cfg.attention == "dot" else 128)
+    size = batch_size or len(prompts)
+    rows = -(-len(prompts) // size) * size
+    if rows > len(prompts):  # repeat the last prompt: one program for all
+      ids = np.concatenate([ids, np.repeat(ids[-1:], rows - len(prompts), 0)])
+      mask = np.concatenate([mask, np.repeat(mask[-1:], rows - len(prompts),
+                                             0)])
+    padded = bool((~mask).any())
+    settings = dict(
+        max_new_tokens=int(max_new_tokens), steps=int(steps), alg=alg,
+        temperature=float(temperature),
+        top_p=None if top_p is None else float(top_p),
+        top_k=int(top_k) if top_k else None,  # 0 and None: off
+        alg_temp=None if alg_temp is None else float(alg_temp),
+        eps=float(eps))
+    if cache is not None:
+      from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
+      cached_sampling.check_cached_settings(
+          cache=cache, block_length=block_length, threshold=threshold,
+          max_new_tokens=max_new_tokens, steps=steps, alg=alg)
+      settings.update(cache=cache, block_length=int(block_length),
+                      threshold=None if threshold is None
+                      else float(threshold))
+    compiled, compile_seconds = self.compile(
+        size, ids.shape[1], padded=padded, history=return_history, **settings)
+    start = time.perf_counter()
+    outs, hists = [], []
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      for n, first in enumerate(range(0, rows, size)):
+        batch_mask = (jnp.asarray(mask[first:first + size]) if padded
+                      else None)
+        out = compiled(self.params, jnp.asarray(ids[first:first + size]),
+                       batch_mask, jax.random.key(seed + n))
+        if return_history:
+          out, hist = out
+          hists.append(np.asarray(jax.device_get(hist)))
+        outs.append(np.asarray(jax.device_get(out)))
+    tokens = np.concatenate(outs)[:len(prompts)]
+    self.timings = {"compile_seconds": compile_seconds,
+                    "run_seconds": time.perf_counter() - start,
+                    "new_tokens": len(prompts) * int(max_new_tokens)}
+    cut = diffusion_sampling.split_completion(tokens[:, ids.shape[1]:],
+                                              self.tokenizer.stop_ids())
+    completions = [self.tokenizer.decode(c) for c in cut]
+    if not (return_tokens or return_history):
+      return completions
+    history = (np.concatenate(hists, axis=1)[:, :len(prompts)] if hists
+               else None)
+    return Generation(completions, tokens, ids.shape[1], history)
+
+
+def _run_tokenizer(run, workdir: str) -> str:
+  spec = run.data.get("tokenizer", "") if "data" in run else ""
+  if not spec:
+    spec = run.get("init_checkpoint", "")
+  if not spec:
+    raise ValueError(f"The run in {workdir} names no tokenizer "
+                     "(data.tokenizer, init_checkpoint); pass tokenizer=.")
+  return spec
+
+
+def load_params(checkpoint: str, cfg, shardings):
+  """(params, description) from a HF directory or a trm.main workdir."""
+  from flax.linen import meta  # pylint: disable=g-import-not-at-top
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
+  saved = os.path.join(checkpoint, "checkpoints")
+  if os.path.isdir(saved):
+    abstract = state_lib.with_shardings(
+        meta.unbox(dream.abstract_params(cfg)), shardings)
+    fields, step = ckpt_lib.restore_fields(saved, {"params": abstract},
+                                           family="DiffuCoder/Dream")
+    return fields["params"], f"{saved} step {step}"
+  return hf_import.load_hf_checkpoint(checkpoint, cfg, shardings), checkpoint

@@ -1,0 +1,525 @@
+"""Reads nanoGPT `ckpt.pt` files and Hugging Face GPT-2 directories.
+
+Both give the parameters as a tree of numpy arrays in our layout
+(trm/families/gpt/model.py) plus the architecture found in the file, so the caller
+can compare it with `config.model` (`check_model_args`) and place the arrays
+on a mesh (`to_sharded`).
+
+Mapping (i < n_layer; C = n_embd, V = vocab_size; biases only with bias):
+
+  nanoGPT key, without 'transformer.'  HF GPT-2 key     ours
+  wte.weight [V, C]                     same             wte/embedding
+  wpe.weight [block_size, C]            same             wpe/embedding
+  h.i.ln_1.weight, .bias [C]            same             h_i/ln_1/scale, bias
+  h.i.attn.c_attn.weight [3C, C]        [C, 3C]          h_i/attn/c_attn/kernel
+  h.i.attn.c_proj.weight [C, C]         [C, C]           h_i/attn/c_proj/kernel
+  h.i.mlp.c_fc.weight [4C, C]           [C, 4C]          h_i/mlp/c_fc/kernel
+  h.i.mlp.c_proj.weight [C, 4C]         [4C, C]          h_i/mlp/c_proj/kernel
+  h.i.<linear>.bias                     same             h_i/.../bias
+  ln_f.weight, .bias [C]                same             ln_f/scale, bias
+  lm_head.weight [V, C] (no prefix)     same             none: tied to wte,
+                                                         must equal it if there
+
+nanoGPT's Linear weights are torch [out, in] and are transposed; HF's Conv1D
+weights are already [in, out].
+Transposing a Linear weight keeps the order of its output features, so the
+fused [q | k | v] layout of c_attn carries over unchanged. HF keys may carry
+a `transformer.` prefix (GPT2LMHeadModel) or not (GPT2Model); nanoGPT keys
+may carry `_orig_mod.` (a torch.compile'd model). The causal-mask buffers
+(`attn.bias`, `attn.masked_bias`) are dropped.
+
+Security: torch files are read only with `torch.load(path,
+map_location='cpu', weights_only=True)` (tensors and plain containers, no
+arbitrary unpickling) and safetensors with safetensors. torch is imported
+only to read a ckpt.pt.
+
+nanoGPT uses exact GELU while HF GPT-2 uses the tanh approximation
+(`gelu_new`); like nanoGPT's own `from_pretrained`, we load the weights into
+the exact-GELU model regardless.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from safetensors import safe_open
+
+from trm.families.gpt.model import GPTConfig
+from trm.families.dream import hf_import
+from trm.families.trm import torch_import
+from trm.families.dream.hf_import import CheckpointError
+
+__all__ = ["CheckpointError", "load_nanogpt_checkpoint", "load_hf_gpt2",
+           "check_model_args", "to_sharded"]
+
+MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias",
+              "vocab_size", "dropout")
+_COMPARED = ("n_layer", "n_head", "n_embd", "block_size", "bias",
+             "vocab_size")
+HF_CONFIG = "config.json"
+HF_SINGLE = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+_HF_FILES = (f"{HF_CONFIG} and {HF_SINGLE} (or sharded "
+             f"model-*.safetensors with {HF_INDEX})")
+_MASK_BUFFER = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
+
+
+def _layout(args: Mapping[str, Any]):
+  """[(name without 'transformer.', our path, our shape, is Linear weight)]."""
+  c, v, bs = int(args["n_embd"]), int(args["vocab_size"]), int(
+      args["block_size"])
+  bias = bool(args["bias"])
+  out = [("wte.weight", ("wte", "embedding"), (v, c), False),
+         ("wpe.weight", ("wpe", "embedding"), (bs, c), False)]
+
+  def norm(name, path):
+    out.append((f"{name}.weight", path + ("scale",), (c,), False))
+    if bias:
+      out.append((f"{name}.bias", path + ("bias",), (c,), False))
+
+  def linear(name, path, n_in, n_out):
+    out.append((f"{name}.weight", path + ("kernel",), (n_in, n_out), True))
+    if bias:
+      out.append((f"{name}.bias", path + ("bias",), (n_out,), False))
+
+  for i in range(int(args["n_layer"])):
+    h, p = f"h.{i}.", (f"h_{i}",)
+    norm(h + "ln_1", p + ("ln_1",))
+    linear(h + "attn.c_attn", p + ("attn", "c_attn"), c, 3 * c)
+    linear(h + "attn.c_proj", p + ("attn", "c_proj"), c, c)
+    norm(h + "ln_2", p + ("ln_2",))
+    linear(h + "mlp.c_fc", p + ("mlp", "c_fc"), c, 4 * c)
+    linear(h + "mlp.c_proj", p + ("mlp", "c_proj"), 4 * c, c)
+  norm("ln_f", ("ln_f",))
+  return out
+
+
+def _set(tree: dict, path, value):
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _keys(keys, limit: int = 8) -> str:
+  keys = sorted(keys)
+  more = f" ... ({len(keys) - limit} more)" if len(keys) > limit else ""
+  return ", ".join(repr(k) for k in keys[:limit]) + more
+
+
+def _convert(tensors: dict[str, np.ndarray], args: Mapping[str, Any],
+             where: str, prefix: str, torch_linear: bool) -> dict:
+  """`tensors` (names without `prefix`, lm_head.weight and mask buffers
+  already handled) -> our params tree; checks names and shapes."""
+  layout = _layout(args)
+  expected = {name for name, *_ in layout}
+  missing = expected - set(tensors)
+  unexpected = set(tensors) - expected
+  if missing:
+    raise CheckpointError(
+        f"{where} lacks {len(missing)} tensor(s) the model needs (n_layer="
+        f"{args['n_layer']}, bias={args['bias']}): "
+        f"{_keys(prefix + k for k in missing)}.")
+  if unexpected:
+    raise CheckpointError(
+        f"{where} has {len(unexpected)} tensor(s) a GPT with n_layer="
+        f"{args['n_layer']}, bias={args['bias']} does not have: "
+        f"{_keys(prefix + k for k in unexpected)}.")
+  params: dict = {}
+  for name, path, shape, is_linear in layout:
+    value = tensors[name]
+    stored = shape[::-1] if is_linear and torch_linear else shape
+    if tuple(value.shape) != stored:
+      raise CheckpointError(
+          f"{where}: tensor {prefix + name!r} has shape {tuple(value.shape)};"
+          f" expected {stored} for n_embd={args['n_embd']}, vocab_size="
+          f"{args['vocab_size']}, block_size={args['block_size']}.")
+    dtype = np.asarray(value).dtype
+    if not (np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16):
+      raise CheckpointError(
+          f"{where}: tensor {prefix + name!r} has dtype {dtype}; weights must "
+          "be float16, bfloat16 or float32 (an integer or bool tensor would "
+          "load as garbage).")
+    if is_linear and torch_linear:
+      value = value.T
+    _set(params, path, np.ascontiguousarray(value))
+  return params
+
+
+def _tied_head(tensors: dict[str, np.ndarray], name: str, where: str):
+  """Drops the LM head after checking that it is the token embedding."""
+  head = tensors.pop(name, None)
+  if head is None:
+    return
+  wte = tensors.get("wte.weight")
+  if wte is not None and (head.shape != wte.shape
+                          or not np.array_equal(head, wte)):
+    raise CheckpointError(
+        f"{where}: {name!r} differs from the token embedding, but the model "
+        "ties its LM head to wte (nanoGPT's weight tying); an untied "
+        "checkpoint cannot be loaded.")
+
+
+# ------------------------------------------------------------------ nanoGPT
+
+
+def _to_numpy(torch, t) -> np.ndarray:
+  t = t.detach().cpu().contiguous()
+  if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret bits
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+  return t.numpy()
+
+
+def _scalar(torch, value, what: str, path: str):
+  if isinstance(value, torch.Tensor):
+    if value.numel() != 1:
+      raise CheckpointError(f"{path}: {what} is a tensor of shape "
+                            f"{tuple(value.shape)}, not a scalar.")
+    return value.item()
+  return value
+
+
+def _adam_state(torch, optimizer, args: Mapping[str, Any], path: str):
+  """nanoGPT's AdamW state_dict -> {'mu', 'nu': numpy trees in our layout,
+  'count': AdamW's step}.
+
+  nanoGPT's configure_optimizers makes two groups from named_parameters():
+  the tensors of 2 or more dimensions (decayed), then the rest, each in
+  module order, which is `_layout`'s order; torch numbers the parameters
+  through the groups in that order.
+  """
+  where = f"{path}: 'optimizer'"
+  if not isinstance(optimizer, Mapping) or not {"state", "param_groups"} <= set(
+      optimizer):
+    raise CheckpointError(f"{where} is not a torch optimizer state_dict "
+                          "(expected 'state' and 'param_groups').")
+  layout = _layout(args)
+  groups = ([name for name, _, shape, _ in layout if len(shape) >= 2],
+            [name for name, _, shape, _ in layout if len(shape) < 2])
+  torch_shapes = {name: shape[::-1] if is_linear else shape
+                  for name, _, shape, is_linear in layout}
+  sizes = [len(g.get("params", ())) if isinstance(g, Mapping) else None
+           for g in optimizer["param_groups"]]
+  if sizes != [len(g) for g in groups]:
+    raise CheckpointError(
+        f"{where} has parameter groups of sizes {sizes}; nanoGPT's AdamW for "
+        f"this model has [{len(groups[0])}, {len(groups[1])}] (weights of 2+ "
+        "dimensions, then biases and LayerNorms).")
+  moments = {"exp_avg": {}, "exp_avg_sq": {}}
+  steps = set()
+  for group, names in zip(optimizer["param_groups"], groups):
+    for index, name in zip(group["params"], names):
+      entry = optimizer["state"].get(index)
+      if entry is None:  # never stepped: torch creates the state lazily
+        for key in moments:
+          moments[key][name] = np.zeros(torch_shapes[name], np.float32)
+        steps.add(0)
+        continue
+      for key in moments:
+        value = entry.get(key) if isinstance(entry, Mapping) else None
+        if not isinstance(value, torch.Tensor):
+          raise CheckpointError(f"{where}: parameter {index} ({name}) has no "
+                                f"{key!r} tensor.")
+        moments[key][name] = _to_numpy(torch, value).astype(np.float32)
+      steps.add(int(_scalar(torch, entry.get("step", 0),
+                            f"optimizer step of {name}", path)))
+  if len(steps) != 1:
+    raise CheckpointError(f"{where}: its parameters were stepped different "
+                          f"numbers of times ({sorted(steps)}).")
+  return {"mu": _convert(moments["exp_avg"], args, where + " exp_avg",
+                         "transformer.", torch_linear=True),
+          "nu": _convert(moments["exp_avg_sq"], args, where + " exp_avg_sq",
+                         "transformer.", torch_linear=True),
+          "count": steps.pop()}
+
+
+def load_nanogpt_checkpoint(path: str, optimizer: bool = False
+                            ) -> tuple[dict, dict, dict]:
+  """Reads a nanoGPT train.py `ckpt.pt`.
+
+  Returns (params: numpy tree in our layout, model_args: {n_layer, n_head,
+  n_embd, block_size, bias, vocab_size, dropout}, extras: {iter_num,
+  best_val_loss (float), config (dict)}). With `optimizer`, extras also has
+  'adam': AdamW's moments in our layout and its step count (`_adam_state`),
+  or None when the file has no optimizer state.
+
+  Raises:
+    FileNotFoundError: no such file.
+    ImportError: torch is not installed.
+    CheckpointError (a ValueError): not a nanoGPT checkpoint, something
+      other than tensors and plain containers in it, missing or unexpected
+      tensors, or shapes that disagree with its model_args.
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"nanoGPT checkpoint {path} does not exist or is "
+                            "not a file (train.py writes out_dir/ckpt.pt).")
+  torch, ckpt = torch_import.load_weights_only(
+      path, f"Reading the nanoGPT checkpoint {path}")
+  if not isinstance(ckpt, Mapping) or not {"model", "model_args"} <= set(
+      ckpt):
+    got = (_keys(ckpt) if isinstance(ckpt, Mapping)
+           else f"a {type(ckpt).__name__}")
+    raise CheckpointError(
+        f"{path} is not a nanoGPT checkpoint: expected a dict with 'model' "
+        f"(state_dict) and 'model_args' as train.py saves; got {got}.")
+  raw_args = ckpt["model_args"]
+  if not isinstance(raw_args, Mapping):
+    raise CheckpointError(f"{path}: 'model_args' is a "
+                          f"{type(raw_args).__name__}, not a dict.")
+  absent = [k for k in MODEL_ARGS if k not in raw_args]
+  if absent:
+    raise CheckpointError(f"{path}: model_args lacks {absent}; nanoGPT saves "
+                          f"{list(MODEL_ARGS)}.")
+  model_args = {k: _scalar(torch, raw_args[k], f"model_args[{k!r}]", path)
+                for k in MODEL_ARGS}
+  model_args["bias"] = bool(model_args["bias"])
+  model_args["dropout"] = float(model_args["dropout"])
+  for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+    model_args[k] = int(model_args[k])
+
+  state = ckpt["model"]
+  if not isinstance(state, Mapping):
+    raise CheckpointError(f"{path}: 'model' is a {type(state).__name__}, not "
+                          "a state_dict.")
+  tensors: dict[str, np.ndarray] = {}
+  for key, value in state.items():
+    if not isinstance(value, torch.Tensor):
+      raise CheckpointError(f"{path}: state_dict entry {key!r} is a "
+                            f"{type(value).__name__}, not a tensor.")
+    name = key[len("_orig_mod."):] if key.startswith("_orig_mod.") else key
+    if name.startswith("transformer."):
+      name = name[len("transformer."):]
+    elif name != "lm_head.weight":
+      raise CheckpointError(
+          f"{path}: state_dict key {key!r} is neither 'transformer.*' nor "
+          "'lm_head.weight' (nanoGPT's GPT module names).")
+    if _MASK_BUFFER.match(name):  # tril buffer of the non-flash path
+      continue
+    if name in tensors:
+      raise CheckpointError(f"{path}: {name!r} appears twice (with and "
+                            "without the '_orig_mod.' prefix).")
+    tensors[name] = _to_numpy(torch, value)
+  _tied_head(tensors, "lm_head.weight", path)
+  params = _convert(tensors, model_args, path, "transformer.",
+                    torch_linear=True)
+
+  iter_num = _scalar(torch, ckpt.get("iter_num", 0), "iter_num", path)
+  best = _scalar(torch, ckpt.get("best_val_loss", float("inf")),
+                 "best_val_loss", path)
+  config = ckpt.get("config", {})
+  extras = {"iter_num": int(iter_num), "best_val_loss": float(best),
+            "config": dict(config) if isinstance(config, Mapping) else {}}
+  if optimizer:
+    extras["adam"] = (None if ckpt.get("optimizer") is None else
+                      _adam_state(torch, ckpt["optimizer"], model_args, path))
+  return params, model_args, extras
+
+
+# ------------------------------------------------------------- HF GPT-2
+
+
+def _read_hf_config(directory: str) -> dict:
+  path = os.path.join(directory, HF_CONFIG)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} is missing; a Hugging Face GPT-2 "
+                            f"directory holds {_HF_FILES}.")
+  try:
+    with open(path) as f:
+      hf = json.load(f)
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path} is not valid JSON ({e}).") from e
+  if not isinstance(hf, dict):
+    raise CheckpointError(f"{path} holds a {type(hf).__name__}, not the "
+                          "model's config object.")
+  return hf
+
+
+def _hf_model_args(hf: dict, path: str) -> dict:
+  vocab = hf.get("vocab_size", hf.get("n_vocab"))
+  fields = {"vocab_size": vocab, "block_size": hf.get("n_positions"),
+            "n_layer": hf.get("n_layer"), "n_head": hf.get("n_head"),
+            "n_embd": hf.get("n_embd")}
+  absent = [k for k, v in fields.items() if v is None]
+  if absent:
+    raise CheckpointError(f"{path} lacks the GPT-2 size(s) {absent} "
+                          "(vocab_size, n_positions, n_layer, n_head, "
+                          "n_embd).")
+  # Architecture switches our (nanoGPT) model does not implement.
+  for field, want in (("scale_attn_weights", True),
+                      ("scale_attn_by_inverse_layer_idx", False),
+                      ("add_cross_attention", False)):
+    if field in hf and bool(hf[field]) != want:
+      raise CheckpointError(f"{path}: {field}={hf[field]!r} is not supported "
+                            f"(nanoGPT's GPT has {want}).")
+  act = hf.get("activation_function", "gelu_new")
+  if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+    raise CheckpointError(f"{path}: activation_function={act!r} is not a "
+                          "GELU; nanoGPT's MLP uses GELU.")
+  n_inner = hf.get("n_inner")
+  if n_inner is not None and n_inner != 4 * fields["n_embd"]:
+    raise CheckpointError(f"{path}: n_inner={n_inner} is not 4 * n_embd, as "
+                          "nanoGPT's MLP requires.")
+  eps = hf.get("layer_norm_epsilon", 1e-5)
+  if abs(float(eps) - 1e-5) > 1e-12:
+    raise CheckpointError(f"{path}: layer_norm_epsilon={eps} is not nanoGPT's"
+                          " 1e-5.")
+  args = {k: int(v) for k, v in fields.items()}
+  args.update(bias=True, dropout=0.0)
+  return args
+
+
+def _hf_files(directory: str) -> tuple[list[str], str]:
+  index = os.path.join(directory, HF_INDEX)
+  single = os.path.join(directory, HF_SINGLE)
+  if os.path.isfile(index):
+    try:
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      raise CheckpointError(f"{index} has no valid \"weight_map\" ({e}).") \
+          from e
+    hf_import.check_shard_names(weight_map, directory, index)
+    files = sorted(set(weight_map.values()))
+    for file in files:
+      if not os.path.isfile(os.path.join(directory, file)):
+        raise FileNotFoundError(f"{os.path.join(directory, file)} (named in "
+                                f"{index}) is missing.")
+    return [os.path.join(directory, f) for f in files], index
+  if os.path.isfile(single):
+    return [single], single
+  extra = (" (pytorch_model.bin is not read: convert it to safetensors)"
+           if os.path.exists(os.path.join(directory, "pytorch_model.bin"))
+           else "")
+  raise FileNotFoundError(f"{directory} has neither {HF_SINGLE} nor "
+                          f"{HF_INDEX}; a Hugging Face GPT-2 directory holds "
+                          f"{_HF_FILES}{extra}.")
+
+
+def hf_gpt2_model_args(directory: str) -> dict:
+  """The model args of a Hugging Face GPT-2 directory, from its config.json
+  alone (no weights read); errors as `load_hf_gpt2`."""
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"Hugging Face GPT-2 directory {directory} does "
+                            f"not exist; it should hold {_HF_FILES}.")
+  return _hf_model_args(_read_hf_config(directory),
+                        os.path.join(directory, HF_CONFIG))
+
+
+def load_hf_gpt2(directory: str) -> tuple[dict, dict]:
+  """Reads a Hugging Face GPT-2 directory (GPT2LMHeadModel or GPT2Model).
+
+  Returns (params: numpy tree in our layout, model_args with vocab_size,
+  block_size = n_positions, n_layer, n_head, n_embd, bias=True,
+  dropout=0.0).
+
+  Raises:
+    FileNotFoundError: no such directory, or config.json / the weights
+      missing.
+    CheckpointError (a ValueError): missing, unexpected or misshapen
+      tensors, or a config our model cannot represent.
+  """
+  model_args = hf_gpt2_model_args(directory)
+  files, where = _hf_files(directory)
+  tensors: dict[str, np.ndarray] = {}
+  for file in files:
+    try:
+      with safe_open(file, framework="numpy") as f:
+        for key in f.keys():
+          name = key[len("transformer."):] if key.startswith(
+              "transformer.") else key
+          if _MASK_BUFFER.match(name):
+            continue
+          if name in tensors:
+            raise CheckpointError(f"{where}: tensor {name!r} appears twice.")
+          tensors[name] = f.get_tensor(key)
+    except CheckpointError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"{file} is not a readable .safetensors file "
+                            f"({type(e).__name__}: {e}).") from e
+  _tied_head(tensors, "lm_head.weight", where)
+  params = _convert(tensors, model_args, where, "", torch_linear=False)
+  return params, model_args
+
+
+# ------------------------------------------------------------------ checks
+
+
+def check_model_args(model_args: Mapping[str, Any], cfg: GPTConfig,
+                     source: str) -> None:
+  """Raises ValueError listing every architecture field where `cfg` and a
+  checkpoint's model_args differ (dropout is a training setting and is not
+  compared)."""
+  problems = []
+  for field in _COMPARED:
+    if field not in model_args:
+      problems.append(f"{source} does not record {field}")
+      continue
+    ours, theirs = getattr(cfg, field), model_args[field]
+    if (bool(ours) != bool(theirs)) if field == "bias" else (
+        int(ours) != int(theirs)):
+      problems.append(f"config.model.{field}={ours!r} but {source} has "
+                      f"{theirs!r}")
+  if problems:
+    raise ValueError("The checkpoint does not fit the model config: "
+                     + "; ".join(problems) + ". Set config.model to the "
+                     "checkpoint's sizes.")
+
+
+def _is_target(x) -> bool:
+  return isinstance(x, (jax.sharding.Sharding, jax.ShapeDtypeStruct))
+
+
+def to_sharded(params, shardings, dtype=None):
+  """Places a numpy params tree on devices, one shard per device.
+
+  params: numpy arrays (as the loaders return). shardings: the same tree
+  structure with `jax.sharding.Sharding` leaves (trm.core.mesh.tree_shardings of
+  gpt.abstract_params) or `jax.ShapeDtypeStruct` leaves carrying a sharding
+  (trm.core.state.with_shardings), whose shapes are then checked and whose dtypes
+  are the targets. dtype: the stored dtype of every leaf (cfg.param_dtype),
+  overriding those; with neither, each array keeps its own dtype. Every
+  device's shard is cut from the host copy by `jax.make_array_from_callback`,
+  so this works with several processes as long as each holds the whole tree.
+  """
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  targets, target_def = jax.tree_util.tree_flatten(shardings,
+                                                   is_leaf=_is_target)
+  if treedef != target_def:
+    ours = {jax.tree_util.keystr(p) for p, _ in flat}
+    theirs = {jax.tree_util.keystr(p) for p, _ in
+              jax.tree_util.tree_flatten_with_path(shardings,
+                                                   is_leaf=_is_target)[0]}
+    raise ValueError(
+        "params and shardings differ in structure: only in params "
+        f"{_keys(ours - theirs) or 'nothing'}; only in shardings "
+        f"{_keys(theirs - ours) or 'nothing'}.")
+  out = []
+  for (path, value), target in zip(flat, targets):
+    value = np.asarray(value)
+    name = f"params{jax.tree_util.keystr(path)}"
+    want = value.dtype
+    if isinstance(target, jax.ShapeDtypeStruct):
+      if tuple(target.shape) != value.shape:
+        raise ValueError(f"{name} has shape {value.shape}; the model expects "
+                         f"{tuple(target.shape)}.")
+      want, target = target.dtype, target.sharding
+      if target is None:
+        raise ValueError(f"{name}: its ShapeDtypeStruct carries no sharding.")
+    want = jnp.dtype(dtype) if dtype is not None else jnp.dtype(want)
+
+    def block(index, value=value, want=want):
+      return np.ascontiguousarray(value[index].astype(want))
+
+    try:
+      out.append(jax.make_array_from_callback(value.shape, target, block,
+                                              dtype=want))
+    except ValueError as e:
+      raise ValueError(f"{name} of shape {value.shape} cannot take its "
+                       f"sharding: {e}") from e
+  return jax.tree_util.tree_unflatten(treedef, out)

@@ -1,0 +1,184 @@
+"""nanoGPT's optimizer, schedule, train step and estimate_loss, jitted.
+
+The state is `trm.families.dream.steps.LMState` (step, params, AdamW state, PRNG key,
+skipped-step counters), built abstract-first and sharded by logical names
+like every family's. One iteration is `gradient_accumulation_steps`
+micro-batches summed inside the jitted step (a `lax.scan`), then one clipped
+AdamW update, as nanoGPT's loop does outside its compiled model.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+from clu import metrics as clu_metrics
+
+from trm.core import loss_scale as loss_scale_lib
+from trm.core import mesh as mesh_lib
+from trm.core import state as state_lib
+from trm.families.gpt import model as gpt
+
+
+def learning_rate_schedule(config):
+  """nanoGPT's get_lr(it): linear warmup that is non-zero at iteration 0,
+  cosine from learning_rate to min_lr at lr_decay_iters, then min_lr."""
+  lr, min_lr = config.learning_rate, config.min_lr
+  warmup, decay = config.warmup_iters, config.lr_decay_iters
+  if not config.decay_lr:
+    return lambda it: jnp.asarray(lr, jnp.float32)
+
+  def schedule(it):
+    it = jnp.asarray(it, jnp.float32)
+    warm = lr * (it + 1) / (warmup + 1)
+    ratio = jnp.clip((it - warmup) / max(decay - warmup, 1), 0.0, 1.0)
+    cosine = min_lr + 0.5 * (1.0 + jnp.cos(math.pi * ratio)) * (lr - min_lr)
+    return jnp.where(it < warmup, warm, jnp.where(it > decay, min_lr, cosine))
+
+  return schedule
+
+
+def decay_mask(params):
+  """nanoGPT's parameter groups: weight decay on tensors of 2 or more
+  dimensions (matmul weights, embeddings), none on biases and LayerNorms."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(config):
+  """torch.optim.AdamW(groups, betas) after clip_grad_norm_(grad_clip)."""
+  adamw = optax.adamw(learning_rate_schedule(config), b1=config.beta1,
+                      b2=config.beta2, eps=1e-8,
+                      weight_decay=config.weight_decay, mask=decay_mask)
+  if config.grad_clip > 0:
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
+  return adamw
+
+
+def with_adam_state(opt_state, schedule_count, adam=None):
+  """`make_optimizer`'s state with the schedule at `schedule_count` and, when
+  given, AdamW's moments and step count (adam = {mu, nu, count}, e.g. from
+  a nanoGPT checkpoint); without, AdamW's own state is kept."""
+  def replace(node):
+    if isinstance(node, optax.ScaleByAdamState) and adam is not None:
+      return node._replace(count=jnp.asarray(adam["count"], node.count.dtype),
+                           mu=adam["mu"], nu=adam["nu"])
+    if isinstance(node, optax.ScaleByScheduleState):
+      return node._replace(count=jnp.asarray(schedule_count,
+                                             node.count.dtype))
+    return node
+
+  kinds = (optax.ScaleByAdamState, optax.ScaleByScheduleState)
+  return jax.tree.map(replace, opt_state,
+                      is_leaf=lambda node: isinstance(node, kinds))
+
+
+def cross_entropy(logits, targets):
+  """Mean token cross-entropy, ignoring targets of -1 (F.cross_entropy's
+  ignore_index=-1), and the number of scored tokens."""
+  valid = targets >= 0
+  token_loss = optax.softmax_cross_entropy_with_integer_labels(
+      logits, jnp.where(valid, targets, 0))
+  count = valid.sum()
+  return jnp.where(valid, token_loss, 0.0).sum() / jnp.maximum(count, 1), count
+
+
+def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int):
+  """One iteration over batch = {x, y: [accum_steps * B, T] int32}.
+
+  Rows are grouped as [B, accum_steps]: each device's contiguous rows hold
+  every micro-batch's share, so splitting into micro-batches moves no data.
+  The loss of each micro-batch is divided by accum_steps and the gradients
+  summed, as nanoGPT does.
+  """
+  rows, length = batch["x"].shape
+  micro = rows // accum_steps
+
+  def split(a):
+    a = a.reshape(micro, accum_steps, length).swapaxes(0, 1)
+    return mesh_lib.constrain(a, (None, mesh_lib.BATCH, None))
+
+  xs, ys = split(batch["x"]), split(batch["y"])
+  step_rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params, x, y, rng):
+    logits = model.apply({"params": params}, x, deterministic=False,
+                         rngs={"dropout": rng})
+    loss = cross_entropy(logits, y)[0]
+    return loss_scale_lib.scale_loss(state.loss_scale, loss), loss
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def accumulate(carry, inputs):
+    loss_sum, grad_sum = carry
+    k, x, y = inputs
+    (_, loss), grads = grad_fn(state.params, x, y,
+                               jax.random.fold_in(step_rng, k))
+    grad_sum = jax.tree.map(lambda a, g: a + g / accum_steps, grad_sum, grads)
+    return (loss_sum + loss / accum_steps, grad_sum), None
+
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
+                       state.params)
+  (loss, grads), _ = jax.lax.scan(
+      accumulate, (jnp.zeros((), jnp.float32), zeros),
+      (jnp.arange(accum_steps), xs, ys))
+  # Unscaled (float16 runs) before the finite check, clipping and AdamW.
+  grads = loss_scale_lib.unscale(state.loss_scale, grads)
+  grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+  ok = state_lib.all_finite(loss, grads)
+
+  # The update runs only when finite, rather than being selected against the
+  # old state afterwards: that select kept the old AdamW moments alive next
+  # to their in-place update, and XLA copied every moment each step.
+  def apply(operands):
+    params, opt_state, grads = operands
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  params, opt_state = jax.lax.cond(
+      ok, apply, lambda operands: operands[:2],
+      (state.params, state.opt_state, grads))
+  one = jnp.int32(1)
+  metrics = {
+      "loss": clu_metrics.Average(total=loss, count=one),
+      "grad_norm": clu_metrics.Average(total=optax.tree.norm(grads),
+                                       count=one),
+  }
+  new_state = state.replace(step=state.step + 1, params=params,
+                            opt_state=opt_state)
+  return state_lib.skip_nonfinite(state, new_state, metrics, ok,
+                                  guarded=("params", "opt_state"))
+
+
+def eval_step(state, batch, *, model: gpt.GPT):
+  """estimate_loss for one batch: batch['split'] says per row whether it
+  comes from train.bin (0) or val.bin (1); `loss` is the validation loss."""
+  logits = model.apply({"params": state.params}, batch["x"])
+  valid = batch["y"] >= 0
+  token_loss = optax.softmax_cross_entropy_with_integer_labels(
+      logits, jnp.where(valid, batch["y"], 0))
+  row_loss = (jnp.where(valid, token_loss, 0.0).sum(-1)
+              / jnp.maximum(valid.sum(-1), 1))
+  is_val = batch["split"] == 1
+
+  def average(rows):
+    return clu_metrics.Average(total=jnp.where(rows, row_loss, 0.0).sum(),
+                               count=rows.sum().astype(jnp.int32))
+
+  val = average(is_val)
+  return {"loss": val, "val_loss": val,
+          "train_loss": average(jnp.logical_not(is_val))}, {}
+
+
+def batch_shardings(mesh, rules) -> dict:
+  rows = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH, None))
+  ids = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH,))
+  return {"x": rows, "y": rows, "split": ids}
+
+
+def abstract_batch(global_batch_size: int, block_size: int, shardings):
+  """ShapeDtypeStructs of one global train batch (for ahead-of-time
+  lowering)."""
+  shape = (global_batch_size, block_size)
+  return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=shardings[k])
+          for k in ("x", "y")}

@@ -1,0 +1,267 @@
+"""GPT trained as nanoGPT trains it (`model.name='gpt'`, configs/gpt.py).
+
+Data is a prepared nanoGPT dataset directory (`train.bin`, `val.bin`,
+`meta.json`; `python -m trm.data.text.windows`), read as random windows like
+nanoGPT's get_batch. `init_from` follows nanoGPT:
+  scratch   new weights (a workdir that already holds checkpoints resumes,
+            so a preempted run restarts with the same command)
+  resume    the workdir's newest checkpoint, which must exist; or, with
+            `init_checkpoint=.../ckpt.pt`, nanoGPT's run: its weights,
+            AdamW state, iteration and best validation loss
+  gpt2*     OpenAI's GPT-2 weights from a Hugging Face directory in
+            `init_checkpoint`
+Weights from a checkpoint decide the model's shapes, as in nanoGPT; the
+config's values are overwritten (and so recorded in config.json), and a
+smaller `block_size` crops the position table (nanoGPT's crop_block_size).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from trm.families.gpt import steps as gpt_steps
+from trm.families.dream import steps as lm_steps
+from trm.core import loss_scale
+from trm.core import mesh as mesh_lib
+from trm.core import mfu
+from trm.core import restore_check
+from trm.data.text import windows as text
+from trm.data.text import tfds_source
+from trm.families.gpt import model as gpt
+from trm.families.gpt import gpt_import
+from trm.core.task import Task
+
+INIT_FROM = ("scratch", "resume", "gpt2", "gpt2-medium", "gpt2-large",
+             "gpt2-xl")
+DTYPES = ("float32", "bfloat16", "float16")  # float16: with loss scaling
+_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "bias")
+SOURCES = ("bin", "tfds")  # config.data.source
+
+
+def data_dir(config) -> str:
+  """Where the dataset's vocabulary lives: data_root/<dataset> (meta.json),
+  or the prepared TFDS version directory (metadata.json)."""
+  if config.data.get("source", "bin") == "tfds":
+    return tfds_source.metadata(config.data.tfds)[1]
+  return os.path.join(config.data_root, config.dataset)
+
+
+def check_config(config) -> None:
+  """nanoGPT's keys, checked before any data is read or compiled."""
+  if config.data.source not in SOURCES:
+    raise ValueError(f"config.data.source={config.data.source!r} must be one "
+                     f"of {list(SOURCES)}.")
+  if config.init_from not in INIT_FROM:
+    raise ValueError(f"config.init_from={config.init_from!r} must be one of "
+                     f"{list(INIT_FROM)}.")
+  if config.init_from.startswith("gpt2") and not config.init_checkpoint:
+    raise ValueError(
+        f"config.init_from={config.init_from!r} needs config.init_checkpoint"
+        " = a directory with config.json and model.safetensors of OpenAI's "
+        f"GPT-2 (e.g. `huggingface-cli download openai-community/"
+        f"{config.init_from} --local-dir DIR`); nothing is downloaded "
+        "during training.")
+  if config.dtype not in DTYPES:
+    raise ValueError(f"config.dtype={config.dtype!r} must be one of "
+                     f"{list(DTYPES)}.")
+  loss_scale.check_config(config)
+  for key in ("batch_size", "block_size", "gradient_accumulation_steps",
+              "eval_iters", "n_layer", "n_head", "n_embd"):
+    if config[key] <= 0:
+      raise ValueError(f"config.{key}={config[key]} must be a positive "
+                       "integer.")
+  if not 0.0 <= config.dropout < 1.0:
+    raise ValueError(f"config.dropout={config.dropout} must be in [0, 1).")
+  if config.decay_lr and config.lr_decay_iters < config.warmup_iters:
+    raise ValueError(
+        f"config.lr_decay_iters={config.lr_decay_iters} must be >= "
+        f"config.warmup_iters={config.warmup_iters}.")
+
+
+def _load_weights(config, optimizer: bool):
+  """(numpy params, their model args, what they are, extras) for init_from;
+  extras is a nanoGPT checkpoint's (iter_num, best_val_loss and, with
+  `optimizer`, AdamW's state), {} for GPT-2 weights."""
+  path = config.init_checkpoint
+  if config.init_from.startswith("gpt2"):
+    params, args = gpt_import.load_hf_gpt2(path)
+    return params, args, f"GPT-2 weights from {path}", {}
+  params, args, extras = gpt_import.load_nanogpt_checkpoint(
+      path, optimizer=optimizer)
+  return params, args, (f"nanoGPT checkpoint {path} (iter "
+                        f"{extras.get('iter_num')}, best val loss "
+                        f"{extras.get('best_val_loss')})"), extras
+
+
+def _adopt_shapes(config, args: dict, source: str) -> None:
+  """Sets the config's model shapes to the checkpoint's, as nanoGPT does,
+  so config.json (and trm.sample) describe the model actually trained."""
+  changed = {k: (config[k], args[k]) for k in _SHAPE_KEYS
+             if config[k] != args[k]}
+  with config.unlocked():
+    for key, (_, value) in changed.items():
+      config[key] = value
+    config.model.vocab_size = args["vocab_size"]
+    if config.block_size > args["block_size"]:
+      changed["block_size"] = (config.block_size, args["block_size"])
+      config.block_size = args["block_size"]
+  if changed:
+    logging.warning("Model shapes taken from %s: %s", source, ", ".join(
+        f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
+
+
+def _crop_positions(params, block_size: int):
+  """nanoGPT's crop_block_size: keep the first block_size positions."""
+  params = dict(params)
+  params["wpe"] = {"embedding": params["wpe"]["embedding"][:block_size]}
+  return params
+
+
+def _state_from_weights(params, tx, seed: int, param_dtype: str, scale,
+                        mesh, rules, shardings, adam=None, iter_num: int = 0):
+  """A state around imported weights, placed on the mesh: at step 0 with a
+  fresh AdamW, or with `adam` (a nanoGPT checkpoint's moments and count) at
+  step `iter_num`, continuing that run."""
+  del rules  # the shardings hold them
+  sharded = gpt_import.to_sharded(params, shardings.params, dtype=param_dtype)
+  state = lm_steps.state_around_params(sharded, tx, seed, mesh, shardings,
+                                       scale)
+  if adam is None and not iter_num:
+    return state
+  if adam is not None:
+    adam = dict(adam, **{k: gpt_import.to_sharded(adam[k], shardings.params,
+                                                  dtype=param_dtype)
+                         for k in ("mu", "nu")})
+  state = state.replace(
+      step=jnp.asarray(iter_num, jnp.int32),
+      opt_state=gpt_steps.with_adam_state(state.opt_state, iter_num, adam))
+  return jax.device_put(state, shardings)
+
+
+def _token_streams(config):
+  """(meta, its directory, [train, val] token streams) of config.data:
+  a prepared .bin directory (prepared from data.input if need be) or two
+  TFDS splits."""
+  if config.data.source == "tfds":
+    tfds_config = config.data.tfds
+    meta, directory = tfds_source.metadata(tfds_config)
+    if "vocab_size" not in meta and not config.model.vocab_size:
+      raise ValueError(
+          f"config.data.tfds.name={tfds_config.name!r} records no "
+          "vocab_size in its metadata (only trm_tiny_shakespeare does): set "
+          "config.model.vocab_size.")
+    return meta, directory, [tfds_source.TokenStream(tfds_config, "split"),
+                             tfds_source.TokenStream(tfds_config,
+                                                     "eval_split")]
+  directory = data_dir(config)
+  meta = text.ensure_prepared(directory, config.data.input,
+                              config.data.tokenizer)
+  return meta, directory, [os.path.join(directory, text.TRAIN_FILE),
+                           os.path.join(directory, text.VAL_FILE)]
+
+
+def build(config, workdir: str, mesh, rules) -> Task:
+  check_config(config)
+  checkpoints = os.path.join(workdir, "checkpoints")
+  resuming = restore_check.latest_step(checkpoints) is not None
+  if config.init_from == "resume" and not (resuming or config.init_checkpoint):
+    raise ValueError(
+        f"config.init_from='resume' but {checkpoints} holds no checkpoint: "
+        "pass the --workdir of the run to resume, set config.init_checkpoint"
+        " to a nanoGPT ckpt.pt, or use config.init_from='scratch'.")
+  if config.init_from == "scratch" and resuming:
+    logging.warning("config.init_from='scratch', but %s holds checkpoints: "
+                    "resuming from the newest (use another --workdir for a "
+                    "new run).", checkpoints)
+  mesh_lib.check_batch_size(config.batch_size, mesh, rules, "batch_size")
+
+  weights = None
+  if config.init_checkpoint and config.init_from != "scratch":
+    # The weights' shapes win, also when resuming: the resumed run's model
+    # was built from them. A resumed GPT-2 run reads only config.json.
+    if resuming and config.init_from.startswith("gpt2"):
+      _adopt_shapes(config,
+                    gpt_import.hf_gpt2_model_args(config.init_checkpoint),
+                    config.init_checkpoint)
+    else:
+      # AdamW's state only when the run starts from the file: a resumed run
+      # restores its own (restore_latest never returns None over existing
+      # checkpoints, so initial_state goes unused).
+      weights = _load_weights(
+          config, optimizer=config.init_from == "resume" and not resuming)
+      _adopt_shapes(config, weights[1], weights[2])
+
+  meta, directory, streams = _token_streams(config)
+  with config.unlocked():
+    if not config.model.vocab_size:
+      config.model.vocab_size = int(meta["vocab_size"])
+  if config.model.vocab_size < meta.get("vocab_size", 0):
+    raise ValueError(
+        f"config.model.vocab_size={config.model.vocab_size} is smaller than "
+        f"the vocabulary of {directory} ({meta['vocab_size']} tokens).")
+  cfg = gpt.GPTConfig.from_config(config.model)
+  model = gpt.GPT(cfg)
+  tx = gpt_steps.make_optimizer(config)
+
+  process = dict(process_index=jax.process_index(),
+                 process_count=jax.process_count())
+  train_source = text.TokenWindows(
+      streams[0], cfg.block_size, config.global_batch_size, config.seed,
+      num_batches=config.total_steps, **process)
+  eval_source = text.EvalWindows(
+      directory, cfg.block_size, config.data.eval_batch_size,
+      config.eval_iters, config.seed, streams=streams, **process)
+  batch_shardings = gpt_steps.batch_shardings(mesh, rules)
+
+  scale = loss_scale.initial_state(config)  # None unless float16
+  initial_state, best_loss = None, None
+  if weights is not None and not resuming:
+    params, _, source, extras = weights
+    crop = params["wpe"]["embedding"].shape[0] > cfg.block_size
+    if crop:
+      params = _crop_positions(params, cfg.block_size)
+    resume = {}
+    if config.init_from == "resume":
+      # nanoGPT's init_from='resume': the run goes on from its iteration,
+      # AdamW state and best validation loss.
+      adam = extras.get("adam")
+      if adam is None:
+        logging.warning("%s holds no optimizer state: AdamW starts afresh "
+                        "at iteration %d.", source, extras["iter_num"])
+      elif crop:
+        adam = dict(adam, mu=_crop_positions(adam["mu"], cfg.block_size),
+                    nu=_crop_positions(adam["nu"], cfg.block_size))
+      resume = dict(adam=adam, iter_num=extras["iter_num"])
+      best_loss = extras["best_val_loss"]
+      logging.info("Continuing %s at iteration %d.", source,
+                   extras["iter_num"])
+    initial_state = functools.partial(_state_from_weights, params, tx,
+                                      config.seed, cfg.param_dtype, scale,
+                                      **resume)
+
+  non_embedding = gpt.num_params(gpt.abstract_params(cfg),
+                                 non_embedding=True)
+  flops = mfu.nanogpt_flops_per_iter(
+      non_embedding, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,
+      config.global_batch_size)
+  logging.info("GPT: %.2fM parameters (non-embedding), %d tokens per "
+               "iteration.", non_embedding / 1e6,
+               config.global_batch_size * cfg.block_size)
+  return Task(
+      model=model, train_source=train_source, eval_source=eval_source,
+      batch_shardings=batch_shardings,
+      abstract_batch=gpt_steps.abstract_batch(
+          config.global_batch_size, cfg.block_size, batch_shardings),
+      init_fn=lm_steps.make_init_fn(model, tx, config.seed, scale),
+      train_step=functools.partial(
+          gpt_steps.train_step, model=model, tx=tx,
+          accum_steps=config.gradient_accumulation_steps),
+      eval_step=functools.partial(gpt_steps.eval_step, model=model),
+      initial_state=initial_state,
+      flops_per_step=flops,
+      initial_best_loss=best_loss)
+

@@ -1,0 +1,113 @@
+"""TRM train and eval steps (pure functions; the loop jits them).
+
+One train step = one ACT supervision step = one optimizer update, as upstream
+`pretrain.py::train_batch`: halted carry rows take the new batch's rows, the
+model runs one recursion, and both optimizers step (sparse sign-SGD on the
+puzzle-embedding rows the batch touched, AdamATan2 on everything else),
+followed by the EMA update. A step whose loss or gradients hold a NaN or Inf
+changes nothing but the step counter (`state.skip_nonfinite`).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from trm.families.trm import losses
+from trm.families.trm import optim
+from trm.core import state as state_lib
+from trm.families.trm import model as trm_model
+from trm.core.state import TrainState
+
+
+def make_optimizer(optim_config, total_steps: int):
+  """AdamATan2 on params, with upstream's warmup + cosine schedule."""
+  schedule = optim.lr_schedule(optim_config.lr, optim_config.warmup_steps,
+                               total_steps, optim_config.lr_min_ratio)
+  return optim.adam_atan2(schedule, b1=optim_config.beta1,
+                          b2=optim_config.beta2,
+                          weight_decay=optim_config.weight_decay)
+
+
+def _puzzle_vectors(model, state, ids):
+  if model.cfg.puzzle_emb_ndim <= 0:
+    return None
+  return jnp.take(state.puzzle_emb["weights"], ids, axis=0)
+
+
+def train_step(state: TrainState, batch, *, model: trm_model.TRM,
+               tx: optax.GradientTransformation, optim_config,
+               total_steps: int, global_batch_size: int):
+  """Returns (new state, metrics dict of clu Averages)."""
+  carry = trm_model.reset_carry(model, state.variables(), state.carry, batch)
+  vectors = _puzzle_vectors(model, state, carry.puzzle_identifiers)
+  rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params, vectors):
+    new_carry, outputs = trm_model.act_step(
+        model, state.variables(params), carry, vectors, train=True, rng=rng)
+    loss, metrics = losses.act_loss(outputs, new_carry, train=True)
+    return loss / global_batch_size, (new_carry, metrics)
+
+  (loss, (new_carry, metrics)), (param_grads, vector_grads) = (
+      jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+          state.params, vectors))
+
+  ok = state_lib.all_finite(loss, param_grads, vector_grads)
+  updates, opt_state = tx.update(param_grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  puzzle_emb = state.puzzle_emb
+  if vectors is not None:
+    emb_lr = optim.lr_schedule(optim_config.puzzle_emb_lr,
+                               optim_config.warmup_steps, total_steps,
+                               optim_config.lr_min_ratio)(state.step)
+    # A skipped step leaves the rows as they were (learning rate and
+    # gradient 0), without a select over the whole table.
+    puzzle_emb = {"weights": optim.sparse_sign_sgd_update(
+        puzzle_emb["weights"], carry.puzzle_identifiers,
+        jnp.where(ok, vector_grads, 0), emb_lr * ok,
+        optim_config.puzzle_emb_weight_decay)}
+  ema_params = (optim.ema_update(state.ema_params, params,
+                                 optim_config.ema_rate)
+                if optim_config.ema else params)
+  new_state = state.replace(step=state.step + 1, params=params,
+                            opt_state=opt_state, ema_params=ema_params,
+                            puzzle_emb=puzzle_emb, carry=new_carry)
+  return state_lib.skip_nonfinite(state, new_state, metrics, ok,
+                                  guarded=("puzzle_emb",))
+
+
+def eval_step(state: TrainState, batch, *, model: trm_model.TRM,
+              use_ema: bool = True):
+  """Runs every row for exactly halt_max_steps ACT steps from a fresh carry.
+
+  Returns (metrics of the final step, predictions [B, L], q_halt logits [B]).
+  """
+  params = state.ema_params if use_ema else state.params
+  variables = state.variables(params)
+  rows = batch["inputs"].shape[0]
+  carry = trm_model.reset_carry(
+      model, variables, trm_model.empty_carry(model.cfg, rows), batch)
+  vectors = _puzzle_vectors(model, state, carry.puzzle_identifiers)
+  step = functools.partial(trm_model.act_step, model, variables,
+                           puzzle_vectors=vectors, train=False)
+  carry = jax.lax.fori_loop(0, model.cfg.halt_max_steps - 1,
+                            lambda _, c: step(c)[0], carry)
+  carry, outputs = step(carry)
+  _, metrics = losses.act_loss(outputs, carry, train=False)
+  return metrics, jnp.argmax(outputs["logits"], -1), outputs["q_halt_logits"]
+
+
+def compile_train_step(config, model, tx, abstract_state, state_shardings,
+                       batch_shardings, seq_len: int):
+  """The TRM train step, compiled ahead of time (see `state.compile_step`)."""
+  from trm.core import pipeline  # pylint: disable=g-import-not-at-top
+  return state_lib.compile_step(
+      functools.partial(train_step, model=model, tx=tx,
+                        optim_config=config.optim,
+                        total_steps=config.total_steps,
+                        global_batch_size=config.global_batch_size),
+      abstract_state, state_shardings, pipeline.abstract_batch(
+          config.global_batch_size, seq_len, batch_shardings))
