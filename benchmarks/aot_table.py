@@ -120,7 +120,7 @@ def main(argv):
     config.model.update(model)
     config.mesh.update(mesh)
     config.update(extra)
-    metadata = aot.dataset_metadata(config, shapes)
+    metadata = aot.data_shapes(config, shapes)
     sample = (None if sample_batch is None else
               aot.SampleSettings(batch=sample_batch, **SAMPLE))
     if kind != ("sample" if sample else "train"):

@@ -56,24 +56,24 @@ def make_ours(config):
   """Builds the task and compiles its step once; returns `timed(iters,
   warmup) -> figures`, which goes on training from where the last call
   stopped."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import mfu  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
-  from trm.core import task as tasks  # pylint: disable=g-import-not-at-top
+  from trm import families  # pylint: disable=g-import-not-at-top
   from trm.core import pipeline  # pylint: disable=g-import-not-at-top
+  from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
 
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
+  ctx = mesh_lib.ShardingContext.from_config(config)
   with tempfile.TemporaryDirectory() as workdir:
-    task = tasks.build(config, workdir, mesh, rules)
-  abstract, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
-  state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = state_lib.compile_step(task.train_step, abstract, shardings,
-                                  task.abstract_batch)
+    task = families.build_task(config, workdir, ctx)
+  program = task.program
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  state = state_lib.init_state(program.init_fn, ctx, shardings)
+  step = task_lib.compile_train_step(program, ctx, config.global_batch_size,
+                                     abstract, shardings)
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
   batches = pipeline.grain_iterator(task.train_source, config.data.prefetch)
   peak, description = mfu.peak_flops(jax.devices()[0], config.dtype)
   # CPU devices share the machine's cores, which the measured peak covers.
@@ -84,14 +84,14 @@ def make_ours(config):
     seconds = []
     for i in range(warmup + iters):
       start = time.perf_counter()
-      batch = pipeline.to_global(next(batches), task.batch_shardings)
+      batch = pipeline.to_global(next(batches), batch_shardings)
       state, metrics = step(state, batch)
       float(metrics["loss"].compute())  # nanoGPT's loss.item() each iteration
       if i >= warmup:
         seconds.append(time.perf_counter() - start)
     per_iter = statistics.median(seconds)
     return {"ms_per_iter": 1000 * per_iter,
-            "mfu": mfu.mfu(task.flops_per_step, per_iter, devices, peak),
+            "mfu": mfu.mfu(program.flops_per_step, per_iter, devices, peak),
             "peak": description,
             "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
             "tokens_per_iter": config.global_batch_size * config.block_size}

@@ -46,7 +46,6 @@ def _time_calls(fn, repeats: int) -> tuple[float, float]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -77,9 +76,9 @@ def main(argv):
 
   cfg = dream.DreamConfig.from_config(config.model)
   model = dream.Dream(cfg)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  ways = mesh_lib.batch_parallelism(mesh, rules)
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  mesh = ctx.mesh
+  ways = ctx.batch_parallelism
   if batch % ways:
     raise app.UsageError(f"--batch={batch} must be a multiple of the "
                          f"data-parallel size {ways} (mesh "
@@ -89,9 +88,9 @@ def main(argv):
     return model.init(jax.random.key(config.seed),
                       jnp.zeros((1, 1), jnp.int32))["params"]
 
-  _, shardings = state_lib.abstract_state(init, mesh, rules)
-  params = state_lib.init_state(init, mesh, rules, shardings)
-  rows = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH, None))
+  _, shardings = state_lib.abstract_state(init, ctx)
+  params = state_lib.init_state(init, ctx, shardings)
+  rows = ctx.sharding((mesh_lib.BATCH, None))
   device = jax.devices()[0]
   where = (f"{jax.device_count()} x {device.device_kind} ({device.platform});"
            f" config {flags.FLAGS['config'].serialize().split('=', 1)[1]}, "
@@ -105,7 +104,7 @@ def main(argv):
   tokens = jax.make_array_from_callback(host_tokens.shape, rows,
                                         lambda index: host_tokens[index])
   forward = jax.jit(lambda p, t: model.apply({"params": p}, t))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with ctx:
     first, seconds = _time_calls(lambda: forward(params, tokens),
                                  _REPEATS.value)
   flops = lm_steps.train_flops_per_example(cfg, seq_len) // 3 * batch
@@ -133,7 +132,7 @@ def main(argv):
         temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         rng=jax.random.key(0))
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with ctx:
     first, seconds = _time_calls(generate, _REPEATS.value)
   length = _PROMPT_LEN.value + _MAX_NEW.value
   flops = (lm_steps.train_flops_per_example(cfg, length) // 3 * sample_batch

@@ -10,7 +10,6 @@ dataset. Prints the device, compile seconds, steps/s and examples/s.
 """
 import time
 
-import flax.linen as nn
 import jax
 import numpy as np
 from absl import app, flags
@@ -18,10 +17,10 @@ from ml_collections import config_flags
 
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
-from trm.families.trm import steps
 from trm.core import pipeline
+from trm.core import task as task_lib
 from trm.data.puzzles import sudoku
-from trm.models import get_model
+from trm.families.trm import program as trm_program
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                           lock_config=True)
@@ -33,16 +32,13 @@ SUDOKU = sudoku.dataset_metadata(1)
 def build(config):
   """(model, initial state, compiled train step, compile seconds, batch
   maker) from the trainer's own mesh, state, sharding and step code."""
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
+  ctx = mesh_lib.ShardingContext.from_config(config)
   batch_size = config.global_batch_size
-  mesh_lib.check_batch_size(batch_size, mesh, rules)
-  model = get_model(config.model, SUDOKU)
-  tx = steps.make_optimizer(config.optim, config.total_steps)
-  init_fn = state_lib.make_init_fn(model, tx, batch_size, config.seed)
-  abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
-  state = state_lib.init_state(init_fn, mesh, rules, shardings)
-  batch_shardings = pipeline.batch_shardings(mesh, rules)
+  ctx.check_batch_size(batch_size)
+  program = trm_program.build(config, ctx, SUDOKU)
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  state = state_lib.init_state(program.init_fn, ctx, shardings)
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
 
   rng = np.random.default_rng(0)
   def batch(device=True):
@@ -52,12 +48,11 @@ def build(config):
             "puzzle_identifiers": np.zeros((batch_size,), np.int32)}
     return pipeline.to_global(host, batch_shardings) if device else host
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    start = time.time()
-    step_fn = steps.compile_train_step(config, model, tx, abstract, shardings,
-                                       batch_shardings, SUDOKU.seq_len)
-    compile_seconds = time.time() - start
-  return model, state, step_fn, compile_seconds, batch
+  start = time.time()
+  step_fn = task_lib.compile_train_step(program, ctx, batch_size, abstract,
+                                        shardings)
+  compile_seconds = time.time() - start
+  return program.model, state, step_fn, compile_seconds, batch
 
 
 def main(_):

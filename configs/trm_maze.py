@@ -103,6 +103,8 @@ def get_config(arg=None):
   c.eval_every = _EVAL_EPOCHS * _GROUPS // batch  # 5k epochs
   c.checkpoint_every = c.eval_every          # save cadence in steps
   c.keep_checkpoints = 3        # newest checkpoints kept on disk
+  c.always_save_checkpoint = True  # False: save only when eval loss improves
+  c.eval_only = False           # evaluate the restored model, then exit
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json

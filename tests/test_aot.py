@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import pytest
 import repo
 
+from trm.core import topology
+from trm.families.dream import sample_program
 from trm.core import config_lib
 from trm import aot
 from trm.families.dream import steps as lm_steps
@@ -104,7 +106,7 @@ def _grad_step_cost(batch=8, **sizes):
 
   compiled = jax.jit(jax.grad(loss)).lower(
       variables["params"], carry, vectors).compile()
-  return aot.step_cost(compiled), trm.train_flops_per_example(cfg) * batch
+  return topology.step_cost(compiled), trm.train_flops_per_example(cfg) * batch
 
 
 def test_flops_formula_matches_xla_cost_analysis():
@@ -136,14 +138,14 @@ def test_unrolled_cost_analysis_scales_with_depth():
   for xla, ours in ((flops2, ours2), (flops4, ours4)):
     assert abs(xla - ours) / ours < 0.15, (xla, ours)
   assert flops4 > 1.5 * flops2 and bytes4 > 1.3 * bytes2
-  report = aot.roofline(flops4, bytes4, aot.CHIPS["v4"])
+  report = topology.roofline(flops4, bytes4, topology.CHIPS["v4"])
   assert report["bound"] in ("compute", "memory")
   assert report["flops_per_byte"] == pytest.approx(flops4 / bytes4)
 
 
 def test_multislice_devices_need_dcn_sizes():
   """Two slices with dcn_data=1 would silently span DCN with ICI axes."""
-  devices = aot.topology_devices(aot.parse_topology("v4-8"), 2)
+  devices = topology.topology_devices(aot.parse_topology("v4-8"), 2)
   config = sudoku_config()
   with pytest.raises(mesh_lib.MeshConfigError, match="span 2 slice"):
     mesh_lib.make_mesh(config.mesh, devices)
@@ -159,7 +161,7 @@ def test_tiny_diffucoder_train_step_compiles_for_v4_8(num_slices):
       os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
   config.mesh.dcn_data = num_slices
   report = aot.compile_report(config, aot.parse_topology("v4-8"), num_slices,
-                              aot.dataset_metadata(config, {}))
+                              aot.data_shapes(config, {}))
   assert report["mesh"] == {"data": num_slices, "fsdp": 4, "model": 1}
   assert report["fits"] and 0 < report["total_gib"] < 1
   assert report["train_flops_per_step"] > 0
@@ -214,10 +216,10 @@ def test_tiny_diffucoder_sampling_loop_compiles_for_v4_8():
 def test_sample_flops_are_a_third_of_training_per_forward():
   cfg = dream.DreamConfig()
   # 7.6B parameters: about 2 x N FLOPs per token and step, plus attention.
-  flops = aot.sample_flops_per_call(cfg, batch=1, prompt_len=512,
-                                    max_new_tokens=512, steps=1)
+  flops = sample_program.sample_flops_per_call(
+      cfg, batch=1, prompt_len=512, max_new_tokens=512, steps=1)
   assert 2 * 7.0e9 * 1024 < flops < 2 * 8.2e9 * 1024
-  assert aot.sample_flops_per_call(cfg, 3, 512, 512, 5) == 15 * flops
+  assert sample_program.sample_flops_per_call(cfg, 3, 512, 512, 5) == 15 * flops
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -231,7 +233,7 @@ def test_sample_flops_are_a_third_of_training_per_forward():
 ])
 def test_bad_sample_settings(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    aot.SampleSettings(**{"batch": 4, **kwargs})
+    sample_program.check_settings(aot.SampleSettings(**{"batch": 4, **kwargs}))
 
 
 def test_sample_mode_needs_a_dream_config():
@@ -247,7 +249,7 @@ def test_sample_mode_needs_a_dream_config():
     (["--prompt_len=64"], "--prompt_len only apply to --mode=sample"),
     (["--mode=decode"], "--mode"),
     (["--mode=sample", "--config=configs/trm_sudoku.py:cpu"],
-     "--config has model 'trm'"),
+     "model family 'trm' has no sampler"),
 ])
 def test_cli_rejects_bad_sample_flags(args, match):
   result = subprocess.run(
@@ -268,7 +270,7 @@ def test_cli_rejects_bad_sample_flags(args, match):
 def test_dataset_shapes_of_every_puzzle_config(config_file, arg, shapes):
   config = config_lib.load_config(
       os.path.join(ROOT, "configs", config_file), arg)
-  metadata = aot.dataset_metadata(config, {})
+  metadata = aot.data_shapes(config, {})
   seq_len, vocab, puzzles = shapes
   assert (metadata.seq_len, metadata.vocab_size) == (seq_len, vocab)
   if puzzles is not None:

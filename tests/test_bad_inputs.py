@@ -38,13 +38,13 @@ from trm import generate
 from trm.core import mesh as mesh_lib
 from trm.core import restore_check
 from trm.core import state as state_lib
-from trm.core import task as tasks
 from trm.data.text import tokenizer as tok_lib
 from trm.core import train
+from trm import families
+from trm.families.trm import program as trm_program
 from trm.core import workdir_lock
 from trm.core import pipeline
 from trm.data.puzzles import format as puzzle_format
-from trm.models import get_model
 from trm.families.dream import model as dream
 from trm.families.dream import hf_import
 from trm.families.trm import torch_import
@@ -83,11 +83,10 @@ def data(tmp_path_factory):
 def _write_checkpoint(config, workdir):
   """A checkpoint of the freshly initialised state at step 3, as the loop
   writes it, without compiling a train step."""
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  task = tasks.build(config, workdir, mesh, rules)
-  _, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
-  state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  task = families.build_task(config, workdir, ctx)
+  _, shardings = state_lib.abstract_state(task.program.init_fn, ctx)
+  state = state_lib.init_state(task.program.init_fn, ctx, shardings)
   manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"),
                                   max_to_keep=3)
   ckpt_lib.save(manager, 3, state, pipeline.grain_iterator(task.train_source))
@@ -122,8 +121,8 @@ def hf_dir(tmp_path_factory):
 def upstream_checkpoint(tmp_path_factory, data):
   """An upstream-layout TRM state_dict (torch) of the tiny model."""
   path = str(tmp_path_factory.mktemp("upstream") / "step_12")
-  model = get_model(tiny_config().model,
-                    puzzle_format.read_metadata(data, "train"))
+  model = trm_program.make_model(tiny_config().model,
+                                 puzzle_format.read_metadata(data, "train"))
   abstract = nn.meta.unbox(jax.eval_shape(
       lambda: trm_model.init_variables(model, jax.random.PRNGKey(0))))
   zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), abstract)
@@ -192,9 +191,9 @@ def case(name, error, *needles, xfail=None, forbid=()):
 def train_call(env, config, workdir=None, watch=()):
   """train_and_evaluate on `env.workdir` (fresh) or an existing workdir."""
   if workdir is None:
-    return Call(lambda: train.train_and_evaluate(config, env.workdir),
+    return Call(lambda: train.train_and_evaluate(config, env.workdir, families.build_task),
                 watch=tuple(watch), fresh=(env.workdir,))
-  return Call(lambda: train.train_and_evaluate(config, workdir),
+  return Call(lambda: train.train_and_evaluate(config, workdir, families.build_task),
               watch=(os.path.join(workdir, "checkpoints"),) + tuple(watch))
 
 
@@ -566,8 +565,8 @@ def _(env):
   marker = env.path("payload_ran")
   path = env.path("evil.pt")
   torch.save({"_orig_mod.model.inner.payload": _Payload(marker)}, path)
-  cfg = get_model(tiny_config().model,
-                  puzzle_format.read_metadata(env.data, "train")).cfg
+  cfg = trm_program.make_model(tiny_config().model,
+                               puzzle_format.read_metadata(env.data, "train")).cfg
 
   def load():
     try:
@@ -909,8 +908,8 @@ for _name, _text in (("text file", b"weights: 0.1, 0.2\n"),
     path = env.path("model.pt")
     with open(path, "wb") as f:
       f.write(text)
-    cfg = get_model(tiny_config().model,
-                    puzzle_format.read_metadata(env.data, "train")).cfg
+    cfg = trm_program.make_model(tiny_config().model,
+                                 puzzle_format.read_metadata(env.data, "train")).cfg
     return Call(lambda: torch_import.load_torch_checkpoint(path, cfg),
                 watch=(path,))
 
@@ -1032,10 +1031,9 @@ def test_matching_checkpoints_pass_the_restore_check(trm_workdir, dc_workdir,
   trm.main restores it) and by fields (as trm.evaluate / trm.generate)."""
   for config, workdir in [(tiny_config(**{"data.data_dir": data}),
                            trm_workdir), (dc_config(), dc_workdir)]:
-    mesh = mesh_lib.make_mesh(config.mesh)
-    rules = mesh_lib.logical_rules(config)
-    task = tasks.build(config, workdir, mesh, rules)
-    abstract, _ = state_lib.abstract_state(task.init_fn, mesh, rules)
+    ctx = mesh_lib.ShardingContext.from_config(config)
+    task = families.build_task(config, workdir, ctx)
+    abstract, _ = state_lib.abstract_state(task.program.init_fn, ctx)
     directory = os.path.join(workdir, "checkpoints")
     restore_check.check(directory, abstract)
     restore_check.check(os.path.relpath(directory), abstract)
@@ -1057,7 +1055,7 @@ def test_mismatched_restart_leaves_checkpoints_untouched(
   before = _snapshot(os.path.join(workdir, "checkpoints"))
   config = tiny_config(**{"data.data_dir": data, **overrides})
   with pytest.raises(Exception):
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(config, workdir, families.build_task)
   assert _snapshot(os.path.join(workdir, "checkpoints")) == before
 
 
@@ -1069,7 +1067,7 @@ def test_bad_restart_keeps_the_runs_config_json(trm_workdir, tmp_path,
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(saved)
   with pytest.raises(mesh_lib.MeshConfigError):
-    train.train_and_evaluate(tiny_config(**{"mesh.data": 3}), workdir)
+    train.train_and_evaluate(tiny_config(**{"mesh.data": 3}), workdir, families.build_task)
   with open(os.path.join(workdir, "config.json")) as f:
     assert f.read() == saved
 

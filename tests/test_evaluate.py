@@ -10,7 +10,8 @@ import pytest
 
 from trm import evaluate
 from trm.core import train
-from trm.models import get_model
+from trm import families
+from trm.families.trm import program as trm_program
 from trm.families.trm import torch_import
 from trm.data.puzzles import format as puzzle_format
 
@@ -21,7 +22,7 @@ from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top,
 def trained(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("sudoku"))
   config = tiny_config(**{"data.data_dir": os.path.join(workdir, "data")})
-  state, results = train.train_and_evaluate(config, workdir)
+  state, results = train.train_and_evaluate(config, workdir, families.build_task)
   return config, workdir, state, results
 
 
@@ -40,7 +41,7 @@ def test_workdir_evaluates_to_the_trainers_figures(trained, tmp_path):
 def test_upstream_pytorch_checkpoint_evaluates_the_same(trained, tmp_path):
   config, workdir, state, results = trained
   metadata = puzzle_format.read_metadata(config.data.data_dir, "train")
-  model = get_model(config.model, metadata)
+  model = trm_program.make_model(config.model, metadata)
   path = str(tmp_path / "step_12")
   torch_import.export_torch_checkpoint(
       jax.device_get(state.ema_params), jax.device_get(state.buffers),

@@ -14,7 +14,6 @@ import repo
 from trm.core import config_lib
 from trm import generate
 from trm.data.text import tokenizer as tok_lib
-from trm.models import get_model
 from trm.families.dream import model as dream
 from trm.families.dream import hf_import
 
@@ -30,8 +29,7 @@ def make_tiny_checkpoint(directory) -> str:
   """Random tiny weights exported as safetensors + a matching tokenizer
   (words w0..w499, unknown text -> w0) in `directory`."""
   config = _tiny_config()
-  model = get_model(config.model)
-  assert isinstance(model, dream.Dream)
+  model = dream.Dream(dream.DreamConfig.from_config(config.model))
   params = nn.meta.unbox(model.init(jax.random.key(0),
                                     jnp.zeros((1, 4), jnp.int32))["params"])
   hf_import.export_hf_checkpoint(params, model.cfg, str(directory))

@@ -46,63 +46,35 @@ PAPER_METRIC = {"sudoku": "exact_accuracy", "maze": "exact_accuracy",
                 "arc": "ARC/pass@2"}
 
 
-def load_state(checkpoint: str, task, abstract, shardings, mesh, rules):
-  """(train state, description) from a workdir or an upstream file."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
-  saved = os.path.join(checkpoint, "checkpoints")
-  names = ("params", "ema_params", "buffers", "puzzle_emb")
-  if os.path.isdir(saved):
-    fields, step = ckpt_lib.restore_fields(
-        saved, {k: getattr(abstract, k) for k in names},
-        family="TRM (puzzle)")
-    state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
-    return state.replace(**fields), f"{saved} step {step}"
-  if not os.path.isfile(checkpoint):
-    raise FileNotFoundError(
-        f"--checkpoint={checkpoint} is neither a trm.main workdir (with a "
-        "checkpoints/ directory) nor an upstream PyTorch checkpoint file.")
-  from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
-  params, buffers, puzzle_emb = torch_import.load_torch_checkpoint(
-      checkpoint, task.model.cfg)
-  state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
-  state = state.replace(
-      params=jax.device_put(params, shardings.params),
-      ema_params=jax.device_put(params, shardings.ema_params),
-      buffers=jax.device_put(buffers, shardings.buffers),
-      puzzle_emb=jax.device_put(puzzle_emb, shardings.puzzle_emb))
-  return state, f"{checkpoint} (upstream PyTorch)"
-
-
 def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
   """(metrics, where the weights came from); collective on every process."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+  from trm import families  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
-  from trm.core import task as tasks  # pylint: disable=g-import-not-at-top
+  from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
   from trm.core import train  # pylint: disable=g-import-not-at-top
 
-  if config.model.name != "trm":
+  family = families.task(config.model.name)
+  if not hasattr(family, "load_eval_state"):
     raise ValueError(f"config.model.name={config.model.name!r}: trm.evaluate "
                      "evaluates TRM checkpoints; for DiffuCoder pass "
                      "--benchmark=humaneval or mbpp (trm.main reports its "
                      "held-out loss).")
   os.makedirs(output_dir, exist_ok=True)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  mesh_lib.check_batch_size(config.data.eval_batch_size, mesh, rules,
-                            "data.eval_batch_size")
-  task = tasks.build(config, output_dir, mesh, rules)
-  abstract, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
-  state, source = load_state(checkpoint, task, abstract, shardings, mesh,
-                             rules)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    eval_step = jax.jit(task.eval_step,
-                        in_shardings=(shardings, task.batch_shardings))
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  ctx.check_batch_size(config.data.eval_batch_size, "data.eval_batch_size")
+  task = family.build(config, output_dir, ctx)
+  program = task.program
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  state, source = family.load_eval_state(checkpoint, program, abstract,
+                                         shardings, ctx)
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
+  with ctx:
+    eval_step = jax.jit(program.eval_step,
+                        in_shardings=(shardings, batch_shardings))
     results = train.evaluate(eval_step, state, task.eval_source,
-                             task.batch_shardings, task.make_eval_hook(),
+                             batch_shardings, task.make_eval_hook(),
                              output_dir)
   results = {k: float(v) for k, v in results.items()}
   if jax.process_index() == 0:

@@ -94,11 +94,9 @@ def main(argv):
     raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
                          "workdir (it has no checkpoints/ directory).")
   cfg = dream.DreamConfig.from_config(config.model)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  with nn.logical_axis_rules(rules):
-    shardings = mesh_lib.tree_shardings(mesh, rules,
-                                        dream.abstract_params(cfg))
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  with nn.logical_axis_rules(ctx.rules):
+    shardings = ctx.tree_shardings(dream.abstract_params(cfg))
   params, source = generate.load_params(_CHECKPOINT.value, cfg, shardings)
   # Everything goes to a sibling directory first: a failed export leaves
   # --out as it was.

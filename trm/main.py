@@ -93,6 +93,7 @@ def main(argv):
   logging.get_absl_handler().addFilter(_QuietLibraries())
   # Imported here so --help and flag errors do not pay for importing jax.
   import jax  # pylint: disable=g-import-not-at-top
+  from trm import families  # pylint: disable=g-import-not-at-top
   from trm.core import train  # pylint: disable=g-import-not-at-top
   jax.config.parse_flags_with_absl()
   initialize_distributed(jax)
@@ -103,7 +104,7 @@ def main(argv):
   if not workdir.startswith("gs://"):
     workdir = os.path.abspath(workdir)
   try:
-    train.train_and_evaluate(_CONFIG.value, workdir)
+    train.train_and_evaluate(_CONFIG.value, workdir, families.build_task)
   except train.Preempted as e:  # a clean stop: the scheduler restarts us
     logging.warning("%s", e)
     sys.stderr.write(f"trm.main: {e}\n")

@@ -73,12 +73,11 @@ def run_config(workdir: str):
 
 
 def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
-               mesh, rules):
-  """(GPTConfig, params on `mesh`, default meta.json dir, description)."""
+               ctx):
+  """(GPTConfig, params on `ctx.mesh`, default meta.json dir, description)."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
 
   from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
@@ -86,8 +85,8 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
 
   def shardings_for(cfg):
     boxed = gpt.abstract_params(cfg)
-    with nn.logical_axis_rules(rules):
-      shardings = mesh_lib.tree_shardings(mesh, rules, boxed)
+    with nn.logical_axis_rules(ctx.rules):
+      shardings = ctx.tree_shardings(boxed)
     return nn.meta.unbox(boxed), shardings
 
   def from_args(args: dict):
@@ -130,7 +129,6 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -145,11 +143,12 @@ def main(argv):
     raise app.UsageError("--temperature must be >= 0.")
   start = read_start(_START.value)
   # One device: a handful of samples gains nothing from splitting.
-  mesh = mesh_lib.make_mesh(config_lib.mesh_config(data=1),
-                            devices=jax.devices()[:1])
-  rules = config_lib.default_logical_axis_rules()
+  ctx = mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
+                         devices=jax.devices()[:1]),
+      config_lib.default_logical_axis_rules())
   cfg, params, data_dir, source = load_model(
-      _INIT_FROM.value, _WORKDIR.value, _CHECKPOINT.value, mesh, rules)
+      _INIT_FROM.value, _WORKDIR.value, _CHECKPOINT.value, ctx)
   data_dir = _DATA_DIR.value or data_dir
   if data_dir and os.path.isfile(os.path.join(data_dir, "meta.json")):
     meta = text.load_meta(data_dir)
@@ -174,7 +173,7 @@ def main(argv):
       lambda params, prompt, rng: gpt.generate(
           model, params, prompt, _MAX_NEW.value, rng,
           temperature=_TEMPERATURE.value, top_k=top_k))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with ctx:
     begin = time.time()
     tokens = np.asarray(jax.device_get(generate(
         params, prompt, jax.random.key(_SEED.value))))

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from trm.core import checkpoint as ckpt_lib
+from trm.core import preemption as preemption_lib
 from trm.core import train
+from trm import families
 
 from test_gpt_task import tiny_config  # pylint: disable=g-import-not-at-top
 
@@ -72,16 +74,16 @@ def test_resume_after_preemption_keeps_the_best_checkpoint(
                        max_iters=40, lr_decay_iters=40, eval_interval=10,
                        always_save_checkpoint=False,
                        **{"keep_checkpoints": 1})
-  real_reached = train._Preemption.reached  # pylint: disable=protected-access
-  monkeypatch.setattr(train._Preemption, "reached",  # pylint: disable=protected-access
+  real_reached = preemption_lib.PreemptionWatch.reached  # pylint: disable=protected-access
+  monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached",  # pylint: disable=protected-access
                       lambda self, step: step == 15 or real_reached(self, step))
   with pytest.raises(train.Preempted,
                      match=r"Preempted at step 15 \(SIGTERM\); saved"):
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(config, workdir, families.build_task)
   checkpoints = os.path.join(workdir, "checkpoints")
   assert _steps(checkpoints) == [10, 15]
-  monkeypatch.setattr(train._Preemption, "reached", real_reached)  # pylint: disable=protected-access
-  train.train_and_evaluate(config, workdir)
+  monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached", real_reached)  # pylint: disable=protected-access
+  train.train_and_evaluate(config, workdir, families.build_task)
   # With a learning rate of 0 no later evaluation improves on step 10's: no
   # further save, and step 10 (the best) is still there.
   assert 10 in _steps(checkpoints)

@@ -110,8 +110,8 @@ def test_ctrl_c_in_the_loop_saves_and_says_so(tmp_path):
 def test_a_second_signal_exits_at_once_with_one_line(where):
   if where == "loop":
     body = """
-      from trm.core import train
-      with train._Preemption(None, 1):
+      from trm.core import preemption
+      with preemption.PreemptionWatch(None, 1):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -9,6 +9,7 @@ import pytest
 
 from trm.core import config_record
 from trm.core import train
+from trm import families
 
 from test_train import tiny_config  # pylint: disable=g-import-not-at-top
 
@@ -18,7 +19,7 @@ def finished_run(tmp_path_factory):
   """A 10-step run with checkpoints; its config.json as written."""
   workdir = str(tmp_path_factory.mktemp("run"))
   config = tiny_config(total_steps=10, checkpoint_every=10, eval_every=10)
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(config, workdir, families.build_task)
   with open(os.path.join(workdir, "config.json")) as f:
     return workdir, config, f.read()
 
@@ -45,7 +46,7 @@ def test_a_trajectory_change_is_refused_before_restore(finished_run, key,
   with pytest.raises(config_record.ConfigChangedError,
                      match=rf"from step 10 .*config\.{key}: .* -> "
                      rf"{value!r}.*allow_config_change=True"):
-    train.train_and_evaluate(changed, workdir)
+    train.train_and_evaluate(changed, workdir, families.build_task)
   with open(os.path.join(workdir, "config.json")) as f:
     assert f.read() == recorded
 
@@ -55,7 +56,7 @@ def test_harmless_changes_pass_and_are_logged(finished_run):
   changed = config.copy_and_resolve_references()
   changed.total_steps = 12  # longer
   changed.log_every = config.log_every + 1
-  train.train_and_evaluate(changed, workdir)
+  train.train_and_evaluate(changed, workdir, families.build_task)
   with open(os.path.join(workdir, "config.json")) as f:
     assert f.read() == recorded  # the original record is kept
   last = _history(workdir)[-1]
@@ -70,7 +71,7 @@ def test_allow_config_change_accepts_and_records(finished_run):
   changed.total_steps = 14
   changed.optim.lr = 5e-4
   changed.allow_config_change = True
-  train.train_and_evaluate(changed, workdir)
+  train.train_and_evaluate(changed, workdir, families.build_task)
   last = _history(workdir)[-1]
   assert last["accepted"] == ["optim.lr"]
   assert last["changes"]["optim.lr"] == [config.optim.lr, 5e-4]

@@ -9,8 +9,8 @@ import pytest
 from trm.core import config_lib
 from trm.families.gpt import steps as gpt_steps
 from trm.families.dream import steps as lm_steps
+from trm.families.gpt import program as gpt_program
 from trm.core import loss_scale
-from trm.families.gpt import model as gpt
 
 
 def _gpt_config(dtype, **overrides):
@@ -28,10 +28,10 @@ def _gpt(dtype, **overrides):
   """(state, jitted step, batch) of a tiny GPT; the same weights and data
   for every dtype."""
   c = _gpt_config(dtype, **overrides)
-  model = gpt.GPT(gpt.GPTConfig.from_config(c.model))
+  program = gpt_program.build(c, None)
+  model = program.model
   tx = gpt_steps.make_optimizer(c)
-  init = lm_steps.make_init_fn(model, tx, 0, loss_scale.initial_state(c))
-  state = nn.meta.unbox(jax.jit(init)())
+  state = nn.meta.unbox(jax.jit(program.init_fn)())
   x = np.random.default_rng(0).integers(0, 11, (16, 16)).astype(np.int32)
   batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + 3) % 11)}
   step = jax.jit(lambda s, b: gpt_steps.train_step(s, b, model=model, tx=tx,

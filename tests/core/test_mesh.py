@@ -15,6 +15,7 @@ import repo
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
+from trm.families.trm import state as trm_state
 from trm.families.trm import steps
 from trm.families.trm import model as trm
 
@@ -254,9 +255,10 @@ def _sharded_state(mlp_t):
     mesh = _mesh(data=2, fsdp=2, model=2)
     model = trm.TRM(_tiny_cfg(mlp_t))
     tx = steps.make_optimizer(_optim_config(), total_steps=100)
-    init_fn = state_lib.make_init_fn(model, tx, batch_size=8, seed=0)
-    abstract, shardings = state_lib.abstract_state(init_fn, mesh, RULES)
-    state = state_lib.init_state(init_fn, mesh, RULES, shardings)
+    init_fn = trm_state.make_init_fn(model, tx, batch_size=8, seed=0)
+    ctx = mesh_lib.ShardingContext(mesh, RULES)
+    abstract, shardings = state_lib.abstract_state(init_fn, ctx)
+    state = state_lib.init_state(init_fn, ctx, shardings)
     _STATES[mlp_t] = (mesh, abstract, state)
   return _STATES[mlp_t]
 

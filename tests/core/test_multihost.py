@@ -11,12 +11,12 @@ import pytest
 from trm.core import checkpoint as ckpt_lib
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
-from trm.families.trm import steps
 from trm.core import train
+from trm import families
 from trm.core import pipeline
 from trm.data.puzzles import dataset as puzzle_dataset
 from trm.data.puzzles import format as puzzle_format
-from trm.models import get_model
+from trm.families.trm import program as trm_program
 from trm.families.trm import task as puzzle
 
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
@@ -31,6 +31,7 @@ from absl import app
 import jax
 sys.path[:0] = {tests!r}
 from test_train import tiny_config
+from trm import families
 from trm import main as trm_main
 from trm.core import train
 
@@ -38,7 +39,7 @@ def run(_):
   trm_main.initialize_distributed(jax)
   assert jax.process_count() == 2 and jax.local_device_count() == 4
   state, _ = train.train_and_evaluate(
-      tiny_config(**{overrides!r}), {workdir!r})
+      tiny_config(**{overrides!r}), {workdir!r}, families.build_task)
   if jax.process_index() == 0:
     np.savez({workdir!r} + "/params.npz", *[
         np.asarray(x.addressable_shards[0].data)
@@ -76,7 +77,7 @@ def test_two_processes_match_one_and_checkpoint_moves_between_them(
   overrides = {"data.data_dir": data_dir, "mesh.data": -1, "mesh.fsdp": 1,
                "mesh.model": 1}
   config = tiny_config(**overrides)
-  reference, _ = train.train_and_evaluate(config, str(tmp_path / "one"))
+  reference, _ = train.train_and_evaluate(config, str(tmp_path / "one"), families.build_task)
 
   workdir = str(tmp_path / "two")
   port = _free_port()
@@ -106,14 +107,10 @@ def test_two_processes_match_one_and_checkpoint_moves_between_them(
   # The 2-process checkpoint restores in this 1-process, 8-device run (another
   # topology, 2x2x2 mesh) to exactly the parameters it held.
   config = tiny_config(**{"data.data_dir": data_dir})
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
   meta, arrays = puzzle_format.read_split(data_dir, "train")
-  model = get_model(config.model, meta)
-  init_fn = state_lib.make_init_fn(
-      model, steps.make_optimizer(config.optim, config.total_steps),
-      config.global_batch_size, config.seed)
-  abstract, _ = state_lib.abstract_state(init_fn, mesh, rules)
+  program = trm_program.build(config, None, meta)
+  abstract, _ = state_lib.abstract_state(
+      program.init_fn, mesh_lib.ShardingContext.from_config(config))
   data_iter = pipeline.grain_iterator(puzzle_dataset.TrainBatches(
       meta, arrays, global_batch_size=config.global_batch_size, seed=0,
       epochs_per_iter=1, num_batches=config.total_steps))

@@ -14,24 +14,26 @@ import sys
 import threading
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from etils import epath
 
+from trm.core import task as task_lib
 from trm.core import checkpoint as ckpt_lib
 from trm.core import config_lib
-from trm.families.dream import steps as lm_steps
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
+from trm.families.trm import state as trm_state
 from trm.families.trm import steps
-from trm.core import task as tasks
+from trm.core import run_checks
 from trm.core import train
+from trm import families
 from trm.core import pipeline
 from trm.data.puzzles import format as puzzle_format
-from trm.models import get_model
+from trm.families.dream import program as dream_program
+from trm.families.trm import program as trm_program
 from trm.families.trm import task as puzzle
 
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
@@ -58,7 +60,7 @@ def _run_config(data_dir):
 def reference(data_dir, tmp_path_factory):
   """Every leaf of the state an uninterrupted run ends with."""
   state, _ = train.train_and_evaluate(
-      _run_config(data_dir), str(tmp_path_factory.mktemp("straight")))
+      _run_config(data_dir), str(tmp_path_factory.mktemp("straight")), families.build_task)
   return _host(state)
 
 
@@ -91,17 +93,17 @@ def _poison(batch):
 def test_trm_nonfinite_step_changes_nothing_but_the_counters(tmp_path,
                                                              data_dir):
   config = tiny_config(**{"data.data_dir": data_dir})
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  task = tasks.build(config, str(tmp_path), mesh, rules)
-  abstract, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
-  state = state_lib.init_state(task.init_fn, mesh, rules, shardings)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = state_lib.compile_step(task.train_step, abstract, shardings,
-                                  task.abstract_batch)
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  task = families.build_task(config, str(tmp_path), ctx)
+  program = task.program
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  state = state_lib.init_state(program.init_fn, ctx, shardings)
+  step = task_lib.compile_train_step(program, ctx, config.global_batch_size,
+                                     abstract, shardings)
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
 
   def run(state, batch):
-    return step(state, pipeline.to_global(batch, task.batch_shardings))
+    return step(state, pipeline.to_global(batch, batch_shardings))
 
   # The first step: every row of the fresh carry takes the (poisoned) batch.
   before = _host(state)
@@ -134,17 +136,13 @@ def test_lm_nonfinite_step_changes_nothing_but_the_counters():
       os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
   config.mesh.update(data=2, fsdp=2, model=2)
   config.update(seq_len=16, global_batch_size=8)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  model = get_model(config.model)
-  tx = lm_steps.make_optimizer(config.optim, config.total_steps)
-  init_fn = lm_steps.make_init_fn(model, tx, config.seed)
-  abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
-  state = state_lib.init_state(init_fn, mesh, rules, shardings)
-  batch_shardings = lm_steps.batch_shardings(mesh, rules)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = lm_steps.compile_train_step(config, model, tx, abstract, shardings,
-                                       batch_shardings)
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  program = dream_program.build(config, ctx)
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  state = state_lib.init_state(program.init_fn, ctx, shardings)
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
+  step = task_lib.compile_train_step(program, ctx, config.global_batch_size,
+                                     abstract, shardings)
 
   def batch(first_token):
     tokens = np.tile(np.arange(16, dtype=np.int32) + 5, (8, 1))
@@ -155,7 +153,7 @@ def test_lm_nonfinite_step_changes_nothing_but_the_counters():
 
   before = _host(state)
   # A token id past the vocabulary: its embedding row reads as NaN.
-  state, metrics = step(state, batch(model.cfg.vocab_size + 7))
+  state, metrics = step(state, batch(program.model.cfg.vocab_size + 7))
   after = _host(state)
   assert (int(after.step), int(after.skipped_steps),
           int(after.bad_streak)) == (1, 1, 1)
@@ -187,7 +185,7 @@ def test_consecutive_nonfinite_steps_stop_the_run_keeping_the_checkpoint(
   monkeypatch.setattr(pipeline, "to_global", poisoned_from_step_5)
   workdir = str(tmp_path)
   with pytest.raises(train.NonFiniteError) as error:
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(config, workdir, families.build_task)
   message = str(error.value)
   assert "3 consecutive train steps" in message
   assert "max_consecutive_bad_steps=3" in message
@@ -254,7 +252,7 @@ def test_sigterm_saves_exits_zero_and_resumes_identically(
   assert 0 < stopped < config.total_steps
   assert stopped in _steps_on_disk(workdir)
 
-  resumed, _ = train.train_and_evaluate(config, workdir)
+  resumed, _ = train.train_and_evaluate(config, workdir, families.build_task)
   assert int(resumed.step) == config.total_steps
   _assert_trees_equal(reference, _host(resumed))
 
@@ -266,7 +264,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_matches(
     tmp_path, data_dir, reference, caplog):
   config = _run_config(data_dir)
   workdir = str(tmp_path)
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(config, workdir, families.build_task)
   assert _steps_on_disk(workdir) == [20, 40]
   newest = os.path.join(workdir, "checkpoints", "40")
   arrays = [p for p in glob.glob(os.path.join(newest, "state", "**", "d", "*"),
@@ -277,7 +275,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_matches(
   os.remove(os.path.join(newest, "state", "_METADATA"))
 
   with caplog.at_level(logging.WARNING):
-    resumed, _ = train.train_and_evaluate(config, workdir)
+    resumed, _ = train.train_and_evaluate(config, workdir, families.build_task)
   assert f"Checkpoint {newest} cannot be restored" in caplog.text
   assert "Resuming from checkpoint" in caplog.text
   assert int(resumed.step) == 40
@@ -345,17 +343,15 @@ def test_incomplete_checkpoints_are_skipped_and_all_bad_is_an_error(tmp_path):
 # --------------------------------------------------- workdir and failed saves
 
 
-def test_unwritable_workdir_fails_before_data_or_compile(tmp_path,
-                                                         monkeypatch):
+def test_unwritable_workdir_fails_before_data_or_compile(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a directory")
 
   def no_build(*args, **kwargs):
     raise AssertionError("the task was built before the workdir check")
 
-  monkeypatch.setattr(tasks, "build", no_build)
-  with pytest.raises(train.WorkdirError, match="Cannot write to the workdir"):
-    train.train_and_evaluate(tiny_config(), str(blocker / "sub"))
+  with pytest.raises(run_checks.WorkdirError, match="Cannot write to the workdir"):
+    train.train_and_evaluate(tiny_config(), str(blocker / "sub"), no_build)
 
 
 def test_failed_save_keeps_the_previous_checkpoint(tmp_path, data_dir,
@@ -377,7 +373,7 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, data_dir,
                      match=r"no space left on device.*Removed the partial "
                      r"save \(12.orbax-checkpoint-tmp\); the last good "
                      r"checkpoint, .*/checkpoints/6, is kept"):
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(config, workdir, families.build_task)
   assert _steps_on_disk(workdir) == [6]
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["6"]
   assert not ckpt_lib.missing_files(os.path.join(workdir, "checkpoints", "6"))
@@ -391,14 +387,14 @@ def test_checkpoint_restores_onto_other_meshes_bitwise(tmp_path, data_dir):
                           "mesh.fsdp": 1, "mesh.model": 2})
   rules = mesh_lib.logical_rules(config)
   meta, _ = puzzle_format.read_split(data_dir, "train")
-  model = get_model(config.model, meta)
-  init_fn = state_lib.make_init_fn(
+  model = trm_program.make_model(config.model, meta)
+  init_fn = trm_state.make_init_fn(
       model, steps.make_optimizer(config.optim, config.total_steps),
       config.global_batch_size, config.seed)
 
-  mesh = mesh_lib.make_mesh(config.mesh)
-  abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
-  state = state_lib.init_state(init_fn, mesh, rules, shardings)
+  ctx = mesh_lib.ShardingContext(mesh_lib.make_mesh(config.mesh), rules)
+  abstract, shardings = state_lib.abstract_state(init_fn, ctx)
+  state = state_lib.init_state(init_fn, ctx, shardings)
   # No leaf left at its initial value (Adam moments start as zeros).
   def change(x):
     if x.dtype == jnp.bool_:
@@ -419,7 +415,8 @@ def test_checkpoint_restores_onto_other_meshes_bitwise(tmp_path, data_dir):
     other = mesh_lib.make_mesh(tiny_config(**{
         f"mesh.{axis}": size for axis, size in zip(mesh_lib.MESH_AXES, sizes)
     }).mesh, devices=devices)
-    other_abstract, _ = state_lib.abstract_state(init_fn, other, rules)
+    other_abstract, _ = state_lib.abstract_state(
+        init_fn, mesh_lib.ShardingContext(other, rules))
     restored = ckpt_lib.restore_latest(
         ckpt_lib.make_manager(directory, max_to_keep=1), other_abstract,
         _Position())

@@ -12,6 +12,7 @@ import repo
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.core import train
+from trm import families
 from trm.core import pipeline
 from trm.families.trm import task as puzzle
 
@@ -48,7 +49,7 @@ def test_loss_falls_and_state_is_sharded(tmp_path, data_dir):
   config = tiny_config(**{"data.data_dir": data_dir, "total_steps": 24,
                           "eval_every": 24, "log_every": 4,
                           "optim.lr": 3e-3})
-  state, results = train.train_and_evaluate(config, str(tmp_path))
+  state, results = train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert int(state.step) == 24
   kernel = state.params["L_level"]["layers_0"]["mlp"]["gate_up_proj"]["kernel"]
   assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "model")
@@ -68,7 +69,7 @@ def test_loss_falls_and_state_is_sharded(tmp_path, data_dir):
 def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
                                                     monkeypatch):
   config = tiny_config(**{"data.data_dir": data_dir})
-  reference, _ = train.train_and_evaluate(config, str(tmp_path / "straight"))
+  reference, _ = train.train_and_evaluate(config, str(tmp_path / "straight"), families.build_task)
 
   # Crash while fetching the batch of step 9, after the step-6 checkpoint.
   real_to_global = pipeline.to_global
@@ -83,11 +84,11 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
   workdir = str(tmp_path / "crashed")
   monkeypatch.setattr(pipeline, "to_global", crashing_to_global)
   with pytest.raises(RuntimeError, match="simulated crash"):
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(config, workdir, families.build_task)
   monkeypatch.setattr(pipeline, "to_global", real_to_global)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["6"]
 
-  resumed, _ = train.train_and_evaluate(config, workdir)
+  resumed, _ = train.train_and_evaluate(config, workdir, families.build_task)
   assert int(resumed.step) == 12
   for a, b in zip(jax.tree.leaves(_params(reference)),
                   jax.tree.leaves(_params(resumed))):
@@ -102,21 +103,21 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
 def test_mesh_mismatch_fails_before_anything_is_built(tmp_path):
   config = tiny_config(**{"mesh.data": 3})
   with pytest.raises(mesh_lib.MeshConfigError, match="config.mesh"):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert not (tmp_path / "data").exists()
 
 
 def test_batch_not_divisible_is_a_clear_error(tmp_path):
   config = tiny_config(**{"global_batch_size": 10})
   with pytest.raises(mesh_lib.MeshConfigError, match="global_batch_size=10"):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
 
 
 def test_missing_csv_data_is_a_clear_error(tmp_path):
   config = tiny_config(**{"data.build.source": "csv",
                           "data.build.csv_dir": str(tmp_path / "nowhere")})
   with pytest.raises((FileNotFoundError, ValueError), match="nowhere"):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
 
 
 def test_unknown_model_key_is_rejected(tmp_path, data_dir):
@@ -124,7 +125,7 @@ def test_unknown_model_key_is_rejected(tmp_path, data_dir):
   with config.unlocked():
     config.model.hidden_sise = 8
   with pytest.raises(ValueError, match="hidden_sise"):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -154,6 +155,7 @@ _KILLED_RUN = """
 import os, signal, sys
 sys.path[:0] = {tests!r}
 from test_train import tiny_config
+from trm import families
 from trm.core import train
 from trm.core import pipeline
 real, calls = pipeline.to_global, [0]
@@ -164,14 +166,14 @@ def to_global(batch, shardings):
   return real(batch, shardings)
 pipeline.to_global = to_global
 train.train_and_evaluate(tiny_config(**{{"data.data_dir": {data!r}}}),
-                         {workdir!r})
+                         {workdir!r}, families.build_task)
 """
 
 
 def test_sigkill_mid_run_then_resume_matches(tmp_path, data_dir):
   """kill -9 during training; the rerun ends with the uninterrupted params."""
   config = tiny_config(**{"data.data_dir": data_dir})
-  reference, _ = train.train_and_evaluate(config, str(tmp_path / "straight"))
+  reference, _ = train.train_and_evaluate(config, str(tmp_path / "straight"), families.build_task)
   workdir = str(tmp_path / "killed")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   result = subprocess.run(
@@ -185,7 +187,7 @@ def test_sigkill_mid_run_then_resume_matches(tmp_path, data_dir):
   saved = [d for d in os.listdir(os.path.join(workdir, "checkpoints"))
            if d.isdigit()]
   assert saved in ([], ["6"])
-  resumed, _ = train.train_and_evaluate(config, workdir)
+  resumed, _ = train.train_and_evaluate(config, workdir, families.build_task)
   assert int(resumed.step) == 12
   for a, b in zip(jax.tree.leaves(_params(reference)),
                   jax.tree.leaves(_params(resumed))):
@@ -202,13 +204,13 @@ def test_remote_data_dir_is_a_clear_error():
                                  "checkpoint_every", "data.epochs_per_iter"])
 def test_non_positive_cadence_is_a_clear_error(tmp_path, key):
   with pytest.raises(ValueError, match=f"config.{key}=0"):
-    train.train_and_evaluate(tiny_config(**{key: 0}), str(tmp_path))
+    train.train_and_evaluate(tiny_config(**{key: 0}), str(tmp_path), families.build_task)
 
 
 def test_a_split_smaller_than_one_batch_fails_before_compile(tmp_path):
   config = tiny_config(**{"data.build.num_train": 2})
   with pytest.raises(ValueError, match=r"holds 2 examples in 2 groups.*"
                      r"config.global_batch_size=16.*epochs_per_iter"):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
   # Nothing of a run was written: no config record, events or checkpoints.
   assert sorted(os.listdir(tmp_path)) == ["data"]

@@ -54,13 +54,14 @@ def _offline(monkeypatch, tmp_path):
 def test_a_short_run_logs_its_metrics_offline(tmp_path, monkeypatch):
   pytest.importorskip("wandb")
   from trm.core import train  # pylint: disable=g-import-not-at-top
+  from trm import families
   _offline(monkeypatch, tmp_path)
   workdir = tmp_path / "run"
   config = tiny_config(**{
       "data.data_dir": str(tmp_path / "data"), "total_steps": 6,
       "eval_every": 6, "checkpoint_every": 6, "log_every": 3,
       "wandb.enabled": True, "wandb.mode": "offline", "wandb.name": "t"})
-  _, results = train.train_and_evaluate(config, str(workdir))
+  _, results = train.train_and_evaluate(config, str(workdir), families.build_task)
 
   run_id = (workdir / wandb_writer.RUN_ID_FILE).read_text()
   (run_dir,) = glob.glob(str(tmp_path / "wandb_dir" / "wandb" /

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from trm.core import train
+
+from trm import families
 from trm.core import workdir_lock
 
 from test_train import tiny_config  # pylint: disable=g-import-not-at-top
@@ -35,7 +37,7 @@ def test_a_live_holder_refuses_a_second_trainer_before_any_write(tmp_path):
     with pytest.raises(workdir_lock.WorkdirLockedError,
                        match=rf"in use by another trainer \(host .*, pid "
                        rf"{holder.pid}, started .*another --workdir"):
-      train.train_and_evaluate(tiny_config(), workdir)
+      train.train_and_evaluate(tiny_config(), workdir, families.build_task)
     assert sorted(os.listdir(workdir)) == [workdir_lock.LOCK_NAME]
   finally:
     holder.kill()

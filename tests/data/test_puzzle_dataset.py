@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from trm.core import task as task_lib
+from trm.families.trm import program as trm_program
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.core import pipeline
@@ -361,9 +363,11 @@ def test_grain_iterator_state_resumes(single):
 
 def test_to_global_shards_batch(single):
   metadata, arrays = single
-  mesh = mesh_lib.make_mesh(config_lib.mesh_config(data=2, fsdp=2, model=2))
-  rules = config_lib.default_logical_axis_rules()
-  shardings = pipeline.batch_shardings(mesh, rules)
+  ctx = mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=2, fsdp=2, model=2)),
+      config_lib.default_logical_axis_rules())
+  spec = trm_program.batch_spec(SEQ_LEN)
+  shardings = task_lib.batch_shardings(spec, ctx)
   batch = _train(metadata, arrays, global_batch_size=8, num_batches=2,
                  epochs_per_iter=4)[1]
   out = pipeline.to_global(batch, shardings)
@@ -380,7 +384,7 @@ def test_to_global_shards_batch(single):
   shards = out["inputs"].addressable_shards
   rows = {tuple(s.index[0].indices(8)) for s in shards}
   assert len(rows) == 4
-  abstract = pipeline.abstract_batch(8, SEQ_LEN, shardings)
+  abstract = task_lib.abstract_batch(spec, 8, shardings)
   for key in out:
     assert abstract[key].shape == out[key].shape
     assert abstract[key].sharding == out[key].sharding

@@ -10,6 +10,7 @@ ordered, first match wins. Nothing in the code names a mesh axis per array.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -183,4 +184,48 @@ def tree_shardings(mesh: Mesh, rules, boxed_tree):
 def constrain(x, names: Sequence[str | None]):
   """Activation sharding hint by logical names (no-op outside a mesh)."""
   return nn.with_logical_constraint(x, tuple(names))
+
+
+class ShardingContext:
+  """The mesh and the ordered logical-axis rules, held together.
+
+  Everything that places arrays needs both, so they travel as one object:
+  `with ctx:` activates the mesh (`jax.set_mesh`) and the rules
+  (`nn.logical_axis_rules`) for tracing, and the methods turn logical names
+  into shardings.
+  """
+
+  def __init__(self, mesh: Mesh, rules):
+    self.mesh, self.rules = mesh, tuple(rules)
+    self._stack = []
+
+  @classmethod
+  def from_config(cls, config, devices: Sequence[Any] | None = None):
+    """The config's mesh (`config.mesh`) and rules
+    (`config.logical_axis_rules`)."""
+    return cls(make_mesh(config.mesh, devices), logical_rules(config))
+
+  def __enter__(self):
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.set_mesh(self.mesh))
+    stack.enter_context(nn.logical_axis_rules(self.rules))
+    self._stack.append(stack)
+    return self
+
+  def __exit__(self, *exc):
+    return self._stack.pop().__exit__(*exc)
+
+  def sharding(self, names: Sequence[str | None]) -> NamedSharding:
+    return logical_sharding(self.mesh, self.rules, names)
+
+  def tree_shardings(self, boxed_tree):
+    return tree_shardings(self.mesh, self.rules, boxed_tree)
+
+  @property
+  def batch_parallelism(self) -> int:
+    return batch_parallelism(self.mesh, self.rules)
+
+  def check_batch_size(self, global_batch_size: int,
+                       field: str = "global_batch_size") -> None:
+    check_batch_size(global_batch_size, self.mesh, self.rules, field)
 

@@ -12,8 +12,6 @@ import grain
 import jax
 import numpy as np
 
-from trm.core import mesh as mesh_lib
-
 
 def grain_iterator(source, prefetch: int = 2, num_threads: int = 1):
   """A checkpointable iterator over a random-access source."""
@@ -27,19 +25,3 @@ def to_global(local_batch: dict[str, np.ndarray], shardings: dict):
   """Process-local numpy rows -> global arrays (batch axis sharded)."""
   return {k: jax.make_array_from_process_local_data(shardings[k], v)
           for k, v in local_batch.items()}
-
-
-def batch_shardings(mesh, rules):
-  """Shardings of the batch keys by logical names."""
-  rows = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH, None))
-  ids = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH,))
-  return {"inputs": rows, "labels": rows, "puzzle_identifiers": ids}
-
-
-def abstract_batch(global_batch_size: int, seq_len: int, shardings):
-  """ShapeDtypeStructs of one global batch (for ahead-of-time lowering)."""
-  shapes = {"inputs": (global_batch_size, seq_len),
-            "labels": (global_batch_size, seq_len),
-            "puzzle_identifiers": (global_batch_size,)}
-  return {k: jax.ShapeDtypeStruct(s, np.int32, sharding=shardings[k])
-          for k, s in shapes.items()}

@@ -62,13 +62,11 @@ def saved_shapes(step_dir: str) -> dict[str, tuple[int, ...]] | None:
     return None
 
 
-def _family(fields) -> str:
-  fields = set(fields)
-  if {"carry", "puzzle_emb", "ema_params"} & fields:
-    return "TRM (puzzle)"
-  if {"params", "opt_state"} <= fields:
-    return "DiffuCoder/Dream"
-  return "unknown"
+def _family(paths) -> str:
+  """The display name of the registered family whose state has these
+  tensor paths (each family's `program.owns_state`), or 'unknown'."""
+  from trm import families  # pylint: disable=g-import-not-at-top
+  return families.name_of_state(paths) or "unknown"
 
 
 def _short(paths) -> str:
@@ -85,7 +83,7 @@ def check(directory: str, abstract, step: int | None = None,
   abstract TrainState or {'params': ...}). With `fields` (or when `abstract`
   is a dict), only those top-level fields are compared, as a partial restore
   reads them; `family` ('TRM (puzzle)' or 'DiffuCoder/Dream') names the
-  model the config describes when the fields alone do not tell. Does nothing
+  model the config describes when the tensors alone do not tell. Does nothing
   if there is no checkpoint or its metadata cannot be read."""
   step = latest_step(directory) if step is None else step
   if step is None:
@@ -99,6 +97,8 @@ def check(directory: str, abstract, step: int | None = None,
     fields = list(abstract)
   saved_fields = {p.split("/")[0] for p in saved}
   expected_fields = {p.split("/")[0] for p in expected}
+  ours = family or _family(expected)
+  theirs = _family(saved)
   if fields is not None:
     saved = {p: s for p, s in saved.items() if p.split("/")[0] in fields}
     expected = {p: s for p, s in expected.items()
@@ -106,8 +106,6 @@ def check(directory: str, abstract, step: int | None = None,
   where = f"Checkpoint {step_dir}"
   fix = ("Use the config that wrote it (the run's config.json), or another "
          "--workdir / --checkpoint.")
-  ours = family or _family(expected_fields)
-  theirs = _family(saved_fields)
   lacking = sorted(set(fields or ()) - saved_fields)
   if (ours != "unknown" and ours != theirs) or lacking:
     wanted = (f"a {ours} model" if ours != "unknown"

@@ -1,43 +1,19 @@
 """The train state: built abstract-first, sharded by the logical rules.
 
 `abstract_state` evaluates the initialiser with `jax.eval_shape`, reads the
-logical axis names the model put on every variable (and the batch axes of the
-ACT carry), and turns them into shardings with the config's rules.
+logical axis names the model put on every variable (and, for TRM, the batch
+axes of the ACT carry), and turns them into shardings with the config's rules.
 `init_state` then runs the initialiser under `jit(out_shardings=...)`, so every
 array is born on its devices and no host ever holds the full state.
 `skip_nonfinite` is the update guard every family's train step ends with.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 from clu import metrics as clu_metrics
-
-from trm.core import mesh as mesh_lib
-from trm.families.trm import model as trm_model
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array          # int32 scalar: optimizer updates done
-  params: Any              # AdamATan2-trained weights
-  opt_state: Any
-  ema_params: Any          # EMA of params; used for evaluation
-  buffers: Any             # H_init / L_init (fixed)
-  puzzle_emb: Any          # {'weights': [N, D]} sign-SGD table, or {}
-  carry: trm_model.Carry   # streaming-ACT carry, persists across steps
-  rng: jax.Array           # base PRNG key; step keys are fold_in(rng, step)
-  skipped_steps: jax.Array  # int32: steps whose update was skipped (NaN/Inf)
-  bad_streak: jax.Array    # int32: consecutive skipped steps up to `step`
-
-  def variables(self, params=None):
-    return {"params": self.params if params is None else params,
-            "buffers": self.buffers, "puzzle_emb": self.puzzle_emb}
 
 
 def zero_counters() -> dict:
@@ -116,33 +92,6 @@ def skip_nonfinite(state, new_state, metrics: dict, ok, guarded=()):
   return kept, metrics
 
 
-def _box_carry(carry: trm_model.Carry) -> trm_model.Carry:
-  return jax.tree.map(lambda x, names: nn.LogicallyPartitioned(x, names),
-                      carry, trm_model.CARRY_AXES,
-                      is_leaf=lambda x: isinstance(x, tuple))
-
-
-def make_init_fn(model: trm_model.TRM, tx: optax.GradientTransformation,
-                 batch_size: int, seed: int):
-  """A function () -> boxed TrainState (leaves carry logical axis names)."""
-
-  def init():
-    key = jax.random.PRNGKey(seed)
-    init_key, state_key = jax.random.split(key)
-    variables = trm_model.init_variables(model, init_key)
-    params = variables["params"]
-    return TrainState(
-        step=jnp.zeros((), jnp.int32), params=params,
-        opt_state=tx.init(params),
-        ema_params=jax.tree.map(lambda x: x, params),
-        buffers=variables["buffers"],
-        puzzle_emb=variables.get("puzzle_emb", {}),
-        carry=_box_carry(trm_model.empty_carry(model.cfg, batch_size)),
-        rng=state_key, **zero_counters())
-
-  return init
-
-
 def with_shardings(abstract, shardings):
   """ShapeDtypeStructs of an unboxed abstract tree, carrying `shardings`
   (what ahead-of-time lowering and Orbax restores take)."""
@@ -151,17 +100,18 @@ def with_shardings(abstract, shardings):
       abstract, shardings)
 
 
-def abstract_state(init_fn, mesh, rules):
-  """(abstract unboxed state with shardings, shardings tree)."""
-  with nn.logical_axis_rules(rules):
+def abstract_state(init_fn, ctx):
+  """(abstract unboxed state with shardings, shardings tree); `ctx` a
+  `mesh.ShardingContext`."""
+  with nn.logical_axis_rules(ctx.rules):
     boxed = jax.eval_shape(init_fn)
-  shardings = mesh_lib.tree_shardings(mesh, rules, boxed)
+  shardings = ctx.tree_shardings(boxed)
   return with_shardings(nn.meta.unbox(boxed), shardings), shardings
 
 
-def init_state(init_fn, mesh, rules, shardings) -> TrainState:
+def init_state(init_fn, ctx, shardings):
   """Runs the initialiser with every array born sharded."""
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with ctx:
     return jax.jit(lambda: nn.meta.unbox(init_fn()),
                    out_shardings=shardings)()
 
@@ -171,7 +121,7 @@ def compile_step(step_fn, abstract_state, state_shardings, abstract_batch):
   shardings in and out and the state donated, compiled ahead of time for an
   abstract batch whose leaves carry their shardings.
 
-  Call inside `jax.set_mesh(mesh)` and `nn.logical_axis_rules(rules)`.
+  Call inside the `mesh.ShardingContext` (`with ctx:`).
   """
   batch_shardings = jax.tree.map(lambda x: x.sharding, abstract_batch)
   return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),

@@ -12,157 +12,36 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import re
 import signal
-import threading
 import time
+from typing import Callable
 
-import flax.linen as nn
 import jax
-from jax.experimental import multihost_utils
 import ml_collections
-import numpy as np
 from absl import logging
 from etils import epath
 from clu import metric_writers, parameter_overview
 
 from trm.core import checkpoint as ckpt_lib
+from trm.core import preemption as preemption_lib
+from trm.core import step_timer
+from trm.core.preemption import Preempted
+from trm.core.run_checks import check_config, check_workdir
 from trm.core import cli
 from trm.core import config_record
-from trm.core import loss_scale
-from trm.families.trm import losses
+from trm.core import metrics as metrics_lib
 from trm.core import mesh as mesh_lib
 from trm.core import progress
 from trm.core import state as state_lib
-from trm.core import task as tasks
+from trm.core import task as task_lib
 from trm.core import wandb_writer
 from trm.core import workdir_lock
 from trm.core import pipeline
 
 
-class WorkdirError(OSError):
-  """The workdir cannot be created or written."""
-
-
 class NonFiniteError(cli.UserError, RuntimeError):
   """Too many consecutive steps had a NaN or Inf loss or gradient."""
-
-
-class Preempted(Exception):
-  """Training stopped early on SIGTERM or a preemption notice, after saving
-  a checkpoint at `step` (rerun with the same workdir to resume)."""
-
-  def __init__(self, step: int, checkpoint: str | None,
-               signum: int = signal.SIGTERM):
-    self.step, self.checkpoint, self.signum = step, checkpoint, signum
-    super().__init__(
-        f"Preempted at step {step} ({signal.Signals(signum).name}); "
-        + (f"saved {checkpoint}." if checkpoint else "no checkpoint saved.")
-        + " Rerun with the same --workdir to resume.")
-
-
-def check_config(config) -> None:
-  """Rejects values that would only fail (or misbehave) deep in the run."""
-  for key in ("total_steps", "eval_every", "checkpoint_every", "log_every",
-              "keep_checkpoints", "data.prefetch"):
-    node = config
-    for name in key.split("."):
-      node = node[name]
-    if node <= 0:
-      raise ValueError(f"config.{key}={node} must be a positive integer.")
-  if config.max_consecutive_bad_steps < 0:
-    raise ValueError(
-        f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "
-        "must be >= 0 (0: never stop on non-finite steps).")
-  for key, value in _rate_fields(config):
-    # An infinite or NaN rate makes every parameter non-finite in one step;
-    # a negative one climbs the loss.
-    if not math.isfinite(value) or value < 0:
-      raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
-  wandb_writer.check_config(config)
-  loss_scale.check_config(config)
-
-
-def _rate_fields(node, prefix=""):
-  """(dotted key, value) of every learning rate and weight decay."""
-  for key, value in node.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      yield from _rate_fields(value, f"{prefix}{key}.")
-    elif (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and re.search(r"(^|_)lr$|learning_rate|weight_decay", key)):
-      yield prefix + key, float(value)
-
-
-def check_workdir(workdir: str) -> epath.Path:
-  """Creates the workdir and writes a file into it (every process, since
-  each writes its checkpoint shards), so an unwritable one fails now rather
-  than at the first checkpoint."""
-  path = epath.Path(workdir)
-  probe = path / f".write_test.{jax.process_index()}"
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-    probe.write_text("ok")
-    probe.unlink()
-  except Exception as e:  # pylint: disable=broad-except
-    raise WorkdirError(
-        f"Cannot write to the workdir {workdir!r} ({type(e).__name__}: {e}); "
-        "checkpoints, metrics and config.json go there. Pass a writable "
-        "--workdir.") from e
-  return path
-
-
-class _Preemption:
-  """When to stop early. Multi-process jobs use JAX's preemption sync point
-  (`manager.reached_preemption`): JAX's own SIGTERM handler tells the
-  coordination service, which picks a step every process reaches. A single
-  process installs SIGTERM and SIGINT (Ctrl-C) handlers for the loop's
-  lifetime that set a flag read each step (without the preemption service,
-  processes agree on the flag every `agree_every` steps). A second signal
-  exits at once, skipping the save (the newest complete checkpoint stays)."""
-
-  def __init__(self, manager, agree_every: int):
-    self._manager, self._agree_every = manager, agree_every
-    self._sync = (jax.process_count() > 1
-                  and jax.config.jax_enable_preemption_service)
-    self._previous = None
-    self.signal_time, self.signum = None, signal.SIGTERM
-
-  def __enter__(self):
-    if self._sync:
-      return self
-    if threading.current_thread() is not threading.main_thread():
-      logging.warning("Training outside the main thread: SIGTERM will not "
-                      "save a checkpoint before exiting.")
-      return self
-    self._previous = {signum: signal.signal(signum, self._on_signal)
-                      for signum in (signal.SIGTERM, signal.SIGINT)}
-    return self
-
-  def __exit__(self, *unused_exc):
-    if self._previous is not None:
-      for signum, handler in self._previous.items():
-        signal.signal(signum, handler)
-      self._previous = None
-
-  def _on_signal(self, signum, unused_frame):
-    if self.signal_time is None:
-      self.signal_time, self.signum = time.time(), signum
-      return
-    cli.exit_now(signum, "the checkpoint save was skipped; the newest "
-                 "complete checkpoint on disk is kept.")
-
-  def reached(self, step: int) -> bool:
-    """Called once per step, with the same steps on every process."""
-    if self._sync:
-      return self._manager.reached_preemption(step)
-    if jax.process_count() == 1:
-      return self.signal_time is not None
-    if step % self._agree_every:
-      return False
-    return bool(np.any(multihost_utils.process_allgather(
-        np.int32(self.signal_time is not None))))
 
 
 def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
@@ -173,10 +52,10 @@ def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
   for k in range(len(eval_source)):
     batch = pipeline.to_global(eval_source[k], batch_shardings)
     metrics, outputs = eval_fn(state, batch)
-    totals = losses.merge(totals, metrics)
+    totals = metrics_lib.merge(totals, metrics)
     if hook is not None:
       hook.update(batch, outputs)
-  results = losses.compute(totals) if totals else {}
+  results = metrics_lib.compute(totals) if totals else {}
   if hook is not None:
     results.update(hook.result(save_dir))
   return results
@@ -191,69 +70,21 @@ def _saved_eval_loss(workpath: epath.Path, step: int) -> float:
     return float("inf")
 
 
-class _Speed:
-  """Time per step between log points, and MFU when the task knows its
-  FLOPs per step (nanoGPT's estimate_mfu: a running average that starts
-  after the first intervals, against the peak of the devices in use)."""
-
-  def __init__(self, flops_per_step, config):
-    self._flops = flops_per_step
-    self._peak = None
-    if flops_per_step:
-      from trm.core import mfu  # pylint: disable=g-import-not-at-top
-      dtype = config.model.get("dtype", "float32")
-      self._peak, description = mfu.peak_flops(jax.devices()[0], dtype)
-      logging.info("MFU is measured against %.1f TFLOP/s per device (%s).",
-                   self._peak / 1e12, description)
-    # CPU devices (even forced ones) share one machine's cores, which the
-    # measured peak already covers.
-    self._devices = (1 if jax.devices()[0].platform == "cpu"
-                     else jax.device_count())
-    self._running_mfu = None
-    self._intervals = 0
-    self.restart(None)
-
-  def restart(self, step) -> None:
-    self._start_time, self._start_step = time.time(), step
-
-  def interval(self, step: int) -> dict:
-    """{'timing/ms_per_step', 'timing/mfu_percent'} for the steps since the
-    last call (empty for the first interval, which includes warm-up)."""
-    now, start, start_step = time.time(), self._start_time, self._start_step
-    self.restart(step)
-    self._intervals += 1
-    if start_step is None or step <= start_step:
-      return {}
-    seconds = (now - start) / (step - start_step)
-    timing = {"timing/ms_per_step": 1000 * seconds}
-    if self._flops:
-      from trm.core import mfu  # pylint: disable=g-import-not-at-top
-      value = 100 * mfu.mfu(self._flops, seconds, self._devices, self._peak)
-      if self._intervals > 5:  # as nanoGPT: skip the first iterations
-        self._running_mfu = (value if self._running_mfu is None
-                             else 0.9 * self._running_mfu + 0.1 * value)
-      if self._running_mfu is not None:
-        timing["timing/mfu_percent"] = self._running_mfu
-    return timing
-
-  def log(self, step: int, values: dict, timing: dict) -> None:
-    """nanoGPT's progress line."""
-    line = f"iter {step}: loss {values.get('loss', float('nan')):.4f}"
-    line += f", time {timing['timing/ms_per_step']:.2f}ms"
-    if "timing/mfu_percent" in timing:
-      line += f", mfu {timing['timing/mfu_percent']:.2f}%"
-    logging.info(line)
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       build_task: Callable):
   """Trains, evaluates and checkpoints; resumes from `workdir` if it can.
+
+  `build_task(config, workdir, ctx) -> Task` supplies the model family's
+  program and data (`trm.families.build_task` picks it by
+  config.model.name); this loop is the same for every family.
 
   The workdir is locked for the whole run (`workdir_lock`): a second
   trainer on it is refused before it writes anything."""
   check_config(config)
   workpath = check_workdir(workdir)  # local or gs://
   with workdir_lock.WorkdirLock(workdir), contextlib.ExitStack() as cleanup:
-    return _train_and_evaluate(config, workdir, workpath, cleanup)
+    return _train_and_evaluate(config, workdir, workpath, cleanup,
+                               build_task)
 
 
 def make_writer(config, workdir: str, is_main: bool):
@@ -262,28 +93,29 @@ def make_writer(config, workdir: str, is_main: bool):
   if not is_main:
     return metric_writers.MultiWriter([])
   writers = [metric_writers.create_default_writer(workdir, asynchronous=True)]
-  if config.get("wandb") is not None and config.wandb.enabled:
+  if config.wandb.enabled:
     writers.append(wandb_writer.create(config, workdir))
   return metric_writers.MultiWriter(writers)
 
 
 def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
-                        cleanup: contextlib.ExitStack):
+                        cleanup: contextlib.ExitStack, build_task: Callable):
   # ---------------------------------------------------------------- setup
   is_main = jax.process_index() == 0
 
   # ----------------------------------------------------------------- mesh
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  mesh_lib.check_batch_size(config.global_batch_size, mesh, rules)
-  mesh_lib.check_batch_size(config.data.eval_batch_size, mesh, rules,
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  mesh = ctx.mesh
+  ctx.check_batch_size(config.global_batch_size)
+  ctx.check_batch_size(config.data.eval_batch_size,
                             "data.eval_batch_size")
   logging.info("Mesh %s over %d devices, %d processes", dict(mesh.shape),
                mesh.size, jax.process_count())
 
   # ------------------------------------------------------ data and model
   # The model family's task reads its data and names its model and steps.
-  task = tasks.build(config, workdir, mesh, rules)
+  task = build_task(config, workdir, ctx)
+  program = task.program
   # A resume may not change how the run trains. Checked after the task has
   # filled in what it derives from the data (e.g. nanoGPT's vocab_size, as
   # recorded), before anything is restored.
@@ -293,17 +125,16 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   train_iter = pipeline.grain_iterator(task.train_source, config.data.prefetch)
 
   # ---------------------------------------------------------------- shard
-  abstract, state_shardings = state_lib.abstract_state(task.init_fn, mesh,
-                                                       rules)
+  abstract, state_shardings = state_lib.abstract_state(program.init_fn, ctx)
   manager = ckpt_lib.make_manager(str(workpath / "checkpoints"),
                                   max_to_keep=config.keep_checkpoints)
   state = ckpt_lib.restore_latest(manager, abstract, train_iter)
   from_initial_state = state is None and task.initial_state is not None
   if from_initial_state:
-    state = task.initial_state(mesh, rules, state_shardings)
-    logging.info("Initialised from %s.", config.get("init_checkpoint"))
+    state = task.initial_state(ctx, state_shardings)
+    logging.info("Initialised from the task's starting weights.")
   elif state is None:
-    state = state_lib.init_state(task.init_fn, mesh, rules, state_shardings)
+    state = state_lib.init_state(program.init_fn, ctx, state_shardings)
     logging.info("Initialised a new model.")
   start_step = int(state.step)
   # Only a run whose config checked out (mesh, data, restore) records it, so
@@ -319,13 +150,13 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       x.size for x in jax.tree.leaves(state.params)))})
 
   # ----------------------------------------------------------------- step
-  batch_shardings = task.batch_shardings
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    eval_step = jax.jit(task.eval_step,
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
+  with ctx:
+    eval_step = jax.jit(program.eval_step,
                         in_shardings=(state_shardings, batch_shardings))
 
   def run_eval(step: int) -> dict:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    with ctx:
       start = time.time()
       hook = task.make_eval_hook() if task.make_eval_hook else None
       save_dir = None if "://" in workdir else os.path.join(workdir,
@@ -339,16 +170,15 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       (workpath / f"eval_{step}.json").write_text(json.dumps(results, indent=1))
     return results
 
-  if config.get("eval_only", False):  # nanoGPT's eval_only: no training
+  if config.eval_only:  # nanoGPT's eval_only: no training
     results = run_eval(start_step)
     writer.flush()
     logging.info("eval_only at step %d: %s", start_step, results)
     return state, results
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    compile_start = time.time()
-    train_step = state_lib.compile_step(task.train_step, abstract,
-                                        state_shardings, task.abstract_batch)
+  compile_start = time.time()
+  train_step = task_lib.compile_train_step(
+      program, ctx, config.global_batch_size, abstract, state_shardings)
   compile_seconds = time.time() - compile_start
   memory = train_step.memory_analysis()
   logging.info(
@@ -357,7 +187,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       getattr(memory, "argument_size_in_bytes", 0) / 2**20,
       getattr(memory, "temp_size_in_bytes", 0) / 2**20)
   writer.write_scalars(start_step, {"timing/compile_seconds": compile_seconds})
-  speed = _Speed(task.flops_per_step, config)
+  speed = step_timer.StepTimer(program.flops_per_step, program.compute_dtype)
 
   bad_limit = config.max_consecutive_bad_steps
 
@@ -377,7 +207,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         "rate, then rerun to resume from it.")
 
   def write_train_metrics(step: int, metrics, timing=None) -> None:
-    values = losses.compute(metrics)
+    values = metrics_lib.compute(metrics)
     scalars = {f"train/{k}": v for k, v in values.items()}
     if timing:
       scalars.update(timing)
@@ -429,7 +259,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   step = start_step
   # nanoGPT's always_save_checkpoint=False: save only when the held-out loss
   # improves on the best so far (that of the checkpoint resumed from).
-  save_improved_only = not config.get("always_save_checkpoint", True)
+  save_improved_only = not config.always_save_checkpoint
   # The checkpoint's own record first: the step resumed from may have been
   # saved on preemption, with no evaluation (and no eval file) of its own.
   best_loss = ckpt_lib.saved_best_loss(manager, start_step)
@@ -438,7 +268,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   if from_initial_state and task.initial_best_loss is not None:
     best_loss = task.initial_best_loss
   evaluated_at = None
-  preemption = _Preemption(manager, config.log_every)
+  preemption = preemption_lib.PreemptionWatch(manager, config.log_every)
   try:
     with metric_writers.ensure_flushes(writer), preemption:
       logging.info("Training from step %d to %d.", start_step,
@@ -448,7 +278,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           state, metrics = train_step(state, batch)
         step += 1
-        train_metrics = losses.merge(train_metrics, metrics)
+        train_metrics = metrics_lib.merge(train_metrics, metrics)
         for hook in hooks:
           hook(step)
         # Metrics are fetched one interval late so the host never waits on

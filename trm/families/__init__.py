@@ -1,1 +1,70 @@
-"""trm/families."""
+"""The model families, by name: `config.model.name` -> the family's package.
+
+A family package holds `program.py` (what to compile: `build(config, ctx,
+shapes=None) -> Program`, plus `DISPLAY_NAME` and `owns_state(paths)`) and
+`task.py` (what to feed: `build(config, workdir, ctx) -> Task`); see
+`trm/core/task.py`. Optional hooks in program.py: `data_shapes(config,
+overrides)` (shapes for `trm.aot` without reading data) and
+`compile_sampler(config, ctx, settings)` (`trm.aot --mode=sample`).
+
+Packages are imported only when asked for, so naming a family costs nothing.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+_FAMILIES = {
+    "trm": "trm.families.trm",      # Tiny Recursive Model on puzzles
+    "dream": "trm.families.dream",  # DiffuCoder / Dream masked diffusion
+    "gpt": "trm.families.gpt",      # nanoGPT's GPT-2
+}
+
+
+def register(name: str, package: str) -> None:
+  """Adds a family (e.g. from a config file or a test): `package` is the
+  import path of a folder with program.py and task.py."""
+  if name in _FAMILIES and _FAMILIES[name] != package:
+    raise ValueError(f"Model family {name!r} is already registered as "
+                     f"{_FAMILIES[name]!r}.")
+  _FAMILIES[name] = package
+
+
+def names() -> list[str]:
+  return sorted(_FAMILIES)
+
+
+def _module(name: str, part: str) -> ModuleType:
+  if name not in _FAMILIES:
+    raise ValueError(f"config.model.name={name!r} is not a known model "
+                     f"family; known: {', '.join(map(repr, names()))}.")
+  return importlib.import_module(f"{_FAMILIES[name]}.{part}")
+
+
+def program(name: str) -> ModuleType:
+  """The family's program module (what to compile)."""
+  return _module(name, "program")
+
+
+def task(name: str) -> ModuleType:
+  """The family's task module (what to feed)."""
+  return _module(name, "task")
+
+
+def build_task(config, workdir: str, ctx):
+  """The Task of `config.model.name` (what `trm.main` hands the loop)."""
+  return task(config.model.name).build(config, workdir, ctx)
+
+
+def name_of_state(paths) -> str | None:
+  """The display name of the family whose train state has these tensor
+  paths ('params/...', 'carry/...'), or None when none claims them."""
+  for name in names():
+    module = program(name)
+    if module.owns_state(paths):
+      return module.DISPLAY_NAME
+  return None
+
+
+def display_name(name: str) -> str:
+  return program(name).DISPLAY_NAME

@@ -1,1 +1,1 @@
-"""trm/nn."""
+"""Layers shared by the model families, with logical axis names."""

@@ -17,8 +17,8 @@ import repo
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
-from trm.core import task as tasks
 from trm.core import train
+from trm import families
 from trm.families.dream import model as dream
 from trm.families.dream import hf_import
 
@@ -43,7 +43,7 @@ def code_glob():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, code_glob):
   workdir = str(tmp_path_factory.mktemp("ft"))
-  _, results = train.train_and_evaluate(tiny_config(code_glob), workdir)
+  _, results = train.train_and_evaluate(tiny_config(code_glob), workdir, families.build_task)
   return workdir, results
 
 
@@ -63,7 +63,7 @@ def test_loss_falls_and_checkpoints_are_written(trained):
 
 def test_rerun_resumes_and_reevaluates_identically(trained, code_glob):
   workdir, results = trained
-  state, again = train.train_and_evaluate(tiny_config(code_glob), workdir)
+  state, again = train.train_and_evaluate(tiny_config(code_glob), workdir, families.build_task)
   assert int(state.step) == 40
   assert again["eval/loss"] == pytest.approx(results["eval/loss"], rel=1e-6)
 
@@ -75,11 +75,10 @@ def test_starts_from_a_hugging_face_checkpoint(tmp_path, code_glob):
                                     jnp.zeros((1, 4), jnp.int32))["params"])
   hf_import.export_hf_checkpoint(params, model.cfg, str(tmp_path / "hf"))
   config.init_checkpoint = str(tmp_path / "hf")
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  task = tasks.build(config, str(tmp_path), mesh, rules)
-  _, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
-  state = task.initial_state(mesh, rules, shardings)
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  task = families.build_task(config, str(tmp_path), ctx)
+  _, shardings = state_lib.abstract_state(task.program.init_fn, ctx)
+  state = task.initial_state(ctx, shardings)
   assert int(state.step) == 0
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params),
                params)
@@ -87,7 +86,7 @@ def test_starts_from_a_hugging_face_checkpoint(tmp_path, code_glob):
   assert (state.params["embed_tokens"].sharding
           == shardings.params["embed_tokens"])
   config.update(total_steps=2, eval_every=2, checkpoint_every=2)
-  trained_state, _ = train.train_and_evaluate(config, str(tmp_path / "run"))
+  trained_state, _ = train.train_and_evaluate(config, str(tmp_path / "run"), families.build_task)
   assert int(trained_state.step) == 2
 
 
@@ -115,7 +114,7 @@ def test_jsonl_pairs_train(tmp_path):
   # The ChatML template is spelled out in bytes: room for ~120 tokens.
   config = tiny_config(str(path), **{"data.format": "jsonl"})
   config.update(total_steps=4, eval_every=4, checkpoint_every=4, seq_len=160)
-  state, results = train.train_and_evaluate(config, str(tmp_path / "run"))
+  state, results = train.train_and_evaluate(config, str(tmp_path / "run"), families.build_task)
   assert int(state.step) == 4 and np.isfinite(results["eval/loss"])
 
 
@@ -132,13 +131,13 @@ def test_bad_configs_fail_before_compiling(tmp_path, code_glob, overrides,
                                            message):
   with pytest.raises((ValueError, FileNotFoundError), match=message):
     train.train_and_evaluate(tiny_config(code_glob, **overrides),
-                             str(tmp_path))
+                             str(tmp_path), families.build_task)
 
 
 def test_missing_files_name_the_pattern(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"No files match .*\*\.rs"):
     train.train_and_evaluate(tiny_config(str(tmp_path / "*.rs")),
-                             str(tmp_path))
+                             str(tmp_path), families.build_task)
 
 
 def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):

@@ -12,7 +12,8 @@ from trm.families.dream import loss as diffusion_loss
 from trm.families.dream import steps as lm_steps
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
-from trm.models import get_model
+from trm.core import task as task_lib
+from trm.families.dream import program as dream_program
 
 ROOT = repo.ROOT
 
@@ -24,22 +25,19 @@ def _setup(**model_overrides):
   config.mesh.update(data=2, fsdp=2, model=2)
   config.optim.update(lr=3e-3, warmup_steps=5)
   config.update(seq_len=32, global_batch_size=8)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  model = get_model(config.model)
-  tx = lm_steps.make_optimizer(config.optim, config.total_steps)
-  init_fn = lm_steps.make_init_fn(model, tx, config.seed)
-  abstract, shardings = state_lib.abstract_state(init_fn, mesh, rules)
-  state = state_lib.init_state(init_fn, mesh, rules, shardings)
-  return config, mesh, rules, model, tx, abstract, shardings, state
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  program = dream_program.build(config, ctx)
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  state = state_lib.init_state(program.init_fn, ctx, shardings)
+  return config, ctx, program, abstract, shardings, state
 
 
 def test_loss_falls_pad_row_frozen_and_state_sharded():
-  config, mesh, rules, model, tx, abstract, shardings, state = _setup()
-  batch_shardings = lm_steps.batch_shardings(mesh, rules)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = lm_steps.compile_train_step(config, model, tx, abstract, shardings,
-                                       batch_shardings)
+  config, ctx, program, abstract, shardings, state = _setup()
+  model = program.model
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
+  step = task_lib.compile_train_step(program, ctx, config.global_batch_size,
+                                     abstract, shardings)
   pad = model.cfg.pad_token_id
   pad_row = np.asarray(state.params["embed_tokens"][pad])
   # A learnable toy language: each row counts up from a random start; the
@@ -68,7 +66,7 @@ def test_loss_falls_pad_row_frozen_and_state_sharded():
   # A learnable toy language: each row counts up from a random start; the
   # first 4 tokens are a never-masked prompt; the pad token appears too.
   eval_batch = make_batch()
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with ctx:
     before = float(fixed_noise_loss(state.params, eval_batch))
     for _ in range(60):
       state, metrics = step(state, make_batch())
@@ -86,7 +84,8 @@ def test_loss_falls_pad_row_frozen_and_state_sharded():
 
 def test_flops_formula_matches_xla_cost_analysis():
   """Unscanned layers and one loss chunk: XLA counts every FLOP."""
-  config, _, _, model, _, _, _, _ = _setup(scan_layers=False, remat="none")
+  config, _, program, _, _, _ = _setup(scan_layers=False, remat="none")
+  model = program.model
   params = nn.meta.unbox(jax.eval_shape(
       lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))))
   batch = 4

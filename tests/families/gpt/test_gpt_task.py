@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import repo
 
+from trm.core import task as task_lib
 from trm.core import config_lib
 from trm.core import train
+from trm import families
 
 ROOT = repo.ROOT
 SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare",
@@ -63,7 +65,7 @@ def data_root(tmp_path_factory):
 def trained(tmp_path_factory, data_root):
   workdir = str(tmp_path_factory.mktemp("gpt"))
   config = tiny_config(data_root, always_save_checkpoint=True)
-  _, results = train.train_and_evaluate(config, workdir)
+  _, results = train.train_and_evaluate(config, workdir, families.build_task)
   return workdir, results
 
 
@@ -100,7 +102,7 @@ def test_mfu_and_step_time_are_logged(trained):
 def test_eval_only_evaluates_without_training(trained, data_root, tmp_path):
   workdir, results = trained
   config = tiny_config(data_root, eval_only=True, init_from="resume")
-  state, again = train.train_and_evaluate(config, workdir)
+  state, again = train.train_and_evaluate(config, workdir, families.build_task)
   assert int(state.step) == 60
   assert again["eval/val_loss"] == pytest.approx(results["eval/val_loss"],
                                                  rel=1e-5)
@@ -109,7 +111,7 @@ def test_eval_only_evaluates_without_training(trained, data_root, tmp_path):
 def test_resume_needs_a_checkpoint(data_root, tmp_path):
   config = tiny_config(data_root, init_from="resume")
   with pytest.raises(ValueError, match="init_from='resume'"):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
 
 
@@ -128,7 +130,7 @@ def test_bad_config_fails_before_training(data_root, tmp_path, overrides,
   if "dataset" in overrides:
     config.data.input = ""  # not prepared, and nothing to prepare it from
   with pytest.raises(Exception, match=message):
-    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
 
 
@@ -137,14 +139,14 @@ def test_float16_trains_checkpoints_and_resumes_its_loss_scale(data_root,
   config = tiny_config(data_root, dtype="float16", max_iters=10,
                        lr_decay_iters=20, eval_interval=10, **{
                            "loss_scale.growth_interval": 4})
-  state, results = train.train_and_evaluate(config, str(tmp_path))
+  state, results = train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert np.isfinite(results["eval/loss"])
   scale = float(state.loss_scale.scale)
   assert int(state.skipped_steps) == 0 and scale == 2.0**15 * 4  # grew twice
   config = tiny_config(data_root, dtype="float16", max_iters=12,
                        lr_decay_iters=20, eval_interval=10, **{
                            "loss_scale.growth_interval": 4})
-  resumed, _ = train.train_and_evaluate(config, str(tmp_path))
+  resumed, _ = train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert int(resumed.step) == 12
   # Restored (2 steps since the last growth at step 8), then 2 more: grown.
   assert float(resumed.loss_scale.scale) == scale * 2
@@ -155,7 +157,7 @@ def test_checkpoint_only_on_improvement(data_root, tmp_path):
   config = tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
                        max_iters=20, lr_decay_iters=20, eval_interval=10,
                        always_save_checkpoint=False)
-  train.train_and_evaluate(config, str(tmp_path))
+  train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["10"]
 
 
@@ -213,7 +215,7 @@ def test_init_from_gpt2_adopts_its_shapes_and_evaluates_like_torch(
                        init_checkpoint=str(hf_dir), eval_only=True,
                        eval_iters=2)
   workdir = tmp_path / "run"
-  _, results = train.train_and_evaluate(config, str(workdir))
+  _, results = train.train_and_evaluate(config, str(workdir), families.build_task)
   with open(workdir / "config.json") as f:
     recorded = json.load(f)
   assert (recorded["n_layer"], recorded["n_embd"], recorded["bias"],
@@ -242,13 +244,11 @@ def test_resume_from_a_nanogpt_checkpoint_continues_its_run(data_root,
   weights, AdamW moments, iteration and best validation loss carry over,
   and our next iteration equals the next iteration of nanoGPT's loop."""
   torch = pytest.importorskip("torch")
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   import nanogpt_torch  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
-  from trm.core import task as tasks  # pylint: disable=g-import-not-at-top
   from trm.core import pipeline  # pylint: disable=g-import-not-at-top
   from trm.data.text import windows as text  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
@@ -294,20 +294,19 @@ def test_resume_from_a_nanogpt_checkpoint_continues_its_run(data_root,
     torch_iteration(it, *batch())
   save(ckpt_path, 3)
 
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  task = tasks.build(config, str(tmp_path / "run"), mesh, rules)
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  task = families.build_task(config, str(tmp_path / "run"), ctx)
   assert task.initial_best_loss == pytest.approx(2.5)
-  abstract, shardings = state_lib.abstract_state(task.init_fn, mesh, rules)
-  state = task.initial_state(mesh, rules, shardings)
+  abstract, shardings = state_lib.abstract_state(task.program.init_fn, ctx)
+  state = task.initial_state(ctx, shardings)
   assert int(state.step) == 3
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = state_lib.compile_step(task.train_step, abstract, shardings,
-                                  task.abstract_batch)
+  step = task_lib.compile_train_step(task.program, ctx,
+                                     config.global_batch_size, abstract,
+                                     shardings)
   x, y = batch()
   state, _ = step(state, pipeline.to_global(
       {"x": x.astype(np.int32), "y": y.astype(np.int32)},
-      task.batch_shardings))
+      task_lib.batch_shardings(task.program.batch_spec, ctx)))
   torch_iteration(3, x, y)
   save(str(tmp_path / "after.pt"), 4)
   want, _, extras = gpt_import.load_nanogpt_checkpoint(

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from trm.core import metrics as metrics_lib
 from trm.families.trm import losses
 from trm.families.trm import model as trm
 
@@ -91,7 +92,7 @@ def test_act_loss_train():
   row_lm, _, _, row_q = _expected()
   want = row_lm.sum() + 0.5 * row_q.sum()  # all rows, halted or not
   np.testing.assert_allclose(float(loss), want, rtol=1e-5)
-  values = losses.compute(metrics)
+  values = metrics_lib.compute(metrics)
   # Losses are normalised by the batch (4 rows); the rest by the 2 valid
   # rows: halted with labels (rows 0 and 3).
   np.testing.assert_allclose(values["loss"], want / 4, rtol=1e-5)
@@ -117,7 +118,7 @@ def test_act_loss_eval_normalises_by_valid_rows():
   row_lm, _, _, row_q = _expected()
   np.testing.assert_allclose(float(loss), row_lm.sum() + 0.5 * row_q.sum(),
                              rtol=1e-5)
-  values = losses.compute(metrics)
+  values = metrics_lib.compute(metrics)
   valid = [0, 3]
   np.testing.assert_allclose(values["lm_loss"], row_lm[valid].sum() / 2,
                              rtol=1e-5)
@@ -132,7 +133,7 @@ def test_loss_metric_is_lm_plus_half_q(train):
   """The reported loss is lm_loss + 0.5 * q_halt_loss over the same rows."""
   _, carry, outputs = _example()
   _, metrics = losses.act_loss(outputs, carry, train=train)
-  values = losses.compute(metrics)
+  values = metrics_lib.compute(metrics)
   np.testing.assert_allclose(
       values["loss"], values["lm_loss"] + 0.5 * values["q_halt_loss"],
       rtol=1e-5)
@@ -168,10 +169,10 @@ def test_nothing_halted_leaves_accuracy_metrics_out():
   # The loss still covers every row.
   np.testing.assert_allclose(float(loss), row_lm.sum() + 0.5 * row_q.sum(),
                              rtol=1e-5)
-  values = losses.compute(metrics)
+  values = metrics_lib.compute(metrics)
   assert set(values) == {"loss", "lm_loss", "q_halt_loss"}
   _, eval_metrics = losses.act_loss(outputs, carry, train=False)
-  assert losses.compute(eval_metrics) == {}
+  assert metrics_lib.compute(eval_metrics) == {}
 
 
 def test_merge_and_compute():
@@ -182,15 +183,15 @@ def test_merge_and_compute():
   carry_b = carry.replace(halted=jnp.ones((4,), bool),
                           labels=jnp.asarray(labels, jnp.int32))
   _, b = losses.act_loss(outputs, carry_b, train=True)
-  assert losses.merge(None, a) is a
-  merged = losses.merge(a, b)
+  assert metrics_lib.merge(None, a) is a
+  merged = metrics_lib.merge(a, b)
   assert set(merged) == set(a)
-  values = losses.compute(merged)
+  values = metrics_lib.compute(merged)
   # a: 2 valid rows, 1 exact; b: 3 valid rows (row 2 has no labels), 3 exact.
   assert int(merged["exact_accuracy"].count) == 5
   np.testing.assert_allclose(values["exact_accuracy"], 4 / 5)
   np.testing.assert_allclose(values["steps"], (3 + 4 + 3 + 1 + 4) / 5)
-  va, vb = losses.compute(a), losses.compute(b)
+  va, vb = metrics_lib.compute(a), losses.compute(b)
   np.testing.assert_allclose(values["loss"], (va["loss"] + vb["loss"]) / 2,
                              rtol=1e-6)
   assert all(isinstance(v, float) for v in values.values())

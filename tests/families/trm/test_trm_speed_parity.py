@@ -7,13 +7,13 @@ import sys
 import jax
 import numpy as np
 import pytest
+import repo
 
 from trm.core import config_lib
 
 ROOT = repo.ROOT
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import train_step_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
-import repo
 import trm_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 

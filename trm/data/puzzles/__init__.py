@@ -1,1 +1,1 @@
-"""trm/data/puzzles."""
+"""Puzzle datasets in upstream TRM's format: builders, reader, augmentation."""

@@ -1,1 +1,1 @@
-"""trm/data/text."""
+"""Text data: token windows (nanoGPT), SFT rows (DiffuCoder), tokenizers, TFDS."""

@@ -1,1 +1,1 @@
-"""trm/families/dream."""
+"""Dream / DiffuCoder masked diffusion: fine-tuning, exact and cached sampling."""

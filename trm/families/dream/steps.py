@@ -10,31 +10,21 @@ DiffuCoder's maintainers trained it.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from clu import metrics as clu_metrics
 
-from trm.families.dream import loss as diffusion_loss
+from trm.core import lm_state
 from trm.core import loss_scale as loss_scale_lib
+from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
+from trm.core.lm_state import LMState
+from trm.core.task import BatchField
+from trm.families.dream import loss as diffusion_loss
 from trm.families.dream import model as dream
-
-
-@flax.struct.dataclass
-class LMState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  rng: jax.Array
-  skipped_steps: jax.Array  # see `trm.core.state.skip_nonfinite`
-  bad_streak: jax.Array
-  # float16 compute only (`trm.core.loss_scale`); None holds no arrays, so other
-  # runs' checkpoints are unchanged.
-  loss_scale: Any = None
 
 
 def make_optimizer(optim_config, total_steps: int):
@@ -53,18 +43,8 @@ def make_optimizer(optim_config, total_steps: int):
 def make_init_fn(model: dream.Dream, tx, seed: int, loss_scale=None):
   """() -> boxed LMState (leaves carry logical axis names); `loss_scale`
   from `trm.core.loss_scale.initial_state` (None unless float16)."""
-
-  def init():
-    init_key, state_key = jax.random.split(jax.random.PRNGKey(seed))
-    if isinstance(model, dream.Dream):  # whatever its attention kernel
-      params = dream.init_params(model.cfg, init_key)
-    else:  # GPT shares this state
-      params = model.init(init_key, jnp.zeros((1, 1), jnp.int32))["params"]
-    return LMState(step=jnp.zeros((), jnp.int32), params=params,
-                   opt_state=tx.init(params), rng=state_key,
-                   loss_scale=loss_scale, **state_lib.zero_counters())
-
-  return init
+  return lm_state.make_init_fn(
+      lambda key: dream.init_params(model.cfg, key), tx, seed, loss_scale)
 
 
 def train_step(state: LMState, batch, *, model: dream.Dream, tx,
@@ -123,58 +103,22 @@ def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,
 
 
 def state_from_hf_checkpoint(directory: str, model: dream.Dream, tx,
-                             seed: int, mesh, rules, shardings,
+                             seed: int, ctx, shardings,
                              loss_scale=None) -> LMState:
   """A fresh fine-tuning state around published weights: each process reads
   only its devices' slices of the safetensors; the optimizer state is born
   sharded next to them."""
   from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
-  del rules  # the shardings already hold them
   params = hf_import.load_hf_checkpoint(directory, model.cfg,
                                         shardings.params)
-  return state_around_params(params, tx, seed, mesh, shardings, loss_scale)
+  return lm_state.state_around_params(params, tx, seed, ctx, shardings,
+                                      loss_scale)
 
 
-def state_around_params(params, tx, seed: int, mesh, shardings,
-                        loss_scale=None) -> LMState:
-  """A step-0 state holding `params` (already on `shardings.params`), with
-  the optimizer state created sharded beside them; `params` is donated."""
-  _, state_key = jax.random.split(jax.random.PRNGKey(seed))
-
-  def build(params):
-    return LMState(step=jnp.zeros((), jnp.int32), params=params,
-                   opt_state=tx.init(params), rng=state_key,
-                   loss_scale=loss_scale, **state_lib.zero_counters())
-
-  with jax.set_mesh(mesh):
-    return jax.jit(build, in_shardings=(shardings.params,),
-                   out_shardings=shardings, donate_argnums=0)(params)
-
-
-def batch_shardings(mesh, rules):
-  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  rows = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH, None))
-  return {"tokens": rows, "maskable": rows}
-
-
-def abstract_batch(global_batch_size: int, seq_len: int, shardings):
-  """ShapeDtypeStructs of one global batch (for ahead-of-time lowering)."""
-  shape = (global_batch_size, seq_len)
-  return {"tokens": jax.ShapeDtypeStruct(shape, jnp.int32,
-                                         sharding=shardings["tokens"]),
-          "maskable": jax.ShapeDtypeStruct(shape, jnp.bool_,
-                                           sharding=shardings["maskable"])}
-
-
-def compile_train_step(config, model, tx, abstract_state, state_shardings,
-                       batch_sharding):
-  """The fine-tuning step, compiled ahead of time (`state.compile_step`)."""
-  return state_lib.compile_step(
-      functools.partial(train_step, model=model, tx=tx,
-                        chunk_size=config.loss_chunk_size),
-      abstract_state, state_shardings,
-      abstract_batch(config.global_batch_size, config.seq_len,
-                     batch_sharding))
+def batch_spec(seq_len: int) -> dict:
+  rows = (mesh_lib.BATCH, None)
+  return {"tokens": BatchField((seq_len,), np.int32, rows),
+          "maskable": BatchField((seq_len,), np.bool_, rows)}
 
 
 def train_flops_per_example(cfg: dream.DreamConfig, seq_len: int) -> int:

@@ -20,6 +20,7 @@ from trm.data.text import tokenizer as tok_lib
 from trm.data.text import sft
 from trm.families.dream import model as dream
 from trm.families.dream import hf_import
+from trm.families.dream import program as dream_program
 from trm.core.task import Task
 
 
@@ -32,10 +33,8 @@ def tokenizer_spec(config) -> str:
   return spec
 
 
-def build(config, workdir: str, mesh, rules) -> Task:
-  if config.loss_chunk_size <= 0:
-    raise ValueError(f"config.loss_chunk_size={config.loss_chunk_size} must "
-                     "be a positive integer.")
+def build(config, workdir: str, ctx) -> Task:
+  dream_program.check_config(config)
   cfg = dream.DreamConfig.from_config(config.model)
   scale = loss_scale.initial_state(config)  # None unless float16
   tokenizer = tok_lib.from_spec(tokenizer_spec(config), cfg)
@@ -50,10 +49,7 @@ def build(config, workdir: str, mesh, rules) -> Task:
       eval_tokens, eval_maskable,
       global_batch_size=config.data.eval_batch_size,
       max_batches=config.data.max_eval_batches, **process)
-  batch_shardings = lm_steps.batch_shardings(mesh, rules)
-
-  model = dream.Dream(cfg)
-  tx = lm_steps.make_optimizer(config.optim, config.total_steps)
+  program = dream_program.build(config, ctx)
   initial_state = None
   if config.init_checkpoint:
     if restore_check.latest_step(os.path.join(workdir, "checkpoints")) is None:
@@ -61,18 +57,10 @@ def build(config, workdir: str, mesh, rules) -> Task:
       # read), before the loop creates checkpoints/ or compiles anything.
       # (A resumed run restores its own checkpoint instead.)
       hf_import.check_hf_checkpoint(config.init_checkpoint, cfg)
-    initial_state = functools.partial(lm_steps.state_from_hf_checkpoint,
-                                      config.init_checkpoint, model, tx,
-                                      config.seed, loss_scale=scale)
-  return Task(
-      model=model, train_source=train_source, eval_source=eval_source,
-      batch_shardings=batch_shardings,
-      abstract_batch=lm_steps.abstract_batch(
-          config.global_batch_size, config.seq_len, batch_shardings),
-      init_fn=lm_steps.make_init_fn(model, tx, config.seed, scale),
-      train_step=functools.partial(lm_steps.train_step, model=model, tx=tx,
-                                   chunk_size=config.loss_chunk_size),
-      eval_step=functools.partial(lm_steps.eval_step, model=model,
-                                  seed=config.seed,
-                                  chunk_size=config.loss_chunk_size),
-      initial_state=initial_state)
+    initial_state = functools.partial(
+        lm_steps.state_from_hf_checkpoint, config.init_checkpoint,
+        program.model, lm_steps.make_optimizer(config.optim,
+                                               config.total_steps),
+        config.seed, loss_scale=scale)
+  return Task(program=program, train_source=train_source,
+              eval_source=eval_source, initial_state=initial_state)

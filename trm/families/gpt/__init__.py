@@ -1,1 +1,1 @@
-"""trm/families/gpt."""
+"""GPT-2 trained and sampled as nanoGPT does."""

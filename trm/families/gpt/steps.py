@@ -168,17 +168,3 @@ def eval_step(state, batch, *, model: gpt.GPT):
   val = average(is_val)
   return {"loss": val, "val_loss": val,
           "train_loss": average(jnp.logical_not(is_val))}, {}
-
-
-def batch_shardings(mesh, rules) -> dict:
-  rows = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH, None))
-  ids = mesh_lib.logical_sharding(mesh, rules, (mesh_lib.BATCH,))
-  return {"x": rows, "y": rows, "split": ids}
-
-
-def abstract_batch(global_batch_size: int, block_size: int, shardings):
-  """ShapeDtypeStructs of one global train batch (for ahead-of-time
-  lowering)."""
-  shape = (global_batch_size, block_size)
-  return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=shardings[k])
-          for k in ("x", "y")}

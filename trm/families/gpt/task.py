@@ -23,17 +23,16 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from trm.families.gpt import steps as gpt_steps
-from trm.families.dream import steps as lm_steps
+from trm.core import lm_state
 from trm.core import loss_scale
-from trm.core import mesh as mesh_lib
-from trm.core import mfu
 from trm.core import restore_check
-from trm.data.text import windows as text
-from trm.data.text import tfds_source
-from trm.families.gpt import model as gpt
-from trm.families.gpt import gpt_import
 from trm.core.task import Task
+from trm.data.text import tfds_source
+from trm.data.text import windows as text
+from trm.families.gpt import gpt_import
+from trm.families.gpt import model as gpt
+from trm.families.gpt import program as gpt_program
+from trm.families.gpt import steps as gpt_steps
 
 INIT_FROM = ("scratch", "resume", "gpt2", "gpt2-medium", "gpt2-large",
              "gpt2-xl")
@@ -44,7 +43,8 @@ SOURCES = ("bin", "tfds")  # config.data.source
 
 def data_dir(config) -> str:
   """Where the dataset's vocabulary lives: data_root/<dataset> (meta.json),
-  or the prepared TFDS version directory (metadata.json)."""
+  or the prepared TFDS version directory (metadata.json). (A run recorded
+  before data.source existed read .bin files.)"""
   if config.data.get("source", "bin") == "tfds":
     return tfds_source.metadata(config.data.tfds)[1]
   return os.path.join(config.data_root, config.dataset)
@@ -122,14 +122,13 @@ def _crop_positions(params, block_size: int):
 
 
 def _state_from_weights(params, tx, seed: int, param_dtype: str, scale,
-                        mesh, rules, shardings, adam=None, iter_num: int = 0):
+                        ctx, shardings, adam=None, iter_num: int = 0):
   """A state around imported weights, placed on the mesh: at step 0 with a
   fresh AdamW, or with `adam` (a nanoGPT checkpoint's moments and count) at
   step `iter_num`, continuing that run."""
-  del rules  # the shardings hold them
   sharded = gpt_import.to_sharded(params, shardings.params, dtype=param_dtype)
-  state = lm_steps.state_around_params(sharded, tx, seed, mesh, shardings,
-                                       scale)
+  state = lm_state.state_around_params(sharded, tx, seed, ctx,
+                                       shardings, scale)
   if adam is None and not iter_num:
     return state
   if adam is not None:
@@ -164,7 +163,7 @@ def _token_streams(config):
                            os.path.join(directory, text.VAL_FILE)]
 
 
-def build(config, workdir: str, mesh, rules) -> Task:
+def build(config, workdir: str, ctx) -> Task:
   check_config(config)
   checkpoints = os.path.join(workdir, "checkpoints")
   resuming = restore_check.latest_step(checkpoints) is not None
@@ -177,7 +176,7 @@ def build(config, workdir: str, mesh, rules) -> Task:
     logging.warning("config.init_from='scratch', but %s holds checkpoints: "
                     "resuming from the newest (use another --workdir for a "
                     "new run).", checkpoints)
-  mesh_lib.check_batch_size(config.batch_size, mesh, rules, "batch_size")
+  ctx.check_batch_size(config.batch_size, "batch_size")
 
   weights = None
   if config.init_checkpoint and config.init_from != "scratch":
@@ -203,9 +202,8 @@ def build(config, workdir: str, mesh, rules) -> Task:
     raise ValueError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than "
         f"the vocabulary of {directory} ({meta['vocab_size']} tokens).")
-  cfg = gpt.GPTConfig.from_config(config.model)
-  model = gpt.GPT(cfg)
-  tx = gpt_steps.make_optimizer(config)
+  program = gpt_program.build(config, ctx)
+  cfg = program.model.cfg
 
   process = dict(process_index=jax.process_index(),
                  process_count=jax.process_count())
@@ -215,7 +213,6 @@ def build(config, workdir: str, mesh, rules) -> Task:
   eval_source = text.EvalWindows(
       directory, cfg.block_size, config.data.eval_batch_size,
       config.eval_iters, config.seed, streams=streams, **process)
-  batch_shardings = gpt_steps.batch_shardings(mesh, rules)
 
   scale = loss_scale.initial_state(config)  # None unless float16
   initial_state, best_loss = None, None
@@ -239,29 +236,15 @@ def build(config, workdir: str, mesh, rules) -> Task:
       best_loss = extras["best_val_loss"]
       logging.info("Continuing %s at iteration %d.", source,
                    extras["iter_num"])
-    initial_state = functools.partial(_state_from_weights, params, tx,
+    initial_state = functools.partial(_state_from_weights, params,
+                                      gpt_steps.make_optimizer(config),
                                       config.seed, cfg.param_dtype, scale,
                                       **resume)
 
-  non_embedding = gpt.num_params(gpt.abstract_params(cfg),
-                                 non_embedding=True)
-  flops = mfu.nanogpt_flops_per_iter(
-      non_embedding, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,
-      config.global_batch_size)
   logging.info("GPT: %.2fM parameters (non-embedding), %d tokens per "
-               "iteration.", non_embedding / 1e6,
+               "iteration.", gpt.num_params(gpt.abstract_params(cfg),
+                                            non_embedding=True) / 1e6,
                config.global_batch_size * cfg.block_size)
-  return Task(
-      model=model, train_source=train_source, eval_source=eval_source,
-      batch_shardings=batch_shardings,
-      abstract_batch=gpt_steps.abstract_batch(
-          config.global_batch_size, cfg.block_size, batch_shardings),
-      init_fn=lm_steps.make_init_fn(model, tx, config.seed, scale),
-      train_step=functools.partial(
-          gpt_steps.train_step, model=model, tx=tx,
-          accum_steps=config.gradient_accumulation_steps),
-      eval_step=functools.partial(gpt_steps.eval_step, model=model),
-      initial_state=initial_state,
-      flops_per_step=flops,
-      initial_best_loss=best_loss)
-
+  return Task(program=program, train_source=train_source,
+              eval_source=eval_source, initial_state=initial_state,
+              initial_best_loss=best_loss)

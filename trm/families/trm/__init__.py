@@ -1,1 +1,1 @@
-"""trm/families/trm."""
+"""Tiny Recursive Model on puzzles (Sudoku, Maze, ARC): upstream TRM, in JAX."""

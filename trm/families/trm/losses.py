@@ -73,17 +73,3 @@ def act_loss(outputs, carry, *, train: bool):
       "blank_accuracy": _average((is_correct & to_fill).sum(), to_fill.sum()),
   }
   return loss, metrics
-
-
-def merge(a, b):
-  """Merges two metric dicts (None = empty)."""
-  if a is None:
-    return b
-  return {k: a[k].merge(b[k]) for k in a}
-
-
-def compute(metrics) -> dict[str, float]:
-  """Host-side values; metrics with no rows yet are left out."""
-  metrics = jax.device_get(metrics)
-  return {k: float(m.compute()) for k, m in metrics.items()
-          if int(m.count) > 0}

@@ -19,7 +19,7 @@ from trm.families.trm import losses
 from trm.families.trm import optim
 from trm.core import state as state_lib
 from trm.families.trm import model as trm_model
-from trm.core.state import TrainState
+from trm.families.trm.state import TrainState
 
 
 def make_optimizer(optim_config, total_steps: int):
@@ -98,16 +98,3 @@ def eval_step(state: TrainState, batch, *, model: trm_model.TRM,
   carry, outputs = step(carry)
   _, metrics = losses.act_loss(outputs, carry, train=False)
   return metrics, jnp.argmax(outputs["logits"], -1), outputs["q_halt_logits"]
-
-
-def compile_train_step(config, model, tx, abstract_state, state_shardings,
-                       batch_shardings, seq_len: int):
-  """The TRM train step, compiled ahead of time (see `state.compile_step`)."""
-  from trm.core import pipeline  # pylint: disable=g-import-not-at-top
-  return state_lib.compile_step(
-      functools.partial(train_step, model=model, tx=tx,
-                        optim_config=config.optim,
-                        total_steps=config.total_steps,
-                        global_batch_size=config.global_batch_size),
-      abstract_state, state_shardings, pipeline.abstract_batch(
-          config.global_batch_size, seq_len, batch_shardings))

@@ -7,16 +7,10 @@ import os
 
 import jax
 
-from trm.core import state as state_lib
-from trm.families.trm import steps
-from trm.core import pipeline
+from trm.core.task import Task
 from trm.data.puzzles import dataset as puzzle_dataset
 from trm.data.puzzles import format as puzzle_format
-from trm.models import get_model
-from trm.core.task import Task
-
-# Dataset builders (modules of trm/data/) a config can name.
-BUILDERS = ("sudoku", "maze", "arc")
+from trm.families.trm import program as trm_program
 
 
 def _data_dir(config, workdir: str) -> str:
@@ -32,23 +26,17 @@ def _data_dir(config, workdir: str) -> str:
 def prepare_data(config, workdir: str) -> str:
   """Builds the dataset named by the config when its directory has none.
 
-  `config.data.name` names a builder module in `trm/data/` whose
+  `config.data.name` names a builder module in `trm/data/puzzles/` whose
   `ensure_from_config(data_dir, build_config)` builds the dataset from
   `config.data.build` unless the directory already holds one.
   """
   data_dir = _data_dir(config, workdir)
-  if config.data.name not in BUILDERS:
+  if config.data.name not in trm_program.BUILDERS:
     raise ValueError(f"config.data.name={config.data.name!r} has no builder; "
-                     f"known: {sorted(BUILDERS)}.")
+                     f"known: {sorted(trm_program.BUILDERS)}.")
   builder = importlib.import_module(f"trm.data.puzzles.{config.data.name}")
   builder.ensure_from_config(data_dir, config.data.build)
   return data_dir
-
-
-def _eval_step(state, batch, *, model, use_ema: bool):
-  metrics, predictions, q_halt_logits = steps.eval_step(
-      state, batch, model=model, use_ema=use_ema)
-  return metrics, {"predictions": predictions, "q_halt_logits": q_halt_logits}
 
 
 class EvalHook:
@@ -96,7 +84,7 @@ def visualize_kind(metadata):
     return None
 
 
-def build(config, workdir: str, mesh, rules) -> Task:
+def build(config, workdir: str, ctx) -> Task:
   if config.data.epochs_per_iter <= 0:
     raise ValueError(f"config.data.epochs_per_iter={config.data.epochs_per_iter}"
                      " must be a positive integer.")
@@ -116,24 +104,39 @@ def build(config, workdir: str, mesh, rules) -> Task:
   test_source = puzzle_dataset.TestBatches(
       test_meta, test_arrays, global_batch_size=config.data.eval_batch_size,
       max_batches=config.data.max_eval_batches, **process)
-  batch_shardings = pipeline.batch_shardings(mesh, rules)
-
-  model = get_model(config.model, train_meta)
-  tx = steps.make_optimizer(config.optim, config.total_steps)
   kind = visualize_kind(train_meta)
   return Task(
-      model=model, train_source=train_source, eval_source=test_source,
-      batch_shardings=batch_shardings,
-      abstract_batch=pipeline.abstract_batch(
-          config.global_batch_size, train_meta.seq_len, batch_shardings),
-      init_fn=state_lib.make_init_fn(model, tx, config.global_batch_size,
-                                     config.seed),
-      train_step=functools.partial(
-          steps.train_step, model=model, tx=tx, optim_config=config.optim,
-          total_steps=config.total_steps,
-          global_batch_size=config.global_batch_size),
-      eval_step=functools.partial(_eval_step, model=model,
-                                  use_ema=config.optim.ema),
+      program=trm_program.build(config, ctx, train_meta),
+      train_source=train_source, eval_source=test_source,
       make_eval_hook=functools.partial(
           EvalHook, data_dir, kind, arc=config.data.name == "arc",
           sheet_rows=config.data.eval_sheet_rows if kind else 0))
+
+
+def load_eval_state(checkpoint: str, program, abstract, shardings, ctx):
+  """(train state, description) for `trm.evaluate`: the weights of a
+  trm.main workdir or of an upstream PyTorch checkpoint file."""
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  saved = os.path.join(checkpoint, "checkpoints")
+  names = ("params", "ema_params", "buffers", "puzzle_emb")
+  if os.path.isdir(saved):
+    fields, step = ckpt_lib.restore_fields(
+        saved, {k: getattr(abstract, k) for k in names},
+        family=trm_program.DISPLAY_NAME)
+    state = state_lib.init_state(program.init_fn, ctx, shardings)
+    return state.replace(**fields), f"{saved} step {step}"
+  if not os.path.isfile(checkpoint):
+    raise FileNotFoundError(
+        f"--checkpoint={checkpoint} is neither a trm.main workdir (with a "
+        "checkpoints/ directory) nor an upstream PyTorch checkpoint file.")
+  from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
+  params, buffers, puzzle_emb = torch_import.load_torch_checkpoint(
+      checkpoint, program.model.cfg)
+  state = state_lib.init_state(program.init_fn, ctx, shardings)
+  state = state.replace(
+      params=jax.device_put(params, shardings.params),
+      ema_params=jax.device_put(params, shardings.ema_params),
+      buffers=jax.device_put(buffers, shardings.buffers),
+      puzzle_emb=jax.device_put(puzzle_emb, shardings.puzzle_emb))
+  return state, f"{checkpoint} (upstream PyTorch)"

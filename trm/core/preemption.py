@@ -1,0 +1,83 @@
+"""Stopping early on SIGTERM, Ctrl-C or a TPU preemption notice.
+
+The loop asks `PreemptionWatch.reached(step)` once per step; when it says
+yes, the loop saves the current step and raises `Preempted` (`trm.main`
+exits 0, and the scheduler's rerun with the same workdir resumes).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+
+from trm.core import cli
+
+
+class Preempted(Exception):
+  """Training stopped early on SIGTERM or a preemption notice, after saving
+  a checkpoint at `step` (rerun with the same workdir to resume)."""
+
+  def __init__(self, step: int, checkpoint: str | None,
+               signum: int = signal.SIGTERM):
+    self.step, self.checkpoint, self.signum = step, checkpoint, signum
+    super().__init__(
+        f"Preempted at step {step} ({signal.Signals(signum).name}); "
+        + (f"saved {checkpoint}." if checkpoint else "no checkpoint saved.")
+        + " Rerun with the same --workdir to resume.")
+
+
+class PreemptionWatch:
+  """When to stop early. Multi-process jobs use JAX's preemption sync point
+  (`manager.reached_preemption`): JAX's own SIGTERM handler tells the
+  coordination service, which picks a step every process reaches. A single
+  process installs SIGTERM and SIGINT (Ctrl-C) handlers for the loop's
+  lifetime that set a flag read each step (without the preemption service,
+  processes agree on the flag every `agree_every` steps). A second signal
+  exits at once, skipping the save (the newest complete checkpoint stays)."""
+
+  def __init__(self, manager, agree_every: int):
+    self._manager, self._agree_every = manager, agree_every
+    self._sync = (jax.process_count() > 1
+                  and jax.config.jax_enable_preemption_service)
+    self._previous = None
+    self.signal_time, self.signum = None, signal.SIGTERM
+
+  def __enter__(self):
+    if self._sync:
+      return self
+    if threading.current_thread() is not threading.main_thread():
+      logging.warning("Training outside the main thread: SIGTERM will not "
+                      "save a checkpoint before exiting.")
+      return self
+    self._previous = {signum: signal.signal(signum, self._on_signal)
+                      for signum in (signal.SIGTERM, signal.SIGINT)}
+    return self
+
+  def __exit__(self, *unused_exc):
+    if self._previous is not None:
+      for signum, handler in self._previous.items():
+        signal.signal(signum, handler)
+      self._previous = None
+
+  def _on_signal(self, signum, unused_frame):
+    if self.signal_time is None:
+      self.signal_time, self.signum = time.time(), signum
+      return
+    cli.exit_now(signum, "the checkpoint save was skipped; the newest "
+                 "complete checkpoint on disk is kept.")
+
+  def reached(self, step: int) -> bool:
+    """Called once per step, with the same steps on every process."""
+    if self._sync:
+      return self._manager.reached_preemption(step)
+    if jax.process_count() == 1:
+      return self.signal_time is not None
+    if step % self._agree_every:
+      return False
+    return bool(np.any(multihost_utils.process_allgather(
+        np.int32(self.signal_time is not None))))

@@ -1,0 +1,60 @@
+"""What to compile for Dream / DiffuCoder: model, state, diffusion steps.
+
+Every size comes from the config (`configs/diffucoder_7b.py` presets, or a
+Hugging Face directory's config.json through `trm.generate`). `trm.aot
+--mode=sample` compiles the sampling loop through `build_sampler`.
+"""
+from __future__ import annotations
+
+import functools
+
+from trm.core import loss_scale
+from trm.core.task import Program
+from trm.families.dream import model as dream
+from trm.families.dream import steps as lm_steps
+
+DISPLAY_NAME = "DiffuCoder/Dream"
+
+
+def owns_state(paths) -> bool:
+  """Qwen2's names: params/embed_tokens, params/layers, ..."""
+  return any(p.startswith("params/embed_tokens") for p in paths)
+
+
+def check_config(config) -> None:
+  if config.loss_chunk_size <= 0:
+    raise ValueError(f"config.loss_chunk_size={config.loss_chunk_size} must "
+                     "be a positive integer.")
+
+
+def build(config, ctx, shapes=None) -> Program:
+  del ctx, shapes  # every size is in the config
+  check_config(config)
+  model = dream.Dream(dream.DreamConfig.from_config(config.model))
+  tx = lm_steps.make_optimizer(config.optim, config.total_steps)
+  return Program(
+      model=model,
+      init_fn=lm_steps.make_init_fn(model, tx, config.seed,
+                                    loss_scale.initial_state(config)),
+      train_step=functools.partial(lm_steps.train_step, model=model, tx=tx,
+                                   chunk_size=config.loss_chunk_size),
+      eval_step=functools.partial(lm_steps.eval_step, model=model,
+                                  seed=config.seed,
+                                  chunk_size=config.loss_chunk_size),
+      batch_spec=lm_steps.batch_spec(config.seq_len),
+      flops_per_step=lm_steps.train_flops_per_example(
+          model.cfg, config.seq_len) * config.global_batch_size,
+      compute_dtype=config.model.dtype)
+
+
+def check_sample_settings(settings) -> None:
+  """`trm.aot --mode=sample`'s flags, checked before anything compiles."""
+  from trm.families.dream import sample_program  # pylint: disable=g-import-not-at-top
+  sample_program.check_settings(settings)
+
+
+def build_sampler(config, ctx, settings):
+  """(() -> compiled sampling loop, model FLOPs per call); see
+  `trm.families.dream.sample_program`."""
+  from trm.families.dream import sample_program  # pylint: disable=g-import-not-at-top
+  return sample_program.build(config, ctx, settings)

@@ -1,0 +1,75 @@
+"""What to compile for GPT: nanoGPT's model, AdamW state and iteration.
+
+One train step is one nanoGPT iteration: gradient accumulation and the AdamW
+update together. A character-level config's vocabulary comes from its data,
+so `trm.aot` needs it given (`data_shapes`).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+from trm.core import lm_state
+from trm.core import loss_scale
+from trm.core import mesh as mesh_lib
+from trm.core import mfu
+from trm.core.task import BatchField, Program
+from trm.families.gpt import model as gpt
+from trm.families.gpt import steps as gpt_steps
+
+DISPLAY_NAME = "GPT"
+
+
+def owns_state(paths) -> bool:
+  """nanoGPT's names: params/wte, params/wpe, params/h_<i>, ..."""
+  return any(p.startswith("params/wte") for p in paths)
+
+
+def batch_spec(block_size: int) -> dict:
+  """Windows x and their next tokens y; evaluation batches also carry the
+  split (train 0 / val 1) of each row, for nanoGPT's estimate_loss."""
+  rows = (mesh_lib.BATCH, None)
+  return {"x": BatchField((block_size,), np.int32, rows),
+          "y": BatchField((block_size,), np.int32, rows),
+          "split": BatchField((), np.int32, (mesh_lib.BATCH,),
+                              eval_only=True)}
+
+
+def data_shapes(config, overrides: dict) -> dict:
+  """The vocabulary for `trm.aot`: --vocab_size, else the config's."""
+  vocab = overrides.get("vocab_size") or config.model.vocab_size
+  if not vocab:
+    raise ValueError("config.model.vocab_size is 0 (taken from the prepared "
+                     "data at training time): pass --vocab_size, e.g. 65 for "
+                     "tinyshakespeare's characters or 50304 for GPT-2's "
+                     "tokens (nanoGPT's padded figure).")
+  return {"vocab_size": vocab}
+
+
+def build(config, ctx, shapes=None) -> Program:
+  """`shapes` ({'vocab_size'}) overrides config.model.vocab_size."""
+  del ctx  # the layers place themselves by logical names
+  shapes = shapes or data_shapes(config, {})
+  model_config = config.model.to_dict()
+  model_config["vocab_size"] = shapes["vocab_size"]
+  cfg = gpt.GPTConfig.from_config(model_config)
+  model = gpt.GPT(cfg)
+  tx = gpt_steps.make_optimizer(config)
+  non_embedding = gpt.num_params(gpt.abstract_params(cfg),
+                                 non_embedding=True)
+  return Program(
+      model=model,
+      init_fn=lm_state.make_init_fn(
+          lambda key: model.init(key, jnp.zeros((1, 1), jnp.int32))["params"],
+          tx, config.seed, loss_scale.initial_state(config)),
+      train_step=functools.partial(
+          gpt_steps.train_step, model=model, tx=tx,
+          accum_steps=config.gradient_accumulation_steps),
+      eval_step=functools.partial(gpt_steps.eval_step, model=model),
+      batch_spec=batch_spec(cfg.block_size),
+      flops_per_step=mfu.nanogpt_flops_per_iter(
+          non_embedding, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,
+          config.global_batch_size),
+      compute_dtype=cfg.dtype)
