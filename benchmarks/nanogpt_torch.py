@@ -264,7 +264,7 @@ def ensure_data(data_dir: str, input_path: str) -> tuple[str, int]:
     with open(input_path, encoding="utf-8") as f:
       text = f.read()
     try:  # The project's own prep, when present; same file format.
-      from trm.data.text.windows import prepare_char  # pylint: disable=g-import-not-at-top
+      from trm.data.text.preparation import prepare_char  # pylint: disable=g-import-not-at-top
     except ImportError:
       prepare_char = None
     if prepare_char is not None:

@@ -22,6 +22,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from trm.data.text import preparation
 from trm.data.text import windows as text
 from trm.data.text import tfds_source
 from trm.data import tfds_builders as tfds_build
@@ -52,7 +53,7 @@ def main(argv):
     tfds_build.build("trm_tiny_shakespeare", manual, os.path.join(tmp, "t"))
     build_s = time.perf_counter() - start
     start = time.perf_counter()
-    text.prepare_char(corpus, os.path.join(tmp, "bin"))
+    preparation.prepare_char(corpus, os.path.join(tmp, "bin"))
     prepare_s = time.perf_counter() - start
     config = ml_collections.ConfigDict(dict(
         name="trm_tiny_shakespeare", data_dir=os.path.join(tmp, "t"),

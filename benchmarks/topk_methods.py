@@ -6,7 +6,7 @@ One XLA thread; each method jitted, timed over 5 calls after a warm-up:
 `lax.top_k` (XLA:CPU's TopK; inside a loop it becomes a full sort), a
 stable argsort plus cumulative sum (what a sort-based top-p needs), a
 32-pass bisection over the whole vocabulary (`_kth_largest_key`), and the
-sampler's block candidates (`diffusion_sampling._candidates`, k = 50).
+sampler's block candidates (`token_draws._candidates`, k = 50).
 """
 from __future__ import annotations
 
@@ -29,18 +29,21 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from trm.families.dream import sampling as ds  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import token_draws  # pylint: disable=g-import-not-at-top
 
   k = _K.value
   x = jax.random.normal(jax.random.key(0), (_ROWS.value, _VOCAB.value)) * 3
   methods = {
-      "lax.top_k": lambda x: jax.lax.top_k(x, k)[0][:, -1],
-      "stable argsort + cumsum": lambda x: jnp.cumsum(jnp.take_along_axis(
-          x, jnp.argsort(-x, axis=-1, stable=True), axis=-1), axis=-1),
+      "lax.top_k":
+          lambda x: jax.lax.top_k(x, k)[0][:, -1],
+      "stable argsort + cumsum":
+          lambda x: jnp.cumsum(jnp.take_along_axis(
+              x, jnp.argsort(-x, axis=-1, stable=True), axis=-1),
+                               axis=-1),
       "bisection over the vocabulary (32 passes)":
-          lambda x: ds._kth_largest_key(ds._order_keys(x), k),  # pylint: disable=protected-access
+          lambda x: token_draws._kth_largest_key(token_draws._order_keys(x), k),  # pylint: disable=protected-access
       "block candidates (k-th largest, exact)":
-          lambda x: ds._candidates(x, k)[2],  # pylint: disable=protected-access
+          lambda x: token_draws._candidates(x, k)[2],  # pylint: disable=protected-access
   }
   print(f"[{_ROWS.value}, {_VOCAB.value}] float32, k={k}, load "
         f"{os.getloadavg()[0]:.2f}")

@@ -38,6 +38,7 @@ from trm import generate
 from trm.core import mesh as mesh_lib
 from trm.core import restore_check
 from trm.core import state as state_lib
+from trm.core import weights_io
 from trm.data.text import tokenizer as tok_lib
 from trm.core import train
 from trm import families
@@ -57,8 +58,8 @@ pytestmark = pytest.mark.filterwarnings(
 
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-CheckpointError = torch_import.CheckpointError
-HFCheckpointError = hf_import.CheckpointError
+CheckpointError = weights_io.CheckpointError
+HFCheckpointError = weights_io.CheckpointError
 
 
 def dc_config(**overrides):

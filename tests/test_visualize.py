@@ -8,10 +8,12 @@ from PIL import Image
 import pytest
 import repo
 
-from trm.families.trm import arc_eval
+from trm.families.trm import arc_canvas
 from trm import visualize as vis
+from trm import visualize_panels
 from trm.data.puzzles import format as puzzle_format
 from trm.data.puzzles import sudoku
+from trm.data.puzzles import sudoku_generate
 
 ROOT = repo.ROOT
 
@@ -20,25 +22,25 @@ def _px(image, x, y):
   return image.convert("RGB").getpixel((x, y))
 
 
-def _sudoku_cell(image, i, cell=vis.SUDOKU_CELL):
+def _sudoku_cell(image, i, cell=visualize_panels.SUDOKU_CELL):
   """Background pixel of Sudoku cell i (clear of lines and the digit)."""
   r, c = divmod(i, 9)
   return _px(image, c * cell + 4, r * cell + 4)
 
 
 def _sudoku_example():
-  boards, solutions = sudoku.generate_puzzles(1, 40, seed=0)
+  boards, solutions = sudoku_generate.generate_puzzles(1, 40, seed=0)
   return boards[0] + 1, solutions[0] + 1  # tokens: value + 1
 
 
 def test_sudoku_board_colours():
   inputs, labels = _sudoku_example()
-  image = vis.render_sudoku(inputs)
-  assert image.size == (9 * vis.SUDOKU_CELL + 1,) * 2
+  image = visualize_panels.render_sudoku(inputs)
+  assert image.size == (9 * visualize_panels.SUDOKU_CELL + 1,) * 2
   given = int(np.flatnonzero(inputs > 1)[0])
   blank = int(np.flatnonzero(inputs == 1)[0])
-  assert _sudoku_cell(image, given) == vis.SUDOKU_GIVEN_BG
-  assert _sudoku_cell(image, blank) == vis.SUDOKU_BG
+  assert _sudoku_cell(image, given) == visualize_panels.SUDOKU_GIVEN_BG
+  assert _sudoku_cell(image, blank) == visualize_panels.SUDOKU_BG
 
   # A prediction with one wrong filled cell and one wrong given.
   prediction = labels.copy()
@@ -46,19 +48,22 @@ def test_sudoku_board_colours():
   prediction[wrong_filled] = labels[wrong_filled] % 9 + 2
   wrong_given = int(np.flatnonzero(inputs > 1)[1])
   prediction[wrong_given] = labels[wrong_given] % 9 + 2
-  image = vis.render_sudoku(prediction, givens=inputs, labels=labels)
-  assert _sudoku_cell(image, given) == vis.SUDOKU_GIVEN_BG
-  assert _sudoku_cell(image, blank) == vis.SUDOKU_BG
-  assert _sudoku_cell(image, wrong_filled) == vis.SUDOKU_WRONG_BG
-  assert _sudoku_cell(image, wrong_given) == vis.SUDOKU_WRONG_BG
+  image = visualize_panels.render_sudoku(prediction,
+                                         givens=inputs,
+                                         labels=labels)
+  assert _sudoku_cell(image, given) == visualize_panels.SUDOKU_GIVEN_BG
+  assert _sudoku_cell(image, blank) == visualize_panels.SUDOKU_BG
+  assert _sudoku_cell(image, wrong_filled) == visualize_panels.SUDOKU_WRONG_BG
+  assert _sudoku_cell(image, wrong_given) == visualize_panels.SUDOKU_WRONG_BG
   # The digit is drawn: the cell holds its foreground colour somewhere.
   r, c = divmod(blank, 9)
-  size = vis.SUDOKU_CELL
+  size = visualize_panels.SUDOKU_CELL
   cell = np.asarray(image)[r * size:(r + 1) * size, c * size:(c + 1) * size]
-  assert (cell == vis.SUDOKU_FILLED_FG).all(-1).any()
+  assert (cell == visualize_panels.SUDOKU_FILLED_FG).all(-1).any()
   # Box lines are black, the top-left corner included.
-  assert _px(image, 0, 5) == vis.SUDOKU_BOX_LINE
-  assert _px(image, 3 * vis.SUDOKU_CELL, 5) == vis.SUDOKU_BOX_LINE
+  assert _px(image, 0, 5) == visualize_panels.SUDOKU_BOX_LINE
+  assert _px(image, 3 * visualize_panels.SUDOKU_CELL,
+             5) == visualize_panels.SUDOKU_BOX_LINE
 
 
 def test_maze_colours():
@@ -66,48 +71,54 @@ def test_maze_colours():
   tokens[0:30] = 1  # top row: walls
   tokens[31], tokens[32], tokens[33] = 3, 5, 4  # S, o, G
   tokens[899] = 0  # pad
-  image = vis.render_maze(tokens)
-  assert image.size == (30 * vis.MAZE_CELL,) * 2
+  image = visualize_panels.render_maze(tokens)
+  assert image.size == (30 * visualize_panels.MAZE_CELL,) * 2
 
   def centre(i):
     r, c = divmod(i, 30)
-    return _px(image, c * vis.MAZE_CELL + 4, r * vis.MAZE_CELL + 4)
+    return _px(image, c * visualize_panels.MAZE_CELL + 4,
+               r * visualize_panels.MAZE_CELL + 4)
 
-  assert centre(5) == vis.MAZE_COLORS[1]
-  assert centre(100) == vis.MAZE_COLORS[2]
-  assert centre(31) == vis.MAZE_COLORS[3]
-  assert centre(32) == vis.MAZE_COLORS[5]
-  assert centre(33) == vis.MAZE_COLORS[4]
-  assert centre(899) == vis.MAZE_COLORS[0]
+  assert centre(5) == visualize_panels.MAZE_COLORS[1]
+  assert centre(100) == visualize_panels.MAZE_COLORS[2]
+  assert centre(31) == visualize_panels.MAZE_COLORS[3]
+  assert centre(32) == visualize_panels.MAZE_COLORS[5]
+  assert centre(33) == visualize_panels.MAZE_COLORS[4]
+  assert centre(899) == visualize_panels.MAZE_COLORS[0]
   labels = tokens.copy()
   labels[100] = 5
-  image = vis.render_maze(tokens, labels=labels)
+  image = visualize_panels.render_maze(tokens, labels=labels)
   r, c = divmod(100, 30)
-  assert _px(image, c * 8, r * 8) == vis.MAZE_WRONG  # outline
-  assert _px(image, c * 8 + 4, r * 8 + 4) == vis.MAZE_COLORS[2]
+  assert _px(image, c * 8, r * 8) == visualize_panels.MAZE_WRONG  # outline
+  assert _px(image, c * 8 + 4, r * 8 + 4) == visualize_panels.MAZE_COLORS[2]
 
 
 def test_arc_grid_colours_and_crop():
   grid = np.array([[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 0, 1]])
-  canvas = arc_eval.to_canvas(grid)
-  image = vis.render_arc(canvas)
-  cell = vis.ARC_CELL
+  canvas = arc_canvas.to_canvas(grid)
+  image = visualize_panels.render_arc(canvas)
+  cell = visualize_panels.ARC_CELL
   assert image.size == (3 * cell + 1, 4 * cell + 1)  # cropped to 4x3
   for r in range(4):
     for c in range(3):
-      assert _px(image, c * cell + 4, r * cell + 4) == vis.ARC_COLORS[
-          grid[r, c]]
-  assert _px(image, 0, 0) == vis.ARC_LINE
+      assert _px(image, c * cell + 4,
+                 r * cell + 4) == visualize_panels.ARC_COLORS[grid[r, c]]
+  assert _px(image, 0, 0) == visualize_panels.ARC_LINE
   # A 2-D grid draws the same picture; an empty canvas a placeholder.
-  assert np.array_equal(np.asarray(vis.render_arc(grid)), np.asarray(image))
-  assert vis.render_arc(np.zeros(900, np.uint8)).size == (2 * cell + 1,) * 2
+  assert np.array_equal(np.asarray(visualize_panels.render_arc(grid)),
+                        np.asarray(image))
+  assert visualize_panels.render_arc(np.zeros(
+      900, np.uint8)).size == (2 * cell + 1,) * 2
   # Wrong cells (same shape as the target) get a white outline.
   wrong = grid.copy()
   wrong[1, 2] = 9
-  image = vis.render_arc(arc_eval.to_canvas(wrong), labels=canvas)
-  assert _px(image, 2 * cell + 1, 1 * cell + 1) == vis.ARC_WRONG
-  assert _px(image, 2 * cell + 4, 1 * cell + 4) == vis.ARC_COLORS[9]
-  assert _px(image, 1 * cell + 1, 1 * cell + 1) == vis.ARC_COLORS[4]
+  image = visualize_panels.render_arc(arc_canvas.to_canvas(wrong),
+                                      labels=canvas)
+  assert _px(image, 2 * cell + 1, 1 * cell + 1) == visualize_panels.ARC_WRONG
+  assert _px(image, 2 * cell + 4,
+             1 * cell + 4) == visualize_panels.ARC_COLORS[9]
+  assert _px(image, 1 * cell + 1,
+             1 * cell + 1) == visualize_panels.ARC_COLORS[4]
 
 
 def test_kind_from_metadata():
@@ -129,7 +140,7 @@ def _sheet_width(columns, panel_w):
 
 
 def test_sudoku_sheet_rows_and_frames(tmp_path):
-  boards, solutions = sudoku.generate_puzzles(5, 30, seed=1)
+  boards, solutions = sudoku_generate.generate_puzzles(5, 30, seed=1)
   inputs, labels = boards + 1, solutions + 1
   predictions = labels.copy()
   predictions[1, np.flatnonzero(inputs[1] == 1)[0]] = 1  # row 1 is wrong
@@ -139,7 +150,7 @@ def test_sudoku_sheet_rows_and_frames(tmp_path):
   with Image.open(path) as png:
     assert png.format == "PNG"
     assert png.size == sheet.size
-  panel = 9 * vis.SUDOKU_CELL + 1
+  panel = 9 * visualize_panels.SUDOKU_CELL + 1
   assert sheet.size == (_sheet_width(3, panel), _sheet_height(3, panel))
   slot_w = panel + 2 * vis.SHEET_FRAME + vis.SHEET_MARGIN
   slot_h = slot_w
@@ -149,7 +160,7 @@ def test_sudoku_sheet_rows_and_frames(tmp_path):
                vis.SHEET_HEADER + vis.SHEET_MARGIN + row * slot_h + 1)
 
   assert frame(0, 1) == vis.FRAME_RIGHT
-  assert frame(1, 1) == vis.FRAME_WRONG
+  assert frame(1, 1) == visualize_panels.FRAME_WRONG
   assert frame(2, 1) == vis.FRAME_RIGHT
   assert frame(0, 0) == vis.FRAME_PLAIN
   assert frame(0, 2) == vis.FRAME_PLAIN
@@ -160,10 +171,10 @@ def test_sudoku_sheet_rows_and_frames(tmp_path):
 
 def test_arc_and_maze_sheets(tmp_path):
   small, big = np.ones((2, 2), int), np.full((5, 4), 3)
-  inputs = np.stack([arc_eval.to_canvas(small), arc_eval.to_canvas(big)])
+  inputs = np.stack([arc_canvas.to_canvas(small), arc_canvas.to_canvas(big)])
   sheet = vis.sample_sheet("arc", inputs, np.zeros_like(inputs), inputs,
                            str(tmp_path / "arc.png"))
-  cell = vis.ARC_CELL
+  cell = visualize_panels.ARC_CELL
   assert sheet.size == (_sheet_width(3, 4 * cell + 1),
                         _sheet_height(2, 5 * cell + 1))
   mazes = np.full((2, 900), 2, np.uint8)
@@ -189,7 +200,7 @@ def test_cli_on_a_small_sudoku_dataset(tmp_path):
       cwd=ROOT, capture_output=True, text=True, timeout=120,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
-  panel = 9 * vis.SUDOKU_CELL + 1
+  panel = 9 * visualize_panels.SUDOKU_CELL + 1
   with Image.open(out) as png:
     assert png.format == "PNG"
     assert png.size == (_sheet_width(3, panel), _sheet_height(3, panel))

@@ -133,7 +133,7 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from trm.data.text import windows as text  # pylint: disable=g-import-not-at-top
+  from trm.data.text import preparation  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
 
   if _NUM_SAMPLES.value <= 0 or _MAX_NEW.value <= 0:
@@ -151,17 +151,17 @@ def main(argv):
       _INIT_FROM.value, _WORKDIR.value, _CHECKPOINT.value, ctx)
   data_dir = _DATA_DIR.value or data_dir
   if data_dir and os.path.isfile(os.path.join(data_dir, "meta.json")):
-    meta = text.load_meta(data_dir)
+    meta = preparation.load_meta(data_dir)
   elif data_dir and os.path.isfile(os.path.join(data_dir, "metadata.json")):
     # A TFDS run: the builder's metadata holds meta.json's fields.
     with open(os.path.join(data_dir, "metadata.json")) as f:
       meta = json.load(f)
   else:
     if _DATA_DIR.value:
-      text.load_meta(data_dir)  # the error that says what is missing
+      preparation.load_meta(data_dir)  # the error that says what is missing
     print("No meta.json found, assuming GPT-2 encodings...", file=sys.stderr)
     meta = {"tokenizer": "gpt2", "vocab_size": 50257}
-  codec = text.codec_from_meta(meta)
+  codec = preparation.codec_from_meta(meta)
   prompt = np.asarray([codec.encode(start)] * _NUM_SAMPLES.value, np.int32)
   if prompt.shape[1] == 0:
     raise app.UsageError("--start encodes to no tokens; give some text.")

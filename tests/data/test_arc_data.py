@@ -11,6 +11,8 @@ import repo
 from trm.families.trm import program as trm_program
 from trm.core import config_lib
 from trm.data.puzzles import arc
+from trm.data.puzzles import arc_grids
+from trm.data.puzzles import arc_writer
 from trm.data.puzzles import dihedral
 from trm.data.puzzles import format as puzzle_format
 
@@ -78,14 +80,14 @@ def _load(out):
 def _locate(row):
   """(grid, top-left) of a translated encoded row: the colour cells' box."""
   canvas = np.asarray(row).reshape(30, 30)
-  rows, cols = np.nonzero(canvas >= arc.COLOUR_OFFSET)
+  rows, cols = np.nonzero(canvas >= arc_grids.COLOUR_OFFSET)
   r0, c0 = rows.min(), cols.min()
   grid = canvas[r0:rows.max() + 1, c0:cols.max() + 1]
-  assert (grid >= arc.COLOUR_OFFSET).all()  # A filled rectangle.
+  assert (grid >= arc_grids.COLOUR_OFFSET).all()  # A filled rectangle.
   np.testing.assert_array_equal(
       np.asarray(row).reshape(30, 30),
-      arc.encode_pair(grid - 2, grid - 2, r0, c0)[0].reshape(30, 30))
-  return (grid - arc.COLOUR_OFFSET).astype(np.uint8), (int(r0), int(c0))
+      arc_grids.encode_pair(grid - 2, grid - 2, r0, c0)[0].reshape(30, 30))
+  return (grid - arc_grids.COLOUR_OFFSET).astype(np.uint8), (int(r0), int(c0))
 
 
 def _np(grid):
@@ -98,8 +100,9 @@ def _np(grid):
 
 def test_encoding_canvas_and_eos_border():
   grid = np.array([[0, 1, 9], [5, 5, 2]], np.uint8)
-  inp, out = arc.encode_pair(grid, grid[:1], row=3, col=4)
-  assert inp.shape == out.shape == (arc.SEQ_LEN,) and inp.dtype == np.uint8
+  inp, out = arc_grids.encode_pair(grid, grid[:1], row=3, col=4)
+  assert inp.shape == out.shape == (
+      arc_grids.SEQ_LEN,) and inp.dtype == np.uint8
   canvas = inp.reshape(30, 30)
   np.testing.assert_array_equal(canvas[3:5, 4:7], grid + 2)
   np.testing.assert_array_equal(canvas[5, 4:7], [1, 1, 1])  # EOS below.
@@ -114,23 +117,24 @@ def test_encoding_canvas_and_eos_border():
   # A full 30x30 grid has no room for EOS; a grid touching one edge gets
   # only the other border.
   full = np.full((30, 30), 3, np.uint8)
-  np.testing.assert_array_equal(arc.encode_pair(full, full)[0], 5)
-  tall = arc.encode_pair(np.ones((30, 2), np.uint8), full)[0].reshape(30, 30)
+  np.testing.assert_array_equal(arc_grids.encode_pair(full, full)[0], 5)
+  tall = arc_grids.encode_pair(np.ones((30, 2), np.uint8),
+                               full)[0].reshape(30, 30)
   assert (tall[:, 2] == 1).all() and (tall[:, 3:] == 0).all()
   # Decoding the untranslated encoding gives the grid back.
   for g in (grid, full, np.zeros((1, 1), np.uint8), np.ones((30, 7),
                                                             np.uint8)):
-    np.testing.assert_array_equal(arc.decode_grid(arc.encode_pair(g, g)[0]),
-                                  g)
+    np.testing.assert_array_equal(
+        arc_grids.decode_grid(arc_grids.encode_pair(g, g)[0]), g)
 
 
 def test_grid_validation():
-  assert arc.grid_to_np([[1, 2], [3, 4]]).dtype == np.uint8
+  assert arc_grids.grid_to_np([[1, 2], [3, 4]]).dtype == np.uint8
   for bad, msg in [([[1, 2], [3]], "rectangular|2-D"),
                    ([[10]], "0..9"), ([[-1]], "0..9"), ([], "non-empty"),
                    ([[0] * 31], "larger")]:
     with pytest.raises(ValueError, match=msg):
-      arc.grid_to_np(bad, "g")
+      arc_grids.grid_to_np(bad, "g")
 
 
 def test_augmentation_inverse_and_names():
@@ -138,18 +142,18 @@ def test_augmentation_inverse_and_names():
   grid = rng.integers(0, 10, (3, 5)).astype(np.uint8)
   for tid in range(dihedral.NUM_TRANSFORMS):
     mapping = np.concatenate([[0], rng.permutation(9) + 1]).astype(np.uint8)
-    aug = arc.augment_grid(grid, tid, mapping)
-    np.testing.assert_array_equal(arc.inverse_augment_grid(aug, tid, mapping),
-                                  grid)
+    aug = arc_grids.augment_grid(grid, tid, mapping)
+    np.testing.assert_array_equal(
+        arc_grids.inverse_augment_grid(aug, tid, mapping), grid)
     # Colour map first, then the dihedral transform (they commute).
     np.testing.assert_array_equal(aug, dihedral.transform(mapping[grid], tid))
     np.testing.assert_array_equal(aug, mapping[dihedral.transform(grid, tid)])
-    name = arc.aug_name("007bbfb7", tid, mapping)
+    name = arc_grids.aug_name("007bbfb7", tid, mapping)
     assert name == ("007bbfb7|||t%d|||" % tid) + "".join(map(str, mapping))
-    base, tid2, mapping2 = arc.parse_aug_name(name)
+    base, tid2, mapping2 = arc_grids.parse_aug_name(name)
     assert (base, tid2) == ("007bbfb7", tid)
     np.testing.assert_array_equal(mapping2, mapping)
-  base, tid, mapping = arc.parse_aug_name("007bbfb7")
+  base, tid, mapping = arc_grids.parse_aug_name("007bbfb7")
   assert (base, tid) == ("007bbfb7", 0)
   np.testing.assert_array_equal(mapping, np.arange(10))
 
@@ -160,7 +164,7 @@ def test_plan_deduplicates_augmentations():
   # most 5 * 20 tries.
   pairs = [(np.ones((1, 1), np.uint8), np.ones((1, 1), np.uint8))]
   rs = np.random.RandomState(0)
-  tids, maps = arc.plan_augmentations(pairs, 20, rs)
+  tids, maps = arc_grids.plan_augmentations(pairs, 20, rs)
   assert len(tids) == len(maps) == 8
   assert sorted(maps[:, 1].tolist()) == [2, 3, 4, 5, 6, 7, 8, 9]
   assert (maps[:, 0] == 0).all()
@@ -169,20 +173,23 @@ def test_plan_deduplicates_augmentations():
   # Identical augmented puzzles are rejected even with a different transform
   # or example order: keys are multisets of (input, output).
   a, b = np.eye(2, dtype=np.uint8), np.ones((1, 2), np.uint8) * 3
-  assert arc.puzzle_key([(a, b), (b, a)]) == arc.puzzle_key([(b, a), (a, b)])
-  assert arc.puzzle_key([(a, b)]) != arc.puzzle_key([(b, a)])
+  assert arc_grids.puzzle_key([(a, b),
+                               (b, a)]) == arc_grids.puzzle_key([(b, a),
+                                                                 (a, b)])
+  assert arc_grids.puzzle_key([(a, b)]) != arc_grids.puzzle_key([(b, a)])
   # Shapes count: the same cells as a row or a column differ.
-  assert arc.puzzle_key([(a[:1], b)]) != arc.puzzle_key([(a[:1].T, b)])
+  assert arc_grids.puzzle_key([(a[:1], b)]) != arc_grids.puzzle_key([(a[:1].T,
+                                                                      b)])
   # A rich puzzle gets all it asks for, each one distinct.
   rng = np.random.default_rng(1)
   pairs = [(rng.integers(0, 10, (4, 5)).astype(np.uint8),) * 2]
-  tids, maps = arc.plan_augmentations(pairs, 50, np.random.RandomState(3))
-  keys = {arc.puzzle_key([(arc.augment_grid(x, t, m),
-                           arc.augment_grid(y, t, m)) for x, y in pairs])
+  tids, maps = arc_grids.plan_augmentations(pairs, 50, np.random.RandomState(3))
+  keys = {arc_grids.puzzle_key([(arc_grids.augment_grid(x, t, m),
+                           arc_grids.augment_grid(y, t, m)) for x, y in pairs])
           for t, m in zip(tids, maps)}
   assert len(tids) == 50 and len(keys) == 50
-  assert arc.puzzle_key(pairs) not in keys
-  assert arc.plan_augmentations(pairs, 0, rs)[0].shape == (0,)
+  assert arc_grids.puzzle_key(pairs) not in keys
+  assert arc_grids.plan_augmentations(pairs, 0, rs)[0].shape == (0,)
 
 
 # ----------------------------------------------------------------------------
@@ -265,7 +272,7 @@ def test_stored_examples_are_the_named_augmentations(tmp_path):
   for split, arrays in splits.items():
     pi, ids = arrays["puzzle_indices"], arrays["puzzle_identifiers"]
     for p, identifier in enumerate(ids):
-      base, tid, mapping = arc.parse_aug_name(names[identifier])
+      base, tid, mapping = arc_grids.parse_aug_name(names[identifier])
       puzzle = originals[base]
       if split == "test":
         expected = puzzle["test"]
@@ -280,10 +287,10 @@ def test_stored_examples_are_the_named_augmentations(tmp_path):
         assert at_in == at_out
         offsets.append(at_in)
         np.testing.assert_array_equal(
-            arc.inverse_augment_grid(inp, tid, mapping),
+            arc_grids.inverse_augment_grid(inp, tid, mapping),
             _np(expected[k]["input"]))
         np.testing.assert_array_equal(
-            arc.inverse_augment_grid(out_grid, tid, mapping),
+            arc_grids.inverse_augment_grid(out_grid, tid, mapping),
             _np(expected[k]["output"]))
       if split == "test":
         assert set(offsets) == {(0, 0)}
@@ -386,7 +393,7 @@ def test_build_is_deterministic_by_seed(tmp_path):
 def test_streamed_files_are_plain_npy(tmp_path, monkeypatch):
   """Chunked writing (tiny chunks here) gives ordinary .npy files."""
   ref = _build_mini(tmp_path, "ref")
-  monkeypatch.setattr(arc, "_CHUNK_ROWS", 3)
+  monkeypatch.setattr(arc_writer, "_CHUNK_ROWS", 3)
   out = _build_mini(tmp_path, "chunked")
   for split in arc.SPLITS:
     for field in ("inputs", "labels"):

@@ -20,10 +20,12 @@ from trm.core import train
 from trm import families
 from trm.data.puzzles import dihedral
 from trm.data.puzzles import maze
+from trm.data.puzzles import maze_generate
+from trm.data.puzzles import maze_grid
 from trm.data.puzzles import format as puzzle_format
 
 ROOT = repo.ROOT
-N = maze.GRID_SIZE
+N = maze_grid.GRID_SIZE
 
 
 def _bfs(grid, source):
@@ -36,7 +38,7 @@ def _bfs(grid, source):
   while queue:
     r, c = queue.popleft()
     for rr, cc in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
-      if not (0 <= rr < N and 0 <= cc < N) or grid[rr, cc] == maze.WALL:
+      if not (0 <= rr < N and 0 <= cc < N) or grid[rr, cc] == maze_grid.WALL:
         continue
       if dist[rr, cc] < 0:
         dist[rr, cc] = dist[r, c] + 1
@@ -50,14 +52,16 @@ def _check_solved_maze(question, answer, min_length=1):
   """Asserts `answer` marks the unique shortest S->G path of `question`;
   returns the path length in moves."""
   q, a = np.asarray(question).reshape(N, N), np.asarray(answer).reshape(N, N)
-  assert set(np.unique(q)) <= {maze.WALL, maze.OPEN, maze.START, maze.GOAL}
-  assert (q == maze.START).sum() == 1 and (q == maze.GOAL).sum() == 1
-  path = a == maze.PATH
+  assert set(np.unique(q)) <= {
+      maze_grid.WALL, maze_grid.OPEN, maze_grid.START, maze_grid.GOAL
+  }
+  assert (q == maze_grid.START).sum() == 1 and (q == maze_grid.GOAL).sum() == 1
+  path = a == maze_grid.PATH
   # Off the path the answer is the question; the path only covers open cells.
   np.testing.assert_array_equal(a[~path], q[~path])
-  assert (q[path] == maze.OPEN).all()
-  start = tuple(np.argwhere(q == maze.START)[0])
-  goal = tuple(np.argwhere(q == maze.GOAL)[0])
+  assert (q[path] == maze_grid.OPEN).all()
+  start = tuple(np.argwhere(q == maze_grid.START)[0])
+  goal = tuple(np.argwhere(q == maze_grid.GOAL)[0])
   dist, count = _bfs(q, start)
   length = int(dist[goal])
   assert length >= min_length
@@ -85,32 +89,32 @@ def _check_solved_maze(question, answer, min_length=1):
 def _grid(rows):
   """A 30x30 token grid from a few text rows, the rest walls."""
   text = [r.ljust(N, "#") for r in rows] + ["#" * N] * (N - len(rows))
-  return maze.encode("".join(text)).reshape(N, N)
+  return maze_grid.encode("".join(text)).reshape(N, N)
 
 
 def test_encode_decode_render():
-  text = "# SGo" * (maze.SEQ_LEN // 5)
-  ids = maze.encode(text)
+  text = "# SGo" * (maze_grid.SEQ_LEN // 5)
+  ids = maze_grid.encode(text)
   assert ids.dtype == np.uint8 and ids[:5].tolist() == [1, 2, 3, 4, 5]
-  assert maze.decode(ids) == text
-  assert maze.render(ids).splitlines()[0] == text[:N]
+  assert maze_grid.decode(ids) == text
+  assert maze_grid.render(ids).splitlines()[0] == text[:N]
   with pytest.raises(ValueError, match="'x'"):
-    maze.encode("# x")
+    maze_grid.encode("# x")
   with pytest.raises(ValueError, match="token ids"):
-    maze.decode(np.array([0, 1]))
+    maze_grid.decode(np.array([0, 1]))
 
 
 def test_solve_unique_tie_and_unreachable():
-  answer, length, count = maze.solve(_grid(["S   G"]))
+  answer, length, count = maze_grid.solve(_grid(["S   G"]))
   assert (length, count) == (4, 1)
-  assert maze.decode(answer)[:5] == "SoooG"
+  assert maze_grid.decode(answer)[:5] == "SoooG"
   # Two equally short ways around a wall: no canonical answer.
-  answer, length, count = maze.solve(_grid(["S  ", " # ", "  G"]))
+  answer, length, count = maze_grid.solve(_grid(["S  ", " # ", "  G"]))
   assert answer is None and (length, count) == (4, 2)
-  answer, length, count = maze.solve(_grid(["S#G"]))
+  answer, length, count = maze_grid.solve(_grid(["S#G"]))
   assert answer is None and (length, count) == (-1, 0)
   with pytest.raises(ValueError, match="one start"):
-    maze.solve(_grid(["S S G"]))
+    maze_grid.solve(_grid(["S S G"]))
 
 
 # ----------------------------------------------------------------------------
@@ -118,48 +122,53 @@ def test_solve_unique_tie_and_unreachable():
 
 
 def test_generated_mazes_have_a_long_unique_shortest_path():
-  questions, answers = maze.generate_mazes(12, seed=0)
-  assert questions.shape == answers.shape == (12, maze.SEQ_LEN)
+  questions, answers = maze_generate.generate_mazes(12, seed=0)
+  assert questions.shape == answers.shape == (12, maze_grid.SEQ_LEN)
   assert questions.dtype == answers.dtype == np.uint8
   lengths = [_check_solved_maze(q, a, min_length=111)
              for q, a in zip(questions, answers)]
   assert min(lengths) > 110
   for q, a in zip(questions, answers):
-    solved, _, _ = maze.solve(q)
+    solved, _, _ = maze_grid.solve(q)
     np.testing.assert_array_equal(solved, a)
   # Decoy loops: the open cells are not a tree (more moves than cells - 1).
-  q = questions[0].reshape(N, N) != maze.WALL
+  q = questions[0].reshape(N, N) != maze_grid.WALL
   edges = (q[1:] & q[:-1]).sum() + (q[:, 1:] & q[:, :-1]).sum()
   assert edges > q.sum() - 1
 
 
 def test_generator_threshold_and_bad_arguments():
-  questions, answers = maze.generate_mazes(3, seed=4, min_path_length=200)
+  questions, answers = maze_generate.generate_mazes(3,
+                                                    seed=4,
+                                                    min_path_length=200)
   for q, a in zip(questions, answers):
     _check_solved_maze(q, a, min_length=200)
-  questions, answers = maze.generate_mazes(3, seed=4, min_path_length=5,
-                                           num_loops=0)
+  questions, answers = maze_generate.generate_mazes(3,
+                                                    seed=4,
+                                                    min_path_length=5,
+                                                    num_loops=0)
   for q, a in zip(questions, answers):
     _check_solved_maze(q, a, min_length=5)
   with pytest.raises(ValueError, match="min_path_length"):
-    maze.generate_mazes(1, seed=0, min_path_length=0)
+    maze_generate.generate_mazes(1, seed=0, min_path_length=0)
   with pytest.raises(ValueError, match="num_loops"):
-    maze.generate_mazes(1, seed=0, num_loops=-1)
+    maze_generate.generate_mazes(1, seed=0, num_loops=-1)
   with pytest.raises(RuntimeError, match="min_path_length"):
-    maze.generate_mazes(1, seed=0, min_path_length=800, max_attempts=2)
+    maze_generate.generate_mazes(1, seed=0, min_path_length=800, max_attempts=2)
 
 
 def test_generation_is_deterministic():
-  a = maze.generate_mazes(4, seed=11)
-  b = maze.generate_mazes(4, seed=11)
-  c = maze.generate_mazes(4, seed=12)
+  a = maze_generate.generate_mazes(4, seed=11)
+  b = maze_generate.generate_mazes(4, seed=11)
+  c = maze_generate.generate_mazes(4, seed=12)
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x, y)
   assert not np.array_equal(a[0], c[0])
   # Maze k has its own seed, so a shorter run is a prefix of a longer one.
-  np.testing.assert_array_equal(maze.generate_mazes(2, seed=11)[0], a[0][:2])
-  np.testing.assert_array_equal(maze.generate_mazes(2, [11, 0])[0],
-                                maze.generate_mazes(2, (11, 0))[0])
+  np.testing.assert_array_equal(
+      maze_generate.generate_mazes(2, seed=11)[0], a[0][:2])
+  np.testing.assert_array_equal(maze_generate.generate_mazes(2, [11, 0])[0],
+                                maze_generate.generate_mazes(2, (11, 0))[0])
 
 
 # ----------------------------------------------------------------------------
@@ -167,10 +176,10 @@ def test_generation_is_deterministic():
 
 
 def test_dihedral_augment_is_consistent():
-  questions, answers = maze.generate_mazes(2, seed=3)
+  questions, answers = maze_generate.generate_mazes(2, seed=3)
   for q, a in zip(questions, answers):
-    qs, as_ = maze.dihedral_augment(q, a)
-    assert qs.shape == as_.shape == (8, maze.SEQ_LEN)
+    qs, as_ = maze_grid.dihedral_augment(q, a)
+    assert qs.shape == as_.shape == (8, maze_grid.SEQ_LEN)
     assert qs.dtype == np.uint8
     np.testing.assert_array_equal(qs[0], q)
     np.testing.assert_array_equal(as_[0], a)
@@ -184,7 +193,7 @@ def test_dihedral_augment_is_consistent():
           dihedral.inverse_transform(qs[t].reshape(N, N), t).reshape(-1), q)
       np.testing.assert_array_equal(
           dihedral.transform(a.reshape(N, N), t).reshape(-1), as_[t])
-    assert maze._canonical_key(qs[5]) == maze._canonical_key(q)
+    assert maze_grid.canonical_key(qs[5]) == maze_grid.canonical_key(q)
 
 
 # ----------------------------------------------------------------------------
@@ -197,11 +206,11 @@ def _write_rows(path, rows):
 
 
 def _row(q, a, source="src", rating="120"):
-  return f"{source},{maze.decode(q)},{maze.decode(a)},{rating}\n"
+  return f"{source},{maze_grid.decode(q)},{maze_grid.decode(a)},{rating}\n"
 
 
 def test_csv_round_trip(tmp_path):
-  questions, answers = maze.generate_mazes(3, seed=5)
+  questions, answers = maze_generate.generate_mazes(3, seed=5)
   path = maze.write_csv(str(tmp_path / "train.csv"), questions, answers)
   got_q, got_a = maze.read_csv(path)
   assert got_q.dtype == got_a.dtype == np.uint8
@@ -210,14 +219,14 @@ def test_csv_round_trip(tmp_path):
   with open(path) as f:
     lines = f.read().splitlines()
   assert lines[0] == "source,question,answer,rating"
-  assert lines[1].endswith(f",{int((answers[0] == maze.PATH).sum()) + 1}")
+  assert lines[1].endswith(f",{int((answers[0] == maze_grid.PATH).sum()) + 1}")
   # Header only: no mazes.
   got_q, _ = maze.read_csv(_write_rows(tmp_path / "empty.csv", []))
-  assert got_q.shape == (0, maze.SEQ_LEN)
+  assert got_q.shape == (0, maze_grid.SEQ_LEN)
 
 
 def _corrupt(kind, q, a):
-  q, a = maze.decode(q), maze.decode(a)
+  q, a = maze_grid.decode(q), maze_grid.decode(a)
   wall = q.index("#")
   open_ = q.index(" ")
   if kind == "columns":
@@ -249,7 +258,7 @@ def _corrupt(kind, q, a):
     ("differs", "differs from the question at row"),
 ])
 def test_read_csv_malformed_row(tmp_path, kind, message):
-  questions, answers = maze.generate_mazes(3, seed=6)
+  questions, answers = maze_generate.generate_mazes(3, seed=6)
   rows = [_row(q, a) for q, a in zip(questions, answers)]
   rows[2] = _corrupt(kind, questions[2], answers[2])
   path = _write_rows(tmp_path / "bad.csv", rows)
@@ -344,7 +353,7 @@ def test_build_dataset_round_trip(tmp_path):
   assert set(np.unique(labels)) == {1, 2, 3, 4, 5}  # no 0: all supervised
   for g in range(num_train):
     q, a = inputs[g * 8], labels[g * 8]
-    qs, as_ = maze.dihedral_augment(q, a)
+    qs, as_ = maze_grid.dihedral_augment(q, a)
     np.testing.assert_array_equal(inputs[g * 8:(g + 1) * 8], qs)
     np.testing.assert_array_equal(labels[g * 8:(g + 1) * 8], as_)
     _check_solved_maze(q, a, min_length=111)
@@ -353,8 +362,8 @@ def test_build_dataset_round_trip(tmp_path):
   np.testing.assert_array_equal(test["group_indices"], np.arange(num_test + 1))
   assert test["inputs"].shape == (num_test, 900)  # never augmented
   assert test_meta.total_groups == test_meta.total_puzzles == num_test
-  train_keys = {maze._canonical_key(q) for q in inputs[::8]}
-  assert not train_keys & {maze._canonical_key(q) for q in test["inputs"]}
+  train_keys = {maze_grid.canonical_key(q) for q in inputs[::8]}
+  assert not train_keys & {maze_grid.canonical_key(q) for q in test["inputs"]}
 
   with open(os.path.join(out, "identifiers.json")) as f:
     assert json.load(f) == ["<blank>"]
@@ -391,16 +400,18 @@ def test_build_is_deterministic_noaug_and_subsamples(tmp_path):
 
 def test_generated_test_set_excludes_train_images():
   base = [9, maze._STREAM_TEST]
-  stream, _ = maze._generate_range(base, 0, 3, 60)
+  stream, _ = maze_generate.generate_range(base, 0, 3, 60)
   train_image = dihedral.transform(stream[0].reshape(N, N), 3).reshape(-1)
-  seen = {maze._canonical_key(train_image)}
+  seen = {maze_grid.canonical_key(train_image)}
   test, _ = maze._generate_distinct(2, base, 60, seen)
   # The first maze of the stream is a rotated train maze: skipped, replaced.
   np.testing.assert_array_equal(test, stream[1:3])
 
 
 def test_build_from_csv(tmp_path):
-  questions, answers = maze.generate_mazes(5, seed=2, min_path_length=60)
+  questions, answers = maze_generate.generate_mazes(5,
+                                                    seed=2,
+                                                    min_path_length=60)
   csv_dir = tmp_path / "csv"
   maze.write_csv(str(csv_dir / "train.csv"), questions[:3], answers[:3])
   maze.write_csv(str(csv_dir / "test.csv"), questions[3:], answers[3:])

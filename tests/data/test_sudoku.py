@@ -13,6 +13,7 @@ import pytest
 
 from trm.data.puzzles import format as puzzle_format
 from trm.data.puzzles import sudoku
+from trm.data.puzzles import sudoku_generate
 
 # A well-known valid solved grid, used where a fixed grid is handy.
 _GRID = np.array([
@@ -52,14 +53,14 @@ def _brute_force_count(board):
 
 
 def test_count_solutions_basic_cases():
-  assert _valid(_GRID) and sudoku.is_valid_solution(_GRID)
-  assert sudoku.count_solutions(_GRID) == 1
-  assert sudoku.count_solutions(np.zeros(81, np.uint8)) == 2
-  assert sudoku.count_solutions(np.zeros(81, np.uint8), limit=5) == 5
+  assert _valid(_GRID) and sudoku_generate.is_valid_solution(_GRID)
+  assert sudoku_generate.count_solutions(_GRID) == 1
+  assert sudoku_generate.count_solutions(np.zeros(81, np.uint8)) == 2
+  assert sudoku_generate.count_solutions(np.zeros(81, np.uint8), limit=5) == 5
   clash = _GRID.copy()
   clash[1] = clash[0]  # Two equal digits in row 0.
-  assert sudoku.count_solutions(clash) == 0
-  assert not sudoku.is_valid_solution(clash)
+  assert sudoku_generate.count_solutions(clash) == 0
+  assert not sudoku_generate.is_valid_solution(clash)
 
 
 def test_count_solutions_matches_brute_force():
@@ -67,13 +68,14 @@ def test_count_solutions_matches_brute_force():
   for k in range(12):
     board = _GRID.copy()
     board[rng.choice(81, 4 if k < 2 else 3, replace=False)] = 0
-    assert sudoku.count_solutions(board, limit=10) == _brute_force_count(board)
+    assert sudoku_generate.count_solutions(
+        board, limit=10) == _brute_force_count(board)
 
 
 def test_count_solutions_finds_exactly_two():
   """Blanking an unavoidable rectangle (2 rows, 2 columns, 2 boxes) leaves two
   solutions."""
-  _, solutions = sudoku.generate_puzzles(10, 0, seed=3)
+  _, solutions = sudoku_generate.generate_puzzles(10, 0, seed=3)
   found = 0
   for s in solutions[:3]:
     g = s.reshape(9, 9)
@@ -84,7 +86,7 @@ def test_count_solutions_finds_exactly_two():
         if g[r1, c1] == g[r2, c2] and g[r1, c2] == g[r2, c1]:
           board = g.copy()
           board[[r1, r1, r2, r2], [c1, c2, c1, c2]] = 0
-          assert sudoku.count_solutions(board, limit=10) == 2
+          assert sudoku_generate.count_solutions(board, limit=10) == 2
           if not found:  # Brute force is slow; once is enough.
             assert _brute_force_count(board.ravel()) == 2
           found += 1
@@ -94,7 +96,7 @@ def test_count_solutions_finds_exactly_two():
 @pytest.mark.parametrize("num_blanks", [0, 1, 40, 55])
 def test_generated_puzzles_are_unique_and_consistent(num_blanks):
   n = 25 if num_blanks <= 40 else 5
-  boards, solutions = sudoku.generate_puzzles(n, num_blanks, seed=7)
+  boards, solutions = sudoku_generate.generate_puzzles(n, num_blanks, seed=7)
   assert boards.shape == solutions.shape == (n, 81)
   assert boards.dtype == solutions.dtype == np.uint8
   assert ((boards == 0).sum(axis=1) == num_blanks).all()
@@ -102,29 +104,30 @@ def test_generated_puzzles_are_unique_and_consistent(num_blanks):
     assert _valid(solution)
     givens = board != 0
     np.testing.assert_array_equal(board[givens], solution[givens])
-    assert sudoku.count_solutions(board, limit=3) == 1
+    assert sudoku_generate.count_solutions(board, limit=3) == 1
 
 
 def test_generation_is_deterministic():
-  a = sudoku.generate_puzzles(10, 40, seed=11)
-  b = sudoku.generate_puzzles(10, 40, seed=11)
-  c = sudoku.generate_puzzles(10, 40, seed=12)
+  a = sudoku_generate.generate_puzzles(10, 40, seed=11)
+  b = sudoku_generate.generate_puzzles(10, 40, seed=11)
+  c = sudoku_generate.generate_puzzles(10, 40, seed=12)
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x, y)
   assert not np.array_equal(a[1], c[1])
   # Puzzle k has its own seed, so a shorter run is a prefix of a longer one.
-  prefix = sudoku.generate_puzzles(4, 40, seed=11)
+  prefix = sudoku_generate.generate_puzzles(4, 40, seed=11)
   np.testing.assert_array_equal(prefix[0], a[0][:4])
   # Sequence seeds (used by the builder for separate streams) work too.
-  np.testing.assert_array_equal(sudoku.generate_puzzles(3, 40, [11, 0])[0],
-                                sudoku.generate_puzzles(3, 40, (11, 0))[0])
+  np.testing.assert_array_equal(
+      sudoku_generate.generate_puzzles(3, 40, [11, 0])[0],
+      sudoku_generate.generate_puzzles(3, 40, (11, 0))[0])
 
 
 def test_generate_rejects_bad_arguments():
   with pytest.raises(ValueError, match="num_blanks"):
-    sudoku.generate_puzzles(1, 65, seed=0)
+    sudoku_generate.generate_puzzles(1, 65, seed=0)
   with pytest.raises(RuntimeError, match="blanks"):
-    sudoku.generate_puzzles(1, 64, seed=0, max_attempts=2)
+    sudoku_generate.generate_puzzles(1, 64, seed=0, max_attempts=2)
 
 
 # ----------------------------------------------------------------------------
@@ -151,7 +154,7 @@ def _reference_shuffle(board, solution, rng):
 
 
 def test_shuffle_matches_reference_and_keeps_validity():
-  boards, solutions = sudoku.generate_puzzles(5, 45, seed=0)
+  boards, solutions = sudoku_generate.generate_puzzles(5, 45, seed=0)
   transposes = set()
   for seed in range(40):
     board, solution = boards[seed % 5], solutions[seed % 5]
@@ -169,7 +172,7 @@ def test_shuffle_matches_reference_and_keeps_validity():
     givens = new_b != 0
     assert (new_b == 0).sum() == (board == 0).sum()
     np.testing.assert_array_equal(new_b[givens], new_s[givens])
-    assert sudoku.count_solutions(new_b) == 1
+    assert sudoku_generate.count_solutions(new_b) == 1
     # Same permutation of digit counts: equal digits stay equal.
     assert sorted(np.bincount(new_b, minlength=10)[1:]) == sorted(
         np.bincount(board, minlength=10)[1:])
@@ -199,7 +202,7 @@ def _write_csv(path, rows):
 
 
 def test_read_csv_and_min_difficulty(tmp_path):
-  boards, solutions = sudoku.generate_puzzles(3, 30, seed=0)
+  boards, solutions = sudoku_generate.generate_puzzles(3, 30, seed=0)
   ratings = [0, 5, 12]
   path = _write_csv(tmp_path / "train.csv",
                     [_csv_row(b, s, r) for b, s, r in
@@ -223,7 +226,7 @@ def test_read_csv_and_min_difficulty(tmp_path):
     ("given", "differs"),
 ])
 def test_read_csv_malformed_row(tmp_path, bad_row, message):
-  boards, solutions = sudoku.generate_puzzles(3, 30, seed=0)
+  boards, solutions = sudoku_generate.generate_puzzles(3, 30, seed=0)
   rows = [_csv_row(b, s, 1) for b, s in zip(boards, solutions)]
   if bad_row is None:
     bad_row = _csv_row(boards[2], solutions[2], "hard")
@@ -384,14 +387,14 @@ def test_build_is_deterministic_and_subsamples(tmp_path):
 
 def test_generated_test_set_excludes_train_boards():
   base = [9, sudoku._STREAM_TEST]
-  stream, _ = sudoku._generate_range(base, 0, 4, 20)
+  stream, _ = sudoku_generate.generate_range(base, 0, 4, 20)
   test_boards, _ = sudoku._generate_test(3, 20, 9, train_boards=stream[:1])
   # The colliding first puzzle of the test stream is skipped and replaced.
   np.testing.assert_array_equal(test_boards, stream[1:4])
 
 
 def test_build_from_csv(tmp_path):
-  boards, solutions = sudoku.generate_puzzles(6, 35, seed=2)
+  boards, solutions = sudoku_generate.generate_puzzles(6, 35, seed=2)
   csv_dir = tmp_path / "csv"
   csv_dir.mkdir()
   _write_csv(csv_dir / "train.csv",

@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 import repo
 
+from trm.data import atomic_files
+from trm.data.text import preparation
+from trm.data.text import text_codecs
 from trm.data.text import windows as text_lib
 
 _SHAKESPEARE = os.path.join(repo.ROOT, "..", "shared",
@@ -43,33 +46,34 @@ def data_dir(tmp_path):
 def test_prepare_char_tiny_shakespeare_matches_nanogpt(tmp_path):
   text = text_lib.read_text(_SHAKESPEARE)
   assert len(text) == 1_115_394
-  meta = text_lib.prepare_char(text, str(tmp_path))
+  meta = preparation.prepare_char(text, str(tmp_path))
   assert meta["vocab_size"] == 65
   assert (meta["train_tokens"], meta["val_tokens"]) == (1_003_854, 111_540)
   assert meta["tokenizer"] == "char" and meta["itos"]["0"] == "\n"
   assert meta["stoi"]["A"] == 13
   # meta.json is JSON and equals the returned dict; nothing else was left.
-  assert text_lib.load_meta(str(tmp_path)) == meta
+  assert preparation.load_meta(str(tmp_path)) == meta
   assert sorted(os.listdir(tmp_path)) == ["meta.json", "train.bin",
                                           "val.bin"]
   train = np.fromfile(tmp_path / "train.bin", np.uint16)
   val = np.fromfile(tmp_path / "val.bin", np.uint16)
   assert (train.size, val.size) == (1_003_854, 111_540)
-  codec = text_lib.codec_from_meta(meta)
+  codec = preparation.codec_from_meta(meta)
   assert codec.decode(train) + codec.decode(val) == text
 
 
 def test_prepare_char_split_and_roundtrip(tmp_path):
-  meta = text_lib.prepare_char(_SAMPLE, str(tmp_path / "d"))
+  meta = preparation.prepare_char(_SAMPLE, str(tmp_path / "d"))
   cut = int(len(_SAMPLE) * 0.9)
-  codec = text_lib.codec_from_meta(text_lib.load_meta(str(tmp_path / "d")))
-  assert isinstance(codec, text_lib.CharCodec)
+  codec = preparation.codec_from_meta(preparation.load_meta(str(tmp_path /
+                                                                "d")))
+  assert isinstance(codec, text_codecs.CharCodec)
   assert meta["vocab_size"] == len(set(_SAMPLE)) == codec.vocab_size
   train = np.fromfile(tmp_path / "d" / "train.bin", np.uint16)
   np.testing.assert_array_equal(train, codec.encode(_SAMPLE[:cut]))
   assert codec.decode(codec.encode("hear me speak.\n")) == "hear me speak.\n"
   # A list of characters works as itos too.
-  assert text_lib.CharCodec(sorted(set(_SAMPLE))).encode("a") == \
+  assert text_codecs.CharCodec(sorted(set(_SAMPLE))).encode("a") == \
       codec.encode("a")
   with pytest.raises(ValueError, match=r"Character 'Z' is not in the "
                      r"\d+-character vocabulary"):
@@ -80,9 +84,9 @@ def test_prepare_char_split_and_roundtrip(tmp_path):
 
 def test_interrupted_prepare_leaves_no_meta(tmp_path, monkeypatch):
   out = str(tmp_path)
-  text_lib.prepare_char(_SAMPLE, out)
-  assert text_lib.is_prepared(out)
-  real = text_lib.puzzle_format.atomic_write
+  preparation.prepare_char(_SAMPLE, out)
+  assert preparation.is_prepared(out)
+  real = atomic_files.atomic_write
 
   def dies_in_val(path, write_fn, mode="wb"):
     if path.endswith("val.bin"):
@@ -92,26 +96,26 @@ def test_interrupted_prepare_leaves_no_meta(tmp_path, monkeypatch):
       write_fn = half_then_die
     return real(path, write_fn, mode)
 
-  monkeypatch.setattr(text_lib.puzzle_format, "atomic_write", dies_in_val)
+  monkeypatch.setattr(atomic_files, "atomic_write", dies_in_val)
   with pytest.raises(KeyboardInterrupt):
-    text_lib.prepare_char(_SAMPLE + "!", out)
+    preparation.prepare_char(_SAMPLE + "!", out)
   # The old meta.json went first, so the half-updated directory does not
   # look prepared, and no temp file is left.
-  assert not text_lib.is_prepared(out)
+  assert not preparation.is_prepared(out)
   assert sorted(os.listdir(tmp_path)) == ["train.bin", "val.bin"]
   with pytest.raises(FileNotFoundError, match="missing meta.json"):
-    text_lib.load_meta(out)
+    preparation.load_meta(out)
 
 
 def test_load_meta_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match=(
       r"missing train.bin, val.bin, meta.json.*python -m trm.data.text.windows "
       r"--input=PATH_OR_URL --out_dir=")):
-    text_lib.load_meta(str(tmp_path))
-  text_lib.prepare_char(_SAMPLE, str(tmp_path))
+    preparation.load_meta(str(tmp_path))
+  preparation.prepare_char(_SAMPLE, str(tmp_path))
   _token_file(tmp_path / "val.bin", [1, 2, 3])
   with pytest.raises(ValueError, match="val.bin holds 3 tokens but"):
-    text_lib.load_meta(str(tmp_path))
+    preparation.load_meta(str(tmp_path))
 
 
 def test_read_text_errors(tmp_path, monkeypatch):
@@ -152,7 +156,7 @@ def test_prepare_bpe_with_tokenizer_json(tmp_path):
   tok = _tiny_bpe(tmp_path / "tokenizer.json")
   out = str(tmp_path / "bpe")
   # A directory holding tokenizer.json works as well as the file.
-  meta = text_lib.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path))
+  meta = preparation.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path))
   assert meta["tokenizer"] == str(tmp_path / "tokenizer.json")
   assert meta["vocab_size"] == tok.get_vocab_size() <= 300
   cut = int(len(_SAMPLE) * 0.9)
@@ -160,12 +164,12 @@ def test_prepare_bpe_with_tokenizer_json(tmp_path):
   val = np.fromfile(os.path.join(out, "val.bin"), np.uint16)
   assert (meta["train_tokens"], meta["val_tokens"]) == (train.size, val.size)
   assert train.size < cut  # Merges happened.
-  codec = text_lib.codec_from_meta(text_lib.load_meta(out))
+  codec = preparation.codec_from_meta(preparation.load_meta(out))
   assert codec.decode(train) == _SAMPLE[:cut]
   assert codec.decode(val) == _SAMPLE[cut:]
   assert codec.decode(codec.encode("hear me")) == "hear me"
   with pytest.raises(FileNotFoundError, match="neither 'char', 'gpt2'"):
-    text_lib.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path / "no.json"))
+    preparation.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path / "no.json"))
 
 
 def test_prepare_bpe_with_tiktoken(tmp_path, monkeypatch):
@@ -185,7 +189,7 @@ def test_prepare_bpe_with_tiktoken(tmp_path, monkeypatch):
   monkeypatch.setattr(tiktoken, "get_encoding",
                       lambda name: asked.append(name) or encoding)
   out = str(tmp_path / "bpe")
-  meta = text_lib.prepare_bpe(_SAMPLE, out, tokenizer="gpt2")
+  meta = preparation.prepare_bpe(_SAMPLE, out, tokenizer="gpt2")
   assert asked == ["gpt2"]
   assert meta["tokenizer"] == "gpt2"
   assert meta["vocab_size"] == encoding.n_vocab == 264
@@ -193,7 +197,7 @@ def test_prepare_bpe_with_tiktoken(tmp_path, monkeypatch):
   train = np.fromfile(os.path.join(out, "train.bin"), np.uint16)
   val = np.fromfile(os.path.join(out, "val.bin"), np.uint16)
   assert train.size < cut  # Merges happened.
-  codec = text_lib.codec_from_meta(text_lib.load_meta(out))
+  codec = preparation.codec_from_meta(preparation.load_meta(out))
   assert codec.decode(train) == _SAMPLE[:cut]
   assert codec.decode(val) == _SAMPLE[cut:]
   # encode_ordinary, as nanoGPT: special-token text is plain text.
@@ -203,11 +207,11 @@ def test_prepare_bpe_with_tiktoken(tmp_path, monkeypatch):
 
 def test_gpt2_without_tiktoken_says_what_to_do(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "tiktoken", None)  # import fails
-  with pytest.raises(text_lib.TokenizerUnavailableError,
+  with pytest.raises(text_codecs.TokenizerUnavailableError,
                      match=r"needs the `tiktoken` package.*tokenizer.json"):
-    text_lib.prepare_bpe(_SAMPLE, str(tmp_path))
-  with pytest.raises(text_lib.TokenizerUnavailableError):
-    text_lib.codec_from_meta({"tokenizer": "gpt2", "vocab_size": 50257})
+    preparation.prepare_bpe(_SAMPLE, str(tmp_path))
+  with pytest.raises(text_codecs.TokenizerUnavailableError):
+    preparation.codec_from_meta({"tokenizer": "gpt2", "vocab_size": 50257})
   assert not os.listdir(tmp_path)
 
 
@@ -217,10 +221,10 @@ def test_gpt2_offline_and_vocab_limit(tmp_path, monkeypatch):
 
   fake = types.SimpleNamespace(get_encoding=offline)
   monkeypatch.setitem(sys.modules, "tiktoken", fake)
-  with pytest.raises(text_lib.TokenizerUnavailableError,
+  with pytest.raises(text_codecs.TokenizerUnavailableError,
                      match=r"could not load the 'gpt2' encoding \(no network"
                      r"\).*TIKTOKEN_CACHE_DIR.*tokenizer.json"):
-    text_lib.prepare_bpe(_SAMPLE, str(tmp_path))
+    preparation.prepare_bpe(_SAMPLE, str(tmp_path))
 
   class Huge:
     n_vocab = 100_000
@@ -230,9 +234,9 @@ def test_gpt2_offline_and_vocab_limit(tmp_path, monkeypatch):
 
   fake.get_encoding = lambda name: Huge()
   with pytest.raises(ValueError, match="100000 tokens, more than the 65536"):
-    text_lib.prepare_bpe(_SAMPLE, str(tmp_path))
+    preparation.prepare_bpe(_SAMPLE, str(tmp_path))
   Huge.n_vocab = 50257
-  meta = text_lib.prepare_bpe(_SAMPLE, str(tmp_path))
+  meta = preparation.prepare_bpe(_SAMPLE, str(tmp_path))
   assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257
 
 

@@ -18,6 +18,7 @@ from trm.core import config_lib
 from trm.data.text import tokenizer as tok_lib
 from trm.core import pipeline
 from trm.data.text import sft
+from trm.data.text import preparation
 from trm.data.text import windows as text
 from trm.data.text import tfds_source
 from trm.data import tfds_builders as tfds_build
@@ -50,7 +51,7 @@ def built(tmp_path_factory):
   data_dir = str(root / "tfds_data")
   tfds_build.build("trm_tiny_shakespeare", str(manual), data_dir)
   bin_dir = str(root / "bin")
-  text.prepare_char(corpus, bin_dir)
+  preparation.prepare_char(corpus, bin_dir)
   config = ml_collections.ConfigDict(dict(
       name="trm_tiny_shakespeare", data_dir=data_dir, split="train",
       eval_split="validation", feature="tokens"))
@@ -65,7 +66,7 @@ def test_build_writes_array_record_with_the_vocabulary(built):
       "trm_tiny_shakespeare-train", "trm_tiny_shakespeare-validation"]
   meta, directory = tfds_source.metadata(config)
   assert directory == version_dir
-  bin_meta = text.load_meta(bin_dir)
+  bin_meta = preparation.load_meta(bin_dir)
   for key in ("vocab_size", "itos", "tokenizer", "train_tokens",
               "val_tokens"):
     assert meta[key] == bin_meta[key], key
@@ -74,7 +75,7 @@ def test_build_writes_array_record_with_the_vocabulary(built):
 def test_tfds_batches_equal_bin_batches(built):
   config, bin_dir = built
   stream = tfds_source.TokenStream(config)
-  assert stream.num_tokens == text.load_meta(bin_dir)["train_tokens"]
+  assert stream.num_tokens == preparation.load_meta(bin_dir)["train_tokens"]
   from_tfds = text.TokenWindows(stream, 64, 8, seed=3)
   from_bin = text.TokenWindows(os.path.join(bin_dir, "train.bin"), 64, 8,
                                seed=3)

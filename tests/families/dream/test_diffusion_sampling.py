@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from trm.families.dream import reveal_rules
 from trm.families.dream import sampling as ds
+from trm.families.dream import token_draws
 
 V, D, MASK = 16, 8, 15   # tiny vocab; the last id is the mask token
 PAD = 0
@@ -43,13 +45,13 @@ def _make_model(seed=0, max_len=64):
     (256, 256, 0, 1, 2), (256, 128, 1, 2, 3), (64, 16, 3, 4, 5),
     (8, 8, 0, 1, 2)])
 def test_reveal_schedule_matches_spec_table(n, steps, head, mid, tail):
-  s = ds.reveal_schedule(steps, n)
+  s = reveal_rules.reveal_schedule(steps, n)
   assert s == [head] + [mid] * (steps - 2) + [tail]
   assert sum(s) == n
 
 
 def test_timesteps_float32():
-  ts = ds._timesteps(256, 1e-3)
+  ts = reveal_rules._timesteps(256, 1e-3)
   assert ts.dtype == np.float32 and ts[0] == 1.0
   assert ts[-1] == np.float32(1e-3) and np.all(np.diff(ts) < 0)
 
@@ -98,7 +100,7 @@ def _np_generate(logits_fn, ids, am, *, n_new, steps, alg, top_p=None,
     pos[~m] = 1
   else:
     m, pos = None, None
-  ts = ds._timesteps(steps, eps)
+  ts = reveal_rules._timesteps(steps, eps)
   hist = []
   for i in range(steps):
     mask_index = x == MASK
@@ -157,7 +159,7 @@ def test_reveals_per_step_follow_schedule():
   masks = np.concatenate(
       [np.full((1, 2), n_new), (np.asarray(hist) == MASK).sum(-1)], 0)
   revealed = masks[:-1] - masks[1:]                       # [steps, B]
-  sched = ds.reveal_schedule(steps, n_new)
+  sched = reveal_rules.reveal_schedule(steps, n_new)
   np.testing.assert_array_equal(revealed, np.array(sched)[:, None]
                                 .repeat(2, 1))
   assert sched == [1, 2, 2, 2, 2, 2, 2, 3]   # != the (n, n) pattern
@@ -286,7 +288,7 @@ def test_alg_temp_gumbel_topk():
   hist = np.asarray(hist)
   np.testing.assert_array_equal(hist, np.asarray(hist2))
   assert not np.array_equal(hist, np.asarray(hist3))
-  sched = ds.reveal_schedule(steps, n_new)
+  sched = reveal_rules.reveal_schedule(steps, n_new)
   np.testing.assert_array_equal(_revealed_counts(hist, n_new, 3),
                                 np.array(sched)[:, None].repeat(3, 1))
   _check_monotone(ids, hist)
@@ -383,15 +385,15 @@ def _kept_both(logits, top_p, top_k):
   def kept(values, kth):
     keep = jnp.ones(values.shape, bool)
     if top_k:
-      keep = ds._order_keys(values) >= kth[..., None]  # pylint: disable=protected-access
+      keep = token_draws._order_keys(values) >= kth[..., None]  # pylint: disable=protected-access
     if top_p is not None:
-      keep &= ds._top_p_keep(values, log_norm, top_p)  # pylint: disable=protected-access
+      keep &= token_draws._top_p_keep(values, log_norm, top_p)  # pylint: disable=protected-access
     return keep
 
   if not top_k:
     full = kept(logits, None)
     return (ids, full), full, jnp.ones(logits.shape[:-1], bool)
-  cand, cand_ids, kth, complete = ds._candidates(logits, top_k)  # pylint: disable=protected-access
+  cand, cand_ids, kth, complete = token_draws._candidates(logits, top_k)  # pylint: disable=protected-access
   return (cand_ids, kept(cand, kth)), kept(logits, kth), complete
 
 
@@ -432,7 +434,7 @@ def test_candidates_are_complete_for_continuous_logits():
   fallback."""
   logits = jax.random.normal(jax.random.key(0), (64, 16384)) * 3
   for k in (1, 50, 64):
-    complete = np.asarray(ds._candidates(logits, k)[3])  # pylint: disable=protected-access
+    complete = np.asarray(token_draws._candidates(logits, k)[3])  # pylint: disable=protected-access
     assert complete.mean() > 0.95, (k, np.where(~complete))
 
 
@@ -445,9 +447,9 @@ def test_sample_tokens_equals_full_vocabulary_softmax(alg, top_p, top_k,
   filtered vocabulary (the candidates hold every kept entry)."""
   rng = np.random.default_rng(1)
   logits = jnp.asarray(rng.normal(size=(3, 4, 700)) * 3, jnp.float32)
-  conf, x0 = ds._sample_tokens(logits, jax.random.key(0),  # pylint: disable=protected-access
-                               temperature=0.0, top_p=top_p, top_k=top_k,
-                               conf_kind=alg)
+  conf, x0 = token_draws.sample_tokens(logits, jax.random.key(0),
+                                       temperature=0.0, top_p=top_p,
+                                       top_k=top_k, conf_kind=alg)
   keep = _sorted_filter(np.asarray(logits), top_p, top_k)
   probs = _np_softmax(np.where(keep, np.asarray(logits, np.float64), -np.inf))
   np.testing.assert_array_equal(np.asarray(x0), probs.argmax(-1))
@@ -460,9 +462,9 @@ def test_sample_tokens_equals_full_vocabulary_softmax(alg, top_p, top_k,
     want = np.sum(probs * np.log(probs + 1e-10), -1)
   np.testing.assert_allclose(np.asarray(conf), want, rtol=2e-5, atol=2e-6)
   if temperature > 0:  # draws stay inside the kept set
-    _, drawn = ds._sample_tokens(logits, jax.random.key(1),  # pylint: disable=protected-access
-                                 temperature=temperature, top_p=top_p,
-                                 top_k=top_k, conf_kind=alg)
+    _, drawn = token_draws.sample_tokens(logits, jax.random.key(1),
+                                         temperature=temperature, top_p=top_p,
+                                         top_k=top_k, conf_kind=alg)
     scaled = _sorted_filter(np.asarray(logits) / temperature, top_p, top_k)
     assert np.take_along_axis(scaled, np.asarray(drawn)[..., None], -1).all()
 

@@ -13,6 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
+from trm.core import weights_io
 from trm.families.dream import model as dream
 from trm.families.dream import hf_import
 
@@ -227,7 +228,8 @@ def test_missing_tensor_error(hf_model, tmp_path):
   _, directory = hf_model
   name = "model.layers.1.self_attn.k_proj.bias"
   bad = _copy_single(directory, tmp_path, lambda t: t.pop(name))
-  with pytest.raises(hf_import.CheckpointError, match=name.replace(".", r"\.")):
+  with pytest.raises(weights_io.CheckpointError, match=name.replace(".",
+                                                                    r"\.")):
     hf_import.load_hf_checkpoint(bad, CFG)
 
 
@@ -239,14 +241,14 @@ def test_misshaped_tensor_error(hf_model, tmp_path):
     t[name] = t[name][:, :32].copy()
 
   bad = _copy_single(directory, tmp_path, edit)
-  with pytest.raises(hf_import.CheckpointError,
+  with pytest.raises(weights_io.CheckpointError,
                      match=r"up_proj\.weight.*model\.safetensors.*\(128, 32\)"):
     hf_import.load_hf_checkpoint(bad, CFG)
 
 
 def test_config_mismatch_error(hf_model):
   _, directory = hf_model
-  with pytest.raises(hf_import.CheckpointError,
+  with pytest.raises(weights_io.CheckpointError,
                      match=r"num_key_value_heads=2.*config\.model\."
                            r"num_key_value_heads=1"):
     hf_import.load_hf_checkpoint(
@@ -260,6 +262,6 @@ def test_index_shard_names_must_stay_inside_the_directory(tmp_path, file):
   index.write_text(json.dumps({"weight_map": {
       "model.norm.weight": "model-00001-of-00002.safetensors",
       "lm_head.weight": file}}))
-  with pytest.raises(hf_import.CheckpointError,
+  with pytest.raises(weights_io.CheckpointError,
                      match=r"names the weight file .* outside"):
-    hf_import._read_index(str(index))  # pylint: disable=protected-access
+    weights_io.read_index(str(index))  # pylint: disable=protected-access

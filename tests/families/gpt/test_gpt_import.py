@@ -13,8 +13,10 @@ import pytest
 
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
+from trm.core import weights_io
 from trm.families.gpt import model as gpt
 from trm.families.gpt import gpt_import
+from trm.families.gpt import hf_gpt2_files
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -115,7 +117,7 @@ def test_hf_sharded_and_base_model_layouts(hf, tmp_path):
   sharded = str(tmp_path / "sharded")
   model.save_pretrained(sharded, safe_serialization=True,
                         max_shard_size="20KB")
-  assert os.path.exists(os.path.join(sharded, gpt_import.HF_INDEX))
+  assert os.path.exists(os.path.join(sharded, hf_gpt2_files.HF_INDEX))
   _assert_tree_equal(gpt_import.load_hf_gpt2(sharded)[0], params)
   base = str(tmp_path / "base")  # GPT2Model: keys without 'transformer.'
   model.transformer.save_pretrained(base, safe_serialization=True)
@@ -143,7 +145,7 @@ def test_nanogpt_optimizer_state_is_checked(hf, tmp_path):
   state = _nanogpt_state(model.state_dict())
   path = _save_ckpt(str(tmp_path / "ckpt.pt"), state)
   assert "adam" not in gpt_import.load_nanogpt_checkpoint(path)[2]
-  with pytest.raises(gpt_import.CheckpointError,
+  with pytest.raises(weights_io.CheckpointError,
                      match=r"groups of sizes \[1\].*\[10, 18\]"):
     gpt_import.load_nanogpt_checkpoint(path, optimizer=True)
   no_optimizer = _save_ckpt(str(tmp_path / "weights.pt"), state,

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from trm.families.trm import arc_canvas
 from trm.families.trm import arc_eval
 from trm.data.puzzles import dihedral
 import workers as workers_lib
@@ -57,8 +58,9 @@ EMPTY_CANVAS = np.zeros(900, np.uint8)  # starts with PAD: the 0x0 grid
 
 
 def _aug_canvas(grid, identifier):
-  _, tid, color_map = arc_eval.parse_name(IDENTIFIERS[identifier])
-  return arc_eval.to_canvas(arc_eval.augment(np.array(grid), tid, color_map))
+  _, tid, color_map = arc_canvas.parse_name(IDENTIFIERS[identifier])
+  return arc_canvas.to_canvas(arc_canvas.augment(np.array(grid), tid,
+                                                 color_map))
 
 
 # (identifier, original test input, predicted answer in the original frame,
@@ -162,31 +164,33 @@ def _reference_crop_size(canvas):
 
 def test_crop_hand_made_canvases():
   grid = np.array([[0, 1, 2], [3, 4, 5]])
-  np.testing.assert_array_equal(arc_eval.crop(arc_eval.to_canvas(grid)), grid)
+  np.testing.assert_array_equal(arc_canvas.crop(arc_canvas.to_canvas(grid)),
+                                grid)
   # No EOS anywhere: the whole canvas; PAD first: nothing.
-  assert arc_eval.crop(NOT_A_GRID_CANVAS).shape == (30, 30)
-  assert np.all(arc_eval.crop(NOT_A_GRID_CANVAS) == 5)
-  assert arc_eval.crop(EMPTY_CANVAS).shape == (0, 0)
+  assert arc_canvas.crop(NOT_A_GRID_CANVAS).shape == (30, 30)
+  assert np.all(arc_canvas.crop(NOT_A_GRID_CANVAS) == 5)
+  assert arc_canvas.crop(EMPTY_CANVAS).shape == (0, 0)
   # A 30x30 grid has no EOS at all.
   full = np.arange(900).reshape(30, 30) % 10
-  np.testing.assert_array_equal(arc_eval.crop(arc_eval.to_canvas(full)), full)
+  np.testing.assert_array_equal(arc_canvas.crop(arc_canvas.to_canvas(full)),
+                                full)
 
   # Staircase of row widths 5, 3, 3, 1, 0: areas 5, 6, 9, 4 -> 3 x 3.
   canvas = np.full((30, 30), 4, np.uint8)
   for row, width in enumerate((5, 3, 3, 1, 0)):
-    canvas[row, width] = arc_eval.EOS_ID
-  assert arc_eval.crop(canvas).shape == (3, 3)
-  assert np.all(arc_eval.crop(canvas) == 2)
+    canvas[row, width] = arc_canvas.EOS_ID
+  assert arc_canvas.crop(canvas).shape == (3, 3)
+  assert np.all(arc_canvas.crop(canvas) == 2)
   # Ties keep the first (fewest rows): widths 4, 2 -> 1x4 and 2x2 both 4.
   canvas = np.full((30, 30), 4, np.uint8)
-  canvas[0, 4] = arc_eval.PAD_ID
-  canvas[1, 2] = arc_eval.EOS_ID
-  canvas[2, :] = arc_eval.EOS_ID
-  assert arc_eval.crop(canvas).shape == (1, 4)
+  canvas[0, 4] = arc_canvas.PAD_ID
+  canvas[1, 2] = arc_canvas.EOS_ID
+  canvas[2, :] = arc_canvas.EOS_ID
+  assert arc_canvas.crop(canvas).shape == (1, 4)
   # Out-of-vocabulary tokens (>= 12) end a row like EOS does.
-  canvas = np.array(arc_eval.to_canvas(np.ones((4, 4), int)))
+  canvas = np.array(arc_canvas.to_canvas(np.ones((4, 4), int)))
   canvas[1] = 12  # Row 0 keeps 1 cell, so every rectangle is 1 wide.
-  assert arc_eval.crop(canvas).shape == (4, 1)
+  assert arc_canvas.crop(canvas).shape == (4, 1)
 
 
 def test_crop_sizes_match_reference_on_noisy_canvases():
@@ -195,41 +199,41 @@ def test_crop_sizes_match_reference_on_noisy_canvases():
   for i, p in enumerate(np.linspace(0.0, 0.2, len(canvases))):
     noise = rng.random(900) < p
     canvases[i, noise] = rng.integers(0, 13, noise.sum())
-  rows, cols = arc_eval.crop_sizes(canvases)
+  rows, cols = arc_canvas.crop_sizes(canvases)
   for i, canvas in enumerate(canvases):
     assert (rows[i], cols[i]) == _reference_crop_size(canvas), i
 
 
 def test_names_and_inverse_augmentation():
-  assert arc_eval.parse_name("abc")[0] == "abc"
-  assert arc_eval.parse_name("abc")[2] is None
-  name, tid, color_map = arc_eval.parse_name("abc|||t3|||0312456789")
+  assert arc_canvas.parse_name("abc")[0] == "abc"
+  assert arc_canvas.parse_name("abc")[2] is None
+  name, tid, color_map = arc_canvas.parse_name("abc|||t3|||0312456789")
   assert (name, tid) == ("abc", 3)
   # Digit i of the permutation is where colour i goes.
   np.testing.assert_array_equal(
-      arc_eval.augment(np.array([[1, 2, 3]]), 0, color_map), [[3, 1, 2]])
+      arc_canvas.augment(np.array([[1, 2, 3]]), 0, color_map), [[3, 1, 2]])
   for bad in ("abc|||t8|||0123456789", "abc|||3|||0123456789",
               "abc|||t1|||0123456788", "abc|||t1"):
     with pytest.raises(ValueError):
-      arc_eval.parse_name(bad)
+      arc_canvas.parse_name(bad)
   grid = np.array([[1, 2, 0], [0, 3, 4]], np.uint8)
   perm = np.random.default_rng(0).permutation(10).astype(np.uint8)
   for tid in range(dihedral.NUM_TRANSFORMS):
-    out = arc_eval.augment(grid, tid, perm)
-    np.testing.assert_array_equal(arc_eval.inverse_augment(out, tid, perm),
+    out = arc_canvas.augment(grid, tid, perm)
+    np.testing.assert_array_equal(arc_canvas.inverse_augment(out, tid, perm),
                                   grid)
   # Colours map before the rotation: t1 (rot90 ccw) of [[1, 2]] is [[2], [1]].
   np.testing.assert_array_equal(
-      arc_eval.augment(np.array([[1, 2]]), 1,
+      arc_canvas.augment(np.array([[1, 2]]), 1,
                        np.array([0, 5, 6, 3, 4, 1, 2, 7, 8, 9])),
       [[6], [5]])
 
 
 def test_grid_digest_depends_on_shape():
-  assert (arc_eval.grid_digest(np.zeros((2, 3))) !=
-          arc_eval.grid_digest(np.zeros((3, 2))))
-  assert (arc_eval.grid_digest(np.array([[1, 2]])) ==
-          arc_eval.grid_digest(np.array([[1, 2]], np.int64)))
+  assert (arc_canvas.grid_digest(np.zeros((2, 3))) !=
+          arc_canvas.grid_digest(np.zeros((3, 2))))
+  assert (arc_canvas.grid_digest(np.array([[1, 2]])) ==
+          arc_canvas.grid_digest(np.array([[1, 2]], np.int64)))
 
 
 # ----------------------------------------------------------------------------

@@ -20,8 +20,9 @@ from torch import nn as tnn
 from torch.nn import functional as F
 
 from trm.families.trm import torch_import
+from trm.families.trm import torch_layout
 from trm.families.trm import model as trm
-from trm.families.trm.torch_import import CheckpointError
+from trm.core.weights_io import CheckpointError
 
 B = 3
 PREFIXES = ("", "inner.", "model.inner.", "_orig_mod.model.inner.")
@@ -337,7 +338,7 @@ def test_round_trip_is_exact(tmp_path, variant, extra, suffix):
   keys = torch_import.export_torch_checkpoint(params, buffers, puzzle_emb,
                                               cfg, path)
   assert all(k.startswith("_orig_mod.model.inner.") for k in keys)
-  assert keys == torch_import.upstream_key_names(cfg)
+  assert keys == torch_layout.upstream_key_names(cfg)
   got = torch_import.load_torch_checkpoint(path, cfg)
   _assert_trees_equal(got, (params, buffers, puzzle_emb))
   assert got[1]["H_init"].dtype == cfg.dtype
@@ -388,7 +389,7 @@ def test_import_matches_reference_forward(tmp_path, variant):
   sd = _with_prefix(ref.state_dict(), "", "_orig_mod.")
   assert "_orig_mod.model.inner.H_init" in sd
   assert sd["_orig_mod.model.inner.H_init"].dtype == torch.bfloat16
-  assert sorted(sd) == sorted(torch_import.upstream_key_names(cfg))
+  assert sorted(sd) == sorted(torch_layout.upstream_key_names(cfg))
   path = _save(sd, tmp_path / "step_1")
   params, buffers, puzzle_emb = torch_import.load_torch_checkpoint(path, cfg)
   batch = _batch(cfg, seed=2)

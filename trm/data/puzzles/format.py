@@ -18,15 +18,13 @@ PyTorch builders load unchanged; files written here load in upstream too.
 """
 
 import dataclasses
-import functools
-import inspect
 import json
 import os
-import uuid
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import numpy as np
-from absl import logging
+
+from trm.data import atomic_files
 
 METADATA_FILE = "dataset.json"
 IDENTIFIERS_FILE = "identifiers.json"
@@ -148,42 +146,13 @@ class PuzzleDatasetMetadata:
 
 
 # ----------------------------------------------------------------------------
-# Atomic file writes.
-
-
-def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
-  """Writes `path` by calling `write_fn(file)` on a temp file, then renaming.
-
-  The temp file lives in the same directory, so the final os.replace is
-  atomic: readers (and `ensure_dataset`-style existence checks) never see a
-  half-written file, even if the writer is killed.
-  """
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  # Not tempfile.mkstemp: its files are mode 0600, this one honours the umask
-  # like a plain open() would. Mode "x" refuses to reuse an existing name.
-  tmp = os.path.join(directory,
-                     f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-  try:
-    with open(tmp, mode.replace("w", "x")) as f:
-      write_fn(f)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-  """Atomically writes `obj` as JSON to `path`."""
-  atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
+# Atomic file writes (see `trm.data.atomic_files`).
 
 
 def _write_npy_atomic(path: str, array: np.ndarray) -> None:
   # np.save on a file object does not append ".npy", so the temp name is kept.
-  atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
+  atomic_files.atomic_write(path,
+                            lambda f: np.save(f, array, allow_pickle=False))
 
 
 # ----------------------------------------------------------------------------
@@ -320,7 +289,7 @@ def write_split(out_dir: str, split: str, metadata: PuzzleDatasetMetadata,
     for field in FIELDS:
       _write_npy_atomic(os.path.join(split_dir, f"{set_name}__{field}.npy"),
                         arrays_by_set[set_name][field])
-  write_json_atomic(os.path.join(split_dir, METADATA_FILE),
+  atomic_files.write_json_atomic(os.path.join(split_dir, METADATA_FILE),
                     metadata.to_json_dict())
   return split_dir
 
@@ -330,7 +299,7 @@ def write_identifiers(out_dir: str, names: list[str]) -> str:
   if not all(isinstance(n, str) for n in names):
     raise ValueError(f"identifiers must be strings, got {names!r}")
   path = os.path.join(out_dir, IDENTIFIERS_FILE)
-  write_json_atomic(path, list(names))
+  atomic_files.write_json_atomic(path, list(names))
   return path
 
 
@@ -407,165 +376,3 @@ def read_split(data_dir: str, split: str, set_name: str = "all",
   _check_arrays(metadata, arrays, os.path.join(split_dir, set_name),
                 check_tokens=check_tokens)
   return metadata, arrays
-
-
-# ----------------------------------------------------------------------------
-# What a builder records about a build (`build_info.json`), so a dataset
-# directory built with other arguments is noticed.
-
-BUILD_INFO_FILE = "build_info.json"
-
-
-def build_args(signature, builder: str, **build_kwargs) -> dict:
-  """All of a builder's `build_dataset(output_dir, ...)` arguments, defaults
-  filled in, as recorded on disk."""
-  bound = signature.bind("", **build_kwargs)
-  bound.apply_defaults()
-  args = dict(bound.arguments)
-  del args["output_dir"]
-  return {"builder": builder, **args}
-
-
-def build_args_recorder(build_dataset: Callable, builder: str
-                        ) -> Callable[..., dict]:
-  """`build_args` bound to `build_dataset`'s signature and `builder`.
-
-  The signature is captured now, so the recorder describes the real builder
-  even if the name `build_dataset` is later rebound (e.g. wrapped or
-  patched).
-  """
-  return functools.partial(build_args, inspect.signature(build_dataset),
-                           builder)
-
-
-def check_build_args(subsample_size: Optional[int],
-                     non_negative: Sequence[tuple[str, int]] = ()) -> None:
-  """Raises ValueError unless `subsample_size` is None or >= 1 and every
-  (name, value) of `non_negative` is >= 0."""
-  if subsample_size is not None and subsample_size < 1:
-    raise ValueError(f"subsample_size must be >= 1, got {subsample_size}")
-  for name, value in non_negative:
-    if value < 0:
-      raise ValueError(f"{name} must be >= 0, got {value}")
-
-
-def is_built(output_dir: str, extra_files=()) -> bool:
-  """Both splits' `dataset.json` (each written last) and `extra_files`
-  exist."""
-  files = [os.path.join(split, METADATA_FILE) for split in ("train", "test")]
-  return all(os.path.isfile(os.path.join(output_dir, f))
-             for f in files + list(extra_files))
-
-
-def warn_if_built_otherwise(output_dir: str, wanted: dict,
-                            derived=("counts",)) -> None:
-  """An existing dataset is never rebuilt; a differing recorded build (keys
-  in `derived` are outputs, not arguments) only warns."""
-  try:
-    with open(os.path.join(output_dir, BUILD_INFO_FILE)) as f:
-      built = json.load(f)
-  except (OSError, ValueError):
-    return
-  built = {k: v for k, v in built.items() if k not in derived}
-  if built != wanted:
-    logging.warning("Using existing dataset %s built with %s, not the "
-                    "requested %s; delete it to rebuild.", output_dir, built,
-                    wanted)
-
-
-def ensure_built(output_dir: str, build_dataset: Callable,
-                 recorded_args: Callable[..., dict], build_kwargs: dict,
-                 extra_files=(), derived=("counts",)) -> str:
-  """A builder's `ensure_dataset`: builds unless `is_built`; returns
-  output_dir.
-
-  Args:
-    output_dir: dataset root.
-    build_dataset: the builder's `build_dataset(output_dir, **build_kwargs)`.
-    recorded_args: `build_kwargs` -> the arguments as recorded on disk (see
-      `build_args_recorder`); only called for an existing dataset.
-    build_kwargs: the build arguments.
-    extra_files: see `is_built`.
-    derived: see `warn_if_built_otherwise`.
-  """
-  if not is_built(output_dir, extra_files):
-    return build_dataset(output_dir, **build_kwargs)
-  warn_if_built_otherwise(output_dir, recorded_args(**build_kwargs),
-                          derived)
-  return output_dir
-
-
-def write_dataset(output_dir: str, encode_split: Callable[[str], tuple],
-                  build_info: dict, identifiers: Sequence[str] = ("<blank>",),
-                  splits: Sequence[str] = ("train", "test")) -> dict:
-  """Writes a whole dataset held in memory, split by split.
-
-  Writes each split (`encode_split(split)` -> (metadata, arrays by set), in
-  the order of `splits`), then `identifiers.json` and `build_info.json`
-  (`build_info` plus the counts).
-
-  Returns:
-    {split: {"groups": ..., "examples": ...}}, as recorded under "counts".
-  """
-  counts = {}
-  for split in splits:
-    metadata, arrays_by_set = encode_split(split)
-    write_split(output_dir, split, metadata, arrays_by_set)
-    counts[split] = {
-        "groups": metadata.total_groups,
-        "examples": sum(int(arrays["inputs"].shape[0])
-                        for arrays in arrays_by_set.values())}
-  write_identifiers(output_dir, list(identifiers))
-  write_json_atomic(os.path.join(output_dir, BUILD_INFO_FILE),
-                    {**build_info, "counts": counts})
-  return counts
-
-
-# ----------------------------------------------------------------------------
-# Datasets of one-example puzzles (Sudoku, Maze): one set "all", every puzzle
-# holds one example, every group the same number of puzzles, and the blank
-# puzzle identifier is the only one.
-
-
-def one_example_metadata(vocab_size: int, seq_len: int,
-                         num_groups: int) -> PuzzleDatasetMetadata:
-  """Metadata of a split of `num_groups` groups of one-example puzzles.
-
-  PAD is 0 and also the ignored label id. `total_puzzles` holds the number
-  of *groups*, not puzzles, as upstream's Sudoku and Maze builders store it
-  (even with augmented puzzles in each group). Kept so the files match
-  upstream's; upstream only uses it to weight mean_puzzle_examples when
-  merging datasets, which stays correct because every puzzle has exactly one
-  example, and nothing here reads it.
-  """
-  return PuzzleDatasetMetadata(
-      pad_id=0,
-      ignore_label_id=0,
-      blank_identifier_id=0,
-      vocab_size=vocab_size,
-      seq_len=seq_len,
-      num_puzzle_identifiers=1,
-      total_groups=num_groups,
-      mean_puzzle_examples=1.0,
-      total_puzzles=num_groups,
-      sets=["all"],
-  )
-
-
-def one_example_arrays(inputs: np.ndarray, labels: np.ndarray,
-                       group_size: int) -> dict[str, dict[str, np.ndarray]]:
-  """{"all": arrays} of one-example puzzles, `group_size` per group.
-
-  Args:
-    inputs, labels: uint8 [n_puzzles, seq_len], group by group.
-    group_size: puzzles per group; must divide n_puzzles.
-  """
-  n_puzzles = inputs.shape[0]
-  return {"all": {
-      "inputs": inputs,
-      "labels": labels,
-      "puzzle_identifiers": np.zeros(n_puzzles, np.int32),
-      "puzzle_indices": np.arange(n_puzzles + 1, dtype=np.int32),
-      "group_indices": np.arange(0, n_puzzles + 1, group_size,
-                                 dtype=np.int32),
-  }}

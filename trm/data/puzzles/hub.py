@@ -15,7 +15,7 @@ import shutil
 import urllib.request
 from typing import Callable, Iterator, Optional, Sequence
 
-from trm.data.puzzles import format as puzzle_format
+from trm.data import atomic_files
 
 # URL of a file of a Hub dataset (plain HTTPS, no `huggingface_hub`).
 HF_URL = "https://huggingface.co/datasets/{repo}/resolve/main/{filename}"
@@ -74,7 +74,7 @@ def download_csv(repo: str, split: str, dest_dir: str, *,
       return hub_download(repo_id=repo, filename=filename,
                           repo_type="dataset", local_dir=dest_dir)
     with urllib.request.urlopen(url, timeout=timeout) as response:
-      puzzle_format.atomic_write(
+      atomic_files.atomic_write(
           dest, lambda f: shutil.copyfileobj(response, f, 1 << 20))
     return dest
   except Exception as e:  # Any failure here means "could not download".

@@ -19,7 +19,6 @@ the same global batch.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 import urllib.error
@@ -33,17 +32,16 @@ from absl import logging
 
 from trm.core import cli
 from trm.data import io as data_io
-from trm.data.puzzles import format as puzzle_format
+from trm.data.text import preparation
+
+# The prepared files (written by `trm.data.text.preparation`), as the
+# trainers name them.
+TRAIN_FILE = preparation.TRAIN_FILE
+VAL_FILE = preparation.VAL_FILE
 
 TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/"
                         "master/data/tinyshakespeare/input.txt")
 
-TRAIN_FILE = "train.bin"
-VAL_FILE = "val.bin"
-META_FILE = "meta.json"
-TRAIN_FRACTION = 0.9
-# The .bin files hold uint16 ids, so a vocabulary may have at most this many.
-MAX_VOCAB = 2**16
 # `TokenWindows` without `num_batches`: Grain needs a length, and batches are
 # drawn with replacement, so any k is as good as another. 2**62 is endless in
 # practice and still a valid Python/NumPy index (Grain was checked with it).
@@ -54,12 +52,6 @@ ENDLESS = 2**62
 # word for every k < 2**64 (seed < 2**32), hence a non-zero one here keeps
 # evaluation windows apart from every training batch.
 _EVAL_STREAM = 0x6576616C  # "eval"
-
-_CLI_HINT = "python -m trm.data.text.windows --input=PATH_OR_URL --out_dir={}"
-
-
-class TokenizerUnavailableError(cli.UserError, RuntimeError):
-  """The requested BPE tokenizer cannot be loaded here (e.g. offline)."""
 
 
 # ----------------------------------------------------------------------------
@@ -83,274 +75,6 @@ def read_text(source: str) -> str:
   return data_io.read_utf8(source)
 
 
-# ----------------------------------------------------------------------------
-# Codecs.
-
-
-class CharCodec:
-  """Characters <-> ids of a `prepare_char` vocabulary."""
-
-  def __init__(self, itos):
-    # meta.json keys are strings; a plain list of characters also works.
-    if isinstance(itos, dict):
-      itos = {int(i): ch for i, ch in itos.items()}
-    else:
-      itos = dict(enumerate(itos))
-    self.itos = itos
-    self.stoi = {ch: i for i, ch in itos.items()}
-    self.vocab_size = len(itos)
-
-  def encode(self, text: str) -> list[int]:
-    try:
-      return [self.stoi[ch] for ch in text]
-    except KeyError as e:
-      raise ValueError(
-          f"Character {e.args[0]!r} is not in the {self.vocab_size}-character "
-          "vocabulary of this data set; use only characters of the text it "
-          "was prepared from.") from None
-
-  def decode(self, ids) -> str:
-    try:
-      return "".join(self.itos[int(i)] for i in ids)
-    except KeyError as e:
-      raise ValueError(f"Token id {e.args[0]} is outside the "
-                       f"{self.vocab_size}-character vocabulary.") from None
-
-
-class TiktokenCodec:
-  """tiktoken's GPT-2 BPE (what nanoGPT's data/shakespeare uses)."""
-
-  def __init__(self, name: str = "gpt2"):
-    self.encoding = _tiktoken_encoding(name)
-    self.vocab_size = self.encoding.n_vocab
-
-  def encode(self, text: str) -> list[int]:
-    # encode_ordinary: special-token text such as "<|endoftext|>" is encoded
-    # as ordinary text, as nanoGPT does.
-    return self.encoding.encode_ordinary(text)
-
-  def decode(self, ids) -> str:
-    return self.encoding.decode([int(i) for i in ids])
-
-
-class HFTokenizerCodec:
-  """A Hugging Face `tokenizer.json` (e.g. from a gpt2 checkpoint dir)."""
-
-  def __init__(self, path: str):
-    path = _tokenizer_file(path)
-    try:
-      import tokenizers  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise TokenizerUnavailableError(
-          f"Reading {path} needs the `tokenizers` package: pip install "
-          "tokenizers.") from e
-    self.path = path
-    self.tokenizer = tokenizers.Tokenizer.from_file(path)
-    self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-
-  def encode(self, text: str) -> list[int]:
-    # No BOS/EOS templates: the text is one continuous stream, as with
-    # tiktoken's encode_ordinary.
-    return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-  def decode(self, ids) -> str:
-    return self.tokenizer.decode([int(i) for i in ids],
-                                 skip_special_tokens=False)
-
-
-def _tiktoken_encoding(name: str):
-  alternative = ("Alternatively pass tokenizer=<path to a Hugging Face "
-                 "tokenizer.json> (e.g. the tokenizer.json of a gpt2 "
-                 "checkpoint directory, --tokenizer=/path/to/gpt2/"
-                 "tokenizer.json), which uses the `tokenizers` library and "
-                 "works offline.")
-  try:
-    import tiktoken  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise TokenizerUnavailableError(
-        f"tokenizer={name!r} needs the `tiktoken` package, which is not "
-        f"installed (pip install tiktoken). {alternative}") from e
-  try:
-    return tiktoken.get_encoding(name)
-  except Exception as e:  # pylint: disable=broad-except
-    # tiktoken downloads its BPE files on first use (cached under
-    # TIKTOKEN_CACHE_DIR), so offline machines fail here with a network error.
-    raise TokenizerUnavailableError(
-        f"tiktoken could not load the {name!r} encoding ({e}); it downloads "
-        "its files on first use, so offline it needs a filled "
-        f"TIKTOKEN_CACHE_DIR. {alternative}") from e
-
-
-def _tokenizer_file(path: str) -> str:
-  """The tokenizer.json at `path` (a file, or a directory holding one)."""
-  if os.path.isdir(path):
-    path = os.path.join(path, "tokenizer.json")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(
-        f"Tokenizer file {path} does not exist: pass tokenizer='char', "
-        "'gpt2' or the path of a Hugging Face tokenizer.json.")
-  return path
-
-
-def _bpe_codec(tokenizer: str):
-  if tokenizer == "gpt2":
-    return TiktokenCodec("gpt2")
-  if tokenizer == "char":
-    raise ValueError("tokenizer='char' is not a BPE tokenizer: use "
-                     "prepare_char.")
-  if not os.path.exists(tokenizer):
-    raise FileNotFoundError(
-        f"tokenizer={tokenizer!r} is neither 'char', 'gpt2' nor an existing "
-        "path of a Hugging Face tokenizer.json (or a directory holding one).")
-  return HFTokenizerCodec(tokenizer)
-
-
-def codec_from_meta(meta: dict):
-  """The codec (`encode(str) -> list[int]`, `decode(ids) -> str`) that
-  produced a prepared data set, from its meta.json."""
-  tokenizer = meta.get("tokenizer", "char" if "itos" in meta else None)
-  if tokenizer == "char":
-    return CharCodec(meta["itos"])
-  if tokenizer is None:
-    raise ValueError("meta.json names no tokenizer and holds no character "
-                     "vocabulary (itos); re-run " + _CLI_HINT.format("DIR"))
-  return _bpe_codec(tokenizer)
-
-
-# ----------------------------------------------------------------------------
-# Preparation.
-
-
-def _split_text(text: str) -> tuple[str, str]:
-  n = len(text)
-  if n < 2:
-    raise ValueError(f"The input holds {n} characters; it needs at least 2 "
-                     "(one for each split), and in practice far more.")
-  cut = int(n * TRAIN_FRACTION)
-  return text[:cut], text[cut:]
-
-
-def _check_vocab_fits(vocab_size: int, tokenizer: str) -> None:
-  if vocab_size > MAX_VOCAB:
-    raise ValueError(
-        f"tokenizer={tokenizer!r} has {vocab_size} tokens, more than the "
-        f"{MAX_VOCAB} ids a uint16 .bin file can hold; use a smaller "
-        "vocabulary (GPT-2's 50257 fits).")
-
-
-def _write(out_dir: str, train_ids, val_ids, meta: dict) -> dict:
-  """Writes train.bin, val.bin, then meta.json, each atomically.
-
-  meta.json goes last and an old one is removed first, so its presence means
-  that both .bin files beside it are complete and belong to it, even if an
-  earlier preparation was interrupted. The token counts it records let
-  `load_meta` catch .bin files replaced by hand.
-  """
-  os.makedirs(out_dir, exist_ok=True)
-  meta_path = os.path.join(out_dir, META_FILE)
-  if os.path.exists(meta_path):
-    os.remove(meta_path)
-  counts = {}
-  for name, ids in ((TRAIN_FILE, train_ids), (VAL_FILE, val_ids)):
-    array = np.asarray(ids, dtype=np.uint16)
-    puzzle_format.atomic_write(os.path.join(out_dir, name), array.tofile)
-    counts[name.split(".")[0] + "_tokens"] = int(array.size)
-  meta = {**meta, **counts}
-  puzzle_format.write_json_atomic(meta_path, meta)
-  return meta
-
-
-def char_splits(text: str) -> tuple[dict, list[int], list[int]]:
-  """(meta, train ids, val ids) of nanoGPT's shakespeare_char preparation:
-  the vocabulary is every character of the whole text, the split 90/10 by
-  characters. Shared by `prepare_char` and the TFDS builder, so both give
-  the same token streams."""
-  train_text, val_text = _split_text(text)
-  chars = sorted(set(text))
-  _check_vocab_fits(len(chars), "char")
-  itos = {str(i): ch for i, ch in enumerate(chars)}
-  codec = CharCodec(itos)
-  meta = {"vocab_size": len(chars), "itos": itos,
-          "stoi": {ch: i for i, ch in enumerate(chars)}, "tokenizer": "char"}
-  return meta, codec.encode(train_text), codec.encode(val_text)
-
-
-def prepare_char(text: str, out_dir: str) -> dict:
-  """nanoGPT's shakespeare_char preparation: one token per character.
-
-  Returns the meta.json contents: vocab_size, itos ({"0": "\\n", ...}),
-  stoi, tokenizer="char", and the train_tokens/val_tokens counts.
-  """
-  meta, train_ids, val_ids = char_splits(text)
-  return _write(out_dir, train_ids, val_ids, meta)
-
-
-def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2") -> dict:
-  """nanoGPT's data/shakespeare preparation: BPE tokens.
-
-  The text is split 90/10 by characters first and each part encoded on its
-  own, as nanoGPT does. `tokenizer` is "gpt2" (tiktoken) or the path of a
-  Hugging Face tokenizer.json (or a directory holding one), recorded as an
-  absolute path so `codec_from_meta` finds it from any working directory.
-  """
-  codec = _bpe_codec(tokenizer)
-  _check_vocab_fits(codec.vocab_size, tokenizer)
-  name = "gpt2" if tokenizer == "gpt2" else os.path.abspath(codec.path)
-  train_text, val_text = _split_text(text)
-  return _write(out_dir, codec.encode(train_text), codec.encode(val_text),
-                {"vocab_size": int(codec.vocab_size), "tokenizer": name})
-
-
-def prepare(text: str, out_dir: str, tokenizer: str = "char") -> dict:
-  """`prepare_char` for tokenizer="char", else `prepare_bpe`."""
-  if tokenizer == "char":
-    return prepare_char(text, out_dir)
-  return prepare_bpe(text, out_dir, tokenizer)
-
-
-def is_prepared(data_dir: str) -> bool:
-  return all(os.path.isfile(os.path.join(data_dir, f))
-             for f in (TRAIN_FILE, VAL_FILE, META_FILE))
-
-
-def load_meta(data_dir: str) -> dict:
-  """The meta.json of a prepared data directory, checked against its .bin
-  files."""
-  missing = [f for f in (TRAIN_FILE, VAL_FILE, META_FILE)
-             if not os.path.isfile(os.path.join(data_dir, f))]
-  if missing:
-    raise FileNotFoundError(
-        f"{data_dir} is not a prepared text data set (missing "
-        f"{', '.join(missing)}); prepare it with `"
-        + _CLI_HINT.format(data_dir) + "` (or give the training config an "
-        "input path so training prepares it).")
-  path = os.path.join(data_dir, META_FILE)
-  with open(path) as f:
-    try:
-      meta = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path} is not valid JSON ({e}); re-run `"
-                       + _CLI_HINT.format(data_dir) + "`.") from e
-  for name in (TRAIN_FILE, VAL_FILE):
-    expected = meta.get(name.split(".")[0] + "_tokens")
-    actual = os.path.getsize(os.path.join(data_dir, name)) // 2
-    if expected is not None and expected != actual:
-      raise ValueError(
-          f"{os.path.join(data_dir, name)} holds {actual} tokens but {path} "
-          f"records {expected}: the files do not belong together; re-run `"
-          + _CLI_HINT.format(data_dir) + "`.")
-  return meta
-
-
-def _same_tokenizer(requested: str, recorded: str) -> bool:
-  if requested in ("char", "gpt2") or recorded in ("char", "gpt2"):
-    return requested == recorded
-  try:
-    return os.path.abspath(_tokenizer_file(requested)) == recorded
-  except FileNotFoundError:
-    return False
-
-
 def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
                     process_index: int | None = None,
                     timeout_s: float = 1800.0,
@@ -362,35 +86,35 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
   last), so `data_dir` must be on a file system all processes share, or be
   prepared beforehand on every host with the CLI.
   """
-  if is_prepared(data_dir):
-    meta = load_meta(data_dir)
+  if preparation.is_prepared(data_dir):
+    meta = preparation.load_meta(data_dir)
     recorded = meta.get("tokenizer", "char")
-    if tokenizer and not _same_tokenizer(tokenizer, recorded):
+    if tokenizer and not preparation.same_tokenizer(tokenizer, recorded):
       logging.warning(
           "%s was prepared with tokenizer=%r, not the requested %r; using it "
           "as it is (delete it to re-prepare).", data_dir, recorded,
           tokenizer)
     return meta
   if not input_path:
-    return load_meta(data_dir)  # Raises, saying how to prepare it.
+    return preparation.load_meta(data_dir)  # Raises, saying how to prepare it.
   if process_index is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index = jax.process_index()
   if process_index == 0:
     logging.info("Preparing %s from %s (tokenizer=%s).", data_dir,
                  input_path, tokenizer)
-    prepare(read_text(input_path), data_dir, tokenizer or "char")
-    return load_meta(data_dir)
+    preparation.prepare(read_text(input_path), data_dir, tokenizer or "char")
+    return preparation.load_meta(data_dir)
   deadline = time.monotonic() + timeout_s
-  while not is_prepared(data_dir):
+  while not preparation.is_prepared(data_dir):
     if time.monotonic() > deadline:
       raise TimeoutError(
           f"Process {process_index} waited {timeout_s:.0f}s for process 0 to "
           f"prepare {data_dir} from {input_path}. Check process 0's log; if "
           "the hosts do not share that directory, prepare it on every host "
-          "first with `" + _CLI_HINT.format(data_dir) + "`.")
+          "first with `" + preparation.CLI_HINT.format(data_dir) + "`.")
     time.sleep(poll_s)
-  return load_meta(data_dir)
+  return preparation.load_meta(data_dir)
 
 
 # ----------------------------------------------------------------------------
@@ -410,7 +134,7 @@ class TokenFile:
     if not os.path.isfile(path):
       raise FileNotFoundError(
           f"{path} does not exist; prepare its directory with `"
-          + _CLI_HINT.format(os.path.dirname(path) or ".") + "`.")
+          + preparation.CLI_HINT.format(os.path.dirname(path) or ".") + "`.")
     size = os.path.getsize(path)
     if size % 2:
       raise ValueError(f"{path} has an odd size ({size} bytes), so it is not "
@@ -611,13 +335,14 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   fv = flags.FLAGS
   text = read_text(fv.input)
-  meta = prepare(text, fv.out_dir, fv.tokenizer)
+  meta = preparation.prepare(text, fv.out_dir, fv.tokenizer)
   print(f"{fv.input}: {len(text):,} characters, tokenizer={meta['tokenizer']}"
         f", vocab size {meta['vocab_size']:,}")
   print(f"train: {meta['train_tokens']:,} tokens, val: "
         f"{meta['val_tokens']:,} tokens")
-  print("wrote " + ", ".join(os.path.join(fv.out_dir, f)
-                             for f in (TRAIN_FILE, VAL_FILE, META_FILE)))
+  print("wrote " + ", ".join(
+      os.path.join(fv.out_dir, f)
+      for f in (TRAIN_FILE, VAL_FILE, preparation.META_FILE)))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ ArrayRecord (TFDS), built offline from a local copy.
 The public `tiny_shakespeare` builder downloads its file and stores each
 split as ONE example, which is no use for random windows. This one reads
 `--manual_dir` (a directory holding `input.txt`; TFDS wants a directory),
-tokenises it exactly as `python -m trm.data.text.windows` does (`text.char_splits`:
-vocabulary of the whole text, first 90% train, last 10% validation) and
+tokenises it exactly as `python -m trm.data.text.windows` does
+(`preparation.char_splits`: vocabulary of the whole text, first 90% train,
+last 10% validation) and
 stores each split's token stream in fixed-size records of CHUNK_TOKENS
 tokens (the last one shorter), in order. The reader
 (`trm.data.text.tfds_source.TokenStream`) puts the stream back together, so a
@@ -22,7 +23,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from trm.data import io as data_io
-from trm.data.text import windows as text_lib
+from trm.data.text import preparation
+from trm.data.text import text_codecs
 from trm.data.tfds_builders import base
 
 # Tokens per record: a window of block_size + 1 tokens spans at most
@@ -61,10 +63,10 @@ class TrmTinyShakespeare(base.OrderedArrayRecordBuilder):
 
   def _split_generators(self, dl_manager):
     path = input_path(dl_manager.manual_dir)
-    meta, train_ids, val_ids = text_lib.char_splits(data_io.read_utf8(path))
+    meta, train_ids, val_ids = preparation.char_splits(data_io.read_utf8(path))
     self.info.metadata.update(meta, train_tokens=len(train_ids),
                               val_tokens=len(val_ids))
-    codec = text_lib.CharCodec(meta["itos"])
+    codec = text_codecs.CharCodec(meta["itos"])
     return {"train": self._generate_examples(train_ids, codec),
             "validation": self._generate_examples(val_ids, codec)}
 

@@ -33,7 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trm.families.dream import reveal_rules
 from trm.families.dream import sampling as ds
+from trm.families.dream import token_draws
 
 CACHES = ("prefix", "dual")
 ALGS = ("maskgit_plus", "topk_margin", "entropy")
@@ -78,14 +80,15 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
               eps):
   b, p = input_ids.shape
   length = p + max_new_tokens
-  x, key_mask, pos = ds.canvas_and_mask(
+  x, key_mask, pos = reveal_rules.canvas_and_mask(
       input_ids, attention_mask if use_mask else None, max_new_tokens,
       mask_token_id)
   if pos is None:  # windows slice the positions: make them explicit
     pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
   conf_kind = alg if threshold is None else "maskgit_plus"
-  counts = jnp.asarray(ds.reveal_schedule(max(steps, 1), block_length, eps),
-                       jnp.int32)
+  counts = jnp.asarray(
+      reveal_rules.reveal_schedule(max(steps, 1), block_length, eps),
+      jnp.int32)
   block_ids = jnp.arange(block_length)
 
   def reveal(x, h, start, key, count):
@@ -94,13 +97,13 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
     k_tok, k_sel = jax.random.split(key)
     block = jax.lax.dynamic_slice_in_dim(x, start, block_length, axis=1)
     masked = block == mask_token_id
-    conf, x0 = ds._sample_tokens(  # pylint: disable=protected-access
+    conf, x0 = token_draws.sample_tokens(
         model.head(params, h), k_tok, temperature=temperature, top_p=top_p,
         top_k=top_k, conf_kind=conf_kind)
     conf = jnp.where(masked, conf, -jnp.inf)
     if threshold is None:
-      scores = ds.reveal_scores(conf, alg_temp, k_sel)
-      chosen = masked & (ds._rank_desc(scores) < count)  # pylint: disable=protected-access
+      scores = reveal_rules.reveal_scores(conf, alg_temp, k_sel)
+      chosen = masked & (reveal_rules.rank_desc(scores) < count)
     else:
       best = jnp.argmax(conf, axis=-1)[:, None]
       chosen = masked & ((conf.astype(jnp.float32) >= threshold)
@@ -185,7 +188,7 @@ def cached_generate(model, input_ids, attention_mask=None, *, params,
   input_ids = jnp.asarray(input_ids, jnp.int32)
   if input_ids.shape[1] < 1:
     raise ValueError("cached decoding needs prompts of at least one token.")
-  use_mask = ds.needs_mask(attention_mask)
+  use_mask = reveal_rules.needs_mask(attention_mask)
   return _generate(
       model, params, input_ids,
       jnp.asarray(attention_mask, bool) if use_mask else None,

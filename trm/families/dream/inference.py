@@ -100,73 +100,14 @@ def left_pad(token_lists, pad_id: int, max_len: Optional[int] = None,
   return ids, mask
 
 
-def _read_json(path: str) -> dict:
-  """A config object from `path` (hf_import's reader, plus the checks that
-  the file exists and holds an object)."""
-  from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} is missing.")
-  value = hf_import._read_json(path)  # pylint: disable=protected-access
-  if not isinstance(value, dict):
-    raise hf_import.CheckpointError(f"{path} holds a {type(value).__name__},"
-                                    " not a config object.")
-  return value
-
-
-def model_config_from_hf(directory: str, tokenizer=None, *,
-                         dtype: str = "bfloat16",
-                         param_dtype: Optional[str] = None,
-                         attention: str = "dot"):
-  """(DreamConfig, max positions or None) from a Hugging Face directory's
-  config.json; a Qwen2 config (no mask id) takes `<|mask|>` from the
-  tokenizer."""
-  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
-  from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
-  path = os.path.join(directory, hf_import.CONFIG_FILE)
-  hf = _read_json(path)
-  kind = str(hf.get("model_type", "")).lower()
-  if kind not in ("dream", "qwen2"):
-    raise hf_import.CheckpointError(
-        f"{path}: model_type={hf.get('model_type')!r}; a Dream/DiffuCoder "
-        "(model_type 'Dream') or Qwen2-shaped directory is needed.")
-  sizes = {}
-  for field in ("vocab_size", "hidden_size", "intermediate_size",
-                "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads"):
-    if not isinstance(hf.get(field), int):
-      raise hf_import.CheckpointError(
-          f"{path}: {field} is missing or not an integer.")
-    sizes[field] = hf[field]
-  mask_id = hf.get("mask_token_id")
-  if mask_id is None and tokenizer is not None:
-    mask_id = tokenizer.mask_id
-  if mask_id is None:
-    raise hf_import.CheckpointError(
-        f"{path} has no mask_token_id and no tokenizer names <|mask|>; pass "
-        "a DiffuCoder/Dream checkpoint.")
-  pad_id = hf.get("pad_token_id", hf.get("eos_token_id"))
-  if isinstance(pad_id, list):
-    pad_id = pad_id[0]
-  if pad_id is None:
-    raise hf_import.CheckpointError(f"{path}: pad_token_id is missing.")
-  stored = str(hf.get("torch_dtype") or "float32")
-  cfg = dream.DreamConfig(
-      **sizes, rope_theta=float(hf.get("rope_theta", 10000.0)),
-      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      mask_token_id=int(mask_id), pad_token_id=int(pad_id), dtype=dtype,
-      param_dtype=param_dtype or ("bfloat16" if stored == "bfloat16"
-                                  else "float32"), remat="none",
-      attention=attention)
-  positions = hf.get("max_position_embeddings")
-  return cfg, (int(positions) if isinstance(positions, int) else None)
-
 
 def _workdir_config(workdir: str, config):
   """The model section and seq_len a `trm.main` run recorded."""
   recorded = os.path.join(workdir, "config.json")
   if os.path.isfile(recorded):
     import ml_collections  # pylint: disable=g-import-not-at-top
-    return ml_collections.ConfigDict(_read_json(recorded))
+    from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
+    return ml_collections.ConfigDict(hf_config.read_config_object(recorded))
   if config is None:
     raise FileNotFoundError(f"{recorded} is missing; pass the run's --config.")
   return config
@@ -204,6 +145,7 @@ class DiffusionLM:
     import flax.linen as nn  # pylint: disable=g-import-not-at-top
     from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
     from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
     if not os.path.isdir(path):
       raise FileNotFoundError(f"{path} is not a directory: pass a Hugging "
@@ -222,15 +164,15 @@ class DiffusionLM:
       tok = tok_lib.from_spec(spec, cfg)
       positions = int(run.seq_len) if "seq_len" in run else None
     elif tokenizer == "bytes":  # the mask id must come from config.json
-      cfg, positions = model_config_from_hf(path, None, dtype=dtype,
-                                            param_dtype=param_dtype,
-                                            attention=attention)
+      cfg, positions = hf_config.model_config_from_hf(
+          path, None, dtype=dtype, param_dtype=param_dtype,
+          attention=attention)
       tok = tok_lib.from_spec(tokenizer, cfg)
     else:
       tok = tok_lib.load_tokenizer(tokenizer or path)
-      cfg, positions = model_config_from_hf(path, tok, dtype=dtype,
-                                            param_dtype=param_dtype,
-                                            attention=attention)
+      cfg, positions = hf_config.model_config_from_hf(
+          path, tok, dtype=dtype, param_dtype=param_dtype,
+          attention=attention)
       tok_lib.check_against_model(tok, cfg, tokenizer or path)
     if config is not None and "seq_len" in config:  # the context trained
       positions = min(positions or config.seq_len, config.seq_len)

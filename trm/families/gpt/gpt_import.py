@@ -39,146 +39,38 @@ the exact-GELU model regardless.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
+from trm.core import weights_io
+from trm.families.gpt import gpt_layout
+from trm.families.gpt import hf_gpt2_files
 from trm.families.gpt.model import GPTConfig
-from trm.families.dream import hf_import
-from trm.families.trm import torch_import
-from trm.families.dream.hf_import import CheckpointError
 
-__all__ = ["CheckpointError", "load_nanogpt_checkpoint", "load_hf_gpt2",
+__all__ = ["load_nanogpt_checkpoint", "load_hf_gpt2",
            "check_model_args", "to_sharded"]
 
 MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias",
               "vocab_size", "dropout")
 _COMPARED = ("n_layer", "n_head", "n_embd", "block_size", "bias",
              "vocab_size")
-HF_CONFIG = "config.json"
-HF_SINGLE = "model.safetensors"
-HF_INDEX = "model.safetensors.index.json"
-_HF_FILES = (f"{HF_CONFIG} and {HF_SINGLE} (or sharded "
-             f"model-*.safetensors with {HF_INDEX})")
 _MASK_BUFFER = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 
-
-def _layout(args: Mapping[str, Any]):
-  """[(name without 'transformer.', our path, our shape, is Linear weight)]."""
-  c, v, bs = int(args["n_embd"]), int(args["vocab_size"]), int(
-      args["block_size"])
-  bias = bool(args["bias"])
-  out = [("wte.weight", ("wte", "embedding"), (v, c), False),
-         ("wpe.weight", ("wpe", "embedding"), (bs, c), False)]
-
-  def norm(name, path):
-    out.append((f"{name}.weight", path + ("scale",), (c,), False))
-    if bias:
-      out.append((f"{name}.bias", path + ("bias",), (c,), False))
-
-  def linear(name, path, n_in, n_out):
-    out.append((f"{name}.weight", path + ("kernel",), (n_in, n_out), True))
-    if bias:
-      out.append((f"{name}.bias", path + ("bias",), (n_out,), False))
-
-  for i in range(int(args["n_layer"])):
-    h, p = f"h.{i}.", (f"h_{i}",)
-    norm(h + "ln_1", p + ("ln_1",))
-    linear(h + "attn.c_attn", p + ("attn", "c_attn"), c, 3 * c)
-    linear(h + "attn.c_proj", p + ("attn", "c_proj"), c, c)
-    norm(h + "ln_2", p + ("ln_2",))
-    linear(h + "mlp.c_fc", p + ("mlp", "c_fc"), c, 4 * c)
-    linear(h + "mlp.c_proj", p + ("mlp", "c_proj"), 4 * c, c)
-  norm("ln_f", ("ln_f",))
-  return out
-
-
-def _set(tree: dict, path, value):
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
-
-
-def _keys(keys, limit: int = 8) -> str:
-  keys = sorted(keys)
-  more = f" ... ({len(keys) - limit} more)" if len(keys) > limit else ""
-  return ", ".join(repr(k) for k in keys[:limit]) + more
-
-
-def _convert(tensors: dict[str, np.ndarray], args: Mapping[str, Any],
-             where: str, prefix: str, torch_linear: bool) -> dict:
-  """`tensors` (names without `prefix`, lm_head.weight and mask buffers
-  already handled) -> our params tree; checks names and shapes."""
-  layout = _layout(args)
-  expected = {name for name, *_ in layout}
-  missing = expected - set(tensors)
-  unexpected = set(tensors) - expected
-  if missing:
-    raise CheckpointError(
-        f"{where} lacks {len(missing)} tensor(s) the model needs (n_layer="
-        f"{args['n_layer']}, bias={args['bias']}): "
-        f"{_keys(prefix + k for k in missing)}.")
-  if unexpected:
-    raise CheckpointError(
-        f"{where} has {len(unexpected)} tensor(s) a GPT with n_layer="
-        f"{args['n_layer']}, bias={args['bias']} does not have: "
-        f"{_keys(prefix + k for k in unexpected)}.")
-  params: dict = {}
-  for name, path, shape, is_linear in layout:
-    value = tensors[name]
-    stored = shape[::-1] if is_linear and torch_linear else shape
-    if tuple(value.shape) != stored:
-      raise CheckpointError(
-          f"{where}: tensor {prefix + name!r} has shape {tuple(value.shape)};"
-          f" expected {stored} for n_embd={args['n_embd']}, vocab_size="
-          f"{args['vocab_size']}, block_size={args['block_size']}.")
-    dtype = np.asarray(value).dtype
-    if not (np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16):
-      raise CheckpointError(
-          f"{where}: tensor {prefix + name!r} has dtype {dtype}; weights must "
-          "be float16, bfloat16 or float32 (an integer or bool tensor would "
-          "load as garbage).")
-    if is_linear and torch_linear:
-      value = value.T
-    _set(params, path, np.ascontiguousarray(value))
-  return params
-
-
-def _tied_head(tensors: dict[str, np.ndarray], name: str, where: str):
-  """Drops the LM head after checking that it is the token embedding."""
-  head = tensors.pop(name, None)
-  if head is None:
-    return
-  wte = tensors.get("wte.weight")
-  if wte is not None and (head.shape != wte.shape
-                          or not np.array_equal(head, wte)):
-    raise CheckpointError(
-        f"{where}: {name!r} differs from the token embedding, but the model "
-        "ties its LM head to wte (nanoGPT's weight tying); an untied "
-        "checkpoint cannot be loaded.")
 
 
 # ------------------------------------------------------------------ nanoGPT
 
 
-def _to_numpy(torch, t) -> np.ndarray:
-  t = t.detach().cpu().contiguous()
-  if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret bits
-    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-  return t.numpy()
-
-
 def _scalar(torch, value, what: str, path: str):
   if isinstance(value, torch.Tensor):
     if value.numel() != 1:
-      raise CheckpointError(f"{path}: {what} is a tensor of shape "
+      raise weights_io.CheckpointError(f"{path}: {what} is a tensor of shape "
                             f"{tuple(value.shape)}, not a scalar.")
     return value.item()
   return value
@@ -190,15 +82,16 @@ def _adam_state(torch, optimizer, args: Mapping[str, Any], path: str):
 
   nanoGPT's configure_optimizers makes two groups from named_parameters():
   the tensors of 2 or more dimensions (decayed), then the rest, each in
-  module order, which is `_layout`'s order; torch numbers the parameters
-  through the groups in that order.
+  module order, which is `gpt_layout.tensor_layout`'s order; torch numbers
+  the parameters through the groups in that order.
   """
   where = f"{path}: 'optimizer'"
   if not isinstance(optimizer, Mapping) or not {"state", "param_groups"} <= set(
       optimizer):
-    raise CheckpointError(f"{where} is not a torch optimizer state_dict "
-                          "(expected 'state' and 'param_groups').")
-  layout = _layout(args)
+    raise weights_io.CheckpointError(
+        f"{where} is not a torch optimizer state_dict "
+        "(expected 'state' and 'param_groups').")
+  layout = gpt_layout.tensor_layout(args)
   groups = ([name for name, _, shape, _ in layout if len(shape) >= 2],
             [name for name, _, shape, _ in layout if len(shape) < 2])
   torch_shapes = {name: shape[::-1] if is_linear else shape
@@ -206,7 +99,7 @@ def _adam_state(torch, optimizer, args: Mapping[str, Any], path: str):
   sizes = [len(g.get("params", ())) if isinstance(g, Mapping) else None
            for g in optimizer["param_groups"]]
   if sizes != [len(g) for g in groups]:
-    raise CheckpointError(
+    raise weights_io.CheckpointError(
         f"{where} has parameter groups of sizes {sizes}; nanoGPT's AdamW for "
         f"this model has [{len(groups[0])}, {len(groups[1])}] (weights of 2+ "
         "dimensions, then biases and LayerNorms).")
@@ -223,18 +116,23 @@ def _adam_state(torch, optimizer, args: Mapping[str, Any], path: str):
       for key in moments:
         value = entry.get(key) if isinstance(entry, Mapping) else None
         if not isinstance(value, torch.Tensor):
-          raise CheckpointError(f"{where}: parameter {index} ({name}) has no "
-                                f"{key!r} tensor.")
-        moments[key][name] = _to_numpy(torch, value).astype(np.float32)
+          raise weights_io.CheckpointError(
+              f"{where}: parameter {index} ({name}) has no "
+              f"{key!r} tensor.")
+        moments[key][name] = weights_io.torch_to_numpy(torch,
+                                                       value).astype(np.float32)
       steps.add(int(_scalar(torch, entry.get("step", 0),
                             f"optimizer step of {name}", path)))
   if len(steps) != 1:
-    raise CheckpointError(f"{where}: its parameters were stepped different "
-                          f"numbers of times ({sorted(steps)}).")
-  return {"mu": _convert(moments["exp_avg"], args, where + " exp_avg",
-                         "transformer.", torch_linear=True),
-          "nu": _convert(moments["exp_avg_sq"], args, where + " exp_avg_sq",
-                         "transformer.", torch_linear=True),
+    raise weights_io.CheckpointError(
+        f"{where}: its parameters were stepped different "
+        f"numbers of times ({sorted(steps)}).")
+  return {"mu": gpt_layout.convert(moments["exp_avg"], args,
+                                   where + " exp_avg", "transformer.",
+                                   torch_linear=True),
+          "nu": gpt_layout.convert(moments["exp_avg_sq"], args,
+                                   where + " exp_avg_sq", "transformer.",
+                                   torch_linear=True),
           "count": steps.pop()}
 
 
@@ -258,23 +156,24 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
   if not os.path.isfile(path):
     raise FileNotFoundError(f"nanoGPT checkpoint {path} does not exist or is "
                             "not a file (train.py writes out_dir/ckpt.pt).")
-  torch, ckpt = torch_import.load_weights_only(
+  torch, ckpt = weights_io.load_weights_only(
       path, f"Reading the nanoGPT checkpoint {path}")
   if not isinstance(ckpt, Mapping) or not {"model", "model_args"} <= set(
       ckpt):
-    got = (_keys(ckpt) if isinstance(ckpt, Mapping)
+    got = (gpt_layout.short_keys(ckpt) if isinstance(ckpt, Mapping)
            else f"a {type(ckpt).__name__}")
-    raise CheckpointError(
+    raise weights_io.CheckpointError(
         f"{path} is not a nanoGPT checkpoint: expected a dict with 'model' "
         f"(state_dict) and 'model_args' as train.py saves; got {got}.")
   raw_args = ckpt["model_args"]
   if not isinstance(raw_args, Mapping):
-    raise CheckpointError(f"{path}: 'model_args' is a "
+    raise weights_io.CheckpointError(f"{path}: 'model_args' is a "
                           f"{type(raw_args).__name__}, not a dict.")
   absent = [k for k in MODEL_ARGS if k not in raw_args]
   if absent:
-    raise CheckpointError(f"{path}: model_args lacks {absent}; nanoGPT saves "
-                          f"{list(MODEL_ARGS)}.")
+    raise weights_io.CheckpointError(
+        f"{path}: model_args lacks {absent}; nanoGPT saves "
+        f"{list(MODEL_ARGS)}.")
   model_args = {k: _scalar(torch, raw_args[k], f"model_args[{k!r}]", path)
                 for k in MODEL_ARGS}
   model_args["bias"] = bool(model_args["bias"])
@@ -284,28 +183,30 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
 
   state = ckpt["model"]
   if not isinstance(state, Mapping):
-    raise CheckpointError(f"{path}: 'model' is a {type(state).__name__}, not "
-                          "a state_dict.")
+    raise weights_io.CheckpointError(
+        f"{path}: 'model' is a {type(state).__name__}, not "
+        "a state_dict.")
   tensors: dict[str, np.ndarray] = {}
   for key, value in state.items():
     if not isinstance(value, torch.Tensor):
-      raise CheckpointError(f"{path}: state_dict entry {key!r} is a "
+      raise weights_io.CheckpointError(f"{path}: state_dict entry {key!r} is a "
                             f"{type(value).__name__}, not a tensor.")
     name = key[len("_orig_mod."):] if key.startswith("_orig_mod.") else key
     if name.startswith("transformer."):
       name = name[len("transformer."):]
     elif name != "lm_head.weight":
-      raise CheckpointError(
+      raise weights_io.CheckpointError(
           f"{path}: state_dict key {key!r} is neither 'transformer.*' nor "
           "'lm_head.weight' (nanoGPT's GPT module names).")
     if _MASK_BUFFER.match(name):  # tril buffer of the non-flash path
       continue
     if name in tensors:
-      raise CheckpointError(f"{path}: {name!r} appears twice (with and "
-                            "without the '_orig_mod.' prefix).")
-    tensors[name] = _to_numpy(torch, value)
-  _tied_head(tensors, "lm_head.weight", path)
-  params = _convert(tensors, model_args, path, "transformer.",
+      raise weights_io.CheckpointError(
+          f"{path}: {name!r} appears twice (with and "
+          "without the '_orig_mod.' prefix).")
+    tensors[name] = weights_io.torch_to_numpy(torch, value)
+  gpt_layout.tied_head(tensors, "lm_head.weight", path)
+  params = gpt_layout.convert(tensors, model_args, path, "transformer.",
                     torch_linear=True)
 
   iter_num = _scalar(torch, ckpt.get("iter_num", 0), "iter_num", path)
@@ -323,91 +224,15 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
 # ------------------------------------------------------------- HF GPT-2
 
 
-def _read_hf_config(directory: str) -> dict:
-  path = os.path.join(directory, HF_CONFIG)
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} is missing; a Hugging Face GPT-2 "
-                            f"directory holds {_HF_FILES}.")
-  try:
-    with open(path) as f:
-      hf = json.load(f)
-  except json.JSONDecodeError as e:
-    raise CheckpointError(f"{path} is not valid JSON ({e}).") from e
-  if not isinstance(hf, dict):
-    raise CheckpointError(f"{path} holds a {type(hf).__name__}, not the "
-                          "model's config object.")
-  return hf
-
-
-def _hf_model_args(hf: dict, path: str) -> dict:
-  vocab = hf.get("vocab_size", hf.get("n_vocab"))
-  fields = {"vocab_size": vocab, "block_size": hf.get("n_positions"),
-            "n_layer": hf.get("n_layer"), "n_head": hf.get("n_head"),
-            "n_embd": hf.get("n_embd")}
-  absent = [k for k, v in fields.items() if v is None]
-  if absent:
-    raise CheckpointError(f"{path} lacks the GPT-2 size(s) {absent} "
-                          "(vocab_size, n_positions, n_layer, n_head, "
-                          "n_embd).")
-  # Architecture switches our (nanoGPT) model does not implement.
-  for field, want in (("scale_attn_weights", True),
-                      ("scale_attn_by_inverse_layer_idx", False),
-                      ("add_cross_attention", False)):
-    if field in hf and bool(hf[field]) != want:
-      raise CheckpointError(f"{path}: {field}={hf[field]!r} is not supported "
-                            f"(nanoGPT's GPT has {want}).")
-  act = hf.get("activation_function", "gelu_new")
-  if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-    raise CheckpointError(f"{path}: activation_function={act!r} is not a "
-                          "GELU; nanoGPT's MLP uses GELU.")
-  n_inner = hf.get("n_inner")
-  if n_inner is not None and n_inner != 4 * fields["n_embd"]:
-    raise CheckpointError(f"{path}: n_inner={n_inner} is not 4 * n_embd, as "
-                          "nanoGPT's MLP requires.")
-  eps = hf.get("layer_norm_epsilon", 1e-5)
-  if abs(float(eps) - 1e-5) > 1e-12:
-    raise CheckpointError(f"{path}: layer_norm_epsilon={eps} is not nanoGPT's"
-                          " 1e-5.")
-  args = {k: int(v) for k, v in fields.items()}
-  args.update(bias=True, dropout=0.0)
-  return args
-
-
-def _hf_files(directory: str) -> tuple[list[str], str]:
-  index = os.path.join(directory, HF_INDEX)
-  single = os.path.join(directory, HF_SINGLE)
-  if os.path.isfile(index):
-    try:
-      with open(index) as f:
-        weight_map = json.load(f)["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-      raise CheckpointError(f"{index} has no valid \"weight_map\" ({e}).") \
-          from e
-    hf_import.check_shard_names(weight_map, directory, index)
-    files = sorted(set(weight_map.values()))
-    for file in files:
-      if not os.path.isfile(os.path.join(directory, file)):
-        raise FileNotFoundError(f"{os.path.join(directory, file)} (named in "
-                                f"{index}) is missing.")
-    return [os.path.join(directory, f) for f in files], index
-  if os.path.isfile(single):
-    return [single], single
-  extra = (" (pytorch_model.bin is not read: convert it to safetensors)"
-           if os.path.exists(os.path.join(directory, "pytorch_model.bin"))
-           else "")
-  raise FileNotFoundError(f"{directory} has neither {HF_SINGLE} nor "
-                          f"{HF_INDEX}; a Hugging Face GPT-2 directory holds "
-                          f"{_HF_FILES}{extra}.")
-
-
 def hf_gpt2_model_args(directory: str) -> dict:
   """The model args of a Hugging Face GPT-2 directory, from its config.json
   alone (no weights read); errors as `load_hf_gpt2`."""
   if not os.path.isdir(directory):
-    raise FileNotFoundError(f"Hugging Face GPT-2 directory {directory} does "
-                            f"not exist; it should hold {_HF_FILES}.")
-  return _hf_model_args(_read_hf_config(directory),
-                        os.path.join(directory, HF_CONFIG))
+    raise FileNotFoundError(
+        f"Hugging Face GPT-2 directory {directory} does "
+        f"not exist; it should hold {hf_gpt2_files.HF_FILES}.")
+  return hf_gpt2_files.hf_model_args(hf_gpt2_files.read_hf_config(directory),
+                        os.path.join(directory, hf_gpt2_files.HF_CONFIG))
 
 
 def load_hf_gpt2(directory: str) -> tuple[dict, dict]:
@@ -424,7 +249,7 @@ def load_hf_gpt2(directory: str) -> tuple[dict, dict]:
       tensors, or a config our model cannot represent.
   """
   model_args = hf_gpt2_model_args(directory)
-  files, where = _hf_files(directory)
+  files, where = hf_gpt2_files.hf_files(directory)
   tensors: dict[str, np.ndarray] = {}
   for file in files:
     try:
@@ -435,15 +260,18 @@ def load_hf_gpt2(directory: str) -> tuple[dict, dict]:
           if _MASK_BUFFER.match(name):
             continue
           if name in tensors:
-            raise CheckpointError(f"{where}: tensor {name!r} appears twice.")
+            raise weights_io.CheckpointError(
+                f"{where}: tensor {name!r} appears twice.")
           tensors[name] = f.get_tensor(key)
-    except CheckpointError:
+    except weights_io.CheckpointError:
       raise
     except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointError(f"{file} is not a readable .safetensors file "
-                            f"({type(e).__name__}: {e}).") from e
-  _tied_head(tensors, "lm_head.weight", where)
-  params = _convert(tensors, model_args, where, "", torch_linear=False)
+      raise weights_io.CheckpointError(
+          f"{file} is not a readable .safetensors file "
+          f"({type(e).__name__}: {e}).") from e
+  gpt_layout.tied_head(tensors, "lm_head.weight", where)
+  params = gpt_layout.convert(tensors, model_args, where, "",
+                              torch_linear=False)
   return params, model_args
 
 
@@ -497,8 +325,8 @@ def to_sharded(params, shardings, dtype=None):
                                                    is_leaf=_is_target)[0]}
     raise ValueError(
         "params and shardings differ in structure: only in params "
-        f"{_keys(ours - theirs) or 'nothing'}; only in shardings "
-        f"{_keys(theirs - ours) or 'nothing'}.")
+        f"{gpt_layout.short_keys(ours - theirs) or 'nothing'}; only in "
+        f"shardings {gpt_layout.short_keys(theirs - ours) or 'nothing'}.")
   out = []
   for (path, value), target in zip(flat, targets):
     value = np.asarray(value)

@@ -8,11 +8,7 @@ sigmoid(q_halt), for the original test input. Candidates are ranked by
 (number of votes, mean confidence), and pass@K asks whether the correct
 output is among the top K.
 
-Canvas encoding (upstream `build_arc_dataset.py`): 30x30 row-major, PAD=0,
-EOS=1 marking the row below and the column right of the grid, colour c as
-c + 2. An augmented puzzle is named `<name>|||t<tid>|||<perm>`: first colour
-c becomes int(perm[c]), then dihedral transform `tid`
-(`trm.data.puzzles.dihedral`) is applied; originals carry no suffix.
+Canvas encoding and augmentation names: see `trm.families.trm.arc_canvas`.
 
 Same semantics as upstream, with these fixes:
 
@@ -38,7 +34,6 @@ pass, averaged over the puzzles of `test_puzzles.json`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -46,146 +41,17 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from trm.data.puzzles import dihedral
+from trm.families.trm import arc_canvas
 
-GRID_SIZE = 30
-PAD_ID = 0
-EOS_ID = 1
-COLOR_OFFSET = 2  # Colour c is token c + 2.
-NUM_COLORS = 10
-SEPARATOR = "|||"
 IDENTIFIERS_FILE = "identifiers.json"
 TEST_PUZZLES_FILE = "test_puzzles.json"
 SUBMISSION_FILE = "submission.json"
 # Attempt used for a test input that received no prediction at all.
 PLACEHOLDER_GRID = ((0,),)
 
-_DIGEST_BYTES = 16
 # Per-prediction record exchanged between processes, as int32 columns:
 # input key, grid digest (4 x int32), confidence (float64 as 2 x int32).
-_RECORD_INTS = 1 + _DIGEST_BYTES // 4 + 2
-
-
-# ----------------------------------------------------------------------------
-# Grids.
-
-
-def crop_sizes(canvases: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """(rows, cols) of the grid each canvas holds, as upstream's `_crop`.
-
-  The grid is the largest-area rectangle anchored at the top-left corner
-  that holds colour tokens only (2..11): row r may keep the first w_r cells
-  before its first non-colour token, a rectangle of r rows is as wide as the
-  narrowest of them, and the first r reaching the largest area wins. A canvas
-  starting with a non-colour token gives (0, 0).
-
-  Args:
-    canvases: [N, 900] (or [N, 30, 30]) token ids.
-
-  Returns:
-    Two int arrays [N].
-  """
-  g = np.asarray(canvases).reshape(-1, GRID_SIZE, GRID_SIZE)
-  invalid = (g < COLOR_OFFSET) | (g >= COLOR_OFFSET + NUM_COLORS)
-  # Width of each row before its first non-colour token (30 if none).
-  widths = np.where(invalid.any(-1), invalid.argmax(-1), GRID_SIZE)
-  widths = np.minimum.accumulate(widths, axis=1)
-  areas = widths * np.arange(1, GRID_SIZE + 1)
-  best = areas.argmax(1)  # First maximum, as upstream's strict `>`.
-  n = np.arange(g.shape[0])
-  found = areas[n, best] > 0
-  rows = np.where(found, best + 1, 0)
-  cols = np.where(found, widths[n, best], 0)
-  return rows, cols
-
-
-def crop(canvas: np.ndarray) -> np.ndarray:
-  """The grid (uint8 colours 0..9, [rows, cols]) drawn on a 900-token canvas."""
-  canvas = np.asarray(canvas)
-  rows, cols = crop_sizes(canvas[None])
-  g = canvas.reshape(GRID_SIZE, GRID_SIZE)
-  return (g[:rows[0], :cols[0]].astype(np.int64) - COLOR_OFFSET).astype(
-      np.uint8)
-
-
-def to_canvas(grid) -> np.ndarray:
-  """Encodes a grid (colours 0..9) at the top-left of a canvas, uint8 [900].
-
-  The test-split encoding of upstream's builder (no translation): colours +2,
-  EOS below and right of the grid (not on the corner cell), PAD elsewhere.
-  """
-  grid = np.asarray(grid, np.int64)
-  if grid.ndim != 2 or grid.shape[0] > GRID_SIZE or grid.shape[1] > GRID_SIZE:
-    raise ValueError(f"expected a 2-D grid of at most {GRID_SIZE}x{GRID_SIZE},"
-                     f" got shape {grid.shape}")
-  rows, cols = grid.shape
-  canvas = np.full((GRID_SIZE, GRID_SIZE), PAD_ID, np.uint8)
-  canvas[:rows, :cols] = grid + COLOR_OFFSET
-  if rows < GRID_SIZE:
-    canvas[rows, :cols] = EOS_ID
-  if cols < GRID_SIZE:
-    canvas[:rows, cols] = EOS_ID
-  return canvas.reshape(-1)
-
-
-def grid_digest(grid: np.ndarray) -> bytes:
-  """128-bit hash of a grid's shape and colours (16 bytes)."""
-  grid = np.ascontiguousarray(grid, np.uint8)
-  h = hashlib.blake2b(digest_size=_DIGEST_BYTES)
-  h.update(np.asarray(grid.shape, "<u2").tobytes())
-  h.update(grid.tobytes())
-  return h.digest()
-
-
-# ----------------------------------------------------------------------------
-# Augmentation names.
-
-
-def parse_name(name: str) -> tuple[str, int, Optional[np.ndarray]]:
-  """Splits an augmented puzzle name.
-
-  Returns:
-    (original name, dihedral id, colour map or None for an original). The
-    colour map holds at index c the colour that original colour c became.
-
-  Raises:
-    ValueError: a malformed suffix.
-  """
-  if SEPARATOR not in name:
-    return name, 0, None
-  parts = name.split(SEPARATOR)
-  if len(parts) < 3:
-    raise ValueError(f"puzzle name {name!r}: expected "
-                     f"'name{SEPARATOR}t<tid>{SEPARATOR}<perm>'")
-  tid_text, perm = parts[-2], parts[-1]
-  if (not tid_text.startswith("t") or not tid_text[1:].isdigit()
-      or int(tid_text[1:]) >= dihedral.NUM_TRANSFORMS):
-    raise ValueError(f"puzzle name {name!r}: bad transform {tid_text!r}")
-  if (len(perm) != NUM_COLORS or not perm.isdigit()
-      or sorted(perm) != [str(c) for c in range(NUM_COLORS)]):
-    raise ValueError(f"puzzle name {name!r}: colour permutation {perm!r} is "
-                     f"not a permutation of 0..9")
-  return parts[0], int(tid_text[1:]), np.array([int(c) for c in perm],
-                                               np.uint8)
-
-
-def augment(grid: np.ndarray, tid: int,
-            color_map: Optional[np.ndarray]) -> np.ndarray:
-  """Applies an augmentation: colour map first, then dihedral `tid`."""
-  grid = np.asarray(grid, np.uint8)
-  if color_map is not None:
-    grid = np.asarray(color_map, np.uint8)[grid]
-  return np.ascontiguousarray(dihedral.transform(grid, tid))
-
-
-def inverse_augment(grid: np.ndarray, tid: int,
-                    color_map: Optional[np.ndarray]) -> np.ndarray:
-  """Undoes `augment(., tid, color_map)`."""
-  grid = np.ascontiguousarray(dihedral.inverse_transform(
-      np.asarray(grid, np.uint8), tid))
-  if color_map is not None:
-    grid = np.argsort(color_map).astype(np.uint8)[grid]
-  return grid
+_RECORD_INTS = 1 + arc_canvas.DIGEST_BYTES // 4 + 2
 
 
 # ----------------------------------------------------------------------------
@@ -285,10 +151,10 @@ class ARCEvaluator:
     self._slots = []  # (name, key, label digest)
     for name, puzzle in self._test_puzzles.items():
       for pair in puzzle["test"]:
-        digest = grid_digest(_grid(pair["input"], name))
+        digest = arc_canvas.grid_digest(_grid(pair["input"], name))
         key = self._key_of.setdefault((name, digest), len(self._key_of))
-        self._slots.append((name, key, grid_digest(_grid(pair["output"],
-                                                         name))))
+        self._slots.append(
+            (name, key, arc_canvas.grid_digest(_grid(pair["output"], name))))
     self._parsed = {}  # identifier -> parse_name(...)
     self.reset()
 
@@ -306,7 +172,7 @@ class ARCEvaluator:
       if not 0 <= identifier < len(self._identifiers):
         raise ValueError(f"puzzle identifier {identifier} outside "
                          f"identifiers.json (0..{len(self._identifiers) - 1})")
-      parsed = parse_name(self._identifiers[identifier])
+      parsed = arc_canvas.parse_name(self._identifiers[identifier])
       self._parsed[identifier] = parsed
     return parsed
 
@@ -324,7 +190,7 @@ class ARCEvaluator:
     inputs = np.asarray(inputs).reshape(len(ids), -1)
     predictions = np.asarray(predictions).reshape(len(ids), -1)
     qs = _sigmoid(np.asarray(q_halt_logits).reshape(-1))
-    if not (inputs.shape[1] == predictions.shape[1] == GRID_SIZE ** 2
+    if not (inputs.shape[1] == predictions.shape[1] == arc_canvas.GRID_SIZE ** 2
             and len(qs) == len(ids) and len(predictions) == len(ids)):
       raise ValueError(
           f"expected [B] ids, [B, 900] inputs and predictions, [B] q_halt "
@@ -333,22 +199,24 @@ class ARCEvaluator:
     keep = ids != self.blank_identifier_id
     ids, inputs, predictions, qs = (ids[keep], inputs[keep], predictions[keep],
                                     qs[keep])
-    in_rows, in_cols = crop_sizes(inputs)
-    out_rows, out_cols = crop_sizes(predictions)
+    in_rows, in_cols = arc_canvas.crop_sizes(inputs)
+    out_rows, out_cols = arc_canvas.crop_sizes(predictions)
     for i, identifier in enumerate(ids.tolist()):
       name, tid, color_map = self._parse(identifier)
-      grid = inputs[i].reshape(GRID_SIZE, GRID_SIZE)[:in_rows[i], :in_cols[i]]
-      grid = inverse_augment(grid.astype(np.int64) - COLOR_OFFSET, tid,
-                             color_map)
-      key = self._key_of.get((name, grid_digest(grid)))
+      grid = inputs[i].reshape(arc_canvas.GRID_SIZE,
+                               arc_canvas.GRID_SIZE)[:in_rows[i], :in_cols[i]]
+      grid = arc_canvas.inverse_augment(
+          grid.astype(np.int64) - arc_canvas.COLOR_OFFSET, tid, color_map)
+      key = self._key_of.get((name, arc_canvas.grid_digest(grid)))
       if key is None:
         self._num_unmatched += 1
         continue
-      pred = predictions[i].reshape(GRID_SIZE,
-                                    GRID_SIZE)[:out_rows[i], :out_cols[i]]
-      pred = inverse_augment(pred.astype(np.int64) - COLOR_OFFSET, tid,
-                             color_map)
-      digest = grid_digest(pred)
+      pred = predictions[i].reshape(
+          arc_canvas.GRID_SIZE,
+          arc_canvas.GRID_SIZE)[:out_rows[i], :out_cols[i]]
+      pred = arc_canvas.inverse_augment(
+          pred.astype(np.int64) - arc_canvas.COLOR_OFFSET, tid, color_map)
+      digest = arc_canvas.grid_digest(pred)
       self._grids.setdefault(digest, pred)
       self._keys.append(key)
       self._digests.append(digest)
@@ -361,7 +229,7 @@ class ARCEvaluator:
     n = len(self._keys)
     keys = np.asarray(self._keys, np.int32)
     digests = np.frombuffer(b"".join(self._digests), np.uint8).reshape(
-        n, _DIGEST_BYTES)
+        n, arc_canvas.DIGEST_BYTES)
     qs = np.asarray(self._qs, np.float64)
     _, num_processes = _process_info()
     if num_processes == 1:
@@ -391,7 +259,7 @@ class ARCEvaluator:
     if num_processes == 1 or not digests:
       return {d: self._grids[d] for d in digests}
     # Per digest: found flag, rows, cols, 900 colours.
-    local = np.zeros((len(digests), 3 + GRID_SIZE ** 2), np.uint8)
+    local = np.zeros((len(digests), 3 + arc_canvas.GRID_SIZE ** 2), np.uint8)
     for i, d in enumerate(digests):
       grid = self._grids.get(d)
       if grid is not None:
@@ -485,8 +353,9 @@ class ARCEvaluator:
 def _grid(rows, name: str) -> np.ndarray:
   """A test_puzzles.json grid as uint8, checked."""
   grid = np.asarray(rows)
-  if (grid.ndim != 2 or grid.shape[0] > GRID_SIZE or grid.shape[1] > GRID_SIZE
-      or grid.size == 0 or grid.min() < 0 or grid.max() >= NUM_COLORS):
+  if (grid.ndim != 2 or grid.shape[0] > arc_canvas.GRID_SIZE or
+      grid.shape[1] > arc_canvas.GRID_SIZE or grid.size == 0 or
+      grid.min() < 0 or grid.max() >= arc_canvas.NUM_COLORS):
     raise ValueError(f"{TEST_PUZZLES_FILE}: puzzle {name!r} has a grid that "
                      f"is not 1..30 x 1..30 colours 0..9: {rows!r}")
   return grid.astype(np.uint8)

@@ -1,0 +1,141 @@
+"""Checkpoint-file helpers shared by the weight importers of every family.
+
+The importers (`trm.families.trm.torch_import`, `trm.families.gpt.gpt_import`,
+`trm.families.dream.hf_import`) read PyTorch state_dicts, .safetensors files
+and Hugging Face index files; this module holds what they have in common:
+one error type, nested-dict paths, JSON and shard-index reading, and
+pickle-free reading of torch and safetensors files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import ml_dtypes
+import numpy as np
+from safetensors import safe_open
+
+class CheckpointError(ValueError):
+  """A checkpoint that does not match the model or the HF layout."""
+
+
+def read_json(path: str):
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise CheckpointError(f"{path} is not valid JSON ({e}); download it "
+                          "again.") from e
+
+
+def check_shard_names(weight_map: dict, directory: str, index: str) -> None:
+  """Every file an index names must lie inside the checkpoint directory: a
+  name like '../x' or '/abs/x' would read tensors from elsewhere."""
+  root = os.path.realpath(directory)
+  for file in sorted(set(weight_map.values())):
+    target = os.path.realpath(os.path.join(directory, str(file)))
+    if (not isinstance(file, str) or os.path.isabs(file)
+        or not target.startswith(root + os.sep)):
+      raise CheckpointError(
+          f"{index} names the weight file {file!r}, which lies outside "
+          f"{directory}; an index may only name files inside its own "
+          "directory. Download the checkpoint again.")
+
+
+def read_index(path: str) -> dict:
+  index = read_json(path)
+  if not isinstance(index, dict) or not isinstance(index.get("weight_map"),
+                                                   dict):
+    raise CheckpointError(f"{path} has no \"weight_map\" object (tensor name ->"
+                          " file); download it again.")
+  check_shard_names(index["weight_map"], os.path.dirname(path), path)
+  return dict(index["weight_map"])
+
+def get_path(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def set_path(tree, path, value):
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+_INSTALL_TORCH = ("pip install torch (CPU wheels suffice), or convert the "
+                  "file to .safetensors, which needs no torch")
+
+def import_torch(purpose: str):
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(f"{purpose} needs PyTorch, which is not installed: "
+                      f"{_INSTALL_TORCH}.") from e
+  return torch
+
+
+def is_safetensors(path: str) -> bool:
+  """safetensors: 8-byte little-endian header size, then a JSON header."""
+  with open(path, "rb") as f:
+    head = f.read(9)
+  if len(head) < 9 or head[8:9] != b"{":
+    return False
+  return 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8
+
+
+def torch_to_numpy(torch, t) -> np.ndarray:
+  t = t.detach().cpu().contiguous()
+  if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret bits
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+  return t.numpy()
+
+
+def check_torch_file(path: str) -> None:
+  """`torch.save` writes a zip archive (a pickle before torch 1.6, opening
+  with the pickle protocol byte 0x80); anything else is not a checkpoint, and
+  torch's own error for it would blame "pickled objects"."""
+  with open(path, "rb") as f:
+    head = f.read(16)
+  # A zip's local header opens it even when the archive is cut short (then
+  # torch.load says it is unreadable, which is the right diagnosis).
+  if not head.startswith((b"PK\x03\x04", b"\x80")):
+    raise CheckpointError(
+        f"{path} is not a PyTorch checkpoint: torch.save writes a zip archive"
+        f" (or, before torch 1.6, a pickle), and this file starts with "
+        f"{head!r}. Pass the .pt/.pth/.bin file that torch.save wrote, or a "
+        ".safetensors file.")
+
+
+def load_weights_only(path: str, purpose: str):
+  """(torch, the object in `path`) read with torch.load(weights_only=True):
+  tensors and plain containers only, never arbitrary pickled objects."""
+  check_torch_file(path)
+  torch = import_torch(purpose)
+  try:
+    return torch, torch.load(path, map_location="cpu", weights_only=True)
+  except pickle.UnpicklingError as e:
+    # torch's message opens with advice to retry with weights_only=False
+    # (full unpickling); only its line naming the refused object is kept.
+    refused = [line for line in str(e).splitlines()
+               if "GLOBAL" in line or "WeightsUnpickler" in line]
+    raise CheckpointError(
+        f"Refusing to load {path}: torch.load(weights_only=True) rejected it "
+        "because it contains pickled Python objects other than tensors and "
+        "plain containers, and unpickling those can run arbitrary code. This "
+        "importer never uses full pickle. If you trust the file, re-save just "
+        "its state_dict (torch.save(sd, ...)) or convert it to .safetensors."
+        + (f" torch: {refused[0].strip()}" if refused else "")) from e
+  except Exception as e:  # corrupt / truncated / not a torch file
+    raise CheckpointError(
+        f"{path} is not a readable PyTorch checkpoint (torch.load with "
+        f"weights_only=True failed: {type(e).__name__}: {e}).") from e
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+  try:
+    with safe_open(path, framework="numpy") as f:
+      return {key: f.get_tensor(key) for key in f.keys()}
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(f"{path} is not a readable .safetensors file: "
+                          f"{type(e).__name__}: {e}") from e

@@ -1,0 +1,39 @@
+"""Atomic file writes (temp file in the same directory, then os.replace).
+
+Shared by the dataset builders (`trm.data.puzzles`) and the text pipeline
+(`trm.data.text`).
+"""
+
+import json
+import os
+import uuid
+from typing import Any
+
+def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
+  """Writes `path` by calling `write_fn(file)` on a temp file, then renaming.
+
+  The temp file lives in the same directory, so the final os.replace is
+  atomic: readers (and `ensure_dataset`-style existence checks) never see a
+  half-written file, even if the writer is killed.
+  """
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  # Not tempfile.mkstemp: its files are mode 0600, this one honours the umask
+  # like a plain open() would. Mode "x" refuses to reuse an existing name.
+  tmp = os.path.join(directory,
+                     f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+  try:
+    with open(tmp, mode.replace("w", "x")) as f:
+      write_fn(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Atomically writes `obj` as JSON to `path`."""
+  atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")

@@ -1,0 +1,171 @@
+"""Preparing a plain-text data directory in nanoGPT's format, and reading it.
+
+The first 90% of the text's characters are the training split, the last 10%
+the validation split, each stored as a flat `np.uint16` token stream
+(`train.bin`, `val.bin`) next to a `meta.json` (JSON rather than nanoGPT's
+pickle, so reading a data directory never runs code). Served by
+`trm.data.text.windows`, which also holds the CLI.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from trm.data import atomic_files
+from trm.data.text import text_codecs
+
+TRAIN_FILE = "train.bin"
+VAL_FILE = "val.bin"
+META_FILE = "meta.json"
+TRAIN_FRACTION = 0.9
+# The .bin files hold uint16 ids, so a vocabulary may have at most this many.
+MAX_VOCAB = 2**16
+
+CLI_HINT = "python -m trm.data.text.windows --input=PATH_OR_URL --out_dir={}"
+
+
+def codec_from_meta(meta: dict):
+  """The codec (`encode(str) -> list[int]`, `decode(ids) -> str`) that
+  produced a prepared data set, from its meta.json."""
+  tokenizer = meta.get("tokenizer", "char" if "itos" in meta else None)
+  if tokenizer == "char":
+    return text_codecs.CharCodec(meta["itos"])
+  if tokenizer is None:
+    raise ValueError("meta.json names no tokenizer and holds no character "
+                     "vocabulary (itos); re-run " + CLI_HINT.format("DIR"))
+  return text_codecs.bpe_codec(tokenizer)
+
+
+# ----------------------------------------------------------------------------
+# Preparation.
+
+
+def _split_text(text: str) -> tuple[str, str]:
+  n = len(text)
+  if n < 2:
+    raise ValueError(f"The input holds {n} characters; it needs at least 2 "
+                     "(one for each split), and in practice far more.")
+  cut = int(n * TRAIN_FRACTION)
+  return text[:cut], text[cut:]
+
+
+def _check_vocab_fits(vocab_size: int, tokenizer: str) -> None:
+  if vocab_size > MAX_VOCAB:
+    raise ValueError(
+        f"tokenizer={tokenizer!r} has {vocab_size} tokens, more than the "
+        f"{MAX_VOCAB} ids a uint16 .bin file can hold; use a smaller "
+        "vocabulary (GPT-2's 50257 fits).")
+
+
+def _write(out_dir: str, train_ids, val_ids, meta: dict) -> dict:
+  """Writes train.bin, val.bin, then meta.json, each atomically.
+
+  meta.json goes last and an old one is removed first, so its presence means
+  that both .bin files beside it are complete and belong to it, even if an
+  earlier preparation was interrupted. The token counts it records let
+  `load_meta` catch .bin files replaced by hand.
+  """
+  os.makedirs(out_dir, exist_ok=True)
+  meta_path = os.path.join(out_dir, META_FILE)
+  if os.path.exists(meta_path):
+    os.remove(meta_path)
+  counts = {}
+  for name, ids in ((TRAIN_FILE, train_ids), (VAL_FILE, val_ids)):
+    array = np.asarray(ids, dtype=np.uint16)
+    atomic_files.atomic_write(os.path.join(out_dir, name), array.tofile)
+    counts[name.split(".")[0] + "_tokens"] = int(array.size)
+  meta = {**meta, **counts}
+  atomic_files.write_json_atomic(meta_path, meta)
+  return meta
+
+
+def char_splits(text: str) -> tuple[dict, list[int], list[int]]:
+  """(meta, train ids, val ids) of nanoGPT's shakespeare_char preparation:
+  the vocabulary is every character of the whole text, the split 90/10 by
+  characters. Shared by `prepare_char` and the TFDS builder, so both give
+  the same token streams."""
+  train_text, val_text = _split_text(text)
+  chars = sorted(set(text))
+  _check_vocab_fits(len(chars), "char")
+  itos = {str(i): ch for i, ch in enumerate(chars)}
+  codec = text_codecs.CharCodec(itos)
+  meta = {"vocab_size": len(chars), "itos": itos,
+          "stoi": {ch: i for i, ch in enumerate(chars)}, "tokenizer": "char"}
+  return meta, codec.encode(train_text), codec.encode(val_text)
+
+
+def prepare_char(text: str, out_dir: str) -> dict:
+  """nanoGPT's shakespeare_char preparation: one token per character.
+
+  Returns the meta.json contents: vocab_size, itos ({"0": "\\n", ...}),
+  stoi, tokenizer="char", and the train_tokens/val_tokens counts.
+  """
+  meta, train_ids, val_ids = char_splits(text)
+  return _write(out_dir, train_ids, val_ids, meta)
+
+
+def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2") -> dict:
+  """nanoGPT's data/shakespeare preparation: BPE tokens.
+
+  The text is split 90/10 by characters first and each part encoded on its
+  own, as nanoGPT does. `tokenizer` is "gpt2" (tiktoken) or the path of a
+  Hugging Face tokenizer.json (or a directory holding one), recorded as an
+  absolute path so `codec_from_meta` finds it from any working directory.
+  """
+  codec = text_codecs.bpe_codec(tokenizer)
+  _check_vocab_fits(codec.vocab_size, tokenizer)
+  name = "gpt2" if tokenizer == "gpt2" else os.path.abspath(codec.path)
+  train_text, val_text = _split_text(text)
+  return _write(out_dir, codec.encode(train_text), codec.encode(val_text),
+                {"vocab_size": int(codec.vocab_size), "tokenizer": name})
+
+
+def prepare(text: str, out_dir: str, tokenizer: str = "char") -> dict:
+  """`prepare_char` for tokenizer="char", else `prepare_bpe`."""
+  if tokenizer == "char":
+    return prepare_char(text, out_dir)
+  return prepare_bpe(text, out_dir, tokenizer)
+
+
+def is_prepared(data_dir: str) -> bool:
+  return all(os.path.isfile(os.path.join(data_dir, f))
+             for f in (TRAIN_FILE, VAL_FILE, META_FILE))
+
+
+def load_meta(data_dir: str) -> dict:
+  """The meta.json of a prepared data directory, checked against its .bin
+  files."""
+  missing = [f for f in (TRAIN_FILE, VAL_FILE, META_FILE)
+             if not os.path.isfile(os.path.join(data_dir, f))]
+  if missing:
+    raise FileNotFoundError(
+        f"{data_dir} is not a prepared text data set (missing "
+        f"{', '.join(missing)}); prepare it with `"
+        + CLI_HINT.format(data_dir) + "` (or give the training config an "
+        "input path so training prepares it).")
+  path = os.path.join(data_dir, META_FILE)
+  with open(path) as f:
+    try:
+      meta = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path} is not valid JSON ({e}); re-run `"
+                       + CLI_HINT.format(data_dir) + "`.") from e
+  for name in (TRAIN_FILE, VAL_FILE):
+    expected = meta.get(name.split(".")[0] + "_tokens")
+    actual = os.path.getsize(os.path.join(data_dir, name)) // 2
+    if expected is not None and expected != actual:
+      raise ValueError(
+          f"{os.path.join(data_dir, name)} holds {actual} tokens but {path} "
+          f"records {expected}: the files do not belong together; re-run `"
+          + CLI_HINT.format(data_dir) + "`.")
+  return meta
+
+
+def same_tokenizer(requested: str, recorded: str) -> bool:
+  if requested in ("char", "gpt2") or recorded in ("char", "gpt2"):
+    return requested == recorded
+  try:
+    return os.path.abspath(text_codecs.tokenizer_file(requested)) == recorded
+  except FileNotFoundError:
+    return False

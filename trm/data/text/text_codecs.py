@@ -1,0 +1,131 @@
+"""Text codecs: one token per character, or BPE (tiktoken GPT-2 or a Hugging
+Face tokenizer.json). Used by `trm.data.text.preparation`."""
+
+import os
+
+from trm.core import cli
+
+class TokenizerUnavailableError(cli.UserError, RuntimeError):
+  """The requested BPE tokenizer cannot be loaded here (e.g. offline)."""
+
+
+# ----------------------------------------------------------------------------
+# Codecs.
+
+
+class CharCodec:
+  """Characters <-> ids of a `prepare_char` vocabulary."""
+
+  def __init__(self, itos):
+    # meta.json keys are strings; a plain list of characters also works.
+    if isinstance(itos, dict):
+      itos = {int(i): ch for i, ch in itos.items()}
+    else:
+      itos = dict(enumerate(itos))
+    self.itos = itos
+    self.stoi = {ch: i for i, ch in itos.items()}
+    self.vocab_size = len(itos)
+
+  def encode(self, text: str) -> list[int]:
+    try:
+      return [self.stoi[ch] for ch in text]
+    except KeyError as e:
+      raise ValueError(
+          f"Character {e.args[0]!r} is not in the {self.vocab_size}-character "
+          "vocabulary of this data set; use only characters of the text it "
+          "was prepared from.") from None
+
+  def decode(self, ids) -> str:
+    try:
+      return "".join(self.itos[int(i)] for i in ids)
+    except KeyError as e:
+      raise ValueError(f"Token id {e.args[0]} is outside the "
+                       f"{self.vocab_size}-character vocabulary.") from None
+
+
+class TiktokenCodec:
+  """tiktoken's GPT-2 BPE (what nanoGPT's data/shakespeare uses)."""
+
+  def __init__(self, name: str = "gpt2"):
+    self.encoding = _tiktoken_encoding(name)
+    self.vocab_size = self.encoding.n_vocab
+
+  def encode(self, text: str) -> list[int]:
+    # encode_ordinary: special-token text such as "<|endoftext|>" is encoded
+    # as ordinary text, as nanoGPT does.
+    return self.encoding.encode_ordinary(text)
+
+  def decode(self, ids) -> str:
+    return self.encoding.decode([int(i) for i in ids])
+
+
+class HFTokenizerCodec:
+  """A Hugging Face `tokenizer.json` (e.g. from a gpt2 checkpoint dir)."""
+
+  def __init__(self, path: str):
+    path = tokenizer_file(path)
+    try:
+      import tokenizers  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise TokenizerUnavailableError(
+          f"Reading {path} needs the `tokenizers` package: pip install "
+          "tokenizers.") from e
+    self.path = path
+    self.tokenizer = tokenizers.Tokenizer.from_file(path)
+    self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text: str) -> list[int]:
+    # No BOS/EOS templates: the text is one continuous stream, as with
+    # tiktoken's encode_ordinary.
+    return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids) -> str:
+    return self.tokenizer.decode([int(i) for i in ids],
+                                 skip_special_tokens=False)
+
+
+def _tiktoken_encoding(name: str):
+  alternative = ("Alternatively pass tokenizer=<path to a Hugging Face "
+                 "tokenizer.json> (e.g. the tokenizer.json of a gpt2 "
+                 "checkpoint directory, --tokenizer=/path/to/gpt2/"
+                 "tokenizer.json), which uses the `tokenizers` library and "
+                 "works offline.")
+  try:
+    import tiktoken  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise TokenizerUnavailableError(
+        f"tokenizer={name!r} needs the `tiktoken` package, which is not "
+        f"installed (pip install tiktoken). {alternative}") from e
+  try:
+    return tiktoken.get_encoding(name)
+  except Exception as e:  # pylint: disable=broad-except
+    # tiktoken downloads its BPE files on first use (cached under
+    # TIKTOKEN_CACHE_DIR), so offline machines fail here with a network error.
+    raise TokenizerUnavailableError(
+        f"tiktoken could not load the {name!r} encoding ({e}); it downloads "
+        "its files on first use, so offline it needs a filled "
+        f"TIKTOKEN_CACHE_DIR. {alternative}") from e
+
+
+def tokenizer_file(path: str) -> str:
+  """The tokenizer.json at `path` (a file, or a directory holding one)."""
+  if os.path.isdir(path):
+    path = os.path.join(path, "tokenizer.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"Tokenizer file {path} does not exist: pass tokenizer='char', "
+        "'gpt2' or the path of a Hugging Face tokenizer.json.")
+  return path
+
+
+def bpe_codec(tokenizer: str):
+  if tokenizer == "gpt2":
+    return TiktokenCodec("gpt2")
+  if tokenizer == "char":
+    raise ValueError("tokenizer='char' is not a BPE tokenizer: use "
+                     "prepare_char.")
+  if not os.path.exists(tokenizer):
+    raise FileNotFoundError(
+        f"tokenizer={tokenizer!r} is neither 'char', 'gpt2' nor an existing "
+        "path of a Hugging Face tokenizer.json (or a directory holding one).")
+  return HFTokenizerCodec(tokenizer)

@@ -1,0 +1,137 @@
+"""Dream / DiffuCoder `config.json`: checked against our model config on
+import, written on export (see `trm.families.dream.hf_import`), and read into
+a DreamConfig for inference (`model_config_from_hf`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+from trm.core import weights_io
+from trm.families.dream.model import DreamConfig
+
+CONFIG_FILE = "config.json"
+
+# config.json key -> DreamConfig field (the same names upstream).
+_CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size",
+                  "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "rope_theta", "rms_norm_eps",
+                  "mask_token_id", "pad_token_id")
+
+
+def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
+  """Checks config.json against `cfg`; returns it. Errors name the field."""
+  path = os.path.join(directory, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise weights_io.CheckpointError(f"{path} is missing.")
+  hf = weights_io.read_json(path)
+  if not isinstance(hf, dict):
+    raise weights_io.CheckpointError(
+        f"{path} holds a {type(hf).__name__}, not the "
+        "model's config object.")
+  for field in _CONFIG_FIELDS:
+    if hf.get(field) is None:  # Qwen2 configs have no mask_token_id
+      continue
+    ours = getattr(cfg, field)
+    ok = (math.isclose(float(hf[field]), float(ours), rel_tol=1e-9)
+          if isinstance(ours, float) else hf[field] == ours)
+    if not ok:
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={hf[field]!r} does not match "
+          f"config.model.{field}={ours!r}.")
+  # Architecture switches the port does not implement must be off.
+  for field, want in (("tie_word_embeddings", False), ("rope_scaling", None),
+                      ("use_sliding_window", False), ("hidden_act", "silu")):
+    if field in hf and hf[field] != want and not (want is False
+                                                  and hf[field] is None):
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={hf[field]!r} is not supported "
+          f"(expected {want!r}).")
+  if hf.get("head_dim") not in (None, cfg.head_dim):
+    raise weights_io.CheckpointError(
+        f"{path}: head_dim={hf['head_dim']} does not match "
+        f"config.model.hidden_size / num_attention_heads = "
+        f"{cfg.head_dim}.")
+  return hf
+
+
+
+def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
+  """config.json contents for an exported checkpoint (Dream's fields)."""
+  out = {
+      "architectures": ["DreamModel"],
+      "model_type": "Dream",
+      "auto_map": {"AutoConfig": "configuration_dream.DreamConfig",
+                   "AutoModel": "modeling_dream.DreamModel"},
+      "hidden_act": "silu",
+      "tie_word_embeddings": False,
+      "rope_scaling": None,
+      "use_sliding_window": False,
+      "sliding_window": None,
+      "attention_dropout": 0.0,
+      "use_cache": False,
+      "bos_token_id": cfg.pad_token_id,
+      "eos_token_id": cfg.pad_token_id,
+      # DiffuCoder's value (RoPE has no hard limit; Dream trained at 2048).
+      "max_position_embeddings": 131072,
+      "torch_dtype": torch_dtype,
+  }
+  out.update({field: getattr(cfg, field) for field in _CONFIG_FIELDS})
+  return out
+def read_config_object(path: str) -> dict:
+  """A config object from `path` (weights_io's reader, plus the checks that
+  the file exists and holds an object)."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} is missing.")
+  value = weights_io.read_json(path)
+  if not isinstance(value, dict):
+    raise weights_io.CheckpointError(f"{path} holds a {type(value).__name__},"
+                                    " not a config object.")
+  return value
+
+
+def model_config_from_hf(directory: str, tokenizer=None, *,
+                         dtype: str = "bfloat16",
+                         param_dtype: Optional[str] = None,
+                         attention: str = "dot"):
+  """(DreamConfig, max positions or None) from a Hugging Face directory's
+  config.json; a Qwen2 config (no mask id) takes `<|mask|>` from the
+  tokenizer."""
+  path = os.path.join(directory, CONFIG_FILE)
+  hf = read_config_object(path)
+  kind = str(hf.get("model_type", "")).lower()
+  if kind not in ("dream", "qwen2"):
+    raise weights_io.CheckpointError(
+        f"{path}: model_type={hf.get('model_type')!r}; a Dream/DiffuCoder "
+        "(model_type 'Dream') or Qwen2-shaped directory is needed.")
+  sizes = {}
+  for field in ("vocab_size", "hidden_size", "intermediate_size",
+                "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads"):
+    if not isinstance(hf.get(field), int):
+      raise weights_io.CheckpointError(
+          f"{path}: {field} is missing or not an integer.")
+    sizes[field] = hf[field]
+  mask_id = hf.get("mask_token_id")
+  if mask_id is None and tokenizer is not None:
+    mask_id = tokenizer.mask_id
+  if mask_id is None:
+    raise weights_io.CheckpointError(
+        f"{path} has no mask_token_id and no tokenizer names <|mask|>; pass "
+        "a DiffuCoder/Dream checkpoint.")
+  pad_id = hf.get("pad_token_id", hf.get("eos_token_id"))
+  if isinstance(pad_id, list):
+    pad_id = pad_id[0]
+  if pad_id is None:
+    raise weights_io.CheckpointError(f"{path}: pad_token_id is missing.")
+  stored = str(hf.get("torch_dtype") or "float32")
+  cfg = DreamConfig(
+      **sizes, rope_theta=float(hf.get("rope_theta", 10000.0)),
+      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      mask_token_id=int(mask_id), pad_token_id=int(pad_id), dtype=dtype,
+      param_dtype=param_dtype or ("bfloat16" if stored == "bfloat16"
+                                  else "float32"), remat="none",
+      attention=attention)
+  positions = hf.get("max_position_embeddings")
+  return cfg, (int(positions) if isinstance(positions, int) else None)

@@ -1,0 +1,96 @@
+"""A Hugging Face GPT-2 directory: its config.json (checked and turned into
+nanoGPT model args) and its .safetensors weight files (one file, or shards
+named by an index). Read by `trm.families.gpt.gpt_import.load_hf_gpt2`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from trm.core import weights_io
+
+HF_CONFIG = "config.json"
+HF_SINGLE = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+HF_FILES = (f"{HF_CONFIG} and {HF_SINGLE} (or sharded "
+             f"model-*.safetensors with {HF_INDEX})")
+def read_hf_config(directory: str) -> dict:
+  path = os.path.join(directory, HF_CONFIG)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} is missing; a Hugging Face GPT-2 "
+                            f"directory holds {HF_FILES}.")
+  try:
+    with open(path) as f:
+      hf = json.load(f)
+  except json.JSONDecodeError as e:
+    raise weights_io.CheckpointError(f"{path} is not valid JSON ({e}).") from e
+  if not isinstance(hf, dict):
+    raise weights_io.CheckpointError(
+        f"{path} holds a {type(hf).__name__}, not the "
+        "model's config object.")
+  return hf
+
+
+def hf_model_args(hf: dict, path: str) -> dict:
+  vocab = hf.get("vocab_size", hf.get("n_vocab"))
+  fields = {"vocab_size": vocab, "block_size": hf.get("n_positions"),
+            "n_layer": hf.get("n_layer"), "n_head": hf.get("n_head"),
+            "n_embd": hf.get("n_embd")}
+  absent = [k for k, v in fields.items() if v is None]
+  if absent:
+    raise weights_io.CheckpointError(f"{path} lacks the GPT-2 size(s) {absent} "
+                          "(vocab_size, n_positions, n_layer, n_head, "
+                          "n_embd).")
+  # Architecture switches our (nanoGPT) model does not implement.
+  for field, want in (("scale_attn_weights", True),
+                      ("scale_attn_by_inverse_layer_idx", False),
+                      ("add_cross_attention", False)):
+    if field in hf and bool(hf[field]) != want:
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={hf[field]!r} is not supported "
+          f"(nanoGPT's GPT has {want}).")
+  act = hf.get("activation_function", "gelu_new")
+  if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+    raise weights_io.CheckpointError(
+        f"{path}: activation_function={act!r} is not a "
+        "GELU; nanoGPT's MLP uses GELU.")
+  n_inner = hf.get("n_inner")
+  if n_inner is not None and n_inner != 4 * fields["n_embd"]:
+    raise weights_io.CheckpointError(
+        f"{path}: n_inner={n_inner} is not 4 * n_embd, as "
+        "nanoGPT's MLP requires.")
+  eps = hf.get("layer_norm_epsilon", 1e-5)
+  if abs(float(eps) - 1e-5) > 1e-12:
+    raise weights_io.CheckpointError(
+        f"{path}: layer_norm_epsilon={eps} is not nanoGPT's"
+        " 1e-5.")
+  args = {k: int(v) for k, v in fields.items()}
+  args.update(bias=True, dropout=0.0)
+  return args
+
+
+def hf_files(directory: str) -> tuple[list[str], str]:
+  index = os.path.join(directory, HF_INDEX)
+  single = os.path.join(directory, HF_SINGLE)
+  if os.path.isfile(index):
+    try:
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      raise weights_io.CheckpointError(
+          f"{index} has no valid \"weight_map\" ({e}).") from e
+    weights_io.check_shard_names(weight_map, directory, index)
+    files = sorted(set(weight_map.values()))
+    for file in files:
+      if not os.path.isfile(os.path.join(directory, file)):
+        raise FileNotFoundError(f"{os.path.join(directory, file)} (named in "
+                                f"{index}) is missing.")
+    return [os.path.join(directory, f) for f in files], index
+  if os.path.isfile(single):
+    return [single], single
+  extra = (" (pytorch_model.bin is not read: convert it to safetensors)"
+           if os.path.exists(os.path.join(directory, "pytorch_model.bin"))
+           else "")
+  raise FileNotFoundError(f"{directory} has neither {HF_SINGLE} nor "
+                          f"{HF_INDEX}; a Hugging Face GPT-2 directory holds "
+                          f"{HF_FILES}{extra}.")
