@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from trm.families.dream import model as dream
+from trm.nn import masks
 
 
 class CachedDenoiser(NamedTuple):
@@ -55,7 +56,7 @@ def _embed(params, cfg, tokens, positions):
 
 
 def _norm(params, cfg, x):
-  return dream.RMSNorm(cfg).apply({"params": params["norm"]}, x)
+  return dream.rms_norm_layer(cfg).apply({"params": params["norm"]}, x)
 
 
 def encode(cfg: dream.DreamConfig, params, tokens, key_mask, positions):
@@ -83,7 +84,7 @@ def window(cfg: dream.DreamConfig, params, tokens, positions, cache, start,
   """
   layer = dream.DecoderLayer(cfg)
   x, cos, sin = _embed(params, cfg, tokens, positions)
-  pair_mask = None if key_mask is None else key_mask[:, None, None, :]
+  pair_mask = None if key_mask is None else masks.key_padding(key_mask)
 
   def body(x, layer_and_cache):
     layer_params, layer_cache = layer_and_cache

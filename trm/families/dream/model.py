@@ -22,7 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from trm.core import mesh as mesh_lib
+from trm.nn import attention
+from trm.nn import dtypes
+from trm.nn import linear
+from trm.nn import masks
+from trm.nn import norm
+from trm.nn import rope
 from trm.nn import tpu_attention
+from trm.nn.attention import repeat_kv
 
 _DTYPES = ("bfloat16", "float32")
 _REMAT = ("none", "full")
@@ -32,7 +39,7 @@ ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
 
 
 @dataclasses.dataclass(frozen=True)
-class DreamConfig:
+class DreamConfig(dtypes.ConfigDtypes):
   """Sizes and numerics; defaults are DiffuCoder-7B-Instruct's config.json."""
   vocab_size: int = 152064
   hidden_size: int = 3584
@@ -103,14 +110,6 @@ class DreamConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
 
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
-
-  @property
-  def weight_dtype(self):
-    return jnp.dtype(self.param_dtype)
-
   @classmethod
   def from_config(cls, model_config: Mapping[str, Any]) -> "DreamConfig":
     """From `config.model` (a ConfigDict with `name='dream'`)."""
@@ -124,24 +123,10 @@ class DreamConfig:
     return cls(**kwargs)
 
 
-def _param(module, name, init, axes, shape, dtype):
-  return module.param(name, nn.with_logical_partitioning(init, axes), shape,
-                      dtype)
-
-
-class RMSNorm(nn.Module):
-  """Qwen2 RMSNorm: fp32 statistics, cast to the input dtype, then * weight."""
-  cfg: DreamConfig
-
-  @nn.compact
-  def __call__(self, x):
-    weight = _param(self, "scale", nn.initializers.ones, ("embed",),
-                    (x.shape[-1],), self.cfg.weight_dtype)
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-                              + self.cfg.rms_norm_eps)
-    # Upstream multiplies after casting back, in the input (compute) dtype.
-    return x32.astype(x.dtype) * weight.astype(x.dtype)
+def rms_norm_layer(cfg: DreamConfig, name: str | None = None):
+  """Qwen2 RMSNorm: fp32 statistics, cast to the input dtype, then * weight
+  (upstream multiplies after casting back, in the compute dtype)."""
+  return norm.RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name=name)
 
 
 class Projection(nn.Module):
@@ -160,20 +145,22 @@ class Projection(nn.Module):
   @nn.compact
   def __call__(self, x):
     dtype = self.cfg.compute_dtype
-    kernel = _param(self, "kernel", nn.initializers.normal(_INIT_STD),
-                    self.in_axes + self.out_axes,
-                    self.in_shape + self.out_shape, self.cfg.weight_dtype)
+    kernel = linear.logical_param(
+        self, "kernel", nn.initializers.normal(_INIT_STD),
+        self.in_axes + self.out_axes, self.in_shape + self.out_shape,
+        self.cfg.weight_dtype)
     n_in = len(self.in_shape)
     dims = ((tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in))), ((), ()))
     if not self.use_bias:
       return jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), dims)
-    bias = _param(self, "bias", nn.initializers.zeros, self.out_axes,
-                  self.out_shape, self.cfg.weight_dtype)
+    bias = linear.logical_param(self, "bias", nn.initializers.zeros,
+                                self.out_axes, self.out_shape,
+                                self.cfg.weight_dtype)
     # torch's Linear adds the bias inside the fp32-accumulating addmm and
     # rounds once; do the same (only q/k/v have biases, so this is cheap).
     y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), dims,
                             preferred_element_type=jnp.float32)
-    return (y + bias.astype(dtype).astype(jnp.float32)).astype(dtype)
+    return linear.add_bias(y, bias, dtype)
 
 
 def rope_cos_sin(positions, head_dim: int, theta: float, dtype):
@@ -182,29 +169,8 @@ def rope_cos_sin(positions, head_dim: int, theta: float, dtype):
   Halves are repeated (rotate-half convention, not interleaved); the cast to
   the activation dtype before use matches upstream (bf16 cos/sin).
   """
-  exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32)
-  inv_freq = jnp.asarray(
-      1.0 / (np.float32(theta) ** (exponents / np.float32(head_dim))),
-      jnp.float32)
-  freqs = positions.astype(jnp.float32)[..., None] * inv_freq
-  emb = jnp.concatenate([freqs, freqs], axis=-1)
-  return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
-
-
-def _rotate_half(x):
-  half = x.shape[-1] // 2
-  return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-
-
-def apply_rope(x, cos, sin):
-  """x [B, L, H, K] in the activation dtype; cos/sin [B, L, K]."""
-  cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-  return x * cos + _rotate_half(x) * sin
-
-
-def repeat_kv(x, groups: int):
-  """[B, L, KV, K] -> [B, L, KV * groups, K]; q-head n reads kv-head n // g."""
-  return jnp.repeat(x, groups, axis=2)
+  return rope.cos_sin(positions, rope.inverse_frequencies(head_dim, theta),
+                      dtype)
 
 
 class Attention(nn.Module):
@@ -229,7 +195,8 @@ class Attention(nn.Module):
     q = proj((h, k), ("heads", "head_dim"), "q_proj")
     key = proj((kv, k), ("kv_heads", "head_dim"), "k_proj")
     value = proj((kv, k), ("kv_heads", "head_dim"), "v_proj")
-    q, key = apply_rope(q, cos, sin), apply_rope(key, cos, sin)
+    # In the activation dtype, with the bf16 cos/sin, as upstream.
+    q, key = rope.apply_rope(q, cos, sin), rope.apply_rope(key, cos, sin)
     new_kv = (key, value)
     if cache is not None:
       at = (0, start, 0, 0)
@@ -253,21 +220,13 @@ class Attention(nn.Module):
 
 def _dot_attention(q, key, value, pair_mask, cfg: DreamConfig):
   """sdpa semantics with an explicit fp32 softmax over [B, H, Lq, Lk]."""
-  h, kv, k = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-  key, value = repeat_kv(key, h // kv), repeat_kv(value, h // kv)
+  groups = cfg.num_attention_heads // cfg.num_key_value_heads
   # Heads-first operands: XLA:CPU runs these batched products ~4x faster
   # than einsums over the [B, L, H, K] layout (13.7 -> 3.5 ms at [4, 256, 8,
   # 32], see BUILD_NOTES); the same sums.
-  q, key, value = (jnp.swapaxes(t, 1, 2) for t in (q, key, value))
-  # Scores and softmax in fp32, as fused sdpa kernels accumulate.
-  scores = jnp.einsum("bhqk,bhsk->bhqs", q, key,
-                      preferred_element_type=jnp.float32)
-  scores = scores * (1.0 / math.sqrt(k))
-  if pair_mask is not None:
-    # finfo.min, not -inf: a pad row with nothing to attend to stays finite.
-    scores = jnp.where(pair_mask, scores, jnp.finfo(scores.dtype).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
-  return jnp.swapaxes(jnp.einsum("bhqs,bhsk->bhqk", probs, value), 1, 2)
+  return attention.dot_product_attention(
+      q, repeat_kv(key, groups), repeat_kv(value, groups), pair_mask,
+      probs_dtype=cfg.compute_dtype, heads_major=True)
 
 
 class MLP(nn.Module):
@@ -296,12 +255,12 @@ class DecoderLayer(nn.Module):
                start=None):
     cfg = self.cfg
     attn = Attention(cfg, name="self_attn")(
-        RMSNorm(cfg, name="input_layernorm")(x), pair_mask, cos, sin,
+        rms_norm_layer(cfg, "input_layernorm")(x), pair_mask, cos, sin,
         return_kv=return_kv, cache=cache, start=start)
     attn, new_kv = attn if return_kv else (attn, None)
     x = x + attn
     x = x + MLP(cfg, name="mlp")(
-        RMSNorm(cfg, name="post_attention_layernorm")(x))
+        rms_norm_layer(cfg, "post_attention_layernorm")(x))
     return mesh_lib.constrain(x, ACTIVATION), new_kv
 
 
@@ -310,10 +269,9 @@ def attention_pair_mask(cfg: DreamConfig, attention_mask):
   for the dot path, the key mask [B, L] itself for splash (segment ids)."""
   if attention_mask is None:
     return None
-  m = attention_mask.astype(bool)
   if cfg.attention != "dot":
-    return m
-  return m[:, None, :, None] & m[:, None, None, :]
+    return attention_mask.astype(bool)
+  return masks.pairs(attention_mask)
 
 
 def _block_class(cfg: DreamConfig):
@@ -329,11 +287,10 @@ class Dream(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.embed_tokens = self.param(
-        "embed_tokens",
-        nn.with_logical_partitioning(nn.initializers.normal(_INIT_STD),
-                                     ("vocab", "embed")),
-        (cfg.vocab_size, cfg.hidden_size), cfg.weight_dtype)
+    self.embed_tokens = linear.logical_param(
+        self, "embed_tokens", nn.initializers.normal(_INIT_STD),
+        ("vocab", "embed"), (cfg.vocab_size, cfg.hidden_size),
+        cfg.weight_dtype)
     block = _block_class(cfg)
     if cfg.scan_layers:
       self.layers = nn.scan(
@@ -343,7 +300,7 @@ class Dream(nn.Module):
           metadata_params={nn.PARTITION_NAME: "layers"})(cfg)
     else:
       self.layers = [block(cfg) for _ in range(cfg.num_hidden_layers)]
-    self.norm = RMSNorm(cfg)
+    self.norm = rms_norm_layer(cfg)
     self.lm_head = Projection((cfg.hidden_size,), (cfg.vocab_size,),
                               ("embed",), ("vocab",), False, cfg)
 

@@ -15,7 +15,11 @@ import jax
 import jax.numpy as jnp
 
 from trm.core import mesh as mesh_lib
-from trm.families.gpt import model as gpt
+from trm.nn import linear
+from trm.nn import norm
+from trm.nn import rope as rope_lib
+# Re-exported: part of this module's interface (scale-free, float32 stats).
+from trm.nn.norm import rms_norm  # noqa: F401
 
 # Std of a standard normal truncated to [-2, 2]; dividing by it makes the
 # truncated draw have exactly the requested std (upstream trunc_normal_init_).
@@ -38,14 +42,6 @@ def lecun_trunc_normal(fan_in: int):
   return trunc_normal(1.0 / math.sqrt(fan_in))
 
 
-def rms_norm(x, eps: float):
-  """Scale-free RMSNorm over the last axis, computed in float32."""
-  x32 = x.astype(jnp.float32)
-  x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-                            + eps)
-  return x32.astype(x.dtype)
-
-
 def find_multiple(a: int, b: int) -> int:
   return -(a // -b) * b
 
@@ -56,10 +52,10 @@ def swiglu_width(hidden_size: int, expansion: float) -> int:
 
 
 def _linear_dot(x, w):
-  """x @ w in x's dtype. The backward pass is gpt.matmul's: the weight
-  gradient as (dy^T x)^T, which XLA:CPU runs without transposing (and
+  """x @ w in x's dtype. The backward pass is nn.linear.matmul's: the
+  weight gradient as (dy^T x)^T, which XLA:CPU runs without transposing (and
   recomputing) the activation gradient; same math as jnp.dot."""
-  return gpt.matmul(x, w).astype(x.dtype)
+  return linear.matmul(x, w).astype(x.dtype)
 
 
 class Linear(nn.Module):
@@ -75,14 +71,15 @@ class Linear(nn.Module):
   def __call__(self, x):
     fan_in = x.shape[-1]
     init = self.kernel_init or lecun_trunc_normal(fan_in)
-    kernel = self.param("kernel", nn.with_logical_partitioning(init, self.axes),
-                        (fan_in, self.features), jnp.float32)
+    kernel = linear.logical_param(self, "kernel", init, self.axes,
+                                  (fan_in, self.features), jnp.float32)
     y = _linear_dot(x.astype(self.dtype), kernel.astype(self.dtype))
     if self.use_bias:
-      bias = self.param("bias",
-                        nn.with_logical_partitioning(self.bias_init,
-                                                     (self.axes[1],)),
-                        (self.features,), jnp.float32)
+      bias = linear.logical_param(self, "bias", self.bias_init,
+                                  (self.axes[1],), (self.features,),
+                                  jnp.float32)
+      # Added after the product is rounded to `dtype`: two roundings, not
+      # nn.linear.add_bias's one (GPT's and Dream's projections).
       y = y + bias.astype(self.dtype)
     return y
 
@@ -97,27 +94,29 @@ class Embed(nn.Module):
 
   @nn.compact
   def __call__(self, ids):
-    table = self.param(
-        "embedding",
-        nn.with_logical_partitioning(trunc_normal(self.init_std), self.axes),
-        (self.num_embeddings, self.features), jnp.float32)
+    table = linear.logical_param(self, "embedding",
+                                 trunc_normal(self.init_std), self.axes,
+                                 (self.num_embeddings, self.features),
+                                 jnp.float32)
     return jnp.take(table, ids, axis=0).astype(self.dtype)
 
 
 def rope_tables(positions: int, head_dim: int, theta: float):
-  """cos/sin tables [positions, head_dim], halves repeated (non-interleaved)."""
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32)
-                              / head_dim))
-  freqs = jnp.outer(jnp.arange(positions, dtype=jnp.float32), inv_freq)
-  emb = jnp.concatenate([freqs, freqs], axis=-1)
-  return jnp.cos(emb), jnp.sin(emb)
+  """float32 cos/sin tables [positions, head_dim], halves repeated
+  (non-interleaved); the frequencies are traced (jnp), as they always were."""
+  return rope_lib.cos_sin(
+      jnp.arange(positions, dtype=jnp.float32),
+      rope_lib.inverse_frequencies(head_dim, theta, on_host=False))
 
 
 def apply_rope(x, cos, sin):
-  """Rotates [B, S, H, D] by the 'rotate_half' convention, in float32."""
+  """Rotates [B, S, H, D] by the 'rotate_half' convention, in float32.
+
+  Not nn.rope.apply_rope: the rotated half is built before the products
+  here, which changes the gradients' last bits (see nn/rope.py).
+  """
   x32 = x.astype(jnp.float32)
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  rotated = rope_lib.rotate_half(x32)
   out = x32 * cos[:, None, :] + rotated * sin[:, None, :]
   return out.astype(x.dtype)
 
@@ -179,7 +178,7 @@ def _swiglu_norm(x, w_in, w_out, eps, tokens):
   act = _silu_parts(gate)[1] * up
   m = jnp.dot(w_out.T, act) if tokens else jnp.dot(act, w_out)
   r = (x + m).astype(jnp.float32)
-  inv = jax.lax.rsqrt(jnp.mean(jnp.square(r), axis=axis, keepdims=True) + eps)
+  inv = norm.inv_rms(r, eps, axis)
   y = (r * inv).astype(x.dtype)
   return y, (x, w_in, w_out, h, y, inv)
 
@@ -248,10 +247,9 @@ class Kernel(nn.Module):
 
   @nn.compact
   def __call__(self, dtype):
-    return self.param(
-        "kernel", nn.with_logical_partitioning(
-            lecun_trunc_normal(self.shape[0]), self.axes),
-        self.shape, jnp.float32).astype(dtype)
+    return linear.logical_param(self, "kernel",
+                                lecun_trunc_normal(self.shape[0]), self.axes,
+                                self.shape, jnp.float32).astype(dtype)
 
 
 def _one_device() -> bool:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from trm.core import mesh as mesh_lib
 from trm.families.trm import layers
+from trm.nn import linear
 
 IGNORE_LABEL_ID = -100
 
@@ -185,10 +186,9 @@ class TRM(nn.Module):
         kernel_init=nn.initializers.zeros,
         bias_init=nn.initializers.constant(-5.0))
     if cfg.pos_encodings == "learned":
-      self.embed_pos = self.param(
-          "embed_pos", nn.with_logical_partitioning(
-              layers.trunc_normal(1.0 / math.sqrt(d)), ("token", "embed")),
-          (cfg.total_len, d), jnp.float32)
+      self.embed_pos = linear.logical_param(
+          self, "embed_pos", layers.trunc_normal(1.0 / math.sqrt(d)),
+          ("token", "embed"), (cfg.total_len, d), jnp.float32)
     self.L_level = ReasoningNet(cfg, seq_major=cfg.mlp_t)
     init_state = nn.with_logical_partitioning(
         lambda key: layers.trunc_normal(1.0)(key, (d,)).astype(cfg.dtype),

@@ -1,0 +1,80 @@
+"""trm.nn.linear: logical params, bias rounding, the custom-VJP matmul;
+trm.nn.dtypes."""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trm.nn import dtypes
+from trm.nn import linear
+
+
+class _Layer(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    w = linear.logical_param(self, "kernel", nn.initializers.ones,
+                             ("embed", "mlp"), (x.shape[-1], 3), jnp.float32)
+    return x @ w
+
+
+def test_logical_param_names_axes():
+  params = _Layer().init(jax.random.key(0), jnp.ones((2, 4)))["params"]
+  assert isinstance(params["kernel"], nn.LogicallyPartitioned)
+  assert params["kernel"].names == ("embed", "mlp")
+  assert nn.meta.unbox(params)["kernel"].shape == (4, 3)
+
+
+def test_add_bias_rounds_once():
+  y32 = jnp.array([1.0 + 2.0 ** -8, 256.0, -3.0], jnp.float32)
+  bias = jnp.array([2.0 ** -9, 0.75, 0.1], jnp.float32)
+  got = linear.add_bias(y32, bias, jnp.bfloat16)
+  assert got.dtype == jnp.bfloat16
+  b16 = np.asarray(bias.astype(jnp.bfloat16), np.float32)
+  want = (np.asarray(y32) + b16).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(got, want)
+  # One rounding: 1 + 2^-8 + 2^-9 rounds up to 1 + 2^-7. Rounding the
+  # product first (a tie, to even: 1.0) and then the sum would give 1.0.
+  assert float(got[0]) == 1.0 + 2.0 ** -7
+  twice = (y32.astype(jnp.bfloat16) + bias.astype(jnp.bfloat16))
+  assert float(twice[0]) == 1.0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_matmul_value_and_grads(dtype):
+  x = jax.random.normal(jax.random.key(0), (2, 3, 5)).astype(dtype)
+  w = jax.random.normal(jax.random.key(1), (5, 4)).astype(dtype)
+  y = linear.matmul(x, w)
+  assert y.dtype == jnp.float32
+  np.testing.assert_allclose(
+      y, np.einsum("btk,kn->btn", np.asarray(x, np.float64),
+                   np.asarray(w, np.float64)), rtol=1e-2, atol=1e-2)
+  dy = jax.random.normal(jax.random.key(2), (2, 3, 4))
+  f = lambda x, w: jnp.sum(linear.matmul(x, w) * dy)  # noqa: E731
+  dx, dw = jax.grad(f, argnums=(0, 1))(x, w)
+  assert dx.dtype == dw.dtype == jnp.dtype(dtype)
+  dyn = np.asarray(dy.astype(dtype), np.float64)
+  tol = 5e-2 if dtype == jnp.bfloat16 else 1e-5
+  np.testing.assert_allclose(np.asarray(dx, np.float64),
+                             dyn @ np.asarray(w, np.float64).T, rtol=tol,
+                             atol=tol)
+  np.testing.assert_allclose(
+      np.asarray(dw, np.float64),
+      np.einsum("btk,btn->kn", np.asarray(x, np.float64), dyn), rtol=tol,
+      atol=tol)
+
+
+def test_config_dtypes_mixin():
+
+  @dataclasses.dataclass(frozen=True)
+  class Cfg(dtypes.ConfigDtypes):
+    dtype: str = "bfloat16"
+    param_dtype: str = "float32"
+
+  cfg = Cfg()
+  assert cfg.compute_dtype == jnp.bfloat16
+  assert cfg.weight_dtype == jnp.float32
+  assert [f.name for f in dataclasses.fields(cfg)] == ["dtype", "param_dtype"]

@@ -1,0 +1,68 @@
+"""nanoGPT's GPTConfig (same defaults) plus numerics; see model.py."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from trm.nn import dtypes
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig(dtypes.ConfigDtypes):
+  """nanoGPT's GPTConfig (same defaults) plus numerics."""
+  block_size: int = 1024
+  vocab_size: int = 50304   # GPT-2's 50257 padded up to a multiple of 64
+  n_layer: int = 12
+  n_head: int = 12
+  n_embd: int = 768
+  dropout: float = 0.0
+  bias: bool = True         # Linear and LayerNorm biases, as GPT-2
+  dtype: str = "float32"        # compute dtype: float32 | bfloat16 | float16
+  param_dtype: str = "float32"  # stored parameters
+  remat: bool = False           # jax.checkpoint each block (memory for compute)
+
+  def __post_init__(self):
+    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+      value = getattr(self, name)
+      if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+          or value <= 0):
+        raise ValueError(f"config.model.{name}={value!r} must be a positive "
+                         "integer.")
+    if self.n_embd % self.n_head:
+      raise ValueError(
+          f"config.model.n_embd={self.n_embd} must be divisible by "
+          f"config.model.n_head={self.n_head} (head size n_embd // n_head).")
+    if not 0.0 <= float(self.dropout) < 1.0:
+      raise ValueError(f"config.model.dropout={self.dropout!r} must be in "
+                       "[0, 1).")
+    for name in ("bias", "remat"):
+      if not isinstance(getattr(self, name), (bool, np.bool_)):
+        raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
+                         "be a bool.")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
+                         f"be one of {_DTYPES}.")
+
+  @property
+  def head_dim(self) -> int:
+    return self.n_embd // self.n_head
+
+  @classmethod
+  def from_config(cls, model_config: Mapping[str, Any]) -> "GPTConfig":
+    """From `config.model` (a ConfigDict with `name='gpt'`)."""
+    kwargs = dict(model_config)
+    name = kwargs.pop("name", "gpt")
+    if name != "gpt":
+      raise ValueError(f"config.model.name={name!r} is not 'gpt'.")
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+      raise ValueError(
+          f"{', '.join('config.model.' + k for k in unknown)}: not known to "
+          f"model 'gpt'; known fields: {', '.join(known)}.")
+    return cls(**kwargs)

@@ -1,0 +1,200 @@
+"""nanoGPT's layers: LayerNorm, Linear, the tied embedding, causal
+self-attention, the GELU MLP and the pre-LN block (see model.py for the
+numerics)."""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from trm.core import mesh as mesh_lib
+from trm.families.gpt.config import GPTConfig
+from trm.families.gpt.kernels import gelu
+from trm.families.gpt.kernels import layer_norm
+from trm.nn import attention
+from trm.nn import linear
+from trm.nn import masks
+from trm.nn.linear import matmul
+
+_INIT_STD = 0.02
+ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
+_HEADS = ("activation_batch", "activation_length", "activation_heads", None)
+_param = linear.logical_param  # short: many calls below
+
+
+class LayerNorm(nn.Module):
+  """nanoGPT's LayerNorm: eps 1e-5, optional bias, in float32."""
+  cfg: GPTConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    c = x.shape[-1]
+    scale = _param(self, "scale", nn.initializers.ones, ("embed",), (c,),
+                   cfg.weight_dtype)
+    if cfg.bias:
+      bias = _param(self, "bias", nn.initializers.zeros, ("embed",), (c,),
+                    cfg.weight_dtype)
+      return layer_norm(x, scale, bias).astype(cfg.compute_dtype)
+    # Without a bias parameter: a zero bias whose gradient is dropped.
+    return layer_norm(x, scale, jnp.zeros((c,), jnp.float32)).astype(
+        cfg.compute_dtype)
+
+
+class Linear(nn.Module):
+  """y = x W (+ b), W [in, out] ~ N(0, std), b zero; output in `dtype`."""
+  features: int
+  axes: tuple[str, str]
+  std: float
+  cfg: GPTConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    dtype = cfg.compute_dtype
+    kernel = _param(self, "kernel", nn.initializers.normal(self.std),
+                    self.axes, (x.shape[-1], self.features), cfg.weight_dtype)
+    if not cfg.bias:
+      return matmul(x.astype(dtype), kernel.astype(dtype)).astype(dtype)
+    bias = _param(self, "bias", nn.initializers.zeros, (self.axes[1],),
+                  (self.features,), cfg.weight_dtype)
+    # Bias added before the single rounding to `dtype`, as torch's addmm.
+    return linear.add_bias(matmul(x.astype(dtype), kernel.astype(dtype)),
+                           bias, dtype)
+
+
+class Embed(nn.Module):
+  """Embedding table [num, C] ~ N(0, 0.02); `attend` is the tied LM head."""
+  num_embeddings: int
+  axes: tuple[str | None, str]
+  cfg: GPTConfig
+
+  def setup(self):
+    self.embedding = _param(self, "embedding",
+                            nn.initializers.normal(_INIT_STD), self.axes,
+                            (self.num_embeddings, self.cfg.n_embd),
+                            self.cfg.weight_dtype)
+
+  def _gatherable(self):
+    # Gathers the model-width shards (FSDP) before use: a lookup in a table
+    # split along its width makes XLA's SPMD partitioner fall back to
+    # replicating the result ("involuntary full rematerialization").
+    return mesh_lib.constrain(self.embedding, (self.axes[0], None))
+
+  def __call__(self, ids):
+    return jnp.take(self._gatherable(), ids, axis=0).astype(jnp.float32)
+
+  def rows(self, start, length: int):
+    """Rows start..start+length-1 (start may be traced; clamped in range)."""
+    return jax.lax.dynamic_slice_in_dim(self._gatherable(), start, length,
+                                        axis=0).astype(jnp.float32)
+
+  def attend(self, x):
+    """x [..., C] -> x @ table.T [..., num] in float32 (matmul in dtype)."""
+    dtype = self.cfg.compute_dtype
+    return jnp.dot(x.astype(dtype), self._gatherable().astype(dtype).T,
+                   preferred_element_type=jnp.float32)
+
+
+def _proj_std(cfg: GPTConfig) -> float:
+  """GPT-2's scaled init of the residual projections (both c_proj)."""
+  return _INIT_STD / math.sqrt(2 * cfg.n_layer)
+
+
+def _attend(q, k, v, mask, dropout, deterministic: bool):
+  """softmax(q k^T / sqrt(d)) v with float32 scores and softmax.
+
+  q [B, T, H, D], k/v [B, S, H, D], mask broadcastable to [B, H, T, S]
+  (True = attend). Dropout (when active) hits the probabilities, as torch's
+  scaled_dot_product_attention(dropout_p=...). Without it this is what
+  jax.nn.dot_product_attention computes on XLA, written out because that
+  function asks for dot precisions (F16_F16_F32) that CPUs reject.
+  """
+  return attention.dot_product_attention(
+      q, k, v, mask,
+      dropout=lambda p: dropout(p, deterministic=deterministic))
+
+
+class CausalSelfAttention(nn.Module):
+  """Fused c_attn -> q | k | v, causal attention, c_proj, resid dropout."""
+  cfg: GPTConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.c_attn = Linear(3 * cfg.n_embd, ("embed", "heads"), _INIT_STD, cfg)
+    self.c_proj = Linear(cfg.n_embd, ("heads", "embed"), _proj_std(cfg), cfg)
+    self.attn_dropout = nn.Dropout(cfg.dropout)
+    self.resid_dropout = nn.Dropout(cfg.dropout)
+
+  def _qkv(self, x):
+    cfg = self.cfg
+    b, t, _ = x.shape
+    # nanoGPT: c_attn(x).split(n_embd, dim=2), then .view(B, T, nh, hs).
+    q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)
+    q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim) for a in (q, k, v))
+    return mesh_lib.constrain(q, _HEADS), k, v
+
+  def _out(self, y, deterministic: bool):
+    b, t = y.shape[:2]
+    y = self.c_proj(y.reshape(b, t, self.cfg.n_embd))
+    return self.resid_dropout(y, deterministic=deterministic)
+
+  def __call__(self, x, deterministic: bool = True):
+    q, k, v = self._qkv(x)
+    t = x.shape[1]
+    y = _attend(q, k, v, masks.causal(t, t), self.attn_dropout,
+                deterministic)
+    return self._out(y, deterministic)
+
+  def decode(self, x, k_cache, v_cache, index):
+    """New tokens at positions index.. attend to the cache; returns the
+    output and the updated caches [B, S, H, D]."""
+    q, k, v = self._qkv(x)
+    t, s = x.shape[1], k_cache.shape[1]
+    k_cache = jax.lax.dynamic_update_slice_in_dim(
+        k_cache, k.astype(k_cache.dtype), index, axis=1)
+    v_cache = jax.lax.dynamic_update_slice_in_dim(
+        v_cache, v.astype(v_cache.dtype), index, axis=1)
+    y = _attend(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype),
+                masks.causal(t, s, index), self.attn_dropout, True)
+    return self._out(y, True), k_cache, v_cache
+
+
+class MLP(nn.Module):
+  """c_fc (C -> 4C), exact GELU, c_proj (4C -> C), dropout."""
+  cfg: GPTConfig
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    cfg = self.cfg
+    h = Linear(4 * cfg.n_embd, ("embed", "mlp"), _INIT_STD, cfg,
+               name="c_fc")(x)
+    h = gelu(h)
+    h = Linear(cfg.n_embd, ("mlp", "embed"), _proj_std(cfg), cfg,
+               name="c_proj")(h)
+    return nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
+
+
+class Block(nn.Module):
+  """Pre-LN block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+  cfg: GPTConfig
+
+  def setup(self):
+    self.ln_1 = LayerNorm(self.cfg)
+    self.attn = CausalSelfAttention(self.cfg)
+    self.ln_2 = LayerNorm(self.cfg)
+    self.mlp = MLP(self.cfg)
+
+  def __call__(self, x, deterministic: bool = True):
+    x = x + self.attn(self.ln_1(x), deterministic)
+    x = x + self.mlp(self.ln_2(x), deterministic)
+    return mesh_lib.constrain(x, ACTIVATION)
+
+  def decode(self, x, k_cache, v_cache, index):
+    y, k_cache, v_cache = self.attn.decode(self.ln_1(x), k_cache, v_cache,
+                                           index)
+    x = x + y
+    x = x + self.mlp(self.ln_2(x), True)
+    return mesh_lib.constrain(x, ACTIVATION), k_cache, v_cache

@@ -1,0 +1,60 @@
+"""Dense-layer pieces shared by the families.
+
+`logical_param` declares a parameter annotated with logical axis names (the
+mesh rules turn them into shardings). `matmul` is x @ w accumulated in
+float32 with a written-out backward pass (GPT's Linear and TRM's Linear and
+fused SwiGLU use it). `add_bias` adds a bias to a float32 accumulator and
+rounds once, as torch's Linear (addmm) does (Dream's and GPT's projections).
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def logical_param(module: nn.Module, name: str, init, axes, shape, dtype):
+  """`module.param(name, ...)` with logical axis names `axes` on its dims."""
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape,
+                      dtype)
+
+
+def add_bias(y32, bias, dtype):
+  """(y32 + bias) rounded once to `dtype`; y32 is a float32 accumulator and
+  the bias is first rounded to `dtype` (torch keeps it in the layer dtype)."""
+  return (y32 + bias.astype(dtype).astype(jnp.float32)).astype(dtype)
+
+
+@jax.custom_vjp
+def matmul(x, w):
+  """x [..., K] @ w [K, N] accumulated in float32 (x, w in one dtype).
+
+  The same product and gradients as jnp.dot; the backward pass is written
+  out so that the weight gradient is dy^T x followed by a transpose of the
+  small [N, K] result. Left to autodiff, XLA's CPU backend lays the weight
+  gradient out as x^T dy with dy physically transposed, and fuses that
+  transpose with everything that produces dy: for the residual projections
+  dy is the residual-stream gradient, a chain of adds through every later
+  block, so each transpose recomputed the whole chain in a cache-hostile
+  order (about a quarter of a shakespeare_char_cpu step). On TPU and GPU
+  both forms compile to the same dots.
+  """
+  return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+
+def _matmul_fwd(x, w):
+  return matmul(x, w), (x, w)
+
+
+def _matmul_bwd(residuals, dy):
+  x, w = residuals
+  # dy arrives in float32; callers round the product to x.dtype, so this
+  # cast is exact. Like autodiff of jnp.dot, the gradients come out of the
+  # dots in the operands' dtype.
+  dy = dy.astype(x.dtype)
+  dx = jnp.dot(dy, w.T)
+  dw_t = jnp.dot(dy.reshape(-1, dy.shape[-1]).T, x.reshape(-1, x.shape[-1]))
+  return dx, dw_t.T.astype(w.dtype)
+
+
+matmul.defvjp(_matmul_fwd, _matmul_bwd)
