@@ -81,7 +81,6 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value)
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
   from trm import generate  # pylint: disable=g-import-not-at-top
@@ -95,8 +94,7 @@ def main(argv):
                          "workdir (it has no checkpoints/ directory).")
   cfg = dream.DreamConfig.from_config(config.model)
   ctx = mesh_lib.ShardingContext.from_config(config)
-  with nn.logical_axis_rules(ctx.rules):
-    shardings = ctx.tree_shardings(dream.abstract_params(cfg))
+  _, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
   params, source = generate.load_params(_CHECKPOINT.value, cfg, shardings)
   # Everything goes to a sibling directory first: a failed export leaves
   # --out as it was.

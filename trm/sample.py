@@ -84,9 +84,7 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
   from trm.families.gpt import task as gpt_task  # pylint: disable=g-import-not-at-top
 
   def shardings_for(cfg):
-    boxed = gpt.abstract_params(cfg)
-    with nn.logical_axis_rules(ctx.rules):
-      shardings = ctx.tree_shardings(boxed)
+    boxed, shardings = ctx.boxed_shardings(lambda: gpt.abstract_params(cfg))
     return nn.meta.unbox(boxed), shardings
 
   def from_args(args: dict):

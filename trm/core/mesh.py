@@ -221,6 +221,13 @@ class ShardingContext:
   def tree_shardings(self, boxed_tree):
     return tree_shardings(self.mesh, self.rules, boxed_tree)
 
+  def boxed_shardings(self, build_boxed):
+    """(boxed abstract tree `build_boxed()` traced under the rules, its
+    shardings): a model's parameters or a whole train state."""
+    with nn.logical_axis_rules(self.rules):
+      boxed = build_boxed()
+    return boxed, self.tree_shardings(boxed)
+
   @property
   def batch_parallelism(self) -> int:
     return batch_parallelism(self.mesh, self.rules)

@@ -103,9 +103,7 @@ def with_shardings(abstract, shardings):
 def abstract_state(init_fn, ctx):
   """(abstract unboxed state with shardings, shardings tree); `ctx` a
   `mesh.ShardingContext`."""
-  with nn.logical_axis_rules(ctx.rules):
-    boxed = jax.eval_shape(init_fn)
-  shardings = ctx.tree_shardings(boxed)
+  boxed, shardings = ctx.boxed_shardings(lambda: jax.eval_shape(init_fn))
   return with_shardings(nn.meta.unbox(boxed), shardings), shardings
 
 

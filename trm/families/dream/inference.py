@@ -118,9 +118,11 @@ class DiffusionLM:
 
   def __init__(self, cfg, params, tokenizer, *, mesh, rules,
                max_positions: Optional[int] = None, source: str = ""):
+    from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
     from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
     self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
-    self.mesh, self.rules = mesh, rules
+    self.ctx = mesh_lib.ShardingContext(mesh, rules)
+    self.mesh, self.rules = self.ctx.mesh, self.ctx.rules
     self.max_positions, self.source = max_positions, source
     self._denoiser = dream.denoiser(cfg)
     self._compiled = {}
@@ -142,7 +144,6 @@ class DiffusionLM:
     or 'splash' (the Pallas TPU kernel; default: the config's
     model.attention, else 'dot').
     """
-    import flax.linen as nn  # pylint: disable=g-import-not-at-top
     from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
     from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
@@ -182,9 +183,8 @@ class DiffusionLM:
       mesh = mesh_lib.make_mesh(config.mesh if config is not None else
                                 config_lib.mesh_config(data=1, fsdp=-1,
                                                        model=1))
-    with nn.logical_axis_rules(rules):
-      shardings = mesh_lib.tree_shardings(mesh, rules,
-                                          dream.abstract_params(cfg))
+    _, shardings = mesh_lib.ShardingContext(mesh, rules).boxed_shardings(
+        lambda: dream.abstract_params(cfg))
     params, source = load_params(path, cfg, shardings)
     return cls(cfg, params, tok, mesh=mesh, rules=rules,
                max_positions=positions, source=source)
@@ -200,7 +200,6 @@ class DiffusionLM:
               history: bool = False, **settings):
     """(compiled program, compile seconds) for [batch, prompt_len] prompts
     (`padded`: with a padding mask); cached per shape and setting."""
-    import flax.linen as nn  # pylint: disable=g-import-not-at-top
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     key = (batch, prompt_len, padded, history,
@@ -208,7 +207,7 @@ class DiffusionLM:
     if key in self._compiled:
       return self._compiled[key], 0.0
     start = time.perf_counter()
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+    with self.ctx:
       ids = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
       mask = (jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_) if padded
               else None)
@@ -258,7 +257,6 @@ class DiffusionLM:
     """
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-    import flax.linen as nn  # pylint: disable=g-import-not-at-top
     if isinstance(prompts, str):
       prompts = [prompts]
     prompts = list(prompts)
@@ -307,7 +305,7 @@ class DiffusionLM:
         size, ids.shape[1], padded=padded, history=return_history, **settings)
     start = time.perf_counter()
     outs, hists = [], []
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+    with self.ctx:
       for n, first in enumerate(range(0, rows, size)):
         batch_mask = (jnp.asarray(mask[first:first + size]) if padded
                       else None)

@@ -43,9 +43,7 @@ def build(config, ctx, sample):
   `sample` (trm.aot's SampleSettings)."""
   check_settings(sample)
   cfg = dream.DreamConfig.from_config(config.model)
-  with nn.logical_axis_rules(ctx.rules):
-    boxed = dream.abstract_params(cfg)
-    shardings = ctx.tree_shardings(boxed)
+  boxed, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
   params = state_lib.with_shardings(nn.meta.unbox(boxed), shardings)
   # trm.generate hands the sampler host arrays: they enter replicated.
   replicated = NamedSharding(ctx.mesh, PartitionSpec())

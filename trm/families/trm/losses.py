@@ -9,7 +9,6 @@ so accumulating them over steps with `merge` gives upstream's normalisation.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import optax
 from clu import metrics as clu_metrics
