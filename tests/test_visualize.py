@@ -9,8 +9,8 @@ import pytest
 import repo
 
 from trm.families.trm import arc_canvas
-from trm import visualize as vis
-from trm import visualize_panels
+from trm.families.trm import sheets as vis
+from trm.families.trm import panels
 from trm.data.puzzles import format as puzzle_format
 from trm.data.puzzles import sudoku
 from trm.data.puzzles import sudoku_generate
@@ -22,7 +22,7 @@ def _px(image, x, y):
   return image.convert("RGB").getpixel((x, y))
 
 
-def _sudoku_cell(image, i, cell=visualize_panels.SUDOKU_CELL):
+def _sudoku_cell(image, i, cell=panels.SUDOKU_CELL):
   """Background pixel of Sudoku cell i (clear of lines and the digit)."""
   r, c = divmod(i, 9)
   return _px(image, c * cell + 4, r * cell + 4)
@@ -35,12 +35,12 @@ def _sudoku_example():
 
 def test_sudoku_board_colours():
   inputs, labels = _sudoku_example()
-  image = visualize_panels.render_sudoku(inputs)
-  assert image.size == (9 * visualize_panels.SUDOKU_CELL + 1,) * 2
+  image = panels.render_sudoku(inputs)
+  assert image.size == (9 * panels.SUDOKU_CELL + 1,) * 2
   given = int(np.flatnonzero(inputs > 1)[0])
   blank = int(np.flatnonzero(inputs == 1)[0])
-  assert _sudoku_cell(image, given) == visualize_panels.SUDOKU_GIVEN_BG
-  assert _sudoku_cell(image, blank) == visualize_panels.SUDOKU_BG
+  assert _sudoku_cell(image, given) == panels.SUDOKU_GIVEN_BG
+  assert _sudoku_cell(image, blank) == panels.SUDOKU_BG
 
   # A prediction with one wrong filled cell and one wrong given.
   prediction = labels.copy()
@@ -48,22 +48,22 @@ def test_sudoku_board_colours():
   prediction[wrong_filled] = labels[wrong_filled] % 9 + 2
   wrong_given = int(np.flatnonzero(inputs > 1)[1])
   prediction[wrong_given] = labels[wrong_given] % 9 + 2
-  image = visualize_panels.render_sudoku(prediction,
+  image = panels.render_sudoku(prediction,
                                          givens=inputs,
                                          labels=labels)
-  assert _sudoku_cell(image, given) == visualize_panels.SUDOKU_GIVEN_BG
-  assert _sudoku_cell(image, blank) == visualize_panels.SUDOKU_BG
-  assert _sudoku_cell(image, wrong_filled) == visualize_panels.SUDOKU_WRONG_BG
-  assert _sudoku_cell(image, wrong_given) == visualize_panels.SUDOKU_WRONG_BG
+  assert _sudoku_cell(image, given) == panels.SUDOKU_GIVEN_BG
+  assert _sudoku_cell(image, blank) == panels.SUDOKU_BG
+  assert _sudoku_cell(image, wrong_filled) == panels.SUDOKU_WRONG_BG
+  assert _sudoku_cell(image, wrong_given) == panels.SUDOKU_WRONG_BG
   # The digit is drawn: the cell holds its foreground colour somewhere.
   r, c = divmod(blank, 9)
-  size = visualize_panels.SUDOKU_CELL
+  size = panels.SUDOKU_CELL
   cell = np.asarray(image)[r * size:(r + 1) * size, c * size:(c + 1) * size]
-  assert (cell == visualize_panels.SUDOKU_FILLED_FG).all(-1).any()
+  assert (cell == panels.SUDOKU_FILLED_FG).all(-1).any()
   # Box lines are black, the top-left corner included.
-  assert _px(image, 0, 5) == visualize_panels.SUDOKU_BOX_LINE
-  assert _px(image, 3 * visualize_panels.SUDOKU_CELL,
-             5) == visualize_panels.SUDOKU_BOX_LINE
+  assert _px(image, 0, 5) == panels.SUDOKU_BOX_LINE
+  assert _px(image, 3 * panels.SUDOKU_CELL,
+             5) == panels.SUDOKU_BOX_LINE
 
 
 def test_maze_colours():
@@ -71,54 +71,54 @@ def test_maze_colours():
   tokens[0:30] = 1  # top row: walls
   tokens[31], tokens[32], tokens[33] = 3, 5, 4  # S, o, G
   tokens[899] = 0  # pad
-  image = visualize_panels.render_maze(tokens)
-  assert image.size == (30 * visualize_panels.MAZE_CELL,) * 2
+  image = panels.render_maze(tokens)
+  assert image.size == (30 * panels.MAZE_CELL,) * 2
 
   def centre(i):
     r, c = divmod(i, 30)
-    return _px(image, c * visualize_panels.MAZE_CELL + 4,
-               r * visualize_panels.MAZE_CELL + 4)
+    return _px(image, c * panels.MAZE_CELL + 4,
+               r * panels.MAZE_CELL + 4)
 
-  assert centre(5) == visualize_panels.MAZE_COLORS[1]
-  assert centre(100) == visualize_panels.MAZE_COLORS[2]
-  assert centre(31) == visualize_panels.MAZE_COLORS[3]
-  assert centre(32) == visualize_panels.MAZE_COLORS[5]
-  assert centre(33) == visualize_panels.MAZE_COLORS[4]
-  assert centre(899) == visualize_panels.MAZE_COLORS[0]
+  assert centre(5) == panels.MAZE_COLORS[1]
+  assert centre(100) == panels.MAZE_COLORS[2]
+  assert centre(31) == panels.MAZE_COLORS[3]
+  assert centre(32) == panels.MAZE_COLORS[5]
+  assert centre(33) == panels.MAZE_COLORS[4]
+  assert centre(899) == panels.MAZE_COLORS[0]
   labels = tokens.copy()
   labels[100] = 5
-  image = visualize_panels.render_maze(tokens, labels=labels)
+  image = panels.render_maze(tokens, labels=labels)
   r, c = divmod(100, 30)
-  assert _px(image, c * 8, r * 8) == visualize_panels.MAZE_WRONG  # outline
-  assert _px(image, c * 8 + 4, r * 8 + 4) == visualize_panels.MAZE_COLORS[2]
+  assert _px(image, c * 8, r * 8) == panels.MAZE_WRONG  # outline
+  assert _px(image, c * 8 + 4, r * 8 + 4) == panels.MAZE_COLORS[2]
 
 
 def test_arc_grid_colours_and_crop():
   grid = np.array([[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 0, 1]])
   canvas = arc_canvas.to_canvas(grid)
-  image = visualize_panels.render_arc(canvas)
-  cell = visualize_panels.ARC_CELL
+  image = panels.render_arc(canvas)
+  cell = panels.ARC_CELL
   assert image.size == (3 * cell + 1, 4 * cell + 1)  # cropped to 4x3
   for r in range(4):
     for c in range(3):
       assert _px(image, c * cell + 4,
-                 r * cell + 4) == visualize_panels.ARC_COLORS[grid[r, c]]
-  assert _px(image, 0, 0) == visualize_panels.ARC_LINE
+                 r * cell + 4) == panels.ARC_COLORS[grid[r, c]]
+  assert _px(image, 0, 0) == panels.ARC_LINE
   # A 2-D grid draws the same picture; an empty canvas a placeholder.
-  assert np.array_equal(np.asarray(visualize_panels.render_arc(grid)),
+  assert np.array_equal(np.asarray(panels.render_arc(grid)),
                         np.asarray(image))
-  assert visualize_panels.render_arc(np.zeros(
+  assert panels.render_arc(np.zeros(
       900, np.uint8)).size == (2 * cell + 1,) * 2
   # Wrong cells (same shape as the target) get a white outline.
   wrong = grid.copy()
   wrong[1, 2] = 9
-  image = visualize_panels.render_arc(arc_canvas.to_canvas(wrong),
+  image = panels.render_arc(arc_canvas.to_canvas(wrong),
                                       labels=canvas)
-  assert _px(image, 2 * cell + 1, 1 * cell + 1) == visualize_panels.ARC_WRONG
+  assert _px(image, 2 * cell + 1, 1 * cell + 1) == panels.ARC_WRONG
   assert _px(image, 2 * cell + 4,
-             1 * cell + 4) == visualize_panels.ARC_COLORS[9]
+             1 * cell + 4) == panels.ARC_COLORS[9]
   assert _px(image, 1 * cell + 1,
-             1 * cell + 1) == visualize_panels.ARC_COLORS[4]
+             1 * cell + 1) == panels.ARC_COLORS[4]
 
 
 def test_kind_from_metadata():
@@ -150,7 +150,7 @@ def test_sudoku_sheet_rows_and_frames(tmp_path):
   with Image.open(path) as png:
     assert png.format == "PNG"
     assert png.size == sheet.size
-  panel = 9 * visualize_panels.SUDOKU_CELL + 1
+  panel = 9 * panels.SUDOKU_CELL + 1
   assert sheet.size == (_sheet_width(3, panel), _sheet_height(3, panel))
   slot_w = panel + 2 * vis.SHEET_FRAME + vis.SHEET_MARGIN
   slot_h = slot_w
@@ -160,7 +160,7 @@ def test_sudoku_sheet_rows_and_frames(tmp_path):
                vis.SHEET_HEADER + vis.SHEET_MARGIN + row * slot_h + 1)
 
   assert frame(0, 1) == vis.FRAME_RIGHT
-  assert frame(1, 1) == visualize_panels.FRAME_WRONG
+  assert frame(1, 1) == panels.FRAME_WRONG
   assert frame(2, 1) == vis.FRAME_RIGHT
   assert frame(0, 0) == vis.FRAME_PLAIN
   assert frame(0, 2) == vis.FRAME_PLAIN
@@ -174,7 +174,7 @@ def test_arc_and_maze_sheets(tmp_path):
   inputs = np.stack([arc_canvas.to_canvas(small), arc_canvas.to_canvas(big)])
   sheet = vis.sample_sheet("arc", inputs, np.zeros_like(inputs), inputs,
                            str(tmp_path / "arc.png"))
-  cell = visualize_panels.ARC_CELL
+  cell = panels.ARC_CELL
   assert sheet.size == (_sheet_width(3, 4 * cell + 1),
                         _sheet_height(2, 5 * cell + 1))
   mazes = np.full((2, 900), 2, np.uint8)
@@ -200,7 +200,7 @@ def test_cli_on_a_small_sudoku_dataset(tmp_path):
       cwd=ROOT, capture_output=True, text=True, timeout=120,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
-  panel = 9 * visualize_panels.SUDOKU_CELL + 1
+  panel = 9 * panels.SUDOKU_CELL + 1
   with Image.open(out) as png:
     assert png.format == "PNG"
     assert png.size == (_sheet_width(3, panel), _sheet_height(3, panel))

@@ -10,8 +10,7 @@ import pytest
 
 from trm.core import config_lib
 from trm.families.gpt import steps as gpt_steps
-from trm.families.dream import steps as lm_steps
-from trm.families.gpt import model as gpt
+from trm.families.gpt import program as gpt_program
 
 
 def _config(**overrides):
@@ -92,9 +91,11 @@ def _tiny(accum, batch_size, **overrides):
               grad_clip=0.0, **overrides)
   with c.unlocked():
     c.model.vocab_size = 11
-  model = gpt.GPT(gpt.GPTConfig.from_config(c.model))
+    c.seed = 0
+  program = gpt_program.build(c, None)
+  model = program.model
   tx = gpt_steps.make_optimizer(c)
-  state = jax.tree.map(lambda x: x, lm_steps.make_init_fn(model, tx, 0)())
+  state = jax.tree.map(lambda x: x, program.init_fn())
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   return nn.meta.unbox(state), model, tx
 

@@ -191,7 +191,7 @@ def test_merge_and_compute():
   assert int(merged["exact_accuracy"].count) == 5
   np.testing.assert_allclose(values["exact_accuracy"], 4 / 5)
   np.testing.assert_allclose(values["steps"], (3 + 4 + 3 + 1 + 4) / 5)
-  va, vb = metrics_lib.compute(a), losses.compute(b)
+  va, vb = metrics_lib.compute(a), metrics_lib.compute(b)
   np.testing.assert_allclose(values["loss"], (va["loss"] + vb["loss"]) / 2,
                              rtol=1e-6)
   assert all(isinstance(v, float) for v in values.values())

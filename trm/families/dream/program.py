@@ -17,8 +17,10 @@ DISPLAY_NAME = "DiffuCoder/Dream"
 
 
 def owns_state(paths) -> bool:
-  """Qwen2's names: params/embed_tokens, params/layers, ..."""
-  return any(p.startswith("params/embed_tokens") for p in paths)
+  """Qwen2's names: params/layers (scanned) or params/layers_<i>, beside
+  params/embed_tokens (TRM has an embed_tokens too, but its layers sit under
+  params/L_level)."""
+  return any(p.startswith("params/layers") for p in paths)
 
 
 def check_config(config) -> None:

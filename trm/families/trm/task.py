@@ -68,7 +68,7 @@ class EvalHook:
     if self.evaluator is not None:
       results = self.evaluator.result(save_dir)
     if self.sheet is not None and save_dir:
-      from trm import visualize  # pylint: disable=g-import-not-at-top
+      from trm.families.trm import sheets as visualize  # pylint: disable=g-import-not-at-top
       visualize.sample_sheet(self.kind, *self.sheet,
                              os.path.join(save_dir, "sheet.png"),
                              max_rows=self.sheet_rows)
@@ -77,7 +77,7 @@ class EvalHook:
 
 def visualize_kind(metadata):
   """'sudoku', 'maze' or 'arc'; None for datasets with no picture."""
-  from trm import visualize  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import sheets as visualize  # pylint: disable=g-import-not-at-top
   try:
     return visualize.kind_from_metadata(metadata)
   except ValueError:
