@@ -14,6 +14,22 @@ def parse_variants(arg: str | None, allowed: set[str]) -> set[str]:
   return names
 
 
+def model_kwargs(model_config, config_class, family: str) -> dict:
+  """`config.model` as keyword arguments of the family's config dataclass;
+  a key the model does not know is a one-line error naming it."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  kwargs = dict(model_config)
+  kwargs.pop("name", None)
+  known = sorted(f.name for f in dataclasses.fields(config_class))
+  unknown = sorted(set(kwargs) - set(known))
+  if unknown:
+    which = "this key" if len(unknown) == 1 else "these keys"
+    raise ValueError(
+        f"{', '.join('config.model.' + k for k in unknown)}: model {family!r}"
+        f" does not know {which}; known: {', '.join(known)}.")
+  return kwargs
+
+
 def default_logical_axis_rules():
   """Logical axis -> mesh axes, ordered, first match wins.
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.nn import attention
 from trm.nn import dtypes
@@ -113,14 +114,7 @@ class DreamConfig(dtypes.ConfigDtypes):
   @classmethod
   def from_config(cls, model_config: Mapping[str, Any]) -> "DreamConfig":
     """From `config.model` (a ConfigDict with `name='dream'`)."""
-    kwargs = dict(model_config)
-    kwargs.pop("name", None)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(kwargs) - known
-    if unknown:
-      raise ValueError(f"config.model has keys {sorted(unknown)} that model "
-                       f"'dream' does not know; known: {sorted(known)}.")
-    return cls(**kwargs)
+    return cls(**config_lib.model_kwargs(model_config, cls, "dream"))
 
 
 def rms_norm_layer(cfg: DreamConfig, name: str | None = None):

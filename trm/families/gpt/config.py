@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from trm.core import config_lib
 from trm.nn import dtypes
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -55,14 +56,7 @@ class GPTConfig(dtypes.ConfigDtypes):
   @classmethod
   def from_config(cls, model_config: Mapping[str, Any]) -> "GPTConfig":
     """From `config.model` (a ConfigDict with `name='gpt'`)."""
-    kwargs = dict(model_config)
-    name = kwargs.pop("name", "gpt")
+    name = dict(model_config).get("name", "gpt")
     if name != "gpt":
       raise ValueError(f"config.model.name={name!r} is not 'gpt'.")
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(kwargs) - set(known))
-    if unknown:
-      raise ValueError(
-          f"{', '.join('config.model.' + k for k in unknown)}: not known to "
-          f"model 'gpt'; known fields: {', '.join(known)}.")
-    return cls(**kwargs)
+    return cls(**config_lib.model_kwargs(model_config, cls, "gpt"))

@@ -13,6 +13,7 @@ import importlib
 
 import numpy as np
 
+from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.core.task import BatchField, Program
 from trm.families.trm import model as trm_model
@@ -38,13 +39,7 @@ def batch_spec(seq_len: int) -> dict:
 
 
 def make_model(model_config, shapes, unroll_loops: bool = False):
-  kwargs = dict(model_config)
-  kwargs.pop("name")
-  known = {f.name for f in dataclasses.fields(trm_model.TRMConfig)}
-  unknown = set(kwargs) - known
-  if unknown:
-    raise ValueError(f"config.model has keys {sorted(unknown)} that model "
-                     f"'trm' does not know; known: {sorted(known)}.")
+  kwargs = config_lib.model_kwargs(model_config, trm_model.TRMConfig, "trm")
   if unroll_loops:
     kwargs["unroll_loops"] = True
   return trm_model.TRM(trm_model.TRMConfig(
