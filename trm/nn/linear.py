@@ -25,6 +25,23 @@ def add_bias(y32, bias, dtype):
   return (y32 + bias.astype(dtype).astype(jnp.float32)).astype(dtype)
 
 
+def dot(a, b, contract=None):
+  """a . b in the operands' dtype, accumulated in float32 (for float32
+  operands, exactly `jnp.dot` / `lax.dot_general`).
+
+  `contract`: ((a axes), (b axes)) to contract; default a's last with b's
+  first. Asking for the float32 accumulator and rounding after is the same
+  arithmetic as a bfloat16-result dot, but XLA:CPU runs the float32-result
+  form on its fast bf16 kernels and the bf16-result form on a slow path
+  (`[776, 512] x [512, 3072]`, one core: 1,075 against 167 GFLOP/s).
+  """
+  if contract is None:
+    contract = ((a.ndim - 1,), (0,))
+  out = jax.lax.dot_general(a, b, (contract, ((), ())),
+                            preferred_element_type=jnp.float32)
+  return out.astype(jnp.result_type(a.dtype, b.dtype))
+
+
 @jax.custom_vjp
 def matmul(x, w):
   """x [..., K] @ w [K, N] accumulated in float32 (x, w in one dtype).
@@ -52,8 +69,8 @@ def _matmul_bwd(residuals, dy):
   # cast is exact. Like autodiff of jnp.dot, the gradients come out of the
   # dots in the operands' dtype.
   dy = dy.astype(x.dtype)
-  dx = jnp.dot(dy, w.T)
-  dw_t = jnp.dot(dy.reshape(-1, dy.shape[-1]).T, x.reshape(-1, x.shape[-1]))
+  dx = dot(dy, w.T)
+  dw_t = dot(dy.reshape(-1, dy.shape[-1]).T, x.reshape(-1, x.shape[-1]))
   return dx, dw_t.T.astype(w.dtype)
 
 

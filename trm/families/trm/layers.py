@@ -151,14 +151,13 @@ class Attention(nn.Module):
 
 def _dot(a, b, contract):
   """a . b contracting a's axis contract[0] with b's axis contract[1]."""
-  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)),
-                                    ((), ())))
+  return linear.dot(a, b, ((contract[0],), (contract[1],)))
 
 
 def _dot_rows(a, b):
   """a^T b over every leading (row) axis of a and b: [..., P] x [..., Q]."""
   rows = tuple(range(a.ndim - 1))
-  return jax.lax.dot_general(a, b, ((rows, rows), ((), ())))
+  return linear.dot(a, b, (rows, rows))
 
 
 def _silu_parts(gate):
@@ -172,11 +171,11 @@ def _swiglu_norm(x, w_in, w_out, eps, tokens):
   """Forward of `swiglu_residual_norm`; returns (y, residuals)."""
   # Token mixing multiplies from the left by the transposed (small) weights,
   # so that every dot reads both operands in their stored order.
-  h = jnp.dot(w_in.T, x) if tokens else jnp.dot(x, w_in)
+  h = linear.dot(w_in.T, x) if tokens else linear.dot(x, w_in)
   axis = 0 if tokens else -1
   gate, up = jnp.split(h, 2, axis=axis)
   act = _silu_parts(gate)[1] * up
-  m = jnp.dot(w_out.T, act) if tokens else jnp.dot(act, w_out)
+  m = linear.dot(w_out.T, act) if tokens else linear.dot(act, w_out)
   r = (x + m).astype(jnp.float32)
   inv = norm.inv_rms(r, eps, axis)
   y = (r * inv).astype(x.dtype)
@@ -218,18 +217,18 @@ def _swiglu_norm_bwd(eps, tokens, residuals, dy):
   act = silu * up
   if tokens:   # m = w_out^T act
     d_out = _dot(act, dr, (1, 1))                    # [I, S]
-    d_act = jnp.dot(w_out, dr)                       # [I, M]
+    d_act = linear.dot(w_out, dr)                    # [I, M]
   else:        # m = act w_out
     d_out = _dot_rows(act, dr)                       # [I, D]
-    d_act = jnp.dot(dr, w_out.T)                     # [..., I]
+    d_act = linear.dot(dr, w_out.T)                  # [..., I]
   d_gate = d_act * up * (sig * (1 + gate * (1 - sig)))
   dh = jnp.concatenate([d_gate, d_act * silu], axis=axis)
   if tokens:   # h = w_in^T x
     d_in = _dot(x, dh, (1, 1))                       # [S, 2I]
-    dx = dr + jnp.dot(w_in, dh)
+    dx = dr + linear.dot(w_in, dh)
   else:        # h = x w_in
     d_in = _dot_rows(x, dh)                          # [D, 2I]
-    dx = dr + jnp.dot(dh, w_in.T)
+    dx = dr + linear.dot(dh, w_in.T)
   return dx, d_in.astype(w_in.dtype), d_out.astype(w_out.dtype)
 
 
