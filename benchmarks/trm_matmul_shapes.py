@@ -7,7 +7,9 @@ r"""GFLOP/s of one jitted `a @ b` (XLA:CPU) and of torch's, on TRM's shapes.
 Shapes: the `:cpu` token mixer ([2I, S] x [S, B*D] with S = 97, and the
 down projection), its channel MLP ([B*S, D] x [D, 2I]), and the paper
 config's channel MLP at batch 8. Median of `--calls` calls after one
-warm-up; float32 and bfloat16 on both sides; torch with all cores.
+warm-up; float32 and bfloat16 on both sides; torch with all cores. "bf16->f32"
+is our `nn.linear.dot`: bf16 operands, the float32 accumulator asked for,
+rounded after (XLA:CPU's fast bf16 kernels take that form only).
 """
 import argparse
 import os
@@ -19,6 +21,8 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import torch  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from trm.nn import linear  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SHAPES = [(1024, 97, 4096), (97, 512, 4096), (6208, 64, 512),
           (776, 512, 3072)]
@@ -40,6 +44,7 @@ def main():
   args = p.parse_args()
   torch.set_num_threads(os.cpu_count())
   matmul = jax.jit(lambda a, b: a @ b)
+  dot = jax.jit(linear.dot)
   rng = np.random.default_rng(0)
   print(f"load {os.getloadavg()[0]:.2f}; XLA_FLAGS="
         f"{os.environ.get('XLA_FLAGS', '')!r}")
@@ -53,8 +58,11 @@ def main():
       for fn in (lambda: matmul(ja, jb).block_until_ready(),
                  lambda: ta @ tb):
         row.append(2 * m * k * n / _median_seconds(fn, args.calls) / 1e9)
+    row.append(2 * m * k * n / _median_seconds(
+        lambda: dot(ja, jb).block_until_ready(), args.calls) / 1e9)
     print(f"[{m},{k}]x[{k},{n}] GFLOP/s  f32 jax {row[0]:.0f} torch "
-          f"{row[1]:.0f} | bf16 jax {row[2]:.0f} torch {row[3]:.0f}")
+          f"{row[1]:.0f} | bf16 jax {row[2]:.0f} torch {row[3]:.0f} | "
+          f"bf16->f32 jax (nn.linear.dot) {row[4]:.0f}")
 
 
 if __name__ == "__main__":
