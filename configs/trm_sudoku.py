@@ -104,10 +104,10 @@ def get_config(arg=None):
   if "cpu" in variants:
     # Learns on 2 CPU cores in minutes: generated puzzles (40 blanks, unique
     # solutions), a 64-wide model, fewer recursions and ACT steps, float32,
-    # and an EMA short enough for 600 steps. float32 because XLA:CPU has no
-    # faster bfloat16 matmul (it does not use AMX; its bf16 dots measured
-    # slower than f32 here): a bfloat16 step measured ~18% slower
-    # (BUILD_NOTES.md, "TRM training speed").
+    # and an EMA short enough for 600 steps. float32 because the README's
+    # accuracy was measured in it; a bfloat16 step is now ~17% faster on
+    # CPU (BUILD_NOTES.md, "TRM training speed") but not yet checked for
+    # the demo's accuracy.
     c.model.update(hidden_size=64, num_heads=2, H_cycles=2, L_cycles=2,
                    halt_max_steps=4, puzzle_emb_ndim=64,
                    forward_dtype="float32")
