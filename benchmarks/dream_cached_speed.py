@@ -2,17 +2,20 @@ r"""Cached block decoding (Fast-dLLM style) against our exact sampler.
 
   taskset -c 0 python benchmarks/dream_cached_speed.py [--rounds=3] \
       [--batch=1 --prompt_len=512 --max_new_tokens=512 --block_length=32]
+      [--temperature=0.2 --top_p=0.95 --top_k=50]
 
 The model is the random Qwen2-shaped Dream of `dream_sampler_speed.py`
 (12.2M parameters; LM head scaled so that predictions are peaked), built
 once; both samplers get the same weights, one XLA thread, `alg=entropy`,
-greedy, top_k 50 (the default). The exact sampler runs one token per step
-(steps = max_new_tokens), as Dream's and DiffuCoder's evaluations do. Each
+greedy and top_k 50 unless --temperature / --top_p / --top_k say
+otherwise. The exact sampler runs one token per step (steps =
+max_new_tokens), as Dream's and DiffuCoder's evaluations do. Each
 cached variant (prefix / dual cache, fixed steps / threshold 0.9) is timed in
 the same rounds, rotating the order; compile times are printed apart.
 Prints per variant the median and min-max tokens/s, the speedup over the
-exact sampler and the fraction of generated tokens equal to the exact
-sampler's (greedy; the cache is an approximation, so not 1), and the
+exact sampler and, when greedy, the fraction of generated tokens equal to
+the exact sampler's (the cache is an approximation, so not 1; with
+temperature > 0 the draws differ anyway and it is not printed), and the
 1-minute load before each round.
 """
 from __future__ import annotations
@@ -37,6 +40,10 @@ _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "Parallel decoding "
                                 "threshold of the threshold variants.")
 _HEAD_SCALE = flags.DEFINE_float("head_scale", 20.0, "LM head multiplier "
                                  "(peaked predictions, as a trained model).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature "
+                                  "(0: greedy).")
+_TOP_P = flags.DEFINE_float("top_p", None, "Nucleus mass (None: off).")
+_TOP_K = flags.DEFINE_integer("top_k", 50, "Top-k (0: off).")
 _VARIANTS = flags.DEFINE_list(
     "variants", ["exact", "prefix", "dual", "prefix_threshold",
                  "dual_threshold"], "Which samplers to time.")
@@ -66,11 +73,15 @@ def main(argv):
       1, cfg.mask_token_id, (_BATCH.value, _PROMPT.value))
   abstract_ids = jax.ShapeDtypeStruct(ids.shape, jnp.int32)
   new = _NEW.value
+  greedy = _TEMPERATURE.value == 0
   common = dict(mask_token_id=cfg.mask_token_id, max_new_tokens=new,
-                alg="entropy")
+                alg="entropy", temperature=_TEMPERATURE.value,
+                top_p=_TOP_P.value, top_k=_TOP_K.value or None)
+  drawing = ("greedy" if greedy else f"temperature {_TEMPERATURE.value:g}")
+  drawing += f", top_p {_TOP_P.value}, top_k {_TOP_K.value or None}"
   print(f"Dream {dream.param_count(cfg):,} params, float32; batch "
         f"{_BATCH.value}, prompt {_PROMPT.value} + {new} new, blocks of "
-        f"{_BLOCK.value}, threshold {_THRESHOLD.value:g}; greedy, top_k 50; "
+        f"{_BLOCK.value}, threshold {_THRESHOLD.value:g}; {drawing}; "
         f"JAX {jax.__version__}, 1 thread", flush=True)
 
   def lower(name):
@@ -115,7 +126,7 @@ def main(argv):
     med = statistics.median(rate)
     speedup = f"{med / base:7.2f}x" if base else "   -"
     equal = (f"{np.mean(outputs[name][:, _PROMPT.value:] == outputs['exact'][:, _PROMPT.value:]):.4f}"  # pylint: disable=line-too-long
-             if "exact" in outputs else "-")
+             if "exact" in outputs and greedy else "-")
     print(f"{name:17s} {med:8.1f} ({min(rate):.1f}-{max(rate):.1f})   "
           f"{speedup}   {equal}")
 

@@ -213,6 +213,44 @@ def test_tiny_diffucoder_sampling_loop_compiles_for_v4_8():
   assert "verdict: FITS" in text
 
 
+def test_tiny_diffucoder_cached_sampler_compiles_for_v4_8():
+  sample = aot.SampleSettings(batch=None, prompt_len=24, max_new_tokens=16,
+                              steps=8, alg="entropy", temperature=0.3,
+                              top_p=0.95, cache="dual", block_length=8)
+  report = aot.compile_report(_tiny_dream_config(), aot.parse_topology("v4-8"),
+                              1, None, sample)
+  assert report["mode"] == "sample" and report["cache"] == "dual"
+  assert report["sample_batch"] == 4 and report["per_device_batch"] == 1
+  assert report["fits"] and 0 < report["total_gib"] < 1
+  # 2 blocks of 8, 4 steps each: per block one full forward over 40
+  # positions, then 3 windows of 9 queries against the 40 keys.
+  cfg = dream.DreamConfig.from_config(_tiny_dream_config().model)
+  full = lm_steps.train_flops_per_example(cfg, 24 + 16) // 3
+  assert sample_program.forward_flops(cfg, 40, 40) == full
+  window = sample_program.forward_flops(cfg, 9, 40)
+  assert window < full
+  assert report["sample_flops_per_call"] == 4 * 2 * (full + 3 * window)
+  text = aot.format_report(report)
+  assert "cache dual, blocks of 8, threshold None" in text
+  assert "per block one full forward + window forwards" in text
+  assert "verdict: FITS" in text
+
+
+def test_cached_flops_count_the_threshold_at_its_bound():
+  cfg = dream.DreamConfig()
+  kw = dict(batch=1, prompt_len=512, max_new_tokens=512, steps=512,
+            block_length=32)
+  fixed = sample_program.cached_flops_per_call(cfg, cache="dual",
+                                               threshold=None, **kw)
+  # One token per step either way: the threshold's bound is the fixed count.
+  assert sample_program.cached_flops_per_call(
+      cfg, cache="dual", threshold=0.9, **kw) == fixed
+  exact = sample_program.sample_flops_per_call(cfg, 1, 512, 512, 512)
+  prefix = sample_program.cached_flops_per_call(cfg, cache="prefix",
+                                                threshold=None, **kw)
+  assert fixed < prefix < exact
+
+
 def test_sample_flops_are_a_third_of_training_per_forward():
   cfg = dream.DreamConfig()
   # 7.6B parameters: about 2 x N FLOPs per token and step, plus attention.
@@ -230,6 +268,14 @@ def test_sample_flops_are_a_third_of_training_per_forward():
     (dict(alg="greedy"), "--alg='greedy'"),
     (dict(top_p=1.5), "--top_p=1.5"),
     (dict(temperature=-1.0), "--temperature=-1.0"),
+    (dict(cache="full"), "--cache='full': choose from none, prefix, dual"),
+    (dict(cache="dual", block_length=0), "--block_length=0"),
+    (dict(cache="dual", max_new_tokens=48, steps=48, block_length=32),
+     "--block_length=32: must divide max_new_tokens=48"),
+    (dict(cache="dual", threshold=1.5), "--threshold=1.5"),
+    (dict(threshold=0.9), "--threshold=0.9: only with --cache"),
+    (dict(cache="prefix", steps=3), "--steps=3: must be a multiple"),
+    (dict(cache="dual", alg="origin"), "--alg='origin': cached decoding"),
 ])
 def test_bad_sample_settings(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -247,6 +293,12 @@ def test_sample_mode_needs_a_dream_config():
     (["--mode=sample", "--alg=fast"], "--alg='fast': choose from"),
     (["--mode=sample", "--seq_len=64"], "--seq_len only apply to --mode=train"),
     (["--prompt_len=64"], "--prompt_len only apply to --mode=sample"),
+    (["--cache=dual"], "--cache only apply to --mode=sample"),
+    (["--mode=sample", "--cache=full"], "--cache='full': choose from"),
+    (["--mode=sample", "--cache=dual", "--block_length=48"],
+     "--block_length=48: must divide max_new_tokens=512"),
+    (["--mode=sample", "--cache=dual", "--threshold=0"],
+     "--threshold=0.0: must lie in (0, 1]"),
     (["--mode=decode"], "--mode"),
     (["--mode=sample", "--config=configs/trm_sudoku.py:cpu"],
      "model family 'trm' has no sampler"),

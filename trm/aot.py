@@ -5,7 +5,8 @@ r"""Compile the real train step for a TPU topology on a CPU host.
   python -m trm.aot --config=configs/gpt.py --topology=v4-8 --vocab_size=50304
   python -m trm.aot --config=configs/diffucoder_7b.py --topology=v4-64 \
       --mode=sample [--sample_batch=32 --prompt_len=512 --max_new_tokens=512
-      --steps=512 --alg=entropy --temperature=0.3 --top_p=0.95]
+      --steps=512 --alg=entropy --temperature=0.3 --top_p=0.95
+      --cache=dual --block_length=32 --threshold=0.9]
 
 Uses libtpu's compile-only devices (`pip install -e .[tpu]`; no TPU needed)
 and the trainer's own mesh, sharding and step code, then prints per chip the
@@ -17,7 +18,8 @@ MFU.
 The step comes from the model family's program builder
 (`trm/families/<name>/program.py`), the same code `trm.main` trains with.
 `--mode=sample` compiles instead a family's whole sampling loop (Dream /
-DiffuCoder: `trm/families/dream/sample_program.py`).
+DiffuCoder: `trm/families/dream/sample_program.py`; `--cache=prefix|dual`
+compiles the cached block decoder instead of the exact loop).
 """
 from __future__ import annotations
 
@@ -66,7 +68,8 @@ def _train_step_builder(config, ctx, shapes, cost_twin: bool = False):
 
 @dataclasses.dataclass(frozen=True)
 class SampleSettings:
-  """What `--mode=sample` compiles: one `diffusion_generate` call."""
+  """What `--mode=sample` compiles: one `diffusion_generate` call, or with
+  `cache` 'prefix' / 'dual' one `cached_generate` call."""
   batch: int | None        # prompts per call (None: one per data-parallel
                            # device, filled in by `compile_report`)
   prompt_len: int = 512    # left-padded prompt length P
@@ -75,12 +78,16 @@ class SampleSettings:
   alg: str = "entropy"
   temperature: float = 0.0
   top_p: float | None = None
+  cache: str = "none"      # none: the exact loop; prefix / dual: cached
+  block_length: int = 32   # cached: tokens per block
+  threshold: float | None = None  # cached: parallel decoding threshold
 
   def __post_init__(self):
     for flag, value in (("sample_batch", self.batch),
                         ("prompt_len", self.prompt_len),
                         ("max_new_tokens", self.max_new_tokens),
-                        ("steps", self.steps)):
+                        ("steps", self.steps),
+                        ("block_length", self.block_length)):
       if value is not None and (not isinstance(value, int) or value < 1):
         raise ValueError(f"--{flag}={value!r} must be a positive integer.")
 
@@ -137,6 +144,8 @@ def compile_report(config, topology: Topology, num_slices: int,
         "max_new_tokens": sample.max_new_tokens,
         "steps": sample.steps, "alg": sample.alg,
         "temperature": sample.temperature, "top_p": sample.top_p,
+        "cache": sample.cache, "block_length": sample.block_length,
+        "threshold": sample.threshold,
         "param_dtype": config.model.param_dtype,
         "sample_flops_per_call": flops,
         "call_seconds_at_50pct_mfu": seconds,
@@ -183,8 +192,11 @@ def format_report(report: dict) -> str:
         f"({report['per_device_batch']:g} per data-parallel device), prompt "
         f"{report['prompt_len']} + {report['max_new_tokens']} new tokens, "
         f"{report['steps']} steps, alg {report['alg']}, temperature "
-        f"{report['temperature']:g}, top_p {report['top_p']}; params "
-        f"{report['param_dtype']}"]
+        f"{report['temperature']:g}, top_p {report['top_p']}; "
+        + (f"cache {report['cache']}, blocks of {report['block_length']}, "
+           f"threshold {report['threshold']}; "
+           if report.get("cache", "none") != "none" else "cache none; ")
+        + f"params {report['param_dtype']}"]
   else:
     lines = [where + f"global batch {report['global_batch_size']} "
              f"({report['per_device_batch']:g} per data-parallel device)"]
@@ -199,9 +211,13 @@ def format_report(report: dict) -> str:
   else:
     lines.append(f"compiler: {report['error']}")
   if report.get("mode") == "sample":
+    counted = ("forward x steps" if report.get("cache", "none") == "none"
+               else "per block one full forward + window forwards"
+               + (", threshold at its bound of block_length steps per block"
+                  if report.get("threshold") is not None else ""))
     lines += [
         f"sample_flops_per_call: {report['sample_flops_per_call']:.3e} (model"
-        " FLOPs: forward x steps)",
+        f" FLOPs: {counted})",
         f"call_seconds_at_50pct_mfu: {report['call_seconds_at_50pct_mfu']:.3f}"
         f" ({report['new_tokens_per_second_at_50pct_mfu']:.1f} new tokens/s)",
     ]
@@ -259,7 +275,8 @@ def main(argv):
 
 _TRAIN_ONLY = ("seq_len", "vocab_size", "num_puzzle_identifiers")
 _SAMPLE_ONLY = ("sample_batch", "prompt_len", "max_new_tokens", "steps",
-                "alg", "temperature", "top_p")
+                "alg", "temperature", "top_p", "cache", "block_length",
+                "threshold")
 
 
 def sample_settings_from_flags(config) -> SampleSettings | None:
@@ -286,7 +303,9 @@ def sample_settings_from_flags(config) -> SampleSettings | None:
         batch=_SAMPLE_BATCH.value, prompt_len=_PROMPT_LEN.value,
         max_new_tokens=_MAX_NEW.value,
         steps=_MAX_NEW.value if _STEPS.value is None else _STEPS.value,
-        alg=_ALG.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value)
+        alg=_ALG.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
+        cache=_CACHE.value, block_length=_BLOCK_LENGTH.value,
+        threshold=_THRESHOLD.value)
     family.check_sample_settings(settings)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
@@ -308,7 +327,7 @@ def define_flags():
   tests can import several entry points into one process."""
   global _CONFIG, _TOPOLOGY, _NUM_SLICES, _SEQ_LEN, _VOCAB, _PUZZLES, _MODE
   global _SAMPLE_BATCH, _PROMPT_LEN, _MAX_NEW, _STEPS, _ALG, _TEMPERATURE
-  global _TOP_P
+  global _TOP_P, _CACHE, _BLOCK_LENGTH, _THRESHOLD
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                             lock_config=True)
   _TOPOLOGY = flags.DEFINE_string("topology", None, "e.g. v4-8, v4-64, v5p-128.")
@@ -337,6 +356,15 @@ def define_flags():
                                     "sampling temperature (0: greedy).")
   _TOP_P = flags.DEFINE_float("top_p", None, "sample: nucleus mass (None: "
                               "off; 0.95 compiles the vocabulary sort).")
+  # A string, not an enum: a bad value gets sample_program's one-line error.
+  _CACHE = flags.DEFINE_string("cache", "none", "sample: none (the exact "
+                               "loop), prefix or dual (cached block "
+                               "decoding, Fast-dLLM style).")
+  _BLOCK_LENGTH = flags.DEFINE_integer("block_length", 32, "sample, with "
+                                       "--cache: tokens per block.")
+  _THRESHOLD = flags.DEFINE_float("threshold", None, "sample, with --cache: "
+                                  "parallel decoding threshold (None: fixed "
+                                  "steps per block).")
 
 
 if __name__ == "__main__":
