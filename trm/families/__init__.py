@@ -3,9 +3,10 @@
 A family package holds `program.py` (what to compile: `build(config, ctx,
 shapes=None) -> Program`, plus `DISPLAY_NAME` and `owns_state(paths)`) and
 `task.py` (what to feed: `build(config, workdir, ctx) -> Task`); see
-`trm/core/task.py`. Optional hooks in program.py: `data_shapes(config,
+`trm/core/task.py`. Optional hooks: in program.py, `data_shapes(config,
 overrides)` (shapes for `trm.aot` without reading data) and
-`compile_sampler(config, ctx, settings)` (`trm.aot --mode=sample`).
+`check_sample_settings` / `build_sampler(config, ctx, settings)` (`trm.aot
+--mode=sample`); in task.py, `load_eval_state` (`trm.evaluate`).
 
 Packages are imported only when asked for, so naming a family costs nothing.
 """
