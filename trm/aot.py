@@ -45,25 +45,40 @@ from trm.core.topology import (Topology, parse_topology, roofline, step_cost,
 GIB = 2**30
 
 
-def _train_step_builder(config, ctx, shapes, cost_twin: bool = False):
-  """(function that compiles the family's train step, FLOPs per step), from
-  the family's program builder: the trainer's own model, state and step.
-
-  `cost_twin`: the program's loop-unrolled twin (TRM), for cost analysis."""
-  from trm import families  # pylint: disable=g-import-not-at-top
+def _step_compiler(program, ctx, global_batch_size: int):
+  """() -> the program's train step compiled for one global batch."""
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
-
-  program = families.program(config.model.name).build(config, ctx, shapes)
-  if cost_twin:
-    program = program.cost_twin()
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  return lambda: task_lib.compile_train_step(
+      program, ctx, global_batch_size, abstract, shardings)
 
-  def compile_step():
-    return task_lib.compile_train_step(program, ctx, config.global_batch_size,
-                                       abstract, shardings)
 
-  return compile_step, program.flops_per_step, program.cost_twin is not None
+def _train_step_builder(config, ctx, shapes):
+  """(function that compiles the family's train step, FLOPs per step,
+  function that compiles its loop-unrolled twin for cost analysis or None),
+  from the family's program builder: the trainer's own model, state and
+  step."""
+  from trm import families  # pylint: disable=g-import-not-at-top
+  program = families.program(config.model.name).build(config, ctx, shapes)
+  batch = config.global_batch_size
+
+  def compile_twin():
+    return _step_compiler(program.cost_twin(), ctx, batch)()
+
+  return (_step_compiler(program, ctx, batch), program.flops_per_step,
+          compile_twin if program.cost_twin is not None else None)
+
+
+def _sampler_family(config):
+  """The program module of a family that has a sampler to compile."""
+  from trm import families  # pylint: disable=g-import-not-at-top
+  family = families.program(config.model.name)
+  if not hasattr(family, "build_sampler"):
+    raise ValueError(f"--mode=sample: model family {config.model.name!r} "
+                     "has no sampler to compile (Dream / DiffuCoder "
+                     "configs do).")
+  return family
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +113,6 @@ def compile_report(config, topology: Topology, num_slices: int,
   """Compiles the train step (or with `sample`, the family's sampling loop)
   for the topology; returns the figures. `shapes`: the data's sizes where
   the model depends on them (the family's `data_shapes`)."""
-  from trm import families  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
 
   slices = math.prod(config.mesh.get(f"dcn_{a}", 1) for a in mesh_lib.MESH_AXES)
@@ -118,7 +132,8 @@ def compile_report(config, topology: Topology, num_slices: int,
   }
   if sample is None:
     ctx.check_batch_size(config.global_batch_size)
-    compile_step, flops, has_twin = _train_step_builder(config, ctx, shapes)
+    compile_step, flops, compile_twin = _train_step_builder(config, ctx,
+                                                            shapes)
     report.update({
         "global_batch_size": config.global_batch_size,
         "per_device_batch": config.global_batch_size / ctx.batch_parallelism,
@@ -126,12 +141,8 @@ def compile_report(config, topology: Topology, num_slices: int,
         "step_seconds_at_50pct_mfu": flops / half_peak,
     })
   else:
-    family = families.program(config.model.name)
-    if not hasattr(family, "build_sampler"):
-      raise ValueError(f"--mode=sample: model family {config.model.name!r} "
-                       "has no sampler to compile (Dream / DiffuCoder "
-                       "configs do).")
-    has_twin = False
+    family = _sampler_family(config)
+    compile_twin = None
     ways = ctx.batch_parallelism
     if sample.batch is None:
       sample = dataclasses.replace(sample, batch=ways)
@@ -163,10 +174,10 @@ def compile_report(config, topology: Topology, num_slices: int,
                   error=text.splitlines()[0][:400])
     return report
   compile_seconds = time.time() - start
-  if has_twin:
+  if compile_twin is not None:
     # XLA counts each loop body once; the unrolled twin counts every cycle.
     start = time.time()
-    unrolled = _train_step_builder(config, ctx, shapes, cost_twin=True)[0]()
+    unrolled = compile_twin()
     report.update(roofline(*step_cost(unrolled), topology.chip),
                   analysis_compile_seconds=time.time() - start)
   memory = compiled.memory_analysis()
@@ -292,13 +303,8 @@ def sample_settings_from_flags(config) -> SampleSettings | None:
   if given(_TRAIN_ONLY):
     raise app.UsageError(f"{', '.join(given(_TRAIN_ONLY))} only apply to "
                          "--mode=train.")
-  from trm import families  # pylint: disable=g-import-not-at-top
   try:
-    family = families.program(config.model.name)
-    if not hasattr(family, "check_sample_settings"):
-      raise ValueError(
-          f"--mode=sample: model family {config.model.name!r} has no "
-          "sampler to compile (Dream / DiffuCoder configs do).")
+    family = _sampler_family(config)
     settings = SampleSettings(
         batch=_SAMPLE_BATCH.value, prompt_len=_PROMPT_LEN.value,
         max_new_tokens=_MAX_NEW.value,

@@ -27,6 +27,12 @@ class LMState:
   loss_scale: Any = None
 
 
+def _step_zero(params, tx, state_key, loss_scale) -> LMState:
+  return LMState(step=jnp.zeros((), jnp.int32), params=params,
+                 opt_state=tx.init(params), rng=state_key,
+                 loss_scale=loss_scale, **state_lib.zero_counters())
+
+
 def make_init_fn(init_params: Callable[[jax.Array], Any], tx, seed: int,
                  loss_scale=None):
   """() -> boxed LMState around `init_params(key)` (boxed parameters);
@@ -35,10 +41,7 @@ def make_init_fn(init_params: Callable[[jax.Array], Any], tx, seed: int,
 
   def init():
     init_key, state_key = jax.random.split(jax.random.PRNGKey(seed))
-    params = init_params(init_key)
-    return LMState(step=jnp.zeros((), jnp.int32), params=params,
-                   opt_state=tx.init(params), rng=state_key,
-                   loss_scale=loss_scale, **state_lib.zero_counters())
+    return _step_zero(init_params(init_key), tx, state_key, loss_scale)
 
   return init
 
@@ -50,9 +53,7 @@ def state_around_params(params, tx, seed: int, ctx, shardings,
   _, state_key = jax.random.split(jax.random.PRNGKey(seed))
 
   def build(params):
-    return LMState(step=jnp.zeros((), jnp.int32), params=params,
-                   opt_state=tx.init(params), rng=state_key,
-                   loss_scale=loss_scale, **state_lib.zero_counters())
+    return _step_zero(params, tx, state_key, loss_scale)
 
   with ctx:
     return jax.jit(build, in_shardings=(shardings.params,),
