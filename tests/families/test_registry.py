@@ -32,3 +32,13 @@ def test_a_checkpoint_is_named_by_its_tensor_paths(paths, name):
 def test_registering_twice_under_another_package_is_refused():
   with pytest.raises(ValueError, match="already registered"):
     families.register("gpt", "somewhere.else")
+
+
+def test_a_family_registered_at_a_missing_package_is_one_clear_line(
+    monkeypatch):
+  # Registered for this test only: name_of_state asks every family.
+  monkeypatch.setitem(families._FAMILIES, "nowhere", "no_such_package_for_trm")  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="'nowhere' is registered as package "
+                     "'no_such_package_for_trm', but "
+                     "no_such_package_for_trm.program cannot be imported"):
+    families.program("nowhere")

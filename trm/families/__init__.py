@@ -39,7 +39,16 @@ def _module(name: str, part: str) -> ModuleType:
   if name not in _FAMILIES:
     raise ValueError(f"config.model.name={name!r} is not a known model "
                      f"family; known: {', '.join(map(repr, names()))}.")
-  return importlib.import_module(f"{_FAMILIES[name]}.{part}")
+  module = f"{_FAMILIES[name]}.{part}"
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    if not e.name or not module.startswith(e.name):
+      raise  # the family's own code misses a dependency
+    raise ValueError(
+        f"Model family {name!r} is registered as package "
+        f"{_FAMILIES[name]!r}, but {module} cannot be imported ({e}): check "
+        "the package path given to families.register and PYTHONPATH.") from e
 
 
 def program(name: str) -> ModuleType:
