@@ -12,6 +12,12 @@ weights: ours are initialised by the trainer, then copied into
 alternate ours / torch because this shared 2-core VM drifts by 10-20%; the
 1-minute load average is printed before each round. Each side runs two
 untimed warm-up steps first; our compile time is reported apart.
+
+It also states the ceiling: the step's model FLOPs (analytic, as `trm.aot`
+counts them) over each side's median time, against the best float32 GEMM
+rate either library reaches on this machine with the same threads
+(`--peak_n`-square matmuls), and what a given speed-up over torch would
+require of that rate.
 """
 from __future__ import annotations
 
@@ -71,6 +77,8 @@ def main():
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--steps", type=int, default=10, help="timed steps a round")
   p.add_argument("--threads", type=int, default=os.cpu_count())
+  p.add_argument("--peak_n", type=int, default=2048,
+                 help="side of the square matmuls that measure peak GEMM")
   p.add_argument("--trace", default="", help="also profile 3 of our steps "
                  "into this directory and print op time by kind")
   args = p.parse_args()
@@ -129,10 +137,50 @@ def main():
         f"{max(theirs_ms):.1f})")
   print(f"speed-up (torch / ours, medians): {m_torch / m_ours:.2f}x; load "
         f"{min(loads):.2f}-{max(loads):.2f}")
+  flops = trm_flops_per_step(model, batch_size)
+  peak = peak_gemm_gflops(args.peak_n, args.dtype)
+  print_ceiling(flops, m_ours, m_torch, peak)
   if args.trace:
     with jax.profiler.trace(args.trace, create_perfetto_trace=True):
       run_ours(state, timed=True)
     print_op_time(args.trace, steps=len(ours_batches) - 2)
+
+
+def trm_flops_per_step(model, batch_size) -> float:
+  from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
+  return trm_model.train_flops_per_example(model.cfg) * batch_size
+
+
+def peak_gemm_gflops(n, dtype: str, calls=10) -> dict:
+  """GFLOP/s of an [n, n] x [n, n] matmul: jax's as the trainer's MFU
+  measures it (`trm.core.mfu`), torch's with the same threads."""
+  from trm.core import mfu  # pylint: disable=g-import-not-at-top
+  rates = {"jax": mfu.measured_cpu_peak_flops(dtype, size=n) / 1e9}
+  t = torch.randn(n, n).to(getattr(torch, dtype))
+  for _ in range(2):
+    t @ t
+  times = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    t @ t
+    times.append(time.perf_counter() - start)
+  rates["torch"] = 2 * n**3 / min(times) / 1e9
+  return rates
+
+
+def print_ceiling(flops, ours_ms, torch_ms, peak):
+  best = max(peak.values())
+  print(f"model FLOPs per step {flops:.3e}; peak GEMM "
+        f"on this machine: jax {peak['jax']:.1f}, torch {peak['torch']:.1f} "
+        f"GFLOP/s")
+  for side, ms in (("ours", ours_ms), ("torch", torch_ms)):
+    rate = flops / (ms / 1e3) / 1e9
+    print(f"  {side:5s} {rate:6.1f} GFLOP/s = {100 * rate / best:4.1f}% "
+          f"of the peak GEMM rate")
+  for factor in (1.5, 2.0):
+    need = factor * flops / (torch_ms / 1e3) / 1e9
+    print(f"  {factor}x torch's speed needs {need:.1f} GFLOP/s = "
+          f"{100 * need / best:.0f}% of the peak GEMM rate")
 
 
 def print_op_time(trace_dir, steps):
