@@ -5,6 +5,9 @@ r"""Quality of cached block decoding on a fine-tuned model (greedy).
   python benchmarks/dream_cached_quality.py --workdir=W [--prompts=16 \
       --prompt_len=128 --max_new_tokens=128]
 
+The workdir's `seq_len` must hold prompt_len + max_new_tokens (the model's
+position limit); for 512 + 512 fine-tune at `--config.seq_len=1024`.
+
 Prompts are byte windows of held-out code (this repository's `tests/` and
 `benchmarks/` files; `:tiny` trains on `trm/**/*.py`), each followed by its
 true continuation. For the exact sampler and each cached variant this prints
@@ -104,8 +107,8 @@ def main(argv):
     results[name] = tokens
     equal = np.mean(tokens[:, p:] == results["exact"][:, p:])
     print(f"{name:17s} agreement {equal:.4f}  held-out loss "
-          f"{held_out_loss(tokens):.4f}  ({lm.timings['run_seconds']:.1f} s)",
-          flush=True)
+          f"{held_out_loss(tokens):.4f}  ({lm.timings['run_seconds']:.1f} s, "
+          f"compile {lm.timings['compile_seconds']:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":
