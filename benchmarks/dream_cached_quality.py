@@ -15,7 +15,9 @@ true continuation. For the exact sampler and each cached variant this prints
   - the model's held-out loss on the generated text: the masked-diffusion
     loss of `configs/diffucoder_7b.py` (1/t-weighted cross-entropy on masked
     completion tokens, the prompt never masked), averaged over 8 noise
-    draws; the same loss of the true continuation is printed for scale.
+    draws; the same loss of the true continuation is printed for scale;
+  - the top-token share: per row, the fraction of generated tokens equal
+    to the row's most frequent one (averaged; high = repetitive text).
 Lower loss means text the model finds likelier; a cache that corrupts the
 decoding shows up as a higher loss and a lower agreement.
 """
@@ -106,9 +108,14 @@ def main(argv):
     # Byte prompts may encode to more than p tokens (never here: bytes).
     results[name] = tokens
     equal = np.mean(tokens[:, p:] == results["exact"][:, p:])
+    # How repetitive the text is: a tiny model's greedy text often collapses
+    # to one byte (spaces), which makes agreement easy.
+    top = np.mean([np.bincount(row).max() / len(row)
+                   for row in tokens[:, p:]])
     print(f"{name:17s} agreement {equal:.4f}  held-out loss "
-          f"{held_out_loss(tokens):.4f}  ({lm.timings['run_seconds']:.1f} s, "
-          f"compile {lm.timings['compile_seconds']:.1f} s)", flush=True)
+          f"{held_out_loss(tokens):.4f}  top-token share {top:.3f}  "
+          f"({lm.timings['run_seconds']:.1f} s, compile "
+          f"{lm.timings['compile_seconds']:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":
