@@ -89,7 +89,7 @@ def main(argv):
         {"params": p}, h, method=dream.Dream.logits_from_hidden))
     h_ours = jax.block_until_ready(hidden(params, tokens))
     head = head.lower(params, h_ours).compile()
-    h_torch = torch.from_numpy(np.asarray(h_ours))
+    h_torch = torch.from_numpy(np.array(h_ours))  # a writable copy
 
     def torch_hidden():
       with torch.no_grad():
