@@ -38,6 +38,9 @@ _NEW = flags.DEFINE_integer("max_new_tokens", 128, "Generated tokens.")
 _BLOCK = flags.DEFINE_integer("block_length", 32, "Tokens per block.")
 _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "Parallel decoding "
                                 "threshold of the threshold variants.")
+_VARIANTS = flags.DEFINE_list(
+    "variants", ["exact", "prefix", "prefix_threshold", "dual",
+                 "dual_threshold"], "Samplers to run (agreement needs exact).")
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", 0.0, "0: greedy. Above 0 the tokens are drawn (top_k 50),"
     " so agreement with the exact sampler no longer measures the cache; the "
@@ -106,14 +109,21 @@ def main(argv):
   print(f"{_WORKDIR.value}: {len(prompts)} held-out prompts of {p} bytes + "
         f"{n} new, {mode}, alg=entropy, top_k 50; true continuation loss "
         f"{held_out_loss(truth):.4f}")
+  unknown = set(_VARIANTS.value) - set(variants)
+  if unknown:
+    raise app.UsageError(f"--variants: unknown {sorted(unknown)}; choose "
+                         f"from {sorted(variants)}")
   results = {}
   for name, extra in variants.items():
+    if name not in _VARIANTS.value:
+      continue
     gen = lm.generate(prompts, max_new_tokens=n, steps=n, alg="entropy",
                       temperature=t, return_tokens=True, **extra)
     tokens = gen.tokens[:, -(p + n):]
     # Byte prompts may encode to more than p tokens (never here: bytes).
     results[name] = tokens
-    equal = np.mean(tokens[:, p:] == results["exact"][:, p:])
+    equal = (np.mean(tokens[:, p:] == results["exact"][:, p:])
+             if "exact" in results else float("nan"))
     # How repetitive the text is: a tiny model's greedy text often collapses
     # to one byte (spaces), which makes agreement easy.
     top = np.mean([np.bincount(row).max() / len(row)
