@@ -41,6 +41,10 @@ _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "Parallel decoding "
 _VARIANTS = flags.DEFINE_list(
     "variants", ["exact", "prefix", "prefix_threshold", "dual",
                  "dual_threshold"], "Samplers to run (agreement needs exact).")
+_ALG = flags.DEFINE_enum("alg", "entropy", ["origin", "maskgit_plus",
+                                             "topk_margin", "entropy"],
+                         "Reveal order of the exact and fixed-step samplers "
+                         "(the threshold rule ranks by token probability).")
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", 0.0, "0: greedy. Above 0 the tokens are drawn (top_k 50),"
     " so agreement with the exact sampler no longer measures the cache; the "
@@ -107,7 +111,7 @@ def main(argv):
   t = _TEMPERATURE.value
   mode = f"temperature {t}" if t > 0 else "greedy"
   print(f"{_WORKDIR.value}: {len(prompts)} held-out prompts of {p} bytes + "
-        f"{n} new, {mode}, alg=entropy, top_k 50; true continuation loss "
+        f"{n} new, {mode}, alg={_ALG.value}, top_k 50; true continuation loss "
         f"{held_out_loss(truth):.4f}")
   unknown = set(_VARIANTS.value) - set(variants)
   if unknown:
@@ -117,7 +121,7 @@ def main(argv):
   for name, extra in variants.items():
     if name not in _VARIANTS.value:
       continue
-    gen = lm.generate(prompts, max_new_tokens=n, steps=n, alg="entropy",
+    gen = lm.generate(prompts, max_new_tokens=n, steps=n, alg=_ALG.value,
                       temperature=t, return_tokens=True, **extra)
     tokens = gen.tokens[:, -(p + n):]
     # Byte prompts may encode to more than p tokens (never here: bytes).
