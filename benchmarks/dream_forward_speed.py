@@ -1,14 +1,16 @@
 r"""One Dream forward (hidden states + LM head) against transformers' Qwen2.
 
   taskset -c 0 python benchmarks/dream_forward_speed.py [--rounds=5] \
-      [--batch=4 --length=256]
+      [--batch=4 --length=256] [--parts]
 
 The 12.2M-parameter model of `dream_sampler_speed.py`, float32, the same
 weights on both sides (written once in the Hugging Face layout), full
 bidirectional attention, one thread each; rounds alternate which side runs
 first, each round times `--calls` forwards. Prints per side the median and
 min-max ms per forward, our compile time apart, the largest difference of
-the logits, and the 1-minute load before each round.
+the logits, and the 1-minute load before each round. `--parts` also times
+the two halves apart on both sides, in the same alternating rounds: the
+final-normed hidden states, and the LM head on given hidden states.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ _ROUNDS = flags.DEFINE_integer("rounds", 5, "Alternating rounds.")
 _CALLS = flags.DEFINE_integer("calls", 5, "Forwards per round and side.")
 _BATCH = flags.DEFINE_integer("batch", 4, "Sequences.")
 _LENGTH = flags.DEFINE_integer("length", 256, "Tokens per sequence.")
+_PARTS = flags.DEFINE_bool("parts", False, "Also time the hidden states and "
+                           "the LM head apart.")
 
 
 def main(argv):
@@ -76,19 +80,49 @@ def main(argv):
       return torch_model(torch_ids, attention_mask=full).logits.numpy()
 
   print(f"max |logits difference| {np.abs(ours() - theirs()).max():.2e}")
-  times = {"ours": [], "torch": []}
+  parts = [("forward", ours, theirs)]
+  if _PARTS.value:
+    hidden = jax.jit(lambda p, t: model.apply(
+        {"params": p}, t, method=dream.Dream.hidden)).lower(
+            params, tokens).compile()
+    head = jax.jit(lambda p, h: model.apply(
+        {"params": p}, h, method=dream.Dream.logits_from_hidden))
+    h_ours = jax.block_until_ready(hidden(params, tokens))
+    head = head.lower(params, h_ours).compile()
+    h_torch = torch.from_numpy(np.array(h_ours))  # a writable copy
+
+    def torch_hidden():
+      with torch.no_grad():
+        return torch_model.model(torch_ids, attention_mask=full)
+
+    def torch_head():
+      with torch.no_grad():
+        return torch_model.lm_head(h_torch)
+
+    parts += [
+        ("hidden", lambda: jax.block_until_ready(hidden(params, tokens)),
+         torch_hidden),
+        ("lm head", lambda: jax.block_until_ready(head(params, h_ours)),
+         torch_head)]
+  times = {(part, side): [] for part, _, _ in parts
+           for side in ("ours", "torch")}
   for r in range(_ROUNDS.value):
     print(f"round {r + 1}: load {os.getloadavg()[0]:.2f}", flush=True)
-    sides = [("ours", ours), ("torch", theirs)]
-    for side, fn in (sides if r % 2 == 0 else sides[::-1]):
-      for _ in range(_CALLS.value):
-        begin = time.perf_counter()
-        fn()
-        times[side].append(1000 * (time.perf_counter() - begin))
-  for side, values in times.items():
-    print(f"{side:5s} {statistics.median(values):8.1f} ms per forward "
-          f"({min(values):.1f}-{max(values):.1f})")
-  print(f"ours / torch time: {statistics.median(times['ours']) / statistics.median(times['torch']):.2f}")  # pylint: disable=line-too-long
+    for part, mine, other in parts:
+      sides = [("ours", mine), ("torch", other)]
+      for side, fn in (sides if r % 2 == 0 else sides[::-1]):
+        for _ in range(_CALLS.value):
+          begin = time.perf_counter()
+          fn()
+          times[part, side].append(1000 * (time.perf_counter() - begin))
+  for part, _, _ in parts:
+    for side in ("ours", "torch"):
+      values = times[part, side]
+      print(f"{part:8s} {side:5s} {statistics.median(values):8.1f} ms "
+            f"({min(values):.1f}-{max(values):.1f})")
+    ratio = (statistics.median(times[part, "ours"])
+             / statistics.median(times[part, "torch"]))
+    print(f"{part:8s} ours / torch time: {ratio:.2f}")
 
 
 if __name__ == "__main__":

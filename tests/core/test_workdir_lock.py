@@ -72,3 +72,26 @@ def test_two_concurrent_locks_exclude_each_other(tmp_path):
     # Its pid is alive, so it is refused like any other live holder.
     with pytest.raises(workdir_lock.WorkdirLockedError):
       workdir_lock.WorkdirLock(str(tmp_path)).__enter__()
+
+
+def test_the_holder_renews_its_lease(tmp_path, caplog, monkeypatch):
+  # Renewal rewrites an existing lock file; it used to fail every time
+  # ("Cannot rename ... Destination ... already exists"), so a long run's
+  # lease lapsed and another host could take the workdir over.
+  monkeypatch.setattr(workdir_lock, "LEASE_SECONDS", 0.2)  # renew each 0.05 s
+  with workdir_lock.WorkdirLock(str(tmp_path)) as lock:
+    with open(lock.path) as f:
+      first = json.load(f)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+      time.sleep(0.1)
+      with open(lock.path) as f:
+        record = json.load(f)
+      if record["renewed"] > first["renewed"]:
+        break
+    assert record["renewed"] > first["renewed"]
+    assert record["pid"] == os.getpid()
+    assert record["started"] == first["started"]
+  assert "Could not renew" not in caplog.text
+  assert not os.path.exists(tmp_path / workdir_lock.LOCK_NAME)
+  assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []

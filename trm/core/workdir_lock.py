@@ -92,7 +92,9 @@ class WorkdirLock:
     if local:  # readers never see a half-written lock
       tmp = self.path.parent / f".{LOCK_NAME}.{os.getpid()}.tmp"
       tmp.write_text(text)
-      tmp.rename(self.path)
+      # os.replace overwrites atomically; epath's rename refuses an existing
+      # destination, which made every lease renewal fail.
+      os.replace(str(tmp), str(self.path))
     else:
       self.path.write_text(text)
     return True
