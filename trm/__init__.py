@@ -1,4 +1,8 @@
 """Mesh-sharded training of Tiny Recursive Models (and friends) in JAX."""
+from trm.core import huge_pages as _huge_pages
+
+# `python -m trm.X`: restart once with malloc on huge pages, before jax loads.
+_huge_pages.restart_with_huge_pages()
 
 
 def __getattr__(name):
