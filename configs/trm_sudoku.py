@@ -43,6 +43,7 @@ def get_config(arg=None):
       puzzle_emb_len=16,        # prefix positions in front of the tokens
       pos_encodings="rope" if attention else "none",  # rope | learned | none
       mlp_t=not attention,      # token-mixing MLP instead of attention
+      mlp_kernel="dot",         # SwiGLUs: dot | pallas (TPU) | pallas_interpret
       rms_norm_eps=1e-5,        # scale-free RMSNorm epsilon
       rope_theta=10000.0,       # RoPE base
       forward_dtype="bfloat16",  # activations; parameters stay float32

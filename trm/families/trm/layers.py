@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from trm.core import mesh as mesh_lib
+from trm.families.trm import mlp_tpu
 from trm.nn import linear
 from trm.nn import norm
 from trm.nn import rope as rope_lib
@@ -273,6 +274,10 @@ class SwiGLUNorm(nn.Module):
   # mlp_t variant acts on the sequence axis and uses different names.
   axes: Sequence[str] = ("embed", "mlp")
   tokens: bool = False
+  # 'pallas': the fused TPU kernels of mlp_tpu ('pallas_interpret': the
+  # same on CPU); they need x 3-D with its batch on `batch_axis`.
+  kernel: str = "dot"
+  batch_axis: int = 0
 
   @nn.compact
   def __call__(self, x):
@@ -283,6 +288,10 @@ class SwiGLUNorm(nn.Module):
     w_out = Kernel((inter, self.hidden_size), (inner, outer),
                    name="down_proj")(self.dtype)
     shape = x.shape
+    if self.kernel != "dot":
+      return mlp_tpu.swiglu_norm(x.astype(self.dtype), w_in, w_out, self.eps,
+                                 self.tokens, self.batch_axis,
+                                 self.kernel == "pallas_interpret")
     if self.tokens:  # [S, B*D] keeps the (major) batch sharding
       flat = x.reshape(shape[0], -1)
     elif _one_device():  # 2-D dots: ~10% faster on XLA:CPU

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from trm.core import mesh as mesh_lib
 from trm.families.trm import layers
+from trm.families.trm import mlp_tpu
 from trm.nn import linear
 
 IGNORE_LABEL_ID = -100
@@ -48,6 +49,10 @@ class TRMConfig:
   puzzle_emb_len: int = 16
   pos_encodings: str = "rope"  # rope | learned | none
   mlp_t: bool = False
+  # The SwiGLU + norm of every block (mlp_t's token mixer and the channel
+  # MLP): 'dot' (XLA) | 'pallas' (fused TPU kernels, fewer HBM bytes) |
+  # 'pallas_interpret' (those kernels on CPU, for tests).
+  mlp_kernel: str = "dot"
   rms_norm_eps: float = 1e-5
   rope_theta: float = 10000.0
   forward_dtype: str = "bfloat16"
@@ -66,6 +71,10 @@ class TRMConfig:
     if self.pos_encodings not in ("rope", "learned", "none"):
       raise ValueError(f"config.model.pos_encodings={self.pos_encodings!r}: "
                        "use 'rope', 'learned' or 'none'.")
+    if self.mlp_kernel not in mlp_tpu.KINDS:
+      raise ValueError(
+          f"config.model.mlp_kernel={self.mlp_kernel!r}: use one of "
+          f"{', '.join(mlp_tpu.KINDS)}.")
     if self.hidden_size % self.num_heads:
       raise ValueError(f"config.model.hidden_size={self.hidden_size} must be "
                        f"divisible by num_heads={self.num_heads}.")
@@ -141,7 +150,8 @@ class Block(nn.Module):
       # Token mixing: the MLP and its RMSNorm act over tokens.
       h = layers.SwiGLUNorm(cfg.total_len, cfg.expansion, cfg.dtype,
                             cfg.rms_norm_eps, axes=("token", "token_mlp"),
-                            tokens=True, name="mlp_t")(h)
+                            tokens=True, kernel=cfg.mlp_kernel,
+                            batch_axis=1, name="mlp_t")(h)
       h = mesh_lib.constrain(h, _SEQ_MAJOR)
     else:
       h = layers.rms_norm(
@@ -150,7 +160,8 @@ class Block(nn.Module):
           cfg.rms_norm_eps)
       h = mesh_lib.constrain(h, _ACT)
     h = layers.SwiGLUNorm(cfg.hidden_size, cfg.expansion, cfg.dtype,
-                          cfg.rms_norm_eps, name="mlp")(h)
+                          cfg.rms_norm_eps, kernel=cfg.mlp_kernel,
+                          batch_axis=1 if cfg.mlp_t else 0, name="mlp")(h)
     if cfg.mlp_t and not self.seq_major:
       h = jnp.swapaxes(h, 0, 1)
     return mesh_lib.constrain(h, _SEQ_MAJOR if self.seq_major else _ACT)

@@ -1,0 +1,166 @@
+"""TRM's fused Pallas SwiGLU kernels (mlp_t's token mixer and the channel
+MLP), in interpret mode on CPU, against the XLA path
+(`layers.swiglu_residual_norm`): forward, every gradient, sharded over a
+mesh, inside the whole TRM, and compiled for a v4 chip, where they must
+move fewer HBM bytes than the XLA path."""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trm.core import config_lib
+from trm.core import mesh as mesh_lib
+from trm.core import topology
+from trm.families.trm import layers
+from trm.families.trm import model as trm
+from trm.families.trm import mlp_tpu
+
+EPS = 1e-5
+
+
+def _operands(tokens, seq, batch, width, dtype, inter=256):
+  k = jax.random.split(jax.random.key(0), 4)
+  x = jax.random.normal(k[0], (seq, batch, width)).astype(dtype)
+  features = seq if tokens else width
+  w_in = (jax.random.normal(k[1], (features, 2 * inter)) / 4).astype(dtype)
+  w_out = (jax.random.normal(k[2], (inter, features)) / 8).astype(dtype)
+  dy = jax.random.normal(k[3], (seq, batch, width)).astype(dtype)
+  return x, w_in, w_out, dy
+
+
+def _xla(tokens):
+  def fn(x, w_in, w_out):
+    flat = x.reshape(x.shape[0], -1) if tokens else x.reshape(-1, x.shape[-1])
+    return layers.swiglu_residual_norm(flat, w_in, w_out, EPS,
+                                       tokens).reshape(x.shape)
+  return fn
+
+
+def _pallas(tokens, interpret=True):
+  # Sequence-major [S, B, D] for both: the batch is axis 1.
+  return lambda x, w_in, w_out: mlp_tpu.swiglu_norm(  # noqa: E731
+      x, w_in, w_out, EPS, tokens, 1, interpret)
+
+
+def _vjp(fn, x, w_in, w_out, dy):
+  y, pull = jax.vjp(fn, x, w_in, w_out)
+  return (y,) + pull(dy)
+
+
+# Token mixer: 16 x 128 = 2048 columns, two forward tiles, and in the
+# backward two halves of two tiles each, so the weight gradients accumulate.
+# Channel MLP: 22 x 15 = 330 rows, tiles of 256 and 64 rows whose last one
+# reaches past the rows (masked), one half of 6 tiles.
+SHAPES = {True: (22, 16, 128), False: (22, 15, 64)}
+
+
+@pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "channels"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_forward_and_gradients_match_the_xla_path(tokens, dtype):
+  x, w_in, w_out, dy = _operands(tokens, *SHAPES[tokens], jnp.dtype(dtype))
+  want = _vjp(_xla(tokens), x, w_in, w_out, dy)
+  got = _vjp(_pallas(tokens), x, w_in, w_out, dy)
+  for name, a, b in zip(("y", "dx", "d_w_in", "d_w_out"), got, want):
+    assert a.dtype == b.dtype and a.shape == b.shape, name
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    scale = np.abs(b).max()
+    if dtype == "float32":
+      np.testing.assert_allclose(a, b, atol=1e-5 * scale, err_msg=name)
+    else:  # a bf16 ulp is 2^-8 of the value: allow two
+      np.testing.assert_allclose(a, b, rtol=2 ** -7, atol=2 ** -7 * scale,
+                                 err_msg=name)
+
+
+@pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "channels"])
+def test_sharded_over_a_mesh_matches_one_device(tokens):
+  x, w_in, w_out, dy = _operands(tokens, 22, 8, 64, jnp.float32)
+  want = _vjp(_pallas(tokens), x, w_in, w_out, dy)
+  ctx = mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=2, fsdp=2, model=2)),
+      config_lib.default_logical_axis_rules())
+  with ctx:
+    got = jax.jit(functools.partial(_vjp, _pallas(tokens)))(x, w_in, w_out,
+                                                             dy)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_token_columns_must_fill_lanes():
+  x, w_in, w_out, _ = _operands(True, 22, 3, 32, jnp.float32)  # 96 columns
+  with pytest.raises(ValueError, match="mlp_kernel='pallas'.*multiple of 128"):
+    _pallas(True)(x, w_in, w_out)
+
+
+def _cfg(**kw):
+  base = dict(vocab_size=7, seq_len=6, num_puzzle_identifiers=3,
+              hidden_size=64, num_heads=2, L_layers=1, H_cycles=2,
+              L_cycles=2, halt_max_steps=3, halt_exploration_prob=0.0,
+              puzzle_emb_ndim=64, puzzle_emb_len=2, pos_encodings="none",
+              mlp_t=True, forward_dtype="float32")
+  return trm.TRMConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("mlp_t", [True, False], ids=["mlp_t", "attention"])
+def test_whole_trm_step_matches_the_xla_path(mlp_t):
+  batch = 4  # 4 x 64 = 256 token-mixer columns
+  model = trm.TRM(_cfg(mlp_t=mlp_t))
+  fused = trm.TRM(_cfg(mlp_t=mlp_t, mlp_kernel="pallas_interpret"))
+  variables = nn.meta.unbox(trm.init_variables(model, jax.random.key(0),
+                                               batch))
+  rng = np.random.default_rng(0)
+  inputs = jnp.asarray(rng.integers(1, 7, (batch, 6)), jnp.int32)
+  vectors = jnp.asarray(rng.normal(size=(batch, 64)), jnp.float32)
+
+  def loss(params, net):
+    z_H, z_L = net.apply(variables, batch, method=trm.TRM.initial_z)
+    _, _, logits, q_halt, _ = net.apply({**variables, "params": params}, z_H,
+                                        z_L, inputs, vectors)
+    return jnp.mean(jax.nn.log_softmax(logits)[..., 1]) + jnp.mean(q_halt)
+
+  want, want_grad = jax.value_and_grad(loss)(variables["params"], model)
+  got, got_grad = jax.value_and_grad(loss)(variables["params"], fused)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_kernel_name():
+  with pytest.raises(ValueError, match="config.model.mlp_kernel='fused': use"):
+    _cfg(mlp_kernel="fused")
+
+
+@pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "channels"])
+def test_v4_program_moves_fewer_bytes_and_keeps_no_projection(tokens):
+  """One SwiGLU block's forward and backward at the paper's sizes (97
+  tokens, width 512, inner widths 512 and 1536) on one v4 chip: the kernels
+  move fewer HBM bytes than XLA's fusions, and the residuals drop the
+  [.., 2I] projection."""
+  devices = topology.topology_devices(topology.parse_topology("v4-8"), 1)
+  sharding = jax.sharding.SingleDeviceSharding(devices[0])
+  seq, batch, width = 97, 16, 512
+  features, inter = (seq, 512) if tokens else (width, 1536)
+
+  def arg(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=sharding)
+
+  args = (arg(seq, batch, width), arg(features, 2 * inter),
+          arg(inter, features), arg(seq, batch, width))
+  figures = {}
+  for name, fn in (("xla", _xla(tokens)),
+                   ("pallas", _pallas(tokens, interpret=False))):
+    compiled = jax.jit(functools.partial(_vjp, fn)).lower(*args).compile()
+    _, hbm_bytes = topology.step_cost(compiled)
+    residuals = jax.eval_shape(lambda x, a, b: jax.vjp(fn, x, a, b)[1],
+                               *args[:3])
+    weights = {args[1].shape, args[2].shape}
+    figures[name] = (hbm_bytes, max(r.size for r in jax.tree.leaves(
+        residuals) if r.shape not in weights))
+  xla_bytes, xla_largest = figures["xla"]
+  pallas_bytes, pallas_largest = figures["pallas"]
+  slices = batch * (width if tokens else seq)
+  assert xla_largest == 2 * inter * slices     # the projection is kept
+  assert pallas_largest == seq * batch * width  # x-sized residuals only
+  assert 0 < pallas_bytes < 0.6 * xla_bytes, figures
