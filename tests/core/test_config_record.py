@@ -65,6 +65,22 @@ def test_harmless_changes_pass_and_are_logged(finished_run):
   assert last["changes"]["log_every"] == [config.log_every, config.log_every + 1]
 
 
+def test_kernel_choice_is_harmless_even_when_unrecorded(finished_run,
+                                                        tmp_path):
+  """A TRM run recorded before config.model.mlp_kernel existed, or trained
+  with the other kernel, resumes: the kernel computes the same math."""
+  _, config, recorded = finished_run
+  record = json.loads(recorded)
+  for old in (None, "pallas"):
+    if old is None:
+      record["model"].pop("mlp_kernel", None)
+    else:
+      record["model"]["mlp_kernel"] = old
+    (tmp_path / config_record.RECORD).write_text(json.dumps(record))
+    diff = config_record.check(config, tmp_path, step=10)
+    assert diff == {"model.mlp_kernel": [old, config.model.mlp_kernel]}
+
+
 def test_allow_config_change_accepts_and_records(finished_run):
   workdir, config, _ = finished_run
   changed = config.copy_and_resolve_references()

@@ -19,16 +19,18 @@ from etils import epath
 RECORD = "config.json"
 HISTORY = "config_history.jsonl"
 
-# Fields that change how a run is watched, saved or laid out on devices,
-# never which updates it makes (restores across meshes are bitwise).
+# Fields that change how a run is watched, saved or laid out on devices, or
+# which kernel computes the same math, never which updates it makes
+# (restores across meshes are bitwise). A run recorded before one of them
+# existed resumes too (its record lacks the key).
 HARMLESS = (
     "allow_config_change", "checkpoint_every", "eval_every", "log_every",
     "keep_checkpoints", "max_consecutive_bad_steps", "data.prefetch",
     "data.eval_batch_size", "data.max_eval_batches", "data.eval_sheet_rows",
     "eval_interval", "log_interval", "eval_iters", "eval_only",
     "always_save_checkpoint", "init_from", "init_checkpoint",
-    "logical_axis_rules", "model.remat", "model.attention", "wandb_log",
-    "wandb_project", "wandb_run_name")
+    "logical_axis_rules", "model.remat", "model.attention",
+    "model.mlp_kernel", "wandb_log", "wandb_project", "wandb_run_name")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.

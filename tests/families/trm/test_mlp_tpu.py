@@ -140,7 +140,9 @@ def test_v4_program_moves_fewer_bytes_and_keeps_no_projection(tokens):
   [.., 2I] projection."""
   devices = topology.topology_devices(topology.parse_topology("v4-8"), 1)
   sharding = jax.sharding.SingleDeviceSharding(devices[0])
-  seq, batch, width = 97, 16, 512
+  # Batch 128: both backward grids split into two halves, so each half's
+  # weight-gradient partial must fit VMEM beside the weights.
+  seq, batch, width = 97, 128, 512
   features, inter = (seq, 512) if tokens else (width, 1536)
 
   def arg(*shape):

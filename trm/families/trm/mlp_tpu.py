@@ -77,12 +77,17 @@ def _nbytes(*arrays) -> int:
   return sum(a.size * jnp.dtype(a.dtype).itemsize for a in arrays)
 
 
+def _one_buffer(interpret):
+  """A block whose index changes rarely or never needs no second buffer to
+  overlap its copies with compute (and VMEM is short: 16 MiB on v4)."""
+  return {} if interpret else {"pipeline_mode": pl.Buffered(1)}
+
+
 def _whole(shape, grid_rank, interpret):
-  """A block that is the whole (weight) array, fetched once: one buffer."""
+  """A block that is the whole (weight) array, fetched once."""
   index = (lambda i: (0,) * len(shape)) if grid_rank == 1 else (
       lambda c, j: (0,) * len(shape))
-  mode = {} if interpret else {"pipeline_mode": pl.Buffered(1)}
-  return pl.BlockSpec(shape, index, **mode)
+  return pl.BlockSpec(shape, index, **_one_buffer(interpret))
 
 
 # ----------------------------------------------------------------- tokens
@@ -213,7 +218,8 @@ def _backward_call(kernel, grid, acts, act_blocks, act_index, weights,
       in_specs=[pl.BlockSpec(b, act_index) for b in act_blocks] +
       [_whole(w.shape, 2, interpret) for w in weights],
       out_specs=[pl.BlockSpec(act_blocks[0], act_index)] +
-      [pl.BlockSpec((None,) + w.shape, partial) for w in grads_like],
+      [pl.BlockSpec((None,) + w.shape, partial, **_one_buffer(interpret))
+       for w in grads_like],
       out_shape=out_shape,
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "arbitrary")),
