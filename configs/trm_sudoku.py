@@ -44,6 +44,7 @@ def get_config(arg=None):
       pos_encodings="rope" if attention else "none",  # rope | learned | none
       mlp_t=not attention,      # token-mixing MLP instead of attention
       mlp_kernel="dot",         # SwiGLUs: dot | pallas (TPU) | pallas_interpret
+      attention="dot",          # dot | splash (TPU) | splash_interpret
       rms_norm_eps=1e-5,        # scale-free RMSNorm epsilon
       rope_theta=10000.0,       # RoPE base
       forward_dtype="bfloat16",  # activations; parameters stay float32

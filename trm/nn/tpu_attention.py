@@ -1,5 +1,5 @@
-"""Pallas splash attention for TPU: Dream's attention without the [L, L]
-score matrix in HBM (`config.model.attention='splash'`).
+"""Pallas splash attention for TPU: Dream's and TRM's attention without the
+[L, L] score matrix in HBM (`config.model.attention='splash'`).
 
 The kernel (jax.experimental.pallas.ops.tpu.splash_attention) streams key
 blocks through VMEM with an online softmax, in the forward and in its own

@@ -19,6 +19,7 @@ from trm.families.trm import mlp_tpu
 from trm.nn import linear
 from trm.nn import norm
 from trm.nn import rope as rope_lib
+from trm.nn import tpu_attention
 # Re-exported: part of this module's interface (scale-free, float32 stats).
 from trm.nn.norm import rms_norm  # noqa: F401
 
@@ -122,12 +123,28 @@ def apply_rope(x, cos, sin):
   return out.astype(x.dtype)
 
 
+def splash_attention(q, k, v, interpret: bool):
+  """jax.nn.dot_product_attention(q, k, v) (no mask, scale 1/sqrt(K)) as
+  the Pallas splash kernel: the sequence padded to a multiple of 128 with
+  the pad keys masked out, the pad rows dropped after."""
+  seq, head_dim = q.shape[1], q.shape[-1]
+  padded = -(-seq // 128) * 128
+  pad = ((0, 0), (0, padded - seq), (0, 0), (0, 0))
+  q = (q * (1.0 / math.sqrt(head_dim))).astype(q.dtype)
+  real = jnp.broadcast_to(jnp.arange(padded) < seq, (q.shape[0], padded))
+  out = tpu_attention.splash_attention(
+      jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad), real,
+      interpret=interpret)
+  return out[:, :seq]
+
+
 class Attention(nn.Module):
   """Non-causal multi-head attention with fused [q | k | v] projection."""
   hidden_size: int
   num_heads: int
   num_kv_heads: int
   dtype: jnp.dtype = jnp.bfloat16
+  kernel: str = "dot"  # | splash (TPU) | splash_interpret (tpu_attention)
 
   @nn.compact
   def __call__(self, x, rope=None):
@@ -144,7 +161,10 @@ class Attention(nn.Module):
       q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     q = mesh_lib.constrain(q, ("activation_batch", "activation_length",
                                "activation_heads", None))
-    out = jax.nn.dot_product_attention(q, k, v, is_causal=False)
+    if self.kernel == "dot":
+      out = jax.nn.dot_product_attention(q, k, v, is_causal=False)
+    else:
+      out = splash_attention(q, k, v, self.kernel == "splash_interpret")
     out = out.reshape(batch, seq, self.num_heads * head_dim)
     return Linear(self.hidden_size, ("heads", "embed"), dtype=self.dtype,
                   name="o_proj")(out)

@@ -25,6 +25,7 @@ from trm.core import mesh as mesh_lib
 from trm.families.trm import layers
 from trm.families.trm import mlp_tpu
 from trm.nn import linear
+from trm.nn import tpu_attention
 
 IGNORE_LABEL_ID = -100
 
@@ -53,6 +54,9 @@ class TRMConfig:
   # MLP): 'dot' (XLA) | 'pallas' (fused TPU kernels, fewer HBM bytes) |
   # 'pallas_interpret' (those kernels on CPU, for tests).
   mlp_kernel: str = "dot"
+  # Attention (mlp_t=False): 'dot' (XLA) | 'splash' (the Pallas kernel of
+  # trm.nn.tpu_attention, no scores in HBM) | 'splash_interpret' (CPU).
+  attention: str = "dot"
   rms_norm_eps: float = 1e-5
   rope_theta: float = 10000.0
   forward_dtype: str = "bfloat16"
@@ -75,6 +79,10 @@ class TRMConfig:
       raise ValueError(
           f"config.model.mlp_kernel={self.mlp_kernel!r}: use one of "
           f"{', '.join(mlp_tpu.KINDS)}.")
+    if self.attention not in tpu_attention.KINDS:
+      raise ValueError(
+          f"config.model.attention={self.attention!r}: use one of "
+          f"{', '.join(tpu_attention.KINDS)}.")
     if self.hidden_size % self.num_heads:
       raise ValueError(f"config.model.hidden_size={self.hidden_size} must be "
                        f"divisible by num_heads={self.num_heads}.")
@@ -156,7 +164,8 @@ class Block(nn.Module):
     else:
       h = layers.rms_norm(
           h + layers.Attention(cfg.hidden_size, cfg.num_heads, cfg.num_heads,
-                               cfg.dtype, name="self_attn")(h, rope),
+                               cfg.dtype, cfg.attention,
+                               name="self_attn")(h, rope),
           cfg.rms_norm_eps)
       h = mesh_lib.constrain(h, _ACT)
     h = layers.SwiGLUNorm(cfg.hidden_size, cfg.expansion, cfg.dtype,
