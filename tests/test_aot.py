@@ -62,6 +62,19 @@ def test_small_trm_compiles_for_v4_8(num_slices):
   assert "-bound" in aot.format_report(report)
 
 
+def test_pallas_kernels_are_compiled_and_named_in_the_report():
+  config = sudoku_config()
+  config.model.mlp_kernel = "pallas"
+  report = aot.compile_report(config, aot.parse_topology("v4-8"), 1,
+                              sudoku.dataset_metadata(1))
+  assert report["fits"]
+  # Two SwiGLU blocks per layer, each a forward kernel, and a backward
+  # kernel in the last H cycle; the unrolled twin lists every call.
+  assert report["pallas_kernel_calls"] >= 4
+  assert "Pallas kernel calls count the FLOPs and bytes they declare" in (
+      aot.format_report(report))
+
+
 def test_slices_must_match_the_mesh():
   config = sudoku_config()
   with pytest.raises(mesh_lib.MeshConfigError, match="dcn_data=2"):

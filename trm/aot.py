@@ -179,7 +179,9 @@ def compile_report(config, topology: Topology, num_slices: int,
     start = time.time()
     unrolled = compile_twin()
     report.update(roofline(*step_cost(unrolled), topology.chip),
-                  analysis_compile_seconds=time.time() - start)
+                  analysis_compile_seconds=time.time() - start,
+                  pallas_kernel_calls=unrolled.as_text().count(
+                      'custom_call_target="tpu_custom_call"'))
   memory = compiled.memory_analysis()
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
            + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
@@ -249,6 +251,11 @@ def format_report(report: dict) -> str:
         f"{report['memory_seconds'] * 1e3:.2f} ms memory: "
         f"{report['bound']}-bound (analysis compile "
         f"{report['analysis_compile_seconds']:.1f} s)")
+    if report.get("pallas_kernel_calls"):
+      # XLA cannot look inside a kernel: it adds what the kernel declares.
+      lines.append(
+          f"  of which {report['pallas_kernel_calls']} Pallas kernel calls "
+          "count the FLOPs and bytes they declare (pl.CostEstimate)")
   lines.append(f"verdict: {'FITS' if report['fits'] else 'DOES NOT FIT'}")
   return "\n".join(lines)
 

@@ -50,17 +50,21 @@ def _vjp(fn, x, w_in, w_out, dy):
   return (y,) + pull(dy)
 
 
-# Token mixer: 16 x 128 = 2048 columns, two forward tiles, and in the
-# backward two halves of two tiles each, so the weight gradients accumulate.
+# (tokens, shape [S, B, D]). Token mixer: 16 x 128 = 2048 columns, two
+# forward tiles, and in the backward two halves of two tiles each, so the
+# weight gradients accumulate; 16 x 25 = 400 columns, tiles of 128 whose
+# last one reaches past the columns (masked), two halves in the backward.
 # Channel MLP: 22 x 15 = 330 rows, tiles of 256 and 64 rows whose last one
-# reaches past the rows (masked), one half of 6 tiles.
-SHAPES = {True: (22, 16, 128), False: (22, 15, 64)}
+# reaches past the rows, one half of 6 tiles.
+CASES = {"tokens": (True, (22, 16, 128)), "tokens_ragged": (True, (22, 16, 25)),
+         "channels": (False, (22, 15, 64))}
 
 
-@pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "channels"])
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_forward_and_gradients_match_the_xla_path(tokens, dtype):
-  x, w_in, w_out, dy = _operands(tokens, *SHAPES[tokens], jnp.dtype(dtype))
+def test_forward_and_gradients_match_the_xla_path(case, dtype):
+  tokens, shape = CASES[case]
+  x, w_in, w_out, dy = _operands(tokens, *shape, jnp.dtype(dtype))
   want = _vjp(_xla(tokens), x, w_in, w_out, dy)
   got = _vjp(_pallas(tokens), x, w_in, w_out, dy)
   for name, a, b in zip(("y", "dx", "d_w_in", "d_w_out"), got, want):
@@ -86,12 +90,6 @@ def test_sharded_over_a_mesh_matches_one_device(tokens):
                                                              dy)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-
-
-def test_token_columns_must_fill_lanes():
-  x, w_in, w_out, _ = _operands(True, 22, 3, 32, jnp.float32)  # 96 columns
-  with pytest.raises(ValueError, match="mlp_kernel='pallas'.*multiple of 128"):
-    _pallas(True)(x, w_in, w_out)
 
 
 def _cfg(**kw):

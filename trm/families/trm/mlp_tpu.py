@@ -94,13 +94,18 @@ def _whole(shape, grid_rank, interpret):
 
 
 def _column_tile(columns: int, tiles) -> int:
+  """The largest tile dividing the columns; else the smallest tile (the
+  last one reaching past the columns), or all columns when fewer."""
   for tile in tiles:
     if columns % tile == 0:
       return tile
-  raise ValueError(
-      "config.model.mlp_kernel='pallas' needs (batch per device) x "
-      f"hidden_size to be a multiple of 128 for mlp_t, got {columns}: change "
-      "global_batch_size or hidden_size, or use mlp_kernel='dot'.")
+  return min(columns, tiles[-1])
+
+
+def _real(first, shape, axis, count):
+  """Mask of the tile's slices (along `axis`) that exist: the last tile of
+  a grid may reach past `count`, where a block holds garbage."""
+  return first + jax.lax.broadcasted_iota(jnp.int32, shape, axis) < count
 
 
 def _tokens_forward_kernel(x_ref, w_in_t_ref, w_out_t_ref, *out_refs, eps,
@@ -118,18 +123,21 @@ def _tokens_forward_kernel(x_ref, w_in_t_ref, w_out_t_ref, *out_refs, eps,
 
 def _tokens_backward_kernel(x_ref, y_ref, dy_ref, inv_ref, w_in_t_ref,
                             w_in_ref, w_out_ref, dx_ref, d_in_ref, d_out_ref,
-                            *, inter):
-  @pl.when(pl.program_id(1) == 0)
+                            *, inter, columns, tile, per_half):
+  c, j = pl.program_id(0), pl.program_id(1)
+
+  @pl.when(j == 0)
   def _():
     d_in_ref[...] = jnp.zeros_like(d_in_ref)
     d_out_ref[...] = jnp.zeros_like(d_out_ref)
 
-  x = x_ref[...]
+  # Zeroed past the columns, a slice adds exactly zero to the gradients.
+  real = _real((c * per_half + j) * tile, (1, tile), 1, columns)
+  x, y, dy, inv = (jnp.where(real, ref[...], jnp.zeros_like(ref[...]))
+                   for ref in (x_ref, y_ref, dy_ref, inv_ref))
   dtype = x.dtype
-  y32 = y_ref[...].astype(jnp.float32)
-  dy32 = dy_ref[...].astype(jnp.float32)
-  dr = inv_ref[...] * (dy32 - y32 * jnp.mean(dy32 * y32, axis=0,
-                                             keepdims=True))
+  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
+  dr = inv * (dy32 - y32 * jnp.mean(dy32 * y32, axis=0, keepdims=True))
   dr = dr.astype(dtype)                                   # [S, T]
   h = _dot(w_in_t_ref[...], x, (1, 0), dtype)             # recomputed
   gate, up = h[:inter], h[inter:]
@@ -156,7 +164,7 @@ def _tokens_forward(x, w_in, w_out, *, eps, interpret, with_inv):
     out_specs.append(pl.BlockSpec((1, tile), lambda i: (0, i)))
   return _forward_call(
       functools.partial(_tokens_forward_kernel, eps=eps, inter=inter),
-      columns // tile, x, out_shape, out_specs, (w_in_t, w_out_t),
+      pl.cdiv(columns, tile), x, out_shape, out_specs, (w_in_t, w_out_t),
       flops=6 * seq * inter * columns, transcendentals=(inter + 1) * columns,
       interpret=interpret)
 
@@ -190,13 +198,14 @@ def _tokens_backward(x, y, dy, inv, w_in, w_out, *, interpret):
   seq, columns = x.shape
   inter = w_out.shape[0]
   tile = _column_tile(columns, _COLUMN_TILES["backward"])
-  halves, per_half = _halves(columns // tile)
+  halves, per_half = _halves(pl.cdiv(columns, tile))
   cols = lambda c, j: (0, c * per_half + j)  # noqa: E731
   w_in_t = w_in.T
   return _backward_call(
-      functools.partial(_tokens_backward_kernel, inter=inter),
-      (halves, per_half), (x, y, dy, inv), [(seq, tile)] * 3 + [(1, tile)], cols,
-      (w_in_t, w_in, w_out), (w_in, w_out),
+      functools.partial(_tokens_backward_kernel, inter=inter,
+                        columns=columns, tile=tile, per_half=per_half),
+      (halves, per_half), (x, y, dy, inv), [(seq, tile)] * 3 + [(1, tile)],
+      cols, (w_in_t, w_in, w_out), (w_in, w_out),
       flops=16 * seq * inter * columns, transcendentals=inter * columns,
       interpret=interpret)
 
@@ -289,8 +298,7 @@ def _channels_backward_kernel(x_ref, r_ref, dy_ref, w_in_ref, w_out_ref,
 
   # The last tile may reach past the rows; zeroing them there makes their
   # contribution to the weight gradients exactly zero.
-  first = (c * per_half + j) * tile
-  real = first + jax.lax.broadcasted_iota(jnp.int32, x_ref.shape, 0) < rows
+  real = _real((c * per_half + j) * tile, (tile, 1), 0, rows)
   x, r, dy = (jnp.where(real, ref[...], jnp.zeros_like(ref[...]))
               for ref in (x_ref, r_ref, dy_ref))
   dtype = x.dtype
