@@ -181,13 +181,6 @@ def _dot_rows(a, b):
   return linear.dot(a, b, (rows, rows))
 
 
-def _silu_parts(gate):
-  """(sigmoid(gate), silu(gate)); sigmoid via tanh, which XLA:CPU evaluates
-  faster than the exp of its logistic (the same function)."""
-  sig = 0.5 * jnp.tanh(0.5 * gate) + 0.5
-  return sig, gate * sig
-
-
 def _swiglu_norm(x, w_in, w_out, eps, tokens):
   """Forward of `swiglu_residual_norm`; returns (y, residuals)."""
   # Token mixing multiplies from the left by the transposed (small) weights,
@@ -195,7 +188,7 @@ def _swiglu_norm(x, w_in, w_out, eps, tokens):
   h = linear.dot(w_in.T, x) if tokens else linear.dot(x, w_in)
   axis = 0 if tokens else -1
   gate, up = jnp.split(h, 2, axis=axis)
-  act = _silu_parts(gate)[1] * up
+  act = mlp_tpu.silu_parts(gate)[1] * up
   m = linear.dot(w_out.T, act) if tokens else linear.dot(act, w_out)
   r = (x + m).astype(jnp.float32)
   inv = norm.inv_rms(r, eps, axis)
@@ -234,7 +227,7 @@ def _swiglu_norm_bwd(eps, tokens, residuals, dy):
   dr = inv * (dy32 - y32 * jnp.mean(dy32 * y32, axis=axis, keepdims=True))
   dr = dr.astype(x.dtype)
   gate, up = jnp.split(h, 2, axis=axis)
-  sig, silu = _silu_parts(gate)
+  sig, silu = mlp_tpu.silu_parts(gate)
   act = silu * up
   if tokens:   # m = w_out^T act
     d_out = _dot(act, dr, (1, 1))                    # [I, S]

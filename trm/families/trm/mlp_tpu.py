@@ -59,7 +59,10 @@ _COLUMN_TILES = {"forward": (1024, 512, 256, 128),
 _ROW_TILES = {"forward": 256, "backward": 64}
 
 
-def _silu_parts(gate):
+def silu_parts(gate):
+  """(sigmoid(gate), silu(gate)); sigmoid via tanh, which XLA:CPU evaluates
+  faster than the exp of its logistic (the same function). Shared with the
+  XLA path (`layers.swiglu_residual_norm`), so both compute one formula."""
   sig = 0.5 * jnp.tanh(0.5 * gate) + 0.5
   return sig, gate * sig
 
@@ -112,7 +115,7 @@ def _tokens_forward_kernel(x_ref, w_in_t_ref, w_out_t_ref, *out_refs, eps,
                            inter):
   x = x_ref[...]                                          # [S, T]
   h = _dot(w_in_t_ref[...], x, (1, 0), x.dtype)           # [2I, T]
-  act = _silu_parts(h[:inter])[1] * h[inter:]
+  act = silu_parts(h[:inter])[1] * h[inter:]
   m = _dot(w_out_t_ref[...], act, (1, 0), x.dtype)        # [S, T]
   r = (x + m).astype(jnp.float32)
   inv = jax.lax.rsqrt(jnp.mean(r * r, axis=0, keepdims=True) + eps)
@@ -141,7 +144,7 @@ def _tokens_backward_kernel(x_ref, y_ref, dy_ref, inv_ref, w_in_t_ref,
   dr = dr.astype(dtype)                                   # [S, T]
   h = _dot(w_in_t_ref[...], x, (1, 0), dtype)             # recomputed
   gate, up = h[:inter], h[inter:]
-  sig, silu = _silu_parts(gate)
+  sig, silu = silu_parts(gate)
   act = silu * up
   d_out_ref[...] += _dot(act, dr, (1, 1))                 # [I, S]
   d_act = _dot(w_out_ref[...], dr, (1, 0), dtype)         # [I, T]
@@ -255,7 +258,7 @@ def _swiglu_chunk(x, w_in_ref, inter, chunk):
   gate = _dot(x, w_in_ref[:, chunk], (1, 0), x.dtype)
   up = _dot(x, w_in_ref[:, inter + chunk.start:inter + chunk.stop], (1, 0),
             x.dtype)
-  sig, silu = _silu_parts(gate)
+  sig, silu = silu_parts(gate)
   return gate, up, sig, silu, silu * up
 
 
