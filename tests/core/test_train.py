@@ -10,6 +10,7 @@ import pytest
 import repo
 
 from trm.core import config_lib
+from trm.core import dispatch
 from trm.core import mesh as mesh_lib
 from trm.core import train
 from trm import families
@@ -45,12 +46,23 @@ def _params(state):
   return jax.tree.map(np.asarray, jax.device_get(state.params))
 
 
-def test_loss_falls_and_state_is_sharded(tmp_path, data_dir):
+def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
+  in_flight = []  # the unfinished calls after each train and eval step
+
+  class RecordingBound(dispatch.DispatchBound):
+    def __call__(self, outputs):
+      outputs = super().__call__(outputs)
+      in_flight.append(len(self))
+      return outputs
+
+  monkeypatch.setattr(train.dispatch, "DispatchBound", RecordingBound)
   config = tiny_config(**{"data.data_dir": data_dir, "total_steps": 24,
                           "eval_every": 24, "log_every": 4,
                           "optim.lr": 3e-3})
   state, results = train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert int(state.step) == 24
+  # 24 train steps and 2 eval batches, never more than 2 of them unfinished.
+  assert len(in_flight) == 26 and max(in_flight) == 2, in_flight
   kernel = state.params["L_level"]["layers_0"]["mlp"]["gate_up_proj"]["kernel"]
   assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "model")
   assert "eval/blank_accuracy" in results

@@ -30,6 +30,7 @@ from trm.core.preemption import Preempted
 from trm.core.run_checks import check_config, check_workdir
 from trm.core import cli
 from trm.core import config_record
+from trm.core import dispatch
 from trm.core import metrics as metrics_lib
 from trm.core import mesh as mesh_lib
 from trm.core import progress
@@ -49,9 +50,10 @@ def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
   """Mean metrics over every batch of the held-out split, plus the task's
   hook's (e.g. ARC pass@K), which may write files into `save_dir`."""
   totals = None
+  bound = dispatch.DispatchBound()
   for k in range(len(eval_source)):
     batch = pipeline.to_global(eval_source[k], batch_shardings)
-    metrics, outputs = eval_fn(state, batch)
+    metrics, outputs = bound(eval_fn(state, batch))
     totals = metrics_lib.merge(totals, metrics)
     if hook is not None:
       hook.update(batch, outputs)
@@ -269,6 +271,9 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     best_loss = task.initial_best_loss
   evaluated_at = None
   preemption = preemption_lib.PreemptionWatch(manager, config.log_every)
+  # The host stays at most two steps ahead: XLA:CPU's multi-device
+  # collectives deadlock and abort when many more are queued (dispatch.py).
+  bound = dispatch.DispatchBound()
   try:
     with metric_writers.ensure_flushes(writer), preemption:
       logging.info("Training from step %d to %d.", start_step,
@@ -277,6 +282,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         batch = pipeline.to_global(next(train_iter), batch_shardings)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           state, metrics = train_step(state, batch)
+        bound(metrics)  # the metrics: the state is donated to the next step
         step += 1
         train_metrics = metrics_lib.merge(train_metrics, metrics)
         for hook in hooks:

@@ -1,0 +1,51 @@
+"""Keeps the host a bounded number of compiled calls ahead of the devices.
+
+JAX dispatches asynchronously, so a loop that never reads a result queues
+every call it makes. On a chip that costs only memory. XLA:CPU, though, runs
+the collectives of all its simulated devices
+(`--xla_force_host_platform_device_count`, the tests' 8-device meshes) on
+one shared thread pool: a few dozen queued multi-device steps fill the pool
+with programs that wait on each other, and after 40 s XLA aborts the process
+("Termination timeout ... Exiting to ensure a consistent program state").
+`benchmarks/cpu_dispatch_depth.py` shows it: on the 2-core host, 3,000
+sharded steps on 8 CPU devices abort with 32 steps allowed in flight and
+finish with 8 (BUILD_NOTES.md, "Dispatch depth").
+
+Two calls in flight keep a chip busy (the next step waits in the queue while
+one runs) and stay far below that limit, so the train and eval loops use
+two on every backend.
+"""
+from __future__ import annotations
+
+import collections
+
+import jax
+
+MAX_IN_FLIGHT = 2
+
+
+class DispatchBound:
+  """Call it with each compiled call's outputs; it returns them, first
+  waiting for the oldest call still recorded once more than `max_in_flight`
+  are. The outputs it keeps must not be donated to a later call (a step's
+  metrics, not its state)."""
+
+  def __init__(self, max_in_flight: int = MAX_IN_FLIGHT):
+    if max_in_flight < 1:
+      raise ValueError(f"max_in_flight={max_in_flight} must be >= 1.")
+    self.max_in_flight = max_in_flight
+    self._pending = collections.deque()
+
+  def __call__(self, outputs):
+    # One array per call is enough: a call's outputs are all written by the
+    # same program on every device.
+    marker = next((x for x in jax.tree.leaves(outputs)
+                   if isinstance(x, jax.Array)), None)
+    if marker is not None:
+      self._pending.append(marker)
+    while len(self._pending) > self.max_in_flight:
+      self._pending.popleft().block_until_ready()
+    return outputs
+
+  def __len__(self) -> int:
+    return len(self._pending)
