@@ -292,6 +292,19 @@ def _(env):
   return trm_train(env, **{"mesh.model": 0})
 
 
+@case("TPU-only SwiGLU kernel on CPU devices", mesh_lib.MeshConfigError,
+      "config.model.mlp_kernel='pallas'", "TPU only", "devices are cpu",
+      "'pallas_interpret'")
+def _(env):  # before the dataset is built
+  return trm_build(env, **{"model.mlp_kernel": "pallas"})
+
+
+@case("TPU-only attention kernel on CPU devices", mesh_lib.MeshConfigError,
+      "config.model.attention='splash'", "TPU only", "'splash_interpret'")
+def _(env):
+  return trm_build(env, **{"model.attention": "splash"})
+
+
 @case("rule names an unknown mesh axis", mesh_lib.MeshConfigError,
       "config.logical_axis_rules[0]", "'dp'", "('data', 'fsdp', 'model')")
 def _(env):
@@ -716,6 +729,12 @@ def dc_train(env, watch=(), **overrides):
   return train_call(env, dc_config(**overrides), watch=watch)
 
 
+@case("DiffuCoder splash attention on CPU devices", mesh_lib.MeshConfigError,
+      "config.model.attention='splash'", "TPU only", "'splash_interpret'")
+def _(env):
+  return dc_train(env, **{"model.attention": "splash"})
+
+
 @case("JSONL line missing a key", ValueError, "sft.jsonl:2",
       "missing key(s) ['response']", "data.response_key")
 def _(env):
@@ -928,6 +947,15 @@ for _name, _file in (("parent directory", "../elsewhere.safetensors"),
     cfg = dream.DreamConfig.from_config(dc_config().model)
     return Call(lambda: hf_import.load_hf_checkpoint(directory, cfg),
                 watch=(directory,))
+
+
+@case("DiffusionLM with splash attention on CPU devices",
+      mesh_lib.MeshConfigError, "attention='splash' runs on TPU only",
+      "'splash_interpret'", forbid=("config.model",))
+def _(env):
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  return Call(lambda: DiffusionLM.from_pretrained(
+      env.hf_dir, tokenizer="bytes", attention="splash"), watch=(env.hf_dir,))
 
 
 @case("a state with a NaN is never saved", ckpt_lib.CheckpointError,

@@ -104,6 +104,22 @@ def test_make_mesh_errors_name_the_field(kw, needles):
     assert needle in str(err.value)
 
 
+def test_tpu_only_kernels_on_cpu_devices_name_the_field():
+  mesh = _mesh()
+  with pytest.raises(mesh_lib.MeshConfigError,
+                     match=r"config.model.mlp_kernel='pallas' runs on TPU "
+                     r"only, and this mesh's devices are cpu.*"
+                     r"'pallas_interpret'"):
+    mesh_lib.check_tpu_kernels(mesh, attention="dot", mlp_kernel="pallas")
+  with pytest.raises(mesh_lib.MeshConfigError, match="attention='splash'"):
+    mesh_lib.check_tpu_kernels(mesh, attention="splash")
+  # XLA's path and the interpreter run anywhere (trm.aot's TPU meshes pass:
+  # tests/test_aot.py compiles the kernels).
+  mesh_lib.check_tpu_kernels(mesh, attention="splash_interpret",
+                             mlp_kernel="pallas_interpret")
+  mesh_lib.check_tpu_kernels(mesh, attention="dot", mlp_kernel="dot")
+
+
 def test_mesh_config_error_is_value_error():
   assert issubclass(mesh_lib.MeshConfigError, ValueError)
 

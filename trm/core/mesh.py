@@ -29,6 +29,26 @@ class MeshConfigError(ValueError):
   """A mesh or batch setting that cannot work on the devices at hand."""
 
 
+# Kernel choices that Pallas compiles for TPU only; each has an `_interpret`
+# twin that runs in Pallas's interpreter anywhere.
+TPU_ONLY_KERNELS = ("pallas", "splash")
+
+
+def check_tpu_kernels(mesh: Mesh, prefix: str = "config.model.",
+                      **choices: str) -> None:
+  """A TPU-only kernel (`<prefix><field>=value`) chosen for a mesh of
+  other devices fails here, naming the field, before anything compiles;
+  Pallas itself would only say that CPU supports interpret mode. `trm.aot`'s
+  meshes are TPU devices, so its compiles pass."""
+  platform = mesh.devices.flat[0].platform
+  for field, kind in choices.items():
+    if kind in TPU_ONLY_KERNELS and platform != "tpu":
+      raise MeshConfigError(
+          f"{prefix}{field}={kind!r} runs on TPU only, and this mesh's "
+          f"devices are {platform}: use 'dot', or '{kind}_interpret' to run "
+          "the kernel in Pallas's interpreter.")
+
+
 def _resolve_sizes(sizes: Sequence[int], num_devices: int,
                    what: str) -> tuple[int, ...]:
   """Replaces a single -1 so that the product equals `num_devices`."""
@@ -202,8 +222,13 @@ class ShardingContext:
   @classmethod
   def from_config(cls, config, devices: Sequence[Any] | None = None):
     """The config's mesh (`config.mesh`) and rules
-    (`config.logical_axis_rules`)."""
-    return cls(make_mesh(config.mesh, devices), logical_rules(config))
+    (`config.logical_axis_rules`); a TPU-only kernel in `config.model` for
+    other devices fails here, before any data or model is built."""
+    mesh = make_mesh(config.mesh, devices)
+    model = config.get("model") or {}
+    check_tpu_kernels(mesh, **{k: model[k] for k in ("mlp_kernel", "attention")
+                               if k in model})
+    return cls(mesh, logical_rules(config))
 
   def __enter__(self):
     stack = contextlib.ExitStack()

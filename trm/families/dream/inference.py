@@ -183,6 +183,7 @@ class DiffusionLM:
       mesh = mesh_lib.make_mesh(config.mesh if config is not None else
                                 config_lib.mesh_config(data=1, fsdp=-1,
                                                        model=1))
+    mesh_lib.check_tpu_kernels(mesh, prefix="", attention=cfg.attention)
     _, shardings = mesh_lib.ShardingContext(mesh, rules).boxed_shardings(
         lambda: dream.abstract_params(cfg))
     params, source = load_params(path, cfg, shardings)
