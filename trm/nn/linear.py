@@ -37,9 +37,22 @@ def dot(a, b, contract=None):
   """
   if contract is None:
     contract = ((a.ndim - 1,), (0,))
-  out = jax.lax.dot_general(a, b, (contract, ((), ())),
-                            preferred_element_type=jnp.float32)
-  return out.astype(jnp.result_type(a.dtype, b.dtype))
+  dims = (contract, ((), ()))
+  out_dtype = jnp.result_type(a.dtype, b.dtype)
+
+  def float32_then_round(a, b):
+    return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32
+                               ).astype(out_dtype)
+
+  if out_dtype == jnp.float32:
+    return float32_then_round(a, b)
+  # Only for XLA:CPU. A TPU accumulates a bfloat16-result dot in float32
+  # anyway, and given the float32-result form it kept the float32 products:
+  # ARC-1's step on a v4-8 went from 17.34 to 25.16 GiB per chip.
+  return jax.lax.platform_dependent(
+      a, b, cpu=float32_then_round,
+      default=lambda a, b: jax.lax.dot_general(
+          a, b, dims, preferred_element_type=out_dtype))
 
 
 @jax.custom_vjp
