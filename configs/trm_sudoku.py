@@ -102,6 +102,8 @@ def get_config(arg=None):
   c.mesh = config_lib.mesh_config()
   c.wandb = config_lib.wandb_config(project="trm-sudoku")  # W&B logging
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
+  c.tpu_compiler_options = config_lib.TPU_COMPILER_OPTIONS  # XLA:TPU
+                                # --flag=value options (TPU meshes only)
 
   if "cpu" in variants:
     # Learns on 2 CPU cores in minutes: generated puzzles (40 blanks, unique

@@ -1,7 +1,13 @@
 r"""Compile the real train step for a TPU topology on a CPU host.
 
   python -m trm.aot --config=configs/trm_sudoku.py --topology=v4-64 \
-      [--num_slices=2 --config.mesh.dcn_data=2] [--config.key=value]
+      [--num_slices=2] [--config.key=value]
+  python -m trm.aot --config=configs/gpt.py:maxtext22b --topology=v4-128 \
+      --num_slices=1,2,4,8 --forecast [--forecast_json=PATH] [--collectives]
+      [--calibrate_mfu=F | --efficiency=F] [--batch_scaling=weak|strong]
+      [--dcn_overlap=none|schedule]
+  python -m trm.aot --config=... --topology=v4-128 --num_slices=2 \
+      --forecast --search [--search_limit=N --search_top=5]
   python -m trm.aot --config=configs/gpt.py --topology=v4-8 --vocab_size=50304
   python -m trm.aot --config=configs/diffucoder_7b.py --topology=v4-64 \
       --mode=sample [--sample_batch=32 --prompt_len=512 --max_new_tokens=512
@@ -14,6 +20,12 @@ argument, output, temporary and total bytes against the usable HBM, a FITS /
 DOES NOT FIT verdict (exit code 1 when it does not fit), the compile time,
 and the analytic training FLOPs per step with the step time they imply at 50%
 MFU.
+
+`--num_slices` takes a list (one compile each; config.mesh.dcn_data follows
+each count). `--forecast` turns each compiled step into a row of step time,
+throughput, TFLOP/s per chip, MFU, scaling, ICI and DCN bytes per chip and
+the bound, from the compiled program's own collectives and schedule
+(`trm/forecast/`); `--search` ranks the mesh layouts of one slice count.
 
 The step comes from the model family's program builder
 (`trm/families/<name>/program.py`), the same code `trm.main` trains with.
@@ -31,6 +43,7 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import dataclasses  # pylint: disable=g-import-not-at-top,wrong-import-position
+import json
 import math
 import sys
 import time
@@ -271,24 +284,106 @@ def data_shapes(config, overrides: dict):
   return family.data_shapes(config, overrides)
 
 
+def slice_counts(text: str) -> list[int]:
+  """'1,2,4,8' -> [1, 2, 4, 8]; one line naming --num_slices otherwise."""
+  try:
+    counts = [int(x) for x in str(text).split(",") if x.strip()]
+  except ValueError:
+    counts = []
+  if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+    raise ValueError(
+        f"--num_slices={text!r} must be one slice count or a list of "
+        "distinct ones, each >= 1, e.g. --num_slices=1,2,4,8.")
+  return counts
+
+
+def check_forecast_flags(counts: list[int]) -> None:
+  """Flag errors of --forecast and --search, before anything compiles."""
+  if not _FORECAST.value:
+    for name in ("forecast_json", "search", "calibrate_mfu", "efficiency",
+                 "collectives", "dcn_overlap", "batch_scaling"):
+      if flags.FLAGS[name].present:
+        raise ValueError(f"--{name} needs --forecast.")
+    return
+  if _MODE.value != "train":
+    raise ValueError("--forecast forecasts the train step: drop "
+                     "--mode=sample.")
+  for name, value in (("efficiency", _EFFICIENCY.value),
+                      ("calibrate_mfu", _CALIBRATE.value)):
+    if value is not None and not 0 < value <= 1:
+      raise ValueError(f"--{name}={value} must be a fraction in (0, 1], "
+                       "e.g. 0.567 for 56.7%.")
+  if _EFFICIENCY.value is not None and _CALIBRATE.value is not None:
+    raise ValueError("--efficiency and --calibrate_mfu both set the "
+                     "dense-compute efficiency: give one.")
+  if _SEARCH.value and len(counts) != 1:
+    raise ValueError("--search ranks the mesh layouts of one slice "
+                     "count: give --num_slices=N.")
+  path = _FORECAST_JSON.value
+  if path:
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(parent):
+      raise ValueError(f"--forecast_json={path!r} must be a file path "
+                       "in an existing directory.")
+
+
+def run_forecast(config, topology, counts, shapes) -> int:
+  """--forecast (and --search): prints rows, writes JSON; exit code."""
+  from trm.forecast import plan  # pylint: disable=g-import-not-at-top
+  from trm.forecast import search  # pylint: disable=g-import-not-at-top
+  if _SEARCH.value:
+    ranked, tried = search.search(
+        config, topology, counts[0], shapes,
+        efficiency=_EFFICIENCY.value or plan.DEFAULT_EFFICIENCY,
+        limit=_SEARCH_LIMIT.value, dcn_overlap=_DCN_OVERLAP.value)
+    print(search.format_ranking(ranked, tried, topology.name, counts[0],
+                                _SEARCH_TOP.value), flush=True)
+    rows = ranked[:_SEARCH_TOP.value]
+  else:
+    rows, efficiency, source = plan.forecast(
+        config, topology, counts, shapes, efficiency=_EFFICIENCY.value,
+        calibrate_mfu=_CALIBRATE.value, scaling=_BATCH_SCALING.value,
+        dcn_overlap=_DCN_OVERLAP.value)
+    print(plan.format_rows(rows, topology.name, efficiency, source),
+          flush=True)
+    if _COLLECTIVES.value:
+      for row in rows:
+        if row.get("collectives") is not None:
+          print(plan.format_collectives(row), flush=True)
+  if _FORECAST_JSON.value:
+    with open(_FORECAST_JSON.value, "w") as f:
+      json.dump(rows, f, indent=1, default=float)
+  return 0 if rows and all(r.get("fits") for r in rows) else 1
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not _TOPOLOGY.value:
     raise app.UsageError("--topology is required, e.g. --topology=v4-8.")
   topology = parse_topology(_TOPOLOGY.value)
-  if _NUM_SLICES.value < 1:
-    raise app.UsageError("--num_slices must be >= 1.")
+  counts = slice_counts(_NUM_SLICES.value)
+  check_forecast_flags(counts)
   sample = sample_settings_from_flags(_CONFIG.value)
   shapes = None
   if sample is None:
     shapes = data_shapes(_CONFIG.value, {
         "seq_len": _SEQ_LEN.value, "vocab_size": _VOCAB.value,
         "num_puzzle_identifiers": _PUZZLES.value})
-  report = compile_report(_CONFIG.value, topology, _NUM_SLICES.value,
-                          shapes, sample)
-  print(format_report(report), flush=True)
-  sys.exit(0 if report["fits"] else 1)
+  if _FORECAST.value:
+    sys.exit(run_forecast(_CONFIG.value, topology, counts, shapes))
+  from trm.forecast import plan  # pylint: disable=g-import-not-at-top
+  fits = True
+  for count in counts:
+    if len(counts) > 1:
+      print(f"[aot] compiling for {count} x {topology.name} ...",
+            file=sys.stderr, flush=True)
+    config = plan.row_config(_CONFIG.value, count,
+                             _CONFIG.value.global_batch_size)
+    report = compile_report(config, topology, count, shapes, sample)
+    print(format_report(report), flush=True)
+    fits = fits and report["fits"]
+  sys.exit(0 if fits else 1)
 
 
 _TRAIN_ONLY = ("seq_len", "vocab_size", "num_puzzle_identifiers")
@@ -325,27 +420,51 @@ def sample_settings_from_flags(config) -> SampleSettings | None:
   return settings
 
 
-def _check_topology_flag(name: str | None) -> bool:
-  """--topology is checked while flags are parsed: one line, no traceback."""
-  if name is not None:
-    try:
-      parse_topology(name)
-    except ValueError as e:
-      raise flags.ValidationError(str(e)) from e
-  return True
-
-
 def define_flags():
   """Defines the command-line flags; only when run as a program, so that
   tests can import several entry points into one process."""
   global _CONFIG, _TOPOLOGY, _NUM_SLICES, _SEQ_LEN, _VOCAB, _PUZZLES, _MODE
+  global _FORECAST, _FORECAST_JSON, _SEARCH, _SEARCH_TOP, _SEARCH_LIMIT
+  global _EFFICIENCY, _CALIBRATE, _BATCH_SCALING, _COLLECTIVES, _DCN_OVERLAP
   global _SAMPLE_BATCH, _PROMPT_LEN, _MAX_NEW, _STEPS, _ALG, _TEMPERATURE
   global _TOP_P, _CACHE, _BLOCK_LENGTH, _THRESHOLD
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                             lock_config=True)
   _TOPOLOGY = flags.DEFINE_string("topology", None, "e.g. v4-8, v4-64, v5p-128.")
-  flags.register_validator("topology", _check_topology_flag)
-  _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices (multi-slice).")
+  _NUM_SLICES = flags.DEFINE_string(
+      "num_slices", "1", "Slices (multi-slice): one count, or a list such as "
+      "1,2,4,8 (one compile each; config.mesh.dcn_data follows each count).")
+  _FORECAST = flags.DEFINE_bool(
+      "forecast", False, "Forecast each slice count: step time, tokens/s, "
+      "TFLOP/s per chip, MFU, scaling, ICI/DCN bytes and the bound.")
+  _FORECAST_JSON = flags.DEFINE_string("forecast_json", None, "With "
+                                       "--forecast: write the rows here.")
+  _SEARCH = flags.DEFINE_bool(
+      "search", False, "With --forecast: rank the mesh layouts (data x fsdp "
+      "x model over ICI, data or fsdp over DCN) of one slice count.")
+  _SEARCH_TOP = flags.DEFINE_integer("search_top", 5, "--search: layouts "
+                                     "printed.")
+  _SEARCH_LIMIT = flags.DEFINE_integer(
+      "search_limit", 0, "--search: compile at most this many layouts, "
+      "pure data/fsdp ones first (0: all).")
+  _EFFICIENCY = flags.DEFINE_float(
+      "efficiency", None, "--forecast: fraction of peak the dense compute "
+      "reaches (default: fitted on MaxText 22B, 1x v4-128).")
+  _CALIBRATE = flags.DEFINE_float(
+      "calibrate_mfu", None, "--forecast: a measured MFU of the first row "
+      "(fraction); the dense-compute efficiency is fitted to it.")
+  _BATCH_SCALING = flags.DEFINE_enum(
+      "batch_scaling", "weak", ["weak", "strong"], "--forecast: weak keeps "
+      "the per-chip batch of the first row as slices grow (MaxText's runs); "
+      "strong keeps the config's global batch.")
+  _DCN_OVERLAP = flags.DEFINE_enum(
+      "dcn_overlap", "none", ["none", "schedule"], "--forecast: "
+      "cross-slice collectives block the chip (none: what MaxText's "
+      "published v4 multi-slice runs show), or overlap what the program "
+      "schedules beside them (schedule).")
+  _COLLECTIVES = flags.DEFINE_bool(
+      "collectives", False, "--forecast: print each row's collectives "
+      "(kind, ICI/DCN, torus axes, bytes per chip).")
   _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Override the dataset's "
                                   "sequence length (e.g. 900 for ARC/Maze).")
   _VOCAB = flags.DEFINE_integer("vocab_size", None, "Override the vocabulary.")

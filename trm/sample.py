@@ -12,6 +12,7 @@ program with a KV cache (`trm.families.gpt.model.generate`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -116,6 +117,9 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
     raise app.UsageError("Pass --workdir (a trm.main run) or --checkpoint.")
   config = run_config(workdir)
   cfg = gpt.GPTConfig.from_config(config.model)
+  if cfg.attention != "dot" and ctx.mesh.devices.flat[0].platform != "tpu":
+    # The TPU kernel and the dot path compute the same attention.
+    cfg = dataclasses.replace(cfg, attention="dot")
   abstract, shardings = shardings_for(cfg)
   fields, step = ckpt_lib.restore_fields(
       os.path.join(workdir, "checkpoints"),

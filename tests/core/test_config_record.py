@@ -6,7 +6,9 @@ import os
 import sys
 
 import pytest
+import repo
 
+from trm.core import config_lib
 from trm.core import config_record
 from trm.core import train
 from trm import families
@@ -97,3 +99,83 @@ def test_a_shorter_run_is_a_change():
   assert config_record.changes({"total_steps": 10}, {"total_steps": 5})
   assert not config_record._harmless("total_steps", 10, 5)  # pylint: disable=protected-access
   assert config_record._harmless("total_steps", 10, 20)  # pylint: disable=protected-access
+
+
+def _gpt_config(scan_layers: bool):
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "gpt.py"), "shakespeare_char_cpu")
+  with config.unlocked():  # whether or not the config file sets it
+    config.model.scan_layers = scan_layers
+  return config
+
+
+def _record_without_scan_layers(config, workdir):
+  """config.json as a GPT run wrote it before model.scan_layers (and
+  model.residual_dtype and loss_chunk_size) existed."""
+  record = json.loads(config.to_json_best_effort())
+  del record["model"]["scan_layers"]
+  del record["model"]["residual_dtype"]
+  del record["loss_chunk_size"]
+  (workdir / config_record.RECORD).write_text(json.dumps(record))
+
+
+def test_a_field_added_later_at_its_implicit_value_is_no_change():
+  assert config_record.IMPLICIT == {"model.scan_layers": False,
+                                    "model.residual_dtype": "float32",
+                                    "loss_chunk_size": 0}
+  old = {"model": {"name": "gpt"}}
+  assert config_record.changes(old, {"model": {"name": "gpt",
+                                               "scan_layers": False}}) == {}
+  assert config_record.changes(
+      old, {"model": {"name": "gpt", "scan_layers": True}}) == {
+          "model.scan_layers": [None, True]}
+  # Recorded explicitly, the value is compared as any other.
+  assert config_record.changes(
+      {"model": {"scan_layers": True}}, {"model": {"scan_layers": False}}) == {
+          "model.scan_layers": [True, False]}
+  # A residual stream or loss chunking other than nanoGPT's is a change.
+  assert config_record.changes(old, {"model": {
+      "name": "gpt", "residual_dtype": "bfloat16"}}) == {
+          "model.residual_dtype": [None, "bfloat16"]}
+
+
+def test_a_run_recorded_before_tpu_compiler_options_resumes(tmp_path):
+  """The TPU flags change how XLA schedules the step, not what it
+  computes: a resume accepts and logs them."""
+  config = _gpt_config(False)
+  record = json.loads(config.to_json_best_effort())
+  del record["tpu_compiler_options"]
+  (tmp_path / config_record.RECORD).write_text(json.dumps(record))
+  assert config_record.check(config, tmp_path, step=10) == {
+      "tpu_compiler_options": [None, config.tpu_compiler_options]}
+
+
+def test_a_gpt_run_recorded_before_scan_layers_resumes_unscanned(tmp_path):
+  _record_without_scan_layers(_gpt_config(False), tmp_path)
+  assert config_record.check(_gpt_config(False), tmp_path, step=10) == {}
+  # Nothing to log either.
+  config_record.record(_gpt_config(False), tmp_path, {}, step=10)
+  assert not (tmp_path / config_record.HISTORY).exists()
+
+
+@pytest.mark.parametrize("recorded", [None, False, True])
+@pytest.mark.parametrize("allow", [False, True])
+def test_switching_scan_layers_is_refused_even_when_allowed(tmp_path,
+                                                            recorded, allow):
+  """The checkpoints' layout (h_0 .. or one stacked h) changes: no
+  allow_config_change can restore them, so the change is always refused,
+  in one line naming the field."""
+  if recorded is None:
+    _record_without_scan_layers(_gpt_config(False), tmp_path)
+  else:
+    (tmp_path / config_record.RECORD).write_text(
+        _gpt_config(recorded).to_json_best_effort())
+  config = _gpt_config(not recorded)
+  config.allow_config_change = allow
+  with pytest.raises(config_record.ConfigChangedError) as error:
+    config_record.check(config, tmp_path, step=10)
+  message = str(error.value)
+  assert "\n" not in message
+  assert (f"config.model.scan_layers: {recorded!r} -> {not recorded!r}"
+          in message), message
+  assert "layout" in message and "from step 10" in message

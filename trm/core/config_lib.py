@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import ml_collections
+from trm.core import tpu_flags
+
+# XLA:TPU options of the train step (TPU meshes only; trm.core.tpu_flags).
+TPU_COMPILER_OPTIONS = tpu_flags.DEFAULT
 
 
 def parse_variants(arg: str | None, allowed: set[str]) -> set[str]:

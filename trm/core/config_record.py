@@ -5,7 +5,8 @@ The first run writes `config.json`; it is never overwritten while the run
 has checkpoints. A resume compares its config with it: a change of a field
 that alters the trajectory (model, optimizer, schedule, data, seed, batch;
 everything not in `HARMLESS`) is refused before anything is restored,
-listing the changed fields, unless `--config.allow_config_change=True`.
+listing the changed fields, unless `--config.allow_config_change=True`; a
+change of the checkpoints' layout (`LAYOUT`) is refused even then.
 Every change, harmless or accepted, is appended to `config_history.jsonl`
 beside it (time, step, {field: [recorded, new]}).
 """
@@ -30,7 +31,8 @@ HARMLESS = (
     "eval_interval", "log_interval", "eval_iters", "eval_only",
     "always_save_checkpoint", "init_from", "init_checkpoint",
     "logical_axis_rules", "model.remat", "model.attention",
-    "model.mlp_kernel", "wandb_log", "wandb_project", "wandb_run_name")
+    "model.mlp_kernel", "wandb_log", "wandb_project", "wandb_run_name",
+    "tpu_compiler_options")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.
@@ -42,6 +44,18 @@ LONGER = ("total_steps", "max_iters")
 # files; the data.tfds keys are unused unless data.source is 'tfds').
 _ADDED_DATA_SOURCE = ("data.source", ("bin", "files"))
 _ADDED_TFDS_PREFIX = "data.tfds."
+# Fields added after runs were recorded, with the value every older run
+# implicitly had: an older record lacks the key, and a config that sets it
+# to that value is no change (not even a logged one). Another value is a
+# change like any other.
+IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
+            "model.residual_dtype": "float32",  # GPT's residual stream
+            "loss_chunk_size": 0}  # GPT's logits, all positions at once
+# Fields that decide how the checkpointed tensors are laid out (scanned
+# layers are one stacked `h`, unscanned ones h_0 ..): the checkpoints cannot
+# be restored in the other layout, so not even allow_config_change accepts
+# a change.
+LAYOUT = ("model.scan_layers",)
 
 
 class ConfigChangedError(ValueError):
@@ -75,12 +89,25 @@ def _added_and_unused(key: str, old, new, config) -> bool:
       config.data.get("source") != "tfds")
 
 
+def _implicit(key: str, old_record: dict, new) -> bool:
+  """A field absent from the record, set to the value it implicitly had."""
+  return (key in IMPLICIT and key not in old_record
+          and new == IMPLICIT[key])
+
+
 def changes(recorded: dict, config: dict) -> dict:
-  """{field: [recorded, new]} for every field that differs."""
+  """{field: [recorded, new]} for every field that differs (a field in
+  `IMPLICIT` that the record lacks differs only from another value)."""
   old, new = _flat(recorded), _flat(config)
   return {key: [old.get(key), new.get(key)]
           for key in sorted(set(old) | set(new))
-          if old.get(key) != new.get(key)}
+          if old.get(key) != new.get(key)
+          and not _implicit(key, old, new.get(key))}
+
+
+def _listed(diff: dict) -> str:
+  return "; ".join(f"config.{k}: {old!r} -> {new!r}"
+                   for k, (old, new) in diff.items())
 
 
 def check(config, workpath: epath.Path, step: int | None) -> dict:
@@ -97,15 +124,22 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
                  json.loads(config.to_json_best_effort()))
   refused = {k: v for k, v in diff.items()
              if not _harmless(k, *v) and not _added_and_unused(k, *v, config)}
+  layout = {k: v for k, v in refused.items() if k in LAYOUT}
+  if layout:
+    raise ConfigChangedError(
+        f"Resuming {workpath} from step {step} with a config that changes the"
+        f" layout of its checkpoints: {_listed(layout)}. {record_path} "
+        "records the config its steps were trained with, and its checkpoints"
+        " cannot be restored in another layout (not even with "
+        "--config.allow_config_change=True). Rerun with the recorded values "
+        "or use another --workdir.")
   if refused and not config.allow_config_change:
-    listed = "; ".join(f"config.{k}: {old!r} -> {new!r}"
-                       for k, (old, new) in refused.items())
     raise ConfigChangedError(
         f"Resuming {workpath} from step {step} with a config that changes how"
-        f" it trains: {listed}. {record_path} records the config its steps "
-        "were trained with. Rerun with the recorded values, use another "
-        "--workdir, or pass --config.allow_config_change=True to accept the "
-        f"change (it is then recorded in {workpath / HISTORY}).")
+        f" it trains: {_listed(refused)}. {record_path} records the config "
+        "its steps were trained with. Rerun with the recorded values, use "
+        "another --workdir, or pass --config.allow_config_change=True to "
+        f"accept the change (it is then recorded in {workpath / HISTORY}).")
   return diff
 
 

@@ -9,6 +9,7 @@ import ml_collections
 from etils import epath
 
 from trm.core import loss_scale
+from trm.core import tpu_flags
 from trm.core import wandb_writer
 
 
@@ -36,6 +37,7 @@ def check_config(config) -> None:
       raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
   wandb_writer.check_config(config)
   loss_scale.check_config(config)
+  tpu_flags.parse(config.get("tpu_compiler_options", ""))
 
 
 def _rate_fields(node, prefix=""):

@@ -114,10 +114,12 @@ def init_state(init_fn, ctx, shardings):
                    out_shardings=shardings)()
 
 
-def compile_step(step_fn, abstract_state, state_shardings, abstract_batch):
+def compile_step(step_fn, abstract_state, state_shardings, abstract_batch,
+                 compiler_options=None):
   """`step_fn(state, batch) -> (state, metrics)` jitted with the state's
   shardings in and out and the state donated, compiled ahead of time for an
-  abstract batch whose leaves carry their shardings.
+  abstract batch whose leaves carry their shardings. `compiler_options`:
+  XLA options for this backend (`trm.core.tpu_flags`).
 
   Call inside the `mesh.ShardingContext` (`with ctx:`).
   """
@@ -125,4 +127,5 @@ def compile_step(step_fn, abstract_state, state_shardings, abstract_batch):
   return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, None),
                  donate_argnums=0).lower(abstract_state,
-                                         abstract_batch).compile()
+                                         abstract_batch).compile(
+                                             compiler_options or None)

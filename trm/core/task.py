@@ -47,15 +47,18 @@ def abstract_batch(spec: dict[str, BatchField], global_batch_size: int,
 
 
 def compile_train_step(program: "Program", ctx, global_batch_size: int,
-                       abstract_state, state_shardings):
+                       abstract_state, state_shardings,
+                       compiler_options=None):
   """The program's train step, jitted with the state's shardings in and out
-  and the state donated, compiled ahead of time for one global batch."""
+  and the state donated, compiled ahead of time for one global batch
+  (with `compiler_options`: `trm.core.tpu_flags.for_mesh`)."""
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   shardings = batch_shardings(program.batch_spec, ctx)
   with ctx:
     return state_lib.compile_step(
         program.train_step, abstract_state, state_shardings,
-        abstract_batch(program.batch_spec, global_batch_size, shardings))
+        abstract_batch(program.batch_spec, global_batch_size, shardings),
+        compiler_options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +75,8 @@ class Program:
   # () -> the same Program with loops unrolled, for XLA's cost analysis,
   # which counts a loop body once (TRM's recursion); None = no loops.
   cost_twin: Optional[Callable[[], "Program"]] = None
+  # Tokens in one example, for tokens/s (language models); None: examples.
+  tokens_per_example: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)

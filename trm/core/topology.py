@@ -1,11 +1,16 @@
-"""TPU slices as compile targets: chips, their HBM and peak, and rooflines.
+"""TPU slices as compile targets: chips, their HBM, peak and networks.
 
-`parse_topology('v4-64')` names a slice; `topology_devices` gets libtpu's
-compile-only devices for it (no TPU needed), which `trm.aot` compiles for.
+`parse_topology('v4-64')` names a slice (every size Cloud TPU sells, and
+any `gen:AxBxC` shape); `topology_devices` gets libtpu's compile-only
+devices for it (no TPU needed), which `trm.aot` compiles for. The chip
+constants below are the forecast's time model; BUILD_NOTES ("Multi-pod
+forecast") gives the public source of each.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import re
 
 
@@ -14,23 +19,47 @@ class Chip:
   usable_hbm_gib: float   # what XLA:TPU reports as available (libtpu 0.0.42.1)
   peak_bf16_tflops: float  # published peak per chip
   chip_config: str
-  chips_per_host: tuple[int, int, int]
+  chips_per_host: tuple[int, int, int]  # libtpu's host bounds
   hbm_gbps: float         # published HBM bandwidth per chip, GB/s
+  ici_link_gbps: float    # one ICI link, one direction, GB/s
+  torus_dims: int         # 3: 3-D torus (6 ports), 2: 2-D torus (4 ports)
+  dcn_gbits_per_host: float  # data-center network, per host, Gb/s
+  host_chips: int         # chips sharing one host's network
+  wrap_rule: str          # 'cube': an axis wraps when it is a multiple of 4
+                          # in a slice of whole 4x4x4 cubes; 'full16': only
+                          # an axis of 16 (a full v5e/v6e pod side)
+
+  @property
+  def dcn_gbits_per_chip(self) -> float:
+    """One chip's share of its host's network: what it moves a
+    cross-slice collective's bytes at."""
+    return self.dcn_gbits_per_host / self.host_chips
 
 
 CHIPS = {
-    "v4": Chip(30.75, 275.0, "megacore", (2, 2, 1), 1200.0),
-    "v5p": Chip(95.74, 459.0, "megacore", (2, 2, 1), 2765.0),
-    "v5e": Chip(15.75, 197.0, "default", (2, 2, 1), 819.0),
-    "v6e": Chip(31.25, 918.0, "default", (2, 2, 1), 1640.0),
+    # v4's DCN: PaLM's cross-pod burst, 81 Tbps over 1536 hosts.
+    "v4": Chip(30.75, 275.0, "megacore", (2, 2, 1), 1200.0, 45.0, 3,
+               81e3 / 1536, 4, "cube"),
+    "v5p": Chip(95.74, 459.0, "megacore", (2, 2, 1), 2765.0, 90.0, 3,
+                4 * 50.0, 4, "cube"),
+    "v5e": Chip(15.75, 197.0, "default", (2, 2, 1), 819.0, 45.0, 2,
+                2 * 100.0, 8, "full16"),
+    "v6e": Chip(31.25, 918.0, "default", (2, 2, 1), 1640.0, 90.0, 2,
+                4 * 200.0, 8, "full16"),
 }
+ICI_HOP_SECONDS = 1e-6   # per ICI hop (How to Scale Your Model, ch. 2)
 
-# Physical shape per chip count (v4 and v5p name cores: v4-N has N/2 chips).
+# Named shapes per chip count (v4 and v5p name TensorCores: v4-N has N/2
+# chips). Slices of whole 4x4x4 cubes not listed take the most cubic
+# AxBxC of multiples of 4 (v4-384 is 4x4x12).
 _SHAPES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4",
               128: "4x4x8", 256: "4x8x8", 512: "8x8x8", 768: "8x8x12",
-              1024: "8x8x16", 2048: "8x16x16"}
+              1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16",
+              6144: "16x16x24"}
 _SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8",
               128: "8x16", 256: "16x16"}
+# Largest slice of one ICI domain, in chips.
+_MAX_CHIPS = {"v4": 4096, "v5p": 6144, "v5e": 256, "v6e": 256}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,25 +73,84 @@ class Topology:
   def chip(self) -> Chip:
     return CHIPS[self.generation]
 
+  @property
+  def dims(self) -> tuple[int, ...]:
+    return tuple(int(d) for d in self.shape.split("x"))
+
+  @property
+  def wraps(self) -> tuple[bool, ...]:
+    """Whether each axis closes into a ring (wraparound links)."""
+    if self.chip.wrap_rule == "cube":
+      whole_cubes = all(d % 4 == 0 for d in self.dims)
+      return tuple(whole_cubes and d % 4 == 0 for d in self.dims)
+    return tuple(d == 16 for d in self.dims)
+
+
+def _cube_shape(chips: int) -> str | None:
+  """Most cubic AxBxC (A <= B <= C, multiples of 4) with `chips` chips."""
+  if chips % 64:
+    return None
+  best = None
+  for a, b in itertools.product(range(4, 68, 4), repeat=2):
+    if a > b or chips % (a * b) or (chips // (a * b)) % 4:
+      continue
+    c = chips // (a * b)
+    if c < b:
+      continue
+    if best is None or c / a < best[2] / best[0]:
+      best = (a, b, c)
+  return "x".join(map(str, best)) if best else None
+
+
+def _sizes_message(generation: str) -> str:
+  if generation in ("v4", "v5p"):
+    named = ", ".join(f"{generation}-{c * 2}" for c in sorted(_SHAPES_3D)
+                      if c <= _MAX_CHIPS[generation])
+    return (f"{named}, or any whole number of 4x4x4 cubes (e.g. "
+            f"{generation}-384 = 4x4x12), or {generation}:AxBxC")
+  return ", ".join(f"{generation}-{c}" for c in sorted(_SHAPES_2D))
+
 
 def parse_topology(name: str) -> Topology:
-  """'v4-64' -> 32 v4 chips in a 2x4x4 torus; v5litepod-N is v5e-N."""
+  """'v4-64' -> 32 v4 chips in a 2x4x4 torus; 'v4:4x4x12' names a shape;
+  v5litepod-N is v5e-N. Raises ValueError naming --topology."""
+  name = str(name).strip()
+  explicit = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e):(\d+(?:x\d+){1,2})",
+                          name)
   match = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)", name)
-  if not match:
-    raise ValueError(f"--topology={name!r}: use v4-N, v5p-N (N = TensorCores,"
-                     " 2 per chip), v5e-N or v6e-N (N = chips), e.g. v4-64.")
-  generation, count = match.group(1), int(match.group(2))
+  if not (explicit or match):
+    raise ValueError(
+        f"--topology={name!r}: use v4-N or v5p-N (N = TensorCores, 2 per "
+        "chip), v5e-N or v6e-N (N = chips), or a shape such as v4:4x4x12; "
+        "e.g. --topology=v4-128.")
+  generation = (explicit or match).group(1)
   generation = "v5e" if generation == "v5litepod" else generation
-  if generation in ("v4", "v5p"):
-    chips, shapes = count // 2, _SHAPES_3D
+  three_d = generation in ("v4", "v5p")
+  if explicit:
+    shape = explicit.group(2)
+    dims = [int(d) for d in shape.split("x")]
+    chips = math.prod(dims)
+    if (len(dims) != (3 if three_d else 2) or min(dims) < 1
+        or chips > _MAX_CHIPS[generation]
+        or (three_d and chips > 64 and any(d % 4 for d in dims))
+        or (three_d and chips <= 64 and shape not in _SHAPES_3D.values())
+        or (not three_d and shape not in _SHAPES_2D.values())):
+      raise ValueError(f"--topology={name!r} is not a {generation} slice "
+                       f"shape; sizes: {_sizes_message(generation)}.")
+    return Topology(name, generation, shape, chips)
+  count = int(match.group(2))
+  if three_d:
+    chips = count // 2
+    shape = _SHAPES_3D.get(chips) or _cube_shape(chips)
+    if count % 2 or shape is None or chips > _MAX_CHIPS[generation]:
+      raise ValueError(f"--topology={name!r} is not a {generation} slice "
+                       f"size; sizes: {_sizes_message(generation)}.")
   else:
-    chips, shapes = count, _SHAPES_2D
-  if chips not in shapes or (generation in ("v4", "v5p") and count % 2):
-    raise ValueError(f"--topology={name!r} is not a known slice size; known "
-                     f"{generation} sizes: " + ", ".join(
-                         f"{generation}-{c * 2 if generation in ('v4', 'v5p') else c}"
-                         for c in sorted(shapes)))
-  return Topology(name, generation, shapes[chips], chips)
+    chips, shape = count, _SHAPES_2D.get(count)
+    if shape is None:
+      raise ValueError(f"--topology={name!r} is not a {generation} slice "
+                       f"size; sizes: {_sizes_message(generation)}.")
+  return Topology(name, generation, shape, chips)
 
 
 def topology_devices(topology: Topology, num_slices: int):

@@ -26,6 +26,7 @@ from clu import metric_writers, parameter_overview
 from trm.core import checkpoint as ckpt_lib
 from trm.core import preemption as preemption_lib
 from trm.core import step_timer
+from trm.core import tpu_flags
 from trm.core.preemption import Preempted
 from trm.core.run_checks import check_config, check_workdir
 from trm.core import cli
@@ -180,7 +181,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
 
   compile_start = time.time()
   train_step = task_lib.compile_train_step(
-      program, ctx, config.global_batch_size, abstract, state_shardings)
+      program, ctx, config.global_batch_size, abstract, state_shardings,
+      tpu_flags.for_mesh(config, ctx.mesh))
   compile_seconds = time.time() - compile_start
   memory = train_step.memory_analysis()
   logging.info(

@@ -45,7 +45,7 @@ def check_length(length: int) -> int:
       "+ max_new_tokens when sampling) or use attention='dot'.")
 
 
-def _kernel(heads: int, length: int, interpret: bool):
+def _kernel(heads: int, length: int, interpret: bool, causal: bool = False):
   # Built per trace, not cached: the kernel holds its mask tables as arrays,
   # which would leak from one trace into the next.
   block = check_length(length)
@@ -53,15 +53,16 @@ def _kernel(heads: int, length: int, interpret: bool):
       block_q=block, block_kv=block, block_kv_compute=block,
       block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
       block_q_dq=block, block_kv_dq=block)
-  mask = splash_mask.MultiHeadMask(
-      [splash_mask.FullMask((length, length))] * heads)
+  one = (splash_mask.CausalMask((length, length)) if causal
+         else splash_mask.FullMask((length, length)))
+  mask = splash_mask.MultiHeadMask([one] * heads)
   return splash.make_splash_mha(mask, head_shards=1, q_seq_shards=1,
                                 block_sizes=sizes, interpret=interpret)
 
 
-def _per_shard(q, k, v, segments, *, interpret: bool):
+def _per_shard(q, k, v, segments, *, interpret: bool, causal: bool = False):
   """q [B,L,H,K] (already scaled), k/v [B,L,KV,K], segments [B,L] int32."""
-  kernel = _kernel(q.shape[2], q.shape[1], interpret)
+  kernel = _kernel(q.shape[2], q.shape[1], interpret, causal)
   to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
 
   def one(q, k, v, seg):
@@ -72,8 +73,10 @@ def _per_shard(q, k, v, segments, *, interpret: bool):
   return to_heads_first(out)
 
 
-def splash_attention(q, k, v, key_mask, *, interpret: bool = False):
-  """Bidirectional GQA attention -> [B, L, H, K] in q's dtype.
+def splash_attention(q, k, v, key_mask, *, interpret: bool = False,
+                     causal: bool = False):
+  """Bidirectional (or with `causal`, causal) GQA attention -> [B, L, H, K]
+  in q's dtype.
 
   q [B, L, H, K] must already carry the 1/sqrt(K) scale; k, v [B, L, KV, K];
   key_mask [B, L] bool (True: real token) or None.
@@ -82,7 +85,7 @@ def splash_attention(q, k, v, key_mask, *, interpret: bool = False):
   check_length(length)
   segments = (jnp.ones((batch, length), jnp.int32) if key_mask is None
               else key_mask.astype(jnp.int32))
-  run = functools.partial(_per_shard, interpret=interpret)
+  run = functools.partial(_per_shard, interpret=interpret, causal=causal)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return run(q, k, v, segments)

@@ -117,6 +117,38 @@ def test_gradient_accumulation_equals_one_big_batch():
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [3, 4, 8])
+def test_chunked_loss_equals_the_whole_logits_loss(chunk):
+  """config.loss_chunk_size: the same loss and update, the [B, T, V]
+  logits made a chunk at a time (3 pads the 8 positions with ignored
+  targets)."""
+  rng = np.random.default_rng(1)
+  x = rng.integers(0, 11, size=(8, 8)).astype(np.int32)
+  y = (x + 1) % 11
+  y[0, :3] = -1   # ignored targets stay ignored
+  batch = {"x": jnp.asarray(x), "y": jnp.asarray(y)}
+  state, model, tx = _tiny(1, 8)
+  results = []
+  for size in (0, chunk):
+    new_state, metrics = jax.jit(
+        lambda s, b, size=size: gpt_steps.train_step(
+            s, b, model=model, tx=tx, accum_steps=1,
+            loss_chunk_size=size))(state, batch)
+    results.append((new_state.params, float(metrics["loss"].compute()),
+                    float(metrics["grad_norm"].compute())))
+  (p0, l0, g0), (p1, l1, g1) = results
+  assert l1 == pytest.approx(l0, rel=1e-5)
+  assert g1 == pytest.approx(g0, rel=1e-4)
+  for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_bad_loss_chunk_size_names_the_field():
+  c = _config(loss_chunk_size=-1)
+  with pytest.raises(ValueError, match="config.loss_chunk_size"):
+    gpt_program.build(c, None, {"vocab_size": 11})
+
+
 def _tiny_training(accum, micro, seed, shift):
   """A tiny model's state, a jitted train step and a batch whose targets are
   the inputs shifted by `shift` (mod 11)."""

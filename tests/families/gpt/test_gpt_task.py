@@ -161,8 +161,8 @@ def test_checkpoint_only_on_improvement(data_root, tmp_path):
   assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["10"]
 
 
-def test_sample_prints_text_from_the_workdir(trained):
-  workdir, _ = trained
+def sample_two(workdir):
+  """`trm.sample` from a workdir: two samples that continue 'ROMEO:'."""
   result = subprocess.run(
       [sys.executable, "-m", "trm.sample", f"--workdir={workdir}",
        "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=40",
@@ -175,7 +175,12 @@ def test_sample_prints_text_from_the_workdir(trained):
   for sample in samples[:2]:
     assert sample.strip().startswith("ROMEO:")
     assert len(sample.strip()) >= len("ROMEO:") + 30
-  assert "tokens/s" in result.stderr
+  return result
+
+
+def test_sample_prints_text_from_the_workdir(trained):
+  workdir, _ = trained
+  assert "tokens/s" in sample_two(workdir).stderr
 
 
 def test_sample_rejects_a_missing_workdir(tmp_path):

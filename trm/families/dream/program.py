@@ -46,7 +46,8 @@ def build(config, ctx, shapes=None) -> Program:
       batch_spec=lm_steps.batch_spec(config.seq_len),
       flops_per_step=lm_steps.train_flops_per_example(
           model.cfg, config.seq_len) * config.global_batch_size,
-      compute_dtype=config.model.dtype)
+      compute_dtype=config.model.dtype,
+      tokens_per_example=config.seq_len)
 
 
 def check_sample_settings(settings) -> None:

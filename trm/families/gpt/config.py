@@ -25,6 +25,15 @@ class GPTConfig(dtypes.ConfigDtypes):
   dtype: str = "float32"        # compute dtype: float32 | bfloat16 | float16
   param_dtype: str = "float32"  # stored parameters
   remat: bool = False           # jax.checkpoint each block (memory for compute)
+  scan_layers: bool = False     # nn.scan one block (params h: [n_layer, ...])
+  # The residual stream between blocks: float32 as torch.autocast keeps
+  # nanoGPT's, or the compute dtype as MaxText keeps it (half the memory of
+  # the activations a remat'd layer saves).
+  residual_dtype: str = "float32"
+  # dot: XLA attention with [B, H, T, T] float32 scores; splash: the Pallas
+  # TPU kernel (no scores in HBM; block_size a multiple of 128, no attention
+  # dropout); splash_interpret: the same kernel interpreted, for CPU tests.
+  attention: str = "dot"
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -40,11 +49,22 @@ class GPTConfig(dtypes.ConfigDtypes):
     if not 0.0 <= float(self.dropout) < 1.0:
       raise ValueError(f"config.model.dropout={self.dropout!r} must be in "
                        "[0, 1).")
-    for name in ("bias", "remat"):
+    for name in ("bias", "remat", "scan_layers"):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
         raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
                          "be a bool.")
-    for name in ("dtype", "param_dtype"):
+    if self.attention not in ("dot", "splash", "splash_interpret"):
+      raise ValueError(f"config.model.attention={self.attention!r} must be "
+                       "'dot', 'splash' or 'splash_interpret'.")
+    if self.attention != "dot" and self.block_size % 128:
+      raise ValueError(f"config.model.attention={self.attention!r} needs "
+                       "config.model.block_size to be a multiple of 128, "
+                       f"not {self.block_size}; or use attention='dot'.")
+    if self.attention != "dot" and float(self.dropout) > 0:
+      raise ValueError(f"config.model.attention={self.attention!r} has no "
+                       "attention dropout: set config.model.dropout=0.0 or "
+                       "attention='dot'.")
+    for name in ("dtype", "param_dtype", "residual_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
                          f"be one of {_DTYPES}.")

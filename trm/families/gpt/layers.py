@@ -16,6 +16,7 @@ from trm.families.gpt.kernels import layer_norm
 from trm.nn import attention
 from trm.nn import linear
 from trm.nn import masks
+from trm.nn import tpu_attention
 from trm.nn.linear import matmul
 
 _INIT_STD = 0.02
@@ -144,8 +145,17 @@ class CausalSelfAttention(nn.Module):
   def __call__(self, x, deterministic: bool = True):
     q, k, v = self._qkv(x)
     t = x.shape[1]
-    y = _attend(q, k, v, masks.causal(t, t), self.attn_dropout,
-                deterministic)
+    if self.cfg.attention != "dot" and t % 128 == 0:
+      # The Pallas kernel keeps the [T, T] scores in VMEM (no dropout on
+      # them, which the config refuses); its softmax runs in float32. Its
+      # tiles need T % 128 == 0: training windows are block_size (checked
+      # by the config); shorter calls (init's one token) take the dot path.
+      y = tpu_attention.splash_attention(
+          q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype), k, v, None,
+          interpret=self.cfg.attention == "splash_interpret", causal=True)
+    else:
+      y = _attend(q, k, v, masks.causal(t, t), self.attn_dropout,
+                  deterministic)
     return self._out(y, deterministic)
 
   def decode(self, x, k_cache, v_cache, index):

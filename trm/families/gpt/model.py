@@ -15,16 +15,28 @@ float32, which is what torch.autocast does to nanoGPT (its Linear outputs
 are low precision, but adding them to the float32 residual promotes back).
 Logits are float32.
 
-The layers are not scanned: every 2-D parameter is a weight matrix, so the
-optimizer's `ndim >= 2` weight-decay mask gives nanoGPT's decay groups.
+By default the blocks are a Python list, parameters `h_0` .. `h_{L-1}`
+(nanoGPT's layout, which checkpoints and importers use). With
+`cfg.scan_layers` one block is scanned over the layers with `nn.scan`
+(MaxText's `scan_layers`): compile time stays flat in depth, and with
+`remat` XLA holds one layer's gathered weights at a time rather than every
+layer's from forward to backward. The parameters are then one tree `h`
+whose leaves carry a leading [n_layer] axis named 'layers' (replicated by
+the logical rules), the same numbers as `stack_layers` of the unscanned
+tree; `unstack_layers` is the inverse. The weight-decay mask
+(steps.decay_mask) does not count that axis, so both layouts decay nanoGPT's
+groups; KV-cache decoding runs the unscanned model on unstacked weights
+(see `generate`).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from trm.core import mesh as mesh_lib
 from trm.families.gpt.config import GPTConfig
@@ -42,6 +54,40 @@ from trm.families.gpt.layers import MLP  # noqa: F401
 from trm.nn.linear import matmul  # noqa: F401
 
 
+SCANNED = "h"  # the stacked blocks' name with cfg.scan_layers
+LAYERS_AXIS = "layers"  # logical name of their leading axis
+
+
+class _ScanBlock(Block):
+  """Block as the body of `nn.scan`: (x, deterministic) -> (x, None). A
+  subclass rather than a wrapper, so the parameters stay h/ln_1, h/attn, ..."""
+
+  def __call__(self, x, deterministic: bool = True):
+    return super().__call__(x, deterministic), None
+
+
+def _scanned_blocks(cfg: GPTConfig):
+  """One block scanned over cfg.n_layer layers (unbound; named by setup)."""
+  block = _ScanBlock
+  if cfg.remat:
+    # deterministic (argument 2, counting self) is a Python bool. Inside a
+    # scan the loop body is not merged with its recomputation, so
+    # prevent_cse's optimisation barrier only costs (as Dream does).
+    block = nn.remat(block, prevent_cse=False, static_argnums=(2,))
+  return nn.scan(
+      # Intermediates (sow, capture_intermediates) stack per layer too.
+      block, variable_axes={"params": 0, "intermediates": 0},
+      # Each layer draws its own init and its own dropout masks.
+      split_rngs={"params": True, "dropout": True},
+      # deterministic is broadcast, not scanned: it stays a Python bool.
+      in_axes=(nn.broadcast,), length=cfg.n_layer,
+      metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})(cfg)
+
+
+def _unscanned(cfg: GPTConfig) -> GPTConfig:
+  return dataclasses.replace(cfg, scan_layers=False)
+
+
 class GPT(nn.Module):
   """nanoGPT's GPT: tokens [B, T] -> logits [B, T, vocab] (float32)."""
   cfg: GPTConfig
@@ -51,9 +97,12 @@ class GPT(nn.Module):
     self.wte = Embed(cfg.vocab_size, ("vocab", "embed"), cfg)
     self.wpe = Embed(cfg.block_size, (None, "embed"), cfg)
     self.drop = nn.Dropout(cfg.dropout)
-    # deterministic (argument 2, counting self) is a Python bool.
-    block = nn.remat(Block, static_argnums=(2,)) if cfg.remat else Block
-    self.h = [block(cfg) for _ in range(cfg.n_layer)]  # h_0 .. h_{L-1}
+    if cfg.scan_layers:
+      self.h = _scanned_blocks(cfg)  # h: [n_layer, ...] leaves
+    else:
+      # deterministic (argument 2, counting self) is a Python bool.
+      block = nn.remat(Block, static_argnums=(2,)) if cfg.remat else Block
+      self.h = [block(cfg) for _ in range(cfg.n_layer)]  # h_0 .. h_{L-1}
     self.ln_f = LayerNorm(cfg)
 
   def hidden(self, idx, *, deterministic: bool = True):
@@ -63,10 +112,14 @@ class GPT(nn.Module):
       raise ValueError(f"Cannot forward a sequence of length {t}: "
                        f"config.model.block_size is {self.cfg.block_size}.")
     x = self.wte(idx) + self.wpe.rows(0, t)[None]
-    x = self.drop(x, deterministic=deterministic)
+    x = self.drop(x, deterministic=deterministic).astype(
+        self.cfg.residual_dtype)
     x = mesh_lib.constrain(x, ACTIVATION)
-    for block in self.h:
-      x = block(x, deterministic)
+    if self.cfg.scan_layers:
+      x, _ = self.h(x, deterministic)
+    else:
+      for block in self.h:
+        x = block(x, deterministic)
     return self.ln_f(x)
 
   def logits_from_hidden(self, h):
@@ -79,9 +132,17 @@ class GPT(nn.Module):
 
   def decode_hidden(self, idx, cache, index):
     """`decode` without the LM head: (hidden [B, T, C], new cache)."""
+    if self.cfg.scan_layers:
+      # The unscanned model on the unstacked weights (see `generate`), as
+      # a separate top-level model (parent=None), not a submodule.
+      params = unstack_layers(nn.meta.unbox(self.variables["params"]),
+                              self.cfg.n_layer)
+      return GPT(_unscanned(self.cfg), parent=None).apply(
+          {"params": params}, idx, cache, index, method=GPT.decode_hidden)
     t = idx.shape[1]
     index = jnp.asarray(index, jnp.int32)
-    x = self.wte(idx) + self.wpe.rows(index, t)[None]
+    x = (self.wte(idx) + self.wpe.rows(index, t)[None]).astype(
+        self.cfg.residual_dtype)
     x = mesh_lib.constrain(x, ACTIVATION)
     k_all, v_all = cache["k"], cache["v"]
     for i, block in enumerate(self.h):
@@ -134,6 +195,91 @@ def num_params(params, non_embedding: bool = True) -> int:
   if non_embedding:
     total -= math.prod(params["wpe"]["embedding"].shape)
   return int(total)
+
+
+# ------------------------------------------------------------- layer layouts
+
+
+def _is_boxed(x) -> bool:
+  return isinstance(x, nn.LogicallyPartitioned)
+
+
+def _stack(leaves):
+  """One [n_layer, ...] leaf from the layers' leaves (all of one kind)."""
+  first = leaves[0]
+  if _is_boxed(first):  # as nn.scan's metadata_params name the new axis
+    return first.replace(value=_stack([x.value for x in leaves]),
+                         names=(LAYERS_AXIS,) + tuple(first.names))
+  if isinstance(first, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct((len(leaves),) + tuple(first.shape),
+                                first.dtype)
+  if isinstance(first, (np.ndarray, np.generic)):
+    return np.stack(leaves)  # host arrays stay on the host
+  return jnp.stack(leaves)
+
+
+def _layer(leaf, i: int):
+  """Layer i of a [n_layer, ...] leaf."""
+  if _is_boxed(leaf):
+    return leaf.replace(value=_layer(leaf.value, i),
+                        names=tuple(leaf.names)[1:])
+  if isinstance(leaf, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(tuple(leaf.shape[1:]), leaf.dtype)
+  return leaf[i]
+
+
+def _layer_names(params) -> list[str]:
+  return sorted((k for k in params if k.startswith("h_")
+                 and k[2:].isdigit()), key=lambda k: int(k[2:]))
+
+
+def stack_layers(params, n_layer: int):
+  """The unscanned params (h_0 .. h_{n_layer-1}) in the scanned layout
+  (cfg.scan_layers): one tree `h` whose leaves are the layers' leaves
+  stacked on a new leading axis. Other entries are kept as they are.
+
+  Takes a params tree or variables {"params": ...} of numpy or jax arrays,
+  ShapeDtypeStructs or boxed (LogicallyPartitioned) leaves, whose new axis
+  is named 'layers'; numpy stays numpy (e.g. imported weights on the host).
+  """
+  if set(params) == {"params"}:
+    return {"params": stack_layers(params["params"], n_layer)}
+  names = [f"h_{i}" for i in range(n_layer)]
+  if SCANNED in params or _layer_names(params) != names:
+    raise ValueError(
+        f"stack_layers takes the unscanned layout h_0 .. h_{n_layer - 1} "
+        f"(config.model.n_layer={n_layer}); the params have "
+        f"{_layer_names(params) + ([SCANNED] if SCANNED in params else [])}.")
+  out = {k: v for k, v in params.items() if k not in names}
+  out[SCANNED] = jax.tree.map(lambda *leaves: _stack(leaves),
+                              *(params[name] for name in names),
+                              is_leaf=_is_boxed)
+  return out
+
+
+def unstack_layers(params, n_layer: int):
+  """`stack_layers`'s inverse: the scanned params (`h`, leaves [n_layer,
+  ...]) as h_0 .. h_{n_layer-1}; the same kinds of trees and leaves."""
+  if set(params) == {"params"}:
+    return {"params": unstack_layers(params["params"], n_layer)}
+  if SCANNED not in params or _layer_names(params):
+    raise ValueError(
+        "unstack_layers takes the scanned layout (config.model.scan_layers="
+        f"True: one stacked {SCANNED!r}); the params have "
+        f"{sorted(params)}.")
+  stacked = params[SCANNED]
+  for path, leaf in jax.tree_util.tree_flatten_with_path(
+      nn.meta.unbox(stacked))[0]:
+    if tuple(leaf.shape[:1]) != (n_layer,):
+      raise ValueError(
+          f"params {SCANNED}{jax.tree_util.keystr(path)} has shape "
+          f"{tuple(leaf.shape)}; config.model.n_layer={n_layer} layers "
+          "stack on its first axis.")
+  out = {k: v for k, v in params.items() if k != SCANNED}
+  for i in range(n_layer):
+    out[f"h_{i}"] = jax.tree.map(lambda leaf, i=i: _layer(leaf, i), stacked,
+                                 is_leaf=_is_boxed)
+  return out
 
 
 # ------------------------------------------------------------------ sampling
@@ -237,7 +383,8 @@ def generate(model: GPT, params, prompt, max_new_tokens: int, rng,
   the last block_size tokens, which is what nanoGPT computes. Everything runs
   in compiled loops. max_new_tokens, top_k and the shapes are static; a
   Python-number temperature is static too, and a traced one is accepted
-  when called under an outer jit.
+  when called under an outer jit. A scanned model (cfg.scan_layers) samples
+  the same tokens as the unscanned one with the same weights.
   """
   prompt = jnp.asarray(prompt)
   if prompt.ndim != 2 or prompt.shape[1] < 1:
@@ -250,13 +397,23 @@ def generate(model: GPT, params, prompt, max_new_tokens: int, rng,
   params = nn.meta.unbox(params)
   if set(params) == {"params"}:
     params = params["params"]
+  cfg = model.cfg
+  if cfg.scan_layers:
+    # A scanned model samples with the unscanned one on its unstacked
+    # weights (one copy of the blocks for the sampling program): the same
+    # decode path and numbers for both layouts, each token's cache update
+    # stays in place in the [n_layer, ...] cache (a scanned decode would
+    # write the cache out as the scan's stacked output), and sampling has
+    # no backward pass whose memory scanning would save.
+    params = unstack_layers(params, cfg.n_layer)
+    cfg = _unscanned(cfg)
   try:  # a concrete number (Python, numpy or jax) becomes static
     temperature = float(temperature)
   except (TypeError, jax.errors.ConcretizationTypeError):
-    return _generate(model.cfg, params, prompt, rng, temperature,
+    return _generate(cfg, params, prompt, rng, temperature,
                      int(max_new_tokens), top_k)
   if temperature < 0:
     raise ValueError(f"temperature={temperature} must be >= 0.")
   return _generate_static_temperature(
-      model.cfg, params, prompt, rng, temperature=temperature,
+      cfg, params, prompt, rng, temperature=temperature,
       max_new_tokens=int(max_new_tokens), top_k=top_k)

@@ -55,6 +55,10 @@ def build(config, ctx, shapes=None) -> Program:
   model_config = config.model.to_dict()
   model_config["vocab_size"] = shapes["vocab_size"]
   cfg = gpt.GPTConfig.from_config(model_config)
+  chunk = config.get("loss_chunk_size", 0)
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+    raise ValueError(f"config.loss_chunk_size={chunk!r} must be an integer "
+                     ">= 0 (0: the whole sequence's logits at once).")
   model = gpt.GPT(cfg)
   tx = gpt_steps.make_optimizer(config)
   non_embedding = gpt.num_params(gpt.abstract_params(cfg),
@@ -66,10 +70,12 @@ def build(config, ctx, shapes=None) -> Program:
           tx, config.seed, loss_scale.initial_state(config)),
       train_step=functools.partial(
           gpt_steps.train_step, model=model, tx=tx,
-          accum_steps=config.gradient_accumulation_steps),
+          accum_steps=config.gradient_accumulation_steps,
+          loss_chunk_size=config.get("loss_chunk_size", 0)),
       eval_step=functools.partial(gpt_steps.eval_step, model=model),
       batch_spec=batch_spec(cfg.block_size),
       flops_per_step=mfu.nanogpt_flops_per_iter(
           non_embedding, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,
           config.global_batch_size),
-      compute_dtype=cfg.dtype)
+      compute_dtype=cfg.dtype,
+      tokens_per_example=cfg.block_size)

@@ -39,10 +39,21 @@ def learning_rate_schedule(config):
   return schedule
 
 
+def _stacked(path) -> bool:
+  """Is this leaf a scanned model's stacked block leaf (under `h`)?"""
+  return any(getattr(key, "key", None) == gpt.SCANNED for key in path)
+
+
 def decay_mask(params):
   """nanoGPT's parameter groups: weight decay on tensors of 2 or more
-  dimensions (matmul weights, embeddings), none on biases and LayerNorms."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  dimensions (matmul weights, embeddings), none on biases and LayerNorms.
+
+  A scanned model's block leaves (cfg.scan_layers) carry a leading layers
+  axis, which is not counted: a stack of LayerNorm scales is 2-D but is
+  still not decayed. Both layouts decay the same tensors.
+  """
+  return jax.tree_util.tree_map_with_path(
+      lambda path, p: p.ndim - _stacked(path) >= 2, params)
 
 
 def make_optimizer(config):
@@ -83,7 +94,37 @@ def cross_entropy(logits, targets):
   return jnp.where(valid, token_loss, 0.0).sum() / jnp.maximum(count, 1), count
 
 
-def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int):
+def chunked_cross_entropy(hidden, head, targets, chunk_size: int):
+  """`cross_entropy(head(hidden), targets)` with the logits made
+  `chunk_size` positions at a time and remade in the backward pass, so the
+  [B, T, vocab] float32 logits and their gradient never exist whole."""
+  length = hidden.shape[1]
+  pad = -length % chunk_size
+  if pad:
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)), constant_values=-1)
+  chunks = hidden.shape[1] // chunk_size
+
+  def split(x):  # [B, chunks * C, ...] -> [chunks, B, C, ...]
+    x = x.reshape((x.shape[0], chunks, chunk_size) + x.shape[2:])
+    return jnp.moveaxis(x, 1, 0)
+
+  @jax.checkpoint
+  def chunk_loss(h, y):
+    valid = y >= 0
+    token_loss = optax.softmax_cross_entropy_with_integer_labels(
+        head(h), jnp.where(valid, y, 0))
+    return jnp.where(valid, token_loss, 0.0).sum()
+
+  total, _ = jax.lax.scan(lambda acc, xs: (acc + chunk_loss(*xs), None),
+                          jnp.zeros((), jnp.float32),
+                          (split(hidden), split(targets)))
+  count = (targets >= 0).sum()
+  return total / jnp.maximum(count, 1), count
+
+
+def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
+               loss_chunk_size: int = 0):
   """One iteration over batch = {x, y: [accum_steps * B, T] int32}.
 
   Rows are grouped as [B, accum_steps]: each device's contiguous rows hold
@@ -102,9 +143,16 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int):
   step_rng = jax.random.fold_in(state.rng, state.step)
 
   def loss_fn(params, x, y, rng):
-    logits = model.apply({"params": params}, x, deterministic=False,
-                         rngs={"dropout": rng})
-    loss = cross_entropy(logits, y)[0]
+    if loss_chunk_size:
+      hidden = model.apply({"params": params}, x, deterministic=False,
+                           rngs={"dropout": rng}, method=gpt.GPT.hidden)
+      head = lambda h: model.apply({"params": params}, h,  # noqa: E731
+                                   method=gpt.GPT.logits_from_hidden)
+      loss = chunked_cross_entropy(hidden, head, y, loss_chunk_size)[0]
+    else:
+      logits = model.apply({"params": params}, x, deterministic=False,
+                           rngs={"dropout": rng})
+      loss = cross_entropy(logits, y)[0]
     return loss_scale_lib.scale_loss(state.loss_scale, loss), loss
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

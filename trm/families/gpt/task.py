@@ -85,16 +85,32 @@ def check_config(config) -> None:
 def _load_weights(config, optimizer: bool):
   """(numpy params, their model args, what they are, extras) for init_from;
   extras is a nanoGPT checkpoint's (iter_num, best_val_loss and, with
-  `optimizer`, AdamW's state), {} for GPT-2 weights."""
+  `optimizer`, AdamW's state), {} for GPT-2 weights. Params and AdamW's
+  moments come in the model's layout (`_model_layout`)."""
   path = config.init_checkpoint
   if config.init_from.startswith("gpt2"):
     params, args = gpt_import.load_hf_gpt2(path)
-    return params, args, f"GPT-2 weights from {path}", {}
+    return (_model_layout(config, params, args), args,
+            f"GPT-2 weights from {path}", {})
   params, args, extras = gpt_import.load_nanogpt_checkpoint(
       path, optimizer=optimizer)
-  return params, args, (f"nanoGPT checkpoint {path} (iter "
-                        f"{extras.get('iter_num')}, best val loss "
-                        f"{extras.get('best_val_loss')})"), extras
+  if extras.get("adam") is not None:
+    adam = extras["adam"]
+    extras["adam"] = dict(adam, **{k: _model_layout(config, adam[k], args)
+                                   for k in ("mu", "nu")})
+  return (_model_layout(config, params, args), args,
+          (f"nanoGPT checkpoint {path} (iter {extras.get('iter_num')}, best "
+           f"val loss {extras.get('best_val_loss')})"), extras)
+
+
+def _model_layout(config, tree, args: dict):
+  """An imported tree (nanoGPT's per-layer h_0 .. h_{L-1}) stacked into
+  one `h` when config.model.scan_layers; the checkpoint's n_layer wins, as
+  for every shape (`_adopt_shapes`). (A config without the key predates
+  it: unscanned.)"""
+  if not config.model.get("scan_layers", False):
+    return tree
+  return gpt.stack_layers(tree, int(args["n_layer"]))
 
 
 def _adopt_shapes(config, args: dict, source: str) -> None:

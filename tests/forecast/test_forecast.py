@@ -1,0 +1,205 @@
+"""`trm.aot --forecast`: rows, calibration, search, flags and slice names."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import repo
+
+from trm.core import config_lib
+from trm.core import mesh as mesh_lib
+from trm.core import topology
+from trm.core import tpu_flags
+from trm.forecast import plan
+from trm.forecast import search
+
+ROOT = repo.ROOT
+V4_8 = topology.parse_topology("v4-8")
+
+
+def tiny_gpt():
+  config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                  "shakespeare_char")
+  config.update(dict(n_layer=2, n_head=2, n_embd=64, block_size=32,
+                     batch_size=8, gradient_accumulation_steps=1))
+  config.model.update(vocab_size=65, scan_layers=True)
+  config.mesh.update(data=1, fsdp=-1)
+  return config
+
+
+@pytest.fixture(scope="module")
+def tiny_rows():
+  lines = []
+  rows, efficiency, source = plan.forecast(
+      tiny_gpt(), V4_8, [1, 2], efficiency=0.5, report=lines.append)
+  return rows, efficiency, source, lines
+
+
+def test_forecast_rows_have_the_documented_keys(tiny_rows):
+  rows, efficiency, source, lines = tiny_rows
+  assert efficiency == 0.5 and source == "--efficiency"
+  assert [r["slices"] for r in rows] == [1, 2]
+  assert [r["chips"] for r in rows] == [4, 8]
+  for row in rows:
+    assert set(plan.ROW_KEYS) <= set(row)
+    assert row["fits"] and 0 < row["memory_gib"] < 1
+    assert row["step_seconds"] > 0 and 0 < row["mfu"] < 1
+    assert row["bound"] in ("compute", "hbm", "ici", "dcn")
+    assert row["tflops_per_chip"] == pytest.approx(
+        row["mfu"] * topology.CHIPS["v4"].peak_bf16_tflops)
+  # Weak scaling: the 2-slice row doubles the global batch.
+  assert [r["global_batch"] for r in rows] == [8, 16]
+  assert rows[0]["scaling_efficiency"] == 1.0
+  assert 0 < rows[1]["scaling_efficiency"] <= 1.0
+  assert rows[0]["dcn_bytes"] == 0 and rows[1]["dcn_bytes"] > 0
+  assert rows[0]["tokens_per_second"] == pytest.approx(
+      8 * 32 / rows[0]["step_seconds"])
+  # Progress: one line before and after each compile.
+  assert sum("compiling" in line for line in lines) == 2
+  text = plan.format_rows(rows, "v4-8", efficiency, source)
+  assert "tokens/s" in text and "MFU" in text
+  json.dumps(rows, default=float)   # --forecast_json can write them
+
+
+def test_calibration_fits_the_first_rows_mfu(tiny_rows):
+  rows = tiny_rows[0]
+  compiled = plan.compile_row(tiny_gpt(), V4_8, 1, None, 8)
+  target = rows[0]["mfu"] * 0.9
+  efficiency = plan.calibrate(compiled, V4_8, target)
+  assert plan.forecast_row(compiled, V4_8, efficiency)["mfu"] == (
+      pytest.approx(target, rel=1e-4))
+  with pytest.raises(plan.ForecastError, match="--calibrate_mfu"):
+    plan.calibrate(compiled, V4_8, 0.999)
+
+
+def test_strong_scaling_keeps_the_global_batch():
+  assert plan.batches(tiny_gpt(), [1, 2, 4], "strong") == [8, 8, 8]
+  assert plan.batches(tiny_gpt(), [1, 2, 4], "weak") == [8, 16, 32]
+  with pytest.raises(plan.ForecastError, match="--batch_scaling"):
+    plan.batches(tiny_gpt(), [3, 4], "weak")
+
+
+def test_the_config_dcn_sizes_must_fit_the_slice_count():
+  config = tiny_gpt()
+  config.mesh.dcn_fsdp = 2
+  assert plan.row_config(config, 2, 8).mesh.dcn_data == 1
+  with pytest.raises(plan.ForecastError, match="--num_slices=4"):
+    plan.row_config(config, 4, 8)
+
+
+def test_search_layouts_cover_the_divisors():
+  layouts = search.layouts(4, 2)
+  # (data, fsdp, model) with product 4: 6 ways; slices as data or fsdp.
+  assert len(layouts) == 12
+  assert all(m["data"] * m["fsdp"] * m["model"] == 4 for m in layouts)
+  assert all(m["dcn_data"] * m["dcn_fsdp"] == 2 for m in layouts)
+  assert layouts[0]["model"] == 1   # pure data/fsdp first
+  assert len(search.layouts(4, 1)) == 6
+
+
+def test_search_ranks_layouts_that_fit():
+  lines = []
+  rows, tried = search.search(tiny_gpt(), V4_8, 1, None, efficiency=0.5,
+                              limit=3, report=lines.append)
+  assert tried["compiled"] == 3 and tried["not_compiled"] == 3
+  assert len(rows) == 3
+  times = [r["step_seconds"] for r in rows]
+  assert times == sorted(times)
+  assert all(r["overrides"].startswith("--config.mesh.data=") for r in rows)
+  text = search.format_ranking(rows, tried, "v4-8", 1, 5)
+  assert "1. " in text and "--config.mesh.fsdp=" in text
+
+
+@pytest.mark.parametrize("name, shape, chips, wraps", [
+    ("v4-384", "4x4x12", 192, (True, True, True)),
+    ("v4-768", "4x8x12", 384, (True, True, True)),
+    ("v4-64", "2x4x4", 32, (False, False, False)),
+    ("v4:4x4x12", "4x4x12", 192, (True, True, True)),
+    ("v5p-1280", "4x8x20", 640, (True, True, True)),
+    ("v5p-12288", "16x16x24", 6144, (True, True, True)),
+    ("v5e-256", "16x16", 256, (True, True)),
+    ("v6e-64", "8x8", 64, (False, False)),
+])
+def test_every_sold_slice_can_be_named(name, shape, chips, wraps):
+  t = topology.parse_topology(name)
+  assert (t.shape, t.chips, t.wraps) == (shape, chips, wraps)
+
+
+@pytest.mark.parametrize("name", ["v4-100", "v4:3x3x3", "v4:4x4x6",
+                                  "v6e-512", "v5e:3x3", "v4-8194"])
+def test_unsold_slices_are_refused(name):
+  with pytest.raises(ValueError, match="--topology"):
+    topology.parse_topology(name)
+
+
+def test_a_v4_384_compiles():
+  """A slice that is not a power of two: libtpu builds its devices."""
+  devices = topology.topology_devices(topology.parse_topology("v4-384"), 1)
+  assert len(devices) == 192
+  assert {tuple(d.coords) for d in devices} >= {(3, 3, 11)}
+
+
+def test_tpu_compiler_options():
+  assert tpu_flags.parse("--a=1 --b_c=true") == {"a": "1", "b_c": "true"}
+  assert tpu_flags.parse("") == {}
+  for bad in ("TPU_MEGACORE=MEGACORE_DENSE", "--flag", "-x=1", 3):
+    with pytest.raises(ValueError, match="config.tpu_compiler_options"):
+      tpu_flags.parse(bad)
+  cpu_mesh = mesh_lib.make_mesh(config_lib.mesh_config(data=-1))
+  config = tiny_gpt()
+  assert tpu_flags.for_mesh(config, cpu_mesh) == {}
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--num_slices=0"], "--num_slices='0'"),
+    (["--num_slices=1,x"], "--num_slices='1,x'"),
+    (["--num_slices=2,2"], "--num_slices='2,2'"),
+    (["--topology=v4-100"], "--topology='v4-100'"),
+    (["--forecast", "--efficiency=1.5"], "--efficiency=1.5 must be"),
+    (["--forecast", "--calibrate_mfu=56.7"], "--calibrate_mfu=56.7 must be"),
+    (["--forecast", "--efficiency=0.5", "--calibrate_mfu=0.5"],
+     "give one"),
+    (["--search"], "--search needs --forecast"),
+    (["--forecast", "--search", "--num_slices=1,2"], "one slice count"),
+    (["--forecast", "--mode=sample"], "drop --mode=sample"),
+    (["--forecast", "--forecast_json=/no/such/dir/rows.json"],
+     "--forecast_json='/no/such/dir/rows.json'"),
+    (["--forecast", "--forecast_json=" + ROOT], "must be a file path"),
+    (["--forecast", "--num_slices=1", "--config.mesh.data=3"],
+     "config.mesh"),
+    (["--forecast", "--num_slices=2", "--config.mesh.dcn_fsdp=4"],
+     "--num_slices=2: config.mesh.dcn_*"),
+    (["--forecast", "--config.tpu_compiler_options=fast"],
+     "config.tpu_compiler_options"),
+])
+def test_bad_forecast_flags_are_one_line(args, match):
+  argv = ["--config=configs/gpt.py:shakespeare_char", "--topology=v4-8",
+          "--vocab_size=65", *args]
+  result = subprocess.run([sys.executable, "-m", "trm.aot", *argv],
+                          cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert match in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
+  assert "verdict" not in result.stdout
+
+
+def test_cli_writes_the_forecast_json(tmp_path):
+  path = tmp_path / "rows.json"
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.aot", "--config=configs/gpt.py:"
+       "shakespeare_char", "--topology=v4-8", "--vocab_size=65",
+       "--config.n_layer=2", "--config.n_embd=64", "--config.n_head=2",
+       "--config.block_size=32", "--config.batch_size=8",
+       "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--num_slices=1,2",
+       "--forecast", "--collectives", f"--forecast_json={path}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = json.loads(path.read_text())
+  assert [r["slices"] for r in rows] == [1, 2]
+  for row in rows:
+    assert set(plan.ROW_KEYS) <= set(row)
+  assert "[forecast] compiling 2 x v4-8" in result.stderr
+  assert "collectives of the 2-slice step" in result.stdout
+  assert "dcn-all-reduce" in result.stdout

@@ -1,0 +1,274 @@
+"""The HLO reader, trip counts and the played timeline, on hand-written
+programs whose answers are known by hand."""
+import pytest
+
+from trm.forecast import hlo
+from trm.forecast import loops
+from trm.forecast import network
+from trm.forecast import plan
+from trm.forecast import timeline
+
+# A 2x2x1 slice (v4-8's shape), no wraparound; 1e9 bytes/s per link so
+# the arithmetic stays readable.
+FABRIC = network.Fabric(coords=((0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)),
+                        dims=(2, 2, 1), wraps=(False, False, False),
+                        link_bytes_per_second=1e9,
+                        dcn_bytes_per_second=1e8, num_slices=2,
+                        hop_seconds=0.0)
+
+_FUSED_DOT = """
+%fused_dot (p0: bf16[1024,1024], p1: bf16[1024,1024]) -> f32[1024,1024] {
+  %p0 = bf16[1024,1024]{1,0} parameter(0)
+  %p1 = bf16[1024,1024]{1,0} parameter(1)
+  ROOT %dot.1 = f32[1024,1024]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def _module(entry_body: str, extra: str = _FUSED_DOT) -> str:
+  return ("HloModule test, is_scheduled=true, num_partitions=4\n" + extra
+          + "\nENTRY %main (a: bf16[1024,1024], b: f32[256,1024]) -> "
+          "f32[1024,1024] {\n" + entry_body + "\n}\n")
+
+
+def test_shapes_operands_and_attributes_are_read():
+  text = _module("""
+  %a = bf16[1024,1024]{1,0:T(8,128)(2,1)} parameter(0)
+  %b = f32[256,1024]{1,0} parameter(1)
+  %t = (f32[256,1024]{1,0}, /*index=1*/f32[1024,1024]{1,0}) tuple(%b, %b)
+  ROOT %f = f32[1024,1024]{1,0} fusion(%a, %a), kind=kOutput, calls=%fused_dot, metadata={op_name="x(y)"}
+""")
+  module = hlo.parse_module(text)
+  assert module.num_partitions == 4
+  entry = module.entry_computation
+  assert [i.opcode for i in entry.instructions] == [
+      "parameter", "parameter", "tuple", "fusion"]
+  assert entry.by_name["t"].result_bytes == (256 + 1024) * 1024 * 4
+  assert entry.by_name["a"].result_bytes == 1024 * 1024 * 2
+  assert entry.by_name["f"].operands == ("a", "a")
+  assert entry.by_name["f"].called() == ["fused_dot"]
+  assert entry.root.name == "f"
+
+
+@pytest.mark.parametrize("attr, groups", [
+    ("replica_groups={{0,1},{2,3}}", [[0, 1], [2, 3]]),
+    ("replica_groups={}", [[0, 1, 2, 3]]),
+    ("replica_groups=[2,2]<=[4]", [[0, 1], [2, 3]]),
+    ("replica_groups=[2,2]<=[2,2]T(1,0)", [[0, 2], [1, 3]]),
+    ("replica_groups=mesh['a'=2,'b'=2] {'a'}", [[0, 2], [1, 3]]),
+    ("replica_groups=mesh['a'=2,'b'=2] {'b'}", [[0, 1], [2, 3]]),
+    ("replica_groups=mesh['a'=2,'b'=1,'c'=2], device_ids=([2,2]T(1,0)) "
+     "{'a'}", [[0, 1], [2, 3]]),
+    ("replica_groups=mesh['a'=2,'b'=2], device_ids=(0,2,1,3) {'b'}",
+     [[0, 2], [1, 3]]),
+    ("replica_groups=mesh['a'=2,'b'=2] {'a','b'}", [[0, 1, 2, 3]]),
+])
+def test_replica_group_forms(attr, groups):
+  inst = hlo.Instruction("ar", (), "all-reduce", ("x",),
+                         attr + ", use_global_device_ids=true, to_apply=%add")
+  assert hlo.replica_groups(inst, 4) == groups
+
+
+def _loop_module(start: int, bound: int, step: int, direction: str = "LT"):
+  return f"""HloModule loop, is_scheduled=true, num_partitions=4
+
+%body (p: (s32[], f32[1024,1024])) -> (s32[], f32[1024,1024]) {{
+  %p = (s32[], f32[1024,1024]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[1024,1024]{{1,0}} get-tuple-element(%p), index=1
+  %one = s32[] constant({step})
+  %next = s32[] add(%i, %one)
+  %y = f32[1024,1024]{{1,0}} dot(%x, %x), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  %ar = f32[1024,1024]{{1,0}} all-reduce(%y), replica_groups={{{{0,1,2,3}}}}, to_apply=%add
+  ROOT %out = (s32[], f32[1024,1024]{{1,0}}) tuple(%next, %ar)
+}}
+
+%cond (p: (s32[], f32[1024,1024])) -> pred[] {{
+  %p = (s32[], f32[1024,1024]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant({bound})
+  ROOT %lt = pred[] compare(%i, %n), direction={direction}
+}}
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+ENTRY %main (x: f32[1024,1024]) -> (s32[], f32[1024,1024]) {{
+  %x = f32[1024,1024]{{1,0}} parameter(0)
+  %zero = s32[] constant({start})
+  %init = (s32[], f32[1024,1024]{{1,0}}) tuple(%zero, %x)
+  ROOT %w = (s32[], f32[1024,1024]{{1,0}}) while(%init), condition=%cond, body=%body
+}}
+"""
+
+
+@pytest.mark.parametrize("start, bound, step, direction, trips", [
+    (0, 7, 1, "LT", 7), (0, 48, 1, "LT", 48), (2, 10, 2, "LT", 4),
+    (0, 7, 1, "LE", 8), (0, 6, 4, "LT", 2),
+])
+def test_trip_counts(start, bound, step, direction, trips):
+  module = hlo.parse_module(_loop_module(start, bound, step, direction))
+  entry = module.entry_computation
+  assert loops.trip_count(module, entry, entry.by_name["w"]) == trips
+
+
+def test_a_loop_body_counts_its_trip_count_times():
+  """XLA's cost_analysis counts a loop body once; the reader multiplies."""
+  program = timeline.Program(_loop_module(0, 7, 1), FABRIC)
+  totals = program.totals()
+  assert totals.flops == pytest.approx(7 * 2 * 1024**3)
+  # One all-reduce per iteration over 4 chips: 2 x 3/4 of 4 MiB each.
+  assert totals.ici_bytes == pytest.approx(7 * 2 * 0.75 * 4 * 2**20)
+  runs = {key[0]: count for key, count in totals.collectives.items()}
+  assert runs == {"all-reduce": 7}
+  assert totals.unknown_loops == 0
+
+
+def test_a_loop_whose_count_cannot_be_read_is_counted_once_and_reported():
+  text = _loop_module(0, 7, 1).replace(
+      "%zero = s32[] constant(0)", "%zero = s32[] parameter(1)")
+  program = timeline.Program(text, FABRIC)
+  assert program.totals().unknown_loops == 1
+  assert program.totals().flops == pytest.approx(2 * 1024**3)
+
+
+def test_an_instruction_broken_over_lines_stays_in_its_computation():
+  """A Pallas kernel's metadata (a JSON string holding escaped quotes and
+  newlines) breaks its custom-call over lines, one of which starts with
+  '}'; the body must keep its real root, so the loop's count is read."""
+  kernel = (
+      '  %kernel = f32[1024,1024]{1,0} custom-call(%x), '
+      'custom_call_target="tpu_custom_call", frontend_attributes={'
+      'kernel_metadata={"xprof":"{\\"block_q\\": 512, \\"x\\": '
+      '\\"}\\"\n'
+      '}"\n'
+      '}}, backend_config={"custom_call_config":{"body":"TUzv"}}\n')
+  text = _loop_module(0, 48, 1).replace(
+      "  %next = s32[] add(%i, %one)\n",
+      "  %next = s32[] add(%i, %one)\n" + kernel)
+  module = hlo.parse_module(text)
+  body = module.computations["body"]
+  assert body.root.name == "out"
+  assert body.by_name["kernel"].opcode == "custom-call"
+  entry = module.entry_computation
+  assert loops.trip_count(module, entry, entry.by_name["w"]) == 48
+
+
+def test_rows_with_unread_loops_are_flagged():
+  rows = [{"slices": 1, "unknown_loops": 0}, {"slices": 2, "unknown_loops": 3}]
+  warnings = plan.unread_loop_warnings(rows)
+  assert len(warnings) == 1 and "2-slice row has 3 while loop" in warnings[0]
+
+
+def _overlap_module(asynchronous: bool) -> str:
+  if asynchronous:
+    gather = """
+  %ag = (f32[256,1024]{1,0}, f32[1024,1024]{1,0}) all-gather-start(%b), replica_groups={{0,1,2,3}}, dimensions={0}
+  %f = f32[1024,1024]{1,0} fusion(%a, %a), kind=kOutput, calls=%fused_dot
+  %agd = f32[1024,1024]{1,0} all-gather-done(%ag)"""
+  else:
+    gather = """
+  %agd = f32[1024,1024]{1,0} all-gather(%b), replica_groups={{0,1,2,3}}, dimensions={0}
+  %f = f32[1024,1024]{1,0} fusion(%a, %a), kind=kOutput, calls=%fused_dot"""
+  return _module("""
+  %a = bf16[1024,1024]{1,0} parameter(0)
+  %b = f32[256,1024]{1,0} parameter(1)""" + gather + """
+  ROOT %out = (f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%f, %agd)""")
+
+
+# The dot: 2 * 1024^3 FLOPs; at 1e12 FLOP/s x 0.5 that is 4.29 ms. The
+# all-gather: each chip sends 3/4 of 4 MiB over the x and y axes (one link
+# each way, no wraparound): 3 MiB / 2e9 B/s = 1.57 ms.
+PEAK, HBM = 1e12, 1e15
+DOT_S = 2 * 1024**3 / (PEAK * 0.5)
+GATHER_S = 0.75 * 4 * 2**20 / 2e9
+
+
+def test_an_async_collective_overlaps_the_compute_scheduled_inside_it():
+  step = timeline.Program(_overlap_module(True), FABRIC).play(PEAK, 0.5, HBM)
+  hbm_s = (2 * 2 * 1024**2 + 4 * 1024**2) / HBM
+  assert step.seconds == pytest.approx(max(DOT_S, hbm_s), rel=1e-6)
+  assert step.bound == "compute"
+  assert step.by_cause.get("ici", 0.0) == 0.0
+
+
+def test_a_synchronous_collective_adds_its_time():
+  step = timeline.Program(_overlap_module(False), FABRIC).play(PEAK, 0.5, HBM)
+  assert step.seconds == pytest.approx(DOT_S + GATHER_S, rel=1e-3)
+  assert step.by_cause["ici"] == pytest.approx(GATHER_S, rel=1e-6)
+
+
+def test_a_collective_longer_than_the_overlapped_compute_is_waited_for():
+  program = timeline.Program(_overlap_module(True), FABRIC)
+  # At full efficiency on a 10x faster chip the dot takes 0.21 ms < 1.57.
+  step = program.play(PEAK * 10, 1.0, HBM)
+  assert step.seconds == pytest.approx(GATHER_S, rel=1e-3)
+  assert step.bound == "ici"
+
+
+def test_efficiency_scales_only_the_dense_compute():
+  program = timeline.Program(_overlap_module(False), FABRIC)
+  fast = program.play(PEAK, 1.0, HBM).seconds
+  slow = program.play(PEAK, 0.5, HBM).seconds
+  assert slow - fast == pytest.approx(DOT_S / 2, rel=1e-6)
+
+
+_MEGASCALE = """
+  %a = bf16[1024,1024]{1,0} parameter(0)
+  %b = f32[256,1024]{1,0} parameter(1)
+  %tok = token[] after-all()
+  %r = (f32[256,1024]{1,0}, u32[], token[]) recv(%tok), channel_id=1, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.1_0",_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %s = (f32[256,1024]{1,0}, u32[], token[]) send(%b, %tok), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_host_transfer_rendezvous="all-reduce.1_0",_xla_megascale_target="{1,2}x{0:3}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %f = f32[1024,1024]{1,0} fusion(%a, %a), kind=kOutput, calls=%fused_dot
+  %sd = token[] send-done(%s), channel_id=2, is_host_transfer=true
+  %rd = (f32[256,1024]{1,0}, token[]) recv-done(%r), channel_id=1, is_host_transfer=true
+  ROOT %out = (f32[1024,1024]{1,0}, token[]) tuple(%f, %sd)"""
+
+
+def test_a_cross_slice_all_reduce_is_dcn_traffic_of_a_ring():
+  program = timeline.Program(_module(_MEGASCALE), FABRIC)
+  totals = program.totals()
+  # Two slices: each chip sends 2 * (2-1)/2 of its 1 MiB buffer over DCN.
+  assert totals.dcn_bytes == pytest.approx(2**20)
+  assert totals.ici_bytes == 0
+  step = program.play(PEAK, 0.5, HBM, dcn_overlap="schedule")
+  dcn_s = 2**20 / 1e8
+  assert step.seconds == pytest.approx(max(DOT_S, dcn_s), rel=1e-3)
+  assert step.bound == "dcn"
+  assert [c["kind"] for c in _summary(totals)] == ["dcn-all-reduce"]
+
+
+def _summary(totals):
+  from trm.forecast import plan  # pylint: disable=g-import-not-at-top
+  return plan.collective_summary(totals)
+
+
+def test_ring_times_follow_the_torus():
+  # 4 chips on one axis of 4 with wraparound: a bidirectional ring (2
+  # links); without: one way.
+  line = dict(coords=tuple((i, 0, 0) for i in range(4)), dims=(4, 1, 1),
+              link_bytes_per_second=1e9, dcn_bytes_per_second=1e9,
+              num_slices=1, hop_seconds=1e-6)
+  ring = network.Fabric(wraps=(True, False, False), **line)
+  chain = network.Fabric(wraps=(False, False, False), **line)
+  assert ring.ring_seconds(3e9, [0, 1, 2, 3]) == pytest.approx((1.5 + 2e-6,
+                                                                "x"))
+  assert chain.ring_seconds(3e9, [0, 1, 2, 3]) == pytest.approx((3.0 + 3e-6,
+                                                                 "x"))
+  # Two of the four: no ring, one link.
+  assert ring.ring_seconds(1e9, [0, 1])[0] == pytest.approx(1.0 + 1e-6)
+  # A group on two axes uses both.
+  assert FABRIC.ring_seconds(2e9, [0, 1, 2, 3]) == pytest.approx((1.0, "xy"))
+
+
+def test_dcn_overlap_none_makes_the_cross_slice_reduction_block():
+  program = timeline.Program(_module(_MEGASCALE), FABRIC)
+  dcn_s = 2**20 / 1e8
+  step = program.play(PEAK, 0.5, HBM, dcn_overlap="none")
+  assert step.seconds == pytest.approx(DOT_S + dcn_s, rel=1e-3)
+  assert step.by_cause["dcn"] == pytest.approx(dcn_s, rel=1e-6)
+  with pytest.raises(ValueError, match="--dcn_overlap"):
+    program.play(PEAK, 0.5, HBM, dcn_overlap="half")

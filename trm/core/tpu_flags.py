@@ -1,0 +1,42 @@
+"""XLA:TPU compiler options from the config, as MaxText passes its
+LIBTPU_INIT_ARGS: `config.tpu_compiler_options = "--flag=value ..."`.
+
+They go to `jit(...).lower(...).compile(compiler_options=...)` of the train
+step, on TPU meshes only (XLA:CPU and XLA:GPU reject TPU flags by name), so
+`trm.main` on a pod and `trm.aot`'s compile-only devices build the same
+program.
+"""
+from __future__ import annotations
+
+import re
+
+FIELD = "config.tpu_compiler_options"
+# MaxText's v4 runs (configs/v4/22b.sh): FSDP all-gathers overlap compute.
+DEFAULT = "--xla_enable_async_all_gather=true"
+_TOKEN = re.compile(r"--([A-Za-z0-9_]+)=(\S+)")
+
+
+def parse(text: str) -> dict[str, str]:
+  """'--a=1 --b=true' -> {'a': '1', 'b': 'true'}; anything else is an
+  error naming the field."""
+  if not isinstance(text, str):
+    raise ValueError(f"{FIELD}={text!r} must be a string of --flag=value "
+                     "options.")
+  options = {}
+  for token in text.split():
+    match = _TOKEN.fullmatch(token)
+    if not match:
+      raise ValueError(
+          f"{FIELD}: {token!r} is not --flag=value (e.g. {DEFAULT!r}); "
+          "environment settings such as TPU_MEGACORE belong in the "
+          "environment, not here.")
+    options[match.group(1)] = match.group(2)
+  return options
+
+
+def for_mesh(config, mesh) -> dict[str, str]:
+  """The options to compile with on this mesh: none off TPU."""
+  options = parse(config.get("tpu_compiler_options", ""))
+  if mesh.devices.flat[0].platform != "tpu":
+    return {}
+  return options

@@ -1,0 +1,228 @@
+"""What one HLO instruction costs on its own: the dense FLOPs of its dots
+and convolutions, the HBM bytes it moves, and, for a collective, what it
+sends and to whom.
+
+XLA's `cost_analysis()` gives one total per program and counts a loop body
+once, so the forecast reads the scheduled program itself
+(`trm.forecast.program` multiplies by trip counts).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from trm.forecast import hlo
+
+# Instructions that move no data of their own.
+FREE = frozenset({
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast",
+    "after-all", "partition-id", "replica-id", "opt-barrier",
+    "add-dependency", "domain", "iota", "copy-start", "copy-done",
+    "slice-start", "slice-done", "send-done", "recv", "recv-done",
+    "all-gather-done", "all-reduce-done", "collective-permute-done",
+    "async-done", "async-update", "while", "conditional", "call",
+})
+# Collectives: synchronous form, async start, and what its done is called.
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
+               "ragged-all-to-all", "collective-permute",
+               "collective-broadcast")
+ASYNC_STARTS = {"all-gather-start": "all-gather",
+                "all-reduce-start": "all-reduce",
+                "collective-permute-start": "collective-permute"}
+ASYNC_DONES = ("all-gather-done", "all-reduce-done",
+               "collective-permute-done", "async-done")
+
+
+def _operand_shapes(inst: hlo.Instruction, comp: hlo.Computation):
+  out = []
+  for name in inst.operands:
+    source = comp.by_name.get(name)
+    out.append(source.shape if source is not None else ())
+  return out
+
+
+def _dims(attr: str | None) -> list[int]:
+  return [int(x) for x in re.findall(r"\d+", attr or "")]
+
+
+def dot_flops(inst: hlo.Instruction, comp: hlo.Computation) -> float:
+  """2 x output elements x contracted size (dot), or x kernel input
+  features x window taps that do not land in a dilation hole
+  (convolution; XLA writes batched matmuls as dilated convolutions)."""
+  if not inst.shape:
+    return 0.0
+  out = inst.shape[0].elements
+  operands = _operand_shapes(inst, comp)
+  if inst.opcode == "dot":
+    lhs = operands[0][0].dims if operands and operands[0] else ()
+    contracted = math.prod(lhs[d] for d in _dims(
+        inst.attr("lhs_contracting_dims")) if d < len(lhs))
+    return 2.0 * out * contracted
+  if inst.opcode == "convolution":
+    labels = inst.attr("dim_labels") or ""
+    match = re.fullmatch(r"([^_]+)_([^-]+)->(.+)", labels)
+    if not match or len(operands) < 2 or not operands[0] or not operands[1]:
+      return 0.0
+    lhs_labels, kernel_labels, out_labels = match.groups()
+    lhs, kernel = operands[0][0].dims, operands[1][0].dims
+    out_dims = inst.shape[0].dims
+    features = kernel[kernel_labels.index("i")] if "i" in kernel_labels else 1
+    window = inst.attr("window") or ""
+    taps = 1.0
+    for d, size in enumerate(_x_list(window, "size")):
+      digit = str(d)
+      if digit not in lhs_labels or digit not in out_labels:
+        taps *= size
+        continue
+      taps *= _valid_taps(
+          lhs[lhs_labels.index(digit)], out_dims[out_labels.index(digit)],
+          size, _x_at(window, "stride", d, 1), _pads(window, d),
+          _x_at(window, "lhs_dilate", d, 1), _x_at(window, "rhs_dilate", d, 1))
+    return 2.0 * out * features * taps
+  return 0.0
+
+
+def _valid_taps(size, out_size, window, stride, pads, lhs_dilate,
+                rhs_dilate) -> float:
+  """Window taps per output position that land on input data, not on
+  padding or a dilation hole (XLA writes batched and grouped matmuls as
+  convolutions whose other taps multiply zeros)."""
+  extent = (size - 1) * lhs_dilate + 1
+  valid = 0
+  for o in range(out_size):
+    for k in range(window):
+      p = o * stride + k * rhs_dilate - pads[0]
+      if 0 <= p < extent and p % lhs_dilate == 0:
+        valid += 1
+  return valid / max(out_size, 1)
+
+
+def _x_at(window: str, key: str, index: int, default: int) -> int:
+  values = _x_list(window, key)
+  return values[index] if index < len(values) else default
+
+
+def _pads(window: str, index: int) -> tuple[int, int]:
+  match = re.search(r"\bpad=([\d_x-]+)", window)
+  if not match:
+    return (0, 0)
+  parts = match.group(1).split("x")
+  if index >= len(parts):
+    return (0, 0)
+  lo, hi = parts[index].split("_")
+  return int(lo), int(hi)
+
+
+def _x_list(window: str, key: str) -> list[int]:
+  match = re.search(r"\b" + key + r"=([\dx]+)", window)
+  return [int(x) for x in match.group(1).split("x")] if match else []
+
+
+@dataclasses.dataclass
+class FusedCost:
+  flops: float
+  # Per fusion operand: how many of its bytes the fused code reads (a
+  # parameter read only through slices reads only the slices; the buffer a
+  # dynamic-update-slice writes into in place is not read).
+  operand_bytes: list[float] | None = None
+  # Bytes written: the result, or only the updates of in-place updates.
+  result_bytes: float | None = None
+  collectives: tuple = ()
+
+
+def fused_cost(module: hlo.Module, name: str, cache: dict) -> FusedCost:
+  """FLOPs and byte rules of a fused (or called) computation."""
+  if name in cache:
+    return cache[name]
+  comp = module.computations[name]
+  flops, collectives = 0.0, []
+  users: dict[str, list[hlo.Instruction]] = {}
+  for inst in comp.instructions:
+    for operand in inst.operands:
+      users.setdefault(operand, []).append(inst)
+    if inst.opcode in ("dot", "convolution"):
+      flops += dot_flops(inst, comp)
+    elif inst.opcode in COLLECTIVES:
+      collectives.append(inst)
+    for called in inst.called():
+      if called in module.computations and inst.opcode in ("fusion", "call"):
+        inner = fused_cost(module, called, cache)
+        flops += inner.flops
+        collectives.extend(inner.collectives)
+  params = sorted((i for i in comp.instructions if i.opcode == "parameter"),
+                  key=lambda i: int(re.findall(r"\d+", i.operand_text)[0]
+                                    if re.findall(r"\d+", i.operand_text)
+                                    else 0))
+  operand_bytes = []
+  in_place = set()
+  for param in params:
+    uses = users.get(param.name, [])
+    if uses and all(u.opcode in ("dynamic-slice", "slice", "gather")
+                    and u.operands and u.operands[0] == param.name
+                    for u in uses):
+      operand_bytes.append(sum(u.result_bytes for u in uses))
+    elif uses and all(u.opcode == "dynamic-update-slice"
+                      and u.operands[0] == param.name for u in uses):
+      operand_bytes.append(0.0)
+      in_place.update(u.name for u in uses)
+    else:
+      operand_bytes.append(sum(a.bytes for a in param.shape))
+  result_bytes = None
+  root = comp.root
+  roots = ([comp.by_name[o] for o in root.operands if o in comp.by_name]
+           if root.opcode == "tuple" else [root])
+  if in_place and any(r.name in in_place for r in roots):
+    result_bytes = 0.0
+    for r in roots:
+      if r.name in in_place:
+        update = comp.by_name.get(r.operands[1])
+        result_bytes += 2 * (update.result_bytes if update else 0.0)
+      else:
+        result_bytes += r.result_bytes
+  cost = FusedCost(flops, operand_bytes, result_bytes, tuple(collectives))
+  cache[name] = cost
+  return cost
+
+
+def instruction_cost(module: hlo.Module, comp: hlo.Computation,
+                     inst: hlo.Instruction, cache: dict
+                     ) -> tuple[float, float]:
+  """(dense FLOPs, HBM bytes) of one instruction run once."""
+  if inst.opcode in FREE or inst.opcode in ASYNC_STARTS or (
+      inst.opcode in ("send", "async-start")):
+    return 0.0, 0.0
+  operand_shapes = _operand_shapes(inst, comp)
+  read = [sum(a.bytes for a in shape) for shape in operand_shapes]
+  written = inst.result_bytes
+  flops = 0.0
+  if inst.opcode in ("dot", "convolution"):
+    flops = dot_flops(inst, comp)
+  elif inst.opcode in ("fusion", "custom-call") and inst.called():
+    called = [c for c in inst.called() if c in module.computations]
+    if called:
+      fused = fused_cost(module, called[0], cache)
+      flops = fused.flops
+      if fused.operand_bytes is not None and len(fused.operand_bytes) == len(
+          read):
+        read = [min(r, f) for r, f in zip(read, fused.operand_bytes)]
+      if fused.result_bytes is not None:
+        written = fused.result_bytes
+  elif inst.opcode == "dynamic-update-slice" and len(operand_shapes) > 1:
+    update = sum(a.bytes for a in operand_shapes[1])
+    read, written = [update], update
+  elif inst.opcode in ("dynamic-slice", "slice"):
+    read = [written]
+  return flops, sum(read) + written
+
+
+def pallas_cost(inst: hlo.Instruction) -> tuple[float, float] | None:
+  """A Pallas kernel's declared (FLOPs, bytes), if it declares them."""
+  if inst.opcode != "custom-call":
+    return None
+  flops = re.search(r'"flops"\s*:\s*"?(\d+)', inst.attrs)
+  moved = re.search(r'"bytes_accessed"\s*:\s*"?(\d+)', inst.attrs)
+  if not flops and not moved:
+    return None
+  return (float(flops.group(1)) if flops else 0.0,
+          float(moved.group(1)) if moved else 0.0)

@@ -1,0 +1,326 @@
+"""Forecast a multi-slice run: compile the real train step once per slice
+count, play the compiled program (`trm.forecast.timeline`), and report per
+row what a pod would give.
+
+One constant is not published: the fraction of peak the dense compute
+reaches (`efficiency`). It defaults to the value fitted on one row of a
+published pod measurement (MaxText's 22B on 1x v4-128, BUILD_NOTES
+"Multi-pod forecast"); `calibrate_mfu` fits it on the first row of a run
+of your own instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import sys
+import time
+
+from trm.core import topology as topology_lib
+from trm.forecast import network
+from trm.forecast import timeline
+
+GIB = 2**30
+# Fitted on MaxText's 22B, 1x v4-128, 56.7% MFU (BUILD_NOTES,
+# benchmarks/forecast_maxtext22b.py).
+DEFAULT_EFFICIENCY = 0.867
+# Cross-slice collectives block the chip: what MaxText's published v4
+# multi-slice runs show (BUILD_NOTES); 'schedule' trusts the program's
+# overlap.
+DEFAULT_DCN_OVERLAP = "none"
+ROW_KEYS = ("slices", "chips", "fits", "memory_gib", "step_seconds",
+            "tflops_per_chip", "mfu", "scaling_efficiency", "ici_bytes",
+            "dcn_bytes", "bound")
+
+
+class ForecastError(ValueError):
+  """A flag or config that cannot be forecast; the message names it."""
+
+
+@dataclasses.dataclass
+class CompiledRow:
+  """One slice count (or mesh layout), compiled."""
+  slices: int
+  chips: int
+  mesh: dict
+  global_batch: int
+  model_flops: float           # per step, whole mesh
+  tokens_per_example: int | None
+  compile_seconds: float
+  fits: bool
+  memory_gib: float | None
+  program: timeline.Program | None = None
+  error: str | None = None
+
+
+def row_config(config, slices: int, global_batch: int, mesh=None):
+  """The config with `slices` slices (data-parallel over DCN unless the
+  config or `mesh` says otherwise) and this global batch."""
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  row = config.copy_and_resolve_references()
+  with row.unlocked():
+    for key, value in (mesh or {}).items():
+      row.mesh[key] = value
+    dcn = math.prod(int(row.mesh.get(f"dcn_{a}", 1))
+                    for a in mesh_lib.MESH_AXES)
+    if dcn == 1 and slices > 1:
+      row.mesh.dcn_data = slices
+    elif dcn != slices:
+      raise ForecastError(
+          f"--num_slices={slices}: config.mesh.dcn_* multiply to {dcn}. "
+          "Leave them at 1 (each row sets config.mesh.dcn_data to its slice "
+          "count) or forecast only that slice count.")
+    row.global_batch_size = int(global_batch)
+  return row
+
+
+def compile_row(config, topology: topology_lib.Topology, slices: int,
+                shapes, global_batch: int, mesh=None) -> CompiledRow:
+  """Compiles the train step for `slices` slices of `topology`."""
+  from trm import families  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top
+  row = row_config(config, slices, global_batch, mesh)
+  devices = topology_lib.topology_devices(topology, slices)
+  ctx = mesh_lib.ShardingContext.from_config(row, devices)
+  ctx.check_batch_size(row.global_batch_size)
+  program = families.program(row.model.name).build(row, ctx, shapes)
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  start = time.time()
+  base = dict(slices=slices, chips=len(devices), mesh=dict(ctx.mesh.shape),
+              global_batch=row.global_batch_size,
+              model_flops=float(program.flops_per_step or 0.0),
+              tokens_per_example=program.tokens_per_example)
+  try:
+    compiled = task_lib.compile_train_step(
+        program, ctx, row.global_batch_size, abstract, shardings,
+        tpu_flags.for_mesh(row, ctx.mesh))
+  except Exception as e:  # pylint: disable=broad-except
+    text = str(e)
+    if "RESOURCE_EXHAUSTED" not in text and "hbm" not in text.lower():
+      raise
+    needed = re.search(r"\(([\d.]+)G\)", text)
+    return CompiledRow(**base, compile_seconds=time.time() - start,
+                       fits=False,
+                       memory_gib=float(needed.group(1)) if needed else None,
+                       error=text.splitlines()[0][:300])
+  seconds = time.time() - start
+  memory = compiled.memory_analysis()
+  total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+           + memory.temp_size_in_bytes - memory.alias_size_in_bytes) / GIB
+  fabric = network.Fabric.for_mesh(ctx.mesh, topology, slices)
+  return CompiledRow(**base, compile_seconds=seconds,
+                     fits=total <= topology.chip.usable_hbm_gib,
+                     memory_gib=total,
+                     program=timeline.Program(compiled.as_text(), fabric))
+
+
+def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
+                 efficiency: float,
+                 dcn_overlap: str = DEFAULT_DCN_OVERLAP) -> dict:
+  """The row's figures at this dense-compute efficiency."""
+  chip = topology.chip
+  row = {"slices": compiled.slices, "chips": compiled.chips,
+         "fits": compiled.fits, "memory_gib": compiled.memory_gib,
+         "mesh": compiled.mesh, "global_batch": compiled.global_batch,
+         "compile_seconds": round(compiled.compile_seconds, 1),
+         "efficiency": efficiency, "dcn_overlap": dcn_overlap}
+  if compiled.program is None:
+    row.update({k: None for k in ROW_KEYS if k not in row})
+    row["error"] = compiled.error
+    return row
+  step = compiled.program.play(chip.peak_bf16_tflops * 1e12, efficiency,
+                               chip.hbm_gbps * 1e9, dcn_overlap)
+  flops_per_chip = compiled.model_flops / compiled.chips
+  other = "schedule" if dcn_overlap == "none" else "none"
+  other_step = compiled.program.play(chip.peak_bf16_tflops * 1e12,
+                                     efficiency, chip.hbm_gbps * 1e9, other)
+  tflops = flops_per_chip / step.seconds / 1e12
+  examples = compiled.global_batch / step.seconds
+  totals = step.totals
+  row.update({
+      "step_seconds": step.seconds,
+      "examples_per_second": examples,
+      "tokens_per_second": (examples * compiled.tokens_per_example
+                            if compiled.tokens_per_example else None),
+      "tflops_per_chip": tflops,
+      "mfu": tflops / chip.peak_bf16_tflops,
+      "ici_bytes": totals.ici_bytes,
+      "dcn_bytes": totals.dcn_bytes,
+      "hbm_bytes": totals.hbm_bytes,
+      "program_flops_per_chip": totals.flops,
+      "bound": step.bound,
+      "seconds_by_cause": {k: round(v, 6) for k, v in
+                           sorted(step.by_cause.items())},
+      "unknown_loops": totals.unknown_loops,
+      f"mfu_dcn_{other}": (flops_per_chip / other_step.seconds / 1e12
+                           / chip.peak_bf16_tflops),
+      "collectives": collective_summary(totals),
+  })
+  return row
+
+
+def collective_summary(totals: timeline.Totals, limit: int = 12) -> list:
+  """The step's collectives, grouped, largest traffic first."""
+  out = []
+  for (kind, net, axes, group, payload, traffic), runs in (
+      totals.collectives.items()):
+    out.append({"kind": kind, "network": net, "axes": axes,
+                "group": group, "payload_bytes": payload,
+                "runs_per_step": runs, "bytes_per_step": traffic * runs})
+  out.sort(key=lambda c: -c["bytes_per_step"])
+  return out[:limit]
+
+
+def with_scaling(rows: list[dict]) -> list[dict]:
+  """Per-chip throughput of each row against the first."""
+  base = rows[0] if rows else None
+  for row in rows:
+    if (base and base.get("examples_per_second")
+        and row.get("examples_per_second")):
+      row["scaling_efficiency"] = ((row["examples_per_second"] / row["chips"])
+                                   / (base["examples_per_second"]
+                                      / base["chips"]))
+    else:
+      row["scaling_efficiency"] = None
+  return rows
+
+
+def calibrate(compiled: CompiledRow, topology: topology_lib.Topology,
+              mfu: float, dcn_overlap: str = DEFAULT_DCN_OVERLAP) -> float:
+  """The dense-compute efficiency at which the row's forecast MFU is
+  `mfu` (a measurement of that row)."""
+  if compiled.program is None:
+    raise ForecastError("--calibrate_mfu: the first row does not compile "
+                        "(it does not fit), so it cannot be calibrated.")
+  def mfu_at(eff):
+    return forecast_row(compiled, topology, eff, dcn_overlap)["mfu"]
+  top = mfu_at(1.0)
+  if mfu > top:
+    raise ForecastError(
+        f"--calibrate_mfu={mfu:.4f} is above the {top:.4f} this program "
+        "reaches with its dense compute at peak; check the measurement (a "
+        "fraction, e.g. 0.567) and that it is of the first row.")
+  lo, hi = 1e-3, 1.0
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    if mfu_at(mid) < mfu:
+      lo = mid
+    else:
+      hi = mid
+  return (lo + hi) / 2
+
+
+def batches(config, slice_counts, scaling: str) -> list[int]:
+  """Global batch per row: 'weak' keeps the per-chip batch of the first
+  row as slices grow (MaxText's runs); 'strong' keeps the config's."""
+  base = int(config.global_batch_size)
+  if scaling == "strong":
+    return [base] * len(slice_counts)
+  first = slice_counts[0]
+  out = []
+  for slices in slice_counts:
+    if (base * slices) % first:
+      raise ForecastError(
+          f"--batch_scaling=weak: the global batch {base} x {slices}/{first}"
+          " slices is not a whole number; use --batch_scaling=strong or a "
+          "first slice count that divides the others.")
+    out.append(base * slices // first)
+  return out
+
+
+def progress(message: str):
+  print(message, file=sys.stderr, flush=True)
+
+
+def forecast(config, topology: topology_lib.Topology, slice_counts,
+             shapes=None, efficiency: float | None = None,
+             calibrate_mfu: float | None = None, scaling: str = "weak",
+             dcn_overlap: str = DEFAULT_DCN_OVERLAP, report=progress
+             ) -> tuple[list[dict], float, str]:
+  """(rows, efficiency, where the efficiency came from)."""
+  compiled = []
+  for slices, batch in zip(slice_counts, batches(config, slice_counts,
+                                                 scaling)):
+    chips = slices * topology.chips
+    report(f"[forecast] compiling {slices} x {topology.name} ({chips} chips,"
+           f" global batch {batch}) ...")
+    begin = time.time()
+    row = compile_row(config, topology, slices, shapes, batch)
+    report(f"[forecast]   compiled in {row.compile_seconds:.0f} s; "
+           + (f"{row.memory_gib:.2f} GiB per chip" if row.memory_gib
+              else "memory unknown")
+           + ("" if row.fits else " (DOES NOT FIT)")
+           + f"; read and played in {time.time() - begin - row.compile_seconds:.0f} s")
+    compiled.append(row)
+  if calibrate_mfu is not None:
+    efficiency = calibrate(compiled[0], topology, calibrate_mfu, dcn_overlap)
+    source = (f"calibrated: the {slice_counts[0]}-slice row's MFU set to "
+              f"{calibrate_mfu:.4f}")
+  elif efficiency is not None:
+    source = "--efficiency"
+  else:
+    efficiency = DEFAULT_EFFICIENCY
+    source = "default (fitted on MaxText 22B, 1x v4-128)"
+  rows = with_scaling([forecast_row(c, topology, efficiency, dcn_overlap)
+                       for c in compiled])
+  return rows, efficiency, source
+
+
+def format_rows(rows: list[dict], topology_name: str, efficiency: float,
+                source: str) -> str:
+  lm = any(r.get("tokens_per_second") for r in rows)
+  unit = "tokens/s" if lm else "examples/s"
+  overlap = rows[0].get("dcn_overlap") if rows else DEFAULT_DCN_OVERLAP
+  lines = [f"forecast for {topology_name}; dense compute at "
+           f"{efficiency:.4f} x peak ({source}); cross-slice collectives "
+           + ("overlapped as the program schedules them "
+              "(--dcn_overlap=schedule)" if overlap == "schedule" else
+              "exposed (--dcn_overlap=none; 'MFU sched' assumes the "
+              "program's overlap)"),
+           f"{'slices':>6} {'chips':>6} {'fits':>4} {'GiB/chip':>8} "
+           f"{'step s':>9} {unit:>12} {'TFLOP/s/chip':>12} {'MFU':>6} "
+           f"{'scaling':>7} {'ICI GB/chip':>11} {'DCN GB/chip':>11} "
+           f"{'bound':<7} MFU {'none' if overlap == 'schedule' else 'sched'}"]
+  for r in rows:
+    if r.get("step_seconds") is None:
+      memory = f"{r['memory_gib']:.2f}" if r.get("memory_gib") else "?"
+      lines.append(f"{r['slices']:>6} {r['chips']:>6} {'no':>4} "
+                   f"{memory:>8} (does not fit: {r.get('error')})")
+      continue
+    rate = r["tokens_per_second"] if lm else r["examples_per_second"]
+    scaling = (f"{100 * r['scaling_efficiency']:.1f}%"
+               if r.get("scaling_efficiency") is not None else "-")
+    lines.append(
+        f"{r['slices']:>6} {r['chips']:>6} "
+        f"{'yes' if r['fits'] else 'no':>4} {r['memory_gib']:>8.2f} "
+        f"{r['step_seconds']:>9.4f} {rate:>12.4g} "
+        f"{r['tflops_per_chip']:>12.1f} {100 * r['mfu']:>5.1f}% "
+        f"{scaling:>7} {r['ici_bytes'] / 1e9:>11.3f} "
+        f"{r['dcn_bytes'] / 1e9:>11.3f} {r['bound']:<7} "
+        f"{100 * r.get('mfu_dcn_none', r.get('mfu_dcn_schedule', 0)):.1f}%")
+  lines.extend(unread_loop_warnings(rows))
+  return "\n".join(lines)
+
+
+def unread_loop_warnings(rows: list[dict]) -> list[str]:
+  """One line per row whose program has loops of unknown trip count: such
+  a loop is counted once, so that row's step is too short and its MFU too
+  high, and its figures must not be trusted."""
+  return [f"WARNING: the {r['slices']}-slice row has {r['unknown_loops']} "
+          "while loop(s) whose trip count could not be read; each is counted"
+          " once, so this row's step time is too short and its MFU too high."
+          for r in rows if r.get("unknown_loops")]
+
+
+def format_collectives(row: dict) -> str:
+  lines = [f"collectives of the {row['slices']}-slice step (per chip):",
+           f"  {'kind':<18} {'net':<4} {'axes':<6} {'group':>5} "
+           f"{'payload MB':>11} {'runs/step':>9} {'GB/step':>9}"]
+  for c in row.get("collectives") or []:
+    lines.append(f"  {c['kind']:<18} {c['network']:<4} {c['axes'] or '-':<6}"
+                 f" {c['group']:>5} {c['payload_bytes'] / 1e6:>11.3f} "
+                 f"{c['runs_per_step']:>9g} {c['bytes_per_step'] / 1e9:>9.3f}")
+  return "\n".join(lines)

@@ -1,0 +1,330 @@
+"""One step of the compiled program, played in its scheduled order.
+
+The program is what XLA:TPU runs on each chip: its instructions in the
+order the scheduler fixed. The time model, per instruction:
+
+* compute (fusions, dots, copies, ...): the longer of its dense FLOPs at
+  `efficiency` x the chip's peak and its HBM bytes at the chip's HBM
+  bandwidth (a roofline per instruction, not per program);
+* a collective's start hands it to its network (ICI or DCN), which runs
+  one collective at a time per resource at the time `network` gives; the
+  matching done waits for it. What the compiler scheduled between the two
+  overlaps it; a synchronous collective blocks;
+* a while loop runs its body trip-count times: the first iterations are
+  played, the rest repeat the last one;
+* a conditional takes its longer branch (the update, not the skip).
+
+Every wait is charged to what it waited for, so the step splits into
+compute, HBM, ICI and DCN seconds; the largest names the bound.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from trm.forecast import hlo
+from trm.forecast import loops
+from trm.forecast import network
+from trm.forecast import ops
+
+PLAYED_ITERATIONS = 3   # iterations of a loop played before repeating
+
+
+@dataclasses.dataclass
+class Totals:
+  """Per chip, per step, loops multiplied out."""
+  flops: float = 0.0
+  hbm_bytes: float = 0.0
+  ici_bytes: float = 0.0
+  dcn_bytes: float = 0.0
+  # (kind, network, axes, group size, payload bytes, traffic bytes) -> runs
+  # per step
+  collectives: collections.Counter = dataclasses.field(
+      default_factory=collections.Counter)
+  unknown_loops: int = 0   # loops whose trip count could not be read
+
+  def add(self, other: "Totals", times: float = 1.0):
+    self.flops += other.flops * times
+    self.hbm_bytes += other.hbm_bytes * times
+    self.ici_bytes += other.ici_bytes * times
+    self.dcn_bytes += other.dcn_bytes * times
+    for key, count in other.collectives.items():
+      self.collectives[key] += count * times
+    self.unknown_loops += other.unknown_loops
+
+
+@dataclasses.dataclass
+class Step:
+  seconds: float
+  by_cause: dict          # compute | hbm | ici | dcn -> seconds on the path
+  totals: Totals
+
+  @property
+  def bound(self) -> str:
+    return max(self.by_cause, key=self.by_cause.get)
+
+
+class Program:
+  """A parsed compiled program on a fabric, ready to be played."""
+
+  def __init__(self, text: str, fabric: network.Fabric):
+    self.module = hlo.parse_module(text)
+    self.text = text
+    self.fabric = fabric
+    self._fused: dict = {}
+    self._costs: dict = {}
+    self._collectives: dict = {}
+    self._trips: dict = {}
+    self._totals: dict = {}
+
+  # ------------------------------------------------------------ static
+  def cost(self, comp, inst) -> tuple[float, float]:
+    key = (comp.name, inst.name)
+    if key not in self._costs:
+      declared = ops.pallas_cost(inst)
+      self._costs[key] = declared or ops.instruction_cost(
+          self.module, comp, inst, self._fused)
+    return self._costs[key]
+
+  def collective(self, comp, inst) -> network.Collective | None:
+    key = (comp.name, inst.name)
+    if key not in self._collectives:
+      self._collectives[key] = network.describe(self.module, comp, inst,
+                                                self.fabric)
+    return self._collectives[key]
+
+  def fused_collectives(self, inst) -> list[network.Collective]:
+    """Collectives inside a fusion (XLA:TPU's collective fusions)."""
+    out = []
+    for called in inst.called():
+      if inst.opcode != "fusion" or called not in self.module.computations:
+        continue
+      inner = self.module.computations[called]
+      for nested in ops.fused_cost(self.module, called, self._fused
+                                   ).collectives:
+        owner = next((c for c in self.module.computations.values()
+                      if nested.name in c.by_name
+                      and c.by_name[nested.name] is nested), inner)
+        described = self.collective(owner, nested)
+        if described is not None:
+          out.append(described)
+    return out
+
+  def trips(self, comp, inst) -> int | None:
+    key = (comp.name, inst.name)
+    if key not in self._trips:
+      self._trips[key] = loops.trip_count(self.module, comp, inst)
+    return self._trips[key]
+
+  def totals(self, name: str | None = None) -> Totals:
+    """FLOPs, bytes and collectives of one run of a computation."""
+    name = name or self.module.entry
+    if name in self._totals:
+      return self._totals[name]
+    comp = self.module.computations[name]
+    total = Totals()
+    for inst in comp.instructions:
+      if inst.opcode == "while":
+        trips = self.trips(comp, inst)
+        if trips is None:
+          total.unknown_loops += 1
+        total.add(self.totals(inst.attr("body").lstrip("%")),
+                  1 if trips is None else trips)
+        continue
+      if inst.opcode == "conditional":
+        branches = [self.totals(b) for b in inst.called()
+                    if b in self.module.computations]
+        if branches:
+          total.add(max(branches, key=lambda t: (t.flops, t.hbm_bytes)))
+        continue
+      if inst.opcode == "call":
+        for called in inst.called():
+          if called in self.module.computations:
+            total.add(self.totals(called))
+        continue
+      flops, moved = self.cost(comp, inst)
+      total.flops += flops
+      total.hbm_bytes += moved
+      described = [self.collective(comp, inst)] + (
+          self.fused_collectives(inst) if inst.opcode == "fusion" else [])
+      for c in described:
+        if c is None:
+          continue
+        if c.network == "dcn":
+          total.dcn_bytes += c.traffic_bytes
+        else:
+          total.ici_bytes += c.traffic_bytes
+        total.collectives[(c.kind, c.network, c.axes, c.group_size,
+                           c.payload_bytes, c.traffic_bytes)] += 1
+    self._totals[name] = total
+    return total
+
+  # ------------------------------------------------------------ played
+  def play(self, peak_flops: float, efficiency: float,
+           hbm_bytes_per_second: float, dcn_overlap: str = "none"
+           ) -> Step:
+    """The step's time with dense compute at `efficiency` x peak.
+
+    dcn_overlap: 'schedule' plays cross-slice collectives as the program
+    schedules them (whatever runs between a send and its done overlaps it);
+    'none' makes each block the chip for its whole time, as runtimes that
+    start the cross-slice reduction only after the backward pass did
+    (PaLM's Pathways, MaxText's 2023 v4 runs; BUILD_NOTES)."""
+    if dcn_overlap not in ("schedule", "none"):
+      raise ValueError(f"--dcn_overlap={dcn_overlap!r}: choose schedule or "
+                       "none.")
+    state = _State()
+    state.dcn_blocks = dcn_overlap == "none"
+    rates = (peak_flops * efficiency, hbm_bytes_per_second)
+    self._play(self.module.entry_computation, state, rates)
+    end = max([state.now] + list(state.pending.values()))
+    if end > state.now:
+      state.charge(end - state.now, "dcn")
+    return Step(end, dict(state.by_cause), self.totals())
+
+  def _play(self, comp, state, rates):
+    for inst in comp.instructions:
+      opcode = inst.opcode
+      if opcode == "while":
+        self._play_loop(comp, inst, state, rates)
+      elif opcode == "conditional":
+        self._play_branches(inst, state, rates)
+      elif opcode == "call":
+        for called in inst.called():
+          if called in self.module.computations:
+            self._play(self.module.computations[called], state, rates)
+      elif opcode in ops.ASYNC_DONES or opcode in ("send-done", "recv-done"):
+        state.wait(inst.operands[0] if inst.operands else None)
+      elif opcode == "recv":
+        state.pending_alias[inst.name] = _rendezvous(inst)
+      else:
+        described = self.collective(comp, inst)
+        if described is not None and (opcode in ops.ASYNC_STARTS
+                                      or opcode in ("async-start", "send")):
+          if described.network == "dcn" and state.dcn_blocks:
+            state.block(described)
+          else:
+            state.start(inst.name, described, _rendezvous(inst))
+          continue
+        flops, moved = self.cost(comp, inst)
+        if flops or moved:
+          compute_s = flops / rates[0]
+          memory_s = moved / rates[1]
+          state.charge(max(compute_s, memory_s),
+                       "compute" if compute_s >= memory_s else "hbm")
+        blocking = [described] if described is not None else []
+        if opcode == "fusion":
+          blocking += self.fused_collectives(inst)
+        for c in blocking:
+          state.block(c)
+
+  def _play_loop(self, comp, inst, state, rates):
+    body = self.module.computations.get((inst.attr("body") or "").lstrip("%"))
+    trips = self.trips(comp, inst)
+    trips = 1 if trips is None else trips
+    if body is None or trips <= 0:
+      return
+    played = min(trips, PLAYED_ITERATIONS)
+    last = None
+    for _ in range(played):
+      before = state.snapshot()
+      self._play(body, state, rates)
+      last = before
+    remaining = trips - played
+    if remaining and last is not None:
+      state.repeat_since(last, remaining)
+
+  def _play_branches(self, inst, state, rates):
+    outcomes = []
+    for name in inst.called():
+      if name not in self.module.computations:
+        continue
+      branch = state.copy()
+      self._play(self.module.computations[name], branch, rates)
+      outcomes.append(branch)
+    if outcomes:
+      state.adopt(max(outcomes, key=lambda s: s.now))
+
+
+def _rendezvous(inst: hlo.Instruction) -> str | None:
+  return inst.frontend_attribute("_xla_host_transfer_rendezvous")
+
+
+class _State:
+  """Clock of the compute stream, queues of the networks, and what every
+  started collective finishes at."""
+
+  def __init__(self):
+    self.now = 0.0
+    self.free = collections.defaultdict(float)     # resource -> free at
+    self.pending: dict[str, float] = {}            # start name -> end
+    self.network_of: dict[str, str] = {}           # start name -> ici|dcn
+    self.rendezvous: dict[str, str] = {}           # rendezvous -> start
+    self.pending_alias: dict[str, str | None] = {}  # recv -> rendezvous
+    self.by_cause = collections.defaultdict(float)
+    self.dcn_blocks = False   # cross-slice collectives block the chip
+
+  def charge(self, seconds: float, cause: str):
+    if seconds > 0:
+      self.now += seconds
+      self.by_cause[cause] += seconds
+
+  def start(self, name, collective, rendezvous):
+    begin = max(self.now, self.free[collective.resource])
+    end = begin + collective.seconds
+    self.free[collective.resource] = end
+    self.pending[name] = end
+    self.network_of[name] = collective.network
+    if rendezvous:
+      self.rendezvous[rendezvous] = name
+
+  def wait(self, name):
+    if name in self.pending_alias:
+      name = self.rendezvous.get(self.pending_alias[name])
+    if name is None or name not in self.pending:
+      return
+    end = self.pending.pop(name)
+    if end > self.now:
+      self.charge(end - self.now, self.network_of.get(name, "ici"))
+
+  def block(self, collective):
+    begin = max(self.now, self.free[collective.resource])
+    end = begin + collective.seconds
+    self.free[collective.resource] = end
+    if end > self.now:
+      self.charge(end - self.now, collective.network)
+
+  def snapshot(self):
+    return (self.now, dict(self.by_cause), dict(self.free),
+            dict(self.pending))
+
+  def repeat_since(self, snapshot, times: int):
+    """The span since `snapshot` (one loop iteration) happens `times` more:
+    the clock, its causes, and what the iteration started move on."""
+    now, causes, free, pending = snapshot
+    seconds = (self.now - now) * times
+    self.now += seconds
+    for cause in list(self.by_cause):
+      self.by_cause[cause] += (self.by_cause[cause] - causes.get(cause, 0.0)
+                               ) * times
+    for key, value in self.free.items():
+      if free.get(key) != value:
+        self.free[key] = value + seconds
+    for key, value in self.pending.items():
+      if pending.get(key) != value:
+        self.pending[key] = value + seconds
+
+  def copy(self) -> "_State":
+    other = _State()
+    other.now = self.now
+    other.free = collections.defaultdict(float, self.free)
+    other.pending = dict(self.pending)
+    other.network_of = dict(self.network_of)
+    other.rendezvous = dict(self.rendezvous)
+    other.pending_alias = dict(self.pending_alias)
+    other.by_cause = collections.defaultdict(float, self.by_cause)
+    other.dcn_blocks = self.dcn_blocks
+    return other
+
+  def adopt(self, other: "_State"):
+    self.__dict__.update(other.__dict__)
