@@ -38,9 +38,8 @@ _CONFIG = config_flags.DEFINE_config_file(
                            "gpt.py:shakespeare_char_cpu"),
     "GPT config (configs/gpt.py variant).", lock_config=True)
 _INPUT = flags.DEFINE_string(
-    "input", os.path.join(os.path.dirname(__file__), "..", "..", "shared",
-                          "data", "tinyshakespeare", "input.txt"),
-    "Text to prepare when config.data_root/dataset is not prepared.")
+    "input", None, "Text to prepare when config.data_root/dataset is not "
+    "prepared (e.g. tinyshakespeare's input.txt).")
 _ITERS = flags.DEFINE_integer("iters", 100, "Timed iterations per round.")
 _ROUNDS = flags.DEFINE_integer("rounds", 1, "Alternating rounds of ours and "
                                "theirs; the summary is the median over them.")
@@ -103,11 +102,23 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
-  if not config.data.input:
+  prepared = os.path.exists(os.path.join(config.data_root, config.dataset,
+                                         "meta.json"))
+  if _INPUT.value:
     with config.unlocked():
       config.data.input = _INPUT.value
-  if config.data.input.startswith("http"):
-    config.data.input = _INPUT.value
+  elif not prepared and (not config.data.input
+                         or config.data.input.startswith("http")):
+    raise app.UsageError(
+        f"{os.path.join(config.data_root, config.dataset)} is not prepared: "
+        "pass --input=PATH/TO/tinyshakespeare/input.txt (or prepare it with "
+        "python -m trm.main first).")
+  if _TORCH.value:
+    try:
+      import torch  # pylint: disable=g-import-not-at-top,unused-import
+    except ImportError:
+      raise app.UsageError("PyTorch's figure needs torch (pip install torch);"
+                           " --notorch times ours only.") from None
   timed_ours = make_ours(config)
   torch_args = None
   if _TORCH.value:

@@ -21,7 +21,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
 
   c.model = ml_collections.ConfigDict(dict(
-      name="dream",             # model family, see trm/models/__init__.py
+      name="dream",             # model family, see trm/families/__init__.py
       vocab_size=152064,        # logits width (above the tokenizer's 151,668)
       hidden_size=3584,         # width D
       intermediate_size=18944,  # SwiGLU inner width

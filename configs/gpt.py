@@ -112,7 +112,7 @@ def get_config(arg=None):
       )),
   ))
   c.model = ml_collections.ConfigDict(dict(
-      name="gpt",               # model family, see trm/models/__init__.py
+      name="gpt",               # model family, see trm/families/__init__.py
       n_layer=c.get_ref("n_layer"),
       n_head=c.get_ref("n_head"),
       n_embd=c.get_ref("n_embd"),

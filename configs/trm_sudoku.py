@@ -30,7 +30,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
 
   c.model = ml_collections.ConfigDict(dict(
-      name="trm",               # model family, see trm/models/__init__.py
+      name="trm",               # model family, see trm/families/__init__.py
       hidden_size=512,          # width D
       num_heads=8,              # attention heads (head_dim = D / heads)
       expansion=4.0,            # SwiGLU expansion

@@ -14,11 +14,13 @@ so tests can check them without gcloud.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +30,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REMOTE_DIR = "~/trm"
 REMOTE_VENV = "~/trm_venv"
 REMOTE_LOG = "~/trm_run.log"
-_UPLOAD_DIR = "~/trm_upload"
+_UPLOAD_ARCHIVE = "trm_upload.tar.gz"  # in the worker's home directory
+# Never copied with --code_dir outside a git checkout (in one, what
+# .gitignore ignores is left out instead): runs, datasets, environments.
+DEFAULT_CODE_EXCLUDES = ("runs", "data", ".git", "__pycache__", "*.egg-info",
+                         ".venv", "venv", "wandb", "*.pyc", ".pytest_cache")
 
 DEFAULT_RUNTIME = "tpu-ubuntu2204-base"
 # Ray's TPU multislice helper uses 8081 as the default MEGASCALE port.
@@ -213,20 +219,59 @@ def _install_script() -> str:
       '2>/dev/null || echo copied-code)"'])
 
 
+def _excluded(path: str, patterns) -> bool:
+  return any(fnmatch.fnmatch(part, pattern) for part in path.split("/")
+             for pattern in patterns)
+
+
+def code_files(code_dir: str, excludes=()) -> list[str]:
+  """The files --code_dir copies, relative to it: in a git checkout the
+  tracked and untracked ones that .gitignore does not ignore, elsewhere all
+  but DEFAULT_CODE_EXCLUDES; --exclude patterns apply to both."""
+  listed = subprocess.run(
+      ["git", "-C", code_dir, "ls-files", "--cached", "--others",
+       "--exclude-standard", "-z"], capture_output=True, check=False)
+  if listed.returncode == 0:
+    files = [f for f in listed.stdout.decode().split("\0") if f]
+    files = [f for f in files if os.path.isfile(os.path.join(code_dir, f))]
+  else:
+    files = []
+    for root, dirs, names in os.walk(code_dir):
+      rel = os.path.relpath(root, code_dir)
+      dirs[:] = [d for d in dirs if not _excluded(d, DEFAULT_CODE_EXCLUDES)]
+      files += [os.path.normpath(os.path.join(rel, n)) for n in names
+                if not _excluded(n, DEFAULT_CODE_EXCLUDES)]
+  return sorted(f for f in files if not _excluded(f, excludes))
+
+
+def _code_archive_command(args) -> tuple[list[str], str]:
+  """A local `tar` of code_files(--code_dir), and the archive's path."""
+  stage = tempfile.mkdtemp(prefix="trm_code_")
+  listing = os.path.join(stage, "files")
+  with open(listing, "wb") as f:
+    f.write(b"".join(name.encode() + b"\0" for name in
+                     code_files(args.code_dir, args.exclude)))
+  archive = os.path.join(stage, "code.tar.gz")
+  return (["tar", "-czf", archive, "-C", args.code_dir, "--null", "-T",
+           listing], archive)
+
+
 def setup_commands(args) -> list[list[str]]:
   """Puts the code in ~/trm on every worker of every slice and installs it."""
   commands = []
+  if args.code_dir:
+    pack, archive = _code_archive_command(args)
+    commands.append(pack)
   for node in node_names(args):
     if args.code_dir:
-      # Copied next to ~/trm and merged in, so a local workdir such as
-      # ~/trm/runs/x survives a re-setup.
-      commands.append(_ssh(args, node, f"rm -rf {_UPLOAD_DIR}"))
+      # Unpacked over ~/trm, so a local workdir such as ~/trm/runs/x
+      # survives a re-setup.
       commands.append(
-          ["gcloud", "compute", "tpus", "tpu-vm", "scp", "--recurse",
-           args.code_dir, f"{node}:{_UPLOAD_DIR}", *_location(args),
+          ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive,
+           f"{node}:{_UPLOAD_ARCHIVE}", *_location(args),
            "--worker=all", "--strict-host-key-checking=no"])
-      fetch = (f"mkdir -p {REMOTE_DIR} && cp -a {_UPLOAD_DIR}/. {REMOTE_DIR}/"
-               f" && rm -rf {_UPLOAD_DIR}")
+      fetch = (f"mkdir -p {REMOTE_DIR} && tar -xzf ~/{_UPLOAD_ARCHIVE} -C "
+               f"{REMOTE_DIR} && rm -f ~/{_UPLOAD_ARCHIVE}")
     else:
       # Fetching the revision itself works for branches, tags and commits.
       fetch = (f"{{ [ -d {REMOTE_DIR}/.git ] || git clone -q "
@@ -421,7 +466,11 @@ def _common_flags() -> argparse.ArgumentParser:
                  "guarantees every worker runs the same code).")
   p.add_argument("--code_dir",
                  help="setup: local directory copied to each worker instead "
-                 "of --repo_url.")
+                 "of --repo_url (in a git checkout, what .gitignore ignores "
+                 "stays behind; elsewhere runs/, data/, .git, environments).")
+  p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                 help="setup with --code_dir: also leave out paths with a "
+                 "part matching this glob (repeatable).")
   p.add_argument("--config",
                  help="Config path relative to the repo root, optionally "
                  "with :variant.")

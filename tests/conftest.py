@@ -2,6 +2,9 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Each test's command-line runs compile afresh (what they check includes
+# compile-time errors); tests/core/test_compile_cache.py turns it on.
+os.environ.setdefault("TRM_COMPILATION_CACHE", "off")
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()

@@ -125,7 +125,8 @@ def test_cli_dry_run_single_v4_8(no_gcloud):
   assert {"one", "--accelerator-type=v4-8",
           "--version=tpu-ubuntu2204-base"} <= set(commands[0])
   assert not any(_is(c, "queued-resources") for c in commands)
-  assert any(_is(c, "tpu-vm", "scp") and "--recurse" in c for c in commands)
+  (pack,) = [c for c in commands if c[0] == "tar"]
+  assert any(_is(c, "tpu-vm", "scp") and pack[2] in c for c in commands)
   script = _remote(next(c for c in commands if "nohup" in " ".join(c)))
   # A single host: no slice variables, and a local workdir is allowed.
   assert "MEGASCALE" not in script
@@ -284,3 +285,32 @@ def test_multi_host_workdir_check_counts_slices():
     ("v5litepod-8", 1), ("v5litepod-16", 4), ("v6e-256", 64)])
 def test_hosts_per_slice(accelerator, hosts):
   assert tpu_pod.hosts_per_slice(accelerator) == hosts
+
+
+def test_code_dir_leaves_ignored_runs_and_data_behind(tmp_path):
+  """--code_dir copies the code, not the runs and datasets beside it: a git
+  checkout's .gitignore decides; elsewhere the default excludes do."""
+  tree = {"trm/a.py": "x", "configs/c.py": "x", "runs/x/ckpt": "x",
+          "data/big.npy": "x", "notes.txt": "x", "trm/__pycache__/a.pyc": "x"}
+  for name, text in tree.items():
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(text)
+  plain = tpu_pod.code_files(str(tmp_path))
+  assert plain == ["configs/c.py", "notes.txt", "trm/a.py"]
+  assert tpu_pod.code_files(str(tmp_path), ["notes*"]) == [
+      "configs/c.py", "trm/a.py"]
+  (tmp_path / ".gitignore").write_text("runs/\n__pycache__/\n")
+  subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+  in_git = tpu_pod.code_files(str(tmp_path))
+  assert "runs/x/ckpt" not in in_git and "data/big.npy" in in_git
+  assert "trm/__pycache__/a.pyc" not in in_git
+  # The archive holds exactly those files.
+  args = _args(*[f for f in MULTI if not f.startswith("--repo_url")],
+               f"--code_dir={tmp_path}", "--exclude=data", sub="setup")
+  commands = tpu_pod.setup_commands(args)
+  assert commands[0][0] == "tar"
+  subprocess.run(commands[0], check=True)
+  listed = subprocess.run(["tar", "-tzf", commands[0][2]], check=True,
+                          capture_output=True, text=True).stdout.split()
+  assert sorted(listed) == [".gitignore", "configs/c.py", "notes.txt",
+                            "trm/a.py"]

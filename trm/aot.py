@@ -41,6 +41,12 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+from trm.core import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+if not any(__import__("glob").glob(p) for p in cli.ACCELERATOR_FILES):
+  # With no metadata server, libtpu logs E0000 lines about the host it runs
+  # on; it only compiles here, for the topology named by --topology.
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v4-8")
 
 import dataclasses  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
@@ -51,7 +57,6 @@ import time
 from absl import app, flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags
 
-from trm.core import cli
 from trm.core.topology import (Topology, parse_topology, roofline, step_cost,
                                topology_devices)
 
@@ -65,6 +70,10 @@ def _step_compiler(program, ctx, global_batch_size: int):
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   return lambda: task_lib.compile_train_step(
       program, ctx, global_batch_size, abstract, shardings)
+
+
+def _progress(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
 
 
 def _train_step_builder(config, ctx, shapes):
@@ -177,6 +186,8 @@ def compile_report(config, topology: Topology, num_slices: int,
             sample.batch * sample.max_new_tokens / seconds,
     })
   start = time.time()
+  _progress(f"[aot] compiling the {'sampling loop' if sample else 'train step'} "
+            f"for {num_slices} x {topology.name} ...")
   try:
     compiled = compile_step()
   except Exception as e:  # pylint: disable=broad-except
@@ -189,6 +200,8 @@ def compile_report(config, topology: Topology, num_slices: int,
   compile_seconds = time.time() - start
   if compile_twin is not None:
     # XLA counts each loop body once; the unrolled twin counts every cycle.
+    _progress(f"[aot]   compiled in {compile_seconds:.0f} s; a second compile"
+              " with the recursion unrolled counts FLOPs and bytes ...")
     start = time.time()
     unrolled = compile_twin()
     report.update(roofline(*step_cost(unrolled), topology.chip),
@@ -502,4 +515,4 @@ def define_flags():
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config"])
-  cli.run(main)
+  cli.run(main, compilation_cache=False)

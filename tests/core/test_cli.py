@@ -29,8 +29,9 @@ def _main(*args, timeout=300):
 def test_a_missing_config_file_is_named_before_jax(tmp_path):
   result = _main("--config=configs/nope.py", f"--workdir={tmp_path}",
                  timeout=60)
-  assert result.returncode == 1
-  assert "--config=configs/nope.py: no such config file" in result.stderr
+  assert result.returncode == 2
+  assert ("trm.main: error: --config=configs/nope.py: no such config file"
+          in result.stderr)
   assert "Traceback" not in result.stderr
   assert "TPU" not in result.stderr  # jax (and libtpu) never loaded
 
@@ -167,3 +168,55 @@ def test_an_explicit_platform_or_an_accelerator_is_left_alone(monkeypatch):
       ["/dev/accel0"] if pattern == "/dev/accel*" else []))
   assert not cli.default_to_cpu()
   assert "JAX_PLATFORMS" not in os.environ
+
+
+_BUSY = """
+import hashlib, signal, sys, time
+from trm.core import cli
+
+def main(argv):
+  {busy}
+  return 0
+
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("busy, inside_loop", [
+    # An XLA compile or a blocked collective: compiled code that never
+    # returns to the interpreter within the grace period.
+    ("print('busy', flush=True)\n"
+     "  hashlib.pbkdf2_hmac('sha256', b'x', b'y', 400_000_000)", False),
+    # The loop turns the watchdog off: a save may take longer.
+    ("from trm.core import preemption\n"
+     "  with preemption.PreemptionWatch(None, 1):\n"
+     "    print('busy', flush=True)\n"
+     "    hashlib.pbkdf2_hmac('sha256', b'x', b'y', 20_000_000)\n"
+     "    print('loop ended', flush=True)", True),
+])
+def test_a_signal_during_busy_start_up_ends_the_process_in_seconds(
+    tmp_path, busy, inside_loop):
+  script = tmp_path / "busy.py"
+  script.write_text(_BUSY.format(busy=busy))
+  process = subprocess.Popen([sys.executable, str(script)], cwd=ROOT,
+                             env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  assert process.stdout.readline().strip() == "busy"
+  time.sleep(0.5)
+  start = time.time()
+  process.send_signal(signal.SIGTERM)
+  try:
+    out, err = process.communicate(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+  waited = time.time() - start
+  if inside_loop:
+    assert "loop ended" in out, err  # the loop's own handler, not cut short
+    assert "busy in compiled code" not in err
+  else:
+    assert waited < cli.STARTUP_GRACE_SECONDS + 10, waited
+    assert process.returncode == 0, err
+    lines = [l for l in err.splitlines() if "stopped by SIGTERM" in l]
+    assert len(lines) == 1 and "busy in compiled code" in lines[0], err
+    assert "Traceback" not in err

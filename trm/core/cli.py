@@ -13,7 +13,14 @@ signals.
   Before the training loop they stop the tool with one line (exit 0 for
   SIGTERM, a scheduler's normal stop; 130 for Ctrl-C); inside it,
   `train._Preemption` takes over to save first. A second signal while the
-  first is handled exits at once with one line.
+  first is handled exits at once with one line. Python runs a handler only
+  when the main thread is back in the interpreter, so a signal that arrives
+  while start-up is inside compiled code (an XLA compile, a blocked
+  collective, a pool's shutdown) would wait for it: a watchdog thread, woken
+  by the signal itself (`signal.set_wakeup_fd`), ends the process with the
+  same line if the main thread has not exited `STARTUP_GRACE_SECONDS`
+  later. The training loop turns the watchdog off (`startup_watch(False)`):
+  there a signal means save first, however long that takes.
 - On a host with no TPU or GPU, JAX_PLATFORMS defaults to cpu
   (`default_to_cpu`): with libtpu installed (`.[tpu]`, `.[test]`) jax would
   otherwise initialise it on every start and print its E0000 complaints
@@ -25,17 +32,29 @@ import glob
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 
 from absl import app, flags
 
+from trm.core import compile_cache
 from trm.core import config_lib
 
 TRACEBACK_ENV = "TRM_TRACEBACK"
 _TRACEBACK = flags.DEFINE_bool(
     "traceback", False, "On an input error, show the whole traceback instead "
     f"of one line (also: {TRACEBACK_ENV}=1).")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", None, "JAX's persistent compilation cache: a "
+    f"directory, or 'off' (default: ${compile_cache.ENV}, else "
+    "$XDG_CACHE_HOME/trm/jax).")
+_COMPILATION_CACHE_MAX_GB = flags.DEFINE_float(
+    "compilation_cache_max_gb", compile_cache.DEFAULT_MAX_GB,
+    "The compilation cache's size limit; least recently used entries go "
+    "first.")
 EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}
+STARTUP_GRACE_SECONDS = 5.0
 
 
 class UserError(Exception):
@@ -52,7 +71,7 @@ class Interrupted(BaseException):
     super().__init__(signal.Signals(signum).name)
 
 
-def _tool() -> str:
+def tool_name() -> str:
   """'trm.main' for `python -m trm.main`, else the script's name."""
   spec = getattr(sys.modules.get("__main__"), "__spec__", None)
   if spec is not None and spec.name:
@@ -65,7 +84,7 @@ def _tool() -> str:
 
 def exit_now(signum: int, what: str) -> None:
   """A second signal: one line, then exit without waiting for anything."""
-  sys.stderr.write(f"{_tool()}: {signal.Signals(signum).name} again: "
+  sys.stderr.write(f"{tool_name()}: {signal.Signals(signum).name} again: "
                    f"exiting now; {what}\n")
   sys.stderr.flush()
   os._exit(EXIT_CODES.get(signum, 1))  # pylint: disable=protected-access
@@ -78,11 +97,67 @@ def _on_signal(signum, unused_frame):
   raise Interrupted(signum)
 
 
+_STOPPED_LINE = ("{tool}: stopped by {name} before training began or after "
+                 "it ended; nothing was saved by this signal (checkpoints "
+                 "already written are kept).")
+
+
+class _StartupWatch:
+  """Ends the process when a stop signal is not handled within a grace
+  period outside the training loop (see the module docstring)."""
+
+  def __init__(self):
+    self.armed = True
+    self.reported = False  # the main thread printed the line itself
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    threading.Thread(target=self._watch, args=(read_fd,), daemon=True,
+                     name="trm-signal-watch").start()
+
+  def _watch(self, read_fd: int) -> None:
+    while True:
+      try:
+        received = os.read(read_fd, 64)
+      except OSError:
+        return
+      if not received:
+        return
+      signums = [s for s in received if s in EXIT_CODES]
+      if not signums or not self.armed:
+        continue
+      time.sleep(STARTUP_GRACE_SECONDS)
+      if self.armed:  # the main thread is still busy: end it from here
+        name = signal.Signals(signums[0]).name
+        if not self.reported:
+          sys.stderr.write(_STOPPED_LINE.format(tool=tool_name(), name=name)
+                           + f" (the signal waited {STARTUP_GRACE_SECONDS:g}"
+                           " s for the main thread, busy in compiled code.)"
+                           "\n")
+        sys.stderr.flush()
+        os._exit(EXIT_CODES[signums[0]])  # pylint: disable=protected-access
+
+
+_WATCH: _StartupWatch | None = None
+
+
+def startup_watch(armed: bool) -> None:
+  """Turns the start-up watchdog off (the training loop saves on a signal,
+  however long that takes) or back on."""
+  if _WATCH is not None:
+    _WATCH.armed = armed
+
+
 def install_signal_handlers() -> None:
-  """Our handlers for SIGTERM and SIGINT (main thread only)."""
+  """Our handlers for SIGTERM and SIGINT, and the start-up watchdog (main
+  thread only)."""
+  global _WATCH
   _on_signal.raised = False
   for signum in EXIT_CODES:
     signal.signal(signum, _on_signal)
+  if _WATCH is None:
+    _WATCH = _StartupWatch()
+  _WATCH.armed = True
 
 
 def traceback_requested() -> bool:
@@ -97,20 +172,26 @@ def is_user_error(error: BaseException) -> bool:
 
 def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
-  return f"{_tool()}: error: {text}"
+  return f"{tool_name()}: error: {text}"
 
 
-def _wrap(main):
+def _wrap(main, compilation_cache: bool = True):
   def wrapped(argv):
     try:
+      if compilation_cache:
+        compile_cache.configure(_COMPILATION_CACHE.value,
+                                _COMPILATION_CACHE_MAX_GB.value)
       return main(argv)
     except Interrupted as stop:
-      sys.stderr.write(f"{_tool()}: stopped by {stop} before training began"
-                       " or after it ended; nothing was saved by this "
-                       "signal (checkpoints already written are kept).\n")
+      if _WATCH is not None:
+        _WATCH.reported = True
+      sys.stderr.write(_STOPPED_LINE.format(tool=tool_name(), name=stop) + "\n")
       sys.exit(EXIT_CODES.get(stop.signum, 1))
-    except app.UsageError:
-      raise  # absl prints it as one line with the usage hint
+    except app.UsageError as error:
+      # absl would print the module's whole docstring before the message.
+      sys.stderr.write(f"{tool_name()}: error: {error} (--helpshort lists "
+                       "the flags)\n")
+      sys.exit(2)
     except Exception as error:  # pylint: disable=broad-except
       if not is_user_error(error) or traceback_requested():
         raise
@@ -162,10 +243,14 @@ def default_to_cpu() -> bool:
   return True
 
 
-def run(main) -> None:
+def run(main, compilation_cache: bool = True) -> None:
   """`app.run(main)` with the shared flag parser, one-line errors, signal
-  handling, and no libtpu start-up on hosts without an accelerator."""
+  handling, the persistent compilation cache (`compile_cache`; off for
+  tools whose executables cannot be loaded back, such as trm.aot's
+  compile-only TPU programs), and no libtpu start-up on hosts without an
+  accelerator."""
   default_to_cpu()
   install_signal_handlers()
   _quiet_closed_loop_callbacks()
-  app.run(_wrap(main), flags_parser=config_lib.parse_flags)
+  app.run(_wrap(main, compilation_cache),
+          flags_parser=config_lib.parse_flags)

@@ -182,7 +182,8 @@ def parse_flags(argv):
   flags_parser=config_lib.parse_flags)`). Flag errors stay one line: a
   --config.KEY=VALUE naming no config field names the flag (ml_collections
   raises a chained KeyError traceback), and an error raised by the config
-  file itself is shown without its traceback."""
+  file itself is shown without its traceback. Every tool says it the same
+  way as its other input errors: `<tool>: error: ...`, exit 2."""
   import sys  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   try:
@@ -196,6 +197,7 @@ def parse_flags(argv):
     message = _config_override_error(e, argv)
     if message is None:
       raise
-  sys.stderr.write(f"FATAL Flags parsing error: {message}\n"
-                   "Pass --helpshort or --helpfull to see help on flags.\n")
-  sys.exit(1)
+  from trm.core import cli  # pylint: disable=g-import-not-at-top
+  sys.stderr.write(f"{cli.tool_name()}: error: {message} (--helpshort "
+                   "lists the flags)\n")
+  sys.exit(2)

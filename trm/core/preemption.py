@@ -56,6 +56,7 @@ class PreemptionWatch:
       return self
     self._previous = {signum: signal.signal(signum, self._on_signal)
                       for signum in (signal.SIGTERM, signal.SIGINT)}
+    cli.startup_watch(False)
     return self
 
   def __exit__(self, *unused_exc):
@@ -63,6 +64,7 @@ class PreemptionWatch:
       for signum, handler in self._previous.items():
         signal.signal(signum, handler)
       self._previous = None
+      cli.startup_watch(True)
 
   def _on_signal(self, signum, unused_frame):
     if self.signal_time is None:

@@ -192,7 +192,7 @@ def test_export_never_mixes_with_an_existing_directory(trained, tmp_path):
   for name, text in old.items():
     (out / name).write_text(text)
   refused = _export(workdir, out)
-  assert refused.returncode == 1, refused.stderr[-2000:]
+  assert refused.returncode == 2, refused.stderr[-2000:]
   assert f"--out={out} is not empty" in refused.stderr
   assert "Traceback" not in refused.stderr
   assert sorted(os.listdir(out)) == sorted(old)
@@ -207,7 +207,7 @@ def test_export_refuses_to_overwrite_its_tokenizer_source(trained, tmp_path):
   (tmp_path / "tokenizer.json").write_text("{}")
   for out in (tmp_path, tmp_path.parent):
     result = _export(workdir, out, f"--tokenizer={tmp_path}", "--overwrite")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "equals or contains --tokenizer" in result.stderr
   assert os.listdir(tmp_path) == ["tokenizer.json"]
 

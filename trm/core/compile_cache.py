@@ -1,0 +1,73 @@
+"""JAX's persistent compilation cache, on by default for every `python -m
+trm.*` command: a second run of the same program (the same model, shapes,
+mesh and flags) loads its executables instead of compiling them again.
+
+Where: `--compilation_cache=DIR`, else $TRM_COMPILATION_CACHE, else
+$XDG_CACHE_HOME/trm/jax (~/.cache/trm/jax). `off` (flag or variable) turns
+it off. JAX evicts the least recently used entries beyond
+`--compilation_cache_max_gb` (default 2), so the directory never grows
+without bound.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+ENV = "TRM_COMPILATION_CACHE"
+OFF = ("off", "none", "0", "false", "no")
+DEFAULT_MAX_GB = 2.0
+# Compiles shorter than this are not worth a file (jax's default is 1 s;
+# the tiny CPU programs of a sampling loop add up to seconds).
+MIN_COMPILE_SECONDS = 0.2
+
+
+def default_dir() -> str:
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+      os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "trm", "jax")
+
+
+def resolve(setting: str | None) -> str | None:
+  """The cache directory for a flag value (None: unset), or None if off."""
+  value = setting if setting not in (None, "") else os.environ.get(ENV, "")
+  if value.strip().lower() in OFF:
+    return None
+  return os.path.abspath(os.path.expanduser(value or default_dir()))
+
+
+def configure(setting: str | None, max_gb: float = DEFAULT_MAX_GB
+              ) -> str | None:
+  """Turns the cache on (before the first compile); returns its directory,
+  or None when it is off or cannot be made (said in one line)."""
+  if not max_gb > 0:
+    raise ValueError(f"--compilation_cache_max_gb={max_gb}: must be > 0 "
+                     "(turn the cache off with --compilation_cache=off).")
+  path = resolve(setting)
+  if path is None:
+    return None
+  try:
+    os.makedirs(path, exist_ok=True)
+    if not os.access(path, os.W_OK):
+      raise PermissionError(f"{path} is not writable")
+  except OSError as error:
+    sys.stderr.write(f"warning: compilation cache off: cannot use {path} "
+                     f"({error}); set --compilation_cache=DIR or {ENV}.\n")
+    return None
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    MIN_COMPILE_SECONDS)
+  jax.config.update("jax_compilation_cache_max_size",
+                    int(max_gb * 2**30))
+  return path
+
+
+def size_bytes(path: str) -> int:
+  total = 0
+  for root, _, files in os.walk(path):
+    for name in files:
+      try:
+        total += os.path.getsize(os.path.join(root, name))
+      except OSError:
+        pass
+  return total
