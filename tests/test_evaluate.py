@@ -63,6 +63,9 @@ def test_cli_prints_the_paper_metric(trained, tmp_path):
        "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
        "--config.model.halt_max_steps=2",
        f"--config.data.data_dir={config.data.data_dir}",
+       # The dataset's build arguments: other ones are refused (issue 25).
+       "--config.data.build.num_train=256", "--config.data.build.num_test=32",
+       "--config.data.build.num_blanks=30",
        "--config.data.eval_batch_size=16", "--config.mesh.data=2",
        "--config.mesh.fsdp=2", "--config.mesh.model=2"],
       cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -76,3 +79,16 @@ def test_missing_checkpoint_is_a_clear_error(trained, tmp_path):
   with pytest.raises(FileNotFoundError, match="neither a trm.main workdir"):
     evaluate.evaluate_checkpoint(config, str(tmp_path / "nope"),
                                  str(tmp_path / "eval"))
+
+
+def test_missing_config_or_checkpoint_is_one_line():
+  """Required unless --score_only rescores a samples file (no model)."""
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.evaluate",
+       "--config=configs/trm_sudoku.py:cpu"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines() == [
+      "trm.evaluate: error: --config and --checkpoint are required (or "
+      "--benchmark / --score_only for code benchmarks)."]

@@ -24,10 +24,19 @@ DiffuCoder / Dream on code benchmarks (`trm.families.dream.code_eval`):
 
 --checkpoint is then a Hugging Face directory or a trm.main DiffuCoder
 workdir (the config gives the mesh). Completions come from the diffusion
-sampler in batches, run in a sandbox (one subprocess per program, with
-time, memory, file and network limits) and are scored with the unbiased
-pass@k; every sample goes to --output (JSONL) and the figures to
-`<output stem>_summary.json`.
+sampler in batches, written to --output (JSONL) BEFORE any of them runs,
+then run in a sandbox (`trm.families.dream.code_exec`: PID, mount and
+network namespaces where the kernel allows, time, memory, disk, file and
+process limits; a pass means the checks returned) and scored with the
+unbiased pass@k; --output is rewritten with each sample's result and
+reason, and the figures go to `<output stem>_summary.json`. After any
+fault, rescore without a model:
+
+  python -m trm.evaluate --score_only=runs/mbpp/samples.jsonl \
+      --benchmark_path=mbpp.jsonl --k=1,10
+
+--timeout, --workers, --memory_mb, --disk_mb and --output are checked
+before anything is loaded (one line, exit 2).
 """
 from __future__ import annotations
 
@@ -83,28 +92,153 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
   return results, source
 
 
-def evaluate_code(config, checkpoint: str):
-  """--benchmark: sample completions, run them, print and write pass@k."""
-  import time  # pylint: disable=g-import-not-at-top
-  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+def check_output_file(path: str, flag: str) -> str:
+  """`path` can become a file: not a directory, not under a regular file,
+  in a directory we may write. Returns it."""
+  if path.endswith(os.sep) or os.path.isdir(path):
+    raise ValueError(f"{flag}={path}: is a directory; a file path is "
+                     "expected (the samples JSONL).")
+  ancestor = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  if not os.path.isdir(ancestor):
+    raise ValueError(f"{flag}={path}: {ancestor} is a file, so nothing can "
+                     "be written under it; choose a path in a directory.")
+  if not os.access(ancestor, os.W_OK | os.X_OK):
+    raise ValueError(f"{flag}={path}: {ancestor} is not writable.")
+  summary = os.path.splitext(path)[0] + "_summary.json"
+  if os.path.isdir(summary):
+    raise ValueError(f"{flag}={path}: its summary {summary} is a directory.")
+  return path
+
+
+def code_settings():
+  """(limits, workers, samples path) from the flags, each checked with a
+  one-line error before anything is loaded."""
   from trm.families.dream import code_exec  # pylint: disable=g-import-not-at-top
-  benchmark = _BENCHMARK.value
-  if benchmark not in code_eval.BENCHMARKS:
-    raise ValueError(f"--benchmark={benchmark}: must be one of "
-                     f"{', '.join(code_eval.BENCHMARKS)}.")
-  if _NUM_SAMPLES.value < 1 or _LIMIT.value < 0:
-    raise ValueError("--num_samples must be >= 1 and --limit >= 0 (0: all "
-                     "problems).")
-  ks = code_eval.check_ks(_K.value, _NUM_SAMPLES.value)
   limits = code_exec.Limits(timeout_s=_TIMEOUT.value,
-                            memory_mb=_MEMORY_MB.value)
+                            memory_mb=_MEMORY_MB.value,
+                            disk_mb=_DISK_MB.value)
   limits.check()
+  workers = _WORKERS.value
+  if workers is not None:
+    code_exec.check_workers(workers)
+  if _SCORE_ONLY.value is not None:
+    if not _SCORE_ONLY.value or os.path.isdir(_SCORE_ONLY.value):
+      raise ValueError(f"--score_only={_SCORE_ONLY.value}: a samples JSONL "
+                       "file written by trm.evaluate --benchmark is expected.")
+    if not os.path.isfile(_SCORE_ONLY.value):
+      raise FileNotFoundError(f"--score_only={_SCORE_ONLY.value}: no such "
+                              "file.")
+  if _OUTPUT.value is not None:
+    output = check_output_file(_OUTPUT.value, "--output")
+  elif _SCORE_ONLY.value:
+    output = check_output_file(_SCORE_ONLY.value, "--score_only")
+  else:
+    if os.path.exists(_OUTPUT_DIR.value) and not os.path.isdir(
+        _OUTPUT_DIR.value):
+      raise ValueError(f"--output_dir={_OUTPUT_DIR.value}: is a file; a "
+                       "directory is expected.")
+    output = check_output_file(
+        os.path.join(_OUTPUT_DIR.value, f"{_BENCHMARK.value}_samples.jsonl"),
+        "--output_dir")
+  return limits, workers, output
+
+
+def _load_problems(benchmark: str):
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
   shots = ()
   if benchmark == "mbpp":
     problems, shots, split = code_eval.load_mbpp(_BENCHMARK_PATH.value)
   else:
     problems = code_eval.load_humaneval(_BENCHMARK_PATH.value or None)
     split = f"all {len(problems)} problems"
+  return problems, shots, split
+
+
+def _score_and_report(problems, records, limits, workers, ks, output,
+                      summary):
+  """Runs the samples (already in `output`), rewrites `output` with the
+  results, writes the summary beside it and prints pass@k."""
+  import collections  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import code_exec  # pylint: disable=g-import-not-at-top
+  start = time.perf_counter()
+  records, results = code_eval.score_records(problems, records, limits,
+                                             workers, ks)
+  for record in records:
+    record.pop("line", None)
+  code_eval.write_samples(output, records)
+  reasons = collections.Counter(r["reason"] for r in records)
+  summary = dict(
+      results, **summary, passed=sum(r["passed"] for r in records),
+      samples=len(records), reasons=dict(reasons), sandbox=dict(
+          timeout_s=limits.timeout_s, memory_mb=limits.memory_mb,
+          disk_mb=limits.disk_mb,
+          isolation=code_exec.isolation(limits)),
+      execution_seconds=time.perf_counter() - start, samples_file=output)
+  summary_path = os.path.splitext(output)[0] + "_summary.json"
+  with open(summary_path, "w") as f:
+    json.dump(summary, f, indent=1)
+  for key in (f"pass@{k}" for k in ks):
+    print(f"{key}: {100 * results[key]:.2f}%")
+  if reasons.get("sandbox_error"):
+    print(f"warning: {reasons['sandbox_error']} sample(s) failed in the "
+          "sandbox itself (reason sandbox_error); rescore with "
+          f"--score_only={output}")
+  print(f"samples: {output}\nsummary: {summary_path}")
+  return summary
+
+
+def score_only(benchmark, ks_flag, limits, workers, output):
+  """--score_only=FILE: rescore a samples file; no model is loaded."""
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  path = _SCORE_ONLY.value
+  records = code_eval.read_samples(path)
+  written = records[0]["benchmark"]
+  if benchmark and benchmark != written:
+    raise ValueError(f"--benchmark={benchmark}: --score_only={path} holds "
+                     f"{written} samples.")
+  counts = {}
+  for record in records:
+    counts[str(record["task_id"])] = counts.get(str(record["task_id"]), 0) + 1
+  ks = code_eval.check_ks(ks_flag, min(counts.values()))
+  problems, _, split = _load_problems(written)
+  code_eval.match_records(problems, records, path)
+  wanted = set(counts)
+  problems = [p for p in problems if str(p.task_id) in wanted]
+  if output != path:
+    code_eval.write_samples(output, [
+        {k: v for k, v in r.items() if k != "line"} for r in records])
+  print(f"rescoring {len(records)} sample(s) of {len(problems)} {written} "
+        f"problem(s) from {path}")
+  return _score_and_report(
+      problems, records, limits, workers, ks, output,
+      dict(benchmark=written, problems=len(problems), chat=records[0]["chat"],
+           split=f"{split}; rescored from {path}"))
+
+
+def evaluate_code(config, checkpoint: str):
+  """--benchmark: sample completions, run them, print and write pass@k."""
+  import time  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  benchmark = _BENCHMARK.value
+  if benchmark is not None and benchmark not in code_eval.BENCHMARKS:
+    raise ValueError(f"--benchmark={benchmark}: must be one of "
+                     f"{', '.join(code_eval.BENCHMARKS)}.")
+  if _NUM_SAMPLES.value < 1 or _LIMIT.value < 0:
+    raise ValueError("--num_samples must be >= 1 and --limit >= 0 (0: all "
+                     "problems).")
+  limits, workers, output = code_settings()
+  if _SCORE_ONLY.value is not None:
+    return score_only(benchmark, _K.value, limits, workers, output)
+  ks = code_eval.check_ks(_K.value, _NUM_SAMPLES.value)
+  if config is None or not checkpoint:
+    raise ValueError("--benchmark needs --config and --checkpoint (or "
+                     "--score_only=<samples file> to rescore without a "
+                     "model).")
+  problems, shots, split = _load_problems(benchmark)
   settings = generate_cli.sampler_settings(_SAMPLER)
   if _LIMIT.value:
     problems = problems[:_LIMIT.value]
@@ -120,37 +254,27 @@ def evaluate_code(config, checkpoint: str):
       lm, prompts, _NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
       batch_size=_SAMPLER["batch_size"].value, **settings)
   generation_seconds = time.perf_counter() - start
-  start = time.perf_counter()
-  records, results = code_eval.score(problems, generations, benchmark, chat,
-                                     limits, _WORKERS.value or None, ks)
-  output = _OUTPUT.value or os.path.join(_OUTPUT_DIR.value,
-                                         f"{benchmark}_samples.jsonl")
+  # The generations are saved before any of them runs: after any fault,
+  # --score_only=<output> scores them again without the model.
+  records = code_eval.records_for(problems, generations, benchmark, chat)
   code_eval.write_samples(output, records)
-  summary = dict(
-      results, benchmark=benchmark, problems=len(problems), split=split,
-      num_samples=_NUM_SAMPLES.value, chat=chat, checkpoint=lm.source,
-      passed=sum(r["passed"] for r in records), samples=len(records),
-      sampler=settings, sandbox=dict(
-          timeout_s=limits.timeout_s, memory_mb=limits.memory_mb,
-          network=code_exec.network_isolation(limits)),
-      generation_seconds=generation_seconds,
-      execution_seconds=time.perf_counter() - start, samples_file=output)
-  summary_path = os.path.splitext(output)[0] + "_summary.json"
-  with open(summary_path, "w") as f:
-    json.dump(summary, f, indent=1)
-  for key in (f"pass@{k}" for k in ks):
-    print(f"{key}: {100 * results[key]:.2f}%")
-  print(f"samples: {output}\nsummary: {summary_path}")
-  return summary
+  return _score_and_report(
+      problems, records, limits, workers, ks, output,
+      dict(benchmark=benchmark, problems=len(problems), split=split,
+           num_samples=_NUM_SAMPLES.value, chat=chat, checkpoint=lm.source,
+           sampler=settings, generation_seconds=generation_seconds))
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
-  if _BENCHMARK.value:
+  if _BENCHMARK.value or _SCORE_ONLY.value is not None:
     evaluate_code(config, _CHECKPOINT.value)
     return
+  if config is None or not _CHECKPOINT.value:
+    raise ValueError("--config and --checkpoint are required (or "
+                     "--benchmark / --score_only for code benchmarks).")
   results, source = evaluate_checkpoint(config, _CHECKPOINT.value,
                                         _OUTPUT_DIR.value)
   metric = PAPER_METRIC.get(config.data.name)
@@ -164,7 +288,7 @@ def main(argv):
 def define_flags():
   global _CONFIG, _CHECKPOINT, _OUTPUT_DIR, _BENCHMARK, _BENCHMARK_PATH, \
       _NUM_SAMPLES, _K, _LIMIT, _OUTPUT, _WORKERS, _TIMEOUT, _MEMORY_MB, \
-      _SAMPLER
+      _DISK_MB, _SCORE_ONLY, _SAMPLER
   _CONFIG = config_flags.DEFINE_config_file("config", None, "TRM config, or "
                                             "with --benchmark a DiffuCoder "
                                             "config (its mesh).",
@@ -192,16 +316,21 @@ def define_flags():
   _OUTPUT = flags.DEFINE_string(
       "output", None, "Samples JSONL (default: <output_dir>/<benchmark>_"
       "samples.jsonl); the summary goes beside it.")
-  _WORKERS = flags.DEFINE_integer("workers", None, "Programs run at once "
-                                  "(default: the CPU count).")
-  _TIMEOUT = flags.DEFINE_float("timeout", 10.0, "Seconds per program.")
+  _WORKERS = flags.DEFINE_integer("workers", None, "Programs run at once, "
+                                  "1-256 (default: the CPU count).")
+  _TIMEOUT = flags.DEFINE_float("timeout", 10.0, "Seconds per program (> 0).")
   _MEMORY_MB = flags.DEFINE_integer("memory_mb", 1024, "Address-space limit "
-                                    "per program, MB.")
+                                    "per process of a program, MB (>= 64).")
+  _DISK_MB = flags.DEFINE_integer("disk_mb", 64, "Writable space (a tmpfs "
+                                  "at /tmp) per program, MB.")
+  _SCORE_ONLY = flags.DEFINE_string(
+      "score_only", None, "Rescore this samples file (written by an earlier "
+      "--benchmark run, before its code ran) without loading a model; "
+      "results go to --output, by default back into the file.")
   # DiffuCoder's recommended sampling (README): T=0.2 (Base; 0.3-0.4 for
   # Instruct), top_p=0.95, entropy order, one token per step.
   _SAMPLER = generate_cli.define_sampler_flags(temperature=0.2, top_p=0.95)
 
 if __name__ == "__main__":
   define_flags()
-  flags.mark_flags_as_required(["config", "checkpoint"])
   cli.run(main)

@@ -173,6 +173,11 @@ def test_mbpp_full_file_takes_the_test_split(tmp_path):
     ("{not json\n", "line 1: not JSON"),
     ('{"task_id": 1, "text": "x"}\n', "test_list"),
     ("", "holds no problems"),
+    # A task twice would count its samples twice: refused, naming the line.
+    (json.dumps(_mbpp_row(11, "f", "return x", ["assert f(1) == 1"])) + "\n\n"
+     + json.dumps(_mbpp_row(12, "g", "return x", ["assert g(1) == 1"])) + "\n"
+     + json.dumps(_mbpp_row(11, "h", "return x", ["assert h(1) == 1"])) + "\n",
+     r"bad.jsonl:4: duplicate task_id 11 \(first on line 1\)"),
 ])
 def test_bad_mbpp_files_are_named(tmp_path, content, message):
   path = tmp_path / "bad.jsonl"
@@ -194,7 +199,10 @@ def test_bad_mbpp_files_are_named(tmp_path, content, message):
      "failed: memory limit"),
     ("while True:\n    print('x' * 10000)\n", 20, "File too large"),
     ("import os, time\nif os.fork() == 0:\n    time.sleep(60)\n"
-     "raise SystemExit(3)\n", 20, "exit status 3"),
+     "raise SystemExit(3)\n", 20, "exited before the checks completed "
+     "(SystemExit: 3)"),
+    ("import os\nos._exit(3)\n", 20, "exited before the checks completed "
+     "(exit status 3)"),
 ])
 def test_runaway_programs_are_contained(source, timeout, want):
   start = time.perf_counter()
@@ -205,17 +213,24 @@ def test_runaway_programs_are_contained(source, timeout, want):
   assert time.perf_counter() - start < 15
 
 
-def test_programs_run_in_a_fresh_directory_with_a_small_environment():
+@pytest.mark.parametrize("namespaces", [None, False])
+def test_programs_run_in_a_fresh_directory_with_a_small_environment(
+    namespaces):
+  # With namespaces the program's files are read-only in /sandbox and its
+  # directory is an empty tmpfs; without, they sit in its directory.
+  isolated = code_exec.sandbox_mode(
+      code_exec.Limits(namespaces=namespaces)) != "none"
+  files = [] if isolated else ["solution.py"]
   source = ("import os, sys\n"
-            "assert sorted(os.listdir('.')) == ['solution.py', 'stderr', 'stdout'], "
-            "os.listdir('.')\n"
+            f"assert sorted(os.listdir('.')) == {files!r}, os.listdir('.')\n"
             "assert os.environ['HOME'] == os.getcwd()\n"
             "assert 'PYTHONPATH' not in os.environ\n"
             "assert not any('site-packages' in p for p in sys.path)\n")
   os.environ["TRM_CODE_EVAL_SECRET"] = "1"
   try:
     source += "assert 'TRM_CODE_EVAL_SECRET' not in os.environ\n"
-    outcome = code_exec.run_program(source, code_exec.Limits(timeout_s=5))
+    outcome = code_exec.run_program(source, code_exec.Limits(
+        timeout_s=5, namespaces=namespaces))
   finally:
     del os.environ["TRM_CODE_EVAL_SECRET"]
   assert outcome.passed, outcome.result
@@ -245,7 +260,7 @@ def test_python_sockets_are_refused(server):
             f"socket.create_connection(('127.0.0.1', {port}), timeout=2)\n")
   for namespace in (False, None):
     outcome = code_exec.run_program(source, code_exec.Limits(
-        timeout_s=5, network_namespace=namespace))
+        timeout_s=5, namespaces=namespace))
     assert not outcome.passed
     assert "network access is disabled" in outcome.result
   assert not _accepted(server)
@@ -254,19 +269,19 @@ def test_python_sockets_are_refused(server):
 def test_network_namespace_stops_unguarded_code(server):
   """A child interpreter escapes the socket guard, not the namespace; the
   guard-only run shows the probe does reach the server."""
-  if not code_exec.namespace_prefix():
-    pytest.skip("no network namespace on this machine (unshare --net)")
+  if code_exec.sandbox_mode(code_exec.Limits()) == "none":
+    pytest.skip("no namespaces on this machine")
   port = server.getsockname()[1]
   probe = (f"import socket; socket.create_connection(('127.0.0.1', {port}),"
            " timeout=2)")
   source = ("import subprocess, sys\n"
             f"run = subprocess.run([sys.executable, '-I', '-c', {probe!r}])\n"
-            "sys.exit(run.returncode)\n")
+            "assert run.returncode == 0, 'no connection'\n")
   walled = code_exec.run_program(source, code_exec.Limits(
-      timeout_s=5, network_namespace=True))
+      timeout_s=5, namespaces=True))
   assert not walled.passed and not _accepted(server)
   guarded = code_exec.run_program(source, code_exec.Limits(
-      timeout_s=5, network_namespace=False))
+      timeout_s=5, namespaces=False))
   assert guarded.passed, guarded.result
   assert _accepted(server)
 
@@ -321,12 +336,13 @@ def test_samples_use_their_own_seeds():
 # ------------------------------------------------------ trm.evaluate CLI
 
 
-def _evaluate(*flags):
+def _evaluate(*flags, config=True, **env):
   return subprocess.run(
       [sys.executable, "-m", "trm.evaluate",
-       "--config=configs/diffucoder_7b.py:tiny", *flags],
+       *(["--config=configs/diffucoder_7b.py:tiny"] if config else []),
+       *flags],
       cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      env=dict(os.environ, JAX_PLATFORMS="cpu", **env))
 
 
 def test_tiny_model_end_to_end(tmp_path):
@@ -348,9 +364,142 @@ def test_tiny_model_end_to_end(tmp_path):
   assert f"pass@1: {100 * summary['pass@1']:.2f}%" in result.stdout
 
 
+def test_a_fault_while_scoring_leaves_the_samples_to_rescore(tmp_path):
+  """The samples file is written before any program runs: with the sandbox
+  failing (run_programs raising, injected in this subprocess only) the run
+  stops with one line after generating, and --score_only scores that file
+  without a model."""
+  checkpoint = make_tiny_checkpoint(tmp_path / "ckpt")
+  output = tmp_path / "he" / "samples.jsonl"
+  flags = ["trm.evaluate", "--config=configs/diffucoder_7b.py:tiny",
+           f"--checkpoint={checkpoint}", "--benchmark=humaneval", "--limit=2",
+           "--max_new_tokens=8", "--steps=2", "--config.seq_len=512",
+           "--batch_size=2", f"--output={output}"]
+  inject = (
+      "import runpy, sys\n"
+      "from trm.families.dream import code_exec\n"
+      "def broken(*args, **kwargs):\n"
+      "  raise OSError('the sandbox broke down (injected)')\n"
+      "code_exec.run_programs = broken\n"
+      f"sys.argv = {flags!r}\n"
+      "runpy.run_module('trm.evaluate', run_name='__main__')\n")
+  result = subprocess.run(
+      [sys.executable, "-c", inject], cwd=ROOT, capture_output=True,
+      text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      "trm.evaluate: error: the sandbox broke down (injected)")
+  records = [json.loads(line) for line in output.read_text().splitlines()]
+  assert [r["task_id"] for r in records] == ["HumanEval/0", "HumanEval/1"]
+  assert all("passed" not in r and r["generation"] for r in records)
+  # Rescore, with one completion replaced by the canonical solution.
+  problems = code_eval.load_humaneval()
+  records[1]["completion"] = problems[1].solution
+  output.write_text("".join(json.dumps(r) + "\n" for r in records))
+  result = _evaluate(f"--score_only={output}", "--timeout=5", config=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "weights:" not in result.stdout  # no model was loaded
+  scored = [json.loads(line) for line in output.read_text().splitlines()]
+  assert scored[1]["passed"] and scored[1]["reason"] == "passed"
+  assert not scored[0]["passed"] and scored[0]["reason"] != "passed"
+  summary = json.loads((tmp_path / "he" / "samples_summary.json")
+                       .read_text())
+  assert summary["pass@1"] == 0.5 and summary["samples"] == 2
+  assert "pass@1: 50.00%" in result.stdout
+
+
+def test_score_only_reads_a_samples_file(tmp_path):
+  problems = code_eval.load_humaneval()[:3]
+  generations = [[p.solution, "    return None\n"] for p in problems]
+  records = code_eval.records_for(problems, generations, "humaneval")
+  samples = tmp_path / "samples.jsonl"
+  code_eval.write_samples(str(samples), records)
+  rescored = tmp_path / "out" / "rescored.jsonl"
+  result = _evaluate(f"--score_only={samples}", "--k=1,2", "--workers=2",
+                     f"--output={rescored}", config=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  scored = [json.loads(line) for line in rescored.read_text().splitlines()]
+  assert [r["passed"] for r in scored] == [True, False] * 3
+  assert {r["reason"] for r in scored} == {"passed", "error"}
+  summary = json.loads((tmp_path / "out" / "rescored_summary.json")
+                       .read_text())
+  assert summary["pass@1"] == 0.5 and summary["pass@2"] == 1.0
+  assert summary["reasons"] == {"passed": 3, "error": 3}
+  # The input file is left as it was.
+  assert "passed" not in json.loads(samples.read_text().splitlines()[0])
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{}\n", ":1: field 'task_id' is missing"),
+    ('{"task_id": "HumanEval/0", "sample": 0, "completion": "", '
+     '"benchmark": "humaneval", "chat": false}\n' * 2,
+     r":2: task 'HumanEval/0' sample 0 again \(first on line 1\)"),
+    ('{"task_id": "X/1", "sample": 0, "completion": "", '
+     '"benchmark": "cobol", "chat": false}\n', ":1: benchmark 'cobol'"),
+])
+def test_bad_samples_files_name_the_line(tmp_path, content, message):
+  path = tmp_path / "samples.jsonl"
+  path.write_text(content)
+  with pytest.raises(ValueError, match=message) as error:
+    code_eval.read_samples(str(path))
+  assert str(error.value).startswith(f"--score_only={path}:")
+
+
+def test_unknown_task_in_a_samples_file_is_named(tmp_path):
+  path = tmp_path / "samples.jsonl"
+  path.write_text('{"task_id": "HumanEval/999", "sample": 0, "completion": '
+                  '"", "benchmark": "humaneval", "chat": false}\n')
+  records = code_eval.read_samples(str(path))
+  with pytest.raises(ValueError, match=f"{path}:1: task_id 'HumanEval/999'"):
+    code_eval.match_records(code_eval.load_humaneval(), records, str(path))
+
+
+def test_fallback_without_namespaces_warns_once(monkeypatch, caplog):
+  monkeypatch.setattr(code_exec, "probe", lambda mode: "unshare: refused")
+  code_exec._probe_modes.cache_clear()  # pylint: disable=protected-access
+  try:
+    with caplog.at_level("WARNING"):
+      modes = [code_exec.sandbox_mode(code_exec.Limits()) for _ in range(3)]
+      outcome = code_exec.run_program("assert 1 + 1 == 2\n")
+    assert modes == ["none"] * 3 and outcome.passed, outcome
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert "namespaces are unavailable here (" in warnings[0]
+    assert "user mode: unshare: refused)" in warnings[0]
+    with pytest.raises(OSError, match="required but do not work on this "
+                       "machine: .*user mode: unshare: refused"):
+      code_exec.run_program("pass", code_exec.Limits(namespaces=True))
+  finally:
+    code_exec._probe_modes.cache_clear()  # pylint: disable=protected-access
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--benchmark=humaneva"], "--benchmark=humaneva: must be one of "
      "humaneval, mbpp"),
+    (["--benchmark=humaneval", "--timeout=0"], "--timeout=0.0: must be a "
+     "finite number of seconds > 0"),
+    (["--benchmark=humaneval", "--timeout=inf"], "--timeout=inf: must be a "
+     "finite number"),
+    (["--benchmark=humaneval", "--workers=0"], "--workers=0: must be between "
+     "1 and 256"),
+    (["--benchmark=humaneval", "--workers=100000"], "--workers=100000: must "
+     "be between 1 and 256"),
+    (["--benchmark=humaneval", "--memory_mb=8"], "--memory_mb=8: must be "
+     "between 64"),
+    (["--benchmark=humaneval", "--disk_mb=-1"], "--disk_mb=-1: must be "
+     "between 1"),
+    (["--benchmark=humaneval", "--output=configs"], "--output=configs: is a "
+     "directory; a file path is expected"),
+    (["--benchmark=humaneval", "--output=README.md/samples.jsonl"],
+     "--output=README.md/samples.jsonl: "),
+    (["--benchmark=humaneval", "--output_dir=README.md"],
+     "--output_dir=README.md: is a file; a directory is expected"),
+    (["--score_only=/nonexistent/samples.jsonl"],
+     "--score_only=/nonexistent/samples.jsonl: no such file"),
+    (["--score_only=configs"], "--score_only=configs: a samples JSONL file"),
+    (["--score_only=configs/diffucoder_7b.py"],
+     "--score_only=configs/diffucoder_7b.py line 1: not JSON"),
     (["--benchmark=mbpp"], "--benchmark=mbpp needs --benchmark_path"),
     (["--benchmark=mbpp", "--benchmark_path=/nonexistent/mbpp.jsonl"],
      "--benchmark_path=/nonexistent/mbpp.jsonl: no such file"),

@@ -63,7 +63,11 @@ class Problem:
 # ------------------------------------------------------------------ loading
 
 
-def _read_jsonl(path: str, flag: str) -> list[dict]:
+def _read_jsonl(path: str, flag: str) -> list[tuple[int, dict]]:
+  """(line number, object) for each non-blank line of a JSONL file."""
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"{flag}={path}: is a directory; a JSONL file "
+                            "is expected.")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{flag}={path}: no such file.")
   opener = gzip.open if path.endswith(".gz") else open
@@ -81,7 +85,7 @@ def _read_jsonl(path: str, flag: str) -> list[dict]:
         if not isinstance(row, dict):
           raise ValueError(f"{flag}={path} line {number}: a JSON object is "
                            "expected.")
-        rows.append(row)
+        rows.append((number, row))
   except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
     raise ValueError(f"{flag}={path}: unreadable ({e}).") from None
   if not rows:
@@ -89,12 +93,26 @@ def _read_jsonl(path: str, flag: str) -> list[dict]:
   return rows
 
 
+def _refuse_duplicates(rows: Sequence[tuple[int, object]], path: str,
+                       flag: str = "--benchmark_path") -> None:
+  """rows: (line, task id). A task id twice would count its samples twice."""
+  first = {}
+  for line, task_id in rows:
+    key = str(task_id)
+    if key in first:
+      raise ValueError(f"{flag}={path}:{line}: duplicate task_id {task_id!r} "
+                       f"(first on line {first[key]}); each task may appear "
+                       "once.")
+    first[key] = line
+
+
 def _field(row: dict, names: Sequence[str], kind, where: str):
   for name in names:
     if isinstance(row.get(name), kind):
       return row[name]
+  kinds = kind if isinstance(kind, tuple) else (kind,)
   raise ValueError(f"{where}: field {' or '.join(map(repr, names))} is "
-                   f"missing or not a {kind.__name__}.")
+                   f"missing or not a {' or '.join(k.__name__ for k in kinds)}.")
 
 
 class MissingPackageError(cli.UserError, ImportError):
@@ -114,13 +132,15 @@ def humaneval_data_file() -> str:
 
 def load_humaneval(path: Optional[str] = None) -> list[Problem]:
   path = path or humaneval_data_file()
-  problems = []
-  for n, row in enumerate(_read_jsonl(path, "--benchmark_path"), 1):
-    where = f"--benchmark_path={path} problem {n}"
+  problems, lines = [], []
+  for line, row in _read_jsonl(path, "--benchmark_path"):
+    where = f"--benchmark_path={path}:{line}"
     text = {k: _field(row, (k,), str, where) for k in
             ("task_id", "prompt", "entry_point", "canonical_solution", "test")}
     problems.append(Problem(text["task_id"], text["prompt"], text["test"],
                             text["canonical_solution"], text["entry_point"]))
+    lines.append((line, text["task_id"]))
+  _refuse_duplicates(lines, path)
   return problems
 
 
@@ -130,10 +150,11 @@ def load_mbpp(path: str) -> tuple[list[Problem], list[Problem], str]:
     raise ValueError("--benchmark=mbpp needs --benchmark_path=<MBPP JSONL> "
                      "(no offline copy ships with pip packages; see the "
                      "README).")
-  rows = []
-  for n, row in enumerate(_read_jsonl(path, "--benchmark_path"), 1):
-    where = f"--benchmark_path={path} problem {n}"
+  rows, lines = [], []
+  for line, row in _read_jsonl(path, "--benchmark_path"):
+    where = f"--benchmark_path={path}:{line}"
     task_id = _field(row, ("task_id",), (int, str), where)
+    lines.append((line, task_id))
     tests = _field(row, ("test_list",), list, where)
     if not tests or not all(isinstance(t, str) for t in tests):
       raise ValueError(f"{where}: test_list must be a non-empty list of "
@@ -146,6 +167,7 @@ def load_mbpp(path: str) -> tuple[list[Problem], list[Problem], str]:
         "\n".join(s for s in setup if s),
         (row.get("code") or "").replace("\r\n", "\n"),
         test_list=tuple(tests)))
+  _refuse_duplicates(lines, path)
   number = lambda p: int(p.task_id) if str(p.task_id).isdigit() else -1
   shots = [p for p in rows if number(p) in MBPP_SHOT_IDS and p.solution]
   if max(number(p) for p in rows) > MBPP_TEST_IDS[-1]:
@@ -219,17 +241,26 @@ def postprocess(problem: Problem, generation: str, benchmark: str,
   return truncate_at_stops(generation, stops)
 
 
-def program(problem: Problem, completion: str, benchmark: str,
-            chat: bool) -> str:
-  """The whole test program for one completion."""
+def program_parts(problem: Problem, completion: str, benchmark: str,
+                  chat: bool) -> tuple[str, str]:
+  """(solution, checks) for one completion: the sandbox runs the checks
+  after the solution, compiled apart (so the completion cannot swallow or
+  redefine them), and counts a pass only if they return."""
   if benchmark == "mbpp":
-    return "\n".join([problem.tests, completion, *problem.test_list, ""])
+    return ("\n".join([problem.tests, completion, ""]),
+            "\n".join([*problem.test_list, ""]))
   whole = chat and re.search(
       rf"^def {re.escape(problem.entry_point)}\s*\(", completion, re.M)
   # A whole function goes after the prompt (its imports and helpers, and a
   # docstring-only stub that the answer redefines); a body continues it.
   code = problem.prompt + ("\n" if whole else "") + completion
-  return f"{code}\n{problem.tests}\ncheck({problem.entry_point})\n"
+  return f"{code}\n", f"{problem.tests}\ncheck({problem.entry_point})\n"
+
+
+def program(problem: Problem, completion: str, benchmark: str,
+            chat: bool) -> str:
+  """The whole test program for one completion, as one text."""
+  return "".join(program_parts(problem, completion, benchmark, chat))
 
 
 # ---------------------------------------------------------------- scoring
@@ -247,37 +278,74 @@ def pass_at_k(n: int, c: int, k: int) -> float:
   return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
+def records_for(problems: Sequence[Problem],
+                generations: Sequence[Sequence[str]], benchmark: str,
+                chat: bool = False) -> list[dict]:
+  """One record per sample (task_id, sample, completion, generation,
+  benchmark, chat), not yet scored: what the samples file holds before any
+  code runs."""
+  if len(generations) != len(problems):
+    raise ValueError(f"{len(generations)} lists of generations for "
+                     f"{len(problems)} problems.")
+  return [dict(task_id=problem.task_id, sample=j,
+               completion=postprocess(problem, generation, benchmark, chat),
+               generation=generation, benchmark=benchmark, chat=chat)
+          for problem, samples in zip(problems, generations)
+          for j, generation in enumerate(samples)]
+
+
+def pass_at_ks(records: Sequence[dict], ks: Sequence[int]) -> dict:
+  correct = {}
+  for record in records:
+    n, c = correct.get(str(record["task_id"]), (0, 0))
+    correct[str(record["task_id"])] = (n + 1, c + bool(record["passed"]))
+  results = {}
+  for k in ks:
+    values = [pass_at_k(n, c, k) for n, c in correct.values()]
+    results[f"pass@{k}"] = sum(values) / len(values) if values else 0.0
+  return results
+
+
+def match_records(problems: Sequence[Problem], records: Sequence[dict],
+                  path: str, flag: str = "--score_only") -> None:
+  """Every record of a samples file names a problem we have."""
+  ids = {str(p.task_id) for p in problems}
+  for record in records:
+    if str(record["task_id"]) not in ids:
+      raise ValueError(
+          f"{flag}={path}:{record.get('line', '?')}: task_id "
+          f"{record['task_id']!r} is not among the {len(ids)} problems "
+          "loaded; pass the --benchmark_path the samples came from.")
+
+
+def score_records(problems: Sequence[Problem], records: Sequence[dict],
+                  limits: code_exec.Limits = code_exec.Limits(),
+                  workers: Optional[int] = None, ks: Sequence[int] = (1,)):
+  """Runs every record's completion against its problem's checks; adds
+  passed, result and reason (one of code_exec.REASONS) to each record.
+  Returns (records, pass@k dict)."""
+  by_id = {str(p.task_id): p for p in problems}
+  programs = []
+  for record in records:
+    problem = by_id[str(record["task_id"])]
+    programs.append(program_parts(problem, record["completion"],
+                                  record["benchmark"], record["chat"]))
+  outcomes = code_exec.run_programs(programs, limits, workers)
+  for record, outcome in zip(records, outcomes):
+    record.update(passed=outcome.passed, result=outcome.result,
+                  reason=outcome.reason)
+  return list(records), pass_at_ks(records, ks)
+
+
 def score(problems: Sequence[Problem], generations: Sequence[Sequence[str]],
           benchmark: str, chat: bool = False,
           limits: code_exec.Limits = code_exec.Limits(),
           workers: Optional[int] = None, ks: Sequence[int] = (1,)):
   """(records, pass@k dict) for `generations[i][j]`, sample j of problem i.
-  Every record has task_id, sample, completion, passed, result."""
-  if len(generations) != len(problems):
-    raise ValueError(f"{len(generations)} lists of generations for "
-                     f"{len(problems)} problems.")
-  pairs = []
-  for problem, samples in zip(problems, generations):
-    for j, generation in enumerate(samples):
-      completion = postprocess(problem, generation, benchmark, chat)
-      pairs.append((problem, dict(task_id=problem.task_id, sample=j,
-                                  completion=completion,
-                                  generation=generation)))
-  records = [record for _, record in pairs]
-  outcomes = code_exec.run_programs(
-      [program(p, r["completion"], benchmark, chat) for p, r in pairs],
-      limits, workers)
-  for record, outcome in zip(records, outcomes):
-    record.update(passed=outcome.passed, result=outcome.result)
-  correct = {}
-  for record in records:
-    n, c = correct.get(str(record["task_id"]), (0, 0))
-    correct[str(record["task_id"])] = (n + 1, c + record["passed"])
-  results = {}
-  for k in ks:
-    values = [pass_at_k(n, c, k) for n, c in correct.values()]
-    results[f"pass@{k}"] = sum(values) / len(values) if values else 0.0
-  return records, results
+  Every record has task_id, sample, completion, passed, result, reason."""
+  return score_records(problems, records_for(problems, generations,
+                                             benchmark, chat),
+                       limits, workers, ks)
 
 
 def check_ks(ks: Sequence, num_samples: int) -> list[int]:
@@ -307,7 +375,46 @@ def generate(lm, prompts: Sequence[str], num_samples: int, *, seed: int = 0,
 
 
 def write_samples(path: str, records: Sequence[dict]) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
+  """Writes the records as JSONL, atomically (a crash leaves the old file or
+  the new one, never half of one)."""
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  temporary = f"{path}.tmp{os.getpid()}"
+  with open(temporary, "w", encoding="utf-8") as f:
     for record in records:
       f.write(json.dumps(record) + "\n")
+  os.replace(temporary, path)
+
+
+SAMPLE_FIELDS = (("task_id", (int, str)), ("sample", int),
+                 ("completion", str), ("benchmark", str), ("chat", bool))
+
+
+def read_samples(path: str, flag: str = "--score_only") -> list[dict]:
+  """The records of a samples file written by trm.evaluate (scored or not),
+  checked line by line."""
+  records = []
+  for line, row in _read_jsonl(path, flag):
+    for name, kind in SAMPLE_FIELDS:
+      if not isinstance(row.get(name), kind):
+        raise ValueError(f"{flag}={path}:{line}: field {name!r} is missing "
+                         "or has the wrong type; is this a samples file "
+                         "written by trm.evaluate --benchmark?")
+    if row["benchmark"] not in BENCHMARKS:
+      raise ValueError(f"{flag}={path}:{line}: benchmark "
+                       f"{row['benchmark']!r} is not one of "
+                       f"{', '.join(BENCHMARKS)}.")
+    row["line"] = line
+    records.append(row)
+  if len({r["benchmark"] for r in records}) > 1 or len({r["chat"] for r in records}) > 1:
+    raise ValueError(f"{flag}={path}: mixes benchmarks or chat settings; "
+                     "score one run's samples file at a time.")
+  seen = {}
+  for r in records:
+    key = (str(r["task_id"]), r["sample"])
+    if key in seen:
+      raise ValueError(f"{flag}={path}:{r['line']}: task {r['task_id']!r} "
+                       f"sample {r['sample']} again (first on line "
+                       f"{seen[key]}).")
+    seen[key] = r["line"]
+  return records

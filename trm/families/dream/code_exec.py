@@ -1,161 +1,267 @@
-"""Run untrusted Python programs (model-written code plus its tests), one
-subprocess each, with limits.
+"""Run untrusted Python programs (model-written code, then its checks), one
+sandbox each, and say why each one failed.
 
-What is enforced for every program:
-- its own Python (`-I`: no PYTHONPATH, no user site, no cwd on sys.path;
-  `-S` unless `site_packages`: the standard library only), started in a new session so a timeout kills its whole process group;
-- a wall-clock timeout (the group gets SIGKILL) and RLIMIT_CPU (SIGXCPU for
-  a busy loop, even if the wall clock were missed);
-- RLIMIT_AS (address space: a memory bomb gets MemoryError or dies),
-  RLIMIT_FSIZE (no file over `max_file_mb`; stdout and stderr are files
-  too, so endless printing is cut), RLIMIT_CORE 0;
-- a fresh temporary working directory, also HOME and TMPDIR, removed after;
-  a minimal environment (no credentials or proxies from ours);
-- no network: in a new network namespace (`unshare --net`, only a loopback
-  that is down) when that works here, and in any case socket creation in
-  Python raises (a guard, not a wall: C code could still open a socket;
-  the namespace is the wall).
-What is NOT enforced: the program runs as our user and can read or write
-whatever that user can outside its directory; it is not a security boundary
-against deliberately hostile code. Run untrusted models' code in a container
-or as a throwaway user.
+A pass means the checks ran to completion: the program and then its checks
+run under a bootstrap (`sandbox_init.BOOTSTRAP`) that, only after the
+checks return, writes "ok <pid> <nonce>" to a pipe the program is not told
+about; the nonce is random per run and reaches the bootstrap through
+another pipe (not the source, argv or environment). We count a pass only
+when that exact line, from the program's own process, arrives AND the
+process then exited with status 0. No way of ending early counts:
+sys.exit / os._exit / signals / at-exit hooks / threads / printing
+"passed" / closing or redirecting stdout. The checks run with builtins as
+they were before the program ran. Out of scope (see the README section
+"The code sandbox: guarantees and limits"): a program that deliberately
+reads the nonce out of the harness's memory (its stack frames), and checks
+that compare with `==` (HumanEval's), which an object overriding `__eq__`
+satisfies.
 
-The limits are set by a small bootstrap inside the child, before the
-program's first line, not with `preexec_fn`: that hook is unsafe when the
-parent has threads (jax's, and the thread pool that runs these), where the
-child can deadlock between fork and exec.
+Containment, where Linux namespaces work (probed once per process; else one
+warning line and the guards only):
+- PID, mount, network, IPC and UTS namespaces (and a user namespace when we
+  are not root): every process a sample starts, setsid daemons included,
+  dies with the namespace's init when the sample ends or times out;
+- a minimal root: read-only /usr, /lib*, the interpreter's prefix, a tiny
+  /etc, and one writable tmpfs at /tmp of `disk_mb` (the quota); nothing
+  else of the host (home, /work, /tmp, the project, checkpoints) exists;
+- no capabilities: as root the program runs as an unprivileged uid of its
+  own (one per concurrent sample); otherwise as the user namespace's root
+  with every capability dropped; no_new_privs; so no setns, mount or
+  unshare of anything but fresh namespaces of its own;
+- no network: an empty network namespace (loopback down) plus a Python
+  socket guard;
+- rlimits: address space (`memory_mb`), CPU seconds, file size
+  (`max_file_mb`; stdout and stderr are files too), processes
+  (`max_processes`), no core files.
+Without namespaces: rlimits (no process limit), the socket guard, a fresh
+directory, a killed process group; daemons that call setsid survive and the
+program can read what our user can.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import functools
+import json
+import logging
+import math
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
-# Runs inside the child with argv = [program, memory bytes, cpu seconds,
-# file bytes]; only then is the program read and executed.
-_BOOTSTRAP = r"""
-import resource, sys
-def _limit(kind, value):
-  soft, hard = resource.getrlimit(kind)
-  if hard != resource.RLIM_INFINITY:
-    value = min(value, hard)
-  resource.setrlimit(kind, (value, value))
-_limit(resource.RLIMIT_AS, int(sys.argv[2]))
-_limit(resource.RLIMIT_CPU, int(sys.argv[3]))
-_limit(resource.RLIMIT_FSIZE, int(sys.argv[4]))
-_limit(resource.RLIMIT_CORE, 0)
-import _socket, socket
-def _no_network(*args, **kwargs):
-  raise OSError("network access is disabled in the code-evaluation sandbox")
-for _name in ("socket", "SocketType", "socketpair", "create_connection",
-              "create_server", "fromfd", "getaddrinfo"):
-  if hasattr(socket, _name):
-    setattr(socket, _name, _no_network)
-for _name in ("socket", "SocketType", "socketpair", "getaddrinfo"):
-  if hasattr(_socket, _name):
-    setattr(_socket, _name, _no_network)
-del _limit, _name, _no_network, resource, socket, _socket
-_path = sys.argv[1]
-sys.argv = [_path]
-with open(_path, encoding="utf-8") as _f:
-  _code = compile(_f.read(), _path, "exec")
-del _f, _path
-exec(_code, {"__name__": "__main__", "__builtins__": __builtins__})
-"""
+from trm.families.dream import sandbox_init
 
-# Output kept per stream: enough for the error line, bounded in memory.
+INIT = os.path.abspath(sandbox_init.__file__)
+MAX_WORKERS = 256
+MIN_MEMORY_MB = 64
+MAX_MEMORY_MB = 1 << 20
+# Why a program failed, one word each ("passed" when it did not).
+REASONS = ("passed", "timeout", "memory", "output_limit", "disk_quota",
+           "process_limit", "signal", "exit_before_checks",
+           "exit_after_checks", "error", "sandbox_error")
 _TAIL_BYTES = 4096
+_KILL_WAIT_S = 5.0
+# Root runs each concurrent program as its own unprivileged uid (so one
+# sample's process limit is not another's): base + (pid << 8) + slot.
+_UID_BASE = 0x7FF00000
+
+# A program: its source, or (source, checks run after it by the harness).
+Program = Union[str, tuple]
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-  """Per-program limits. `network_namespace`: None = use one when this
-  machine allows it (probed once), True = require it, False = guard only."""
+  """Per-program limits. `namespaces`: None = use them where this machine
+  allows it (probed once), True = require them, False = guards only."""
   timeout_s: float = 10.0
   memory_mb: int = 1024
   max_file_mb: int = 16
-  network_namespace: Optional[bool] = None
+  disk_mb: int = 64
+  max_processes: int = 64
+  namespaces: Optional[bool] = None
   site_packages: bool = False  # False: the standard library only (faster
                                # start; HumanEval and MBPP need no more)
 
   def check(self) -> None:
-    if not self.timeout_s > 0:
-      raise ValueError(f"timeout={self.timeout_s!r}: must be > 0 seconds.")
-    if self.memory_mb < 64:
-      raise ValueError(f"memory_mb={self.memory_mb!r}: Python needs at "
-                       "least 64 MB of address space.")
+    """One-line ValueErrors naming the flag of each bad value."""
+    if not (isinstance(self.timeout_s, (int, float))
+            and math.isfinite(self.timeout_s) and self.timeout_s > 0):
+      raise ValueError(f"--timeout={self.timeout_s!r}: must be a finite "
+                       "number of seconds > 0.")
+    if not MIN_MEMORY_MB <= self.memory_mb <= MAX_MEMORY_MB:
+      raise ValueError(f"--memory_mb={self.memory_mb!r}: must be between "
+                       f"{MIN_MEMORY_MB} (Python needs that much address "
+                       f"space to start) and {MAX_MEMORY_MB}.")
     if self.max_file_mb < 1:
       raise ValueError(f"max_file_mb={self.max_file_mb!r}: must be >= 1.")
+    if not 1 <= self.disk_mb <= MAX_MEMORY_MB:
+      raise ValueError(f"--disk_mb={self.disk_mb!r}: must be between 1 and "
+                       f"{MAX_MEMORY_MB} (the writable tmpfs of each "
+                       "program).")
+    if self.max_processes < 2:
+      raise ValueError(f"max_processes={self.max_processes!r}: must be >= 2 "
+                       "(the sandbox's init counts as one).")
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
   passed: bool
-  result: str          # "passed", "timed out", "failed: <last error line>"
+  result: str          # "passed", "timed out after 10 s", "failed: <why>"
   seconds: float
+  reason: str = "passed"  # one of REASONS
+
+
+def check_workers(workers: int) -> int:
+  if not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+    raise ValueError(f"--workers={workers!r}: must be between 1 and "
+                     f"{MAX_WORKERS}.")
+  return workers
+
+
+# ------------------------------------------------------------- isolation
 
 
 @functools.lru_cache(maxsize=None)
-def namespace_prefix() -> tuple[str, ...]:
-  """The command prefix that puts a child in an empty network namespace,
-  or () where that is not allowed (no unshare, no user namespaces)."""
-  for prefix in (("unshare", "--net"),
-                 ("unshare", "--net", "--map-root-user")):
-    try:
-      probe = subprocess.run([*prefix, sys.executable, "-c", "pass"],
-                             capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
-      continue
-    if probe.returncode == 0:
-      return prefix
-  return ()
+def probe(mode: str) -> Optional[str]:
+  """None if a trivial program passes in `mode` ("root": namespaces made
+  as root, the program as an unprivileged uid; "user": inside a user
+  namespace), else why not, in one line."""
+  if mode == "root" and os.geteuid() != 0:
+    return "not running as root"
+  if not sys.platform.startswith("linux"):
+    return f"namespaces are Linux-only (this is {sys.platform})"
+  outcome = _run("pass", None, Limits(timeout_s=60), mode)
+  return None if outcome.passed else outcome.result
 
 
-def _namespace(limits: Limits) -> tuple[str, ...]:
-  """The prefix to run under; raises if a required namespace is missing."""
-  if limits.network_namespace is False:
-    return ()
-  prefix = namespace_prefix()
-  if limits.network_namespace and not prefix:
-    raise OSError("A network namespace was required (network_namespace="
-                  "True) but `unshare --net` does not work on this machine.")
-  return prefix
+_probing = threading.Lock()
 
 
-def network_isolation(limits: Limits) -> str:
-  """How network access is blocked under `limits`, in words."""
-  if _namespace(limits):
-    return "network namespace + python socket guard"
-  if limits.network_namespace is False:
-    return "python socket guard"
-  return "python socket guard (no network namespace on this machine)"
+def _auto_mode() -> tuple[str, str]:
+  """(mode, why the namespaces are off or ''), probed once per process."""
+  with _probing:
+    return _probe_modes()
 
 
-def _tail(path: str) -> str:
-  with open(path, "rb") as f:
-    f.seek(0, os.SEEK_END)
-    f.seek(max(0, f.tell() - _TAIL_BYTES))
-    return f.read().decode("utf-8", errors="replace")
+@functools.lru_cache(maxsize=None)
+def _probe_modes() -> tuple[str, str]:
+  modes = ("root", "user") if os.geteuid() == 0 else ("user",)
+  whys = []
+  for mode in modes:
+    why = probe(mode)
+    if why is None:
+      return mode, ""
+    whys.append(f"{mode} mode: {why}")
+  why = "; ".join(whys)
+  logging.warning(
+      "code sandbox: Linux namespaces are unavailable here (%s); programs "
+      "run with rlimits and a Python socket guard only: their daemons can "
+      "outlive them and they can read what this user can (enable "
+      "unprivileged user namespaces, e.g. sysctl kernel.unprivileged_userns_"
+      "clone=1 / user.max_user_namespaces > 0, or run as root).", why)
+  return "none", why
 
 
-def _describe_failure(returncode: int, stderr: str) -> str:
-  lines = [line for line in stderr.strip().splitlines() if line.strip()]
-  last = lines[-1].strip() if lines else ""
-  if returncode < 0:
-    name = signal.Signals(-returncode).name
-    why = {"SIGXCPU": "CPU time limit", "SIGXFSZ": "file size limit",
-           "SIGKILL": "killed", "SIGSEGV": "crashed"}.get(name, name)
-    return f"failed: {why} ({name})" + (f": {last}" if last else "")
-  if "MemoryError" in last:
-    return "failed: memory limit (MemoryError)"
-  return f"failed: {last}" if last else f"failed: exit status {returncode}"
+def sandbox_mode(limits: Limits) -> str:
+  """"root", "user" or "none" (no namespaces) for `limits`; raises when
+  namespaces are required but unavailable."""
+  if limits.namespaces is False:
+    return "none"
+  mode, why = _auto_mode()
+  if mode == "none" and limits.namespaces:
+    raise OSError(f"The code sandbox's namespaces were required but do not "
+                  f"work on this machine: {why}")
+  return mode
+
+
+def isolation(limits: Limits) -> str:
+  """How programs are isolated under `limits`, in words."""
+  mode = sandbox_mode(limits)
+  if mode == "none":
+    return "rlimits + python socket guard (no namespaces)"
+  return (f"{'root-made' if mode == 'root' else 'user'} namespaces (pid, "
+          "mount, net, ipc, uts), minimal read-only root, no capabilities, "
+          "rlimits, python socket guard")
+
+
+network_isolation = isolation  # the old name
+
+
+# ----------------------------------------------------------------- running
+
+
+_slots = threading.Condition()
+_busy_slots: set = set()
+
+
+def _acquire_slot() -> int:
+  with _slots:
+    while True:
+      for slot in range(MAX_WORKERS):
+        if slot not in _busy_slots:
+          _busy_slots.add(slot)
+          return slot
+      _slots.wait()
+
+
+def _release_slot(slot: int) -> None:
+  with _slots:
+    _busy_slots.discard(slot)
+    _slots.notify()
+
+
+def _python_prefixes() -> list[str]:
+  executable = os.path.realpath(sys.executable)
+  return sorted({sys.prefix, sys.base_prefix, sys.exec_prefix,
+                 sys.base_exec_prefix,
+                 os.path.dirname(os.path.dirname(executable))})
+
+
+def _environment() -> dict:
+  bin_dir = os.path.dirname(sys.executable)
+  return {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
+          "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+          "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _tail(f) -> str:
+  f.seek(0, os.SEEK_END)
+  f.seek(max(0, f.tell() - _TAIL_BYTES))
+  return f.read().decode("utf-8", errors="replace")
+
+
+def _last_line(text: str) -> str:
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  return lines[-1][:500] if lines else ""
+
+
+def _exited(pid: int) -> bool:
+  """Whether `pid` (our child) has ended, without reaping it: a zombie
+  keeps its process group id from being reused until we kill the group."""
+  try:
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG
+                     | os.WNOWAIT) is not None
+  except ChildProcessError:
+    return True
+
+
+def _wait(pid: int, seconds: float) -> bool:
+  deadline = time.monotonic() + seconds
+  delay = 0.001
+  while not _exited(pid):
+    left = deadline - time.monotonic()
+    if left <= 0:
+      return False
+    time.sleep(min(delay, left))
+    delay = min(2 * delay, 0.02)
+  return True
 
 
 def _kill_group(pid: int) -> None:
@@ -165,56 +271,181 @@ def _kill_group(pid: int) -> None:
     pass
 
 
-def run_program(program: str, limits: Limits = Limits()) -> Outcome:
-  """Runs `program` (Python source) in the sandbox; passed = exit status 0
-  within the limits."""
-  prefix = _namespace(limits)
-  start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="trm_code_") as work:
-    path = os.path.join(work, "solution.py")
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(program)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": work,
-           "TMPDIR": work, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    cpu_seconds = int(limits.timeout_s) + 1
-    flags = "-I" if limits.site_packages else "-IS"
-    command = [*prefix, sys.executable, flags, "-c", _BOOTSTRAP, path,
-               str(limits.memory_mb << 20), str(cpu_seconds),
-               str(limits.max_file_mb << 20)]
-    out_path, err_path = (os.path.join(work, n) for n in ("stdout", "stderr"))
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-      child = subprocess.Popen(command, cwd=work, env=env,
-                               stdin=subprocess.DEVNULL, stdout=out,
-                               stderr=err, start_new_session=True)
+def _remove(path: str) -> None:
+  """Removes `path` even after a program took the permissions away."""
+  for root, dirs, _ in os.walk(path):
+    for name in dirs:
       try:
-        returncode = child.wait(timeout=limits.timeout_s)
-        timed_out = False
-      except subprocess.TimeoutExpired:
-        timed_out = True
-      # Also reaps anything the program left running in its group.
-      _kill_group(child.pid)
+        os.chmod(os.path.join(root, name), 0o700)
+      except OSError:
+        pass
+  try:
+    os.chmod(path, 0o700)
+  except OSError:
+    pass
+  shutil.rmtree(path, ignore_errors=True)
+
+
+def _signal_name(number: int) -> str:
+  try:
+    return signal.Signals(number).name
+  except ValueError:
+    return f"signal {number}"
+
+
+def _classify(report: Optional[dict], nonce: str, returncode: int,
+              stderr: str) -> tuple[bool, str, str]:
+  """(passed, reason, result) from the sandbox's report."""
+  last = _last_line(stderr)
+  if report is not None and report.get("setup_error"):
+    return False, "sandbox_error", (
+        f"failed: sandbox setup failed: {report['setup_error']}")
+  if report is None or report.get("status") is None:
+    return False, "sandbox_error", (
+        f"failed: sandbox error (no report; exit status {returncode})"
+        + (f": {last}" if last else ""))
+  lines = report["report"].splitlines()
+  code = os.waitstatus_to_exitcode(report["status"])
+  if f"ok {report['pid']} {nonce}" in lines:
+    if code == 0:
+      return True, "passed", "passed"
+    return False, "exit_after_checks", (
+        f"failed: the checks completed but the program then ended with "
+        f"{'signal ' + str(-code) if code < 0 else 'exit status ' + str(code)}")
+  errors = [line[6:] for line in lines if line.startswith("error ")]
+  if code < 0:
+    name = _signal_name(-code)
+    if name == "SIGXCPU":
+      return False, "timeout", f"failed: CPU time limit ({name})"
+    if name == "SIGXFSZ":
+      return False, "output_limit", f"failed: output limit ({name})"
+    return False, "signal", (f"failed: killed by signal {-code} ({name})"
+                             + (f": {last}" if last else ""))
+  if errors:
+    error = " ".join(errors[-1].split())[:1000]
+    for reason, marks in (
+        ("memory", ("MemoryError", "[Errno 12]")),
+        ("output_limit", ("[Errno 27]", "File too large")),
+        ("disk_quota", ("[Errno 28]", "No space left on device",
+                        "[Errno 122]")),
+        ("process_limit", ("BlockingIOError: [Errno 11]",
+                           "can't start new thread"))):
+      if any(mark in error for mark in marks):
+        what = {"memory": "memory limit", "output_limit": "output limit",
+                "disk_quota": "disk quota",
+                "process_limit": "process limit"}[reason]
+        return False, reason, f"failed: {what} ({error})"
+    if error.startswith(("SystemExit", "KeyboardInterrupt")):
+      return False, "exit_before_checks", (
+          f"failed: exited before the checks completed ({error})")
+    return False, "error", f"failed: {error}"
+  if code == 126 and "sandbox: could not start the program" in stderr:
+    return False, "sandbox_error", f"failed: sandbox error: {last}"
+  if "MemoryError" in last:
+    return False, "memory", f"failed: memory limit ({last})"
+  return False, "exit_before_checks", (
+      f"failed: exited before the checks completed (exit status {code})"
+      + (f": {last}" if last else ""))
+
+
+def _run(source: str, checks: Optional[str], limits: Limits,
+         mode: str) -> Outcome:
+  start = time.perf_counter()
+  nonce = secrets.token_hex(16)
+  work = tempfile.mkdtemp(prefix="trm_code_")
+  slot = _acquire_slot() if mode == "root" else None
+  try:
+    ids = [0, 0]
+    if slot is not None:
+      ids = [_UID_BASE + ((os.getpid() & 0x7FF) << 8) + slot] * 2
+    mountpoint = os.path.join(work, "root")
+    if mode != "none":
+      os.mkdir(mountpoint, 0o755)
+      os.chmod(work, 0o711)  # a user namespace's root must reach it
+    flags = "-I" if limits.site_packages else "-IS"
+    payload = dict(
+        mode=mode, nonce=nonce, solution=source, checks=checks,
+        mountpoint=mountpoint, program_ids=ids, binds=_python_prefixes(),
+        disk=limits.disk_mb << 20, inodes=max(1024, limits.disk_mb * 256),
+        python=sys.executable, python_flags=flags, env=_environment(),
+        limits=dict(memory=limits.memory_mb << 20,
+                    cpu=int(limits.timeout_s) + 1,
+                    file=limits.max_file_mb << 20,
+                    processes=limits.max_processes))
+    files = [tempfile.TemporaryFile(dir=work) for _ in range(4)]
+    payload_file, report_file, out, err = files
+    try:
+      payload_file.write(json.dumps(payload).encode())
+      payload_file.flush()
+      payload_file.seek(0)
+      fds = (payload_file.fileno(), report_file.fileno())
+      try:
+        child = subprocess.Popen(
+            [sys.executable, "-I", "-S", INIT, *map(str, fds)], cwd=work,
+            env=_environment(), stdin=subprocess.DEVNULL, stdout=out,
+            stderr=err, pass_fds=fds, start_new_session=True)
+      except OSError as error:  # e.g. no memory or processes left here
+        return Outcome(False, f"failed: sandbox error: could not start it "
+                       f"({error})", time.perf_counter() - start,
+                       "sandbox_error")
+      timed_out = not _wait(child.pid, limits.timeout_s)
+      if timed_out and mode != "none":
+        # The namespace's parent kills its init and waits for the rest.
+        try:
+          child.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+          pass
+        _wait(child.pid, _KILL_WAIT_S)
+      _kill_group(child.pid)  # leftovers of a guard-only run
+      returncode = child.wait()
+      seconds = time.perf_counter() - start
       if timed_out:
-        child.wait()
-    seconds = time.perf_counter() - start
-    if timed_out:
-      return Outcome(False, f"timed out after {limits.timeout_s:g} s",
-                     seconds)
-    if returncode == 0:
-      return Outcome(True, "passed", seconds)
-    return Outcome(False, _describe_failure(returncode, _tail(err_path)),
-                   seconds)
+        return Outcome(False, f"timed out after {limits.timeout_s:g} s",
+                       seconds, "timeout")
+      report_file.seek(0)
+      text = report_file.read(1 << 20).decode("utf-8", "replace")
+      try:
+        report = json.loads(text.splitlines()[0]) if text.strip() else None
+      except ValueError:
+        report = None
+      passed, reason, result = _classify(report, nonce, returncode,
+                                         _tail(err))
+      return Outcome(passed, result, seconds, reason)
+    finally:
+      for f in files:
+        f.close()
+  finally:
+    if slot is not None:
+      _release_slot(slot)
+    _remove(work)
 
 
-def run_programs(programs: Sequence[str], limits: Limits = Limits(),
-                 workers: Optional[int] = None) -> list[Outcome]:
+def _parts(program: Program) -> tuple[str, Optional[str]]:
+  if isinstance(program, str):
+    return program, None
+  source, checks = program
+  return source, checks
+
+
+def run_program(program: Program, limits: Limits = Limits(),
+                mode: Optional[str] = None) -> Outcome:
+  """Runs `program` (source, or (source, checks)) in the sandbox. With
+  checks, passed = the checks returned; without, the whole source ran to
+  its end. `mode` overrides the probed isolation (tests)."""
+  limits.check()
+  source, checks = _parts(program)
+  return _run(source, checks, limits, mode or sandbox_mode(limits))
+
+
+def run_programs(programs: Sequence[Program], limits: Limits = Limits(),
+                 workers: Optional[int] = None,
+                 mode: Optional[str] = None) -> list[Outcome]:
   """`run_program` over `programs`, at most `workers` at a time (default:
   the CPU count); results in the input order."""
   limits.check()
-  workers = workers or os.cpu_count() or 1
-  if workers < 1:
-    raise ValueError(f"workers={workers!r}: must be >= 1.")
-  network_isolation(limits)  # probe once, before the pool starts
-  # Threads suffice: each one only waits on its child process.
+  workers = check_workers(workers or min(os.cpu_count() or 1, MAX_WORKERS))
+  mode = mode or sandbox_mode(limits)  # probe once, before the pool starts
+  # Threads suffice: each one only waits on its sandbox.
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    return list(pool.map(lambda p: run_program(p, limits), programs))
+    return list(pool.map(lambda p: _run(*_parts(p), limits, mode),
+                         programs))

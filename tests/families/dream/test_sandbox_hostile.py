@@ -1,0 +1,528 @@
+"""Hostile programs in the code sandbox (trm.families.dream.code_exec): each
+one fails alone, with the reason we expect, while a correct sample run
+right after it in the same batch still passes; no process of any of them
+outlives the batch; no file of ours is visible and the network is closed.
+
+All programs run in ONE batch (a module fixture) through the worker pool;
+the parametrized tests then read their own outcome. MBPP-style: the
+program must define add(a, b); CHECKS run after it, by the harness.
+Placeholders in the sources (PORT, MARK, COMM, REPO, SECRET, PREFIX, HOME) are filled
+in by the fixture.
+"""
+import os
+import socket
+import sys
+import time
+
+import pytest
+import repo
+
+from trm.families.dream import code_eval
+from trm.families.dream import code_exec
+
+MODE = code_exec.sandbox_mode(code_exec.Limits())
+pytestmark = pytest.mark.skipif(
+    MODE == "none", reason="no Linux namespaces here (the hostile programs "
+    "kill(-1), fork-bomb and daemonize: unsafe without a PID namespace)")
+
+LIMITS = code_exec.Limits(timeout_s=5, memory_mb=256, max_file_mb=4,
+                          disk_mb=8, max_processes=32)
+WORKERS = 8
+GOOD = "def add(a, b):\n    return a + b\n"
+WRONG = "def add(a, b):\n    return a - b\n"
+CHECKS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
+# HumanEval-style checks: a check() the program could try to pre-empt.
+CHECK_FN = ("def check(candidate):\n    assert candidate(2, 3) == 5\n"
+            "    assert candidate(-1, 1) == 0\ncheck(add)\n")
+ABS_CHECKS = ("assert abs(add(2, 3) - 5) < 1e-9\n"
+              "assert abs(add(1, 1) - 2) < 1e-9\n")
+LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+CONNECT = ("import socket; socket.create_connection(('127.0.0.1', PORT), "
+           "timeout=1)")
+SLEEPER = "import time; time.sleep(120)  # MARK"
+
+
+def _fails_unless(call: str) -> str:
+  """Raises unless `call` (ctypes) returned 0; then defines add."""
+  return (LIBC + f"if {call} != 0:\n    raise OSError(ctypes.get_errno(), "
+          f"{call!r})\n" + GOOD)
+
+
+EXIT, ERROR, SIGNAL, TIMEOUT = ("exit_before_checks", "error", "signal",
+                                "timeout")
+MEMORY, OUTPUT, DISK, PROCS = ("memory", "output_limit", "disk_quota",
+                               "process_limit")
+
+# (id, program, expected reason[, checks])
+CASES = [
+    # ---- ending early never counts as a pass (item 1)
+    ("sys_exit_0", GOOD + "import sys\nsys.exit(0)\n", EXIT),
+    ("os_exit_0", GOOD + "import os\nos._exit(0)\n", EXIT),
+    ("raise_systemexit", GOOD + "raise SystemExit\n", EXIT),
+    ("systemexit_passed", GOOD + "raise SystemExit('passed')\n", EXIT),
+    ("systemexit_in_candidate", "def add(a, b):\n    raise SystemExit(0)\n",
+     EXIT),
+    ("os_exit_in_candidate",
+     "def add(a, b):\n    import os\n    os._exit(0)\n", EXIT),
+    ("atexit_os_exit", GOOD + "import atexit, os\natexit.register(os._exit, "
+     "0)\nraise SystemExit(1)\n", EXIT),
+    ("atexit_prints_passed", WRONG + "import atexit\natexit.register(print, "
+     "'passed')\n", ERROR),
+    ("excepthook_exits_0", WRONG + "import os, sys\nsys.excepthook = "
+     "lambda *a: os._exit(0)\n", ERROR),
+    ("thread_os_exit", GOOD + "import os, threading, time\nthreading.Thread("
+     "target=os._exit, args=(0,)).start()\ntime.sleep(5)\n", EXIT),
+    ("thread_exits_during_checks", "import os, threading, time\n"
+     "def add(a, b):\n    threading.Thread(target=os._exit, args=(0,))"
+     ".start()\n    time.sleep(5)\n    return a + b\n", EXIT),
+    ("thread_sys_exit", WRONG + "import sys, threading\nt = threading.Thread("
+     "target=sys.exit, args=(0,))\nt.start()\nt.join()\n", ERROR),
+    ("interrupt_main", GOOD + "import _thread, time\n_thread.interrupt_main()"
+     "\ntime.sleep(2)\n", EXIT),
+    ("sigkill_self", GOOD + "import os, signal\nos.kill(os.getpid(), "
+     "signal.SIGKILL)\n", SIGNAL),
+    ("sigterm_self", GOOD + "import os, signal\nos.kill(os.getpid(), "
+     "signal.SIGTERM)\n", SIGNAL),
+    ("sigalrm_handler_exits_0", GOOD + "import os, signal, time\n"
+     "signal.signal(signal.SIGALRM, lambda *a: os._exit(0))\nsignal.alarm(1)"
+     "\ntime.sleep(4)\n", EXIT),
+    ("abort", GOOD + "import os\nos.abort()\n", SIGNAL),
+    ("segfault", GOOD + "import ctypes\nctypes.string_at(0)\n", SIGNAL),
+    ("c_stack_overflow", GOOD + "import json, sys\nsys.setrecursionlimit("
+     "10 ** 9)\njson.loads('[' * 10 ** 7)\n", SIGNAL),
+    ("killpg_own_group", WRONG + "import os, signal\nos.killpg(0, "
+     "signal.SIGKILL)\n", SIGNAL),
+    ("sigstop_self", GOOD + "import os, signal\nos.kill(os.getpid(), "
+     "signal.SIGSTOP)\n", TIMEOUT),
+    ("prints_passed_exits_0", GOOD + "print('passed')\nimport os\n"
+     "os._exit(0)\n", EXIT),
+    ("exec_true", GOOD + "import os\nos.execv('/bin/true', ['true'])\n",
+     EXIT),
+    ("exec_python_prints_passed", GOOD + "import os, sys\nos.execv("
+     "sys.executable, [sys.executable, '-c', 'print(\"passed\")'])\n", EXIT),
+    ("override_print", WRONG + "import builtins\nbuiltins.print = lambda *a, "
+     "**k: None\n", ERROR),
+    ("override_abs_builtin", "def add(a, b):\n    return 0\nimport builtins\n"
+     "builtins.abs = lambda x: 0\n", ERROR, ABS_CHECKS),
+    ("override_abs_during_call", "def add(a, b):\n    import builtins\n"
+     "    builtins.abs = lambda x: 0\n    return 0\n", ERROR, ABS_CHECKS),
+    ("override_assertionerror", WRONG + "import builtins\nbuiltins."
+     "AssertionError = type('Quiet', (Exception,), {})\n", ERROR),
+    ("close_stdout_stderr_exit_0", GOOD + "import os\nos.close(1)\n"
+     "os.close(2)\nos._exit(0)\n", EXIT),
+    ("close_stdout_stderr_wrong", WRONG + "import os\nos.close(1)\n"
+     "os.close(2)\n", ERROR),
+    ("redirect_stdout_exit_0", GOOD + "import os, sys\nsys.stdout = open("
+     "os.devnull, 'w')\nprint('passed')\nos._exit(0)\n", EXIT),
+    ("forged_token_guess", GOOD + "import os\nos.write(4, b'ok %d ' % "
+     "os.getpid() + b'0' * 32 + b'\\n')\nos._exit(0)\n", EXIT),
+    ("forged_token_scan", GOOD + "import glob, os, re\nfound = set()\n"
+     "for path in ['/proc/self/cmdline', '/proc/self/environ', "
+     "'/proc/1/cmdline', '/proc/1/environ'] + glob.glob('/sandbox/*') + "
+     "glob.glob('/tmp/*'):\n    try:\n        found |= set(re.findall(rb'"
+     "[0-9a-f]{32}', open(path, 'rb').read()))\n    except OSError:\n"
+     "        pass\nfor nonce in found:\n    os.write(4, b'ok %d %s\\n' % ("
+     "os.getpid(), nonce))\nos._exit(0)\n", EXIT),
+    ("junk_to_every_fd", WRONG + "import os\nfor fd in range(3, 64):\n"
+     "    try:\n        os.write(fd, b'ok passed\\n')\n    except OSError:\n"
+     "        pass\n", ERROR),
+    ("close_report_fd", GOOD + "import os\nos.close(4)\n", EXIT),
+    ("close_every_fd", GOOD + "import os\nos.closerange(0, 1 << 16)\n", EXIT),
+    ("dup_over_report_fd", GOOD + "import os\nos.dup2(os.open('/dev/null', "
+     "os.O_WRONLY), 4)\n", EXIT),
+    ("patch_os_write_and_exit", WRONG + "import os\nos.write = lambda *a: 0"
+     "\nos._exit = lambda code: None\n", ERROR),
+    ("fork_child_prints_passed", WRONG + "import os\nif os.fork() == 0:\n"
+     "    print('passed', flush=True)\n    os._exit(0)\nos.wait()\n", ERROR),
+    ("fork_parent_exits_child_checks", GOOD + "import os\nif os.fork() != 0:"
+     "\n    os._exit(0)\n", EXIT),
+    ("fork_child_runs_checks_parent_waits", GOOD + "import os\npid = "
+     "os.fork()\nif pid:\n    os.waitpid(pid, 0)\n    os._exit(0)\n", EXIT),
+    ("predefine_check", WRONG + "check = lambda candidate: None\n", ERROR,
+     CHECK_FN),
+    ("candidate_redefines_check", "def add(a, b):\n    globals()['check'] "
+     "= lambda c: None\n    return 0\n", ERROR, CHECK_FN),
+    ("unterminated_string_swallows_checks", WRONG + "x = '''\n", ERROR),
+    ("recursion", "def add(a, b):\n    return add(a, b)\n", ERROR),
+    ("keyboard_interrupt_in_candidate", "def add(a, b):\n    raise "
+     "KeyboardInterrupt\n", EXIT),
+    # ---- output streams, sources, messages
+    ("huge_stdout", "import sys\nwhile True:\n    sys.stdout.write('x' * "
+     "65536)\n", OUTPUT),
+    ("huge_binary_stderr", "import os\nwhile True:\n    os.write(2, "
+     "bytes(range(256)) * 256)\n", OUTPUT),
+    ("invalid_utf8_output", WRONG + "import os\nos.write(1, b'\\xff\\xfe\\x00'"
+     " * 1000)\nos.write(2, b'\\xc3\\x28\\xa0\\xa1' * 1000)\n", ERROR),
+    ("surrogates_in_message", "raise ValueError('\\udcff\\ud800 bad')\n",
+     ERROR),
+    ("huge_message", "raise ValueError('x' * 10 ** 7)\n", ERROR),
+    ("unprintable_exception", "class E(Exception):\n    def __str__(self):\n"
+     "        raise RuntimeError('no')\nraise E()\n", ERROR),
+    ("null_bytes_in_source", "def add(a, b):\n    return a + b\x00\n", ERROR),
+    ("lone_surrogate_in_source", "x = '\ud800'\n" + WRONG, ERROR),
+    ("read_stdin", WRONG + "import sys\nsys.stdin.read()\n", ERROR),
+    # ---- its own directory, the disk quota
+    ("delete_cwd", WRONG + "import os, shutil\nshutil.rmtree(os.getcwd(), "
+     "ignore_errors=True)\nos.rmdir(os.getcwd())\n", ERROR),
+    ("chmod_cwd_000", WRONG + "import os\nos.chmod('.', 0)\n", ERROR),
+    ("fill_disk", "n = 0\nwhile True:\n    with open(f'f{n}', 'wb') as f:\n"
+     "        f.write(b'x' * (1 << 20))\n    n += 1\n", DISK),
+    ("fill_dev_shm", "n = 0\nwhile True:\n    with open(f'/dev/shm/f{n}', "
+     "'wb') as f:\n        f.write(b'x' * (1 << 20))\n    n += 1\n", DISK),
+    ("one_huge_file", "with open('big', 'wb') as f:\n    while True:\n"
+     "        f.write(b'x' * (1 << 20))\n", OUTPUT),
+    ("inode_bomb", "n = 0\nwhile True:\n    open(str(n), 'w').close()\n"
+     "    n += 1\n", DISK),
+    # ---- writes outside its directory
+    ("write_etc", GOOD + "open('/etc/passwd', 'a').write('x')\n", ERROR),
+    ("write_usr", GOOD + "open('/usr/lib/trm_hostile', 'w')\n", ERROR),
+    ("write_python_prefix", GOOD + "open('PREFIX/trm_hostile', 'w')\n",
+     ERROR),
+    ("write_root_dir", GOOD + "open('/trm_hostile', 'w')\n", ERROR),
+    ("overwrite_checks", WRONG + "open('/sandbox/checks.py', 'w').write("
+     "'')\n", ERROR),
+    ("chmod_dev_null", GOOD + "import os\nos.chmod('/dev/null', 0o600)\n",
+     ERROR),
+    ("write_proc_sys", GOOD + "open('/proc/sys/vm/drop_caches', 'w').write("
+     "'1')\n", ERROR),
+    # ---- reads of our files (each passes only if it could read them)
+    ("read_repo", "open('REPO/trm/__init__.py').read()\n" + GOOD, ERROR),
+    ("list_work", "import os\nos.listdir('/work')\n" + GOOD, ERROR),
+    ("read_secret_in_host_tmp", "open('SECRET').read()\n" + GOOD, ERROR),
+    ("list_home", "import os\nassert set(os.listdir('HOME')) - {'.pyenv'}, "
+     "'nothing of HOME'\n" + GOOD, ERROR),
+    ("host_tmp_listing", "import os\nassert [n for n in os.listdir('/tmp') if"
+     " n.startswith(('pytest', 'trm_code_'))], 'no host /tmp'\n" + GOOD,
+     ERROR),
+    ("proc1_environ", "open('/proc/1/environ').read()\n" + GOOD, ERROR),
+    ("proc1_root", "import os\nos.listdir('/proc/1/root/REPO')\n" + GOOD,
+     ERROR),
+    ("proc1_fds", "import os\nos.listdir('/proc/1/fd')\n" + GOOD, ERROR),
+    ("symlink_out", "import os\nos.symlink('REPO', 'r')\nos.listdir('r')\n"
+     + GOOD, ERROR),
+    # ---- network (each passes only if it got through)
+    ("socket_connect", CONNECT + "\n" + GOOD, ERROR),
+    ("reimported_socket", "import sys\nfor m in ('socket', '_socket'):\n"
+     "    sys.modules.pop(m, None)\nimport _socket\ns = _socket.socket()\n"
+     "s.settimeout(1)\ns.connect(('127.0.0.1', PORT))\n" + GOOD, ERROR),
+    ("ctypes_socket", LIBC + "import struct\nfd = libc.socket(2, 1, 0)\n"
+     "addr = struct.pack('!HH4s8x', 2, PORT, bytes([127, 0, 0, 1]))\n"
+     "addr = struct.pack('=H', 2) + addr[2:]\nif libc.connect(fd, addr, 16) "
+     "!= 0:\n    raise OSError(ctypes.get_errno(), 'connect')\n" + GOOD,
+     ERROR),
+    ("subprocess_socket", "import subprocess, sys\nsubprocess.run(["
+     "sys.executable, '-c', \"" + CONNECT + "\"], check=True)\n" + GOOD,
+     ERROR),
+    ("setns_proc1_net", LIBC + "fd = os.open('/proc/1/ns/net', os.O_RDONLY)"
+     "\nif libc.setns(fd, 0x40000000) != 0:\n    raise OSError("
+     "ctypes.get_errno(), 'setns')\n" + GOOD, ERROR),
+    ("setns_own_net_fd", LIBC + "fd = os.open('/proc/self/ns/net', "
+     "os.O_RDONLY)\nif libc.setns(fd, 0x40000000) != 0:\n    raise OSError("
+     "ctypes.get_errno(), 'setns')\n" + GOOD, ERROR),
+    ("setns_own_mnt_fd", LIBC + "fd = os.open('/proc/self/ns/mnt', "
+     "os.O_RDONLY)\nif libc.setns(fd, 0x20000) != 0:\n    raise OSError("
+     "ctypes.get_errno(), 'setns')\n" + GOOD, ERROR),
+    ("nsenter", "import subprocess, sys\nsubprocess.run(['nsenter', "
+     "'--net=/proc/1/ns/net', '--', sys.executable, '-c', \"" + CONNECT +
+     "\"], check=True)\n" + GOOD, ERROR),
+    ("unshare_net", _fails_unless("libc.unshare(0x40000000)"), ERROR),
+    ("unshare_user_net_connect", LIBC + "assert libc.unshare(0x50000000) == "
+     "0\nimport subprocess, sys\nsubprocess.run([sys.executable, '-c', \"" +
+     CONNECT + "\"], check=True)\n" + GOOD, ERROR),
+    ("sethostname", "import socket\nsocket.sethostname('x')\n" + GOOD,
+     ERROR),
+    # ---- privileges and the mount namespace
+    ("mount_tmpfs", _fails_unless("libc.mount(b'none', b'/tmp', b'tmpfs', 0, "
+                                  "None)"), ERROR),
+    ("capabilities_left", "caps = [l for l in open('/proc/self/status') if "
+     "l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\nassert any(int(l.split()"
+     "[1], 16) for l in caps), 'no capabilities'\n" + GOOD, ERROR),
+    ("setresuid_0_then_caps", "import os\ntry:\n    os.setresuid(0, 0, 0)\n"
+     "except OSError:\n    pass\ncaps = [l for l in open('/proc/self/status') "
+     "if l.startswith('CapEff')]\nassert int(caps[0].split()[1], 16), "
+     "'no capabilities'\n" + GOOD, ERROR),
+    ("userns_umount_escape", LIBC + "assert libc.unshare(0x10020000) == 0\n"
+     "for p in (b'/tmp', b'/root', b'/usr', b'/'):\n    libc.umount2(p, 2)\n"
+     "os.listdir('REPO')\n" + GOOD, ERROR),
+    ("userns_chroot_escape", LIBC + "assert libc.unshare(0x10020000) == 0\n"
+     "os.mkdir('x')\nos.chroot('x')\nfor _ in range(30):\n    os.chdir('..')"
+     "\nos.chroot('.')\nos.listdir('REPO')\n" + GOOD, ERROR),
+    ("ptrace_init", _fails_unless("libc.ptrace(16, 1, 0, 0)"), ERROR),
+    ("raise_rlimit", "import resource\nresource.setrlimit(resource."
+     "RLIMIT_NPROC, (resource.RLIM_INFINITY,) * 2)\n" + GOOD, ERROR),
+    ("kill_init", WRONG + "import os, signal, time\ntry:\n    os.kill(1, "
+     "signal.SIGKILL)\nexcept OSError:\n    pass\ntime.sleep(0.2)\n", ERROR),
+    ("kill_everything", WRONG + "import os, signal\nos.kill(-1, "
+     "signal.SIGKILL)\n", ERROR),
+    # ---- memory, processes, CPU
+    ("memory_bytearray", "x = bytearray(10 ** 10)\n", MEMORY),
+    ("memory_list", "chunks = []\nwhile True:\n    chunks.append(' ' * "
+     "10 ** 6)\n", MEMORY),
+    ("memory_mmap", "import mmap\nm = mmap.mmap(-1, 10 ** 11)\n", MEMORY),
+    ("memory_in_candidate", "def add(a, b):\n    return len(bytearray("
+     "10 ** 10))\n", MEMORY),
+    ("fork_bomb", "import os\nwhile True:\n    os.fork()\n", PROCS),
+    ("fork_bomb_sleepers", "import ctypes, os, time\nwhile True:\n    if "
+     "os.fork() == 0:\n        ctypes.CDLL(None).prctl(15, b'COMM', 0, 0, 0)"
+     "\n        time.sleep(60)\n        os._exit(0)\n", PROCS),
+    ("thread_bomb", "import threading, time\nwhile True:\n    threading."
+     "Thread(target=time.sleep, args=(60,), daemon=True).start()\n", PROCS),
+    ("subprocess_bomb", "import subprocess\nps = [subprocess.Popen(['sleep',"
+     " '120']) for _ in range(100)]\n", PROCS),
+    ("cpu_loop", "while True:\n    pass\n", TIMEOUT),
+    ("cpu_loop_in_candidate", "def add(a, b):\n    while True:\n"
+     "        pass\n", TIMEOUT),
+    ("ignores_sigterm", "import signal, time\nfor s in (signal.SIGTERM, "
+     "signal.SIGHUP, signal.SIGINT):\n    signal.signal(s, signal.SIG_IGN)\n"
+     "while True:\n    time.sleep(1)\n", TIMEOUT),
+    # ---- daemons: none may survive (MARK is searched for afterwards)
+    ("double_fork_setsid_daemon", WRONG + "import os, sys\nif os.fork() == 0:"
+     "\n    os.setsid()\n    if os.fork() == 0:\n        os.execv("
+     "sys.executable, [sys.executable, '-c', 'SLEEPER'])\n    os._exit(0)\n",
+     ERROR),
+    ("setsid_popen_daemon", WRONG + "import subprocess, sys\nsubprocess.Popen("
+     "[sys.executable, '-c', 'SLEEPER'], start_new_session=True)\n", ERROR),
+    ("daemon_ignoring_signals", WRONG + "import os, sys\nif os.fork() == 0:\n"
+     "    os.setsid()\n    os.execv(sys.executable, [sys.executable, '-c', "
+     "'import signal; [signal.signal(s, signal.SIG_IGN) for s in (1, 2, 15)]"
+     "; SLEEPER'])\n", ERROR),
+    ("daemon_then_timeout", "import subprocess, sys, time\nsubprocess.Popen("
+     "[sys.executable, '-c', 'SLEEPER'], start_new_session=True)\n"
+     "time.sleep(60)\n", TIMEOUT),
+    ("zombie_orphans", WRONG + "import os\nfor _ in range(20):\n    if "
+     "os.fork() == 0:\n        os._exit(0)\n", ERROR),
+    # ---- documented behaviour, not failures: checks compare with ==, and
+    # a passing sample's daemon still dies with it.
+    ("eq_override_passes_documented", "class Anything:\n    def __eq__(self, "
+     "other):\n        return True\ndef add(a, b):\n    return Anything()\n",
+     "passed"),
+    ("passing_sample_leaves_daemon", GOOD + "import subprocess, sys\n"
+     "subprocess.Popen([sys.executable, '-c', 'SLEEPER'], "
+     "start_new_session=True)\n", "passed"),
+]
+# What each result must also say: the failure is the one the case is about,
+# not, say, a typo in the hostile program.
+ASSERTION = "failed: AssertionError"
+ROFS = "[Errno 30] Read-only file system"
+MISSING = "FileNotFoundError: [Errno 2] No such file or directory"
+DENIED = "PermissionError: [Errno 13] Permission denied"
+EPERM = "PermissionError: [Errno 1]"
+DETAILS = {
+    "sys_exit_0": "(SystemExit: 0)", "os_exit_0": "(exit status 0)",
+    "raise_systemexit": "(SystemExit)",
+    "systemexit_passed": "(SystemExit: passed)",
+    "systemexit_in_candidate": "(SystemExit: 0)",
+    "os_exit_in_candidate": "(exit status 0)",
+    "atexit_os_exit": "(SystemExit: 1)", "atexit_prints_passed": ASSERTION,
+    "excepthook_exits_0": ASSERTION, "thread_os_exit": "(exit status 0)",
+    "thread_exits_during_checks": "(exit status 0)",
+    "thread_sys_exit": ASSERTION, "interrupt_main": "(KeyboardInterrupt)",
+    "sigkill_self": "signal 9 (SIGKILL)", "sigterm_self": "(SIGTERM)",
+    "sigalrm_handler_exits_0": "(exit status 0)", "abort": "(SIGABRT)",
+    "segfault": "(SIGSEGV)", "c_stack_overflow": "(SIGSEGV)",
+    "killpg_own_group": "(SIGKILL)", "prints_passed_exits_0": "status 0",
+    "exec_true": "status 0", "exec_python_prints_passed": "status 0",
+    "override_print": ASSERTION, "override_abs_builtin": ASSERTION,
+    "override_abs_during_call": ASSERTION,
+    "override_assertionerror": ASSERTION,
+    "close_stdout_stderr_exit_0": "status 0",
+    "close_stdout_stderr_wrong": ASSERTION,
+    "redirect_stdout_exit_0": "status 0", "forged_token_guess": "status 0",
+    "forged_token_scan": "status 0", "junk_to_every_fd": ASSERTION,
+    "close_report_fd": "closed its report channel",
+    "close_every_fd": "(exit status 1)", "dup_over_report_fd": "status 0",
+    "patch_os_write_and_exit": ASSERTION,
+    "fork_child_prints_passed": ASSERTION,
+    "fork_parent_exits_child_checks": "status 0",
+    "fork_child_runs_checks_parent_waits": "status 0",
+    "predefine_check": ASSERTION, "candidate_redefines_check": ASSERTION,
+    "unterminated_string_swallows_checks": "unterminated triple-quoted",
+    "recursion": "RecursionError", "keyboard_interrupt_in_candidate":
+    "(KeyboardInterrupt)", "huge_stdout": "File too large",
+    "huge_binary_stderr": "File too large", "invalid_utf8_output": ASSERTION,
+    "surrogates_in_message": "ValueError: ", "huge_message": "ValueError: xxx",
+    "unprintable_exception": "failed: E", "null_bytes_in_source":
+    "cannot contain null bytes", "lone_surrogate_in_source": ASSERTION,
+    "read_stdin": ASSERTION, "delete_cwd": ROFS, "chmod_cwd_000": ASSERTION,
+    "fill_disk": "No space left on device",
+    "fill_dev_shm": "No space left on device",
+    "one_huge_file": "File too large", "inode_bomb": "No space left",
+    "write_etc": ROFS, "write_usr": ROFS, "write_python_prefix": ROFS,
+    "write_root_dir": ROFS, "overwrite_checks": ROFS, "chmod_dev_null": ROFS,
+    "write_proc_sys": ROFS, "read_repo": MISSING, "list_work": MISSING,
+    "read_secret_in_host_tmp": MISSING,
+    "list_home": "AssertionError: nothing of",
+    "host_tmp_listing": "AssertionError: no host /tmp",
+    "proc1_environ": DENIED, "proc1_root": DENIED, "proc1_fds": DENIED,
+    "symlink_out": MISSING,
+    "socket_connect": "network access is disabled",
+    "reimported_socket": "Network is unreachable",
+    "ctypes_socket": "[Errno 101] connect",
+    "subprocess_socket": "CalledProcessError", "setns_proc1_net": DENIED,
+    "setns_own_net_fd": EPERM, "setns_own_mnt_fd": EPERM,
+    "nsenter": "CalledProcessError", "unshare_net": EPERM,
+    "unshare_user_net_connect": "CalledProcessError", "sethostname": EPERM,
+    "mount_tmpfs": EPERM, "capabilities_left": "no capabilities",
+    "setresuid_0_then_caps": "no capabilities",
+    "userns_umount_escape": MISSING, "userns_chroot_escape": MISSING,
+    "ptrace_init": EPERM, "raise_rlimit": "not allowed to raise",
+    "kill_init": ASSERTION, "kill_everything": "No such process",
+    "memory_bytearray": "MemoryError", "memory_list": "MemoryError",
+    "memory_mmap": "Cannot allocate memory",
+    "memory_in_candidate": "MemoryError",
+    "fork_bomb": "Resource temporarily unavailable",
+    "fork_bomb_sleepers": "Resource temporarily unavailable",
+    "thread_bomb": "can't start new thread",
+    "subprocess_bomb": "Resource temporarily unavailable",
+    "double_fork_setsid_daemon": ASSERTION,
+    "setsid_popen_daemon": ASSERTION, "daemon_ignoring_signals": ASSERTION,
+    "zombie_orphans": ASSERTION,
+}
+IDS = [case[0] for case in CASES]
+assert not set(DETAILS) - set(IDS)
+assert all(name in DETAILS for name, _, reason, *_ in CASES
+           if reason not in (TIMEOUT, "passed"))
+assert len(set(IDS)) == len(IDS)
+assert sum(case[2] != "passed" for case in CASES) >= 60
+
+
+def _survivors(*marks: str) -> list:
+  """Processes whose command line or name (comm) holds one of `marks`."""
+  found = []
+  for pid in os.listdir("/proc"):
+    if pid.isdigit():
+      for name in ("cmdline", "comm"):
+        try:
+          with open(f"/proc/{pid}/{name}", "rb") as f:
+            text = f.read()
+        except OSError:
+          continue
+        if any(mark.encode() in text for mark in marks):
+          found.append((int(pid), text[:200]))
+  return found
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+  """Every case followed by a correct sample, all in one run_programs call."""
+  listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  listener.bind(("127.0.0.1", 0))
+  listener.listen(16)
+  listener.setblocking(False)
+  secret = tmp_path_factory.mktemp("secret") / "secret.txt"
+  secret.write_text("not for the sandbox")
+  mark = f"trm_hostile_{os.getpid()}_{time.time_ns()}"
+  comm = f"trmh{os.getpid() % 10 ** 8:08d}"  # a process name: <= 15 bytes
+  fill = {"SLEEPER": SLEEPER, "PORT": str(listener.getsockname()[1]),
+          "MARK": mark, "COMM": comm, "REPO": repo.ROOT, "SECRET": str(secret),
+          "PREFIX": sys.base_prefix, "HOME": os.path.expanduser("~")}
+  programs = []
+  for case in CASES:
+    source = case[1]
+    for key, value in fill.items():
+      source = source.replace(key, value)
+    programs.append((source, case[3] if len(case) > 3 else CHECKS))
+    programs.append((GOOD, CHECKS))
+  start = time.perf_counter()
+  outcomes = code_exec.run_programs(programs, LIMITS, WORKERS)
+  seconds = time.perf_counter() - start
+  survivors = _survivors(mark, comm)
+  try:
+    listener.accept()[0].close()
+    reached = True
+  except BlockingIOError:
+    reached = False
+  listener.close()
+  print(f"{len(programs)} programs in {seconds:.1f} s")
+  return dict(zip(IDS, zip(outcomes[::2], outcomes[1::2])), survivors=survivors,
+              reached=reached)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_hostile_program_fails_alone(batch, case):
+  name, _, want = case[:3]
+  outcome, good = batch[name]
+  assert outcome.reason == want, outcome
+  assert outcome.passed == (want == "passed")
+  if want == TIMEOUT:
+    assert outcome.result == "timed out after 5 s", outcome
+  elif want != "passed":
+    assert outcome.result.startswith("failed: "), outcome
+    assert DETAILS[name] in outcome.result, outcome
+  # A bounded, printable reason whatever the program printed or raised.
+  assert len(outcome.result) < 1500
+  outcome.result.encode("utf-8")
+  # The correct sample right after it in the batch was not disturbed.
+  assert good.passed and good.reason == "passed", good
+
+
+def test_no_process_outlives_its_sample(batch):
+  assert batch["survivors"] == []
+
+
+def test_the_network_was_never_reached(batch):
+  assert not batch["reached"]
+
+
+def test_documented_results(batch):
+  """The exact wording the README section relies on."""
+  assert batch["sys_exit_0"][0].result == (
+      "failed: exited before the checks completed (SystemExit: 0)")
+  assert batch["os_exit_0"][0].result == (
+      "failed: exited before the checks completed (exit status 0)")
+  assert batch["sigkill_self"][0].result.startswith(
+      "failed: killed by signal 9 (SIGKILL)")
+  assert batch["cpu_loop"][0].result == "timed out after 5 s"
+  assert batch["read_repo"][0].result.startswith(
+      "failed: FileNotFoundError")
+  assert "network access is disabled" in batch["socket_connect"][0].result
+  assert "Network is unreachable" in batch["reimported_socket"][0].result
+  for name in ("setns_own_net_fd", "setns_own_mnt_fd", "mount_tmpfs",
+               "unshare_net", "ptrace_init"):
+    assert "PermissionError: [Errno 1]" in batch[name][0].result, name
+
+
+def test_hostile_completions_through_score():
+  """code_eval.score on a HumanEval-style problem: base-model completions
+  (function bodies) that end the process early or loop are scored failed
+  with their reason; the good one passes."""
+  problem = code_eval.Problem(
+      "Hostile/0", "def add(a, b):\n", "def check(candidate):\n"
+      "    assert candidate(2, 3) == 5\n", "    return a + b\n", "add")
+  completions = ["    return a + b\n", "    import os\n    os._exit(0)\n",
+                 "    raise SystemExit(0)\n", "    return a - b\n",
+                 "    while True:\n        pass\n",
+                 "    import os, signal\n    os.kill(os.getpid(), 9)\n"]
+  limits = code_exec.Limits(timeout_s=3, memory_mb=256)
+  records, results = code_eval.score([problem], [completions], "humaneval",
+                                     limits=limits, workers=3)
+  assert [r["reason"] for r in records] == [
+      "passed", EXIT, EXIT, ERROR, TIMEOUT, SIGNAL]
+  assert results["pass@1"] == pytest.approx(1 / 6)
+  assert all(r["result"] for r in records)
+
+
+@pytest.mark.skipif(code_exec.probe("user") is not None,
+                    reason="user namespaces refused here")
+def test_user_namespace_mode():
+  """The mode a non-root user gets (here forced, as root): same view, no
+  capabilities, daemons die, our files invisible."""
+  mark = f"trm_userns_{os.getpid()}_{time.time_ns()}"
+  sleeper = SLEEPER.replace("MARK", mark)
+  programs = [
+      (GOOD, CHECKS),
+      (GOOD + "import os\nos.listdir('/work')\n", CHECKS),
+      ("caps = [l for l in open('/proc/self/status') if l.startswith("
+       "'CapEff')]\nassert int(caps[0].split()[1], 16) == 0\n"
+       "import os\nassert os.getuid() == 0\n" + GOOD, CHECKS),
+      (_fails_unless("libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)"),
+       CHECKS),
+      (WRONG + "import subprocess, sys\nsubprocess.Popen([sys.executable, "
+       f"'-c', {sleeper!r}], start_new_session=True)\n", CHECKS),
+      (GOOD + "import os, sys\nsys.exit(0)\n", CHECKS),
+  ]
+  outcomes = code_exec.run_programs(programs, LIMITS, 3, mode="user")
+  assert [o.reason for o in outcomes] == [
+      "passed", ERROR, "passed", ERROR, ERROR, EXIT], outcomes
+  assert "FileNotFoundError" in outcomes[1].result
+  assert _survivors(mark) == []

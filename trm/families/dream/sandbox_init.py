@@ -1,0 +1,422 @@
+"""The child side of the code sandbox (`code_exec` is the parent side).
+
+Run as `python -I -S sandbox_init.py PAYLOAD_FD REPORT_FD`, standard library
+only. PAYLOAD_FD holds a JSON payload (the program, its checks, the limits,
+the completion nonce); REPORT_FD is where one JSON report goes. Both are
+unlinked files the parent opened, so nothing here is visible by path.
+
+With namespaces (payload mode "root" or "user") this process calls
+unshare(2) and forks the new PID namespace's init (pid 1), which
+  - makes every mount private, builds a minimal root on a small tmpfs
+    (read-only binds of /usr, the /bin /lib* links, the interpreter's
+    prefix; a tiny /etc; /dev/null and friends; a read-only /proc; one
+    writable tmpfs of `disk` bytes at /tmp) and pivots into it, detaching
+    the old root, so no other file of the host is reachable;
+  - forks the program, which sets its rlimits, drops every capability
+    (mode "root": to a per-sample unprivileged uid; mode "user": to root of
+    the user namespace with no capabilities) and execs the interpreter with
+    the bootstrap below;
+  - writes the nonce into the program's pipe, waits for it, reads what it
+    reported and writes the report; its exit then kills every process left
+    in the namespace (the kernel does so when a PID namespace's init dies).
+Without namespaces (mode "none") this process does the last step itself.
+"""
+import ctypes
+import fcntl
+import json
+import os
+import platform
+import resource
+import signal
+import sys
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
+PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41,
+              "ppc64le": 203, "ppc64": 203, "s390x": 217}
+# statvfs flags of a bind's source that a remount must keep (the kernel
+# refuses to clear them on mounts inherited from a more privileged place).
+KEEP = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV),
+        (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, 1024),
+        (os.ST_NODIRATIME, 2048), (os.ST_RELATIME, 1 << 21))
+SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+REPORT_BYTES = 65536  # read from the program's report pipe at most
+
+# The program's first code: fd 3 holds the nonce, fd 4 takes the report.
+# Only after the checks return does it write "ok <pid> <nonce>"; an
+# exception is reported as "error <type>: <message>". Everything it uses is
+# bound before the program's first line, so patching `os` does not reach it.
+BOOTSTRAP = r"""
+def _bootstrap():
+  import os, sys
+  write, leave, getpid = os.write, os._exit, os.getpid
+  nonce = b""
+  while True:
+    chunk = os.read(3, 256)
+    if not chunk:
+      break
+    nonce += chunk
+  os.close(3)
+  import _socket, socket
+  def no_network(*args, **kwargs):
+    raise OSError("network access is disabled in the code-evaluation sandbox")
+  for name in ("socket", "SocketType", "socketpair", "create_connection",
+               "create_server", "fromfd", "getaddrinfo"):
+    if hasattr(socket, name):
+      setattr(socket, name, no_network)
+  for name in ("socket", "SocketType", "socketpair", "getaddrinfo"):
+    if hasattr(_socket, name):
+      setattr(_socket, name, no_network)
+  path, checks_path = sys.argv[1], sys.argv[2]
+  sys.argv = [path]
+  import builtins
+  pristine = dict(builtins.__dict__)
+  def report(kind, text):
+    try:
+      write(4, kind + b" " + text.encode("utf-8", "replace")[:2000] + b"\n")
+    except BaseException:
+      try:
+        write(2, b"sandbox: the program closed its report channel (fd 4)\n")
+      except BaseException:
+        pass
+      leave(1)
+  def describe(error):
+    try:
+      name = type(error).__name__
+    except BaseException:
+      name = "BaseException"
+    try:
+      text = " ".join(str(error).split())
+    except BaseException:
+      text = ""
+    return f"{name}: {text}"[:2000] if text else name
+  try:
+    def load(where):
+      with open(where, encoding="utf-8") as f:
+        return compile(f.read(), where, "exec")
+    solution = load(path)
+    checks = load(checks_path) if checks_path else None
+    scope = {"__name__": "__main__", "__builtins__": builtins, "__file__": path}
+    exec(solution, scope)
+    if checks is not None:
+      # The checks see the program's names, but builtins as they were before
+      # the program ran.
+      scope = dict(scope, __builtins__=pristine)
+      exec(checks, scope)
+  except BaseException as error:
+    try:
+      import traceback
+      write(2, "".join(traceback.format_exception(error)).encode(
+          "utf-8", "replace")[-8000:])
+    except BaseException:
+      pass
+    report(b"error", describe(error))
+    leave(1)
+  report(b"ok", f"{getpid()} {nonce.decode('ascii', 'replace')}")
+  leave(0)
+_bootstrap()
+"""
+
+
+class SetupError(Exception):
+  pass
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _call(name, *args):
+  result = getattr(_libc, name)(*args)
+  if result == -1:
+    errno = ctypes.get_errno()
+    raise SetupError(f"{name}{args!r}: {os.strerror(errno)} (errno {errno})")
+  return result
+
+
+def _bytes(path):
+  return None if path is None else os.fsencode(path)
+
+
+def _mount(source, target, fstype, flags, data=None):
+  _call("mount", _bytes(source), _bytes(target), _bytes(fstype),
+        ctypes.c_ulong(flags), _bytes(data))
+
+
+def _bind(source, target, readonly=True, extra=MS_NOSUID | MS_NODEV):
+  _mount(source, target, None, MS_BIND | MS_REC)
+  if readonly:
+    kept = 0
+    have = os.statvfs(target).f_flag
+    for st, ms in KEEP:
+      if have & st:
+        kept |= ms
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept | extra)
+
+
+def _write(path, text, mode=0o644, flags=os.O_CREAT | os.O_TRUNC):
+  fd = os.open(path, os.O_WRONLY | flags, mode)
+  with os.fdopen(fd, "wb") as f:
+    f.write(text if isinstance(text, bytes) else text.encode("utf-8",
+                                                               "replace"))
+
+
+def _build_root(payload):
+  """The minimal root at payload["mountpoint"]; pivots into it."""
+  new = payload["mountpoint"]
+  uid, gid = payload["program_ids"]
+  os.umask(0o022)
+  _mount(None, "/", None, MS_REC | MS_PRIVATE)
+  _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=0755")
+  bound = []
+  for name in SYSTEM:
+    source = os.path.join("/", name)
+    if os.path.islink(source):
+      os.symlink(os.readlink(source), os.path.join(new, name))
+    elif os.path.isdir(source):
+      os.mkdir(os.path.join(new, name), 0o755)
+      _bind(source, os.path.join(new, name))
+      bound.append(source)
+  for prefix in payload["binds"]:
+    real = os.path.realpath(prefix)
+    if not os.path.isdir(real) or any(
+        real == b or real.startswith(b + "/") for b in bound):
+      continue
+    target = new + real
+    os.makedirs(target, 0o755, exist_ok=True)
+    _bind(real, target)
+    bound.append(real)
+  etc = os.path.join(new, "etc")
+  os.mkdir(etc, 0o755)
+  _write(f"{etc}/passwd", f"root:x:0:0:root:/tmp:/bin/sh\nsandbox:x:{uid}:"
+         f"{gid}:sandbox:/tmp:/bin/sh\n")
+  _write(f"{etc}/group", f"root:x:0:\nsandbox:x:{gid}:\n")
+  _write(f"{etc}/hosts", "127.0.0.1 localhost\n::1 localhost\n")
+  if os.path.isfile("/etc/ld.so.cache"):
+    with open("/etc/ld.so.cache", "rb") as f:
+      _write(f"{etc}/ld.so.cache", f.read())
+  if os.path.islink("/etc/localtime"):
+    os.symlink(os.readlink("/etc/localtime"), f"{etc}/localtime")
+  dev = os.path.join(new, "dev")
+  os.mkdir(dev, 0o755)
+  for name in DEVICES:
+    if os.path.exists(f"/dev/{name}"):
+      _write(f"{dev}/{name}", b"")
+      _bind(f"/dev/{name}", f"{dev}/{name}", extra=MS_NOSUID)
+  for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"),
+                       ("stderr", "/proc/self/fd/2")):
+    os.symlink(target, f"{dev}/{name}")
+  os.mkdir(f"{dev}/shm", 0o755)
+  os.mkdir(os.path.join(new, "proc"), 0o555)
+  _mount("proc", os.path.join(new, "proc"), "proc",
+         MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+  tmp = os.path.join(new, "tmp")
+  os.mkdir(tmp, 0o755)
+  _mount("tmpfs", tmp, "tmpfs", MS_NOSUID | MS_NODEV,
+         f"size={payload['disk']},nr_inodes={payload['inodes']},mode=0700,"
+         f"uid={uid},gid={gid}")
+  _mount(tmp, f"{dev}/shm", None, MS_BIND)
+  box = os.path.join(new, "sandbox")
+  os.mkdir(box, 0o755)
+  _write(f"{box}/solution.py", payload["solution"])
+  if payload["checks"] is not None:
+    _write(f"{box}/checks.py", payload["checks"])
+  _mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+  number = PIVOT_ROOT.get(platform.machine())
+  if number is None:
+    raise SetupError(f"pivot_root: unknown system call number on "
+                     f"{platform.machine()}")
+  os.chdir(new)
+  _call("syscall", ctypes.c_long(number), b".", b".")
+  _call("umount2", b".", MNT_DETACH)
+  os.chdir("/")
+  try:
+    _call("sethostname", b"sandbox", 7)
+  except SetupError:
+    pass
+
+
+def _program_files(payload):
+  """(solution path, checks path or '', working directory) in the view the
+  program gets; without namespaces, files in our own directory."""
+  if payload["mode"] != "none":
+    checks = "/sandbox/checks.py" if payload["checks"] is not None else ""
+    return "/sandbox/solution.py", checks, "/tmp"
+  work = os.getcwd()
+  _write("solution.py", payload["solution"])
+  checks = ""
+  if payload["checks"] is not None:
+    _write("checks.py", payload["checks"])
+    checks = os.path.join(work, "checks.py")
+  return os.path.join(work, "solution.py"), checks, work
+
+
+def _drop_privileges(payload):
+  mode = payload["mode"]
+  _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+  if mode == "none":
+    return
+  _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+  for cap in range(64):
+    if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == -1:
+      if ctypes.get_errno() == 22:  # EINVAL: past the last capability
+        break
+      raise SetupError(f"prctl(PR_CAPBSET_DROP, {cap}): "
+                       f"{os.strerror(ctypes.get_errno())}")
+  uid, gid = payload["program_ids"]
+  if mode == "root":
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # leaves no capability
+  header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+  _call("capset", header, (ctypes.c_uint32 * 6)())
+  with open("/proc/self/status") as f:
+    effective = [l for l in f if l.startswith(("CapEff", "CapPrm"))]
+  if any(int(l.split()[1], 16) for l in effective):
+    raise SetupError(f"capabilities remain: {effective}")
+
+
+def _limit(kind, value):
+  hard = resource.getrlimit(kind)[1]
+  if hard != resource.RLIM_INFINITY:
+    value = min(value, hard)
+  resource.setrlimit(kind, (value, value))
+
+
+def _start_program(payload, nonce_read, report_write):
+  """In the forked child: limits, privileges, fds, then exec."""
+  try:
+    solution, checks, cwd = _program_files(payload)
+    os.chdir(cwd)
+    limits = payload["limits"]
+    _limit(resource.RLIMIT_AS, limits["memory"])
+    _limit(resource.RLIMIT_CPU, limits["cpu"])
+    _limit(resource.RLIMIT_FSIZE, limits["file"])
+    _limit(resource.RLIMIT_CORE, 0)
+    if payload["mode"] != "none":
+      # Counted per (user namespace, uid) or per our own uid: this sample's
+      # processes only. Without namespaces the count would include every
+      # process of our user, so it is left alone there.
+      _limit(resource.RLIMIT_NPROC, limits["processes"])
+    _drop_privileges(payload)
+    null = os.open("/dev/null", os.O_RDONLY)
+    # Via copies above 9, so that no dup2 overwrites a source still needed.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+            for fd in (null, nonce_read, report_write)]
+    for fd, target in zip(high, (0, 3, 4)):
+      os.dup2(fd, target)  # inheritable
+    os.closerange(5, 1 << 16)
+    env = dict(payload["env"], HOME=cwd, TMPDIR=cwd)
+    python = payload["python"]
+    os.execve(python, [python, payload["python_flags"], "-c", BOOTSTRAP,
+                       solution, checks], env)
+  except BaseException as error:  # pylint: disable=broad-except
+    try:
+      os.write(2, f"sandbox: could not start the program: {error}\n".encode())
+    finally:
+      os._exit(126)  # pylint: disable=protected-access
+
+
+def _supervise(payload, report_fd):
+  """Runs the program and writes the report; returns nothing."""
+  nonce_read, nonce_write = os.pipe()
+  report_read, report_write = os.pipe()
+  child = os.fork()
+  if child == 0:
+    os.close(nonce_write)
+    os.close(report_read)
+    os.close(report_fd)
+    _start_program(payload, nonce_read, report_write)
+  os.close(nonce_read)
+  os.close(report_write)
+  try:
+    os.write(nonce_write, payload["nonce"].encode("ascii"))
+  except OSError:
+    pass  # the program died before reading it
+  os.close(nonce_write)
+  status = None
+  while status is None:
+    try:
+      pid, value = os.waitpid(-1, 0)
+    except ChildProcessError:
+      break
+    except InterruptedError:
+      continue
+    if pid == child:
+      status = value
+  os.set_blocking(report_read, False)
+  data = b""
+  while len(data) < REPORT_BYTES:
+    try:
+      chunk = os.read(report_read, REPORT_BYTES - len(data))
+    except BlockingIOError:
+      break
+    if not chunk:
+      break
+    data += chunk
+  _report(report_fd, status=status, pid=child, report=data.decode("latin-1"))
+
+
+def _report(report_fd, **fields):
+  os.write(report_fd, (json.dumps(fields) + "\n").encode())
+
+
+def main(argv):
+  payload_fd, report_fd = int(argv[1]), int(argv[2])
+  with os.fdopen(payload_fd, "rb") as f:
+    payload = json.loads(f.read())
+  mode = payload["mode"]
+  # Whoever ends up running us, a dead parent means a dead sandbox.
+  _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  if mode == "none":
+    _supervise(payload, report_fd)
+    return 0
+  flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+  uid, gid = os.geteuid(), os.getegid()
+  try:
+    if mode == "user":
+      flags |= CLONE_NEWUSER
+    _call("unshare", flags)
+    if mode == "user":
+      _write("/proc/self/setgroups", flags=0, text="deny")
+      _write("/proc/self/uid_map", flags=0, text=f"0 {uid} 1\n")
+      _write("/proc/self/gid_map", flags=0, text=f"0 {gid} 1\n")
+  except (SetupError, OSError) as error:
+    _report(report_fd, setup_error=f"unshare: {error}")
+    return 3
+  init = os.fork()
+  if init == 0:  # pid 1 of the new PID namespace
+    try:
+      _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+      _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+      # A session of our own: killpg(0) from the program cannot reach the
+      # process outside the namespace.
+      os.setsid()
+      _build_root(payload)
+    except (SetupError, OSError) as error:
+      _report(report_fd, setup_error=str(error))
+      os._exit(3)  # pylint: disable=protected-access
+    _supervise(payload, report_fd)
+    os._exit(0)  # pylint: disable=protected-access
+  os.close(report_fd)
+  # The parent's SIGTERM (its timeout): kill the namespace's init and wait,
+  # so that when we exit every process of the sample is gone.
+  signal.signal(signal.SIGTERM, lambda *_: os.kill(init, signal.SIGKILL))
+  while True:
+    try:
+      os.waitpid(init, 0)
+      return 0
+    except InterruptedError:
+      continue
+    except ChildProcessError:
+      return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))
