@@ -232,7 +232,7 @@ def test_cli_bad_batch_files(checkpoint, tmp_path):
   empty = tmp_path / "empty.txt"
   empty.write_text("\n \n")
   result = _cli(f"--checkpoint={checkpoint}", f"--batch_file={empty}")
-  assert result.returncode == 1 and "holds no prompts" in result.stderr
+  assert result.returncode == 2 and "holds no prompts" in result.stderr
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -264,3 +264,158 @@ def test_cli_checkpoint_not_matching_its_config_json(checkpoint, tmp_path,
   assert "Traceback" not in result.stderr
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
   assert len(errors) == 1 and message in errors[0], errors
+
+
+# ------------------------------------------ inputs that parse (issue 25)
+
+
+def test_crlf_batch_file_gives_the_same_prompts_as_lf(tmp_path):
+  lf = tmp_path / "lf.txt"
+  lf.write_bytes(b"w3 w4 w5\nw9\n\nw1 w2\n")
+  crlf = tmp_path / "crlf.txt"
+  crlf.write_bytes(b"w3 w4 w5\r\nw9\r\n\r\nw1 w2\r\n")
+  bom = tmp_path / "bom.txt"
+  bom.write_bytes(b"\xef\xbb\xbfw3 w4 w5\r\nw9\r\n\r\nw1 w2")
+  want = ["w3 w4 w5", "w9", "w1 w2"]
+  assert generate.read_prompts(None, str(lf)) == want
+  assert generate.read_prompts(None, str(crlf)) == want
+  assert generate.read_prompts(None, str(bom)) == want
+  assert not any("\r" in p for p in generate.read_prompts(None, str(crlf)))
+
+
+def test_cli_crlf_batch_file_samples_like_lf(tmp_path, checkpoint):
+  outs = []
+  for name, data in (("lf.txt", b"w3 w4 w5\nw9\n"),
+                     ("crlf.txt", b"w3 w4 w5\r\nw9\r\n")):
+    (tmp_path / name).write_bytes(data)
+    result = _cli(f"--checkpoint={checkpoint}",
+                  f"--batch_file={tmp_path / name}", "--max_new_tokens=4",
+                  "--steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    outs.append([l for l in result.stdout.splitlines()
+                 if not l.startswith("device:")])
+  assert outs[0] == outs[1] and "=== w9" in outs[1]
+
+
+def _other_family_workdir(tmp_path, name):
+  workdir = tmp_path / f"{name}_run"
+  (workdir / "checkpoints").mkdir(parents=True)
+  (workdir / "config.json").write_text(
+      '{"model": {"name": "%s"}, "seq_len": 64}' % name)
+  return str(workdir)
+
+
+@pytest.mark.parametrize("family, display, command", [
+    ("gpt", "GPT", "python -m trm.sample --workdir="),
+    ("trm", "TRM (puzzle)", "python -m trm.evaluate --config=CONFIG "
+     "--checkpoint="),
+])
+def test_cli_on_another_familys_workdir_names_it_and_its_command(
+    tmp_path, family, display, command):
+  workdir = _other_family_workdir(tmp_path, family)
+  result = _cli(f"--checkpoint={workdir}", "--prompt=w3")
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, result.stderr[-3000:]
+  assert f"holds a {display} train state" in errors[0]
+  assert f"config.model.name='{family}'" in errors[0]
+  assert command + workdir in errors[0]
+
+
+def test_api_on_another_familys_workdir(tmp_path):
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  from trm.core import restore_check  # pylint: disable=g-import-not-at-top
+  workdir = _other_family_workdir(tmp_path, "gpt")
+  with pytest.raises(restore_check.CheckpointMismatchError,
+                     match="python -m trm.sample"):
+    DiffusionLM.from_pretrained(workdir)
+
+
+def _nan_copy(checkpoint, tmp_path, name="model.layers.1.mlp.up_proj.weight",
+              value=np.nan):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  directory = tmp_path / "nan_ckpt"
+  shutil.copytree(checkpoint, directory)
+  weights = str(directory / "model.safetensors")
+  tensors = load_file(weights)
+  tensors[name] = tensors[name].copy()
+  tensors[name].flat[[3, 5]] = value
+  save_file(tensors, weights)
+  return str(directory)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("model.layers.1.mlp.up_proj.weight", np.nan),
+    ("model.embed_tokens.weight", np.inf)])
+def test_nonfinite_safetensors_are_refused_naming_the_tensor(
+    checkpoint, tmp_path, name, value):
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  directory = _nan_copy(checkpoint, tmp_path, name, value)
+  with pytest.raises(weights_io.CheckpointError) as info:
+    DiffusionLM.from_pretrained(directory, dtype="float32")
+  message = str(info.value)
+  assert "\n" not in message
+  assert f"Tensor {name!r}" in message and "2 NaN or Inf" in message
+  assert "allow_nonfinite=True" in message
+  lm = DiffusionLM.from_pretrained(directory, dtype="float32",
+                                   allow_nonfinite=True)
+  assert lm.cfg.vocab_size > 0
+
+
+def test_cli_nonfinite_safetensors_is_one_line(checkpoint, tmp_path):
+  directory = _nan_copy(checkpoint, tmp_path)
+  result = _cli(f"--checkpoint={directory}", "--prompt=w3")
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, result.stderr[-3000:]
+  assert "'model.layers.1.mlp.up_proj.weight'" in errors[0]
+  assert "--allow_nonfinite" in errors[0]
+
+
+# ------------------------------------------- Python API argument types
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(prompts=[1, "w3"]), TypeError, "prompts[0] is a int"),
+    (dict(prompts=["w3", None]), TypeError, "prompts[1] is a NoneType"),
+    (dict(prompts=b"w3"), TypeError, "prompts is bytes"),
+    (dict(prompts=7), TypeError, "prompts is a int"),
+    (dict(prompts={"a": "w3"}), TypeError, "prompts is a dict"),
+    (dict(batch_size=2.0), TypeError, "batch_size=2.0 is a float"),
+    (dict(batch_size=True), TypeError, "batch_size=True is a bool"),
+    (dict(batch_size="2"), TypeError, "batch_size='2' is a str"),
+    (dict(batch_size=0), ValueError, "batch_size=0: must be >= 1"),
+    (dict(seed=1.5), TypeError, "seed=1.5 is a float"),
+    (dict(seed=False), TypeError, "seed=False is a bool"),
+    (dict(seed="0"), TypeError, "seed='0' is a str"),
+    (dict(seed=-1), ValueError, "seed=-1: must lie in [0, 4294967295]"),
+    (dict(seed=2**32), ValueError, "seed=4294967296: must lie in"),
+    (dict(prompts=["w3", "w4"], batch_size=1, seed=2**32 - 1), ValueError,
+     "seed=4294967295: must lie in [0, 4294967294]"),
+    (dict(max_new_tokens=True), ValueError, "max_new_tokens=True"),
+    (dict(top_k=False), ValueError, "top_k=False"),
+])
+def test_api_argument_types_are_one_error_before_any_compute(
+    lm, monkeypatch, kwargs, error, message):
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  for name in ("encode", "compile"):
+    monkeypatch.setattr(lm, name, lambda *a, n=name, **k: pytest.fail(
+        f"{n} ran before the argument check"))
+  kwargs = {"prompts": ["w3"], "max_new_tokens": 4, **kwargs}
+  with pytest.raises(error) as info:
+    lm.generate(kwargs.pop("prompts"), **kwargs)
+  assert message in str(info.value) and "\n" not in str(info.value)
+  if error is TypeError:  # shown as one line by the command line too
+    assert isinstance(info.value, inference.ArgumentTypeError)
+
+
+def test_api_accepts_integer_like_seeds_and_batches(lm):
+  a = lm.generate(["w3", "w4"], max_new_tokens=4, steps=2,
+                  batch_size=np.int64(1), seed=np.int32(2**31 - 1))
+  b = lm.generate(("w3", "w4"), max_new_tokens=4, steps=2, batch_size=1,
+                  seed=2**31 - 1)
+  assert a == b

@@ -65,6 +65,23 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool) -> None:
         "replace the whole directory with the export.")
 
 
+def resolve_out(out: str) -> str:
+  """Where the export goes: --out itself, or, when --out is a symbolic link
+  (to a directory, or to a path still to be created), the path it points
+  at. The export is then written beside the target and swapped in there,
+  so the link stays and shows the export; renaming the link itself would
+  replace it by a plain directory and leave the old target behind."""
+  out = out.rstrip(os.sep) or os.sep
+  if os.path.islink(out):
+    return os.path.realpath(out)
+  return out
+
+
+def staging_dir(out: str) -> str:
+  """The sibling directory an export is written to before `swap_in`."""
+  return f"{out}.partial-{os.getpid()}"
+
+
 def swap_in(staging: str, out: str) -> None:
   """Moves the finished export to `out`; an existing `out` is replaced as a
   whole (renamed aside, then deleted), so no file of it remains."""
@@ -97,9 +114,9 @@ def main(argv):
   _, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
   params, source = generate.load_params(_CHECKPOINT.value, cfg, shardings)
   # Everything goes to a sibling directory first: a failed export leaves
-  # --out as it was.
-  out = _OUT.value.rstrip(os.sep)
-  staging = f"{out}.partial-{os.getpid()}"
+  # --out as it was. Through a symbolic link, into the directory it names.
+  out = resolve_out(_OUT.value)
+  staging = staging_dir(out)
   try:
     files = hf_import.export_hf_checkpoint(params, cfg, staging,
                                            dtype=_DTYPE.value)
@@ -111,7 +128,9 @@ def main(argv):
     if os.path.isdir(staging):
       shutil.rmtree(staging, ignore_errors=True)
   if jax.process_index() == 0:
-    print(f"exported {source} to {out}: {len(files)} weight file(s), "
+    via = (f" (through the link {_OUT.value})"
+           if out != _OUT.value.rstrip(os.sep) else "")
+    print(f"exported {source} to {out}{via}: {len(files)} weight file(s), "
           f"config.json, {', '.join(copied) or 'no tokenizer files'}")
 
 
@@ -120,7 +139,9 @@ def define_flags():
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Model config.",
                                             lock_config=True)
   _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "trm.main workdir.")
-  _OUT = flags.DEFINE_string("out", None, "Output directory.")
+  _OUT = flags.DEFINE_string(
+      "out", None, "Output directory (a symbolic link to one: the export "
+      "goes into the directory it points at).")
   _TOKENIZER = flags.DEFINE_string(
       "tokenizer", None, "Directory whose tokenizer and remote-code files "
       "are copied (the checkpoint you fine-tuned from).")

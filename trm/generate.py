@@ -40,7 +40,7 @@ def read_prompts(prompt: str | None, batch_file: str | None) -> list[str]:
                          "prompt per line).")
   text = data_io.read_utf8(batch_file, fix="--batch_file holds one prompt "
                            "per line")
-  prompts = [line for line in text.split("\n") if line.strip()]
+  prompts = [line for line in data_io.split_lines(text) if line.strip()]
   if not prompts:
     raise app.UsageError(f"--batch_file={batch_file} holds no prompts.")
   return prompts
@@ -103,18 +103,22 @@ def describe(settings: dict) -> str:
 
 
 def load_model(checkpoint: str, holders: dict, config=None):
-  """The DiffusionLM the flags name (--dtype, --tokenizer)."""
+  """The DiffusionLM the flags name (--dtype, --tokenizer,
+  --allow_nonfinite)."""
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  allow = holders.get("allow_nonfinite")
   return inference.DiffusionLM.from_pretrained(
       checkpoint, dtype=holders["dtype"].value,
-      tokenizer=holders["tokenizer"].value, config=config)
+      tokenizer=holders["tokenizer"].value, config=config,
+      allow_nonfinite=bool(allow.value) if allow is not None else False)
 
 
 def define_sampler_flags(*, temperature: float = 0.0,
                          top_p: float | None = None) -> dict:
   """The sampling flags trm.generate and trm.evaluate share, by name:
   max_new_tokens, steps, alg, alg_temp, temperature, top_p, top_k, seed,
-  batch_size, dtype, tokenizer, chat (holders: read `.value`)."""
+  batch_size, dtype, allow_nonfinite, tokenizer, chat, cache, block_length,
+  threshold (holders: read `.value`)."""
   return dict(
       tokenizer=flags.DEFINE_string(
           "tokenizer", None, "Directory with tokenizer.json, or 'bytes'; "
@@ -142,6 +146,9 @@ def define_sampler_flags(*, temperature: float = 0.0,
           "batch_size", None, "Prompts per compiled batch (default: all)."),
       dtype=flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"],
                               "Compute dtype."),
+      allow_nonfinite=flags.DEFINE_bool(
+          "allow_nonfinite", False, "Load Hugging Face weights even when a "
+          "tensor holds NaN or Inf (refused by default, naming it)."),
       cache=flags.DEFINE_enum(
           "cache", None, ["prefix", "dual"], "Cached block decoding "
           "(Fast-dLLM; approximate, faster); unset: the exact sampler."),
@@ -165,8 +172,9 @@ def define_flags():
       "checkpoint", None, "Hugging Face checkpoint directory, or a trm.main "
       "workdir (its newest checkpoint).")
   _PROMPT = flags.DEFINE_string("prompt", None, "One prompt.")
-  _BATCH_FILE = flags.DEFINE_string("batch_file", None,
-                                    "A UTF-8 file with one prompt per line.")
+  _BATCH_FILE = flags.DEFINE_string(
+      "batch_file", None, "A UTF-8 file with one prompt per line (LF or "
+      "CRLF line ends).")
   _SAMPLER = define_sampler_flags()
 
 if __name__ == "__main__":

@@ -43,6 +43,17 @@ _TEMPERATURE = flags.DEFINE_float(
 _TOP_K = flags.DEFINE_integer("top_k", 200, "Keep the k most likely tokens "
                               "(0: all).")
 _SEED = flags.DEFINE_integer("seed", 1337, "Sampling seed.")
+_ALLOW_NONFINITE = flags.DEFINE_bool(
+    "allow_nonfinite", False, "Load weights even when a tensor holds NaN or "
+    "Inf (refused by default, naming it).")
+
+# What samples or evaluates the workdir of each other model family.
+_OTHER_FAMILY_COMMANDS = {
+    "dream": "sample it with `python -m trm.generate --checkpoint={path}`",
+    "trm": ("evaluate it with `python -m trm.evaluate --config=CONFIG "
+            "--checkpoint={path} --output_dir=DIR` (TRM models are not "
+            "sampled)"),
+}
 
 
 def read_start(start: str) -> str:
@@ -52,8 +63,11 @@ def read_start(start: str) -> str:
   path = start[len("FILE:"):]
   if not os.path.isfile(path):
     raise FileNotFoundError(f"--start={start!r}: {path} does not exist.")
-  with open(path, encoding="utf-8") as f:
-    return f.read()
+  from trm.data import io as data_io  # pylint: disable=g-import-not-at-top
+  # CRLF (or CR) line ends read as LF and a byte-order mark is dropped: a
+  # file saved on Windows prompts exactly as the same text saved elsewhere.
+  return "\n".join(data_io.split_lines(data_io.read_utf8(
+      path, fix=f"--start={start} names a UTF-8 text file")))
 
 
 def run_config(workdir: str):
@@ -66,11 +80,22 @@ def run_config(workdir: str):
         "`python -m trm.main --config=configs/gpt.py...` run.")
   with open(path) as f:
     config = ml_collections.ConfigDict(json.load(f))
-  if config.get("model", {}).get("name") != "gpt":
-    raise ValueError(f"{path} describes model "
-                     f"{config.get('model', {}).get('name')!r}, not a GPT; "
-                     "use python -m trm.generate for DiffuCoder.")
+  name = config.get("model", {}).get("name")
+  if name != "gpt":
+    command = _OTHER_FAMILY_COMMANDS.get(
+        name, "use the command of its model family").format(path=workdir)
+    raise ValueError(f"{path} describes a config.model.name={name!r} run, "
+                     f"not a GPT (trm.sample samples GPTs only); {command}.")
   return config
+
+
+def check_finite(params, where: str) -> None:
+  """Refuses (one line naming the tensor) weights holding NaN or Inf,
+  unless --allow_nonfinite."""
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  allow = _ALLOW_NONFINITE.value if flags.FLAGS.is_parsed() else False
+  weights_io.check_finite_tree(params, where, allow,
+                               allow_hint="--allow_nonfinite")
 
 
 def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
@@ -100,6 +125,7 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
           f"directory of openai-community/{init_from} (config.json and "
           "model.safetensors).")
     params, args = gpt_import.load_hf_gpt2(checkpoint)
+    check_finite(params, checkpoint)
     cfg, shardings = from_args(args)
     return (cfg, gpt_import.to_sharded(params, shardings, cfg.param_dtype),
             None, f"GPT-2 weights from {checkpoint}")
@@ -108,6 +134,7 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
                          "gpt2-medium, gpt2-large or gpt2-xl.")
   if checkpoint:
     params, args, extras = gpt_import.load_nanogpt_checkpoint(checkpoint)
+    check_finite(params, checkpoint)
     cfg, shardings = from_args(args)
     dataset = (extras.get("config") or {}).get("dataset")
     return (cfg, gpt_import.to_sharded(params, shardings, cfg.param_dtype),

@@ -5,6 +5,7 @@ import importlib
 import json
 import os
 import struct
+import time
 import sys
 
 import numpy as np
@@ -132,3 +133,152 @@ def test_bad_settings_name_the_field(field, value, message):
   config_lib.set_values(config, {"wandb.enabled": True, field: value})
   with pytest.raises(ValueError, match=message):
     wandb_writer.check_config(config)
+
+
+# ------------------------------------------- online without network (#25)
+
+
+def _online_config():
+  config = config_lib.load_config("configs/diffucoder_7b.py", "tiny")
+  config_lib.set_values(config, {"wandb.enabled": True,
+                                 "wandb.mode": "online"})
+  return config
+
+
+def _no_credentials(monkeypatch, tmp_path):
+  for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL",
+              "WANDB_MODE"):
+    monkeypatch.delenv(var, raising=False)
+  monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))
+  monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "no_wandb_config"))
+
+
+def _warnings(monkeypatch):
+  seen = []
+  monkeypatch.setattr(wandb_writer.logging, "warning",
+                      lambda msg, *args: seen.append(msg % args))
+  return seen
+
+
+def _closed_port() -> int:
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_online_without_credentials_logs_offline_with_one_warning(
+    tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  _no_credentials(monkeypatch, tmp_path)
+  seen = _warnings(monkeypatch)
+  config = _online_config()
+  start = time.monotonic()
+  wandb_writer.check_config(config)
+  assert time.monotonic() - start < 2
+  assert config.wandb.mode == "offline"
+  assert len(seen) == 1, seen
+  assert "config.wandb.mode='online'" in seen[0]
+  assert "no W&B API key" in seen[0] and "wandb sync" in seen[0]
+
+
+def test_online_with_an_unreachable_server_logs_offline(tmp_path,
+                                                        monkeypatch):
+  pytest.importorskip("wandb")
+  _no_credentials(monkeypatch, tmp_path)
+  monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+  monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
+  seen = _warnings(monkeypatch)
+  config = _online_config()
+  wandb_writer.check_config(config)
+  assert config.wandb.mode == "offline"
+  assert len(seen) == 1 and "is unreachable" in seen[0], seen
+
+
+def test_a_hanging_network_is_bounded(tmp_path, monkeypatch):
+  """A connection (or DNS lookup) that never answers: the check gives up
+  after PROBE_SECONDS, never wandb.init's 90 s."""
+  pytest.importorskip("wandb")
+  import socket  # pylint: disable=g-import-not-at-top
+  _no_credentials(monkeypatch, tmp_path)
+  monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+  monkeypatch.setattr(socket, "create_connection",
+                      lambda *args, **kwargs: time.sleep(60))
+  seen = _warnings(monkeypatch)
+  config = _online_config()
+  start = time.monotonic()
+  wandb_writer.check_config(config)
+  assert time.monotonic() - start < wandb_writer.PROBE_SECONDS + 2
+  assert config.wandb.mode == "offline"
+  assert len(seen) == 1 and "no answer within" in seen[0], seen
+
+
+def test_online_with_credentials_and_a_server_stays_online(tmp_path,
+                                                           monkeypatch):
+  pytest.importorskip("wandb")
+  import socket  # pylint: disable=g-import-not-at-top
+  _no_credentials(monkeypatch, tmp_path)
+  netrc = tmp_path / "netrc"
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    host, port = server.getsockname()
+    netrc.write_text(f"machine {host}:{port}\n  login user\n  password "
+                     f"{'k' * 40}\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://{host}:{port}")
+    seen = _warnings(monkeypatch)
+    config = _online_config()
+    wandb_writer.check_config(config)
+  assert config.wandb.mode == "online" and not seen
+
+
+def test_offline_mode_is_not_probed(tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  _no_credentials(monkeypatch, tmp_path)
+  monkeypatch.setattr(wandb_writer, "online_problem", lambda *a: pytest.fail(
+      "offline mode needs no network check"))
+  config = _online_config()
+  config_lib.set_values(config, {"wandb.mode": "offline"})
+  wandb_writer.check_config(config)
+
+
+def test_a_broken_wandb_install_is_one_line(monkeypatch):
+  real_import = importlib.import_module
+
+  def broken(name, *args):
+    if name == "wandb":
+      raise TypeError("Descriptors cannot be created directly.\n"
+                      "If this call came from a _pb2.py file ...")
+    return real_import(name, *args)
+
+  monkeypatch.setattr(importlib, "import_module", broken)
+  with pytest.raises(wandb_writer.WandbUnavailableError) as error:
+    wandb_writer.check_config(_online_config())
+  line = cli.one_line(error.value)
+  assert "\n" not in str(error.value) and "config.wandb.enabled" in line
+
+
+def test_the_trainer_checks_wandb_before_building_data(tmp_path,
+                                                       monkeypatch):
+  """The online check runs in check_config, before the dataset is built:
+  a run whose W&B check fails stops with nothing built."""
+  pytest.importorskip("wandb")
+  from trm.core import train  # pylint: disable=g-import-not-at-top
+  from trm import families  # pylint: disable=g-import-not-at-top
+  order = []
+
+  def problem(*args):
+    order.append("wandb check")
+    raise wandb_writer.WandbUnavailableError("stop here")
+
+  real_build = families.build_task
+  monkeypatch.setattr(wandb_writer, "online_problem", problem)
+  config = tiny_config(**{"data.data_dir": str(tmp_path / "data"),
+                          "wandb.enabled": True, "wandb.mode": "online"})
+  with pytest.raises(wandb_writer.WandbUnavailableError):
+    train.train_and_evaluate(
+        config, str(tmp_path / "run"),
+        lambda *a: order.append("build") or real_build(*a))
+  assert order == ["wandb check"]
+  assert not (tmp_path / "data").exists()

@@ -13,6 +13,7 @@ from trm.core import config_lib
 from trm.data.puzzles import arc
 from trm.data.puzzles import arc_grids
 from trm.data.puzzles import arc_writer
+from trm.data.puzzles import builds
 from trm.data.puzzles import dihedral
 from trm.data.puzzles import format as puzzle_format
 
@@ -488,8 +489,10 @@ def test_ensure_dataset_builds_once(tmp_path, monkeypatch):
   arc.ensure_dataset(out, **dict(kwargs, test_set_name="evaluation",
                                  seed=42, version="arc1"))
   assert not warnings
-  arc.ensure_dataset(out, **dict(kwargs, num_aug=3))  # Only warns.
-  assert len(warnings) == 1
+  # Other arguments are refused in one line naming them.
+  with pytest.raises(builds.DatasetArgumentsError,
+                     match=r"num_aug=3 \(built with 1\)"):
+    arc.ensure_dataset(out, **dict(kwargs, num_aug=3))
   monkeypatch.undo()
   # An incomplete dataset is rebuilt.
   os.remove(os.path.join(out, "test_puzzles.json"))

@@ -18,6 +18,7 @@ from trm.families.trm import program as trm_program
 from trm.core import config_lib
 from trm.core import train
 from trm import families
+from trm.data.puzzles import builds
 from trm.data.puzzles import dihedral
 from trm.data.puzzles import maze
 from trm.data.puzzles import maze_generate
@@ -443,7 +444,10 @@ def test_ensure_dataset_builds_once(tmp_path, monkeypatch):
 
   monkeypatch.setattr(maze, "build_dataset", fail)
   assert maze.ensure_dataset(out, **kwargs) == out
-  maze.ensure_dataset(out, num_train=5)  # Other arguments only warn.
+  # Other arguments are refused in one line naming them.
+  with pytest.raises(builds.DatasetArgumentsError,
+                     match=r"num_train=5 \(built with 2\)"):
+    maze.ensure_dataset(out, **dict(kwargs, num_train=5))
   monkeypatch.undo()
   _, train_arrays = puzzle_format.read_split(out, "train")
   assert train_arrays["inputs"].shape == (16, 900)

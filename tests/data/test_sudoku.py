@@ -11,6 +11,7 @@ from absl import flags
 import numpy as np
 import pytest
 
+from trm.data.puzzles import builds
 from trm.data.puzzles import format as puzzle_format
 from trm.data.puzzles import sudoku
 from trm.data.puzzles import sudoku_generate
@@ -431,8 +432,13 @@ def test_ensure_dataset_builds_once(tmp_path, monkeypatch):
   monkeypatch.setattr(sudoku, "build_dataset", fail)
   assert sudoku.ensure_dataset(out, num_train=3, num_test=2,
                                num_blanks=20) == out
-  # Different arguments only warn; an existing dataset is never clobbered.
-  sudoku.ensure_dataset(out, num_train=5)
+  # Different arguments are refused in one line naming them; the dataset
+  # is never clobbered.
+  with pytest.raises(builds.DatasetArgumentsError) as info:
+    sudoku.ensure_dataset(out, num_train=5, num_test=2, num_blanks=20,
+                          field_prefix="config.data.build.")
+  assert "config.data.build.num_train=5 (built with 3)" in str(info.value)
+  assert "num_test" not in str(info.value) and "\n" not in str(info.value)
   monkeypatch.undo()
 
   # An incomplete dataset (no test/dataset.json) is rebuilt.

@@ -240,7 +240,7 @@ def test_gpt2_offline_and_vocab_limit(tmp_path, monkeypatch):
   assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257
 
 
-def test_ensure_prepared(tmp_path, caplog):
+def test_ensure_prepared(tmp_path):
   src = tmp_path / "input.txt"
   src.write_text(_SAMPLE)
   out = str(tmp_path / "d")
@@ -248,12 +248,27 @@ def test_ensure_prepared(tmp_path, caplog):
     text_lib.ensure_prepared(out, "", "char")
   meta = text_lib.ensure_prepared(out, str(src), "char", process_index=0)
   assert meta["vocab_size"] == len(set(_SAMPLE))
-  # Prepared: no input needed; a different tokenizer only warns.
+  # meta.json records the arguments that made the directory.
+  assert meta["input"] == str(src) and meta["tokenizer"] == "char"
+  assert meta["input_bytes"] == len(_SAMPLE.encode("utf-8"))
+  # Prepared: no input needed, nothing is prepared again.
   assert text_lib.ensure_prepared(out, "", "char") == meta
-  caplog.clear()
-  assert text_lib.ensure_prepared(out, str(src), "gpt2") == meta
-  assert "prepared with tokenizer='char', not the requested 'gpt2'" in \
-      caplog.text
+  assert text_lib.ensure_prepared(out, str(src), "char") == meta
+  # Another tokenizer, or another local text, is refused in one line naming
+  # the field; the directory is left as it was.
+  before = {f: (tmp_path / "d" / f).read_bytes() for f in os.listdir(out)}
+  with pytest.raises(ValueError) as info:
+    text_lib.ensure_prepared(out, str(src), "gpt2")
+  assert ("prepared with tokenizer='char'" in str(info.value)
+          and "config.data.tokenizer='gpt2'" in str(info.value))
+  other = tmp_path / "other.txt"
+  other.write_text(_SAMPLE * 2)
+  with pytest.raises(ValueError) as info:
+    text_lib.ensure_prepared(out, str(other), "char")
+  assert "config.data.input=" in str(info.value)
+  assert "\n" not in str(info.value)
+  assert {f: (tmp_path / "d" / f).read_bytes()
+          for f in os.listdir(out)} == before
 
 
 def test_ensure_prepared_other_processes_wait(tmp_path):

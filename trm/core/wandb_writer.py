@@ -3,6 +3,15 @@
   --config.wandb.enabled=True [--config.wandb.project=NAME
       --config.wandb.mode=offline ...]          (`pip install -e .[wandb]`)
 
+`check_config` runs before any data is built: wandb missing (or failing to
+import) stops the run in one line naming config.wandb.enabled; in online
+mode, process 0 looks for an API key (WANDB_API_KEY, an identity token, or
+`wandb login`'s netrc entry) and probes the W&B host with a TCP connection
+bounded to `PROBE_SECONDS`. Without either, the run logs offline instead
+(config.wandb.mode becomes 'offline', one warning says so and how to upload
+the files later with `wandb sync`), rather than hanging in wandb.init for
+its 90-second timeout or stopping with its traceback.
+
 Process 0 logs (as it writes every metric); the run's id is kept in the
 workdir (`wandb_run_id`), so a resumed run goes on in the same W&B run.
 Every value is logged with its trainer step under `STEP_KEY`, which the run
@@ -12,12 +21,18 @@ at a step below its own counter.
 """
 from __future__ import annotations
 
+import configparser
 import importlib
 import json
+import netrc
 import os
 import secrets
-from typing import Any, Mapping
+import socket
+import threading
+from typing import Any, Mapping, Optional
+from urllib.parse import urlsplit
 
+from absl import logging
 import numpy as np
 from clu import metric_writers
 from etils import epath
@@ -27,6 +42,14 @@ from trm.core import cli
 STEP_KEY = "trainer/step"
 MODES = ("online", "offline", "disabled")
 RUN_ID_FILE = "wandb_run_id"
+DEFAULT_BASE_URL = "https://api.wandb.ai"
+# The longest the online check may take (a TCP connection to the W&B host,
+# DNS included).
+PROBE_SECONDS = 5.0
+
+# Set when the online check fell back to offline but the config could not
+# be changed (a frozen config): `create` then logs offline all the same.
+_forced_offline = False
 
 
 class WandbUnavailableError(cli.UserError, RuntimeError):
@@ -45,16 +68,125 @@ def check_config(config) -> None:
     raise ValueError("config.wandb.project is empty: name the W&B project "
                      "to log to (or set config.wandb.enabled=False).")
   _import_wandb()
+  global _forced_offline
+  _forced_offline = False
+  if wandb_config.mode != "online" or not _is_main_process():
+    return
+  problem = online_problem()
+  if problem is None:
+    return
+  logging.warning(
+      "config.wandb.mode='online' but %s: logging to W&B offline instead "
+      "(the run's files go under %s; upload them later with `wandb sync "
+      "DIR`). Set config.wandb.mode='offline' to skip this check, or "
+      "config.wandb.enabled=False.", problem,
+      os.environ.get("WANDB_DIR") or "the workdir's wandb/")
+  try:
+    wandb_config.mode = "offline"
+  except Exception:  # pylint: disable=broad-except  # a frozen config
+    _forced_offline = True
+
+
+def _is_main_process() -> bool:
+  try:
+    import jax  # pylint: disable=g-import-not-at-top
+    return jax.process_index() == 0
+  except Exception:  # pylint: disable=broad-except
+    return True
 
 
 def _import_wandb():
   try:
     return importlib.import_module("wandb")
-  except ImportError as e:
+  except Exception as e:  # pylint: disable=broad-except
+    # ImportError, or a broken install (e.g. a protobuf mismatch).
     raise WandbUnavailableError(
-        f"config.wandb.enabled=True but wandb cannot be imported ({e}): "
+        f"config.wandb.enabled=True but wandb cannot be imported "
+        f"({type(e).__name__}: {' '.join(str(e).split())[:200]}): "
         "`pip install -e .[wandb]`, or set config.wandb.enabled=False."
     ) from None
+
+
+def base_url() -> str:
+  """The W&B server: WANDB_BASE_URL, else `wandb login --host`'s setting,
+  else the public cloud."""
+  if os.environ.get("WANDB_BASE_URL"):
+    return os.environ["WANDB_BASE_URL"]
+  config_dir = os.environ.get("WANDB_CONFIG_DIR") or os.path.join(
+      os.path.expanduser("~"), ".config", "wandb")
+  parser = configparser.ConfigParser()
+  try:
+    parser.read(os.path.join(config_dir, "settings"))
+    return parser.get("default", "base_url", fallback="") or DEFAULT_BASE_URL
+  except (configparser.Error, OSError, UnicodeDecodeError):
+    return DEFAULT_BASE_URL
+
+
+def _netrc_path() -> str:
+  """The netrc file `wandb login` writes (as wandb finds it)."""
+  if os.environ.get("NETRC"):
+    return os.path.expanduser(os.environ["NETRC"])
+  for name in ("~/.netrc", "~/_netrc"):
+    if os.path.exists(os.path.expanduser(name)):
+      return os.path.expanduser(name)
+  return os.path.expanduser("~/.netrc")
+
+
+def has_credentials(url: Optional[str] = None) -> bool:
+  """An API key or identity token W&B would use for `url`, found without
+  the network."""
+  if os.environ.get("WANDB_API_KEY") or os.environ.get(
+      "WANDB_IDENTITY_TOKEN_FILE"):
+    return True
+  host = urlsplit(url or base_url()).netloc
+  try:
+    return bool(host and netrc.netrc(_netrc_path()).authenticators(host))
+  except (OSError, netrc.NetrcParseError):
+    return False
+
+
+def reachable(url: str, timeout: Optional[float] = None) -> Optional[str]:
+  """None if a TCP connection to `url`'s host opens within `timeout`
+  seconds (default `PROBE_SECONDS`; DNS included), else why not."""
+  timeout = PROBE_SECONDS if timeout is None else timeout
+  parts = urlsplit(url)
+  host = parts.hostname
+  if not host:
+    return f"the W&B host URL {url!r} names no host"
+  try:
+    port = parts.port or (80 if parts.scheme == "http" else 443)
+  except ValueError:
+    return f"the W&B host URL {url!r} has a bad port"
+  result = {}
+
+  def connect():
+    try:
+      socket.create_connection((host, port), timeout=timeout).close()
+      result["ok"] = True
+    except Exception as e:  # pylint: disable=broad-except
+      result["error"] = f"{type(e).__name__}: {e}"
+
+  # A thread, so a DNS lookup (which ignores socket timeouts) is bounded
+  # too; a lookup still running is abandoned with its daemon thread.
+  thread = threading.Thread(target=connect, daemon=True,
+                            name="wandb-probe")
+  thread.start()
+  thread.join(timeout)
+  if result.get("ok"):
+    return None
+  return (f"{host}:{port} is unreachable ("
+          f"{result.get('error', f'no answer within {timeout:g} s')})")
+
+
+def online_problem(timeout: Optional[float] = None) -> Optional[str]:
+  """Why W&B cannot log online from here (no credentials, no network), or
+  None. Takes at most `timeout` seconds (default `PROBE_SECONDS`)."""
+  url = base_url()
+  if not has_credentials(url):
+    return ("no W&B API key is set up (WANDB_API_KEY, or `wandb login` "
+            f"for {urlsplit(url).netloc or url})")
+  problem = reachable(url, timeout)
+  return None if problem is None else f"the W&B server {problem}"
 
 
 def _run_id(workpath: epath.Path) -> str:
@@ -77,14 +209,39 @@ def create(config, workdir: str) -> "WandbWriter":
   # call: wandb keeps the settings of a process's first run.
   local_dir = os.environ.get("WANDB_DIR") or (
       None if "://" in workdir else workdir)
-  run = wandb.init(
-      project=settings.project, entity=settings.entity or None,
-      name=settings.name or None, mode=settings.mode, dir=local_dir,
-      id=_run_id(workpath), resume="allow",
-      config=json.loads(config.to_json_best_effort()),
-      # Leave stdout/stderr alone: wrapping them would reach into the
-      # command line's one-line errors and signal handling.
-      settings=wandb.Settings(console="off"))
+  mode = "offline" if _forced_offline else settings.mode
+
+  def init(mode):
+    return wandb.init(
+        project=settings.project, entity=settings.entity or None,
+        name=settings.name or None, mode=mode, dir=local_dir,
+        id=_run_id(workpath), resume="allow",
+        config=json.loads(config.to_json_best_effort()),
+        # Leave stdout/stderr alone: wrapping them would reach into the
+        # command line's one-line errors and signal handling.
+        settings=wandb.Settings(console="off"))
+
+  def failed(mode, e):
+    return WandbUnavailableError(
+        f"wandb.init failed in config.wandb.mode={mode!r} "
+        f"({type(e).__name__}: {' '.join(str(e).split())[:300]}); set "
+        "config.wandb.enabled=False to train without W&B.")
+
+  try:
+    run = init(mode)
+  except Exception as e:  # pylint: disable=broad-except
+    if mode != "online":
+      raise failed(mode, e) from None
+    # Passed the check but failed all the same (credentials refused, the
+    # server erring): the metrics still go somewhere.
+    logging.warning(
+        "wandb.init failed online (%s: %s): logging to W&B offline instead; "
+        "upload the files later with `wandb sync DIR`.", type(e).__name__,
+        " ".join(str(e).split())[:300])
+    try:
+      run = init("offline")
+    except Exception as e2:  # pylint: disable=broad-except
+      raise failed("offline", e2) from None
   run.define_metric(STEP_KEY)
   run.define_metric("*", step_metric=STEP_KEY)
   return WandbWriter(run, wandb)

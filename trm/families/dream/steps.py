@@ -109,8 +109,11 @@ def state_from_hf_checkpoint(directory: str, model: dream.Dream, tx,
   only its devices' slices of the safetensors; the optimizer state is born
   sharded next to them."""
   from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   params = hf_import.load_hf_checkpoint(directory, model.cfg,
                                         shardings.params)
+  # Fine-tuning from corrupt or diverged weights would train on NaN.
+  inference.check_finite_params(params, model.cfg, directory)
   return lm_state.state_around_params(params, tx, seed, ctx, shardings,
                                       loss_scale)
 

@@ -26,6 +26,7 @@ from absl import logging
 from trm.core import lm_state
 from trm.core import loss_scale
 from trm.core import restore_check
+from trm.core import weights_io
 from trm.core.task import Task
 from trm.data.text import tfds_source
 from trm.data.text import windows as text
@@ -90,10 +91,12 @@ def _load_weights(config, optimizer: bool):
   path = config.init_checkpoint
   if config.init_from.startswith("gpt2"):
     params, args = gpt_import.load_hf_gpt2(path)
+    weights_io.check_finite_tree(params, path)
     return (_model_layout(config, params, args), args,
             f"GPT-2 weights from {path}", {})
   params, args, extras = gpt_import.load_nanogpt_checkpoint(
       path, optimizer=optimizer)
+  weights_io.check_finite_tree(params, path)
   if extras.get("adam") is not None:
     adam = extras["adam"]
     extras["adam"] = dict(adam, **{k: _model_layout(config, adam[k], args)

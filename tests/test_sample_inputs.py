@@ -1,0 +1,119 @@
+"""trm.sample with inputs that are wrong but parse (issue 25): weights
+holding NaN or Inf, a --start file with CRLF line ends, a workdir of
+another model family."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import repo
+from safetensors.numpy import load_file, save_file
+
+from trm import sample
+from trm.core import weights_io
+from trm.data.text import preparation
+
+ROOT = repo.ROOT
+
+
+def write_tiny_gpt2(directory, vocab=64, positions=16, width=32, layers=2,
+                    heads=4) -> str:
+  """A random GPT-2 in the Hugging Face layout (Conv1D [in, out] weights,
+  tied head), written without transformers."""
+  os.makedirs(directory, exist_ok=True)
+  rng = np.random.default_rng(0)
+  d = width
+  t = {"wte.weight": rng.normal(0, .02, (vocab, d)),
+       "wpe.weight": rng.normal(0, .02, (positions, d)),
+       "ln_f.weight": np.ones(d), "ln_f.bias": np.zeros(d)}
+  for i in range(layers):
+    p = f"h.{i}."
+    t.update({
+        p + "ln_1.weight": np.ones(d), p + "ln_1.bias": np.zeros(d),
+        p + "ln_2.weight": np.ones(d), p + "ln_2.bias": np.zeros(d),
+        p + "attn.c_attn.weight": rng.normal(0, .02, (d, 3 * d)),
+        p + "attn.c_attn.bias": np.zeros(3 * d),
+        p + "attn.c_proj.weight": rng.normal(0, .02, (d, d)),
+        p + "attn.c_proj.bias": np.zeros(d),
+        p + "mlp.c_fc.weight": rng.normal(0, .02, (d, 4 * d)),
+        p + "mlp.c_fc.bias": np.zeros(4 * d),
+        p + "mlp.c_proj.weight": rng.normal(0, .02, (4 * d, d)),
+        p + "mlp.c_proj.bias": np.zeros(d)})
+  save_file({k: v.astype(np.float32) for k, v in t.items()},
+            os.path.join(directory, "model.safetensors"))
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump({"vocab_size": vocab, "n_positions": positions,
+               "n_layer": layers, "n_head": heads, "n_embd": width,
+               "activation_function": "gelu"}, f)
+  return str(directory)
+
+
+def _sample(*flags):
+  return subprocess.run([sys.executable, "-m", "trm.sample", *flags],
+                        cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ,
+                                              JAX_PLATFORMS="cpu"))
+
+
+@pytest.fixture(name="gpt2_nan")
+def _gpt2_nan(tmp_path):
+  directory = write_tiny_gpt2(tmp_path / "gpt2")
+  path = os.path.join(directory, "model.safetensors")
+  tensors = load_file(path)
+  tensors["h.1.mlp.c_fc.weight"][0, :3] = [np.nan, np.inf, -np.inf]
+  save_file(tensors, path)
+  data = tmp_path / "data"
+  preparation.prepare_char("to be or not to be, that is the question\n" * 4,
+                           str(data))
+  return directory, str(data)
+
+
+def test_nonfinite_weights_are_one_line_naming_the_tensor(gpt2_nan):
+  directory, data = gpt2_nan
+  flags = ("--init_from=gpt2", f"--checkpoint={directory}",
+           f"--data_dir={data}", "--num_samples=1", "--max_new_tokens=2",
+           "--start=to")
+  result = _sample(*flags)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1, result.stderr[-3000:]
+  assert "h_1/mlp/c_fc" in errors[0] and "3 NaN or Inf" in errors[0]
+  assert "--allow_nonfinite" in errors[0]
+  allowed = _sample(*flags, "--allow_nonfinite")
+  assert allowed.returncode == 0, allowed.stderr[-3000:]
+
+
+def test_check_finite_names_the_tensor():
+  tree = {"wte": {"embedding": np.zeros((4, 2), np.float32)},
+          "h_0": {"attn": {"kernel": np.array([[1.0, np.nan]])}},
+          "ids": np.array([1, 2], np.int32)}
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"'h_0/attn/kernel' in W holds 1 NaN"):
+    sample.check_finite(tree, "W")
+  tree["h_0"]["attn"]["kernel"][0, 1] = 0
+  sample.check_finite(tree, "W")
+
+
+def test_start_file_with_crlf_reads_as_lf(tmp_path):
+  lf, crlf = tmp_path / "lf.txt", tmp_path / "crlf.txt"
+  lf.write_bytes(b"ROMEO:\nBut soft!\n")
+  crlf.write_bytes(b"\xef\xbb\xbfROMEO:\r\nBut soft!\r\n")
+  assert sample.read_start(f"FILE:{crlf}") == sample.read_start(f"FILE:{lf}")
+  assert sample.read_start(f"FILE:{lf}") == "ROMEO:\nBut soft!\n"
+
+
+@pytest.mark.parametrize("family, command", [
+    ("dream", "python -m trm.generate --checkpoint="),
+    ("trm", "python -m trm.evaluate --config=CONFIG --checkpoint=")])
+def test_workdir_of_another_family_names_its_command(tmp_path, family,
+                                                     command):
+  (tmp_path / "config.json").write_text(
+      json.dumps({"model": {"name": family}}))
+  with pytest.raises(ValueError) as info:
+    sample.run_config(str(tmp_path))
+  message = str(info.value)
+  assert f"config.model.name='{family}'" in message
+  assert command + str(tmp_path) in message and "\n" not in message
