@@ -1,7 +1,31 @@
-"""Step metrics (dicts of `clu.metrics.Metric`s): accumulate and read out."""
+"""Step metrics (dicts of `clu.metrics.Metric`s): accumulate and read out;
+and TensorBoard summaries without TensorFlow.
+
+CLU's `metric_writers` package imports its TensorFlow summary writer when it
+is imported, so on a machine without TensorFlow (a GPU image: tensorflow is
+hundreds of MiB) `from clu import metric_writers` fails. Importing this
+module first (`install_tf_free_summary_writer`, run at import) puts
+`TensorBoardWriter` in that writer's place: the same event files, written
+with the `tensorboard` package's event writer and summary protos, and one
+warning line when the first one is made. Where TensorFlow is installed
+nothing changes: CLU writes with TensorFlow as before.
+"""
 from __future__ import annotations
 
+import importlib.util
+import io
+import os
+import sys
+import time
+import types
+from typing import Any, Mapping, Optional
+
 import jax
+import numpy as np
+from absl import logging
+
+# The module of CLU's TensorFlow writer that `clu.metric_writers` imports.
+_CLU_SUMMARY_WRITER = "clu.metric_writers.summary_writer"
 
 
 def merge(a, b):
@@ -16,3 +40,209 @@ def compute(metrics) -> dict[str, float]:
   metrics = jax.device_get(metrics)
   return {k: float(m.compute()) for k, m in metrics.items()
           if int(m.count) > 0}
+
+
+# --------------------------------------------------------------------------
+# TensorBoard summaries without TensorFlow.
+
+
+def tensorflow_available() -> bool:
+  """Whether `import tensorflow` can find a package (without importing it)."""
+  try:
+    return importlib.util.find_spec("tensorflow") is not None
+  except (ImportError, ValueError):
+    return False
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def _hparam_value(value):
+  """What TensorBoard's hparams plugin takes: bool, int, float or str."""
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  if isinstance(value, (int, np.integer)):
+    return int(value)
+  if isinstance(value, (float, np.floating)):
+    return float(value)
+  return str(value)
+
+
+def _png(image: np.ndarray) -> bytes:
+  """[H, W, C] uint8, or floats in [0, 1], as PNG bytes."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  image = np.asarray(image)
+  if image.dtype != np.uint8:
+    image = (np.clip(image.astype(np.float32), 0, 1) * 255 + 0.5).astype(
+        np.uint8)
+  if image.shape[-1] == 1:
+    image = image[..., 0]
+  buffer = io.BytesIO()
+  Image.fromarray(image).save(buffer, format="PNG")
+  return buffer.getvalue()
+
+
+class TensorBoardWriter:
+  """CLU's MetricWriter methods on an event file of `logdir`, written with
+  the `tensorboard` package alone (no TensorFlow). Scalars, texts,
+  histograms, images and hparams are written; videos, audios and point
+  clouds are skipped with a warning, as CLU's writer skips videos."""
+
+  _warned = False
+
+  def __init__(self, logdir):
+    # pylint: disable=g-import-not-at-top
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    # pylint: enable=g-import-not-at-top
+    if not TensorBoardWriter._warned:
+      TensorBoardWriter._warned = True
+      logging.warning(
+          "TensorFlow is not installed: TensorBoard summaries are written by "
+          "trm.core.metrics.TensorBoardWriter (the tensorboard package) "
+          "instead of CLU's TensorFlow writer.")
+    self._writer = EventFileWriter(os.fspath(logdir))
+
+  def _write(self, step, values) -> None:
+    # pylint: disable=g-import-not-at-top
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    # pylint: enable=g-import-not-at-top
+    values = list(values)
+    if values:
+      self._writer.add_event(event_pb2.Event(
+          wall_time=time.time(), step=int(step),
+          summary=summary_pb2.Summary(value=values)))
+
+  @staticmethod
+  def _scalar(tag, value):
+    from tensorboard.compat.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+    return summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
+
+  def write_summaries(self, step: int, values: Mapping[str, Any],
+                      metadata: Optional[Mapping[str, Any]] = None):
+    del metadata
+    scalars = {k: v for k, v in values.items() if np.ndim(v) == 0}
+    if len(scalars) < len(values):
+      logging.log_first_n(logging.WARNING, "TensorBoardWriter writes only "
+                          "the scalars of write_summaries.", 1)
+    self.write_scalars(step, scalars)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]):
+    self._write(step, (self._scalar(k, np.asarray(v).item())
+                       for k, v in scalars.items()))
+
+  def write_images(self, step: int, images: Mapping[str, Any]):
+    from tensorboard.compat.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+    values = []
+    for key, batch in images.items():
+      batch = np.asarray(batch)
+      if batch.ndim == 3:
+        batch = batch[None]
+      for i, image in enumerate(batch):
+        tag = key if len(batch) == 1 else f"{key}/image/{i}"
+        values.append(summary_pb2.Summary.Value(tag=tag, image=(
+            summary_pb2.Summary.Image(
+                height=image.shape[0], width=image.shape[1],
+                colorspace=image.shape[2], encoded_image_string=_png(image)))))
+    self._write(step, values)
+
+  def write_videos(self, step: int, videos: Mapping[str, Any]):
+    del step, videos
+    logging.log_first_n(logging.WARNING,
+                        "TensorBoardWriter does not write videos.", 1)
+
+  def write_audios(self, step: int, audios: Mapping[str, Any], *,
+                   sample_rate: int):
+    del step, audios, sample_rate
+    logging.log_first_n(logging.WARNING,
+                        "TensorBoardWriter does not write audios.", 1)
+
+  def write_pointcloud(self, step, point_clouds, *, point_colors=None,
+                       configs=None):
+    del step, point_clouds, point_colors, configs
+    logging.log_first_n(logging.WARNING,
+                        "TensorBoardWriter does not write point clouds.", 1)
+
+  def write_texts(self, step: int, texts: Mapping[str, str]):
+    from tensorboard.plugins.text import summary_v2 as text  # pylint: disable=g-import-not-at-top
+    for key, value in texts.items():
+      self._write(step, text.text_pb(key, np.array(str(value))).value)
+
+  def write_histograms(self, step: int, arrays: Mapping[str, Any],
+                       num_buckets: Optional[Mapping[str, int]] = None):
+    from tensorboard.plugins.histogram import summary_v2 as histogram  # pylint: disable=g-import-not-at-top
+    for key, value in arrays.items():
+      buckets = None if num_buckets is None else num_buckets.get(key)
+      self._write(step, histogram.histogram_pb(
+          key, np.asarray(value, np.float64), buckets=buckets).value)
+
+  def write_hparams(self, hparams: Mapping[str, Any]):
+    from tensorboard.plugins.hparams import summary_v2 as hp  # pylint: disable=g-import-not-at-top
+    flat = {k: _hparam_value(v) for k, v in _flatten(hparams).items()}
+    self._write(0, hp.hparams_pb(flat).value)
+
+  def flush(self):
+    self._writer.flush()
+
+  def close(self):
+    self._writer.close()
+
+
+def _summary_writer_class():
+  """TensorBoardWriter as a subclass of CLU's MetricWriter interface (made
+  when `clu.metric_writers` asks for it: the interface is imported by then,
+  and importing it earlier would import the package, and so this module)."""
+  from clu.metric_writers import interface  # pylint: disable=g-import-not-at-top
+
+  class SummaryWriter(TensorBoardWriter, interface.MetricWriter):  # pylint: disable=abstract-method
+    """CLU's `SummaryWriter` name for `TensorBoardWriter` (no TensorFlow)."""
+
+  return SummaryWriter
+
+
+def install_tf_free_summary_writer() -> bool:
+  """Where TensorFlow is missing, makes `clu.metric_writers` importable with
+  `TensorBoardWriter` as its SummaryWriter; returns whether that writer is
+  (now) the one CLU uses. A no-op where TensorFlow is installed, or once
+  `clu.metric_writers` was imported (it then holds whichever writer it
+  imported)."""
+  module = sys.modules.get(_CLU_SUMMARY_WRITER)
+  if module is not None:
+    return bool(getattr(module, "TRM_TF_FREE", False))
+  if tensorflow_available() or "clu.metric_writers" in sys.modules:
+    return False
+  module = types.ModuleType(
+      _CLU_SUMMARY_WRITER, "TensorBoard summaries without TensorFlow "
+      "(installed by trm.core.metrics).")
+  module.TRM_TF_FREE = True
+  cache = {}
+
+  def __getattr__(name):  # pylint: disable=invalid-name
+    if name != "SummaryWriter":
+      raise AttributeError(f"module {_CLU_SUMMARY_WRITER!r} has no attribute "
+                           f"{name!r}")
+    if name not in cache:
+      cache[name] = _summary_writer_class()
+    return cache[name]
+
+  module.__getattr__ = __getattr__
+  sys.modules[_CLU_SUMMARY_WRITER] = module
+  return True
+
+
+def create_default_writer(logdir, *, asynchronous: bool = True):
+  """CLU's default writer (log lines + TensorBoard events under `logdir`),
+  TensorFlow or not."""
+  install_tf_free_summary_writer()
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top
+  return metric_writers.create_default_writer(logdir,
+                                              asynchronous=asynchronous)
+
+
+install_tf_free_summary_writer()

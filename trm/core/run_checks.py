@@ -8,17 +8,65 @@ import jax
 import ml_collections
 from etils import epath
 
+from trm.core import cli
 from trm.core import loss_scale
 from trm.core import tpu_flags
 from trm.core import wandb_writer
+from trm.nn import attention as attention_lib
 
 
 class WorkdirError(OSError):
   """The workdir cannot be created or written."""
 
 
+class EvalOnlyError(cli.UserError, ValueError):
+  """config.eval_only on a workdir with nothing to evaluate."""
+
+
+# The config `check_config` checked last, for `check_workdir`: the trainer
+# calls the two in turn (config, then workdir), and the eval_only check
+# needs both. Cleared by `check_workdir`.
+_checked_config = None
+
+
+def starting_weights(config) -> str:
+  """The config field naming weights a run starts from when its workdir
+  holds no checkpoint ('' when it starts from a random init): DiffuCoder's
+  init_checkpoint, GPT's init_from='gpt2*' / 'resume' with
+  init_checkpoint."""
+  init_checkpoint = config.get("init_checkpoint", "")
+  init_from = config.get("init_from", None)
+  if not init_checkpoint:
+    return ""
+  if init_from is None:  # DiffuCoder: a Hugging Face directory
+    return f"config.init_checkpoint={init_checkpoint!r}"
+  if init_from != "scratch":
+    return f"config.init_from={init_from!r}"
+  return ""
+
+
+def check_eval_only(config, workdir: str) -> None:
+  """config.eval_only evaluates the workdir's newest checkpoint (or the
+  weights the config starts from): on a workdir with neither it would
+  only evaluate a random init. Refused in one line (EvalOnlyError) before
+  anything is built or written."""
+  if not config.get("eval_only", False) or starting_weights(config):
+    return
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  checkpoints = epath.Path(workdir) / "checkpoints"
+  if ckpt_lib.complete_steps(checkpoints):
+    return
+  raise EvalOnlyError(
+      f"config.eval_only=True but the workdir {workdir} holds no complete "
+      f"checkpoint ({checkpoints}), so there is nothing to evaluate (only a "
+      "random init): pass the --workdir of a trained run, or set "
+      "config.eval_only=False to train.")
+
+
 def check_config(config) -> None:
   """Rejects values that would only fail (or misbehave) deep in the run."""
+  global _checked_config
+  _checked_config = None
   for key in ("total_steps", "eval_every", "checkpoint_every", "log_every",
               "keep_checkpoints", "data.prefetch"):
     node = config
@@ -38,6 +86,17 @@ def check_config(config) -> None:
   wandb_writer.check_config(config)
   loss_scale.check_config(config)
   tpu_flags.parse(config.get("tpu_compiler_options", ""))
+  check_gpu_attention(config)
+  _checked_config = config
+
+
+def check_gpu_attention(config) -> None:
+  """config.model.attention='cudnn' (cuDNN flash attention) on devices other
+  than NVIDIA GPUs: one line naming the field, before any data is built, as
+  the TPU-only kernels are refused off TPU (`mesh.check_tpu_kernels`)."""
+  model = config.get("model") or {}
+  if model.get("attention") in attention_lib.GPU_KINDS:
+    attention_lib.check_cudnn(jax.devices()[0].platform)
 
 
 def _rate_fields(node, prefix=""):
@@ -50,10 +109,18 @@ def _rate_fields(node, prefix=""):
       yield prefix + key, float(value)
 
 
-def check_workdir(workdir: str) -> epath.Path:
+def check_workdir(workdir: str, config=None) -> epath.Path:
   """Creates the workdir and writes a file into it (every process, since
   each writes its checkpoint shards), so an unwritable one fails now rather
-  than at the first checkpoint."""
+  than at the first checkpoint.
+
+  First, `check_eval_only` with `config` (default: the config
+  `check_config` checked last, as the trainer calls the two in turn)."""
+  global _checked_config
+  config = config if config is not None else _checked_config
+  _checked_config = None
+  if config is not None:
+    check_eval_only(config, workdir)
   path = epath.Path(workdir)
   probe = path / f".write_test.{jax.process_index()}"
   try:

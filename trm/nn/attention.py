@@ -1,6 +1,11 @@
 """Dot-product attention with float32 scores and softmax, and the GQA
 key/value repeat. Dream and GPT share this core; their projections, cache
 handling and (for Dream) the Pallas splash path stay in the families.
+
+`cudnn_attention` is the GPU alternative (`config.model.attention='cudnn'`):
+cuDNN's fused flash attention through `jax.nn.dot_product_attention`, which
+keeps no [B, H, T, S] scores in device memory. It runs on NVIDIA GPUs only;
+elsewhere `check_cudnn` refuses it in one line naming the config field.
 """
 from __future__ import annotations
 
@@ -8,6 +13,58 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+# Attention kernels for NVIDIA GPUs only (the TPU kernels are in
+# trm.nn.tpu_attention).
+GPU_KINDS = ("cudnn",)
+# What cuDNN's flash attention takes (jax._src.cudnn's checks; 256 on
+# Hopper and later, 128 before).
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 256
+_GPU_PLATFORMS = ("gpu", "cuda")
+
+
+def check_cudnn_config(*, dtype: str, head_dim: int,
+                       prefix: str = "config.model.") -> None:
+  """A config asking for attention='cudnn' with a dtype or head size that
+  cuDNN's flash attention does not take: one line naming the field."""
+  if dtype not in CUDNN_DTYPES:
+    raise ValueError(
+        f"{prefix}attention='cudnn' computes in bfloat16 or float16, not "
+        f"{prefix}dtype={dtype!r}: set the dtype or use attention='dot'.")
+  if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+    raise ValueError(
+        f"{prefix}attention='cudnn' needs a head dim that is a multiple of 8 "
+        f"and at most {CUDNN_MAX_HEAD_DIM}, got {head_dim}: use "
+        "attention='dot'.")
+
+
+def check_cudnn(platform: str | None = None,
+                field: str = "config.model.attention") -> None:
+  """cuDNN attention on devices other than NVIDIA GPUs fails here, in one
+  line naming the field (`platform`: default the default backend's)."""
+  platform = platform or jax.default_backend()
+  if platform not in _GPU_PLATFORMS:
+    raise ValueError(
+        f"{field}='cudnn' runs on NVIDIA GPUs only (cuDNN flash attention), "
+        f"and this run's devices are {platform}: use 'dot'.")
+
+
+def cudnn_attention(q, k, v, mask=None, *, causal: bool = False):
+  """softmax(q k^T / sqrt(D)) v in cuDNN's fused flash attention.
+
+  q [B, T, H, D], k/v [B, S, KV, D] with H a multiple of KV (GQA without
+  the repeat: query head n reads key/value head n // (H / KV)), bfloat16 or
+  float16 -> [B, T, H, D]. `mask` (broadcastable to [B, 1, T, S], True =
+  attend) becomes an additive bias of large negatives (JAX's cuDNN path);
+  `causal`: query i sees keys <= i (T == S). The softmax runs in float32
+  inside the kernel.
+  """
+  check_cudnn()
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
+  return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
+                                      implementation="cudnn")
 
 
 def repeat_kv(x, groups: int):

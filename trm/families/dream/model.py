@@ -34,6 +34,7 @@ from trm.nn.attention import repeat_kv
 
 _DTYPES = ("bfloat16", "float32")
 _REMAT = ("none", "full")
+ATTENTION_KINDS = tpu_attention.KINDS + attention.GPU_KINDS
 # Qwen2's `initializer_range`; imported checkpoints replace it anyway.
 _INIT_STD = 0.02
 ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
@@ -57,6 +58,7 @@ class DreamConfig(dtypes.ConfigDtypes):
   remat: str = "full"             # none | full (recompute each block)
   scan_layers: bool = True        # nn.scan over the layers
   attention: str = "dot"          # dot | splash (Pallas TPU) | splash_interpret
+                                  # | cudnn (cuDNN flash attention, GPU)
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size",
@@ -100,9 +102,13 @@ class DreamConfig(dtypes.ConfigDtypes):
     if self.remat not in _REMAT:
       raise ValueError(f"config.model.remat={self.remat!r} must be one of "
                        f"{_REMAT}.")
-    if self.attention not in tpu_attention.KINDS:
+    if self.attention not in ATTENTION_KINDS:
       raise ValueError(f"config.model.attention={self.attention!r} must be "
-                       f"one of {tpu_attention.KINDS}.")
+                       f"one of {ATTENTION_KINDS}.")
+    if self.attention == "cudnn":
+      attention.check_cudnn_config(
+          dtype=self.dtype,
+          head_dim=self.hidden_size // self.num_attention_heads)
     if not isinstance(self.scan_layers, bool):
       raise ValueError(f"config.model.scan_layers={self.scan_layers!r} must "
                        "be a bool.")
@@ -200,7 +206,11 @@ class Attention(nn.Module):
                                            value.astype(cache[1].dtype), at)
     q = mesh_lib.constrain(q, ("activation_batch", "activation_length",
                                "activation_heads", None))
-    if cfg.attention != "dot" and cache is None:
+    if cfg.attention == "cudnn":
+      # GQA without the repeat; the pair / key mask becomes a bias.
+      out = attention.cudnn_attention(q, key.astype(q.dtype),
+                                      value.astype(q.dtype), pair_mask)
+    elif cfg.attention != "dot" and cache is None:
       # `pair_mask` is the key mask [B, L] here (see `Dream.hidden`).
       out = tpu_attention.splash_attention(
           q * jnp.asarray(1.0 / math.sqrt(k), q.dtype), key, value,
@@ -260,10 +270,11 @@ class DecoderLayer(nn.Module):
 
 def attention_pair_mask(cfg: DreamConfig, attention_mask):
   """What the layers take as `pair_mask`: [B, 1, L, L] pairs of real tokens
-  for the dot path, the key mask [B, L] itself for splash (segment ids)."""
+  for the dot and cudnn paths, the key mask [B, L] itself for splash
+  (segment ids)."""
   if attention_mask is None:
     return None
-  if cfg.attention != "dot":
+  if cfg.attention in ("splash", "splash_interpret"):
     return attention_mask.astype(bool)
   return masks.pairs(attention_mask)
 

@@ -7,9 +7,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from trm.core import config_lib
+from trm.nn import attention as attention_lib
 from trm.nn import dtypes
 
 _DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_KINDS = ("dot", "splash", "splash_interpret") + attention_lib.GPU_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +34,9 @@ class GPTConfig(dtypes.ConfigDtypes):
   residual_dtype: str = "float32"
   # dot: XLA attention with [B, H, T, T] float32 scores; splash: the Pallas
   # TPU kernel (no scores in HBM; block_size a multiple of 128, no attention
-  # dropout); splash_interpret: the same kernel interpreted, for CPU tests.
+  # dropout); splash_interpret: the same kernel interpreted, for CPU tests;
+  # cudnn: cuDNN's flash attention on NVIDIA GPUs (bfloat16/float16, no
+  # attention dropout).
   attention: str = "dot"
 
   def __post_init__(self):
@@ -53,10 +57,13 @@ class GPTConfig(dtypes.ConfigDtypes):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
         raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
                          "be a bool.")
-    if self.attention not in ("dot", "splash", "splash_interpret"):
+    if self.attention not in ATTENTION_KINDS:
       raise ValueError(f"config.model.attention={self.attention!r} must be "
-                       "'dot', 'splash' or 'splash_interpret'.")
-    if self.attention != "dot" and self.block_size % 128:
+                       "'dot', 'splash', 'splash_interpret' or 'cudnn'.")
+    if self.attention == "cudnn":
+      attention_lib.check_cudnn_config(dtype=self.dtype,
+                                       head_dim=self.head_dim)
+    elif self.attention != "dot" and self.block_size % 128:
       raise ValueError(f"config.model.attention={self.attention!r} needs "
                        "config.model.block_size to be a multiple of 128, "
                        f"not {self.block_size}; or use attention='dot'.")

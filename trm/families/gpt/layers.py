@@ -145,7 +145,15 @@ class CausalSelfAttention(nn.Module):
   def __call__(self, x, deterministic: bool = True):
     q, k, v = self._qkv(x)
     t = x.shape[1]
-    if self.cfg.attention != "dot" and t % 128 == 0:
+    if self.cfg.attention == "cudnn":
+      # cuDNN's flash attention (GPU only: refused elsewhere, naming the
+      # field); no dropout on the probabilities, which the config refuses.
+      # Init's one-token call takes the dot path.
+      attention.check_cudnn()
+      y = (attention.cudnn_attention(q, k, v, causal=True) if t > 1 else
+           _attend(q, k, v, masks.causal(t, t), self.attn_dropout,
+                   deterministic))
+    elif self.cfg.attention != "dot" and t % 128 == 0:
       # The Pallas kernel keeps the [T, T] scores in VMEM (no dropout on
       # them, which the config refuses); its softmax runs in float32. Its
       # tiles need T % 128 == 0: training windows are block_size (checked

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Downloads the wheels of benchmarks/gpu/wheels.txt for the GPU image
+# (CPython 3.12, manylinux x86_64) into benchmarks/gpu/wheels/ (ignored by
+# git; it travels with the working tree), then prints their total size and
+# the size of the working tree that travels with them (64 MiB at most).
+#
+#   bash benchmarks/gpu/fetch_wheels.sh [DEST]
+#   DREAM_SRC=DIR bash benchmarks/gpu/fetch_wheels.sh   # also copy Dream's
+#       reference HF code (configuration_dream.py, modeling_dream.py,
+#       generation_utils.py) from DIR into DEST/dream_hf/
+#
+# Needs pip and a package registry; nothing else is downloaded. Packages
+# published as source only (marked '# sdist' in wheels.txt) are built here
+# into pure-Python wheels (py3-none-any), which install on any Python 3.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+dest=${1:-$here/wheels}
+python=${PYTHON:-python3}
+list=$here/wheels.txt
+mkdir -p "$dest"
+
+# name==version of every line (comments and markers dropped).
+pins() { sed -e 's/#.*//' -e 's/[[:space:]]//g' "$list" | awk NF; }
+sdist=$(grep -E '#[[:space:]]*sdist' "$list" | sed -e 's/#.*//' -e 's/[[:space:]]//g' || true)
+binary=$(pins | grep -vxF -f <(printf '%s\n' $sdist) || true)
+
+# Old downloads of other versions would make two candidates of one package.
+rm -f "$dest"/*.whl
+
+platforms=()
+for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
+         manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
+  platforms+=(--platform "$p")
+done
+"$python" -m pip download --quiet --disable-pip-version-check --no-deps \
+  --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${platforms[@]}" --dest "$dest" $binary
+for pin in $sdist; do
+  "$python" -m pip wheel --quiet --disable-pip-version-check --no-deps \
+    --no-binary "${pin%%==*}" --wheel-dir "$dest" "$pin"
+done
+for whl in "$dest"/*.whl; do
+  case "$whl" in
+    *-cp312-*|*-abi3-*|*-none-any.whl) ;;
+    *) echo "fetch_wheels.sh: $whl is not for CPython 3.12" >&2; exit 1 ;;
+  esac
+done
+count=$(ls "$dest"/*.whl | wc -l)
+expected=$(pins | wc -l)
+if [ "$count" -ne "$expected" ]; then
+  echo "fetch_wheels.sh: $count wheels for $expected pins in $list" >&2
+  exit 1
+fi
+
+if [ -n "${DREAM_SRC:-}" ]; then
+  mkdir -p "$dest/dream_hf"
+  for f in configuration_dream.py modeling_dream.py generation_utils.py; do
+    cp "$DREAM_SRC/$f" "$dest/dream_hf/$f"
+  done
+  : > "$dest/dream_hf/__init__.py"
+fi
+if [ -d "$dest/dream_hf" ]; then
+  if (cd "$dest/dream_hf" && sha256sum --quiet -c "$here/dream_hf.sha256"); then
+    echo "Dream reference code: $dest/dream_hf (sha256 as dream_hf.sha256)"
+  else
+    echo "Dream reference code: $dest/dream_hf differs from dream_hf.sha256" \
+         "(another copy of Dream's HF files; the figures will say so)"
+  fi
+else
+  echo "Dream reference code: none (DREAM_SRC=DIR copies it; see README.md);" \
+       "run.sh then times the project's own PyTorch reference sampler"
+fi
+
+wheels_bytes=$(du -cb "$dest"/*.whl | tail -1 | cut -f1)
+# What travels: tracked and untracked-not-ignored files, plus this folder.
+tree_bytes=$(cd "$repo" && git ls-files -z --cached --others --exclude-standard \
+  | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+carried_bytes=$(du -sb "$dest" | cut -f1)
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
+echo "wheels: $count files, $(mib "$wheels_bytes") in $dest"
+echo "travels: working tree $(mib "$tree_bytes") + $(basename "$dest")/" \
+     "$(mib "$carried_bytes") = $(mib $((tree_bytes + carried_bytes)))" \
+     "(limit 64 MiB)"
+if [ $((tree_bytes + carried_bytes)) -gt $((64 * 1048576)) ]; then
+  echo "fetch_wheels.sh: over the 64 MiB that may travel" >&2
+  exit 1
+fi

@@ -1,0 +1,1229 @@
+r"""The figures of issue 26, ours against PyTorch on one device, one JSON line
+per figure. `benchmarks/gpu/run.sh` runs each section in its own process,
+under its own `timeout`:
+
+  python benchmarks/gpu/measure.py SECTION --out=DIR --budget=SECONDS [--smoke]
+
+SECTION is one of
+  trm    TRM train step (the paper's MLP-t Sudoku and attention Maze configs):
+         ours (the trainer's jitted step) against `benchmarks/trm_torch.py`
+         (upstream's train_batch) with torch.compile on the forward and loss,
+         as upstream's pretrain.py compiles its model; ms/step and MFU.
+  gpt    GPT-2 124M train iteration (12 x 1024 tokens x 40 micro-steps, as
+         nanoGPT's train.py defaults): ours (`benchmarks/gpt_speed.py`'s
+         task and step; attention 'dot' and 'cudnn') against nanoGPT's loop
+         (`benchmarks/nanogpt_torch.py`'s model, torch.compile, bf16
+         autocast, fused AdamW); tokens/s and MFU.
+  dream  DiffuCoder-7B-shaped Dream with random bf16 weights, 512 prompt +
+         512 new tokens at batch 1 and 16: ours exact and cache='dual'
+         against the reference `diffusion_generate` (Dream's HF code, carried
+         in benchmarks/gpu/wheels/dream_hf; without it the project's own
+         PyTorch sampler, CPU only); new tokens/s and MFU.
+  smoke  `python -m trm.main --config=configs/trm_sudoku.py:cpu` for 50
+         steps (generated puzzles), SIGTERM during training, then the same
+         command again: it must resume from its checkpoint and finish.
+
+Rounds alternate ours and torch on the same device. Each figure is one JSON
+line in DIR/figures.jsonl with name, value, unit, side (ours | torch),
+device, jax and torch versions, dtype, batch and the command, plus the MFU
+and ratio where they apply. A section stops starting new work when its
+budget runs low, so a slow device yields fewer rounds, not a killed run.
+Where ours is more than 1.3x slower than torch, a jax.profiler trace of a
+few of our steps is kept as DIR/trace_<name>.tar.gz (if under 16 MiB).
+
+--smoke runs every section with tiny sizes on the CPU (JAX and torch), to
+check the script end to end before device time is spent; torch.compile is
+off there (minutes on 2 cores; --torch_compile=1 forces it).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import gc
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHMARKS = os.path.dirname(HERE)
+REPO = os.path.dirname(BENCHMARKS)
+for _path in (REPO, BENCHMARKS):
+  if _path not in sys.path:
+    sys.path.insert(0, _path)
+
+SECTIONS = ("smoke", "trm", "gpt", "dream", "cudnn")
+SLOW_RATIO = 1.3        # ours/torch time above this keeps a trace
+TRACE_LIMIT = 16 << 20  # bytes of one trace archive
+MAX_TRACES = 4          # files back from the device are limited
+
+
+class OutOfTime(Exception):
+  """The section's budget ran out inside a call (see `time_limit`)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+  """Raises OutOfTime in the main thread after `seconds` (SIGALRM)."""
+  if seconds <= 0:
+    raise OutOfTime("no time left")
+
+  def handler(signum, frame):
+    del signum, frame
+    raise OutOfTime(f"over {seconds:.0f} s")
+
+  previous = signal.signal(signal.SIGALRM, handler)
+  signal.setitimer(signal.ITIMER_REAL, seconds)
+  try:
+    yield
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+class Budget:
+  """Seconds left of the section's budget, less a margin for writing out."""
+
+  def __init__(self, seconds: float, margin: float = 5.0):
+    self.end = time.monotonic() + seconds - margin
+
+  def left(self) -> float:
+    return self.end - time.monotonic()
+
+
+def log(message: str) -> None:
+  print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def is_oom(error: BaseException) -> bool:
+  text = f"{type(error).__name__}: {error}"
+  return any(s in text for s in ("RESOURCE_EXHAUSTED", "out of memory",
+                                 "OutOfMemoryError", "Out of memory"))
+
+
+class Recorder:
+  """Appends figures to OUT/figures.jsonl, each with the common fields."""
+
+  def __init__(self, args, section: str):
+    import jax  # pylint: disable=g-import-not-at-top
+    self.args, self.section = args, section
+    self.path = os.path.join(args.out, "figures.jsonl")
+    self.jax_version = jax.__version__
+    self.jax_device = jax.devices()[0].device_kind
+    self.platform = jax.devices()[0].platform
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+      self.torch_version = torch.__version__
+      self.torch_device = (torch.cuda.get_device_name(0)
+                           if torch.cuda.is_available() else "cpu")
+    except ImportError:
+      self.torch_version, self.torch_device = None, None
+    self.command = " ".join(["python", "benchmarks/gpu/measure.py"]
+                            + sys.argv[1:])
+    self.count = 0
+    self.traces = sum(n.startswith("trace_") for n in os.listdir(args.out))
+
+  def figure(self, name: str, value: float, unit: str, side: str, *,
+             dtype: str, batch: int, **extra) -> dict:
+    """One JSON line; `extra` adds fields (mfu, ratio, sizes, ...)."""
+    row = dict(name=f"{self.section}/{name}", value=float(value), unit=unit,
+               side=side,
+               device=self.jax_device if side == "ours" else self.torch_device,
+               jax=self.jax_version, torch=self.torch_version, dtype=dtype,
+               batch=int(batch), command=self.command,
+               smoke=bool(self.args.smoke), **extra)
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    self.count += 1
+    shown = " ".join(f"{k} {v:.4g}" for k, v in extra.items()
+                     if k in ("mfu", "ours_over_torch_time")
+                     and isinstance(v, float))
+    log(f"FIGURE {row['name']} [{side}] = {value:.6g} {unit} {shown}")
+    return row
+
+  def pair(self, name: str, ours: list[float], theirs: list[float], *,
+           dtype: str, batch: int, flops: float | None, peak: float | None,
+           time_unit: str = "ms", rate: tuple[str, str, float] | None = None,
+           **extra) -> None:
+    """Figures of one measurement, from each side's seconds per call (one
+    per round): the median time and, with `rate` = (name, unit, work per
+    call), work / median time; each with its side's MFU (model FLOPs per
+    call `flops` over time over the device's `peak`), both sides' MFU and
+    the ratio ours / torch time (above 1: ours is slower), which is also a
+    figure of its own (`<name>/ours_over_torch_time`)."""
+    scale = {"ms": 1e3, "s": 1.0}[time_unit]
+    med = {side: statistics.median(v)
+           for side, v in (("ours", ours), ("torch", theirs)) if v}
+    mfu = {side: (flops / t / peak if flops and peak else None)
+           for side, t in med.items()}
+    ratio = med["ours"] / med["torch"] if len(med) == 2 else None
+    both = dict(mfu_ours=mfu.get("ours"), mfu_torch=mfu.get("torch"),
+                ours_over_torch_time=ratio, **extra)
+    for side, values in (("ours", ours), ("torch", theirs)):
+      if side not in med:
+        continue
+      common = dict(dtype=dtype, batch=batch, mfu=mfu[side],
+                    rounds=len(values), **both)
+      self.figure(f"{name}/{'ms' if time_unit == 'ms' else 'seconds'}",
+                  med[side] * scale, time_unit, side,
+                  min=min(values) * scale, max=max(values) * scale, **common)
+      if rate:
+        rate_name, rate_unit, work = rate
+        self.figure(f"{name}/{rate_name}", work / med[side], rate_unit, side,
+                    **common)
+    if ratio is not None:
+      self.figure(f"{name}/ours_over_torch_time", ratio, "x", "ours",
+                  dtype=dtype, batch=batch, mfu=mfu["ours"], **both)
+
+
+def keep_trace(rec: Recorder, name: str, run) -> None:
+  """Profiles `run()` with jax.profiler into OUT/trace_<name>.tar.gz."""
+  if rec.traces >= MAX_TRACES:
+    log(f"trace {name}: skipped ({MAX_TRACES} traces kept already)")
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  scratch = tempfile.mkdtemp(prefix="trm_trace_")
+  try:
+    with jax.profiler.trace(scratch):
+      run()
+    safe = re.sub(r"[^\w.-]", "_", name)
+    path = os.path.join(rec.args.out, f"trace_{safe}.tar.gz")
+    with tarfile.open(path, "w:gz") as tar:
+      tar.add(scratch, arcname=f"trace_{name}")
+    size = os.path.getsize(path)
+    if size > TRACE_LIMIT:
+      os.remove(path)
+      log(f"trace {name}: {size >> 20} MiB is over {TRACE_LIMIT >> 20} MiB; "
+          "not kept")
+    else:
+      rec.traces += 1
+      log(f"trace {name}: kept {path} ({size / 2**20:.1f} MiB)")
+  except Exception as e:  # pylint: disable=broad-except
+    log(f"trace {name}: failed ({type(e).__name__}: {e})")
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def free_memory() -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  gc.collect()
+  jax.clear_caches()
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    if torch.cuda.is_available():
+      torch.cuda.empty_cache()
+  except ImportError:
+    pass
+
+
+def torch_device(args):
+  import torch  # pylint: disable=g-import-not-at-top
+  if args.smoke:
+    # One thread: torch's OpenMP workers spinning beside XLA's pool on a
+    # small shared CPU slow both sides several-fold.
+    torch.set_num_threads(1)
+    return torch.device("cpu")
+  if not torch.cuda.is_available():
+    raise SystemExit("torch sees no CUDA device; run with --smoke on a CPU")
+  return torch.device("cuda")
+
+
+def use_torch_compile(args) -> bool:
+  return bool(args.torch_compile) if args.torch_compile is not None else (
+      not args.smoke)
+
+
+def sync(device) -> None:
+  import torch  # pylint: disable=g-import-not-at-top
+  if device.type == "cuda":
+    torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------
+# TRM
+
+
+def _trm_variants(args):
+  """(name, config file, variant, dataset metadata, global batch)."""
+  from trm.data.puzzles import maze, sudoku  # pylint: disable=g-import-not-at-top
+  if args.smoke:
+    return [("mlp_t_sudoku", "trm_sudoku.py", "cpu", sudoku.dataset_metadata(1),
+             8),
+            ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 2)]
+  return [("mlp_t_sudoku", "trm_sudoku.py", None, sudoku.dataset_metadata(1),
+           args.trm_batch),
+          ("att_maze", "trm_maze.py", None, maze.dataset_metadata(1),
+           args.trm_batch)]
+
+
+def _trm_config(file: str, variant, batch: int, smoke: bool):
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(os.path.join(REPO, "configs", file), variant)
+  with config.unlocked():
+    config.global_batch_size = batch
+    config.mesh.data = 1
+    if smoke:  # a smaller net than :cpu, so the CPU check takes seconds
+      config.model.update(hidden_size=32, num_heads=2, puzzle_emb_ndim=32,
+                          H_cycles=1, L_cycles=1, L_layers=1,
+                          halt_max_steps=2)
+  return config
+
+
+def _trm_ours(config, metadata):
+  """(model, state, compiled step, compile s, host batch maker): the
+  trainer's mesh, state, sharding and step code on random batches."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import pipeline  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import program as trm_program  # pylint: disable=g-import-not-at-top
+
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  batch_size = config.global_batch_size
+  program = trm_program.build(config, ctx, metadata)
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  state = state_lib.init_state(program.init_fn, ctx, shardings)
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
+  rng = np.random.default_rng(0)
+  vocab, seq = metadata.vocab_size, metadata.seq_len
+
+  def batch():
+    labels = rng.integers(2, vocab, (batch_size, seq)).astype(np.int32)
+    inputs = np.where(rng.random((batch_size, seq)) < 0.5, 1, labels)
+    return {"inputs": inputs.astype(np.int32), "labels": labels,
+            "puzzle_identifiers": np.zeros((batch_size,), np.int32)}
+
+  start = time.perf_counter()
+  step = task_lib.compile_train_step(program, ctx, batch_size, abstract,
+                                     shardings)
+  compile_s = time.perf_counter() - start
+  limit = device_memory_limit()
+  memory = step.memory_analysis()
+  need = sum(getattr(memory, f"{k}_size_in_bytes", 0)
+             for k in ("argument", "output", "temp"))
+  if limit and need > 0.92 * limit:
+    raise MemoryError(f"out of memory: the step needs {need / 2**30:.1f} GiB"
+                      f" of the device's {limit / 2**30:.1f} GiB")
+  to_device = lambda host: pipeline.to_global(host, batch_shardings)  # noqa: E731
+  return program.model, state, step, compile_s, batch, to_device
+
+
+def device_memory_limit() -> int | None:
+  """Bytes JAX may use on its first device (None on the CPU)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    return (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _trm_batch_guess(config, metadata, batch: int) -> int:
+  """The largest batch <= `batch`, halving, whose attention scores fit half
+  the device: the dot path keeps [B, H, T, T] float32 probabilities (and
+  their bfloat16 copy) for each layer call of the backward, which at Maze's
+  916 positions is what limits the batch (upstream's FlashAttention keeps
+  none). MLP-t has no scores: `batch`."""
+  limit = device_memory_limit()
+  model = config.model
+  if not limit or model.mlp_t:
+    return batch
+  length = metadata.seq_len + model.puzzle_emb_len
+  per_example = (6 * model.num_heads * length**2 * (model.L_cycles + 1)
+                 * model.L_layers)
+  while batch > 1 and batch * per_example > 0.5 * limit:
+    batch //= 2
+  return batch
+
+
+def _device_trm_class():
+  """trm_torch.TorchTRM with its tensors on a device (it builds them on the
+  CPU, as upstream's code does without a GPU)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import trm_torch  # pylint: disable=g-import-not-at-top
+
+  class DeviceTRM(trm_torch.TorchTRM):
+    """TorchTRM whose parameters, optimizer state and buffers live on
+    `device`."""
+
+    def __init__(self, *args, device, **kwargs):
+      super().__init__(*args, **kwargs)
+      self.device = device
+      self.p = {k: v.detach().to(device).requires_grad_(True)
+                for k, v in self.p.items()}
+      for name in ("m", "v", "ema"):
+        setattr(self, name, {k: v.to(device)
+                             for k, v in getattr(self, name).items()})
+      for name in ("H_init", "L_init", "table", "cos", "sin"):
+        value = getattr(self, name, None)
+        if value is not None:
+          setattr(self, name, value.to(device))
+
+    def initial_carry(self, batch_size):
+      return {k: v.to(self.device)
+              for k, v in super().initial_carry(batch_size).items()}
+
+    def _sign_sgd(self, ids, grad, lr, wd):
+      # As TorchTRM._sign_sgd, with the sums on the gradient's device.
+      uniq, inverse = ids.unique(return_inverse=True)
+      summed = torch.zeros(uniq.shape[0], grad.shape[1], dtype=grad.dtype,
+                           device=grad.device)
+      summed.scatter_add_(0, inverse.unsqueeze(-1).expand(-1, grad.shape[1]),
+                          grad)
+      rows = self.table[uniq]
+      rows.mul_(1.0 - lr * wd).add_(torch.sign(summed), alpha=-lr)
+      self.table[uniq] = rows
+
+  return DeviceTRM
+
+
+def section_trm(args, rec: Recorder, budget: Budget) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from trm.core import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
+
+  device = torch_device(args)
+  compile_torch = use_torch_compile(args)
+  log(f"torch.compile: {'on' if compile_torch else 'off (--smoke on CPU)'}")
+  DeviceTRM = _device_trm_class()  # pylint: disable=invalid-name
+  variants = _trm_variants(args)
+  for index, (name, file, variant, metadata, batch) in enumerate(variants):
+    # Each variant gets its share of what is left.
+    share = budget.left() / (len(variants) - index)
+    end = time.monotonic() + share
+    left = lambda: end - time.monotonic()  # noqa: E731
+    if share < 15:
+      log(f"trm {name}: skipped, {share:.0f} s left")
+      continue
+    guess = _trm_batch_guess(_trm_config(file, variant, batch, args.smoke),
+                             metadata, batch)
+    if guess < batch:
+      log(f"trm {name}: batch {batch} would not fit the device's memory "
+          f"(attention scores); starting at {guess}")
+      batch = guess
+    while True:
+      config = _trm_config(file, variant, batch, args.smoke)
+      try:
+        with time_limit(left()):
+          model, state, step, compile_s, make_batch, to_device = _trm_ours(
+              config, metadata)
+          state, _ = step(state, to_device(make_batch()))
+          jax.block_until_ready(state)
+        break
+      except Exception as e:  # pylint: disable=broad-except
+        free_memory()
+        if is_oom(e) and batch > 1:
+          log(f"trm {name}: batch {batch} does not fit ({type(e).__name__}); "
+              f"trying {batch // 2}")
+          batch //= 2
+          continue
+        log(f"trm {name}: ours failed ({type(e).__name__}: {e})")
+        model = None
+        break
+    if model is None:
+      continue
+    dtype = config.model.forward_dtype
+    flops = trm_model.train_flops_per_example(model.cfg) * batch
+    peak, peak_what = mfu_lib.peak_flops(jax.devices()[0], dtype)
+    log(f"trm {name}: batch {batch}, hidden {config.model.hidden_size}, "
+        f"mlp_t {config.model.mlp_t}, H{config.model.H_cycles} "
+        f"L{config.model.L_cycles}, {dtype}; {flops:.3e} model FLOPs/step; "
+        f"peak {peak_what}; ours compiled in {compile_s:.1f} s")
+    rec.figure(f"{name}/compile_s", compile_s, "s", "ours", dtype=dtype,
+               batch=batch)
+    host = jax.device_get(state)
+    table = host.puzzle_emb.get("weights") if host.puzzle_emb else None
+    theirs = DeviceTRM(model.cfg, host.params, host.buffers, table,
+                       config.optim, config.total_steps, device=device)
+    del host
+    eager_forward = theirs.forward_loss
+    compiled = compile_torch
+    if compiled:
+      theirs.forward_loss = torch.compile(eager_forward)
+    carry = theirs.initial_carry(batch)
+    steps = args.steps
+    batches = [make_batch() for _ in range(steps)]
+    ours_batches = [to_device(b) for b in batches]
+    torch_batches = [{k: torch.from_numpy(np.asarray(v)).to(device)
+                      for k, v in b.items()} for b in batches]
+
+    def run_ours(state):
+      times = []
+      for b in ours_batches:
+        start = time.perf_counter()
+        state, metrics = step(state, b)
+        jax.block_until_ready((state, metrics))
+        times.append(time.perf_counter() - start)
+      return state, times
+
+    def run_torch(carry):
+      times = []
+      for b in torch_batches:
+        start = time.perf_counter()
+        carry, _, _ = theirs.train_step(carry, b)
+        sync(device)
+        times.append(time.perf_counter() - start)
+      return carry, times
+
+    def warm_torch(carry, limit):
+      with time_limit(limit):
+        start = time.perf_counter()
+        carry, _, _ = theirs.train_step(carry, torch_batches[0])
+        sync(device)
+        first = time.perf_counter() - start
+        carry, _, _ = theirs.train_step(carry, torch_batches[1 % steps])
+        sync(device)
+      return carry, first
+
+    torch_ok = True
+    try:
+      # torch.compile gets what is left but 15 s for an eager fallback.
+      carry, first = warm_torch(carry, left() - (15 if compiled else 5))
+    except Exception as e:  # pylint: disable=broad-except
+      log(f"trm {name}: torch {'compile ' if compiled else ''}failed or ran "
+          f"out of time ({type(e).__name__}: {str(e)[:300]})")
+      torch_ok = False
+      if compiled:
+        log(f"trm {name}: timing torch eager instead")
+        theirs.forward_loss, compiled = eager_forward, False
+        try:
+          carry, first = warm_torch(theirs.initial_carry(batch), left() - 5)
+          torch_ok = True
+        except Exception as e:  # pylint: disable=broad-except
+          log(f"trm {name}: torch eager failed ({type(e).__name__}: {e})")
+    if torch_ok:
+      rec.figure(f"{name}/first_step_s", first, "s", "torch", dtype=dtype,
+                 batch=batch, torch_compile=compiled)
+    ours_s, torch_s = [], []  # per round: median seconds per step
+    for r in range(args.rounds):
+      if r and left() < 3 * (max(ours_s + torch_s) * steps + 1):
+        break
+      state, t = run_ours(state)
+      ours_s.append(statistics.median(t))
+      if torch_ok:
+        carry, t = run_torch(carry)
+        torch_s.append(statistics.median(t))
+      log(f"trm {name} round {r + 1}: ours {1e3 * ours_s[-1]:.2f} ms/step"
+          + (f", torch {1e3 * torch_s[-1]:.2f} ms/step" if torch_ok else ""))
+    rec.pair(f"{name}/train_step", ours_s, torch_s, dtype=dtype, batch=batch,
+             flops=flops, peak=peak, time_unit="ms",
+             rate=("examples_per_s", "examples/s", batch),
+             torch_compile=compiled, peak_what=peak_what,
+             hidden=config.model.hidden_size, mlp_t=config.model.mlp_t,
+             seq_len=metadata.seq_len)
+    if (torch_s and statistics.median(ours_s) > SLOW_RATIO *
+        statistics.median(torch_s) and left() > 20):
+      keep_trace(rec, f"trm_{name}", lambda: run_ours(state))
+    # Free the device for the next variant (closures above hold these).
+    state = theirs = carry = ours_batches = torch_batches = step = None
+    free_memory()
+
+
+# --------------------------------------------------------------------------
+# GPT-2 124M
+
+
+def _synthetic_tokens(data_dir: str, tokens: int, vocab: int = 50257) -> None:
+  """A prepared nanoGPT-format dataset of uniform random GPT-2 token ids
+  (speed does not depend on the text)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  os.makedirs(data_dir, exist_ok=True)
+  rng = np.random.default_rng(0)
+  counts = {}
+  for split, n in (("train", tokens), ("val", max(tokens // 10, 4096))):
+    rng.integers(0, vocab, n, dtype=np.uint16).tofile(
+        os.path.join(data_dir, f"{split}.bin"))
+    counts[f"{split}_tokens"] = n
+  with open(os.path.join(data_dir, "meta.json"), "w") as f:
+    json.dump({"vocab_size": vocab, "tokenizer": "gpt2", **counts}, f)
+
+
+_SMOKE_VOCAB = 256
+
+
+def _gpt_config(args, data_root: str, attention: str):
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(os.path.join(REPO, "configs", "gpt.py"),
+                                  None)
+  with config.unlocked():
+    config.data_root = data_root
+    config.dataset = "synthetic"
+    config.data.input = ""
+    config.data.tokenizer = "gpt2"
+    config.model.vocab_size = 50304  # nanoGPT's padded GPT-2 vocabulary
+    config.model.attention = attention
+    if args.smoke:
+      config.update(dict(n_layer=2, n_head=2, n_embd=64, block_size=64,
+                         batch_size=4, gradient_accumulation_steps=2,
+                         dtype="float32"))
+      config.model.vocab_size = _SMOKE_VOCAB
+    else:
+      config.gradient_accumulation_steps = args.gpt_accum
+  return config
+
+
+def _torch_gpt(config, data_dir: str, device, compile_torch: bool):
+  """nanoGPT train.py's iteration on `device`: returns (iteration(), model
+  args, non-embedding params)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import nanogpt_torch  # pylint: disable=g-import-not-at-top
+
+  torch.manual_seed(1337)
+  model_args = dict(block_size=config.block_size,
+                    vocab_size=config.model.vocab_size,
+                    n_layer=config.n_layer, n_head=config.n_head,
+                    n_embd=config.n_embd, dropout=0.0, bias=config.bias)
+  model = nanogpt_torch.GPT(nanogpt_torch.Config(**model_args)).to(device)
+  optimizer = model.configure_optimizers(
+      config.weight_decay, config.learning_rate, (config.beta1, config.beta2),
+      device.type)
+  num_params = model.get_num_params()
+  forward = torch.compile(model) if compile_torch else model
+  autocast = (torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16)
+              if device.type == "cuda" and config.dtype == "bfloat16"
+              else contextlib.nullcontext())
+  train_bin = os.path.join(data_dir, "train.bin")
+  block, rows = config.block_size, config.batch_size
+  accum = config.gradient_accumulation_steps
+
+  def get_batch():
+    data = np.memmap(train_bin, dtype=np.uint16, mode="r")
+    ix = torch.randint(len(data) - block, (rows,))
+    x = torch.stack([torch.from_numpy(data[i:i + block].astype(np.int64))
+                     for i in ix])
+    y = torch.stack([torch.from_numpy(
+        data[i + 1:i + 1 + block].astype(np.int64)) for i in ix])
+    if device.type == "cuda":
+      return (x.pin_memory().to(device, non_blocking=True),
+              y.pin_memory().to(device, non_blocking=True))
+    return x, y
+
+  batch = [get_batch()]
+
+  def iteration() -> float:
+    for _ in range(accum):
+      with autocast:
+        _, loss = forward(*batch[0])
+        loss = loss / accum
+      batch[0] = get_batch()
+      loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item() * accum
+
+  return iteration, num_params
+
+
+def section_gpt(args, rec: Recorder, budget: Budget) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  from trm.core import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
+  import gpt_speed  # pylint: disable=g-import-not-at-top
+
+  device = torch_device(args)
+  compile_torch = use_torch_compile(args)
+  scratch = tempfile.mkdtemp(prefix="trm_gpt_")
+  data_root = os.path.join(scratch, "data")
+  attentions = ["dot"] if args.smoke else ["dot", "cudnn"]
+  if args.smoke:
+    log("gpt: attention='cudnn' is GPU-only; --smoke times 'dot'")
+  config = _gpt_config(args, data_root, "dot")
+  tokens_per_iter = (config.batch_size * config.gradient_accumulation_steps
+                     * config.block_size)
+  _synthetic_tokens(os.path.join(data_root, "synthetic"),
+                    max(2_000_000 if not args.smoke else 50_000,
+                        4 * tokens_per_iter),
+                    _SMOKE_VOCAB if args.smoke else 50257)
+  log(f"gpt: n_layer {config.n_layer}, n_head {config.n_head}, n_embd "
+      f"{config.n_embd}, block {config.block_size}, micro-batch "
+      f"{config.batch_size} x {config.gradient_accumulation_steps} "
+      f"micro-steps = {tokens_per_iter} tokens/iter, {config.dtype}; "
+      f"torch.compile {'on' if compile_torch else 'off (--smoke on CPU)'}")
+  peak, peak_what = mfu_lib.peak_flops(jax.devices()[0], config.dtype)
+  iters, warmup = args.gpt_iters, 1
+  ours = {}
+
+  def build_ours(attention):
+    if budget.left() < 30:
+      log(f"gpt ours attention={attention}: skipped, {budget.left():.0f} s "
+          "left")
+      return
+    try:
+      with time_limit(budget.left() - 20):
+        start = time.perf_counter()
+        timed = gpt_speed.make_ours(_gpt_config(args, data_root, attention))
+        timed(1, 1)  # compiles on the first call too
+        rec.figure(f"ours_{attention}/setup_and_first_iter_s",
+                   time.perf_counter() - start, "s", "ours",
+                   dtype=config.dtype, batch=config.batch_size)
+      ours[attention] = (timed, [])
+    except Exception as e:  # pylint: disable=broad-except
+      log(f"gpt ours attention={attention}: failed ({type(e).__name__}: {e})")
+      free_memory()
+
+  # Ours with the dot path, then torch, then (budget permitting) cudnn.
+  build_ours(attentions[0])
+  theirs = None
+  torch_ms = []
+  for compiled in ([True, False] if compile_torch else [False]):
+    try:
+      # torch.compile leaves 25 s for an eager fallback.
+      with time_limit(budget.left() - (25 if compiled else 10)):
+        start = time.perf_counter()
+        iteration, num_params = _torch_gpt(
+            config, os.path.join(data_root, "synthetic"), device, compiled)
+        iteration()  # compiles
+        sync(device)
+        rec.figure("torch/setup_and_first_iter_s",
+                   time.perf_counter() - start, "s", "torch",
+                   dtype=config.dtype, batch=config.batch_size,
+                   torch_compile=compiled)
+        theirs, compile_torch = iteration, compiled
+        break
+    except Exception as e:  # pylint: disable=broad-except
+      log(f"gpt torch{' compile' if compiled else ''}: failed or ran out of "
+          f"time ({type(e).__name__}: {str(e)[:300]})")
+      free_memory()
+  for attention in attentions[1:]:
+    build_ours(attention)
+  flops = mfu_lib.nanogpt_flops_per_iter(
+      num_params if theirs else 0, config.n_layer, config.n_head,
+      config.n_embd, config.block_size,
+      config.batch_size * config.gradient_accumulation_steps) if theirs else None
+
+  def time_torch() -> float:
+    times = []
+    for _ in range(iters):
+      start = time.perf_counter()
+      theirs()
+      times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+  slowest = 0.0
+  for r in range(args.rounds):
+    if r and budget.left() < 2 * slowest * (len(ours) + 1) * iters / 1e3 + 5:
+      break
+    line = []
+    for attention, (timed, ms) in ours.items():
+      result = timed(iters, warmup if r == 0 else 0)
+      ms.append(result["ms_per_iter"])
+      slowest = max(slowest, ms[-1])
+      line.append(f"ours {attention} {ms[-1]:.1f} ms")
+      if flops is None:
+        flops = result["mfu"] * peak * result["ms_per_iter"] / 1e3
+    if theirs:
+      torch_ms.append(time_torch())
+      slowest = max(slowest, torch_ms[-1])
+      line.append(f"torch {torch_ms[-1]:.1f} ms")
+    log(f"gpt round {r + 1}: " + ", ".join(line) + " per iteration")
+  for attention, (timed, ms) in ours.items():
+    if not ms:
+      continue
+    rec.pair(f"attention_{attention}/iteration",
+             [t / 1e3 for t in ms], [t / 1e3 for t in torch_ms],
+             dtype=config.dtype, batch=config.batch_size, flops=flops,
+             peak=peak, time_unit="ms",
+             rate=("tokens_per_s", "tokens/s", tokens_per_iter),
+             attention=attention, torch_compile=compile_torch,
+             peak_what=peak_what, block_size=config.block_size,
+             accum=config.gradient_accumulation_steps,
+             tokens_per_iter=tokens_per_iter)
+    if (torch_ms and statistics.median(ms) > SLOW_RATIO *
+        statistics.median(torch_ms) and budget.left() > 20):
+      keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0))  # pylint: disable=cell-var-from-loop
+  shutil.rmtree(scratch, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------
+# Dream / DiffuCoder
+
+
+def _dream_cfg(args):
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  if args.smoke:
+    return dream.DreamConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=256,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        mask_token_id=1023, pad_token_id=0, dtype="float32",
+        param_dtype="float32", remat="none")
+  # configs/diffucoder_7b.py's sizes; bf16 weights for sampling.
+  return dream.DreamConfig(dtype="bfloat16", param_dtype="bfloat16",
+                           remat="none")
+
+
+def _dream_reference(args):
+  """(module, description) of Dream's HF code in args.dream_hf, or None."""
+  init = os.path.join(args.dream_hf, "modeling_dream.py")
+  if not os.path.isfile(init):
+    return None
+  import importlib  # pylint: disable=g-import-not-at-top
+  parent, package = os.path.split(os.path.abspath(args.dream_hf))
+  if parent not in sys.path:
+    sys.path.insert(0, parent)
+  module = importlib.import_module(f"{package}.modeling_dream")
+  import transformers  # pylint: disable=g-import-not-at-top
+  return module, (f"Dream HF code from {args.dream_hf} "
+                  f"(transformers {transformers.__version__})")
+
+
+def _torch_dream_model(reference, cfg, device):
+  """Dream's DreamModel with cfg's sizes and random weights, on device."""
+  import torch  # pylint: disable=g-import-not-at-top
+  module = reference
+  config_cls = sys.modules[module.__name__.rsplit(".", 1)[0]
+                           + ".configuration_dream"].DreamConfig
+  config = config_cls(
+      vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+      intermediate_size=cfg.intermediate_size,
+      num_hidden_layers=cfg.num_hidden_layers,
+      num_attention_heads=cfg.num_attention_heads,
+      num_key_value_heads=cfg.num_key_value_heads,
+      rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
+      max_position_embeddings=131072, mask_token_id=cfg.mask_token_id,
+      pad_token_id=cfg.pad_token_id, bos_token_id=cfg.pad_token_id,
+      eos_token_id=cfg.pad_token_id, tie_word_embeddings=False,
+      attn_implementation="sdpa")
+  # Built in the compute dtype on the device, as from_pretrained(torch_dtype=)
+  # builds it (the RoPE inverse frequencies stay float32, as there).
+  previous = torch.get_default_dtype()
+  torch.set_default_dtype(getattr(torch, cfg.dtype))
+  try:
+    with torch.device(device):
+      model = module.DreamModel(config)
+  finally:
+    torch.set_default_dtype(previous)
+  return model.eval()
+
+
+def section_dream(args, rec: Recorder, budget: Budget) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from trm.core import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import cache as dream_cache  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import sample_program  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import sampling as diffusion_sampling  # pylint: disable=g-import-not-at-top
+
+  device = torch_device(args)
+  cfg = _dream_cfg(args)
+  prompt, new = (32, 32) if args.smoke else (args.dream_prompt, args.dream_new)
+  steps = 8 if args.smoke else args.dream_steps
+  block = 8 if args.smoke else args.dream_block
+  batches = [2] if args.smoke else [int(b) for b in args.dream_batches]
+  common = dict(mask_token_id=cfg.mask_token_id, max_new_tokens=new,
+                alg="entropy", temperature=0.0, top_p=None, top_k=50)
+  peak, peak_what = mfu_lib.peak_flops(jax.devices()[0], cfg.dtype)
+
+  start = time.perf_counter()
+  params = jax.jit(lambda key: nn.meta.unbox(dream.Dream(cfg).init(
+      key, jnp.zeros((1, 4), jnp.int32))["params"]))(jax.random.key(0))
+  jax.block_until_ready(params)
+  log(f"dream: {dream.param_count(cfg):,} params ({cfg.dtype}), prompt "
+      f"{prompt} + {new} new tokens, {steps} steps (exact: {new / steps:g} "
+      f"tokens per step), dual cache blocks of {block}, alg=entropy greedy "
+      f"top_k 50; ours initialised in {time.perf_counter() - start:.1f} s; "
+      f"peak {peak_what}")
+
+  reference, ref_what, torch_model = None, None, None
+  try:
+    found = _dream_reference(args)
+    if found:
+      reference, ref_what = found
+      start = time.perf_counter()
+      torch_model = _torch_dream_model(reference, cfg, device)
+      log(f"dream torch: {ref_what}; random weights on {device} in "
+          f"{time.perf_counter() - start:.1f} s")
+    elif args.smoke:
+      import dream_torch_sampler as ref  # pylint: disable=g-import-not-at-top
+      from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
+      directory = tempfile.mkdtemp(prefix="trm_dream_")
+      hf_import.export_hf_checkpoint(jax.device_get(params), cfg, directory,
+                                     dtype="float32")
+      torch_model = ref.qwen2_from_hf_dir(directory)
+      shutil.rmtree(directory, ignore_errors=True)
+      reference = ref
+      ref_what = ("benchmarks/dream_torch_sampler.py (the project's PyTorch "
+                  "port of Dream's sampler; no Dream HF code in "
+                  f"{args.dream_hf})")
+      log(f"dream torch: {ref_what}")
+    else:
+      log(f"dream torch: skipped: no Dream HF code in {args.dream_hf} "
+          "(fetch_wheels.sh DREAM_SRC=...; README.md)")
+  except Exception as e:  # pylint: disable=broad-except
+    log(f"dream torch: failed to build ({type(e).__name__}: {e})")
+    torch_model = None
+
+  def torch_generate(ids):
+    torch.manual_seed(0)
+    if reference is not None and hasattr(reference, "DreamModel"):
+      out = torch_model.diffusion_generate(
+          torch.as_tensor(ids, dtype=torch.long, device=device),
+          attention_mask=None, max_new_tokens=new, output_history=False,
+          return_dict_in_generate=True, steps=steps, temperature=0.0,
+          top_p=None, top_k=50, alg="entropy", alg_temp=0.0)
+      sync(device)
+      return out.sequences
+    return reference.diffusion_generate(
+        torch_model, ids, None, steps=steps, **common)
+
+  rng = np.random.default_rng(0)
+  for b in batches:
+    if budget.left() < 20:
+      log(f"dream batch {b}: skipped, {budget.left():.0f} s left")
+      continue
+    ids = rng.integers(1, cfg.mask_token_id, (b, prompt)).astype(np.int32)
+    abstract = jax.ShapeDtypeStruct(ids.shape, jnp.int32)
+    compiled = {}
+    for variant in ("exact", "dual"):
+      try:
+        with time_limit(budget.left() - 10):
+          start = time.perf_counter()
+          if variant == "exact":
+            lowered = diffusion_sampling.lower_generate(
+                dream.denoiser(cfg), abstract, None, params=params,
+                steps=steps, **common)
+          else:
+            lowered = cached_sampling.lower_cached_generate(
+                dream_cache.cached_denoiser(cfg), abstract, None,
+                params=params, cache="dual", block_length=block, steps=steps,
+                threshold=None, **common)
+          compiled[variant] = lowered.compile()
+          rec.figure(f"b{b}/{variant}/compile_s", time.perf_counter() - start,
+                     "s", "ours", dtype=cfg.dtype, batch=b)
+      except Exception as e:  # pylint: disable=broad-except
+        log(f"dream batch {b} {variant}: ours failed ({type(e).__name__}: "
+            f"{e})")
+        free_memory()
+    flops = {
+        "exact": sample_program.sample_flops_per_call(cfg, b, prompt, new,
+                                                       steps),
+        "dual": sample_program.cached_flops_per_call(
+            cfg, b, prompt, new, steps, "dual", block, None)}
+    seconds = {("exact", "ours"): [], ("exact", "torch"): [],
+               ("dual", "ours"): []}
+    device_ids = jnp.asarray(ids)
+
+    def ours(variant, seed):
+      out = compiled[variant](params, device_ids, None, jax.random.key(seed))
+      return jax.block_until_ready(out)
+
+    torch_ok = torch_model is not None
+    if b == batches[0]:
+      # One untimed call per side first (cuBLAS handles, kernel choices);
+      # later batch sizes start warm.
+      try:
+        with time_limit(budget.left() - 10):
+          for variant in list(compiled):
+            ours(variant, 0)
+          if torch_ok:
+            torch_generate(ids)
+      except Exception as e:  # pylint: disable=broad-except
+        log(f"dream batch {b}: warm-up failed ({type(e).__name__}: {e})")
+    for r in range(args.rounds):
+      spent = max((max(v) for v in seconds.values() if v), default=0.0)
+      if r and budget.left() < 2 * sum(
+          max(v) for v in seconds.values() if v) + 5:
+        break
+      for variant, side in (("exact", "ours"), ("exact", "torch"),
+                            ("dual", "ours")):
+        if (side == "ours" and variant not in compiled) or (
+            side == "torch" and not torch_ok):
+          continue
+        if budget.left() < 2 * spent + 5 and r:
+          break
+        try:
+          with time_limit(budget.left() - 5):
+            start = time.perf_counter()
+            if side == "ours":
+              ours(variant, r)
+            else:
+              torch_generate(ids)
+            seconds[(variant, side)].append(time.perf_counter() - start)
+        except Exception as e:  # pylint: disable=broad-except
+          log(f"dream batch {b} {variant} {side}: failed ({type(e).__name__}"
+              f": {e})")
+          if side == "torch":
+            torch_ok = False
+          else:
+            compiled.pop(variant, None)
+          continue
+        log(f"dream batch {b} round {r + 1} {variant} {side}: "
+            f"{seconds[(variant, side)][-1]:.2f} s = "
+            f"{b * new / seconds[(variant, side)][-1]:.1f} new tokens/s")
+    for variant in ("exact", "dual"):
+      extra = dict(prompt=prompt, new_tokens=new, steps=steps,
+                   reference=ref_what, peak_what=peak_what)
+      if variant == "dual":
+        extra.update(cache="dual", block_length=block)
+      rec.pair(f"b{b}/{variant}", seconds[(variant, "ours")],
+               seconds.get((variant, "torch"), []), dtype=cfg.dtype, batch=b,
+               flops=flops[variant], peak=peak, time_unit="s",
+               rate=("new_tokens_per_s", "tokens/s", b * new), **extra)
+    if (seconds[("exact", "torch")] and seconds[("exact", "ours")] and
+        statistics.median(seconds[("exact", "ours")]) > SLOW_RATIO *
+        statistics.median(seconds[("exact", "torch")]) and
+        budget.left() > 3 * max(seconds[("exact", "ours")]) + 10):
+      keep_trace(rec, f"dream_b{b}_exact", lambda: ours("exact", 99))  # pylint: disable=cell-var-from-loop
+    compiled.clear()
+    free_memory()
+
+
+# --------------------------------------------------------------------------
+# cuDNN attention against the dot path (config.model.attention='cudnn')
+
+
+def section_cudnn(args, rec: Recorder, budget: Budget) -> None:
+  """GPT-2-wide and Dream-wide two-layer models, bf16: logits with
+  attention='cudnn' against 'dot' (relative error), and the forward time of
+  each; GPU only (--smoke records that it was skipped)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+
+  if args.smoke:
+    log("cudnn: GPU only; skipped with --smoke (tests/benchmarks/"
+        "test_cudnn_attention.py checks the branch on the CPU)")
+    return
+  cases = [
+      ("gpt", gpt.GPT, gpt.GPTConfig(
+          block_size=1024, vocab_size=50304, n_layer=2, n_head=12, n_embd=768,
+          dtype="bfloat16", bias=False), (8, 1024), None),
+      ("dream", dream.Dream, dream.DreamConfig(
+          vocab_size=8192, hidden_size=3584, intermediate_size=4096,
+          num_hidden_layers=2, num_attention_heads=28, num_key_value_heads=4,
+          mask_token_id=8191, pad_token_id=0, dtype="bfloat16",
+          param_dtype="bfloat16", remat="none"), (4, 1024), 100),
+  ]
+  for name, module, cfg, shape, pad in cases:
+    if budget.left() < 10:
+      log(f"cudnn {name}: skipped, {budget.left():.0f} s left")
+      continue
+    try:
+      with time_limit(budget.left() - 3):
+        params = jax.jit(lambda key: nn.meta.unbox(module(cfg).init(  # pylint: disable=cell-var-from-loop
+            key, jnp.zeros((1, 8), jnp.int32))["params"]))(jax.random.key(0))
+        tokens = jax.random.randint(jax.random.key(1), shape, 1,
+                                    cfg.vocab_size - 1, jnp.int32)
+        args_ = (tokens,)
+        if pad:  # left padding of row 0, as the samplers pad prompts
+          args_ += (jnp.ones(shape, bool).at[0, :pad].set(False),)
+        out, seconds = {}, {}
+        for kind in ("dot", "cudnn"):
+          fn = jax.jit(functools.partial(
+              lambda c, p, *a: module(c).apply({"params": p}, *a),  # pylint: disable=cell-var-from-loop
+              dataclasses.replace(cfg, attention=kind)))
+          out[kind] = jax.block_until_ready(fn(params, *args_))
+          times = []
+          for _ in range(5):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(params, *args_))
+            times.append(time.perf_counter() - start)
+          seconds[kind] = statistics.median(times)
+        rows = slice(1, None) if pad else slice(None)
+        a = np.asarray(out["cudnn"][rows], np.float32)
+        b = np.asarray(out["dot"][rows], np.float32)
+        rel = float(np.linalg.norm(a - b) / np.linalg.norm(b))
+        rec.figure(f"{name}/logits_rel_err", rel, "fraction", "ours",
+                   dtype=cfg.dtype, batch=shape[0], seq=shape[1],
+                   padded=bool(pad))
+        for kind in ("dot", "cudnn"):
+          rec.figure(f"{name}/forward_{kind}", 1e3 * seconds[kind], "ms",
+                     "ours", dtype=cfg.dtype, batch=shape[0], seq=shape[1],
+                     attention=kind)
+    except Exception as e:  # pylint: disable=broad-except
+      log(f"cudnn {name}: failed ({type(e).__name__}: {str(e)[:400]})")
+      free_memory()
+
+
+# --------------------------------------------------------------------------
+# Smoke: trainer, checkpoints and Grain through `python -m trm.main`
+
+
+_TRAIN_LOG = re.compile(r"\] \[(\d+)\] .*train/")
+_RESUMED = re.compile(r"Training from step (\d+) to (\d+)")
+_MS_PER_STEP = re.compile(r"\] \[(\d+)\] timing/ms_per_step=([\d.]+)")
+_COMPILED = re.compile(r"Train step compiled in ([\d.]+) s")
+_FINAL = re.compile(r"Final evaluation at step (\d+): .*exact_accuracy="
+                    r"([\d.]+)")
+
+
+def _smoke_command(args, workdir: str) -> list[str]:
+  values = {"total_steps": 50, "checkpoint_every": 10, "eval_every": 50,
+            "log_every": 5, "data.build.num_train": 2000,
+            "data.build.num_test": 256}
+  if args.smoke:  # a smaller net and run on the CPU
+    values.update({"model.hidden_size": 32, "model.num_heads": 2,
+                   "model.puzzle_emb_ndim": 32, "model.halt_max_steps": 2,
+                   "model.H_cycles": 1, "model.L_cycles": 1,
+                   "model.L_layers": 1,
+                   "global_batch_size": 16, "data.eval_batch_size": 32,
+                   "data.build.num_train": 256, "data.build.num_test": 32,
+                   "total_steps": 12, "checkpoint_every": 3,
+                   "eval_every": 12, "log_every": 1})
+  return ([sys.executable, "-m", "trm.main",
+           "--config=configs/trm_sudoku.py:cpu", f"--workdir={workdir}"]
+          + [f"--config.{k}={v}" for k, v in values.items()])
+
+
+def _run_trainer(command, *, stop_after_step=None, timeout: float):
+  """Runs the trainer, echoing its log; with `stop_after_step`, sends
+  SIGTERM once a train step past it is logged. Returns (exit code, log)."""
+  proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  lines, signalled = [], False
+  deadline = time.monotonic() + timeout
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      sys.stdout.write("    | " + line)
+      match = _TRAIN_LOG.search(line)
+      if (stop_after_step is not None and not signalled and match
+          and int(match.group(1)) >= stop_after_step):
+        proc.send_signal(signal.SIGTERM)
+        signalled = True
+        log(f"smoke: SIGTERM after step {match.group(1)}")
+      if time.monotonic() > deadline:
+        proc.kill()
+        log("smoke: trainer killed at the section's deadline")
+        break
+    code = proc.wait(timeout=max(deadline - time.monotonic(), 5))
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    code = proc.wait()
+  return code, "".join(lines)
+
+
+def section_smoke(args, rec: Recorder, budget: Budget) -> None:
+  scratch = tempfile.mkdtemp(prefix="trm_smoke_")
+  workdir = os.path.join(scratch, "workdir")
+  command = _smoke_command(args, workdir)
+  total = int(next(c for c in command if "total_steps" in c).split("=")[1])
+  log("smoke: " + " ".join(command[1:]))
+  side = dict(dtype="float32", batch=int(next(
+      (c for c in command if "global_batch_size" in c), "=64").split("=")[1]))
+  start = time.perf_counter()
+  code, first = _run_trainer(command, stop_after_step=total // 2,
+                             timeout=budget.left() * 0.6)
+  rec.figure("first_run_s", time.perf_counter() - start, "s", "ours",
+             exit_code=code, **side)
+  rec.figure("sigterm_exit_code", code, "code", "ours", **side)
+  steps = [int(m.group(1)) for m in _TRAIN_LOG.finditer(first)]
+  rec.figure("first_run_last_logged_step", max(steps, default=-1), "step",
+             "ours", **side)
+  for m in _COMPILED.finditer(first):
+    rec.figure("compile_s", float(m.group(1)), "s", "ours", **side)
+  start = time.perf_counter()
+  code2, second = _run_trainer(command, timeout=budget.left())
+  resumed = _RESUMED.search(second)
+  final = _FINAL.search(second)
+  rec.figure("second_run_s", time.perf_counter() - start, "s", "ours",
+             exit_code=code2, **side)
+  rec.figure("resumed_from_step", int(resumed.group(1)) if resumed else -1,
+             "step", "ours", **side)
+  rec.figure("final_step", int(final.group(1)) if final else -1, "step",
+             "ours", **side)
+  if final:
+    rec.figure("final_eval_exact_accuracy", float(final.group(2)), "fraction",
+               "ours", **side)
+  ms = [float(m.group(2)) for m in _MS_PER_STEP.finditer(first + second)]
+  if ms:
+    rec.figure("ms_per_step", statistics.median(ms), "ms", "ours", **side)
+  events = [n for _, _, names in os.walk(workdir) for n in names
+            if n.startswith("events.out.tfevents")]
+  rec.figure("tensorboard_event_files", len(events), "files", "ours", **side)
+  ok = (code == 0 and code2 == 0 and resumed is not None
+        and int(resumed.group(1)) > 0 and final is not None
+        and int(final.group(1)) == total and events)
+  rec.figure("passed", float(bool(ok)), "bool", "ours", **side)
+  log(f"smoke: {'PASSED' if ok else 'FAILED'} (exit codes {code}, {code2}; "
+      f"resumed from {resumed.group(1) if resumed else None}; final step "
+      f"{final.group(1) if final else None}; {len(events)} event files)")
+  shutil.rmtree(scratch, ignore_errors=True)
+  if not ok:
+    raise SystemExit(1)
+
+
+# --------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("section", choices=SECTIONS)
+  p.add_argument("--out", required=True, help="figures.jsonl goes here")
+  p.add_argument("--budget", type=float, default=120.0,
+                 help="seconds for the section (it also runs under timeout)")
+  p.add_argument("--smoke", action="store_true",
+                 help="tiny sizes on the CPU (JAX and torch)")
+  p.add_argument("--torch_compile", type=int, default=None,
+                 help="1/0: force torch.compile on/off (default: on, off "
+                 "with --smoke)")
+  p.add_argument("--rounds", type=int, default=None,
+                 help="alternating rounds at most (default 3; 2 with --smoke)")
+  p.add_argument("--steps", type=int, default=None,
+                 help="TRM: timed steps per round (default 5; 3 with --smoke)")
+  p.add_argument("--trm_batch", type=int, default=768)
+  p.add_argument("--gpt_accum", type=int, default=40)
+  p.add_argument("--gpt_iters", type=int, default=2,
+                 help="GPT: timed iterations per round")
+  p.add_argument("--dream_prompt", type=int, default=512)
+  p.add_argument("--dream_new", type=int, default=512)
+  p.add_argument("--dream_steps", type=int, default=16,
+                 help="Dream: denoising steps of a 512-token canvas (the "
+                 "time per step does not depend on it)")
+  p.add_argument("--dream_block", type=int, default=128,
+                 help="Dream cache='dual': tokens per block (with 16 steps, "
+                 "4 per block: a full forward, then 3 on the block's window)")
+  p.add_argument("--dream_batches", nargs="+", default=["1", "16"])
+  p.add_argument("--dream_hf", default=os.path.join(HERE, "wheels",
+                                                    "dream_hf"),
+                 help="directory of Dream's HF code (a package)")
+  args = p.parse_args(argv)
+  if args.rounds is None:
+    args.rounds = 2 if args.smoke else 3
+  if args.steps is None:
+    args.steps = 3 if args.smoke else 5
+  return args
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  os.makedirs(args.out, exist_ok=True)
+  budget = Budget(args.budget)
+  if args.smoke:
+    os.environ["JAX_PLATFORMS"] = "cpu"
+  # JAX and torch share the GPU: neither may take it all up front.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  rec = Recorder(args, args.section)
+  log(f"section {args.section}: budget {args.budget:.0f} s; JAX "
+      f"{rec.jax_version} on {rec.jax_device} ({rec.platform}); torch "
+      f"{rec.torch_version} on {rec.torch_device}")
+  if not args.smoke and rec.platform != "gpu":
+    raise SystemExit(f"JAX runs on {rec.platform}, not a GPU: use --smoke")
+  {"trm": section_trm, "gpt": section_gpt, "dream": section_dream,
+   "cudnn": section_cudnn, "smoke": section_smoke}[args.section](
+       args, rec, budget)
+  log(f"section {args.section}: {rec.count} figures")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# The GPU figures of issue 26 in one command (benchmarks/gpu/README.md):
+#
+#   bash benchmarks/gpu/run.sh OUTDIR [--smoke] [--only=smoke,trm,gpt,dream,cudnn]
+#
+# 1. installs the carried wheels (benchmarks/gpu/wheels, fetch_wheels.sh)
+#    into a scratch --target dir, Dream's transformers 4.x into another, and
+#    the project itself with --no-deps; nothing is fetched;
+# 2. runs benchmarks/gpu/measure.py once per section, each under its own
+#    `timeout`, appending one JSON line per figure to OUTDIR/figures.jsonl;
+#    everything printed also goes to OUTDIR/log.txt.
+#
+# --smoke: tiny sizes, JAX and torch on the CPU (4-6 minutes on 2 cores).
+# The whole GPU run is budgeted to end within 8 minutes:
+#   install ~15 s, smoke 70 s, trm 130 s, gpt 85 s, dream 150 s, cudnn 25 s
+# (TRM_GPU_BUDGET_<SECTION>=seconds overrides one).
+#
+# Environment:
+#   TRM_GPU_INSTALL=1 (default) install | dry (pip --dry-run for CPython 3.12
+#     manylinux, nothing installed; the packages must already import)
+#     | 0 (skip: the packages already import)
+#   TRM_GPU_SCRATCH=DIR  scratch dir, kept (default: a new one under /tmp,
+#                        removed at the end)
+#   TRM_GPU_WHEELS=DIR   wheels (default benchmarks/gpu/wheels)
+#   PYTHON=python3       the interpreter (the image's python3 holds torch)
+set -uo pipefail
+
+usage() { echo "usage: $0 OUTDIR [--smoke] [--only=SECTION,...]" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+out=$1; shift
+smoke=0
+only="smoke,trm,gpt,dream,cudnn"
+for arg in "$@"; do
+  case "$arg" in
+    --smoke) smoke=1 ;;
+    --only=*) only=${arg#--only=} ;;
+    *) usage ;;
+  esac
+done
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+python=${PYTHON:-python3}
+wheels=${TRM_GPU_WHEELS:-$here/wheels}
+install=${TRM_GPU_INSTALL:-1}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+if [ -n "${TRM_GPU_SCRATCH:-}" ]; then
+  scratch=$TRM_GPU_SCRATCH
+  mkdir -p "$scratch"
+else
+  scratch=$(mktemp -d /tmp/trm_gpu.XXXXXX)
+  trap 'rm -rf "$scratch"' EXIT
+fi
+: > "$out/figures.jsonl"
+exec > >(tee -a "$out/log.txt") 2>&1
+tee_pid=$!
+started=$(date +%s)
+say() { echo "[$(date +%H:%M:%S)] run.sh: $*"; }
+
+say "out $out, scratch $scratch, smoke $smoke, sections $only, install $install"
+say "repo $repo at $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$repo" diff --quiet 2>/dev/null || echo ' (+ local changes)')"
+say "$($python --version 2>&1) at $(command -v "$python")"
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | sed 's/^/  gpu: /'
+
+# ------------------------------------------------------------------ install
+pins() { sed -e 's/#.*//' -e 's/[[:space:]]//g' "$here/wheels.txt" | awk NF; }
+marked() { grep -E "#[[:space:]]*$1" "$here/wheels.txt" | sed -e 's/#.*//' -e 's/[[:space:]]//g'; }
+hf_pins=$(marked hf)
+site_pins=$(pins | grep -vxF -f <(printf '%s\n' $hf_pins))
+# '# floor' pins: only where the interpreter's own version is older (a dry
+# run resolves them all, to check the wheels).
+for pin in $(marked floor); do
+  have=$("$python" -c "import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except m.PackageNotFoundError: print('')" "${pin%%==*}")
+  if [ -n "$have" ] && "$python" -c "import sys; from packaging.version import Version as V; sys.exit(V(sys.argv[1]) < V(sys.argv[2]))" "$have" "${pin#*==}"; then
+    say "install: ${pin%%==*} $have >= ${pin#*==}: the interpreter's"
+    [ "$install" = dry ] || site_pins=$(echo "$site_pins" | grep -vxF "$pin")
+  else
+    say "install: ${pin%%==*} ${have:-none} < ${pin#*==}: the carried wheel"
+  fi
+done
+pip=("$python" -m pip install --disable-pip-version-check --no-index
+     --no-deps --no-compile --quiet --find-links "$wheels")
+foreign=()
+if [ "$install" = dry ]; then
+  # Resolve the pins against the wheels as the image's CPython 3.12 would.
+  foreign=(--dry-run --only-binary=:all: --python-version 3.12
+           --implementation cp)
+  for p in manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
+           manylinux2014_x86_64; do
+    foreign+=(--platform "$p")
+  done
+fi
+install_ok=1
+if [ "$install" = 0 ]; then
+  say "install: skipped (TRM_GPU_INSTALL=0)"
+else
+  t0=$(date +%s)
+  n_site=$(echo "$site_pins" | wc -w)
+  n_hf=$(echo "$hf_pins" | wc -w)
+  say "install: $n_site pins into $scratch/site, $n_hf into $scratch/hf, from $wheels"
+  echo "  + ${pip[*]} ${foreign[*]} --target $scratch/site" $site_pins
+  if "${pip[@]}" "${foreign[@]}" --target "$scratch/site" $site_pins; then
+    say "install: site: all $n_site pins resolved$([ "$install" = dry ] && echo ' (dry run)')"
+  else
+    install_ok=0
+    say "install: site FAILED ($( [ -d "$wheels" ] && echo "wheels in $wheels" || echo "no $wheels: run fetch_wheels.sh" ))"
+  fi
+  echo "  + ${pip[*]} ${foreign[*]} --target $scratch/hf" $hf_pins
+  if "${pip[@]}" "${foreign[@]}" --target "$scratch/hf" $hf_pins; then
+    say "install: hf: all $n_hf pins resolved$([ "$install" = dry ] && echo ' (dry run)')"
+  else
+    install_ok=0
+    say "install: hf FAILED"
+  fi
+  # The project itself, without its dependencies (they are above or in the
+  # image), built from setup.py with the image's setuptools.
+  project=("$python" -m pip install --disable-pip-version-check --no-index
+           --no-deps --no-build-isolation --no-compile --quiet)
+  [ "$install" = dry ] && project+=(--dry-run)
+  echo "  + ${project[*]} --target $scratch/site $repo"
+  if "${project[@]}" --target "$scratch/site" "$repo"; then
+    say "install: project: trm$([ "$install" = dry ] && echo ' (dry run)')"
+  else
+    install_ok=0
+    say "install: project FAILED"
+  fi
+  say "install: $(( $(date +%s) - t0 )) s"
+fi
+if [ "$install" = 1 ]; then
+  export PYTHONPATH="$scratch/site:$repo${PYTHONPATH:+:$PYTHONPATH}"
+  hf_path="$scratch/hf:$PYTHONPATH"
+else
+  export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+  hf_path="$PYTHONPATH"
+fi
+# What the sections will import (versions from the installed metadata; the
+# project's stack imported for real, torch's and TensorFlow's only looked up).
+"$python" - <<'EOF' 2>&1 | sed 's/^/  /'
+import importlib, importlib.metadata as md
+for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "clu",
+             "grain", "tensorflow-datasets", "ml-collections", "tensorboard",
+             "protobuf", "torch", "triton", "transformers", "tokenizers",
+             "tensorflow", "tensorflow-cpu"):
+  try:
+    print(f"{name} {md.version(name)}")
+  except md.PackageNotFoundError:
+    print(f"{name}: not installed")
+for module in ("clu.metrics", "grain", "tensorflow_datasets", "ml_collections",
+               "trm.core.metrics", "clu.metric_writers"):
+  if md.packages_distributions().get("tensorflow"):
+    break  # TensorFlow would load with them (seconds); the GPU image has none
+  try:
+    importlib.import_module(module)
+  except Exception as e:  # pylint: disable=broad-except
+    print(f"import {module}: FAILED ({type(e).__name__}: {e})")
+EOF
+
+# ----------------------------------------------------------------- sections
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX and torch share the GPU
+export PYTHONUNBUFFERED=1
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
+mode=()
+if [ "$smoke" = 1 ]; then
+  export JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=
+  # Forced host devices (the tests' 8) would split the CPU figures.
+  export XLA_FLAGS=$(echo "${XLA_FLAGS:-}" | sed -E 's/--xla_force_host_platform_device_count=[0-9]+//g')
+  mode=(--smoke)
+  # Caps for a shared 2-core CPU; an idle one needs about half.
+  declare -A budget=([smoke]=200 [trm]=200 [gpt]=120 [dream]=150 [cudnn]=20)
+else
+  declare -A budget=([smoke]=70 [trm]=130 [gpt]=85 [dream]=150 [cudnn]=25)
+fi
+failed=()
+cd "$repo"
+for section in smoke trm gpt dream cudnn; do
+  case ",$only," in *",$section,"*) ;; *) continue ;; esac
+  var=TRM_GPU_BUDGET_$(echo "$section" | tr a-z A-Z)
+  seconds=${!var:-${budget[$section]}}
+  path=$PYTHONPATH
+  [ "$section" = dream ] && path=$hf_path
+  say "section $section: up to $seconds s"
+  t0=$(date +%s)
+  PYTHONPATH=$path timeout --kill-after=10 "$seconds" "$python" \
+    "$here/measure.py" "$section" --out="$out" --budget="$seconds" "${mode[@]}"
+  rc=$?
+  lines=$(grep -c "\"name\": \"$section/" "$out/figures.jsonl")
+  say "section $section: exit $rc$([ $rc = 124 ] && echo ' (timeout)') after $(( $(date +%s) - t0 )) s, $lines figures"
+  [ $rc = 0 ] || failed+=("$section")
+done
+
+figures=$(wc -l < "$out/figures.jsonl")
+say "done in $(( $(date +%s) - started )) s: $figures figures in $out/figures.jsonl${failed[*]:+; failed: ${failed[*]}}"
+ls -la "$out" | sed 's/^/  /'
+status=0
+[ "$install_ok" = 1 ] || [ "$install" = dry ] || status=1
+[ ${#failed[@]} = 0 ] || status=1
+exec 1>&- 2>&-
+wait "$tee_pid" 2>/dev/null  # log.txt complete before we exit
+exit $status

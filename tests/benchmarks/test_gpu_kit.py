@@ -1,0 +1,115 @@
+"""benchmarks/gpu: the wheel list, and `run.sh OUT --smoke` end to end on the
+CPU (every section with tiny sizes; the install step as a pip dry run for
+the GPU image's CPython 3.12 against the fetched wheels)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+KIT = os.path.join(ROOT, "benchmarks", "gpu")
+WHEELS = os.path.join(KIT, "wheels")
+KEYS = {"name", "value", "unit", "side", "device", "jax", "torch", "dtype",
+        "batch", "command"}
+
+
+def _pins() -> dict[str, tuple[str, str]]:
+  """wheels.txt: name -> (version, marker)."""
+  pins = {}
+  with open(os.path.join(KIT, "wheels.txt")) as f:
+    for line in f:
+      spec, _, marker = line.partition("#")
+      spec = spec.strip()
+      if not spec:
+        continue
+      name, sep, version = spec.partition("==")
+      assert sep and re.fullmatch(r"[\w.]+", version), line
+      pins[name.lower().replace("_", "-")] = (version, marker.strip())
+  return pins
+
+
+def test_wheels_txt_pins_setup_py_versions_and_no_tensorflow():
+  pins = _pins()
+  with open(os.path.join(ROOT, "setup.py")) as f:
+    setup = f.read()
+  for name in ("ml-collections", "clu", "grain", "tensorflow-datasets"):
+    assert f'"{name}=={pins[name][0]}"' in setup, name
+  assert not [n for n in pins if n.startswith("tensorflow")
+              and n not in ("tensorflow-datasets", "tensorflow-metadata")]
+  assert pins["transformers"][0].startswith("4.51.")
+  assert {n for n, (_, m) in pins.items() if m == "hf"} == {
+      "transformers", "tokenizers", "huggingface-hub"}
+  assert set(m for _, m in pins.values()) <= {"", "hf", "sdist", "floor"}
+
+
+def _run_smoke(tmp_path):
+  out = tmp_path / "out"
+  env = dict(os.environ, TRM_GPU_INSTALL="dry",
+             TRM_GPU_SCRATCH=str(tmp_path / "scratch"))
+  proc = subprocess.run(
+      ["bash", os.path.join(KIT, "run.sh"), str(out), "--smoke"], cwd=ROOT,
+      env=env, capture_output=True, text=True, timeout=840, check=False)
+  log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+  with open(out / "figures.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  return rows, log, out
+
+
+def test_run_sh_smoke_writes_figures(tmp_path):
+  rows, log, out = _run_smoke(tmp_path)
+
+  # The install step ran as a dry run for CPython 3.12 manylinux.
+  n_site = sum(1 for _, m in _pins().values() if m != "hf")
+  assert re.search(r"install: protobuf [\d.]+ (>=|<) 6\.33\.5", log)
+  assert "--dry-run --only-binary=:all: --python-version 3.12" in log
+  if os.path.isdir(WHEELS) and any(n.endswith(".whl")
+                                   for n in os.listdir(WHEELS)):
+    assert f"install: site: all {n_site} pins resolved (dry run)" in log
+    assert "install: hf: all 3 pins resolved (dry run)" in log
+  else:  # CI: benchmarks/gpu/wheels is not in git
+    assert "install: site FAILED (no " in log
+  assert "install: project: trm (dry run)" in log
+
+  for row in rows:
+    assert KEYS <= row.keys(), row
+    assert row["side"] in ("ours", "torch"), row
+    assert isinstance(row["value"], float) and math.isfinite(row["value"])
+    assert row["smoke"] is True
+    assert row["command"].startswith("python benchmarks/gpu/measure.py ")
+  figures = {(r["name"], r["side"]): r for r in rows}
+  for section in ("smoke", "trm", "gpt", "dream"):
+    assert any(name.startswith(section + "/") for name, _ in figures), section
+
+  # The trainer was stopped by SIGTERM, resumed from its checkpoint and
+  # finished; metrics reached TensorBoard files.
+  assert figures[("smoke/passed", "ours")]["value"] == 1.0
+  assert figures[("smoke/sigterm_exit_code", "ours")]["value"] == 0
+  assert figures[("smoke/resumed_from_step", "ours")]["value"] > 0
+  assert figures[("smoke/tensorboard_event_files", "ours")]["value"] >= 1
+
+  # Side by side: both sides' time, MFU and the ratio on every figure.
+  for name in ("trm/mlp_t_sudoku/train_step", "trm/att_maze/train_step",
+               "gpt/attention_dot/iteration", "dream/b2/exact"):
+    unit = "seconds" if name.startswith("dream") else "ms"
+    ours, torch = figures[(f"{name}/{unit}", "ours")], figures[
+        (f"{name}/{unit}", "torch")]
+    ratio = figures[(f"{name}/ours_over_torch_time", "ours")]
+    assert ratio["value"] == pytest.approx(ours["value"] / torch["value"])
+    for row in (ours, torch, ratio):
+      assert row["mfu_ours"] > 0 and row["mfu_torch"] > 0, row
+      assert row["ours_over_torch_time"] == pytest.approx(ratio["value"])
+    assert ours["mfu"] == ours["mfu_ours"] and torch["mfu"] == torch[
+        "mfu_torch"]
+    assert ours["device"] == "cpu" and torch["device"] == "cpu"
+  assert figures[("gpt/attention_dot/iteration/tokens_per_s", "ours")]
+  assert figures[("dream/b2/dual/new_tokens_per_s", "ours")]["value"] > 0
+  # Files that come back from the device: at most 8, none deeper.
+  assert len(os.listdir(out)) <= 8
+  assert {"figures.jsonl", "log.txt"} <= set(os.listdir(out))
