@@ -1124,7 +1124,7 @@ def test_bad_restart_keeps_the_runs_config_json(trm_workdir, tmp_path,
                  id="trm.generate unknown variant"),
     pytest.param("trm.aot", ["--config=configs/trm_sudoku.py",
                              "--topology=v4-7"],
-                 ["--topology=v4-7", "known v4 sizes"],
+                 ["--topology='v4-7' is not a v4 slice size", "v4-384"],
                  id="trm.aot bad topology"),
 ])
 def test_cli_flag_errors_are_one_line(module, flags, needles, tmp_path):
@@ -1137,11 +1137,420 @@ def test_cli_flag_errors_are_one_line(module, flags, needles, tmp_path):
   result = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert result.returncode != 0
+  assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
   errors = [line for line in result.stderr.splitlines()
-            if line.startswith("FATAL Flags parsing error")]
+            if line.startswith(f"{module}: error: ")]
   assert len(errors) == 1, result.stderr[-3000:]
   for needle in needles:
     assert needle in errors[0], errors[0]
   assert not workdir.exists()
+
+
+# --------------------------------------- reliability III (issue 25: 6, 9-11)
+
+
+@case("R3: dataset built with other data.build arguments",
+      ValueError, "was built with other arguments than asked",
+      "config.data.build.num_train=300 (built with 256)", "build_info.json",
+      "config.data.data_dir")
+def _(env):
+  return trm_train(env, **{"data.build.num_train": 300})
+
+
+def test_r3_interrupted_dataset_build_is_never_used(data, tmp_path):
+  """A dataset directory whose build was interrupted (in-progress mark,
+  no completion mark) is built again, not trained on."""
+  from trm.data.puzzles import builds  # pylint: disable=g-import-not-at-top
+  copy = str(tmp_path / "data")
+  shutil.copytree(data, copy)
+  os.remove(os.path.join(copy, builds.BUILD_INFO_FILE))
+  with open(os.path.join(copy, builds.BUILDING_FILE), "w") as f:
+    f.write("{}")
+  os.remove(os.path.join(copy, "test", "dataset.json"))
+  assert builds.build_state(copy) == "interrupted"
+  puzzle.prepare_data(tiny_config(**{"data.data_dir": copy}), str(tmp_path))
+  assert builds.build_state(copy) == "complete"
+  assert os.path.isfile(os.path.join(copy, "test", "dataset.json"))
+
+
+@case("R3: text data prepared with another tokenizer", ValueError,
+      "prepared with tokenizer='char'", "config.data.tokenizer='gpt2'")
+def _(env):
+  from trm.data.text import preparation  # pylint: disable=g-import-not-at-top
+  from trm.data.text import windows as text_lib  # pylint: disable=g-import-not-at-top
+  src = env.write("input.txt", "to be or not to be\n" * 20)
+  directory = env.path("prepared")
+  preparation.prepare_char("to be or not to be\n" * 20, directory, src)
+  return Call(lambda: text_lib.ensure_prepared(directory, src, "gpt2"),
+              watch=(directory,))
+
+
+@case("R3: TFDS rebuilt from another --manual_dir", ValueError,
+      "already prepared with other arguments", "--manual_dir=",
+      "another --data_dir")
+def _(env):
+  pytest.importorskip("tensorflow_datasets")
+  from trm.data import tfds_builders  # pylint: disable=g-import-not-at-top
+  first = os.path.dirname(env.write("a/input.txt", "abc def\n" * 300))
+  second = os.path.dirname(env.write("b/input.txt", "xyz uvw\n" * 300))
+  data_dir = env.path("tfds")
+  tfds_builders.build("trm_tiny_shakespeare", first, data_dir)
+  return Call(lambda: tfds_builders.build("trm_tiny_shakespeare", second,
+                                          data_dir), watch=(data_dir,))
+
+
+def _nonfinite_hf(env, name, value):
+  def edit(tensors):
+    tensors[name] = tensors[name].copy()
+    tensors[name].flat[0] = value
+  return _hf_copy(env, edit)
+
+
+@case("R3: safetensors tensor holding NaN (DiffuCoder)",
+      HFCheckpointError, "'model.layers.1.mlp.up_proj.weight'",
+      "holds 1 NaN or Inf", "allow_nonfinite=True")
+def _(env):
+  directory = _nonfinite_hf(env, "model.layers.1.mlp.up_proj.weight",
+                            np.nan)
+  cfg, shardings = _dream_params_shardings(dc_config())
+  return Call(lambda: generate.load_params(directory, cfg, shardings),
+              watch=(directory,))
+
+
+@case("R3: safetensors tensor holding Inf (DiffusionLM)", HFCheckpointError,
+      "'model.norm.weight'", "NaN or Inf", "allow_nonfinite=True")
+def _(env):
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  directory = _nonfinite_hf(env, "model.norm.weight", np.inf)
+  return Call(lambda: DiffusionLM.from_pretrained(directory,
+                                                  tokenizer="bytes"),
+              watch=(directory,))
+
+
+def test_r3_nonfinite_safetensors_load_when_allowed(hf_dir, tmp_path):
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  directory = str(tmp_path / "hf")
+  shutil.copytree(hf_dir, directory)
+  path = os.path.join(directory, "model.safetensors")
+  tensors = load_file(path)
+  tensors["model.norm.weight"] = tensors["model.norm.weight"].copy()
+  tensors["model.norm.weight"][0] = np.nan
+  save_file(tensors, path)
+  lm = DiffusionLM.from_pretrained(directory, tokenizer="bytes",
+                                   allow_nonfinite=True)
+  assert np.isnan(np.asarray(lm.params["norm"]["scale"])[0])
+
+
+@case("R3: safetensors tensor holding Inf (TRM upstream file)",
+      CheckpointError, "w.safetensors", "NaN or Inf", "allow_nonfinite=True")
+def _(env):
+  import torch  # pylint: disable=g-import-not-at-top
+  state = torch.load(env.upstream_checkpoint, weights_only=True)
+  tensors = {k: v.float().numpy().copy() for k, v in state.items()}
+  name = sorted(tensors)[0]
+  tensors[name].flat[0] = np.inf
+  path = env.path("w.safetensors")
+  save_file(tensors, path)
+  cfg = trm_program.make_model(
+      tiny_config().model, puzzle_format.read_metadata(env.data, "train")).cfg
+  return Call(lambda: torch_import.load_torch_checkpoint(path, cfg),
+              watch=(path,))
+
+
+@case("R3: GPT-2 weights holding NaN (trm.sample)", CheckpointError,
+      "'h_1/mlp/c_fc", "holds 1 NaN or Inf", "--allow_nonfinite")
+def _(env):
+  from test_sample_inputs import write_tiny_gpt2  # pylint: disable=g-import-not-at-top
+  from trm import sample  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
+  directory = write_tiny_gpt2(env.path("gpt2"))
+  path = os.path.join(directory, "model.safetensors")
+  tensors = load_file(path)
+  tensors["h.1.mlp.c_fc.weight"][2, 3] = np.nan
+  save_file(tensors, path)
+  return Call(lambda: sample.check_finite(
+      gpt_import.load_hf_gpt2(directory)[0], directory), watch=(directory,))
+
+
+def test_r3_crlf_batch_file_gives_the_same_prompts(tmp_path):
+  lf = tmp_path / "lf.txt"
+  crlf = tmp_path / "crlf.txt"
+  lf.write_bytes(b"def f(x):\nreturn 1\n\n")
+  crlf.write_bytes(b"def f(x):\r\nreturn 1\r\n\r\n")
+  assert (generate.read_prompts(None, str(crlf))
+          == generate.read_prompts(None, str(lf))
+          == ["def f(x):", "return 1"])
+
+
+@case("R3: eval_only on a workdir with no checkpoint", ValueError,
+      "config.eval_only=True", "holds no complete checkpoint",
+      "--workdir of a trained run")
+def _(env):
+  call = trm_build(env, eval_only=True)
+  call.absent += (env.workdir,)
+  return call
+
+
+@case("R3: trm.generate on a TRM workdir", restore_check.CheckpointMismatchError,
+      "holds a TRM (puzzle) train state", "python -m trm.evaluate",
+      "--checkpoint=")
+def _(env):
+  cfg, shardings = _dream_params_shardings(dc_config())
+  workdir = env.trm_workdir
+  return Call(lambda: generate.load_params(workdir, cfg, shardings),
+              watch=(os.path.join(workdir, "checkpoints"),))
+
+
+@case("R3: trm.generate on a GPT workdir", restore_check.CheckpointMismatchError,
+      "holds a GPT train state", "config.model.name='gpt'",
+      "python -m trm.sample --workdir=")
+def _(env):
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  workdir = env.path("gpt_run")
+  os.makedirs(os.path.join(workdir, "checkpoints"))
+  config = env.write("gpt_run/config.json",
+                     json.dumps({"model": {"name": "gpt"}}))
+  return Call(lambda: DiffusionLM.from_pretrained(workdir),
+              watch=(config,))
+
+
+def test_r3_export_through_a_symlinked_out(dc_workdir, tmp_path):
+  target = tmp_path / "exports" / "hf"
+  target.mkdir(parents=True)
+  link = tmp_path / "link"
+  os.symlink(target, link)
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={dc_workdir}",
+       f"--out={link}", "--dtype=float32"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "through the link" in result.stdout
+  assert os.path.islink(link)
+  assert sorted(os.listdir(link)) == ["config.json", "model.safetensors"]
+  assert sorted(os.listdir(tmp_path / "exports")) == ["hf"]
+
+
+from trm.core import wandb_writer  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+@case("R3: W&B enabled without wandb installed",
+      wandb_writer.WandbUnavailableError,
+      "config.wandb.enabled=True", "cannot be imported", "pip install")
+def _(env):
+  import importlib  # pylint: disable=g-import-not-at-top
+  config = tiny_config(**{"data.data_dir": env.path("built"),
+                          "wandb.enabled": True})
+  real = importlib.import_module
+
+  def run():
+    def no_wandb(name, *args):
+      if name == "wandb":
+        raise ImportError("No module named 'wandb'")
+      return real(name, *args)
+    importlib.import_module = no_wandb
+    try:
+      train.train_and_evaluate(config, env.workdir, families.build_task)
+    finally:
+      importlib.import_module = real
+  return Call(run, fresh=(env.workdir,), absent=(env.path("built"),))
+
+
+def test_r3_wandb_online_without_network_logs_offline(tmp_path, monkeypatch):
+  """Online mode with no credentials and no server: one warning, offline,
+  decided within seconds, before any data is built."""
+  pytest.importorskip("wandb")
+  import time  # pylint: disable=g-import-not-at-top
+  from trm.core import wandb_writer  # pylint: disable=g-import-not-at-top
+  for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE"):
+    monkeypatch.delenv(var, raising=False)
+  monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+  monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+  seen = []
+  monkeypatch.setattr(wandb_writer.logging, "warning",
+                      lambda msg, *args: seen.append(msg % args))
+  config = tiny_config(**{"wandb.enabled": True, "wandb.mode": "online"})
+  start = time.monotonic()
+  wandb_writer.check_config(config)
+  assert time.monotonic() - start < wandb_writer.PROBE_SECONDS + 2
+  assert config.wandb.mode == "offline" and len(seen) == 1
+
+
+@pytest.fixture(scope="module")
+def dc_lm(hf_dir):
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  return DiffusionLM.from_pretrained(hf_dir, tokenizer="bytes")
+
+
+for _name, _kwargs, _error, _needle in (
+    ("prompt that is not a string", dict(prompts=["ok", 3]), TypeError,
+     "prompts[1] is a int"),
+    ("prompts as bytes", dict(prompts=b"def f"), TypeError,
+     "prompts is bytes"),
+    ("batch_size a bool", dict(batch_size=True), TypeError,
+     "batch_size=True is a bool"),
+    ("batch_size a float", dict(batch_size=2.0), TypeError,
+     "batch_size=2.0 is a float"),
+    ("seed a float", dict(seed=0.5), TypeError, "seed=0.5 is a float"),
+    ("seed a bool", dict(seed=True), TypeError, "seed=True is a bool"),
+    ("seed out of range", dict(seed=2**32), ValueError,
+     "seed=4294967296: must lie in [0, 4294967295]"),
+    ("negative seed", dict(seed=-3), ValueError, "seed=-3: must lie in")):
+  @case(f"R3: DiffusionLM.generate {_name}", _error, _needle)
+  def _(env, kwargs=_kwargs):
+    lm = env.dc_lm
+    kwargs = {"prompts": ["def f"], "max_new_tokens": 4, **kwargs}
+
+    def never(*args, **kw):
+      raise AssertionError("computed before the argument check")
+
+    def call():
+      lm.compile, lm.encode = never, never
+      try:
+        lm.generate(kwargs.pop("prompts"), **kwargs)
+      finally:
+        del lm.compile, lm.encode
+    return Call(call)
+
+
+# ------------------------- Reliability III: locks, checksums, config record
+
+
+def _r3_one_line(call, error, *needles):
+  """Runs `call` (a `Call`): it must raise `error` with a one-line message
+  holding every needle, leaving its inputs as they were."""
+  before = {path: _snapshot(path) for path in call.watch}
+  with pytest.raises(Exception) as info:
+    call.fn()
+  _check_untouched(call, before)
+  assert isinstance(info.value, error), (
+      f"{type(info.value).__name__}: {info.value}")
+  message = str(info.value)
+  assert "\n" not in message.strip(), f"not one line: {message!r}"
+  for needle in needles:
+    assert needle in message, f"{needle!r} not in: {message}"
+  return message
+
+
+def _r3_edit_step_metadata(workdir, edit):
+  """Edits the custom metadata saved with the workdir's step 3."""
+  path = os.path.join(workdir, "checkpoints", "3", "_CHECKPOINT_METADATA")
+  with open(path) as f:
+    metadata = json.load(f)
+  edit(metadata["custom_metadata"])
+  with open(path, "w") as f:
+    json.dump(metadata, f)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{\"host\": \"h\", \"pid\": 12", "not valid JSON"),
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ("42", "holds a JSON int, not an object"),
+    ("{\"host\": \"h\", \"pid\": \"12\", \"started\": 0, \"renewed\": 0}",
+     "field 'pid' is '12', not an integer"),
+    ("", "it is empty")],
+                         ids=["invalid JSON", "list", "number", "pid string",
+                              "empty"])
+def test_r3_a_a_malformed_lock_is_one_line_and_never_taken_over(
+    text, why, request, tmp_path, no_compile):  # pylint: disable=unused-argument
+  env = Env(request, tmp_path)
+  lock = env.write("workdir/trainer.lock", text)
+  call = trm_train(env)
+  call.watch += (lock,)
+  _r3_one_line(call, workdir_lock.MalformedLockError,
+               f"The workdir lock {lock} is not a lock record", why,
+               f"delete {lock} and rerun")
+  assert sorted(os.listdir(env.workdir)) == ["trainer.lock"]
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{\"seed\": 0", "is not valid JSON"), ("[1]", "holds a JSON list"),
+    ("7", "holds a JSON int")], ids=["invalid JSON", "list", "number"])
+def test_r3_a_a_damaged_config_json_of_an_old_run_is_one_line(
+    text, why, request, tmp_path, no_compile):  # pylint: disable=unused-argument
+  """Checkpoints from before the record travelled with them: config.json
+  is all there is, so its damage stops the resume."""
+  env = Env(request, tmp_path)
+  workdir = env.copy(env.trm_workdir, "run")
+  _r3_edit_step_metadata(workdir, lambda m: m.pop(ckpt_lib.CONFIG_RECORD,
+                                                  None))
+  record = os.path.join(workdir, "config.json")
+  with open(record, "w") as f:
+    f.write(text)
+  config = tiny_config(**{"data.data_dir": env.data})
+  _r3_one_line(train_call(env, config, workdir=workdir, watch=(record,)),
+               config_record.ConfigRecordError, f"{record} {why}",
+               f"Restore {record}")
+
+
+@pytest.mark.parametrize("damage", [None, "{not json", "[]"],
+                         ids=["deleted", "invalid JSON", "list"])
+def test_r3_a_a_lost_config_json_lets_no_change_through(
+    damage, request, tmp_path, no_compile):  # pylint: disable=unused-argument
+  """The checkpoint carries the run's record: with config.json gone or
+  damaged, a changed seed is still refused before anything is restored."""
+  env = Env(request, tmp_path)
+  workdir = env.copy(env.trm_workdir, "run")
+  recorded = json.loads(tiny_config(
+      **{"data.data_dir": env.data}).to_json_best_effort())
+  _r3_edit_step_metadata(
+      workdir, lambda m: m.update({ckpt_lib.CONFIG_RECORD: recorded}))
+  record = os.path.join(workdir, "config.json")
+  if damage is not None:
+    with open(record, "w") as f:
+      f.write(damage)
+  elif os.path.exists(record):
+    os.remove(record)
+  changed = tiny_config(**{"data.data_dir": env.data, "seed": 7})
+  call = train_call(env, changed, workdir=workdir,
+                    watch=(record,) if damage is not None else ())
+  _r3_one_line(call, config_record.ConfigChangedError, "from step 3",
+               "config.seed: 0 -> 7", "The config record saved with "
+               f"checkpoint {workdir}/checkpoints/3")
+  assert os.path.exists(record) == (damage is not None)
+
+
+def test_r3_a_a_data_position_beyond_the_dataset_stops_and_moves_nothing(
+    request, tmp_path, no_compile):  # pylint: disable=unused-argument
+  """A checkpoint saved further along the data than the current dataset
+  reaches (the dataset shrank): not damage, so nothing is set aside."""
+  env = Env(request, tmp_path)
+  workdir = env.copy(env.trm_workdir, "run")
+  position = os.path.join(workdir, "checkpoints", "3", "data_iter",
+                          "metadata")
+  with open(position) as f:
+    state = json.load(f)
+  state["next_index"] = 10**6
+  with open(position, "w") as f:
+    json.dump(state, f)
+  _r3_edit_step_metadata(workdir, lambda m: m[ckpt_lib.CHECKSUMS].update(
+      data_iter=ckpt_lib._json_digest(state)))  # pylint: disable=protected-access
+  config = tiny_config(**{"data.data_dir": env.data})
+  _r3_one_line(train_call(env, config, workdir=workdir),
+               ckpt_lib.CheckpointError,
+               f"Restoring checkpoint {workdir}/checkpoints/3 failed: its data "
+               "position", "does not fit the current training data",
+               "out of range", "so nothing was moved aside")
+
+
+def test_r3_a_a_checkpoint_failing_its_checksum_is_never_restored(
+    request, tmp_path, no_compile):  # pylint: disable=unused-argument
+  """The only step's weights differ from the checksum saved with them:
+  refused in one line, nothing moved, never trained from scratch."""
+  env = Env(request, tmp_path)
+  workdir = env.copy(env.trm_workdir, "run")
+  name = "params/L_level/layers_0/mlp/gate_up_proj/kernel"
+
+  def damage(metadata):
+    entry = metadata[ckpt_lib.CHECKSUMS]["arrays"][name]
+    entry["sum"] = f"{int(entry['sum'], 16) ^ 1:016x}"
+
+  _r3_edit_step_metadata(workdir, damage)
+  config = tiny_config(**{"data.data_dir": env.data})
+  _r3_one_line(train_call(env, config, workdir=workdir),
+               ckpt_lib.CheckpointError,
+               "holds checkpoints (steps [3]) but none can be restored",
+               f"array {name} does not match the checksum saved with step 3",
+               "nothing was moved")

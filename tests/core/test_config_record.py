@@ -3,6 +3,7 @@ trajectory changes are refused before restore unless allowed, harmless ones
 pass, the original config.json is kept and every change is logged."""
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -179,3 +180,140 @@ def test_switching_scan_layers_is_refused_even_when_allowed(tmp_path,
   assert (f"config.model.scan_layers: {recorded!r} -> {not recorded!r}"
           in message), message
   assert "layout" in message and "from step 10" in message
+
+
+# ------------------------------------- the record travels with checkpoints
+
+
+def _copy_run(finished_run, tmp_path):
+  """A private copy of the finished run (earlier tests of this module may
+  have resumed it to steps beyond 10) and its newest step."""
+  workdir, config, recorded = finished_run
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  return copy, config, recorded
+
+
+def _newest(workdir):
+  return max(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))
+             if d.isdigit())
+
+
+def _seed_changed(config):
+  changed = config.copy_and_resolve_references()
+  changed.seed = 7
+  return changed
+
+
+def test_each_checkpoint_carries_the_record(finished_run):
+  """Also those of resumes with changed configs: the record is the run's,
+  as config.json is."""
+  workdir, _, recorded = finished_run
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  directory = os.path.join(workdir, "checkpoints")
+  steps = ckpt_lib.complete_steps(directory)
+  assert 10 in steps
+  for step in steps:
+    saved = ckpt_lib.saved_config_record(os.path.join(directory, str(step)))
+    assert saved == json.loads(recorded), step
+
+
+@pytest.mark.parametrize("damage", [None, "", "{not json", "[1, 2]", "3"],
+                         ids=["deleted", "empty", "invalid JSON", "list",
+                              "number"])
+def test_a_lost_config_json_lets_no_change_through(finished_run, tmp_path,
+                                                   caplog, damage):
+  workdir, config, recorded = _copy_run(finished_run, tmp_path)
+  record_path = workdir / config_record.RECORD
+  if damage is None:
+    record_path.unlink()
+  else:
+    record_path.write_text(damage)
+  with pytest.raises(config_record.ConfigChangedError) as error:
+    train.train_and_evaluate(_seed_changed(config), str(workdir),
+                             families.build_task)
+  message = str(error.value)
+  assert "\n" not in message
+  assert "config.seed: 0 -> 7" in message
+  assert (f"The config record saved with checkpoint {workdir}/checkpoints/"
+          f"{_newest(workdir)}" in message)
+  # One warning line naming the file and what replaces it.
+  warnings = [r.getMessage() for r in caplog.records
+              if str(record_path) in r.getMessage()]
+  assert warnings and "\n" not in warnings[0]
+  assert "comparing with the config record saved with checkpoint" in (
+      warnings[0])
+  # Nothing was written before the refusal.
+  assert (record_path.exists() if damage is not None
+          else not record_path.exists())
+  # The unchanged config resumes, and config.json is the run's record again.
+  diff = config_record.check(config, workdir, step=_newest(workdir))
+  assert diff == {}
+  config_record.record(config, workdir, diff, step=_newest(workdir))
+  assert json.loads(record_path.read_text()) == json.loads(recorded)
+
+
+def test_an_edited_config_json_does_not_override_the_checkpoint(
+    finished_run, tmp_path, caplog):
+  """config.json rewritten to match a changed config: the checkpoint's
+  record still refuses the change."""
+  workdir, config, _ = _copy_run(finished_run, tmp_path)
+  (workdir / config_record.RECORD).write_text(
+      _seed_changed(config).to_json_best_effort(indent=2))
+  with pytest.raises(config_record.ConfigChangedError,
+                     match=r"config\.seed: 0 -> 7"):
+    config_record.check(_seed_changed(config), workdir,
+                        step=_newest(workdir))
+  assert "differs from the config record saved with checkpoint" in (
+      caplog.text)
+
+
+def test_a_deleted_config_json_is_rewritten_by_a_resume(finished_run,
+                                                        tmp_path):
+  """End to end: trm.main's loop with config.json gone compares with the
+  checkpoint's record, and writes config.json back from it."""
+  workdir, config, recorded = _copy_run(finished_run, tmp_path)
+  (workdir / config_record.RECORD).unlink()
+  changed = config.copy_and_resolve_references()
+  changed.total_steps = _newest(workdir) + 2  # longer: harmless
+  train.train_and_evaluate(changed, str(workdir), families.build_task)
+  assert json.loads((workdir / config_record.RECORD).read_text()) == (
+      json.loads(recorded))
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  assert ckpt_lib.saved_config_record(
+      workdir / "checkpoints" / str(changed.total_steps)) == json.loads(
+          recorded)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{not json", "is not valid JSON"), ("", "is empty"),
+    ("[1, 2]", "holds a JSON list, not a config record"),
+    ("3", "holds a JSON int, not a config record")],
+                         ids=["invalid JSON", "empty", "list", "number"])
+def test_a_damaged_config_json_without_a_checkpoint_record_stops(
+    tmp_path, text, why):
+  """Checkpoints written before records travelled with them: config.json
+  is all there is, so a damaged one is one line naming it."""
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  class Position:
+    def get_state(self):
+      return {"next_index": 10}
+
+  manager = ckpt_lib.make_manager(str(tmp_path / "checkpoints"),
+                                  max_to_keep=1)
+  manager.save(10, args=ocp.args.Composite(
+      state=ocp.args.StandardSave({"w": jnp.ones((4,))}),
+      data_iter=ocp.args.JsonSave(Position().get_state())))
+  ckpt_lib.wait_until_finished(manager)
+  record_path = tmp_path / config_record.RECORD
+  record_path.write_text(text)
+  with pytest.raises(config_record.ConfigRecordError) as error:
+    config_record.check(tiny_config(), tmp_path, step=10)
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith(f"{record_path} {why}")
+  assert f"Restore {record_path}" in message
+  assert record_path.read_text() == text

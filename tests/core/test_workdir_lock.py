@@ -15,7 +15,7 @@ from trm.core import train
 from trm import families
 from trm.core import workdir_lock
 
-from test_train import tiny_config  # pylint: disable=g-import-not-at-top
+from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
 
 
 def _write_lock(workdir, **fields):
@@ -95,3 +95,138 @@ def test_the_holder_renews_its_lease(tmp_path, caplog, monkeypatch):
   assert "Could not renew" not in caplog.text
   assert not os.path.exists(tmp_path / workdir_lock.LOCK_NAME)
   assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
+
+
+# ------------------------------------------------------- two at one instant
+
+# One contender: imports the lock once, then per trial ("go DIR T") waits
+# until time T (the last 2 ms spinning, so both start within microseconds),
+# tries to take DIR's lock, answers "won" or "lost ...", and on "release"
+# lets it go.
+_CONTENDER = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from trm.core import workdir_lock
+print("ready", flush=True)
+lock = None
+for line in sys.stdin:
+  command, *rest = line.split()
+  if command == "go":
+    directory, start = rest[0], float(rest[1])
+    lock = workdir_lock.WorkdirLock(directory)
+    if time.time() < start - 0.002:
+      time.sleep(start - 0.002 - time.time())
+    while time.time() < start:
+      pass
+    try:
+      lock.__enter__()
+      print("won", flush=True)
+    except workdir_lock.WorkdirLockedError as e:
+      lock = None
+      print("lost " + " ".join(str(e).split()), flush=True)
+  elif command == "release":
+    if lock is not None:
+      lock.__exit__(None, None, None)
+    lock = None
+    print("released", flush=True)
+"""
+
+
+def race(tmp_path, trials: int, root: str = ROOT):
+  """Per trial, two processes take one workdir's lock at the same instant
+  (every other trial over a stale lock of a dead process, which both try to
+  take over): [(answers, lock record while held)]."""
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  contenders = [subprocess.Popen(
+      [sys.executable, "-c", _CONTENDER, root], stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                for _ in range(2)]
+  results = []
+  try:
+    for c in contenders:
+      assert c.stdout.readline().strip() == "ready"
+    for trial in range(trials):
+      workdir = str(tmp_path / f"trial{trial}")
+      if trial % 2:
+        _write_lock(workdir, pid=dead.pid)
+      else:
+        os.makedirs(workdir)
+      start = time.time() + 0.03
+      for c in contenders:
+        c.stdin.write(f"go {workdir} {start}\n")
+        c.stdin.flush()
+      answers = [c.stdout.readline().strip() for c in contenders]
+      try:
+        with open(os.path.join(workdir, workdir_lock.LOCK_NAME)) as f:
+          record = json.load(f)
+      except (OSError, ValueError):  # (a broken lock must fail the test)
+        record = None
+      for c in contenders:
+        c.stdin.write("release\n")
+        c.stdin.flush()
+      for c in contenders:
+        assert c.stdout.readline().strip() == "released"
+      results.append((answers, record))
+  finally:
+    for c in contenders:
+      c.stdin.close()
+      c.wait(timeout=30)
+  return results, [c.pid for c in contenders]
+
+
+def test_two_trainers_at_the_same_instant_exactly_one_wins(tmp_path):
+  """The lock is written into a private file and hard-linked into place,
+  and a stale lock is taken over under flock: however the two interleave,
+  one wins and the other is refused naming the winner."""
+  start = time.time()
+  results, pids = race(tmp_path, trials=100)
+  seconds = time.time() - start
+  winners = []
+  for trial, (answers, record) in enumerate(results):
+    won = [i for i, a in enumerate(answers) if a == "won"]
+    assert len(won) == 1, (trial, answers)
+    loser = answers[1 - won[0]]
+    assert loser.startswith("lost The workdir ") and (
+        f"pid {pids[won[0]]}," in loser), (trial, answers)
+    assert record and record["pid"] == pids[won[0]], (trial, record)
+    winners.append(won[0])
+  print(f"lock race: 100 trials, {seconds:.1f} s, first contender won "
+        f"{winners.count(0)}")
+  assert not [n for n in os.listdir(tmp_path / "trial1") if ".tmp" in n]
+
+
+# ------------------------------------------------------- malformed locks
+
+
+@pytest.mark.parametrize("text, why", [
+    ("", "it is empty"),
+    ('{"host": "h", "pid": 1', "not valid JSON"),
+    ("[1, 2]", "it holds a JSON list, not an object"),
+    ("7", "it holds a JSON int, not an object"),
+    ('{"host": "h", "pid": "123", "started": 0, "renewed": 0}',
+     "field 'pid' is '123', not an integer"),
+    ('{"host": "h", "pid": true, "started": 0, "renewed": 0}',
+     "field 'pid' is True, not an integer"),
+    ('{"host": "h", "pid": 5, "started": NaN, "renewed": 0}',
+     "field 'started' is nan, not a finite number"),
+    ('{"host": 3, "pid": 5, "started": 0, "renewed": 0}',
+     "field 'host' is 3, not a string"),
+    ('{"pid": 5, "started": 0, "renewed": 0}', "it has no field 'host'"),
+], ids=["empty", "invalid JSON", "list", "number", "pid string",
+        "pid bool", "NaN", "host number", "no host"])
+def test_a_malformed_lock_is_one_line_and_never_taken_over(tmp_path, text,
+                                                           why):
+  path = tmp_path / workdir_lock.LOCK_NAME
+  path.write_text(text)
+  with pytest.raises(workdir_lock.MalformedLockError) as error:
+    workdir_lock.WorkdirLock(str(tmp_path)).__enter__()
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith(f"The workdir lock {path} is not a lock record "
+                            f"({why}")
+  assert f"If no trainer runs on {tmp_path}, delete {path} and rerun" in (
+      message)
+  assert path.read_text() == text  # untouched
+  assert sorted(os.listdir(tmp_path)) == [workdir_lock.LOCK_NAME]

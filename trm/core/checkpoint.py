@@ -15,14 +15,36 @@ so a failed save deletes nothing. Restores go onto the shardings of the
 read (truncated files, missing metadata or commit marker) is moved aside
 with a warning and the previous one restored; if none can be, the run stops
 with an error and nothing is moved.
+
+Integrity: Orbax's compressed chunks carry no checksum, so a flipped bit
+restores silently as other weights. Each save therefore records, in the
+step's own metadata (`_CHECKPOINT_METADATA`, committed with the step), a
+64-bit checksum of every array of the state and of the iterator position,
+and every restore recomputes them: a mismatch is damage (warning naming the
+step and the array; the previous step is used, as for unreadable files).
+The array checksum is a function of the logical array alone (its global
+index and bits, mixed and summed modulo 2**32 in two lanes, computed by one
+jitted program on the devices), not of its shards: it is the same whatever
+mesh, device count or process count wrote or reads the array, each process
+reading only its own shards and the sum being an all-reduce. Restores of
+checkpoints written before checksums existed are not verified (one info
+line). A restore error that is not damage to the files (a data position
+the current dataset lacks, a mismatched config, running out of memory) stops
+the run with one line and moves nothing. Each step also carries the run's
+config record (`config_record`), so a resume is checked against it even if
+`config.json` is lost.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import shutil
 import time
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
@@ -50,6 +72,12 @@ _TMP_MARK = ".orbax-checkpoint-tmp"
 # metadata), and the best such loss of the run up to that step.
 EVAL_LOSS = "eval_loss"
 BEST_EVAL_LOSS = "best_eval_loss"
+# The step's checksums (see the module docstring) and the run's config
+# record (`config_record`), also in the step's custom metadata.
+CHECKSUMS = "checksums"
+CONFIG_RECORD = "config_record"
+_ALGORITHM = "fmix32x2-sum-v1"
+_METADATA_FILE = "_CHECKPOINT_METADATA"
 
 
 def make_manager(directory: str, *, max_to_keep: int,
@@ -160,50 +188,241 @@ def check_async_errors(manager: ocp.CheckpointManager) -> None:
     raise _save_error(manager, e) from e
 
 
-@jax.jit
-def _finite_flags(leaves):
-  return jnp.stack([jnp.isfinite(x).all() for x in leaves])
+def _fmix(h):
+  """MurmurHash3's 32-bit finaliser: a bijection on uint32."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+# Types narrower than a byte: hashed as their (exact) float32 values.
+_SUB_BYTE = ("int2", "uint2", "int4", "uint4", "float4_e2m1fn")
+
+
+def _bits(x):
+  """Every element's bits as uint32 (64-bit types: two words each)."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  if jnp.issubdtype(x.dtype, jnp.complexfloating):
+    x = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+  if x.dtype.name in _SUB_BYTE:
+    return lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}
+  return lax.bitcast_convert_type(
+      x, unsigned[x.dtype.itemsize]).astype(jnp.uint32)
+
+
+def _array_checksum(x):
+  """[2] uint32: sums over the elements of two mixes of (global flat index,
+  bits). Each mix is injective in the bits at a given index, so a single
+  changed element always changes the checksum; sums modulo 2**32 do not
+  depend on the order (the sharding) in which they are added."""
+  bits = _bits(x)
+  index = jnp.zeros(bits.shape, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(bits.ndim)):
+    index = index + lax.broadcasted_iota(jnp.uint32, bits.shape, axis) * (
+        jnp.uint32(stride % 2**32))
+    stride *= bits.shape[axis]
+  a = _fmix(_fmix(index * jnp.uint32(0x9E3779B9) + jnp.uint32(0x7F4A7C15))
+            ^ bits)
+  b = _fmix(_fmix(index ^ jnp.uint32(0x2545F491)) + bits * jnp.uint32(
+      0x27D4EB2F))
+  return jnp.stack([jnp.sum(a, dtype=jnp.uint32),
+                    jnp.sum(b, dtype=jnp.uint32)])
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _inspect_arrays(leaves, inexact: tuple[bool, ...]):
+  """(finite flag per leaf with `inexact`, [n, 2] checksums): one compiled
+  program over the whole state."""
+  finite = [jnp.isfinite(x).all() if check else jnp.bool_(True)
+            for x, check in zip(leaves, inexact)]
+  sums = [_array_checksum(x) for x in leaves]
+  return (jnp.stack(finite) if finite else jnp.zeros((0,), jnp.bool_),
+          jnp.stack(sums) if sums else jnp.zeros((0, 2), jnp.uint32))
+
+
+def _to_host(x) -> np.ndarray:
+  """A small result of `_inspect_arrays` on every process."""
+  if getattr(x, "is_fully_replicated", True) or x.is_fully_addressable:
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+# The same checksum in numpy, for arrays held in host memory (CPU devices):
+# no compilation (the jitted form takes seconds to compile for a state of a
+# few dozen arrays on XLA:CPU, more than it saves), and each process hashes
+# only its own shards (one copy of each, `replica_id` 0).
+def _np_fmix(h):
+  h = h ^ (h >> np.uint32(16))
+  h = h * np.uint32(0x85EBCA6B)
+  h = h ^ (h >> np.uint32(13))
+  h = h * np.uint32(0xC2B2AE35)
+  return h ^ (h >> np.uint32(16))
+
+
+def _np_bits(x: np.ndarray) -> np.ndarray:
+  """`_bits` in numpy."""
+  if x.dtype == np.bool_:
+    return x.astype(np.uint32)
+  if np.issubdtype(x.dtype, np.complexfloating):
+    x = np.stack([x.real, x.imag], axis=-1)
+  if x.dtype.name in _SUB_BYTE:
+    return np.ascontiguousarray(x.astype(np.float32)).view(np.uint32)
+  x = np.ascontiguousarray(x)
+  if x.dtype.itemsize == 8:
+    return x.view(np.uint32).reshape(x.shape + (2,))
+  unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
+  return x.view(unsigned).astype(np.uint32)
+
+
+def _np_partial_checksum(block: np.ndarray, starts, shape) -> np.ndarray:
+  """[2] uint64: this block's part of `_array_checksum` of the whole
+  array of `shape`, the block starting at index `starts`."""
+  bits = _np_bits(block)
+  shape = tuple(shape) + bits.shape[block.ndim:]
+  starts = tuple(starts) + (0,) * (bits.ndim - block.ndim)
+  index = np.zeros(bits.shape, np.uint32)
+  stride = 1
+  with np.errstate(over="ignore"):
+    for axis in reversed(range(bits.ndim)):
+      along = ((np.arange(bits.shape[axis], dtype=np.uint64) + starts[axis])
+               * stride) % 2**32
+      index += along.astype(np.uint32).reshape(
+          [-1 if a == axis else 1 for a in range(bits.ndim)])
+      stride *= shape[axis]
+    a = _np_fmix(_np_fmix(index * np.uint32(0x9E3779B9)
+                          + np.uint32(0x7F4A7C15)) ^ bits)
+    b = _np_fmix(_np_fmix(index ^ np.uint32(0x2545F491))
+                 + bits * np.uint32(0x27D4EB2F))
+  return np.array([a.sum(dtype=np.uint64), b.sum(dtype=np.uint64)],
+                  np.uint64) % 2**32
+
+
+def _inspect_on_host(leaves, inexact):
+  """`_inspect_arrays` for arrays in host memory: (finite flags, sums)."""
+  first = jax.process_index() == 0
+  bad = np.zeros(len(leaves), np.int32)
+  sums = np.zeros((len(leaves), 2), np.uint64)
+  for k, (x, check) in enumerate(zip(leaves, inexact)):
+    if isinstance(x, jax.Array):
+      if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+      blocks = [(np.asarray(shard.data),
+                 [sl.start or 0 for sl in shard.index])
+                for shard in x.addressable_shards if shard.replica_id == 0]
+    else:  # a host value, the same on every process: counted once
+      blocks = [(np.asarray(x), [0] * np.ndim(x))] if first else []
+    for block, starts in blocks:
+      if check and not np.isfinite(block).all():
+        bad[k] = 1
+      sums[k] = (sums[k] + _np_partial_checksum(block, starts, x.shape)
+                 ) % 2**32
+  if jax.process_count() > 1:
+    bad = np.asarray(multihost_utils.process_allgather(bad)).max(axis=0)
+    # uint64 does not travel everywhere: two uint32 words are enough here.
+    sums = np.asarray(multihost_utils.process_allgather(
+        sums.astype(np.uint32))).astype(np.uint64).sum(axis=0) % 2**32
+  return bad == 0, sums
+
+
+def _in_host_memory(leaves) -> bool:
+  return all(not isinstance(x, jax.Array)
+             or all(d.platform == "cpu" for d in x.sharding.device_set)
+             for x in leaves)
+
+
+def _array_leaves(tree):
+  """[(display key, 'a/b/c' name, array)] for every array leaf."""
+  from trm.core import restore_check  # pylint: disable=g-import-not-at-top
+  return [(jax.tree_util.keystr(path), restore_check.path_name(path), x)
+          for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+          if hasattr(x, "dtype") and hasattr(x, "shape")]
+
+
+def _inspect(tree, on_device: bool | None = None):
+  """(names of leaves holding NaN/Inf, {'a/b/c': checksum entry}).
+  Collective. On accelerators one jitted program computes both; arrays in
+  host memory (CPU devices) are hashed in numpy (`on_device` forces
+  either, for tests: both give the same sums)."""
+  named = _array_leaves(tree)
+  if not named:
+    return [], {}
+  leaves = [x for _, _, x in named]
+  inexact = tuple(bool(jnp.issubdtype(x.dtype, jnp.inexact))
+                  for x in leaves)
+  if on_device is None:
+    on_device = not _in_host_memory(leaves)
+  if on_device:
+    finite, sums = _inspect_arrays(leaves, inexact)
+    finite, sums = _to_host(finite), _to_host(sums)
+  else:
+    finite, sums = _inspect_on_host(leaves, inexact)
+  bad = [key for (key, _, _), ok in zip(named, finite) if not ok]
+  entries = {name: {"dtype": str(x.dtype), "shape": list(x.shape),
+                    "sum": f"{int(total[0]):08x}{int(total[1]):08x}"}
+             for (_, name, x), total in zip(named, sums)}
+  return bad, entries
+
+
+def _json_digest(value) -> str:
+  text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+  return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def nonfinite_leaves(state) -> list[str]:
   """Paths of the floating leaves of `state` holding a NaN or Inf (one
   compiled reduction; its replicated result reads on every process)."""
-  named = [(jax.tree_util.keystr(path), x) for path, x in
-           jax.tree_util.tree_flatten_with_path(state)[0]
-           if jnp.issubdtype(x.dtype, jnp.inexact)]
-  if not named:
-    return []
-  flags = np.asarray(_finite_flags([x for _, x in named]))
-  return [name for (name, _), ok in zip(named, flags) if not ok]
+  return _inspect(state)[0]
+
+
+def checksums(state, on_device: bool | None = None) -> dict:
+  """{'a/b/c': {dtype, shape, sum}} for every array of `state`, as a save
+  records them (collective over the processes, like a save)."""
+  return _inspect(state, on_device)[1]
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
          eval_loss: float | None = None,
-         best_eval_loss: float | None = None) -> None:
+         best_eval_loss: float | None = None,
+         config_record: dict | None = None) -> None:
   """Starts an (async) save of `state` and the iterator position at `step`.
 
   `eval_loss` is the held-out loss measured at this step (it ranks the step
   for keeping the best, see `make_manager`); `best_eval_loss` the lowest of
-  the run so far, recorded in the step's metadata so a resumed run knows it
-  whatever files lie beside the checkpoint. A state with a NaN or Inf
-  anywhere is never written (`CheckpointError`, naming the leaves). Raises
+  the run so far, recorded in the step's metadata so a resume knows it
+  whatever files lie beside the checkpoint; `config_record` the run's
+  config record (`trm.core.config_record`), kept with the step likewise.
+  The checksum of every array and of the iterator position goes into the
+  same metadata (the module docstring). A state with a NaN or Inf anywhere
+  is never written (`CheckpointError`, naming the leaves). Raises
   `CheckpointError` if this or the previous (async) save failed.
   """
-  bad = nonfinite_leaves(state)
+  bad, sums = _inspect(state)
   if bad:
     raise CheckpointError(
         f"Not saving step {step} to {manager.directory}: {len(bad)} leaves of "
         f"the state hold NaN or Inf (first: {', '.join(bad[:3])}). The "
         f"checkpoints already there are untouched (complete steps: "
         f"{complete_steps(manager.directory) or 'none'}).")
+  position = data_iter.get_state()
   metadata = ({} if best_eval_loss is None or not np.isfinite(best_eval_loss)
               else {BEST_EVAL_LOSS: float(best_eval_loss)})
+  metadata[CHECKSUMS] = {"algorithm": _ALGORITHM, "arrays": sums,
+                         "data_iter": _json_digest(position)}
+  if config_record is not None:
+    metadata[CONFIG_RECORD] = config_record
   metrics = (None if eval_loss is None or not np.isfinite(eval_loss)
              else {EVAL_LOSS: float(eval_loss)})
   try:
     manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data_iter=ocp.args.JsonSave(data_iter.get_state())), force=True,
+        data_iter=ocp.args.JsonSave(position)), force=True,
                  metrics=metrics, custom_metadata=metadata)
   except Exception as e:  # pylint: disable=broad-except
     raise _save_error(manager, e) from e
@@ -233,11 +452,125 @@ def missing_files(step_dir) -> list[str]:
   return [name for name in _COMMITTED_FILES if not (step_dir / name).exists()]
 
 
-def _all_processes_agree(ok: bool) -> bool:
-  """True only if `ok` on every process (all must restore the same step)."""
+# A step's restore outcome, agreed by all processes (the worst wins).
+_OK, _DAMAGED, _FAILED = 0, 1, 2
+
+
+def _agree(status: int) -> int:
+  """The worst of every process's `status` (all restore the same step)."""
   if jax.process_count() == 1:
-    return ok
-  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+    return status
+  return int(np.max(multihost_utils.process_allgather(np.int32(status))))
+
+
+class _Damaged(Exception):
+  """A step's own files say it is damaged."""
+
+
+# Markers of an error that comes from reading damaged or missing files
+# (tensorstore's status codes and messages, Orbax's read errors) ...
+_DAMAGE_MARKERS = ("DATA_LOSS", "OUT_OF_RANGE", "FAILED_PRECONDITION",
+                   "NOT_FOUND", "Error reading", "Error decoding",
+                   "Encountered error while reading array", "Truncated",
+                   "corrupt", "Corrupt", "not found")
+# ... and of one that does not (memory, permissions, the network): the files
+# may be fine, so nothing may be moved aside.
+_NOT_DAMAGE_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory",
+                       "Out of memory", "PERMISSION_DENIED",
+                       "Permission denied", "UNAVAILABLE",
+                       "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "CANCELLED",
+                       "ABORTED")
+
+
+def _is_damage(error: BaseException) -> bool:
+  """Whether a restore error comes from the step's files being damaged
+  (truncated, missing, undecodable) rather than from the run (config,
+  memory, permissions, network)."""
+  chain, e = [], error
+  while e is not None and len(chain) < 12:
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  text = " ".join(f"{type(c).__name__}: {c}" for c in chain)
+  if any(isinstance(c, (MemoryError, PermissionError)) for c in chain) or any(
+      m in text for m in _NOT_DAMAGE_MARKERS):
+    return False
+  if any(isinstance(c, (_Damaged, json.JSONDecodeError, FileNotFoundError,
+                        UnicodeDecodeError, EOFError)) for c in chain):
+    return True
+  return any(m in text for m in _DAMAGE_MARKERS)
+
+
+def step_metadata(step_dir) -> dict:
+  """The custom metadata saved with a step (best loss, checksums, config
+  record); {} for a step that has none. Raises `_Damaged` if the step's
+  metadata file is missing or unreadable."""
+  path = epath.Path(step_dir) / _METADATA_FILE
+  try:
+    text = path.read_text()
+  except FileNotFoundError:
+    raise _Damaged(f"it has no {_METADATA_FILE}") from None
+  try:
+    metadata = json.loads(text)
+  except ValueError as e:
+    raise _Damaged(f"its {_METADATA_FILE} is not valid JSON ({e})") from None
+  custom = metadata.get("custom_metadata") if isinstance(metadata,
+                                                          dict) else None
+  if not isinstance(metadata, dict) or not isinstance(custom or {}, dict):
+    raise _Damaged(f"its {_METADATA_FILE} is not Orbax's step metadata")
+  return custom or {}
+
+
+def saved_config_record(step_dir) -> dict | None:
+  """The config record saved with a step, or None (a step written before
+  records were saved with it, or whose metadata is unreadable)."""
+  try:
+    record = step_metadata(step_dir).get(CONFIG_RECORD)
+  except (_Damaged, OSError):
+    return None
+  return record if isinstance(record, dict) else None
+
+
+def _saved_checksums(path: epath.Path) -> dict | None:
+  """The checksums saved with a step; None (logged) for a step written
+  before they were. Raises `_Damaged` for an unreadable record."""
+  record = step_metadata(path).get(CHECKSUMS)
+  if record is None:
+    logging.info("Checkpoint %s has no checksums (written before trm "
+                 "recorded them); restoring it without verification.", path)
+    return None
+  if (not isinstance(record, dict) or record.get("algorithm") != _ALGORITHM
+      or not isinstance(record.get("arrays"), dict)):
+    logging.warning("Checkpoint %s has checksums this version cannot read "
+                    "(%s); restoring it without verification.", path,
+                    _short(record, 100))
+    return None
+  return record
+
+
+def _verify(step: int, saved: dict | None, tree, position=None) -> str | None:
+  """None if the restored `tree` (and iterator `position`) match the
+  checksums saved with `step`, else what differs. Collective: every process
+  calls it on the same step. Arrays restored in another dtype than saved
+  (a changed config) are not compared."""
+  if not _agree(int(saved is not None)):  # no process has checksums
+    return None
+  _, now = _inspect(tree)  # on every process: it is collective
+  if saved is None:
+    return None
+  arrays = saved["arrays"]
+  wrong = [f"array {name}" for name, entry in now.items()
+           if isinstance(arrays.get(name), dict)
+           and arrays[name].get("dtype") == entry["dtype"]
+           and list(arrays[name].get("shape", ())) == entry["shape"]
+           and arrays[name].get("sum") != entry["sum"]]
+  if position is not None and saved.get("data_iter") not in (
+      None, _json_digest(position)):
+    wrong.append("the data position (data_iter)")
+  if not wrong:
+    return None
+  more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+  return (f"{wrong[0]}{more} does not match the checksum saved with "
+          f"step {step}: its files changed after the save")
 
 
 def _move(source: epath.Path, target: epath.Path, copy: bool) -> None:
@@ -281,43 +614,83 @@ def _short(text: str, limit: int = 600) -> str:
   return text if len(text) <= limit else text[:limit] + " ..."
 
 
+def _stop_message(path, error: str, damaged_before, fix: str | None = None
+                  ) -> str:
+  newer = (f" (the newer step(s) {[st for st, _ in damaged_before]} are "
+           "damaged)" if damaged_before else "")
+  fix = fix or ("If the config, the dataset or the trm version changed since "
+                "it was written, go back to them (or use another --workdir); "
+                f"if its files are damaged, move {path} away and rerun to "
+                "resume from the previous checkpoint.")
+  return (f"Restoring checkpoint {path} failed{newer}: {error}. This is not "
+          f"damage to its files, so nothing was moved aside. {fix}")
+
+
 def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
   """Restores the newest readable checkpoint onto `abstract_state`'s
   shardings.
 
   `data_iter` is moved to the saved position in place. Returns the state, or
-  None when the directory holds no checkpoint. A step that lacks a commit
-  marker or metadata file, or fails to load, is skipped with a warning for
-  the previous one (and, once an older one has loaded, set aside, see
-  `_set_aside`). Raises `CheckpointError` naming the directory if
-  checkpoints exist but none loads: the run must not silently start over.
+  None when the directory holds no checkpoint. A damaged step (lacking a
+  commit marker or metadata file, files that cannot be read, or arrays
+  whose checksum differs from the one saved with them) is skipped with a
+  warning naming the step and the array, for the previous one (and, once
+  an older one has loaded, set aside, see `_set_aside`). A step of another
+  config (`restore_check`), or one that fails for another reason (its data
+  position beyond the current dataset, memory, permissions), stops the run
+  with `CheckpointError` and nothing moved. Raises `CheckpointError` naming
+  the directory if checkpoints exist but none loads: the run must not
+  silently start over.
   """
   steps = sorted(manager.all_steps(), reverse=True)
   if not steps:
     return None
-  # A checkpoint of another config (sizes, batch, model family) is the
-  # user's mistake, not corruption: say so instead of falling back.
   from trm.core import restore_check  # pylint: disable=g-import-not-at-top
-  restore_check.check(str(manager.directory), abstract_state, steps[0])
   failures = []
   for step in steps:
+    # A checkpoint of another config (sizes, batch, model family) is the
+    # user's mistake, not corruption: say so instead of falling back.
+    restore_check.check(str(manager.directory), abstract_state, step)
     path = epath.Path(manager.directory) / str(step)
-    error = None
+    status, error, restored, saved, fix = _OK, None, None, None, None
     missing = missing_files(path)
     if missing:
-      error = f"incomplete, it has no {', '.join(missing)}"
+      status, error = _DAMAGED, f"incomplete, it has no {', '.join(missing)}"
     else:
       logging.info("Restoring checkpoint %s", path)
       try:
+        saved = _saved_checksums(path)
         restored = manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
             data_iter=ocp.args.JsonRestore()))
         # Every restored buffer materialised before anything runs on it.
         jax.block_until_ready(restored["state"])
+      except _Damaged as e:
+        status, error = _DAMAGED, str(e)
+      except Exception as e:  # pylint: disable=broad-except
+        status = _DAMAGED if _is_damage(e) else _FAILED
+        error = f"{type(e).__name__}: {_short(e)}"
+    agreed = _agree(status)
+    if agreed == _OK:  # collective: every process has the arrays
+      error = _verify(step, saved, restored["state"], restored["data_iter"])
+      agreed = _agree(_DAMAGED if error else _OK)
+    if agreed == _OK:
+      try:
         data_iter.set_state(restored["data_iter"])
       except Exception as e:  # pylint: disable=broad-except
-        error = f"{type(e).__name__}: {_short(e)}"
-    if not _all_processes_agree(error is None):
+        status = _FAILED
+        error = (f"its data position {_short(restored['data_iter'], 200)} "
+                 f"does not fit the current training data ({type(e).__name__}"
+                 f": {_short(e, 300)})")
+        fix = ("The dataset (or config.data, config.global_batch_size) "
+               "changed since it was written: go back to the data it was "
+               "trained on, or use another --workdir.")
+      agreed = _agree(status)
+    if agreed == _FAILED:
+      raise CheckpointError(_stop_message(
+          path, error or "another process could not restore it (see its "
+          "log)", failures, fix))
+    if agreed == _DAMAGED:
       error = error or "another process could not read it"
       logging.warning("Checkpoint %s cannot be restored (%s); falling back to "
                       "the previous one.", path, error)
@@ -326,14 +699,13 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
     if failures:
       _set_aside(manager, [s for s, _ in failures])
       logging.warning("Resuming from checkpoint %s instead of the newer, "
-                      "unreadable step(s) %s.", path, [s for s, _ in failures])
+                      "damaged step(s) %s.", path, [s for s, _ in failures])
     return restored["state"]
   raise CheckpointError(
       f"{manager.directory} holds checkpoints (steps {sorted(steps)}) but none"
       f" can be restored; the newest, step {failures[0][0]}: "
-      f"{failures[0][1]}. Refusing to start from scratch over them: if the "
-      "config (or the trm version) changed since they were written, go back "
-      "to it; otherwise move the directory away or use another --workdir.")
+      f"{failures[0][1]}. Refusing to start from scratch over them: move "
+      "the directory away or use another --workdir (nothing was moved).")
 
 
 def restore_fields(directory: str, abstract_fields: dict,
@@ -343,23 +715,75 @@ def restore_fields(directory: str, abstract_fields: dict,
   the shardings of the given abstract arrays. For sampling, evaluation and
   export, whose batch and optimizer may differ from the run's. A checkpoint
   of another config or model `family` is refused first
-  (`restore_check.check`)."""
+  (`restore_check.check`). The fields read are verified against the
+  checksums saved with the step; without `step`, a damaged newest step is
+  skipped with a warning naming the step and the array for the previous
+  one (nothing is moved: these tools only read). With `step`, or when no
+  step is readable, `CheckpointError`."""
   if "://" not in directory:  # Orbax reads local paths only when absolute
     directory = os.path.abspath(directory)
   manager = ocp.CheckpointManager(
       directory, options=ocp.CheckpointManagerOptions(create=False,
                                                       read_only=True),
       item_names=("state", "data_iter"))
-  step = manager.latest_step() if step is None else step
-  if step is None:
+  steps = sorted(manager.all_steps(), reverse=True)
+  if not steps:
     raise FileNotFoundError(f"{directory} holds no checkpoint; point at a "
                             "trm.main workdir.")
+  if step is not None:
+    if step not in steps:
+      raise FileNotFoundError(f"{directory} has no step {step} (its steps: "
+                              f"{sorted(steps)}).")
+    steps = [step]
   from trm.core import restore_check  # pylint: disable=g-import-not-at-top
-  restore_check.check(directory, abstract_fields, step, family=family)
-  restored = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(
-          item=abstract_fields,
-          restore_args=ocp.checkpoint_utils.construct_restore_args(
-              abstract_fields),
-          partial_restore=True)))
-  return dict(restored["state"]), step
+  failures = []
+  for candidate in steps:
+    restore_check.check(directory, abstract_fields, candidate, family=family)
+    path = epath.Path(directory) / str(candidate)
+    status, error, restored, saved = _OK, None, None, None
+    try:
+      missing = missing_files(path)
+      if missing:
+        raise _Damaged(f"incomplete, it has no {', '.join(missing)}")
+      saved = _saved_checksums(path)
+      restored = manager.restore(candidate, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+              item=abstract_fields,
+              restore_args=ocp.checkpoint_utils.construct_restore_args(
+                  abstract_fields),
+              partial_restore=True)))
+      jax.block_until_ready(restored["state"])
+    except _Damaged as e:
+      status, error = _DAMAGED, str(e)
+    except Exception as e:  # pylint: disable=broad-except
+      status = _DAMAGED if _is_damage(e) else _FAILED
+      error = f"{type(e).__name__}: {_short(e)}"
+    agreed = _agree(status)
+    if agreed == _OK:
+      error = _verify(candidate, saved, restored["state"])
+      agreed = _agree(_DAMAGED if error else _OK)
+    if agreed == _FAILED:
+      raise CheckpointError(
+          f"Reading checkpoint {path} failed: "
+          f"{error or 'on another process (see its log)'}. If the config or "
+          "the trm version differs from the run that wrote it, use the "
+          "run's config.")
+    if agreed == _DAMAGED:
+      failures.append((candidate, error or "another process could not read "
+                       "it"))
+      if step is not None:
+        break
+      logging.warning("Checkpoint %s cannot be read (%s); using the previous "
+                      "one.", path, failures[-1][1])
+      continue
+    if failures:
+      logging.warning("Using checkpoint %s instead of the newer, damaged "
+                      "step(s) %s.", path, [s for s, _ in failures])
+    return dict(restored["state"]), candidate
+  first, why = failures[0]
+  raise CheckpointError(
+      f"Checkpoint {epath.Path(directory) / str(first)} is damaged: {why}"
+      + (f"; no older step of {directory} is readable either" if step is None
+         and len(steps) > 1 else "")
+      + ". Point at another checkpoint, or rerun training to write a good "
+      "one.")

@@ -9,12 +9,21 @@ listing the changed fields, unless `--config.allow_config_change=True`; a
 change of the checkpoints' layout (`LAYOUT`) is refused even then.
 Every change, harmless or accepted, is appended to `config_history.jsonl`
 beside it (time, step, {field: [recorded, new]}).
+
+The record also travels in every checkpoint (the step's metadata, see
+`trm.core.checkpoint.save`), and a resume compares against the newest
+checkpoint's copy: a deleted, damaged or edited `config.json` cannot let a
+changed config through. A missing or damaged `config.json` is then
+rewritten from the checkpoint's record (one warning line naming the file).
+Checkpoints written before records travelled with them fall back to
+`config.json`; a damaged one then stops the run with one line naming it.
 """
 from __future__ import annotations
 
 import json
 import time
 
+from absl import logging
 from etils import epath
 
 RECORD = "config.json"
@@ -60,6 +69,96 @@ LAYOUT = ("model.scan_layers",)
 
 class ConfigChangedError(ValueError):
   """A resume's config alters the trajectory of the recorded run."""
+
+
+class ConfigRecordError(ValueError):
+  """The run's config.json cannot be read as a config record."""
+
+
+def read_file(record_path: epath.Path) -> dict:
+  """The config record in `record_path`; `ConfigRecordError` (one line,
+  naming the file) if it is not a JSON object."""
+  try:
+    text = record_path.read_text()
+    record = json.loads(text)
+  except UnicodeDecodeError as e:
+    raise ConfigRecordError(f"{record_path} is not UTF-8 text ({e})") from None
+  except ValueError as e:
+    raise ConfigRecordError(
+        f"{record_path} is not valid JSON ({e})" if text.strip()
+        else f"{record_path} is empty") from None
+  if not isinstance(record, dict):
+    raise ConfigRecordError(f"{record_path} holds a JSON "
+                            f"{type(record).__name__}, not a config record "
+                            "(an object)")
+  return record
+
+
+def _checkpoint_record(workpath: epath.Path, step: int):
+  """(record, step) from the newest complete checkpoint up to `step` that
+  carries one, or (None, None)."""
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  directory = workpath / "checkpoints"
+  for saved in sorted(ckpt_lib.complete_steps(directory), reverse=True):
+    if saved > step:
+      continue
+    record = ckpt_lib.saved_config_record(directory / str(saved))
+    if record is not None:
+      return record, saved
+  return None, None
+
+
+def _recorded(workpath: epath.Path, step: int, quiet: bool = False):
+  """(record, where it is kept, whether config.json must be rewritten) for
+  a resume from `step`: the checkpoint's record first, else config.json's;
+  (None, None, True) if there is neither."""
+  record_path = workpath / RECORD
+  saved, saved_step = _checkpoint_record(workpath, step)
+  file_record, file_error = None, None
+  if record_path.exists():
+    try:
+      file_record = read_file(record_path)
+    except ConfigRecordError as e:
+      file_error = e
+  if saved is None:
+    if file_error is not None:
+      raise ConfigRecordError(
+          f"{file_error}, and the checkpoints predate the config record "
+          "saved with each step, so nothing else says how this run trained."
+          f" Restore {record_path} (e.g. from a backup); or, if you are sure"
+          " the config is the run's, delete it (it is then written anew "
+          "from this config).")
+    if file_record is None and not quiet:
+      logging.warning(
+          "%s is missing and the checkpoints predate the config record saved"
+          " with each step: this resume cannot be checked against the run's "
+          "config; it is recorded anew.", record_path)
+    return file_record, str(record_path), file_record is None
+  where = (f"the config record saved with checkpoint "
+           f"{workpath / 'checkpoints' / str(saved_step)}")
+  if not quiet:
+    if file_error is not None:
+      logging.warning("%s; comparing with %s instead, and rewriting %s from "
+                      "it.", file_error, where, record_path)
+    elif file_record is None:
+      logging.warning("%s is missing; comparing with %s instead, and "
+                      "rewriting %s from it.", record_path, where,
+                      record_path)
+    elif file_record != saved:
+      logging.warning("%s differs from %s; the checkpoint's record is the "
+                      "one compared with.", record_path, where)
+  return saved, f"{where} (copied in {record_path})", file_record is None
+
+
+def run_record(config, workpath: epath.Path, step: int | None) -> dict:
+  """The config record this run saves with its checkpoints: the one it
+  resumes under (checkpoint's, else config.json's), or for a new run (or an
+  old one with neither) this config."""
+  if step is not None:
+    record, _, _ = _recorded(workpath, step, quiet=True)
+    if record is not None:
+      return record
+  return json.loads(config.to_json_best_effort())
 
 
 def _flat(tree, prefix: str = "") -> dict:
@@ -117,11 +216,13 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
   Raises `ConfigChangedError` when a trajectory field changed and
   `config.allow_config_change` is False; call it before restoring.
   """
-  record_path = workpath / RECORD
-  if step is None or not record_path.exists():
+  if step is None:
     return {}
-  diff = changes(json.loads(record_path.read_text()),
-                 json.loads(config.to_json_best_effort()))
+  recorded, record_path, _ = _recorded(workpath, step)
+  if recorded is None:
+    return {}
+  record_path = record_path[0].upper() + record_path[1:]  # a sentence's start
+  diff = changes(recorded, json.loads(config.to_json_best_effort()))
   refused = {k: v for k, v in diff.items()
              if not _harmless(k, *v) and not _added_and_unused(k, *v, config)}
   layout = {k: v for k, v in refused.items() if k in LAYOUT}
@@ -145,11 +246,19 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
 
 def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
   """Writes `config.json` for a new run (one with no checkpoint yet), or
-  appends a resume's changes to the history; call on process 0 only."""
+  appends a resume's changes to the history; a resume whose config.json
+  is missing or damaged rewrites it from the checkpoint's record. Call on
+  process 0 only."""
   record_path = workpath / RECORD
-  if step is None or not record_path.exists():
+  if step is None:
     record_path.write_text(config.to_json_best_effort(indent=2))
     return
+  recorded, _, rewrite = _recorded(workpath, step, quiet=True)
+  if recorded is None:  # old checkpoints, no config.json: record this one
+    record_path.write_text(config.to_json_best_effort(indent=2))
+    return
+  if rewrite:
+    record_path.write_text(json.dumps(recorded, indent=2))
   if not diff:
     return
   entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,

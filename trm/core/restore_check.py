@@ -28,10 +28,15 @@ def _name(key) -> str:
   return str(key)
 
 
+def path_name(path) -> str:
+  """'params/L_level/.../kernel' for a tree path (as messages name it)."""
+  return "/".join(_name(k) for k in path)
+
+
 def _shapes(tree) -> dict[str, tuple[int, ...]]:
   """'params/L_level/.../kernel' -> shape, for every array leaf."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {"/".join(_name(k) for k in path): tuple(leaf.shape)
+  return {path_name(path): tuple(leaf.shape)
           for path, leaf in leaves if hasattr(leaf, "shape")}
 
 

@@ -21,6 +21,9 @@ import jax
 import ml_collections
 from absl import logging
 from etils import epath
+# Before clu.metric_writers, which imports TensorFlow's summary writer:
+# without TensorFlow, trm.core.metrics puts the tensorboard package's there.
+from trm.core import metrics as metrics_lib  # pylint: disable=g-bad-import-order
 from clu import metric_writers, parameter_overview
 
 from trm.core import checkpoint as ckpt_lib
@@ -32,7 +35,6 @@ from trm.core.run_checks import check_config, check_workdir
 from trm.core import cli
 from trm.core import config_record
 from trm.core import dispatch
-from trm.core import metrics as metrics_lib
 from trm.core import mesh as mesh_lib
 from trm.core import progress
 from trm.core import state as state_lib
@@ -125,6 +127,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   saved_steps = ckpt_lib.complete_steps(workpath / "checkpoints")
   resume_step = saved_steps[-1] if saved_steps else None
   config_changes = config_record.check(config, workpath, resume_step)
+  # Saved with every checkpoint, so a lost config.json loses nothing.
+  saved_record = config_record.run_record(config, workpath, resume_step)
   train_iter = pipeline.grain_iterator(task.train_source, config.data.prefetch)
 
   # ---------------------------------------------------------------- shard
@@ -237,7 +241,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     if eval_loss is not None:
       best_loss = min(best_loss, float(eval_loss))
     ckpt_lib.save(manager, step, state, train_iter, eval_loss=eval_loss,
-                  best_eval_loss=best_loss)
+                  best_eval_loss=best_loss, config_record=saved_record)
     return True
 
   def stop_for_preemption(step: int):
