@@ -978,7 +978,7 @@ def _(env):
 
 
 @case("bad trm.aot topology name", ValueError, "--topology='v4-7'",
-      "known v4 sizes", "v4-8")
+      "is not a v4 slice size", "v4-8")
 def _(env):
   return Call(lambda: aot.parse_topology("v4-7"))
 

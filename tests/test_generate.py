@@ -419,3 +419,21 @@ def test_api_accepts_integer_like_seeds_and_batches(lm):
   b = lm.generate(("w3", "w4"), max_new_tokens=4, steps=2, batch_size=1,
                   seed=2**31 - 1)
   assert a == b
+
+
+def test_steps_zero_is_refused_as_the_api_refuses_it():
+  """`--steps=0` used to fall back to one token per step."""
+  from trm import generate  # pylint: disable=g-import-not-at-top
+
+  class Flag:
+    def __init__(self, value):
+      self.value = value
+
+  values = dict(max_new_tokens=16, steps=0, alg="entropy", alg_temp=0.0,
+                temperature=0.0, top_p=None, top_k=50, cache=None,
+                block_length=32, threshold=None)
+  with pytest.raises(ValueError, match="steps"):
+    generate.sampler_settings({k: Flag(v) for k, v in values.items()})
+  values["steps"] = None
+  settings = generate.sampler_settings({k: Flag(v) for k, v in values.items()})
+  assert settings["steps"] == 16

@@ -75,7 +75,10 @@ def sampler_settings(holders: dict) -> dict:
   value = {name: holder.value for name, holder in holders.items()}
   settings = {name: value[name] for name in (
       "max_new_tokens", "alg", "alg_temp", "temperature", "top_p", "top_k")}
-  settings["steps"] = value["steps"] or value["max_new_tokens"]
+  # Unset means one token per step; an explicit 0 is refused as the API
+  # refuses it (`or` would have turned it into the default).
+  settings["steps"] = (value["max_new_tokens"] if value["steps"] is None
+                       else value["steps"])
   inference.check_settings(**settings, eps=1e-3)
   if value["threshold"] is not None and not value["cache"]:
     raise ValueError(f"threshold={value['threshold']}: parallel decoding "
