@@ -201,6 +201,8 @@ def test_cli_compiles_once_and_prints_both_times(checkpoint):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "compile" in result.stdout and "generation" in result.stdout
   assert result.stdout.count("=== ") == 1
+  # Orbax's INFO chatter (~30 lines per restore) is filtered as in trm.main.
+  assert "Read Metadata" not in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("flag, message", [

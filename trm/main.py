@@ -9,7 +9,6 @@ current step and exits with status 0.
 """
 from __future__ import annotations
 
-import logging as logging_std
 import os
 import sys
 
@@ -64,33 +63,9 @@ def initialize_distributed(jax) -> None:
       initialization_timeout=300)
 
 
-class _QuietLibraries(logging_std.Filter):
-  """Drops INFO chatter of Orbax's internals (every save logs ~30 lines).
-
-  A failed save surfaces as one `CheckpointError` line; Orbax's background
-  threads would also log it with a traceback per thread and asyncio once
-  per unretrieved write task (hundreds of lines for one full disk), so
-  those keep their first line only (all of it with --traceback)."""
-
-  def filter(self, record):
-    orbax = "/orbax/" in record.pathname
-    if orbax and record.levelno < logging_std.WARNING:
-      return False
-    if cli.traceback_requested():
-      return True
-    message = record.getMessage()
-    if record.name == "asyncio" and "orbax" in message:
-      return False
-    if orbax and (record.exc_info or "\n" in message):
-      record.msg, record.args = message.split("\n", 1)[0][:300], ()
-      record.exc_info = record.exc_text = None
-    return True
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  logging.get_absl_handler().addFilter(_QuietLibraries())
   # Imported here so --help and flag errors do not pay for importing jax.
   import jax  # pylint: disable=g-import-not-at-top
   from trm import families  # pylint: disable=g-import-not-at-top

@@ -29,6 +29,7 @@ signals.
 from __future__ import annotations
 
 import glob
+import logging as logging_std
 import os
 import signal
 import sys
@@ -36,7 +37,7 @@ import threading
 import time
 import traceback
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from trm.core import compile_cache
 from trm.core import config_lib
@@ -243,6 +244,29 @@ def default_to_cpu() -> bool:
   return True
 
 
+class QuietLibraries(logging_std.Filter):
+  """Drops INFO chatter of Orbax's internals (every save logs ~30 lines).
+
+  A failed save surfaces as one `CheckpointError` line; Orbax's background
+  threads would also log it with a traceback per thread and asyncio once
+  per unretrieved write task (hundreds of lines for one full disk), so
+  those keep their first line only (all of it with --traceback)."""
+
+  def filter(self, record):
+    orbax = "/orbax/" in record.pathname
+    if orbax and record.levelno < logging_std.WARNING:
+      return False
+    if traceback_requested():
+      return True
+    message = record.getMessage()
+    if record.name == "asyncio" and "orbax" in message:
+      return False
+    if orbax and (record.exc_info or "\n" in message):
+      record.msg, record.args = message.split("\n", 1)[0][:300], ()
+      record.exc_info = record.exc_text = None
+    return True
+
+
 def run(main, compilation_cache: bool = True) -> None:
   """`app.run(main)` with the shared flag parser, one-line errors, signal
   handling, the persistent compilation cache (`compile_cache`; off for
@@ -252,5 +276,6 @@ def run(main, compilation_cache: bool = True) -> None:
   default_to_cpu()
   install_signal_handlers()
   _quiet_closed_loop_callbacks()
+  logging.get_absl_handler().addFilter(QuietLibraries())
   app.run(_wrap(main, compilation_cache),
           flags_parser=config_lib.parse_flags)
