@@ -1035,17 +1035,7 @@ def _check_untouched(call: Call, before: dict) -> None:
 @pytest.mark.parametrize("make, error, needles, forbid", CASES)
 def test_bad_input(make, error, needles, forbid, request, tmp_path,
                    no_compile):  # pylint: disable=unused-argument
-  call = make(Env(request, tmp_path))
-  before = {path: _snapshot(path) for path in call.watch}
-  with pytest.raises(Exception) as info:
-    call.fn()
-  _check_untouched(call, before)
-  assert isinstance(info.value, error), (
-      f"{type(info.value).__name__}: {info.value}")
-  message = str(info.value)
-  assert "\n" not in message.strip(), f"not one line: {message!r}"
-  for needle in needles:
-    assert needle in message, f"{needle!r} not in: {message}"
+  message = _one_line_error(make(Env(request, tmp_path)), error, *needles)
   for needle in forbid:
     assert needle not in message, f"{needle!r} in: {message}"
 
@@ -1418,7 +1408,7 @@ for _name, _kwargs, _error, _needle in (
 # ------------------------- Reliability III: locks, checksums, config record
 
 
-def _r3_one_line(call, error, *needles):
+def _one_line_error(call, error, *needles):
   """Runs `call` (a `Call`): it must raise `error` with a one-line message
   holding every needle, leaving its inputs as they were."""
   before = {path: _snapshot(path) for path in call.watch}
@@ -1459,7 +1449,7 @@ def test_r3_a_a_malformed_lock_is_one_line_and_never_taken_over(
   lock = env.write("workdir/trainer.lock", text)
   call = trm_train(env)
   call.watch += (lock,)
-  _r3_one_line(call, workdir_lock.MalformedLockError,
+  _one_line_error(call, workdir_lock.MalformedLockError,
                f"The workdir lock {lock} is not a lock record", why,
                f"delete {lock} and rerun")
   assert sorted(os.listdir(env.workdir)) == ["trainer.lock"]
@@ -1480,7 +1470,7 @@ def test_r3_a_a_damaged_config_json_of_an_old_run_is_one_line(
   with open(record, "w") as f:
     f.write(text)
   config = tiny_config(**{"data.data_dir": env.data})
-  _r3_one_line(train_call(env, config, workdir=workdir, watch=(record,)),
+  _one_line_error(train_call(env, config, workdir=workdir, watch=(record,)),
                config_record.ConfigRecordError, f"{record} {why}",
                f"Restore {record}")
 
@@ -1506,7 +1496,7 @@ def test_r3_a_a_lost_config_json_lets_no_change_through(
   changed = tiny_config(**{"data.data_dir": env.data, "seed": 7})
   call = train_call(env, changed, workdir=workdir,
                     watch=(record,) if damage is not None else ())
-  _r3_one_line(call, config_record.ConfigChangedError, "from step 3",
+  _one_line_error(call, config_record.ConfigChangedError, "from step 3",
                "config.seed: 0 -> 7", "The config record saved with "
                f"checkpoint {workdir}/checkpoints/3")
   assert os.path.exists(record) == (damage is not None)
@@ -1528,7 +1518,7 @@ def test_r3_a_a_data_position_beyond_the_dataset_stops_and_moves_nothing(
   _r3_edit_step_metadata(workdir, lambda m: m[ckpt_lib.CHECKSUMS].update(
       data_iter=ckpt_lib._json_digest(state)))  # pylint: disable=protected-access
   config = tiny_config(**{"data.data_dir": env.data})
-  _r3_one_line(train_call(env, config, workdir=workdir),
+  _one_line_error(train_call(env, config, workdir=workdir),
                ckpt_lib.CheckpointError,
                f"Restoring checkpoint {workdir}/checkpoints/3 failed: its data "
                "position", "does not fit the current training data",
@@ -1549,7 +1539,7 @@ def test_r3_a_a_checkpoint_failing_its_checksum_is_never_restored(
 
   _r3_edit_step_metadata(workdir, damage)
   config = tiny_config(**{"data.data_dir": env.data})
-  _r3_one_line(train_call(env, config, workdir=workdir),
+  _one_line_error(train_call(env, config, workdir=workdir),
                ckpt_lib.CheckpointError,
                "holds checkpoints (steps [3]) but none can be restored",
                f"array {name} does not match the checksum saved with step 3",

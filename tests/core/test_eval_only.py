@@ -61,11 +61,11 @@ def test_eval_only_with_a_checkpoint_or_starting_weights_passes(tmp_path):
   run_checks.check_eval_only(dc, str(tmp_path / "fresh"))
 
 
-def test_check_workdir_uses_the_config_check_config_saw(tmp_path):
+def test_check_workdir_checks_eval_only_with_the_runs_config(tmp_path):
   config = tiny_config(eval_only=True)
   run_checks.check_config(config)
   with pytest.raises(run_checks.EvalOnlyError):
-    run_checks.check_workdir(str(tmp_path / "run"))
+    run_checks.check_workdir(str(tmp_path / "run"), config)
   assert not (tmp_path / "run").exists()  # refused before it is created
-  # Consumed: a later check_workdir alone does not reuse it.
+  # Without a config (tools that only need a writable directory): no check.
   run_checks.check_workdir(str(tmp_path / "run"))

@@ -23,12 +23,6 @@ class EvalOnlyError(cli.UserError, ValueError):
   """config.eval_only on a workdir with nothing to evaluate."""
 
 
-# The config `check_config` checked last, for `check_workdir`: the trainer
-# calls the two in turn (config, then workdir), and the eval_only check
-# needs both. Cleared by `check_workdir`.
-_checked_config = None
-
-
 def starting_weights(config) -> str:
   """The config field naming weights a run starts from when its workdir
   holds no checkpoint ('' when it starts from a random init): DiffuCoder's
@@ -65,8 +59,6 @@ def check_eval_only(config, workdir: str) -> None:
 
 def check_config(config) -> None:
   """Rejects values that would only fail (or misbehave) deep in the run."""
-  global _checked_config
-  _checked_config = None
   for key in ("total_steps", "eval_every", "checkpoint_every", "log_every",
               "keep_checkpoints", "data.prefetch"):
     node = config
@@ -87,7 +79,6 @@ def check_config(config) -> None:
   loss_scale.check_config(config)
   tpu_flags.parse(config.get("tpu_compiler_options", ""))
   check_gpu_attention(config)
-  _checked_config = config
 
 
 def check_gpu_attention(config) -> None:
@@ -114,11 +105,7 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
   each writes its checkpoint shards), so an unwritable one fails now rather
   than at the first checkpoint.
 
-  First, `check_eval_only` with `config` (default: the config
-  `check_config` checked last, as the trainer calls the two in turn)."""
-  global _checked_config
-  config = config if config is not None else _checked_config
-  _checked_config = None
+  First, with the run's `config`, `check_eval_only`."""
   if config is not None:
     check_eval_only(config, workdir)
   path = epath.Path(workdir)

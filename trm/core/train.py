@@ -86,7 +86,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   The workdir is locked for the whole run (`workdir_lock`): a second
   trainer on it is refused before it writes anything."""
   check_config(config)
-  workpath = check_workdir(workdir)  # local or gs://
+  workpath = check_workdir(workdir, config)  # local or gs://
   with workdir_lock.WorkdirLock(workdir), contextlib.ExitStack() as cleanup:
     return _train_and_evaluate(config, workdir, workpath, cleanup,
                                build_task)
