@@ -55,6 +55,7 @@ def get_config(arg=None):
   c.log_interval = 1            # train-metric cadence in iterations
   c.eval_iters = 200            # batches per split in estimate_loss
   c.eval_only = False           # evaluate the restored model, then exit
+  c.compiled_step = ""         # file of trm.aot --save_compiled ('': compile)
   c.always_save_checkpoint = True  # False: save only when val loss improves
   c.init_from = "scratch"       # scratch | resume | gpt2 | gpt2-medium | ...
   c.init_checkpoint = ""        # HF GPT-2 dir (init_from=gpt2*) or a nanoGPT

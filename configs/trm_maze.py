@@ -107,6 +107,7 @@ def get_config(arg=None):
   c.keep_checkpoints = 3        # newest checkpoints kept on disk
   c.always_save_checkpoint = True  # False: save only when eval loss improves
   c.eval_only = False           # evaluate the restored model, then exit
+  c.compiled_step = ""         # file of trm.aot --save_compiled ('': compile)
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import pytest
 import repo
 
+from trm.core import compiled_step
 from trm.core import topology
 from trm.families.dream import sample_program
 from trm.core import config_lib
@@ -45,12 +46,15 @@ def test_bad_topology_names(name):
     aot.parse_topology(name)
 
 
-@pytest.mark.parametrize("num_slices", [1, 2])
-def test_small_trm_compiles_for_v4_8(num_slices):
+# Two slices (slow): tests/forecast's compiled programs cover multi-slice
+# compiles; one slice runs the same save/report path here.
+@pytest.mark.parametrize("num_slices", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_small_trm_compiles_for_v4_8(num_slices, tmp_path):
   config = sudoku_config()
   config.mesh.dcn_data = num_slices
+  path = str(tmp_path / "step.bin")
   report = aot.compile_report(config, aot.parse_topology("v4-8"), num_slices,
-                              sudoku.dataset_metadata(1))
+                              sudoku.dataset_metadata(1), save_compiled=path)
   assert report["chips"] == 4 * num_slices
   assert report["mesh"] == {"data": 4 * num_slices, "fsdp": 1, "model": 1}
   assert report["fits"]
@@ -60,6 +64,22 @@ def test_small_trm_compiles_for_v4_8(num_slices):
   assert report["bound"] in ("compute", "memory")
   assert "verdict: FITS" in aot.format_report(report)
   assert "-bound" in aot.format_report(report)
+  # --save_compiled: the TPU step, serialized, with what it was built for;
+  # a CPU run is told in one line (tests/core/test_compiled_step.py loads
+  # a CPU-built one).
+  assert f"saved: {path} ({4 * num_slices} x TPU v4" in aot.format_report(
+      report)
+  header, _ = compiled_step.read(path)
+  assert header["topology"] == "v4-8"
+  assert header["environment"]["platform"] == "tpu"
+  assert header["environment"]["num_devices"] == 4 * num_slices
+  assert header["environment"]["libtpu"]
+  assert header["mesh"]["axes"] == report["mesh"]
+  cpu_run = dict(header, environment=compiled_step.environment(
+      jax.make_mesh((8,), ("data",))))
+  with pytest.raises(compiled_step.CompiledStepError,
+                     match="platform: built for tpu, this run has cpu"):
+    compiled_step.check(path, header, cpu_run)
 
 
 def test_pallas_kernels_are_compiled_and_named_in_the_report():
@@ -88,6 +108,17 @@ def test_mesh_that_does_not_fit_the_topology_is_a_clear_error():
   with pytest.raises(mesh_lib.MeshConfigError, match="4 are available"):
     aot.compile_report(config, aot.parse_topology("v4-8"), 1,
                        sudoku.dataset_metadata(1))
+
+
+def test_cli_local_topology_needs_save_compiled():
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.aot", "--config=configs/trm_sudoku.py:cpu",
+       "--topology=local"], cwd=ROOT, capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      "trm.aot: error: --topology=local compiles for this host only to save "
+      "the step: add --save_compiled=FILE.")
 
 
 def test_cli_reports_does_not_fit_with_exit_code_1():

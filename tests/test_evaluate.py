@@ -1,11 +1,16 @@
 """trm.evaluate: a native workdir and the same weights exported as an
 upstream PyTorch checkpoint evaluate to the trainer's own final figures."""
+import copy
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 
 import jax
+import numpy as np
+from PIL import Image
 import pytest
 
 from trm import evaluate
@@ -13,7 +18,12 @@ from trm.core import train
 from trm import families
 from trm.families.trm import program as trm_program
 from trm.families.trm import torch_import
+from trm.core import config_lib
+from trm.data.puzzles import builds
 from trm.data.puzzles import format as puzzle_format
+from trm.data.puzzles import sudoku
+from trm.families.trm import sheets as visualize_sheets
+from trm.families.trm import task as trm_task
 
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -35,7 +45,86 @@ def test_workdir_evaluates_to_the_trainers_figures(trained, tmp_path):
     assert ours[key] == pytest.approx(results[f"eval/{key}"], rel=1e-6)
   assert (tmp_path / "eval" / "sheet.png").is_file()
   with open(tmp_path / "eval" / "eval.json") as f:
-    assert json.load(f)["exact_accuracy"] == ours["exact_accuracy"]
+    written = json.load(f)
+  assert written["exact_accuracy"] == ours["exact_accuracy"]
+  # The answers, row i = test example i: the per-example figures they give
+  # against the split's labels are the evaluation's own.
+  predictions = np.load(written["predictions"], allow_pickle=False)
+  _, arrays = puzzle_format.read_split(config.data.data_dir, "test")
+  labels, inputs = np.asarray(arrays["labels"]), np.asarray(arrays["inputs"])
+  assert predictions.shape == labels.shape == (32, 81)
+  correct = predictions == labels
+  assert correct.mean(-1).mean() == pytest.approx(ours["accuracy"], rel=1e-5)
+  assert correct.all(-1).mean() == pytest.approx(ours["exact_accuracy"])
+  blanks = inputs != labels
+  assert correct[blanks].mean() == pytest.approx(ours["blank_accuracy"],
+                                                 rel=1e-5)
+  # ... and the printed trm.visualize command draws them.
+  assert written["visualize"] == evaluate.visualize_command(
+      config.data.data_dir, written["predictions"], str(tmp_path / "eval"))
+  sheet = visualize_sheets.dataset_sheet(
+      config.data.data_dir, "test", str(tmp_path / "eval" / "p.png"), num=3,
+      predictions_path=written["predictions"])
+  assert sheet.size == visualize_sheets.sample_sheet(
+      "sudoku", inputs[:3], predictions[:3], labels[:3], None).size
+
+
+def test_a_runs_own_dataset_is_read_not_rebuilt(trained, tmp_path,
+                                                 monkeypatch):
+  """data.data_dir '' and a trm.main workdir: the run's dataset (named by
+  its config.json) is used in place; no builder runs, no file changes."""
+  config, workdir, _, results = trained
+  data_dir = config.data.data_dir
+  before = {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+            for d, _, files in os.walk(data_dir) for f in files}
+
+  def no_build(*args, **kwargs):
+    raise AssertionError(f"dataset rebuilt: {args} {kwargs}")
+
+  monkeypatch.setattr(sudoku, "build_dataset", no_build)
+  # 32 examples in batches of 24: the last batch's 16 padding rows are
+  # dropped from the predictions.
+  unset = config_lib.set_values(copy.deepcopy(config), {
+      "data.data_dir": "", "data.eval_batch_size": 24})
+  out = tmp_path / "eval"
+  ours, _ = evaluate.evaluate_checkpoint(unset, workdir, str(out))
+  assert ours["exact_accuracy"] == pytest.approx(
+      results["eval/exact_accuracy"], rel=1e-6)
+  with open(out / "eval.json") as f:
+    written = json.load(f)
+  assert written["data_dir"] == data_dir
+  predictions = np.load(written["predictions"], allow_pickle=False)
+  _, arrays = puzzle_format.read_split(data_dir, "test")
+  assert predictions.shape == (32, 81)
+  assert (predictions == np.asarray(arrays["labels"])).mean(-1).mean() == (
+      pytest.approx(ours["accuracy"], rel=1e-5))
+  assert not (out / "data").exists()
+  assert before == {
+      os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+      for d, _, files in os.walk(data_dir) for f in files}
+
+
+def test_which_dataset_evaluate_reads(trained, tmp_path, monkeypatch):
+  """A workdir whose config.json leaves data_dir unset trained on
+  <workdir>/data; an unbuilt one, or no workdir, builds under output_dir."""
+  config, _, _, _ = trained
+  unset = config_lib.set_values(copy.deepcopy(config), {"data.data_dir": ""})
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "config.json").write_text(unset.to_json_best_effort())
+  out = str(tmp_path / "eval")
+  assert trm_task.run_data_dir(unset, str(run), out) == os.path.join(out,
+                                                                     "data")
+  shutil.copytree(config.data.data_dir, run / "data")
+  assert trm_task.run_data_dir(unset, str(run), out) == str(run / "data")
+  # An interrupted build there is not the run's dataset.
+  os.remove(run / "data" / builds.BUILD_INFO_FILE)
+  (run / "data" / builds.BUILDING_FILE).write_text("{}")
+  assert trm_task.run_data_dir(unset, str(run), out) == os.path.join(out,
+                                                                     "data")
+  assert trm_task.run_data_dir(config, str(run), out) == config.data.data_dir
+  assert trm_task.run_data_dir(unset, str(tmp_path / "step_12.pt"), out) == (
+      os.path.join(out, "data"))
 
 
 def test_upstream_pytorch_checkpoint_evaluates_the_same(trained, tmp_path):
@@ -72,6 +161,20 @@ def test_cli_prints_the_paper_metric(trained, tmp_path):
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
   assert "paper metric exact_accuracy:" in result.stdout
+  # The printed command draws the written predictions.
+  command = [line for line in result.stdout.splitlines()
+             if line.startswith("draw them: python -m trm.visualize ")]
+  assert len(command) == 1, result.stdout
+  argv = shlex.split(command[0][len("draw them: python"):])
+  drawn = subprocess.run([sys.executable] + argv, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert drawn.returncode == 0, drawn.stderr[-3000:]
+  with Image.open(tmp_path / "predictions_test.png") as png:
+    assert png.format == "PNG"
+    assert png.size == visualize_sheets.sample_sheet(
+        "sudoku", np.ones((8, 81), int), np.ones((8, 81), int),
+        np.ones((8, 81), int), None).size
 
 
 def test_missing_checkpoint_is_a_clear_error(trained, tmp_path):

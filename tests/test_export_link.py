@@ -53,3 +53,30 @@ def test_a_non_empty_linked_directory_still_needs_overwrite(tmp_path):
 def test_a_plain_out_is_unchanged(tmp_path):
   out = str(tmp_path / "hf")
   assert export.resolve_out(out + os.sep) == out
+
+
+def test_config_json_claims_remote_code_only_when_copied(tmp_path):
+  """An export's config.json names Dream's remote code in `auto_map` only
+  when --tokenizer's directory brought both files; without them
+  `transformers` would look for files that are not there."""
+  import json  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  cfg = dream.DreamConfig(
+      vocab_size=512, hidden_size=64, intermediate_size=128,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      mask_token_id=500, pad_token_id=256)
+  written = hf_config.hf_config_dict(cfg, "float32")
+  assert "auto_map" not in written
+  (tmp_path / "config.json").write_text(json.dumps(written))
+  assert not export.link_remote_code(str(tmp_path), ["tokenizer.json",
+                                                     "modeling_dream.py"])
+  assert "auto_map" not in json.loads((tmp_path / "config.json").read_text())
+  assert export.link_remote_code(
+      str(tmp_path), ["tokenizer.json", "configuration_dream.py",
+                      "modeling_dream.py"])
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["auto_map"] == {
+      "AutoConfig": "configuration_dream.DreamConfig",
+      "AutoModel": "modeling_dream.DreamModel"}
+  assert config["hidden_size"] == 64  # the rest kept

@@ -285,6 +285,9 @@ def test_crlf_batch_file_gives_the_same_prompts_as_lf(tmp_path):
   assert not any("\r" in p for p in generate.read_prompts(None, str(crlf)))
 
 
+# slow: test_crlf_batch_file_gives_the_same_prompts_as_lf (above) reads a
+# CRLF file; test_cli_generates_for_a_batch runs the CLI on a batch file.
+@pytest.mark.slow
 def test_cli_crlf_batch_file_samples_like_lf(tmp_path, checkpoint):
   outs = []
   for name, data in (("lf.txt", b"w3 w4 w5\nw9\n"),
@@ -439,3 +442,131 @@ def test_steps_zero_is_refused_as_the_api_refuses_it():
   values["steps"] = None
   settings = generate.sampler_settings({k: Flag(v) for k, v in values.items()})
   assert settings["steps"] == 16
+
+
+# ------------------------------------------- prompt buckets, HF spellings
+
+
+def test_prompt_buckets_give_the_unbucketed_outputs(lm):
+  """Bucketed prompts (left-padded to a multiple of 64, the padding masked
+  and cut off again) give the tokens, history and completions of the
+  unbucketed batch, for a batch and for a single prompt."""
+  prompts = ["w3 w4 w5", "w9", "w7 w8 w1 w2 w6"]
+  # A batch greedily, one prompt sampled (the draws are shaped by the canvas).
+  for batch, kw in ((prompts, dict()),
+                    (prompts[:1], dict(temperature=0.7, top_p=0.9))):
+    plain = lm.generate(batch, max_new_tokens=8, steps=8, prompt_bucket=1,
+                        return_history=True, **kw)
+    bucketed = lm.generate(batch, max_new_tokens=8, steps=8,
+                           return_history=True, **kw)
+    assert bucketed.prompt_len == plain.prompt_len
+    np.testing.assert_array_equal(bucketed.tokens, plain.tokens)
+    np.testing.assert_array_equal(bucketed.history, plain.history)
+    assert bucketed.completions == plain.completions
+
+
+def test_prompt_lengths_in_one_bucket_share_a_program(lm):
+  kw = dict(max_new_tokens=5, steps=5)  # a setting no other test compiles
+  lm.generate("w1 w2", **kw)
+  assert lm.timings["compile_seconds"] > 0
+  lm.generate("w1 w2 w3 w4 w5 w6 w7", **kw)
+  assert lm.timings["compile_seconds"] == 0.0  # same 64-token bucket
+  lm.generate(" ".join(["w1"] * 64), **kw)  # fills it: no padding at all
+  assert lm.timings["compile_seconds"] == 0.0
+  lm.generate("w1 w2 w3", prompt_bucket=1, **kw)
+  assert lm.timings["compile_seconds"] > 0  # its own width
+  with pytest.raises(ValueError, match=r"prompt_bucket=0: must be an "
+                     r"integer >= 1"):
+    lm.generate("w1", prompt_bucket=0, **kw)
+
+
+def test_hugging_face_spellings_return_sequences_and_history(lm):
+  prompts = ["w3 w4 w5", "w9"]
+  kw = dict(max_new_tokens=6, steps=3)
+  ours = lm.generate(prompts, return_history=True, **kw)
+  hf = lm.generate(prompts, return_dict_in_generate=True, output_history=True,
+                   **kw)
+  np.testing.assert_array_equal(hf.sequences, ours.tokens)
+  np.testing.assert_array_equal(hf.history, ours.history)
+  # As DreamModelOutput.history: x after each step, the last one final.
+  assert hf.history.shape == (3, 2, hf.prompt_len + 6)
+  np.testing.assert_array_equal(hf.history[-1], hf.sequences)
+  assert (hf.history[0] == lm.cfg.mask_token_id).sum() > (
+      hf.history[-1] == lm.cfg.mask_token_id).sum()
+  plain = lm.generate(prompts, return_dict_in_generate=True, **kw)
+  assert plain.history is None
+  np.testing.assert_array_equal(plain.sequences, ours.tokens)
+  assert lm.generate(prompts, **kw) == ours.completions
+
+
+# ------------------------------------- from_pretrained: paths, Hub ids, names
+
+
+def test_from_pretrained_tells_paths_from_hub_ids(tmp_path, monkeypatch):
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  missing = str(tmp_path / "no" / "such" / "dir")
+  with pytest.raises(FileNotFoundError) as info:
+    DiffusionLM.from_pretrained(missing)
+  message = str(info.value)
+  assert message.startswith(f"path={missing}: no such directory (and not "
+                            "a Hugging Face Hub id") and "\n" not in message
+  afile = tmp_path / "weights.bin"
+  afile.write_text("x")
+  with pytest.raises(NotADirectoryError, match=r"path=.*weights.bin: is a "
+                     "file"):
+    DiffusionLM.from_pretrained(str(afile))
+  # 'org/name' goes to the Hub; offline, one line names the argument and
+  # how to download it elsewhere.
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  with pytest.raises(FileNotFoundError) as info:
+    DiffusionLM.from_pretrained("nobody-trm-test/no-such-model")
+  message = str(info.value)
+  assert "\n" not in message
+  assert "could not download nobody-trm-test/no-such-model" in message
+  assert ("huggingface-cli download nobody-trm-test/no-such-model "
+          "--local-dir DIR) and pass path=DIR") in message
+
+
+def test_api_errors_name_arguments_and_the_cli_names_flags(checkpoint,
+                                                           tmp_path):
+  """The same check words its message for the caller: `path=`/`tokenizer=`
+  from Python, `--checkpoint=`/`--tokenizer=` from the command line."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  bare = tmp_path / "no_tokenizer"
+  shutil.copytree(checkpoint, bare)
+  (bare / "tokenizer.json").unlink()
+  with pytest.raises(FileNotFoundError) as info:
+    inference.DiffusionLM.from_pretrained(str(bare))
+  api = str(info.value)
+  assert api.startswith(f"path={bare} holds no tokenizer.json: pass "
+                        "tokenizer=<a directory")
+  assert "tokenizer=bytes" in api and "--" not in api
+  with pytest.raises(FileNotFoundError) as info:
+    inference.DiffusionLM.from_pretrained(str(bare),
+                                          names=inference.CLI_NAMES)
+  assert str(info.value).startswith(f"--checkpoint={bare} holds no "
+                                    "tokenizer.json: pass --tokenizer=<a")
+  with pytest.raises(FileNotFoundError, match=r"^path=\S+: no such"):
+    inference.DiffusionLM.from_pretrained(str(tmp_path / "gone"))
+  with pytest.raises(FileNotFoundError, match=r"^--checkpoint=\S+: no such"):
+    inference.DiffusionLM.from_pretrained(str(tmp_path / "gone"),
+                                          names=inference.CLI_NAMES)
+
+
+def test_from_trm_import_starts_no_libtpu_on_a_cpu_host():
+  """`from trm import DiffusionLM` then jax: no libtpu E0000 lines (with
+  libtpu installed, jax would start it on a host without a TPU)."""
+  from trm.core import cli  # pylint: disable=g-import-not-at-top
+  import glob  # pylint: disable=g-import-not-at-top
+  if any(glob.glob(p) for p in cli.ACCELERATOR_FILES):
+    pytest.skip("this host has an accelerator")
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_PLATFORMS", "JAX_FORCE_TPU_INIT")}
+  result = subprocess.run(
+      [sys.executable, "-c", "from trm import DiffusionLM\nimport jax\n"
+       "print(jax.devices()[0].platform)"], cwd=ROOT, capture_output=True,
+      text=True, timeout=120, env=env)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.strip() == "cpu"
+  assert "E0000" not in result.stderr and "TPU_WORKER" not in result.stderr

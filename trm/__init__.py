@@ -8,6 +8,11 @@ _huge_pages.restart_with_huge_pages()
 def __getattr__(name):
   # `from trm import DiffusionLM` without importing jax at `import trm`.
   if name == "DiffusionLM":
+    # On a host with no accelerator jax would otherwise start libtpu (when
+    # installed) and print its E0000 TPU_WORKER_HOSTNAMES complaints; the
+    # command-line tools do the same before jax loads (cli.default_to_cpu).
+    from trm.core import cli  # pylint: disable=g-import-not-at-top
+    cli.default_to_cpu()
     from trm.families.dream.inference import DiffusionLM  # pylint: disable=g-import-not-at-top
     return DiffusionLM
   raise AttributeError(f"module 'trm' has no attribute {name!r}")

@@ -13,6 +13,10 @@ r"""Compile the real train step for a TPU topology on a CPU host.
       --mode=sample [--sample_batch=32 --prompt_len=512 --max_new_tokens=512
       --steps=512 --alg=entropy --temperature=0.3 --top_p=0.95
       --cache=dual --block_length=32 --threshold=0.9]
+  python -m trm.aot --config=configs/trm_sudoku.py --topology=v4-64 \
+      --save_compiled=step.bin     # then: trm.main --config.compiled_step=
+  JAX_PLATFORMS=cpu python -m trm.aot --config=configs/trm_sudoku.py:cpu \
+      --topology=local --save_compiled=step.bin   # this host's devices
 
 Uses libtpu's compile-only devices (`pip install -e .[tpu]`; no TPU needed)
 and the trainer's own mesh, sharding and step code, then prints per chip the
@@ -32,6 +36,11 @@ The step comes from the model family's program builder
 `--mode=sample` compiles instead a family's whole sampling loop (Dream /
 DiffuCoder: `trm/families/dream/sample_program.py`; `--cache=prefix|dual`
 compiles the cached block decoder instead of the exact loop).
+
+`--save_compiled=FILE` writes the compiled train step with what it was
+built for (`trm/core/compiled_step.py`): every worker of a run started with
+`--config.compiled_step=FILE` loads it instead of compiling, after checking
+jax/libtpu, devices, mesh, code, config and input shapes against its own.
 """
 from __future__ import annotations
 
@@ -61,35 +70,56 @@ from trm.core.topology import (Topology, parse_topology, roofline, step_cost,
                                topology_devices)
 
 GIB = 2**30
+# --topology=local: this host's own devices, for --save_compiled.
+LOCAL = "local"
 
 
-def _step_compiler(program, ctx, global_batch_size: int):
-  """() -> the program's train step compiled for one global batch."""
+def _step_compiler(program, ctx, config):
+  """() -> the program's train step compiled for one global batch, with
+  the trainer's XLA options for this mesh (`tpu_flags.for_mesh`)."""
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   return lambda: task_lib.compile_train_step(
-      program, ctx, global_batch_size, abstract, shardings)
+      program, ctx, config.global_batch_size, abstract, shardings,
+      tpu_flags.for_mesh(config, ctx.mesh))
+
+
+def _step_saver(program, ctx, config, topology_name: str):
+  """(compiled step, path) -> header: writes what `--config.compiled_step`
+  loads (`trm.core.compiled_step`), checked against the same inputs."""
+  from trm.core import compiled_step  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  fields = compiled_step.program_fields(config)
+  abstract, _ = state_lib.abstract_state(program.init_fn, ctx)
+  args = compiled_step.abstract_args(program, ctx, abstract,
+                                     config.global_batch_size)
+  return lambda compiled, path: compiled_step.save(
+      path, compiled, ctx.mesh, args, fields, topology_name)
 
 
 def _progress(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
-def _train_step_builder(config, ctx, shapes):
+def _train_step_builder(config, ctx, shapes, topology_name: str = ""):
   """(function that compiles the family's train step, FLOPs per step,
-  function that compiles its loop-unrolled twin for cost analysis or None),
+  function that compiles its loop-unrolled twin for cost analysis or None,
+  function that saves a compiled step for `--config.compiled_step`),
   from the family's program builder: the trainer's own model, state and
   step."""
   from trm import families  # pylint: disable=g-import-not-at-top
   program = families.program(config.model.name).build(config, ctx, shapes)
-  batch = config.global_batch_size
 
   def compile_twin():
-    return _step_compiler(program.cost_twin(), ctx, batch)()
+    return _step_compiler(program.cost_twin(), ctx, config)()
 
-  return (_step_compiler(program, ctx, batch), program.flops_per_step,
-          compile_twin if program.cost_twin is not None else None)
+  def save(compiled, path):
+    return _step_saver(program, ctx, config, topology_name)(compiled, path)
+
+  return (_step_compiler(program, ctx, config), program.flops_per_step,
+          compile_twin if program.cost_twin is not None else None, save)
 
 
 def _sampler_family(config):
@@ -130,11 +160,13 @@ class SampleSettings:
 
 
 def compile_report(config, topology: Topology, num_slices: int,
-                   shapes=None, sample: SampleSettings | None = None
-                   ) -> dict:
+                   shapes=None, sample: SampleSettings | None = None,
+                   save_compiled: str | None = None) -> dict:
   """Compiles the train step (or with `sample`, the family's sampling loop)
   for the topology; returns the figures. `shapes`: the data's sizes where
-  the model depends on them (the family's `data_shapes`)."""
+  the model depends on them (the family's `data_shapes`). `save_compiled`:
+  a file to write the compiled train step to when it fits, for
+  `--config.compiled_step` (report key `saved`)."""
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
 
   slices = math.prod(config.mesh.get(f"dcn_{a}", 1) for a in mesh_lib.MESH_AXES)
@@ -154,8 +186,8 @@ def compile_report(config, topology: Topology, num_slices: int,
   }
   if sample is None:
     ctx.check_batch_size(config.global_batch_size)
-    compile_step, flops, compile_twin = _train_step_builder(config, ctx,
-                                                            shapes)
+    compile_step, flops, compile_twin, save_step = _train_step_builder(
+        config, ctx, shapes, topology.name)
     report.update({
         "global_batch_size": config.global_batch_size,
         "per_device_batch": config.global_batch_size / ctx.batch_parallelism,
@@ -219,7 +251,36 @@ def compile_report(config, topology: Topology, num_slices: int,
       alias_gib=memory.alias_size_in_bytes / GIB,
       total_gib=total / GIB,
       fits=total / GIB <= topology.chip.usable_hbm_gib)
+  if save_compiled and sample is None and report["fits"]:
+    report["saved"] = _save(save_step, compiled, save_compiled)
   return report
+
+
+def _save(save_step, compiled, path: str) -> str:
+  """Writes the compiled step; the line the report prints about it."""
+  from trm.core import compiled_step  # pylint: disable=g-import-not-at-top
+  header = save_step(compiled, path)
+  return f"saved: {path} ({compiled_step.describe(header)})"
+
+
+def save_local_step(config, path: str, shapes=None) -> dict:
+  """`--topology=local`: compiles the train step for this host's devices
+  (those JAX_PLATFORMS gives: CPU by default here) and saves it; returns
+  the compile seconds, the mesh and the line saying what was saved."""
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  devices = jax.devices()
+  ctx = mesh_lib.ShardingContext.from_config(config, devices)
+  ctx.check_batch_size(config.global_batch_size)
+  compile_step, _, _, save_step = _train_step_builder(config, ctx, shapes,
+                                                      LOCAL)
+  _progress(f"[aot] compiling the train step for the {len(devices)} local "
+            f"{devices[0].platform} device(s) ...")
+  start = time.time()
+  compiled = compile_step()
+  seconds = time.time() - start
+  return {"compile_seconds": seconds, "mesh": dict(ctx.mesh.shape),
+          "saved": _save(save_step, compiled, path)}
 
 
 def format_report(report: dict) -> str:
@@ -283,6 +344,8 @@ def format_report(report: dict) -> str:
           f"  of which {report['pallas_kernel_calls']} Pallas kernel calls "
           "count the FLOPs and bytes they declare (pl.CostEstimate)")
   lines.append(f"verdict: {'FITS' if report['fits'] else 'DOES NOT FIT'}")
+  if "saved" in report:
+    lines.append(report["saved"])
   return "\n".join(lines)
 
 
@@ -369,20 +432,51 @@ def run_forecast(config, topology, counts, shapes) -> int:
   return 0 if rows and all(r.get("fits") for r in rows) else 1
 
 
+def check_save_flags(counts: list[int]) -> None:
+  """Flag errors of --save_compiled and --topology=local, before anything
+  compiles."""
+  path = _SAVE_COMPILED.value
+  if _TOPOLOGY.value == LOCAL and not path:
+    raise ValueError(f"--topology={LOCAL} compiles for this host only to "
+                     "save the step: add --save_compiled=FILE.")
+  if not path:
+    return
+  for clash, given in (("--forecast", _FORECAST.value),
+                       ("--mode=sample", _MODE.value == "sample"),
+                       ("several --num_slices", len(counts) > 1),
+                       (f"--num_slices with --topology={LOCAL}",
+                        _TOPOLOGY.value == LOCAL and counts != [1])):
+    if given:
+      raise ValueError(f"--save_compiled saves one train step: drop {clash}.")
+  if "://" not in path:
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(parent):
+      raise ValueError(f"--save_compiled={path!r} must be a file path in an "
+                       "existing directory.")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not _TOPOLOGY.value:
-    raise app.UsageError("--topology is required, e.g. --topology=v4-8.")
-  topology = parse_topology(_TOPOLOGY.value)
+    raise app.UsageError("--topology is required, e.g. --topology=v4-8 (or "
+                         f"{LOCAL} with --save_compiled).")
+  local = _TOPOLOGY.value == LOCAL
+  topology = None if local else parse_topology(_TOPOLOGY.value)
   counts = slice_counts(_NUM_SLICES.value)
   check_forecast_flags(counts)
+  check_save_flags(counts)
   sample = sample_settings_from_flags(_CONFIG.value)
   shapes = None
   if sample is None:
     shapes = data_shapes(_CONFIG.value, {
         "seq_len": _SEQ_LEN.value, "vocab_size": _VOCAB.value,
         "num_puzzle_identifiers": _PUZZLES.value})
+  if local:
+    report = save_local_step(_CONFIG.value, _SAVE_COMPILED.value, shapes)
+    print(f"mesh {report['mesh']}\ncompile_seconds: "
+          f"{report['compile_seconds']:.1f}\n{report['saved']}", flush=True)
+    sys.exit(0)
   if _FORECAST.value:
     sys.exit(run_forecast(_CONFIG.value, topology, counts, shapes))
   from trm.forecast import plan  # pylint: disable=g-import-not-at-top
@@ -393,8 +487,12 @@ def main(argv):
             file=sys.stderr, flush=True)
     config = plan.row_config(_CONFIG.value, count,
                              _CONFIG.value.global_batch_size)
-    report = compile_report(config, topology, count, shapes, sample)
+    report = compile_report(config, topology, count, shapes, sample,
+                            _SAVE_COMPILED.value)
     print(format_report(report), flush=True)
+    if _SAVE_COMPILED.value and "saved" not in report:
+      print(f"--save_compiled: {_SAVE_COMPILED.value} not written: the step "
+            "does not fit.", file=sys.stderr, flush=True)
     fits = fits and report["fits"]
   sys.exit(0 if fits else 1)
 
@@ -440,10 +538,16 @@ def define_flags():
   global _FORECAST, _FORECAST_JSON, _SEARCH, _SEARCH_TOP, _SEARCH_LIMIT
   global _EFFICIENCY, _CALIBRATE, _BATCH_SCALING, _COLLECTIVES, _DCN_OVERLAP
   global _SAMPLE_BATCH, _PROMPT_LEN, _MAX_NEW, _STEPS, _ALG, _TEMPERATURE
-  global _TOP_P, _CACHE, _BLOCK_LENGTH, _THRESHOLD
+  global _TOP_P, _CACHE, _BLOCK_LENGTH, _THRESHOLD, _SAVE_COMPILED
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                             lock_config=True)
-  _TOPOLOGY = flags.DEFINE_string("topology", None, "e.g. v4-8, v4-64, v5p-128.")
+  _TOPOLOGY = flags.DEFINE_string(
+      "topology", None, f"e.g. v4-8, v4-64, v5p-128; {LOCAL}: this host's "
+      "devices (JAX_PLATFORMS; with --save_compiled).")
+  _SAVE_COMPILED = flags.DEFINE_string(
+      "save_compiled", None, "Write the compiled train step to this file "
+      "for `trm.main --config.compiled_step=FILE` (loads it instead of "
+      "compiling; same jax/libtpu, devices, mesh, config and code).")
   _NUM_SLICES = flags.DEFINE_string(
       "num_slices", "1", "Slices (multi-slice): one count, or a list such as "
       "1,2,4,8 (one compile each; config.mesh.dcn_data follows each count).")

@@ -12,6 +12,14 @@ weights when the config uses EMA) or an upstream PyTorch TRM checkpoint
 produced it (sizes, cycles, dataset). Prints the paper's metric (exact
 accuracy for Sudoku and Maze, pass@2 for ARC) and writes every metric to
 `<output_dir>/eval.json`, with ARC's `submission.json` and a sample sheet.
+The model's answers go to `<output_dir>/predictions_test.npy` ([examples,
+seq_len] token ids, row i = example i of the test split), and the
+`trm.visualize --predictions` command that draws them is printed.
+
+The dataset: config.data.data_dir when set; else, for a trm.main workdir,
+the dataset that run trained on (read in place; a complete build with the
+same build arguments is never rebuilt, other arguments are refused); else
+it is built under `<output_dir>/data`.
 
 DiffuCoder / Dream on code benchmarks (`trm.families.dream.code_eval`):
 
@@ -24,7 +32,9 @@ DiffuCoder / Dream on code benchmarks (`trm.families.dream.code_eval`):
 
 --checkpoint is then a Hugging Face directory or a trm.main DiffuCoder
 workdir (the config gives the mesh). Completions come from the diffusion
-sampler in batches, written to --output (JSONL) BEFORE any of them runs,
+sampler in batches, each batch appended to --output (JSONL) as it is made
+(a line per batch reports done/total; execution reports every 5 s), BEFORE
+any of them runs,
 then run in a sandbox (`trm.families.dream.code_exec`: PID, mount and
 network namespaces where the kernel allows, time, memory, disk, file and
 process limits; a pass means the checks returned) and scored with the
@@ -40,11 +50,13 @@ before anything is loaded (one line, exit 2).
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 
 from absl import app, flags
 from ml_collections import config_flags
+import numpy as np
 
 from trm.core import cli
 from trm.core import config_lib
@@ -73,6 +85,10 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
   os.makedirs(output_dir, exist_ok=True)
   ctx = mesh_lib.ShardingContext.from_config(config)
   ctx.check_batch_size(config.data.eval_batch_size, "data.eval_batch_size")
+  # A trm.main workdir's own dataset is read where it lies, never rebuilt.
+  data_dir = family.run_data_dir(config, checkpoint, output_dir)
+  config = config_lib.set_values(copy.deepcopy(config),
+                                 {"data.data_dir": data_dir})
   task = family.build(config, output_dir, ctx)
   program = task.program
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
@@ -82,14 +98,36 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
   with ctx:
     eval_step = jax.jit(program.eval_step,
                         in_shardings=(shardings, batch_shardings))
+    hook = family.KeptPredictions(task.make_eval_hook(),
+                                  task.eval_source.num_examples)
     results = train.evaluate(eval_step, state, task.eval_source,
-                             batch_shardings, task.make_eval_hook(),
-                             output_dir)
+                             batch_shardings, hook, output_dir)
   results = {k: float(v) for k, v in results.items()}
   if jax.process_index() == 0:
+    predictions = os.path.join(output_dir, PREDICTIONS_FILE)
+    np.save(predictions, hook.array())
+    command = visualize_command(data_dir, predictions, output_dir)
     with open(os.path.join(output_dir, "eval.json"), "w") as f:
-      json.dump(dict(results, checkpoint=source), f, indent=1)
+      json.dump(dict(results, checkpoint=source, data_dir=data_dir,
+                     predictions=predictions, visualize=command), f,
+                indent=1)
+    print(f"predictions: {predictions}\ndraw them: {command}")
   return results, source
+
+
+# Row i: the model's answer (token ids, as the dataset stores them) to
+# example i of the test split (set "all"); `trm.visualize --predictions`.
+PREDICTIONS_FILE = "predictions_test.npy"
+
+
+def visualize_command(data_dir: str, predictions: str, output_dir: str) -> str:
+  """The `trm.visualize` command that draws the predictions file."""
+  import shlex  # pylint: disable=g-import-not-at-top
+  out = os.path.join(output_dir, "predictions_test.png")
+  return " ".join(["python -m trm.visualize"] + [
+      shlex.quote(f"--{k}={v}") for k, v in (
+          ("data_dir", data_dir), ("split", "test"),
+          ("predictions", predictions), ("num", 8), ("out", out))])
 
 
 def check_output_file(path: str, flag: str) -> str:
@@ -165,8 +203,9 @@ def _score_and_report(problems, records, limits, workers, ks, output,
   from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
   from trm.families.dream import code_exec  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
-  records, results = code_eval.score_records(problems, records, limits,
-                                             workers, ks)
+  records, results = code_eval.score_records(
+      problems, records, limits, workers, ks,
+      progress=code_eval.Progress("executed"))
   for record in records:
     record.pop("line", None)
   code_eval.write_samples(output, records)
@@ -250,14 +289,24 @@ def evaluate_code(config, checkpoint: str):
   print(f"weights: {lm.source}\n{benchmark}: {split}; "
         f"{_NUM_SAMPLES.value} sample(s) each")
   start = time.perf_counter()
-  generations = code_eval.generate(
+  # Each batch's samples are appended to --output as soon as they are made,
+  # before any of them runs: an interrupted run keeps what was generated,
+  # and after any fault --score_only=<output> scores it without the model.
+  code_eval.write_samples(output, [])
+  records, total = [], len(problems) * _NUM_SAMPLES.value
+  progress = code_eval.Progress("generated", every_s=0.0)  # every batch
+  for rows, j, completions in code_eval.generate_batches(
       lm, prompts, _NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
-      batch_size=_SAMPLER["batch_size"].value, **settings)
+      batch_size=_SAMPLER["batch_size"].value, **settings):
+    batch = [code_eval.record_for(problems[i], j, completion, benchmark,
+                                  chat)
+             for i, completion in zip(rows, completions)]
+    code_eval.append_samples(output, batch)
+    records += batch
+    progress(len(records), total, f"written to {output}")
   generation_seconds = time.perf_counter() - start
-  # The generations are saved before any of them runs: after any fault,
-  # --score_only=<output> scores them again without the model.
-  records = code_eval.records_for(problems, generations, benchmark, chat)
-  code_eval.write_samples(output, records)
+  order = {str(p.task_id): i for i, p in enumerate(problems)}
+  records.sort(key=lambda r: (order[str(r["task_id"])], r["sample"]))
   return _score_and_report(
       problems, records, limits, workers, ks, output,
       dict(benchmark=benchmark, problems=len(problems), split=split,
@@ -298,8 +347,10 @@ def define_flags():
       "checkpoint file; with --benchmark a Hugging Face DiffuCoder/Dream "
       "directory or a trm.main DiffuCoder workdir.")
   _OUTPUT_DIR = flags.DEFINE_string(
-      "output_dir", "runs/evaluate", "Where eval.json, submission.json and "
-      "sheet.png go (and the dataset, when config.data.data_dir is '').")
+      "output_dir", "runs/evaluate", "Where eval.json, predictions_test.npy, "
+      "submission.json and sheet.png go (and the dataset, when config.data."
+      "data_dir is '' and --checkpoint is no trm.main workdir whose dataset "
+      "is built).")
   _BENCHMARK = flags.DEFINE_string(
       "benchmark", None, "Code benchmark for a DiffuCoder/Dream checkpoint: "
       "humaneval or mbpp.")

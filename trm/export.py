@@ -6,10 +6,18 @@ r"""Export fine-tuned DiffuCoder / Dream weights to the Hugging Face layout.
 
 Reads the newest checkpoint of a `trm.main` workdir (parameters only),
 writes sharded `*.safetensors` + `model.safetensors.index.json` +
-`config.json`, and copies the tokenizer and remote-code files of
---tokenizer's directory, so the result loads in `transformers`
-(trust_remote_code) and in `trm.generate --checkpoint=OUT`. On a pod run it
-on every worker, as trm.main; process 0 writes.
+`config.json`, and copies the tokenizer files of --tokenizer's directory.
+
+Who reads the result: this project's loaders, `DiffusionLM.from_pretrained
+(OUT)`, `trm.generate --checkpoint=OUT`, `trm.evaluate --benchmark=...
+--checkpoint=OUT` and `trm.main --config.init_checkpoint=OUT` (a model
+trained with the byte tokenizer: add `tokenizer='bytes'` /
+`--tokenizer=bytes`). `transformers` (`AutoModel.from_pretrained(OUT,
+trust_remote_code=True)`) needs Dream's remote code (configuration_dream.py,
+modeling_dream.py), which this project does not ship: config.json names it
+in `auto_map` only when --tokenizer's directory (a Hugging Face download)
+held both files and they were copied. On a pod run it on every worker, as
+trm.main; process 0 writes.
 """
 from __future__ import annotations
 
@@ -39,6 +47,26 @@ def copy_tokenizer_files(source: str, out: str) -> list[str]:
     raise FileNotFoundError(f"{source} holds no tokenizer.json; point "
                             "--tokenizer at the checkpoint you fine-tuned.")
   return copied
+
+
+def link_remote_code(directory: str, copied: list[str]) -> bool:
+  """Adds `auto_map` to `directory`'s config.json when the remote code it
+  names (Dream's configuration and modeling files) was copied there; True
+  if it did. Without those files the claim would send `transformers` after
+  files that are not there."""
+  import json  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
+  needed = {f"{name.split('.')[0]}.py" for name in
+            hf_config.REMOTE_CODE.values()}
+  if not needed <= set(copied):
+    return False
+  path = os.path.join(directory, "config.json")
+  with open(path) as f:
+    config = json.load(f)
+  config["auto_map"] = dict(hf_config.REMOTE_CODE)
+  with open(path, "w") as f:
+    json.dump(config, f, indent=2)
+  return True
 
 
 def check_out_dir(out: str, tokenizer: str | None, overwrite: bool) -> None:
@@ -123,6 +151,7 @@ def main(argv):
     if jax.process_index() == 0:
       copied = (copy_tokenizer_files(_TOKENIZER.value, staging)
                 if _TOKENIZER.value else [])
+      link_remote_code(staging, copied)
       swap_in(staging, out)
   finally:
     if os.path.isdir(staging):
@@ -143,8 +172,10 @@ def define_flags():
       "out", None, "Output directory (a symbolic link to one: the export "
       "goes into the directory it points at).")
   _TOKENIZER = flags.DEFINE_string(
-      "tokenizer", None, "Directory whose tokenizer and remote-code files "
-      "are copied (the checkpoint you fine-tuned from).")
+      "tokenizer", None, "Directory whose tokenizer files (and Dream's "
+      "remote code, if it holds it) are copied: the checkpoint you "
+      "fine-tuned from. Unset (a byte-tokenizer run): load the export with "
+      "--tokenizer=bytes.")
   _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"],
                              "Stored dtype (the hub's is bfloat16).")
   _OVERWRITE = flags.DEFINE_bool(

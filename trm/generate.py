@@ -7,8 +7,9 @@ r"""Sample from DiffuCoder / Dream with masked diffusion, sharded on the mesh.
       --top_p=0.95 [--config=configs/diffucoder_7b.py]
 
 A thin layer over `trm.families.dream.inference.DiffusionLM`. --checkpoint is a Hugging
-Face download (its config.json gives the model; no --config needed) or a
-`trm.main` fine-tuning workdir. --config, when given, supplies the mesh and
+Face download (its config.json gives the model; no --config needed), a
+`trm.main` fine-tuning workdir, or a Hub id such as
+apple/DiffuCoder-7B-Instruct (downloaded once into the Hugging Face cache). --config, when given, supplies the mesh and
 logical-axis rules. The sampling program is compiled ahead of time, and the
 compile and generation times are printed apart; generation runs once.
 Completions are cut at <|endoftext|>, <|dlm_pad|> or <|im_end|>, as the
@@ -113,7 +114,8 @@ def load_model(checkpoint: str, holders: dict, config=None):
   return inference.DiffusionLM.from_pretrained(
       checkpoint, dtype=holders["dtype"].value,
       tokenizer=holders["tokenizer"].value, config=config,
-      allow_nonfinite=bool(allow.value) if allow is not None else False)
+      allow_nonfinite=bool(allow.value) if allow is not None else False,
+      names=inference.CLI_NAMES)
 
 
 def define_sampler_flags(*, temperature: float = 0.0,
@@ -172,8 +174,8 @@ def define_flags():
       "config", None, "Optional: a config whose mesh and logical-axis rules "
       "to use (model sizes come from the checkpoint).", lock_config=True)
   _CHECKPOINT = flags.DEFINE_string(
-      "checkpoint", None, "Hugging Face checkpoint directory, or a trm.main "
-      "workdir (its newest checkpoint).")
+      "checkpoint", None, "Hugging Face checkpoint directory, a trm.main "
+      "workdir (its newest checkpoint), or a Hub id ('org/name').")
   _PROMPT = flags.DEFINE_string("prompt", None, "One prompt.")
   _BATCH_FILE = flags.DEFINE_string(
       "batch_file", None, "A UTF-8 file with one prompt per line (LF or "

@@ -1,9 +1,11 @@
 """Draw examples of a built puzzle dataset as a PNG sheet, optionally with
 model predictions saved as a [N, seq_len] .npy of token ids (row i = example
-i of the split); the drawing is `trm/families/trm/sheets.py`.
+i of the split); the drawing is `trm/families/trm/sheets.py`. `trm.evaluate`
+writes its model's answers to the test split as
+`<output_dir>/predictions_test.npy` and prints the command that draws them:
 
   python -m trm.visualize --data_dir=data/sudoku --split=test --num=8 \
-      --out=sheet.png [--predictions=preds.npy]
+      --out=sheet.png [--predictions=runs/sudoku-eval/predictions_test.npy]
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def define_flags() -> None:
   _OUT = flags.DEFINE_string("out", "sheet.png", "Output PNG.")
   _PREDICTIONS = flags.DEFINE_string(
       "predictions", None, ".npy of [N, seq_len] predicted token ids; row i "
-      "is example i of the split.")
+      "is example i of the split (trm.evaluate writes <output_dir>/"
+      "predictions_test.npy).")
 
 
 def main(argv: Sequence[str]) -> None:

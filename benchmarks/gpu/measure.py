@@ -6,13 +6,13 @@ under its own `timeout`:
 
 SECTION is one of
   trm    TRM train step (the paper's MLP-t Sudoku and attention Maze configs):
-         ours (the trainer's jitted step) against `benchmarks/trm_torch.py`
+         ours (the trainer's jitted step) against `benchmarks/reference/trm_torch.py`
          (upstream's train_batch) with torch.compile on the forward and loss,
          as upstream's pretrain.py compiles its model; ms/step and MFU.
   gpt    GPT-2 124M train iteration (12 x 1024 tokens x 40 micro-steps, as
-         nanoGPT's train.py defaults): ours (`benchmarks/gpt_speed.py`'s
+         nanoGPT's train.py defaults): ours (`benchmarks/speed/gpt_speed.py`'s
          task and step; attention 'dot' and 'cudnn') against nanoGPT's loop
-         (`benchmarks/nanogpt_torch.py`'s model, torch.compile, bf16
+         (`benchmarks/reference/nanogpt_torch.py`'s model, torch.compile, bf16
          autocast, fused AdamW); tokens/s and MFU.
   dream  DiffuCoder-7B-shaped Dream with random bf16 weights, 512 prompt +
          512 new tokens at batch 1 and 16: ours exact and cache='dual'
@@ -56,7 +56,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = os.path.dirname(HERE)
 REPO = os.path.dirname(BENCHMARKS)
-for _path in (REPO, BENCHMARKS):
+# The PyTorch ports (reference/) and the CPU timing loops (speed/) it reuses.
+for _path in (REPO, os.path.join(BENCHMARKS, "reference"),
+              os.path.join(BENCHMARKS, "speed")):
   if _path not in sys.path:
     sys.path.insert(0, _path)
 
@@ -857,7 +859,7 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
       torch_model = ref.qwen2_from_hf_dir(directory)
       shutil.rmtree(directory, ignore_errors=True)
       reference = ref
-      ref_what = ("benchmarks/dream_torch_sampler.py (the project's PyTorch "
+      ref_what = ("benchmarks/reference/dream_torch_sampler.py (the project's PyTorch "
                   "port of Dream's sampler; no Dream HF code in "
                   f"{args.dream_hf})")
       log(f"dream torch: {ref_what}")

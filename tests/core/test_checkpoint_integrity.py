@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from trm.core import checkpoint as ckpt_lib
@@ -418,3 +419,39 @@ def test_save_checksum_cost(tmp_path):
   seconds = (time.perf_counter() - start) / 5
   print(f"checksums of 8 x 512x512 float32 (8 MiB): {seconds * 1e3:.1f} ms")
   assert seconds < 5
+
+
+def _small_state(step):
+  return {"w": jnp.arange(64, dtype=jnp.float32) * step,
+          "step": jnp.asarray(step, jnp.int32)}
+
+
+def test_incomplete_checkpoints_are_skipped_and_all_bad_is_an_error(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  manager = ckpt_lib.make_manager(directory, max_to_keep=5)
+  for step in (1, 2, 3):
+    ckpt_lib.save(manager, step, _small_state(step), _Position(step))
+  ckpt_lib.wait_until_finished(manager)
+  os.remove(os.path.join(directory, "3", "commit_success.txt"))  # no marker
+  os.remove(os.path.join(directory, "2", "data_iter", "metadata"))
+
+  position = _Position()
+  restored = ckpt_lib.restore_latest(
+      ckpt_lib.make_manager(directory, max_to_keep=5),
+      _abstract(_small_state(0)), position)
+  assert _equal(restored, _small_state(1))
+  assert position.index == 1
+  assert sorted(os.listdir(directory))[0] == "1"
+  assert len(glob.glob(os.path.join(directory, "*.unreadable-*"))) == 2
+
+  # Object stores cannot rename directories: the copy-and-delete path.
+  aside = glob.glob(os.path.join(directory, "*.unreadable-*"))[0]
+  ckpt_lib._move(epath.Path(aside), epath.Path(aside + "-copy"), copy=True)  # pylint: disable=protected-access
+  assert not os.path.exists(aside)
+  assert os.path.isfile(os.path.join(aside + "-copy", "_CHECKPOINT_METADATA"))
+
+  os.remove(os.path.join(directory, "1", "_CHECKPOINT_METADATA"))
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=f"{directory} holds checkpoints .* none can be"):
+    ckpt_lib.restore_latest(ckpt_lib.make_manager(directory, max_to_keep=5),
+                            _abstract(_small_state(0)), _Position())

@@ -13,10 +13,10 @@ from trm.core import dispatch
 
 
 def _depth_benchmark(*args):
-  """benchmarks/cpu_dispatch_depth.py's line for one depth: 3,000
+  """benchmarks/reliability/cpu_dispatch_depth.py's line for one depth: 3,000
   data-parallel steps on 8 CPU devices, in a fresh process."""
   run = subprocess.run(
-      [sys.executable, os.path.join(repo.ROOT, "benchmarks",
+      [sys.executable, os.path.join(repo.ROOT, "benchmarks", "reliability",
                                     "cpu_dispatch_depth.py"),
        "--steps=3000", *args], capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-2000:]

@@ -121,6 +121,8 @@ def test_bad_settings_name_the_field(overrides, message):
   loss_scale.check_config(config)  # only float16 reads the knobs
 
 
+# slow: test_float16_gpt_follows_float32 runs the same loss-scaled step code.
+@pytest.mark.slow
 def test_float16_diffucoder_follows_float32():
   """The masked-diffusion step (Dream / DiffuCoder), tiny config."""
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top

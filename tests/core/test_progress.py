@@ -66,3 +66,24 @@ def test_timed_before_the_first_report(monkeypatch):
   with report.timed("eval"):
     clock.now += 3.0
   assert report._time_per_part["eval"] == 3.0
+
+
+def test_the_report_is_a_line_of_our_own(monkeypatch):
+  """'step 10/100 (10.0%), 10 steps/s, ETA 9s, 83.3% eval', never CLU's
+  'Setting work unit notes: ...'."""
+  from log_lines import absl_lines  # pylint: disable=g-import-not-at-top
+  with absl_lines() as lines:
+    _run(progress.TrainProgress, monkeypatch)
+  assert not any("work unit" in line for line in lines), lines
+  assert "step 5/100 (5.0%), 10 steps/s, ETA 10s" in lines
+  assert "step 10/100 (10.0%), 10 steps/s, ETA 9s, 83.3% eval" in lines
+
+
+def test_format_seconds():
+  assert [progress.format_seconds(s) for s in (0.4, 35, 281, 3720, 183600)
+          ] == ["0s", "35s", "4m41s", "1h02m", "2d03h"]
+  assert (progress.progress_line(120, 1000, 3.2, {"eval": 12.0}, 100.0)
+          == "step 120/1000 (12.0%), 3.2 steps/s, ETA 4m35s, 12.0% eval")
+  assert progress.progress_line(7, None, 0.5, {}, 0.0) == "step 7, 0.5 steps/s"
+  assert progress.progress_line(7, None, 1234.5, {}, 0.0) == (
+      "step 7, 1234 steps/s")

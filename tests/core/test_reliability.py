@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from etils import epath
 
 from trm.core import task as task_lib
 from trm.core import checkpoint as ckpt_lib
@@ -37,6 +36,7 @@ from trm.families.trm import program as trm_program
 from trm.families.trm import task as puzzle
 
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
+from test_checkpoint_integrity import _Position  # pylint: disable=g-import-not-at-top
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +210,9 @@ def _cli_flags(config, prefix="--config"):
   return flags
 
 
+# slow: test_multihost.py's SIGTERM test (save, exit 0), test_cli.py's Ctrl-C test and
+# test_train.py's crash-and-resume equality cover the same path.
+@pytest.mark.slow
 def test_sigterm_saves_exits_zero_and_resumes_identically(
     tmp_path, data_dir, reference):
   config = _run_config(data_dir)
@@ -326,6 +329,9 @@ def _flip_a_bit_silently(step_dir, fields=("params", "ema_params")):
 
 # A chunk that fails to decode (while looking for a silent flip) leaves
 # Orbax coroutines that warn when garbage-collected.
+# slow: tests/core/test_checkpoint_integrity.py flips bits in saved steps and
+# checks both restore paths fall back; test_corrupt_newest_checkpoint_... runs the trainer's.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_flipped_bit_in_the_newest_checkpoint_falls_back_for_training_and_evaluation(
     tmp_path, data_dir, reference, caplog):
@@ -362,61 +368,6 @@ def test_a_flipped_bit_in_the_newest_checkpoint_falls_back_for_training_and_eval
   assert int(resumed.step) == 40
   _assert_trees_equal(reference, _host(resumed))
   assert glob.glob(os.path.join(workdir, "checkpoints", "40.unreadable-*"))
-
-
-class _Position:
-  """A stand-in for the Grain iterator: only its state is checkpointed."""
-
-  def __init__(self, index=0):
-    self.index = index
-
-  def get_state(self):
-    return {"next_index": self.index}
-
-  def set_state(self, state):
-    self.index = state["next_index"]
-
-
-def _small_state(step):
-  return {"w": jnp.arange(64, dtype=jnp.float32) * step,
-          "step": jnp.asarray(step, jnp.int32)}
-
-
-def _abstract(tree):
-  return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-      tree)
-
-
-def test_incomplete_checkpoints_are_skipped_and_all_bad_is_an_error(tmp_path):
-  directory = str(tmp_path / "checkpoints")
-  manager = ckpt_lib.make_manager(directory, max_to_keep=5)
-  for step in (1, 2, 3):
-    ckpt_lib.save(manager, step, _small_state(step), _Position(step))
-  ckpt_lib.wait_until_finished(manager)
-  os.remove(os.path.join(directory, "3", "commit_success.txt"))  # no marker
-  os.remove(os.path.join(directory, "2", "data_iter", "metadata"))
-
-  position = _Position()
-  restored = ckpt_lib.restore_latest(
-      ckpt_lib.make_manager(directory, max_to_keep=5),
-      _abstract(_small_state(0)), position)
-  _assert_trees_equal(_host(restored), _host(_small_state(1)))
-  assert position.index == 1
-  assert sorted(os.listdir(directory))[0] == "1"
-  assert len(glob.glob(os.path.join(directory, "*.unreadable-*"))) == 2
-
-  # Object stores cannot rename directories: the copy-and-delete path.
-  aside = glob.glob(os.path.join(directory, "*.unreadable-*"))[0]
-  ckpt_lib._move(epath.Path(aside), epath.Path(aside + "-copy"), copy=True)  # pylint: disable=protected-access
-  assert not os.path.exists(aside)
-  assert os.path.isfile(os.path.join(aside + "-copy", "_CHECKPOINT_METADATA"))
-
-  os.remove(os.path.join(directory, "1", "_CHECKPOINT_METADATA"))
-  with pytest.raises(ckpt_lib.CheckpointError,
-                     match=f"{directory} holds checkpoints .* none can be"):
-    ckpt_lib.restore_latest(ckpt_lib.make_manager(directory, max_to_keep=5),
-                            _abstract(_small_state(0)), _Position())
 
 
 # --------------------------------------------------- workdir and failed saves

@@ -182,6 +182,9 @@ train.train_and_evaluate(tiny_config(**{{"data.data_dir": {data!r}}}),
 """
 
 
+# slow: test_crash_and_resume_matches_uninterrupted_run resumes the same way
+# (benchmarks/reliability/kill_resume.py kills 20 times).
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_matches(tmp_path, data_dir):
   """kill -9 during training; the rerun ends with the uninterrupted params."""
   config = tiny_config(**{"data.data_dir": data_dir})

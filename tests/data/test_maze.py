@@ -2,11 +2,8 @@
 training steps of configs/trm_maze.py:cpu on 8 CPU devices (mesh 2x2x2)."""
 
 import collections
-import io
 import json
 import os
-import urllib.error
-import urllib.request
 
 from absl import flags
 import jax
@@ -18,6 +15,7 @@ from trm.families.trm import program as trm_program
 from trm.core import config_lib
 from trm.core import train
 from trm import families
+from trm.core import hub as core_hub
 from trm.data.puzzles import builds
 from trm.data.puzzles import dihedral
 from trm.data.puzzles import maze
@@ -279,47 +277,41 @@ def test_read_csv_empty_file(tmp_path):
 # Download (error path only; no network here).
 
 
-def test_download_error_without_huggingface_hub(tmp_path, monkeypatch):
-  def unreachable(*args, **kwargs):
-    raise urllib.error.URLError("Name or service not known")
-
-  monkeypatch.setattr(maze, "_hf_hub_download", lambda: None)
-  monkeypatch.setattr(urllib.request, "urlopen", unreachable)
-  with pytest.raises(RuntimeError) as e:
+def test_download_offline_fails_fast_in_one_line(tmp_path, monkeypatch):
+  monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+  with pytest.raises(core_hub.HubUnavailable) as e:
     maze.download_csv("train", str(tmp_path))
   msg = str(e.value)
-  assert "unreachable" in msg and "--source=generate" in msg
-  assert "maze-30x30-hard-1k" in msg
-  assert not os.listdir(tmp_path)  # No partial file left behind.
+  assert "\n" not in msg and "maze-30x30-hard-1k" in msg
+  assert "--source=generate for synthetic mazes" in msg
+  assert not (tmp_path / "train.csv").exists()
+  with pytest.raises(core_hub.HubUnavailable) as e:
+    maze.ensure_dataset(str(tmp_path / "out"), source="hub",
+                        field_prefix="config.data.build.")
+  assert "--config.data.build.source=csv --config.data.build.csv_dir=DIR" in (
+      str(e.value))
 
 
-def test_download_with_huggingface_hub(tmp_path, monkeypatch):
-  def failing_download(**kwargs):
+def test_download_through_huggingface_hub_and_reuse(tmp_path, monkeypatch):
+  import huggingface_hub  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def fake_download(**kwargs):
+    calls.append(kwargs)
     assert kwargs["repo_id"] == "sapientinc/maze-30x30-hard-1k"
-    assert kwargs["filename"] == "test.csv"
     assert kwargs["repo_type"] == "dataset"
-    raise OSError("offline")
+    path = os.path.join(kwargs["local_dir"], kwargs["filename"])
+    with open(path, "wb") as f:
+      f.write(b"payload")
+    return path
 
-  monkeypatch.setattr(maze, "_hf_hub_download", lambda: failing_download)
-  with pytest.raises(RuntimeError, match="unreachable.*--source=generate"):
-    maze.download_csv("test", str(tmp_path))
-  # The builder surfaces the same error.
-  with pytest.raises(RuntimeError, match="unreachable"):
-    maze.build_dataset(str(tmp_path / "out"), source="hub")
-
-
-def test_download_via_urllib_and_reuse(tmp_path, monkeypatch):
-  def fake_urlopen(url, timeout):
-    assert url.endswith("maze-30x30-hard-1k/resolve/main/test.csv")
-    return io.BytesIO(b"payload")
-
-  monkeypatch.setattr(maze, "_hf_hub_download", lambda: None)
-  monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+  monkeypatch.setattr(core_hub, "unreachable", lambda url: None)
+  monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
   path = maze.download_csv("test", str(tmp_path / "raw"))
   with open(path, "rb") as f:
     assert f.read() == b"payload"
-  monkeypatch.setattr(urllib.request, "urlopen", None)  # Must not be called.
   assert maze.download_csv("test", str(tmp_path / "raw")) == path
+  assert len(calls) == 1  # the existing file is reused
   with pytest.raises(ValueError, match="split"):
     maze.download_csv("val", str(tmp_path))
 
@@ -511,6 +503,9 @@ def tiny_config(**overrides):
   return config_lib.set_values(config, overrides)
 
 
+# slow: the maze builder tests cover the data; test_train.py and the README test
+# train the same puzzle trainer through trm.main.
+@pytest.mark.slow
 def test_cpu_config_trains_a_few_steps(tmp_path):
   state, results = train.train_and_evaluate(tiny_config(), str(tmp_path), families.build_task)
   assert int(state.step) == 3

@@ -1,17 +1,16 @@
 """Tests for trm.data.puzzles.sudoku (generator, augmentation, CSV reader, builder)."""
 
-import io
 import itertools
 import json
 import os
-import urllib.error
-import urllib.request
 
 from absl import flags
 import numpy as np
 import pytest
 
+from trm.core import hub as core_hub
 from trm.data.puzzles import builds
+from trm.data.puzzles import hub
 from trm.data.puzzles import format as puzzle_format
 from trm.data.puzzles import sudoku
 from trm.data.puzzles import sudoku_generate
@@ -249,55 +248,53 @@ def test_read_csv_malformed_row(tmp_path, bad_row, message):
 # Download (error path only; no network here).
 
 
-def test_download_error_without_huggingface_hub(tmp_path, monkeypatch):
-  def unreachable(*args, **kwargs):
-    raise urllib.error.URLError("Name or service not known")
-
-  monkeypatch.setattr(sudoku, "_hf_hub_download", lambda: None)
-  monkeypatch.setattr(urllib.request, "urlopen", unreachable)
-  with pytest.raises(RuntimeError) as e:
+def test_download_offline_fails_fast_in_one_line(tmp_path, monkeypatch):
+  # An unresolvable Hub host is "no network": one line naming the builder's
+  # offline flags, no retries.
+  monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+  with pytest.raises(core_hub.HubUnavailable) as e:
     sudoku.download_csv("train", str(tmp_path))
   msg = str(e.value)
-  assert "unreachable" in msg and "--source=generate" in msg
-  assert "--csv_dir" in msg
-  assert not os.listdir(tmp_path)  # No partial file left behind.
+  assert "\n" not in msg and "hub.invalid does not resolve" in msg
+  assert msg.endswith(hub.offline_hint(sudoku.HF_REPO, "puzzles"))
+  assert "--source=generate" in msg and "--csv_dir=DIR" in msg
+  assert not (tmp_path / "train.csv").exists()
+  # The builder surfaces the same error; the trainer's spelling of the
+  # build arguments replaces the CLI's flags.
+  with pytest.raises(core_hub.HubUnavailable, match="--source=generate"):
+    sudoku.build_dataset(str(tmp_path / "out"), source="hub")
+  with pytest.raises(core_hub.HubUnavailable) as e:
+    sudoku.ensure_dataset(str(tmp_path / "out2"), source="hub",
+                          field_prefix="config.data.build.")
+  assert "--config.data.build.source=generate" in str(e.value)
+  assert " --source=" not in str(e.value)
 
 
-def test_download_error_with_huggingface_hub(tmp_path, monkeypatch):
-  def failing_download(**kwargs):
+def test_download_goes_through_huggingface_hub(tmp_path, monkeypatch):
+  import huggingface_hub  # pylint: disable=g-import-not-at-top
+
+  def fake_download(**kwargs):
     assert kwargs["repo_id"] == "sapientinc/sudoku-extreme"
     assert kwargs["filename"] == "test.csv"
-    raise OSError("offline")
+    assert kwargs["repo_type"] == "dataset"
+    path = os.path.join(kwargs["local_dir"], kwargs["filename"])
+    with open(path, "w") as f:
+      f.write(_CSV_HEADER)
+    return path
 
-  monkeypatch.setattr(sudoku, "_hf_hub_download", lambda: failing_download)
-  with pytest.raises(RuntimeError, match="unreachable.*--source=generate"):
-    sudoku.download_csv("test", str(tmp_path))
-  # The builder surfaces the same error.
-  with pytest.raises(RuntimeError, match="unreachable"):
-    sudoku.build_dataset(str(tmp_path / "out"), source="hub")
+  monkeypatch.setattr(core_hub, "unreachable", lambda url: None)
+  monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+  path = sudoku.download_csv("test", str(tmp_path / "raw"))
+  assert path == str(tmp_path / "raw" / "test.csv")
 
 
 def test_download_reuses_existing_file(tmp_path, monkeypatch):
-  monkeypatch.setattr(sudoku, "_hf_hub_download", lambda: None)
-  monkeypatch.setattr(urllib.request, "urlopen", None)  # Must not be called.
+  monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")  # never asked
   (tmp_path / "train.csv").write_text(_CSV_HEADER)
   assert sudoku.download_csv("train", str(tmp_path)) == str(
       tmp_path / "train.csv")
   with pytest.raises(ValueError, match="split"):
     sudoku.download_csv("val", str(tmp_path))
-
-
-def test_download_via_urllib_writes_file(tmp_path, monkeypatch):
-  def fake_urlopen(url, timeout):
-    assert url.endswith("sapientinc/sudoku-extreme/resolve/main/test.csv")
-    assert timeout > 0
-    return io.BytesIO(b"payload")  # Has read() and the context protocol.
-
-  monkeypatch.setattr(sudoku, "_hf_hub_download", lambda: None)
-  monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
-  path = sudoku.download_csv("test", str(tmp_path / "raw"))
-  with open(path, "rb") as f:
-    assert f.read() == b"payload"
 
 
 # ----------------------------------------------------------------------------

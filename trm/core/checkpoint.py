@@ -626,6 +626,33 @@ def _stop_message(path, error: str, damaged_before, fix: str | None = None
           f"damage to its files, so nothing was moved aside. {fix}")
 
 
+def _read_verified(path: epath.Path, restore, with_position: bool = False):
+  """(agreed status, error, restored) of one step: its files present, read
+  by `restore()` with every buffer materialised, and its arrays (and data
+  position, `with_position`) matched against the checksums saved with it.
+  Collective: every process agrees on the status (`_agree`)."""
+  status, error, restored, saved = _OK, None, None, None
+  try:
+    missing = missing_files(path)
+    if missing:
+      raise _Damaged(f"incomplete, it has no {', '.join(missing)}")
+    saved = _saved_checksums(path)
+    restored = restore()
+    # Every restored buffer materialised before anything runs on it.
+    jax.block_until_ready(restored["state"])
+  except _Damaged as e:
+    status, error = _DAMAGED, str(e)
+  except Exception as e:  # pylint: disable=broad-except
+    status = _DAMAGED if _is_damage(e) else _FAILED
+    error = f"{type(e).__name__}: {_short(e)}"
+  agreed = _agree(status)
+  if agreed == _OK:  # collective: every process has the arrays
+    position = restored["data_iter"] if with_position else None
+    error = _verify(int(path.name), saved, restored["state"], position)
+    agreed = _agree(_DAMAGED if error else _OK)
+  return agreed, error, restored
+
+
 def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
   """Restores the newest readable checkpoint onto `abstract_state`'s
   shardings.
@@ -652,28 +679,12 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
     # user's mistake, not corruption: say so instead of falling back.
     restore_check.check(str(manager.directory), abstract_state, step)
     path = epath.Path(manager.directory) / str(step)
-    status, error, restored, saved, fix = _OK, None, None, None, None
-    missing = missing_files(path)
-    if missing:
-      status, error = _DAMAGED, f"incomplete, it has no {', '.join(missing)}"
-    else:
-      logging.info("Restoring checkpoint %s", path)
-      try:
-        saved = _saved_checksums(path)
-        restored = manager.restore(step, args=ocp.args.Composite(
+    logging.info("Restoring checkpoint %s", path)
+    agreed, error, restored = _read_verified(
+        path, lambda step=step: manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
-            data_iter=ocp.args.JsonRestore()))
-        # Every restored buffer materialised before anything runs on it.
-        jax.block_until_ready(restored["state"])
-      except _Damaged as e:
-        status, error = _DAMAGED, str(e)
-      except Exception as e:  # pylint: disable=broad-except
-        status = _DAMAGED if _is_damage(e) else _FAILED
-        error = f"{type(e).__name__}: {_short(e)}"
-    agreed = _agree(status)
-    if agreed == _OK:  # collective: every process has the arrays
-      error = _verify(step, saved, restored["state"], restored["data_iter"])
-      agreed = _agree(_DAMAGED if error else _OK)
+            data_iter=ocp.args.JsonRestore())), with_position=True)
+    status, fix = agreed, None
     if agreed == _OK:
       try:
         data_iter.set_state(restored["data_iter"])
@@ -740,28 +751,13 @@ def restore_fields(directory: str, abstract_fields: dict,
   for candidate in steps:
     restore_check.check(directory, abstract_fields, candidate, family=family)
     path = epath.Path(directory) / str(candidate)
-    status, error, restored, saved = _OK, None, None, None
-    try:
-      missing = missing_files(path)
-      if missing:
-        raise _Damaged(f"incomplete, it has no {', '.join(missing)}")
-      saved = _saved_checksums(path)
-      restored = manager.restore(candidate, args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(
-              item=abstract_fields,
-              restore_args=ocp.checkpoint_utils.construct_restore_args(
-                  abstract_fields),
-              partial_restore=True)))
-      jax.block_until_ready(restored["state"])
-    except _Damaged as e:
-      status, error = _DAMAGED, str(e)
-    except Exception as e:  # pylint: disable=broad-except
-      status = _DAMAGED if _is_damage(e) else _FAILED
-      error = f"{type(e).__name__}: {_short(e)}"
-    agreed = _agree(status)
-    if agreed == _OK:
-      error = _verify(candidate, saved, restored["state"])
-      agreed = _agree(_DAMAGED if error else _OK)
+    agreed, error, restored = _read_verified(
+        path, lambda step=candidate: manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                item=abstract_fields,
+                restore_args=ocp.checkpoint_utils.construct_restore_args(
+                    abstract_fields),
+                partial_restore=True))))
     if agreed == _FAILED:
       raise CheckpointError(
           f"Reading checkpoint {path} failed: "

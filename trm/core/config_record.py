@@ -41,7 +41,7 @@ HARMLESS = (
     "always_save_checkpoint", "init_from", "init_checkpoint",
     "logical_axis_rules", "model.remat", "model.attention",
     "model.mlp_kernel", "wandb_log", "wandb_project", "wandb_run_name",
-    "tpu_compiler_options")
+    "tpu_compiler_options", "compiled_step")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.
@@ -59,7 +59,8 @@ _ADDED_TFDS_PREFIX = "data.tfds."
 # change like any other.
 IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "model.residual_dtype": "float32",  # GPT's residual stream
-            "loss_chunk_size": 0}  # GPT's logits, all positions at once
+            "loss_chunk_size": 0,  # GPT's logits, all positions at once
+            "compiled_step": ""}  # the train step compiled by the run
 # Fields that decide how the checkpointed tensors are laid out (scanned
 # layers are one stacked `h`, unscanned ones h_0 ..): the checkpoints cannot
 # be restored in the other layout, so not even allow_config_change accepts

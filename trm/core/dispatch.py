@@ -7,7 +7,7 @@ the collectives of all its simulated devices
 one shared thread pool: a few dozen queued multi-device steps fill the pool
 with programs that wait on each other, and after 40 s XLA aborts the process
 ("Termination timeout ... Exiting to ensure a consistent program state").
-`benchmarks/cpu_dispatch_depth.py` shows it: on the 2-core host, 3,000
+`benchmarks/reliability/cpu_dispatch_depth.py` shows it: on the 2-core host, 3,000
 sharded steps on 8 CPU devices abort with 32 steps allowed in flight and
 finish with 8 (BUILD_NOTES.md, "Dispatch depth").
 

@@ -6,6 +6,11 @@ dropped (and the ETA jumped) after every evaluation. `TrainProgress.timed`
 pauses that clock instead: the time spent inside the block still shows in
 the report's breakdown ("12.0% eval"), but not in steps/s, the ETA, or the
 every-`every_secs` cadence.
+
+The report is a log line of its own, "step 120/1000 (12.0%), 3.2 steps/s,
+ETA 4m35s, 12.0% eval" (CLU's sets a work unit's notes, which a local run
+logs as "Setting work unit notes: ..."), plus the `steps_per_sec` and
+`uptime` scalars at that step.
 """
 from __future__ import annotations
 
@@ -13,11 +18,56 @@ import contextlib
 import time
 
 import jax
+from absl import logging
 from clu import periodic_actions
 
 
+def format_seconds(seconds: float) -> str:
+  """4m41s, 1h02m, 35s, 2d03h: two units at most."""
+  seconds = max(0, int(round(seconds)))
+  days, rest = divmod(seconds, 86400)
+  hours, rest = divmod(rest, 3600)
+  minutes, secs = divmod(rest, 60)
+  if days:
+    return f"{days}d{hours:02d}h"
+  if hours:
+    return f"{hours}h{minutes:02d}m"
+  if minutes:
+    return f"{minutes}m{secs:02d}s"
+  return f"{secs}s"
+
+
+def progress_line(step: int, total: int | None, steps_per_sec: float,
+                  parts: dict[str, float], uptime: float) -> str:
+  """'step 120/1000 (12.0%), 3.2 steps/s, ETA 4m35s, 12.0% eval'; `parts`
+  are the seconds spent in timed blocks, shown as shares of `uptime`."""
+  line = f"step {step}"
+  if total:
+    line += f"/{total} ({100 * step / total:.1f}%)"
+  rate = (f"{steps_per_sec:.0f}" if steps_per_sec >= 100
+          else f"{steps_per_sec:.3g}")  # 1234, 16.2, 3.2, 0.5
+  line += f", {rate} steps/s"
+  if total and steps_per_sec > 0:
+    line += f", ETA {format_seconds((total - step) / steps_per_sec)}"
+  if uptime > 0:
+    line += "".join(f", {100 * seconds / uptime:.1f}% {name}"
+                    for name, seconds in sorted(parts.items()))
+  return line
+
+
 class TrainProgress(periodic_actions.ReportProgress):
-  """`ReportProgress` with `timed` blocks left out of the step rate."""
+  """`ReportProgress` with `timed` blocks left out of the step rate, and
+  its report as a log line of our own."""
+
+  def _apply(self, step: int, t: float):
+    steps_per_sec = (step - self._previous_step) / (t - self._previous_time)
+    uptime = time.monotonic() - self._t0
+    logging.info("%s", progress_line(step, self._num_train_steps,
+                                     steps_per_sec, self._time_per_part,
+                                     uptime))
+    if self._writer is not None:
+      self._writer.write_scalars(step, {"steps_per_sec": steps_per_sec,
+                                        "uptime": uptime})
 
   @contextlib.contextmanager
   def timed(self, name: str, barrier=None):  # pylint: disable=arguments-renamed

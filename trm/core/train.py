@@ -33,6 +33,7 @@ from trm.core import tpu_flags
 from trm.core.preemption import Preempted
 from trm.core.run_checks import check_config, check_workdir
 from trm.core import cli
+from trm.core import compiled_step
 from trm.core import config_record
 from trm.core import dispatch
 from trm.core import mesh as mesh_lib
@@ -107,6 +108,14 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                         cleanup: contextlib.ExitStack, build_task: Callable):
   # ---------------------------------------------------------------- setup
   is_main = jax.process_index() == 0
+  # A train step compiled ahead of time (trm.aot --save_compiled) is checked
+  # against the config as given, before the task fills in what it derives
+  # from the data (trm.aot never reads the data).
+  compiled_path = "" if config.eval_only else config.get("compiled_step", "")
+  program_fields = (compiled_step.program_fields(config) if compiled_path
+                    else None)
+  # Read (and its checksum verified) before the data is built.
+  compiled_file = compiled_step.read(compiled_path) if compiled_path else None
 
   # ----------------------------------------------------------------- mesh
   ctx = mesh_lib.ShardingContext.from_config(config)
@@ -133,6 +142,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
 
   # ---------------------------------------------------------------- shard
   abstract, state_shardings = state_lib.abstract_state(program.init_fn, ctx)
+  # Before anything compiles (even the initialiser): a file built for other
+  # software, devices, config or inputs is one line naming the difference.
+  prepared = (compiled_step.prepare(
+      compiled_path, compiled_file, program, ctx, abstract,
+      config.global_batch_size, program_fields) if compiled_path else None)
   manager = ckpt_lib.make_manager(str(workpath / "checkpoints"),
                                   max_to_keep=config.keep_checkpoints)
   state = ckpt_lib.restore_latest(manager, abstract, train_iter)
@@ -183,18 +197,37 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     logging.info("eval_only at step %d: %s", start_step, results)
     return state, results
 
-  compile_start = time.time()
-  train_step = task_lib.compile_train_step(
-      program, ctx, config.global_batch_size, abstract, state_shardings,
-      tpu_flags.for_mesh(config, ctx.mesh))
-  compile_seconds = time.time() - compile_start
-  memory = train_step.memory_analysis()
-  logging.info(
-      "Train step compiled in %.1f s; per device: arguments %.1f MiB, "
-      "temporaries %.1f MiB", compile_seconds,
-      getattr(memory, "argument_size_in_bytes", 0) / 2**20,
-      getattr(memory, "temp_size_in_bytes", 0) / 2**20)
-  writer.write_scalars(start_step, {"timing/compile_seconds": compile_seconds})
+  def build_train_step():
+    """The compiled train step: loaded from config.compiled_step, else
+    compiled now."""
+    start = time.time()
+    if prepared is not None:
+      step_fn = prepared.load()
+      how, key = (f"loaded from {prepared.path} (built for "
+                  f"{compiled_step.describe(prepared.header)}; not compiled)",
+                  "timing/compiled_step_load_seconds")
+    else:
+      step_fn = task_lib.compile_train_step(
+          program, ctx, config.global_batch_size, abstract, state_shardings,
+          tpu_flags.for_mesh(config, ctx.mesh))
+      how, key = "compiled", "timing/compile_seconds"
+    seconds = time.time() - start
+    memory = step_fn.memory_analysis()
+    logging.info(
+        "Train step %s in %.1f s; per device: arguments %.1f MiB, "
+        "temporaries %.1f MiB", how, seconds,
+        getattr(memory, "argument_size_in_bytes", 0) / 2**20,
+        getattr(memory, "temp_size_in_bytes", 0) / 2**20)
+    writer.write_scalars(start_step, {key: seconds})
+    return step_fn
+
+  if start_step < config.total_steps:
+    train_step = build_train_step()
+  else:  # a finished run only evaluates again: no train step to build
+    train_step = None
+    logging.info("Step %d reaches config.total_steps=%d: the run is finished;"
+                 " evaluating without building the train step.", start_step,
+                 config.total_steps)
   speed = step_timer.StepTimer(program.flops_per_step, program.compute_dtype)
 
   bad_limit = config.max_consecutive_bad_steps

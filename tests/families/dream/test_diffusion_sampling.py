@@ -564,13 +564,13 @@ def test_default_top_k_is_hugging_faces_50():
 @pytest.mark.parametrize("padded", [False, True])
 def test_greedy_tokens_equal_the_pytorch_reference_loop(tmp_path, kw, padded):
   """Same weights in a Dream model and in transformers' Qwen2 running the
-  reference `_sample` loop (benchmarks/dream_torch_sampler.py): greedy
+  reference `_sample` loop (benchmarks/reference/dream_torch_sampler.py): greedy
   tokens agree exactly, also left-padded."""
   import os  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import repo  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(repo.ROOT, "benchmarks"))
+  sys.path.insert(0, os.path.join(repo.ROOT, "benchmarks", "reference"))
   import dream_torch_sampler as ref  # pylint: disable=g-import-not-at-top
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
   from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top

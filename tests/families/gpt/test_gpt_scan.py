@@ -317,7 +317,7 @@ def test_init_from_a_nanogpt_checkpoint_stacks_weights_and_moments(
   weights and AdamW moments are the unscanned model's, stacked, and the
   logits are the same."""
   torch = pytest.importorskip("torch")
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks", "reference"))
   import nanogpt_torch  # pylint: disable=g-import-not-at-top
   from trm.data.text import windows as text  # pylint: disable=g-import-not-at-top
 
@@ -413,6 +413,8 @@ def scanned_run(tmp_path_factory):
   return workdir, data_root
 
 
+# slow: test_generate_and_decode_with_a_scanned_model samples a scanned model.
+@pytest.mark.slow
 def test_sample_from_a_scanned_workdir(scanned_run):
   workdir, _ = scanned_run
   sample_two(workdir)

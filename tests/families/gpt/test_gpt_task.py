@@ -250,7 +250,7 @@ def test_resume_from_a_nanogpt_checkpoint_continues_its_run(data_root,
   and our next iteration equals the next iteration of nanoGPT's loop."""
   torch = pytest.importorskip("torch")
   import jax  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks", "reference"))
   import nanogpt_torch  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top

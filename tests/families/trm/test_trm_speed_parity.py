@@ -1,4 +1,4 @@
-"""The PyTorch step `benchmarks/trm_speed.py` times against ours computes the
+"""The PyTorch step `benchmarks/speed/trm_speed.py` times against ours computes the
 same thing: same losses, parameters, EMA, puzzle table and carry after two
 train steps from the same weights (tiny configs, float32, no exploration)."""
 import os
@@ -12,7 +12,8 @@ import repo
 from trm.core import config_lib
 
 ROOT = repo.ROOT
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "reference"))
 import train_step_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 import trm_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -39,8 +39,8 @@ def define_csv_source_flags(flag_values: flags.FlagValues,
   define_source_flags(
       flag_values, sources, "generate",
       "generate: offline generator; csv: CSVs in --csv_dir; hub: download "
-      "from the Hugging Face Hub. Defaults to csv when only --csv_dir is "
-      "given.", "csv_dir", "Directory with train.csv/test.csv (source=csv) "
+      "from the Hugging Face Hub (needs network and huggingface_hub: pip "
+      "install -e .[hub]). Defaults to csv when only --csv_dir is given.", "csv_dir", "Directory with train.csv/test.csv (source=csv) "
       "or to download them to (source=hub).")
   flags.DEFINE_integer("num_train", 1000, f"generate: train {items}.",
                        flag_values=flag_values)

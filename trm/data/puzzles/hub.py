@@ -2,45 +2,55 @@
 
 The Sudoku-Extreme and Maze-Hard builders (`trm.data.puzzles.sudoku`,
 `trm.data.puzzles.maze`) take their data from one of three sources: "hub" (download
-`<split>.csv` of a Hub dataset), "csv" (the same files already on disk) or
-"generate" (an offline generator, builder-specific). This module holds what
-the first two have in common: the download, locating the CSVs and reading
-their rows.
+`<split>.csv` of a Hub dataset with `huggingface_hub`), "csv" (the same
+files already on disk) or "generate" (an offline generator,
+builder-specific). This module holds what the first two have in common: the
+download and its offline hint, locating the CSVs and reading their rows.
 """
 
 import contextlib
 import csv
 import os
-import shutil
-import urllib.request
 from typing import Callable, Iterator, Optional, Sequence
 
-from trm.data import atomic_files
-
-# URL of a file of a Hub dataset (plain HTTPS, no `huggingface_hub`).
-HF_URL = "https://huggingface.co/datasets/{repo}/resolve/main/{filename}"
+from trm.core import hub as core_hub
 
 
-def hf_hub_download() -> Optional[Callable]:
-  """`huggingface_hub.hf_hub_download`, or None when it is not installed."""
+def offline_hint(repo: str, generated: str, field_prefix: str = "") -> str:
+  """What to do without network, in the flags of the command in hand.
+
+  Args:
+    repo: the Hub dataset, e.g. "sapientinc/sudoku-extreme".
+    generated: what the builder's offline generator makes ("puzzles").
+    field_prefix: "" for the builder's own CLI (--source, --csv_dir);
+      "config.data.build." for trm.main, whose build arguments are config
+      fields (--config.data.build.source, ...).
+  """
+  source, csv_dir = f"--{field_prefix}source", f"--{field_prefix}csv_dir"
+  return (f"build offline instead: {source}=generate for synthetic "
+          f"{generated}, or {source}=csv {csv_dir}=DIR with train.csv and "
+          f"test.csv of {repo} fetched elsewhere")
+
+
+@contextlib.contextmanager
+def offline_hint_for(field_prefix: str, repo: str, generated: str):
+  """Re-raises a `HubUnavailable` from the block with the hint spelled for
+  `field_prefix` (see `offline_hint`): the builder downloads with its own
+  CLI's hint; the trainer's `ensure_from_config` knows its flags."""
   try:
-    # Optional dependency (`pip install -e .[hub]`), hence imported lazily.
-    from huggingface_hub import hf_hub_download as download
-  except ImportError:
-    return None
-  return download
+    yield
+  except core_hub.HubUnavailable as error:
+    raise error.with_hint(offline_hint(repo, generated, field_prefix)
+                          ) from error.__cause__
 
 
 def download_csv(repo: str, split: str, dest_dir: str, *,
-                 splits: Sequence[str], generated: str,
-                 get_hub_download: Callable[[], Optional[Callable]],
-                 timeout: float = 60.0) -> str:
+                 splits: Sequence[str], generated: str) -> str:
   """Downloads `<split>.csv` of the Hub dataset `repo` into `dest_dir`.
 
-  Uses `huggingface_hub` when `get_hub_download()` returns its download
-  function, else plain HTTPS (`HF_URL`). An existing `<dest_dir>/<split>.csv`
-  is reused (plain downloads are written atomically, so an existing file is
-  complete).
+  Goes through `trm.core.hub.download` (`huggingface_hub`, fast failure
+  without network). An existing `<dest_dir>/<split>.csv` is reused
+  (`huggingface_hub` moves a file into place only once it is complete).
 
   Args:
     repo: Hub dataset, e.g. "sapientinc/sudoku-extreme".
@@ -49,16 +59,14 @@ def download_csv(repo: str, split: str, dest_dir: str, *,
     splits: the dataset's splits.
     generated: what the builder's offline generator makes ("puzzles",
       "mazes"), for the error message.
-    get_hub_download: returns `huggingface_hub.hf_hub_download` or None
-      (see `hf_hub_download`); called only when a download is needed.
-    timeout: socket timeout in seconds for the plain HTTPS path.
 
   Returns:
     Path of the local CSV.
 
   Raises:
     ValueError: `split` is not one of `splits`.
-    RuntimeError: the download failed (network unreachable, HTTP error, ...).
+    trm.core.hub.HubUnavailable: the download failed (one line ending with
+      the builder CLI's offline flags; see `offline_hint_for`).
   """
   if split not in splits:
     raise ValueError(f"split must be one of {splits}, got {split!r}")
@@ -67,22 +75,9 @@ def download_csv(repo: str, split: str, dest_dir: str, *,
   dest = os.path.join(dest_dir, filename)
   if os.path.isfile(dest):
     return dest
-  hub_download = get_hub_download()
-  url = HF_URL.format(repo=repo, filename=filename)
-  try:
-    if hub_download is not None:
-      return hub_download(repo_id=repo, filename=filename,
-                          repo_type="dataset", local_dir=dest_dir)
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-      atomic_files.atomic_write(
-          dest, lambda f: shutil.copyfileobj(response, f, 1 << 20))
-    return dest
-  except Exception as e:  # Any failure here means "could not download".
-    raise RuntimeError(
-        f"Could not download {filename} of {repo} ({url}): the network "
-        f"looks unreachable ({type(e).__name__}: {e}). Build offline instead: "
-        f"--source=generate for synthetic {generated}, or fetch the CSVs "
-        f"elsewhere and pass --source=csv --csv_dir=DIR.") from e
+  return core_hub.download(repo, filename, repo_type="dataset",
+                           offline_hint=offline_hint(repo, generated),
+                           local_dir=dest_dir)
 
 
 def check_source(source: str, sources: Sequence[str],

@@ -3,7 +3,8 @@
 Writes the upstream on-disk layout (see `trm.data.puzzles.format`) from one of:
 
   * source="hub":      `sapientinc/sudoku-extreme` CSVs from the Hugging Face
-                       Hub (needs network; `huggingface_hub` is optional),
+                       Hub (needs network and
+                       `huggingface_hub`: `pip install -e .[hub]`),
   * source="csv":      the same CSVs already on disk (`csv_dir`),
   * source="generate": an offline generator of unique-solution puzzles with a
                        fixed number of blanks (difficulty knob). These are far
@@ -35,7 +36,6 @@ from trm.data.puzzles import seeding
 from trm.data.puzzles import sudoku_generate
 
 HF_REPO = "sapientinc/sudoku-extreme"
-HF_URL = hub.HF_URL.format(repo=HF_REPO, filename="{split}.csv")
 SPLITS = ("train", "test")
 SOURCES = ("generate", "csv", "hub")
 BUILD_INFO_FILE = builds.BUILD_INFO_FILE
@@ -156,19 +156,15 @@ def read_csv(path: str, min_difficulty: Optional[int] = None
   return boards, solutions
 
 
-# Looked up at call time, so tests can replace it.
-_hf_hub_download = hub.hf_hub_download
-
-
-def download_csv(split: str, dest_dir: str, timeout: float = 60.0) -> str:
+def download_csv(split: str, dest_dir: str) -> str:
   """Downloads `<split>.csv` of the HF dataset sapientinc/sudoku-extreme.
 
   See `hub.download_csv` (split: "train" or "test"; an existing file is
-  reused); returns the local path, RuntimeError if the download failed.
+  reused); returns the local path; `trm.core.hub.HubUnavailable` (one
+  line naming this builder's offline flags) if the download failed.
   """
   return hub.download_csv(HF_REPO, split, dest_dir, splits=SPLITS,
-                          generated="puzzles",
-                          get_hub_download=_hf_hub_download, timeout=timeout)
+                          generated="puzzles")
 
 
 # ----------------------------------------------------------------------------
@@ -320,12 +316,14 @@ def ensure_dataset(output_dir: str, *, field_prefix: str = "",
 
   An interrupted build is built again; a complete one built with other
   arguments is refused in one line naming them (spelled `field_prefix` +
-  name, e.g. 'config.data.build.num_aug'); see `builds.ensure_built`.
+  name, e.g. 'config.data.build.num_aug'); see `builds.ensure_built`. So
+  is a failed download: its offline hint names the same fields.
   """
-  return builds.ensure_built(output_dir, build_dataset, _build_args,
-                             build_kwargs, ignored=_ignored,
-                             path_args=("csv_dir",),
-                             field_prefix=field_prefix)
+  with hub.offline_hint_for(field_prefix, HF_REPO, "puzzles"):
+    return builds.ensure_built(output_dir, build_dataset, _build_args,
+                               build_kwargs, ignored=_ignored,
+                               path_args=("csv_dir",),
+                               field_prefix=field_prefix)
 
 
 def ensure_from_config(output_dir: str, build_config) -> str:

@@ -122,15 +122,17 @@ def prepare_char(text: str, out_dir: str, source: str = "") -> dict:
 
 
 def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2",
-                source: str = "") -> dict:
+                source: str = "", tokenizer_flag: str = "--tokenizer") -> dict:
   """nanoGPT's data/shakespeare preparation: BPE tokens.
 
   The text is split 90/10 by characters first and each part encoded on its
   own, as nanoGPT does. `tokenizer` is "gpt2" (tiktoken) or the path of a
   Hugging Face tokenizer.json (or a directory holding one), recorded as an
   absolute path so `codec_from_meta` finds it from any working directory.
+  `tokenizer_flag` spells the tokenizer's flag in errors (e.g. tiktoken
+  offline).
   """
-  codec = text_codecs.bpe_codec(tokenizer)
+  codec = text_codecs.bpe_codec(tokenizer, tokenizer_flag)
   _check_vocab_fits(codec.vocab_size, tokenizer)
   name = "gpt2" if tokenizer == "gpt2" else os.path.abspath(codec.path)
   train_text, val_text = _split_text(text)
@@ -140,12 +142,12 @@ def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2",
 
 
 def prepare(text: str, out_dir: str, tokenizer: str = "char",
-            source: str = "") -> dict:
+            source: str = "", tokenizer_flag: str = "--tokenizer") -> dict:
   """`prepare_char` for tokenizer="char", else `prepare_bpe`; `source` (the
   input's path or URL) is recorded in meta.json."""
   if tokenizer == "char":
     return prepare_char(text, out_dir, source)
-  return prepare_bpe(text, out_dir, tokenizer, source)
+  return prepare_bpe(text, out_dir, tokenizer, source, tokenizer_flag)
 
 
 def is_prepared(data_dir: str) -> bool:
@@ -207,7 +209,37 @@ def check_prepared_args(data_dir: str, meta: dict, input_path: str,
         f"{data_dir} was prepared from {meta.get('input')} ({size} bytes, "
         f"recorded in {path}), but {field_prefix}input={input_path!r} holds "
         f"{os.path.getsize(input_path)} bytes: another text. Set "
-        f"{field_prefix}input to the prepared text, or {fix}.")
+        f"{field_prefix}input to the prepared text (or '' to use the "
+        f"prepared data), or {fix}.")
+  recorded_input = meta.get("input") or ""
+  if (_is_url(input_path) and _is_url(recorded_input)
+      and input_path != recorded_input):
+    raise ValueError(
+        f"{data_dir} was prepared from {recorded_input} (recorded in {path}),"
+        f" but {field_prefix}input={input_path!r}: another source. Set "
+        f"{field_prefix}input={recorded_input!r} (or '' to use the prepared "
+        f"data), or {fix}.")
+
+
+def _is_url(source: str) -> bool:
+  return "://" in (source or "")
+
+
+def same_input(input_path: str, meta: dict) -> bool:
+  """Whether `input_path` names the text a prepared directory records
+  (`meta`): the same URL, the same local file, or a local file of the
+  recorded size (a copy). An empty input, or a record without one, counts
+  as the same."""
+  recorded = meta.get("input")
+  if not input_path or not recorded:
+    return True
+  if _is_url(input_path) or _is_url(recorded):
+    return input_path == recorded
+  if os.path.abspath(input_path) == recorded:
+    return True
+  size = meta.get("input_bytes")
+  return (size is not None and os.path.isfile(input_path)
+          and os.path.getsize(input_path) == size)
 
 
 def same_tokenizer(requested: str, recorded: str) -> bool:

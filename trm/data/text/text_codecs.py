@@ -46,8 +46,8 @@ class CharCodec:
 class TiktokenCodec:
   """tiktoken's GPT-2 BPE (what nanoGPT's data/shakespeare uses)."""
 
-  def __init__(self, name: str = "gpt2"):
-    self.encoding = _tiktoken_encoding(name)
+  def __init__(self, name: str = "gpt2", tokenizer_flag: str = "--tokenizer"):
+    self.encoding = _tiktoken_encoding(name, tokenizer_flag)
     self.vocab_size = self.encoding.n_vocab
 
   def encode(self, text: str) -> list[int]:
@@ -84,12 +84,13 @@ class HFTokenizerCodec:
                                  skip_special_tokens=False)
 
 
-def _tiktoken_encoding(name: str):
-  alternative = ("Alternatively pass tokenizer=<path to a Hugging Face "
-                 "tokenizer.json> (e.g. the tokenizer.json of a gpt2 "
-                 "checkpoint directory, --tokenizer=/path/to/gpt2/"
-                 "tokenizer.json), which uses the `tokenizers` library and "
-                 "works offline.")
+def _tiktoken_encoding(name: str, tokenizer_flag: str = "--tokenizer"):
+  """tiktoken's encoding `name`; one line naming `tokenizer_flag` (how the
+  command in hand spells the tokenizer) when it cannot be loaded."""
+  alternative = (f"Alternatively pass {tokenizer_flag}=/path/to/gpt2/"
+                 "tokenizer.json (the tokenizer.json of a Hugging Face gpt2 "
+                 "download), which uses the `tokenizers` library and works "
+                 "offline.")
   try:
     import tiktoken  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -101,10 +102,11 @@ def _tiktoken_encoding(name: str):
   except Exception as e:  # pylint: disable=broad-except
     # tiktoken downloads its BPE files on first use (cached under
     # TIKTOKEN_CACHE_DIR), so offline machines fail here with a network error.
+    reason = " ".join(str(e).split())[:200]
     raise TokenizerUnavailableError(
-        f"tiktoken could not load the {name!r} encoding ({e}); it downloads "
-        "its files on first use, so offline it needs a filled "
-        f"TIKTOKEN_CACHE_DIR. {alternative}") from e
+        f"tiktoken could not load the {name!r} encoding ({type(e).__name__}: "
+        f"{reason}); it downloads its files on first use, so offline it "
+        f"needs a filled TIKTOKEN_CACHE_DIR. {alternative}") from e
 
 
 def tokenizer_file(path: str) -> str:
@@ -118,9 +120,11 @@ def tokenizer_file(path: str) -> str:
   return path
 
 
-def bpe_codec(tokenizer: str):
+def bpe_codec(tokenizer: str, tokenizer_flag: str = "--tokenizer"):
+  """The BPE codec of `tokenizer` ("gpt2" or a tokenizer.json path);
+  `tokenizer_flag` spells its flag in errors."""
   if tokenizer == "gpt2":
-    return TiktokenCodec("gpt2")
+    return TiktokenCodec("gpt2", tokenizer_flag)
   if tokenizer == "char":
     raise ValueError("tokenizer='char' is not a BPE tokenizer: use "
                      "prepare_char.")

@@ -31,6 +31,7 @@ from absl import flags
 from absl import logging
 
 from trm.core import cli
+from trm.core import hub as core_hub
 from trm.data import io as data_io
 from trm.data.text import preparation
 
@@ -39,6 +40,8 @@ from trm.data.text import preparation
 TRAIN_FILE = preparation.TRAIN_FILE
 VAL_FILE = preparation.VAL_FILE
 
+# Socket timeout of a URL input's download, seconds.
+URL_TIMEOUT_S = 30.0
 TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/"
                         "master/data/tinyshakespeare/input.txt")
 
@@ -58,38 +61,68 @@ _EVAL_STREAM = 0x6576616C  # "eval"
 # Reading the text.
 
 
-def read_text(source: str) -> str:
-  """The text of a local file, or of an http(s) URL (downloaded)."""
+def _download(url: str, input_flag: str) -> bytes:
+  """The bytes at `url`; one line naming `input_flag` when that fails. A
+  host that does not resolve or answer fails within seconds
+  (`trm.core.hub.unreachable`), not after the socket timeout."""
+  hint = (f"if this machine is offline, fetch the file elsewhere and pass "
+          f"its local path instead: {input_flag}=/path/to/input.txt")
+  why_not = core_hub.unreachable(url)
+  if why_not is not None:
+    raise ConnectionError(f"Could not download {url}: {why_not}; {hint}.")
+  try:
+    with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response:
+      return response.read()
+  except (urllib.error.URLError, OSError) as e:
+    reason = " ".join(str(getattr(e, "reason", e)).split())
+    raise ConnectionError(f"Could not download {url} ({type(e).__name__}: "
+                          f"{reason}); {hint}.") from e
+
+
+def read_text(source: str, input_flag: str = "--input") -> str:
+  """The text of a local file, or of an http(s) URL (downloaded).
+
+  `input_flag` is how the command in hand spells the input (the CLI's
+  --input; trm.main's --config.data.input), named by the error when a URL
+  cannot be downloaded.
+  """
   if source.startswith(("http://", "https://")):
-    try:
-      with urllib.request.urlopen(source, timeout=60) as response:
-        return data_io.decode_utf8(response.read(), source)
-    except (urllib.error.URLError, OSError) as e:
-      raise ConnectionError(
-          f"Could not download {source} ({e}). If this machine is offline, "
-          "fetch the file elsewhere and pass its local path instead, e.g. "
-          "--input=/path/to/input.txt.") from e
+    return data_io.decode_utf8(_download(source, input_flag), source)
   if not os.path.isfile(source):
     raise FileNotFoundError(f"{source} does not exist: pass a text file or "
-                            "an http(s) URL as the input.")
+                            f"an http(s) URL as the input ({input_flag}).")
   return data_io.read_utf8(source)
 
 
 def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
                     process_index: int | None = None,
                     timeout_s: float = 1800.0,
-                    poll_s: float = 1.0) -> dict:
+                    poll_s: float = 1.0,
+                    field_prefix: str = "config.data.") -> dict:
   """`load_meta(data_dir)`, preparing `input_path` there first if needed.
+
+  A prepared directory is used as it is: `input_path` is then not read (a
+  rerun needs no input, and no network for a URL). An input that provably
+  names another text (a local file of another size, another URL) is
+  refused in one line naming both; one that may be a copy (a URL where a
+  local file was prepared, say) is logged and the prepared data used.
 
   Only process 0 (`jax.process_index()` unless `process_index` is given)
   reads and writes; the others poll until meta.json appears (it is written
   last), so `data_dir` must be on a file system all processes share, or be
-  prepared beforehand on every host with the CLI.
+  prepared beforehand on every host with the CLI. `field_prefix` spells the
+  config fields in messages (trm.main's `config.data.`).
   """
   if preparation.is_prepared(data_dir):
     meta = preparation.load_meta(data_dir)
     # Prepared with other arguments: refused in one line naming the field.
-    preparation.check_prepared_args(data_dir, meta, input_path, tokenizer)
+    preparation.check_prepared_args(data_dir, meta, input_path, tokenizer,
+                                    field_prefix)
+    if not preparation.same_input(input_path, meta):
+      logging.warning(
+          "Using %s as prepared from %s; %sinput=%r is not read (delete %s "
+          "to prepare it from that instead).", data_dir, meta.get("input"),
+          field_prefix, input_path, data_dir)
     return meta
   if not input_path:
     return preparation.load_meta(data_dir)  # Raises, saying how to prepare it.
@@ -99,8 +132,9 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
   if process_index == 0:
     logging.info("Preparing %s from %s (tokenizer=%s).", data_dir,
                  input_path, tokenizer)
-    preparation.prepare(read_text(input_path), data_dir, tokenizer or "char",
-                        source=input_path)
+    preparation.prepare(read_text(input_path, f"--{field_prefix}input"),
+                        data_dir, tokenizer or "char", source=input_path,
+                        tokenizer_flag=f"--{field_prefix}tokenizer")
     return preparation.load_meta(data_dir)
   deadline = time.monotonic() + timeout_s
   while not preparation.is_prepared(data_dir):

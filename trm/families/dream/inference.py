@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 from typing import Optional, Sequence
 
@@ -39,6 +40,31 @@ DEFAULT_TOP_K = diffusion_sampling.DEFAULT_TOP_K
 # jax.random.key keeps 32 bits of a seed (without x64): 2**32 would give
 # the key of 0.
 SEED_LIMIT = 2**32
+# Prompts are left-padded to a multiple of this many tokens by default, so
+# that a notebook feeding prompts of new lengths reuses compiled programs
+# (the padding is masked: outputs are those of the unpadded batch, up to
+# floating-point rounding; see `generate`).
+PROMPT_BUCKET = 64
+# The files of a Hub repository that `from_pretrained("org/name")` reads.
+HUB_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json",
+             "tokenizer.json")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentNames:
+  """How errors of `from_pretrained` name its inputs: the Python API's
+  argument names (`API_NAMES`), or a command line's flags (`CLI_NAMES`)."""
+  path: str = "path"
+  tokenizer: str = "tokenizer"
+  config: str = "config"
+  allow_nonfinite: str = "allow_nonfinite=True"
+
+
+API_NAMES = ArgumentNames()
+CLI_NAMES = ArgumentNames(path="--checkpoint", tokenizer="--tokenizer",
+                          config="--config",
+                          allow_nonfinite="--allow_nonfinite")
 
 
 class ArgumentTypeError(cli.UserError, TypeError):
@@ -106,11 +132,18 @@ def check_batch_and_seed(batch_size, seed, num_prompts: int) -> None:
 
 @dataclasses.dataclass
 class Generation:
-  """What `generate(..., return_tokens=True)` returns."""
+  """What `generate(..., return_tokens=True)` (or Hugging Face's spelling,
+  `return_dict_in_generate=True`) returns."""
   completions: list[str]
   tokens: np.ndarray                 # [N, P + max_new_tokens]: prompt + canvas
-  prompt_len: int                    # P: the padded prompt width
-  history: Optional[np.ndarray] = None  # [steps, N, P + max_new_tokens]
+  prompt_len: int                    # P: the longest prompt (left-padded)
+  history: Optional[np.ndarray] = None  # [steps, N, P + max_new_tokens]:
+                                        # the canvas after each step
+
+  @property
+  def sequences(self) -> np.ndarray:
+    """`tokens`, under the name of Dream's `DreamModelOutput.sequences`."""
+    return self.tokens
 
 
 def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
@@ -146,18 +179,27 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
         "positions; lower max_new_tokens or shorten the prompts.")
 
 
+def padded_width(longest: int, *, bucket: int = 1, multiple_of: int = 1,
+                 new_tokens: int = 0) -> int:
+  """The prompt width P for a longest prompt of `longest` tokens: rounded up
+  to a multiple of `bucket`, then raised so that P + new_tokens is a
+  multiple of `multiple_of` (the splash kernel tiles the sequence by 128)."""
+  width = -(-longest // bucket) * bucket
+  return width + (-(width + new_tokens)) % multiple_of
+
+
 def left_pad(token_lists, pad_id: int, max_len: Optional[int] = None,
-             multiple_of: int = 1, new_tokens: int = 0):
-  """(ids [B, P], mask [B, P]) with every prompt right-aligned; P is the
-  longest prompt, raised so that P + new_tokens is a multiple of
-  `multiple_of` (the splash kernel tiles the sequence by 128)."""
+             multiple_of: int = 1, new_tokens: int = 0, bucket: int = 1):
+  """(ids [B, P], mask [B, P]) with every prompt right-aligned; P is
+  `padded_width` of the longest prompt."""
   longest = max(len(t) for t in token_lists)
   if max_len is not None and longest > max_len:
     raise ValueError(f"A prompt has {longest} tokens but only "
                      f"{max(max_len, 0)} fit: the model's positions minus "
                      "max_new_tokens. Shorten the prompt, lower "
                      "max_new_tokens or raise config.seq_len.")
-  width = longest + (-(longest + new_tokens)) % multiple_of
+  width = padded_width(longest, bucket=bucket, multiple_of=multiple_of,
+                       new_tokens=new_tokens)
   ids = np.full((len(token_lists), width), pad_id, np.int32)
   mask = np.zeros((len(token_lists), width), bool)
   for i, tokens in enumerate(token_lists):
@@ -229,7 +271,8 @@ def check_dream_workdir(workdir: str) -> None:
       f"models only: it was written by another model; {command}.")
 
 
-def _workdir_config(workdir: str, config):
+def _workdir_config(workdir: str, config,
+                    names: ArgumentNames = API_NAMES):
   """The model section and seq_len a `trm.main` run recorded."""
   recorded = os.path.join(workdir, "config.json")
   if os.path.isfile(recorded):
@@ -237,8 +280,43 @@ def _workdir_config(workdir: str, config):
     from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
     return ml_collections.ConfigDict(hf_config.read_config_object(recorded))
   if config is None:
-    raise FileNotFoundError(f"{recorded} is missing; pass the run's --config.")
+    raise FileNotFoundError(f"{recorded} is missing; pass the run's config "
+                            f"as {names.config}.")
   return config
+
+
+def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
+                       revision: Optional[str] = None) -> str:
+  """The local directory `path` names: itself when it is a directory, else,
+  when it looks like a Hub id ('org/name'), a download of the repository's
+  config, weights and tokenizer (`trm.core.hub.snapshot`; the cache when
+  offline). Anything else is refused in one line naming `names.path`."""
+  if not isinstance(path, (str, os.PathLike)):
+    raise ArgumentTypeError(f"{names.path}={path!r} is a "
+                            f"{type(path).__name__}: pass a directory or a "
+                            "Hugging Face Hub id ('org/name').")
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    return path
+  if os.path.exists(path):
+    raise NotADirectoryError(
+        f"{names.path}={path}: is a file; pass a Hugging Face checkpoint "
+        "directory, a trm.main workdir or a Hub id ('org/name').")
+  if not HUB_ID.fullmatch(path):
+    raise FileNotFoundError(
+        f"{names.path}={path}: no such directory (and not a Hugging Face "
+        "Hub id, 'org/name'); pass a Hugging Face checkpoint directory or a "
+        "trm.main workdir.")
+  from trm.core import hub  # pylint: disable=g-import-not-at-top
+  try:
+    return hub.snapshot(
+        path, allow_patterns=HUB_FILES, revision=revision,
+        offline_hint=(f"{names.path}={path} is no local directory either; "
+                      f"download it where there is network (huggingface-cli "
+                      f"download {path} --local-dir DIR) and pass "
+                      f"{names.path}=DIR"))
+  except hub.HubUnavailable as error:
+    raise FileNotFoundError(str(error)) from error
 
 
 class DiffusionLM:
@@ -261,8 +339,16 @@ class DiffusionLM:
                       param_dtype: Optional[str] = None,
                       tokenizer: Optional[str] = None, config=None,
                       attention: Optional[str] = None,
-                      allow_nonfinite: bool = False):
-    """From a Hugging Face directory or a `trm.main` workdir.
+                      allow_nonfinite: bool = False,
+                      revision: Optional[str] = None,
+                      names: ArgumentNames = API_NAMES):
+    """From a Hugging Face directory, a Hub id or a `trm.main` workdir.
+
+    path: a local directory (a Hugging Face download, an export of
+    `trm.export`, or a `trm.main` workdir), else a Hub id such as
+    "apple/DiffuCoder-7B-Instruct", downloaded once into the Hugging Face
+    cache (config.json, the safetensors and tokenizer.json; `revision`: a
+    branch, tag or commit); a path that is neither fails in one line.
 
     mesh: a `jax.sharding.Mesh` (default: FSDP over every device, or the
     config's mesh when `config` is given); dtype: compute dtype;
@@ -274,23 +360,22 @@ class DiffusionLM:
     model.attention, else 'dot'); allow_nonfinite: load Hugging Face
     weights holding NaN or Inf (refused by default, naming the tensor).
     A workdir of another model family (GPT, TRM) is refused first, naming
-    the command that samples it.
+    the command that samples it. names: how errors name these arguments
+    (the command-line tools pass `CLI_NAMES`, their flags).
     """
+    cli.default_to_cpu()  # no libtpu start-up (E0000 lines) on a CPU host
     from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
     from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
     from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
-    if not os.path.isdir(path):
-      raise FileNotFoundError(f"{path} is not a directory: pass a Hugging "
-                              "Face checkpoint directory or a trm.main "
-                              "workdir.")
+    path = resolve_checkpoint(path, names, revision)
     if attention is None:
       attention = (config.model.get("attention", "dot") if config is not None
                    and "model" in config else "dot")
     workdir = os.path.isdir(os.path.join(path, "checkpoints"))
     if workdir:
       check_dream_workdir(path)
-      run = _workdir_config(path, config)
+      run = _workdir_config(path, config, names)
       cfg = dream.DreamConfig.from_config(dict(
           run.model, attention=attention,
           **({"dtype": dtype} if dtype else {})))
@@ -303,6 +388,15 @@ class DiffusionLM:
           attention=attention)
       tok = tok_lib.from_spec(tokenizer, cfg)
     else:
+      if not os.path.isfile(os.path.join(tokenizer or path,
+                                         "tokenizer.json")):
+        which = (f"{names.tokenizer}={tokenizer}" if tokenizer
+                 else f"{names.path}={path}")
+        raise FileNotFoundError(
+            f"{which} holds no tokenizer.json: pass {names.tokenizer}=<a "
+            f"directory with tokenizer.json>, or {names.tokenizer}=bytes for "
+            "a model trained with the byte tokenizer (e.g. an export of "
+            "configs/diffucoder_7b.py:tiny).")
       tok = tok_lib.load_tokenizer(tokenizer or path)
       cfg, positions = hf_config.model_config_from_hf(
           path, tok, dtype=dtype, param_dtype=param_dtype,
@@ -320,7 +414,8 @@ class DiffusionLM:
     _, shardings = mesh_lib.ShardingContext(mesh, rules).boxed_shardings(
         lambda: dream.abstract_params(cfg))
     params, source = load_params(path, cfg, shardings,
-                                 allow_nonfinite=allow_nonfinite)
+                                 allow_nonfinite=allow_nonfinite,
+                                 allow_hint=names.allow_nonfinite)
     return cls(cfg, params, tok, mesh=mesh, rules=rules,
                max_positions=positions, source=source)
 
@@ -378,7 +473,10 @@ class DiffusionLM:
                chat: bool = False, batch_size: Optional[int] = None,
                seed: int = 0, return_tokens: bool = False,
                return_history: bool = False, cache: Optional[str] = None,
-               block_length: int = 32, threshold: Optional[float] = None):
+               block_length: int = 32, threshold: Optional[float] = None,
+               prompt_bucket: int = PROMPT_BUCKET,
+               return_dict_in_generate: bool = False,
+               output_history: bool = False):
     """Completions (list of str) for `prompts` (a string or a list).
 
     steps defaults to max_new_tokens (one token per step). `cache`
@@ -388,7 +486,18 @@ class DiffusionLM:
     threshold parallel decoding; unset, the exact reference sampler runs. With
     `return_tokens` (or `return_history`) a `Generation` comes back instead,
     holding the raw sequences and, with `return_history`, the canvas after
-    every step. `self.timings` then holds the compile and run seconds.
+    every step. `return_dict_in_generate` and `output_history` are Hugging
+    Face's `diffusion_generate` spellings of the same: the object has
+    `.sequences` (prompt + canvas) and `.history` (x after each step, as
+    `DreamModelOutput.history`); unlike there, `output_history` alone also
+    returns the object (HF would drop the history silently). Prompts are
+    left-padded to a multiple of `prompt_bucket` tokens (1: to the longest
+    prompt only), so that new prompt lengths mostly reuse a compiled program;
+    the padding is masked (positions, attention) and cut off again, so the
+    outputs are the unbucketed ones up to floating-point rounding: attention
+    then sums over longer rows of masked zeros, which can move a logit by
+    ~1e-7 and so flip an exact near-tie (two reveals of equal confidence).
+    `self.timings` then holds the compile and run seconds.
     """
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -396,6 +505,10 @@ class DiffusionLM:
     prompts = check_prompts(prompts)
     check_batch_and_seed(batch_size, seed, len(prompts))
     seed = int(seed)  # numpy integers would wrap in seed + n
+    if not _is_int(prompt_bucket) or prompt_bucket < 1:
+      raise ValueError(f"prompt_bucket={prompt_bucket!r}: must be an "
+                       "integer >= 1 (1: no bucketing).")
+    return_history = bool(return_history or output_history)
     batch_size = None if batch_size is None else int(batch_size)
     steps = max_new_tokens if steps is None else steps
     check_settings(max_new_tokens=max_new_tokens, steps=steps,
@@ -416,16 +529,22 @@ class DiffusionLM:
                    temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
                    alg_temp=alg_temp, eps=eps,
                    max_positions=self.max_positions, prompt_len=longest)
-    ids, mask = left_pad(
-        token_lists, self.tokenizer.eos_id, new_tokens=int(max_new_tokens),
-        multiple_of=1 if self.cfg.attention == "dot" else 128)
+    widths = dict(new_tokens=int(max_new_tokens),
+                  multiple_of=1 if self.cfg.attention == "dot" else 128)
+    ids, mask = left_pad(token_lists, self.tokenizer.eos_id,
+                         bucket=int(prompt_bucket), **widths)
+    # The bucket's extra pad columns, cut from what is returned.
+    extra = ids.shape[1] - padded_width(longest, **widths)
     size = batch_size or len(prompts)
     rows = -(-len(prompts) // size) * size
     if rows > len(prompts):  # repeat the last prompt: one program for all
       ids = np.concatenate([ids, np.repeat(ids[-1:], rows - len(prompts), 0)])
       mask = np.concatenate([mask, np.repeat(mask[-1:], rows - len(prompts),
                                              0)])
-    padded = bool((~mask).any())
+    # Bucketed, a prompt that fills its bucket exactly runs the padded
+    # program too (an all-ones mask gives the same result): one program per
+    # bucket, not two.
+    padded = bool((~mask).any()) or prompt_bucket > 1
     settings = dict(
         max_new_tokens=int(max_new_tokens), steps=int(steps), alg=alg,
         temperature=float(temperature),
@@ -451,18 +570,19 @@ class DiffusionLM:
           out, hist = out
           hists.append(np.asarray(jax.device_get(hist)))
         outs.append(np.asarray(jax.device_get(out)))
-    tokens = np.concatenate(outs)[:len(prompts)]
+    tokens = np.concatenate(outs)[:len(prompts), extra:]
     self.timings = {"compile_seconds": compile_seconds,
                     "run_seconds": time.perf_counter() - start,
                     "new_tokens": len(prompts) * int(max_new_tokens)}
-    cut = diffusion_sampling.split_completion(tokens[:, ids.shape[1]:],
+    prompt_len = ids.shape[1] - extra
+    cut = diffusion_sampling.split_completion(tokens[:, prompt_len:],
                                               self.tokenizer.stop_ids())
     completions = [self.tokenizer.decode(c) for c in cut]
-    if not (return_tokens or return_history):
+    if not (return_tokens or return_history or return_dict_in_generate):
       return completions
-    history = (np.concatenate(hists, axis=1)[:, :len(prompts)] if hists
-               else None)
-    return Generation(completions, tokens, ids.shape[1], history)
+    history = (np.concatenate(hists, axis=1)[:, :len(prompts), extra:]
+               if hists else None)
+    return Generation(completions, tokens, prompt_len, history)
 
 
 def _run_tokenizer(run, workdir: str) -> str:
@@ -475,7 +595,8 @@ def _run_tokenizer(run, workdir: str) -> str:
   return spec
 
 
-def check_finite_params(params, cfg, where: str) -> None:
+def check_finite_params(params, cfg, where: str,
+                        allow_hint: str = "allow_nonfinite=True") -> None:
   """Raises CheckpointError naming the Hugging Face tensor (and layer) of
   the first param holding NaN or Inf. The counts are reduced on the
   devices, each from its own shards; only one number per tensor (per layer)
@@ -506,13 +627,12 @@ def check_finite_params(params, cfg, where: str) -> None:
       name = name.replace("{i}", str(layer))
       size //= max(x.shape[0], 1)
       bad = bad[layer]
-    raise weights_io.nonfinite_error(
-        name, where, int(bad), size,
-        "allow_nonfinite=True (trm.generate: --allow_nonfinite)")
+    raise weights_io.nonfinite_error(name, where, int(bad), size, allow_hint)
 
 
 def load_params(checkpoint: str, cfg, shardings,
-                allow_nonfinite: bool = False):
+                allow_nonfinite: bool = False,
+                allow_hint: str = "allow_nonfinite=True"):
   """(params, description) from a HF directory or a trm.main workdir.
 
   A workdir of another model family is refused naming the command that
@@ -533,5 +653,5 @@ def load_params(checkpoint: str, cfg, shardings,
     return fields["params"], f"{saved} step {step}"
   params = hf_import.load_hf_checkpoint(checkpoint, cfg, shardings)
   if not allow_nonfinite:
-    check_finite_params(params, cfg, checkpoint)
+    check_finite_params(params, cfg, checkpoint, allow_hint)
   return params, checkpoint

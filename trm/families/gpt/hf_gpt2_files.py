@@ -1,12 +1,16 @@
 """A Hugging Face GPT-2 directory: its config.json (checked and turned into
 nanoGPT model args) and its .safetensors weight files (one file, or shards
-named by an index). Read by `trm.families.gpt.gpt_import.load_hf_gpt2`."""
+named by an index). Read by `trm.families.gpt.gpt_import.load_hf_gpt2`. A
+Hub model id in place of the directory ("openai-community/gpt2") is
+downloaded first (`local_directory`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
+from trm.core import hub
 from trm.core import weights_io
 
 HF_CONFIG = "config.json"
@@ -14,6 +18,29 @@ HF_SINGLE = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
 HF_FILES = (f"{HF_CONFIG} and {HF_SINGLE} (or sharded "
              f"model-*.safetensors with {HF_INDEX})")
+# What a GPT-2 download needs: the config and the safetensors weights (one
+# file or shards with their index), not the PyTorch / TF / Flax copies.
+HUB_PATTERNS = (HF_CONFIG, "*.safetensors", HF_INDEX)
+# "org/name" as the Hub spells model ids.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+def local_directory(path: str, flag: str = "--config.init_checkpoint") -> str:
+  """`path` itself when it is a directory (or does not look like a Hub model
+  id, so the readers name it as missing); a Hub model id such as
+  "openai-community/gpt2" is downloaded with `trm.core.hub.snapshot` (the
+  Hub cache; without network a cached copy, else one line naming `flag`,
+  how the command in hand spells the directory)."""
+  if os.path.exists(path) or not _HUB_ID.match(path):
+    return path
+  return hub.snapshot(
+      path, allow_patterns=HUB_PATTERNS,
+      offline_hint=(f"{flag}={path} is no local directory, so it was taken "
+                    "as a Hugging Face Hub model id; without network, "
+                    f"download it elsewhere (huggingface-cli download {path} "
+                    f"--local-dir DIR) and pass {flag}=DIR"))
+
+
 def read_hf_config(directory: str) -> dict:
   path = os.path.join(directory, HF_CONFIG)
   if not os.path.isfile(path):

@@ -9,7 +9,8 @@ nanoGPT's get_batch. `init_from` follows nanoGPT:
             `init_checkpoint=.../ckpt.pt`, nanoGPT's run: its weights,
             AdamW state, iteration and best validation loss
   gpt2*     OpenAI's GPT-2 weights from a Hugging Face directory in
-            `init_checkpoint`
+            `init_checkpoint`, or a Hub model id there
+            ("openai-community/gpt2", downloaded; `trm.core.hub`)
 Weights from a checkpoint decide the model's shapes, as in nanoGPT; the
 config's values are overwritten (and so recorded in config.json), and a
 smaller `block_size` crops the position table (nanoGPT's crop_block_size).
@@ -31,6 +32,7 @@ from trm.core.task import Task
 from trm.data.text import tfds_source
 from trm.data.text import windows as text
 from trm.families.gpt import gpt_import
+from trm.families.gpt import hf_gpt2_files
 from trm.families.gpt import model as gpt
 from trm.families.gpt import program as gpt_program
 from trm.families.gpt import steps as gpt_steps
@@ -64,8 +66,9 @@ def check_config(config) -> None:
         f"config.init_from={config.init_from!r} needs config.init_checkpoint"
         " = a directory with config.json and model.safetensors of OpenAI's "
         f"GPT-2 (e.g. `huggingface-cli download openai-community/"
-        f"{config.init_from} --local-dir DIR`); nothing is downloaded "
-        "during training.")
+        f"{config.init_from} --local-dir DIR`), or the Hub model id "
+        f"openai-community/{config.init_from} to download it (needs network"
+        " and huggingface_hub: pip install -e .[hub]).")
   if config.dtype not in DTYPES:
     raise ValueError(f"config.dtype={config.dtype!r} must be one of "
                      f"{list(DTYPES)}.")
@@ -90,7 +93,8 @@ def _load_weights(config, optimizer: bool):
   moments come in the model's layout (`_model_layout`)."""
   path = config.init_checkpoint
   if config.init_from.startswith("gpt2"):
-    params, args = gpt_import.load_hf_gpt2(path)
+    params, args = gpt_import.load_hf_gpt2(
+        hf_gpt2_files.local_directory(path))
     weights_io.check_finite_tree(params, path)
     return (_model_layout(config, params, args), args,
             f"GPT-2 weights from {path}", {})
@@ -178,6 +182,12 @@ def _token_streams(config):
   directory = data_dir(config)
   meta = text.ensure_prepared(directory, config.data.input,
                               config.data.tokenizer)
+  if meta.get("input"):
+    with config.unlocked():
+      # The text the data was prepared from, as config.json records it: a
+      # rerun without --config.data.input (or with the config's default
+      # URL) uses the prepared data and is the same run to the resume check.
+      config.data.input = meta["input"]
   return meta, directory, [os.path.join(directory, text.TRAIN_FILE),
                            os.path.join(directory, text.VAL_FILE)]
 
@@ -202,8 +212,8 @@ def build(config, workdir: str, ctx) -> Task:
     # The weights' shapes win, also when resuming: the resumed run's model
     # was built from them. A resumed GPT-2 run reads only config.json.
     if resuming and config.init_from.startswith("gpt2"):
-      _adopt_shapes(config,
-                    gpt_import.hf_gpt2_model_args(config.init_checkpoint),
+      _adopt_shapes(config, gpt_import.hf_gpt2_model_args(
+          hf_gpt2_files.local_directory(config.init_checkpoint)),
                     config.init_checkpoint)
     else:
       # AdamW's state only when the run starts from the file: a resumed run

@@ -6,6 +6,7 @@ import importlib
 import os
 
 import jax
+import numpy as np
 
 from trm.core.task import Task
 from trm.data.puzzles import dataset as puzzle_dataset
@@ -37,6 +38,41 @@ def prepare_data(config, workdir: str) -> str:
   builder = importlib.import_module(f"trm.data.puzzles.{config.data.name}")
   builder.ensure_from_config(data_dir, config.data.build)
   return data_dir
+
+
+def run_data_dir(config, checkpoint: str, output_dir: str) -> str:
+  """The dataset `trm.evaluate` reads: config.data.data_dir when set; else,
+  when `checkpoint` is a trm.main workdir, the dataset that run trained on
+  (its config.json's data.data_dir, or `<workdir>/data` when that was '')
+  if it is a usable build, so it is read, never rebuilt; else
+  `<output_dir>/data` (built there). A run's dataset built with other
+  arguments than `config.data.build` is refused by `prepare_data`."""
+  if config.data.data_dir:
+    return config.data.data_dir
+  if config.data.name in trm_program.BUILDERS and os.path.isdir(
+      os.path.join(checkpoint, "checkpoints")):
+    from trm.data.puzzles import builds  # pylint: disable=g-import-not-at-top
+    run_dir = _recorded_data_dir(checkpoint) or os.path.join(checkpoint,
+                                                             "data")
+    builder = importlib.import_module(
+        f"trm.data.puzzles.{config.data.name}")
+    extra = getattr(builder, "EXTRA_FILES", ())
+    if builds.build_state(run_dir, extra) in ("complete", "foreign"):
+      return run_dir
+  return os.path.join(output_dir, "data")
+
+
+def _recorded_data_dir(workdir: str) -> str:
+  """data.data_dir in the run's config.json ('' when unset or unreadable:
+  the run then used `<workdir>/data`)."""
+  import json  # pylint: disable=g-import-not-at-top
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      record = json.load(f)
+    data_dir = record["data"]["data_dir"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return ""
+  return data_dir if isinstance(data_dir, str) else ""
 
 
 class EvalHook:
@@ -73,6 +109,40 @@ class EvalHook:
                              os.path.join(save_dir, "sheet.png"),
                              max_rows=self.sheet_rows)
     return results
+
+
+class KeptPredictions:
+  """Wraps a task's eval hook and also keeps every predicted row, in the
+  split's example order, for `trm.evaluate`'s predictions file (what
+  `trm.visualize --predictions` reads). Test batches are sequential and
+  their padding rows come last, so row i of the concatenation is example i;
+  `array()` drops the padding. Collective: call `update` on every process
+  (a batch split across processes is gathered)."""
+
+  def __init__(self, hook, num_examples: int):
+    self.hook, self.num_examples, self.parts = hook, num_examples, []
+
+  def update(self, batch, outputs) -> None:
+    if self.hook is not None:
+      self.hook.update(batch, outputs)
+    predictions = outputs["predictions"]
+    if not getattr(predictions, "is_fully_addressable", True):
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      predictions = multihost_utils.process_allgather(predictions,
+                                                      tiled=True)
+    rows = np.asarray(predictions)
+    # Puzzle vocabularies are tiny (<= 12 ids): a quarter of int32's disk.
+    self.parts.append(rows.astype(np.uint8) if rows.size and
+                      rows.max() < 256 else rows)
+
+  def result(self, save_dir) -> dict:
+    return self.hook.result(save_dir) if self.hook is not None else {}
+
+  def array(self) -> np.ndarray:
+    """[examples evaluated, seq_len] token ids (row i = example i)."""
+    if not self.parts:  # no test batch
+      return np.zeros((0, 0), np.uint8)
+    return np.concatenate(self.parts)[:self.num_examples]
 
 
 def visualize_kind(metadata):

@@ -1,6 +1,6 @@
 r"""Which dispatch depths let XLA:CPU's multi-device collectives deadlock.
 
-  python benchmarks/cpu_dispatch_depth.py [--steps=3000] [--depths=none,2,8,32]
+  python benchmarks/reliability/cpu_dispatch_depth.py [--steps=3000] [--depths=none,2,8,32]
 
 Each depth runs in a fresh process with 8 simulated CPU devices: `--steps`
 jitted, data-parallel steps (a gradient all-reduce each), with the host kept
@@ -17,7 +17,8 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 _CHILD = r"""
 import sys, time

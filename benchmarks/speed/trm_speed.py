@@ -1,9 +1,9 @@
 r"""TRM train step: ours (jitted) against upstream's PyTorch step, same CPU.
 
-  PYTHONPATH=. python benchmarks/trm_speed.py --config=cpu --rounds=5
-  PYTHONPATH=. python benchmarks/trm_speed.py --config=mlp_t --batch=8 \
+  PYTHONPATH=. python benchmarks/speed/trm_speed.py --config=cpu --rounds=5
+  PYTHONPATH=. python benchmarks/speed/trm_speed.py --config=mlp_t --batch=8 \
       --rounds=3 --steps=3
-  PYTHONPATH=. python benchmarks/trm_speed.py --config=att --batch=8
+  PYTHONPATH=. python benchmarks/speed/trm_speed.py --config=att --batch=8
 
 Both sides get the same config (configs/trm_sudoku.py with `:cpu`, nothing,
 or `:att`), the same random Sudoku-shaped batches and the same initial
@@ -38,13 +38,16 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import torch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "reference"))
 import train_step_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 import trm_torch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from trm.core import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _VARIANTS = {"cpu": "cpu", "mlp_t": None, "att": "att"}
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 def make_config(name, batch, dtype):

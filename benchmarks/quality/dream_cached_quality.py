@@ -2,7 +2,7 @@ r"""Quality of cached block decoding on a fine-tuned model (greedy).
 
   python -m trm.main --config=configs/diffucoder_7b.py:tiny --workdir=W \
       --config.seq_len=256 --config.total_steps=600
-  python benchmarks/dream_cached_quality.py --workdir=W [--prompts=16 \
+  python benchmarks/quality/dream_cached_quality.py --workdir=W [--prompts=16 \
       --prompt_len=128 --max_new_tokens=128]
 
 The workdir's `seq_len` must hold prompt_len + max_new_tokens (the model's
@@ -54,9 +54,15 @@ _TEMPERATURE = flags.DEFINE_float(
 def held_out_windows(count: int, length: int) -> list[bytes]:
   """`count` byte windows of `length`, one per file, from files `:tiny`
   never trains on."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  files = sorted(glob.glob(os.path.join(root, "tests", "*.py"))
-                 + glob.glob(os.path.join(root, "benchmarks", "*.py")))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  # The scripts of benchmarks/'s groups (not gpu/'s kit), by file name: the
+  # order they had when they lay in benchmarks/ itself, before tests/.
+  scripts = [path for path in glob.glob(os.path.join(root, "benchmarks", "*",
+                                                     "*.py"))
+             if os.path.basename(os.path.dirname(path)) != "gpu"]
+  files = (sorted(scripts, key=os.path.basename)
+           + sorted(glob.glob(os.path.join(root, "tests", "*.py"))))
   out = []
   for path in files:
     data = open(path, "rb").read()

@@ -1,7 +1,7 @@
 r"""Forward and masked-diffusion sampling speed of a Dream / DiffuCoder config.
 
-  python benchmarks/lm_speed.py                       # configs/...:tiny, CPU
-  python benchmarks/lm_speed.py --config=configs/diffucoder_7b.py:1b \
+  python benchmarks/speed/lm_speed.py                       # configs/...:tiny, CPU
+  python benchmarks/speed/lm_speed.py --config=configs/diffucoder_7b.py:1b \
       --config.model.param_dtype=bfloat16 --batch=8 --seq_len=2048 \
       --sample_batch=8 --prompt_len=256 --max_new_tokens=256   # one GPU
 

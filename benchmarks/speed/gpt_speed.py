@@ -1,8 +1,8 @@
 r"""Time per iteration and MFU of nanoGPT's workflow on our trainer, and of
 nanoGPT's PyTorch loop on the same machine.
 
-  PYTHONPATH=. python benchmarks/gpt_speed.py --rounds=5  # CPU recipe, both
-  PYTHONPATH=. python benchmarks/gpt_speed.py --torch=false \
+  PYTHONPATH=. python benchmarks/speed/gpt_speed.py --rounds=5  # CPU recipe, both
+  PYTHONPATH=. python benchmarks/speed/gpt_speed.py --torch=false \
       --config=configs/gpt.py:shakespeare_char           # one GPU
 
 Ours: the task `trm.main` trains (`trm.families.gpt.task`: random windows from the
@@ -14,7 +14,7 @@ figure is the median over `--iters`. MFU uses nanoGPT's estimate_mfu formula
 against the peak of the device in use (`trm.core.mfu.peak_flops`: a measured
 matmul peak on CPU, the published peak on GPUs and TPUs).
 
-Theirs: `benchmarks/nanogpt_torch.py` (nanoGPT's loop with --compile=False,
+Theirs: `benchmarks/reference/nanogpt_torch.py` (nanoGPT's loop with --compile=False,
 or the user's nanoGPT checkout with --nanogpt_dir), same sizes and data,
 in the same process.
 
@@ -34,7 +34,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "..", "configs",
+    "config", os.path.join(os.path.dirname(__file__), "..", "..", "configs",
                            "gpt.py:shakespeare_char_cpu"),
     "GPT config (configs/gpt.py variant).", lock_config=True)
 _INPUT = flags.DEFINE_string(
@@ -45,7 +45,7 @@ _ROUNDS = flags.DEFINE_integer("rounds", 1, "Alternating rounds of ours and "
                                "theirs; the summary is the median over them.")
 _WARMUP = flags.DEFINE_integer("warmup", 10, "Untimed iterations first.")
 _TORCH = flags.DEFINE_bool("torch", True, "Also time nanoGPT's PyTorch "
-                           "loop (benchmarks/nanogpt_torch.py).")
+                           "loop (benchmarks/reference/nanogpt_torch.py).")
 _NANOGPT_DIR = flags.DEFINE_string(
     "nanogpt_dir", None, "A karpathy/nanoGPT checkout whose model.py the "
     "PyTorch figure uses.")
@@ -122,7 +122,8 @@ def main(argv):
   timed_ours = make_ours(config)
   torch_args = None
   if _TORCH.value:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "reference"))
     import nanogpt_torch  # pylint: disable=g-import-not-at-top
     data_dir = os.path.join(config.data_root, config.dataset)
     argv = [f"--data_dir={data_dir}", f"--iters={_ITERS.value}",

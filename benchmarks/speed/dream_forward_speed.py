@@ -1,6 +1,6 @@
 r"""One Dream forward (hidden states + LM head) against transformers' Qwen2.
 
-  taskset -c 0 python benchmarks/dream_forward_speed.py [--rounds=5] \
+  taskset -c 0 python benchmarks/speed/dream_forward_speed.py [--rounds=5] \
       [--batch=4 --length=256] [--parts]
 
 The 12.2M-parameter model of `dream_sampler_speed.py`, float32, the same
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -42,6 +43,8 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
 
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "reference"))
   import dream_torch_sampler as ref  # pylint: disable=g-import-not-at-top
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
   from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top

@@ -1,6 +1,6 @@
 r"""Ways to find the top-k / top-p boundary of [rows, vocab] logits on CPU.
 
-  taskset -c 0 python benchmarks/topk_methods.py [--rows=512 --vocab=16384]
+  taskset -c 0 python benchmarks/speed/topk_methods.py [--rows=512 --vocab=16384]
 
 One XLA thread; each method jitted, timed over 5 calls after a warm-up:
 `lax.top_k` (XLA:CPU's TopK; inside a loop it becomes a full sort), a

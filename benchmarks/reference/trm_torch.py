@@ -7,7 +7,7 @@ float64 + 0.5 * BCE-sum on q_halt), backward of loss / batch, sparse sign-SGD
 on the looked-up puzzle rows, AdamATan2 (imoneoi's reference math) on every
 parameter, then the EMA update. Eager mode, as upstream runs without a GPU
 (`DISABLE_COMPILE`); the weights come from our flax state, so both sides
-start from the same point (`benchmarks/trm_speed.py`, the parity test).
+start from the same point (`benchmarks/speed/trm_speed.py`, the parity test).
 """
 from __future__ import annotations
 

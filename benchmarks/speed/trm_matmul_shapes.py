@@ -1,8 +1,8 @@
 r"""GFLOP/s of one jitted `a @ b` (XLA:CPU) and of torch's, on TRM's shapes.
 
-  PYTHONPATH=. python benchmarks/trm_matmul_shapes.py
+  PYTHONPATH=. python benchmarks/speed/trm_matmul_shapes.py
   XLA_FLAGS=--xla_cpu_use_xnnpack=true PYTHONPATH=. python \
-      benchmarks/trm_matmul_shapes.py
+      benchmarks/speed/trm_matmul_shapes.py
 
 Shapes: the `:cpu` token mixer ([2I, S] x [S, B*D] with S = 97, and the
 down projection), its channel MLP ([B*S, D] x [D, 2I]), and the paper

@@ -1,6 +1,6 @@
 r"""Our masked-diffusion sampler against the reference loop in PyTorch.
 
-  taskset -c 0 python benchmarks/dream_sampler_speed.py [--rounds=3] \
+  taskset -c 0 python benchmarks/speed/dream_sampler_speed.py [--rounds=3] \
       [--dtype=float32] [--batch=4 --prompt_len=128 --max_new_tokens=128 \
        --steps=128]
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -68,6 +69,8 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
 
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "reference"))
   import dream_torch_sampler as ref  # pylint: disable=g-import-not-at-top
   from trm.families.dream import sampling as diffusion_sampling  # pylint: disable=g-import-not-at-top
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top

@@ -1,7 +1,7 @@
 r"""Per-chip memory and fit verdicts on TPU topologies, as a Markdown table.
 
-  python benchmarks/aot_table.py [--rows=sudoku,arc] > table.md
-  python benchmarks/aot_table.py --rows=diffucoder:5,diffucoder_sample
+  python benchmarks/forecast/aot_table.py [--rows=sudoku,arc] > table.md
+  python benchmarks/forecast/aot_table.py --rows=diffucoder:5,diffucoder_sample
 
 `--rows` names groups, or one row of a group as GROUP:INDEX (from 0).
 
@@ -20,7 +20,8 @@ import sys
 from trm import aot  # sets the libtpu environment before jax loads
 from trm.core import config_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 SUDOKU, ARC, DIFFUCODER = "trm_sudoku.py", "trm_arc.py", "diffucoder_7b.py"
 # DiffuCoder README / Dream eval settings: alg entropy, temperature 0.3,

@@ -1,10 +1,10 @@
 r"""Validation loss of nanoGPT's CPU recipe in PyTorch, for comparison with
 `python -m trm.main --config=configs/gpt.py:shakespeare_char_cpu`.
 
-  python benchmarks/nanogpt_torch_loss.py --seed=1337 \
+  python benchmarks/quality/nanogpt_torch_loss.py --seed=1337 \
       --data_dir=runs/data/shakespeare_char
 
-The model and optimizer are `benchmarks/nanogpt_torch.py`'s (nanoGPT's
+The model and optimizer are `benchmarks/reference/nanogpt_torch.py`'s (nanoGPT's
 model.py re-implemented: state-dict names, init, AdamW groups); the loop is
 nanoGPT train.py's on CPU: get_batch (random windows with replacement),
 get_lr, clipping at 1.0, estimate_loss every 250 iterations over
@@ -21,7 +21,9 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# benchmarks/reference/ holds the PyTorch port this compares with.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "reference"))
 import nanogpt_torch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 

@@ -1,6 +1,6 @@
 r"""Cached block decoding (Fast-dLLM style) against our exact sampler.
 
-  taskset -c 0 python benchmarks/dream_cached_speed.py [--rounds=3] \
+  taskset -c 0 python benchmarks/speed/dream_cached_speed.py [--rounds=3] \
       [--batch=1 --prompt_len=512 --max_new_tokens=512 --block_length=32]
       [--temperature=0.2 --top_p=0.95 --top_k=50]
 

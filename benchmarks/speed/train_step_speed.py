@@ -1,7 +1,7 @@
 r"""Train-step speed and first-step compile time for a TRM config.
 
-  python benchmarks/train_step_speed.py --config=configs/trm_sudoku.py:cpu
-  python benchmarks/train_step_speed.py --config=configs/trm_sudoku.py \
+  python benchmarks/speed/train_step_speed.py --config=configs/trm_sudoku.py:cpu
+  python benchmarks/speed/train_step_speed.py --config=configs/trm_sudoku.py \
       --config.global_batch_size=16 --steps=3
 
 Uses the trainer's own mesh, state, sharding and step code on random

@@ -1,7 +1,7 @@
 r"""SIGKILL a CPU training run at random moments; the resumed run must end
 bit-identical to an uninterrupted one.
 
-  nice python benchmarks/kill_resume.py [--trials=20] [--seed=0] \
+  nice python benchmarks/reliability/kill_resume.py [--trials=20] [--seed=0] \
       [--root=/tmp/kill_resume]
 
 Builds a small Sudoku dataset once, runs `python -m trm.main` (tiny
@@ -40,7 +40,8 @@ from absl import app, flags, logging
 # This process only reads checkpoints back: keep jax off any TPU plugin.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 _TRIALS = flags.DEFINE_integer("trials", 20, "Killed runs to check.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the kill delays.")

@@ -1,6 +1,6 @@
 r"""Host time to build and read GPT batches: `.bin` memmap vs TFDS ArrayRecord.
 
-  PYTHONPATH=. python benchmarks/text_source_speed.py \
+  PYTHONPATH=. python benchmarks/speed/text_source_speed.py \
       --input=../shared/data/tinyshakespeare/input.txt
 
 Builds `trm_tiny_shakespeare` (python -m trm.data.tfds_builders) and the

@@ -1,6 +1,6 @@
 r"""One token draw of the exact sampler, unset top_k against top_k 50.
 
-  taskset -c 0 python benchmarks/dream_token_draw_speed.py [--scale=20]
+  taskset -c 0 python benchmarks/speed/dream_token_draw_speed.py [--scale=20]
 
 `token_draws.sample_tokens` (greedy, entropy confidence) on [4, 128, 16384]
 float32 logits drawn as standard normal x `--scale` (the sampler benchmark's

@@ -1,6 +1,6 @@
 r"""Forecast MaxText's published 22B multi-slice runs and compare.
 
-  python benchmarks/forecast_maxtext22b.py [--variant=maxtext22b]
+  python benchmarks/forecast/forecast_maxtext22b.py [--variant=maxtext22b]
       [--slices=1,2,4,8] [--json=PATH]
 
 MaxText's README ("Runtime Performance Results", TPU v4) measured a 22B
@@ -30,7 +30,8 @@ import time
 
 import jax  # pylint: disable=g-import-not-at-top
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from trm.core import config_lib  # pylint: disable=g-import-not-at-top

@@ -1,6 +1,6 @@
 r"""Dream hidden-state forward time against the batch, with page faults.
 
-  taskset -c 0 python benchmarks/dream_batch_scaling.py [--length=1024 \
+  taskset -c 0 python benchmarks/speed/dream_batch_scaling.py [--length=1024 \
       --batches=4,8,16 --calls=5]
   GLIBC_TUNABLES=glibc.malloc.hugetlb=1 taskset -c 0 python ...
 

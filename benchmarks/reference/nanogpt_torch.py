@@ -1,8 +1,8 @@
 r"""PyTorch nanoGPT baseline: time per training iteration and MFU on CPU.
 
-  python benchmarks/nanogpt_torch.py                          # README CPU recipe
-  python benchmarks/nanogpt_torch.py --nanogpt_dir=~/nanoGPT  # nanoGPT's own model.py
-  python benchmarks/nanogpt_torch.py --iters=3 --warmup_iters_timing=1
+  python benchmarks/reference/nanogpt_torch.py                          # README CPU recipe
+  python benchmarks/reference/nanogpt_torch.py --nanogpt_dir=~/nanoGPT  # nanoGPT's own model.py
+  python benchmarks/reference/nanogpt_torch.py --iters=3 --warmup_iters_timing=1
 
 The figure this produces is the denominator of "our time per iteration vs
 nanoGPT's PyTorch code on CPU", so the loop follows nanoGPT's train.py as run
@@ -55,7 +55,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
