@@ -143,6 +143,10 @@ def test_upstream_pytorch_checkpoint_evaluates_the_same(trained, tmp_path):
   assert ours["lm_loss"] == pytest.approx(results["eval/lm_loss"], rel=1e-5)
 
 
+# slow: tests/test_readme_commands.py runs trm.evaluate's command line on the
+# quick-start run and trm.visualize on the predictions it writes;
+# test_workdir_evaluates_to_the_trainers_figures checks the figures.
+@pytest.mark.slow
 def test_cli_prints_the_paper_metric(trained, tmp_path):
   config, workdir, _, _ = trained
   result = subprocess.run(

@@ -156,6 +156,9 @@ def test_api_bad_settings_are_one_clear_line(lm, kwargs, message):
   assert message in str(info.value) and "\n" not in str(info.value)
 
 
+# slow: test_cli_cached_decoding runs the cached sampler end to end and
+# tests/families/dream/test_cached_sampling.py checks its tokens.
+@pytest.mark.slow
 def test_api_cached_decoding(lm):
   """The cache agrees with the exact sampler on every prompt token, fills
   the canvas, and is timed like the exact one."""

@@ -63,12 +63,15 @@ def _run_smoke(tmp_path, sections):
   return rows, log, out
 
 
-# The smoke section (trm.main trained, SIGTERM'd and resumed) adds two
-# trainer runs; that path is tests/core/test_cli.py's and
-# test_reliability.py's, and the TensorFlow-free writer
-# test_tf_free_writer.py's, so the whole kit runs with `-m slow` only.
+# The whole kit runs with `-m slow` only. The smoke section (trm.main
+# trained, SIGTERM'd and resumed) is tests/core/test_cli.py's and
+# test_reliability.py's path, the TensorFlow-free writer
+# test_tf_free_writer.py's; the other sections run the reference ports and
+# steps that test_trm_speed_parity.py, test_diffusion_sampling.py's PyTorch
+# loop and test_gpt_task.py's nanoGPT resume run, and
+# test_cudnn_attention.py the cuDNN branch; the kit's pins are checked above.
 @pytest.mark.parametrize("sections", [
-    "trm,gpt,dream,cudnn",
+    pytest.param("trm,gpt,dream,cudnn", marks=pytest.mark.slow),
     pytest.param("smoke,trm,gpt,dream,cudnn", marks=pytest.mark.slow)])
 def test_run_sh_smoke_writes_figures(tmp_path, sections):
   rows, log, out = _run_smoke(tmp_path, sections)

@@ -384,6 +384,9 @@ def test_unwritable_workdir_fails_before_data_or_compile(tmp_path):
     train.train_and_evaluate(tiny_config(), str(blocker / "sub"), no_build)
 
 
+# slow: tests/core/test_checkpoint.py's full-disk test fails a save the same way
+# and checks the previous checkpoint is kept.
+@pytest.mark.slow
 def test_failed_save_keeps_the_previous_checkpoint(tmp_path, data_dir,
                                                    monkeypatch):
   from orbax.checkpoint._src.handlers import json_checkpoint_handler  # pylint: disable=g-import-not-at-top

