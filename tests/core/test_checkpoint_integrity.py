@@ -62,12 +62,20 @@ def _equal(a, b):
                                                  jax.tree.leaves(_host(b))))
 
 
-def _save(directory, steps, save=ckpt_lib.save):
+def _save(directory, steps, save=ckpt_lib.save, position=_Position):
   manager = ckpt_lib.make_manager(directory, max_to_keep=5)
   for step in steps:
-    save(manager, step, _state(step), _Position(step))
+    save(manager, step, _state(step), position(step))
   ckpt_lib.wait_until_finished(manager)
   manager.close()
+
+
+def _grain_position(step):
+  """A Grain iterator over 10 records, 4 * `step` of them read."""
+  data = pipeline.grain_iterator(list(range(10)))
+  for _ in range(4 * step):
+    next(data)
+  return data
 
 
 def _chunk(directory, step):
@@ -317,13 +325,7 @@ def test_a_data_position_beyond_the_dataset_stops_and_moves_nothing(
   data is not what it was. Falling back (and setting step 2 aside) would
   lose a good checkpoint; the run stops instead."""
   directory = str(tmp_path / "checkpoints")
-  manager = ckpt_lib.make_manager(directory, max_to_keep=5)
-  for step in (1, 2):
-    data = pipeline.grain_iterator(list(range(10)))
-    for _ in range(4 * step):
-      next(data)
-    ckpt_lib.save(manager, step, _state(step), data)
-  ckpt_lib.wait_until_finished(manager)
+  _save(directory, [1, 2], position=_grain_position)
   before = _snapshot(directory)
   smaller = pipeline.grain_iterator(list(range(6)))
   with pytest.raises(ckpt_lib.CheckpointError) as error:
@@ -372,13 +374,7 @@ def test_damage_then_a_failure_stops_without_moving(tmp_path):
   """Step 2 is damaged, step 1 is good but does not fit the data: the run
   stops (naming both) and neither is moved."""
   directory = str(tmp_path / "checkpoints")
-  manager = ckpt_lib.make_manager(directory, max_to_keep=5)
-  for step in (1, 2):
-    data = pipeline.grain_iterator(list(range(10)))
-    for _ in range(4 * step):
-      next(data)
-    ckpt_lib.save(manager, step, _state(step), data)
-  ckpt_lib.wait_until_finished(manager)
+  _save(directory, [1, 2], position=_grain_position)
   os.remove(os.path.join(directory, "2", "commit_success.txt"))
   before = _snapshot(directory)
   with pytest.raises(ckpt_lib.CheckpointError,

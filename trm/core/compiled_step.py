@@ -34,6 +34,7 @@ import jax
 from etils import epath
 
 from trm.core import cli
+from trm.core import config_record
 from trm.data import atomic_files
 
 MAGIC = b"TRM-COMPILED-STEP 1\n"
@@ -177,20 +178,10 @@ def signature(abstract_args) -> list[list[str]]:
   return rows
 
 
-def _flat(config, prefix: str = "") -> dict:
-  out = {}
-  for key, value in config.items():
-    if hasattr(value, "items"):
-      out.update(_flat(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
 def program_fields(config) -> dict:
   """The config fields that shape the compiled step, JSON-ready."""
   fields = {}
-  for key, value in _flat(config).items():
+  for key, value in config_record.flat(config).items():
     if key in HOST_ONLY or key.startswith(HOST_ONLY_PREFIXES):
       continue
     fields[key] = json.loads(json.dumps(value, default=repr))

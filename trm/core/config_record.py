@@ -162,11 +162,12 @@ def run_record(config, workpath: epath.Path, step: int | None) -> dict:
   return json.loads(config.to_json_best_effort())
 
 
-def _flat(tree, prefix: str = "") -> dict:
+def flat(tree, prefix: str = "") -> dict:
+  """{'a.b.c': value} of a nested record or ConfigDict."""
   out = {}
   for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flat(value, f"{prefix}{key}."))
+    if hasattr(value, "items"):  # a dict, or a ConfigDict (not a dict)
+      out.update(flat(value, f"{prefix}{key}."))
     else:
       out[prefix + key] = value
   return out
@@ -198,7 +199,7 @@ def _implicit(key: str, old_record: dict, new) -> bool:
 def changes(recorded: dict, config: dict) -> dict:
   """{field: [recorded, new]} for every field that differs (a field in
   `IMPLICIT` that the record lacks differs only from another value)."""
-  old, new = _flat(recorded), _flat(config)
+  old, new = flat(recorded), flat(config)
   return {key: [old.get(key), new.get(key)]
           for key in sorted(set(old) | set(new))
           if old.get(key) != new.get(key)

