@@ -121,6 +121,25 @@ def test_cli_local_topology_needs_save_compiled():
       "the step: add --save_compiled=FILE.")
 
 
+def test_cli_save_compiled_to_an_unwritable_directory_stops_before_compiling(
+    tmp_path):
+  locked = tmp_path / "locked"
+  locked.mkdir()
+  locked.chmod(0o500)
+  path = locked / "step.bin"
+  if os.access(locked, os.W_OK) and os.geteuid() == 0:
+    path = "/proc/step.bin"  # root writes anywhere on disk; procfs refuses
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.aot", "--config=configs/trm_sudoku.py:cpu",
+       "--topology=local", f"--save_compiled={path}"], cwd=ROOT,
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2, result.stderr[-2000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"trm.aot: error: --save_compiled='{path}': its "
+                         "directory "), last
+  assert "not writable" in last and "[aot] compiling" not in result.stdout
+
+
 def test_cli_reports_does_not_fit_with_exit_code_1():
   # A 100M-row puzzle table, replicated over the data axis: 24 GiB of
   # parameters per chip plus its update does not fit a v4 chip.

@@ -45,6 +45,7 @@ jax/libtpu, devices, mesh, code, config and input shapes against its own.
 from __future__ import annotations
 
 import os
+import tempfile
 
 # Before jax loads libtpu: compile for TPU from a host that has none.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -453,6 +454,12 @@ def check_save_flags(counts: list[int]) -> None:
     if os.path.isdir(path) or not os.path.isdir(parent):
       raise ValueError(f"--save_compiled={path!r} must be a file path in an "
                        "existing directory.")
+    try:  # a file there, made and removed, before minutes of compiling
+      with tempfile.TemporaryFile(dir=parent):
+        pass
+    except OSError as e:
+      raise ValueError(f"--save_compiled={path!r}: its directory {parent} is "
+                       f"not writable ({e.strerror}).") from None
 
 
 def main(argv):
