@@ -8,15 +8,19 @@ SECTION is one of
   trm    TRM train step (the paper's MLP-t Sudoku and attention Maze configs):
          ours (the trainer's jitted step) against `benchmarks/reference/trm_torch.py`
          (upstream's train_batch) with torch.compile on the forward and loss,
-         as upstream's pretrain.py compiles its model; ms/step and MFU.
+         as upstream's pretrain.py compiles its model; ms/step and MFU. Ours
+         runs Maze's attention with cuDNN's flash attention (upstream runs
+         FlashAttention; --trm_attention=dot for XLA's); JAX may take 45% of
+         the GPU, and the batch is the largest both sides run, up to 768.
   gpt    GPT-2 124M train iteration (12 x 1024 tokens x 40 micro-steps, as
          nanoGPT's train.py defaults): ours (`benchmarks/speed/gpt_speed.py`'s
-         task and step; attention 'dot' and 'cudnn') against nanoGPT's loop
+         task and step; attention 'cudnn', then 'dot' if the budget allows)
+         against nanoGPT's loop
          (`benchmarks/reference/nanogpt_torch.py`'s model, torch.compile, bf16
          autocast, fused AdamW); tokens/s and MFU.
   dream  DiffuCoder-7B-shaped Dream with random bf16 weights, 512 prompt +
          512 new tokens at batch 1 and 16: ours exact and cache='dual'
-         against the reference `diffusion_generate` (Dream's HF code, carried
+         (attention 'cudnn', 'dot' where that does not compile) against the reference `diffusion_generate` (Dream's HF code, carried
          in benchmarks/gpu/wheels/dream_hf; without it the project's own
          PyTorch sampler, CPU only); new tokens/s and MFU.
   smoke  `python -m trm.main --config=configs/trm_sudoku.py:cpu` for 50
@@ -28,8 +32,9 @@ line in DIR/figures.jsonl with name, value, unit, side (ours | torch),
 device, jax and torch versions, dtype, batch and the command, plus the MFU
 and ratio where they apply. A section stops starting new work when its
 budget runs low, so a slow device yields fewer rounds, not a killed run.
-Where ours is more than 1.3x slower than torch, a jax.profiler trace of a
-few of our steps is kept as DIR/trace_<name>.tar.gz (if under 16 MiB).
+Where ours is more than 1.3x slower than torch in the first round, a
+jax.profiler trace of a few of our steps is taken then and kept as
+DIR/trace_<name>.tar.gz (if under 16 MiB).
 
 --smoke runs every section with tiny sizes on the CPU (JAX and torch), to
 check the script end to end before device time is spent; torch.compile is
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import gc
 import json
@@ -66,6 +72,7 @@ SECTIONS = ("smoke", "trm", "gpt", "dream", "cudnn")
 SLOW_RATIO = 1.3        # ours/torch time above this keeps a trace
 TRACE_LIMIT = 16 << 20  # bytes of one trace archive
 MAX_TRACES = 4          # files back from the device are limited
+TRM_JAX_MEMORY_FRACTION = 0.45  # of the GPU, for ours in the TRM section
 
 
 class OutOfTime(Exception):
@@ -254,24 +261,28 @@ def sync(device) -> None:
 
 
 def _trm_variants(args):
-  """(name, config file, variant, dataset metadata, global batch)."""
+  """(name, config file, variant, dataset metadata, global batch, attention
+  kernel of ours)."""
   from trm.data.puzzles import maze, sudoku  # pylint: disable=g-import-not-at-top
   if args.smoke:
     return [("mlp_t_sudoku", "trm_sudoku.py", "cpu", sudoku.dataset_metadata(1),
-             8),
-            ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 2)]
+             8, "dot"),
+            ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 2,
+             "dot")]
   return [("mlp_t_sudoku", "trm_sudoku.py", None, sudoku.dataset_metadata(1),
-           args.trm_batch),
+           args.trm_batch, "dot"),
           ("att_maze", "trm_maze.py", None, maze.dataset_metadata(1),
-           args.trm_batch)]
+           args.trm_batch, args.trm_attention)]
 
 
-def _trm_config(file: str, variant, batch: int, smoke: bool):
+def _trm_config(file: str, variant, batch: int, smoke: bool,
+                attention: str = "dot"):
   from trm.core import config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config(os.path.join(REPO, "configs", file), variant)
   with config.unlocked():
     config.global_batch_size = batch
     config.mesh.data = 1
+    config.model.attention = attention
     if smoke:  # a smaller net than :cpu, so the CPU check takes seconds
       config.model.update(hidden_size=32, num_heads=2, puzzle_emb_ndim=32,
                           H_cycles=1, L_cycles=1, L_layers=1,
@@ -279,9 +290,30 @@ def _trm_config(file: str, variant, batch: int, smoke: bool):
   return config
 
 
+class StepTooBig(MemoryError):
+  """The compiled step needs more device memory than JAX may use."""
+
+  def __init__(self, need: int, limit: int):
+    super().__init__(f"out of memory: the step needs {need / 2**30:.1f} GiB "
+                     f"of the {limit / 2**30:.1f} GiB JAX may use")
+    self.need, self.limit = need, limit
+
+
+def smaller_batch(batch: int, error: BaseException) -> int:
+  """The next batch to try after `error` at `batch`: halved, or, when the
+  compiled step said what it needs, halved until that (linear in the batch)
+  fits 85% of the limit, so one more compile rather than several."""
+  smaller = max(batch // 2, 1)
+  if isinstance(error, StepTooBig):
+    while smaller > 1 and error.need * smaller / batch > 0.85 * error.limit:
+      smaller //= 2
+  return smaller
+
+
 def _trm_ours(config, metadata):
-  """(model, state, compiled step, compile s, host batch maker): the
-  trainer's mesh, state, sharding and step code on random batches."""
+  """(model, state, compiled step, compile s, host batch maker, to_device,
+  bytes the step needs): the trainer's mesh, state, sharding and step code
+  on random batches."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import pipeline  # pylint: disable=g-import-not-at-top
@@ -313,10 +345,9 @@ def _trm_ours(config, metadata):
   need = sum(getattr(memory, f"{k}_size_in_bytes", 0)
              for k in ("argument", "output", "temp"))
   if limit and need > 0.92 * limit:
-    raise MemoryError(f"out of memory: the step needs {need / 2**30:.1f} GiB"
-                      f" of the device's {limit / 2**30:.1f} GiB")
+    raise StepTooBig(need, limit)
   to_device = lambda host: pipeline.to_global(host, batch_shardings)  # noqa: E731
-  return program.model, state, step, compile_s, batch, to_device
+  return program.model, state, step, compile_s, batch, to_device, need
 
 
 def device_memory_limit() -> int | None:
@@ -333,10 +364,10 @@ def _trm_batch_guess(config, metadata, batch: int) -> int:
   the device: the dot path keeps [B, H, T, T] float32 probabilities (and
   their bfloat16 copy) for each layer call of the backward, which at Maze's
   916 positions is what limits the batch (upstream's FlashAttention keeps
-  none). MLP-t has no scores: `batch`."""
+  none, and so does attention='cudnn'). MLP-t has no scores: `batch`."""
   limit = device_memory_limit()
   model = config.model
-  if not limit or model.mlp_t:
+  if not limit or model.mlp_t or model.attention != "dot":
     return batch
   length = metadata.seq_len + model.puzzle_emb_len
   per_example = (6 * model.num_heads * length**2 * (model.L_cycles + 1)
@@ -388,18 +419,11 @@ def _device_trm_class():
 
 
 def section_trm(args, rec: Recorder, budget: Budget) -> None:
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
-  from trm.core import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
-  from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
-
   device = torch_device(args)
-  compile_torch = use_torch_compile(args)
-  log(f"torch.compile: {'on' if compile_torch else 'off (--smoke on CPU)'}")
-  DeviceTRM = _device_trm_class()  # pylint: disable=invalid-name
+  log(f"torch.compile: {'on' if use_torch_compile(args) else 'off (--smoke on CPU)'}")
   variants = _trm_variants(args)
-  for index, (name, file, variant, metadata, batch) in enumerate(variants):
+  for index, (name, file, variant, metadata, batch, attention) in enumerate(
+      variants):
     # Each variant gets its share of what is left.
     share = budget.left() / (len(variants) - index)
     end = time.monotonic() + share
@@ -407,128 +431,188 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
     if share < 15:
       log(f"trm {name}: skipped, {share:.0f} s left")
       continue
-    guess = _trm_batch_guess(_trm_config(file, variant, batch, args.smoke),
-                             metadata, batch)
-    if guess < batch:
-      log(f"trm {name}: batch {batch} would not fit the device's memory "
-          f"(attention scores); starting at {guess}")
-      batch = guess
+    first_batch = batch
+    # The largest batch both sides run, from upstream's 768 down: ours
+    # first (a compile says what it needs), then torch at ours' batch.
     while True:
-      config = _trm_config(file, variant, batch, args.smoke)
-      try:
-        with time_limit(left()):
-          model, state, step, compile_s, make_batch, to_device = _trm_ours(
-              config, metadata)
-          state, _ = step(state, to_device(make_batch()))
-          jax.block_until_ready(state)
+      make_config = functools.partial(_trm_config, file, variant,
+                                      smoke=args.smoke, attention=attention)
+      guess = _trm_batch_guess(make_config(batch), metadata, batch)
+      if guess < batch:
+        log(f"trm {name}: batch {batch} would not fit the device's memory "
+            f"(attention scores); starting at {guess}")
+        batch = guess
+      batch, config, ours = _trm_fit_ours(name, make_config, metadata, batch,
+                                          left)
+      if ours is None and attention != "dot":
+        log(f"trm {name}: attention={attention} failed; timing ours with "
+            "attention=dot instead")
+        attention, batch = "dot", first_batch
+        continue
+      if ours is None:
         break
-      except Exception as e:  # pylint: disable=broad-except
+      timed = _trm_time_pair(args, rec, name, config, metadata, batch, ours,
+                             device, left)
+      if timed == "torch_oom" and batch > 1:
+        log(f"trm {name}: torch does not fit batch {batch}; both sides at "
+            f"{batch // 2}")
+        batch //= 2
         free_memory()
-        if is_oom(e) and batch > 1:
-          log(f"trm {name}: batch {batch} does not fit ({type(e).__name__}); "
-              f"trying {batch // 2}")
-          batch //= 2
-          continue
-        log(f"trm {name}: ours failed ({type(e).__name__}: {e})")
-        model = None
-        break
-    if model is None:
-      continue
-    dtype = config.model.forward_dtype
-    flops = trm_model.train_flops_per_example(model.cfg) * batch
-    peak, peak_what = mfu_lib.peak_flops(jax.devices()[0], dtype)
-    log(f"trm {name}: batch {batch}, hidden {config.model.hidden_size}, "
-        f"mlp_t {config.model.mlp_t}, H{config.model.H_cycles} "
-        f"L{config.model.L_cycles}, {dtype}; {flops:.3e} model FLOPs/step; "
-        f"peak {peak_what}; ours compiled in {compile_s:.1f} s")
-    rec.figure(f"{name}/compile_s", compile_s, "s", "ours", dtype=dtype,
-               batch=batch)
-    host = jax.device_get(state)
-    table = host.puzzle_emb.get("weights") if host.puzzle_emb else None
-    theirs = DeviceTRM(model.cfg, host.params, host.buffers, table,
-                       config.optim, config.total_steps, device=device)
-    del host
-    eager_forward = theirs.forward_loss
-    compiled = compile_torch
-    if compiled:
-      theirs.forward_loss = torch.compile(eager_forward)
-    carry = theirs.initial_carry(batch)
-    steps = args.steps
-    batches = [make_batch() for _ in range(steps)]
-    ours_batches = [to_device(b) for b in batches]
-    torch_batches = [{k: torch.from_numpy(np.asarray(v)).to(device)
-                      for k, v in b.items()} for b in batches]
-
-    def run_ours(state):
-      times = []
-      for b in ours_batches:
-        start = time.perf_counter()
-        state, metrics = step(state, b)
-        jax.block_until_ready((state, metrics))
-        times.append(time.perf_counter() - start)
-      return state, times
-
-    def run_torch(carry):
-      times = []
-      for b in torch_batches:
-        start = time.perf_counter()
-        carry, _, _ = theirs.train_step(carry, b)
-        sync(device)
-        times.append(time.perf_counter() - start)
-      return carry, times
-
-    def warm_torch(carry, limit):
-      with time_limit(limit):
-        start = time.perf_counter()
-        carry, _, _ = theirs.train_step(carry, torch_batches[0])
-        sync(device)
-        first = time.perf_counter() - start
-        carry, _, _ = theirs.train_step(carry, torch_batches[1 % steps])
-        sync(device)
-      return carry, first
-
-    torch_ok = True
-    try:
-      # torch.compile gets what is left but 15 s for an eager fallback.
-      carry, first = warm_torch(carry, left() - (15 if compiled else 5))
-    except Exception as e:  # pylint: disable=broad-except
-      log(f"trm {name}: torch {'compile ' if compiled else ''}failed or ran "
-          f"out of time ({type(e).__name__}: {str(e)[:300]})")
-      torch_ok = False
-      if compiled:
-        log(f"trm {name}: timing torch eager instead")
-        theirs.forward_loss, compiled = eager_forward, False
-        try:
-          carry, first = warm_torch(theirs.initial_carry(batch), left() - 5)
-          torch_ok = True
-        except Exception as e:  # pylint: disable=broad-except
-          log(f"trm {name}: torch eager failed ({type(e).__name__}: {e})")
-    if torch_ok:
-      rec.figure(f"{name}/first_step_s", first, "s", "torch", dtype=dtype,
-                 batch=batch, torch_compile=compiled)
-    ours_s, torch_s = [], []  # per round: median seconds per step
-    for r in range(args.rounds):
-      if r and left() < 3 * (max(ours_s + torch_s) * steps + 1):
-        break
-      state, t = run_ours(state)
-      ours_s.append(statistics.median(t))
-      if torch_ok:
-        carry, t = run_torch(carry)
-        torch_s.append(statistics.median(t))
-      log(f"trm {name} round {r + 1}: ours {1e3 * ours_s[-1]:.2f} ms/step"
-          + (f", torch {1e3 * torch_s[-1]:.2f} ms/step" if torch_ok else ""))
-    rec.pair(f"{name}/train_step", ours_s, torch_s, dtype=dtype, batch=batch,
-             flops=flops, peak=peak, time_unit="ms",
-             rate=("examples_per_s", "examples/s", batch),
-             torch_compile=compiled, peak_what=peak_what,
-             hidden=config.model.hidden_size, mlp_t=config.model.mlp_t,
-             seq_len=metadata.seq_len)
-    if (torch_s and statistics.median(ours_s) > SLOW_RATIO *
-        statistics.median(torch_s) and left() > 20):
-      keep_trace(rec, f"trm_{name}", lambda: run_ours(state))
-    # Free the device for the next variant (closures above hold these).
-    state = theirs = carry = ours_batches = torch_batches = step = None
+        continue
+      break
     free_memory()
+
+
+def _trm_fit_ours(name, make_config, metadata, batch, left):
+  """(batch, config, ours) at the largest batch <= `batch` whose step fits
+  ours' share of the device and has run once; ours = (model, state, step,
+  compile_s, make_batch, to_device, bytes needed), or None on failure."""
+  import jax  # pylint: disable=g-import-not-at-top
+  while True:
+    config = make_config(batch)
+    try:
+      with time_limit(left()):
+        model, state, step, compile_s, make_batch, to_device, need = (
+            _trm_ours(config, metadata))
+        state, _ = step(state, to_device(make_batch()))
+        jax.block_until_ready(state)
+      return batch, config, (model, state, step, compile_s, make_batch,
+                             to_device, need)
+    except Exception as e:  # pylint: disable=broad-except
+      free_memory()
+      if is_oom(e) and batch > 1:
+        smaller = smaller_batch(batch, e)
+        log(f"trm {name}: batch {batch} does not fit ({type(e).__name__}: "
+            f"{e}); trying {smaller}")
+        batch = smaller
+        continue
+      log(f"trm {name}: ours failed ({type(e).__name__}: {e})")
+      return batch, config, None
+
+
+def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
+                   left):
+  """Ours against upstream's step at `batch`, rounds alternating; returns
+  'torch_oom' when torch cannot run that batch (nothing recorded then)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from trm.core import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
+
+  model, state, step, compile_s, make_batch, to_device, need = ours
+  dtype = config.model.forward_dtype
+  attention = "mlp_t" if config.model.mlp_t else config.model.attention
+  flops = trm_model.train_flops_per_example(model.cfg) * batch
+  peak, peak_what = mfu_lib.peak_flops(jax.devices()[0], dtype)
+  log(f"trm {name}: batch {batch}, hidden {config.model.hidden_size}, "
+      f"mlp_t {config.model.mlp_t}, attention {attention}, "
+      f"H{config.model.H_cycles} L{config.model.L_cycles}, {dtype}; "
+      f"{flops:.3e} model FLOPs/step; peak {peak_what}; ours compiled in "
+      f"{compile_s:.1f} s, needs {need / 2**30:.1f} GiB")
+  host = jax.device_get(state)
+  table = host.puzzle_emb.get("weights") if host.puzzle_emb else None
+  theirs = _device_trm_class()(model.cfg, host.params, host.buffers, table,
+                               config.optim, config.total_steps,
+                               device=device)
+  del host
+  eager_forward = theirs.forward_loss
+  compiled = use_torch_compile(args)
+  if compiled:
+    theirs.forward_loss = torch.compile(eager_forward)
+  steps = args.steps
+  batches = [make_batch() for _ in range(steps)]
+  ours_batches = [to_device(b) for b in batches]
+  torch_batches = [{k: torch.from_numpy(np.asarray(v)).to(device)
+                    for k, v in b.items()} for b in batches]
+
+  def run_ours(state):
+    times = []
+    for b in ours_batches:
+      start = time.perf_counter()
+      state, metrics = step(state, b)
+      jax.block_until_ready((state, metrics))
+      times.append(time.perf_counter() - start)
+    return state, times
+
+  def traced_steps():
+    nonlocal state  # the step donates it
+    state, _ = run_ours(state)
+
+  def run_torch(carry):
+    times = []
+    for b in torch_batches:
+      start = time.perf_counter()
+      carry, _, _ = theirs.train_step(carry, b)
+      sync(device)
+      times.append(time.perf_counter() - start)
+    return carry, times
+
+  def warm_torch(limit):
+    if device.type == "cuda":
+      torch.cuda.reset_peak_memory_stats()
+    with time_limit(limit):
+      carry = theirs.initial_carry(batch)
+      start = time.perf_counter()
+      carry, _, _ = theirs.train_step(carry, torch_batches[0])
+      sync(device)
+      first = time.perf_counter() - start
+      carry, _, _ = theirs.train_step(carry, torch_batches[1 % steps])
+      sync(device)
+    return carry, first
+
+  carry, torch_ok = None, True
+  try:
+    # torch.compile gets what is left but 15 s for an eager fallback.
+    carry, first = warm_torch(left() - (15 if compiled else 5))
+  except Exception as e:  # pylint: disable=broad-except
+    log(f"trm {name}: torch {'compile ' if compiled else ''}failed or ran "
+        f"out of time ({type(e).__name__}: {str(e)[:300]})")
+    torch_ok = False
+    if is_oom(e):
+      return "torch_oom"
+    if compiled:
+      log(f"trm {name}: timing torch eager instead")
+      theirs.forward_loss, compiled = eager_forward, False
+      try:
+        carry, first = warm_torch(left() - 5)
+        torch_ok = True
+      except Exception as e2:  # pylint: disable=broad-except
+        log(f"trm {name}: torch eager failed ({type(e2).__name__}: {e2})")
+        if is_oom(e2):
+          return "torch_oom"
+  common = dict(dtype=dtype, batch=batch, attention=attention)
+  rec.figure(f"{name}/compile_s", compile_s, "s", "ours", **common)
+  rec.figure(f"{name}/memory_gib", need / 2**30, "GiB", "ours",
+             what="compiled step: arguments + outputs + temporaries",
+             **common)
+  if torch_ok:
+    rec.figure(f"{name}/first_step_s", first, "s", "torch",
+               torch_compile=compiled, **common)
+    if device.type == "cuda":
+      rec.figure(f"{name}/memory_gib", torch.cuda.max_memory_allocated()
+                 / 2**30, "GiB", "torch", what="torch.cuda.max_memory_allocated",
+                 torch_compile=compiled, **common)
+  ours_s, torch_s = [], []  # per round: median seconds per step
+  for r in range(args.rounds):
+    if r and left() < 3 * (max(ours_s + torch_s) * steps + 1):
+      break
+    state, t = run_ours(state)
+    ours_s.append(statistics.median(t))
+    if torch_ok:
+      carry, t = run_torch(carry)
+      torch_s.append(statistics.median(t))
+    log(f"trm {name} round {r + 1}: ours {1e3 * ours_s[-1]:.2f} ms/step"
+        + (f", torch {1e3 * torch_s[-1]:.2f} ms/step" if torch_ok else ""))
+    if r == 0 and torch_s and ours_s[0] > SLOW_RATIO * torch_s[0]:
+      # Traced now, while the budget still holds a few steps.
+      keep_trace(rec, f"trm_{name}", traced_steps)
+  rec.pair(f"{name}/train_step", ours_s, torch_s, flops=flops, peak=peak,
+           time_unit="ms", rate=("examples_per_s", "examples/s", batch),
+           torch_compile=compiled, peak_what=peak_what,
+           hidden=config.model.hidden_size, mlp_t=config.model.mlp_t,
+           seq_len=metadata.seq_len, **common)
+  return "done"
 
 
 # --------------------------------------------------------------------------
@@ -637,7 +721,9 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
   compile_torch = use_torch_compile(args)
   scratch = tempfile.mkdtemp(prefix="trm_gpt_")
   data_root = os.path.join(scratch, "data")
-  attentions = ["dot"] if args.smoke else ["dot", "cudnn"]
+  # cuDNN's flash attention first on the GPU (nanoGPT runs torch's flash
+  # SDPA); the dot path after torch, if the budget still allows.
+  attentions = ["dot"] if args.smoke else ["cudnn", "dot"]
   if args.smoke:
     log("gpt: attention='cudnn' is GPU-only; --smoke times 'dot'")
   config = _gpt_config(args, data_root, "dot")
@@ -674,7 +760,8 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
       log(f"gpt ours attention={attention}: failed ({type(e).__name__}: {e})")
       free_memory()
 
-  # Ours with the dot path, then torch, then (budget permitting) cudnn.
+  # Ours with the first attention path, then torch, then (budget
+  # permitting) the other.
   build_ours(attentions[0])
   theirs = None
   torch_ms = []
@@ -729,6 +816,11 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
       slowest = max(slowest, torch_ms[-1])
       line.append(f"torch {torch_ms[-1]:.1f} ms")
     log(f"gpt round {r + 1}: " + ", ".join(line) + " per iteration")
+    if r == 0 and torch_ms:
+      # Traced now, while the budget still holds an iteration each.
+      for attention, (timed, ms) in ours.items():
+        if ms and ms[0] > SLOW_RATIO * torch_ms[0]:
+          keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0))  # pylint: disable=cell-var-from-loop
   for attention, (timed, ms) in ours.items():
     if not ms:
       continue
@@ -741,9 +833,6 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
              peak_what=peak_what, block_size=config.block_size,
              accum=config.gradient_accumulation_steps,
              tokens_per_iter=tokens_per_iter)
-    if (torch_ms and statistics.median(ms) > SLOW_RATIO *
-        statistics.median(torch_ms) and budget.left() > 20):
-      keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0))  # pylint: disable=cell-var-from-loop
   shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -759,9 +848,10 @@ def _dream_cfg(args):
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         mask_token_id=1023, pad_token_id=0, dtype="float32",
         param_dtype="float32", remat="none")
-  # configs/diffucoder_7b.py's sizes; bf16 weights for sampling.
+  # configs/diffucoder_7b.py's sizes; bf16 weights for sampling. cuDNN's
+  # flash attention by default (Dream's HF code runs torch's sdpa).
   return dream.DreamConfig(dtype="bfloat16", param_dtype="bfloat16",
-                           remat="none")
+                           remat="none", attention=args.dream_attention)
 
 
 def _dream_reference(args):
@@ -890,26 +980,31 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
       continue
     ids = rng.integers(1, cfg.mask_token_id, (b, prompt)).astype(np.int32)
     abstract = jax.ShapeDtypeStruct(ids.shape, jnp.int32)
-    compiled = {}
-    for variant in ("exact", "dual"):
+    compiled, attention_of = {}, {}
+    for variant, kind in [(v, k) for v in ("exact", "dual")
+                          for k in dict.fromkeys((cfg.attention, "dot"))]:
+      if variant in compiled:
+        continue  # the first kind compiled; "dot" is the fallback
+      kind_cfg = dataclasses.replace(cfg, attention=kind)
       try:
         with time_limit(budget.left() - 10):
           start = time.perf_counter()
           if variant == "exact":
             lowered = diffusion_sampling.lower_generate(
-                dream.denoiser(cfg), abstract, None, params=params,
+                dream.denoiser(kind_cfg), abstract, None, params=params,
                 steps=steps, **common)
           else:
             lowered = cached_sampling.lower_cached_generate(
-                dream_cache.cached_denoiser(cfg), abstract, None,
+                dream_cache.cached_denoiser(kind_cfg), abstract, None,
                 params=params, cache="dual", block_length=block, steps=steps,
                 threshold=None, **common)
           compiled[variant] = lowered.compile()
+          attention_of[variant] = kind
           rec.figure(f"b{b}/{variant}/compile_s", time.perf_counter() - start,
-                     "s", "ours", dtype=cfg.dtype, batch=b)
+                     "s", "ours", dtype=cfg.dtype, batch=b, attention=kind)
       except Exception as e:  # pylint: disable=broad-except
-        log(f"dream batch {b} {variant}: ours failed ({type(e).__name__}: "
-            f"{e})")
+        log(f"dream batch {b} {variant} attention={kind}: ours failed "
+            f"({type(e).__name__}: {e})")
         free_memory()
     flops = {
         "exact": sample_program.sample_flops_per_call(cfg, b, prompt, new,
@@ -969,7 +1064,8 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
             f"{b * new / seconds[(variant, side)][-1]:.1f} new tokens/s")
     for variant in ("exact", "dual"):
       extra = dict(prompt=prompt, new_tokens=new, steps=steps,
-                   reference=ref_what, peak_what=peak_what)
+                   reference=ref_what, peak_what=peak_what,
+                   attention=attention_of.get(variant))
       if variant == "dual":
         extra.update(cache="dual", block_length=block)
       rec.pair(f"b{b}/{variant}", seconds[(variant, "ours")],
@@ -993,7 +1089,6 @@ def section_cudnn(args, rec: Recorder, budget: Budget) -> None:
   """GPT-2-wide and Dream-wide two-layer models, bf16: logits with
   attention='cudnn' against 'dot' (relative error), and the forward time of
   each; GPU only (--smoke records that it was skipped)."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -1184,6 +1279,10 @@ def parse_args(argv=None):
   p.add_argument("--steps", type=int, default=None,
                  help="TRM: timed steps per round (default 5; 3 with --smoke)")
   p.add_argument("--trm_batch", type=int, default=768)
+  p.add_argument("--trm_attention", default="cudnn",
+                 choices=("cudnn", "dot"),
+                 help="TRM attention variant: ours' kernel on the GPU "
+                 "(upstream runs FlashAttention; --smoke: dot)")
   p.add_argument("--gpt_accum", type=int, default=40)
   p.add_argument("--gpt_iters", type=int, default=2,
                  help="GPT: timed iterations per round")
@@ -1196,6 +1295,10 @@ def parse_args(argv=None):
                  help="Dream cache='dual': tokens per block (with 16 steps, "
                  "4 per block: a full forward, then 3 on the block's window)")
   p.add_argument("--dream_batches", nargs="+", default=["1", "16"])
+  p.add_argument("--dream_attention", default="cudnn",
+                 choices=("cudnn", "dot"),
+                 help="Dream: ours' attention on the GPU (falls back to dot "
+                 "if it does not compile; --smoke: dot)")
   p.add_argument("--dream_hf", default=os.path.join(HERE, "wheels",
                                                     "dream_hf"),
                  help="directory of Dream's HF code (a package)")
@@ -1204,6 +1307,8 @@ def parse_args(argv=None):
     args.rounds = 2 if args.smoke else 3
   if args.steps is None:
     args.steps = 3 if args.smoke else 5
+  if args.smoke:  # cuDNN's kernels are GPU-only
+    args.trm_attention = args.dream_attention = "dot"
   return args
 
 
@@ -1215,6 +1320,13 @@ def main(argv=None) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
   # JAX and torch share the GPU: neither may take it all up front.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if args.section == "trm":
+    # JAX's allocator keeps what it has grown to: left uncapped, ours at
+    # batch 768 held 60 of the H100's 80 GB and upstream's step ran out of
+    # memory beside it (first GPU run). With the cap the batch search
+    # finds the largest batch that fits each side in its half.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION",
+                          str(TRM_JAX_MEMORY_FRACTION))
   rec = Recorder(args, args.section)
   log(f"section {args.section}: budget {args.budget:.0f} s; JAX "
       f"{rec.jax_version} on {rec.jax_device} ({rec.platform}); torch "

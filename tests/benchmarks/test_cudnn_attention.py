@@ -2,7 +2,8 @@
 the configs accept it, every way in refuses it on CPU devices in one line
 naming the field, and the models' cudnn branch computes what the dot path
 computes (checked on the CPU with JAX's XLA implementation of the same
-`jax.nn.dot_product_attention` call)."""
+`jax.nn.dot_product_attention` call). GPT, Dream and TRM's attention
+variants."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,8 @@ from trm.core import config_lib
 from trm.core import run_checks
 from trm.families.dream import model as dream
 from trm.families.gpt import model as gpt
+from trm.families.trm import layers as trm_layers
+from trm.families.trm import model as trm_model
 from trm.nn import attention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -152,3 +155,53 @@ def test_dream_cudnn_branch_matches_dot(cudnn_call_on_xla, padded):
   assert _rel(cudnn[rows], dot[rows]) < 2e-2
   if padded:
     assert _rel(cudnn[1], dot[1]) < 2e-2
+
+
+# TRM (attention variants): non-causal, no mask, RoPE'd q/k, head dim 64 in
+# the paper configs (here 8).
+def _trm_cfg(**kw):
+  base = dict(vocab_size=7, seq_len=10, num_puzzle_identifiers=1,
+              hidden_size=32, num_heads=4, L_layers=1, H_cycles=1,
+              L_cycles=1, halt_max_steps=2, puzzle_emb_ndim=0,
+              pos_encodings="rope", mlp_t=False, forward_dtype="bfloat16")
+  base.update(kw)
+  return trm_model.TRMConfig(**base)
+
+
+def test_trm_config_takes_cudnn_and_refuses_what_it_cannot_run():
+  assert _trm_cfg(attention="cudnn").attention == "cudnn"
+  with pytest.raises(ValueError, match=r"config\.model\.dtype='float32'|"
+                     r"forward_dtype"):
+    _trm_cfg(attention="cudnn", forward_dtype="float32")
+  with pytest.raises(ValueError, match="head dim that is a multiple of 8"):
+    _trm_cfg(attention="cudnn", hidden_size=40, num_heads=4)
+  with pytest.raises(ValueError, match="use one of dot, splash, "
+                     "splash_interpret, cudnn"):
+    _trm_cfg(attention="flash")
+  # The token-mixing MLP variant has no attention to run.
+  _trm_cfg(attention="cudnn", mlp_t=True, forward_dtype="float32")
+  maze = config_lib.load_config(os.path.join(ROOT, "configs", "trm_maze.py"),
+                                "cpu")
+  with maze.unlocked():
+    maze.model.attention = "cudnn"
+  with pytest.raises(ValueError, match=ONE_LINE):
+    run_checks.check_config(maze)
+
+
+def test_trm_refuses_cudnn_on_cpu_when_traced():
+  cfg = _trm_cfg(attention="cudnn")
+  with pytest.raises(ValueError, match=ONE_LINE):
+    trm_model.init_variables(trm_model.TRM(cfg), jax.random.key(0))
+
+
+def test_trm_cudnn_branch_matches_dot(cudnn_call_on_xla):
+  x = jax.random.normal(jax.random.key(3), (2, 10, 32), jnp.bfloat16)
+  rope = trm_layers.rope_tables(10, 8, 10000.0)
+  dot = trm_layers.Attention(32, 4, 4, jnp.bfloat16, "dot")
+  params = dot.init(jax.random.key(0), x, rope)
+  want = dot.apply(params, x, rope)
+  cudnn_call_on_xla.clear()  # the dot path's own calls (implementation None)
+  got = trm_layers.Attention(32, 4, 4, jnp.bfloat16, "cudnn").apply(
+      params, x, rope)
+  assert cudnn_call_on_xla == ["cudnn"]
+  assert _rel(got, want) < 2e-2

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -122,7 +123,27 @@ def test_run_sh_smoke_writes_figures(tmp_path, sections):
         "mfu_torch"]
     assert ours["device"] == "cpu" and torch["device"] == "cpu"
   assert figures[("gpt/attention_dot/iteration/tokens_per_s", "ours")]
+  for name in ("mlp_t_sudoku", "att_maze"):  # what ours' step needs
+    assert figures[(f"trm/{name}/memory_gib", "ours")]["value"] > 0
   assert figures[("dream/b2/dual/new_tokens_per_s", "ours")]["value"] > 0
   # Files that come back from the device: at most 8, none deeper.
   assert len(os.listdir(out)) <= 8
   assert {"figures.jsonl", "log.txt"} <= set(os.listdir(out))
+
+
+def test_batch_search_jumps_to_the_batch_the_compiled_step_fits():
+  sys.path.insert(0, KIT)
+  try:
+    import measure  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.remove(KIT)
+  gib = 1 << 30
+  # The first H100 run: ours' MLP-t step at 768 needed more than the 40 GiB
+  # JAX had; linear in the batch, 384 fits 85% of 36 GiB.
+  assert measure.smaller_batch(768, measure.StepTooBig(60 * gib, 36 * gib)) == 384
+  assert measure.smaller_batch(768, measure.StepTooBig(100 * gib, 36 * gib)) == 192
+  assert measure.smaller_batch(768, measure.StepTooBig(200 * gib, 36 * gib)) == 96
+  # An allocator's error says nothing of the size: halve.
+  assert measure.smaller_batch(768, MemoryError("RESOURCE_EXHAUSTED")) == 384
+  assert measure.smaller_batch(2, measure.StepTooBig(100 * gib, gib)) == 1
+  assert measure.is_oom(measure.StepTooBig(2 * gib, gib))

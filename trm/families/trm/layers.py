@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from trm.core import mesh as mesh_lib
 from trm.families.trm import mlp_tpu
+from trm.nn import attention as attention_lib
 from trm.nn import linear
 from trm.nn import norm
 from trm.nn import rope as rope_lib
@@ -144,7 +145,8 @@ class Attention(nn.Module):
   num_heads: int
   num_kv_heads: int
   dtype: jnp.dtype = jnp.bfloat16
-  kernel: str = "dot"  # | splash (TPU) | splash_interpret (tpu_attention)
+  # dot | splash (TPU) | splash_interpret (tpu_attention) | cudnn (GPU)
+  kernel: str = "dot"
 
   @nn.compact
   def __call__(self, x, rope=None):
@@ -163,6 +165,8 @@ class Attention(nn.Module):
                                "activation_heads", None))
     if self.kernel == "dot":
       out = jax.nn.dot_product_attention(q, k, v, is_causal=False)
+    elif self.kernel == "cudnn":
+      out = attention_lib.cudnn_attention(q, k, v)
     else:
       out = splash_attention(q, k, v, self.kernel == "splash_interpret")
     out = out.reshape(batch, seq, self.num_heads * head_dim)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from trm.core import mesh as mesh_lib
 from trm.families.trm import layers
 from trm.families.trm import mlp_tpu
+from trm.nn import attention as attention_lib
 from trm.nn import linear
 from trm.nn import tpu_attention
 
@@ -55,7 +56,9 @@ class TRMConfig:
   # 'pallas_interpret' (those kernels on CPU, for tests).
   mlp_kernel: str = "dot"
   # Attention (mlp_t=False): 'dot' (XLA) | 'splash' (the Pallas kernel of
-  # trm.nn.tpu_attention, no scores in HBM) | 'splash_interpret' (CPU).
+  # trm.nn.tpu_attention, no scores in HBM) | 'splash_interpret' (CPU) |
+  # 'cudnn' (cuDNN flash attention on NVIDIA GPUs, as upstream's
+  # FlashAttention: no [B, H, T, T] scores kept for the backward).
   attention: str = "dot"
   rms_norm_eps: float = 1e-5
   rope_theta: float = 10000.0
@@ -79,10 +82,16 @@ class TRMConfig:
       raise ValueError(
           f"config.model.mlp_kernel={self.mlp_kernel!r}: use one of "
           f"{', '.join(mlp_tpu.KINDS)}.")
-    if self.attention not in tpu_attention.KINDS:
+    kinds = tpu_attention.KINDS + attention_lib.GPU_KINDS
+    if self.attention not in kinds:
       raise ValueError(
           f"config.model.attention={self.attention!r}: use one of "
-          f"{', '.join(tpu_attention.KINDS)}.")
+          f"{', '.join(kinds)}.")
+    if self.attention == "cudnn" and not self.mlp_t:
+      attention_lib.check_cudnn_config(
+          dtype=self.forward_dtype,
+          head_dim=self.hidden_size // max(self.num_heads, 1),
+          prefix="config.model.")
     if self.hidden_size % self.num_heads:
       raise ValueError(f"config.model.hidden_size={self.hidden_size} must be "
                        f"divisible by num_heads={self.num_heads}.")
