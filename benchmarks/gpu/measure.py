@@ -32,9 +32,10 @@ line in DIR/figures.jsonl with name, value, unit, side (ours | torch),
 device, jax and torch versions, dtype, batch and the command, plus the MFU
 and ratio where they apply. A section stops starting new work when its
 budget runs low, so a slow device yields fewer rounds, not a killed run.
-Where ours is more than 1.3x slower than torch in the first round, a
-jax.profiler trace of a few of our steps is taken then and kept as
-DIR/trace_<name>.tar.gz (if under 16 MiB).
+Where ours falls short of the goal (1.3x torch's throughput) in the first
+round, a jax.profiler trace of a few of our steps is taken then and kept as
+DIR/trace_<name>.tar.gz (if under 16 MiB; at most 4: TRM's two variants,
+GPT's first attention path, Dream's first batch size).
 
 --smoke runs every section with tiny sizes on the CPU (JAX and torch), to
 check the script end to end before device time is spent; torch.compile is
@@ -69,7 +70,9 @@ for _path in (REPO, os.path.join(BENCHMARKS, "reference"),
     sys.path.insert(0, _path)
 
 SECTIONS = ("smoke", "trm", "gpt", "dream", "cudnn")
-SLOW_RATIO = 1.3        # ours/torch time above this keeps a trace
+# Issue 26's goal: ours at least 1.3x torch's throughput. Where ours falls
+# short (ours' time above torch's / 1.3), a trace says why.
+GOAL_SPEEDUP = 1.3
 TRACE_LIMIT = 16 << 20  # bytes of one trace archive
 MAX_TRACES = 4          # files back from the device are limited
 TRM_JAX_MEMORY_FRACTION = 0.45  # of the GPU, for ours in the TRM section
@@ -191,6 +194,11 @@ class Recorder:
     if ratio is not None:
       self.figure(f"{name}/ours_over_torch_time", ratio, "x", "ours",
                   dtype=dtype, batch=batch, mfu=mfu["ours"], **both)
+
+
+def short_of_goal(ours_seconds: float, torch_seconds: float) -> bool:
+  """Is ours short of GOAL_SPEEDUP x torch's throughput?"""
+  return ours_seconds * GOAL_SPEEDUP > torch_seconds
 
 
 def keep_trace(rec: Recorder, name: str, run) -> None:
@@ -604,7 +612,7 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
       torch_s.append(statistics.median(t))
     log(f"trm {name} round {r + 1}: ours {1e3 * ours_s[-1]:.2f} ms/step"
         + (f", torch {1e3 * torch_s[-1]:.2f} ms/step" if torch_ok else ""))
-    if r == 0 and torch_s and ours_s[0] > SLOW_RATIO * torch_s[0]:
+    if r == 0 and torch_s and short_of_goal(ours_s[0], torch_s[0]):
       # Traced now, while the budget still holds a few steps.
       keep_trace(rec, f"trm_{name}", traced_steps)
   rec.pair(f"{name}/train_step", ours_s, torch_s, flops=flops, peak=peak,
@@ -818,9 +826,10 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
     log(f"gpt round {r + 1}: " + ", ".join(line) + " per iteration")
     if r == 0 and torch_ms:
       # Traced now, while the budget still holds an iteration each.
-      for attention, (timed, ms) in ours.items():
-        if ms and ms[0] > SLOW_RATIO * torch_ms[0]:
-          keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0))  # pylint: disable=cell-var-from-loop
+      # The first variant only (cuDNN on the GPU): traces are few.
+      attention, (timed, ms) = next(iter(ours.items()))
+      if ms and short_of_goal(ms[0], torch_ms[0]):
+        keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0))  # pylint: disable=cell-var-from-loop
   for attention, (timed, ms) in ours.items():
     if not ms:
       continue
@@ -1073,8 +1082,8 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
                flops=flops[variant], peak=peak, time_unit="s",
                rate=("new_tokens_per_s", "tokens/s", b * new), **extra)
     if (seconds[("exact", "torch")] and seconds[("exact", "ours")] and
-        statistics.median(seconds[("exact", "ours")]) > SLOW_RATIO *
-        statistics.median(seconds[("exact", "torch")]) and
+        short_of_goal(statistics.median(seconds[("exact", "ours")]),
+                      statistics.median(seconds[("exact", "torch")])) and
         budget.left() > 3 * max(seconds[("exact", "ours")]) + 10):
       keep_trace(rec, f"dream_b{b}_exact", lambda: ours("exact", 99))  # pylint: disable=cell-var-from-loop
     compiled.clear()

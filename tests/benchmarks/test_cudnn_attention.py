@@ -190,8 +190,9 @@ def test_trm_config_takes_cudnn_and_refuses_what_it_cannot_run():
 
 def test_trm_refuses_cudnn_on_cpu_when_traced():
   cfg = _trm_cfg(attention="cudnn")
-  with pytest.raises(ValueError, match=ONE_LINE):
-    trm_model.init_variables(trm_model.TRM(cfg), jax.random.key(0))
+  with pytest.raises(ValueError, match=ONE_LINE):  # traced, not compiled
+    jax.eval_shape(lambda: trm_model.init_variables(trm_model.TRM(cfg),
+                                                    jax.random.key(0)))
 
 
 def test_trm_cudnn_branch_matches_dot(cudnn_call_on_xla):
