@@ -202,7 +202,8 @@ def test_a_hanging_network_is_bounded(tmp_path, monkeypatch):
   import socket  # pylint: disable=g-import-not-at-top
   _no_credentials(monkeypatch, tmp_path)
   monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
-  monkeypatch.setattr(socket, "create_connection",
+  # A look-up that hangs (it ignores socket timeouts).
+  monkeypatch.setattr(socket, "getaddrinfo",
                       lambda *args, **kwargs: time.sleep(60))
   seen = _warnings(monkeypatch)
   config = _online_config()

@@ -23,10 +23,9 @@ unresolvable host to simulate no network.
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import urllib.parse
 from typing import Callable, Optional, Sequence
+
+from trm.core import net_probe
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # How long the host-name look-up and the TCP connect each may take before a
@@ -36,8 +35,6 @@ CHECK_TIMEOUT_S = 3.0
 # 10; a reachable Hub answers in well under a second).
 ETAG_TIMEOUT_S = 5.0
 INSTALL_HINT = "pip install -e .[hub]"
-_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
-                    "ALL_PROXY", "all_proxy")
 
 
 class HubUnavailable(ValueError):
@@ -72,24 +69,6 @@ def offline_mode() -> bool:
   return value.strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
-def _resolve(host: str, port: int, timeout_s: float):
-  """`socket.getaddrinfo(host, port)`, or None when it fails or takes longer
-  than `timeout_s` (it has no timeout of its own, hence a daemon thread)."""
-  result: list = []
-
-  def look_up():
-    try:
-      result.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-    except (OSError, UnicodeError):
-      result.append(None)
-
-  thread = threading.Thread(target=look_up, daemon=True,
-                            name="trm-network-check")
-  thread.start()
-  thread.join(timeout_s)
-  return result[0] if result else None
-
-
 def unreachable(url: str, timeout_s: float = CHECK_TIMEOUT_S
                 ) -> Optional[str]:
   """None when the host of `url` resolves and accepts a TCP connection,
@@ -100,28 +79,17 @@ def unreachable(url: str, timeout_s: float = CHECK_TIMEOUT_S
   retries with back-off of the downloader. None without checking when a
   proxy is configured (the proxy resolves and connects, not this host).
   """
-  if any(os.environ.get(name) for name in _PROXY_VARIABLES):
+  problem = net_probe.probe(url, timeout_s)
+  if problem is None:
     return None
-  parsed = urllib.parse.urlparse(url)
-  host = parsed.hostname
-  if not host:
+  if problem.kind == "no_host":
     return f"{url} names no host"
-  try:
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-  except ValueError:
+  if problem.kind == "bad_port":
     return f"{url} has an invalid port"
-  addresses = _resolve(host, port, timeout_s)
-  if not addresses:
-    return f"its host {host} does not resolve (no network?)"
-  family, kind, proto, _, address = addresses[0]
-  try:
-    with socket.socket(family, kind, proto) as connection:
-      connection.settimeout(timeout_s)
-      connection.connect(address)
-  except OSError as e:
-    return (f"its host {host}:{port} does not accept a connection within "
-            f"{timeout_s:g} s ({type(e).__name__}: {e})")
-  return None
+  if problem.kind == "resolve":
+    return f"its host {problem.host} does not resolve (no network?)"
+  return (f"its host {problem.host}:{problem.port} does not accept a "
+          f"connection within {timeout_s:g} s ({problem.detail})")
 
 
 def _one_line(text: str, limit: int = 300) -> str:

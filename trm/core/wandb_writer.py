@@ -7,7 +7,7 @@
 import) stops the run in one line naming config.wandb.enabled; in online
 mode, process 0 looks for an API key (WANDB_API_KEY, an identity token, or
 `wandb login`'s netrc entry) and probes the W&B host with a TCP connection
-bounded to `PROBE_SECONDS`. Without either, the run logs offline instead
+bounded to `PROBE_SECONDS` (`trm.core.net_probe`; not behind a proxy). Without either, the run logs offline instead
 (config.wandb.mode becomes 'offline', one warning says so and how to upload
 the files later with `wandb sync`), rather than hanging in wandb.init for
 its 90-second timeout or stopping with its traceback.
@@ -27,8 +27,6 @@ import json
 import netrc
 import os
 import secrets
-import socket
-import threading
 from typing import Any, Mapping, Optional
 from urllib.parse import urlsplit
 
@@ -38,6 +36,7 @@ from clu import metric_writers
 from etils import epath
 
 from trm.core import cli
+from trm.core import net_probe
 
 STEP_KEY = "trainer/step"
 MODES = ("online", "offline", "disabled")
@@ -147,35 +146,17 @@ def has_credentials(url: Optional[str] = None) -> bool:
 
 def reachable(url: str, timeout: Optional[float] = None) -> Optional[str]:
   """None if a TCP connection to `url`'s host opens within `timeout`
-  seconds (default `PROBE_SECONDS`; DNS included), else why not."""
+  seconds (default `PROBE_SECONDS`; DNS included) or a proxy is configured
+  (it connects, not this host), else why not."""
   timeout = PROBE_SECONDS if timeout is None else timeout
-  parts = urlsplit(url)
-  host = parts.hostname
-  if not host:
-    return f"the W&B host URL {url!r} names no host"
-  try:
-    port = parts.port or (80 if parts.scheme == "http" else 443)
-  except ValueError:
-    return f"the W&B host URL {url!r} has a bad port"
-  result = {}
-
-  def connect():
-    try:
-      socket.create_connection((host, port), timeout=timeout).close()
-      result["ok"] = True
-    except Exception as e:  # pylint: disable=broad-except
-      result["error"] = f"{type(e).__name__}: {e}"
-
-  # A thread, so a DNS lookup (which ignores socket timeouts) is bounded
-  # too; a lookup still running is abandoned with its daemon thread.
-  thread = threading.Thread(target=connect, daemon=True,
-                            name="wandb-probe")
-  thread.start()
-  thread.join(timeout)
-  if result.get("ok"):
+  problem = net_probe.probe(url, timeout, shared=True)
+  if problem is None:
     return None
-  return (f"{host}:{port} is unreachable ("
-          f"{result.get('error', f'no answer within {timeout:g} s')})")
+  if problem.kind == "no_host":
+    return f"the W&B host URL {url!r} names no host"
+  if problem.kind == "bad_port":
+    return f"the W&B host URL {url!r} has a bad port"
+  return f"{problem.host}:{problem.port} is unreachable ({problem.detail})"
 
 
 def online_problem(timeout: Optional[float] = None) -> Optional[str]:

@@ -1,0 +1,42 @@
+"""trm.core.net_probe: the one reachability check behind the Hub downloads
+and W&B's online mode (their wording is tested in tests/data/test_offline.py
+and tests/core/test_wandb_writer.py)."""
+import socket
+import time
+
+from trm.core import net_probe
+
+
+def _closed_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_kinds_of_unreachable(monkeypatch):
+  for name in net_probe.PROXY_VARIABLES:
+    monkeypatch.delenv(name, raising=False)
+  assert net_probe.probe("no-scheme-or-host", 1).kind == "no_host"
+  assert net_probe.probe("http://127.0.0.1:99999/x", 1).kind == "bad_port"
+  refused = net_probe.probe(f"http://127.0.0.1:{_closed_port()}/", 1)
+  assert refused.kind == "connect" and refused.host == "127.0.0.1"
+  assert "ConnectionRefusedError" in refused.detail
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    assert net_probe.probe(f"http://127.0.0.1:{server.getsockname()[1]}",
+                           1) is None
+  # Behind a proxy the proxy connects, not this host: nothing to check.
+  monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
+  assert net_probe.probe(f"http://127.0.0.1:{_closed_port()}/", 1) is None
+
+
+def test_a_hanging_look_up_is_bounded(monkeypatch):
+  for name in net_probe.PROXY_VARIABLES:
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: time.sleep(30))
+  start = time.monotonic()
+  problem = net_probe.probe("https://example.invalid/", 0.5, shared=True)
+  assert time.monotonic() - start < 2
+  assert problem.kind == "resolve"
+  assert problem.detail == "no answer within 0.5 s"
