@@ -13,6 +13,7 @@ buffers are mapped afresh every call (see NOTES_h13.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import statistics
@@ -37,11 +38,13 @@ def main(argv):
 
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
 
-  cfg = dream.DreamConfig(
-      vocab_size=512, hidden_size=64, intermediate_size=128,
-      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-      mask_token_id=500, pad_token_id=256, dtype="float32",
-      param_dtype="float32", remat="none")
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  # configs/diffucoder_7b.py:tiny's model, without remat (no backward here).
+  tiny = config_lib.load_config(os.path.join(
+      os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+          __file__)))), "configs", "diffucoder_7b.py"), "tiny")
+  cfg = dataclasses.replace(dream.DreamConfig.from_config(tiny.model),
+                            remat="none")
   params = nn.meta.unbox(dream.init_params(cfg, jax.random.key(0)))
   model = dream.Dream(cfg)
   hidden = jax.jit(lambda p, t: model.apply({"params": p}, t,
