@@ -199,3 +199,52 @@ def test_missing_config_or_checkpoint_is_one_line():
   assert result.stderr.strip().splitlines() == [
       "trm.evaluate: error: --config and --checkpoint are required (or "
       "--benchmark / --score_only for code benchmarks)."]
+
+
+def _generation(**changes):
+  value = dict(benchmark="humaneval", task_ids=["HumanEval/0", "HumanEval/1"],
+               shots=0, num_samples=2, seed=0, batch_size=1, chat=False,
+               checkpoint="runs/hf", sampler={"steps": 4, "temperature": 0.2})
+  value.update(changes)
+  return value
+
+
+def _sample(task_id, sample):
+  return json.dumps(dict(task_id=task_id, sample=sample, completion="pass",
+                         generation="pass", benchmark="humaneval",
+                         chat=False))
+
+
+def test_resume_keeps_whole_batches_of_the_same_settings(tmp_path, capsys):
+  output = str(tmp_path / "samples.jsonl")
+  assert evaluate._resumed_samples(output, _generation()) == []  # none yet
+  # Batches (sample j, batch n): (0, 0), (0, 1), (1, 0), (1, 1). The first
+  # two are whole, the third lost its append, the fourth was cut short.
+  with open(output, "w") as f:
+    f.write("\n".join([_sample("HumanEval/0", 0), _sample("HumanEval/1", 0),
+                        _sample("HumanEval/1", 1)[:25]]))
+  with pytest.raises(ValueError, match=r"has no samples_generation\.json "
+                     r"beside it"):
+    evaluate._resumed_samples(output, _generation())
+  evaluate._write_json_atomically(evaluate._generation_path(output),
+                                  _generation())
+  kept = evaluate._resumed_samples(output, _generation())
+  assert [(r["task_id"], r["sample"]) for r in kept] == [
+      ("HumanEval/0", 0), ("HumanEval/1", 0)]
+  assert "--resume: 2 samples of 2/4 batches kept" in capsys.readouterr().out
+  # Other settings are refused in one line naming the first difference.
+  for changes, needle in [
+      (dict(seed=1), "seed 0, this run has 1"),
+      (dict(sampler={"steps": 8, "temperature": 0.2}), "sampler {'steps': 4"),
+      (dict(task_ids=["HumanEval/0"]), "task_ids 2 problems, this run has 1 "
+       "problems"),
+      (dict(checkpoint="other"), "checkpoint 'runs/hf'")]:
+    with pytest.raises(ValueError) as err:
+      evaluate._resumed_samples(output, _generation(**changes))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert "without --resume to start again" in str(err.value)
+  # A bad line before the last is not an interruption: refused.
+  with open(output, "w") as f:
+    f.write("not json\n" + _sample("HumanEval/0", 0) + "\n")
+  with pytest.raises(ValueError, match="line 1 is not JSON"):
+    evaluate._resumed_samples(output, _generation())

@@ -34,7 +34,8 @@ DiffuCoder / Dream on code benchmarks (`trm.families.dream.code_eval`):
 workdir (the config gives the mesh). Completions come from the diffusion
 sampler in batches, each batch appended to --output (JSONL) as it is made
 (a line per batch reports done/total; execution reports every 5 s), BEFORE
-any of them runs,
+any of them runs (after an interruption, the same command with --resume
+generates only the batches not yet written),
 then run in a sandbox (`trm.families.dream.code_exec`: PID, mount and
 network namespaces where the kernel allows, time, memory, disk, file and
 process limits; a pass means the checks returned) and scored with the
@@ -258,6 +259,60 @@ def score_only(benchmark, ks_flag, limits, workers, output):
            split=f"{split}; rescored from {path}"))
 
 
+def _generation_path(output: str) -> str:
+  """The generation settings of a samples file, written beside it when
+  generation starts (what --resume checks)."""
+  return os.path.splitext(output)[0] + "_generation.json"
+
+
+def _write_json_atomically(path: str, value) -> None:
+  temporary = f"{path}.tmp{os.getpid()}"
+  with open(temporary, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=1)
+  os.replace(temporary, path)
+
+
+def _resumed_samples(output: str, generation: dict) -> list:
+  """--resume: the samples of whole batches already in `output`, from a run
+  with these settings (each field compared; the first difference is one
+  line); none when there is no output yet."""
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(output):
+    print(f"--resume: no samples at {output} yet; generating all")
+    return []
+  path = _generation_path(output)
+  if not os.path.isfile(path):
+    raise ValueError(f"--resume: {output} has no {os.path.basename(path)} "
+                     "beside it (written when generation starts), so its "
+                     "settings are unknown: rerun without --resume to start "
+                     "again.")
+  with open(path, encoding="utf-8") as f:
+    earlier = json.load(f)
+  now = json.loads(json.dumps(generation))  # tuples as JSON keeps them
+  for key, value in now.items():
+    if earlier.get(key) != value:
+      shown = (f"{len(value)} problems" if key == "task_ids"
+               else repr(value))
+      before = earlier.get(key)
+      before = (f"{len(before)} problems" if key == "task_ids"
+                and isinstance(before, list) else repr(before))
+      raise ValueError(f"--resume: {output} was generated with {key} "
+                       f"{before}, this run has {shown}: rerun with the "
+                       "earlier settings, or without --resume to start "
+                       "again.")
+  records = code_eval.read_interrupted_samples(output)
+  done = code_eval.complete_batches(records, now["task_ids"],
+                                    now["num_samples"], now["batch_size"])
+  plan = code_eval.batch_plan(len(now["task_ids"]), now["num_samples"],
+                              now["batch_size"])
+  whole = {(now["task_ids"][i], j) for j, n, rows in plan if (j, n) in done
+           for i in rows}
+  kept = [r for r in records if (str(r["task_id"]), r["sample"]) in whole]
+  print(f"--resume: {len(kept)} samples of {len(done)}/{len(plan)} batches "
+        f"kept from {output}")
+  return kept
+
+
 def evaluate_code(config, checkpoint: str):
   """--benchmark: sample completions, run them, print and write pass@k."""
   import time  # pylint: disable=g-import-not-at-top
@@ -289,15 +344,28 @@ def evaluate_code(config, checkpoint: str):
   print(f"weights: {lm.source}\n{benchmark}: {split}; "
         f"{_NUM_SAMPLES.value} sample(s) each")
   start = time.perf_counter()
+  task_ids = [str(p.task_id) for p in problems]
+  generation = dict(
+      benchmark=benchmark, task_ids=task_ids, shots=len(shots),
+      num_samples=_NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
+      batch_size=_SAMPLER["batch_size"].value, chat=chat,
+      checkpoint=lm.source, sampler=settings)
+  kept = _resumed_samples(output, generation) if _RESUME.value else []
   # Each batch's samples are appended to --output as soon as they are made,
   # before any of them runs: an interrupted run keeps what was generated,
-  # and after any fault --score_only=<output> scores it without the model.
-  code_eval.write_samples(output, [])
-  records, total = [], len(problems) * _NUM_SAMPLES.value
+  # --resume goes on from it, and --score_only=<output> scores it without
+  # the model.
+  code_eval.write_samples(output, kept)
+  _write_json_atomically(_generation_path(output), generation)
+  done = code_eval.complete_batches(kept, task_ids, _NUM_SAMPLES.value,
+                                    _SAMPLER["batch_size"].value)
+  records, total = list(kept), len(problems) * _NUM_SAMPLES.value
   progress = code_eval.Progress("generated", every_s=0.0)  # every batch
+  if kept:
+    progress(len(records), total, f"kept from {output}")
   for rows, j, completions in code_eval.generate_batches(
       lm, prompts, _NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
-      batch_size=_SAMPLER["batch_size"].value, **settings):
+      batch_size=_SAMPLER["batch_size"].value, skip=done, **settings):
     batch = [code_eval.record_for(problems[i], j, completion, benchmark,
                                   chat)
              for i, completion in zip(rows, completions)]
@@ -337,7 +405,7 @@ def main(argv):
 def define_flags():
   global _CONFIG, _CHECKPOINT, _OUTPUT_DIR, _BENCHMARK, _BENCHMARK_PATH, \
       _NUM_SAMPLES, _K, _LIMIT, _OUTPUT, _WORKERS, _TIMEOUT, _MEMORY_MB, \
-      _DISK_MB, _SCORE_ONLY, _SAMPLER
+      _DISK_MB, _RESUME, _SCORE_ONLY, _SAMPLER
   _CONFIG = config_flags.DEFINE_config_file("config", None, "TRM config, or "
                                             "with --benchmark a DiffuCoder "
                                             "config (its mesh).",
@@ -374,6 +442,10 @@ def define_flags():
                                     "per process of a program, MB (>= 64).")
   _DISK_MB = flags.DEFINE_integer("disk_mb", 64, "Writable space (a tmpfs "
                                   "at /tmp) per program, MB.")
+  _RESUME = flags.DEFINE_bool(
+      "resume", False, "Keep the samples an interrupted --benchmark run "
+      "wrote to --output (same checkpoint, problems and sampler settings, "
+      "checked) and generate only the batches it had not finished.")
   _SCORE_ONLY = flags.DEFINE_string(
       "score_only", None, "Rescore this samples file (written by an earlier "
       "--benchmark run, before its code ran) without loading a model; "

@@ -277,3 +277,24 @@ def test_the_tiny_route_reaches_a_humaneval_score(trained, tmp_path):
   records = [json.loads(line) for line in samples.read_text().splitlines()]
   assert [r["task_id"] for r in records] == ["HumanEval/0", "HumanEval/1"]
   assert all(isinstance(r["passed"], bool) and r["reason"] for r in records)
+
+  # Interrupted while appending the second batch: its line is cut short.
+  # The same command with --resume keeps the first batch, generates only
+  # the second, and gets what the uninterrupted run got.
+  lines = samples.read_text().splitlines()
+  samples.write_text(lines[0] + "\n" + lines[1][:40])
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.evaluate",
+       "--config=configs/diffucoder_7b.py:tiny", "--config.seq_len=2048",
+       f"--checkpoint={tmp_path / 'hf'}", "--tokenizer=bytes",
+       "--benchmark=humaneval", "--limit=2", "--batch_size=1",
+       "--max_new_tokens=16", "--steps=4", "--workers=2",
+       f"--output={samples}", "--resume"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "--resume: 1 samples of 1/2 batches kept" in result.stdout
+  assert "generated: 1/2" in result.stdout and "generated: 2/2" in result.stdout
+  resumed = [json.loads(line) for line in samples.read_text().splitlines()]
+  assert ([(r["task_id"], r["generation"]) for r in resumed]
+          == [(r["task_id"], r["generation"]) for r in records])

@@ -500,6 +500,10 @@ def test_a_bfloat16_residual_stream_carries_bfloat16_between_blocks(scan):
   assert not np.array_equal(out, ref)
 
 
+# -m slow (two TPU compiles, about a minute): the bfloat16 residual path is
+# run by test_a_bfloat16_residual_stream_carries_bfloat16_between_blocks in
+# the default run; this one checks its memory effect on a v4 chip.
+@pytest.mark.slow
 def test_a_bfloat16_residual_stream_halves_what_remat_saves():
   """With remat each scanned layer saves its input: [B, T, C] per layer in
   the residual dtype, so the gradient's temporaries shrink by half of

@@ -32,7 +32,7 @@ import os
 import re
 import sys
 import time
-from typing import Iterable, Optional, Sequence
+from typing import Container, Iterable, Optional, Sequence
 
 from trm.core import cli
 from trm.families.dream import code_exec
@@ -404,22 +404,75 @@ class Progress:
           file=self.out or sys.stdout, flush=True)
 
 
+def batch_plan(num_prompts: int, num_samples: int,
+               batch_size: Optional[int] = None) -> list[tuple[int, int, list]]:
+  """(sample number j, batch number n, prompt indices) of every compiled
+  batch, in generation order: round j samples every prompt, batch n of it
+  takes `batch_size` prompts."""
+  size = batch_size or num_prompts
+  batches = -(-num_prompts // size)
+  return [(j, n, list(range(n * size, min((n + 1) * size, num_prompts))))
+          for j in range(num_samples) for n in range(batches)]
+
+
 def generate_batches(lm, prompts: Sequence[str], num_samples: int, *,
                      seed: int = 0, batch_size: Optional[int] = None,
-                     **sampler):
+                     skip: Container[tuple[int, int]] = (), **sampler):
   """Yields (prompt indices, sample number, completions) one compiled batch
   at a time, so a caller can save each batch as it comes. Sample j of every
   prompt is round j; batch n of round j samples with seed + j * batches +
-  n, the seeds `lm.generate(prompts, seed=seed + j * batches)` would use."""
+  n, the seeds `lm.generate(prompts, seed=seed + j * batches)` would use, so
+  a batch is the same whichever others run. `skip`: (j, n) of batches not
+  to generate (kept from an interrupted run)."""
   size = batch_size or len(prompts)
   batches = -(-len(prompts) // size)
-  for j in range(num_samples):
-    for n in range(batches):
-      rows = list(range(n * size, min((n + 1) * size, len(prompts))))
-      completions = lm.generate([prompts[i] for i in rows],
-                                seed=seed + j * batches + n,
-                                batch_size=size, **sampler)
-      yield rows, j, completions
+  for j, n, rows in batch_plan(len(prompts), num_samples, batch_size):
+    if (j, n) in skip:
+      continue
+    completions = lm.generate([prompts[i] for i in rows],
+                              seed=seed + j * batches + n,
+                              batch_size=size, **sampler)
+    yield rows, j, completions
+
+
+def complete_batches(records: Sequence[dict], task_ids: Sequence[str],
+                     num_samples: int, batch_size: Optional[int] = None
+                     ) -> set[tuple[int, int]]:
+  """(j, n) of the batches of `batch_plan` whose every sample is in
+  `records` (batches are appended whole, so a cut-short append leaves the
+  batch incomplete and it is generated again)."""
+  have = {(str(r["task_id"]), r["sample"]) for r in records}
+  return {(j, n) for j, n, rows in batch_plan(len(task_ids), num_samples,
+                                              batch_size)
+          if all((str(task_ids[i]), j) in have for i in rows)}
+
+
+def read_interrupted_samples(path: str, flag: str = "--resume") -> list[dict]:
+  """The records of a samples file whose writing may have been cut short:
+  an unfinished last line (no newline, not JSON) is dropped; any other line
+  must be a sample record."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  lines = text.split("\n")
+  records = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      if number == len(lines):  # the last line, with no newline after it
+        break
+      raise ValueError(f"{flag}: {path} line {number} is not JSON; is this "
+                       "a samples file written by trm.evaluate --benchmark?"
+                       ) from None
+    if not isinstance(row, dict) or any(
+        not isinstance(row.get(name), kind) for name, kind in SAMPLE_FIELDS):
+      raise ValueError(f"{flag}: {path} line {number} is not a sample record"
+                       "; is this a samples file written by trm.evaluate "
+                       "--benchmark?")
+    records.append(row)
+  return records
 
 
 def generate(lm, prompts: Sequence[str], num_samples: int, *, seed: int = 0,
