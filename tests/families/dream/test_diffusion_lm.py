@@ -2,6 +2,7 @@
 the loss falls on code files, runs resume, a published checkpoint is the
 starting point, trm.generate samples from the workdir, bad data fails early.
 8 CPU devices, mesh 2x2x2."""
+import functools
 import json
 import os
 import subprocess
@@ -259,15 +260,16 @@ def test_the_tiny_route_reaches_a_humaneval_score(trained, tmp_path):
   hf_import.export_hf_checkpoint(params, cfg, str(tmp_path / "hf"),
                                  dtype="float32")
   samples = tmp_path / "he" / "samples.jsonl"
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.evaluate",
-       "--config=configs/diffucoder_7b.py:tiny", "--config.seq_len=2048",
-       f"--checkpoint={tmp_path / 'hf'}", "--tokenizer=bytes",
-       "--benchmark=humaneval", "--limit=2", "--batch_size=1",
-       "--max_new_tokens=16", "--steps=4", "--workers=2",
-       f"--output={samples}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  command = [sys.executable, "-m", "trm.evaluate",
+             "--config=configs/diffucoder_7b.py:tiny", "--config.seq_len=2048",
+             f"--checkpoint={tmp_path / 'hf'}", "--tokenizer=bytes",
+             "--benchmark=humaneval", "--limit=2", "--batch_size=1",
+             "--max_new_tokens=16", "--steps=4", "--workers=2",
+             f"--output={samples}"]
+  run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  result = run(command)
   assert result.returncode == 0, result.stderr[-3000:]
   out = result.stdout
   assert "humaneval: all 164 problems, the first 2" in out
@@ -283,15 +285,7 @@ def test_the_tiny_route_reaches_a_humaneval_score(trained, tmp_path):
   # the second, and gets what the uninterrupted run got.
   lines = samples.read_text().splitlines()
   samples.write_text(lines[0] + "\n" + lines[1][:40])
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.evaluate",
-       "--config=configs/diffucoder_7b.py:tiny", "--config.seq_len=2048",
-       f"--checkpoint={tmp_path / 'hf'}", "--tokenizer=bytes",
-       "--benchmark=humaneval", "--limit=2", "--batch_size=1",
-       "--max_new_tokens=16", "--steps=4", "--workers=2",
-       f"--output={samples}", "--resume"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  result = run(command + ["--resume"])
   assert result.returncode == 0, result.stderr[-3000:]
   assert "--resume: 1 samples of 1/2 batches kept" in result.stdout
   assert "generated: 1/2" in result.stdout and "generated: 2/2" in result.stdout
