@@ -69,3 +69,22 @@ def pytest_unconfigure(config):  # pylint: disable=unused-argument
   if os.environ.get(_CACHE_ENV + "_OWNER") == str(os.getpid()):
     import shutil  # pylint: disable=g-import-not-at-top
     shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+@pytest.fixture
+def no_compilation_cache(monkeypatch):
+  """The session's persistent compilation cache off for a test, in-process
+  and for the commands it runs: for tests that count compiles, and for
+  compiles to compile-only TPU devices (their executables cannot be loaded
+  back: JAX warns and compiles again)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("TRM_COMPILATION_CACHE", "off")
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
+  yield
+  jax.config.update("jax_enable_compilation_cache", True)
+  compilation_cache.reset_cache()

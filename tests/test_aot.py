@@ -21,6 +21,10 @@ from trm.data.puzzles import sudoku
 from trm.families.dream import model as dream
 from trm.families.trm import model as trm
 
+# Compiles to compile-only TPU devices, whose executables the session's
+# compilation cache cannot load back (JAX warns, then compiles again).
+pytestmark = pytest.mark.usefixtures("no_compilation_cache")
+
 ROOT = repo.ROOT
 
 

@@ -39,18 +39,10 @@ def tiny_config(data_root, **overrides):
   return gpt_config(data_root, **values)
 
 
-@pytest.fixture(autouse=True)
-def _no_persistent_cache(monkeypatch):
-  """These tests count XLA compiles: an executable loaded from the test
-  session's compilation cache (tests/conftest.py) is not one, so a step
-  compiled when it should not be would pass unseen."""
-  from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
-  monkeypatch.setenv("TRM_COMPILATION_CACHE", "off")
-  jax.config.update("jax_enable_compilation_cache", False)
-  compilation_cache.reset_cache()
-  yield
-  jax.config.update("jax_enable_compilation_cache", True)
-  compilation_cache.reset_cache()
+# These tests count XLA compiles: an executable loaded from the session's
+# compilation cache is not one, so a step compiled when it should not be
+# would pass unseen.
+pytestmark = pytest.mark.usefixtures("no_compilation_cache")
 
 
 @contextlib.contextmanager

@@ -13,6 +13,10 @@ from trm.core.topology import topology_devices
 from trm.forecast import network
 from trm.forecast import timeline
 
+# Compiles to compile-only TPU devices, whose executables the session's
+# compilation cache cannot load back (JAX warns, then compiles again).
+pytestmark = pytest.mark.usefixtures("no_compilation_cache")
+
 V4_8 = parse_topology("v4-8")   # 4 chips, 2x2x1, per slice
 
 

@@ -17,6 +17,10 @@ from trm.forecast import search
 ROOT = repo.ROOT
 V4_8 = topology.parse_topology("v4-8")
 
+# Compiles to compile-only TPU devices, whose executables the session's
+# compilation cache cannot load back (JAX warns, then compiles again).
+pytestmark = pytest.mark.usefixtures("no_compilation_cache")
+
 
 def tiny_gpt():
   config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
