@@ -12,7 +12,7 @@
 #
 # --smoke: tiny sizes, JAX and torch on the CPU (4-6 minutes on 2 cores).
 # The whole GPU run is budgeted to end within 8 minutes:
-#   install ~5 s, smoke 40 s, trm 185 s, gpt 110 s, dream 100 s, cudnn 35 s
+#   install ~5 s, smoke 40 s, trm 180 s, gpt 110 s, dream 100 s, cudnn 35 s
 # (TRM_GPU_BUDGET_<SECTION>=seconds overrides one).
 #
 # Environment:
@@ -175,7 +175,7 @@ else
   # dream 118 s with three rounds at batch 16 (two fit 100 s), cudnn 26 s
   # (of which 21 s compiling and timing: 25 s was too few);
   # torch.compile of upstream's TRM step takes about a minute per variant.
-  declare -A budget=([smoke]=40 [trm]=185 [gpt]=110 [dream]=100 [cudnn]=35)
+  declare -A budget=([smoke]=40 [trm]=180 [gpt]=110 [dream]=100 [cudnn]=35)
 fi
 failed=()
 cd "$repo"
