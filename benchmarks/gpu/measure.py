@@ -824,7 +824,7 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
       slowest = max(slowest, torch_ms[-1])
       line.append(f"torch {torch_ms[-1]:.1f} ms")
     log(f"gpt round {r + 1}: " + ", ".join(line) + " per iteration")
-    if r == 0 and torch_ms:
+    if r == 0 and torch_ms and ours:
       # Traced now, while the budget still holds an iteration each.
       # The first variant only (cuDNN on the GPU): traces are few.
       attention, (timed, ms) = next(iter(ours.items()))
