@@ -50,6 +50,8 @@ for _dir, _, _ in os.walk(_TESTS):
 # files by their number of tests. Within a file, the order is unchanged.
 import json  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 
 def pytest_collection_modifyitems(session, config, items):  # pylint: disable=unused-argument
   path = os.path.join(_TESTS, "file_seconds.json")
@@ -69,9 +71,6 @@ def pytest_unconfigure(config):  # pylint: disable=unused-argument
   if os.environ.get(_CACHE_ENV + "_OWNER") == str(os.getpid()):
     import shutil  # pylint: disable=g-import-not-at-top
     shutil.rmtree(_CACHE, ignore_errors=True)
-
-
-import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @pytest.fixture

@@ -246,5 +246,5 @@ def test_resume_keeps_whole_batches_of_the_same_settings(tmp_path, capsys):
   # A bad line before the last is not an interruption: refused.
   with open(output, "w") as f:
     f.write("not json\n" + _sample("HumanEval/0", 0) + "\n")
-  with pytest.raises(ValueError, match="line 1 is not JSON"):
+  with pytest.raises(ValueError, match="line 1: not JSON"):
     evaluate._resumed_samples(output, _generation())

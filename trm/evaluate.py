@@ -300,14 +300,15 @@ def _resumed_samples(output: str, generation: dict) -> list:
                        f"{before}, this run has {shown}: rerun with the "
                        "earlier settings, or without --resume to start "
                        "again.")
-  records = code_eval.read_interrupted_samples(output)
+  records = code_eval.read_samples(output, "--output", interrupted=True)
   done = code_eval.complete_batches(records, now["task_ids"],
                                     now["num_samples"], now["batch_size"])
   plan = code_eval.batch_plan(len(now["task_ids"]), now["num_samples"],
                               now["batch_size"])
   whole = {(now["task_ids"][i], j) for j, n, rows in plan if (j, n) in done
            for i in rows}
-  kept = [r for r in records if (str(r["task_id"]), r["sample"]) in whole]
+  kept = [{k: v for k, v in r.items() if k != "line"} for r in records
+          if (str(r["task_id"]), r["sample"]) in whole]
   print(f"--resume: {len(kept)} samples of {len(done)}/{len(plan)} batches "
         f"kept from {output}")
   return kept

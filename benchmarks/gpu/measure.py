@@ -20,8 +20,9 @@ SECTION is one of
          autocast, fused AdamW); tokens/s and MFU.
   dream  DiffuCoder-7B-shaped Dream with random bf16 weights, 512 prompt +
          512 new tokens at batch 1 and 16: ours exact and cache='dual'
-         (attention 'cudnn', 'dot' where that does not compile) against the reference `diffusion_generate` (Dream's HF code, carried
-         in benchmarks/gpu/wheels/dream_hf; without it the project's own
+         (attention 'cudnn', 'dot' where that does not compile) against
+         the reference `diffusion_generate` (Dream's HF code, carried in
+         benchmarks/gpu/wheels/dream_hf; without it the project's own
          PyTorch sampler, CPU only); new tokens/s and MFU.
   smoke  `python -m trm.main --config=configs/trm_sudoku.py:cpu` for 50
          steps (generated puzzles), SIGTERM during training, then the same
@@ -428,7 +429,8 @@ def _device_trm_class():
 
 def section_trm(args, rec: Recorder, budget: Budget) -> None:
   device = torch_device(args)
-  log(f"torch.compile: {'on' if use_torch_compile(args) else 'off (--smoke on CPU)'}")
+  log("torch.compile: " + ("on" if use_torch_compile(args)
+                            else "off (--smoke on CPU)"))
   variants = _trm_variants(args)
   for index, (name, file, variant, metadata, batch, attention) in enumerate(
       variants):
@@ -598,8 +600,9 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
     rec.figure(f"{name}/first_step_s", first, "s", "torch",
                torch_compile=compiled, **common)
     if device.type == "cuda":
-      rec.figure(f"{name}/memory_gib", torch.cuda.max_memory_allocated()
-                 / 2**30, "GiB", "torch", what="torch.cuda.max_memory_allocated",
+      rec.figure(f"{name}/memory_gib",
+                 torch.cuda.max_memory_allocated() / 2**30, "GiB", "torch",
+                 what="torch.cuda.max_memory_allocated",
                  torch_compile=compiled, **common)
   ours_s, torch_s = [], []  # per round: median seconds per step
   for r in range(args.rounds):
@@ -990,31 +993,32 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
     ids = rng.integers(1, cfg.mask_token_id, (b, prompt)).astype(np.int32)
     abstract = jax.ShapeDtypeStruct(ids.shape, jnp.int32)
     compiled, attention_of = {}, {}
-    for variant, kind in [(v, k) for v in ("exact", "dual")
-                          for k in dict.fromkeys((cfg.attention, "dot"))]:
-      if variant in compiled:
-        continue  # the first kind compiled; "dot" is the fallback
-      kind_cfg = dataclasses.replace(cfg, attention=kind)
-      try:
-        with time_limit(budget.left() - 10):
-          start = time.perf_counter()
-          if variant == "exact":
-            lowered = diffusion_sampling.lower_generate(
-                dream.denoiser(kind_cfg), abstract, None, params=params,
-                steps=steps, **common)
-          else:
-            lowered = cached_sampling.lower_cached_generate(
-                dream_cache.cached_denoiser(kind_cfg), abstract, None,
-                params=params, cache="dual", block_length=block, steps=steps,
-                threshold=None, **common)
-          compiled[variant] = lowered.compile()
-          attention_of[variant] = kind
-          rec.figure(f"b{b}/{variant}/compile_s", time.perf_counter() - start,
-                     "s", "ours", dtype=cfg.dtype, batch=b, attention=kind)
-      except Exception as e:  # pylint: disable=broad-except
-        log(f"dream batch {b} {variant} attention={kind}: ours failed "
-            f"({type(e).__name__}: {e})")
-        free_memory()
+    for variant in ("exact", "dual"):
+      # cfg's attention first, then "dot" where that does not compile.
+      for kind in dict.fromkeys((cfg.attention, "dot")):
+        kind_cfg = dataclasses.replace(cfg, attention=kind)
+        try:
+          with time_limit(budget.left() - 10):
+            start = time.perf_counter()
+            if variant == "exact":
+              lowered = diffusion_sampling.lower_generate(
+                  dream.denoiser(kind_cfg), abstract, None, params=params,
+                  steps=steps, **common)
+            else:
+              lowered = cached_sampling.lower_cached_generate(
+                  dream_cache.cached_denoiser(kind_cfg), abstract, None,
+                  params=params, cache="dual", block_length=block,
+                  steps=steps, threshold=None, **common)
+            compiled[variant] = lowered.compile()
+            attention_of[variant] = kind
+            rec.figure(f"b{b}/{variant}/compile_s",
+                       time.perf_counter() - start, "s", "ours",
+                       dtype=cfg.dtype, batch=b, attention=kind)
+          break
+        except Exception as e:  # pylint: disable=broad-except
+          log(f"dream batch {b} {variant} attention={kind}: ours failed "
+              f"({type(e).__name__}: {e})")
+          free_memory()
     flops = {
         "exact": sample_program.sample_flops_per_call(cfg, b, prompt, new,
                                                        steps),

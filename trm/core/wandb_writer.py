@@ -7,10 +7,11 @@
 import) stops the run in one line naming config.wandb.enabled; in online
 mode, process 0 looks for an API key (WANDB_API_KEY, an identity token, or
 `wandb login`'s netrc entry) and probes the W&B host with a TCP connection
-bounded to `PROBE_SECONDS` (`trm.core.net_probe`; not behind a proxy). Without either, the run logs offline instead
-(config.wandb.mode becomes 'offline', one warning says so and how to upload
-the files later with `wandb sync`), rather than hanging in wandb.init for
-its 90-second timeout or stopping with its traceback.
+bounded to `PROBE_SECONDS` (`trm.core.net_probe`; not behind a proxy).
+Without either, the run logs offline instead (config.wandb.mode becomes
+'offline', one warning says so and how to upload the files later with
+`wandb sync`), rather than hanging in wandb.init for its 90-second timeout
+or stopping with its traceback.
 
 Process 0 logs (as it writes every metric); the run's id is kept in the
 workdir (`wandb_run_id`), so a resumed run goes on in the same W&B run.

@@ -64,8 +64,13 @@ class Problem:
 # ------------------------------------------------------------------ loading
 
 
-def _read_jsonl(path: str, flag: str) -> list[tuple[int, dict]]:
-  """(line number, object) for each non-blank line of a JSONL file."""
+def _read_jsonl(path: str, flag: str, *, interrupted: bool = False
+                ) -> list[tuple[int, dict]]:
+  """(line number, object) for each non-blank line of a JSONL file.
+
+  interrupted: the file's writing may have been cut short, so an unfinished
+  last line (no newline, not JSON) is dropped and an empty file has no rows.
+  """
   if os.path.isdir(path):
     raise IsADirectoryError(f"{flag}={path}: is a directory; a JSONL file "
                             "is expected.")
@@ -81,6 +86,8 @@ def _read_jsonl(path: str, flag: str) -> list[tuple[int, dict]]:
         try:
           row = json.loads(line)
         except json.JSONDecodeError as e:
+          if interrupted and not line.endswith("\n"):
+            break
           raise ValueError(f"{flag}={path} line {number}: not JSON ({e.msg})."
                            " One problem per line is expected.") from None
         if not isinstance(row, dict):
@@ -89,7 +96,7 @@ def _read_jsonl(path: str, flag: str) -> list[tuple[int, dict]]:
         rows.append((number, row))
   except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
     raise ValueError(f"{flag}={path}: unreadable ({e}).") from None
-  if not rows:
+  if not rows and not interrupted:
     raise ValueError(f"{flag}={path} holds no problems.")
   return rows
 
@@ -447,34 +454,6 @@ def complete_batches(records: Sequence[dict], task_ids: Sequence[str],
           if all((str(task_ids[i]), j) in have for i in rows)}
 
 
-def read_interrupted_samples(path: str, flag: str = "--resume") -> list[dict]:
-  """The records of a samples file whose writing may have been cut short:
-  an unfinished last line (no newline, not JSON) is dropped; any other line
-  must be a sample record."""
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
-  lines = text.split("\n")
-  records = []
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError:
-      if number == len(lines):  # the last line, with no newline after it
-        break
-      raise ValueError(f"{flag}: {path} line {number} is not JSON; is this "
-                       "a samples file written by trm.evaluate --benchmark?"
-                       ) from None
-    if not isinstance(row, dict) or any(
-        not isinstance(row.get(name), kind) for name, kind in SAMPLE_FIELDS):
-      raise ValueError(f"{flag}: {path} line {number} is not a sample record"
-                       "; is this a samples file written by trm.evaluate "
-                       "--benchmark?")
-    records.append(row)
-  return records
-
-
 def generate(lm, prompts: Sequence[str], num_samples: int, *, seed: int = 0,
              batch_size: Optional[int] = None, **sampler):
   """generations[i][j]: sample j for prompt i, from the diffusion sampler.
@@ -513,11 +492,13 @@ SAMPLE_FIELDS = (("task_id", (int, str)), ("sample", int),
                  ("completion", str), ("benchmark", str), ("chat", bool))
 
 
-def read_samples(path: str, flag: str = "--score_only") -> list[dict]:
+def read_samples(path: str, flag: str = "--score_only", *,
+                 interrupted: bool = False) -> list[dict]:
   """The records of a samples file written by trm.evaluate (scored or not),
-  checked line by line."""
+  checked line by line; `interrupted`: its writing may have been cut short
+  (see `_read_jsonl`)."""
   records = []
-  for line, row in _read_jsonl(path, flag):
+  for line, row in _read_jsonl(path, flag, interrupted=interrupted):
     for name, kind in SAMPLE_FIELDS:
       if not isinstance(row.get(name), kind):
         raise ValueError(f"{flag}={path}:{line}: field {name!r} is missing "
