@@ -20,6 +20,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from trm.nn import platform as platform_lib
+
 MESH_AXES = ("data", "fsdp", "model")
 # Logical name of the batch axis of activations and input batches.
 BATCH = "activation_batch"
@@ -234,6 +236,8 @@ class ShardingContext:
     stack = contextlib.ExitStack()
     stack.enter_context(jax.set_mesh(self.mesh))
     stack.enter_context(nn.logical_axis_rules(self.rules))
+    stack.enter_context(platform_lib.mesh_platform(
+        self.mesh.devices.flat[0].platform))
     self._stack.append(stack)
     return self
 
@@ -249,7 +253,8 @@ class ShardingContext:
   def boxed_shardings(self, build_boxed):
     """(boxed abstract tree `build_boxed()` traced under the rules, its
     shardings): a model's parameters or a whole train state."""
-    with nn.logical_axis_rules(self.rules):
+    with nn.logical_axis_rules(self.rules), platform_lib.mesh_platform(
+        self.mesh.devices.flat[0].platform):
       boxed = build_boxed()
     return boxed, self.tree_shardings(boxed)
 

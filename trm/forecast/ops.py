@@ -1,6 +1,7 @@
 """What one HLO instruction costs on its own: the dense FLOPs of its dots
 and convolutions, the HBM bytes it moves, and, for a collective, what it
-sends and to whom.
+sends and to whom. XLA:GPU's library calls (cuBLAS matmuls, cuDNN's
+fused attention) are read from their backend configs.
 
 XLA's `cost_analysis()` gives one total per program and counts a loop body
 once, so the forecast reads the scheduled program itself
@@ -226,3 +227,68 @@ def pallas_cost(inst: hlo.Instruction) -> tuple[float, float] | None:
     return None
   return (float(flops.group(1)) if flops else 0.0,
           float(moved.group(1)) if moved else 0.0)
+
+
+# XLA:GPU's library calls whose work `gpu_library_cost` reads.
+CUBLAS_PREFIX = "__cublas$"
+CUDNN_ATTENTION_PREFIX = "__cudnn$fmha"
+# A float32 x float32 cuBLAS matmul, in bf16-matmul FLOPs: XLA:GPU runs it
+# on TF32 tensor cores (half the bf16 rate on A100 and H100) unless the
+# precision is HIGHEST (CUDA cores: about 1/15 of the bf16 rate on both).
+F32_MATMUL_WEIGHT = {"DEFAULT": 2.0, "HIGH": 2.0, "HIGHEST": 15.0}
+# Matmuls of one cuDNN flash-attention call: forward S = QK^T and O = PV;
+# backward recomputes S and forms dV, dP, dQ and dK.
+_ATTENTION_MATMULS = {"forward": 2, "backward": 5}
+
+
+def _json_list(attrs: str, key: str) -> list[int] | None:
+  match = re.search(r'"' + key + r'"\s*:\s*\[([^\]]*)\]', attrs)
+  return ([int(x) for x in re.findall(r"\d+", match.group(1))]
+          if match else None)
+
+
+def gpu_library_cost(inst: hlo.Instruction, comp: hlo.Computation
+                     ) -> tuple[float, float] | None:
+  """(FLOPs, HBM bytes) of a cuBLAS matmul or cuDNN attention custom-call,
+  or None for anything else. Bytes: the operands read and the results
+  written, less the scratch workspace (s8/u8) the call also returns.
+
+  A matmul's FLOPs are 2 x output elements x the lhs contracting size
+  (its `gemm_backend_config`), times `F32_MATMUL_WEIGHT` for float32
+  operands, so that the FLOPs are what bf16 tensor-core time they take; an
+  attention call's are 2 x matmuls x B x H x Tq x Tk x head dim, from the
+  [B, H, Tq, Tk] score shape cuDNN records, halved for a causal mask (cuDNN
+  skips the masked blocks)."""
+  if inst.opcode != "custom-call":
+    return None
+  target = inst.attr("custom_call_target") or ""
+  if not target.startswith((CUBLAS_PREFIX, CUDNN_ATTENTION_PREFIX)):
+    return None
+  results = [a for a in inst.shape if a.dtype not in ("s8", "u8")]
+  operands = _operand_shapes(inst, comp)
+  moved = (sum(a.bytes for a in results)
+           + sum(a.bytes for shape in operands for a in shape))
+  if not results or not operands or not operands[0]:
+    return 0.0, moved
+  lhs = operands[0][0].dims
+  if target.startswith(CUBLAS_PREFIX):
+    contracting = _json_list(inst.attrs, "lhs_contracting_dimensions") or []
+    contracted = math.prod(lhs[d] for d in contracting if d < len(lhs))
+    weight = 1.0
+    if all(shape and shape[0].dtype == "f32" for shape in operands[:2]):
+      precision = re.search(r'"operand_precision"\s*:\s*\[\s*"(\w+)"',
+                            inst.attrs)
+      weight = F32_MATMUL_WEIGHT.get(precision.group(1) if precision
+                                     else "DEFAULT", 2.0)
+    return 2.0 * weight * results[0].elements * contracted, moved
+  scores = re.search(r'"intermediate_tensor_shape"\s*:\s*\{[^}]*?'
+                     r'"dimensions"\s*:\s*\[([^\]]*)\]', inst.attrs)
+  if not scores or not lhs:
+    return 0.0, moved
+  score_elements = math.prod(int(x) for x in re.findall(r"\d+",
+                                                         scores.group(1)))
+  kind = "backward" if "Backward" in target else "forward"
+  causal = re.search(r'"mask_type"\s*:\s*"CAUSAL"', inst.attrs) is not None
+  flops = (2.0 * _ATTENTION_MATMULS[kind] * score_elements * lhs[-1]
+           * (0.5 if causal else 1.0))
+  return flops, moved

@@ -1,7 +1,8 @@
 """One step of the compiled program, played in its scheduled order.
 
-The program is what XLA:TPU runs on each chip: its instructions in the
-order the scheduler fixed. The time model, per instruction:
+The program is what XLA:TPU (or XLA:GPU) runs on each chip: its
+instructions in the order the scheduler fixed. The time model, per
+instruction:
 
 * compute (fusions, dots, copies, ...): the longer of its dense FLOPs at
   `efficiency` x the chip's peak and its HBM bytes at the chip's HBM
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 
 from trm.forecast import hlo
 from trm.forecast import loops
@@ -81,7 +83,8 @@ class Program:
   def cost(self, comp, inst) -> tuple[float, float]:
     key = (comp.name, inst.name)
     if key not in self._costs:
-      declared = ops.pallas_cost(inst)
+      declared = (ops.pallas_cost(inst)
+                  or ops.gpu_library_cost(inst, comp))
       self._costs[key] = declared or ops.instruction_cost(
           self.module, comp, inst, self._fused)
     return self._costs[key]
@@ -244,6 +247,69 @@ class Program:
       outcomes.append(branch)
     if outcomes:
       state.adopt(max(outcomes, key=lambda s: s.now))
+
+  # ------------------------------------------------------------ where
+  def hot_spots(self, peak_flops: float, efficiency: float,
+                hbm_bytes_per_second: float, top: int = 20) -> list[dict]:
+    """The compute instructions' roofline time per step, summed by what the
+    model code called them (`op_name` metadata, transforms stripped, last
+    three scopes) and instruction kind, largest first: which part of the
+    model a step's time goes to. Loops count their trip counts; a
+    conditional its costlier branch. Network time is not included."""
+    rates = (peak_flops * efficiency, hbm_bytes_per_second)
+    spots: dict = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+
+    def walk(comp, times):
+      for inst in comp.instructions:
+        if inst.opcode == "while":
+          body = self.module.computations.get(
+              (inst.attr("body") or "").lstrip("%"))
+          if body is not None:
+            walk(body, times * (self.trips(comp, inst) or 1))
+          continue
+        if inst.opcode in ("conditional", "call"):
+          called = [self.module.computations[c] for c in inst.called()
+                    if c in self.module.computations]
+          if inst.opcode == "conditional" and called:
+            called = [max(called, key=lambda c: (
+                self.totals(c.name).flops, self.totals(c.name).hbm_bytes))]
+          for c in called:
+            walk(c, times)
+          continue
+        flops, moved = self.cost(comp, inst)
+        if not (flops or moved):
+          continue
+        kind = (inst.attr("kind") if inst.opcode == "fusion" else None
+                ) or inst.opcode
+        spot = spots[(op_label(inst), kind)]
+        spot[0] += max(flops / rates[0], moved / rates[1]) * times
+        spot[1] += moved * times
+        spot[2] += flops * times
+        spot[3] += times
+
+    walk(self.module.entry_computation, 1)
+    ranked = sorted(spots.items(), key=lambda item: -item[1][0])[:top]
+    return [{"op": op, "kind": kind, "seconds": v[0], "hbm_bytes": v[1],
+             "flops": v[2], "runs": v[3]} for (op, kind), v in ranked]
+
+
+# Scopes of an op_name that say how, not where: jit and autodiff transforms,
+# control flow, remat.
+_TRANSFORM_SCOPE = re.compile(
+    r"^(jit|jvp|transpose|vmap|pjit|remat|checkpoint|rematted_computation|"
+    r"while|body|cond|closed_call|branch_\d+_fun)(\(.*\))?$")
+
+
+def op_label(inst: hlo.Instruction, depth: int = 3) -> str:
+  """The model-code name of an instruction: its `op_name` metadata with
+  jit/autodiff/control-flow scopes dropped, last `depth` scopes; the
+  opcode when it has none."""
+  match = re.search(r'op_name="([^"]*)"', inst.attrs)
+  if not match:
+    return inst.opcode
+  scopes = [s for s in match.group(1).split("/")
+            if s and not _TRANSFORM_SCOPE.match(s)]
+  return "/".join(scopes[-depth:]) or inst.opcode
 
 
 def _rendezvous(inst: hlo.Instruction) -> str | None:

@@ -14,6 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from trm.nn import platform as platform_lib
+
 # Attention kernels for NVIDIA GPUs only (the TPU kernels are in
 # trm.nn.tpu_attention).
 GPU_KINDS = ("cudnn",)
@@ -21,7 +23,6 @@ GPU_KINDS = ("cudnn",)
 # Hopper and later, 128 before).
 CUDNN_DTYPES = ("bfloat16", "float16")
 CUDNN_MAX_HEAD_DIM = 256
-_GPU_PLATFORMS = ("gpu", "cuda")
 
 
 def check_cudnn_config(*, dtype: str, head_dim: int,
@@ -42,9 +43,10 @@ def check_cudnn_config(*, dtype: str, head_dim: int,
 def check_cudnn(platform: str | None = None,
                 field: str = "config.model.attention") -> None:
   """cuDNN attention on devices other than NVIDIA GPUs fails here, in one
-  line naming the field (`platform`: default the default backend's)."""
-  platform = platform or jax.default_backend()
-  if platform not in _GPU_PLATFORMS:
+  line naming the field (`platform`: default the active mesh's, else the
+  default backend's)."""
+  platform = platform or platform_lib.current()
+  if platform not in platform_lib.GPU_PLATFORMS:
     raise ValueError(
         f"{field}='cudnn' runs on NVIDIA GPUs only (cuDNN flash attention), "
         f"and this run's devices are {platform}: use 'dot'.")

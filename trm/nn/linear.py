@@ -78,9 +78,11 @@ def _matmul_fwd(x, w):
 
 def _matmul_bwd(residuals, dy):
   x, w = residuals
-  # dy arrives in float32; callers round the product to x.dtype, so this
-  # cast is exact. Like autodiff of jnp.dot, the gradients come out of the
-  # dots in the operands' dtype.
+  # dy arrives in float32. Where the caller rounds the product to x.dtype
+  # this cast is exact; GPT's LM head keeps float32 logits, whose gradient
+  # is rounded here as torch autocast rounds its bf16 LM head's. Like
+  # autodiff of jnp.dot, the gradients come out of the dots in the
+  # operands' dtype.
   dy = dy.astype(x.dtype)
   dx = dot(dy, w.T)
   dw_t = dot(dy.reshape(-1, dy.shape[-1]).T, x.reshape(-1, x.shape[-1]))

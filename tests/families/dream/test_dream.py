@@ -15,6 +15,8 @@ import repo
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.families.dream import model as dream
+from trm.families.dream import sampling as diffusion_sampling
+from trm.nn import platform as platform_lib
 
 _ROOT = repo.ROOT
 
@@ -123,24 +125,71 @@ def test_logical_axes_and_dtypes():
   assert logits.shape == (2, 12, 512) and logits.dtype == jnp.bfloat16
 
 
-def _unstack(params, n):
-  out = {k: v for k, v in params.items() if k != "layers"}
-  for i in range(n):
-    out[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], params["layers"])
-  return out
-
-
 def test_scan_equals_unrolled():
   cfg = tiny()
   tokens = _tokens()
   variables = _init(cfg, tokens)
   scanned = _apply(cfg, variables, tokens)
   flat = tiny(scan_layers=False)
-  unrolled_vars = {"params": _unstack(variables["params"], 2)}
+  unrolled_vars = {"params": dream.unstack_layers(variables["params"], 2)}
   assert (jax.tree.structure(unrolled_vars)
           == jax.tree.structure(_init(flat, tokens)))
   unrolled = _apply(flat, unrolled_vars, tokens)
   np.testing.assert_allclose(scanned, unrolled, atol=1e-6, rtol=1e-6)
+
+
+def test_sampler_on_a_gpu_unstacks_the_layers_once_and_samples_the_same():
+  """On a GPU platform the denoiser's `prepare` unstacks a scanned model's
+  layers before the step loop (no per-step weight copies there); the
+  tokens are those of the scanned model. Elsewhere the params pass as
+  given. Traced here on the CPU with the platform set as a GPU mesh's
+  ShardingContext sets it."""
+  cfg = tiny()  # float32: XLA orders a scan's and a loop's sums alike
+  params = _init(cfg)["params"]
+  on_cpu = dream.denoiser(cfg)
+  assert on_cpu.prepare is None and dream.denoiser(cfg, "tpu") is on_cpu
+  with platform_lib.mesh_platform("cuda"):
+    on_gpu = dream.denoiser(cfg)
+  assert on_gpu.prepare is not None and on_gpu is dream.denoiser(cfg, "cuda")
+  flat = on_gpu.prepare(params)
+  assert "layers" not in flat and f"layers_{cfg.num_hidden_layers - 1}" in flat
+  ids = _tokens(batch=2, length=6, vocab=cfg.mask_token_id)
+  kwargs = dict(params=params, mask_token_id=cfg.mask_token_id,
+                max_new_tokens=8, steps=4, alg="entropy", top_k=None)
+
+  def loops(denoiser) -> int:  # while loops in the lowered sampling program
+    return diffusion_sampling.lower_generate(
+        denoiser, jax.ShapeDtypeStruct(ids.shape, jnp.int32), None,
+        **kwargs).as_text().count("stablehlo.while")
+
+  assert loops(on_gpu) == loops(on_cpu) - 1  # no layer scan in the steps
+  scanned, unstacked = (
+      diffusion_sampling.diffusion_generate(d, ids, None, rng=jax.random.key(0),
+                                            **kwargs)
+      for d in (on_cpu, on_gpu))
+  np.testing.assert_array_equal(np.asarray(unstacked), np.asarray(scanned))
+
+
+class _Gpu:
+  def __init__(self, limit):
+    self.limit = limit
+
+  def memory_stats(self):
+    return {"bytes_limit": self.limit}
+
+
+def test_sampler_keeps_the_stack_where_two_copies_would_crowd_the_gpu(
+    monkeypatch):
+  cfg = tiny()
+  weights = dream.param_count(cfg) * 4  # float32
+  monkeypatch.setattr(jax, "local_devices", lambda: [_Gpu(3 * weights)])
+  assert dream.denoiser(cfg, "cuda").prepare is None
+  monkeypatch.setattr(jax, "local_devices", lambda: [_Gpu(4 * weights)])
+  assert dream.denoiser(cfg, "cuda").prepare is not None
+  # Spread over two GPUs, each holds half of each copy.
+  monkeypatch.setattr(jax, "local_devices",
+                      lambda: [_Gpu(2 * weights), _Gpu(2 * weights)])
+  assert dream.denoiser(cfg, "cuda").prepare is not None
 
 
 def test_remat_identical_values_and_grads():
@@ -151,7 +200,8 @@ def test_remat_identical_values_and_grads():
     return jnp.mean(dream.Dream(cfg).apply({"params": params}, tokens) ** 2)
 
   for scan in (True, False):
-    params = variables["params"] if scan else _unstack(variables["params"], 2)
+    params = (variables["params"] if scan
+              else dream.unstack_layers(variables["params"], 2))
     full = tiny(remat="full", scan_layers=scan)
     none = tiny(remat="none", scan_layers=scan)
     v1, g1 = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, full)

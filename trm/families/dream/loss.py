@@ -17,6 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from trm.nn import losses
+
 
 def add_noise(rng, tokens, maskable, mask_token_id: int, eps: float = 1e-3):
   """Returns (noisy tokens, masked [B, L] bool, t [B] float32)."""
@@ -52,10 +54,7 @@ def shifted_masked_loss(hidden, logits_fn, tokens, masked, t,
 
   @jax.checkpoint  # recompute each chunk's logits in the backward pass
   def chunk_loss(h, y, w):
-    logits = logits_fn(h).astype(jnp.float32)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
-    return jnp.sum(w * (log_z - picked))
+    return jnp.sum(w * losses.softmax_cross_entropy(logits_fn(h), y))
 
   def body(total, xs):
     return total + chunk_loss(*xs), None

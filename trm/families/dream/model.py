@@ -28,6 +28,7 @@ from trm.nn import dtypes
 from trm.nn import linear
 from trm.nn import masks
 from trm.nn import norm
+from trm.nn import platform as platform_lib
 from trm.nn import rope
 from trm.nn import tpu_attention
 from trm.nn.attention import repeat_kv
@@ -343,22 +344,73 @@ class Dream(nn.Module):
                                                positions))
 
 
-@functools.lru_cache(maxsize=None)
-def denoiser(cfg: DreamConfig):
+def unstack_layers(params, num_layers: int):
+  """Scanned params (`layers`, leaves [num_layers, ...]) as the unscanned
+  model's `layers_0` .. `layers_{num_layers - 1}`."""
+  out = {k: v for k, v in params.items() if k != "layers"}
+  for i in range(num_layers):
+    out[f"layers_{i}"] = jax.tree.map(lambda leaf, i=i: leaf[i],
+                                      params["layers"])
+  return out
+
+
+def denoiser(cfg: DreamConfig, platform: str | None = None):
   """The `diffusion_sampling.Denoiser` of `Dream(cfg)` (weights as the first
-  argument of both halves); one object per config, so compiled sampling
-  loops are reused across calls."""
+  argument of both halves) for `platform` (default: where programs traced
+  now run, `trm.nn.platform.current()`); one object per config and
+  layout, so compiled sampling loops are reused across calls.
+
+  On a GPU a scanned model's layers are unstacked once per sampling call,
+  and the steps run the unscanned model: XLA:GPU's scan copies each layer's
+  weights out of the stack on every forward (cuBLAS reads a whole buffer),
+  which on the compiled DiffuCoder-7B sampler was a fifth of a batch-1
+  step (BUILD_NOTES "On a GPU"). The copy costs a second set of weights
+  while sampling, so it is made only where the GPU's memory holds both
+  with room to spare. XLA:TPU reads the slices in place."""
+  platform = platform or platform_lib.current()
+  unstack = (cfg.scan_layers and platform in platform_lib.GPU_PLATFORMS
+             and _fits_twice(cfg))
+  return _denoiser(cfg, unstack)
+
+
+def _fits_twice(cfg: DreamConfig) -> bool:
+  """Do two copies of the weights (spread over the GPUs) take at most half
+  of one GPU's memory? True where the memory is not known (compile-only
+  devices)."""
+  try:
+    devices = jax.local_devices()
+    limit = (devices[0].memory_stats() or {}).get("bytes_limit")
+  except Exception:  # pylint: disable=broad-except
+    return True
+  if not limit:
+    return True
+  weights = param_count(cfg) * jnp.dtype(cfg.weight_dtype).itemsize
+  return 2 * weights / len(devices) <= 0.5 * limit
+
+
+@functools.lru_cache(maxsize=None)
+def _denoiser(cfg: DreamConfig, unstack: bool):
   from trm.families.dream import sampling as diffusion_sampling  # pylint: disable=g-import-not-at-top
   model = Dream(cfg)
+  flat = Dream(dataclasses.replace(cfg, scan_layers=False)) if unstack else (
+      model)
+
+  def prepare(params):
+    return unstack_layers(params, cfg.num_hidden_layers)
+
+  def pick(params):  # the layout `prepare` made, or the one given
+    return model if "layers" in params or not cfg.scan_layers else flat
 
   def hidden(params, tokens, attention_mask, positions):
-    return model.apply({"params": params}, tokens, attention_mask, positions,
-                       method=Dream.hidden)
+    return pick(params).apply({"params": params}, tokens, attention_mask,
+                              positions, method=Dream.hidden)
 
   def head(params, h):
-    return model.apply({"params": params}, h, method=Dream.logits_from_hidden)
+    return pick(params).apply({"params": params}, h,
+                              method=Dream.logits_from_hidden)
 
-  return diffusion_sampling.Denoiser(hidden, head)
+  return diffusion_sampling.Denoiser(hidden, head,
+                                     prepare if unstack else None)
 
 
 def init_params(cfg: DreamConfig, rng):

@@ -41,11 +41,16 @@ class Denoiser(NamedTuple):
     hidden(params, tokens [B,L] i32, mask [B,L] bool | None,
            positions [B,L] i32 | None) -> final-normed hidden [B, L, D]
     head(params, h [..., D]) -> raw logits [..., V]
+    prepare(params) -> params as hidden and head take them, run once per
+           sampling call before the step loop (None: as given)
 
-  Both are static jit arguments: build one Denoiser per model and reuse it.
+  All are static jit arguments: build one Denoiser per model and reuse it.
   """
   hidden: Callable
   head: Callable
+  prepare: Optional[Callable] = None
+
+
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 # Hugging Face's effective default (spec §2.1); None or 0 turns top-k off.
 DEFAULT_TOP_K = 50
@@ -62,6 +67,8 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
               top_k, use_mask, history, window):
   b, p = input_ids.shape
   length = p + max_new_tokens
+  if isinstance(logits_fn, Denoiser) and logits_fn.prepare is not None:
+    params = logits_fn.prepare(params)
   x, am, pos = reveal_rules.canvas_and_mask(
       input_ids, attention_mask if use_mask else None, max_new_tokens,
       mask_token_id)

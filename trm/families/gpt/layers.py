@@ -93,10 +93,14 @@ class Embed(nn.Module):
                                         axis=0).astype(jnp.float32)
 
   def attend(self, x):
-    """x [..., C] -> x @ table.T [..., num] in float32 (matmul in dtype)."""
+    """x [..., C] -> x @ table.T [..., num] in float32 (matmul in dtype).
+
+    `matmul`'s backward rounds the float32 logits' gradient to `dtype`
+    before its two matmuls, as torch autocast's bf16 LM head gets it;
+    autodiff of jnp.dot would run both as float32 x float32 (on an H100,
+    TF32 at half the bf16 rate, over [B*T, vocab] operands)."""
     dtype = self.cfg.compute_dtype
-    return jnp.dot(x.astype(dtype), self._gatherable().astype(dtype).T,
-                   preferred_element_type=jnp.float32)
+    return matmul(x.astype(dtype), self._gatherable().astype(dtype).T)
 
 
 def _proj_std(cfg: GPTConfig) -> float:

@@ -176,9 +176,12 @@ def init_cache(cfg: GPTConfig, batch: int, length: int) -> dict:
 
 
 def abstract_params(cfg: GPTConfig):
-  """Boxed (LogicallyPartitioned) ShapeDtypeStructs of the params; no alloc."""
+  """Boxed (LogicallyPartitioned) ShapeDtypeStructs of the params; no alloc.
+  The attention kernel holds no params, so this traces the dot path (which
+  any device takes)."""
+  plain = dataclasses.replace(cfg, attention="dot")
   idx = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-  return jax.eval_shape(lambda t: GPT(cfg).init(jax.random.key(0), t),
+  return jax.eval_shape(lambda t: GPT(plain).init(jax.random.key(0), t),
                         idx)["params"]
 
 

@@ -19,6 +19,7 @@ from trm.core import loss_scale as loss_scale_lib
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
 from trm.families.gpt import model as gpt
+from trm.nn import losses
 
 
 def learning_rate_schedule(config):
@@ -88,7 +89,7 @@ def cross_entropy(logits, targets):
   """Mean token cross-entropy, ignoring targets of -1 (F.cross_entropy's
   ignore_index=-1), and the number of scored tokens."""
   valid = targets >= 0
-  token_loss = optax.softmax_cross_entropy_with_integer_labels(
+  token_loss = losses.softmax_cross_entropy(
       logits, jnp.where(valid, targets, 0))
   count = valid.sum()
   return jnp.where(valid, token_loss, 0.0).sum() / jnp.maximum(count, 1), count
@@ -112,7 +113,7 @@ def chunked_cross_entropy(hidden, head, targets, chunk_size: int):
   @jax.checkpoint
   def chunk_loss(h, y):
     valid = y >= 0
-    token_loss = optax.softmax_cross_entropy_with_integer_labels(
+    token_loss = losses.softmax_cross_entropy(
         head(h), jnp.where(valid, y, 0))
     return jnp.where(valid, token_loss, 0.0).sum()
 
@@ -203,7 +204,7 @@ def eval_step(state, batch, *, model: gpt.GPT):
   comes from train.bin (0) or val.bin (1); `loss` is the validation loss."""
   logits = model.apply({"params": state.params}, batch["x"])
   valid = batch["y"] >= 0
-  token_loss = optax.softmax_cross_entropy_with_integer_labels(
+  token_loss = losses.softmax_cross_entropy(
       logits, jnp.where(valid, batch["y"], 0))
   row_loss = (jnp.where(valid, token_loss, 0.0).sum(-1)
               / jnp.maximum(valid.sum(-1), 1))

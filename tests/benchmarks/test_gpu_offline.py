@@ -1,0 +1,113 @@
+"""benchmarks/gpu/offline.py's parts that run without XLA:GPU's compiler:
+the GPU descriptions, reading the kit's measured figures, the flags, and
+the one-line refusal where the CUDA plugin is absent. The compiles
+themselves need the plugin (BUILD_NOTES "On a GPU" has their output)."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+KIT = os.path.join(ROOT, "benchmarks", "gpu")
+RUNS = os.path.join(KIT, "results", "2026-11-26-h100")
+
+
+@pytest.fixture(scope="module")
+def offline():
+  sys.path.insert(0, KIT)
+  try:
+    yield importlib.import_module("offline")
+  finally:
+    sys.path.remove(KIT)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_target_configs_describe_the_gpu(offline, gpu):
+  text = offline.target_config(gpu)
+  spec = offline.GPUS[gpu]
+  assert f'device_description_str: "{spec["name"]}"' in text
+  assert f"device_memory_size: {spec['memory']}" in text
+  assert f"memory_bandwidth: {spec['bandwidth']:.0f}" in text
+  assert "major: 9" in text and text.count("{") == text.count("}")
+
+
+def test_measured_figures_are_read_per_program_batch_and_attention(offline):
+  runs = [os.path.join(RUNS, f"run{i}-figures.jsonl") for i in (1, 2)]
+  measured = offline.measured_seconds(runs, "NVIDIA H100 80GB HBM3")
+  rows = {}
+  for path in runs:
+    with open(path) as f:
+      for line in f:
+        row = json.loads(line)
+        rows[(row["name"], row.get("batch"), row["side"])] = row
+  gpt = rows[("gpt/attention_dot/iteration/ms", 12, "ours")]["value"]
+  assert measured[("gpt/attention_dot/iteration/ms", 12, "dot")] == (
+      pytest.approx(gpt / 1e3))
+  rate = rows[("dream/b16/exact/new_tokens_per_s", 16, "ours")]["value"]
+  assert measured[("dream/b16/exact/new_tokens_per_s", 16, "dot")] == (
+      pytest.approx(16 * 512 / rate))
+  both = {k for k in measured if k[0] == "trm/mlp_t_sudoku/train_step/ms"}
+  assert {k[1] for k in both} == {384, 768}
+  # Other GPUs' figures and torch's are not ours on this one.
+  assert not offline.measured_seconds(runs, "NVIDIA H200")
+  assert all(k[2] in ("dot", "cudnn") for k in measured)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--only=trm,tpu"], "choose from trm, gpt, dream"),
+    (["--efficiency=0"], "must be in (0, 1]"),
+    (["--measured=/nonexistent.jsonl"], "no such file"),
+    (["--gpu=a100"], "invalid choice"),
+])
+def test_bad_flags_are_refused_naming_the_flag(offline, capsys, argv,
+                                               needle):
+  with pytest.raises(SystemExit):
+    offline.parse_args(["--out=/tmp/x"] + argv)
+  assert needle in capsys.readouterr().err
+
+
+def test_without_the_cuda_plugin_it_says_what_to_install(offline):
+  try:
+    importlib.import_module("jax_plugins.xla_cuda13")
+  except ImportError:
+    pass
+  else:
+    pytest.skip("JAX's CUDA plugin is installed here")
+  with pytest.raises(SystemExit, match="Install JAX's CUDA plugin"):
+    offline.gpu_devices("h100")
+
+
+_PROGRAM = """HloModule gpu, is_scheduled=true
+
+ENTRY %main (a: bf16[4096,512], b: bf16[512,1024]) -> bf16[4096,1024] {
+  %a = bf16[4096,512]{1,0} parameter(0)
+  %b = bf16[512,1024]{1,0} parameter(1)
+  %mm = (bf16[4096,1024]{1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/mlp/c_fc/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %r = bf16[4096,1024]{1,0} get-tuple-element(%mm), index=0
+}
+"""
+
+
+def test_replay_forecasts_a_saved_program_without_the_plugin(offline, tmp_path,
+                                                             capsys):
+  saved = tmp_path / "step.hlo"
+  saved.write_text(_PROGRAM)
+  out = tmp_path / "out"
+  environment = dict(os.environ)
+  offline.main([f"--out={out}", f"--replay={saved}", "--efficiency=0.5"])
+  assert dict(os.environ) == environment  # nothing set for a replay
+  (row,) = [json.loads(line) for line in
+            (out / "figures.jsonl").read_text().splitlines()]
+  flops = 2.0 * 4096 * 1024 * 512
+  moved = 2 * (4096 * 512 + 512 * 1024 + 4096 * 1024)
+  spec = offline.GPUS["h100"]
+  want = max(flops / (0.5 * spec["peak_bf16"]), moved / spec["bandwidth"])
+  assert row["name"] == "step.hlo"
+  assert row["forecast_ms"] == pytest.approx(1e3 * want)
+  assert row["hot_spots"][0]["op"] == "mlp/c_fc/dot_general"
+  assert "step.hlo" in capsys.readouterr().out
