@@ -122,9 +122,10 @@ class Compiled:
   attention: str
 
 
-def _kit_args(**overrides):
-  defaults = dict(smoke=False, gpt_accum=40, dream_attention="cudnn")
-  return argparse.Namespace(**{**defaults, **overrides})
+def _kit_args(section: str, *flags: str):
+  """The kit's settings for a section, as measure.py parses them."""
+  import measure  # pylint: disable=g-import-not-at-top
+  return measure.parse_args([section, "--out=/nonexistent", *flags])
 
 
 def compile_trm(devices, name, file, metadata, batch, attention):
@@ -148,7 +149,7 @@ def compile_gpt(devices, attention):
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
-  config = measure._gpt_config(_kit_args(), "/nonexistent", attention)  # pylint: disable=protected-access
+  config = measure._gpt_config(_kit_args("gpt"), "/nonexistent", attention)  # pylint: disable=protected-access
   config = config.copy_and_resolve_references()
   ctx = mesh_lib.ShardingContext.from_config(config, devices)
   program = families.program("gpt").build(
@@ -162,9 +163,9 @@ def compile_gpt(devices, attention):
                   config.batch_size, attention)
 
 
-def compile_dream(devices, batch, attention, prompt=512, new=512, steps=16):
-  """The exact sampler's whole program (a loop of `steps` denoiser calls),
-  for the kit's DiffuCoder-7B shape with bf16 weights."""
+def compile_dream(devices, batch, attention):
+  """The exact sampler's whole program (a loop of the kit's steps of
+  denoiser calls), for its DiffuCoder-7B shape with bf16 weights."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import measure  # pylint: disable=g-import-not-at-top
@@ -174,7 +175,9 @@ def compile_dream(devices, batch, attention, prompt=512, new=512, steps=16):
   from trm.families.dream import sample_program  # pylint: disable=g-import-not-at-top
   from trm.families.dream import sampling  # pylint: disable=g-import-not-at-top
   from trm.nn import platform as platform_lib  # pylint: disable=g-import-not-at-top
-  cfg = measure._dream_cfg(_kit_args(dream_attention=attention))  # pylint: disable=protected-access
+  kit = _kit_args("dream", f"--dream_attention={attention}")
+  cfg = measure._dream_cfg(kit)  # pylint: disable=protected-access
+  prompt, new, steps = kit.dream_prompt, kit.dream_new, kit.dream_steps
   mesh = jax.sharding.Mesh(np.array(devices), ("data",))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   params = jax.tree.map(

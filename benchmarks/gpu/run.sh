@@ -177,6 +177,11 @@ else
   # torch.compile of upstream's TRM step takes about a minute per variant.
   declare -A budget=([smoke]=40 [trm]=180 [gpt]=110 [dream]=100 [cudnn]=35)
 fi
+# Ours' compiled train steps and samplers, as XLA optimized them (on the GPU:
+# autotuned), for `offline.py --replay` to play and list hot spots off the
+# device.
+dump=$scratch/xla_dump
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$dump --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(train_step|generate).*"
 failed=()
 cd "$repo"
 for section in smoke trm gpt dream cudnn; do
@@ -195,6 +200,17 @@ for section in smoke trm gpt dream cudnn; do
   [ $rc = 0 ] || failed+=("$section")
 done
 
+optimized=$(cd "$dump" 2>/dev/null && ls -- *after_optimizations.txt 2>/dev/null)
+if [ -n "$optimized" ]; then
+  tar -C "$dump" -czf "$out/hlo_after_optimizations.tar.gz" $optimized
+  size=$(stat -c %s "$out/hlo_after_optimizations.tar.gz")
+  if [ "$size" -gt $((16 * 1024 * 1024)) ]; then
+    rm -f "$out/hlo_after_optimizations.tar.gz"
+    say "hlo: $(echo $optimized | wc -w) optimized programs, $size bytes gzipped: over 16 MiB, not kept"
+  else
+    say "hlo: $(echo $optimized | wc -w) optimized programs in hlo_after_optimizations.tar.gz ($size bytes; offline.py --replay)"
+  fi
+fi
 figures=$(wc -l < "$out/figures.jsonl")
 say "done in $(( $(date +%s) - started )) s: $figures figures in $out/figures.jsonl${failed[*]:+; failed: ${failed[*]}}"
 ls -la "$out" | sed 's/^/  /'

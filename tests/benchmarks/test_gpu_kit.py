@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -129,6 +130,21 @@ def test_run_sh_smoke_writes_figures(tmp_path, sections):
   # Files that come back from the device: at most 8, none deeper.
   assert len(os.listdir(out)) <= 8
   assert {"figures.jsonl", "log.txt"} <= set(os.listdir(out))
+  # Ours' optimized programs, which offline.py --replay plays.
+  with tarfile.open(out / "hlo_after_optimizations.tar.gz") as tar:
+    names = tar.getnames()
+    assert any("train_step" in n for n in names), names
+    assert any("generate" in n for n in names), names
+    assert all(n.endswith("after_optimizations.txt") for n in names), names
+    step = next(n for n in names if "train_step" in n)
+    tar.extract(step, tmp_path / "hlo")
+  sys.path.insert(0, KIT)
+  try:
+    import offline  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.remove(KIT)
+  row = offline.replay(str(tmp_path / "hlo" / step), "h100", 0.6, 5)
+  assert row["forecast_ms"] > 0 and row["hot_spots"]
 
 
 def test_batch_search_jumps_to_the_batch_the_compiled_step_fits():
