@@ -236,10 +236,14 @@ class ShardingContext:
     stack = contextlib.ExitStack()
     stack.enter_context(jax.set_mesh(self.mesh))
     stack.enter_context(nn.logical_axis_rules(self.rules))
-    stack.enter_context(platform_lib.mesh_platform(
-        self.mesh.devices.flat[0].platform))
+    stack.enter_context(platform_lib.mesh_platform(self.platform))
     self._stack.append(stack)
     return self
+
+  @property
+  def platform(self) -> str:
+    """Where the mesh's devices are (compile-only ones included)."""
+    return self.mesh.devices.flat[0].platform
 
   def __exit__(self, *exc):
     return self._stack.pop().__exit__(*exc)
@@ -254,7 +258,7 @@ class ShardingContext:
     """(boxed abstract tree `build_boxed()` traced under the rules, its
     shardings): a model's parameters or a whole train state."""
     with nn.logical_axis_rules(self.rules), platform_lib.mesh_platform(
-        self.mesh.devices.flat[0].platform):
+        self.platform):
       boxed = build_boxed()
     return boxed, self.tree_shardings(boxed)
 
