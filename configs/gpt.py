@@ -127,6 +127,8 @@ def get_config(arg=None):
       scan_layers=False,        # one scanned block, params [n_layer, ...]
       residual_dtype="float32",  # residual stream: float32 (torch autocast)
                                 # or the compute dtype (MaxText)
+      logits_dtype="float32",   # LM head output: float32, or bfloat16 as
+                                # nanoGPT's under torch.autocast
       attention="dot",          # dot | splash (Pallas TPU kernel, block
                                 # size % 128 == 0, dropout 0)
   ))

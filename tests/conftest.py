@@ -5,6 +5,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+# The tests' programs are tiny: compiling them, not running them, takes the
+# time. XLA:CPU without LLVM's optimizations compiles them faster
+# (tests/families/gpt/test_gpt_model.py: 121 -> 79 s on the 2-core host;
+# the whole CI: BUILD_NOTES "CI time"). Tests compare programs compiled
+# alike, or within tolerances, and none times a program. Another level:
+# set --xla_backend_optimization_level in XLA_FLAGS. Subprocesses inherit
+# it (tests/workers.py's xla_flags for those that choose a device count).
+if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 
 # One persistent compilation cache for the whole session: both xdist workers
 # and every `python -m trm.*` a test runs (TRM_COMPILATION_CACHE). Many

@@ -1,4 +1,6 @@
-"""Waiting for the worker processes of a multi-process test."""
+"""Waiting for the worker processes of a multi-process test, and the
+XLA flags they start with."""
+import os
 import subprocess
 
 import pytest
@@ -20,3 +22,12 @@ def wait_all(workers: list[subprocess.Popen], timeout: float) -> list[str]:
     pytest.fail(f"worker processes still running after {timeout} s; their "
                 "output tails:\n" + "\n----\n".join(tails))
   return outputs
+
+
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS for a test's subprocess with `devices` CPU devices: the
+  session's other flags (tests/conftest.py's optimization level) kept."""
+  kept = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+          if not flag.startswith("--xla_force_host_platform_device_count")]
+  return " ".join([f"--xla_force_host_platform_device_count={devices}"]
+                  + kept)

@@ -284,8 +284,10 @@ def _trm_variants(args):
            args.trm_batch, args.trm_attention)]
 
 
-def _trm_config(file: str, variant, batch: int, smoke: bool,
-                attention: str = "dot"):
+def trm_config(file: str, variant, batch: int, smoke: bool,
+               attention: str = "dot"):
+  """The kit's TRM config: configs/`file` at `batch`, as measured
+  (offline.py compiles the same)."""
   from trm.core import config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config(os.path.join(REPO, "configs", file), variant)
   with config.unlocked():
@@ -445,7 +447,7 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
     # The largest batch both sides run, from upstream's 768 down: ours
     # first (a compile says what it needs), then torch at ours' batch.
     while True:
-      make_config = functools.partial(_trm_config, file, variant,
+      make_config = functools.partial(trm_config, file, variant,
                                       smoke=args.smoke, attention=attention)
       guess = _trm_batch_guess(make_config(batch), metadata, batch)
       if guess < batch:
@@ -648,7 +650,8 @@ def _synthetic_tokens(data_dir: str, tokens: int, vocab: int = 50257) -> None:
 _SMOKE_VOCAB = 256
 
 
-def _gpt_config(args, data_root: str, attention: str):
+def gpt_config(args, data_root: str, attention: str):
+  """The kit's GPT-2 124M config (nanoGPT's defaults), as measured."""
   from trm.core import config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config(os.path.join(REPO, "configs", "gpt.py"),
                                   None)
@@ -666,6 +669,9 @@ def _gpt_config(args, data_root: str, attention: str):
       config.model.vocab_size = _SMOKE_VOCAB
     else:
       config.gradient_accumulation_steps = args.gpt_accum
+    # nanoGPT's LM head under autocast returns logits in the compute dtype
+    # (F.cross_entropy then works in float32, as ours does).
+    config.model.logits_dtype = config.dtype
   return config
 
 
@@ -737,7 +743,7 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
   attentions = ["dot"] if args.smoke else ["cudnn", "dot"]
   if args.smoke:
     log("gpt: attention='cudnn' is GPU-only; --smoke times 'dot'")
-  config = _gpt_config(args, data_root, "dot")
+  config = gpt_config(args, data_root, "dot")
   tokens_per_iter = (config.batch_size * config.gradient_accumulation_steps
                      * config.block_size)
   _synthetic_tokens(os.path.join(data_root, "synthetic"),
@@ -761,7 +767,7 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
     try:
       with time_limit(budget.left() - 20):
         start = time.perf_counter()
-        timed = gpt_speed.make_ours(_gpt_config(args, data_root, attention))
+        timed = gpt_speed.make_ours(gpt_config(args, data_root, attention))
         timed(1, 1)  # compiles on the first call too
         rec.figure(f"ours_{attention}/setup_and_first_iter_s",
                    time.perf_counter() - start, "s", "ours",
@@ -844,7 +850,8 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
              attention=attention, torch_compile=compile_torch,
              peak_what=peak_what, block_size=config.block_size,
              accum=config.gradient_accumulation_steps,
-             tokens_per_iter=tokens_per_iter)
+             tokens_per_iter=tokens_per_iter,
+             logits_dtype=config.model.logits_dtype)
   shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -852,7 +859,8 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
 # Dream / DiffuCoder
 
 
-def _dream_cfg(args):
+def dream_cfg(args):
+  """The kit's DiffuCoder-7B-shaped DreamConfig (tiny with --smoke)."""
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
   if args.smoke:
     return dream.DreamConfig(
@@ -924,7 +932,7 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
   from trm.families.dream import sampling as diffusion_sampling  # pylint: disable=g-import-not-at-top
 
   device = torch_device(args)
-  cfg = _dream_cfg(args)
+  cfg = dream_cfg(args)
   prompt, new = (32, 32) if args.smoke else (args.dream_prompt, args.dream_new)
   steps = 8 if args.smoke else args.dream_steps
   block = 8 if args.smoke else args.dream_block

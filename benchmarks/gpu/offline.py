@@ -134,7 +134,7 @@ def compile_trm(devices, name, file, metadata, batch, attention):
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
   from trm.families.trm import program as trm_program  # pylint: disable=g-import-not-at-top
-  config = measure._trm_config(file, None, batch, False, attention)  # pylint: disable=protected-access
+  config = measure.trm_config(file, None, batch, False, attention)
   ctx = mesh_lib.ShardingContext.from_config(config, devices)
   program = trm_program.build(config, ctx, metadata)
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
@@ -149,7 +149,7 @@ def compile_gpt(devices, attention):
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
-  config = measure._gpt_config(_kit_args("gpt"), "/nonexistent", attention)  # pylint: disable=protected-access
+  config = measure.gpt_config(_kit_args("gpt"), "/nonexistent", attention)
   config = config.copy_and_resolve_references()
   ctx = mesh_lib.ShardingContext.from_config(config, devices)
   program = families.program("gpt").build(
@@ -176,7 +176,7 @@ def compile_dream(devices, batch, attention):
   from trm.families.dream import sampling  # pylint: disable=g-import-not-at-top
   from trm.nn import platform as platform_lib  # pylint: disable=g-import-not-at-top
   kit = _kit_args("dream", f"--dream_attention={attention}")
-  cfg = measure._dream_cfg(kit)  # pylint: disable=protected-access
+  cfg = measure.dream_cfg(kit)
   prompt, new, steps = kit.dream_prompt, kit.dream_new, kit.dream_steps
   mesh = jax.sharding.Mesh(np.array(devices), ("data",))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -297,7 +297,7 @@ def report(compiled: Compiled, gpu: str, efficiency: float, measured: dict,
                         compiled.attention))
   if found:
     row["measured_ms"] = 1e3 * found
-    row["forecast_over_measured"] = step.seconds / found
+    row["forecast_over_measured"] = seconds / found
   return row
 
 

@@ -111,3 +111,28 @@ def test_replay_forecasts_a_saved_program_without_the_plugin(offline, tmp_path,
   assert row["forecast_ms"] == pytest.approx(1e3 * want)
   assert row["hot_spots"][0]["op"] == "mlp/c_fc/dot_general"
   assert "step.hlo" in capsys.readouterr().out
+
+
+def test_report_sets_a_compiled_program_beside_its_measured_time(offline,
+                                                                 tmp_path):
+  # Any compiled executable has what report reads (memory, text); a CPU one
+  # stands in for XLA:GPU's, so the row's arithmetic runs without the plugin.
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+  executable = jax.jit(lambda a: a @ a).lower(x).compile()
+  compiled = offline.Compiled(name="toy/step", executable=executable,
+                              model_flops=2.0 * 256**3, measured="toy_ms",
+                              batch=4, attention="dot")
+  row = offline.report(compiled, "h100", 0.5, {("toy_ms", 4, "dot"): 2e-3},
+                       str(tmp_path), top=3)
+  assert row["measured_ms"] == pytest.approx(2.0)
+  assert row["forecast_over_measured"] == pytest.approx(
+      row["forecast_ms"] / 2.0)
+  assert row["forecast_mfu"] == pytest.approx(
+      2.0 * 256**3 / (row["forecast_ms"] / 1e3)
+      / offline.GPUS["h100"]["peak_bf16"])
+  assert (tmp_path / "toy_step.hlo.gz").exists()
+  assert "forecast/measured" in offline.format_row(row)
+  no_measure = offline.report(compiled, "h100", 0.5, {}, str(tmp_path), top=3)
+  assert "measured_ms" not in no_measure

@@ -17,6 +17,7 @@ from trm.core import train
 from trm import families
 
 from test_gpt_task import tiny_config  # pylint: disable=g-import-not-at-top
+import workers as workers_lib  # pylint: disable=g-import-not-at-top
 
 
 class _Iterator:
@@ -123,7 +124,7 @@ def test_a_full_disk_is_one_line_and_loses_nothing(small_disk, tmp_path):
              "--config=configs/trm_sudoku.py:cpu", f"--workdir={workdir}"
              ] + _cli_flags(config)
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+             XLA_FLAGS=workers_lib.xla_flags(1))
   full = subprocess.run(command, cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
   assert full.returncode == 2, full.stderr[-3000:]

@@ -112,10 +112,11 @@ def _gpt_config(scan_layers: bool):
 
 def _record_without_scan_layers(config, workdir):
   """config.json as a GPT run wrote it before model.scan_layers (and
-  model.residual_dtype and loss_chunk_size) existed."""
+  model.residual_dtype, model.logits_dtype and loss_chunk_size) existed."""
   record = json.loads(config.to_json_best_effort())
   del record["model"]["scan_layers"]
   del record["model"]["residual_dtype"]
+  del record["model"]["logits_dtype"]
   del record["loss_chunk_size"]
   (workdir / config_record.RECORD).write_text(json.dumps(record))
 
@@ -123,6 +124,7 @@ def _record_without_scan_layers(config, workdir):
 def test_a_field_added_later_at_its_implicit_value_is_no_change():
   assert config_record.IMPLICIT == {"model.scan_layers": False,
                                     "model.residual_dtype": "float32",
+                                    "model.logits_dtype": "float32",
                                     "loss_chunk_size": 0,
                                     "compiled_step": ""}
   old = {"model": {"name": "gpt"}}

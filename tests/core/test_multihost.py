@@ -82,7 +82,7 @@ def test_two_processes_match_one_and_checkpoint_moves_between_them(
   workdir = str(tmp_path / "two")
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+             XLA_FLAGS=workers_lib.xla_flags(4))
   script = _WORKER.format(tests=[os.path.dirname(os.path.abspath(__file__)), os.path.join(ROOT, "tests")],
                           overrides=overrides, workdir=workdir)
   workers = [subprocess.Popen(
@@ -142,7 +142,7 @@ def test_sigterm_to_every_process_saves_one_step_and_exits_zero(
   workdir = str(tmp_path / "run")
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+             XLA_FLAGS=workers_lib.xla_flags(4))
   workers = [subprocess.Popen(
       [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
        f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}",

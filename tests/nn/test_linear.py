@@ -78,3 +78,42 @@ def test_config_dtypes_mixin():
   assert cfg.compute_dtype == jnp.bfloat16
   assert cfg.weight_dtype == jnp.float32
   assert [f.name for f in dataclasses.fields(cfg)] == ["dtype", "param_dtype"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_matmul_to_is_matmul_rounded_with_its_gradients(dtype):
+  kx, kw, kg = jax.random.split(jax.random.key(3), 3)
+  x = jax.random.normal(kx, (2, 5, 24), jnp.float32).astype(dtype)
+  w = jax.random.normal(kw, (24, 40), jnp.float32).astype(dtype)
+  g = jax.random.normal(kg, (2, 5, 40), jnp.float32)
+
+  def loss(f):
+    return lambda x, w: (f(x, w).astype(jnp.float32) * g).sum()
+
+  def reference(x, w):
+    return linear.matmul(x, w).astype(dtype)
+
+  def rounded(x, w):
+    return linear.matmul_to(x, w, dtype)
+
+  out = jax.jit(rounded)(x, w)
+  assert out.dtype == jnp.dtype(dtype)
+  np.testing.assert_array_equal(out, jax.jit(reference)(x, w))
+  for got, want in zip(jax.jit(jax.grad(loss(rounded), (0, 1)))(x, w),
+                       jax.jit(jax.grad(loss(reference), (0, 1)))(x, w)):
+    assert got.dtype == want.dtype == jnp.dtype(dtype)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("platform, result", [("cuda", "bf16"),
+                                              ("tpu", "f32"), ("cpu", "f32")])
+def test_matmul_to_asks_a_gpu_matmul_for_the_rounded_result(platform, result):
+  # Lowered for each platform from this CPU: on a GPU the dot itself
+  # returns bfloat16 (cuBLAS rounds its float32 accumulator); elsewhere the
+  # float32-result dot the CPU and TPU programs were measured with.
+  x = jax.ShapeDtypeStruct((8, 16), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((16, 32), jnp.bfloat16)
+  text = jax.jit(lambda x, w: linear.matmul_to(x, w, jnp.bfloat16)).trace(
+      x, w).lower(lowering_platforms=(platform,)).as_text()
+  dots = [line for line in text.splitlines() if "dot_general" in line]
+  assert dots and all(f"-> tensor<8x32x{result}>" in line for line in dots)

@@ -3,10 +3,12 @@
 `logical_param` declares a parameter annotated with logical axis names (the
 mesh rules turn them into shardings). `matmul` is x @ w accumulated in
 float32 with a written-out backward pass (GPT's Linear and TRM's Linear and
-fused SwiGLU use it). `add_bias` adds a bias to a float32 accumulator and
+fused SwiGLU use it); `matmul_to` rounds that product to a given dtype. `add_bias` adds a bias to a float32 accumulator and
 rounds once, as torch's Linear (addmm) does (Dream's and GPT's projections).
 """
 from __future__ import annotations
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -90,3 +92,44 @@ def _matmul_bwd(residuals, dy):
 
 
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def matmul_to(x, w, dtype):
+  """`matmul(x, w).astype(dtype)`, with `matmul`'s backward pass.
+
+  On a GPU the rounding is the matmul's own: a bfloat16-result cuBLAS call
+  still accumulates in float32, so the float32 product never reaches
+  memory. Given the float32-result form, XLA:GPU writes the product and
+  rounds it in a separate pass (GPT-2's bias-free projections and bfloat16
+  logits: about 8 bytes per output element read and written for nothing).
+  CPU and TPU programs keep the float32-result form they were measured with
+  (XLA:CPU's bfloat16-result dot differs in the last bit of a few elements).
+  """
+  dtype = jnp.dtype(dtype)
+  if dtype == jnp.float32:
+    return matmul(x, w)
+  return _matmul_to(x, w, dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul_to(x, w, dtype):
+  def round_after(x, w):
+    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dtype)
+
+  def rounded_by_the_matmul(x, w):
+    return jnp.dot(x, w, preferred_element_type=dtype)
+
+  return jax.lax.platform_dependent(x, w, cuda=rounded_by_the_matmul,
+                                    rocm=rounded_by_the_matmul,
+                                    default=round_after)
+
+
+def _matmul_to_fwd(x, w, dtype):
+  return _matmul_to(x, w, dtype), (x, w)
+
+
+def _matmul_to_bwd(dtype, residuals, dy):  # pylint: disable=unused-argument
+  return _matmul_bwd(residuals, dy)
+
+
+_matmul_to.defvjp(_matmul_to_fwd, _matmul_to_bwd)

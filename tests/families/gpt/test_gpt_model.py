@@ -283,6 +283,24 @@ def test_low_precision_compute(dtype):
   assert gpt.init_cache(cfg, 1, 4)["k"].dtype == jnp.dtype(dtype)
 
 
+def test_bfloat16_logits_are_the_float32_ones_rounded():
+  # config.model.logits_dtype=bfloat16: nanoGPT's LM head under autocast.
+  cfg = dataclasses.replace(TINY, dtype="bfloat16", logits_dtype="bfloat16")
+  params = _params(std=0.3)
+  idx = _tokens()
+  out = _forward(cfg, params, idx)
+  assert out.dtype == jnp.bfloat16
+  wide = _forward(dataclasses.replace(cfg, logits_dtype="float32"), params,
+                  idx)
+  np.testing.assert_array_equal(out, wide.astype(jnp.bfloat16))
+  # Sampling reads them in float32.
+  tokens = gpt.generate(gpt.GPT(cfg), params, idx[:, :4], 3,
+                        jax.random.key(0), temperature=0.0)
+  assert tokens.shape == (2, 7)
+  with pytest.raises(ValueError, match=r"config\.model\.logits_dtype"):
+    dataclasses.replace(TINY, logits_dtype="int8")
+
+
 def test_decode_matches_forward():
   params = _params(std=0.3)
   model = gpt.GPT(TINY)

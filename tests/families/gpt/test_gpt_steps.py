@@ -1,4 +1,5 @@
 """nanoGPT's schedule, parameter groups, accumulation and estimate_loss."""
+import dataclasses
 import math
 
 import jax
@@ -141,6 +142,30 @@ def test_chunked_loss_equals_the_whole_logits_loss(chunk):
   assert g1 == pytest.approx(g0, rel=1e-4)
   for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_bfloat16_logits_train_on_the_rounded_logits():
+  """model.logits_dtype=bfloat16 (nanoGPT's autocast LM head): the loss is
+  the cross-entropy of the rounded logits, near the float32 logits' one."""
+  rng = np.random.default_rng(2)
+  x = rng.integers(0, 11, size=(8, 8)).astype(np.int32)
+  batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + 1) % 11)}
+  state, bf16_model, tx = _tiny(1, 8, dtype="bfloat16")
+  results = []
+  for logits_dtype in ("float32", "bfloat16"):
+    model = bf16_model.clone(cfg=dataclasses.replace(
+        bf16_model.cfg, logits_dtype=logits_dtype))
+    logits = model.apply({"params": state.params}, batch["x"])
+    assert logits.dtype == jnp.dtype(logits_dtype)
+    _, metrics = jax.jit(lambda s, b, model=model: gpt_steps.train_step(
+        s, b, model=model, tx=tx, accum_steps=1))(state, batch)
+    loss = float(metrics["loss"].compute())
+    assert loss == pytest.approx(
+        float(gpt_steps.cross_entropy(logits, batch["y"])[0]), rel=1e-6)
+    results.append((loss, float(metrics["grad_norm"].compute())))
+  (l32, g32), (l16, g16) = results
+  assert l16 != l32 and l16 == pytest.approx(l32, rel=1e-2)
+  assert g16 == pytest.approx(g32, rel=5e-2)
 
 
 def test_bad_loss_chunk_size_names_the_field():

@@ -392,7 +392,7 @@ def test_two_processes_match_one(data_dir, tmp_path):
                           data_dir=data_dir, save_dir=save_dir,
                           out=str(tmp_path / "metrics"))
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+             XLA_FLAGS=workers_lib.xla_flags(1))
   workers = [subprocess.Popen([sys.executable, "-c", script, str(i)],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)

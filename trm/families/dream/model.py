@@ -25,6 +25,7 @@ from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.nn import attention
 from trm.nn import dtypes
+from trm.nn import layer_stack
 from trm.nn import linear
 from trm.nn import masks
 from trm.nn import norm
@@ -347,11 +348,10 @@ class Dream(nn.Module):
 def unstack_layers(params, num_layers: int):
   """Scanned params (`layers`, leaves [num_layers, ...]) as the unscanned
   model's `layers_0` .. `layers_{num_layers - 1}`."""
-  out = {k: v for k, v in params.items() if k != "layers"}
-  for i in range(num_layers):
-    out[f"layers_{i}"] = jax.tree.map(lambda leaf, i=i: leaf[i],
-                                      params["layers"])
-  return out
+  return layer_stack.unstack(
+      params, num_layers, stacked="layers", prefix="layers_",
+      count_field="config.model.num_hidden_layers",
+      scan_field="config.model.scan_layers")
 
 
 def denoiser(cfg: DreamConfig, platform: str | None = None):

@@ -32,6 +32,10 @@ class GPTConfig(dtypes.ConfigDtypes):
   # nanoGPT's, or the compute dtype as MaxText keeps it (half the memory of
   # the activations a remat'd layer saves).
   residual_dtype: str = "float32"
+  # The LM head's output: float32 (its matmul's accumulator), or bfloat16 as
+  # torch.autocast's LM head hands nanoGPT's F.cross_entropy (which
+  # computes in float32 either way): half the logits' memory traffic.
+  logits_dtype: str = "float32"
   # dot: XLA attention with [B, H, T, T] float32 scores; splash: the Pallas
   # TPU kernel (no scores in HBM; block_size a multiple of 128, no attention
   # dropout); splash_interpret: the same kernel interpreted, for CPU tests;
@@ -71,7 +75,7 @@ class GPTConfig(dtypes.ConfigDtypes):
       raise ValueError(f"config.model.attention={self.attention!r} has no "
                        "attention dropout: set config.model.dropout=0.0 or "
                        "attention='dot'.")
-    for name in ("dtype", "param_dtype", "residual_dtype"):
+    for name in ("dtype", "param_dtype", "residual_dtype", "logits_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
                          f"be one of {_DTYPES}.")

@@ -58,7 +58,7 @@ class Linear(nn.Module):
     kernel = _param(self, "kernel", nn.initializers.normal(self.std),
                     self.axes, (x.shape[-1], self.features), cfg.weight_dtype)
     if not cfg.bias:
-      return matmul(x.astype(dtype), kernel.astype(dtype)).astype(dtype)
+      return linear.matmul_to(x.astype(dtype), kernel.astype(dtype), dtype)
     bias = _param(self, "bias", nn.initializers.zeros, (self.axes[1],),
                   (self.features,), cfg.weight_dtype)
     # Bias added before the single rounding to `dtype`, as torch's addmm.
@@ -93,14 +93,17 @@ class Embed(nn.Module):
                                         axis=0).astype(jnp.float32)
 
   def attend(self, x):
-    """x [..., C] -> x @ table.T [..., num] in float32 (matmul in dtype).
+    """x [..., C] -> x @ table.T [..., num] in `cfg.logits_dtype` (float32:
+    the matmul's accumulator; matmul in dtype).
 
-    `matmul`'s backward rounds the float32 logits' gradient to `dtype`
-    before its two matmuls, as torch autocast's bf16 LM head gets it;
-    autodiff of jnp.dot would run both as float32 x float32 (on an H100,
-    TF32 at half the bf16 rate, over [B*T, vocab] operands)."""
+    `matmul`'s backward rounds the logits' gradient to `dtype` before its
+    two matmuls, as torch autocast's bf16 LM head gets it; autodiff of
+    jnp.dot would run both as float32 x float32 (on an H100, TF32 at half
+    the bf16 rate, over [B*T, vocab] operands)."""
     dtype = self.cfg.compute_dtype
-    return matmul(x.astype(dtype), self._gatherable().astype(dtype).T)
+    return linear.matmul_to(x.astype(dtype),
+                            self._gatherable().astype(dtype).T,
+                            self.cfg.logits_dtype)
 
 
 def _proj_std(cfg: GPTConfig) -> float:

@@ -36,7 +36,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from trm.core import mesh as mesh_lib
 from trm.families.gpt.config import GPTConfig
@@ -44,6 +43,7 @@ from trm.families.gpt.layers import ACTIVATION
 from trm.families.gpt.layers import Block
 from trm.families.gpt.layers import Embed
 from trm.families.gpt.layers import LayerNorm
+from trm.nn import layer_stack
 # Re-exported: the rest of this module's interface, imported from here.
 from trm.families.gpt.kernels import gelu  # noqa: F401
 from trm.families.gpt.kernels import layer_norm  # noqa: F401
@@ -123,7 +123,8 @@ class GPT(nn.Module):
     return self.ln_f(x)
 
   def logits_from_hidden(self, h):
-    """The tied LM head: h [..., C] -> float32 logits [..., vocab]."""
+    """The tied LM head: h [..., C] -> logits [..., vocab] in
+  cfg.logits_dtype (float32 by default)."""
     return self.wte.attend(h)
 
   def __call__(self, idx, *, deterministic: bool = True):
@@ -159,7 +160,8 @@ class GPT(nn.Module):
     (index: int32 scalar, may be traced; index + T must not exceed the
     cache length nor block_size, which are not checked on traced values).
     Each new token attends to every cached position <= its own. Returns
-    (logits [B, T, vocab] float32, the cache with their keys/values).
+    (logits [B, T, vocab] in cfg.logits_dtype, the cache with their
+    keys/values).
     """
     h, cache = self.decode_hidden(idx, cache, index)
     return self.logits_from_hidden(h), cache
@@ -203,93 +205,31 @@ def num_params(params, non_embedding: bool = True) -> int:
 # ------------------------------------------------------------- layer layouts
 
 
-def _is_boxed(x) -> bool:
-  return isinstance(x, nn.LogicallyPartitioned)
-
-
-def _stack(leaves):
-  """One [n_layer, ...] leaf from the layers' leaves (all of one kind)."""
-  first = leaves[0]
-  if _is_boxed(first):  # as nn.scan's metadata_params name the new axis
-    return first.replace(value=_stack([x.value for x in leaves]),
-                         names=(LAYERS_AXIS,) + tuple(first.names))
-  if isinstance(first, jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct((len(leaves),) + tuple(first.shape),
-                                first.dtype)
-  if isinstance(first, (np.ndarray, np.generic)):
-    return np.stack(leaves)  # host arrays stay on the host
-  return jnp.stack(leaves)
-
-
-def _layer(leaf, i: int):
-  """Layer i of a [n_layer, ...] leaf."""
-  if _is_boxed(leaf):
-    return leaf.replace(value=_layer(leaf.value, i),
-                        names=tuple(leaf.names)[1:])
-  if isinstance(leaf, jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct(tuple(leaf.shape[1:]), leaf.dtype)
-  return leaf[i]
-
-
-def _layer_names(params) -> list[str]:
-  return sorted((k for k in params if k.startswith("h_")
-                 and k[2:].isdigit()), key=lambda k: int(k[2:]))
-
-
 def stack_layers(params, n_layer: int):
   """The unscanned params (h_0 .. h_{n_layer-1}) in the scanned layout
   (cfg.scan_layers): one tree `h` whose leaves are the layers' leaves
-  stacked on a new leading axis. Other entries are kept as they are.
-
-  Takes a params tree or variables {"params": ...} of numpy or jax arrays,
-  ShapeDtypeStructs or boxed (LogicallyPartitioned) leaves, whose new axis
-  is named 'layers'; numpy stays numpy (e.g. imported weights on the host).
-  """
-  if set(params) == {"params"}:
-    return {"params": stack_layers(params["params"], n_layer)}
-  names = [f"h_{i}" for i in range(n_layer)]
-  if SCANNED in params or _layer_names(params) != names:
-    raise ValueError(
-        f"stack_layers takes the unscanned layout h_0 .. h_{n_layer - 1} "
-        f"(config.model.n_layer={n_layer}); the params have "
-        f"{_layer_names(params) + ([SCANNED] if SCANNED in params else [])}.")
-  out = {k: v for k, v in params.items() if k not in names}
-  out[SCANNED] = jax.tree.map(lambda *leaves: _stack(leaves),
-                              *(params[name] for name in names),
-                              is_leaf=_is_boxed)
-  return out
+  stacked on a new leading axis named 'layers'. Other entries are kept.
+  Any tree and leaf kind `trm.nn.layer_stack` takes."""
+  return layer_stack.stack(params, n_layer, stacked=SCANNED, prefix="h_",
+                           axis_name=LAYERS_AXIS,
+                           count_field="config.model.n_layer")
 
 
 def unstack_layers(params, n_layer: int):
   """`stack_layers`'s inverse: the scanned params (`h`, leaves [n_layer,
   ...]) as h_0 .. h_{n_layer-1}; the same kinds of trees and leaves."""
-  if set(params) == {"params"}:
-    return {"params": unstack_layers(params["params"], n_layer)}
-  if SCANNED not in params or _layer_names(params):
-    raise ValueError(
-        "unstack_layers takes the scanned layout (config.model.scan_layers="
-        f"True: one stacked {SCANNED!r}); the params have "
-        f"{sorted(params)}.")
-  stacked = params[SCANNED]
-  for path, leaf in jax.tree_util.tree_flatten_with_path(
-      nn.meta.unbox(stacked))[0]:
-    if tuple(leaf.shape[:1]) != (n_layer,):
-      raise ValueError(
-          f"params {SCANNED}{jax.tree_util.keystr(path)} has shape "
-          f"{tuple(leaf.shape)}; config.model.n_layer={n_layer} layers "
-          "stack on its first axis.")
-  out = {k: v for k, v in params.items() if k != SCANNED}
-  for i in range(n_layer):
-    out[f"h_{i}"] = jax.tree.map(lambda leaf, i=i: _layer(leaf, i), stacked,
-                                 is_leaf=_is_boxed)
-  return out
+  return layer_stack.unstack(params, n_layer, stacked=SCANNED, prefix="h_",
+                             count_field="config.model.n_layer",
+                             scan_field="config.model.scan_layers")
 
 
 # ------------------------------------------------------------------ sampling
 
 
 def _sample(logits, key, temperature, top_k: int | None):
-  """One token per row from float32 logits [B, V] (nanoGPT's recipe)."""
+  """One token per row from logits [B, V] (nanoGPT's recipe), in float32
+  whatever config.model.logits_dtype made them."""
+  logits = logits.astype(jnp.float32)
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   if isinstance(temperature, (int, float)) and temperature == 0:
     return greedy

@@ -98,7 +98,7 @@ def cross_entropy(logits, targets):
 def chunked_cross_entropy(hidden, head, targets, chunk_size: int):
   """`cross_entropy(head(hidden), targets)` with the logits made
   `chunk_size` positions at a time and remade in the backward pass, so the
-  [B, T, vocab] float32 logits and their gradient never exist whole."""
+  [B, T, vocab] logits and their gradient never exist whole."""
   length = hidden.shape[1]
   pad = -length % chunk_size
   if pad:

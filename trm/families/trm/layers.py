@@ -57,8 +57,9 @@ def swiglu_width(hidden_size: int, expansion: float) -> int:
 def _linear_dot(x, w):
   """x @ w in x's dtype. The backward pass is nn.linear.matmul's: the
   weight gradient as (dy^T x)^T, which XLA:CPU runs without transposing (and
-  recomputing) the activation gradient; same math as jnp.dot."""
-  return linear.matmul(x, w).astype(x.dtype)
+  recomputing) the activation gradient; same math as jnp.dot. On a GPU the
+  matmul itself rounds (nn.linear.matmul_to)."""
+  return linear.matmul_to(x, w, x.dtype)
 
 
 class Linear(nn.Module):
