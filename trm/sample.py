@@ -144,7 +144,7 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
     raise app.UsageError("Pass --workdir (a trm.main run) or --checkpoint.")
   config = run_config(workdir)
   cfg = gpt.GPTConfig.from_config(config.model)
-  if cfg.attention != "dot" and ctx.mesh.devices.flat[0].platform != "tpu":
+  if cfg.attention != "dot" and ctx.platform != "tpu":
     # The TPU kernel and the dot path compute the same attention.
     cfg = dataclasses.replace(cfg, attention="dot")
   abstract, shardings = shardings_for(cfg)

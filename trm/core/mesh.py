@@ -36,13 +36,19 @@ class MeshConfigError(ValueError):
 TPU_ONLY_KERNELS = ("pallas", "splash")
 
 
+def devices_platform(mesh: Mesh) -> str:
+  """Where the mesh's devices are (compile-only ones included): 'tpu',
+  'cuda', 'cpu', ..."""
+  return mesh.devices.flat[0].platform
+
+
 def check_tpu_kernels(mesh: Mesh, prefix: str = "config.model.",
                       **choices: str) -> None:
   """A TPU-only kernel (`<prefix><field>=value`) chosen for a mesh of
   other devices fails here, naming the field, before anything compiles;
   Pallas itself would only say that CPU supports interpret mode. `trm.aot`'s
   meshes are TPU devices, so its compiles pass."""
-  platform = mesh.devices.flat[0].platform
+  platform = devices_platform(mesh)
   for field, kind in choices.items():
     if kind in TPU_ONLY_KERNELS and platform != "tpu":
       raise MeshConfigError(
@@ -243,7 +249,7 @@ class ShardingContext:
   @property
   def platform(self) -> str:
     """Where the mesh's devices are (compile-only ones included)."""
-    return self.mesh.devices.flat[0].platform
+    return devices_platform(self.mesh)
 
   def __exit__(self, *exc):
     return self._stack.pop().__exit__(*exc)
