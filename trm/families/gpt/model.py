@@ -124,7 +124,7 @@ class GPT(nn.Module):
 
   def logits_from_hidden(self, h):
     """The tied LM head: h [..., C] -> logits [..., vocab] in
-  cfg.logits_dtype (float32 by default)."""
+    cfg.logits_dtype (float32 by default)."""
     return self.wte.attend(h)
 
   def __call__(self, idx, *, deterministic: bool = True):
