@@ -117,3 +117,13 @@ def test_workdir_of_another_family_names_its_command(tmp_path, family,
   message = str(info.value)
   assert f"config.model.name='{family}'" in message
   assert command + str(tmp_path) in message and "\n" not in message
+
+
+@pytest.mark.parametrize("attention, platform, used", [
+    ("cudnn", "cuda", "cudnn"), ("cudnn", "gpu", "cudnn"),
+    ("cudnn", "cpu", "dot"), ("cudnn", "tpu", "dot"),
+    ("splash", "tpu", "splash"), ("splash", "cuda", "dot"),
+    ("splash_interpret", "cpu", "dot"), ("dot", "tpu", "dot")])
+def test_a_run_samples_with_its_kernel_where_that_kernel_runs(
+    attention, platform, used):
+  assert sample.attention_here(attention, platform) == used

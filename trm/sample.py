@@ -23,6 +23,20 @@ from absl import app, flags
 from trm.core import cli
 from trm.core import config_lib
 
+def attention_here(attention: str, platform: str) -> str:
+  """The run's `config.model.attention` where its kernel runs on
+  `platform` (Pallas TPU kernels on a TPU, cuDNN on a GPU), else 'dot':
+  every kernel computes the attention the dot path does, so a run trained
+  on one platform samples on any."""
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.nn import platform as platform_lib  # pylint: disable=g-import-not-at-top
+  if attention == "cudnn" and platform in platform_lib.GPU_PLATFORMS:
+    return attention
+  if attention in mesh_lib.TPU_ONLY_KERNELS and platform == "tpu":
+    return attention
+  return "dot"
+
+
 _INIT_FROM = flags.DEFINE_string(
     "init_from", "resume", "resume (a trm.main --workdir, or --checkpoint="
     "ckpt.pt) | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (--checkpoint=HF "
@@ -144,9 +158,8 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
     raise app.UsageError("Pass --workdir (a trm.main run) or --checkpoint.")
   config = run_config(workdir)
   cfg = gpt.GPTConfig.from_config(config.model)
-  if cfg.attention != "dot" and ctx.platform != "tpu":
-    # The TPU kernel and the dot path compute the same attention.
-    cfg = dataclasses.replace(cfg, attention="dot")
+  cfg = dataclasses.replace(
+      cfg, attention=attention_here(cfg.attention, ctx.platform))
   abstract, shardings = shardings_for(cfg)
   fields, step = ckpt_lib.restore_fields(
       os.path.join(workdir, "checkpoints"),
