@@ -3,8 +3,9 @@
 `logical_param` declares a parameter annotated with logical axis names (the
 mesh rules turn them into shardings). `matmul` is x @ w accumulated in
 float32 with a written-out backward pass (GPT's Linear and TRM's Linear and
-fused SwiGLU use it); `matmul_to` rounds that product to a given dtype. `add_bias` adds a bias to a float32 accumulator and
-rounds once, as torch's Linear (addmm) does (Dream's and GPT's projections).
+fused SwiGLU use it); `matmul_to` rounds that product to a given dtype.
+`add_bias` adds a bias to a float32 accumulator and rounds once, as torch's
+Linear (addmm) does (Dream's and GPT's projections).
 """
 from __future__ import annotations
 
