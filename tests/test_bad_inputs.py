@@ -299,6 +299,18 @@ def _(env):  # before the dataset is built
   return trm_build(env, **{"model.mlp_kernel": "pallas"})
 
 
+@case("TRM compute dtype not a float", ValueError,
+      "config.model.forward_dtype='int8'", "bfloat16, float32")
+def _(env):  # before the dataset is built
+  return trm_build(env, **{"model.forward_dtype": "int8"})
+
+
+@case("TRM in float16 without loss scaling", ValueError,
+      "config.model.forward_dtype='float16'", "loss scaling")
+def _(env):
+  return trm_build(env, **{"model.forward_dtype": "float16"})
+
+
 @case("TPU-only attention kernel on CPU devices", mesh_lib.MeshConfigError,
       "config.model.attention='splash'", "TPU only", "'splash_interpret'")
 def _(env):

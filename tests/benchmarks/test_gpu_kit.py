@@ -163,3 +163,78 @@ def test_batch_search_jumps_to_the_batch_the_compiled_step_fits():
   assert measure.smaller_batch(768, MemoryError("RESOURCE_EXHAUSTED")) == 384
   assert measure.smaller_batch(2, measure.StepTooBig(100 * gib, gib)) == 1
   assert measure.is_oom(measure.StepTooBig(2 * gib, gib))
+
+
+
+
+# Run in a process of its own with one CPU device (the kit's TRM configs
+# put the step on one device); `measure` is imported from the kit.
+_TRM_RECOVERY_DRIVER = """
+import sys
+import measure
+import torch
+from trm.data.puzzles import maze
+
+args = measure.parse_args(["trm", "--out=" + sys.argv[1], "--smoke",
+                           "--rounds=1", "--steps=2"])
+measure._trm_variants = lambda args: [
+    ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 4, "cudnn")]
+device_trm = measure._device_trm_class()
+smoke_config = measure.trm_config
+
+
+def cudnn_in_bfloat16(*args, **kwargs):
+  # :cpu computes in float32, which cuDNN's check refuses first; in
+  # bfloat16 it is the GPU-only refusal that sends the kit to dot.
+  config = smoke_config(*args, **kwargs)
+  if config.model.attention == "cudnn":
+    with config.unlocked():
+      config.model.forward_dtype = "bfloat16"
+  return config
+
+
+measure.trm_config = cudnn_in_bfloat16
+
+
+class RunsOutAboveTwo(device_trm):
+  def train_step(self, carry, batch):
+    rows = batch["inputs"].shape[0]
+    print("torch step at batch", rows, flush=True)
+    if rows > 2:
+      raise torch.cuda.OutOfMemoryError(
+          "CUDA out of memory. Tried to allocate 2.00 GiB")
+    return super().train_step(carry, batch)
+
+
+measure._device_trm_class = lambda: RunsOutAboveTwo
+measure.section_trm(args, measure.Recorder(args, "trm"), measure.Budget(300))
+"""
+
+
+def test_trm_section_falls_back_to_dot_and_halves_when_torch_runs_out(
+    tmp_path):
+  """The TRM section's two recoveries, on the CPU: ours' cuDNN attention
+  failing (refused off a GPU) is timed with attention='dot' instead, and
+  upstream's step running out of memory at a batch ours runs halves both
+  sides' batch rather than losing the figure."""
+  pytest.importorskip("torch")
+  import workers  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([KIT, ROOT]),
+             JAX_PLATFORMS="cpu", XLA_FLAGS=workers.xla_flags(1))
+  proc = subprocess.run([sys.executable, "-c", _TRM_RECOVERY_DRIVER,
+                         str(tmp_path)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=600,
+                        check=False)
+  log = proc.stdout + proc.stderr
+  assert proc.returncode == 0, log[-6000:]
+  assert re.search(r"trm att_maze: ours failed \(\w+: .*cuDNN", log), log
+  assert "attention=cudnn failed; timing ours with attention=dot" in log
+  assert "torch does not fit batch 4; both sides at 2" in log, log
+  tried = [int(b) for b in re.findall(r"torch step at batch (\d+)", log)]
+  assert tried[0] == 4 and set(tried[1:]) == {2}, tried
+  with open(tmp_path / "figures.jsonl") as f:
+    rows = {(r["name"], r["side"]): r for r in map(json.loads, f)}
+  for side in ("ours", "torch"):
+    step = rows[("trm/att_maze/train_step/ms", side)]
+    assert step["batch"] == 2 and step["attention"] == "dot", step
+  assert rows[("trm/att_maze/memory_gib", "ours")]["batch"] == 2

@@ -26,13 +26,15 @@ CUDNN_MAX_HEAD_DIM = 256
 
 
 def check_cudnn_config(*, dtype: str, head_dim: int,
-                       prefix: str = "config.model.") -> None:
+                       prefix: str = "config.model.",
+                       dtype_field: str = "dtype") -> None:
   """A config asking for attention='cudnn' with a dtype or head size that
-  cuDNN's flash attention does not take: one line naming the field."""
+  cuDNN's flash attention does not take: one line naming the field
+  (`dtype_field`: the family's name for its compute dtype)."""
   if dtype not in CUDNN_DTYPES:
     raise ValueError(
         f"{prefix}attention='cudnn' computes in bfloat16 or float16, not "
-        f"{prefix}dtype={dtype!r}: set the dtype or use attention='dot'.")
+        f"{prefix}{dtype_field}={dtype!r}: set it or use attention='dot'.")
   if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
     raise ValueError(
         f"{prefix}attention='cudnn' needs a head dim that is a multiple of 8 "

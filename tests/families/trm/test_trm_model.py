@@ -1,6 +1,7 @@
 """Tests for trm.models: layers, the TRM forward, gradient truncation, ACT."""
 
 import math
+import re
 
 import flax.linen as nn
 import jax
@@ -315,6 +316,27 @@ def test_reasoning_net_injects_once():
   assert set(params["params"]) == {"layers_0", "layers_1"}
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
                              atol=1e-5)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("forward_dtype", "int8", "forward_dtype='int8': use one of bfloat16"),
+    ("forward_dtype", "float16", "loss scaling"),
+    ("hidden_size", 0, "hidden_size=0 must be >= 1"),
+    ("num_heads", 0, "num_heads=0 must be >= 1"),
+    ("expansion", 0.0, "expansion=0.0 must be a finite number > 0"),
+    ("expansion", 0.001, "SwiGLU no inner width"),
+    ("halt_exploration_prob", 1.5, "must be in [0, 1]"),
+    ("halt_exploration_prob", float("nan"), "must be in [0, 1]"),
+    ("rope_theta", -1.0, "rope_theta=-1.0 must be a finite number > 0"),
+    ("rms_norm_eps", float("inf"), "rms_norm_eps=inf must be a finite"),
+    ("puzzle_emb_len", -1, "puzzle_emb_len=-1 must be >= 0"),
+    ("puzzle_emb_ndim", -2, "puzzle_emb_ndim=-2 must be >= 0"),
+])
+def test_config_refuses_values_it_cannot_train(field, value, needle):
+  with pytest.raises(ValueError, match=re.escape(f"config.model.{field}=")):
+    _cfg(**{field: value})
+  with pytest.raises(ValueError, match=re.escape(needle)):
+    _cfg(**{field: value})
 
 
 # --------------------------------------------------------------- TRM forward

@@ -29,6 +29,19 @@ from trm.nn import linear
 from trm.nn import tpu_attention
 
 IGNORE_LABEL_ID = -100
+# Compute dtypes the family trains in. float16 would need loss scaling,
+# which TRM's step does not run (upstream trains in bfloat16).
+FORWARD_DTYPES = ("bfloat16", "float32")
+
+
+def check_forward_dtype(value) -> None:
+  """config.model.forward_dtype outside FORWARD_DTYPES: one line naming the
+  field (before: 'int8' trained quietly on integer activations)."""
+  if value not in FORWARD_DTYPES:
+    extra = (" float16 needs loss scaling, which the TRM family does not run."
+             if value == "float16" else "")
+    raise ValueError(f"config.model.forward_dtype={value!r}: use one of "
+                     f"{', '.join(FORWARD_DTYPES)}.{extra}")
 
 _ACT = ("activation_batch", "activation_length", "activation_embed")
 
@@ -71,6 +84,7 @@ class TRMConfig:
   unroll_loops: bool = False
 
   def __post_init__(self):
+    check_forward_dtype(self.forward_dtype)
     if not self.no_ACT_continue:
       raise ValueError(
           "config.model.no_ACT_continue=False (the HRM-style continue loss) is"
@@ -87,19 +101,42 @@ class TRMConfig:
       raise ValueError(
           f"config.model.attention={self.attention!r}: use one of "
           f"{', '.join(kinds)}.")
+    for name in ("vocab_size", "seq_len", "num_puzzle_identifiers",
+                 "hidden_size", "num_heads", "H_cycles", "L_cycles",
+                 "L_layers", "halt_max_steps"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"config.model.{name}={getattr(self, name)} must be "
+                         ">= 1.")
+    for name, zero in (("puzzle_emb_ndim", "no puzzle embedding"),
+                       ("puzzle_emb_len", "derived from puzzle_emb_ndim")):
+      if getattr(self, name) < 0:
+        raise ValueError(f"config.model.{name}={getattr(self, name)} must be "
+                         f">= 0 (0: {zero}).")
+    # Float knobs: a NaN compares False with everything, so test the range
+    # the right way round.
+    if not 0.0 <= self.halt_exploration_prob <= 1.0:
+      raise ValueError("config.model.halt_exploration_prob="
+                       f"{self.halt_exploration_prob} must be in [0, 1].")
+    for name in ("expansion", "rope_theta"):
+      value = getattr(self, name)
+      if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"config.model.{name}={value} must be a finite "
+                         "number > 0.")
+    if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= 0):
+      raise ValueError(f"config.model.rms_norm_eps={self.rms_norm_eps} must "
+                       "be a finite number >= 0.")
+    if layers.swiglu_width(self.hidden_size, self.expansion) < 1:
+      raise ValueError(
+          f"config.model.expansion={self.expansion} gives the SwiGLU no "
+          f"inner width at hidden_size={self.hidden_size}; raise it.")
     if self.attention == "cudnn" and not self.mlp_t:
       attention_lib.check_cudnn_config(
           dtype=self.forward_dtype,
           head_dim=self.hidden_size // max(self.num_heads, 1),
-          prefix="config.model.")
+          dtype_field="forward_dtype")
     if self.hidden_size % self.num_heads:
       raise ValueError(f"config.model.hidden_size={self.hidden_size} must be "
                        f"divisible by num_heads={self.num_heads}.")
-    for name in ("vocab_size", "seq_len", "num_puzzle_identifiers",
-                 "H_cycles", "L_cycles", "L_layers", "halt_max_steps"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"config.model.{name}={getattr(self, name)} must be "
-                         ">= 1.")
 
   @property
   def prefix_len(self) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 from trm.core.task import Task
 from trm.data.puzzles import dataset as puzzle_dataset
 from trm.data.puzzles import format as puzzle_format
+from trm.families.trm import model as trm_model
 from trm.families.trm import program as trm_program
 
 
@@ -155,6 +156,9 @@ def visualize_kind(metadata):
 
 
 def build(config, workdir: str, ctx) -> Task:
+  # Before any data is built; TRMConfig checks the rest once the dataset's
+  # sizes are known.
+  trm_model.check_forward_dtype(config.model.forward_dtype)
   if config.data.epochs_per_iter <= 0:
     raise ValueError(f"config.data.epochs_per_iter={config.data.epochs_per_iter}"
                      " must be a positive integer.")
