@@ -844,6 +844,19 @@ for _key, _value in (("optim.lr", float("nan")), ("optim.weight_decay", -1.0)):
     return dc_train(env, **{key: value})
 
 
+for _make, _key, _value in (("trm", "optim.beta2", 1.0),
+                            ("trm", "optim.ema_rate", 1.5),
+                            ("trm", "optim.beta1", -0.1),
+                            ("gpt", "beta1", float("nan")),
+                            ("dc", "optim.beta2", 1.0)):
+  @case(f"{_make} {_key}={_value}", ValueError, f"config.{_key}={_value}",
+        "must be a number in [0, 1)")
+  def _(env, make=_make, key=_key, value=_value):
+    if make == "gpt":
+      return train_call(env, _gpt_config(env, **{key: value}))
+    return {"trm": trm_train, "dc": dc_train}[make](env, **{key: value})
+
+
 def _resumable(env, config):
   """A private copy of the TRM workdir with the run's config.json."""
   workdir = env.copy(env.trm_workdir, "run")

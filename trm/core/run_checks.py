@@ -75,6 +75,12 @@ def check_config(config) -> None:
     # a negative one climbs the loss.
     if not math.isfinite(value) or value < 0:
       raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
+  for key, value in _decay_fields(config):
+    # Adam's bias correction divides by 1 - beta**t: beta = 1 is a division
+    # by zero at the first step; above 1 (or an EMA rate above 1) the
+    # averages grow without bound.
+    if not (math.isfinite(value) and 0.0 <= value < 1.0):
+      raise ValueError(f"config.{key}={value} must be a number in [0, 1).")
   wandb_writer.check_config(config)
   loss_scale.check_config(config)
   tpu_flags.parse(config.get("tpu_compiler_options", ""))
@@ -90,14 +96,25 @@ def check_gpu_attention(config) -> None:
     attention_lib.check_cudnn(jax.devices()[0].platform)
 
 
-def _rate_fields(node, prefix=""):
-  """(dotted key, value) of every learning rate and weight decay."""
+def _numeric_fields(node, pattern: str, prefix=""):
+  """(dotted key, value) of every number whose key matches `pattern`."""
   for key, value in node.items():
     if isinstance(value, ml_collections.ConfigDict):
-      yield from _rate_fields(value, f"{prefix}{key}.")
+      yield from _numeric_fields(value, pattern, f"{prefix}{key}.")
     elif (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and re.search(r"(^|_)lr$|learning_rate|weight_decay", key)):
+          and re.search(pattern, key)):
       yield prefix + key, float(value)
+
+
+def _decay_fields(config):
+  """Adam's betas and EMA decay rates (TRM's optim.beta1/2 and ema_rate,
+  GPT's beta1/2, DiffuCoder's optim.beta1/2)."""
+  return _numeric_fields(config, r"^beta\d$|(^|_)ema_(rate|decay)$")
+
+
+def _rate_fields(config):
+  """(dotted key, value) of every learning rate and weight decay."""
+  return _numeric_fields(config, r"(^|_)lr$|learning_rate|weight_decay")
 
 
 def check_workdir(workdir: str, config=None) -> epath.Path:
