@@ -311,6 +311,31 @@ def _(env):
   return trm_build(env, **{"model.forward_dtype": "float16"})
 
 
+@case("TRM build argument out of range", ValueError,
+      "config.data.build.num_blanks must be in [0, 64], got 100")
+def _(env):  # named as the config spells it; nothing is built
+  return trm_build(env, **{"data.build.num_blanks": 100})
+
+
+@case("TRM build count negative", ValueError,
+      "config.data.build.num_aug must be >= 0, got -2")
+def _(env):
+  return trm_build(env, **{"data.build.num_aug": -2})
+
+
+@case("evaluating on no batch", ValueError,
+      "config.data.max_eval_batches=0", "-1", ">= 1")
+def _(env):  # no eval loss: always_save_checkpoint=False would never save
+  return trm_build(env, **{"data.max_eval_batches": 0,
+                           "always_save_checkpoint": False})
+
+
+@case("negative eval sheet rows", ValueError,
+      "config.data.eval_sheet_rows=-4", ">= 0")
+def _(env):
+  return trm_build(env, **{"data.eval_sheet_rows": -4})
+
+
 @case("TPU-only attention kernel on CPU devices", mesh_lib.MeshConfigError,
       "config.model.attention='splash'", "TPU only", "'splash_interpret'")
 def _(env):
@@ -855,6 +880,18 @@ for _make, _key, _value in (("trm", "optim.beta2", 1.0),
     if make == "gpt":
       return train_call(env, _gpt_config(env, **{key: value}))
     return {"trm": trm_train, "dc": dc_train}[make](env, **{key: value})
+
+
+@case("TRM lr_min_ratio=-1.0", ValueError, "config.optim.lr_min_ratio=-1.0",
+      "must be in [0, 1]")
+def _(env):  # the end of the cosine would be a negative rate
+  return trm_train(env, **{"optim.lr_min_ratio": -1.0})
+
+
+@case("DiffuCoder warmup_steps=-5", ValueError,
+      "config.optim.warmup_steps=-5", "must be >= 0")
+def _(env):
+  return dc_train(env, **{"optim.warmup_steps": -5})
 
 
 def _resumable(env, config):

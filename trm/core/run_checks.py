@@ -75,6 +75,25 @@ def check_config(config) -> None:
     # a negative one climbs the loss.
     if not math.isfinite(value) or value < 0:
       raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
+  data = config.get("data") or {}
+  limit = data.get("max_eval_batches")
+  if limit is not None and (limit == 0 or limit < -1):
+    # 0 evaluates nothing: no eval loss, so always_save_checkpoint=False
+    # would never save.
+    raise ValueError(f"config.data.max_eval_batches={limit} must be -1 (the "
+                     "whole test split) or >= 1.")
+  if data.get("eval_sheet_rows", 0) < 0:
+    raise ValueError(f"config.data.eval_sheet_rows={data.eval_sheet_rows} "
+                     "must be >= 0 (0: no sheet).")
+  for key, value in _numeric_fields(config, r"^warmup_(steps|iters)$"):
+    if value < 0:
+      raise ValueError(f"config.{key}={value:g} must be >= 0 (0: no warmup).")
+  for key, value in _numeric_fields(config, r"^lr_min_ratio$"):
+    # The cosine's floor as a fraction of the peak: below 0 the rate turns
+    # negative at the end of the run (gradient ascent).
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+      raise ValueError(f"config.{key}={value} must be in [0, 1] (1.0: a "
+                       "constant rate after warmup).")
   for key, value in _decay_fields(config):
     # Adam's bias correction divides by 1 - beta**t: beta = 1 is a division
     # by zero at the first step; above 1 (or an EMA rate above 1) the

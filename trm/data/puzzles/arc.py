@@ -155,20 +155,22 @@ def build_dataset(output_dir: str, *, version: str = "arc1",
     `output_dir`.
   """
   if version not in VERSIONS:
-    raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+    raise builds.BuildArgumentError(
+        f"version must be one of {VERSIONS}, got {version!r}")
   if source not in SOURCES:
-    raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    raise builds.BuildArgumentError(
+        f"source must be one of {SOURCES}, got {source!r}")
   subsets = tuple(subsets or default_subsets(version, source, concept_dir))
   test_set_name = test_set_name or DEFAULT_TEST_SET[version]
   if len(set(subsets)) != len(subsets):
-    raise ValueError(f"subsets must be distinct names, got {list(subsets)}")
+    raise builds.BuildArgumentError(
+        f"subsets must be distinct names, got {list(subsets)}")
   if test_set_name not in subsets:
-    raise ValueError(f"test_set_name {test_set_name!r} is not one of the "
-                     f"subsets {list(subsets)}; the test split would be "
-                     f"empty")
-  if num_aug < 0 or seed < 0:
-    raise ValueError(f"num_aug and seed must be >= 0, got {num_aug}, {seed}")
-  builds.check_build_args(subsample_size)
+    raise builds.BuildArgumentError(
+        f"test_set_name {test_set_name!r} is not one of the subsets "
+        f"{list(subsets)}; the test split would be empty")
+  builds.check_build_args(subsample_size, (("num_aug", num_aug),
+                                           ("seed", seed)))
 
   start = time.time()
   info = _build_args(version=version, source=source, kaggle_dir=kaggle_dir,

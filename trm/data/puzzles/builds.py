@@ -69,15 +69,21 @@ def build_args_recorder(build_dataset: Callable, builder: str
                            builder)
 
 
+class BuildArgumentError(ValueError):
+  """A build argument out of range; the message starts with its name, so
+  `ensure_built` can spell it as the caller does (config.data.build.*)."""
+
+
 def check_build_args(subsample_size: Optional[int],
                      non_negative: Sequence[tuple[str, int]] = ()) -> None:
   """Raises ValueError unless `subsample_size` is None or >= 1 and every
   (name, value) of `non_negative` is >= 0."""
   if subsample_size is not None and subsample_size < 1:
-    raise ValueError(f"subsample_size must be >= 1, got {subsample_size}")
+    raise BuildArgumentError(
+        f"subsample_size must be >= 1, got {subsample_size}")
   for name, value in non_negative:
     if value < 0:
-      raise ValueError(f"{name} must be >= 0, got {value}")
+      raise BuildArgumentError(f"{name} must be >= 0, got {value}")
 
 
 # ----------------------------------------------------------------------------
@@ -223,7 +229,12 @@ def ensure_built(output_dir: str, build_dataset: Callable,
     logging.warning("%s holds an interrupted or damaged build (no complete "
                     "%s); building it again.", output_dir, BUILD_INFO_FILE)
   if state in ("absent", "interrupted"):
-    return build_dataset(output_dir, **build_kwargs)
+    try:
+      return build_dataset(output_dir, **build_kwargs)
+    except BuildArgumentError as e:
+      if not field_prefix:
+        raise
+      raise BuildArgumentError(f"{field_prefix}{e}") from None
   if state == "foreign":
     logging.info("Using the dataset in %s as it is: it has no %s (built "
                  "elsewhere, e.g. by upstream's builders), so its build "

@@ -14,6 +14,7 @@ import os
 from typing import Callable, Iterator, Optional, Sequence
 
 from trm.core import hub as core_hub
+from trm.data.puzzles import builds
 
 
 def offline_hint(repo: str, generated: str, field_prefix: str = "") -> str:
@@ -85,9 +86,10 @@ def check_source(source: str, sources: Sequence[str],
   """Raises ValueError unless `source` is one of `sources` and, for "csv",
   `csv_dir` is set."""
   if source not in sources:
-    raise ValueError(f"source must be one of {sources}, got {source!r}")
+    raise builds.BuildArgumentError(
+        f"source must be one of {sources}, got {source!r}")
   if source == "csv" and not csv_dir:
-    raise ValueError("source='csv' needs csv_dir (--csv_dir, or "
+    raise builds.BuildArgumentError("source='csv' needs csv_dir (--csv_dir, or "
                      "config.data.build.csv_dir in trm.main) holding "
                      "train.csv and test.csv")
 

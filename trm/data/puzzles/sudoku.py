@@ -237,7 +237,7 @@ def _check_build_args(source, csv_dir, subsample_size, num_aug, seed,
       subsample_size, (("num_aug", num_aug), ("seed", seed),
                        ("num_train", num_train), ("num_test", num_test)))
   if not 0 <= num_blanks <= sudoku_generate.MAX_BLANKS:
-    raise ValueError(
+    raise builds.BuildArgumentError(
         f"num_blanks must be in [0, {sudoku_generate.MAX_BLANKS}], got "
         f"{num_blanks}")
 
