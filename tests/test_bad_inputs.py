@@ -888,6 +888,30 @@ def _(env):  # the end of the cosine would be a negative rate
   return trm_train(env, **{"optim.lr_min_ratio": -1.0})
 
 
+@case("GPT grad_clip=-1.0", ValueError, "config.grad_clip=-1.0",
+      "finite number >= 0")
+def _(env):  # a negative bound would flip every clipped gradient
+  return train_call(env, _gpt_config(env, grad_clip=-1.0))
+
+
+@case("DiffuCoder grad_clip_norm=nan", ValueError,
+      "config.optim.grad_clip_norm=nan", "finite number >= 0")
+def _(env):
+  return dc_train(env, **{"optim.grad_clip_norm": float("nan")})
+
+
+@case("DiffuCoder optim.eps=-1.0", ValueError, "config.optim.eps=-1.0",
+      "finite number >= 0")
+def _(env):
+  return dc_train(env, **{"optim.eps": -1.0})
+
+
+@case("DiffuCoder seq_len=0", ValueError, "config.seq_len=0",
+      "positive integer")
+def _(env):
+  return dc_train(env, seq_len=0)
+
+
 @case("DiffuCoder warmup_steps=-5", ValueError,
       "config.optim.warmup_steps=-5", "must be >= 0")
 def _(env):

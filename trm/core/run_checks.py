@@ -88,6 +88,15 @@ def check_config(config) -> None:
   for key, value in _numeric_fields(config, r"^warmup_(steps|iters)$"):
     if value < 0:
       raise ValueError(f"config.{key}={value:g} must be >= 0 (0: no warmup).")
+  for key, value in _numeric_fields(config, r"^grad_clip(_norm)?$"):
+    # A negative norm bound scales every gradient by a negative factor.
+    if not (math.isfinite(value) and value >= 0):
+      raise ValueError(f"config.{key}={value} must be a finite number >= 0 "
+                       "(0: no clipping).")
+  for key, value in _numeric_fields(config, r"^eps$"):
+    # Adam's denominator sqrt(v) + eps: a negative eps can make it zero.
+    if not (math.isfinite(value) and value >= 0):
+      raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
   for key, value in _numeric_fields(config, r"^lr_min_ratio$"):
     # The cosine's floor as a fraction of the peak: below 0 the rate turns
     # negative at the end of the run (gradient ascent).

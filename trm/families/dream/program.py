@@ -24,6 +24,9 @@ def owns_state(paths) -> bool:
 
 
 def check_config(config) -> None:
+  if config.seq_len <= 0:
+    raise ValueError(f"config.seq_len={config.seq_len} must be a positive "
+                     "integer (tokens per training sequence).")
   if config.loss_chunk_size <= 0:
     raise ValueError(f"config.loss_chunk_size={config.loss_chunk_size} must "
                      "be a positive integer.")
