@@ -5,6 +5,7 @@ import pytest
 from trm.forecast import hlo
 from trm.forecast import loops
 from trm.forecast import network
+from trm.forecast import ops
 from trm.forecast import plan
 from trm.forecast import timeline
 
@@ -272,3 +273,49 @@ def test_dcn_overlap_none_makes_the_cross_slice_reduction_block():
   assert step.by_cause["dcn"] == pytest.approx(dcn_s, rel=1e-6)
   with pytest.raises(ValueError, match="--dcn_overlap"):
     program.play(PEAK, 0.5, HBM, dcn_overlap="half")
+
+
+_PARTIAL_READS = """
+%fused_pick (p0: bf16[64,1000], p1: s32[64,1,2]) -> f32[64,1] {
+  %p0 = bf16[64,1000]{1,0} parameter(0)
+  %p1 = s32[64,1,2]{2,1,0} parameter(1)
+  %c = f32[64,1000]{1,0} convert(%p0)
+  %b = f32[64,1000,1]{2,1,0} bitcast(%c)
+  %g = f32[64,1,1]{2,1,0} gather(%b, %p1), offset_dims={2}, collapsed_slice_dims={0,1}, start_index_map={0,1}, index_vector_dim=2, slice_sizes={1,1,1}
+  ROOT %r = f32[64,1]{1,0} bitcast(%g)
+}
+
+%fused_thirds (p0: bf16[64,300]) -> (bf16[64,100], f32[64,100]) {
+  %p0 = bf16[64,300]{1,0} parameter(0)
+  %b = bf16[64,3,100]{2,1,0} bitcast(%p0)
+  %q = bf16[64,1,100]{2,1,0} slice(%b), slice={[0:64], [0:1], [0:100]}
+  %k = bf16[64,1,100]{2,1,0} slice(%b), slice={[0:64], [1:2], [0:100]}
+  %qb = bf16[64,100]{1,0} bitcast(%q)
+  %kf = f32[64,1,100]{2,1,0} convert(%k)
+  %kb = f32[64,100]{1,0} bitcast(%kf)
+  ROOT %t = (bf16[64,100]{1,0}, f32[64,100]{1,0}) tuple(%qb, %kb)
+}
+
+%fused_all (p0: bf16[64,300]) -> (bf16[64,100], f32[64,300]) {
+  %p0 = bf16[64,300]{1,0} parameter(0)
+  %s = bf16[64,100]{1,0} slice(%p0), slice={[0:64], [0:100]}
+  %e = f32[64,300]{1,0} convert(%p0)
+  ROOT %t = (bf16[64,100]{1,0}, f32[64,300]{1,0}) tuple(%s, %e)
+}
+"""
+
+
+@pytest.mark.parametrize("fusion, read", [
+    # A gather behind a convert and a bitcast reads one logit per row.
+    ("fused_pick", [64 * 2, 64 * 2 * 4]),
+    # Two of three slices, one through a convert: two thirds.
+    ("fused_thirds", [64 * 200 * 2]),
+    # A slice and a whole-array use: all of it.
+    ("fused_all", [64 * 300 * 2]),
+])
+def test_a_fused_parameter_read_through_slices_costs_the_slices(fusion, read):
+  module = hlo.parse_module(
+      "HloModule test, is_scheduled=true, num_partitions=1\n"
+      + _PARTIAL_READS + "\nENTRY %main (a: bf16[1,1]) -> bf16[1,1] {\n"
+      "  ROOT %a = bf16[1,1]{1,0} parameter(0)\n}\n")
+  assert ops.fused_cost(module, fusion, {}).operand_bytes == read

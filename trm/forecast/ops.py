@@ -124,12 +124,52 @@ def _x_list(window: str, key: str) -> list[int]:
 class FusedCost:
   flops: float
   # Per fusion operand: how many of its bytes the fused code reads (a
-  # parameter read only through slices reads only the slices; the buffer a
-  # dynamic-update-slice writes into in place is not read).
+  # parameter read only through slices, gathers, and one-to-one ops such as
+  # bitcasts and converts in front of them, reads only what they take; the
+  # buffer a dynamic-update-slice writes into in place is not read).
   operand_bytes: list[float] | None = None
   # Bytes written: the result, or only the updates of in-place updates.
   result_bytes: float | None = None
   collectives: tuple = ()
+
+
+# Ops whose every output element reads one element of their operand (and
+# only that): a slice of their result reads the same share of the operand.
+_ONE_TO_ONE = frozenset({
+    "bitcast", "reshape", "convert", "copy", "transpose", "bitcast-convert",
+    "negate", "abs", "exponential", "log", "sqrt", "rsqrt", "tanh",
+    "logistic", "sign", "floor", "ceil", "not", "cosine", "sine"})
+_SLICES = ("slice", "dynamic-slice", "gather")
+
+
+def _read_fractions(comp: hlo.Computation, users: dict):
+  """instruction -> the share of its elements the fused code reads: 1 when
+  any use reads it all, else the sum over its uses of the slices taken
+  (through one-to-one ops such as a bitcast or a convert), capped at 1."""
+  memo: dict[str, float] = {}
+  roots = {comp.root.name} | (set(comp.root.operands)
+                              if comp.root.opcode == "tuple" else set())
+
+  def fraction(inst: hlo.Instruction) -> float:
+    if inst.name in memo:
+      return memo[inst.name]
+    memo[inst.name] = 1.0  # a cycle cannot occur; be safe anyway
+    elements = sum(a.elements for a in inst.shape)
+    total = 1.0 if inst.name in roots else 0.0
+    for use in users.get(inst.name, []):
+      if total >= 1.0:
+        break
+      if use.opcode in _SLICES and use.operands[0] == inst.name and elements:
+        taken = sum(a.elements for a in use.shape) / elements
+        total += min(1.0, taken) * fraction(use)
+      elif use.opcode in _ONE_TO_ONE and len(use.operands) == 1:
+        total += fraction(use)
+      else:
+        total = 1.0
+    memo[inst.name] = min(1.0, total)
+    return memo[inst.name]
+
+  return fraction
 
 
 def fused_cost(module: hlo.Module, name: str, cache: dict) -> FusedCost:
@@ -157,18 +197,16 @@ def fused_cost(module: hlo.Module, name: str, cache: dict) -> FusedCost:
                                     else 0))
   operand_bytes = []
   in_place = set()
+  read_fraction = _read_fractions(comp, users)
   for param in params:
     uses = users.get(param.name, [])
-    if uses and all(u.opcode in ("dynamic-slice", "slice", "gather")
-                    and u.operands and u.operands[0] == param.name
-                    for u in uses):
-      operand_bytes.append(sum(u.result_bytes for u in uses))
-    elif uses and all(u.opcode == "dynamic-update-slice"
-                      and u.operands[0] == param.name for u in uses):
+    if uses and all(u.opcode == "dynamic-update-slice"
+                    and u.operands[0] == param.name for u in uses):
       operand_bytes.append(0.0)
       in_place.update(u.name for u in uses)
     else:
-      operand_bytes.append(sum(a.bytes for a in param.shape))
+      operand_bytes.append(sum(a.bytes for a in param.shape)
+                           * read_fraction(param))
   result_bytes = None
   root = comp.root
   roots = ([comp.by_name[o] for o in root.operands if o in comp.by_name]

@@ -45,6 +45,20 @@ def offline_hint_for(field_prefix: str, repo: str, generated: str):
                           ) from error.__cause__
 
 
+def ensure_csv_built(output_dir: str, build_dataset, recorded_args,
+                     build_kwargs: dict, *, ignored, repo: str,
+                     generated: str, field_prefix: str = "") -> str:
+  """`builds.ensure_built` for a builder whose source is a Hub CSV, a local
+  CSV directory or its generator (Sudoku, Maze): the CSV directory compared
+  as a path, and a failed download's offline hint naming the fields as
+  `field_prefix` spells them (e.g. 'config.data.build.')."""
+  with offline_hint_for(field_prefix, repo, generated):
+    return builds.ensure_built(output_dir, build_dataset, recorded_args,
+                               build_kwargs, ignored=ignored,
+                               path_args=("csv_dir",),
+                               field_prefix=field_prefix)
+
+
 def download_csv(repo: str, split: str, dest_dir: str, *,
                  splits: Sequence[str], generated: str) -> str:
   """Downloads `<split>.csv` of the Hub dataset `repo` into `dest_dir`.

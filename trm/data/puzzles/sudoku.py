@@ -316,14 +316,12 @@ def ensure_dataset(output_dir: str, *, field_prefix: str = "",
 
   An interrupted build is built again; a complete one built with other
   arguments is refused in one line naming them (spelled `field_prefix` +
-  name, e.g. 'config.data.build.num_aug'); see `builds.ensure_built`. So
-  is a failed download: its offline hint names the same fields.
+  name, e.g. 'config.data.build.num_aug'), and so is a failed download
+  (`hub.ensure_csv_built`).
   """
-  with hub.offline_hint_for(field_prefix, HF_REPO, "puzzles"):
-    return builds.ensure_built(output_dir, build_dataset, _build_args,
-                               build_kwargs, ignored=_ignored,
-                               path_args=("csv_dir",),
-                               field_prefix=field_prefix)
+  return hub.ensure_csv_built(output_dir, build_dataset, _build_args,
+                              build_kwargs, ignored=_ignored, repo=HF_REPO,
+                              generated="puzzles", field_prefix=field_prefix)
 
 
 def ensure_from_config(output_dir: str, build_config) -> str:
