@@ -103,9 +103,9 @@ def check_source(source: str, sources: Sequence[str],
     raise builds.BuildArgumentError(
         f"source must be one of {sources}, got {source!r}")
   if source == "csv" and not csv_dir:
-    raise builds.BuildArgumentError("source='csv' needs csv_dir (--csv_dir, or "
-                     "config.data.build.csv_dir in trm.main) holding "
-                     "train.csv and test.csv")
+    raise builds.BuildArgumentError(
+        "source='csv' needs csv_dir (--csv_dir, or config.data.build.csv_dir "
+        "in trm.main) holding train.csv and test.csv")
 
 
 def csv_paths(output_dir: str, source: str, csv_dir: Optional[str],
