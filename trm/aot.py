@@ -396,6 +396,13 @@ def check_forecast_flags(counts: list[int]) -> None:
   if _SEARCH.value and len(counts) != 1:
     raise ValueError("--search ranks the mesh layouts of one slice "
                      "count: give --num_slices=N.")
+  # Before: --search_limit=-3 compiled nothing and said "no layout fits";
+  # --search_top=0 compiled every layout and printed none.
+  if _SEARCH_LIMIT.value < 0:
+    raise ValueError(f"--search_limit={_SEARCH_LIMIT.value} must be >= 0 "
+                     "(0: every layout).")
+  if _SEARCH_TOP.value < 1:
+    raise ValueError(f"--search_top={_SEARCH_TOP.value} must be >= 1.")
   path = _FORECAST_JSON.value
   if path:
     parent = os.path.dirname(os.path.abspath(path))
