@@ -23,6 +23,7 @@ from absl import app, flags
 from trm.core import cli
 from trm.core import config_lib
 
+
 def attention_here(attention: str, platform: str) -> str:
   """The run's `config.model.attention` where its kernel runs on
   `platform` (Pallas TPU kernels on a TPU, cuDNN on a GPU), else 'dot':

@@ -70,11 +70,10 @@ def check_config(config) -> None:
     raise ValueError(
         f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "
         "must be >= 0 (0: never stop on non-finite steps).")
-  for key, value in _rate_fields(config):
-    # An infinite or NaN rate makes every parameter non-finite in one step;
-    # a negative one climbs the loss.
-    if not math.isfinite(value) or value < 0:
-      raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
+  for pattern, ok, want in _NUMBER_RANGES:
+    for key, value in _numeric_fields(config, pattern):
+      if not (math.isfinite(value) and ok(value)):
+        raise ValueError(f"config.{key}={value} must be {want}.")
   data = config.get("data") or {}
   limit = data.get("max_eval_batches")
   if limit is not None and (limit == 0 or limit < -1):
@@ -85,30 +84,6 @@ def check_config(config) -> None:
   if data.get("eval_sheet_rows", 0) < 0:
     raise ValueError(f"config.data.eval_sheet_rows={data.eval_sheet_rows} "
                      "must be >= 0 (0: no sheet).")
-  for key, value in _numeric_fields(config, r"^warmup_(steps|iters)$"):
-    if value < 0:
-      raise ValueError(f"config.{key}={value:g} must be >= 0 (0: no warmup).")
-  for key, value in _numeric_fields(config, r"^grad_clip(_norm)?$"):
-    # A negative norm bound scales every gradient by a negative factor.
-    if not (math.isfinite(value) and value >= 0):
-      raise ValueError(f"config.{key}={value} must be a finite number >= 0 "
-                       "(0: no clipping).")
-  for key, value in _numeric_fields(config, r"^eps$"):
-    # Adam's denominator sqrt(v) + eps: a negative eps can make it zero.
-    if not (math.isfinite(value) and value >= 0):
-      raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
-  for key, value in _numeric_fields(config, r"^lr_min_ratio$"):
-    # The cosine's floor as a fraction of the peak: below 0 the rate turns
-    # negative at the end of the run (gradient ascent).
-    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
-      raise ValueError(f"config.{key}={value} must be in [0, 1] (1.0: a "
-                       "constant rate after warmup).")
-  for key, value in _decay_fields(config):
-    # Adam's bias correction divides by 1 - beta**t: beta = 1 is a division
-    # by zero at the first step; above 1 (or an EMA rate above 1) the
-    # averages grow without bound.
-    if not (math.isfinite(value) and 0.0 <= value < 1.0):
-      raise ValueError(f"config.{key}={value} must be a number in [0, 1).")
   wandb_writer.check_config(config)
   loss_scale.check_config(config)
   tpu_flags.parse(config.get("tpu_compiler_options", ""))
@@ -124,6 +99,31 @@ def check_gpu_attention(config) -> None:
     attention_lib.check_cudnn(jax.devices()[0].platform)
 
 
+# Numbers checked wherever they sit in a config, by key: (key pattern,
+# test of a finite value, what the value must be). Non-finite ones fail too.
+_NUMBER_RANGES = (
+    # An infinite or NaN rate makes every parameter non-finite in one step;
+    # a negative one climbs the loss.
+    (r"(^|_)lr$|learning_rate|weight_decay", lambda v: v >= 0,
+     "a finite number >= 0"),
+    (r"^warmup_(steps|iters)$", lambda v: v >= 0, ">= 0 (0: no warmup)"),
+    # A negative norm bound scales every gradient by a negative factor.
+    (r"^grad_clip(_norm)?$", lambda v: v >= 0,
+     "a finite number >= 0 (0: no clipping)"),
+    # Adam's denominator sqrt(v) + eps: a negative eps can make it zero.
+    (r"^eps$", lambda v: v >= 0, "a finite number >= 0"),
+    # The cosine's floor as a fraction of the peak: below 0 the rate turns
+    # negative at the end of the run (gradient ascent).
+    (r"^lr_min_ratio$", lambda v: 0 <= v <= 1,
+     "in [0, 1] (1.0: a constant rate after warmup)"),
+    # Adam's betas and EMA decay rates: Adam's bias correction divides by
+    # 1 - beta**t (beta = 1: a division by zero at the first step); above 1
+    # the averages grow without bound.
+    (r"^beta\d$|(^|_)ema_(rate|decay)$", lambda v: 0 <= v < 1,
+     "a number in [0, 1)"),
+)
+
+
 def _numeric_fields(node, pattern: str, prefix=""):
   """(dotted key, value) of every number whose key matches `pattern`."""
   for key, value in node.items():
@@ -131,18 +131,7 @@ def _numeric_fields(node, pattern: str, prefix=""):
       yield from _numeric_fields(value, pattern, f"{prefix}{key}.")
     elif (isinstance(value, (int, float)) and not isinstance(value, bool)
           and re.search(pattern, key)):
-      yield prefix + key, float(value)
-
-
-def _decay_fields(config):
-  """Adam's betas and EMA decay rates (TRM's optim.beta1/2 and ema_rate,
-  GPT's beta1/2, DiffuCoder's optim.beta1/2)."""
-  return _numeric_fields(config, r"^beta\d$|(^|_)ema_(rate|decay)$")
-
-
-def _rate_fields(config):
-  """(dotted key, value) of every learning rate and weight decay."""
-  return _numeric_fields(config, r"(^|_)lr$|learning_rate|weight_decay")
+      yield prefix + key, value
 
 
 def check_workdir(workdir: str, config=None) -> epath.Path:
