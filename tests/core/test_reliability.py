@@ -46,8 +46,8 @@ def data_dir(tmp_path_factory):
   return path
 
 
-# The runs the SIGTERM and corrupt-checkpoint tests resume and compare: 40
-# steps of test_train's tiny model, checkpoints at 20 and 40.
+# The runs the SIGTERM and flipped-bit tests (both slow) resume and compare:
+# 40 steps of test_train's tiny model, checkpoints at 20 and 40.
 _RUN = {"total_steps": 40, "checkpoint_every": 20, "eval_every": 40,
         "log_every": 5}
 
@@ -264,12 +264,16 @@ def test_sigterm_saves_exits_zero_and_resumes_identically(
 
 
 def test_corrupt_newest_checkpoint_falls_back_and_matches(
-    tmp_path, data_dir, reference, caplog):
-  config = _run_config(data_dir)
+    tmp_path, data_dir, caplog):
+  # test_train's 12-step run, checkpoints at 6 and 12: the run itself is the
+  # uninterrupted reference the resumed one must end equal to.
+  config = tiny_config(**{"data.data_dir": data_dir})
   workdir = str(tmp_path)
-  train.train_and_evaluate(config, workdir, families.build_task)
-  assert _steps_on_disk(workdir) == [20, 40]
-  newest = os.path.join(workdir, "checkpoints", "40")
+  straight, _ = train.train_and_evaluate(config, workdir, families.build_task)
+  reference = _host(straight)
+  del straight
+  assert _steps_on_disk(workdir) == [6, 12]
+  newest = os.path.join(workdir, "checkpoints", "12")
   arrays = [p for p in glob.glob(os.path.join(newest, "state", "**", "d", "*"),
                                  recursive=True) if os.path.isfile(p)]
   assert arrays
@@ -281,11 +285,11 @@ def test_corrupt_newest_checkpoint_falls_back_and_matches(
     resumed, _ = train.train_and_evaluate(config, workdir, families.build_task)
   assert f"Checkpoint {newest} cannot be restored" in caplog.text
   assert "Resuming from checkpoint" in caplog.text
-  assert int(resumed.step) == 40
+  assert int(resumed.step) == 12
   _assert_trees_equal(reference, _host(resumed))
-  # The unreadable step was set aside (for inspection); 40 was saved anew.
-  assert glob.glob(os.path.join(workdir, "checkpoints", "40.unreadable-*"))
-  assert _steps_on_disk(workdir) == [20, 40]
+  # The unreadable step was set aside (for inspection); 12 was saved anew.
+  assert glob.glob(os.path.join(workdir, "checkpoints", "12.unreadable-*"))
+  assert _steps_on_disk(workdir) == [6, 12]
 
 
 def _flip_a_bit_silently(step_dir, fields=("params", "ema_params")):
