@@ -101,7 +101,9 @@ def get_config(arg=None):
       input="",                 # text file or URL to prepare into data_root/
                                 # <dataset> when that is not prepared yet
       tokenizer="char",         # preparation: char | gpt2 | tokenizer.json
-      eval_batch_size=c.get_ref("batch_size"),  # rows per eval batch
+      # rows per eval batch; follows batch_size (`* 1`: setting it leaves
+      # batch_size alone, where a bare reference would set both)
+      eval_batch_size=c.get_ref("batch_size") * 1,
       prefetch=2,               # batches Grain prepares ahead
       tfds=ml_collections.ConfigDict(dict(  # data.source='tfds' (README)
           name="trm_tiny_shakespeare",  # TFDS dataset[/config][:version]
@@ -136,7 +138,9 @@ def get_config(arg=None):
   # The trainer's keys, tied to nanoGPT's.
   c.total_steps = c.get_ref("max_iters")
   c.eval_every = c.get_ref("eval_interval")
-  c.checkpoint_every = c.get_ref("eval_interval")
+  # Follows eval_interval (nanoGPT saves when it evaluates); set apart, it
+  # leaves eval_interval alone.
+  c.checkpoint_every = c.get_ref("eval_interval") * 1
   c.log_every = c.get_ref("log_interval")
   c.global_batch_size = (c.get_ref("batch_size")
                          * c.get_ref("gradient_accumulation_steps"))

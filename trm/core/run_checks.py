@@ -59,6 +59,8 @@ def check_eval_only(config, workdir: str) -> None:
 
 def check_config(config) -> None:
   """Rejects values that would only fail (or misbehave) deep in the run."""
+  from trm import families  # pylint: disable=g-import-not-at-top
+  families.check_config(config)
   for key in ("total_steps", "eval_every", "checkpoint_every", "log_every",
               "keep_checkpoints", "data.prefetch"):
     node = config
@@ -121,6 +123,11 @@ _NUMBER_RANGES = (
     # the averages grow without bound.
     (r"^beta\d$|(^|_)ema_(rate|decay)$", lambda v: 0 <= v < 1,
      "a number in [0, 1)"),
+    # numpy's generators (data order, dataset builders) refuse a negative
+    # seed, after the data is built; JAX's keys keep only the low 32 bits
+    # (seed 2**32 would initialise as seed 0 does).
+    (r"^seed$", lambda v: v == int(v) and 0 <= v < 2**32,
+     "an integer in [0, 2**32 - 1]"),
 )
 
 

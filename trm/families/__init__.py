@@ -6,7 +6,9 @@ shapes=None) -> Program`, plus `DISPLAY_NAME` and `owns_state(paths)`) and
 `trm/core/task.py`. Optional hooks: in program.py, `data_shapes(config,
 overrides)` (shapes for `trm.aot` without reading data) and
 `check_sample_settings` / `build_sampler(config, ctx, settings)` (`trm.aot
---mode=sample`); in task.py, `load_eval_state` (`trm.evaluate`).
+--mode=sample`); in task.py, `load_eval_state` (`trm.evaluate`) and
+`check_config(config)` (the family's own fields, checked before the mesh or
+any data is built).
 
 Packages are imported only when asked for, so naming a family costs nothing.
 """
@@ -59,6 +61,15 @@ def program(name: str) -> ModuleType:
 def task(name: str) -> ModuleType:
   """The family's task module (what to feed)."""
   return _module(name, "task")
+
+
+def check_config(config) -> None:
+  """The family's own config checks, if it has any (one-line ValueErrors
+  naming the field, in the family's own names: nanoGPT's max_iters, not the
+  trainer's total_steps it is tied to)."""
+  check = getattr(task(config.model.name), "check_config", None)
+  if check is not None:
+    check(config)
 
 
 def build_task(config, workdir: str, ctx):

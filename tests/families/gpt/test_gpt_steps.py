@@ -284,3 +284,40 @@ def test_nanogpt_keys_drive_the_trainer_keys():
   with pytest.raises(ValueError, match="Choose one variant"):
     config_lib.load_config("configs/gpt.py", "gpt2,shakespeare_char")
   assert isinstance(c, ml_collections.ConfigDict)
+
+
+def test_derived_keys_set_apart_leave_their_source_alone():
+  """data.eval_batch_size and checkpoint_every follow batch_size and
+  eval_interval, but setting them (as --config.KEY=VALUE does) changes only
+  them: before, a bare FieldReference set both, so an eval batch size of 4
+  trained on micro-batches of 4."""
+  c = _config(batch_size=12, eval_interval=250)
+  c = config_lib.set_values(c, {"data.eval_batch_size": 4,
+                                "checkpoint_every": 100})
+  assert (c.batch_size, c.global_batch_size, c.data.eval_batch_size) == (
+      12, 12 * c.gradient_accumulation_steps, 4)
+  assert (c.eval_interval, c.eval_every, c.checkpoint_every) == (250, 250, 100)
+  c = config_lib.set_values(c, {"eval_every": 50})  # an alias: both move
+  assert (c.eval_interval, c.eval_every) == (50, 50)
+
+
+@pytest.mark.parametrize("values, needle", [
+    ({"global_batch_size": 48}, "config.global_batch_size=48 must be "
+     "config.batch_size x config.gradient_accumulation_steps = 12 x 5 = 60"),
+    ({"gradient_accumulation_steps": 0},
+     "config.gradient_accumulation_steps=0 must be a positive integer"),
+    ({"max_iters": 0}, "config.max_iters=0 must be a positive integer"),
+    ({"eval_interval": -1}, "config.eval_interval=-1 must be a positive"),
+    # Before: trained from random weights, the checkpoint never read.
+    ({"init_checkpoint": "ckpt.pt"}, "config.init_checkpoint='ckpt.pt' is "
+     "not read with config.init_from='scratch'"),
+])
+def test_nanogpt_keys_are_named_in_config_errors(values, needle):
+  """Refused by run_checks (before the mesh or any data) in nanoGPT's
+  names, not the trainer keys they drive."""
+  from trm.core import run_checks  # pylint: disable=g-import-not-at-top
+  c = config_lib.set_values(_config(batch_size=12,
+                                    gradient_accumulation_steps=5), values)
+  with pytest.raises(ValueError) as error:
+    run_checks.check_config(c)
+  assert needle in str(error.value)

@@ -29,13 +29,14 @@ _JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number",
 
 
 def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
-                     response_key: str = "response"):
-  """[(prompt, response)] from a JSONL file, with line-numbered errors."""
+                     response_key: str = "response",
+                     what: str = "data.path"):
+  """[(prompt, response)] from a JSONL file, with line-numbered errors;
+  `what` is the config field that named the file."""
   pairs = []
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} does not exist: set config.data.path (or "
-                            "data.eval_path) to a JSONL file of "
-                            "prompt/response pairs.")
+    raise FileNotFoundError(f"{path} does not exist: set config.{what} to a "
+                            "JSONL file of prompt/response pairs.")
   text = data_io.read_utf8(path)
   # Split on newlines only: JSON strings may hold U+2028 and the like.
   for line_number, line in enumerate(text.split("\n"), 1):
@@ -108,9 +109,11 @@ def read_code_file(path: str, what: str = "data.path") -> str:
   return data_io.read_utf8(path, fix=f"or narrow {what}'s glob to text files")
 
 
-def read_code_files(pattern: str):
-  """Texts of the files matching a glob (recursive `**` allowed), sorted."""
-  return [read_code_file(path) for path in code_file_paths(pattern)]
+def read_code_files(pattern: str, what: str = "data.path"):
+  """Texts of the files matching a glob (recursive `**` allowed), sorted;
+  `what` is the config field that gave the glob."""
+  return [read_code_file(path, what)
+          for path in code_file_paths(pattern, what)]
 
 
 def packed_rows(documents, seq_len: int, eos_id: int):
@@ -216,11 +219,13 @@ def _from_tfds(data_config) -> bool:
   return source == "tfds"
 
 
-def read_rows(data_config, tokenizer, seq_len: int, path: str,
+def read_rows(data_config, tokenizer, seq_len: int, path_key: str = "path",
               split_key: str = "split"):
-  """(tokens, maskable) for `path` in the config's format, or, with
-  data.source='tfds', for the split named by data.tfds[split_key]."""
+  """(tokens, maskable) for data_config[path_key] (a file or glob) in the
+  config's format, or, with data.source='tfds', for the split named by
+  data.tfds[split_key]."""
   tfds = _from_tfds(data_config)
+  path, what = data_config[path_key], f"data.{path_key}"
   if tfds:
     from trm.data.text import tfds_source  # pylint: disable=g-import-not-at-top
     path = f"tfds:{data_config.tfds.name}/{data_config.tfds[split_key]}"
@@ -232,7 +237,7 @@ def read_rows(data_config, tokenizer, seq_len: int, path: str,
            data_config.response_key: "config.data.response_key"})]
     else:
       pairs = read_jsonl_pairs(path, data_config.prompt_key,
-                               data_config.response_key)
+                               data_config.response_key, what)
     pad_id = (tokenizer.dlm_pad_id if tokenizer.dlm_pad_id is not None
               else tokenizer.eos_id)
     return pair_rows(chat_pair_ids(pairs, tokenizer, data_config.chat),
@@ -243,7 +248,7 @@ def read_rows(data_config, tokenizer, seq_len: int, path: str,
           data_config.tfds, split_key,
           {data_config.tfds.feature: "config.data.tfds.feature"})]
     else:
-      texts = read_code_files(path)
+      texts = read_code_files(path, what)
     documents = [tokenizer.encode(text) for text in texts]
     return packed_rows(documents, seq_len, tokenizer.eos_id)
   raise ValueError(f"config.data.format={data_config.format!r} is not known; "
@@ -257,11 +262,10 @@ def train_and_eval_rows(data_config, tokenizer, seq_len: int):
   if not tfds and not data_config.path:
     raise ValueError("config.data.path is empty: set it to a JSONL file of "
                      "prompt/response pairs or a glob of code files.")
-  tokens, maskable = read_rows(data_config, tokenizer, seq_len,
-                               data_config.path)
+  tokens, maskable = read_rows(data_config, tokenizer, seq_len)
   if data_config.tfds.eval_split if tfds else data_config.eval_path:
     return (tokens, maskable), read_rows(data_config, tokenizer, seq_len,
-                                         data_config.eval_path, "eval_split")
+                                         "eval_path", "eval_split")
   held = data_config.eval_rows
   if not 0 < held < len(tokens):
     where = (f"data.tfds.split={data_config.tfds.split!r}" if tfds

@@ -89,12 +89,11 @@ class DreamConfig(dtypes.ConfigDtypes):
       if not 0 <= value < self.vocab_size:
         raise ValueError(f"config.model.{name}={value} must lie in "
                          f"[0, config.model.vocab_size={self.vocab_size}).")
-    if self.rope_theta <= 0:
-      raise ValueError(f"config.model.rope_theta={self.rope_theta} must be "
-                       "positive.")
-    if self.rms_norm_eps <= 0:
-      raise ValueError(f"config.model.rms_norm_eps={self.rms_norm_eps} must "
-                       "be positive.")
+    for name in ("rope_theta", "rms_norm_eps"):
+      value = getattr(self, name)  # NaN passes a `<= 0` test
+      if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"config.model.{name}={value} must be a finite "
+                         "positive number.")
     # float16 computes only (with loss scaling); weights stay wider.
     for name, allowed in (("dtype", _DTYPES + ("float16",)),
                           ("param_dtype", _DTYPES)):

@@ -33,9 +33,25 @@ def tokenizer_spec(config) -> str:
   return spec
 
 
-def build(config, workdir: str, ctx) -> Task:
+def check_config(config) -> None:
   dream_program.check_config(config)
+
+
+def build(config, workdir: str, ctx) -> Task:
+  check_config(config)
   cfg = dream.DreamConfig.from_config(config.model)
+  fresh = restore_check.latest_step(
+      os.path.join(workdir, "checkpoints")) is None
+  if config.init_checkpoint and fresh:
+    # A fresh run: config.json and the tensor shapes checked now (no
+    # weights read), before any data is read, checkpoints/ is created or
+    # anything compiles. (A resumed run restores its own checkpoint.)
+    if not os.path.isdir(config.init_checkpoint):
+      raise ValueError(
+          f"config.init_checkpoint={config.init_checkpoint!r} is no "
+          "directory: pass a Hugging Face DiffuCoder/Dream download "
+          "(config.json and model*.safetensors), or '' for random weights.")
+    hf_import.check_hf_checkpoint(config.init_checkpoint, cfg)
   scale = loss_scale.initial_state(config)  # None unless float16
   tokenizer = tok_lib.from_spec(tokenizer_spec(config), cfg)
   (train_tokens, train_maskable), (eval_tokens, eval_maskable) = (
@@ -52,11 +68,6 @@ def build(config, workdir: str, ctx) -> Task:
   program = dream_program.build(config, ctx)
   initial_state = None
   if config.init_checkpoint:
-    if restore_check.latest_step(os.path.join(workdir, "checkpoints")) is None:
-      # A fresh run: check config.json and the tensor shapes now (no weights
-      # read), before the loop creates checkpoints/ or compiles anything.
-      # (A resumed run restores its own checkpoint instead.)
-      hf_import.check_hf_checkpoint(config.init_checkpoint, cfg)
     initial_state = functools.partial(
         lm_steps.state_from_hf_checkpoint, config.init_checkpoint,
         program.model, lm_steps.make_optimizer(config.optim,

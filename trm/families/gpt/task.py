@@ -61,6 +61,13 @@ def check_config(config) -> None:
   if config.init_from not in INIT_FROM:
     raise ValueError(f"config.init_from={config.init_from!r} must be one of "
                      f"{list(INIT_FROM)}.")
+  if config.init_from == "scratch" and config.init_checkpoint:
+    # Would start from random weights, the named checkpoint unread.
+    raise ValueError(
+        f"config.init_checkpoint={config.init_checkpoint!r} is not read with "
+        "config.init_from='scratch': set config.init_from='resume' (a "
+        "nanoGPT ckpt.pt) or 'gpt2'... (a GPT-2 directory), or leave "
+        "config.init_checkpoint empty.")
   if config.init_from.startswith("gpt2") and not config.init_checkpoint:
     raise ValueError(
         f"config.init_from={config.init_from!r} needs config.init_checkpoint"
@@ -73,11 +80,23 @@ def check_config(config) -> None:
     raise ValueError(f"config.dtype={config.dtype!r} must be one of "
                      f"{list(DTYPES)}.")
   loss_scale.check_config(config)
-  for key in ("batch_size", "block_size", "gradient_accumulation_steps",
-              "eval_iters", "n_layer", "n_head", "n_embd"):
+  # nanoGPT's names first: the trainer's total_steps, eval_every,
+  # checkpoint_every and log_every follow them.
+  for key in ("max_iters", "eval_interval", "log_interval", "batch_size",
+              "block_size", "gradient_accumulation_steps", "eval_iters",
+              "n_layer", "n_head", "n_embd"):
     if config[key] <= 0:
       raise ValueError(f"config.{key}={config[key]} must be a positive "
                        "integer.")
+  per_iteration = config.batch_size * config.gradient_accumulation_steps
+  if config.global_batch_size != per_iteration:
+    # The train step splits the batch into gradient_accumulation_steps
+    # micro-batches of batch_size rows.
+    raise ValueError(
+        f"config.global_batch_size={config.global_batch_size} must be "
+        f"config.batch_size x config.gradient_accumulation_steps = "
+        f"{config.batch_size} x {config.gradient_accumulation_steps} = "
+        f"{per_iteration}: set those two instead.")
   if not 0.0 <= config.dropout < 1.0:
     raise ValueError(f"config.dropout={config.dropout} must be in [0, 1).")
   if config.decay_lr and config.lr_decay_iters < config.warmup_iters:

@@ -155,13 +155,17 @@ def visualize_kind(metadata):
     return None
 
 
-def build(config, workdir: str, ctx) -> Task:
-  # Before any data is built; TRMConfig checks the rest once the dataset's
-  # sizes are known.
+def check_config(config) -> None:
+  """Before any data is built; TRMConfig checks the rest once the dataset's
+  sizes are known."""
   trm_model.check_forward_dtype(config.model.forward_dtype)
   if config.data.epochs_per_iter <= 0:
     raise ValueError(f"config.data.epochs_per_iter={config.data.epochs_per_iter}"
                      " must be a positive integer.")
+
+
+def build(config, workdir: str, ctx) -> Task:
+  check_config(config)
   data_dir = prepare_data(config, workdir)
   train_meta, train_arrays = puzzle_format.read_split(data_dir, "train")
   test_meta, test_arrays = puzzle_format.read_split(data_dir, "test")
