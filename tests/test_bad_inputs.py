@@ -348,6 +348,13 @@ def _(env):
   return trm_train(env, logical_axis_rules=(("activation_batch", "dp"),))
 
 
+@case("rule names a mesh axis twice", mesh_lib.MeshConfigError,
+      "config.logical_axis_rules[0]", "names a mesh axis twice")
+def _(env):  # before: JAX's DuplicateSpecError, naming no config field
+  return trm_train(env, logical_axis_rules=(
+      ("activation_batch", ("data", "data")),))
+
+
 @case("batch not divisible", mesh_lib.MeshConfigError,
       "config.global_batch_size=10", "multiple of the data-parallel size 4")
 def _(env):

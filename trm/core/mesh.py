@@ -143,6 +143,11 @@ def logical_rules(config) -> tuple[tuple[str, Any], ...]:
           "(logical_name, mesh_axis | tuple of mesh axes | None).")
     name, axes = rule
     flat = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    if len(set(flat)) != len(flat):
+      # JAX refuses such a spec only once a sharding is made from it.
+      raise MeshConfigError(
+          f"config.logical_axis_rules[{i}]={rule!r} names a mesh axis twice; "
+          "a dimension is split over each mesh axis at most once.")
     for axis in flat:
       if axis not in MESH_AXES:
         raise MeshConfigError(
