@@ -480,6 +480,11 @@ def main(argv):
   counts = slice_counts(_NUM_SLICES.value)
   check_forecast_flags(counts)
   check_save_flags(counts)
+  from trm.core import run_checks  # pylint: disable=g-import-not-at-top
+  try:  # what trm.main would refuse is not compiled or forecast either
+    run_checks.check_values(_CONFIG.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
   sample = sample_settings_from_flags(_CONFIG.value)
   shapes = None
   if sample is None:

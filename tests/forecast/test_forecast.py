@@ -180,6 +180,12 @@ def test_tpu_compiler_options():
      "--num_slices=2: config.mesh.dcn_*"),
     (["--forecast", "--config.tpu_compiler_options=fast"],
      "config.tpu_compiler_options"),
+    # Values trm.main refuses are not compiled or forecast either (before:
+    # a FITS verdict for a batch the trainer would not take).
+    (["--config.global_batch_size=48"],
+     "config.global_batch_size=48 must be config.batch_size x"),
+    (["--forecast", "--config.learning_rate=nan"],
+     "config.learning_rate=nan must be a finite number >= 0"),
 ])
 def test_bad_forecast_flags_are_one_line(args, match):
   argv = ["--config=configs/gpt.py:shakespeare_char", "--topology=v4-8",

@@ -58,7 +58,16 @@ def check_eval_only(config, workdir: str) -> None:
 
 
 def check_config(config) -> None:
-  """Rejects values that would only fail (or misbehave) deep in the run."""
+  """Rejects values that would only fail (or misbehave) deep in the run:
+  `check_values`, then what this host must have (W&B, a GPU for cuDNN)."""
+  check_values(config)
+  wandb_writer.check_config(config)
+  check_gpu_attention(config)
+
+
+def check_values(config) -> None:
+  """The config's values on their own, wherever the run will be: also what
+  `trm.aot` checks before it compiles a step for other devices."""
   from trm import families  # pylint: disable=g-import-not-at-top
   families.check_config(config)
   for key in ("total_steps", "eval_every", "checkpoint_every", "log_every",
@@ -86,10 +95,8 @@ def check_config(config) -> None:
   if data.get("eval_sheet_rows", 0) < 0:
     raise ValueError(f"config.data.eval_sheet_rows={data.eval_sheet_rows} "
                      "must be >= 0 (0: no sheet).")
-  wandb_writer.check_config(config)
   loss_scale.check_config(config)
   tpu_flags.parse(config.get("tpu_compiler_options", ""))
-  check_gpu_attention(config)
 
 
 def check_gpu_attention(config) -> None:
