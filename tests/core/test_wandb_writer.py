@@ -17,9 +17,23 @@ from trm.core import config_lib
 from trm.core import wandb_writer
 
 
-def _history(run_dir: str) -> list[dict]:
-  """The logged rows of an offline run's `run-<id>.wandb` file (a LevelDB-
-  style log of Record protos: 32 KiB blocks, 7-byte record headers)."""
+def _history(run_dir: str, until=lambda rows: True,
+             seconds: float = 60) -> list[dict]:
+  """The logged rows of an offline run's `run-<id>.wandb` file, read again
+  until `until(rows)` holds (at most `seconds`): W&B's service process may
+  still be writing its buffer after `run.finish()` returns (an empty read
+  on a loaded CI host)."""
+  deadline = time.monotonic() + seconds
+  while True:
+    rows = _read_history(run_dir)
+    if until(rows) or time.monotonic() > deadline:
+      return rows
+    time.sleep(0.5)
+
+
+def _read_history(run_dir: str) -> list[dict]:
+  """The file's rows as written so far (a LevelDB-style log of Record
+  protos: 32 KiB blocks, 7-byte record headers)."""
   from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
   (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
   data = open(path, "rb").read()
@@ -30,8 +44,8 @@ def _history(run_dir: str) -> list[dict]:
       pos += block - pos % block
       continue
     _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-    if length == 0 and kind == 0:
-      break
+    if (length == 0 and kind == 0) or pos + 7 + length > len(data):
+      break  # the end, or a record still being written
     parts += data[pos + 7:pos + 7 + length]
     pos += 7 + length
     if kind in (1, 4):  # FULL or LAST: a whole record
@@ -67,7 +81,8 @@ def test_a_short_run_logs_its_metrics_offline(tmp_path, monkeypatch):
   run_id = (workdir / wandb_writer.RUN_ID_FILE).read_text()
   (run_dir,) = glob.glob(str(tmp_path / "wandb_dir" / "wandb" /
                              f"offline-run-*-{run_id}"))
-  rows = _history(run_dir)
+  rows = _history(run_dir, until=lambda rows: any("eval/loss" in r
+                                                  for r in rows))
   step = wandb_writer.STEP_KEY
   train_steps = [r[step] for r in rows if "train/lm_loss" in r]
   assert train_steps == [3, 6], rows  # written one interval late, all kept
@@ -95,7 +110,8 @@ def test_other_kinds_of_values(tmp_path, monkeypatch):
   writer.close()
   (run_dir,) = glob.glob(str(tmp_path / "wandb_dir" / "wandb" /
                              "offline-run-*"))
-  rows = _history(run_dir)  # one row per write; nested keys joined by /
+  # One row per write; nested keys joined by /.
+  rows = _history(run_dir, until=lambda rows: len(rows) >= 4)
   images, histogram, text, summary = rows
   assert images[wandb_writer.STEP_KEY] == 1 and images["sheet/count"] == 2
   assert histogram["w/_type"] == "histogram"
