@@ -115,7 +115,7 @@ def matmul_to(x, w, dtype):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _matmul_to(x, w, dtype):
   def round_after(x, w):
-    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dtype)
+    return matmul(x, w).astype(dtype)
 
   def rounded_by_the_matmul(x, w):
     return jnp.dot(x, w, preferred_element_type=dtype)
