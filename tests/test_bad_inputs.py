@@ -323,6 +323,15 @@ def _(env):
   return trm_build(env, **{"data.build.num_aug": -2})
 
 
+# Before: an empty test split was built and trained on, and every
+# evaluation reported nothing (as max_eval_batches=0 below).
+for _key in ("num_train", "num_test"):
+  @case(f"TRM build {_key}=0", ValueError,
+        f"config.data.build.{_key} must be >= 1 (an empty split), got 0")
+  def _(env, key=_key):
+    return trm_build(env, **{f"data.build.{key}": 0})
+
+
 @case("evaluating on no batch", ValueError,
       "config.data.max_eval_batches=0", "-1", ">= 1")
 def _(env):  # no eval loss: always_save_checkpoint=False would never save

@@ -323,6 +323,18 @@ def test_test_batches_max_batches(test_split):
                             max_batches=10)) == 4
 
 
+def test_an_empty_test_split_is_refused(test_split):
+  """Prebuilt or converted data with no test examples: every evaluation
+  would report nothing."""
+  metadata, arrays = test_split
+  empty = dict(arrays, puzzle_indices=np.zeros(1, np.int32),
+               group_indices=np.zeros(1, np.int32),
+               puzzle_identifiers=np.zeros(0, np.int32),
+               inputs=arrays["inputs"][:0], labels=arrays["labels"][:0])
+  with pytest.raises(ValueError, match="The test split holds no examples"):
+    pd.TestBatches(metadata, empty, global_batch_size=4)
+
+
 # ------------------------------------------------------------------ pipeline
 
 

@@ -75,15 +75,21 @@ class BuildArgumentError(ValueError):
 
 
 def check_build_args(subsample_size: Optional[int],
-                     non_negative: Sequence[tuple[str, int]] = ()) -> None:
-  """Raises ValueError unless `subsample_size` is None or >= 1 and every
-  (name, value) of `non_negative` is >= 0."""
+                     non_negative: Sequence[tuple[str, int]] = (),
+                     positive: Sequence[tuple[str, int]] = ()) -> None:
+  """Raises ValueError unless `subsample_size` is None or >= 1, every
+  (name, value) of `non_negative` is >= 0 and every one of `positive` (the
+  split sizes: an empty split trains or evaluates nothing) >= 1."""
   if subsample_size is not None and subsample_size < 1:
     raise BuildArgumentError(
         f"subsample_size must be >= 1, got {subsample_size}")
   for name, value in non_negative:
     if value < 0:
       raise BuildArgumentError(f"{name} must be >= 0, got {value}")
+  for name, value in positive:
+    if value < 1:
+      raise BuildArgumentError(f"{name} must be >= 1 (an empty split), got "
+                               f"{value}")
 
 
 # ----------------------------------------------------------------------------

@@ -190,6 +190,12 @@ class TestBatches(_Split):
     super().__init__(metadata, arrays, global_batch_size, process_index,
                      process_count)
     self.num_examples = int(arrays["puzzle_indices"][-1])
+    if not self.num_examples:
+      # Every evaluation would report nothing, and a run that keeps only
+      # improved checkpoints would never save one.
+      raise ValueError("The test split holds no examples: rebuild the "
+                       "dataset with test puzzles (e.g. config.data.build."
+                       "num_test >= 1).")
     # Puzzle of each example (examples of a puzzle are contiguous).
     self._example_puzzle = np.repeat(
         np.arange(len(arrays["puzzle_indices"]) - 1),

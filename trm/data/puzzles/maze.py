@@ -247,8 +247,8 @@ def _check_build_args(source, csv_dir, subsample_size, seed, num_train,
                       num_test, min_path_length) -> None:
   hub.check_source(source, SOURCES, csv_dir)
   builds.check_build_args(
-      subsample_size, (("seed", seed), ("num_train", num_train),
-                       ("num_test", num_test)))
+      subsample_size, (("seed", seed),),
+      (("num_train", num_train), ("num_test", num_test)))
   if not 1 <= min_path_length < maze_grid.SEQ_LEN:
     raise builds.BuildArgumentError(
         f"min_path_length must be in [1, {maze_grid.SEQ_LEN - 1}], got "

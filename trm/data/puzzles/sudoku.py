@@ -234,8 +234,8 @@ def _check_build_args(source, csv_dir, subsample_size, num_aug, seed,
                       num_train, num_test, num_blanks) -> None:
   hub.check_source(source, SOURCES, csv_dir)
   builds.check_build_args(
-      subsample_size, (("num_aug", num_aug), ("seed", seed),
-                       ("num_train", num_train), ("num_test", num_test)))
+      subsample_size, (("num_aug", num_aug), ("seed", seed)),
+      (("num_train", num_train), ("num_test", num_test)))
   if not 0 <= num_blanks <= sudoku_generate.MAX_BLANKS:
     raise builds.BuildArgumentError(
         f"num_blanks must be in [0, {sudoku_generate.MAX_BLANKS}], got "
