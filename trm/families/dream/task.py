@@ -40,9 +40,8 @@ def check_config(config) -> None:
 def build(config, workdir: str, ctx) -> Task:
   check_config(config)
   cfg = dream.DreamConfig.from_config(config.model)
-  fresh = restore_check.latest_step(
-      os.path.join(workdir, "checkpoints")) is None
-  if config.init_checkpoint and fresh:
+  if config.init_checkpoint and restore_check.latest_step(
+      os.path.join(workdir, "checkpoints")) is None:
     # A fresh run: config.json and the tensor shapes checked now (no
     # weights read), before any data is read, checkpoints/ is created or
     # anything compiles. (A resumed run restores its own checkpoint.)
