@@ -18,6 +18,11 @@
                                                 (MaxText's later 22b.sh), with
                                                 splash attention and 12
                                                 sequences per chip
+  --config=configs/gpt.py:maxtext52b            MaxText's 52B v4 benchmark:
+                                                32 x 12288, 32 heads of 256,
+                                                MLP 49152, sequence 1024, 10
+                                                sequences per chip of a
+                                                v4-384, full remat, FSDP 192
 
 nanoGPT's flag names are the config keys (`--config.n_layer=4`,
 `--config.max_iters=2000`, ...); the trainer's own keys (`total_steps`,
@@ -41,7 +46,7 @@ _GPT2_SIZES = {  # n_layer, n_head, n_embd (nanoGPT's from_pretrained table)
 def get_config(arg=None):
   variants = config_lib.parse_variants(
       arg, {"shakespeare_char", "shakespeare_char_cpu", "maxtext22b",
-            "seq2048", *_GPT2_SIZES})
+            "maxtext52b", "seq2048", *_GPT2_SIZES})
   if "seq2048" in variants and "maxtext22b" not in variants:
     raise ValueError("configs/gpt.py:seq2048 goes with maxtext22b: "
                      "--config=configs/gpt.py:maxtext22b,seq2048.")
@@ -133,6 +138,8 @@ def get_config(arg=None):
                                 # nanoGPT's under torch.autocast
       attention="dot",          # dot | splash (Pallas TPU kernel, block
                                 # size % 128 == 0, dropout 0)
+      head_size=0,              # per-head width; 0: n_embd // n_head (as
+                                # nanoGPT); MaxText's head_dim otherwise
   ))
 
   # The trainer's keys, tied to nanoGPT's.
@@ -185,16 +192,9 @@ def get_config(arg=None):
     c.model.vocab_size = 50257
   if "maxtext22b" in variants:
     # MaxText commit 047f0c7 (configs/8xv4-128.sh): scale=3 of base.yml's
-    # 16 x 2048 decoder (head_dim 256), max_target_length 1024, vocab
-    # 32768, embeddings tied (logits_via_embedding), remat_policy=full,
-    # ici_fsdp_parallelism=64, per_device_batch_size=16, dropout 0.
-    c.update(dict(n_layer=48, n_head=24, n_embd=6144, block_size=1024,
-                  bias=False, dropout=0.0, batch_size=16 * 64,
-                  gradient_accumulation_steps=1, dtype="bfloat16",
-                  loss_chunk_size=256))
-    c.model.update(vocab_size=32768, remat=True, scan_layers=True,
-                   residual_dtype="bfloat16")
-    c.mesh.update(data=1, fsdp=-1, model=1)
+    # 16 x 2048 decoder (head_dim 256), ici_fsdp_parallelism=64,
+    # per_device_batch_size=16.
+    _maxtext(c, n_layer=48, n_head=24, n_embd=6144, per_chip=16, chips=64)
     if "seq2048" in variants:
       # configs/v4/22b.sh (Dec 2023): 2048 tokens with flash attention; 16
       # sequences per chip fit neither MaxText (its script went to 15, then
@@ -202,4 +202,27 @@ def get_config(arg=None):
       c.block_size = 2048
       c.model.attention = "splash"
       c.batch_size = 12 * 64
+  if "maxtext52b" in variants:
+    # MaxText commit 281e04bf3 (configs/1xv4-384.sh, 2xv4-384.sh): scale=4
+    # of base.yml with base_num_decoder_layers=8, base_emb_dim=3072,
+    # base_mlp_dim=12288: 32 layers of 12288, 32 heads of head_dim 256 (the
+    # attention is 8192 wide), MLP 49152; ici_fsdp_parallelism=192,
+    # per_device_batch_size=10.
+    _maxtext(c, n_layer=32, n_head=32, n_embd=12288, per_chip=10, chips=192)
+    c.model.head_size = 256
   return c.lock()
+
+
+def _maxtext(c, n_layer: int, n_head: int, n_embd: int, per_chip: int,
+             chips: int) -> None:
+  """What MaxText's 2023 v4 benchmark runs share (base.yml): sequence 1024,
+  vocabulary 32768 with tied embeddings (logits_via_embedding), no bias or
+  dropout, bfloat16, remat_policy=full over scanned layers, FSDP over the
+  slice; our loss in chunks of 256 positions and a bfloat16 residual."""
+  c.update(dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                block_size=1024, bias=False, dropout=0.0,
+                batch_size=per_chip * chips, gradient_accumulation_steps=1,
+                dtype="bfloat16", loss_chunk_size=256))
+  c.model.update(vocab_size=32768, remat=True, scan_layers=True,
+                 residual_dtype="bfloat16")
+  c.mesh.update(data=1, fsdp=-1, model=1)

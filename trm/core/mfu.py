@@ -237,16 +237,18 @@ def mfu(flops_per_iter: float, seconds_per_iter: float, num_devices: int,
 
 def nanogpt_flops_per_iter(num_params_non_embedding: int, n_layer: int,
                            n_head: int, n_embd: int, block_size: int,
-                           sequences_per_iter: int) -> float:
+                           sequences_per_iter: int,
+                           head_size: int = 0) -> float:
   """Training FLOPs per iteration by nanoGPT's `estimate_mfu` formula.
 
   Per token: 6N for the matmuls with the weights (2 forward, 4 backward) plus
   12*L*H*Q*T for attention scores and values (Q = head size, T = block_size),
   i.e. always the full (non-causal) T x T attention. A forward-backward of one
   sequence is T tokens; an iteration is `sequences_per_iter` =
-  batch_size * gradient_accumulation_steps sequences.
+  batch_size * gradient_accumulation_steps sequences. `head_size` (0:
+  n_embd // n_head) is Q for attention wider or narrower than n_embd.
   """
-  q = n_embd // n_head
+  q = head_size or n_embd // n_head
   per_token = (6 * num_params_non_embedding +
                12 * n_layer * n_head * q * block_size)
   return float(per_token) * block_size * sequences_per_iter

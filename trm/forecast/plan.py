@@ -22,7 +22,7 @@ from trm.forecast import timeline
 
 GIB = 2**30
 # Fitted on MaxText's 22B, 1x v4-128, 56.7% MFU (BUILD_NOTES,
-# benchmarks/forecast/forecast_maxtext22b.py).
+# benchmarks/forecast/forecast_maxtext.py).
 DEFAULT_EFFICIENCY = 0.867
 # Cross-slice collectives block the chip: what MaxText's published v4
 # multi-slice runs show (BUILD_NOTES); 'schedule' trusts the program's

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.core import mfu
+from trm.families.gpt import layers as gpt_layers
 from trm.families.gpt import model as gpt
 
 RULES = config_lib.default_logical_axis_rules()
@@ -79,6 +80,44 @@ def test_param_names_and_shapes(bias):
       x, nn.LogicallyPartitioned)):
     assert isinstance(leaf, nn.LogicallyPartitioned)
     assert len(leaf.names) == leaf.value.ndim
+
+
+def test_head_size_sets_the_attention_width_apart_from_n_embd():
+  # MaxText's head_dim: 4 heads of 16 in a 32-wide model (attention 64 wide).
+  wide = dataclasses.replace(TINY, head_size=16)
+  assert (wide.head_dim, wide.attention_width) == (16, 64)
+  attn = _shapes(gpt.abstract_params(wide))["h_0"]["attn"]
+  assert attn == {"c_attn": {"kernel": (32, 192), "bias": (192,)},
+                  "c_proj": {"kernel": (64, 32), "bias": (32,)}}
+  # head_size = n_embd // n_head is the default model, weights and values.
+  same = dataclasses.replace(TINY, head_size=8)
+  idx = _tokens(length=12)
+  np.testing.assert_array_equal(_forward(same, _params(same), idx),
+                                _forward(TINY, _params(TINY), idx))
+  # The block's attention by hand: q k^T / sqrt(16) over 4 heads of 16.
+  layer = gpt_layers.CausalSelfAttention(wide)
+  x = jax.random.normal(jax.random.key(3), (2, 12, 32))
+  p = nn.meta.unbox(layer.init(jax.random.key(4), x)["params"])
+  w_attn, b_attn = p["c_attn"]["kernel"], p["c_attn"]["bias"]
+  w_proj, b_proj = p["c_proj"]["kernel"], p["c_proj"]["bias"]
+  q, k, v = np.split(np.asarray(x @ w_attn + b_attn), 3, axis=-1)
+  q, k, v = (a.reshape(2, 12, 4, 16) for a in (q, k, v))
+  scores = np.einsum("bthd,bshd->bhts", q, k) / math.sqrt(16)
+  scores = np.where(np.tril(np.ones((12, 12), bool)), scores, -np.inf)
+  probs = np.exp(scores - scores.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  y = np.einsum("bhts,bshd->bthd", probs, v).reshape(2, 12, 64)
+  np.testing.assert_allclose(layer.apply({"params": p}, x),
+                             y @ w_proj + b_proj, atol=2e-5)
+  # The KV cache holds heads of head_size; nanoGPT's FLOP count uses it.
+  assert gpt.init_cache(wide, 2, 8)["k"].shape == (2, 2, 8, 4, 16)
+  assert mfu.nanogpt_flops_per_iter(10, 2, 4, 32, 16, 1, head_size=16) == (
+      6 * 10 + 12 * 2 * 4 * 16 * 16) * 16
+  # A head size not dividing n_embd is fine once set; a bad one is named.
+  dataclasses.replace(TINY, n_embd=30, head_size=8)
+  for bad in (-1, True, 2.5):
+    with pytest.raises(ValueError, match=rf"config\.model\.head_size={bad}"):
+      dataclasses.replace(TINY, head_size=bad)
 
 
 def test_init_statistics():

@@ -267,6 +267,10 @@ def test_config_variants_hold_nanogpts_values():
   xl = config_lib.load_config("configs/gpt.py", "gpt2-xl")
   assert (xl.n_layer, xl.n_head, xl.n_embd, xl.bias, xl.model.vocab_size,
           xl.block_size) == (48, 25, 1600, True, 50257, 1024)
+  big = config_lib.load_config("configs/gpt.py", "maxtext52b")
+  assert (big.n_layer, big.n_head, big.n_embd, big.model.head_size,
+          big.model.vocab_size, big.block_size, big.global_batch_size) == (
+              32, 32, 12288, 256, 32768, 1024, 10 * 192)
   default = config_lib.load_config("configs/gpt.py")
   assert (default.gradient_accumulation_steps, default.batch_size,
           default.bias, default.learning_rate, default.warmup_iters) == (
@@ -311,6 +315,11 @@ def test_derived_keys_set_apart_leave_their_source_alone():
     # Before: trained from random weights, the checkpoint never read.
     ({"init_checkpoint": "ckpt.pt"}, "config.init_checkpoint='ckpt.pt' is "
      "not read with config.init_from='scratch'"),
+    # GPT-2 / nanoGPT weights have n_embd-wide attention (would fail later
+    # in a shape error).
+    ({"init_from": "resume", "init_checkpoint": "ckpt.pt",
+      "model.head_size": 64}, "config.model.head_size=64 makes the "
+     "attention 256 wide, but config.init_from='resume' loads"),
 ])
 def test_nanogpt_keys_are_named_in_config_errors(values, needle):
   """Refused by run_checks (before the mesh or any data) in nanoGPT's

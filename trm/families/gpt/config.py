@@ -22,6 +22,10 @@ class GPTConfig(dtypes.ConfigDtypes):
   n_layer: int = 12
   n_head: int = 12
   n_embd: int = 768
+  # Width of one attention head; 0: n_embd // n_head (nanoGPT, GPT-2). Set,
+  # the attention is n_head * head_size wide apart from n_embd, as MaxText's
+  # head_dim (its 52B: 32 heads of 256 in a 12288-wide model).
+  head_size: int = 0
   dropout: float = 0.0
   bias: bool = True         # Linear and LayerNorm biases, as GPT-2
   dtype: str = "float32"        # compute dtype: float32 | bfloat16 | float16
@@ -50,10 +54,16 @@ class GPTConfig(dtypes.ConfigDtypes):
           or value <= 0):
         raise ValueError(f"config.model.{name}={value!r} must be a positive "
                          "integer.")
-    if self.n_embd % self.n_head:
+    if (isinstance(self.head_size, bool)
+        or not isinstance(self.head_size, (int, np.integer))
+        or self.head_size < 0):
+      raise ValueError(f"config.model.head_size={self.head_size!r} must be "
+                       "an integer >= 0 (0: n_embd // n_head).")
+    if not self.head_size and self.n_embd % self.n_head:
       raise ValueError(
           f"config.model.n_embd={self.n_embd} must be divisible by "
-          f"config.model.n_head={self.n_head} (head size n_embd // n_head).")
+          f"config.model.n_head={self.n_head} (head size n_embd // n_head),"
+          " or config.model.head_size set.")
     if not 0.0 <= float(self.dropout) < 1.0:
       raise ValueError(f"config.model.dropout={self.dropout!r} must be in "
                        "[0, 1).")
@@ -82,7 +92,12 @@ class GPTConfig(dtypes.ConfigDtypes):
 
   @property
   def head_dim(self) -> int:
-    return self.n_embd // self.n_head
+    return self.head_size or self.n_embd // self.n_head
+
+  @property
+  def attention_width(self) -> int:
+    """c_attn's q (k, v) width and c_proj's input: n_embd unless head_size."""
+    return self.n_head * self.head_dim
 
   @classmethod
   def from_config(cls, model_config: Mapping[str, Any]) -> "GPTConfig":

@@ -131,7 +131,8 @@ class CausalSelfAttention(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.c_attn = Linear(3 * cfg.n_embd, ("embed", "heads"), _INIT_STD, cfg)
+    self.c_attn = Linear(3 * cfg.attention_width, ("embed", "heads"),
+                         _INIT_STD, cfg)
     self.c_proj = Linear(cfg.n_embd, ("heads", "embed"), _proj_std(cfg), cfg)
     self.attn_dropout = nn.Dropout(cfg.dropout)
     self.resid_dropout = nn.Dropout(cfg.dropout)
@@ -146,7 +147,7 @@ class CausalSelfAttention(nn.Module):
 
   def _out(self, y, deterministic: bool):
     b, t = y.shape[:2]
-    y = self.c_proj(y.reshape(b, t, self.cfg.n_embd))
+    y = self.c_proj(y.reshape(b, t, self.cfg.attention_width))
     return self.resid_dropout(y, deterministic=deterministic)
 
   def __call__(self, x, deterministic: bool = True):

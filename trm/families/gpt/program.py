@@ -76,6 +76,6 @@ def build(config, ctx, shapes=None) -> Program:
       batch_spec=batch_spec(cfg.block_size),
       flops_per_step=mfu.nanogpt_flops_per_iter(
           non_embedding, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,
-          config.global_batch_size),
+          config.global_batch_size, head_size=cfg.head_dim),
       compute_dtype=cfg.dtype,
       tokens_per_example=cfg.block_size)

@@ -76,6 +76,15 @@ def check_config(config) -> None:
         f"{config.init_from} --local-dir DIR`), or the Hub model id "
         f"openai-community/{config.init_from} to download it (needs network"
         " and huggingface_hub: pip install -e .[hub]).")
+  head_size = config.model.get("head_size", 0)
+  if (config.init_from != "scratch" and head_size
+      and head_size * config.n_head != config.n_embd):
+    # GPT-2 and nanoGPT weights have n_embd // n_head wide heads.
+    raise ValueError(
+        f"config.model.head_size={head_size} makes the attention "
+        f"{head_size * config.n_head} wide, but config.init_from="
+        f"{config.init_from!r} loads GPT-2 / nanoGPT weights whose attention "
+        "is n_embd wide: set config.model.head_size=0.")
   if config.dtype not in DTYPES:
     raise ValueError(f"config.dtype={config.dtype!r} must be one of "
                      f"{list(DTYPES)}.")
