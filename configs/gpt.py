@@ -23,6 +23,11 @@
                                                 MLP 49152, sequence 1024, 10
                                                 sequences per chip of a
                                                 v4-384, full remat, FSDP 192
+  --config=configs/gpt.py:maxtext16b | maxtext32b | maxtext64b | maxtext128b
+                                                MaxText's v5e-256 benchmarks
+                                                (v5e_high_performance.md):
+                                                sequence 2048, flash (splash)
+                                                attention, its XLA flags
 
 nanoGPT's flag names are the config keys (`--config.n_layer=4`,
 `--config.max_iters=2000`, ...); the trainer's own keys (`total_steps`,
@@ -41,12 +46,29 @@ _GPT2_SIZES = {  # n_layer, n_head, n_embd (nanoGPT's from_pretrained table)
     "gpt2-large": (36, 20, 1280),
     "gpt2-xl": (48, 25, 1600),
 }
+# MaxText's v5e runs: n_layer, n_head, n_embd, mlp_dim, per_device_batch_size,
+# ici_tensor_parallelism (pyconfig.get_individual_scales of scale 16 .. 128).
+_MAXTEXT_V5E = {
+    "maxtext16b": (32, 32, 5120, 32768, 6, 1),
+    "maxtext32b": (32, 32, 10240, 32768, 4, 1),
+    "maxtext64b": (64, 32, 10240, 32768, 2, 1),
+    "maxtext128b": (64, 64, 10240, 65536, 1, 16),
+}
+# Their LIBTPU_INIT_ARGS (the same in all four scripts).
+_MAXTEXT_V5E_FLAGS = (
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true "
+    "--xla_tpu_data_parallel_opt_different_sized_ops=true "
+    "--xla_tpu_enable_async_collective_fusion=true "
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+    "--xla_tpu_overlap_compute_collective_tc=true "
+    "--xla_enable_async_all_gather=true")
 
 
 def get_config(arg=None):
   variants = config_lib.parse_variants(
       arg, {"shakespeare_char", "shakespeare_char_cpu", "maxtext22b",
-            "maxtext52b", "seq2048", *_GPT2_SIZES})
+            "maxtext52b", "seq2048", *_GPT2_SIZES, *_MAXTEXT_V5E})
   if "seq2048" in variants and "maxtext22b" not in variants:
     raise ValueError("configs/gpt.py:seq2048 goes with maxtext22b: "
                      "--config=configs/gpt.py:maxtext22b,seq2048.")
@@ -140,6 +162,8 @@ def get_config(arg=None):
                                 # size % 128 == 0, dropout 0)
       head_size=0,              # per-head width; 0: n_embd // n_head (as
                                 # nanoGPT); MaxText's head_dim otherwise
+      mlp_size=0,               # MLP hidden width; 0: 4 * n_embd (as
+                                # nanoGPT); MaxText's mlp_dim otherwise
   ))
 
   # The trainer's keys, tied to nanoGPT's.
@@ -210,6 +234,25 @@ def get_config(arg=None):
     # per_device_batch_size=10.
     _maxtext(c, n_layer=32, n_head=32, n_embd=12288, per_chip=10, chips=192)
     c.model.head_size = 256
+  v5e = variants & set(_MAXTEXT_V5E)
+  if v5e:
+    # MaxText commit 289fa330 (configs/largest_job/<size>.sh on v5e-256):
+    # base.yml's 16 x 2560 decoder (8 heads of head_dim 256, mlp_dim 8192)
+    # grown by global_parameter_scale, max_target_length=2048,
+    # enable_flash_attention=true, remat_policy=full, FSDP over the slice
+    # (the 128B: 16 x 16 FSDP x tensor), data parallel over slices.
+    n_layer, n_head, n_embd, mlp, per_chip, model = _MAXTEXT_V5E[v5e.pop()]
+    _maxtext(c, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+             per_chip=per_chip, chips=256)
+    c.block_size = 2048
+    c.model.update(head_size=256, mlp_size=mlp, attention="splash")
+    c.mesh.update(fsdp=-1, model=model)
+    c.tpu_compiler_options = _MAXTEXT_V5E_FLAGS
+    # base.yml's rules put activations' embed axis on 'tensor' (our model);
+    # ours keep it whole, which only matters with tensor parallelism (128B).
+    c.logical_axis_rules = tuple(
+        (name, "model" if name == "activation_embed" else axes)
+        for name, axes in c.logical_axis_rules)
   return c.lock()
 
 

@@ -1,8 +1,9 @@
-r"""Forecast MaxText's published v4 runs (22B, 52B) and compare.
+r"""Forecast MaxText's published pod runs (v4: 22B, 52B; v5e: 16B-128B)
+and compare.
 
-  python benchmarks/forecast/forecast_maxtext.py [--run=22b|52b|both]
-      [--slices=...] [--efficiency=X] [--dcn_overlap=none|schedule]
-      [--json=PATH]
+  python benchmarks/forecast/forecast_maxtext.py [--run=22b|52b|both|v5e|
+      all|v5e16b,...] [--fit_on=22b] [--slices=...] [--efficiency=X]
+      [--dcn_overlap=none|schedule] [--json=PATH]
 
 MaxText's README ("Runtime Performance Results", TPU v4, commit 281e04bf3)
 measured, counting 6 x parameters x tokens per step (train.py, no attention
@@ -11,7 +12,10 @@ term):
   TFLOP/s per chip (56.7, 55.2, 54.3, 53.2 % MFU);
 - a 52B decoder on 1 and 2 slices of v4-384: 154 and 162 TFLOP/s per chip
   (56.0 and 58.9 %; "quirkily higher than single slice because of choices
-  made by the compiler, not for a fundamental reason", its README says).
+  made by the compiler, not for a fundamental reason", its README says);
+- later (v5e_high_performance.md, commit 289fa330, counting attention too)
+  16B, 32B, 64B and 128B decoders at sequence 2048 on 1-32 slices of
+  v5e-256 (61.10 .. 46.25 % MFU).
 
 `--run=22b` compiles our `configs/gpt.py:maxtext22b` train step for each
 slice count on compile-only v4 devices, fits the one free constant (the
@@ -21,7 +25,9 @@ error per row and the goal's verdict (every row within 2 MFU points, the
 8-slice scaling within 2 points of 93.8 %). `--run=52b` forecasts
 `configs/gpt.py:maxtext52b` with the constant fitted on the 22B (compiled
 in the same run unless `--efficiency` gives it): nothing is fitted on the
-52B, so its rows check the forecast out of sample.
+52B, so its rows check the forecast out of sample. `--run=v5e` does the
+same for the v5e runs: another chip, whose constants come from its data
+sheet, and up to 32 slices; `--fit_on=v5e16b` fits on that chip instead.
 """
 from __future__ import annotations
 
@@ -48,27 +54,60 @@ from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-
 from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top
 
-# Published rows: slices -> (TFLOP/s per chip, MFU %), MaxText's count.
+# Published rows: slices -> (TFLOP/s per chip, MFU %), in MaxText's count
+# of the time: 6 N T until mid-2023, plus the attention term (12 H L Q T^2
+# per sequence, as nanoGPT's) by the v5e runs.
 RUNS = {
     "22b": dict(variant="maxtext22b", topology="v4-128", slices="1,2,4,8",
+                attention_flops=False,
                 published={1: (156, 56.7), 2: (152, 55.2), 4: (149, 54.3),
                            8: (146, 53.2)}),
     "52b": dict(variant="maxtext52b", topology="v4-384", slices="1,2",
+                attention_flops=False,
                 published={1: (154, 56.0), 2: (162, 58.9)}),
+    # v5e_high_performance.md (commit 289fa330), 1-32 slices of v5e-256.
+    "v5e16b": dict(variant="maxtext16b", topology="v5e-256",
+                   slices="1,2,4,8,16,32", attention_flops=True,
+                   published={1: (120, 61.10), 2: (117, 59.37),
+                              4: (117, 59.14), 8: (115, 58.27),
+                              16: (111, 56.56), 32: (108, 54.65)}),
+    "v5e32b": dict(variant="maxtext32b", topology="v5e-256",
+                   slices="1,2,4,8,16,32", attention_flops=True,
+                   published={1: (132, 66.86), 2: (128, 64.81),
+                              4: (126, 64.10), 8: (125, 63.67),
+                              16: (123, 62.26), 32: (119, 60.40)}),
+    "v5e64b": dict(variant="maxtext64b", topology="v5e-256",
+                   slices="1,2,4,8,16,32", attention_flops=True,
+                   published={1: (118, 59.90), 2: (112, 56.66),
+                              4: (110, 55.85), 8: (108, 54.96),
+                              16: (105, 53.29), 32: (99, 50.18)}),
+    "v5e128b": dict(variant="maxtext128b", topology="v5e-256",
+                    slices="1,2,4,8,16,32", attention_flops=True,
+                    published={1: (110, 56.06), 2: (110, 55.82),
+                               4: (108, 54.93), 8: (104, 52.93),
+                               16: (100, 50.86), 32: (91, 46.25)}),
 }
+GROUPS = {"both": ("22b", "52b"), "v4": ("22b", "52b"),
+          "v5e": ("v5e16b", "v5e32b", "v5e64b", "v5e128b")}
+GROUPS["all"] = GROUPS["v4"] + GROUPS["v5e"]
 GOAL_POINTS = 2.0
 
 
-def maxtext_flops_per_chip(config, sequences_per_chip: float) -> float:
-  """MaxText's count (train.py, 2023): 6 x parameters x tokens per chip.
-  Its parameters are ours without the learned position table (MaxText's
-  decoders have none to train)."""
+def maxtext_flops_per_chip(config, sequences_per_chip: float,
+                           attention: bool) -> float:
+  """MaxText's count: 6 x parameters x tokens per chip, plus (`attention`)
+  12 x heads x layers x head_dim x T^2 per sequence. Its parameters are
+  ours without the learned position table (its decoders have none)."""
   cfg = gpt.GPTConfig.from_config(config.model)
   params = gpt.num_params(gpt.abstract_params(cfg), non_embedding=True)
-  return 6.0 * params * sequences_per_chip * cfg.block_size
+  per_sequence = 6.0 * params * cfg.block_size
+  if attention:
+    per_sequence += (12.0 * cfg.n_head * cfg.n_layer * cfg.head_dim
+                     * cfg.block_size**2)
+  return per_sequence * sequences_per_chip
 
 
-def compile_rows(variant: str, topology, slices):
+def compile_rows(variant: str, topology, slices, attention_flops: bool):
   config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
                                   variant)
   rows = []
@@ -83,7 +122,7 @@ def compile_rows(variant: str, topology, slices):
     rows.append(row)
   # Our model FLOPs per chip over MaxText's 6 N T for the same step.
   ratio = (rows[0].model_flops / rows[0].chips) / maxtext_flops_per_chip(
-      config, rows[0].global_batch / rows[0].chips)
+      config, rows[0].global_batch / rows[0].chips, attention_flops)
   return config, rows, ratio
 
 
@@ -95,7 +134,8 @@ def fit(run: dict, topology, compiled, ratio, dcn_overlap: str) -> float:
 
 
 def compare(name: str, run: dict, topology, config, compiled, ratio,
-            efficiency: float, fitted_here: bool, dcn_overlap: str) -> dict:
+            efficiency: float, fitted_on: str | None,
+            dcn_overlap: str) -> dict:
   """Prints the forecast rows beside the published ones; returns them with
   the verdict."""
   published = run["published"]
@@ -108,10 +148,13 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
                                                      other)
                                    for c in compiled])
   theirs = maxtext_flops_per_chip(
-      config, compiled[0].global_batch / compiled[0].chips)
+      config, compiled[0].global_batch / compiled[0].chips,
+      run["attention_flops"])
   peak = topology.chip.peak_bf16_tflops
+  fitted_here = fitted_on == name
   how = (f"fitted on its {first}-slice row" if fitted_here else
-         "fitted on the 22B, not on this run")
+         f"fitted on {fitted_on}, not on this run" if fitted_on else
+         "given by --efficiency")
   print(f"\n{name} (gpt.py:{run['variant']}, {topology.name}): dense compute"
         f" at {efficiency:.4f} x peak, {how} (our model FLOPs are "
         f"{ratio:.4f} x MaxText's 6 N T); --dcn_overlap={dcn_overlap}")
@@ -123,6 +166,15 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
   for row in rows:
     count = row["slices"]
     pub_tflops, pub_mfu = published.get(count, (math.nan, math.nan))
+    if row["step_seconds"] is None:  # the compiler refused it (memory)
+      print(f"{count:>6}   no {row['memory_gib'] or math.nan:>6.2f} "
+            f"{'-':>8} {pub_tflops:>11.0f} {'-':>8} {pub_mfu:>7.1f}  "
+            f"compiler: {row['error']}")
+      table.append(dict(slices=count, published_tflops=pub_tflops,
+                        published_mfu=pub_mfu, fits=False,
+                        memory_gib=row["memory_gib"], error=row["error"]))
+      checked.append(math.inf)
+      continue
     tflops = theirs / row["step_seconds"] / 1e12
     mfu = 100 * tflops / peak
     error = mfu - pub_mfu
@@ -147,8 +199,9 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
           f"{row['dcn_bytes'] / 1e9:>11.3f} {row['bound']}")
   worst = max(checked, default=0.0)
   last = rows[-1]
-  scaling_error = 100 * (last["scaling_efficiency"]
-                         - published[last["slices"]][1] / published[first][1])
+  scaling_error = (math.inf if last["scaling_efficiency"] is None else 100 * (
+      last["scaling_efficiency"]
+      - published[last["slices"]][1] / published[first][1]))
   print(f"worst MFU error of the rows not fitted: {worst:.2f} points (goal "
         f"{GOAL_POINTS:.0f}); {last['slices']}-slice scaling error: "
         f"{scaling_error:+.2f} points (goal {GOAL_POINTS:.0f})")
@@ -162,22 +215,29 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
         "constant): " + ", ".join(
             f"{r['slices']} slices {100 * theirs / r['step_seconds'] / 1e12 / peak:.2f}% MFU "
             f"({100 * r['scaling_efficiency']:.1f}% scaling)"
-            for r in alternative))
+            for r in alternative if r["step_seconds"] is not None))
   return {"variant": run["variant"], "topology": topology.name,
-          "efficiency": efficiency, "fitted_here": fitted_here,
+          "efficiency": efficiency, "fitted_on": fitted_on,
           "meets_goal": meets, "rows": table}
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--run", default="22b", choices=("22b", "52b", "both"))
+  parser.add_argument(
+      "--run", default="22b",
+      help="comma-separated runs (" + ", ".join(RUNS) + ") or groups ("
+      + ", ".join(GROUPS) + ")")
+  parser.add_argument("--fit_on", default="22b", choices=tuple(RUNS),
+                      help="the run whose first published row fixes the "
+                      "dense-compute efficiency")
   parser.add_argument("--variant", default=None,
-                      help="configs/gpt.py variant (default: the run's)")
+                      help="configs/gpt.py variant (one run only; default: "
+                      "the run's)")
   parser.add_argument("--slices", default=None,
                       help="slice counts (default: the published ones)")
   parser.add_argument("--efficiency", type=float, default=None,
                       help="dense-compute efficiency to use instead of "
-                      "fitting it on the 22B's 1-slice row")
+                      "fitting it")
   parser.add_argument(
       "--dcn_overlap", default="none", choices=("none", "schedule"),
       help="none: the cross-slice reduction blocks, as MaxText's 2023 "
@@ -185,43 +245,56 @@ def main():
       "schedules it")
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
-  names = ["22b", "52b"] if args.run == "both" else [args.run]
+  names = []
+  for part in args.run.split(","):
+    if part not in RUNS and part not in GROUPS:
+      parser.error(f"--run={args.run}: {part!r} is none of "
+                   f"{', '.join([*RUNS, *GROUPS])}.")
+    names += [n for n in GROUPS.get(part, (part,)) if n not in names]
+  if args.variant and len(names) > 1:
+    parser.error("--variant goes with one run.")
+  runs = {n: dict(RUNS[n], **({"variant": args.variant} if args.variant
+                              else {})) for n in names}
   print(f"jax {jax.__version__}; runs {', '.join(names)}; host load "
         f"{os.getloadavg()[0]:.2f}", flush=True)
   begin = time.time()
-  efficiency, results = args.efficiency, {}
   compiled = {}
-  for name in names:
-    run = dict(RUNS[name])
-    if args.variant:
-      run["variant"] = args.variant
+  for name, run in runs.items():
     slices = [int(s) for s in (args.slices or run["slices"]).split(",")]
-    if name == "22b" and slices[0] != 1 and efficiency is None:
-      raise SystemExit("--slices: the 22B fit needs the 1-slice row first.")
+    if (name == args.fit_on and args.efficiency is None
+        and slices[0] not in run["published"]):
+      parser.error(f"--slices: the fit on {name} needs a published row "
+                   "first.")
     topology = parse_topology(run["topology"])
-    compiled[name] = (topology, *compile_rows(run["variant"], topology,
-                                              slices))
+    compiled[name] = (topology, *compile_rows(
+        run["variant"], topology, slices, run["attention_flops"]))
+  efficiency, fitted_on = args.efficiency, None
   if efficiency is None:
-    if "22b" not in compiled:  # the 52B alone: fit on the 22B's 1 slice
-      topology = parse_topology(RUNS["22b"]["topology"])
-      compiled["22b-fit"] = (topology, *compile_rows(
-          RUNS["22b"]["variant"], topology, [1]))
-    key = "22b" if "22b" in compiled else "22b-fit"
+    fitted_on = args.fit_on
+    if fitted_on not in compiled:  # compile the fitted run's first row
+      run = RUNS[fitted_on]
+      topology = parse_topology(run["topology"])
+      first = int(run["slices"].split(",")[0])
+      compiled[fitted_on + "-fit"] = (topology, *compile_rows(
+          run["variant"], topology, [first], run["attention_flops"]))
+    key = fitted_on if fitted_on in compiled else fitted_on + "-fit"
     topology, _, rows, ratio = compiled[key]
-    efficiency = fit(RUNS["22b"], topology, rows, ratio, args.dcn_overlap)
-  for name in names:
+    efficiency = fit(RUNS[fitted_on], topology, rows, ratio,
+                     args.dcn_overlap)
+  results = {}
+  for name, run in runs.items():
     topology, config, rows, ratio = compiled[name]
-    results[name] = compare(
-        name, dict(RUNS[name], **({"variant": args.variant}
-                                  if args.variant else {})),
-        topology, config, rows, ratio, efficiency,
-        fitted_here=name == "22b" and args.efficiency is None,
-        dcn_overlap=args.dcn_overlap)
-  print(f"\nwall time {time.time() - begin:.0f} s, compiles included")
+    results[name] = compare(name, run, topology, config, rows, ratio,
+                            efficiency, fitted_on, args.dcn_overlap)
+  verdicts = ", ".join(f"{n} {'meets' if r['meets_goal'] else 'misses'}"
+                       for n, r in results.items())
+  print(f"\nsummary: {verdicts}; wall time {time.time() - begin:.0f} s, "
+        "compiles included")
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"efficiency": efficiency, "dcn_overlap": args.dcn_overlap,
-                 "runs": results}, f, indent=1)
+      json.dump({"efficiency": efficiency, "fitted_on": fitted_on,
+                 "dcn_overlap": args.dcn_overlap, "runs": results}, f,
+                indent=1)
 
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
   assert config_record.IMPLICIT == {"model.scan_layers": False,
                                     "model.residual_dtype": "float32",
                                     "model.head_size": 0,
+                                    "model.mlp_size": 0,
                                     "model.logits_dtype": "float32",
                                     "loss_chunk_size": 0,
                                     "compiled_step": ""}

@@ -60,6 +60,7 @@ _ADDED_TFDS_PREFIX = "data.tfds."
 IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "model.residual_dtype": "float32",  # GPT's residual stream
             "model.head_size": 0,  # GPT's heads were n_embd // n_head wide
+            "model.mlp_size": 0,  # GPT's MLP was 4 * n_embd wide
             "model.logits_dtype": "float32",  # GPT's LM head output
             "loss_chunk_size": 0,  # GPT's logits, all positions at once
             "compiled_step": ""}  # the train step compiled by the run

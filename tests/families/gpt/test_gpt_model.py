@@ -115,9 +115,25 @@ def test_head_size_sets_the_attention_width_apart_from_n_embd():
       6 * 10 + 12 * 2 * 4 * 16 * 16) * 16
   # A head size not dividing n_embd is fine once set; a bad one is named.
   dataclasses.replace(TINY, n_embd=30, head_size=8)
-  for bad in (-1, True, 2.5):
-    with pytest.raises(ValueError, match=rf"config\.model\.head_size={bad}"):
-      dataclasses.replace(TINY, head_size=bad)
+  for name in ("head_size", "mlp_size"):
+    for bad in (-1, True, 2.5):
+      with pytest.raises(ValueError, match=rf"config\.model\.{name}={bad}"):
+        dataclasses.replace(TINY, **{name: bad})
+
+
+def test_mlp_size_sets_the_mlp_width_apart_from_4_n_embd():
+  # MaxText's mlp_dim: a 32-wide model with a 200-wide MLP.
+  wide = dataclasses.replace(TINY, mlp_size=200)
+  mlp = _shapes(gpt.abstract_params(wide))["h_1"]["mlp"]
+  assert mlp == {"c_fc": {"kernel": (32, 200), "bias": (200,)},
+                 "c_proj": {"kernel": (200, 32), "bias": (32,)}}
+  assert gpt.num_params(gpt.abstract_params(wide)) == gpt.num_params(
+      gpt.abstract_params(TINY)) + 2 * 2 * (200 - 128) * 32 + 2 * (200 - 128)
+  same = dataclasses.replace(TINY, mlp_size=128)  # 4 * n_embd: the default
+  idx = _tokens(length=12)
+  np.testing.assert_array_equal(_forward(same, _params(same), idx),
+                                _forward(TINY, _params(TINY), idx))
+  assert _forward(wide, _params(wide), idx).shape == (2, 12, 50)
 
 
 def test_init_statistics():

@@ -271,6 +271,18 @@ def test_config_variants_hold_nanogpts_values():
   assert (big.n_layer, big.n_head, big.n_embd, big.model.head_size,
           big.model.vocab_size, big.block_size, big.global_batch_size) == (
               32, 32, 12288, 256, 32768, 1024, 10 * 192)
+  # MaxText's v5e runs: global_parameter_scale 16 .. 128 of base.yml.
+  shapes = {v: (c.n_layer, c.n_head, c.n_embd, c.model.mlp_size,
+                c.global_batch_size, c.mesh.model, c.block_size)
+            for v in ("maxtext16b", "maxtext32b", "maxtext64b", "maxtext128b")
+            for c in [config_lib.load_config("configs/gpt.py", v)]}
+  assert shapes == {"maxtext16b": (32, 32, 5120, 32768, 6 * 256, 1, 2048),
+                    "maxtext32b": (32, 32, 10240, 32768, 4 * 256, 1, 2048),
+                    "maxtext64b": (64, 32, 10240, 32768, 2 * 256, 1, 2048),
+                    "maxtext128b": (64, 64, 10240, 65536, 256, 16, 2048)}
+  rules = dict(config_lib.load_config("configs/gpt.py",
+                                      "maxtext128b").logical_axis_rules)
+  assert rules["activation_embed"] == "model"  # base.yml's, for tensor
   default = config_lib.load_config("configs/gpt.py")
   assert (default.gradient_accumulation_steps, default.batch_size,
           default.bias, default.learning_rate, default.warmup_iters) == (
@@ -320,6 +332,10 @@ def test_derived_keys_set_apart_leave_their_source_alone():
     ({"init_from": "resume", "init_checkpoint": "ckpt.pt",
       "model.head_size": 64}, "config.model.head_size=64 makes the "
      "attention 256 wide, but config.init_from='resume' loads"),
+    ({"init_from": "gpt2", "init_checkpoint": "gpt2_dir",
+      "model.mlp_size": 100}, "config.model.mlp_size=100 makes the MLP 100 "
+     "wide, but config.init_from='gpt2' loads GPT-2 / nanoGPT weights whose "
+     "MLP is 4 * n_embd wide"),
 ])
 def test_nanogpt_keys_are_named_in_config_errors(values, needle):
   """Refused by run_checks (before the mesh or any data) in nanoGPT's

@@ -26,6 +26,9 @@ class GPTConfig(dtypes.ConfigDtypes):
   # the attention is n_head * head_size wide apart from n_embd, as MaxText's
   # head_dim (its 52B: 32 heads of 256 in a 12288-wide model).
   head_size: int = 0
+  # MLP hidden width; 0: 4 * n_embd (nanoGPT, GPT-2's n_inner). Set, as
+  # MaxText's mlp_dim (its v5e 16B: 32768 in a 5120-wide model).
+  mlp_size: int = 0
   dropout: float = 0.0
   bias: bool = True         # Linear and LayerNorm biases, as GPT-2
   dtype: str = "float32"        # compute dtype: float32 | bfloat16 | float16
@@ -54,11 +57,13 @@ class GPTConfig(dtypes.ConfigDtypes):
           or value <= 0):
         raise ValueError(f"config.model.{name}={value!r} must be a positive "
                          "integer.")
-    if (isinstance(self.head_size, bool)
-        or not isinstance(self.head_size, (int, np.integer))
-        or self.head_size < 0):
-      raise ValueError(f"config.model.head_size={self.head_size!r} must be "
-                       "an integer >= 0 (0: n_embd // n_head).")
+    for name, default in (("head_size", "n_embd // n_head"),
+                          ("mlp_size", "4 * n_embd")):
+      value = getattr(self, name)
+      if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+          or value < 0):
+        raise ValueError(f"config.model.{name}={value!r} must be an "
+                         f"integer >= 0 (0: {default}).")
     if not self.head_size and self.n_embd % self.n_head:
       raise ValueError(
           f"config.model.n_embd={self.n_embd} must be divisible by "
@@ -93,6 +98,10 @@ class GPTConfig(dtypes.ConfigDtypes):
   @property
   def head_dim(self) -> int:
     return self.head_size or self.n_embd // self.n_head
+
+  @property
+  def mlp_width(self) -> int:
+    return self.mlp_size or 4 * self.n_embd
 
   @property
   def attention_width(self) -> int:

@@ -189,13 +189,13 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-  """c_fc (C -> 4C), exact GELU, c_proj (4C -> C), dropout."""
+  """c_fc (C -> 4C, or mlp_size), exact GELU, c_proj (back to C), dropout."""
   cfg: GPTConfig
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
     cfg = self.cfg
-    h = Linear(4 * cfg.n_embd, ("embed", "mlp"), _INIT_STD, cfg,
+    h = Linear(cfg.mlp_width, ("embed", "mlp"), _INIT_STD, cfg,
                name="c_fc")(x)
     h = gelu(h)
     h = Linear(cfg.n_embd, ("mlp", "embed"), _proj_std(cfg), cfg,

@@ -76,15 +76,20 @@ def check_config(config) -> None:
         f"{config.init_from} --local-dir DIR`), or the Hub model id "
         f"openai-community/{config.init_from} to download it (needs network"
         " and huggingface_hub: pip install -e .[hub]).")
-  head_size = config.model.get("head_size", 0)
-  if (config.init_from != "scratch" and head_size
-      and head_size * config.n_head != config.n_embd):
-    # GPT-2 and nanoGPT weights have n_embd // n_head wide heads.
-    raise ValueError(
-        f"config.model.head_size={head_size} makes the attention "
-        f"{head_size * config.n_head} wide, but config.init_from="
-        f"{config.init_from!r} loads GPT-2 / nanoGPT weights whose attention "
-        "is n_embd wide: set config.model.head_size=0.")
+  if config.init_from != "scratch":
+    # GPT-2 and nanoGPT weights: n_embd-wide attention, 4 * n_embd MLP.
+    size = config.model.get
+    for key, what, width, theirs, name in (
+        ("head_size", "attention", size("head_size", 0) * config.n_head,
+         config.n_embd, "n_embd"),
+        ("mlp_size", "MLP", size("mlp_size", 0), 4 * config.n_embd,
+         "4 * n_embd")):
+      if size(key, 0) and width != theirs:
+        raise ValueError(
+            f"config.model.{key}={size(key)} makes the {what} {width} wide,"
+            f" but config.init_from={config.init_from!r} loads GPT-2 / "
+            f"nanoGPT weights whose {what} is {name} wide: set "
+            f"config.model.{key}=0.")
   if config.dtype not in DTYPES:
     raise ValueError(f"config.dtype={config.dtype!r} must be one of "
                      f"{list(DTYPES)}.")
