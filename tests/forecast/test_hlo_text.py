@@ -210,6 +210,66 @@ def test_a_collective_longer_than_the_overlapped_compute_is_waited_for():
   assert step.bound == "ici"
 
 
+# XLA:TPU's async collective fusion (MaxText's v5e flags): one all-gather
+# carried by a start fusion, a continuation fusion doing a dot beside it,
+# and a done fusion, each fed the previous one's outputs.
+_COLLECTIVE_FUSIONS = """
+%start_comp (p0: f32[256,1024]) -> (f32[256,1024], f32[1024,1024]) {
+  %p0 = f32[256,1024]{1,0} parameter(0)
+  %g = f32[1024,1024]{1,0} all-gather(%p0), replica_groups={{0,1,2,3}}, dimensions={0}
+  ROOT %t = (f32[256,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%p0, %g)
+}
+
+%continue_comp (p0: f32[256,1024], p1: f32[1024,1024], p2: bf16[1024,1024]) -> (f32[256,1024], f32[1024,1024], f32[1024,1024]) {
+  %p0 = f32[256,1024]{1,0} parameter(0)
+  %p1 = f32[1024,1024]{1,0} parameter(1)
+  %p2 = bf16[1024,1024]{1,0} parameter(2)
+  %g = f32[1024,1024]{1,0} all-gather(%p0), replica_groups={{0,1,2,3}}, dimensions={0}
+  %dot.2 = f32[1024,1024]{1,0} dot(%p2, %p2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (f32[256,1024]{1,0}, f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%p0, %g, %dot.2)
+}
+
+%done_comp (p0: f32[256,1024], p1: f32[1024,1024]) -> f32[1024,1024] {
+  %p0 = f32[256,1024]{1,0} parameter(0)
+  %p1 = f32[1024,1024]{1,0} parameter(1)
+  ROOT %g = f32[1024,1024]{1,0} all-gather(%p0), replica_groups={{0,1,2,3}}, dimensions={0}
+}
+"""
+
+
+def _collective_fusion_module(chained: bool) -> str:
+  feed, last = ("%s0, %s1", "%c0, %c1") if chained else ("%b, %z", "%b, %z")
+  return _module("""
+  %a = bf16[1024,1024]{1,0} parameter(0)
+  %b = f32[256,1024]{1,0} parameter(1)
+  %z = f32[1024,1024]{1,0} constant(0)
+  %s = (f32[256,1024]{1,0}, f32[1024,1024]{1,0}) fusion(%b), kind=kCustom, calls=%start_comp
+  %s0 = f32[256,1024]{1,0} get-tuple-element(%s), index=0
+  %s1 = f32[1024,1024]{1,0} get-tuple-element(%s), index=1
+  %c = (f32[256,1024]{1,0}, f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) fusion(""" + feed + """, %a), kind=kCustom, calls=%continue_comp
+  %c0 = f32[256,1024]{1,0} get-tuple-element(%c), index=0
+  %c1 = f32[1024,1024]{1,0} get-tuple-element(%c), index=1
+  %c2 = f32[1024,1024]{1,0} get-tuple-element(%c), index=2
+  %d = f32[1024,1024]{1,0} fusion(""" + last + """), kind=kCustom, calls=%done_comp
+  ROOT %out = (f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%c2, %d)""",
+                 _COLLECTIVE_FUSIONS)
+
+
+def test_an_async_collective_fusion_is_one_collective_overlapping_its_work():
+  program = timeline.Program(_collective_fusion_module(True), FABRIC)
+  step = program.play(PEAK, 0.5, HBM)
+  # Started once, overlapped by the continuation's dot, waited for once.
+  assert step.seconds == pytest.approx(DOT_S, rel=1e-3)
+  assert step.by_cause.get("ici", 0.0) == 0.0
+  assert program.totals().ici_bytes == pytest.approx(0.75 * 4 * 2**20)
+  # The same fusions not fed one another are three blocking gathers (the
+  # reading of a lone collective-holding fusion).
+  unchained = timeline.Program(_collective_fusion_module(False), FABRIC)
+  step = unchained.play(PEAK, 0.5, HBM)
+  assert step.by_cause["ici"] == pytest.approx(3 * GATHER_S, rel=1e-3)
+  assert unchained.totals().ici_bytes == pytest.approx(3 * 0.75 * 4 * 2**20)
+
+
 def test_efficiency_scales_only_the_dense_compute():
   program = timeline.Program(_overlap_module(False), FABRIC)
   fast = program.play(PEAK, 1.0, HBM).seconds

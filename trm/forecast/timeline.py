@@ -10,7 +10,10 @@ instruction:
 * a collective's start hands it to its network (ICI or DCN), which runs
   one collective at a time per resource at the time `network` gives; the
   matching done waits for it. What the compiler scheduled between the two
-  overlaps it; a synchronous collective blocks;
+  overlaps it; a synchronous collective blocks. XLA:TPU's async collective
+  fusions (a start fusion, continuation fusions, a done fusion, each
+  holding the collective) are one such start/done pair; a lone fusion
+  holding a collective blocks;
 * a while loop runs its body trip-count times: the first iterations are
   played, the rest repeat the last one;
 * a conditional takes its longer branch (the update, not the skip).
@@ -78,6 +81,7 @@ class Program:
     self._collectives: dict = {}
     self._trips: dict = {}
     self._totals: dict = {}
+    self._chains: dict = {}
 
   # ------------------------------------------------------------ static
   def cost(self, comp, inst) -> tuple[float, float]:
@@ -112,6 +116,48 @@ class Program:
         if described is not None:
           out.append(described)
     return out
+
+  def chain_roles(self, comp) -> dict[str, tuple[str, str]]:
+    """XLA:TPU's async collective fusions in `comp`: fusion name ->
+    (start | continue | done, the chain's start).
+
+    With `--xla_tpu_enable_async_collective_fusion` one collective is carried
+    by several custom fusions: an `async-collective-start`, continuation
+    fusions doing other work beside it, and an `async-collective-done`,
+    each holding the collective and fed the previous one's outputs through
+    get-tuple-elements. A chain is found by that data flow: the first
+    collective-holding fusion starts the collective once, the last waits
+    for it. A fusion no other one continues stays a blocking collective."""
+    if comp.name in self._chains:
+      return self._chains[comp.name]
+    carriers = {i.name for i in comp.instructions
+                if i.opcode == "fusion" and self.fused_collectives(i)}
+
+    def producer(name):
+      inst = comp.by_name.get(name)
+      while (inst is not None and inst.opcode in ("get-tuple-element",
+                                                  "bitcast")
+             and inst.operands):
+        inst = comp.by_name.get(inst.operands[0])
+      return inst
+
+    head_of, members = {}, collections.defaultdict(list)
+    for inst in comp.instructions:  # scheduled order
+      if inst.name not in carriers:
+        continue
+      heads = {head_of[source.name] for source in map(producer, inst.operands)
+               if source is not None and source.name in head_of}
+      head = heads.pop() if len(heads) == 1 else inst.name
+      head_of[inst.name] = head
+      members[head].append(inst.name)
+    roles = {}
+    for head, names in members.items():
+      if len(names) > 1:
+        roles.update({name: ("continue", head) for name in names[1:-1]})
+        roles[head] = ("start", head)
+        roles[names[-1]] = ("done", head)
+    self._chains[comp.name] = roles
+    return roles
 
   def trips(self, comp, inst) -> int | None:
     key = (comp.name, inst.name)
@@ -148,8 +194,10 @@ class Program:
       flops, moved = self.cost(comp, inst)
       total.flops += flops
       total.hbm_bytes += moved
-      described = [self.collective(comp, inst)] + (
-          self.fused_collectives(inst) if inst.opcode == "fusion" else [])
+      described = [self.collective(comp, inst)]
+      if inst.opcode == "fusion" and self.chain_roles(comp).get(
+          inst.name, ("start",))[0] == "start":  # a chain counts once
+        described += self.fused_collectives(inst)
       for c in described:
         if c is None:
           continue
@@ -216,8 +264,17 @@ class Program:
           state.charge(max(compute_s, memory_s),
                        "compute" if compute_s >= memory_s else "hbm")
         blocking = [described] if described is not None else []
-        if opcode == "fusion":
+        role = (self.chain_roles(comp).get(inst.name)
+                if opcode == "fusion" else None)
+        if role is None and opcode == "fusion":
           blocking += self.fused_collectives(inst)
+        elif role is not None and role[0] == "start":
+          for k, fused in enumerate(self.fused_collectives(inst)):
+            state.start(_chain_name(inst.name, k), fused, None)
+        elif role is not None and role[0] == "done":
+          for k in range(len(self.fused_collectives(
+              comp.by_name[role[1]]))):
+            state.wait(_chain_name(role[1], k))
         for c in blocking:
           state.block(c)
 
@@ -314,6 +371,11 @@ def op_label(inst: hlo.Instruction, depth: int = 3) -> str:
 
 def _rendezvous(inst: hlo.Instruction) -> str | None:
   return inst.frontend_attribute("_xla_host_transfer_rendezvous")
+
+
+def _chain_name(start: str, k: int) -> str:
+  """The k-th collective an async collective fusion starts."""
+  return start if k == 0 else f"{start}#{k}"
 
 
 class _State:
