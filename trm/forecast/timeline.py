@@ -82,6 +82,7 @@ class Program:
     self._trips: dict = {}
     self._totals: dict = {}
     self._chains: dict = {}
+    self._fused_collectives: dict = {}
 
   # ------------------------------------------------------------ static
   def cost(self, comp, inst) -> tuple[float, float]:
@@ -102,6 +103,11 @@ class Program:
 
   def fused_collectives(self, inst) -> list[network.Collective]:
     """Collectives inside a fusion (XLA:TPU's collective fusions)."""
+    if id(inst) not in self._fused_collectives:
+      self._fused_collectives[id(inst)] = self._find_fused_collectives(inst)
+    return self._fused_collectives[id(inst)]
+
+  def _find_fused_collectives(self, inst) -> list[network.Collective]:
     out = []
     for called in inst.called():
       if inst.opcode != "fusion" or called not in self.module.computations:
@@ -264,17 +270,16 @@ class Program:
           state.charge(max(compute_s, memory_s),
                        "compute" if compute_s >= memory_s else "hbm")
         blocking = [described] if described is not None else []
-        role = (self.chain_roles(comp).get(inst.name)
-                if opcode == "fusion" else None)
-        if role is None and opcode == "fusion":
-          blocking += self.fused_collectives(inst)
-        elif role is not None and role[0] == "start":
-          for k, fused in enumerate(self.fused_collectives(inst)):
-            state.start(_chain_name(inst.name, k), fused, None)
-        elif role is not None and role[0] == "done":
-          for k in range(len(self.fused_collectives(
-              comp.by_name[role[1]]))):
-            state.wait(_chain_name(role[1], k))
+        if opcode == "fusion":
+          role, head = self.chain_roles(comp).get(inst.name, ("alone", ""))
+          if role == "alone":
+            blocking += self.fused_collectives(inst)
+          elif role == "start":
+            for k, fused in enumerate(self.fused_collectives(inst)):
+              state.start(_chain_name(head, k), fused, None)
+          elif role == "done":
+            for k in range(len(self.fused_collectives(comp.by_name[head]))):
+              state.wait(_chain_name(head, k))
         for c in blocking:
           state.block(c)
 
