@@ -35,8 +35,10 @@ and ratio where they apply. A section stops starting new work when its
 budget runs low, so a slow device yields fewer rounds, not a killed run.
 Where ours falls short of the goal (1.3x torch's throughput) in the first
 round, a jax.profiler trace of a few of our steps is taken then and kept as
-DIR/trace_<name>.tar.gz (if under 16 MiB; at most 4: TRM's two variants,
-GPT's first attention path, Dream's first batch size).
+DIR/trace_<name>.tar.gz (if under 16 MiB; at most 5: TRM's two variants,
+GPT's first attention path, Dream's exact sampler at its first batch size;
+and Dream's dual-cache sampler at its first batch size, which has no
+PyTorch side, always).
 
 --smoke runs every section with tiny sizes on the CPU (JAX and torch), to
 check the script end to end before device time is spent; torch.compile is
@@ -75,8 +77,13 @@ SECTIONS = ("smoke", "trm", "gpt", "dream", "cudnn")
 # short (ours' time above torch's / 1.3), a trace says why.
 GOAL_SPEEDUP = 1.3
 TRACE_LIMIT = 16 << 20  # bytes of one trace archive
-MAX_TRACES = 4          # files back from the device are limited
+MAX_TRACES = 5          # files back from the device are limited (8)
 TRM_JAX_MEMORY_FRACTION = 0.45  # of the GPU, for ours in the TRM section
+# Bytes per example ours' TRM step needed on the H100 (memory_gib figures of
+# benchmarks/gpu/results/2026-11-27-h100: MLP-t 19.03 GiB at 384, cuDNN
+# attention 17.96 GiB at 96); the batch search starts where that fits.
+TRM_MEASURED_BYTES_PER_EXAMPLE = {"mlp_t": 19.03 * 2**30 / 384,
+                                  "attention": 17.96 * 2**30 / 96}
 
 
 class OutOfTime(Exception):
@@ -274,14 +281,16 @@ def _trm_variants(args):
   kernel of ours)."""
   from trm.data.puzzles import maze, sudoku  # pylint: disable=g-import-not-at-top
   if args.smoke:
-    return [("mlp_t_sudoku", "trm_sudoku.py", "cpu", sudoku.dataset_metadata(1),
-             8, "dot"),
-            ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 2,
-             "dot")]
-  return [("mlp_t_sudoku", "trm_sudoku.py", None, sudoku.dataset_metadata(1),
-           args.trm_batch, "dot"),
-          ("att_maze", "trm_maze.py", None, maze.dataset_metadata(1),
-           args.trm_batch, args.trm_attention)]
+    variants = [("mlp_t_sudoku", "trm_sudoku.py", "cpu",
+                 sudoku.dataset_metadata(1), 8, "dot"),
+                ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 2,
+                 "dot")]
+  else:
+    variants = [("mlp_t_sudoku", "trm_sudoku.py", None,
+                 sudoku.dataset_metadata(1), args.trm_batch, "dot"),
+                ("att_maze", "trm_maze.py", None, maze.dataset_metadata(1),
+                 args.trm_batch, args.trm_attention)]
+  return [v for v in variants if v[0] in args.trm_variants]
 
 
 def trm_config(file: str, variant, batch: int, smoke: bool,
@@ -371,14 +380,25 @@ def device_memory_limit() -> int | None:
 
 
 def _trm_batch_guess(config, metadata, batch: int) -> int:
-  """The largest batch <= `batch`, halving, whose attention scores fit half
-  the device: the dot path keeps [B, H, T, T] float32 probabilities (and
-  their bfloat16 copy) for each layer call of the backward, which at Maze's
-  916 positions is what limits the batch (upstream's FlashAttention keeps
-  none, and so does attention='cudnn'). MLP-t has no scores: `batch`."""
+  """The largest batch <= `batch`, halving, likely to fit the device: with
+  the dot path, whose attention scores fit half of it ([B, H, T, T] float32
+  probabilities and their bfloat16 copy for each layer call of the
+  backward, which at Maze's 916 positions limits the batch; upstream's
+  FlashAttention keeps none, and so does attention='cudnn'); otherwise
+  whose step, at the bytes per example measured on the H100, fits 85% of
+  what JAX may use. The compile then says what the step really needs."""
   limit = device_memory_limit()
   model = config.model
-  if not limit or model.mlp_t or model.attention != "dot":
+  if not limit:
+    return batch
+  if model.mlp_t or model.attention != "dot":
+    # What ours' compiled step needed per example on the H100 (2026-11-27,
+    # the configs' sizes): starting there saves the compiles of batches
+    # that cannot fit (about 20 s each).
+    per_example = TRM_MEASURED_BYTES_PER_EXAMPLE[
+        "mlp_t" if model.mlp_t else "attention"]
+    while batch > 1 and batch * per_example > 0.85 * limit:
+      batch //= 2
     return batch
   length = metadata.seq_len + model.puzzle_emb_len
   per_example = (6 * model.num_heads * length**2 * (model.L_cycles + 1)
@@ -1098,6 +1118,11 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
                       statistics.median(seconds[("exact", "torch")])) and
         budget.left() > 3 * max(seconds[("exact", "ours")]) + 10):
       keep_trace(rec, f"dream_b{b}_exact", lambda: ours("exact", 99))  # pylint: disable=cell-var-from-loop
+    if (b == batches[0] and seconds[("dual", "ours")] and
+        budget.left() > 3 * max(seconds[("dual", "ours")]) + 10):
+      # The dual cache has no PyTorch side; on the H100 it ran at half the
+      # exact sampler's MFU and twice its forecast, so its trace is kept.
+      keep_trace(rec, f"dream_b{b}_dual", lambda: ours("dual", 98))  # pylint: disable=cell-var-from-loop
     compiled.clear()
     free_memory()
 
@@ -1240,8 +1265,11 @@ def section_smoke(args, rec: Recorder, budget: Budget) -> None:
   side = dict(dtype="float32", batch=int(next(
       (c for c in command if "global_batch_size" in c), "=64").split("=")[1]))
   start = time.perf_counter()
+  # The first run compiles (12 s on an H100) and then trains to the kill;
+  # the second only reloads: at 0.6 of 40 s the first run was killed while
+  # it compiled (second GPU run).
   code, first = _run_trainer(command, stop_after_step=total // 2,
-                             timeout=budget.left() * 0.6)
+                             timeout=budget.left() * 0.7)
   rec.figure("first_run_s", time.perf_counter() - start, "s", "ours",
              exit_code=code, **side)
   rec.figure("sigterm_exit_code", code, "code", "ours", **side)
@@ -1299,7 +1327,10 @@ def parse_args(argv=None):
                  help="alternating rounds at most (default 3; 2 with --smoke)")
   p.add_argument("--steps", type=int, default=None,
                  help="TRM: timed steps per round (default 5; 3 with --smoke)")
-  p.add_argument("--trm_batch", type=int, default=768)
+  p.add_argument("--trm_batch", type=int, default=768,
+                 help="TRM: the first batch tried (the search halves it)")
+  p.add_argument("--trm_variants", default="mlp_t_sudoku,att_maze",
+                 help="TRM: which variants, comma-separated")
   p.add_argument("--trm_attention", default="cudnn",
                  choices=("cudnn", "dot"),
                  help="TRM attention variant: ours' kernel on the GPU "
@@ -1324,6 +1355,11 @@ def parse_args(argv=None):
                                                     "dream_hf"),
                  help="directory of Dream's HF code (a package)")
   args = p.parse_args(argv)
+  args.trm_variants = args.trm_variants.split(",")
+  unknown = set(args.trm_variants) - {"mlp_t_sudoku", "att_maze"}
+  if unknown:
+    p.error(f"--trm_variants: unknown {sorted(unknown)}; the variants are "
+            "mlp_t_sudoku and att_maze")
   if args.rounds is None:
     args.rounds = 2 if args.smoke else 3
   if args.steps is None:

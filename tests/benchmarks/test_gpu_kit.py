@@ -238,3 +238,61 @@ def test_trm_section_falls_back_to_dot_and_halves_when_torch_runs_out(
     step = rows[("trm/att_maze/train_step/ms", side)]
     assert step["batch"] == 2 and step["attention"] == "dot", step
   assert rows[("trm/att_maze/memory_gib", "ours")]["batch"] == 2
+
+
+def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):
+  # A rerun on the device names its sections and their arguments, e.g. one
+  # TRM variant at a known batch before GPT (second H100 run).
+  out = tmp_path / "out"
+  env = dict(os.environ, TRM_GPU_INSTALL="0",
+             TRM_GPU_SCRATCH=str(tmp_path / "scratch"),
+             TRM_GPU_ARGS_TRM="--trm_variants=att_maze --trm_batch=2 "
+             "--rounds=1 --steps=1")
+  proc = subprocess.run(
+      ["bash", os.path.join(KIT, "run.sh"), str(out), "--smoke",
+       "--only=trm,nonsense"], cwd=ROOT, env=env, capture_output=True,
+      text=True, timeout=600, check=False)
+  log = (out / "log.txt").read_text()
+  assert proc.returncode != 0  # the unknown section is a failure
+  assert "section nonsense: unknown (smoke, trm, gpt, dream, cudnn)" in log
+  assert "failed: nonsense" in log
+  with open(out / "figures.jsonl") as f:
+    names = {json.loads(line)["name"] for line in f}
+  assert "trm/att_maze/train_step/ms" in names
+  assert not [n for n in names if n.startswith("trm/mlp_t_sudoku/")]
+  batches = {json.loads(line)["batch"] for line in
+             open(out / "figures.jsonl") if "train_step" in line}
+  assert batches == {2}
+
+
+def test_trm_variants_are_checked():
+  sys.path.insert(0, KIT)
+  try:
+    import measure  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.remove(KIT)
+  args = measure.parse_args(["trm", "--out=x", "--trm_variants=att_maze"])
+  assert args.trm_variants == ["att_maze"]
+  with pytest.raises(SystemExit):
+    measure.parse_args(["trm", "--out=x", "--trm_variants=att_maze,mlp"])
+
+
+@pytest.mark.parametrize("mlp_t, attention, limit_gib, first", [
+    (True, "dot", 35.6, 384),        # the H100 at 45%: 768 needed 33.4 GiB
+    (False, "cudnn", 35.6, 96),      # 192 needed 33.7 GiB there
+    (False, "cudnn", 63.5, 192),     # an H200 at 45%
+    (False, "cudnn", None, 768),     # the CPU: the compile decides
+])
+def test_trm_batch_search_starts_where_the_measured_step_fits(
+    monkeypatch, mlp_t, attention, limit_gib, first):
+  import types  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, KIT)
+  try:
+    import measure  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.remove(KIT)
+  monkeypatch.setattr(measure, "device_memory_limit",
+                      lambda: limit_gib and int(limit_gib * 2**30))
+  config = types.SimpleNamespace(model=types.SimpleNamespace(
+      mlp_t=mlp_t, attention=attention))
+  assert measure._trm_batch_guess(config, None, 768) == first  # pylint: disable=protected-access

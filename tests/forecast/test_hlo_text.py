@@ -379,3 +379,40 @@ def test_a_fused_parameter_read_through_slices_costs_the_slices(fusion, read):
       + _PARTIAL_READS + "\nENTRY %main (a: bf16[1,1]) -> bf16[1,1] {\n"
       "  ROOT %a = bf16[1,1]{1,0} parameter(0)\n}\n")
   assert ops.fused_cost(module, fusion, {}).operand_bytes == read
+
+
+def test_a_tuple_element_operand_reads_that_element():
+  # Newer XLA writes `%x#1` for element 1 of a tuple-shaped `x` instead of a
+  # get-tuple-element: the fusion reads that element's bytes, and depends
+  # on `x`.
+  text = ("HloModule test, is_scheduled=true, num_partitions=1\n"
+          "%fused_add (p0: bf16[64,128], p1: f32[64,128]) -> f32[64,128] {\n"
+          "  %p0 = bf16[64,128]{1,0} parameter(0)\n"
+          "  %p1 = f32[64,128]{1,0} parameter(1)\n"
+          "  %c = f32[64,128]{1,0} convert(%p0)\n"
+          "  ROOT %s = f32[64,128]{1,0} add(%c, %p1)\n}\n"
+          "ENTRY %main (a: f32[64,128]) -> f32[64,128] {\n"
+          "  %a = f32[64,128]{1,0} parameter(0)\n"
+          "  %cc = (s8[1024]{0}, (bf16[64,128]{1,0}, f32[2]{0}), "
+          "f32[64,128]{1,0}) custom-call(%a), custom_call_target=\"x\"\n"
+          "  %nested = (bf16[64,128]{1,0}, f32[2]{0}) get-tuple-element(%cc), "
+          "index=1\n"
+          "  ROOT %f = f32[64,128]{1,0} fusion(%nested#0, %cc#2), kind=kLoop, "
+          "calls=%fused_add\n}\n")
+  module = hlo.parse_module(text)
+  entry = module.entry_computation
+  element = entry.by_name["cc#2"]
+  assert element.opcode == "get-tuple-element"
+  assert element.operands == ("cc",)
+  assert [a.bytes for a in element.shape] == [64 * 128 * 4]
+  assert [a.bytes for a in entry.by_name["nested#0"].shape] == [64 * 128 * 2]
+  # Each element follows its tuple in the schedule.
+  names = [i.name for i in entry.instructions]
+  assert names.index("cc#2") == names.index("cc") + 1
+  assert names.index("nested#0") == names.index("nested") + 1
+  assert entry.by_name["cc"].elements[1] == (
+      hlo.Array("bf16", (64, 128)), hlo.Array("f32", (2,)))
+  flops, moved = ops.instruction_cost(module, entry, entry.by_name["f"], {})
+  assert moved == 64 * 128 * (2 + 4 + 4)
+  assert ops.instruction_cost(module, entry, entry.by_name["cc#2"], {}) == (
+      0.0, 0.0)

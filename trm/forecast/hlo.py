@@ -94,6 +94,9 @@ class Instruction:
   attrs: str
   is_root: bool = False
   operand_text: str = ""   # raw, e.g. a constant's literal
+  # A tuple result's top-level elements, each its arrays (empty for an
+  # array result).
+  elements: tuple[tuple[Array, ...], ...] = ()
 
   @property
   def result_bytes(self) -> float:
@@ -187,7 +190,58 @@ def _parse_instruction(line: str) -> Instruction | None:
   operands = tuple(re.findall(r"%([^\s,()]+)", operand_text))
   attrs = tail[close:].lstrip(", ")
   return Instruction(name, parse_shape(shape_text), opcode, operands, attrs,
-                     is_root, operand_text)
+                     is_root, operand_text, _tuple_elements(shape_text))
+
+
+def _tuple_elements(shape_text: str) -> tuple[tuple[Array, ...], ...]:
+  """The top-level elements of a tuple shape `(a, (b, c), d)`, each parsed;
+  () for an array shape."""
+  if not shape_text.startswith("("):
+    return ()
+  elements, depth, start = [], 0, 1
+  for i, ch in _unquoted(shape_text):
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+      if depth == 0:
+        elements.append(shape_text[start:i])
+        break
+    elif ch == "," and depth == 1:
+      elements.append(shape_text[start:i])
+      start = i + 1
+  return tuple(parse_shape(e) for e in elements if e.strip())
+
+
+def _with_tuple_reads(instructions: list[Instruction]) -> list[Instruction]:
+  """Newer XLA prints a use of a tuple's element k as the operand `%x#k`
+  instead of a separate get-tuple-element. Each such operand becomes a
+  get-tuple-element instruction named `x#k` (free, like the one it
+  replaces), placed after `x`, so shapes, bytes and data flow read it as
+  they read the older text."""
+  wanted = {}
+  for inst in instructions:
+    for operand in inst.operands:
+      base, sep, index = operand.rpartition("#")
+      if sep and index.isdigit() and operand not in wanted:
+        wanted[operand] = (base, int(index))
+  if not wanted:
+    return instructions
+  by_base: dict[str, list[tuple[str, int]]] = {}
+  for operand, (base, index) in wanted.items():
+    by_base.setdefault(base, []).append((operand, index))
+  out = []
+  for inst in instructions:
+    out.append(inst)
+    for operand, index in sorted(by_base.get(inst.name, ()),
+                                 key=lambda x: x[1]):
+      shape = (inst.elements[index] if index < len(inst.elements)
+               else (inst.shape[index:index + 1] if not inst.elements
+                     else ()))
+      out.append(Instruction(operand, shape, "get-tuple-element",
+                             (inst.name,), f"index={index}",
+                             operand_text=f"%{inst.name}"))
+  return out
 
 
 def _open_depth(text: str) -> int:
@@ -222,8 +276,8 @@ def parse_module(text: str) -> Module:
         is_entry = bool(match.group(1))
       continue
     if line.startswith("}"):
-      computations[current_name] = Computation(current_name, current,
-                                               is_entry)
+      computations[current_name] = Computation(
+          current_name, _with_tuple_reads(current), is_entry)
       if is_entry:
         entry = current_name
       current_name = None

@@ -311,15 +311,13 @@ class Program:
       state.adopt(max(outcomes, key=lambda s: s.now))
 
   # ------------------------------------------------------------ where
-  def hot_spots(self, peak_flops: float, efficiency: float,
-                hbm_bytes_per_second: float, top: int = 20) -> list[dict]:
-    """The compute instructions' roofline time per step, summed by what the
-    model code called them (`op_name` metadata, transforms stripped, last
-    three scopes) and instruction kind, largest first: which part of the
-    model a step's time goes to. Loops count their trip counts; a
-    conditional its costlier branch. Network time is not included."""
+  def instruction_times(self, peak_flops: float, efficiency: float,
+                        hbm_bytes_per_second: float):
+    """Yields (instruction, roofline seconds per run, HBM bytes per run,
+    FLOPs per run, runs per step) for every compute instruction a step
+    runs: loops count their trip counts, a conditional its costlier
+    branch. Network time is not included."""
     rates = (peak_flops * efficiency, hbm_bytes_per_second)
-    spots: dict = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
 
     def walk(comp, times):
       for inst in comp.instructions:
@@ -327,7 +325,7 @@ class Program:
           body = self.module.computations.get(
               (inst.attr("body") or "").lstrip("%"))
           if body is not None:
-            walk(body, times * (self.trips(comp, inst) or 1))
+            yield from walk(body, times * (self.trips(comp, inst) or 1))
           continue
         if inst.opcode in ("conditional", "call"):
           called = [self.module.computations[c] for c in inst.called()
@@ -336,20 +334,30 @@ class Program:
             called = [max(called, key=lambda c: (
                 self.totals(c.name).flops, self.totals(c.name).hbm_bytes))]
           for c in called:
-            walk(c, times)
+            yield from walk(c, times)
           continue
         flops, moved = self.cost(comp, inst)
         if not (flops or moved):
           continue
-        kind = (inst.attr("kind") if inst.opcode == "fusion" else None
-                ) or inst.opcode
-        spot = spots[(op_label(inst), kind)]
-        spot[0] += max(flops / rates[0], moved / rates[1]) * times
-        spot[1] += moved * times
-        spot[2] += flops * times
-        spot[3] += times
+        yield (inst, max(flops / rates[0], moved / rates[1]), moved, flops,
+               times)
 
-    walk(self.module.entry_computation, 1)
+    yield from walk(self.module.entry_computation, 1)
+
+  def hot_spots(self, peak_flops: float, efficiency: float,
+                hbm_bytes_per_second: float, top: int = 20) -> list[dict]:
+    """The compute instructions' roofline time per step, summed by what the
+    model code called them (`op_name` metadata, transforms stripped, last
+    three scopes) and instruction kind, largest first: which part of the
+    model a step's time goes to (`instruction_times`, summed)."""
+    spots: dict = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    for inst, seconds, moved, flops, times in self.instruction_times(
+        peak_flops, efficiency, hbm_bytes_per_second):
+      spot = spots[(op_label(inst), instruction_kind(inst))]
+      spot[0] += seconds * times
+      spot[1] += moved * times
+      spot[2] += flops * times
+      spot[3] += times
     ranked = sorted(spots.items(), key=lambda item: -item[1][0])[:top]
     return [{"op": op, "kind": kind, "seconds": v[0], "hbm_bytes": v[1],
              "flops": v[2], "runs": v[3]} for (op, kind), v in ranked]
@@ -360,6 +368,12 @@ class Program:
 _TRANSFORM_SCOPE = re.compile(
     r"^(jit|jvp|transpose|vmap|pjit|remat|checkpoint|rematted_computation|"
     r"while|body|cond|closed_call|branch_\d+_fun)(\(.*\))?$")
+
+
+def instruction_kind(inst: hlo.Instruction) -> str:
+  """A fusion's kind (kLoop, kInput, kCustom, ...), else the opcode."""
+  return (inst.attr("kind") if inst.opcode == "fusion" else None
+          ) or inst.opcode
 
 
 def op_label(inst: hlo.Instruction, depth: int = 3) -> str:
@@ -380,7 +394,8 @@ def _rendezvous(inst: hlo.Instruction) -> str | None:
 
 def _chain_name(start: str, k: int) -> str:
   """The k-th collective an async collective fusion starts."""
-  return start if k == 0 else f"{start}#{k}"
+  # `|` cannot occur in an HLO name (`#` can: `%x#1` is x's element 1).
+  return start if k == 0 else f"{start}|{k}"
 
 
 class _State:

@@ -1,0 +1,333 @@
+"""Where a measured GPU step's time went, from a jax.profiler trace, beside
+what the roofline forecast (`trm.forecast`) charges the same instructions.
+
+  python3 benchmarks/gpu/profile_table.py TRACE [--hlo=FILE] [--top=25]
+      [--module=jit_train_step] [--gpu=h100] [--efficiency=0.6] [--json=OUT]
+
+TRACE is a kit trace archive (`trace_<name>.tar.gz`) or the
+`*.trace.json.gz` inside one; --hlo the same program's optimized HLO as the
+GPU compiled it (the kit's `hlo_after_optimizations.tar.gz` holds it:
+`--hlo=ARCHIVE:MEMBER`, or an extracted file). No GPU and no CUDA plugin
+are needed.
+
+Per step (the trace's kernel time divided by the module's executions in
+it), the table lists:
+- time by kind of kernel: cuBLAS matmuls, cuDNN attention, XLA's Triton GEMM
+  fusions, XLA's other fusions by kind (elementwise loops, reductions,
+  concatenates and slices, Triton-emitted normalisations);
+- with --hlo, the XLA kernels joined to their instructions: XLA:GPU emits
+  one kernel for each group of identical fusions (`deduplicated_name`, e.g.
+  the same LayerNorm of every layer) and names it after one member, so a
+  row is a group, labelled by its model-code name with layer indices as
+  `*`, its measured time beside the forecast of all its members; library
+  kernels (cuBLAS, cuDNN) are compared as a whole with the forecast of the
+  library calls.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import io
+import json
+import os
+import re
+import sys
+import tarfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+# Library kernels, by name: (pattern, what they are).
+_LIBRARY = (
+    (re.compile(r"cudnn|sdpa|flash_[bf]prop"), "cuDNN attention"),
+    (re.compile(r"^(nvjet|cutlass|sm\d+_xmma|ampere_|hopper_|gemm|"
+                r"cublas|.*gemv)", re.I), "cuBLAS matmul"),
+    (re.compile(r"^(memset|memcpy)", re.I), "memset/memcpy"),
+)
+_XLA_GEMM = ("gemm_fusion", "triton_gemm")  # XLA's Triton GEMM fusions
+_LAYER_SCOPE = re.compile(r"(?<![^/])([A-Za-z][A-Za-z]*)_\d+(?=/|$)")
+
+
+def read_trace(path: str) -> dict:
+  """The Chrome-format trace of a kit archive or a .trace.json(.gz)."""
+  if path.endswith((".tar.gz", ".tgz")):
+    with tarfile.open(path) as archive:
+      members = [m for m in archive.getmembers()
+                 if m.name.endswith((".trace.json.gz", ".trace.json"))]
+      if not members:
+        raise SystemExit(f"profile_table.py: {path} holds no *.trace.json.gz "
+                         "(is it a jax.profiler trace archive?)")
+      data = archive.extractfile(members[0]).read()
+    if members[0].name.endswith(".gz"):
+      data = gzip.decompress(data)
+    return json.loads(data)
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rt") as f:
+    return json.load(f)
+
+
+def read_hlo(spec: str) -> str:
+  """HLO text from FILE(.gz) or ARCHIVE.tar.gz:MEMBER."""
+  if ".tar.gz:" in spec:
+    archive, member = spec.split(".tar.gz:", 1)
+    with tarfile.open(archive + ".tar.gz") as tar:
+      return tar.extractfile(member).read().decode()
+  opener = gzip.open if spec.endswith(".gz") else open
+  with opener(spec, "rt") as f:
+    return f.read()
+
+
+def device_kernels(trace: dict, module: str | None):
+  """(kernel events of the GPU for `module` (default: the module with the
+  most kernel time), module name, executions of it in the trace)."""
+  events = trace.get("traceEvents", [])
+  processes = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+               if e.get("ph") == "M" and e.get("name") == "process_name"}
+  kernels = [e for e in events if e.get("ph") == "X"
+             and processes.get(e.get("pid"), "").startswith("/device:GPU")]
+  by_module = collections.Counter()
+  for e in kernels:
+    by_module[e.get("args", {}).get("hlo_module")] += e.get("dur", 0)
+  if module is None:
+    named = [(t, m) for m, t in by_module.items() if m]
+    if not named:
+      raise SystemExit("profile_table.py: no GPU kernels with an hlo_module "
+                       "in the trace")
+    module = max(named)[1]
+  kernels = [e for e in kernels
+             if e.get("args", {}).get("hlo_module") == module]
+  if not kernels:
+    raise SystemExit(f"profile_table.py: no GPU kernels of module {module!r}"
+                     f"; the trace has {sorted(m for m in by_module if m)}")
+  runs = sum(1 for e in events if e.get("ph") == "X"
+             and e.get("name") == f"{module}:XLA GPU module")
+  return kernels, module, max(runs, 1)
+
+
+def library_kind(name: str) -> str | None:
+  """cuBLAS, cuDNN or a memset/memcpy, by kernel name; None for XLA's own
+  kernels (named after their instructions)."""
+  if name.startswith(_XLA_GEMM):
+    return None
+  for pattern, kind in _LIBRARY:
+    if pattern.search(name):
+      return kind
+  return None
+
+
+def xla_kind(name: str) -> str:
+  """What an XLA-emitted kernel is, from its (instruction) name."""
+  if name.startswith(_XLA_GEMM):
+    return "XLA Triton GEMM fusion"
+  if "reduce" in name:
+    return "XLA reduction fusion"
+  if re.search(r"concatenate|slice|transpose|copy|dynamic|pad|gather|"
+               r"scatter", name):
+    return "XLA data movement (concatenate, slice, copy)"
+  if name.startswith("fusion"):
+    return "XLA Triton-emitted fusion (kCustom)"
+  return "XLA elementwise fusion"
+
+
+def layerless(label: str) -> str:
+  """A model-code label with layer indices as `*` (h_10 -> h_*)."""
+  return _LAYER_SCOPE.sub(r"\1_*", label)
+
+
+_NAMES = re.compile(r"%[^\s,(){}]+")
+_NOISE = re.compile(r"(metadata|backend_config|frontend_attributes)=")
+
+
+def _strip_noise(attrs: str) -> str:
+  """Attributes without metadata and backend configs, names as `%`."""
+  cut = _NOISE.search(attrs)
+  return _NAMES.sub("%", attrs[:cut.start()] if cut else attrs)
+
+
+def kernel_key(module, inst) -> tuple:
+  """What makes two instructions one kernel: XLA:GPU emits a kernel once
+  per distinct fused computation (by content, not name; marked with
+  `deduplicated_name` only sometimes) and reuses it, named after one of
+  them. So: the called computations' instructions (opcode, shape, operand
+  positions, attributes without names or metadata), with the
+  instruction's own shapes."""
+  parts = [inst.opcode, repr(inst.shape), _strip_noise(inst.attrs)]
+  for name in inst.called():
+    comp = module.computations.get(name)
+    if comp is None:
+      continue
+    position = {i.name: k for k, i in enumerate(comp.instructions)}
+    for i in comp.instructions:
+      parts.append((i.opcode, repr(i.shape),
+                    tuple(position.get(o, -1) for o in i.operands),
+                    _strip_noise(i.attrs), i.operand_text
+                    if i.opcode in ("parameter", "constant") else ""))
+  return tuple(parts)
+
+
+def table(trace: dict, hlo_text: str | None = None, module: str | None = None,
+          gpu: str = "h100", efficiency: float = 0.6) -> dict:
+  """Per-step measured time by kernel kind and (with HLO) by instruction
+  group, with the forecast beside it."""
+  kernels, module, runs = device_kernels(trace, module)
+  by_kind = collections.Counter()
+  by_kernel = collections.Counter()
+  launches = collections.Counter()
+  for e in kernels:
+    name, seconds = e["name"], e.get("dur", 0) / 1e6 / runs
+    by_kind[library_kind(name) or xla_kind(name)] += seconds
+    by_kernel[name] += seconds
+    launches[name] += 1 / runs
+  result = {
+      "module": module, "runs": runs,
+      "measured_ms": 1e3 * sum(by_kind.values()),
+      "by_kind": [{"kind": k, "measured_ms": 1e3 * v}
+                  for k, v in by_kind.most_common()],
+      "kernels": [{"kernel": k, "measured_ms": 1e3 * v,
+                   "launches": round(launches[k], 2)}
+                  for k, v in by_kernel.most_common()],
+  }
+  if hlo_text is not None:
+    result.update(_joined(hlo_text, by_kernel, launches, gpu, efficiency))
+  return result
+
+
+def _joined(hlo_text, by_kernel, launches, gpu, efficiency) -> dict:
+  for path in (REPO, HERE):
+    if path not in sys.path:
+      sys.path.insert(0, path)
+  import offline  # pylint: disable=g-import-not-at-top
+  from trm.forecast import network  # pylint: disable=g-import-not-at-top
+  from trm.forecast import timeline  # pylint: disable=g-import-not-at-top
+  spec = offline.GPUS[gpu]
+  one_gpu = network.Fabric(((0, 0, 0),), (1, 1, 1), (False,) * 3, 1.0, 1.0, 1)
+  program = timeline.Program(hlo_text, one_gpu)
+  groups = collections.defaultdict(
+      lambda: {"forecast_s": 0.0, "members": 0, "label": None, "kind": None})
+  by_name = {}
+  library_forecast = collections.Counter()
+  for inst, seconds, _, _, times in program.instruction_times(
+      spec["peak_bf16"], efficiency, spec["bandwidth"]):
+    target = inst.attr("custom_call_target") or ""
+    if inst.opcode == "custom-call" and re.search(r"cublas|cudnn", target):
+      kind = "cuDNN attention" if "cudnn" in target else "cuBLAS matmul"
+      library_forecast[kind] += seconds * times
+      continue
+    key = kernel_key(program.module, inst)
+    group = groups[key]
+    group["forecast_s"] += seconds * times
+    group["members"] += 1
+    if group["label"] is None:
+      group["label"] = layerless(timeline.op_label(inst))
+      group["kind"] = timeline.instruction_kind(inst)
+    by_name[inst.name.replace(".", "_").replace("-", "_")] = key
+  rows = collections.defaultdict(
+      lambda: {"measured_s": 0.0, "forecast_s": 0.0, "launches": 0.0,
+               "kernels": []})
+  unmatched = collections.Counter()
+  for kernel, seconds in by_kernel.items():
+    library = library_kind(kernel)
+    key = by_name.get(kernel)
+    if library:
+      row = rows[("library", library)]
+      row["label"], row["kind"] = library, "library"
+      row["forecast_s"] = library_forecast.get(library, 0.0)
+    elif key is not None:
+      row = rows[("group", key)]
+      group = groups[key]
+      row["label"], row["kind"] = group["label"], group["kind"]
+      row["forecast_s"] = group["forecast_s"]
+      row["members"] = group["members"]
+    else:
+      unmatched[kernel] += seconds
+      continue
+    row["measured_s"] += seconds
+    row["launches"] += launches[kernel]
+    row["kernels"].append(kernel)
+  ranked = sorted(rows.values(), key=lambda r: -r["measured_s"])
+  return {
+      "forecast_ms": 1e3 * (sum(g["forecast_s"] for g in groups.values())
+                            + sum(library_forecast.values())),
+      "efficiency": efficiency,
+      "groups": [{
+          "label": r["label"], "kind": r["kind"],
+          "measured_ms": 1e3 * r["measured_s"],
+          "forecast_ms": 1e3 * r["forecast_s"],
+          "launches": round(r["launches"], 2),
+          "members": r.get("members"),
+          "kernels": sorted(r["kernels"])[:4]} for r in ranked],
+      "unmatched": [{"kernel": k, "measured_ms": 1e3 * v}
+                    for k, v in unmatched.most_common()],
+  }
+
+
+def format_table(result: dict, top: int) -> str:
+  out = io.StringIO()
+  w = lambda s="": out.write(s + "\n")  # noqa: E731
+  w(f"module {result['module']}: {result['runs']} run(s) in the trace; "
+    f"{result['measured_ms']:.1f} ms of GPU kernels per run"
+    + (f"; forecast {result['forecast_ms']:.1f} ms at efficiency "
+       f"{result['efficiency']}" if "forecast_ms" in result else ""))
+  w()
+  w("  measured ms   share  kind of kernel")
+  for row in result["by_kind"]:
+    w(f"  {row['measured_ms']:11.2f}  {100 * row['measured_ms'] / result['measured_ms']:5.1f}%  {row['kind']}")
+  if "groups" in result:
+    w()
+    w("  measured ms  forecast ms  meas/fcst  launches  kind      what "
+      "(model code; one kernel per group of identical fusions)")
+    for row in result["groups"][:top]:
+      ratio = (f"{row['measured_ms'] / row['forecast_ms']:9.2f}"
+               if row["forecast_ms"] else "        -")
+      w(f"  {row['measured_ms']:11.2f}  {row['forecast_ms']:11.2f}  {ratio}"
+        f"  {row['launches']:8.1f}  {row['kind']:8s}  {row['label']}")
+    if result["unmatched"]:
+      rest = sum(r["measured_ms"] for r in result["unmatched"])
+      names = ", ".join(r["kernel"][:40] for r in result["unmatched"][:3])
+      w(f"  {rest:11.2f}  (kernels matching no instruction: {names}...)")
+  else:
+    w()
+    w("  measured ms  launches  kernel")
+    for row in result["kernels"][:top]:
+      w(f"  {row['measured_ms']:11.2f}  {row['launches']:8.1f}  "
+        f"{row['kernel'][:100]}")
+  return out.getvalue()
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("trace", help="trace_<name>.tar.gz or *.trace.json.gz")
+  p.add_argument("--hlo", help="the program's optimized HLO: FILE(.gz) or "
+                 "ARCHIVE.tar.gz:MEMBER")
+  p.add_argument("--module", help="HLO module name in the trace (default: "
+                 "the one with the most kernel time)")
+  p.add_argument("--gpu", default="h100", choices=("h100", "h200"))
+  p.add_argument("--efficiency", type=float, default=0.6)
+  p.add_argument("--top", type=int, default=25)
+  p.add_argument("--json", help="also write the table as JSON here")
+  args = p.parse_args(argv)
+  if not os.path.isfile(args.trace):
+    p.error(f"trace {args.trace}: no such file")
+  if args.hlo and not os.path.isfile(args.hlo.split(".tar.gz:")[0]
+                                     + (".tar.gz" if ".tar.gz:" in args.hlo
+                                        else "")):
+    p.error(f"--hlo={args.hlo}: no such file")
+  if not 0 < args.efficiency <= 1:
+    p.error(f"--efficiency={args.efficiency}: must be in (0, 1]")
+  return args
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  result = table(read_trace(args.trace),
+                 read_hlo(args.hlo) if args.hlo else None, args.module,
+                 args.gpu, args.efficiency)
+  print(format_table(result, args.top), end="")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
