@@ -163,14 +163,17 @@ def compile_gpt(devices, attention):
                   config.batch_size, attention)
 
 
-def compile_dream(devices, batch, attention):
+def compile_dream(devices, batch, attention, variant="exact"):
   """The exact sampler's whole program (a loop of the kit's steps of
-  denoiser calls), for its DiffuCoder-7B shape with bf16 weights."""
+  denoiser calls), or with variant='dual' the dual-cache sampler's (the
+  kit's blocks), for its DiffuCoder-7B shape with bf16 weights."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import measure  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import cache as dream_cache  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
   from trm.families.dream import sample_program  # pylint: disable=g-import-not-at-top
   from trm.families.dream import sampling  # pylint: disable=g-import-not-at-top
@@ -186,15 +189,25 @@ def compile_dream(devices, batch, attention):
   ids = jax.ShapeDtypeStruct((batch, prompt), jnp.int32, sharding=replicated)
   rng = jax.ShapeDtypeStruct((), jax.eval_shape(
       lambda: jax.random.key(0)).dtype, sharding=replicated)
+  common = dict(params=params, rng=rng, steps=steps,
+                mask_token_id=cfg.mask_token_id, max_new_tokens=new,
+                alg="entropy", temperature=0.0, top_p=None, top_k=50)
   with platform_lib.mesh_platform("cuda"):
-    lowered = sampling.lower_generate(
-        dream.denoiser(cfg), ids, None, params=params, rng=rng, steps=steps,
-        mask_token_id=cfg.mask_token_id, max_new_tokens=new, alg="entropy",
-        temperature=0.0, top_p=None, top_k=50)
-  flops = sample_program.sample_flops_per_call(cfg, batch, prompt, new, steps)
-  return Compiled(f"dream/b{batch}/exact/attention_{attention}",
+    if variant == "exact":
+      lowered = sampling.lower_generate(dream.denoiser(cfg), ids, None,
+                                        **common)
+      flops = sample_program.sample_flops_per_call(cfg, batch, prompt, new,
+                                                   steps)
+    else:
+      lowered = cached_sampling.lower_cached_generate(
+          dream_cache.cached_denoiser(cfg), ids, None, cache="dual",
+          block_length=kit.dream_block, threshold=None, **common)
+      flops = sample_program.cached_flops_per_call(
+          cfg, batch, prompt, new, steps, "dual", kit.dream_block, None)
+  return Compiled(f"dream/b{batch}/{variant}/attention_{attention}",
                   lowered.compile(), float(flops),
-                  f"dream/b{batch}/exact/new_tokens_per_s", batch, attention)
+                  f"dream/b{batch}/{variant}/new_tokens_per_s", batch,
+                  attention)
 
 
 def programs(devices, only):
@@ -220,6 +233,9 @@ def programs(devices, only):
       for attention in ("dot", "cudnn"):
         out.append((f"dream/b{batch}/{attention}",
                     lambda b=batch, a=attention: compile_dream(devices, b, a)))
+    for batch in (1, 16):
+      out.append((f"dream/b{batch}/dual/cudnn",
+                  lambda b=batch: compile_dream(devices, b, "cudnn", "dual")))
   return out
 
 

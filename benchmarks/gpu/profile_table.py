@@ -193,6 +193,11 @@ def table(trace: dict, hlo_text: str | None = None, module: str | None = None,
   return result
 
 
+def _kernel_name(instruction: str) -> str:
+  """The kernel name XLA:GPU gives an instruction's code."""
+  return instruction.replace(".", "_").replace("-", "_")
+
+
 def _joined(hlo_text, by_kernel, launches, gpu, efficiency) -> dict:
   for path in (REPO, HERE):
     if path not in sys.path:
@@ -221,7 +226,12 @@ def _joined(hlo_text, by_kernel, launches, gpu, efficiency) -> dict:
     if group["label"] is None:
       group["label"] = layerless(timeline.op_label(inst))
       group["kind"] = timeline.instruction_kind(inst)
-    by_name[inst.name.replace(".", "_").replace("-", "_")] = key
+    by_name[_kernel_name(inst.name)] = key
+    if inst.opcode == "async-start":  # its kernels carry the inner names
+      for called in inst.called():
+        for inner in getattr(program.module.computations.get(called),
+                             "instructions", ()):
+          by_name.setdefault(_kernel_name(inner.name), key)
   rows = collections.defaultdict(
       lambda: {"measured_s": 0.0, "forecast_s": 0.0, "launches": 0.0,
                "kernels": []})

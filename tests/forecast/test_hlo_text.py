@@ -416,3 +416,49 @@ def test_a_tuple_element_operand_reads_that_element():
   assert moved == 64 * 128 * (2 + 4 + 4)
   assert ops.instruction_cost(module, entry, entry.by_name["cc#2"], {}) == (
       0.0, 0.0)
+
+
+def test_an_async_start_of_a_copy_is_charged_its_bytes():
+  # XLA:GPU copies a scanned layer's weights out of the stack with an
+  # async-start of a dynamic-slice fusion (on another stream): the copy
+  # reads and writes one layer's slice. An async-start of a collective is
+  # the network model's, not charged here.
+  text = ("HloModule test, is_scheduled=true, num_partitions=2\n"
+          "%fused_ds (p0: bf16[28,64,128], p1: s32[]) -> bf16[1,64,128] {\n"
+          "  %p0 = bf16[28,64,128]{2,1,0} parameter(0)\n"
+          "  %p1 = s32[] parameter(1)\n"
+          "  %z = s32[] constant(0)\n"
+          "  ROOT %ds = bf16[1,64,128]{2,1,0} dynamic-slice(%p0, %p1, %z, %z),"
+          " dynamic_slice_sizes={1,64,128}\n}\n"
+          "%async_copy (a0: bf16[28,64,128], a1: s32[]) -> bf16[1,64,128] {\n"
+          "  %a0 = bf16[28,64,128]{2,1,0} parameter(0)\n"
+          "  %a1 = s32[] parameter(1)\n"
+          "  ROOT %f = bf16[1,64,128]{2,1,0} fusion(%a0, %a1), kind=kLoop, "
+          "calls=%fused_ds\n}\n"
+          "%sum (x: f32[], y: f32[]) -> f32[] {\n"
+          "  %x = f32[] parameter(0)\n  %y = f32[] parameter(1)\n"
+          "  ROOT %s = f32[] add(%x, %y)\n}\n"
+          "%async_reduce (r0: f32[1024]) -> f32[1024] {\n"
+          "  %r0 = f32[1024]{0} parameter(0)\n"
+          "  ROOT %ar = f32[1024]{0} all-reduce(%r0), replica_groups={{0,1}}, "
+          "to_apply=%sum\n}\n"
+          "ENTRY %main (w: bf16[28,64,128], i: s32[], g: f32[1024]) -> "
+          "bf16[1,64,128] {\n"
+          "  %w = bf16[28,64,128]{2,1,0} parameter(0)\n"
+          "  %i = s32[] parameter(1)\n"
+          "  %g = f32[1024]{0} parameter(2)\n"
+          "  %start = ((bf16[28,64,128]{2,1,0}, s32[]), bf16[1,64,128]{2,1,0},"
+          " u32[]) async-start(%w, %i), calls=%async_copy\n"
+          "  %rs = ((f32[1024]{0}), f32[1024]{0}) async-start(%g), "
+          "calls=%async_reduce\n"
+          "  %rd = f32[1024]{0} async-done(%rs)\n"
+          "  ROOT %done = bf16[1,64,128]{2,1,0} async-done(%start)\n}\n")
+  module = hlo.parse_module(text)
+  entry = module.entry_computation
+  slice_bytes = 64 * 128 * 2
+  assert ops.instruction_cost(module, entry, entry.by_name["start"], {}) == (
+      0.0, 2 * slice_bytes + 4)  # the slice read and written, the index
+  assert ops.instruction_cost(module, entry, entry.by_name["rs"], {}) == (
+      0.0, 0.0)
+  assert ops.instruction_cost(module, entry, entry.by_name["done"], {}) == (
+      0.0, 0.0)

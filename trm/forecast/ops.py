@@ -228,8 +228,10 @@ def instruction_cost(module: hlo.Module, comp: hlo.Computation,
                      inst: hlo.Instruction, cache: dict
                      ) -> tuple[float, float]:
   """(dense FLOPs, HBM bytes) of one instruction run once."""
-  if inst.opcode in FREE or inst.opcode in ASYNC_STARTS or (
-      inst.opcode in ("send", "async-start")):
+  if inst.opcode == "async-start":
+    return _async_work_cost(module, inst, cache)
+  if inst.opcode in FREE or inst.opcode in ASYNC_STARTS or inst.opcode == (
+      "send"):
     return 0.0, 0.0
   operand_shapes = _operand_shapes(inst, comp)
   read = [sum(a.bytes for a in shape) for shape in operand_shapes]
@@ -253,6 +255,26 @@ def instruction_cost(module: hlo.Module, comp: hlo.Computation,
   elif inst.opcode in ("dynamic-slice", "slice"):
     read = [written]
   return flops, sum(read) + written
+
+
+def _async_work_cost(module: hlo.Module, inst: hlo.Instruction,
+                     cache: dict) -> tuple[float, float]:
+  """An `async-start` of computation, not of a collective (the network
+  model times those): XLA:GPU runs, e.g., the copy of a scanned layer's
+  weights out of the stack this way, on another stream. It moves bytes
+  through the same HBM as the work it overlaps, so it is charged its
+  computation's cost where it starts."""
+  called = [c for c in inst.called() if c in module.computations]
+  if not called:
+    return 0.0, 0.0
+  comp = module.computations[called[0]]
+  if comp.root.opcode in COLLECTIVES:
+    return 0.0, 0.0
+  flops = moved = 0.0
+  for inner in comp.instructions:
+    f, m = instruction_cost(module, comp, inner, cache)
+    flops, moved = flops + f, moved + m
+  return flops, moved
 
 
 def pallas_cost(inst: hlo.Instruction) -> tuple[float, float] | None:

@@ -152,3 +152,36 @@ def test_bad_settings_name_the_argument(kwargs, message):
   with pytest.raises(ValueError) as error:
     cached_sampling.check_cached_settings(**settings)
   assert message in str(error.value)
+
+
+def test_cached_sampler_on_a_gpu_unstacks_the_layers_once_and_samples_the_same():
+  """As the exact sampler: on a GPU platform the cached denoiser's `prepare`
+  unstacks a scanned model's layers once per call, so neither the full
+  forward of each block nor the window forwards scan the layers (XLA:GPU
+  copied every layer's weights out of the stack at each of them); the
+  tokens are the scanned model's. Traced on the CPU with the platform set
+  as a GPU mesh sets it."""
+  from trm.nn import platform as platform_lib  # pylint: disable=g-import-not-at-top
+  cfg, params = _model(scan_layers=True)
+  on_cpu = dream_cache.cached_denoiser(cfg)
+  assert on_cpu.prepare is None
+  assert dream_cache.cached_denoiser(cfg, "tpu") is on_cpu
+  with platform_lib.mesh_platform("cuda"):
+    on_gpu = dream_cache.cached_denoiser(cfg)
+  assert on_gpu.prepare is not None
+  assert on_gpu is dream_cache.cached_denoiser(cfg, "cuda")
+  ids = jax.random.randint(jax.random.key(4), (2, 6), 1, MASK)
+  kwargs = dict(params=params, mask_token_id=MASK, max_new_tokens=8,
+                block_length=4, steps=4, threshold=None, cache="dual",
+                top_k=None)
+
+  def loops(denoiser) -> int:  # while loops in the lowered program
+    return cached_sampling.lower_cached_generate(
+        denoiser, jax.ShapeDtypeStruct(ids.shape, jnp.int32), None,
+        **kwargs).as_text().count("stablehlo.while")
+
+  assert loops(on_gpu) == loops(on_cpu) - 2  # no layer scans: encode, window
+  scanned, unstacked = (
+      cached_sampling.cached_generate(d, ids, None, rng=jax.random.key(0),
+                                      **kwargs) for d in (on_cpu, on_gpu))
+  np.testing.assert_array_equal(np.asarray(unstacked), np.asarray(scanned))

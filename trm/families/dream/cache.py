@@ -11,12 +11,13 @@ Both functions take the `Dream` params tree (scanned or not) and reuse the
 model's own modules, so the numerics are those of `Dream.hidden`: `encode`
 gives its hidden states (to float rounding: XLA fuses the two loops
 differently), and so does a `window` over the whole sequence, whatever the
-cache holds.
+cache holds. Scanned params (`layers`) run as a scan over the layers;
+unscanned ones (`layers_0` ...) as one block of code per layer.
 """
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -33,18 +34,30 @@ class CachedDenoiser(NamedTuple):
     window(params, tokens [B,W], positions [B,W], cache, start,
            key_mask | None) -> hidden [B,W,D] of the window at `start`
     head(params, h [..., D]) -> raw logits [..., V]
+    prepare(params) -> params as the three take them, run once per sampling
+           call before the block loop (None: as given)
   """
   encode: object
   window: object
   head: object
+  prepare: Optional[Callable] = None
 
 
-def _stacked_layers(params, cfg: dream.DreamConfig):
-  """The per-layer params with a leading layer axis, scanned or not."""
-  if cfg.scan_layers:
-    return params["layers"]
-  layers = [params[f"layers_{i}"] for i in range(cfg.num_hidden_layers)]
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+def _over_layers(params, cfg: dream.DreamConfig, body, x, per_layer=None):
+  """`body(x, (layer params, per_layer[i])) -> (x, y)` over the layers:
+  a scan of scanned params, else one call per layer; -> (x, ys stacked on
+  a leading layer axis, or None)."""
+  if "layers" in params:
+    return jax.lax.scan(body, x, (params["layers"], per_layer))
+  ys = []
+  for i in range(cfg.num_hidden_layers):
+    here = None if per_layer is None else jax.tree.map(lambda a: a[i],  # pylint: disable=cell-var-from-loop
+                                                      per_layer)
+    x, y = body(x, (params[f"layers_{i}"], here))
+    ys.append(y)
+  if ys[0] is None:
+    return x, None
+  return x, jax.tree.map(lambda *y: jnp.stack(y), *ys)
 
 
 def _embed(params, cfg, tokens, positions):
@@ -65,11 +78,11 @@ def encode(cfg: dream.DreamConfig, params, tokens, key_mask, positions):
   x, cos, sin = _embed(params, cfg, tokens, positions)
   pair_mask = dream.attention_pair_mask(cfg, key_mask)
 
-  def body(x, layer_params):
-    return layer.apply({"params": layer_params}, x, pair_mask, cos, sin,
+  def body(x, layer_and_none):
+    return layer.apply({"params": layer_and_none[0]}, x, pair_mask, cos, sin,
                        return_kv=True)
 
-  x, cache = jax.lax.scan(body, x, _stacked_layers(params, cfg))
+  x, cache = _over_layers(params, cfg, body, x)
   return _norm(params, cfg, x), cache
 
 
@@ -92,13 +105,28 @@ def window(cfg: dream.DreamConfig, params, tokens, positions, cache, start,
                        cache=layer_cache, start=start)
     return x, None
 
-  x, _ = jax.lax.scan(body, x, (_stacked_layers(params, cfg), cache))
+  x, _ = _over_layers(params, cfg, body, x, cache)
   return _norm(params, cfg, x)
 
 
+def cached_denoiser(cfg: dream.DreamConfig,
+                    platform: str | None = None) -> CachedDenoiser:
+  """The cached view of `Dream(cfg)` for `platform` (default: where programs
+  traced now run); one object per config and layout, so compiled sampling
+  loops are reused.
+
+  Where `dream.denoiser` unstacks a scanned model's layers (on a GPU with
+  room for two copies of the weights), so does this, once per sampling
+  call: XLA:GPU's layer scan copies each layer's weights out of the stack
+  at every forward, which on the H100 doubled the DiffuCoder-7B dual-cache
+  sampler's time (BUILD_NOTES "Second run")."""
+  return _cached_denoiser(cfg, dream.denoiser(cfg, platform).prepare
+                          is not None)
+
+
 @functools.lru_cache(maxsize=None)
-def cached_denoiser(cfg: dream.DreamConfig) -> CachedDenoiser:
-  """One object per config, so compiled sampling loops are reused."""
-  head = dream.denoiser(cfg).head
+def _cached_denoiser(cfg: dream.DreamConfig, unstack: bool) -> CachedDenoiser:
+  exact = dream._denoiser(cfg, unstack)  # pylint: disable=protected-access
   return CachedDenoiser(functools.partial(encode, cfg),
-                        functools.partial(window, cfg), head)
+                        functools.partial(window, cfg), exact.head,
+                        exact.prepare)
