@@ -28,6 +28,7 @@ signals.
 """
 from __future__ import annotations
 
+import gc
 import glob
 import logging as logging_std
 import os
@@ -91,7 +92,28 @@ def exit_now(signum: int, what: str) -> None:
   os._exit(EXIT_CODES.get(signum, 1))  # pylint: disable=protected-access
 
 
-def _on_signal(signum, unused_frame):
+REDELIVER_SECONDS = 0.05
+
+
+def _in_gc_callback(frame) -> bool:
+  """Is `frame`, or a frame that called it, one of `gc.callbacks`? (JAX
+  registers one.) An exception raised there is printed as "Exception
+  ignored" and dropped by the garbage collector."""
+  codes = {getattr(c, "__code__", None) for c in gc.callbacks}
+  while frame is not None:
+    if frame.f_code in codes:
+      return True
+    frame = frame.f_back
+  return False
+
+
+def _on_signal(signum, frame):
+  if _in_gc_callback(frame):
+    # Raised here, Interrupted would be lost (and its traceback printed):
+    # deliver the signal again once the callback has returned.
+    threading.Timer(REDELIVER_SECONDS, os.kill,
+                    (os.getpid(), signum)).start()
+    return
   if getattr(_on_signal, "raised", False):
     exit_now(signum, "cleanup was skipped.")
   _on_signal.raised = True
