@@ -10,7 +10,7 @@ which needs no driver for this. In a scratch environment (about 4 GB):
   /tmp/gpuvenv/bin/pip install "jax-cuda13-plugin[with-cuda]==$(python3 -c \\
       'import jax; print(jax.__version__)')"
   /tmp/gpuvenv/bin/python benchmarks/gpu/offline.py --out=DIR \\
-      [--only=trm,gpt,dream] [--gpu=h100|h200] \\
+      [--only=trm,gpt,dream] [--match=dual] [--gpu=h100|h200] \\
       [--measured=benchmarks/gpu/results/2026-11-26-h100/run1-figures.jsonl
        --measured=benchmarks/gpu/results/2026-11-26-h100/run2-figures.jsonl]
 
@@ -343,6 +343,9 @@ def parse_args(argv=None):
   p.add_argument("--gpu", choices=sorted(GPUS), default="h100")
   p.add_argument("--only", default="trm,gpt,dream",
                  help="comma-separated sections: trm, gpt, dream")
+  p.add_argument("--match", default="",
+                 help="compile only the programs whose names contain this "
+                 "(e.g. dual, b1/exact, att_maze)")
   p.add_argument("--efficiency", type=float, default=0.6,
                  help="dense matmul efficiency of the roofline (0, 1]")
   p.add_argument("--measured", action="append", default=[],
@@ -386,7 +389,12 @@ def main(argv=None) -> None:
   print(f"offline.py: {devices[0].device_kind} (compile-only), jax "
         f"{jax.__version__}, efficiency {args.efficiency}", flush=True)
   with open(os.path.join(args.out, "figures.jsonl"), "a") as figures:
-    for name, build in programs(devices, args.only):
+    chosen = [(n, b) for n, b in programs(devices, args.only)
+              if args.match in n]
+    if not chosen:
+      print(f"offline.py: no program of {sorted(args.only)} matches "
+            f"--match={args.match!r}", flush=True)
+    for name, build in chosen:
       start = time.time()
       try:
         compiled = build()

@@ -51,6 +51,18 @@ _LAYER_SCOPE = re.compile(r"(?<![^/])([A-Za-z][A-Za-z]*)_\d+(?=/|$)")
 
 def read_trace(path: str) -> dict:
   """The Chrome-format trace of a kit archive or a .trace.json(.gz)."""
+  try:
+    trace = _read_trace(path)
+  except (OSError, EOFError, tarfile.TarError, ValueError) as e:
+    raise SystemExit(f"profile_table.py: {path}: not a readable jax.profiler "
+                     f"trace ({type(e).__name__}: {e})") from None
+  if not isinstance(trace, dict):
+    raise SystemExit(f"profile_table.py: {path}: not a Chrome-format trace "
+                     "(no traceEvents object)")
+  return trace
+
+
+def _read_trace(path: str):
   if path.endswith((".tar.gz", ".tgz")):
     with tarfile.open(path) as archive:
       members = [m for m in archive.getmembers()
@@ -72,6 +84,11 @@ def read_hlo(spec: str) -> str:
   if ".tar.gz:" in spec:
     archive, member = spec.split(".tar.gz:", 1)
     with tarfile.open(archive + ".tar.gz") as tar:
+      names = [m.name for m in tar.getmembers() if m.isfile()]
+      if member not in names:
+        raise SystemExit(
+            f"profile_table.py: --hlo={spec}: {archive}.tar.gz has no file "
+            f"{member!r}; it holds: {', '.join(sorted(names)) or 'none'}")
       return tar.extractfile(member).read().decode()
   opener = gzip.open if spec.endswith(".gz") else open
   with opener(spec, "rt") as f:

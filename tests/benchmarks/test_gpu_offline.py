@@ -136,3 +136,11 @@ def test_report_sets_a_compiled_program_beside_its_measured_time(offline,
   assert "forecast/measured" in offline.format_row(row)
   no_measure = offline.report(compiled, "h100", 0.5, {}, str(tmp_path), top=3)
   assert "measured_ms" not in no_measure
+
+
+def test_the_programs_include_both_dream_samplers(offline):
+  # --match picks programs by name, e.g. the dual-cache sampler at batch 1.
+  names = [name for name, _ in offline.programs(None, {"dream"})]
+  assert [n for n in names if "b1/dual" in n] == ["dream/b1/dual/cudnn"]
+  assert "dream/b16/dual/cudnn" in names and "dream/b1/cudnn" in names
+  assert offline.parse_args(["--out=x", "--match=dual"]).match == "dual"

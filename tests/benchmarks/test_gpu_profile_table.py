@@ -171,3 +171,23 @@ def test_the_command_reads_a_kit_archive_and_an_hlo_member(tmp_path):
   assert bad.returncode != 0
   assert "no GPU kernels of module 'jit_nothing'" in bad.stderr
   assert "jit_step" in bad.stderr
+
+  missing = subprocess.run(
+      [sys.executable, os.path.join(KIT, "profile_table.py"), str(archive),
+       f"--hlo={programs}:module_9.txt"], cwd=ROOT, capture_output=True,
+      text=True, check=False, timeout=120)
+  assert missing.returncode != 0 and "Traceback" not in missing.stderr
+  assert "has no file 'module_9.txt'" in missing.stderr
+  assert "module_1.jit_step.after_optimizations.txt" in missing.stderr
+
+
+@pytest.mark.parametrize("content", [b"not gzip at all", b"[1, 2]"])
+def test_a_bad_trace_is_one_line(tmp_path, content):
+  path = tmp_path / "x.trace.json.gz"
+  path.write_bytes(content if content.startswith(b"not") else
+                   gzip.compress(content))
+  proc = subprocess.run(
+      [sys.executable, os.path.join(KIT, "profile_table.py"), str(path)],
+      cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert str(path) in proc.stderr
