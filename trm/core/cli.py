@@ -110,9 +110,10 @@ def _in_gc_callback(frame) -> bool:
 def _on_signal(signum, frame):
   if _in_gc_callback(frame):
     # Raised here, Interrupted would be lost (and its traceback printed):
-    # deliver the signal again once the callback has returned.
-    threading.Timer(REDELIVER_SECONDS, os.kill,
-                    (os.getpid(), signum)).start()
+    # the watchdog thread delivers the signal to the main thread again
+    # shortly, once the callback has returned. (Not a new thread from here:
+    # a timer started inside a handler inside the collector could stall.)
+    _on_signal.deferred = signum
     return
   if getattr(_on_signal, "raised", False):
     exit_now(signum, "cleanup was skipped.")
@@ -149,7 +150,13 @@ class _StartupWatch:
       signums = [s for s in received if s in EXIT_CODES]
       if not signums or not self.armed:
         continue
-      time.sleep(STARTUP_GRACE_SECONDS)
+      deadline = time.monotonic() + STARTUP_GRACE_SECONDS
+      while time.monotonic() < deadline:
+        time.sleep(REDELIVER_SECONDS)
+        deferred = getattr(_on_signal, "deferred", None)
+        if deferred is not None:  # the main thread was in a gc callback
+          _on_signal.deferred = None
+          signal.pthread_kill(threading.main_thread().ident, deferred)
       if self.armed:  # the main thread is still busy: end it from here
         name = signal.Signals(signums[0]).name
         if not self.reported:
