@@ -51,6 +51,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import gzip
 import json
 import os
 import re
@@ -209,8 +210,13 @@ def short_of_goal(ours_seconds: float, torch_seconds: float) -> bool:
   return ours_seconds * GOAL_SPEEDUP > torch_seconds
 
 
-def keep_trace(rec: Recorder, name: str, run) -> None:
-  """Profiles `run()` with jax.profiler into OUT/trace_<name>.tar.gz."""
+def keep_trace(rec: Recorder, name: str, run, torch_run=None,
+               runs: int = 1) -> None:
+  """Profiles `run()` with jax.profiler into OUT/trace_<name>.tar.gz; with
+  `torch_run`, the same work on torch's side with torch.profiler, into the
+  same archive (`torch/torch.trace.json.gz`, Chrome format, and
+  `torch/meta.json` with `runs`, the steps or calls each side ran), so
+  `profile_table.py --side=torch` sets the two side by side."""
   if rec.traces >= MAX_TRACES:
     log(f"trace {name}: skipped ({MAX_TRACES} traces kept already)")
     return
@@ -219,6 +225,11 @@ def keep_trace(rec: Recorder, name: str, run) -> None:
   try:
     with jax.profiler.trace(scratch):
       run()
+    if torch_run is not None:
+      try:
+        _torch_trace(os.path.join(scratch, "torch"), torch_run, runs)
+      except Exception as e:  # pylint: disable=broad-except
+        log(f"trace {name}: torch's side failed ({type(e).__name__}: {e})")
     safe = re.sub(r"[^\w.-]", "_", name)
     path = os.path.join(rec.args.out, f"trace_{safe}.tar.gz")
     with tarfile.open(path, "w:gz") as tar:
@@ -235,6 +246,25 @@ def keep_trace(rec: Recorder, name: str, run) -> None:
     log(f"trace {name}: failed ({type(e).__name__}: {e})")
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _torch_trace(directory: str, torch_run, runs: int) -> None:
+  """torch.profiler's Chrome trace of `torch_run()` (its GPU kernels where
+  there is a GPU), gzipped, and how many steps or calls it ran."""
+  import torch  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory)
+  activities = [torch.profiler.ProfilerActivity.CPU]
+  if torch.cuda.is_available():
+    activities.append(torch.profiler.ProfilerActivity.CUDA)
+  with torch.profiler.profile(activities=activities) as prof:
+    torch_run()
+  raw = os.path.join(directory, "torch.trace.json")
+  prof.export_chrome_trace(raw)
+  with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb") as out:
+    shutil.copyfileobj(f, out)
+  os.remove(raw)
+  with open(os.path.join(directory, "meta.json"), "w") as f:
+    json.dump({"runs": runs, "torch": torch.__version__}, f)
 
 
 def free_memory() -> None:
@@ -639,7 +669,8 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
         + (f", torch {1e3 * torch_s[-1]:.2f} ms/step" if torch_ok else ""))
     if r == 0 and torch_s and short_of_goal(ours_s[0], torch_s[0]):
       # Traced now, while the budget still holds a few steps.
-      keep_trace(rec, f"trm_{name}", traced_steps)
+      keep_trace(rec, f"trm_{name}", traced_steps,
+                 torch_run=lambda: run_torch(carry), runs=steps)
   rec.pair(f"{name}/train_step", ours_s, torch_s, flops=flops, peak=peak,
            time_unit="ms", rate=("examples_per_s", "examples/s", batch),
            torch_compile=compiled, peak_what=peak_what,
@@ -858,7 +889,8 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
       # The first variant only (cuDNN on the GPU): traces are few.
       attention, (timed, ms) = next(iter(ours.items()))
       if ms and short_of_goal(ms[0], torch_ms[0]):
-        keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0))  # pylint: disable=cell-var-from-loop
+        keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0),  # pylint: disable=cell-var-from-loop
+                   torch_run=time_torch if theirs else None)
   for attention, (timed, ms) in ours.items():
     if not ms:
       continue
@@ -1117,7 +1149,8 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
         short_of_goal(statistics.median(seconds[("exact", "ours")]),
                       statistics.median(seconds[("exact", "torch")])) and
         budget.left() > 3 * max(seconds[("exact", "ours")]) + 10):
-      keep_trace(rec, f"dream_b{b}_exact", lambda: ours("exact", 99))  # pylint: disable=cell-var-from-loop
+      keep_trace(rec, f"dream_b{b}_exact", lambda: ours("exact", 99),  # pylint: disable=cell-var-from-loop
+                 torch_run=lambda: torch_generate(ids))  # pylint: disable=cell-var-from-loop
     if (b == batches[0] and seconds[("dual", "ours")] and
         budget.left() > 3 * max(seconds[("dual", "ours")]) + 10):
       # The dual cache has no PyTorch side; on the H100 it ran at half the

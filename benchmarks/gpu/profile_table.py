@@ -3,6 +3,7 @@ what the roofline forecast (`trm.forecast`) charges the same instructions.
 
   python3 benchmarks/gpu/profile_table.py TRACE [--hlo=FILE] [--top=25]
       [--module=jit_train_step] [--gpu=h100] [--efficiency=0.6] [--json=OUT]
+  python3 benchmarks/gpu/profile_table.py TRACE --side=torch
 
 TRACE is a kit trace archive (`trace_<name>.tar.gz`) or the
 `*.trace.json.gz` inside one; --hlo the same program's optimized HLO as the
@@ -16,12 +17,18 @@ it), the table lists:
   fusions, XLA's other fusions by kind (elementwise loops, reductions,
   concatenates and slices, Triton-emitted normalisations);
 - with --hlo, the XLA kernels joined to their instructions: XLA:GPU emits
-  one kernel for each group of identical fusions (`deduplicated_name`, e.g.
-  the same LayerNorm of every layer) and names it after one member, so a
-  row is a group, labelled by its model-code name with layer indices as
-  `*`, its measured time beside the forecast of all its members; library
-  kernels (cuBLAS, cuDNN) are compared as a whole with the forecast of the
-  library calls.
+  one kernel for each distinct fused computation (e.g. the same LayerNorm
+  of every layer) and names it after one of the fusions that run it, so a
+  row is such a group, labelled by its model-code name with layer indices
+  as `*`, its measured time beside the forecast of all its members;
+  library kernels (cuBLAS, cuDNN) are compared as a whole with the
+  forecast of the library calls.
+
+`--side=torch` reads the PyTorch side the kit profiled into the same
+archive (`torch/torch.trace.json.gz`, torch.profiler's Chrome trace of the
+same steps or calls; `torch/meta.json`, their count): GPU time per step by
+kind of kernel (cuBLAS, flash attention, Inductor's Triton kernels, torch's
+own) and the largest kernels, to set beside ours.
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 # Library kernels, by name: (pattern, what they are).
 _LIBRARY = (
     (re.compile(r"cudnn|sdpa|flash_[bf]prop"), "cuDNN attention"),
+    (re.compile(r"flash_fwd|flash_bwd|fmha|flash::"), "flash attention"),
     (re.compile(r"^(nvjet|cutlass|sm\d+_xmma|ampere_|hopper_|gemm|"
                 r"cublas|.*gemv)", re.I), "cuBLAS matmul"),
     (re.compile(r"^(memset|memcpy)", re.I), "memset/memcpy"),
@@ -49,10 +57,12 @@ _XLA_GEMM = ("gemm_fusion", "triton_gemm")  # XLA's Triton GEMM fusions
 _LAYER_SCOPE = re.compile(r"(?<![^/])([A-Za-z][A-Za-z]*)_\d+(?=/|$)")
 
 
-def read_trace(path: str) -> dict:
-  """The Chrome-format trace of a kit archive or a .trace.json(.gz)."""
+def read_trace(path: str, side: str = "ours") -> dict:
+  """The Chrome-format trace of a kit archive (ours' jax.profiler trace, or
+  with side='torch' torch.profiler's, with `_runs` from its meta.json) or
+  of a .trace.json(.gz)."""
   try:
-    trace = _read_trace(path)
+    trace = _read_trace(path, side)
   except (OSError, EOFError, tarfile.TarError, ValueError) as e:
     raise SystemExit(f"profile_table.py: {path}: not a readable jax.profiler "
                      f"trace ({type(e).__name__}: {e})") from None
@@ -62,18 +72,29 @@ def read_trace(path: str) -> dict:
   return trace
 
 
-def _read_trace(path: str):
+def _read_trace(path: str, side: str):
   if path.endswith((".tar.gz", ".tgz")):
     with tarfile.open(path) as archive:
       members = [m for m in archive.getmembers()
-                 if m.name.endswith((".trace.json.gz", ".trace.json"))]
+                 if m.name.endswith((".trace.json.gz", ".trace.json"))
+                 and ("/torch/" in m.name) == (side == "torch")]
       if not members:
-        raise SystemExit(f"profile_table.py: {path} holds no *.trace.json.gz "
-                         "(is it a jax.profiler trace archive?)")
+        raise SystemExit(
+            f"profile_table.py: {path} holds no "
+            + ("torch/torch.trace.json.gz (the kit profiles torch's side "
+               "where it has one)" if side == "torch" else
+               "*.trace.json.gz (is it a jax.profiler trace archive?)"))
       data = archive.extractfile(members[0]).read()
+      meta = [m for m in archive.getmembers()
+              if m.name.endswith("/torch/meta.json")]
+      runs = (json.loads(archive.extractfile(meta[0]).read()).get("runs", 1)
+              if meta and side == "torch" else None)
     if members[0].name.endswith(".gz"):
       data = gzip.decompress(data)
-    return json.loads(data)
+    trace = json.loads(data)
+    if runs and isinstance(trace, dict):
+      trace["_runs"] = int(runs)
+    return trace
   opener = gzip.open if path.endswith(".gz") else open
   with opener(path, "rt") as f:
     return json.load(f)
@@ -120,6 +141,44 @@ def device_kernels(trace: dict, module: str | None):
   runs = sum(1 for e in events if e.get("ph") == "X"
              and e.get("name") == f"{module}:XLA GPU module")
   return kernels, module, max(runs, 1)
+
+
+def torch_table(trace: dict, runs: int | None = None) -> dict:
+  """Per-step GPU time of torch.profiler's kernels (events of category
+  `kernel`) by kind and by kernel."""
+  runs = runs or trace.get("_runs") or 1
+  kernels = [e for e in trace.get("traceEvents", [])
+             if e.get("ph") == "X" and e.get("cat") == "kernel"]
+  if not kernels:
+    raise SystemExit("profile_table.py: torch's trace has no GPU kernels "
+                     "(profiled on a CPU?)")
+  by_kind = collections.Counter()
+  by_kernel = collections.Counter()
+  launches = collections.Counter()
+  for e in kernels:
+    name, seconds = e["name"], e.get("dur", 0) / 1e6 / runs
+    by_kind[torch_kind(name)] += seconds
+    by_kernel[name] += seconds
+    launches[name] += 1 / runs
+  return {
+      "module": "torch", "runs": runs,
+      "measured_ms": 1e3 * sum(by_kind.values()),
+      "by_kind": [{"kind": k, "measured_ms": 1e3 * v}
+                  for k, v in by_kind.most_common()],
+      "kernels": [{"kernel": k, "measured_ms": 1e3 * v,
+                   "launches": round(launches[k], 2)}
+                  for k, v in by_kernel.most_common()],
+  }
+
+
+def torch_kind(name: str) -> str:
+  """What a kernel of torch's side is, from its name."""
+  library = library_kind(name)
+  if library:
+    return library
+  if name.startswith("triton_"):
+    return "Inductor (Triton) fusion"
+  return "torch's own kernels (ATen)"
 
 
 def library_kind(name: str) -> str | None:
@@ -327,6 +386,9 @@ def parse_args(argv=None):
   p.add_argument("trace", help="trace_<name>.tar.gz or *.trace.json.gz")
   p.add_argument("--hlo", help="the program's optimized HLO: FILE(.gz) or "
                  "ARCHIVE.tar.gz:MEMBER")
+  p.add_argument("--side", choices=("ours", "torch"), default="ours",
+                 help="ours' jax.profiler trace, or torch's in the same kit "
+                 "archive")
   p.add_argument("--module", help="HLO module name in the trace (default: "
                  "the one with the most kernel time)")
   p.add_argument("--gpu", default="h100", choices=("h100", "h200"))
@@ -347,9 +409,12 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
   args = parse_args(argv)
-  result = table(read_trace(args.trace),
-                 read_hlo(args.hlo) if args.hlo else None, args.module,
-                 args.gpu, args.efficiency)
+  trace = read_trace(args.trace, args.side)
+  if args.side == "torch":
+    result = torch_table(trace)
+  else:
+    result = table(trace, read_hlo(args.hlo) if args.hlo else None,
+                   args.module, args.gpu, args.efficiency)
   print(format_table(result, args.top), end="")
   if args.json:
     with open(args.json, "w") as f:

@@ -191,3 +191,47 @@ def test_a_bad_trace_is_one_line(tmp_path, content):
       cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
   assert proc.returncode != 0 and "Traceback" not in proc.stderr
   assert str(path) in proc.stderr
+
+
+def test_torch_side_of_a_kit_archive(tmp_path):
+  # The kit profiles torch's side of the same steps into the same archive:
+  # 2 steps, each a cuBLAS kernel, a flash-attention kernel, an Inductor
+  # kernel and an ATen one.
+  events = []
+  for _ in range(2):
+    for name, duration in (("nvjet_sm90_tst_192x192", 100),
+                           ("pytorch_flash::flash_fwd_kernel", 50),
+                           ("triton_per_fused_native_layer_norm_0", 30),
+                           ("void at::native::vectorized_elementwise_kernel",
+                            10)):
+      events.append({"ph": "X", "cat": "kernel", "name": name,
+                     "dur": duration, "pid": 0, "tid": 7, "ts": 0})
+  events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 999,
+                 "pid": 1, "tid": 1, "ts": 0})
+  archive = tmp_path / "trace_gpt_cudnn.tar.gz"
+  with tarfile.open(archive, "w:gz") as tar:
+    for name, data in (
+        ("trace_gpt_cudnn/torch/torch.trace.json.gz",
+         gzip.compress(json.dumps({"traceEvents": events}).encode())),
+        ("trace_gpt_cudnn/torch/meta.json", json.dumps({"runs": 2}).encode()),
+        ("trace_gpt_cudnn/plugins/profile/1/vm.trace.json.gz",
+         gzip.compress(json.dumps(_trace()).encode()))):
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  trace = profile_table.read_trace(str(archive), "torch")
+  result = profile_table.torch_table(trace)
+  assert result["runs"] == 2
+  assert {r["kind"]: r["measured_ms"] for r in result["by_kind"]} == (
+      pytest.approx({"cuBLAS matmul": 0.1, "flash attention": 0.05,
+                     "Inductor (Triton) fusion": 0.03,
+                     "torch's own kernels (ATen)": 0.01}))
+  # Ours' trace in the same archive is still read by default.
+  assert profile_table.table(profile_table.read_trace(str(archive)))[
+      "module"] == "jit_step"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(KIT, "profile_table.py"), str(archive),
+       "--side=torch"], cwd=ROOT, capture_output=True, text=True,
+      check=False, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert "module torch: 2 run(s)" in proc.stdout
