@@ -152,16 +152,22 @@ def torch_table(trace: dict, runs: int | None = None) -> dict:
   if not kernels:
     raise SystemExit("profile_table.py: torch's trace has no GPU kernels "
                      "(profiled on a CPU?)")
+  result, _, _ = _per_run(kernels, runs, torch_kind)
+  return {"module": "torch", "runs": runs, **result}
+
+
+def _per_run(kernels, runs: int, kind_of):
+  """({measured_ms, by_kind, kernels} per run, seconds by kernel name,
+  launches by kernel name) of kernel events."""
   by_kind = collections.Counter()
   by_kernel = collections.Counter()
   launches = collections.Counter()
   for e in kernels:
     name, seconds = e["name"], e.get("dur", 0) / 1e6 / runs
-    by_kind[torch_kind(name)] += seconds
+    by_kind[kind_of(name)] += seconds
     by_kernel[name] += seconds
     launches[name] += 1 / runs
-  return {
-      "module": "torch", "runs": runs,
+  result = {
       "measured_ms": 1e3 * sum(by_kind.values()),
       "by_kind": [{"kind": k, "measured_ms": 1e3 * v}
                   for k, v in by_kind.most_common()],
@@ -169,6 +175,7 @@ def torch_table(trace: dict, runs: int | None = None) -> dict:
                    "launches": round(launches[k], 2)}
                   for k, v in by_kernel.most_common()],
   }
+  return result, by_kernel, launches
 
 
 def torch_kind(name: str) -> str:
@@ -247,23 +254,9 @@ def table(trace: dict, hlo_text: str | None = None, module: str | None = None,
   """Per-step measured time by kernel kind and (with HLO) by instruction
   group, with the forecast beside it."""
   kernels, module, runs = device_kernels(trace, module)
-  by_kind = collections.Counter()
-  by_kernel = collections.Counter()
-  launches = collections.Counter()
-  for e in kernels:
-    name, seconds = e["name"], e.get("dur", 0) / 1e6 / runs
-    by_kind[library_kind(name) or xla_kind(name)] += seconds
-    by_kernel[name] += seconds
-    launches[name] += 1 / runs
-  result = {
-      "module": module, "runs": runs,
-      "measured_ms": 1e3 * sum(by_kind.values()),
-      "by_kind": [{"kind": k, "measured_ms": 1e3 * v}
-                  for k, v in by_kind.most_common()],
-      "kernels": [{"kernel": k, "measured_ms": 1e3 * v,
-                   "launches": round(launches[k], 2)}
-                  for k, v in by_kernel.most_common()],
-  }
+  per_run, by_kernel, launches = _per_run(
+      kernels, runs, lambda name: library_kind(name) or xla_kind(name))
+  result = {"module": module, "runs": runs, **per_run}
   if hlo_text is not None:
     result.update(_joined(hlo_text, by_kernel, launches, gpu, efficiency))
   return result
