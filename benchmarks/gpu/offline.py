@@ -267,14 +267,19 @@ def measured_seconds(paths, gpu_name: str) -> dict:
   return out
 
 
+def gpu_program(text: str):
+  """`trm.forecast`'s timeline of one GPU's compiled program (no network)."""
+  from trm.forecast import network  # pylint: disable=g-import-not-at-top
+  from trm.forecast import timeline  # pylint: disable=g-import-not-at-top
+  one_gpu = network.Fabric(((0, 0, 0),), (1, 1, 1), (False,) * 3, 1.0, 1.0, 1)
+  return timeline.Program(text, one_gpu)
+
+
 def forecast(name: str, text: str, gpu: str, efficiency: float,
              top: int) -> dict:
   """The roofline timeline's figures for one compiled program's HLO."""
-  from trm.forecast import network  # pylint: disable=g-import-not-at-top
-  from trm.forecast import timeline  # pylint: disable=g-import-not-at-top
   spec = GPUS[gpu]
-  one_gpu = network.Fabric(((0, 0, 0),), (1, 1, 1), (False,) * 3, 1.0, 1.0, 1)
-  program = timeline.Program(text, one_gpu)
+  program = gpu_program(text)
   step = program.play(spec["peak_bf16"], efficiency, spec["bandwidth"])
   return {
       "name": name, "device": spec["name"], "efficiency": efficiency,

@@ -100,19 +100,28 @@ def _read_trace(path: str, side: str):
     return json.load(f)
 
 
-def read_hlo(spec: str) -> str:
-  """HLO text from FILE(.gz) or ARCHIVE.tar.gz:MEMBER."""
+def hlo_source(spec: str) -> tuple[str, str | None]:
+  """(file, archive member or None) of --hlo=FILE(.gz) or
+  ARCHIVE.tar.gz:MEMBER."""
   if ".tar.gz:" in spec:
     archive, member = spec.split(".tar.gz:", 1)
-    with tarfile.open(archive + ".tar.gz") as tar:
+    return archive + ".tar.gz", member
+  return spec, None
+
+
+def read_hlo(spec: str) -> str:
+  """HLO text from FILE(.gz) or ARCHIVE.tar.gz:MEMBER."""
+  path, member = hlo_source(spec)
+  if member is not None:
+    with tarfile.open(path) as tar:
       names = [m.name for m in tar.getmembers() if m.isfile()]
       if member not in names:
         raise SystemExit(
-            f"profile_table.py: --hlo={spec}: {archive}.tar.gz has no file "
+            f"profile_table.py: --hlo={spec}: {path} has no file "
             f"{member!r}; it holds: {', '.join(sorted(names)) or 'none'}")
       return tar.extractfile(member).read().decode()
-  opener = gzip.open if spec.endswith(".gz") else open
-  with opener(spec, "rt") as f:
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rt") as f:
     return f.read()
 
 
@@ -272,11 +281,10 @@ def _joined(hlo_text, by_kernel, launches, gpu, efficiency) -> dict:
     if path not in sys.path:
       sys.path.insert(0, path)
   import offline  # pylint: disable=g-import-not-at-top
-  from trm.forecast import network  # pylint: disable=g-import-not-at-top
+  from trm.forecast import ops  # pylint: disable=g-import-not-at-top
   from trm.forecast import timeline  # pylint: disable=g-import-not-at-top
   spec = offline.GPUS[gpu]
-  one_gpu = network.Fabric(((0, 0, 0),), (1, 1, 1), (False,) * 3, 1.0, 1.0, 1)
-  program = timeline.Program(hlo_text, one_gpu)
+  program = offline.gpu_program(hlo_text)
   groups = collections.defaultdict(
       lambda: {"forecast_s": 0.0, "members": 0, "label": None, "kind": None})
   by_name = {}
@@ -284,8 +292,10 @@ def _joined(hlo_text, by_kernel, launches, gpu, efficiency) -> dict:
   for inst, seconds, _, _, times in program.instruction_times(
       spec["peak_bf16"], efficiency, spec["bandwidth"]):
     target = inst.attr("custom_call_target") or ""
-    if inst.opcode == "custom-call" and re.search(r"cublas|cudnn", target):
-      kind = "cuDNN attention" if "cudnn" in target else "cuBLAS matmul"
+    if inst.opcode == "custom-call" and target.startswith(
+        (ops.CUBLAS_PREFIX, ops.CUDNN_ATTENTION_PREFIX)):  # as ops prices them
+      kind = ("cuBLAS matmul" if target.startswith(ops.CUBLAS_PREFIX)
+              else "cuDNN attention")
       library_forecast[kind] += seconds * times
       continue
     key = kernel_key(program.module, inst)
@@ -391,9 +401,7 @@ def parse_args(argv=None):
   args = p.parse_args(argv)
   if not os.path.isfile(args.trace):
     p.error(f"trace {args.trace}: no such file")
-  if args.hlo and not os.path.isfile(args.hlo.split(".tar.gz:")[0]
-                                     + (".tar.gz" if ".tar.gz:" in args.hlo
-                                        else "")):
+  if args.hlo and not os.path.isfile(hlo_source(args.hlo)[0]):
     p.error(f"--hlo={args.hlo}: no such file")
   if not 0 < args.efficiency <= 1:
     p.error(f"--efficiency={args.efficiency}: must be in (0, 1]")

@@ -219,21 +219,18 @@ def _with_tuple_reads(instructions: list[Instruction]) -> list[Instruction]:
   get-tuple-element instruction named `x#k` (free, like the one it
   replaces), placed after `x`, so shapes, bytes and data flow read it as
   they read the older text."""
-  wanted = {}
+  by_base: dict[str, dict[str, int]] = {}  # x -> {"x#k": k}
   for inst in instructions:
     for operand in inst.operands:
       base, sep, index = operand.rpartition("#")
-      if sep and index.isdigit() and operand not in wanted:
-        wanted[operand] = (base, int(index))
-  if not wanted:
+      if sep and index.isdigit():
+        by_base.setdefault(base, {})[operand] = int(index)
+  if not by_base:
     return instructions
-  by_base: dict[str, list[tuple[str, int]]] = {}
-  for operand, (base, index) in wanted.items():
-    by_base.setdefault(base, []).append((operand, index))
   out = []
   for inst in instructions:
     out.append(inst)
-    for operand, index in sorted(by_base.get(inst.name, ()),
+    for operand, index in sorted(by_base.get(inst.name, {}).items(),
                                  key=lambda x: x[1]):
       shape = (inst.elements[index] if index < len(inst.elements)
                else (inst.shape[index:index + 1] if not inst.elements

@@ -120,13 +120,12 @@ def cached_denoiser(cfg: dream.DreamConfig,
   call: XLA:GPU's layer scan copies each layer's weights out of the stack
   at every forward, which on the H100 doubled the DiffuCoder-7B dual-cache
   sampler's time (BUILD_NOTES "Second run")."""
-  return _cached_denoiser(cfg, dream.denoiser(cfg, platform).prepare
-                          is not None)
+  return _cached_denoiser(cfg, dream.denoiser(cfg, platform))
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_denoiser(cfg: dream.DreamConfig, unstack: bool) -> CachedDenoiser:
-  exact = dream._denoiser(cfg, unstack)  # pylint: disable=protected-access
+def _cached_denoiser(cfg: dream.DreamConfig, exact) -> CachedDenoiser:
+  """The cached view sharing `exact`'s head and layout (`prepare`)."""
   return CachedDenoiser(functools.partial(encode, cfg),
                         functools.partial(window, cfg), exact.head,
                         exact.prepare)

@@ -80,7 +80,7 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
               eps):
   b, p = input_ids.shape
   length = p + max_new_tokens
-  if getattr(model, "prepare", None) is not None:
+  if model.prepare is not None:
     params = model.prepare(params)
   x, key_mask, pos = reveal_rules.canvas_and_mask(
       input_ids, attention_mask if use_mask else None, max_new_tokens,
