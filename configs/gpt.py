@@ -159,7 +159,10 @@ def get_config(arg=None):
       logits_dtype="float32",   # LM head output: float32, or bfloat16 as
                                 # nanoGPT's under torch.autocast
       attention="dot",          # dot | splash (Pallas TPU kernel, block
-                                # size % 128 == 0, dropout 0)
+                                # size % 128 == 0, dropout 0) | cudnn (GPU)
+      qkv_projection="auto",    # c_attn: fused | separate (three matmuls,
+                                # no q/k/v split copies) | auto (separate
+                                # with cudnn)
       head_size=0,              # per-head width; 0: n_embd // n_head (as
                                 # nanoGPT); MaxText's head_dim otherwise
       mlp_size=0,               # MLP hidden width; 0: 4 * n_embd (as

@@ -701,8 +701,17 @@ def _synthetic_tokens(data_dir: str, tokens: int, vocab: int = 50257) -> None:
 _SMOKE_VOCAB = 256
 
 
-def gpt_config(args, data_root: str, attention: str):
-  """The kit's GPT-2 124M config (nanoGPT's defaults), as measured."""
+GPT_VARIANTS = {  # name: (model.attention, model.qkv_projection)
+    "cudnn": ("cudnn", "auto"),  # separate q, k, v matmuls
+    "cudnn_fused_qkv": ("cudnn", "fused"),  # nanoGPT's one c_attn matmul
+    "dot": ("dot", "auto"),
+}
+
+
+def gpt_config(args, data_root: str, variant: str):
+  """The kit's GPT-2 124M config (nanoGPT's defaults), as measured, for
+  one of GPT_VARIANTS."""
+  attention, qkv_projection = GPT_VARIANTS[variant]
   from trm.core import config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config(os.path.join(REPO, "configs", "gpt.py"),
                                   None)
@@ -713,6 +722,7 @@ def gpt_config(args, data_root: str, attention: str):
     config.data.tokenizer = "gpt2"
     config.model.vocab_size = 50304  # nanoGPT's padded GPT-2 vocabulary
     config.model.attention = attention
+    config.model.qkv_projection = qkv_projection
     if args.smoke:
       config.update(dict(n_layer=2, n_head=2, n_embd=64, block_size=64,
                          batch_size=4, gradient_accumulation_steps=2,
@@ -789,10 +799,12 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
   compile_torch = use_torch_compile(args)
   scratch = tempfile.mkdtemp(prefix="trm_gpt_")
   data_root = os.path.join(scratch, "data")
-  # cuDNN's flash attention first on the GPU (nanoGPT runs torch's flash
-  # SDPA); the dot path after torch, if the budget still allows.
-  attentions = ["dot"] if args.smoke else ["cudnn", "dot"]
+  # The first variant before torch, the others after it, as the budget
+  # allows (cuDNN's flash attention first on the GPU: nanoGPT runs torch's
+  # flash SDPA).
+  attentions = args.gpt_variants
   if args.smoke:
+    attentions = ["dot"]
     log("gpt: attention='cudnn' is GPU-only; --smoke times 'dot'")
   config = gpt_config(args, data_root, "dot")
   tokens_per_iter = (config.batch_size * config.gradient_accumulation_steps
@@ -899,7 +911,9 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
              dtype=config.dtype, batch=config.batch_size, flops=flops,
              peak=peak, time_unit="ms",
              rate=("tokens_per_s", "tokens/s", tokens_per_iter),
-             attention=attention, torch_compile=compile_torch,
+             attention=GPT_VARIANTS[attention][0],
+             qkv_projection=GPT_VARIANTS[attention][1],
+             torch_compile=compile_torch,
              peak_what=peak_what, block_size=config.block_size,
              accum=config.gradient_accumulation_steps,
              tokens_per_iter=tokens_per_iter,
@@ -1368,6 +1382,10 @@ def parse_args(argv=None):
                  choices=("cudnn", "dot"),
                  help="TRM attention variant: ours' kernel on the GPU "
                  "(upstream runs FlashAttention; --smoke: dot)")
+  p.add_argument("--gpt_variants", default="cudnn",
+                 help="GPT: ours' variants, comma-separated, timed beside "
+                 f"torch in alternating rounds: {', '.join(GPT_VARIANTS)} "
+                 "(--smoke: dot)")
   p.add_argument("--gpt_accum", type=int, default=40)
   p.add_argument("--gpt_iters", type=int, default=2,
                  help="GPT: timed iterations per round")
@@ -1393,6 +1411,11 @@ def parse_args(argv=None):
   if unknown:
     p.error(f"--trm_variants: unknown {sorted(unknown)}; the variants are "
             "mlp_t_sudoku and att_maze")
+  args.gpt_variants = args.gpt_variants.split(",")
+  unknown = set(args.gpt_variants) - set(GPT_VARIANTS)
+  if unknown or not args.gpt_variants:
+    p.error(f"--gpt_variants: unknown {sorted(unknown)}; the variants are "
+            f"{', '.join(GPT_VARIANTS)}")
   if args.rounds is None:
     args.rounds = 2 if args.smoke else 3
   if args.steps is None:

@@ -143,13 +143,15 @@ def compile_trm(devices, name, file, metadata, batch, attention):
                   f"trm/{name.split('/')[1]}/train_step/ms", batch, attention)
 
 
-def compile_gpt(devices, attention):
+def compile_gpt(devices, variant):
+  """GPT-2 124M's iteration for one of the kit's `measure.GPT_VARIANTS`."""
   import measure  # pylint: disable=g-import-not-at-top
   from trm import families  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
-  config = measure.gpt_config(_kit_args("gpt"), "/nonexistent", attention)
+  config = measure.gpt_config(_kit_args("gpt"), "/nonexistent", variant)
+  attention = config.model.attention
   config = config.copy_and_resolve_references()
   ctx = mesh_lib.ShardingContext.from_config(config, devices)
   program = families.program("gpt").build(
@@ -157,9 +159,9 @@ def compile_gpt(devices, attention):
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   step = task_lib.compile_train_step(program, ctx, config.global_batch_size,
                                      abstract, shardings)
-  return Compiled(f"gpt/attention_{attention}", step,
+  return Compiled(f"gpt/attention_{variant}", step,
                   float(program.flops_per_step),
-                  f"gpt/attention_{attention}/iteration/ms",
+                  f"gpt/attention_{variant}/iteration/ms",
                   config.batch_size, attention)
 
 
@@ -225,9 +227,10 @@ def programs(devices, only):
                       devices, f"trm/att_maze/b48/{a}", "trm_maze.py",
                       maze.dataset_metadata(1), 48, a)))
   if "gpt" in only:
-    for attention in ("dot", "cudnn"):
-      out.append((f"gpt/{attention}",
-                  lambda a=attention: compile_gpt(devices, a)))
+    import measure  # pylint: disable=g-import-not-at-top
+    for variant in measure.GPT_VARIANTS:
+      out.append((f"gpt/{variant}",
+                  lambda v=variant: compile_gpt(devices, v)))
   if "dream" in only:
     for batch in (1, 16):
       for attention in ("dot", "cudnn"):

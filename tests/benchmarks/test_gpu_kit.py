@@ -277,6 +277,25 @@ def test_trm_variants_are_checked():
     measure.parse_args(["trm", "--out=x", "--trm_variants=att_maze,mlp"])
 
 
+def test_gpt_variants_are_checked_and_set_the_model():
+  sys.path.insert(0, KIT)
+  try:
+    import measure  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.remove(KIT)
+  args = measure.parse_args(["gpt", "--out=x"])
+  assert args.gpt_variants == ["cudnn"]
+  args = measure.parse_args(["gpt", "--out=x",
+                             "--gpt_variants=cudnn,cudnn_fused_qkv"])
+  models = [measure.gpt_config(args, "/nonexistent", v).model
+            for v in args.gpt_variants]
+  # The A/B of c_attn: three matmuls (auto, with cuDNN) against nanoGPT's one.
+  assert [(m.attention, m.qkv_projection) for m in models] == [
+      ("cudnn", "auto"), ("cudnn", "fused")]
+  with pytest.raises(SystemExit):
+    measure.parse_args(["gpt", "--out=x", "--gpt_variants=cudnn,flash"])
+
+
 @pytest.mark.parametrize("mlp_t, attention, limit_gib, first", [
     (True, "dot", 35.6, 384),        # the H100 at 45%: 768 needed 33.4 GiB
     (False, "cudnn", 35.6, 96),      # 192 needed 33.7 GiB there

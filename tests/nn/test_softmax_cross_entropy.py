@@ -61,3 +61,31 @@ def test_backward_has_no_scatter_and_one_pass_over_the_vocabulary():
   reference = jax.jit(jax.grad(lambda x: _reference(x, labels, weights))
                       ).lower(logits).as_text()
   assert "scatter" in reference  # what the written-out backward avoids
+
+
+@pytest.mark.parametrize("vocab", [1, 40, 50304])
+def test_one_pass_log_sum_exp_is_logsumexp(vocab):
+  # The GPU's one-read logsumexp (a reduction of (max, sum) pairs), run on
+  # the CPU directly: the CPU itself takes XLA's two passes.
+  x = 30.0 * jax.random.normal(jax.random.key(1), (4, 3, vocab))
+  x = x.at[0, 0, 0].set(-jnp.inf)  # a masked logit adds nothing
+  x = x.at[0, 1].set(-jnp.inf)     # a fully masked row: -inf, as logsumexp
+  ours = jax.jit(losses._log_sum_exp_one_pass)(x)  # pylint: disable=protected-access
+  want = jax.nn.logsumexp(x, axis=-1)
+  np.testing.assert_allclose(ours, want, rtol=2e-6)
+  assert ours[0, 1] == -jnp.inf
+
+
+def test_one_pass_log_sum_exp_is_chosen_for_gpus_only():
+  logits, labels, _ = _case(jnp.float32)
+
+  def variadic_reduces(fn):
+    text = jax.jit(fn).lower(logits, labels).compile().as_text()
+    return [line for line in text.splitlines()
+            if "reduce(" in line and line.count("f32[3,5]") >= 2]
+
+  # The CPU's program takes XLA's two passes; the one-pass form is a
+  # reduction of pairs (what the GPU's program runs).
+  assert not variadic_reduces(losses.softmax_cross_entropy)
+  assert variadic_reduces(
+      lambda x, y: losses._log_sum_exp_one_pass(x))  # pylint: disable=protected-access

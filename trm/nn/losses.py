@@ -16,9 +16,34 @@ import jax
 import jax.numpy as jnp
 
 
+def _log_sum_exp_one_pass(x):
+  """logsumexp over the last axis of float32 x in one read of x: a
+  reduction of (running max, sum of exp(x - max)) pairs, one exp per pair
+  combined. XLA's logsumexp reads x twice (the max, then the sum)."""
+  def combine(a, b):
+    (m1, s1), (m2, s2) = a, b
+    m, low = jnp.maximum(m1, m2), jnp.minimum(m1, m2)
+    scale = jnp.where(low == -jnp.inf, 0.0, jnp.exp(low - m))
+    return m, jnp.where(m1 >= m2, s1 + s2 * scale, s2 + s1 * scale)
+
+  m, s = jax.lax.reduce((x, jnp.ones_like(x)),
+                        (jnp.float32(-jnp.inf), jnp.float32(0.0)), combine,
+                        (x.ndim - 1,))
+  return m + jnp.log(s)
+
+
+def _log_sum_exp(x):
+  """logsumexp over the last axis; on a GPU in one pass over x (one read of
+  GPT-2's [12, 1024, 50304] logits less per micro-step); elsewhere XLA's
+  two passes, which XLA:CPU vectorises."""
+  return jax.lax.platform_dependent(
+      x, cuda=_log_sum_exp_one_pass,
+      default=lambda x: jax.nn.logsumexp(x, axis=-1))
+
+
 def _forward(logits, labels):
   x = logits.astype(jnp.float32)
-  log_z = jax.nn.logsumexp(x, axis=-1)
+  log_z = _log_sum_exp(x)
   picked = jnp.take_along_axis(x, labels[..., None], axis=-1)[..., 0]
   return log_z - picked, log_z
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 
 import flax.linen as nn
 import jax
@@ -474,3 +475,61 @@ def test_sharded_init_and_forward_match():
   np.testing.assert_allclose(out, _forward(cfg, plain, idx), atol=1e-5)
   np.testing.assert_array_equal(
       cached, _reference_generate(cfg, plain, idx[:, :4], 6))
+
+
+@pytest.mark.parametrize("bias,dtype", [(True, "float32"), (False, "float32"),
+                                        (False, "bfloat16")])
+def test_separate_qkv_projection_same_values_and_grads(bias, dtype):
+  """qkv_projection='separate' runs c_attn as three matmuls on its column
+  blocks: the same parameters, logits, gradients and KV-cache decode as
+  nanoGPT's one matmul and split."""
+  fused = dataclasses.replace(TINY, bias=bias, dtype=dtype,
+                              qkv_projection="fused")
+  separate = dataclasses.replace(fused, qkv_projection="separate")
+  assert _shapes(gpt.abstract_params(fused)) == _shapes(
+      gpt.abstract_params(separate))
+  params = _params(dataclasses.replace(TINY, bias=bias), std=0.3)
+  idx = _tokens()
+
+  def loss(cfg, p):
+    return jnp.mean(gpt.GPT(cfg).apply({"params": p}, idx) ** 2)
+
+  tol = 1e-6 if dtype == "float32" else 1e-2
+  l0, g0 = jax.jit(jax.value_and_grad(functools.partial(loss, fused)))(params)
+  l1, g1 = jax.jit(jax.value_and_grad(functools.partial(loss, separate)))(
+      params)
+  np.testing.assert_allclose(l0, l1, rtol=tol)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=tol,
+                                                       atol=tol), g0, g1)
+  cache = gpt.init_cache(separate, 2, 12)
+  decoded, _ = jax.jit(lambda p: gpt.GPT(separate).apply(
+      {"params": p}, idx, cache, 0, method=gpt.GPT.decode))(params)
+  np.testing.assert_allclose(decoded, _forward(fused, params, idx),
+                             rtol=tol, atol=tol)
+
+
+def test_separate_qkv_projection_is_three_matmuls_and_no_split():
+  """The point of 'separate': c_attn's three products are three dots in
+  the compiled program, none [.., 3C] wide, so nothing splits them."""
+  cfg = dataclasses.replace(TINY, qkv_projection="separate")
+  params = _params()
+  idx = _tokens()
+
+  def loss(p):
+    return jnp.mean(gpt.GPT(cfg).apply({"params": p}, idx) ** 2)
+
+  lowered = jax.jit(jax.grad(loss)).lower(params)
+  wide = 3 * cfg.n_embd
+  assert not re.search(rf"\[\d+,{wide}\]\S* dot\(|\[\d+,\d+,{wide}\]\S* dot\(",
+                       lowered.compile().as_text()), (
+                           "c_attn ran as one [.., 3C] matmul")
+  # XLA:GPU's dot merger (not run by XLA:CPU) would join three matmuls on
+  # one operand into that one: each gets its own copy through a barrier.
+  assert "optimization_barrier" in lowered.as_text()
+
+
+def test_qkv_projection_auto_and_bad_values():
+  assert not TINY.separate_qkv  # 'auto' off cuDNN: nanoGPT's fused matmul
+  assert dataclasses.replace(TINY, qkv_projection="separate").separate_qkv
+  with pytest.raises(ValueError, match=r"config\.model\.qkv_projection"):
+    dataclasses.replace(TINY, qkv_projection="split")

@@ -12,6 +12,7 @@ from trm.nn import dtypes
 
 _DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_KINDS = ("dot", "splash", "splash_interpret") + attention_lib.GPU_KINDS
+QKV_PROJECTIONS = ("auto", "fused", "separate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,12 @@ class GPTConfig(dtypes.ConfigDtypes):
   # cudnn: cuDNN's flash attention on NVIDIA GPUs (bfloat16/float16, no
   # attention dropout).
   attention: str = "dot"
+  # c_attn's q | k | v: 'fused' (nanoGPT's one [C, 3C] matmul, then split),
+  # 'separate' (three matmuls on the column blocks of the same kernel: the
+  # same weights and values, with no copies splitting one buffer into q, k
+  # and v nor joining their gradients), or 'auto': separate with
+  # attention='cudnn', whose kernel cannot read q, k, v in place.
+  qkv_projection: str = "auto"
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -90,6 +97,9 @@ class GPTConfig(dtypes.ConfigDtypes):
       raise ValueError(f"config.model.attention={self.attention!r} has no "
                        "attention dropout: set config.model.dropout=0.0 or "
                        "attention='dot'.")
+    if self.qkv_projection not in QKV_PROJECTIONS:
+      raise ValueError(f"config.model.qkv_projection={self.qkv_projection!r}"
+                       f" must be one of {QKV_PROJECTIONS}.")
     for name in ("dtype", "param_dtype", "residual_dtype", "logits_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
@@ -98,6 +108,13 @@ class GPTConfig(dtypes.ConfigDtypes):
   @property
   def head_dim(self) -> int:
     return self.head_size or self.n_embd // self.n_head
+
+  @property
+  def separate_qkv(self) -> bool:
+    """Is c_attn run as three matmuls (`qkv_projection`)?"""
+    if self.qkv_projection == "auto":
+      return self.attention in attention_lib.GPU_KINDS
+    return self.qkv_projection == "separate"
 
   @property
   def mlp_width(self) -> int:

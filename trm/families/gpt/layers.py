@@ -44,6 +44,14 @@ class LayerNorm(nn.Module):
         cfg.compute_dtype)
 
 
+def _project(x, kernel, bias, dtype):
+  """x @ kernel (+ bias) in `dtype`; operands already in `dtype`."""
+  if bias is None:
+    return linear.matmul_to(x, kernel, dtype)
+  # Bias added before the single rounding to `dtype`, as torch's addmm.
+  return linear.add_bias(matmul(x, kernel), bias, dtype)
+
+
 class Linear(nn.Module):
   """y = x W (+ b), W [in, out] ~ N(0, std), b zero; output in `dtype`."""
   features: int
@@ -52,18 +60,25 @@ class Linear(nn.Module):
   cfg: GPTConfig
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, blocks: int = 1):
+    """y, or with blocks > 1 the list of y's equal column blocks, each from
+    its own matmul against that block of the kernel (and bias)."""
     cfg = self.cfg
     dtype = cfg.compute_dtype
     kernel = _param(self, "kernel", nn.initializers.normal(self.std),
                     self.axes, (x.shape[-1], self.features), cfg.weight_dtype)
-    if not cfg.bias:
-      return linear.matmul_to(x.astype(dtype), kernel.astype(dtype), dtype)
-    bias = _param(self, "bias", nn.initializers.zeros, (self.axes[1],),
-                  (self.features,), cfg.weight_dtype)
-    # Bias added before the single rounding to `dtype`, as torch's addmm.
-    return linear.add_bias(matmul(x.astype(dtype), kernel.astype(dtype)),
-                           bias, dtype)
+    bias = (_param(self, "bias", nn.initializers.zeros, (self.axes[1],),
+                   (self.features,), cfg.weight_dtype) if cfg.bias else None)
+    x, kernel = x.astype(dtype), kernel.astype(dtype)
+    if blocks == 1:
+      return _project(x, kernel, bias, dtype)
+    # One operand per matmul: XLA's dot merger joins matmuls that share an
+    # operand back into one followed by the slices this avoids.
+    xs = jax.lax.optimization_barrier((x,) * blocks)
+    width = self.features // blocks
+    cols = [slice(i * width, (i + 1) * width) for i in range(blocks)]
+    return [_project(xs[i], kernel[:, c], None if bias is None else bias[c],
+                     dtype) for i, c in enumerate(cols)]
 
 
 class Embed(nn.Module):
@@ -141,7 +156,10 @@ class CausalSelfAttention(nn.Module):
     cfg = self.cfg
     b, t, _ = x.shape
     # nanoGPT: c_attn(x).split(n_embd, dim=2), then .view(B, T, nh, hs).
-    q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)
+    if cfg.separate_qkv:
+      q, k, v = self.c_attn(x, blocks=3)
+    else:
+      q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)
     q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim) for a in (q, k, v))
     return mesh_lib.constrain(q, _HEADS), k, v
 
