@@ -55,7 +55,8 @@ def get_config(arg=None):
       puzzle_emb_len=16,        # prefix positions in front of the tokens
       pos_encodings="rope",     # rope | learned | none
       mlp_t=False,              # token-mixing MLP instead of attention
-      mlp_kernel="dot",         # SwiGLUs: dot | pallas (TPU) | pallas_interpret
+      mlp_kernel="dot",         # SwiGLUs: dot | pallas (TPU) | triton (GPU,
+                                # mlp_t token mixer) | *_interpret (CPU)
       attention="dot",          # dot | splash (TPU) | splash_interpret | cudnn
       rms_norm_eps=1e-5,        # scale-free RMSNorm epsilon
       rope_theta=10000.0,       # RoPE base

@@ -299,6 +299,13 @@ def _(env):  # before the dataset is built
   return trm_build(env, **{"model.mlp_kernel": "pallas"})
 
 
+@case("GPU-only SwiGLU kernel on CPU devices", mesh_lib.MeshConfigError,
+      "config.model.mlp_kernel='triton'", "NVIDIA GPUs only",
+      "devices are cpu", "'triton_interpret'")
+def _(env):  # before the dataset is built
+  return trm_build(env, **{"model.mlp_kernel": "triton", "model.mlp_t": True})
+
+
 @case("TRM compute dtype not a float", ValueError,
       "config.model.forward_dtype='int8'", "bfloat16, float32")
 def _(env):  # before the dataset is built

@@ -84,7 +84,9 @@ TRM_JAX_MEMORY_FRACTION = 0.45  # of the GPU, for ours in the TRM section
 # benchmarks/gpu/results/2026-11-27-h100: MLP-t 19.03 GiB at 384, cuDNN
 # attention 17.96 GiB at 96); the batch search starts where that fits.
 TRM_MEASURED_BYTES_PER_EXAMPLE = {"mlp_t": 19.03 * 2**30 / 384,
-                                  "attention": 17.96 * 2**30 / 96}
+                                  "attention": 17.96 * 2**30 / 96,
+                                  # offline.py's H100 compile (no GPU yet)
+                                  "mlp_t_triton": 7.9 * 2**30 / 384}
 
 
 class OutOfTime(Exception):
@@ -306,25 +308,35 @@ def sync(device) -> None:
 # TRM
 
 
+TRM_VARIANTS = ("mlp_t_sudoku", "att_maze", "mlp_t_sudoku_triton")
+
+
 def _trm_variants(args):
   """(name, config file, variant, dataset metadata, global batch, attention
-  kernel of ours)."""
+  kernel of ours, SwiGLU kernel of ours). mlp_t_sudoku_triton: the MLP-t
+  step with the token mixer as the Pallas Triton kernels of
+  trm/families/trm/mlp_gpu.py (on the CPU, --smoke: interpreted)."""
   from trm.data.puzzles import maze, sudoku  # pylint: disable=g-import-not-at-top
+  triton = "triton_interpret" if args.smoke else "triton"
   if args.smoke:
     variants = [("mlp_t_sudoku", "trm_sudoku.py", "cpu",
-                 sudoku.dataset_metadata(1), 8, "dot"),
+                 sudoku.dataset_metadata(1), 8, "dot", "dot"),
                 ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 2,
-                 "dot")]
+                 "dot", "dot"),
+                ("mlp_t_sudoku_triton", "trm_sudoku.py", "cpu",
+                 sudoku.dataset_metadata(1), 8, "dot", triton)]
   else:
     variants = [("mlp_t_sudoku", "trm_sudoku.py", None,
-                 sudoku.dataset_metadata(1), args.trm_batch, "dot"),
+                 sudoku.dataset_metadata(1), args.trm_batch, "dot", "dot"),
                 ("att_maze", "trm_maze.py", None, maze.dataset_metadata(1),
-                 args.trm_batch, args.trm_attention)]
+                 args.trm_batch, args.trm_attention, "dot"),
+                ("mlp_t_sudoku_triton", "trm_sudoku.py", None,
+                 sudoku.dataset_metadata(1), args.trm_batch, "dot", triton)]
   return [v for v in variants if v[0] in args.trm_variants]
 
 
 def trm_config(file: str, variant, batch: int, smoke: bool,
-               attention: str = "dot"):
+               attention: str = "dot", mlp_kernel: str = "dot"):
   """The kit's TRM config: configs/`file` at `batch`, as measured
   (offline.py compiles the same)."""
   from trm.core import config_lib  # pylint: disable=g-import-not-at-top
@@ -333,6 +345,7 @@ def trm_config(file: str, variant, batch: int, smoke: bool,
     config.global_batch_size = batch
     config.mesh.data = 1
     config.model.attention = attention
+    config.model.mlp_kernel = mlp_kernel
     if smoke:  # a smaller net than :cpu, so the CPU check takes seconds
       config.model.update(hidden_size=32, num_heads=2, puzzle_emb_ndim=32,
                           H_cycles=1, L_cycles=1, L_layers=1,
@@ -425,8 +438,10 @@ def _trm_batch_guess(config, metadata, batch: int) -> int:
     # What ours' compiled step needed per example on the H100 (2026-11-27,
     # the configs' sizes): starting there saves the compiles of batches
     # that cannot fit (about 20 s each).
-    per_example = TRM_MEASURED_BYTES_PER_EXAMPLE[
-        "mlp_t" if model.mlp_t else "attention"]
+    kind = "attention"
+    if model.mlp_t:
+      kind = "mlp_t_triton" if model.mlp_kernel == "triton" else "mlp_t"
+    per_example = TRM_MEASURED_BYTES_PER_EXAMPLE[kind]
     while batch > 1 and batch * per_example > 0.85 * limit:
       batch //= 2
     return batch
@@ -484,8 +499,8 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
   log("torch.compile: " + ("on" if use_torch_compile(args)
                             else "off (--smoke on CPU)"))
   variants = _trm_variants(args)
-  for index, (name, file, variant, metadata, batch, attention) in enumerate(
-      variants):
+  for index, (name, file, variant, metadata, batch, attention,
+              mlp_kernel) in enumerate(variants):
     # Each variant gets its share of what is left.
     share = budget.left() / (len(variants) - index)
     end = time.monotonic() + share
@@ -498,7 +513,8 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
     # first (a compile says what it needs), then torch at ours' batch.
     while True:
       make_config = functools.partial(trm_config, file, variant,
-                                      smoke=args.smoke, attention=attention)
+                                      smoke=args.smoke, attention=attention,
+                                      mlp_kernel=mlp_kernel)
       guess = _trm_batch_guess(make_config(batch), metadata, batch)
       if guess < batch:
         log(f"trm {name}: batch {batch} would not fit the device's memory "
@@ -643,7 +659,8 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
         log(f"trm {name}: torch eager failed ({type(e2).__name__}: {e2})")
         if is_oom(e2):
           return "torch_oom"
-  common = dict(dtype=dtype, batch=batch, attention=attention)
+  common = dict(dtype=dtype, batch=batch, attention=attention,
+                mlp_kernel=config.model.mlp_kernel)
   rec.figure(f"{name}/compile_s", compile_s, "s", "ours", **common)
   rec.figure(f"{name}/memory_gib", need / 2**30, "GiB", "ours",
              what="compiled step: arguments + outputs + temporaries",
@@ -1377,7 +1394,8 @@ def parse_args(argv=None):
   p.add_argument("--trm_batch", type=int, default=768,
                  help="TRM: the first batch tried (the search halves it)")
   p.add_argument("--trm_variants", default="mlp_t_sudoku,att_maze",
-                 help="TRM: which variants, comma-separated")
+                 help="TRM: which variants, comma-separated: "
+                 f"{', '.join(TRM_VARIANTS)}")
   p.add_argument("--trm_attention", default="cudnn",
                  choices=("cudnn", "dot"),
                  help="TRM attention variant: ours' kernel on the GPU "
@@ -1407,10 +1425,10 @@ def parse_args(argv=None):
                  help="directory of Dream's HF code (a package)")
   args = p.parse_args(argv)
   args.trm_variants = args.trm_variants.split(",")
-  unknown = set(args.trm_variants) - {"mlp_t_sudoku", "att_maze"}
+  unknown = set(args.trm_variants) - set(TRM_VARIANTS)
   if unknown:
     p.error(f"--trm_variants: unknown {sorted(unknown)}; the variants are "
-            "mlp_t_sudoku and att_maze")
+            f"{', '.join(TRM_VARIANTS)}")
   args.gpt_variants = args.gpt_variants.split(",")
   unknown = set(args.gpt_variants) - set(GPT_VARIANTS)
   if unknown or not args.gpt_variants:

@@ -128,13 +128,15 @@ def _kit_args(section: str, *flags: str):
   return measure.parse_args([section, "--out=/nonexistent", *flags])
 
 
-def compile_trm(devices, name, file, metadata, batch, attention):
+def compile_trm(devices, name, file, metadata, batch, attention,
+                mlp_kernel="dot"):
   import measure  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
   from trm.families.trm import program as trm_program  # pylint: disable=g-import-not-at-top
-  config = measure.trm_config(file, None, batch, False, attention)
+  config = measure.trm_config(file, None, batch, False, attention,
+                              mlp_kernel)
   ctx = mesh_lib.ShardingContext.from_config(config, devices)
   program = trm_program.build(config, ctx, metadata)
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
@@ -221,6 +223,11 @@ def programs(devices, only):
       out.append((f"trm/mlp_t_sudoku/b{batch}", lambda b=batch: compile_trm(
           devices, f"trm/mlp_t_sudoku/b{b}", "trm_sudoku.py",
           sudoku.dataset_metadata(1), b, "dot")))
+    # The token mixer as mlp_gpu's Pallas Triton kernels (the kit's
+    # mlp_t_sudoku_triton): compiled for the GPU, kernels included.
+    out.append(("trm/mlp_t_sudoku_triton/b384", lambda: compile_trm(
+        devices, "trm/mlp_t_sudoku_triton/b384", "trm_sudoku.py",
+        sudoku.dataset_metadata(1), 384, "dot", "triton")))
     for attention in ("dot", "cudnn"):
       out.append((f"trm/att_maze/b48/{attention}",
                   lambda a=attention: compile_trm(
@@ -270,6 +277,9 @@ def measured_seconds(paths, gpu_name: str) -> dict:
   return out
 
 
+TRITON_CALL = 'custom_call_target="__gpu$xla.gpu.triton"'
+
+
 def gpu_program(text: str):
   """`trm.forecast`'s timeline of one GPU's compiled program (no network)."""
   from trm.forecast import network  # pylint: disable=g-import-not-at-top
@@ -287,6 +297,9 @@ def forecast(name: str, text: str, gpu: str, efficiency: float,
   return {
       "name": name, "device": spec["name"], "efficiency": efficiency,
       "forecast_ms": 1e3 * step.seconds,
+      # Pallas Triton kernels do not hand XLA their cost estimates: the
+      # forecast sees their operands and results, not their FLOPs.
+      "triton_kernels": text.count(TRITON_CALL),
       "seconds_by_cause": {k: round(v, 6) for k, v in step.by_cause.items()},
       "program_flops": step.totals.flops, "hbm_bytes": step.totals.hbm_bytes,
       "hot_spots": program.hot_spots(spec["peak_bf16"], efficiency,
@@ -337,6 +350,10 @@ def format_row(row: dict) -> str:
                      for k, v in sorted(row["seconds_by_cause"].items()))
   lines = [f"{row['name']:34s} {memory}  forecast {row['forecast_ms']:9.1f} "
            f"ms ({mfu}{causes})  {measured}"]
+  if row.get("triton_kernels"):
+    lines.append(f"    ({row['triton_kernels']} Pallas Triton kernel calls "
+                 "in the program: charged their operands' and results' "
+                 "bytes, not their FLOPs, so the forecast is a lower bound)")
   for spot in row["hot_spots"]:
     lines.append(f"    {1e3 * spot['seconds']:8.1f} ms {spot['hbm_bytes'] / 1e9:8.1f}"
                  f" GB {spot['flops'] / 1e12:7.2f} TF  {spot['kind']:11s} "

@@ -178,7 +178,8 @@ from trm.data.puzzles import maze
 args = measure.parse_args(["trm", "--out=" + sys.argv[1], "--smoke",
                            "--rounds=1", "--steps=2"])
 measure._trm_variants = lambda args: [
-    ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 4, "cudnn")]
+    ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 4, "cudnn",
+     "dot")]
 device_trm = measure._device_trm_class()
 smoke_config = measure.trm_config
 
@@ -273,6 +274,12 @@ def test_trm_variants_are_checked():
     sys.path.remove(KIT)
   args = measure.parse_args(["trm", "--out=x", "--trm_variants=att_maze"])
   assert args.trm_variants == ["att_maze"]
+  args = measure.parse_args(["trm", "--out=x",
+                             "--trm_variants=mlp_t_sudoku_triton"])
+  (variant,) = measure._trm_variants(args)  # pylint: disable=protected-access
+  config = measure.trm_config(*variant[1:3], variant[4], False,
+                              *variant[5:])
+  assert (config.model.mlp_t, config.model.mlp_kernel) == (True, "triton")
   with pytest.raises(SystemExit):
     measure.parse_args(["trm", "--out=x", "--trm_variants=att_maze,mlp"])
 
@@ -296,14 +303,17 @@ def test_gpt_variants_are_checked_and_set_the_model():
     measure.parse_args(["gpt", "--out=x", "--gpt_variants=cudnn,flash"])
 
 
-@pytest.mark.parametrize("mlp_t, attention, limit_gib, first", [
-    (True, "dot", 35.6, 384),        # the H100 at 45%: 768 needed 33.4 GiB
-    (False, "cudnn", 35.6, 96),      # 192 needed 33.7 GiB there
-    (False, "cudnn", 63.5, 192),     # an H200 at 45%
-    (False, "cudnn", None, 768),     # the CPU: the compile decides
+@pytest.mark.parametrize("mlp_t, attention, limit_gib, first, kernel", [
+    (True, "dot", 35.6, 384, "dot"),  # the H100 at 45%: 768 needed 33.4 GiB
+    # The token mixer's Triton kernels keep no [2I, M] projection: 7.9 GiB
+    # at 384 in the H100 compile, so upstream's 768 fits.
+    (True, "dot", 35.6, 768, "triton"),
+    (False, "cudnn", 35.6, 96, "dot"),   # 192 needed 33.7 GiB there
+    (False, "cudnn", 63.5, 192, "dot"),  # an H200 at 45%
+    (False, "cudnn", None, 768, "dot"),  # the CPU: the compile decides
 ])
 def test_trm_batch_search_starts_where_the_measured_step_fits(
-    monkeypatch, mlp_t, attention, limit_gib, first):
+    monkeypatch, mlp_t, attention, limit_gib, first, kernel):
   import types  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, KIT)
   try:
@@ -313,5 +323,5 @@ def test_trm_batch_search_starts_where_the_measured_step_fits(
   monkeypatch.setattr(measure, "device_memory_limit",
                       lambda: limit_gib and int(limit_gib * 2**30))
   config = types.SimpleNamespace(model=types.SimpleNamespace(
-      mlp_t=mlp_t, attention=attention))
+      mlp_t=mlp_t, attention=attention, mlp_kernel=kernel))
   assert measure._trm_batch_guess(config, None, 768) == first  # pylint: disable=protected-access

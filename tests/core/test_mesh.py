@@ -104,7 +104,7 @@ def test_make_mesh_errors_name_the_field(kw, needles):
     assert needle in str(err.value)
 
 
-def test_tpu_only_kernels_on_cpu_devices_name_the_field():
+def test_device_only_kernels_on_cpu_devices_name_the_field():
   mesh = _mesh()
   with pytest.raises(mesh_lib.MeshConfigError,
                      match=r"config.model.mlp_kernel='pallas' runs on TPU "
@@ -118,6 +118,13 @@ def test_tpu_only_kernels_on_cpu_devices_name_the_field():
   mesh_lib.check_tpu_kernels(mesh, attention="splash_interpret",
                              mlp_kernel="pallas_interpret")
   mesh_lib.check_tpu_kernels(mesh, attention="dot", mlp_kernel="dot")
+  # The GPU-only kernel likewise (mlp_gpu's Triton token mixer).
+  with pytest.raises(mesh_lib.MeshConfigError,
+                     match=r"config.model.mlp_kernel='triton' runs on NVIDIA "
+                     r"GPUs only, and this mesh's devices are cpu.*"
+                     r"'triton_interpret'"):
+    mesh_lib.check_tpu_kernels(mesh, mlp_kernel="triton")
+  mesh_lib.check_tpu_kernels(mesh, mlp_kernel="triton_interpret")
 
 
 def test_mesh_config_error_is_value_error():

@@ -1,5 +1,6 @@
 """2 processes x 4 CPU devices (gloo) against 1 process x 8 devices."""
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -100,6 +101,11 @@ def test_two_processes_match_one_and_checkpoint_moves_between_them(
   outputs = workers_lib.wait_all(workers, timeout=600)
   for worker, output in zip(workers, outputs):
     assert worker.returncode == 0, output[-3000:]
+  # Each process divides its MFU by a matmul measured on its own devices
+  # (process 1 once timed a matmul on process 0's device: 970 TFLOP/s).
+  peaks = [float(re.search(r"MFU is measured against ([\d.]+) TFLOP/s",
+                           output).group(1)) for output in outputs]
+  assert all(0 < peak < 20 for peak in peaks), peaks
 
   # Same data, same program: the logged losses agree to float tolerance.
   np.testing.assert_allclose(_train_losses(workdir),

@@ -34,6 +34,7 @@ class MeshConfigError(ValueError):
 # Kernel choices that Pallas compiles for TPU only; each has an `_interpret`
 # twin that runs in Pallas's interpreter anywhere.
 TPU_ONLY_KERNELS = ("pallas", "splash")
+GPU_ONLY_KERNELS = ("triton",)  # Pallas Triton kernels (NVIDIA GPUs)
 
 
 def devices_platform(mesh: Mesh) -> str:
@@ -44,10 +45,11 @@ def devices_platform(mesh: Mesh) -> str:
 
 def check_tpu_kernels(mesh: Mesh, prefix: str = "config.model.",
                       **choices: str) -> None:
-  """A TPU-only kernel (`<prefix><field>=value`) chosen for a mesh of
-  other devices fails here, naming the field, before anything compiles;
-  Pallas itself would only say that CPU supports interpret mode. `trm.aot`'s
-  meshes are TPU devices, so its compiles pass."""
+  """A TPU-only (or NVIDIA-GPU-only) kernel (`<prefix><field>=value`)
+  chosen for a mesh of other devices fails here, naming the field, before
+  anything compiles; Pallas itself would only say that CPU supports
+  interpret mode. `trm.aot`'s meshes are TPU devices, so its compiles
+  pass."""
   platform = devices_platform(mesh)
   for field, kind in choices.items():
     if kind in TPU_ONLY_KERNELS and platform != "tpu":
@@ -55,6 +57,11 @@ def check_tpu_kernels(mesh: Mesh, prefix: str = "config.model.",
           f"{prefix}{field}={kind!r} runs on TPU only, and this mesh's "
           f"devices are {platform}: use 'dot', or '{kind}_interpret' to run "
           "the kernel in Pallas's interpreter.")
+    if kind in GPU_ONLY_KERNELS and platform not in platform_lib.GPU_PLATFORMS:
+      raise MeshConfigError(
+          f"{prefix}{field}={kind!r} runs on NVIDIA GPUs only, and this "
+          f"mesh's devices are {platform}: use 'dot', or '{kind}_interpret' "
+          "to run the kernel in Pallas's interpreter.")
 
 
 def _resolve_sizes(sizes: Sequence[int], num_devices: int,

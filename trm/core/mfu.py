@@ -147,6 +147,12 @@ def measured_matmul_peak_flops(device, dtype: str = "float32",
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
+  if device.process_index != jax.process_index():
+    # Another process's device (jax.devices() is global in a multi-process
+    # run): a matmul committed there runs nothing here, and its "time" made
+    # process 1 of a 2-process CPU run divide by 970 TFLOP/s. Measure on
+    # one of this process's own devices of that platform instead.
+    device = jax.local_devices(backend=device.platform)[0]
   name = _normalise_dtype(dtype)
   if name == "tfloat32":
     raise ValueError("measure tfloat32 as float32 under "
@@ -181,19 +187,19 @@ def measured_cpu_peak_flops(dtype: str = "float32", size: int = 1024,
                            ) -> float:
   """Best-of-`repeats` FLOP/s of a jitted square matmul on the JAX CPU backend.
 
-  Uses `jax.devices('cpu')[0]` even when the default backend is an
+  Uses this process's first CPU device even when the default backend is an
   accelerator, so a PyTorch-on-CPU baseline and a JAX-on-CPU run can share one
   denominator. Cached per (dtype, size): measured once per process.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  return measured_matmul_peak_flops(jax.devices("cpu")[0], dtype, size,
-                                    repeats, min_seconds)
+  return measured_matmul_peak_flops(jax.local_devices(backend="cpu")[0],
+                                    dtype, size, repeats, min_seconds)
 
 
 def peak_flops(device=None, dtype: str = "float32") -> tuple[float, str]:
   """(Peak FLOP/s of one device, a description of where the number is from).
 
-  device: a jax Device (default: `jax.devices()[0]`). CPU: measured matmul
+  device: a jax Device (default: this process's first). CPU: measured matmul
   peak; known accelerator: published peak for `dtype`; unknown accelerator:
   a matmul measured on it (4096^3, which is big enough to approach peak on
   current GPUs/TPUs), with a warning that MFU will read high.
@@ -204,7 +210,7 @@ def peak_flops(device=None, dtype: str = "float32") -> tuple[float, str]:
   """
   import jax  # pylint: disable=g-import-not-at-top
   if device is None:
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
   name = _normalise_dtype(dtype)
   if device.platform == "cpu":
     measure_dtype = "float32" if name == "tfloat32" else name

@@ -67,6 +67,13 @@ def test_forward_and_gradients_match_the_xla_path(case, dtype):
   x, w_in, w_out, dy = _operands(tokens, *shape, jnp.dtype(dtype))
   want = _vjp(_xla(tokens), x, w_in, w_out, dy)
   got = _vjp(_pallas(tokens), x, w_in, w_out, dy)
+  assert_outputs_and_grads_match(got, want, dtype)
+
+
+def assert_outputs_and_grads_match(got, want, dtype: str):
+  """(y, dx, d_w_in, d_w_out) of a kernel against the XLA path's: same
+  dtypes and shapes, values within 1e-5 of their scale in float32 and two
+  bf16 ulps in bfloat16."""
   for name, a, b in zip(("y", "dx", "d_w_in", "d_w_out"), got, want):
     assert a.dtype == b.dtype and a.shape == b.shape, name
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -101,19 +108,11 @@ def _cfg(**kw):
   return trm.TRMConfig(**{**base, **kw})
 
 
-# (False, "dot") is slow: "attention_splash" runs the attention TRM through
-# the same comparison.
-@pytest.mark.parametrize("mlp_t, attention", [
-    (True, "dot"), pytest.param(False, "dot", marks=pytest.mark.slow),
-    (False, "splash_interpret")],
-                         ids=["mlp_t", "attention", "attention_splash"])
-def test_whole_trm_step_matches_the_xla_path(mlp_t, attention):
-  """Every TPU kernel of a TRM layer against the XLA path: the SwiGLUs, and
-  (attention_splash) the splash attention on 8 tokens padded to 128."""
-  batch = 4  # 4 x 64 = 256 token-mixer columns
-  model = trm.TRM(_cfg(mlp_t=mlp_t))
-  fused = trm.TRM(_cfg(mlp_t=mlp_t, mlp_kernel="pallas_interpret",
-                       attention=attention))
+def whole_trm_losses_and_grads(reference_cfg, kernel_cfg):
+  """(loss, grads) of one TRM step for each config, on the same weights
+  and batch: 4 x 64 = 256 token-mixer columns."""
+  batch = 4
+  model = trm.TRM(reference_cfg)
   variables = nn.meta.unbox(trm.init_variables(model, jax.random.key(0),
                                                batch))
   rng = np.random.default_rng(0)
@@ -126,8 +125,22 @@ def test_whole_trm_step_matches_the_xla_path(mlp_t, attention):
                                         z_L, inputs, vectors)
     return jnp.mean(jax.nn.log_softmax(logits)[..., 1]) + jnp.mean(q_halt)
 
-  want, want_grad = jax.value_and_grad(loss)(variables["params"], model)
-  got, got_grad = jax.value_and_grad(loss)(variables["params"], fused)
+  return [jax.value_and_grad(loss)(variables["params"], trm.TRM(cfg))
+          for cfg in (reference_cfg, kernel_cfg)]
+
+
+# (False, "dot") is slow: "attention_splash" runs the attention TRM through
+# the same comparison.
+@pytest.mark.parametrize("mlp_t, attention", [
+    (True, "dot"), pytest.param(False, "dot", marks=pytest.mark.slow),
+    (False, "splash_interpret")],
+                         ids=["mlp_t", "attention", "attention_splash"])
+def test_whole_trm_step_matches_the_xla_path(mlp_t, attention):
+  """Every TPU kernel of a TRM layer against the XLA path: the SwiGLUs, and
+  (attention_splash) the splash attention on 8 tokens padded to 128."""
+  (want, want_grad), (got, got_grad) = whole_trm_losses_and_grads(
+      _cfg(mlp_t=mlp_t), _cfg(mlp_t=mlp_t, mlp_kernel="pallas_interpret",
+                              attention=attention))
   np.testing.assert_allclose(got, want, rtol=1e-5)
   # Splash's online softmax sums in another order: 5e-6 off at most here.
   atol = 1e-6 if attention == "dot" else 1e-5

@@ -356,7 +356,7 @@ def _channels_backward(x, r, dy, w_in, w_out, *, eps, interpret):
 # ------------------------------------------------------------ shard + vjp
 
 
-def _per_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
+def per_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
   """fn(*local sharded, *replicated) on each shard of the batch axis
   (`batch_axis` of every `sharded` array, split as 'activation_batch').
   Outputs whose index is in `reduce_outputs` are summed over the shards;
@@ -385,7 +385,7 @@ def _per_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
       check_vma=False)(*sharded, *replicated)
 
 
-def _as_matrix(tokens):
+def as_matrix(tokens):
   """Local [.., .., D] arrays -> the kernels' 2-D layout, and back."""
   if tokens:  # sequence-major [S, B, D] -> [S, B*D]
     return (lambda a: a.reshape(a.shape[0], -1),
@@ -395,7 +395,7 @@ def _as_matrix(tokens):
 
 
 def _forward(x, w_in, w_out, eps, tokens, batch_axis, interpret, for_grad):
-  flat, unflat = _as_matrix(tokens)
+  flat, unflat = as_matrix(tokens)
 
   def fn(x, w_in, w_out):
     if tokens:
@@ -406,7 +406,7 @@ def _forward(x, w_in, w_out, eps, tokens, batch_axis, interpret, for_grad):
                                interpret=interpret, with_sum=for_grad)
     return tuple(unflat(o, x) for o in outs)
 
-  return _per_shard(fn, (x,), (w_in, w_out), batch_axis=batch_axis)
+  return per_shard(fn, (x,), (w_in, w_out), batch_axis=batch_axis)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
@@ -430,7 +430,7 @@ def _swiglu_norm_fwd(x, w_in, w_out, eps, tokens, batch_axis, interpret):
 
 def _swiglu_norm_bwd(eps, tokens, batch_axis, interpret, residuals, dy):
   saved, w_in, w_out = residuals
-  flat, unflat = _as_matrix(tokens)
+  flat, unflat = as_matrix(tokens)
 
   def fn(*args):
     *acts, w_in, w_out = args
@@ -444,7 +444,7 @@ def _swiglu_norm_bwd(eps, tokens, batch_axis, interpret, residuals, dy):
     return unflat(dx, x), d_in, d_out
 
   acts = (saved[0], saved[1], dy) + saved[2:]  # tokens: x, y, dy, 1/rms
-  dx, d_in, d_out = _per_shard(fn, acts, (w_in, w_out),
+  dx, d_in, d_out = per_shard(fn, acts, (w_in, w_out),
                                batch_axis=batch_axis, reduce_outputs=(1, 2))
   return dx, d_in.astype(w_in.dtype), d_out.astype(w_out.dtype)
 

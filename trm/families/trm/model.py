@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from trm.core import mesh as mesh_lib
 from trm.families.trm import layers
+from trm.families.trm import mlp_gpu
 from trm.families.trm import mlp_tpu
 from trm.nn import attention as attention_lib
 from trm.nn import linear
@@ -66,7 +67,9 @@ class TRMConfig:
   mlp_t: bool = False
   # The SwiGLU + norm of every block (mlp_t's token mixer and the channel
   # MLP): 'dot' (XLA) | 'pallas' (fused TPU kernels, fewer HBM bytes) |
-  # 'pallas_interpret' (those kernels on CPU, for tests).
+  # 'pallas_interpret' (those kernels on CPU, for tests) | 'triton' (mlp_t
+  # only: the token mixer as fused NVIDIA GPU kernels, the channel MLP
+  # XLA's) | 'triton_interpret' (those kernels on CPU, for tests).
   mlp_kernel: str = "dot"
   # Attention (mlp_t=False): 'dot' (XLA) | 'splash' (the Pallas kernel of
   # trm.nn.tpu_attention, no scores in HBM) | 'splash_interpret' (CPU) |
@@ -92,10 +95,15 @@ class TRMConfig:
     if self.pos_encodings not in ("rope", "learned", "none"):
       raise ValueError(f"config.model.pos_encodings={self.pos_encodings!r}: "
                        "use 'rope', 'learned' or 'none'.")
-    if self.mlp_kernel not in mlp_tpu.KINDS:
+    if self.mlp_kernel not in mlp_tpu.KINDS + mlp_gpu.KINDS:
       raise ValueError(
           f"config.model.mlp_kernel={self.mlp_kernel!r}: use one of "
-          f"{', '.join(mlp_tpu.KINDS)}.")
+          f"{', '.join(mlp_tpu.KINDS + mlp_gpu.KINDS)}.")
+    if self.mlp_kernel in mlp_gpu.KINDS and not self.mlp_t:
+      raise ValueError(
+          f"config.model.mlp_kernel={self.mlp_kernel!r} fuses the mlp_t "
+          "token mixer, and config.model.mlp_t is False: use 'dot' (or "
+          "'pallas' on a TPU).")
     kinds = tpu_attention.KINDS + attention_lib.GPU_KINDS
     if self.attention not in kinds:
       raise ValueError(

@@ -1,0 +1,102 @@
+"""TRM's Pallas Triton token-mixer kernels (`model.mlp_kernel='triton'`), in
+Pallas's interpreter on CPU, against the XLA path
+(`layers.swiglu_residual_norm`, tokens=True): forward and every gradient,
+sharded over a mesh, and inside the whole TRM step. Their compile for an
+H100 (no GPU needed) is `benchmarks/gpu/offline.py`'s."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trm.core import config_lib
+from trm.core import mesh as mesh_lib
+from trm.families.trm import layers
+from trm.families.trm import mlp_gpu
+
+from test_mlp_tpu import _cfg  # pylint: disable=g-import-not-at-top
+from test_mlp_tpu import assert_outputs_and_grads_match  # pylint: disable=g-import-not-at-top
+from test_mlp_tpu import whole_trm_losses_and_grads  # pylint: disable=g-import-not-at-top
+
+EPS = 1e-5
+
+
+def _operands(seq, batch, width, inter, dtype):
+  k = jax.random.split(jax.random.key(0), 4)
+  x = jax.random.normal(k[0], (seq, batch, width)).astype(dtype)
+  w_in = (jax.random.normal(k[1], (seq, 2 * inter)) / 4).astype(dtype)
+  w_out = (jax.random.normal(k[2], (inter, seq)) / 8).astype(dtype)
+  dy = jax.random.normal(k[3], (seq, batch, width)).astype(dtype)
+  return x, w_in, w_out, dy
+
+
+def _xla(x, w_in, w_out):
+  return layers.swiglu_residual_norm(x.reshape(x.shape[0], -1), w_in, w_out,
+                                     EPS, True).reshape(x.shape)
+
+
+def _triton(x, w_in, w_out):
+  return mlp_gpu.token_mixer(x, w_in, w_out, EPS, True)
+
+
+def _vjp(fn, x, w_in, w_out, dy):
+  y, pull = jax.vjp(fn, x, w_in, w_out)
+  return (y,) + pull(dy)
+
+
+# [S, B, D] and the inner width I. Sudoku's 97 tokens pad to 128 rows and
+# I = 128 streams as two chunks of 64 (the weight gradients as four of
+# 32); 9 tokens pad to 16. The forward and dx kernels take tiles of 128
+# columns, the weight gradients tiles of 64: 6 x 64 = 384 columns are six
+# of those in six groups of one; 40 x 32 = 1280 columns 20 tiles in 20
+# groups; 36 x 64 = 2304 columns 36 tiles in 18 groups of two, so a group
+# sums its tiles.
+CASES = {"sudoku_rows": ((97, 6, 64), 128), "few_rows": ((9, 40, 32), 64),
+         "groups_of_two": ((16, 36, 64), 64)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_forward_and_gradients_match_the_xla_path(case, dtype):
+  shape, inter = CASES[case]
+  x, w_in, w_out, dy = _operands(*shape, inter, jnp.dtype(dtype))
+  want = _vjp(_xla, x, w_in, w_out, dy)
+  got = _vjp(_triton, x, w_in, w_out, dy)
+  assert_outputs_and_grads_match(got, want, dtype)
+
+
+def test_groups_divide_the_tiles():
+  assert mlp_gpu._groups(3072) == 32  # pylint: disable=protected-access
+  assert mlp_gpu._groups(36) == 18  # pylint: disable=protected-access
+  assert mlp_gpu._groups(7) == 7  # pylint: disable=protected-access
+
+
+def test_sharded_over_a_mesh_matches_one_device():
+  x, w_in, w_out, dy = _operands(22, 8, 64, 64, jnp.float32)
+  want = _vjp(_triton, x, w_in, w_out, dy)
+  ctx = mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=2, fsdp=2, model=2)),
+      config_lib.default_logical_axis_rules())
+  with ctx:
+    got = jax.jit(functools.partial(_vjp, _triton))(x, w_in, w_out, dy)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_whole_trm_step_matches_the_xla_path():
+  """The mlp_t TRM with the token mixers as the GPU kernels (the channel
+  MLPs stay XLA's): the same loss and gradients as with 'dot'."""
+  (want, want_grad), (got, got_grad) = whole_trm_losses_and_grads(
+      _cfg(), _cfg(mlp_kernel="triton_interpret"))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_config_refuses_triton_without_mlp_t_and_bad_widths():
+  with pytest.raises(ValueError, match=r"mlp_kernel='triton' fuses the mlp_t"):
+    _cfg(mlp_t=False, mlp_kernel="triton")
+  x, w_in, w_out, _ = _operands(9, 3, 5, 64, jnp.float32)  # 15 columns
+  with pytest.raises(ValueError, match=r"multiple of 16: use mlp_kernel="):
+    _triton(x, w_in, w_out)

@@ -1,0 +1,356 @@
+"""Pallas Triton kernels (NVIDIA GPUs) for TRM's mlp_t token mixer:
+rms_norm(x + SwiGLU(x)) over the tokens of the sequence-major [S, B*D]
+activation, with the SwiGLU's [2I, B*D] projection kept on chip
+(`config.model.mlp_kernel='triton'`).
+
+On the H100 the paper MLP-t step is bound by HBM traffic. XLA writes the
+token mixer's [2I, M] projection and its SwiGLU product to HBM, reads them
+back, and keeps the projection for the backward pass. `mlp_tpu.py` fuses
+the same blocks on TPUs. On a GPU the kernels differ in three ways:
+- Triton tiles are powers of two, so the S = 97 tokens are padded to 128
+  rows inside the kernels (masked loads, zero rows), never in HBM.
+- An H100 block has 228 KB of shared memory, less than the mixer's weights
+  (about 300 KB in bf16). The kernels stream the inner width I in chunks.
+- The weight gradients are sums over all M columns. One kernel per
+  (column group, inner chunk) sums its chunk's gradient over the group's
+  tiles in registers and writes one float32 partial per group; XLA adds
+  up the groups. It reads the norm's backward dr, which the first backward
+  kernel writes beside dx.
+
+The arithmetic is the XLA path's (`layers.swiglu_residual_norm`,
+tokens=True):
+- dots accumulate in float32 and round to x's dtype; the second dot
+  rounds once, after all the chunks;
+- the SwiGLU and its derivative are evaluated in float32 and rounded once
+  (Triton has no bfloat16 tanh);
+- the residual sum rounds to x's dtype before the float32 norm.
+
+'triton_interpret' runs the same kernels in Pallas's interpreter on a CPU,
+for tests. Under a mesh the kernels run per batch shard
+(`mlp_tpu.per_shard`). The channel MLP stays with XLA: its [B*S, D] x
+[D, 2I] matmuls are large enough for cuBLAS.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from trm.families.trm import mlp_tpu
+
+KINDS = ("triton", "triton_interpret")
+# Columns per program, the first that divides M. The forward and dx
+# kernels read the weights (about 300 KB) from L2 once per tile: at 128
+# columns that is 0.46 GB of L2 reads per call at Sudoku's batch 384
+# (0.92 GB at 64). Their [128, 128] float32 accumulator takes 8 warps.
+# Not yet tuned on a GPU.
+_TILES = (128, 64, 32, 16)
+_WARPS = 8
+_CHUNK = 64              # inner width per step of the forward and dx kernels
+# The weight-gradient kernel keeps three float32 accumulators of [128,
+# chunk] across its loop over tiles, so its tiles and chunks are smaller.
+_GRAD_TILES = (64, 32, 16)
+_GRAD_CHUNK = 32
+_GRAD_WARPS = 4
+_MAX_GROUPS = 32         # column groups of the weight gradients (partials)
+
+
+def _padded_rows(seq: int) -> int:
+  return max(16, pl.next_power_of_2(seq))
+
+
+def _tile(columns: int, tiles=_TILES) -> int:
+  for tile in tiles:
+    if columns % tile == 0:
+      return tile
+  raise ValueError(
+      f"config.model.mlp_kernel='triton' needs the token mixer's columns "
+      f"(batch x hidden_size = {columns}) to be a multiple of {tiles[-1]}: "
+      "use mlp_kernel='dot'.")
+
+
+def _chunk(inter: int, preferred: int) -> int:
+  chunk = preferred
+  while inter % chunk:
+    chunk //= 2
+  if chunk < 16:
+    raise ValueError(
+        f"config.model.mlp_kernel='triton' needs the token mixer's inner "
+        f"width ({inter}) to be a multiple of 16: use mlp_kernel='dot'.")
+  return chunk
+
+
+def _precision(dtype):
+  """float32 operands multiply in float32, not TF32 (the XLA path's
+  float32 dots on a CPU; tests compare the two)."""
+  return (jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32
+          else None)
+
+
+def _row_mask(rows: int, seq: int):
+  return jnp.arange(rows) < seq
+
+
+def _swiglu(gate, up, dtype):
+  """(sigmoid(gate), silu(gate), silu(gate) * up) in float32, the product
+  rounded to `dtype`."""
+  g32 = gate.astype(jnp.float32)
+  sig = jax.nn.sigmoid(g32)
+  silu = g32 * sig
+  return sig, silu, (silu * up.astype(jnp.float32)).astype(dtype)
+
+
+def _swiglu_grads(gate, up, sig, silu, d_act, dtype):
+  """(d_gate, d_up) of silu(gate) * up given d_act, rounded to `dtype`."""
+  g32, d32 = gate.astype(jnp.float32), d_act.astype(jnp.float32)
+  d_gate = d32 * up.astype(jnp.float32) * (sig * (1 + g32 * (1 - sig)))
+  return d_gate.astype(dtype), (d32 * silu).astype(dtype)
+
+
+def _project(w_in_t_ref, x, start, inter, chunk, ok, precision):
+  """The chunk's (gate, up) = w_in[:, chunk]^T x, each rounded to x's
+  dtype: [chunk, tile]."""
+  def rows(first):
+    w = plgpu.load(w_in_t_ref.at[pl.ds(first, chunk), :], mask=ok[None, :],
+                   other=0.0)
+    return plgpu.dot(w, x, precision=precision).astype(x.dtype)
+  return rows(start), rows(inter + start)
+
+
+# ------------------------------------------------------------------ forward
+
+
+def _forward_kernel(x_ref, w_in_t_ref, w_out_t_ref, y_ref, inv_ref, *, seq,
+                    inter, chunk, eps, precision):
+  ok = _row_mask(x_ref.shape[0], seq)
+  x = plgpu.load(x_ref, mask=ok[:, None], other=0.0)        # [R, T]
+
+  def body(c, acc):
+    start = c * chunk
+    gate, up = _project(w_in_t_ref, x, start, inter, chunk, ok, precision)
+    act = _swiglu(gate, up, x.dtype)[2]                     # [chunk, T]
+    w_out_t = plgpu.load(w_out_t_ref.at[:, pl.ds(start, chunk)],
+                         mask=ok[:, None], other=0.0)       # [R, chunk]
+    return acc + plgpu.dot(w_out_t, act, precision=precision)
+
+  m = jax.lax.fori_loop(0, inter // chunk, body,
+                        jnp.zeros(x.shape, jnp.float32))
+  r = (x + m.astype(x.dtype)).astype(jnp.float32)  # padded rows stay zero
+  inv = jax.lax.rsqrt(jnp.sum(r * r, axis=0, keepdims=True) / seq + eps)
+  plgpu.store(y_ref, (r * inv).astype(y_ref.dtype), mask=ok[:, None])
+  inv_ref[...] = inv
+
+
+def _nbytes(*arrays) -> int:
+  return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
+             for a in arrays)
+
+
+def _cost(flops: int, transcendentals: int, *arrays):
+  """What a kernel declares to XLA (and to `trm.forecast`): its dots'
+  FLOPs over the padded rows it computes, and every operand and result
+  moved through HBM once (the weights stay in L2 across programs)."""
+  return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals),
+                         bytes_accessed=_nbytes(*arrays))
+
+
+def _forward(x, w_in, w_out, eps, interpret):
+  """x [S, M] -> (y [S, M], 1/rms [1, M] float32)."""
+  seq, columns = x.shape
+  inter = w_out.shape[0]
+  rows, tile = _padded_rows(seq), _tile(columns)
+  chunk = _chunk(inter, _CHUNK)
+  kernel = functools.partial(_forward_kernel, seq=seq, inter=inter,
+                             chunk=chunk, eps=eps,
+                             precision=_precision(x.dtype))
+  out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype),
+               jax.ShapeDtypeStruct((1, columns), jnp.float32)]
+  return pl.pallas_call(
+      kernel, grid=(columns // tile,),
+      in_specs=[pl.BlockSpec((rows, tile), lambda j: (0, j)),
+                pl.BlockSpec((2 * inter, rows), lambda j: (0, 0)),
+                pl.BlockSpec((rows, inter), lambda j: (0, 0))],
+      out_specs=[pl.BlockSpec((rows, tile), lambda j: (0, j)),
+                 pl.BlockSpec((1, tile), lambda j: (0, j))],
+      out_shape=out_shape,
+      compiler_params=plgpu.CompilerParams(num_warps=_WARPS, num_stages=2),
+      cost_estimate=_cost(6 * rows * inter * columns, (inter + 1) * columns,
+                          x, w_in, w_out, *out_shape),
+      interpret=interpret, name="trm_token_mixer_forward",
+  )(x, w_in.T, w_out.T)
+
+
+# ----------------------------------------------------------------- backward
+
+
+def _dx_kernel(x_ref, y_ref, dy_ref, inv_ref, w_in_t_ref, w_in_ref,
+               w_out_ref, dx_ref, dr_ref, *, seq, inter, chunk, precision):
+  ok = _row_mask(x_ref.shape[0], seq)
+  x, y, dy = (plgpu.load(ref, mask=ok[:, None], other=0.0)
+              for ref in (x_ref, y_ref, dy_ref))
+  dtype = x.dtype
+  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
+  inv = inv_ref[...]                                        # [1, T]
+  dr = inv * (dy32 - y32 * jnp.sum(dy32 * y32, axis=0, keepdims=True) / seq)
+  dr = dr.astype(dtype)                                     # [R, T]
+
+  def body(c, acc):
+    start = c * chunk
+    gate, up = _project(w_in_t_ref, x, start, inter, chunk, ok, precision)
+    sig, silu, _ = _swiglu(gate, up, dtype)
+    w_out = plgpu.load(w_out_ref.at[pl.ds(start, chunk), :],
+                       mask=ok[None, :], other=0.0)         # [chunk, R]
+    d_act = plgpu.dot(w_out, dr, precision=precision).astype(dtype)
+    d_gate, d_up = _swiglu_grads(gate, up, sig, silu, d_act, dtype)
+
+    def cols(first):
+      return plgpu.load(w_in_ref.at[:, pl.ds(first, chunk)],
+                        mask=ok[:, None], other=0.0)        # [R, chunk]
+    return (acc + plgpu.dot(cols(start), d_gate, precision=precision)
+            + plgpu.dot(cols(inter + start), d_up, precision=precision))
+
+  acc = jax.lax.fori_loop(0, inter // chunk, body,
+                          jnp.zeros(x.shape, jnp.float32))
+  plgpu.store(dx_ref, dr + acc.astype(dtype), mask=ok[:, None])
+  plgpu.store(dr_ref, dr, mask=ok[:, None])
+
+
+def _grad_kernel(x_ref, dr_ref, w_in_t_ref, w_out_ref, d_gate_ref, d_up_ref,
+                 d_out_ref, *, seq, inter, chunk, tile, tiles, precision):
+  c = pl.program_id(1)
+  ok = _row_mask(w_in_t_ref.shape[1], seq)
+  start = c * chunk
+  w_out = plgpu.load(w_out_ref.at[pl.ds(start, chunk), :], mask=ok[None, :],
+                     other=0.0)                             # [chunk, R]
+
+  def body(t, accs):
+    d_out, d_gate_w, d_up_w = accs
+    span = pl.ds(t * tile, tile)
+    x = plgpu.load(x_ref.at[:, span], mask=ok[:, None], other=0.0)
+    dr = plgpu.load(dr_ref.at[:, span], mask=ok[:, None], other=0.0)
+    gate, up = _project(w_in_t_ref, x, start, inter, chunk, ok, precision)
+    sig, silu, act = _swiglu(gate, up, x.dtype)
+    d_act = plgpu.dot(w_out, dr, precision=precision).astype(x.dtype)
+    d_gate, d_up = _swiglu_grads(gate, up, sig, silu, d_act, x.dtype)
+    return (d_out + plgpu.dot(act, dr, trans_b=True, precision=precision),
+            d_gate_w + plgpu.dot(x, d_gate, trans_b=True,
+                                 precision=precision),
+            d_up_w + plgpu.dot(x, d_up, trans_b=True, precision=precision))
+
+  rows = w_in_t_ref.shape[1]
+  zeros = (jnp.zeros((chunk, rows), jnp.float32),
+           jnp.zeros((rows, chunk), jnp.float32),
+           jnp.zeros((rows, chunk), jnp.float32))
+  d_out, d_gate_w, d_up_w = jax.lax.fori_loop(0, tiles, body, zeros)
+  d_out_ref[...] = d_out
+  d_gate_ref[...] = d_gate_w
+  d_up_ref[...] = d_up_w
+
+
+def _groups(steps: int) -> int:
+  """Column groups for the weight gradients: the largest divisor of the
+  tile count up to _MAX_GROUPS (each group one float32 partial)."""
+  return max(g for g in range(1, min(steps, _MAX_GROUPS) + 1)
+             if steps % g == 0)
+
+
+def _backward(x, y, dy, inv, w_in, w_out, interpret):
+  """x, y, dy [S, M], 1/rms [1, M] -> dx [S, M] (x's dtype), d_w_in
+  [S, 2I] and d_w_out [I, S] float32."""
+  seq, columns = x.shape
+  inter = w_out.shape[0]
+  rows, tile = _padded_rows(seq), _tile(columns)
+  precision = _precision(x.dtype)
+  act_block = pl.BlockSpec((rows, tile), lambda j: (0, j))
+  whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
+  dx, dr = pl.pallas_call(
+      functools.partial(_dx_kernel, seq=seq, inter=inter,
+                        chunk=_chunk(inter, _CHUNK), precision=precision),
+      grid=(columns // tile,),
+      in_specs=[act_block, act_block, act_block,
+                pl.BlockSpec((1, tile), lambda j: (0, j)),
+                whole((2 * inter, rows)), whole((rows, 2 * inter)),
+                whole((inter, rows))],
+      out_specs=[act_block, act_block],
+      out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] * 2,
+      compiler_params=plgpu.CompilerParams(num_warps=_WARPS, num_stages=2),
+      cost_estimate=_cost(10 * rows * inter * columns, inter * columns,
+                          x, y, dy, inv, w_in, w_out, x, x),
+      interpret=interpret, name="trm_token_mixer_dx",
+  )(x, y, dy, inv, w_in.T, w_in, w_out)
+
+  tile = _tile(columns, _GRAD_TILES)
+  steps = columns // tile
+  groups = _groups(steps)
+  chunk = _chunk(inter, _GRAD_CHUNK)
+  group_block = pl.BlockSpec((rows, columns // groups), lambda g, c: (0, g))
+  partials = [jax.ShapeDtypeStruct((groups, rows, inter), jnp.float32)] * 2 + [
+      jax.ShapeDtypeStruct((groups, inter, rows), jnp.float32)]
+  d_gate, d_up, d_out = pl.pallas_call(
+      functools.partial(_grad_kernel, seq=seq, inter=inter, chunk=chunk,
+                        tile=tile, tiles=steps // groups,
+                        precision=precision),
+      grid=(groups, inter // chunk),
+      in_specs=[group_block, group_block, whole((2 * inter, rows)),
+                whole((inter, rows))],
+      out_specs=[pl.BlockSpec((None, rows, chunk), lambda g, c: (g, 0, c)),
+                 pl.BlockSpec((None, rows, chunk), lambda g, c: (g, 0, c)),
+                 pl.BlockSpec((None, chunk, rows), lambda g, c: (g, c, 0))],
+      out_shape=partials,
+      compiler_params=plgpu.CompilerParams(num_warps=_GRAD_WARPS,
+                                           num_stages=2),
+      # x and dr are read once per inner chunk (from L2 where the chunks'
+      # programs run together); counted once per chunk here.
+      cost_estimate=_cost(12 * rows * inter * columns, inter * columns,
+                          *[x, dr] * (inter // chunk), w_in, w_out,
+                          *partials),
+      interpret=interpret, name="trm_token_mixer_weight_grads",
+  )(x, dr, w_in.T, w_out)
+  d_in = jnp.concatenate([d_gate.sum(0), d_up.sum(0)], axis=1)[:seq]
+  return dx, d_in, d_out.sum(0)[:, :seq]
+
+
+# ------------------------------------------------------------ shard + vjp
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def token_mixer(x, w_in, w_out, eps: float, interpret: bool = False):
+  """`layers.swiglu_residual_norm(x, w_in, w_out, eps, tokens=True)` as
+  Pallas Triton kernels, for the sequence-major x [S, B, D] (its batch on
+  axis 1), w_in [S, 2I], w_out [I, S] in x's dtype. Gradients return in the
+  dtypes that came in."""
+  return _token_mixer_fwd(x, w_in, w_out, eps, interpret)[0]
+
+
+def _token_mixer_fwd(x, w_in, w_out, eps, interpret):
+  flat, unflat = mlp_tpu.as_matrix(tokens=True)
+
+  def fn(x, w_in, w_out):  # local [S, B, D] <-> the kernels' [S, B*D]
+    return tuple(unflat(a, x) for a in _forward(flat(x), w_in, w_out, eps,
+                                                 interpret))
+
+  y, inv = mlp_tpu.per_shard(fn, (x,), (w_in, w_out), batch_axis=1)
+  return y, (x, y, inv, w_in, w_out)
+
+
+def _token_mixer_bwd(eps, interpret, residuals, dy):
+  del eps
+  x, y, inv, w_in, w_out = residuals
+  flat, unflat = mlp_tpu.as_matrix(tokens=True)
+
+  def fn(x, y, dy, inv, w_in, w_out):
+    dx, d_in, d_out = _backward(flat(x), flat(y), flat(dy), flat(inv),
+                                w_in, w_out, interpret)
+    return unflat(dx, x), d_in, d_out
+
+  dx, d_in, d_out = mlp_tpu.per_shard(
+      fn, (x, y, dy, inv), (w_in, w_out), batch_axis=1,
+      reduce_outputs=(1, 2))
+  return dx, d_in.astype(w_in.dtype), d_out.astype(w_out.dtype)
+
+
+token_mixer.defvjp(_token_mixer_fwd, _token_mixer_bwd)
