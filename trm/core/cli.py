@@ -108,6 +108,8 @@ def _in_gc_callback(frame) -> bool:
 
 
 def _on_signal(signum, frame):
+  # A copy the watchdog sent (below) is not a second signal from the user.
+  echo, _on_signal.echo = getattr(_on_signal, "echo", False), False
   if _in_gc_callback(frame):
     # Raised here, Interrupted would be lost (and its traceback printed):
     # the watchdog thread delivers the signal to the main thread again
@@ -116,6 +118,8 @@ def _on_signal(signum, frame):
     _on_signal.deferred = signum
     return
   if getattr(_on_signal, "raised", False):
+    if echo:
+      return
     exit_now(signum, "cleanup was skipped.")
   _on_signal.raised = True
   raise Interrupted(signum)
@@ -151,12 +155,19 @@ class _StartupWatch:
       if not signums or not self.armed:
         continue
       deadline = time.monotonic() + STARTUP_GRACE_SECONDS
+      pending = None
       while time.monotonic() < deadline:
         time.sleep(REDELIVER_SECONDS)
         deferred = getattr(_on_signal, "deferred", None)
         if deferred is not None:  # the main thread was in a gc callback
-          _on_signal.deferred = None
-          signal.pthread_kill(threading.main_thread().ident, deferred)
+          _on_signal.deferred, pending = None, deferred
+        if pending is not None and not getattr(_on_signal, "raised", False):
+          # Sent again until the main code has raised it: a copy that
+          # lands just before the main thread enters a blocking call (a
+          # sleep, a compiled step) waits for that call to return, and
+          # the next copy interrupts it.
+          _on_signal.echo = True
+          signal.pthread_kill(threading.main_thread().ident, pending)
       if self.armed:  # the main thread is still busy: end it from here
         name = signal.Signals(signums[0]).name
         if not self.reported:
