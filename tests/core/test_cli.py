@@ -107,30 +107,43 @@ def test_ctrl_c_in_the_loop_saves_and_says_so(tmp_path):
   assert "KeyboardInterrupt" not in log and "Traceback" not in log
 
 
+# A child that receives SIGTERM inside a gc callback (the handler runs
+# there: it sleeps `{wait}` s in it), then sleeps 20 s in the main code.
+# `{setup}` runs first; the child prints how `sent` grew, if it is there.
+_GC_CALLBACK_CHILD = """
+import gc, os, signal, time
+from trm.core import cli
+sent = []
+{setup}
+cli.install_signal_handlers()
+def callback(phase, info):
+  if phase == "start" and not getattr(callback, "done", False):
+    callback.done = True
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep({wait})
+gc.callbacks.append(callback)
+try:
+  gc.collect()
+  time.sleep(20)
+  print("not interrupted")
+except cli.Interrupted as e:
+  print("interrupted in the main code:", e, "after", len(sent), "copies")
+"""
+
+
+def _gc_callback_child(wait: float, setup: str = ""):
+  return subprocess.run(
+      [sys.executable, "-c", _GC_CALLBACK_CHILD.format(wait=wait,
+                                                       setup=setup)],
+      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+
+
 def test_a_signal_inside_a_gc_callback_still_interrupts_the_main_code():
   # JAX runs a gc callback; a SIGTERM handled while it runs used to raise
   # Interrupted inside it, where the collector printed "Exception ignored"
   # with a traceback and dropped it (a flaky CI failure). It is delivered
   # again once the callback returns.
-  script = textwrap.dedent("""
-    import gc, os, signal, time
-    from trm.core import cli
-    cli.install_signal_handlers()
-    def callback(phase, info):
-      if phase == "start" and not getattr(callback, "done", False):
-        callback.done = True
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.2)  # the handler runs here, inside the callback
-    gc.callbacks.append(callback)
-    try:
-      gc.collect()
-      time.sleep(20)
-      print("not interrupted")
-    except cli.Interrupted as e:
-      print("interrupted in the main code:", e)
-  """)
-  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=60)
+  result = _gc_callback_child(0.2)
   assert "interrupted in the main code: SIGTERM" in result.stdout, (
       result.stdout + result.stderr)
   assert "Traceback" not in result.stderr
@@ -143,31 +156,13 @@ def test_a_resent_signal_that_is_not_handled_is_sent_again():
   # wake (about 1 run in 20 under load in session 38: the process ended
   # through the 5 s fallback instead). The copy is sent again until the
   # main code has raised it. Here the first copy is lost on purpose.
-  script = textwrap.dedent("""
-    import gc, os, signal, time
-    from trm.core import cli
-    real_kill, sent = signal.pthread_kill, []
-    def lossy_kill(thread, signum):
-      sent.append(signum)
-      if len(sent) > 1:
-        real_kill(thread, signum)
-    cli.signal.pthread_kill = lossy_kill
-    cli.install_signal_handlers()
-    def callback(phase, info):
-      if phase == "start" and not getattr(callback, "done", False):
-        callback.done = True
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.01)  # handled here: deferred
-    gc.callbacks.append(callback)
-    try:
-      gc.collect()
-      time.sleep(20)
-      print("not interrupted")
-    except cli.Interrupted as e:
-      print("interrupted in the main code:", e, "after", len(sent), "copies")
-  """)
-  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=60)
+  result = _gc_callback_child(0.01, setup=textwrap.dedent("""
+      real_kill = signal.pthread_kill
+      def lossy_kill(thread, signum):
+        sent.append(signum)
+        if len(sent) > 1:
+          real_kill(thread, signum)
+      cli.signal.pthread_kill = lossy_kill"""))
   assert "interrupted in the main code: SIGTERM after 2 copies" in (
       result.stdout), result.stdout + result.stderr
   assert "again" not in result.stderr  # the copy is not a second signal
