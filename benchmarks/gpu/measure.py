@@ -527,6 +527,11 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
             "attention=dot instead")
         attention, batch = "dot", first_batch
         continue
+      if ours is None and mlp_kernel != "dot":
+        log(f"trm {name}: mlp_kernel={mlp_kernel} failed; timing ours with "
+            "mlp_kernel=dot instead (the figures say which)")
+        mlp_kernel, batch = "dot", first_batch
+        continue
       if ours is None:
         break
       timed = _trm_time_pair(args, rec, name, config, metadata, batch, ours,
@@ -1393,7 +1398,7 @@ def parse_args(argv=None):
                  help="TRM: timed steps per round (default 5; 3 with --smoke)")
   p.add_argument("--trm_batch", type=int, default=768,
                  help="TRM: the first batch tried (the search halves it)")
-  p.add_argument("--trm_variants", default="mlp_t_sudoku,att_maze",
+  p.add_argument("--trm_variants", default="mlp_t_sudoku_triton,att_maze",
                  help="TRM: which variants, comma-separated: "
                  f"{', '.join(TRM_VARIANTS)}")
   p.add_argument("--trm_attention", default="cudnn",

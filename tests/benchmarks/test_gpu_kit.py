@@ -110,7 +110,7 @@ def test_run_sh_smoke_writes_figures(tmp_path, sections):
     assert figures[("smoke/tensorboard_event_files", "ours")]["value"] >= 1
 
   # Side by side: both sides' time, MFU and the ratio on every figure.
-  for name in ("trm/mlp_t_sudoku/train_step", "trm/att_maze/train_step",
+  for name in ("trm/mlp_t_sudoku_triton/train_step", "trm/att_maze/train_step",
                "gpt/attention_dot/iteration", "dream/b2/exact"):
     unit = "seconds" if name.startswith("dream") else "ms"
     ours, torch = figures[(f"{name}/{unit}", "ours")], figures[
@@ -124,7 +124,10 @@ def test_run_sh_smoke_writes_figures(tmp_path, sections):
         "mfu_torch"]
     assert ours["device"] == "cpu" and torch["device"] == "cpu"
   assert figures[("gpt/attention_dot/iteration/tokens_per_s", "ours")]
-  for name in ("mlp_t_sudoku", "att_maze"):  # what ours' step needs
+  # The Triton token mixer ran, in Pallas's interpreter on the CPU.
+  assert figures[("trm/mlp_t_sudoku_triton/train_step/ms", "ours")][
+      "mlp_kernel"] == "triton_interpret"
+  for name in ("mlp_t_sudoku_triton", "att_maze"):  # what ours' step needs
     assert figures[(f"trm/{name}/memory_gib", "ours")]["value"] > 0
   assert figures[("dream/b2/dual/new_tokens_per_s", "ours")]["value"] > 0
   # Files that come back from the device: at most 8, none deeper.
@@ -173,13 +176,15 @@ _TRM_RECOVERY_DRIVER = """
 import sys
 import measure
 import torch
-from trm.data.puzzles import maze
+from trm.data.puzzles import maze, sudoku
 
 args = measure.parse_args(["trm", "--out=" + sys.argv[1], "--smoke",
                            "--rounds=1", "--steps=2"])
 measure._trm_variants = lambda args: [
     ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 4, "cudnn",
-     "dot")]
+     "dot"),
+    ("mlp_t_sudoku_triton", "trm_sudoku.py", "cpu",
+     sudoku.dataset_metadata(1), 4, "dot", "triton")]
 device_trm = measure._device_trm_class()
 smoke_config = measure.trm_config
 
@@ -214,10 +219,10 @@ measure.section_trm(args, measure.Recorder(args, "trm"), measure.Budget(300))
 
 def test_trm_section_falls_back_to_dot_and_halves_when_torch_runs_out(
     tmp_path):
-  """The TRM section's two recoveries, on the CPU: ours' cuDNN attention
-  failing (refused off a GPU) is timed with attention='dot' instead, and
-  upstream's step running out of memory at a batch ours runs halves both
-  sides' batch rather than losing the figure."""
+  """The TRM section's recoveries, on the CPU: ours' cuDNN attention or
+  Triton token mixer failing (refused off a GPU) is timed with 'dot'
+  instead, and upstream's step running out of memory at a batch ours runs
+  halves both sides' batch rather than losing the figure."""
   pytest.importorskip("torch")
   import workers  # pylint: disable=g-import-not-at-top
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([KIT, ROOT]),
@@ -232,13 +237,17 @@ def test_trm_section_falls_back_to_dot_and_halves_when_torch_runs_out(
   assert "attention=cudnn failed; timing ours with attention=dot" in log
   assert "torch does not fit batch 4; both sides at 2" in log, log
   tried = [int(b) for b in re.findall(r"torch step at batch (\d+)", log)]
-  assert tried[0] == 4 and set(tried[1:]) == {2}, tried
+  # Each variant tries 4 once, then 2.
+  assert tried[0] == 4 and tried.count(4) == 2 and set(tried) == {2, 4}, tried
   with open(tmp_path / "figures.jsonl") as f:
     rows = {(r["name"], r["side"]): r for r in map(json.loads, f)}
   for side in ("ours", "torch"):
     step = rows[("trm/att_maze/train_step/ms", side)]
     assert step["batch"] == 2 and step["attention"] == "dot", step
   assert rows[("trm/att_maze/memory_gib", "ours")]["batch"] == 2
+  assert "mlp_kernel=triton failed; timing ours with mlp_kernel=dot" in log
+  step = rows[("trm/mlp_t_sudoku_triton/train_step/ms", "ours")]
+  assert step["mlp_kernel"] == "dot" and step["batch"] == 2, step
 
 
 def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):
