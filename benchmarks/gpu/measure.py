@@ -73,7 +73,7 @@ for _path in (REPO, os.path.join(BENCHMARKS, "reference"),
   if _path not in sys.path:
     sys.path.insert(0, _path)
 
-SECTIONS = ("smoke", "trm", "gpt", "dream", "cudnn")
+SECTIONS = ("smoke", "trm", "gpt", "dream", "cudnn", "mixer")
 # Issue 26's goal: ours at least 1.3x torch's throughput. Where ours falls
 # short (ours' time above torch's / 1.3), a trace says why.
 GOAL_SPEEDUP = 1.3
@@ -1409,6 +1409,9 @@ def parse_args(argv=None):
                  help="GPT: ours' variants, comma-separated, timed beside "
                  f"torch in alternating rounds: {', '.join(GPT_VARIANTS)} "
                  "(--smoke: dot)")
+  p.add_argument("--mixer_batch", type=int, default=384,
+                 help="mixer: the MLP-t step's batch (the token mixer's "
+                 "columns are batch x 512)")
   p.add_argument("--gpt_accum", type=int, default=40)
   p.add_argument("--gpt_iters", type=int, default=2,
                  help="GPT: timed iterations per round")
@@ -1469,9 +1472,13 @@ def main(argv=None) -> None:
       f"{rec.torch_version} on {rec.torch_device}")
   if not args.smoke and rec.platform != "gpu":
     raise SystemExit(f"JAX runs on {rec.platform}, not a GPU: use --smoke")
-  {"trm": section_trm, "gpt": section_gpt, "dream": section_dream,
-   "cudnn": section_cudnn, "smoke": section_smoke}[args.section](
-       args, rec, budget)
+  if args.section == "mixer":
+    import mixer_sweep  # pylint: disable=g-import-not-at-top
+    mixer_sweep.section_mixer(args, rec, budget, log)
+  else:
+    {"trm": section_trm, "gpt": section_gpt, "dream": section_dream,
+     "cudnn": section_cudnn, "smoke": section_smoke}[args.section](
+         args, rec, budget)
   log(f"section {args.section}: {rec.count} figures")
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of issue 26 in one command (benchmarks/gpu/README.md):
 #
-#   bash benchmarks/gpu/run.sh OUTDIR [--smoke] [--only=smoke,trm,gpt,dream[,cudnn]]
+#   bash benchmarks/gpu/run.sh OUTDIR [--smoke] [--only=smoke,trm,gpt,dream[,cudnn][,mixer]]
 #
 # 1. installs the carried wheels (benchmarks/gpu/wheels, fetch_wheels.sh)
 #    into a scratch --target dir, Dream's transformers 4.x into another, and
@@ -34,7 +34,8 @@ usage() { echo "usage: $0 OUTDIR [--smoke] [--only=SECTION,...]" >&2; exit 2; }
 out=$1; shift
 smoke=0
 # cudnn (cuDNN against dot attention, forwards only; measured in the first
-# H100 runs) runs when named.
+# H100 runs) and mixer (the Triton token mixer's constants swept against
+# XLA, benchmarks/gpu/mixer_sweep.py) run when named.
 only="smoke,trm,gpt,dream"
 for arg in "$@"; do
   case "$arg" in
@@ -175,7 +176,8 @@ if [ "$smoke" = 1 ]; then
   export XLA_FLAGS=$(echo "${XLA_FLAGS:-}" | sed -E 's/--xla_force_host_platform_device_count=[0-9]+//g')
   mode=(--smoke)
   # Caps for a shared 2-core CPU; an idle one needs about half.
-  declare -A budget=([smoke]=200 [trm]=200 [gpt]=120 [dream]=150 [cudnn]=20)
+  declare -A budget=([smoke]=200 [trm]=200 [gpt]=120 [dream]=150 [cudnn]=20
+                     [mixer]=60)
 else
   # From the H100 runs (benchmarks/gpu/results/): smoke took 35 s on
   # 2026-11-26 and did not finish in 40 or 45 s on 2026-11-27 (a fresh
@@ -184,7 +186,8 @@ else
   # 42-58 s); GPT 104 s with three rounds (ours' first iteration 42 s,
   # torch.compile 35 s); Dream's batch 1 about 70 s (ours' exact sampler
   # compiles in 42 s), batch 16 more; cudnn 30-45 s.
-  declare -A budget=([smoke]=55 [trm]=170 [gpt]=110 [dream]=125 [cudnn]=40)
+  declare -A budget=([smoke]=55 [trm]=170 [gpt]=110 [dream]=125 [cudnn]=40
+                     [mixer]=60)
 fi
 # Ours' compiled train steps and samplers, as XLA optimized them (on the GPU:
 # autotuned), for `offline.py --replay` to play and list hot spots off the
@@ -196,8 +199,8 @@ spare=0  # seconds earlier sections left unused
 cd "$repo"
 for section in ${only//,/ }; do
   case "$section" in
-    smoke|trm|gpt|dream|cudnn) ;;
-    *) say "section $section: unknown (smoke, trm, gpt, dream, cudnn)"; failed+=("$section"); continue ;;
+    smoke|trm|gpt|dream|cudnn|mixer) ;;
+    *) say "section $section: unknown (smoke, trm, gpt, dream, cudnn, mixer)"; failed+=("$section"); continue ;;
   esac
   var=TRM_GPU_BUDGET_$(echo "$section" | tr a-z A-Z)
   own=${!var:-${budget[$section]}}

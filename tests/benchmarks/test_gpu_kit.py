@@ -264,7 +264,8 @@ def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):
       text=True, timeout=600, check=False)
   log = (out / "log.txt").read_text()
   assert proc.returncode != 0  # the unknown section is a failure
-  assert "section nonsense: unknown (smoke, trm, gpt, dream, cudnn)" in log
+  assert ("section nonsense: unknown (smoke, trm, gpt, dream, cudnn, mixer)"
+          in log)
   assert "failed: nonsense" in log
   with open(out / "figures.jsonl") as f:
     names = {json.loads(line)["name"] for line in f}
@@ -273,6 +274,35 @@ def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):
   batches = {json.loads(line)["batch"] for line in
              open(out / "figures.jsonl") if "train_step" in line}
   assert batches == {2}
+
+
+def test_mixer_section_sweeps_the_triton_constants(tmp_path):
+  """`--only=mixer` on the CPU: the token mixer's kernels interpreted at
+  tiny sizes in every setting of mixer_sweep.SETTINGS, each timed beside
+  the XLA path and checked against it."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([KIT, ROOT]),
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, os.path.join(KIT, "measure.py"), "mixer", "--smoke",
+       f"--out={tmp_path}", "--budget=300"], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+  with open(tmp_path / "figures.jsonl") as f:
+    rows = {r["name"]: r for r in map(json.loads, f)}
+  sys.path.insert(0, KIT)
+  try:
+    import mixer_sweep  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.remove(KIT)
+  for kind in ("forward", "train"):
+    assert rows[f"mixer/xla/{kind}/ms"]["value"] > 0
+    for name, _ in mixer_sweep.SETTINGS:
+      assert rows[f"mixer/{name}/{kind}/ms"]["value"] > 0, name
+      # Traced anew (jit keyed on a reused function would run the first
+      # setting's kernels under every name).
+      assert rows[f"mixer/{name}/{kind}/ms"]["first_call_s"] > 0.01, name
+      # bf16, relative to the largest value: a wrong setting shows here.
+      assert rows[f"mixer/{name}/{kind}/max_rel_err"]["value"] < 0.02, name
 
 
 def test_trm_variants_are_checked():
