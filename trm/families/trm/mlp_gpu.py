@@ -151,9 +151,11 @@ def _nbytes(*arrays) -> int:
 
 
 def _cost(flops: int, transcendentals: int, *arrays):
-  """What a kernel declares to XLA (and to `trm.forecast`): its dots'
-  FLOPs over the padded rows it computes, and every operand and result
-  moved through HBM once (the weights stay in L2 across programs)."""
+  """A kernel's cost estimate: its dots' FLOPs over the padded rows it
+  computes, and every operand and result moved through HBM once (the
+  weights stay in L2 across programs). Pallas's Triton lowering does not
+  pass it on to XLA (JAX 0.10 and 0.11), so `offline.py` flags these
+  calls; BUILD_NOTES counts the step's kernel FLOPs from these figures."""
   return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals),
                          bytes_accessed=_nbytes(*arrays))
 
@@ -279,7 +281,8 @@ def _backward(x, y, dy, inv, w_in, w_out, interpret):
       out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] * 2,
       compiler_params=plgpu.CompilerParams(num_warps=_WARPS, num_stages=2),
       cost_estimate=_cost(10 * rows * inter * columns, inter * columns,
-                          x, y, dy, inv, w_in, w_out, x, x),
+                          x, y, dy, inv, w_in, w_out,
+                          x, x),  # the outputs dx and dr: shaped as x
       interpret=interpret, name="trm_token_mixer_dx",
   )(x, y, dy, inv, w_in.T, w_in, w_out)
 
