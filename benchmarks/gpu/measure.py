@@ -317,21 +317,18 @@ def _trm_variants(args):
   step with the token mixer as the Pallas Triton kernels of
   trm/families/trm/mlp_gpu.py (on the CPU, --smoke: interpreted)."""
   from trm.data.puzzles import maze, sudoku  # pylint: disable=g-import-not-at-top
-  triton = "triton_interpret" if args.smoke else "triton"
-  if args.smoke:
-    variants = [("mlp_t_sudoku", "trm_sudoku.py", "cpu",
-                 sudoku.dataset_metadata(1), 8, "dot", "dot"),
-                ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 2,
-                 "dot", "dot"),
-                ("mlp_t_sudoku_triton", "trm_sudoku.py", "cpu",
-                 sudoku.dataset_metadata(1), 8, "dot", triton)]
-  else:
-    variants = [("mlp_t_sudoku", "trm_sudoku.py", None,
-                 sudoku.dataset_metadata(1), args.trm_batch, "dot", "dot"),
-                ("att_maze", "trm_maze.py", None, maze.dataset_metadata(1),
-                 args.trm_batch, args.trm_attention, "dot"),
-                ("mlp_t_sudoku_triton", "trm_sudoku.py", None,
-                 sudoku.dataset_metadata(1), args.trm_batch, "dot", triton)]
+  smoke = args.smoke
+  # --smoke: configs' :cpu variant at small batches, the kernels
+  # interpreted (parse_args already sets the attention to dot).
+  variant = "cpu" if smoke else None
+  triton = "triton_interpret" if smoke else "triton"
+  mlp_t_batch, att_batch = (8, 2) if smoke else (args.trm_batch,) * 2
+  variants = [("mlp_t_sudoku", "trm_sudoku.py", variant,
+               sudoku.dataset_metadata(1), mlp_t_batch, "dot", "dot"),
+              ("att_maze", "trm_maze.py", variant, maze.dataset_metadata(1),
+               att_batch, args.trm_attention, "dot"),
+              ("mlp_t_sudoku_triton", "trm_sudoku.py", variant,
+               sudoku.dataset_metadata(1), mlp_t_batch, "dot", triton)]
   return [v for v in variants if v[0] in args.trm_variants]
 
 

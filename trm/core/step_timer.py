@@ -17,9 +17,7 @@ class StepTimer:
     self._peak = None
     if flops_per_step:
       from trm.core import mfu  # pylint: disable=g-import-not-at-top
-      # This process's device: in a multi-process run jax.devices()[0]
-      # belongs to process 0.
-      self._peak, description = mfu.peak_flops(jax.local_devices()[0],
+      self._peak, description = mfu.peak_flops(jax.devices()[0],
                                                compute_dtype)
       logging.info("MFU is measured against %.1f TFLOP/s per device (%s).",
                    self._peak / 1e12, description)

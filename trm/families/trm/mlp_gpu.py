@@ -33,7 +33,6 @@ for tests. Under a mesh the kernels run per batch shard
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -96,11 +95,9 @@ def _row_mask(rows: int, seq: int):
 
 
 def _swiglu(gate, up, dtype):
-  """(sigmoid(gate), silu(gate), silu(gate) * up) in float32, the product
-  rounded to `dtype`."""
-  g32 = gate.astype(jnp.float32)
-  sig = jax.nn.sigmoid(g32)
-  silu = g32 * sig
+  """(sigmoid(gate), silu(gate), silu(gate) * up) in float32 by the XLA
+  path's formula (`mlp_tpu.silu_parts`), the product rounded to `dtype`."""
+  sig, silu = mlp_tpu.silu_parts(gate.astype(jnp.float32))
   return sig, silu, (silu * up.astype(jnp.float32)).astype(dtype)
 
 
@@ -145,11 +142,6 @@ def _forward_kernel(x_ref, w_in_t_ref, w_out_t_ref, y_ref, inv_ref, *, seq,
   inv_ref[...] = inv
 
 
-def _nbytes(*arrays) -> int:
-  return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
-             for a in arrays)
-
-
 def _cost(flops: int, transcendentals: int, *arrays):
   """A kernel's cost estimate: its dots' FLOPs over the padded rows it
   computes, and every operand and result moved through HBM once (the
@@ -157,7 +149,7 @@ def _cost(flops: int, transcendentals: int, *arrays):
   pass it on to XLA (JAX 0.10 and 0.11), so `offline.py` flags these
   calls; BUILD_NOTES counts the step's kernel FLOPs from these figures."""
   return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals),
-                         bytes_accessed=_nbytes(*arrays))
+                         bytes_accessed=mlp_tpu.nbytes(*arrays))
 
 
 def _forward(x, w_in, w_out, eps, interpret):

@@ -76,7 +76,7 @@ def _dot(a, b, contract, dtype=None):
   return out if dtype is None else out.astype(dtype)
 
 
-def _nbytes(*arrays) -> int:
+def nbytes(*arrays) -> int:
   return sum(a.size * jnp.dtype(a.dtype).itemsize for a in arrays)
 
 
@@ -185,7 +185,7 @@ def _forward_call(kernel, steps, x, out_shape, out_specs, weights, *, flops,
           dimension_semantics=("parallel",)),
       cost_estimate=pl.CostEstimate(
           flops=flops, transcendentals=transcendentals,
-          bytes_accessed=_nbytes(x, *weights, *out_shape)),
+          bytes_accessed=nbytes(x, *weights, *out_shape)),
       interpret=interpret)(x, *weights))
 
 
@@ -237,8 +237,8 @@ def _backward_call(kernel, grid, acts, act_blocks, act_index, weights,
           dimension_semantics=("parallel", "arbitrary")),
       cost_estimate=pl.CostEstimate(
           flops=flops, transcendentals=transcendentals,
-          bytes_accessed=_nbytes(*acts, *out_shape) +
-          halves * _nbytes(*weights)),
+          bytes_accessed=nbytes(*acts, *out_shape) +
+          halves * nbytes(*weights)),
       interpret=interpret)(*acts, *weights)
   return (dx,) + tuple(g.sum(0) for g in grads)
 
