@@ -496,6 +496,9 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
   log("torch.compile: " + ("on" if use_torch_compile(args)
                             else "off (--smoke on CPU)"))
   variants = _trm_variants(args)
+  args.mixer_setting = None
+  if any(v[-1] != "dot" for v in variants):
+    args.mixer_setting = _use_mixer_setting(args)
   for index, (name, file, variant, metadata, batch, attention,
               mlp_kernel) in enumerate(variants):
     # Each variant gets its share of what is left.
@@ -541,6 +544,27 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
         continue
       break
     free_memory()
+
+
+def _use_mixer_setting(args) -> str:
+  """Sets mlp_gpu's constants to the `mixer` section's fastest setting
+  when it ran earlier into the same --out (--mixer_setting=swept); returns
+  the setting's name, which the TRM figures carry."""
+  import mixer_sweep  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
+  if args.mixer_setting_from == "default":
+    return "default"
+  swept = mixer_sweep.swept_setting(os.path.join(args.out, "figures.jsonl"))
+  if swept is None:
+    log("trm: no mixer sweep in this --out; the Triton kernels keep "
+        "mlp_gpu's own constants")
+    return "default"
+  name, changes = swept
+  for constant, value in changes.items():
+    setattr(mlp_gpu, constant, value)
+  log(f"trm: the Triton kernels use the mixer sweep's fastest setting, "
+      f"{name} ({changes or 'mlp_gpu own constants'})")
+  return name
 
 
 def _trm_fit_ours(name, make_config, metadata, batch, left):
@@ -663,6 +687,8 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
           return "torch_oom"
   common = dict(dtype=dtype, batch=batch, attention=attention,
                 mlp_kernel=config.model.mlp_kernel)
+  if config.model.mlp_kernel != "dot":
+    common["mixer_setting"] = args.mixer_setting
   rec.figure(f"{name}/compile_s", compile_s, "s", "ours", **common)
   rec.figure(f"{name}/memory_gib", need / 2**30, "GiB", "ours",
              what="compiled step: arguments + outputs + temporaries",
@@ -1409,6 +1435,11 @@ def parse_args(argv=None):
   p.add_argument("--mixer_batch", type=int, default=384,
                  help="mixer: the MLP-t step's batch (the token mixer's "
                  "columns are batch x 512)")
+  p.add_argument("--mixer_setting_from", default="swept",
+                 choices=("swept", "default"),
+                 help="TRM: the Triton token mixer's constants: the mixer "
+                 "section's fastest setting if it ran earlier into the same "
+                 "--out (swept), or mlp_gpu's own (default)")
   p.add_argument("--gpt_accum", type=int, default=40)
   p.add_argument("--gpt_iters", type=int, default=2,
                  help="GPT: timed iterations per round")

@@ -11,6 +11,11 @@ when named. Figures: `mixer/<setting>/forward/ms` and `.../train/ms`
 setting's largest relative error against the XLA path
 (`.../max_rel_err`), so that a fast but wrong setting shows as wrong.
 With --smoke it runs tiny shapes in Pallas's interpreter on the CPU.
+
+When the `trm` section runs after this one into the same OUT
+(`--only=mixer,trm`), it compiles ours' Triton step with the setting this
+sweep found fastest (`swept_setting`), so the step's figure uses tuned
+constants within the same run; its figures name the setting.
 """
 from __future__ import annotations
 
@@ -31,6 +36,10 @@ SETTINGS = (
                              "_GRAD_WARPS": 8}),
 )
 EPS = 1e-5
+# A setting whose results differ more from the XLA path's (largest error
+# over the largest magnitude, per output) is wrong, not fast. bfloat16
+# rounding in a different order stays near 1e-2.
+MAX_REL_ERR = 0.05
 
 
 @contextlib.contextmanager
@@ -129,3 +138,30 @@ def section_mixer(args, rec, budget, log) -> None:
               f"{first:.1f} s)")
     except Exception as e:  # pylint: disable=broad-except
       log(f"mixer {name}: failed ({type(e).__name__}: {str(e)[:300]})")
+
+
+def swept_setting(figures_path: str):
+  """(name, constants) of the setting with the fastest forward+backward in
+  the mixer figures of `figures_path` (one JSON line per figure) whose
+  outputs match the XLA path's within MAX_REL_ERR in both programs; None
+  where no setting was timed (no such file, or no mixer section in it)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(figures_path):
+    return None
+  values = {}
+  with open(figures_path) as f:
+    for line in f:
+      row = json.loads(line)
+      if row.get("name", "").startswith("mixer/"):
+        values[row["name"][len("mixer/"):]] = row["value"]
+  best = None
+  for name, changes in SETTINGS:
+    train = values.get(f"{name}/train/ms")
+    errors = [values.get(f"{name}/{kind}/max_rel_err")
+              for kind in ("forward", "train")]
+    if train is None or None in errors or max(errors) > MAX_REL_ERR:
+      continue
+    if best is None or train < best[0]:
+      best = (train, name, changes)
+  return None if best is None else best[1:]

@@ -303,6 +303,50 @@ def test_mixer_section_sweeps_the_triton_constants(tmp_path):
       assert rows[f"mixer/{name}/{kind}/ms"]["first_call_s"] > 0.01, name
       # bf16, relative to the largest value: a wrong setting shows here.
       assert rows[f"mixer/{name}/{kind}/max_rel_err"]["value"] < 0.02, name
+  # The trm section after it would compile with the fastest setting.
+  fastest = min(mixer_sweep.SETTINGS,
+                key=lambda s: rows[f"mixer/{s[0]}/train/ms"]["value"])
+  assert mixer_sweep.swept_setting(str(tmp_path / "figures.jsonl")) == fastest
+
+
+def _mixer_rows(path, times: dict, errors: dict):
+  with open(path, "w") as f:
+    f.write(json.dumps({"name": "trm/x/ms", "value": 0.001}) + "\n")
+    for name, ms in times.items():
+      for kind in ("forward", "train"):
+        f.write(json.dumps({"name": f"mixer/{name}/{kind}/ms",
+                            "value": ms}) + "\n")
+        f.write(json.dumps({"name": f"mixer/{name}/{kind}/max_rel_err",
+                            "value": errors.get(name, 0.004)}) + "\n")
+
+
+def test_swept_setting_is_the_fastest_correct_one(tmp_path, monkeypatch):
+  """The TRM section takes the sweep's fastest setting whose results match
+  XLA's; a fast but wrong one, an untimed one and other sections' figures
+  are passed over; without a sweep the kernels keep their constants."""
+  monkeypatch.syspath_prepend(KIT)
+  import measure  # pylint: disable=g-import-not-at-top
+  import mixer_sweep  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
+  figures = tmp_path / "figures.jsonl"
+  assert mixer_sweep.swept_setting(str(figures)) is None
+  names = [name for name, _ in mixer_sweep.SETTINGS]
+  _mixer_rows(figures, {"xla": 0.5, names[0]: 3.0, names[1]: 1.0,
+                        names[2]: 2.0, names[3]: 1.5},
+              errors={names[1]: 0.3})
+  assert mixer_sweep.swept_setting(str(figures)) == mixer_sweep.SETTINGS[3]
+
+  args = measure.parse_args(["trm", f"--out={tmp_path}"])
+  for constant, value in mixer_sweep.SETTINGS[3][1].items():
+    monkeypatch.setattr(mlp_gpu, constant, getattr(mlp_gpu, constant))
+  assert measure._use_mixer_setting(args) == names[3]
+  for constant, value in mixer_sweep.SETTINGS[3][1].items():
+    assert getattr(mlp_gpu, constant) == value
+  args = measure.parse_args(["trm", f"--out={tmp_path}",
+                             "--mixer_setting_from=default"])
+  assert measure._use_mixer_setting(args) == "default"
+  args = measure.parse_args(["trm", f"--out={tmp_path / 'none'}"])
+  assert measure._use_mixer_setting(args) == "default"
 
 
 def test_trm_variants_are_checked():
