@@ -80,6 +80,10 @@ GOAL_SPEEDUP = 1.3
 TRACE_LIMIT = 16 << 20  # bytes of one trace archive
 MAX_TRACES = 5          # files back from the device are limited (8)
 TRM_JAX_MEMORY_FRACTION = 0.45  # of the GPU, for ours in the TRM section
+# Dream: uncapped, JAX's allocator held about 60 of the H100's 80 GB after
+# ours' batch-16 sampler and HF's batch 16 ran out of memory beside it
+# (2026-11-27, run 2); at 0.45 both ran (run 3).
+DREAM_JAX_MEMORY_FRACTION = 0.45
 # Bytes per example ours' TRM step needed on the H100 (memory_gib figures of
 # benchmarks/gpu/results/2026-11-27-h100: MLP-t 19.03 GiB at 384, cuDNN
 # attention 17.96 GiB at 96); the batch search starts where that fits.
@@ -547,9 +551,9 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
 
 
 def _use_mixer_setting(args) -> str:
-  """Sets mlp_gpu's constants to the `mixer` section's fastest setting
-  when it ran earlier into the same --out (--mixer_setting=swept); returns
-  the setting's name, which the TRM figures carry."""
+  """Sets mlp_gpu's constants to the `mixer` section's fastest settings
+  when it ran earlier into the same --out (--mixer_setting_from=swept);
+  returns their names, which the TRM figures carry."""
   import mixer_sweep  # pylint: disable=g-import-not-at-top
   from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
   if args.mixer_setting_from == "default":
@@ -560,9 +564,9 @@ def _use_mixer_setting(args) -> str:
         "mlp_gpu's own constants")
     return "default"
   name, changes = swept
-  for constant, value in changes.items():
-    setattr(mlp_gpu, constant, value)
-  log(f"trm: the Triton kernels use the mixer sweep's fastest setting, "
+  for constant, change in changes.items():
+    setattr(mlp_gpu, constant, dict(getattr(mlp_gpu, constant), **change))
+  log(f"trm: the Triton kernels use the mixer sweep's fastest settings, "
       f"{name} ({changes or 'mlp_gpu own constants'})")
   return name
 
@@ -946,8 +950,10 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
       # The first variant only (cuDNN on the GPU): traces are few.
       attention, (timed, ms) = next(iter(ours.items()))
       if ms and short_of_goal(ms[0], torch_ms[0]):
+        # One iteration each side (torch's meta.json says 1; time_torch
+        # would run `iters`, which the table would count as one).
         keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0),  # pylint: disable=cell-var-from-loop
-                   torch_run=time_torch if theirs else None)
+                   torch_run=theirs if theirs else None)
   for attention, (timed, ms) in ours.items():
     if not ms:
       continue
@@ -1494,6 +1500,9 @@ def main(argv=None) -> None:
     # finds the largest batch that fits each side in its half.
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION",
                           str(TRM_JAX_MEMORY_FRACTION))
+  if args.section == "dream":
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION",
+                          str(DREAM_JAX_MEMORY_FRACTION))
   rec = Recorder(args, args.section)
   log(f"section {args.section}: budget {args.budget:.0f} s; JAX "
       f"{rec.jax_version} on {rec.jax_device} ({rec.platform}); torch "

@@ -1,21 +1,27 @@
 """The GPU kit's `mixer` section: TRM's token mixer as the Pallas Triton
 kernels of trm/families/trm/mlp_gpu.py, timed alone at the paper MLP-t
-step's shapes against the XLA path (`layers.swiglu_residual_norm`), for a
-few settings of the kernels' tile, chunk and warp constants.
+step's shapes against the XLA path (`layers.swiglu_residual_norm`), for
+settings of each kernel's launch constants (column tile, inner chunk,
+warps, pipeline stages).
 
 The kernels were written and compiled without a GPU. This sweep tunes
 their constants within one prepared run, so no trial edits are needed on
 the device: `bash benchmarks/gpu/run.sh OUT --only=mixer`. It runs only
-when named. Figures: `mixer/<setting>/forward/ms` and `.../train/ms`
-(forward and backward), the XLA path's as `mixer/xla/...`, and each
-setting's largest relative error against the XLA path
-(`.../max_rel_err`), so that a fast but wrong setting shows as wrong.
+when named. The three kernels are tuned one after the other, each with
+the kernels before it at their best so far:
+1. `forward`: the forward program alone, `mixer/forward/<setting>/ms`;
+2. `dx` (dx and the norm's backward): the forward and backward program,
+   `mixer/dx/<setting>/ms`;
+3. `grad` (the weight gradients): the same program, `mixer/grad/<setting>/ms`.
+The XLA path's are `mixer/xla/forward/ms` and `mixer/xla/train/ms`. Each
+setting's largest relative error against the XLA path (`.../max_rel_err`)
+shows a fast but wrong setting as wrong; such a setting is never chosen.
 With --smoke it runs tiny shapes in Pallas's interpreter on the CPU.
 
 When the `trm` section runs after this one into the same OUT
-(`--only=mixer,trm`), it compiles ours' Triton step with the setting this
-sweep found fastest (`swept_setting`), so the step's figure uses tuned
-constants within the same run; its figures name the setting.
+(`--only=mixer,trm`), it compiles ours' Triton step with the constants
+this sweep found fastest (`swept_setting`), so the step's figure uses
+tuned constants within the same run; its figures name the settings.
 """
 from __future__ import annotations
 
@@ -23,17 +29,35 @@ import contextlib
 import statistics
 import time
 
-# (name, the mlp_gpu constants it changes); the first is the module's own.
-# Each compiles for an H100 (offline, no GPU); a chunk of 128 does not: it
-# asks for 256 KiB of shared memory, over the 227 KiB a block may use.
-SETTINGS = (
-    ("default", {}),
-    ("tile64_warps4", {"_TILES": (64, 32, 16), "_WARPS": 4}),
-    ("warps4", {"_WARPS": 4}),
-    ("chunk32", {"_CHUNK": 32}),
-    ("grad_chunk64_warps8", {"_GRAD_CHUNK": 64, "_GRAD_WARPS": 8}),
-    ("grad_tile128_warps8", {"_GRAD_TILES": (128, 64, 32, 16),
-                             "_GRAD_WARPS": 8}),
+# Per kernel: (the mlp_gpu constant it sets, its settings as changes to the
+# module's own constants; the first, {}, is the module's own). Every setting
+# compiles for an H100 (offline, no GPU): BUILD_NOTES, "Third run". A chunk
+# of 128 does not: it asks for 256 KiB of shared memory, over the 227 KiB a
+# block may use.
+KERNELS = (
+    ("forward", "_FORWARD", (
+        ("default", {}),
+        ("t128", {"tiles": (128, 64, 32, 16)}),
+        ("c32", {"chunk": 32}),
+        ("t32", {"tiles": (32, 16)}),
+        ("s3", {"stages": 3}),
+        ("t128_w8", {"tiles": (128, 64, 32, 16), "warps": 8}),
+    )),
+    ("dx", "_DX", (
+        ("default", {}),
+        ("t64", {"tiles": (64, 32, 16)}),
+        ("t64_c32", {"tiles": (64, 32, 16), "chunk": 32}),
+        ("c32_w8", {"chunk": 32, "warps": 8}),
+        ("t64_w8", {"tiles": (64, 32, 16), "warps": 8}),
+        ("s3", {"stages": 3}),
+    )),
+    ("grad", "_GRAD", (
+        ("default", {}),
+        ("c64_w8", {"chunk": 64, "warps": 8}),
+        ("t128_w8", {"tiles": (128, 64, 32, 16), "warps": 8}),
+        ("t32", {"tiles": (32, 16)}),
+        ("s3", {"stages": 3}),
+    )),
 )
 EPS = 1e-5
 # A setting whose results differ more from the XLA path's (largest error
@@ -44,9 +68,11 @@ MAX_REL_ERR = 0.05
 
 @contextlib.contextmanager
 def _constants(module, changes: dict):
+  """mlp_gpu's constants with `changes` ({constant: {key: value}}) merged
+  in, restored on exit."""
   saved = {name: getattr(module, name) for name in changes}
-  for name, value in changes.items():
-    setattr(module, name, value)
+  for name, change in changes.items():
+    setattr(module, name, dict(saved[name], **change))
   try:
     yield
   finally:
@@ -62,7 +88,7 @@ def _timed(fn, args, seconds: float, calls: int = 5):
   first = time.perf_counter() - start
   times, end = [], time.perf_counter() + seconds
   while len(times) < calls or (time.perf_counter() < end and
-                               len(times) < 50):
+                               len(times) < 200):
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)
@@ -77,6 +103,54 @@ def _max_rel_err(got, want) -> float:
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     worst = max(worst, float(np.abs(a - b).max() / (np.abs(b).max() or 1)))
   return worst
+
+
+def _best(values: dict, kernel: str):
+  """The name of `kernel`'s fastest setting in `values` (figure name after
+  'mixer/' -> value) whose error is within MAX_REL_ERR; None if none."""
+  best = None
+  for name, _ in dict((k, s) for k, _, s in KERNELS)[kernel]:
+    ms = values.get(f"{kernel}/{name}/ms")
+    error = values.get(f"{kernel}/{name}/max_rel_err")
+    if ms is None or error is None or error > MAX_REL_ERR:
+      continue
+    if best is None or ms < best[0]:
+      best = (ms, name)
+  return None if best is None else best[1]
+
+
+def _changes(chosen: dict) -> dict:
+  """{mlp_gpu constant: changes} of the chosen setting of each kernel."""
+  changes = {}
+  for kernel, constant, settings in KERNELS:
+    if kernel in chosen:
+      change = dict(settings)[chosen[kernel]]
+      if change:
+        changes[constant] = change
+  return changes
+
+
+def swept_setting(figures_path: str):
+  """(name, {mlp_gpu constant: changes}) of each kernel's fastest correct
+  setting in the mixer figures of `figures_path` (one JSON line per
+  figure), e.g. ('forward=default dx=t64 grad=c64_w8', {...}); None where
+  no setting was timed (no such file, or no mixer section in it). A kernel
+  whose settings were not timed keeps the module's constants."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(figures_path):
+    return None
+  values = {}
+  with open(figures_path) as f:
+    for line in f:
+      row = json.loads(line)
+      if row.get("name", "").startswith("mixer/"):
+        values[row["name"][len("mixer/"):]] = row["value"]
+  chosen = {kernel: _best(values, kernel) for kernel, _, _ in KERNELS}
+  chosen = {k: v for k, v in chosen.items() if v is not None}
+  if not chosen:
+    return None
+  return (" ".join(f"{k}={v}" for k, v in chosen.items()), _changes(chosen))
 
 
 def section_mixer(args, rec, budget, log) -> None:
@@ -107,61 +181,54 @@ def section_mixer(args, rec, budget, log) -> None:
     def train(x, w_in, w_out, dy):
       y, pull = jax.vjp(mixer, x, w_in, w_out)
       return (y,) + pull(dy)
-    return forward, jax.jit(train)
+    return {"forward": (forward, (x, w_in, w_out)),
+            "train": (jax.jit(train), (x, w_in, w_out, dy))}
 
-  xla = programs(lambda x, w_in, w_out: layers.swiglu_residual_norm(
-      x.reshape(seq, -1), w_in, w_out, EPS, True).reshape(x.shape))
-  triton = lambda x, w_in, w_out: mlp_gpu.token_mixer(  # noqa: E731
-      x, w_in, w_out, EPS, args.smoke)
+  def xla_mixer(x, w_in, w_out):
+    return layers.swiglu_residual_norm(
+        x.reshape(seq, -1), w_in, w_out, EPS, True).reshape(x.shape)
+
+  def triton_mixer(x, w_in, w_out):
+    return mlp_gpu.token_mixer(x, w_in, w_out, EPS, args.smoke)
+
+  # Enough calls for a stable median of 1-5 ms calls; the compiles cost
+  # more than the timing.
+  per_call = 0.5 if not args.smoke else 0.2
   want = {}
-  per_call = 2.0 if not args.smoke else 0.5
-  for name, changes in (("xla", None),) + SETTINGS:
-    if budget.left() < 15:
-      log(f"mixer {name}: skipped, {budget.left():.0f} s left")
-      continue
-    try:
-      with _constants(mlp_gpu, changes or {}):
-        forward, train = xla if changes is None else programs(triton)
-        for kind, fn, operands in (("forward", forward, (x, w_in, w_out)),
-                                   ("train", train, (x, w_in, w_out, dy))):
+  for kind, (fn, operands) in programs(xla_mixer).items():
+    out, first, seconds = _timed(fn, operands, per_call)
+    want[kind] = out
+    rec.figure(f"xla/{kind}/ms", 1e3 * seconds, "ms", "ours",
+               first_call_s=round(first, 3), **common)
+    log(f"mixer xla {kind}: {1e3 * seconds:.3f} ms (first call {first:.1f} s)")
+
+  values, chosen = {}, {}
+  for kernel, constant, settings in KERNELS:
+    kind = "forward" if kernel == "forward" else "train"
+    for name, change in settings:
+      if budget.left() < 10:
+        log(f"mixer {kernel} {name}: skipped, {budget.left():.0f} s left")
+        continue
+      try:
+        with _constants(mlp_gpu, {**_changes(chosen), constant: change}):
+          fn, operands = programs(triton_mixer)[kind]
           out, first, seconds = _timed(fn, operands, per_call)
-          meta = dict(common, **{"first_call_s": round(first, 3)})
-          rec.figure(f"{name}/{kind}/ms", 1e3 * seconds, "ms", "ours",
-                     **meta)
-          if changes is None:
-            want[kind] = out
-          else:
-            rec.figure(f"{name}/{kind}/max_rel_err",
-                       _max_rel_err(out, want[kind]), "fraction", "ours",
-                       **common)
-          log(f"mixer {name} {kind}: {1e3 * seconds:.3f} ms (first call "
-              f"{first:.1f} s)")
-    except Exception as e:  # pylint: disable=broad-except
-      log(f"mixer {name}: failed ({type(e).__name__}: {str(e)[:300]})")
-
-
-def swept_setting(figures_path: str):
-  """(name, constants) of the setting with the fastest forward+backward in
-  the mixer figures of `figures_path` (one JSON line per figure) whose
-  outputs match the XLA path's within MAX_REL_ERR in both programs; None
-  where no setting was timed (no such file, or no mixer section in it)."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  if not os.path.exists(figures_path):
-    return None
-  values = {}
-  with open(figures_path) as f:
-    for line in f:
-      row = json.loads(line)
-      if row.get("name", "").startswith("mixer/"):
-        values[row["name"][len("mixer/"):]] = row["value"]
-  best = None
-  for name, changes in SETTINGS:
-    train = values.get(f"{name}/train/ms")
-    errors = [values.get(f"{name}/{kind}/max_rel_err")
-              for kind in ("forward", "train")]
-    if train is None or None in errors or max(errors) > MAX_REL_ERR:
-      continue
-    if best is None or train < best[0]:
-      best = (train, name, changes)
-  return None if best is None else best[1:]
+        error = _max_rel_err(out, want[kind])
+      except Exception as e:  # pylint: disable=broad-except
+        log(f"mixer {kernel} {name}: failed ({type(e).__name__}: "
+            f"{str(e)[:300]})")
+        continue
+      meta = dict(common, program=kind, constants=repr(change or "module's"),
+                  earlier=dict(chosen))
+      rec.figure(f"{kernel}/{name}/ms", 1e3 * seconds, "ms", "ours",
+                 first_call_s=round(first, 3), **meta)
+      rec.figure(f"{kernel}/{name}/max_rel_err", error, "fraction", "ours",
+                 **meta)
+      values[f"{kernel}/{name}/ms"] = 1e3 * seconds
+      values[f"{kernel}/{name}/max_rel_err"] = error
+      log(f"mixer {kernel} {name}: {kind} {1e3 * seconds:.3f} ms, error "
+          f"{error:.4f} (first call {first:.1f} s)")
+    best = _best(values, kernel)
+    if best is not None:
+      chosen[kernel] = best
+      log(f"mixer {kernel}: fastest correct setting {best}")

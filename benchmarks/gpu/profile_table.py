@@ -54,6 +54,9 @@ _LIBRARY = (
     (re.compile(r"^(memset|memcpy)", re.I), "memset/memcpy"),
 )
 _XLA_GEMM = ("gemm_fusion", "triton_gemm")  # XLA's Triton GEMM fusions
+# The project's Pallas kernels are named trm_* (`pallas_call(name=...)`,
+# e.g. trm/families/trm/mlp_gpu.py); XLA launches them under that name.
+_PALLAS = ("trm_",)
 _LAYER_SCOPE = re.compile(r"(?<![^/])([A-Za-z][A-Za-z]*)_\d+(?=/|$)")
 
 
@@ -210,6 +213,8 @@ def library_kind(name: str) -> str | None:
 
 def xla_kind(name: str) -> str:
   """What an XLA-emitted kernel is, from its (instruction) name."""
+  if name.startswith(_PALLAS):
+    return "Pallas kernel (ours)"
   if name.startswith(_XLA_GEMM):
     return "XLA Triton GEMM fusion"
   if "reduce" in name:

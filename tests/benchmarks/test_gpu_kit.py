@@ -278,8 +278,8 @@ def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):
 
 def test_mixer_section_sweeps_the_triton_constants(tmp_path):
   """`--only=mixer` on the CPU: the token mixer's kernels interpreted at
-  tiny sizes in every setting of mixer_sweep.SETTINGS, each timed beside
-  the XLA path and checked against it."""
+  tiny sizes in every setting of each kernel (mixer_sweep.KERNELS), each
+  timed beside the XLA path and checked against it."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([KIT, ROOT]),
              JAX_PLATFORMS="cpu")
   proc = subprocess.run(
@@ -296,52 +296,70 @@ def test_mixer_section_sweeps_the_triton_constants(tmp_path):
     sys.path.remove(KIT)
   for kind in ("forward", "train"):
     assert rows[f"mixer/xla/{kind}/ms"]["value"] > 0
-    for name, _ in mixer_sweep.SETTINGS:
-      assert rows[f"mixer/{name}/{kind}/ms"]["value"] > 0, name
+  chosen = {}
+  for kernel, _, settings in mixer_sweep.KERNELS:
+    for name, _ in settings:
+      row = rows[f"mixer/{kernel}/{name}/ms"]
+      assert row["value"] > 0, (kernel, name)
+      assert row["program"] == ("forward" if kernel == "forward"
+                                else "train")
       # Traced anew (jit keyed on a reused function would run the first
       # setting's kernels under every name).
-      assert rows[f"mixer/{name}/{kind}/ms"]["first_call_s"] > 0.01, name
+      assert row["first_call_s"] > 0.01, (kernel, name)
+      # Each kernel is tuned with the earlier kernels at their best.
+      assert row["earlier"] == chosen, (kernel, name)
       # bf16, relative to the largest value: a wrong setting shows here.
-      assert rows[f"mixer/{name}/{kind}/max_rel_err"]["value"] < 0.02, name
-  # The trm section after it would compile with the fastest setting.
-  fastest = min(mixer_sweep.SETTINGS,
-                key=lambda s: rows[f"mixer/{s[0]}/train/ms"]["value"])
-  assert mixer_sweep.swept_setting(str(tmp_path / "figures.jsonl")) == fastest
+      assert rows[f"mixer/{kernel}/{name}/max_rel_err"]["value"] < 0.02
+    chosen[kernel] = min(
+        (name for name, _ in settings),
+        key=lambda n, k=kernel: rows[f"mixer/{k}/{n}/ms"]["value"])
+  # The trm section after it would compile with each kernel's fastest.
+  name, changes = mixer_sweep.swept_setting(str(tmp_path / "figures.jsonl"))
+  assert name == " ".join(f"{k}={v}" for k, v in chosen.items())
+  assert changes == mixer_sweep._changes(chosen)
 
 
 def _mixer_rows(path, times: dict, errors: dict):
   with open(path, "w") as f:
     f.write(json.dumps({"name": "trm/x/ms", "value": 0.001}) + "\n")
     for name, ms in times.items():
-      for kind in ("forward", "train"):
-        f.write(json.dumps({"name": f"mixer/{name}/{kind}/ms",
-                            "value": ms}) + "\n")
-        f.write(json.dumps({"name": f"mixer/{name}/{kind}/max_rel_err",
-                            "value": errors.get(name, 0.004)}) + "\n")
+      f.write(json.dumps({"name": f"mixer/{name}/ms", "value": ms}) + "\n")
+      f.write(json.dumps({"name": f"mixer/{name}/max_rel_err",
+                          "value": errors.get(name, 0.004)}) + "\n")
 
 
 def test_swept_setting_is_the_fastest_correct_one(tmp_path, monkeypatch):
-  """The TRM section takes the sweep's fastest setting whose results match
-  XLA's; a fast but wrong one, an untimed one and other sections' figures
-  are passed over; without a sweep the kernels keep their constants."""
+  """The TRM section takes each kernel's fastest setting whose results
+  match XLA's; a fast but wrong one, an untimed kernel and other sections'
+  figures are passed over; without a sweep the kernels keep their
+  constants."""
   monkeypatch.syspath_prepend(KIT)
   import measure  # pylint: disable=g-import-not-at-top
   import mixer_sweep  # pylint: disable=g-import-not-at-top
   from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
   figures = tmp_path / "figures.jsonl"
   assert mixer_sweep.swept_setting(str(figures)) is None
-  names = [name for name, _ in mixer_sweep.SETTINGS]
-  _mixer_rows(figures, {"xla": 0.5, names[0]: 3.0, names[1]: 1.0,
-                        names[2]: 2.0, names[3]: 1.5},
-              errors={names[1]: 0.3})
-  assert mixer_sweep.swept_setting(str(figures)) == mixer_sweep.SETTINGS[3]
+  forward = [name for name, _ in mixer_sweep.KERNELS[0][2]]
+  dx = [name for name, _ in mixer_sweep.KERNELS[1][2]]
+  _mixer_rows(figures, {"xla/forward": 0.1, f"forward/{forward[0]}": 3.0,
+                        f"forward/{forward[1]}": 1.0,
+                        f"forward/{forward[2]}": 2.0,
+                        f"dx/{dx[0]}": 5.0, f"dx/{dx[1]}": 4.0},
+              errors={f"forward/{forward[1]}": 0.3})
+  name, changes = mixer_sweep.swept_setting(str(figures))
+  assert name == f"forward={forward[2]} dx={dx[1]}"
+  assert changes == {"_FORWARD": mixer_sweep.KERNELS[0][2][2][1],
+                     "_DX": mixer_sweep.KERNELS[1][2][1][1]}
 
   args = measure.parse_args(["trm", f"--out={tmp_path}"])
-  for constant, value in mixer_sweep.SETTINGS[3][1].items():
-    monkeypatch.setattr(mlp_gpu, constant, getattr(mlp_gpu, constant))
-  assert measure._use_mixer_setting(args) == names[3]
-  for constant, value in mixer_sweep.SETTINGS[3][1].items():
-    assert getattr(mlp_gpu, constant) == value
+  before = {c: getattr(mlp_gpu, c) for c in ("_FORWARD", "_DX", "_GRAD")}
+  for constant, value in before.items():
+    monkeypatch.setattr(mlp_gpu, constant, value)
+  assert measure._use_mixer_setting(args) == name
+  for constant, change in changes.items():
+    assert getattr(mlp_gpu, constant) == dict(before[constant], **change)
+    assert getattr(mlp_gpu, constant) != before[constant]
+  assert mlp_gpu._GRAD == before["_GRAD"]
   args = measure.parse_args(["trm", f"--out={tmp_path}",
                              "--mixer_setting_from=default"])
   assert measure._use_mixer_setting(args) == "default"

@@ -97,6 +97,19 @@ def test_kernels_per_run_by_kind():
   assert add["launches"] == 2
 
 
+@pytest.mark.parametrize("kernel, kind", [
+    ("trm_token_mixer_dx__1", "Pallas kernel (ours)"),
+    ("trm_token_mixer_forward", "Pallas kernel (ours)"),
+    ("loop_multiply_fusion_18", "XLA elementwise fusion"),
+    ("input_reduce_fusion_27", "XLA reduction fusion"),
+    ("wrapped_concatenate", "XLA data movement (concatenate, slice, copy)")])
+def test_our_pallas_kernels_are_a_kind_of_their_own(kernel, kind):
+  """The project's pallas_calls (named trm_*) are not counted as XLA's
+  elementwise fusions (2026-11-27: the Triton token mixer's 92.8 ms)."""
+  assert profile_table.library_kind(kernel) is None
+  assert profile_table.xla_kind(kernel) == kind
+
+
 def test_kernels_join_the_instructions_they_run():
   result = profile_table.table(_trace(), HLO, efficiency=0.5)
   rows = {r["label"]: r for r in result["groups"]}

@@ -42,27 +42,32 @@ from jax.experimental.pallas import triton as plgpu
 from trm.families.trm import mlp_tpu
 
 KINDS = ("triton", "triton_interpret")
-# Columns per program, the first that divides M. The forward and dx
-# kernels read the weights (about 300 KB) from L2 once per tile: at 128
-# columns that is 0.46 GB of L2 reads per call at Sudoku's batch 384
-# (0.92 GB at 64). Their [128, 128] float32 accumulator takes 8 warps.
-# Not yet tuned on a GPU.
-_TILES = (128, 64, 32, 16)
-_WARPS = 8
-_CHUNK = 64              # inner width per step of the forward and dx kernels
+# Each kernel's launch constants: `tiles`, the columns per program (the
+# first that divides M); `chunk`, the inner width per loop step; `warps`;
+# and Triton's software-pipelining `stages`. The weights (about 300 KB)
+# are read from L2 once per tile. From the H100 sweep of 2026-11-27
+# (benchmarks/gpu/mixer_sweep.py, Sudoku's batch 384): the forward ran in
+# 0.67 ms at 64 columns and 4 warps, against 1.11 ms at 128 and 8 warps,
+# where the [128, 128] float32 accumulator and the chunk's float32 SwiGLU
+# terms spill registers; dx was as fast at 128 columns with 4 warps.
+_FORWARD = dict(tiles=(64, 32, 16), chunk=64, warps=4, stages=2)
+_DX = dict(tiles=(128, 64, 32, 16), chunk=64, warps=4, stages=2)
 # The weight-gradient kernel keeps three float32 accumulators of [128,
 # chunk] across its loop over tiles, so its tiles and chunks are smaller.
-_GRAD_TILES = (64, 32, 16)
-_GRAD_CHUNK = 32
-_GRAD_WARPS = 4
+_GRAD = dict(tiles=(64, 32, 16), chunk=32, warps=4, stages=2)
 _MAX_GROUPS = 32         # column groups of the weight gradients (partials)
+
+
+def _params(constants: dict):
+  return plgpu.CompilerParams(num_warps=constants["warps"],
+                              num_stages=constants["stages"])
 
 
 def _padded_rows(seq: int) -> int:
   return max(16, pl.next_power_of_2(seq))
 
 
-def _tile(columns: int, tiles=_TILES) -> int:
+def _tile(columns: int, tiles) -> int:
   for tile in tiles:
     if columns % tile == 0:
       return tile
@@ -156,8 +161,8 @@ def _forward(x, w_in, w_out, eps, interpret):
   """x [S, M] -> (y [S, M], 1/rms [1, M] float32)."""
   seq, columns = x.shape
   inter = w_out.shape[0]
-  rows, tile = _padded_rows(seq), _tile(columns)
-  chunk = _chunk(inter, _CHUNK)
+  rows, tile = _padded_rows(seq), _tile(columns, _FORWARD["tiles"])
+  chunk = _chunk(inter, _FORWARD["chunk"])
   kernel = functools.partial(_forward_kernel, seq=seq, inter=inter,
                              chunk=chunk, eps=eps,
                              precision=_precision(x.dtype))
@@ -171,7 +176,7 @@ def _forward(x, w_in, w_out, eps, interpret):
       out_specs=[pl.BlockSpec((rows, tile), lambda j: (0, j)),
                  pl.BlockSpec((1, tile), lambda j: (0, j))],
       out_shape=out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=_WARPS, num_stages=2),
+      compiler_params=_params(_FORWARD),
       cost_estimate=_cost(6 * rows * inter * columns, (inter + 1) * columns,
                           x, w_in, w_out, *out_shape),
       interpret=interpret, name="trm_token_mixer_forward",
@@ -257,13 +262,13 @@ def _backward(x, y, dy, inv, w_in, w_out, interpret):
   [S, 2I] and d_w_out [I, S] float32."""
   seq, columns = x.shape
   inter = w_out.shape[0]
-  rows, tile = _padded_rows(seq), _tile(columns)
+  rows, tile = _padded_rows(seq), _tile(columns, _DX["tiles"])
   precision = _precision(x.dtype)
   act_block = pl.BlockSpec((rows, tile), lambda j: (0, j))
   whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
   dx, dr = pl.pallas_call(
       functools.partial(_dx_kernel, seq=seq, inter=inter,
-                        chunk=_chunk(inter, _CHUNK), precision=precision),
+                        chunk=_chunk(inter, _DX["chunk"]), precision=precision),
       grid=(columns // tile,),
       in_specs=[act_block, act_block, act_block,
                 pl.BlockSpec((1, tile), lambda j: (0, j)),
@@ -271,17 +276,17 @@ def _backward(x, y, dy, inv, w_in, w_out, interpret):
                 whole((inter, rows))],
       out_specs=[act_block, act_block],
       out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] * 2,
-      compiler_params=plgpu.CompilerParams(num_warps=_WARPS, num_stages=2),
+      compiler_params=_params(_DX),
       cost_estimate=_cost(10 * rows * inter * columns, inter * columns,
                           x, y, dy, inv, w_in, w_out,
                           x, x),  # the outputs dx and dr: shaped as x
       interpret=interpret, name="trm_token_mixer_dx",
   )(x, y, dy, inv, w_in.T, w_in, w_out)
 
-  tile = _tile(columns, _GRAD_TILES)
+  tile = _tile(columns, _GRAD["tiles"])
   steps = columns // tile
   groups = _groups(steps)
-  chunk = _chunk(inter, _GRAD_CHUNK)
+  chunk = _chunk(inter, _GRAD["chunk"])
   group_block = pl.BlockSpec((rows, columns // groups), lambda g, c: (0, g))
   partials = [jax.ShapeDtypeStruct((groups, rows, inter), jnp.float32)] * 2 + [
       jax.ShapeDtypeStruct((groups, inter, rows), jnp.float32)]
@@ -296,8 +301,7 @@ def _backward(x, y, dy, inv, w_in, w_out, interpret):
                  pl.BlockSpec((None, rows, chunk), lambda g, c: (g, 0, c)),
                  pl.BlockSpec((None, chunk, rows), lambda g, c: (g, c, 0))],
       out_shape=partials,
-      compiler_params=plgpu.CompilerParams(num_warps=_GRAD_WARPS,
-                                           num_stages=2),
+      compiler_params=_params(_GRAD),
       # x and dr are read once per inner chunk (from L2 where the chunks'
       # programs run together); counted once per chunk here.
       cost_estimate=_cost(12 * rows * inter * columns, inter * columns,
