@@ -1,0 +1,227 @@
+"""Registers, spills, shared memory and occupancy of ours' Pallas Triton
+kernels on an H100, for every setting of the `mixer` sweep, without a GPU.
+
+  python3 benchmarks/gpu/kernel_report.py [--batch=384] [--json=OUT]
+
+Each setting's program (the token mixer's forward, or its forward and
+backward) is compiled for an H100 as offline.py compiles (XLA:GPU's
+deviceless compile; JAX's CUDA plugin in a scratch venv, see offline.py),
+with XLA's dump on. The kernel's PTX goes through `ptxas -v` (the plugin's
+CUDA wheels ship it) for its registers and spill bytes, and the dump's
+thunk sequence gives its grid, threads and shared memory. From those, the
+resident blocks per SM follow from the H100's limits (65,536 registers,
+228 KiB of shared memory, 64 warps, 32 blocks per SM).
+
+Why: on the H100 (2026-11-27) every token-mixer kernel ran at 255
+registers and 6-12% occupancy (the trace's kernel details), and the sweep
+could time only 3 of its settings. This report shows, before any device
+time, which settings spill and how many warps each SM can hold, so the
+sweep's settings are chosen among those that do not spill.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+# One H100 SM (sm_90): CUDA's occupancy limits.
+SM_REGISTERS = 65536
+SM_SHARED = 228 * 1024       # bytes per SM
+BLOCK_SHARED_RESERVED = 1024  # bytes the runtime reserves per block
+SM_WARPS = 64
+SM_BLOCKS = 32
+SMS = 132
+REGISTER_GRANULE = 256        # registers are allocated per warp in these
+
+
+@dataclasses.dataclass
+class Kernel:
+  name: str
+  registers: int
+  spill_stores: int
+  spill_loads: int
+  threads: int
+  shared: int
+  grid: int
+
+  def blocks_per_sm(self) -> int:
+    warps = -(-self.threads // 32)
+    per_warp = -(-self.registers * 32 // REGISTER_GRANULE) * REGISTER_GRANULE
+    by_registers = SM_REGISTERS // (per_warp * warps)
+    by_shared = SM_SHARED // (self.shared + BLOCK_SHARED_RESERVED)
+    return max(0, min(by_registers, by_shared, SM_WARPS // warps, SM_BLOCKS))
+
+  def occupancy(self) -> float:
+    """Resident warps over the SM's 64."""
+    return self.blocks_per_sm() * -(-self.threads // 32) / SM_WARPS
+
+  def waves(self) -> float:
+    return self.grid / max(1, self.blocks_per_sm() * SMS)
+
+
+def parse_ptxas(text: str) -> dict[str, tuple[int, int, int]]:
+  """`ptxas -v`'s stderr -> {function: (registers, spill stores, spill
+  loads)}."""
+  out, current, spills = {}, None, (0, 0)
+  for line in text.splitlines():
+    m = re.search(r"Compiling entry function '(\w+)'", line)
+    if m:
+      current, spills = m.group(1), (0, 0)
+      continue
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m:
+      spills = (int(m.group(1)), int(m.group(2)))
+      continue
+    m = re.search(r"Used (\d+) registers", line)
+    if m and current:
+      out[current] = (int(m.group(1)),) + spills
+  return out
+
+
+def parse_thunks(text: str) -> dict[str, tuple[int, int, int]]:
+  """XLA's `*.thunk_sequence.txt` -> {kernel: (grid blocks, threads per
+  block, shared memory bytes)}."""
+  out = {}
+  for line in text.splitlines():
+    m = re.search(r"\]\s+(\S+)\s+grid:\s*\[(\d+),\s*(\d+),\s*(\d+)\]\s+"
+                  r"threads:\s*\[(\d+),\s*(\d+),\s*(\d+)\]\s+"
+                  r"shared_memory:\s*(\d+)", line)
+    if m:
+      g = [int(v) for v in m.group(2, 3, 4)]
+      t = [int(v) for v in m.group(5, 6, 7)]
+      out[m.group(1)] = (g[0] * g[1] * g[2], t[0] * t[1] * t[2],
+                         int(m.group(8)))
+  return out
+
+
+def find_ptxas() -> str:
+  """ptxas from JAX's CUDA wheels on this interpreter's path, or PATH."""
+  for entry in sys.path:
+    for pattern in ("nvidia/cu*/bin/ptxas", "nvidia/cuda_nvcc/bin/ptxas"):
+      found = sorted(glob.glob(os.path.join(entry, pattern)))
+      if found:
+        return found[-1]
+  found = shutil.which("ptxas")
+  if not found:
+    raise SystemExit("kernel_report.py: no ptxas (install "
+                     "jax-cuda13-plugin[with-cuda] in the venv; offline.py's "
+                     "docstring)")
+  return found
+
+
+def kernels_of(compile_fn, ptxas: str, prefix: str = "trm_") -> list[Kernel]:
+  """Compiles with XLA's dump into a scratch dir (compile_fn(options)),
+  then reads the kernels named `prefix*` back from it."""
+  scratch = tempfile.mkdtemp(prefix="kernel_report_")
+  try:
+    compile_fn({"xla_dump_to": scratch, "xla_dump_hlo_as_text": True})
+    thunks = {}
+    for path in glob.glob(os.path.join(scratch, "*thunk_sequence.txt")):
+      with open(path) as f:
+        thunks.update(parse_thunks(f.read()))
+    found = []
+    for path in glob.glob(os.path.join(scratch, "*.ptx")):
+      with open(path) as f:
+        if f".entry {prefix}" not in f.read():
+          continue
+      run = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o",
+                            os.devnull], capture_output=True, text=True,
+                           check=False)
+      for name, (regs, stores, loads) in parse_ptxas(run.stderr).items():
+        if name.startswith(prefix) and name in thunks:
+          grid, threads, shared = thunks[name]
+          found.append(Kernel(name, regs, stores, loads, threads, shared,
+                              grid))
+    return found
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def report(batch: int, gpu: str = "h100") -> list[dict]:
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  for path in (REPO, HERE):
+    if path not in sys.path:
+      sys.path.insert(0, path)
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import mixer_sweep  # pylint: disable=g-import-not-at-top
+  import offline  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
+
+  device = offline.gpu_devices(gpu)[0]
+  ptxas = find_ptxas()
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  spec = lambda shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16,  # noqa: E731
+                                            sharding=sharding)
+  seq, width, inter = 97, 512, 512  # the paper MLP-t step's token mixer
+  x, dy = spec((seq, batch, width)), spec((seq, batch, width))
+  w_in, w_out = spec((seq, 2 * inter)), spec((inter, seq))
+
+  def mixer(x, w_in, w_out):
+    return mlp_gpu.token_mixer(x, w_in, w_out, mixer_sweep.EPS, False)
+
+  def train(x, w_in, w_out, dy):
+    y, pull = jax.vjp(mixer, x, w_in, w_out)
+    return (y,) + pull(dy)
+
+  names = {"forward": "trm_token_mixer_forward", "dx": "trm_token_mixer_dx",
+           "grad": "trm_token_mixer_weight_grads"}
+  rows = []
+  for kernel, constant, settings in mixer_sweep.KERNELS:
+    for name, change in settings:
+      with mixer_sweep._constants(mlp_gpu, {constant: change}):  # pylint: disable=protected-access
+        # A new function per setting: the kernels read the constants when
+        # traced, and jit caches by function.
+        if kernel == "forward":
+          fn, args = jax.jit(lambda *a: mixer(*a)), (x, w_in, w_out)
+        else:
+          fn, args = jax.jit(lambda *a: train(*a)), (x, w_in, w_out, dy)
+        lowered = fn.lower(*args)
+        found = kernels_of(lowered.compile, ptxas)
+      for k in found:
+        if k.name != names[kernel]:
+          continue
+        rows.append(dict(kernel=kernel, setting=name, changes=change,
+                         registers=k.registers, spill_stores=k.spill_stores,
+                         spill_loads=k.spill_loads, threads=k.threads,
+                         shared_bytes=k.shared, grid=k.grid,
+                         blocks_per_sm=k.blocks_per_sm(),
+                         occupancy=k.occupancy(), waves=k.waves()))
+  return rows
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--batch", type=int, default=384,
+                 help="the MLP-t step's batch (columns = batch x 512)")
+  p.add_argument("--gpu", default="h100", choices=("h100", "h200"))
+  p.add_argument("--json", default=None, help="also write the rows here")
+  args = p.parse_args(argv)
+  rows = report(args.batch, args.gpu)
+  print(f"token mixer kernels, batch {args.batch} ({args.gpu}, sm_90a; "
+        "ptxas -v and XLA's thunk sequence)")
+  print(f"{'kernel':8s} {'setting':10s} {'regs':>4s} {'spill st/ld':>12s} "
+        f"{'threads':>7s} {'smem KiB':>8s} {'blocks/SM':>9s} "
+        f"{'occupancy':>9s} {'waves':>6s}")
+  for r in rows:
+    print(f"{r['kernel']:8s} {r['setting']:10s} {r['registers']:4d} "
+          f"{r['spill_stores']:5d}/{r['spill_loads']:<6d} {r['threads']:7d} "
+          f"{r['shared_bytes'] / 1024:8.0f} {r['blocks_per_sm']:9d} "
+          f"{r['occupancy']:9.1%} {r['waves']:6.1f}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
