@@ -33,29 +33,33 @@ import time
 # module's own constants; the first, {}, is the module's own). Every setting
 # compiles for an H100 (offline, no GPU); `kernel_report.py` lists each
 # one's registers, spills and occupancy (BUILD_NOTES, "Third run"). Settings
-# that spill heavily with nothing to gain (8 warps at 64 columns, 3 stages
-# of dx, dx's chunk of 32 at 128 columns, the gradients' chunk of 64 at 4
-# warps) were dropped. A chunk of 128 does not compile: it asks for 256 KiB
+# that spill with nothing else to test (8 warps at 64 columns, 3 stages of
+# dx, dx's chunk of 32 at 128 columns with 4 or 8 warps, the gradients'
+# chunk of 64) were dropped; chunks of 16 keep 128 columns without spills
+# (dx, 8 warps) or reach 25% occupancy (dx at 32 columns, the gradients). A chunk of 128 does not compile: it asks for 256 KiB
 # of shared memory, over the 227 KiB a block may use.
 KERNELS = (
     ("forward", "_FORWARD", (
         ("default", {}),
         ("t128", {"tiles": (128, 64, 32, 16)}),
         ("c32", {"chunk": 32}),
+        ("c16", {"chunk": 16}),
         ("t32", {"tiles": (32, 16)}),
         ("s3", {"stages": 3}),
         ("t32_s3", {"tiles": (32, 16), "stages": 3}),
     )),
     ("dx", "_DX", (
         ("default", {}),
-        ("c32_w8", {"chunk": 32, "warps": 8}),
+        ("c16_w8", {"chunk": 16, "warps": 8}),
         ("t64", {"tiles": (64, 32, 16)}),
         ("t64_c32", {"tiles": (64, 32, 16), "chunk": 32}),
         ("t32", {"tiles": (32, 16)}),
         ("t32_c32", {"tiles": (32, 16), "chunk": 32}),
+        ("t32_c16", {"tiles": (32, 16), "chunk": 16}),
     )),
     ("grad", "_GRAD", (
         ("default", {}),
+        ("c16_w8", {"chunk": 16, "warps": 8}),
         ("t128_w8", {"tiles": (128, 64, 32, 16), "warps": 8}),
         ("t32", {"tiles": (32, 16)}),
         ("s3", {"stages": 3}),
