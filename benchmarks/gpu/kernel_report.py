@@ -66,7 +66,8 @@ class Kernel:
     return self.blocks_per_sm() * -(-self.threads // 32) / SM_WARPS
 
   def waves(self) -> float:
-    return self.grid / max(1, self.blocks_per_sm() * SMS)
+    blocks = self.blocks_per_sm()
+    return self.grid / (blocks * SMS) if blocks else float("inf")
 
 
 def parse_ptxas(text: str) -> dict[str, tuple[int, int, int]]:
@@ -179,7 +180,8 @@ def report(batch: int, gpu: str = "h100") -> list[dict]:
   rows = []
   for kernel, constant, settings in mixer_sweep.KERNELS:
     for name, change in settings:
-      with mixer_sweep._constants(mlp_gpu, {constant: change}):  # pylint: disable=protected-access
+      # pylint: disable-next=protected-access
+      with mixer_sweep._constants(mlp_gpu, {constant: change}):
         # A new function per setting: the kernels read the constants when
         # traced, and jit caches by function.
         if kernel == "forward":
@@ -188,6 +190,10 @@ def report(batch: int, gpu: str = "h100") -> list[dict]:
           fn, args = jax.jit(lambda *a: train(*a)), (x, w_in, w_out, dy)
         lowered = fn.lower(*args)
         found = kernels_of(lowered.compile, ptxas)
+      if not any(k.name == names[kernel] for k in found):
+        print(f"kernel_report.py: {kernel} {name}: no kernel named "
+              f"{names[kernel]} in the compiled program (found "
+              f"{sorted(k.name for k in found)})", file=sys.stderr)
       for k in found:
         if k.name != names[kernel]:
           continue

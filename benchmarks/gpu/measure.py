@@ -953,7 +953,7 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
         # One iteration each side (torch's meta.json says 1; time_torch
         # would run `iters`, which the table would count as one).
         keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0),  # pylint: disable=cell-var-from-loop
-                   torch_run=theirs if theirs else None)
+                   torch_run=theirs)
   for attention, (timed, ms) in ours.items():
     if not ms:
       continue

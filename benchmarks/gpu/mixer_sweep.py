@@ -36,8 +36,9 @@ import time
 # that spill with nothing else to test (8 warps at 64 columns, 3 stages of
 # dx, dx's chunk of 32 at 128 columns with 4 or 8 warps, the gradients'
 # chunk of 64) were dropped; chunks of 16 keep 128 columns without spills
-# (dx, 8 warps) or reach 25% occupancy (dx at 32 columns, the gradients). A chunk of 128 does not compile: it asks for 256 KiB
-# of shared memory, over the 227 KiB a block may use.
+# (dx, 8 warps) or reach 25% occupancy (dx at 32 columns, the gradients).
+# A chunk of 128 does not compile: it asks for 256 KiB of shared memory,
+# over the 227 KiB a block may use.
 KERNELS = (
     ("forward", "_FORWARD", (
         ("default", {}),
@@ -102,12 +103,17 @@ def _timed(fn, args, seconds: float, calls: int = 5):
 
 
 def _max_rel_err(got, want) -> float:
+  """The largest |got - want| over the largest |want|, per output; inf
+  where an output is not finite (max() would pass over a NaN)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   worst = 0.0
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    worst = max(worst, float(np.abs(a - b).max() / (np.abs(b).max() or 1)))
+    error = float(np.abs(a - b).max() / (np.abs(b).max() or 1))
+    if not np.isfinite(error):
+      return float("inf")
+    worst = max(worst, error)
   return worst
 
 
@@ -118,7 +124,8 @@ def _best(values: dict, kernel: str):
   for name, _ in dict((k, s) for k, _, s in KERNELS)[kernel]:
     ms = values.get(f"{kernel}/{name}/ms")
     error = values.get(f"{kernel}/{name}/max_rel_err")
-    if ms is None or error is None or error > MAX_REL_ERR:
+    # `not <=`: a NaN error is not within the bound.
+    if ms is None or error is None or not error <= MAX_REL_ERR:
       continue
     if best is None or ms < best[0]:
       best = (ms, name)
@@ -139,7 +146,7 @@ def _changes(chosen: dict) -> dict:
 def swept_setting(figures_path: str):
   """(name, {mlp_gpu constant: changes}) of each kernel's fastest correct
   setting in the mixer figures of `figures_path` (one JSON line per
-  figure), e.g. ('forward=default dx=t64 grad=c64_w8', {...}); None where
+  figure), e.g. ('forward=default dx=t64 grad=c16_w8', {...}); None where
   no setting was timed (no such file, or no mixer section in it). A kernel
   whose settings were not timed keeps the module's constants."""
   import json  # pylint: disable=g-import-not-at-top

@@ -186,11 +186,14 @@ else
   # 42-58 s); GPT 104 s with three rounds (ours' first iteration 42 s,
   # torch.compile 35 s); Dream's batch 1 about 70 s (ours' exact sampler
   # compiles in 42 s), batch 16 more; cudnn 30-45 s; mixer: 14 s to the
-  # XLA path's figures, then 6-7 s per setting with 2 s of timing per
-  # program (now 0.5 s: about 4 s per setting, 19 settings). Third run
+  # XLA path's figures, then 4-8 s per setting, mostly compiles (now one
+  # program per setting: about 4 s, 19 settings). Third run
   # (2026-11-27, session 39): smoke 36 s; TRM 100 s for the Triton variant
   # at 768; GPT 132 s with two variants of ours; Dream 166 s for batches 1
-  # and 16 (batch 16's exact sampler compiled in 11-60 s).
+  # and 16 with HF's batch 16 out of memory (batch 16's exact sampler
+  # compiled in 11-60 s). The sum is the 8 minutes; all of the default
+  # sections need about 9.5, so TRM's second variant or Dream's batch 16
+  # may be cut short (benchmarks/gpu/README.md).
   declare -A budget=([smoke]=50 [trm]=165 [gpt]=100 [dream]=150 [cudnn]=40
                      [mixer]=110)
 fi

@@ -328,6 +328,28 @@ def _mixer_rows(path, times: dict, errors: dict):
                           "value": errors.get(name, 0.004)}) + "\n")
 
 
+def test_a_setting_with_nan_results_is_never_chosen(monkeypatch):
+  """max() passes over a NaN: a fast setting whose results hold NaNs must
+  score an infinite error, and a NaN error must not pass the bound."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  monkeypatch.syspath_prepend(KIT)
+  import mixer_sweep  # pylint: disable=g-import-not-at-top
+  want = [np.array([[1.0, 2.0]]), np.array([3.0])]
+  assert mixer_sweep._max_rel_err(want, want) == 0.0
+  got = [np.array([[1.0, np.nan]]), np.array([3.0])]
+  assert mixer_sweep._max_rel_err(got, want) == float("inf")
+  got = [np.array([[1.0, 2.0]]), np.array([np.inf])]
+  assert mixer_sweep._max_rel_err(got, want) == float("inf")
+  names = [name for name, _ in mixer_sweep.KERNELS[0][2]]
+  values = {f"forward/{names[0]}/ms": 1.0,
+            f"forward/{names[0]}/max_rel_err": 0.01,
+            f"forward/{names[1]}/ms": 0.5,
+            f"forward/{names[1]}/max_rel_err": float("nan"),
+            f"forward/{names[2]}/ms": 0.4,
+            f"forward/{names[2]}/max_rel_err": float("inf")}
+  assert mixer_sweep._best(values, "forward") == names[0]
+
+
 def test_swept_setting_is_the_fastest_correct_one(tmp_path, monkeypatch):
   """The TRM section takes each kernel's fastest setting whose results
   match XLA's; a fast but wrong one, an untimed kernel and other sections'
