@@ -25,13 +25,17 @@ def _tiny_config():
       os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
 
 
-def make_tiny_checkpoint(directory) -> str:
+def make_tiny_checkpoint(directory, logit_scale: float = 1.0) -> str:
   """Random tiny weights exported as safetensors + a matching tokenizer
-  (words w0..w499, unknown text -> w0) in `directory`."""
+  (words w0..w499, unknown text -> w0) in `directory`. `logit_scale`
+  multiplies the final norm's scale, so the logits: at 1 the random model's
+  distributions are near-uniform, and positions' confidences can tie to
+  within float32 rounding."""
   config = _tiny_config()
   model = dream.Dream(dream.DreamConfig.from_config(config.model))
   params = nn.meta.unbox(model.init(jax.random.key(0),
                                     jnp.zeros((1, 4), jnp.int32))["params"])
+  params["norm"]["scale"] = params["norm"]["scale"] * logit_scale
   hf_import.export_hf_checkpoint(params, model.cfg, str(directory))
   # Ids 0..499 are words; the specials follow so <|mask|> lands on 500.
   vocab = {f"w{i}": i for i in range(500)}
@@ -450,10 +454,24 @@ def test_steps_zero_is_refused_as_the_api_refuses_it():
 # ------------------------------------------- prompt buckets, HF spellings
 
 
-def test_prompt_buckets_give_the_unbucketed_outputs(lm):
+@pytest.fixture(scope="module")
+def confident_lm(tmp_path_factory):
+  """The tiny model with logits 30x as large. Greedy sampling orders the
+  positions by confidence; the random model's near-uniform distributions
+  put several positions' entropies within a few float32 ulps (6.22672 +-
+  2e-6 on one CPU), so any change in rounding, such as a longer padded
+  row's reduction order, may reorder them."""
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  path = make_tiny_checkpoint(tmp_path_factory.mktemp("confident_ckpt"),
+                              logit_scale=30.0)
+  return DiffusionLM.from_pretrained(path, dtype="float32")
+
+
+def test_prompt_buckets_give_the_unbucketed_outputs(confident_lm):
   """Bucketed prompts (left-padded to a multiple of 64, the padding masked
   and cut off again) give the tokens, history and completions of the
   unbucketed batch, for a batch and for a single prompt."""
+  lm = confident_lm
   prompts = ["w3 w4 w5", "w9", "w7 w8 w1 w2 w6"]
   # A batch greedily, one prompt sampled (the draws are shaped by the canvas).
   for batch, kw in ((prompts, dict()),

@@ -12,6 +12,10 @@ thunk sequence gives its grid, threads and shared memory. From those, the
 resident blocks per SM follow from the H100's limits (65,536 registers,
 228 KiB of shared memory, 64 warps, 32 blocks per SM).
 
+It also counts instructions in each kernel's PTX: Hopper's wgmma, the
+older mma.sync that Triton falls back to, and stores to shared memory
+(mlp_gpu's `layout`).
+
 Why: on the H100 (2026-11-27) every token-mixer kernel ran at 255
 registers and 6-12% occupancy (the trace's kernel details), and the sweep
 could time only 3 of its settings. This report shows, before any device
@@ -53,6 +57,9 @@ class Kernel:
   threads: int
   shared: int
   grid: int
+  wgmma: int = 0      # Hopper's warpgroup MMA instructions in the PTX
+  mma_sync: int = 0   # the older warp-level MMAs (Ampere's)
+  st_shared: int = 0  # stores from registers to shared memory
 
   def blocks_per_sm(self) -> int:
     warps = -(-self.threads // 32)
@@ -86,6 +93,23 @@ def parse_ptxas(text: str) -> dict[str, tuple[int, int, int]]:
     m = re.search(r"Used (\d+) registers", line)
     if m and current:
       out[current] = (int(m.group(1)),) + spills
+  return out
+
+
+def parse_instructions(ptx: str) -> dict[str, tuple[int, int, int]]:
+  """A PTX module -> {entry: (wgmma, mma.sync, st.shared instructions)}.
+  Triton emits wgmma where the MMA's rows are at least 64, else mma.sync.
+  wgmma reads its B operand from shared memory only, so a product made in
+  registers that enters a dot as B is stored there first (st.shared, as
+  are operands loaded into registers before a dot)."""
+  out = {}
+  entries = list(re.finditer(r"\.entry\s+(\w+)", ptx))
+  for i, m in enumerate(entries):
+    end = entries[i + 1].start() if i + 1 < len(entries) else len(ptx)
+    body = ptx[m.end():end]
+    out[m.group(1)] = (len(re.findall(r"\bwgmma\.mma_async\.", body)),
+                       len(re.findall(r"\bmma\.sync\.", body)),
+                       len(re.findall(r"\bst\.shared\.", body)))
   return out
 
 
@@ -133,8 +157,10 @@ def kernels_of(compile_fn, ptxas: str, prefix: str = "trm_") -> list[Kernel]:
     found = []
     for path in glob.glob(os.path.join(scratch, "*.ptx")):
       with open(path) as f:
-        if f".entry {prefix}" not in f.read():
-          continue
+        ptx = f.read()
+      if f".entry {prefix}" not in ptx:
+        continue
+      counts = parse_instructions(ptx)
       run = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o",
                             os.devnull], capture_output=True, text=True,
                            check=False)
@@ -142,7 +168,7 @@ def kernels_of(compile_fn, ptxas: str, prefix: str = "trm_") -> list[Kernel]:
         if name.startswith(prefix) and name in thunks:
           grid, threads, shared = thunks[name]
           found.append(Kernel(name, regs, stores, loads, threads, shared,
-                              grid))
+                              grid, *counts.get(name, (0, 0, 0))))
     return found
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
@@ -202,7 +228,9 @@ def report(batch: int, gpu: str = "h100") -> list[dict]:
                          spill_loads=k.spill_loads, threads=k.threads,
                          shared_bytes=k.shared, grid=k.grid,
                          blocks_per_sm=k.blocks_per_sm(),
-                         occupancy=k.occupancy(), waves=k.waves()))
+                         occupancy=k.occupancy(), waves=k.waves(),
+                         wgmma=k.wgmma, mma_sync=k.mma_sync,
+                         st_shared=k.st_shared))
   return rows
 
 
@@ -216,14 +244,16 @@ def main(argv=None) -> None:
   rows = report(args.batch, args.gpu)
   print(f"token mixer kernels, batch {args.batch} ({args.gpu}, sm_90a; "
         "ptxas -v and XLA's thunk sequence)")
-  print(f"{'kernel':8s} {'setting':10s} {'regs':>4s} {'spill st/ld':>12s} "
+  print(f"{'kernel':8s} {'setting':16s} {'regs':>4s} {'spill st/ld':>12s} "
         f"{'threads':>7s} {'smem KiB':>8s} {'blocks/SM':>9s} "
-        f"{'occupancy':>9s} {'waves':>6s}")
+        f"{'occupancy':>9s} {'waves':>6s} {'wgmma':>5s} {'mma.sync':>8s} "
+        f"{'st.shared':>9s}")
   for r in rows:
-    print(f"{r['kernel']:8s} {r['setting']:10s} {r['registers']:4d} "
+    print(f"{r['kernel']:8s} {r['setting']:16s} {r['registers']:4d} "
           f"{r['spill_stores']:5d}/{r['spill_loads']:<6d} {r['threads']:7d} "
           f"{r['shared_bytes'] / 1024:8.0f} {r['blocks_per_sm']:9d} "
-          f"{r['occupancy']:9.1%} {r['waves']:6.1f}")
+          f"{r['occupancy']:9.1%} {r['waves']:6.1f} {r['wgmma']:5d} "
+          f"{r['mma_sync']:8d} {r['st_shared']:9d}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)

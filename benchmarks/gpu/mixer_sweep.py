@@ -2,7 +2,7 @@
 kernels of trm/families/trm/mlp_gpu.py, timed alone at the paper MLP-t
 step's shapes against the XLA path (`layers.swiglu_residual_norm`), for
 settings of each kernel's launch constants (column tile, inner chunk,
-warps, pipeline stages).
+warps, pipeline stages) and layout (the orientation of its products).
 
 The kernels were written and compiled without a GPU. This sweep tunes
 their constants within one prepared run, so no trial edits are needed on
@@ -30,40 +30,46 @@ import statistics
 import time
 
 # Per kernel: (the mlp_gpu constant it sets, its settings as changes to the
-# module's own constants; the first, {}, is the module's own). Every setting
-# compiles for an H100 (offline, no GPU); `kernel_report.py` lists each
-# one's registers, spills and occupancy (BUILD_NOTES, "Third run"). Settings
-# that spill with nothing else to test (8 warps at 64 columns, 3 stages of
-# dx, dx's chunk of 32 at 128 columns with 4 or 8 warps, the gradients'
-# chunk of 64) were dropped; chunks of 16 keep 128 columns without spills
-# (dx, 8 warps) or reach 25% occupancy (dx at 32 columns, the gradients).
-# A chunk of 128 does not compile: it asks for 256 KiB of shared memory,
-# over the 227 KiB a block may use.
+# module's own constants; the first, {}, is the module's own). A kernel's
+# settings are timed in this order until its share of the section's
+# budget (by its number of settings) runs out.
+# Every setting compiles for an H100 (offline, no GPU) without spilling
+# registers, except dx's default (2.8 KB per thread, kept as the kernel
+# the third run timed); `kernel_report.py` lists each one's registers,
+# spills, occupancy and MMA instructions. The 'columns' and 'inner'
+# layouts (mlp_gpu's `layout`) are new since the third run: their dots
+# compile to wgmma throughout where the register operand's side is at
+# least 64 (at 32 columns or chunks of 16 they fall back to mma.sync, so
+# none is listed). Of the 'tokens' settings, those the third run timed
+# slower or that spill were dropped (session 40; the notes list them).
+_COLUMNS = {"layout": "columns"}
+_TILES_128 = {"tiles": (128, 64, 32, 16), "warps": 8}
 KERNELS = (
     ("forward", "_FORWARD", (
         ("default", {}),
-        ("t128", {"tiles": (128, 64, 32, 16)}),
+        ("cols", _COLUMNS),
+        ("cols_t128_w8", dict(_COLUMNS, **_TILES_128)),
+        ("cols_c32", dict(_COLUMNS, chunk=32)),
+        ("cols_t128_w8_c32", dict(_COLUMNS, chunk=32, **_TILES_128)),
         ("c32", {"chunk": 32}),
-        ("c16", {"chunk": 16}),
         ("t32", {"tiles": (32, 16)}),
-        ("s3", {"stages": 3}),
-        ("t32_s3", {"tiles": (32, 16), "stages": 3}),
     )),
     ("dx", "_DX", (
         ("default", {}),
+        ("cols_t128_w8_c32", dict(_COLUMNS, chunk=32, **_TILES_128)),
+        ("cols_t64_c32", dict(_COLUMNS, tiles=(64, 32, 16), chunk=32)),
+        ("cols_t128_w8_c16", dict(_COLUMNS, chunk=16, **_TILES_128)),
+        ("cols_t64_c16", dict(_COLUMNS, tiles=(64, 32, 16), chunk=16)),
         ("c16_w8", {"chunk": 16, "warps": 8}),
-        ("t64", {"tiles": (64, 32, 16)}),
-        ("t64_c32", {"tiles": (64, 32, 16), "chunk": 32}),
-        ("t32", {"tiles": (32, 16)}),
-        ("t32_c32", {"tiles": (32, 16), "chunk": 32}),
         ("t32_c16", {"tiles": (32, 16), "chunk": 16}),
     )),
     ("grad", "_GRAD", (
         ("default", {}),
+        ("inner_t32_w8", {"layout": "inner", "chunk": 64,
+                          "tiles": (32, 16), "warps": 8}),
+        ("inner_t16", {"layout": "inner", "chunk": 64, "tiles": (16,)}),
         ("c16_w8", {"chunk": 16, "warps": 8}),
         ("t128_w8", {"tiles": (128, 64, 32, 16), "warps": 8}),
-        ("t32", {"tiles": (32, 16)}),
-        ("s3", {"stages": 3}),
     )),
 )
 EPS = 1e-5
@@ -216,11 +222,18 @@ def section_mixer(args, rec, budget, log) -> None:
     log(f"mixer xla {kind}: {1e3 * seconds:.3f} ms (first call {first:.1f} s)")
 
   values, chosen = {}, {}
+  unswept = sum(len(settings) for _, _, settings in KERNELS)
   for kernel, constant, settings in KERNELS:
     kind = "forward" if kernel == "forward" else "train"
-    for name, change in settings:
-      if budget.left() < 10:
-        log(f"mixer {kernel} {name}: skipped, {budget.left():.0f} s left")
+    # Each kernel's share of what is left, by its number of settings, so a
+    # slow kernel cannot starve the later ones (what a kernel leaves unused
+    # carries over); its first setting runs regardless.
+    share_ends = budget.left() * (1 - len(settings) / unswept)  # left then
+    unswept -= len(settings)
+    for i, (name, change) in enumerate(settings):
+      if budget.left() < 10 or (i and budget.left() < share_ends):
+        log(f"mixer {kernel} {name}: skipped, {budget.left():.0f} s left "
+            "in the section")
         continue
       try:
         with _constants(mlp_gpu, {**_changes(chosen), constant: change}):

@@ -76,3 +76,23 @@ def test_no_ptxas_is_one_line(monkeypatch):
   monkeypatch.setattr(kernel_report.shutil, "which", lambda name: None)
   with pytest.raises(SystemExit, match="no ptxas"):
     kernel_report.find_ptxas()
+
+
+PTX = """\
+.visible .entry trm_token_mixer_forward(
+	wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r1}, %rd1, %rd2, 0, 1, 1, 1, 1;
+	wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%r2}, {%r3}, %rd3, %p1, 1, 1, 1;
+	wgmma.fence.sync.aligned;
+	st.shared.v4.b32 [%r5], {%r6, %r7, %r8, %r9};
+	st.shared.b16 [%r10], %rs1;
+.visible .entry trm_token_mixer_weight_grads(
+	mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};
+	wgmma.commit_group.sync.aligned;
+"""
+
+
+def test_instructions_are_counted_per_entry():
+  """wgmma's fences and commits are not MMAs; each entry counts its own."""
+  assert kernel_report.parse_instructions(PTX) == {
+      "trm_token_mixer_forward": (2, 0, 2),
+      "trm_token_mixer_weight_grads": (0, 1, 0)}

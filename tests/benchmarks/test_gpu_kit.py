@@ -3,6 +3,7 @@ CPU (every section with tiny sizes; the install step as a pip dry run for
 the GPU image's CPython 3.12 against the fetched wheels)."""
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -448,3 +449,37 @@ def test_trm_batch_search_starts_where_the_measured_step_fits(
   config = types.SimpleNamespace(model=types.SimpleNamespace(
       mlp_t=mlp_t, attention=attention, mlp_kernel=kernel))
   assert measure._trm_batch_guess(config, None, 768) == first  # pylint: disable=protected-access
+
+
+def test_mixer_sweep_shares_its_budget_between_the_kernels(monkeypatch):
+  """Each kernel gets a share of the section's budget by its number of
+  settings: with every compile and timing taking 10 s of a 150 s budget,
+  the forward's settings stop at their share and dx and the weight
+  gradients are still timed (without shares the weight gradients would
+  get one setting)."""
+  import types  # pylint: disable=g-import-not-at-top
+  monkeypatch.syspath_prepend(KIT)
+  import mixer_sweep  # pylint: disable=g-import-not-at-top
+  clock = [0.0]
+
+  def timed(fn, operands, seconds):
+    del fn, operands, seconds
+    clock[0] += 10
+    return None, 0.1, 1e-3
+  monkeypatch.setattr(mixer_sweep, "_timed", timed)
+  monkeypatch.setattr(mixer_sweep, "_max_rel_err", lambda got, want: 0.0)
+  budget = types.SimpleNamespace(left=lambda: 150 - clock[0])
+  figures = []
+  rec = types.SimpleNamespace(
+      figure=lambda name, *a, **k: figures.append(name))
+  args = types.SimpleNamespace(smoke=True, mixer_batch=4)
+  mixer_sweep.section_mixer(args, rec, budget, lambda message: None)
+  timed_settings = collections.Counter(
+      name.split("/")[0] for name in figures
+      if name.endswith("/ms") and not name.startswith("xla/"))
+  sizes = {kernel: len(settings) for kernel, _, settings in
+           mixer_sweep.KERNELS}
+  assert set(timed_settings) == set(sizes), timed_settings
+  assert timed_settings["forward"] < sizes["forward"], timed_settings
+  assert timed_settings["grad"] >= 2, timed_settings
+  assert sum(timed_settings.values()) == (150 - 20) // 10

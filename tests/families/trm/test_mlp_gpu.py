@@ -66,6 +66,36 @@ def test_forward_and_gradients_match_the_xla_path(case, dtype):
   assert_outputs_and_grads_match(got, want, dtype)
 
 
+# Each kernel's other orientation (mlp_gpu's `layout`), with its tiles and
+# chunks as the mixer sweep sets them: 64 columns or 128 at 8 warps, chunks
+# of 64 for the weight gradients. `few_rows`' inner width 64 is one chunk.
+OTHER_LAYOUTS = {
+    "_FORWARD": dict(layout="columns", tiles=(128, 64, 32, 16), warps=8),
+    "_DX": dict(layout="columns", tiles=(64, 32, 16), chunk=32),
+    "_GRAD": dict(layout="inner", chunk=64, tiles=(32, 16)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_other_layouts_match_the_xla_path(case, dtype, monkeypatch):
+  for constant, change in OTHER_LAYOUTS.items():
+    monkeypatch.setattr(mlp_gpu, constant,
+                        dict(getattr(mlp_gpu, constant), **change))
+  shape, inter = CASES[case]
+  x, w_in, w_out, dy = _operands(*shape, inter, jnp.dtype(dtype))
+  want = _vjp(_xla, x, w_in, w_out, dy)
+  got = _vjp(_triton, x, w_in, w_out, dy)
+  assert_outputs_and_grads_match(got, want, dtype)
+
+
+def test_an_unknown_layout_names_the_constant(monkeypatch):
+  monkeypatch.setattr(mlp_gpu, "_DX", dict(mlp_gpu._DX, layout="inner"))  # pylint: disable=protected-access
+  x, w_in, w_out, dy = _operands(9, 4, 32, 64, jnp.float32)
+  with pytest.raises(ValueError, match=r"mlp_gpu._DX\['layout'\]='inner'"):
+    _vjp(_triton, x, w_in, w_out, dy)
+
+
 def test_groups_divide_the_tiles():
   assert mlp_gpu._groups(3072) == 32  # pylint: disable=protected-access
   assert mlp_gpu._groups(36) == 18  # pylint: disable=protected-access

@@ -44,18 +44,43 @@ from trm.families.trm import mlp_tpu
 KINDS = ("triton", "triton_interpret")
 # Each kernel's launch constants: `tiles`, the columns per program (the
 # first that divides M); `chunk`, the inner width per loop step; `warps`;
-# and Triton's software-pipelining `stages`. The weights (about 300 KB)
-# are read from L2 once per tile. From the H100 sweep of 2026-11-27
+# Triton's software-pipelining `stages`; and `layout`, the orientation of
+# the loop's products (below). The weights (about 300 KB) are read from L2
+# once per tile. From the H100 sweep of 2026-11-27
 # (benchmarks/gpu/mixer_sweep.py, Sudoku's batch 384): the forward ran in
 # 0.67 ms at 64 columns and 4 warps, against 1.11 ms at 128 and 8 warps,
 # where the [128, 128] float32 accumulator and the chunk's float32 SwiGLU
 # terms spill registers; dx was as fast at 128 columns with 4 warps.
-_FORWARD = dict(tiles=(64, 32, 16), chunk=64, warps=4, stages=2)
-_DX = dict(tiles=(128, 64, 32, 16), chunk=64, warps=4, stages=2)
+#
+# `layout`: Hopper's wgmma takes its A operand from registers or shared
+# memory but its B operand only from shared memory. 'tokens' (the kernels
+# the H100 timed) keeps the accumulators as [tokens, columns], so the
+# SwiGLU products made in registers enter the next dot as B and go through
+# shared memory first. 'columns' computes the transposes, [columns,
+# tokens], as flash attention orients P.V: the products are A, and dx
+# reads each w_in chunk once for both of its dots (the 'tokens' dx loads
+# w_in in both layouts). The weight gradients' 'inner' sums [chunk,
+# tokens] accumulators, whose register operand is A too (under 'tokens'
+# two of its three dots compile to mma.sync, not wgmma).
+_FORWARD = dict(tiles=(64, 32, 16), chunk=64, warps=4, stages=2,
+                layout="tokens")
+_DX = dict(tiles=(128, 64, 32, 16), chunk=64, warps=4, stages=2,
+           layout="tokens")
 # The weight-gradient kernel keeps three float32 accumulators of [128,
 # chunk] across its loop over tiles, so its tiles and chunks are smaller.
-_GRAD = dict(tiles=(64, 32, 16), chunk=32, warps=4, stages=2)
+_GRAD = dict(tiles=(64, 32, 16), chunk=32, warps=4, stages=2,
+             layout="tokens")
+LAYOUTS = {"_FORWARD": ("tokens", "columns"), "_DX": ("tokens", "columns"),
+           "_GRAD": ("tokens", "inner")}
 _MAX_GROUPS = 32         # column groups of the weight gradients (partials)
+
+
+def _layout(name: str) -> str:
+  layout = globals()[name]["layout"]
+  if layout not in LAYOUTS[name]:
+    raise ValueError(f"mlp_gpu.{name}['layout']={layout!r}: use one of "
+                     f"{LAYOUTS[name]}")
+  return layout
 
 
 def _params(constants: dict):
@@ -147,6 +172,37 @@ def _forward_kernel(x_ref, w_in_t_ref, w_out_t_ref, y_ref, inv_ref, *, seq,
   inv_ref[...] = inv
 
 
+def _forward_kernel_columns(x_ref, w_in_ref, w_out_ref, y_ref, inv_ref, *,
+                            seq, inter, chunk, eps, precision):
+  """_forward_kernel with the loop's products as [columns, tokens]."""
+  ok = _row_mask(x_ref.shape[0], seq)
+  x = plgpu.load(x_ref, mask=ok[:, None], other=0.0)        # [R, T]
+
+  def body(c, acc):
+    start = c * chunk
+    gate, up = (plgpu.dot(x, w, trans_a=True, precision=precision)
+                .astype(x.dtype)                            # [T, chunk]
+                for w in _in_columns(w_in_ref, start, inter, chunk, ok))
+    act = _swiglu(gate, up, x.dtype)[2]
+    w_out = plgpu.load(w_out_ref.at[pl.ds(start, chunk), :],
+                       mask=ok[None, :], other=0.0)         # [chunk, R]
+    return acc + plgpu.dot(act, w_out, precision=precision)
+
+  m = jax.lax.fori_loop(0, inter // chunk, body,
+                        jnp.zeros(x.shape[::-1], jnp.float32))
+  r = (x + m.T.astype(x.dtype)).astype(jnp.float32)  # padded rows stay zero
+  inv = jax.lax.rsqrt(jnp.sum(r * r, axis=0, keepdims=True) / seq + eps)
+  plgpu.store(y_ref, (r * inv).astype(y_ref.dtype), mask=ok[:, None])
+  inv_ref[...] = inv
+
+
+def _in_columns(w_in_ref, start, inter, chunk, ok):
+  """The chunk's gate and up columns of w_in [S, 2I]: two [R, chunk]."""
+  return tuple(plgpu.load(w_in_ref.at[:, pl.ds(first, chunk)],
+                          mask=ok[:, None], other=0.0)
+               for first in (start, inter + start))
+
+
 def _cost(flops: int, transcendentals: int, *arrays):
   """A kernel's cost estimate: its dots' FLOPs over the padded rows it
   computes, and every operand and result moved through HBM once (the
@@ -163,16 +219,22 @@ def _forward(x, w_in, w_out, eps, interpret):
   inter = w_out.shape[0]
   rows, tile = _padded_rows(seq), _tile(columns, _FORWARD["tiles"])
   chunk = _chunk(inter, _FORWARD["chunk"])
-  kernel = functools.partial(_forward_kernel, seq=seq, inter=inter,
+  # The weights whole, their token axes padded to the kernels' rows.
+  if _layout("_FORWARD") == "columns":
+    kernel, weights = _forward_kernel_columns, (w_in, w_out)
+    blocks = ((rows, 2 * inter), (inter, rows))
+  else:
+    kernel, weights = _forward_kernel, (w_in.T, w_out.T)
+    blocks = ((2 * inter, rows), (rows, inter))
+  kernel = functools.partial(kernel, seq=seq, inter=inter,
                              chunk=chunk, eps=eps,
                              precision=_precision(x.dtype))
   out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype),
                jax.ShapeDtypeStruct((1, columns), jnp.float32)]
   return pl.pallas_call(
       kernel, grid=(columns // tile,),
-      in_specs=[pl.BlockSpec((rows, tile), lambda j: (0, j)),
-                pl.BlockSpec((2 * inter, rows), lambda j: (0, 0)),
-                pl.BlockSpec((rows, inter), lambda j: (0, 0))],
+      in_specs=[pl.BlockSpec((rows, tile), lambda j: (0, j))]
+      + [pl.BlockSpec(block, lambda j: (0, 0)) for block in blocks],
       out_specs=[pl.BlockSpec((rows, tile), lambda j: (0, j)),
                  pl.BlockSpec((1, tile), lambda j: (0, j))],
       out_shape=out_shape,
@@ -180,22 +242,27 @@ def _forward(x, w_in, w_out, eps, interpret):
       cost_estimate=_cost(6 * rows * inter * columns, (inter + 1) * columns,
                           x, w_in, w_out, *out_shape),
       interpret=interpret, name="trm_token_mixer_forward",
-  )(x, w_in.T, w_out.T)
+  )(x, *weights)
 
 
 # ----------------------------------------------------------------- backward
 
 
-def _dx_kernel(x_ref, y_ref, dy_ref, inv_ref, w_in_t_ref, w_in_ref,
-               w_out_ref, dx_ref, dr_ref, *, seq, inter, chunk, precision):
+def _norm_backward(x_ref, y_ref, dy_ref, inv_ref, seq):
+  """(row mask, x, the norm's backward dr in x's dtype), x and dr [R, T]."""
   ok = _row_mask(x_ref.shape[0], seq)
   x, y, dy = (plgpu.load(ref, mask=ok[:, None], other=0.0)
               for ref in (x_ref, y_ref, dy_ref))
-  dtype = x.dtype
   y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
   inv = inv_ref[...]                                        # [1, T]
   dr = inv * (dy32 - y32 * jnp.sum(dy32 * y32, axis=0, keepdims=True) / seq)
-  dr = dr.astype(dtype)                                     # [R, T]
+  return ok, x, dr.astype(x.dtype)
+
+
+def _dx_kernel(x_ref, y_ref, dy_ref, inv_ref, w_in_t_ref, w_in_ref,
+               w_out_ref, dx_ref, dr_ref, *, seq, inter, chunk, precision):
+  ok, x, dr = _norm_backward(x_ref, y_ref, dy_ref, inv_ref, seq)
+  dtype = x.dtype
 
   def body(c, acc):
     start = c * chunk
@@ -218,8 +285,37 @@ def _dx_kernel(x_ref, y_ref, dy_ref, inv_ref, w_in_t_ref, w_in_ref,
   plgpu.store(dr_ref, dr, mask=ok[:, None])
 
 
+def _dx_kernel_columns(x_ref, y_ref, dy_ref, inv_ref, w_in_ref, w_out_ref,
+                       dx_ref, dr_ref, *, seq, inter, chunk, precision):
+  """_dx_kernel with the loop's products as [columns, tokens]."""
+  ok, x, dr = _norm_backward(x_ref, y_ref, dy_ref, inv_ref, seq)
+  dtype = x.dtype
+
+  def body(c, acc):
+    start = c * chunk
+    w_gate, w_up = _in_columns(w_in_ref, start, inter, chunk, ok)
+    gate, up = (plgpu.dot(x, w, trans_a=True, precision=precision)
+                .astype(dtype) for w in (w_gate, w_up))   # [T, chunk]
+    sig, silu, _ = _swiglu(gate, up, dtype)
+    w_out = plgpu.load(w_out_ref.at[pl.ds(start, chunk), :],
+                       mask=ok[None, :], other=0.0)         # [chunk, R]
+    d_act = plgpu.dot(dr, w_out, trans_a=True, trans_b=True,
+                      precision=precision).astype(dtype)
+    d_gate, d_up = _swiglu_grads(gate, up, sig, silu, d_act, dtype)
+    return (acc + plgpu.dot(d_gate, w_gate, trans_b=True, precision=precision)
+            + plgpu.dot(d_up, w_up, trans_b=True, precision=precision))
+
+  acc = jax.lax.fori_loop(0, inter // chunk, body,
+                          jnp.zeros(x.shape[::-1], jnp.float32))
+  plgpu.store(dx_ref, dr + acc.T.astype(dtype), mask=ok[:, None])
+  plgpu.store(dr_ref, dr, mask=ok[:, None])
+
+
 def _grad_kernel(x_ref, dr_ref, w_in_t_ref, w_out_ref, d_gate_ref, d_up_ref,
-                 d_out_ref, *, seq, inter, chunk, tile, tiles, precision):
+                 d_out_ref, *, seq, inter, chunk, tile, tiles, precision,
+                 inner):
+  """inner: w_in's gradients sum as [chunk, R] (layout 'inner'), not [R,
+  chunk]."""
   c = pl.program_id(1)
   ok = _row_mask(w_in_t_ref.shape[1], seq)
   start = c * chunk
@@ -235,15 +331,17 @@ def _grad_kernel(x_ref, dr_ref, w_in_t_ref, w_out_ref, d_gate_ref, d_up_ref,
     sig, silu, act = _swiglu(gate, up, x.dtype)
     d_act = plgpu.dot(w_out, dr, precision=precision).astype(x.dtype)
     d_gate, d_up = _swiglu_grads(gate, up, sig, silu, d_act, x.dtype)
+    def d_w_in(d):
+      return (plgpu.dot(d, x, trans_b=True, precision=precision) if inner
+              else plgpu.dot(x, d, trans_b=True, precision=precision))
     return (d_out + plgpu.dot(act, dr, trans_b=True, precision=precision),
-            d_gate_w + plgpu.dot(x, d_gate, trans_b=True,
-                                 precision=precision),
-            d_up_w + plgpu.dot(x, d_up, trans_b=True, precision=precision))
+            d_gate_w + d_w_in(d_gate), d_up_w + d_w_in(d_up))
 
   rows = w_in_t_ref.shape[1]
+  d_in_shape = (chunk, rows) if inner else (rows, chunk)
   zeros = (jnp.zeros((chunk, rows), jnp.float32),
-           jnp.zeros((rows, chunk), jnp.float32),
-           jnp.zeros((rows, chunk), jnp.float32))
+           jnp.zeros(d_in_shape, jnp.float32),
+           jnp.zeros(d_in_shape, jnp.float32))
   d_out, d_gate_w, d_up_w = jax.lax.fori_loop(0, tiles, body, zeros)
   d_out_ref[...] = d_out
   d_gate_ref[...] = d_gate_w
@@ -266,14 +364,19 @@ def _backward(x, y, dy, inv, w_in, w_out, interpret):
   precision = _precision(x.dtype)
   act_block = pl.BlockSpec((rows, tile), lambda j: (0, j))
   whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
+  if _layout("_DX") == "columns":
+    kernel, weights = _dx_kernel_columns, (w_in, w_out)
+    blocks = ((rows, 2 * inter), (inter, rows))
+  else:
+    kernel, weights = _dx_kernel, (w_in.T, w_in, w_out)
+    blocks = ((2 * inter, rows), (rows, 2 * inter), (inter, rows))
   dx, dr = pl.pallas_call(
-      functools.partial(_dx_kernel, seq=seq, inter=inter,
+      functools.partial(kernel, seq=seq, inter=inter,
                         chunk=_chunk(inter, _DX["chunk"]), precision=precision),
       grid=(columns // tile,),
       in_specs=[act_block, act_block, act_block,
-                pl.BlockSpec((1, tile), lambda j: (0, j)),
-                whole((2 * inter, rows)), whole((rows, 2 * inter)),
-                whole((inter, rows))],
+                pl.BlockSpec((1, tile), lambda j: (0, j))]
+      + [whole(block) for block in blocks],
       out_specs=[act_block, act_block],
       out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] * 2,
       compiler_params=_params(_DX),
@@ -281,25 +384,28 @@ def _backward(x, y, dy, inv, w_in, w_out, interpret):
                           x, y, dy, inv, w_in, w_out,
                           x, x),  # the outputs dx and dr: shaped as x
       interpret=interpret, name="trm_token_mixer_dx",
-  )(x, y, dy, inv, w_in.T, w_in, w_out)
+  )(x, y, dy, inv, *weights)
 
   tile = _tile(columns, _GRAD["tiles"])
   steps = columns // tile
   groups = _groups(steps)
   chunk = _chunk(inter, _GRAD["chunk"])
+  inner = _layout("_GRAD") == "inner"
   group_block = pl.BlockSpec((rows, columns // groups), lambda g, c: (0, g))
-  partials = [jax.ShapeDtypeStruct((groups, rows, inter), jnp.float32)] * 2 + [
+  by_inner = pl.BlockSpec((None, chunk, rows), lambda g, c: (g, c, 0))
+  by_rows = pl.BlockSpec((None, rows, chunk), lambda g, c: (g, 0, c))
+  d_in_spec, d_in_shape = ((by_inner, (groups, inter, rows)) if inner
+                           else (by_rows, (groups, rows, inter)))
+  partials = [jax.ShapeDtypeStruct(d_in_shape, jnp.float32)] * 2 + [
       jax.ShapeDtypeStruct((groups, inter, rows), jnp.float32)]
   d_gate, d_up, d_out = pl.pallas_call(
       functools.partial(_grad_kernel, seq=seq, inter=inter, chunk=chunk,
                         tile=tile, tiles=steps // groups,
-                        precision=precision),
+                        precision=precision, inner=inner),
       grid=(groups, inter // chunk),
       in_specs=[group_block, group_block, whole((2 * inter, rows)),
                 whole((inter, rows))],
-      out_specs=[pl.BlockSpec((None, rows, chunk), lambda g, c: (g, 0, c)),
-                 pl.BlockSpec((None, rows, chunk), lambda g, c: (g, 0, c)),
-                 pl.BlockSpec((None, chunk, rows), lambda g, c: (g, c, 0))],
+      out_specs=[d_in_spec, d_in_spec, by_inner],
       out_shape=partials,
       compiler_params=_params(_GRAD),
       # x and dr are read once per inner chunk (from L2 where the chunks'
@@ -309,7 +415,10 @@ def _backward(x, y, dy, inv, w_in, w_out, interpret):
                           *partials),
       interpret=interpret, name="trm_token_mixer_weight_grads",
   )(x, dr, w_in.T, w_out)
-  d_in = jnp.concatenate([d_gate.sum(0), d_up.sum(0)], axis=1)[:seq]
+  d_gate, d_up = d_gate.sum(0), d_up.sum(0)
+  if inner:
+    d_gate, d_up = d_gate.T, d_up.T
+  d_in = jnp.concatenate([d_gate, d_up], axis=1)[:seq]
   return dx, d_in, d_out.sum(0)[:, :seq]
 
 
