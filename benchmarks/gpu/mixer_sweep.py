@@ -40,15 +40,21 @@ import time
 # layouts (mlp_gpu's `layout`) are new since the third run: their dots
 # compile to wgmma throughout where the register operand's side is at
 # least 64 (at 32 columns or chunks of 16 they fall back to mma.sync, so
-# none is listed). Of the 'tokens' settings, those the third run timed
+# none is listed); so is the forward's 'epilogue' (the SwiGLU as a GEMM
+# epilogue, the down-projection and norm by XLA) and dx's (the whole
+# backward as one such GEMM and cuBLAS), listed early: the deviceless
+# forecast puts the token mixer's share of the step at 18.1 ms at batch
+# 384 with both, a lower bound (BUILD_NOTES, session 40). Of the 'tokens' settings, those the third run timed
 # slower or that spill were dropped (session 40; the notes list them).
 _COLUMNS = {"layout": "columns"}
 _TILES_128 = {"tiles": (128, 64, 32, 16), "warps": 8}
 KERNELS = (
     ("forward", "_FORWARD", (
         ("default", {}),
+        ("epi_t128_w8", dict(_TILES_128, layout="epilogue")),
         ("cols", _COLUMNS),
         ("cols_t128_w8", dict(_COLUMNS, **_TILES_128)),
+        ("epi_t128_c128_w8", dict(_TILES_128, layout="epilogue", chunk=128)),
         ("cols_c32", dict(_COLUMNS, chunk=32)),
         ("cols_t128_w8_c32", dict(_COLUMNS, chunk=32, **_TILES_128)),
         ("c32", {"chunk": 32}),
@@ -56,13 +62,17 @@ KERNELS = (
     )),
     ("dx", "_DX", (
         ("default", {}),
+        ("epi_t128_w8", dict(_TILES_128, layout="epilogue")),
         ("cols_t128_w8_c32", dict(_COLUMNS, chunk=32, **_TILES_128)),
+        ("epi_t64", {"layout": "epilogue", "tiles": (64, 32, 16)}),
         ("cols_t64_c32", dict(_COLUMNS, tiles=(64, 32, 16), chunk=32)),
         ("cols_t128_w8_c16", dict(_COLUMNS, chunk=16, **_TILES_128)),
         ("cols_t64_c16", dict(_COLUMNS, tiles=(64, 32, 16), chunk=16)),
         ("c16_w8", {"chunk": 16, "warps": 8}),
         ("t32_c16", {"tiles": (32, 16), "chunk": 16}),
     )),
+    # Not run when dx's chosen setting is an 'epilogue' one, which does
+    # the weight gradients with cuBLAS.
     ("grad", "_GRAD", (
         ("default", {}),
         ("inner_t32_w8", {"layout": "inner", "chunk": 64,
@@ -136,6 +146,15 @@ def _best(values: dict, kernel: str):
     if best is None or ms < best[0]:
       best = (ms, name)
   return None if best is None else best[1]
+
+
+def _dx_does_the_weight_gradients(chosen: dict) -> bool:
+  """Whether dx's chosen setting is an 'epilogue' one, which computes the
+  weight gradients with cuBLAS (the grad kernel then never runs)."""
+  if "dx" not in chosen:
+    return False
+  settings = dict(dict((k, s) for k, _, s in KERNELS)["dx"])
+  return settings[chosen["dx"]].get("layout") == "epilogue"
 
 
 def _changes(chosen: dict) -> dict:
@@ -225,6 +244,11 @@ def section_mixer(args, rec, budget, log) -> None:
   unswept = sum(len(settings) for _, _, settings in KERNELS)
   for kernel, constant, settings in KERNELS:
     kind = "forward" if kernel == "forward" else "train"
+    if kernel == "grad" and _dx_does_the_weight_gradients(chosen):
+      unswept -= len(settings)
+      log(f"mixer grad: not swept, dx's {chosen['dx']} computes the weight "
+          "gradients itself")
+      continue
     # Each kernel's share of what is left, by its number of settings, so a
     # slow kernel cannot starve the later ones (what a kernel leaves unused
     # carries over); its first setting runs regardless.

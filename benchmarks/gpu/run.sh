@@ -193,10 +193,10 @@ else
   # and 16 with HF's batch 16 out of memory (batch 16's exact sampler
   # compiled in 11-60 s). The sum is the 8 minutes; all of the default
   # sections need about 9.5, so TRM's second variant or Dream's batch 16
-  # may be cut short (benchmarks/gpu/README.md). Mixer: 130 s, 20 s more
-  # than 14 + 19 x 5 s, as the new layouts' compile times are unmeasured.
+  # may be cut short (benchmarks/gpu/README.md). Mixer: 150 s, 20 s more
+  # than 14 + 23 x 5 s, as the new layouts' compile times are unmeasured.
   declare -A budget=([smoke]=50 [trm]=165 [gpt]=100 [dream]=150 [cudnn]=40
-                     [mixer]=130)
+                     [mixer]=150)
 fi
 # Ours' compiled train steps and samplers, as XLA optimized them (on the GPU:
 # autotuned), for `offline.py --replay` to play and list hot spots off the

@@ -299,6 +299,10 @@ def test_mixer_section_sweeps_the_triton_constants(tmp_path):
     assert rows[f"mixer/xla/{kind}/ms"]["value"] > 0
   chosen = {}
   for kernel, _, settings in mixer_sweep.KERNELS:
+    if kernel == "grad" and mixer_sweep._dx_does_the_weight_gradients(chosen):
+      # dx's 'epilogue' computes the weight gradients: grad is not swept.
+      assert not [n for n in rows if n.startswith("mixer/grad/")]
+      continue
     for name, _ in settings:
       row = rows[f"mixer/{kernel}/{name}/ms"]
       assert row["value"] > 0, (kernel, name)
@@ -483,3 +487,18 @@ def test_mixer_sweep_shares_its_budget_between_the_kernels(monkeypatch):
   assert timed_settings["forward"] < sizes["forward"], timed_settings
   assert timed_settings["grad"] >= 2, timed_settings
   assert sum(timed_settings.values()) == (150 - 20) // 10
+
+
+def test_grad_is_not_swept_after_an_epilogue_dx(monkeypatch):
+  """dx's 'epilogue' settings compute the weight gradients with cuBLAS, so
+  the grad kernel's settings would time the same program."""
+  monkeypatch.syspath_prepend(KIT)
+  import mixer_sweep  # pylint: disable=g-import-not-at-top
+  dx = dict(dict((k, s) for k, _, s in mixer_sweep.KERNELS)["dx"])
+  epilogue = [n for n, change in dx.items()
+              if change.get("layout") == "epilogue"]
+  assert epilogue
+  for name in dx:
+    assert mixer_sweep._dx_does_the_weight_gradients({"dx": name}) == (
+        name in epilogue)
+  assert not mixer_sweep._dx_does_the_weight_gradients({})

@@ -89,6 +89,24 @@ def test_other_layouts_match_the_xla_path(case, dtype, monkeypatch):
   assert_outputs_and_grads_match(got, want, dtype)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_epilogue_layouts_match_the_xla_path(case, dtype, monkeypatch):
+  """The 'epilogue' layouts of the forward and dx: the SwiGLU, and its
+  gradients, as kernels in blocks of 64 inner rows (few_rows' inner width
+  is one block, sudoku_rows' two), every other product and the norm by
+  XLA."""
+  for constant in ("_FORWARD", "_DX"):
+    monkeypatch.setattr(mlp_gpu, constant,
+                        dict(getattr(mlp_gpu, constant), layout="epilogue",
+                             tiles=(128, 64, 32, 16)))
+  shape, inter = CASES[case]
+  x, w_in, w_out, dy = _operands(*shape, inter, jnp.dtype(dtype))
+  want = _vjp(_xla, x, w_in, w_out, dy)
+  got = _vjp(_triton, x, w_in, w_out, dy)
+  assert_outputs_and_grads_match(got, want, dtype)
+
+
 def test_an_unknown_layout_names_the_constant(monkeypatch):
   monkeypatch.setattr(mlp_gpu, "_DX", dict(mlp_gpu._DX, layout="inner"))  # pylint: disable=protected-access
   x, w_in, w_out, dy = _operands(9, 4, 32, 64, jnp.float32)
