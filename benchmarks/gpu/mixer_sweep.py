@@ -36,16 +36,16 @@ import time
 # Every setting compiles for an H100 (offline, no GPU) without spilling
 # registers, except dx's default (2.8 KB per thread, kept as the kernel
 # the third run timed); `kernel_report.py` lists each one's registers,
-# spills, occupancy and MMA instructions. The 'columns' and 'inner'
-# layouts (mlp_gpu's `layout`) are new since the third run: their dots
-# compile to wgmma throughout where the register operand's side is at
-# least 64 (at 32 columns or chunks of 16 they fall back to mma.sync, so
-# none is listed); so is the forward's 'epilogue' (the SwiGLU as a GEMM
-# epilogue, the down-projection and norm by XLA) and dx's (the whole
-# backward as one such GEMM and cuBLAS), listed early: the deviceless
-# forecast puts the token mixer's share of the step at 18.1 ms at batch
-# 384 with both, a lower bound (BUILD_NOTES, session 40). Of the 'tokens' settings, those the third run timed
-# slower or that spill were dropped (session 40; the notes list them).
+# spills, occupancy and MMA instructions. The layouts other than 'tokens'
+# (mlp_gpu's `layout`) are new since the third run. 'columns' and 'inner'
+# compile to wgmma throughout where the MMA's rows (the register-made
+# operand's side) number at least 64; at 32 columns or chunks of 16 they
+# fall back to mma.sync, so no such setting is listed. The 'epilogue'
+# settings (the SwiGLU, or its gradients, as a GEMM epilogue; cuBLAS and
+# XLA for the rest) come early: the deviceless forecast puts the token
+# mixer's share of the step at 18.1 ms at batch 384 with both, against
+# 32.0 ms for the XLA path (BUILD_NOTES, session 40). Of the 'tokens'
+# settings, those the third run timed slower or that spill were dropped.
 _COLUMNS = {"layout": "columns"}
 _TILES_128 = {"tiles": (128, 64, 32, 16), "warps": 8}
 KERNELS = (

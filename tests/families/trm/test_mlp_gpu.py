@@ -120,7 +120,12 @@ def test_groups_divide_the_tiles():
   assert mlp_gpu._groups(7) == 7  # pylint: disable=protected-access
 
 
-def test_sharded_over_a_mesh_matches_one_device():
+@pytest.mark.parametrize("layout", ["tokens", "epilogue"])
+def test_sharded_over_a_mesh_matches_one_device(layout, monkeypatch):
+  """Per batch shard; 'epilogue' runs XLA's dots inside the shard too."""
+  for constant in ("_FORWARD", "_DX"):
+    monkeypatch.setattr(mlp_gpu, constant,
+                        dict(getattr(mlp_gpu, constant), layout=layout))
   x, w_in, w_out, dy = _operands(22, 8, 64, 64, jnp.float32)
   want = _vjp(_triton, x, w_in, w_out, dy)
   ctx = mesh_lib.ShardingContext(

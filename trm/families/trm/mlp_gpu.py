@@ -62,8 +62,9 @@ KINDS = ("triton", "triton_interpret")
 # tokens], as flash attention orients P.V: the products are A, and dx
 # reads each w_in chunk once for both of its dots (the 'tokens' dx loads
 # w_in in both layouts). The weight gradients' 'inner' sums [chunk,
-# tokens] accumulators, whose register operand is A too (under 'tokens'
-# two of its three dots compile to mma.sync, not wgmma). The forward's
+# tokens] accumulators, whose register operand is A too, and fits chunks
+# of 64 without spilling: wgmma needs 64 rows, and the 'tokens' kernel's
+# chunks of 32 make most of its dots fall back to mma.sync. The forward's
 # 'epilogue' fuses less: a GEMM of w_in's chunk rows with x whose epilogue
 # is the SwiGLU (one [chunk, tile] block per program, no loop) writes the
 # [I, M] product to HBM, and XLA does the down-projection (cuBLAS) and the
