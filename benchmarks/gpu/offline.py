@@ -376,6 +376,10 @@ def parse_args(argv=None):
   p.add_argument("--measured", action="append", default=[],
                  help="a kit figures.jsonl to compare with (repeatable)")
   p.add_argument("--top", type=int, default=12, help="hot spots per program")
+  p.add_argument("--mixer_setting", default="",
+                 help="the Triton token mixer's settings from the mixer "
+                 "sweep, e.g. forward=epi_t128_w8,dx=epi_t128_w8 (names in "
+                 "mixer_sweep.KERNELS); default: mlp_gpu's own constants")
   p.add_argument("--replay", action="append", default=[],
                  help="play a saved HLO file (.hlo or .hlo.gz) instead of "
                  "compiling (repeatable)")
@@ -391,6 +395,24 @@ def parse_args(argv=None):
         p.error(f"--{flag}={path}: no such file.")
   args.only = only
   return args
+
+
+def mixer_constants(setting: str):
+  """A context with mlp_gpu's constants set to the named mixer-sweep
+  settings ('kernel=name,...'); an unknown kernel or name is an error."""
+  import mixer_sweep  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
+  chosen = {}
+  for pair in filter(None, setting.split(",")):
+    kernel, _, name = pair.partition("=")
+    names = {k: [n for n, _ in s] for k, _, s in mixer_sweep.KERNELS}
+    if kernel not in names or name not in names[kernel]:
+      raise SystemExit(f"offline.py: --mixer_setting={setting!r}: "
+                       f"{pair!r} is not one of the sweep's settings "
+                       f"({names})")
+    chosen[kernel] = name
+  # pylint: disable-next=protected-access
+  return mixer_sweep._constants(mlp_gpu, mixer_sweep._changes(chosen))
 
 
 def main(argv=None) -> None:
@@ -413,7 +435,8 @@ def main(argv=None) -> None:
   measured = measured_seconds(args.measured, GPUS[args.gpu]["name"])
   print(f"offline.py: {devices[0].device_kind} (compile-only), jax "
         f"{jax.__version__}, efficiency {args.efficiency}", flush=True)
-  with open(os.path.join(args.out, "figures.jsonl"), "a") as figures:
+  with open(os.path.join(args.out, "figures.jsonl"), "a") as figures, \
+      mixer_constants(args.mixer_setting):
     chosen = [(n, b) for n, b in programs(devices, args.only)
               if args.match in n]
     if not chosen:

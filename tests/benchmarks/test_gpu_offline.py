@@ -144,3 +144,21 @@ def test_the_programs_include_both_dream_samplers(offline):
   assert [n for n in names if "b1/dual" in n] == ["dream/b1/dual/cudnn"]
   assert "dream/b16/dual/cudnn" in names and "dream/b1/cudnn" in names
   assert offline.parse_args(["--out=x", "--match=dual"]).match == "dual"
+
+
+def test_mixer_setting_sets_the_kernels_constants_for_the_compile(offline):
+  """--mixer_setting names the sweep's settings; mlp_gpu's constants hold
+  them while the programs compile and are restored after; a name the sweep
+  does not have is refused with the list."""
+  from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
+  before = dict(mlp_gpu._FORWARD), dict(mlp_gpu._DX)  # pylint: disable=protected-access
+  with offline.mixer_constants("forward=epi_t128_w8,dx=cols_t64_c32"):
+    assert mlp_gpu._FORWARD["layout"] == "epilogue"  # pylint: disable=protected-access
+    assert mlp_gpu._DX["layout"] == "columns"  # pylint: disable=protected-access
+    assert mlp_gpu._DX["chunk"] == 32  # pylint: disable=protected-access
+  assert (mlp_gpu._FORWARD, mlp_gpu._DX) == before  # pylint: disable=protected-access
+  with offline.mixer_constants(""):
+    assert mlp_gpu._FORWARD == before[0]  # pylint: disable=protected-access
+  for bad in ("forward=nope", "backward=default", "forward"):
+    with pytest.raises(SystemExit, match="not one of the sweep's settings"):
+      offline.mixer_constants(bad)
