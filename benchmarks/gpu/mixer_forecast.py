@@ -109,7 +109,8 @@ def main(argv=None) -> None:
               if args.batch == 384 and os.path.exists(args.measured) else {})
   print(f"token mixer alone, batch {args.batch}, H100 forecast "
         "(efficiency 0.6; Pallas kernels charged their bytes only)")
-  print(f"{'program':50s} {'kind':8s} {'forecast ms':>11s} {'measured ms':>11s}")
+  print(f"{'program':50s} {'kind':8s} {'forecast ms':>11s} "
+        f"{'measured ms':>11s}")
   for name, kinds in programs(args.batch).items():
     for kind, text in kinds.items():
       row = offline.forecast(name, text, "h100", 0.6, 0)
