@@ -25,14 +25,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
-# Layout settings forecast beside the XLA path: {name: mlp_gpu changes}.
+# Layouts forecast beside the XLA path: {name: mixer-sweep settings, as
+# offline.py's --mixer_setting takes them}.
 SETTINGS = {
-    "tokens (mlp_gpu's defaults)": {},
-    "epilogue (forward and dx, 128 columns, 8 warps)": {
-        "_FORWARD": {"layout": "epilogue", "tiles": (128, 64, 32, 16),
-                     "warps": 8},
-        "_DX": {"layout": "epilogue", "tiles": (128, 64, 32, 16),
-                "warps": 8}},
+    "tokens (mlp_gpu's defaults)": "",
+    "epilogue (forward and dx, 128 columns, 8 warps)":
+        "forward=epi_t128_w8,dx=epi_t128_w8",
 }
 
 
@@ -69,9 +67,8 @@ def programs(batch: int):
     return mlp_gpu.token_mixer(x, w_in, w_out, mixer_sweep.EPS, False)
 
   out = {"XLA path": texts(xla)}
-  for name, changes in SETTINGS.items():
-    # pylint: disable-next=protected-access
-    with mixer_sweep._constants(mlp_gpu, changes):
+  for name, setting in SETTINGS.items():
+    with offline.mixer_constants(setting):
       out[name] = texts(triton)
   return out
 

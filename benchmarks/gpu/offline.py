@@ -402,10 +402,10 @@ def mixer_constants(setting: str):
   settings ('kernel=name,...'); an unknown kernel or name is an error."""
   import mixer_sweep  # pylint: disable=g-import-not-at-top
   from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
+  names = {k: [n for n, _ in s] for k, _, s in mixer_sweep.KERNELS}
   chosen = {}
   for pair in filter(None, setting.split(",")):
     kernel, _, name = pair.partition("=")
-    names = {k: [n for n, _ in s] for k, _, s in mixer_sweep.KERNELS}
     if kernel not in names or name not in names[kernel]:
       raise SystemExit(f"offline.py: --mixer_setting={setting!r}: "
                        f"{pair!r} is not one of the sweep's settings "

@@ -162,6 +162,27 @@ def _project(w_in_t_ref, x, start, inter, chunk, ok, precision):
   return rows(start), rows(inter + start)
 
 
+def _inv_rms(r, seq, eps):
+  """1/rms of the float32 residual sum r [R, T] over its seq tokens (axis
+  0; padded rows are zero)."""
+  return jax.lax.rsqrt(jnp.sum(r * r, axis=0, keepdims=True) / seq + eps)
+
+
+def _rms_norm_grad(y, dy, inv, seq, dtype):
+  """The norm's backward dr from its output y, dy and 1/rms, over seq
+  tokens on axis 0, rounded to `dtype`."""
+  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
+  return (inv * (dy32 - y32 * jnp.sum(dy32 * y32, axis=0, keepdims=True)
+                 / seq)).astype(dtype)
+
+
+def _project_block(w_ref, x, ok, precision):
+  """A [chunk, R] block of w_in^T times x [R, T], rounded to x's dtype
+  (the 'epilogue' kernels' gate or up)."""
+  w = plgpu.load(w_ref, mask=ok[None, :], other=0.0)
+  return plgpu.dot(w, x, precision=precision).astype(x.dtype)
+
+
 # ------------------------------------------------------------------ forward
 
 
@@ -181,7 +202,7 @@ def _forward_kernel(x_ref, w_in_t_ref, w_out_t_ref, y_ref, inv_ref, *, seq,
   m = jax.lax.fori_loop(0, inter // chunk, body,
                         jnp.zeros(x.shape, jnp.float32))
   r = (x + m.astype(x.dtype)).astype(jnp.float32)  # padded rows stay zero
-  inv = jax.lax.rsqrt(jnp.sum(r * r, axis=0, keepdims=True) / seq + eps)
+  inv = _inv_rms(r, seq, eps)
   plgpu.store(y_ref, (r * inv).astype(y_ref.dtype), mask=ok[:, None])
   inv_ref[...] = inv
 
@@ -205,7 +226,7 @@ def _forward_kernel_columns(x_ref, w_in_ref, w_out_ref, y_ref, inv_ref, *,
   m = jax.lax.fori_loop(0, inter // chunk, body,
                         jnp.zeros(x.shape[::-1], jnp.float32))
   r = (x + m.T.astype(x.dtype)).astype(jnp.float32)  # padded rows stay zero
-  inv = jax.lax.rsqrt(jnp.sum(r * r, axis=0, keepdims=True) / seq + eps)
+  inv = _inv_rms(r, seq, eps)
   plgpu.store(y_ref, (r * inv).astype(y_ref.dtype), mask=ok[:, None])
   inv_ref[...] = inv
 
@@ -216,11 +237,9 @@ def _swiglu_kernel(x_ref, w_gate_ref, w_up_ref, act_ref, *, seq,
   ok = _row_mask(x_ref.shape[0], seq)
   x = plgpu.load(x_ref, mask=ok[:, None], other=0.0)        # [R, T]
 
-  def project(w_ref):
-    w = plgpu.load(w_ref, mask=ok[None, :], other=0.0)      # [chunk, R]
-    return plgpu.dot(w, x, precision=precision).astype(x.dtype)
-  act_ref[...] = _swiglu(project(w_gate_ref), project(w_up_ref),
-                         x.dtype)[2]
+  gate, up = (_project_block(w_ref, x, ok, precision)
+              for w_ref in (w_gate_ref, w_up_ref))
+  act_ref[...] = _swiglu(gate, up, x.dtype)[2]
 
 
 def _forward_epilogue(x, w_in, w_out, eps, interpret):
@@ -247,7 +266,7 @@ def _forward_epilogue(x, w_in, w_out, eps, interpret):
   )(x, w_in.T, w_in.T)
   m = _dot(w_out, act, (0, 0), precision, x.dtype)         # [S, M]
   r = (x + m).astype(jnp.float32)
-  inv = jax.lax.rsqrt(jnp.sum(r * r, axis=0, keepdims=True) / seq + eps)
+  inv = _inv_rms(r, seq, eps)
   return (r * inv).astype(x.dtype), inv
 
 
@@ -310,10 +329,7 @@ def _norm_backward(x_ref, y_ref, dy_ref, inv_ref, seq):
   ok = _row_mask(x_ref.shape[0], seq)
   x, y, dy = (plgpu.load(ref, mask=ok[:, None], other=0.0)
               for ref in (x_ref, y_ref, dy_ref))
-  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
-  inv = inv_ref[...]                                        # [1, T]
-  dr = inv * (dy32 - y32 * jnp.sum(dy32 * y32, axis=0, keepdims=True) / seq)
-  return ok, x, dr.astype(x.dtype)
+  return ok, x, _rms_norm_grad(y, dy, inv_ref[...], seq, x.dtype)
 
 
 def _dx_kernel(x_ref, y_ref, dy_ref, inv_ref, w_in_t_ref, w_in_ref,
@@ -375,10 +391,8 @@ def _swiglu_grad_kernel(x_ref, w_gate_ref, w_up_ref, d_act_ref, dh_ref,
   ok = _row_mask(x_ref.shape[0], seq)
   x = plgpu.load(x_ref, mask=ok[:, None], other=0.0)        # [R, T]
 
-  def project(w_ref):
-    w = plgpu.load(w_ref, mask=ok[None, :], other=0.0)      # [chunk, R]
-    return plgpu.dot(w, x, precision=precision).astype(x.dtype)
-  gate, up = project(w_gate_ref), project(w_up_ref)
+  gate, up = (_project_block(w_ref, x, ok, precision)
+              for w_ref in (w_gate_ref, w_up_ref))
   sig, silu, act = _swiglu(gate, up, x.dtype)
   d_gate, d_up = _swiglu_grads(gate, up, sig, silu, d_act_ref[...], x.dtype)
   dh_ref[0] = d_gate
@@ -405,9 +419,7 @@ def _backward_epilogue(x, y, dy, inv, w_in, w_out, interpret):
   chunk = _chunk(inter, _DX["chunk"])
   precision = _precision(x.dtype)
   dtype = x.dtype
-  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
-  dr = (inv * (dy32 - y32 * jnp.sum(dy32 * y32, axis=0, keepdims=True)
-               / seq)).astype(dtype)                        # [S, M]
+  dr = _rms_norm_grad(y, dy, inv, seq, dtype)              # [S, M]
   d_act = _dot(w_out, dr, (1, 0), precision, dtype)        # [I, M]
   block = lambda j, c: (c, j)  # noqa: E731
   dh, act = pl.pallas_call(
