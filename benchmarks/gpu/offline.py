@@ -397,11 +397,11 @@ def parse_args(argv=None):
   return args
 
 
-def mixer_constants(setting: str):
-  """A context with mlp_gpu's constants set to the named mixer-sweep
-  settings ('kernel=name,...'); an unknown kernel or name is an error."""
+def mixer_choice(setting: str) -> dict:
+  """'kernel=name,...' -> {kernel: name} of the mixer sweep's settings;
+  an unknown kernel or name is an error. Imports no JAX, so main checks
+  it before the CUDA plugin loads."""
   import mixer_sweep  # pylint: disable=g-import-not-at-top
-  from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
   names = {k: [n for n, _ in s] for k, _, s in mixer_sweep.KERNELS}
   chosen = {}
   for pair in filter(None, setting.split(",")):
@@ -411,8 +411,17 @@ def mixer_constants(setting: str):
                        f"{pair!r} is not one of the sweep's settings "
                        f"({names})")
     chosen[kernel] = name
+  return chosen
+
+
+def mixer_constants(setting: str):
+  """A context with mlp_gpu's constants set to the named mixer-sweep
+  settings ('kernel=name,...', checked by mixer_choice)."""
+  import mixer_sweep  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
+  changes = mixer_sweep._changes(mixer_choice(setting))  # pylint: disable=protected-access
   # pylint: disable-next=protected-access
-  return mixer_sweep._constants(mlp_gpu, mixer_sweep._changes(chosen))
+  return mixer_sweep._constants(mlp_gpu, changes)
 
 
 def main(argv=None) -> None:
@@ -428,6 +437,7 @@ def main(argv=None) -> None:
         figures.write(json.dumps(row) + "\n")
         print(format_row(row), flush=True)
     return
+  mixer_choice(args.mixer_setting)  # a wrong name fails before any compile
   prepare_environment()
   import jax  # pylint: disable=g-import-not-at-top
   devices = gpu_devices(args.gpu)

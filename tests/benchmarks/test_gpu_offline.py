@@ -162,3 +162,12 @@ def test_mixer_setting_sets_the_kernels_constants_for_the_compile(offline):
   for bad in ("forward=nope", "backward=default", "forward"):
     with pytest.raises(SystemExit, match="not one of the sweep's settings"):
       offline.mixer_constants(bad)
+
+
+def test_a_wrong_mixer_setting_fails_before_anything_is_written(offline,
+                                                                tmp_path):
+  """Checked before the CUDA plugin loads or the figures file is opened."""
+  out = tmp_path / "out"
+  with pytest.raises(SystemExit, match="not one of the sweep's settings"):
+    offline.main([f"--out={out}", "--only=trm", "--mixer_setting=dx=nope"])
+  assert not out.exists()
