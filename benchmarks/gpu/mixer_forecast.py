@@ -100,10 +100,14 @@ def main(argv=None) -> None:
   for path in (REPO, HERE):
     if path not in sys.path:
       sys.path.insert(0, path)
+  if not os.path.isfile(args.measured):
+    raise SystemExit(f"mixer_forecast.py: --measured={args.measured}: no "
+                     "such file (a kit figures.jsonl with the mixer "
+                     "sweep's figures)")
   import offline  # pylint: disable=g-import-not-at-top
   offline.prepare_environment()
-  measured = (measured_ms(args.measured)
-              if args.batch == 384 and os.path.exists(args.measured) else {})
+  # The third run timed the sweep at batch 384 only.
+  measured = measured_ms(args.measured) if args.batch == 384 else {}
   print(f"token mixer alone, batch {args.batch}, H100 forecast "
         "(efficiency 0.6; Pallas kernels charged their bytes only)")
   print(f"{'program':50s} {'kind':8s} {'forecast ms':>11s} "

@@ -32,3 +32,8 @@ def test_other_batches_and_figures_are_passed_over(tmp_path):
           {"name": "trm/x/ms", "value": 1.0, "batch": 384}]
   path.write_text("".join(json.dumps(r) + "\n" for r in rows))
   assert mixer_forecast.measured_ms(str(path)) == {("XLA path", "train"): 2.0}
+
+
+def test_a_missing_figures_file_is_one_line_before_any_compile(tmp_path):
+  with pytest.raises(SystemExit, match=r"--measured=.*nope.jsonl: no such"):
+    mixer_forecast.main([f"--measured={tmp_path / 'nope.jsonl'}"])
