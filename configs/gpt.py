@@ -117,6 +117,9 @@ def get_config(arg=None):
   c.seed = 1337                 # init, data and dropout randomness
   c.loss_chunk_size = 0         # positions whose logits exist at once in the
                                 # loss (0: all of them, as nanoGPT)
+  c.loss_kernel = "xla"         # the loss's passes over the logits: xla |
+                                # triton (NVIDIA GPUs: one Pallas kernel
+                                # writes their gradient in place)
   # Weights & Biases (nanoGPT's names for config.wandb's fields).
   c.wandb_log = False           # also log metrics to W&B (.[wandb] extra)
   c.wandb_project = "owt"       # W&B project

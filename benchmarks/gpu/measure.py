@@ -750,17 +750,20 @@ def _synthetic_tokens(data_dir: str, tokens: int, vocab: int = 50257) -> None:
 _SMOKE_VOCAB = 256
 
 
-GPT_VARIANTS = {  # name: (model.attention, model.qkv_projection)
-    "cudnn": ("cudnn", "auto"),  # separate q, k, v matmuls
-    "cudnn_fused_qkv": ("cudnn", "fused"),  # nanoGPT's one c_attn matmul
-    "dot": ("dot", "auto"),
+GPT_VARIANTS = {  # name: (model.attention, model.qkv_projection,
+                 #        loss_kernel)
+    "cudnn": ("cudnn", "auto", "xla"),  # separate q, k, v matmuls
+    "cudnn_fused_qkv": ("cudnn", "fused", "xla"),  # one c_attn matmul
+    # The loss's passes over the logits as one Pallas Triton kernel.
+    "cudnn_triton_loss": ("cudnn", "auto", "triton"),
+    "dot": ("dot", "auto", "xla"),
 }
 
 
 def gpt_config(args, data_root: str, variant: str):
   """The kit's GPT-2 124M config (nanoGPT's defaults), as measured, for
   one of GPT_VARIANTS."""
-  attention, qkv_projection = GPT_VARIANTS[variant]
+  attention, qkv_projection, loss_kernel = GPT_VARIANTS[variant]
   from trm.core import config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config(os.path.join(REPO, "configs", "gpt.py"),
                                   None)
@@ -772,11 +775,16 @@ def gpt_config(args, data_root: str, variant: str):
     config.model.vocab_size = 50304  # nanoGPT's padded GPT-2 vocabulary
     config.model.attention = attention
     config.model.qkv_projection = qkv_projection
+    config.loss_kernel = loss_kernel
     if args.smoke:
       config.update(dict(n_layer=2, n_head=2, n_embd=64, block_size=64,
                          batch_size=4, gradient_accumulation_steps=2,
                          dtype="float32"))
       config.model.vocab_size = _SMOKE_VOCAB
+      # GPU-only kernels: XLA's attention, the loss in the interpreter.
+      config.model.attention = "dot"
+      if loss_kernel == "triton":
+        config.loss_kernel = "triton_interpret"
     else:
       config.gradient_accumulation_steps = args.gpt_accum
     # nanoGPT's LM head under autocast returns logits in the compute dtype
@@ -853,8 +861,10 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
   # flash SDPA).
   attentions = args.gpt_variants
   if args.smoke:
-    attentions = ["dot"]
-    log("gpt: attention='cudnn' is GPU-only; --smoke times 'dot'")
+    attentions = ["dot"] + [v for v in attentions
+                            if GPT_VARIANTS[v][2] != "xla"]
+    log("gpt: attention='cudnn' is GPU-only; --smoke times 'dot' (and a "
+        "Triton loss kernel in Pallas's interpreter)")
   config = gpt_config(args, data_root, "dot")
   tokens_per_iter = (config.batch_size * config.gradient_accumulation_steps
                      * config.block_size)
@@ -962,8 +972,9 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
              dtype=config.dtype, batch=config.batch_size, flops=flops,
              peak=peak, time_unit="ms",
              rate=("tokens_per_s", "tokens/s", tokens_per_iter),
-             attention=GPT_VARIANTS[attention][0],
+             attention="dot" if args.smoke else GPT_VARIANTS[attention][0],
              qkv_projection=GPT_VARIANTS[attention][1],
+             loss_kernel=gpt_config(args, data_root, attention).loss_kernel,
              torch_compile=compile_torch,
              peak_what=peak_what, block_size=config.block_size,
              accum=config.gradient_accumulation_steps,

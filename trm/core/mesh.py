@@ -44,7 +44,7 @@ def devices_platform(mesh: Mesh) -> str:
 
 
 def check_tpu_kernels(mesh: Mesh, prefix: str = "config.model.",
-                      **choices: str) -> None:
+                      default: str = "dot", **choices: str) -> None:
   """A TPU-only (or NVIDIA-GPU-only) kernel (`<prefix><field>=value`)
   chosen for a mesh of other devices fails here, naming the field, before
   anything compiles; Pallas itself would only say that CPU supports
@@ -55,13 +55,13 @@ def check_tpu_kernels(mesh: Mesh, prefix: str = "config.model.",
     if kind in TPU_ONLY_KERNELS and platform != "tpu":
       raise MeshConfigError(
           f"{prefix}{field}={kind!r} runs on TPU only, and this mesh's "
-          f"devices are {platform}: use 'dot', or '{kind}_interpret' to run "
-          "the kernel in Pallas's interpreter.")
+          f"devices are {platform}: use '{default}', or '{kind}_interpret' "
+          "to run the kernel in Pallas's interpreter.")
     if kind in GPU_ONLY_KERNELS and platform not in platform_lib.GPU_PLATFORMS:
       raise MeshConfigError(
           f"{prefix}{field}={kind!r} runs on NVIDIA GPUs only, and this "
-          f"mesh's devices are {platform}: use 'dot', or '{kind}_interpret' "
-          "to run the kernel in Pallas's interpreter.")
+          f"mesh's devices are {platform}: use '{default}', or "
+          f"'{kind}_interpret' to run the kernel in Pallas's interpreter.")
 
 
 def _resolve_sizes(sizes: Sequence[int], num_devices: int,
@@ -248,6 +248,9 @@ class ShardingContext:
     model = config.get("model") or {}
     check_tpu_kernels(mesh, **{k: model[k] for k in ("mlp_kernel", "attention")
                                if k in model})
+    if "loss_kernel" in config:
+      check_tpu_kernels(mesh, prefix="config.", default="xla",
+                        loss_kernel=config.loss_kernel)
     return cls(mesh, logical_rules(config))
 
   def __enter__(self):
@@ -288,3 +291,35 @@ class ShardingContext:
                        field: str = "global_batch_size") -> None:
     check_batch_size(global_batch_size, self.mesh, self.rules, field)
 
+
+def per_batch_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
+  """fn(*local sharded, *replicated) on each shard of the batch axis
+  (`batch_axis` of every `sharded` array, split as 'activation_batch').
+  Outputs whose index is in `reduce_outputs` are summed over the shards;
+  the others are split like the inputs."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return fn(*sharded, *replicated)
+  batch = nn.logical_to_mesh_axes((BATCH,))[0]
+  axes = () if batch is None else (
+      batch if isinstance(batch, tuple) else (batch,))
+
+  def split(ndim):
+    return jax.sharding.PartitionSpec(
+        *(batch if i == batch_axis else None for i in range(ndim)))
+
+  whole = jax.sharding.PartitionSpec()
+
+  def run(*args):
+    outs = fn(*args)
+    return tuple(jax.lax.psum(o, axes) if i in reduce_outputs and axes else o
+                 for i, o in enumerate(outs))
+
+  outs = jax.eval_shape(fn, *sharded, *replicated)
+  return jax.shard_map(
+      run, mesh=mesh,
+      in_specs=(tuple(split(a.ndim) for a in sharded)
+                + (whole,) * len(replicated)),
+      out_specs=tuple(whole if i in reduce_outputs else split(o.ndim)
+                      for i, o in enumerate(outs)),
+      check_vma=False)(*sharded, *replicated)

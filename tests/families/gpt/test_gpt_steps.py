@@ -1,6 +1,7 @@
 """nanoGPT's schedule, parameter groups, accumulation and estimate_loss."""
 import dataclasses
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +119,16 @@ def test_gradient_accumulation_equals_one_big_batch():
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def _one_iteration(state, batch, model, tx, accum, **options):
+  """(new params, loss, gradient norm) of one jitted train step."""
+  new_state, metrics = jax.jit(
+      lambda s, b: gpt_steps.train_step(s, b, model=model, tx=tx,
+                                        accum_steps=accum, **options))(
+                                            state, batch)
+  return (new_state.params, float(metrics["loss"].compute()),
+          float(metrics["grad_norm"].compute()))
+
+
 @pytest.mark.parametrize("chunk", [3, 4, 8])
 def test_chunked_loss_equals_the_whole_logits_loss(chunk):
   """config.loss_chunk_size: the same loss and update, the [B, T, V]
@@ -129,15 +140,9 @@ def test_chunked_loss_equals_the_whole_logits_loss(chunk):
   y[0, :3] = -1   # ignored targets stay ignored
   batch = {"x": jnp.asarray(x), "y": jnp.asarray(y)}
   state, model, tx = _tiny(1, 8)
-  results = []
-  for size in (0, chunk):
-    new_state, metrics = jax.jit(
-        lambda s, b, size=size: gpt_steps.train_step(
-            s, b, model=model, tx=tx, accum_steps=1,
-            loss_chunk_size=size))(state, batch)
-    results.append((new_state.params, float(metrics["loss"].compute()),
-                    float(metrics["grad_norm"].compute())))
-  (p0, l0, g0), (p1, l1, g1) = results
+  (p0, l0, g0), (p1, l1, g1) = [
+      _one_iteration(state, batch, model, tx, 1, loss_chunk_size=size)
+      for size in (0, chunk)]
   assert l1 == pytest.approx(l0, rel=1e-5)
   assert g1 == pytest.approx(g0, rel=1e-4)
   for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
@@ -166,6 +171,52 @@ def test_bfloat16_logits_train_on_the_rounded_logits():
   (l32, g32), (l16, g16) = results
   assert l16 != l32 and l16 == pytest.approx(l32, rel=1e-2)
   assert g16 == pytest.approx(g32, rel=5e-2)
+
+
+@pytest.mark.parametrize("logits_dtype", ["float32", "bfloat16"])
+def test_triton_loss_kernel_trains_as_the_xla_loss(monkeypatch, logits_dtype):
+  """config.loss_kernel='triton' (here in Pallas's interpreter): the same
+  loss and update as XLA's loss, with ignored targets and accumulation."""
+  from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(cross_entropy_gpu.CONSTANTS, "block", 8)  # 11 = 8 + 3
+  rng = np.random.default_rng(3)
+  x = rng.integers(0, 11, size=(8, 8)).astype(np.int32)
+  y = (x + 1) % 11
+  y[1, 2:5] = -1
+  batch = {"x": jnp.asarray(x), "y": jnp.asarray(y)}
+  state, model, tx = _tiny(2, 4)
+  model = model.clone(cfg=dataclasses.replace(model.cfg,
+                                              logits_dtype=logits_dtype))
+  (p0, l0, g0), (p1, l1, g1) = [
+      _one_iteration(state, batch, model, tx, 2, loss_kernel=kernel)
+      for kernel in ("xla", "triton_interpret")]
+  assert l1 == pytest.approx(l0, rel=1e-6)
+  if logits_dtype == "bfloat16":
+    # P is rounded where the XLA path rounds g * P: one bf16 rounding apart.
+    assert g1 == pytest.approx(g0, rel=2e-3)
+    return
+  assert g1 == pytest.approx(g0, rel=1e-5)
+  for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (dict(loss_kernel="pallas"), "config.loss_kernel='pallas': use one of"),
+    (dict(loss_kernel="triton", loss_chunk_size=4),
+     "set config.loss_chunk_size=0"),
+])
+def test_bad_loss_kernel_names_the_field(overrides, needle):
+  with pytest.raises(ValueError, match=re.escape(needle)):
+    gpt_program.build(_config(**overrides), None, {"vocab_size": 11})
+
+
+def test_triton_loss_kernel_on_cpu_devices_is_one_line():
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(mesh_lib.MeshConfigError,
+                     match=r"config.loss_kernel='triton' runs on NVIDIA GPUs "
+                     r"only, and this mesh's devices are cpu: use 'xla', or "
+                     r"'triton_interpret'"):
+    mesh_lib.ShardingContext.from_config(_config(loss_kernel="triton"))
 
 
 def test_bad_loss_chunk_size_names_the_field():

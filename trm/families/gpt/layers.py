@@ -116,9 +116,12 @@ class Embed(nn.Module):
     jnp.dot would run both as float32 x float32 (on an H100, TF32 at half
     the bf16 rate, over [B*T, vocab] operands)."""
     dtype = self.cfg.compute_dtype
-    return linear.matmul_to(x.astype(dtype),
-                            self._gatherable().astype(dtype).T,
+    return linear.matmul_to(x.astype(dtype), self.table().T,
                             self.cfg.logits_dtype)
+
+  def table(self):
+    """The whole [num, C] table in the compute dtype (`attend`'s)."""
+    return self._gatherable().astype(self.cfg.compute_dtype)
 
 
 def _proj_std(cfg: GPTConfig) -> float:

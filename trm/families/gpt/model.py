@@ -127,6 +127,11 @@ class GPT(nn.Module):
     cfg.logits_dtype (float32 by default)."""
     return self.wte.attend(h)
 
+  def head_table(self):
+    """The LM head's [vocab, C] table in the compute dtype (the tied
+    embedding), for losses that make the logits themselves."""
+    return self.wte.table()
+
   def __call__(self, idx, *, deterministic: bool = True):
     return self.logits_from_hidden(
         self.hidden(idx, deterministic=deterministic))

@@ -18,8 +18,12 @@ from trm.core import mfu
 from trm.core.task import BatchField, Program
 from trm.families.gpt import model as gpt
 from trm.families.gpt import steps as gpt_steps
+from trm.nn import cross_entropy_gpu
 
 DISPLAY_NAME = "GPT"
+# config.loss_kernel: XLA's passes over the logits, or one Pallas Triton
+# kernel on NVIDIA GPUs (nn.cross_entropy_gpu; "_interpret" on a CPU).
+LOSS_KERNELS = ("xla",) + cross_entropy_gpu.KINDS
 
 
 def owns_state(paths) -> bool:
@@ -59,6 +63,14 @@ def build(config, ctx, shapes=None) -> Program:
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
     raise ValueError(f"config.loss_chunk_size={chunk!r} must be an integer "
                      ">= 0 (0: the whole sequence's logits at once).")
+  loss_kernel = config.get("loss_kernel", "xla")
+  if loss_kernel not in LOSS_KERNELS:
+    raise ValueError(f"config.loss_kernel={loss_kernel!r}: use one of "
+                     f"{LOSS_KERNELS}.")
+  if loss_kernel != "xla" and chunk:
+    raise ValueError(f"config.loss_kernel={loss_kernel!r} makes the whole "
+                     "sequence's logits in one kernel: set "
+                     "config.loss_chunk_size=0, or loss_kernel='xla'.")
   model = gpt.GPT(cfg)
   tx = gpt_steps.make_optimizer(config)
   non_embedding = gpt.num_params(gpt.abstract_params(cfg),
@@ -71,7 +83,7 @@ def build(config, ctx, shapes=None) -> Program:
       train_step=functools.partial(
           gpt_steps.train_step, model=model, tx=tx,
           accum_steps=config.gradient_accumulation_steps,
-          loss_chunk_size=config.get("loss_chunk_size", 0)),
+          loss_chunk_size=chunk, loss_kernel=loss_kernel),
       eval_step=functools.partial(gpt_steps.eval_step, model=model),
       batch_spec=batch_spec(cfg.block_size),
       flops_per_step=mfu.nanogpt_flops_per_iter(

@@ -19,6 +19,7 @@ from trm.core import loss_scale as loss_scale_lib
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
 from trm.families.gpt import model as gpt
+from trm.nn import cross_entropy_gpu
 from trm.nn import losses
 
 
@@ -124,8 +125,19 @@ def chunked_cross_entropy(hidden, head, targets, chunk_size: int):
   return total / jnp.maximum(count, 1), count
 
 
+def fused_cross_entropy(hidden, table, targets, logits_dtype,
+                        interpret: bool):
+  """`cross_entropy(hidden @ table^T, targets)` with the loss's passes over
+  the logits in one Pallas Triton kernel (`nn.cross_entropy_gpu`)."""
+  valid = targets >= 0
+  token_loss = cross_entropy_gpu.linear_cross_entropy(
+      hidden, table, jnp.where(valid, targets, 0), logits_dtype, interpret)
+  count = valid.sum()
+  return jnp.where(valid, token_loss, 0.0).sum() / jnp.maximum(count, 1), count
+
+
 def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
-               loss_chunk_size: int = 0):
+               loss_chunk_size: int = 0, loss_kernel: str = "xla"):
   """One iteration over batch = {x, y: [accum_steps * B, T] int32}.
 
   Rows are grouped as [B, accum_steps]: each device's contiguous rows hold
@@ -144,7 +156,13 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   step_rng = jax.random.fold_in(state.rng, state.step)
 
   def loss_fn(params, x, y, rng):
-    if loss_chunk_size:
+    if loss_kernel != "xla":
+      hidden = model.apply({"params": params}, x, deterministic=False,
+                           rngs={"dropout": rng}, method=gpt.GPT.hidden)
+      table = model.apply({"params": params}, method=gpt.GPT.head_table)
+      loss = fused_cross_entropy(hidden, table, y, model.cfg.logits_dtype,
+                                 loss_kernel == "triton_interpret")[0]
+    elif loss_chunk_size:
       hidden = model.apply({"params": params}, x, deterministic=False,
                            rngs={"dropout": rng}, method=gpt.GPT.hidden)
       head = lambda h: model.apply({"params": params}, h,  # noqa: E731

@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from trm.core import mesh as mesh_lib
 
 KINDS = ("dot", "pallas", "pallas_interpret")
 # Tiles: the token mixer's columns (multiples of the 128-lane width); the
@@ -356,33 +357,8 @@ def _channels_backward(x, r, dy, w_in, w_out, *, eps, interpret):
 # ------------------------------------------------------------ shard + vjp
 
 
-def per_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
-  """fn(*local sharded, *replicated) on each shard of the batch axis
-  (`batch_axis` of every `sharded` array, split as 'activation_batch').
-  Outputs whose index is in `reduce_outputs` are summed over the shards;
-  the others are split like the inputs."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1:
-    return fn(*sharded, *replicated)
-  batch = nn.logical_to_mesh_axes(("activation_batch",))[0]
-  axes = () if batch is None else (
-      batch if isinstance(batch, tuple) else (batch,))
-  spec = jax.sharding.PartitionSpec(
-      *(batch if i == batch_axis else None for i in range(sharded[0].ndim)))
-  whole = jax.sharding.PartitionSpec()
-
-  def run(*args):
-    outs = fn(*args)
-    return tuple(jax.lax.psum(o, axes) if i in reduce_outputs and axes else o
-                 for i, o in enumerate(outs))
-
-  count = len(jax.eval_shape(fn, *sharded, *replicated))
-  return jax.shard_map(
-      run, mesh=mesh,
-      in_specs=(spec,) * len(sharded) + (whole,) * len(replicated),
-      out_specs=tuple(whole if i in reduce_outputs else spec
-                      for i in range(count)),
-      check_vma=False)(*sharded, *replicated)
+# Kept under its old name: the TPU and GPU token-mixer kernels call it.
+per_shard = mesh_lib.per_batch_shard
 
 
 def as_matrix(tokens):
