@@ -129,6 +129,42 @@ def _one_iteration(state, batch, model, tx, accum, **options):
           float(metrics["grad_norm"].compute()))
 
 
+def test_bfloat16_accumulation_is_float32_parameters_gradients():
+  """cast_once (GPUs): the kernels cast to bf16 once per iteration
+  (`matmul_weights_in`) and the head's table made once: the
+  iteration's gradient is still the mean of each micro-batch's gradient
+  with respect to the float32 parameters (which the layers cast at use),
+  and the update the same."""
+  rng = np.random.default_rng(4)
+  x = rng.integers(0, 11, size=(6, 8)).astype(np.int32)
+  batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + 2) % 11)}
+  state, model, tx = _tiny(3, 2, dtype="bfloat16", dropout=0.0)
+  cast = gpt_steps.matmul_weights_in(state.params, jnp.bfloat16)
+  kinds = {jax.tree_util.keystr(k): v.dtype
+           for k, v in jax.tree_util.tree_leaves_with_path(cast)}
+  assert {d for k, d in kinds.items() if k.endswith("['kernel']")} == {
+      jnp.dtype(jnp.bfloat16)}
+  assert {d for k, d in kinds.items() if not k.endswith("['kernel']")} == {
+      jnp.dtype(jnp.float32)}
+
+  def loss(params, x, y):
+    return gpt_steps.cross_entropy(model.apply({"params": params}, x), y)[0]
+
+  grads = jax.tree.map(jnp.zeros_like, state.params)
+  for k in range(3):  # micro-batch k is rows k, k + 3 (train_step's split)
+    g = jax.jit(jax.grad(loss))(state.params, batch["x"][k::3],
+                                batch["y"][k::3])
+    grads = jax.tree.map(lambda a, b: a + b / 3, grads, g)
+  new_state, metrics = jax.jit(lambda s, b: gpt_steps.train_step(
+      s, b, model=model, tx=tx, accum_steps=3, cast_once=True))(state, batch)
+  assert float(metrics["grad_norm"].compute()) == pytest.approx(
+      float(optax.tree.norm(grads)), rel=1e-6)
+  updates, _ = tx.update(grads, state.opt_state, state.params)
+  want = optax.apply_updates(state.params, updates)
+  for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 @pytest.mark.parametrize("chunk", [3, 4, 8])
 def test_chunked_loss_equals_the_whole_logits_loss(chunk):
   """config.loss_chunk_size: the same loss and update, the [B, T, V]
@@ -173,10 +209,14 @@ def test_bfloat16_logits_train_on_the_rounded_logits():
   assert g16 == pytest.approx(g32, rel=5e-2)
 
 
-@pytest.mark.parametrize("logits_dtype", ["float32", "bfloat16"])
-def test_triton_loss_kernel_trains_as_the_xla_loss(monkeypatch, logits_dtype):
+@pytest.mark.parametrize("logits_dtype,cast_once", [
+    ("float32", False), ("float32", True), ("bfloat16", True)])
+def test_triton_loss_kernel_trains_as_the_xla_loss(monkeypatch, logits_dtype,
+                                                   cast_once):
   """config.loss_kernel='triton' (here in Pallas's interpreter): the same
-  loss and update as XLA's loss, with ignored targets and accumulation."""
+  loss and update as XLA's loss, with ignored targets and accumulation,
+  the head's table made in the loop or before it (cast_once, as on a
+  GPU)."""
   from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
   monkeypatch.setitem(cross_entropy_gpu.CONSTANTS, "block", 8)  # 11 = 8 + 3
   rng = np.random.default_rng(3)
@@ -188,7 +228,8 @@ def test_triton_loss_kernel_trains_as_the_xla_loss(monkeypatch, logits_dtype):
   model = model.clone(cfg=dataclasses.replace(model.cfg,
                                               logits_dtype=logits_dtype))
   (p0, l0, g0), (p1, l1, g1) = [
-      _one_iteration(state, batch, model, tx, 2, loss_kernel=kernel)
+      _one_iteration(state, batch, model, tx, 2, loss_kernel=kernel,
+                     cast_once=cast_once)
       for kernel in ("xla", "triton_interpret")]
   assert l1 == pytest.approx(l0, rel=1e-6)
   if logits_dtype == "bfloat16":

@@ -107,17 +107,18 @@ class Embed(nn.Module):
     return jax.lax.dynamic_slice_in_dim(self._gatherable(), start, length,
                                         axis=0).astype(jnp.float32)
 
-  def attend(self, x):
+  def attend(self, x, table=None):
     """x [..., C] -> x @ table.T [..., num] in `cfg.logits_dtype` (float32:
-    the matmul's accumulator; matmul in dtype).
+    the matmul's accumulator; matmul in dtype). `table`: `table()` made
+    beforehand, else made here.
 
     `matmul`'s backward rounds the logits' gradient to `dtype` before its
     two matmuls, as torch autocast's bf16 LM head gets it; autodiff of
     jnp.dot would run both as float32 x float32 (on an H100, TF32 at half
     the bf16 rate, over [B*T, vocab] operands)."""
     dtype = self.cfg.compute_dtype
-    return linear.matmul_to(x.astype(dtype), self.table().T,
-                            self.cfg.logits_dtype)
+    table = self.table() if table is None else table
+    return linear.matmul_to(x.astype(dtype), table.T, self.cfg.logits_dtype)
 
   def table(self):
     """The whole [num, C] table in the compute dtype (`attend`'s)."""

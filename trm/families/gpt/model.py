@@ -122,10 +122,11 @@ class GPT(nn.Module):
         x = block(x, deterministic)
     return self.ln_f(x)
 
-  def logits_from_hidden(self, h):
+  def logits_from_hidden(self, h, table=None):
     """The tied LM head: h [..., C] -> logits [..., vocab] in
-    cfg.logits_dtype (float32 by default)."""
-    return self.wte.attend(h)
+    cfg.logits_dtype (float32 by default); `table`: `head_table()` made
+    beforehand (the train step makes it once per iteration)."""
+    return self.wte.attend(h, table)
 
   def head_table(self):
     """The LM head's [vocab, C] table in the compute dtype (the tied

@@ -19,6 +19,7 @@ from trm.core.task import BatchField, Program
 from trm.families.gpt import model as gpt
 from trm.families.gpt import steps as gpt_steps
 from trm.nn import cross_entropy_gpu
+from trm.nn import platform as platform_lib
 
 DISPLAY_NAME = "GPT"
 # config.loss_kernel: XLA's passes over the logits, or one Pallas Triton
@@ -54,7 +55,10 @@ def data_shapes(config, overrides: dict) -> dict:
 
 def build(config, ctx, shapes=None) -> Program:
   """`shapes` ({'vocab_size'}) overrides config.model.vocab_size."""
-  del ctx  # the layers place themselves by logical names
+  # The layers place themselves by logical names; the platform decides
+  # where the weights' bf16 copies are made (gpt.steps.train_step).
+  cast_once = (ctx is not None
+               and ctx.platform in platform_lib.GPU_PLATFORMS)
   shapes = shapes or data_shapes(config, {})
   model_config = config.model.to_dict()
   model_config["vocab_size"] = shapes["vocab_size"]
@@ -83,7 +87,8 @@ def build(config, ctx, shapes=None) -> Program:
       train_step=functools.partial(
           gpt_steps.train_step, model=model, tx=tx,
           accum_steps=config.gradient_accumulation_steps,
-          loss_chunk_size=chunk, loss_kernel=loss_kernel),
+          loss_chunk_size=chunk, loss_kernel=loss_kernel,
+          cast_once=cast_once),
       eval_step=functools.partial(gpt_steps.eval_step, model=model),
       batch_spec=batch_spec(cfg.block_size),
       flops_per_step=mfu.nanogpt_flops_per_iter(

@@ -136,14 +136,34 @@ def fused_cross_entropy(hidden, table, targets, logits_dtype,
   return jnp.where(valid, token_loss, 0.0).sum() / jnp.maximum(count, 1), count
 
 
+def matmul_weights_in(params, dtype):
+  """params with the Linear kernels cast to the compute dtype `dtype`.
+
+  The layers cast each kernel at use (torch autocast's casts). Inside the
+  micro-batch loop that cast ran once per micro-step: on the H100, 24
+  small kernels per micro-step, 960 per GPT-2 iteration, about 10 us each
+  whatever their size (BUILD_NOTES "After the third run, on the CPU").
+  Cast once before the loop, the layers' casts are no-ops, and the
+  gradients are the same values: each kernel's gradient came out of its
+  matmul in `dtype` and was widened. Embeddings and norm parameters stay
+  as they are (the token lookup and the norms read them in float32).
+  """
+  def cast(path, leaf):
+    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    return leaf.astype(dtype) if names and names[-1] == "kernel" else leaf
+  return jax.tree_util.tree_map_with_path(cast, params)
+
+
 def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
-               loss_chunk_size: int = 0, loss_kernel: str = "xla"):
+               loss_chunk_size: int = 0, loss_kernel: str = "xla",
+               cast_once: bool = False):
   """One iteration over batch = {x, y: [accum_steps * B, T] int32}.
 
   Rows are grouped as [B, accum_steps]: each device's contiguous rows hold
   every micro-batch's share, so splitting into micro-batches moves no data.
   The loss of each micro-batch is divided by accum_steps and the gradients
-  summed, as nanoGPT does.
+  summed, as nanoGPT does. `cast_once` (GPUs): the weights' compute-dtype
+  copies are made before the micro-batch loop, not in every micro-step.
   """
   rows, length = batch["x"].shape
   micro = rows // accum_steps
@@ -155,33 +175,46 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   xs, ys = split(batch["x"]), split(batch["y"])
   step_rng = jax.random.fold_in(state.rng, state.step)
 
-  def loss_fn(params, x, y, rng):
-    if loss_kernel != "xla":
-      hidden = model.apply({"params": params}, x, deterministic=False,
-                           rngs={"dropout": rng}, method=gpt.GPT.hidden)
+  def loss_fn(params, table, x, y, rng):
+    hidden = model.apply({"params": params}, x, deterministic=False,
+                         rngs={"dropout": rng}, method=gpt.GPT.hidden)
+    if table is None:
       table = model.apply({"params": params}, method=gpt.GPT.head_table)
+    if loss_kernel != "xla":
       loss = fused_cross_entropy(hidden, table, y, model.cfg.logits_dtype,
                                  loss_kernel == "triton_interpret")[0]
-    elif loss_chunk_size:
-      hidden = model.apply({"params": params}, x, deterministic=False,
-                           rngs={"dropout": rng}, method=gpt.GPT.hidden)
-      head = lambda h: model.apply({"params": params}, h,  # noqa: E731
-                                   method=gpt.GPT.logits_from_hidden)
-      loss = chunked_cross_entropy(hidden, head, y, loss_chunk_size)[0]
     else:
-      logits = model.apply({"params": params}, x, deterministic=False,
-                           rngs={"dropout": rng})
-      loss = cross_entropy(logits, y)[0]
+      head = lambda h: model.apply({"params": params}, h, table,  # noqa: E731
+                                   method=gpt.GPT.logits_from_hidden)
+      loss = (chunked_cross_entropy(hidden, head, y, loss_chunk_size)
+              if loss_chunk_size else cross_entropy(head(hidden), y))[0]
     return loss_scale_lib.scale_loss(state.loss_scale, loss), loss
 
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+  # With cast_once, made once per iteration, not in every micro-step: the
+  # layers' kernels and the LM head's copy of the tied table in the
+  # compute dtype (with, under FSDP, the table's gather). The token lookup
+  # reads the float32 table, whose gradient each micro-step's head
+  # gradient joins. On TPUs and CPUs the casts stay in the loop: on a pod
+  # the copies of FSDP-sharded weights would hold memory through it, and
+  # the H100's per-launch cost that this removes was measured on a GPU.
+  params, table = state.params, None
+  if cast_once:
+    params = matmul_weights_in(state.params, model.cfg.compute_dtype)
+    table = model.apply({"params": state.params}, method=gpt.GPT.head_table)
 
   def accumulate(carry, inputs):
     loss_sum, grad_sum = carry
     k, x, y = inputs
-    (_, loss), grads = grad_fn(state.params, x, y,
-                               jax.random.fold_in(step_rng, k))
-    grad_sum = jax.tree.map(lambda a, g: a + g / accum_steps, grad_sum, grads)
+    (_, loss), (grads, d_table) = grad_fn(params, table, x, y,
+                                          jax.random.fold_in(step_rng, k))
+    if table is not None:
+      wte = grads["wte"]["embedding"] + d_table.astype(jnp.float32)
+      grads = {**grads, "wte": {**grads["wte"], "embedding": wte}}
+    # Widened before the division, as the float32 parameters' gradients
+    # were (the same values).
+    grad_sum = jax.tree.map(
+        lambda a, g: a + g.astype(jnp.float32) / accum_steps, grad_sum, grads)
     return (loss_sum + loss / accum_steps, grad_sum), None
 
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
