@@ -166,6 +166,8 @@ def get_config(arg=None):
       qkv_projection="auto",    # c_attn: fused | separate (three matmuls,
                                 # no q/k/v split copies) | auto (separate
                                 # with cudnn)
+      norm_kernel="xla",        # residual adds + LayerNorms: xla | triton
+                                # (NVIDIA GPUs: one Pallas kernel each)
       head_size=0,              # per-head width; 0: n_embd // n_head (as
                                 # nanoGPT); MaxText's head_dim otherwise
       mlp_size=0,               # MLP hidden width; 0: 4 * n_embd (as

@@ -174,20 +174,25 @@ def kernels_of(compile_fn, ptxas: str, prefix: str = "trm_") -> list[Kernel]:
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-def report(batch: int, gpu: str = "h100") -> list[dict]:
+def _target(gpu: str):
+  """(ptxas, a sharding on one compile-only `gpu`), with the repository and
+  the kit importable."""
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   for path in (REPO, HERE):
     if path not in sys.path:
       sys.path.insert(0, path)
   import jax  # pylint: disable=g-import-not-at-top
+  import offline  # pylint: disable=g-import-not-at-top
+  device = offline.gpu_devices(gpu)[0]
+  return find_ptxas(), jax.sharding.SingleDeviceSharding(device)
+
+
+def report(batch: int, gpu: str = "h100") -> list[dict]:
+  ptxas, sharding = _target(gpu)
+  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import mixer_sweep  # pylint: disable=g-import-not-at-top
-  import offline  # pylint: disable=g-import-not-at-top
   from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
-
-  device = offline.gpu_devices(gpu)[0]
-  ptxas = find_ptxas()
-  sharding = jax.sharding.SingleDeviceSharding(device)
   spec = lambda shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16,  # noqa: E731
                                             sharding=sharding)
   seq, width, inter = 97, 512, 512  # the paper MLP-t step's token mixer
@@ -236,22 +241,106 @@ def report(batch: int, gpu: str = "h100") -> list[dict]:
   return rows
 
 
+# GPT-2's Pallas kernels (`--gpt`): the loss's (nn.cross_entropy_gpu) and
+# the residual-add LayerNorm's (families/gpt/norm_gpu), each under these
+# settings of its module's CONSTANTS; the first is the default.
+GPT_SETTINGS = {
+    "loss": [dict(rows=(1,), block=4096, warps=8, stages=2),
+             dict(rows=(1,), block=2048, warps=8, stages=2),
+             dict(rows=(1,), block=2048, warps=4, stages=2),
+             dict(rows=(2,), block=2048, warps=8, stages=2)],
+    "norm": [dict(rows=(1,), groups=8, warps=4),
+             dict(rows=(2,), groups=4, warps=4),
+             dict(rows=(4,), groups=4, warps=4),
+             dict(rows=(4,), groups=4, warps=8)],
+}
+
+
+def gpt_report(gpu: str = "h100") -> list[dict]:
+  """GPT-2's kernels at the kit's shapes (12 x 1024 positions, vocab
+  50304, width 768), value and gradient, under GPT_SETTINGS."""
+  ptxas, sharding = _target(gpu)
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import norm_gpu  # pylint: disable=g-import-not-at-top
+  from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
+
+  def spec(shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+  def loss(h, table, labels):
+    return cross_entropy_gpu.linear_cross_entropy(
+        h, table, labels, jnp.dtype(jnp.bfloat16)).mean()
+
+  def norm(x, delta, scale, bias):
+    s, y = norm_gpu.add_layer_norm(x, delta, scale, bias,
+                                   jnp.dtype(jnp.bfloat16))
+    return jnp.sum(s) + jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+  f32 = jnp.float32
+  programs = {
+      "loss": (cross_entropy_gpu, "lm_head", loss, (0, 1),
+               (spec((12, 1024, 768)), spec((50304, 768)),
+                spec((12, 1024), jnp.int32))),
+      "norm": (norm_gpu, "gpt_add", norm, (0, 1, 2, 3),
+               (spec((12, 1024, 768), f32), spec((12, 1024, 768)),
+                spec((768,), f32), spec((768,), f32))),
+  }
+  rows = []
+  for name, (module, prefix, fn, argnums, args) in programs.items():
+    default = dict(module.CONSTANTS)
+    try:
+      for setting in GPT_SETTINGS[name]:
+        module.CONSTANTS.update(setting)
+        # A new function per setting: the kernels read CONSTANTS when
+        # traced, and jit caches by function.
+        grad = jax.jit(lambda *a, fn=fn, argnums=argnums: jax.value_and_grad(
+            fn, argnums=argnums)(*a))
+        found = kernels_of(grad.lower(*args).compile, ptxas, prefix=prefix)
+        if not found:
+          print(f"kernel_report.py: {name} {setting}: no kernel named "
+                f"{prefix}*", file=sys.stderr)
+        for k in found:
+          rows.append(dict(kernel=k.name, setting=" ".join(
+              f"{key}={value[0] if isinstance(value, tuple) else value}"
+              for key, value in setting.items()),
+              changes=setting, registers=k.registers,
+              spill_stores=k.spill_stores, spill_loads=k.spill_loads,
+              threads=k.threads, shared_bytes=k.shared, grid=k.grid,
+              blocks_per_sm=k.blocks_per_sm(), occupancy=k.occupancy(),
+              waves=k.waves(), wgmma=k.wgmma, mma_sync=k.mma_sync,
+              st_shared=k.st_shared))
+    finally:
+      module.CONSTANTS.clear()
+      module.CONSTANTS.update(default)
+  return rows
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--batch", type=int, default=384,
                  help="the MLP-t step's batch (columns = batch x 512)")
   p.add_argument("--gpu", default="h100", choices=("h100", "h200"))
   p.add_argument("--json", default=None, help="also write the rows here")
+  p.add_argument("--gpt", action="store_true",
+                 help="GPT-2's loss and norm kernels instead (GPT_SETTINGS)")
   args = p.parse_args(argv)
-  rows = report(args.batch, args.gpu)
-  print(f"token mixer kernels, batch {args.batch} ({args.gpu}, sm_90a; "
-        "ptxas -v and XLA's thunk sequence)")
-  print(f"{'kernel':8s} {'setting':16s} {'regs':>4s} {'spill st/ld':>12s} "
+  if args.gpt:
+    rows = gpt_report(args.gpu)
+    print(f"GPT-2 kernels, 12 x 1024 positions ({args.gpu}, sm_90a; "
+          "ptxas -v and XLA's thunk sequence)")
+    width, kwidth = 24, 23
+  else:
+    rows = report(args.batch, args.gpu)
+    print(f"token mixer kernels, batch {args.batch} ({args.gpu}, sm_90a; "
+          "ptxas -v and XLA's thunk sequence)")
+    width, kwidth = 16, 8
+  print(f"{'kernel':{kwidth}s} {'setting':{width}s} {'regs':>4s} {'spill st/ld':>12s} "
         f"{'threads':>7s} {'smem KiB':>8s} {'blocks/SM':>9s} "
         f"{'occupancy':>9s} {'waves':>6s} {'wgmma':>5s} {'mma.sync':>8s} "
         f"{'st.shared':>9s}")
   for r in rows:
-    print(f"{r['kernel']:8s} {r['setting']:16s} {r['registers']:4d} "
+    print(f"{r['kernel']:{kwidth}s} {r['setting']:{width}s} {r['registers']:4d} "
           f"{r['spill_stores']:5d}/{r['spill_loads']:<6d} {r['threads']:7d} "
           f"{r['shared_bytes'] / 1024:8.0f} {r['blocks_per_sm']:9d} "
           f"{r['occupancy']:9.1%} {r['waves']:6.1f} {r['wgmma']:5d} "

@@ -751,19 +751,22 @@ _SMOKE_VOCAB = 256
 
 
 GPT_VARIANTS = {  # name: (model.attention, model.qkv_projection,
-                 #        loss_kernel)
-    "cudnn": ("cudnn", "auto", "xla"),  # separate q, k, v matmuls
-    "cudnn_fused_qkv": ("cudnn", "fused", "xla"),  # one c_attn matmul
-    # The loss's passes over the logits as one Pallas Triton kernel.
-    "cudnn_triton_loss": ("cudnn", "auto", "triton"),
-    "dot": ("dot", "auto", "xla"),
+                 #        loss_kernel, model.norm_kernel)
+    "cudnn": ("cudnn", "auto", "xla", "xla"),  # separate q, k, v matmuls
+    "cudnn_fused_qkv": ("cudnn", "fused", "xla", "xla"),  # one c_attn matmul
+    # Pallas Triton kernels: the loss's passes over the logits as one
+    # kernel; each residual add with the LayerNorm after it; both.
+    "cudnn_triton_loss": ("cudnn", "auto", "triton", "xla"),
+    "cudnn_triton_norm": ("cudnn", "auto", "xla", "triton"),
+    "cudnn_triton": ("cudnn", "auto", "triton", "triton"),
+    "dot": ("dot", "auto", "xla", "xla"),
 }
 
 
 def gpt_config(args, data_root: str, variant: str):
   """The kit's GPT-2 124M config (nanoGPT's defaults), as measured, for
   one of GPT_VARIANTS."""
-  attention, qkv_projection, loss_kernel = GPT_VARIANTS[variant]
+  attention, qkv_projection, loss_kernel, norm_kernel = GPT_VARIANTS[variant]
   from trm.core import config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config(os.path.join(REPO, "configs", "gpt.py"),
                                   None)
@@ -776,6 +779,7 @@ def gpt_config(args, data_root: str, variant: str):
     config.model.attention = attention
     config.model.qkv_projection = qkv_projection
     config.loss_kernel = loss_kernel
+    config.model.norm_kernel = norm_kernel
     if args.smoke:
       config.update(dict(n_layer=2, n_head=2, n_embd=64, block_size=64,
                          batch_size=4, gradient_accumulation_steps=2,
@@ -785,6 +789,8 @@ def gpt_config(args, data_root: str, variant: str):
       config.model.attention = "dot"
       if loss_kernel == "triton":
         config.loss_kernel = "triton_interpret"
+      if norm_kernel == "triton":
+        config.model.norm_kernel = "triton_interpret"
     else:
       config.gradient_accumulation_steps = args.gpt_accum
     # nanoGPT's LM head under autocast returns logits in the compute dtype
@@ -862,9 +868,9 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
   attentions = args.gpt_variants
   if args.smoke:
     attentions = ["dot"] + [v for v in attentions
-                            if GPT_VARIANTS[v][2] != "xla"]
-    log("gpt: attention='cudnn' is GPU-only; --smoke times 'dot' (and a "
-        "Triton loss kernel in Pallas's interpreter)")
+                            if set(GPT_VARIANTS[v][2:]) != {"xla"}]
+    log("gpt: attention='cudnn' is GPU-only; --smoke times 'dot' (and the "
+        "variants' Triton kernels in Pallas's interpreter)")
   config = gpt_config(args, data_root, "dot")
   tokens_per_iter = (config.batch_size * config.gradient_accumulation_steps
                      * config.block_size)
@@ -975,6 +981,8 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
              attention="dot" if args.smoke else GPT_VARIANTS[attention][0],
              qkv_projection=GPT_VARIANTS[attention][1],
              loss_kernel=gpt_config(args, data_root, attention).loss_kernel,
+             norm_kernel=gpt_config(args, data_root,
+                                    attention).model.norm_kernel,
              torch_compile=compile_torch,
              peak_what=peak_what, block_size=config.block_size,
              accum=config.gradient_accumulation_steps,

@@ -96,3 +96,11 @@ def test_instructions_are_counted_per_entry():
   assert kernel_report.parse_instructions(PTX) == {
       "trm_token_mixer_forward": (2, 0, 2),
       "trm_token_mixer_weight_grads": (0, 1, 0)}
+
+
+def test_gpt_settings_start_with_the_kernels_defaults():
+  """`--gpt`'s first row per kernel is what the model runs."""
+  from trm.families.gpt import norm_gpu  # pylint: disable=g-import-not-at-top
+  from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
+  assert kernel_report.GPT_SETTINGS["loss"][0] == cross_entropy_gpu.CONSTANTS
+  assert kernel_report.GPT_SETTINGS["norm"][0] == norm_gpu.CONSTANTS

@@ -427,6 +427,15 @@ def test_gpt_variants_are_checked_and_set_the_model():
   # The A/B of c_attn: three matmuls (auto, with cuDNN) against nanoGPT's one.
   assert [(m.attention, m.qkv_projection) for m in models] == [
       ("cudnn", "auto"), ("cudnn", "fused")]
+  # The Pallas kernels' variants: on the GPU 'triton', in --smoke the
+  # interpreter (with XLA's attention).
+  for smoke, kind in ((False, "triton"), (True, "triton_interpret")):
+    args = measure.parse_args(
+        ["gpt", "--out=x", "--gpt_variants=cudnn_triton"]
+        + (["--smoke"] if smoke else []))
+    config = measure.gpt_config(args, "/nonexistent", "cudnn_triton")
+    assert (config.loss_kernel, config.model.norm_kernel) == (kind, kind)
+    assert config.model.attention == ("dot" if smoke else "cudnn")
   with pytest.raises(SystemExit):
     measure.parse_args(["gpt", "--out=x", "--gpt_variants=cudnn,flash"])
 

@@ -40,9 +40,8 @@ HARMLESS = (
     "eval_interval", "log_interval", "eval_iters", "eval_only",
     "always_save_checkpoint", "init_from", "init_checkpoint",
     "logical_axis_rules", "model.remat", "model.attention",
-    "model.qkv_projection",
-    "model.mlp_kernel", "loss_kernel", "wandb_log", "wandb_project",
-    "wandb_run_name",
+    "model.qkv_projection", "model.mlp_kernel", "model.norm_kernel",
+    "loss_kernel", "wandb_log", "wandb_project", "wandb_run_name",
     "tpu_compiler_options", "compiled_step")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed

@@ -248,6 +248,8 @@ class ShardingContext:
     model = config.get("model") or {}
     check_tpu_kernels(mesh, **{k: model[k] for k in ("mlp_kernel", "attention")
                                if k in model})
+    if "norm_kernel" in model:
+      check_tpu_kernels(mesh, default="xla", norm_kernel=model.norm_kernel)
     if "loss_kernel" in config:
       check_tpu_kernels(mesh, prefix="config.", default="xla",
                         loss_kernel=config.loss_kernel)

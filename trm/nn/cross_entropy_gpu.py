@@ -48,13 +48,19 @@ KINDS = ("triton", "triton_interpret")
 CONSTANTS = dict(rows=(1,), block=4096, warps=8, stages=2)
 
 
-def _rows(n: int) -> int:
-  for rows in CONSTANTS["rows"]:
+def rows_per_program(n: int, choices, field: str) -> int:
+  """The first of `choices` that divides the n rows; else an error naming
+  the config `field` ('triton') and its way out ('xla')."""
+  for rows in choices:
     if n % rows == 0:
       return rows
-  raise ValueError(f"config.loss_kernel='triton' needs the positions per "
-                   f"batch shard ({n}) to be a multiple of "
-                   f"{CONSTANTS['rows'][-1]}: use loss_kernel='xla'.")
+  raise ValueError(f"{field}='triton' needs the positions per batch shard "
+                   f"({n}) to be a multiple of {choices[-1]}: use "
+                   f"{field.rsplit('.', 1)[-1]}='xla'.")
+
+
+def _rows(n: int) -> int:
+  return rows_per_program(n, CONSTANTS["rows"], "config.loss_kernel")
 
 
 def _kernel(logits_ref, labels_ref, loss_ref, p_ref, *, vocab, block):

@@ -13,6 +13,7 @@ from trm.nn import dtypes
 _DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_KINDS = ("dot", "splash", "splash_interpret") + attention_lib.GPU_KINDS
 QKV_PROJECTIONS = ("auto", "fused", "separate")
+NORM_KERNELS = ("xla", "triton", "triton_interpret")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,10 @@ class GPTConfig(dtypes.ConfigDtypes):
   # and v nor joining their gradients), or 'auto': separate with
   # attention='cudnn', whose kernel cannot read q, k, v in place.
   qkv_projection: str = "auto"
+  # The residual adds and the LayerNorms after them: 'xla', or 'triton'
+  # (NVIDIA GPUs: one Pallas kernel per add and norm, norm_gpu.py;
+  # 'triton_interpret' runs it in Pallas's interpreter, for tests).
+  norm_kernel: str = "xla"
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -100,6 +105,14 @@ class GPTConfig(dtypes.ConfigDtypes):
     if self.qkv_projection not in QKV_PROJECTIONS:
       raise ValueError(f"config.model.qkv_projection={self.qkv_projection!r}"
                        f" must be one of {QKV_PROJECTIONS}.")
+    if self.norm_kernel not in NORM_KERNELS:
+      raise ValueError(f"config.model.norm_kernel={self.norm_kernel!r} must "
+                       f"be one of {NORM_KERNELS}.")
+    if self.norm_kernel != "xla" and self.residual_dtype != "float32":
+      raise ValueError(f"config.model.norm_kernel={self.norm_kernel!r} keeps "
+                       "the residual stream in float32: set "
+                       "config.model.residual_dtype='float32', or "
+                       "norm_kernel='xla'.")
     for name in ("dtype", "param_dtype", "residual_dtype", "logits_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "

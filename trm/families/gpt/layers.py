@@ -13,6 +13,7 @@ from trm.core import mesh as mesh_lib
 from trm.families.gpt.config import GPTConfig
 from trm.families.gpt.kernels import gelu
 from trm.families.gpt.kernels import layer_norm
+from trm.families.gpt import norm_gpu
 from trm.nn import attention
 from trm.nn import linear
 from trm.nn import masks
@@ -30,18 +31,23 @@ class LayerNorm(nn.Module):
   cfg: GPTConfig
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, delta=None):
+    """LayerNorm(x) in the compute dtype; given `delta`, the residual add
+    before it too: (x + delta, LayerNorm(x + delta)), in one Pallas kernel
+    (cfg.norm_kernel)."""
     cfg = self.cfg
     c = x.shape[-1]
     scale = _param(self, "scale", nn.initializers.ones, ("embed",), (c,),
                    cfg.weight_dtype)
-    if cfg.bias:
-      bias = _param(self, "bias", nn.initializers.zeros, ("embed",), (c,),
-                    cfg.weight_dtype)
-      return layer_norm(x, scale, bias).astype(cfg.compute_dtype)
     # Without a bias parameter: a zero bias whose gradient is dropped.
-    return layer_norm(x, scale, jnp.zeros((c,), jnp.float32)).astype(
-        cfg.compute_dtype)
+    bias = (_param(self, "bias", nn.initializers.zeros, ("embed",), (c,),
+                   cfg.weight_dtype) if cfg.bias
+            else jnp.zeros((c,), jnp.float32))
+    if delta is not None:
+      return norm_gpu.add_layer_norm(
+          x, delta, scale, bias, jnp.dtype(cfg.compute_dtype),
+          cfg.norm_kernel == "triton_interpret")
+    return layer_norm(x, scale, bias).astype(cfg.compute_dtype)
 
 
 def _project(x, kernel, bias, dtype):
@@ -236,9 +242,23 @@ class Block(nn.Module):
     self.mlp = MLP(self.cfg)
 
   def __call__(self, x, deterministic: bool = True):
+    if self.cfg.norm_kernel != "xla":
+      return self._fused_adds(x, deterministic)
     x = x + self.attn(self.ln_1(x), deterministic)
     x = x + self.mlp(self.ln_2(x), deterministic)
     return mesh_lib.constrain(x, ACTIVATION)
+
+  def _fused_adds(self, carry, deterministic):
+    """cfg.norm_kernel: carry = (x, the last block's MLP output, not yet
+    added); each add runs in the kernel of the norm that reads its sum, and
+    this block's last add is handed on likewise (to the next block's ln_1,
+    or ln_f)."""
+    x, pending = carry
+    x, h = self.ln_1(x, pending)
+    x, h = self.ln_2(mesh_lib.constrain(x, ACTIVATION),
+                     self.attn(h, deterministic))
+    x = mesh_lib.constrain(x, ACTIVATION)
+    return x, mesh_lib.constrain(self.mlp(h, deterministic), ACTIVATION)
 
   def decode(self, x, k_cache, v_cache, index):
     y, k_cache, v_cache = self.attn.decode(self.ln_1(x), k_cache, v_cache,

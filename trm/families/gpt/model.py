@@ -115,11 +115,17 @@ class GPT(nn.Module):
     x = self.drop(x, deterministic=deterministic).astype(
         self.cfg.residual_dtype)
     x = mesh_lib.constrain(x, ACTIVATION)
+    if self.cfg.norm_kernel != "xla":
+      # Each residual add runs in the norm kernel after it (Block): the
+      # first block adds zeros, ln_f adds the last block's MLP output.
+      x = (x, jnp.zeros(x.shape, self.cfg.compute_dtype))
     if self.cfg.scan_layers:
       x, _ = self.h(x, deterministic)
     else:
       for block in self.h:
         x = block(x, deterministic)
+    if self.cfg.norm_kernel != "xla":
+      return self.ln_f(*x)[1]
     return self.ln_f(x)
 
   def logits_from_hidden(self, h, table=None):
