@@ -7,13 +7,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from trm.core import config_lib
+from trm.families.gpt import norm_gpu
 from trm.nn import attention as attention_lib
 from trm.nn import dtypes
 
 _DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_KINDS = ("dot", "splash", "splash_interpret") + attention_lib.GPU_KINDS
 QKV_PROJECTIONS = ("auto", "fused", "separate")
-NORM_KERNELS = ("xla", "triton", "triton_interpret")
+NORM_KERNELS = ("xla",) + norm_gpu.KINDS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,10 +3,10 @@ LayerNorm that reads its sum (`config.model.norm_kernel='triton'`).
 
 On the H100 GPT-2's LayerNorms and residual adds were XLA fusions taking
 about 159 ms of the 1,083 ms iteration, against 106 ms at their HBM
-roofline: XLA emits most of them as Triton normalization fusions that ran
-at 255 registers and 12.5% occupancy, 1.5-2.8x their bytes' time
-(BUILD_NOTES "Third run", "After the third run, on the CPU ... session
-41"). Here one kernel per block of rows does each direction:
+roofline: most are XLA's own Triton normalization fusions, which took
+1.5-2.8x their bytes' time, the largest at 255 registers and 12.5%
+occupancy (BUILD_NOTES "Third run", "After the third run, on the CPU ...
+session 41"). Here one kernel per block of rows does each direction:
 - forward: s = x + delta (the residual stream, float32) and
   y = LayerNorm(s), with each row's mean and 1/std kept for the backward;
 - backward: ds' = ds + LayerNorm's backward of dy, written as the
