@@ -123,7 +123,10 @@ def _params():
   return plgpu.CompilerParams(num_warps=CONSTANTS["warps"], num_stages=1)
 
 
-_ANY = pl.BlockSpec(memory_space=pl.ANY)
+def _whole():
+  """The whole array, indexed by the kernel itself. (Made at call time:
+  this module is imported with GPT's config, on any JAX.)"""
+  return pl.BlockSpec(memory_space=pl.ANY)
 
 
 def _forward(x, delta, scale, bias, out_dtype, interpret):
@@ -133,8 +136,8 @@ def _forward(x, delta, scale, bias, out_dtype, interpret):
   per_row = pl.BlockSpec((rows,), lambda i: (i,))
   return pl.pallas_call(
       functools.partial(_forward_kernel, width=width),
-      grid=(n // rows,), in_specs=[_ANY] * 4,
-      out_specs=[_ANY, _ANY, per_row, per_row],
+      grid=(n // rows,), in_specs=[_whole()] * 4,
+      out_specs=[_whole(), _whole(), per_row, per_row],
       out_shape=[jax.ShapeDtypeStruct((n, width), jnp.float32),
                  jax.ShapeDtypeStruct((n, width), out_dtype),
                  jax.ShapeDtypeStruct((n,), jnp.float32),
@@ -153,7 +156,8 @@ def _backward(s, mean, inv, scale, dy, ds, delta_dtype, interpret):
   return pl.pallas_call(
       functools.partial(_backward_kernel, width=width, rows=rows,
                         groups=groups),
-      grid=(programs,), in_specs=[_ANY] * 6, out_specs=[_ANY] * 4,
+      grid=(programs,), in_specs=[_whole()] * 6,
+      out_specs=[_whole()] * 4,
       out_shape=[jax.ShapeDtypeStruct((n, width), jnp.float32),
                  jax.ShapeDtypeStruct((n, width), delta_dtype),
                  jax.ShapeDtypeStruct((programs, width), jnp.float32),
