@@ -165,6 +165,20 @@ def test_bfloat16_accumulation_is_float32_parameters_gradients():
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.parametrize("platform,cast_once", [
+    ("gpu", True), ("cuda", True), ("tpu", False), ("cpu", False)])
+def test_weights_are_cast_once_on_gpus_only(platform, cast_once):
+  """program.build passes the mesh's platform on as train_step's cast_once
+  (no context, as in trm.aot's and the tests' builds: in the loop)."""
+  import types  # pylint: disable=g-import-not-at-top
+  c = _config()
+  ctx = types.SimpleNamespace(platform=platform)
+  program = gpt_program.build(c, ctx, {"vocab_size": 11})
+  assert program.train_step.keywords["cast_once"] is cast_once
+  assert not gpt_program.build(c, None, {"vocab_size": 11}
+                               ).train_step.keywords["cast_once"]
+
+
 @pytest.mark.parametrize("chunk", [3, 4, 8])
 def test_chunked_loss_equals_the_whole_logits_loss(chunk):
   """config.loss_chunk_size: the same loss and update, the [B, T, V]
