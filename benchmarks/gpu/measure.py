@@ -73,7 +73,7 @@ for _path in (REPO, os.path.join(BENCHMARKS, "reference"),
   if _path not in sys.path:
     sys.path.insert(0, _path)
 
-SECTIONS = ("smoke", "trm", "gpt", "dream", "cudnn", "mixer")
+SECTIONS = ("smoke", "trm", "gpt", "dream", "cudnn", "mixer", "gptk")
 # Issue 26's goal: ours at least 1.3x torch's throughput. Where ours falls
 # short (ours' time above torch's / 1.3), a trace says why.
 GOAL_SPEEDUP = 1.3
@@ -1531,6 +1531,9 @@ def main(argv=None) -> None:
   if args.section == "mixer":
     import mixer_sweep  # pylint: disable=g-import-not-at-top
     mixer_sweep.section_mixer(args, rec, budget, log)
+  elif args.section == "gptk":
+    import gpt_kernels  # pylint: disable=g-import-not-at-top
+    gpt_kernels.section_gptk(args, rec, budget, log)
   else:
     {"trm": section_trm, "gpt": section_gpt, "dream": section_dream,
      "cudnn": section_cudnn, "smoke": section_smoke}[args.section](

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of issue 26 in one command (benchmarks/gpu/README.md):
 #
-#   bash benchmarks/gpu/run.sh OUTDIR [--smoke] [--only=smoke,trm,gpt,dream[,cudnn][,mixer]]
+#   bash benchmarks/gpu/run.sh OUTDIR [--smoke] [--only=smoke,trm,gpt,dream[,cudnn][,mixer][,gptk]]
 #
 # 1. installs the carried wheels (benchmarks/gpu/wheels, fetch_wheels.sh)
 #    into a scratch --target dir, Dream's transformers 4.x into another, and
@@ -177,7 +177,7 @@ if [ "$smoke" = 1 ]; then
   mode=(--smoke)
   # Caps for a shared 2-core CPU; an idle one needs about half.
   declare -A budget=([smoke]=200 [trm]=200 [gpt]=120 [dream]=150 [cudnn]=20
-                     [mixer]=60)
+                     [mixer]=60 [gptk]=60)
 else
   # From the H100 runs (benchmarks/gpu/results/): smoke took 35 s on
   # 2026-11-26 and did not finish in 40 or 45 s on 2026-11-27 (a fresh
@@ -195,8 +195,10 @@ else
   # sections need about 9.5, so TRM's second variant or Dream's batch 16
   # may be cut short (benchmarks/gpu/README.md). Mixer: 150 s, 20 s more
   # than 14 + 23 x 5 s, as the new layouts' compile times are unmeasured.
+  # gptk (GPT-2's two Pallas kernels alone, 10 small programs; not yet run
+  # on a GPU): 45 s.
   declare -A budget=([smoke]=50 [trm]=165 [gpt]=100 [dream]=150 [cudnn]=40
-                     [mixer]=150)
+                     [mixer]=150 [gptk]=45)
 fi
 # Ours' compiled train steps and samplers, as XLA optimized them (on the GPU:
 # autotuned), for `offline.py --replay` to play and list hot spots off the
@@ -208,8 +210,8 @@ spare=0  # seconds earlier sections left unused
 cd "$repo"
 for section in ${only//,/ }; do
   case "$section" in
-    smoke|trm|gpt|dream|cudnn|mixer) ;;
-    *) say "section $section: unknown (smoke, trm, gpt, dream, cudnn, mixer)"; failed+=("$section"); continue ;;
+    smoke|trm|gpt|dream|cudnn|mixer|gptk) ;;
+    *) say "section $section: unknown (smoke, trm, gpt, dream, cudnn, mixer, gptk)"; failed+=("$section"); continue ;;
   esac
   var=TRM_GPU_BUDGET_$(echo "$section" | tr a-z A-Z)
   own=${!var:-${budget[$section]}}

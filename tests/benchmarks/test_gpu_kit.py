@@ -4,6 +4,7 @@ the GPU image's CPython 3.12 against the fetched wheels)."""
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import math
 import os
@@ -265,8 +266,8 @@ def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):
       text=True, timeout=600, check=False)
   log = (out / "log.txt").read_text()
   assert proc.returncode != 0  # the unknown section is a failure
-  assert ("section nonsense: unknown (smoke, trm, gpt, dream, cudnn, mixer)"
-          in log)
+  assert ("section nonsense: unknown (smoke, trm, gpt, dream, cudnn, mixer, "
+          "gptk)" in log)
   assert "failed: nonsense" in log
   with open(out / "figures.jsonl") as f:
     names = {json.loads(line)["name"] for line in f}
@@ -277,19 +278,33 @@ def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):
   assert batches == {2}
 
 
-def test_mixer_section_sweeps_the_triton_constants(tmp_path):
-  """`--only=mixer` on the CPU: the token mixer's kernels interpreted at
-  tiny sizes in every setting of each kernel (mixer_sweep.KERNELS), each
-  timed beside the XLA path and checked against it."""
+def _kit_module(name: str):
+  """A module of benchmarks/gpu (which is not a package)."""
+  sys.path.insert(0, KIT)
+  try:
+    return importlib.import_module(name)
+  finally:
+    sys.path.remove(KIT)
+
+
+def _smoke_section(tmp_path, section: str) -> dict:
+  """measure.py `section` --smoke on the CPU: its figures by name."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([KIT, ROOT]),
              JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, os.path.join(KIT, "measure.py"), "mixer", "--smoke",
+      [sys.executable, os.path.join(KIT, "measure.py"), section, "--smoke",
        f"--out={tmp_path}", "--budget=300"], cwd=ROOT, env=env,
       capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
   with open(tmp_path / "figures.jsonl") as f:
-    rows = {r["name"]: r for r in map(json.loads, f)}
+    return {r["name"]: r for r in map(json.loads, f)}
+
+
+def test_mixer_section_sweeps_the_triton_constants(tmp_path):
+  """`--only=mixer` on the CPU: the token mixer's kernels interpreted at
+  tiny sizes in every setting of each kernel (mixer_sweep.KERNELS), each
+  timed beside the XLA path and checked against it."""
+  rows = _smoke_section(tmp_path, "mixer")
   sys.path.insert(0, KIT)
   try:
     import mixer_sweep  # pylint: disable=g-import-not-at-top
@@ -322,6 +337,24 @@ def test_mixer_section_sweeps_the_triton_constants(tmp_path):
   name, changes = mixer_sweep.swept_setting(str(tmp_path / "figures.jsonl"))
   assert name == " ".join(f"{k}={v}" for k, v in chosen.items())
   assert changes == mixer_sweep._changes(chosen)
+
+
+def test_gptk_section_times_gpts_kernels_beside_xla(tmp_path):
+  """`gptk` on the CPU: GPT's loss and norm kernels interpreted at tiny
+  sizes under each setting of kernel_report.GPT_SETTINGS, each timed beside
+  the XLA path it replaces and checked against it."""
+  rows = _smoke_section(tmp_path, "gptk")
+  gpt_kernels, kernel_report = map(_kit_module, ("gpt_kernels",
+                                                 "kernel_report"))
+  for kernel, settings in kernel_report.GPT_SETTINGS.items():
+    assert rows[f"gptk/{kernel}/xla/ms"]["value"] > 0
+    for i, setting in enumerate(settings):
+      name = gpt_kernels._setting_name(setting)  # pylint: disable=protected-access
+      assert rows[f"gptk/{kernel}/{name}/ms"]["value"] > 0, (kernel, name)
+      assert rows[f"gptk/{kernel}/{name}/ms"]["default"] == (i == 0)
+      # Traced anew under each setting (a reused jit would not recompile).
+      assert rows[f"gptk/{kernel}/{name}/ms"]["first_call_s"] > 0.01
+      assert rows[f"gptk/{kernel}/{name}/max_rel_err"]["value"] < 0.02
 
 
 def _mixer_rows(path, times: dict, errors: dict):
