@@ -14,7 +14,8 @@ Each program is jitted, run once (compile) and then timed for up to 0.5 s;
 the figure is the median call. `max_rel_err` compares the kernel's outputs
 and gradients with the XLA path's. The whole iteration's A/B is the gpt
 section's `--gpt_variants`; this section says which kernel gives what, and
-which setting of its constants is fastest, in about 30 s.
+which setting of its constants is fastest (10 small programs; run.sh gives
+it 45 s).
 """
 from __future__ import annotations
 
