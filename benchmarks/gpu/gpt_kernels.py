@@ -1,6 +1,6 @@
 """The GPU kit's `gptk` section: GPT-2's two Pallas Triton kernels alone,
 each beside the XLA path it replaces, forward and backward, under each of
-kernel_report.GPT_SETTINGS (the first is the kernels' default).
+GPT_SETTINGS (the first is the kernels' default).
 
 - loss: the tied LM head and the token cross-entropy of one micro-step
   ([12, 1024] positions, vocab 50304): `losses.softmax_cross_entropy` on
@@ -20,17 +20,62 @@ it 45 s).
 from __future__ import annotations
 
 import mixer_sweep
-from kernel_report import GPT_SETTINGS
+
+# Each kernel's settings of its module's CONSTANTS, the first its default
+# (tests check that); `kernel_report.py --gpt` compiles the same ones.
+GPT_SETTINGS = {
+    "loss": [dict(rows=(1,), block=4096, warps=8, stages=2),
+             dict(rows=(1,), block=2048, warps=8, stages=2),
+             dict(rows=(1,), block=2048, warps=4, stages=2),
+             dict(rows=(2,), block=2048, warps=8, stages=2)],
+    "norm": [dict(rows=(1,), groups=8, warps=4),
+             dict(rows=(2,), groups=4, warps=4),
+             dict(rows=(4,), groups=4, warps=4),
+             dict(rows=(4,), groups=4, warps=8)],
+}
 
 
-def _setting_name(setting: dict) -> str:
+def setting_name(setting: dict) -> str:
+  """rows1_block4096_...: a setting as one word, for figure names."""
   return "_".join(f"{key}{value[0] if isinstance(value, tuple) else value}"
                   for key, value in setting.items())
 
 
-def _programs(args):
-  """{kernel: (module, XLA's fn, the kernel's fn, operands)}; each fn
-  returns (outputs, gradients) for fixed cotangents."""
+def shapes(smoke: bool) -> dict:
+  batch, length, width, vocab = ((2, 16, 24, 300) if smoke
+                                 else (12, 1024, 768, 50304))
+  return dict(batch=batch, length=length, width=width, vocab=vocab)
+
+
+def operands(smoke: bool) -> dict:
+  """{kernel: its programs' operands}, the cotangents among them: passed,
+  not closed over, which jit would embed in the program as constants."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  size = shapes(smoke)
+  rows = (size["batch"], size["length"])
+  wide = rows + (size["width"],)
+  bf16 = jnp.bfloat16
+  keys = jax.random.split(jax.random.key(0), 9)
+  return {
+      "loss": (jax.random.normal(keys[0], wide).astype(bf16),
+               (0.02 * jax.random.normal(
+                   keys[1], (size["vocab"], size["width"]))).astype(bf16),
+               jax.random.randint(keys[2], rows, 0, size["vocab"]),
+               jnp.full(rows, 1.0 / (rows[0] * rows[1]), jnp.float32)),
+      "norm": (jax.random.normal(keys[3], wide),
+               jax.random.normal(keys[4], wide).astype(bf16),
+               1 + 0.1 * jax.random.normal(keys[5], (size["width"],)),
+               0.1 * jax.random.normal(keys[6], (size["width"],)),
+               jax.random.normal(keys[7], wide),
+               jax.random.normal(keys[8], wide).astype(bf16)),
+  }
+
+
+def functions(interpret: bool) -> dict:
+  """{kernel: (its module, its Pallas kernels' name prefix, XLA's fn, the
+  kernel's fn)}; each fn takes `operands()[kernel]` and returns (outputs,
+  gradients)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import kernels  # pylint: disable=g-import-not-at-top
@@ -38,90 +83,69 @@ def _programs(args):
   from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
   from trm.nn import linear  # pylint: disable=g-import-not-at-top
   from trm.nn import losses  # pylint: disable=g-import-not-at-top
-
-  batch, length, width, vocab = ((2, 16, 24, 300) if args.smoke
-                                 else (12, 1024, 768, 50304))
   bf16 = jnp.dtype(jnp.bfloat16)
-  keys = jax.random.split(jax.random.key(0), 8)
-  h = jax.random.normal(keys[0], (batch, length, width)).astype(bf16)
-  table = (0.02 * jax.random.normal(keys[1], (vocab, width))).astype(bf16)
-  labels = jax.random.randint(keys[2], (batch, length), 0, vocab)
-  g = jnp.full((batch, length), 1.0 / (batch * length), jnp.float32)
-  x = jax.random.normal(keys[3], (batch, length, width))
-  delta = jax.random.normal(keys[4], (batch, length, width)).astype(bf16)
-  scale = 1 + 0.1 * jax.random.normal(keys[5], (width,))
-  bias = 0.1 * jax.random.normal(keys[6], (width,))
-  ds = jax.random.normal(keys[7], (batch, length, width))
-  dy = jax.random.normal(keys[0], (batch, length, width)).astype(bf16)
 
-  def with_gradients(fn, cotangent, *operands):
-    out, pull = jax.vjp(fn, *operands)
-    return out, pull(cotangent)
+  def loss(token_loss):
+    def fn(h, table, labels, g):
+      out, pull = jax.vjp(lambda h, t: token_loss(h, t, labels), h, table)
+      return out, pull(g)
+    return fn
 
-  def xla_loss(h, table, labels):
-    return with_gradients(
-        lambda h, t: losses.softmax_cross_entropy(
-            linear.matmul_to(h, t.T, bf16), labels), g, h, table)
+  def norm(add_and_norm):
+    def fn(x, delta, scale, bias, ds, dy):
+      out, pull = jax.vjp(add_and_norm, x, delta, scale, bias)
+      return out, pull((ds, dy))
+    return fn
 
-  def kernel_loss(h, table, labels):
-    return with_gradients(
-        lambda h, t: cross_entropy_gpu.linear_cross_entropy(
-            h, t, labels, bf16, args.smoke), g, h, table)
+  def xla_add_and_norm(x, delta, scale, bias):
+    s = x + delta
+    return s, kernels.layer_norm(s, scale, bias).astype(bf16)
 
-  def xla_norm(x, delta, scale, bias):
-    def fn(x, delta, scale, bias):
-      s = x + delta
-      return s, kernels.layer_norm(s, scale, bias).astype(bf16)
-    return with_gradients(fn, (ds, dy), x, delta, scale, bias)
-
-  def kernel_norm(x, delta, scale, bias):
-    return with_gradients(
-        lambda *a: norm_gpu.add_layer_norm(*a, bf16, args.smoke), (ds, dy),
-        x, delta, scale, bias)
-
-  shapes = dict(batch=batch, positions=batch * length, width=width,
-                vocab=vocab)
-  return shapes, {
-      "loss": (cross_entropy_gpu, xla_loss, kernel_loss, (h, table, labels)),
-      "norm": (norm_gpu, xla_norm, kernel_norm, (x, delta, scale, bias)),
+  return {
+      "loss": (cross_entropy_gpu, "lm_head",
+               loss(lambda h, t, y: losses.softmax_cross_entropy(
+                   linear.matmul_to(h, t.T, bf16), y)),
+               loss(lambda h, t, y: cross_entropy_gpu.linear_cross_entropy(
+                   h, t, y, bf16, interpret))),
+      "norm": (norm_gpu, "gpt_add", norm(xla_add_and_norm),
+               norm(lambda *a: norm_gpu.add_layer_norm(*a, bf16, interpret))),
   }
 
 
 def section_gptk(args, rec, budget, log) -> None:
   import jax  # pylint: disable=g-import-not-at-top
-  shapes, programs = _programs(args)
-  common = dict(dtype="bfloat16", **shapes)
-  log(f"gptk: {shapes['positions']} positions, width {shapes['width']}, "
-      f"vocab {shapes['vocab']}, bfloat16"
+  size = shapes(args.smoke)
+  programs, arrays = functions(args.smoke), operands(args.smoke)
+  common = dict(dtype="bfloat16", positions=size["batch"] * size["length"],
+                **size)
+  log(f"gptk: {common['positions']} positions, width {size['width']}, "
+      f"vocab {size['vocab']}, bfloat16"
       + (" (interpreted)" if args.smoke else ""))
   per_call = 0.2 if args.smoke else 0.5
   want, times = {}, {kernel: {} for kernel in programs}
 
   def run(kernel, setting=None):
     """Times XLA's program (setting None) or the kernel's under `setting`."""
-    module, xla_fn, kernel_fn, operands = programs[kernel]
-    name = "xla" if setting is None else _setting_name(setting)
+    module, _, xla_fn, kernel_fn = programs[kernel]
+    name = "xla" if setting is None else setting_name(setting)
     if budget.left() < (10 if setting is None else 8):
       log(f"gptk {kernel} {name}: skipped, {budget.left():.0f} s left")
       return
     if setting is not None and kernel not in want:
       return  # nothing to check it against
-    default = dict(module.CONSTANTS)
-    module.CONSTANTS.update(setting or {})
     try:
       # New functions each time: jit's cache is keyed on the function, and
       # the kernels read their module's CONSTANTS when they are traced.
-      fn = jax.jit(lambda *a, f=kernel_fn if setting else xla_fn: f(*a))
-      out, first, seconds = mixer_sweep._timed(fn, operands, per_call)  # pylint: disable=protected-access
+      with mixer_sweep._constants(module, {"CONSTANTS": setting or {}}):  # pylint: disable=protected-access
+        fn = jax.jit(lambda *a, f=kernel_fn if setting else xla_fn: f(*a))
+        out, first, seconds = mixer_sweep._timed(fn, arrays[kernel],  # pylint: disable=protected-access
+                                                 per_call)
       error = (None if setting is None
                else mixer_sweep._max_rel_err(out, want[kernel]))  # pylint: disable=protected-access
     except Exception as e:  # pylint: disable=broad-except
       log(f"gptk {kernel} {name}: failed ({type(e).__name__}: "
           f"{str(e)[:300]})")
       return
-    finally:
-      module.CONSTANTS.clear()
-      module.CONSTANTS.update(default)
     meta = dict(common, first_call_s=round(first, 3))
     if setting is None:
       want[kernel] = out

@@ -230,89 +230,46 @@ def report(batch: int, gpu: str = "h100") -> list[dict]:
       for k in found:
         if k.name not in names[kernel]:
           continue
-        rows.append(dict(kernel=kernel, setting=name, changes=change,
-                         registers=k.registers, spill_stores=k.spill_stores,
-                         spill_loads=k.spill_loads, threads=k.threads,
-                         shared_bytes=k.shared, grid=k.grid,
-                         blocks_per_sm=k.blocks_per_sm(),
-                         occupancy=k.occupancy(), waves=k.waves(),
-                         wgmma=k.wgmma, mma_sync=k.mma_sync,
-                         st_shared=k.st_shared))
+        rows.append(_row(kernel, name, change, k))
   return rows
 
 
-# GPT-2's Pallas kernels (`--gpt`): the loss's (nn.cross_entropy_gpu) and
-# the residual-add LayerNorm's (families/gpt/norm_gpu), each under these
-# settings of its module's CONSTANTS; the first is the default.
-GPT_SETTINGS = {
-    "loss": [dict(rows=(1,), block=4096, warps=8, stages=2),
-             dict(rows=(1,), block=2048, warps=8, stages=2),
-             dict(rows=(1,), block=2048, warps=4, stages=2),
-             dict(rows=(2,), block=2048, warps=8, stages=2)],
-    "norm": [dict(rows=(1,), groups=8, warps=4),
-             dict(rows=(2,), groups=4, warps=4),
-             dict(rows=(4,), groups=4, warps=4),
-             dict(rows=(4,), groups=4, warps=8)],
-}
+def _row(kernel: str, setting: str, changes, k: Kernel) -> dict:
+  """One table row: a compiled kernel under a named setting."""
+  return dict(kernel=kernel, setting=setting, changes=changes,
+              registers=k.registers, spill_stores=k.spill_stores,
+              spill_loads=k.spill_loads, threads=k.threads,
+              shared_bytes=k.shared, grid=k.grid,
+              blocks_per_sm=k.blocks_per_sm(), occupancy=k.occupancy(),
+              waves=k.waves(), wgmma=k.wgmma, mma_sync=k.mma_sync,
+              st_shared=k.st_shared)
 
 
 def gpt_report(gpu: str = "h100") -> list[dict]:
-  """GPT-2's kernels at the kit's shapes (12 x 1024 positions, vocab
-  50304, width 768), value and gradient, under GPT_SETTINGS."""
+  """GPT-2's Pallas kernels (`--gpt`): the loss's and the residual-add
+  LayerNorm's, in the gptk section's programs (forward and backward) at
+  the kit's shapes, under each of gpt_kernels.GPT_SETTINGS."""
   ptxas, sharding = _target(gpu)
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from trm.families.gpt import norm_gpu  # pylint: disable=g-import-not-at-top
-  from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
+  import gpt_kernels  # pylint: disable=g-import-not-at-top
+  import mixer_sweep  # pylint: disable=g-import-not-at-top
 
-  def spec(shape, dtype=jnp.bfloat16):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
-  def loss(h, table, labels):
-    return cross_entropy_gpu.linear_cross_entropy(
-        h, table, labels, jnp.dtype(jnp.bfloat16)).mean()
-
-  def norm(x, delta, scale, bias):
-    s, y = norm_gpu.add_layer_norm(x, delta, scale, bias,
-                                   jnp.dtype(jnp.bfloat16))
-    return jnp.sum(s) + jnp.sum(jnp.square(y.astype(jnp.float32)))
-
-  f32 = jnp.float32
-  programs = {
-      "loss": (cross_entropy_gpu, "lm_head", loss, (0, 1),
-               (spec((12, 1024, 768)), spec((50304, 768)),
-                spec((12, 1024), jnp.int32))),
-      "norm": (norm_gpu, "gpt_add", norm, (0, 1, 2, 3),
-               (spec((12, 1024, 768), f32), spec((12, 1024, 768)),
-                spec((768,), f32), spec((768,), f32))),
-  }
+  abstract = jax.eval_shape(lambda: gpt_kernels.operands(False))
   rows = []
-  for name, (module, prefix, fn, argnums, args) in programs.items():
-    default = dict(module.CONSTANTS)
-    try:
-      for setting in GPT_SETTINGS[name]:
-        module.CONSTANTS.update(setting)
-        # A new function per setting: the kernels read CONSTANTS when
-        # traced, and jit caches by function.
-        grad = jax.jit(lambda *a, fn=fn, argnums=argnums: jax.value_and_grad(
-            fn, argnums=argnums)(*a))
-        found = kernels_of(grad.lower(*args).compile, ptxas, prefix=prefix)
-        if not found:
-          print(f"kernel_report.py: {name} {setting}: no kernel named "
-                f"{prefix}*", file=sys.stderr)
-        for k in found:
-          rows.append(dict(kernel=k.name, setting=" ".join(
-              f"{key}={value[0] if isinstance(value, tuple) else value}"
-              for key, value in setting.items()),
-              changes=setting, registers=k.registers,
-              spill_stores=k.spill_stores, spill_loads=k.spill_loads,
-              threads=k.threads, shared_bytes=k.shared, grid=k.grid,
-              blocks_per_sm=k.blocks_per_sm(), occupancy=k.occupancy(),
-              waves=k.waves(), wgmma=k.wgmma, mma_sync=k.mma_sync,
-              st_shared=k.st_shared))
-    finally:
-      module.CONSTANTS.clear()
-      module.CONSTANTS.update(default)
+  for kernel, (module, prefix, _, fn) in gpt_kernels.functions(False).items():
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+             for a in abstract[kernel]]
+    for setting in gpt_kernels.GPT_SETTINGS[kernel]:
+      name = gpt_kernels.setting_name(setting)
+      # A new function per setting: the kernels read CONSTANTS when
+      # traced, and jit caches by function.
+      with mixer_sweep._constants(module, {"CONSTANTS": setting}):  # pylint: disable=protected-access
+        found = kernels_of(jax.jit(lambda *a, f=fn: f(*a)).lower(
+            *specs).compile, ptxas, prefix=prefix)
+      if not found:
+        print(f"kernel_report.py: {kernel} {name}: no kernel named "
+              f"{prefix}*", file=sys.stderr)
+      rows.extend(_row(k.name, name, setting, k) for k in found)
   return rows
 
 
@@ -323,13 +280,14 @@ def main(argv=None) -> None:
   p.add_argument("--gpu", default="h100", choices=("h100", "h200"))
   p.add_argument("--json", default=None, help="also write the rows here")
   p.add_argument("--gpt", action="store_true",
-                 help="GPT-2's loss and norm kernels instead (GPT_SETTINGS)")
+                 help="GPT-2's loss and norm kernels instead "
+                 "(gpt_kernels.GPT_SETTINGS)")
   args = p.parse_args(argv)
   if args.gpt:
     rows = gpt_report(args.gpu)
     print(f"GPT-2 kernels, 12 x 1024 positions ({args.gpu}, sm_90a; "
           "ptxas -v and XLA's thunk sequence)")
-    width, kwidth = 24, 23
+    width, kwidth = 30, 23
   else:
     rows = report(args.batch, args.gpu)
     print(f"token mixer kernels, batch {args.batch} ({args.gpu}, sm_90a; "

@@ -99,8 +99,7 @@ def test_instructions_are_counted_per_entry():
 
 
 def test_gpt_settings_start_with_the_kernels_defaults():
-  """`--gpt`'s first row per kernel is what the model runs."""
-  from trm.families.gpt import norm_gpu  # pylint: disable=g-import-not-at-top
-  from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
-  assert kernel_report.GPT_SETTINGS["loss"][0] == cross_entropy_gpu.CONSTANTS
-  assert kernel_report.GPT_SETTINGS["norm"][0] == norm_gpu.CONSTANTS
+  """`--gpt`'s and gptk's first setting per kernel is what the model runs."""
+  import gpt_kernels  # pylint: disable=g-import-not-at-top
+  for kernel, (module, *_) in gpt_kernels.functions(False).items():
+    assert gpt_kernels.GPT_SETTINGS[kernel][0] == module.CONSTANTS

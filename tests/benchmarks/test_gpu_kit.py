@@ -341,15 +341,14 @@ def test_mixer_section_sweeps_the_triton_constants(tmp_path):
 
 def test_gptk_section_times_gpts_kernels_beside_xla(tmp_path):
   """`gptk` on the CPU: GPT's loss and norm kernels interpreted at tiny
-  sizes under each setting of kernel_report.GPT_SETTINGS, each timed beside
+  sizes under each setting of gpt_kernels.GPT_SETTINGS, each timed beside
   the XLA path it replaces and checked against it."""
   rows = _smoke_section(tmp_path, "gptk")
-  gpt_kernels, kernel_report = map(_kit_module, ("gpt_kernels",
-                                                 "kernel_report"))
-  for kernel, settings in kernel_report.GPT_SETTINGS.items():
+  gpt_kernels = _kit_module("gpt_kernels")
+  for kernel, settings in gpt_kernels.GPT_SETTINGS.items():
     assert rows[f"gptk/{kernel}/xla/ms"]["value"] > 0
     for i, setting in enumerate(settings):
-      name = gpt_kernels._setting_name(setting)  # pylint: disable=protected-access
+      name = gpt_kernels.setting_name(setting)
       assert rows[f"gptk/{kernel}/{name}/ms"]["value"] > 0, (kernel, name)
       assert rows[f"gptk/{kernel}/{name}/ms"]["default"] == (i == 0)
       # Traced anew under each setting (a reused jit would not recompile).

@@ -86,14 +86,20 @@ def with_adam_state(opt_state, schedule_count, adam=None):
                       is_leaf=lambda node: isinstance(node, kinds))
 
 
+def _mean_over_scored(token_loss, targets):
+  """(mean of token_loss(labels) over the targets that are not -1, their
+  count); the ignored positions get label 0 and weight 0."""
+  valid = targets >= 0
+  per_token = token_loss(jnp.where(valid, targets, 0))
+  count = valid.sum()
+  return jnp.where(valid, per_token, 0.0).sum() / jnp.maximum(count, 1), count
+
+
 def cross_entropy(logits, targets):
   """Mean token cross-entropy, ignoring targets of -1 (F.cross_entropy's
   ignore_index=-1), and the number of scored tokens."""
-  valid = targets >= 0
-  token_loss = losses.softmax_cross_entropy(
-      logits, jnp.where(valid, targets, 0))
-  count = valid.sum()
-  return jnp.where(valid, token_loss, 0.0).sum() / jnp.maximum(count, 1), count
+  return _mean_over_scored(
+      lambda labels: losses.softmax_cross_entropy(logits, labels), targets)
 
 
 def chunked_cross_entropy(hidden, head, targets, chunk_size: int):
@@ -129,11 +135,9 @@ def fused_cross_entropy(hidden, table, targets, logits_dtype,
                         interpret: bool):
   """`cross_entropy(hidden @ table^T, targets)` with the loss's passes over
   the logits in one Pallas Triton kernel (`nn.cross_entropy_gpu`)."""
-  valid = targets >= 0
-  token_loss = cross_entropy_gpu.linear_cross_entropy(
-      hidden, table, jnp.where(valid, targets, 0), logits_dtype, interpret)
-  count = valid.sum()
-  return jnp.where(valid, token_loss, 0.0).sum() / jnp.maximum(count, 1), count
+  return _mean_over_scored(
+      lambda labels: cross_entropy_gpu.linear_cross_entropy(
+          hidden, table, labels, logits_dtype, interpret), targets)
 
 
 def matmul_weights_in(params, dtype):
