@@ -1,5 +1,6 @@
 """Registers, spills, shared memory and occupancy of ours' Pallas Triton
-kernels on an H100, for every setting of the `mixer` sweep, without a GPU.
+kernels on an H100, for every setting of the `mixer` sweep (TRM's token
+mixer and channel MLP), or with --gpt of GPT-2's, without a GPU.
 
   python3 benchmarks/gpu/kernel_report.py [--batch=384] [--json=OUT]
 
@@ -192,6 +193,7 @@ def report(batch: int, gpu: str = "h100") -> list[dict]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import mixer_sweep  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import channel_gpu  # pylint: disable=g-import-not-at-top
   from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
   spec = lambda shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16,  # noqa: E731
                                             sharding=sharding)
@@ -202,23 +204,33 @@ def report(batch: int, gpu: str = "h100") -> list[dict]:
   def mixer(x, w_in, w_out):
     return mlp_gpu.token_mixer(x, w_in, w_out, mixer_sweep.EPS, False)
 
-  def train(x, w_in, w_out, dy):
-    y, pull = jax.vjp(mixer, x, w_in, w_out)
+  def channel(x, w_in, w_out):
+    return channel_gpu.channel_mlp(x, w_in, w_out, mixer_sweep.EPS, 1, False)
+
+  def train(x, w_in, w_out, dy, fn=mixer):
+    y, pull = jax.vjp(fn, x, w_in, w_out)
     return (y,) + pull(dy)
 
   # The 'epilogue' layouts run the SwiGLU kernels instead.
   names = {"forward": ("trm_token_mixer_forward", "trm_token_mixer_swiglu"),
            "dx": ("trm_token_mixer_dx", "trm_token_mixer_swiglu_grad"),
-           "grad": ("trm_token_mixer_weight_grads",)}
+           "grad": ("trm_token_mixer_weight_grads",),
+           "channel": ("trm_channel_swiglu", "trm_channel_swiglu_grad")}
+  # The channel MLP's weights (inner width 1536).
+  c_in, c_out = spec((width, 2 * 1536)), spec((1536, width))
   rows = []
   for kernel, constant, settings in mixer_sweep.KERNELS:
     for name, change in settings:
-      # pylint: disable-next=protected-access
-      with mixer_sweep._constants(mlp_gpu, {constant: change}):
+      with mixer_sweep.kernel_constants({constant: change}):
+        if kernel == "channel" and not channel_gpu.use_kernel():
+          continue  # XLA's, no kernel of ours
         # A new function per setting: the kernels read the constants when
         # traced, and jit caches by function.
         if kernel == "forward":
           fn, args = jax.jit(lambda *a: mixer(*a)), (x, w_in, w_out)
+        elif kernel == "channel":
+          fn = jax.jit(lambda *a: train(*a, fn=channel))
+          args = (x, c_in, c_out, dy)
         else:
           fn, args = jax.jit(lambda *a: train(*a)), (x, w_in, w_out, dy)
         lowered = fn.lower(*args)
@@ -230,7 +242,10 @@ def report(batch: int, gpu: str = "h100") -> list[dict]:
       for k in found:
         if k.name not in names[kernel]:
           continue
-        rows.append(_row(kernel, name, change, k))
+        # The channel's two kernels, forward and gradients, on two rows.
+        label = {"trm_channel_swiglu": "ch_fwd",
+                 "trm_channel_swiglu_grad": "ch_grad"}.get(k.name, kernel)
+        rows.append(_row(label, name, change, k))
   return rows
 
 
@@ -290,7 +305,7 @@ def main(argv=None) -> None:
     width, kwidth = 30, 23
   else:
     rows = report(args.batch, args.gpu)
-    print(f"token mixer kernels, batch {args.batch} ({args.gpu}, sm_90a; "
+    print(f"TRM MLP-t kernels, batch {args.batch} ({args.gpu}, sm_90a; "
           "ptxas -v and XLA's thunk sequence)")
     width, kwidth = 16, 8
   print(f"{'kernel':{kwidth}s} {'setting':{width}s} {'regs':>4s} {'spill st/ld':>12s} "

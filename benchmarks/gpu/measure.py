@@ -551,23 +551,24 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
 
 
 def _use_mixer_setting(args) -> str:
-  """Sets mlp_gpu's constants to the `mixer` section's fastest settings
-  when it ran earlier into the same --out (--mixer_setting_from=swept);
-  returns their names, which the TRM figures carry."""
+  """Sets the TRM kernels' constants (mlp_gpu's, channel_gpu's) to the
+  `mixer` section's fastest settings when it ran earlier into the same
+  --out (--mixer_setting_from=swept); returns their names, which the TRM
+  figures carry."""
   import mixer_sweep  # pylint: disable=g-import-not-at-top
-  from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
   if args.mixer_setting_from == "default":
     return "default"
   swept = mixer_sweep.swept_setting(os.path.join(args.out, "figures.jsonl"))
   if swept is None:
     log("trm: no mixer sweep in this --out; the Triton kernels keep "
-        "mlp_gpu's own constants")
+        "their modules' own constants")
     return "default"
   name, changes = swept
   for constant, change in changes.items():
-    setattr(mlp_gpu, constant, dict(getattr(mlp_gpu, constant), **change))
+    module = mixer_sweep.owner(constant)
+    setattr(module, constant, dict(getattr(module, constant), **change))
   log(f"trm: the Triton kernels use the mixer sweep's fastest settings, "
-      f"{name} ({changes or 'mlp_gpu own constants'})")
+      f"{name} ({changes or 'the modules own constants'})")
   return name
 
 

@@ -2,7 +2,9 @@
 kernels of trm/families/trm/mlp_gpu.py, timed alone at the paper MLP-t
 step's shapes against the XLA path (`layers.swiglu_residual_norm`), for
 settings of each kernel's launch constants (column tile, inner chunk,
-warps, pipeline stages) and layout (the orientation of its products).
+warps, pipeline stages) and layout (the orientation of its products); then
+the channel MLP's kernel (trm/families/trm/channel_gpu.py) against its XLA
+path the same way.
 
 The kernels were written and compiled without a GPU. This sweep tunes
 their constants within one prepared run, so no trial edits are needed on
@@ -12,8 +14,11 @@ the kernels before it at their best so far:
 1. `forward`: the forward program alone, `mixer/forward/<setting>/ms`;
 2. `dx` (dx and the norm's backward): the forward and backward program,
    `mixer/dx/<setting>/ms`;
-3. `grad` (the weight gradients): the same program, `mixer/grad/<setting>/ms`.
-The XLA path's are `mixer/xla/forward/ms` and `mixer/xla/train/ms`. Each
+3. `grad` (the weight gradients): the same program, `mixer/grad/<setting>/ms`;
+4. `channel` (the channel MLP, whose 'default' is XLA's): a program with
+   the step's mix of two forward passes for one forward and backward,
+   `mixer/channel/<setting>/ms`.
+The XLA path's are `mixer/xla/{forward,train,channel}/ms`. Each
 setting's largest relative error against the XLA path (`.../max_rel_err`)
 shows a fast but wrong setting as wrong; such a setting is never chosen.
 With --smoke it runs tiny shapes in Pallas's interpreter on the CPU.
@@ -29,10 +34,10 @@ import contextlib
 import statistics
 import time
 
-# Per kernel: (the mlp_gpu constant it sets, its settings as changes to the
-# module's own constants; the first, {}, is the module's own). A kernel's
-# settings are timed in this order until its share of the section's
-# budget (by its number of settings) runs out.
+# Per kernel: (the constant it sets, in mlp_gpu or as OWNERS says, its
+# settings as changes to the module's own constants; the first, {}, is the
+# module's own). A kernel's settings are timed in this order until its
+# share of the section's budget (by its number of settings) runs out.
 # Every setting compiles for an H100 (offline, no GPU) without spilling
 # registers, except dx's default (2.8 KB per thread, kept as the kernel
 # the third run timed); `kernel_report.py` lists each one's registers,
@@ -81,7 +86,21 @@ KERNELS = (
         ("c16_w8", {"chunk": 16, "warps": 8}),
         ("t128_w8", {"tiles": (128, 64, 32, 16), "warps": 8}),
     )),
+    # The channel MLP (channel_gpu): 'default' is the XLA path (its figures
+    # are the `xla/channel` ones, not timed twice); the others run the
+    # SwiGLU as its GEMM's epilogue. Its program is the step's mix: two
+    # forward passes without gradients for every one with its backward.
+    # None of these spills (kernel_report.py): 106/189 registers (forward/
+    # gradients) at 128 x 64 with 8 warps, 116/185 at 64 x 64 with 4.
+    ("channel", "_CHANNEL", (
+        ("default", {}),
+        ("epi", {"layout": "epilogue"}),
+        ("epi_r64_w4", {"layout": "epilogue", "rows": 64, "warps": 4}),
+        ("epi_d128_s2", {"layout": "epilogue", "depth": 128, "stages": 2}),
+    )),
 )
+# The module holding each constant: channel_gpu's, else mlp_gpu's.
+OWNERS = {"_CHANNEL": "channel_gpu"}
 EPS = 1e-5
 # A setting whose results differ more from the XLA path's (largest error
 # over the largest magnitude, per output) is wrong, not fast. bfloat16
@@ -91,7 +110,7 @@ MAX_REL_ERR = 0.05
 
 @contextlib.contextmanager
 def _constants(module, changes: dict):
-  """mlp_gpu's constants with `changes` ({constant: {key: value}}) merged
+  """`module`'s constants with `changes` ({constant: {key: value}}) merged
   in, restored on exit."""
   saved = {name: getattr(module, name) for name in changes}
   for name, change in changes.items():
@@ -101,6 +120,23 @@ def _constants(module, changes: dict):
   finally:
     for name, value in saved.items():
       setattr(module, name, value)
+
+
+def owner(constant: str):
+  """The module of trm/families/trm that holds `constant`."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  return importlib.import_module(
+      "trm.families.trm." + OWNERS.get(constant, "mlp_gpu"))
+
+
+@contextlib.contextmanager
+def kernel_constants(changes: dict):
+  """Each kernel constant with its `changes` ({constant: {key: value}})
+  merged in, in the module that holds it; restored on exit."""
+  with contextlib.ExitStack() as stack:
+    for constant, change in changes.items():
+      stack.enter_context(_constants(owner(constant), {constant: change}))
+    yield
 
 
 def _timed(fn, args, seconds: float, calls: int = 5):
@@ -158,7 +194,7 @@ def _dx_does_the_weight_gradients(chosen: dict) -> bool:
 
 
 def _changes(chosen: dict) -> dict:
-  """{mlp_gpu constant: changes} of the chosen setting of each kernel."""
+  """{constant: changes} of the chosen setting of each kernel."""
   changes = {}
   for kernel, constant, settings in KERNELS:
     if kernel in chosen:
@@ -169,7 +205,7 @@ def _changes(chosen: dict) -> dict:
 
 
 def swept_setting(figures_path: str):
-  """(name, {mlp_gpu constant: changes}) of each kernel's fastest correct
+  """(name, {constant: changes}) of each kernel's fastest correct
   setting in the mixer figures of `figures_path` (one JSON line per
   figure), e.g. ('forward=default dx=t64 grad=c16_w8', {...}); None where
   no setting was timed (no such file, or no mixer section in it). A kernel
@@ -194,6 +230,7 @@ def swept_setting(figures_path: str):
 def section_mixer(args, rec, budget, log) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import channel_gpu  # pylint: disable=g-import-not-at-top
   from trm.families.trm import layers  # pylint: disable=g-import-not-at-top
   from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
 
@@ -208,6 +245,14 @@ def section_mixer(args, rec, budget, log) -> None:
   dy = jax.random.normal(keys[3], (seq, batch, width)).astype(dtype)
   common = dict(dtype="bfloat16", batch=batch, seq=seq, hidden=width,
                 inter=inter)
+  # The channel MLP's weights, [D, 2I] and [I, D] at about LeCun's scale:
+  # I = 1536 as in the paper step (64 in --smoke).
+  channel_inter = 64 if args.smoke else 1536
+  sizes = {"channel": dict(inter=channel_inter)}
+  c_in = (jax.random.normal(keys[1], (width, 2 * channel_inter)) / 23
+          ).astype(dtype)
+  c_out = (jax.random.normal(keys[2], (channel_inter, width)) / 40
+           ).astype(dtype)
   log(f"mixer: x [{seq}, {batch}, {width}], inner {inter}, bfloat16"
       + (" (interpreted)" if args.smoke else ""))
 
@@ -222,6 +267,19 @@ def section_mixer(args, rec, budget, log) -> None:
     return {"forward": (forward, (x, w_in, w_out)),
             "train": (jax.jit(train), (x, w_in, w_out, dy))}
 
+  def channel_program(channel):
+    def step_mix(x, w_in, w_out, dy):
+      h = channel(channel(x, w_in, w_out), w_in, w_out)
+      y, pull = jax.vjp(channel, h, w_in, w_out)
+      return (y,) + pull(dy)
+    return jax.jit(step_mix), (x, c_in, c_out, dy)
+
+  def xla_channel(x, w_in, w_out):
+    return layers.swiglu_residual_norm(x, w_in, w_out, EPS, False)
+
+  def triton_channel(x, w_in, w_out):
+    return channel_gpu.channel_mlp(x, w_in, w_out, EPS, 1, args.smoke)
+
   def xla_mixer(x, w_in, w_out):
     return layers.swiglu_residual_norm(
         x.reshape(seq, -1), w_in, w_out, EPS, True).reshape(x.shape)
@@ -232,18 +290,22 @@ def section_mixer(args, rec, budget, log) -> None:
   # Enough calls for a stable median of 1-5 ms calls; the compiles cost
   # more than the timing.
   per_call = 0.5 if not args.smoke else 0.2
-  want = {}
-  for kind, (fn, operands) in programs(xla_mixer).items():
+  want, xla_times = {}, {}
+  for kind, (fn, operands) in {**programs(xla_mixer),
+                               "channel": channel_program(xla_channel)
+                               }.items():
     out, first, seconds = _timed(fn, operands, per_call)
     want[kind] = out
+    xla_times[kind] = first, seconds
     rec.figure(f"xla/{kind}/ms", 1e3 * seconds, "ms", "ours",
-               first_call_s=round(first, 3), **common)
+               first_call_s=round(first, 3),
+               **dict(common, **sizes.get(kind, {})))
     log(f"mixer xla {kind}: {1e3 * seconds:.3f} ms (first call {first:.1f} s)")
 
   values, chosen = {}, {}
   unswept = sum(len(settings) for _, _, settings in KERNELS)
   for kernel, constant, settings in KERNELS:
-    kind = "forward" if kernel == "forward" else "train"
+    kind = {"forward": "forward", "channel": "channel"}.get(kernel, "train")
     if kernel == "grad" and _dx_does_the_weight_gradients(chosen):
       unswept -= len(settings)
       log(f"mixer grad: not swept, dx's {chosen['dx']} computes the weight "
@@ -260,15 +322,23 @@ def section_mixer(args, rec, budget, log) -> None:
             "in the section")
         continue
       try:
-        with _constants(mlp_gpu, {**_changes(chosen), constant: change}):
-          fn, operands = programs(triton_mixer)[kind]
-          out, first, seconds = _timed(fn, operands, per_call)
+        with kernel_constants({**_changes(chosen), constant: change}):
+          if kernel == "channel" and not channel_gpu.use_kernel():
+            # The XLA path, timed above.
+            out, first, seconds = want[kind], *xla_times[kind]
+          elif kernel == "channel":
+            fn, operands = channel_program(triton_channel)
+            out, first, seconds = _timed(fn, operands, per_call)
+          else:
+            fn, operands = programs(triton_mixer)[kind]
+            out, first, seconds = _timed(fn, operands, per_call)
         error = _max_rel_err(out, want[kind])
       except Exception as e:  # pylint: disable=broad-except
         log(f"mixer {kernel} {name}: failed ({type(e).__name__}: "
             f"{str(e)[:300]})")
         continue
-      meta = dict(common, program=kind, constants=repr(change or "module's"),
+      meta = dict(common, **sizes.get(kind, {}), program=kind,
+                  constants=repr(change or "module's"),
                   earlier=dict(chosen))
       rec.figure(f"{kernel}/{name}/ms", 1e3 * seconds, "ms", "ours",
                  first_call_s=round(first, 3), **meta)

@@ -33,6 +33,7 @@ TF32's half rate. The measured H100 runs are what calibrate it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -280,26 +281,68 @@ def measured_seconds(paths, gpu_name: str) -> dict:
 TRITON_CALL = 'custom_call_target="__gpu$xla.gpu.triton"'
 
 
-def gpu_program(text: str):
+def gpu_program(text: str, kernel_flops: dict | None = None):
   """`trm.forecast`'s timeline of one GPU's compiled program (no network)."""
   from trm.forecast import network  # pylint: disable=g-import-not-at-top
   from trm.forecast import timeline  # pylint: disable=g-import-not-at-top
   one_gpu = network.Fabric(((0, 0, 0),), (1, 1, 1), (False,) * 3, 1.0, 1.0, 1)
-  return timeline.Program(text, one_gpu)
+  return timeline.Program(text, one_gpu, kernel_flops)
+
+
+@contextlib.contextmanager
+def declared_kernel_flops():
+  """Yields {(kernel name, result dims): FLOPs per call}, filled from each
+  Pallas Triton kernel's `cost_estimate` as programs lower inside the
+  context. Pallas's Triton lowering drops that estimate (JAX 0.10 and
+  0.11), so the compiled HLO shows such a kernel's operands and results
+  but not its FLOPs; the forecast charges it these."""
+  # pylint: disable=g-import-not-at-top,protected-access
+  from jax._src.pallas import core as pallas_core
+  from jax._src.pallas.triton import core as triton_core
+  from jax._src.pallas.triton import pallas_call_registration as triton
+  # pylint: enable=g-import-not-at-top
+  table, lower = {}, triton.pallas_call_lowering
+  # A call with Triton compiler params finds its lowering in this registry;
+  # one without them, as the module's attribute.
+  rules = getattr(pallas_core, "_backend_lowering_rules", {})
+  registered = rules.get(triton_core.CompilerParams)
+
+  def recording(ctx, *args, **params):
+    cost, name = params.get("cost_estimate"), params.get("name")
+    if cost is not None and name:
+      dims = tuple(tuple(a.shape) for a in ctx.avals_out)
+      table[(name, dims)] = cost.flops
+    return lower(ctx, *args, **params)
+
+  triton.pallas_call_lowering = recording
+  if registered is not None:
+    rules[triton_core.CompilerParams] = (recording,) + tuple(registered[1:])
+  try:
+    yield table
+  finally:
+    triton.pallas_call_lowering = lower
+    if registered is not None:
+      rules[triton_core.CompilerParams] = registered
 
 
 def forecast(name: str, text: str, gpu: str, efficiency: float,
-             top: int) -> dict:
+             top: int, kernel_flops: dict | None = None) -> dict:
   """The roofline timeline's figures for one compiled program's HLO."""
   spec = GPUS[gpu]
-  program = gpu_program(text)
+  program = gpu_program(text, kernel_flops)
   step = program.play(spec["peak_bf16"], efficiency, spec["bandwidth"])
+  calls = [inst for comp in program.module.computations.values()
+           for inst in comp.instructions
+           if inst.opcode == "custom-call" and TRITON_CALL in inst.attrs]
   return {
       "name": name, "device": spec["name"], "efficiency": efficiency,
       "forecast_ms": 1e3 * step.seconds,
       # Pallas Triton kernels do not hand XLA their cost estimates: the
-      # forecast sees their operands and results, not their FLOPs.
-      "triton_kernels": text.count(TRITON_CALL),
+      # forecast charges them their bytes, and the FLOPs they declared
+      # where the compile recorded them (`declared_kernel_flops`).
+      "triton_kernels": len(calls),
+      "triton_kernels_without_flops": sum(
+          program.declared_flops(inst) is None for inst in calls),
       "seconds_by_cause": {k: round(v, 6) for k, v in step.by_cause.items()},
       "program_flops": step.totals.flops, "hbm_bytes": step.totals.hbm_bytes,
       "hot_spots": program.hot_spots(spec["peak_bf16"], efficiency,
@@ -316,7 +359,7 @@ def replay(path: str, gpu: str, efficiency: float, top: int) -> dict:
 
 
 def report(compiled: Compiled, gpu: str, efficiency: float, measured: dict,
-           out_dir: str, top: int) -> dict:
+           out_dir: str, top: int, kernel_flops: dict | None = None) -> dict:
   spec = GPUS[gpu]
   memory = compiled.executable.memory_analysis()
   need = (memory.argument_size_in_bytes + memory.output_size_in_bytes
@@ -325,7 +368,7 @@ def report(compiled: Compiled, gpu: str, efficiency: float, measured: dict,
   path = os.path.join(out_dir, compiled.name.replace("/", "_") + ".hlo.gz")
   with gzip.open(path, "wt") as f:
     f.write(text)
-  row = forecast(compiled.name, text, gpu, efficiency, top)
+  row = forecast(compiled.name, text, gpu, efficiency, top, kernel_flops)
   seconds = row["forecast_ms"] / 1e3
   row.update(memory_gib=need / 2**30, fits=need <= spec["memory"],
              forecast_mfu=compiled.model_flops / seconds / spec["peak_bf16"],
@@ -350,10 +393,14 @@ def format_row(row: dict) -> str:
                      for k, v in sorted(row["seconds_by_cause"].items()))
   lines = [f"{row['name']:34s} {memory}  forecast {row['forecast_ms']:9.1f} "
            f"ms ({mfu}{causes})  {measured}"]
+  unknown = row.get("triton_kernels_without_flops",
+                    row.get("triton_kernels", 0))
   if row.get("triton_kernels"):
     lines.append(f"    ({row['triton_kernels']} Pallas Triton kernel calls "
-                 "in the program: charged their operands' and results' "
-                 "bytes, not their FLOPs, so the forecast is a lower bound)")
+                 "in the program, charged their operands' and results' "
+                 "bytes and their declared FLOPs"
+                 + (f"; {unknown} without FLOPs, so the forecast is a "
+                    "lower bound)" if unknown else ")"))
   for spot in row["hot_spots"]:
     lines.append(f"    {1e3 * spot['seconds']:8.1f} ms {spot['hbm_bytes'] / 1e9:8.1f}"
                  f" GB {spot['flops'] / 1e12:7.2f} TF  {spot['kind']:11s} "
@@ -377,9 +424,10 @@ def parse_args(argv=None):
                  help="a kit figures.jsonl to compare with (repeatable)")
   p.add_argument("--top", type=int, default=12, help="hot spots per program")
   p.add_argument("--mixer_setting", default="",
-                 help="the Triton token mixer's settings from the mixer "
-                 "sweep, e.g. forward=epi_t128_w8,dx=epi_t128_w8 (names in "
-                 "mixer_sweep.KERNELS); default: mlp_gpu's own constants")
+                 help="the Triton TRM kernels' settings from the mixer "
+                 "sweep, e.g. forward=epi_t128_w8,dx=epi_t128_w8,channel=epi "
+                 "(names in mixer_sweep.KERNELS); default: the modules' own "
+                 "constants")
   p.add_argument("--replay", action="append", default=[],
                  help="play a saved HLO file (.hlo or .hlo.gz) instead of "
                  "compiling (repeatable)")
@@ -415,13 +463,12 @@ def mixer_choice(setting: str) -> dict:
 
 
 def mixer_constants(setting: str):
-  """A context with mlp_gpu's constants set to the named mixer-sweep
-  settings ('kernel=name,...', checked by mixer_choice)."""
+  """A context with the TRM kernels' constants (mlp_gpu's, channel_gpu's)
+  set to the named mixer-sweep settings ('kernel=name,...', checked by
+  mixer_choice)."""
   import mixer_sweep  # pylint: disable=g-import-not-at-top
-  from trm.families.trm import mlp_gpu  # pylint: disable=g-import-not-at-top
   changes = mixer_sweep._changes(mixer_choice(setting))  # pylint: disable=protected-access
-  # pylint: disable-next=protected-access
-  return mixer_sweep._constants(mlp_gpu, changes)
+  return mixer_sweep.kernel_constants(changes)
 
 
 def main(argv=None) -> None:
@@ -446,7 +493,8 @@ def main(argv=None) -> None:
   print(f"offline.py: {devices[0].device_kind} (compile-only), jax "
         f"{jax.__version__}, efficiency {args.efficiency}", flush=True)
   with open(os.path.join(args.out, "figures.jsonl"), "a") as figures, \
-      mixer_constants(args.mixer_setting):
+      mixer_constants(args.mixer_setting), \
+      declared_kernel_flops() as kernel_flops:
     chosen = [(n, b) for n, b in programs(devices, args.only)
               if args.match in n]
     if not chosen:
@@ -461,7 +509,7 @@ def main(argv=None) -> None:
               f"{str(e).splitlines()[0][:300]})", flush=True)
         continue
       row = report(compiled, args.gpu, args.efficiency, measured, args.out,
-                   args.top)
+                   args.top, kernel_flops)
       row.update(compile_s=round(time.time() - start, 1),
                  jax=jax.__version__)
       figures.write(json.dumps(row) + "\n")

@@ -310,7 +310,7 @@ def test_mixer_section_sweeps_the_triton_constants(tmp_path):
     import mixer_sweep  # pylint: disable=g-import-not-at-top
   finally:
     sys.path.remove(KIT)
-  for kind in ("forward", "train"):
+  for kind in ("forward", "train", "channel"):
     assert rows[f"mixer/xla/{kind}/ms"]["value"] > 0
   chosen = {}
   for kernel, _, settings in mixer_sweep.KERNELS:
@@ -321,11 +321,15 @@ def test_mixer_section_sweeps_the_triton_constants(tmp_path):
     for name, _ in settings:
       row = rows[f"mixer/{kernel}/{name}/ms"]
       assert row["value"] > 0, (kernel, name)
-      assert row["program"] == ("forward" if kernel == "forward"
-                                else "train")
+      assert row["program"] == {"forward": "forward",
+                                "channel": "channel"}.get(kernel, "train")
       # Traced anew (jit keyed on a reused function would run the first
       # setting's kernels under every name).
       assert row["first_call_s"] > 0.01, (kernel, name)
+      if (kernel, name) == ("channel", "default"):  # XLA's, timed once
+        assert row["value"] == rows["mixer/xla/channel/ms"]["value"]
+      if kernel == "channel":  # the channel MLP's own inner width
+        assert row["inter"] == rows["mixer/xla/channel/ms"]["inter"] == 64
       # Each kernel is tuned with the earlier kernels at their best.
       assert row["earlier"] == chosen, (kernel, name)
       # bf16, relative to the largest value: a wrong setting shows here.

@@ -159,6 +159,13 @@ def test_mixer_setting_sets_the_kernels_constants_for_the_compile(offline):
   assert (mlp_gpu._FORWARD, mlp_gpu._DX) == before  # pylint: disable=protected-access
   with offline.mixer_constants(""):
     assert mlp_gpu._FORWARD == before[0]  # pylint: disable=protected-access
+  # The channel MLP's constant lives in channel_gpu.
+  from trm.families.trm import channel_gpu  # pylint: disable=g-import-not-at-top
+  assert not channel_gpu.use_kernel()
+  with offline.mixer_constants("dx=epi_t128_w8,channel=epi_r64_w4"):
+    assert channel_gpu.use_kernel() and channel_gpu._CHANNEL["rows"] == 64  # pylint: disable=protected-access
+    assert mlp_gpu._DX["layout"] == "epilogue"  # pylint: disable=protected-access
+  assert not channel_gpu.use_kernel()
   for bad in ("forward=nope", "backward=default", "forward"):
     with pytest.raises(SystemExit, match="not one of the sweep's settings"):
       offline.mixer_constants(bad)
@@ -171,3 +178,77 @@ def test_a_wrong_mixer_setting_fails_before_anything_is_written(offline,
   with pytest.raises(SystemExit, match="not one of the sweep's settings"):
     offline.main([f"--out={out}", "--only=trm", "--mixer_setting=dx=nope"])
   assert not out.exists()
+
+
+# One Pallas Triton kernel call: [4096, 512] x [512, 1024] as the kernel
+# "trm_gemm" (its op_name), bf16, beside nothing else.
+_TRITON_PROGRAM = """HloModule step, entry_computation_layout={(bf16[4096,512]{1,0}, bf16[512,1024]{1,0})->bf16[4096,1024]{1,0}}
+
+ENTRY %main (a: bf16[4096,512], b: bf16[512,1024]) -> bf16[4096,1024] {
+  %a = bf16[4096,512]{1,0} parameter(0)
+  %b = bf16[512,1024]{1,0} parameter(1)
+  ROOT %pallas_call = bf16[4096,1024]{1,0} custom-call(%a, %b), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(step)/mlp/trm_gemm/pallas_call"}, backend_config={grid_x = 64 : i32}
+}
+"""
+
+
+def test_pallas_kernels_are_charged_the_flops_they_declared(offline):
+  """Pallas's Triton lowering drops a kernel's cost estimate; the compile
+  records it (declared_kernel_flops) and the forecast charges it, keyed by
+  the kernel's name and result shape. Without it only bytes count."""
+  flops = 2.0 * 4096 * 512 * 1024
+  moved = 2 * (4096 * 512 + 512 * 1024 + 4096 * 1024)
+  spec = offline.GPUS["h100"]
+  bytes_only = offline.forecast("s", _TRITON_PROGRAM, "h100", 0.5, 3)
+  assert bytes_only["forecast_ms"] == pytest.approx(
+      1e3 * moved / spec["bandwidth"])
+  assert bytes_only["triton_kernels_without_flops"] == 1
+  assert "lower bound" in offline.format_row(bytes_only)
+  table = {("trm_gemm", ((4096, 1024),)): flops}
+  charged = offline.forecast("s", _TRITON_PROGRAM, "h100", 0.5, 3, table)
+  assert charged["forecast_ms"] == pytest.approx(
+      1e3 * max(flops / (0.5 * spec["peak_bf16"]), moved / spec["bandwidth"]))
+  assert charged["triton_kernels"] == 1
+  assert charged["triton_kernels_without_flops"] == 0
+  assert "lower bound" not in offline.format_row(charged)
+  # Traced by autodiff, the op_name wraps the kernel's name.
+  wrapped = _TRITON_PROGRAM.replace("mlp/trm_gemm/pallas_call",
+                                    "transpose(jvp(trm_gemm))/pallas_call")
+  assert offline.forecast("s", wrapped, "h100", 0.5, 3, table)[
+      "forecast_ms"] == pytest.approx(charged["forecast_ms"])
+  # Another result shape under the same name is not this kernel.
+  other = {("trm_gemm", ((4096, 512),)): flops}
+  assert offline.forecast("s", _TRITON_PROGRAM, "h100", 0.5, 3, other)[
+      "forecast_ms"] == pytest.approx(bytes_only["forecast_ms"])
+
+
+def test_the_compile_records_each_kernels_declared_flops(offline,
+                                                         monkeypatch):
+  """declared_kernel_flops wraps the Triton lowering for as long as it is
+  open: each call's cost estimate goes into the table under its name and
+  result shapes, and the lowering itself still runs."""
+  import types  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
+  from jax._src.pallas.triton import pallas_call_registration as triton  # pylint: disable=g-import-not-at-top
+  lowered = []
+  fake = lambda ctx, *args, **params: lowered.append(params["name"]) or "ir"  # noqa: E731
+  monkeypatch.setattr(triton, "pallas_call_lowering", fake)
+  ctx = types.SimpleNamespace(avals_out=[
+      jax.core.ShapedArray((8, 4), jax.numpy.float32)])
+  from jax._src.pallas import core as pallas_core  # pylint: disable=g-import-not-at-top
+  from jax._src.pallas.triton import core as triton_core  # pylint: disable=g-import-not-at-top
+  rules = pallas_core._backend_lowering_rules  # pylint: disable=protected-access
+  registered = rules[triton_core.CompilerParams]
+  with offline.declared_kernel_flops() as table:
+    # Calls with Triton compiler params take their rule from the registry.
+    assert rules[triton_core.CompilerParams][0] is triton.pallas_call_lowering
+    assert triton.pallas_call_lowering(
+        ctx, cost_estimate=pl.CostEstimate(flops=640, transcendentals=0,
+                                           bytes_accessed=0),
+        name="trm_k") == "ir"
+    triton.pallas_call_lowering(ctx, cost_estimate=None, name="no_cost")
+  assert table == {("trm_k", ((8, 4),)): 640}
+  assert lowered == ["trm_k", "no_cost"]
+  assert triton.pallas_call_lowering is fake
+  assert rules[triton_core.CompilerParams] is registered

@@ -289,6 +289,17 @@ def pallas_cost(inst: hlo.Instruction) -> tuple[float, float] | None:
           float(moved.group(1)) if moved else 0.0)
 
 
+def pallas_kernel_name(inst: hlo.Instruction) -> str | None:
+  """The name a Pallas kernel call was given (its op_name ends in
+  '<name>/pallas_call', or in 'transpose(jvp(<name>))/pallas_call' where
+  autodiff traced it), or None for any other instruction."""
+  if inst.opcode != "custom-call":
+    return None
+  match = re.search(r'op_name="[^"]*?([\w.-]+)\)*/pallas_call"',
+                    inst.attrs)
+  return match.group(1) if match else None
+
+
 # XLA:GPU's library calls whose work `gpu_library_cost` reads.
 CUBLAS_PREFIX = "__cublas$"
 CUDNN_ATTENTION_PREFIX = "__cudnn$fmha"

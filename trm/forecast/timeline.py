@@ -72,10 +72,14 @@ class Step:
 class Program:
   """A parsed compiled program on a fabric, ready to be played."""
 
-  def __init__(self, text: str, fabric: network.Fabric):
+  def __init__(self, text: str, fabric: network.Fabric,
+               kernel_flops: dict | None = None):
     self.module = hlo.parse_module(text)
     self.text = text
     self.fabric = fabric
+    # {(Pallas kernel name, result dims): FLOPs per call}, for kernels
+    # whose lowering drops their declared cost (Pallas's Triton backend).
+    self.kernel_flops = kernel_flops or {}
     self._fused: dict = {}
     self._costs: dict = {}
     self._collectives: dict = {}
@@ -89,10 +93,27 @@ class Program:
     key = (comp.name, inst.name)
     if key not in self._costs:
       declared = (ops.pallas_cost(inst)
+                  or self._declared_flops(comp, inst)
                   or ops.gpu_library_cost(inst, comp))
       self._costs[key] = declared or ops.instruction_cost(
           self.module, comp, inst, self._fused)
     return self._costs[key]
+
+  def declared_flops(self, inst) -> float | None:
+    """A Pallas kernel call's FLOPs from `kernel_flops`, or None."""
+    name = ops.pallas_kernel_name(inst)
+    if name is None:
+      return None
+    return self.kernel_flops.get(
+        (name, tuple(tuple(a.dims) for a in inst.shape)))
+
+  def _declared_flops(self, comp, inst) -> tuple[float, float] | None:
+    """(declared FLOPs, the call's operand and result bytes), or None."""
+    flops = self.declared_flops(inst)
+    if flops is None:
+      return None
+    return float(flops), ops.instruction_cost(self.module, comp, inst,
+                                              self._fused)[1]
 
   def collective(self, comp, inst) -> network.Collective | None:
     key = (comp.name, inst.name)

@@ -3,20 +3,19 @@ Pallas's interpreter on CPU, against the XLA path
 (`layers.swiglu_residual_norm`, tokens=True): forward and every gradient,
 sharded over a mesh, and inside the whole TRM step. Their compile for an
 H100 (no GPU needed) is `benchmarks/gpu/offline.py`'s."""
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trm.core import config_lib
-from trm.core import mesh as mesh_lib
+from trm.families.trm import channel_gpu
 from trm.families.trm import layers
 from trm.families.trm import mlp_gpu
 
 from test_mlp_tpu import _cfg  # pylint: disable=g-import-not-at-top
 from test_mlp_tpu import assert_outputs_and_grads_match  # pylint: disable=g-import-not-at-top
+from test_mlp_tpu import assert_sharded_matches_one_device  # pylint: disable=g-import-not-at-top
 from test_mlp_tpu import whole_trm_losses_and_grads  # pylint: disable=g-import-not-at-top
 
 EPS = 1e-5
@@ -126,20 +125,19 @@ def test_sharded_over_a_mesh_matches_one_device(layout, monkeypatch):
   for constant in ("_FORWARD", "_DX"):
     monkeypatch.setattr(mlp_gpu, constant,
                         dict(getattr(mlp_gpu, constant), layout=layout))
-  x, w_in, w_out, dy = _operands(22, 8, 64, 64, jnp.float32)
-  want = _vjp(_triton, x, w_in, w_out, dy)
-  ctx = mesh_lib.ShardingContext(
-      mesh_lib.make_mesh(config_lib.mesh_config(data=2, fsdp=2, model=2)),
-      config_lib.default_logical_axis_rules())
-  with ctx:
-    got = jax.jit(functools.partial(_vjp, _triton))(x, w_in, w_out, dy)
-  for a, b in zip(got, want):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  assert_sharded_matches_one_device(
+      _triton, *_operands(22, 8, 64, 64, jnp.float32))
 
 
-def test_whole_trm_step_matches_the_xla_path():
-  """The mlp_t TRM with the token mixers as the GPU kernels (the channel
-  MLPs stay XLA's): the same loss and gradients as with 'dot'."""
+@pytest.mark.parametrize("channel", ["xla", "epilogue"])
+def test_whole_trm_step_matches_the_xla_path(channel, monkeypatch):
+  """The mlp_t TRM with the token mixers as the GPU kernels, and the
+  channel MLPs as XLA's or as channel_gpu's kernel (its blocks small
+  enough that the test's 4 x 8 = 32 rows take two): the same loss and
+  gradients as with 'dot'."""
+  monkeypatch.setattr(channel_gpu, "_CHANNEL",
+                      dict(channel_gpu._CHANNEL, layout=channel, rows=16,  # pylint: disable=protected-access
+                           columns=16, depth=16))
   (want, want_grad), (got, got_grad) = whole_trm_losses_and_grads(
       _cfg(), _cfg(mlp_kernel="triton_interpret"))
   np.testing.assert_allclose(got, want, rtol=1e-5)

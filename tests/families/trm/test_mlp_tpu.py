@@ -85,18 +85,23 @@ def assert_outputs_and_grads_match(got, want, dtype: str):
                                  err_msg=name)
 
 
-@pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "channels"])
-def test_sharded_over_a_mesh_matches_one_device(tokens):
-  x, w_in, w_out, dy = _operands(tokens, 22, 8, 64, jnp.float32)
-  want = _vjp(_pallas(tokens), x, w_in, w_out, dy)
+def assert_sharded_matches_one_device(fn, x, w_in, w_out, dy):
+  """(y, dx, d_w_in, d_w_out) of `fn` jitted over a 2x2x2 mesh, the batch
+  split, against the same on one device."""
+  want = _vjp(fn, x, w_in, w_out, dy)
   ctx = mesh_lib.ShardingContext(
       mesh_lib.make_mesh(config_lib.mesh_config(data=2, fsdp=2, model=2)),
       config_lib.default_logical_axis_rules())
   with ctx:
-    got = jax.jit(functools.partial(_vjp, _pallas(tokens)))(x, w_in, w_out,
-                                                             dy)
+    got = jax.jit(functools.partial(_vjp, fn))(x, w_in, w_out, dy)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "channels"])
+def test_sharded_over_a_mesh_matches_one_device(tokens):
+  assert_sharded_matches_one_device(
+      _pallas(tokens), *_operands(tokens, 22, 8, 64, jnp.float32))
 
 
 def _cfg(**kw):

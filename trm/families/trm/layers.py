@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from trm.core import mesh as mesh_lib
+from trm.families.trm import channel_gpu
 from trm.families.trm import mlp_gpu
 from trm.families.trm import mlp_tpu
 from trm.nn import attention as attention_lib
@@ -296,7 +297,8 @@ class SwiGLUNorm(nn.Module):
   # 'pallas': the fused TPU kernels of mlp_tpu ('pallas_interpret': the
   # same on CPU); they need x 3-D with its batch on `batch_axis`.
   # 'triton': mlp_gpu's GPU kernels for the token mixer (tokens=True, x
-  # [S, B, D]); the channel MLP stays with XLA.
+  # [S, B, D]); the channel MLP is XLA's unless channel_gpu's layout is
+  # 'epilogue'.
   kernel: str = "dot"
   batch_axis: int = 0
 
@@ -312,6 +314,10 @@ class SwiGLUNorm(nn.Module):
     if self.kernel in mlp_gpu.KINDS and self.tokens:
       return mlp_gpu.token_mixer(x.astype(self.dtype), w_in, w_out, self.eps,
                                  self.kernel == "triton_interpret")
+    if self.kernel in mlp_gpu.KINDS and channel_gpu.use_kernel():
+      return channel_gpu.channel_mlp(x.astype(self.dtype), w_in, w_out,
+                                     self.eps, self.batch_axis,
+                                     self.kernel == "triton_interpret")
     if self.kernel in mlp_tpu.KINDS and self.kernel != "dot":
       return mlp_tpu.swiglu_norm(x.astype(self.dtype), w_in, w_out, self.eps,
                                  self.tokens, self.batch_axis,
