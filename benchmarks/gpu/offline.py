@@ -404,7 +404,7 @@ def format_row(row: dict) -> str:
     lines.append(f"    ({row['triton_kernels']} Pallas Triton kernel calls "
                  "in the program, charged their operands' and results' "
                  "bytes and their declared FLOPs"
-                 + (f"; {unknown} without FLOPs, so the forecast is a "
+                 + (f"; {unknown} declared none, so the forecast is a "
                     "lower bound)" if unknown else ")"))
   for spot in row["hot_spots"]:
     lines.append(f"    {1e3 * spot['seconds']:8.1f} ms {spot['hbm_bytes'] / 1e9:8.1f}"

@@ -22,6 +22,7 @@ CPU, for tests. Under a mesh the kernels run per batch shard.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -129,21 +130,34 @@ def _whole():
   return pl.BlockSpec(memory_space=pl.ANY)
 
 
+def _cost(flops_per_element: int, n: int, width: int, *arrays):
+  """The kernel's cost estimate: elementwise FLOPs, one rsqrt per row, and
+  every operand and result moved through HBM once. Pallas's Triton
+  lowering drops it; `benchmarks/gpu/offline.py` records it for the
+  forecast."""
+  return pl.CostEstimate(
+      flops=flops_per_element * n * width, transcendentals=n,
+      bytes_accessed=sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
+                         for a in arrays))
+
+
 def _forward(x, delta, scale, bias, out_dtype, interpret):
   """x [N, C] float32, delta [N, C] -> (s, y in out_dtype, mean, 1/std)."""
   n, width = x.shape
   rows = _rows(n)
   per_row = pl.BlockSpec((rows,), lambda i: (i,))
+  out_shape = [jax.ShapeDtypeStruct((n, width), jnp.float32),
+               jax.ShapeDtypeStruct((n, width), out_dtype),
+               jax.ShapeDtypeStruct((n,), jnp.float32),
+               jax.ShapeDtypeStruct((n,), jnp.float32)]
   return pl.pallas_call(
       functools.partial(_forward_kernel, width=width),
       grid=(n // rows,), in_specs=[_whole()] * 4,
       out_specs=[_whole(), _whole(), per_row, per_row],
-      out_shape=[jax.ShapeDtypeStruct((n, width), jnp.float32),
-                 jax.ShapeDtypeStruct((n, width), out_dtype),
-                 jax.ShapeDtypeStruct((n,), jnp.float32),
-                 jax.ShapeDtypeStruct((n,), jnp.float32)],
-      compiler_params=_params(), interpret=interpret,
-      name="gpt_add_layer_norm")(x, delta, scale, bias)
+      out_shape=out_shape, compiler_params=_params(),
+      # The add, the mean, the variance, and the scaled, shifted output.
+      cost_estimate=_cost(8, n, width, x, delta, scale, bias, *out_shape),
+      interpret=interpret, name="gpt_add_layer_norm")(x, delta, scale, bias)
 
 
 def _backward(s, mean, inv, scale, dy, ds, delta_dtype, interpret):
@@ -153,16 +167,21 @@ def _backward(s, mean, inv, scale, dy, ds, delta_dtype, interpret):
   while (n // rows) % groups:
     groups //= 2
   programs = n // (rows * groups)
+  out_shape = [jax.ShapeDtypeStruct((n, width), jnp.float32),
+               jax.ShapeDtypeStruct((n, width), delta_dtype),
+               jax.ShapeDtypeStruct((programs, width), jnp.float32),
+               jax.ShapeDtypeStruct((programs, width), jnp.float32)]
   return pl.pallas_call(
       functools.partial(_backward_kernel, width=width, rows=rows,
                         groups=groups),
       grid=(programs,), in_specs=[_whole()] * 6,
-      out_specs=[_whole()] * 4,
-      out_shape=[jax.ShapeDtypeStruct((n, width), jnp.float32),
-                 jax.ShapeDtypeStruct((n, width), delta_dtype),
-                 jax.ShapeDtypeStruct((programs, width), jnp.float32),
-                 jax.ShapeDtypeStruct((programs, width), jnp.float32)],
-      compiler_params=_params(), interpret=interpret,
+      out_specs=[_whole()] * 4, out_shape=out_shape,
+      compiler_params=_params(),
+      # The normalised input again, its two row means, dx and the partial
+      # sums of the scale's and bias's gradients.
+      cost_estimate=_cost(12, n, width, s, mean, inv, scale, dy, ds,
+                          *out_shape),
+      interpret=interpret,
       name="gpt_add_layer_norm_grad")(s, mean, inv, scale, dy, ds)
 
 
