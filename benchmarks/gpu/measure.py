@@ -312,14 +312,17 @@ def sync(device) -> None:
 # TRM
 
 
-TRM_VARIANTS = ("mlp_t_sudoku", "att_maze", "mlp_t_sudoku_triton")
+TRM_VARIANTS = ("mlp_t_sudoku", "att_maze", "mlp_t_sudoku_triton",
+                "att_maze_triton")
 
 
 def _trm_variants(args):
   """(name, config file, variant, dataset metadata, global batch, attention
-  kernel of ours, SwiGLU kernel of ours). mlp_t_sudoku_triton: the MLP-t
-  step with the token mixer as the Pallas Triton kernels of
-  trm/families/trm/mlp_gpu.py (on the CPU, --smoke: interpreted)."""
+  kernel of ours, SwiGLU kernel of ours). The `_triton` variants run
+  mlp_kernel='triton' (on the CPU, --smoke: interpreted): in the MLP-t
+  step the token mixer as the Pallas Triton kernels of
+  trm/families/trm/mlp_gpu.py, and in both the channel MLP as
+  channel_gpu's kernel where its layout (or the mixer sweep) says so."""
   from trm.data.puzzles import maze, sudoku  # pylint: disable=g-import-not-at-top
   smoke = args.smoke
   # --smoke: configs' :cpu variant at small batches, the kernels
@@ -332,7 +335,10 @@ def _trm_variants(args):
               ("att_maze", "trm_maze.py", variant, maze.dataset_metadata(1),
                att_batch, args.trm_attention, "dot"),
               ("mlp_t_sudoku_triton", "trm_sudoku.py", variant,
-               sudoku.dataset_metadata(1), mlp_t_batch, "dot", triton)]
+               sudoku.dataset_metadata(1), mlp_t_batch, "dot", triton),
+              ("att_maze_triton", "trm_maze.py", variant,
+               maze.dataset_metadata(1), att_batch, args.trm_attention,
+               triton)]
   return [v for v in variants if v[0] in args.trm_variants]
 
 

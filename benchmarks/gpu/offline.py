@@ -229,6 +229,11 @@ def programs(devices, only):
     out.append(("trm/mlp_t_sudoku_triton/b384", lambda: compile_trm(
         devices, "trm/mlp_t_sudoku_triton/b384", "trm_sudoku.py",
         sudoku.dataset_metadata(1), 384, "dot", "triton")))
+    # The channel MLP as channel_gpu's kernel where --mixer_setting
+    # selects it (channel=...; XLA's otherwise).
+    out.append(("trm/att_maze/b48/cudnn_triton", lambda: compile_trm(
+        devices, "trm/att_maze/b48/cudnn_triton", "trm_maze.py",
+        maze.dataset_metadata(1), 48, "cudnn", "triton")))
     for attention in ("dot", "cudnn"):
       out.append((f"trm/att_maze/b48/{attention}",
                   lambda a=attention: compile_trm(

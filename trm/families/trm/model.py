@@ -67,9 +67,10 @@ class TRMConfig:
   mlp_t: bool = False
   # The SwiGLU + norm of every block (mlp_t's token mixer and the channel
   # MLP): 'dot' (XLA) | 'pallas' (fused TPU kernels, fewer HBM bytes) |
-  # 'pallas_interpret' (those kernels on CPU, for tests) | 'triton' (mlp_t
-  # only: the token mixer as fused NVIDIA GPU kernels, the channel MLP
-  # XLA's) | 'triton_interpret' (those kernels on CPU, for tests).
+  # 'pallas_interpret' (those kernels on CPU, for tests) | 'triton'
+  # (NVIDIA GPU kernels: mlp_t's token mixer, and the channel MLP where
+  # channel_gpu's layout is 'epilogue', which stays XLA's until a GPU run
+  # times it) | 'triton_interpret' (those kernels on CPU, for tests).
   mlp_kernel: str = "dot"
   # Attention (mlp_t=False): 'dot' (XLA) | 'splash' (the Pallas kernel of
   # trm.nn.tpu_attention, no scores in HBM) | 'splash_interpret' (CPU) |
@@ -99,11 +100,6 @@ class TRMConfig:
       raise ValueError(
           f"config.model.mlp_kernel={self.mlp_kernel!r}: use one of "
           f"{', '.join(mlp_tpu.KINDS + mlp_gpu.KINDS)}.")
-    if self.mlp_kernel in mlp_gpu.KINDS and not self.mlp_t:
-      raise ValueError(
-          f"config.model.mlp_kernel={self.mlp_kernel!r} fuses the mlp_t "
-          "token mixer, and config.model.mlp_t is False: use 'dot' (or "
-          "'pallas' on a TPU).")
     kinds = tpu_attention.KINDS + attention_lib.GPU_KINDS
     if self.attention not in kinds:
       raise ValueError(
