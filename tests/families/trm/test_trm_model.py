@@ -295,6 +295,39 @@ def test_block_attention_matches_reference():
   np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 
+def test_gpu_attention_splits_the_projection_into_three_matmuls(
+    monkeypatch):
+  """attention='cudnn' runs q, k and v as three matmuls on qkv_proj's
+  column blocks: the same parameters, values and gradients as the fused
+  projection (cuDNN's call is XLA's attention here, on a CPU), and no
+  [.., 3D] product in the program."""
+  from trm.nn import attention as attention_lib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(attention_lib, "cudnn_attention",
+                      lambda q, k, v: jax.nn.dot_product_attention(q, k, v))
+  x = jax.random.normal(jax.random.key(0), (2, 8, 64))
+  rope = layers.rope_tables(8, 16, 10000.0)
+  attn = {kernel: layers.Attention(64, 4, 4, jnp.float32, kernel)
+          for kernel in ("dot", "cudnn")}
+  params = attn["dot"].init(jax.random.key(1), x, rope)
+  assert (jax.tree.map(jnp.shape, attn["cudnn"].init(jax.random.key(1), x,
+                                                     rope))
+          == jax.tree.map(jnp.shape, params))
+
+  def loss(params, kernel):
+    return jnp.sum(jnp.sin(attn[kernel].apply(params, x, rope)))
+
+  want, want_grad = jax.value_and_grad(loss)(params, "dot")
+  got, got_grad = jax.value_and_grad(loss)(params, "cudnn")
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  text = jax.jit(lambda p: attn["cudnn"].apply(p, x, rope)).lower(
+      params).as_text()
+  assert "2x8x192" not in text and "16x192" not in text
+  with pytest.raises(ValueError, match="do not split it"):
+    layers.Linear(8, (None, None)).init(jax.random.key(0), x, [4, 3])
+
+
 def test_reasoning_net_injects_once():
   cfg = _cfg(L_layers=2)
   net = trm.ReasoningNet(cfg)

@@ -74,12 +74,26 @@ class Linear(nn.Module):
   bias_init: object = nn.initializers.zeros
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, widths: Sequence[int] | None = None):
+    """y, or with `widths` the list of y's column blocks of those widths,
+    each from its own matmul against that block of the kernel (no bias)."""
     fan_in = x.shape[-1]
     init = self.kernel_init or lecun_trunc_normal(fan_in)
     kernel = linear.logical_param(self, "kernel", init, self.axes,
                                   (fan_in, self.features), jnp.float32)
-    y = _linear_dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
+    if widths is not None:
+      if self.use_bias or sum(widths) != self.features:
+        raise ValueError(f"Linear({self.name}): column blocks {widths} of a "
+                         f"{self.features}-wide kernel (bias "
+                         f"{self.use_bias}) do not split it")
+      # One operand per matmul: XLA's dot merger would join matmuls that
+      # share an operand back into one, followed by the slices this avoids.
+      xs = jax.lax.optimization_barrier((x,) * len(widths))
+      starts = [sum(widths[:i]) for i in range(len(widths))]
+      return [_linear_dot(xs[i], kernel[:, start:start + width])
+              for i, (start, width) in enumerate(zip(starts, widths))]
+    y = _linear_dot(x, kernel)
     if self.use_bias:
       bias = linear.logical_param(self, "bias", self.bias_init,
                                   (self.axes[1],), (self.features,),
@@ -156,12 +170,20 @@ class Attention(nn.Module):
     batch, seq, _ = x.shape
     head_dim = self.hidden_size // self.num_heads
     heads = self.num_heads + 2 * self.num_kv_heads
-    qkv = Linear(heads * head_dim, ("embed", "heads"), dtype=self.dtype,
-                 name="qkv_proj")(x)
-    qkv = qkv.reshape(batch, seq, heads, head_dim)
-    q = qkv[:, :, :self.num_heads]
-    k = qkv[:, :, self.num_heads:self.num_heads + self.num_kv_heads]
-    v = qkv[:, :, self.num_heads + self.num_kv_heads:]
+    qkv_proj = Linear(heads * head_dim, ("embed", "heads"), dtype=self.dtype,
+                      name="qkv_proj")
+    if self.kernel == "cudnn":
+      # On a GPU, three matmuls on the fused kernel's column blocks: the
+      # same products, without the copies that split one [.., 3D] result
+      # (and join the gradients) around cuDNN's attention. GPT's c_attn
+      # measured 15.9 ms less per iteration this way on an H100.
+      q, k, v = (a.reshape(batch, seq, -1, head_dim) for a in qkv_proj(
+          x, [self.num_heads * head_dim] + [self.num_kv_heads * head_dim] * 2))
+    else:
+      qkv = qkv_proj(x).reshape(batch, seq, heads, head_dim)
+      q = qkv[:, :, :self.num_heads]
+      k = qkv[:, :, self.num_heads:self.num_heads + self.num_kv_heads]
+      v = qkv[:, :, self.num_heads + self.num_kv_heads:]
     if rope is not None:
       q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     q = mesh_lib.constrain(q, ("activation_batch", "activation_length",
