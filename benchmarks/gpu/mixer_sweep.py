@@ -326,11 +326,10 @@ def section_mixer(args, rec, budget, log) -> None:
           if kernel == "channel" and not channel_gpu.use_kernel():
             # The XLA path, timed above.
             out, first, seconds = want[kind], *xla_times[kind]
-          elif kernel == "channel":
-            fn, operands = channel_program(triton_channel)
-            out, first, seconds = _timed(fn, operands, per_call)
           else:
-            fn, operands = programs(triton_mixer)[kind]
+            fn, operands = (channel_program(triton_channel)
+                            if kernel == "channel"
+                            else programs(triton_mixer)[kind])
             out, first, seconds = _timed(fn, operands, per_call)
         error = _max_rel_err(out, want[kind])
       except Exception as e:  # pylint: disable=broad-except
