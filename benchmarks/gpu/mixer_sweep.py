@@ -313,18 +313,24 @@ def section_mixer(args, rec, budget, log) -> None:
       continue
     # Each kernel's share of what is left, by its number of settings, so a
     # slow kernel cannot starve the later ones (what a kernel leaves unused
-    # carries over); its first setting runs regardless.
+    # carries over); its first timed setting runs regardless. The channel's
+    # XLA setting reuses the XLA figures, costs nothing and always counts:
+    # without it a kernel slower than XLA's could be chosen.
     share_ends = budget.left() * (1 - len(settings) / unswept)  # left then
     unswept -= len(settings)
-    for i, (name, change) in enumerate(settings):
-      if budget.left() < 10 or (i and budget.left() < share_ends):
+    timed_one = False
+    for name, change in settings:
+      with kernel_constants({constant: change}):
+        reused = kernel == "channel" and not channel_gpu.use_kernel()
+      if not reused and (budget.left() < 10 or
+                         (timed_one and budget.left() < share_ends)):
         log(f"mixer {kernel} {name}: skipped, {budget.left():.0f} s left "
             "in the section")
         continue
+      timed_one = timed_one or not reused
       try:
         with kernel_constants({**_changes(chosen), constant: change}):
-          if kernel == "channel" and not channel_gpu.use_kernel():
-            # The XLA path, timed above.
+          if reused:  # the XLA path, timed above
             out, first, seconds = want[kind], *xla_times[kind]
           else:
             fn, operands = (channel_program(triton_channel)

@@ -500,12 +500,9 @@ def test_trm_batch_search_starts_where_the_measured_step_fits(
   assert measure._trm_batch_guess(config, None, 768) == first  # pylint: disable=protected-access
 
 
-def test_mixer_sweep_shares_its_budget_between_the_kernels(monkeypatch):
-  """Each kernel gets a share of the section's budget by its number of
-  settings: with every compile and timing taking 10 s of a 150 s budget,
-  the forward's settings stop at their share and dx and the weight
-  gradients are still timed (without shares the weight gradients would
-  get one setting)."""
+def _sweep_on_a_clock(monkeypatch, seconds_per_call: float, budget_s: float):
+  """(mixer_sweep, the names of its figures) of the sweep run with every
+  timing (compile included) taking `seconds_per_call` of `budget_s`."""
   import types  # pylint: disable=g-import-not-at-top
   monkeypatch.syspath_prepend(KIT)
   import mixer_sweep  # pylint: disable=g-import-not-at-top
@@ -513,25 +510,49 @@ def test_mixer_sweep_shares_its_budget_between_the_kernels(monkeypatch):
 
   def timed(fn, operands, seconds):
     del fn, operands, seconds
-    clock[0] += 10
+    clock[0] += seconds_per_call
     return None, 0.1, 1e-3
   monkeypatch.setattr(mixer_sweep, "_timed", timed)
   monkeypatch.setattr(mixer_sweep, "_max_rel_err", lambda got, want: 0.0)
-  budget = types.SimpleNamespace(left=lambda: 150 - clock[0])
+  budget = types.SimpleNamespace(left=lambda: budget_s - clock[0])
   figures = []
   rec = types.SimpleNamespace(
       figure=lambda name, *a, **k: figures.append(name))
   args = types.SimpleNamespace(smoke=True, mixer_batch=4)
   mixer_sweep.section_mixer(args, rec, budget, lambda message: None)
+  return mixer_sweep, figures
+
+
+def test_mixer_sweep_shares_its_budget_between_the_kernels(monkeypatch):
+  """Each kernel gets a share of the section's budget by its number of
+  settings: with every compile and timing taking 10 s of a 150 s budget,
+  the forward's settings stop at their share and dx and the weight
+  gradients are still timed (without shares the weight gradients would
+  get one setting)."""
+  mixer_sweep, figures = _sweep_on_a_clock(monkeypatch, 10, 150)
   timed_settings = collections.Counter(
       name.split("/")[0] for name in figures
-      if name.endswith("/ms") and not name.startswith("xla/"))
+      if name.endswith("/ms") and not name.startswith("xla/")
+      and name != "channel/default/ms")
   sizes = {kernel: len(settings) for kernel, _, settings in
            mixer_sweep.KERNELS}
   assert set(timed_settings) == set(sizes), timed_settings
   assert timed_settings["forward"] < sizes["forward"], timed_settings
   assert timed_settings["grad"] >= 2, timed_settings
-  assert sum(timed_settings.values()) == (150 - 20) // 10
+  # The XLA path's three programs, then 10 s per setting; the channel's
+  # XLA setting reuses the XLA figures (no time) and is always recorded.
+  assert sum(timed_settings.values()) == (150 - 30) // 10
+  assert "channel/default/ms" in figures
+
+
+def test_the_channel_sweep_always_records_xla(monkeypatch):
+  """With the budget spent before the channel MLP's turn, its XLA setting
+  is still recorded (free: the XLA path's figures) and no kernel of it is
+  timed, so none can be chosen without XLA's time beside it."""
+  _, figures = _sweep_on_a_clock(monkeypatch, 40, 150)
+  channel = [n for n in figures if n.startswith("channel/")
+             and n.endswith("/ms")]
+  assert channel == ["channel/default/ms"], figures
 
 
 def test_grad_is_not_swept_after_an_epilogue_dx(monkeypatch):
