@@ -5,7 +5,8 @@ mesh rules turn them into shardings). `matmul` is x @ w accumulated in
 float32 with a written-out backward pass (GPT's Linear and TRM's Linear and
 fused SwiGLU use it); `matmul_to` rounds that product to a given dtype.
 `add_bias` adds a bias to a float32 accumulator and rounds once, as torch's
-Linear (addmm) does (Dream's and GPT's projections).
+Linear (addmm) does (Dream's and GPT's projections). `column_blocks` splits
+one projection into a matmul per block of its kernel's columns.
 """
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ def add_bias(y32, bias, dtype):
   """(y32 + bias) rounded once to `dtype`; y32 is a float32 accumulator and
   the bias is first rounded to `dtype` (torch keeps it in the layer dtype)."""
   return (y32 + bias.astype(dtype).astype(jnp.float32)).astype(dtype)
+
+
+def column_blocks(x, widths):
+  """[(a copy of x, the block's column slice)] for consecutive column
+  blocks of these widths, so each block is its own matmul: the copies come
+  through one optimization barrier, which keeps XLA's dot merger from
+  joining matmuls that share an operand back into one, followed by the
+  slices this avoids."""
+  xs = jax.lax.optimization_barrier((x,) * len(widths))
+  starts = [sum(widths[:i]) for i in range(len(widths))]
+  return [(xs[i], slice(start, start + width))
+          for i, (start, width) in enumerate(zip(starts, widths))]
 
 
 def dot(a, b, contract=None):

@@ -22,6 +22,21 @@ def inv_rms(x32, eps: float, axis: int = -1):
                        + eps)
 
 
+def add_rms_norm(x, m, eps: float, axis: int = -1):
+  """(y, 1/rms): the scale-free RMSNorm of the residual sum x + m (rounded
+  to x's dtype, then normalised in float32 over `axis`), y in x's dtype."""
+  r = (x + m).astype(jnp.float32)
+  inv = inv_rms(r, eps, axis)
+  return (r * inv).astype(x.dtype), inv
+
+
+def rms_norm_grad(y, dy, inv, axis: int = -1):
+  """The scale-free RMSNorm's input gradient from its output y, 1/rms and
+  dy, in float32: inv * (dy - y * mean(dy * y)) over `axis`."""
+  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
+  return inv * (dy32 - y32 * jnp.mean(dy32 * y32, axis=axis, keepdims=True))
+
+
 def rms_norm(x, eps: float):
   """Scale-free RMSNorm over the last axis, computed in float32."""
   x32 = x.astype(jnp.float32)

@@ -78,13 +78,10 @@ class Linear(nn.Module):
     x, kernel = x.astype(dtype), kernel.astype(dtype)
     if blocks == 1:
       return _project(x, kernel, bias, dtype)
-    # One operand per matmul: XLA's dot merger joins matmuls that share an
-    # operand back into one followed by the slices this avoids.
-    xs = jax.lax.optimization_barrier((x,) * blocks)
-    width = self.features // blocks
-    cols = [slice(i * width, (i + 1) * width) for i in range(blocks)]
-    return [_project(xs[i], kernel[:, c], None if bias is None else bias[c],
-                     dtype) for i, c in enumerate(cols)]
+    return [_project(x_i, kernel[:, c], None if bias is None else bias[c],
+                     dtype)
+            for x_i, c in linear.column_blocks(
+                x, [self.features // blocks] * blocks)]
 
 
 class Embed(nn.Module):

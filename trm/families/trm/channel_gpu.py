@@ -164,17 +164,13 @@ def _dot(a, b, contract, dtype):
 def _forward(x, w_in, w_out, eps, interpret):
   """x [M, D] -> (y [M, D], 1/rms [M, 1] float32)."""
   act = _swiglu_gemm(x, w_in, None, interpret)                # [M, I]
-  r = (x + _dot(act, w_out, (1, 0), x.dtype)).astype(jnp.float32)
-  inv = norm.inv_rms(r, eps)
-  return (r * inv).astype(x.dtype), inv
+  return norm.add_rms_norm(x, _dot(act, w_out, (1, 0), x.dtype), eps)
 
 
 def _backward(x, y, dy, inv, w_in, w_out, interpret):
   """(dx, d_in [D, 2I], d_out [I, D]) of `_forward` given dy."""
   dtype = x.dtype
-  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
-  dr = (inv * (dy32 - y32 * jnp.mean(dy32 * y32, axis=-1, keepdims=True))
-        ).astype(dtype)                                        # [M, D]
+  dr = norm.rms_norm_grad(y, dy, inv).astype(dtype)           # [M, D]
   d_act = _dot(dr, w_out, (1, 1), dtype)                       # [M, I]
   dh, act = _swiglu_gemm(x, w_in, d_act, interpret)            # [M, 2I]
   dx = dr + _dot(dh, w_in, (1, 1), dtype)

@@ -87,12 +87,8 @@ class Linear(nn.Module):
         raise ValueError(f"Linear({self.name}): column blocks {widths} of a "
                          f"{self.features}-wide kernel (bias "
                          f"{self.use_bias}) do not split it")
-      # One operand per matmul: XLA's dot merger would join matmuls that
-      # share an operand back into one, followed by the slices this avoids.
-      xs = jax.lax.optimization_barrier((x,) * len(widths))
-      starts = [sum(widths[:i]) for i in range(len(widths))]
-      return [_linear_dot(xs[i], kernel[:, start:start + width])
-              for i, (start, width) in enumerate(zip(starts, widths))]
+      return [_linear_dot(x_i, kernel[:, c])
+              for x_i, c in linear.column_blocks(x, widths)]
     y = _linear_dot(x, kernel)
     if self.use_bias:
       bias = linear.logical_param(self, "bias", self.bias_init,
@@ -219,9 +215,7 @@ def _swiglu_norm(x, w_in, w_out, eps, tokens):
   gate, up = jnp.split(h, 2, axis=axis)
   act = mlp_tpu.silu_parts(gate)[1] * up
   m = linear.dot(w_out.T, act) if tokens else linear.dot(act, w_out)
-  r = (x + m).astype(jnp.float32)
-  inv = norm.inv_rms(r, eps, axis)
-  y = (r * inv).astype(x.dtype)
+  y, inv = norm.add_rms_norm(x, m, eps, axis)
   return y, (x, w_in, w_out, h, y, inv)
 
 
@@ -252,9 +246,7 @@ def _swiglu_norm_bwd(eps, tokens, residuals, dy):
   del eps
   x, w_in, w_out, h, y, inv = residuals
   axis = 0 if tokens else -1
-  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
-  dr = inv * (dy32 - y32 * jnp.mean(dy32 * y32, axis=axis, keepdims=True))
-  dr = dr.astype(x.dtype)
+  dr = norm.rms_norm_grad(y, dy, inv, axis).astype(x.dtype)
   gate, up = jnp.split(h, 2, axis=axis)
   sig, silu = mlp_tpu.silu_parts(gate)
   act = silu * up

@@ -49,6 +49,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from trm.core import mesh as mesh_lib
+from trm.nn import norm
 
 KINDS = ("dot", "pallas", "pallas_interpret")
 # Tiles: the token mixer's columns (multiples of the 128-lane width); the
@@ -140,9 +141,7 @@ def _tokens_backward_kernel(x_ref, y_ref, dy_ref, inv_ref, w_in_t_ref,
   x, y, dy, inv = (jnp.where(real, ref[...], jnp.zeros_like(ref[...]))
                    for ref in (x_ref, y_ref, dy_ref, inv_ref))
   dtype = x.dtype
-  y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
-  dr = inv * (dy32 - y32 * jnp.mean(dy32 * y32, axis=0, keepdims=True))
-  dr = dr.astype(dtype)                                   # [S, T]
+  dr = norm.rms_norm_grad(y, dy, inv, axis=0).astype(dtype)  # [S, T]
   h = _dot(w_in_t_ref[...], x, (1, 0), dtype)             # recomputed
   gate, up = h[:inter], h[inter:]
   sig, silu = silu_parts(gate)
@@ -307,9 +306,8 @@ def _channels_backward_kernel(x_ref, r_ref, dy_ref, w_in_ref, w_out_ref,
               for ref in (x_ref, r_ref, dy_ref))
   dtype = x.dtype
   y, inv = _norm_rows(r, eps)
-  y32, dy32 = y.astype(dtype).astype(jnp.float32), dy.astype(jnp.float32)
-  dr = inv * (dy32 - y32 * jnp.mean(dy32 * y32, axis=1, keepdims=True))
-  dr = dr.astype(dtype)                                   # [T, D]
+  dr = norm.rms_norm_grad(y.astype(dtype), dy, inv,
+                          axis=1).astype(dtype)           # [T, D]
   dx = None
   for chunk in _inner_chunks(inter):  # the SwiGLU again, chunk by chunk
     up_chunk = slice(inter + chunk.start, inter + chunk.stop)
