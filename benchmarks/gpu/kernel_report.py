@@ -145,12 +145,27 @@ def find_ptxas() -> str:
   return found
 
 
+# XLA options that make this JAX write the PTX (kernels_of).
+_PTX_DUMP = {}
+
+
 def kernels_of(compile_fn, ptxas: str, prefix: str = "trm_") -> list[Kernel]:
   """Compiles with XLA's dump into a scratch dir (compile_fn(options)),
   then reads the kernels named `prefix*` back from it."""
   scratch = tempfile.mkdtemp(prefix="kernel_report_")
   try:
-    compile_fn({"xla_dump_to": scratch, "xla_dump_hlo_as_text": True})
+    options = {"xla_dump_to": scratch, "xla_dump_hlo_as_text": True}
+    compile_fn({**options, **_PTX_DUMP})
+    if not _PTX_DUMP and not glob.glob(os.path.join(scratch, "*.ptx")):
+      # XLA in JAX 0.11 writes a module's PTX only when this pattern
+      # matches (no narrower one than ".*" did), and then also every
+      # emitter's IR, which makes a compile about 7x slower; JAX 0.10
+      # always writes the PTX. So the option is added, for this and later
+      # compiles, only once a compile wrote none.
+      _PTX_DUMP["xla_dump_emitter_re"] = ".*"
+      shutil.rmtree(scratch, ignore_errors=True)
+      os.makedirs(scratch)
+      compile_fn({**options, **_PTX_DUMP})
     thunks = {}
     for path in glob.glob(os.path.join(scratch, "*thunk_sequence.txt")):
       with open(path) as f:
@@ -176,8 +191,10 @@ def kernels_of(compile_fn, ptxas: str, prefix: str = "trm_") -> list[Kernel]:
 
 
 def _target(gpu: str):
-  """(ptxas, a sharding on one compile-only `gpu`), with the repository and
-  the kit importable."""
+  """(ptxas, a sharding on one compile-only `gpu`, a one-device mesh of
+  it), with the repository and the kit importable. Programs lower under
+  that mesh (`jax.set_mesh`): JAX 0.11's Pallas Triton lowering finds the
+  GPU it compiles for through the abstract mesh, as no GPU is attached."""
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   for path in (REPO, HERE):
     if path not in sys.path:
@@ -185,11 +202,20 @@ def _target(gpu: str):
   import jax  # pylint: disable=g-import-not-at-top
   import offline  # pylint: disable=g-import-not-at-top
   device = offline.gpu_devices(gpu)[0]
-  return find_ptxas(), jax.sharding.SingleDeviceSharding(device)
+  mesh = jax.sharding.Mesh([device], ("device",),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+  return (find_ptxas(),
+          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), mesh)
 
 
 def report(batch: int, gpu: str = "h100") -> list[dict]:
-  ptxas, sharding = _target(gpu)
+  ptxas, sharding, mesh = _target(gpu)
+  import jax  # pylint: disable=g-import-not-at-top
+  with jax.set_mesh(mesh):
+    return _mixer_rows(batch, ptxas, sharding)
+
+
+def _mixer_rows(batch: int, ptxas: str, sharding) -> list[dict]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import mixer_sweep  # pylint: disable=g-import-not-at-top
@@ -264,7 +290,13 @@ def gpt_report(gpu: str = "h100") -> list[dict]:
   """GPT-2's Pallas kernels (`--gpt`): the loss's and the residual-add
   LayerNorm's, in the gptk section's programs (forward and backward) at
   the kit's shapes, under each of gpt_kernels.GPT_SETTINGS."""
-  ptxas, sharding = _target(gpu)
+  ptxas, sharding, mesh = _target(gpu)
+  import jax  # pylint: disable=g-import-not-at-top
+  with jax.set_mesh(mesh):
+    return _gpt_rows(ptxas, sharding)
+
+
+def _gpt_rows(ptxas: str, sharding) -> list[dict]:
   import jax  # pylint: disable=g-import-not-at-top
   import gpt_kernels  # pylint: disable=g-import-not-at-top
   import mixer_sweep  # pylint: disable=g-import-not-at-top

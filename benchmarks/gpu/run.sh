@@ -147,10 +147,13 @@ fi
 # project's stack imported for real, torch's and TensorFlow's only looked up).
 "$python" - <<'EOF' 2>&1 | sed 's/^/  /'
 import importlib, importlib.metadata as md
-for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "clu",
-             "grain", "tensorflow-datasets", "ml-collections", "tensorboard",
-             "protobuf", "torch", "triton", "transformers", "tokenizers",
-             "tensorflow", "tensorflow-cpu"):
+# (image.txt pins the image's own packages to what these lines say.)
+for name in ("jax", "jaxlib", "jax-cuda13-plugin", "flax", "optax",
+             "orbax-checkpoint", "clu", "grain", "tensorflow-datasets",
+             "ml-collections", "tensorboard", "protobuf", "numpy",
+             "ml-dtypes", "absl-py", "safetensors", "filelock", "torch",
+             "triton", "transformers", "tokenizers", "tensorflow",
+             "tensorflow-cpu"):
   try:
     print(f"{name} {md.version(name)}")
   except md.PackageNotFoundError:

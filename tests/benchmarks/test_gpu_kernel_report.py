@@ -103,3 +103,44 @@ def test_gpt_settings_start_with_the_kernels_defaults():
   import gpt_kernels  # pylint: disable=g-import-not-at-top
   for kernel, (module, *_) in gpt_kernels.functions(False).items():
     assert gpt_kernels.GPT_SETTINGS[kernel][0] == module.CONSTANTS
+
+
+def test_kernels_are_found_when_xla_writes_ptx_only_for_named_emitters(
+    tmp_path, monkeypatch):
+  """XLA in JAX 0.11 writes a module's PTX only for the emitters that
+  `xla_dump_emitter_re` names (0.10 always wrote it); without that option
+  the report found no kernel at all."""
+  ptxas = tmp_path / "ptxas"
+  ptxas.write_text("#!/bin/sh\ncat >&2 <<'EOT'\n" + PTXAS + "EOT\n")
+  ptxas.chmod(0o755)
+  seen = []
+  monkeypatch.setattr(kernel_report, "_PTX_DUMP", {})
+
+  def compile_like_jax_0_11(options):
+    seen.append(dict(options))
+    dump = options["xla_dump_to"]
+    with open(os.path.join(dump, "module_0001.jit_f.thunk_sequence.txt"),
+              "w") as f:
+      f.write(THUNKS.replace("trm_token_mixer_weight_grads",
+                             "trm_token_mixer_forward"))
+    if options.get("xla_dump_emitter_re"):
+      with open(os.path.join(dump, "module_0001.jit_f.1.ptx"), "w") as f:
+        f.write(".entry trm_token_mixer_forward(\n)\n{\n"
+                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n}\n")
+
+  found = kernel_report.kernels_of(compile_like_jax_0_11, str(ptxas))
+  assert [o.get("xla_dump_emitter_re") for o in seen] == [None, ".*"]
+  assert [(k.name, k.registers, k.grid, k.wgmma) for k in found] == [
+      ("trm_token_mixer_forward", 159, 512, 1)]
+  # Later compiles ask for the PTX at once.
+  seen.clear()
+  assert len(kernel_report.kernels_of(compile_like_jax_0_11, str(ptxas))) == 1
+  assert [o.get("xla_dump_emitter_re") for o in seen] == [".*"]
+  # JAX 0.10 writes the PTX anyway: one compile, without the slow option.
+  monkeypatch.setattr(kernel_report, "_PTX_DUMP", {})
+  seen.clear()
+  found = kernel_report.kernels_of(
+      lambda o: compile_like_jax_0_11({**o, "xla_dump_emitter_re": "x"}),
+      str(ptxas))
+  assert len(seen) == 1 and len(found) == 1
+  assert kernel_report._PTX_DUMP == {}  # pylint: disable=protected-access

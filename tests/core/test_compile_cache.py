@@ -81,3 +81,23 @@ def test_a_second_run_loads_the_first_runs_executable(tmp_path):
              XDG_CACHE_HOME=str(tmp_path / "xdg2"))
   assert "cache dir: None" in off.stdout, off.stderr[-2000:]
   assert not (tmp_path / "xdg2").exists()
+
+
+def test_without_filelock_the_cache_still_hits_unbounded(tmp_path):
+  """JAX bounds the cache with file locks: with a bound set and no
+  `filelock` package, every read failed (one warning per compile) and the
+  cache never hit. Now the bound is left out, said in one line."""
+  blocked = tmp_path / "no_filelock"
+  blocked.mkdir()
+  (blocked / "filelock.py").write_text(
+      "raise ImportError('filelock hidden by the test')\n")
+  path = os.pathsep.join(filter(None, [str(blocked),
+                                       os.environ.get("PYTHONPATH")]))
+  cache = tmp_path / "cache"
+  runs = [_run(tmp_path, f"--compilation_cache={cache}", PYTHONPATH=path)
+          for _ in range(2)]
+  for run in runs:
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "has no size bound" in run.stderr
+    assert "Error reading persistent compilation cache" not in run.stderr
+  assert "cache hit for 'jit_body'" in runs[1].stderr, runs[1].stderr[-2000:]

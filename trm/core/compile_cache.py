@@ -57,9 +57,25 @@ def configure(setting: str | None, max_gb: float = DEFAULT_MAX_GB
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs",
                     MIN_COMPILE_SECONDS)
-  jax.config.update("jax_compilation_cache_max_size",
-                    int(max_gb * 2**30))
+  if _has_filelock():
+    jax.config.update("jax_compilation_cache_max_size",
+                      int(max_gb * 2**30))
+  else:
+    # JAX bounds the cache with file locks; with a bound set and no
+    # `filelock` it fails every cache read (one warning per compile), so
+    # the cache would never hit.
+    sys.stderr.write(f"warning: compilation cache {path} has no size bound "
+                     "(JAX needs the filelock package for "
+                     "--compilation_cache_max_gb: pip install filelock).\n")
   return path
+
+
+def _has_filelock() -> bool:
+  try:
+    import filelock  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return False
+  return True
 
 
 def size_bytes(path: str) -> int:

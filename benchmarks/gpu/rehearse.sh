@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# The GPU run rehearsed on a CPU host, under the GPU machine's own software
+# (benchmarks/gpu/README.md, "Rehearsal"):
+#
+#   bash benchmarks/gpu/rehearse.sh OUTDIR [--steps=venv,smoke,compile,registers]
+#
+# venv       a Python 3.12 venv with image.txt's pins (JAX 0.11, its CUDA
+#            plugin for compiling only, torch 2.11 with Triton, ...), at
+#            TRM_IMAGE_VENV (default /tmp/trm_image); rebuilt only when
+#            image.txt changed (about 7 GB, a few minutes from the registry)
+# smoke      run.sh OUTDIR/smoke --smoke with that interpreter: the carried
+#            wheels installed as on the device, then the sections the next
+#            GPU run names (README.md; TRM_REHEARSE_ONLY, default
+#            smoke,mixer,trm,gptk,gpt,dream, with both Triton TRM variants
+#            and GPT's cudnn and cudnn_triton) on the CPU, torch's side
+#            included
+# compile    offline.py: the kit's Pallas Triton programs (TRM's MLP-t and
+#            attention steps, GPT's iterations) compiled for an H100 by the
+#            device's XLA and Triton, without a GPU, and forecast
+# registers  kernel_report.py: registers, spills and occupancy of every
+#            Pallas kernel setting the sweeps time, from the device's ptxas
+#
+# Why: the CPU tests run JAX 0.10; the device runs 0.11, whose Pallas,
+# Triton and XLA differ. A device minute spent finding that out is lost.
+#
+# Environment: PYTHON312 (default python3.12, or pyenv's 3.12), TRM_IMAGE_VENV.
+# Exit status 0 only if every step passed; OUTDIR/rehearse.txt lists them.
+set -uo pipefail
+
+usage() { echo "usage: $0 OUTDIR [--steps=venv,smoke,compile,registers]" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+out=$1; shift
+steps="venv,smoke,compile,registers"
+for arg in "$@"; do
+  case "$arg" in
+    --steps=*) steps=${arg#--steps=} ;;
+    *) usage ;;
+  esac
+done
+for step in ${steps//,/ }; do
+  case "$step" in venv|smoke|compile|registers) ;; *) echo "$0: unknown step '$step' (venv, smoke, compile, registers)" >&2; exit 2 ;; esac
+done
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+venv=${TRM_IMAGE_VENV:-/tmp/trm_image}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+summary=$out/rehearse.txt
+: > "$summary"
+say() { echo "[$(date +%H:%M:%S)] rehearse.sh: $*" | tee -a "$summary"; }
+has() { [[ ",$steps," == *",$1,"* ]]; }
+failed=()
+py=$venv/bin/python
+
+# ---------------------------------------------------------------- venv
+stamp=$venv/image.txt
+if has venv; then
+  if [ -x "$py" ] && cmp -s "$here/image.txt" "$stamp"; then
+    say "venv: $venv already holds image.txt's pins"
+  else
+    python312=${PYTHON312:-}
+    if [ -z "$python312" ]; then
+      for candidate in python3.12 "$(command -v pyenv > /dev/null && PYENV_VERSION=$(pyenv versions --bare | grep -m1 '^3\.12') pyenv which python3.12 2>/dev/null)"; do
+        if [ -n "$candidate" ] && "$candidate" --version > /dev/null 2>&1; then
+          python312=$candidate; break
+        fi
+      done
+    fi
+    if [ -z "$python312" ]; then
+      say "venv: FAILED (no Python 3.12: set PYTHON312=/path/to/python3.12)"
+      failed+=(venv)
+    else
+      t0=$(date +%s)
+      rm -rf "$venv"
+      pins=$(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$here/image.txt" | awk NF)
+      if "$python312" -m venv "$venv" \
+          && "$py" -m pip install --quiet --disable-pip-version-check $pins \
+             > "$out/venv_pip.log" 2>&1; then
+        cp "$here/image.txt" "$stamp"
+        say "venv: $("$py" --version) with image.txt's pins in $(( $(date +%s) - t0 )) s"
+      else
+        say "venv: FAILED (pip: $out/venv_pip.log)"
+        failed+=(venv)
+      fi
+    fi
+  fi
+fi
+if [ ! -x "$py" ]; then
+  say "no venv at $venv: run with --steps=venv first"
+  exit 1
+fi
+"$py" - <<'EOF' 2>&1 | tee -a "$summary"
+import importlib.metadata as md, sys
+names = ("jax", "jaxlib", "jax-cuda13-plugin", "flax", "optax",
+         "orbax-checkpoint", "numpy", "torch", "triton", "transformers")
+print("  python " + sys.version.split()[0] + ", " + ", ".join(
+    f"{n} {md.version(n)}" for n in names))
+EOF
+
+# ---------------------------------------------------------------- smoke
+if has smoke; then
+  # run.sh installs the carried wheels into its own scratch dir, as on the
+  # device; its log is OUTDIR/smoke/log.txt. The sections' arguments are
+  # the next GPU run's (a caller's TRM_GPU_ARGS_* win).
+  if PYTHON=$py \
+      TRM_GPU_ARGS_TRM=${TRM_GPU_ARGS_TRM:---trm_variants=mlp_t_sudoku_triton,att_maze_triton} \
+      TRM_GPU_ARGS_GPT=${TRM_GPU_ARGS_GPT:---gpt_variants=cudnn,cudnn_triton} \
+      bash "$here/run.sh" "$out/smoke" --smoke \
+      --only="${TRM_REHEARSE_ONLY:-smoke,mixer,trm,gptk,gpt,dream}" > /dev/null 2>&1; then
+    say "smoke: passed ($(wc -l < "$out/smoke/figures.jsonl") figures; $out/smoke/log.txt)"
+  else
+    say "smoke: FAILED ($(grep -E 'run.sh: (install|section).*(FAILED|exit [^0])' "$out/smoke/log.txt" | tr '\n' ' '))"
+    failed+=(smoke)
+  fi
+fi
+
+# The compile steps import the project's dependencies from the carried
+# wheels (as run.sh installs them; Dream's transformers 4.x and the
+# protobuf floor are not needed here).
+site=$out/site
+if has compile || has registers; then
+  wheel_pins=$(grep -vE '#[[:space:]]*(hf|floor)' "$here/wheels.txt" \
+               | sed -e 's/#.*//' -e 's/[[:space:]]//g' | awk NF)
+  rm -rf "$site"
+  if ! "$py" -m pip install --disable-pip-version-check --no-index --no-deps \
+      --no-compile --quiet --find-links "${TRM_GPU_WHEELS:-$here/wheels}" \
+      --target "$site" $wheel_pins > "$out/site_pip.log" 2>&1; then
+    say "wheels: FAILED ($out/site_pip.log; fetch_wheels.sh fetches them)"
+    failed+=(wheels)
+  fi
+fi
+
+# ---------------------------------------------------------------- compile
+if has compile; then
+  # A program that does not compile prints "did not compile"; offline.py
+  # itself goes on, so its output is checked here.
+  PYTHONPATH=$site "$py" "$here/offline.py" --out="$out/compile" --only=trm,gpt \
+    --match=triton > "$out/compile.txt" 2>&1
+  rc=$?
+  programs=$(grep -cE '^(trm|gpt)/.* GiB  forecast' "$out/compile.txt")
+  if [ $rc = 0 ] && [ "$programs" -gt 0 ] && ! grep -q 'did not compile' "$out/compile.txt"; then
+    say "compile: $programs Pallas Triton programs compiled for an H100 ($out/compile.txt)"
+    grep -E '^(trm|gpt)/' "$out/compile.txt" | sed 's/^/  /' | tee -a "$summary" > /dev/null
+  else
+    say "compile: FAILED (exit $rc, $programs programs; $out/compile.txt)"
+    failed+=(compile)
+  fi
+fi
+
+# ---------------------------------------------------------------- registers
+if has registers; then
+  ok=1
+  for args in "--batch=768" "--gpt"; do
+    name=registers_${args//[-=]/}
+    PYTHONPATH=$site "$py" "$here/kernel_report.py" $args > "$out/$name.txt" 2>&1
+    rc=$?
+    # kernel_report.py warns on stderr (into the same file) when a setting's
+    # kernel is missing from its program.
+    if [ $rc != 0 ] || grep -q 'no kernel named' "$out/$name.txt"; then
+      ok=0
+      say "registers $args: FAILED (exit $rc; $out/$name.txt)"
+    else
+      spills=$(awk '$4 ~ /^[0-9]+\/[0-9]+$/ && $4 != "0/0"' "$out/$name.txt" | wc -l)
+      say "registers $args: $(grep -cE ' [0-9.]+% ' "$out/$name.txt") kernels, $spills spilling ($out/$name.txt)"
+    fi
+  done
+  [ $ok = 1 ] || failed+=(registers)
+fi
+
+if [ ${#failed[@]} = 0 ]; then
+  say "passed: $steps"
+  exit 0
+fi
+say "FAILED: ${failed[*]}"
+exit 1
