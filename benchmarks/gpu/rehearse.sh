@@ -15,7 +15,8 @@
 #            and GPT's cudnn and cudnn_triton) on the CPU, torch's side
 #            included
 # compile    offline.py: the kit's Pallas Triton programs (TRM's MLP-t and
-#            attention steps, GPT's iterations) compiled for an H100 by the
+#            attention steps, GPT's iterations; TRM's again with the
+#            epilogue and channel kernels) compiled for an H100 by the
 #            device's XLA and Triton, without a GPU, and forecast
 # registers  kernel_report.py: registers, spills and occupancy of every
 #            Pallas kernel setting the sweeps time, from the device's ptxas
@@ -133,19 +134,30 @@ fi
 
 # ---------------------------------------------------------------- compile
 if has compile; then
+  # Twice: the kernels' own constants, then TRM's other layouts (the
+  # epilogue kernels and the channel MLP's), which the sweep may choose.
   # A program that does not compile prints "did not compile"; offline.py
   # itself goes on, so its output is checked here.
-  PYTHONPATH=$site "$py" "$here/offline.py" --out="$out/compile" --only=trm,gpt \
-    --match=triton > "$out/compile.txt" 2>&1
-  rc=$?
-  programs=$(grep -cE '^(trm|gpt)/.* GiB  forecast' "$out/compile.txt")
-  if [ $rc = 0 ] && [ "$programs" -gt 0 ] && ! grep -q 'did not compile' "$out/compile.txt"; then
-    say "compile: $programs Pallas Triton programs compiled for an H100 ($out/compile.txt)"
-    grep -E '^(trm|gpt)/' "$out/compile.txt" | sed 's/^/  /' | tee -a "$summary" > /dev/null
-  else
-    say "compile: FAILED (exit $rc, $programs programs; $out/compile.txt)"
-    failed+=(compile)
-  fi
+  ok=1
+  for setting in "" "forward=epi_t128_w8,dx=epi_t128_w8,grad=c16_w8,channel=epi"; do
+    if [ -z "$setting" ]; then
+      name=compile; args=(--only=trm,gpt)
+    else
+      name=compile_epilogue; args=(--only=trm "--mixer_setting=$setting")
+    fi
+    PYTHONPATH=$site "$py" "$here/offline.py" --out="$out/$name" "${args[@]}" \
+      --match=triton > "$out/$name.txt" 2>&1
+    rc=$?
+    programs=$(grep -cE '^(trm|gpt)/.* GiB  forecast' "$out/$name.txt")
+    if [ $rc = 0 ] && [ "$programs" -gt 0 ] && ! grep -q 'did not compile' "$out/$name.txt"; then
+      say "compile${setting:+ ($setting)}: $programs Pallas Triton programs compiled for an H100 ($out/$name.txt)"
+      grep -E '^(trm|gpt)/' "$out/$name.txt" | sed 's/^/  /' | tee -a "$summary" > /dev/null
+    else
+      say "compile${setting:+ ($setting)}: FAILED (exit $rc, $programs programs; $out/$name.txt)"
+      ok=0
+    fi
+  done
+  [ $ok = 1 ] || failed+=(compile)
 fi
 
 # ---------------------------------------------------------------- registers
