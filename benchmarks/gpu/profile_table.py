@@ -54,9 +54,11 @@ _LIBRARY = (
     (re.compile(r"^(memset|memcpy)", re.I), "memset/memcpy"),
 )
 _XLA_GEMM = ("gemm_fusion", "triton_gemm")  # XLA's Triton GEMM fusions
-# The project's Pallas kernels are named trm_* (`pallas_call(name=...)`,
-# e.g. trm/families/trm/mlp_gpu.py); XLA launches them under that name.
-_PALLAS = ("trm_",)
+# The project's Pallas kernels, by the names their `pallas_call(name=...)`
+# gives them (XLA launches them under that name): TRM's trm_* (mlp_gpu,
+# channel_gpu), GPT's norms (norm_gpu) and loss (trm/nn/cross_entropy_gpu).
+# tests/benchmarks/test_gpu_profile_table.py checks every name in trm/.
+_PALLAS = ("trm_", "gpt_add_layer_norm", "lm_head_cross_entropy")
 _LAYER_SCOPE = re.compile(r"(?<![^/])([A-Za-z][A-Za-z]*)_\d+(?=/|$)")
 
 
