@@ -59,17 +59,25 @@ stamp=$venv/image.txt
 if has venv; then
   if [ -x "$py" ] && cmp -s "$here/image.txt" "$stamp"; then
     say "venv: $venv already holds image.txt's pins"
+  elif [ -e "$venv" ] && [ ! -f "$venv/pyvenv.cfg" ]; then
+    # It is replaced whole: never a directory that is not a venv.
+    say "venv: FAILED ($venv exists and is not a venv: set TRM_IMAGE_VENV to a new path)"
+    failed+=(venv)
   else
-    python312=${PYTHON312:-}
-    if [ -z "$python312" ]; then
-      for candidate in python3.12 "$(command -v pyenv > /dev/null && PYENV_VERSION=$(pyenv versions --bare | grep -m1 '^3\.12') pyenv which python3.12 2>/dev/null)"; do
-        if [ -n "$candidate" ] && "$candidate" --version > /dev/null 2>&1; then
-          python312=$candidate; break
-        fi
-      done
+    is312() { [ -n "$1" ] && "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2> /dev/null; }
+    python312=""
+    if [ -n "${PYTHON312:-}" ]; then
+      candidates=("$PYTHON312")  # the caller's choice, or nothing
+    else
+      candidates=(python3.12 "$(command -v pyenv > /dev/null && PYENV_VERSION=$(pyenv versions --bare | grep -m1 '^3\.12') pyenv which python3.12 2>/dev/null)")
     fi
+    for candidate in "${candidates[@]}"; do
+      if is312 "$candidate"; then
+        python312=$candidate; break
+      fi
+    done
     if [ -z "$python312" ]; then
-      say "venv: FAILED (no Python 3.12: set PYTHON312=/path/to/python3.12)"
+      say "venv: FAILED (no Python 3.12${PYTHON312:+ (PYTHON312=$PYTHON312 is not one)}: set PYTHON312=/path/to/python3.12)"
       failed+=(venv)
     else
       t0=$(date +%s)
@@ -95,8 +103,13 @@ fi
 import importlib.metadata as md, sys
 names = ("jax", "jaxlib", "jax-cuda13-plugin", "flax", "optax",
          "orbax-checkpoint", "numpy", "torch", "triton", "transformers")
+def version(name):
+  try:
+    return md.version(name)
+  except md.PackageNotFoundError:
+    return "not installed"
 print("  python " + sys.version.split()[0] + ", " + ", ".join(
-    f"{n} {md.version(n)}" for n in names))
+    f"{n} {version(n)}" for n in names))
 EOF
 
 # ---------------------------------------------------------------- smoke

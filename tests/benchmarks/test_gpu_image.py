@@ -7,6 +7,9 @@ import glob
 import os
 import re
 import subprocess
+import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -95,3 +98,27 @@ def test_rehearse_without_a_venv_says_how_to_build_it(tmp_path):
   assert "--steps=venv first" in run.stdout
   with open(tmp_path / "out" / "rehearse.txt") as f:
     assert "--steps=venv first" in f.read()
+
+
+def test_rehearse_never_replaces_a_directory_that_is_not_a_venv(tmp_path):
+  keep = tmp_path / "precious"
+  keep.mkdir()
+  (keep / "data.txt").write_text("kept")
+  run = _rehearse(str(tmp_path / "out"), "--steps=venv",
+                  env={"TRM_IMAGE_VENV": str(keep),
+                       "PYTHON312": os.environ.get("PYTHON312", "python3")})
+  assert run.returncode == 1
+  assert "is not a venv" in run.stdout
+  assert (keep / "data.txt").read_text() == "kept"
+
+
+@pytest.mark.skipif(sys.version_info[:2] == (3, 12),
+                    reason="needs an interpreter that is not Python 3.12")
+def test_rehearse_refuses_an_interpreter_that_is_not_python_3_12(tmp_path):
+  venv = tmp_path / "venv"
+  run = _rehearse(str(tmp_path / "out"), "--steps=venv",
+                  env={"TRM_IMAGE_VENV": str(venv),
+                       "PYTHON312": sys.executable})
+  assert run.returncode == 1
+  assert f"PYTHON312={sys.executable} is not one" in run.stdout
+  assert not venv.exists()
