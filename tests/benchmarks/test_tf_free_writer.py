@@ -18,7 +18,9 @@ _WRITE = textwrap.dedent("""
     import sys
     sys.modules["tensorflow"] = None  # `import tensorflow` now fails
     import numpy as np
-    from trm.core import metrics  # first, as the trainer imports it
+    import trm  # installs the TF-free writer (trm.core.tf_free)
+    from clu import periodic_actions  # imports clu.metric_writers
+    from trm.core import metrics
     from clu import metric_writers
     writer = metrics.create_default_writer(sys.argv[1], asynchronous=True)
     writer.write_hparams({"model": {"hidden_size": 64, "mlp_t": True},
@@ -62,3 +64,57 @@ def test_metric_writer_without_tensorflow(tmp_path):
       tags["tensors"])
   note = events.Tensors("note")[0].tensor_proto.string_val
   assert note == [b"resumed"]
+
+
+_IMPORT_ALL = textwrap.dedent("""
+    import importlib, sys
+
+    class NoTensorFlow:  # as if it were not installed
+      def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+          raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+    sys.meta_path.insert(0, NoTensorFlow())
+    bad = []
+    for name in sys.argv[1:]:
+      try:
+        importlib.import_module(name)
+      except Exception as e:  # pylint: disable=broad-except
+        bad.append(f"{name}: {type(e).__name__}: {e}")
+    print("BAD", bad)
+    """)
+
+
+def test_every_module_imports_without_tensorflow():
+  """Modules that import CLU's writers (progress through periodic_actions,
+  wandb_writer, and run_checks through it) failed without TensorFlow when
+  imported before trm.core.metrics: `python -m trm.aot` did under the GPU
+  image's packages (session 43). Every module of trm/ is imported with
+  TensorFlow unfindable; modules that define absl flags each in their own
+  process (trm.main and trm.sample both define --workdir)."""
+  library, entries = [], []
+  for root, _, files in os.walk(os.path.join(ROOT, "trm")):
+    for file in sorted(files):
+      if not file.endswith(".py") or file == "__main__.py":
+        continue
+      path = os.path.join(root, file)
+      name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+      name = name.removesuffix(".__init__")
+      with open(path) as f:
+        defines_flags = "flags.DEFINE" in f.read()
+      if defines_flags and name != "trm.core.cli":
+        entries.append([name])
+      else:
+        library.append(name)
+  assert {"trm.core.progress", "trm.core.wandb_writer"} <= set(library)
+  assert ["trm.aot"] in entries
+  env = dict(os.environ, PYTHONPATH=ROOT, TRM_NO_HUGE_PAGES="1")
+  procs = [subprocess.Popen([sys.executable, "-c", _IMPORT_ALL, *names],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+           for names in [library] + entries]
+  for names, proc in zip([library] + entries, procs):
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    assert "BAD []" in out, (names, out[-4000:])

@@ -3,29 +3,25 @@ and TensorBoard summaries without TensorFlow.
 
 CLU's `metric_writers` package imports its TensorFlow summary writer when it
 is imported, so on a machine without TensorFlow (a GPU image: tensorflow is
-hundreds of MiB) `from clu import metric_writers` fails. Importing this
-module first (`install_tf_free_summary_writer`, run at import) puts
-`TensorBoardWriter` in that writer's place: the same event files, written
-with the `tensorboard` package's event writer and summary protos, and one
-warning line when the first one is made. Where TensorFlow is installed
-nothing changes: CLU writes with TensorFlow as before.
+hundreds of MiB) `from clu import metric_writers` fails. `trm.core.tf_free`
+(run when `trm.core` is imported) puts `TensorBoardWriter` in that writer's
+place: the same event files, written with the `tensorboard` package's event
+writer and summary protos, and one warning line when the first one is
+made. Where TensorFlow is installed nothing changes: CLU writes with
+TensorFlow as before.
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
-import sys
 import time
-import types
 from typing import Any, Mapping, Optional
 
 import jax
 import numpy as np
 from absl import logging
 
-# The module of CLU's TensorFlow writer that `clu.metric_writers` imports.
-_CLU_SUMMARY_WRITER = "clu.metric_writers.summary_writer"
+from trm.core import tf_free
 
 
 def merge(a, b):
@@ -44,14 +40,6 @@ def compute(metrics) -> dict[str, float]:
 
 # --------------------------------------------------------------------------
 # TensorBoard summaries without TensorFlow.
-
-
-def tensorflow_available() -> bool:
-  """Whether `import tensorflow` can find a package (without importing it)."""
-  try:
-    return importlib.util.find_spec("tensorflow") is not None
-  except (ImportError, ValueError):
-    return False
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -194,7 +182,7 @@ class TensorBoardWriter:
     self._writer.close()
 
 
-def _summary_writer_class():
+def summary_writer_class():
   """TensorBoardWriter as a subclass of CLU's MetricWriter interface (made
   when `clu.metric_writers` asks for it: the interface is imported by then,
   and importing it earlier would import the package, and so this module)."""
@@ -206,43 +194,10 @@ def _summary_writer_class():
   return SummaryWriter
 
 
-def install_tf_free_summary_writer() -> bool:
-  """Where TensorFlow is missing, makes `clu.metric_writers` importable with
-  `TensorBoardWriter` as its SummaryWriter; returns whether that writer is
-  (now) the one CLU uses. A no-op where TensorFlow is installed, or once
-  `clu.metric_writers` was imported (it then holds whichever writer it
-  imported)."""
-  module = sys.modules.get(_CLU_SUMMARY_WRITER)
-  if module is not None:
-    return bool(getattr(module, "TRM_TF_FREE", False))
-  if tensorflow_available() or "clu.metric_writers" in sys.modules:
-    return False
-  module = types.ModuleType(
-      _CLU_SUMMARY_WRITER, "TensorBoard summaries without TensorFlow "
-      "(installed by trm.core.metrics).")
-  module.TRM_TF_FREE = True
-  cache = {}
-
-  def __getattr__(name):  # pylint: disable=invalid-name
-    if name != "SummaryWriter":
-      raise AttributeError(f"module {_CLU_SUMMARY_WRITER!r} has no attribute "
-                           f"{name!r}")
-    if name not in cache:
-      cache[name] = _summary_writer_class()
-    return cache[name]
-
-  module.__getattr__ = __getattr__
-  sys.modules[_CLU_SUMMARY_WRITER] = module
-  return True
-
-
 def create_default_writer(logdir, *, asynchronous: bool = True):
   """CLU's default writer (log lines + TensorBoard events under `logdir`),
   TensorFlow or not."""
-  install_tf_free_summary_writer()
+  tf_free.install()
   from clu import metric_writers  # pylint: disable=g-import-not-at-top
   return metric_writers.create_default_writer(logdir,
                                               asynchronous=asynchronous)
-
-
-install_tf_free_summary_writer()

@@ -21,10 +21,11 @@ import jax
 import ml_collections
 from absl import logging
 from etils import epath
-# Before clu.metric_writers, which imports TensorFlow's summary writer:
-# without TensorFlow, trm.core.metrics puts the tensorboard package's there.
-from trm.core import metrics as metrics_lib  # pylint: disable=g-bad-import-order
+# Without TensorFlow, clu.metric_writers writes with the tensorboard
+# package's writer (trm.core.tf_free, installed when trm.core is imported).
 from clu import metric_writers, parameter_overview
+
+from trm.core import metrics as metrics_lib
 
 from trm.core import checkpoint as ckpt_lib
 from trm.core import preemption as preemption_lib
