@@ -227,7 +227,8 @@ def test_trm_section_falls_back_to_dot_and_halves_when_torch_runs_out(
   halves both sides' batch rather than losing the figure."""
   pytest.importorskip("torch")
   import workers  # pylint: disable=g-import-not-at-top
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([KIT, ROOT]),
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      filter(None, [KIT, ROOT, os.environ.get("PYTHONPATH")])),
              JAX_PLATFORMS="cpu", XLA_FLAGS=workers.xla_flags(1))
   proc = subprocess.run([sys.executable, "-c", _TRM_RECOVERY_DRIVER,
                          str(tmp_path)], cwd=ROOT, env=env,
@@ -256,7 +257,7 @@ def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):
   # A rerun on the device names its sections and their arguments, e.g. one
   # TRM variant at a known batch before GPT (second H100 run).
   out = tmp_path / "out"
-  env = dict(os.environ, TRM_GPU_INSTALL="0",
+  env = dict(os.environ, TRM_GPU_INSTALL="0", PYTHON=sys.executable,
              TRM_GPU_SCRATCH=str(tmp_path / "scratch"),
              TRM_GPU_ARGS_TRM="--trm_variants=att_maze --trm_batch=2 "
              "--rounds=1 --steps=1")
@@ -289,7 +290,8 @@ def _kit_module(name: str):
 
 def _smoke_section(tmp_path, section: str) -> dict:
   """measure.py `section` --smoke on the CPU: its figures by name."""
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([KIT, ROOT]),
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      filter(None, [KIT, ROOT, os.environ.get("PYTHONPATH")])),
              JAX_PLATFORMS="cpu")
   proc = subprocess.run(
       [sys.executable, os.path.join(KIT, "measure.py"), section, "--smoke",

@@ -4,15 +4,21 @@ package (checked in a process where `import tensorflow` fails, as on the
 GPU image)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 
+import pytest
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
+# The repository first, then whatever path the tests run with.
+_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
 
 _WRITE = textwrap.dedent("""
     import sys
@@ -41,8 +47,8 @@ _WRITE = textwrap.dedent("""
 def test_metric_writer_without_tensorflow(tmp_path):
   logdir = tmp_path / "logs"
   proc = subprocess.run(
-      [sys.executable, "-c", _WRITE, str(logdir)], cwd=ROOT, env=dict(
-          os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
+      [sys.executable, "-c", _WRITE, str(logdir)], cwd=ROOT, env=_ENV,
+      capture_output=True, text=True,
       timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-4000:]
   assert "TF_FREE True TensorBoardWriter" in proc.stdout
@@ -54,16 +60,59 @@ def test_metric_writer_without_tensorflow(tmp_path):
   events = event_accumulator.EventAccumulator(
       str(logdir), size_guidance={"scalars": 0, "tensors": 0, "images": 0})
   events.Reload()
-  assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
-      (1, 2.0), (2, 1.0)]
-  assert [(e.step, e.value) for e in events.Scalars("eval/exact")] == [
-      (1, 0.25), (2, 0.5)]
+  # Scalars as TensorFlow writes them: float32 tensors (session 43; they
+  # were simple_values, which readers of tensors did not see).
+  assert _tensor_scalars(events, "train/loss") == [(1, 2.0), (2, 1.0)]
+  assert _tensor_scalars(events, "eval/exact") == [(1, 0.25), (2, 0.5)]
   tags = events.Tags()
   assert "sheet" in tags["images"]
-  assert {"note", "weights", "_hparams_/session_start_info"} <= set(
-      tags["tensors"])
+  assert not tags["scalars"]
+  assert {"note", "weights", "_hparams_/session_start_info", "train/loss",
+          "eval/exact"} <= set(tags["tensors"])
   note = events.Tensors("note")[0].tensor_proto.string_val
   assert note == [b"resumed"]
+
+
+def _tensor_scalars(events, tag):
+  return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+          for e in events.Tensors(tag)]
+
+
+_SCALARS = textwrap.dedent("""
+    import glob, sys
+    if sys.argv[2] == "tf_free":
+      sys.modules["tensorflow"] = None
+    import trm
+    from clu import metric_writers
+    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.compat.proto import event_pb2
+    writer = metric_writers.create_default_writer(sys.argv[1],
+                                                  asynchronous=False)
+    writer.write_scalars(3, {"train/loss": 1.25, "eval/steps": 7})
+    writer.close()
+    for path in sorted(glob.glob(sys.argv[1] + "/events*")):
+      for raw in event_file_loader.RawEventFileLoader(path).Load():
+        for value in event_pb2.Event.FromString(raw).summary.value:
+          print("VALUE", value.SerializeToString().hex())
+    """)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="compares with CLU's TensorFlow writer")
+def test_scalars_are_written_as_tensorflow_writes_them(tmp_path):
+  """The same scalars through CLU's TensorFlow writer and, with TensorFlow
+  hidden, through ours: the same summary values, byte for byte."""
+  values = {}
+  for side in ("tensorflow", "tf_free"):
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCALARS, str(tmp_path / side), side],
+        cwd=ROOT, env=_ENV, capture_output=True,
+        text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    values[side] = sorted(line for line in proc.stdout.splitlines()
+                          if line.startswith("VALUE"))
+  assert len(values["tensorflow"]) == 2
+  assert values["tf_free"] == values["tensorflow"]
 
 
 _IMPORT_ALL = textwrap.dedent("""
@@ -109,7 +158,7 @@ def test_every_module_imports_without_tensorflow():
         library.append(name)
   assert {"trm.core.progress", "trm.core.wandb_writer"} <= set(library)
   assert ["trm.aot"] in entries
-  env = dict(os.environ, PYTHONPATH=ROOT, TRM_NO_HUGE_PAGES="1")
+  env = dict(_ENV, TRM_NO_HUGE_PAGES="1")
   procs = [subprocess.Popen([sys.executable, "-c", _IMPORT_ALL, *names],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

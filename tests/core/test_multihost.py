@@ -61,8 +61,8 @@ def _train_losses(workdir):
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   events = event_accumulator.EventAccumulator(workdir)
   events.Reload()
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return [float(tf.make_ndarray(e.tensor_proto))
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  return [float(tensor_util.make_ndarray(e.tensor_proto))
           for e in events.Tensors("train/lm_loss")]
 
 

@@ -91,6 +91,8 @@ ALLOWED_CLASSES = frozenset({
     ("jax._src.interpreters.pxla", "UnloadedMeshExecutable"),
     ("jax._src.interpreters.pxla", "AllArgsInfo"),
     ("jax._src.layout", "Layout"),
+    # JAX 0.11's marker for an automatic layout (a class with no state).
+    ("jax._src.layout", "AutoLayoutSingleton"),
     ("jax._src.linear_util", "DebugInfo"),
     ("jax._src.mesh", "AbstractDevice"),
     ("jax._src.mesh", "AbstractMesh"),

@@ -109,8 +109,22 @@ class TensorBoardWriter:
 
   @staticmethod
   def _scalar(tag, value):
-    from tensorboard.compat.proto import summary_pb2  # pylint: disable=g-import-not-at-top
-    return summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
+    """As TensorFlow's `tf.summary.scalar` (CLU's writer) writes it: a
+    float32 scalar tensor for the scalars plugin, not a `simple_value`, so
+    readers of either writer's files see the same events."""
+    # pylint: disable=g-import-not-at-top
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2
+    from tensorboard.compat.proto import tensor_shape_pb2, types_pb2
+    # pylint: enable=g-import-not-at-top
+    return summary_pb2.Summary.Value(
+        tag=tag,
+        tensor=tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_FLOAT,
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+            tensor_content=np.asarray(value, "<f4").tobytes()),
+        metadata=summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(
+                plugin_name="scalars")))
 
   def write_summaries(self, step: int, values: Mapping[str, Any],
                       metadata: Optional[Mapping[str, Any]] = None):
