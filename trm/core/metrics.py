@@ -21,8 +21,6 @@ import jax
 import numpy as np
 from absl import logging
 
-from trm.core import tf_free
-
 
 def merge(a, b):
   """Merges two metric dicts (None = empty)."""
@@ -211,7 +209,6 @@ def summary_writer_class():
 def create_default_writer(logdir, *, asynchronous: bool = True):
   """CLU's default writer (log lines + TensorBoard events under `logdir`),
   TensorFlow or not."""
-  tf_free.install()
   from clu import metric_writers  # pylint: disable=g-import-not-at-top
   return metric_writers.create_default_writer(logdir,
                                               asynchronous=asynchronous)

@@ -26,7 +26,6 @@ from etils import epath
 from clu import metric_writers, parameter_overview
 
 from trm.core import metrics as metrics_lib
-
 from trm.core import checkpoint as ckpt_lib
 from trm.core import preemption as preemption_lib
 from trm.core import step_timer

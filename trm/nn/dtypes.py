@@ -1,7 +1,12 @@
-"""Compute / storage dtypes of a model config, as jnp dtypes."""
+"""Compute / storage dtypes of a model config, as jnp dtypes; byte sizes."""
 from __future__ import annotations
 
 import jax.numpy as jnp
+
+
+def nbytes(*arrays) -> int:
+  """Bytes of these arrays (or shape/dtype structs) together."""
+  return sum(a.size * jnp.dtype(a.dtype).itemsize for a in arrays)
 
 
 class ConfigDtypes:

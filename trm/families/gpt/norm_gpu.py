@@ -22,7 +22,6 @@ CPU, for tests. Under a mesh the kernels run per batch shard.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +30,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from trm.core import mesh as mesh_lib
 from trm.nn import cross_entropy_gpu
+from trm.nn import dtypes
 
 KINDS = ("triton", "triton_interpret")
 _EPS = 1e-5
@@ -137,8 +137,7 @@ def _cost(flops_per_element: int, n: int, width: int, *arrays):
   forecast."""
   return pl.CostEstimate(
       flops=flops_per_element * n * width, transcendentals=n,
-      bytes_accessed=sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
-                         for a in arrays))
+      bytes_accessed=dtypes.nbytes(*arrays))
 
 
 def _forward(x, delta, scale, bias, out_dtype, interpret):

@@ -42,6 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from trm.families.trm import mlp_tpu
+from trm.nn import dtypes
 
 KINDS = ("triton", "triton_interpret")
 # Each kernel's launch constants: `tiles`, the columns per program (the
@@ -284,7 +285,7 @@ def _cost(flops: int, transcendentals: int, *arrays):
   pass it on to XLA (JAX 0.10 and 0.11), so `offline.py` flags these
   calls; BUILD_NOTES counts the step's kernel FLOPs from these figures."""
   return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals),
-                         bytes_accessed=mlp_tpu.nbytes(*arrays))
+                         bytes_accessed=dtypes.nbytes(*arrays))
 
 
 def _forward(x, w_in, w_out, eps, interpret):

@@ -50,6 +50,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from trm.core import mesh as mesh_lib
 from trm.nn import norm
+from trm.nn.dtypes import nbytes
 
 KINDS = ("dot", "pallas", "pallas_interpret")
 # Tiles: the token mixer's columns (multiples of the 128-lane width); the
@@ -76,10 +77,6 @@ def _dot(a, b, contract, dtype=None):
                                    ((), ())),
                             preferred_element_type=jnp.float32)
   return out if dtype is None else out.astype(dtype)
-
-
-def nbytes(*arrays) -> int:
-  return sum(a.size * jnp.dtype(a.dtype).itemsize for a in arrays)
 
 
 def _one_buffer(interpret):
