@@ -140,8 +140,9 @@ if has compile || has registers; then
   if ! "$py" -m pip install --disable-pip-version-check --no-index --no-deps \
       --no-compile --quiet --find-links "${TRM_GPU_WHEELS:-$here/wheels}" \
       --target "$site" $wheel_pins > "$out/site_pip.log" 2>&1; then
-    say "wheels: FAILED ($out/site_pip.log; fetch_wheels.sh fetches them)"
+    say "wheels: FAILED ($out/site_pip.log; fetch_wheels.sh fetches them); compile and registers skipped"
     failed+=(wheels)
+    steps=$(echo ",$steps," | sed -e 's/,compile,/,/' -e 's/,registers,/,/' -e 's/^,//' -e 's/,$//')
   fi
 fi
 

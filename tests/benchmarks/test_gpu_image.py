@@ -122,3 +122,21 @@ def test_rehearse_refuses_an_interpreter_that_is_not_python_3_12(tmp_path):
   assert run.returncode == 1
   assert f"PYTHON312={sys.executable} is not one" in run.stdout
   assert not venv.exists()
+
+
+def test_rehearse_without_the_wheels_skips_what_needs_them(tmp_path):
+  """The compile steps import the carried wheels: without them they are
+  skipped in one line (they ran for minutes and failed), and the run
+  fails."""
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  (venv / "pyvenv.cfg").write_text("")
+  (venv / "bin" / "python").symlink_to(sys.executable)
+  run = _rehearse(str(tmp_path / "out"), "--steps=compile,registers",
+                  env={"TRM_IMAGE_VENV": str(venv),
+                       "TRM_GPU_WHEELS": str(tmp_path / "no_wheels")})
+  assert run.returncode == 1
+  assert "wheels: FAILED" in run.stdout
+  assert "compile and registers skipped" in run.stdout
+  assert not (tmp_path / "out" / "compile.txt").exists()
+  assert "FAILED: wheels" in run.stdout
