@@ -374,6 +374,33 @@ def slice_counts(text: str) -> list[int]:
   return counts
 
 
+# Chips of all slices together that a plan may hold: libtpu's compile-only
+# topology aborts the process (a CHECK failure, no Python error) once the
+# slice count passes int32, and long before that building millions of
+# device objects takes minutes and gigabytes. The largest multi-slice jobs
+# published are about 50,000 chips.
+MAX_TOTAL_CHIPS = 1 << 17
+# libtpu's cross-slice rewrite CHECKs `NumSlices() < kMaxNumSlices` (512):
+# at 512 slices the compile aborts the process, losing the rows before it.
+MAX_SLICES = 511
+
+
+def check_slice_total(topology: Topology, counts: list[int]) -> None:
+  """One line naming --num_slices when a count is more than libtpu
+  compiles for or asks for more chips than MAX_TOTAL_CHIPS, before libtpu
+  is asked for the devices."""
+  most = max(counts)
+  if most > MAX_SLICES:
+    raise ValueError(
+        f"--num_slices={most}: libtpu compiles for at most {MAX_SLICES} "
+        "slices (its compiler aborts at 512).")
+  if most * topology.chips > MAX_TOTAL_CHIPS:
+    raise ValueError(
+        f"--num_slices={most} x {topology.name} is {most * topology.chips:,} "
+        f"chips; trm.aot plans at most {MAX_TOTAL_CHIPS:,} "
+        f"({MAX_TOTAL_CHIPS // topology.chips} slices of {topology.name}).")
+
+
 def check_forecast_flags(counts: list[int]) -> None:
   """Flag errors of --forecast and --search, before anything compiles."""
   if not _FORECAST.value:
@@ -435,8 +462,11 @@ def run_forecast(config, topology, counts, shapes) -> int:
         if row.get("collectives") is not None:
           print(plan.format_collectives(row), flush=True)
   if _FORECAST_JSON.value:
-    with open(_FORECAST_JSON.value, "w") as f:
-      json.dump(rows, f, indent=1, default=float)
+    from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+    # Whole or not at all: a failed dump or a signal leaves no half file.
+    atomic_files.atomic_write(
+        _FORECAST_JSON.value,
+        lambda f: json.dump(rows, f, indent=1, default=float), mode="w")
   return 0 if rows and all(r.get("fits") for r in rows) else 1
 
 
@@ -478,6 +508,8 @@ def main(argv):
   local = _TOPOLOGY.value == LOCAL
   topology = None if local else parse_topology(_TOPOLOGY.value)
   counts = slice_counts(_NUM_SLICES.value)
+  if topology is not None:
+    check_slice_total(topology, counts)
   check_forecast_flags(counts)
   check_save_flags(counts)
   from trm.core import run_checks  # pylint: disable=g-import-not-at-top

@@ -37,10 +37,25 @@ done
 "$python" -m pip download --quiet --disable-pip-version-check --no-deps \
   --only-binary=:all: --python-version 3.12 --implementation cp \
   "${platforms[@]}" --dest "$dest" $binary
+# Source archives are checked against wheels.sha256 before they are built;
+# a fixed SOURCE_DATE_EPOCH makes the wheel's bytes (and hash) reproducible.
+sources=$(mktemp -d)
+trap 'rm -rf "$sources"' EXIT
 for pin in $sdist; do
-  "$python" -m pip wheel --quiet --disable-pip-version-check --no-deps \
-    --no-binary "${pin%%==*}" --wheel-dir "$dest" "$pin"
+  "$python" -m pip download --quiet --disable-pip-version-check --no-deps \
+    --no-binary :all: --dest "$sources" "$pin"
 done
+if [ -n "$sdist" ]; then
+  (cd "$sources" && grep -E '^[0-9a-f]{64}  [^/]+\.(tar\.gz|zip)$' "$here/wheels.sha256" \
+     | sha256sum --quiet -c -) || {
+    echo "fetch_wheels.sh: a source archive is not as wheels.sha256 says" >&2
+    exit 1
+  }
+  for archive in "$sources"/*; do
+    SOURCE_DATE_EPOCH=315532800 "$python" -m pip wheel --quiet \
+      --disable-pip-version-check --no-deps --wheel-dir "$dest" "$archive"
+  done
+fi
 for whl in "$dest"/*.whl; do
   case "$whl" in
     *-cp312-*|*-abi3-*|*-none-any.whl) ;;
@@ -51,6 +66,17 @@ count=$(ls "$dest"/*.whl | wc -l)
 expected=$(pins | wc -l)
 if [ "$count" -ne "$expected" ]; then
   echo "fetch_wheels.sh: $count wheels for $expected pins in $list" >&2
+  exit 1
+fi
+
+# Every wheel as wheels.sha256 says (what run.sh checks before installing).
+if ! bash "$here/check_wheels.sh" "$dest"; then
+  # A version's wheel on PyPI never changes, so a mismatch there means
+  # wheels.txt and wheels.sha256 were not changed together; a wheel built
+  # from a checked '# sdist' archive can differ when its build tools do.
+  echo "fetch_wheels.sh: change wheels.sha256 with wheels.txt; for a wheel" \
+       "built from a checked source archive, check it, then replace its line" \
+       "with: (cd $dest && sha256sum NAME)" >&2
   exit 1
 fi
 

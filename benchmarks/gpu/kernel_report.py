@@ -36,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 
+import json_out  # the kit's own folder: sys.path[0] when run as a script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -330,6 +332,10 @@ def main(argv=None) -> None:
                  help="GPT-2's loss and norm kernels instead "
                  "(gpt_kernels.GPT_SETTINGS)")
   args = p.parse_args(argv)
+  # Before a minute (8.5 under JAX 0.11) of compiles, not after them.
+  if args.batch < 1:
+    p.error(f"--batch={args.batch}: must be a positive integer")
+  json_out.check_path(p, args.json)
   if args.gpt:
     rows = gpt_report(args.gpu)
     print(f"GPT-2 kernels, 12 x 1024 positions ({args.gpu}, sm_90a; "
@@ -351,8 +357,7 @@ def main(argv=None) -> None:
           f"{r['occupancy']:9.1%} {r['waves']:6.1f} {r['wgmma']:5d} "
           f"{r['mma_sync']:8d} {r['st_shared']:9d}")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(rows, f, indent=1)
+    json_out.write(args.json, rows)
 
 
 if __name__ == "__main__":

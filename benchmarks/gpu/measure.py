@@ -53,6 +53,7 @@ import functools
 import gc
 import gzip
 import json
+import math
 import os
 import re
 import shutil
@@ -136,6 +137,28 @@ def is_oom(error: BaseException) -> bool:
                                  "OutOfMemoryError", "Out of memory"))
 
 
+def _finite_or_none(value):
+  """`value` with every non-finite float (NaN, inf) as None, recursively."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {k: _finite_or_none(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_finite_or_none(v) for v in value]
+  return value
+
+
+def json_line(row: dict) -> str:
+  """One strict-JSON line: JSON has no NaN or Infinity (json.dumps would
+  write them bare, which jq and other parsers reject), so a non-finite
+  value (e.g. a kernel's max_rel_err of inf) is written as null, with
+  `non_finite` saying which it was."""
+  value = row.get("value")
+  if isinstance(value, float) and not math.isfinite(value):
+    row = dict(row, non_finite=str(value))
+  return json.dumps(_finite_or_none(row), allow_nan=False)
+
+
 class Recorder:
   """Appends figures to OUT/figures.jsonl, each with the common fields."""
 
@@ -168,7 +191,7 @@ class Recorder:
                batch=int(batch), command=self.command,
                smoke=bool(self.args.smoke), **extra)
     with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
+      f.write(json_line(row) + "\n")
     self.count += 1
     shown = " ".join(f"{k} {v:.4g}" for k, v in extra.items()
                      if k in ("mfu", "ours_over_torch_time")
@@ -1029,7 +1052,29 @@ def _dream_reference(args):
   module = importlib.import_module(f"{package}.modeling_dream")
   import transformers  # pylint: disable=g-import-not-at-top
   return module, (f"Dream HF code from {args.dream_hf} "
-                  f"(transformers {transformers.__version__})")
+                  f"(transformers {transformers.__version__}; "
+                  f"{dream_hf_digest(args.dream_hf)})")
+
+
+def dream_hf_digest(directory: str) -> str:
+  """Whether Dream's HF files in `directory` are the pinned copy
+  (dream_hf.sha256), said in every Dream figure's `reference`: a changed
+  or other copy is timed, but never passes for the pinned one."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  differ = []
+  with open(os.path.join(HERE, "dream_hf.sha256")) as f:
+    pinned = [line.split() for line in f if line.strip()]
+  for digest, name in pinned:
+    try:
+      with open(os.path.join(directory, name), "rb") as f:
+        found = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+      found = None
+    if found != digest:
+      differ.append(name)
+  if not differ:
+    return "sha256 as dream_hf.sha256"
+  return f"NOT the pinned copy: {', '.join(differ)} differ from dream_hf.sha256"
 
 
 def _torch_dream_model(reference, cfg, device):
@@ -1437,7 +1482,10 @@ def section_smoke(args, rec: Recorder, budget: Budget) -> None:
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  # No abbreviations: run.sh's check that TRM_GPU_ARGS_* leave --out and
+  # --budget alone would not see --bud=.
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                              allow_abbrev=False)
   p.add_argument("section", choices=SECTIONS)
   p.add_argument("--out", required=True, help="figures.jsonl goes here")
   p.add_argument("--budget", type=float, default=120.0,
@@ -1492,6 +1540,26 @@ def parse_args(argv=None):
                                                     "dream_hf"),
                  help="directory of Dream's HF code (a package)")
   args = p.parse_args(argv)
+  # Checked here, before any compile: most of these are unused with --smoke,
+  # so a bad one would otherwise first fail on the device.
+  if not (math.isfinite(args.budget) and args.budget > 0):
+    p.error(f"--budget={args.budget}: must be a positive number of seconds")
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    p.error(f"--out={args.out}: exists and is not a directory")
+  for flag in ("rounds", "steps", "trm_batch", "mixer_batch", "gpt_accum",
+               "gpt_iters", "dream_prompt", "dream_new", "dream_steps",
+               "dream_block"):
+    value = getattr(args, flag)
+    if value is not None and value < 1:
+      p.error(f"--{flag}={value}: must be a positive integer")
+  try:
+    batches = [int(b) for b in args.dream_batches]
+  except ValueError:
+    batches = []
+  if not batches or min(batches) < 1:
+    p.error(f"--dream_batches {' '.join(args.dream_batches)}: must be "
+            "positive integers, e.g. --dream_batches 1 16")
+  args.dream_batches = batches
   args.trm_variants = args.trm_variants.split(",")
   unknown = set(args.trm_variants) - set(TRM_VARIANTS)
   if unknown:

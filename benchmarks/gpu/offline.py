@@ -268,10 +268,18 @@ def measured_seconds(paths, gpu_name: str) -> dict:
   for path in paths or ():
     with open(path) as f:
       lines = f.readlines()
-    for line in lines:
-      row = json.loads(line)
-      if row.get("side") != "ours" or row.get("device") != gpu_name:
+    for number, line in enumerate(lines, 1):
+      if not line.strip():
         continue
+      try:
+        row = json.loads(line)
+      except ValueError as e:
+        raise SystemExit(f"offline.py: --measured={path}: line {number} is "
+                         f"not a JSON figure ({e})") from None
+      if (not isinstance(row, dict) or row.get("side") != "ours"
+          or row.get("device") != gpu_name
+          or not isinstance(row.get("value"), (int, float))):
+        continue  # another side or GPU, or a figure with no value (null)
       name, value = row["name"], float(row["value"])
       if name.endswith("/ms"):
         seconds = value / 1e3
@@ -362,8 +370,16 @@ def forecast(name: str, text: str, gpu: str, efficiency: float,
 
 def replay(path: str, gpu: str, efficiency: float, top: int) -> dict:
   opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rt") as f:
-    text = f.read()
+  try:
+    with opener(path, "rt") as f:
+      text = f.read()
+  except (OSError, EOFError, UnicodeDecodeError) as e:
+    raise SystemExit(f"offline.py: --replay={path}: not readable "
+                     f"({type(e).__name__}: {e})") from None
+  if "ENTRY" not in text:
+    raise SystemExit(f"offline.py: --replay={path}: no ENTRY computation (a "
+                     "compiled program's text, e.g. an XLA dump's "
+                     "*after_optimizations.txt, is needed)")
   name = os.path.basename(path).removesuffix(".gz").removesuffix(".txt")
   return forecast(name, text, gpu, efficiency, top)
 
@@ -451,6 +467,8 @@ def parse_args(argv=None):
     for path in getattr(args, flag):
       if not os.path.isfile(path):
         p.error(f"--{flag}={path}: no such file.")
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    p.error(f"--out={args.out}: exists and is not a directory.")
   args.only = only
   return args
 
@@ -495,11 +513,11 @@ def main(argv=None) -> None:
         print(format_row(row), flush=True)
     return
   mixer_choice(args.mixer_setting)  # a wrong name fails before any compile
+  measured = measured_seconds(args.measured, GPUS[args.gpu]["name"])
   prepare_environment()
   import jax  # pylint: disable=g-import-not-at-top
   devices = gpu_devices(args.gpu)
   os.makedirs(args.out, exist_ok=True)
-  measured = measured_seconds(args.measured, GPUS[args.gpu]["name"])
   print(f"offline.py: {devices[0].device_kind} (compile-only), jax "
         f"{jax.__version__}, efficiency {args.efficiency}", flush=True)
   with open(os.path.join(args.out, "figures.jsonl"), "a") as figures, \

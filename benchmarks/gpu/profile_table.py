@@ -42,6 +42,8 @@ import re
 import sys
 import tarfile
 
+import json_out  # the kit's own folder: sys.path[0] when run as a script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -412,7 +414,24 @@ def parse_args(argv=None):
     p.error(f"--hlo={args.hlo}: no such file")
   if not 0 < args.efficiency <= 1:
     p.error(f"--efficiency={args.efficiency}: must be in (0, 1]")
+  if args.top < 1:
+    p.error(f"--top={args.top}: must be >= 1")
+  json_out.check_path(p, args.json)
   return args
+
+
+def checked_hlo(spec: str) -> str:
+  """read_hlo, with an unreadable file or one that holds no HLO module as
+  one line naming --hlo."""
+  try:
+    text = read_hlo(spec)
+  except (OSError, EOFError, tarfile.TarError, UnicodeDecodeError) as e:
+    raise SystemExit(f"profile_table.py: --hlo={spec}: not readable "
+                     f"({type(e).__name__}: {e})") from None
+  if "ENTRY" not in text:
+    raise SystemExit(f"profile_table.py: --hlo={spec}: no ENTRY computation "
+                     "(give an XLA dump's *after_optimizations.txt module)")
+  return text
 
 
 def main(argv=None) -> None:
@@ -421,12 +440,11 @@ def main(argv=None) -> None:
   if args.side == "torch":
     result = torch_table(trace)
   else:
-    result = table(trace, read_hlo(args.hlo) if args.hlo else None,
+    result = table(trace, checked_hlo(args.hlo) if args.hlo else None,
                    args.module, args.gpu, args.efficiency)
   print(format_table(result, args.top), end="")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=1)
+    json_out.write(args.json, result)
 
 
 if __name__ == "__main__":

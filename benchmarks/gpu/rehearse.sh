@@ -45,8 +45,14 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 venv=${TRM_IMAGE_VENV:-/tmp/trm_image}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+case "$out" in ''|-*) usage ;; esac
+# Never the filesystem root's rehearse.txt: an OUTDIR that is a file (or
+# cannot be made) stops here.
+given=$out
+if ! mkdir -p -- "$out" 2> /dev/null || ! out=$(cd -- "$out" && pwd); then
+  echo "$0: OUTDIR $given is not a directory that can be made or entered" >&2
+  exit 2
+fi
 summary=$out/rehearse.txt
 : > "$summary"
 say() { echo "[$(date +%H:%M:%S)] rehearse.sh: $*" | tee -a "$summary"; }
@@ -137,12 +143,17 @@ if has compile || has registers; then
   wheel_pins=$(grep -vE '#[[:space:]]*(hf|floor)' "$here/wheels.txt" \
                | sed -e 's/#.*//' -e 's/[[:space:]]//g' | awk NF)
   rm -rf "$site"
-  if ! "$py" -m pip install --disable-pip-version-check --no-index --no-deps \
-      --no-compile --quiet --find-links "${TRM_GPU_WHEELS:-$here/wheels}" \
-      --target "$site" $wheel_pins > "$out/site_pip.log" 2>&1; then
-    say "wheels: FAILED ($out/site_pip.log; fetch_wheels.sh fetches them); compile and registers skipped"
+  no_wheels() {
+    say "wheels: FAILED ($1); compile and registers skipped"
     failed+=(wheels)
     steps=$(echo ",$steps," | sed -e 's/,compile,/,/' -e 's/,registers,/,/' -e 's/^,//' -e 's/,$//')
+  }
+  if ! checked=$(bash "$here/check_wheels.sh" "${TRM_GPU_WHEELS:-$here/wheels}"); then
+    no_wheels "${checked#check_wheels.sh: }"
+  elif ! "$py" -m pip install --disable-pip-version-check --no-index --no-deps \
+      --no-compile --quiet --find-links "${TRM_GPU_WHEELS:-$here/wheels}" \
+      --target "$site" $wheel_pins > "$out/site_pip.log" 2>&1; then
+    no_wheels "$out/site_pip.log; fetch_wheels.sh fetches them"
   fi
 fi
 

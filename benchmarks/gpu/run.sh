@@ -45,13 +45,49 @@ for arg in "$@"; do
   esac
 done
 
+# Bad input stops the run here, in one line, before anything is installed,
+# measured or written.
+die() { echo "run.sh: $*" >&2; exit 2; }
+case "$out" in
+  ''|-*) die "OUTDIR '$out' must come first and not start with '-' (usage: run.sh OUTDIR [--smoke] [--only=...])" ;;
+esac
+[ -n "${only//[, ]/}" ] || die "--only='$only' names no section (smoke, trm, gpt, dream, cudnn, mixer, gptk)"
+for section in ${only//,/ }; do
+  var=TRM_GPU_BUDGET_$(echo "$section" | tr a-z A-Z | tr -c 'A-Z0-9_\n' _)
+  value=${!var-}
+  # A whole number of seconds: bash's arithmetic would read 'abc' as an
+  # unset variable, '1e3' as an error that skips every section, 0 as
+  # timeout's "no limit", and 20 digits as an overflow.
+  if [ -n "${!var+set}" ] && ! [[ $value =~ ^[0-9]{1,5}$ && 10#$value -ge 1 && 10#$value -le 86400 ]]; then
+    die "$var='$value' must be a whole number of seconds from 1 to 86400"
+  fi
+  # run.sh sets these itself: measure.py would take the last one given, so
+  # --budget=1000 here would outlive the section's `timeout` and be killed
+  # with nothing written, and --out would hide the figures from this run.
+  var=TRM_GPU_ARGS_${var#TRM_GPU_BUDGET_}
+  for arg in ${!var-}; do
+    case "$arg" in
+      --out|--out=*|--budget|--budget=*)
+        die "$var: ${arg%%=*} is run.sh's own (OUTDIR; TRM_GPU_BUDGET_${var#TRM_GPU_ARGS_} for the seconds)" ;;
+    esac
+  done
+done
+
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 python=${PYTHON:-python3}
 wheels=${TRM_GPU_WHEELS:-$here/wheels}
 install=${TRM_GPU_INSTALL:-1}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+[ ! -e "$out" ] || [ -d "$out" ] || die "OUTDIR $out exists and is not a directory"
+mkdir -p -- "$out" 2> /dev/null || die "OUTDIR $out: cannot create it"
+out=$(cd -- "$out" && pwd) || die "OUTDIR $out: cannot enter it"
+probe=$out/.run_sh_write_test.$$
+{ : > "$probe"; } 2> /dev/null && rm -f "$probe" || die "OUTDIR $out is not writable"
+# OUT holds one run: the previous run's traces and programs would pass for
+# this run's (and its traces count against MAX_TRACES), so they go.
+stale=$(cd "$out" && ls -d -- trace_*.tar.gz hlo_after_optimizations.tar.gz 2> /dev/null | tr '\n' ' ')
+rm -f -- "$out"/trace_*.tar.gz "$out/hlo_after_optimizations.tar.gz"
+: > "$out/log.txt"
 if [ -n "${TRM_GPU_SCRATCH:-}" ]; then
   scratch=$TRM_GPU_SCRATCH
   mkdir -p "$scratch"
@@ -66,6 +102,7 @@ started=$(date +%s)
 say() { echo "[$(date +%H:%M:%S)] run.sh: $*"; }
 
 say "out $out, scratch $scratch, smoke $smoke, sections $only, install $install"
+[ -z "$stale" ] || say "out: removed the previous run's $stale"
 say "repo $repo at $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$repo" diff --quiet 2>/dev/null || echo ' (+ local changes)')"
 say "$($python --version 2>&1) at $(command -v "$python")"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | sed 's/^/  gpu: /'
@@ -108,15 +145,28 @@ else
   n_site=$(echo "$site_pins" | wc -w)
   n_hf=$(echo "$hf_pins" | wc -w)
   say "install: $n_site pins into $scratch/site, $n_hf into $scratch/hf, from $wheels"
+  # Nothing installs from a folder whose wheels are not wheels.sha256's.
+  if checked=$(bash "$here/check_wheels.sh" "$wheels"); then
+    say "install: ${checked#check_wheels.sh: }"
+    wheels_ok=1
+  else
+    say "install: wheels FAILED (${checked#check_wheels.sh: }); nothing installed from them"
+    wheels_ok=0
+    install_ok=0
+  fi
   echo "  + ${pip[*]} ${foreign[*]} --target $scratch/site" $site_pins
-  if "${pip[@]}" "${foreign[@]}" --target "$scratch/site" $site_pins; then
+  if [ "$wheels_ok" = 0 ]; then
+    say "install: site FAILED (wheels not checked)"
+  elif "${pip[@]}" "${foreign[@]}" --target "$scratch/site" $site_pins; then
     say "install: site: all $n_site pins resolved$([ "$install" = dry ] && echo ' (dry run)')"
   else
     install_ok=0
     say "install: site FAILED ($( [ -d "$wheels" ] && echo "wheels in $wheels" || echo "no $wheels: run fetch_wheels.sh" ))"
   fi
   echo "  + ${pip[*]} ${foreign[*]} --target $scratch/hf" $hf_pins
-  if "${pip[@]}" "${foreign[@]}" --target "$scratch/hf" $hf_pins; then
+  if [ "$wheels_ok" = 0 ]; then
+    say "install: hf FAILED (wheels not checked)"
+  elif "${pip[@]}" "${foreign[@]}" --target "$scratch/hf" $hf_pins; then
     say "install: hf: all $n_hf pins resolved$([ "$install" = dry ] && echo ' (dry run)')"
   else
     install_ok=0
@@ -207,6 +257,7 @@ fi
 # autotuned), for `offline.py --replay` to play and list hot spots off the
 # device.
 dump=$scratch/xla_dump
+rm -rf "$dump"  # a kept TRM_GPU_SCRATCH holds an earlier run's programs
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$dump --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(train_step|generate).*"
 failed=()
 spare=0  # seconds earlier sections left unused
@@ -218,6 +269,7 @@ for section in ${only//,/ }; do
   esac
   var=TRM_GPU_BUDGET_$(echo "$section" | tr a-z A-Z)
   own=${!var:-${budget[$section]}}
+  own=$((10#$own))  # checked above; 030 is 30 s, not octal 24
   seconds=$((own + spare))
   var=TRM_GPU_ARGS_$(echo "$section" | tr a-z A-Z)
   read -r -a extra <<< "${!var:-}"

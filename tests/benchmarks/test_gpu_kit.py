@@ -52,6 +52,32 @@ def test_wheels_txt_pins_setup_py_versions_and_no_tensorflow():
   assert set(m for _, m in pins.values()) <= {"", "hf", "sdist", "floor"}
 
 
+def test_wheels_sha256_hashes_one_wheel_per_pin_and_each_sdist():
+  """wheels.sha256 (what check_wheels.sh checks) changes with wheels.txt:
+  a wheel per pin at its version, and the source archive of each
+  '# sdist' pin."""
+  def normal(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+  wheels, archives = {}, {}
+  with open(os.path.join(KIT, "wheels.sha256")) as f:
+    for line in f:
+      if not line.strip() or line.startswith("#"):
+        continue
+      file = re.fullmatch(r"[0-9a-f]{64}  ([^/\s]+)", line.rstrip("\n"))[1]
+      if file.endswith(".whl"):
+        name, version = file.split("-")[:2]
+        assert normal(name) not in wheels, f"two wheels of {name}"
+        wheels[normal(name)] = version
+      else:
+        name, version = re.fullmatch(r"(.+)-([^-]+)\.(?:tar\.gz|zip)",
+                                     file).groups()
+        archives[normal(name)] = version
+  pins = {normal(name): pin for name, pin in _pins().items()}
+  assert wheels == {name: version for name, (version, _) in pins.items()}
+  assert archives == {name: version for name, (version, marker)
+                      in pins.items() if marker == "sdist"}
+
+
 def _run_smoke(tmp_path, sections):
   out = tmp_path / "out"
   env = dict(os.environ, TRM_GPU_INSTALL="dry",
@@ -86,10 +112,11 @@ def test_run_sh_smoke_writes_figures(tmp_path, sections):
   assert "--dry-run --only-binary=:all: --python-version 3.12" in log
   if os.path.isdir(WHEELS) and any(n.endswith(".whl")
                                    for n in os.listdir(WHEELS)):
+    assert re.search(r"install: \d+ wheels in .* as wheels.sha256 says", log)
     assert f"install: site: all {n_site} pins resolved (dry run)" in log
     assert "install: hf: all 3 pins resolved (dry run)" in log
   else:  # CI: benchmarks/gpu/wheels is not in git
-    assert "install: site FAILED (no " in log
+    assert "install: wheels FAILED (no " in log
   assert "install: project: trm (dry run)" in log
 
   for row in rows:
