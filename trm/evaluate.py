@@ -62,6 +62,7 @@ import numpy as np
 from trm.core import cli
 from trm.core import config_lib
 from trm import generate as generate_cli
+from trm.data import atomic_files
 
 # The number each paper table reports, per dataset builder.
 PAPER_METRIC = {"sudoku": "exact_accuracy", "maze": "exact_accuracy",
@@ -105,15 +106,27 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
                              batch_shardings, hook, output_dir)
   results = {k: float(v) for k, v in results.items()}
   if jax.process_index() == 0:
-    predictions = os.path.join(output_dir, PREDICTIONS_FILE)
-    np.save(predictions, hook.array())
-    command = visualize_command(data_dir, predictions, output_dir)
-    with open(os.path.join(output_dir, "eval.json"), "w") as f:
-      json.dump(dict(results, checkpoint=source, data_dir=data_dir,
-                     predictions=predictions, visualize=command), f,
-                indent=1)
+    predictions, command = write_eval_outputs(output_dir, hook.array(),
+                                              results, source, data_dir)
     print(f"predictions: {predictions}\ndraw them: {command}")
   return results, source
+
+
+def write_eval_outputs(output_dir: str, predictions_array, results: dict,
+                       source: str, data_dir: str) -> tuple[str, str]:
+  """Writes predictions_test.npy, then eval.json, each whole or not at all
+  (an interrupted evaluation leaves the previous files, never a truncated
+  one); returns (predictions path, the visualize command)."""
+  predictions = os.path.join(output_dir, PREDICTIONS_FILE)
+  array = np.asarray(predictions_array)
+  atomic_files.atomic_write(
+      predictions, lambda f: np.save(f, array, allow_pickle=False))
+  command = visualize_command(data_dir, predictions, output_dir)
+  _write_json_atomically(
+      os.path.join(output_dir, "eval.json"),
+      dict(results, checkpoint=source, data_dir=data_dir,
+           predictions=predictions, visualize=command))
+  return predictions, command
 
 
 # Row i: the model's answer (token ids, as the dataset stores them) to
@@ -219,8 +232,7 @@ def _score_and_report(problems, records, limits, workers, ks, output,
           isolation=code_exec.isolation(limits)),
       execution_seconds=time.perf_counter() - start, samples_file=output)
   summary_path = os.path.splitext(output)[0] + "_summary.json"
-  with open(summary_path, "w") as f:
-    json.dump(summary, f, indent=1)
+  _write_json_atomically(summary_path, summary)
   for key in (f"pass@{k}" for k in ks):
     print(f"{key}: {100 * results[key]:.2f}%")
   if reasons.get("sandbox_error"):
@@ -266,10 +278,10 @@ def _generation_path(output: str) -> str:
 
 
 def _write_json_atomically(path: str, value) -> None:
-  temporary = f"{path}.tmp{os.getpid()}"
-  with open(temporary, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1)
-  os.replace(temporary, path)
+  """`value` as JSON at `path`, whole or not at all (a failed write leaves
+  `path` as it was)."""
+  atomic_files.atomic_write(path, lambda f: json.dump(value, f, indent=1),
+                            mode="w")
 
 
 def _resumed_samples(output: str, generation: dict) -> list:
@@ -286,8 +298,17 @@ def _resumed_samples(output: str, generation: dict) -> list:
                      "beside it (written when generation starts), so its "
                      "settings are unknown: rerun without --resume to start "
                      "again.")
-  with open(path, encoding="utf-8") as f:
-    earlier = json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      earlier = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    earlier = e
+  if not isinstance(earlier, dict):
+    why = (f"not valid JSON ({earlier})" if isinstance(earlier, Exception)
+           else f"a JSON {type(earlier).__name__}, not an object")
+    raise ValueError(f"--resume: {path} is {why}, so the settings of "
+                     f"{output} are unknown: rerun without --resume to start "
+                     "again.")
   now = json.loads(json.dumps(generation))  # tuples as JSON keeps them
   for key, value in now.items():
     if earlier.get(key) != value:

@@ -48,3 +48,20 @@ def test_trm_importer_refuses_a_nonfinite_safetensors_file(tmp_path):
   with pytest.raises(weights_io.CheckpointError,
                      match="'_orig_mod.model.inner.lm_head.weight'"):
     torch_import._read(path)  # pylint: disable=protected-access
+
+
+def test_trm_importer_refuses_a_nonfinite_torch_file(tmp_path):
+  """The same refusal for a torch.save file (upstream's own format), which
+  was loaded with its NaN while the .safetensors copy was refused."""
+  torch = pytest.importorskip("torch")
+  from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
+  w = torch.zeros(4, 4)
+  w[1, 2] = float("inf")
+  path = str(tmp_path / "step_1")
+  torch.save({"_orig_mod.model.inner.lm_head.weight": w}, path)
+  with pytest.raises(weights_io.CheckpointError) as info:
+    torch_import._read(path)  # pylint: disable=protected-access
+  message = str(info.value)
+  assert "'_orig_mod.model.inner.lm_head.weight'" in message
+  assert path in message and "holds 1 NaN or Inf" in message
+  assert "\n" not in message

@@ -252,6 +252,9 @@ def read(path: str) -> tuple[dict, bytes]:
   """(header, payload) of a compiled step file; a missing, foreign,
   truncated or damaged file is one line naming it."""
   where = f"{FIELD}={path!r}"
+  if "://" not in path and os.path.exists(path) and not os.path.isfile(path):
+    # A FIFO or device would block the read (or never end): refused unread.
+    raise CompiledStepError(f"{where} is not a regular file; {_REBUILD}.")
   try:
     data = epath.Path(path).read_bytes()
   except FileNotFoundError:
@@ -358,6 +361,26 @@ def _difference(built: dict, run: dict) -> str | None:
   return None
 
 
+# The header's fields `check` compares, with the JSON type each must have.
+_HEADER_TYPES = (("environment", dict), ("mesh", dict), ("inputs", list),
+                 ("config", dict))
+
+
+def _check_header_types(path: str, header: dict) -> None:
+  """A header whose fields have the wrong JSON types (hand-edited or
+  crafted) is one line, not an AttributeError deep in the comparison."""
+  damaged = [f"{key!r} is a {type(header[key]).__name__}, not a "
+             f"{kind.__name__}" for key, kind in _HEADER_TYPES
+             if key in header and not isinstance(header[key], kind)]
+  rows = header.get("inputs")
+  if not damaged and isinstance(rows, list) and not all(
+      isinstance(row, list) and len(row) == 3 for row in rows):
+    damaged.append("'inputs' holds rows other than [path, shape, sharding]")
+  if damaged:
+    raise CompiledStepError(f"{FIELD}={path!r}: its header is damaged "
+                            f"({damaged[0]}); {_REBUILD}.")
+
+
 def check(path: str, header: dict, run: dict) -> None:
   """Raises CompiledStepError naming the first way the file's step was
   built for something other than this run."""
@@ -365,6 +388,7 @@ def check(path: str, header: dict, run: dict) -> None:
     raise CompiledStepError(
         f"{FIELD}={path!r}: file format {header.get('format')!r}, this "
         f"trainer reads format 1; {_REBUILD}.")
+  _check_header_types(path, header)
   difference = _difference(header, run)
   if difference:
     raise CompiledStepError(
@@ -400,12 +424,15 @@ def load(path: str, payload: bytes, in_tree, out_tree):
   unpickler = _restricted_unpickler()(io.BytesIO(payload), backend)
   try:
     unloaded, args_info_flat, no_kwargs = unpickler.load()
-  except (pickle.UnpicklingError, AttributeError, EOFError, ValueError,
-          TypeError) as e:
+  except Exception as e:  # pylint: disable=broad-except
+    # Beyond the refused classes: a crafted payload's persistent ids reach
+    # jax's unpickler (an unknown device id is a KeyError, a malformed id an
+    # IndexError, bytes that are no executable XLA's own error).
+    why = " ".join(str(e).split())[:300] or type(e).__name__
     raise CompiledStepError(
-        f"{FIELD}={path!r}: refused to unpickle its payload: "
-        f"{' '.join(str(e).split())}. Load only files you built with "
-        "`python -m trm.aot --save_compiled`.") from None
+        f"{FIELD}={path!r}: refused to unpickle its payload: {why}. Load "
+        "only files you built with `python -m trm.aot --save_compiled`."
+    ) from None
   try:
     executable = unloaded.load()
   except Exception as e:  # pylint: disable=broad-except

@@ -31,13 +31,25 @@ def read_json(path: str):
 
 
 def check_shard_names(weight_map: dict, directory: str, index: str) -> None:
-  """Every file an index names must lie inside the checkpoint directory: a
-  name like '../x' or '/abs/x' would read tensors from elsewhere."""
-  root = os.path.realpath(directory)
+  """Every file an index names must be a plain name inside the checkpoint
+  directory: a name like '../x' or '/abs/x' would read tensors from
+  elsewhere. The check is on the names, not on where the files resolve to:
+  a Hugging Face cache snapshot holds its files as symbolic links into the
+  cache's blobs/ directory, and those are the checkpoint's own files."""
+  if not isinstance(weight_map, dict):
+    raise CheckpointError(
+        f"{index}: its \"weight_map\" is a {type(weight_map).__name__}, not "
+        "an object (tensor name -> file); download it again.")
+  root = os.path.normpath(os.path.abspath(directory))
+  for file in weight_map.values():
+    if not isinstance(file, str) or not file:
+      raise CheckpointError(
+          f"{index} maps a tensor to {file!r}, which is not a file name; "
+          "its weight_map must map tensor names to file names. Download the "
+          "checkpoint again.")
   for file in sorted(set(weight_map.values())):
-    target = os.path.realpath(os.path.join(directory, str(file)))
-    if (not isinstance(file, str) or os.path.isabs(file)
-        or not target.startswith(root + os.sep)):
+    target = os.path.normpath(os.path.join(root, file))
+    if os.path.isabs(file) or not target.startswith(root + os.sep):
       raise CheckpointError(
           f"{index} names the weight file {file!r}, which lies outside "
           f"{directory}; an index may only name files inside its own "

@@ -30,10 +30,13 @@ DEFAULT_KAGGLE_PREFIX = "arc-agi"
 
 def _read_json(path: str) -> Any:
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       return json.load(f)
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}: invalid JSON: {e}") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte "
+                     f"{e.start}); ARC files are UTF-8 JSON.") from None
 
 
 def _check_puzzles(puzzles: Any, where: str) -> dict:
@@ -80,17 +83,21 @@ def load_kaggle_subset(challenges_path: str,
     for name, puzzle in puzzles.items():
       tests = puzzle.get("test") if isinstance(puzzle, dict) else None
       sols = solutions.get(name) if isinstance(solutions, dict) else None
-      if sols is None or not isinstance(tests, list) or len(sols) != len(
-          tests):
+      if not isinstance(sols, list) or not isinstance(tests, list) or len(
+          sols) != len(tests):
         raise ValueError(f"{solutions_path}: puzzle {name!r} needs one "
                          f"solution per test input")
-      for pair, sol in zip(tests, sols):
+      for k, (pair, sol) in enumerate(zip(tests, sols)):
+        if not isinstance(pair, dict):
+          raise ValueError(f"{challenges_path}: puzzle {name!r} test[{k}] "
+                           "must be an object with an 'input' grid")
         pair["output"] = sol
   else:
     logging.warning("No solutions file %s: test outputs of %s are dummies.",
                     solutions_path, challenges_path)
     for puzzle in puzzles.values():
-      for pair in puzzle.get("test", []) if isinstance(puzzle, dict) else []:
+      tests = puzzle.get("test") if isinstance(puzzle, dict) else None
+      for pair in tests if isinstance(tests, list) else []:
         if isinstance(pair, dict):
           pair.setdefault("output", [[0]])
   return _check_puzzles(puzzles, challenges_path)
@@ -151,6 +158,9 @@ def load_concept_dir(concept_dir: str,
     if name in puzzles:
       raise ValueError(f"{concept_dir}: two task files named {name}.json")
     task = _read_json(path)
+    if not isinstance(task, dict):
+      raise ValueError(f"{path}: expected a task object with 'train' and "
+                       f"'test', got {type(task).__name__}")
     puzzles[name] = {k: task.get(k) for k in ("train", "test")}
   return _check_puzzles(puzzles, concept_dir)
 

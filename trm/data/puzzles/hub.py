@@ -154,11 +154,32 @@ def csv_rows(path: str, columns: str
       message of an empty file.
 
   Raises:
-    ValueError: the file is empty (no header row).
+    ValueError: the file is empty (no header row), is not UTF-8 text, or
+      holds a row the csv module cannot read (e.g. a field over its size
+      limit), naming the file and line.
   """
-  with open(path, "r", newline="") as f:
+  with open(path, "r", newline="", encoding="utf-8") as f:
     reader = csv.reader(f)
-    if next(reader, None) is None:
+
+    def read_row():
+      """The next row, or None at the end of the file."""
+      try:
+        return next(reader, None)
+      except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x}: "
+            f"{e.reason}); convert the file to UTF-8 (e.g. iconv -f latin1 "
+            "-t utf-8).") from None
+      except csv.Error as e:
+        raise ValueError(f"{path}:{reader.line_num}: not a readable CSV row "
+                         f"({e}); expected rows '{columns}'.") from None
+
+    def rows():
+      while (row := read_row()) is not None:
+        if row:
+          yield reader.line_num, row
+
+    if read_row() is None:
       raise ValueError(f"{path}: empty file; expected a header row and rows "
                        f"'{columns}'")
-    yield ((reader.line_num, row) for row in reader if row)
+    yield rows()

@@ -167,12 +167,22 @@ def load_meta(data_dir: str) -> dict:
         + CLI_HINT.format(data_dir) + "` (or give the training config an "
         "input path so training prepares it).")
   path = os.path.join(data_dir, META_FILE)
-  with open(path) as f:
+  with open(path, encoding="utf-8") as f:
     try:
       meta = json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise ValueError(f"{path} is not valid JSON ({e}); re-run `"
                        + CLI_HINT.format(data_dir) + "`.") from e
+  if not isinstance(meta, dict):
+    raise ValueError(f"{path} holds a JSON {type(meta).__name__}, not the "
+                     "object that preparation writes; re-run `"
+                     + CLI_HINT.format(data_dir) + "`.")
+  vocab = meta.get("vocab_size")
+  if vocab is not None and (isinstance(vocab, bool) or not isinstance(
+      vocab, int) or not 0 < vocab <= MAX_VOCAB):
+    raise ValueError(f"{path}: vocab_size={vocab!r} must be an integer in "
+                     f"[1, {MAX_VOCAB}] (the ids of a uint16 .bin file); "
+                     "re-run `" + CLI_HINT.format(data_dir) + "`.")
   for name in (TRAIN_FILE, VAL_FILE):
     expected = meta.get(name.split(".")[0] + "_tokens")
     actual = os.path.getsize(os.path.join(data_dir, name)) // 2

@@ -71,8 +71,19 @@ class HFTokenizerCodec:
           f"Reading {path} needs the `tokenizers` package: pip install "
           "tokenizers.") from e
     self.path = path
-    self.tokenizer = tokenizers.Tokenizer.from_file(path)
-    self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+    try:
+      self.tokenizer = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # pylint: disable=broad-except
+      # The tokenizers library raises a bare Exception for a damaged file.
+      raise ValueError(f"{path} is not a readable tokenizer.json "
+                       f"({' '.join(str(e).split())}); pass the "
+                       "tokenizer.json of a Hugging Face download.") from None
+    # One more than the largest id, not the number of tokens: ids may have
+    # gaps, and the .bin files and the model must hold the largest.
+    ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
+    self.vocab_size = max(max(ids, default=-1) + 1,
+                          self.tokenizer.get_vocab_size(
+                              with_added_tokens=True))
 
   def encode(self, text: str) -> list[int]:
     # No BOS/EOS templates: the text is one continuous stream, as with

@@ -20,6 +20,16 @@ IM_END = "<|im_end|>"
 SYSTEM_PROMPT = "You are a helpful assistant."
 
 
+def id_span(tokenizer: Tokenizer) -> int:
+  """One more than the largest token id of a `tokenizers.Tokenizer`: what a
+  model's vocabulary must cover. Not `get_vocab_size()`, which counts the
+  tokens: a tokenizer.json whose ids have gaps (e.g. {"a": 0, "b": 60000})
+  has 2 tokens but encodes "b" as 60000."""
+  ids = tokenizer.get_vocab(with_added_tokens=True).values()
+  return max(max(ids, default=-1) + 1,
+             tokenizer.get_vocab_size(with_added_tokens=True))
+
+
 @dataclasses.dataclass(frozen=True)
 class DreamTokenizer:
   tokenizer: Tokenizer
@@ -33,7 +43,8 @@ class DreamTokenizer:
 
   @property
   def vocab_size(self) -> int:
-    return self.tokenizer.get_vocab_size(with_added_tokens=True)
+    """One more than the largest id it can produce (see `id_span`)."""
+    return id_span(self.tokenizer)
 
   def decode(self, ids) -> str:
     return self.tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -200,6 +200,24 @@ class TokenFile:
     return state
 
 
+def _check_ids(batch: dict, vocab_size: int | None, path: str) -> dict:
+  """`batch`, once every token id in it is below `vocab_size` (None: not
+  checked). An id the model has no embedding row for would only turn the
+  loss into NaN (or, clamped, train on the wrong token), steps later and
+  far from the file that holds it."""
+  if vocab_size is not None and batch["x"].size:
+    top = int(max(batch["x"].max(), batch["y"].max()))
+    if top >= vocab_size:
+      fix = ("re-prepare it with `" + preparation.CLI_HINT.format(
+          os.path.dirname(path) or ".") + "`" if os.path.isfile(path)
+             else "rebuild the data set")
+      raise ValueError(
+          f"{path} holds token id {top}, but the model's vocabulary has "
+          f"{vocab_size} ids (config.model.vocab_size): the data was not "
+          f"prepared with this data set's tokenizer, or is damaged; {fix}.")
+  return batch
+
+
 def _check_layout(block_size: int, global_batch_size: int, seed: int,
                   process_index: int, process_count: int) -> slice:
   """This process's slice of the global rows, after checking the layout."""
@@ -241,9 +259,12 @@ class TokenWindows:
 
   def __init__(self, path, block_size: int, global_batch_size: int,
                seed: int, process_index: int = 0, process_count: int = 1,
-               num_batches: int | None = None):
+               num_batches: int | None = None,
+               vocab_size: int | None = None):
     self.local_slice = _check_layout(block_size, global_batch_size, seed,
                                      process_index, process_count)
+    # Every batch's ids are checked against it (None: not checked).
+    self.vocab_size = vocab_size
     if num_batches is not None and num_batches < 0:
       raise ValueError(f"num_batches={num_batches} must be non-negative.")
     self.file = TokenFile(path) if isinstance(path, str) else path
@@ -274,7 +295,8 @@ class TokenWindows:
     if not 0 <= k < self.num_batches:
       raise IndexError(k)
     offsets = self.global_offsets(k)[self.local_slice]
-    return self.file.windows(offsets, self.block_size)
+    return _check_ids(self.file.windows(offsets, self.block_size),
+                      self.vocab_size, self.path)
 
   def __repr__(self) -> str:
     # Stable across runs (no memmap, no id): Grain's DataLoader compares it
@@ -300,9 +322,11 @@ class EvalWindows:
 
   def __init__(self, data_dir: str, block_size: int, global_batch_size: int,
                eval_iters: int, seed: int, process_index: int = 0,
-               process_count: int = 1, streams=None):
+               process_count: int = 1, streams=None,
+               vocab_size: int | None = None):
     self.local_slice = _check_layout(block_size, global_batch_size, seed,
                                      process_index, process_count)
+    self.vocab_size = vocab_size  # as TokenWindows'
     if eval_iters < 1:
       raise ValueError(f"eval_iters={eval_iters} must be positive.")
     streams = streams or [os.path.join(data_dir, f)
@@ -331,7 +355,8 @@ class EvalWindows:
       raise IndexError(k)
     split = int(k) // self.eval_iters
     offsets = self.global_offsets(k)[self.local_slice]
-    batch = self.files[split].windows(offsets, self.block_size)
+    batch = _check_ids(self.files[split].windows(offsets, self.block_size),
+                       self.vocab_size, self.files[split].path)
     batch["split"] = np.full(len(offsets), split, np.int32)
     return batch
 

@@ -86,6 +86,11 @@ def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
   }
   out.update({field: getattr(cfg, field) for field in _CONFIG_FIELDS})
   return out
+def _is_int(value) -> bool:
+  """A JSON integer (a bool is no size or token id)."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def read_config_object(path: str) -> dict:
   """A config object from `path` (weights_io's reader, plus the checks that
   the file exists and holds an object)."""
@@ -116,7 +121,7 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
   for field in ("vocab_size", "hidden_size", "intermediate_size",
                 "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads"):
-    if not isinstance(hf.get(field), int):
+    if not _is_int(hf.get(field)):
       raise weights_io.CheckpointError(
           f"{path}: {field} is missing or not an integer.")
     sizes[field] = hf[field]
@@ -129,16 +134,29 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
         "a DiffuCoder/Dream checkpoint.")
   pad_id = hf.get("pad_token_id", hf.get("eos_token_id"))
   if isinstance(pad_id, list):
-    pad_id = pad_id[0]
+    pad_id = pad_id[0] if pad_id else None
   if pad_id is None:
     raise weights_io.CheckpointError(f"{path}: pad_token_id is missing.")
+  for field, value in (("mask_token_id", mask_id), ("pad_token_id", pad_id)):
+    if not _is_int(value):
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={value!r} is not an integer token id.")
+  floats = {}
+  for field, default in (("rope_theta", 10000.0), ("rms_norm_eps", 1e-6)):
+    value = hf.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={value!r} is not a number.")
+    floats[field] = float(value)
   stored = str(hf.get("torch_dtype") or "float32")
-  cfg = DreamConfig(
-      **sizes, rope_theta=float(hf.get("rope_theta", 10000.0)),
-      rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      mask_token_id=int(mask_id), pad_token_id=int(pad_id), dtype=dtype,
-      param_dtype=param_dtype or ("bfloat16" if stored == "bfloat16"
-                                  else "float32"), remat="none",
-      attention=attention)
+  try:
+    cfg = DreamConfig(
+        **sizes, **floats, mask_token_id=mask_id, pad_token_id=pad_id,
+        dtype=dtype, param_dtype=param_dtype or (
+            "bfloat16" if stored == "bfloat16" else "float32"),
+        remat="none", attention=attention)
+  except ValueError as e:  # sizes that do not fit together
+    raise weights_io.CheckpointError(f"{path} describes no valid model: "
+                                     f"{e}") from None
   positions = hf.get("max_position_embeddings")
   return cfg, (int(positions) if isinstance(positions, int) else None)

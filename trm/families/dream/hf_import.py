@@ -85,19 +85,28 @@ class _Files:
           f"({self.where}).")
     return os.path.join(self.directory, self.weight_map[name])
 
+  def _slice(self, name: str):
+    """safetensors' lazy slice of tensor `name`, from the file the index
+    names for it; an index naming a file that lacks it is one line."""
+    path = self.file_of(name)
+    handle = self._open(self.weight_map[name])
+    try:
+      return handle.get_slice(name)
+    except Exception as e:  # pylint: disable=broad-except
+      raise weights_io.CheckpointError(
+          f"Tensor {name!r} is not in {path}, the file {self.where} names "
+          f"for it ({type(e).__name__}: {e}); download the checkpoint "
+          "again.") from e
+
   def dtype(self, name: str) -> str:
     """The safetensors dtype tag ('BF16', 'F32', 'I32', ...)."""
-    self.file_of(name)
-    return str(self._open(self.weight_map[name]).get_slice(name).get_dtype())
+    return str(self._slice(name).get_dtype())
 
   def shape(self, name: str) -> tuple[int, ...]:
-    self.file_of(name)
-    return tuple(self._open(self.weight_map[name]).get_slice(name).get_shape())
+    return tuple(self._slice(name).get_shape())
 
   def read(self, name: str, slices: tuple[slice, ...]) -> np.ndarray:
-    self.file_of(name)
-    return np.asarray(
-        self._open(self.weight_map[name]).get_slice(name)[slices])
+    return np.asarray(self._slice(name)[slices])
 
 
 def _tensor_specs(files: _Files, cfg: DreamConfig, abstract,

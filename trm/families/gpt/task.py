@@ -271,10 +271,11 @@ def build(config, workdir: str, ctx) -> Task:
                  process_count=jax.process_count())
   train_source = text.TokenWindows(
       streams[0], cfg.block_size, config.global_batch_size, config.seed,
-      num_batches=config.total_steps, **process)
+      num_batches=config.total_steps, vocab_size=cfg.vocab_size, **process)
   eval_source = text.EvalWindows(
       directory, cfg.block_size, config.data.eval_batch_size,
-      config.eval_iters, config.seed, streams=streams, **process)
+      config.eval_iters, config.seed, streams=streams,
+      vocab_size=cfg.vocab_size, **process)
 
   scale = loss_scale.initial_state(config)  # None unless float16
   initial_state, best_loss = None, None

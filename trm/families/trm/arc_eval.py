@@ -138,12 +138,25 @@ class ARCEvaluator:
       raise ValueError(f"submission_k must be >= 1, got {submission_k}")
     self.submission_k = int(submission_k)
     self.blank_identifier_id = int(blank_identifier_id)
-    with open(os.path.join(data_dir, IDENTIFIERS_FILE), "r") as f:
-      self._identifiers = json.load(f)
-    with open(os.path.join(data_dir, TEST_PUZZLES_FILE), "r") as f:
-      self._test_puzzles = json.load(f)
-    if not isinstance(self._identifiers, list):
-      raise ValueError(f"{data_dir}/{IDENTIFIERS_FILE}: expected a JSON list")
+    self._identifiers = _read_json(os.path.join(data_dir, IDENTIFIERS_FILE))
+    puzzles_path = os.path.join(data_dir, TEST_PUZZLES_FILE)
+    self._test_puzzles = _read_json(puzzles_path)
+    if not isinstance(self._identifiers, list) or not all(
+        isinstance(n, str) for n in self._identifiers):
+      raise ValueError(f"{data_dir}/{IDENTIFIERS_FILE}: expected a JSON list "
+                       "of puzzle names; rebuild the dataset.")
+    if not isinstance(self._test_puzzles, dict):
+      raise ValueError(f"{puzzles_path}: expected an object {{puzzle name: "
+                       f"puzzle}}, got a {type(self._test_puzzles).__name__}"
+                       "; rebuild the dataset.")
+    for name, puzzle in self._test_puzzles.items():
+      tests = puzzle.get("test") if isinstance(puzzle, dict) else None
+      if not isinstance(tests, list) or not all(
+          isinstance(pair, dict) and {"input", "output"} <= set(pair)
+          for pair in tests):
+        raise ValueError(f"{puzzles_path}: puzzle {name!r} needs a 'test' "
+                         "list of {'input', 'output'} grids; rebuild the "
+                         "dataset.")
 
     # One "input key" per distinct (puzzle, test input); test slots are the
     # (puzzle, test index) pairs, in file order.
@@ -345,15 +358,35 @@ class ARCEvaluator:
       attempts += [attempts[0]] * (self.submission_k - len(attempts))
       submission[name].append({f"attempt_{i + 1}": grid
                                for i, grid in enumerate(attempts)})
-    path = epath.Path(save_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / SUBMISSION_FILE).write_text(json.dumps(submission))
+    text = json.dumps(submission)
+    if "://" in str(save_dir):  # an object store's upload is whole already
+      path = epath.Path(save_dir)
+      path.mkdir(parents=True, exist_ok=True)
+      (path / SUBMISSION_FILE).write_text(text)
+    else:  # whole or not at all: an interrupted write leaves the old one
+      from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+      atomic_files.atomic_write(os.path.join(save_dir, SUBMISSION_FILE),
+                                lambda f: f.write(text), mode="w")
+
+
+def _read_json(path: str):
+  """A JSON file of an ARC dataset directory; damage is one line naming it."""
+  try:
+    with open(path, "r", encoding="utf-8") as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path}: not valid JSON ({e}); rebuild the "
+                     "dataset.") from None
 
 
 def _grid(rows, name: str) -> np.ndarray:
   """A test_puzzles.json grid as uint8, checked."""
-  grid = np.asarray(rows)
-  if (grid.ndim != 2 or grid.shape[0] > arc_canvas.GRID_SIZE or
+  try:
+    grid = np.asarray(rows)
+  except ValueError:  # ragged rows
+    grid = np.zeros((0, 0))
+  if (grid.ndim != 2 or grid.dtype.kind not in "iu" or
+      grid.shape[0] > arc_canvas.GRID_SIZE or
       grid.shape[1] > arc_canvas.GRID_SIZE or grid.size == 0 or
       grid.min() < 0 or grid.max() >= arc_canvas.NUM_COLORS):
     raise ValueError(f"{TEST_PUZZLES_FILE}: puzzle {name!r} has a grid that "

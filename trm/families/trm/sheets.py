@@ -10,7 +10,6 @@ target's shape). `python -m trm.visualize` draws a built dataset.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import numpy as np
@@ -134,9 +133,9 @@ def sample_sheet(kind: str, inputs, predictions, labels, path: Optional[str],
                       y + image.height + 2 * SHEET_FRAME - 1], fill=frame)
       sheet.paste(image, (x + SHEET_FRAME, y + SHEET_FRAME))
   if path is not None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    sheet.save(path, format="PNG")
+    # Whole or not at all: an interrupted write leaves the old sheet.
+    from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+    atomic_files.atomic_write(path, lambda f: sheet.save(f, format="PNG"))
   return sheet
 
 
@@ -167,7 +166,17 @@ def dataset_sheet(data_dir: str, split: str, out: str, num: int = 8,
   stop = min(start + num, total)
   predictions = None
   if predictions_path:
-    predictions = np.load(predictions_path, allow_pickle=False)
+    try:
+      predictions = np.load(predictions_path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+      # np.load's own message names neither the file nor the fix.
+      raise ValueError(f"{predictions_path}: not a readable .npy array of "
+                       f"token ids ({e}); pass the predictions_test.npy "
+                       "that trm.evaluate wrote.") from None
+    if (not isinstance(predictions, np.ndarray)
+        or predictions.dtype.kind not in "iu"):
+      raise ValueError(f"{predictions_path}: expected integer token ids, got "
+                       f"{getattr(predictions, 'dtype', type(predictions))}")
     if predictions.ndim != 2 or predictions.shape[1] != metadata.seq_len:
       raise ValueError(f"{predictions_path}: expected [N, {metadata.seq_len}]"
                        f" token ids, got shape {predictions.shape}")

@@ -1,0 +1,66 @@
+"""Crafted compiled-step files (a payload and header whose SHA-256 match, so
+`read` accepts them): persistent ids naming unknown devices or bytes that
+are no executable, and header fields of the wrong JSON type, are one line
+(CompiledStepError), never a KeyError / IndexError / XLA or AttributeError
+traceback. No step is compiled: nothing here needs a saved file."""
+import io
+import pickle
+
+import pytest
+
+from trm.core import compiled_step
+
+
+class _Persistent:
+
+  def __init__(self, pid):
+    self.pid = pid
+
+
+class _Pickler(pickle.Pickler):
+
+  def persistent_id(self, obj):
+    return obj.pid if isinstance(obj, _Persistent) else None
+
+
+def _payload(pid) -> bytes:
+  buffer = io.BytesIO()
+  _Pickler(buffer).dump((_Persistent(pid), [], False))
+  return buffer.getvalue()
+
+
+@pytest.mark.parametrize("pid", [("device", 99999), ("exec", b"not xla"),
+                                 (), "x"],
+                         ids=["unknown device", "bytes not an executable",
+                              "empty id", "string id"])
+def test_a_crafted_persistent_id_is_one_line(pid):
+  with pytest.raises(compiled_step.CompiledStepError) as info:
+    compiled_step.load("step.bin", _payload(pid), None, None)
+  message = str(info.value)
+  assert "refused to unpickle its payload" in message
+  assert "'step.bin'" in message and "\n" not in message
+
+
+_RUN = {"environment": {"platform": "cpu"}, "mesh": {"axes": {}},
+        "inputs": [], "config": {}, "config_sha256": "", "code_sha256": ""}
+
+
+@pytest.mark.parametrize("field,value", [
+    ("environment", []), ("environment", "cpu"), ("mesh", 3),
+    ("config", ["a"]), ("inputs", {"a": 1}), ("inputs", [1, 2])])
+def test_a_header_field_of_the_wrong_type_is_one_line(field, value):
+  header = {"format": 1, **{k: v for k, v in _RUN.items()}, field: value}
+  with pytest.raises(compiled_step.CompiledStepError) as info:
+    compiled_step.check("step.bin", header, _RUN)
+  message = str(info.value)
+  assert "header is damaged" in message and "\n" not in message
+
+
+def test_a_fifo_is_refused_unread(tmp_path):
+  """Reading a FIFO would block until a writer comes: never opened."""
+  import os  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / "step.bin")
+  os.mkfifo(path)
+  with pytest.raises(compiled_step.CompiledStepError,
+                     match="is not a regular file"):
+    compiled_step.read(path)

@@ -1,0 +1,179 @@
+"""Hostile or malformed data files are one line (ValueError) naming the
+file, never a traceback or a silently wrong data set: Sudoku / Maze CSVs
+with a huge field or bytes that are not UTF-8; ARC JSON of the wrong shape;
+a damaged tokenizer.json, or one whose ids have gaps (its token count
+understates the ids it produces); a meta.json that is no object or has a
+bad vocab_size; .bin tokens at or above the model's vocabulary."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from trm.data.puzzles import arc_sources
+from trm.data.puzzles import maze
+from trm.data.puzzles import sudoku
+from trm.data.text import preparation
+from trm.data.text import text_codecs
+from trm.data.text import tokenizer as tok_lib
+from trm.data.text import windows
+
+_Q = "." * 80 + "1"
+_A = "1" * 81
+
+
+def _csv(path, body: bytes) -> str:
+  path.write_bytes(b"source,q,a,rating\n" + body)
+  return str(path)
+
+
+def test_a_csv_field_over_the_csv_limit_is_one_line(tmp_path):
+  path = _csv(tmp_path / "train.csv", f"x,{_Q},{_A},3\nx,{'9' * 200_000},"
+              f"{_A},1\n".encode())
+  with pytest.raises(ValueError, match=r"train\.csv:3: not a readable CSV "
+                     r"row \(field larger than field limit"):
+    sudoku.read_csv(path)
+  path = _csv(tmp_path / "maze.csv", f"x,{'#' * 200_000},a,1\n".encode())
+  with pytest.raises(ValueError, match=r"maze\.csv:2: not a readable CSV"):
+    maze.read_csv(path)
+
+
+def test_a_csv_that_is_not_utf8_names_the_file(tmp_path):
+  path = _csv(tmp_path / "train.csv", b"x,\xff\xfe" + _Q[2:].encode()
+              + f",{_A},3\n".encode())
+  with pytest.raises(ValueError, match=r"train\.csv: not UTF-8 text "
+                     r"\(byte 0xff"):
+    sudoku.read_csv(path)
+
+
+def _write(path, value) -> str:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(value))
+  return str(path)
+
+
+_PUZZLE = {"train": [{"input": [[1]], "output": [[1]]}],
+           "test": [{"input": [[1]]}]}
+
+
+def test_a_concept_task_file_that_is_no_object_is_one_line(tmp_path):
+  _write(tmp_path / "concept" / "a" / "t1.json", [1, 2])
+  with pytest.raises(ValueError, match=r"t1\.json: expected a task object"):
+    arc_sources.load_concept_dir(str(tmp_path / "concept"))
+
+
+@pytest.mark.parametrize("challenges,solutions,needle", [
+    ({"p": _PUZZLE}, {"p": 5}, "needs one solution per test input"),
+    ({"p": dict(_PUZZLE, test=[7])}, {"p": [[[1]]]},
+     r"test\[0\] must be an object"),
+    ({"p": dict(_PUZZLE, test=5)}, None, "needs a non-empty 'test' list"),
+])
+def test_kaggle_files_of_the_wrong_shape_are_one_line(tmp_path, challenges,
+                                                      solutions, needle):
+  _write(tmp_path / "arc-agi_training_challenges.json", challenges)
+  if solutions is not None:
+    _write(tmp_path / "arc-agi_training_solutions.json", solutions)
+  with pytest.raises(ValueError, match=needle):
+    arc_sources.load_kaggle_files(str(tmp_path), "arc-agi", "training")
+
+
+def test_an_arc_file_that_is_not_utf8_names_it(tmp_path):
+  path = tmp_path / "arc-agi_training_challenges.json"
+  path.write_bytes(b"\xff\xfe{}")
+  with pytest.raises(ValueError, match=r"challenges\.json: not UTF-8 text"):
+    arc_sources.load_kaggle_files(str(tmp_path), "arc-agi", "training")
+
+
+def _gapped_tokenizer(path, top: int) -> str:
+  """A WordLevel tokenizer.json of 6 tokens whose ids reach `top`."""
+  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  vocab = {"a": 0, tok_lib.END_OF_TEXT: 1, tok_lib.MASK: 2, "hello": 3,
+           "world": 4, "b": top}
+  tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+  tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+  tokenizer.save(str(path))
+  return str(path)
+
+
+def test_a_tokenizer_with_id_gaps_counts_its_largest_id(tmp_path):
+  path = _gapped_tokenizer(tmp_path / "tokenizer.json", 60000)
+  assert text_codecs.HFTokenizerCodec(path).vocab_size == 60001
+  assert tok_lib.load_tokenizer(str(tmp_path)).vocab_size == 60001
+  meta = preparation.prepare("hello world b a " * 40, str(tmp_path / "data"),
+                             path)
+  ids = np.fromfile(tmp_path / "data" / "train.bin", np.uint16)
+  assert ids.max() == 60000 < meta["vocab_size"] == 60001
+
+
+def test_a_tokenizer_with_ids_past_uint16_is_refused_by_name(tmp_path):
+  path = _gapped_tokenizer(tmp_path / "tokenizer.json", 70000)
+  with pytest.raises(ValueError, match="more than the 65536 ids"):
+    preparation.prepare("hello world b " * 40, str(tmp_path / "data"), path)
+
+
+def test_a_damaged_tokenizer_json_is_one_line_naming_it(tmp_path):
+  path = tmp_path / "tokenizer.json"
+  path.write_text('{"version": "1.0", "model": ')
+  with pytest.raises(ValueError, match=r"tokenizer\.json is not a readable "
+                     "tokenizer.json"):
+    preparation.prepare("some text " * 40, str(tmp_path / "data"), str(path))
+
+
+def _prepared(tmp_path) -> str:
+  directory = str(tmp_path / "data")
+  preparation.prepare("abcdefgh \n" * 200, directory, "char")
+  return directory
+
+
+@pytest.mark.parametrize("meta,needle", [
+    ([1, 2], "holds a JSON list, not the object"),
+    ({"vocab_size": "abc", "tokenizer": "char", "itos": {}},
+     "vocab_size='abc' must be an integer"),
+    ({"vocab_size": 70000, "tokenizer": "char", "itos": {}},
+     "vocab_size=70000 must be an integer"),
+])
+def test_a_damaged_meta_json_is_one_line(tmp_path, meta, needle):
+  directory = _prepared(tmp_path)
+  with open(os.path.join(directory, preparation.META_FILE), "w") as f:
+    json.dump(meta, f)
+  with pytest.raises(ValueError, match=needle):
+    preparation.load_meta(directory)
+
+
+def test_bin_tokens_beyond_the_vocabulary_are_one_line(tmp_path):
+  directory = _prepared(tmp_path)
+  vocab = preparation.load_meta(directory)["vocab_size"]
+  path = os.path.join(directory, windows.TRAIN_FILE)
+  tokens = np.fromfile(path, np.uint16)
+  windows.TokenWindows(path, 8, 4, seed=0, vocab_size=vocab)[0]  # fine
+  tokens[::5] = 60000
+  tokens.tofile(path)
+  source = windows.TokenWindows(path, 8, 4, seed=0, vocab_size=vocab)
+  with pytest.raises(ValueError, match=rf"train\.bin holds token id 60000, "
+                     rf"but the model's vocabulary has {vocab} ids"):
+    source[0]
+  evals = windows.EvalWindows(directory, 8, 4, eval_iters=1, seed=0,
+                              vocab_size=vocab)
+  with pytest.raises(ValueError, match=r"train\.bin holds token id 60000"):
+    evals[0]
+
+
+@pytest.mark.parametrize("identifiers,puzzles,needle", [
+    (["<blank>", "p"], "{", r"test_puzzles\.json: not valid JSON"),
+    (["<blank>", "p"], [1], r"test_puzzles\.json: expected an object"),
+    (["<blank>", "p"], {"p": {"train": []}}, r"puzzle 'p' needs a 'test'"),
+    (["<blank>", "p"], {"p": {"test": [{"input": [[1]]}]}},
+     r"puzzle 'p' needs a 'test'"),
+    (["<blank>", "p"], {"p": {"test": [{"input": [["a"]], "output": [[1]]}]}},
+     r"puzzle 'p' has a grid"),
+    ({"0": "p"}, {}, r"identifiers\.json: expected a JSON list"),
+])
+def test_arc_evaluator_dataset_files_of_the_wrong_shape_are_one_line(
+    tmp_path, identifiers, puzzles, needle):
+  from trm.families.trm import arc_eval  # pylint: disable=g-import-not-at-top
+  (tmp_path / "identifiers.json").write_text(json.dumps(identifiers))
+  (tmp_path / "test_puzzles.json").write_text(
+      puzzles if isinstance(puzzles, str) else json.dumps(puzzles))
+  with pytest.raises(ValueError, match=needle) as info:
+    arc_eval.ARCEvaluator(str(tmp_path))
+  assert "\n" not in str(info.value)

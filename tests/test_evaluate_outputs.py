@@ -1,0 +1,120 @@
+"""trm.evaluate's outputs (predictions_test.npy, eval.json, the code
+benchmarks' *_summary.json) and the sample sheet PNG are written whole or
+not at all: a write that fails part-way leaves the previous file. A
+--resume whose *_generation.json is damaged or no object is one line."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from trm import evaluate
+from trm.families.trm import sheets
+
+
+class _Boom(Exception):
+  pass
+
+
+def test_a_failed_eval_json_write_keeps_the_old_outputs(tmp_path,
+                                                        monkeypatch):
+  out = str(tmp_path)
+  evaluate.write_eval_outputs(out, np.ones((2, 3), np.int32), {"acc": 1.0},
+                              "ckpt", "data")
+  before = {f: (tmp_path / f).read_bytes() for f in os.listdir(out)}
+  assert set(before) == {"eval.json", evaluate.PREDICTIONS_FILE}
+
+  def dump(value, f, **kwargs):
+    f.write('{"acc": 0.')  # part of the new file, then the failure
+    raise _Boom()
+
+  monkeypatch.setattr(json, "dump", dump)
+  with pytest.raises(_Boom):
+    evaluate.write_eval_outputs(out, np.zeros((2, 3), np.int32),
+                                {"acc": 0.5}, "ckpt", "data")
+  monkeypatch.undo()
+  assert json.loads((tmp_path / "eval.json").read_text())["acc"] == 1.0
+  assert sorted(os.listdir(out)) == sorted(before)  # no temporary left
+
+
+def test_a_failed_predictions_write_keeps_the_old_file(tmp_path,
+                                                       monkeypatch):
+  out = str(tmp_path)
+  evaluate.write_eval_outputs(out, np.ones((2, 3), np.int32), {}, "c", "d")
+  real_save = np.save
+
+  def save(file, array, **kwargs):
+    real_save(file, array[:1], **kwargs)
+    raise _Boom()
+
+  monkeypatch.setattr(np, "save", save)
+  with pytest.raises(_Boom):
+    evaluate.write_eval_outputs(out, np.zeros((2, 3), np.int32), {}, "c",
+                                "d")
+  monkeypatch.undo()
+  kept = np.load(os.path.join(out, evaluate.PREDICTIONS_FILE))
+  np.testing.assert_array_equal(kept, np.ones((2, 3), np.int32))
+
+
+def test_a_failed_sheet_write_keeps_the_old_png(tmp_path, monkeypatch):
+  path = str(tmp_path / "sheet.png")
+  grid = np.full((1, 81), 2, np.int32)
+  sheets.sample_sheet("sudoku", grid, grid, grid, path)
+  before = open(path, "rb").read()
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  def save(self, fp, *args, **kwargs):
+    if isinstance(fp, (str, os.PathLike)):
+      with open(fp, "wb") as f:
+        f.write(b"\x89PNG partial")
+    else:
+      fp.write(b"\x89PNG partial")
+    raise _Boom()
+
+  monkeypatch.setattr(Image.Image, "save", save)
+  with pytest.raises(_Boom):
+    sheets.sample_sheet("sudoku", grid, None, grid, path)
+  monkeypatch.undo()
+  assert open(path, "rb").read() == before
+  assert os.listdir(tmp_path) == ["sheet.png"]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[1, 2]", "a JSON list, not an object"), ("{", "not valid JSON")])
+def test_a_damaged_generation_json_is_one_line(tmp_path, text, needle):
+  output = tmp_path / "samples.jsonl"
+  output.write_text("")
+  (tmp_path / "samples_generation.json").write_text(text)
+  with pytest.raises(ValueError) as info:
+    evaluate._resumed_samples(str(output), {"seed": 0})  # pylint: disable=protected-access
+  message = str(info.value)
+  assert needle in message and "samples_generation.json" in message
+  assert "\n" not in message
+
+
+@pytest.fixture(scope="module")
+def sudoku_dir(tmp_path_factory):
+  from trm.data.puzzles import sudoku  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path_factory.mktemp("sudoku"))
+  sudoku.build_dataset(data_dir, source="generate", num_train=2, num_test=4,
+                       num_aug=0)
+  return data_dir
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: np.save(p, np.ones((4, 81), object), allow_pickle=True),
+     "not a readable .npy array of token ids"),
+    (lambda p: np.save(p, np.full((4, 81), np.nan)),
+     "expected integer token ids, got float64"),
+    (lambda p: open(p, "wb").write(b"not an array"),
+     "not a readable .npy array of token ids"),
+])
+def test_a_bad_predictions_file_is_one_line_naming_it(sudoku_dir, tmp_path,
+                                                      make, needle):
+  path = str(tmp_path / "predictions.npy")
+  make(path)
+  with pytest.raises(ValueError) as info:
+    sheets.dataset_sheet(sudoku_dir, "test", str(tmp_path / "s.png"), num=2,
+                         predictions_path=path)
+  message = str(info.value)
+  assert path in message and needle in message and "\n" not in message
