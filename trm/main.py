@@ -66,6 +66,11 @@ def initialize_distributed(jax) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not _WORKDIR.value.strip():
+    # os.path.abspath('') is the current directory: checkpoints, logs and
+    # config.json would land wherever the command was started.
+    raise app.UsageError("--workdir is empty: pass the run's directory, "
+                         "e.g. --workdir=runs/sudoku")
   # Imported here so --help and flag errors do not pay for importing jax.
   import jax  # pylint: disable=g-import-not-at-top
   from trm import families  # pylint: disable=g-import-not-at-top

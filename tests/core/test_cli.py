@@ -36,6 +36,45 @@ def test_a_missing_config_file_is_named_before_jax(tmp_path):
   assert "TPU" not in result.stderr  # jax (and libtpu) never loaded
 
 
+@pytest.mark.parametrize("text, needle", [
+    ("def get_config(:\n  pass\n", "(line 1): SyntaxError: invalid syntax"),
+    ("x = 1\n", "AttributeError: module"),
+    ("import no_such_module_anywhere\n", "(line 1): ModuleNotFoundError"),
+    ("def get_config(arg=None):\n  return undefined_name\n",
+     "(line 2): NameError"),
+    ("def get_config(arg=None):\n  return {'total_steps': 1}\n",
+     "get_config() returned a dict, not an ml_collections.ConfigDict"),
+], ids=["syntax error", "no get_config", "import error", "name error",
+        "not a ConfigDict"])
+def test_a_broken_config_file_is_one_line_naming_it(tmp_path, text, needle):
+  config = tmp_path / "broken.py"
+  config.write_text(text)
+  workdir = tmp_path / "run"
+  result = _main(f"--config={config}", f"--workdir={workdir}", timeout=60)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr, result.stderr[-2000:]
+  errors = [line for line in result.stderr.splitlines() if "error:" in line]
+  assert len(errors) == 1 and errors[0].startswith(
+      f"trm.main: error: --config={config}"), result.stderr[-2000:]
+  assert needle in errors[0], errors
+  assert not workdir.exists()
+  if "returned a" not in needle:  # an exception: shown on request
+    shown = _main(f"--config={config}", f"--workdir={workdir}",
+                  "--traceback", timeout=60)
+    assert "Traceback" in shown.stderr
+
+
+def test_an_empty_workdir_is_refused(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.main",
+       f"--config={os.path.join(ROOT, 'configs', 'trm_sudoku.py')}:cpu",
+       "--workdir="], cwd=tmp_path, env=dict(ENV, PYTHONPATH=ROOT),
+      capture_output=True, text=True, timeout=60)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "trm.main: error: --workdir is empty" in result.stderr
+  assert not os.listdir(tmp_path)  # nothing written where it was started
+
+
 def test_an_input_error_is_one_line_and_traceback_on_request(tmp_path):
   args = ("--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}",
           "--config.optim.lr=-1.0")
@@ -281,3 +320,107 @@ def test_a_signal_during_busy_start_up_ends_the_process_in_seconds(
     lines = [l for l in err.splitlines() if "stopped by SIGTERM" in l]
     assert len(lines) == 1 and "busy in compiled code" in lines[0], err
     assert "Traceback" not in err
+
+
+def test_out_of_memory_is_one_line_naming_what_to_shrink(capsys,
+                                                         monkeypatch):
+  # A config too big for the device (e.g. gpt.py with block_size=100000)
+  # compiles, then fails at its first step with XLA's RESOURCE_EXHAUSTED:
+  # one line naming what to shrink, not a traceback.
+  import jax  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+
+  def main(unused_argv):
+    raise jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory allocating 961652809136 bytes.")
+
+  with pytest.raises(SystemExit) as stop:
+    cli._wrap(main, compilation_cache=False)(["trm.main"])  # pylint: disable=protected-access
+  assert stop.value.code == 2
+  err = capsys.readouterr().err
+  assert len(err.strip().splitlines()) == 1, err
+  assert "error: out of memory (RESOURCE_EXHAUSTED" in err
+  assert "config.global_batch_size" in err
+
+
+def test_unretrieved_checkpoint_reads_add_no_traceback(monkeypatch):
+  # After "trm.main: error: ... holds checkpoints but none can be restored"
+  # the garbage collector reported Orbax's failed read tasks through asyncio
+  # ("Task exception was never retrieved" and a traceback) under the line.
+  import logging  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+  try:
+    raise ValueError(
+        'NOT_FOUND: Error opening "zarr" driver: Error reading "rng/.zarray"'
+        ' in OCDBT database at local file "/w/checkpoints/6/state/"')
+  except ValueError:
+    exc_info = sys.exc_info()
+  record = logging.LogRecord(
+      "asyncio", logging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py",
+      1771, "Task exception was never retrieved\nfuture: <Task finished "
+      "name='Task-390' coro=<_wrap_awaitable() done> exception=%r>",
+      (exc_info[1],), exc_info)
+  assert not cli.QuietLibraries().filter(record)
+  other = logging.LogRecord("asyncio", logging.ERROR, "x.py", 1,
+                            "Task exception was never retrieved: %s",
+                            ("KeyError('a')",), None)
+  assert cli.QuietLibraries().filter(other)  # other tasks still show
+
+
+def _sigterm_at(module: str, function: str) -> str:
+  """A script running trm.main that sends itself a SIGTERM the first time
+  `module.function` is called (then calls it)."""
+  return f"""
+import os, runpy, signal, sys
+from trm.core import {module} as target
+real = target.{function}
+def first_call_signals(*args, **kwargs):
+  if not getattr(first_call_signals, "sent", False):
+    first_call_signals.sent = True
+    os.kill(os.getpid(), signal.SIGTERM)
+  return real(*args, **kwargs)
+target.{function} = first_call_signals
+sys.argv = ["trm.main"] + sys.argv[1:]
+runpy.run_module("trm.main", run_name="__main__")
+"""
+
+
+def test_sigterm_during_the_final_save_completes_it(tmp_path):
+  # The loop's preemption watch had ended, so the SIGTERM stopped the
+  # process inside the final wait: the last checkpoint, being written,
+  # was abandoned (`<step>.orbax-checkpoint-tmp`) and the steps since the
+  # previous one had to be trained again.
+  config = tiny_config(total_steps=6, checkpoint_every=3, eval_every=6)
+  config.mesh.update(data=-1, fsdp=1, model=1)
+  result = subprocess.run(
+      [sys.executable, "-c",
+       _sigterm_at("checkpoint", "wait_until_finished"),
+       "--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}"]
+      + _cli_flags(config), cwd=ROOT,
+      env=dict(ENV, TRM_NO_HUGE_PAGES="1"), capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  checkpoints = tmp_path / "checkpoints"
+  assert sorted(os.listdir(checkpoints)) == ["3", "6"], os.listdir(
+      checkpoints)
+  assert (checkpoints / "6" / "commit_success.txt").exists()
+  assert "SIGTERM after training ended" in result.stderr
+
+
+def test_sigterm_during_an_evaluation_saves_without_finishing_it(tmp_path):
+  # The evaluation ran to its end first (minutes for the paper's test
+  # sets, past a preemption's notice), then one more step, then the save.
+  config = tiny_config(total_steps=6, checkpoint_every=6, eval_every=3)
+  config.mesh.update(data=-1, fsdp=1, model=1)
+  result = subprocess.run(
+      [sys.executable, "-c", _sigterm_at("train", "evaluate"),
+       "--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}"]
+      + _cli_flags(config), cwd=ROOT,
+      env=dict(ENV, TRM_NO_HUGE_PAGES="1"), capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Preempted at step 3 (SIGTERM); saved" in result.stderr, (
+      result.stderr[-3000:])
+  assert "Step 3: evaluation stopped by SIGTERM" in result.stderr
+  assert not (tmp_path / "eval_3.json").exists()
+  assert (tmp_path / "checkpoints" / "3" / "commit_success.txt").exists()

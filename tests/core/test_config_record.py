@@ -322,3 +322,51 @@ def test_a_damaged_config_json_without_a_checkpoint_record_stops(
   assert message.startswith(f"{record_path} {why}")
   assert f"Restore {record_path}" in message
   assert record_path.read_text() == text
+
+
+def test_a_failed_history_write_keeps_the_history(tmp_path, monkeypatch):
+  # config_history.jsonl is rewritten whole at each resume (object stores
+  # cannot append); written in place, a full disk (or a kill) mid-write
+  # left it truncated: every recorded change lost.
+  import builtins  # pylint: disable=g-import-not-at-top
+  import errno  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  config = tiny_config()
+  (tmp_path / config_record.RECORD).write_text(
+      config.to_json_best_effort(indent=2))
+  history = tmp_path / config_record.HISTORY
+  before = json.dumps({"time": "2026-01-01T00:00:00", "step": 5,
+                       "changes": {"seed": [0, 1]}, "accepted": ["seed"]})
+  history.write_text(before + "\n")
+  real_open = builtins.open
+
+  class FullDisk:
+    def __init__(self, f):
+      self._f = f
+
+    def write(self, unused_data):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+      return getattr(self._f, name)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *unused):
+      self._f.close()
+
+  def full_open(file, mode="r", *args, **kwargs):
+    f = real_open(file, mode, *args, **kwargs)
+    if config_record.HISTORY in str(file) and set(mode) & set("wxa"):
+      return FullDisk(f)
+    return f
+
+  monkeypatch.setattr(builtins, "open", full_open)
+  with pytest.raises(OSError, match="No space left"):
+    config_record.record(config, epath.Path(tmp_path),
+                         {"log_every": [3, 4]}, 10)
+  monkeypatch.setattr(builtins, "open", real_open)
+  assert history.read_text() == before + "\n"
+  assert sorted(os.listdir(tmp_path)) == sorted([config_record.RECORD,
+                                                 config_record.HISTORY])

@@ -215,6 +215,17 @@ def test_remote_data_dir_is_a_clear_error():
     puzzle.prepare_data(config, "/tmp/unused")
 
 
+def test_a_data_dir_that_is_a_file_is_a_clear_error(tmp_path):
+  # Was "[Errno 17] File exists: '...'", naming neither the field nor a fix.
+  path = tmp_path / "sudoku"
+  path.write_text("not a dataset")
+  config = tiny_config(**{"data.data_dir": str(path)})
+  with pytest.raises(ValueError, match=r"config.data.data_dir.*is a file, "
+                     r"not a directory"):
+    puzzle.prepare_data(config, str(tmp_path))
+  assert path.read_text() == "not a dataset"
+
+
 @pytest.mark.parametrize("key", ["total_steps", "eval_every",
                                  "checkpoint_every", "data.epochs_per_iter"])
 def test_non_positive_cadence_is_a_clear_error(tmp_path, key):

@@ -56,6 +56,28 @@ def test_a_dead_holder_is_taken_over_and_the_lock_released(tmp_path, caplog):
   assert not os.path.exists(tmp_path / workdir_lock.LOCK_NAME)
 
 
+def test_a_lock_whose_pid_was_reused_is_taken_over(tmp_path, caplog):
+  # A restarted container's trainer often gets its killed predecessor's pid
+  # (its own pid here) on the same host: that pid is alive, but it is not
+  # the holder, which took the lock before this process started.
+  _write_lock(str(tmp_path), started=time.time() - 3600,
+              renewed=time.time() - 3600)
+  with workdir_lock.WorkdirLock(str(tmp_path)) as lock:
+    with open(lock.path) as f:
+      assert json.load(f)["started"] > time.time() - 60
+  assert "pid now belongs to a process started after" in caplog.text
+  # With the holder's recorded start: another start is another process ...
+  ticks = workdir_lock._start_ticks(os.getpid())  # pylint: disable=protected-access
+  assert ticks is not None
+  _write_lock(str(tmp_path), pid_start=ticks + 1)
+  with workdir_lock.WorkdirLock(str(tmp_path)):
+    pass
+  # ... and the same start is the live holder itself.
+  _write_lock(str(tmp_path), pid_start=ticks)
+  with pytest.raises(workdir_lock.WorkdirLockedError):
+    workdir_lock.WorkdirLock(str(tmp_path)).__enter__()
+
+
 def test_another_hosts_lock_is_stale_only_after_its_lease(tmp_path):
   _write_lock(str(tmp_path), host="elsewhere", pid=1)
   with pytest.raises(workdir_lock.WorkdirLockedError, match="host elsewhere"):

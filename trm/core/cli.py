@@ -211,8 +211,22 @@ def is_user_error(error: BaseException) -> bool:
   return isinstance(error, (UserError, ValueError, OSError))
 
 
+def out_of_memory(error: BaseException) -> bool:
+  """An XLA runtime error for memory the device (or host) does not have:
+  the config's sizes, not a bug, so one line naming what to shrink."""
+  return (type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+          and "RESOURCE_EXHAUSTED" in str(error))
+
+
 def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
+  if out_of_memory(error):
+    text = (f"out of memory ({text[:300]}): the model, batch or sequence is "
+            "too big for this device. Reduce config.global_batch_size (or "
+            "the micro-batch), the sequence length or the model size, turn "
+            "on rematerialisation (config.model.remat), or shard over more "
+            "devices (config.mesh.fsdp); checkpoints already written are "
+            "kept.")
   return f"{tool_name()}: error: {text}"
 
 
@@ -234,7 +248,8 @@ def _wrap(main, compilation_cache: bool = True):
                        "the flags)\n")
       sys.exit(2)
     except Exception as error:  # pylint: disable=broad-except
-      if not is_user_error(error) or traceback_requested():
+      if not (is_user_error(error) or out_of_memory(error)) or (
+          traceback_requested()):
         raise
       sys.stderr.write(one_line(error) + "\n")
       sys.exit(2)
@@ -284,13 +299,20 @@ def default_to_cpu() -> bool:
   return True
 
 
+# What asyncio's "Task exception was never retrieved" names when the task
+# was one of Orbax's reads or writes of a checkpoint.
+_CHECKPOINT_IO_MARKS = ("orbax", "tensorstore", "OCDBT", "zarr")
+
+
 class QuietLibraries(logging_std.Filter):
   """Drops INFO chatter of Orbax's internals (every save logs ~30 lines).
 
   A failed save surfaces as one `CheckpointError` line; Orbax's background
   threads would also log it with a traceback per thread and asyncio once
   per unretrieved write task (hundreds of lines for one full disk), so
-  those keep their first line only (all of it with --traceback)."""
+  those keep their first line only (all of it with --traceback); asyncio's
+  reports of unretrieved checkpoint reads and writes (after a failed save
+  or restore has been reported in one line) are dropped."""
 
   def filter(self, record):
     orbax = "/orbax/" in record.pathname
@@ -299,7 +321,11 @@ class QuietLibraries(logging_std.Filter):
     if traceback_requested():
       return True
     message = record.getMessage()
-    if record.name == "asyncio" and "orbax" in message:
+    if record.name == "asyncio" and any(
+        mark in message for mark in _CHECKPOINT_IO_MARKS):
+      # A failed save's write tasks, or a failed restore's read tasks
+      # (tensorstore: "Error reading ... in OCDBT database"), collected
+      # after the one line that already reports the failure.
       return False
     if orbax and (record.exc_info or "\n" in message):
       record.msg, record.args = message.split("\n", 1)[0][:300], ()

@@ -1,6 +1,8 @@
 """Helpers shared by the config files in `configs/`."""
 from __future__ import annotations
 
+import os
+
 import ml_collections
 from trm.core import tpu_flags
 
@@ -177,6 +179,55 @@ def _missing_config_file(argv) -> str | None:
   return None
 
 
+def _config_load_error(error: BaseException, argv) -> str | None:
+  """The one-line message for an exception raised while ml_collections
+  loads a --config file (a SyntaxError, ImportError, NameError, a missing
+  get_config, ...: it wraps only TypeError and ValueError), or None if the
+  exception did not come from loading one."""
+  import traceback  # pylint: disable=g-import-not-at-top
+  frames = traceback.extract_tb(error.__traceback__)
+  if not any(f.filename.endswith("config_flags.py") and f.name == "parse"
+             for f in frames):
+    return None
+  paths = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")]
+  flag = f"--config={paths[-1]}" if paths else "--config"
+  path = paths[-1].split(":", 1)[0] if paths else ""
+  where = ""
+  if isinstance(error, SyntaxError) and error.lineno:
+    where = f" (line {error.lineno})"
+  else:
+    lines = [f.lineno for f in frames
+             if path and os.path.abspath(f.filename) == os.path.abspath(path)]
+    if lines:
+      where = f" (line {lines[-1]})"
+  what = " ".join(str(getattr(error, "msg", None) or error).split())
+  return (f"{flag}: loading the config file failed{where}: "
+          f"{type(error).__name__}: {what}. Fix the file; it must define "
+          "get_config(arg=None) returning an ml_collections.ConfigDict")
+
+
+def _not_a_config(argv) -> str | None:
+  """A --config file whose get_config() returned something that is not a
+  ConfigDict (e.g. a plain dict): every field lookup would fail later with
+  an AttributeError traceback."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if "config" not in flags.FLAGS:
+    return None
+  holder = flags.FLAGS["config"]
+  if type(holder.parser).__name__ != "ConfigFileFlagParser":
+    return None
+  value = holder.value
+  if value is None or isinstance(value, ml_collections.ConfigDict):
+    return None
+  if type(value).__name__ == "_ErrorConfig":  # ml_collections' deferred IOError
+    return None
+  paths = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")]
+  flag = f"--config={paths[-1]}" if paths else "--config"
+  return (f"{flag}: get_config() returned a {type(value).__name__}, not an "
+          "ml_collections.ConfigDict; return one (ml_collections.ConfigDict"
+          "(...))")
+
+
 def parse_flags(argv):
   """absl `flags_parser` for the command-line tools (`app.run(main,
   flags_parser=config_lib.parse_flags)`). Flag errors stay one line: a
@@ -188,14 +239,20 @@ def parse_flags(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   try:
     parsed = flags.FLAGS(argv)
-    message = _missing_config_file(argv)
+    message = _missing_config_file(argv) or _not_a_config(argv)
     if message is None:
       return parsed
   except flags.Error as e:
     message = _config_file_error(str(e))
-  except (AttributeError, KeyError) as e:
-    message = _config_override_error(e, argv)
+  except Exception as e:  # pylint: disable=broad-except
+    message = (_config_override_error(e, argv)
+               if isinstance(e, (AttributeError, KeyError)) else None)
     if message is None:
+      message = _config_load_error(e, argv)
+    shown = any(a.startswith("--traceback") and a.split("=", 1)[-1].lower()
+                not in ("false", "0") for a in argv[1:])
+    if message is None or shown or os.environ.get(
+        "TRM_TRACEBACK", "") not in ("", "0"):
       raise
   from trm.core import cli  # pylint: disable=g-import-not-at-top
   sys.stderr.write(f"{cli.tool_name()}: error: {message} (--helpshort "

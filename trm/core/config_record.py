@@ -26,6 +26,8 @@ import time
 from absl import logging
 from etils import epath
 
+from trm.data import atomic_files
+
 RECORD = "config.json"
 HISTORY = "config_history.jsonl"
 
@@ -250,6 +252,17 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
   return diff
 
 
+def _write(path: epath.Path, text: str) -> None:
+  """Replaces `path` whole: a local file through a temporary file renamed
+  over it, so a crash or a full disk mid-write leaves the previous file (the
+  history is rewritten, not appended to, and a truncated write would lose
+  every entry); an object store's object is replaced whole anyway."""
+  if "://" in str(path):
+    path.write_text(text)
+  else:
+    atomic_files.atomic_write(str(path), lambda f: f.write(text.encode()))
+
+
 def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
   """Writes `config.json` for a new run (one with no checkpoint yet), or
   appends a resume's changes to the history; a resume whose config.json
@@ -257,14 +270,14 @@ def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
   process 0 only."""
   record_path = workpath / RECORD
   if step is None:
-    record_path.write_text(config.to_json_best_effort(indent=2))
+    _write(record_path, config.to_json_best_effort(indent=2))
     return
   recorded, _, rewrite = _recorded(workpath, step, quiet=True)
   if recorded is None:  # old checkpoints, no config.json: record this one
-    record_path.write_text(config.to_json_best_effort(indent=2))
+    _write(record_path, config.to_json_best_effort(indent=2))
     return
   if rewrite:
-    record_path.write_text(json.dumps(recorded, indent=2))
+    _write(record_path, json.dumps(recorded, indent=2))
   if not diff:
     return
   entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
@@ -274,4 +287,4 @@ def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
   history = workpath / HISTORY
   # Read and rewrite rather than append: object stores cannot append.
   before = history.read_text() if history.exists() else ""
-  history.write_text(before + json.dumps(entry) + "\n")
+  _write(history, before + json.dumps(entry) + "\n")

@@ -73,6 +73,13 @@ class PreemptionWatch:
     cli.exit_now(signum, "the checkpoint save was skipped; the newest "
                  "complete checkpoint on disk is kept.")
 
+  def pending(self) -> bool:
+    """Whether a signal has arrived, for stopping work inside a step (an
+    evaluation) early. One process only: several would have to agree
+    first, which `reached` does at step boundaries."""
+    return (not self._sync and jax.process_count() == 1
+            and self.signal_time is not None)
+
   def reached(self, step: int) -> bool:
     """Called once per step, with the same steps on every process."""
     if self._sync:

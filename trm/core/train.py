@@ -50,12 +50,16 @@ class NonFiniteError(cli.UserError, RuntimeError):
 
 
 def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
-             save_dir: str | None = None) -> dict:
+             save_dir: str | None = None, stop=None) -> dict | None:
   """Mean metrics over every batch of the held-out split, plus the task's
-  hook's (e.g. ARC pass@K), which may write files into `save_dir`."""
+  hook's (e.g. ARC pass@K), which may write files into `save_dir`. None if
+  `stop()` (asked before each batch) said to stop: a preemption must not
+  wait for a whole evaluation."""
   totals = None
   bound = dispatch.DispatchBound()
   for k in range(len(eval_source)):
+    if stop is not None and stop():
+      return None
     batch = pipeline.to_global(eval_source[k], batch_shardings)
     metrics, outputs = bound(eval_fn(state, batch))
     totals = metrics_lib.merge(totals, metrics)
@@ -176,14 +180,17 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     eval_step = jax.jit(program.eval_step,
                         in_shardings=(state_shardings, batch_shardings))
 
-  def run_eval(step: int) -> dict:
+  def run_eval(step: int, stop=None) -> dict | None:
+    """The held-out metrics at `step`; None if `stop()` cut it short."""
     with ctx:
       start = time.time()
       hook = task.make_eval_hook() if task.make_eval_hook else None
       save_dir = None if "://" in workdir else os.path.join(workdir,
                                                             f"eval_{step}")
       results = evaluate(eval_step, state, task.eval_source, batch_shardings,
-                         hook, save_dir)
+                         hook, save_dir, stop)
+    if results is None:
+      return None
     results = {f"eval/{k}": v for k, v in results.items()}
     results["eval/seconds"] = time.time() - start
     writer.write_scalars(step, results)
@@ -338,7 +345,12 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           stop_for_preemption(step)
         if step % config.eval_every == 0 or step == config.total_steps:
           with report.timed("eval", barrier=state):
-            results = run_eval(step)
+            evaluated = run_eval(step, preemption.pending)
+          if evaluated is None:  # a signal arrived during the evaluation
+            logging.warning("Step %d: evaluation stopped by %s.", step,
+                            signal.Signals(preemption.signum).name)
+            stop_for_preemption(step)
+          results = evaluated
           evaluated_at = step
           logging.info("Step %d eval: %s", step, results)
           speed.restart(step)  # evaluation is not step time
@@ -360,8 +372,16 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         results = run_eval(step)
   finally:
     # Also on a crash: a save in flight completes, so the newest checkpoint
-    # on disk is whole.
-    ckpt_lib.wait_until_finished(manager)
+    # on disk is whole. Under the preemption watch again: a SIGTERM now (the
+    # loop is over, the final save may still be writing) waits for the save
+    # instead of abandoning it (a second signal still exits at once).
+    signalled = preemption.signal_time
+    with preemption:
+      ckpt_lib.wait_until_finished(manager)
+    if signalled is None and preemption.signal_time is not None:
+      logging.warning("%s after training ended: the checkpoints in flight "
+                      "were completed first.",
+                      signal.Signals(preemption.signum).name)
   logging.info("Final evaluation at step %d: %s", step, "  ".join(
       f"{k.removeprefix('eval/')}={v:.4f}" for k, v in sorted(results.items())))
   return state, results

@@ -5,7 +5,9 @@ processes}. Process 0 of a job takes it before anything is written and the
 other processes of the same job share it (they learn process 0's verdict,
 so a refused job stops everywhere). A second trainer is refused with the
 holder's name. A lock whose holder is gone is taken over with a warning: on
-the same host when its pid no longer runs, otherwise (another host, or
+the same host when its pid no longer runs or now belongs to a process
+started after the lock was taken (`pid_start`: a restarted container's
+trainer often gets its predecessor's pid), otherwise (another host, or
 `gs://`, where no pid can be checked) when its lease has not been renewed
 for `LEASE_SECONDS`; the holder renews it from a daemon thread.
 
@@ -48,7 +50,11 @@ LEASE_SECONDS = 300.0
 # Required fields of a lock record and their types (bool is no int here).
 _FIELDS = {"host": str, "pid": int, "started": numbers.Real,
            "renewed": numbers.Real}
-_OPTIONAL = {"path": str, "processes": int}
+_OPTIONAL = {"path": str, "processes": int, "pid_start": int}
+# A process that began this long after the lock was taken cannot be its
+# holder (the holder takes it after it starts): its pid was reused. The
+# margin covers /proc/stat's whole-second boot time.
+_REUSE_MARGIN_SECONDS = 2.0
 
 
 class WorkdirLockedError(cli.UserError, RuntimeError):
@@ -71,12 +77,53 @@ def _pid_alive(pid: int) -> bool:
   return True
 
 
+def _start_ticks(pid: int) -> int | None:
+  """When process `pid` started, in clock ticks since boot (Linux /proc),
+  or None where that cannot be read."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      stat = f.read()
+    # Field 22; the command name (field 2, in parentheses) may hold spaces.
+    return int(stat.rsplit(b")", 1)[1].split()[19])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _start_time(ticks: int) -> float | None:
+  """Clock ticks since boot as seconds since the epoch, or None."""
+  try:
+    with open("/proc/stat", "rb") as f:
+      boot = next(int(line.split()[1]) for line in f
+                  if line.startswith(b"btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+  except (OSError, ValueError, IndexError, StopIteration):
+    return None
+
+
+def _pid_reused(holder: dict) -> bool:
+  """Whether the live process with the holder's pid is another process (a
+  restarted container's trainer often gets its predecessor's pid, its own
+  included): its start differs from the one recorded, or, for a record
+  without one, it began after the lock was taken."""
+  ticks = _start_ticks(holder["pid"])
+  if ticks is None:
+    return False
+  if "pid_start" in holder:
+    return ticks != holder["pid_start"]
+  began = _start_time(ticks)
+  return began is not None and began > float(
+      holder["started"]) + _REUSE_MARGIN_SECONDS
+
+
 def _stale(holder: dict, now: float) -> str | None:
   """Why the recorded holder is gone, or None if it may still run."""
   if holder["host"] == socket.gethostname() and "://" not in holder.get(
       "path", ""):
     if not _pid_alive(holder["pid"]):
       return f"its process {holder['pid']} is no longer running"
+    if _pid_reused(holder):
+      return (f"its process {holder['pid']} is gone; that pid now belongs to "
+              "a process started after the lock was taken")
     return None
   age = now - float(holder["renewed"])
   if age > LEASE_SECONDS:
@@ -263,6 +310,9 @@ class WorkdirLock:
     record = {"host": socket.gethostname(), "pid": os.getpid(),
               "started": now, "renewed": now, "path": str(self.path),
               "processes": jax.process_count()}
+    ticks = _start_ticks(os.getpid())
+    if ticks is not None:
+      record["pid_start"] = ticks
     text = json.dumps(record)
     with self._guard():
       for _ in range(3):

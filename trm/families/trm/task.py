@@ -22,6 +22,12 @@ def _data_dir(config, workdir: str) -> str:
         f"Dataset directory {data_dir!r} is remote, but datasets are memory-"
         "mapped from local disk: set --config.data.data_dir to a local path "
         "(each worker builds or copies its own).")
+  if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+    raise ValueError(
+        f"The dataset directory {data_dir!r} (config.data.data_dir, '' = "
+        "<workdir>/data) is a file, not a directory: set "
+        "--config.data.data_dir to a directory (a new one is built), or "
+        "move the file away.")
   return data_dir
 
 
