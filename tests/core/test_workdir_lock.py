@@ -58,22 +58,23 @@ def test_a_dead_holder_is_taken_over_and_the_lock_released(tmp_path, caplog):
 
 def test_a_lock_whose_pid_was_reused_is_taken_over(tmp_path, caplog):
   # A restarted container's trainer often gets its killed predecessor's pid
-  # (its own pid here) on the same host: that pid is alive, but it is not
-  # the holder, which took the lock before this process started.
-  _write_lock(str(tmp_path), started=time.time() - 3600,
-              renewed=time.time() - 3600)
-  with workdir_lock.WorkdirLock(str(tmp_path)) as lock:
-    with open(lock.path) as f:
-      assert json.load(f)["started"] > time.time() - 60
-  assert "pid now belongs to a process started after" in caplog.text
-  # With the holder's recorded start: another start is another process ...
+  # (its own pid here) on the same host: that pid is alive, but a process
+  # that started at another time than the holder recorded is not the holder.
   ticks = workdir_lock._start_ticks(os.getpid())  # pylint: disable=protected-access
   assert ticks is not None
   _write_lock(str(tmp_path), pid_start=ticks + 1)
-  with workdir_lock.WorkdirLock(str(tmp_path)):
-    pass
-  # ... and the same start is the live holder itself.
+  with workdir_lock.WorkdirLock(str(tmp_path)) as lock:
+    with open(lock.path) as f:
+      assert json.load(f)["pid_start"] == ticks
+  assert "pid now belongs to a process started at another time" in (
+      caplog.text)
+  # The same start is the live holder itself ...
   _write_lock(str(tmp_path), pid_start=ticks)
+  with pytest.raises(workdir_lock.WorkdirLockedError):
+    workdir_lock.WorkdirLock(str(tmp_path)).__enter__()
+  # ... and so is a live pid an older trainer recorded without its start,
+  # however long ago it says it took the lock (no wall-clock guess).
+  _write_lock(str(tmp_path), started=0.0, renewed=time.time())
   with pytest.raises(workdir_lock.WorkdirLockedError):
     workdir_lock.WorkdirLock(str(tmp_path)).__enter__()
 

@@ -6,8 +6,8 @@ other processes of the same job share it (they learn process 0's verdict,
 so a refused job stops everywhere). A second trainer is refused with the
 holder's name. A lock whose holder is gone is taken over with a warning: on
 the same host when its pid no longer runs or now belongs to a process
-started after the lock was taken (`pid_start`: a restarted container's
-trainer often gets its predecessor's pid), otherwise (another host, or
+that started at another time than the holder recorded (`pid_start`: a
+restarted container's trainer often gets its predecessor's pid), otherwise (another host, or
 `gs://`, where no pid can be checked) when its lease has not been renewed
 for `LEASE_SECONDS`; the holder renews it from a daemon thread.
 
@@ -51,10 +51,6 @@ LEASE_SECONDS = 300.0
 _FIELDS = {"host": str, "pid": int, "started": numbers.Real,
            "renewed": numbers.Real}
 _OPTIONAL = {"path": str, "processes": int, "pid_start": int}
-# A process that began this long after the lock was taken cannot be its
-# holder (the holder takes it after it starts): its pid was reused. The
-# margin covers /proc/stat's whole-second boot time.
-_REUSE_MARGIN_SECONDS = 2.0
 
 
 class WorkdirLockedError(cli.UserError, RuntimeError):
@@ -89,30 +85,17 @@ def _start_ticks(pid: int) -> int | None:
     return None
 
 
-def _start_time(ticks: int) -> float | None:
-  """Clock ticks since boot as seconds since the epoch, or None."""
-  try:
-    with open("/proc/stat", "rb") as f:
-      boot = next(int(line.split()[1]) for line in f
-                  if line.startswith(b"btime"))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-  except (OSError, ValueError, IndexError, StopIteration):
-    return None
-
-
 def _pid_reused(holder: dict) -> bool:
   """Whether the live process with the holder's pid is another process (a
   restarted container's trainer often gets its predecessor's pid, its own
-  included): its start differs from the one recorded, or, for a record
-  without one, it began after the lock was taken."""
-  ticks = _start_ticks(holder["pid"])
-  if ticks is None:
+  included): it started at another time than the one the holder recorded.
+  A record without `pid_start` (an older trainer's) keeps its live pid:
+  comparing wall-clock times instead would hand a live trainer's lock to a
+  second one whenever the clock stepped back."""
+  if "pid_start" not in holder:
     return False
-  if "pid_start" in holder:
-    return ticks != holder["pid_start"]
-  began = _start_time(ticks)
-  return began is not None and began > float(
-      holder["started"]) + _REUSE_MARGIN_SECONDS
+  ticks = _start_ticks(holder["pid"])
+  return ticks is not None and ticks != holder["pid_start"]
 
 
 def _stale(holder: dict, now: float) -> str | None:
@@ -123,7 +106,7 @@ def _stale(holder: dict, now: float) -> str | None:
       return f"its process {holder['pid']} is no longer running"
     if _pid_reused(holder):
       return (f"its process {holder['pid']} is gone; that pid now belongs to "
-              "a process started after the lock was taken")
+              "a process started at another time")
     return None
   age = now - float(holder["renewed"])
   if age > LEASE_SECONDS:
