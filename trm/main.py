@@ -81,8 +81,11 @@ def main(argv):
                jax.process_count(), jax.device_count(),
                jax.devices()[0].platform)
   workdir = _WORKDIR.value
-  if not workdir.startswith("gs://"):
-    workdir = os.path.abspath(workdir)
+  if "://" not in workdir:
+    # `--workdir=~/x` reaches us unexpanded (the shell expands a leading ~
+    # only): a folder named '~' in the current one, which a later
+    # `rm -rf ~` would miss badly.
+    workdir = os.path.abspath(os.path.expanduser(workdir))
   try:
     train.train_and_evaluate(_CONFIG.value, workdir, families.build_task)
   except train.Preempted as e:  # a clean stop: the scheduler restarts us

@@ -75,6 +75,25 @@ def test_an_empty_workdir_is_refused(tmp_path):
   assert not os.listdir(tmp_path)  # nothing written where it was started
 
 
+def test_a_workdir_under_tilde_is_the_home_directory(tmp_path):
+  # `--workdir=~/run` reaches trm.main unexpanded (the shell expands a
+  # leading ~ only); it made a folder named '~' where the run was started.
+  home, started = tmp_path / "home", tmp_path / "started_here"
+  home.mkdir()
+  started.mkdir()
+  config = tiny_config(total_steps=1, checkpoint_every=1, eval_every=1)
+  config.mesh.update(data=-1, fsdp=1, model=1)
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.main",
+       f"--config={os.path.join(ROOT, 'configs', 'trm_sudoku.py')}:cpu",
+       "--workdir=~/run"] + _cli_flags(config), cwd=started,
+      env=dict(ENV, HOME=str(home), PYTHONPATH=ROOT, TRM_NO_HUGE_PAGES="1"),
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (home / "run" / "checkpoints" / "1").is_dir()
+  assert not os.listdir(started)
+
+
 def test_an_input_error_is_one_line_and_traceback_on_request(tmp_path):
   args = ("--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}",
           "--config.optim.lr=-1.0")
