@@ -233,6 +233,24 @@ def test_missing_tensor_error(hf_model, tmp_path):
     hf_import.load_hf_checkpoint(bad, CFG)
 
 
+def test_unused_tensors_are_named_in_a_warning(hf_model, tmp_path, caplog):
+  model, directory = hf_model
+  extra = "model.layers.0.self_attn.rotary_emb.inv_freq"
+
+  def edit(t):
+    t[extra] = np.ones(8, np.float32)
+
+  single = _copy_single(directory, tmp_path, edit)
+  with caplog.at_level("WARNING"):
+    params = hf_import.load_hf_checkpoint(single, CFG)
+  assert f"1 tensors in {single}" in caplog.text
+  assert extra in caplog.text
+  tokens = np.arange(6, dtype=np.int32)[None] * 3  # the rest loads as before
+  np.testing.assert_allclose(_ours(params, tokens),
+                             _torch_logits(model, tokens), atol=1e-5,
+                             rtol=1e-5)
+
+
 def test_misshaped_tensor_error(hf_model, tmp_path):
   _, directory = hf_model
   name = "model.layers.0.mlp.up_proj.weight"

@@ -86,6 +86,8 @@ def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
   }
   out.update({field: getattr(cfg, field) for field in _CONFIG_FIELDS})
   return out
+
+
 def _is_int(value) -> bool:
   """A JSON integer (a bool is no size or token id)."""
   return isinstance(value, int) and not isinstance(value, bool)

@@ -20,6 +20,7 @@ import json
 import os
 from typing import Any
 
+from absl import logging
 from flax.core import meta
 import jax
 import jax.numpy as jnp
@@ -141,6 +142,19 @@ def _tensor_specs(files: _Files, cfg: DreamConfig, abstract,
   return specs
 
 
+def _warn_unused(files: _Files, specs) -> None:
+  """One warning naming the checkpoint's tensors the model does not read,
+  as transformers' "Some weights ... were not used": config.json's sizes
+  already match the model, so these are extras (a rotary buffer, another
+  head), not layers the config left out."""
+  used = {name for _, _, names in specs for name in names}
+  unused = sorted(set(files.weight_map) - used)
+  if unused:
+    logging.warning("%d tensors in %s are not used by the model: %s%s",
+                    len(unused), files.where, ", ".join(unused[:5]),
+                    " ..." if len(unused) > 5 else "")
+
+
 def check_hf_checkpoint(directory: str, cfg: DreamConfig) -> None:
   """Raises CheckpointError unless `directory` is an HF Dream checkpoint
   whose config.json and tensors (names and shapes, from the headers alone)
@@ -166,6 +180,7 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
   with contextlib.ExitStack() as stack:
     files = _Files(directory, stack)
     specs = _tensor_specs(files, cfg, abstract, hf.get("torch_dtype"))
+    _warn_unused(files, specs)
 
     for leaf, shape, names in specs:
       def block(index, leaf=leaf, shape=shape, names=names):
