@@ -4,8 +4,10 @@ with a huge field or bytes that are not UTF-8; ARC JSON of the wrong shape;
 a damaged tokenizer.json, or one whose ids have gaps (its token count
 understates the ids it produces); a meta.json that is no object or has a
 bad vocab_size; .bin tokens at or above the model's vocabulary."""
+import contextlib
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -177,3 +179,41 @@ def test_arc_evaluator_dataset_files_of_the_wrong_shape_are_one_line(
   with pytest.raises(ValueError, match=needle) as info:
     arc_eval.ARCEvaluator(str(tmp_path))
   assert "\n" not in str(info.value)
+
+
+
+@contextlib.contextmanager
+def _within(seconds: int):
+  """A read that blocks (a FIFO with no writer) fails the test instead of
+  hanging it."""
+  def stop(*_):
+    raise TimeoutError("blocked reading a FIFO")
+  previous = signal.signal(signal.SIGALRM, stop)
+  signal.alarm(seconds)
+  try:
+    yield
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_fifos_named_as_json_or_text_inputs_are_refused_unread(tmp_path):
+  # Each blocked until a writer came: a hang, not an error.
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  from trm.data import io as data_io  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import arc_eval  # pylint: disable=g-import-not-at-top
+  _write(tmp_path / "concept" / "a" / "t1.json", _PUZZLE)
+  for name in ("concept/a/t2.json", "config.json", "identifiers.json",
+               "input.txt"):
+    os.mkfifo(tmp_path / name)
+  with _within(20):
+    with pytest.raises(ValueError, match=r"t2\.json is not a regular file"):
+      arc_sources.load_concept_dir(str(tmp_path / "concept"))
+    with pytest.raises(ValueError,
+                       match=r"config\.json is not a regular file.*download"):
+      weights_io.read_json(str(tmp_path / "config.json"))
+    with pytest.raises(ValueError,
+                       match=r"identifiers\.json is not a regular file"):
+      arc_eval.ARCEvaluator(str(tmp_path))
+    with pytest.raises(ValueError, match=r"input\.txt is not a regular file"):
+      data_io.read_utf8(str(tmp_path / "input.txt"))

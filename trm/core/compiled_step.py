@@ -36,6 +36,7 @@ from etils import epath
 from trm.core import cli
 from trm.core import config_record
 from trm.data import atomic_files
+from trm.data import io as data_io
 
 MAGIC = b"TRM-COMPILED-STEP 1\n"
 FIELD = "config.compiled_step"
@@ -252,9 +253,12 @@ def read(path: str) -> tuple[dict, bytes]:
   """(header, payload) of a compiled step file; a missing, foreign,
   truncated or damaged file is one line naming it."""
   where = f"{FIELD}={path!r}"
-  if "://" not in path and os.path.exists(path) and not os.path.isfile(path):
-    # A FIFO or device would block the read (or never end): refused unread.
-    raise CompiledStepError(f"{where} is not a regular file; {_REBUILD}.")
+  if "://" not in path:
+    try:  # a FIFO or device would block the read: refused unread
+      data_io.check_regular_file(path)
+    except ValueError:
+      raise CompiledStepError(
+          f"{where} is not a regular file; {_REBUILD}.") from None
   try:
     data = epath.Path(path).read_bytes()
   except FileNotFoundError:

@@ -17,11 +17,14 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
+from trm.data import io as data_io
+
 class CheckpointError(ValueError):
   """A checkpoint that does not match the model or the HF layout."""
 
 
 def read_json(path: str):
+  data_io.check_regular_file(path, "download the checkpoint again")
   try:
     with open(path) as f:
       return json.load(f)

@@ -1,6 +1,18 @@
 """Reading users' text files with errors that name the file and the place."""
 from __future__ import annotations
 
+import os
+
+
+def check_regular_file(path: str, fix: str = "") -> None:
+  """A ValueError naming `path` when it exists but is no regular file: a
+  FIFO or a device named where a file belongs would block the read (or
+  never end); a directory would fail with a bare IsADirectoryError."""
+  if os.path.exists(path) and not os.path.isfile(path):
+    raise ValueError(f"{path} is not a regular file (a directory, FIFO or "
+                     "device); name a file" + (f"; {fix}" if fix else "")
+                     + ".")
+
 
 def decode_utf8(data: bytes, path: str, fix: str = "") -> str:
   """`data` as UTF-8; a ValueError naming `path` and the byte offset of the
@@ -18,6 +30,7 @@ def decode_utf8(data: bytes, path: str, fix: str = "") -> str:
 
 def read_utf8(path: str, fix: str = "") -> str:
   """The whole of a local text file, strictly UTF-8 (see `decode_utf8`)."""
+  check_regular_file(path, fix)
   with open(path, "rb") as f:
     return decode_utf8(f.read(), path, fix)
 

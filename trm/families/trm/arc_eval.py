@@ -41,6 +41,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from trm.data import io as data_io
 from trm.families.trm import arc_canvas
 
 IDENTIFIERS_FILE = "identifiers.json"
@@ -371,6 +372,7 @@ class ARCEvaluator:
 
 def _read_json(path: str):
   """A JSON file of an ARC dataset directory; damage is one line naming it."""
+  data_io.check_regular_file(path, "rebuild the dataset")
   try:
     with open(path, "r", encoding="utf-8") as f:
       return json.load(f)
