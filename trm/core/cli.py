@@ -201,10 +201,15 @@ def install_signal_handlers() -> None:
   _WATCH.armed = True
 
 
-def traceback_requested() -> bool:
-  """--traceback or TRM_TRACEBACK=1."""
-  return (flags.FLAGS.is_parsed() and _TRACEBACK.value) or os.environ.get(
-      TRACEBACK_ENV, "") not in ("", "0")
+def traceback_requested(argv=None) -> bool:
+  """--traceback or TRM_TRACEBACK=1. `argv`: the command line, read for
+  --traceback while the flags are not parsed (an error parsing them)."""
+  if flags.FLAGS.is_parsed():
+    asked = _TRACEBACK.value
+  else:
+    asked = any(a.startswith("--traceback") and a.split("=", 1)[-1].lower()
+                not in ("false", "0") for a in (argv or [])[1:])
+  return asked or os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
 
 
 def is_user_error(error: BaseException) -> bool:

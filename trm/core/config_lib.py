@@ -249,10 +249,8 @@ def parse_flags(argv):
                if isinstance(e, (AttributeError, KeyError)) else None)
     if message is None:
       message = _config_load_error(e, argv)
-    shown = any(a.startswith("--traceback") and a.split("=", 1)[-1].lower()
-                not in ("false", "0") for a in argv[1:])
-    if message is None or shown or os.environ.get(
-        "TRM_TRACEBACK", "") not in ("", "0"):
+    from trm.core import cli  # pylint: disable=g-import-not-at-top
+    if message is None or cli.traceback_requested(argv):
       raise
   from trm.core import cli  # pylint: disable=g-import-not-at-top
   sys.stderr.write(f"{cli.tool_name()}: error: {message} (--helpshort "

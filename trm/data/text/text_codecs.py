@@ -80,10 +80,8 @@ class HFTokenizerCodec:
                        "tokenizer.json of a Hugging Face download.") from None
     # One more than the largest id, not the number of tokens: ids may have
     # gaps, and the .bin files and the model must hold the largest.
-    ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
-    self.vocab_size = max(max(ids, default=-1) + 1,
-                          self.tokenizer.get_vocab_size(
-                              with_added_tokens=True))
+    from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+    self.vocab_size = tok_lib.id_span(self.tokenizer)
 
   def encode(self, text: str) -> list[int]:
     # No BOS/EOS templates: the text is one continuous stream, as with
