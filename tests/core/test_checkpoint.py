@@ -2,10 +2,12 @@
 the run's best held-out loss travels in the checkpoint's own metadata (so a
 resume after preemption knows it), and nothing non-finite is ever written.
 8 CPU devices."""
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -91,6 +93,73 @@ def test_resume_after_preemption_keeps_the_best_checkpoint(
   assert max(_steps(checkpoints)) == 15
 
 
+def test_a_preemption_at_an_evaluation_step_owes_it(tmp_path, monkeypatch):
+  """Preempted at step 10, an evaluation step, before its evaluation: the
+  checkpoint records the debt and the resumed run evaluates step 10 first,
+  with the loss an uninterrupted run gets there."""
+  def run(workdir, preempt_at=None):
+    config = tiny_config(tmp_path, max_iters=20, lr_decay_iters=20,
+                         eval_interval=10)
+    real = preemption_lib.PreemptionWatch.reached
+    monkeypatch.setattr(
+        preemption_lib.PreemptionWatch, "reached",
+        lambda self, step: step == preempt_at or real(self, step))
+    try:
+      return train.train_and_evaluate(config, workdir, families.build_task)
+    finally:
+      monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached", real)
+
+  straight = str(tmp_path / "straight")
+  run(straight)
+  workdir = str(tmp_path / "run")
+  with pytest.raises(train.Preempted, match=r"Preempted at step 10"):
+    run(workdir, preempt_at=10)
+  assert not os.path.exists(os.path.join(workdir, "eval_10.json"))
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"),
+                                  max_to_keep=5)
+  assert ckpt_lib.saved_eval_owed(manager, 10)
+  run(workdir)
+  with open(os.path.join(workdir, "eval_10.json"), encoding="utf-8") as f:
+    redone = json.load(f)
+  with open(os.path.join(straight, "eval_10.json"), encoding="utf-8") as f:
+    expected = json.load(f)
+  assert redone["eval/loss"] == pytest.approx(expected["eval/loss"],
+                                              rel=1e-6)
+  assert os.path.exists(os.path.join(workdir, "eval_20.json"))
+  # A step saved after its evaluation owes nothing.
+  assert not ckpt_lib.saved_eval_owed(manager, 20)
+
+
+def test_a_signal_during_the_final_evaluation(tmp_path, monkeypatch):
+  """Stopped during the last step's evaluation: the step is saved, and the
+  rerun (a finished run) evaluates it instead of training."""
+  config = tiny_config(tmp_path, max_iters=20, lr_decay_iters=20,
+                       eval_interval=10)
+  workdir = str(tmp_path / "run")
+  real_evaluate = train.evaluate
+  calls = []
+
+  def signalled_second_time(*args):
+    calls.append(1)
+    stop = args[-1]
+    if len(calls) == 2:  # the final evaluation: a SIGTERM arrives
+      stop.__self__.signal_time = time.time()
+    return real_evaluate(*args)
+
+  monkeypatch.setattr(train, "evaluate", signalled_second_time)
+  with pytest.raises(train.Preempted, match=r"Preempted at step 20 "
+                     r"\(SIGTERM\); saved"):
+    train.train_and_evaluate(config, workdir, families.build_task)
+  monkeypatch.setattr(train, "evaluate", real_evaluate)
+  assert not os.path.exists(os.path.join(workdir, "eval_20.json"))
+  assert _steps(os.path.join(workdir, "checkpoints"))[-1] == 20
+  state, results = train.train_and_evaluate(config, workdir,
+                                            families.build_task)
+  assert int(state.step) == 20
+  assert "eval/loss" in results
+  assert os.path.exists(os.path.join(workdir, "eval_20.json"))
+
+
 def test_config_rejects_nonfinite_or_negative_rates(tmp_path):
   for key, value in (("learning_rate", float("inf")),
                      ("learning_rate", float("nan")),
@@ -98,6 +167,36 @@ def test_config_rejects_nonfinite_or_negative_rates(tmp_path):
     config = tiny_config(tmp_path, **{key: value})
     with pytest.raises(ValueError, match=f"config.{key}=.* must be a finite"):
       train.check_config(config)
+
+
+def test_config_rejects_a_floor_above_the_peak_rate(tmp_path):
+  config = tiny_config(tmp_path, learning_rate=6e-5, min_lr=6e-4)
+  with pytest.raises(ValueError, match=r"config.min_lr=0.0006 must be <= "
+                     r"config.learning_rate=6e-05 .*decay_lr=False"):
+    train.check_config(config)
+  # Without the cosine, min_lr is unused.
+  train.check_config(tiny_config(tmp_path, learning_rate=6e-5, min_lr=6e-4,
+                                 decay_lr=False))
+
+
+def test_a_zero_peak_rate_is_a_warning(tmp_path, caplog):
+  from test_train import tiny_config as trm_config  # pylint: disable=g-import-not-at-top
+  for config, key in (
+      (tiny_config(tmp_path, learning_rate=0.0, min_lr=0.0), "learning_rate"),
+      (trm_config(**{"optim.lr": 0.0}), "optim.lr")):
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+      train.check_config(config)
+    assert f"config.{key}=0: the weights will not change" in caplog.text
+    config.eval_only = True
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+      train.check_config(config)
+    assert "will not change" not in caplog.text
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    train.check_config(tiny_config(tmp_path))
+  assert "will not change" not in caplog.text
 
 
 @pytest.fixture

@@ -443,3 +443,15 @@ def test_sigterm_during_an_evaluation_saves_without_finishing_it(tmp_path):
   assert "Step 3: evaluation stopped by SIGTERM" in result.stderr
   assert not (tmp_path / "eval_3.json").exists()
   assert (tmp_path / "checkpoints" / "3" / "commit_success.txt").exists()
+  # The resumed run owes step 3 its evaluation and does it before training.
+  resumed = subprocess.run(
+      [sys.executable, "-m", "trm.main",
+       "--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}"]
+      + _cli_flags(config), cwd=ROOT,
+      env=dict(ENV, TRM_NO_HUGE_PAGES="1"), capture_output=True, text=True,
+      timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert ("Step 3: redoing the evaluation the preemption cut short"
+          in resumed.stderr), resumed.stderr[-3000:]
+  assert (tmp_path / "eval_3.json").exists()
+  assert (tmp_path / "eval_6.json").exists()

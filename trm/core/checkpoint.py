@@ -72,6 +72,9 @@ _TMP_MARK = ".orbax-checkpoint-tmp"
 # metadata), and the best such loss of the run up to that step.
 EVAL_LOSS = "eval_loss"
 BEST_EVAL_LOSS = "best_eval_loss"
+# Set on a step saved at an evaluation step whose evaluation did not run to
+# the end (a preemption before or during it): the resumed run evaluates it.
+EVAL_OWED = "eval_owed"
 # The step's checksums (see the module docstring) and the run's config
 # record (`config_record`), also in the step's custom metadata.
 CHECKSUMS = "checksums"
@@ -390,15 +393,17 @@ def checksums(state, on_device: bool | None = None) -> dict:
 def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
          eval_loss: float | None = None,
          best_eval_loss: float | None = None,
-         config_record: dict | None = None) -> None:
+         config_record: dict | None = None,
+         eval_owed: bool = False) -> None:
   """Starts an (async) save of `state` and the iterator position at `step`.
 
   `eval_loss` is the held-out loss measured at this step (it ranks the step
   for keeping the best, see `make_manager`); `best_eval_loss` the lowest of
   the run so far, recorded in the step's metadata so a resume knows it
   whatever files lie beside the checkpoint; `config_record` the run's
-  config record (`trm.core.config_record`), kept with the step likewise.
-  The checksum of every array and of the iterator position goes into the
+  config record (`trm.core.config_record`), kept with the step likewise;
+  `eval_owed` marks a step whose scheduled evaluation was cut short
+  (`saved_eval_owed`). The checksum of every array and of the iterator position goes into the
   same metadata (the module docstring). A state with a NaN or Inf anywhere
   is never written (`CheckpointError`, naming the leaves). Raises
   `CheckpointError` if this or the previous (async) save failed.
@@ -417,6 +422,8 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
                          "data_iter": _json_digest(position)}
   if config_record is not None:
     metadata[CONFIG_RECORD] = config_record
+  if eval_owed:
+    metadata[EVAL_OWED] = True
   metrics = (None if eval_loss is None or not np.isfinite(eval_loss)
              else {EVAL_LOSS: float(eval_loss)})
   try:
@@ -435,6 +442,16 @@ def saved_best_loss(manager: ocp.CheckpointManager, step: int) -> float | None:
   except Exception:  # pylint: disable=broad-except
     return None
   return None if value is None else float(value)
+
+
+def saved_eval_owed(manager: ocp.CheckpointManager, step: int) -> bool:
+  """Whether checkpoint `step` was saved with its evaluation cut short
+  (checkpoints written before this record existed: False)."""
+  try:
+    metadata = manager.metadata(step).custom_metadata or {}
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return metadata.get(EVAL_OWED) is True
 
 
 def wait_until_finished(manager: ocp.CheckpointManager) -> None:

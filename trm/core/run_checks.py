@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import re
 
+from absl import logging
 import jax
 import ml_collections
 from etils import epath
@@ -97,6 +98,30 @@ def check_values(config) -> None:
                      "must be >= 0 (0: no sheet).")
   loss_scale.check_config(config)
   tpu_flags.parse(config.get("tpu_compiler_options", ""))
+  warn_frozen_weights(config)
+
+
+# The peak rate of the main optimizer, by family: TRM and Dream keep it in
+# config.optim.lr, GPT in nanoGPT's config.learning_rate.
+_PEAK_RATES = ("optim.lr", "learning_rate")
+
+
+def warn_frozen_weights(config) -> None:
+  """A peak learning rate of 0 trains nothing. It stays allowed (it pins a
+  run's weights, which some checks want), but a training run says so in one
+  warning, since a dropped digit looks the same."""
+  if config.get("eval_only", False):
+    return
+  for key in _PEAK_RATES:
+    node = config
+    for name in key.split("."):
+      node = node.get(name) if hasattr(node, "get") else None
+    if isinstance(node, (int, float)) and not isinstance(node, bool) \
+        and node == 0:
+      logging.warning(
+          "config.%s=0: the weights will not change during training (set a "
+          "positive rate to train, or config.eval_only=True to evaluate "
+          "only).", key)
 
 
 def check_gpu_attention(config) -> None:

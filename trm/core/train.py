@@ -281,13 +281,22 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     if eval_loss is not None:
       best_loss = min(best_loss, float(eval_loss))
     ckpt_lib.save(manager, step, state, train_iter, eval_loss=eval_loss,
-                  best_eval_loss=best_loss, config_record=saved_record)
+                  best_eval_loss=best_loss, config_record=saved_record,
+                  eval_owed=is_eval_step(step) and evaluated_at != step)
     return True
+
+  def is_eval_step(step: int) -> bool:
+    return step % config.eval_every == 0 or step == config.total_steps
 
   def stop_for_preemption(step: int):
     since = (f" {time.time() - preemption.signal_time:.1f} s after "
              f"{signal.Signals(preemption.signum).name}"
              if preemption.signal_time else "")
+    if step == start_step:  # the step resumed from: it is on disk already
+      logging.warning("Preemption at step %d, the step resumed from; "
+                      "stopping%s.", step, since)
+      raise Preempted(step, str(manager.directory / str(step)),
+                      preemption.signum)
     logging.warning("Preemption: saving step %d and stopping%s.", step, since)
     saved = save_checkpoint(step)
     ckpt_lib.wait_until_finished(manager)
@@ -297,6 +306,21 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       write_train_metrics(step, train_metrics)
     raise Preempted(step, str(manager.directory / str(step)) if saved
                     else None, preemption.signum)
+
+  def evaluate_now(step: int) -> None:
+    """The scheduled evaluation at `step`; a signal during it saves the step
+    (marked as owing its evaluation) and stops."""
+    nonlocal results, evaluated_at
+    with report.timed("eval", barrier=state):
+      evaluated = run_eval(step, preemption.pending)
+    if evaluated is None:  # a signal arrived during the evaluation
+      logging.warning("Step %d: evaluation stopped by %s.", step,
+                      signal.Signals(preemption.signum).name)
+      stop_for_preemption(step)
+    results = evaluated
+    evaluated_at = step
+    logging.info("Step %d eval: %s", step, results)
+    speed.restart(step)  # evaluation is not step time
 
   # ----------------------------------------------------------------- loop
   # Its steps/s and ETA leave out the evaluations and saves it times.
@@ -322,6 +346,18 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   bound = dispatch.DispatchBound()
   try:
     with metric_writers.ensure_flushes(writer), preemption:
+      if (start_step < config.total_steps
+          and ckpt_lib.saved_eval_owed(manager, start_step)):
+        # A preemption cut this step's evaluation: it is done now, as an
+        # uninterrupted run would have done it, before training on.
+        logging.info("Step %d: redoing the evaluation the preemption cut "
+                     "short.", start_step)
+        evaluate_now(start_step)
+        if (start_step % config.checkpoint_every == 0
+            and "eval/loss" in results):
+          improved = results["eval/loss"] < best_loss
+          if not save_improved_only or improved:
+            best_loss = min(best_loss, float(results["eval/loss"]))
       logging.info("Training from step %d to %d.", start_step,
                    config.total_steps)
       while step < config.total_steps:
@@ -343,17 +379,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           train_metrics = None
         if preemption.reached(step):
           stop_for_preemption(step)
-        if step % config.eval_every == 0 or step == config.total_steps:
-          with report.timed("eval", barrier=state):
-            evaluated = run_eval(step, preemption.pending)
-          if evaluated is None:  # a signal arrived during the evaluation
-            logging.warning("Step %d: evaluation stopped by %s.", step,
-                            signal.Signals(preemption.signum).name)
-            stop_for_preemption(step)
-          results = evaluated
-          evaluated_at = step
-          logging.info("Step %d eval: %s", step, results)
-          speed.restart(step)  # evaluation is not step time
+        if is_eval_step(step):
+          evaluate_now(step)
         if step % config.checkpoint_every == 0 or step == config.total_steps:
           improved = (evaluated_at == step
                       and results.get("eval/loss", best_loss) < best_loss)

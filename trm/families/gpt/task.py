@@ -117,6 +117,14 @@ def check_config(config) -> None:
     raise ValueError(
         f"config.lr_decay_iters={config.lr_decay_iters} must be >= "
         f"config.warmup_iters={config.warmup_iters}.")
+  if config.decay_lr and config.min_lr > config.learning_rate:
+    # The cosine would climb from the peak to min_lr: almost always a
+    # mistyped exponent (nanoGPT's rule of thumb is learning_rate / 10).
+    raise ValueError(
+        f"config.min_lr={config.min_lr} must be <= config.learning_rate="
+        f"{config.learning_rate} (the cosine decays from the learning rate "
+        "to min_lr; nanoGPT uses about learning_rate / 10), or set "
+        "config.decay_lr=False for a constant rate.")
 
 
 def _load_weights(config, optimizer: bool):
