@@ -23,6 +23,7 @@ from typing import Any
 from absl import logging
 from flax.core import meta
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
@@ -210,6 +211,14 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
   return params
 
 
+def _whole(x) -> np.ndarray:
+  """The whole value of `x` on this host; an array sharded over several
+  processes is gathered from all of them (a collective)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
 def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
                          shard_size_bytes: int = 5 * 1024**3,
                          dtype: str | None = None) -> list[str]:
@@ -217,13 +226,19 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
 
   dtype: stored dtype ('bfloat16' as on the hub, 'float32'); default the
   params' own. One file is `model.safetensors`; more are
-  `model-0000i-of-0000N.safetensors` with an index. Single-host: every
-  array is fetched whole.
+  `model-0000i-of-0000N.safetensors` with an index. Every process must
+  call it (as `trm.export` does on each host): an array sharded over
+  several processes is gathered one tensor at a time, and process 0, the
+  only one that keeps the values, writes the files.
   """
-  os.makedirs(directory, exist_ok=True)
+  writer = jax.process_index() == 0
+  if writer:
+    os.makedirs(directory, exist_ok=True)
   tensors: list[tuple[str, np.ndarray]] = []
   for leaf in hf_layout.leaves(cfg):
-    value = np.asarray(jax.device_get(weights_io.get_path(params, leaf.path)))
+    value = _whole(weights_io.get_path(params, leaf.path))
+    if not writer:  # the gather is collective; only process 0 keeps it
+      continue
     out_dtype = np.dtype(dtype) if dtype else value.dtype
     if leaf.per_layer:
       items = [(leaf.hf_name.replace("{i}",
@@ -240,6 +255,8 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
          for i in range(cfg.num_hidden_layers) for leaf in hf_layout.leaves(
              dataclasses.replace(cfg, scan_layers=True)) if leaf.per_layer]
       + ["model.norm.weight", "lm_head.weight"])}
+  if not writer:
+    return []
   tensors.sort(key=lambda t: order[t[0]])
   shards: list[list[tuple[str, np.ndarray]]] = [[]]
   size = 0
@@ -250,9 +267,6 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
     shards[-1].append((name, x))
     size += x.nbytes
   n = len(shards)
-  if jax.process_index() != 0:
-    return []
-  os.makedirs(directory, exist_ok=True)
   files = ([SINGLE_FILE] if n == 1 else
            [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
   weight_map = {}
