@@ -405,7 +405,8 @@ def check_forecast_flags(counts: list[int]) -> None:
   """Flag errors of --forecast and --search, before anything compiles."""
   if not _FORECAST.value:
     for name in ("forecast_json", "search", "calibrate_mfu", "efficiency",
-                 "collectives", "dcn_overlap", "batch_scaling"):
+                 "collectives", "dcn_overlap", "batch_scaling",
+                 "chip_hour_price"):
       if flags.FLAGS[name].present:
         raise ValueError(f"--{name} needs --forecast.")
     return
@@ -417,6 +418,13 @@ def check_forecast_flags(counts: list[int]) -> None:
     if value is not None and not 0 < value <= 1:
       raise ValueError(f"--{name}={value} must be a fraction in (0, 1], "
                        "e.g. 0.567 for 56.7%.")
+  price = _CHIP_HOUR_PRICE.value
+  if price is not None and not (math.isfinite(price) and price > 0):
+    raise ValueError(f"--chip_hour_price={price} must be a positive "
+                     "number (the price of one chip-hour).")
+  if price is not None and _SEARCH.value:
+    raise ValueError("--chip_hour_price prices --forecast's rows; --search "
+                     "ranks layouts without a run cost: drop one.")
   if _EFFICIENCY.value is not None and _CALIBRATE.value is not None:
     raise ValueError("--efficiency and --calibrate_mfu both set the "
                      "dense-compute efficiency: give one.")
@@ -457,6 +465,9 @@ def run_forecast(config, topology, counts, shapes) -> int:
         dcn_overlap=_DCN_OVERLAP.value)
     print(plan.format_rows(rows, topology.name, efficiency, source),
           flush=True)
+    cost = plan.format_run_cost(rows, _CHIP_HOUR_PRICE.value)
+    if cost:
+      print(cost, flush=True)
     if _COLLECTIVES.value:
       for row in rows:
         if row.get("collectives") is not None:
@@ -590,6 +601,7 @@ def define_flags():
   global _EFFICIENCY, _CALIBRATE, _BATCH_SCALING, _COLLECTIVES, _DCN_OVERLAP
   global _SAMPLE_BATCH, _PROMPT_LEN, _MAX_NEW, _STEPS, _ALG, _TEMPERATURE
   global _TOP_P, _CACHE, _BLOCK_LENGTH, _THRESHOLD, _SAVE_COMPILED
+  global _CHIP_HOUR_PRICE
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                             lock_config=True)
   _TOPOLOGY = flags.DEFINE_string(
@@ -630,6 +642,9 @@ def define_flags():
       "cross-slice collectives block the chip (none: what MaxText's "
       "published v4 multi-slice runs show), or overlap what the program "
       "schedules beside them (schedule).")
+  _CHIP_HOUR_PRICE = flags.DEFINE_float(
+      "chip_hour_price", None, "--forecast: price of one chip-hour (any "
+      "currency; none is assumed) to state each row's run cost in it.")
   _COLLECTIVES = flags.DEFINE_bool(
       "collectives", False, "--forecast: print each row's collectives "
       "(kind, ICI/DCN, torus axes, bytes per chip).")

@@ -66,6 +66,37 @@ def test_forecast_rows_have_the_documented_keys(tiny_rows):
   json.dumps(rows, default=float)   # --forecast_json can write them
 
 
+def test_rows_state_the_runs_cost(tiny_rows):
+  rows = tiny_rows[0]
+  steps = tiny_gpt().total_steps
+  for row in rows:
+    assert row["run_steps"] == steps
+    assert row["run_hours"] == pytest.approx(
+        steps * row["step_seconds"] / 3600)
+    assert row["chip_hours"] == pytest.approx(row["run_hours"] * row["chips"])
+    # Chip-hours per billion tokens: chips over tokens/s, in hours.
+    assert row["cost_unit"] == "1B tokens"
+    assert row["chip_hours_per_unit"] == pytest.approx(
+        row["chips"] * 1e9 / row["tokens_per_second"] / 3600)
+  text = plan.format_run_cost(rows, chip_hour_price=3.22)
+  assert f"run cost at {steps} steps" in text and "at 3.22 per chip-hour" in text
+  last = text.splitlines()[-1].split()
+  assert float(last[5]) == pytest.approx(rows[1]["chip_hours"] * 3.22,
+                                         rel=1e-5)
+  assert "cost" not in plan.format_run_cost(rows).splitlines()[1]
+  # A row that does not fit has no cost, and no line.
+  unfit = dict(rows[0], step_seconds=None)
+  plan.with_run_cost([unfit], steps)
+  assert unfit["chip_hours"] is None
+  assert plan.format_run_cost([unfit]) == ""
+  # Examples when the model has no tokens.
+  examples = dict(rows[0], tokens_per_second=None)
+  plan.with_run_cost([examples], 10)
+  assert examples["cost_unit"] == "1M examples"
+  assert examples["chip_hours_per_unit"] == pytest.approx(
+      examples["chips"] * 1e6 / examples["examples_per_second"] / 3600)
+
+
 def test_calibration_fits_the_first_rows_mfu(tiny_rows):
   rows = tiny_rows[0]
   compiled = plan.compile_row(tiny_gpt(), V4_8, 1, None, 8)
@@ -171,6 +202,13 @@ def test_tpu_compiler_options():
     (["--forecast", "--search", "--search_top=0"],
      "--search_top=0 must be >= 1"),
     (["--forecast", "--mode=sample"], "drop --mode=sample"),
+    (["--chip_hour_price=3"], "--chip_hour_price needs --forecast"),
+    (["--forecast", "--chip_hour_price=-1"],
+     "--chip_hour_price=-1.0 must be a positive number"),
+    (["--forecast", "--chip_hour_price=nan"],
+     "--chip_hour_price=nan must be a positive number"),
+    (["--forecast", "--search", "--chip_hour_price=2"],
+     "--chip_hour_price prices --forecast's rows"),
     (["--forecast", "--forecast_json=/no/such/dir/rows.json"],
      "--forecast_json='/no/such/dir/rows.json'"),
     (["--forecast", "--forecast_json=" + ROOT], "must be a file path"),
@@ -207,7 +245,8 @@ def test_cli_writes_the_forecast_json(tmp_path):
        "--config.n_layer=2", "--config.n_embd=64", "--config.n_head=2",
        "--config.block_size=32", "--config.batch_size=8",
        "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--num_slices=1,2",
-       "--forecast", "--collectives", f"--forecast_json={path}"],
+       "--forecast", "--collectives", f"--forecast_json={path}",
+       "--chip_hour_price=2.5"],
       cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert result.returncode == 0, result.stderr[-3000:]
   rows = json.loads(path.read_text())
@@ -217,3 +256,5 @@ def test_cli_writes_the_forecast_json(tmp_path):
   assert "[forecast] compiling 2 x v4-8" in result.stderr
   assert "collectives of the 2-slice step" in result.stdout
   assert "dcn-all-reduce" in result.stdout
+  assert "at 2.5 per chip-hour" in result.stdout
+  assert all(r["chip_hours"] > 0 for r in rows)

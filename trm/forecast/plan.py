@@ -188,6 +188,54 @@ def with_scaling(rows: list[dict]) -> list[dict]:
   return rows
 
 
+def with_run_cost(rows: list[dict], total_steps: int) -> list[dict]:
+  """What each row's run costs in time and chips: `total_steps` steps at the
+  forecast step time (start-up, compiles, evaluations and checkpoints are
+  left out), and the chip-hours per billion tokens (language models) or
+  per million examples, a figure that does not depend on the run's length
+  or on how the batch grows with the slices."""
+  for row in rows:
+    step = row.get("step_seconds")
+    if not step:
+      row.update(run_steps=total_steps, run_hours=None, chip_hours=None,
+                 chip_hours_per_unit=None, cost_unit=None)
+      continue
+    hours = total_steps * step / 3600
+    tokens = row.get("tokens_per_second")
+    rate, per, unit = ((tokens, 1e9, "1B tokens") if tokens else
+                       (row["examples_per_second"], 1e6, "1M examples"))
+    row.update(run_steps=total_steps, run_hours=hours,
+               chip_hours=hours * row["chips"],
+               chip_hours_per_unit=row["chips"] * per / rate / 3600,
+               cost_unit=unit)
+  return rows
+
+
+def format_run_cost(rows: list[dict],
+                    chip_hour_price: float | None = None) -> str:
+  """The rows' run cost (`with_run_cost`), a line each; with a price per
+  chip-hour, its cost in that currency too."""
+  costed = [r for r in rows if r.get("run_hours") is not None]
+  if not costed:
+    return ""
+  unit = costed[0]["cost_unit"]
+  price = chip_hour_price is not None
+  lines = [f"run cost at {costed[0]['run_steps']} steps (config.total_steps;"
+           " step time only: no start-up, compiles, evaluations or saves)"
+           + (f", at {chip_hour_price:g} per chip-hour" if price else ""),
+           f"{'slices':>6} {'chips':>6} {'hours':>10} {'chip-hours':>12} "
+           f"{'chip-h/' + unit:>20}"
+           + (f" {'cost':>14} {'cost/' + unit:>16}" if price else "")]
+  for r in costed:
+    line = (f"{r['slices']:>6} {r['chips']:>6} {r['run_hours']:>10.4g} "
+            f"{r['chip_hours']:>12.5g} {r['chip_hours_per_unit']:>20.4g}")
+    if price:
+      line += (f" {r['chip_hours'] * chip_hour_price:>14.6g} "
+               f"{r['chip_hours_per_unit'] * chip_hour_price:>16.4g}")
+    lines.append(line)
+  return "\n".join(lines)
+
+
 def calibrate(compiled: CompiledRow, topology: topology_lib.Topology,
               mfu: float, dcn_overlap: str = DEFAULT_DCN_OVERLAP) -> float:
   """The dense-compute efficiency at which the row's forecast MFU is
@@ -266,7 +314,7 @@ def forecast(config, topology: topology_lib.Topology, slice_counts,
     source = "default (fitted on MaxText 22B, 1x v4-128)"
   rows = with_scaling([forecast_row(c, topology, efficiency, dcn_overlap)
                        for c in compiled])
-  return rows, efficiency, source
+  return with_run_cost(rows, int(config.total_steps)), efficiency, source
 
 
 def format_rows(rows: list[dict], topology_name: str, efficiency: float,
