@@ -35,11 +35,11 @@ stand-in backend runs the package's own pure-PyTorch reference
 --adam_atan2_dir (and no importable adam_atan2) the optimizer checks are
 skipped and say so.
 
-Command (about 3 minutes on 2 CPU cores):
-  git -C /work/.mirror/SamsungSAILMontreal+TinyRecursiveModels/repo \
-      worktree add /tmp/trm_upstream_wt HEAD
-  git -C /work/.mirror/imoneoi+adam-atan2/repo worktree add \
-      /tmp/adam_atan2_wt HEAD
+Command (about 3 minutes on 2 CPU cores; checked at TinyRecursiveModels
+e7b6871 and adam-atan2 42a1aeb):
+  git clone https://github.com/SamsungSAILMontreal/TinyRecursiveModels \
+      /tmp/trm_upstream_wt
+  git clone https://github.com/imoneoi/adam-atan2 /tmp/adam_atan2_wt
   PYTHONPATH=. python3 benchmarks/parity/upstream_trm.py \
       --upstream_dir=/tmp/trm_upstream_wt --adam_atan2_dir=/tmp/adam_atan2_wt
 
@@ -63,6 +63,9 @@ import types
 
 import numpy as np
 
+# On the CPU whatever else is installed: with libtpu present, JAX would
+# otherwise take the TPU runtime's host-wide lock.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 UPSTREAM_FILES = ("models/recursive_reasoning/trm.py", "models/losses.py",
