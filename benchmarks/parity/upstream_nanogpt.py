@@ -32,7 +32,7 @@ Per model configuration:
           its AdamW state included, loaded as trm.main's init_from=resume
           does, and both continue 3 iterations. Upstream also runs in
           float64 (the truth): each comparison prints ours against upstream
-          float32 and ours against float64, with tolerances of 3x and 2x
+          float32 and ours against float64, with a tolerance of 4x
           upstream's own float32-vs-float64 error (at least 2e-3), since
           AdamW's first steps move an element by about lr * sign(g) however
           small g is, so rounding noise in near-zero gradients becomes a
@@ -48,7 +48,8 @@ Per model configuration:
 Once: `data`, upstream's data/shakespeare_char/prepare.py run on a copy of
 --input in a temporary directory, against our preparation
 (trm.data.text.windows.ensure_prepared): train.bin and val.bin bytes and
-the vocabulary.
+the vocabulary; again on the input's first 100000 characters with CRLF line
+ends and a lone CR (prepare.py reads in text mode, so those are LF to it).
 
 One line per check: max abs diff / max rel diff (the max abs diff over the
 largest magnitude of upstream's values: of the tensor, of the change made by
@@ -74,6 +75,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 
@@ -386,7 +388,7 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
     for name, p in ref.named_parameters():
       p.add_(WEIGHT_NOISE * torch.randn_like(p))
   initial_state = {k: v.clone() for k, v in ref.state_dict().items()}
-  rng = np.random.default_rng(abs(hash(label)) % 2**32)
+  rng = np.random.default_rng(zlib.crc32(label.encode()))
 
   def save_ckpt(model, path, optimizer=None, iter_num=0, compiled=False):
     state = model.state_dict()
@@ -531,11 +533,11 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
       scale = jax.tree.map(lambda a, b: a - b, truth, before)
       floor = compare_trees("", theirs, truth, 0.0, scale)
       r = compare_trees(name, ours, theirs, max(TOL_PARAMS,
-                                                3 * floor["max_rel"]), scale)
+                                                4 * floor["max_rel"]), scale)
       r["note"] += note
       add(r)
       r = compare_trees(name + " vs f64", ours, truth,
-                        max(TOL_PARAMS, 2 * floor["max_rel"]), scale)
+                        max(TOL_PARAMS, 4 * floor["max_rel"]), scale)
       r["note"] += (f"; upstream float32 vs float64: {floor['max_rel']:.2e} "
                     f"({floor['note'][len('worst: '):]})")
       add(r)
@@ -666,38 +668,58 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
 
 
 def run_data(args, upstream_dir, tmp) -> list:
-  """Upstream's prepare.py on a copy of --input against our preparation."""
+  """Upstream's prepare.py on a copy of --input against our preparation;
+  then the same on a copy of its first 100000 characters with CRLF line
+  ends and one lone CR (prepare.py reads text mode: universal newlines)."""
+  with open(args.input, "rb") as f:
+    raw = f.read()
+  crlf = raw[:100000].replace(b"\n", b"\r\n") + b"lone CR\rend\n"
+  results = []
+  for tag, data in (("", raw), (" crlf", crlf)):
+    results += _data_case(tag, data, upstream_dir,
+                          os.path.join(tmp, "data" + tag.strip()))
+  return results
+
+
+def _data_case(tag, data: bytes, upstream_dir, tmp) -> list:
   from trm.data.text import preparation  # pylint: disable=g-import-not-at-top
   from trm.data.text import windows  # pylint: disable=g-import-not-at-top
-  up = os.path.join(tmp, "upstream_data")
+  up = os.path.join(tmp, "upstream")
   os.makedirs(up)
   shutil.copy(os.path.join(upstream_dir, "data", "shakespeare_char",
                            "prepare.py"), up)
-  shutil.copy(args.input, os.path.join(up, "input.txt"))
+  with open(os.path.join(up, "input.txt"), "wb") as f:
+    f.write(data)
   proc = subprocess.run([sys.executable, "prepare.py"], cwd=up,
-                        capture_output=True, text=True, check=False)
+                        capture_output=True, text=True, check=False,
+                        env=dict(os.environ, PYTHONIOENCODING="utf-8",
+                                 PYTHONUTF8="1"))
   if proc.returncode:
     raise RuntimeError(f"upstream prepare.py failed: {proc.stderr[-2000:]}")
-  ours_dir = os.path.join(tmp, "ours_data")
-  meta = windows.ensure_prepared(ours_dir, args.input, "char",
-                                 process_index=0)
+  ours_dir = os.path.join(tmp, "ours")
+  source = os.path.join(tmp, "input.txt")
+  with open(source, "wb") as f:
+    f.write(data)
+  meta = windows.ensure_prepared(ours_dir, source, "char", process_index=0)
   results = []
   for name in (preparation.TRAIN_FILE, preparation.VAL_FILE):
     a = np.fromfile(os.path.join(ours_dir, name), np.uint8)
     b = np.fromfile(os.path.join(up, name), np.uint8)
-    results.append(compare_exact(f"data {name} bytes", a, b))
+    results.append(compare_exact(f"data{tag} {name} bytes", a, b))
   # Upstream's own meta.pkl, written just now in our temporary directory.
   with open(os.path.join(up, "meta.pkl"), "rb") as f:
     up_meta = pickle.load(f)
   vocab_ok = (meta["vocab_size"] == up_meta["vocab_size"]
               and {int(k): v for k, v in meta["itos"].items()}
               == up_meta["itos"] and meta["stoi"] == up_meta["stoi"])
-  results.append({"name": "data meta vocab_size/itos/stoi",
+  results.append({"name": f"data{tag} meta vocab_size/itos/stoi",
                   "max_abs": 0.0 if vocab_ok else 1.0,
                   "max_rel": 0.0 if vocab_ok else 1.0, "tol": 0.0,
                   "pass": vocab_ok,
                   "note": f"vocab {meta['vocab_size']} vs "
                           f"{up_meta['vocab_size']}"})
+  for r in results:
+    print(format_result(r), flush=True)
   return results
 
 
@@ -726,9 +748,7 @@ def run(args) -> tuple[list, str]:
         results += run_case(label, vocab, bias, args, upstream,
                             get_lr_factory, checks, tmp, port)
     if "data" in checks:
-      for r in run_data(args, upstream_dir, tmp):
-        print(format_result(r), flush=True)
-        results.append(r)
+      results += run_data(args, upstream_dir, tmp)
   return results, commit
 
 

@@ -62,6 +62,22 @@ def test_prepare_char_tiny_shakespeare_matches_nanogpt(tmp_path):
   assert codec.decode(train) + codec.decode(val) == text
 
 
+def test_prepare_char_reads_line_ends_as_nanogpt(tmp_path):
+  """nanoGPT's prepare.py opens input.txt in text mode, so CRLF and lone CR
+  line ends are LF to it: no '\r' token, the ids of the LF text (found by
+  benchmarks/parity/upstream_nanogpt.py against its prepare.py)."""
+  path = tmp_path / "input.txt"
+  path.write_bytes(b"ab\r\nb\ra\n\r\nba\n")
+  meta = preparation.prepare_char(text_lib.read_text(str(path)),
+                                  str(tmp_path / "d"))
+  assert meta["itos"] == {"0": "\n", "1": "a", "2": "b"}
+  # "ab\nb\na\n\nba\n": 11 characters, int(11 * 0.9) = 9 for training.
+  assert (meta["train_tokens"], meta["val_tokens"]) == (9, 2)
+  ids = np.concatenate([np.fromfile(tmp_path / "d" / f, np.uint16)
+                        for f in ("train.bin", "val.bin")])
+  np.testing.assert_array_equal(ids, [1, 2, 0, 2, 0, 1, 0, 0, 2, 1, 0])
+
+
 def test_prepare_char_split_and_roundtrip(tmp_path):
   meta = preparation.prepare_char(_SAMPLE, str(tmp_path / "d"))
   cut = int(len(_SAMPLE) * 0.9)

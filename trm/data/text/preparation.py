@@ -41,6 +41,14 @@ def codec_from_meta(meta: dict):
 # Preparation.
 
 
+def universal_newlines(text: str) -> str:
+  """`text` with CRLF and lone CR line ends as LF: what nanoGPT's
+  prepare.py scripts read, since they open input.txt in text mode (Python's
+  universal newlines). Without it a file saved with Windows line ends
+  would gain a '\r' token and different ids."""
+  return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _split_text(text: str) -> tuple[str, str]:
   n = len(text)
   if n < 2:
@@ -97,8 +105,10 @@ def _write(out_dir: str, train_ids, val_ids, meta: dict) -> dict:
 def char_splits(text: str) -> tuple[dict, list[int], list[int]]:
   """(meta, train ids, val ids) of nanoGPT's shakespeare_char preparation:
   the vocabulary is every character of the whole text, the split 90/10 by
-  characters. Shared by `prepare_char` and the TFDS builder, so both give
-  the same token streams."""
+  characters, after CRLF / CR line ends become LF (`universal_newlines`).
+  Shared by `prepare_char` and the TFDS builder, so both give the same
+  token streams."""
+  text = universal_newlines(text)
   train_text, val_text = _split_text(text)
   chars = sorted(set(text))
   _check_vocab_fits(len(chars), "char")
@@ -125,8 +135,8 @@ def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2",
                 source: str = "", tokenizer_flag: str = "--tokenizer") -> dict:
   """nanoGPT's data/shakespeare preparation: BPE tokens.
 
-  The text is split 90/10 by characters first and each part encoded on its
-  own, as nanoGPT does. `tokenizer` is "gpt2" (tiktoken) or the path of a
+  The text (line ends as LF, `universal_newlines`) is split 90/10 by
+  characters first and each part encoded on its own, as nanoGPT does. `tokenizer` is "gpt2" (tiktoken) or the path of a
   Hugging Face tokenizer.json (or a directory holding one), recorded as an
   absolute path so `codec_from_meta` finds it from any working directory.
   `tokenizer_flag` spells the tokenizer's flag in errors (e.g. tiktoken
@@ -135,7 +145,7 @@ def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2",
   codec = text_codecs.bpe_codec(tokenizer, tokenizer_flag)
   _check_vocab_fits(codec.vocab_size, tokenizer)
   name = "gpt2" if tokenizer == "gpt2" else os.path.abspath(codec.path)
-  train_text, val_text = _split_text(text)
+  train_text, val_text = _split_text(universal_newlines(text))
   return _write(out_dir, codec.encode(train_text), codec.encode(val_text),
                 {"vocab_size": int(codec.vocab_size), "tokenizer": name,
                  **_source_fields(source)})
