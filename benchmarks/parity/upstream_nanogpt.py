@@ -32,8 +32,8 @@ Per model configuration:
           its AdamW state included, loaded as trm.main's init_from=resume
           does, and both continue 3 iterations. Upstream also runs in
           float64 (the truth): each comparison prints ours against upstream
-          float32 and ours against float64, with a tolerance of 4x
-          upstream's own float32-vs-float64 error (at least 2e-3), since
+          float32 and ours against float64, with tolerances of 5x and 4x
+          upstream's own float32-vs-float64 error F (at least 1e-2), since
           AdamW's first steps move an element by about lr * sign(g) however
           small g is, so rounding noise in near-zero gradients becomes a
           whole update. The key third of c_attn's bias, whose exact gradient
@@ -92,7 +92,7 @@ DEFAULT_INPUT = os.path.join(_REPO, "..", "shared", "data", "tinyshakespeare",
 # Tolerances on the relative figure (float32 on one CPU).
 TOL_FORWARD = 2e-5
 TOL_GRAD = 1e-4
-TOL_PARAMS = 2e-3  # of the change the iterations made
+TOL_PARAMS = 1e-2  # of the change the iterations made
 SIZES = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, dropout=0.0)
 CASES = (  # (label, vocab_size, bias)
     ("v65_bias", 65, True),
@@ -532,8 +532,9 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
           ours, theirs, truth, before))
       scale = jax.tree.map(lambda a, b: a - b, truth, before)
       floor = compare_trees("", theirs, truth, 0.0, scale)
+      # |ours - up32| <= |ours - f64| + |up32 - f64|: 4 + 1 floors.
       r = compare_trees(name, ours, theirs, max(TOL_PARAMS,
-                                                4 * floor["max_rel"]), scale)
+                                                5 * floor["max_rel"]), scale)
       r["note"] += note
       add(r)
       r = compare_trees(name + " vs f64", ours, truth,
