@@ -38,6 +38,10 @@ Per model configuration:
           small g is, so rounding noise in near-zero gradients becomes a
           whole update. The key third of c_attn's bias, whose exact gradient
           is zero, is left out of these (the grads check covers it).
+  schedule  our learning-rate schedule against train.py's get_lr at
+          every iteration around the warmup's end and lr_decay_iters and
+          200 in between, for configs/gpt.py (GPT-2), :shakespeare_char and
+          the optim check's schedule (relative 1e-6).
   sample  upstream model.generate(top_k=1) against our gpt.generate
           (top_k=1, and temperature 0), past block_size (the crop window).
   port    benchmarks/reference/nanogpt_torch.py (our spec-written port,
@@ -84,7 +88,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
-CHECKS = ("model", "grads", "optim", "sample", "port", "data")
+CHECKS = ("model", "grads", "optim", "sample", "port", "data", "schedule")
 UPSTREAM_FILES = ("model.py", "train.py",
                   os.path.join("data", "shakespeare_char", "prepare.py"))
 DEFAULT_INPUT = os.path.join(_REPO, "..", "shared", "data", "tinyshakespeare",
@@ -750,7 +754,38 @@ def run(args) -> tuple[list, str]:
                             get_lr_factory, checks, tmp, port)
     if "data" in checks:
       results += run_data(args, upstream_dir, tmp)
+    if "schedule" in checks:
+      results += run_schedule(get_lr_factory)
   return results, commit
+
+
+def run_schedule(get_lr_factory) -> list[dict]:
+  """Our learning-rate schedule against train.py's get_lr, value by value,
+  for the shipped configs' schedules and the optim check's: every
+  iteration around the warmup's end and lr_decay_iters, and a spread in
+  between (an off-by-one shifts a whole warmup or cosine)."""
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import steps as gpt_steps  # pylint: disable=g-import-not-at-top
+  rows = []
+  for arg in (None, "shakespeare_char", "optim"):
+    if arg == "optim":
+      c = _config(65, True, **OPTIM)
+    else:
+      c = config_lib.load_config(os.path.join(_REPO, "configs", "gpt.py"),
+                                 arg)
+    keys = ("learning_rate", "warmup_iters", "lr_decay_iters", "min_lr")
+    get_lr = get_lr_factory(**{k: c[k] for k in keys})
+    w, d = c.warmup_iters, c.lr_decay_iters
+    its = sorted({i for i in list(range(0, 4)) + list(range(w - 3, w + 4))
+                  + list(range(d - 3, d + 4))
+                  + list(np.linspace(0, d + 10, 200).astype(int)) if i >= 0})
+    ours = gpt_steps.learning_rate_schedule(c)
+    rows.append(compare(
+        f"schedule {arg or 'gpt2 (default)'}: lr at {len(its)} iterations "
+        f"(warmup {w}, decay {d})",
+        [float(ours(i)) for i in its], [get_lr(i) for i in its], 1e-6))
+    print(format_result(rows[-1]), flush=True)
+  return rows
 
 
 def main(argv=None) -> int:
