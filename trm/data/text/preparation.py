@@ -136,8 +136,9 @@ def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2",
   """nanoGPT's data/shakespeare preparation: BPE tokens.
 
   The text (line ends as LF, `universal_newlines`) is split 90/10 by
-  characters first and each part encoded on its own, as nanoGPT does. `tokenizer` is "gpt2" (tiktoken) or the path of a
-  Hugging Face tokenizer.json (or a directory holding one), recorded as an
+  characters first and each part encoded on its own, as nanoGPT does.
+  `tokenizer` is "gpt2" (tiktoken) or the path of a Hugging Face
+  tokenizer.json (or a directory holding one), recorded as an
   absolute path so `codec_from_meta` finds it from any working directory.
   `tokenizer_flag` spells the tokenizer's flag in errors (e.g. tiktoken
   offline).
