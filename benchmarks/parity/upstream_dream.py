@@ -1,0 +1,876 @@
+r"""Dream / DiffuCoder: our JAX port against upstream's own PyTorch code.
+
+  python3 benchmarks/parity/upstream_dream.py --upstream_dir=DLLM_CHECKOUT \
+      [--upstream_git=/work/.mirror/ZHZisZZ+dllm/repo] [--json=PATH] \
+      [--checks=forward,sampling,loss,reference] [--perturb]
+
+`--upstream_dir` is a checkout of ZHZisZZ/dllm (its Dream HF remote code,
+`dllm/pipelines/dream/models/{configuration_dream,modeling_dream,
+generation_utils}.py`, and its trainers `dllm/core/trainers/mdlm.py`,
+`dllm/pipelines/dream/trainer.py`), or a folder holding just the three
+model files (then the loss check is skipped). Upstream's modules are
+imported from there at run time; nothing of theirs is copied here. dllm's
+package `__init__`s pull in accelerate / peft / datasets / torchmetrics for
+parts these checks never run: where those are not installed, empty stand-in
+modules are registered so that the imports succeed (`_shim_missing`).
+`--upstream_git` (a git dir of dllm) names the commit whose tree holds the
+same file contents (by git blob id); without it the blob ids are printed.
+
+One small random Qwen2-shaped Dream (float32; vocab 1024, hidden 128, 2
+layers, 4 query / 2 key-value heads, RoPE theta 1e6, every weight and bias
+random, the LM head scaled x20 for peaked predictions) is built by
+upstream's `DreamModel`, saved with its `save_pretrained` (safetensors + its
+config.json) and read back by both: upstream's `from_pretrained` and our
+`hf_config.model_config_from_hf` + `hf_import.load_hf_checkpoint`. Checks:
+
+  forward    raw logits, full attention and a left-padded batch (2-D mask
+             -> pairwise 4-D mask, positions cumsum(mask) - 1, real
+             positions compared), and the shifted logits the samplers use.
+  sampling   upstream `diffusion_generate` vs `trm.families.dream.sampling.
+             diffusion_generate` (the model's Denoiser), greedy
+             (temperature 0), for maskgit_plus / topk_margin / entropy, steps
+             = and < new tokens, top-k/top-p filters, a left-padded batch:
+             final tokens and the history after every step must be equal.
+             `origin` and `alg_temp` draw from torch's RNG, so for them
+             each token upstream reveals is checked against our greedy
+             prediction on upstream's own canvas of that step (teacher
+             forced), and the per-step reveal counts against ours.
+  loss       dllm's MDLM/Dream trainer `compute_loss` (torch.rand replaced
+             for the call by injected draws, so t and the mask are known)
+             vs `trm.families.dream.loss.shifted_masked_loss` on the same
+             noisy batch, and the gradients of every weight. dllm divides
+             by the number of maskable tokens, ours (DiffuCoder / DiffuLLaMA
+             recipe, spec section 3.1) by the number of masked ones, and
+             dllm weights 1/(t + 1e-6) where ours weights 1/t: the check
+             rescales ours by n_masked / n_maskable and compares within a
+             tolerance that covers the 1e-6; the raw ratio is printed.
+  reference  benchmarks/reference/dream_torch_sampler.py (our spec-written
+             port) vs upstream: logits and sampled tokens.
+
+Each check prints one line: name, max abs diff, max rel diff (relative to
+the larger side's max |value|) or token agreement, tolerance, PASS/FAIL.
+Exits 1 if any check fails, 2 on a bad flag. `--perturb` adds 1e-3 to one
+of OUR weights (layer 0's q_proj bias) after loading: checks must FAIL.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.abc
+import importlib.machinery
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import types
+from typing import Any
+
+MODEL_FILES = ("configuration_dream.py", "modeling_dream.py",
+               "generation_utils.py")
+TRAINER_FILES = ("dllm/core/trainers/mdlm.py", "dllm/pipelines/dream/trainer.py")
+NESTED = "dllm/pipelines/dream/models"
+CHECKS = ("forward", "sampling", "loss", "reference")
+
+# Float tolerances, relative to the larger side's max |value| (float32).
+TOL_LOGITS = 1e-5
+TOL_LOSS = 1e-5
+TOL_GRAD = 1e-4
+# bfloat16 compute: a few roundings of 2^-8 apart, relative to max |logit|.
+TOL_BF16 = 3e-2
+
+
+class UsageError(Exception):
+  """A bad flag: one line, exit status 2."""
+
+
+# ----------------------------------------------------------------- flags
+
+@dataclasses.dataclass
+class Options:
+  upstream_dir: str = ""
+  upstream_git: str = ""
+  json: str = ""
+  checks: tuple = CHECKS
+  perturb: bool = False
+  vocab: int = 1024
+  hidden: int = 128
+  layers: int = 2
+  prompt_len: int = 16
+  new_tokens: int = 32
+  head_scale: float = 20.0
+  seed: int = 0
+
+
+def parse_args(argv) -> Options:
+  """`--name=value` flags (and `--perturb`); raises UsageError naming the
+  flag. Checks the upstream folder before any heavy import."""
+  opts = Options()
+  ints = ("vocab", "hidden", "layers", "prompt_len", "new_tokens", "seed")
+  for arg in argv:
+    if not arg.startswith("--"):
+      raise UsageError(f"unexpected argument {arg!r} (flags are --name=value)")
+    name, eq, value = arg[2:].partition("=")
+    if name == "perturb" and not eq:
+      opts.perturb = True
+      continue
+    if not eq:
+      raise UsageError(f"--{name} needs a value (--{name}=...)")
+    if name in ("upstream_dir", "upstream_git", "json"):
+      setattr(opts, name, value)
+    elif name == "checks":
+      checks = tuple(c for c in value.split(",") if c)
+      bad = [c for c in checks if c not in CHECKS]
+      if bad or not checks:
+        raise UsageError(f"--checks={value!r}: choose from {','.join(CHECKS)}")
+      opts.checks = checks
+    elif name in ints or name == "head_scale":
+      try:
+        setattr(opts, name, (int if name in ints else float)(value))
+      except ValueError:
+        raise UsageError(f"--{name}={value!r} is not a number") from None
+    else:
+      raise UsageError(f"unknown flag --{name}")
+  if opts.hidden % 4 or (opts.hidden // 4) % 2:
+    raise UsageError(f"--hidden={opts.hidden} must be a multiple of 8 "
+                     "(4 heads, even head dim)")
+  if min(opts.vocab, opts.layers, opts.prompt_len, opts.new_tokens) < 1 or (
+      opts.vocab < 64):
+    raise UsageError("--vocab (>= 64), --layers, --prompt_len and "
+                     "--new_tokens must be positive")
+  if not opts.upstream_dir:
+    raise UsageError("--upstream_dir is required: a checkout of ZHZisZZ/dllm"
+                     " (or a folder with Dream's modeling_dream.py)")
+  model_dir(opts.upstream_dir)  # raises UsageError
+  if opts.upstream_git and not os.path.isdir(opts.upstream_git):
+    raise UsageError(f"--upstream_git={opts.upstream_git!r} is not a "
+                     "directory")
+  return opts
+
+
+def model_dir(upstream_dir: str) -> str:
+  """The folder holding upstream's three Dream model files."""
+  if not os.path.isdir(upstream_dir):
+    raise UsageError(f"--upstream_dir={upstream_dir!r} is not a directory")
+  for folder in (os.path.join(upstream_dir, NESTED), upstream_dir):
+    if all(os.path.isfile(os.path.join(folder, f)) for f in MODEL_FILES):
+      return folder
+  raise UsageError(
+      f"--upstream_dir={upstream_dir!r} holds no Dream model code (neither "
+      f"{NESTED}/ nor the folder itself has {', '.join(MODEL_FILES)})")
+
+
+def has_trainer(upstream_dir: str) -> bool:
+  return all(os.path.isfile(os.path.join(upstream_dir, f))
+             for f in TRAINER_FILES)
+
+
+# ------------------------------------------------------------ comparison
+
+@dataclasses.dataclass
+class Check:
+  name: str
+  passed: bool
+  detail: str
+  values: dict
+  info: bool = False  # reported, not a pass/fail figure
+
+  def line(self) -> str:
+    status = "INFO" if self.info else ("PASS" if self.passed else "FAIL")
+    return f"{self.name:44s} {self.detail}  {status}"
+
+
+def compare_arrays(name: str, ours, theirs, tol: float, where=None) -> Check:
+  """max |ours - theirs| and that over the larger max |value| (the scale);
+  passes when the relative figure is <= tol and both are finite."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  a = np.asarray(ours, np.float64)
+  b = np.asarray(theirs, np.float64)
+  if a.shape != b.shape:
+    return Check(name, False, f"shapes differ: ours {a.shape}, upstream "
+                 f"{b.shape}", {"tol": tol})
+  if where is not None:
+    a, b = a[np.asarray(where)], b[np.asarray(where)]
+  finite = bool(np.all(np.isfinite(a)) and np.all(np.isfinite(b)))
+  diff = np.abs(a - b)
+  max_abs = float(diff.max()) if diff.size else 0.0
+  scale = float(max(np.abs(a).max(), np.abs(b).max())) if diff.size else 0.0
+  max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else
+                                               math.inf)
+  ok = finite and max_rel <= tol
+  detail = (f"max_abs={max_abs:.3e} max_rel={max_rel:.3e} tol={tol:.0e}"
+            + ("" if finite else " (non-finite values)"))
+  return Check(name, ok, detail, {"max_abs": max_abs, "max_rel": max_rel,
+                                  "tol": tol, "finite": finite})
+
+
+def compare_tokens(name: str, ours, theirs, history=None) -> Check:
+  """Exact token agreement (tolerance: all equal). `history`, a pair of
+  [steps, B, L] arrays, adds the first step where they part."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  a, b = np.asarray(ours), np.asarray(theirs)
+  if a.shape != b.shape:
+    return Check(name, False, f"shapes differ: ours {a.shape}, upstream "
+                 f"{b.shape}", {})
+  equal = int((a == b).sum())
+  first = None
+  if history is not None:
+    ha, hb = (np.asarray(h) for h in history)
+    if ha.shape != hb.shape:
+      first = -1
+    else:
+      parted = np.nonzero((ha != hb).reshape(ha.shape[0], -1).any(-1))[0]
+      first = int(parted[0]) if len(parted) else None
+  ok = equal == a.size and first is None
+  detail = (f"agree={100.0 * equal / max(a.size, 1):6.2f}% "
+            f"({a.size - equal}/{a.size} differ)")
+  if history is not None:
+    detail += (" history equal" if first is None else
+               f" history parts at step {first}")
+  detail += " tol=100%"
+  return Check(name, ok, detail, {"agree": equal / max(a.size, 1),
+                                  "differ": int(a.size - equal),
+                                  "first_history_diff": first})
+
+
+def blob_id(path: str) -> str:
+  """git's blob id of a file (sha1 of 'blob <size>\\0' + bytes)."""
+  with open(path, "rb") as f:
+    data = f.read()
+  return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def perturb_params(params, amount: float = 1e-3):
+  """Our params with `amount` added to layer 0's q_proj bias (`--perturb`)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  out = jax.tree.map(lambda x: x, params)
+  attn = out["layers"]["self_attn"] if "layers" in out else (
+      out["layers_0"]["self_attn"])
+  bias = attn["q_proj"]["bias"]
+  attn["q_proj"]["bias"] = (bias.at[0].add(amount) if "layers" in out
+                            else bias + amount)
+  return out
+
+
+# --------------------------------------------------------- upstream import
+
+class _Stub(types.ModuleType):
+  """A stand-in for a package that is not installed: lower-case attributes
+  are sub-modules, capitalised ones empty classes (usable as bases)."""
+
+  def __getattr__(self, name):
+    if name.startswith("__"):
+      raise AttributeError(name)
+    if name[0].islower():
+      value = _Stub(f"{self.__name__}.{name}")
+      value.__path__ = []
+    else:
+      value = type(name, (), {"__init__": lambda self, *a, **k: None,
+                              "__getattr__": lambda self, n: None})
+    setattr(self, name, value)
+    return value
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  def __init__(self, roots):
+    self.roots = set(roots)
+
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in self.roots:
+      return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    return None
+
+  def create_module(self, spec):
+    module = _Stub(spec.name)
+    module.__path__ = []
+    return module
+
+  def exec_module(self, module):
+    pass
+
+
+def _shim_missing(names) -> list[str]:
+  """Registers stand-ins for those of `names` that are not installed."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  missing = [n for n in names if importlib.util.find_spec(n) is None]
+  if missing:
+    sys.meta_path.append(_StubFinder(missing))
+  return missing
+
+
+def import_upstream(upstream_dir: str):
+  """(models module namespace, trainer modules or None, shimmed names).
+
+  The dllm tree is put on sys.path; its heavy package `__init__`s are
+  bypassed by registering the packages on the way to the modules used
+  (dllm, dllm.core, dllm.utils, dllm.pipelines, dllm.pipelines.dream) as
+  bare packages with their real folders, so only the needed files run."""
+  os.environ.setdefault("USE_TF", "0")  # transformers: no TensorFlow
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  folder = model_dir(upstream_dir)
+  shimmed = []
+  nested = os.path.abspath(folder) != os.path.abspath(upstream_dir)
+  if nested:
+    root = os.path.abspath(upstream_dir)
+    sys.path.insert(0, root)
+    for pkg in ("dllm", "dllm.core", "dllm.utils", "dllm.pipelines",
+                "dllm.pipelines.dream"):
+      module = types.ModuleType(pkg)
+      module.__path__ = [os.path.join(root, *pkg.split("."))]
+      sys.modules[pkg] = module
+    package = "dllm.pipelines.dream.models"
+  else:
+    package = "upstream_dream_models"
+    module = types.ModuleType(package)
+    module.__path__ = [os.path.abspath(folder)]
+    sys.modules[package] = module
+  import importlib  # pylint: disable=g-import-not-at-top
+  models = types.SimpleNamespace(
+      configuration=importlib.import_module(f"{package}.configuration_dream"),
+      modeling=importlib.import_module(f"{package}.modeling_dream"),
+      generation=importlib.import_module(f"{package}.generation_utils"))
+  trainer = None
+  if nested and has_trainer(upstream_dir):
+    shimmed = _shim_missing(("accelerate", "peft", "datasets", "torchmetrics"))
+    trainer = types.SimpleNamespace(
+        mdlm=importlib.import_module("dllm.core.trainers.mdlm"),
+        dream=importlib.import_module("dllm.pipelines.dream.trainer"),
+        schedulers=importlib.import_module("dllm.core.schedulers"))
+  return models, trainer, shimmed
+
+
+def upstream_files(upstream_dir: str) -> dict[str, str]:
+  """{path relative to upstream_dir: git blob id} of the files used."""
+  folder = model_dir(upstream_dir)
+  paths = [os.path.join(folder, f) for f in MODEL_FILES]
+  if os.path.abspath(folder) != os.path.abspath(upstream_dir) and has_trainer(
+      upstream_dir):
+    paths += [os.path.join(upstream_dir, f) for f in TRAINER_FILES]
+  return {os.path.relpath(p, upstream_dir): blob_id(p) for p in paths}
+
+
+def upstream_commit(opts: Options, files: dict[str, str]) -> str:
+  """The commit: `git rev-parse HEAD` of the checkout if it is one (and
+  clean for these files), else of --upstream_git when every file's blob id
+  equals the one in that commit's tree under the nested path."""
+  def git(*args, cwd=None):
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True,
+                          text=True, check=False)
+  head = git("rev-parse", "HEAD", cwd=opts.upstream_dir)
+  if head.returncode == 0 and not git(
+      "status", "--porcelain", "--", *files, cwd=opts.upstream_dir).stdout:
+    return head.stdout.strip()
+  if opts.upstream_git:
+    commit = git("--git-dir", opts.upstream_git, "rev-parse", "HEAD").stdout
+    commit = commit.strip()
+    prefix = "" if NESTED.split("/")[0] in next(iter(files)) else NESTED + "/"
+    same = all(git("--git-dir", opts.upstream_git, "rev-parse",
+                   f"HEAD:{prefix}{path}").stdout.strip() == blob
+               for path, blob in files.items())
+    return (commit + (" (file contents match its tree)" if same else
+                      " (WARNING: files differ from its tree)"))
+  return "unknown (not a git work tree; pass --upstream_git)"
+
+
+# ------------------------------------------------------------------ checks
+
+def build_checkpoint(up, opts: Options, directory: str):
+  """Upstream's DreamModel, every weight random, LM head scaled, saved with
+  save_pretrained; returns upstream's model read back from `directory`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  cfg = up.configuration.DreamConfig(
+      vocab_size=opts.vocab, hidden_size=opts.hidden,
+      intermediate_size=2 * opts.hidden, num_hidden_layers=opts.layers,
+      num_attention_heads=4, num_key_value_heads=2, rope_theta=1e6,
+      rms_norm_eps=1e-6, max_position_embeddings=4096,
+      mask_token_id=opts.vocab - 1, pad_token_id=0, bos_token_id=0,
+      eos_token_id=0, tie_word_embeddings=False, torch_dtype="float32")
+  torch.manual_seed(opts.seed)
+  model = up.modeling.DreamModel(cfg)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.copy_(1.0 + 0.1 * torch.randn_like(p))
+      elif name.endswith("bias"):
+        p.copy_(0.05 * torch.randn_like(p))
+      else:
+        p.copy_(0.05 * torch.randn_like(p))
+    model.lm_head.weight.mul_(opts.head_scale)
+  model.save_pretrained(directory, safe_serialization=True)
+  loaded = up.modeling.DreamModel.from_pretrained(
+      directory, torch_dtype=torch.float32)
+  # Upstream's from_pretrained returns no loading info: check it read every
+  # weight back as written.
+  want, got = model.state_dict(), loaded.state_dict()
+  if set(want) != set(got) or any(not torch.equal(want[k], got[k])
+                                  for k in want):
+    raise RuntimeError("upstream from_pretrained did not read back the "
+                       "weights save_pretrained wrote")
+  return loaded.eval()
+
+
+def left_padded(ids, pads):
+  """(ids with `pads[b]` leading pad tokens (id 0), 2-D mask)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  ids = np.array(ids)
+  mask = np.ones_like(ids)
+  for row, n in enumerate(pads):
+    ids[row, :n] = 0
+    mask[row, :n] = 0
+  return ids, mask
+
+
+def positions_of(mask):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  pos = np.cumsum(mask, -1) - 1
+  return np.where(mask == 1, pos, 1)
+
+
+class Ours:
+  """Our model, params and sampler on the checkpoint directory."""
+
+  def __init__(self, directory: str, perturb: bool):
+    import jax  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+    cfg, _ = hf_config.model_config_from_hf(directory, dtype="float32",
+                                            param_dtype="float32")
+    self.cfg = cfg
+    self.dream = dream
+    self.params = hf_import.load_hf_checkpoint(directory, cfg)
+    if perturb:
+      self.params = perturb_params(self.params)
+    self.model = dream.Dream(cfg)
+    self.denoiser = dream.denoiser(cfg)
+    self._apply = {
+        dtype: jax.jit(lambda p, x, m, pos, model=dream.Dream(
+            dataclasses.replace(cfg, dtype=dtype)): model.apply(
+                {"params": p}, x, m, pos))
+        for dtype in ("float32", "bfloat16")}
+
+  def logits(self, ids, mask=None, positions=None, dtype="float32"):
+    """Raw logits (float32 params; compute in `dtype`)."""
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    return np.asarray(self._apply[dtype](
+        self.params, jnp.asarray(ids, jnp.int32),
+        None if mask is None else jnp.asarray(mask, bool),
+        None if positions is None else jnp.asarray(positions, jnp.int32)))
+
+  def generate(self, ids, mask, **kw):
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import sampling  # pylint: disable=g-import-not-at-top
+    seq, hist = sampling.diffusion_generate(
+        self.denoiser, ids, mask, params=self.params,
+        mask_token_id=self.cfg.mask_token_id, return_history=True, **kw)
+    return np.asarray(seq), np.asarray(hist)
+
+
+def shift(logits):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return np.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
+
+
+def check_forward(up_model, ours: Ours, opts: Options, rng) -> list[Check]:
+  import torch  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  out = []
+  length = opts.prompt_len + opts.new_tokens
+  ids = rng.integers(1, opts.vocab - 1, (3, length))
+  ids[:, -opts.new_tokens // 2:] = opts.vocab - 1  # some mask tokens
+  with torch.no_grad():
+    theirs = up_model(torch.as_tensor(ids)).logits.numpy()
+  mine = ours.logits(ids)
+  out.append(compare_arrays("forward: logits, full attention", mine, theirs,
+                            TOL_LOGITS))
+  out.append(compare_arrays("forward: shifted logits (sampler view)",
+                            shift(mine), shift(theirs), TOL_LOGITS))
+  # A left-padded batch: upstream's 4-D boolean pair mask + tok_idx.
+  pids, mask = left_padded(ids, [0, 3, 7])
+  pos = positions_of(mask)
+  m = torch.as_tensor(mask).bool()
+  mask4 = m[:, None, None, :] & m[:, None, :, None]
+  with torch.no_grad():
+    theirs = up_model(torch.as_tensor(pids), mask4,
+                      torch.as_tensor(pos)).logits.numpy()
+  mine = ours.logits(pids, mask, pos)
+  real = np.broadcast_to(mask.astype(bool)[..., None], mine.shape)
+  out.append(compare_arrays("forward: logits, left-padded (real positions)",
+                            mine, theirs, TOL_LOGITS, where=real))
+  # The unpadded rows' real positions must not change with padding.
+  unpadded = ours.logits(ids[2:, 7:])
+  out.append(compare_arrays("forward: padded row == unpadded (ours)",
+                            mine[2, 7:], unpadded[0], TOL_LOGITS))
+  # bfloat16 compute on both sides (upstream: the model cast to bf16, as
+  # the hub's torch_dtype; ours: dtype=bfloat16). Rounding points inside
+  # torch's CPU SDPA kernel differ from ours, so the tolerance is bf16's;
+  # upstream's own fp32-vs-bf16 distance is printed for scale.
+  import copy  # pylint: disable=g-import-not-at-top
+  with torch.no_grad():
+    ref32 = up_model(torch.as_tensor(ids)).logits.numpy()
+    theirs = copy.deepcopy(up_model).to(torch.bfloat16)(
+        torch.as_tensor(ids)).logits.float().numpy()
+  mine = ours.logits(ids, dtype="bfloat16").astype(np.float32)
+  check = compare_arrays("forward: logits, bfloat16 compute", mine, theirs,
+                         TOL_BF16)
+  own = float(np.abs(ref32 - theirs).max() / np.abs(ref32).max())
+  agree = float(np.mean(mine.argmax(-1) == theirs.argmax(-1)))
+  check.detail += (f" [upstream fp32 vs its bf16: max_rel={own:.3e};"
+                   f" argmax agree {100 * agree:.1f}%]")
+  out.append(check)
+  return out
+
+
+def upstream_generate(up, up_model, ids, mask, **kw):
+  """sequences [B, L], history [steps, B, L] from diffusion_generate."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  gen_cfg = up.generation.DreamGenerationConfig(
+      mask_token_id=up_model.config.mask_token_id,
+      pad_token_id=up_model.config.pad_token_id,
+      bos_token_id=up_model.config.bos_token_id,
+      eos_token_id=up_model.config.eos_token_id,
+      output_history=True, return_dict=True, return_dict_in_generate=True,
+      **kw)
+  res = up_model.diffusion_generate(
+      torch.as_tensor(ids), generation_config=gen_cfg,
+      attention_mask=None if mask is None else torch.as_tensor(mask))
+  return (res.sequences.numpy(),
+          np.stack([h.numpy() for h in res.history]))
+
+
+def teacher_forced(ours: Ours, start, hist, mask, mask_id, pos):
+  """(our greedy tokens, upstream's tokens, reveal counts per step) at every
+  position upstream reveals, each from our shifted logits on upstream's
+  canvas before that step."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  mine, theirs, counts = [], [], []
+  before = start
+  for after in hist:
+    new = (before == mask_id) & (after != mask_id)
+    counts.append(new.sum(-1))
+    pred = shift(ours.logits(before, mask, pos)).argmax(-1)
+    mine.append(pred[new])
+    theirs.append(after[new])
+    before = after
+  return (np.concatenate(mine), np.concatenate(theirs),
+          np.stack(counts))
+
+
+def valid_reveals(ours: Ours, start, hist, mask_id, *, alg, top_k, top_p,
+                  steps):
+  """Teacher-forced check of a confidence algorithm that tolerates exact
+  ties: at every upstream step, each revealed position's token must be our
+  greedy x0 there and its confidence (ours, on upstream's canvas before the
+  step) must be >= our k-th largest over the masked positions, with k our
+  schedule's count. Returns (bad reveals, reveals, tied steps)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import reveal_rules  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import token_draws  # pylint: disable=g-import-not-at-top
+  n = start.shape[1] - int((start != mask_id).sum(-1).min())
+  schedule = reveal_rules.reveal_schedule(steps, n)
+  bad = total = tied = 0
+  before = start
+  for i, after in enumerate(hist):
+    masked = before == mask_id
+    logits = shift(ours.logits(before))
+    conf, x0 = token_draws.sample_tokens(
+        jnp.asarray(logits), jax.random.key(0), temperature=0.0, top_p=top_p,
+        top_k=top_k, conf_kind=alg)
+    conf, x0 = np.asarray(conf), np.asarray(x0)
+    new = masked & (after != mask_id)
+    for row in range(before.shape[0]):
+      k = schedule[i]
+      total += int(new[row].sum())
+      if int(new[row].sum()) != k:
+        bad += abs(int(new[row].sum()) - k)
+        continue
+      if k == 0:
+        continue
+      c = np.where(masked[row], conf[row], -np.inf)
+      kth = np.sort(c)[::-1][k - 1]
+      tied += int((c == kth).sum() > np.sum(np.sort(c)[::-1][:k] == kth))
+      bad += int(np.sum(new[row] & (c < kth)))
+      bad += int(np.sum(new[row] & (x0[row] != after[row])))
+    before = after
+  return bad, total, tied
+
+
+def check_sampling(up, up_model, ours: Ours, opts: Options, rng,
+                   port=None, port_model=None) -> list[Check]:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import reveal_rules  # pylint: disable=g-import-not-at-top
+  out = []
+  n = opts.new_tokens
+  mask_id = opts.vocab - 1
+  ids = rng.integers(1, mask_id, (2, opts.prompt_len))
+  pids, pmask = left_padded(ids, [0, 5])
+  start = np.concatenate([ids, np.full((2, n), mask_id)], axis=1)
+  # (alg, steps, top_k, top_p, left-padded batch)
+  settings = [(alg, steps, None, None, False)
+              for alg in ("maskgit_plus", "topk_margin", "entropy")
+              for steps in (n, n // 4)]
+  settings += [("entropy", n // 2, 20, None, True),
+               ("maskgit_plus", n, None, None, True),
+               ("entropy", n // 2, 50, 0.95, False)]
+  for alg, steps, top_k, top_p, padded in settings:
+    x, m = (pids, pmask) if padded else (ids, None)
+    kw = dict(max_new_tokens=n, steps=steps, alg=alg, temperature=0.0,
+              top_k=top_k, top_p=top_p)
+    theirs, their_hist = upstream_generate(up, up_model, x, m, **kw)
+    mine, my_hist = ours.generate(x, m, **kw)
+    name = (f"sample: {alg} {n} new/{steps} steps"
+            + (f" top_k={top_k}" if top_k else "")
+            + (f" top_p={top_p}" if top_p else "")
+            + (" padded" if padded else ""))
+    free = compare_tokens(name, mine[:, -n:], theirs[:, -n:],
+                          (my_hist, their_hist))
+    if top_p:
+      # top-p leaves one token at most positions of this peaked model:
+      # confidence exactly 1 (or neg. entropy exactly 0) ties, and
+      # torch.topk's CPU order among ties is its own (ours: lowest index).
+      free.info = True
+      out.append(free)
+      bad, total, tied = valid_reveals(ours, start, their_hist, mask_id,
+                                       alg=alg, top_k=top_k, top_p=top_p,
+                                       steps=steps)
+      out.append(Check(
+          name.replace("sample:", "teacher-forced reveals:"), bad == 0,
+          f"{bad}/{total} upstream reveals not a top-k of our confidences "
+          f"or not our token ({tied} steps with ties at the k-th) tol=0",
+          {"bad": bad, "total": total, "tied_steps": tied}))
+    else:
+      out.append(free)
+    if port is not None:
+      ref = port.diffusion_generate(port_model, x, m, mask_token_id=mask_id,
+                                    **kw)
+      out.append(compare_tokens(name.replace("sample:", "port vs upstream:"),
+                                ref[:, -n:], theirs[:, -n:]))
+  # RNG-drawn reveals: teacher-forced token check and the reveal counts.
+  for alg, alg_temp, steps in (("origin", None, n), ("origin", None, n // 4),
+                               ("entropy", 0.5, n // 2),
+                               ("maskgit_plus", 1.0, n)):
+    torch.manual_seed(opts.seed)
+    kw = dict(max_new_tokens=n, steps=steps, alg=alg, alg_temp=alg_temp,
+              temperature=0.0, top_k=None, top_p=None)
+    _, their_hist = upstream_generate(up, up_model, ids, None, **kw)
+    mine, theirs, counts = teacher_forced(ours, start, their_hist, None,
+                                          mask_id, None)
+    label = f"{alg}" + (f" alg_temp={alg_temp}" if alg_temp else "")
+    out.append(compare_tokens(
+        f"teacher-forced: {label} {n} new/{steps} steps", mine, theirs))
+    if alg != "origin":
+      want = np.array(reveal_rules.reveal_schedule(steps, n))
+      out.append(compare_tokens(f"reveal counts: {label} {steps} steps",
+                                np.broadcast_to(want[:, None], counts.shape),
+                                counts))
+  return out
+
+
+def check_loss(trainer, up_model, ours: Ours, opts: Options,
+               rng) -> list[Check]:
+  """dllm's compute_loss with injected draws vs ours, loss and gradients."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_layout  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import loss as diffusion_loss  # pylint: disable=g-import-not-at-top
+  mask_id = opts.vocab - 1
+  b, length = 4, opts.prompt_len + opts.new_tokens
+  tokens = rng.integers(1, mask_id, (b, length))
+  prompt = np.array([3, 5, 8, opts.prompt_len])[:, None]
+  maskable = np.arange(length)[None, :] >= prompt  # position 0 never
+  t_rand = torch.tensor(rng.uniform(0.25, 1.0, b), dtype=torch.float32)
+  eps = 1e-3
+  t = (eps + (1 - eps) * t_rand).numpy()  # as dllm computes it (float32)
+  u = torch.tensor(rng.uniform(0, 1, (b, length)), dtype=torch.float32)
+  draws = [t_rand, u]
+
+  class Meter:
+    def update(self, **kwargs):
+      self.kwargs = kwargs
+
+  def run(weight_type):
+    obj = object.__new__(trainer.dream.DreamTrainer)
+    obj.__dict__.update(
+        processing_class=types.SimpleNamespace(
+            padding_side="right", mask_token_id=mask_id, bos_token_id=0),
+        scheduler=trainer.schedulers.LinearAlphaScheduler(),
+        time_epsilon=eps, loss_weight_type=weight_type,
+        loss_norm_type="token", right_shift_logits=True, meter=Meter())
+    labels = torch.where(torch.as_tensor(maskable), torch.as_tensor(tokens),
+                         torch.tensor(-100))
+    inputs = {"input_ids": torch.as_tensor(tokens), "labels": labels}
+    queue = list(draws)
+    real_rand = torch.rand
+    torch.rand = lambda *a, **k: queue.pop(0)  # the two draws, in order
+    try:
+      up_model.zero_grad()
+      loss = obj.compute_loss(up_model, inputs)
+    finally:
+      torch.rand = real_rand
+    if queue:
+      raise RuntimeError("dllm's compute_loss drew fewer numbers than "
+                         "expected")
+    return loss
+  loss_up = run("scheduler")
+  loss_up.backward()
+  loss_up = float(loss_up.detach())
+  grads_up = {k: p.grad.numpy().copy() for k, p in up_model.named_parameters()}
+  masked = (u.numpy() < t[:, None]) & maskable
+  noisy = np.where(masked, mask_id, tokens)
+  n_masked, n_maskable = int(masked[:, 1:].sum()), int(maskable.sum())
+
+  def our_loss(params):
+    variables = {"params": params}
+    hidden = ours.model.apply(variables, jnp.asarray(noisy), method="hidden")
+    head = lambda h: ours.model.apply(variables, h,  # noqa: E731
+                                      method="logits_from_hidden")
+    loss, count = diffusion_loss.shifted_masked_loss(
+        hidden, head, jnp.asarray(tokens), jnp.asarray(masked),
+        jnp.asarray(t), chunk_size=16)
+    return loss, count
+  (loss_ours, count), grads = jax.value_and_grad(our_loss, has_aux=True)(
+      ours.params)
+  rescale = n_masked / n_maskable
+  out = [Check("loss: masked tokens (ours == dllm's mask)",
+               int(count) == n_masked, f"ours {int(count)} dllm "
+               f"{n_masked} (of {n_maskable} maskable)", {})]
+  # dllm weights 1/(t + 1e-6): a relative 1e-6 / min(t) on top of float32.
+  tol = TOL_LOSS + 1e-6 / float(t.min())
+  check = compare_arrays("loss: dllm scheduler/token vs ours*masked/maskable",
+                         float(loss_ours) * rescale, float(loss_up), tol)
+  check.detail += (f" [ours {float(loss_ours):.6f}, dllm "
+                   f"{float(loss_up):.6f}, ratio {float(loss_ours) / float(loss_up):.4f}"
+                   f" = maskable/masked {n_maskable}/{n_masked}]")
+  out.append(check)
+  # Gradients, ours mapped to the HF layout, every tensor.
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  per_tensor = []
+  for leaf in hf_layout.leaves(ours.cfg):
+    value = np.asarray(weights_io.get_path(grads, leaf.path)) * rescale
+    items = ([(leaf.hf_name.replace("{i}", str(i)), value[i])
+              for i in range(value.shape[0])] if leaf.per_layer
+             else [(leaf.hf_name, value)])
+    per_tensor += [(name, compare_arrays(name, hf_layout.to_hf(leaf, g),
+                                         grads_up[name], TOL_GRAD))
+                   for name, g in items]
+  name, c = max(per_tensor, key=lambda nc: (not nc[1].passed,
+                                            nc[1].values.get("max_rel", 0)))
+  out.append(Check(f"loss: gradients, {len(per_tensor)} tensors (worst)",
+                   all(x.passed for _, x in per_tensor),
+                   c.detail + f" ({name})", c.values))
+  # CART, the Dream trainer's default weighting: ours has none; report.
+  loss_cart = float(run("cart[geo_p:0.3]").detach())
+  out.append(Check("loss: dllm CART weighting (not in ours)", True,
+                   f"dllm CART loss {loss_cart:.6f} vs 1/t {float(loss_up):.6f}"
+                   " (not compared)", {"cart": loss_cart}, info=True))
+  return out
+
+
+def check_reference_forward(port_model, up_model, opts: Options,
+                            rng) -> list[Check]:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  length = opts.prompt_len + opts.new_tokens
+  ids = torch.as_tensor(rng.integers(1, opts.vocab - 1, (2, length)))
+  full = torch.ones(2, 1, length, length, dtype=torch.bool)
+  with torch.no_grad():
+    mine = port_model(input_ids=ids, attention_mask=full).logits.numpy()
+    theirs = up_model(ids).logits.numpy()
+  del np
+  return [compare_arrays("port vs upstream: logits (Qwen2 + 4-D mask)",
+                         mine, theirs, TOL_LOGITS)]
+
+
+def run_checks(opts: Options) -> tuple[list[Check], dict]:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  files = upstream_files(opts.upstream_dir)
+  commit = upstream_commit(opts, files)
+  up, trainer, shimmed = import_upstream(opts.upstream_dir)
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_default_matmul_precision", "highest")
+  info = {"upstream_commit": commit, "upstream_files": files,
+          "shimmed_modules": shimmed, "torch": torch.__version__,
+          "transformers": transformers.__version__, "jax": jax.__version__}
+  print(f"upstream commit: {commit}")
+  for path, blob in files.items():
+    print(f"  {path} blob {blob}")
+  print(f"torch {torch.__version__}, transformers {transformers.__version__},"
+        f" jax {jax.__version__}"
+        + (f"; stand-ins for {', '.join(shimmed)}" if shimmed else ""))
+  directory = tempfile.mkdtemp(prefix="upstream_dream_")
+  up_model = build_checkpoint(up, opts, directory)
+  ours = Ours(directory, opts.perturb)
+  print(f"model: vocab {opts.vocab}, hidden {opts.hidden}, {opts.layers} "
+        f"layers, 4 q / 2 kv heads, theta 1e6, float32, LM head "
+        f"x{opts.head_scale:g}; prompt {opts.prompt_len} + {opts.new_tokens} "
+        f"new" + ("; PERTURBED (ours, q_proj bias)" if opts.perturb else ""),
+        flush=True)
+  checks: list[Check] = []
+  port = port_model = None
+  if "reference" in opts.checks:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "reference"))
+    import dream_torch_sampler as port  # pylint: disable=g-import-not-at-top
+    port_model = port.qwen2_from_hf_dir(directory)
+
+  def emit(new):
+    for c in new:
+      print(c.line(), flush=True)
+    checks.extend(new)
+  if "forward" in opts.checks:
+    emit(check_forward(up_model, ours, opts, np.random.default_rng(1)))
+  if "reference" in opts.checks:
+    emit(check_reference_forward(port_model, up_model, opts,
+                                 np.random.default_rng(2)))
+  if "sampling" in opts.checks or "reference" in opts.checks:
+    new = check_sampling(up, up_model, ours, opts, np.random.default_rng(3),
+                         port, port_model)
+    if "sampling" not in opts.checks:
+      new = [c for c in new if c.name.startswith("port")]
+    if "reference" not in opts.checks:
+      new = [c for c in new if not c.name.startswith("port")]
+    emit(new)
+  if "loss" in opts.checks:
+    if trainer is None:
+      print("loss: SKIPPED (--upstream_dir has no dllm trainer files "
+            f"{', '.join(TRAINER_FILES)})")
+    else:
+      emit(check_loss(trainer, up_model, ours, opts,
+                      np.random.default_rng(4)))
+  return checks, info
+
+
+def main(argv) -> int:
+  try:
+    opts = parse_args(argv)
+  except UsageError as e:
+    print(f"upstream_dream.py: {e}", file=sys.stderr)
+    return 2
+  checks, info = run_checks(opts)
+  failed = [c for c in checks if not c.passed and not c.info]
+  scored = [c for c in checks if not c.info]
+  print(f"{len(scored) - len(failed)}/{len(scored)} checks pass"
+        + (f" ({len(checks) - len(scored)} INFO lines not scored)"
+           if len(scored) < len(checks) else "")
+        + (f"; FAILED: {', '.join(c.name for c in failed)}" if failed else ""))
+  if opts.json:
+    with open(opts.json, "w") as f:
+      json.dump({**info, "perturb": opts.perturb,
+                 "checks": [dataclasses.asdict(c) for c in checks]}, f,
+                indent=2, default=str)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

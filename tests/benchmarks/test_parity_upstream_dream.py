@@ -1,0 +1,197 @@
+"""benchmarks/parity/upstream_dream.py without upstream's code: flag checks
+(exit 2, one line naming the flag, before any heavy import), the comparison
+helpers failing where they should, `--perturb`, the blob ids and the import
+of an upstream folder (a stand-in with the three file names)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import repo
+
+SCRIPT = os.path.join(repo.ROOT, "benchmarks", "parity", "upstream_dream.py")
+_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    filter(None, [repo.ROOT, os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture(scope="module")
+def script():
+  spec = importlib.util.spec_from_file_location("upstream_dream", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["upstream_dream"] = module  # dataclasses look it up
+  spec.loader.exec_module(module)
+  yield module
+  del sys.modules["upstream_dream"]
+
+
+def _run(*args):
+  return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True,
+                        text=True, env=_ENV, timeout=60, check=False)
+
+
+def _fake_upstream(root, nested=True):
+  """A folder with the three model files (relative imports between them)."""
+  folder = os.path.join(root, "dllm", "pipelines", "dream", "models") if (
+      nested) else root
+  os.makedirs(folder, exist_ok=True)
+  files = {"configuration_dream.py": "VALUE = 7\n",
+           "generation_utils.py": "from .configuration_dream import VALUE\n",
+           "modeling_dream.py": "from .generation_utils import VALUE\n"
+                                "DOUBLE = 2 * VALUE\n"}
+  for name, text in files.items():
+    with open(os.path.join(folder, name), "w") as f:
+      f.write(text)
+  return folder
+
+
+@pytest.mark.parametrize("args, flag", [
+    ((), "--upstream_dir"),
+    (("--upstream_dir=/nonexistent/dllm",), "--upstream_dir"),
+    (("--upstream_dir=.", "--checks=forward,nope"), "--checks"),
+    (("--upstream_dir=.", "--hidden=12"), "--hidden"),
+    (("--upstream_dir=.", "--frobnicate=1"), "--frobnicate"),
+])
+def test_bad_flags_exit_2_naming_the_flag(args, flag, tmp_path):
+  if args and args[0] == "--upstream_dir=.":  # a valid folder for the rest
+    _fake_upstream(str(tmp_path))
+    args = (f"--upstream_dir={tmp_path}",) + args[1:]
+  result = _run(*args)
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and flag in lines[0], result.stderr
+  assert result.stdout == ""
+
+
+def test_a_folder_without_dream_code_is_refused(tmp_path):
+  (tmp_path / "modeling_dream.py").write_text("")  # two files missing
+  result = _run(f"--upstream_dir={tmp_path}")
+  assert result.returncode == 2
+  assert "--upstream_dir" in result.stderr
+  assert "generation_utils.py" in result.stderr
+
+
+def test_flags_are_checked_before_heavy_imports(script, tmp_path):
+  _fake_upstream(str(tmp_path))
+  code = textwrap.dedent(f"""
+      import sys, importlib.util
+      spec = importlib.util.spec_from_file_location("s", {SCRIPT!r})
+      m = importlib.util.module_from_spec(spec); sys.modules["s"] = m
+      spec.loader.exec_module(m)
+      m.parse_args(["--upstream_dir={tmp_path}", "--perturb"])
+      print(sorted(n for n in ("jax", "torch", "transformers")
+                   if n in sys.modules))""")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, env=_ENV, timeout=60, check=True)
+  assert out.stdout.strip() == "[]"
+
+
+def test_options(script, tmp_path):
+  _fake_upstream(str(tmp_path))
+  opts = script.parse_args([f"--upstream_dir={tmp_path}", "--perturb",
+                            "--checks=loss,forward", "--vocab=256"])
+  assert opts.perturb and opts.checks == ("loss", "forward")
+  assert opts.vocab == 256
+  assert script.has_trainer(str(tmp_path)) is False
+
+
+def test_compare_arrays_fails_past_the_tolerance(script):
+  rng = np.random.default_rng(0)
+  a = rng.standard_normal((2, 5, 7)).astype(np.float32) * 10
+  assert script.compare_arrays("same", a, a.copy(), 1e-5).passed
+  near = a.astype(np.float64) + 1e-6
+  check = script.compare_arrays("near", near, a, 1e-5)
+  assert check.passed and check.values["max_abs"] == pytest.approx(1e-6,
+                                                                   rel=0.1)
+  far = a.copy()
+  far[1, 2, 3] += 1e-2 * np.abs(a).max()
+  check = script.compare_arrays("far", far, a, 1e-5)
+  assert not check.passed and "FAIL" in check.line()
+  assert check.values["max_rel"] == pytest.approx(1e-2, rel=1e-3)
+  # Only where `where` holds: the perturbed entry left out passes.
+  where = np.ones(a.shape, bool)
+  where[1, 2, 3] = False
+  assert script.compare_arrays("masked", far, a, 1e-5, where=where).passed
+  nan = a.copy()
+  nan[0, 0, 0] = np.nan
+  assert not script.compare_arrays("nan", nan, a, 1.0).passed
+  assert not script.compare_arrays("shape", a[:1], a, 1.0).passed
+
+
+def test_compare_tokens(script):
+  a = np.arange(12).reshape(2, 6)
+  assert script.compare_tokens("same", a, a.copy()).passed
+  b = a.copy()
+  b[1, 4] = 0
+  check = script.compare_tokens("one", a, b)
+  assert not check.passed and check.values["differ"] == 1
+  hist = np.zeros((3, 2, 6), int)
+  other = hist.copy()
+  other[1, 0, 0] = 5  # parts at step 1, final tokens equal
+  check = script.compare_tokens("hist", a, a.copy(), (hist, other))
+  assert not check.passed and check.values["first_history_diff"] == 1
+  assert script.compare_tokens("hist", a, a.copy(), (hist, hist)).passed
+
+
+def test_info_checks_do_not_fail_the_run(script):
+  check = script.Check("x", False, "d", {}, info=True)
+  assert check.line().endswith("INFO")
+
+
+def test_perturb_moves_one_bias(script):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  params = {"layers": {"self_attn": {"q_proj": {"bias": jnp.zeros((2, 4, 8)),
+                                                "kernel": jnp.ones((2, 3))}}},
+            "lm_head": {"kernel": jnp.ones((3, 5))}}
+  out = script.perturb_params(params)
+  bias = np.asarray(out["layers"]["self_attn"]["q_proj"]["bias"])
+  assert np.all(bias[0] == np.float32(1e-3)) and np.all(bias[1] == 0)
+  assert np.all(np.asarray(params["layers"]["self_attn"]["q_proj"]["bias"])
+                == 0)  # the input is left alone
+  np.testing.assert_array_equal(out["lm_head"]["kernel"], 1.0)
+
+
+def test_blob_id_is_gits(script, tmp_path):
+  path = tmp_path / "f.py"
+  path.write_text("print('hi')\n")
+  want = subprocess.run(["git", "hash-object", str(path)], capture_output=True,
+                        text=True, check=True).stdout.strip()
+  assert script.blob_id(str(path)) == want
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_imports_an_upstream_folder(tmp_path, nested):
+  _fake_upstream(str(tmp_path), nested)
+  code = textwrap.dedent(f"""
+      import importlib.util, sys
+      spec = importlib.util.spec_from_file_location("s", {SCRIPT!r})
+      m = importlib.util.module_from_spec(spec); sys.modules["s"] = m
+      spec.loader.exec_module(m)
+      up, trainer, shimmed = m.import_upstream({str(tmp_path)!r})
+      print(up.modeling.DOUBLE, trainer, sorted(m.upstream_files(
+          {str(tmp_path)!r})))""")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, env=_ENV, timeout=60, check=True)
+  prefix = "dllm/pipelines/dream/models/" if nested else ""
+  assert out.stdout.strip() == "14 None " + str(
+      [prefix + f for f in ("configuration_dream.py", "generation_utils.py",
+                            "modeling_dream.py")])
+
+
+def test_stand_in_modules(script):
+  finder = script._StubFinder(["no_such_pkg_for_parity"])
+  sys.meta_path.insert(0, finder)
+  try:
+    import no_such_pkg_for_parity.sub as sub  # pylint: disable=g-import-not-at-top
+    base = sub.Thing
+    assert isinstance(type("Child", (base,), {})(), base)
+    assert sub.inner.more.__name__ == "no_such_pkg_for_parity.sub.inner.more"
+  finally:
+    sys.meta_path.remove(finder)
+    for name in [n for n in sys.modules if n.startswith("no_such_pkg")]:
+      del sys.modules[name]
