@@ -14,7 +14,11 @@ package `__init__`s pull in accelerate / peft / datasets / torchmetrics for
 parts these checks never run: where those are not installed, empty stand-in
 modules are registered so that the imports succeed (`_shim_missing`).
 `--upstream_git` (a git dir of dllm) names the commit whose tree holds the
-same file contents (by git blob id); without it the blob ids are printed.
+same file contents (by git blob id: HEAD, else the newest commit touching
+them that matches); without it the blob ids are printed. transformers 4.57
+runs it; `diffusion_generate` gets an explicit `DreamGenerationConfig`
+(dllm's HEAD renamed `return_dict_in_generate`, which the implicit
+`from_model_config` path of transformers 4.57 still reads).
 
 One small random Qwen2-shaped Dream (float32; vocab 1024, hidden 128, 2
 layers, 4 query / 2 key-value heads, RoPE theta 1e6, every weight and bias
@@ -25,12 +29,19 @@ config.json) and read back by both: upstream's `from_pretrained` and our
 
   forward    raw logits, full attention and a left-padded batch (2-D mask
              -> pairwise 4-D mask, positions cumsum(mask) - 1, real
-             positions compared), and the shifted logits the samplers use.
+             positions compared), the shifted logits the samplers use, and
+             bfloat16 compute on both sides (bf16 tolerance).
   sampling   upstream `diffusion_generate` vs `trm.families.dream.sampling.
              diffusion_generate` (the model's Denoiser), greedy
              (temperature 0), for maskgit_plus / topk_margin / entropy, steps
              = and < new tokens, top-k/top-p filters, a left-padded batch:
              final tokens and the history after every step must be equal.
+             With top_p=0.95 this peaked model keeps one token at most
+             positions, so confidences tie exactly and torch.topk's CPU
+             order among ties (implementation-defined; ours takes the lowest
+             index) decides: the free-running agreement is an INFO line and
+             the check is teacher-forced: every upstream reveal must be a
+             top-k of our confidences on upstream's canvas, with our token.
              `origin` and `alg_temp` draw from torch's RNG, so for them
              each token upstream reveals is checked against our greedy
              prediction on upstream's own canvas of that step (teacher
@@ -48,7 +59,8 @@ config.json) and read back by both: upstream's `from_pretrained` and our
              port) vs upstream: logits and sampled tokens.
 
 Each check prints one line: name, max abs diff, max rel diff (relative to
-the larger side's max |value|) or token agreement, tolerance, PASS/FAIL.
+the larger side's max |value|) or token agreement, tolerance, PASS/FAIL
+(INFO: reported, not scored).
 Exits 1 if any check fails, 2 on a bad flag. `--perturb` adds 1e-3 to one
 of OUR weights (layer 0's q_proj bias) after loading: checks must FAIL.
 """
@@ -65,7 +77,6 @@ import subprocess
 import sys
 import tempfile
 import types
-from typing import Any
 
 MODEL_FILES = ("configuration_dream.py", "modeling_dream.py",
                "generation_utils.py")
@@ -362,14 +373,24 @@ def upstream_commit(opts: Options, files: dict[str, str]) -> str:
       "status", "--porcelain", "--", *files, cwd=opts.upstream_dir).stdout:
     return head.stdout.strip()
   if opts.upstream_git:
-    commit = git("--git-dir", opts.upstream_git, "rev-parse", "HEAD").stdout
-    commit = commit.strip()
     prefix = "" if NESTED.split("/")[0] in next(iter(files)) else NESTED + "/"
-    same = all(git("--git-dir", opts.upstream_git, "rev-parse",
-                   f"HEAD:{prefix}{path}").stdout.strip() == blob
-               for path, blob in files.items())
-    return (commit + (" (file contents match its tree)" if same else
-                      " (WARNING: files differ from its tree)"))
+
+    def matches(commit):
+      return all(git("--git-dir", opts.upstream_git, "rev-parse",
+                     f"{commit}:{prefix}{path}").stdout.strip() == blob
+                 for path, blob in files.items())
+    head = git("--git-dir", opts.upstream_git, "rev-parse",
+               "HEAD").stdout.strip()
+    if matches(head):
+      return head + " (HEAD of --upstream_git; file contents match its tree)"
+    # An older snapshot (e.g. the three model files pinned at a commit):
+    # the newest commit touching them whose tree holds these contents.
+    touching = git("--git-dir", opts.upstream_git, "rev-list", "HEAD", "--",
+                   *[prefix + p for p in files]).stdout.split()
+    for commit in touching:
+      if matches(commit):
+        return commit + " (file contents match its tree; not HEAD)"
+    return f"unknown (files match no commit of {opts.upstream_git})"
   return "unknown (not a git work tree; pass --upstream_git)"
 
 
@@ -776,7 +797,6 @@ def check_loss(trainer, up_model, ours: Ours, opts: Options,
 
 def check_reference_forward(port_model, up_model, opts: Options,
                             rng) -> list[Check]:
-  import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   length = opts.prompt_len + opts.new_tokens
   ids = torch.as_tensor(rng.integers(1, opts.vocab - 1, (2, length)))
@@ -784,7 +804,6 @@ def check_reference_forward(port_model, up_model, opts: Options,
   with torch.no_grad():
     mine = port_model(input_ids=ids, attention_mask=full).logits.numpy()
     theirs = up_model(ids).logits.numpy()
-  del np
   return [compare_arrays("port vs upstream: logits (Qwen2 + 4-D mask)",
                          mine, theirs, TOL_LOGITS)]
 
@@ -808,21 +827,22 @@ def run_checks(opts: Options) -> tuple[list[Check], dict]:
   print(f"torch {torch.__version__}, transformers {transformers.__version__},"
         f" jax {jax.__version__}"
         + (f"; stand-ins for {', '.join(shimmed)}" if shimmed else ""))
-  directory = tempfile.mkdtemp(prefix="upstream_dream_")
-  up_model = build_checkpoint(up, opts, directory)
-  ours = Ours(directory, opts.perturb)
+  port = port_model = None
+  # The checkpoint: written once, read by every side, then removed.
+  with tempfile.TemporaryDirectory(prefix="upstream_dream_") as directory:
+    up_model = build_checkpoint(up, opts, directory)
+    ours = Ours(directory, opts.perturb)
+    if "reference" in opts.checks:
+      sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+          os.path.abspath(__file__))), "reference"))
+      import dream_torch_sampler as port  # pylint: disable=g-import-not-at-top
+      port_model = port.qwen2_from_hf_dir(directory)
   print(f"model: vocab {opts.vocab}, hidden {opts.hidden}, {opts.layers} "
         f"layers, 4 q / 2 kv heads, theta 1e6, float32, LM head "
         f"x{opts.head_scale:g}; prompt {opts.prompt_len} + {opts.new_tokens} "
         f"new" + ("; PERTURBED (ours, q_proj bias)" if opts.perturb else ""),
         flush=True)
   checks: list[Check] = []
-  port = port_model = None
-  if "reference" in opts.checks:
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), "reference"))
-    import dream_torch_sampler as port  # pylint: disable=g-import-not-at-top
-    port_model = port.qwen2_from_hf_dir(directory)
 
   def emit(new):
     for c in new:
