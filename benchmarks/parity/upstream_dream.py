@@ -1,7 +1,7 @@
 r"""Dream / DiffuCoder: our JAX port against upstream's own PyTorch code.
 
   python3 benchmarks/parity/upstream_dream.py --upstream_dir=DLLM_CHECKOUT \
-      [--upstream_git=/work/.mirror/ZHZisZZ+dllm/repo] [--json=PATH] \
+      [--upstream_git=DLLM_GIT_DIR] [--json=PATH] \
       [--checks=forward,sampling,loss,reference] [--perturb]
 
 `--upstream_dir` is a checkout of ZHZisZZ/dllm (its Dream HF remote code,
