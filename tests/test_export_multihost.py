@@ -2,7 +2,6 @@
 CPU devices, gloo): the files process 0 writes equal a one-process export of
 the same values, and the other process writes nothing."""
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,15 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Builds the `:tiny` DiffuCoder's parameters from a seeded numpy draw, places
 # them on an 8-device fsdp mesh spanning the processes, and exports them.
-_WORKER = """
-import sys
-import jax
+_WORKER = workers_lib.JOIN + """
 import numpy as np
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-process_id = {process_id!r}
-if process_id is not None:
-  jax.distributed.initialize({address!r}, num_processes=2,
-                             process_id=process_id)
 from flax.core import meta
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
@@ -47,12 +39,6 @@ files = hf_import.export_hf_checkpoint(params, cfg, {out!r},
 print("SPLIT", sum(split), "FILES", len(files), "PROCESS",
       jax.process_index(), flush=True)
 """
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _script(out, process_id=None, address=None):
@@ -79,7 +65,7 @@ def test_two_processes_export_what_one_does(tmp_path):
   assert single.returncode == 0, single.stderr[-3000:]
 
   two = str(tmp_path / "two")
-  address = f"127.0.0.1:{_free_port()}"
+  address = f"127.0.0.1:{workers_lib.free_port()}"
   env["XLA_FLAGS"] = workers_lib.xla_flags(4)
   workers = [subprocess.Popen(
       [sys.executable, "-c", _script(two, i, address)], cwd=ROOT, env=env,

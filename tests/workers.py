@@ -1,6 +1,7 @@
 """Waiting for the worker processes of a multi-process test, and the
 XLA flags they start with."""
 import os
+import socket
 import subprocess
 
 import pytest
@@ -31,3 +32,22 @@ def xla_flags(devices: int) -> str:
           if not flag.startswith("--xla_force_host_platform_device_count")]
   return " ".join([f"--xla_force_host_platform_device_count={devices}"]
                   + kept)
+
+
+def free_port() -> int:
+  """A port for the coordinator of a test's processes."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+# How a worker script starts: with `process_id` None a one-process
+# reference run, else process `process_id` of 2 joined at `address` (gloo).
+JOIN = """
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+process_id = {process_id!r}
+if process_id is not None:
+  jax.distributed.initialize({address!r}, num_processes=2,
+                             process_id=process_id)
+"""

@@ -61,6 +61,7 @@ import numpy as np
 
 from trm.core import cli
 from trm.core import config_lib
+from trm.core import distributed
 from trm import generate as generate_cli
 from trm.data import atomic_files
 
@@ -335,6 +336,18 @@ def _resumed_samples(output: str, generation: dict) -> list:
   return kept
 
 
+def _from_process_0(done: set, plan: list) -> set:
+  """Process 0's `done` batches on every process (only it reads --output),
+  so that all generate the same batches, a collective each."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return done
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  kept = multihost_utils.broadcast_one_to_all(
+      np.array([(j, n) in done for j, n, _ in plan], np.int32))
+  return {(j, n) for (j, n, _), k in zip(plan, kept) if k}
+
+
 def evaluate_code(config, checkpoint: str):
   """--benchmark: sample completions, run them, print and write pass@k."""
   import time  # pylint: disable=g-import-not-at-top
@@ -362,9 +375,15 @@ def evaluate_code(config, checkpoint: str):
   chat = _SAMPLER["chat"].value
   prompts = [code_eval.build_prompt(p, benchmark, chat, shots)
              for p in problems]
+  import jax  # pylint: disable=g-import-not-at-top
+  distributed.initialize_distributed(jax)
   lm = generate_cli.load_model(checkpoint, _SAMPLER, config)
-  print(f"weights: {lm.source}\n{benchmark}: {split}; "
-        f"{_NUM_SAMPLES.value} sample(s) each")
+  # On a pod every process generates every batch; process 0 alone reads
+  # and writes --output, prints, and runs the samples.
+  first = jax.process_index() == 0
+  if first:
+    print(f"weights: {lm.source}\n{benchmark}: {split}; "
+          f"{_NUM_SAMPLES.value} sample(s) each")
   start = time.perf_counter()
   task_ids = [str(p.task_id) for p in problems]
   generation = dict(
@@ -372,15 +391,19 @@ def evaluate_code(config, checkpoint: str):
       num_samples=_NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
       batch_size=_SAMPLER["batch_size"].value, chat=chat,
       checkpoint=lm.source, sampler=settings)
-  kept = _resumed_samples(output, generation) if _RESUME.value else []
+  kept = (_resumed_samples(output, generation) if _RESUME.value and first
+          else [])
   # Each batch's samples are appended to --output as soon as they are made,
   # before any of them runs: an interrupted run keeps what was generated,
   # --resume goes on from it, and --score_only=<output> scores it without
   # the model.
-  code_eval.write_samples(output, kept)
-  _write_json_atomically(_generation_path(output), generation)
-  done = code_eval.complete_batches(kept, task_ids, _NUM_SAMPLES.value,
-                                    _SAMPLER["batch_size"].value)
+  if first:
+    code_eval.write_samples(output, kept)
+    _write_json_atomically(_generation_path(output), generation)
+  done = _from_process_0(code_eval.complete_batches(
+      kept, task_ids, _NUM_SAMPLES.value, _SAMPLER["batch_size"].value),
+      code_eval.batch_plan(len(task_ids), _NUM_SAMPLES.value,
+                           _SAMPLER["batch_size"].value))
   records, total = list(kept), len(problems) * _NUM_SAMPLES.value
   progress = code_eval.Progress("generated", every_s=0.0)  # every batch
   if kept:
@@ -388,12 +411,16 @@ def evaluate_code(config, checkpoint: str):
   for rows, j, completions in code_eval.generate_batches(
       lm, prompts, _NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
       batch_size=_SAMPLER["batch_size"].value, skip=done, **settings):
+    if not first:
+      continue
     batch = [code_eval.record_for(problems[i], j, completion, benchmark,
                                   chat)
              for i, completion in zip(rows, completions)]
     code_eval.append_samples(output, batch)
     records += batch
     progress(len(records), total, f"written to {output}")
+  if not first:
+    return None
   generation_seconds = time.perf_counter() - start
   order = {str(p.task_id): i for i, p in enumerate(problems)}
   records.sort(key=lambda r: (order[str(r["task_id"])], r["sample"]))
@@ -414,8 +441,12 @@ def main(argv):
   if config is None or not _CHECKPOINT.value:
     raise ValueError("--config and --checkpoint are required (or "
                      "--benchmark / --score_only for code benchmarks).")
+  import jax  # pylint: disable=g-import-not-at-top
+  distributed.initialize_distributed(jax)
   results, source = evaluate_checkpoint(config, _CHECKPOINT.value,
                                         _OUTPUT_DIR.value)
+  if jax.process_index() != 0:  # process 0 reports
+    return
   metric = PAPER_METRIC.get(config.data.name)
   print(f"checkpoint: {source}")
   for key in sorted(results):

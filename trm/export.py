@@ -30,6 +30,7 @@ from ml_collections import config_flags
 
 from trm.core import cli
 from trm.core import config_lib
+from trm.core import distributed
 
 # Files of a Hugging Face model directory that are not weights or config.json.
 TOKENIZER_FILES = ("tokenizer*", "vocab.json", "merges.txt",
@@ -127,6 +128,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value)
   import jax  # pylint: disable=g-import-not-at-top
+  distributed.initialize_distributed(jax)
 
   from trm import generate  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top

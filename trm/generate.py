@@ -27,6 +27,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from trm.core import cli
+from trm.core import distributed
 from trm.data import io as data_io
 from trm.families.dream.inference import left_pad, load_params  # noqa: F401 (re-exported)
 
@@ -54,13 +55,18 @@ def main(argv):
     raise app.UsageError("--checkpoint is required.")
   prompts = read_prompts(_PROMPT.value, _BATCH_FILE.value)
   settings = sampler_settings(_SAMPLER)
+  import jax  # pylint: disable=g-import-not-at-top
+  distributed.initialize_distributed(jax)
   lm = load_model(_CHECKPOINT.value, _SAMPLER, _CONFIG.value)
-  print(f"weights: {lm.source}")
+  first = jax.process_index() == 0  # on a pod every process generates
+  if first:
+    print(f"weights: {lm.source}")
   sampler = {k: _SAMPLER[k].value for k in ("chat", "batch_size", "seed")}
   completions = lm.generate(prompts, **settings, **sampler)
+  if not first:
+    return
   for prompt, completion in zip(prompts, completions):
     print(f"=== {prompt}\n{completion}")
-  import jax  # pylint: disable=g-import-not-at-top
   t = lm.timings
   print(f"device: {jax.device_count()} x {jax.devices()[0].device_kind}; "
         f"batch {len(prompts)}, {settings['max_new_tokens']} new tokens, "

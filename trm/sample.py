@@ -22,6 +22,7 @@ from absl import app, flags
 
 from trm.core import cli
 from trm.core import config_lib
+from trm.core import distributed
 
 
 def attention_here(attention: str, platform: str) -> str:
@@ -174,6 +175,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+  distributed.initialize_distributed(jax)
 
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.data.text import preparation  # pylint: disable=g-import-not-at-top
@@ -185,7 +187,8 @@ def main(argv):
   if _TEMPERATURE.value < 0:
     raise app.UsageError("--temperature must be >= 0.")
   start = read_start(_START.value)
-  # One device: a handful of samples gains nothing from splitting.
+  # One device: a handful of samples gains nothing from splitting. On a pod
+  # it is process 0's, which alone reads the tokens back and prints.
   ctx = mesh_lib.ShardingContext(
       mesh_lib.make_mesh(config_lib.mesh_config(data=1),
                          devices=jax.devices()[:1]),
@@ -208,7 +211,8 @@ def main(argv):
   prompt = np.asarray([codec.encode(start)] * _NUM_SAMPLES.value, np.int32)
   if prompt.shape[1] == 0:
     raise app.UsageError("--start encodes to no tokens; give some text.")
-  print(f"weights: {source}", file=sys.stderr)
+  if jax.process_index() == 0:
+    print(f"weights: {source}", file=sys.stderr)
 
   model = gpt.GPT(cfg)
   top_k = _TOP_K.value or None
@@ -218,8 +222,10 @@ def main(argv):
           temperature=_TEMPERATURE.value, top_k=top_k))
   with ctx:
     begin = time.time()
-    tokens = np.asarray(jax.device_get(generate(
-        params, prompt, jax.random.key(_SEED.value))))
+    tokens = generate(params, prompt, jax.random.key(_SEED.value))
+    if jax.process_index() != 0:
+      return
+    tokens = np.asarray(jax.device_get(tokens))
     seconds = time.time() - begin
   for row in tokens:
     print(codec.decode(row.tolist()))

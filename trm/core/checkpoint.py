@@ -53,6 +53,7 @@ from absl import logging
 from etils import epath
 
 from trm.core import cli
+from trm.core import host_arrays
 
 # What Orbax 0.12 writes last into every finished step, relative to the step
 # directory: the commit markers of the step and of each item, and metadata.
@@ -250,13 +251,6 @@ def _inspect_arrays(leaves, inexact: tuple[bool, ...]):
           jnp.stack(sums) if sums else jnp.zeros((0, 2), jnp.uint32))
 
 
-def _to_host(x) -> np.ndarray:
-  """A small result of `_inspect_arrays` on every process."""
-  if getattr(x, "is_fully_replicated", True) or x.is_fully_addressable:
-    return np.asarray(x)
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
 # The same checksum in numpy, for arrays held in host memory (CPU devices):
 # no compilation (the jitted form takes seconds to compile for a state of a
 # few dozen arrays on XLA:CPU, more than it saves), and each process hashes
@@ -363,7 +357,7 @@ def _inspect(tree, on_device: bool | None = None):
     on_device = not _in_host_memory(leaves)
   if on_device:
     finite, sums = _inspect_arrays(leaves, inexact)
-    finite, sums = _to_host(finite), _to_host(sums)
+    finite, sums = host_arrays.whole(finite), host_arrays.whole(sums)
   else:
     finite, sums = _inspect_on_host(leaves, inexact)
   bad = [key for (key, _, _), ok in zip(named, finite) if not ok]

@@ -23,13 +23,13 @@ from typing import Any
 from absl import logging
 from flax.core import meta
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from trm.core import host_arrays
 from trm.core import weights_io
 from trm.families.dream import hf_config
 from trm.families.dream import hf_layout
@@ -211,14 +211,6 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
   return params
 
 
-def _whole(x) -> np.ndarray:
-  """The whole value of `x` on this host; an array sharded over several
-  processes is gathered from all of them (a collective)."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(jax.device_get(x))
-
-
 def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
                          shard_size_bytes: int = 5 * 1024**3,
                          dtype: str | None = None) -> list[str]:
@@ -236,7 +228,7 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
     os.makedirs(directory, exist_ok=True)
   tensors: list[tuple[str, np.ndarray]] = []
   for leaf in hf_layout.leaves(cfg):
-    value = _whole(weights_io.get_path(params, leaf.path))
+    value = host_arrays.whole(weights_io.get_path(params, leaf.path))
     if not writer:  # the gather is collective; only process 0 keeps it
       continue
     out_dtype = np.dtype(dtype) if dtype else value.dtype

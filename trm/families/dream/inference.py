@@ -500,7 +500,7 @@ class DiffusionLM:
     `self.timings` then holds the compile and run seconds.
     """
     import jax  # pylint: disable=g-import-not-at-top
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    from trm.core import host_arrays  # pylint: disable=g-import-not-at-top
     # Every argument is checked before anything is tokenised or computed.
     prompts = check_prompts(prompts)
     check_batch_and_seed(batch_size, seed, len(prompts))
@@ -558,18 +558,24 @@ class DiffusionLM:
                       else float(threshold))
     compiled, compile_seconds = self.compile(
         size, ids.shape[1], padded=padded, history=return_history, **settings)
+    # The prompts go where the program wants them (split over the batch
+    # axis's devices, of every process on a pod), and its outputs come back
+    # whole on every process.
+    _, ids_sharding, mask_sharding, _ = compiled.input_shardings[0]
     start = time.perf_counter()
     outs, hists = [], []
     with self.ctx:
       for n, first in enumerate(range(0, rows, size)):
-        batch_mask = (jnp.asarray(mask[first:first + size]) if padded
-                      else None)
-        out = compiled(self.params, jnp.asarray(ids[first:first + size]),
+        batch_mask = (host_arrays.put(mask[first:first + size],
+                                      mask_sharding) if padded else None)
+        out = compiled(self.params,
+                       host_arrays.put(ids[first:first + size],
+                                       ids_sharding),
                        batch_mask, jax.random.key(seed + n))
         if return_history:
           out, hist = out
-          hists.append(np.asarray(jax.device_get(hist)))
-        outs.append(np.asarray(jax.device_get(out)))
+          hists.append(host_arrays.whole(hist))
+        outs.append(host_arrays.whole(out))
     tokens = np.concatenate(outs)[:len(prompts), extra:]
     self.timings = {"compile_seconds": compile_seconds,
                     "run_seconds": time.perf_counter() - start,
@@ -603,6 +609,7 @@ def check_finite_params(params, cfg, where: str,
   is fetched."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from trm.core import host_arrays  # pylint: disable=g-import-not-at-top
   from trm.core import weights_io  # pylint: disable=g-import-not-at-top
   from trm.families.dream import hf_layout  # pylint: disable=g-import-not-at-top
   leaves = hf_layout.leaves(cfg)
@@ -616,7 +623,7 @@ def check_finite_params(params, cfg, where: str,
       out.append(jnp.sum(bad, axis=axes, dtype=jnp.int32))
     return out
 
-  found = jax.device_get(jax.jit(counts)(arrays))
+  found = [host_arrays.whole(x) for x in jax.jit(counts)(arrays)]
   for leaf, x, bad in zip(leaves, arrays, found):
     bad = np.asarray(bad)
     if not bad.any():

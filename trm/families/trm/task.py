@@ -8,6 +8,7 @@ import os
 import jax
 import numpy as np
 
+from trm.core import host_arrays
 from trm.core.task import Task
 from trm.data.puzzles import dataset as puzzle_dataset
 from trm.data.puzzles import format as puzzle_format
@@ -132,12 +133,7 @@ class KeptPredictions:
   def update(self, batch, outputs) -> None:
     if self.hook is not None:
       self.hook.update(batch, outputs)
-    predictions = outputs["predictions"]
-    if not getattr(predictions, "is_fully_addressable", True):
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      predictions = multihost_utils.process_allgather(predictions,
-                                                      tiled=True)
-    rows = np.asarray(predictions)
+    rows = host_arrays.whole(outputs["predictions"])
     # Puzzle vocabularies are tiny (<= 12 ids): a quarter of int32's disk.
     self.parts.append(rows.astype(np.uint8) if rows.size and
                       rows.max() < 256 else rows)

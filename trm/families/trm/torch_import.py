@@ -84,6 +84,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
+from trm.core import host_arrays
 from trm.core import weights_io
 from trm.families.trm import model as trm_model
 from trm.families.trm import torch_layout
@@ -251,8 +252,9 @@ def export_torch_checkpoint(params, buffers, puzzle_emb,
 
   `path` ending in `.safetensors` writes safetensors (no torch needed; load
   with `safetensors.torch.load_file`); any other name is written with
-  `torch.save` (needs torch), the format upstream `torch.load`s. Arrays must
-  be fully addressable (single host); only process 0 writes.
+  `torch.save` (needs torch), the format upstream `torch.load`s. Arrays
+  sharded over several processes are gathered (a collective: call it on
+  every process); only process 0 writes.
   """
   if prefix and not prefix.endswith("."):
     raise ValueError(f"prefix={prefix!r} must be empty or end with '.'.")
@@ -270,7 +272,7 @@ def export_torch_checkpoint(params, buffers, puzzle_emb,
           f"{where} is missing from the variables to "
           "export (do they belong to config.model?).") from e
     target = weights_io.get_path(abstract[entry.collection], entry.path)
-    value = np.asarray(jax.device_get(value))
+    value = host_arrays.whole(value)
     if value.shape != target.shape:
       raise weights_io.CheckpointError(
           f"{where} has shape {value.shape}; config.model "

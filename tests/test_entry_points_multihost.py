@@ -1,0 +1,200 @@
+"""The entry points on 2 processes x 4 CPU devices (gloo) against one
+process x 8: `DiffusionLM.generate` (prompts split over the batch axis,
+history, cached decoding) and the TRM torch export with arrays that span
+both processes; then `trm.generate`, `trm.sample`, `trm.evaluate`
+(TRM and --benchmark) and `trm.export` started as on a pod (the same command, with
+--coordinator_address): every process takes part, process 0 alone prints
+and writes, and what it prints or writes is what one process does."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from test_bad_inputs import _write_checkpoint, dc_config
+import test_generate
+import test_sample_inputs
+from test_train import tiny_config
+import workers as workers_lib
+from trm.families.trm import task as puzzle
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A batch of 8 prompts: on 8 devices the sampler splits it over all of them.
+_WORKER = workers_lib.JOIN + """
+import json
+import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from trm import DiffusionLM
+from trm.families.trm import model as trm
+from trm.families.trm import torch_import
+
+lm = DiffusionLM.from_pretrained({checkpoint!r}, dtype="float32")
+prompts = ["w3 w4 w5", "w9", "w7 w1", "w2"] * 2
+exact = lm.generate(prompts, max_new_tokens=8, steps=4, return_history=True)
+cached = lm.generate(prompts, max_new_tokens=8, steps=4, cache="dual",
+                     block_length=4, return_tokens=True)
+
+cfg = trm.TRMConfig(vocab_size=10, seq_len=16, num_puzzle_identifiers=8,
+                    hidden_size=32, num_heads=2, expansion=4.0, L_layers=2,
+                    H_cycles=2, L_cycles=2, halt_max_steps=4,
+                    puzzle_emb_ndim=32, puzzle_emb_len=4,
+                    forward_dtype="float32")
+abstract = nn.meta.unbox(jax.eval_shape(
+    lambda: trm.init_variables(trm.TRM(cfg), jax.random.PRNGKey(0))))
+rng = np.random.default_rng(0)
+mesh = Mesh(np.array(jax.devices()), ("x",))
+def place(a):
+  value = rng.normal(size=a.shape).astype(a.dtype)
+  spec = P("x") if a.ndim and a.shape[0] % 8 == 0 else P()
+  return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec),
+                                      lambda i: value[i])
+variables = jax.tree.map(place, abstract)
+split = sum(not x.is_fully_addressable for x in jax.tree.leaves(variables))
+torch_import.export_torch_checkpoint(
+    variables["params"], variables["buffers"], variables["puzzle_emb"], cfg,
+    {out!r} + "/trm.safetensors")
+print("RESULT", json.dumps(dict(
+    process=jax.process_index(), split=split, tokens=exact.tokens.tolist(),
+    history=exact.history.tolist(), cached=cached.tokens.tolist())),
+    flush=True)
+"""
+
+
+def _two(commands, env, timeout=300):
+  """Runs commands[i] as process i of a 2-process job; their outputs."""
+  workers = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for c in commands]
+  outputs = workers_lib.wait_all(workers, timeout=timeout)
+  for worker, output in zip(workers, outputs):
+    assert worker.returncode == 0, output[-3000:]
+  return outputs
+
+
+def _result(output):
+  return json.loads(next(line for line in output.splitlines()
+                         if line.startswith("RESULT "))[len("RESULT "):])
+
+
+def _samples(directory):
+  with open(os.path.join(directory, "samples.jsonl"), encoding="utf-8") as f:
+    return [(r["task_id"], r["sample"], r["generation"], r["passed"])
+            for r in map(json.loads, f)]
+
+
+def test_two_processes_do_what_one_does(tmp_path):
+  checkpoint = test_generate.make_tiny_checkpoint(tmp_path / "ckpt")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=workers_lib.xla_flags(8))
+
+  def script(out, process_id=None, address=None):
+    return _WORKER.format(checkpoint=checkpoint, out=str(out),
+                          process_id=process_id, address=address)
+
+  os.makedirs(tmp_path / "one")
+  one = subprocess.run([sys.executable, "-c", script(tmp_path / "one")],
+                       cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert one.returncode == 0, one.stderr[-3000:]
+  expected = _result(one.stdout)
+
+  os.makedirs(tmp_path / "two")
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  env["XLA_FLAGS"] = workers_lib.xla_flags(4)
+  outputs = _two([[sys.executable, "-c", script(
+      tmp_path / "two", process_id=i, address=address)] for i in range(2)],
+                 env)
+  for i, output in enumerate(outputs):
+    got = _result(output)
+    assert got["process"] == i and got["split"] > 0
+    for key in ("tokens", "history", "cached"):
+      assert got[key] == expected[key], (i, key)
+  assert os.listdir(tmp_path / "two") == ["trm.safetensors"]
+  want = load_file(str(tmp_path / "one" / "trm.safetensors"))
+  have = load_file(str(tmp_path / "two" / "trm.safetensors"))
+  assert sorted(have) == sorted(want)
+  for name, value in want.items():
+    np.testing.assert_array_equal(have[name], value, err_msg=name)
+
+  # The command-line tools, as every worker of a pod starts them.
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("w3 w4 w5\nw9\nw7 w1\nw2\n" * 2)
+  gpt2 = test_sample_inputs.write_tiny_gpt2(tmp_path / "gpt2")
+  chars = tmp_path / "chars"
+  os.makedirs(chars)
+  (chars / "meta.json").write_text(json.dumps(
+      {"vocab_size": 64, "tokenizer": "char",
+       "itos": list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                    "0123456789 \n")}))
+  for name in ("train.bin", "val.bin"):
+    (chars / name).write_bytes(bytes(16))
+  workdir = _write_checkpoint(dc_config(), str(tmp_path / "dc_run"))
+  sudoku = str(tmp_path / "sudoku")
+  trm_config = tiny_config(**{"data.data_dir": sudoku})
+  puzzle.prepare_data(trm_config, sudoku)
+  trm_run = _write_checkpoint(trm_config, str(tmp_path / "trm_run"))
+  tools = {
+      "generate": ["-m", "trm.generate", f"--checkpoint={checkpoint}",
+                   f"--batch_file={prompts}", "--max_new_tokens=8",
+                   "--steps=4", "--dtype=float32"],
+      "sample": ["-m", "trm.sample", "--init_from=gpt2",
+                 f"--checkpoint={gpt2}", f"--data_dir={chars}", "--start=ab",
+                 "--num_samples=2", "--max_new_tokens=8"],
+      "evaluate": ["-m", "trm.evaluate", f"--checkpoint={checkpoint}",
+                   "--config=configs/diffucoder_7b.py:tiny",
+                   "--config.seq_len=512", "--benchmark=humaneval",
+                   "--limit=2", "--num_samples=2", "--batch_size=2",
+                   "--max_new_tokens=8", "--steps=2", "--dtype=float32",
+                   "--output={out}/samples.jsonl"],
+      # tests/core/test_train.py's tiny_config, as flags.
+      "evaluate_trm": [
+          "-m", "trm.evaluate", "--config=configs/trm_sudoku.py:cpu",
+          f"--checkpoint={trm_run}", "--output_dir={out}",
+          f"--config.data.data_dir={sudoku}", "--config.model.hidden_size=32",
+          "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
+          "--config.model.halt_max_steps=2",
+          "--config.data.build.num_train=256",
+          "--config.data.build.num_test=32",
+          "--config.data.build.num_blanks=30",
+          "--config.data.eval_batch_size=16"],
+      "export": ["-m", "trm.export", "--config=configs/diffucoder_7b.py:tiny",
+                 f"--checkpoint={workdir}", "--out={out}", "--dtype=float32"]}
+  for name, args in tools.items():
+    one, two = tmp_path / f"{name}-one", tmp_path / f"{name}-two"
+    env["XLA_FLAGS"] = workers_lib.xla_flags(8)
+    single = subprocess.run(
+        [sys.executable, *[a.format(out=one) for a in args]], cwd=ROOT,
+        env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    env["XLA_FLAGS"] = workers_lib.xla_flags(4)
+    address = f"127.0.0.1:{workers_lib.free_port()}"
+    outputs = _two([[sys.executable, *[a.format(out=two) for a in args],
+                     f"--coordinator_address={address}", "--num_processes=2",
+                     f"--process_id={i}"] for i in range(2)], env)
+    if name == "evaluate":  # the samples file process 0 alone wrote
+      assert _samples(two) == _samples(one) and len(_samples(one)) == 4
+      assert "pass@1" in outputs[0]
+    elif name == "evaluate_trm":
+      assert sorted(os.listdir(two)) == sorted(os.listdir(one))
+      np.testing.assert_array_equal(
+          np.load(two / "predictions_test.npy"),
+          np.load(one / "predictions_test.npy"))
+      assert "paper metric exact_accuracy" in outputs[0]
+    elif name == "export":  # the files process 0 alone wrote
+      assert sorted(os.listdir(two)) == sorted(os.listdir(one))
+      want = load_file(str(one / "model.safetensors"))
+      have = load_file(str(two / "model.safetensors"))
+      assert sorted(have) == sorted(want) and "exported" in outputs[0]
+      for key, value in want.items():
+        np.testing.assert_array_equal(have[key], value, err_msg=key)
+    else:  # process 0 printed the results (its stderr is merged in)
+      want = single.stdout.split("device:")[0].strip()
+      assert want and want in outputs[0], (name, outputs[0][-3000:])
+    # The other process printed none of it (its stderr is merged in here).
+    for line in ("weights:", "===", "---------------", "pass@1", "exported",
+                 "paper metric"):
+      assert line not in outputs[1], (name, outputs[1][-3000:])

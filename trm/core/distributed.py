@@ -1,0 +1,45 @@
+"""Joining a multi-process job: the flags and start-up every entry point
+shares (a pod runs the same command on every worker)."""
+from __future__ import annotations
+
+import os
+
+from absl import app, flags
+
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "true", "false"],
+    "Call jax.distributed.initialize(): 'auto' does so on a multi-host TPU "
+    "pod or when --coordinator_address is given.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (CPU/GPU clusters; "
+    "TPU pods find it themselves).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
+                                      "Number of processes in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None,
+                                   "This process's index in the job.")
+
+
+def _on_multihost_tpu() -> bool:
+  """Cloud TPU VMs name every worker of the slice in TPU_WORKER_HOSTNAMES."""
+  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  slices = int(os.environ.get("MEGASCALE_NUM_SLICES", "1") or 1)
+  return len([h for h in hosts.split(",") if h.strip()]) > 1 or slices > 1
+
+
+def initialize_distributed(jax) -> None:
+  """Joins the multi-process job before anything touches devices."""
+  wanted = _DISTRIBUTED.value
+  if wanted == "false" or (wanted == "auto" and not _COORDINATOR.value
+                           and not _on_multihost_tpu()):
+    return
+  if _COORDINATOR.value and (_NUM_PROCESSES.value is None
+                             or _PROCESS_ID.value is None):
+    raise app.UsageError("--coordinator_address needs --num_processes and "
+                         "--process_id.")
+  if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
+    # CPU processes exchange collectives over gloo.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(
+      coordinator_address=_COORDINATOR.value,
+      num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+      initialization_timeout=300)
