@@ -198,3 +198,30 @@ def test_two_processes_do_what_one_does(tmp_path):
     for line in ("weights:", "===", "---------------", "pass@1", "exported",
                  "paper metric"):
       assert line not in outputs[1], (name, outputs[1][-3000:])
+
+  # --resume across processes: process 0 reads what the two-process run
+  # wrote and every process skips the same batches.
+  evaluate = tools["evaluate"]
+  two = tmp_path / "evaluate-two"
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  outputs = _two([[sys.executable, *[a.format(out=two) for a in evaluate],
+                   "--resume", f"--coordinator_address={address}",
+                   "--num_processes=2", f"--process_id={i}"]
+                  for i in range(2)], env)
+  assert "--resume: 4 samples of 2/2 batches kept" in outputs[0]
+  assert _samples(two) == _samples(tmp_path / "evaluate-one")
+  # Refused there (other settings), it stops both processes at once, each
+  # with one line, instead of leaving process 1 in a collective.
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  workers = [subprocess.Popen(
+      [sys.executable, *[a.format(out=two) for a in evaluate],
+       "--resume", "--seed=7", f"--coordinator_address={address}",
+       "--num_processes=2", f"--process_id={i}"], cwd=ROOT, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+  outputs = workers_lib.wait_all(workers, timeout=240)
+  assert [w.returncode for w in workers] == [2, 2], outputs
+  assert "was generated with seed" in outputs[0], outputs[0][-2000:]
+  assert "process 0 stopped while starting --output" in outputs[1], (
+      outputs[1][-2000:])
+  assert "Traceback" not in outputs[0] + outputs[1]

@@ -391,15 +391,19 @@ def evaluate_code(config, checkpoint: str):
       num_samples=_NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
       batch_size=_SAMPLER["batch_size"].value, chat=chat,
       checkpoint=lm.source, sampler=settings)
-  kept = (_resumed_samples(output, generation) if _RESUME.value and first
-          else [])
-  # Each batch's samples are appended to --output as soon as they are made,
-  # before any of them runs: an interrupted run keeps what was generated,
-  # --resume goes on from it, and --score_only=<output> scores it without
-  # the model.
-  if first:
+
+  def start_output():
+    kept = _resumed_samples(output, generation) if _RESUME.value else []
+    # Each batch's samples are appended to --output as soon as they are
+    # made, before any of them runs: an interrupted run keeps what was
+    # generated, --resume goes on from it, and --score_only=<output> scores
+    # it without the model.
     code_eval.write_samples(output, kept)
     _write_json_atomically(_generation_path(output), generation)
+    return kept
+
+  kept = distributed.run_on_process_0(
+      start_output, f"starting --output={output}") or []
   done = _from_process_0(code_eval.complete_batches(
       kept, task_ids, _NUM_SAMPLES.value, _SAMPLER["batch_size"].value),
       code_eval.batch_plan(len(task_ids), _NUM_SAMPLES.value,

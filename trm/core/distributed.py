@@ -6,6 +6,8 @@ import os
 
 from absl import app, flags
 
+from trm.core import cli
+
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ["auto", "true", "false"],
     "Call jax.distributed.initialize(): 'auto' does so on a multi-host TPU "
@@ -43,3 +45,33 @@ def initialize_distributed(jax) -> None:
       coordinator_address=_COORDINATOR.value,
       num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
       initialization_timeout=300)
+
+
+class ProcessZeroError(cli.UserError, RuntimeError):
+  """Process 0 stopped in work only it does; the others stop with it."""
+
+
+def run_on_process_0(fn, what: str):
+  """`fn()` on process 0 (None on the others), for work only it does
+  (reading or writing a shared output). If it fails there, every process
+  stops now: the others would otherwise wait in the job's next collective
+  until the coordinator gave up on process 0."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return fn()
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  result, error = None, None
+  if jax.process_index() == 0:
+    try:
+      result = fn()
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+  failed = int(multihost_utils.broadcast_one_to_all(
+      np.int32(error is not None)))
+  if error is not None:
+    raise error
+  if failed:
+    raise ProcessZeroError(f"process 0 stopped while {what}; its output "
+                           "names the cause.")
+  return result
