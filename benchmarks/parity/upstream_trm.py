@@ -97,26 +97,29 @@ def parse_args(argv):
   return p.parse_args(argv)
 
 
+def _work_tree_error(flag: str, path: str, files, what: str) -> str | None:
+  """Why --flag=path is not `what` work tree holding `files`, or None."""
+  if not os.path.isdir(path):
+    return f"--{flag}={path} is not a directory"
+  missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
+  if missing:
+    return (f"--{flag}={path} is not {what} work tree: it lacks "
+            f"{', '.join(missing)}")
+  return None
+
+
 def check_flags(args) -> str | None:
   """One-line error for a bad flag, or None."""
   if not args.upstream_dir:
     return ("--upstream_dir is required: a work tree of "
             "SamsungSAILMontreal/TinyRecursiveModels")
-  if not os.path.isdir(args.upstream_dir):
-    return f"--upstream_dir={args.upstream_dir} is not a directory"
-  missing = [f for f in UPSTREAM_FILES
-             if not os.path.isfile(os.path.join(args.upstream_dir, f))]
-  if missing:
-    return (f"--upstream_dir={args.upstream_dir} is not a TinyRecursiveModels"
-            f" work tree: it lacks {', '.join(missing)}")
-  if args.adam_atan2_dir:
-    if not os.path.isdir(args.adam_atan2_dir):
-      return f"--adam_atan2_dir={args.adam_atan2_dir} is not a directory"
-    missing = [f for f in ADAM_FILES
-               if not os.path.isfile(os.path.join(args.adam_atan2_dir, f))]
-    if missing:
-      return (f"--adam_atan2_dir={args.adam_atan2_dir} is not an "
-              f"imoneoi/adam-atan2 work tree: it lacks {', '.join(missing)}")
+  error = (_work_tree_error("upstream_dir", args.upstream_dir,
+                           UPSTREAM_FILES, "a TinyRecursiveModels")
+           or (args.adam_atan2_dir and _work_tree_error(
+               "adam_atan2_dir", args.adam_atan2_dir, ADAM_FILES,
+               "an imoneoi/adam-atan2")))
+  if error:
+    return error
   names = [v for v in args.variants.split(",") if v]
   bad = [v for v in names if v not in VARIANTS]
   if bad or not names:
@@ -413,14 +416,11 @@ def perturb_params(params, name: str, delta: float = 1e-2):
       lambda path, x: x + delta if key(path) == hits[0] else x, params)
 
 
-def flat_tree(tree, prefix=""):
-  out = {}
-  for k, v in tree.items():
-    if hasattr(v, "items"):
-      out.update(flat_tree(v, f"{prefix}{k}/"))
-    else:
-      out[prefix + k] = np.asarray(v)
-  return out
+def flat_tree(tree):
+  """{'a/b': numpy value} of a nested dict of arrays."""
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  return {k: np.asarray(v)
+          for k, v in traverse_util.flatten_dict(tree, sep="/").items()}
 
 
 def upstream_name_map(model_cfg):

@@ -397,8 +397,8 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
   whatever files lie beside the checkpoint; `config_record` the run's
   config record (`trm.core.config_record`), kept with the step likewise;
   `eval_owed` marks a step whose scheduled evaluation was cut short
-  (`saved_eval_owed`). The checksum of every array and of the iterator position goes into the
-  same metadata (the module docstring). A state with a NaN or Inf anywhere
+  (`saved_eval_owed`). The checksum of every array and of the iterator
+  position goes into the same metadata (the module docstring). A state with a NaN or Inf anywhere
   is never written (`CheckpointError`, naming the leaves). Raises
   `CheckpointError` if this or the previous (async) save failed.
   """
@@ -429,23 +429,25 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
     raise _save_error(manager, e) from e
 
 
+def _saved_custom(manager: ocp.CheckpointManager, step: int) -> dict:
+  """The custom metadata saved with checkpoint `step`; {} when it has none
+  or cannot be read."""
+  try:
+    return manager.metadata(step).custom_metadata or {}
+  except Exception:  # pylint: disable=broad-except
+    return {}
+
+
 def saved_best_loss(manager: ocp.CheckpointManager, step: int) -> float | None:
   """The best held-out loss recorded with checkpoint `step`, or None."""
-  try:
-    value = (manager.metadata(step).custom_metadata or {}).get(BEST_EVAL_LOSS)
-  except Exception:  # pylint: disable=broad-except
-    return None
+  value = _saved_custom(manager, step).get(BEST_EVAL_LOSS)
   return None if value is None else float(value)
 
 
 def saved_eval_owed(manager: ocp.CheckpointManager, step: int) -> bool:
   """Whether checkpoint `step` was saved with its evaluation cut short
   (checkpoints written before this record existed: False)."""
-  try:
-    metadata = manager.metadata(step).custom_metadata or {}
-  except Exception:  # pylint: disable=broad-except
-    return False
-  return metadata.get(EVAL_OWED) is True
+  return _saved_custom(manager, step).get(EVAL_OWED) is True
 
 
 def wait_until_finished(manager: ocp.CheckpointManager) -> None:

@@ -288,6 +288,9 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   def is_eval_step(step: int) -> bool:
     return step % config.eval_every == 0 or step == config.total_steps
 
+  def is_checkpoint_step(step: int) -> bool:
+    return step % config.checkpoint_every == 0 or step == config.total_steps
+
   def stop_for_preemption(step: int):
     since = (f" {time.time() - preemption.signal_time:.1f} s after "
              f"{signal.Signals(preemption.signum).name}"
@@ -353,11 +356,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         logging.info("Step %d: redoing the evaluation the preemption cut "
                      "short.", start_step)
         evaluate_now(start_step)
-        if (start_step % config.checkpoint_every == 0
-            and "eval/loss" in results):
-          improved = results["eval/loss"] < best_loss
-          if not save_improved_only or improved:
-            best_loss = min(best_loss, float(results["eval/loss"]))
+        # The uninterrupted run's save at this step would have recorded its
+        # loss in the best (saving when it improved, or always: min either
+        # way).
+        if is_checkpoint_step(start_step) and "eval/loss" in results:
+          best_loss = min(best_loss, float(results["eval/loss"]))
       logging.info("Training from step %d to %d.", start_step,
                    config.total_steps)
       while step < config.total_steps:
@@ -381,7 +384,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           stop_for_preemption(step)
         if is_eval_step(step):
           evaluate_now(step)
-        if step % config.checkpoint_every == 0 or step == config.total_steps:
+        if is_checkpoint_step(step):
           improved = (evaluated_at == step
                       and results.get("eval/loss", best_loss) < best_loss)
           if not save_improved_only or improved:

@@ -5,6 +5,7 @@ import os
 import sys
 
 import jax
+from flax import traverse_util
 import numpy as np
 import pytest
 import repo
@@ -18,14 +19,9 @@ import train_step_speed  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import trm_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def _flat(tree, prefix=""):
-  out = {}
-  for k, v in tree.items():
-    if hasattr(v, "items"):
-      out.update(_flat(v, f"{prefix}{k}/"))
-    else:
-      out[prefix + k] = np.asarray(v)
-  return out
+def _flat(tree):
+  return {k: np.asarray(v)
+          for k, v in traverse_util.flatten_dict(tree, sep="/").items()}
 
 
 @pytest.mark.parametrize("variant", ["cpu", "cpu,att"])

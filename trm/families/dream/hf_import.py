@@ -240,6 +240,8 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
       items = [(leaf.hf_name, hf_layout.to_hf(leaf, value))]
     tensors += [(n, np.ascontiguousarray(x.astype(out_dtype)))
                 for n, x in items]
+  if not writer:
+    return []
   # HF order: embeddings, layers in order, final norm, lm_head.
   order = {name: i for i, name in enumerate(
       ["model.embed_tokens.weight"]
@@ -247,8 +249,6 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
          for i in range(cfg.num_hidden_layers) for leaf in hf_layout.leaves(
              dataclasses.replace(cfg, scan_layers=True)) if leaf.per_layer]
       + ["model.norm.weight", "lm_head.weight"])}
-  if not writer:
-    return []
   tensors.sort(key=lambda t: order[t[0]])
   shards: list[list[tuple[str, np.ndarray]]] = [[]]
   size = 0
