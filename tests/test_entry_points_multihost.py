@@ -235,3 +235,26 @@ def test_two_processes_do_what_one_does(tmp_path):
   assert "process 0 stopped while starting --output" in outputs[1], (
       outputs[1][-2000:])
   assert "Traceback" not in outputs[0] + outputs[1]
+  # An append that fails on process 0 mid-run (a full disk) stops process 1
+  # at once too, instead of leaving it in the next batch's collective.
+  failing = ("import sys, runpy\n"
+             "from trm.families.dream import code_eval\n"
+             "def append_samples(path, records):\n"
+             "  raise OSError(28, 'No space left on device', path)\n"
+             "code_eval.append_samples = append_samples\n"
+             "sys.argv[0] = 'trm.evaluate'\n"
+             "runpy.run_module('trm.evaluate', run_name='__main__')\n")
+  full = tmp_path / "evaluate-full"
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  workers = [subprocess.Popen(
+      [sys.executable, "-c", failing,
+       *[a.format(out=full) for a in evaluate[2:]],
+       f"--coordinator_address={address}", "--num_processes=2",
+       f"--process_id={i}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  outputs = workers_lib.wait_all(workers, timeout=240)
+  assert [w.returncode for w in workers] == [2, 2], outputs
+  assert "No space left on device" in outputs[0], outputs[0][-2000:]
+  assert "process 0 stopped while appending samples to --output" in (
+      outputs[1]), outputs[1][-2000:]
+  assert "Traceback" not in outputs[0] + outputs[1]

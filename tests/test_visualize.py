@@ -201,6 +201,17 @@ def test_cli_on_a_small_sudoku_dataset(tmp_path):
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
   panel = 9 * panels.SUDOKU_CELL + 1
+  # Started as on a pod, process 1 leaves the drawing to process 0.
+  other = str(tmp_path / "other.png")
+  pod = subprocess.run(
+      [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
+       f"--out={other}", "--coordinator_address=127.0.0.1:1",
+       "--num_processes=2", "--process_id=1"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert pod.returncode == 0, pod.stderr[-3000:]
+  assert "process 1: nothing to do" in pod.stdout
+  assert not os.path.exists(other)
   with Image.open(out) as png:
     assert png.format == "PNG"
     assert png.size == (_sheet_width(3, panel), _sheet_height(3, panel))

@@ -415,14 +415,22 @@ def evaluate_code(config, checkpoint: str):
   for rows, j, completions in code_eval.generate_batches(
       lm, prompts, _NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
       batch_size=_SAMPLER["batch_size"].value, skip=done, **settings):
-    if not first:
-      continue
-    batch = [code_eval.record_for(problems[i], j, completion, benchmark,
-                                  chat)
-             for i, completion in zip(rows, completions)]
-    code_eval.append_samples(output, batch)
-    records += batch
-    progress(len(records), total, f"written to {output}")
+
+    def append(rows=rows, j=j, completions=completions):
+      batch = [code_eval.record_for(problems[i], j, completion, benchmark,
+                                    chat)
+               for i, completion in zip(rows, completions)]
+      code_eval.append_samples(output, batch)
+      return batch
+
+    # Through run_on_process_0: a failed append (disk full, a removed
+    # directory) stops every process now, not at the next batch's
+    # collective timeout.
+    batch = distributed.run_on_process_0(
+        append, f"appending samples to --output={output}")
+    if first:
+      records += batch
+      progress(len(records), total, f"written to {output}")
   if not first:
     return None
   generation_seconds = time.perf_counter() - start

@@ -6,6 +6,11 @@ writes its model's answers to the test split as
 
   python -m trm.visualize --data_dir=data/sudoku --split=test --num=8 \
       --out=sheet.png [--predictions=runs/sudoku-eval/predictions_test.npy]
+
+It uses no accelerator. Started as on a pod (the same command on every
+worker, with --process_id), process 0 alone draws; without that flag each
+worker draws the same sheet (written atomically, so shared storage ends up
+with one whole file).
 """
 from __future__ import annotations
 
@@ -42,6 +47,10 @@ def define_flags() -> None:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  process = flags.FLAGS["process_id"].value
+  if process:  # no devices are needed, so the job is not joined
+    print(f"process {process}: nothing to do (process 0 draws {_OUT.value})")
+    return
   sheet = dataset_sheet(_DATA_DIR.value, _SPLIT.value, _OUT.value,
                         num=_NUM.value, start=_START.value,
                         predictions_path=_PREDICTIONS.value,
@@ -50,6 +59,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+  # The pod flags every entry point takes, so one command serves all workers.
+  from trm.core import distributed  # pylint: disable=g-import-not-at-top,unused-import
   define_flags()
   flags.mark_flags_as_required(["data_dir"])
   cli.run(main)
