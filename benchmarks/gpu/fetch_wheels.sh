@@ -22,9 +22,9 @@ list=$here/wheels.txt
 mkdir -p "$dest"
 
 # name==version of every line (comments and markers dropped).
-pins() { sed -e 's/#.*//' -e 's/[[:space:]]//g' "$list" | awk NF; }
-sdist=$(grep -E '#[[:space:]]*sdist' "$list" | sed -e 's/#.*//' -e 's/[[:space:]]//g' || true)
-binary=$(pins | grep -vxF -f <(printf '%s\n' $sdist) || true)
+source "$here/wheel_pins.sh"
+sdist=$(marked_pins "$list" sdist)
+binary=$(wheel_pins "$list" sdist)
 
 # Old downloads of other versions would make two candidates of one package.
 rm -f "$dest"/*.whl
@@ -63,7 +63,7 @@ for whl in "$dest"/*.whl; do
   esac
 done
 count=$(ls "$dest"/*.whl | wc -l)
-expected=$(pins | wc -l)
+expected=$(wheel_pins "$list" | wc -l)
 if [ "$count" -ne "$expected" ]; then
   echo "fetch_wheels.sh: $count wheels for $expected pins in $list" >&2
   exit 1

@@ -1,5 +1,6 @@
-"""The kit's `--json FILE` outputs: the path checked before any work, the
-file written whole or not at all (through `trm.data.atomic_files`)."""
+"""The kit's JSON files: `--json FILE` outputs (the path checked before any
+work, the file written whole or not at all through `trm.data.atomic_files`)
+and the JSON-lines figures files it reads back (`read_lines`)."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,29 @@ def check_path(parser: argparse.ArgumentParser, path: str | None) -> None:
       os.path.dirname(os.path.abspath(path)))):
     parser.error(f"--json={path}: must be a file path in an existing "
                  "directory")
+
+
+def read_lines(path: str, script: str, flag: str | None = None) -> list:
+  """The JSON objects of a JSON-lines file (a kit figures.jsonl), one a
+  line; blank lines are skipped. A line that is not a JSON object stops
+  the script with one line naming the file (as --flag=path when `flag` is
+  given) and the line: SystemExit, as the kit's other input errors."""
+  where = f"{script}: {flag}={path}" if flag else f"{script}: {path}"
+  rows = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except ValueError as e:
+        raise SystemExit(f"{where}: line {number} is not a JSON figure "
+                         f"({e})") from None
+      if not isinstance(row, dict):
+        raise SystemExit(f"{where}: line {number} is not a JSON figure (a "
+                         f"{type(row).__name__}, not an object)")
+      rows.append(row)
+  return rows
 
 
 def write(path: str, value) -> None:

@@ -17,9 +17,10 @@ forecasts.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+
+import json_out  # the kit's own folder: sys.path[0] when run as a script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -93,10 +94,9 @@ def measured_ms(path: str) -> dict:
           "mixer/tile64_warps4/forward/ms": ("tokens (mlp_gpu's defaults)",
                                              "forward")}
   out = {}
-  with open(path) as f:
-    for row in map(json.loads, f):
-      if row.get("name") in want and row.get("batch") == 384:
-        out[want[row["name"]]] = row["value"]
+  for row in json_out.read_lines(path, "mixer_forecast.py", "--measured"):
+    if row.get("name") in want and row.get("batch") == 384:
+      out[want[row["name"]]] = row["value"]
   return out
 
 

@@ -34,6 +34,8 @@ import contextlib
 import statistics
 import time
 
+import json_out  # the kit's own folder: sys.path[0] when run as a script
+
 # Per kernel: (the constant it sets, in mlp_gpu or as OWNERS says, its
 # settings as changes to the module's own constants; the first, {}, is the
 # module's own). A kernel's settings are timed in this order until its
@@ -210,16 +212,13 @@ def swept_setting(figures_path: str):
   figure), e.g. ('forward=default dx=t64 grad=c16_w8', {...}); None where
   no setting was timed (no such file, or no mixer section in it). A kernel
   whose settings were not timed keeps the module's constants."""
-  import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
   if not os.path.exists(figures_path):
     return None
   values = {}
-  with open(figures_path) as f:
-    for line in f:
-      row = json.loads(line)
-      if row.get("name", "").startswith("mixer/"):
-        values[row["name"][len("mixer/"):]] = row["value"]
+  for row in json_out.read_lines(figures_path, "mixer_sweep.py"):
+    if row.get("name", "").startswith("mixer/"):
+      values[row["name"][len("mixer/"):]] = row["value"]
   chosen = {kernel: _best(values, kernel) for kernel, _, _ in KERNELS}
   chosen = {k: v for k, v in chosen.items() if v is not None}
   if not chosen:

@@ -41,6 +41,10 @@ import os
 import sys
 import time
 
+# The kit's own folder (sys.path[0] when run as a script).
+import json_out  # pylint: disable=g-bad-import-order
+import profile_table  # pylint: disable=g-bad-import-order
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -266,18 +270,8 @@ def measured_seconds(paths, gpu_name: str) -> dict:
   call (batch x new tokens / rate). A later file's figure wins."""
   out = {}
   for path in paths or ():
-    with open(path) as f:
-      lines = f.readlines()
-    for number, line in enumerate(lines, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except ValueError as e:
-        raise SystemExit(f"offline.py: --measured={path}: line {number} is "
-                         f"not a JSON figure ({e})") from None
-      if (not isinstance(row, dict) or row.get("side") != "ours"
-          or row.get("device") != gpu_name
+    for row in json_out.read_lines(path, "offline.py", "--measured"):
+      if (row.get("side") != "ours" or row.get("device") != gpu_name
           or not isinstance(row.get("value"), (int, float))):
         continue  # another side or GPU, or a figure with no value (null)
       name, value = row["name"], float(row["value"])
@@ -369,17 +363,9 @@ def forecast(name: str, text: str, gpu: str, efficiency: float,
 
 
 def replay(path: str, gpu: str, efficiency: float, top: int) -> dict:
-  opener = gzip.open if path.endswith(".gz") else open
-  try:
-    with opener(path, "rt") as f:
-      text = f.read()
-  except (OSError, EOFError, UnicodeDecodeError) as e:
-    raise SystemExit(f"offline.py: --replay={path}: not readable "
-                     f"({type(e).__name__}: {e})") from None
-  if "ENTRY" not in text:
-    raise SystemExit(f"offline.py: --replay={path}: no ENTRY computation (a "
-                     "compiled program's text, e.g. an XLA dump's "
-                     "*after_optimizations.txt, is needed)")
+  """The forecast of one compiled program's text, FILE(.gz) (or
+  ARCHIVE.tar.gz:MEMBER), checked as profile_table.py checks --hlo."""
+  text = profile_table.checked_hlo(path, "--replay", "offline.py")
   name = os.path.basename(path).removesuffix(".gz").removesuffix(".txt")
   return forecast(name, text, gpu, efficiency, top)
 

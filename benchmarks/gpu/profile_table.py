@@ -117,15 +117,15 @@ def hlo_source(spec: str) -> tuple[str, str | None]:
 
 
 def read_hlo(spec: str) -> str:
-  """HLO text from FILE(.gz) or ARCHIVE.tar.gz:MEMBER."""
+  """HLO text from FILE(.gz) or ARCHIVE.tar.gz:MEMBER (LookupError: no
+  such member)."""
   path, member = hlo_source(spec)
   if member is not None:
     with tarfile.open(path) as tar:
       names = [m.name for m in tar.getmembers() if m.isfile()]
       if member not in names:
-        raise SystemExit(
-            f"profile_table.py: --hlo={spec}: {path} has no file "
-            f"{member!r}; it holds: {', '.join(sorted(names)) or 'none'}")
+        raise LookupError(f"{path} has no file {member!r}; it holds: "
+                          f"{', '.join(sorted(names)) or 'none'}")
       return tar.extractfile(member).read().decode()
   opener = gzip.open if path.endswith(".gz") else open
   with opener(path, "rt") as f:
@@ -420,17 +420,22 @@ def parse_args(argv=None):
   return args
 
 
-def checked_hlo(spec: str) -> str:
-  """read_hlo, with an unreadable file or one that holds no HLO module as
-  one line naming --hlo."""
+def checked_hlo(spec: str, flag: str = "--hlo",
+                script: str = "profile_table.py") -> str:
+  """read_hlo, with an unreadable file or one that holds no HLO module (no
+  ENTRY computation) as one line naming `flag`: the kit's one check of an
+  HLO text file, profile_table.py's --hlo and offline.py's --replay."""
   try:
     text = read_hlo(spec)
+  except LookupError as e:
+    raise SystemExit(f"{script}: {flag}={spec}: {e}") from None
   except (OSError, EOFError, tarfile.TarError, UnicodeDecodeError) as e:
-    raise SystemExit(f"profile_table.py: --hlo={spec}: not readable "
+    raise SystemExit(f"{script}: {flag}={spec}: not readable "
                      f"({type(e).__name__}: {e})") from None
   if "ENTRY" not in text:
-    raise SystemExit(f"profile_table.py: --hlo={spec}: no ENTRY computation "
-                     "(give an XLA dump's *after_optimizations.txt module)")
+    raise SystemExit(f"{script}: {flag}={spec}: no ENTRY computation (a "
+                     "compiled program's text is needed, e.g. an XLA dump's "
+                     "*after_optimizations.txt)")
   return text
 
 

@@ -140,8 +140,8 @@ fi
 # protobuf floor are not needed here).
 site=$out/site
 if has compile || has registers; then
-  wheel_pins=$(grep -vE '#[[:space:]]*(hf|floor)' "$here/wheels.txt" \
-               | sed -e 's/#.*//' -e 's/[[:space:]]//g' | awk NF)
+  source "$here/wheel_pins.sh"
+  wheel_pins=$(wheel_pins "$here/wheels.txt" hf floor)
   rm -rf "$site"
   no_wheels() {
     say "wheels: FAILED ($1); compile and registers skipped"

@@ -108,13 +108,12 @@ say "$($python --version 2>&1) at $(command -v "$python")"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | sed 's/^/  gpu: /'
 
 # ------------------------------------------------------------------ install
-pins() { sed -e 's/#.*//' -e 's/[[:space:]]//g' "$here/wheels.txt" | awk NF; }
-marked() { grep -E "#[[:space:]]*$1" "$here/wheels.txt" | sed -e 's/#.*//' -e 's/[[:space:]]//g'; }
-hf_pins=$(marked hf)
-site_pins=$(pins | grep -vxF -f <(printf '%s\n' $hf_pins))
+source "$here/wheel_pins.sh"
+hf_pins=$(marked_pins "$here/wheels.txt" hf)
+site_pins=$(wheel_pins "$here/wheels.txt" hf)
 # '# floor' pins: only where the interpreter's own version is older (a dry
 # run resolves them all, to check the wheels).
-for pin in $(marked floor); do
+for pin in $(marked_pins "$here/wheels.txt" floor); do
   have=$("$python" -c "import importlib.metadata as m, sys
 try: print(m.version(sys.argv[1]))
 except m.PackageNotFoundError: print('')" "${pin%%==*}")

@@ -58,9 +58,9 @@ config.json) and read back by both: upstream's `from_pretrained` and our
   reference  benchmarks/reference/dream_torch_sampler.py (our spec-written
              port) vs upstream: logits and sampled tokens.
 
-Each check prints one line: name, max abs diff, max rel diff (relative to
-the larger side's max |value|) or token agreement, tolerance, PASS/FAIL
-(INFO: reported, not scored).
+Each check prints one line in common.py's format: name, max abs diff, max
+rel diff (relative to the larger side's max |value|) or "N of M differ" for
+tokens, tolerance, PASS/FAIL (INFO: reported, not scored), a note.
 Exits 1 if any check fails, 2 on a bad flag. `--perturb` adds 1e-3 to one
 of OUR weights (layer 0's q_proj bias) after loading: checks must FAIL.
 """
@@ -70,13 +70,16 @@ import dataclasses
 import hashlib
 import importlib.abc
 import importlib.machinery
-import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
 import types
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # common.py beside this file
+  sys.path.insert(0, _HERE)
+import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MODEL_FILES = ("configuration_dream.py", "modeling_dream.py",
                "generation_utils.py")
@@ -92,8 +95,7 @@ TOL_GRAD = 1e-4
 TOL_BF16 = 3e-2
 
 
-class UsageError(Exception):
-  """A bad flag: one line, exit status 2."""
+UsageError = common.UsageError
 
 
 # ----------------------------------------------------------------- flags
@@ -179,53 +181,21 @@ def has_trainer(upstream_dir: str) -> bool:
 
 # ------------------------------------------------------------ comparison
 
-@dataclasses.dataclass
-class Check:
-  name: str
-  passed: bool
-  detail: str
-  values: dict
-  info: bool = False  # reported, not a pass/fail figure
-
-  def line(self) -> str:
-    status = "INFO" if self.info else ("PASS" if self.passed else "FAIL")
-    return f"{self.name:44s} {self.detail}  {status}"
+Check = common.Check
 
 
 def compare_arrays(name: str, ours, theirs, tol: float, where=None) -> Check:
-  """max |ours - theirs| and that over the larger max |value| (the scale);
-  passes when the relative figure is <= tol and both are finite."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  a = np.asarray(ours, np.float64)
-  b = np.asarray(theirs, np.float64)
-  if a.shape != b.shape:
-    return Check(name, False, f"shapes differ: ours {a.shape}, upstream "
-                 f"{b.shape}", {"tol": tol})
-  if where is not None:
-    a, b = a[np.asarray(where)], b[np.asarray(where)]
-  finite = bool(np.all(np.isfinite(a)) and np.all(np.isfinite(b)))
-  diff = np.abs(a - b)
-  max_abs = float(diff.max()) if diff.size else 0.0
-  scale = float(max(np.abs(a).max(), np.abs(b).max())) if diff.size else 0.0
-  max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else
-                                               math.inf)
-  ok = finite and max_rel <= tol
-  detail = (f"max_abs={max_abs:.3e} max_rel={max_rel:.3e} tol={tol:.0e}"
-            + ("" if finite else " (non-finite values)"))
-  return Check(name, ok, detail, {"max_abs": max_abs, "max_rel": max_rel,
-                                  "tol": tol, "finite": finite})
+  """common.compare relative to the larger side's max |value|, only where
+  `where` holds."""
+  return common.compare(name, ours, theirs, tol, scale="larger", where=where)
 
 
 def compare_tokens(name: str, ours, theirs, history=None) -> Check:
-  """Exact token agreement (tolerance: all equal). `history`, a pair of
-  [steps, B, L] arrays, adds the first step where they part."""
+  """Exact token agreement (common.compare_exact). `history`, a pair of
+  [steps, B, L] arrays, must be equal too: the note says the first step
+  where they part."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  a, b = np.asarray(ours), np.asarray(theirs)
-  if a.shape != b.shape:
-    return Check(name, False, f"shapes differ: ours {a.shape}, upstream "
-                 f"{b.shape}", {})
-  equal = int((a == b).sum())
-  first = None
+  check = common.compare_exact(name, [(ours, theirs)])
   if history is not None:
     ha, hb = (np.asarray(h) for h in history)
     if ha.shape != hb.shape:
@@ -233,16 +203,11 @@ def compare_tokens(name: str, ours, theirs, history=None) -> Check:
     else:
       parted = np.nonzero((ha != hb).reshape(ha.shape[0], -1).any(-1))[0]
       first = int(parted[0]) if len(parted) else None
-  ok = equal == a.size and first is None
-  detail = (f"agree={100.0 * equal / max(a.size, 1):6.2f}% "
-            f"({a.size - equal}/{a.size} differ)")
-  if history is not None:
-    detail += (" history equal" if first is None else
-               f" history parts at step {first}")
-  detail += " tol=100%"
-  return Check(name, ok, detail, {"agree": equal / max(a.size, 1),
-                                  "differ": int(a.size - equal),
-                                  "first_history_diff": first})
+    check.passed = check.passed and first is None
+    check.add_note("history equal" if first is None else
+                   f"history parts at step {first}")
+    check.values["first_history_diff"] = first
+  return check
 
 
 def blob_id(path: str) -> str:
@@ -538,8 +503,8 @@ def check_forward(up_model, ours: Ours, opts: Options, rng) -> list[Check]:
                          TOL_BF16)
   own = float(np.abs(ref32 - theirs).max() / np.abs(ref32).max())
   agree = float(np.mean(mine.argmax(-1) == theirs.argmax(-1)))
-  check.detail += (f" [upstream fp32 vs its bf16: max_rel={own:.3e};"
-                   f" argmax agree {100 * agree:.1f}%]")
+  check.add_note(f"upstream fp32 vs its bf16: max_rel {own:.3e};"
+                 f" argmax agree {100 * agree:.1f}%")
   out.append(check)
   return out
 
@@ -662,9 +627,10 @@ def check_sampling(up, up_model, ours: Ours, opts: Options, rng,
                                        steps=steps)
       out.append(Check(
           name.replace("sample:", "teacher-forced reveals:"), bad == 0,
-          f"{bad}/{total} upstream reveals not a top-k of our confidences "
-          f"or not our token ({tied} steps with ties at the k-th) tol=0",
-          {"bad": bad, "total": total, "tied_steps": tied}))
+          figures=f"{bad} of {total} reveals bad",
+          note=f"bad: not a top-k of our confidences or not our token; "
+          f"{tied} steps with ties at the k-th",
+          values={"bad": bad, "total": total, "tied_steps": tied}))
     else:
       out.append(free)
     if port is not None:
@@ -761,15 +727,16 @@ def check_loss(trainer, up_model, ours: Ours, opts: Options,
       ours.params)
   rescale = n_masked / n_maskable
   out = [Check("loss: masked tokens (ours == dllm's mask)",
-               int(count) == n_masked, f"ours {int(count)} dllm "
-               f"{n_masked} (of {n_maskable} maskable)", {})]
+               int(count) == n_masked,
+               figures=f"ours {int(count)} dllm {n_masked}",
+               note=f"of {n_maskable} maskable")]
   # dllm weights 1/(t + 1e-6): a relative 1e-6 / min(t) on top of float32.
   tol = TOL_LOSS + 1e-6 / float(t.min())
   check = compare_arrays("loss: dllm scheduler/token vs ours*masked/maskable",
                          float(loss_ours) * rescale, float(loss_up), tol)
-  check.detail += (f" [ours {float(loss_ours):.6f}, dllm "
-                   f"{float(loss_up):.6f}, ratio {float(loss_ours) / float(loss_up):.4f}"
-                   f" = maskable/masked {n_maskable}/{n_masked}]")
+  check.add_note(f"ours {float(loss_ours):.6f}, dllm {float(loss_up):.6f}, "
+                 f"ratio {float(loss_ours) / float(loss_up):.4f} = "
+                 f"maskable/masked {n_maskable}/{n_masked}")
   out.append(check)
   # Gradients, ours mapped to the HF layout, every tensor.
   from trm.core import weights_io  # pylint: disable=g-import-not-at-top
@@ -779,19 +746,17 @@ def check_loss(trainer, up_model, ours: Ours, opts: Options,
     items = ([(leaf.hf_name.replace("{i}", str(i)), value[i])
               for i in range(value.shape[0])] if leaf.per_layer
              else [(leaf.hf_name, value)])
-    per_tensor += [(name, compare_arrays(name, hf_layout.to_hf(leaf, g),
-                                         grads_up[name], TOL_GRAD))
+    per_tensor += [(name, hf_layout.to_hf(leaf, g), grads_up[name], "larger")
                    for name, g in items]
-  name, c = max(per_tensor, key=lambda nc: (not nc[1].passed,
-                                            nc[1].values.get("max_rel", 0)))
-  out.append(Check(f"loss: gradients, {len(per_tensor)} tensors (worst)",
-                   all(x.passed for _, x in per_tensor),
-                   c.detail + f" ({name})", c.values))
+  out.append(common.compare_all(
+      f"loss: gradients, {len(per_tensor)} tensors (worst)", per_tensor,
+      TOL_GRAD))
   # CART, the Dream trainer's default weighting: ours has none; report.
   loss_cart = float(run("cart[geo_p:0.3]").detach())
   out.append(Check("loss: dllm CART weighting (not in ours)", True,
-                   f"dllm CART loss {loss_cart:.6f} vs 1/t {float(loss_up):.6f}"
-                   " (not compared)", {"cart": loss_cart}, info=True))
+                   figures=f"{loss_cart:.6f} vs 1/t {float(loss_up):.6f}",
+                   note="dllm's CART loss, not compared", info=True,
+                   values={"cart": loss_cart}))
   return out
 
 
@@ -808,7 +773,7 @@ def check_reference_forward(port_model, up_model, opts: Options,
                          mine, theirs, TOL_LOGITS)]
 
 
-def run_checks(opts: Options) -> tuple[list[Check], dict]:
+def run_checks(opts: Options, report: common.Report) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   files = upstream_files(opts.upstream_dir)
@@ -842,12 +807,7 @@ def run_checks(opts: Options) -> tuple[list[Check], dict]:
         f"x{opts.head_scale:g}; prompt {opts.prompt_len} + {opts.new_tokens} "
         f"new" + ("; PERTURBED (ours, q_proj bias)" if opts.perturb else ""),
         flush=True)
-  checks: list[Check] = []
-
-  def emit(new):
-    for c in new:
-      print(c.line(), flush=True)
-    checks.extend(new)
+  emit = report.extend
   if "forward" in opts.checks:
     emit(check_forward(up_model, ours, opts, np.random.default_rng(1)))
   if "reference" in opts.checks:
@@ -863,34 +823,22 @@ def run_checks(opts: Options) -> tuple[list[Check], dict]:
     emit(new)
   if "loss" in opts.checks:
     if trainer is None:
-      print("loss: SKIPPED (--upstream_dir has no dllm trainer files "
-            f"{', '.join(TRAINER_FILES)})")
+      report.skip("loss", "--upstream_dir has no dllm trainer files "
+                  f"{', '.join(TRAINER_FILES)}")
     else:
       emit(check_loss(trainer, up_model, ours, opts,
                       np.random.default_rng(4)))
-  return checks, info
+  return info
 
 
 def main(argv) -> int:
   try:
     opts = parse_args(argv)
   except UsageError as e:
-    print(f"upstream_dream.py: {e}", file=sys.stderr)
-    return 2
-  checks, info = run_checks(opts)
-  failed = [c for c in checks if not c.passed and not c.info]
-  scored = [c for c in checks if not c.info]
-  print(f"{len(scored) - len(failed)}/{len(scored)} checks pass"
-        + (f" ({len(checks) - len(scored)} INFO lines not scored)"
-           if len(scored) < len(checks) else "")
-        + (f"; FAILED: {', '.join(c.name for c in failed)}" if failed else ""))
-  if opts.json:
-    with open(opts.json, "w") as f:
-      json.dump({**info, "perturb": opts.perturb,
-                 "checks": [dataclasses.asdict(c) for c in checks]}, f,
-                indent=2, default=str)
-  return 1 if failed else 0
-
+    return common.refuse("upstream_dream.py", e)
+  report = common.Report()
+  info = run_checks(opts, report)
+  return report.finish(opts.json, **info, perturb=opts.perturb)
 
 if __name__ == "__main__":
   sys.exit(main(sys.argv[1:]))

@@ -55,11 +55,11 @@ Once: `data`, upstream's data/shakespeare_char/prepare.py run on a copy of
 the vocabulary; again on the input's first 100000 characters with CRLF line
 ends and a lone CR (prepare.py reads in text mode, so those are LF to it).
 
-One line per check: max abs diff / max rel diff (the max abs diff over the
-largest magnitude of upstream's values: of the tensor, of the change made by
-the iterations for parameters, exact counts for tokens and bytes), the
-tolerance on the relative figure, PASS or FAIL. Exits 1 when a check fails,
-2 on a bad flag. `--perturb=EPS` adds EPS to our copy of ln_f's scale after
+One line per check in common.py's format: max abs diff / max rel diff (the
+max abs diff over the largest magnitude of upstream's values: of the tensor,
+of the change made by the iterations for parameters; "N of M differ" for
+tokens and bytes), the tolerance on the relative figure, PASS or FAIL, the
+worst tensor. Exits 1 when a check fails, 2 on a bad flag. `--perturb=EPS` adds EPS to our copy of ln_f's scale after
 every load, so the comparisons must fail (a self-test). `--checks` picks a
 subset (model,grads,optim,sample,port,data).
 """
@@ -71,7 +71,6 @@ import contextlib
 import copy
 import importlib
 import io
-import json
 import math
 import os
 import pickle
@@ -85,8 +84,12 @@ import numpy as np
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _path in (_REPO, _HERE):  # trm, and common.py beside this file
+  if _path not in sys.path:
+    sys.path.insert(0, _path)
+import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+from common import UsageError, compare, compare_trees  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 CHECKS = ("model", "grads", "optim", "sample", "port", "data", "schedule")
 UPSTREAM_FILES = ("model.py", "train.py",
@@ -109,84 +112,6 @@ OPTIM = dict(learning_rate=6e-3, min_lr=6e-4, warmup_iters=2,
              grad_clip=1.0)
 ACCUM, MICRO_BATCH, STEPS = 3, 4, 4
 WEIGHT_NOISE = 0.25
-
-
-class UsageError(Exception):
-  """A bad flag: one line, exit status 2."""
-
-
-# ------------------------------------------------------------- comparing
-
-
-def compare(name: str, ours, theirs, tol: float, scale=None) -> dict:
-  """One check: max |ours - theirs| and that over max |scale| (default
-  `theirs`); PASS when the relative figure is <= tol. NaN fails."""
-  ours = np.asarray(ours, np.float64)
-  theirs = np.asarray(theirs, np.float64)
-  if ours.shape != theirs.shape:
-    return {"name": name, "max_abs": float("inf"), "max_rel": float("inf"),
-            "tol": tol, "pass": False,
-            "note": f"shapes differ: {ours.shape} vs {theirs.shape}"}
-  ref = np.abs(np.asarray(theirs if scale is None else scale, np.float64))
-  diff = float(np.max(np.abs(ours - theirs))) if ours.size else 0.0
-  denom = float(np.max(ref)) if ref.size else 0.0
-  rel = diff / denom if denom > 0 else (0.0 if diff == 0 else float("inf"))
-  ok = bool(np.isfinite(diff) and rel <= tol)
-  return {"name": name, "max_abs": diff, "max_rel": rel, "tol": tol,
-          "pass": ok}
-
-
-def compare_trees(name: str, ours: dict, theirs: dict, tol: float,
-                  scale: dict | None = None) -> dict:
-  """`compare` over every leaf of two equal-structured dict trees: the
-  worst leaf's figures, and its path."""
-  worst, where = None, ""
-  for path, a in _leaves(ours):
-    b = _get(theirs, path)
-    s = None if scale is None else _get(scale, path)
-    r = compare(name, a, b, tol, s)
-    if worst is None or (r["max_rel"], r["max_abs"]) > (worst["max_rel"],
-                                                         worst["max_abs"]):
-      worst, where = r, "/".join(path)
-  if set(p for p, _ in _leaves(ours)) != set(p for p, _ in _leaves(theirs)):
-    return {"name": name, "max_abs": float("inf"), "max_rel": float("inf"),
-            "tol": tol, "pass": False, "note": "parameter trees differ"}
-  return dict(worst, note=f"worst: {where}")
-
-
-def compare_exact(name: str, ours, theirs) -> dict:
-  """Equal sequences (tokens, bytes): the count that differ, tolerance 0."""
-  ours, theirs = np.asarray(ours), np.asarray(theirs)
-  if ours.shape != theirs.shape:
-    return {"name": name, "max_abs": float("inf"), "max_rel": float("inf"),
-            "tol": 0.0, "pass": False,
-            "note": f"lengths differ: {ours.shape} vs {theirs.shape}"}
-  bad = int(np.sum(ours != theirs))
-  return {"name": name, "max_abs": float(bad),
-          "max_rel": bad / max(ours.size, 1), "tol": 0.0, "pass": bad == 0,
-          "note": f"{bad} of {ours.size} differ"}
-
-
-def format_result(r: dict) -> str:
-  note = f"  ({r['note']})" if r.get("note") else ""
-  return (f"{r['name']:<40} max abs diff {r['max_abs']:.3e} / max rel diff "
-          f"{r['max_rel']:.3e}  tol {r['tol']:.0e}  "
-          f"{'PASS' if r['pass'] else 'FAIL'}{note}")
-
-
-def _leaves(tree, prefix=()):
-  for k in sorted(tree):
-    v = tree[k]
-    if isinstance(v, dict):
-      yield from _leaves(v, prefix + (k,))
-    else:
-      yield prefix + (k,), v
-
-
-def _get(tree, path):
-  for k in path:
-    tree = tree[k]
-  return tree
 
 
 # ------------------------------------------------------------- flags
@@ -217,15 +142,8 @@ def check_args(args: argparse.Namespace) -> None:
   if not args.upstream_dir:
     raise UsageError("--upstream_dir is required: a karpathy/nanoGPT work "
                      "tree (e.g. `git worktree add DIR` of its repository).")
-  d = os.path.expanduser(args.upstream_dir)
-  if not os.path.isdir(d):
-    raise UsageError(f"--upstream_dir={args.upstream_dir}: no such "
-                     "directory.")
-  missing = [f for f in UPSTREAM_FILES
-             if not os.path.isfile(os.path.join(d, f))]
-  if missing:
-    raise UsageError(f"--upstream_dir={args.upstream_dir} is not a nanoGPT "
-                     f"work tree: it lacks {', '.join(missing)}.")
+  common.require_files("upstream_dir", os.path.expanduser(args.upstream_dir),
+                       UPSTREAM_FILES, "a nanoGPT")
   checks = [c for c in args.checks.split(",") if c]
   unknown = sorted(set(checks) - set(CHECKS))
   if unknown or not checks:
@@ -239,11 +157,7 @@ def check_args(args: argparse.Namespace) -> None:
   if "data" in checks and not os.path.isfile(args.input):
     raise UsageError(f"--input={args.input}: no such file (tinyshakespeare's "
                      "input.txt, for the data check).")
-  if args.json:
-    parent = os.path.dirname(os.path.abspath(args.json))
-    if not os.path.isdir(parent):
-      raise UsageError(f"--json={args.json}: directory {parent} does not "
-                       "exist.")
+  common.require_json_dir(args.json)
   if not math.isfinite(args.perturb):
     raise UsageError(f"--perturb={args.perturb} must be finite.")
 
@@ -363,7 +277,7 @@ def _batches(rng, n, vocab_real, t):
   return out
 
 
-def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
+def run_case(report, label, vocab_size, bias, args, upstream, get_lr_factory,
              checks, tmp, port_module):
   import torch  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
@@ -374,12 +288,7 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
   from trm.families.gpt import program as gpt_program  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import steps as gpt_steps  # pylint: disable=g-import-not-at-top
 
-  results = []
-
-  def add(r):
-    print(format_result(r), flush=True)
-    results.append(r)
-
+  add = report.add
   t = SIZES["block_size"]
   vocab_real = min(vocab_size, 50257)  # padded rows never appear as tokens
   model_args = dict(SIZES, vocab_size=vocab_size, bias=bias)
@@ -538,13 +447,13 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
       floor = compare_trees("", theirs, truth, 0.0, scale)
       # |ours - up32| <= |ours - f64| + |up32 - f64|: 4 + 1 floors.
       r = compare_trees(name, ours, theirs, max(TOL_PARAMS,
-                                                5 * floor["max_rel"]), scale)
-      r["note"] += note
+                                                5 * floor.max_rel), scale)
+      r.add_note(note)
       add(r)
       r = compare_trees(name + " vs f64", ours, truth,
-                        max(TOL_PARAMS, 4 * floor["max_rel"]), scale)
-      r["note"] += (f"; upstream float32 vs float64: {floor['max_rel']:.2e} "
-                    f"({floor['note'][len('worst: '):]})")
+                        max(TOL_PARAMS, 4 * floor.max_rel), scale)
+      r.add_note(f"upstream float32 vs float64: {floor.max_rel:.2e} "
+                 f"({floor.note[len('worst: '):]})")
       add(r)
 
     tag = "fused AdamW" if fused else "AdamW"
@@ -560,7 +469,7 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
       lrs = ", ".join(f"{get_lr(i):.2e}" for i in range(start, start + STEPS))
       judge(f"{label} optim it {start}-{start + STEPS - 1}", ours_np(ours),
             upstream_params(m), upstream_params(m64), start_params,
-            f"; {tag}; lr {lrs}; grad norms "
+            f"{tag}; lr {lrs}; grad norms "
             + ", ".join(f"{g:.2f}" for g in norms))
       if start == 0:
         first_ckpt = save_ckpt(m, os.path.join(tmp, f"{label}_it4.pt"),
@@ -583,7 +492,7 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
                     iter(rest))
     judge(f"{label} optim resume it {STEPS}-{STEPS + 2}", ours_np(ours),
           upstream_params(m), upstream_params(m64), before,
-          f"; from ckpt.pt at iter_num {extras['iter_num']}, AdamW step "
+          f"from ckpt.pt at iter_num {extras['iter_num']}, AdamW step "
           f"{adam['count']}")
 
   # ---- sample: greedy generation through the crop window
@@ -599,8 +508,8 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
       toks = gpt.generate(model, params, jnp.asarray(prompt, jnp.int32), new,
                           jax.random.key(0), temperature=temperature,
                           top_k=1 if temperature else None)
-      add(compare_exact(f"{label} sample {name} tokens", np.asarray(toks),
-                        toks_t))
+      add(common.compare_exact(f"{label} sample {name} tokens",
+                               [(np.asarray(toks), toks_t)]))
 
   # ---- port: benchmarks/reference/nanogpt_torch.py against model.py
   if "port" in checks and port_module is not None:
@@ -669,24 +578,21 @@ def run_case(label, vocab_size, bias, args, upstream, get_lr_factory,
     add(compare_trees(f"{label} port optim it 0-{STEPS - 1}", out[1], out[0],
                       TOL_PARAMS,
                       jax.tree.map(lambda a, b: a - b, out[0], init_ours)))
-  return results
 
 
-def run_data(args, upstream_dir, tmp) -> list:
+def run_data(report, args, upstream_dir, tmp) -> None:
   """Upstream's prepare.py on a copy of --input against our preparation;
   then the same on a copy of its first 100000 characters with CRLF line
   ends and one lone CR (prepare.py reads text mode: universal newlines)."""
   with open(args.input, "rb") as f:
     raw = f.read()
   crlf = raw[:100000].replace(b"\n", b"\r\n") + b"lone CR\rend\n"
-  results = []
   for tag, data in (("", raw), (" crlf", crlf)):
-    results += _data_case(tag, data, upstream_dir,
-                          os.path.join(tmp, "data" + tag.strip()))
-  return results
+    _data_case(report, tag, data, upstream_dir,
+               os.path.join(tmp, "data" + tag.strip()))
 
 
-def _data_case(tag, data: bytes, upstream_dir, tmp) -> list:
+def _data_case(report, tag, data: bytes, upstream_dir, tmp) -> None:
   from trm.data.text import preparation  # pylint: disable=g-import-not-at-top
   from trm.data.text import windows  # pylint: disable=g-import-not-at-top
   up = os.path.join(tmp, "upstream")
@@ -706,26 +612,20 @@ def _data_case(tag, data: bytes, upstream_dir, tmp) -> list:
   with open(source, "wb") as f:
     f.write(data)
   meta = windows.ensure_prepared(ours_dir, source, "char", process_index=0)
-  results = []
   for name in (preparation.TRAIN_FILE, preparation.VAL_FILE):
     a = np.fromfile(os.path.join(ours_dir, name), np.uint8)
     b = np.fromfile(os.path.join(up, name), np.uint8)
-    results.append(compare_exact(f"data{tag} {name} bytes", a, b))
+    report.add(common.compare_exact(f"data{tag} {name} bytes", [(a, b)]))
   # Upstream's own meta.pkl, written just now in our temporary directory.
   with open(os.path.join(up, "meta.pkl"), "rb") as f:
     up_meta = pickle.load(f)
   vocab_ok = (meta["vocab_size"] == up_meta["vocab_size"]
               and {int(k): v for k, v in meta["itos"].items()}
               == up_meta["itos"] and meta["stoi"] == up_meta["stoi"])
-  results.append({"name": f"data{tag} meta vocab_size/itos/stoi",
-                  "max_abs": 0.0 if vocab_ok else 1.0,
-                  "max_rel": 0.0 if vocab_ok else 1.0, "tol": 0.0,
-                  "pass": vocab_ok,
-                  "note": f"vocab {meta['vocab_size']} vs "
-                          f"{up_meta['vocab_size']}"})
-  for r in results:
-    print(format_result(r), flush=True)
-  return results
+  report.add(common.Check(
+      f"data{tag} meta vocab_size/itos/stoi", vocab_ok,
+      figures="equal" if vocab_ok else "differ",
+      note=f"vocab {meta['vocab_size']} vs {up_meta['vocab_size']}"))
 
 
 def _port_module():
@@ -736,7 +636,7 @@ def _port_module():
   return module
 
 
-def run(args) -> tuple[list, str]:
+def run(report, args) -> None:
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(args.threads)
   upstream_dir = os.path.abspath(os.path.expanduser(args.upstream_dir))
@@ -744,29 +644,26 @@ def run(args) -> tuple[list, str]:
   upstream = import_upstream_model(upstream_dir)
   checks = set(args.checks.split(","))
   cases = [c for c in CASES if c[0] in args.cases.split(",")]
-  results = []
   with tempfile.TemporaryDirectory() as tmp:
     get_lr_factory = lambda **g: upstream_get_lr(upstream_dir, **g)  # noqa
     port = _port_module() if "port" in checks else None
     if checks & {"model", "grads", "optim", "sample", "port"}:
       for label, vocab, bias in cases:
-        results += run_case(label, vocab, bias, args, upstream,
-                            get_lr_factory, checks, tmp, port)
+        run_case(report, label, vocab, bias, args, upstream,
+                 get_lr_factory, checks, tmp, port)
     if "data" in checks:
-      results += run_data(args, upstream_dir, tmp)
+      run_data(report, args, upstream_dir, tmp)
     if "schedule" in checks:
-      results += run_schedule(get_lr_factory)
-  return results, commit
+      run_schedule(report, get_lr_factory)
 
 
-def run_schedule(get_lr_factory) -> list[dict]:
+def run_schedule(report, get_lr_factory) -> None:
   """Our learning-rate schedule against train.py's get_lr, value by value,
   for the shipped configs' schedules and the optim check's: every
   iteration around the warmup's end and lr_decay_iters, and a spread in
   between (an off-by-one shifts a whole warmup or cosine)."""
   from trm.core import config_lib  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import steps as gpt_steps  # pylint: disable=g-import-not-at-top
-  rows = []
   for arg in (None, "shakespeare_char", "optim"):
     if arg == "optim":
       c = _config(65, True, **OPTIM)
@@ -780,12 +677,10 @@ def run_schedule(get_lr_factory) -> list[dict]:
                   + list(range(d - 3, d + 4))
                   + list(np.linspace(0, d + 10, 200).astype(int)) if i >= 0})
     ours = gpt_steps.learning_rate_schedule(c)
-    rows.append(compare(
+    report.add(compare(
         f"schedule {arg or 'gpt2 (default)'}: lr at {len(its)} iterations "
         f"(warmup {w}, decay {d})",
         [float(ours(i)) for i in its], [get_lr(i) for i in its], 1e-6))
-    print(format_result(rows[-1]), flush=True)
-  return rows
 
 
 def main(argv=None) -> int:
@@ -793,8 +688,7 @@ def main(argv=None) -> int:
   try:
     check_args(args)
   except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+    return common.refuse("upstream_nanogpt.py", e)
   commit = upstream_commit(os.path.abspath(os.path.expanduser(
       args.upstream_dir)))
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -803,15 +697,10 @@ def main(argv=None) -> int:
   print(f"upstream karpathy/nanoGPT {args.upstream_dir} commit {commit}; "
         f"torch {torch.__version__}, jax {jax.__version__}, float32 CPU; "
         f"perturb {args.perturb}", flush=True)
-  results, _ = run(args)
-  failed = [r["name"] for r in results if not r["pass"]]
-  print(f"{len(results) - len(failed)} of {len(results)} checks pass"
-        + (f"; FAIL: {', '.join(failed)}" if failed else ""), flush=True)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"upstream_commit": commit, "perturb": args.perturb,
-                 "results": results}, f, indent=1)
-  return 1 if failed else 0
+  report = common.Report()
+  run(report, args)
+  return report.finish(args.json, upstream_commit=commit,
+                       perturb=args.perturb)
 
 
 if __name__ == "__main__":

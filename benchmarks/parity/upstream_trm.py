@@ -43,17 +43,17 @@ e7b6871 and adam-atan2 42a1aeb):
   PYTHONPATH=. python3 benchmarks/parity/upstream_trm.py \
       --upstream_dir=/tmp/trm_upstream_wt --adam_atan2_dir=/tmp/adam_atan2_wt
 
-Prints one line per check (name, max abs / max rel difference, tolerance,
-PASS/FAIL) and exits 1 if any check fails, 2 on a bad flag. `--perturb=NAME`
-adds 1e-2 to our copy of parameter NAME (e.g. lm_head) after the import, so
-checks must FAIL; `--json=PATH` writes every row.
+Prints one line per check in common.py's format (name, max abs / max rel
+difference, tolerance, PASS/FAIL, the worst tensor) and exits 1 if any check
+fails, 2 on a bad flag. `--perturb=NAME` adds 1e-2 to our copy of parameter
+NAME (e.g. lm_head) after the import, so checks must FAIL; `--json=PATH`
+writes every check.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import copy
-import json
 import math
 import os
 import subprocess
@@ -68,6 +68,10 @@ import numpy as np
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # common.py beside this file
+  sys.path.insert(0, _HERE)
+import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 UPSTREAM_FILES = ("models/recursive_reasoning/trm.py", "models/losses.py",
                   "models/layers.py", "models/sparse_embedding.py",
                   "models/ema.py", "pretrain.py")
@@ -97,40 +101,24 @@ def parse_args(argv):
   return p.parse_args(argv)
 
 
-def _work_tree_error(flag: str, path: str, files, what: str) -> str | None:
-  """Why --flag=path is not `what` work tree holding `files`, or None."""
-  if not os.path.isdir(path):
-    return f"--{flag}={path} is not a directory"
-  missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
-  if missing:
-    return (f"--{flag}={path} is not {what} work tree: it lacks "
-            f"{', '.join(missing)}")
-  return None
-
-
-def check_flags(args) -> str | None:
-  """One-line error for a bad flag, or None."""
+def check_flags(args) -> None:
+  """Raises common.UsageError (one line naming the flag) on a bad flag."""
   if not args.upstream_dir:
-    return ("--upstream_dir is required: a work tree of "
-            "SamsungSAILMontreal/TinyRecursiveModels")
-  error = (_work_tree_error("upstream_dir", args.upstream_dir,
-                           UPSTREAM_FILES, "a TinyRecursiveModels")
-           or (args.adam_atan2_dir and _work_tree_error(
-               "adam_atan2_dir", args.adam_atan2_dir, ADAM_FILES,
-               "an imoneoi/adam-atan2")))
-  if error:
-    return error
+    raise common.UsageError("--upstream_dir is required: a work tree of "
+                            "SamsungSAILMontreal/TinyRecursiveModels")
+  common.require_files("upstream_dir", args.upstream_dir, UPSTREAM_FILES,
+                       "a TinyRecursiveModels")
+  if args.adam_atan2_dir:
+    common.require_files("adam_atan2_dir", args.adam_atan2_dir, ADAM_FILES,
+                         "an imoneoi/adam-atan2")
   names = [v for v in args.variants.split(",") if v]
   bad = [v for v in names if v not in VARIANTS]
   if bad or not names:
-    return (f"--variants={args.variants}: use a comma list of "
-            f"{', '.join(VARIANTS)}")
+    raise common.UsageError(f"--variants={args.variants}: use a comma list "
+                            f"of {', '.join(VARIANTS)}")
   if args.batch < 2:
-    return f"--batch={args.batch} must be >= 2"
-  if args.json and not os.path.isdir(os.path.dirname(
-      os.path.abspath(args.json))):
-    return f"--json={args.json}: its directory does not exist"
-  return None
+    raise common.UsageError(f"--batch={args.batch} must be >= 2")
+  common.require_json_dir(args.json)
 
 
 def git_commit(path: str) -> str:
@@ -145,77 +133,24 @@ def git_commit(path: str) -> str:
 # --------------------------------------------------------- comparison
 
 
-class Checker:
-  """Collects and prints one row per check."""
-
-  def __init__(self, out=None):
-    self.rows, self.out = [], out or sys.stdout
-
-  @property
-  def failed(self) -> bool:
-    return any(not r["pass"] for r in self.rows)
-
-  def _emit(self, row):
-    self.rows.append(row)
-    print(f"{row['name']:<58} {row['detail']:<34} {row['tol']:<9} "
-          f"{'PASS' if row['pass'] else 'FAIL'}", file=self.out, flush=True)
-    return row["pass"]
+class Checker(common.Report):
+  """common.Report with this script's two ways to give a check's pairs."""
 
   def close(self, name, pairs, rtol):
-    """Float check over one or more (ours, theirs) pairs.
-
-    max_abs: the largest |ours - theirs|; max_rel: the largest of
-    max|ours - theirs| / max|theirs| over the pairs (each tensor against its
-    own scale, so elements near 0 do not dominate). Passes when max_rel <=
-    rtol, shapes agree and everything is finite.
-    """
+    """Float check over one or more (ours, theirs) pairs, `ours` optionally
+    (label, array): common.compare_all, each tensor against its own
+    max|theirs| (so elements near 0 do not dominate)."""
     if not isinstance(pairs, list):
       pairs = [pairs]
-    max_abs = max_rel = 0.0
-    ok, worst, detail = True, "", ""
-    for i, (ours, theirs) in enumerate(pairs):
-      label = ""
-      if isinstance(ours, tuple) and isinstance(ours[0], str):
-        label, ours = ours
-      a = np.asarray(ours, np.float64)
-      b = np.asarray(theirs, np.float64)
-      if a.shape != b.shape:
-        ok, detail = False, f"shape {a.shape} vs {b.shape} {label}"
-        continue
-      if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        ok, detail = False, f"non-finite values {label}"
-        continue
-      if not a.size:
-        continue
-      diff = float(np.abs(a - b).max())
-      scale = float(np.abs(b).max())
-      rel = diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
-      max_abs = max(max_abs, diff)
-      if rel >= max_rel:
-        max_rel, worst = rel, label
-    ok = ok and max_rel <= rtol
-    if not detail:
-      detail = f"max_abs {max_abs:.2e} max_rel {max_rel:.2e}"
-    return self._emit({"name": name, "max_abs": max_abs, "max_rel": max_rel,
-                       "worst": worst, "detail": detail,
-                       "tol": f"rel {rtol:.0e}", "pass": ok})
+    items = [(o[0], o[1], t) if isinstance(o, tuple) and isinstance(o[0], str)
+             else ("", o, t) for o, t in pairs]
+    return self.add(common.compare_all(name, items, rtol))
 
   def equal(self, name, pairs):
     """Integer / bool check over (ours, theirs) pairs: every element."""
     if not isinstance(pairs, list):
       pairs = [pairs]
-    bad = total = 0
-    for ours, theirs in pairs:
-      a, b = np.asarray(ours), np.asarray(theirs)
-      total += b.size
-      bad += b.size if a.shape != b.shape else int((a != b).sum())
-    return self._emit({"name": name, "max_abs": None, "max_rel": None,
-                       "detail": f"{bad} of {total} differ", "tol": "exact",
-                       "pass": bad == 0})
-
-  def skip(self, name, why):
-    print(f"{name:<52} SKIP: {why}", file=self.out, flush=True)
-    self.rows.append({"name": name, "pass": True, "skipped": why})
+    return self.add(common.compare_exact(name, pairs))
 
 
 # ------------------------------------------------ upstream import shims
@@ -802,10 +737,10 @@ def check_optimizer(ck, tag, head, model, state, tx, config, port, rows,
 
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  error = check_flags(args)
-  if error:
-    print(f"upstream_trm.py: {error}", file=sys.stderr)
-    return 2
+  try:
+    check_flags(args)
+  except common.UsageError as e:
+    return common.refuse("upstream_trm.py", e)
   sys.path.insert(0, os.path.abspath(args.upstream_dir))
   install_shims(args.adam_atan2_dir)
   import importlib.util  # pylint: disable=g-import-not-at-top
@@ -868,15 +803,7 @@ def main(argv=None) -> int:
         else:
           ck.skip(f"{variant} optimizer", "no --adam_atan2_dir and no "
                   "importable adam_atan2")
-  failed = [r["name"] for r in ck.rows if not r["pass"]]
-  print(f"{len(ck.rows) - len(failed)} of {len(ck.rows)} checks passed"
-        + (f"; FAILED: {', '.join(failed)}" if failed else ""))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"upstream_commit": git_commit(args.upstream_dir),
-                 "rows": ck.rows}, f, indent=1)
-  return 1 if failed else 0
-
+  return ck.finish(args.json, upstream_commit=git_commit(args.upstream_dir))
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -275,3 +275,52 @@ def test_run_sh_installs_nothing_from_wheels_that_fail_the_check(tmp_path):
   assert "install: site FAILED (wheels not checked)" in log
   assert "install: hf FAILED (wheels not checked)" in log
   assert "site: all" not in log and "hf: all" not in log
+
+
+@pytest.mark.parametrize("bad", ['{"name": "mixer/a", "val\n', '[1, 2]\n'])
+def test_figures_readers_refuse_a_bad_line_alike(tmp_path, bad):
+  """offline.py's --measured, mixer_forecast.py's --measured and the mixer
+  sweep's own figures file: one reader (json_out.read_lines), one error
+  (SystemExit) naming the file and the line."""
+  offline, mixer_forecast, mixer_sweep = (
+      _kit("offline"), _kit("mixer_forecast"), _kit("mixer_sweep"))
+  path = tmp_path / "figures.jsonl"
+  path.write_text('{"name": "mixer/xla/forward/ms", "value": 1.0}\n\n' + bad)
+  readers = {
+      "offline.py: --measured=": lambda: offline.measured_seconds(
+          [str(path)], "NVIDIA H100 80GB HBM3"),
+      "mixer_forecast.py: --measured=": lambda: mixer_forecast.measured_ms(
+          str(path)),
+      "mixer_sweep.py: ": lambda: mixer_sweep.swept_setting(str(path)),
+  }
+  for prefix, read in readers.items():
+    with pytest.raises(SystemExit) as e:
+      read()
+    assert str(e.value).startswith(f"{prefix}{path}: line 3 is not a JSON "
+                                   "figure ("), e.value
+  path.write_text('{"name": "mixer/xla/forward/ms", "value": 1.0}\n\n')
+  assert mixer_forecast.measured_ms(str(path)) == {}
+
+
+def test_replay_and_hlo_share_one_check_of_the_hlo_text(tmp_path):
+  """offline.py --replay and profile_table.py --hlo: profile_table's
+  checked_hlo, each naming its own flag."""
+  import tarfile  # pylint: disable=g-import-not-at-top
+  offline, profile_table = _kit("offline"), _kit("profile_table")
+  hlo = tmp_path / "x.hlo"
+  hlo.write_text("hello\n")
+  archive = tmp_path / "h.tar.gz"
+  with tarfile.open(archive, "w:gz") as tar:
+    tar.add(hlo, arcname="a.txt")
+  checks = (
+      ("offline.py: --replay=",
+       lambda spec: offline.replay(spec, "h100", 0.6, 5)),
+      ("profile_table.py: --hlo=", profile_table.checked_hlo))
+  for prefix, check in checks:
+    for spec, said in ((str(hlo), "no ENTRY computation"),
+                       (f"{archive}:a.txt", "no ENTRY computation"),
+                       (f"{archive}:b.txt", "has no file 'b.txt'")):
+      with pytest.raises(SystemExit) as e:
+        check(spec)
+      assert str(e.value).startswith(f"{prefix}{spec}: "), e.value
+      assert said in str(e.value)

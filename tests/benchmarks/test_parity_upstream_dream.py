@@ -106,13 +106,12 @@ def test_compare_arrays_fails_past_the_tolerance(script):
   assert script.compare_arrays("same", a, a.copy(), 1e-5).passed
   near = a.astype(np.float64) + 1e-6
   check = script.compare_arrays("near", near, a, 1e-5)
-  assert check.passed and check.values["max_abs"] == pytest.approx(1e-6,
-                                                                   rel=0.1)
+  assert check.passed and check.max_abs == pytest.approx(1e-6, rel=0.1)
   far = a.copy()
   far[1, 2, 3] += 1e-2 * np.abs(a).max()
   check = script.compare_arrays("far", far, a, 1e-5)
   assert not check.passed and "FAIL" in check.line()
-  assert check.values["max_rel"] == pytest.approx(1e-2, rel=1e-3)
+  assert check.max_rel == pytest.approx(1e-2, rel=1e-3)
   # Only where `where` holds: the perturbed entry left out passes.
   where = np.ones(a.shape, bool)
   where[1, 2, 3] = False
@@ -139,8 +138,8 @@ def test_compare_tokens(script):
 
 
 def test_info_checks_do_not_fail_the_run(script):
-  check = script.Check("x", False, "d", {}, info=True)
-  assert check.line().endswith("INFO")
+  check = script.Check("x", False, figures="d", info=True)
+  assert check.line().endswith("INFO") and not check.scored
 
 
 def test_perturb_moves_one_bias(script):

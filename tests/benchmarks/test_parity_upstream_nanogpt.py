@@ -48,7 +48,7 @@ def _fake_upstream(tmp_path, train_py="def get_lr(it):\n  return 0.0\n"):
 
 @pytest.mark.parametrize("argv, flag", [
     ([], "--upstream_dir is required"),
-    (["--upstream_dir=/nonexistent/nanoGPT"], "no such directory"),
+    (["--upstream_dir=/nonexistent/nanoGPT"], "is not a directory"),
 ])
 def test_refuses_missing_upstream_dir(argv, flag, capsys):
   assert parity.main(argv) == 2
@@ -82,36 +82,37 @@ def test_refuses_bad_flags_before_work(tmp_path, flag, says, capsys):
 def test_compare_passes_within_and_fails_beyond_tolerance():
   theirs = np.array([1.0, -2.0, 4.0])
   ok = parity.compare("x", theirs + 1e-6, theirs, 1e-5)
-  assert ok["pass"] and ok["max_abs"] == pytest.approx(1e-6)
-  assert ok["max_rel"] == pytest.approx(1e-6 / 4.0)
+  assert ok.passed and ok.max_abs == pytest.approx(1e-6)
+  assert ok.max_rel == pytest.approx(1e-6 / 4.0)
   bad = parity.compare("x", theirs + np.array([0, 0, 1e-3]), theirs, 1e-5)
-  assert not bad["pass"] and bad["max_rel"] == pytest.approx(2.5e-4)
-  assert not parity.compare("x", [np.nan, 0, 0], theirs, 1.0)["pass"]
-  assert not parity.compare("x", [1.0, 2.0], theirs, 1.0)["pass"]
+  assert not bad.passed and bad.max_rel == pytest.approx(2.5e-4)
+  assert not parity.compare("x", [np.nan, 0, 0], theirs, 1.0).passed
+  assert not parity.compare("x", [1.0, 2.0], theirs, 1.0).passed
   # Relative to a given scale (the change the iterations made).
   scaled = parity.compare("x", theirs + 1e-3, theirs, 1e-2,
                           scale=np.full(3, 0.01))
-  assert scaled["max_rel"] == pytest.approx(0.1) and not scaled["pass"]
-  assert "FAIL" in parity.format_result(scaled)
-  assert "PASS" in parity.format_result(ok)
+  assert scaled.max_rel == pytest.approx(0.1) and not scaled.passed
+  assert "FAIL" in scaled.line()
+  assert "PASS" in ok.line()
 
 
 def test_compare_trees_names_the_worst_leaf():
   theirs = {"a": {"w": np.ones(3)}, "b": np.zeros(2) + 2.0}
   ours = {"a": {"w": np.ones(3)}, "b": np.array([2.0, 2.5])}
   r = parity.compare_trees("t", ours, theirs, 1e-3)
-  assert not r["pass"] and r["note"] == "worst: b"
-  assert r["max_abs"] == pytest.approx(0.5)
-  assert parity.compare_trees("t", theirs, theirs, 0.0)["pass"]
+  assert not r.passed and r.note == "worst: b"
+  assert r.max_abs == pytest.approx(0.5)
+  assert parity.compare_trees("t", theirs, theirs, 0.0).passed
   assert not parity.compare_trees("t", {"a": {"w": np.ones(3)}}, theirs,
-                                  1.0)["pass"]
+                                  1.0).passed
 
 
 def test_compare_exact_counts_differences():
-  assert parity.compare_exact("s", [1, 2, 3], [1, 2, 3])["pass"]
-  r = parity.compare_exact("s", [1, 2, 4], [1, 2, 3])
-  assert not r["pass"] and r["max_abs"] == 1 and "1 of 3" in r["note"]
-  assert not parity.compare_exact("s", [1, 2], [1, 2, 3])["pass"]
+  exact = parity.common.compare_exact
+  assert exact("s", [([1, 2, 3], [1, 2, 3])]).passed
+  r = exact("s", [([1, 2, 4], [1, 2, 3])])
+  assert not r.passed and r.values["differ"] == 1 and "1 of 3" in r.line()
+  assert not exact("s", [([1, 2], [1, 2, 3])]).passed
 
 
 def test_get_lr_is_taken_from_train_py_and_given_globals(tmp_path):
@@ -146,5 +147,5 @@ def test_model_checks_pass_on_a_faithful_port_and_fail_when_perturbed(
   assert parity.main(argv + ["--perturb=1e-3", f"--json={json_path}"]) == 1
   out = capsys.readouterr().out
   assert "FAIL" in out.split("v65_bias model plain logits")[1].splitlines()[0]
-  assert "checks pass; FAIL:" in out
+  assert "checks passed; FAILED:" in out
   assert '"pass": false' in json_path.read_text()

@@ -67,10 +67,12 @@ def test_checker_passes_and_fails(capsys):
   assert ck.equal("ints", ([1, 2, 3], [1, 2, 3]))
   assert not ck.equal("ints differ", ([1, 2, 4], [1, 2, 3]))
   out = capsys.readouterr().out.splitlines()
-  assert [line.split()[-1] for line in out] == [
+  assert [line.split("  (")[0].split()[-1] for line in out] == [
       "PASS", "PASS", "FAIL", "FAIL", "FAIL", "FAIL", "PASS", "FAIL"]
-  assert ck.rows[3]["worst"] == "small" and "1 of 3 differ" in out[7]
-  assert [r["pass"] for r in ck.rows].count(False) == 5
+  assert [c.status for c in ck.checks] == [
+      "PASS", "PASS", "FAIL", "FAIL", "FAIL", "FAIL", "PASS", "FAIL"]
+  assert ck.checks[3].note == "worst: small" and "1 of 3 differ" in out[7]
+  assert [c.passed for c in ck.checks].count(False) == 5
 
 
 def test_forced_draws_replace_and_restore_torch_rng():
