@@ -1,0 +1,208 @@
+"""benchmarks/parity/upstream_fastdllm.py without Fast-dLLM's code: flag
+checks (exit 2, one line naming the flag, before any heavy import), the
+import of an upstream folder (stand-in files), and the script's own
+machinery on a tiny random model of ours: the emulation with our rules
+gives our cached sampler's tokens, with Fast-dLLM's rules it differs (the
+measured difference), and `--perturb`'s weight change fails the float
+checks."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+
+import repo
+
+SCRIPT = os.path.join(repo.ROOT, "benchmarks", "parity",
+                      "upstream_fastdllm.py")
+_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    filter(None, [repo.ROOT, os.environ.get("PYTHONPATH")])))
+FILES = ("configuration_dream.py", "modeling_dream.py", "generation_utils.py",
+         "generation_utils_block.py")
+
+
+@pytest.fixture(scope="module")
+def script():
+  spec = importlib.util.spec_from_file_location("upstream_fastdllm", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["upstream_fastdllm"] = module  # dataclasses look it up
+  spec.loader.exec_module(module)
+  yield module
+  del sys.modules["upstream_fastdllm"]
+
+
+def _run(*args):
+  return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True,
+                        text=True, env=_ENV, timeout=60, check=False)
+
+
+def _fake_upstream(root, nested=True):
+  """A folder with the four files (relative imports between them)."""
+  folder = os.path.join(root, "dream", "model") if nested else root
+  os.makedirs(folder, exist_ok=True)
+  texts = {"configuration_dream.py": "VALUE = 7\n",
+           "generation_utils.py": "from .configuration_dream import VALUE\n",
+           "generation_utils_block.py": "from .generation_utils import VALUE\n"
+                                        "TRIPLE = 3 * VALUE\n",
+           "modeling_dream.py": "from .generation_utils import VALUE\n"
+                                "DOUBLE = 2 * VALUE\n"}
+  for name, text in texts.items():
+    with open(os.path.join(folder, name), "w") as f:
+      f.write(text)
+  return folder
+
+
+@pytest.mark.parametrize("args, flag", [
+    ((), "--upstream_dir"),
+    (("--upstream_dir=/nonexistent/fastdllm",), "--upstream_dir"),
+    (("--upstream_dir=.", "--checks=model,nope"), "--checks"),
+    (("--upstream_dir=.", "--block_length=7"), "--block_length"),
+    (("--upstream_dir=.", "--threshold=1.5"), "--threshold"),
+    (("--upstream_dir=.", "--hidden=12"), "--hidden"),
+    (("--upstream_dir=.", "--layers=x"), "--layers"),
+    (("--upstream_dir=.", "--frobnicate=1"), "--frobnicate"),
+    (("--upstream_dir=.", "--upstream_git=/nonexistent"), "--upstream_git"),
+])
+def test_bad_flags_exit_2_naming_the_flag(args, flag, tmp_path):
+  if args and args[0] == "--upstream_dir=.":  # a valid folder for the rest
+    _fake_upstream(str(tmp_path))
+    args = (f"--upstream_dir={tmp_path}",) + args[1:]
+  result = _run(*args)
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and flag in lines[0], result.stderr
+  assert result.stdout == ""
+
+
+def test_a_folder_without_the_block_code_is_refused(tmp_path):
+  folder = _fake_upstream(str(tmp_path))
+  os.remove(os.path.join(folder, "generation_utils_block.py"))
+  result = _run(f"--upstream_dir={tmp_path}")
+  assert result.returncode == 2
+  assert "--upstream_dir" in result.stderr
+  assert "generation_utils_block.py" in result.stderr
+
+
+def test_flags_are_checked_before_heavy_imports(tmp_path):
+  _fake_upstream(str(tmp_path))
+  code = textwrap.dedent(f"""
+      import sys, importlib.util
+      spec = importlib.util.spec_from_file_location("s", {SCRIPT!r})
+      m = importlib.util.module_from_spec(spec); sys.modules["s"] = m
+      spec.loader.exec_module(m)
+      o = m.parse_args(["--upstream_dir={tmp_path}", "--perturb",
+                        "--checks=generate", "--block_length=8"])
+      assert o.perturb and o.checks == ("generate",) and o.block_length == 8
+      print(sorted(n for n in ("jax", "torch", "transformers")
+                   if n in sys.modules))""")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, env=_ENV, timeout=60, check=True)
+  assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_imports_an_upstream_folder(tmp_path, nested):
+  _fake_upstream(str(tmp_path), nested)
+  code = textwrap.dedent(f"""
+      import importlib.util, sys
+      spec = importlib.util.spec_from_file_location("s", {SCRIPT!r})
+      m = importlib.util.module_from_spec(spec); sys.modules["s"] = m
+      spec.loader.exec_module(m)
+      up = m.import_upstream({str(tmp_path)!r})
+      print(up.modeling.DOUBLE, up.block.TRIPLE,
+            sorted(m.upstream_files({str(tmp_path)!r})))""")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, env=_ENV, timeout=60, check=True)
+  prefix = "dream/model/" if nested else ""
+  assert out.stdout.strip() == "14 21 " + str(sorted(prefix + f
+                                                     for f in FILES))
+
+
+def test_info_lines_are_not_scored(script):
+  a = np.arange(12).reshape(2, 6)
+  b = a.copy()
+  b[0, 0] = 99
+  check = script.info_tokens("x", a, b)
+  assert check.info and check.line().endswith("INFO")
+  assert "(measured)" in check.detail and "tol" not in check.detail
+  assert check.values["differ"] == 1
+
+
+# --------------------------------------- the machinery on a model of ours
+
+MASK = 60
+
+
+@pytest.fixture(scope="module")
+def tiny(script):
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  cfg = dream.DreamConfig(
+      vocab_size=64, hidden_size=32, intermediate_size=64,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      mask_token_id=MASK, pad_token_id=0, dtype="float32", remat="none")
+  params = nn.meta.unbox(dream.Dream(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  # Peaked predictions, so that greedy orders are far from ties.
+  params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 30.0
+  ours = types.SimpleNamespace(cfg=cfg, params=params)
+  ids = np.asarray(jax.random.randint(jax.random.key(3), (1, 6), 1, MASK))
+  return script.OursCached(ours), ids
+
+
+@pytest.mark.parametrize("cache, threshold", [("prefix", None),
+                                              ("dual", None),
+                                              ("dual", 0.5)])
+def test_emulation_with_our_rules_is_our_sampler(script, tiny, cache,
+                                                 threshold):
+  oc, ids = tiny
+  settings = dict(block_length=4, threshold=threshold, steps=8)
+  mine = oc.generate(ids, cache=cache, new=8, **settings)
+  emu, _ = script.emulate(oc, ids, new=8, dual=cache == "dual",
+                          first="rule", offset=1, **settings)
+  script_check = script.compare_tokens("ours == emulation", mine, emu)
+  assert script_check.passed, script_check.detail
+  # Fast-dLLM's rules on the same model: a different token order (the
+  # measured, by-design difference), not the same program.
+  theirs, _ = script.emulate(oc, ids, new=8, dual=cache == "dual",
+                             first="position0", offset=0, **settings)
+  assert (theirs[:, 6:] != MASK).all()
+
+
+def test_emulation_reveals_the_block_start_first_with_fastdllm_rules(
+    script, tiny):
+  """Fast-dLLM's refresh forward commits the block's first token; with
+  steps == tokens our schedule's first count is 0 (nothing revealed)."""
+  oc, ids = tiny
+  from trm.families.dream import reveal_rules  # pylint: disable=g-import-not-at-top
+  assert reveal_rules.reveal_schedule(4, 4)[0] == 0
+  # One step per block: only the refresh forward runs.
+  x, forwards = script.emulate(oc, ids, new=8, block_length=4, steps=2,
+                               threshold=None, dual=True, first="position0",
+                               offset=0)
+  assert forwards == 2
+  assert (x[:, [6, 10]] != MASK).all() and (x[:, [7, 8, 9, 11]] == MASK).all()
+
+
+def test_perturb_fails_the_float_checks(script, tiny):
+  oc, ids = tiny
+  x = np.concatenate([ids, np.full((1, 8), MASK)], 1)
+  logits, kv = oc.encode(x)
+  assert script.compare_arrays("same", logits, oc.encode(x)[0],
+                               script.TOL).passed
+  perturbed = script.OursCached(types.SimpleNamespace(
+      cfg=oc.ours.cfg, params=script.perturb_params(oc.params)))
+  moved, moved_kv = perturbed.encode(x)
+  check = script.compare_arrays("perturbed", moved, logits, script.TOL)
+  assert not check.passed and "FAIL" in check.line()
+  check = script.compare_arrays("perturbed keys", np.asarray(moved_kv[0]),
+                                np.asarray(kv[0]), script.TOL)
+  assert not check.passed
