@@ -63,9 +63,10 @@ dual-cache ones (its `replace_position` must have one row: it takes the
 positions of every row's True entries); prefix fixed steps run batch 2. Fast-dLLM's model ignores the positions it is passed (always
 arange), so padded batches are not compared.
 
-Each check prints one line: name, max abs diff / max rel diff (relative to
-the larger side's max |value|) or token agreement, tolerance, PASS / FAIL /
-INFO. Exits 1 if any PASS/FAIL check fails, 2 on a bad flag. `--perturb`
+Each check prints one line in the parity scripts' format (`common.py`):
+name, max abs / max rel diff (relative to the larger side's max |value|)
+or "N of M differ", tolerance, PASS / FAIL / INFO. Exits 1 if any PASS/FAIL
+check fails, 2 on a bad flag. `--perturb`
 adds 1e-3 to one of OUR weights (layer 0's q_proj bias): exact checks FAIL.
 """
 from __future__ import annotations
@@ -74,12 +75,14 @@ import contextlib
 import dataclasses
 import importlib.util
 import io
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MODEL_FILES = ("configuration_dream.py", "modeling_dream.py",
                "generation_utils.py", "generation_utils_block.py")
@@ -88,8 +91,7 @@ CHECKS = ("model", "generate")
 TOL = 1e-5  # float32, relative to the larger side's max |value|
 
 
-class UsageError(Exception):
-  """A bad flag: one line, exit status 2."""
+UsageError = common.UsageError
 
 
 # ------------------------------------------------------------------- flags
@@ -207,8 +209,8 @@ Ours = _h.Ours
 def info_tokens(name: str, ours, theirs) -> Check:
   """Token agreement as a measured (INFO) line."""
   check = compare_tokens(name, ours, theirs)
-  check.detail = check.detail.replace(" tol=100%", " (measured)")
-  check.info = True
+  check.tol, check.info = "-", True
+  check.add_note("measured")
   return check
 
 
@@ -488,7 +490,7 @@ def check_model(up, up_model, oc: OursCached, opts: Options,
   c = compare_arrays("model: dual window vs fresh forward (ours)",
                      mine, fresh[:, s:e], TOL)
   c.info = True
-  c.detail += " (the cache's staleness, for scale)"
+  c.add_note("the cache's staleness, for scale")
   out.append(c)
   return out
 
@@ -501,16 +503,13 @@ SETTINGS = (  # name, cache, threshold?
 )
 
 
-def check_generate(up, up_model, oc: OursCached, opts: Options,
-                   rng) -> tuple[list[Check], dict]:
+def check_generate(up, up_model, oc: OursCached, opts: Options, rng,
+                   emit) -> dict:
+  """Each check goes to `emit` as it is made; returns the figures."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   p, n, bl = opts.prompt_len, opts.new_tokens, opts.block_length
   ids = rng.integers(1, opts.vocab - 1, (2, p))
-  out, figures = [], {}
-
-  def emit(c):
-    print(c.line(), flush=True)
-    out.append(c)
+  figures = {}
 
   # (a) The exact (uncached) samplers.
   exact = {}
@@ -574,18 +573,20 @@ def check_generate(up, up_model, oc: OursCached, opts: Options,
         a = float(np.mean(emu[key] == theirs))
         o = float(np.mean(emu[key] == mine))
         c = Check(f"gen {label}: variant first={key[0]} offset={key[1]}",
-                  True, f"agree Fast-dLLM {100 * a:6.2f}% ours "
-                  f"{100 * o:6.2f}% (measured)", {"fastdllm": a, "ours": o},
-                  info=True)
+                  True, tol="-", figures=f"agree Fast-dLLM {100 * a:6.2f}% "
+                  f"ours {100 * o:6.2f}%", note="measured",
+                  values={"fastdllm": a, "ours": o}, info=True)
         emit(c)
       figures[label] = {"forwards_fastdllm_rules": forwards[("position0", 0)],
                         "forwards_our_rules": forwards[("rule", 1)]}
       print(f"  (forwards run: Fast-dLLM rules {forwards[('position0', 0)]},"
             f" ours {forwards[('rule', 1)]})", flush=True)
-  return out, figures
+  return figures
 
 
-def run_checks(opts: Options) -> tuple[list[Check], dict]:
+def run_checks(opts: Options, report: common.Report) -> dict:
+  """Adds every check to `report`; returns the run's header (versions,
+  upstream commit, figures)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   files = upstream_files(opts.upstream_dir)
@@ -613,38 +614,23 @@ def run_checks(opts: Options) -> tuple[list[Check], dict]:
         f"{opts.block_length}, threshold {opts.threshold:g}, greedy"
         + ("; PERTURBED (ours, q_proj bias)" if opts.perturb else ""),
         flush=True)
-  checks: list[Check] = []
   if "model" in opts.checks:
-    for c in check_model(up, up_model, oc, opts, np.random.default_rng(1)):
-      print(c.line(), flush=True)
-      checks.append(c)
+    report.extend(check_model(up, up_model, oc, opts,
+                              np.random.default_rng(1)))
   if "generate" in opts.checks:
-    new, figures = check_generate(up, up_model, oc, opts,
-                                  np.random.default_rng(3))
-    checks.extend(new)
-    info["figures"] = figures
-  return checks, info
+    info["figures"] = check_generate(up, up_model, oc, opts,
+                                     np.random.default_rng(3), report.add)
+  return info
 
 
 def main(argv) -> int:
   try:
     opts = parse_args(argv)
   except UsageError as e:
-    print(f"upstream_fastdllm.py: {e}", file=sys.stderr)
-    return 2
-  checks, info = run_checks(opts)
-  failed = [c for c in checks if not c.passed and not c.info]
-  scored = [c for c in checks if not c.info]
-  print(f"{len(scored) - len(failed)}/{len(scored)} checks pass"
-        + (f" ({len(checks) - len(scored)} INFO lines not scored)"
-           if len(scored) < len(checks) else "")
-        + (f"; FAILED: {', '.join(c.name for c in failed)}" if failed else ""))
-  if opts.json:
-    with open(opts.json, "w") as f:
-      json.dump({**info, "perturb": opts.perturb,
-                 "checks": [dataclasses.asdict(c) for c in checks]}, f,
-                indent=2, default=str)
-  return 1 if failed else 0
+    return common.refuse("upstream_fastdllm.py", e)
+  report = common.Report()
+  info = run_checks(opts, report)
+  return report.finish(opts.json or None, **info, perturb=opts.perturb)
 
 
 if __name__ == "__main__":
