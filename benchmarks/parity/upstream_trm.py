@@ -23,6 +23,24 @@ the MLP-t (`configs/trm_sudoku.py:cpu`) and attention (`:cpu,att`) models:
   port       `benchmarks/reference/trm_torch.py` (our spec-written PyTorch
              step, the "upstream" side of the GPU speed ratios) against
              upstream on the same weights: forward, loss and 3 train steps
+  bf16       forward_dtype bfloat16 on both sides (upstream's model rebuilt
+             with it and the same float32 master weights; ours from the same
+             checkpoint): H_init / L_init rounded as upstream rounds them
+             (exact); the 6 ACT train calls (logits, q, z, losses, every
+             gradient) and 3 train_batch steps (parameters, EMA, puzzle
+             table) against upstream's bf16 run. bf16 cannot match to the
+             bit (op order, accumulation), so each tensor passes when
+             max_rel(ours, upstream bf16) <= 2 x max_rel(upstream fp32,
+             upstream bf16) + 2^-9 on the same inputs (upstream's own
+             distance is in the note). All three programs follow upstream
+             bf16's halting decisions, so a q_halt that rounding moves
+             across 0 cannot fork them; those decisions, and the argmax of
+             the logits, are compared before that: PASS when all agree, INFO
+             when the ones that differ sit within the bf16 bound of the
+             boundary, FAIL otherwise. Losses and gradients are compared on
+             the calls where every row's "solved" target (an argmax over all
+             cells) agrees. After train_batch the floor is one flipped
+             sign-like first step (2 x lr_1; puzzle table 2 x its lr).
 
 Upstream is imported at run time from --upstream_dir (a work tree of the
 repository); nothing of it is copied here. `pretrain.py` imports packages the
@@ -35,7 +53,8 @@ stand-in backend runs the package's own pure-PyTorch reference
 --adam_atan2_dir (and no importable adam_atan2) the optimizer checks are
 skipped and say so.
 
-Command (about 3 minutes on 2 CPU cores; checked at TinyRecursiveModels
+Command (about 7 minutes on 2 CPU cores, 3 of them bf16: `--dtypes=float32`
+or `--dtypes=bfloat16` runs one half; checked at TinyRecursiveModels
 e7b6871 and adam-atan2 42a1aeb):
   git clone https://github.com/SamsungSAILMontreal/TinyRecursiveModels \
       /tmp/trm_upstream_wt
@@ -54,6 +73,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import subprocess
@@ -93,6 +113,9 @@ def parse_args(argv):
                  help="work tree of imoneoi/adam-atan2 (optimizer checks)")
   p.add_argument("--variants", default="mlp_t,att",
                  help="comma list of " + ", ".join(VARIANTS))
+  p.add_argument("--dtypes", default="float32,bfloat16",
+                 help="comma list of forward dtypes to check: float32, "
+                 "bfloat16")
   p.add_argument("--batch", type=int, default=6)
   p.add_argument("--perturb", default="",
                  help="add 1e-2 to our parameter with this name (test)")
@@ -116,6 +139,10 @@ def check_flags(args) -> None:
   if bad or not names:
     raise common.UsageError(f"--variants={args.variants}: use a comma list "
                             f"of {', '.join(VARIANTS)}")
+  dts = [d for d in args.dtypes.split(",") if d]
+  if not dts or any(d not in ("float32", "bfloat16") for d in dts):
+    raise common.UsageError(f"--dtypes={args.dtypes}: use a comma list of "
+                            "float32, bfloat16")
   if args.batch < 2:
     raise common.UsageError(f"--batch={args.batch} must be >= 2")
   common.require_json_dir(args.json)
@@ -636,19 +663,15 @@ def check_eval(ck, tag, head, model, state, rows, seed, pad_row):
           "adds the padded row's BCE(q_halt, 1); a metric, not the model)")
 
 
-def check_optimizer(ck, tag, head, model, state, tx, config, port, rows,
-                    seed):
-  """3 steps of upstream pretrain.train_batch against steps.train_step."""
-  import jax  # pylint: disable=g-import-not-at-top
+def _upstream_trainer(head, config, rows, first):
+  """(PretrainConfig, pretrain.TrainState, EMAHelper) around `head` (train
+  mode) as upstream's launch builds them: sign-SGD on the puzzle table,
+  AdamATan2 on the rest, EMA registered."""
   import pretrain  # pylint: disable=g-import-not-at-top
   from adam_atan2 import AdamATan2  # pylint: disable=g-import-not-at-top
   from models.ema import EMAHelper  # pylint: disable=g-import-not-at-top
   from models.sparse_embedding import CastedSparseEmbeddingSignSGD_Distributed  # pylint: disable=g-import-not-at-top
-  from trm.families.trm import optim as trm_optim  # pylint: disable=g-import-not-at-top
-  from trm.families.trm import steps as trm_steps  # pylint: disable=g-import-not-at-top
-  head = copy.deepcopy(head)
-  head.train()
-  oc, cfg = config.optim, model.cfg
+  oc = config.optim
   pc = pretrain.PretrainConfig(
       arch={"name": "trm", "loss": {"name": "losses@ACTLossHead"}},
       data_paths=["none"], global_batch_size=rows, epochs=1, lr=oc.lr,
@@ -663,15 +686,29 @@ def check_optimizer(ck, tag, head, model, state, tx, config, port, rows,
           weight_decay=pc.puzzle_emb_weight_decay, world_size=1),
       AdamATan2(head.parameters(), lr=0, weight_decay=pc.weight_decay,
                 betas=(pc.beta1, pc.beta2))]
-  batches = Batches(seed + 3, rows)
-  data = [batches() for _ in range(3)]
   ts = pretrain.TrainState(
       model=head, optimizers=optimizers,
       optimizer_lrs=[pc.puzzle_emb_lr, pc.lr],
-      carry=head.initial_carry(to_torch(data[0])), step=0,
+      carry=head.initial_carry(to_torch(first)), step=0,
       total_steps=config.total_steps)
   ema = EMAHelper(mu=pc.ema_rate)
   ema.register(head)
+  return pc, ts, ema
+
+
+def check_optimizer(ck, tag, head, model, state, tx, config, port, rows,
+                    seed):
+  """3 steps of upstream pretrain.train_batch against steps.train_step."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import pretrain  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import optim as trm_optim  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import steps as trm_steps  # pylint: disable=g-import-not-at-top
+  head = copy.deepcopy(head)
+  head.train()
+  oc, cfg = config.optim, model.cfg
+  batches = Batches(seed + 3, rows)
+  data = [batches() for _ in range(3)]
+  pc, ts, ema = _upstream_trainer(head, config, rows, data[0])
   step_fn = jax.jit(lambda s, b: trm_steps.train_step(
       s, b, model=model, tx=tx, optim_config=oc,
       total_steps=config.total_steps, global_batch_size=rows))
@@ -732,7 +769,395 @@ def check_optimizer(ck, tag, head, model, state, tx, config, port, rows,
                  head.model.inner.puzzle_emb.weights.numpy())], STEP_TOL)
 
 
+# ------------------------------------------------------------ bfloat16
+
+# bfloat16 forward (upstream's CastedLinear / CastedEmbedding, ours'
+# forward_dtype) cannot match to the bit: op order and accumulation differ.
+# Each tensor passes when ours is no further from upstream's bf16 run than
+# BF16_FACTOR times upstream's own bf16 run is from its float32 run, plus
+# BF16_FLOOR (one bf16 rounding, 2^-9, relative to the tensor's max |value|).
+BF16_FACTOR = 2.0
+BF16_FLOOR = 2.0 ** -9
+
+
+def bf16_compare(name, items, factor=BF16_FACTOR, floor=BF16_FLOOR,
+                 note=""):
+  """One check over (label, ours_bf16, upstream_bf16, upstream_fp32[,
+  floor]) items: each passes when max_rel(ours, upstream_bf16) <= factor *
+  max_rel(upstream_fp32, upstream_bf16) + floor (both against
+  max |upstream_bf16| of that tensor; an item's own floor replaces
+  `floor`). The figures and tol are the item nearest its bound (or a
+  failing one); the note says upstream's own distance."""
+  all_pass, max_abs, worst, own_worst = True, 0.0, None, None
+  default_floor = floor
+  for item in items:
+    label, ours, theirs, fp32 = item[:4]
+    floor = item[4] if len(item) > 4 else default_floor
+    c = common.compare(label, np.asarray(ours, np.float64),
+                       np.asarray(theirs, np.float64), math.inf)
+    own = common.compare(label, np.asarray(fp32, np.float64),
+                         np.asarray(theirs, np.float64), math.inf)
+    bound = factor * own.max_rel + floor
+    ok = c.passed and own.passed and c.max_rel <= bound
+    all_pass = all_pass and ok
+    if not math.isnan(c.max_abs):
+      max_abs = max(max_abs, c.max_abs)
+    ratio = c.max_rel / bound if bound > 0 else math.inf
+    key = (not ok, ratio if not math.isnan(ratio) else math.inf)
+    if worst is None or key > worst[0]:
+      worst = (key, label, c, bound, own.max_rel)
+    if own_worst is None or own.max_rel > own_worst[1]:
+      own_worst = (label, own.max_rel)
+  if worst is None:
+    return common.Check(name, True, 0.0, 0.0, default_floor, note=note)
+  _, label, c, bound, own = worst
+  said = [f"worst: {label}, upstream bf16 vs its fp32 {own:.3e}"]
+  if own_worst[0] != label:
+    said.append(f"largest upstream bf16 vs fp32: {own_worst[1]:.3e} "
+                f"({own_worst[0]})")
+  if c.note:
+    said.append(c.note)
+  if note:
+    said.append(note)
+  check = common.Check(name, all_pass, max_abs, c.max_rel, bound,
+                       note="; ".join(said))
+  check.values = {"upstream_bf16_vs_fp32": own, "worst": label,
+                  "factor": factor, "floor": floor}
+  return check
+
+
+def decision_check(name, ours, theirs, margin, borderline, own_agree,
+                   what="upstream's margin"):
+  """Discrete decisions (same-shape arrays) of ours and upstream in bf16
+  (q_halt > 0; the argmax of the logits): a PASS check when every one
+  agrees; INFO when the ones that differ all have upstream's `margin` (its
+  distance from the decision boundary: |q_halt|, or top-1 minus the logit
+  ours picked) <= `borderline`, a margin bf16 rounding can cross; FAIL
+  otherwise."""
+  ours, theirs = np.asarray(ours), np.asarray(theirs)
+  margin = np.abs(np.asarray(margin, np.float64))
+  differ = ours != theirs
+  n, total = int(differ.sum()), differ.size
+  figures = f"{total - n} of {total} agree"
+  note = f"upstream bf16 vs its fp32: {own_agree}"
+  if n == 0:
+    return common.Check(name, True, tol="exact", figures=figures, note=note,
+                        values={"differ": 0, "total": total})
+  worst = float(margin[differ].max())
+  note = (f"where they differ {what} <= {worst:.3e} (borderline: "
+          f"<= {borderline:.3e}); {note}")
+  return common.Check(name, worst <= borderline, tol="exact",
+                      figures=figures, note=note, info=worst <= borderline,
+                      values={"differ": n, "total": total, "margin": worst,
+                              "borderline": borderline})
+
+
+def bf16_config(variant, explore):
+  config = load_config(variant, explore, halt_max_steps=3)
+  with config.unlocked():
+    config.model.forward_dtype = "bfloat16"
+  return config
+
+
+def build_upstream_like(head, config, rows):
+  """Upstream's model for `config` (its forward_dtype) holding `head`'s
+  float32 weights; H_init / L_init are rounded into upstream's own
+  forward-dtype buffers by load_state_dict, as its checkpoints load."""
+  from models.losses import ACTLossHead  # pylint: disable=g-import-not-at-top
+  from models.recursive_reasoning.trm import TinyRecursiveReasoningModel_ACTV1  # pylint: disable=g-import-not-at-top
+  out = ACTLossHead(TinyRecursiveReasoningModel_ACTV1(
+      upstream_arch(config, rows)), loss_type="stablemax_cross_entropy")
+  out.load_state_dict(head.state_dict(), strict=True)
+  return out
+
+
+def _np32(x):
+  """float32 numpy of a torch tensor (bf16 too) or a JAX / numpy array."""
+  if hasattr(x, "detach"):
+    return x.detach().float().numpy()
+  return np.asarray(x).astype(np.float32)
+
+
+def check_bf16_weights(ck, tag, head_bf, state):
+  """The bf16 H_init / L_init: upstream's buffers against ours (both the
+  float32 values rounded to nearest even), and the forward dtype."""
+  inner = head_bf.model.inner
+  pairs = [(np.asarray(state.buffers[k]).astype(np.float32),
+            getattr(inner, k).float().numpy()) for k in ("H_init", "L_init")]
+  dtypes = [(str(np.asarray(state.buffers[k]).dtype),
+             str(getattr(inner, k).dtype).replace("torch.", ""))
+            for k in ("H_init", "L_init")]
+  ck.equal(f"{tag} bf16 H_init/L_init as upstream rounds them",
+           pairs + [([a for a, _ in dtypes], [b for _, b in dtypes])])
+
+
+def check_bf16_train(ck, tag, head32, head_bf, model, state, rows, seed,
+                     explore):
+  """6 ACT train calls on three programs: upstream float32, upstream bf16,
+  ours bf16. Every one continues from upstream bf16's halting decisions
+  (a borderline q_halt flipped by rounding would otherwise reset different
+  rows and fork the trajectories); the decisions are compared before that."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
+  cfg = model.cfg
+  names = upstream_name_map(cfg)
+  heads = {"fp32": copy.deepcopy(head32).train(),
+           "bf16": copy.deepcopy(head_bf).train()}
+  batches = Batches(seed, rows)
+  first = batches()
+  dry = copy.deepcopy(heads["bf16"])  # rows the bf16 model already solves
+  with torch.no_grad():
+    _, _, _, out, _ = dry(carry=dry.initial_carry(to_torch(first)),
+                          batch=to_torch(first), return_keys=["preds"])
+  preds = out["preds"].numpy()
+  first["labels"][0] = preds[0]
+  first["labels"][3] = preds[3]
+  call = _our_call_fn(model, rows)
+  carry_o = trm_model.empty_carry(cfg, rows)
+  carries = {"fp32": None, "bf16": None}
+  keys = ("logits", "q_halt", "q_cont", "z_H", "z_L", "loss", "lm_loss",
+          "q_halt_loss", "halted", "preds", "solved", "puzzle_grads") + tuple(
+              names)
+  rec = {side: {k: [] for k in keys} for side in ("ours", "fp32", "bf16")}
+  for i in range(6):
+    batch = first if i == 0 else batches()
+    rng = jax.random.PRNGKey(seed * 1000 + i)
+    (carry_o, outs_o, metrics_o, loss_o), (grads_o, pgrads_o) = call(
+        state.params, state.buffers, state.puzzle_emb["weights"], carry_o,
+        batch, rng)
+    u, r = _draws(rng, rows, cfg.halt_max_steps)
+    grads_o = flat_tree(grads_o)
+    got = rec["ours"]
+    for k, v in (("logits", outs_o["logits"]),
+                 ("q_halt", outs_o["q_halt_logits"]),
+                 ("q_cont", outs_o["q_continue_logits"]),
+                 ("z_H", carry_o.z_H), ("z_L", carry_o.z_L), ("loss", loss_o),
+                 ("lm_loss", metrics_o["lm_loss"].total),
+                 ("q_halt_loss", metrics_o["q_halt_loss"].total),
+                 ("halted", carry_o.halted), ("puzzle_grads", pgrads_o)):
+      got[k].append(_np32(v))
+    got["preds"].append(_np32(outs_o["logits"]).argmax(-1))
+    got["solved"].append(_solved(got["preds"][-1], np.asarray(carry_o.labels)))
+    for k in names:
+      got[k].append(_np32(grads_o[k]))
+    for side, head in heads.items():
+      head.zero_grad(set_to_none=True)
+      head.model.inner.puzzle_emb.local_weights.grad = None
+      if carries[side] is None:
+        carries[side] = head.initial_carry(to_torch(batch))
+      with (forced_draws(u, r) if explore > 0 else contextlib.nullcontext()):
+        carry_u, loss_u, metrics_u, outs_u, _ = head(
+            carry=carries[side], batch=to_torch(batch),
+            return_keys=["logits", "q_halt_logits", "q_continue_logits",
+                         "preds"])
+      ((1 / rows) * loss_u).backward()
+      carries[side] = carry_u
+      rec[side]["preds"].append(outs_u["preds"].numpy())
+      rec[side]["solved"].append(_solved(
+          rec[side]["preds"][-1], carry_u.current_data["labels"].numpy()))
+      got = rec[side]
+      for k, v in (("logits", outs_u["logits"]),
+                   ("q_halt", outs_u["q_halt_logits"]),
+                   ("q_cont", outs_u["q_continue_logits"]),
+                   ("z_H", carry_u.inner_carry.z_H),
+                   ("z_L", carry_u.inner_carry.z_L), ("loss", loss_u),
+                   ("lm_loss", metrics_u["lm_loss"]),
+                   ("q_halt_loss", metrics_u["q_halt_loss"]),
+                   ("halted", carry_u.halted),
+                   ("puzzle_grads",
+                    head.model.inner.puzzle_emb.local_weights.grad)):
+        got[k].append(_np32(v))
+      up_g = _upstream_grads(head, names)
+      for k in names:
+        got[k].append(np.asarray(up_g[k], np.float32))
+    # One trajectory: every program continues from upstream bf16's halts.
+    ref = carries["bf16"].halted
+    carries["fp32"] = dataclasses.replace(carries["fp32"], halted=ref.clone())
+    carry_o = carry_o.replace(halted=jnp.asarray(ref.numpy()))
+  stack = {side: {k: np.stack(v) for k, v in d.items()}
+           for side, d in rec.items()}
+  o, b, f = stack["ours"], stack["bf16"], stack["fp32"]
+  items = lambda ks: [(k, o[k], b[k], f[k]) for k in ks]  # noqa: E731
+  t = f"{tag} bf16 train{' explore' if explore else ''}"
+  ck.add(bf16_compare(f"{t} logits, q_halt/continue, z_H/z_L",
+                      items(("logits", "q_halt", "q_cont", "z_H", "z_L"))))
+  # q_halt_loss (and the loss) target "row solved", the argmax of the bf16
+  # logits on every labelled cell: a near-tie flipped by rounding changes
+  # a row's target, so those are compared on the calls where every row's
+  # target agrees (the argmax line below says how many cells differ).
+  same = [i for i in range(len(b["solved"]))
+          if (o["solved"][i] == b["solved"][i]).all()
+          and (f["solved"][i] == b["solved"][i]).all()]
+  pick = lambda a, k: a[k][same]  # noqa: E731
+  picked = lambda ks: [(k, pick(o, k), pick(b, k), pick(f, k))  # noqa: E731
+                       for k in ks]
+  calls = len(b["solved"])
+  on = (f"on the {len(same)} of {calls} calls where every row's 'solved' "
+        "target agrees" if len(same) < calls else "")
+  ck.add(bf16_compare(
+      f"{t} loss, lm_loss, q_halt_loss",
+      [("lm_loss", o["lm_loss"], b["lm_loss"], f["lm_loss"])]
+      + picked(("loss", "q_halt_loss")),
+      note=f"loss, q_halt_loss {on}" if on else ""))
+  ck.add(bf16_compare(f"{t} grads ({len(names)} params, puzzle rows)",
+                      picked(tuple(names) + ("puzzle_grads",)), note=on))
+  # Decisions. Borderline: within what the bf16 bound on that tensor
+  # allows (|q_halt| within the q_halt bound of 0; a logit gap within twice
+  # the logits bound).
+  q_bound = bf16_compare("q", items(("q_halt",))).tol
+  borderline = q_bound * float(np.abs(b["q_halt"]).max())
+  own = int((f["halted"] == b["halted"]).sum())
+  ck.add(decision_check(
+      f"{t} halting decisions (row, call)", o["halted"], b["halted"],
+      b["q_halt"], borderline, f"{own} of {b['halted'].size} agree",
+      what="|upstream q_halt|"))
+  logits_bound = bf16_compare("logits", items(("logits",))).tol
+  gap = (np.take_along_axis(b["logits"], b["preds"][..., None], -1)
+         - np.take_along_axis(b["logits"], o["preds"][..., None], -1))[..., 0]
+  own = int((f["preds"] == b["preds"]).sum())
+  ck.add(decision_check(
+      f"{t} argmax of the logits (call, row, cell)", o["preds"], b["preds"],
+      gap, 2 * logits_bound * float(np.abs(b["logits"]).max()),
+      f"{own} of {b['preds'].size} agree",
+      what="upstream's top-1 minus the logit ours picked"))
+
+
+def _solved(preds, labels):
+  """Rows whose every labelled cell is predicted (upstream's seq_is_correct;
+  a row without labels counts as solved)."""
+  mask = labels != -100
+  return ((preds == labels) | ~mask).all(-1)
+
+
+def check_bf16_optimizer(ck, tag, head32, head_bf, model, state, tx, config,
+                         rows, seed):
+  """3 steps of upstream pretrain.train_batch in bf16 (and in float32, for
+  upstream's own distance) against our bf16 steps.train_step: parameters,
+  EMA, puzzle table. All three follow upstream bf16's halting decisions."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import pretrain  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import optim as trm_optim  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import steps as trm_steps  # pylint: disable=g-import-not-at-top
+  oc, cfg = config.optim, model.cfg
+  batches = Batches(seed + 3, rows)
+  data = [batches() for _ in range(3)]
+  sides = {k: _upstream_trainer(copy.deepcopy(h).train(), config, rows,
+                                data[0])
+           for k, h in (("fp32", head32), ("bf16", head_bf))}
+  step_fn = jax.jit(lambda s, b: trm_steps.train_step(
+      s, b, model=model, tx=tx, optim_config=oc,
+      total_steps=config.total_steps, global_batch_size=rows))
+  flips = total = 0
+  for batch in data:
+    rng = jax.random.fold_in(state.rng, state.step)
+    u, r = _draws(rng, rows, cfg.halt_max_steps)
+    for pc, ts, ema in sides.values():
+      with cpu_cuda(), forced_draws(u, r):
+        pretrain.train_batch(pc, ts, to_torch(batch), rows, rank=0,
+                             world_size=1)
+      ema.update(ts.model)
+    state, _ = step_fn(state, batch)
+    ref = sides["bf16"][1].carry.halted
+    flips += int((np.asarray(state.carry.halted) != ref.numpy()).sum())
+    total += ref.numel()
+    ts32 = sides["fp32"][1]
+    ts32.carry = dataclasses.replace(ts32.carry, halted=ref.clone())
+    state = state.replace(carry=state.carry.replace(
+        halted=jnp.asarray(ref.numpy())))
+  state = jax.device_get(state)
+  names = upstream_name_map(cfg)
+  ours, ours_ema = flat_tree(state.params), flat_tree(state.ema_params)
+  up = {}
+  for side, (_, ts, ema) in sides.items():
+    inner = dict(ts.model.model.inner.named_parameters())
+    get = lambda n, t, src: (src[n].detach().float().numpy().T if t  # noqa: E731
+                             else src[n].detach().float().numpy())
+    up[side] = {k: get(n, t, inner) for k, (n, t) in names.items()}
+    shadow = {n: ema.shadow["model.inner." + n] for _, (n, _) in names.items()}
+    up[side].update({k + " ema": get(n, t, shadow)
+                     for k, (n, t) in names.items()})
+    up[side]["table"] = ts.model.model.inner.puzzle_emb.weights.float().numpy()
+  mine = dict(ours)
+  mine.update({k + " ema": ours_ema[k] for k in names})
+  mine["table"] = np.asarray(state.puzzle_emb["weights"])
+  # Floor: one flipped sign-like step. AdamATan2's first update is
+  # lr_1 * atan(1 - b1) / (1 - b1) * sign(g) (~lr_1) whatever |g|, and the
+  # puzzle table's sign-SGD every step's lr * sign(g): a gradient element
+  # that bf16 rounds across 0 moves that parameter by twice the step.
+  schedule = trm_optim.lr_schedule(oc.lr, oc.warmup_steps, config.total_steps,
+                                   oc.lr_min_ratio)
+  lr1 = float(schedule(0))
+  emb_lr = max(float(trm_optim.lr_schedule(
+      oc.puzzle_emb_lr, oc.warmup_steps, config.total_steps,
+      oc.lr_min_ratio)(i)) for i in range(3))
+  flip = lambda k: 2 * (emb_lr if k == "table" else lr1)  # noqa: E731
+  ck.add(bf16_compare(
+      f"{tag} bf16 3 train_batch params, EMA, puzzle table",
+      [(k, mine[k], up["bf16"][k], up["fp32"][k],
+        max(BF16_FLOOR, flip(k) / float(np.abs(up["bf16"][k]).max())))
+       for k in up["bf16"]],
+      note=f"floor: one flipped first step, 2 x lr_1 = {2 * lr1:.1e} "
+      f"(table: 2 x puzzle lr = {2 * emb_lr:.1e}) over max |param|; halting "
+      f"decisions: {total - flips} of {total} agree"))
+
+
 # --------------------------------------------------------------- main
+
+
+def check_float32(ck, variant, explore, config, head, path, args,
+                  optimizer, workdir):
+  """The float32 checks of one variant and exploration setting."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import trm_torch  # pylint: disable=g-import-not-at-top
+  model, tx, state = make_ours(config, path, args.perturb, args.batch)
+  port = trm_torch.TorchTRM(
+      model.cfg, jax.device_get(state.params),
+      jax.device_get(state.buffers),
+      np.asarray(state.puzzle_emb["weights"]), config.optim,
+      config.total_steps)
+  if explore == 0.0:
+    check_weights(ck, variant, head, model, state, workdir)
+  check_train(ck, variant, head, model, state, port, args.batch,
+              args.seed, explore)
+  if explore == 0.0:
+    eval_config = load_config(variant, 0.0, halt_max_steps=16)
+    eval_head = build_upstream(eval_config, args.batch, args.seed)
+    eval_head.load_state_dict(head.state_dict())
+    eval_model, _, eval_state = make_ours(eval_config, path,
+                                          args.perturb, args.batch)
+    for pad_row in (False, True):
+      check_eval(ck, variant, eval_head, eval_model, eval_state,
+                 args.batch, args.seed, pad_row)
+  if optimizer:
+    check_optimizer(ck, f"{variant}{' explore' if explore else ''}",
+                    head, model, state, tx, config, port, args.batch,
+                    args.seed)
+  else:
+    ck.skip(f"{variant} optimizer", "no --adam_atan2_dir and no "
+            "importable adam_atan2")
+
+
+def check_bfloat16(ck, variant, explore, head, path, args, optimizer):
+  """The bf16 checks of one variant and exploration setting: upstream's
+  model rebuilt with forward_dtype bfloat16 on the same float32 weights,
+  ours from the same checkpoint with forward_dtype bfloat16."""
+  config = bf16_config(variant, explore)
+  head_bf = build_upstream_like(head, config, args.batch)
+  model, tx, state = make_ours(config, path, args.perturb, args.batch)
+  if explore == 0.0:
+    check_bf16_weights(ck, variant, head_bf, state)
+  check_bf16_train(ck, variant, head, head_bf, model, state, args.batch,
+                   args.seed, explore)
+  if explore == 0.0:
+    if optimizer:
+      check_bf16_optimizer(ck, variant, head, head_bf, model, state, tx,
+                           config, args.batch, args.seed)
+    else:
+      ck.skip(f"{variant} bf16 optimizer", "no --adam_atan2_dir and no "
+              "importable adam_atan2")
 
 
 def main(argv=None) -> int:
@@ -749,7 +1174,6 @@ def main(argv=None) -> int:
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
   sys.path.insert(0, os.path.join(ROOT, "benchmarks", "reference"))
-  import trm_torch  # pylint: disable=g-import-not-at-top
   stub = getattr(sys.modules.get("adam_atan2"), "__shim__", False)
   optimizer = bool(args.adam_atan2_dir) or (
       not stub and importlib.util.find_spec("adam_atan2") is not None)
@@ -758,11 +1182,14 @@ def main(argv=None) -> int:
   if args.adam_atan2_dir:
     print(f"adam-atan2 imoneoi/adam-atan2 {git_commit(args.adam_atan2_dir)} "
           "(reference math via a stand-in backend)")
-  print(f"torch {torch.__version__}, jax {jax.__version__}, float32, batch "
+  print(f"torch {torch.__version__}, jax {jax.__version__}, "
+        f"{args.dtypes.replace(',', ' and ')} forward, batch "
         f"{args.batch}, seq 81 + 16 prefix, vocab {VOCAB}, "
         f"{NUM_PUZZLES} puzzle ids; tolerances are max|diff| / max|upstream| "
-        "per tensor")
+        "per tensor; bf16: each tensor within "
+        f"{BF16_FACTOR:g} x upstream's own bf16-vs-fp32 max_rel + 2^-9")
   ck = Checker()
+  dtypes = [d for d in args.dtypes.split(",") if d]
   with tempfile.TemporaryDirectory() as workdir:
     for variant in [v for v in args.variants.split(",") if v]:
       for explore in (0.0, 0.5):
@@ -777,32 +1204,11 @@ def main(argv=None) -> int:
         head = build_upstream(config, args.batch, args.seed)
         path = os.path.join(workdir, f"{variant}.pt")
         torch.save(head.state_dict(), path)
-        model, tx, state = make_ours(config, path, args.perturb, args.batch)
-        port = trm_torch.TorchTRM(
-            model.cfg, jax.device_get(state.params),
-            jax.device_get(state.buffers),
-            np.asarray(state.puzzle_emb["weights"]), config.optim,
-            config.total_steps)
-        if explore == 0.0:
-          check_weights(ck, variant, head, model, state, workdir)
-        check_train(ck, variant, head, model, state, port, args.batch,
-                    args.seed, explore)
-        if explore == 0.0:
-          eval_config = load_config(variant, 0.0, halt_max_steps=16)
-          eval_head = build_upstream(eval_config, args.batch, args.seed)
-          eval_head.load_state_dict(head.state_dict())
-          eval_model, _, eval_state = make_ours(eval_config, path,
-                                                args.perturb, args.batch)
-          for pad_row in (False, True):
-            check_eval(ck, variant, eval_head, eval_model, eval_state,
-                       args.batch, args.seed, pad_row)
-        if optimizer:
-          check_optimizer(ck, f"{variant}{' explore' if explore else ''}",
-                          head, model, state, tx, config, port, args.batch,
-                          args.seed)
-        else:
-          ck.skip(f"{variant} optimizer", "no --adam_atan2_dir and no "
-                  "importable adam_atan2")
+        if "float32" in dtypes:
+          check_float32(ck, variant, explore, config, head, path, args,
+                        optimizer, workdir)
+        if "bfloat16" in dtypes:
+          check_bfloat16(ck, variant, explore, head, path, args, optimizer)
   return ck.finish(args.json, upstream_commit=git_commit(args.upstream_dir))
 
 if __name__ == "__main__":

@@ -102,3 +102,62 @@ def test_perturb_changes_one_parameter():
   np.testing.assert_allclose(moved["q_head/bias"], 1e-2)
   with pytest.raises(SystemExit, match="--perturb=nothing"):
     upstream_trm.perturb_params(params, "nothing")
+
+
+def test_refuses_bad_dtypes(capsys, tmp_path):
+  up = _fake_upstream(tmp_path / "up")
+  _refused(capsys, [f"--upstream_dir={up}", "--dtypes=float16"], "--dtypes")
+  _refused(capsys, [f"--upstream_dir={up}", "--dtypes=,"], "--dtypes")
+
+
+def test_bf16_rule_against_upstreams_own_distance():
+  """ours-vs-upstream bf16 passes within 2 x upstream's own bf16-vs-fp32
+  max_rel + floor, per tensor, and fails beyond it."""
+  x = np.linspace(-1, 1, 64)
+  own = 1e-2  # upstream's bf16 run 1e-2 (relative) from its fp32 run
+  fp32 = x + own * np.sign(x)
+  floor = upstream_trm.BF16_FLOOR
+  bound = 2 * own + floor
+  ok = upstream_trm.bf16_compare("ok", [("t", x + 0.99 * bound, x, fp32)])
+  assert ok.passed and ok.status == "PASS"
+  assert ok.tol == pytest.approx(bound)
+  assert "upstream bf16 vs its fp32 1.000e-02" in ok.note
+  bad = upstream_trm.bf16_compare("bad", [("t", x + 1.01 * bound, x, fp32)])
+  assert not bad.passed and bad.status == "FAIL"
+  # Each tensor against its own distance: a tensor upstream computes
+  # exactly in bf16 gets the floor only, whatever the others' distances.
+  mixed = upstream_trm.bf16_compare(
+      "mixed", [("noisy", x + 0.5 * bound, x, fp32),
+                ("exact", x + 2 * floor, x, x)])
+  assert not mixed.passed and mixed.note.startswith("worst: exact")
+  # An item's own floor replaces the default one.
+  assert upstream_trm.bf16_compare(
+      "own floor", [("t", x + 0.05, x, x, 0.06)]).passed
+  assert not upstream_trm.bf16_compare(
+      "shape", [("t", x[:3], x, fp32)]).passed
+  assert not upstream_trm.bf16_compare(
+      "nan", [("t", np.full_like(x, np.nan), x, fp32)]).passed
+
+
+def test_decision_check_pass_info_fail():
+  theirs = np.array([True, False, True, False])
+  q = np.array([3.0, -2.0, 0.01, -4.0])
+  same = upstream_trm.decision_check("same", theirs.copy(), theirs, q, 0.1,
+                                     "4 of 4 agree")
+  assert same.passed and same.status == "PASS" and same.scored
+  assert same.figures == "4 of 4 agree"
+  near = theirs.copy()
+  near[2] = False  # flipped where |q| = 0.01: within the borderline
+  info = upstream_trm.decision_check("near", near, theirs, q, 0.1, "")
+  assert info.status == "INFO" and not info.scored
+  assert info.figures == "3 of 4 agree"
+  far = theirs.copy()
+  far[0] = False  # flipped where |q| = 3: a real difference
+  fail = upstream_trm.decision_check("far", far, theirs, q, 0.1, "")
+  assert fail.status == "FAIL" and not fail.passed
+
+
+def test_solved_rows():
+  labels = np.array([[1, 2, -100], [1, 2, 3], [-100, -100, -100]])
+  preds = np.array([[1, 2, 9], [1, 2, 4], [5, 5, 5]])
+  assert upstream_trm._solved(preds, labels).tolist() == [True, False, True]  # pylint: disable=protected-access
