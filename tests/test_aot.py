@@ -1,6 +1,7 @@
 """TPU compile checks on a CPU host (libtpu compile-only devices)."""
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -250,6 +251,36 @@ def test_tiny_gpt_train_step_compiles_for_v4_8():
   assert report["global_batch_size"] == 16
   assert report["fits"] and 0 < report["total_gib"] < 1
   assert report["train_flops_per_step"] > 0
+
+
+def test_gpt_lm_head_gathers_its_own_bfloat16_table_for_v4_8():
+  """Under FSDP the tied table is gathered twice: in float32 for the token
+  lookup, cast shard by shard and gathered in bfloat16 for the LM head.
+  Cast after the gather, XLA made one float32 gather serve both and kept
+  that whole float32 table live from the lookup to the loss, across the
+  layers' backward: 1.8 GiB per chip of the MaxText 32B's 17.0 GiB on
+  v5e-256 (BUILD_NOTES, "Another chip: MaxText's v5e runs")."""
+  from trm import families  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                  "maxtext16b")
+  config.update(dict(n_layer=2, n_head=2, n_embd=256, block_size=64,
+                     batch_size=8))
+  config.model.update(head_size=128, mlp_size=512, attention="dot")
+  devices = topology.topology_devices(aot.parse_topology("v4-8"), 1)
+  ctx = mesh_lib.ShardingContext.from_config(config, devices)
+  program = families.program(config.model.name).build(config, ctx, None)
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  text = task_lib.compile_train_step(program, ctx, 8, abstract,
+                                     shardings).as_text()
+  table = r"\[32768,256\]"  # [vocab, n_embd], whole
+  gathers = re.findall(rf"= (\w+){table}\S* all-gather\(", text)
+  assert sorted(gathers) == ["bf16", "f32"], gathers
+  # The float32 table feeds only the lookup, not the head's bfloat16 copy.
+  name = re.search(rf"%(\S+) = f32{table}\S* all-gather\(", text).group(1)
+  head_copy = rf"bf16{table}\S* (convert|fusion)\(%{re.escape(name)}\)"
+  assert not re.search(head_copy, text)
 
 
 def _tiny_dream_config():
