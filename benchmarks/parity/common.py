@@ -40,6 +40,10 @@ The pieces:
                    "a/b/c"); different leaf sets FAIL.
   compare_exact    (ours, theirs) pairs compared element by element: "N of M
                    differ" (a pair of different shapes: all of it differs).
+  draw_test        our draws [R, N] against upstream's probabilities [R, V]:
+                   a chi-square test per row (Bonferroni over the run's
+                   rows); a draw where upstream's probability is 0, or a
+                   likely token never drawn, fails.
   Report           prints each check's line as it is added, `skip`s,
                    `finish` prints "N of M checks passed" (INFO and SKIP
                    lines not counted; the failed names after), writes
@@ -321,3 +325,69 @@ class Report:
         json.dump({**header, "checks": [c.to_json() for c in self.checks]},
                   f, indent=1, default=str)
     return 1 if self.failed else 0
+
+
+# ------------------------------------------------------- draws vs probs
+
+
+def draw_test(name: str, draws, probs, *, alpha: float = 1e-6,
+              tests: int = 1, note: str = "") -> Check:
+  """Our sampler's draws against upstream's distributions: one Pearson
+  chi-square test per row of `probs` ([R, V], upstream's probabilities
+  after its filters) on `draws` ([R, N] token ids, N draws per row), bins
+  of expected count < 5 pooled into one. A row fails when its p-value is
+  below alpha / tests (Bonferroni over `tests` rows in the whole run),
+  when any draw lands where upstream's probability is 0, or
+  when a token upstream keeps is never drawn although the chance of that,
+  (1 - p)^N, is below alpha / tests / V (a dropped token is caught once its
+  expected count exceeds ln(tests * V / alpha), about 25 draws here; the
+  chi-square catches smaller shifts spread over many tokens). A correct
+  sampler fails anywhere in the run with probability <= 2 alpha (the
+  chi-square's asymptotic tail; bins of expected count < 5 pooled).
+  Figures: the smallest p-value, draws outside, likely tokens never drawn;
+  the largest total-variation distance is kept in `values`."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  probs = np.asarray(probs, np.float64)
+  draws = np.asarray(draws)
+  level = alpha / max(1, tests)
+  min_p, max_tv, outside, bad_rows, failed = 1.0, 0.0, 0, 0, []
+  missing = 0
+  for row, (p, d) in enumerate(zip(probs, draws)):
+    p = p / p.sum()
+    n = d.size
+    counts = np.bincount(d.ravel(), minlength=p.size).astype(np.float64)
+    out = int(counts[p <= 0].sum())
+    # Coverage: a kept token never drawn although P(0 of n) < level / V.
+    never = (counts == 0) & (p > 0)
+    p_zero = np.exp(n * np.log1p(-np.minimum(p, 1 - 1e-16)))
+    gone = int((never & (p_zero < level / p.size)).sum())
+    missing += gone
+    expected = n * p
+    big = expected >= 5
+    obs = list(counts[big])
+    exp = list(expected[big])
+    rest = (p > 0) & ~big
+    if rest.any():
+      obs.append(counts[rest].sum())
+      exp.append(expected[rest].sum())
+    obs, exp = np.array(obs), np.array(exp)
+    chi2 = float(((obs - exp) ** 2 / exp).sum())
+    pval = float(stats.chi2.sf(chi2, max(1, obs.size - 1))) if (
+        obs.size > 1) else 1.0
+    tv = 0.5 * float(np.abs(counts / n - p).sum())
+    min_p, max_tv = min(min_p, pval), max(max_tv, tv)
+    outside += out
+    if out > 0 or gone > 0 or pval < level:
+      bad_rows += 1
+      failed.append(row)
+  passed = bad_rows == 0
+  said = (f"{draws.shape[0]} rows x {draws[0].size} draws; false alarm "
+          f"<= {2 * alpha:.0e} over {tests} rows"
+          + (f"; {bad_rows} rows fail" if bad_rows else ""))
+  return Check(name, passed, tol=f"p>={level:.0e}",
+               figures=f"min p {min_p:.1e} out {outside} unseen {missing}",
+               note="; ".join(filter(None, [said, note])),
+               values={"min_p": min_p, "max_tv": max_tv,
+                       "outside": outside, "missing": missing,
+                       "bad_rows": bad_rows,
+                       "failed_rows": failed})

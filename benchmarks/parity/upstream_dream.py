@@ -2,7 +2,7 @@ r"""Dream / DiffuCoder: our JAX port against upstream's own PyTorch code.
 
   python3 benchmarks/parity/upstream_dream.py --upstream_dir=DLLM_CHECKOUT \
       [--upstream_git=DLLM_GIT_DIR] [--json=PATH] \
-      [--checks=forward,sampling,loss,reference] [--perturb]
+      [--checks=forward,sampling,loss,reference,draws] [--perturb]
 
 `--upstream_dir` is a checkout of ZHZisZZ/dllm (its Dream HF remote code,
 `dllm/pipelines/dream/models/{configuration_dream,modeling_dream,
@@ -57,12 +57,35 @@ config.json) and read back by both: upstream's `from_pretrained` and our
              tolerance that covers the 1e-6; the raw ratio is printed.
   reference  benchmarks/reference/dream_torch_sampler.py (our spec-written
              port) vs upstream: logits and sampled tokens.
+  draws      sampling at temperature > 0, which cannot match token for
+             token (torch's and JAX's RNGs differ), compared by
+             distribution: on random logits (vocab 300, rows with exact
+             ties, ties at the top, near-ties ERR) for
+             temperature 0.5/1.0/1.3 x top_p None/0.9/0.95 x top_k
+             None/20, upstream's `sample_tokens` runs with
+             torch.distributions.Categorical replaced by a stand-in that
+             records the probabilities it is given and returns OUR token.
+             Checked: the kept sets (upstream's probability > 0 vs
+             `token_draws.token_probs`'s) and the probabilities (float32);
+             the confidence ours returns for the tokens our `sample_tokens`
+             drew against upstream's for the same tokens (maskgit_plus,
+             topk_margin, entropy); and 2,000 draws per row (22,000 per
+             setting) of ours against upstream's probabilities
+             (common.draw_test: a chi-square test per row, false alarm <=
+             1e-6 over the run). Exact ties cut by top-p are
+             implementation-defined in upstream (torch.sort on CPU is not
+             stable; ours keeps the lowest ids): such rows must keep the
+             same number of tokens of the tied value, are compared as
+             sorted probabilities, and are tested by tie class. Rows where
+             top_p is within 1e-5 of a cumulative sum (float32 near-ties:
+             1-ulp roundings decide) are counted, not compared.
 
 Each check prints one line in common.py's format: name, max abs diff, max
 rel diff (relative to the larger side's max |value|) or "N of M differ" for
 tokens, tolerance, PASS/FAIL (INFO: reported, not scored), a note.
 Exits 1 if any check fails, 2 on a bad flag. `--perturb` adds 1e-3 to one
-of OUR weights (layer 0's q_proj bias) after loading: checks must FAIL.
+of OUR weights (layer 0's q_proj bias) after loading: checks must FAIL
+(the draws check: ours applies the temperature twice).
 """
 from __future__ import annotations
 
@@ -85,7 +108,7 @@ MODEL_FILES = ("configuration_dream.py", "modeling_dream.py",
                "generation_utils.py")
 TRAINER_FILES = ("dllm/core/trainers/mdlm.py", "dllm/pipelines/dream/trainer.py")
 NESTED = "dllm/pipelines/dream/models"
-CHECKS = ("forward", "sampling", "loss", "reference")
+CHECKS = ("forward", "sampling", "loss", "reference", "draws")
 
 # Float tolerances, relative to the larger side's max |value| (float32).
 TOL_LOGITS = 1e-5
@@ -659,6 +682,214 @@ def check_sampling(up, up_model, ours: Ours, opts: Options, rng,
   return out
 
 
+DRAW_VOCAB = 300
+DRAW_N = 2000  # per row: 22,000 per setting
+DRAW_ALPHA = 1e-6
+TOL_PROBS = 1e-6  # float32 softmax, relative to the row's largest prob
+NEAR_TIE = 1e-5  # float32 sums of 300 probabilities: a few 1e-7 apart
+
+
+def draw_logits(rng, vocab: int = DRAW_VOCAB):
+  """[R, V] float32 logits for the draws check: plain random rows, a tie
+  among the top entries, integer-rounded rows (many exact ties everywhere,
+  also at the top-p boundary), and rows whose sorted mass reaches 0.9 /
+  0.95 exactly at temperature 1 (near-ties of the cumulative sum at the
+  top-p threshold), plus a row of near-equal logits (1e-6 apart)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rows = [rng.normal(0, 2.0, vocab) for _ in range(3)]
+  tie_top = rng.normal(0, 2.0, vocab)
+  tie_top[10:20] = tie_top.max() + 0.5
+  rows += [tie_top, np.round(rng.normal(0, 2.0, vocab)),
+           np.round(rng.normal(0, 1.0, vocab) * 2) / 2]
+  for head in ([0.45, 0.45], [0.5, 0.3, 0.15], [0.6, 0.3],
+               [0.35, 0.35, 0.25]):
+    rest = (1 - sum(head)) * rng.dirichlet(np.ones(vocab - len(head)))
+    rows.append(np.log(np.concatenate([head, rest])))
+  near = 3.0 + 1e-6 * rng.integers(0, 5, vocab)
+  near[: vocab // 2] = rng.normal(-2, 1, vocab // 2)
+  rows.append(near)
+  return np.stack(rows).astype(np.float32)
+
+
+class _Capture:
+  """Stands in for torch.distributions inside upstream's generation_utils:
+  `Categorical(probs=...)` records the probabilities and `.sample()`
+  returns the token set in `token` (ours)."""
+
+  def __init__(self):
+    self.probs = None
+    self.token = None
+    capture = self
+
+    class Categorical:  # pylint: disable=too-few-public-methods
+      def __init__(self, probs=None, logits=None):
+        del logits
+        capture.probs = probs.detach().clone()
+
+      def sample(self):
+        return capture.token
+    self.Categorical = Categorical  # pylint: disable=invalid-name
+
+
+def near_tie_rows(scaled, top_p):
+  """Rows where top_p lies within NEAR_TIE of a cumulative sum of the
+  descending float64 probabilities: there 1-ulp roundings of either side's
+  float32 sums decide whether the next token is kept (and ours may decide
+  differently for another batch shape)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if top_p is None:
+    return []
+  x = scaled.astype(np.float64)
+  p = np.exp(x - x.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  cum = np.cumsum(-np.sort(-p, -1), -1)
+  return [int(r) for r in np.nonzero(
+      (np.abs(cum - top_p) <= NEAR_TIE).any(-1))[0]]
+
+
+def classify_rows(scaled, ours, theirs, top_p):
+  """Rows whose kept sets differ, as (split, bad): `split`, an exact tie
+  cut by top-p (every differing token has one logit value and both keep as
+  many tokens of it: which ones is torch.sort's order upstream, lowest ids
+  ours); `bad`, any other difference outside `near_tie_rows`."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  kept_a, kept_b = ours > 0, theirs > 0
+  near = near_tie_rows(scaled, top_p)
+  split, bad = [], []
+  for r in np.nonzero((kept_a != kept_b).any(-1))[0]:
+    if r in near:
+      continue
+    diff = kept_a[r] != kept_b[r]
+    row = scaled[r]
+    values = np.unique(row[diff])
+    if values.size == 1 and (
+        (kept_a[r] & (row == values[0])).sum()
+        == (kept_b[r] & (row == values[0])).sum()):
+      split.append(int(r))
+    else:
+      bad.append(int(r))
+  return split, bad
+
+
+def tie_classes(logits, draws, probs):
+  """(draws, probs) with each token replaced by the first id of its logit
+  value: tied tokens pooled into one bin."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  _, first, inverse = np.unique(logits, return_index=True,
+                                return_inverse=True)
+  ids = first[inverse.ravel()]
+  pooled = np.zeros_like(probs)
+  np.add.at(pooled, ids, probs)
+  return ids[draws], pooled
+
+
+def check_draws(up, opts: Options, rng) -> list[Check]:
+  """Sampling at temperature > 0 by distribution (see `draws` above)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import token_draws  # pylint: disable=g-import-not-at-top
+  logits = draw_logits(rng)
+  rows, vocab = logits.shape
+  settings = [(t, p, k) for t in (0.5, 1.0, 1.3) for p in (None, 0.9, 0.95)
+              for k in (None, 20)]
+  capture = _Capture()
+  real = up.generation.dists
+  up.generation.dists = capture
+  kinds = {"maskgit_plus": {}, "topk_margin": {"margin_confidence": True},
+           "entropy": {"neg_entropy": True}}
+  set_bad = set_total = n_near = 0
+  splits, prob_items, conf_items, all_draws, all_probs = [], [], [], [], []
+  draw_labels = []
+  try:
+    for n_setting, (temp, top_p, top_k) in enumerate(settings):
+      kw = dict(temperature=temp, top_p=top_p, top_k=top_k)
+      ours = np.asarray(token_draws.token_probs(jnp.asarray(logits), **kw))
+      if opts.perturb:  # the self-test: temperature applied twice
+        ours = np.asarray(token_draws.token_probs(
+            jnp.asarray(logits / np.float32(temp)), **kw))
+      confs = {}
+      for kind, flags in kinds.items():
+        conf, x0 = token_draws.sample_tokens(
+            jnp.asarray(logits), jax.random.key(n_setting),
+            conf_kind=kind, **kw)
+        capture.token = torch.as_tensor(np.array(x0), dtype=torch.long)
+        up_conf, up_x0 = up.generation.sample_tokens(
+            torch.as_tensor(logits), **kw, **flags)
+        if not torch.equal(up_x0, capture.token):
+          raise RuntimeError("upstream's sample_tokens did not take the "
+                             "stand-in Categorical's token")
+        confs[kind] = (np.asarray(conf), up_conf.numpy())
+      theirs = capture.probs.numpy()
+      split, bad = classify_rows(logits / np.float32(temp), ours, theirs,
+                                 top_p)
+      near = near_tie_rows(logits / np.float32(temp), top_p)
+      set_total += rows - len(near)
+      set_bad += len(bad)
+      n_near += len(near)
+      splits.append(len(split))
+      label = f"T={temp} top_p={top_p} top_k={top_k}"
+      plain = np.setdiff1d(np.arange(rows), split + near + bad)
+      prob_items.append((label, ours[plain], theirs[plain],
+                         np.broadcast_to(theirs[plain].max(-1, keepdims=True),
+                                         theirs[plain].shape)))
+      if split:
+        prob_items.append((label + " split ties (sorted)",
+                           -np.sort(-ours[split], -1),
+                           -np.sort(-theirs[split], -1),
+                           np.broadcast_to(theirs[split].max(-1,
+                                                             keepdims=True),
+                                           theirs[split].shape)))
+      for kind, (a, b) in confs.items():
+        conf_items.append((f"{kind} {label}", a[plain], b[plain], "larger"))
+      # Draws: DRAW_N per row, one vectorised call.
+      tiled = jnp.asarray(np.repeat(logits, DRAW_N, axis=0))
+      if opts.perturb:
+        tiled = tiled / jnp.float32(temp)
+      _, x0 = token_draws.sample_tokens(
+          tiled, jax.random.key(1000 + n_setting), conf_kind="maskgit_plus",
+          **kw)
+      draws = np.asarray(x0).reshape(rows, DRAW_N)
+      for r in range(rows):
+        if r in near or r in bad:
+          continue
+        d, p = draws[r], theirs[r]
+        if r in split:
+          d, p = tie_classes(logits[r] / np.float32(temp), d, p)
+        all_draws.append(d)
+        draw_labels.append(f"{label} row {r}")
+        all_probs.append(p)
+  finally:
+    up.generation.dists = real
+  n_split = sum(splits)
+  out = [Check(f"draws: kept sets, {len(settings)} settings x {rows} rows",
+               set_bad == 0, figures=f"{set_bad} of {set_total} rows differ",
+               note=f"{n_split} rows with an exact tie cut by top-p (same "
+               "count kept of the tied value; which ones: torch.sort's "
+               f"order); {n_near} rows with a float32 near-tie of the mass "
+               f"at top_p (within {NEAR_TIE:g}): not compared here or "
+               "below",
+               values={"bad": set_bad, "total": set_total,
+                       "split_ties": n_split, "near_ties": n_near})]
+  out.append(common.compare_all(
+      f"draws: probabilities after filters ({len(settings)} settings)",
+      [(lbl, a, b, s) for lbl, a, b, s in prob_items], TOL_PROBS))
+  out.append(common.compare_all(
+      "draws: confidence of our drawn token (3 kinds)", conf_items,
+      TOL_PROBS))
+  test = common.draw_test(
+      f"draws: ours vs upstream's probs, {DRAW_N} per row",
+      np.stack(all_draws), np.stack(all_probs), alpha=DRAW_ALPHA,
+      tests=len(all_draws),
+      note=f"{len(settings)} settings x {rows} rows less near-ties")
+  if test.values["failed_rows"]:
+    test.add_note("failing: " + ", ".join(
+        draw_labels[i] for i in test.values["failed_rows"][:4]))
+  out.append(test)
+  return out
+
+
 def check_loss(trainer, up_model, ours: Ours, opts: Options,
                rng) -> list[Check]:
   """dllm's compute_loss with injected draws vs ours, loss and gradients."""
@@ -821,6 +1052,8 @@ def run_checks(opts: Options, report: common.Report) -> dict:
     if "reference" not in opts.checks:
       new = [c for c in new if not c.name.startswith("port")]
     emit(new)
+  if "draws" in opts.checks:
+    emit(check_draws(up, opts, np.random.default_rng(5)))
   if "loss" in opts.checks:
     if trainer is None:
       report.skip("loss", "--upstream_dir has no dllm trainer files "

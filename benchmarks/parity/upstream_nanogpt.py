@@ -61,7 +61,26 @@ of the change made by the iterations for parameters; "N of M differ" for
 tokens and bytes), the tolerance on the relative figure, PASS or FAIL, the
 worst tensor. Exits 1 when a check fails, 2 on a bad flag. `--perturb=EPS` adds EPS to our copy of ln_f's scale after
 every load, so the comparisons must fail (a self-test). `--checks` picks a
-subset (model,grads,optim,sample,port,data).
+subset (model,grads,optim,sample,port,data,schedule,draws).
+
+  draws   sampling at temperature > 0 by distribution (torch's and JAX's
+          RNGs differ, so tokens cannot match). Once, on random logits
+          (vocab 300; rows of integer logits and a row of 30 equal top
+          logits, so ties at the k-th keep more than k) for temperature
+          0.5/1.0/1.3 x top_k None/1/20/50: upstream's own GPT.generate
+          runs one step on a stand-in model that returns those logits, with
+          torch.multinomial replaced by a recorder that returns OUR token:
+          its kept set (probability > 0) and probabilities against our
+          gpt.model.sampling_probs (the pieces our draw uses), the tokens
+          our _sample drew inside upstream's support, and 2,000 draws per
+          row of our _sample against upstream's probabilities
+          (common.draw_test: chi-square per row, false alarm <= 1e-6 over
+          the run). Per model configuration: our gpt.generate at
+          temperature 0.8 and 1.2 with top_k 20 past block_size, upstream's
+          generate teacher-forced on our tokens (the recorder returns them):
+          every token we drew has upstream probability > 0, and the
+          per-step probabilities from our model (forward on each step's
+          cropped context) against those upstream drew from.
 """
 from __future__ import annotations
 
@@ -89,9 +108,10 @@ for _path in (_REPO, _HERE):  # trm, and common.py beside this file
   if _path not in sys.path:
     sys.path.insert(0, _path)
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
-from common import UsageError, compare, compare_trees  # pylint: disable=g-import-not-at-top,wrong-import-position
+from common import Check, UsageError, compare, compare_trees  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-CHECKS = ("model", "grads", "optim", "sample", "port", "data", "schedule")
+CHECKS = ("model", "grads", "optim", "sample", "port", "data", "schedule",
+          "draws")
 UPSTREAM_FILES = ("model.py", "train.py",
                   os.path.join("data", "shakespeare_char", "prepare.py"))
 DEFAULT_INPUT = os.path.join(_REPO, "..", "shared", "data", "tinyshakespeare",
@@ -112,6 +132,13 @@ OPTIM = dict(learning_rate=6e-3, min_lr=6e-4, warmup_iters=2,
              grad_clip=1.0)
 ACCUM, MICRO_BATCH, STEPS = 3, 4, 4
 WEIGHT_NOISE = 0.25
+# The draws check: random logits, draws per row, the run's false-alarm
+# bound, tolerances on probabilities (relative to the row's largest): from
+# the same logits (float32 rounding), from each model's own logits.
+DRAW_VOCAB, DRAW_N, DRAW_ALPHA = 300, 2000, 1e-6
+TOL_PROBS, TOL_STEP_PROBS = 1e-6, 1e-4
+DRAW_SETTINGS = tuple((t, k) for t in (0.5, 1.0, 1.3)
+                      for k in (None, 1, 20, 50))
 
 
 # ------------------------------------------------------------- flags
@@ -275,6 +302,113 @@ def _batches(rng, n, vocab_real, t):
     out.append((np.ascontiguousarray(stream[:, :-1]),
                 np.ascontiguousarray(stream[:, 1:])))
   return out
+
+
+class _Multinomial:
+  """Replaces torch.multinomial while active: records each probs tensor
+  upstream's generate draws from and returns the next of `tokens` (ours,
+  one [B] array per call) as its [B, 1] draw."""
+
+  def __init__(self, tokens):
+    self.tokens = list(tokens)
+    self.probs = []
+    self._real = None
+
+  def __enter__(self):
+    import torch  # pylint: disable=g-import-not-at-top
+    self._real = torch.multinomial
+
+    def record(probs, num_samples, *a, **k):
+      del a, k
+      if num_samples != 1 or not self.tokens:
+        raise RuntimeError("unexpected torch.multinomial call")
+      self.probs.append(probs.detach().numpy().copy())
+      return torch.as_tensor(np.array(self.tokens.pop(0)),
+                             dtype=torch.long)[:, None]
+    torch.multinomial = record
+    return self
+
+  def __exit__(self, *exc):
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.multinomial = self._real
+
+
+class _FixedLogits:
+  """A stand-in `self` for upstream's GPT.generate: its forward returns the
+  given [B, V] logits at the last position (block_size 1)."""
+
+  def __init__(self, logits):
+    import types  # pylint: disable=g-import-not-at-top
+    self.logits = logits
+    self.config = types.SimpleNamespace(block_size=1)
+
+  def __call__(self, idx):
+    del idx
+    return self.logits[:, None, :].clone(), None
+
+
+def draw_logits(rng, vocab: int = DRAW_VOCAB):
+  """[R, V] float32 logits: random rows, integer-rounded rows (ties
+  everywhere, also at the k-th) and a row whose 30 largest are equal."""
+  rows = [rng.normal(0, 2.0, vocab) for _ in range(3)]
+  rows += [np.round(rng.normal(0, 2.0, vocab)),
+           np.round(rng.normal(0, 1.0, vocab) * 2) / 2]
+  flat_top = rng.normal(0, 2.0, vocab)
+  flat_top[40:70] = flat_top.max() + 0.25
+  rows.append(flat_top)
+  return np.stack(rows).astype(np.float32)
+
+
+def run_draws(report, upstream, perturb: float) -> None:
+  """The logit-level part of the draws check (see the docstring)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+  logits = draw_logits(np.random.default_rng(21))
+  rows = logits.shape[0]
+  kept_pairs, prob_items, all_draws, all_probs = [], [], [], []
+  outside = total = ties_rows = 0
+  for n, (temperature, top_k) in enumerate(DRAW_SETTINGS):
+    mine = logits / np.float32(temperature) if perturb else logits
+    ours = np.asarray(gpt.sampling_probs(jnp.asarray(mine), temperature,
+                                         top_k))
+    drawn = np.asarray(gpt._sample(  # pylint: disable=protected-access
+        jnp.asarray(mine), jax.random.key(n), temperature, top_k))
+    recorder = _Multinomial([drawn])
+    with recorder:
+      upstream.GPT.generate(_FixedLogits(torch.as_tensor(logits)),
+                            torch.zeros(rows, 1, dtype=torch.long), 1,
+                            temperature=temperature, top_k=top_k)
+    theirs = recorder.probs[0]
+    label = f"T={temperature} top_k={top_k}"
+    kept_pairs.append((ours > 0, theirs > 0))
+    if top_k:
+      ties_rows += int(((theirs > 0).sum(-1) > top_k).sum())
+    prob_items.append((label, ours, theirs,
+                       np.broadcast_to(theirs.max(-1, keepdims=True),
+                                       theirs.shape)))
+    outside += int((theirs[np.arange(rows), drawn] <= 0).sum())
+    total += rows
+    tiled = jnp.asarray(np.repeat(mine, DRAW_N, axis=0))
+    many = np.asarray(gpt._sample(  # pylint: disable=protected-access
+        tiled, jax.random.key(1000 + n), temperature, top_k))
+    all_draws += list(many.reshape(rows, DRAW_N))
+    all_probs += list(theirs)
+  settings = f"{len(DRAW_SETTINGS)} settings x {rows} rows"
+  kept = common.compare_exact(f"draws: kept sets ({settings})", kept_pairs,
+                              note=f"{ties_rows} rows where ties at the "
+                              "k-th keep more than k")
+  report.add(kept)
+  report.add(common.compare_all("draws: probabilities after top-k",
+                                prob_items, TOL_PROBS))
+  report.add(common.Check(
+      "draws: our single draws inside upstream's support", outside == 0,
+      figures=f"{outside} of {total} outside", tol="exact"))
+  report.add(common.draw_test(
+      f"draws: ours vs upstream's probs, {DRAW_N} per row",
+      np.stack(all_draws), np.stack(all_probs), alpha=DRAW_ALPHA,
+      tests=len(all_draws), note=settings))
 
 
 def run_case(report, label, vocab_size, bias, args, upstream, get_lr_factory,
@@ -511,6 +645,43 @@ def run_case(report, label, vocab_size, bias, args, upstream, get_lr_factory,
       add(common.compare_exact(f"{label} sample {name} tokens",
                                [(np.asarray(toks), toks_t)]))
 
+  # ---- draws: our sampling at temperature > 0 against upstream's generate
+  if "draws" in checks:
+    prompt = rng.integers(0, vocab_real, size=(2, 5))
+    new = t + 8
+    window = jax.jit(lambda p, x: model.apply({"params": p}, x))
+    for temperature, top_k in ((0.8, None), (1.2, 20)):
+      toks = np.asarray(gpt.generate(
+          model, params, jnp.asarray(prompt, jnp.int32), new,
+          jax.random.key(11), temperature=temperature, top_k=top_k))
+      recorder = _Multinomial([toks[:, 5 + s] for s in range(new)])
+      torch.manual_seed(0)
+      with recorder, torch.no_grad():
+        forced = ref.generate(torch.from_numpy(prompt), new,
+                              temperature=temperature, top_k=top_k).numpy()
+      if not np.array_equal(forced, toks):
+        raise RuntimeError("upstream's generate did not take the recorded "
+                           "tokens")
+      theirs = np.stack(recorder.probs, axis=1)  # [B, new, V]
+      steps = []
+      for s in range(new):
+        c = 5 + s  # context length before step s
+        x = toks[:, :t] if c <= t else toks[:, c - t:c]
+        steps.append(np.asarray(window(params, jnp.asarray(x, jnp.int32)))[
+            :, min(c, t) - 1])
+      ours = np.asarray(gpt.sampling_probs(jnp.asarray(np.stack(steps, 1)),
+                                           temperature, top_k))
+      drawn = np.take_along_axis(theirs, toks[:, 5:, None], -1)[..., 0]
+      name = f"{label} draws T={temperature} top_k={top_k} {new} steps"
+      add(Check(f"{name}: ours in support", bool((drawn > 0).all()),
+                figures=f"{int((drawn <= 0).sum())} of {drawn.size} "
+                "outside", tol="exact",
+                note="upstream's probability of each token we drew"))
+      add(compare(f"{name}: probs", ours, theirs, TOL_STEP_PROBS,
+                  scale=np.broadcast_to(theirs.max(-1, keepdims=True),
+                                        theirs.shape),
+                  note="ours: our model's logits on the same contexts"))
+
   # ---- port: benchmarks/reference/nanogpt_torch.py against model.py
   if "port" in checks and port_module is not None:
     torch.manual_seed(7)
@@ -647,10 +818,12 @@ def run(report, args) -> None:
   with tempfile.TemporaryDirectory() as tmp:
     get_lr_factory = lambda **g: upstream_get_lr(upstream_dir, **g)  # noqa
     port = _port_module() if "port" in checks else None
-    if checks & {"model", "grads", "optim", "sample", "port"}:
+    if checks & {"model", "grads", "optim", "sample", "port", "draws"}:
       for label, vocab, bias in cases:
         run_case(report, label, vocab, bias, args, upstream,
                  get_lr_factory, checks, tmp, port)
+    if "draws" in checks:
+      run_draws(report, upstream, args.perturb)
     if "data" in checks:
       run_data(report, args, upstream_dir, tmp)
     if "schedule" in checks:

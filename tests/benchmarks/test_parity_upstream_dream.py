@@ -194,3 +194,82 @@ def test_stand_in_modules(script):
     sys.meta_path.remove(finder)
     for name in [n for n in sys.modules if n.startswith("no_such_pkg")]:
       del sys.modules[name]
+
+
+# ------------------------------------------------------------ draws check
+
+
+def _softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def _top_p(logits, temperature, top_p, extra=0):
+  """Hand-written top-p distribution (stable descending order): keep a
+  token while the mass ranked before it is <= top_p; `extra` keeps that
+  many tokens more (negative: fewer), the off-by-one stand-ins."""
+  p = _softmax(logits.astype(np.float64) / temperature)
+  order = np.argsort(-p, kind="stable")
+  before = np.cumsum(p[order]) - p[order]
+  n = int((before <= top_p).sum()) + extra
+  out = np.zeros_like(p)
+  out[order[:n]] = p[order[:n]]
+  return out / out.sum()
+
+
+def _draw(rng, probs, n):
+  return np.stack([rng.choice(p.size, size=n, p=p) for p in probs])
+
+
+def test_draw_test_passes_a_right_sampler_and_fails_wrong_ones(script):
+  """The statistical machinery of the draws check: draws from the right
+  distribution pass; temperature applied twice, top-p keeping one token
+  more or one fewer, fail (one wrong stand-in each)."""
+  rng = np.random.default_rng(0)
+  logits = rng.normal(0, 1.0, (4, 60)).astype(np.float32)
+  t, top_p, n = 1.3, 0.9, 2000
+  upstream = np.stack([_top_p(row, t, top_p) for row in logits])
+  test = script.common.draw_test
+  right = test("right", _draw(rng, upstream, n), upstream, tests=4)
+  assert right.passed, right.line()
+  assert right.values["outside"] == right.values["missing"] == 0
+  twice = np.stack([_top_p(row / t, t, top_p) for row in logits])
+  bad = test("twice", _draw(rng, twice, n), upstream, tests=4)
+  assert not bad.passed and bad.values["min_p"] < 1e-8, bad.line()
+  more = np.stack([_top_p(row, t, top_p, extra=1) for row in logits])
+  bad = test("more", _draw(rng, more, n), upstream, tests=4)
+  assert not bad.passed and bad.values["outside"] > 0, bad.line()
+  fewer = np.stack([_top_p(row, t, top_p, extra=-1) for row in logits])
+  bad = test("fewer", _draw(rng, fewer, n), upstream, tests=4)
+  assert not bad.passed and bad.values["missing"] > 0, bad.line()
+  assert "FAIL" in bad.line() and "PASS" in right.line()
+
+
+def test_draws_classify_rows(script):
+  """Kept-set differences: an exact tie cut differently (same count of the
+  tied value) is a split; anything else is bad; near-ties of the mass at
+  top_p are found from the logits alone."""
+  scaled = np.array([[3.0, 1.0, 1.0, 1.0, 0.0]], np.float32)
+  ours = np.array([[0.7, 0.15, 0.15, 0.0, 0.0]])
+  theirs = np.array([[0.7, 0.0, 0.15, 0.15, 0.0]])
+  assert script.classify_rows(scaled, ours, theirs, 0.8) == ([0], [])
+  fewer = np.array([[0.7, 0.0, 0.15, 0.0, 0.0]])
+  assert script.classify_rows(scaled, fewer, theirs, 0.8) == ([], [0])
+  p = np.array([0.45, 0.45, 0.05, 0.05])
+  assert script.near_tie_rows(np.log(p)[None], 0.9) == [0]
+  assert script.near_tie_rows(np.log(p)[None], 0.8) == []
+  assert script.near_tie_rows(np.log(p)[None], None) == []
+  ids, pooled = script.tie_classes(scaled[0], np.array([1, 3, 0]),
+                                   theirs[0])
+  np.testing.assert_array_equal(ids, [1, 1, 0])
+  np.testing.assert_allclose(pooled, [0.7, 0.3, 0, 0, 0])
+
+
+def test_draws_check_is_selectable(script, tmp_path):
+  _fake_upstream(str(tmp_path))
+  opts = script.parse_args([f"--upstream_dir={tmp_path}", "--checks=draws"])
+  assert opts.checks == ("draws",)
+  logits = script.draw_logits(np.random.default_rng(0))
+  assert logits.shape == (11, script.DRAW_VOCAB)
+  assert script.near_tie_rows(logits, 0.9) and script.near_tie_rows(
+      logits, 0.95)  # the rows built to sit on the threshold

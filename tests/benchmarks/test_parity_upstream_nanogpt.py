@@ -3,6 +3,7 @@ flag refusals, the comparison helpers, get_lr's extraction, and a stand-in
 upstream (our spec-written torch port behind model.py's names) on which the
 model checks pass, and fail once --perturb moves one of our weights."""
 import importlib.util
+import io
 import math
 import os
 import textwrap
@@ -149,3 +150,86 @@ def test_model_checks_pass_on_a_faithful_port_and_fail_when_perturbed(
   assert "FAIL" in out.split("v65_bias model plain logits")[1].splitlines()[0]
   assert "checks passed; FAILED:" in out
   assert '"pass": false' in json_path.read_text()
+
+
+# ------------------------------------------------------------ draws check
+
+
+def _top_k_probs(logits, temperature, top_k, extra=0):
+  """nanoGPT's recipe by hand (keep every logit >= the k-th largest);
+  `extra` keeps the `extra` next tokens too (an off-by-one stand-in)."""
+  x = logits.astype(np.float64) / temperature
+  kth = -np.sort(-x, -1)[:, top_k - 1 + extra][:, None]
+  e = np.where(x >= kth, np.exp(x - x.max(-1, keepdims=True)), 0.0)
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_draw_test_fails_wrong_top_k_samplers():
+  rng = np.random.default_rng(1)
+  logits = rng.normal(0, 2.0, (3, 80)).astype(np.float32)  # as draw_logits
+  t, k, n = 1.3, 20, 2000
+  upstream = _top_k_probs(logits, t, k)
+
+  def draw(probs):
+    return np.stack([rng.choice(p.size, size=n, p=p) for p in probs])
+  test = parity.common.draw_test
+  assert test("right", draw(upstream), upstream, tests=3).passed
+  twice = _top_k_probs(logits / t, t, k)
+  assert not test("twice", draw(twice), upstream, tests=3).passed
+  more = _top_k_probs(logits, t, k, extra=1)
+  bad = test("more", draw(more), upstream, tests=3)
+  assert not bad.passed and bad.values["outside"] > 0
+
+
+def test_multinomial_recorder_returns_our_tokens_and_restores():
+  torch = pytest.importorskip("torch")
+  real = torch.multinomial
+  probs = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
+  with parity._Multinomial([np.array([1, 0])]) as rec:
+    out = torch.multinomial(probs, num_samples=1)
+  assert torch.multinomial is real
+  assert out.tolist() == [[1], [0]]
+  np.testing.assert_array_equal(rec.probs[0], probs.numpy())
+  stand_in = parity._FixedLogits(torch.ones(2, 3))
+  logits, loss = stand_in(torch.zeros(2, 1, dtype=torch.long))
+  assert logits.shape == (2, 1, 3) and loss is None
+  assert stand_in.config.block_size == 1
+
+
+def _recipe_generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+  """A stand-in for upstream's GPT.generate, written here from nanoGPT's
+  documented recipe (not its code): crop, scale, top-k, softmax, draw."""
+  import torch  # pylint: disable=g-import-not-at-top
+  for _ in range(max_new_tokens):
+    logits, _ = self(idx[:, -self.config.block_size:])
+    logits = logits[:, -1, :] / temperature
+    if top_k is not None:
+      v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+      logits[logits < v[:, [-1]]] = -float("inf")
+    probs = torch.softmax(logits, dim=-1)
+    idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+  return idx
+
+
+def test_run_draws_passes_on_the_recipe_and_fails_when_perturbed(
+    monkeypatch):
+  pytest.importorskip("torch")
+  import types  # pylint: disable=g-import-not-at-top
+  upstream = types.SimpleNamespace(
+      GPT=types.SimpleNamespace(generate=_recipe_generate))
+  monkeypatch.setattr(parity, "DRAW_SETTINGS", ((0.5, None), (1.3, 20)))
+  report = parity.common.Report(out=io.StringIO())
+  parity.run_draws(report, upstream, 0.0)
+  assert not report.failed, [c.line() for c in report.checks]
+  kept = report.checks[0]
+  assert "ties at the k-th keep more than k" in kept.note
+  assert not kept.note.startswith("0 rows")
+  report = parity.common.Report(out=io.StringIO())
+  parity.run_draws(report, upstream, 1e-3)  # ours: temperature twice
+  assert len(report.failed) >= 2
+
+
+def test_draws_is_a_check(tmp_path):
+  d = _fake_upstream(tmp_path)
+  parity.check_args(parity.parse_args([f"--upstream_dir={d}",
+                                       "--checks=draws"]))

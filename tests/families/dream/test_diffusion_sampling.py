@@ -602,3 +602,61 @@ def test_greedy_tokens_equal_the_pytorch_reference_loop(tmp_path, kw, padded):
                                   **{k: v for k, v in common.items()
                                      if k != "top_k"})
   np.testing.assert_array_equal(ours, theirs)
+
+
+def _numpy_filtered(logits, temperature, top_p, top_k):
+  """The reference's temperature, top-p (stable descending order, keep
+  while the mass before <= top_p) then top-k (>= the k-th of what top-p
+  kept), softmax; float64."""
+  x = logits.astype(np.float64) / temperature
+  out = []
+  for row in x:
+    keep = np.ones(row.size, bool)
+    if top_p is not None:
+      p = np.exp(row - row.max())
+      p /= p.sum()
+      order = np.argsort(-row, kind="stable")
+      before = np.cumsum(p[order]) - p[order]
+      keep[:] = False
+      keep[order[before <= top_p]] = True
+    if top_k is not None:
+      kth = np.sort(np.where(keep, row, -np.inf))[::-1][top_k - 1]
+      keep &= row >= kth
+    e = np.where(keep, np.exp(row - row.max()), 0.0)
+    out.append(e / e.sum())
+  return np.stack(out)
+
+
+@pytest.mark.parametrize("top_p, top_k", [(0.9, None), (None, 20),
+                                          (0.9, 20), (0.6, 50)])
+def test_token_probs_is_the_distribution_sample_tokens_draws_from(
+    top_p, top_k):
+  """token_probs (the draws parity check's view of our sampler) against
+  the reference's recipe by hand, and sample_tokens' draws over many keys
+  inside its support with matching frequencies."""
+  rng = np.random.default_rng(0)
+  logits = rng.normal(0, 2.0, (3, 200)).astype(np.float32)
+  logits[1, 5:9] = logits[1].max() + 0.5  # a tie at the top
+  t = 1.3
+  probs = np.asarray(token_draws.token_probs(
+      jnp.asarray(logits), temperature=t, top_p=top_p, top_k=top_k))
+  want = _numpy_filtered(logits, t, top_p, top_k)
+  np.testing.assert_array_equal(probs > 0, want > 0)
+  np.testing.assert_allclose(probs, want, atol=1e-6)
+  n = 4000
+  _, x0 = token_draws.sample_tokens(
+      jnp.asarray(np.repeat(logits, n, axis=0)), jax.random.key(3),
+      temperature=t, top_p=top_p, top_k=top_k, conf_kind="maskgit_plus")
+  draws = np.asarray(x0).reshape(3, n)
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  for row in range(3):
+    counts = np.bincount(draws[row], minlength=200)
+    assert np.all(counts[probs[row] == 0] == 0)
+    # Pearson chi-square, bins of expected count < 5 pooled: p >= 1e-6.
+    expected = n * probs[row].astype(np.float64)
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    chi2 = ((obs - exp) ** 2 / exp).sum()
+    assert stats.chi2.sf(chi2, obs.size - 1) > 1e-6

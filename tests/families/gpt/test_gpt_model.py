@@ -415,6 +415,27 @@ def test_generate_greedy_matches_reference(t0, steps):
   assert len(np.unique(ref[:, t0:])) > 2
 
 
+def test_sampling_probs_keeps_ties_at_the_kth_and_matches_the_draws():
+  """nanoGPT's crop keeps every logit >= the k-th largest (ties keep more
+  than k); sampling_probs is the softmax _sample draws from."""
+  logits = jnp.array([[4.0, 2.0, 2.0, 2.0, 1.0, 0.0],
+                      [1.0, 3.0, 0.5, 3.0, 3.0, -1.0]])
+  probs = np.asarray(gpt.sampling_probs(logits, 0.5, top_k=2))
+  np.testing.assert_array_equal(probs > 0, [[1, 1, 1, 1, 0, 0],
+                                            [0, 1, 0, 1, 1, 0]])
+  x = np.asarray(logits, np.float64) / 0.5
+  want = np.where(probs > 0, np.exp(x - x.max(-1, keepdims=True)), 0.0)
+  np.testing.assert_allclose(probs, want / want.sum(-1, keepdims=True),
+                             atol=1e-7)
+  n = 20000
+  draws = np.asarray(gpt._sample(jnp.repeat(logits, n, axis=0),
+                                 jax.random.key(5), 0.5, 2)).reshape(2, n)
+  for row in range(2):
+    freq = np.bincount(draws[row], minlength=6) / n
+    assert np.all(freq[probs[row] == 0] == 0)
+    np.testing.assert_allclose(freq, probs[row], atol=0.01)
+
+
 def test_generate_top_k_and_temperature():
   params = _params(std=0.3)
   model = gpt.GPT(TINY)

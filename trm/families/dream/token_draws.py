@@ -125,12 +125,18 @@ def _top_p_keep(values, log_norm, top_p: float):
   return greater | (tie & (mass_greater + tie_before <= target))
 
 
+def _kept_probs(values, keep):
+  """softmax over the kept `values` (the others: the dtype's finfo.min, so
+  probability exactly 0)."""
+  if keep is not None:
+    values = jnp.where(keep, values, jnp.finfo(values.dtype).min)
+  return jax.nn.softmax(values, axis=-1)
+
+
 def _finish(values, ids, keep, key, *, temperature, conf_kind):
   """softmax over the kept `values`, then the token and its confidence."""
   dtype = values.dtype
-  if keep is not None:
-    values = jnp.where(keep, values, jnp.finfo(dtype).min)
-  probs = jax.nn.softmax(values, axis=-1)
+  probs = _kept_probs(values, keep)
   if temperature > 0:
     j = jax.random.categorical(key, jnp.log(probs.astype(jnp.float32)),
                                axis=-1)
@@ -161,12 +167,42 @@ def sample_tokens(logits, key, *, temperature, top_p, top_k, conf_kind):
   entry's probability is exactly 0); top-p alone tries the 64 largest first
   and uses the whole vocabulary only when they do not cover top_p.
   """
+  finish = functools.partial(_finish, key=key, temperature=temperature,
+                             conf_kind=conf_kind)
+  return _filtered(logits, finish, temperature=temperature, top_p=top_p,
+                   top_k=top_k)
+
+
+def token_probs(logits, *, temperature, top_p, top_k):
+  """The distribution `sample_tokens` draws from: [..., vocab] float
+  probabilities of the temperature-scaled, top-p then top-k filtered
+  logits (exactly 0 outside the kept set), computed by the same code path
+  (the candidate blocks' softmax scattered back to vocabulary ids).
+  temperature 0 (greedy) scales nothing."""
+  vocab = logits.shape[-1]
+
+  def dense(values, ids, keep):
+    probs = _kept_probs(values, keep)
+    flat_p = probs.reshape(-1, probs.shape[-1])
+    flat_i = ids.reshape(-1, ids.shape[-1])
+    rows = jnp.arange(flat_p.shape[0])[:, None]
+    out = jnp.zeros((flat_p.shape[0], vocab), probs.dtype)
+    return out.at[rows, flat_i].add(flat_p).reshape(
+        logits.shape[:-1] + (vocab,))
+
+  return _filtered(logits, dense, temperature=temperature, top_p=top_p,
+                   top_k=top_k)
+
+
+def _filtered(logits, finish, *, temperature, top_p, top_k):
+  """`finish(values, ids, keep)` on the temperature-scaled logits after the
+  reference's top-p then top-k, over candidate blocks where that is exact
+  (see `sample_tokens`); finish's outputs must not depend on how many
+  candidates there are (both branches of the cond)."""
   dtype = logits.dtype
   vocab = logits.shape[-1]
   if temperature > 0:
     logits = logits / jnp.asarray(temperature, dtype)
-  finish = functools.partial(_finish, key=key, temperature=temperature,
-                             conf_kind=conf_kind)
   use_top_p = top_p is not None and top_p < 1
   log_norm = (jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
               if use_top_p else None)

@@ -238,6 +238,24 @@ def unstack_layers(params, n_layer: int):
 # ------------------------------------------------------------------ sampling
 
 
+def _top_k_crop(scaled, top_k: int | None):
+  """nanoGPT's crop: entries below the k-th largest of each row set to -inf
+  (k = min(top_k, vocab); entries tied with the k-th are all kept)."""
+  if top_k is None:
+    return scaled
+  k = min(int(top_k), scaled.shape[-1])
+  kth = jax.lax.top_k(scaled, k)[0][..., -1:]
+  return jnp.where(scaled < kth, -jnp.inf, scaled)
+
+
+def sampling_probs(logits, temperature: float, top_k: int | None = None):
+  """The distribution `generate` draws each token from (temperature > 0):
+  softmax of the float32 logits [..., V] divided by `temperature`, after
+  the top-k crop; the same pieces as the draw."""
+  scaled = logits.astype(jnp.float32) / jnp.float32(temperature)
+  return jax.nn.softmax(_top_k_crop(scaled, top_k), axis=-1)
+
+
 def _sample(logits, key, temperature, top_k: int | None):
   """One token per row from logits [B, V] (nanoGPT's recipe), in float32
   whatever config.model.logits_dtype made them."""
@@ -250,11 +268,8 @@ def _sample(logits, key, temperature, top_k: int | None):
   else:  # traced: 0 still means greedy
     temperature = jnp.asarray(temperature, jnp.float32)
     scaled = logits / jnp.where(temperature == 0, 1.0, temperature)
-  if top_k is not None:
-    k = min(int(top_k), logits.shape[-1])
-    kth = jax.lax.top_k(scaled, k)[0][:, -1:]
-    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
-  sampled = jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+  sampled = jax.random.categorical(key, _top_k_crop(scaled, top_k),
+                                   axis=-1).astype(jnp.int32)
   if isinstance(temperature, (int, float)):
     return sampled
   return jnp.where(temperature == 0, greedy, sampled)
