@@ -15,6 +15,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_KINDS = ("dot", "splash", "splash_interpret") + attention_lib.GPU_KINDS
 QKV_PROJECTIONS = ("auto", "fused", "separate")
 NORM_KERNELS = ("xla",) + norm_gpu.KINDS
+HEAD_GATHERS = ("param", "compute")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,13 @@ class GPTConfig(dtypes.ConfigDtypes):
   # (NVIDIA GPUs: one Pallas kernel per add and norm, norm_gpu.py;
   # 'triton_interpret' runs it in Pallas's interpreter, for tests).
   norm_kernel: str = "xla"
+  # How the LM head gathers the FSDP-sharded tied table: 'param' gathers
+  # the stored (float32) table and casts it, so one gather can serve the
+  # token lookup too; 'compute' casts each shard and gathers in the compute
+  # dtype. Which needs less memory depends on XLA's schedule (measured,
+  # BUILD_NOTES "Another chip": v5e 32B 16.42 -> 15.04 GiB per chip, v4 52B
+  # 30.56 -> 32.12).
+  head_gather: str = "param"
 
   def __post_init__(self):
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -106,6 +114,9 @@ class GPTConfig(dtypes.ConfigDtypes):
     if self.qkv_projection not in QKV_PROJECTIONS:
       raise ValueError(f"config.model.qkv_projection={self.qkv_projection!r}"
                        f" must be one of {QKV_PROJECTIONS}.")
+    if self.head_gather not in HEAD_GATHERS:
+      raise ValueError(f"config.model.head_gather={self.head_gather!r} must "
+                       f"be one of {HEAD_GATHERS}.")
     if self.norm_kernel not in NORM_KERNELS:
       raise ValueError(f"config.model.norm_kernel={self.norm_kernel!r} must "
                        f"be one of {NORM_KERNELS}.")

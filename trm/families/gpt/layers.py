@@ -124,18 +124,14 @@ class Embed(nn.Module):
     return linear.matmul_to(x.astype(dtype), table.T, self.cfg.logits_dtype)
 
   def table(self):
-    """The whole [num, C] table in the compute dtype (`attend`'s).
-
-    Cast before the gather (the same values): under FSDP each chip widens
-    only its shard, and the whole table is gathered in the compute dtype.
-    Cast after, XLA made one float32 gather serve both the token lookup and
-    the LM head, and that whole float32 table stayed live from the lookup
-    to the loss, across every layer's backward (BUILD_NOTES, MaxText's v5e
-    runs: the 32B went from 17.04 to 15.24 GiB per chip)."""
+    """The whole [num, C] table in the compute dtype (`attend`'s), gathered
+    as `cfg.head_gather` says (the same values either way)."""
+    dtype = self.cfg.compute_dtype
+    if self.cfg.head_gather == "param":
+      return self._gatherable().astype(dtype)
     # Pinned to the parameter's sharding first: otherwise sharding
     # propagation moves the cast after the gather again.
-    shard = mesh_lib.constrain(
-        self.embedding.astype(self.cfg.compute_dtype), self.axes)
+    shard = mesh_lib.constrain(self.embedding.astype(dtype), self.axes)
     return mesh_lib.constrain(shard, (self.axes[0], None))
 
 
