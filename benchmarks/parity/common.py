@@ -49,6 +49,8 @@ The pieces:
                    lines not counted; the failed names after), writes
                    --json ({header..., "checks": [...]}) and returns the
                    exit code: 1 if a check failed, else 0.
+  read_flags       `--name=value` flags into a dataclass of options, typed
+                   by its fields' defaults.
   UsageError, refuse, require_files, require_json_dir
                    a bad flag: one line on stderr naming the flag, exit 2.
 
@@ -81,6 +83,39 @@ def refuse(script: str, error) -> int:
   """Prints `script: error` (one line) on stderr; returns 2."""
   print(f"{script}: {error}", file=sys.stderr)
   return 2
+
+
+def read_flags(argv, options, choices=()):
+  """`--name=value` flags into the dataclass `options`, each converted to
+  its field's default type (str, int, float; a bool field is a bare
+  `--name`; a tuple field is a comma list drawn from `choices`). Raises
+  UsageError naming the flag; returns `options`."""
+  for arg in argv:
+    if not arg.startswith("--"):
+      raise UsageError(f"unexpected argument {arg!r} (flags are --name=value)")
+    name, eq, value = arg[2:].partition("=")
+    kind = type(getattr(options, name, None))
+    if kind is bool and not eq:
+      setattr(options, name, True)
+      continue
+    if not eq:
+      raise UsageError(f"--{name} needs a value (--{name}=...)")
+    if kind is str:
+      setattr(options, name, value)
+    elif kind is tuple:
+      picked = tuple(c for c in value.split(",") if c)
+      if not picked or any(c not in choices for c in picked):
+        raise UsageError(f"--{name}={value!r}: choose from "
+                         f"{','.join(choices)}")
+      setattr(options, name, picked)
+    elif kind in (int, float):
+      try:
+        setattr(options, name, kind(value))
+      except ValueError:
+        raise UsageError(f"--{name}={value!r} is not a number") from None
+    else:
+      raise UsageError(f"unknown flag --{name}")
+  return options
 
 
 def require_files(flag: str, path: str, files, what: str) -> None:

@@ -142,32 +142,7 @@ class Options:
 def parse_args(argv) -> Options:
   """`--name=value` flags (and `--perturb`); raises UsageError naming the
   flag. Checks the upstream folder before any heavy import."""
-  opts = Options()
-  ints = ("vocab", "hidden", "layers", "prompt_len", "new_tokens", "seed")
-  for arg in argv:
-    if not arg.startswith("--"):
-      raise UsageError(f"unexpected argument {arg!r} (flags are --name=value)")
-    name, eq, value = arg[2:].partition("=")
-    if name == "perturb" and not eq:
-      opts.perturb = True
-      continue
-    if not eq:
-      raise UsageError(f"--{name} needs a value (--{name}=...)")
-    if name in ("upstream_dir", "upstream_git", "json"):
-      setattr(opts, name, value)
-    elif name == "checks":
-      checks = tuple(c for c in value.split(",") if c)
-      bad = [c for c in checks if c not in CHECKS]
-      if bad or not checks:
-        raise UsageError(f"--checks={value!r}: choose from {','.join(CHECKS)}")
-      opts.checks = checks
-    elif name in ints or name == "head_scale":
-      try:
-        setattr(opts, name, (int if name in ints else float)(value))
-      except ValueError:
-        raise UsageError(f"--{name}={value!r} is not a number") from None
-    else:
-      raise UsageError(f"unknown flag --{name}")
+  opts = common.read_flags(argv, Options(), CHECKS)
   if opts.hidden % 4 or (opts.hidden // 4) % 2:
     raise UsageError(f"--hidden={opts.hidden} must be a multiple of 8 "
                      "(4 heads, even head dim)")

@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import io
 import os
 import subprocess
@@ -117,34 +116,7 @@ class Options:
 def parse_args(argv) -> Options:
   """`--name=value` flags (and `--perturb`); raises UsageError naming the
   flag. Checks the upstream folder before any heavy import."""
-  opts = Options()
-  ints = ("vocab", "hidden", "layers", "prompt_len", "new_tokens",
-          "block_length", "seed")
-  floats = ("threshold", "head_scale")
-  for arg in argv:
-    if not arg.startswith("--"):
-      raise UsageError(f"unexpected argument {arg!r} (flags are --name=value)")
-    name, eq, value = arg[2:].partition("=")
-    if name == "perturb" and not eq:
-      opts.perturb = True
-      continue
-    if not eq:
-      raise UsageError(f"--{name} needs a value (--{name}=...)")
-    if name in ("upstream_dir", "upstream_git", "json"):
-      setattr(opts, name, value)
-    elif name == "checks":
-      checks = tuple(c for c in value.split(",") if c)
-      bad = [c for c in checks if c not in CHECKS]
-      if bad or not checks:
-        raise UsageError(f"--checks={value!r}: choose from {','.join(CHECKS)}")
-      opts.checks = checks
-    elif name in ints or name in floats:
-      try:
-        setattr(opts, name, (int if name in ints else float)(value))
-      except ValueError:
-        raise UsageError(f"--{name}={value!r} is not a number") from None
-    else:
-      raise UsageError(f"unknown flag --{name}")
+  opts = common.read_flags(argv, Options(), CHECKS)
   if opts.hidden % 8:
     raise UsageError(f"--hidden={opts.hidden} must be a multiple of 8 "
                      "(4 heads, even head dim)")
@@ -181,22 +153,10 @@ def model_dir(upstream_dir: str) -> str:
 
 # ------------------------------------------- comparison helpers (shared)
 # Check / compare_arrays / compare_tokens / perturb_params / blob_id /
-# build_checkpoint / Ours come from the sibling Dream parity script; this
-# block is the only place that names it.
+# build_checkpoint / Ours come from the sibling Dream parity script (this
+# folder is on sys.path, see the imports).
+import upstream_dream as _h  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-def _sibling():
-  name = "upstream_dream_parity_helpers"
-  if name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                           "upstream_dream.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look it up
-    spec.loader.exec_module(module)
-  return sys.modules[name]
-
-
-_h = _sibling()
 Check = _h.Check
 compare_arrays = _h.compare_arrays
 compare_tokens = _h.compare_tokens

@@ -496,24 +496,31 @@ def _upstream_grads(head, names):
   return out
 
 
-def check_train(ck, tag, head, model, state, port, rows, seed, explore):
-  """6 ACT calls in train mode; halting, resets, outputs, losses, grads."""
-  import jax  # pylint: disable=g-import-not-at-top
+def _first_batch(head, batches):
+  """The first batch, rows 0 and 3 labelled with what `head` (a copy of it)
+  already predicts: solved rows, so halting has targets of both kinds."""
   import torch  # pylint: disable=g-import-not-at-top
-  from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
-  head = copy.deepcopy(head)
-  head.train()
-  cfg = model.cfg
-  names = upstream_name_map(cfg)
-  batches = Batches(seed, rows)
   first = batches()
-  dry = copy.deepcopy(head)  # which rows the untrained model already solves
+  dry = copy.deepcopy(head)
   with torch.no_grad():
     _, _, _, out, _ = dry(carry=dry.initial_carry(to_torch(first)),
                           batch=to_torch(first), return_keys=["preds"])
   preds = out["preds"].numpy()
   first["labels"][0] = preds[0]
   first["labels"][3] = preds[3]
+  return first
+
+
+def check_train(ck, tag, head, model, state, port, rows, seed, explore):
+  """6 ACT calls in train mode; halting, resets, outputs, losses, grads."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
+  head = copy.deepcopy(head)
+  head.train()
+  cfg = model.cfg
+  names = upstream_name_map(cfg)
+  batches = Batches(seed, rows)
+  first = _first_batch(head, batches)
   call = _our_call_fn(model, rows)
   carry_o = trm_model.empty_carry(cfg, rows)
   carry_u = None
@@ -899,21 +906,13 @@ def check_bf16_train(ck, tag, head32, head_bf, model, state, rows, seed,
   rows and fork the trajectories); the decisions are compared before that."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
   from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
   cfg = model.cfg
   names = upstream_name_map(cfg)
   heads = {"fp32": copy.deepcopy(head32).train(),
            "bf16": copy.deepcopy(head_bf).train()}
   batches = Batches(seed, rows)
-  first = batches()
-  dry = copy.deepcopy(heads["bf16"])  # rows the bf16 model already solves
-  with torch.no_grad():
-    _, _, _, out, _ = dry(carry=dry.initial_carry(to_torch(first)),
-                          batch=to_torch(first), return_keys=["preds"])
-  preds = out["preds"].numpy()
-  first["labels"][0] = preds[0]
-  first["labels"][3] = preds[3]
+  first = _first_batch(heads["bf16"], batches)
   call = _our_call_fn(model, rows)
   carry_o = trm_model.empty_carry(cfg, rows)
   carries = {"fp32": None, "bf16": None}

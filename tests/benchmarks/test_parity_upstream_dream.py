@@ -4,35 +4,23 @@ helpers failing where they should, `--perturb`, the blob ids and the import
 of an upstream folder (a stand-in with the three file names)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 
-import repo
-
-SCRIPT = os.path.join(repo.ROOT, "benchmarks", "parity", "upstream_dream.py")
-_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
-    filter(None, [repo.ROOT, os.environ.get("PYTHONPATH")])))
+import parity_scripts
 
 
 @pytest.fixture(scope="module")
 def script():
-  spec = importlib.util.spec_from_file_location("upstream_dream", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["upstream_dream"] = module  # dataclasses look it up
-  spec.loader.exec_module(module)
-  yield module
-  del sys.modules["upstream_dream"]
+  yield from parity_scripts.loaded("upstream_dream")
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True,
-                        text=True, env=_ENV, timeout=60, check=False)
+  return parity_scripts.run("upstream_dream", *args)
 
 
 def _fake_upstream(root, nested=True):
@@ -78,17 +66,11 @@ def test_a_folder_without_dream_code_is_refused(tmp_path):
 
 def test_flags_are_checked_before_heavy_imports(script, tmp_path):
   _fake_upstream(str(tmp_path))
-  code = textwrap.dedent(f"""
-      import sys, importlib.util
-      spec = importlib.util.spec_from_file_location("s", {SCRIPT!r})
-      m = importlib.util.module_from_spec(spec); sys.modules["s"] = m
-      spec.loader.exec_module(m)
+  out = parity_scripts.run_with("upstream_dream", f"""
       m.parse_args(["--upstream_dir={tmp_path}", "--perturb"])
       print(sorted(n for n in ("jax", "torch", "transformers")
                    if n in sys.modules))""")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, env=_ENV, timeout=60, check=True)
-  assert out.stdout.strip() == "[]"
+  assert out.strip() == "[]"
 
 
 def test_options(script, tmp_path):
@@ -166,18 +148,12 @@ def test_blob_id_is_gits(script, tmp_path):
 @pytest.mark.parametrize("nested", [True, False])
 def test_imports_an_upstream_folder(tmp_path, nested):
   _fake_upstream(str(tmp_path), nested)
-  code = textwrap.dedent(f"""
-      import importlib.util, sys
-      spec = importlib.util.spec_from_file_location("s", {SCRIPT!r})
-      m = importlib.util.module_from_spec(spec); sys.modules["s"] = m
-      spec.loader.exec_module(m)
+  out = parity_scripts.run_with("upstream_dream", f"""
       up, trainer, shimmed = m.import_upstream({str(tmp_path)!r})
       print(up.modeling.DOUBLE, trainer, sorted(m.upstream_files(
           {str(tmp_path)!r})))""")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, env=_ENV, timeout=60, check=True)
   prefix = "dllm/pipelines/dream/models/" if nested else ""
-  assert out.stdout.strip() == "14 None " + str(
+  assert out.strip() == "14 None " + str(
       [prefix + f for f in ("configuration_dream.py", "generation_utils.py",
                             "modeling_dream.py")])
 

@@ -7,39 +7,25 @@ measured difference), and `--perturb`'s weight change fails the float
 checks."""
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
-import textwrap
 import types
 
 import numpy as np
 import pytest
 
-import repo
+import parity_scripts
 
-SCRIPT = os.path.join(repo.ROOT, "benchmarks", "parity",
-                      "upstream_fastdllm.py")
-_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
-    filter(None, [repo.ROOT, os.environ.get("PYTHONPATH")])))
 FILES = ("configuration_dream.py", "modeling_dream.py", "generation_utils.py",
          "generation_utils_block.py")
 
 
 @pytest.fixture(scope="module")
 def script():
-  spec = importlib.util.spec_from_file_location("upstream_fastdllm", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["upstream_fastdllm"] = module  # dataclasses look it up
-  spec.loader.exec_module(module)
-  yield module
-  del sys.modules["upstream_fastdllm"]
+  yield from parity_scripts.loaded("upstream_fastdllm")
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True,
-                        text=True, env=_ENV, timeout=60, check=False)
+  return parity_scripts.run("upstream_fastdllm", *args)
 
 
 def _fake_upstream(root, nested=True):
@@ -91,36 +77,24 @@ def test_a_folder_without_the_block_code_is_refused(tmp_path):
 
 def test_flags_are_checked_before_heavy_imports(tmp_path):
   _fake_upstream(str(tmp_path))
-  code = textwrap.dedent(f"""
-      import sys, importlib.util
-      spec = importlib.util.spec_from_file_location("s", {SCRIPT!r})
-      m = importlib.util.module_from_spec(spec); sys.modules["s"] = m
-      spec.loader.exec_module(m)
+  out = parity_scripts.run_with("upstream_fastdllm", f"""
       o = m.parse_args(["--upstream_dir={tmp_path}", "--perturb",
                         "--checks=generate", "--block_length=8"])
       assert o.perturb and o.checks == ("generate",) and o.block_length == 8
       print(sorted(n for n in ("jax", "torch", "transformers")
                    if n in sys.modules))""")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, env=_ENV, timeout=60, check=True)
-  assert out.stdout.strip() == "[]"
+  assert out.strip() == "[]"
 
 
 @pytest.mark.parametrize("nested", [True, False])
 def test_imports_an_upstream_folder(tmp_path, nested):
   _fake_upstream(str(tmp_path), nested)
-  code = textwrap.dedent(f"""
-      import importlib.util, sys
-      spec = importlib.util.spec_from_file_location("s", {SCRIPT!r})
-      m = importlib.util.module_from_spec(spec); sys.modules["s"] = m
-      spec.loader.exec_module(m)
+  out = parity_scripts.run_with("upstream_fastdllm", f"""
       up = m.import_upstream({str(tmp_path)!r})
       print(up.modeling.DOUBLE, up.block.TRIPLE,
             sorted(m.upstream_files({str(tmp_path)!r})))""")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, env=_ENV, timeout=60, check=True)
   prefix = "dream/model/" if nested else ""
-  assert out.stdout.strip() == "14 21 " + str(sorted(prefix + f
+  assert out.strip() == "14 21 " + str(sorted(prefix + f
                                                      for f in FILES))
 
 
