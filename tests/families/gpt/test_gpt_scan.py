@@ -483,6 +483,12 @@ def test_residual_dtype_is_validated():
     dataclasses.replace(TINY, residual_dtype="int8")
 
 
+def test_head_gather_is_validated():
+  with pytest.raises(ValueError, match=r"config.model.head_gather='bf16' "
+                     r"must be one of \('param', 'compute'\)"):
+    dataclasses.replace(TINY, head_gather="bf16")
+
+
 @pytest.mark.parametrize("scan", [False, True])
 def test_a_bfloat16_residual_stream_carries_bfloat16_between_blocks(scan):
   """MaxText's numerics: the blocks pass bfloat16 on, so a remat'd layer
