@@ -154,7 +154,11 @@ class Program:
     each holding the collective and fed the previous one's outputs through
     get-tuple-elements. A chain is found by that data flow: the first
     collective-holding fusion starts the collective once, the last waits
-    for it. A fusion no other one continues stays a blocking collective."""
+    for it. A fusion no other one continues stays a blocking collective.
+    A continuation is also fed results of earlier chains (the weight a
+    finished chain gathered, a product of an earlier continuation): it
+    continues the chain most of its operands come from, its carried state
+    (one operand per element); with no such majority it starts a chain."""
     if comp.name in self._chains:
       return self._chains[comp.name]
     carriers = {i.name for i in comp.instructions
@@ -172,9 +176,12 @@ class Program:
     for inst in comp.instructions:  # scheduled order
       if inst.name not in carriers:
         continue
-      heads = {head_of[source.name] for source in map(producer, inst.operands)
-               if source is not None and source.name in head_of}
-      head = heads.pop() if len(heads) == 1 else inst.name
+      votes = collections.Counter(
+          head_of[source.name] for source in map(producer, inst.operands)
+          if source is not None and source.name in head_of).most_common(2)
+      head = (votes[0][0] if votes and (len(votes) == 1
+                                        or votes[0][1] > votes[1][1])
+              else inst.name)
       head_of[inst.name] = head
       members[head].append(inst.name)
     roles = {}
