@@ -253,6 +253,39 @@ def test_tiny_gpt_train_step_compiles_for_v4_8():
   assert report["train_flops_per_step"] > 0
 
 
+@pytest.mark.parametrize("name, wrap", [
+    ("v4-8", (False, False, False)), ("v4-64", (False, False, False)),
+    ("v4-128", (True, True, True)), ("v4-384", (True, True, True)),
+    ("v5e-128", (False, True, False)), ("v5e-256", (True, True, False)),
+    ("v5p-128", (True, True, True))])
+def test_compile_only_devices_have_the_slices_wraparound_links(
+    name, wrap, monkeypatch):
+  """libtpu is asked for the slice's torus (its default is a mesh with no
+  wraparound at all), as MaxText's train_compile.py asks for it."""
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  asked = {}
+  monkeypatch.setattr(topologies, "get_topology_desc",
+                      lambda **kwargs: asked.update(kwargs) or pytest.skip(
+                          "captured"))
+  with pytest.raises(pytest.skip.Exception):
+    topology.topology_devices(topology.parse_topology(name), 1)
+  assert asked["wrap"] == wrap
+
+
+def test_fsdp_weights_are_all_gathered_on_a_v4_128_torus():
+  """On the torus XLA:TPU gathers FSDP weights with all-gathers; compiled
+  for a 4x4x4 mesh without wraparound it used all-reduces of zero-padded
+  weights (twice the traffic)."""
+  from trm.forecast import plan  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                  "maxtext22b")
+  config.update(dict(n_layer=1, n_embd=1024, n_head=8, batch_size=64))
+  v4_128 = topology.parse_topology("v4-128")
+  row = plan.compile_row(config, v4_128, 1, None, config.global_batch_size)
+  kinds = {kind for kind, *_ in row.program.totals().collectives}
+  assert "all-gather" in kinds, kinds
+
+
 @pytest.mark.parametrize("head_gather", ["param", "compute"])
 def test_gpt_lm_head_gathers_the_table_as_configured_for_v4_8(
     head_gather, monkeypatch):

@@ -154,14 +154,20 @@ def parse_topology(name: str) -> Topology:
 
 
 def topology_devices(topology: Topology, num_slices: int):
-  """Compile-only TPU devices from libtpu (no TPU needed)."""
+  """Compile-only TPU devices from libtpu (no TPU needed), with the slice's
+  wraparound links (`Topology.wraps`). libtpu's default is none: a v4-128
+  then compiles for a 4x4x4 mesh rather than its torus, and XLA:TPU turns
+  every FSDP all-gather into an all-reduce of a zero-padded buffer (twice
+  the traffic, not overlapped): MaxText's 22B forecast 55.8% MFU on 4 of
+  its layers instead of 60.5%."""
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  wrap = topology.wraps + (False,) * (3 - len(topology.wraps))
   try:
     return topologies.get_topology_desc(
         platform="tpu", topology_name=f"{topology.generation}:{topology.shape}",
         chip_config_name=topology.chip.chip_config,
         chips_per_host_bounds=topology.chip.chips_per_host,
-        num_slices=num_slices).devices
+        num_slices=num_slices, wrap=wrap).devices
   except Exception as e:  # pylint: disable=broad-except
     raise RuntimeError(
         f"Could not create {topology.name} devices from libtpu ({e}). Install "
