@@ -1,0 +1,247 @@
+r"""Forecast MaxText's own compiled train steps beside its published rows.
+
+  python benchmarks/forecast/maxtext_program.py --dumps=DIR
+      [--run=all|v4|v5e|22b,v5e32b,...] [--efficiency=0.7985] [--ours]
+      [--json=PATH]
+  python benchmarks/forecast/maxtext_program.py --print_commands [--run=...]
+
+`forecast_maxtext.py` compares MaxText's published one-slice rows with the
+forecast of *our* programs for the same models, which mixes two errors: the
+time model's, and how our compiled program differs from MaxText's. This
+script separates them. It plays MaxText's own compiled step, compiled by
+MaxText's `train_compile.py` for the same compile-only TPU slice and the same
+libtpu, through the same forecast (`trm.forecast`), and prints its MFU beside
+the published one; `--ours` also compiles our 1-slice row of each run and
+prints it beside MaxText's program.
+
+DIR/<run>/ holds what one `train_compile.py` command wrote for that run:
+XLA's dump of the compiled step (`*jit_train_step*after_optimizations.txt`,
+from `dump_hlo=true`) and, optionally, the command's output as
+`train_compile.log`, whose "Memory analysis:" line gives MaxText's memory
+per chip. `--print_commands` prints the commands: MaxText's current code
+given the published runs' shapes explicitly (its base.yml has changed since
+2023-2024: SwiGLU, 128-wide heads, no tied embedding), each run's batch,
+remat, attention and mesh, and the run's LIBTPU_INIT_ARGS. MaxText's code is
+not part of this project: check it out and install it beside (BUILD_NOTES,
+"MaxText's own programs, forecast").
+
+MFU is in MaxText's count of the time (`forecast_maxtext.RUNS`), from the
+model's shapes, so both programs are charged the same work.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
+import glob
+import json
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+import forecast_maxtext  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.core import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.core import topology as topology_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.forecast import network  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.forecast import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.forecast import timeline  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+GIB = 2**30
+# The published runs' models in MaxText's current flags (global scale 1,
+# every size given), with each run's own settings. 2023 v4 runs: base.yml of
+# 281e04bf3 at scale 3 (22B) and 4 with its overrides (52B), sequence 1024,
+# dot-product attention. 2024 v5e runs: base.yml of 289fa330 grown by
+# global_parameter_scale (pyconfig.get_individual_scales), sequence 2048,
+# flash attention.
+_COMMON = ("global_parameter_scale=1 head_dim=256 \"mlp_activations=['relu']\" "
+           "logits_via_embedding=true vocab_size=32768 remat_policy=full "
+           "compile_topology_num_slices=1 dataset_type=synthetic "
+           "use_iota_embed=true reuse_example_batch=1 enable_checkpointing="
+           "false")
+MAXTEXT_ARGS = {
+    # run: (layers, d_model, heads, mlp, sequence, per-chip batch, attention,
+    #       extra flags)
+    "22b": (48, 6144, 24, 24576, 1024, 16, "dot_product",
+            "ici_fsdp_parallelism=64"),
+    "52b": (32, 12288, 32, 49152, 1024, 10, "dot_product",
+            "ici_fsdp_parallelism=192"),
+    "v5e16b": (32, 5120, 32, 32768, 2048, 6, "flash", ""),
+    "v5e32b": (32, 10240, 32, 32768, 2048, 4, "flash", ""),
+    "v5e64b": (64, 10240, 32, 32768, 2048, 2, "flash", ""),
+    "v5e128b": (64, 10240, 64, 65536, 2048, 1, "flash",
+                "ici_fsdp_parallelism=16 ici_tensor_parallelism=16"),
+}
+
+
+def _config(name: str):
+  return config_lib.load_config(
+      os.path.join(forecast_maxtext.ROOT, "configs", "gpt.py"),
+      forecast_maxtext.RUNS[name]["variant"])
+
+
+def libtpu_flags(name: str) -> str:
+  """The run's LIBTPU_INIT_ARGS: those our variant compiles with (its
+  published script's)."""
+  return _config(name).tpu_compiler_options
+
+
+def command(name: str, dumps: str) -> str:
+  """The train_compile.py command that writes DIR/<name>/."""
+  layers, width, heads, mlp, seq, batch, attention, extra = MAXTEXT_ARGS[name]
+  out = os.path.join(dumps, name)
+  return (
+      f'mkdir -p {out} && LIBTPU_INIT_ARGS="{libtpu_flags(name)}" '
+      "python3 -m maxtext.trainers.pre_train.train_compile "
+      f"src/maxtext/configs/base.yml run_name={name} "
+      f"base_output_directory={out}/out "
+      f"compile_topology={forecast_maxtext.RUNS[name]['topology']} "
+      f"{_COMMON} base_num_decoder_layers={layers} base_emb_dim={width} "
+      f"base_num_query_heads={heads} base_num_kv_heads={heads} "
+      f"base_mlp_dim={mlp} max_target_length={seq} "
+      f"per_device_batch_size={batch} attention={attention} {extra} "
+      f"dump_hlo=true dump_hlo_local_dir={out} "
+      f"dump_hlo_delete_local_after=false 2>&1 | tee {out}/train_compile.log"
+  ).replace("  ", " ")
+
+
+def dump_text(directory: str) -> str:
+  found = sorted(glob.glob(os.path.join(
+      directory, "*jit_train_step*after_optimizations.txt")))
+  if not found:
+    raise SystemExit(f"{directory}: no *jit_train_step*after_optimizations.txt"
+                     " (MaxText's dump_hlo=true output); --print_commands "
+                     "says how to make it.")
+  if len(found) > 1:
+    raise SystemExit(f"{directory}: {len(found)} train-step dumps; keep the "
+                     "one of the run.")
+  with open(found[0]) as f:
+    return f.read()
+
+
+def memory_gib(directory: str) -> float | None:
+  """MaxText's figure per chip from train_compile.py's "Memory analysis:"
+  line: arguments + outputs + temporaries - aliased (what trm.aot reads)."""
+  path = os.path.join(directory, "train_compile.log")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    line = next((l for l in f if l.startswith("Memory analysis:")), "")
+  sizes = {k: int(v) for k, v in re.findall(
+      r"(?<!\w)(argument|output|alias|temp)_size_in_bytes=(\d+)", line)}
+  if len(sizes) != 4:
+    return None
+  return (sizes["argument"] + sizes["output"] + sizes["temp"]
+          - sizes["alias"]) / GIB
+
+
+def fabric_and_config(name: str, topology):
+  """Our config of the run and the slice's network, mapped through the
+  same device order a 1-slice mesh of that config has (nothing compiled)."""
+  config = _config(name)
+  row = plan.row_config(config, 1, config.global_batch_size)
+  devices = topology_lib.topology_devices(topology, 1)
+  ctx = mesh_lib.ShardingContext.from_config(row, devices)
+  return network.Fabric.for_mesh(ctx.mesh, topology, 1), config, len(devices)
+
+
+def forecast_program(text: str, fabric, topology, efficiency: float):
+  chip = topology.chip
+  program = timeline.Program(text, fabric)
+  return program.play(chip.peak_bf16_tflops * 1e12, efficiency,
+                      chip.hbm_gbps * 1e9)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--dumps", default=None,
+                      help="folder with one subfolder per run (see above)")
+  parser.add_argument("--run", default="all",
+                      help="comma-separated runs (" + ", ".join(MAXTEXT_ARGS)
+                      + ") or groups (v4, v5e, all)")
+  parser.add_argument("--efficiency", type=float,
+                      default=plan.DEFAULT_EFFICIENCY,
+                      help="dense-compute efficiency (default: the one "
+                      "fitted on our 22B program)")
+  parser.add_argument("--ours", action="store_true",
+                      help="also compile and forecast our 1-slice rows")
+  parser.add_argument("--print_commands", action="store_true",
+                      help="print the train_compile.py commands and stop")
+  parser.add_argument("--json", default=None)
+  args = parser.parse_args()
+  names = []
+  for part in args.run.split(","):
+    group = forecast_maxtext.GROUPS.get(part, (part,))
+    for name in group:
+      if name not in MAXTEXT_ARGS:
+        parser.error(f"--run={args.run}: {name!r} is none of "
+                     f"{', '.join([*MAXTEXT_ARGS, 'v4', 'v5e', 'all'])}.")
+      if name not in names:
+        names.append(name)
+  if args.print_commands:
+    for name in names:
+      print(command(name, args.dumps or "DUMPS"))
+    return
+  if not args.dumps:
+    parser.error("--dumps=DIR is needed (or --print_commands).")
+  print(f"dense compute at {args.efficiency:.4f} x peak; MFU in MaxText's "
+        "count; one slice")
+  print(f"{'run':>8} {'topology':>8} {'published':>9} {'MaxText prog':>12} "
+        f"{'error':>6} {'GiB':>6}" + (f" {'ours':>6} {'ours-MT':>7} {'GiB':>6}"
+                                        if args.ours else "")
+        + "  MaxText program: compute / hbm / ici s")
+  results = []
+  for name in names:
+    run = forecast_maxtext.RUNS[name]
+    topology = topology_lib.parse_topology(run["topology"])
+    fabric, config, chips = fabric_and_config(name, topology)
+    directory = os.path.join(args.dumps, name)
+    step = forecast_program(dump_text(directory), fabric, topology,
+                            args.efficiency)
+    theirs = forecast_maxtext.maxtext_flops_per_chip(
+        config, config.global_batch_size / chips, run["attention_flops"])
+    peak = topology.chip.peak_bf16_tflops * 1e12
+    mfu = 100 * theirs / step.seconds / peak
+    published = run["published"][1][1]
+    gib = memory_gib(directory)
+    result = dict(run=name, topology=topology.name, published_mfu=published,
+                  maxtext_program_mfu=mfu, error_points=mfu - published,
+                  maxtext_step_seconds=step.seconds,
+                  maxtext_seconds_by_cause=dict(step.by_cause),
+                  maxtext_memory_gib=gib,
+                  maxtext_unknown_loops=step.totals.unknown_loops)
+    line = (f"{name:>8} {topology.name:>8} {published:>9.2f} {mfu:>12.2f} "
+            f"{mfu - published:>+6.2f} "
+            + (f"{gib:>6.2f}" if gib is not None else f"{'-':>6}"))
+    if args.ours:
+      _, rows, _ = forecast_maxtext.compile_rows(
+          run["variant"], topology, [1], run["attention_flops"])
+      ours = plan.forecast_row(rows[0], topology, args.efficiency)
+      ours_mfu = (100 * theirs / ours["step_seconds"] / peak
+                  if ours["step_seconds"] else float("nan"))
+      result.update(ours_mfu=ours_mfu, ours_memory_gib=ours["memory_gib"],
+                    ours_step_seconds=ours["step_seconds"])
+      line += (f" {ours_mfu:>6.2f} {ours_mfu - mfu:>+7.2f} "
+               f"{ours['memory_gib']:>6.2f}")
+    causes = step.by_cause
+    line += "  " + " / ".join(f"{causes.get(k, 0.0):.2f}"
+                              for k in ("compute", "hbm", "ici"))
+    if step.totals.unknown_loops:
+      line += f"  WARNING: {step.totals.unknown_loops} loop(s) unread"
+    print(line, flush=True)
+    results.append(result)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"efficiency": args.efficiency, "runs": results}, f,
+                indent=1)
+
+
+if __name__ == "__main__":
+  main()
