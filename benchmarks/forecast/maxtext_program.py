@@ -21,9 +21,11 @@ from `dump_hlo=true`) and, optionally, the command's output as
 per chip. `--print_commands` prints the commands: MaxText's current code
 given the published runs' shapes explicitly (its base.yml has changed since
 2023-2024: SwiGLU, 128-wide heads, no tied embedding), each run's batch,
-remat, attention and mesh, and the run's LIBTPU_INIT_ARGS. MaxText's code is
-not part of this project: check it out and install it beside (BUILD_NOTES,
-"MaxText's own programs, forecast").
+remat, attention and mesh, and the run's LIBTPU_INIT_ARGS; run them in
+MaxText's checkout with JAX_PLATFORMS=cpu. Without Google credentials each
+ends in an error uploading the dump to GCS, after the dump and the log are
+written. MaxText's code is not part of this project: check it out and
+install it beside (BUILD_NOTES, "Session 47: the slice's torus", part 3).
 
 MFU is in MaxText's count of the time (`forecast_maxtext.RUNS`), from the
 model's shapes, so both programs are charged the same work.
