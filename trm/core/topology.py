@@ -85,6 +85,11 @@ class Topology:
       return tuple(whole_cubes and d % 4 == 0 for d in self.dims)
     return tuple(d == 16 for d in self.dims)
 
+  @property
+  def wraps_xyz(self) -> tuple[bool, bool, bool]:
+    """`wraps` over three axes (a 2-D slice's third axis is one chip)."""
+    return self.wraps + (False,) * (3 - len(self.wraps))
+
 
 def _cube_shape(chips: int) -> str | None:
   """Most cubic AxBxC (A <= B <= C, multiples of 4) with `chips` chips."""
@@ -161,13 +166,12 @@ def topology_devices(topology: Topology, num_slices: int):
   the traffic, not overlapped): MaxText's 22B forecast 55.8% MFU on 4 of
   its layers instead of 60.5%."""
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  wrap = topology.wraps + (False,) * (3 - len(topology.wraps))
   try:
     return topologies.get_topology_desc(
         platform="tpu", topology_name=f"{topology.generation}:{topology.shape}",
         chip_config_name=topology.chip.chip_config,
         chips_per_host_bounds=topology.chip.chips_per_host,
-        num_slices=num_slices, wrap=wrap).devices
+        num_slices=num_slices, wrap=topology.wraps_xyz).devices
   except Exception as e:  # pylint: disable=broad-except
     raise RuntimeError(
         f"Could not create {topology.name} devices from libtpu ({e}). Install "

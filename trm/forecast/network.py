@@ -48,11 +48,10 @@ class Fabric:
     devices = [d for d in mesh.devices.flat
                if getattr(d, "slice_index", 0) == 0]
     dims = topology.dims + (1,) * (3 - len(topology.dims))
-    wraps = topology.wraps + (False,) * (3 - len(topology.wraps))
     coords = tuple(tuple(int(c) for c in (list(d.coords) + [0, 0, 0])[:3])
                    for d in devices)
     chip = topology.chip
-    return cls(coords, dims, wraps, chip.ici_link_gbps * 1e9,
+    return cls(coords, dims, topology.wraps_xyz, chip.ici_link_gbps * 1e9,
                chip.dcn_gbits_per_chip * 1e9 / 8, num_slices)
 
   def axes_of(self, group: list[int]) -> list[tuple[int, int]]:
