@@ -131,6 +131,9 @@ class FusedCost:
   # Bytes written: the result, or only the updates of in-place updates.
   result_bytes: float | None = None
   collectives: tuple = ()
+  # Root tuple element -> the parameter it hands through unchanged (XLA:TPU's
+  # async collective fusions pass the buffers of their chain along).
+  passed_through: dict = dataclasses.field(default_factory=dict)
 
 
 # Ops whose every output element reads one element of their operand (and
@@ -142,10 +145,11 @@ _ONE_TO_ONE = frozenset({
 _SLICES = ("slice", "dynamic-slice", "gather")
 
 
-def _read_fractions(comp: hlo.Computation, users: dict):
+def _read_fractions(comp: hlo.Computation, users: dict, nested_fraction):
   """instruction -> the share of its elements the fused code reads: 1 when
   any use reads it all, else the sum over its uses of the slices taken
-  (through one-to-one ops such as a bitcast or a convert), capped at 1."""
+  (through one-to-one ops such as a bitcast or a convert, pads, and nested
+  fusions: `nested_fraction(fusion, operand index)`), capped at 1."""
   memo: dict[str, float] = {}
   roots = {comp.root.name} | (set(comp.root.operands)
                               if comp.root.opcode == "tuple" else set())
@@ -164,6 +168,13 @@ def _read_fractions(comp: hlo.Computation, users: dict):
         total += min(1.0, taken) * fraction(use)
       elif use.opcode in _ONE_TO_ONE and len(use.operands) == 1:
         total += fraction(use)
+      elif use.opcode == "pad" and use.operands[0] == inst.name and elements:
+        # Every element of a pad's result is its operand's or the padding:
+        # a slice of the result reads at most as many of the operand's.
+        padded = sum(a.elements for a in use.shape)
+        total += min(1.0, fraction(use) * padded / elements)
+      elif use.opcode == "fusion" and use.operands.count(inst.name) == 1:
+        total += nested_fraction(use, use.operands.index(inst.name))
       else:
         total = 1.0
     memo[inst.name] = min(1.0, total)
@@ -195,33 +206,94 @@ def fused_cost(module: hlo.Module, name: str, cache: dict) -> FusedCost:
                   key=lambda i: int(re.findall(r"\d+", i.operand_text)[0]
                                     if re.findall(r"\d+", i.operand_text)
                                     else 0))
+  root = comp.root
+  roots = ([comp.by_name[o] for o in root.operands if o in comp.by_name]
+           if root.opcode == "tuple" else [root])
   operand_bytes = []
   in_place = set()
-  read_fraction = _read_fractions(comp, users)
+
+  def nested_fraction(fusion: hlo.Instruction, index: int) -> float:
+    called = [c for c in fusion.called() if c in module.computations]
+    inner = fused_cost(module, called[0], cache) if called else None
+    if inner is None or inner.operand_bytes is None or index >= len(
+        inner.operand_bytes):
+      return 1.0
+    whole = sum(a.bytes for a in comp.by_name[fusion.operands[index]].shape)
+    return min(1.0, inner.operand_bytes[index] / whole) if whole else 1.0
+
+  read_fraction = _read_fractions(comp, users, nested_fraction)
   for param in params:
     uses = users.get(param.name, [])
     if uses and all(u.opcode == "dynamic-update-slice"
                     and u.operands[0] == param.name for u in uses):
       operand_bytes.append(0.0)
       in_place.update(u.name for u in uses)
+    elif uses and all(_network_or_root(u, root, users) for u in uses):
+      # Only a collective reads it (the network's DMA, timed by the
+      # network model) or the fusion hands it on unchanged.
+      operand_bytes.append(0.0)
     else:
       operand_bytes.append(sum(a.bytes for a in param.shape)
                            * read_fraction(param))
+  passed_through = {}
   result_bytes = None
-  root = comp.root
-  roots = ([comp.by_name[o] for o in root.operands if o in comp.by_name]
-           if root.opcode == "tuple" else [root])
-  if in_place and any(r.name in in_place for r in roots):
+  if in_place or any(_network_only(_through_bitcasts(r, comp))
+                     or _through_bitcasts(r, comp).opcode == "parameter"
+                     for r in roots):
     result_bytes = 0.0
-    for r in roots:
+    for index, r in enumerate(roots):
+      source = _through_bitcasts(r, comp)
       if r.name in in_place:
         update = comp.by_name.get(r.operands[1])
         result_bytes += 2 * (update.result_bytes if update else 0.0)
+      elif _network_only(source):
+        pass  # the network writes it
+      elif source.opcode == "parameter" and root.opcode == "tuple":
+        passed_through[index] = params.index(source)
       else:
         result_bytes += r.result_bytes
-  cost = FusedCost(flops, operand_bytes, result_bytes, tuple(collectives))
+  cost = FusedCost(flops, operand_bytes, result_bytes, tuple(collectives),
+                   passed_through)
   cache[name] = cost
   return cost
+
+
+# XLA:TPU's async collective fusions end in one of these custom calls: it
+# hands the collective's buffers on (aliased) and moves no data itself.
+_COLLECTIVE_MARKERS = ('custom_call_target="AsyncCollectiveStart"',
+                       'custom_call_target="AsyncCollectiveDone"')
+
+
+def _network_only(inst: hlo.Instruction) -> bool:
+  """A collective, or the custom call marking an async collective's start
+  or done: what it writes, the network writes."""
+  return inst.opcode in COLLECTIVES or (
+      inst.opcode == "custom-call"
+      and any(m in inst.attrs for m in _COLLECTIVE_MARKERS))
+
+
+def _through_bitcasts(inst: hlo.Instruction, comp: hlo.Computation
+                      ) -> hlo.Instruction:
+  while inst.opcode == "bitcast" and inst.operands[0] in comp.by_name:
+    inst = comp.by_name[inst.operands[0]]
+  return inst
+
+
+def _network_or_root(use: hlo.Instruction, root: hlo.Instruction,
+                     users: dict) -> bool:
+  """Whether a use of a fused value moves no bytes through the compute:
+  a collective's, the root tuple's, or a bitcast's whose uses are too."""
+  if _network_only(use) or (use is root and use.opcode == "tuple"):
+    return True
+  uses = users.get(use.name, [])
+  return use.opcode == "bitcast" and bool(uses) and all(
+      _network_or_root(u, root, users) for u in uses)
+
+
+def _aliased_outputs(inst: hlo.Instruction) -> set[int]:
+  """The tuple elements of a result that share an operand's buffer."""
+  aliasing = inst.attr("output_to_operand_aliasing") or ""
+  return {int(i) for i in re.findall(r"\{(\d+)[^}]*\}\s*:", aliasing)}
 
 
 def instruction_cost(module: hlo.Module, comp: hlo.Computation,
@@ -249,6 +321,13 @@ def instruction_cost(module: hlo.Module, comp: hlo.Computation,
         read = [min(r, f) for r, f in zip(read, fused.operand_bytes)]
       if fused.result_bytes is not None:
         written = fused.result_bytes
+        aliased = _aliased_outputs(inst)
+        for index, param in fused.passed_through.items():
+          if index not in aliased and param < len(read):
+            # Handed through to a buffer of its own: copied.
+            copied = sum(a.bytes for a in operand_shapes[param])
+            written += copied
+            read[param] = max(read[param], copied)
   elif inst.opcode == "dynamic-update-slice" and len(operand_shapes) > 1:
     update = sum(a.bytes for a in operand_shapes[1])
     read, written = [update], update

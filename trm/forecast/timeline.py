@@ -158,11 +158,21 @@ class Program:
     A continuation is also fed results of earlier chains (the weight a
     finished chain gathered, a product of an earlier continuation): it
     continues the chain most of its operands come from, its carried state
-    (one operand per element); with no such majority it starts a chain."""
+    (one operand per element); with no such majority it starts a chain.
+
+    Where XLA:TPU names the chain (`chain_id` on the fused collectives, with
+    `--xla_tpu_enable_async_collective_fusion_multiple_steps`), that name
+    decides instead, across computations: a chain may start before a
+    windowed-einsum loop, continue in the loop's body (each iteration a
+    step of the one collective) and end after it. Its start is the member
+    whose collective is not a continuation step (`flag_start` -1); its done
+    the last member scheduled in the start's computation."""
     if comp.name in self._chains:
       return self._chains[comp.name]
+    named = self._named_chain_roles()
     carriers = {i.name for i in comp.instructions
-                if i.opcode == "fusion" and self.fused_collectives(i)}
+                if i.opcode == "fusion" and self.fused_collectives(i)
+                and (comp.name, i.name) not in named}
 
     def producer(name):
       inst = comp.by_name.get(name)
@@ -184,13 +194,54 @@ class Program:
               else inst.name)
       head_of[inst.name] = head
       members[head].append(inst.name)
-    roles = {}
+    roles = {name: role for (where, name), role in named.items()
+             if where == comp.name}
     for head, names in members.items():
       if len(names) > 1:
         roles.update({name: ("continue", head) for name in names[1:-1]})
         roles[head] = ("start", head)
         roles[names[-1]] = ("done", head)
     self._chains[comp.name] = roles
+    return roles
+
+  def _named_chain_roles(self) -> dict:
+    """(computation, fusion) -> role, for chains XLA:TPU named
+    (`chain_roles`); chains without one start and one done in one
+    computation are left to the data-flow rule."""
+    if "" in self._chains:
+      return self._chains[""]
+    members = collections.defaultdict(list)   # chain id -> members
+    for comp in self.module.computations.values():
+      for inst in comp.instructions:
+        if inst.opcode != "fusion":
+          continue
+        for called in inst.called():
+          if called not in self.module.computations:
+            continue
+          for nested in ops.fused_cost(self.module, called,
+                                       self._fused).collectives:
+            chain = nested.frontend_attribute("chain_id")
+            if chain is not None:
+              flag = re.search(r'"flag_start"\s*:\s*"?(-?\d+)', nested.attrs)
+              members[chain].append(
+                  (comp, inst, flag is not None and int(flag.group(1)) < 0))
+              break
+    roles = {}
+    for chain in members.values():
+      starts = [(comp, inst) for comp, inst, first in chain if first]
+      if len(starts) != 1:
+        continue
+      home, start = starts[0]
+      order = {i.name: k for k, i in enumerate(home.instructions)}
+      local = sorted((inst for comp, inst, _ in chain if comp is home),
+                     key=lambda i: order[i.name])
+      if len(local) < 2 or local[0] is not start:
+        continue
+      for comp, inst, _ in chain:
+        roles[(comp.name, inst.name)] = ("continue", start.name)
+      roles[(home.name, start.name)] = ("start", start.name)
+      roles[(home.name, local[-1].name)] = ("done", start.name)
+    self._chains[""] = roles
     return roles
 
   def trips(self, comp, inst) -> int | None:
