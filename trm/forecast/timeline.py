@@ -86,6 +86,7 @@ class Program:
     self._trips: dict = {}
     self._totals: dict = {}
     self._chains: dict = {}
+    self._named_chains: dict | None = None
     self._fused_collectives: dict = {}
 
   # ------------------------------------------------------------ static
@@ -208,8 +209,8 @@ class Program:
     """(computation, fusion) -> role, for chains XLA:TPU named
     (`chain_roles`); chains without one start and one done in one
     computation are left to the data-flow rule."""
-    if "" in self._chains:
-      return self._chains[""]
+    if self._named_chains is not None:
+      return self._named_chains
     members = collections.defaultdict(list)   # chain id -> members
     for comp in self.module.computations.values():
       for inst in comp.instructions:
@@ -241,7 +242,7 @@ class Program:
         roles[(comp.name, inst.name)] = ("continue", start.name)
       roles[(home.name, start.name)] = ("start", start.name)
       roles[(home.name, local[-1].name)] = ("done", start.name)
-    self._chains[""] = roles
+    self._named_chains = roles
     return roles
 
   def trips(self, comp, inst) -> int | None:
