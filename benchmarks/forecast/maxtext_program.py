@@ -50,7 +50,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 import forecast_maxtext  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core import topology as topology_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.forecast import network  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -148,10 +147,9 @@ def fabric_and_config(name: str, topology):
   """Our config of the run and the slice's network, mapped through the
   same device order a 1-slice mesh of that config has (nothing compiled)."""
   config = _config(name)
-  row = plan.row_config(config, 1, config.global_batch_size)
-  devices = topology_lib.topology_devices(topology, 1)
-  ctx = mesh_lib.ShardingContext.from_config(row, devices)
-  return network.Fabric.for_mesh(ctx.mesh, topology, 1), config, len(devices)
+  _, ctx = plan.row_context(config, topology, 1, config.global_batch_size)
+  return (network.Fabric.for_mesh(ctx.mesh, topology, 1), config,
+          ctx.mesh.devices.size)
 
 
 def forecast_program(text: str, fabric, topology, efficiency: float):

@@ -76,22 +76,30 @@ def row_config(config, slices: int, global_batch: int, mesh=None):
   return row
 
 
+def row_context(config, topology: topology_lib.Topology, slices: int,
+                global_batch: int, mesh=None):
+  """(the row's config, its sharding context on `slices` compile-only
+  slices of `topology`); nothing compiled."""
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  row = row_config(config, slices, global_batch, mesh)
+  devices = topology_lib.topology_devices(topology, slices)
+  return row, mesh_lib.ShardingContext.from_config(row, devices)
+
+
 def compile_row(config, topology: topology_lib.Topology, slices: int,
                 shapes, global_batch: int, mesh=None) -> CompiledRow:
   """Compiles the train step for `slices` slices of `topology`."""
   from trm import families  # pylint: disable=g-import-not-at-top
-  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
   from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top
-  row = row_config(config, slices, global_batch, mesh)
-  devices = topology_lib.topology_devices(topology, slices)
-  ctx = mesh_lib.ShardingContext.from_config(row, devices)
+  row, ctx = row_context(config, topology, slices, global_batch, mesh)
   ctx.check_batch_size(row.global_batch_size)
   program = families.program(row.model.name).build(row, ctx, shapes)
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   start = time.time()
-  base = dict(slices=slices, chips=len(devices), mesh=dict(ctx.mesh.shape),
+  base = dict(slices=slices, chips=ctx.mesh.devices.size,
+              mesh=dict(ctx.mesh.shape),
               global_batch=row.global_batch_size,
               model_flops=float(program.flops_per_step or 0.0),
               tokens_per_example=program.tokens_per_example)
