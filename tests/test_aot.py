@@ -264,6 +264,8 @@ def test_compile_only_devices_have_the_slices_wraparound_links(
   wraparound at all), as MaxText's train_compile.py asks for it."""
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   asked = {}
+  # pytest.skip's exception is a BaseException: it stops the call before
+  # libtpu without being rewrapped by topology_devices' RuntimeError.
   monkeypatch.setattr(topologies, "get_topology_desc",
                       lambda **kwargs: asked.update(kwargs) or pytest.skip(
                           "captured"))

@@ -237,12 +237,11 @@ def fused_cost(module: hlo.Module, name: str, cache: dict) -> FusedCost:
                            * read_fraction(param))
   passed_through = {}
   result_bytes = None
-  if in_place or any(_network_only(_through_bitcasts(r, comp))
-                     or _through_bitcasts(r, comp).opcode == "parameter"
-                     for r in roots):
+  sources = [_through_bitcasts(r, comp) for r in roots]
+  if in_place or any(_network_only(source) or source.opcode == "parameter"
+                     for source in sources):
     result_bytes = 0.0
-    for index, r in enumerate(roots):
-      source = _through_bitcasts(r, comp)
+    for index, (r, source) in enumerate(zip(roots, sources)):
       if r.name in in_place:
         update = comp.by_name.get(r.operands[1])
         result_bytes += 2 * (update.result_bytes if update else 0.0)

@@ -129,20 +129,26 @@ class Program:
       self._fused_collectives[id(inst)] = self._find_fused_collectives(inst)
     return self._fused_collectives[id(inst)]
 
+  def _nested_collectives(self, inst):
+    """(the fused computation, a collective instruction in it or in a fusion
+    nested in it) for each collective a fusion holds."""
+    if inst.opcode != "fusion":
+      return
+    for called in inst.called():
+      if called in self.module.computations:
+        for nested in ops.fused_cost(self.module, called, self._fused
+                                     ).collectives:
+          yield self.module.computations[called], nested
+
   def _find_fused_collectives(self, inst) -> list[network.Collective]:
     out = []
-    for called in inst.called():
-      if inst.opcode != "fusion" or called not in self.module.computations:
-        continue
-      inner = self.module.computations[called]
-      for nested in ops.fused_cost(self.module, called, self._fused
-                                   ).collectives:
-        owner = next((c for c in self.module.computations.values()
-                      if nested.name in c.by_name
-                      and c.by_name[nested.name] is nested), inner)
-        described = self.collective(owner, nested)
-        if described is not None:
-          out.append(described)
+    for inner, nested in self._nested_collectives(inst):
+      owner = next((c for c in self.module.computations.values()
+                    if nested.name in c.by_name
+                    and c.by_name[nested.name] is nested), inner)
+      described = self.collective(owner, nested)
+      if described is not None:
+        out.append(described)
     return out
 
   def chain_roles(self, comp) -> dict[str, tuple[str, str]]:
@@ -214,19 +220,13 @@ class Program:
     members = collections.defaultdict(list)   # chain id -> members
     for comp in self.module.computations.values():
       for inst in comp.instructions:
-        if inst.opcode != "fusion":
-          continue
-        for called in inst.called():
-          if called not in self.module.computations:
-            continue
-          for nested in ops.fused_cost(self.module, called,
-                                       self._fused).collectives:
-            chain = nested.frontend_attribute("chain_id")
-            if chain is not None:
-              flag = re.search(r'"flag_start"\s*:\s*"?(-?\d+)', nested.attrs)
-              members[chain].append(
-                  (comp, inst, flag is not None and int(flag.group(1)) < 0))
-              break
+        for _, nested in self._nested_collectives(inst):
+          chain = nested.frontend_attribute("chain_id")
+          if chain is not None:
+            flag = re.search(r'"flag_start"\s*:\s*"?(-?\d+)', nested.attrs)
+            members[chain].append(
+                (comp, inst, flag is not None and int(flag.group(1)) < 0))
+            break
     roles = {}
     for chain in members.values():
       starts = [(comp, inst) for comp, inst, first in chain if first]
