@@ -403,6 +403,14 @@ def test_a_chain_xla_names_runs_its_collective_once_across_a_loop():
                                     ""), FABRIC)
   step = unnamed.play(PEAK, 0.5, HBM)
   assert step.by_cause["ici"] == pytest.approx(6 * GATHER_S, rel=1e-3)
+  # A named chain without exactly one start (a malformed or unfamiliar
+  # program) is left to that data-flow reading, not guessed at.
+  startless = timeline.Program(
+      _named_chain_module().replace('"flag_start":"-1"', '"flag_start":"2"'),
+      FABRIC)
+  assert startless.chain_roles(startless.module.entry_computation) == {}
+  step = startless.play(PEAK, 0.5, HBM)
+  assert step.by_cause["ici"] == pytest.approx(6 * GATHER_S, rel=1e-3)
 
 
 def test_a_fusion_moves_no_bytes_for_what_it_hands_on_or_the_network_writes():
