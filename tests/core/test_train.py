@@ -1,20 +1,25 @@
 """End-to-end: the loss falls, a crashed run resumes bit-exactly, bad
 configs fail early with clear messages. 8 CPU devices, mesh 2x2x2."""
+import logging
 import os
+import shutil
 import subprocess
 import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import repo
 
+from trm.core import checkpoint as ckpt_lib
 from trm.core import config_lib
 from trm.core import dispatch
 from trm.core import mesh as mesh_lib
 from trm.core import train
 from trm import families
 from trm.core import pipeline
+from trm.core import state as state_lib
 from trm.families.trm import task as puzzle
 
 ROOT = repo.ROOT
@@ -110,6 +115,59 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
   np.testing.assert_array_equal(
       np.asarray(reference.puzzle_emb["weights"]),
       np.asarray(resumed.puzzle_emb["weights"]))
+
+
+class _SavedPosition:
+  """A data position as read back from a checkpoint (`checkpoint.save`
+  asks the iterator for it)."""
+
+  def __init__(self, state):
+    self.state = state
+
+  def get_state(self):
+    return self.state
+
+
+def _drop_fields(checkpoints, step, names):
+  """Rewrites checkpoint `step` as a version of trm whose train state had
+  no fields `names` wrote it: the same arrays, position and config record."""
+  manager = ckpt_lib.make_manager(checkpoints, max_to_keep=5)
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(), data_iter=ocp.args.JsonRestore()))
+  record = manager.metadata(step).custom_metadata[ckpt_lib.CONFIG_RECORD]
+  manager.delete(step)
+  state = {k: v for k, v in restored["state"].items() if k not in names}
+  ckpt_lib.save(manager, step, state, _SavedPosition(restored["data_iter"]),
+                config_record=record)
+  ckpt_lib.wait_until_finished(manager)
+  manager.close()
+
+
+def test_a_checkpoint_without_the_skipped_step_counters_resumes(
+    tmp_path, data_dir, caplog):
+  """A checkpoint written before the train state kept `skipped_steps` and
+  `bad_streak` resumes as the same checkpoint with them would, counters
+  at 0 (it used to be refused as another version's)."""
+  first = tiny_config(**{"data.data_dir": data_dir, "total_steps": 6})
+  train.train_and_evaluate(first, str(tmp_path / "new"), families.build_task)
+  shutil.copytree(tmp_path / "new", tmp_path / "old")
+  _drop_fields(str(tmp_path / "old" / "checkpoints"), 6,
+               state_lib.COUNTER_FIELDS)
+  config = tiny_config(**{"data.data_dir": data_dir})
+  expected, _ = train.train_and_evaluate(config, str(tmp_path / "new"),
+                                         families.build_task)
+  with caplog.at_level(logging.WARNING):
+    resumed, _ = train.train_and_evaluate(config, str(tmp_path / "old"),
+                                          families.build_task)
+  assert ("was written before trm kept ['bad_streak', 'skipped_steps'] in "
+          "the train state; they start at 0.") in caplog.text
+  assert int(resumed.step) == 12
+  assert (int(resumed.skipped_steps), int(resumed.bad_streak)) == (0, 0)
+  for a, b in zip(jax.tree.leaves(_params(expected)),
+                  jax.tree.leaves(_params(resumed))):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(np.asarray(expected.carry.z_H),
+                                np.asarray(resumed.carry.z_H))
 
 
 def test_mesh_mismatch_fails_before_anything_is_built(tmp_path):

@@ -32,10 +32,12 @@ line). A restore error that is not damage to the files (a data position
 the current dataset lacks, a mismatched config, running out of memory) stops
 the run with one line and moves nothing. Each step also carries the run's
 config record (`config_record`), so a resume is checked against it even if
-`config.json` is lost.
+`config.json` is lost. A state saved before a field of today's (the
+skipped-step counters) existed restores with that field at 0.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -54,6 +56,7 @@ from etils import epath
 
 from trm.core import cli
 from trm.core import host_arrays
+from trm.core import state as state_lib
 
 # What Orbax 0.12 writes last into every finished step, relative to the step
 # directory: the commit markers of the step and of each item, and metadata.
@@ -690,13 +693,16 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
   for step in steps:
     # A checkpoint of another config (sizes, batch, model family) is the
     # user's mistake, not corruption: say so instead of falling back.
-    restore_check.check(str(manager.directory), abstract_state, step)
+    absent = restore_check.check(str(manager.directory), abstract_state, step,
+                                 optional=state_lib.COUNTER_FIELDS)
     path = epath.Path(manager.directory) / str(step)
     logging.info("Restoring checkpoint %s", path)
+    target = _without(abstract_state, absent)
     agreed, error, restored = _read_verified(
-        path, lambda step=step: manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
-            data_iter=ocp.args.JsonRestore())), with_position=True)
+        path, lambda step=step, target=target: manager.restore(
+            step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target),
+                data_iter=ocp.args.JsonRestore())), with_position=True)
     status, fix = agreed, None
     if agreed == _OK:
       try:
@@ -724,12 +730,38 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
       _set_aside(manager, [s for s, _ in failures])
       logging.warning("Resuming from checkpoint %s instead of the newer, "
                       "damaged step(s) %s.", path, [s for s, _ in failures])
-    return restored["state"]
+    if absent:
+      logging.warning("Checkpoint %s was written before trm kept %s in the "
+                      "train state; they start at 0.", path, absent)
+    return _with_zeros(abstract_state, restored["state"], absent)
   raise CheckpointError(
       f"{manager.directory} holds checkpoints (steps {sorted(steps)}) but none"
       f" can be restored; the newest, step {failures[0][0]}: "
       f"{failures[0][1]}. Refusing to start from scratch over them: move "
       "the directory away or use another --workdir (nothing was moved).")
+
+
+def _without(abstract_state, absent):
+  """`abstract_state`, or with fields `absent` (names) a dict of its other
+  fields: the tree a checkpoint lacking those fields holds."""
+  if not absent:
+    return abstract_state
+  return {field.name: getattr(abstract_state, field.name)
+          for field in dataclasses.fields(abstract_state)
+          if field.name not in absent}
+
+
+def _with_zeros(abstract_state, restored, absent):
+  """The restored state with the fields `absent` from its checkpoint made as
+  zeros on `abstract_state`'s shardings (`restored`: `_without`'s tree)."""
+  if not absent:
+    return restored
+  zeros = {name: jax.jit(
+      functools.partial(jnp.zeros, spec.shape, spec.dtype),
+      out_shardings=spec.sharding)()
+           for name in absent
+           for spec in [getattr(abstract_state, name)]}
+  return abstract_state.replace(**restored, **zeros)
 
 
 def restore_fields(directory: str, abstract_fields: dict,

@@ -81,26 +81,33 @@ def _short(paths) -> str:
 
 
 def check(directory: str, abstract, step: int | None = None,
-          fields=None, family: str | None = None) -> None:
+          fields=None, family: str | None = None,
+          optional=()) -> list[str]:
   """Raises CheckpointMismatchError unless step `step` (default: the newest)
   of the Orbax checkpoints in `directory` holds a state with the tree and
   shapes of `abstract` (a pytree of arrays or ShapeDtypeStructs, e.g. the
   abstract TrainState or {'params': ...}). With `fields` (or when `abstract`
   is a dict), only those top-level fields are compared, as a partial restore
   reads them; `family` ('TRM (puzzle)' or 'DiffuCoder/Dream') names the
-  model the config describes when the tensors alone do not tell. Does nothing
-  if there is no checkpoint or its metadata cannot be read."""
+  model the config describes when the tensors alone do not tell. Top-level
+  fields named in `optional` (fields a later version added) may be absent
+  from the checkpoint: returns those it lacks, [] if none (or nothing was
+  read: no checkpoint, or metadata that cannot be read)."""
   step = latest_step(directory) if step is None else step
   if step is None:
-    return
+    return []
   step_dir = os.path.join(str(directory), str(step))
   saved = saved_shapes(step_dir)
   if saved is None:
-    return
+    return []
   expected = _shapes(abstract)
   if fields is None and isinstance(abstract, dict):
     fields = list(abstract)
   saved_fields = {p.split("/")[0] for p in saved}
+  absent = sorted({p.split("/")[0] for p in expected}
+                  & (set(optional) - saved_fields))
+  expected = {p: s for p, s in expected.items()
+              if p.split("/")[0] not in absent}
   expected_fields = {p.split("/")[0] for p in expected}
   ours = family or _family(expected)
   theirs = _family(saved)
@@ -145,7 +152,7 @@ def check(directory: str, abstract, step: int | None = None,
   wrong = [(p, saved[p], expected[p]) for p in sorted(expected)
            if saved[p] != expected[p]]
   if not wrong:
-    return
+    return absent
   # A parameter's shape says most; the carry's alone differ when only the
   # batch (or the dataset's seq_len) changed.
   wrong.sort(key=lambda w: (w[0].startswith("carry/"),

@@ -16,10 +16,15 @@ import jax.numpy as jnp
 from clu import metrics as clu_metrics
 
 
+# The skipped-step counters (see `skip_nonfinite`). Checkpoints written
+# before they existed lack them; a resume starts them at 0
+# (`trm.core.checkpoint.restore_latest`).
+COUNTER_FIELDS = ("skipped_steps", "bad_streak")
+
+
 def zero_counters() -> dict:
   """The skipped-step counters of a fresh state (see `skip_nonfinite`)."""
-  return {"skipped_steps": jnp.zeros((), jnp.int32),
-          "bad_streak": jnp.zeros((), jnp.int32)}
+  return {name: jnp.zeros((), jnp.int32) for name in COUNTER_FIELDS}
 
 
 def all_finite(*trees) -> jax.Array:
