@@ -153,6 +153,12 @@ def test_chat_history_and_timings(lm):
     (dict(cache="prefix", block_length=4, return_history=True),
      "return_history: not "
      "available with cache"),
+    (dict(threshold=0.9), "threshold=0.9: cached block decoding only"),
+    (dict(fast_dllm=True), "fast_dllm=True: cached block decoding only"),
+    (dict(cache="dual", block_length=4, steps=4, fast_dllm="yes"),
+     "fast_dllm='yes': must be True or False"),
+    (dict(cache="dual", block_length=2, steps=2, fast_dllm=True),
+     "steps=2: with fast_dllm, give at least 2 steps per block (4)"),
 ])
 def test_api_bad_settings_are_one_clear_line(lm, kwargs, message):
   with pytest.raises(ValueError) as info:
@@ -222,6 +228,9 @@ def test_cli_compiles_once_and_prints_both_times(checkpoint):
     ("--cache=dual --block_length=3", "block_length=3: must divide "
      "max_new_tokens=256"),
     ("--cache=prefix --threshold=1.5", "threshold=1.5: must lie in (0, 1]"),
+    ("--fast_dllm", "fast_dllm: Fast-dLLM's block rules need --cache"),
+    ("--cache=dual --fast_dllm --alg=maskgit_plus",
+     "alg='maskgit_plus': with fast_dllm, fixed steps rank by entropy"),
 ])
 def test_cli_bad_settings_are_one_line(checkpoint, flag, message):
   result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3", *flag.split())

@@ -17,7 +17,8 @@ reference callers do. `--top_k` defaults to 50, what Hugging Face's
 `diffusion_generate` runs with; `--top_k=0` turns it off. `--cache=dual`
 (or `prefix`) switches to Fast-dLLM-style cached block decoding, with
 `--block_length` and, for parallel decoding, `--threshold` (approximate;
-see `trm/families/dream/cached_sampling.py`).
+see `trm/families/dream/cached_sampling.py`); `--fast_dllm` takes
+Fast-dLLM's own block rules, so that its outputs are reproduced.
 """
 from __future__ import annotations
 
@@ -90,10 +91,18 @@ def sampler_settings(holders: dict) -> dict:
   if value["threshold"] is not None and not value["cache"]:
     raise ValueError(f"threshold={value['threshold']}: parallel decoding "
                          "needs --cache=dual or --cache=prefix.")
+  fast_dllm = bool(value.get("fast_dllm", False))
+  if fast_dllm and not value["cache"]:
+    raise ValueError("fast_dllm: Fast-dLLM's block rules need --cache=dual "
+                     "or --cache=prefix.")
   if value["cache"]:
     from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
     cached = {name: value[name] for name in ("cache", "block_length",
                                              "threshold")}
+    # Only when set: settings recorded before the flag existed (a samples
+    # file's, for --resume) stay equal to today's default.
+    if fast_dllm:
+      cached["fast_dllm"] = True
     cached_sampling.check_cached_settings(
         **cached, max_new_tokens=settings["max_new_tokens"],
         steps=settings["steps"], alg=settings["alg"])
@@ -109,7 +118,8 @@ def describe(settings: dict) -> str:
           if settings["threshold"] is not None
           else f"{settings['steps']} steps")
   return (f"{settings['cache']} cache, blocks of {settings['block_length']},"
-          f" {rule}")
+          f" {rule}" + (", Fast-dLLM's rules" if settings.get("fast_dllm")
+                        else ""))
 
 
 def load_model(checkpoint: str, holders: dict, config=None):
@@ -129,7 +139,7 @@ def define_sampler_flags(*, temperature: float = 0.0,
   """The sampling flags trm.generate and trm.evaluate share, by name:
   max_new_tokens, steps, alg, alg_temp, temperature, top_p, top_k, seed,
   batch_size, dtype, allow_nonfinite, tokenizer, chat, cache, block_length,
-  threshold (holders: read `.value`)."""
+  threshold, fast_dllm (holders: read `.value`)."""
   return dict(
       tokenizer=flags.DEFINE_string(
           "tokenizer", None, "Directory with tokenizer.json, or 'bytes'; "
@@ -169,7 +179,11 @@ def define_sampler_flags(*, temperature: float = 0.0,
       threshold=flags.DEFINE_float(
           "threshold", None, "With --cache: reveal every token at least "
           "this probable (and one per step at least); unset: fixed steps "
-          "per block."))
+          "per block."),
+      fast_dllm=flags.DEFINE_bool(
+          "fast_dllm", False, "With --cache: Fast-dLLM's own block rules "
+          "(the refresh commits each block's first token, windows start "
+          "at the block), reproducing its generate token for token."))
 
 
 def define_flags():

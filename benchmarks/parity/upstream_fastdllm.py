@@ -41,7 +41,8 @@ Fast-dLLM's code computes:
             (`cached_sampling.cached_generate`) vs `emulate(..., our rules)`.
             (b) proves Fast-dLLM's cached decoding runs on our model and
             cache exactly; (c) that our jitted sampler does what the
-            documented rules say.
+            documented rules say; (d) our cached sampler with
+            `fast_dllm=True` vs Fast-dLLM's block decoding itself.
 
 MEASURED (INFO, not scored): our cached sampler vs Fast-dLLM's on the same
 setting, and each one's agreement with the exact sampler. They differ BY
@@ -283,14 +284,16 @@ class OursCached:
         self.params, jnp.asarray(x[:, start:start + width], jnp.int32), pos,
         kv, start))
 
-  def generate(self, ids, *, cache, block_length, threshold, steps, new):
+  def generate(self, ids, *, cache, block_length, threshold, steps, new,
+               fast_dllm=False):
     import numpy as np  # pylint: disable=g-import-not-at-top
     from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
     return np.asarray(cached_sampling.cached_generate(
         self.model, ids, None, params=self.params,
         mask_token_id=self.ours.cfg.mask_token_id, max_new_tokens=new,
         cache=cache, block_length=block_length, threshold=threshold,
-        steps=steps, alg="entropy", temperature=0.0, top_p=None, top_k=None))
+        steps=steps, alg="entropy", temperature=0.0, top_p=None, top_k=None,
+        fast_dllm=fast_dllm))
 
 
 def _probs(logits):
@@ -498,7 +501,7 @@ def check_generate(up, up_model, oc: OursCached, opts: Options, rng,
     for steps in steps_list:
       label = f"{name}" + ("" if thr else f" {steps}") + (
           f" {threshold:g}" if thr else "")
-      theirs, mine, emu = [], [], {}
+      theirs, mine, mine_fd, emu = [], [], [], {}
       forwards = {}
       for batch in runs:
         kw = dict(block=True, block_length=bl, dual_cache=dual,
@@ -509,6 +512,9 @@ def check_generate(up, up_model, oc: OursCached, opts: Options, rng,
         theirs.append(upstream_generate(up, up_model, batch, **kw))
         mine.append(oc.generate(batch, cache=cache, block_length=bl,
                                 threshold=threshold, steps=steps, new=n))
+        mine_fd.append(oc.generate(batch, cache=cache, block_length=bl,
+                                   threshold=threshold, steps=steps, new=n,
+                                   fast_dllm=True))
         for first in ("position0", "rule"):
           for offset in (0, 1):
             seq, f = emulate(oc, batch, new=n, block_length=bl, steps=steps,
@@ -518,11 +524,14 @@ def check_generate(up, up_model, oc: OursCached, opts: Options, rng,
             forwards[(first, offset)] = forwards.get((first, offset), 0) + f
       theirs = np.concatenate(theirs)[:, p:]
       mine = np.concatenate(mine)[:, p:]
+      mine_fd = np.concatenate(mine_fd)[:, p:]
       emu = {k: np.concatenate(v)[:, p:] for k, v in emu.items()}
       emit(compare_tokens(f"gen {label}: Fast-dLLM == emulation",
                           emu[("position0", 0)], theirs))
       emit(compare_tokens(f"gen {label}: ours == emulation", mine,
                           emu[("rule", 1)]))
+      emit(compare_tokens(f"gen {label}: ours fast_dllm == Fast-dLLM",
+                          mine_fd, theirs))
       emit(info_tokens(f"gen {label}: ours vs Fast-dLLM", mine, theirs))
       # The threshold rule ranks by top probability: exact maskgit_plus.
       exact_rows = exact["maskgit_plus" if thr else "entropy"][:, p:]

@@ -3,7 +3,7 @@ checks (exit 2, one line naming the flag, before any heavy import), the
 import of an upstream folder (stand-in files), and the script's own
 machinery on a tiny random model of ours: the emulation with our rules
 gives our cached sampler's tokens, with Fast-dLLM's rules it differs (the
-measured difference), and `--perturb`'s weight change fails the float
+measured difference) and gives our sampler's with `fast_dllm=True`, and `--perturb`'s weight change fails the float
 checks."""
 from __future__ import annotations
 
@@ -132,23 +132,34 @@ def tiny(script):
   return script.OursCached(ours), ids
 
 
-@pytest.mark.parametrize("cache, threshold", [("prefix", None),
-                                              ("dual", None),
-                                              ("dual", 0.5)])
-def test_emulation_with_our_rules_is_our_sampler(script, tiny, cache,
-                                                 threshold):
+# The emulation's switches for each side's block rules.
+RULES = {False: dict(first="rule", offset=1),  # ours
+         True: dict(first="position0", offset=0)}  # Fast-dLLM's
+
+
+@pytest.mark.parametrize("fast_dllm", [False, True],
+                         ids=["our rules", "fast_dllm"])
+@pytest.mark.parametrize("cache, threshold", [
+    ("prefix", None), ("dual", None), ("prefix", 0.5), ("dual", 0.5)])
+def test_our_sampler_is_the_emulation_of_its_rules(script, tiny, cache,
+                                                    threshold, fast_dllm):
+  """Our cached sampler runs the rules the script's emulation runs: ours,
+  or with `fast_dllm=True` Fast-dLLM's (which the exact check (b) holds
+  equal to Fast-dLLM's own code). 16 tokens in blocks of 8, where the two
+  rules pick 2-5 tokens differently on this model (the measured,
+  by-design difference)."""
   oc, ids = tiny
-  settings = dict(block_length=4, threshold=threshold, steps=8)
-  mine = oc.generate(ids, cache=cache, new=8, **settings)
-  emu, _ = script.emulate(oc, ids, new=8, dual=cache == "dual",
-                          first="rule", offset=1, **settings)
-  script_check = script.compare_tokens("ours == emulation", mine, emu)
-  assert script_check.passed, script_check.line()
-  # Fast-dLLM's rules on the same model: a different token order (the
-  # measured, by-design difference), not the same program.
-  theirs, _ = script.emulate(oc, ids, new=8, dual=cache == "dual",
-                             first="position0", offset=0, **settings)
-  assert (theirs[:, 6:] != MASK).all()
+  settings = dict(block_length=8, threshold=threshold, steps=8)
+  dual = cache == "dual"
+  mine = oc.generate(ids, cache=cache, new=16, fast_dllm=fast_dllm,
+                     **settings)
+  emu, _ = script.emulate(oc, ids, new=16, dual=dual, **RULES[fast_dllm],
+                          **settings)
+  check = script.compare_tokens("ours == emulation", mine, emu)
+  assert check.passed, check.line()
+  other, _ = script.emulate(oc, ids, new=16, dual=dual,
+                            **RULES[not fast_dllm], **settings)
+  assert (other[:, 6:] != MASK).all() and not np.array_equal(mine, other)
 
 
 def test_emulation_reveals_the_block_start_first_with_fastdllm_rules(

@@ -144,6 +144,11 @@ def test_real_model_dual_and_prefix_fill_the_canvas_with_sampling():
     (dict(threshold=None, steps=6), "steps=6: must be a multiple of the "
      "number of blocks (4"),
     (dict(threshold=None, alg="origin"), "alg='origin': cached decoding"),
+    (dict(threshold=None, fast_dllm=True, alg="maskgit_plus"),
+     "alg='maskgit_plus': with fast_dllm, fixed steps rank by entropy"),
+    (dict(threshold=None, fast_dllm=True, steps=4),
+     "steps=4: with fast_dllm, give at least 2 steps per block (8)"),
+    (dict(fast_dllm=1), "fast_dllm=1: must be True or False"),
 ])
 def test_bad_settings_name_the_argument(kwargs, message):
   settings = dict(cache="dual", block_length=4, threshold=0.9,

@@ -21,6 +21,19 @@ position j from the output at j - 1. Two reveal rules:
                   confident one per row, until the block is done; the step
                   count then follows the model's confidence.
 
+With `fast_dllm=True` the block rules are Fast-dLLM's own
+(`generation_utils_block.py`, NVlabs/Fast-dLLM 24cc59e), so that its
+results can be reproduced token for token: the refresh forward commits the
+block's first token by the token draw alone (nothing else is revealed
+there), the windows start at the block (its first row stands in for itself,
+that token being decoded already), fixed steps rank by entropy and reveal
+`int(masked * (1 - s/t))` from the schedule's step 1 on. Two of its
+behaviours are refused rather than copied: fixed steps need two steps per
+block (with one, Fast-dLLM leaves the block masked after its first token),
+and `alg` must be 'entropy' (it ranks by entropy whatever `alg` says). Its
+threshold rule reads row 0 only (so batched rows follow the first row's
+choices); ours applies it to every row, which is the same at batch 1.
+
 The exact sampler is `diffusion_sampling.diffusion_generate`; this one trades
 exactness for speed (BUILD_NOTES.md has the measured agreement).
 """
@@ -43,9 +56,12 @@ ALGS = ("maskgit_plus", "topk_margin", "entropy")
 
 def check_cached_settings(*, cache: str, block_length: int,
                           threshold: Optional[float], max_new_tokens: int,
-                          steps: Optional[int], alg: str) -> int:
+                          steps: Optional[int], alg: str,
+                          fast_dllm: bool = False) -> int:
   """One ValueError naming the argument; returns the steps per block
   (0 with a threshold)."""
+  if not isinstance(fast_dllm, (bool, np.bool_)):
+    raise ValueError(f"fast_dllm={fast_dllm!r}: must be True or False.")
   if cache not in CACHES:
     raise ValueError(f"cache={cache!r}: must be one of {CACHES} (or unset "
                      "for the exact sampler).")
@@ -67,17 +83,26 @@ def check_cached_settings(*, cache: str, block_length: int,
   if steps % blocks:
     raise ValueError(f"steps={steps}: must be a multiple of the number of "
                      f"blocks ({blocks} = max_new_tokens / block_length).")
+  if fast_dllm and alg != "entropy":
+    raise ValueError(f"alg={alg!r}: with fast_dllm, fixed steps rank by "
+                     "entropy as Fast-dLLM's block loop does whatever its "
+                     "alg; pass alg='entropy'.")
+  if fast_dllm and steps // blocks < 2 and block_length > 1:
+    raise ValueError(f"steps={steps}: with fast_dllm, give at least 2 steps "
+                     f"per block ({2 * blocks}); with one, Fast-dLLM's block "
+                     "loop decodes only each block's first token and leaves "
+                     "the rest masked.")
   return steps // blocks
 
 
 @functools.partial(jax.jit, static_argnames=(
     "model", "mask_token_id", "max_new_tokens", "block_length", "steps",
     "cache", "threshold", "alg", "alg_temp", "temperature", "top_p", "top_k",
-    "use_mask", "eps"))
+    "use_mask", "eps", "fast_dllm"))
 def _generate(model, params, input_ids, attention_mask, rng, *,
               mask_token_id, max_new_tokens, block_length, steps, cache,
               threshold, alg, alg_temp, temperature, top_p, top_k, use_mask,
-              eps):
+              eps, fast_dllm):
   b, p = input_ids.shape
   length = p + max_new_tokens
   if model.prepare is not None:
@@ -88,10 +113,16 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
   if pos is None:  # windows slice the positions: make them explicit
     pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
   conf_kind = alg if threshold is None else "maskgit_plus"
-  counts = jnp.asarray(
-      reveal_rules.reveal_schedule(max(steps, 1), block_length, eps),
-      jnp.int32)
+  if fast_dllm:  # step 0 commits one token; the schedule's step 1 on, the rest
+    schedule = [1] + reveal_rules.reveal_schedule(
+        max(steps, 1), block_length - 1, eps, first=1)
+  else:
+    schedule = reveal_rules.reveal_schedule(max(steps, 1), block_length, eps)
+  counts = jnp.asarray(schedule, jnp.int32)
   block_ids = jnp.arange(block_length)
+  # Where each window starts, before the block: ours one position before it
+  # (Dream predicts position j from the output at j - 1); Fast-dLLM's at it.
+  lead = 0 if fast_dllm else 1
 
   def reveal(x, h, start, key, count):
     """Sample the block at `start` from hidden rows h [B, block, D] (row j
@@ -113,17 +144,31 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
     block = jnp.where(chosen, x0, block)
     return jax.lax.dynamic_update_slice_in_dim(x, block, start, axis=1)
 
+  def commit_first(x, h, start, key):
+    """Fast-dLLM's refresh step: the block's first token, drawn from the
+    row predicting it (h [B, 1, D]), whatever its confidence."""
+    _, x0 = token_draws.sample_tokens(
+        model.head(params, h), key, temperature=temperature, top_p=top_p,
+        top_k=top_k, conf_kind="maskgit_plus")
+    return jax.lax.dynamic_update_slice_in_dim(
+        x, x0.astype(x.dtype), start, axis=1)
+
   def decode_block(x, start, key, width):
     """All steps of the block at `start`; windows of `width` positions."""
     hidden, kv = model.encode(params, x, key_mask, pos)
     rows = jax.lax.dynamic_slice_in_dim(hidden, start - 1, block_length, 1)
-    x = reveal(x, rows, start, jax.random.fold_in(key, 0), counts[0])
+    if fast_dllm:
+      x = commit_first(x, rows[:, :1], start, jax.random.fold_in(key, 0))
+    else:
+      x = reveal(x, rows, start, jax.random.fold_in(key, 0), counts[0])
 
     def cached_step(x, i):
-      at = start - 1
+      at = start - lead
       tokens = jax.lax.dynamic_slice_in_dim(x, at, width, axis=1)
       positions = jax.lax.dynamic_slice_in_dim(pos, at, width, axis=1)
       h = model.window(params, tokens, positions, kv, at, key_mask)
+      if fast_dllm:  # row 0 (the decoded first token) stands for itself
+        h = jnp.concatenate([h[:, :1], h[:, :block_length - 1]], axis=1)
       return reveal(x, h[:, :block_length], start,
                     jax.random.fold_in(key, i), counts[i])
 
@@ -143,11 +188,11 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
     return jax.lax.fori_loop(
         0, blocks, lambda j, x: decode_block(
             x, p + j * block_length, jax.random.fold_in(rng, j),
-            block_length + 1), x)
+            block_length + lead), x)
   for j in range(blocks):  # the prefix window shrinks block by block
     start = p + j * block_length
     x = decode_block(x, start, jax.random.fold_in(rng, j),
-                     length - start + 1)
+                     length - start + lead)
   return x
 
 
@@ -158,13 +203,14 @@ def static_settings(*, mask_token_id: int, max_new_tokens: int,
                     alg: str = "entropy", alg_temp: Optional[float] = None,
                     temperature: float = 0.0, top_p: Optional[float] = None,
                     top_k: Optional[int] = ds.DEFAULT_TOP_K,
-                    use_mask: bool = False) -> dict:
+                    use_mask: bool = False, fast_dllm: bool = False) -> dict:
   """Checked, normalised static arguments of `_generate` (one compiled
   program per setting whatever the caller's number types)."""
   steps = max_new_tokens if steps is None else steps
   per_block = check_cached_settings(
       cache=cache, block_length=block_length, threshold=threshold,
-      max_new_tokens=max_new_tokens, steps=steps, alg=alg)
+      max_new_tokens=max_new_tokens, steps=steps, alg=alg,
+      fast_dllm=fast_dllm)
   return dict(
       mask_token_id=int(mask_token_id), max_new_tokens=int(max_new_tokens),
       block_length=int(block_length), steps=int(per_block), cache=cache,
@@ -173,7 +219,7 @@ def static_settings(*, mask_token_id: int, max_new_tokens: int,
       temperature=float(temperature),
       top_p=None if top_p is None else float(top_p),
       top_k=int(top_k) if top_k else None, use_mask=bool(use_mask),
-      eps=float(eps))
+      eps=float(eps), fast_dllm=bool(fast_dllm))
 
 
 def cached_generate(model, input_ids, attention_mask=None, *, params,
@@ -183,7 +229,8 @@ def cached_generate(model, input_ids, attention_mask=None, *, params,
   `model` is a `dream_cache.CachedDenoiser` (a static jit argument: reuse
   the object). `settings` are those of `static_settings`: the sampling
   arguments of `diffusion_generate` plus `cache`, `block_length` and
-  `threshold`; `steps` (default max_new_tokens) only counts with
+  `threshold`, and `fast_dllm` (Fast-dLLM's block rules, see the module
+  docstring); `steps` (default max_new_tokens) only counts with
   `threshold=None`. Prompts must be non-empty (the first block is predicted
   from the prompt's last output).
   """

@@ -445,7 +445,8 @@ class DiffusionLM:
         compiled = self._lower_cached(ids, mask, history, settings).compile()
       else:
         settings = {k: v for k, v in settings.items()
-                    if k not in ("cache", "block_length", "threshold")}
+                    if k not in ("cache", "block_length", "threshold",
+                                 "fast_dllm")}
         compiled = diffusion_sampling.lower_generate(
             self._denoiser, ids, mask, params=self.params,
             mask_token_id=self.cfg.mask_token_id, return_history=history,
@@ -474,6 +475,7 @@ class DiffusionLM:
                seed: int = 0, return_tokens: bool = False,
                return_history: bool = False, cache: Optional[str] = None,
                block_length: int = 32, threshold: Optional[float] = None,
+               fast_dllm: bool = False,
                prompt_bucket: int = PROMPT_BUCKET,
                return_dict_in_generate: bool = False,
                output_history: bool = False):
@@ -483,7 +485,9 @@ class DiffusionLM:
     ('prefix' or 'dual') selects Fast-dLLM-style cached block decoding
     (`cached_sampling`: approximate, much faster on long canvases) with
     blocks of `block_length` tokens and, with `threshold`, confidence-
-    threshold parallel decoding; unset, the exact reference sampler runs. With
+    threshold parallel decoding; `fast_dllm` switches its block rules to
+    Fast-dLLM's own, which it then reproduces token for token (greedy);
+    unset, the exact reference sampler runs. With
     `return_tokens` (or `return_history`) a `Generation` comes back instead,
     holding the raw sequences and, with `return_history`, the canvas after
     every step. `return_dict_in_generate` and `output_history` are Hugging
@@ -518,7 +522,13 @@ class DiffusionLM:
       from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
       cached_sampling.check_cached_settings(
           cache=cache, block_length=block_length, threshold=threshold,
-          max_new_tokens=max_new_tokens, steps=steps, alg=alg)
+          max_new_tokens=max_new_tokens, steps=steps, alg=alg,
+          fast_dllm=fast_dllm)
+    elif fast_dllm or threshold is not None:
+      name = ("fast_dllm=True" if fast_dllm
+              else f"threshold={threshold!r}")
+      raise ValueError(f"{name}: cached block decoding only; pass "
+                       "cache='dual' or cache='prefix'.")
     token_lists = self.encode(prompts, chat)
     empty = [i for i, t in enumerate(token_lists) if not t]
     if empty:
@@ -555,7 +565,7 @@ class DiffusionLM:
     if cache is not None:
       settings.update(cache=cache, block_length=int(block_length),
                       threshold=None if threshold is None
-                      else float(threshold))
+                      else float(threshold), fast_dllm=bool(fast_dllm))
     compiled, compile_seconds = self.compile(
         size, ids.shape[1], padded=padded, history=return_history, **settings)
     # The prompts go where the program wants them (split over the batch

@@ -37,15 +37,17 @@ def transfer_ratios(steps: int, eps: float) -> np.ndarray:
 
 
 def reveal_schedule(steps: int, max_new_tokens: int,
-                    eps: float = 1e-3) -> list[int]:
+                    eps: float = 1e-3, first: int = 0) -> list[int]:
   """Tokens revealed at each step for an un-padded canvas (confidence algs).
 
   k = int(num_masked * (1 - s/t)) truncated in float32, the last step
-  reveals whatever is left.
+  reveals whatever is left. With `first`, the schedule's steps from `first`
+  on reveal `max_new_tokens` (Fast-dLLM's block loop: its step 0 commits
+  one token by itself, steps 1.. follow the schedule).
   """
   ratios = transfer_ratios(steps, eps)
   left, out = int(max_new_tokens), []
-  for i in range(steps):
+  for i in range(first, steps):
     k = int(np.float32(left) * ratios[i]) if i < steps - 1 else left
     out.append(k)
     left -= k
