@@ -359,25 +359,31 @@ def test_tiny_diffucoder_sampling_loop_compiles_for_v4_8():
   assert "verdict: FITS" in text
 
 
-def test_tiny_diffucoder_cached_sampler_compiles_for_v4_8():
+@pytest.mark.parametrize("fast_dllm", [False, True],
+                         ids=["our rules", "fast_dllm"])
+def test_tiny_diffucoder_cached_sampler_compiles_for_v4_8(fast_dllm):
   sample = aot.SampleSettings(batch=None, prompt_len=24, max_new_tokens=16,
                               steps=8, alg="entropy", temperature=0.3,
-                              top_p=0.95, cache="dual", block_length=8)
+                              top_p=0.95, cache="dual", block_length=8,
+                              fast_dllm=fast_dllm)
   report = aot.compile_report(_tiny_dream_config(), aot.parse_topology("v4-8"),
                               1, None, sample)
   assert report["mode"] == "sample" and report["cache"] == "dual"
   assert report["sample_batch"] == 4 and report["per_device_batch"] == 1
   assert report["fits"] and 0 < report["total_gib"] < 1
   # 2 blocks of 8, 4 steps each: per block one full forward over 40
-  # positions, then 3 windows of 9 queries against the 40 keys.
+  # positions, then 3 windows of 9 queries (Fast-dLLM's: 8) against the
+  # 40 keys.
   cfg = dream.DreamConfig.from_config(_tiny_dream_config().model)
   full = lm_steps.train_flops_per_example(cfg, 24 + 16) // 3
   assert sample_program.forward_flops(cfg, 40, 40) == full
-  window = sample_program.forward_flops(cfg, 9, 40)
+  window = sample_program.forward_flops(cfg, 8 if fast_dllm else 9, 40)
   assert window < full
   assert report["sample_flops_per_call"] == 4 * 2 * (full + 3 * window)
+  assert report["fast_dllm"] == fast_dllm
   text = aot.format_report(report)
-  assert "cache dual, blocks of 8, threshold None" in text
+  assert "cache dual, blocks of 8, threshold None" + (
+      ", Fast-dLLM's rules;" if fast_dllm else ";") in text
   assert "per block one full forward + window forwards" in text
   assert "verdict: FITS" in text
 
@@ -422,6 +428,9 @@ def test_sample_flops_are_a_third_of_training_per_forward():
     (dict(threshold=0.9), "--threshold=0.9: only with --cache"),
     (dict(cache="prefix", steps=3), "--steps=3: must be a multiple"),
     (dict(cache="dual", alg="origin"), "--alg='origin': cached decoding"),
+    (dict(fast_dllm=True), "--fast_dllm: only with --cache"),
+    (dict(cache="dual", fast_dllm=True, alg="maskgit_plus"),
+     "--alg='maskgit_plus': with fast_dllm"),
 ])
 def test_bad_sample_settings(kwargs, match):
   with pytest.raises(ValueError, match=match):

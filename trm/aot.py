@@ -149,6 +149,7 @@ class SampleSettings:
   cache: str = "none"      # none: the exact loop; prefix / dual: cached
   block_length: int = 32   # cached: tokens per block
   threshold: float | None = None  # cached: parallel decoding threshold
+  fast_dllm: bool = False  # cached: Fast-dLLM's own block rules
 
   def __post_init__(self):
     for flag, value in (("sample_batch", self.batch),
@@ -211,7 +212,7 @@ def compile_report(config, topology: Topology, num_slices: int,
         "steps": sample.steps, "alg": sample.alg,
         "temperature": sample.temperature, "top_p": sample.top_p,
         "cache": sample.cache, "block_length": sample.block_length,
-        "threshold": sample.threshold,
+        "threshold": sample.threshold, "fast_dllm": sample.fast_dllm,
         "param_dtype": config.model.param_dtype,
         "sample_flops_per_call": flops,
         "call_seconds_at_50pct_mfu": seconds,
@@ -295,7 +296,9 @@ def format_report(report: dict) -> str:
         f"{report['steps']} steps, alg {report['alg']}, temperature "
         f"{report['temperature']:g}, top_p {report['top_p']}; "
         + (f"cache {report['cache']}, blocks of {report['block_length']}, "
-           f"threshold {report['threshold']}; "
+           f"threshold {report['threshold']}"
+           + (", Fast-dLLM's rules" if report.get("fast_dllm") else "")
+           + "; "
            if report.get("cache", "none") != "none" else "cache none; ")
         + f"params {report['param_dtype']}"]
   else:
@@ -562,7 +565,7 @@ def main(argv):
 _TRAIN_ONLY = ("seq_len", "vocab_size", "num_puzzle_identifiers")
 _SAMPLE_ONLY = ("sample_batch", "prompt_len", "max_new_tokens", "steps",
                 "alg", "temperature", "top_p", "cache", "block_length",
-                "threshold")
+                "threshold", "fast_dllm")
 
 
 def sample_settings_from_flags(config) -> SampleSettings | None:
@@ -586,7 +589,7 @@ def sample_settings_from_flags(config) -> SampleSettings | None:
         steps=_MAX_NEW.value if _STEPS.value is None else _STEPS.value,
         alg=_ALG.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
         cache=_CACHE.value, block_length=_BLOCK_LENGTH.value,
-        threshold=_THRESHOLD.value)
+        threshold=_THRESHOLD.value, fast_dllm=_FAST_DLLM.value)
     family.check_sample_settings(settings)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
@@ -600,7 +603,7 @@ def define_flags():
   global _FORECAST, _FORECAST_JSON, _SEARCH, _SEARCH_TOP, _SEARCH_LIMIT
   global _EFFICIENCY, _CALIBRATE, _BATCH_SCALING, _COLLECTIVES, _DCN_OVERLAP
   global _SAMPLE_BATCH, _PROMPT_LEN, _MAX_NEW, _STEPS, _ALG, _TEMPERATURE
-  global _TOP_P, _CACHE, _BLOCK_LENGTH, _THRESHOLD, _SAVE_COMPILED
+  global _TOP_P, _CACHE, _BLOCK_LENGTH, _THRESHOLD, _FAST_DLLM, _SAVE_COMPILED
   global _CHIP_HOUR_PRICE
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                             lock_config=True)
@@ -680,6 +683,8 @@ def define_flags():
   _THRESHOLD = flags.DEFINE_float("threshold", None, "sample, with --cache: "
                                   "parallel decoding threshold (None: fixed "
                                   "steps per block).")
+  _FAST_DLLM = flags.DEFINE_bool("fast_dllm", False, "sample, with --cache: "
+                                 "Fast-dLLM's own block rules.")
 
 
 if __name__ == "__main__":

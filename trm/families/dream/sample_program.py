@@ -43,12 +43,15 @@ def check_settings(sample) -> None:
     if sample.threshold is not None:
       raise ValueError(f"--threshold={sample.threshold}: only with "
                        "--cache=prefix or --cache=dual.")
+    if sample.fast_dllm:
+      raise ValueError("--fast_dllm: only with --cache=prefix or "
+                       "--cache=dual.")
     return
   try:  # cached_sampling's messages start "name=value": make them flags
     cached_sampling.check_cached_settings(
         cache=sample.cache, block_length=sample.block_length,
         threshold=sample.threshold, max_new_tokens=sample.max_new_tokens,
-        steps=sample.steps, alg=sample.alg)
+        steps=sample.steps, alg=sample.alg, fast_dllm=sample.fast_dllm)
   except ValueError as e:
     raise ValueError(f"--{e}") from None
 
@@ -73,11 +76,13 @@ def forward_flops(cfg, queries: int, keys: int) -> int:
 def cached_flops_per_call(cfg, batch: int, prompt_len: int,
                           max_new_tokens: int, steps: int, cache: str,
                           block_length: int,
-                          threshold: float | None) -> int:
+                          threshold: float | None,
+                          fast_dllm: bool = False) -> int:
   """Model FLOPs of one cached call: per block one full forward over
   prompt + canvas (the cache refresh), then steps_per_block - 1 window
   forwards whose queries attend to the whole sequence (dual: block + 1
-  positions; prefix: the block, everything after it, + 1). With a threshold
+  positions; prefix: the block, everything after it, + 1; without the + 1
+  with `fast_dllm`). With a threshold
   the step count follows the model's confidence: counted at its bound,
   block_length steps per block (one token per step)."""
   length = prompt_len + max_new_tokens
@@ -86,7 +91,8 @@ def cached_flops_per_call(cfg, batch: int, prompt_len: int,
   total = 0
   for j in range(blocks):
     start = prompt_len + j * block_length
-    width = block_length + 1 if cache == "dual" else length - start + 1
+    lead = 0 if fast_dllm else 1  # the window's position before the block
+    width = (block_length if cache == "dual" else length - start) + lead
     total += (forward_flops(cfg, length, length)
               + (per_block - 1) * forward_flops(cfg, width, length))
   return total * batch
@@ -118,11 +124,13 @@ def build(config, ctx, sample):
             max_new_tokens=sample.max_new_tokens, steps=sample.steps,
             cache=sample.cache, block_length=sample.block_length,
             threshold=sample.threshold, alg=sample.alg,
-            temperature=sample.temperature, top_p=sample.top_p).compile()
+            temperature=sample.temperature, top_p=sample.top_p,
+            fast_dllm=sample.fast_dllm).compile()
 
     return compile_cached, cached_flops_per_call(
         cfg, sample.batch, sample.prompt_len, sample.max_new_tokens,
-        sample.steps, sample.cache, sample.block_length, sample.threshold)
+        sample.steps, sample.cache, sample.block_length, sample.threshold,
+        sample.fast_dllm)
 
   def compile_sampler():
     with ctx:
