@@ -13,8 +13,28 @@ import jax
 import numpy as np
 
 
-def grain_iterator(source, prefetch: int = 2, num_threads: int = 1):
-  """A checkpointable iterator over a random-access source."""
+class _AtLeast:
+  """`source`, counted as at least `length` items (those past its own end
+  raise its IndexError)."""
+
+  def __init__(self, source, length: int):
+    self.source, self.length = source, length
+
+  def __len__(self):
+    return max(len(self.source), self.length)
+
+  def __getitem__(self, k):
+    return self.source[k]
+
+
+def grain_iterator(source, prefetch: int = 2, num_threads: int = 1,
+                   min_length: int = 0):
+  """A checkpointable iterator over a random-access source. `min_length`:
+  positions up to it restore (a run resumed past a lowered
+  config.total_steps, whose training source is that long, reads nothing
+  more but must restore its position)."""
+  if len(source) < min_length:
+    source = _AtLeast(source, min_length)
   dataset = grain.MapDataset.source(source)
   return iter(dataset.to_iter_dataset(
       grain.ReadOptions(num_threads=num_threads,

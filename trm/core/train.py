@@ -142,7 +142,10 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   config_changes = config_record.check(config, workpath, resume_step)
   # Saved with every checkpoint, so a lost config.json loses nothing.
   saved_record = config_record.run_record(config, workpath, resume_step)
-  train_iter = pipeline.grain_iterator(task.train_source, config.data.prefetch)
+  # A resume past a lowered config.total_steps (allow_config_change) only
+  # evaluates again, but restores its data position first.
+  train_iter = pipeline.grain_iterator(task.train_source, config.data.prefetch,
+                                       min_length=resume_step or 0)
 
   # ---------------------------------------------------------------- shard
   abstract, state_shardings = state_lib.abstract_state(program.init_fn, ctx)
@@ -232,8 +235,9 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     train_step = build_train_step()
   else:  # a finished run only evaluates again: no train step to build
     train_step = None
-    logging.info("Step %d reaches config.total_steps=%d: the run is finished;"
-                 " evaluating without building the train step.", start_step,
+    logging.info("Step %d %s config.total_steps=%d: the run is finished; "
+                 "evaluating without building the train step.", start_step,
+                 "reaches" if start_step == config.total_steps else "is past",
                  config.total_steps)
   speed = step_timer.StepTimer(program.flops_per_step, program.compute_dtype)
 
@@ -361,8 +365,9 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         # way).
         if is_checkpoint_step(start_step) and "eval/loss" in results:
           best_loss = min(best_loss, float(results["eval/loss"]))
-      logging.info("Training from step %d to %d.", start_step,
-                   config.total_steps)
+      if start_step < config.total_steps:
+        logging.info("Training from step %d to %d.", start_step,
+                     config.total_steps)
       while step < config.total_steps:
         batch = pipeline.to_global(next(train_iter), batch_shardings)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
