@@ -1,15 +1,19 @@
 """Resumes under a changed config (`trm.core.config_record`, `trm.core.train`):
-a total_steps lowered below the checkpoint."""
+a total_steps lowered below the checkpoint, a longer run whose learning-rate
+schedule spans total_steps."""
 import json
 import os
 import shutil
 
 import pytest
+from etils import epath
 
+from trm.core import config_lib
 from trm.core import config_record
 from trm.core import train
 from trm import families
 
+import repo
 from test_train import tiny_config  # pylint: disable=g-import-not-at-top
 
 
@@ -42,3 +46,49 @@ def test_total_steps_below_the_checkpoint_evaluates_it_and_keeps_it(
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "6"]
   with open(os.path.join(workdir, config_record.HISTORY)) as f:
     assert json.loads(f.readlines()[-1])["accepted"] == ["total_steps"]
+
+
+def test_a_longer_run_is_a_change_where_the_schedule_spans_it(six_steps,
+                                                              tmp_path):
+  """TRM's cosine (lr_min_ratio < 1) decays over total_steps: lengthening
+  the run changes the rate of every step left, so it is refused unless
+  allowed, naming the reason; at the constant rate it passes."""
+  workdir, config = _copy(six_steps, tmp_path)
+  workdir = epath.Path(workdir)
+  record = workdir / config_record.RECORD
+  config.total_steps = 12
+  assert set(config_record.check(config, workdir, 6)) == {"total_steps"}
+  config.optim.lr_min_ratio = 0.1
+  # As if the run had trained with it (the checkpoint's record is
+  # compared first: without checkpoints, config.json is).
+  shutil.rmtree(workdir / "checkpoints")
+  recorded = json.loads(record.read_text())
+  recorded["optim"]["lr_min_ratio"] = 0.1
+  record.write_text(json.dumps(recorded))
+  with pytest.raises(config_record.ConfigChangedError,
+                     match=r"config\.total_steps: 6 -> 12 \(this model's "
+                     r"learning-rate schedule decays over config\.total_steps"):
+    config_record.check(config, workdir, 6)
+  config.allow_config_change = True
+  assert set(config_record.check(config, workdir, 6)) == {
+      "total_steps", "allow_config_change"}
+
+
+@pytest.mark.parametrize("name,arg,key", [
+    ("diffucoder_7b.py", "tiny", "total_steps"),
+    ("gpt.py", "shakespeare_char_cpu", "max_iters")])
+def test_a_longer_run_by_schedule(tmp_path, name, arg, key):
+  """Dream's cosine always ends at total_steps: a longer run is refused;
+  nanoGPT's ends at lr_decay_iters, so its max_iters may grow."""
+  config = config_lib.load_config(os.path.join(repo.ROOT, "configs", name),
+                                  arg)
+  workdir = epath.Path(tmp_path)
+  (workdir / config_record.RECORD).write_text(config.to_json_best_effort())
+  config = config_lib.set_values(config, {key: 2 * config.total_steps})
+  if name == "gpt.py":
+    assert set(config_record.check(config, workdir, 10)) == {
+        "max_iters", "total_steps"}
+  else:
+    with pytest.raises(config_record.ConfigChangedError,
+                       match=r"config\.total_steps: 300 -> 600 \(this"):
+      config_record.check(config, workdir, 10)

@@ -49,7 +49,8 @@ HARMLESS = (
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.
 HARMLESS_PREFIXES = ("mesh.", "wandb.", "loss_scale.")
-# May grow (train for longer), not shrink below the recorded value.
+# May grow (train for longer), not shrink below the recorded value; nor
+# grow where the learning-rate schedule spans the run (`_schedule_spans_run`).
 LONGER = ("total_steps", "max_iters")
 # Fields added after runs were recorded: absent from an older record, they
 # change nothing while they keep that run's data (the .bin directory or
@@ -179,11 +180,25 @@ def flat(tree, prefix: str = "") -> dict:
   return out
 
 
-def _harmless(key: str, old, new) -> bool:
+def _schedule_spans_run(config) -> bool:
+  """Whether the family's learning-rate schedule is laid over
+  config.total_steps (its task's optional `schedule_spans_run(config)`): a
+  longer run then changes the rate of every step left."""
+  if config is None:
+    return False
+  from trm import families  # pylint: disable=g-import-not-at-top
+  spans = getattr(families.task(config.model.name), "schedule_spans_run",
+                  None)
+  return bool(spans is not None and spans(config))
+
+
+def _harmless(key: str, old, new, config=None) -> bool:
+  """`config` (the resume's): a longer run is harmless only if its schedule
+  does not span the run."""
   if key in HARMLESS or key.startswith(HARMLESS_PREFIXES):
     return True
   return key in LONGER and isinstance(old, int) and isinstance(new, int) and (
-      new >= old)
+      new >= old) and not _schedule_spans_run(config)
 
 
 def _added_and_unused(key: str, old, new, config) -> bool:
@@ -232,7 +247,8 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
   record_path = record_path[0].upper() + record_path[1:]  # a sentence's start
   diff = changes(recorded, json.loads(config.to_json_best_effort()))
   refused = {k: v for k, v in diff.items()
-             if not _harmless(k, *v) and not _added_and_unused(k, *v, config)}
+             if not _harmless(k, *v, config)
+             and not _added_and_unused(k, *v, config)}
   layout = {k: v for k, v in refused.items() if k in LAYOUT}
   if layout:
     raise ConfigChangedError(
@@ -243,11 +259,15 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
         "--config.allow_config_change=True). Rerun with the recorded values "
         "or use another --workdir.")
   if refused and not config.allow_config_change:
+    why = (" (this model's learning-rate schedule decays over "
+           "config.total_steps: a longer run changes the rate of every step "
+           "left)" if "total_steps" in refused and _harmless(
+               "total_steps", *refused["total_steps"]) else "")
     raise ConfigChangedError(
         f"Resuming {workpath} from step {step} with a config that changes how"
-        f" it trains: {_listed(refused)}. {record_path} records the config "
-        "its steps were trained with. Rerun with the recorded values, use "
-        "another --workdir, or pass --config.allow_config_change=True to "
+        f" it trains: {_listed(refused)}{why}. {record_path} records the "
+        "config its steps were trained with. Rerun with the recorded values, "
+        "use another --workdir, or pass --config.allow_config_change=True to "
         f"accept the change (it is then recorded in {workpath / HISTORY}).")
   return diff
 
@@ -283,7 +303,7 @@ def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
   entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
            "changes": diff,
            "accepted": sorted(k for k, v in diff.items()
-                              if not _harmless(k, *v))}
+                              if not _harmless(k, *v, config))}
   history = workpath / HISTORY
   # Read and rewrite rather than append: object stores cannot append.
   before = history.read_text() if history.exists() else ""

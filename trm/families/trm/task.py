@@ -166,6 +166,13 @@ def check_config(config) -> None:
                      " must be a positive integer.")
 
 
+def schedule_spans_run(config) -> bool:
+  """Below lr_min_ratio=1.0 the cosine decays over config.total_steps
+  (`optim.lr_schedule`), so a resume may not lengthen the run silently
+  (`trm.core.config_record`)."""
+  return config.optim.lr_min_ratio != 1.0
+
+
 def build(config, workdir: str, ctx) -> Task:
   check_config(config)
   data_dir = prepare_data(config, workdir)
