@@ -110,6 +110,21 @@ def test_chat_rows_close_with_im_end_then_dlm_pad():
   assert maskable[0].tolist() == [False] * len(prompt) + [True] * 5
 
 
+def test_a_held_out_tail_left_out_is_said(caplog):
+  """Held-out rows that do not fill the last eval batch are never
+  evaluated: one warning says how many, naming the batch field."""
+  tokens = np.zeros((10, 3), np.int32)
+  maskable = np.ones_like(tokens, bool)
+  sft.SFTEvalBatches(tokens, maskable, global_batch_size=5)
+  sft.SFTEvalBatches(tokens, maskable, global_batch_size=4, max_batches=1)
+  assert not caplog.records
+  sft.SFTEvalBatches(tokens, maskable, global_batch_size=4)
+  assert [r.getMessage() for r in caplog.records] == [
+      "10 held-out rows fill 2 eval batches of config.data.eval_batch_size="
+      "4: the last 2 are left out of every evaluation. Hold out a multiple "
+      "of it (data.eval_rows) to evaluate them all."]
+
+
 def test_eval_batches_in_order_and_split_by_process():
   tokens = np.arange(10)[:, None] * np.ones((1, 3), np.int32)
   maskable = np.ones_like(tokens, bool)

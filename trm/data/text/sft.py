@@ -20,6 +20,7 @@ import json
 import os
 
 import numpy as np
+from absl import logging
 
 from trm.data import io as data_io
 
@@ -183,6 +184,13 @@ class SFTEvalBatches:
                        f"batch of data.eval_batch_size={global_batch_size}; "
                        "hold out more rows (data.eval_rows) or lower it.")
     self.count = count if max_batches < 0 else min(count, max_batches)
+    left_out = len(tokens) - count * global_batch_size
+    if left_out and self.count == count:  # not cut by max_batches anyway
+      logging.warning(
+          "%d held-out rows fill %d eval batches of config.data."
+          "eval_batch_size=%d: the last %d are left out of every evaluation."
+          " Hold out a multiple of it (data.eval_rows) to evaluate them all.",
+          len(tokens), count, global_batch_size, left_out)
     self.tokens, self.maskable = tokens, maskable
     self.global_batch_size = global_batch_size
     self.local = global_batch_size // process_count
