@@ -1,6 +1,6 @@
 """Resumes under a changed config (`trm.core.config_record`, `trm.core.train`):
 a total_steps lowered below the checkpoint, a longer run whose learning-rate
-schedule spans total_steps."""
+schedule spans total_steps, an accepted change said in the log."""
 import json
 import os
 import shutil
@@ -92,3 +92,20 @@ def test_a_longer_run_by_schedule(tmp_path, name, arg, key):
     with pytest.raises(config_record.ConfigChangedError,
                        match=r"config\.total_steps: 300 -> 600 \(this"):
       config_record.check(config, workdir, 10)
+
+
+def test_an_accepted_change_is_said_in_the_log(tmp_path, caplog):
+  """Not only in config_history.jsonl: the log of the resume that trains
+  otherwise says so, in one warning naming the fields."""
+  config = tiny_config()
+  workdir = epath.Path(tmp_path)
+  (workdir / config_record.RECORD).write_text(config.to_json_best_effort())
+  config = config_lib.set_values(config, {"seed": 7, "log_every": 2,
+                                          "allow_config_change": True})
+  diff = config_record.check(config, workdir, 6)
+  config_record.record(config, workdir, diff, 6)
+  assert [r.getMessage() for r in caplog.records
+          if r.levelname == "WARNING"] == [
+              "Resuming from step 6 with changes to how the run trains, "
+              "accepted by config.allow_config_change: config.seed: 0 -> 7 "
+              f"(recorded in {workdir / config_record.HISTORY})."]

@@ -8,7 +8,8 @@ everything not in `HARMLESS`) is refused before anything is restored,
 listing the changed fields, unless `--config.allow_config_change=True`; a
 change of the checkpoints' layout (`LAYOUT`) is refused even then.
 Every change, harmless or accepted, is appended to `config_history.jsonl`
-beside it (time, step, {field: [recorded, new]}).
+beside it (time, step, {field: [recorded, new]}); an accepted one is also
+said in one warning.
 
 The record also travels in every checkpoint (the step's metadata, see
 `trm.core.checkpoint.save`), and a resume compares against the newest
@@ -308,3 +309,8 @@ def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
   # Read and rewrite rather than append: object stores cannot append.
   before = history.read_text() if history.exists() else ""
   _write(history, before + json.dumps(entry) + "\n")
+  if entry["accepted"]:  # allow_config_change: say what now trains otherwise
+    logging.warning(
+        "Resuming from step %d with changes to how the run trains, accepted "
+        "by config.allow_config_change: %s (recorded in %s).", step,
+        _listed({k: diff[k] for k in entry["accepted"]}), history)
