@@ -47,6 +47,8 @@ COORDINATOR_PLACEHOLDER = "SLICE0_WORKER0_IP"
 # pkill itself (a bare `pkill -f trm.main` would kill its own shell).
 _TRAINER_PATTERN = r"^[^ ]*python[0-9.]* -m trm[.]main( |$)"
 
+# Matched with fullmatch: with match, `$` lets a trailing newline through
+# (and an --env name goes into the remote script unquoted).
 _ACCEL_RE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-([0-9]+)$")
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -65,7 +67,7 @@ class LaunchError(ValueError):
 
 def hosts_per_slice(accelerator_type: str) -> int:
   """Worker VMs in one slice of `accelerator_type` (e.g. v4-64 -> 8)."""
-  m = _ACCEL_RE.match(accelerator_type or "")
+  m = _ACCEL_RE.fullmatch(accelerator_type or "")
   if not m:
     raise LaunchError(
         f"--accelerator_type: expected GENERATION-SIZE with GENERATION in "
@@ -109,7 +111,7 @@ def _location(args) -> list[str]:
 def split_override(text: str) -> tuple[str, str]:
   """'model.hidden=512' -> ('model.hidden', '512')."""
   key, sep, value = text.partition("=")
-  if not sep or not _KEY_RE.match(key):
+  if not sep or not _KEY_RE.fullmatch(key):
     raise LaunchError(
         f"--override: expected KEY=VALUE with a dotted config key such as "
         f"total_steps=1000 or mesh.fsdp=8, got {text!r}")
@@ -118,14 +120,22 @@ def split_override(text: str) -> tuple[str, str]:
 
 def _split_env(text: str) -> tuple[str, str]:
   key, sep, value = text.partition("=")
-  if not sep or not _ENV_RE.match(key):
+  if not sep or not _ENV_RE.fullmatch(key):
     raise LaunchError(f"--env: expected NAME=VALUE, got {text!r}")
   return key, value
 
 
+def _not_an_option(flag: str, value: str | None) -> None:
+  # Quoting keeps the value one word, but git would still read a leading
+  # '-' as an option (--upload-pack=CMD runs CMD on every worker).
+  if value and value.startswith("-"):
+    raise LaunchError(f"--{flag}: must not start with '-' (git would take it "
+                      f"as an option), got {value!r}")
+
+
 def validate(args, subcommand: str) -> None:
   """Raises LaunchError (naming the flag) before anything is run."""
-  if not args.name or not _NAME_RE.match(args.name):
+  if not args.name or not _NAME_RE.fullmatch(args.name):
     raise LaunchError(
         f"--name: lower-case letters, digits and '-', starting with a letter "
         f"(it names the TPU VM or queued resource), got {args.name!r}")
@@ -138,6 +148,8 @@ def validate(args, subcommand: str) -> None:
     split_override(text)
   for text in args.env:
     _split_env(text)
+  for flag in ("repo_url", "revision"):
+    _not_an_option(flag, getattr(args, flag))
   if not 1 <= args.megascale_port <= 65535:
     raise LaunchError(f"--megascale_port: not a port: {args.megascale_port}")
 
@@ -232,7 +244,8 @@ def code_files(code_dir: str, excludes=()) -> list[str]:
       ["git", "-C", code_dir, "ls-files", "--cached", "--others",
        "--exclude-standard", "-z"], capture_output=True, check=False)
   if listed.returncode == 0:
-    files = [f for f in listed.stdout.decode().split("\0") if f]
+    # fsdecode: a file name need not be UTF-8 (fsencode restores it).
+    files = [os.fsdecode(f) for f in listed.stdout.split(b"\0") if f]
     files = [f for f in files if os.path.isfile(os.path.join(code_dir, f))]
   else:
     files = []
@@ -249,7 +262,7 @@ def _code_archive_command(args) -> tuple[list[str], str]:
   stage = tempfile.mkdtemp(prefix="trm_code_")
   listing = os.path.join(stage, "files")
   with open(listing, "wb") as f:
-    f.write(b"".join(name.encode() + b"\0" for name in
+    f.write(b"".join(os.fsencode(name) + b"\0" for name in
                      code_files(args.code_dir, args.exclude)))
   archive = os.path.join(stage, "code.tar.gz")
   return (["tar", "-czf", archive, "-C", args.code_dir, "--null", "-T",

@@ -261,6 +261,15 @@ def test_config_path_with_spaces_is_one_token(tmp_path):
     (["--override=total_steps"], "--override"),
     (["--name=Bad_Name"], "--name"),
     (["--code_dir=."], "--repo_url"),  # both sources given
+    # A trailing newline passed `$`; the --env name is not quoted remotely.
+    (["--env=NOTE\n=x"], "--env"),
+    (["--name=trm-a\n"], "--name"),
+    (["--override=total_steps\n=1"], "--override"),
+    (["--accelerator_type=v4-64\n"], "--accelerator_type"),
+    # git takes a leading '-' as an option: --upload-pack runs a command.
+    (["--revision=--upload-pack=touch /tmp/pwned;git-upload-pack"],
+     "--revision"),
+    (["--repo_url=--upload-pack=touch /tmp/pwned"], "--repo_url"),
 ])
 def test_bad_flags_are_rejected_naming_the_flag(capsys, flags, names):
   keys = {f.split("=")[0] for f in flags}
@@ -314,3 +323,20 @@ def test_code_dir_leaves_ignored_runs_and_data_behind(tmp_path):
                           capture_output=True, text=True).stdout.split()
   assert sorted(listed) == [".gitignore", "configs/c.py", "notes.txt",
                             "trm/a.py"]
+
+
+@pytest.mark.parametrize("in_git", [False, True])
+def test_code_dir_copies_file_names_that_are_not_utf8(tmp_path, in_git):
+  """A non-UTF-8 file name is archived as it is, not a UnicodeError."""
+  (tmp_path / "a.py").write_text("x")
+  with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.txt"), "w") as f:
+    f.write("x")
+  if in_git:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+  args = _args(*[f for f in MULTI if not f.startswith("--repo_url")],
+               f"--code_dir={tmp_path}", sub="setup")
+  pack = tpu_pod.setup_commands(args)[0]
+  subprocess.run(pack, check=True)
+  listed = subprocess.run(["tar", "--quoting-style=literal", "-tzf", pack[2]],
+                          check=True, capture_output=True).stdout.split()
+  assert sorted(listed) == [b"a.py", b"caf\xe9.txt"]
