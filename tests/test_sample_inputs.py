@@ -127,3 +127,28 @@ def test_workdir_of_another_family_names_its_command(tmp_path, family,
 def test_a_run_samples_with_its_kernel_where_that_kernel_runs(
     attention, platform, used):
   assert sample.attention_here(attention, platform) == used
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--temperature=nan", "--temperature=nan: must be a finite number >= 0"),
+    ("--top_k=-1", "--top_k=-1: must be >= 0")])
+def test_bad_sampling_flags_are_one_line_before_the_weights(tmp_path, flag,
+                                                            message):
+  """NaN passed `< 0` and sampled token 0 at every step (exit 0)."""
+  directory = write_tiny_gpt2(tmp_path / "gpt2")
+  result = _sample("--init_from=gpt2", f"--checkpoint={directory}",
+                   "--num_samples=1", "--max_new_tokens=2", "--start=a",
+                   flag)
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1 and message in errors[0], result.stderr[-3000:]
+  assert "weights:" not in result.stderr
+
+
+def test_generate_refuses_a_nan_temperature():
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+  cfg = gpt.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4,
+                      vocab_size=8)
+  with pytest.raises(ValueError, match="temperature=nan must be a finite"):
+    gpt.generate(gpt.GPT(cfg), {}, np.zeros((1, 1), np.int32), 2, None,
+                 temperature=float("nan"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -184,8 +185,14 @@ def main(argv):
   if _NUM_SAMPLES.value <= 0 or _MAX_NEW.value <= 0:
     raise app.UsageError("--num_samples and --max_new_tokens must be "
                          "positive.")
-  if _TEMPERATURE.value < 0:
-    raise app.UsageError("--temperature must be >= 0.")
+  # Checked before any weight is read; NaN passes `< 0` and would sample
+  # token 0 every step.
+  if not (math.isfinite(_TEMPERATURE.value) and _TEMPERATURE.value >= 0):
+    raise app.UsageError(f"--temperature={_TEMPERATURE.value}: must be a "
+                         "finite number >= 0 (0: greedy).")
+  if _TOP_K.value < 0:
+    raise app.UsageError(f"--top_k={_TOP_K.value}: must be >= 0 (0: all "
+                         "tokens).")
   start = read_start(_START.value)
   # One device: a handful of samples gains nothing from splitting. On a pod
   # it is process 0's, which alone reads the tokens back and prints.

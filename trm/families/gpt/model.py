@@ -382,8 +382,10 @@ def generate(model: GPT, params, prompt, max_new_tokens: int, rng,
   except (TypeError, jax.errors.ConcretizationTypeError):
     return _generate(cfg, params, prompt, rng, temperature,
                      int(max_new_tokens), top_k)
-  if temperature < 0:
-    raise ValueError(f"temperature={temperature} must be >= 0.")
+  # NaN passes `< 0` and makes every logit NaN: each draw is then token 0.
+  if not (math.isfinite(temperature) and temperature >= 0):
+    raise ValueError(f"temperature={temperature} must be a finite number "
+                     ">= 0.")
   return _generate_static_temperature(
       cfg, params, prompt, rng, temperature=temperature,
       max_new_tokens=int(max_new_tokens), top_k=top_k)
