@@ -70,20 +70,33 @@ def link_remote_code(directory: str, copied: list[str]) -> bool:
   return True
 
 
-def check_out_dir(out: str, tokenizer: str | None, overwrite: bool) -> None:
+def _within(path: str, directory: str) -> bool:
+  """Whether `path` is `directory` or lies under it (links resolved)."""
+  path, directory = os.path.realpath(path), os.path.realpath(directory)
+  return path == directory or path.startswith(directory.rstrip(os.sep) +
+                                              os.sep)
+
+
+def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
+                  checkpoint: str | None = None) -> None:
   """Refuses, before anything is read or written, an --out that would mix
-  with other files or destroy the tokenizer source."""
+  with other files or destroy the tokenizer source or the checkpoint."""
   if "://" in out:
     raise app.UsageError(f"--out={out}: export to a local directory, then "
                          "copy it (an object store cannot swap a directory "
                          "in atomically).")
-  if tokenizer:
-    real_out, real_tok = os.path.realpath(out), os.path.realpath(tokenizer)
-    if real_tok == real_out or real_tok.startswith(real_out + os.sep):
-      raise app.UsageError(
-          f"--out={out} equals or contains --tokenizer={tokenizer}: the "
-          "export would replace the files it copies. Export to a new "
-          "directory.")
+  if tokenizer and _within(tokenizer, out):
+    raise app.UsageError(
+        f"--out={out} equals or contains --tokenizer={tokenizer}: the "
+        "export would replace the files it copies. Export to a new "
+        "directory.")
+  # --overwrite swaps --out in as a whole: the run's checkpoints would go.
+  if checkpoint and (_within(checkpoint, out) or _within(
+      out, os.path.join(checkpoint, "checkpoints"))):
+    raise app.UsageError(
+        f"--out={out} equals or contains --checkpoint={checkpoint} or lies "
+        "in its checkpoints/: the export would replace the checkpoints it "
+        "reads. Export to a directory outside them.")
   if os.path.exists(out) and not os.path.isdir(out):
     raise app.UsageError(f"--out={out} is a file; pass a directory.")
   if os.path.isdir(out) and os.listdir(out) and not overwrite:
@@ -126,7 +139,8 @@ def swap_in(staging: str, out: str) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value)
+  check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value,
+                _CHECKPOINT.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
 

@@ -1,0 +1,48 @@
+"""trm.export's --out next to the run it exports: --overwrite swaps --out in
+as a whole, so an --out that is, holds or lies in the run's checkpoints
+would delete them (it did: the workdir became the export)."""
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import app
+
+import repo
+from trm import export
+
+
+def _workdir(tmp_path):
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints" / "3").mkdir(parents=True)
+  (workdir / "checkpoints" / "3" / "state").write_text("weights")
+  os.symlink(workdir, tmp_path / "link")
+  return workdir
+
+
+@pytest.mark.parametrize("out", ["run", "", "link", "run/checkpoints",
+                                 "run/checkpoints/hf", "run/checkpoints/3"])
+def test_out_over_the_checkpoints_is_refused(tmp_path, out):
+  workdir = _workdir(tmp_path)
+  with pytest.raises(app.UsageError, match="--checkpoint="):
+    export.check_out_dir(str(tmp_path / out), None, True, str(workdir))
+
+
+def test_out_beside_or_inside_the_run_is_allowed(tmp_path):
+  workdir = _workdir(tmp_path)
+  for out in (tmp_path / "hf", workdir / "hf", tmp_path / "run2"):
+    export.check_out_dir(str(out), None, True, str(workdir))
+
+
+def test_cli_keeps_the_workdir_it_was_asked_to_overwrite(tmp_path):
+  workdir = _workdir(tmp_path)
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+       f"--out={workdir}", "--overwrite"],
+      cwd=repo.ROOT, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1 and "contains --checkpoint=" in errors[0]
+  assert (workdir / "checkpoints" / "3" / "state").read_text() == "weights"
