@@ -195,7 +195,19 @@ def code_settings():
     output = check_output_file(
         os.path.join(_OUTPUT_DIR.value, f"{_BENCHMARK.value}_samples.jsonl"),
         "--output_dir")
+  check_not_the_problems(output, _BENCHMARK_PATH.value)
   return limits, workers, output
+
+
+def check_not_the_problems(output: str, benchmark_path: str | None) -> None:
+  """The samples file is rewritten whole: as --benchmark_path (a typo for
+  it) it would replace the problems they were scored against."""
+  if (benchmark_path and os.path.isfile(output)
+      and os.path.isfile(benchmark_path)
+      and os.path.samefile(output, benchmark_path)):
+    raise ValueError(f"the samples file {output} is --benchmark_path="
+                     f"{benchmark_path}: writing the samples would replace "
+                     "its problems; pass another --output.")
 
 
 def _load_problems(benchmark: str):

