@@ -460,6 +460,26 @@ def test_steps_zero_is_refused_as_the_api_refuses_it():
   assert settings["steps"] == 16
 
 
+def test_non_utf8_prompts_are_one_line_naming_them():
+  """A non-UTF-8 byte in --prompt (Python reads it as a lone surrogate) or
+  a prompt holding a lone surrogate was a TypeError traceback from the
+  tokenizer; --prompt is now refused before any weight is read."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"prompts\[1\] is not UTF-8 text "
+                     r"\(byte 0xff at character 2\)"):
+    inference.check_prompts(["w1", "w2\udcff"])
+  with pytest.raises(ValueError, match="lone surrogate U\\+D800"):
+    inference.check_prompts("\ud800")
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.generate", "--checkpoint=/nonexistent",
+       b"--prompt=w1 \xff"], cwd=ROOT, capture_output=True, text=True,
+      timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines() == [
+      "trm.generate: error: --prompt is not UTF-8 text (byte 0xff at "
+      "character 3); pass UTF-8 text."]
+
+
 # ------------------------------------------- prompt buckets, HF spellings
 
 

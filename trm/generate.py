@@ -37,6 +37,9 @@ def read_prompts(prompt: str | None, batch_file: str | None) -> list[str]:
   if bool(prompt) == bool(batch_file):
     raise app.UsageError("Give exactly one of --prompt and --batch_file.")
   if prompt:
+    # Before any weight is read: a non-UTF-8 byte in argv is a surrogate.
+    from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+    inference.check_text(prompt, "--prompt")
     return [prompt]
   if not os.path.isfile(batch_file):
     raise app.UsageError(f"--batch_file={batch_file}: no such file (one "

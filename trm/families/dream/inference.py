@@ -83,11 +83,26 @@ def _is_number(value) -> bool:
           and not isinstance(value, (bool, np.bool_)))
 
 
+def check_text(text: str, name: str) -> None:
+  """ValueError naming `name` when `text` cannot be UTF-8: a lone surrogate,
+  which is what Python makes of a non-UTF-8 byte in a command-line argument
+  or of a "\\ud800" escape in JSON (the tokenizer raises a TypeError)."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    code = ord(text[e.start])
+    what = (f"byte 0x{code - 0xdc00:02x}" if 0xdc80 <= code <= 0xdcff
+            else f"lone surrogate U+{code:04X}")
+    raise ValueError(f"{name} is not UTF-8 text ({what} at character "
+                     f"{e.start}); pass UTF-8 text.") from None
+
+
 def check_prompts(prompts) -> list[str]:
   """`prompts` (a string, or a list / tuple / other iterable of strings) as
   a list; ArgumentTypeError naming `prompts` (and the index) otherwise,
-  ValueError when there is none."""
+  ValueError when there is none or one is not UTF-8 text."""
   if isinstance(prompts, str):
+    check_text(prompts, "prompts")
     return [prompts]
   if isinstance(prompts, (bytes, bytearray)):
     raise ArgumentTypeError("prompts is bytes: pass a string (decode it "
@@ -102,6 +117,7 @@ def check_prompts(prompts) -> list[str]:
       raise ArgumentTypeError(
           f"prompts[{i}] is a {type(prompt).__name__} ({prompt!r:.40}), not "
           "a string: every prompt must be a str.")
+    check_text(prompt, f"prompts[{i}]")
   if not prompts:
     raise ValueError("prompts is empty: pass at least one prompt.")
   return prompts
