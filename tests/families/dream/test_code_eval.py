@@ -213,6 +213,15 @@ def test_runaway_programs_are_contained(source, timeout, want):
   assert time.perf_counter() - start < 15
 
 
+def test_the_longest_timeout_accepted_still_runs_programs():
+  """--timeout=1e19 passed the check and then every program failed to
+  start (its CPU rlimit overflowed a C long); the largest accepted runs."""
+  limits = code_exec.Limits(timeout_s=code_exec.MAX_TIMEOUT_S)
+  assert code_exec.run_program("pass", limits).passed
+  with pytest.raises(ValueError, match="--timeout=1e"):
+    code_exec.run_program("pass", code_exec.Limits(timeout_s=1e19))
+
+
 @pytest.mark.parametrize("namespaces", [None, False])
 def test_programs_run_in_a_fresh_directory_with_a_small_environment(
     namespaces):
@@ -483,6 +492,9 @@ def test_fallback_without_namespaces_warns_once(monkeypatch, caplog):
      "finite number of seconds > 0"),
     (["--benchmark=humaneval", "--timeout=inf"], "--timeout=inf: must be a "
      "finite number"),
+    # Was accepted, and every program then failed to start (CPU rlimit).
+    (["--benchmark=humaneval", "--timeout=1e19"], "--timeout=1e+19: must be "
+     "a finite number of seconds > 0 and <= 604800"),
     (["--benchmark=humaneval", "--workers=0"], "--workers=0: must be between "
      "1 and 256"),
     (["--benchmark=humaneval", "--workers=100000"], "--workers=100000: must "

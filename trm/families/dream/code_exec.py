@@ -62,6 +62,9 @@ INIT = os.path.abspath(sandbox_init.__file__)
 MAX_WORKERS = 256
 MIN_MEMORY_MB = 64
 MAX_MEMORY_MB = 1 << 20
+# The CPU rlimit is the timeout + 1 s and must fit a C long (1e19 did not,
+# and every program then failed to start); a week is more than any needs.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 # Why a program failed, one word each ("passed" when it did not).
 REASONS = ("passed", "timeout", "memory", "output_limit", "disk_quota",
            "process_limit", "signal", "exit_before_checks",
@@ -92,9 +95,11 @@ class Limits:
   def check(self) -> None:
     """One-line ValueErrors naming the flag of each bad value."""
     if not (isinstance(self.timeout_s, (int, float))
-            and math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            and math.isfinite(self.timeout_s)
+            and 0 < self.timeout_s <= MAX_TIMEOUT_S):
       raise ValueError(f"--timeout={self.timeout_s!r}: must be a finite "
-                       "number of seconds > 0.")
+                       f"number of seconds > 0 and <= {MAX_TIMEOUT_S} (a "
+                       "week).")
     if not MIN_MEMORY_MB <= self.memory_mb <= MAX_MEMORY_MB:
       raise ValueError(f"--memory_mb={self.memory_mb!r}: must be between "
                        f"{MIN_MEMORY_MB} (Python needs that much address "
