@@ -201,6 +201,26 @@ def test_missing_config_or_checkpoint_is_one_line():
       "--benchmark / --score_only for code benchmarks)."]
 
 
+@pytest.mark.parametrize("output_dir, message", [
+    ("README.md", "--output_dir=README.md: is a file; a directory is "
+     "expected."),
+    ("README.md/eval", "--output_dir=README.md/eval: "),
+])
+def test_output_dir_under_a_file_is_one_line_naming_the_flag(output_dir,
+                                                             message):
+  """Was '[Errno 17] File exists: ...' (or Errno 20), naming no flag."""
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.evaluate",
+       "--config=configs/trm_sudoku.py:cpu", "--checkpoint=/nonexistent",
+       f"--output_dir={output_dir}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      f"trm.evaluate: error: {message}"), lines
+
+
 def _generation(**changes):
   value = dict(benchmark="humaneval", task_ids=["HumanEval/0", "HumanEval/1"],
                shots=0, num_samples=2, seed=0, batch_size=1, chat=False,
