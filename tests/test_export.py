@@ -46,3 +46,10 @@ def test_cli_keeps_the_workdir_it_was_asked_to_overwrite(tmp_path):
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
   assert len(errors) == 1 and "contains --checkpoint=" in errors[0]
   assert (workdir / "checkpoints" / "3" / "state").read_text() == "weights"
+
+
+def test_an_empty_out_is_refused():
+  """--out= read as '/': the export was staged in /.partial-PID and then
+  failed to rename the root directory, after loading every weight."""
+  with pytest.raises(app.UsageError, match="--out is empty"):
+    export.check_out_dir("", None, False, "/nonexistent")

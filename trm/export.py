@@ -81,6 +81,8 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
                   checkpoint: str | None = None) -> None:
   """Refuses, before anything is read or written, an --out that would mix
   with other files or destroy the tokenizer source or the checkpoint."""
+  if not out:  # resolve_out would make it "/", and the export went there
+    raise app.UsageError("--out is empty; pass the directory to export to.")
   if "://" in out:
     raise app.UsageError(f"--out={out}: export to a local directory, then "
                          "copy it (an object store cannot swap a directory "
