@@ -34,18 +34,35 @@ def test_out_beside_or_inside_the_run_is_allowed(tmp_path):
     export.check_out_dir(str(out), None, True, str(workdir))
 
 
-def test_cli_keeps_the_workdir_it_was_asked_to_overwrite(tmp_path):
-  workdir = _workdir(tmp_path)
+def _export_error(workdir, *flags) -> str:
+  """The one error line of a trm.export run that must stop before it
+  reads the (fake) checkpoint."""
   result = subprocess.run(
       [sys.executable, "-m", "trm.export",
        "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
-       f"--out={workdir}", "--overwrite"],
+       *flags],
       cwd=repo.ROOT, capture_output=True, text=True, timeout=120,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 2, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
-  assert len(errors) == 1 and "contains --checkpoint=" in errors[0]
+  assert len(errors) == 1, result.stderr[-3000:]
+  return errors[0]
+
+
+def test_cli_keeps_the_workdir_it_was_asked_to_overwrite(tmp_path):
+  workdir = _workdir(tmp_path)
+  error = _export_error(workdir, f"--out={workdir}", "--overwrite")
+  assert "contains --checkpoint=" in error
   assert (workdir / "checkpoints" / "3" / "state").read_text() == "weights"
+
+
+def test_cli_checks_the_tokenizer_before_the_weights(tmp_path):
+  """A --tokenizer without tokenizer.json failed only after the weights
+  were loaded and written."""
+  workdir = _workdir(tmp_path)
+  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+                        f"--tokenizer={tmp_path}")
+  assert f"{tmp_path} holds no tokenizer.json" in error
 
 
 def test_an_empty_out_is_refused():

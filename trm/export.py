@@ -38,15 +38,21 @@ TOKENIZER_FILES = ("tokenizer*", "vocab.json", "merges.txt",
                    "generation_config.json", "chat_template.jinja", "*.py")
 
 
+def check_tokenizer_dir(source: str) -> None:
+  """--tokenizer holds a tokenizer.json (main checks it before the weights
+  load, which takes minutes for a 7B model)."""
+  if not os.path.isfile(os.path.join(source, "tokenizer.json")):
+    raise FileNotFoundError(f"{source} holds no tokenizer.json; point "
+                            "--tokenizer at the checkpoint you fine-tuned.")
+
+
 def copy_tokenizer_files(source: str, out: str) -> list[str]:
+  check_tokenizer_dir(source)
   copied = []
   for pattern in TOKENIZER_FILES:
     for path in sorted(glob.glob(os.path.join(source, pattern))):
       shutil.copy2(path, out)
       copied.append(os.path.basename(path))
-  if "tokenizer.json" not in copied:
-    raise FileNotFoundError(f"{source} holds no tokenizer.json; point "
-                            "--tokenizer at the checkpoint you fine-tuned.")
   return copied
 
 
@@ -143,6 +149,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value,
                 _CHECKPOINT.value)
+  if _TOKENIZER.value:
+    check_tokenizer_dir(_TOKENIZER.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
 
