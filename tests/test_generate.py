@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl import app
 from tokenizers import Tokenizer, models, pre_tokenizers
 import repo
 
@@ -458,6 +459,12 @@ def test_steps_zero_is_refused_as_the_api_refuses_it():
   values["steps"] = None
   settings = generate.sampler_settings({k: Flag(v) for k, v in values.items()})
   assert settings["steps"] == 16
+
+
+def test_an_empty_prompt_is_named():
+  """--prompt= said 'Give exactly one of --prompt and --batch_file'."""
+  with pytest.raises(app.UsageError, match="--prompt is empty"):
+    generate.read_prompts("", None)
 
 
 def test_non_utf8_prompts_are_one_line_naming_them():

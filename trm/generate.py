@@ -34,6 +34,8 @@ from trm.families.dream.inference import left_pad, load_params  # noqa: F401 (re
 
 
 def read_prompts(prompt: str | None, batch_file: str | None) -> list[str]:
+  if prompt == "" and not batch_file:  # e.g. --prompt="$EMPTY_VARIABLE"
+    raise app.UsageError("--prompt is empty; give the text to continue.")
   if bool(prompt) == bool(batch_file):
     raise app.UsageError("Give exactly one of --prompt and --batch_file.")
   if prompt:
