@@ -173,6 +173,13 @@ def check_output_file(path: str, flag: str) -> str:
   if path.endswith(os.sep) or os.path.isdir(path):
     raise ValueError(f"{flag}={path}: is a directory; a file path is "
                      "expected (the samples JSONL).")
+  if path.endswith(".gz"):
+    # Read as gzip by that name, but written uncompressed: a .gz rewritten
+    # in place could not be read back.
+    raise ValueError(f"{flag}={path}: samples are written uncompressed, so "
+                     "a .gz name would not read back; "
+                     + ("pass --output=<a .jsonl file>." if flag ==
+                        "--score_only" else "drop the .gz."))
   _check_writable_ancestor(path, flag)
   summary = os.path.splitext(path)[0] + "_summary.json"
   if os.path.isdir(summary):

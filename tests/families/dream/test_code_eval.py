@@ -2,6 +2,7 @@
 solutions pass, wrong code fails, runaway programs are contained, the
 network is closed, pass@k is exact, and trm.evaluate runs a tiny model end
 to end."""
+import gzip
 import json
 import math
 import os
@@ -507,6 +508,8 @@ def test_fallback_without_namespaces_warns_once(monkeypatch, caplog):
      "directory; a file path is expected"),
     (["--benchmark=humaneval", "--output=README.md/samples.jsonl"],
      "--output=README.md/samples.jsonl: "),
+    (["--benchmark=humaneval", "--output=s.jsonl.gz"],
+     "--output=s.jsonl.gz: samples are written uncompressed"),
     (["--benchmark=humaneval", "--output_dir=README.md"],
      "--output_dir=README.md: is a file; a directory is expected"),
     (["--score_only=/nonexistent/samples.jsonl"],
@@ -527,6 +530,26 @@ def test_bad_input_is_one_line(flags, message):
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1, result.stderr
   assert lines[0].startswith(f"trm.evaluate: error: {message}"), lines[0]
+
+
+def test_a_gzipped_samples_file_is_not_rescored_in_place(mbpp_file,
+                                                         tmp_path):
+  """--score_only=S.jsonl.gz rewrote S.jsonl.gz as plain text, which the
+  next --score_only could not read; now one line asking for --output."""
+  problems, _, _ = code_eval.load_mbpp(mbpp_file)
+  samples = tmp_path / "samples.jsonl.gz"
+  text = "".join(json.dumps(r) + "\n" for r in code_eval.records_for(
+      problems, [[p.solution] for p in problems], "mbpp"))
+  with gzip.open(samples, "wt", encoding="utf-8") as f:
+    f.write(text)
+  result = _evaluate(f"--score_only={samples}", "--workers=1",
+                     f"--benchmark_path={mbpp_file}", config=False)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines() == [
+      f"trm.evaluate: error: --score_only={samples}: samples are written "
+      "uncompressed, so a .gz name would not read back; pass "
+      "--output=<a .jsonl file>."]
+  assert len(code_eval.read_samples(str(samples))) == len(problems)
 
 
 def test_samples_never_overwrite_the_benchmark_file(mbpp_file, tmp_path):
