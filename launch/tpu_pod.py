@@ -548,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
   except RuntimeError as e:
     print(f"tpu_pod.py: {e}", file=sys.stderr)
     return 1
+  except FileNotFoundError as e:  # subprocess: the program is not on PATH
+    hint = (" (install the Google Cloud SDK and log in; --dry_run only "
+            "prints the commands)" if e.filename == "gcloud" else "")
+    print(f"tpu_pod.py: cannot run {e.filename}: not found on PATH{hint}",
+          file=sys.stderr)
+    return 127
   except KeyboardInterrupt:
     return 130
   return 0

@@ -139,6 +139,16 @@ def test_cli_dry_run_single_v4_8(no_gcloud):
   assert not marker.exists()
 
 
+def test_missing_gcloud_is_one_line(tmp_path):
+  """Without the Cloud SDK the first gcloud call was a traceback."""
+  result = _cli(dict(os.environ, PATH=str(tmp_path)), "delete",
+                "--name=trm-a")
+  assert result.returncode == 127, result.stderr
+  assert result.stderr.splitlines() == [
+      "tpu_pod.py: cannot run gcloud: not found on PATH (install the Google "
+      "Cloud SDK and log in; --dry_run only prints the commands)"]
+
+
 @pytest.mark.parametrize("sub", tpu_pod.SUBCOMMANDS)
 def test_dry_run_never_calls_subprocess(monkeypatch, capsys, sub):
   def fail(*a, **k):
