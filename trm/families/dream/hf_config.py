@@ -161,4 +161,9 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
     raise weights_io.CheckpointError(f"{path} describes no valid model: "
                                      f"{e}") from None
   positions = hf.get("max_position_embeddings")
-  return cfg, (int(positions) if isinstance(positions, int) else None)
+  if _is_int(positions) and positions < 1:
+    raise weights_io.CheckpointError(
+        f"{path}: max_position_embeddings={positions} must be a positive "
+        "integer (the longest sequence the model takes); fix it, or remove "
+        "the field.")
+  return cfg, (int(positions) if _is_int(positions) else None)

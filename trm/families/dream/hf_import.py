@@ -117,6 +117,15 @@ def _tensor_specs(files: _Files, cfg: DreamConfig, abstract,
   exists with the shape `cfg` needs, in a floating dtype, and in
   config.json's `torch_dtype` when it names one (file headers only)."""
   stored = _SAFETENSORS_DTYPES.get(str(torch_dtype)) if torch_dtype else None
+  # The last layer first: a num_hidden_layers beyond the file's layers
+  # (10**9) fails here, before a list of every layer's names is built.
+  last = f"model.layers.{cfg.num_hidden_layers - 1}.input_layernorm.weight"
+  if last not in files.weight_map:
+    raise weights_io.CheckpointError(
+        f"Tensor {last!r} is missing from the checkpoint ({files.where}): "
+        f"num_hidden_layers={cfg.num_hidden_layers} (config.json / "
+        "config.model) names more layers than the checkpoint holds; set it "
+        "to the checkpoint's layer count.")
   specs = []
   for leaf in hf_layout.leaves(cfg):
     target = weights_io.get_path(abstract, leaf.path)

@@ -70,6 +70,9 @@ class DreamConfig(dtypes.ConfigDtypes):
       if not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"config.model.{name}={value!r} must be a positive "
                          "integer.")
+    if self.vocab_size >= 2**31:  # token ids and their gathers are int32
+      raise ValueError(f"config.model.vocab_size={self.vocab_size} must be "
+                       "below 2**31 (token ids are int32).")
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
           f"config.model.hidden_size={self.hidden_size} must be divisible by "

@@ -1,0 +1,90 @@
+"""A Hugging Face Dream directory whose config.json holds sizes no model
+can have: refused in one line naming the file and the field, before the
+model is built or a list of its tensors is made."""
+import builtins
+import dataclasses
+import json
+
+from flax.core import meta
+import jax
+import numpy as np
+import pytest
+
+from trm.core import weights_io
+from trm.families.dream import hf_config
+from trm.families.dream import hf_import
+from trm.families.dream import model as dream
+
+# Two layers, 64 tokens, 16 wide: every file a few kilobytes.
+SIZES = dict(vocab_size=64, hidden_size=16, intermediate_size=32,
+             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+CFG = dream.DreamConfig(**SIZES, mask_token_id=60, pad_token_id=0,
+                        dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+  """A two-layer checkpoint as `trm.export` writes it (random weights)."""
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(
+      lambda a: rng.standard_normal(a.shape).astype(np.float32),
+      meta.unbox(dream.abstract_params(CFG)))
+  directory = tmp_path_factory.mktemp("hf")
+  hf_import.export_hf_checkpoint(params, CFG, str(directory))
+  return directory
+
+
+def _edit_config(directory, **changes):
+  path = directory / "config.json"
+  config = json.loads(path.read_text())
+  config.update(changes)
+  path.write_text(json.dumps(config))
+
+
+@pytest.fixture
+def copy(exported, tmp_path):
+  for f in exported.iterdir():
+    (tmp_path / f.name).write_bytes(f.read_bytes())
+  return tmp_path
+
+
+@pytest.mark.parametrize("positions", [0, -4])
+def test_max_position_embeddings_must_be_positive(copy, positions):
+  # It was taken as the model's length: every prompt then "exceeded the
+  # model's 0 positions", with advice to lower max_new_tokens.
+  _edit_config(copy, max_position_embeddings=positions)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=rf"config\.json: max_position_embeddings="
+                     rf"{positions} must be a positive integer"):
+    hf_config.model_config_from_hf(str(copy))
+
+
+def test_a_vocabulary_beyond_int32_is_refused(copy):
+  # It built a config, and jax then failed inside the model's embedding
+  # lookup with an OverflowError traceback.
+  _edit_config(copy, vocab_size=10**12)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"config\.json describes no valid model: "
+                     r"config\.model\.vocab_size=1000000000000 must be below "
+                     r"2\*\*31"):
+    hf_config.model_config_from_hf(str(copy))
+
+
+def test_more_layers_than_the_checkpoint_holds_fail_before_listing_them(
+    copy, monkeypatch):
+  # num_hidden_layers=10**9 built the names of every layer's tensors (a
+  # MemoryError, or the OOM killer) before the first was looked up.
+  layers = 10**9
+  _edit_config(copy, num_hidden_layers=layers)
+  cfg = dataclasses.replace(CFG, num_hidden_layers=layers)
+
+  def small_range(*args):
+    assert len(builtins.range(*args)) <= 1000, "iterates over every layer"
+    return builtins.range(*args)
+
+  monkeypatch.setattr(hf_import, "range", small_range, raising=False)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"'model\.layers\.999999999\.input_layernorm\."
+                     r"weight' is missing.*num_hidden_layers=1000000000 .*"
+                     r"more layers than the checkpoint holds"):
+    hf_import.check_hf_checkpoint(str(copy), cfg)
