@@ -1,9 +1,11 @@
 """nanoGPT ckpt.pt and HF GPT-2 import: parity with torch, layouts, errors."""
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 import os
+import re
 
 import flax.linen as nn
 import jax
@@ -16,6 +18,7 @@ from trm.core import mesh as mesh_lib
 from trm.core import weights_io
 from trm.families.gpt import model as gpt
 from trm.families.gpt import gpt_import
+from trm.families.gpt import gpt_layout
 from trm.families.gpt import hf_gpt2_files
 
 torch = pytest.importorskip("torch")
@@ -331,3 +334,68 @@ def test_hf_integer_tensors_and_escaping_shard_names_are_refused(hf,
         {"weight_map": {k: file for k in tensors}}))
     with pytest.raises(ValueError, match=r"names the weight file .* outside"):
       gpt_import.load_hf_gpt2(str(escape))
+
+
+def _hf_copy(directory, out, **config_changes):
+  """`directory`'s GPT-2 weights beside a config.json with the changes."""
+  out.mkdir()
+  config = json.load(open(os.path.join(directory, "config.json")))
+  config.update(config_changes)
+  (out / "config.json").write_text(json.dumps(config))
+  os.symlink(os.path.join(directory, "model.safetensors"),
+             out / "model.safetensors")
+  return str(out)
+
+
+@pytest.mark.parametrize("field,value", [("n_layer", "two"), ("n_embd", None),
+                                         ("n_head", 4.5), ("dropout", None)])
+def test_nanogpt_model_args_that_are_not_numbers_name_the_field(
+    hf, tmp_path, field, value):
+  # They reached int() / float(): "invalid literal for int()" naming
+  # neither the file nor the field, or a TypeError traceback; 4.5 was
+  # truncated to 4.
+  model, _, _ = hf
+  path = _save_ckpt(str(tmp_path / "odd.pt"),
+                    _nanogpt_state(model.state_dict()),
+                    model_args=dict(ARGS, **{field: value}))
+  with pytest.raises(weights_io.CheckpointError,
+                     match=rf"odd\.pt: model_args\['{field}'\]="
+                     rf"{re.escape(repr(value))} is not an? (integer|number)"):
+    gpt_import.load_nanogpt_checkpoint(path)
+
+
+@pytest.mark.parametrize("field,value", [("n_layer", [2]), ("n_embd", "wide"),
+                                         ("n_positions", True),
+                                         ("layer_norm_epsilon", None)])
+def test_hf_config_values_that_are_not_numbers_name_the_field(
+    hf, tmp_path, field, value):
+  _, _, directory = hf
+  bad = _hf_copy(directory, tmp_path / "odd", **{field: value})
+  with pytest.raises(weights_io.CheckpointError,
+                     match=rf"config\.json: {field}={re.escape(repr(value))} "
+                     r"is not an? (integer|number)"):
+    gpt_import.load_hf_gpt2(bad)
+
+
+def test_more_layers_than_the_file_holds_fail_before_listing_them(
+    hf, tmp_path, monkeypatch):
+  # n_layer=10**9 listed every layer's tensors first: a MemoryError, or
+  # the OOM killer, before any was looked up.
+  model, _, directory = hf
+
+  def small_range(*args):
+    assert len(builtins.range(*args)) <= 1000, "iterates over every layer"
+    return builtins.range(*args)
+
+  monkeypatch.setattr(gpt_layout, "range", small_range, raising=False)
+  bad = _hf_copy(directory, tmp_path / "deep", n_layer=10**9)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"lacks 'h\.999999999\.ln_1\.weight': n_layer="
+                     r"1000000000 names more layers than it holds"):
+    gpt_import.load_hf_gpt2(bad)
+  path = _save_ckpt(str(tmp_path / "deep.pt"),
+                    _nanogpt_state(model.state_dict()),
+                    model_args=dict(ARGS, n_layer=10**9))
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"deep\.pt lacks 'transformer\.h\.999999999\.ln_1"):
+    gpt_import.load_nanogpt_checkpoint(path)

@@ -177,9 +177,11 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
   model_args = {k: _scalar(torch, raw_args[k], f"model_args[{k!r}]", path)
                 for k in MODEL_ARGS}
   model_args["bias"] = bool(model_args["bias"])
-  model_args["dropout"] = float(model_args["dropout"])
+  model_args["dropout"] = gpt_layout.number(model_args["dropout"],
+                                            "model_args['dropout']", path)
   for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-    model_args[k] = int(model_args[k])
+    model_args[k] = gpt_layout.integer(model_args[k], f"model_args[{k!r}]",
+                                       path)
 
   state = ckpt["model"]
   if not isinstance(state, Mapping):
@@ -213,7 +215,8 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
   best = _scalar(torch, ckpt.get("best_val_loss", float("inf")),
                  "best_val_loss", path)
   config = ckpt.get("config", {})
-  extras = {"iter_num": int(iter_num), "best_val_loss": float(best),
+  extras = {"iter_num": gpt_layout.integer(iter_num, "iter_num", path),
+            "best_val_loss": gpt_layout.number(best, "best_val_loss", path),
             "config": dict(config) if isinstance(config, Mapping) else {}}
   if optimizer:
     extras["adam"] = (None if ckpt.get("optimizer") is None else

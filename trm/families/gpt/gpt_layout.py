@@ -40,6 +40,29 @@ def tensor_layout(args: Mapping[str, Any]):
   norm("ln_f", ("ln_f",))
   return out
 
+def integer(value, what: str, where: str) -> int:
+  """`value` (a size or count read from a checkpoint) as an int; a string,
+  bool, None or fraction is one CheckpointError naming `what` in `where`."""
+  if isinstance(value, float) and value.is_integer():
+    value = int(value)
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise weights_io.CheckpointError(
+        f"{where}: {what}={value!r} is not an integer; the file is corrupt "
+        "or was edited by hand: fix the value or use another checkpoint.")
+  return int(value)
+
+
+def number(value, what: str, where: str) -> float:
+  """`value` as a float; anything but a number is one CheckpointError as
+  `integer`'s."""
+  if isinstance(value, bool) or not isinstance(value, (int, float,
+                                                       np.number)):
+    raise weights_io.CheckpointError(
+        f"{where}: {what}={value!r} is not a number; the file is corrupt or "
+        "was edited by hand: fix the value or use another checkpoint.")
+  return float(value)
+
+
 def short_keys(keys, limit: int = 8) -> str:
   keys = sorted(keys)
   more = f" ... ({len(keys) - limit} more)" if len(keys) > limit else ""
@@ -50,6 +73,13 @@ def convert(tensors: dict[str, np.ndarray], args: Mapping[str, Any],
              where: str, prefix: str, torch_linear: bool) -> dict:
   """`tensors` (names without `prefix`, lm_head.weight and mask buffers
   already handled) -> our params tree; checks names and shapes."""
+  last = f"h.{int(args['n_layer']) - 1}.ln_1.weight"
+  if int(args["n_layer"]) > 0 and last not in tensors:
+    # Before tensor_layout lists every layer's tensors: n_layer=10**9 would
+    # exhaust the memory first.
+    raise weights_io.CheckpointError(
+        f"{where} lacks {prefix + last!r}: n_layer={args['n_layer']} names "
+        "more layers than it holds; set n_layer to its layer count.")
   layout = tensor_layout(args)
   expected = {name for name, *_ in layout}
   missing = expected - set(tensors)

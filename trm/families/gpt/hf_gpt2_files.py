@@ -12,6 +12,7 @@ import re
 
 from trm.core import hub
 from trm.core import weights_io
+from trm.families.gpt import gpt_layout
 
 HF_CONFIG = "config.json"
 HF_SINGLE = "model.safetensors"
@@ -68,6 +69,10 @@ def hf_model_args(hf: dict, path: str) -> dict:
     raise weights_io.CheckpointError(f"{path} lacks the GPT-2 size(s) {absent} "
                           "(vocab_size, n_positions, n_layer, n_head, "
                           "n_embd).")
+  keys = {"block_size": "n_positions", "vocab_size": (
+      "vocab_size" if "vocab_size" in hf else "n_vocab")}  # config.json's
+  fields = {k: gpt_layout.integer(v, keys.get(k, k), path)
+            for k, v in fields.items()}
   # Architecture switches our (nanoGPT) model does not implement.
   for field, want in (("scale_attn_weights", True),
                       ("scale_attn_by_inverse_layer_idx", False),
@@ -87,12 +92,11 @@ def hf_model_args(hf: dict, path: str) -> dict:
         f"{path}: n_inner={n_inner} is not 4 * n_embd, as "
         "nanoGPT's MLP requires.")
   eps = hf.get("layer_norm_epsilon", 1e-5)
-  if abs(float(eps) - 1e-5) > 1e-12:
+  if abs(gpt_layout.number(eps, "layer_norm_epsilon", path) - 1e-5) > 1e-12:
     raise weights_io.CheckpointError(
         f"{path}: layer_norm_epsilon={eps} is not nanoGPT's"
         " 1e-5.")
-  args = {k: int(v) for k, v in fields.items()}
-  args.update(bias=True, dropout=0.0)
+  args = dict(fields, bias=True, dropout=0.0)
   return args
 
 
