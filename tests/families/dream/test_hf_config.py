@@ -88,3 +88,14 @@ def test_more_layers_than_the_checkpoint_holds_fail_before_listing_them(
                      r"weight' is missing.*num_hidden_layers=1000000000 .*"
                      r"more layers than the checkpoint holds"):
     hf_import.check_hf_checkpoint(str(copy), cfg)
+
+
+@pytest.mark.parametrize("theta", ["abc", [10000.0]])
+def test_a_rope_theta_that_is_no_number_names_the_field(copy, theta):
+  # Checked against config.model (a run that starts from the checkpoint),
+  # float() raised "could not convert string to float" naming neither file
+  # nor field, or a TypeError traceback.
+  _edit_config(copy, rope_theta=theta)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"config\.json: rope_theta=.* is not a number"):
+    hf_import.check_hf_checkpoint(str(copy), CFG)

@@ -34,6 +34,10 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
     if hf.get(field) is None:  # Qwen2 configs have no mask_token_id
       continue
     ours = getattr(cfg, field)
+    if isinstance(ours, float) and not _is_number(hf[field]):
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={hf[field]!r} is not a number; fix config.json "
+          "or download the checkpoint again.")
     ok = (math.isclose(float(hf[field]), float(ours), rel_tol=1e-9)
           if isinstance(ours, float) else hf[field] == ours)
     if not ok:
@@ -50,7 +54,7 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
           f"(expected {want!r}).")
   if hf.get("head_dim") not in (None, cfg.head_dim):
     raise weights_io.CheckpointError(
-        f"{path}: head_dim={hf['head_dim']} does not match "
+        f"{path}: head_dim={hf['head_dim']!r} does not match "
         f"config.model.hidden_size / num_attention_heads = "
         f"{cfg.head_dim}.")
   return hf
@@ -91,6 +95,11 @@ def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
 def _is_int(value) -> bool:
   """A JSON integer (a bool is no size or token id)."""
   return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  """A JSON number (a bool is none)."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_config_object(path: str) -> dict:
@@ -146,7 +155,7 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
   floats = {}
   for field, default in (("rope_theta", 10000.0), ("rms_norm_eps", 1e-6)):
     value = hf.get(field, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _is_number(value):
       raise weights_io.CheckpointError(
           f"{path}: {field}={value!r} is not a number.")
     floats[field] = float(value)
