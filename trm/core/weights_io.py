@@ -99,11 +99,19 @@ def is_safetensors(path: str) -> bool:
   return 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8
 
 
-def torch_to_numpy(torch, t) -> np.ndarray:
+def torch_to_numpy(torch, t, name: str, where: str) -> np.ndarray:
+  """Tensor `name` of the file `where` as numpy; a dtype numpy lacks
+  (float8, complex32) is one CheckpointError naming both."""
   t = t.detach().cpu().contiguous()
   if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret bits
     return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-  return t.numpy()
+  try:
+    return t.numpy()
+  except TypeError as e:  # "Got unsupported ScalarType Float8_e4m3fn"
+    raise CheckpointError(
+        f"Tensor {name!r} in {where} has dtype {t.dtype}, which numpy cannot "
+        "hold; weights must be float16, bfloat16 or float32: convert the "
+        "checkpoint's tensors (tensor.float()) and save it again.") from e
 
 
 def check_torch_file(path: str) -> None:

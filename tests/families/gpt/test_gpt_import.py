@@ -399,3 +399,17 @@ def test_more_layers_than_the_file_holds_fail_before_listing_them(
   with pytest.raises(weights_io.CheckpointError,
                      match=r"deep\.pt lacks 'transformer\.h\.999999999\.ln_1"):
     gpt_import.load_nanogpt_checkpoint(path)
+
+
+def test_nanogpt_float8_weights_are_one_line(hf, tmp_path):
+  # numpy has no float8: torch's tensor.numpy() raised a TypeError traceback
+  # naming neither the file nor the tensor.
+  model, _, _ = hf
+  state = _nanogpt_state(model.state_dict(), compiled=False)
+  key = "transformer.h.0.ln_1.weight"
+  state[key] = state[key].to(torch.float8_e4m3fn)
+  path = _save_ckpt(str(tmp_path / "f8.pt"), state)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=rf"'{re.escape(key)}' in .*f8\.pt has dtype "
+                     r"torch\.float8_e4m3fn, which numpy cannot hold"):
+    gpt_import.load_nanogpt_checkpoint(path)

@@ -519,6 +519,19 @@ def test_unexpected_key(tmp_path):
   assert "unexpected keys: '_orig_mod.model.inner.extra.weight'" in message
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.complex32])
+def test_a_tensor_numpy_cannot_hold_is_one_line(tmp_path, dtype):
+  # torch's "Got unsupported ScalarType Float8_e4m3fn" was a TypeError
+  # traceback naming neither the file nor the tensor.
+  cfg = _cfg()
+  sd = _ref_state_dict(cfg)
+  key = "_orig_mod.model.inner.q_head.bias"
+  sd[key] = sd[key].to(dtype)
+  message = _load_error(tmp_path, sd, cfg)
+  assert f"Tensor '{key}' in " in message
+  assert f"has dtype {dtype}, which numpy cannot hold" in message
+
+
 @pytest.mark.parametrize("checkpoint,ours,key,expected,field", [
     (dict(vocab_size=12), dict(), "embed_tokens.embedding_weight", "(10, 32)",
      "vocab_size"),

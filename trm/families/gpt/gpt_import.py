@@ -119,8 +119,9 @@ def _adam_state(torch, optimizer, args: Mapping[str, Any], path: str):
           raise weights_io.CheckpointError(
               f"{where}: parameter {index} ({name}) has no "
               f"{key!r} tensor.")
-        moments[key][name] = weights_io.torch_to_numpy(torch,
-                                                       value).astype(np.float32)
+        moments[key][name] = weights_io.torch_to_numpy(
+            torch, value, f"optimizer {key} of {name}", path).astype(
+                np.float32)
       steps.add(int(_scalar(torch, entry.get("step", 0),
                             f"optimizer step of {name}", path)))
   if len(steps) != 1:
@@ -206,7 +207,7 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
       raise weights_io.CheckpointError(
           f"{path}: {name!r} appears twice (with and "
           "without the '_orig_mod.' prefix).")
-    tensors[name] = weights_io.torch_to_numpy(torch, value)
+    tensors[name] = weights_io.torch_to_numpy(torch, value, key, path)
   gpt_layout.tied_head(tensors, "lm_head.weight", path)
   params = gpt_layout.convert(tensors, model_args, path, "transformer.",
                     torch_linear=True)

@@ -114,7 +114,7 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
           f"{path} is not a plain state_dict: key {key!r} holds a "
           f"{type(value).__name__}, not a tensor (upstream pretrain.py saves "
           "model.state_dict() alone).")
-    out[key] = weights_io.torch_to_numpy(torch, value)
+    out[key] = weights_io.torch_to_numpy(torch, value, key, path)
     # As a .safetensors file's (`weights_io.read_safetensors`): NaN or Inf
     # weights are refused in one line naming the tensor.
     weights_io.check_finite(key, out[key], path)
