@@ -377,28 +377,33 @@ def test_hf_config_values_that_are_not_numbers_name_the_field(
     gpt_import.load_hf_gpt2(bad)
 
 
+def _both_refuse(hf, tmp_path, name, change, hf_match, nanogpt_match):
+  """A GPT-2 directory's config.json and a nanoGPT ckpt.pt's model_args,
+  each with `change`, are refused with messages matching the patterns."""
+  model, _, directory = hf
+  bad = _hf_copy(directory, tmp_path / name, **change)
+  with pytest.raises(weights_io.CheckpointError, match=hf_match):
+    gpt_import.load_hf_gpt2(bad)
+  path = _save_ckpt(str(tmp_path / f"{name}.pt"),
+                    _nanogpt_state(model.state_dict()),
+                    model_args=dict(ARGS, **change))
+  with pytest.raises(weights_io.CheckpointError, match=nanogpt_match):
+    gpt_import.load_nanogpt_checkpoint(path)
+
+
 def test_more_layers_than_the_file_holds_fail_before_listing_them(
     hf, tmp_path, monkeypatch):
   # n_layer=10**9 listed every layer's tensors first: a MemoryError, or
   # the OOM killer, before any was looked up.
-  model, _, directory = hf
-
   def small_range(*args):
     assert len(builtins.range(*args)) <= 1000, "iterates over every layer"
     return builtins.range(*args)
 
   monkeypatch.setattr(gpt_layout, "range", small_range, raising=False)
-  bad = _hf_copy(directory, tmp_path / "deep", n_layer=10**9)
-  with pytest.raises(weights_io.CheckpointError,
-                     match=r"lacks 'h\.999999999\.ln_1\.weight': n_layer="
-                     r"1000000000 names more layers than it holds"):
-    gpt_import.load_hf_gpt2(bad)
-  path = _save_ckpt(str(tmp_path / "deep.pt"),
-                    _nanogpt_state(model.state_dict()),
-                    model_args=dict(ARGS, n_layer=10**9))
-  with pytest.raises(weights_io.CheckpointError,
-                     match=r"deep\.pt lacks 'transformer\.h\.999999999\.ln_1"):
-    gpt_import.load_nanogpt_checkpoint(path)
+  _both_refuse(hf, tmp_path, "deep", {"n_layer": 10**9},
+               r"lacks 'h\.999999999\.ln_1\.weight': n_layer=1000000000 "
+               r"names more layers than it holds",
+               r"deep\.pt lacks 'transformer\.h\.999999999\.ln_1")
 
 
 def test_nanogpt_float8_weights_are_one_line(hf, tmp_path):
@@ -413,3 +418,12 @@ def test_nanogpt_float8_weights_are_one_line(hf, tmp_path):
                      match=rf"'{re.escape(key)}' in .*f8\.pt has dtype "
                      r"torch\.float8_e4m3fn, which numpy cannot hold"):
     gpt_import.load_nanogpt_checkpoint(path)
+
+
+def test_n_embd_that_does_not_split_into_n_head_names_the_file(hf, tmp_path):
+  # Both loaders returned it; GPTConfig then blamed config.model.n_head,
+  # which `trm.sample --checkpoint=` never set, naming no file.
+  _both_refuse(hf, tmp_path, "heads", {"n_head": 3},
+               r"heads/config\.json: n_embd=32 is not a multiple of n_head=3",
+               r"heads\.pt: model_args: n_embd=32 is not a multiple of "
+               r"n_head=3")

@@ -183,6 +183,7 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
   for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
     model_args[k] = gpt_layout.integer(model_args[k], f"model_args[{k!r}]",
                                        path)
+  gpt_layout.check_heads(model_args, f"{path}: model_args")
 
   state = ckpt["model"]
   if not isinstance(state, Mapping):

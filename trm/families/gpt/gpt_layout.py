@@ -63,6 +63,18 @@ def number(value, what: str, where: str) -> float:
   return float(value)
 
 
+def check_heads(args: Mapping[str, Any], where: str) -> None:
+  """n_embd must split into n_head heads: nanoGPT and HF GPT-2 both refuse
+  to build the model otherwise (GPTConfig's error would blame
+  config.model, which the checkpoint's sizes replaced)."""
+  c, heads = args["n_embd"], args["n_head"]
+  if heads < 1 or c % heads:
+    raise weights_io.CheckpointError(
+        f"{where}: n_embd={c} is not a multiple of n_head={heads}, so it "
+        "describes no GPT (each head takes n_embd // n_head features); fix "
+        "n_head or use another checkpoint.")
+
+
 def short_keys(keys, limit: int = 8) -> str:
   keys = sorted(keys)
   more = f" ... ({len(keys) - limit} more)" if len(keys) > limit else ""

@@ -73,6 +73,7 @@ def hf_model_args(hf: dict, path: str) -> dict:
       "vocab_size" if "vocab_size" in hf else "n_vocab")}  # config.json's
   fields = {k: gpt_layout.integer(v, keys.get(k, k), path)
             for k, v in fields.items()}
+  gpt_layout.check_heads(fields, path)
   # Architecture switches our (nanoGPT) model does not implement.
   for field, want in (("scale_attn_weights", True),
                       ("scale_attn_by_inverse_layer_idx", False),
