@@ -366,6 +366,7 @@ def test_nanogpt_model_args_that_are_not_numbers_name_the_field(
 
 @pytest.mark.parametrize("field,value", [("n_layer", [2]), ("n_embd", "wide"),
                                          ("n_positions", True),
+                                         ("n_inner", "128"),
                                          ("layer_norm_epsilon", None)])
 def test_hf_config_values_that_are_not_numbers_name_the_field(
     hf, tmp_path, field, value):

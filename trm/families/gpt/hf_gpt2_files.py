@@ -88,7 +88,8 @@ def hf_model_args(hf: dict, path: str) -> dict:
         f"{path}: activation_function={act!r} is not a "
         "GELU; nanoGPT's MLP uses GELU.")
   n_inner = hf.get("n_inner")
-  if n_inner is not None and n_inner != 4 * fields["n_embd"]:
+  if n_inner is not None and gpt_layout.integer(
+      n_inner, "n_inner", path) != 4 * fields["n_embd"]:
     raise weights_io.CheckpointError(
         f"{path}: n_inner={n_inner} is not 4 * n_embd, as "
         "nanoGPT's MLP requires.")
