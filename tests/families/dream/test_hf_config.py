@@ -99,3 +99,24 @@ def test_a_rope_theta_that_is_no_number_names_the_field(copy, theta):
   with pytest.raises(weights_io.CheckpointError,
                      match=r"config\.json: rope_theta=.* is not a number"):
     hf_import.check_hf_checkpoint(str(copy), CFG)
+
+
+def test_the_dtype_key_of_newer_transformers_is_read(tmp_path):
+  # transformers 4.56+ writes config.json's "torch_dtype" as "dtype"; it was
+  # ignored: bfloat16 weights were loaded as float32 params (twice the
+  # memory) and a file disagreeing with it went unchecked.
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(
+      lambda a: rng.standard_normal(a.shape).astype(np.float32),
+      meta.unbox(dream.abstract_params(CFG)))
+  hf_import.export_hf_checkpoint(params, CFG, str(tmp_path), dtype="bfloat16")
+  config = json.loads((tmp_path / "config.json").read_text())
+  config["dtype"] = config.pop("torch_dtype")
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  cfg, _ = hf_config.model_config_from_hf(str(tmp_path))
+  assert cfg.param_dtype == "bfloat16"
+  _edit_config(tmp_path, dtype="float16")
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"has dtype BF16; config\.json says torch_dtype="
+                     r"'float16' \(F16\)"):
+    hf_import.check_hf_checkpoint(str(tmp_path), CFG)

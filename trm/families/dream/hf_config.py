@@ -67,6 +67,12 @@ REMOTE_CODE = {"AutoConfig": "configuration_dream.DreamConfig",
                "AutoModel": "modeling_dream.DreamModel"}
 
 
+def stored_dtype(hf: dict):
+  """The tensors' dtype config.json names, or None: `torch_dtype`, which
+  transformers 4.56 and later write as `dtype`."""
+  return hf.get("torch_dtype") or hf.get("dtype")
+
+
 def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
   """config.json contents for an exported checkpoint (Dream's fields). No
   `auto_map`: `transformers` would look for remote-code files the export
@@ -159,7 +165,7 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
       raise weights_io.CheckpointError(
           f"{path}: {field}={value!r} is not a number.")
     floats[field] = float(value)
-  stored = str(hf.get("torch_dtype") or "float32")
+  stored = str(stored_dtype(hf) or "float32")
   try:
     cfg = DreamConfig(
         **sizes, **floats, mask_token_id=mask_id, pad_token_id=pad_id,

@@ -173,7 +173,7 @@ def check_hf_checkpoint(directory: str, cfg: DreamConfig) -> None:
   abstract = meta.unbox(dream.abstract_params(cfg))
   with contextlib.ExitStack() as stack:
     _tensor_specs(_Files(directory, stack), cfg, abstract,
-                  hf.get("torch_dtype"))
+                  hf_config.stored_dtype(hf))
 
 
 def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
@@ -189,7 +189,7 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
   params: dict = {}
   with contextlib.ExitStack() as stack:
     files = _Files(directory, stack)
-    specs = _tensor_specs(files, cfg, abstract, hf.get("torch_dtype"))
+    specs = _tensor_specs(files, cfg, abstract, hf_config.stored_dtype(hf))
     _warn_unused(files, specs)
 
     for leaf, shape, names in specs:
