@@ -196,3 +196,39 @@ def test_sigterm_to_every_process_saves_one_step_and_exits_zero(
                                text).group(1)))
   assert steps[0] == steps[1] and 0 < steps[0] < 5000
   assert os.path.isdir(os.path.join(workdir, "checkpoints", str(steps[0])))
+
+
+@pytest.mark.parametrize("argv,match", [
+    # jax.distributed raised IndexError (no port), segfaulted (a port that
+    # is not a number) or waited 300 s for a coordinator (no host, a URL).
+    ({"coordinator_address": "localhost"}, "is not HOST:PORT"),
+    ({"coordinator_address": "127.0.0.1:abc"}, "is not HOST:PORT"),
+    ({"coordinator_address": ":1234"}, "is not HOST:PORT"),
+    ({"coordinator_address": "http://10.0.0.2:1234"}, "is not HOST:PORT"),
+    ({"coordinator_address": "10.0.0.2:70000"}, "is not HOST:PORT"),
+    # Without an address these were ignored: each process ran alone.
+    ({}, "need --coordinator_address"),
+])
+def test_malformed_distributed_flags_stop_before_jax_starts(argv, match):
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  from trm.core import distributed  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  calls = []
+
+  class FakeJax:  # Records jax.distributed.initialize instead of joining.
+    class config:  # pylint: disable=invalid-name
+      update = staticmethod(lambda *args: None)
+
+    class distributed:  # pylint: disable=invalid-name
+      initialize = staticmethod(lambda **kw: calls.append(kw))
+
+  with flagsaver.flagsaver(num_processes=2, process_id=1, **argv):
+    with pytest.raises(app.UsageError, match=match):
+      distributed.initialize_distributed(FakeJax)
+  assert not calls
+  with flagsaver.flagsaver(coordinator_address="[::1]:1234",
+                           num_processes=2, process_id=1):
+    distributed.initialize_distributed(FakeJax)
+  assert calls[0]["coordinator_address"] == "[::1]:1234"

@@ -33,11 +33,19 @@ def initialize_distributed(jax) -> None:
   wanted = _DISTRIBUTED.value
   if wanted == "false" or (wanted == "auto" and not _COORDINATOR.value
                            and not _on_multihost_tpu()):
+    if wanted == "auto" and (_NUM_PROCESSES.value not in (None, 1)
+                             or _PROCESS_ID.value not in (None, 0)):
+      # Otherwise ignored: every process would train alone, as process 0.
+      raise app.UsageError(
+          "--num_processes/--process_id need --coordinator_address=HOST:PORT "
+          "(process 0's address), or --distributed=true where JAX finds the "
+          "cluster itself (e.g. SLURM).")
     return
-  if _COORDINATOR.value and (_NUM_PROCESSES.value is None
-                             or _PROCESS_ID.value is None):
-    raise app.UsageError("--coordinator_address needs --num_processes and "
-                         "--process_id.")
+  if _COORDINATOR.value:
+    _check_address(_COORDINATOR.value)
+    if _NUM_PROCESSES.value is None or _PROCESS_ID.value is None:
+      raise app.UsageError("--coordinator_address needs --num_processes and "
+                           "--process_id.")
   if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
     # CPU processes exchange collectives over gloo.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -45,6 +53,17 @@ def initialize_distributed(jax) -> None:
       coordinator_address=_COORDINATOR.value,
       num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
       initialization_timeout=300)
+
+
+def _check_address(address: str) -> None:
+  """One line for an address that jax.distributed would crash on (no port:
+  IndexError; a port that is not a number: a segfault) or wait 300 s on."""
+  host, _, port = address.rpartition(":")
+  if ("://" in address or not host.strip("[]").strip() or not port.isdigit()
+      or not 0 < int(port) < 2**16):
+    raise app.UsageError(
+        f"--coordinator_address={address!r} is not HOST:PORT: pass process "
+        "0's host name or IP and a free port, e.g. 10.0.0.2:1234.")
 
 
 class ProcessZeroError(cli.UserError, RuntimeError):
