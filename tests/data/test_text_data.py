@@ -123,6 +123,17 @@ def test_interrupted_prepare_leaves_no_meta(tmp_path, monkeypatch):
     preparation.load_meta(out)
 
 
+def test_an_empty_input_is_named(tmp_path):
+  # It said "The input holds 0 characters" without naming which file.
+  empty = tmp_path / "input.txt"
+  empty.write_text("")
+  with pytest.raises(ValueError, match=f"^{empty} holds 0 characters.*pass "
+                     "a larger text"):
+    text_lib.ensure_prepared(str(tmp_path / "d"), str(empty), "char",
+                             process_index=0)
+  assert not preparation.is_prepared(str(tmp_path / "d"))
+
+
 def test_load_meta_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match=(
       r"missing train.bin, val.bin, meta.json.*python -m trm.data.text.windows "

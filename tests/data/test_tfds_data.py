@@ -251,6 +251,16 @@ def test_runs_recorded_before_the_tfds_keys_still_resume(tmp_path):
     config_record.check(config, epath.Path(tmp_path), 5)
 
 
+def test_build_from_an_empty_input_names_it(tmp_path):
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  (manual / "input.txt").write_text("")
+  with pytest.raises(ValueError, match=f"^{manual / 'input.txt'} holds 0 "
+                     "characters"):
+    tfds_build.build("trm_tiny_shakespeare", str(manual),
+                     str(tmp_path / "out"))
+
+
 def test_build_command_line(tmp_path):
   source = tmp_path / "play"
   source.mkdir()

@@ -49,11 +49,12 @@ def universal_newlines(text: str) -> str:
   return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _split_text(text: str) -> tuple[str, str]:
+def _split_text(text: str, source: str = "") -> tuple[str, str]:
   n = len(text)
   if n < 2:
-    raise ValueError(f"The input holds {n} characters; it needs at least 2 "
-                     "(one for each split), and in practice far more.")
+    raise ValueError(f"{source or 'The input'} holds {n} characters; it needs"
+                     " at least 2 (one for each split), and in practice far "
+                     "more: pass a larger text.")
   cut = int(n * TRAIN_FRACTION)
   return text[:cut], text[cut:]
 
@@ -102,14 +103,15 @@ def _write(out_dir: str, train_ids, val_ids, meta: dict) -> dict:
   return meta
 
 
-def char_splits(text: str) -> tuple[dict, list[int], list[int]]:
+def char_splits(text: str, source: str = ""
+                ) -> tuple[dict, list[int], list[int]]:
   """(meta, train ids, val ids) of nanoGPT's shakespeare_char preparation:
   the vocabulary is every character of the whole text, the split 90/10 by
   characters, after CRLF / CR line ends become LF (`universal_newlines`).
   Shared by `prepare_char` and the TFDS builder, so both give the same
-  token streams."""
+  token streams; `source` (the input's path) names it in errors."""
   text = universal_newlines(text)
-  train_text, val_text = _split_text(text)
+  train_text, val_text = _split_text(text, source)
   chars = sorted(set(text))
   _check_vocab_fits(len(chars), "char")
   itos = {str(i): ch for i, ch in enumerate(chars)}
@@ -126,7 +128,7 @@ def prepare_char(text: str, out_dir: str, source: str = "") -> dict:
   stoi, tokenizer="char", the train_tokens/val_tokens counts and, when
   `source` (the input's path or URL) is given, `input` / `input_bytes`.
   """
-  meta, train_ids, val_ids = char_splits(text)
+  meta, train_ids, val_ids = char_splits(text, source)
   return _write(out_dir, train_ids, val_ids,
                 {**meta, **_source_fields(source)})
 
@@ -146,7 +148,7 @@ def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2",
   codec = text_codecs.bpe_codec(tokenizer, tokenizer_flag)
   _check_vocab_fits(codec.vocab_size, tokenizer)
   name = "gpt2" if tokenizer == "gpt2" else os.path.abspath(codec.path)
-  train_text, val_text = _split_text(universal_newlines(text))
+  train_text, val_text = _split_text(universal_newlines(text), source)
   return _write(out_dir, codec.encode(train_text), codec.encode(val_text),
                 {"vocab_size": int(codec.vocab_size), "tokenizer": name,
                  **_source_fields(source)})

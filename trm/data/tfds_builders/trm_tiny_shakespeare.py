@@ -63,7 +63,8 @@ class TrmTinyShakespeare(base.OrderedArrayRecordBuilder):
 
   def _split_generators(self, dl_manager):
     path = input_path(dl_manager.manual_dir)
-    meta, train_ids, val_ids = preparation.char_splits(data_io.read_utf8(path))
+    meta, train_ids, val_ids = preparation.char_splits(
+        data_io.read_utf8(path), path)
     self.info.metadata.update(meta, train_tokens=len(train_ids),
                               val_tokens=len(val_ids))
     codec = text_codecs.CharCodec(meta["itos"])
