@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
+import numpy as np
 import pytest
 import repo
 
@@ -144,6 +146,47 @@ def test_sudoku_other_arguments_are_refused_in_one_line(tmp_path,
   # Arguments that do not shape a generated build are not compared.
   sudoku.ensure_dataset(out, **dict(SUDOKU, csv_dir="elsewhere"))
   assert not calls
+
+
+def test_concurrent_builds_with_other_arguments_do_not_mix(tmp_path,
+                                                          monkeypatch):
+  """Two builds of one directory at once (two runs started together, other
+  num_aug): the second finished while the first was between its splits, and
+  the first then marked the mixture complete with its own arguments."""
+  out = str(tmp_path / "sudoku")
+  first_wrote_train, release = threading.Event(), threading.Event()
+  write_split = puzzle_format.write_split
+
+  def pausing_write_split(out_dir, split, *args):
+    write_split(out_dir, split, *args)
+    if threading.current_thread().name == "first" and split == "train":
+      first_wrote_train.set()
+      release.wait(60)
+
+  monkeypatch.setattr(puzzle_format, "write_split", pausing_write_split)
+  errors = {}
+
+  def build(num_aug):
+    try:
+      sudoku.ensure_dataset(out, **SUDOKU, num_aug=num_aug)
+    except builds.DatasetArgumentsError as e:
+      errors[threading.current_thread().name] = e
+
+  first = threading.Thread(target=build, args=(0,), name="first")
+  second = threading.Thread(target=build, args=(2,), name="second")
+  first.start()
+  assert first_wrote_train.wait(60)
+  second.start()
+  second.join(2)  # Without a lock it builds all of its dataset here.
+  release.set()
+  first.join(60)
+  second.join(60)
+  info = _read_info(out)
+  for split in builds.SPLITS:
+    rows = np.load(os.path.join(out, split, "all__inputs.npy")).shape[0]
+    assert rows == info["counts"][split]["examples"], split
+  # The second waited for the first, then refused its other num_aug.
+  assert info["num_aug"] == 0 and list(errors) == ["second"]
 
 
 def test_foreign_dataset_without_marks_is_used_as_it_is(tmp_path,

@@ -198,27 +198,28 @@ def build_dataset(output_dir: str, *, version: str = "arc1",
   # A rebuild first marks the directory in progress and drops the old
   # completion mark (`builds.begin_build`), so an interrupted build is never
   # mistaken for a complete one; `build_info.json` goes last.
-  builds.begin_build(output_dir, info)
-  puzzle_format.write_identifiers(output_dir, names)
-  atomic_files.atomic_write(
-      os.path.join(output_dir, TEST_PUZZLES_FILE),
-      lambda f: json.dump(test_puzzles, f), mode="w")
-  counts = {}
-  for split in SPLITS:
-    split_groups = groups if split == "train" else [g for g in groups
-                                                    if g.test]
-    metadata = arc_writer.write_split(
-        output_dir, split, split_groups, identifier_map, len(names),
-        split == "train", rs)
-    counts[split] = {
-        "groups": metadata.total_groups, "puzzles": metadata.total_puzzles,
-        "examples": round(metadata.mean_puzzle_examples *
-                          metadata.total_puzzles)}
-    logging.info("Wrote %s split: %s (%.1fs).", split, counts[split],
-                 time.time() - start)
+  with builds.build_lock(output_dir):  # no other build of it meanwhile
+    builds.begin_build(output_dir, info)
+    puzzle_format.write_identifiers(output_dir, names)
+    atomic_files.atomic_write(
+        os.path.join(output_dir, TEST_PUZZLES_FILE),
+        lambda f: json.dump(test_puzzles, f), mode="w")
+    counts = {}
+    for split in SPLITS:
+      split_groups = groups if split == "train" else [g for g in groups
+                                                      if g.test]
+      metadata = arc_writer.write_split(
+          output_dir, split, split_groups, identifier_map, len(names),
+          split == "train", rs)
+      counts[split] = {
+          "groups": metadata.total_groups, "puzzles": metadata.total_puzzles,
+          "examples": round(metadata.mean_puzzle_examples *
+                            metadata.total_puzzles)}
+      logging.info("Wrote %s split: %s (%.1fs).", split, counts[split],
+                   time.time() - start)
 
-  builds.finish_build(output_dir, dict(
-      info, counts=counts, num_puzzle_identifiers=len(names)))
+    builds.finish_build(output_dir, dict(
+        info, counts=counts, num_puzzle_identifiers=len(names)))
   logging.info("Built ARC dataset in %s in %.1fs.", output_dir,
                time.time() - start)
   return output_dir
