@@ -401,6 +401,21 @@ def test_generated_test_set_excludes_train_images():
   np.testing.assert_array_equal(test, stream[1:3])
 
 
+def test_csv_without_rows_is_refused_before_writing(tmp_path):
+  # A header-only CSV was built into a dataset of 0 mazes, marked complete.
+  questions, answers = maze_generate.generate_mazes(1, seed=2,
+                                                    min_path_length=60)
+  csv_dir = tmp_path / "csv"
+  csv_dir.mkdir()
+  maze.write_csv(str(csv_dir / "train.csv"), questions, answers)
+  _write_rows(csv_dir / "test.csv", [])
+  out = str(tmp_path / "out")
+  with pytest.raises(ValueError, match=f"^{csv_dir / 'test.csv'} holds no "
+                     "puzzle rows: the test split would be empty"):
+    maze.build_dataset(out, source="csv", csv_dir=str(csv_dir))
+  assert not os.path.exists(os.path.join(out, "build_info.json"))
+
+
 def test_build_from_csv(tmp_path):
   questions, answers = maze_generate.generate_mazes(5,
                                                     seed=2,

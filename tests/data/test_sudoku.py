@@ -417,6 +417,26 @@ def test_build_from_csv(tmp_path):
     sudoku.build_dataset(out, source="csv", csv_dir=str(tmp_path))
 
 
+def test_csv_without_rows_is_refused_before_writing(tmp_path):
+  # A header-only CSV (or a min_difficulty above every rating) was built
+  # into a dataset of 0 puzzles and marked complete.
+  boards, solutions = sudoku_generate.generate_puzzles(2, 35, seed=2)
+  csv_dir = tmp_path / "csv"
+  csv_dir.mkdir()
+  _write_csv(csv_dir / "train.csv", [_csv_row(boards[0], solutions[0], 5)])
+  _write_csv(csv_dir / "test.csv", [])
+  out = str(tmp_path / "out")
+  with pytest.raises(ValueError, match=f"^{csv_dir / 'test.csv'} holds no "
+                     "puzzle rows: the test split would be empty"):
+    sudoku.build_dataset(out, source="csv", csv_dir=str(csv_dir))
+  _write_csv(csv_dir / "test.csv", [_csv_row(boards[1], solutions[1], 5)])
+  with pytest.raises(ValueError, match=r"train.csv holds no puzzle rows with "
+                     r"rating >= min_difficulty=6: the train split"):
+    sudoku.ensure_dataset(out, source="csv", csv_dir=str(csv_dir),
+                          min_difficulty=6)
+  assert not builds.is_built(out)
+
+
 def test_ensure_dataset_builds_once(tmp_path, monkeypatch):
   out = str(tmp_path / "d")
   sudoku.ensure_dataset(out, num_train=3, num_test=2, num_blanks=20)

@@ -139,6 +139,21 @@ def csv_paths(output_dir: str, source: str, csv_dir: Optional[str],
   return paths
 
 
+def read_csv_splits(paths: dict[str, str], read: Callable[[str], tuple],
+                    kept: str = "") -> dict[str, tuple]:
+  """{split: read(path)} for `csv_paths`' files; ValueError naming the file
+  when a split would be empty (a header-only CSV, or every row filtered
+  out: `kept` says by what), as a generated split of 0 puzzles is."""
+  data = {}
+  for split, path in paths.items():
+    data[split] = read(path)
+    if not len(data[split][0]):
+      raise ValueError(
+          f"{path} holds no puzzle rows{kept}: the {split} split would be "
+          "empty and train or evaluate nothing; pass a CSV with rows.")
+  return data
+
+
 @contextlib.contextmanager
 def csv_rows(path: str, columns: str
              ) -> Iterator[Iterator[tuple[int, list[str]]]]:

@@ -211,7 +211,7 @@ def _load_source(output_dir: str, source: str, csv_dir: Optional[str],
     return {"train": train, "test": test}
   paths = hub.csv_paths(output_dir, source, csv_dir, HF_REPO, SPLITS,
                         download_csv)
-  return {split: read_csv(path) for split, path in paths.items()}
+  return hub.read_csv_splits(paths, read_csv)
 
 
 def dataset_metadata(n: int) -> puzzle_format.PuzzleDatasetMetadata:

@@ -196,8 +196,10 @@ def _load_source(output_dir: str, source: str, csv_dir: Optional[str],
     return {"train": train, "test": test}
   paths = hub.csv_paths(output_dir, source, csv_dir, HF_REPO, SPLITS,
                         download_csv)
-  return {split: read_csv(path, min_difficulty)
-          for split, path in paths.items()}
+  return hub.read_csv_splits(
+      paths, lambda path: read_csv(path, min_difficulty),
+      "" if min_difficulty is None
+      else f" with rating >= min_difficulty={min_difficulty}")
 
 
 def dataset_metadata(n: int) -> puzzle_format.PuzzleDatasetMetadata:
