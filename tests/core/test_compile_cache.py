@@ -62,6 +62,10 @@ def test_an_unusable_directory_turns_it_off_in_one_line(tmp_path, capsys):
   assert err.count("\n") == 1 and "compilation cache off" in err
   with pytest.raises(ValueError, match="--compilation_cache_max_gb=0"):
     compile_cache.configure(str(tmp_path), max_gb=0)
+  # No bound is not a size: it raised OverflowError (a traceback).
+  with pytest.raises(ValueError, match="--compilation_cache_max_gb=inf: "
+                     "must be a finite number > 0"):
+    compile_cache.configure(str(tmp_path), max_gb=float("inf"))
 
 
 def test_a_second_run_loads_the_first_runs_executable(tmp_path):

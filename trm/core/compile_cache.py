@@ -39,9 +39,10 @@ def configure(setting: str | None, max_gb: float = DEFAULT_MAX_GB
               ) -> str | None:
   """Turns the cache on (before the first compile); returns its directory,
   or None when it is off or cannot be made (said in one line)."""
-  if not max_gb > 0:
-    raise ValueError(f"--compilation_cache_max_gb={max_gb}: must be > 0 "
-                     "(turn the cache off with --compilation_cache=off).")
+  if not 0 < max_gb < float("inf"):  # inf: int() raised OverflowError
+    raise ValueError(f"--compilation_cache_max_gb={max_gb}: must be a "
+                     "finite number > 0 (turn the cache off with "
+                     "--compilation_cache=off).")
   path = resolve(setting)
   if path is None:
     return None
