@@ -6,6 +6,7 @@ config field; and a GPT run trains from TFDS through `trm.main`."""
 import glob
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 
@@ -154,6 +155,21 @@ def test_bad_tfds_config_names_the_field(built, change, message):
   config.update(change)
   with pytest.raises((ValueError, OSError), match=message):
     tfds_source.TokenStream(config)
+
+
+def test_a_version_directory_of_another_dataset_is_refused(built, tmp_path):
+  # Copied (or moved) under another dataset's name, tinyshakespeare's
+  # records were read as trm_code_files' documents, silently.
+  config, _ = built
+  copied = tmp_path / "tfds" / "trm_code_files" / "py" / "1.0.0"
+  shutil.copytree(os.path.join(config.data_dir, "trm_tiny_shakespeare",
+                               "1.0.0"), copied)
+  other = ml_collections.ConfigDict(dict(
+      name="trm_code_files", data_dir=str(tmp_path / "tfds"), split="train",
+      eval_split="train", feature="text"))
+  with pytest.raises(ValueError, match=f"^{copied} holds trm_tiny_shakespeare"
+                     " 1.0.0 .*not config.data.tfds.name='trm_code_files'"):
+    tfds_source.texts(other, "split", {"text": "config.data.tfds.feature"})
 
 
 def _code_config(tmp_path):

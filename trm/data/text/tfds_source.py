@@ -62,6 +62,16 @@ def _prepared_builder(tfds_config):
   if not builder.is_prepared():
     raise FileNotFoundError(
         f"{PREFIX}.name={name!r} is not prepared {where}; {_BUILD_HINT}.")
+  # A version directory copied or moved from another dataset (or version)
+  # was read as this one: its own dataset_info.json says what it holds.
+  version_dir = os.fspath(builder.data_dir)
+  held = (builder.info.name, str(builder.info.version))
+  asked = tfds.core.naming.parse_builder_name_kwargs(name)[0].name
+  if held != (asked, os.path.basename(version_dir)):
+    raise ValueError(
+        f"{version_dir} holds {held[0]} {held[1]} (its dataset_info.json), "
+        f"not {PREFIX}.name={name!r} of that version: it was copied or moved "
+        f"there; delete it and {_BUILD_HINT}.")
   return builder
 
 
