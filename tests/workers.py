@@ -1,8 +1,9 @@
 """Waiting for the worker processes of a multi-process test, and the
-XLA flags they start with."""
+XLA flags they start with; two threads overlapping one piece of work."""
 import os
 import socket
 import subprocess
+import threading
 
 import pytest
 
@@ -51,3 +52,42 @@ if process_id is not None:
   jax.distributed.initialize({address!r}, num_processes=2,
                              process_id=process_id)
 """
+
+
+
+def overlap(monkeypatch, owner, name: str, pause_after, work) -> dict:
+  """Runs `work(thread_name)` in threads 'first' and 'second', the second
+  while the first is paused midway: right after a call of `owner.name`
+  (patched) for which `pause_after(*args)` holds. The second has 2 s to
+  finish before the first goes on. Returns {thread name: the ValueError it
+  raised}."""
+  paused, release = threading.Event(), threading.Event()
+  real = getattr(owner, name)
+
+  def pausing(*args, **kwargs):
+    result = real(*args, **kwargs)
+    if threading.current_thread().name == "first" and pause_after(*args):
+      paused.set()
+      release.wait(60)
+    return result
+
+  monkeypatch.setattr(owner, name, pausing)
+  errors = {}
+
+  def run():
+    thread = threading.current_thread().name
+    try:
+      work(thread)
+    except ValueError as e:
+      errors[thread] = e
+
+  first = threading.Thread(target=run, name="first")
+  second = threading.Thread(target=run, name="second")
+  first.start()
+  assert paused.wait(60)
+  second.start()
+  second.join(2)  # Without a lock it does all of its work here.
+  release.set()
+  first.join(60)
+  second.join(60)
+  return errors

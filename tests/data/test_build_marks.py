@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 import repo
+import workers
 
 from trm.data.puzzles import arc
 from trm.data.puzzles import arc_writer
@@ -154,33 +154,11 @@ def test_concurrent_builds_with_other_arguments_do_not_mix(tmp_path,
   num_aug): the second finished while the first was between its splits, and
   the first then marked the mixture complete with its own arguments."""
   out = str(tmp_path / "sudoku")
-  first_wrote_train, release = threading.Event(), threading.Event()
-  write_split = puzzle_format.write_split
-
-  def pausing_write_split(out_dir, split, *args):
-    write_split(out_dir, split, *args)
-    if threading.current_thread().name == "first" and split == "train":
-      first_wrote_train.set()
-      release.wait(60)
-
-  monkeypatch.setattr(puzzle_format, "write_split", pausing_write_split)
-  errors = {}
-
-  def build(num_aug):
-    try:
-      sudoku.ensure_dataset(out, **SUDOKU, num_aug=num_aug)
-    except builds.DatasetArgumentsError as e:
-      errors[threading.current_thread().name] = e
-
-  first = threading.Thread(target=build, args=(0,), name="first")
-  second = threading.Thread(target=build, args=(2,), name="second")
-  first.start()
-  assert first_wrote_train.wait(60)
-  second.start()
-  second.join(2)  # Without a lock it builds all of its dataset here.
-  release.set()
-  first.join(60)
-  second.join(60)
+  errors = workers.overlap(
+      monkeypatch, puzzle_format, "write_split",
+      lambda _, split, *__: split == "train",
+      lambda name: sudoku.ensure_dataset(
+          out, **SUDOKU, num_aug=0 if name == "first" else 2))
   info = _read_info(out)
   for split in builds.SPLITS:
     rows = np.load(os.path.join(out, split, "all__inputs.npy")).shape[0]

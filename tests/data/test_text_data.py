@@ -12,6 +12,7 @@ import grain
 import numpy as np
 import pytest
 import repo
+import workers
 
 from trm.data import atomic_files
 from trm.data.text import preparation
@@ -121,6 +122,30 @@ def test_interrupted_prepare_leaves_no_meta(tmp_path, monkeypatch):
   assert sorted(os.listdir(tmp_path)) == ["train.bin", "val.bin"]
   with pytest.raises(FileNotFoundError, match="missing meta.json"):
     preparation.load_meta(out)
+
+
+def test_concurrent_prepares_of_one_directory_do_not_mix(tmp_path,
+                                                        monkeypatch):
+  """Two runs preparing one data directory at once from other texts (of
+  one length): the second finished while the first was between train.bin
+  and val.bin, and the first's meta.json then described the second's
+  train.bin (another vocabulary: every id read as another character)."""
+  out = str(tmp_path / "data")
+  texts = {"first": tmp_path / "first.txt", "second": tmp_path / "second.txt"}
+  texts["first"].write_text(_SAMPLE)
+  texts["second"].write_text(_SAMPLE.upper())
+  errors = workers.overlap(
+      monkeypatch, atomic_files, "atomic_write",
+      lambda path, *_: path.endswith("train.bin"),
+      lambda name: text_lib.ensure_prepared(out, str(texts[name]), "char",
+                                            process_index=0))
+  meta = preparation.load_meta(out)
+  codec = preparation.codec_from_meta(meta)
+  train = np.fromfile(os.path.join(out, "train.bin"), np.uint16)
+  assert codec.decode(train) == _SAMPLE[:len(train)]
+  # The second waited for the first, then used its data as a rerun does
+  # (a text of the recorded size counts as a copy).
+  assert not errors
 
 
 def test_an_empty_input_is_named(tmp_path):

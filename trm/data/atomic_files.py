@@ -4,10 +4,14 @@ Shared by the dataset builders (`trm.data.puzzles`) and the text pipeline
 (`trm.data.text`).
 """
 
+import contextlib
 import json
 import os
+import threading
 import uuid
 from typing import Any
+
+from absl import logging
 
 def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
   """Writes `path` by calling `write_fn(file)` on a temp file, then renaming.
@@ -37,3 +41,35 @@ def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
 def write_json_atomic(path: str, obj: Any) -> None:
   """Atomically writes `obj` as JSON to `path`."""
   atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
+
+
+_held = threading.local()  # directories whose dir_lock this thread holds
+
+
+@contextlib.contextmanager
+def dir_lock(output_dir: str):
+  """Holds `output_dir` against other preparations of it (other processes
+  or threads) until the block ends: an flock on the directory itself (no
+  extra file), so two runs started together do not interleave their
+  files. Re-entrant in one thread; where flock is refused (some network
+  file systems) they run unguarded, as before."""
+  os.makedirs(output_dir, exist_ok=True)
+  key = os.path.realpath(output_dir)
+  held = _held.__dict__.setdefault("dirs", set())
+  if key in held:
+    yield
+    return
+  import fcntl  # pylint: disable=g-import-not-at-top
+  fd = os.open(key, os.O_RDONLY)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+      logging.info("No flock on %s (%s); preparing without it.", key, e)
+    held.add(key)
+    try:
+      yield
+    finally:
+      held.discard(key)
+  finally:
+    os.close(fd)  # releases the flock

@@ -198,7 +198,7 @@ def build_dataset(output_dir: str, *, version: str = "arc1",
   # A rebuild first marks the directory in progress and drops the old
   # completion mark (`builds.begin_build`), so an interrupted build is never
   # mistaken for a complete one; `build_info.json` goes last.
-  with builds.build_lock(output_dir):  # no other build of it meanwhile
+  with atomic_files.dir_lock(output_dir):  # no other build of it meanwhile
     builds.begin_build(output_dir, info)
     puzzle_format.write_identifiers(output_dir, names)
     atomic_files.atomic_write(

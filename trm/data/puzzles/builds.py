@@ -22,12 +22,10 @@ datasets (Sudoku, Maze). Used by the builders of `trm.data.puzzles`; the
 file format itself is `trm.data.puzzles.format`.
 """
 
-import contextlib
 import functools
 import inspect
 import json
 import os
-import threading
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from absl import logging
@@ -100,38 +98,6 @@ def check_build_args(subsample_size: Optional[int],
 
 def _json_safe(value):
   return json.loads(json.dumps(value))
-
-
-_held = threading.local()  # output_dirs whose build lock this thread holds
-
-
-@contextlib.contextmanager
-def build_lock(output_dir: str):
-  """Holds `output_dir` against other builds of it (other processes or
-  threads) until the block ends: an flock on the directory itself, so two
-  runs started together do not interleave their splits. Re-entrant in one
-  thread; where flock is refused (some network file systems) builds run
-  unguarded, as before."""
-  os.makedirs(output_dir, exist_ok=True)
-  key = os.path.realpath(output_dir)
-  held = _held.__dict__.setdefault("dirs", set())
-  if key in held:
-    yield
-    return
-  import fcntl  # pylint: disable=g-import-not-at-top
-  fd = os.open(key, os.O_RDONLY)
-  try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as e:
-      logging.info("No flock on %s (%s); building without it.", key, e)
-    held.add(key)
-    try:
-      yield
-    finally:
-      held.discard(key)
-  finally:
-    os.close(fd)  # releases the flock
 
 
 def begin_build(output_dir: str, build_args_: dict) -> None:
@@ -264,7 +230,7 @@ def ensure_built(output_dir: str, build_dataset: Callable,
     field_prefix: how the caller spells the arguments in messages, e.g.
       'config.data.build.'.
   """
-  with build_lock(output_dir):  # state, then build: one build at a time
+  with atomic_files.dir_lock(output_dir):  # state, then build: one build at a time
     return _ensure_built(output_dir, build_dataset, recorded_args,
                          build_kwargs, extra_files, derived, ignored,
                          path_args, field_prefix)
@@ -308,7 +274,7 @@ def write_dataset(output_dir: str, encode_split: Callable[[str], tuple],
   Returns:
     {split: {"groups": ..., "examples": ...}}, as recorded under "counts".
   """
-  with build_lock(output_dir):
+  with atomic_files.dir_lock(output_dir):
     begin_build(output_dir, build_info)
     counts = {}
     for split in splits:

@@ -32,6 +32,7 @@ from absl import logging
 
 from trm.core import cli
 from trm.core import hub as core_hub
+from trm.data import atomic_files
 from trm.data import io as data_io
 from trm.data.text import preparation
 
@@ -114,28 +115,24 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
   config fields in messages (trm.main's `config.data.`).
   """
   if preparation.is_prepared(data_dir):
-    meta = preparation.load_meta(data_dir)
-    # Prepared with other arguments: refused in one line naming the field.
-    preparation.check_prepared_args(data_dir, meta, input_path, tokenizer,
-                                    field_prefix)
-    if not preparation.same_input(input_path, meta):
-      logging.warning(
-          "Using %s as prepared from %s; %sinput=%r is not read (delete %s "
-          "to prepare it from that instead).", data_dir, meta.get("input"),
-          field_prefix, input_path, data_dir)
-    return meta
+    return _prepared(data_dir, input_path, tokenizer, field_prefix)
   if not input_path:
     return preparation.load_meta(data_dir)  # Raises, saying how to prepare it.
   if process_index is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index = jax.process_index()
   if process_index == 0:
-    logging.info("Preparing %s from %s (tokenizer=%s).", data_dir,
-                 input_path, tokenizer)
-    preparation.prepare(read_text(input_path, f"--{field_prefix}input"),
-                        data_dir, tokenizer or "char", source=input_path,
-                        tokenizer_flag=f"--{field_prefix}tokenizer")
-    return preparation.load_meta(data_dir)
+    # One preparation of data_dir at a time: two runs started together
+    # would otherwise mix their .bin files under one meta.json.
+    with atomic_files.dir_lock(data_dir):
+      if preparation.is_prepared(data_dir):  # by the run that held the lock
+        return _prepared(data_dir, input_path, tokenizer, field_prefix)
+      logging.info("Preparing %s from %s (tokenizer=%s).", data_dir,
+                   input_path, tokenizer)
+      preparation.prepare(read_text(input_path, f"--{field_prefix}input"),
+                          data_dir, tokenizer or "char", source=input_path,
+                          tokenizer_flag=f"--{field_prefix}tokenizer")
+      return preparation.load_meta(data_dir)
   deadline = time.monotonic() + timeout_s
   while not preparation.is_prepared(data_dir):
     if time.monotonic() > deadline:
@@ -146,6 +143,21 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
           "first with `" + preparation.CLI_HINT.format(data_dir) + "`.")
     time.sleep(poll_s)
   return preparation.load_meta(data_dir)
+
+
+def _prepared(data_dir: str, input_path: str, tokenizer: str,
+              field_prefix: str) -> dict:
+  """`ensure_prepared` of a prepared directory."""
+  meta = preparation.load_meta(data_dir)
+  # Prepared with other arguments: refused in one line naming the field.
+  preparation.check_prepared_args(data_dir, meta, input_path, tokenizer,
+                                  field_prefix)
+  if not preparation.same_input(input_path, meta):
+    logging.warning(
+        "Using %s as prepared from %s; %sinput=%r is not read (delete %s "
+        "to prepare it from that instead).", data_dir, meta.get("input"),
+        field_prefix, input_path, data_dir)
+  return meta
 
 
 # ----------------------------------------------------------------------------
@@ -391,7 +403,9 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   fv = flags.FLAGS
   text = read_text(fv.input)
-  meta = preparation.prepare(text, fv.out_dir, fv.tokenizer, source=fv.input)
+  with atomic_files.dir_lock(fv.out_dir):  # not mixed with another's files
+    meta = preparation.prepare(text, fv.out_dir, fv.tokenizer,
+                               source=fv.input)
   print(f"{fv.input}: {len(text):,} characters, tokenizer={meta['tokenizer']}"
         f", vocab size {meta['vocab_size']:,}")
   print(f"train: {meta['train_tokens']:,} tokens, val: "
