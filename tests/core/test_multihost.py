@@ -232,3 +232,28 @@ def test_malformed_distributed_flags_stop_before_jax_starts(argv, match):
                            num_processes=2, process_id=1):
     distributed.initialize_distributed(FakeJax)
   assert calls[0]["coordinator_address"] == "[::1]:1234"
+
+
+def test_a_failed_text_preparation_stops_every_process_at_once(tmp_path):
+  """Process 0 prepares a GPT run's text; when it failed (here: an empty
+  input), process 1 waited for meta.json and process 0 for process 1 in
+  the job's shutdown barrier: both hung 5 minutes, then aborted."""
+  empty = tmp_path / "empty.txt"
+  empty.write_text("")
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=workers_lib.xla_flags(1))
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "trm.main",
+       "--config=configs/gpt.py:shakespeare_char_cpu",
+       f"--workdir={tmp_path / 'run'}", f"--config.data.input={empty}",
+       f"--config.data_root={tmp_path / 'data'}",
+       f"--coordinator_address={address}", "--num_processes=2",
+       f"--process_id={i}", "--compilation_cache=off"], cwd=ROOT, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+  outputs = workers_lib.wait_all(workers, timeout=120)
+  assert [w.returncode for w in workers] == [2, 2], outputs
+  assert f"error: {empty} holds 0 characters" in outputs[0], outputs[0][-2000:]
+  assert "error: process 0 stopped while preparing" in outputs[1], (
+      outputs[1][-2000:])

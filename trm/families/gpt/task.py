@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from trm.core import distributed
 from trm.core import lm_state
 from trm.core import loss_scale
 from trm.core import restore_check
@@ -221,8 +222,15 @@ def _token_streams(config):
                              tfds_source.TokenStream(tfds_config,
                                                      "eval_split")]
   directory = data_dir(config)
-  meta = text.ensure_prepared(directory, config.data.input,
-                              config.data.tokenizer)
+  # Process 0 prepares; if that fails, every process stops with it (the
+  # others waited for meta.json until the job's shutdown barrier gave up).
+  meta = distributed.run_on_process_0(
+      lambda: text.ensure_prepared(directory, config.data.input,
+                                   config.data.tokenizer, process_index=0),
+      f"preparing {directory}")
+  if meta is None:  # another process: process 0 has prepared it
+    meta = text.ensure_prepared(directory, config.data.input,
+                                config.data.tokenizer)
   if meta.get("input"):
     with config.unlocked():
       # The text the data was prepared from, as config.json records it: a
