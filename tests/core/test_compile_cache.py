@@ -48,6 +48,10 @@ def test_where_the_cache_lives(monkeypatch, tmp_path):
   assert compile_cache.resolve(None) == str(tmp_path / "env")
   assert compile_cache.resolve(str(tmp_path / "flag")) == str(
       tmp_path / "flag")
+  # Blank is unset (it was a directory named ' ' in the current one).
+  assert compile_cache.resolve("  ") == str(tmp_path / "env")
+  monkeypatch.setenv(compile_cache.ENV, " ")
+  assert compile_cache.resolve(None) == str(tmp_path / "trm" / "jax")
   for off in ("off", "OFF", "0", "none"):
     assert compile_cache.resolve(off) is None
     monkeypatch.setenv(compile_cache.ENV, off)

@@ -29,8 +29,10 @@ def default_dir() -> str:
 
 def resolve(setting: str | None) -> str | None:
   """The cache directory for a flag value (None: unset), or None if off."""
-  value = setting if setting not in (None, "") else os.environ.get(ENV, "")
-  if value.strip().lower() in OFF:
+  # Blank (e.g. `TRM_COMPILATION_CACHE=" "`) is unset: it was a directory
+  # named ' ' in the current one.
+  value = (setting or "").strip() or os.environ.get(ENV, "").strip()
+  if value.lower() in OFF:
     return None
   return os.path.abspath(os.path.expanduser(value or default_dir()))
 
