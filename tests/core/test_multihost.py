@@ -232,6 +232,17 @@ def test_malformed_distributed_flags_stop_before_jax_starts(argv, match):
                            num_processes=2, process_id=1):
     distributed.initialize_distributed(FakeJax)
   assert calls[0]["coordinator_address"] == "[::1]:1234"
+  # Process 0 on a port already served (another job, or two processes
+  # given --process_id=0): every process waited 300 s for its peers.
+  with socket.socket() as taken:
+    taken.bind(("", 0))
+    taken.listen()
+    address = f"127.0.0.1:{taken.getsockname()[1]}"
+    with flagsaver.flagsaver(coordinator_address=address, num_processes=2,
+                             process_id=0):
+      with pytest.raises(app.UsageError, match="is in use on this host"):
+        distributed.initialize_distributed(FakeJax)
+  assert len(calls) == 1
 
 
 def test_a_failed_text_preparation_stops_every_process_at_once(tmp_path):

@@ -46,6 +46,8 @@ def initialize_distributed(jax) -> None:
     if _NUM_PROCESSES.value is None or _PROCESS_ID.value is None:
       raise app.UsageError("--coordinator_address needs --num_processes and "
                            "--process_id.")
+    if _PROCESS_ID.value == 0:
+      _check_port_free(_COORDINATOR.value)
   if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
     # CPU processes exchange collectives over gloo.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -64,6 +66,26 @@ def _check_address(address: str) -> None:
     raise app.UsageError(
         f"--coordinator_address={address!r} is not HOST:PORT: pass process "
         "0's host name or IP and a free port, e.g. 10.0.0.2:1234.")
+
+
+def _check_port_free(address: str) -> None:
+  """Process 0 serves the job on the address's port (all interfaces). A
+  port already served (another job, or a second process given
+  --process_id=0) left every process waiting 300 s for peers."""
+  if os.environ.get("JAX_COORDINATOR_BIND_ADDRESS"):
+    return
+  import socket  # pylint: disable=g-import-not-at-top
+  port = int(address.rpartition(":")[2])
+  with socket.socket() as probe:
+    # Not refused by a closed port's TIME_WAIT, only by a listening socket.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      probe.bind(("", port))
+    except OSError as e:
+      raise app.UsageError(
+          f"--coordinator_address={address}: port {port} is in use on this "
+          f"host ({e.strerror}): another job, or another process given "
+          "--process_id=0; pick a free port.") from None
 
 
 class ProcessZeroError(cli.UserError, RuntimeError):
