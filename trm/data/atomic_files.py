@@ -46,30 +46,52 @@ def write_json_atomic(path: str, obj: Any) -> None:
 _held = threading.local()  # directories whose dir_lock this thread holds
 
 
+def _locked_dir(path: str) -> int:
+  """An fd of directory `path` (made if missing) holding its flock; the
+  directory is made again if a holder removed it while this one waited."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  while True:
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+      logging.info("No flock on %s (%s); preparing without it.", path, e)
+      return fd
+    try:
+      if os.path.samestat(os.fstat(fd), os.stat(path)):
+        return fd
+    except FileNotFoundError:
+      pass
+    os.close(fd)
+
+
 @contextlib.contextmanager
 def dir_lock(output_dir: str):
   """Holds `output_dir` against other preparations of it (other processes
   or threads) until the block ends: an flock on the directory itself (no
   extra file), so two runs started together do not interleave their
   files. Re-entrant in one thread; where flock is refused (some network
-  file systems) they run unguarded, as before."""
-  os.makedirs(output_dir, exist_ok=True)
+  file systems) they run unguarded, as before. A directory it made is
+  removed again if the block leaves it empty (input refused before
+  anything was written leaves nothing behind)."""
   key = os.path.realpath(output_dir)
   held = _held.__dict__.setdefault("dirs", set())
   if key in held:
     yield
     return
-  import fcntl  # pylint: disable=g-import-not-at-top
-  fd = os.open(key, os.O_RDONLY)
+  made = not os.path.isdir(key)
+  fd = _locked_dir(key)
   try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as e:
-      logging.info("No flock on %s (%s); preparing without it.", key, e)
     held.add(key)
     try:
       yield
     finally:
       held.discard(key)
+      if made:  # before the flock goes: a waiter then makes it again
+        try:
+          os.rmdir(key)
+        except OSError:
+          pass  # not empty: the preparation wrote into it
   finally:
     os.close(fd)  # releases the flock
