@@ -348,19 +348,21 @@ def _hf_copy(directory, out, **config_changes):
 
 
 @pytest.mark.parametrize("field,value", [("n_layer", "two"), ("n_embd", None),
-                                         ("n_head", 4.5), ("dropout", None)])
+                                         ("n_head", 4.5), ("dropout", None),
+                                         ("bias", "False")])
 def test_nanogpt_model_args_that_are_not_numbers_name_the_field(
     hf, tmp_path, field, value):
   # They reached int() / float(): "invalid literal for int()" naming
   # neither the file nor the field, or a TypeError traceback; 4.5 was
-  # truncated to 4.
+  # truncated to 4; bias "False" read as True (then blamed on the tensors).
   model, _, _ = hf
   path = _save_ckpt(str(tmp_path / "odd.pt"),
                     _nanogpt_state(model.state_dict()),
                     model_args=dict(ARGS, **{field: value}))
   with pytest.raises(weights_io.CheckpointError,
                      match=rf"odd\.pt: model_args\['{field}'\]="
-                     rf"{re.escape(repr(value))} is not an? (integer|number)"):
+                     rf"{re.escape(repr(value))} is not an? "
+                     r"(integer|number|bool)"):
     gpt_import.load_nanogpt_checkpoint(path)
 
 

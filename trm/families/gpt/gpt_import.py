@@ -177,7 +177,14 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
         f"{list(MODEL_ARGS)}.")
   model_args = {k: _scalar(torch, raw_args[k], f"model_args[{k!r}]", path)
                 for k in MODEL_ARGS}
-  model_args["bias"] = bool(model_args["bias"])
+  bias = model_args["bias"]
+  # nanoGPT saves a bool; bool("False") would be True.
+  if not isinstance(bias, (bool, np.bool_)) and not (
+      isinstance(bias, (int, np.integer)) and bias in (0, 1)):
+    raise weights_io.CheckpointError(
+        f"{path}: model_args['bias']={bias!r} is not a bool (nanoGPT's "
+        "train.py saves True or False).")
+  model_args["bias"] = bool(bias)
   model_args["dropout"] = gpt_layout.number(model_args["dropout"],
                                             "model_args['dropout']", path)
   for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
