@@ -5,6 +5,7 @@ resume after preemption knows it), and nothing non-finite is ever written.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -50,6 +51,55 @@ def test_keep_n_never_deletes_the_best_step(tmp_path):
                 best_eval_loss=0.5)
   reopened.wait_until_finished()
   assert _steps(tmp_path) == [30]
+
+
+def test_the_best_step_survives_a_reopened_manager(tmp_path):
+  """A resumed run opens a new manager: it must still know each step's
+  held-out loss, or keep-N deletes the best step at the next save (Orbax
+  wrote metrics to disk only when given `best_fn`)."""
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
+                                  async_save=False)
+  state = {"w": jnp.ones((4,))}
+  ckpt_lib.save(manager, 10, state, _Iterator(), eval_loss=1.0,
+                best_eval_loss=1.0)
+  reopened = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
+                                   async_save=False)
+  assert reopened.metrics(10) == {ckpt_lib.EVAL_LOSS: 1.0}
+  ckpt_lib.save(reopened, 20, state, _Iterator(), eval_loss=2.0,
+                best_eval_loss=1.0)
+  assert _steps(tmp_path) == [10, 20]
+
+
+def test_a_failed_redone_eval_record_leaves_the_step_as_it_was(
+    tmp_path, monkeypatch, caplog):
+  """A redone evaluation that cannot be written into its step (a full disk)
+  is a warning, not a stop, and changes no file of the step."""
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
+                                  async_save=False)
+  ckpt_lib.save(manager, 10, {"w": jnp.ones((4,))}, _Iterator(),
+                eval_owed=True)
+
+  def files():
+    step_dir = os.path.join(str(tmp_path), "10")
+    found = {}
+    for root, _, names in os.walk(step_dir):
+      for name in names:
+        with open(os.path.join(root, name), "rb") as f:
+          found[os.path.relpath(os.path.join(root, name), step_dir)] = f.read()
+    return found
+
+  before = files()
+
+  def full(path, *unused_args, **unused_kwargs):
+    raise OSError(28, "No space left on device", path)
+
+  monkeypatch.setattr(ckpt_lib.atomic_files, "atomic_write", full)
+  with caplog.at_level("WARNING"):
+    ckpt_lib.record_redone_eval(manager, 10, eval_loss=1.0,
+                                best_eval_loss=1.0)
+  assert "Could not record the redone evaluation in checkpoint" in caplog.text
+  assert files() == before
+  assert ckpt_lib.saved_eval_owed(manager, 10)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -130,6 +180,60 @@ def test_a_preemption_at_an_evaluation_step_owes_it(tmp_path, monkeypatch):
   assert not ckpt_lib.saved_eval_owed(manager, 20)
 
 
+def test_a_redone_evaluation_ranks_its_checkpoint(tmp_path, monkeypatch):
+  """Step 10 saved owing its evaluation, and the resumed run lost (a crash)
+  right after redoing it: checkpoint 10 now holds the redone loss as its
+  Orbax metric, as the uninterrupted save would have, so keep-N keeps it
+  against a worse later step; the run's best in its metadata includes it;
+  and it owes nothing, so the next resume does not evaluate it again."""
+  config = tiny_config(tmp_path, max_iters=20, lr_decay_iters=20,
+                       eval_interval=10, keep_checkpoints=1)
+  workdir = str(tmp_path / "run")
+  checkpoints = os.path.join(workdir, "checkpoints")
+  real_reached = preemption_lib.PreemptionWatch.reached
+
+  def run(reached=real_reached):
+    monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached", reached)
+    try:
+      return train.train_and_evaluate(config, workdir, families.build_task)
+    finally:
+      monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached",
+                          real_reached)
+
+  with pytest.raises(train.Preempted, match=r"Preempted at step 10"):
+    run(lambda self, step: step == 10 or real_reached(self, step))
+
+  def crash(self, step):  # at step 11, after the redone evaluation
+    raise RuntimeError(f"host lost at step {step}")
+
+  with pytest.raises(RuntimeError, match=r"host lost at step 11"):
+    run(crash)
+  with open(os.path.join(workdir, "eval_10.json"), encoding="utf-8") as f:
+    redone = json.load(f)["eval/loss"]
+  assert _steps(checkpoints) == [10]
+  manager = ckpt_lib.make_manager(checkpoints, max_to_keep=1,
+                                  async_save=False)
+  assert manager.metrics(10) == {ckpt_lib.EVAL_LOSS: pytest.approx(redone)}
+  assert ckpt_lib.saved_best_loss(manager, 10) == pytest.approx(redone)
+  assert not ckpt_lib.saved_eval_owed(manager, 10)
+  # Ranked: a later, worse step does not push it out (on a copy).
+  copy = str(tmp_path / "copy")
+  shutil.copytree(checkpoints, copy)
+  ranked = ckpt_lib.make_manager(copy, max_to_keep=1, async_save=False)
+  ckpt_lib.save(ranked, 30, {"w": jnp.ones((4,))}, _Iterator(),
+                eval_loss=redone + 1.0, best_eval_loss=redone)
+  assert _steps(copy) == [10, 30]
+  # The next resume restores step 10 (its checksums still hold) and
+  # evaluates only step 20.
+  real_evaluate = train.evaluate
+  calls = []
+  monkeypatch.setattr(train, "evaluate",
+                      lambda *args: calls.append(1) or real_evaluate(*args))
+  state, _ = run()
+  assert int(state.step) == 20
+  assert len(calls) == 1
+
+
 def test_a_signal_during_the_final_evaluation(tmp_path, monkeypatch):
   """Stopped during the last step's evaluation: the step is saved, and the
   rerun (a finished run) evaluates it instead of training."""
@@ -158,6 +262,12 @@ def test_a_signal_during_the_final_evaluation(tmp_path, monkeypatch):
   assert int(state.step) == 20
   assert "eval/loss" in results
   assert os.path.exists(os.path.join(workdir, "eval_20.json"))
+  # The step's debt is settled: it holds the loss as its metric.
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"),
+                                  max_to_keep=5)
+  assert manager.metrics(20) == {
+      ckpt_lib.EVAL_LOSS: pytest.approx(results["eval/loss"])}
+  assert not ckpt_lib.saved_eval_owed(manager, 20)
 
 
 def test_config_rejects_nonfinite_or_negative_rates(tmp_path):
@@ -245,3 +355,55 @@ def test_a_full_disk_is_one_line_and_loses_nothing(small_disk, tmp_path):
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Restoring checkpoint" in resumed.stderr and "/6" in resumed.stderr
   assert 12 in _steps(workdir / "checkpoints")
+
+
+# Two processes save a step owing its evaluation, record the evaluation
+# (process 0 writes), and keep it as the best against a worse later step.
+_REDONE_WORKER = workers_lib.JOIN + """
+import os
+import jax.numpy as jnp
+import numpy as np
+from trm.core import checkpoint as ckpt_lib
+
+class Iterator:
+  def get_state(self):
+    return {{"position": 0}}
+
+mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
+sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+state = {{"w": jax.make_array_from_callback(
+    (8,), sharding, lambda i: np.arange(8, dtype=np.float32)[i])}}
+manager = ckpt_lib.make_manager({directory!r}, max_to_keep=1,
+                                async_save=False)
+ckpt_lib.save(manager, 10, state, Iterator(), eval_owed=True)
+ckpt_lib.record_redone_eval(manager, 10, eval_loss=1.0, best_eval_loss=1.0)
+owed = ckpt_lib.saved_eval_owed(manager, 10)
+best = manager.best_step()
+ckpt_lib.save(manager, 20, state, Iterator(), eval_loss=2.0,
+              best_eval_loss=1.0)
+manager.wait_until_finished()
+print("RESULT", jax.process_index(), owed, best, sorted(
+    int(d) for d in os.listdir({directory!r}) if d.isdigit()), flush=True)
+"""
+
+
+def test_two_processes_record_a_redone_evaluation(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=workers_lib.xla_flags(4))
+  from test_train import ROOT  # pylint: disable=g-import-not-at-top
+  workers = [subprocess.Popen(
+      [sys.executable, "-c", _REDONE_WORKER.format(
+          directory=directory, process_id=i, address=address)],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True) for i in range(2)]
+  outputs = workers_lib.wait_all(workers, timeout=300)
+  for worker, output in zip(workers, outputs):
+    assert worker.returncode == 0, output[-3000:]
+  results = sorted(line for output in outputs for line in output.splitlines()
+                   if line.startswith("RESULT"))
+  # Every process's manager sees the metric (10 is its best) and no debt;
+  # the save of worse step 20 keeps 10.
+  assert results == ["RESULT 0 False 10 [10, 20]",
+                     "RESULT 1 False 10 [10, 20]"], outputs

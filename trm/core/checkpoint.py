@@ -32,7 +32,10 @@ line). A restore error that is not damage to the files (a data position
 the current dataset lacks, a mismatched config, running out of memory) stops
 the run with one line and moves nothing. Each step also carries the run's
 config record (`config_record`), so a resume is checked against it even if
-`config.json` is lost. A state saved before a field of today's (the
+`config.json` is lost. A step's held-out loss, which ranks it for keeping
+(`make_manager`), is on disk with it (Orbax's `metrics` item), so a resumed
+run ranks the steps of the runs before it; a step saved owing its
+evaluation gets it when the resumed run has done it (`record_redone_eval`). A state saved before a field of today's (the
 skipped-step counters) existed restores with that field at 0.
 """
 from __future__ import annotations
@@ -41,6 +44,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging as std_logging
 import os
 import shutil
 import time
@@ -57,6 +61,7 @@ from etils import epath
 from trm.core import cli
 from trm.core import host_arrays
 from trm.core import state as state_lib
+from trm.data import atomic_files
 
 # What Orbax 0.12 writes last into every finished step, relative to the step
 # directory: the commit markers of the step and of each item, and metadata.
@@ -95,14 +100,34 @@ def make_manager(directory: str, *, max_to_keep: int,
   from orbax.checkpoint.checkpoint_managers import preservation_policy as pp  # pylint: disable=g-import-not-at-top
   keep = pp.AnyPreservationPolicy([
       pp.LatestN(n=max_to_keep),
-      pp.BestN(get_metric_fn=lambda metrics: metrics[EVAL_LOSS], reverse=True,
+      pp.BestN(get_metric_fn=_eval_loss, reverse=True,
                n=1, keep_checkpoints_without_metrics=False)])
   return ocp.CheckpointManager(
       directory,
       options=ocp.CheckpointManagerOptions(
           preservation_policy=keep, create=True,
-          enable_async_checkpointing=async_save),
+          enable_async_checkpointing=async_save,
+          # Only with `best_fn` does Orbax write a step's metrics to disk
+          # (`<step>/metrics/metrics`); without it they lived in this
+          # manager's memory alone, and a resumed run, knowing no step's
+          # loss, let LatestN delete the best step at its next save.
+          best_fn=_eval_loss, best_mode="min"),
       item_names=("state", "data_iter"))
+
+
+def _eval_loss(metrics) -> float:
+  return metrics[EVAL_LOSS]
+
+
+class _SavesWithoutMetrics(std_logging.Filter):
+  """Orbax, given `best_fn`, warns at every save without metrics; here most
+  saves (no evaluation at that step, a preemption) have none by design."""
+
+  def filter(self, record):
+    return "did not provide metrics" not in record.getMessage()
+
+
+logging.get_absl_logger().addFilter(_SavesWithoutMetrics())
 
 
 def complete_steps(directory) -> list[int]:
@@ -451,6 +476,76 @@ def saved_eval_owed(manager: ocp.CheckpointManager, step: int) -> bool:
   """Whether checkpoint `step` was saved with its evaluation cut short
   (checkpoints written before this record existed: False)."""
   return _saved_custom(manager, step).get(EVAL_OWED) is True
+
+
+def record_redone_eval(manager: ocp.CheckpointManager, step: int, *,
+                       eval_loss: float | None,
+                       best_eval_loss: float | None) -> None:
+  """Completes checkpoint `step`, saved owing its evaluation
+  (`saved_eval_owed`), once the resumed run has done that evaluation: as
+  the save would have written it had the evaluation come first,
+  `eval_loss` becomes the step's Orbax metric (so `make_manager`'s policy
+  ranks it; None leaves it unranked) and `best_eval_loss` the best in its
+  metadata; and the mark goes, so a later resume from the step does not
+  evaluate it again.
+
+  The state, the iterator and their checksums are not touched, and each
+  file is replaced whole (written beside it, then renamed over it), so the
+  step is restorable at every moment; a crash before the metadata is
+  replaced leaves the mark, and the next resume redoes all this. On an
+  object store (`://`) nothing is written (warning): the step stays
+  unranked and owing, as before. Collective: process 0 writes, then every
+  process's manager reads the steps again; call it with no save in flight.
+  """
+  step_dir = epath.Path(manager.directory) / str(step)
+  if "://" in str(step_dir):
+    logging.warning(
+        "Checkpoint %s keeps its eval_owed mark and no held-out loss: "
+        "rewriting a step's files is done on local disks only. It is not "
+        "ranked among the best, and a resume from it evaluates it again.",
+        step_dir)
+    return
+  if jax.process_index() == 0:
+    try:
+      _write_redone_eval(str(step_dir), eval_loss, best_eval_loss)
+    except Exception as e:  # pylint: disable=broad-except
+      # Each file was replaced whole or not at all, so the step is intact;
+      # a record not written must not stop the run (nor leave the other
+      # processes waiting at the barrier).
+      logging.warning("Could not record the redone evaluation in checkpoint "
+                      "%s (%s: %s); a resume from it evaluates it again.",
+                      step_dir, type(e).__name__, _short(e, 300))
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("trm_checkpoint_redone_eval")
+  manager.reload()
+
+
+def _write_redone_eval(step_dir: str, eval_loss, best_eval_loss) -> None:
+  from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
+  def replace(path, text):
+    atomic_files.atomic_write(path, lambda f: f.write(text), mode="w")
+
+  metadata_path = os.path.join(step_dir, _METADATA_FILE)
+  with open(metadata_path, encoding="utf-8") as f:
+    metadata = json.load(f)
+  # The metric first: until the metadata drops the mark, a crash costs
+  # only the evaluation again.
+  if eval_loss is not None and np.isfinite(eval_loss):
+    name = ocp_manager.METRIC_ITEM_NAME
+    item = os.path.join(step_dir, name)
+    os.makedirs(item, exist_ok=True)
+    replace(os.path.join(item, name),
+            json.dumps({EVAL_LOSS: float(eval_loss)}))
+    replace(os.path.join(item, "commit_success.txt"),
+            f"Checkpoint commit was successful to {item}")
+    if isinstance(metadata.get("item_handlers"), dict):
+      metadata["item_handlers"][name] = ocp.JsonCheckpointHandler.typestr()
+  custom = metadata.get("custom_metadata") or {}
+  custom.pop(EVAL_OWED, None)
+  if best_eval_loss is not None and np.isfinite(best_eval_loss):
+    custom[BEST_EVAL_LOSS] = float(best_eval_loss)
+  metadata["custom_metadata"] = custom
+  replace(metadata_path, json.dumps(metadata))
 
 
 def wait_until_finished(manager: ocp.CheckpointManager) -> None:

@@ -329,6 +329,18 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     logging.info("Step %d eval: %s", step, results)
     speed.restart(step)  # evaluation is not step time
 
+  def record_redone_eval(step: int) -> None:
+    """Gives checkpoint `step`, saved owing its evaluation, what the
+    uninterrupted run's save there would have held now that the evaluation
+    is done; a step saved only because of the preemption (not a checkpoint
+    step) gets no loss, so neither its rank nor the best counts it."""
+    nonlocal best_loss
+    loss = results.get("eval/loss") if is_checkpoint_step(step) else None
+    if loss is not None:  # saved when it improved, or always: min either way
+      best_loss = min(best_loss, float(loss))
+    ckpt_lib.record_redone_eval(manager, step, eval_loss=loss,
+                                best_eval_loss=best_loss)
+
   # ----------------------------------------------------------------- loop
   # Its steps/s and ETA leave out the evaluations and saves it times.
   report = progress.TrainProgress(
@@ -347,24 +359,22 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   if from_initial_state and task.initial_best_loss is not None:
     best_loss = task.initial_best_loss
   evaluated_at = None
+  # Read before any evaluation, on every process: process 0 clears the mark
+  # once the evaluation is done (`record_redone_eval`, collective).
+  eval_owed = ckpt_lib.saved_eval_owed(manager, start_step)
   preemption = preemption_lib.PreemptionWatch(manager, config.log_every)
   # The host stays at most two steps ahead: XLA:CPU's multi-device
   # collectives deadlock and abort when many more are queued (dispatch.py).
   bound = dispatch.DispatchBound()
   try:
     with metric_writers.ensure_flushes(writer), preemption:
-      if (start_step < config.total_steps
-          and ckpt_lib.saved_eval_owed(manager, start_step)):
+      if start_step < config.total_steps and eval_owed:
         # A preemption cut this step's evaluation: it is done now, as an
         # uninterrupted run would have done it, before training on.
         logging.info("Step %d: redoing the evaluation the preemption cut "
                      "short.", start_step)
         evaluate_now(start_step)
-        # The uninterrupted run's save at this step would have recorded its
-        # loss in the best (saving when it improved, or always: min either
-        # way).
-        if is_checkpoint_step(start_step) and "eval/loss" in results:
-          best_loss = min(best_loss, float(results["eval/loss"]))
+        record_redone_eval(start_step)
       if start_step < config.total_steps:
         logging.info("Training from step %d to %d.", start_step,
                      config.total_steps)
@@ -405,6 +415,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         write_train_metrics(*pending)
       if start_step >= config.total_steps:  # a finished run: report again
         results = run_eval(step)
+        if eval_owed:
+          record_redone_eval(step)
   finally:
     # Also on a crash: a save in flight completes, so the newest checkpoint
     # on disk is whole. Under the preemption watch again: a SIGTERM now (the
