@@ -7,8 +7,8 @@ r"""Our nanoGPT against karpathy/nanoGPT's own code, run from a checkout.
 `--upstream_dir` is a nanoGPT work tree (model.py, train.py,
 data/shakespeare_char/prepare.py); its modules are imported at run time
 (nothing of it is copied here) and its commit is printed when the directory
-is a git work tree. Everything runs on the CPU in float32 with dropout 0, on
-small models (2 layers, 4 heads, n_embd 64, block_size 64): vocabulary 65
+is a git work tree. Everything runs on the CPU in float32 with dropout 0
+(the `dropout` and `bf16` checks aside), on small models (2 layers, 4 heads, n_embd 64, block_size 64): vocabulary 65
 with and without biases, and a 50304-entry vocabulary (GPT-2's padded
 figure) without biases.
 
@@ -61,7 +61,12 @@ of the change made by the iterations for parameters; "N of M differ" for
 tokens and bytes), the tolerance on the relative figure, PASS or FAIL, the
 worst tensor. Exits 1 when a check fails, 2 on a bad flag. `--perturb=EPS` adds EPS to our copy of ln_f's scale after
 every load, so the comparisons must fail (a self-test). `--checks` picks a
-subset (model,grads,optim,sample,port,data,schedule,draws).
+subset (model,grads,optim,sample,port,data,schedule,draws,dropout,bf16).
+
+  dropout, bf16  per model configuration: dropout at train_shakespeare_char's
+          0.2 with our masks carried into upstream's model, and
+          torch.autocast(bfloat16) against our model.dtype='bfloat16'
+          (nanogpt_numerics.py says how).
 
   draws   sampling at temperature > 0 by distribution (torch's and JAX's
           RNGs differ, so tokens cannot match). Once, on random logits
@@ -108,10 +113,11 @@ for _path in (_REPO, _HERE):  # trm, and common.py beside this file
   if _path not in sys.path:
     sys.path.insert(0, _path)
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+import nanogpt_numerics as numerics  # pylint: disable=g-import-not-at-top,wrong-import-position
 from common import Check, UsageError, compare, compare_trees  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 CHECKS = ("model", "grads", "optim", "sample", "port", "data", "schedule",
-          "draws")
+          "draws", "dropout", "bf16")
 UPSTREAM_FILES = ("model.py", "train.py",
                   os.path.join("data", "shakespeare_char", "prepare.py"))
 DEFAULT_INPUT = os.path.join(_REPO, "..", "shared", "data", "tinyshakespeare",
@@ -416,6 +422,7 @@ def run_case(report, label, vocab_size, bias, args, upstream, get_lr_factory,
   import torch  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
   from trm.core import lm_state  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
@@ -511,7 +518,7 @@ def run_case(report, label, vocab_size, bias, args, upstream, get_lr_factory,
                       TOL_GRAD))
 
   # ---- optim: AdamW + get_lr + clipping + accumulation, then resume
-  if "optim" in checks:
+  if checks & {"optim", "dropout", "bf16"}:
     get_lr = get_lr_factory(**{k: OPTIM[k] for k in (
         "learning_rate", "warmup_iters", "lr_decay_iters", "min_lr")})
     c = _config(vocab_size, bias, **OPTIM)
@@ -520,7 +527,8 @@ def run_case(report, label, vocab_size, bias, args, upstream, get_lr_factory,
     fused = vocab_size == 65 and not bias  # one case on the fused kernel
     batches = _batches(rng, STEPS * ACCUM * 2, vocab_real, t)
 
-    def upstream_run(model_t, optimizer, start, n, batch_iter):
+    def upstream_run(model_t, optimizer, start, n, batch_iter,
+                     ctx=contextlib.nullcontext):
       norms = []
       for it in range(start, start + n):
         lr = get_lr(it)
@@ -528,7 +536,8 @@ def run_case(report, label, vocab_size, bias, args, upstream, get_lr_factory,
           group["lr"] = lr
         for _ in range(ACCUM):
           bx, by = next(batch_iter)
-          _, l = model_t(torch.from_numpy(bx), torch.from_numpy(by))
+          with ctx():
+            _, l = model_t(torch.from_numpy(bx), torch.from_numpy(by))
           (l / ACCUM).backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(
             model_t.parameters(), OPTIM["grad_clip"])))
@@ -536,7 +545,7 @@ def run_case(report, label, vocab_size, bias, args, upstream, get_lr_factory,
         optimizer.zero_grad(set_to_none=True)
       return norms
 
-    def ours_run(state, n, batch_iter):
+    def ours_run(state, n, batch_iter, step=step):
       for _ in range(n):
         micro = [next(batch_iter) for _ in range(ACCUM)]
         # train_step's micro-batch k is rows k, k + ACCUM, ...
@@ -590,9 +599,40 @@ def run_case(report, label, vocab_size, bias, args, upstream, get_lr_factory,
                  f"({floor.note[len('worst: '):]})")
       add(r)
 
-    tag = "fused AdamW" if fused else "AdamW"
     ours_np = lambda s: jax.tree.map(np.asarray, s.params)  # noqa: E731
     start_params = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    case = numerics.Case(
+        label, model_args, initial_state, params, cfg, x, y,
+        lambda g: _torch_grads_in_our_layout(g, model_args),
+        lambda **o: quiet(upstream.GPT,
+                          upstream.GPTConfig(**dict(model_args, **o))))
+    if "dropout" in checks:
+      # set_values changes the config it is given: copies.
+      c_drop = config_lib.set_values(copy.deepcopy(c),
+                                     {"dropout": numerics.DROPOUT})
+      numerics.run_dropout(report, case, lambda: numerics.train_step_masks(
+          gpt_program.build(c_drop, None), state_around(params),
+          batches[:2 * ACCUM], ACCUM, t))
+    if "bf16" in checks:
+      step16 = jax.jit(gpt_program.build(
+          config_lib.set_values(copy.deepcopy(c), {"dtype": "bfloat16"}),
+          None).train_step)
+
+      def bf16_train(kind):
+        if kind == "bfloat16":
+          ours = ours_np(ours_run(state_around(params), STEPS, iter(batches),
+                                  step16))
+        else:
+          m, opt = fresh_upstream()
+          upstream_run(m, opt, 0, STEPS, iter(batches), ctx=(
+              contextlib.nullcontext if kind is None else
+              lambda: torch.autocast("cpu", dtype=torch.bfloat16)))
+          ours = upstream_params(m)
+        return _without_key_bias(ours), _without_key_bias(start_params)
+      numerics.run_bf16(report, case, bf16_train)
+
+  if "optim" in checks:
+    tag = "fused AdamW" if fused else "AdamW"
     for start in (0, 5):
       m, opt = fresh_upstream()
       it_batches = iter(batches)
@@ -818,7 +858,8 @@ def run(report, args) -> None:
   with tempfile.TemporaryDirectory() as tmp:
     get_lr_factory = lambda **g: upstream_get_lr(upstream_dir, **g)  # noqa
     port = _port_module() if "port" in checks else None
-    if checks & {"model", "grads", "optim", "sample", "port", "draws"}:
+    if checks & {"model", "grads", "optim", "sample", "port", "draws",
+                  "dropout", "bf16"}:
       for label, vocab, bias in cases:
         run_case(report, label, vocab, bias, args, upstream,
                  get_lr_factory, checks, tmp, port)

@@ -233,3 +233,109 @@ def test_draws_is_a_check(tmp_path):
   d = _fake_upstream(tmp_path)
   parity.check_args(parity.parse_args([f"--upstream_dir={d}",
                                        "--checks=draws"]))
+
+
+# ------------------------------------------------------- dropout and bf16
+
+# Appended to the stand-in's model.py: when F.scaled_dot_product_attention
+# is missing at construction (as the dropout check arranges), attention
+# takes a written-out path whose probabilities pass through an nn.Dropout
+# module, as upstream's own manual path does. NO_MLP_DROPOUT drops one
+# dropout site (a model that no longer matches ours).
+_MANUAL_ATTENTION = """
+import math, os, types
+import torch
+
+def _manual(self, x):
+  b, t, c = x.shape
+  heads = lambda y: y.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+  q, k, v = (heads(y) for y in self.c_attn(x).split(c, dim=2))
+  scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])
+  causal = torch.ones(t, t, dtype=torch.bool).tril()
+  probs = self.attn_dropout(scores.masked_fill(~causal, float("-inf"))
+                            .softmax(-1))
+  y = (probs @ v).transpose(1, 2).contiguous().view(b, t, c)
+  return self.resid_dropout(self.c_proj(y))
+
+class GPT(_port.GPT):
+  def __init__(self, cfg):
+    super().__init__(cfg)
+    if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+      for block in self.transformer.h:
+        block.attn.attn_dropout = torch.nn.Dropout(cfg.dropout)
+        block.attn.forward = types.MethodType(_manual, block.attn)
+        if os.environ.get("NO_MLP_DROPOUT"):
+          block.mlp.dropout = torch.nn.Identity()
+"""
+
+
+# train.py's schedule as nanoGPT's README describes it (linear warmup from
+# lr / (warmup + 1), cosine to min_lr at lr_decay_iters), for the stand-in.
+_WARMUP_COSINE = textwrap.dedent("""
+    def get_lr(it):
+      if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+      if it > lr_decay_iters:
+        return min_lr
+      ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+      return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (
+          learning_rate - min_lr)
+    """)
+
+
+def _fake_upstream_manual(tmp_path, train_py=_WARMUP_COSINE):
+  d = _fake_upstream(tmp_path, train_py)
+  with open(d / "model.py", "a", encoding="utf-8") as f:
+    f.write(_MANUAL_ATTENTION)
+  return d
+
+
+def test_dropout_check_passes_and_fails_when_perturbed(tmp_path, capsys):
+  pytest.importorskip("torch")
+  d = _fake_upstream_manual(tmp_path)
+  argv = [f"--upstream_dir={d}", "--checks=dropout", "--cases=v65_nobias"]
+  assert parity.main(argv) == 0
+  out = capsys.readouterr().out
+  assert out.count("PASS") == 8 and "FAIL" not in out, out
+  assert "ours 7, upstream 7" in out and "6 distinct of 6" in out
+  assert parity.main(argv + ["--perturb=1e-3"]) == 1
+  failed = [line for line in capsys.readouterr().out.splitlines()
+            if line.endswith("FAIL") or "FAIL  (" in line]
+  assert any("dropout p=0.2 logits" in line for line in failed), failed
+
+
+def test_dropout_check_fails_when_a_site_is_missing_upstream(
+    tmp_path, capsys, monkeypatch):
+  pytest.importorskip("torch")
+  d = _fake_upstream_manual(tmp_path)
+  monkeypatch.setenv("NO_MLP_DROPOUT", "1")
+  assert parity.main([f"--upstream_dir={d}", "--checks=dropout",
+                      "--cases=v65_nobias"]) == 1
+  out = capsys.readouterr().out
+  line = next(x for x in out.splitlines() if "calls and shapes" in x)
+  assert "ours 7, upstream 5" in line and "FAIL" in line
+
+
+def test_bf16_check_passes_and_fails_when_perturbed(tmp_path, capsys):
+  pytest.importorskip("torch")
+  d = _fake_upstream_manual(tmp_path)
+  # After the dropout check too: a config it changed once leaked into this.
+  argv = [f"--upstream_dir={d}", "--checks=dropout,bf16", "--cases=v65_bias"]
+  assert parity.main(argv) == 0
+  out = capsys.readouterr().out
+  assert out.count("PASS") == 12 and "upstream autocast vs float32" in out
+  # Within bf16's own noise a small shift passes; ln_f's scale + 0.1 moves
+  # every logit by about a tenth.
+  assert parity.main(argv + ["--perturb=0.1"]) == 1
+  out = capsys.readouterr().out
+  assert "v65_bias bf16 logits" in out
+  assert "FAIL" in out.split("v65_bias bf16 logits")[1].splitlines()[0]
+
+
+def test_rms_rel_is_over_all_elements():
+  numerics = pytest.importorskip("nanogpt_numerics")
+  start = {"a": np.zeros(3), "b": {"c": np.zeros(1)}}
+  truth = {"a": np.array([3.0, 0.0, 0.0]), "b": {"c": np.array([4.0])}}
+  ours = {"a": np.array([3.0, 0.0, 0.0]), "b": {"c": np.array([4.5])}}
+  assert numerics.rms_rel(ours, truth, start) == pytest.approx(0.1)
+  assert numerics.rms_rel(ours, start, start) == math.inf
