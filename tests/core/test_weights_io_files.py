@@ -1,16 +1,20 @@
 """Hostile or unusual checkpoint directories: a Hugging Face cache snapshot
 (shards as symbolic links into blobs/) loads; an index whose weight_map is
 not a map of file names, or that names a shard lacking the tensor, is one
-line (CheckpointError), not a TypeError or a SafetensorError traceback."""
+line (CheckpointError), not a TypeError or a SafetensorError traceback.
+float8 tensors read; quantized checkpoints and unreadable dtypes are one
+line."""
 import json
 import os
 import shutil
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from flax import linen as nn
+from safetensors.numpy import load_file, save_file
 
 from trm.core import weights_io
 from trm.families.dream import hf_import
@@ -129,3 +133,131 @@ def test_a_config_json_with_bad_fields_is_one_line_naming_it(
     hf_config.model_config_from_hf(str(tmp_path))
   message = str(info.value)
   assert str(path) in message and needle in message and "\n" not in message
+
+
+# ------------------------------------------------------------------ float8
+
+F8 = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+
+
+@pytest.mark.parametrize("tag", sorted(F8))
+def test_float8_safetensors_tensors_read_as_ml_dtypes(tmp_path, tag):
+  # safetensors' numpy reader (0.8) fails on them ("module 'numpy' has no
+  # attribute 'float8_e4m3fn'"), which was reported as an unreadable file.
+  dtype = F8[tag]
+  w = np.arange(-6, 6, dtype=np.float32).reshape(3, 4).astype(dtype)
+  path = str(tmp_path / "w.safetensors")
+  save_file({"a": np.ones(5, np.float32), "w": w,
+             "scalar": np.array(1.5, dtype),
+             "empty": np.zeros((0, 2), dtype)}, path)
+  loaded = weights_io.read_safetensors(path)
+  assert loaded["w"].dtype == dtype
+  np.testing.assert_array_equal(loaded["w"], w)
+  assert loaded["scalar"] == 1.5 and loaded["empty"].shape == (0, 2)
+  with weights_io.SafetensorsFile(path) as f:
+    assert f.dtype("w") == tag
+    np.testing.assert_array_equal(
+        f.read("w", (slice(1, 3), slice(0, 2))), w[1:3, :2])
+
+
+@pytest.mark.parametrize("tag", sorted(F8))
+def test_nan_in_a_float8_tensor_is_still_refused(tmp_path, tag):
+  w = np.array([1.0, np.nan], np.float32).astype(F8[tag])
+  path = str(tmp_path / "w.safetensors")
+  save_file({"w": w}, path)
+  with pytest.raises(weights_io.CheckpointError,
+                     match="'w' in .* holds 1 NaN or Inf"):
+    weights_io.read_safetensors(path)
+
+
+def test_torch_float8_tensors_convert_bit_for_bit():
+  torch = pytest.importorskip("torch")
+  values = torch.tensor([[0.5, -1.25], [448.0, 2.0 ** -9]])
+  for dtype, ours in ((torch.float8_e4m3fn, ml_dtypes.float8_e4m3fn),
+                      (torch.float8_e5m2, ml_dtypes.float8_e5m2)):
+    got = weights_io.torch_to_numpy(torch, values.to(dtype), "w", "x.pt")
+    assert got.dtype == ours
+    np.testing.assert_array_equal(got.astype(np.float32),
+                                  values.to(dtype).float().numpy())
+
+
+def _raw_safetensors(path, dtype: str, data: bytes, shape) -> str:
+  """A file whose header gives tensor 'w' the tag `dtype`, written by hand
+  (numpy cannot make such a tensor for safetensors' writer)."""
+  header = json.dumps({"w": {"dtype": dtype, "shape": list(shape),
+                             "data_offsets": [0, len(data)]}}).encode()
+  header += b" " * (-len(header) % 8)
+  with open(path, "wb") as f:
+    f.write(len(header).to_bytes(8, "little") + header + data)
+  return str(path)
+
+
+def test_a_dtype_the_loader_cannot_read_is_one_line(tmp_path):
+  # F8_E8M0 (a microscaling exponent): safetensors' numpy reader raised an
+  # AttributeError, reported as an unreadable file.
+  path = _raw_safetensors(tmp_path / "w.safetensors", "F8_E8M0", b"\x7f\x80",
+                          (2,))
+  with pytest.raises(weights_io.CheckpointError) as info:
+    weights_io.read_safetensors(path)
+  message = str(info.value)
+  assert f"Tensor 'w' in {path} has dtype F8_E8M0, which this loader " \
+      "cannot read" in message and "\n" not in message
+
+
+def test_quantization_scales_beside_their_weight_are_refused(tmp_path):
+  path = str(tmp_path / "w.safetensors")
+  save_file({"l.weight": np.ones((4, 4), ml_dtypes.float8_e4m3fn),
+             "l.weight_scale_inv": np.ones((1, 1), np.float32)}, path)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"holds 'l\.weight_scale_inv', the quantization "
+                     r"scale of 'l\.weight': the checkpoint is quantized"):
+    weights_io.read_safetensors(path)
+  # A scale-like name with no weight beside it is no quantization.
+  weights_io.check_not_quantized(["x.input_scale", "y.weight"], "f")
+
+
+@pytest.mark.parametrize("quant", [
+    {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    {"quant_method": "fbgemm_fp8"}, "junk"])
+def test_a_quantization_config_is_refused(quant):
+  with pytest.raises(weights_io.CheckpointError) as info:
+    weights_io.check_quantization_config({"quantization_config": quant},
+                                         "d/config.json")
+  message = str(info.value)
+  assert message.startswith("d/config.json: quantization_config")
+  assert "Dequantize the checkpoint first" in message
+  weights_io.check_quantization_config({"torch_dtype": "bfloat16"}, "x")
+
+
+def test_a_sharded_float8_checkpoint_loads_by_slices(sharded, tmp_path):
+  # Each shard's tensors as F8_E4M3, read through the header's offsets;
+  # the sharded load cuts every device's slice from the memory map.
+  directory, _ = sharded
+  copy = str(tmp_path / "f8")
+  shutil.copytree(directory, copy)
+  expected = {}
+  for name in os.listdir(copy):
+    if name.endswith(".safetensors"):
+      tensors = {k: v.astype(ml_dtypes.float8_e4m3fn)
+                 for k, v in load_file(os.path.join(copy, name)).items()}
+      save_file(tensors, os.path.join(copy, name))
+      expected.update(tensors)
+  config_path = os.path.join(copy, "config.json")
+  with open(config_path) as f:
+    config = json.load(f)
+  config["torch_dtype"] = "float8_e4m3fn"
+  with open(config_path, "w") as f:
+    json.dump(config, f)
+  loaded = hf_import.load_hf_checkpoint(copy, CFG)
+  np.testing.assert_array_equal(
+      np.asarray(loaded["norm"]["scale"]),
+      expected["model.norm.weight"].astype(np.float32))
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+  shardings = jax.tree.map(
+      lambda a: jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec(
+              *(("x",) if a.ndim and a.shape[0] % 2 == 0 else ()))),
+      loaded)
+  split = hf_import.load_hf_checkpoint(copy, CFG, shardings)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(
+      np.asarray(a), np.asarray(b)), split, loaded)

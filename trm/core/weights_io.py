@@ -3,8 +3,9 @@
 The importers (`trm.families.trm.torch_import`, `trm.families.gpt.gpt_import`,
 `trm.families.dream.hf_import`) read PyTorch state_dicts, .safetensors files
 and Hugging Face index files; this module holds what they have in common:
-one error type, nested-dict paths, JSON and shard-index reading, and
-pickle-free reading of torch and safetensors files.
+one error type, nested-dict paths, JSON and shard-index reading,
+pickle-free reading of torch and safetensors files (float8 included), and
+the refusal of quantized checkpoints.
 """
 
 from __future__ import annotations
@@ -99,19 +100,48 @@ def is_safetensors(path: str) -> bool:
   return 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8
 
 
+# Dtypes numpy lacks, held as ml_dtypes' types: torch's name -> numpy dtype.
+# Their bits are reinterpreted (torch's .numpy() refuses them).
+_TORCH_VIA_BITS = {"bfloat16": np.dtype(ml_dtypes.bfloat16),
+                   "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+                   "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2)}
+# safetensors' float8 tags (F8_E4M3 is torch's float8_e4m3fn, as in
+# safetensors.torch): safetensors' numpy reader (0.8) looks these dtypes up on
+# numpy itself, which has none ("module 'numpy' has no attribute
+# 'float8_e4m3fn'"), so `SafetensorsFile` reads them through the header.
+FLOAT8 = {"F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+          "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2)}
+# The tags safetensors' numpy reader returns (BF16 once ml_dtypes, imported
+# above, has registered bfloat16 with numpy).
+_NUMPY_READS = ("F64", "F32", "F16", "BF16", "I64", "U64", "I32", "U32",
+                "I16", "U16", "I8", "U8", "BOOL", "C64")
+_WEIGHT_DTYPES = "float32, float16, bfloat16 or float8 (e4m3fn, e5m2)"
+
+
+def is_float(dtype) -> bool:
+  """A floating-point dtype: numpy's, or ml_dtypes' bfloat16 / float8, which
+  numpy does not count as np.floating."""
+  dtype = np.dtype(dtype)
+  return (np.issubdtype(dtype, np.floating)
+          or dtype in _TORCH_VIA_BITS.values())
+
+
 def torch_to_numpy(torch, t, name: str, where: str) -> np.ndarray:
-  """Tensor `name` of the file `where` as numpy; a dtype numpy lacks
-  (float8, complex32) is one CheckpointError naming both."""
+  """Tensor `name` of the file `where` as numpy (bfloat16 and float8 as
+  ml_dtypes' types); a dtype numpy cannot hold (complex32, float8_e8m0fnu)
+  is one CheckpointError naming both."""
   t = t.detach().cpu().contiguous()
-  if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret bits
-    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+  ours = _TORCH_VIA_BITS.get(str(t.dtype).removeprefix("torch."))
+  if ours is not None:
+    bits = torch.int16 if ours.itemsize == 2 else torch.uint8
+    return t.view(bits).numpy().view(ours)
   try:
     return t.numpy()
-  except TypeError as e:  # "Got unsupported ScalarType Float8_e4m3fn"
+  except TypeError as e:  # "Got unsupported ScalarType ComplexHalf"
     raise CheckpointError(
         f"Tensor {name!r} in {where} has dtype {t.dtype}, which numpy cannot "
-        "hold; weights must be float16, bfloat16 or float32: convert the "
-        "checkpoint's tensors (tensor.float()) and save it again.") from e
+        f"hold; weights must be {_WEIGHT_DTYPES}: convert the checkpoint's "
+        "tensors (tensor.float()) and save it again.") from e
 
 
 def check_torch_file(path: str) -> None:
@@ -160,10 +190,10 @@ ALLOW_NONFINITE_HINT = "allow_nonfinite=True"
 
 def nonfinite_count(array) -> int:
   """How many NaN or Inf values a floating-point array holds (0 for integer
-  and bool arrays). numpy arrays, including ml_dtypes' bfloat16."""
+  and bool arrays). numpy arrays, including ml_dtypes' bfloat16 and
+  float8."""
   array = np.asarray(array)
-  if not (np.issubdtype(array.dtype, np.floating)
-          or array.dtype == ml_dtypes.bfloat16
+  if not (is_float(array.dtype)
           or np.issubdtype(array.dtype, np.complexfloating)):
     return 0
   return int(array.size - np.count_nonzero(np.isfinite(array)))
@@ -207,18 +237,125 @@ def check_finite_tree(tree, where: str, allow_nonfinite: bool = False,
   check_finite(prefix.rstrip("/"), tree, where, allow_nonfinite, allow_hint)
 
 
+class SafetensorsFile:
+  """An open .safetensors file: safetensors' numpy reader (nothing
+  unpickled), plus the float8 tensors it cannot return, read from the
+  byte range the file's header gives them. Use as a context manager."""
+
+  def __init__(self, path: str):
+    self.path = path
+    try:
+      self._handle = safe_open(path, framework="numpy")
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(
+          f"{path} is not a readable .safetensors file ({type(e).__name__}: "
+          f"{e}); download it again.") from e
+    self.names = tuple(self._handle.keys())
+    self._header = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    return self._handle.__exit__(*exc_info)
+
+  def dtype(self, name: str) -> str:
+    """The safetensors dtype tag ('BF16', 'F32', 'F8_E4M3', ...)."""
+    return str(self._handle.get_slice(name).get_dtype())
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return tuple(self._handle.get_slice(name).get_shape())
+
+  def read(self, name: str, index=None) -> np.ndarray:
+    """Tensor `name`, or its `index` (a tuple of slices) only."""
+    kind = self.dtype(name)
+    if kind in FLOAT8:
+      whole = self._float8(name, FLOAT8[kind])
+      return np.array(whole if index is None else whole[index])
+    if kind not in _NUMPY_READS:
+      raise CheckpointError(
+          f"Tensor {name!r} in {self.path} has dtype {kind}, which this "
+          f"loader cannot read; weights must be {_WEIGHT_DTYPES}: convert "
+          "the checkpoint's tensors and save it again.")
+    if index is None:
+      return self._handle.get_tensor(name)
+    return np.asarray(self._handle.get_slice(name)[index])
+
+  def _float8(self, name: str, dtype: np.dtype) -> np.ndarray:
+    """A read-only memory map of float8 tensor `name` (so a slice reads
+    only its own bytes); safe_open has already checked the header."""
+    header, start = self._read_header()
+    shape = tuple(header[name]["shape"])
+    begin, end = header[name]["data_offsets"]
+    size = int(np.prod(shape, dtype=np.int64))
+    if end - begin != size * dtype.itemsize:
+      raise CheckpointError(
+          f"Tensor {name!r} in {self.path}: its header gives {end - begin} "
+          f"bytes for shape {shape}; download the file again.")
+    if not size:  # mmap cannot map 0 bytes
+      return np.zeros(shape, dtype)
+    return np.memmap(self.path, dtype=dtype, mode="r", offset=start + begin,
+                     shape=(size,)).reshape(shape)
+
+  def _read_header(self) -> tuple[dict, int]:
+    """(the JSON header, where the tensor data starts)."""
+    if self._header is None:
+      with open(self.path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        self._header = (json.loads(f.read(size)), 8 + size)
+    return self._header
+
+
 def read_safetensors(path: str, allow_nonfinite: bool = False,
                      allow_hint: str = ALLOW_NONFINITE_HINT
                      ) -> dict[str, np.ndarray]:
-  """Every tensor of a .safetensors file. A tensor holding NaN or Inf is
-  refused in one line naming it (CheckpointError), unless
-  `allow_nonfinite`; `allow_hint` names how the caller's user allows it."""
-  try:
-    with safe_open(path, framework="numpy") as f:
-      tensors = {key: f.get_tensor(key) for key in f.keys()}
-  except Exception as e:  # pylint: disable=broad-except
-    raise CheckpointError(f"{path} is not a readable .safetensors file: "
-                          f"{type(e).__name__}: {e}") from e
+  """Every tensor of a .safetensors file (float8 ones as ml_dtypes' types).
+  A quantized checkpoint's scales are refused (`check_not_quantized`), and
+  a tensor holding NaN or Inf is refused in one line naming it
+  (CheckpointError), unless `allow_nonfinite`; `allow_hint` names how the
+  caller's user allows it."""
+  with SafetensorsFile(path) as f:
+    check_not_quantized(f.names, path)
+    tensors = {key: f.read(key) for key in f.names}
   for key, value in tensors.items():
     check_finite(key, value, path, allow_nonfinite, allow_hint)
   return tensors
+
+
+# ------------------------------------------------------------ quantization
+
+# What a quantized checkpoint stores beside a quantized `<module>.weight`:
+# transformers' fine-grained FP8 (quant_method "fp8", DeepSeek-V3 style)
+# `weight_scale_inv`; FBGEMM FP8, compressed-tensors and Quark `weight_scale`
+# and `input_scale`. Without them the float8 / int8 weights are off by the
+# scale, so such a file must not load as plain weights.
+QUANT_SCALES = (".weight_scale_inv", ".weight_scale", ".input_scale")
+_DEQUANTIZE = ("this loader reads plain (unquantized) weights only. "
+               "Dequantize the checkpoint first (e.g. load it with "
+               "transformers and save_pretrained a bfloat16 copy) and load "
+               "that copy")
+
+
+def check_quantization_config(config: dict, path: str) -> None:
+  """Refuses a config.json whose `quantization_config` says the weights are
+  quantized (its scales, block sizes and kernels are not implemented)."""
+  quant = config.get("quantization_config")
+  if quant is None:
+    return
+  method = quant.get("quant_method") if isinstance(quant, dict) else None
+  raise CheckpointError(
+      f"{path}: quantization_config (quant_method={method!r}) marks the "
+      f"weights as quantized; {_DEQUANTIZE}.")
+
+
+def check_not_quantized(names, where: str) -> None:
+  """Refuses tensor names holding a quantization scale beside its weight
+  (`QUANT_SCALES`), a quantized checkpoint even when no config says so."""
+  names = set(names)
+  for name in sorted(names):
+    scaled = next((name[:-len(s)] + ".weight" for s in QUANT_SCALES
+                   if name.endswith(s)), None)
+    if scaled in names:
+      raise CheckpointError(
+          f"{where} holds {name!r}, the quantization scale of {scaled!r}: "
+          f"the checkpoint is quantized; {_DEQUANTIZE}.")

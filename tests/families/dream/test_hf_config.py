@@ -1,14 +1,17 @@
 """A Hugging Face Dream directory whose config.json holds sizes no model
 can have: refused in one line naming the file and the field, before the
-model is built or a list of its tensors is made."""
+model is built or a list of its tensors is made. Plain float8 weights load;
+FP8-quantized ones are refused before any weight is read."""
 import builtins
 import dataclasses
 import json
 
 from flax.core import meta
 import jax
+import ml_dtypes
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from trm.core import weights_io
 from trm.families.dream import hf_config
@@ -120,3 +123,69 @@ def test_the_dtype_key_of_newer_transformers_is_read(tmp_path):
                      match=r"has dtype BF16; config\.json says torch_dtype="
                      r"'float16' \(F16\)"):
     hf_import.check_hf_checkpoint(str(tmp_path), CFG)
+
+
+def _as_float8(directory, dtype, **extra):
+  """`directory`'s model.safetensors with every tensor cast to `dtype`
+  (plus `extra` tensors); returns the float8 tensors."""
+  path = directory / "model.safetensors"
+  tensors = {k: v.astype(dtype) for k, v in load_file(str(path)).items()}
+  save_file(dict(tensors, **extra), str(path))
+  return tensors
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.float8_e4m3fn,
+                                   ml_dtypes.float8_e5m2])
+def test_a_plain_float8_checkpoint_loads_cast_to_the_params_dtype(copy,
+                                                                  dtype):
+  # Refused before: "has dtype F8_E4M3; weights must be floating point
+  # (F16, BF16 or F32): an integer or bool tensor would load as garbage".
+  tensors = _as_float8(copy, dtype)
+  _edit_config(copy, torch_dtype=np.dtype(dtype).name)
+  cfg, _ = hf_config.model_config_from_hf(str(copy))
+  assert cfg.param_dtype == "bfloat16"  # holds every float8 value exactly
+  params = hf_import.load_hf_checkpoint(str(copy), CFG)
+  np.testing.assert_array_equal(
+      np.asarray(params["embed_tokens"]),
+      tensors["model.embed_tokens.weight"].astype(np.float32))
+  assert params["embed_tokens"].dtype == np.float32
+
+
+def _no_reads(monkeypatch):
+  def read(*args):
+    raise AssertionError("a weight was read")
+  monkeypatch.setattr(hf_import._Files, "read", read)  # pylint: disable=protected-access
+
+
+def test_an_fp8_quantization_config_is_refused_before_weights_load(
+    copy, monkeypatch):
+  # It was ignored: the float8 weights would load without their scales.
+  _as_float8(copy, ml_dtypes.float8_e4m3fn)
+  _edit_config(copy, torch_dtype="bfloat16", quantization_config={
+      "quant_method": "fp8", "weight_block_size": [128, 128]})
+  _no_reads(monkeypatch)
+  pattern = (r"config\.json: quantization_config \(quant_method='fp8'\) "
+             r"marks the weights as quantized.*Dequantize the checkpoint "
+             r"first")
+  for load in (lambda: hf_import.load_hf_checkpoint(str(copy), CFG),
+               lambda: hf_import.check_hf_checkpoint(str(copy), CFG),
+               lambda: hf_config.model_config_from_hf(str(copy))):
+    with pytest.raises(weights_io.CheckpointError, match=pattern):
+      load()
+
+
+def test_fp8_scales_without_a_quantization_config_are_refused(copy,
+                                                              monkeypatch):
+  # transformers' fine-grained FP8 layout: a weight_scale_inv per
+  # [128, 128] block beside each float8 Linear weight. Only the unused-
+  # tensor warning named them; the weights would load unscaled.
+  name = "model.layers.1.mlp.down_proj"
+  _as_float8(copy, ml_dtypes.float8_e4m3fn,
+             **{f"{name}.weight_scale_inv": np.ones((1, 1), np.float32)})
+  _no_reads(monkeypatch)
+  with pytest.raises(weights_io.CheckpointError) as info:
+    hf_import.load_hf_checkpoint(str(copy), CFG)
+  message = str(info.value)
+  assert f"holds '{name}.weight_scale_inv', the quantization scale of " \
+      f"'{name}.weight'" in message and "model.safetensors" in message
+  assert "\n" not in message

@@ -323,7 +323,8 @@ def test_hf_integer_tensors_and_escaping_shard_names_are_refused(hf,
   save_file(dict(tensors, **{name: tensors[name].astype(np.int32)}),
             str(bad / "model.safetensors"))
   with pytest.raises(ValueError, match=r"'wpe\.weight' has dtype int32; "
-                     "weights must be float16, bfloat16 or float32"):
+                     r"weights must be floating point \(float32, float16, "
+                     r"bfloat16 or float8\)"):
     gpt_import.load_hf_gpt2(str(bad))
   escape = tmp_path / "escape"
   escape.mkdir()
@@ -409,18 +410,77 @@ def test_more_layers_than_the_file_holds_fail_before_listing_them(
                r"deep\.pt lacks 'transformer\.h\.999999999\.ln_1")
 
 
-def test_nanogpt_float8_weights_are_one_line(hf, tmp_path):
-  # numpy has no float8: torch's tensor.numpy() raised a TypeError traceback
-  # naming neither the file nor the tensor.
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_float8_weights_load_in_both_formats(hf, tmp_path, dtype):
+  # Refused before: a nanoGPT ckpt.pt as "numpy cannot hold", an HF
+  # model.safetensors as "not a readable .safetensors file" (safetensors'
+  # numpy reader has no float8).
+  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  model, _, directory = hf
+  state = {k: v.to(getattr(torch, dtype))
+           for k, v in _nanogpt_state(model.state_dict(),
+                                      compiled=False).items()}
+  params, _, _ = gpt_import.load_nanogpt_checkpoint(
+      _save_ckpt(str(tmp_path / "f8.pt"), state))
+  want = state["transformer.h.0.mlp.c_fc.weight"].float().numpy().T
+  got = params["h_0"]["mlp"]["c_fc"]["kernel"]
+  assert got.dtype == np.dtype(dtype)
+  np.testing.assert_array_equal(got.astype(np.float32), want)
+  hf_dir = _hf_copy(directory, tmp_path / "hf")
+  os.remove(os.path.join(hf_dir, "model.safetensors"))
+  save_file({k: v.to(getattr(torch, dtype)).contiguous()
+             for k, v in model.state_dict().items()
+             if not k.endswith((".attn.bias", ".attn.masked_bias"))},
+            os.path.join(hf_dir, "model.safetensors"))
+  hf_params, _ = gpt_import.load_hf_gpt2(hf_dir)
+  np.testing.assert_array_equal(
+      hf_params["h_0"]["mlp"]["c_fc"]["kernel"].astype(np.float32), want)
+  placed = gpt_import.to_sharded(
+      hf_params, jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(
+          jax.devices()[0]), hf_params), dtype="float32")
+  np.testing.assert_array_equal(
+      np.asarray(placed["h_0"]["mlp"]["c_fc"]["kernel"]), want)
+
+
+def test_nanogpt_complex32_weights_are_one_line(hf, tmp_path):
+  # numpy has no complex32: torch's tensor.numpy() raised a TypeError
+  # traceback naming neither the file nor the tensor.
   model, _, _ = hf
   state = _nanogpt_state(model.state_dict(), compiled=False)
   key = "transformer.h.0.ln_1.weight"
-  state[key] = state[key].to(torch.float8_e4m3fn)
-  path = _save_ckpt(str(tmp_path / "f8.pt"), state)
+  state[key] = state[key].to(torch.complex32)
+  path = _save_ckpt(str(tmp_path / "c32.pt"), state)
   with pytest.raises(weights_io.CheckpointError,
-                     match=rf"'{re.escape(key)}' in .*f8\.pt has dtype "
-                     r"torch\.float8_e4m3fn, which numpy cannot hold"):
+                     match=rf"'{re.escape(key)}' in .*c32\.pt has dtype "
+                     r"torch\.complex32, which numpy cannot hold"):
     gpt_import.load_nanogpt_checkpoint(path)
+
+
+def test_fp8_quantized_gpt2_is_refused_before_weights_load(hf, tmp_path,
+                                                            monkeypatch):
+  # A quantization_config was ignored, and scale tensors were only
+  # "tensors a GPT does not have" (after every weight was read).
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  _, _, directory = hf
+  configured = _hf_copy(directory, tmp_path / "configured",
+                        quantization_config={"quant_method": "fp8"})
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"configured/config\.json: quantization_config "
+                     r"\(quant_method='fp8'\) marks the weights as "
+                     r"quantized.*Dequantize"):
+    gpt_import.load_hf_gpt2(configured)
+  scaled = _hf_copy(directory, tmp_path / "scaled")
+  tensors = load_file(os.path.join(directory, "model.safetensors"))
+  os.remove(os.path.join(scaled, "model.safetensors"))
+  name = "transformer.h.1.mlp.c_fc"
+  save_file(dict(tensors, **{f"{name}.weight_scale": np.ones(1, np.float32)}),
+            os.path.join(scaled, "model.safetensors"))
+  monkeypatch.setattr(weights_io.SafetensorsFile, "read",
+                      lambda *a: pytest.fail("a weight was read"))
+  with pytest.raises(weights_io.CheckpointError,
+                     match=rf"holds '{re.escape(name)}\.weight_scale', the "
+                     rf"quantization scale of '{re.escape(name)}\.weight'"):
+    gpt_import.load_hf_gpt2(scaled)
 
 
 def test_n_embd_that_does_not_split_into_n_head_names_the_file(hf, tmp_path):

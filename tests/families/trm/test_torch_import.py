@@ -519,17 +519,58 @@ def test_unexpected_key(tmp_path):
   assert "unexpected keys: '_orig_mod.model.inner.extra.weight'" in message
 
 
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.complex32])
-def test_a_tensor_numpy_cannot_hold_is_one_line(tmp_path, dtype):
-  # torch's "Got unsupported ScalarType Float8_e4m3fn" was a TypeError
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("format", ["torch", "safetensors"])
+def test_float8_checkpoint_loads_cast_to_float32(tmp_path, dtype, format):
+  # Refused before: torch's .numpy() has no float8 ("numpy cannot hold"),
+  # and safetensors' numpy reader failed ("is not a readable .safetensors
+  # file: module 'numpy' has no attribute 'float8_e4m3fn'").
+  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  cfg = _cfg()
+  sd = {k: v.to(dtype) for k, v in _ref_state_dict(cfg).items()}
+  path = str(tmp_path / "f8")
+  if format == "torch":
+    torch.save(sd, path)
+  else:
+    save_file(sd, path)
+  params, buffers, _ = torch_import.load_torch_checkpoint(path, cfg)
+  assert params["lm_head"]["kernel"].dtype == jnp.float32
+  np.testing.assert_array_equal(
+      np.asarray(params["lm_head"]["kernel"]),
+      sd["_orig_mod.model.inner.lm_head.weight"].float().numpy().T)
+  np.testing.assert_array_equal(
+      np.asarray(buffers["H_init"]),
+      sd["_orig_mod.model.inner.H_init"].float().numpy())
+
+
+def test_a_tensor_numpy_cannot_hold_is_one_line(tmp_path):
+  # torch's "Got unsupported ScalarType ComplexHalf" was a TypeError
   # traceback naming neither the file nor the tensor.
   cfg = _cfg()
   sd = _ref_state_dict(cfg)
   key = "_orig_mod.model.inner.q_head.bias"
-  sd[key] = sd[key].to(dtype)
+  sd[key] = sd[key].to(torch.complex32)
   message = _load_error(tmp_path, sd, cfg)
   assert f"Tensor '{key}' in " in message
-  assert f"has dtype {dtype}, which numpy cannot hold" in message
+  assert "has dtype torch.complex32, which numpy cannot hold" in message
+  assert "\n" not in message
+
+
+@pytest.mark.parametrize("scale", ["weight_scale_inv", "weight_scale",
+                                   "input_scale"])
+def test_fp8_quantization_scales_are_refused(tmp_path, scale):
+  # They were only "unexpected keys", as if a stray tensor: the float8
+  # weights beside them are off by the scale.
+  cfg = _cfg()
+  sd = _ref_state_dict(cfg)
+  key = "_orig_mod.model.inner.lm_head.weight"
+  sd[key] = sd[key].to(torch.float8_e4m3fn)
+  sd[key[:-len("weight")] + scale] = torch.ones(1, 1)
+  message = _load_error(tmp_path, sd, cfg)
+  assert f"'{key[:-len('weight')] + scale}', the quantization scale of " \
+      f"'{key}'" in message
+  assert "Dequantize the checkpoint first" in message
+  assert "\n" not in message
 
 
 @pytest.mark.parametrize("checkpoint,ours,key,expected,field", [

@@ -30,6 +30,7 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
     raise weights_io.CheckpointError(
         f"{path} holds a {type(hf).__name__}, not the "
         "model's config object.")
+  weights_io.check_quantization_config(hf, path)
   for field in _CONFIG_FIELDS:
     if hf.get(field) is None:  # Qwen2 configs have no mask_token_id
       continue
@@ -108,6 +109,11 @@ def _is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# Stored dtypes whose every value bfloat16 holds exactly (float8's exponent
+# range lies inside bfloat16's), so params need not take float32's memory.
+_BF16_HOLDS = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
 def read_config_object(path: str) -> dict:
   """A config object from `path` (weights_io's reader, plus the checks that
   the file exists and holds an object)."""
@@ -129,6 +135,7 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
   tokenizer."""
   path = os.path.join(directory, CONFIG_FILE)
   hf = read_config_object(path)
+  weights_io.check_quantization_config(hf, path)
   kind = str(hf.get("model_type", "")).lower()
   if kind not in ("dream", "qwen2"):
     raise weights_io.CheckpointError(
@@ -170,7 +177,7 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
     cfg = DreamConfig(
         **sizes, **floats, mask_token_id=mask_id, pad_token_id=pad_id,
         dtype=dtype, param_dtype=param_dtype or (
-            "bfloat16" if stored == "bfloat16" else "float32"),
+            "bfloat16" if stored in _BF16_HOLDS else "float32"),
         remat="none", attention=attention)
   except ValueError as e:  # sizes that do not fit together
     raise weights_io.CheckpointError(f"{path} describes no valid model: "

@@ -8,9 +8,12 @@ head_dim, D)` (head-major, as upstream's `.view(B, L, heads, head_dim)`), and
 per-layer arrays stacked on a leading axis when the layers are scanned.
 
 With shardings, every device shard is built by `jax.make_array_from_callback`
-from only its slice of the file (`safe_open(...).get_slice`), so no host reads
-the whole 15 GB. Files are read with `framework="numpy"` (safetensors 0.8
-returns ml_dtypes bfloat16); nothing is unpickled.
+from only its slice of the file (`weights_io.SafetensorsFile.read` with an
+index: safetensors' `get_slice`, or a memory map for float8), so no host
+reads the whole 15 GB. Nothing is unpickled. Plain float8 weights (F8_E4M3,
+F8_E5M2) are cast to the params' dtype like the others; a quantized
+checkpoint (config.json's quantization_config, or scale tensors beside the
+weights) is refused before any weight is read.
 """
 from __future__ import annotations
 
@@ -26,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from trm.core import host_arrays
@@ -39,9 +41,10 @@ from trm.families.dream.model import DreamConfig
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
-_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2")
 _SAFETENSORS_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32",
-                       "float64": "F64"}
+                       "float64": "F64", "float8_e4m3fn": "F8_E4M3",
+                       "float8_e5m2": "F8_E5M2"}
 
 
 class _Files:
@@ -58,26 +61,21 @@ class _Files:
       self.where = f"{INDEX_FILE} in {directory}"
     elif os.path.exists(single):
       self.weight_map = {name: SINGLE_FILE
-                         for name in self._open(SINGLE_FILE).keys()}
+                         for name in self._open(SINGLE_FILE).names}
       self.where = single
     else:
       raise weights_io.CheckpointError(
           f"{directory} has neither {INDEX_FILE} nor "
           f"{SINGLE_FILE}.")
 
-  def _open(self, file: str):
+  def _open(self, file: str) -> weights_io.SafetensorsFile:
     if file not in self._handles:
       path = os.path.join(self.directory, file)
       if not os.path.exists(path):
         raise weights_io.CheckpointError(
             f"{path} (named in {self.where}) is missing.")
-      try:
-        handle = safe_open(path, framework="numpy")
-      except Exception as e:  # pylint: disable=broad-except
-        raise weights_io.CheckpointError(
-            f"{path} is not a readable .safetensors file ({type(e).__name__}:"
-            f" {e}); download it again.") from e
-      self._handles[file] = self._stack.enter_context(handle)
+      self._handles[file] = self._stack.enter_context(
+          weights_io.SafetensorsFile(path))
     return self._handles[file]
 
   def file_of(self, name: str) -> str:
@@ -87,28 +85,26 @@ class _Files:
           f"({self.where}).")
     return os.path.join(self.directory, self.weight_map[name])
 
-  def _slice(self, name: str):
-    """safetensors' lazy slice of tensor `name`, from the file the index
-    names for it; an index naming a file that lacks it is one line."""
+  def _file(self, name: str) -> weights_io.SafetensorsFile:
+    """The open file the index names for tensor `name`; an index naming a
+    file that lacks it is one line."""
     path = self.file_of(name)
     handle = self._open(self.weight_map[name])
-    try:
-      return handle.get_slice(name)
-    except Exception as e:  # pylint: disable=broad-except
+    if name not in handle.names:
       raise weights_io.CheckpointError(
           f"Tensor {name!r} is not in {path}, the file {self.where} names "
-          f"for it ({type(e).__name__}: {e}); download the checkpoint "
-          "again.") from e
+          "for it; download the checkpoint again.")
+    return handle
 
   def dtype(self, name: str) -> str:
-    """The safetensors dtype tag ('BF16', 'F32', 'I32', ...)."""
-    return str(self._slice(name).get_dtype())
+    """The safetensors dtype tag ('BF16', 'F32', 'F8_E4M3', ...)."""
+    return self._file(name).dtype(name)
 
   def shape(self, name: str) -> tuple[int, ...]:
-    return tuple(self._slice(name).get_shape())
+    return self._file(name).shape(name)
 
   def read(self, name: str, slices: tuple[slice, ...]) -> np.ndarray:
-    return np.asarray(self._slice(name)[slices])
+    return self._file(name).read(name, slices)
 
 
 def _tensor_specs(files: _Files, cfg: DreamConfig, abstract,
@@ -117,6 +113,8 @@ def _tensor_specs(files: _Files, cfg: DreamConfig, abstract,
   exists with the shape `cfg` needs, in a floating dtype, and in
   config.json's `torch_dtype` when it names one (file headers only)."""
   stored = _SAFETENSORS_DTYPES.get(str(torch_dtype)) if torch_dtype else None
+  # Scales beside the weights: quantized, even without a quantization_config.
+  weights_io.check_not_quantized(files.weight_map, files.where)
   # The last layer first: a num_hidden_layers beyond the file's layers
   # (10**9) fails here, before a list of every layer's names is built.
   last = f"model.layers.{cfg.num_hidden_layers - 1}.input_layernorm.weight"
@@ -146,8 +144,9 @@ def _tensor_specs(files: _Files, cfg: DreamConfig, abstract,
             f"Tensor {name!r} in {files.file_of(name)} has dtype {kind}; "
             + (f"config.json says torch_dtype={torch_dtype!r} ({stored})."
                if kind in _FLOAT_DTYPES else
-               "weights must be floating point (F16, BF16 or F32): an "
-               "integer or bool tensor would load as garbage."))
+               "weights must be floating point (F32, F16, BF16, F8_E4M3 or "
+               "F8_E5M2): convert the tensors and save the checkpoint "
+               "again."))
     specs.append((leaf, target.shape, names))
   return specs
 

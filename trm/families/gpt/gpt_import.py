@@ -30,8 +30,11 @@ may carry `_orig_mod.` (a torch.compile'd model). The causal-mask buffers
 
 Security: torch files are read only with `torch.load(path,
 map_location='cpu', weights_only=True)` (tensors and plain containers, no
-arbitrary unpickling) and safetensors with safetensors. torch is imported
-only to read a ckpt.pt.
+arbitrary unpickling) and safetensors with `weights_io.SafetensorsFile`. torch
+is imported only to read a ckpt.pt. float8 tensors (torch float8_e4m3fn /
+float8_e5m2, safetensors F8_E4M3 / F8_E5M2) load and are cast to the params'
+dtype like the others; quantized checkpoints (a quantization_config, or scale
+tensors beside the weights) are refused.
 
 nanoGPT uses exact GELU while HF GPT-2 uses the tanh approximation
 (`gelu_new`); like nanoGPT's own `from_pretrained`, we load the weights into
@@ -39,6 +42,7 @@ the exact-GELU model regardless.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any, Mapping
@@ -46,7 +50,6 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
 
 from trm.core import weights_io
 from trm.families.gpt import gpt_layout
@@ -197,6 +200,8 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
     raise weights_io.CheckpointError(
         f"{path}: 'model' is a {type(state).__name__}, not "
         "a state_dict.")
+  weights_io.check_not_quantized(
+      [key for key in state if isinstance(key, str)], path)
   tensors: dict[str, np.ndarray] = {}
   for key, value in state.items():
     if not isinstance(value, torch.Tensor):
@@ -263,24 +268,23 @@ def load_hf_gpt2(directory: str) -> tuple[dict, dict]:
   model_args = hf_gpt2_model_args(directory)
   files, where = hf_gpt2_files.hf_files(directory)
   tensors: dict[str, np.ndarray] = {}
-  for file in files:
-    try:
-      with safe_open(file, framework="numpy") as f:
-        for key in f.keys():
-          name = key[len("transformer."):] if key.startswith(
-              "transformer.") else key
-          if _MASK_BUFFER.match(name):
-            continue
-          if name in tensors:
-            raise weights_io.CheckpointError(
-                f"{where}: tensor {name!r} appears twice.")
-          tensors[name] = f.get_tensor(key)
-    except weights_io.CheckpointError:
-      raise
-    except Exception as e:  # pylint: disable=broad-except
-      raise weights_io.CheckpointError(
-          f"{file} is not a readable .safetensors file "
-          f"({type(e).__name__}: {e}).") from e
+  with contextlib.ExitStack() as stack:
+    opened = [stack.enter_context(weights_io.SafetensorsFile(file))
+              for file in files]
+    # From the headers, before any weight is read: a scale in one shard
+    # makes its weight in another a quantized one.
+    weights_io.check_not_quantized(
+        [key for f in opened for key in f.names], where)
+    for f in opened:
+      for key in f.names:
+        name = key[len("transformer."):] if key.startswith(
+            "transformer.") else key
+        if _MASK_BUFFER.match(name):
+          continue
+        if name in tensors:
+          raise weights_io.CheckpointError(
+              f"{where}: tensor {name!r} appears twice.")
+        tensors[name] = f.read(key)
   gpt_layout.tied_head(tensors, "lm_head.weight", where)
   params = gpt_layout.convert(tensors, model_args, where, "",
                               torch_linear=False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import ml_dtypes
 import numpy as np
 
 from trm.core import weights_io
@@ -116,11 +115,11 @@ def convert(tensors: dict[str, np.ndarray], args: Mapping[str, Any],
           f" expected {stored} for n_embd={args['n_embd']}, vocab_size="
           f"{args['vocab_size']}, block_size={args['block_size']}.")
     dtype = np.asarray(value).dtype
-    if not (np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16):
+    if not weights_io.is_float(dtype):
       raise weights_io.CheckpointError(
           f"{where}: tensor {prefix + name!r} has dtype {dtype}; weights must "
-          "be float16, bfloat16 or float32 (an integer or bool tensor would "
-          "load as garbage).")
+          "be floating point (float32, float16, bfloat16 or float8): an "
+          "integer or bool tensor would load as garbage.")
     if is_linear and torch_linear:
       value = value.T
     weights_io.set_path(params, path, np.ascontiguousarray(value))

@@ -56,6 +56,7 @@ def read_hf_config(directory: str) -> dict:
     raise weights_io.CheckpointError(
         f"{path} holds a {type(hf).__name__}, not the "
         "model's config object.")
+  weights_io.check_quantization_config(hf, path)
   return hf
 
 

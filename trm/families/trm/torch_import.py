@@ -68,7 +68,9 @@ Notes on the transforms:
 Security: PyTorch files are read only with `torch.load(path,
 map_location='cpu', weights_only=True)`; a file that needs arbitrary
 unpickling is refused. `.safetensors` files (detected by content) are read
-with safetensors and need no torch. torch is imported lazily, only for
+with safetensors and need no torch. float8 tensors (e4m3fn, e5m2) load and
+are cast like the others; a quantized file (scale tensors beside the
+weights) is refused. torch is imported lazily, only for
 `.pt`-style files; it is not a dependency of the package.
 """
 from __future__ import annotations
@@ -107,6 +109,7 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
     raise weights_io.CheckpointError(
         f"{path} holds a {type(obj).__name__}, not a state_dict (a mapping of "
         "names to tensors) as upstream pretrain.py saves.")
+  weights_io.check_not_quantized([k for k in obj if isinstance(k, str)], path)
   out = {}
   for key, value in obj.items():
     if not isinstance(key, str) or not isinstance(value, torch.Tensor):
@@ -216,8 +219,7 @@ def load_torch_checkpoint(path: str, model_cfg: trm_model.TRMConfig):
     if tuple(value.shape) != want:
       raise torch_layout.shape_error(entry, full_key[entry.name], path,
                                      value.shape, want, cfg)
-    if not np.issubdtype(value.dtype, np.floating) and value.dtype != \
-        ml_dtypes.bfloat16:
+    if not weights_io.is_float(value.dtype):
       raise weights_io.CheckpointError(
           f"Tensor {full_key[entry.name]!r} in {path} has dtype {value.dtype}"
           "; expected a floating-point tensor.")
