@@ -425,10 +425,11 @@ def test_sample_flops_are_a_third_of_training_per_forward():
     (dict(cache="dual", max_new_tokens=48, steps=48, block_length=32),
      "--block_length=32: must divide max_new_tokens=48"),
     (dict(cache="dual", threshold=1.5), "--threshold=1.5"),
-    (dict(threshold=0.9), "--threshold=0.9: only with --cache"),
+    (dict(threshold=0.9), "--threshold=0.9: parallel decoding needs --cache"),
     (dict(cache="prefix", steps=3), "--steps=3: must be a multiple"),
     (dict(cache="dual", alg="origin"), "--alg='origin': cached decoding"),
-    (dict(fast_dllm=True), "--fast_dllm: only with --cache"),
+    (dict(fast_dllm=True),
+     "--fast_dllm: Fast-dLLM's block rules need --cache"),
     (dict(cache="dual", fast_dllm=True, alg="maskgit_plus"),
      "--alg='maskgit_plus': with fast_dllm"),
 ])

@@ -156,6 +156,7 @@ def test_chat_history_and_timings(lm):
      "available with cache"),
     (dict(threshold=0.9), "threshold=0.9: cached block decoding only"),
     (dict(fast_dllm=True), "fast_dllm=True: cached block decoding only"),
+    (dict(fast_dllm="yes"), "fast_dllm='yes': cached block decoding only"),
     (dict(cache="dual", block_length=4, steps=4, fast_dllm="yes"),
      "fast_dllm='yes': must be True or False"),
     (dict(cache="dual", block_length=2, steps=2, fast_dllm=True),

@@ -84,6 +84,7 @@ def main(argv):
 def sampler_settings(holders: dict) -> dict:
   """`DiffusionLM.generate` arguments from the sampler flags, checked the
   way the API checks them, before any weight is read."""
+  from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   value = {name: holder.value for name, holder in holders.items()}
   settings = {name: value[name] for name in (
@@ -93,15 +94,10 @@ def sampler_settings(holders: dict) -> dict:
   settings["steps"] = (value["max_new_tokens"] if value["steps"] is None
                        else value["steps"])
   inference.check_settings(**settings, eps=1e-3)
-  if value["threshold"] is not None and not value["cache"]:
-    raise ValueError(f"threshold={value['threshold']}: parallel decoding "
-                         "needs --cache=dual or --cache=prefix.")
   fast_dllm = bool(value.get("fast_dllm", False))
-  if fast_dllm and not value["cache"]:
-    raise ValueError("fast_dllm: Fast-dLLM's block rules need --cache=dual "
-                     "or --cache=prefix.")
+  cached_sampling.check_needs_cache(bool(value["cache"]), value["threshold"],
+                                    fast_dllm, cli=True)
   if value["cache"]:
-    from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
     cached = {name: value[name] for name in ("cache", "block_length",
                                              "threshold")}
     # Only when set: settings recorded before the flag existed (a samples

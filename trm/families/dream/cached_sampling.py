@@ -54,6 +54,25 @@ CACHES = ("prefix", "dual")
 ALGS = ("maskgit_plus", "topk_margin", "entropy")
 
 
+def check_needs_cache(cached: bool, threshold: Optional[float], fast_dllm,
+                      *, cli: bool) -> None:
+  """`threshold` and `fast_dllm` are rules of cached block decoding, which
+  the exact sampler would silently ignore: without a cache they are one
+  ValueError, spelled for the caller (`cli`: the --flags of trm.generate,
+  trm.evaluate and trm.aot; else `DiffusionLM.generate`'s arguments)."""
+  if cached or (threshold is None and not fast_dllm):
+    return
+  if threshold is not None:
+    setting, needs = f"threshold={threshold!r}", "parallel decoding needs"
+  else:
+    setting = "fast_dllm" if cli else f"fast_dllm={fast_dllm!r}"
+    needs = "Fast-dLLM's block rules need"
+  if cli:
+    raise ValueError(f"--{setting}: {needs} --cache=dual or --cache=prefix.")
+  raise ValueError(f"{setting}: cached block decoding only; {needs} "
+                   "cache='dual' or cache='prefix'.")
+
+
 def check_cached_settings(*, cache: str, block_length: int,
                           threshold: Optional[float], max_new_tokens: int,
                           steps: Optional[int], alg: str,

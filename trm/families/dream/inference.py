@@ -534,17 +534,14 @@ class DiffusionLM:
     check_settings(max_new_tokens=max_new_tokens, steps=steps,
                    temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
                    alg_temp=alg_temp, eps=eps)
+    from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
+    cached_sampling.check_needs_cache(cache is not None, threshold, fast_dllm,
+                                      cli=False)
     if cache is not None:
-      from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
       cached_sampling.check_cached_settings(
           cache=cache, block_length=block_length, threshold=threshold,
           max_new_tokens=max_new_tokens, steps=steps, alg=alg,
           fast_dllm=fast_dllm)
-    elif fast_dllm or threshold is not None:
-      name = ("fast_dllm=True" if fast_dllm
-              else f"threshold={threshold!r}")
-      raise ValueError(f"{name}: cached block decoding only; pass "
-                       "cache='dual' or cache='prefix'.")
     token_lists = self.encode(prompts, chat)
     empty = [i for i, t in enumerate(token_lists) if not t]
     if empty:

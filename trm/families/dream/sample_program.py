@@ -39,13 +39,9 @@ def check_settings(sample) -> None:
   if sample.cache not in CACHES:
     raise ValueError(f"--cache={sample.cache!r}: choose from "
                      f"{', '.join(CACHES)}.")
+  cached_sampling.check_needs_cache(sample.cache != "none", sample.threshold,
+                                    sample.fast_dllm, cli=True)
   if sample.cache == "none":
-    if sample.threshold is not None:
-      raise ValueError(f"--threshold={sample.threshold}: only with "
-                       "--cache=prefix or --cache=dual.")
-    if sample.fast_dllm:
-      raise ValueError("--fast_dllm: only with --cache=prefix or "
-                       "--cache=dual.")
     return
   try:  # cached_sampling's messages start "name=value": make them flags
     cached_sampling.check_cached_settings(
