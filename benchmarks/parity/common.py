@@ -51,6 +51,9 @@ The pieces:
                    exit code: 1 if a check failed, else 0.
   read_flags       `--name=value` flags into a dataclass of options, typed
                    by its fields' defaults.
+  comma_list       a comma-list flag's names, each checked against the
+                   choices (read_flags' tuple fields; the argparse scripts'
+                   --checks, --cases, --variants, --dtypes).
   UsageError, refuse, require_files, require_json_dir
                    a bad flag: one line on stderr naming the flag, exit 2.
 
@@ -103,11 +106,7 @@ def read_flags(argv, options, choices=()):
     if kind is str:
       setattr(options, name, value)
     elif kind is tuple:
-      picked = tuple(c for c in value.split(",") if c)
-      if not picked or any(c not in choices for c in picked):
-        raise UsageError(f"--{name}={value!r}: choose from "
-                         f"{','.join(choices)}")
-      setattr(options, name, picked)
+      setattr(options, name, comma_list(name, value, choices))
     elif kind in (int, float):
       try:
         setattr(options, name, kind(value))
@@ -116,6 +115,18 @@ def read_flags(argv, options, choices=()):
     else:
       raise UsageError(f"unknown flag --{name}")
   return options
+
+
+def comma_list(flag: str, value: str, choices) -> tuple[str, ...]:
+  """The names a comma-list flag `--flag=a,b` gives, in order (empty items
+  skipped, so a stray comma is harmless). UsageError naming the flag unless
+  it gives at least one and every one is among `choices`: a misspelt name
+  would otherwise select no work and report nothing."""
+  picked = tuple(c for c in value.split(",") if c)
+  if not picked or any(c not in choices for c in picked):
+    raise UsageError(f"--{flag}={value}: use a comma-separated subset of "
+                     f"{','.join(choices)}")
+  return picked
 
 
 def require_files(flag: str, path: str, files, what: str) -> None:

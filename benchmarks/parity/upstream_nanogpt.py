@@ -171,23 +171,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-  """Raises UsageError (one line naming the flag) before any work."""
+  """Raises UsageError (one line naming the flag) before any work; turns
+  --checks and --cases into tuples of names."""
   if not args.upstream_dir:
     raise UsageError("--upstream_dir is required: a karpathy/nanoGPT work "
                      "tree (e.g. `git worktree add DIR` of its repository).")
   common.require_files("upstream_dir", os.path.expanduser(args.upstream_dir),
                        UPSTREAM_FILES, "a nanoGPT")
-  checks = [c for c in args.checks.split(",") if c]
-  unknown = sorted(set(checks) - set(CHECKS))
-  if unknown or not checks:
-    raise UsageError(f"--checks={args.checks}: use a comma-separated subset "
-                     f"of {','.join(CHECKS)}.")
-  cases = [c for c in args.cases.split(",") if c]
-  names = [c[0] for c in CASES]
-  if not cases or sorted(set(cases) - set(names)):
-    raise UsageError(f"--cases={args.cases}: use a comma-separated subset "
-                     f"of {','.join(names)}.")
-  if "data" in checks and not os.path.isfile(args.input):
+  # From here on the two are tuples of names.
+  args.checks = common.comma_list("checks", args.checks, CHECKS)
+  args.cases = common.comma_list("cases", args.cases, [c[0] for c in CASES])
+  if "data" in args.checks and not os.path.isfile(args.input):
     raise UsageError(f"--input={args.input}: no such file (tinyshakespeare's "
                      "input.txt, for the data check).")
   common.require_json_dir(args.json)
@@ -853,8 +847,8 @@ def run(report, args) -> None:
   upstream_dir = os.path.abspath(os.path.expanduser(args.upstream_dir))
   commit = upstream_commit(upstream_dir)
   upstream = import_upstream_model(upstream_dir)
-  checks = set(args.checks.split(","))
-  cases = [c for c in CASES if c[0] in args.cases.split(",")]
+  checks = set(args.checks)
+  cases = [c for c in CASES if c[0] in args.cases]
   with tempfile.TemporaryDirectory() as tmp:
     get_lr_factory = lambda **g: upstream_get_lr(upstream_dir, **g)  # noqa
     port = _port_module() if "port" in checks else None

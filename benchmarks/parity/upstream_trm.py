@@ -125,7 +125,8 @@ def parse_args(argv):
 
 
 def check_flags(args) -> None:
-  """Raises common.UsageError (one line naming the flag) on a bad flag."""
+  """Raises common.UsageError (one line naming the flag) on a bad flag;
+  turns --variants and --dtypes into tuples of names."""
   if not args.upstream_dir:
     raise common.UsageError("--upstream_dir is required: a work tree of "
                             "SamsungSAILMontreal/TinyRecursiveModels")
@@ -134,15 +135,10 @@ def check_flags(args) -> None:
   if args.adam_atan2_dir:
     common.require_files("adam_atan2_dir", args.adam_atan2_dir, ADAM_FILES,
                          "an imoneoi/adam-atan2")
-  names = [v for v in args.variants.split(",") if v]
-  bad = [v for v in names if v not in VARIANTS]
-  if bad or not names:
-    raise common.UsageError(f"--variants={args.variants}: use a comma list "
-                            f"of {', '.join(VARIANTS)}")
-  dts = [d for d in args.dtypes.split(",") if d]
-  if not dts or any(d not in ("float32", "bfloat16") for d in dts):
-    raise common.UsageError(f"--dtypes={args.dtypes}: use a comma list of "
-                            "float32, bfloat16")
+  # From here on the two are tuples of names.
+  args.variants = common.comma_list("variants", args.variants, VARIANTS)
+  args.dtypes = common.comma_list("dtypes", args.dtypes,
+                                  ("float32", "bfloat16"))
   if args.batch < 2:
     raise common.UsageError(f"--batch={args.batch} must be >= 2")
   common.require_json_dir(args.json)
@@ -1182,15 +1178,15 @@ def main(argv=None) -> int:
     print(f"adam-atan2 imoneoi/adam-atan2 {git_commit(args.adam_atan2_dir)} "
           "(reference math via a stand-in backend)")
   print(f"torch {torch.__version__}, jax {jax.__version__}, "
-        f"{args.dtypes.replace(',', ' and ')} forward, batch "
+        f"{' and '.join(args.dtypes)} forward, batch "
         f"{args.batch}, seq 81 + 16 prefix, vocab {VOCAB}, "
         f"{NUM_PUZZLES} puzzle ids; tolerances are max|diff| / max|upstream| "
         "per tensor; bf16: each tensor within "
         f"{BF16_FACTOR:g} x upstream's own bf16-vs-fp32 max_rel + 2^-9")
   ck = Checker()
-  dtypes = [d for d in args.dtypes.split(",") if d]
+  dtypes = args.dtypes
   with tempfile.TemporaryDirectory() as workdir:
-    for variant in [v for v in args.variants.split(",") if v]:
+    for variant in args.variants:
       for explore in (0.0, 0.5):
         config = load_config(variant, explore, halt_max_steps=3)
         m = config.model

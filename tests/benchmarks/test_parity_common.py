@@ -130,3 +130,26 @@ def test_refusals_exit_2_with_one_line_naming_the_flag(tmp_path, capsys):
   common.require_files("upstream_dir", str(tmp_path), ["model.py"], "a")
   common.require_json_dir(str(tmp_path / "r.json"))
   common.require_json_dir(None)
+
+
+@pytest.mark.parametrize("value", ["model,nope", "", ",", "Model"])
+def test_comma_list_refuses_unknown_or_no_names(value):
+  # The one check behind every script's comma-list flag (read_flags' tuple
+  # fields, nanoGPT's --checks / --cases, TRM's --variants / --dtypes).
+  with pytest.raises(common.UsageError) as e:
+    common.comma_list("checks", value, ("model", "grads"))
+  assert str(e.value) == (f"--checks={value}: use a comma-separated subset "
+                          "of model,grads")
+
+
+def test_comma_list_keeps_order_and_skips_empty_items():
+  assert common.comma_list("checks", "grads,,model,", ("model", "grads")) == (
+      "grads", "model")
+
+
+@pytest.mark.parametrize("script", ["upstream_dream", "upstream_fastdllm"])
+def test_read_flags_tuple_fields_use_comma_list(script):
+  module = __import__(script)
+  with pytest.raises(common.UsageError,
+                     match="--checks=nope: use a comma-separated subset of "):
+    module.parse_args(["--upstream_dir=.", "--checks=nope"])
