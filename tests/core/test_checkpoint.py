@@ -13,6 +13,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from etils import epath
 
 from trm.core import checkpoint as ckpt_lib
 from trm.core import preemption as preemption_lib
@@ -234,6 +235,109 @@ def test_a_redone_evaluation_ranks_its_checkpoint(tmp_path, monkeypatch):
   assert len(calls) == 1
 
 
+def _as_written_before_metrics_were_kept(checkpoints):
+  """Makes every step of `checkpoints` look as trm wrote it before a step's
+  held-out loss was kept on disk: no `metrics` item, none in its metadata."""
+  for step in _steps(checkpoints):
+    step_dir = os.path.join(checkpoints, str(step))
+    shutil.rmtree(os.path.join(step_dir, "metrics"), ignore_errors=True)
+    path = os.path.join(step_dir, "_CHECKPOINT_METADATA")
+    with open(path, encoding="utf-8") as f:
+      metadata = json.load(f)
+    metadata["item_handlers"].pop("metrics", None)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(metadata, f)
+
+
+def test_a_resume_ranks_checkpoints_written_without_their_loss(
+    tmp_path, monkeypatch, caplog):
+  """Step 20 (the best, keep 1) was written by a trm that kept no step's
+  loss on disk, and the run stopped after it: the resumed run gives step 20
+  the loss its evaluation recorded (eval_20.json) before its manager reads
+  the steps, so its save of a worse step 30 keeps step 20; unranked, keep-N
+  deleted it."""
+  config = tiny_config(tmp_path, max_iters=30, lr_decay_iters=30,
+                       eval_interval=10, keep_checkpoints=1,
+                       always_save_checkpoint=True)
+  workdir = str(tmp_path / "run")
+  checkpoints = os.path.join(workdir, "checkpoints")
+  real_reached = preemption_lib.PreemptionWatch.reached
+
+  def crash(self, step):
+    if step == 21:
+      raise RuntimeError(f"host lost at step {step}")
+    return real_reached(self, step)
+
+  monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached", crash)
+  with pytest.raises(RuntimeError, match=r"host lost at step 21"):
+    train.train_and_evaluate(config, workdir, families.build_task)
+  monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached", real_reached)
+  assert _steps(checkpoints) == [20]
+  _as_written_before_metrics_were_kept(checkpoints)
+  with open(os.path.join(workdir, "eval_20.json"), encoding="utf-8") as f:
+    loss_20 = json.load(f)["eval/loss"]
+  real_evaluate = train.evaluate
+
+  def worse(*args):
+    results = real_evaluate(*args)
+    return dict(results, loss=results["loss"] + 10.0)
+
+  monkeypatch.setattr(train, "evaluate", worse)
+  with caplog.at_level("INFO"):
+    train.train_and_evaluate(config, workdir, families.build_task)
+  assert _steps(checkpoints) == [20, 30]
+  assert "Ranked checkpoint(s) [20]" in caplog.text
+  manager = ckpt_lib.make_manager(checkpoints, max_to_keep=1,
+                                  async_save=False)
+  assert manager.metrics(20) == {ckpt_lib.EVAL_LOSS: pytest.approx(loss_20)}
+  assert manager.best_step() == 20
+
+
+def test_a_broken_eval_file_leaves_its_step_unranked(tmp_path, caplog):
+  """Steps written before their loss was kept on disk are ranked by their
+  eval files, which anything may have replaced: each broken one leaves its
+  step unranked, all of them in one warning, and none stops the run. A step
+  owing its evaluation, one whose record of the run's best is above the
+  file's loss (saved without it), one with no file and one with its metric
+  already are left as they are."""
+  checkpoints = str(tmp_path / "checkpoints")
+  manager = ckpt_lib.make_manager(checkpoints, max_to_keep=20,
+                                  async_save=False)
+  broken = {10: b"\xff not JSON", 20: b'{"eval/loss": NaN}',
+            30: b'{"eval/loss": "1.0"}', 40: b"[1.0]",
+            50: b'{"eval/loss": true}', 60: b'{"eval/loss": 1e999}',
+            70: b"[" * 100000, 80: b'{"eval/loss": 1' + b"0" * 400 + b"}",
+            90: b"{}", 100: b" " * (2 << 20)}
+  for step, text in broken.items():
+    (tmp_path / f"eval_{step}.json").write_bytes(text)
+  os.mkdir(tmp_path / "eval_110.json")
+  os.mkfifo(tmp_path / "eval_120.json")  # a read would wait forever
+  for step in (130, 140, 150, 160):
+    (tmp_path / f"eval_{step}.json").write_text('{"eval/loss": 1.5}')
+  state = {"w": jnp.ones((4,))}
+  for step in (*broken, 110, 120, 130, 170):
+    ckpt_lib.save(manager, step, state, _Iterator(), best_eval_loss=1.5)
+  ckpt_lib.save(manager, 140, state, _Iterator(), eval_owed=True)
+  ckpt_lib.save(manager, 150, state, _Iterator(), best_eval_loss=2.0)
+  ckpt_lib.save(manager, 160, state, _Iterator(), eval_loss=3.0,
+                best_eval_loss=1.5)
+  steps = ckpt_lib.complete_steps(checkpoints)
+  with caplog.at_level("WARNING"):
+    ckpt_lib.rank_saved_steps(
+        checkpoints, steps,
+        lambda step: train._eval_file_loss(epath.Path(tmp_path), step))  # pylint: disable=protected-access
+  warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+  assert len(warnings) == 1, caplog.text
+  assert (f"Checkpoint(s) {[*broken, 110, 120]} in {checkpoints} stay "
+          "unranked") in warnings[0].getMessage()
+  reopened = ckpt_lib.make_manager(checkpoints, max_to_keep=20,
+                                   async_save=False)
+  assert {step: reopened.metrics(step) for step in steps
+          if reopened.metrics(step)} == {130: {ckpt_lib.EVAL_LOSS: 1.5},
+                                         160: {ckpt_lib.EVAL_LOSS: 3.0}}
+  assert ckpt_lib.saved_eval_owed(reopened, 140)
+
+
 def test_a_signal_during_the_final_evaluation(tmp_path, monkeypatch):
   """Stopped during the last step's evaluation: the step is saved, and the
   rerun (a finished run) evaluates it instead of training."""
@@ -357,9 +461,9 @@ def test_a_full_disk_is_one_line_and_loses_nothing(small_disk, tmp_path):
   assert 12 in _steps(workdir / "checkpoints")
 
 
-# Two processes save a step owing its evaluation, record the evaluation
-# (process 0 writes), and keep it as the best against a worse later step.
-_REDONE_WORKER = workers_lib.JOIN + """
+# What both two-process workers start with: a step's state sharded over
+# both processes' devices, and the part of an iterator a save reads.
+_WORKER_STATE = workers_lib.JOIN + """
 import os
 import jax.numpy as jnp
 import numpy as np
@@ -373,6 +477,11 @@ mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
 sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
 state = {{"w": jax.make_array_from_callback(
     (8,), sharding, lambda i: np.arange(8, dtype=np.float32)[i])}}
+"""
+
+# Two processes save a step owing its evaluation, record the evaluation
+# (process 0 writes), and keep it as the best against a worse later step.
+_REDONE_WORKER = _WORKER_STATE + """
 manager = ckpt_lib.make_manager({directory!r}, max_to_keep=1,
                                 async_save=False)
 ckpt_lib.save(manager, 10, state, Iterator(), eval_owed=True)
@@ -386,24 +495,51 @@ print("RESULT", jax.process_index(), owed, best, sorted(
     int(d) for d in os.listdir({directory!r}) if d.isdigit()), flush=True)
 """
 
+# Two processes: step 10, saved without its loss (as before the metrics were
+# kept on disk), is ranked before their managers open (process 0 writes),
+# and both keep it as the best against a worse later step.
+_RANK_WORKER = _WORKER_STATE + """
+old = ckpt_lib.make_manager({directory!r}, max_to_keep=1, async_save=False)
+ckpt_lib.save(old, 10, state, Iterator(), best_eval_loss=1.0)
+old.close()
+ckpt_lib.rank_saved_steps({directory!r}, [10], lambda step: 1.0)
+manager = ckpt_lib.make_manager({directory!r}, max_to_keep=1,
+                                async_save=False)
+best = manager.best_step()
+ckpt_lib.save(manager, 20, state, Iterator(), eval_loss=2.0,
+              best_eval_loss=1.0)
+manager.wait_until_finished()
+print("RESULT", jax.process_index(), best, sorted(
+    int(d) for d in os.listdir({directory!r}) if d.isdigit()), flush=True)
+"""
 
-def test_two_processes_record_a_redone_evaluation(tmp_path):
-  directory = str(tmp_path / "checkpoints")
+
+def _two_workers(worker: str, directory: str) -> list[str]:
+  """The sorted RESULT lines of `worker` run by two processes."""
   address = f"127.0.0.1:{workers_lib.free_port()}"
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=workers_lib.xla_flags(4))
   from test_train import ROOT  # pylint: disable=g-import-not-at-top
   workers = [subprocess.Popen(
-      [sys.executable, "-c", _REDONE_WORKER.format(
+      [sys.executable, "-c", worker.format(
           directory=directory, process_id=i, address=address)],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True) for i in range(2)]
   outputs = workers_lib.wait_all(workers, timeout=300)
-  for worker, output in zip(workers, outputs):
-    assert worker.returncode == 0, output[-3000:]
-  results = sorted(line for output in outputs for line in output.splitlines()
-                   if line.startswith("RESULT"))
+  for worker_process, output in zip(workers, outputs):
+    assert worker_process.returncode == 0, output[-3000:]
+  return sorted(line for output in outputs for line in output.splitlines()
+                if line.startswith("RESULT"))
+
+
+def test_two_processes_record_a_redone_evaluation(tmp_path):
+  results = _two_workers(_REDONE_WORKER, str(tmp_path / "checkpoints"))
   # Every process's manager sees the metric (10 is its best) and no debt;
   # the save of worse step 20 keeps 10.
   assert results == ["RESULT 0 False 10 [10, 20]",
-                     "RESULT 1 False 10 [10, 20]"], outputs
+                     "RESULT 1 False 10 [10, 20]"]
+
+
+def test_two_processes_rank_a_step_written_without_its_loss(tmp_path):
+  results = _two_workers(_RANK_WORKER, str(tmp_path / "checkpoints"))
+  assert results == ["RESULT 0 10 [10, 20]", "RESULT 1 10 [10, 20]"]

@@ -35,8 +35,11 @@ config record (`config_record`), so a resume is checked against it even if
 `config.json` is lost. A step's held-out loss, which ranks it for keeping
 (`make_manager`), is on disk with it (Orbax's `metrics` item), so a resumed
 run ranks the steps of the runs before it; a step saved owing its
-evaluation gets it when the resumed run has done it (`record_redone_eval`). A state saved before a field of today's (the
-skipped-step counters) existed restores with that field at 0.
+evaluation gets it when the resumed run has done it (`record_redone_eval`),
+and a step written before the loss was kept there gets the one its
+evaluation recorded when a run resumes over it (`rank_saved_steps`). A
+state saved before a field of today's (the skipped-step counters) existed
+restores with that field at 0.
 """
 from __future__ import annotations
 
@@ -506,8 +509,13 @@ def record_redone_eval(manager: ocp.CheckpointManager, step: int, *,
         step_dir)
     return
   if jax.process_index() == 0:
+    def settle(custom):
+      custom.pop(EVAL_OWED, None)
+      if best_eval_loss is not None and np.isfinite(best_eval_loss):
+        custom[BEST_EVAL_LOSS] = float(best_eval_loss)
+
     try:
-      _write_redone_eval(str(step_dir), eval_loss, best_eval_loss)
+      _write_metric(str(step_dir), eval_loss, settle)
     except Exception as e:  # pylint: disable=broad-except
       # Each file was replaced whole or not at all, so the step is intact;
       # a record not written must not stop the run (nor leave the other
@@ -520,7 +528,100 @@ def record_redone_eval(manager: ocp.CheckpointManager, step: int, *,
   manager.reload()
 
 
-def _write_redone_eval(step_dir: str, eval_loss, best_eval_loss) -> None:
+def rank_saved_steps(directory, steps, loss_at) -> None:
+  """Gives each complete step of `steps` that has no held-out loss on disk
+  (written before the manager kept it there, see `make_manager`) the loss
+  `loss_at(step)` as its Orbax metric, so `make_manager`'s policy ranks it:
+  without it a resumed run's next save lets keep-N delete the best step.
+
+  `loss_at(step)` is the loss the step's save was given, None when it had
+  none, or raises when its record cannot be read (such steps stay unranked:
+  one warning for all). A step owing its evaluation (`saved_eval_owed`) is
+  left to `record_redone_eval`, and one whose own record of the run's best
+  is above the loss was not saved with it. Files are written as
+  `record_redone_eval` writes them; on an object store (`://`) nothing is
+  written (warning). Collective, before `make_manager` opens `directory`
+  (it reads the metrics once, when it is made): process 0 reads and
+  writes, the others wait for it.
+  """
+  directory = epath.Path(directory)
+  cloud = "://" in str(directory)
+  if jax.process_index() == 0:
+    try:
+      _rank_saved_steps(directory, steps, loss_at, cloud)
+    except Exception as e:  # pylint: disable=broad-except
+      # Ranking is bookkeeping: the run must start (and the other
+      # processes must not wait at the barrier for a process 0 that left).
+      logging.warning("Could not rank the checkpoints in %s by their "
+                      "held-out loss (%s: %s); keep-N may delete the best.",
+                      directory, type(e).__name__, _short(e, 300))
+  if not cloud and jax.process_count() > 1:
+    multihost_utils.sync_global_devices("trm_checkpoint_rank_saved_steps")
+
+
+def _rank_saved_steps(directory: epath.Path, steps, loss_at,
+                      cloud: bool) -> None:
+  from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
+  name = ocp_manager.METRIC_ITEM_NAME
+  losses, unreadable = {}, {}
+  for step in steps:
+    step_dir = directory / str(step)
+    if (step_dir / name / name).exists():
+      continue
+    try:
+      custom = step_metadata(step_dir)
+    except Exception:  # pylint: disable=broad-except
+      continue  # damage is the restore's to report (and set aside)
+    if custom.get(EVAL_OWED) is True:
+      continue
+    try:
+      loss = loss_at(step)
+    except Exception as e:  # pylint: disable=broad-except
+      unreadable[step] = f"{type(e).__name__}: {_short(e, 100)}"
+      continue
+    best = custom.get(BEST_EVAL_LOSS)
+    if loss is None or (type(best) in (int, float) and best > loss):
+      continue
+    losses[step] = loss
+  if unreadable:
+    logging.warning(
+        "Checkpoint(s) %s in %s stay unranked among the best: the held-out "
+        "loss of their evaluation cannot be read (%s).", sorted(unreadable),
+        directory, "; ".join(f"step {step}: {why}"
+                             for step, why in sorted(unreadable.items())))
+  if not losses:
+    return
+  if cloud:
+    logging.warning(
+        "Checkpoint(s) %s in %s hold no held-out loss (written before trm "
+        "kept it with the step): rewriting a step's files is done on local "
+        "disks only, so they are not ranked among the best and keep-N may "
+        "delete them.", sorted(losses), directory)
+    return
+  for step, loss in sorted(losses.items()):
+    try:
+      _write_metric(str(directory / str(step)), loss)
+    except Exception as e:  # pylint: disable=broad-except
+      # Most likely a full disk: the other steps would fail alike.
+      logging.warning("Could not write the held-out loss into checkpoint %s "
+                      "(%s: %s); it and the steps after it stay unranked "
+                      "among the best.", directory / str(step),
+                      type(e).__name__, _short(e, 300))
+      losses = {s: v for s, v in losses.items() if s < step}
+      break
+  if losses:
+    logging.info("Ranked checkpoint(s) %s in %s by the held-out loss of "
+                 "their evaluation (written before trm kept it with the "
+                 "step).", sorted(losses), directory)
+
+
+def _write_metric(step_dir: str, eval_loss, edit_custom=None) -> None:
+  """Writes `eval_loss` (if finite) into checkpoint `step_dir` as Orbax's
+  own `metrics` item, what a save given it writes, then the step's
+  metadata, naming the item and with `edit_custom` applied to its custom
+  metadata. Each file is written beside the old one and renamed over it;
+  the state, the iterator and their checksums (which never covered the
+  metrics) are not touched."""
   from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
   def replace(path, text):
     atomic_files.atomic_write(path, lambda f: f.write(text), mode="w")
@@ -528,8 +629,8 @@ def _write_redone_eval(step_dir: str, eval_loss, best_eval_loss) -> None:
   metadata_path = os.path.join(step_dir, _METADATA_FILE)
   with open(metadata_path, encoding="utf-8") as f:
     metadata = json.load(f)
-  # The metric first: until the metadata drops the mark, a crash costs
-  # only the evaluation again.
+  # The metric first: until the metadata is replaced (a redone evaluation's
+  # drops its mark), a crash costs only the evaluation again.
   if eval_loss is not None and np.isfinite(eval_loss):
     name = ocp_manager.METRIC_ITEM_NAME
     item = os.path.join(step_dir, name)
@@ -540,11 +641,10 @@ def _write_redone_eval(step_dir: str, eval_loss, best_eval_loss) -> None:
             f"Checkpoint commit was successful to {item}")
     if isinstance(metadata.get("item_handlers"), dict):
       metadata["item_handlers"][name] = ocp.JsonCheckpointHandler.typestr()
-  custom = metadata.get("custom_metadata") or {}
-  custom.pop(EVAL_OWED, None)
-  if best_eval_loss is not None and np.isfinite(best_eval_loss):
-    custom[BEST_EVAL_LOSS] = float(best_eval_loss)
-  metadata["custom_metadata"] = custom
+  if edit_custom is not None:
+    custom = metadata.get("custom_metadata") or {}
+    edit_custom(custom)
+    metadata["custom_metadata"] = custom
   replace(metadata_path, json.dumps(metadata))
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
+import stat
 import time
 from typing import Callable
 
@@ -73,11 +75,43 @@ def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
 
 def _saved_eval_loss(workpath: epath.Path, step: int) -> float:
   """The eval loss a run recorded at `step` (inf if it recorded none)."""
-  path = workpath / f"eval_{step}.json"
   try:
-    return float(json.loads(path.read_text())["eval/loss"])
+    loss = _eval_file_loss(workpath, step)
   except Exception:  # pylint: disable=broad-except
-    return float("inf")
+    loss = None
+  return float("inf") if loss is None else loss
+
+
+# Far above any evaluation's record (a few scalars): a larger file is not one.
+_EVAL_FILE_LIMIT = 1 << 20
+
+
+def _eval_file_loss(workpath: epath.Path, step: int) -> float | None:
+  """The held-out loss in the run's `eval_<step>.json`, None if there is no
+  such file; raises (saying why) if it is not a JSON object holding a
+  finite number at "eval/loss". Anything may lie in a workdir: a FIFO or a
+  directory there is refused, not waited on or read."""
+  path = workpath / f"eval_{step}.json"
+  if "://" in str(path):
+    if not path.exists():
+      return None
+    text = path.read_bytes()
+  else:
+    try:
+      fd = os.open(str(path), os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+      return None
+    with os.fdopen(fd, "rb") as f:
+      if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise ValueError(f"{path} is not a regular file")
+      text = f.read(_EVAL_FILE_LIMIT + 1)
+  if len(text) > _EVAL_FILE_LIMIT:
+    raise ValueError(f"{path} is over {_EVAL_FILE_LIMIT} bytes")
+  record = json.loads(text)
+  loss = record.get("eval/loss") if isinstance(record, dict) else None
+  if type(loss) not in (int, float) or not math.isfinite(loss):
+    raise ValueError(f'{path} holds no finite number at "eval/loss"')
+  return float(loss)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -154,6 +188,25 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   prepared = (compiled_step.prepare(
       compiled_path, compiled_file, program, ctx, abstract,
       config.global_batch_size, program_fields) if compiled_path else None)
+
+  def is_eval_step(step: int) -> bool:
+    return step % config.eval_every == 0 or step == config.total_steps
+
+  def is_checkpoint_step(step: int) -> bool:
+    return step % config.checkpoint_every == 0 or step == config.total_steps
+
+  def saved_loss(step: int) -> float | None:
+    """The held-out loss `save_checkpoint` gave step `step`, as far as the
+    eval files tell: only a step both evaluated and saved on schedule had
+    one (a step saved on preemption had none)."""
+    if not (is_eval_step(step) and is_checkpoint_step(step)):
+      return None
+    return _eval_file_loss(workpath, step)
+
+  # Before the manager reads the steps' metrics: checkpoints written before
+  # they were kept on disk would otherwise be unranked, and the next save
+  # would let keep-N delete the best of them.
+  ckpt_lib.rank_saved_steps(workpath / "checkpoints", saved_steps, saved_loss)
   manager = ckpt_lib.make_manager(str(workpath / "checkpoints"),
                                   max_to_keep=config.keep_checkpoints)
   state = ckpt_lib.restore_latest(manager, abstract, train_iter)
@@ -288,12 +341,6 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                   best_eval_loss=best_loss, config_record=saved_record,
                   eval_owed=is_eval_step(step) and evaluated_at != step)
     return True
-
-  def is_eval_step(step: int) -> bool:
-    return step % config.eval_every == 0 or step == config.total_steps
-
-  def is_checkpoint_step(step: int) -> bool:
-    return step % config.checkpoint_every == 0 or step == config.total_steps
 
   def stop_for_preemption(step: int):
     since = (f" {time.time() - preemption.signal_time:.1f} s after "
