@@ -290,29 +290,33 @@ def _fake_upstream_manual(tmp_path, train_py=_WARMUP_COSINE):
   return d
 
 
-def test_dropout_check_passes_and_fails_when_perturbed(tmp_path, capsys):
+def _dropout_check(tmp_path, capsys, *flags):
+  """(exit status, stdout) of the dropout check on the stand-in."""
   pytest.importorskip("torch")
   d = _fake_upstream_manual(tmp_path)
-  argv = [f"--upstream_dir={d}", "--checks=dropout", "--cases=v65_nobias"]
-  assert parity.main(argv) == 0
-  out = capsys.readouterr().out
+  status = parity.main([f"--upstream_dir={d}", "--checks=dropout",
+                        "--cases=v65_nobias", *flags])
+  return status, capsys.readouterr().out
+
+
+def test_dropout_check_passes_and_fails_when_perturbed(tmp_path, capsys):
+  status, out = _dropout_check(tmp_path, capsys)
+  assert status == 0
   assert out.count("PASS") == 8 and "FAIL" not in out, out
   assert "ours 7, upstream 7" in out and "6 distinct of 6" in out
-  assert parity.main(argv + ["--perturb=1e-3"]) == 1
-  failed = [line for line in capsys.readouterr().out.splitlines()
+  status, out = _dropout_check(tmp_path / "p", capsys, "--perturb=1e-3")
+  failed = [line for line in out.splitlines()
             if line.endswith("FAIL") or "FAIL  (" in line]
+  assert status == 1
   assert any("dropout p=0.2 logits" in line for line in failed), failed
 
 
 def test_dropout_check_fails_when_a_site_is_missing_upstream(
     tmp_path, capsys, monkeypatch):
-  pytest.importorskip("torch")
-  d = _fake_upstream_manual(tmp_path)
   monkeypatch.setenv("NO_MLP_DROPOUT", "1")
-  assert parity.main([f"--upstream_dir={d}", "--checks=dropout",
-                      "--cases=v65_nobias"]) == 1
-  out = capsys.readouterr().out
+  status, out = _dropout_check(tmp_path, capsys)
   line = next(x for x in out.splitlines() if "calls and shapes" in x)
+  assert status == 1
   assert "ours 7, upstream 5" in line and "FAIL" in line
 
 

@@ -20,6 +20,7 @@ from trm.core import preemption as preemption_lib
 from trm.core import train
 from trm import families
 
+from test_checkpoint_integrity import _snapshot  # pylint: disable=g-import-not-at-top
 from test_gpt_task import tiny_config  # pylint: disable=g-import-not-at-top
 import workers as workers_lib  # pylint: disable=g-import-not-at-top
 
@@ -81,13 +82,7 @@ def test_a_failed_redone_eval_record_leaves_the_step_as_it_was(
                 eval_owed=True)
 
   def files():
-    step_dir = os.path.join(str(tmp_path), "10")
-    found = {}
-    for root, _, names in os.walk(step_dir):
-      for name in names:
-        with open(os.path.join(root, name), "rb") as f:
-          found[os.path.relpath(os.path.join(root, name), step_dir)] = f.read()
-    return found
+    return _snapshot(os.path.join(str(tmp_path), "10"))
 
   before = files()
 
