@@ -1464,7 +1464,8 @@ def test_r3_export_through_a_symlinked_out(dc_workdir, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "through the link" in result.stdout
   assert os.path.islink(link)
-  assert sorted(os.listdir(link)) == ["config.json", "model.safetensors"]
+  assert sorted(os.listdir(link)) == ["config.json", "generation_config.json",
+                                      "model.safetensors"]
   assert sorted(os.listdir(tmp_path / "exports")) == ["hf"]
 
 

@@ -6,7 +6,10 @@ r"""Export fine-tuned DiffuCoder / Dream weights to the Hugging Face layout.
 
 Reads the newest checkpoint of a `trm.main` workdir (parameters only),
 writes sharded `*.safetensors` + `model.safetensors.index.json` +
-`config.json`, and copies the tokenizer files of --tokenizer's directory.
+`config.json` + `generation_config.json` (the special ids; Dream's
+`DreamModel.from_pretrained` refuses a directory without one), and copies
+the tokenizer files of --tokenizer's directory (its generation_config.json
+replaces ours).
 
 Who reads the result: this project's loaders, `DiffusionLM.from_pretrained
 (OUT)`, `trm.generate --checkpoint=OUT`, `trm.evaluate --benchmark=...

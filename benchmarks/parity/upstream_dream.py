@@ -2,7 +2,7 @@ r"""Dream / DiffuCoder: our JAX port against upstream's own PyTorch code.
 
   python3 benchmarks/parity/upstream_dream.py --upstream_dir=DLLM_CHECKOUT \
       [--upstream_git=DLLM_GIT_DIR] [--json=PATH] \
-      [--checks=forward,sampling,loss,reference,draws] [--perturb]
+      [--checks=forward,sampling,loss,reference,draws,export] [--perturb]
 
 `--upstream_dir` is a checkout of ZHZisZZ/dllm (its Dream HF remote code,
 `dllm/pipelines/dream/models/{configuration_dream,modeling_dream,
@@ -79,13 +79,43 @@ config.json) and read back by both: upstream's `from_pretrained` and our
              sorted probabilities, and are tested by tie class. Rows where
              top_p is within 1e-5 of a cumulative sum (float32 near-ties:
              1-ulp roundings decide) are counted, not compared.
+  export     the other direction, a user's: our params (those read from
+             upstream's save plus seeded N(0, 1) x 1e-2 noise on every
+             weight, so no file of upstream's is read back) written by OUR
+             exporter (`hf_import.export_hf_checkpoint`: tensors,
+             config.json, generation_config.json) in float32 and in
+             bfloat16 (`trm.export`'s default), each read by upstream's
+             `DreamModel.from_pretrained`, its config by upstream's
+             DreamConfig. Checked: every tensor of upstream's model equals
+             the file's, dtype too, and transformers' loading info names
+             nothing missing, unexpected or mismatched (taken from
+             transformers' own PreTrainedModel.from_pretrained on the class:
+             Dream's override sets generation_config on its result, so it
+             cannot return the info); the only tensors not in the file are
+             the non-persistent rotary inv_freq buffers, lm_head is not tied.
+             The config.json fields upstream reads (EXPORT_FIELDS: sizes,
+             RoPE, eps, tying, mask/pad/bos/eos ids, torch_dtype) equal
+             those of upstream's own save, torch_dtype the export's (other
+             keys that differ: an INFO line; our config.json writes bos and
+             eos = pad_token_id, as Dream and DiffuCoder have them).
+             Upstream's logits on the export vs ours (float32; bf16: bf16
+             compute at TOL_BF16, and the stored weights in float32 against
+             ours rounded to bf16 at TOL_LOGITS); greedy diffusion_generate
+             (maskgit_plus; entropy, left-padded): final tokens equal. And
+             trm.export's whole path: upstream's three files as the
+             --tokenizer source's remote code, copied, `auto_map` added,
+             read by `AutoModel.from_pretrained(trust_remote_code=True)`.
+             A stage whose export or load raises is one FAIL line naming
+             the error (every stage did, OSError, until our exporter wrote
+             generation_config.json, which Dream's from_pretrained needs).
 
 Each check prints one line in common.py's format: name, max abs diff, max
 rel diff (relative to the larger side's max |value|) or "N of M differ" for
 tokens, tolerance, PASS/FAIL (INFO: reported, not scored), a note.
 Exits 1 if any check fails, 2 on a bad flag. `--perturb` adds 1e-3 to one
 of OUR weights (layer 0's q_proj bias) after loading: checks must FAIL
-(the draws check: ours applies the temperature twice).
+(the draws check: ours applies the temperature twice; the export check:
+ours moves again after the export, which upstream reads).
 """
 from __future__ import annotations
 
@@ -94,6 +124,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -108,7 +139,7 @@ MODEL_FILES = ("configuration_dream.py", "modeling_dream.py",
                "generation_utils.py")
 TRAINER_FILES = ("dllm/core/trainers/mdlm.py", "dllm/pipelines/dream/trainer.py")
 NESTED = "dllm/pipelines/dream/models"
-CHECKS = ("forward", "sampling", "loss", "reference", "draws")
+CHECKS = ("forward", "sampling", "loss", "reference", "draws", "export")
 
 # Float tolerances, relative to the larger side's max |value| (float32).
 TOL_LOGITS = 1e-5
@@ -434,20 +465,24 @@ class Ours:
                 {"params": p}, x, m, pos))
         for dtype in ("float32", "bfloat16")}
 
-  def logits(self, ids, mask=None, positions=None, dtype="float32"):
-    """Raw logits (float32 params; compute in `dtype`)."""
+  def logits(self, ids, mask=None, positions=None, dtype="float32",
+             params=None):
+    """Raw logits (float32 params, ours unless `params`; compute in
+    `dtype`)."""
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     import numpy as np  # pylint: disable=g-import-not-at-top
     return np.asarray(self._apply[dtype](
-        self.params, jnp.asarray(ids, jnp.int32),
+        self.params if params is None else params,
+        jnp.asarray(ids, jnp.int32),
         None if mask is None else jnp.asarray(mask, bool),
         None if positions is None else jnp.asarray(positions, jnp.int32)))
 
-  def generate(self, ids, mask, **kw):
+  def generate(self, ids, mask, params=None, **kw):
     import numpy as np  # pylint: disable=g-import-not-at-top
     from trm.families.dream import sampling  # pylint: disable=g-import-not-at-top
     seq, hist = sampling.diffusion_generate(
-        self.denoiser, ids, mask, params=self.params,
+        self.denoiser, ids, mask,
+        params=self.params if params is None else params,
         mask_token_id=self.cfg.mask_token_id, return_history=True, **kw)
     return np.asarray(seq), np.asarray(hist)
 
@@ -979,6 +1014,259 @@ def check_reference_forward(port_model, up_model, opts: Options,
                          mine, theirs, TOL_LOGITS)]
 
 
+# ---------------------------------------------------------------- export
+
+# config.json fields upstream's DreamConfig and DreamModel read: sizes,
+# RoPE, norm, attention switches, head tying, the special ids
+# diffusion_generate takes from the model's config, the stored dtype.
+EXPORT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size",
+                 "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "rope_theta", "rope_scaling",
+                 "rms_norm_eps", "hidden_act", "use_sliding_window",
+                 "sliding_window", "attention_dropout",
+                 "tie_word_embeddings", "mask_token_id", "pad_token_id",
+                 "bos_token_id", "eos_token_id", "torch_dtype")
+EXPORT_NOISE = 1e-2  # N(0, 1) times this on every weight before export
+
+
+def noised(params, seed: int, amount: float = EXPORT_NOISE):
+  """`params` plus `amount` * N(0, 1) (numpy, seeded) on every weight:
+  values no file of upstream's holds."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda x: x + np.float32(amount) * rng.standard_normal(
+      x.shape, np.float32), params)
+
+
+def bf16_rounded(params):
+  """`params` rounded to bfloat16 (kept float32): what a bf16 export
+  stores."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  return jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32),
+                      params)
+
+
+def export_ours(ours: Ours, params, directory: str, dtype: str,
+                source: str | None = None) -> None:
+  """`params` written by OUR exporter (hf_import.export_hf_checkpoint,
+  config.json included); with `source`, then as `python -m trm.export
+  --tokenizer=source` goes on: its files copied, `auto_map` added."""
+  from trm import export  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
+  hf_import.export_hf_checkpoint(params, ours.cfg, directory, dtype=dtype)
+  if source:
+    copied = export.copy_tokenizer_files(source, directory)
+    if not export.link_remote_code(directory, copied):
+      raise RuntimeError(f"trm.export named no remote code for {directory}"
+                         f" (copied {copied})")
+
+
+def load_export(up, directory: str, dtype):
+  """(upstream's model on our export, its loading info). The model comes
+  from DreamModel.from_pretrained, the user's call; that override sets
+  `generation_config` on what transformers returns, so it cannot take
+  output_loading_info=True: the info comes from transformers' own
+  PreTrainedModel.from_pretrained on the same class and directory."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  cls = up.modeling.DreamModel
+  model = cls.from_pretrained(directory, torch_dtype=dtype)
+  _, info = transformers.PreTrainedModel.from_pretrained.__func__(
+      cls, directory, torch_dtype=dtype, output_loading_info=True)
+  return model.eval(), info
+
+
+def load_auto(directory: str):
+  """`AutoModel.from_pretrained(directory, trust_remote_code=True)`, the
+  remote code copied into transformers' module cache under `directory`'s
+  parent (not the user's ~/.cache)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from transformers import dynamic_module_utils  # pylint: disable=g-import-not-at-top
+  real = dynamic_module_utils.HF_MODULES_CACHE
+  dynamic_module_utils.HF_MODULES_CACHE = os.path.join(
+      os.path.dirname(directory), "hf_modules")
+  try:
+    return transformers.AutoModel.from_pretrained(
+        directory, trust_remote_code=True, torch_dtype=torch.float32).eval()
+  finally:
+    dynamic_module_utils.HF_MODULES_CACHE = real
+
+
+def read_from_file(name: str, model, info, directory: str) -> Check:
+  """Every tensor of upstream's model equals the file's (dtype too), the
+  file has none it left unread, transformers reports no key missing,
+  unexpected or mismatched; the head is not tied to the embeddings and
+  the only tensors not in the file are non-persistent rotary buffers."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import load_file  # pylint: disable=g-import-not-at-top
+  stored = {}
+  for file in sorted(os.listdir(directory)):
+    if file.endswith(".safetensors"):
+      stored.update(load_file(os.path.join(directory, file)))
+  state = model.state_dict()
+  differ = [k for k, v in state.items() if k not in stored or (
+      v.dtype != stored[k].dtype or v.shape != stored[k].shape
+      or not torch.equal(v, stored[k]))]
+  unread = sorted(set(stored) - set(state))
+  reported = {k: list(info.get(k) or ()) for k in
+              ("missing_keys", "unexpected_keys", "mismatched_keys")}
+  buffers = sorted({n for n, _ in model.named_buffers()} - set(state))
+  others = [n for n in buffers if not n.endswith("inv_freq")]
+  tied = (model.get_output_embeddings().weight.data_ptr()
+          == model.get_input_embeddings().weight.data_ptr())
+  bad = differ + unread + others + sum(reported.values(), [])
+  check = Check(name, not bad and not tied,
+                figures=f"{len(differ)} of {len(state)} differ, "
+                f"{sum(map(len, reported.values()))} reported",
+                note=f"{len(buffers)} rotary inv_freq buffers (not "
+                "persistent: from rope_theta); lm_head "
+                + ("TIED to the embeddings" if tied else "its own tensor"),
+                values={"differ": differ, "unread": unread,
+                        "unfiled_buffers": buffers, "tied": tied,
+                        **reported})
+  for label, names in [("differ", differ), ("unread in the file", unread),
+                       ("buffers not in the file", others)] + list(
+                           reported.items()):
+    if names:
+      check.add_note(f"{label}: {', '.join(map(str, names[:3]))}"
+                     + (" ..." if len(names) > 3 else ""))
+  return check
+
+
+def config_round_trip(up, source, directory: str, dtype: str) -> list[Check]:
+  """upstream's DreamConfig on our config.json against the config it wrote
+  itself (the checkpoint we read): EXPORT_FIELDS equal (torch_dtype: the
+  export's), and an INFO line naming every other key that differs."""
+  exported = up.configuration.DreamConfig.from_pretrained(directory)
+  want = {f: getattr(source, f, None) for f in EXPORT_FIELDS}
+  want["torch_dtype"] = dtype
+  got = {f: getattr(exported, f, None) for f in EXPORT_FIELDS}
+  got["torch_dtype"] = str(got["torch_dtype"]).replace("torch.", "")
+  wrong = [f"{f}: {want[f]!r} -> {got[f]!r}" for f in EXPORT_FIELDS
+           if got[f] != want[f]]
+  a, b = source.to_dict(), exported.to_dict()
+  skip = EXPORT_FIELDS + ("dtype", "transformers_version", "_name_or_path")
+  other = sorted(k for k in set(a) | set(b)
+                 if k not in skip and a.get(k) != b.get(k))
+  return [Check(f"export {dtype}: config.json, fields upstream reads",
+                not wrong, figures=f"{len(wrong)} of {len(EXPORT_FIELDS)} "
+                "differ", note="; ".join(wrong[:4]),
+                values={"wrong": wrong}),
+          Check(f"export {dtype}: config.json, other keys", True,
+                figures=f"{len(other)} differ", info=True,
+                note=", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}"
+                               for k in other),
+                values={"other": other})]
+
+
+def export_float32(up, up_model, ours: Ours, opts: Options, ids, rng, mine,
+                   path) -> list[Check]:
+  """float32 export: tensors, config, logits, greedy sampling."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  model, info = load_export(up, path, torch.float32)
+  out = [read_from_file("export float32: every tensor read from the file",
+                        model, info, path)]
+  out += config_round_trip(up, up_model.config, path, "float32")
+  with torch.no_grad():
+    theirs = model(torch.as_tensor(ids)).logits.numpy()
+    own = up_model(torch.as_tensor(ids)).logits.numpy()
+  check = compare_arrays("export float32: logits, full attention",
+                         ours.logits(ids, params=mine), theirs, TOL_LOGITS)
+  check.add_note(f"upstream's own save: max_rel "
+                 f"{np.abs(own - theirs).max() / np.abs(theirs).max():.1e}"
+                 " away (the noise)")
+  out.append(check)
+  n, mask_id = opts.new_tokens, opts.vocab - 1
+  prompt = rng.integers(1, mask_id, (2, opts.prompt_len))
+  pids, pmask = left_padded(prompt, [0, opts.prompt_len // 3])
+  for alg, steps, padded in (("maskgit_plus", n, False),
+                             ("entropy", max(1, n // 2), True)):
+    x, m = (pids, pmask) if padded else (prompt, None)
+    kw = dict(max_new_tokens=n, steps=steps, alg=alg, temperature=0.0,
+              top_k=None, top_p=None)
+    theirs, _ = upstream_generate(up, model, x, m, **kw)
+    got, _ = ours.generate(x, m, params=mine, **kw)
+    out.append(compare_tokens(
+        f"export float32: sample {alg} {n} new/{steps} steps"
+        + (" padded" if padded else ""), got[:, -n:], theirs[:, -n:]))
+  return out
+
+
+def export_bfloat16(up, up_model, ours: Ours, ids, mine,
+                    path) -> list[Check]:
+  """bfloat16 export (trm.export's default), loaded in its stored dtype."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  model, info = load_export(up, path, "auto")
+  out = [read_from_file("export bfloat16: every tensor read from the file",
+                        model, info, path)]
+  out += config_round_trip(up, up_model.config, path, "bfloat16")
+  rounded = bf16_rounded(mine)
+  with torch.no_grad():
+    theirs = model(torch.as_tensor(ids)).logits.float().numpy()
+    wide = model.float()(torch.as_tensor(ids)).logits.numpy()
+  out.append(compare_arrays(
+      "export bfloat16: logits, bfloat16 compute",
+      ours.logits(ids, dtype="bfloat16", params=rounded).astype(np.float32),
+      theirs, TOL_BF16))
+  out.append(compare_arrays("export bfloat16: logits, weights in float32",
+                            ours.logits(ids, params=rounded), wide,
+                            TOL_LOGITS))
+  return out
+
+
+def export_auto(ours: Ours, ids, mine, path) -> list[Check]:
+  """trm.export's whole path (the source's remote code copied, auto_map)
+  read by AutoModel with trust_remote_code."""
+  import torch  # pylint: disable=g-import-not-at-top
+  with torch.no_grad():
+    theirs = load_auto(path)(torch.as_tensor(ids)).logits.numpy()
+  return [compare_arrays("export: AutoModel(trust_remote_code) logits",
+                         ours.logits(ids, params=mine), theirs, TOL_LOGITS)]
+
+
+def check_export(up, up_model, ours: Ours, opts: Options,
+                 rng) -> list[Check]:
+  """Our params, noised, written by our exporter, read by upstream (see
+  `export` above). A stage whose export or load raises is one FAIL line
+  naming the error."""
+  written = noised(ours.params, opts.seed + 6)
+  mine = perturb_params(written) if opts.perturb else written
+  n, mask_id = opts.new_tokens, opts.vocab - 1
+  ids = rng.integers(1, mask_id, (3, opts.prompt_len + n))
+  ids[:, -n // 2:] = mask_id
+  out = []
+  with tempfile.TemporaryDirectory(prefix="upstream_dream_export_") as root:
+    # The source directory of the trm.export path: upstream's remote code
+    # beside a tokenizer.json (the file trm.export insists on).
+    source = os.path.join(root, "source")
+    os.makedirs(source)
+    for file in MODEL_FILES:
+      shutil.copy(os.path.join(model_dir(opts.upstream_dir), file), source)
+    with open(os.path.join(source, "tokenizer.json"), "w") as f:
+      f.write("{}")
+    stages = [
+        ("float32", "float32", None, lambda path: export_float32(
+            up, up_model, ours, opts, ids, rng, mine, path)),
+        ("bfloat16", "bfloat16", None, lambda path: export_bfloat16(
+            up, up_model, ours, ids, mine, path)),
+        ("auto", "float32", source,
+         lambda path: export_auto(ours, ids, mine, path))]
+    for name, dtype, src, run in stages:
+      path = os.path.join(root, name)
+      try:
+        export_ours(ours, written, path, dtype, source=src)
+        out += run(path)
+      except Exception as e:  # pylint: disable=broad-except
+        out.append(Check(f"export {name}: written and loaded", False,
+                         figures="raised",
+                         note=f"{type(e).__name__}: {e}"[:300]))
+  return out
+
+
 def run_checks(opts: Options, report: common.Report) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -1036,6 +1324,8 @@ def run_checks(opts: Options, report: common.Report) -> dict:
     else:
       emit(check_loss(trainer, up_model, ours, opts,
                       np.random.default_rng(4)))
+  if "export" in opts.checks:
+    emit(check_export(up, up_model, ours, opts, np.random.default_rng(6)))
   return info
 
 

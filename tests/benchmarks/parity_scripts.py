@@ -36,7 +36,7 @@ def run(name: str, *args) -> subprocess.CompletedProcess:
                         check=False)
 
 
-def run_with(name: str, body: str) -> str:
+def run_with(name: str, body: str, timeout: float = 60) -> str:
   """stdout of `body`, run in a fresh interpreter where the script is
   loaded as `m` (so what it imports at load time can be inspected)."""
   code = ("import importlib.util, sys\n"
@@ -45,4 +45,5 @@ def run_with(name: str, body: str) -> str:
           "m = importlib.util.module_from_spec(spec); sys.modules['s'] = m\n"
           "spec.loader.exec_module(m)\n" + textwrap.dedent(body))
   return subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, env=ENV, timeout=60, check=True).stdout
+                        text=True, env=ENV, timeout=timeout,
+                        check=True).stdout

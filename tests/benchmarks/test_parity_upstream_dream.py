@@ -1,9 +1,12 @@
 """benchmarks/parity/upstream_dream.py without upstream's code: flag checks
 (exit 2, one line naming the flag, before any heavy import), the comparison
 helpers failing where they should, `--perturb`, the blob ids and the import
-of an upstream folder (a stand-in with the three file names)."""
+of an upstream folder (a stand-in with the three file names); the export
+check end to end on a stand-in that runs (transformers' Qwen2 made
+bidirectional, the reference sampler)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 
 import parity_scripts
+import repo
 
 
 @pytest.fixture(scope="module")
@@ -249,3 +253,110 @@ def test_draws_check_is_selectable(script, tmp_path):
   assert logits.shape == (11, script.DRAW_VOCAB)
   assert script.near_tie_rows(logits, 0.9) and script.near_tie_rows(
       logits, 0.95)  # the rows built to sit on the threshold
+
+
+# ------------------------------------------------------------ export check
+
+_STAND_IN = {
+    "configuration_dream.py": '''
+import transformers
+
+
+class DreamConfig(transformers.Qwen2Config):
+  model_type = "Dream"
+
+  def __init__(self, mask_token_id=None, **kwargs):
+    super().__init__(**kwargs)
+    self.mask_token_id = mask_token_id
+''',
+    "generation_utils.py": '''
+import types
+
+
+class DreamGenerationConfig(types.SimpleNamespace):
+  pass
+''',
+    "modeling_dream.py": '''
+import sys
+import types
+
+import torch
+import transformers
+
+sys.path.insert(0, REFERENCE)
+import dream_torch_sampler  # noqa: E402
+
+from .configuration_dream import DreamConfig  # noqa: E402
+from .generation_utils import DreamGenerationConfig  # noqa: E402,F401
+
+
+class DreamModel(transformers.Qwen2ForCausalLM):
+  config_class = DreamConfig
+
+  def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+              **kwargs):
+    if attention_mask is None:  # bidirectional, as Dream's code
+      b, n = input_ids.shape
+      attention_mask = torch.ones(b, 1, n, n, dtype=torch.bool)
+    return super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids, **kwargs)
+
+  def diffusion_generate(self, input_ids, generation_config,
+                         attention_mask=None):
+    g = generation_config
+    seq = torch.as_tensor(dream_torch_sampler.diffusion_generate(
+        self, input_ids, attention_mask, mask_token_id=g.mask_token_id,
+        max_new_tokens=g.max_new_tokens, steps=g.steps, alg=g.alg,
+        temperature=g.temperature, top_p=g.top_p, top_k=g.top_k))
+    return types.SimpleNamespace(sequences=seq, history=[seq])
+''',
+}
+
+
+def _stand_in_upstream(root):
+  """A folder whose three files make a working Dream: DreamConfig a
+  Qwen2Config, DreamModel transformers' Qwen2ForCausalLM made bidirectional
+  (an all-true 4-D mask, as Dream's code passes), its diffusion_generate
+  benchmarks/reference/dream_torch_sampler.py's (final tokens only)."""
+  os.makedirs(root)
+  reference = os.path.join(repo.ROOT, "benchmarks", "reference")
+  for name, text in _STAND_IN.items():
+    with open(os.path.join(root, name), "w") as f:
+      f.write(text.replace("REFERENCE", repr(reference)))
+  return str(root)
+
+
+def test_export_check_on_a_stand_in_upstream(tmp_path):
+  """`--checks=export` end to end against the stand-in: it passes; it fails
+  under --perturb (our side moved after the export), and when our writer
+  transposes one tensor (o_proj: square here, so it still loads)."""
+  folder = _stand_in_upstream(tmp_path / "up")
+  report = str(tmp_path / "report.json")
+  out = parity_scripts.run_with("upstream_dream", f"""
+      import json
+      from trm.families.dream import hf_layout
+      args = ["--upstream_dir={folder}", "--checks=export", "--vocab=64",
+              "--hidden=32", "--layers=1", "--prompt_len=6",
+              "--new_tokens=8", "--head_scale=2", "--json={report}"]
+
+      def run(*extra):
+        code = m.main(args + list(extra))
+        checks = json.load(open({report!r}))["checks"]
+        print("RESULT", json.dumps([code, len(checks), sorted(
+            c["name"] for c in checks if c["status"] == "FAIL")]))
+
+      run()
+      run("--perturb")
+      to_hf = hf_layout.to_hf
+      hf_layout.to_hf = lambda leaf, x: (
+          to_hf(leaf, x).T if leaf.kind == "heads_out" else to_hf(leaf, x))
+      run()""", timeout=150)
+  (ok, n, failed), (perturbed, _, moved), (broken, _, transposed) = [
+      json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
+      if line.startswith("RESULT ")]
+  assert (ok, failed) == (0, []) and n >= 10, out
+  assert perturbed == 1 and "export float32: logits, full attention" in moved
+  assert broken == 1 and "export: AutoModel(trust_remote_code) logits" in (
+      transposed)
+  assert not any("every tensor read" in name or "config.json" in name
+                 for name in transposed)  # the file itself is read whole

@@ -206,7 +206,8 @@ def test_export_never_mixes_with_an_existing_directory(trained, tmp_path):
   assert sorted(os.listdir(out)) == sorted(old)
   replaced = _export(workdir, out, "--overwrite")
   assert replaced.returncode == 0, replaced.stderr[-3000:]
-  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+  assert sorted(os.listdir(out)) == ["config.json", "generation_config.json",
+                                     "model.safetensors"]
   assert not [p for p in os.listdir(tmp_path) if p != "hf"]  # no leftovers
 
 

@@ -199,6 +199,22 @@ def test_export_round_trip(hf_model, tmp_path):
                params, back)
 
 
+def test_export_writes_a_generation_config(hf_model, tmp_path):
+  """Dream's remote code loads a directory with `DreamModel.from_pretrained`
+  (hub and dllm alike), which reads generation_config.json through
+  `DreamGenerationConfig.from_pretrained`: where the file is missing, it
+  raises, so an export without --tokenizer could not be loaded by
+  upstream's code. The export writes one with config.json's special ids."""
+  _, directory = hf_model
+  params = hf_import.load_hf_checkpoint(directory, CFG)
+  hf_import.export_hf_checkpoint(params, CFG, str(tmp_path))
+  generation = transformers.GenerationConfig.from_pretrained(str(tmp_path))
+  config = json.load(open(tmp_path / "config.json"))
+  assert (generation.pad_token_id == generation.bos_token_id
+          == generation.eos_token_id == config["pad_token_id"] == 1)
+  assert generation.mask_token_id == config["mask_token_id"] == 500
+
+
 def _copy_single(directory, tmp_path, edit):
   """The checkpoint as one model.safetensors, with `edit` applied."""
   tensors = {}

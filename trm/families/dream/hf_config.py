@@ -12,6 +12,7 @@ from trm.core import weights_io
 from trm.families.dream.model import DreamConfig
 
 CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 # config.json key -> DreamConfig field (the same names upstream).
 _CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size",
@@ -97,6 +98,19 @@ def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
   }
   out.update({field: getattr(cfg, field) for field in _CONFIG_FIELDS})
   return out
+
+
+def hf_generation_config_dict(cfg: DreamConfig) -> dict:
+  """generation_config.json for an exported checkpoint: the special ids, as
+  config.json names them. Dream's remote code needs the file:
+  `DreamModel.from_pretrained` (hub and dllm alike) reads it with
+  `DreamGenerationConfig.from_pretrained`, which raises where it is missing
+  (transformers' own loader falls back to config.json; Dream's override
+  does not). `trm.export --tokenizer=DIR` copies DIR's file over this one
+  (the checkpoint's own, with its sampling defaults)."""
+  return {"bos_token_id": cfg.pad_token_id, "eos_token_id": cfg.pad_token_id,
+          "pad_token_id": cfg.pad_token_id,
+          "mask_token_id": cfg.mask_token_id}
 
 
 def _is_int(value) -> bool:

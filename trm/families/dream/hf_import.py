@@ -225,7 +225,8 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
   """Writes `params` in the HF layout; returns the tensor files written.
 
   dtype: stored dtype ('bfloat16' as on the hub, 'float32'); default the
-  params' own. One file is `model.safetensors`; more are
+  params' own. Writes config.json and generation_config.json beside the
+  tensors (Dream's `DreamModel.from_pretrained` reads both). One file is `model.safetensors`; more are
   `model-0000i-of-0000N.safetensors` with an index. Every process must
   call it (as `trm.export` does on each host): an array sharded over
   several processes is gathered one tensor at a time, and process 0, the
@@ -281,4 +282,7 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
   stored = str(np.dtype(dtype) if dtype else tensors[0][1].dtype)
   with open(os.path.join(directory, hf_config.CONFIG_FILE), "w") as f:
     json.dump(hf_config.hf_config_dict(cfg, stored), f, indent=2)
+  with open(os.path.join(directory, hf_config.GENERATION_CONFIG_FILE),
+            "w") as f:
+    json.dump(hf_config.hf_generation_config_dict(cfg), f, indent=2)
   return files
