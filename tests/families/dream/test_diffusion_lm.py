@@ -171,8 +171,9 @@ def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
   assert "step 40" in result.stdout
-  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors",
-                                     "modeling_dream.py", "tokenizer.json"]
+  assert sorted(os.listdir(out)) == [
+      "config.json", "generation_config.json", "model.safetensors",
+      "modeling_dream.py", "tokenizer.json"]
   saved, cfg = _workdir_params(workdir)
   exported = hf_import.load_hf_checkpoint(str(out), cfg)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(exported),
