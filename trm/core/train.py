@@ -15,7 +15,6 @@ import json
 import math
 import os
 import signal
-import stat
 import time
 from typing import Callable
 
@@ -45,6 +44,7 @@ from trm.core import task as task_lib
 from trm.core import wandb_writer
 from trm.core import workdir_lock
 from trm.core import pipeline
+from trm.data import io as io_lib
 
 
 class NonFiniteError(cli.UserError, RuntimeError):
@@ -92,22 +92,13 @@ def _eval_file_loss(workpath: epath.Path, step: int) -> float | None:
   finite number at "eval/loss". Anything may lie in a workdir: a FIFO or a
   directory there is refused, not waited on or read."""
   path = workpath / f"eval_{step}.json"
-  if "://" in str(path):
-    if not path.exists():
-      return None
-    text = path.read_bytes()
-  else:
-    try:
-      fd = os.open(str(path), os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-      return None
-    with os.fdopen(fd, "rb") as f:
-      if not stat.S_ISREG(os.fstat(fd).st_mode):
-        raise ValueError(f"{path} is not a regular file")
-      text = f.read(_EVAL_FILE_LIMIT + 1)
-  if len(text) > _EVAL_FILE_LIMIT:
+  if "://" not in str(path):
+    io_lib.check_regular_file(str(path))
+  if not path.exists():
+    return None
+  if path.stat().length > _EVAL_FILE_LIMIT:
     raise ValueError(f"{path} is over {_EVAL_FILE_LIMIT} bytes")
-  record = json.loads(text)
+  record = json.loads(path.read_bytes())
   loss = record.get("eval/loss") if isinstance(record, dict) else None
   if type(loss) not in (int, float) or not math.isfinite(loss):
     raise ValueError(f'{path} holds no finite number at "eval/loss"')
