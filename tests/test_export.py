@@ -65,6 +65,21 @@ def test_cli_checks_the_tokenizer_before_the_weights(tmp_path):
   assert f"{tmp_path} holds no tokenizer.json" in error
 
 
+def test_cli_checks_the_sources_special_ids_before_the_weights(tmp_path):
+  """--tokenizer's config.json gives the export its bos/eos ids; one that
+  is no token id of the model stops the export before any weight is read
+  (the fake checkpoint would fail to load) and leaves --out unwritten."""
+  workdir = _workdir(tmp_path)
+  source = tmp_path / "source"
+  source.mkdir()
+  (source / "tokenizer.json").write_text("{}")
+  (source / "config.json").write_text('{"eos_token_id": 99999999}')
+  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+                        f"--tokenizer={source}")
+  assert "config.json: eos_token_id=99999999 is not token id(s)" in error
+  assert not (tmp_path / "hf").exists()
+
+
 def test_an_empty_out_is_refused():
   """--out= read as '/': the export was staged in /.partial-PID and then
   failed to rename the root directory, after loading every weight."""

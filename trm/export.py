@@ -9,7 +9,8 @@ writes sharded `*.safetensors` + `model.safetensors.index.json` +
 `config.json` + `generation_config.json` (the special ids; Dream's
 `DreamModel.from_pretrained` refuses a directory without one), and copies
 the tokenizer files of --tokenizer's directory (its generation_config.json
-replaces ours).
+replaces ours; its config.json's bos/eos ids and max_position_embeddings
+go into ours, where by default bos and eos equal the pad id).
 
 Who reads the result: this project's loaders, `DiffusionLM.from_pretrained
 (OUT)`, `trm.generate --checkpoint=OUT`, `trm.evaluate --benchmark=...
@@ -160,6 +161,7 @@ def main(argv):
   from trm import generate  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
   from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
@@ -167,6 +169,10 @@ def main(argv):
     raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
                          "workdir (it has no checkpoints/ directory).")
   cfg = dream.DreamConfig.from_config(config.model)
+  # The fine-tuned checkpoint's bos/eos and position limit, checked before
+  # any weight is read.
+  source_fields = (hf_config.fields_from_source(_TOKENIZER.value, cfg)
+                   if _TOKENIZER.value else None)
   ctx = mesh_lib.ShardingContext.from_config(config)
   _, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
   params, source = generate.load_params(_CHECKPOINT.value, cfg, shardings)
@@ -176,7 +182,8 @@ def main(argv):
   staging = staging_dir(out)
   try:
     files = hf_import.export_hf_checkpoint(params, cfg, staging,
-                                           dtype=_DTYPE.value)
+                                           dtype=_DTYPE.value,
+                                           source_fields=source_fields)
     if jax.process_index() == 0:
       copied = (copy_tokenizer_files(_TOKENIZER.value, staging)
                 if _TOKENIZER.value else [])

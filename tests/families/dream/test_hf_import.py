@@ -15,6 +15,7 @@ from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.core import weights_io
 from trm.families.dream import model as dream
+from trm.families.dream import hf_config
 from trm.families.dream import hf_import
 
 RULES = config_lib.default_logical_axis_rules() + (
@@ -213,6 +214,49 @@ def test_export_writes_a_generation_config(hf_model, tmp_path):
   assert (generation.pad_token_id == generation.bos_token_id
           == generation.eos_token_id == config["pad_token_id"] == 1)
   assert generation.mask_token_id == config["mask_token_id"] == 500
+
+
+def test_export_keeps_the_source_checkpoints_bos_eos_and_positions(
+    hf_model, tmp_path):
+  """Our config holds no bos/eos ids, so an export wrote both equal to the
+  pad id and DiffuCoder's 131072 positions whatever the checkpoint had
+  (Dream-Coder's bos is not its pad). The fields of the checkpoint a run
+  was fine-tuned from (`trm.export --tokenizer=DIR`'s config.json) go into
+  config.json and generation_config.json."""
+  _, directory = hf_model
+  source = tmp_path / "source"
+  source.mkdir()
+  (source / "config.json").write_text(json.dumps(
+      {"bos_token_id": 3, "eos_token_id": [4, 5],
+       "max_position_embeddings": 4096, "pad_token_id": 1}))
+  fields = hf_config.fields_from_source(str(source), CFG)
+  assert fields == {"bos_token_id": 3, "eos_token_id": [4, 5],
+                    "max_position_embeddings": 4096}
+  params = hf_import.load_hf_checkpoint(directory, CFG)
+  out = tmp_path / "out"
+  hf_import.export_hf_checkpoint(params, CFG, str(out), source_fields=fields)
+  config = json.load(open(out / "config.json"))
+  generation = json.load(open(out / "generation_config.json"))
+  for written in (config, generation):
+    assert written["bos_token_id"] == 3 and written["eos_token_id"] == [4, 5]
+    assert written["pad_token_id"] == 1  # ours, not the source's
+  assert config["max_position_embeddings"] == 4096
+  # The model's own fields are never taken from the source.
+  assert config["vocab_size"] == CFG.vocab_size
+  # Without a config.json in the directory: the defaults, as before.
+  assert hf_config.fields_from_source(str(tmp_path / "out" / "none"),
+                                      CFG) == {}
+
+
+@pytest.mark.parametrize("field,value", [
+    ("bos_token_id", 10**6), ("eos_token_id", -1), ("eos_token_id", []),
+    ("eos_token_id", [2, "x"]), ("bos_token_id", True),
+    ("max_position_embeddings", 0), ("max_position_embeddings", 1.5)])
+def test_a_source_field_out_of_range_is_refused(tmp_path, field, value):
+  (tmp_path / "config.json").write_text(json.dumps({field: value}))
+  with pytest.raises(weights_io.CheckpointError,
+                     match=f"config.json: {field}="):
+    hf_config.fields_from_source(str(tmp_path), CFG)
 
 
 def _copy_single(directory, tmp_path, edit):

@@ -75,11 +75,52 @@ def stored_dtype(hf: dict):
   return hf.get("torch_dtype") or hf.get("dtype")
 
 
-def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
+# Fields of the checkpoint a run was fine-tuned from that our config does
+# not hold, carried into the export's config.json (`fields_from_source`).
+SOURCE_FIELDS = ("bos_token_id", "eos_token_id", "max_position_embeddings")
+
+
+def fields_from_source(directory: str, cfg: DreamConfig) -> dict:
+  """The checkpoint's own `SOURCE_FIELDS` from `directory`'s config.json
+  (the Hugging Face download a run was fine-tuned from, `trm.export
+  --tokenizer`), so an export keeps its bos/eos ids (Dream-Coder's bos is
+  not its pad) and position limit; {} when the directory has no
+  config.json. A value that is not a token id below `cfg.vocab_size` (or a
+  positive length) is refused, naming the file and field."""
+  path = os.path.join(directory, CONFIG_FILE)
+  if not os.path.exists(path):
+    return {}
+  hf = read_config_object(path)
+  out = {}
+  for field in SOURCE_FIELDS:
+    if field not in hf or hf[field] is None:
+      continue
+    value = hf[field]
+    if field == "max_position_embeddings":
+      ok = _is_int(value) and value > 0
+      want = "a positive integer"
+    else:  # generation configs may list several eos ids
+      ids = value if isinstance(value, list) and field == "eos_token_id" else [
+          value]
+      ok = bool(ids) and all(_is_int(v) and 0 <= v < cfg.vocab_size
+                             for v in ids)
+      want = f"token id(s) below the model's vocab_size {cfg.vocab_size}"
+    if not ok:
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={value!r} is not {want}; fix the file, or point "
+          "--tokenizer at the checkpoint the run was fine-tuned from.")
+    out[field] = value
+  return out
+
+
+def hf_config_dict(cfg: DreamConfig, torch_dtype: str,
+                   source: dict | None = None) -> dict:
   """config.json contents for an exported checkpoint (Dream's fields). No
   `auto_map`: `transformers` would look for remote-code files the export
   does not write (`trm.export` adds it when --tokenizer's directory brought
-  them)."""
+  them). `source`: `fields_from_source`'s values, which replace the
+  defaults below (bos and eos equal to pad, as Dream's and DiffuCoder's
+  own config.json have them)."""
   out = {
       "architectures": ["DreamModel"],
       "model_type": "Dream",
@@ -96,19 +137,23 @@ def hf_config_dict(cfg: DreamConfig, torch_dtype: str) -> dict:
       "max_position_embeddings": 131072,
       "torch_dtype": torch_dtype,
   }
+  out.update(source or {})
   out.update({field: getattr(cfg, field) for field in _CONFIG_FIELDS})
   return out
 
 
-def hf_generation_config_dict(cfg: DreamConfig) -> dict:
+def hf_generation_config_dict(cfg: DreamConfig,
+                              source: dict | None = None) -> dict:
   """generation_config.json for an exported checkpoint: the special ids, as
-  config.json names them. Dream's remote code needs the file:
-  `DreamModel.from_pretrained` (hub and dllm alike) reads it with
-  `DreamGenerationConfig.from_pretrained`, which raises where it is missing
-  (transformers' own loader falls back to config.json; Dream's override
-  does not). `trm.export --tokenizer=DIR` copies DIR's file over this one
-  (the checkpoint's own, with its sampling defaults)."""
-  return {"bos_token_id": cfg.pad_token_id, "eos_token_id": cfg.pad_token_id,
+  config.json names them (`source` as in `hf_config_dict`). Dream's remote
+  code needs the file: `DreamModel.from_pretrained` (hub and dllm alike)
+  reads it with `DreamGenerationConfig.from_pretrained`, which raises where
+  it is missing (transformers' own loader falls back to config.json;
+  Dream's override does not). `trm.export --tokenizer=DIR` copies DIR's
+  file over this one (the checkpoint's own, with its sampling defaults)."""
+  source = source or {}
+  return {"bos_token_id": source.get("bos_token_id", cfg.pad_token_id),
+          "eos_token_id": source.get("eos_token_id", cfg.pad_token_id),
           "pad_token_id": cfg.pad_token_id,
           "mask_token_id": cfg.mask_token_id}
 

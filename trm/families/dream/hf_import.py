@@ -221,11 +221,13 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
 
 def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
                          shard_size_bytes: int = 5 * 1024**3,
-                         dtype: str | None = None) -> list[str]:
+                         dtype: str | None = None,
+                         source_fields: dict | None = None) -> list[str]:
   """Writes `params` in the HF layout; returns the tensor files written.
 
   dtype: stored dtype ('bfloat16' as on the hub, 'float32'); default the
-  params' own. Writes config.json and generation_config.json beside the
+  params' own. source_fields: the fine-tuned checkpoint's bos/eos ids and
+  position limit (`hf_config.fields_from_source`). Writes config.json and generation_config.json beside the
   tensors (Dream's `DreamModel.from_pretrained` reads both). One file is `model.safetensors`; more are
   `model-0000i-of-0000N.safetensors` with an index. Every process must
   call it (as `trm.export` does on each host): an array sharded over
@@ -281,8 +283,10 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
                  "weight_map": weight_map}, f, indent=2, sort_keys=True)
   stored = str(np.dtype(dtype) if dtype else tensors[0][1].dtype)
   with open(os.path.join(directory, hf_config.CONFIG_FILE), "w") as f:
-    json.dump(hf_config.hf_config_dict(cfg, stored), f, indent=2)
+    json.dump(hf_config.hf_config_dict(cfg, stored, source_fields), f,
+              indent=2)
   with open(os.path.join(directory, hf_config.GENERATION_CONFIG_FILE),
             "w") as f:
-    json.dump(hf_config.hf_generation_config_dict(cfg), f, indent=2)
+    json.dump(hf_config.hf_generation_config_dict(cfg, source_fields), f,
+              indent=2)
   return files
