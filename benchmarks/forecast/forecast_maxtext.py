@@ -3,7 +3,8 @@ and compare.
 
   python benchmarks/forecast/forecast_maxtext.py [--run=22b|52b|both|v5e|
       all|v5e16b,...] [--fit_on=22b] [--slices=...] [--efficiency=X]
-      [--dcn_overlap=none|schedule] [--json=PATH]
+      [--dcn_overlap=none|schedule] [--dcn_step_us=X | --fit_dcn_on=RUN]
+      [--json=PATH]
 
 MaxText's README ("Runtime Performance Results", TPU v4, commit 281e04bf3)
 measured, counting 6 x parameters x tokens per step (train.py, no attention
@@ -28,6 +29,13 @@ in the same run unless `--efficiency` gives it): nothing is fitted on the
 52B, so its rows check the forecast out of sample. `--run=v5e` does the
 same for the v5e runs: another chip, whose constants come from its data
 sheet, and up to 32 slices; `--fit_on=v5e16b` fits on that chip instead.
+
+The second constant, the latency of one step of a cross-slice ring
+(`trm.core.topology.DCN_STEP_SECONDS`), is what makes speed fall as slices
+are added (the bytes per chip level off at twice the buffer; an
+all-reduce's 2 (N-1) steps do not). `--fit_dcn_on=v5e16b` fits it on that
+run's multi-slice rows (their loss of speed against its one-slice row, not
+their level); `--dcn_step_us` gives it.
 """
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
+import dataclasses
 import json
 import math
 import sys
@@ -50,6 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 sys.path.insert(0, ROOT)
 
 from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+from trm.core import topology as topology_lib  # pylint: disable=g-import-not-at-top
 from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-top
 from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top
@@ -133,9 +143,49 @@ def fit(run: dict, topology, compiled, ratio, dcn_overlap: str) -> float:
   return plan.calibrate(compiled[0], topology, target, dcn_overlap)
 
 
+def with_dcn_step(compiled, seconds: float) -> list:
+  """The rows with each cross-slice ring step costing `seconds`."""
+  out = []
+  for row in compiled:
+    if row.program is not None:
+      row = dataclasses.replace(row, program=row.program.on_fabric(
+          dataclasses.replace(row.program.fabric, dcn_step_seconds=seconds)))
+    out.append(row)
+  return out
+
+
+def fit_dcn_step(run: dict, topology, compiled, efficiency: float,
+                 dcn_overlap: str) -> float:
+  """The DCN ring-step latency at which the run's multi-slice rows lose
+  speed against its first row as the published ones did (least squares
+  over the scaling of every row that compiled, 0 to 10 ms)."""
+  published = run["published"]
+  first = compiled[0]
+  rows = [r for r in compiled[1:] if r.program is not None
+          and r.slices in published]
+  if first.program is None or first.slices not in published or not rows:
+    raise SystemExit(f"--fit_dcn_on: {run['variant']} needs its first row "
+                     "and a multi-slice row compiled, both published.")
+  def error(seconds):
+    steps = [plan.forecast_row(r, topology, efficiency, dcn_overlap)[
+        "step_seconds"] for r in with_dcn_step([first] + rows, seconds)]
+    return sum((steps[0] / s - published[r.slices][1]
+                / published[first.slices][1])**2
+               for r, s in zip(rows, steps[1:]))
+  lo, hi = 0.0, 1e-2  # golden-section search; the error is unimodal
+  ratio = (math.sqrt(5) - 1) / 2
+  for _ in range(40):  # to 1e-10 s
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    if error(a) <= error(b):
+      hi = b
+    else:
+      lo = a
+  return (lo + hi) / 2
+
+
 def compare(name: str, run: dict, topology, config, compiled, ratio,
             efficiency: float, fitted_on: str | None,
-            dcn_overlap: str) -> dict:
+            dcn_overlap: str, dcn_fitted_here: bool = False) -> dict:
   """Prints the forecast rows beside the published ones; returns them with
   the verdict."""
   published = run["published"]
@@ -157,7 +207,9 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
          "given by --efficiency")
   print(f"\n{name} (gpt.py:{run['variant']}, {topology.name}): dense compute"
         f" at {efficiency:.4f} x peak, {how} (our model FLOPs are "
-        f"{ratio:.4f} x MaxText's 6 N T); --dcn_overlap={dcn_overlap}")
+        f"{ratio:.4f} x MaxText's 6 N T); --dcn_overlap={dcn_overlap}"
+        + ("; its multi-slice rows fix the cross-slice ring step's "
+           "latency (in sample)" if dcn_fitted_here else ""))
   print(f"{'slices':>6} {'fits':>4} {'GiB':>6} {'step s':>8} "
         f"{'TFLOP/s pub':>11} {'forecast':>8} {'MFU pub':>7} "
         f"{'forecast':>8} {'error':>6} {'scaling pub':>11} {'forecast':>8} "
@@ -243,14 +295,28 @@ def main():
       help="none: the cross-slice reduction blocks, as MaxText's 2023 "
       "runtime ran it (BUILD_NOTES); schedule: as today's compiler "
       "schedules it")
+  parser.add_argument(
+      "--dcn_step_us", type=float, default=None,
+      help="latency of one cross-slice ring step, microseconds (default "
+      "trm.core.topology.DCN_STEP_SECONDS)")
+  parser.add_argument(
+      "--fit_dcn_on", default=None, choices=tuple(RUNS),
+      help="fit that latency on this run's multi-slice rows instead (the "
+      "run must be in --run)")
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
+  if args.fit_dcn_on and args.dcn_step_us is not None:
+    parser.error("--dcn_step_us and --fit_dcn_on both set the latency; "
+                 "pass one.")
   names = []
   for part in args.run.split(","):
     if part not in RUNS and part not in GROUPS:
       parser.error(f"--run={args.run}: {part!r} is none of "
                    f"{', '.join([*RUNS, *GROUPS])}.")
     names += [n for n in GROUPS.get(part, (part,)) if n not in names]
+  if args.fit_dcn_on and args.fit_dcn_on not in names:
+    parser.error(f"--fit_dcn_on={args.fit_dcn_on} is not among --run's "
+                 "runs; add it.")
   if args.variant and len(names) > 1:
     parser.error("--variant goes with one run.")
   runs = {n: dict(RUNS[n], **({"variant": args.variant} if args.variant
@@ -281,11 +347,25 @@ def main():
     topology, _, rows, ratio = compiled[key]
     efficiency = fit(RUNS[fitted_on], topology, rows, ratio,
                      args.dcn_overlap)
+  dcn_step = (topology_lib.DCN_STEP_SECONDS if args.dcn_step_us is None
+              else args.dcn_step_us * 1e-6)
+  if args.fit_dcn_on:
+    topology, _, rows, _ = compiled[args.fit_dcn_on]
+    dcn_step = fit_dcn_step(RUNS[args.fit_dcn_on], topology, rows,
+                            efficiency, args.dcn_overlap)
+  print(f"\ncross-slice ring step: {dcn_step * 1e6:.1f} us ("
+        + (f"fitted on {args.fit_dcn_on}'s multi-slice rows" if
+           args.fit_dcn_on else "given" if args.dcn_step_us is not None
+           else "trm.core.topology.DCN_STEP_SECONDS") + ")")
+  for name in runs:
+    topology, config, rows, ratio = compiled[name]
+    compiled[name] = (topology, config, with_dcn_step(rows, dcn_step), ratio)
   results = {}
   for name, run in runs.items():
     topology, config, rows, ratio = compiled[name]
     results[name] = compare(name, run, topology, config, rows, ratio,
-                            efficiency, fitted_on, args.dcn_overlap)
+                            efficiency, fitted_on, args.dcn_overlap,
+                            name == args.fit_dcn_on)
   verdicts = ", ".join(f"{n} {'meets' if r['meets_goal'] else 'misses'}"
                        for n, r in results.items())
   print(f"\nsummary: {verdicts}; wall time {time.time() - begin:.0f} s, "
@@ -293,6 +373,8 @@ def main():
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"efficiency": efficiency, "fitted_on": fitted_on,
+                 "dcn_step_seconds": dcn_step,
+                 "dcn_fitted_on": args.fit_dcn_on,
                  "dcn_overlap": args.dcn_overlap, "runs": results}, f,
                 indent=1)
 

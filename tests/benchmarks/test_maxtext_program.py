@@ -1,7 +1,6 @@
 """benchmarks/forecast/maxtext_program.py: MaxText's commands carry our
 variants' shapes, and a dumped program is read, played and charged
 MaxText's FLOP count."""
-import importlib.util
 import os
 import re
 
@@ -19,10 +18,7 @@ pytestmark = pytest.mark.usefixtures("no_compilation_cache")
 
 @pytest.fixture(scope="module")
 def script():
-  spec = importlib.util.spec_from_file_location("maxtext_program", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return repo.load_script("benchmarks", "forecast", "maxtext_program.py")
 
 
 def _flag(command, name):

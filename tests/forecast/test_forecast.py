@@ -63,6 +63,10 @@ def test_forecast_rows_have_the_documented_keys(tiny_rows):
   assert sum("compiling" in line for line in lines) == 2
   text = plan.format_rows(rows, "v4-8", efficiency, source)
   assert "tokens/s" in text and "MFU" in text
+  # A multi-slice table states the cross-slice latency it charged.
+  assert "122 us per cross-slice ring step" in text
+  assert "ring step" not in plan.format_rows(rows[:1], "v4-8", efficiency,
+                                             source)
   json.dumps(rows, default=float)   # --forecast_json can write them
 
 

@@ -15,7 +15,7 @@ FABRIC = network.Fabric(coords=((0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)),
                         dims=(2, 2, 1), wraps=(False, False, False),
                         link_bytes_per_second=1e9,
                         dcn_bytes_per_second=1e8, num_slices=2,
-                        hop_seconds=0.0)
+                        hop_seconds=0.0, dcn_step_seconds=0.0)
 
 _FUSED_DOT = """
 %fused_dot (p0: bf16[1024,1024], p1: bf16[1024,1024]) -> f32[1024,1024] {
@@ -468,6 +468,29 @@ def test_a_cross_slice_all_reduce_is_dcn_traffic_of_a_ring():
   assert step.seconds == pytest.approx(max(DOT_S, dcn_s), rel=1e-3)
   assert step.bound == "dcn"
   assert [c["kind"] for c in _summary(totals)] == ["dcn-all-reduce"]
+
+
+@pytest.mark.parametrize("slices", [2, 8, 32])
+def test_a_cross_slice_ring_pays_a_latency_per_step(slices):
+  """The bytes per chip level off at twice the buffer as slices are added;
+  the ring's 2 (N-1) steps, each paying the DCN's latency, do not: that is
+  what makes a run lose speed from 2 to 32 slices (MaxText's v5e rows)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  text = _module(_MEGASCALE.replace("{1,2}x{0:3}",
+                                    f"{{0:{slices - 1}}}x{{0:3}}"))
+  fabric = dataclasses.replace(FABRIC, num_slices=slices,
+                               dcn_step_seconds=1e-3)
+  program = timeline.Program(text, fabric)
+  bytes_s = 2 * (slices - 1) / slices * 2**20 / 1e8
+  step = program.play(PEAK, 0.5, HBM, dcn_overlap="none")
+  assert step.by_cause["dcn"] == pytest.approx(
+      bytes_s + 2 * (slices - 1) * 1e-3, rel=1e-6)
+  assert program.totals().dcn_bytes == pytest.approx(bytes_s * 1e8)
+  # No latency: the bytes alone, as before the constant existed.
+  bare = timeline.Program(text, dataclasses.replace(fabric,
+                                                    dcn_step_seconds=0.0))
+  assert bare.play(PEAK, 0.5, HBM, dcn_overlap="none").by_cause[
+      "dcn"] == pytest.approx(bytes_s, rel=1e-6)
 
 
 def _summary(totals):

@@ -48,6 +48,12 @@ CHIPS = {
                 4 * 200.0, 8, "full16"),
 }
 ICI_HOP_SECONDS = 1e-6   # per ICI hop (How to Scale Your Model, ch. 2)
+# Per step of a cross-slice ring (2 (N-1) steps per all-reduce over N
+# slices): fitted on how MaxText's v5e 16B lost speed from 2 to 32 slices
+# (benchmarks/forecast/forecast_maxtext.py --fit_dcn_on=v5e16b, 122.4 us;
+# its 32B, 64B and 128B rows give 132-145 us; BUILD_NOTES "Session 51").
+# No data sheet gives it.
+DCN_STEP_SECONDS = 122e-6
 
 # Named shapes per chip count (v4 and v5p name TensorCores: v4-N has N/2
 # chips). Slices of whole 4x4x4 cubes not listed take the most cubic

@@ -7,7 +7,10 @@ that wraps around sends both ways (2 links per chip), one that does not
 sends one way. Its time is its traffic per chip over the summed bandwidth
 of those rings, plus one hop latency per ring step. Across slices (DCN),
 XLA:TPU emits megascale send/recv pairs; each chip's share of the host
-NICs carries a ring all-reduce's 2 (N-1)/N of its buffer.
+NICs carries a ring all-reduce's 2 (N-1)/N of its buffer, and each of the
+ring's 2 (N-1) steps (N-1 for a gather or scatter) costs a latency
+(`topology.DCN_STEP_SECONDS`, fitted): the bytes per chip level off as N
+grows, the steps do not.
 
 Traffic per chip (bytes it sends), n = group size:
   all-gather      (n-1)/n x its result
@@ -39,6 +42,7 @@ class Fabric:
   dcn_bytes_per_second: float          # per chip
   num_slices: int
   hop_seconds: float = topology_lib.ICI_HOP_SECONDS
+  dcn_step_seconds: float = topology_lib.DCN_STEP_SECONDS
 
   @classmethod
   def for_mesh(cls, mesh, topology: topology_lib.Topology,
@@ -143,6 +147,16 @@ def _dcn_traffic(kind: str, payload: float, slices: int) -> float:
           "ALL_TO_ALL": share * payload}.get(kind, payload)
 
 
+def _dcn_steps(kind: str, slices: int) -> int:
+  """Sequential steps of the cross-slice ring: 2 (N-1) for an all-reduce
+  (a reduce-scatter, then an all-gather), N-1 for one of those alone or an
+  all-to-all, 1 for a point-to-point transfer."""
+  if slices <= 1:
+    return 0
+  return {"ALL_REDUCE": 2 * (slices - 1), "REDUCE_SCATTER": slices - 1,
+          "ALL_GATHER": slices - 1, "ALL_TO_ALL": slices - 1}.get(kind, 1)
+
+
 def _traffic(kind: str, payload: float, n: int) -> float:
   if n <= 1:
     return 0.0
@@ -162,9 +176,11 @@ def describe(module: hlo.Module, comp: hlo.Computation,
     slices = _megascale_slices(
         inst.frontend_attribute("_xla_megascale_target"), fabric.num_slices)
     traffic = _dcn_traffic(kind, payload, slices)
+    seconds = (traffic / fabric.dcn_bytes_per_second
+               + _dcn_steps(kind, slices) * fabric.dcn_step_seconds)
     return Collective(inst.name, "dcn-" + kind.lower().replace("_", "-"),
-                      "dcn", payload, traffic, slices, "slices",
-                      traffic / fabric.dcn_bytes_per_second, "dcn")
+                      "dcn", payload, traffic, slices, "slices", seconds,
+                      "dcn")
   if opcode == "async-start":
     called = [c for c in inst.called() if c in module.computations]
     if not called:

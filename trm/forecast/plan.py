@@ -337,7 +337,10 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
            + ("overlapped as the program schedules them "
               "(--dcn_overlap=schedule)" if overlap == "schedule" else
               "exposed (--dcn_overlap=none; 'MFU sched' assumes the "
-              "program's overlap)"),
+              "program's overlap)")
+           + (f", {topology_lib.DCN_STEP_SECONDS * 1e6:.0f} us per "
+              "cross-slice ring step (fitted on MaxText's v5e runs)"
+              if any(r.get("slices", 1) > 1 for r in rows) else ""),
            f"{'slices':>6} {'chips':>6} {'fits':>4} {'GiB/chip':>8} "
            f"{'step s':>9} {unit:>12} {'TFLOP/s/chip':>12} {'MFU':>6} "
            f"{'scaling':>7} {'ICI GB/chip':>11} {'DCN GB/chip':>11} "

@@ -24,6 +24,7 @@ compute, HBM, ICI and DCN seconds; the largest names the bound.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import re
 
@@ -88,6 +89,15 @@ class Program:
     self._chains: dict = {}
     self._named_chains: dict | None = None
     self._fused_collectives: dict = {}
+
+  def on_fabric(self, fabric: network.Fabric) -> "Program":
+    """The same program on another fabric (e.g. another DCN latency),
+    without parsing it again: what does not depend on the fabric (costs,
+    trip counts, chains) is shared, the collectives are described anew."""
+    other = copy.copy(self)
+    other.fabric = fabric
+    other._collectives, other._fused_collectives, other._totals = {}, {}, {}
+    return other
 
   # ------------------------------------------------------------ static
   def cost(self, comp, inst) -> tuple[float, float]:

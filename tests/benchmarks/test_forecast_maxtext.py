@@ -1,0 +1,101 @@
+"""benchmarks/forecast/forecast_maxtext.py: the cross-slice ring step's
+latency is fitted on a run's loss of speed over its slice counts."""
+import os
+import subprocess
+import sys
+
+import pytest
+import repo
+
+from trm.core import topology
+from trm.forecast import network
+from trm.forecast import plan
+from trm.forecast import timeline
+
+SCRIPT = os.path.join(repo.ROOT, "benchmarks", "forecast",
+                      "forecast_maxtext.py")
+V5E = topology.parse_topology("v5e-256")
+
+
+@pytest.fixture(scope="module")
+def script():
+  return repo.load_script("benchmarks", "forecast", "forecast_maxtext.py")
+
+
+_DOT = """HloModule step, is_scheduled=true, num_partitions=1
+
+%fused_dot (p0: bf16[4096,4096], p1: bf16[4096,4096]) -> f32[4096,4096] {
+  %p0 = bf16[4096,4096]{1,0} parameter(0)
+  %p1 = bf16[4096,4096]{1,0} parameter(1)
+  ROOT %dot.1 = f32[4096,4096]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: bf16[4096,4096], b: f32[1024,1024]) -> f32[4096,4096] {
+  %a = bf16[4096,4096]{1,0} parameter(0)
+  %b = f32[1024,1024]{1,0} parameter(1)
+  %f = f32[4096,4096]{1,0} fusion(%a, %a), kind=kOutput, calls=%fused_dot
+"""
+_SEND = """  %tok = token[] after-all()
+  %r = (f32[1024,1024]{1,0}, u32[], token[]) recv(%tok), channel_id=1, is_host_transfer=true, frontend_attributes={_xla_megascale_target="{0:LAST}x{0:0}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %s = (f32[1024,1024]{1,0}, u32[], token[]) send(%b, %tok), channel_id=2, is_host_transfer=true, frontend_attributes={_xla_megascale_target="{0:LAST}x{0:0}",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %sd = token[] send-done(%s), channel_id=2, is_host_transfer=true
+  %rd = (f32[1024,1024]{1,0}, token[]) recv-done(%r), channel_id=1, is_host_transfer=true
+"""
+
+
+def _row(slices: int, step_seconds: float) -> plan.CompiledRow:
+  """A one-chip step: a matmul, then (on several slices) a 4 MiB
+  cross-slice all-reduce."""
+  text = _DOT + (_SEND.replace("LAST", str(slices - 1)) * (slices > 1))
+  text += "  ROOT %out = f32[4096,4096]{1,0} copy(%f)\n}\n"
+  fabric = network.Fabric(((0, 0, 0),), (1, 1, 1), (False,) * 3, 45e9,
+                          V5E.chip.dcn_gbits_per_chip * 1e9 / 8, slices,
+                          dcn_step_seconds=step_seconds)
+  return plan.CompiledRow(slices=slices, chips=1, mesh={}, global_batch=1,
+                          model_flops=2 * 4096**3, tokens_per_example=1,
+                          compile_seconds=0.0, fits=True, memory_gib=1.0,
+                          program=timeline.Program(text, fabric))
+
+
+@pytest.mark.parametrize("latency", [0.0, 40e-6, 250e-6])
+def test_the_fit_finds_the_latency_that_made_the_rows(script, latency):
+  counts = (1, 2, 8, 32)
+  made = [plan.forecast_row(_row(n, latency), V5E, 0.8, "none")
+          for n in counts]
+  assert made[-1]["step_seconds"] > made[1]["step_seconds"] or not latency
+  run = dict(variant="test", published={
+      n: (0.0, 50.0 * made[0]["step_seconds"] / r["step_seconds"])
+      for n, r in zip(counts, made)})
+  rows = [_row(n, 0.0) for n in counts]  # compiled without the latency
+  fitted = script.fit_dcn_step(run, V5E, rows, 0.8, "none")
+  assert fitted == pytest.approx(latency, abs=1e-7)
+  # The rows it hands on carry the fitted latency; the originals keep
+  # theirs.
+  carried = script.with_dcn_step(rows, fitted)
+  assert [r.program.fabric.dcn_step_seconds for r in carried] == [fitted] * 4
+  assert rows[-1].program.fabric.dcn_step_seconds == 0.0
+  assert plan.forecast_row(carried[-1], V5E, 0.8, "none")[
+      "step_seconds"] == pytest.approx(made[-1]["step_seconds"], rel=1e-6)
+
+
+def test_the_fit_needs_a_multi_slice_row(script):
+  run = dict(variant="test", published={1: (0.0, 50.0)})
+  with pytest.raises(SystemExit, match="needs its first row"):
+    script.fit_dcn_step(run, V5E, [_row(1, 0.0)], 0.8, "none")
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--run=22b", "--fit_dcn_on=v5e16b"], "not among --run's runs"),
+    (["--run=v5e16b", "--fit_dcn_on=v5e16b", "--dcn_step_us=5"],
+     "both set the latency")])
+def test_contradicting_latency_flags_stop_before_compiling(flags, message):
+  result = subprocess.run([sys.executable, SCRIPT, *flags],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=repo.ROOT)
+  assert result.returncode == 2
+  assert message in result.stderr
+
+
+def test_the_default_latency_is_the_topology_constant():
+  assert network.Fabric(((0, 0, 0),), (1, 1, 1), (False,) * 3, 1.0, 1.0,
+                        2).dcn_step_seconds == topology.DCN_STEP_SECONDS
