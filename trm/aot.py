@@ -5,7 +5,7 @@ r"""Compile the real train step for a TPU topology on a CPU host.
   python -m trm.aot --config=configs/gpt.py:maxtext22b --topology=v4-128 \
       --num_slices=1,2,4,8 --forecast [--forecast_json=PATH] [--collectives]
       [--calibrate_mfu=F | --efficiency=F] [--batch_scaling=weak|strong]
-      [--dcn_overlap=none|schedule]
+      [--dcn_overlap=none|schedule] [--dcn_step_us=X]
   python -m trm.aot --config=... --topology=v4-128 --num_slices=2 \
       --forecast --search [--search_limit=N --search_top=5]
   python -m trm.aot --config=configs/gpt.py --topology=v4-8 --vocab_size=50304
@@ -409,7 +409,7 @@ def check_forecast_flags(counts: list[int]) -> None:
   if not _FORECAST.value:
     for name in ("forecast_json", "search", "calibrate_mfu", "efficiency",
                  "collectives", "dcn_overlap", "batch_scaling",
-                 "chip_hour_price"):
+                 "chip_hour_price", "dcn_step_us"):
       if flags.FLAGS[name].present:
         raise ValueError(f"--{name} needs --forecast.")
     return
@@ -421,6 +421,10 @@ def check_forecast_flags(counts: list[int]) -> None:
     if value is not None and not 0 < value <= 1:
       raise ValueError(f"--{name}={value} must be a fraction in (0, 1], "
                        "e.g. 0.567 for 56.7%.")
+  step = _DCN_STEP_US.value
+  if step is not None and not (math.isfinite(step) and 0 <= step <= 1e6):
+    raise ValueError(f"--dcn_step_us={step} must be a latency in "
+                     "microseconds, 0 to 1e6.")
   price = _CHIP_HOUR_PRICE.value
   if price is not None and not (math.isfinite(price) and price > 0):
     raise ValueError(f"--chip_hour_price={price} must be a positive "
@@ -449,6 +453,10 @@ def check_forecast_flags(counts: list[int]) -> None:
                        "in an existing directory.")
 
 
+def _dcn_step_seconds() -> float | None:
+  return None if _DCN_STEP_US.value is None else _DCN_STEP_US.value * 1e-6
+
+
 def run_forecast(config, topology, counts, shapes) -> int:
   """--forecast (and --search): prints rows, writes JSON; exit code."""
   from trm.forecast import plan  # pylint: disable=g-import-not-at-top
@@ -457,7 +465,8 @@ def run_forecast(config, topology, counts, shapes) -> int:
     ranked, tried = search.search(
         config, topology, counts[0], shapes,
         efficiency=_EFFICIENCY.value or plan.DEFAULT_EFFICIENCY,
-        limit=_SEARCH_LIMIT.value, dcn_overlap=_DCN_OVERLAP.value)
+        limit=_SEARCH_LIMIT.value, dcn_overlap=_DCN_OVERLAP.value,
+        dcn_step_seconds=_dcn_step_seconds())
     print(search.format_ranking(ranked, tried, topology.name, counts[0],
                                 _SEARCH_TOP.value), flush=True)
     rows = ranked[:_SEARCH_TOP.value]
@@ -465,7 +474,8 @@ def run_forecast(config, topology, counts, shapes) -> int:
     rows, efficiency, source = plan.forecast(
         config, topology, counts, shapes, efficiency=_EFFICIENCY.value,
         calibrate_mfu=_CALIBRATE.value, scaling=_BATCH_SCALING.value,
-        dcn_overlap=_DCN_OVERLAP.value)
+        dcn_overlap=_DCN_OVERLAP.value,
+        dcn_step_seconds=_dcn_step_seconds())
     print(plan.format_rows(rows, topology.name, efficiency, source),
           flush=True)
     cost = plan.format_run_cost(rows, _CHIP_HOUR_PRICE.value)
@@ -604,7 +614,7 @@ def define_flags():
   global _EFFICIENCY, _CALIBRATE, _BATCH_SCALING, _COLLECTIVES, _DCN_OVERLAP
   global _SAMPLE_BATCH, _PROMPT_LEN, _MAX_NEW, _STEPS, _ALG, _TEMPERATURE
   global _TOP_P, _CACHE, _BLOCK_LENGTH, _THRESHOLD, _FAST_DLLM, _SAVE_COMPILED
-  global _CHIP_HOUR_PRICE
+  global _CHIP_HOUR_PRICE, _DCN_STEP_US
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                             lock_config=True)
   _TOPOLOGY = flags.DEFINE_string(
@@ -645,6 +655,11 @@ def define_flags():
       "cross-slice collectives block the chip (none: what MaxText's "
       "published v4 multi-slice runs show), or overlap what the program "
       "schedules beside them (schedule).")
+  _DCN_STEP_US = flags.DEFINE_float(
+      "dcn_step_us", None, "--forecast: latency of one step of a "
+      "cross-slice ring, microseconds (default "
+      "trm.core.topology.DCN_STEP_SECONDS, fitted on MaxText's v5e runs; "
+      "give your pod's if you have measured it).")
   _CHIP_HOUR_PRICE = flags.DEFINE_float(
       "chip_hour_price", None, "--forecast: price of one chip-hour (any "
       "currency; none is assumed) to state each row's run cost in it.")

@@ -46,7 +46,6 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
-import dataclasses
 import json
 import math
 import sys
@@ -145,13 +144,7 @@ def fit(run: dict, topology, compiled, ratio, dcn_overlap: str) -> float:
 
 def with_dcn_step(compiled, seconds: float) -> list:
   """The rows with each cross-slice ring step costing `seconds`."""
-  out = []
-  for row in compiled:
-    if row.program is not None:
-      row = dataclasses.replace(row, program=row.program.on_fabric(
-          dataclasses.replace(row.program.fabric, dcn_step_seconds=seconds)))
-    out.append(row)
-  return out
+  return [plan.with_dcn_step(row, seconds) for row in compiled]
 
 
 def fit_dcn_step(run: dict, topology, compiled, efficiency: float,

@@ -70,6 +70,29 @@ def test_forecast_rows_have_the_documented_keys(tiny_rows):
   json.dumps(rows, default=float)   # --forecast_json can write them
 
 
+def test_a_given_dcn_latency_replaces_the_fitted_one():
+  """`--dcn_step_us`: each cross-slice ring step of the compiled program
+  costs the given latency (2 steps per all-reduce over 2 slices), and the
+  table says where the figure came from."""
+  compiled = plan.compile_row(tiny_gpt(), V4_8, 2, None, 16)
+  assert compiled.program.fabric.dcn_step_seconds == topology.DCN_STEP_SECONDS
+  bare, slow = (plan.forecast_row(plan.with_dcn_step(compiled, seconds),
+                                  V4_8, 0.5, "none")
+                for seconds in (0.0, 1e-3))
+  # (kind, network, axes, group size, ...) -> runs per step.
+  ring_steps = sum(count * (key[3] - 1) * (2 if key[0] == "dcn-all-reduce"
+                                           else 1)
+                   for key, count in
+                   compiled.program.totals().collectives.items()
+                   if key[1] == "dcn")
+  assert ring_steps > 0
+  assert slow["step_seconds"] - bare["step_seconds"] == pytest.approx(
+      ring_steps * 1e-3, rel=1e-6)
+  assert slow["dcn_step_seconds"] == 1e-3
+  assert "1000 us per cross-slice ring step (--dcn_step_us)" in (
+      plan.format_rows([slow], "v4-8", 0.5, "--efficiency"))
+
+
 def test_rows_state_the_runs_cost(tiny_rows):
   rows = tiny_rows[0]
   steps = tiny_gpt().total_steps
@@ -207,6 +230,11 @@ def test_tpu_compiler_options():
      "--search_top=0 must be >= 1"),
     (["--forecast", "--mode=sample"], "drop --mode=sample"),
     (["--chip_hour_price=3"], "--chip_hour_price needs --forecast"),
+    (["--dcn_step_us=50"], "--dcn_step_us needs --forecast"),
+    (["--forecast", "--dcn_step_us=-1"],
+     "--dcn_step_us=-1.0 must be a latency in microseconds"),
+    (["--forecast", "--dcn_step_us=inf"],
+     "--dcn_step_us=inf must be a latency in microseconds"),
     (["--forecast", "--chip_hour_price=-1"],
      "--chip_hour_price=-1.0 must be a positive number"),
     (["--forecast", "--chip_hour_price=nan"],

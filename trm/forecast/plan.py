@@ -127,6 +127,17 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
                      program=timeline.Program(compiled.as_text(), fabric))
 
 
+def with_dcn_step(compiled: CompiledRow, seconds: float) -> CompiledRow:
+  """The row with each cross-slice ring step costing `seconds` (the
+  program is not parsed again)."""
+  if compiled.program is None:
+    return compiled
+  fabric = dataclasses.replace(compiled.program.fabric,
+                               dcn_step_seconds=seconds)
+  return dataclasses.replace(compiled,
+                             program=compiled.program.on_fabric(fabric))
+
+
 def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
                  efficiency: float,
                  dcn_overlap: str = DEFAULT_DCN_OVERLAP) -> dict:
@@ -136,7 +147,9 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
          "fits": compiled.fits, "memory_gib": compiled.memory_gib,
          "mesh": compiled.mesh, "global_batch": compiled.global_batch,
          "compile_seconds": round(compiled.compile_seconds, 1),
-         "efficiency": efficiency, "dcn_overlap": dcn_overlap}
+         "efficiency": efficiency, "dcn_overlap": dcn_overlap,
+         "dcn_step_seconds": (compiled.program.fabric.dcn_step_seconds
+                              if compiled.program is not None else None)}
   if compiled.program is None:
     row.update({k: None for k in ROW_KEYS if k not in row})
     row["error"] = compiled.error
@@ -296,9 +309,11 @@ def progress(message: str):
 def forecast(config, topology: topology_lib.Topology, slice_counts,
              shapes=None, efficiency: float | None = None,
              calibrate_mfu: float | None = None, scaling: str = "weak",
-             dcn_overlap: str = DEFAULT_DCN_OVERLAP, report=progress
+             dcn_overlap: str = DEFAULT_DCN_OVERLAP, report=progress,
+             dcn_step_seconds: float | None = None
              ) -> tuple[list[dict], float, str]:
-  """(rows, efficiency, where the efficiency came from)."""
+  """(rows, efficiency, where the efficiency came from). dcn_step_seconds:
+  the cross-slice ring step's latency (default the topology's constant)."""
   compiled = []
   for slices, batch in zip(slice_counts, batches(config, slice_counts,
                                                  scaling)):
@@ -312,6 +327,8 @@ def forecast(config, topology: topology_lib.Topology, slice_counts,
               else "memory unknown")
            + ("" if row.fits else " (DOES NOT FIT)")
            + f"; read and played in {time.time() - begin - row.compile_seconds:.0f} s")
+    if dcn_step_seconds is not None:
+      row = with_dcn_step(row, dcn_step_seconds)
     compiled.append(row)
   if calibrate_mfu is not None:
     efficiency = calibrate(compiled[0], topology, calibrate_mfu, dcn_overlap)
@@ -338,9 +355,7 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
               "(--dcn_overlap=schedule)" if overlap == "schedule" else
               "exposed (--dcn_overlap=none; 'MFU sched' assumes the "
               "program's overlap)")
-           + (f", {topology_lib.DCN_STEP_SECONDS * 1e6:.0f} us per "
-              "cross-slice ring step (fitted on MaxText's v5e runs)"
-              if any(r.get("slices", 1) > 1 for r in rows) else ""),
+           + _dcn_step_note(rows),
            f"{'slices':>6} {'chips':>6} {'fits':>4} {'GiB/chip':>8} "
            f"{'step s':>9} {unit:>12} {'TFLOP/s/chip':>12} {'MFU':>6} "
            f"{'scaling':>7} {'ICI GB/chip':>11} {'DCN GB/chip':>11} "
@@ -364,6 +379,19 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
         f"{100 * r.get('mfu_dcn_none', r.get('mfu_dcn_schedule', 0)):.1f}%")
   lines.extend(unread_loop_warnings(rows))
   return "\n".join(lines)
+
+
+def _dcn_step_note(rows: list[dict]) -> str:
+  """The header's word on the cross-slice latency its multi-slice rows
+  were charged ('' for one slice)."""
+  steps = {r.get("dcn_step_seconds") for r in rows
+           if r.get("slices", 1) > 1 and r.get("dcn_step_seconds") is not None}
+  if not steps:
+    return ""
+  step = steps.pop()
+  source = ("fitted on MaxText's v5e runs"
+            if step == topology_lib.DCN_STEP_SECONDS else "--dcn_step_us")
+  return f", {step * 1e6:.0f} us per cross-slice ring step ({source})"
 
 
 def unread_loop_warnings(rows: list[dict]) -> list[str]:

@@ -44,8 +44,10 @@ def overrides(mesh: dict) -> str:
 def search(config, topology: topology_lib.Topology, slices: int, shapes,
            efficiency: float, limit: int = 0,
            dcn_overlap: str = plan.DEFAULT_DCN_OVERLAP,
-           report=plan.progress) -> tuple[list[dict], dict]:
-  """(fitting rows ranked by forecast step time, counts of what was tried)."""
+           report=plan.progress, dcn_step_seconds: float | None = None
+           ) -> tuple[list[dict], dict]:
+  """(fitting rows ranked by forecast step time, counts of what was tried);
+  dcn_step_seconds as in `plan.forecast`."""
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   candidates = layouts(topology.chips, slices)
   tried = {"layouts": len(candidates), "batch_does_not_split": 0,
@@ -69,6 +71,8 @@ def search(config, topology: topology_lib.Topology, slices: int, shapes,
       tried["batch_does_not_split"] += 1
       continue
     tried["compiled"] += 1
+    if dcn_step_seconds is not None:
+      compiled = plan.with_dcn_step(compiled, dcn_step_seconds)
     begin = time.time()
     row = plan.forecast_row(compiled, topology, efficiency, dcn_overlap)
     row["overrides"] = overrides(mesh)

@@ -227,9 +227,11 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
 
   dtype: stored dtype ('bfloat16' as on the hub, 'float32'); default the
   params' own. source_fields: the fine-tuned checkpoint's bos/eos ids and
-  position limit (`hf_config.fields_from_source`). Writes config.json and generation_config.json beside the
-  tensors (Dream's `DreamModel.from_pretrained` reads both). One file is `model.safetensors`; more are
-  `model-0000i-of-0000N.safetensors` with an index. Every process must
+  position limit (`hf_config.fields_from_source`). Writes config.json and
+  generation_config.json beside the tensors (Dream's
+  `DreamModel.from_pretrained` reads both). One file is
+  `model.safetensors`; more are `model-0000i-of-0000N.safetensors` with an
+  index. Every process must
   call it (as `trm.export` does on each host): an array sharded over
   several processes is gathered one tensor at a time, and process 0, the
   only one that keeps the values, writes the files.
