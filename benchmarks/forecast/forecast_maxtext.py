@@ -165,15 +165,26 @@ def fit_dcn_step(run: dict, topology, compiled, efficiency: float,
     return sum((steps[0] / s - published[r.slices][1]
                 / published[first.slices][1])**2
                for r, s in zip(rows, steps[1:]))
-  lo, hi = 0.0, 1e-2  # golden-section search; the error is unimodal
+  # Each row's term is quasi-convex in the latency, their sum need not be
+  # unimodal: a coarse grid first (0, then 1 us to 10 ms), then a
+  # golden-section search between the best point's neighbours.
+  grid = [0.0] + [1e-6 * 10**(k / 10) for k in range(41)]
+  errors = [error(x) for x in grid]
+  best = errors.index(min(errors))
+  lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
   ratio = (math.sqrt(5) - 1) / 2
-  for _ in range(40):  # to 1e-10 s
+  for _ in range(40):
     a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
     if error(a) <= error(b):
       hi = b
     else:
       lo = a
-  return (lo + hi) / 2
+  fitted = (lo + hi) / 2
+  if best == len(grid) - 1:
+    print(f"WARNING: --fit_dcn_on: the best latency is at the search's "
+          f"bound ({fitted * 1e6:.0f} us); the rows lose more speed than a "
+          "ring latency explains.")
+  return fitted
 
 
 def compare(name: str, run: dict, topology, config, compiled, ratio,
@@ -301,6 +312,10 @@ def main():
   if args.fit_dcn_on and args.dcn_step_us is not None:
     parser.error("--dcn_step_us and --fit_dcn_on both set the latency; "
                  "pass one.")
+  if args.dcn_step_us is not None and not (
+      math.isfinite(args.dcn_step_us) and 0 <= args.dcn_step_us <= 1e6):
+    parser.error(f"--dcn_step_us={args.dcn_step_us} must be a latency in "
+                 "microseconds, 0 to 1e6.")
   names = []
   for part in args.run.split(","):
     if part not in RUNS and part not in GROUPS:
@@ -320,6 +335,9 @@ def main():
   compiled = {}
   for name, run in runs.items():
     slices = [int(s) for s in (args.slices or run["slices"]).split(",")]
+    if name == args.fit_dcn_on and (slices[0] != 1 or len(slices) < 2):
+      parser.error(f"--fit_dcn_on={name} needs its 1-slice row first and a "
+                   "multi-slice row (--slices=1,...).")
     if (name == args.fit_on and args.efficiency is None
         and slices[0] not in run["published"]):
       parser.error(f"--slices: the fit on {name} needs a published row "
@@ -327,6 +345,8 @@ def main():
     topology = parse_topology(run["topology"])
     compiled[name] = (topology, *compile_rows(
         run["variant"], topology, slices, run["attention_flops"]))
+  dcn_step = (topology_lib.DCN_STEP_SECONDS if args.dcn_step_us is None
+              else args.dcn_step_us * 1e-6)
   efficiency, fitted_on = args.efficiency, None
   if efficiency is None:
     fitted_on = args.fit_on
@@ -338,10 +358,14 @@ def main():
           run["variant"], topology, [first], run["attention_flops"]))
     key = fitted_on if fitted_on in compiled else fitted_on + "-fit"
     topology, _, rows, ratio = compiled[key]
-    efficiency = fit(RUNS[fitted_on], topology, rows, ratio,
-                     args.dcn_overlap)
-  dcn_step = (topology_lib.DCN_STEP_SECONDS if args.dcn_step_us is None
-              else args.dcn_step_us * 1e-6)
+    if args.fit_dcn_on and rows[0].slices != 1:
+      parser.error(f"--fit_dcn_on fits the latency with the efficiency "
+                   f"fixed: fit the efficiency on a 1-slice row ({key}'s "
+                   f"first is {rows[0].slices} slices) or give "
+                   "--efficiency.")
+    # A multi-slice first row is fitted with the latency it will be played at.
+    efficiency = fit(RUNS[fitted_on], topology,
+                     with_dcn_step(rows, dcn_step), ratio, args.dcn_overlap)
   if args.fit_dcn_on:
     topology, _, rows, _ = compiled[args.fit_dcn_on]
     dcn_step = fit_dcn_step(RUNS[args.fit_dcn_on], topology, rows,

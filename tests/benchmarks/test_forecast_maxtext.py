@@ -84,10 +84,31 @@ def test_the_fit_needs_a_multi_slice_row(script):
     script.fit_dcn_step(run, V5E, [_row(1, 0.0)], 0.8, "none")
 
 
+def test_the_fit_finds_the_best_of_two_minima(script, monkeypatch):
+  """The summed error need not be unimodal: with a shallow minimum at
+  20 us and the exact one at 3 ms, the fit returns 3 ms."""
+  rows = [_row(n, 0.0) for n in (1, 2)]
+  run = dict(variant="test", published={1: (0.0, 50.0), 2: (0.0, 40.0)})
+  def played(row, *unused):
+    del unused
+    x = row.program.fabric.dcn_step_seconds
+    # Extra step time: 0.26 at 20 us (a local minimum of the error), 0.25,
+    # the published loss, only at 3 ms.
+    extra = 0.25 + min(0.01 + 1e3 * abs(x - 20e-6), 10 * abs(x - 3e-3))
+    return {"step_seconds": 1.0 + (extra if row.slices > 1 else 0.0)}
+  monkeypatch.setattr(script.plan, "forecast_row", played)
+  assert script.fit_dcn_step(run, V5E, rows, 0.8, "none") == pytest.approx(
+      3e-3, rel=1e-4)
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--run=22b", "--fit_dcn_on=v5e16b"], "not among --run's runs"),
     (["--run=v5e16b", "--fit_dcn_on=v5e16b", "--dcn_step_us=5"],
-     "both set the latency")])
+     "both set the latency"),
+    (["--run=v5e16b", "--fit_dcn_on=v5e16b", "--slices=2,4"],
+     "needs its 1-slice row first"),
+    (["--run=v5e16b", "--dcn_step_us=nan"], "must be a latency"),
+    (["--run=v5e16b", "--dcn_step_us=-3"], "must be a latency")])
 def test_contradicting_latency_flags_stop_before_compiling(flags, message):
   result = subprocess.run([sys.executable, SCRIPT, *flags],
                           capture_output=True, text=True, timeout=120,

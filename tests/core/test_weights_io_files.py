@@ -261,3 +261,23 @@ def test_a_sharded_float8_checkpoint_loads_by_slices(sharded, tmp_path):
   split = hf_import.load_hf_checkpoint(copy, CFG, shardings)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(
       np.asarray(a), np.asarray(b)), split, loaded)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000,
+                                  '{"vocab_size": ' + "9" * 5000 + "}"])
+def test_a_hostile_json_is_one_error_naming_its_file(tmp_path, text):
+  """JSON nested past Python's recursion limit, or an integer of more than
+  4300 digits, escaped as a bare RecursionError / ValueError."""
+  path = tmp_path / "config.json"
+  path.write_text(text)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=f"{path} is no checkpoint JSON"):
+    weights_io.read_json(str(path))
+
+
+def test_an_oversized_json_is_refused_unread(tmp_path, monkeypatch):
+  path = tmp_path / "model.safetensors.index.json"
+  path.write_text(json.dumps({"weight_map": {"a": "b" * 100}}))
+  monkeypatch.setattr(weights_io, "MAX_JSON_BYTES", 64)
+  with pytest.raises(weights_io.CheckpointError, match="bytes, no checkpoint"):
+    weights_io.read_json(str(path))

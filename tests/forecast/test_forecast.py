@@ -89,8 +89,16 @@ def test_a_given_dcn_latency_replaces_the_fitted_one():
   assert slow["step_seconds"] - bare["step_seconds"] == pytest.approx(
       ring_steps * 1e-3, rel=1e-6)
   assert slow["dcn_step_seconds"] == 1e-3
-  assert "1000 us per cross-slice ring step (--dcn_step_us)" in (
-      plan.format_rows([slow], "v4-8", 0.5, "--efficiency"))
+  # What trm.aot --dcn_step_us=1000 runs: the same row, and the table says
+  # the figure was given, even where it equals the fitted constant.
+  for seconds in (1e-3, topology.DCN_STEP_SECONDS):
+    rows, _, _ = plan.forecast(tiny_gpt(), V4_8, [2], efficiency=0.5,
+                               report=lambda _: None,
+                               dcn_step_seconds=seconds)
+    text = plan.format_rows(rows, "v4-8", 0.5, "--efficiency")
+    assert (f"{seconds * 1e6:.0f} us per cross-slice ring step "
+            "(--dcn_step_us)") in text
+    assert rows[0]["dcn_step_seconds"] == seconds
 
 
 def test_rows_state_the_runs_cost(tiny_rows):

@@ -24,14 +24,27 @@ class CheckpointError(ValueError):
   """A checkpoint that does not match the model or the HF layout."""
 
 
+# A checkpoint's config or index JSON is kilobytes (a sharded 70B index is
+# about 100 KB); anything far larger is not one, and is refused unread.
+MAX_JSON_BYTES = 64 * 2**20
+
+
 def read_json(path: str):
   data_io.check_regular_file(path, "download the checkpoint again")
+  size = os.path.getsize(path)
+  if size > MAX_JSON_BYTES:
+    raise CheckpointError(f"{path} is {size:,} bytes, no checkpoint config "
+                          f"or index (at most {MAX_JSON_BYTES:,}); download "
+                          "it again.")
   try:
     with open(path) as f:
       return json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise CheckpointError(f"{path} is not valid JSON ({e}); download it "
                           "again.") from e
+  except (RecursionError, ValueError) as e:  # nesting, 4300+ digit ints
+    raise CheckpointError(f"{path} is no checkpoint JSON ({type(e).__name__}"
+                          f": {str(e)[:200]}); download it again.") from None
 
 
 def check_shard_names(weight_map: dict, directory: str, index: str) -> None:

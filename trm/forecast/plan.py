@@ -341,6 +341,8 @@ def forecast(config, topology: topology_lib.Topology, slice_counts,
     source = "default (fitted on MaxText 22B, 1x v4-128)"
   rows = with_scaling([forecast_row(c, topology, efficiency, dcn_overlap)
                        for c in compiled])
+  for row in rows:
+    row["dcn_step_source"] = DCN_STEP_SOURCES[dcn_step_seconds is not None]
   return with_run_cost(rows, int(config.total_steps)), efficiency, source
 
 
@@ -381,17 +383,21 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
   return "\n".join(lines)
 
 
+# Where a row's cross-slice latency came from: False the topology's
+# constant, True the caller's figure.
+DCN_STEP_SOURCES = {False: "fitted on MaxText's v5e runs",
+                    True: "--dcn_step_us"}
+
+
 def _dcn_step_note(rows: list[dict]) -> str:
   """The header's word on the cross-slice latency its multi-slice rows
   were charged ('' for one slice)."""
-  steps = {r.get("dcn_step_seconds") for r in rows
-           if r.get("slices", 1) > 1 and r.get("dcn_step_seconds") is not None}
-  if not steps:
-    return ""
-  step = steps.pop()
-  source = ("fitted on MaxText's v5e runs"
-            if step == topology_lib.DCN_STEP_SECONDS else "--dcn_step_us")
-  return f", {step * 1e6:.0f} us per cross-slice ring step ({source})"
+  charged = sorted({(r["dcn_step_seconds"], r.get("dcn_step_source", ""))
+                    for r in rows if r.get("slices", 1) > 1
+                    and r.get("dcn_step_seconds") is not None})
+  return "".join(
+      f", {step * 1e6:.0f} us per cross-slice ring step"
+      + (f" ({source})" if source else "") for step, source in charged)
 
 
 def unread_loop_warnings(rows: list[dict]) -> list[str]:

@@ -75,6 +75,8 @@ def search(config, topology: topology_lib.Topology, slices: int, shapes,
       compiled = plan.with_dcn_step(compiled, dcn_step_seconds)
     begin = time.time()
     row = plan.forecast_row(compiled, topology, efficiency, dcn_overlap)
+    row["dcn_step_source"] = plan.DCN_STEP_SOURCES[
+        dcn_step_seconds is not None]
     row["overrides"] = overrides(mesh)
     if not compiled.fits:
       tried["does_not_fit"] += 1

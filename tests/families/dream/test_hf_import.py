@@ -248,6 +248,20 @@ def test_export_keeps_the_source_checkpoints_bos_eos_and_positions(
                                       CFG) == {}
 
 
+@pytest.mark.parametrize("kind", ["directory", "broken link"])
+def test_a_source_config_that_is_no_file_is_refused(tmp_path, kind):
+  """A directory or a dangling link named config.json was read as 'missing'
+  (a FileNotFoundError) or skipped, leaving bos = eos = pad unannounced."""
+  path = tmp_path / "config.json"
+  if kind == "directory":
+    path.mkdir()
+  else:
+    os.symlink(tmp_path / "gone.json", path)
+  with pytest.raises(weights_io.CheckpointError,
+                     match="config.json is not a regular file"):
+    hf_config.fields_from_source(str(tmp_path), CFG)
+
+
 @pytest.mark.parametrize("field,value", [
     ("bos_token_id", 10**6), ("eos_token_id", -1), ("eos_token_id", []),
     ("eos_token_id", [2, "x"]), ("bos_token_id", True),

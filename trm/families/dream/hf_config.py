@@ -88,8 +88,13 @@ def fields_from_source(directory: str, cfg: DreamConfig) -> dict:
   config.json. A value that is not a token id below `cfg.vocab_size` (or a
   positive length) is refused, naming the file and field."""
   path = os.path.join(directory, CONFIG_FILE)
-  if not os.path.exists(path):
+  if not os.path.lexists(path):
     return {}
+  if not os.path.isfile(path):
+    raise weights_io.CheckpointError(
+        f"{path} is not a regular file (a directory, FIFO, device or broken "
+        "link); point --tokenizer at the checkpoint the run was fine-tuned "
+        "from.")
   hf = read_config_object(path)
   out = {}
   for field in SOURCE_FIELDS:
