@@ -90,11 +90,6 @@ def fields_from_source(directory: str, cfg: DreamConfig) -> dict:
   path = os.path.join(directory, CONFIG_FILE)
   if not os.path.lexists(path):
     return {}
-  if not os.path.isfile(path):
-    raise weights_io.CheckpointError(
-        f"{path} is not a regular file (a directory, FIFO, device or broken "
-        "link); point --tokenizer at the checkpoint the run was fine-tuned "
-        "from.")
   hf = read_config_object(path)
   out = {}
   for field in SOURCE_FIELDS:
@@ -181,6 +176,10 @@ _BF16_HOLDS = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 def read_config_object(path: str) -> dict:
   """A config object from `path` (weights_io's reader, plus the checks that
   the file exists and holds an object)."""
+  if os.path.lexists(path) and not os.path.isfile(path):
+    raise weights_io.CheckpointError(
+        f"{path} is not a regular file (a directory, FIFO, device or broken "
+        "link); name the checkpoint's config file.")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} is missing.")
   value = weights_io.read_json(path)
