@@ -2,11 +2,13 @@
 v4 devices, where the answer is known by hand."""
 import jax
 import jax.numpy as jnp
+import ml_collections
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from trm.core import config_lib
+from trm.core import data_parallel
 from trm.core import mesh as mesh_lib
 from trm.core.topology import parse_topology
 from trm.core.topology import topology_devices
@@ -121,3 +123,46 @@ def test_groups_map_to_the_torus_axes_of_their_mesh_axis():
     axes[name] = keys[0][2]
   assert len(axes["model"]) == 1 and len(axes["data"]) == 1
   assert axes["model"] != axes["data"]
+
+
+@pytest.mark.parametrize("once", [False, True])
+def test_a_weight_used_six_times_crosses_the_slices_once(once):
+  """TRM's shared network, in miniature: one bfloat16 weight applied six
+  times to the rows on 2 slices. Under GSPMD alone XLA:TPU reduces each
+  use's partial gradient across the slices (six DCN all-reduces, in
+  bfloat16); `data_parallel.sum_over_data` sums them on each chip and
+  crosses the slices once, in float32."""
+  mesh = _mesh(2, data=4, fsdp=1)
+  ctx = mesh_lib.ShardingContext(
+      mesh, mesh_lib.logical_rules(ml_collections.ConfigDict(
+          dict(logical_axis_rules=config_lib.default_logical_axis_rules()))))
+  w = jax.ShapeDtypeStruct((512, 512), jnp.float32,
+                           sharding=NamedSharding(mesh, P()))
+  x = jax.ShapeDtypeStruct((64, 512), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P("data")))
+
+  def loss(w, x):
+    h = x
+    for _ in range(6):
+      h = jnp.tanh(h @ w.astype(jnp.bfloat16))
+    return jnp.sum(h.astype(jnp.float32))
+
+  def body(w, x):
+    return jax.grad(loss)(w, x), ()
+
+  def step(w, x):
+    grad = (data_parallel.sum_over_data(body, w, x)[0] if once
+            else body(w, x)[0])
+    return w - 0.1 * grad
+
+  with ctx:
+    _, program = _program(step, (w, x), mesh, 2, w.sharding)
+  dcn = {k: n for k, n in program.totals().collectives.items()
+         if k[1] == "dcn"}
+  assert {k[0] for k in dcn} == {"dcn-all-reduce"}, dcn
+  if once:
+    assert sum(dcn.values()) == 1, dcn
+    ((_, _, _, _, payload, _),) = dcn
+    assert payload == 512 * 512 * 4 / 4   # float32, a quarter per chip
+  else:
+    assert sum(dcn.values()) == 6, dcn

@@ -318,8 +318,14 @@ def per_batch_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
                  for i, o in enumerate(outs))
 
   outs = jax.eval_shape(fn, *sharded, *replicated)
+  # Inside `trm.core.data_parallel.sum_over_data` every axis is manual
+  # already: fn runs on this device's rows, and outputs to reduce stay
+  # this device's share, which that step sums once.
+  free = set(mesh.axis_names) - set(getattr(mesh, "manual_axes", ()) or ())
+  if not free:
+    return fn(*sharded, *replicated)
   return jax.shard_map(
-      run, mesh=mesh,
+      run, mesh=mesh, axis_names=free,
       in_specs=(tuple(split(a.ndim) for a in sharded)
                 + (whole,) * len(replicated)),
       out_specs=tuple(whole if i in reduce_outputs else split(o.ndim)

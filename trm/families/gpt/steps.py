@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 from clu import metrics as clu_metrics
 
+from trm.core import data_parallel
 from trm.core import loss_scale as loss_scale_lib
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
@@ -169,17 +170,14 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   summed, as nanoGPT does. `cast_once` (GPUs): the weights' compute-dtype
   copies are made before the micro-batch loop, not in every micro-step.
   """
-  rows, length = batch["x"].shape
-  micro = rows // accum_steps
-
-  def split(a):
-    a = a.reshape(micro, accum_steps, length).swapaxes(0, 1)
+  def split(a):  # this device's (or the mesh's) rows into micro-batches
+    rows, length = a.shape
+    a = a.reshape(rows // accum_steps, accum_steps, length).swapaxes(0, 1)
     return mesh_lib.constrain(a, (None, mesh_lib.BATCH, None))
 
-  xs, ys = split(batch["x"]), split(batch["y"])
   step_rng = jax.random.fold_in(state.rng, state.step)
 
-  def loss_fn(params, table, x, y, rng):
+  def loss_fn(params, table, x, y, rng, loss_scale):
     hidden = model.apply({"params": params}, x, deterministic=False,
                          rngs={"dropout": rng}, method=gpt.GPT.hidden)
     if loss_kernel != "xla":
@@ -196,7 +194,7 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
                                    method=gpt.GPT.logits_from_hidden)
       loss = (chunked_cross_entropy(hidden, head, y, loss_chunk_size)
               if loss_chunk_size else cross_entropy(head(hidden), y))[0]
-    return loss_scale_lib.scale_loss(state.loss_scale, loss), loss
+    return loss_scale_lib.scale_loss(loss_scale, loss), loss
 
   grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
   # With cast_once, made once per iteration, not in every micro-step: the
@@ -211,25 +209,46 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
     params = matmul_weights_in(state.params, model.cfg.compute_dtype)
     table = model.apply({"params": state.params}, method=gpt.GPT.head_table)
 
-  def accumulate(carry, inputs):
-    loss_sum, grad_sum = carry
-    k, x, y = inputs
-    (_, loss), (grads, d_table) = grad_fn(params, table, x, y,
-                                          jax.random.fold_in(step_rng, k))
-    if table is not None:
-      wte = grads["wte"]["embedding"] + d_table.astype(jnp.float32)
-      grads = {**grads, "wte": {**grads["wte"], "embedding": wte}}
-    # Widened before the division, as the float32 parameters' gradients
-    # were (the same values).
-    grad_sum = jax.tree.map(
-        lambda a, g: a + g.astype(jnp.float32) / accum_steps, grad_sum, grads)
-    return (loss_sum + loss / accum_steps, grad_sum), None
+  def micro_steps(whole, rows):
+    params, table, loss_scale, rng = whole
+    xs, ys = (split(a) for a in rows)
+    rng = data_parallel.shard_key(rng)
 
-  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
-                       state.params)
-  (loss, grads), _ = jax.lax.scan(
-      accumulate, (jnp.zeros((), jnp.float32), zeros),
-      (jnp.arange(accum_steps), xs, ys))
+    def accumulate(carry, inputs):
+      loss_sum, grad_sum = carry
+      k, x, y = inputs
+      (_, loss), (grads, d_table) = grad_fn(
+          params, table, x, y, jax.random.fold_in(rng, k), loss_scale)
+      if table is not None:
+        wte = grads["wte"]["embedding"] + d_table.astype(jnp.float32)
+        grads = {**grads, "wte": {**grads["wte"], "embedding": wte}}
+      # Widened before the division, as the float32 parameters' gradients
+      # were (the same values).
+      grad_sum = jax.tree.map(
+          lambda a, g: a + g.astype(jnp.float32) / accum_steps, grad_sum,
+          grads)
+      return (loss_sum + loss / accum_steps, grad_sum), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    (loss, grads), _ = jax.lax.scan(
+        accumulate, (jnp.zeros((), jnp.float32), zeros),
+        (jnp.arange(accum_steps), xs, ys))
+    return (loss, grads), ()
+
+  whole = (params, table, state.loss_scale, step_rng)
+  rows = (batch["x"], batch["y"])
+  micro = batch["x"].shape[0] // accum_steps
+  if accum_steps > 1 and micro % data_parallel.shard_count() == 0:
+    # Each micro-step's gradients stay on their devices and are reduced
+    # over the data-parallel devices once per iteration, as DDP's no_sync
+    # does (`trm.core.data_parallel`); GSPMD alone reduced them in every
+    # micro-step. One micro-step keeps GSPMD's reduction, which overlaps
+    # the backward layer by layer; so does a micro-batch smaller than the
+    # devices (some hold no row of it).
+    (loss, grads), _ = data_parallel.sum_over_data(micro_steps, whole, rows,
+                                                   mean=True)
+  else:
+    (loss, grads), _ = micro_steps(whole, rows)
   # Unscaled (float16 runs) before the finite check, clipping and AdamW.
   grads = loss_scale_lib.unscale(state.loss_scale, grads)
   grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)

@@ -386,13 +386,23 @@ def reset_carry(model: TRM, variables, carry: Carry, batch) -> Carry:
                                        carry.puzzle_identifiers))
 
 
+def exploration_min_halt(cfg: TRMConfig, rng, rows: int) -> jax.Array:
+  """[rows] int32: the step before which exploration keeps each row going
+  (0 for the rows that do not explore)."""
+  explore_key, steps_key = jax.random.split(rng)
+  explore = jax.random.uniform(explore_key, (rows,)) < cfg.halt_exploration_prob
+  return explore * jax.random.randint(steps_key, (rows,), 2,
+                                      cfg.halt_max_steps + 1)
+
+
 def act_step(model: TRM, variables, carry: Carry, puzzle_vectors, *,
-             train: bool, rng=None):
+             train: bool, rng=None, min_halt=None):
   """One supervision step on a reset carry.
 
   Returns (new_carry, outputs) with outputs = {logits, q_halt_logits,
   q_continue_logits}. In training a row halts when it reached halt_max_steps
-  or q_halt > 0, unless exploration holds it until a random minimum step; in
+  or q_halt > 0, unless exploration holds it until a random minimum step
+  (`min_halt`, else drawn from `rng` by `exploration_min_halt`); in
   evaluation every row runs exactly halt_max_steps steps.
   """
   cfg = model.cfg
@@ -403,11 +413,8 @@ def act_step(model: TRM, variables, carry: Carry, puzzle_vectors, *,
   if train and cfg.halt_max_steps > 1:
     q = jax.lax.stop_gradient(q_halt)
     halted = halted | (q > 0)
-    explore_key, steps_key = jax.random.split(rng)
-    explore = jax.random.uniform(explore_key, steps.shape) < \
-        cfg.halt_exploration_prob
-    min_halt = explore * jax.random.randint(steps_key, steps.shape, 2,
-                                            cfg.halt_max_steps + 1)
+    if min_halt is None:
+      min_halt = exploration_min_halt(cfg, rng, steps.shape[0])
     halted = halted & (steps >= min_halt)
   new_carry = carry.replace(z_H=jax.lax.stop_gradient(z_H),
                             z_L=jax.lax.stop_gradient(z_L),

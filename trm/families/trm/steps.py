@@ -17,6 +17,7 @@ import optax
 
 from trm.families.trm import losses
 from trm.families.trm import optim
+from trm.core import data_parallel
 from trm.core import state as state_lib
 from trm.families.trm import model as trm_model
 from trm.families.trm.state import TrainState
@@ -44,16 +45,32 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
   carry = trm_model.reset_carry(model, state.variables(), state.carry, batch)
   vectors = _puzzle_vectors(model, state, carry.puzzle_identifiers)
   rng = jax.random.fold_in(state.rng, state.step)
+  # Drawn for the whole batch, so no row's draw depends on the mesh.
+  min_halt = trm_model.exploration_min_halt(
+      model.cfg, rng, carry.steps.shape[0])
 
-  def loss_fn(params, vectors):
+  def loss_fn(params, vectors, carry, min_halt, others):
     new_carry, outputs = trm_model.act_step(
-        model, state.variables(params), carry, vectors, train=True, rng=rng)
-    loss, metrics = losses.act_loss(outputs, new_carry, train=True)
-    return loss / global_batch_size, (new_carry, metrics)
+        model, {**others, "params": params}, carry, vectors, train=True,
+        min_halt=min_halt)
+    loss, _ = losses.act_loss(outputs, new_carry, train=True)
+    return loss / global_batch_size, (new_carry, outputs)
 
-  (loss, (new_carry, metrics)), (param_grads, vector_grads) = (
-      jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
-          state.params, vectors))
+  def local_step(whole, rows):
+    params, others = whole
+    (loss, (new_carry, outputs)), (param_grads, vector_grads) = (
+        jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+            params, *rows, others))
+    return (loss, param_grads), (new_carry, outputs, vector_grads)
+
+  # The shared network's gradients are summed on each device over all its
+  # uses and reduced over the data-parallel devices once
+  # (`trm.core.data_parallel`).
+  others = {k: v for k, v in state.variables().items() if k != "params"}
+  (loss, param_grads), (new_carry, outputs, vector_grads) = (
+      data_parallel.sum_over_data(local_step, (state.params, others),
+                                  (vectors, carry, min_halt)))
+  _, metrics = losses.act_loss(outputs, new_carry, train=True)
 
   ok = state_lib.all_finite(loss, param_grads, vector_grads)
   updates, opt_state = tx.update(param_grads, state.opt_state, state.params)

@@ -1,0 +1,194 @@
+"""Gradients reduced over the data-parallel devices once per step
+(`trm.core.data_parallel`), on the 8 CPU devices."""
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trm.core import config_lib
+from trm.core import data_parallel
+from trm.core import mesh as mesh_lib
+from trm.core import state as state_lib
+from trm.core import task as task_lib
+from trm.families.gpt import program as gpt_program
+from trm.families.gpt import steps as gpt_steps
+
+RULES = config_lib.default_logical_axis_rules()
+
+
+def _ctx(data, fsdp=1, model=1, dcn_data=1, rules=RULES):
+  mesh = mesh_lib.make_mesh(config_lib.mesh_config(
+      data=data, fsdp=fsdp, model=model, dcn_data=dcn_data))
+  return mesh_lib.ShardingContext(mesh, mesh_lib.logical_rules(
+      ml_collections.ConfigDict(dict(logical_axis_rules=rules))))
+
+
+@pytest.mark.parametrize("sizes, axes", [
+    (dict(data=8), ("data",)),
+    (dict(data=2, dcn_data=4), ("data",)),   # across and inside slices
+    (dict(data=2, fsdp=4), ("data",)),       # fsdp also splits weights
+    (dict(data=1, fsdp=8), ()),
+    (dict(data=1, fsdp=1, model=8), ()),
+])
+def test_data_parallel_axes_split_the_batch_and_no_weight(sizes, axes):
+  ctx = _ctx(**sizes)
+  assert data_parallel.data_parallel_axes(ctx.mesh, ctx.rules) == axes
+
+
+def test_an_axis_a_weight_rule_names_is_not_data_parallel():
+  rules = tuple(RULES) + (("extra_weight_axis", "data"),)
+  ctx = _ctx(data=8, rules=rules)
+  assert data_parallel.data_parallel_axes(ctx.mesh, ctx.rules) == ()
+
+
+def test_rules_without_drops_the_axes_everywhere():
+  rules = (("activation_batch", ("data", "fsdp")), ("embed", "fsdp"),
+           ("mlp", "model"), ("x", ("data",)), ("y", None))
+  assert data_parallel.rules_without(rules, {"data", "fsdp"}) == (
+      ("activation_batch", None), ("embed", None), ("mlp", "model"),
+      ("x", None), ("y", None))
+
+
+def _grad_step(ctx, uses):
+  """A weight applied `uses` times to the rows (as TRM's shared network
+  is), its gradient through `sum_over_data`; (jitted step, w, x)."""
+  w = jax.random.normal(jax.random.key(0), (16, 16)) / 4
+  x = jax.random.normal(jax.random.key(1), (32, 16))
+
+  def loss(w, x):
+    h = x
+    for _ in range(uses):
+      h = jnp.tanh(mesh_lib.constrain(h, (mesh_lib.BATCH, None)) @ w)
+    return jnp.sum(h ** 2), h
+
+  def body(whole, rows):
+    (value, h), grad = jax.value_and_grad(loss, has_aux=True)(whole, rows)
+    return (value, grad), h
+
+  shardings = (NamedSharding(ctx.mesh, P()),
+               NamedSharding(ctx.mesh, P("data")))
+  jitted = jax.jit(lambda w, x: data_parallel.sum_over_data(body, w, x),
+                   in_shardings=shardings)
+
+  def step(w, x, lower=False):
+    with ctx:  # traced under the mesh and rules, as the trainer's steps
+      return jitted.lower(w, x).compile() if lower else jitted(w, x)
+  return step, w, x
+
+
+def test_the_step_is_the_whole_batchs_and_reduces_once():
+  """Same loss, gradient and per-row output as on one device; the
+  compiled step holds one all-reduce (of the loss and the gradient,
+  combined), not one per use."""
+  ctx = _ctx(data=8)
+  step, w, x = _grad_step(ctx, uses=6)
+  (value, grad), h = step(w, x)
+  one = mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
+                         devices=jax.devices()[:1]), ctx.rules)
+  (value1, grad1), h1 = _grad_step(one, uses=6)[0](w, x)
+  np.testing.assert_allclose(value, value1, rtol=1e-5)
+  np.testing.assert_allclose(grad, grad1, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(h, h1, rtol=1e-5, atol=1e-6)
+  assert h.sharding.spec[0] == "data"
+  text = step(w, x, lower=True).as_text()
+  assert len(re.findall(r" all-reduce\(", text)) == 1
+
+
+def test_a_mesh_that_splits_weights_keeps_gspmd():
+  """fsdp x model x data: the body runs under GSPMD (XLA's partitioner
+  aborts on a step manual over data only), with the same result."""
+  ctx = _ctx(data=2, fsdp=2, model=2)
+  step, w, x = _grad_step(ctx, uses=3)
+  (value, grad), _ = step(w, x)
+  ref = jax.value_and_grad(
+      lambda w: jnp.sum(jnp.tanh(jnp.tanh(jnp.tanh(x @ w) @ w) @ w) ** 2))(w)
+  np.testing.assert_allclose(value, ref[0], rtol=1e-5)
+  np.testing.assert_allclose(grad, ref[1], rtol=1e-4, atol=1e-6)
+
+
+def test_shards_draw_their_own_keys():
+  """`shard_key` folds the shard's index in: rows on different devices
+  get different draws; outside the body the key is unchanged."""
+  ctx = _ctx(data=8)
+  key = jax.random.key(3)
+  assert data_parallel.shard_key(key) is key
+
+  def body(key, rows):
+    draw = jax.random.uniform(data_parallel.shard_key(key), rows.shape)
+    return (), draw
+
+  step = jax.jit(lambda key, rows: data_parallel.sum_over_data(
+      body, key, rows)[1])
+  with ctx:
+    draws = np.asarray(step(key, jnp.zeros((8, 4))))
+  assert len({tuple(row) for row in draws}) == 8
+
+
+def _gpt(ctx, accum, rows=32):
+  c = config_lib.load_config("configs/gpt.py", "shakespeare_char_cpu")
+  config_lib.set_values(c, dict(
+      n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0,
+      gradient_accumulation_steps=accum, batch_size=rows // accum,
+      grad_clip=0.0))
+  with c.unlocked():
+    c.model.vocab_size = 11
+    c.seed = 0
+  program = gpt_program.build(c, ctx, {"vocab_size": 11})
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  state = state_lib.init_state(program.init_fn, ctx, shardings)
+  step = task_lib.compile_train_step(program, ctx, rows, abstract, shardings)
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
+  x = np.random.default_rng(0).integers(0, 11, (rows, 8)).astype(np.int32)
+  batch = {k: jax.device_put(v, batch_shardings[k])
+           for k, v in (("x", x), ("y", (x + 1) % 11))}
+  return state, step, batch
+
+
+def _while_bodies_with(text, opcode):
+  """Names of while bodies in the HLO text that hold `opcode`."""
+  bodies = set(re.findall(r"body=%?([\w.\-]+)", text))
+  found, current = set(), None
+  for line in text.splitlines():
+    header = re.match(r"^%?([\w.\-]+) .*\{$", line)
+    if header:
+      current = header.group(1)
+    elif current in bodies and f" {opcode}(" in line:
+      found.add(current)
+  return found
+
+
+def test_gpt_accumulation_reduces_gradients_after_the_micro_steps():
+  """nanoGPT's micro-batches on a data-parallel mesh: no all-reduce in
+  the accumulation loop (GSPMD alone reduced every gradient in every
+  micro-step), and the iteration is the one-device iteration."""
+  ctx = _ctx(data=8)
+  state, step, batch = _gpt(ctx, accum=4)
+  text = step.as_text()
+  assert "while" in text and " all-reduce(" in text
+  assert not _while_bodies_with(text, "all-reduce")
+  new_state, metrics = step(state, batch)
+  one = mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
+                         devices=jax.devices()[:1]), ctx.rules)
+  state1, step1, batch1 = _gpt(one, accum=4)
+  new1, metrics1 = step1(state1, batch1)
+  assert float(metrics["loss"].compute()) == pytest.approx(
+      float(metrics1["loss"].compute()), rel=1e-5)
+  for a, b in zip(jax.tree.leaves(new_state.params),
+                  jax.tree.leaves(new1.params)):
+    np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+def test_gpt_micro_batches_smaller_than_the_mesh_keep_gspmd():
+  """A micro-batch of 4 rows on 8 devices cannot be split per device:
+  GSPMD's step, reducing in the loop, as before."""
+  state, step, batch = _gpt(_ctx(data=8), accum=4, rows=16)
+  assert _while_bodies_with(step.as_text(), "all-reduce")
+  _, metrics = step(state, batch)
+  assert np.isfinite(float(metrics["loss"].compute()))
