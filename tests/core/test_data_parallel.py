@@ -130,10 +130,10 @@ def test_shards_draw_their_own_keys():
   assert len({tuple(row) for row in draws}) == 8
 
 
-def _gpt(ctx, accum, rows=32):
+def _gpt(ctx, accum, rows=32, dropout=0.0):
   c = config_lib.load_config("configs/gpt.py", "shakespeare_char_cpu")
   config_lib.set_values(c, dict(
-      n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0,
+      n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=dropout,
       gradient_accumulation_steps=accum, batch_size=rows // accum,
       grad_clip=0.0))
   with c.unlocked():
@@ -192,3 +192,19 @@ def test_gpt_micro_batches_smaller_than_the_mesh_keep_gspmd():
   assert _while_bodies_with(step.as_text(), "all-reduce")
   _, metrics = step(state, batch)
   assert np.isfinite(float(metrics["loss"].compute()))
+
+
+def test_gpt_dropout_draws_do_not_depend_on_the_mesh():
+  """With dropout the micro-batch loop stays GSPMD's: its masks are the
+  one-device step's, so the iteration is the same on 8 devices as on one
+  (per-device draws made it depend on the mesh)."""
+  ctx = _ctx(data=8)
+  state, step, batch = _gpt(ctx, accum=4, dropout=0.2)
+  _, metrics = step(state, batch)
+  one = mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
+                         devices=jax.devices()[:1]), ctx.rules)
+  state1, step1, batch1 = _gpt(one, accum=4, dropout=0.2)
+  _, metrics1 = step1(state1, batch1)
+  assert float(metrics["loss"].compute()) == pytest.approx(
+      float(metrics1["loss"].compute()), rel=1e-5)
