@@ -46,6 +46,14 @@ def test_an_axis_a_weight_rule_names_is_not_data_parallel():
   assert data_parallel.data_parallel_axes(ctx.mesh, ctx.rules) == ()
 
 
+def test_the_first_batch_rule_wins_even_when_it_is_none():
+  """As flax reads the rules: a first 'activation_batch' rule of None
+  leaves the batch whole, so no axis is data-parallel."""
+  rules = (("activation_batch", None),) + tuple(RULES)
+  ctx = _ctx(data=8, rules=rules)
+  assert data_parallel.data_parallel_axes(ctx.mesh, ctx.rules) == ()
+
+
 def test_rules_without_drops_the_axes_everywhere():
   rules = (("activation_batch", ("data", "fsdp")), ("embed", "fsdp"),
            ("mlp", "model"), ("x", ("data",)), ("y", None))

@@ -38,15 +38,16 @@ def data_parallel_axes(mesh, rules) -> tuple[str, ...]:
   on each device, so its gradient can wait to be summed."""
   if mesh is None or mesh.empty:
     return ()
-  batch, other = (), set()
+  batch, other = None, set()
   for name, axes in rules:
     flat = (axes,) if isinstance(axes, str) else tuple(axes or ())
     if name == mesh_lib.BATCH:
-      batch = batch or flat  # first match wins, as for the rules
+      if batch is None:  # first match wins, as for the rules (None too)
+        batch = flat
     else:
       other.update(flat)
   manual = set(getattr(mesh, "manual_axes", ()) or ())
-  return tuple(a for a in batch
+  return tuple(a for a in batch or ()
                if a not in other and a not in manual and mesh.shape[a] > 1)
 
 
