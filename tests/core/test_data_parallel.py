@@ -138,7 +138,7 @@ def test_shards_draw_their_own_keys():
   assert len({tuple(row) for row in draws}) == 8
 
 
-def _gpt(ctx, accum, rows=32, dropout=0.0):
+def _gpt(ctx, accum, rows=32, dropout=0.0, ignored=0):
   c = config_lib.load_config("configs/gpt.py", "shakespeare_char_cpu")
   config_lib.set_values(c, dict(
       n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=dropout,
@@ -153,8 +153,10 @@ def _gpt(ctx, accum, rows=32, dropout=0.0):
   step = task_lib.compile_train_step(program, ctx, rows, abstract, shardings)
   batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
   x = np.random.default_rng(0).integers(0, 11, (rows, 8)).astype(np.int32)
+  y = (x + 1) % 11
+  y[:ignored, 2:] = -1  # targets F.cross_entropy ignores, on some rows
   batch = {k: jax.device_put(v, batch_shardings[k])
-           for k, v in (("x", x), ("y", (x + 1) % 11))}
+           for k, v in (("x", x), ("y", y))}
   return state, step, batch
 
 
@@ -216,3 +218,22 @@ def test_gpt_dropout_draws_do_not_depend_on_the_mesh():
   _, metrics1 = step1(state1, batch1)
   assert float(metrics["loss"].compute()) == pytest.approx(
       float(metrics1["loss"].compute()), rel=1e-5)
+
+
+def test_gpt_ignored_targets_on_some_devices_keep_the_one_device_mean():
+  """Targets of -1 on the first device's rows only: each micro-batch's
+  loss is still the mean over all its scored targets (each device's mean
+  weighed by its count), not the mean of the devices' means."""
+  ctx = _ctx(data=8)
+  state, step, batch = _gpt(ctx, accum=4, ignored=4)
+  new_state, metrics = step(state, batch)
+  one = mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
+                         devices=jax.devices()[:1]), ctx.rules)
+  state1, step1, batch1 = _gpt(one, accum=4, ignored=4)
+  new1, metrics1 = step1(state1, batch1)
+  assert float(metrics["loss"].compute()) == pytest.approx(
+      float(metrics1["loss"].compute()), rel=1e-5)
+  for a, b in zip(jax.tree.leaves(new_state.params),
+                  jax.tree.leaves(new1.params)):
+    np.testing.assert_allclose(a, b, atol=2e-6)

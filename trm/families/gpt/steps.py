@@ -177,14 +177,15 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
 
   step_rng = jax.random.fold_in(state.rng, state.step)
 
-  def loss_fn(params, table, x, y, rng, loss_scale):
+  def loss_fn(params, table, x, y, rng, loss_scale, scored):
     hidden = model.apply({"params": params}, x, deterministic=False,
                          rngs={"dropout": rng}, method=gpt.GPT.hidden)
     if loss_kernel != "xla":
       if table is None:
         table = model.apply({"params": params}, method=gpt.GPT.head_table)
-      loss = fused_cross_entropy(hidden, table, y, model.cfg.logits_dtype,
-                                 loss_kernel == "triton_interpret")[0]
+      loss, count = fused_cross_entropy(hidden, table, y,
+                                        model.cfg.logits_dtype,
+                                        loss_kernel == "triton_interpret")
     else:
       # Without cast_once the head makes its table where it is used: made
       # here, before the layers, XLA kept it live through the forward and
@@ -192,8 +193,13 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
       # 30.56 made at use).
       head = lambda h: model.apply({"params": params}, h, table,  # noqa: E731
                                    method=gpt.GPT.logits_from_hidden)
-      loss = (chunked_cross_entropy(hidden, head, y, loss_chunk_size)
-              if loss_chunk_size else cross_entropy(head(hidden), y))[0]
+      loss, count = (chunked_cross_entropy(hidden, head, y, loss_chunk_size)
+                     if loss_chunk_size else cross_entropy(head(hidden), y))
+    # This device's share of the micro-batch's mean over all its scored
+    # targets (`scored`: the whole micro-batch's count; 1 when these rows
+    # are the whole micro-batch), so shards with fewer scored targets
+    # (-1s) weigh less, as in the one-device mean.
+    loss = loss * (jnp.maximum(count, 1) / jnp.maximum(scored, 1))
     return loss_scale_lib.scale_loss(loss_scale, loss), loss
 
   grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
@@ -210,15 +216,15 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
     table = model.apply({"params": state.params}, method=gpt.GPT.head_table)
 
   def micro_steps(whole, rows):
-    params, table, loss_scale, rng = whole
+    params, table, loss_scale, rng, scored = whole
     xs, ys = (split(a) for a in rows)
     rng = data_parallel.shard_key(rng)
 
     def accumulate(carry, inputs):
       loss_sum, grad_sum = carry
-      k, x, y = inputs
+      k, x, y, n = inputs
       (_, loss), (grads, d_table) = grad_fn(
-          params, table, x, y, jax.random.fold_in(rng, k), loss_scale)
+          params, table, x, y, jax.random.fold_in(rng, k), loss_scale, n)
       if table is not None:
         wte = grads["wte"]["embedding"] + d_table.astype(jnp.float32)
         grads = {**grads, "wte": {**grads["wte"], "embedding": wte}}
@@ -232,11 +238,12 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     (loss, grads), _ = jax.lax.scan(
         accumulate, (jnp.zeros((), jnp.float32), zeros),
-        (jnp.arange(accum_steps), xs, ys))
+        (jnp.arange(accum_steps), xs, ys, scored))
     return (loss, grads), ()
 
-  whole = (params, table, state.loss_scale, step_rng)
   rows = (batch["x"], batch["y"])
+  scored = (split(batch["y"]) >= 0).sum((1, 2))  # per micro-batch, all rows
+  whole = (params, table, state.loss_scale, step_rng, scored)
   micro = batch["x"].shape[0] // accum_steps
   if (accum_steps > 1 and not model.cfg.dropout
       and micro % data_parallel.shard_count() == 0):
@@ -248,8 +255,7 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
     # devices (some hold no row of it), and so does dropout: its masks,
     # drawn per device, would depend on the mesh (GSPMD's draws are the
     # one-device step's).
-    (loss, grads), _ = data_parallel.sum_over_data(micro_steps, whole, rows,
-                                                   mean=True)
+    (loss, grads), _ = data_parallel.sum_over_data(micro_steps, whole, rows)
   else:
     (loss, grads), _ = micro_steps(whole, rows)
   # Unscaled (float16 runs) before the finite check, clipping and AdamW.
