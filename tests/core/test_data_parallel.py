@@ -120,24 +120,6 @@ def test_a_mesh_that_splits_weights_keeps_gspmd():
   np.testing.assert_allclose(grad, ref[1], rtol=1e-4, atol=1e-6)
 
 
-def test_shards_draw_their_own_keys():
-  """`shard_key` folds the shard's index in: rows on different devices
-  get different draws; outside the body the key is unchanged."""
-  ctx = _ctx(data=8)
-  key = jax.random.key(3)
-  assert data_parallel.shard_key(key) is key
-
-  def body(key, rows):
-    draw = jax.random.uniform(data_parallel.shard_key(key), rows.shape)
-    return (), draw
-
-  step = jax.jit(lambda key, rows: data_parallel.sum_over_data(
-      body, key, rows)[1])
-  with ctx:
-    draws = np.asarray(step(key, jnp.zeros((8, 4))))
-  assert len({tuple(row) for row in draws}) == 8
-
-
 def _gpt(ctx, accum, rows=32, dropout=0.0, ignored=0):
   c = config_lib.load_config("configs/gpt.py", "shakespeare_char_cpu")
   config_lib.set_values(c, dict(

@@ -62,27 +62,6 @@ def rules_without(rules, axes) -> tuple:
   return tuple(out)
 
 
-_SHARD_AXES: list[tuple[str, ...]] = []  # the manual axes, while tracing
-
-
-def shard_index():
-  """Inside `sum_over_data`'s body: this device's index among the
-  data-parallel shards (fold it into a random key, or every shard draws
-  the same dropout masks for its rows); 0 elsewhere."""
-  if not _SHARD_AXES or not _SHARD_AXES[-1]:
-    return 0
-  return jax.lax.axis_index(_SHARD_AXES[-1])
-
-
-def shard_key(key):
-  """`key` with this data-parallel shard's index folded in (inside
-  `sum_over_data`'s body), so shards draw different dropout masks for
-  their rows; `key` itself elsewhere."""
-  if not _SHARD_AXES or not _SHARD_AXES[-1]:
-    return key
-  return jax.random.fold_in(key, shard_index())
-
-
 def _plan():
   """(mesh, rules, data-parallel axes or () to run under GSPMD, the axes a
   shard_map makes manual), from the context being traced under."""
@@ -104,44 +83,30 @@ def shard_count() -> int:
   return math.prod(mesh.shape[a] for a in axes) if axes else 1
 
 
-def sum_over_data(body: Callable, whole: Any, rows: Any, *,
-                  mean: bool = False):
+def sum_over_data(body: Callable, whole: Any, rows: Any):
   """(summed, rows_out) = body(whole, rows), the step's data-parallel part.
 
   `whole`: what every device holds whole over the batch's devices (the
   parameters, random keys, scalars). `rows`: arrays whose leading axis is
   the batch (split as 'activation_batch'). `body` returns `(summed,
-  rows_out)`: `summed` (gradients, the loss) is summed over the
-  data-parallel devices once (averaged with `mean`, for a body whose loss
-  is a mean over its rows), and every leaf of `rows_out` has the batch as
-  its leading axis. Run inside the step's trace, under the sharding
-  context.
+  rows_out)`: `summed` (gradients, the loss: each this device's share of
+  the whole batch's) is summed over the data-parallel devices once, and
+  every leaf of `rows_out` has the batch as its leading axis. Run inside
+  the step's trace, under the sharding context.
   """
   mesh, rules, axes, free = _plan()
   if not axes:
     return body(whole, rows)
   split = PartitionSpec(axes)
   local_rules = rules_without(rules, free)
-  shards = math.prod(mesh.shape[a] for a in axes)
 
   def local(whole, rows):
-    _SHARD_AXES.append(axes)
-    try:
-      with nn.logical_axis_rules(local_rules):
-        summed, rows_out = body(whole, rows)
-    finally:
-      _SHARD_AXES.pop()
-    summed = jax.lax.psum(summed, axes)
-    if mean:
-      summed = jax.tree.map(lambda x: x / shards, summed)
-    return summed, rows_out
-
-  _SHARD_AXES.append(())  # shapes only: no axis to index yet
-  try:
     with nn.logical_axis_rules(local_rules):
-      summed_shape, rows_shape = jax.eval_shape(body, whole, rows)
-  finally:
-    _SHARD_AXES.pop()
+      summed, rows_out = body(whole, rows)
+    return jax.lax.psum(summed, axes), rows_out
+
+  with nn.logical_axis_rules(local_rules):
+    summed_shape, rows_shape = jax.eval_shape(body, whole, rows)
   specs = lambda tree, spec: jax.tree.map(lambda _: spec, tree)  # noqa: E731
   return jax.shard_map(
       local, mesh=mesh,

@@ -218,7 +218,6 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   def micro_steps(whole, rows):
     params, table, loss_scale, rng, scored = whole
     xs, ys = (split(a) for a in rows)
-    rng = data_parallel.shard_key(rng)
 
     def accumulate(carry, inputs):
       loss_sum, grad_sum = carry
