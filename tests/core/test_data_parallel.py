@@ -28,6 +28,12 @@ def _ctx(data, fsdp=1, model=1, dcn_data=1, rules=RULES):
       ml_collections.ConfigDict(dict(logical_axis_rules=rules))))
 
 
+def _one_device(rules=RULES):
+  return mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
+                         devices=jax.devices()[:1]), rules)
+
+
 @pytest.mark.parametrize("sizes, axes", [
     (dict(data=8), ("data",)),
     (dict(data=2, dcn_data=4), ("data",)),   # across and inside slices
@@ -96,10 +102,7 @@ def test_the_step_is_the_whole_batchs_and_reduces_once():
   ctx = _ctx(data=8)
   step, w, x = _grad_step(ctx, uses=6)
   (value, grad), h = step(w, x)
-  one = mesh_lib.ShardingContext(
-      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
-                         devices=jax.devices()[:1]), ctx.rules)
-  (value1, grad1), h1 = _grad_step(one, uses=6)[0](w, x)
+  (value1, grad1), h1 = _grad_step(_one_device(), uses=6)[0](w, x)
   np.testing.assert_allclose(value, value1, rtol=1e-5)
   np.testing.assert_allclose(grad, grad1, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(h, h1, rtol=1e-5, atol=1e-6)
@@ -155,26 +158,34 @@ def _while_bodies_with(text, opcode):
   return found
 
 
+def _gpt_on_eight_and_one(**options):
+  """One iteration of the same GPT on 8 data-parallel devices and on one:
+  (the 8-device step, its new state and metrics, the one device's)."""
+  state, step, batch = _gpt(_ctx(data=8), accum=4, **options)
+  new_state, metrics = step(state, batch)
+  state1, step1, batch1 = _gpt(_one_device(), accum=4, **options)
+  return step, (new_state, metrics), step1(state1, batch1)
+
+
+def _assert_same_iteration(got, want, params=True):
+  (new_state, metrics), (new1, metrics1) = got, want
+  assert float(metrics["loss"].compute()) == pytest.approx(
+      float(metrics1["loss"].compute()), rel=1e-5)
+  if params:
+    for a, b in zip(jax.tree.leaves(new_state.params),
+                    jax.tree.leaves(new1.params)):
+      np.testing.assert_allclose(a, b, atol=2e-6)
+
+
 def test_gpt_accumulation_reduces_gradients_after_the_micro_steps():
   """nanoGPT's micro-batches on a data-parallel mesh: no all-reduce in
   the accumulation loop (GSPMD alone reduced every gradient in every
   micro-step), and the iteration is the one-device iteration."""
-  ctx = _ctx(data=8)
-  state, step, batch = _gpt(ctx, accum=4)
+  step, got, want = _gpt_on_eight_and_one()
   text = step.as_text()
   assert "while" in text and " all-reduce(" in text
   assert not _while_bodies_with(text, "all-reduce")
-  new_state, metrics = step(state, batch)
-  one = mesh_lib.ShardingContext(
-      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
-                         devices=jax.devices()[:1]), ctx.rules)
-  state1, step1, batch1 = _gpt(one, accum=4)
-  new1, metrics1 = step1(state1, batch1)
-  assert float(metrics["loss"].compute()) == pytest.approx(
-      float(metrics1["loss"].compute()), rel=1e-5)
-  for a, b in zip(jax.tree.leaves(new_state.params),
-                  jax.tree.leaves(new1.params)):
-    np.testing.assert_allclose(a, b, atol=2e-6)
+  _assert_same_iteration(got, want)
 
 
 def test_gpt_micro_batches_smaller_than_the_mesh_keep_gspmd():
@@ -190,32 +201,13 @@ def test_gpt_dropout_draws_do_not_depend_on_the_mesh():
   """With dropout the micro-batch loop stays GSPMD's: its masks are the
   one-device step's, so the iteration is the same on 8 devices as on one
   (per-device draws made it depend on the mesh)."""
-  ctx = _ctx(data=8)
-  state, step, batch = _gpt(ctx, accum=4, dropout=0.2)
-  _, metrics = step(state, batch)
-  one = mesh_lib.ShardingContext(
-      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
-                         devices=jax.devices()[:1]), ctx.rules)
-  state1, step1, batch1 = _gpt(one, accum=4, dropout=0.2)
-  _, metrics1 = step1(state1, batch1)
-  assert float(metrics["loss"].compute()) == pytest.approx(
-      float(metrics1["loss"].compute()), rel=1e-5)
+  _, got, want = _gpt_on_eight_and_one(dropout=0.2)
+  _assert_same_iteration(got, want, params=False)
 
 
 def test_gpt_ignored_targets_on_some_devices_keep_the_one_device_mean():
   """Targets of -1 on the first device's rows only: each micro-batch's
   loss is still the mean over all its scored targets (each device's mean
   weighed by its count), not the mean of the devices' means."""
-  ctx = _ctx(data=8)
-  state, step, batch = _gpt(ctx, accum=4, ignored=4)
-  new_state, metrics = step(state, batch)
-  one = mesh_lib.ShardingContext(
-      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
-                         devices=jax.devices()[:1]), ctx.rules)
-  state1, step1, batch1 = _gpt(one, accum=4, ignored=4)
-  new1, metrics1 = step1(state1, batch1)
-  assert float(metrics["loss"].compute()) == pytest.approx(
-      float(metrics1["loss"].compute()), rel=1e-5)
-  for a, b in zip(jax.tree.leaves(new_state.params),
-                  jax.tree.leaves(new1.params)):
-    np.testing.assert_allclose(a, b, atol=2e-6)
+  _, got, want = _gpt_on_eight_and_one(ignored=4)
+  _assert_same_iteration(got, want)

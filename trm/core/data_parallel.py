@@ -40,23 +40,21 @@ def data_parallel_axes(mesh, rules) -> tuple[str, ...]:
     return ()
   batch, other = None, set()
   for name, axes in rules:
-    flat = (axes,) if isinstance(axes, str) else tuple(axes or ())
     if name == mesh_lib.BATCH:
       if batch is None:  # first match wins, as for the rules (None too)
-        batch = flat
+        batch = mesh_lib.axes_of(axes)
     else:
-      other.update(flat)
-  manual = set(getattr(mesh, "manual_axes", ()) or ())
+      other.update(mesh_lib.axes_of(axes))
+  free = mesh_lib.free_axes(mesh)
   return tuple(a for a in batch or ()
-               if a not in other and a not in manual and mesh.shape[a] > 1)
+               if a not in other and a in free and mesh.shape[a] > 1)
 
 
 def rules_without(rules, axes) -> tuple:
   """The rules with `axes` dropped from every entry."""
   out = []
   for name, value in rules:
-    flat = (value,) if isinstance(value, str) else tuple(value or ())
-    kept = tuple(a for a in flat if a not in axes)
+    kept = tuple(a for a in mesh_lib.axes_of(value) if a not in axes)
     out.append((name, None if not kept else kept[0] if len(kept) == 1
                 else kept))
   return tuple(out)
@@ -70,7 +68,7 @@ def _plan():
   axes = data_parallel_axes(mesh, rules)
   if not axes:
     return mesh, rules, (), set()
-  free = set(mesh.axis_names) - set(getattr(mesh, "manual_axes", ()) or ())
+  free = mesh_lib.free_axes(mesh)
   if any(mesh.shape[a] > 1 for a in free - set(axes)):
     return mesh, rules, (), set()
   return mesh, rules, axes, free
@@ -105,12 +103,9 @@ def sum_over_data(body: Callable, whole: Any, rows: Any):
       summed, rows_out = body(whole, rows)
     return jax.lax.psum(summed, axes), rows_out
 
-  with nn.logical_axis_rules(local_rules):
-    summed_shape, rows_shape = jax.eval_shape(body, whole, rows)
-  specs = lambda tree, spec: jax.tree.map(lambda _: spec, tree)  # noqa: E731
+  # Each spec is a prefix of its whole tree: every leaf of `whole` and
+  # `summed` whole, every leaf of `rows` and `rows_out` split.
   return jax.shard_map(
-      local, mesh=mesh,
-      in_specs=(specs(whole, PartitionSpec()), specs(rows, split)),
-      out_specs=(specs(summed_shape, PartitionSpec()),
-                 specs(rows_shape, split)),
+      local, mesh=mesh, in_specs=(PartitionSpec(), split),
+      out_specs=(PartitionSpec(), split),
       axis_names=free, check_vma=False)(whole, rows)

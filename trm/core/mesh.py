@@ -140,6 +140,18 @@ def make_mesh(mesh_config, devices: Sequence[Any] | None = None) -> Mesh:
   return Mesh(array, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
+def axes_of(value) -> tuple[str, ...]:
+  """The mesh axes of a rule's or a spec entry's value (an axis name, a
+  tuple of them, or None) as a tuple."""
+  return (value,) if isinstance(value, str) else tuple(value or ())
+
+
+def free_axes(mesh) -> set[str]:
+  """The mesh's axes that are not manual already (outside any
+  `shard_map`: all of them)."""
+  return set(mesh.axis_names) - set(getattr(mesh, "manual_axes", ()) or ())
+
+
 def logical_rules(config) -> tuple[tuple[str, Any], ...]:
   """The ordered (logical name, mesh axes) rules as hashable tuples."""
   rules = []
@@ -149,7 +161,7 @@ def logical_rules(config) -> tuple[tuple[str, Any], ...]:
           f"config.logical_axis_rules[{i}]={rule!r} must be a pair "
           "(logical_name, mesh_axis | tuple of mesh axes | None).")
     name, axes = rule
-    flat = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    flat = axes_of(axes)
     if len(set(flat)) != len(flat):
       # JAX refuses such a spec only once a sharding is made from it.
       raise MeshConfigError(
@@ -167,8 +179,7 @@ def logical_rules(config) -> tuple[tuple[str, Any], ...]:
 
 def batch_parallelism(mesh: Mesh, rules) -> int:
   """How many ways the batch axis is split across devices."""
-  spec = nn.logical_to_mesh_axes((BATCH,), rules)[0]
-  axes = (spec,) if isinstance(spec, str) else tuple(spec or ())
+  axes = axes_of(nn.logical_to_mesh_axes((BATCH,), rules)[0])
   return math.prod(mesh.shape[a] for a in axes)
 
 
@@ -196,7 +207,7 @@ def _fit_spec(spec: PartitionSpec, shape, mesh: Mesh) -> PartitionSpec:
   """Drops mesh axes from dimensions they do not divide (those replicate)."""
   fitted = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    flat = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    flat = axes_of(axes)
     kept = []
     for axis in flat:
       if dim % (math.prod(mesh.shape[a] for a in kept) * mesh.shape[axis]) == 0:
@@ -302,9 +313,14 @@ def per_batch_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return fn(*sharded, *replicated)
+  # Inside `trm.core.data_parallel.sum_over_data` every axis is manual
+  # already: fn runs on this device's rows, and outputs to reduce stay
+  # this device's share, which that step sums once.
+  free = free_axes(mesh)
+  if not free:
+    return fn(*sharded, *replicated)
   batch = nn.logical_to_mesh_axes((BATCH,))[0]
-  axes = () if batch is None else (
-      batch if isinstance(batch, tuple) else (batch,))
+  axes = axes_of(batch)
 
   def split(ndim):
     return jax.sharding.PartitionSpec(
@@ -318,12 +334,6 @@ def per_batch_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
                  for i, o in enumerate(outs))
 
   outs = jax.eval_shape(fn, *sharded, *replicated)
-  # Inside `trm.core.data_parallel.sum_over_data` every axis is manual
-  # already: fn runs on this device's rows, and outputs to reduce stay
-  # this device's share, which that step sums once.
-  free = set(mesh.axis_names) - set(getattr(mesh, "manual_axes", ()) or ())
-  if not free:
-    return fn(*sharded, *replicated)
   return jax.shard_map(
       run, mesh=mesh, axis_names=free,
       in_specs=(tuple(split(a.ndim) for a in sharded)
