@@ -2,6 +2,11 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Both xdist workers may load libtpu for compile-only devices; without this
+# (trm.aot sets it too, but a test file need not import it first) the
+# second one fails on libtpu's lockfile.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
