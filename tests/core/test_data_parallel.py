@@ -15,6 +15,7 @@ from trm.core import data_parallel
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
 from trm.core import task as task_lib
+from trm.forecast import hlo
 from trm.families.gpt import program as gpt_program
 from trm.families.gpt import steps as gpt_steps
 
@@ -111,16 +112,58 @@ def test_the_step_is_the_whole_batchs_and_reduces_once():
   assert len(re.findall(r" all-reduce\(", text)) == 1
 
 
-def test_a_mesh_that_splits_weights_keeps_gspmd():
+def _across_data(text, data):
+  """Collectives of a compiled 8-device program (devices ordered data
+  major) whose groups span several data-parallel indices, as
+  {(in a loop body, opcode): count}."""
+  module = hlo.parse_module(text)
+  per_index = module.num_partitions // data
+  in_loops = set()
+
+  def walk(name, in_loop):
+    for instruction in module.computations[name].instructions:
+      body = (instruction.attr("body") or "").lstrip("%")
+      for called in instruction.called():
+        if called in module.computations:
+          inside = in_loop or (instruction.opcode == "while"
+                               and called == body)
+          if inside:
+            in_loops.add(called)
+          walk(called, inside)
+
+  walk(module.entry, False)
+  found = {}
+  for name, computation in module.computations.items():
+    for instruction in computation.instructions:
+      if not re.fullmatch(r"(all-reduce|reduce-scatter|all-gather|"
+                          r"all-to-all|collective-permute)(-start)?",
+                          instruction.opcode):
+        continue
+      groups = (hlo.source_target_pairs(instruction)
+                if "permute" in instruction.opcode else
+                hlo.replica_groups(instruction, module.num_partitions))
+      if any(len({d // per_index for d in g}) > 1 for g in groups):
+        key = (name in in_loops, instruction.opcode)
+        found[key] = found.get(key, 0) + 1
+  return found
+
+
+def test_a_mesh_that_splits_weights_sums_each_groups_uses_once():
   """fsdp x model x data: the body runs under GSPMD (XLA's partitioner
-  aborts on a step manual over data only), with the same result."""
+  aborts on a step manual over data only), mapped over the data-parallel
+  groups of rows; the same result as one device, and the uses' partial
+  gradients cross the data axis in one all-reduce."""
   ctx = _ctx(data=2, fsdp=2, model=2)
   step, w, x = _grad_step(ctx, uses=3)
-  (value, grad), _ = step(w, x)
+  (value, grad), h = step(w, x)
   ref = jax.value_and_grad(
       lambda w: jnp.sum(jnp.tanh(jnp.tanh(jnp.tanh(x @ w) @ w) @ w) ** 2))(w)
   np.testing.assert_allclose(value, ref[0], rtol=1e-5)
   np.testing.assert_allclose(grad, ref[1], rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(h, _grad_step(_one_device(), uses=3)[0](w, x)[1],
+                             rtol=1e-5, atol=1e-6)
+  assert _across_data(step(w, x, lower=True).as_text(), 2) == {
+      (False, "all-reduce"): 1}
 
 
 def _gpt(ctx, accum, rows=32, dropout=0.0, ignored=0):
@@ -158,10 +201,12 @@ def _while_bodies_with(text, opcode):
   return found
 
 
-def _gpt_on_eight_and_one(**options):
-  """One iteration of the same GPT on 8 data-parallel devices and on one:
-  (the 8-device step, its new state and metrics, the one device's)."""
-  state, step, batch = _gpt(_ctx(data=8), accum=4, **options)
+def _gpt_on_eight_and_one(mesh=None, **options):
+  """One iteration of the same GPT on 8 devices (data-parallel, or the
+  `mesh` sizes) and on one: (the 8-device step, its new state and
+  metrics, the one device's)."""
+  state, step, batch = _gpt(_ctx(**(mesh or dict(data=8))), accum=4,
+                            **options)
   new_state, metrics = step(state, batch)
   state1, step1, batch1 = _gpt(_one_device(), accum=4, **options)
   return step, (new_state, metrics), step1(state1, batch1)
@@ -210,4 +255,20 @@ def test_gpt_ignored_targets_on_some_devices_keep_the_one_device_mean():
   loss is still the mean over all its scored targets (each device's mean
   weighed by its count), not the mean of the devices' means."""
   _, got, want = _gpt_on_eight_and_one(ignored=4)
+  _assert_same_iteration(got, want)
+
+
+@pytest.mark.parametrize("mesh", [dict(data=2, fsdp=4),
+                                  dict(data=2, fsdp=2, model=2)],
+                         ids=["data-fsdp", "data-fsdp-model"])
+def test_gpt_accumulation_on_a_weight_splitting_mesh_crosses_data_once(
+    mesh):
+  """With fsdp (and model) also > 1 the micro-batch loop stays GSPMD's,
+  mapped over the data-parallel groups: no collective in the loop spans
+  the data axis (GSPMD alone all-reduced gradients over it in every
+  micro-step), and the iteration is the one-device iteration."""
+  step, got, want = _gpt_on_eight_and_one(mesh)
+  across = _across_data(step.as_text(), mesh["data"])
+  assert not [k for k in across if k[0]]
+  assert across.get((False, "all-reduce"))
   _assert_same_iteration(got, want)

@@ -126,20 +126,23 @@ def test_groups_map_to_the_torus_axes_of_their_mesh_axis():
 
 
 @pytest.mark.parametrize("once", [False, True])
-def test_a_weight_used_six_times_crosses_the_slices_once(once):
+@pytest.mark.parametrize("fsdp", [1, 4], ids=["data", "fsdp"])
+def test_a_weight_used_six_times_crosses_the_slices_once(once, fsdp):
   """TRM's shared network, in miniature: one bfloat16 weight applied six
   times to the rows on 2 slices. Under GSPMD alone XLA:TPU reduces each
   use's partial gradient across the slices (six DCN all-reduces, in
   bfloat16); `data_parallel.sum_over_data` sums them on each chip and
-  crosses the slices once, in float32."""
-  mesh = _mesh(2, data=4, fsdp=1)
+  crosses the slices once, in float32. With the weight split over the
+  slice (FSDP, data across the slices), the same: the uses are summed
+  per slice and cross once."""
+  mesh = _mesh(2, data=4 // fsdp, fsdp=fsdp)
   ctx = mesh_lib.ShardingContext(
       mesh, mesh_lib.logical_rules(ml_collections.ConfigDict(
           dict(logical_axis_rules=config_lib.default_logical_axis_rules()))))
-  w = jax.ShapeDtypeStruct((512, 512), jnp.float32,
-                           sharding=NamedSharding(mesh, P()))
+  w = jax.ShapeDtypeStruct((512, 512), jnp.float32, sharding=NamedSharding(
+      mesh, P("fsdp" if fsdp > 1 else None)))
   x = jax.ShapeDtypeStruct((64, 512), jnp.bfloat16,
-                           sharding=NamedSharding(mesh, P("data")))
+                           sharding=NamedSharding(mesh, P(("data", "fsdp"))))
 
   def loss(w, x):
     h = x

@@ -14,11 +14,17 @@ runs under `shard_map` on each device's rows, so every partial gradient
 stays on its device and is summed there in float32, and the body's summed
 outputs are reduced over the batch's devices once. The data-parallel axes
 are those that split the batch and no weight; with them, each across the
-slices (`dcn_data`) and inside them. A mesh that also splits weights
-(`fsdp` or `model` > 1) runs the body under GSPMD as before: XLA's SPMD
-partitioner (jax 0.10.2) aborts the process on a step that is manual over
-`data` and automatic over both `fsdp` and `model`, and a weight split
-over devices needs its gradient reduce-scattered where it is made anyway.
+slices (`dcn_data`) and inside them.
+
+A mesh that also splits weights (`fsdp` or `model` > 1) cannot be made
+manual over `data` alone: XLA's SPMD partitioner (jax 0.10.2) aborts the
+process on a step manual over `data` and automatic over both `fsdp` and
+`model`. There the body stays GSPMD's, mapped (`vmap`) over the rows of
+each data-parallel index: each group's partial sums keep a leading axis
+split over the data axes, so GSPMD has nothing to reduce over them until
+the groups are summed, once, after the body. Over `fsdp` and `model` a
+weight's gradient is still reduce-scattered where it is made, as FSDP's
+must be to keep its memory split.
 """
 from __future__ import annotations
 
@@ -61,22 +67,20 @@ def rules_without(rules, axes) -> tuple:
 
 
 def _plan():
-  """(mesh, rules, data-parallel axes or () to run under GSPMD, the axes a
-  shard_map makes manual), from the context being traced under."""
+  """(mesh, rules, data-parallel axes (() to run the body as it is), and
+  whether the mesh also splits weights), from the context being traced
+  under."""
   mesh = jax.sharding.get_abstract_mesh()
   rules = tuple(nn.get_logical_axis_rules())
   axes = data_parallel_axes(mesh, rules)
-  if not axes:
-    return mesh, rules, (), set()
   free = mesh_lib.free_axes(mesh)
-  if any(mesh.shape[a] > 1 for a in free - set(axes)):
-    return mesh, rules, (), set()
-  return mesh, rules, axes, free
+  splits_weights = any(mesh.shape[a] > 1 for a in free - set(axes))
+  return mesh, rules, axes, splits_weights
 
 
 def shard_count() -> int:
-  """How many data-parallel shards `sum_over_data` would split the rows
-  into here (1: it runs the body under GSPMD)."""
+  """How many data-parallel groups `sum_over_data` splits the rows into
+  here (1: it runs the body as it is)."""
   mesh, _, axes, _ = _plan()
   return math.prod(mesh.shape[a] for a in axes) if axes else 1
 
@@ -92,9 +96,12 @@ def sum_over_data(body: Callable, whole: Any, rows: Any):
   every leaf of `rows_out` has the batch as its leading axis. Run inside
   the step's trace, under the sharding context.
   """
-  mesh, rules, axes, free = _plan()
+  mesh, rules, axes, splits_weights = _plan()
   if not axes:
     return body(whole, rows)
+  if splits_weights:
+    return _sum_over_groups(body, whole, rows, mesh, rules, axes)
+  free = mesh_lib.free_axes(mesh)
   split = PartitionSpec(axes)
   local_rules = rules_without(rules, free)
 
@@ -109,3 +116,33 @@ def sum_over_data(body: Callable, whole: Any, rows: Any):
       local, mesh=mesh, in_specs=(PartitionSpec(), split),
       out_specs=(PartitionSpec(), split),
       axis_names=free, check_vma=False)(whole, rows)
+
+
+def _sum_over_groups(body, whole, rows, mesh, rules, axes):
+  """sum_over_data on a mesh that also splits weights, under GSPMD: the
+  rows are grouped by their data-parallel devices and the body is mapped
+  over the groups (`vmap` with the data axes as its SPMD axis), so each
+  group's partial sums keep a leading axis split over those axes and are
+  reduced over them once, after the body. Inside, the weights' own axes
+  (fsdp, model) are GSPMD's as before."""
+  groups = math.prod(mesh.shape[a] for a in axes)
+  inner = rules_without(rules, axes)
+  inner_batch = next(v for name, v in inner if name == mesh_lib.BATCH)
+  free = PartitionSpec.UNCONSTRAINED
+
+  def grouped(a):
+    a = a.reshape(groups, a.shape[0] // groups, *a.shape[1:])
+    return jax.lax.with_sharding_constraint(
+        a, PartitionSpec(axes, inner_batch, *(free,) * (a.ndim - 2)))
+
+  def local(whole, rows):
+    with nn.logical_axis_rules(inner):
+      return body(whole, rows)
+
+  summed, rows_out = jax.vmap(
+      local, in_axes=(None, 0), out_axes=0, spmd_axis_name=axes)(
+          whole, jax.tree.map(grouped, rows))
+  summed = jax.tree.map(lambda a: a.sum(0), summed)
+  rows_out = jax.tree.map(
+      lambda a: a.reshape(a.shape[0] * a.shape[1], *a.shape[2:]), rows_out)
+  return summed, rows_out

@@ -24,11 +24,17 @@ def _flat(tree):
           for k, v in traverse_util.flatten_dict(tree, sep="/").items()}
 
 
-@pytest.mark.parametrize("variant", ["cpu", "cpu,att"])
-def test_torch_step_matches_ours(variant):
+@pytest.mark.parametrize("variant, mesh", [
+    ("cpu", None), ("cpu,att", None),
+    # Weights split too: the step maps over the data-parallel row groups.
+    ("cpu", dict(data=2, fsdp=2, model=2))],
+    ids=["mlp", "att", "mlp-data-fsdp-model"])
+def test_torch_step_matches_ours(variant, mesh):
   config = config_lib.load_config(
       os.path.join(ROOT, "configs", "trm_sudoku.py"), variant)
   with config.unlocked():
+    if mesh:
+      config.mesh.update(mesh)
     config.model.update(hidden_size=32, num_heads=2, puzzle_emb_ndim=32,
                         halt_max_steps=3, halt_exploration_prob=0.0)
     # Full learning rates from step 1, so the updates are large enough to

@@ -246,14 +246,16 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   micro = batch["x"].shape[0] // accum_steps
   if (accum_steps > 1 and not model.cfg.dropout
       and micro % data_parallel.shard_count() == 0):
-    # Each micro-step's gradients stay on their devices and are reduced
-    # over the data-parallel devices once per iteration, as DDP's no_sync
-    # does (`trm.core.data_parallel`); GSPMD alone reduced them in every
-    # micro-step. One micro-step keeps GSPMD's reduction, which overlaps
-    # the backward layer by layer; so does a micro-batch smaller than the
-    # devices (some hold no row of it), and so does dropout: its masks,
-    # drawn per device, would depend on the mesh (GSPMD's draws are the
-    # one-device step's).
+    # Each micro-step's gradients stay with their data-parallel index and
+    # are reduced over the data-parallel devices once per iteration, as
+    # DDP's no_sync does (`trm.core.data_parallel`; under FSDP they are
+    # still reduce-scattered over `fsdp` in each micro-step); GSPMD alone
+    # reduced them over every axis in every micro-step. One micro-step
+    # keeps GSPMD's reduction, which overlaps the backward layer by layer;
+    # so does a micro-batch that does not split into the data-parallel
+    # groups, and so does dropout: its masks, drawn per device or per
+    # group, would depend on the mesh (GSPMD's draws are the one-device
+    # step's).
     (loss, grads), _ = data_parallel.sum_over_data(micro_steps, whole, rows)
   else:
     (loss, grads), _ = micro_steps(whole, rows)
