@@ -4,6 +4,7 @@ r"""Compile the real train step for a TPU topology on a CPU host.
       [--num_slices=2] [--config.key=value]
   python -m trm.aot --config=configs/gpt.py:maxtext22b --topology=v4-128 \
       --num_slices=1,2,4,8 --forecast [--forecast_json=PATH] [--collectives]
+      [--hot_spots]
       [--calibrate_mfu=F | --efficiency=F] [--batch_scaling=weak|strong]
       [--dcn_overlap=none|schedule] [--dcn_step_us=X]
   python -m trm.aot --config=... --topology=v4-128 --num_slices=2 \
@@ -481,10 +482,11 @@ def run_forecast(config, topology, counts, shapes) -> int:
     cost = plan.format_run_cost(rows, _CHIP_HOUR_PRICE.value)
     if cost:
       print(cost, flush=True)
-    if _COLLECTIVES.value:
-      for row in rows:
-        if row.get("collectives") is not None:
-          print(plan.format_collectives(row), flush=True)
+    for row in rows:
+      if _COLLECTIVES.value and row.get("collectives") is not None:
+        print(plan.format_collectives(row), flush=True)
+      if _HOT_SPOTS.value and row.get("hot_spots") is not None:
+        print(plan.format_hot_spots(row), flush=True)
   if _FORECAST_JSON.value:
     from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
     # Whole or not at all: a failed dump or a signal leaves no half file.
@@ -614,7 +616,7 @@ def define_flags():
   global _EFFICIENCY, _CALIBRATE, _BATCH_SCALING, _COLLECTIVES, _DCN_OVERLAP
   global _SAMPLE_BATCH, _PROMPT_LEN, _MAX_NEW, _STEPS, _ALG, _TEMPERATURE
   global _TOP_P, _CACHE, _BLOCK_LENGTH, _THRESHOLD, _FAST_DLLM, _SAVE_COMPILED
-  global _CHIP_HOUR_PRICE, _DCN_STEP_US
+  global _CHIP_HOUR_PRICE, _DCN_STEP_US, _HOT_SPOTS
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.",
                                             lock_config=True)
   _TOPOLOGY = flags.DEFINE_string(
@@ -666,6 +668,9 @@ def define_flags():
   _COLLECTIVES = flags.DEFINE_bool(
       "collectives", False, "--forecast: print each row's collectives "
       "(kind, ICI/DCN, torus axes, bytes per chip).")
+  _HOT_SPOTS = flags.DEFINE_bool(
+      "hot_spots", False, "--forecast: print each row's compute ops with "
+      "the most roofline time per step (by the model code's op name).")
   _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Override the dataset's "
                                   "sequence length (e.g. 900 for ARC/Maze).")
   _VOCAB = flags.DEFINE_integer("vocab_size", None, "Override the vocabulary.")

@@ -13,6 +13,7 @@ from trm.core import topology
 from trm.core import tpu_flags
 from trm.forecast import plan
 from trm.forecast import search
+from trm.forecast import timeline
 
 ROOT = repo.ROOT
 V4_8 = topology.parse_topology("v4-8")
@@ -285,8 +286,8 @@ def test_cli_writes_the_forecast_json(tmp_path):
        "--config.n_layer=2", "--config.n_embd=64", "--config.n_head=2",
        "--config.block_size=32", "--config.batch_size=8",
        "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--num_slices=1,2",
-       "--forecast", "--collectives", f"--forecast_json={path}",
-       "--chip_hour_price=2.5"],
+       "--forecast", "--collectives", "--hot_spots",
+       f"--forecast_json={path}", "--chip_hour_price=2.5"],
       cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert result.returncode == 0, result.stderr[-3000:]
   rows = json.loads(path.read_text())
@@ -298,3 +299,22 @@ def test_cli_writes_the_forecast_json(tmp_path):
   assert "dcn-all-reduce" in result.stdout
   assert "at 2.5 per chip-hour" in result.stdout
   assert all(r["chip_hours"] > 0 for r in rows)
+  assert "hot spots of the 2-slice step" in result.stdout
+  for row in rows:  # the model's own op names, largest roofline time first
+    times = [h["seconds"] for h in row["hot_spots"]]
+    assert times == sorted(times, reverse=True) and times[0] > 0
+    assert any("dot_general" in h["op"] for h in row["hot_spots"])
+
+
+def test_the_collectives_summary_keeps_every_cross_slice_one():
+  """A small cross-slice all-reduce ranked below the first 12 ICI
+  collectives by bytes is still listed: its latency may cost more."""
+  totals = timeline.Totals()
+  for i in range(14):
+    totals.collectives[("all-gather", "ici", "x", 4, 1e6 * (i + 2),
+                        1e6 * (i + 2))] += 10
+  totals.collectives[("dcn-all-reduce", "dcn", "slices", 2, 1e3, 1e3)] += 768
+  summary = plan.collective_summary(totals)
+  assert len(summary) == 13
+  assert summary[-1]["kind"] == "dcn-all-reduce"
+  assert summary[-1]["runs_per_step"] == 768

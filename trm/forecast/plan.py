@@ -35,6 +35,9 @@ ROW_KEYS = ("slices", "chips", "fits", "memory_gib", "step_seconds",
             "dcn_bytes", "bound")
 
 
+HOT_SPOTS = 12  # compute ops per row in its `hot_spots`
+
+
 class ForecastError(ValueError):
   """A flag or config that cannot be forecast; the message names it."""
 
@@ -181,12 +184,17 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
       f"mfu_dcn_{other}": (flops_per_chip / other_step.seconds / 1e12
                            / chip.peak_bf16_tflops),
       "collectives": collective_summary(totals),
+      "hot_spots": compiled.program.hot_spots(
+          chip.peak_bf16_tflops * 1e12, efficiency, chip.hbm_gbps * 1e9,
+          top=HOT_SPOTS),
   })
   return row
 
 
 def collective_summary(totals: timeline.Totals, limit: int = 12) -> list:
-  """The step's collectives, grouped, largest traffic first."""
+  """The step's collectives, grouped, largest traffic first: the first
+  `limit`, and every cross-slice one after them (a few small DCN
+  collectives can cost more than many large ICI ones)."""
   out = []
   for (kind, net, axes, group, payload, traffic), runs in (
       totals.collectives.items()):
@@ -194,7 +202,21 @@ def collective_summary(totals: timeline.Totals, limit: int = 12) -> list:
                 "group": group, "payload_bytes": payload,
                 "runs_per_step": runs, "bytes_per_step": traffic * runs})
   out.sort(key=lambda c: -c["bytes_per_step"])
-  return out[:limit]
+  return out[:limit] + [c for c in out[limit:] if c["network"] == "dcn"]
+
+
+def format_hot_spots(row: dict) -> str:
+  """The row's compute instructions with the most roofline time per step,
+  by the model code's op name (`timeline.Program.hot_spots`)."""
+  lines = [f"hot spots of the {row['slices']}-slice step (per chip, "
+           "roofline time; network not included):",
+           f"  {'seconds':>8} {'HBM GB':>8} {'TFLOP':>8} {'runs':>7} "
+           f"{'kind':<12} op"]
+  for h in row.get("hot_spots") or []:
+    lines.append(f"  {h['seconds']:>8.4f} {h['hbm_bytes'] / 1e9:>8.1f} "
+                 f"{h['flops'] / 1e12:>8.1f} {h['runs']:>7g} "
+                 f"{h['kind']:<12} {h['op']}")
+  return "\n".join(lines)
 
 
 def with_scaling(rows: list[dict]) -> list[dict]:
