@@ -205,20 +205,6 @@ def collective_summary(totals: timeline.Totals, limit: int = 12) -> list:
   return out[:limit] + [c for c in out[limit:] if c["network"] == "dcn"]
 
 
-def format_hot_spots(row: dict) -> str:
-  """The row's compute instructions with the most roofline time per step,
-  by the model code's op name (`timeline.Program.hot_spots`)."""
-  lines = [f"hot spots of the {row['slices']}-slice step (per chip, "
-           "roofline time; network not included):",
-           f"  {'seconds':>8} {'HBM GB':>8} {'TFLOP':>8} {'runs':>7} "
-           f"{'kind':<12} op"]
-  for h in row.get("hot_spots") or []:
-    lines.append(f"  {h['seconds']:>8.4f} {h['hbm_bytes'] / 1e9:>8.1f} "
-                 f"{h['flops'] / 1e12:>8.1f} {h['runs']:>7g} "
-                 f"{h['kind']:<12} {h['op']}")
-  return "\n".join(lines)
-
-
 def with_scaling(rows: list[dict]) -> list[dict]:
   """Per-chip throughput of each row against the first."""
   base = rows[0] if rows else None
@@ -432,12 +418,31 @@ def unread_loop_warnings(rows: list[dict]) -> list[str]:
           for r in rows if r.get("unknown_loops")]
 
 
+def _per_row_table(title: str, header: str, line, entries) -> str:
+  return "\n".join([title, "  " + header]
+                   + ["  " + line(e) for e in entries or []])
+
+
 def format_collectives(row: dict) -> str:
-  lines = [f"collectives of the {row['slices']}-slice step (per chip):",
-           f"  {'kind':<18} {'net':<4} {'axes':<6} {'group':>5} "
-           f"{'payload MB':>11} {'runs/step':>9} {'GB/step':>9}"]
-  for c in row.get("collectives") or []:
-    lines.append(f"  {c['kind']:<18} {c['network']:<4} {c['axes'] or '-':<6}"
+  return _per_row_table(
+      f"collectives of the {row['slices']}-slice step (per chip):",
+      f"{'kind':<18} {'net':<4} {'axes':<6} {'group':>5} "
+      f"{'payload MB':>11} {'runs/step':>9} {'GB/step':>9}",
+      lambda c: (f"{c['kind']:<18} {c['network']:<4} {c['axes'] or '-':<6}"
                  f" {c['group']:>5} {c['payload_bytes'] / 1e6:>11.3f} "
-                 f"{c['runs_per_step']:>9g} {c['bytes_per_step'] / 1e9:>9.3f}")
-  return "\n".join(lines)
+                 f"{c['runs_per_step']:>9g} "
+                 f"{c['bytes_per_step'] / 1e9:>9.3f}"),
+      row.get("collectives"))
+
+
+def format_hot_spots(row: dict) -> str:
+  """The row's compute instructions with the most roofline time per step,
+  by the model code's op name (`timeline.Program.hot_spots`)."""
+  return _per_row_table(
+      f"hot spots of the {row['slices']}-slice step (per chip, roofline "
+      "time; network not included):",
+      f"{'seconds':>8} {'HBM GB':>8} {'TFLOP':>8} {'runs':>7} {'kind':<12} op",
+      lambda h: (f"{h['seconds']:>8.4f} {h['hbm_bytes'] / 1e9:>8.1f} "
+                 f"{h['flops'] / 1e12:>8.1f} {h['runs']:>7g} "
+                 f"{h['kind']:<12} {h['op']}"),
+      row.get("hot_spots"))
