@@ -18,6 +18,7 @@ from trm.core import task as task_lib
 from trm.forecast import hlo
 from trm.families.gpt import program as gpt_program
 from trm.families.gpt import steps as gpt_steps
+from trm.families.trm import layers as trm_layers
 
 RULES = config_lib.default_logical_axis_rules()
 
@@ -164,6 +165,44 @@ def test_a_mesh_that_splits_weights_sums_each_groups_uses_once():
                              rtol=1e-5, atol=1e-6)
   assert _across_data(step(w, x, lower=True).as_text(), 2) == {
       (False, "all-reduce"): 1}
+
+
+def test_bfloat16_token_mixing_runs_in_row_groups_on_cpu():
+  """TRM's token mixer (`swiglu_residual_norm`, tokens on axis 0) in
+  bfloat16, forward and backward, mapped over the row groups of a
+  weight-splitting mesh: the group axis lands before the contracted one,
+  a dot XLA:CPU cannot run in bfloat16 (the step failed at run time);
+  `linear.widened_on_cpu` gives the one-device result."""
+  tokens, width, inner = 16, 8, 12
+  keys = jax.random.split(jax.random.key(0), 3)
+  w_in = (jax.random.normal(keys[0], (tokens, 2 * inner)) / 4).astype(
+      jnp.bfloat16)
+  w_out = (jax.random.normal(keys[1], (inner, tokens)) / 4).astype(
+      jnp.bfloat16)
+  x = jax.random.normal(keys[2], (32, tokens, width)).astype(jnp.bfloat16)
+
+  def body(w, rows):
+    def loss(w):
+      h = rows.swapaxes(0, 1).reshape(tokens, -1)   # [S, rows * width]
+      y = trm_layers.swiglu_residual_norm(h, *w, 1e-5, True)
+      return jnp.sum(y.astype(jnp.float32) ** 2)
+    value, grad = jax.value_and_grad(loss)(w)
+    return (value, grad), rows
+
+  def run(ctx):
+    with ctx:
+      return jax.jit(lambda w, x: data_parallel.sum_over_data(body, w, x)[0])(
+          (w_in, w_out), x)
+
+  value, grads = run(_ctx(data=2, fsdp=2, model=2))
+  value1, grads1 = run(_one_device())
+  np.testing.assert_allclose(value, value1, rtol=1e-5)
+  for a, b in zip(grads, grads1):
+    # Each group's partial is rounded to bfloat16 before the groups' sum,
+    # the whole gradient once on one device: a few bfloat16 steps apart.
+    np.testing.assert_allclose(np.asarray(a, np.float32),
+                               np.asarray(b, np.float32),
+                               atol=0.05 * float(np.abs(b).max()))
 
 
 def _gpt(ctx, accum, rows=32, dropout=0.0, ignored=0):

@@ -36,6 +36,7 @@ import jax
 from jax.sharding import PartitionSpec
 
 from trm.core import mesh as mesh_lib
+from trm.nn import linear
 
 
 def data_parallel_axes(mesh, rules) -> tuple[str, ...]:
@@ -95,6 +96,12 @@ def sum_over_data(body: Callable, whole: Any, rows: Any):
   the whole batch's) is summed over the data-parallel devices once, and
   every leaf of `rows_out` has the batch as its leading axis. Run inside
   the step's trace, under the sharding context.
+
+  Partials are summed in the dtype the body returns them in: a gradient
+  the body makes in bfloat16 (a bfloat16 weight's) is rounded once per
+  device or group before the sum, where one device rounds the whole sum
+  once. A `summed` leaf that does not depend on the rows is counted once
+  per device or group, and every `rows_out` leaf must come from the rows.
   """
   mesh, rules, axes, splits_weights = _plan()
   if not axes:
@@ -136,7 +143,7 @@ def _sum_over_groups(body, whole, rows, mesh, rules, axes):
         a, PartitionSpec(axes, inner_batch, *(free,) * (a.ndim - 2)))
 
   def local(whole, rows):
-    with nn.logical_axis_rules(inner):
+    with nn.logical_axis_rules(inner), linear.widened_on_cpu():
       return body(whole, rows)
 
   summed, rows_out = jax.vmap(

@@ -10,6 +10,8 @@ one projection into a matmul per block of its kernel's columns.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import flax.linen as nn
@@ -41,6 +43,27 @@ def column_blocks(x, widths):
           for i, (start, width) in enumerate(zip(starts, widths))]
 
 
+_WIDEN_ON_CPU = contextvars.ContextVar("trm_widen_on_cpu", default=False)
+
+
+@contextlib.contextmanager
+def widened_on_cpu():
+  """Inside, `dot`'s bfloat16 operands are widened to float32 on XLA:CPU.
+
+  For code traced under `jax.vmap` (`trm.core.data_parallel`'s row
+  groups): the group axis lands before an operand's contracted axis, and
+  XLA:CPU (jax 0.10.2) fails such a bfloat16 x bfloat16 = float32 dot when
+  it runs ("Unsupported element type for DotThunk::Execute"). Widening is
+  exact and the products and their float32 sum are the same; only slower,
+  on the CPU meshes that are for tests and dry runs.
+  """
+  token = _WIDEN_ON_CPU.set(True)
+  try:
+    yield
+  finally:
+    _WIDEN_ON_CPU.reset(token)
+
+
 def dot(a, b, contract=None):
   """a . b in the operands' dtype, accumulated in float32 (for float32
   operands, exactly `jnp.dot` / `lax.dot_general`).
@@ -62,11 +85,15 @@ def dot(a, b, contract=None):
 
   if out_dtype == jnp.float32:
     return float32_then_round(a, b)
+  on_cpu = float32_then_round
+  if _WIDEN_ON_CPU.get():
+    on_cpu = lambda a, b: float32_then_round(  # noqa: E731
+        a.astype(jnp.float32), b.astype(jnp.float32))
   # Only for XLA:CPU. A TPU accumulates a bfloat16-result dot in float32
   # anyway, and given the float32-result form it kept the float32 products:
   # ARC-1's step on a v4-8 went from 17.34 to 25.16 GiB per chip.
   return jax.lax.platform_dependent(
-      a, b, cpu=float32_then_round,
+      a, b, cpu=on_cpu,
       default=lambda a, b: jax.lax.dot_general(
           a, b, dims, preferred_element_type=out_dtype))
 
