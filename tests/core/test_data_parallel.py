@@ -205,12 +205,12 @@ def test_bfloat16_token_mixing_runs_in_row_groups_on_cpu():
                                atol=0.05 * float(np.abs(b).max()))
 
 
-def _gpt(ctx, accum, rows=32, dropout=0.0, ignored=0):
+def _gpt(ctx, accum, rows=32, dropout=0.0, ignored=0, reduce_once=True):
   c = config_lib.load_config("configs/gpt.py", "shakespeare_char_cpu")
   config_lib.set_values(c, dict(
       n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=dropout,
       gradient_accumulation_steps=accum, batch_size=rows // accum,
-      grad_clip=0.0))
+      grad_clip=0.0, reduce_gradients_once=reduce_once))
   with c.unlocked():
     c.model.vocab_size = 11
     c.seed = 0
@@ -310,4 +310,15 @@ def test_gpt_accumulation_on_a_weight_splitting_mesh_crosses_data_once(
   across = _across_data(step.as_text(), mesh["data"])
   assert not [k for k in across if k[0]]
   assert across.get((False, "all-reduce"))
+  _assert_same_iteration(got, want)
+
+
+@pytest.mark.parametrize("mesh", [dict(data=8), dict(data=2, fsdp=4)],
+                         ids=["data", "data-fsdp"])
+def test_reduce_gradients_once_false_keeps_gspmds_reductions(mesh):
+  """`config.reduce_gradients_once=False`: the micro-batch loop is
+  GSPMD's, reducing over the data axis in every micro-step, with the same
+  iteration."""
+  step, got, want = _gpt_on_eight_and_one(mesh, reduce_once=False)
+  assert (True, "all-reduce") in _across_data(step.as_text(), mesh["data"])
   _assert_same_iteration(got, want)

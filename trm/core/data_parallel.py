@@ -79,14 +79,17 @@ def _plan():
   return mesh, rules, axes, splits_weights
 
 
-def shard_count() -> int:
+def shard_count(enabled: bool = True) -> int:
   """How many data-parallel groups `sum_over_data` splits the rows into
   here (1: it runs the body as it is)."""
+  if not enabled:
+    return 1
   mesh, _, axes, _ = _plan()
   return math.prod(mesh.shape[a] for a in axes) if axes else 1
 
 
-def sum_over_data(body: Callable, whole: Any, rows: Any):
+def sum_over_data(body: Callable, whole: Any, rows: Any,
+                  enabled: bool = True):
   """(summed, rows_out) = body(whole, rows), the step's data-parallel part.
 
   `whole`: what every device holds whole over the batch's devices (the
@@ -102,9 +105,10 @@ def sum_over_data(body: Callable, whole: Any, rows: Any):
   device or group before the sum, where one device rounds the whole sum
   once. A `summed` leaf that does not depend on the rows is counted once
   per device or group, and every `rows_out` leaf must come from the rows.
+  `enabled=False` (`config.reduce_gradients_once`) runs the body as it is.
   """
   mesh, rules, axes, splits_weights = _plan()
-  if not axes:
+  if not axes or not enabled:
     return body(whole, rows)
   if splits_weights:
     return _sum_over_groups(body, whole, rows, mesh, rules, axes)

@@ -24,15 +24,17 @@ def _flat(tree):
           for k, v in traverse_util.flatten_dict(tree, sep="/").items()}
 
 
-@pytest.mark.parametrize("variant, mesh", [
-    ("cpu", None), ("cpu,att", None),
+@pytest.mark.parametrize("variant, mesh, reduce_once", [
+    ("cpu", None, True), ("cpu,att", None, True),
     # Weights split too: the step maps over the data-parallel row groups.
-    ("cpu", dict(data=2, fsdp=2, model=2))],
-    ids=["mlp", "att", "mlp-data-fsdp-model"])
-def test_torch_step_matches_ours(variant, mesh):
+    ("cpu", dict(data=2, fsdp=2, model=2), True),
+    ("cpu", dict(data=2, fsdp=2, model=2), False)],   # GSPMD's reductions
+    ids=["mlp", "att", "mlp-data-fsdp-model", "mlp-gspmd"])
+def test_torch_step_matches_ours(variant, mesh, reduce_once):
   config = config_lib.load_config(
       os.path.join(ROOT, "configs", "trm_sudoku.py"), variant)
   with config.unlocked():
+    config.reduce_gradients_once = reduce_once
     if mesh:
       config.mesh.update(mesh)
     config.model.update(hidden_size=32, num_heads=2, puzzle_emb_ndim=32,

@@ -88,7 +88,8 @@ def build(config, ctx, shapes=None) -> Program:
           gpt_steps.train_step, model=model, tx=tx,
           accum_steps=config.gradient_accumulation_steps,
           loss_chunk_size=chunk, loss_kernel=loss_kernel,
-          cast_once=cast_once),
+          cast_once=cast_once,
+          reduce_once=config.get("reduce_gradients_once", True)),
       eval_step=functools.partial(gpt_steps.eval_step, model=model),
       batch_spec=batch_spec(cfg.block_size),
       flops_per_step=mfu.nanogpt_flops_per_iter(

@@ -161,7 +161,7 @@ def matmul_weights_in(params, dtype):
 
 def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
                loss_chunk_size: int = 0, loss_kernel: str = "xla",
-               cast_once: bool = False):
+               cast_once: bool = False, reduce_once: bool = True):
   """One iteration over batch = {x, y: [accum_steps * B, T] int32}.
 
   Rows are grouped as [B, accum_steps]: each device's contiguous rows hold
@@ -245,7 +245,7 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   whole = (params, table, state.loss_scale, step_rng, scored)
   micro = batch["x"].shape[0] // accum_steps
   if (accum_steps > 1 and not model.cfg.dropout
-      and micro % data_parallel.shard_count() == 0):
+      and micro % data_parallel.shard_count(reduce_once) == 0):
     # Each micro-step's gradients stay with their data-parallel index and
     # are reduced over the data-parallel devices once per iteration, as
     # DDP's no_sync does (`trm.core.data_parallel`; under FSDP they are
@@ -256,7 +256,8 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
     # groups, and so does dropout: its masks, drawn per device or per
     # group, would depend on the mesh (GSPMD's draws are the one-device
     # step's).
-    (loss, grads), _ = data_parallel.sum_over_data(micro_steps, whole, rows)
+    (loss, grads), _ = data_parallel.sum_over_data(micro_steps, whole, rows,
+                                                   enabled=reduce_once)
   else:
     (loss, grads), _ = micro_steps(whole, rows)
   # Unscaled (float16 runs) before the finite check, clipping and AdamW.

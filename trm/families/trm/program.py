@@ -64,7 +64,8 @@ def build(config, ctx, shapes, unroll_loops: bool = False) -> Program:
       init_fn=trm_state.make_init_fn(model, tx, batch, config.seed),
       train_step=functools.partial(
           steps.train_step, model=model, tx=tx, optim_config=config.optim,
-          total_steps=config.total_steps, global_batch_size=batch),
+          total_steps=config.total_steps, global_batch_size=batch,
+          reduce_once=config.get("reduce_gradients_once", True)),
       eval_step=functools.partial(_eval_step, model=model,
                                   use_ema=config.optim.ema),
       batch_spec=batch_spec(shapes.seq_len),

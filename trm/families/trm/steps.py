@@ -40,7 +40,8 @@ def _puzzle_vectors(model, state, ids):
 
 def train_step(state: TrainState, batch, *, model: trm_model.TRM,
                tx: optax.GradientTransformation, optim_config,
-               total_steps: int, global_batch_size: int):
+               total_steps: int, global_batch_size: int,
+               reduce_once: bool = True):
   """Returns (new state, metrics dict of clu Averages)."""
   carry = trm_model.reset_carry(model, state.variables(), state.carry, batch)
   vectors = _puzzle_vectors(model, state, carry.puzzle_identifiers)
@@ -69,7 +70,8 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
   others = {k: v for k, v in state.variables().items() if k != "params"}
   (loss, param_grads), (new_carry, outputs, vector_grads) = (
       data_parallel.sum_over_data(local_step, (state.params, others),
-                                  (vectors, carry, min_halt)))
+                                  (vectors, carry, min_halt),
+                                  enabled=reduce_once))
   _, metrics = losses.act_loss(outputs, new_carry, train=True)
 
   ok = state_lib.all_finite(loss, param_grads, vector_grads)
