@@ -139,12 +139,12 @@ def _sum_over_groups(body, whole, rows, mesh, rules, axes):
   groups = math.prod(mesh.shape[a] for a in axes)
   inner = rules_without(rules, axes)
   inner_batch = next(v for name, v in inner if name == mesh_lib.BATCH)
-  free = PartitionSpec.UNCONSTRAINED
+  unconstrained = PartitionSpec.UNCONSTRAINED
 
-  def grouped(a):
+  def grouped(a):  # [rows, ...] -> [groups, rows per group, ...], no copy
     a = a.reshape(groups, a.shape[0] // groups, *a.shape[1:])
-    return jax.lax.with_sharding_constraint(
-        a, PartitionSpec(axes, inner_batch, *(free,) * (a.ndim - 2)))
+    return jax.lax.with_sharding_constraint(a, PartitionSpec(
+        axes, inner_batch, *(unconstrained,) * (a.ndim - 2)))
 
   def local(whole, rows):
     with nn.logical_axis_rules(inner), linear.widened_on_cpu():
