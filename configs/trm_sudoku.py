@@ -104,10 +104,8 @@ def get_config(arg=None):
   c.mesh = config_lib.mesh_config()
   c.wandb = config_lib.wandb_config(project="trm-sudoku")  # W&B logging
   c.logical_axis_rules = config_lib.default_logical_axis_rules()
-  c.reduce_gradients_once = True  # sum each data-parallel device's (row
-                                # group's) partial gradients, then reduce
-                                # them over the data axes once per step
-                                # (False: GSPMD's reduction where each is made)
+  c.reduce_gradients_once = True  # gradients cross `data` once per step
+                                # (False: GSPMD's, per use and micro-step)
   c.tpu_compiler_options = config_lib.TPU_COMPILER_OPTIONS  # XLA:TPU
                                 # --flag=value options (TPU meshes only)
 
