@@ -2,18 +2,24 @@
 and TensorBoard summaries without TensorFlow.
 
 CLU's `metric_writers` package imports its TensorFlow summary writer when it
-is imported, so on a machine without TensorFlow (a GPU image: tensorflow is
-hundreds of MiB) `from clu import metric_writers` fails. `trm.core.tf_free`
-(run when `trm.core` is imported) puts `TensorBoardWriter` in that writer's
-place: the same event files, written with the `tensorboard` package's event
-writer and summary protos, and one warning line when the first one is
-made. Where TensorFlow is installed nothing changes: CLU writes with
-TensorFlow as before.
+is imported: TensorFlow's import takes 3-4 s of every process that writes
+metrics (each worker of a pod, each `python -m trm.*`), and on a machine
+without TensorFlow (a GPU image: tensorflow is hundreds of MiB) `from clu
+import metric_writers` fails. `trm.core.tf_free` (run when `trm.core` is
+imported) puts `TensorBoardWriter` in that writer's place: the same event
+files, written with the `tensorboard` package's record format and summary
+protos. A local log directory is written with plain file I/O; a URL
+(`gs://...`) through tensorboard's gfile, which is TensorFlow's where it is
+installed (and so imports it then, as CLU's writer would).
 """
 from __future__ import annotations
 
 import io
+import itertools
 import os
+import posixpath
+import socket
+import threading
 import time
 from typing import Any, Mapping, Optional
 
@@ -75,25 +81,80 @@ def _png(image: np.ndarray) -> bytes:
   return buffer.getvalue()
 
 
-class TensorBoardWriter:
-  """CLU's MetricWriter methods on an event file of `logdir`, written with
-  the `tensorboard` package alone (no TensorFlow). Scalars, texts,
-  histograms, images and hparams are written; videos, audios and point
-  clouds are skipped with a warning, as CLU's writer skips videos."""
+# Tells apart two event files one process opens in the same second.
+_FILE_NUMBERS = itertools.count()
 
-  _warned = False
+
+class _EventFile:
+  """One TensorBoard event file: records in TFRecord framing
+  (tensorboard's `RecordWriter`), the first one the file version.
+  EventFileWriter, tensorboard's own, opens every path through its gfile
+  and so imports TensorFlow wherever it is installed; here only a URL
+  does."""
+
+  # As tensorboard's EventFileWriter: written data reaches the file at the
+  # latest this long after it was written, and at every flush().
+  _FLUSH_SECONDS = 120.0
+
+  def __init__(self, logdir: str):
+    # pylint: disable=g-import-not-at-top
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    # pylint: enable=g-import-not-at-top
+    name = "events.out.tfevents.%010d.%s.%s.%s" % (
+        time.time(), socket.gethostname(), os.getpid(), next(_FILE_NUMBERS))
+    if "://" in logdir:
+      from tensorboard.compat import tf  # pylint: disable=g-import-not-at-top
+      tf.io.gfile.makedirs(logdir)
+      self.path = posixpath.join(logdir, name)
+      file = tf.io.gfile.GFile(self.path, "wb")
+    else:
+      os.makedirs(logdir, exist_ok=True)
+      self.path = os.path.join(logdir, name)
+      file = open(self.path, "wb")  # pylint: disable=consider-using-with
+    self._records = RecordWriter(file)
+    self._closed = False
+    # CLU's asynchronous writer writes from its own thread.
+    self._lock = threading.Lock()
+    self._flushed = time.monotonic()
+    self.add(event_pb2.Event(
+        wall_time=time.time(), file_version="brain.Event:2",
+        source_metadata=event_pb2.SourceMetadata(
+            writer="trm.core.metrics.TensorBoardWriter")))
+    self.flush()
+
+  def add(self, event) -> None:
+    with self._lock:
+      self._records.write(event.SerializeToString())
+      if time.monotonic() - self._flushed > self._FLUSH_SECONDS:
+        self._flush_locked()
+
+  def _flush_locked(self) -> None:
+    if not self._closed:
+      self._records.flush()
+    self._flushed = time.monotonic()
+
+  def flush(self) -> None:
+    with self._lock:
+      self._flush_locked()
+
+  def close(self) -> None:
+    with self._lock:
+      if not self._closed:
+        self._closed = True
+        self._records.flush()
+        self._records.close()
+
+
+class TensorBoardWriter:
+  """CLU's `SummaryWriter` (`clu.metric_writers.SummaryWriter`) without
+  TensorFlow: TensorBoard event files under `logdir`, written with the
+  `tensorboard` package alone. Scalars, texts, histograms, images and
+  hparams are written; videos, audios and point clouds are skipped with a
+  warning, as CLU's writer skips videos."""
 
   def __init__(self, logdir):
-    # pylint: disable=g-import-not-at-top
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-    # pylint: enable=g-import-not-at-top
-    if not TensorBoardWriter._warned:
-      TensorBoardWriter._warned = True
-      logging.warning(
-          "TensorFlow is not installed: TensorBoard summaries are written by "
-          "trm.core.metrics.TensorBoardWriter (the tensorboard package) "
-          "instead of CLU's TensorFlow writer.")
-    self._writer = EventFileWriter(os.fspath(logdir))
+    self._writer = _EventFile(os.fspath(logdir))
 
   def _write(self, step, values) -> None:
     # pylint: disable=g-import-not-at-top
@@ -101,7 +162,7 @@ class TensorBoardWriter:
     # pylint: enable=g-import-not-at-top
     values = list(values)
     if values:
-      self._writer.add_event(event_pb2.Event(
+      self._writer.add(event_pb2.Event(
           wall_time=time.time(), step=int(step),
           summary=summary_pb2.Summary(value=values)))
 

@@ -1,18 +1,18 @@
-"""CLU's metric writers on a host without TensorFlow (a GPU image: tensorflow
-is hundreds of MiB).
+"""CLU's metric writers without TensorFlow.
 
 `clu.metric_writers` imports its TensorFlow summary writer when it is
 imported, and so does every CLU module that imports it (`periodic_actions`,
-for one). `install()` puts a stand-in module in that writer's place whose
-`SummaryWriter` is `trm.core.metrics.TensorBoardWriter` (the tensorboard
-package's event files). `trm.core` runs it when it is imported, which
-`import trm` does, so no module of ours depends on its import order. Where
-TensorFlow is installed it does nothing. Only the standard library here: it
-runs at `import trm`.
+for one): 3-4 s of TensorFlow's import in every process that writes
+metrics, and a failed import on a host without it (a GPU image: tensorflow
+is hundreds of MiB). `install()` puts a stand-in module in that writer's
+place whose `SummaryWriter` is `trm.core.metrics.TensorBoardWriter` (the
+tensorboard package's event files; TensorFlow's gfile only for a URL log
+directory such as gs://). `trm.core` runs it when it is imported, which
+`import trm` does, so no module of ours depends on its import order. Only
+the standard library here: it runs at `import trm`.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
 
@@ -20,24 +20,15 @@ import types
 CLU_SUMMARY_WRITER = "clu.metric_writers.summary_writer"
 
 
-def tensorflow_available() -> bool:
-  """Whether `import tensorflow` can find a package (without importing it)."""
-  try:
-    return importlib.util.find_spec("tensorflow") is not None
-  except (ImportError, ValueError):
-    return False
-
-
 def install() -> bool:
-  """Where TensorFlow is missing, makes `clu.metric_writers` importable with
-  `TensorBoardWriter` as its SummaryWriter; returns whether that writer is
-  (now) the one CLU uses. A no-op where TensorFlow is installed, or once
-  `clu.metric_writers` was imported (it then holds whichever writer it
-  imported)."""
+  """Makes `clu.metric_writers` take `TensorBoardWriter` as its
+  SummaryWriter; returns whether that writer is (now) the one CLU uses. A
+  no-op once `clu.metric_writers` was imported (it then holds whichever
+  writer it imported)."""
   module = sys.modules.get(CLU_SUMMARY_WRITER)
   if module is not None:
     return bool(getattr(module, "TRM_TF_FREE", False))
-  if tensorflow_available() or "clu.metric_writers" in sys.modules:
+  if "clu.metric_writers" in sys.modules:
     return False
   module = types.ModuleType(
       CLU_SUMMARY_WRITER, "TensorBoard summaries without TensorFlow "

@@ -22,8 +22,8 @@ import jax
 import ml_collections
 from absl import logging
 from etils import epath
-# Without TensorFlow, clu.metric_writers writes with the tensorboard
-# package's writer (trm.core.tf_free, installed when trm.core is imported).
+# clu.metric_writers writes with the tensorboard package's writer, not
+# TensorFlow's (trm.core.tf_free, installed when trm.core is imported).
 from clu import metric_writers, parameter_overview
 
 from trm.core import metrics as metrics_lib
