@@ -216,3 +216,26 @@ def test_every_module_imports_without_tensorflow():
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-4000:]
     assert "BAD []" in out, (names, out[-4000:])
+
+
+def test_a_write_reaches_the_file_without_a_later_write(tmp_path,
+                                                         monkeypatch):
+  """The last metrics before a stall (a hang, a long save) are on disk
+  within the flush period even when nothing is written after them."""
+  import time  # pylint: disable=g-import-not-at-top
+  import trm  # pylint: disable=g-import-not-at-top,unused-import
+  from trm.core import metrics  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(metrics._EventFile, "_FLUSH_SECONDS", 0.2)  # pylint: disable=protected-access
+  writer = metrics.TensorBoardWriter(str(tmp_path))
+  writer.write_scalars(7, {"train/loss": 1.5})
+  deadline = time.monotonic() + 30
+  events = []
+  while not events and time.monotonic() < deadline:
+    time.sleep(0.2)
+    accumulator = event_accumulator.EventAccumulator(
+        str(tmp_path), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    if "train/loss" in accumulator.Tags()["tensors"]:
+      events = _tensor_scalars(accumulator, "train/loss")
+  writer.close()
+  assert events == [(7, 1.5)]

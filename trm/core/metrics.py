@@ -116,7 +116,7 @@ class _EventFile:
     self._closed = False
     # CLU's asynchronous writer writes from its own thread.
     self._lock = threading.Lock()
-    self._flushed = time.monotonic()
+    self._timer = None  # flushes _FLUSH_SECONDS after an unflushed write
     self.add(event_pb2.Event(
         wall_time=time.time(), file_version="brain.Event:2",
         source_metadata=event_pb2.SourceMetadata(
@@ -126,13 +126,17 @@ class _EventFile:
   def add(self, event) -> None:
     with self._lock:
       self._records.write(event.SerializeToString())
-      if time.monotonic() - self._flushed > self._FLUSH_SECONDS:
-        self._flush_locked()
+      if self._timer is None:  # also when no write follows (a stall)
+        self._timer = threading.Timer(self._FLUSH_SECONDS, self.flush)
+        self._timer.daemon = True
+        self._timer.start()
 
   def _flush_locked(self) -> None:
+    if self._timer is not None:
+      self._timer.cancel()
+      self._timer = None
     if not self._closed:
       self._records.flush()
-    self._flushed = time.monotonic()
 
   def flush(self) -> None:
     with self._lock:
@@ -141,8 +145,8 @@ class _EventFile:
   def close(self) -> None:
     with self._lock:
       if not self._closed:
+        self._flush_locked()
         self._closed = True
-        self._records.flush()
         self._records.close()
 
 
