@@ -117,11 +117,11 @@ class _EventFile:
     # CLU's asynchronous writer writes from its own thread.
     self._lock = threading.Lock()
     self._timer = None  # flushes _FLUSH_SECONDS after an unflushed write
-    self.add(event_pb2.Event(
+    self._records.write(event_pb2.Event(
         wall_time=time.time(), file_version="brain.Event:2",
         source_metadata=event_pb2.SourceMetadata(
-            writer="trm.core.metrics.TensorBoardWriter")))
-    self.flush()
+            writer="trm.core.metrics.TensorBoardWriter")).SerializeToString())
+    self._records.flush()
 
   def add(self, event) -> None:
     with self._lock:
