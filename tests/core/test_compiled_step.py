@@ -242,6 +242,19 @@ def test_a_changed_batch_size_is_one_line_before_any_compile(
   assert "trm.aot --save_compiled" in message
 
 
+def test_a_cpu_step_over_several_device_groups_is_not_saved(data_root,
+                                                            tmp_path):
+  # Loaded back, such an XLA:CPU step can deadlock (trm.core.cpu_collectives).
+  config = tiny_config(data_root, **{"mesh.data": 2, "mesh.fsdp": 2,
+                                     "mesh.model": 2})
+  path = tmp_path / "step.bin"
+  with pytest.raises(compiled_step.CompiledStepError,
+                     match="span several device groups"):
+    aot.save_local_step(config, str(path), aot.data_shapes(
+        config, {"vocab_size": _vocab(data_root)}))
+  assert not path.exists()
+
+
 def test_a_tampered_jax_version_is_one_line(saved, data_root, tmp_path,
                                             monkeypatch):
   header, _ = compiled_step.read(saved[0])

@@ -6,12 +6,16 @@ Where: `--compilation_cache=DIR`, else $TRM_COMPILATION_CACHE, else
 $XDG_CACHE_HOME/trm/jax (~/.cache/trm/jax). `off` (flag or variable) turns
 it off. JAX evicts the least recently used entries beyond
 `--compilation_cache_max_gb` (default 2), so the directory never grows
-without bound.
+without bound. On CPU, a program whose collectives span several device
+groups is never cached (`trm.core.cpu_collectives`: loaded back, it can
+deadlock).
 """
 from __future__ import annotations
 
 import os
 import sys
+
+from trm.core import cpu_collectives
 
 ENV = "TRM_COMPILATION_CACHE"
 OFF = ("off", "none", "0", "false", "no")
@@ -58,6 +62,7 @@ def configure(setting: str | None, max_gb: float = DEFAULT_MAX_GB
     return None
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_compilation_cache_dir", path)
+  _keep_deadlock_prone_cpu_programs_out()
   jax.config.update("jax_persistent_cache_min_compile_time_secs",
                     MIN_COMPILE_SECONDS)
   if _has_filelock():
@@ -71,6 +76,42 @@ def configure(setting: str | None, max_gb: float = DEFAULT_MAX_GB
                      "(JAX needs the filelock package for "
                      "--compilation_cache_max_gb: pip install filelock).\n")
   return path
+
+
+def _keep_deadlock_prone_cpu_programs_out() -> None:
+  """Wraps JAX's cache read and write so that an XLA:CPU program whose
+  collectives span several device groups is compiled, never loaded
+  (`trm.core.cpu_collectives`). Done once per process; a JAX without
+  these functions is left as it is."""
+  try:
+    from jax._src import compilation_cache as jax_cache  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  read = getattr(jax_cache, "get_executable_and_time", None)
+  write = getattr(jax_cache, "put_executable_and_time", None)
+  if read is None or write is None or getattr(read, "_trm_guard", False):
+    return
+
+  def get_executable_and_time(cache_key, compile_options, backend, *args,
+                              **kwargs):
+    executable, seconds = read(cache_key, compile_options, backend, *args,
+                               **kwargs)
+    if executable is not None and cpu_collectives.deadlock_prone(
+        getattr(backend, "platform", ""), executable):
+      return None, None  # an entry from before this guard: compile instead
+    return executable, seconds
+
+  def put_executable_and_time(cache_key, module_name, executable, backend,
+                              *args, **kwargs):
+    if cpu_collectives.deadlock_prone(getattr(backend, "platform", ""),
+                                      executable):
+      return None
+    return write(cache_key, module_name, executable, backend, *args,
+                 **kwargs)
+
+  get_executable_and_time._trm_guard = True  # pylint: disable=protected-access
+  jax_cache.get_executable_and_time = get_executable_and_time
+  jax_cache.put_executable_and_time = put_executable_and_time
 
 
 def _has_filelock() -> bool:

@@ -35,6 +35,7 @@ from etils import epath
 
 from trm.core import cli
 from trm.core import config_record
+from trm.core import cpu_collectives
 from trm.data import atomic_files
 from trm.data import io as data_io
 
@@ -221,6 +222,12 @@ def save(path: str, compiled, mesh, abstract_args, config_fields: dict,
   (state, batch)) to `path`, whole or not at all; returns the header."""
   from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
   platform = mesh.devices.flat[0].platform
+  if cpu_collectives.deadlock_prone(platform, compiled):
+    raise CompiledStepError(
+        "--save_compiled: this XLA:CPU step's collectives span several "
+        "device groups (the mesh splits weights over fsdp or model), and "
+        "loaded from a file such a step can deadlock; on CPU train "
+        "without config.compiled_step, or save a data-only mesh's step.")
   try:
     payload, _, out_tree = serialize_executable.serialize(compiled)
   except (ValueError, NotImplementedError) as e:
@@ -444,6 +451,12 @@ def load(path: str, payload: bytes, in_tree, out_tree):
         f"{FIELD}={path!r}: this backend ({backend.platform}) cannot load "
         f"the executable ({' '.join(str(e).split())[:300]}); {_REBUILD} on "
         "a jax/libtpu of this run.") from None
+  if cpu_collectives.deadlock_prone(backend.platform, executable):
+    raise CompiledStepError(
+        f"{FIELD}={path!r}: an XLA:CPU step whose collectives span several "
+        "device groups (this mesh splits weights over fsdp or model) can "
+        "deadlock when loaded from a file; on CPU leave "
+        f"{FIELD} unset (the step compiles) or use a data-only mesh.")
   return jax.stages.Compiled(executable, [], in_tree.unflatten(args_info_flat),
                              out_tree, no_kwargs=no_kwargs)
 

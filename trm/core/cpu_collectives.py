@@ -1,0 +1,112 @@
+"""Which XLA:CPU executables must be compiled in the process that runs them.
+
+An XLA:CPU program loaded back from bytes (the persistent compilation
+cache, a `trm.aot --save_compiled` step) whose collectives span more than
+one group of devices can deadlock on the forced CPU devices of one process:
+one device waits in a collective over its `fsdp` peers while another waits
+in one over its `model` peers, and XLA aborts after 40 s (jax 0.10.2;
+BUILD_NOTES, "Session 55"). The same program compiled in the process has
+not deadlocked in thousands of steps, and programs whose collectives all
+span one group (a data-parallel step) have been loaded from the cache in
+every test run since session 31 without one. So such programs are kept out
+of the cache on CPU, and a saved CPU step of that kind is refused.
+TPU and GPU executables are not affected.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+# An HLO collective, synchronous or the start of an asynchronous one.
+_COLLECTIVE = re.compile(
+    r"\b(?:all-reduce|all-gather|reduce-scatter|all-to-all|"
+    r"ragged-all-to-all|collective-permute|collective-broadcast)"
+    r"(?:-start)?\(")
+# Its device groups: explicit ({{0,1},{2,3}}), all devices ({}), iota
+# ([2,4]<=[2,4]T(1,0)), mesh axes (mesh['x'=2,'y'=4] {'y'}), or a
+# permute's pairs.
+_EXPLICIT = re.compile(r"replica_groups=(\{\}|\{\{[0-9,{}]*\}\})")
+_IOTA = re.compile(
+    r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?")
+_MESH = re.compile(
+    r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([0-9,]+)\]"
+    r"(?:T\(([0-9,]+)\))?\))? \{([^}]*)\}")
+_PAIRS = re.compile(r"source_target_pairs=(\{[0-9,{}]*\})")
+
+
+def _ints(text: str) -> list[int]:
+  return [int(t) for t in text.split(",") if t]
+
+
+def _rows(ids: np.ndarray) -> frozenset:
+  return frozenset(frozenset(int(i) for i in row) for row in ids)
+
+
+def _grouping(line: str):
+  """One collective's device grouping, comparable across spellings: a
+  frozenset of groups, "all", or (for what is not read) the line itself."""
+  try:
+    return _read_grouping(line)
+  except ValueError:  # numbers that do not make the shape they name
+    return line.strip()
+
+
+def _read_grouping(line: str):
+  if found := _IOTA.search(line):
+    shape, dims = _ints(found.group(1)), _ints(found.group(2))
+    perm = _ints(found.group(3)) if found.group(3) else range(len(dims))
+    ids = np.arange(int(np.prod(dims))).reshape(dims).transpose(list(perm))
+    return _rows(ids.reshape(shape))
+  if found := _MESH.search(line):
+    sizes = re.findall(r"'([^']+)'=([0-9]+)", found.group(1))
+    names = [name for name, _ in sizes]
+    chosen = re.findall(r"'([^']+)'", found.group(4))
+    if len(sizes) == found.group(1).count("=") and set(chosen) <= set(names):
+      shape = [int(n) for _, n in sizes]
+      ids = np.arange(int(np.prod(shape)))
+      if found.group(2):  # the mesh's devices, as an iota
+        dims = _ints(found.group(2))
+        perm = _ints(found.group(3)) if found.group(3) else range(len(dims))
+        ids = ids.reshape(dims).transpose(list(perm))
+      ids = ids.reshape(shape)
+      keep = [names.index(name) for name in chosen]
+      rest = [axis for axis in range(len(names)) if axis not in keep]
+      ids = ids.transpose(rest + keep).reshape(
+          -1, int(np.prod([ids.shape[a] for a in keep])))
+      return _rows(ids)
+  if found := _EXPLICIT.search(line):
+    if found.group(1) == "{}":
+      return "all"
+    return frozenset(frozenset(_ints(g)) for g in
+                     re.findall(r"\{([0-9,]*)\}", found.group(1)[1:-1]))
+  if found := _PAIRS.search(line):
+    return ("pairs", found.group(1))
+  return line.strip()
+
+
+def device_groups(hlo_text: str) -> set:
+  """The distinct device groupings the collectives of an HLO module use.
+  One group of every device is "all", however spelled."""
+  groupings = {_grouping(line) for line in hlo_text.splitlines()
+               if _COLLECTIVE.search(line)}
+  ids = {i for g in groupings if isinstance(g, frozenset)
+         for group in g for i in group}
+  everyone = frozenset({frozenset(ids)})
+  return {"all" if g == everyone else g for g in groupings}
+
+
+def deadlock_prone(platform: str, executable) -> bool:
+  """True for an XLA:CPU executable whose collectives span more than one
+  device grouping (see the module's docstring)."""
+  if platform != "cpu":
+    return False
+  runtime = getattr(executable, "runtime_executable", None)  # jax's Compiled
+  try:
+    modules = (runtime() if callable(runtime) else executable).hlo_modules()
+  except Exception:  # pylint: disable=broad-except
+    return True  # unknown: compile it, which is never wrong
+  groups = set()
+  for module in modules:
+    groups |= device_groups(module.to_string())
+  return len(groups) > 1
