@@ -249,7 +249,7 @@ def test_a_cpu_step_over_several_device_groups_is_not_saved(data_root,
                                      "mesh.model": 2})
   path = tmp_path / "step.bin"
   with pytest.raises(compiled_step.CompiledStepError,
-                     match="span several device groups"):
+                     match="span several groupings of the devices"):
     aot.save_local_step(config, str(path), aot.data_shapes(
         config, {"vocab_size": _vocab(data_root)}))
   assert not path.exists()

@@ -60,6 +60,20 @@ def test_device_groups_read_every_spelling():
   assert cpu_collectives.device_groups(hlo) == {
       by_rows, by_columns, "all", ("pairs", "{{0,1},{1,0}}")}
   assert cpu_collectives.device_groups("%e = f32[4] add(%a, %b)") == set()
+  # A sub-axis, 'x':(k)m: axis x as [k, m, rest], its middle part. Here
+  # the positions 0-3 of 'x' in pairs {0,1} and {2,3}.
+  sub = ("%s = f32[4] all-to-all(%p, %q), replica_groups=mesh['x'=4,'y'=2] "
+         "{'x':(2)2}")
+  assert cpu_collectives.device_groups(sub) == {frozenset({
+      frozenset({0, 2}), frozenset({1, 3}), frozenset({4, 6}),
+      frozenset({5, 7})})}
+  # Beside the whole axis and the other sub-axis: three groupings, not one.
+  assert len(cpu_collectives.device_groups("\n".join((
+      sub, sub.replace("(2)2", "(1)2"), sub.replace(":(2)2", ""))))) == 3
+  # Groups of one device communicate nothing: not a grouping.
+  assert cpu_collectives.device_groups(
+      "%n = f32[4] all-reduce(%e), replica_groups={{0},{1},{2},{3}}\n"
+      "%o = f32[4] all-reduce(%n), replica_groups=[1,4]<=[4]") == {"all"}
   # Numbers that make no shape are kept as written: never equal to another.
   bad = "%z = f32[8] all-gather(%p), replica_groups=[2,2]<=[4]T(1,0)"
   assert cpu_collectives.device_groups(bad) == {bad}
@@ -141,3 +155,19 @@ def test_the_cache_keeps_two_group_cpu_programs_out(tmp_path):
   assert len([e for e in entries if "cache" in e]) == 1, entries
   # The second run loads the one-group program and compiles the other.
   assert run() == {"one_group": 1, "two_groups": 0}
+
+
+def test_the_guard_stands_when_our_cache_is_off(tmp_path):
+  # JAX's own JAX_COMPILATION_CACHE_DIR turns JAX's cache on regardless.
+  program = ("from trm.core import compile_cache\n"
+             "assert compile_cache.configure('off') is None\n"
+             "from jax._src import compilation_cache as jax_cache\n"
+             "print(getattr(jax_cache.get_executable_and_time, "
+             "'_trm_guard', False))\n")
+  environ = dict(os.environ, JAX_PLATFORMS="cpu",
+                 JAX_COMPILATION_CACHE_DIR=str(tmp_path))
+  result = subprocess.run([sys.executable, "-c", program], cwd=ROOT,
+                          env=environ, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split() == ["True"]

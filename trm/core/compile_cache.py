@@ -49,6 +49,8 @@ def configure(setting: str | None, max_gb: float = DEFAULT_MAX_GB
     raise ValueError(f"--compilation_cache_max_gb={max_gb}: must be a "
                      "finite number > 0 (turn the cache off with "
                      "--compilation_cache=off).")
+  # Also when off here: JAX's own JAX_COMPILATION_CACHE_DIR may turn it on.
+  _keep_deadlock_prone_cpu_programs_out()
   path = resolve(setting)
   if path is None:
     return None
@@ -62,7 +64,6 @@ def configure(setting: str | None, max_gb: float = DEFAULT_MAX_GB
     return None
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_compilation_cache_dir", path)
-  _keep_deadlock_prone_cpu_programs_out()
   jax.config.update("jax_persistent_cache_min_compile_time_secs",
                     MIN_COMPILE_SECONDS)
   if _has_filelock():

@@ -225,9 +225,10 @@ def save(path: str, compiled, mesh, abstract_args, config_fields: dict,
   if cpu_collectives.deadlock_prone(platform, compiled):
     raise CompiledStepError(
         "--save_compiled: this XLA:CPU step's collectives span several "
-        "device groups (the mesh splits weights over fsdp or model), and "
-        "loaded from a file such a step can deadlock; on CPU train "
-        "without config.compiled_step, or save a data-only mesh's step.")
+        "groupings of the devices (two or more mesh axes larger than 1), or "
+        "its program could not be read, and loaded from a file such a step "
+        "can deadlock; on CPU train without config.compiled_step, or save "
+        "the step of a mesh with one axis larger than 1.")
   try:
     payload, _, out_tree = serialize_executable.serialize(compiled)
   except (ValueError, NotImplementedError) as e:
@@ -454,9 +455,10 @@ def load(path: str, payload: bytes, in_tree, out_tree):
   if cpu_collectives.deadlock_prone(backend.platform, executable):
     raise CompiledStepError(
         f"{FIELD}={path!r}: an XLA:CPU step whose collectives span several "
-        "device groups (this mesh splits weights over fsdp or model) can "
-        "deadlock when loaded from a file; on CPU leave "
-        f"{FIELD} unset (the step compiles) or use a data-only mesh.")
+        "groupings of the devices (two or more mesh axes larger than 1), or "
+        "whose program could not be read, can deadlock when loaded from a "
+        f"file; on CPU leave {FIELD} unset (the step compiles) or use a "
+        "mesh with one axis larger than 1.")
   return jax.stages.Compiled(executable, [], in_tree.unflatten(args_info_flat),
                              out_tree, no_kwargs=no_kwargs)
 

@@ -59,22 +59,7 @@ def _read_grouping(line: str):
     ids = np.arange(int(np.prod(dims))).reshape(dims).transpose(list(perm))
     return _rows(ids.reshape(shape))
   if found := _MESH.search(line):
-    sizes = re.findall(r"'([^']+)'=([0-9]+)", found.group(1))
-    names = [name for name, _ in sizes]
-    chosen = re.findall(r"'([^']+)'", found.group(4))
-    if len(sizes) == found.group(1).count("=") and set(chosen) <= set(names):
-      shape = [int(n) for _, n in sizes]
-      ids = np.arange(int(np.prod(shape)))
-      if found.group(2):  # the mesh's devices, as an iota
-        dims = _ints(found.group(2))
-        perm = _ints(found.group(3)) if found.group(3) else range(len(dims))
-        ids = ids.reshape(dims).transpose(list(perm))
-      ids = ids.reshape(shape)
-      keep = [names.index(name) for name in chosen]
-      rest = [axis for axis in range(len(names)) if axis not in keep]
-      ids = ids.transpose(rest + keep).reshape(
-          -1, int(np.prod([ids.shape[a] for a in keep])))
-      return _rows(ids)
+    return _mesh_grouping(found, line)
   if found := _EXPLICIT.search(line):
     if found.group(1) == "{}":
       return "all"
@@ -85,11 +70,56 @@ def _read_grouping(line: str):
   return line.strip()
 
 
+def _mesh_grouping(found, line: str):
+  """The groups of a mesh-axes spelling. A chosen axis may be a sub-axis,
+  'x':(k)m: axis x viewed as [k, m, rest] (major to minor), its middle."""
+  sizes = re.findall(r"'([^']+)'=([0-9]+)", found.group(1))
+  chosen = re.findall(r"'([^']+)'(?::\(([0-9]+)\)([0-9]+))?", found.group(4))
+  names = [name for name, _ in sizes]
+  if (len(sizes) != found.group(1).count("=") or
+      len(chosen) != found.group(4).count("'") // 2 or
+      not {name for name, _, _ in chosen} <= set(names)):
+    return line.strip()
+  shape = [int(n) for _, n in sizes]
+  ids = np.arange(int(np.prod(shape)))
+  if found.group(2):  # the mesh's devices, as an iota
+    dims = _ints(found.group(2))
+    perm = _ints(found.group(3)) if found.group(3) else range(len(dims))
+    ids = ids.reshape(dims).transpose(list(perm))
+  # Each axis split at every sub-axis boundary named on it.
+  cuts = [{1, n} for n in shape]
+  for name, pre, size in chosen:
+    if pre:
+      axis = names.index(name)
+      cuts[axis] |= {int(pre), int(pre) * int(size)}
+  factors, owner = [], []  # owner: (axis, start, stop) of each factor
+  for axis, n in enumerate(shape):
+    points = sorted(cuts[axis])
+    if points[-1] != n or any(n % p for p in points):
+      return line.strip()
+    for start, stop in zip(points, points[1:]):
+      factors.append(stop // start)
+      owner.append((axis, start, stop))
+  keep = []
+  for name, pre, size in chosen:
+    axis = names.index(name)
+    start, stop = (int(pre), int(pre) * int(size)) if pre else (
+        1, shape[axis])
+    keep += [i for i, (a, lo, hi) in enumerate(owner)
+             if a == axis and lo >= start and hi <= stop]
+  rest = [i for i in range(len(factors)) if i not in keep]
+  ids = ids.reshape(factors).transpose(rest + keep)
+  return _rows(ids.reshape(-1, int(np.prod([factors[i] for i in keep]))))
+
+
 def device_groups(hlo_text: str) -> set:
   """The distinct device groupings the collectives of an HLO module use.
   One group of every device is "all", however spelled."""
   groupings = {_grouping(line) for line in hlo_text.splitlines()
                if _COLLECTIVE.search(line)}
+  # Groups of one device communicate nothing (a psum over a size-1 axis).
+  groupings = {g for g in groupings if not (
+      isinstance(g, frozenset) and all(len(group) == 1 for group in g))}
   ids = {i for g in groupings if isinstance(g, frozenset)
          for group in g for i in group}
   everyone = frozenset({frozenset(ids)})
