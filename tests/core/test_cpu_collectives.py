@@ -111,7 +111,6 @@ _PROGRAM = textwrap.dedent("""
     from trm.core import compile_cache
 
     compile_cache.configure(sys.argv[1])
-    compile_cache.MIN_COMPILE_SECONDS = 0
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     hits = []
     jax.monitoring.register_event_listener(

@@ -42,6 +42,11 @@ from trm.data import io as data_io
 MAGIC = b"TRM-COMPILED-STEP 1\n"
 FIELD = "config.compiled_step"
 _REBUILD = "rebuild it with `python -m trm.aot --save_compiled=FILE`"
+# Why an XLA:CPU step of some meshes is neither saved nor loaded
+# (trm.core.cpu_collectives).
+_CPU_DEADLOCK = ("collectives span several groupings of the devices (two or "
+                 "more mesh axes larger than 1), or whose program could not "
+                 "be read, can deadlock when loaded from a file")
 # Config fields that never enter the compiled train step: the host loop's
 # cadence, where files live, how runs are watched. Everything else is in
 # the fingerprint (a field wrongly left in costs a rebuild; one wrongly left
@@ -224,11 +229,9 @@ def save(path: str, compiled, mesh, abstract_args, config_fields: dict,
   platform = mesh.devices.flat[0].platform
   if cpu_collectives.deadlock_prone(platform, compiled):
     raise CompiledStepError(
-        "--save_compiled: this XLA:CPU step's collectives span several "
-        "groupings of the devices (two or more mesh axes larger than 1), or "
-        "its program could not be read, and loaded from a file such a step "
-        "can deadlock; on CPU train without config.compiled_step, or save "
-        "the step of a mesh with one axis larger than 1.")
+        f"--save_compiled: refused, as an XLA:CPU step whose {_CPU_DEADLOCK}"
+        "; on CPU train without config.compiled_step, or save the step of "
+        "a mesh with one axis larger than 1.")
   try:
     payload, _, out_tree = serialize_executable.serialize(compiled)
   except (ValueError, NotImplementedError) as e:
@@ -454,11 +457,9 @@ def load(path: str, payload: bytes, in_tree, out_tree):
         "a jax/libtpu of this run.") from None
   if cpu_collectives.deadlock_prone(backend.platform, executable):
     raise CompiledStepError(
-        f"{FIELD}={path!r}: an XLA:CPU step whose collectives span several "
-        "groupings of the devices (two or more mesh axes larger than 1), or "
-        "whose program could not be read, can deadlock when loaded from a "
-        f"file; on CPU leave {FIELD} unset (the step compiles) or use a "
-        "mesh with one axis larger than 1.")
+        f"{FIELD}={path!r}: refused, as an XLA:CPU step whose "
+        f"{_CPU_DEADLOCK}; on CPU leave {FIELD} unset (the step compiles) or "
+        "use a mesh with one axis larger than 1.")
   return jax.stages.Compiled(executable, [], in_tree.unflatten(args_info_flat),
                              out_tree, no_kwargs=no_kwargs)
 

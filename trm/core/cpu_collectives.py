@@ -39,6 +39,13 @@ def _ints(text: str) -> list[int]:
   return [int(t) for t in text.split(",") if t]
 
 
+def _iota(dims: str, perm: str | None) -> np.ndarray:
+  """XLA's iota device list [dims]T(perm): arange, reshaped, transposed."""
+  shape = _ints(dims)
+  order = _ints(perm) if perm else range(len(shape))
+  return np.arange(int(np.prod(shape))).reshape(shape).transpose(list(order))
+
+
 def _rows(ids: np.ndarray) -> frozenset:
   return frozenset(frozenset(int(i) for i in row) for row in ids)
 
@@ -54,10 +61,8 @@ def _grouping(line: str):
 
 def _read_grouping(line: str):
   if found := _IOTA.search(line):
-    shape, dims = _ints(found.group(1)), _ints(found.group(2))
-    perm = _ints(found.group(3)) if found.group(3) else range(len(dims))
-    ids = np.arange(int(np.prod(dims))).reshape(dims).transpose(list(perm))
-    return _rows(ids.reshape(shape))
+    return _rows(_iota(found.group(2), found.group(3)).reshape(
+        _ints(found.group(1))))
   if found := _MESH.search(line):
     return _mesh_grouping(found, line)
   if found := _EXPLICIT.search(line):
@@ -81,11 +86,9 @@ def _mesh_grouping(found, line: str):
       not {name for name, _, _ in chosen} <= set(names)):
     return line.strip()
   shape = [int(n) for _, n in sizes]
-  ids = np.arange(int(np.prod(shape)))
-  if found.group(2):  # the mesh's devices, as an iota
-    dims = _ints(found.group(2))
-    perm = _ints(found.group(3)) if found.group(3) else range(len(dims))
-    ids = ids.reshape(dims).transpose(list(perm))
+  # The mesh's devices: in order, or as an iota.
+  ids = (_iota(found.group(2), found.group(3)) if found.group(2)
+         else np.arange(int(np.prod(shape))))
   # Each axis split at every sub-axis boundary named on it.
   cuts = [{1, n} for n in shape]
   for name, pre, size in chosen:
