@@ -117,6 +117,38 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
       np.asarray(resumed.puzzle_emb["weights"]))
 
 
+def _train_steps_on_disk(workdir):
+  """The steps of train/loss in `workdir`'s events files, as TensorBoard
+  reads them now."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(str(workdir))
+  events.Reload()
+  if "train/loss" not in events.Tags()["tensors"]:
+    return []
+  return sorted(e.step for e in events.Tensors("train/loss"))
+
+
+def test_metrics_up_to_a_checkpoint_are_on_disk_before_it_is_saved(
+    tmp_path, data_dir, monkeypatch):
+  """A run killed after a checkpoint (SIGKILL: no cleanup, no flush)
+  resumes from it and never writes the earlier steps' metrics again, so
+  they must be in the events file by then. Before the fix the file held
+  only its header when step 6 was saved (the writer's buffer and its
+  120 s flush timer held the rest)."""
+  on_disk = {}
+  real_save = ckpt_lib.save
+
+  def save(manager, step, *args, **kwargs):
+    on_disk[step] = _train_steps_on_disk(tmp_path)
+    return real_save(manager, step, *args, **kwargs)
+
+  monkeypatch.setattr(train.ckpt_lib, "save", save)
+  config = tiny_config(**{"data.data_dir": data_dir})  # log 3, save 6
+  train.train_and_evaluate(config, str(tmp_path), families.build_task)
+  assert on_disk == {6: [3, 6], 12: [3, 6, 9, 12]}
+  assert _train_steps_on_disk(tmp_path) == [3, 6, 9, 12]  # once each
+
+
 class _SavedPosition:
   """A data position as read back from a checkpoint (`checkpoint.save`
   asks the iterator for it)."""

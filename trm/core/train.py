@@ -311,6 +311,20 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     writer.write_scalars(step, scalars)
     check_bad_streak(step, int(values.get("max_bad_streak", 0)))
 
+  def write_metrics_to_disk() -> None:
+    """Every metric so far, the interval still pending included, written
+    and flushed before a checkpoint is saved: a run killed after it
+    (SIGKILL, a lost host, no cleanup) resumes from the checkpoint and
+    never writes those steps' metrics again, and the events file holds
+    only what was flushed (`trm.core.metrics`: at the latest 120 s after a
+    write). Fetching the pending metrics waits for no step the save does
+    not wait for: they are this step's at the latest."""
+    nonlocal pending
+    if pending is not None:
+      write_train_metrics(*pending)
+      pending = None
+    writer.flush()
+
   def save_checkpoint(step: int) -> bool:
     """Saves unless the newest step was skipped (the state is then not one
     a clean run reaches, and must not displace a good checkpoint). The
@@ -441,6 +455,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           improved = (evaluated_at == step
                       and results.get("eval/loss", best_loss) < best_loss)
           if not save_improved_only or improved:
+            write_metrics_to_disk()
             with report.timed("checkpoint", barrier=state):
               save_checkpoint(step)
           else:
