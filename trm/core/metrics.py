@@ -67,13 +67,21 @@ def _hparam_value(value):
   return str(value)
 
 
-def _png(image: np.ndarray) -> bytes:
-  """[H, W, C] uint8, or floats in [0, 1], as PNG bytes."""
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+def _uint8(image: np.ndarray) -> np.ndarray:
+  """An image as `tf.summary.image` stores it (CLU's TensorFlow writer):
+  uint8 as it is, floats in [0, 1] through `tf.image.convert_image_dtype`
+  with saturation (scaled by 255.5 in float32, clamped to [0, 255],
+  truncated)."""
   image = np.asarray(image)
-  if image.dtype != np.uint8:
-    image = (np.clip(image.astype(np.float32), 0, 1) * 255 + 0.5).astype(
-        np.uint8)
+  if image.dtype == np.uint8:
+    return image
+  scaled = image.astype(np.float32) * np.float32(255.5)
+  return np.clip(np.nan_to_num(scaled), 0, 255).astype(np.uint8)
+
+
+def _png(image: np.ndarray) -> bytes:
+  """[H, W, C] uint8 as PNG bytes (C = 1: grayscale)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
   if image.shape[-1] == 1:
     image = image[..., 0]
   buffer = io.BytesIO()
@@ -203,18 +211,30 @@ class TensorBoardWriter:
                        for k, v in scalars.items()))
 
   def write_images(self, step: int, images: Mapping[str, Any]):
-    from tensorboard.compat.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+    """As `tf.summary.image` writes them (CLU's TensorFlow writer): one
+    summary per key holding all its images, a string tensor [width,
+    height, PNG...] for the images plugin."""
+    # pylint: disable=g-import-not-at-top
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2
+    from tensorboard.compat.proto import tensor_shape_pb2, types_pb2
+    from tensorboard.plugins.image import metadata as image_metadata
+    # pylint: enable=g-import-not-at-top
     values = []
     for key, batch in images.items():
-      batch = np.asarray(batch)
+      batch = _uint8(batch)
       if batch.ndim == 3:
         batch = batch[None]
-      for i, image in enumerate(batch):
-        tag = key if len(batch) == 1 else f"{key}/image/{i}"
-        values.append(summary_pb2.Summary.Value(tag=tag, image=(
-            summary_pb2.Summary.Image(
-                height=image.shape[0], width=image.shape[1],
-                colorspace=image.shape[2], encoded_image_string=_png(image)))))
+      strings = [str(batch.shape[2]).encode(), str(batch.shape[1]).encode()]
+      strings += [_png(image) for image in batch]
+      values.append(summary_pb2.Summary.Value(
+          tag=key,
+          tensor=tensor_pb2.TensorProto(
+              dtype=types_pb2.DT_STRING,
+              tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[
+                  tensor_shape_pb2.TensorShapeProto.Dim(size=len(strings))]),
+              string_val=strings),
+          metadata=image_metadata.create_summary_metadata(
+              display_name=None, description=None)))
     self._write(step, values)
 
   def write_videos(self, step: int, videos: Mapping[str, Any]):
