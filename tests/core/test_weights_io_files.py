@@ -7,6 +7,8 @@ line."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -281,3 +283,47 @@ def test_an_oversized_json_is_refused_unread(tmp_path, monkeypatch):
   monkeypatch.setattr(weights_io, "MAX_JSON_BYTES", 64)
   with pytest.raises(weights_io.CheckpointError, match="bytes, no checkpoint"):
     weights_io.read_json(str(path))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_weight_file_that_is_no_regular_file_is_one_line(sharded, tmp_path,
+                                                           kind):
+  """A shard (or model.safetensors) that is a FIFO hung the Dream loader
+  forever: safe_open blocks until a writer opens the pipe. The index and
+  config.json were already refused unread; now the weight files are too."""
+  directory, _ = sharded
+  copy = tmp_path / "hf"
+  shutil.copytree(directory, copy)
+  with open(copy / INDEX) as f:
+    shard = sorted(set(json.load(f)["weight_map"].values()))[1]
+  os.remove(copy / shard)
+  if kind == "fifo":
+    os.mkfifo(copy / shard)
+    # Without the check a reader blocks in open(), holding the GIL; this
+    # process opens the pipe for writing once a reader waits, so that the
+    # reader goes on (to fail on the empty pipe) instead of hanging the test.
+    releaser = subprocess.Popen([sys.executable, "-c", _RELEASE_READERS,
+                                 str(copy / shard)])
+  else:
+    os.mkdir(copy / shard)
+    releaser = None
+  try:
+    with pytest.raises(weights_io.CheckpointError,
+                       match=f"{shard} is not a regular file"):
+      hf_import.load_hf_checkpoint(str(copy), CFG)
+  finally:
+    if releaser is not None:
+      releaser.kill()
+      releaser.wait()
+
+
+_RELEASE_READERS = """
+import os, sys, time
+end = time.monotonic() + 30
+while time.monotonic() < end:
+  try:
+    os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK))
+    break
+  except OSError:  # ENXIO: no reader yet
+    time.sleep(0.05)
+"""
