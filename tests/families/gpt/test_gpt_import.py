@@ -490,3 +490,29 @@ def test_n_embd_that_does_not_split_into_n_head_names_the_file(hf, tmp_path):
                r"heads/config\.json: n_embd=32 is not a multiple of n_head=3",
                r"heads\.pt: model_args: n_embd=32 is not a multiple of "
                r"n_head=3")
+
+
+@pytest.mark.parametrize("name", ["config.json",
+                                  "model.safetensors.index.json"])
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100000 + "]" * 100000, "is no checkpoint JSON"),
+    (b"{\"n_embd\": \"\xff\"}", "is not valid JSON"),
+], ids=["nested", "not_utf8"])
+def test_hostile_gpt2_json_files_are_one_line(hf, tmp_path, name, text,
+                                              message):
+  """The HF GPT-2 reader parsed config.json and the index with a bare
+  json.load: JSON nested 100,000 deep raised a RecursionError traceback
+  (`trm.sample --init_from=gpt2`), with no size cap. It now reads them as
+  the Dream reader does (`weights_io.read_json`)."""
+  _, _, directory = hf
+  copy = tmp_path / "gpt2"
+  copy.mkdir()
+  for file in os.listdir(directory):
+    os.symlink(os.path.join(directory, file), copy / file)
+  if (copy / name).exists():
+    os.remove(copy / name)
+  (copy / name).write_bytes(text if isinstance(text, bytes) else
+                            text.encode())
+  with pytest.raises(weights_io.CheckpointError, match=message) as e:
+    gpt_import.load_hf_gpt2(str(copy))
+  assert name in str(e.value)

@@ -6,7 +6,6 @@ downloaded first (`local_directory`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -47,11 +46,9 @@ def read_hf_config(directory: str) -> dict:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} is missing; a Hugging Face GPT-2 "
                             f"directory holds {HF_FILES}.")
-  try:
-    with open(path) as f:
-      hf = json.load(f)
-  except json.JSONDecodeError as e:
-    raise weights_io.CheckpointError(f"{path} is not valid JSON ({e}).") from e
+  # The shared reader: a size cap, and one line for bad UTF-8 or nesting
+  # deep enough to exhaust Python's recursion limit (a traceback before).
+  hf = weights_io.read_json(path)
   if not isinstance(hf, dict):
     raise weights_io.CheckpointError(
         f"{path} holds a {type(hf).__name__}, not the "
@@ -107,13 +104,7 @@ def hf_files(directory: str) -> tuple[list[str], str]:
   index = os.path.join(directory, HF_INDEX)
   single = os.path.join(directory, HF_SINGLE)
   if os.path.isfile(index):
-    try:
-      with open(index) as f:
-        weight_map = json.load(f)["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-      raise weights_io.CheckpointError(
-          f"{index} has no valid \"weight_map\" ({e}).") from e
-    weights_io.check_shard_names(weight_map, directory, index)
+    weight_map = weights_io.read_index(index)  # names checked inside it
     files = sorted(set(weight_map.values()))
     for file in files:
       if not os.path.isfile(os.path.join(directory, file)):
