@@ -152,3 +152,21 @@ def test_generate_refuses_a_nan_temperature():
   with pytest.raises(ValueError, match="temperature=nan must be a finite"):
     gpt.generate(gpt.GPT(cfg), {}, np.zeros((1, 1), np.int32), 2, None,
                  temperature=float("nan"))
+
+
+def test_a_prompt_outside_the_models_vocabulary_is_one_line(tmp_path):
+  """A tokenizer larger than the model (here meta.json's 16 characters for
+  a 10-token GPT-2) gave prompt ids past the embedding table: JAX's gather
+  filled them with NaN and trm.sample printed token 0 for every position,
+  with exit 0. Now one line names the ids and --data_dir."""
+  directory = write_tiny_gpt2(tmp_path / "gpt2", vocab=10)
+  data = tmp_path / "data"
+  preparation.prepare_char("abcdefghijklmno\n" * 4, str(data))
+  result = _sample("--init_from=gpt2", f"--checkpoint={directory}",
+                   f"--data_dir={data}", "--num_samples=1",
+                   "--max_new_tokens=2", "--start=no", "--temperature=0")
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  assert ("--start encodes to token id 15, but the model's vocabulary has "
+          "10 ids") in result.stderr
+  assert f"the meta.json of {data}, with 16 ids" in result.stderr

@@ -115,6 +115,26 @@ def check_finite(params, where: str) -> None:
                                allow_hint="--allow_nonfinite")
 
 
+def check_prompt_ids(prompt, vocab_size: int, codec, data_dir) -> None:
+  """Refuses a --start whose token ids the model has no embedding for: the
+  codec (meta.json's, or GPT-2's BPE when there is none) is not the one
+  the weights were trained with. JAX's gather would fill those rows with
+  NaN and every sample would print token 0, with exit 0 (nanoGPT's torch
+  raises an IndexError)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  top = int(np.max(prompt))
+  if top < vocab_size:
+    return
+  where = (f"the meta.json of {data_dir}" if data_dir else
+           "GPT-2's BPE (no meta.json was found)")
+  raise app.UsageError(
+      f"--start encodes to token id {top}, but the model's vocabulary has "
+      f"{vocab_size} ids: the tokenizer, {where}, with "
+      f"{getattr(codec, 'vocab_size', '?')} ids, is not the model's. Pass "
+      "--data_dir=DIR with the meta.json of the data the model was trained "
+      "on.")
+
+
 def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
                ctx):
   """(GPTConfig, params on `ctx.mesh`, default meta.json dir, description)."""
@@ -218,6 +238,7 @@ def main(argv):
   prompt = np.asarray([codec.encode(start)] * _NUM_SAMPLES.value, np.int32)
   if prompt.shape[1] == 0:
     raise app.UsageError("--start encodes to no tokens; give some text.")
+  check_prompt_ids(prompt, cfg.vocab_size, codec, data_dir)
   if jax.process_index() == 0:
     print(f"weights: {source}", file=sys.stderr)
 
