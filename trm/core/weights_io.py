@@ -17,6 +17,7 @@ import pickle
 import ml_dtypes
 import numpy as np
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from trm.data import io as data_io
 
@@ -323,6 +324,21 @@ class SafetensorsFile:
         size = int.from_bytes(f.read(8), "little")
         self._header = (json.loads(f.read(size)), 8 + size)
     return self._header
+
+
+def save_safetensors(tensors: dict, path: str, metadata: dict | None = None
+                     ) -> None:
+  """safetensors' `save_file`, then the file mode any other file written
+  here gets (0o666 less the umask). safetensors 0.8 writes through a
+  temporary file that is always 0600 (safetensors issue #782), so an
+  export's weights were readable by their owner alone while its
+  config.json was not: another account (a serving user, a container's
+  non-root user, a colleague on a shared disk) could read the config but
+  not the weights."""
+  save_file(tensors, path, metadata=metadata)
+  mask = os.umask(0o022)  # reads the umask; set back at once
+  os.umask(mask)
+  os.chmod(path, 0o666 & ~mask)
 
 
 def read_safetensors(path: str, allow_nonfinite: bool = False,

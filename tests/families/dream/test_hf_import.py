@@ -357,3 +357,26 @@ def test_index_shard_names_must_stay_inside_the_directory(tmp_path, file):
   with pytest.raises(weights_io.CheckpointError,
                      match=r"names the weight file .* outside"):
     weights_io.read_index(str(index))  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_exported_weights_are_as_readable_as_the_config(hf_model, tmp_path,
+                                                        umask):
+  """safetensors 0.8 writes each file through a temporary one that is
+  always 0600 (its issue #782), so an export's weights could be read by
+  their owner alone while config.json, written with open(), followed the
+  umask: another account (a serving user, a container's non-root user)
+  saw the directory but could not read the weights. Every file of an
+  export now has the umask's mode."""
+  _, directory = hf_model
+  params = hf_import.load_hf_checkpoint(directory, CFG)
+  old = os.umask(umask)
+  try:
+    files = hf_import.export_hf_checkpoint(params, CFG, str(tmp_path),
+                                           shard_size_bytes=50_000)
+  finally:
+    os.umask(old)
+  assert len(files) > 1
+  modes = {name: os.stat(tmp_path / name).st_mode & 0o777
+           for name in os.listdir(tmp_path)}
+  assert modes == {name: 0o666 & ~umask for name in modes}, modes

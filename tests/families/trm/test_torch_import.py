@@ -6,6 +6,7 @@ code): its modules carry upstream's attribute names so that its
 `state_dict()` has upstream's keys, and it shares no code with trm/models.
 """
 import math
+import os
 import pickle
 import re
 import sys
@@ -729,3 +730,20 @@ def test_export_checks_variables(tmp_path):
     torch_import.export_torch_checkpoint(params, buffers, puzzle_emb,
                                          _cfg(vocab_size=12),
                                          str(tmp_path / "b"))
+
+
+def test_a_safetensors_export_follows_the_umask(tmp_path):
+  """safetensors 0.8 writes through a 0600 temporary file (its issue
+  #782): a .safetensors export was readable by its owner alone, where the
+  torch.save one follows the umask. Both now do."""
+  cfg = _cfg()
+  params, buffers, puzzle_emb = _random_variables(cfg)
+  old = os.umask(0o022)
+  try:
+    for name in ("export.safetensors", "step_1"):
+      torch_import.export_torch_checkpoint(params, buffers, puzzle_emb, cfg,
+                                           str(tmp_path / name))
+  finally:
+    os.umask(old)
+  for name in ("export.safetensors", "step_1"):
+    assert os.stat(tmp_path / name).st_mode & 0o777 == 0o644, name

@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
-from safetensors.numpy import save_file
 
 from trm.core import host_arrays
 from trm.core import weights_io
@@ -276,8 +275,8 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
            [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
   weight_map = {}
   for file, shard in zip(files, shards):
-    save_file(dict(shard), os.path.join(directory, file),
-              metadata={"format": "pt"})
+    weights_io.save_safetensors(dict(shard), os.path.join(directory, file),
+                                metadata={"format": "pt"})
     weight_map.update({name: file for name, _ in shard})
   if n > 1:
     with open(os.path.join(directory, INDEX_FILE), "w") as f:

@@ -84,7 +84,6 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from safetensors.numpy import save_file
 
 from trm.core import host_arrays
 from trm.core import weights_io
@@ -289,7 +288,7 @@ def export_torch_checkpoint(params, buffers, puzzle_emb,
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   if path.endswith(".safetensors"):
-    save_file(tensors, path, metadata={"format": "pt"})
+    weights_io.save_safetensors(tensors, path, metadata={"format": "pt"})
   else:
     torch = weights_io.import_torch(f"Writing the PyTorch checkpoint {path}")
     torch.save(collections.OrderedDict(
