@@ -85,3 +85,73 @@ def test_an_empty_out_is_refused():
   failed to rename the root directory, after loading every weight."""
   with pytest.raises(app.UsageError, match="--out is empty"):
     export.check_out_dir("", None, False, "/nonexistent")
+
+
+def write_tokenizer(directory, mask_id=500, extra_ids=()):
+  """A tokenizer.json with the byte tokenizer's special ids (:tiny's model:
+  <|endoftext|> 256, <|dlm_pad|> 257, <|im_end|> 258) and <|mask|> at
+  `mask_id`; `extra_ids` adds tokens at those ids."""
+  from tokenizers import Tokenizer, models  # pylint: disable=g-import-not-at-top
+  vocab = {f"t{i}": i for i in range(8)}
+  vocab.update({"<|endoftext|>": 256, "<|dlm_pad|>": 257, "<|im_end|>": 258,
+                "<|mask|>": mask_id})
+  vocab.update({f"x{i}": i for i in extra_ids})
+  os.makedirs(directory, exist_ok=True)
+  Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(
+      os.path.join(directory, "tokenizer.json"))
+  return directory
+
+
+@pytest.mark.parametrize("mask_id, extra, message", [
+    (400, (), "has <|mask|> = 400 but config.model.mask_token_id=500"),
+    (500, (9000,), "has 9001 ids, more than config.model.vocab_size=512"),
+])
+def test_cli_checks_the_tokenizer_fits_the_model_before_the_weights(
+    tmp_path, mask_id, extra, message):
+  """--tokenizer's tokenizer.json is copied beside the weights; one whose
+  <|mask|> id or vocabulary does not fit the model made an export that
+  every loader (trm.generate included) refuses, after a whole export."""
+  workdir = _workdir(tmp_path)
+  source = write_tokenizer(str(tmp_path / "source"), mask_id, extra)
+  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+                        f"--tokenizer={source}")
+  assert f"--tokenizer={source}: The tokenizer" in error
+  assert message in error
+  assert not (tmp_path / "hf").exists()
+
+
+def test_cli_refuses_a_tokenizer_file_it_cannot_copy_before_the_weights(
+    tmp_path):
+  """A FIFO among --tokenizer's files (special_tokens_map.json) failed the
+  copy only after every weight had been read and written."""
+  workdir = _workdir(tmp_path)
+  source = write_tokenizer(str(tmp_path / "source"))
+  os.mkfifo(os.path.join(source, "special_tokens_map.json"))
+  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+                        f"--tokenizer={source}")
+  assert "special_tokens_map.json is not a regular file" in error
+
+
+def test_a_directory_matching_a_tokenizer_pattern_is_not_copied(tmp_path):
+  """`tokenizer*` matched a directory (tokenizer_cache/), and copying it
+  failed with IsADirectoryError after the weights were written."""
+  source = write_tokenizer(str(tmp_path / "source"))
+  os.mkdir(os.path.join(source, "tokenizer_cache"))
+  out = tmp_path / "out"
+  out.mkdir()
+  assert export.copy_tokenizer_files(source, str(out)) == ["tokenizer.json"]
+
+
+def test_cli_names_a_config_of_another_family(tmp_path):
+  """A GPT config was refused as "model 'dream' does not know these keys"
+  (the GPT's), as if the keys were wrong."""
+  workdir = _workdir(tmp_path)
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/gpt.py:shakespeare_char_cpu",
+       f"--checkpoint={workdir}", f"--out={tmp_path / 'hf'}"],
+      cwd=repo.ROOT, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert ("config.model.name='gpt': trm.export writes Dream / DiffuCoder "
+          "checkpoints only") in result.stderr

@@ -43,20 +43,57 @@ TOKENIZER_FILES = ("tokenizer*", "vocab.json", "merges.txt",
 
 
 def check_tokenizer_dir(source: str) -> None:
-  """--tokenizer holds a tokenizer.json (main checks it before the weights
-  load, which takes minutes for a 7B model)."""
+  """--tokenizer holds a tokenizer.json, and every file an export would
+  copy from it is a regular file (main checks it before the weights load,
+  which takes minutes for a 7B model)."""
   if not os.path.isfile(os.path.join(source, "tokenizer.json")):
     raise FileNotFoundError(f"{source} holds no tokenizer.json; point "
                             "--tokenizer at the checkpoint you fine-tuned.")
+  tokenizer_files(source)
+
+
+def tokenizer_files(source: str) -> list[str]:
+  """The paths of `source` that `TOKENIZER_FILES` name. A directory that
+  a pattern matches (a `tokenizer_cache/`) is no file to copy and is
+  skipped; a FIFO, device or broken link is refused (copying it failed
+  only after every weight had been read and written)."""
+  paths = []
+  for pattern in TOKENIZER_FILES:
+    for path in sorted(glob.glob(os.path.join(source, pattern))):
+      if os.path.isdir(path):
+        continue
+      if not os.path.isfile(path):
+        raise app.UsageError(
+            f"--tokenizer={source}: {os.path.basename(path)} is not a "
+            "regular file (a FIFO, device or broken link), so it cannot be "
+            "copied into the export; remove it or point --tokenizer at the "
+            "Hugging Face download.")
+      paths.append(path)
+  return paths
+
+
+def check_tokenizer_fits(source: str, cfg) -> None:
+  """--tokenizer's tokenizer.json is the model's: its <|mask|> id is
+  config.model.mask_token_id and its ids fit the vocabulary. The export
+  copies it beside the weights, and every loader of the export (ours
+  included) refuses a tokenizer that does not fit; the export itself
+  succeeded before."""
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  try:
+    tok_lib.from_spec(source, cfg)
+  except ValueError as e:
+    raise app.UsageError(f"--tokenizer={source}: {e} The export would "
+                         "ship a tokenizer its loaders refuse; point "
+                         "--tokenizer at the checkpoint the run was "
+                         "fine-tuned from.") from None
 
 
 def copy_tokenizer_files(source: str, out: str) -> list[str]:
   check_tokenizer_dir(source)
   copied = []
-  for pattern in TOKENIZER_FILES:
-    for path in sorted(glob.glob(os.path.join(source, pattern))):
-      shutil.copy2(path, out)
-      copied.append(os.path.basename(path))
+  for path in tokenizer_files(source):
+    shutil.copy2(path, out)
+    copied.append(os.path.basename(path))
   return copied
 
 
@@ -165,6 +202,12 @@ def main(argv):
   from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
+  family = config.model.get("name", "dream")
+  if family != "dream":
+    raise app.UsageError(
+        f"--config's config.model.name={family!r}: trm.export writes "
+        "Dream / DiffuCoder checkpoints only (GPT and TRM runs have no "
+        "exporter).")
   if not os.path.isdir(os.path.join(_CHECKPOINT.value, "checkpoints")):
     raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
                          "workdir (it has no checkpoints/ directory).")
@@ -173,6 +216,8 @@ def main(argv):
   # any weight is read.
   source_fields = (hf_config.fields_from_source(_TOKENIZER.value, cfg)
                    if _TOKENIZER.value else None)
+  if _TOKENIZER.value:
+    check_tokenizer_fits(_TOKENIZER.value, cfg)
   ctx = mesh_lib.ShardingContext.from_config(config)
   _, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
   params, source = generate.load_params(_CHECKPOINT.value, cfg, shardings)

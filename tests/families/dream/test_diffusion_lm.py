@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import repo
+import test_export
 
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
@@ -158,9 +159,10 @@ def test_missing_files_name_the_pattern(tmp_path):
 
 def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):
   workdir, _ = trained
+  # A tokenizer.json that fits :tiny (trm.export checks it against the
+  # model before the weights load).
   tokenizer_dir = tmp_path / "tok"
-  tokenizer_dir.mkdir()
-  (tokenizer_dir / "tokenizer.json").write_text("{}")
+  test_export.write_tokenizer(str(tokenizer_dir))
   (tokenizer_dir / "modeling_dream.py").write_text("# remote code")
   out = tmp_path / "hf"
   result = subprocess.run(
