@@ -516,3 +516,24 @@ def test_hostile_gpt2_json_files_are_one_line(hf, tmp_path, name, text,
   with pytest.raises(weights_io.CheckpointError, match=message) as e:
     gpt_import.load_hf_gpt2(str(copy))
   assert name in str(e.value)
+
+
+def test_nanogpt_files_of_the_wrong_container_types_are_one_line(hf,
+                                                                 tmp_path):
+  """A state_dict with a non-string key, or an optimizer whose 'state' is a
+  list, raised AttributeError tracebacks ('int' object has no attribute
+  'startswith'; 'list' object has no attribute 'get')."""
+  model, _, _ = hf
+  state = _nanogpt_state(model.state_dict())
+  keyed = dict(state)
+  keyed[0] = torch.zeros(1)
+  path = _save_ckpt(str(tmp_path / "intkey.pt"), keyed)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"intkey\.pt: state_dict key 0 is a int"):
+    gpt_import.load_nanogpt_checkpoint(path)
+  path = _save_ckpt(str(tmp_path / "optlist.pt"), state,
+                    optimizer={"state": [1, 2], "param_groups": []})
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"optlist\.pt: 'optimizer' is not a torch "
+                           "optimizer state_dict"):
+    gpt_import.load_nanogpt_checkpoint(path, optimizer=True)

@@ -89,11 +89,13 @@ def _adam_state(torch, optimizer, args: Mapping[str, Any], path: str):
   the parameters through the groups in that order.
   """
   where = f"{path}: 'optimizer'"
-  if not isinstance(optimizer, Mapping) or not {"state", "param_groups"} <= set(
-      optimizer):
+  if (not isinstance(optimizer, Mapping)
+      or not {"state", "param_groups"} <= set(optimizer)
+      or not isinstance(optimizer["state"], Mapping)
+      or not isinstance(optimizer["param_groups"], (list, tuple))):
     raise weights_io.CheckpointError(
         f"{where} is not a torch optimizer state_dict "
-        "(expected 'state' and 'param_groups').")
+        "(expected 'state', a dict, and 'param_groups', a list).")
   layout = gpt_layout.tensor_layout(args)
   groups = ([name for name, _, shape, _ in layout if len(shape) >= 2],
             [name for name, _, shape, _ in layout if len(shape) < 2])
@@ -204,6 +206,10 @@ def load_nanogpt_checkpoint(path: str, optimizer: bool = False
       [key for key in state if isinstance(key, str)], path)
   tensors: dict[str, np.ndarray] = {}
   for key, value in state.items():
+    if not isinstance(key, str):
+      raise weights_io.CheckpointError(
+          f"{path}: state_dict key {key!r} is a {type(key).__name__}, not a "
+          "tensor name (nanoGPT's state_dict keys are strings).")
     if not isinstance(value, torch.Tensor):
       raise weights_io.CheckpointError(f"{path}: state_dict entry {key!r} is a "
                             f"{type(value).__name__}, not a tensor.")
