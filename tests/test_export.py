@@ -155,3 +155,14 @@ def test_cli_names_a_config_of_another_family(tmp_path):
   assert result.returncode == 2, result.stderr[-3000:]
   assert ("config.model.name='gpt': trm.export writes Dream / DiffuCoder "
           "checkpoints only") in result.stderr
+
+
+@pytest.mark.skipif(os.access("/proc/sys", os.W_OK),
+                    reason="needs a directory this user cannot write")
+def test_an_out_that_cannot_be_written_is_refused_first(tmp_path):
+  """An --out on a read-only file system failed only when the staging
+  directory was made, after every weight had been read, naming the
+  staging path ('No such file or directory: ...partial-PID')."""
+  workdir = _workdir(tmp_path)
+  error = _export_error(workdir, "--out=/proc/sys/trm-export-probe/hf")
+  assert "/proc/sys cannot be written" in error

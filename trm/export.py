@@ -148,6 +148,17 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
         "reads. Export to a directory outside them.")
   if os.path.exists(out) and not os.path.isdir(out):
     raise app.UsageError(f"--out={out} is a file; pass a directory.")
+  # The export is staged beside --out (or its link's target) and renamed:
+  # that directory must take new entries. Checked here, not when the
+  # staging directory is made, after minutes of reading weights.
+  parent = os.path.dirname(os.path.abspath(resolve_out(out)))
+  while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+    parent = os.path.dirname(parent)  # makedirs creates the rest
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise app.UsageError(
+        f"--out={out}: {parent} cannot be written (a read-only file system "
+        "or no permission), and the export is written beside --out; pass "
+        "a directory you can write.")
   if os.path.isdir(out) and os.listdir(out) and not overwrite:
     raise app.UsageError(
         f"--out={out} is not empty. An export into it would mix its files "
