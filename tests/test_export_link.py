@@ -80,3 +80,14 @@ def test_config_json_claims_remote_code_only_when_copied(tmp_path):
       "AutoConfig": "configuration_dream.DreamConfig",
       "AutoModel": "modeling_dream.DreamModel"}
   assert config["hidden_size"] == 64  # the rest kept
+
+
+def test_a_link_that_loops_is_refused_first(tmp_path):
+  """--out a -> b -> a: the whole export was written, then the rename onto
+  the link failed ('Not a directory')."""
+  os.symlink("b", tmp_path / "a")
+  os.symlink("a", tmp_path / "b")
+  with pytest.raises(app.UsageError, match="symbolic link that loops"):
+    export.check_out_dir(str(tmp_path / "a"), None, False)
+  os.symlink(tmp_path / "absent" / "hf", tmp_path / "dangling")
+  export.check_out_dir(str(tmp_path / "dangling"), None, False)  # allowed

@@ -25,6 +25,7 @@ trm.main; process 0 writes.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import shutil
@@ -148,6 +149,13 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
         "reads. Export to a directory outside them.")
   if os.path.exists(out) and not os.path.isdir(out):
     raise app.UsageError(f"--out={out} is a file; pass a directory.")
+  try:
+    os.stat(out)
+  except OSError as e:  # a link to a path still to be created is fine
+    if e.errno == errno.ELOOP:
+      raise app.UsageError(
+          f"--out={out} is a symbolic link that loops (it never reaches a "
+          "directory); pass a directory, or a link to one.") from None
   # The export is staged beside --out (or its link's target) and renamed:
   # that directory must take new entries. Checked here, not when the
   # staging directory is made, after minutes of reading weights.
