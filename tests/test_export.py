@@ -166,3 +166,19 @@ def test_an_out_that_cannot_be_written_is_refused_first(tmp_path):
   workdir = _workdir(tmp_path)
   error = _export_error(workdir, "--out=/proc/sys/trm-export-probe/hf")
   assert "/proc/sys cannot be written" in error
+
+
+def test_cli_checks_the_sources_generation_config_before_the_weights(
+    tmp_path):
+  """--tokenizer's generation_config.json replaces the export's; Dream's
+  diffusion_generate reads its mask id, so one that is not the model's is
+  refused before any weight is read."""
+  workdir = _workdir(tmp_path)
+  source = write_tokenizer(str(tmp_path / "source"))
+  with open(os.path.join(source, "generation_config.json"), "w") as f:
+    f.write('{"mask_token_id": 7, "pad_token_id": 256}')
+  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+                        f"--tokenizer={source}")
+  assert ("generation_config.json: mask_token_id=7, but "
+          "config.model.mask_token_id=500") in error
+  assert not (tmp_path / "hf").exists()

@@ -236,6 +236,7 @@ def main(argv):
   source_fields = (hf_config.fields_from_source(_TOKENIZER.value, cfg)
                    if _TOKENIZER.value else None)
   if _TOKENIZER.value:
+    hf_config.check_source_generation_config(_TOKENIZER.value, cfg)
     check_tokenizer_fits(_TOKENIZER.value, cfg)
   ctx = mesh_lib.ShardingContext.from_config(config)
   _, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))

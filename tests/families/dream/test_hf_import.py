@@ -3,6 +3,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -380,3 +381,33 @@ def test_exported_weights_are_as_readable_as_the_config(hf_model, tmp_path,
   modes = {name: os.stat(tmp_path / name).st_mode & 0o777
            for name in os.listdir(tmp_path)}
   assert modes == {name: 0o666 & ~umask for name in modes}, modes
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("mask_token_id", 7, "mask_token_id=7, but config.model.mask_token_id=500"),
+    ("pad_token_id", 2, "pad_token_id=2, but config.model.pad_token_id=1"),
+    ("eos_token_id", [1, 10**6], "eos_token_id=[1, 1000000] is not token"),
+    ("bos_token_id", "x", "bos_token_id='x' is not token"),
+])
+def test_a_source_generation_config_that_disagrees_is_refused(
+    tmp_path, field, value, message):
+  """`trm.export --tokenizer=DIR` copies DIR's generation_config.json over
+  the export's own, and Dream's diffusion_generate takes its mask id from
+  that file: one naming mask id 7 made Dream's code fill the canvas with
+  token 7 while config.json (and our loaders) said 500."""
+  good = {"bos_token_id": 1, "eos_token_id": [1, 3], "pad_token_id": 1,
+          "mask_token_id": 500, "temperature": 0.2}
+  (tmp_path / "generation_config.json").write_text(json.dumps(good))
+  hf_config.check_source_generation_config(str(tmp_path), CFG)  # fits
+  (tmp_path / "generation_config.json").write_text(
+      json.dumps(dict(good, **{field: value})))
+  with pytest.raises(weights_io.CheckpointError,
+                     match=re.escape(f"generation_config.json: {message}")):
+    hf_config.check_source_generation_config(str(tmp_path), CFG)
+
+
+def test_no_source_generation_config_is_nothing_to_check(tmp_path):
+  hf_config.check_source_generation_config(str(tmp_path), CFG)
+  (tmp_path / "generation_config.json").write_text("[1]")
+  with pytest.raises(weights_io.CheckpointError, match="holds a list"):
+    hf_config.check_source_generation_config(str(tmp_path), CFG)

@@ -99,11 +99,8 @@ def fields_from_source(directory: str, cfg: DreamConfig) -> dict:
     if field == "max_position_embeddings":
       ok = _is_int(value) and value > 0
       want = "a positive integer"
-    else:  # generation configs may list several eos ids
-      ids = value if isinstance(value, list) and field == "eos_token_id" else [
-          value]
-      ok = bool(ids) and all(_is_int(v) and 0 <= v < cfg.vocab_size
-                             for v in ids)
+    else:
+      ok = _are_token_ids(field, value, cfg.vocab_size)
       want = f"token id(s) below the model's vocab_size {cfg.vocab_size}"
     if not ok:
       raise weights_io.CheckpointError(
@@ -111,6 +108,37 @@ def fields_from_source(directory: str, cfg: DreamConfig) -> dict:
           "--tokenizer at the checkpoint the run was fine-tuned from.")
     out[field] = value
   return out
+
+
+def check_source_generation_config(directory: str, cfg: DreamConfig) -> None:
+  """`directory`'s generation_config.json, which `trm.export --tokenizer`
+  copies over the export's own, must agree with the model: Dream's
+  `diffusion_generate` takes mask_token_id and pad_token_id from it (a
+  `generation_config` passed in falls back to it for every special id), so
+  a file naming another mask id made Dream's code fill the canvas with an
+  ordinary token, while config.json and our loaders said the model's. Its
+  mask and pad ids, where set, must equal config.model's; its bos/eos ids
+  must be token ids below the vocabulary. Nothing to check without the
+  file."""
+  path = os.path.join(directory, GENERATION_CONFIG_FILE)
+  if not os.path.lexists(path):
+    return
+  generation = read_config_object(path)
+  for field in ("mask_token_id", "pad_token_id"):
+    value = generation.get(field)
+    if value is not None and value != getattr(cfg, field):
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={value!r}, but config.model.{field}="
+          f"{getattr(cfg, field)} (what the export's config.json says); "
+          "Dream's diffusion_generate would read the file's. Point "
+          "--tokenizer at the checkpoint the run was fine-tuned from.")
+  for field in ("bos_token_id", "eos_token_id"):
+    value = generation.get(field)
+    if value is not None and not _are_token_ids(field, value, cfg.vocab_size):
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={value!r} is not token id(s) below the model's "
+          f"vocab_size {cfg.vocab_size}; fix the file, or point --tokenizer "
+          "at the checkpoint the run was fine-tuned from.")
 
 
 def hf_config_dict(cfg: DreamConfig, torch_dtype: str,
@@ -156,6 +184,14 @@ def hf_generation_config_dict(cfg: DreamConfig,
           "eos_token_id": source.get("eos_token_id", cfg.pad_token_id),
           "pad_token_id": cfg.pad_token_id,
           "mask_token_id": cfg.mask_token_id}
+
+
+def _are_token_ids(field: str, value, vocab_size: int) -> bool:
+  """A bos/eos field's value is one token id below `vocab_size`, or for
+  eos (generation configs may list several) a non-empty list of them."""
+  ids = value if isinstance(value, list) and field == "eos_token_id" else [
+      value]
+  return bool(ids) and all(_is_int(v) and 0 <= v < vocab_size for v in ids)
 
 
 def _is_int(value) -> bool:
