@@ -747,3 +747,27 @@ def test_a_safetensors_export_follows_the_umask(tmp_path):
     os.umask(old)
   for name in ("export.safetensors", "step_1"):
     assert os.stat(tmp_path / name).st_mode & 0o777 == 0o644, name
+
+
+def test_an_interrupted_torch_export_keeps_the_previous_file(tmp_path,
+                                                             monkeypatch):
+  """torch.save wrote the export in place: a writer killed mid-way left a
+  truncated archive under the final name, in place of the previous
+  export. It is now written beside it and renamed."""
+  cfg = _cfg()
+  params, buffers, puzzle_emb = _random_variables(cfg)
+  path = str(tmp_path / "step_1")
+  torch_import.export_torch_checkpoint(params, buffers, puzzle_emb, cfg, path)
+  before = open(path, "rb").read()
+
+  def killed(obj, f, *args, **kwargs):
+    del obj, args, kwargs
+    (f.write if hasattr(f, "write") else open(f, "wb").write)(b"PK\x03\x04")
+    raise KeyboardInterrupt  # stands in for a kill mid-write
+
+  monkeypatch.setattr(torch, "save", killed)
+  with pytest.raises(KeyboardInterrupt):
+    torch_import.export_torch_checkpoint(params, buffers, puzzle_emb, cfg,
+                                         path)
+  assert open(path, "rb").read() == before
+  assert sorted(os.listdir(tmp_path)) == ["step_1"]

@@ -87,6 +87,7 @@ import numpy as np
 
 from trm.core import host_arrays
 from trm.core import weights_io
+from trm.data import atomic_files
 from trm.families.trm import model as trm_model
 from trm.families.trm import torch_layout
 
@@ -291,6 +292,9 @@ def export_torch_checkpoint(params, buffers, puzzle_emb,
     weights_io.save_safetensors(tensors, path, metadata={"format": "pt"})
   else:
     torch = weights_io.import_torch(f"Writing the PyTorch checkpoint {path}")
-    torch.save(collections.OrderedDict(
-        (k, _to_torch(torch, v)) for k, v in tensors.items()), path)
+    state = collections.OrderedDict(
+        (k, _to_torch(torch, v)) for k, v in tensors.items())
+    # Through a temporary file and a rename (as save_file does): a writer
+    # killed mid-way leaves the previous file, not a truncated one.
+    atomic_files.atomic_write(path, lambda f: torch.save(state, f))
   return list(tensors)
