@@ -411,3 +411,28 @@ def test_no_source_generation_config_is_nothing_to_check(tmp_path):
   (tmp_path / "generation_config.json").write_text("[1]")
   with pytest.raises(weights_io.CheckpointError, match="holds a list"):
     hf_config.check_source_generation_config(str(tmp_path), CFG)
+
+
+@pytest.mark.parametrize("first_shard, second_shard", [(50_000, None),
+                                                       (None, 50_000)])
+def test_an_export_over_one_of_the_other_layout_is_what_loads(
+    hf_model, tmp_path, first_shard, second_shard):
+  """export_hf_checkpoint into a directory holding an earlier sharded
+  export left that export's index beside the new model.safetensors: our
+  loader (which prefers the index) read the OLD weights, under the new
+  config.json. The other way round, the old model.safetensors stayed and
+  transformers (which prefers it) would read the old weights."""
+  _, directory = hf_model
+  params = hf_import.load_hf_checkpoint(directory, CFG)
+  other = jax.tree.map(lambda x: x + 1.0, params)
+  kw = lambda size: {} if size is None else {"shard_size_bytes": size}
+  hf_import.export_hf_checkpoint(params, CFG, str(tmp_path),
+                                 **kw(first_shard))
+  hf_import.export_hf_checkpoint(other, CFG, str(tmp_path),
+                                 **kw(second_shard))
+  back = hf_import.load_hf_checkpoint(str(tmp_path), CFG)
+  jax.tree.map(np.testing.assert_array_equal, back, other)
+  if second_shard is None:
+    assert not os.path.exists(tmp_path / hf_import.INDEX_FILE)
+  else:
+    assert not os.path.exists(tmp_path / hf_import.SINGLE_FILE)

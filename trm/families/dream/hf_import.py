@@ -273,6 +273,14 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
   n = len(shards)
   files = ([SINGLE_FILE] if n == 1 else
            [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+  # A directory that held an export of the other layout keeps its index
+  # (which our loader prefers) or its model.safetensors (which
+  # transformers prefers): either would be read in place of these weights.
+  stale = os.path.join(directory, INDEX_FILE if n == 1 else SINGLE_FILE)
+  if os.path.lexists(stale):
+    logging.warning("Removing %s, left by an earlier export: loaders would "
+                    "read it instead of the new weights.", stale)
+    os.remove(stale)
   weight_map = {}
   for file, shard in zip(files, shards):
     weights_io.save_safetensors(dict(shard), os.path.join(directory, file),
