@@ -182,3 +182,66 @@ def test_cli_checks_the_sources_generation_config_before_the_weights(
   assert ("generation_config.json: mask_token_id=7, but "
           "config.model.mask_token_id=500") in error
   assert not (tmp_path / "hf").exists()
+
+
+def _ended_pid() -> int:
+  child = subprocess.Popen(["true"])
+  child.wait()
+  return child.pid
+
+
+def _export_dir(path, text):
+  path.mkdir()
+  (path / "config.json").write_text(text)
+
+
+def test_a_killed_exports_leftovers_are_removed(tmp_path):
+  """A SIGKILL skips the export's `finally`: its staging directory (a
+  half-written export, 15 GB for a 7B model) stayed for good, and so did
+  the previous export renamed aside by --overwrite."""
+  out = tmp_path / "hf"
+  _export_dir(out, "new")
+  host, dead = export._host(), _ended_pid()
+  _export_dir(tmp_path / f"hf.partial-{host}-{dead}", "half")
+  _export_dir(tmp_path / f"hf.replaced-{dead}", "old")  # older naming
+  _export_dir(tmp_path / f"hf.partial-{host}-{os.getpid()}", "running")
+  _export_dir(tmp_path / f"hf.partial-otherhost-{dead}", "elsewhere")
+  _export_dir(tmp_path / f"hf2.partial-{host}-{dead}", "another out")
+  done = export.recover_interrupted(str(out))
+  assert len(done) == 2, done
+  assert sorted(os.listdir(tmp_path)) == sorted([
+      "hf", f"hf.partial-{host}-{os.getpid()}", f"hf.partial-otherhost-{dead}",
+      f"hf2.partial-{host}-{dead}"])
+  assert (out / "config.json").read_text() == "new"
+
+
+def test_an_export_killed_between_its_renames_gets_the_old_one_back(
+    tmp_path):
+  """--overwrite renames the old export aside, then the new one in: killed
+  between the two, there was no --out at all, only hf.replaced-PID."""
+  host, dead = export._host(), _ended_pid()
+  _export_dir(tmp_path / f"hf.replaced-{host}-{dead}", "old")
+  _export_dir(tmp_path / f"hf.partial-{host}-{dead}", "new, complete")
+  done = export.recover_interrupted(str(tmp_path / "hf") + os.sep)
+  assert any("restored the previous export" in line for line in done), done
+  assert sorted(os.listdir(tmp_path)) == ["hf"]
+  assert (tmp_path / "hf" / "config.json").read_text() == "old"
+
+
+def test_cli_removes_a_killed_exports_staging_directory_first(tmp_path):
+  workdir = _workdir(tmp_path)
+  out = tmp_path / "hf"
+  _export_dir(out, "previous")
+  staging = tmp_path / f"hf.partial-{export._host()}-{_ended_pid()}"
+  _export_dir(staging, "half")
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+       f"--out={out}"],
+      cwd=repo.ROOT, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "is not empty" in result.stderr  # the refusal still comes
+  assert f"warning: removed {staging}" in result.stderr, result.stderr
+  assert not staging.exists()
+  assert (out / "config.json").read_text() == "previous"

@@ -28,7 +28,10 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import re
 import shutil
+import socket
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -187,16 +190,83 @@ def resolve_out(out: str) -> str:
   return out
 
 
+def _host() -> str:
+  """This machine's name as it may appear in a file name."""
+  return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
+def _sibling(out: str, kind: str) -> str:
+  """`out`'s sibling of `kind` ('partial' or 'replaced') for this process.
+  The host is in the name so that a later export removes only leftovers
+  whose process it can see has ended."""
+  return f"{out.rstrip(os.sep)}.{kind}-{_host()}-{os.getpid()}"
+
+
 def staging_dir(out: str) -> str:
   """The sibling directory an export is written to before `swap_in`."""
-  return f"{out}.partial-{os.getpid()}"
+  return _sibling(out, "partial")
+
+
+def _process_ended(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  except PermissionError:  # another user's live process
+    return False
+  return False
+
+
+def recover_interrupted(out: str) -> list[str]:
+  """Tidies what an export killed on this host left beside `out` (a
+  SIGKILL, a lost machine: its `finally` never ran), before a new export
+  begins. A staging directory (`out.partial-HOST-PID`) is a half-written
+  export, 15 GB for a 7B model, which nothing else removes: deleted. An
+  `out.replaced-HOST-PID` is the previous export, renamed aside by
+  `swap_in`: with no `out` (killed between the two renames) it is renamed
+  back, so the previous export is not lost; beside a new `out` (killed
+  while deleting it) it is deleted. Only leftovers whose process has ended
+  are touched. Returns what was done, one line each."""
+  out = out.rstrip(os.sep) or os.sep
+  if out == os.sep:
+    return []
+  parent = os.path.dirname(os.path.abspath(out))
+  try:
+    names = os.listdir(parent)
+  except OSError:
+    return []
+  # Names before the host was added (`out.partial-PID`) count as this
+  # host's.
+  leftover = re.compile(re.escape(os.path.basename(out))
+                        + r"\.(partial|replaced)-(?:" + re.escape(_host())
+                        + r"-)?(\d+)")
+  done = []
+  for name in sorted(names):
+    match = leftover.fullmatch(name)
+    if not match or not _process_ended(int(match.group(2))):
+      continue
+    path = os.path.join(parent, name)
+    if os.path.islink(path) or not os.path.isdir(path):
+      continue
+    if match.group(1) == "replaced" and not os.path.lexists(out):
+      try:
+        os.rename(path, out)
+        done.append(f"restored the previous export {path} to {out} (an "
+                    "export was killed while replacing it)")
+        continue
+      except OSError:  # another process restored it first
+        pass
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+      done.append(f"removed {path}, left by an export that was killed")
+  return done
 
 
 def swap_in(staging: str, out: str) -> None:
   """Moves the finished export to `out`; an existing `out` is replaced as a
   whole (renamed aside, then deleted), so no file of it remains."""
   if os.path.isdir(out):
-    old = f"{out.rstrip(os.sep)}.replaced-{os.getpid()}"
+    old = _sibling(out, "replaced")
     os.rename(out, old)
     os.rename(staging, out)
     shutil.rmtree(old)
@@ -207,6 +277,9 @@ def swap_in(staging: str, out: str) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _OUT.value:
+    for line in recover_interrupted(resolve_out(_OUT.value)):
+      print(f"trm.export: warning: {line}", file=sys.stderr)
   check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value,
                 _CHECKPOINT.value)
   if _TOKENIZER.value:
