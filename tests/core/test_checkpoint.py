@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -70,6 +71,43 @@ def test_the_best_step_survives_a_reopened_manager(tmp_path):
   ckpt_lib.save(reopened, 20, state, _Iterator(), eval_loss=2.0,
                 best_eval_loss=1.0)
   assert _steps(tmp_path) == [10, 20]
+
+
+@pytest.mark.parametrize("text,why", [
+    ('{"eval_lo', "cannot be read as JSON"),
+    ("{}", "holds {}, not a finite number at 'eval_loss'"),
+    ('{"eval_loss": "2.5"}', "not a finite number"),
+    ('{"eval_loss": NaN}', "not a finite number"),
+    ("\xff", "cannot be read as JSON")])
+def test_a_damaged_loss_record_is_one_line_naming_it(tmp_path, text, why):
+  """A step's held-out loss record (Orbax's `metrics` item) truncated or
+  hand-edited: Orbax read it when the manager opened the directory and
+  stopped with a bare JSON error naming no file (`trm.main: error:
+  Unterminated string ...`), or, for a record without a number, trained on
+  and failed the first save (KeyError / TypeError from the ranking).
+  Readers (`restore_fields`) do not rank steps and are not stopped."""
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
+                                  async_save=False)
+  state = {"w": jnp.ones((4,))}
+  ckpt_lib.save(manager, 10, state, _Iterator(), eval_loss=1.0,
+                best_eval_loss=1.0)
+  record = tmp_path / "10" / "metrics" / "metrics"
+  record.write_bytes(text.encode("latin-1"))
+  before = _snapshot(str(tmp_path))
+  with pytest.raises(ckpt_lib.CheckpointError) as error:
+    ckpt_lib.make_manager(str(tmp_path), max_to_keep=1)
+  message = str(error.value)
+  assert "\n" not in message and why in message, message
+  assert f"{record}, is damaged" in message
+  assert f"delete {tmp_path / '10' / 'metrics'}" in message
+  assert _snapshot(str(tmp_path)) == before
+  fields, step = ckpt_lib.restore_fields(
+      str(tmp_path), {"w": jax.ShapeDtypeStruct((4,), jnp.float32)})
+  assert step == 10 and np.array_equal(fields["w"], np.ones(4))
+  # Deleted as the line says: the step opens unranked.
+  shutil.rmtree(tmp_path / "10" / "metrics")
+  assert ckpt_lib.make_manager(str(tmp_path), max_to_keep=1).metrics(
+      10) is None
 
 
 def test_a_failed_redone_eval_record_leaves_the_step_as_it_was(

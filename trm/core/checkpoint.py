@@ -101,6 +101,7 @@ def make_manager(directory: str, *, max_to_keep: int,
   held-out loss: a save after preemption (or any save without an evaluation)
   can never push the best checkpoint out."""
   from orbax.checkpoint.checkpoint_managers import preservation_policy as pp  # pylint: disable=g-import-not-at-top
+  check_saved_metrics(directory)
   keep = pp.AnyPreservationPolicy([
       pp.LatestN(n=max_to_keep),
       pp.BestN(get_metric_fn=_eval_loss, reverse=True,
@@ -120,6 +121,56 @@ def make_manager(directory: str, *, max_to_keep: int,
 
 def _eval_loss(metrics) -> float:
   return metrics[EVAL_LOSS]
+
+
+def _metrics_problem(path: str) -> str | None:
+  """What is wrong with the held-out loss record `path` (a step's Orbax
+  `metrics` item), or None if it holds a finite number at EVAL_LOSS."""
+  try:
+    if not os.path.isfile(path):
+      return "it is not a regular file"
+    if os.path.getsize(path) > 1 << 20:
+      return "it is over 1 MiB"
+    with open(path, "rb") as f:
+      record = json.loads(f.read())
+  except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+    return f"it cannot be read as JSON ({type(e).__name__}: {_short(e, 200)})"
+  loss = record.get(EVAL_LOSS) if isinstance(record, dict) else None
+  if type(loss) not in (int, float) or not np.isfinite(loss):
+    return f"it holds {_short(json.dumps(record), 100)}, not a finite number at {EVAL_LOSS!r}"
+  return None
+
+
+def check_saved_metrics(directory) -> None:
+  """Refuses (`CheckpointError`, one line naming the file) a step whose
+  held-out loss record cannot rank it: Orbax reads every step's `metrics`
+  item when a manager opens the directory, and a damaged or hand-edited one
+  would stop it there with a bare JSON error, or (a record without a
+  number) fail the first save after training resumed. Local disks only
+  (an object store's are not checked)."""
+  from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
+  name = ocp_manager.METRIC_ITEM_NAME
+  directory = str(directory)
+  if "://" in directory or not os.path.isdir(directory):
+    return
+  for entry in sorted(os.listdir(directory)):
+    item = os.path.join(directory, entry, name)
+    if not entry.isdigit() or not os.path.lexists(item):
+      continue
+    path = os.path.join(item, name)
+    problem = (_metrics_problem(path) if os.path.lexists(path)
+               else None)  # no record: the step is unranked (Orbax too)
+    if problem is None and not os.path.isdir(item):
+      path, problem = item, "it is not a directory"
+    if problem is None:
+      continue
+    raise CheckpointError(
+        f"The held-out loss record of checkpoint {os.path.join(directory, entry)}"
+        f", {path}, is damaged: {problem}. It must be "
+        f'{{"{EVAL_LOSS}": <number>}}: write the step\'s eval/loss (from '
+        f"eval_{entry}.json in the workdir) there, or delete "
+        f"{item} to leave the step unranked (keep_checkpoints may then "
+        "delete it). Nothing was changed.")
 
 
 class _SavesWithoutMetrics(std_logging.Filter):
@@ -974,8 +1025,11 @@ def restore_fields(directory: str, abstract_fields: dict,
   if "://" not in directory:  # Orbax reads local paths only when absolute
     directory = os.path.abspath(directory)
   manager = ocp.CheckpointManager(
-      directory, options=ocp.CheckpointManagerOptions(create=False,
-                                                      read_only=True),
+      directory, options=ocp.CheckpointManagerOptions(
+          create=False, read_only=True,
+          # Steps only: their held-out losses (which rank them for keeping)
+          # are not read, so a damaged record cannot stop a reader.
+          lightweight_initialize=True),
       item_names=("state", "data_iter"))
   steps = sorted(manager.all_steps(), reverse=True)
   if not steps:
