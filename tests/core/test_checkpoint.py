@@ -110,6 +110,24 @@ def test_a_damaged_loss_record_is_one_line_naming_it(tmp_path, text, why):
       10) is None
 
 
+def test_saves_a_killed_run_left_unfinished_are_removed(tmp_path, caplog):
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
+                                  async_save=False)
+  ckpt_lib.save(manager, 10, {"w": jnp.ones((4,))}, _Iterator(),
+                eval_loss=1.0, best_eval_loss=1.0)
+  complete = _snapshot(str(tmp_path / "10"))
+  abandoned = tmp_path / "15.orbax-checkpoint-tmp" / "state"
+  abandoned.mkdir(parents=True)
+  (abandoned / "chunk").write_bytes(b"x" * 2**20)
+  with caplog.at_level("WARNING"):
+    ckpt_lib.remove_abandoned_saves(str(tmp_path))
+  assert sorted(os.listdir(tmp_path)) == ["10"]
+  assert _snapshot(str(tmp_path / "10")) == complete
+  assert (f"Removed 15.orbax-checkpoint-tmp in {tmp_path}: the unfinished "
+          "save(s) of a run that was killed while saving (1.0 MiB)"
+          ) in caplog.text
+
+
 def test_a_failed_redone_eval_record_leaves_the_step_as_it_was(
     tmp_path, monkeypatch, caplog):
   """A redone evaluation that cannot be written into its step (a full disk)

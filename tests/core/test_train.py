@@ -104,9 +104,18 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
     train.train_and_evaluate(config, workdir, families.build_task)
   monkeypatch.setattr(pipeline, "to_global", real_to_global)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["6"]
+  # And a save killed half-written at a step the resumed run never saves
+  # (a preemption's at 9): Orbax removed such a directory only when it
+  # saved that step again, so its disk space was lost for good.
+  abandoned = os.path.join(workdir, "checkpoints", "9.orbax-checkpoint-tmp")
+  os.makedirs(os.path.join(abandoned, "state"))
+  with open(os.path.join(abandoned, "state", "chunk"), "wb") as f:
+    f.write(b"x" * 4096)
 
   resumed, _ = train.train_and_evaluate(config, workdir, families.build_task)
   assert int(resumed.step) == 12
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
+      "12", "6"]
   for a, b in zip(jax.tree.leaves(_params(reference)),
                   jax.tree.leaves(_params(resumed))):
     np.testing.assert_array_equal(a, b)

@@ -221,6 +221,32 @@ def _remove_partial_saves(directory) -> list[str]:
   return removed
 
 
+def remove_abandoned_saves(directory) -> None:
+  """Deletes the temporary directories of saves that a killed run left
+  (one warning naming them): Orbax removes such a directory only when it
+  saves that same step again, so a save killed at a step the resumed run
+  never saves again (a preemption's, or one past a lowered total_steps)
+  kept the disk space of a whole checkpoint for good. Call it while this
+  run holds the workdir (no save of its own in flight); primary process."""
+  directory = epath.Path(directory)
+  if jax.process_index() != 0 or not directory.exists():
+    return
+  sizes = {}
+  for path in directory.iterdir():
+    if _TMP_MARK in path.name and "://" not in str(path):
+      sizes[path.name] = sum(
+          os.path.getsize(os.path.join(root, name))
+          for root, _, files in os.walk(str(path)) for name in files
+          if os.path.isfile(os.path.join(root, name)))
+  removed = _remove_partial_saves(directory)
+  if removed:
+    freed = sum(sizes.get(name, 0) for name in removed) / 2**20
+    logging.warning("Removed %s in %s: the unfinished save(s) of a run that "
+                    "was killed while saving (%.1f MiB). Its complete "
+                    "checkpoints are untouched.", ", ".join(sorted(removed)),
+                    directory, freed)
+
+
 def _wait_until_quiet(path: str, quiet: float = 0.5, limit: float = 15.0):
   """Waits until nothing under `path` has changed for `quiet` seconds: a
   failed save's other writers (tensorstore) may still be finishing, and

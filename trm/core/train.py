@@ -194,6 +194,9 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       return None
     return _eval_file_loss(workpath, step)
 
+  # The workdir is this run's (locked): a save a killed run left unfinished
+  # is nobody's, and Orbax would keep it unless it saved that step again.
+  ckpt_lib.remove_abandoned_saves(workpath / "checkpoints")
   # Before the manager reads the steps' metrics: checkpoints written before
   # they were kept on disk would otherwise be unranked, and the next save
   # would let keep-N delete the best of them.
