@@ -370,3 +370,44 @@ def test_a_failed_history_write_keeps_the_history(tmp_path, monkeypatch):
   assert history.read_text() == before + "\n"
   assert sorted(os.listdir(tmp_path)) == sorted([config_record.RECORD,
                                                  config_record.HISTORY])
+
+
+@pytest.mark.parametrize("before", [b"\xff\xfe not UTF-8\n",
+                                    b'{"step": 5}'])
+def test_a_hand_edited_history_is_kept_and_appended_to(tmp_path, before):
+  """A history in another encoding stopped the resume (after its restore)
+  with a bare `'utf-8' codec can't decode byte 0xff` naming no file; one
+  without a last newline got the next entry glued to its last line."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  config = tiny_config()
+  (tmp_path / config_record.RECORD).write_text(
+      config.to_json_best_effort(indent=2))
+  history = tmp_path / config_record.HISTORY
+  history.write_bytes(before)
+  config_record.record(config, epath.Path(tmp_path), {"log_every": [3, 4]},
+                       10)
+  text = history.read_bytes()
+  assert text.startswith(before)
+  lines = text[len(before):].decode().splitlines()
+  if not before.endswith(b"\n"):
+    assert lines[0] == ""
+    lines = lines[1:]
+  assert [json.loads(line)["changes"] for line in lines] == [
+      {"log_every": [3, 4]}]
+
+
+def test_an_unreadable_history_is_one_line_naming_it(tmp_path):
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  config = tiny_config()
+  (tmp_path / config_record.RECORD).write_text(
+      config.to_json_best_effort(indent=2))
+  history = tmp_path / config_record.HISTORY
+  history.mkdir()
+  with pytest.raises(config_record.ConfigRecordError) as error:
+    config_record.record(config, epath.Path(tmp_path),
+                         {"log_every": [3, 4]}, 10)
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith(f"Cannot read {history} to add")
+  assert message.endswith("move it away (a new history is then started) "
+                          "and rerun.")

@@ -273,15 +273,16 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
   return diff
 
 
-def _write(path: epath.Path, text: str) -> None:
+def _write(path: epath.Path, text: str | bytes) -> None:
   """Replaces `path` whole: a local file through a temporary file renamed
   over it, so a crash or a full disk mid-write leaves the previous file (the
   history is rewritten, not appended to, and a truncated write would lose
   every entry); an object store's object is replaced whole anyway."""
+  data = text.encode() if isinstance(text, str) else text
   if "://" in str(path):
-    path.write_text(text)
+    path.write_bytes(data)
   else:
-    atomic_files.atomic_write(str(path), lambda f: f.write(text.encode()))
+    atomic_files.atomic_write(str(path), lambda f: f.write(data))
 
 
 def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
@@ -306,9 +307,19 @@ def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
            "accepted": sorted(k for k, v in diff.items()
                               if not _harmless(k, *v, config))}
   history = workpath / HISTORY
-  # Read and rewrite rather than append: object stores cannot append.
-  before = history.read_text() if history.exists() else ""
-  _write(history, before + json.dumps(entry) + "\n")
+  # Read and rewrite rather than append: object stores cannot append. As
+  # bytes: a hand-edited history (another encoding, no last newline) is
+  # kept as it is, not refused after the restore with a bare decode error.
+  try:
+    before = history.read_bytes() if history.exists() else b""
+  except OSError as e:
+    raise ConfigRecordError(
+        f"Cannot read {history} to add this resume's config changes to it "
+        f"({type(e).__name__}: {e.strerror or e}): move it away (a new "
+        "history is then started) and rerun.") from None
+  if before and not before.endswith(b"\n"):
+    before += b"\n"
+  _write(history, before + (json.dumps(entry) + "\n").encode())
   if entry["accepted"]:  # allow_config_change: say what now trains otherwise
     logging.warning(
         "Resuming from step %d with changes to how the run trains, accepted "
