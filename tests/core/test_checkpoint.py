@@ -512,6 +512,62 @@ def test_a_full_disk_is_one_line_and_loses_nothing(small_disk, tmp_path):
   assert 12 in _steps(workdir / "checkpoints")
 
 
+_UNWRITABLE_SAVE = """
+import subprocess, sys, time
+import jax.numpy as jnp
+from trm.core import checkpoint as ckpt_lib
+class Iterator:
+  def get_state(self):
+    return {"position": 0}
+directory = sys.argv[1]
+manager = ckpt_lib.make_manager(directory, max_to_keep=1, async_save=True)
+ckpt_lib.save(manager, 1, {"w": jnp.ones(4)}, Iterator())
+ckpt_lib.wait_until_finished(manager)
+subprocess.run(["chattr", "+i", directory], check=True)
+try:
+  ckpt_lib.save(manager, 2, {"w": jnp.ones(4)}, Iterator())
+  ckpt_lib.wait_until_finished(manager)
+except ckpt_lib.CheckpointError as e:
+  print("ERROR", e, flush=True)
+finally:
+  subprocess.run(["chattr", "-i", directory], check=True)
+print("EXITING", time.time(), flush=True)
+"""
+
+
+def test_an_unwritable_checkpoint_directory_does_not_hang_the_exit(tmp_path):
+  """A checkpoint directory that turns unwritable mid-run (a disk remounted
+  read-only, `chattr +i` here): the error was printed, then the process
+  hung at exit for 20 minutes, Orbax's commit threads waiting for the
+  signal of a step directory its background thread had failed to make."""
+  directory = tmp_path / "checkpoints"
+  directory.mkdir()
+  probe = subprocess.run(["chattr", "+i", str(directory)],
+                         capture_output=True, check=False)
+  if probe.returncode:
+    pytest.skip("chattr +i needs root and a file system that has it")
+  subprocess.run(["chattr", "-i", str(directory)], check=True)
+  from test_train import ROOT  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  try:
+    done = subprocess.run([sys.executable, "-c", _UNWRITABLE_SAVE,
+                           str(directory)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=90)
+  except subprocess.TimeoutExpired:
+    pytest.fail("the process did not exit after the failed save")
+  finally:
+    subprocess.run(["chattr", "-i", str(directory)], check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  errors = [l for l in done.stdout.splitlines() if l.startswith("ERROR")]
+  assert len(errors) == 1, done.stdout
+  assert errors[0].startswith(
+      f"ERROR Writing a checkpoint to {directory} failed (PermissionError: ")
+  assert (f"The last good checkpoint, {directory / '1'}, is kept. "
+          "Free space (or fix the cause) and rerun to resume.") in errors[0]
+  assert "EXITING" in done.stdout
+  assert _steps(directory) == [1]
+
+
 # What both two-process workers start with: a step's state sharded over
 # both processes' devices, and the part of an iterator a save reads.
 _WORKER_STATE = workers_lib.JOIN + """

@@ -111,6 +111,13 @@ def make_manager(directory: str, *, max_to_keep: int,
       options=ocp.CheckpointManagerOptions(
           preservation_policy=keep, create=True,
           enable_async_checkpointing=async_save,
+          # The step's directories are made by `save` itself, not by a
+          # background thread: made there, a failure (a workdir turned
+          # read-only or out of inodes mid-run) left Orbax's other commit
+          # threads waiting for a signal that never came, and the process,
+          # its error printed, hung at exit for their 20-minute timeout.
+          async_options=ocp.AsyncOptions(
+              create_directories_asynchronously=False),
           # Only with `best_fn` does Orbax write a step's metrics to disk
           # (`<step>/metrics/metrics`); without it they lived in this
           # manager's memory alone, and a resumed run, knowing no step's
@@ -284,6 +291,8 @@ def _save_error(manager, error: Exception) -> CheckpointError:
     cause = f"{type(error).__name__}: {cause[:300]} ..."
   else:
     cause = f"{type(error).__name__}: {cause}"
+  if not removed:  # it starts the sentence
+    last = last[0].upper() + last[1:]
   return CheckpointError(
       f"Writing a checkpoint to {manager.directory} failed ({cause}){free}. "
       + (f"Removed the partial save ({', '.join(removed)}); " if removed
