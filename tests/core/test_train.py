@@ -2,6 +2,7 @@
 configs fail early with clear messages. 8 CPU devices, mesh 2x2x2."""
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,6 +157,37 @@ def test_metrics_up_to_a_checkpoint_are_on_disk_before_it_is_saved(
   train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert on_disk == {6: [3, 6], 12: [3, 6, 9, 12]}
   assert _train_steps_on_disk(tmp_path) == [3, 6, 9, 12]  # once each
+
+
+def test_a_full_disk_at_an_evaluation_is_one_line(tmp_path, data_dir,
+                                                  monkeypatch):
+  """The disk fills (or turns read-only) while the evaluation's record is
+  written: the run stopped with a bare `[Errno 28] No space left on
+  device`, naming neither the file nor the checkpoint kept."""
+  import errno  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  config = tiny_config(**{"data.data_dir": data_dir})
+  path_type = type(epath.Path(str(tmp_path)))
+  real_write_text = path_type.write_text
+
+  def full(self, *args, **kwargs):
+    if self.name.startswith("eval_"):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+    return real_write_text(self, *args, **kwargs)
+
+  monkeypatch.setattr(path_type, "write_text", full)
+  workdir = tmp_path / "run"
+  with pytest.raises(train.WorkdirWriteError) as error:
+    train.train_and_evaluate(config, str(workdir), families.build_task)
+  assert str(error.value) == (
+      f"Writing {workdir}/eval_12.json failed (no space left on device); "
+      + re.search(r"[0-9.]+ MiB free there", str(error.value)).group()
+      + f". The last good checkpoint, {workdir}/checkpoints/6, is kept. "
+      "Free space (or make the workdir writable again) and rerun to "
+      "resume.")
+  assert error.value.errno == errno.ENOSPC
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["6"]
+  assert not (workdir / "trainer.lock").exists()
 
 
 class _SavedPosition:

@@ -11,6 +11,7 @@ falls back to the previous one (`checkpoint.restore_latest`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -49,6 +50,32 @@ from trm.data import io as io_lib
 
 class NonFiniteError(cli.UserError, RuntimeError):
   """Too many consecutive steps had a NaN or Inf loss or gradient."""
+
+
+class WorkdirWriteError(cli.UserError, OSError):
+  """The workdir filled up or turned read-only while the run wrote to it."""
+
+
+# A write that failed because of the workdir's disk, not the input.
+_DISK_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+
+
+def _disk_error(error: OSError, workpath: epath.Path) -> WorkdirWriteError:
+  """One line for a write into the workdir (an evaluation's record, its
+  sheets, the logs) that failed for want of space or a writable disk:
+  which file, the cause, the space left and the checkpoint kept (saves
+  themselves say as much through `checkpoint.CheckpointError`)."""
+  where = error.filename or f"to the workdir {workpath}"
+  cause = os.strerror(error.errno).lower() if error.errno else str(error)
+  free = ckpt_lib._free_space(workpath)  # pylint: disable=protected-access
+  kept = ckpt_lib.complete_steps(workpath / "checkpoints")
+  last = (f"The last good checkpoint, {workpath / 'checkpoints' / str(kept[-1])},"
+          " is kept" if kept else "No complete checkpoint was written yet")
+  result = WorkdirWriteError(
+      f"Writing {where} failed ({cause}){free}. {last}. Free space (or make "
+      "the workdir writable again) and rerun to resume.")
+  result.errno = error.errno
+  return result
 
 
 def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
@@ -117,9 +144,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   trainer on it is refused before it writes anything."""
   check_config(config)
   workpath = check_workdir(workdir, config)  # local or gs://
-  with workdir_lock.WorkdirLock(workdir), contextlib.ExitStack() as cleanup:
-    return _train_and_evaluate(config, workdir, workpath, cleanup,
-                               build_task)
+  try:
+    with workdir_lock.WorkdirLock(workdir), contextlib.ExitStack() as cleanup:
+      return _train_and_evaluate(config, workdir, workpath, cleanup,
+                                 build_task)
+  except OSError as e:
+    # A bare "[Errno 28] No space left on device" named neither the file
+    # nor what was kept.
+    if e.errno not in _DISK_ERRNOS or isinstance(e, cli.UserError):
+      raise
+    raise _disk_error(e, workpath) from e
 
 
 def make_writer(config, workdir: str, is_main: bool):
