@@ -388,6 +388,28 @@ def test_unwritable_workdir_fails_before_data_or_compile(tmp_path):
     train.train_and_evaluate(tiny_config(), str(blocker / "sub"), no_build)
 
 
+def test_a_full_workdir_is_named_and_the_probe_not_left(tmp_path,
+                                                       monkeypatch):
+  """The write probe's file was created, its write failed (a full disk),
+  and it stayed behind; the line said to pass a writable --workdir."""
+  import errno  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  path_type = type(epath.Path(str(tmp_path)))
+
+  def full(self, *unused_args, **unused_kwargs):
+    with open(str(self), "w"):
+      pass
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(path_type, "write_text", full)
+  with pytest.raises(run_checks.WorkdirError) as error:
+    run_checks.check_workdir(str(tmp_path / "run"))
+  assert str(error.value).endswith(
+      "No space left on device); checkpoints, metrics and config.json go "
+      "there. Free space there or pass another --workdir.")
+  assert os.listdir(tmp_path / "run") == []
+
+
 # slow: tests/core/test_checkpoint.py's full-disk test fails a save the same way
 # and checks the previous checkpoint is kept.
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Checks a run makes before it builds anything: config values, workdir."""
 from __future__ import annotations
 
+import errno
 import math
 import re
 
@@ -188,8 +189,14 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
     probe.write_text("ok")
     probe.unlink()
   except Exception as e:  # pylint: disable=broad-except
+    try:  # created before the write failed (a full disk): not left behind
+      probe.unlink(missing_ok=True)
+    except Exception:  # pylint: disable=broad-except
+      pass
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
     raise WorkdirError(
         f"Cannot write to the workdir {workdir!r} ({type(e).__name__}: {e}); "
-        "checkpoints, metrics and config.json go there. Pass a writable "
-        "--workdir.") from e
+        "checkpoints, metrics and config.json go there. "
+        + ("Free space there or pass another --workdir." if full else
+           "Pass a writable --workdir.")) from e
   return path
