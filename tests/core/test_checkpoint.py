@@ -110,6 +110,34 @@ def test_a_damaged_loss_record_is_one_line_naming_it(tmp_path, text, why):
       10) is None
 
 
+@pytest.mark.parametrize("text,why", [
+    ("[]", "Metadata dict must be a dictionary, but got list"),
+    ('{"custom_metadata": 5}', "Object must be of type <class 'dict'>"),
+    ('{"commit_timestamp_nsecs": "x"}', "Object must be of type <class "
+     "'int'>")])
+def test_a_step_metadata_of_the_wrong_shape_is_one_line_naming_it(
+    tmp_path, text, why):
+  """An older step's _CHECKPOINT_METADATA edited into JSON that is not
+  Orbax's step metadata: the manager stopped with a bare `Metadata dict
+  must be a dictionary, but got list`."""
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=2,
+                                  async_save=False)
+  for step in (10, 20):
+    ckpt_lib.save(manager, step, {"w": jnp.ones((4,))}, _Iterator(),
+                  eval_loss=1.0, best_eval_loss=1.0)
+  path = tmp_path / "10" / "_CHECKPOINT_METADATA"
+  path.write_text(text)
+  before = _snapshot(str(tmp_path))
+  with pytest.raises(ckpt_lib.CheckpointError) as error:
+    ckpt_lib.make_manager(str(tmp_path), max_to_keep=2)
+  message = str(error.value)
+  assert "\n" not in message and why in message, message
+  assert message.startswith(f"The metadata of checkpoint {tmp_path / '10'}"
+                            f", {path}, is not Orbax's step metadata")
+  assert f"move {tmp_path / '10'} out of {tmp_path}, and rerun" in message
+  assert _snapshot(str(tmp_path)) == before
+
+
 def test_saves_a_killed_run_left_unfinished_are_removed(tmp_path, caplog):
   manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
                                   async_save=False)

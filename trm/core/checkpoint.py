@@ -148,6 +148,32 @@ def _metrics_problem(path: str) -> str | None:
   return None
 
 
+def _check_step_metadata(step_dir: str) -> None:
+  """Refuses a step whose `_CHECKPOINT_METADATA` is JSON but not Orbax's
+  step metadata (a list, a field of the wrong type): Orbax reads it when a
+  manager opens the directory and stopped with a bare "Metadata dict must
+  be a dictionary, but got list" naming no file. One that is not JSON at
+  all Orbax skips (logged); the restore sets such a step aside."""
+  from orbax.checkpoint._src.metadata import step_metadata_serialization  # pylint: disable=g-import-not-at-top
+  path = os.path.join(step_dir, _METADATA_FILE)
+  try:
+    if not os.path.isfile(path) or os.path.getsize(path) > 1 << 26:
+      return
+    with open(path, "rb") as f:
+      record = json.loads(f.read())
+  except (OSError, ValueError):
+    return
+  try:
+    step_metadata_serialization.deserialize(record)
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(
+        f"The metadata of checkpoint {step_dir}, {path}, is not Orbax's step "
+        f"metadata ({_short(e, 200)}), and Orbax cannot open "
+        f"{os.path.dirname(step_dir)} with it. Restore the file, or move "
+        f"{step_dir} out of {os.path.dirname(step_dir)}, and rerun. Nothing "
+        "was changed.") from None
+
+
 def check_saved_metrics(directory) -> None:
   """Refuses (`CheckpointError`, one line naming the file) a step whose
   held-out loss record cannot rank it: Orbax reads every step's `metrics`
@@ -161,6 +187,8 @@ def check_saved_metrics(directory) -> None:
   if "://" in directory or not os.path.isdir(directory):
     return
   for entry in sorted(os.listdir(directory)):
+    if entry.isdigit():
+      _check_step_metadata(os.path.join(directory, entry))
     item = os.path.join(directory, entry, name)
     if not entry.isdigit() or not os.path.lexists(item):
       continue
