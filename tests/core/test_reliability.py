@@ -410,6 +410,23 @@ def test_a_full_workdir_is_named_and_the_probe_not_left(tmp_path,
   assert os.listdir(tmp_path / "run") == []
 
 
+def test_a_checkpoints_path_that_is_a_file_fails_before_the_data(tmp_path):
+  (tmp_path / "checkpoints").write_text("x")
+
+  def no_build(*args, **kwargs):
+    raise AssertionError("the task was built before the workdir check")
+
+  for eval_only in (False, True):
+    config = tiny_config()
+    config.eval_only = eval_only
+    with pytest.raises(run_checks.WorkdirError) as error:
+      train.train_and_evaluate(config, str(tmp_path), no_build)
+  assert str(error.value) == (
+      f"{tmp_path}/checkpoints is not a directory: the run keeps its "
+      "checkpoints there. Move it away (or pass another --workdir) and "
+      "rerun.")
+
+
 # slow: tests/core/test_checkpoint.py's full-disk test fails a save the same way
 # and checks the previous checkpoint is kept.
 @pytest.mark.slow

@@ -180,9 +180,16 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
   than at the first checkpoint.
 
   First, with the run's `config`, `check_eval_only`."""
+  path = epath.Path(workdir)
+  checkpoints = path / "checkpoints"
+  if checkpoints.exists() and not checkpoints.is_dir():
+    # Found only after the data was built, as a bare "[Errno 20] Not a
+    # directory".
+    raise WorkdirError(
+        f"{checkpoints} is not a directory: the run keeps its checkpoints "
+        "there. Move it away (or pass another --workdir) and rerun.")
   if config is not None:
     check_eval_only(config, workdir)
-  path = epath.Path(workdir)
   probe = path / f".write_test.{jax.process_index()}"
   try:
     path.mkdir(parents=True, exist_ok=True)
