@@ -273,18 +273,6 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
   return diff
 
 
-def _write(path: epath.Path, text: str | bytes) -> None:
-  """Replaces `path` whole: a local file through a temporary file renamed
-  over it, so a crash or a full disk mid-write leaves the previous file (the
-  history is rewritten, not appended to, and a truncated write would lose
-  every entry); an object store's object is replaced whole anyway."""
-  data = text.encode() if isinstance(text, str) else text
-  if "://" in str(path):
-    path.write_bytes(data)
-  else:
-    atomic_files.atomic_write(str(path), lambda f: f.write(data))
-
-
 def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
   """Writes `config.json` for a new run (one with no checkpoint yet), or
   appends a resume's changes to the history; a resume whose config.json
@@ -292,14 +280,16 @@ def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
   process 0 only."""
   record_path = workpath / RECORD
   if step is None:
-    _write(record_path, config.to_json_best_effort(indent=2))
+    atomic_files.replace_whole(record_path,
+                               config.to_json_best_effort(indent=2))
     return
   recorded, _, rewrite = _recorded(workpath, step, quiet=True)
   if recorded is None:  # old checkpoints, no config.json: record this one
-    _write(record_path, config.to_json_best_effort(indent=2))
+    atomic_files.replace_whole(record_path,
+                               config.to_json_best_effort(indent=2))
     return
   if rewrite:
-    _write(record_path, json.dumps(recorded, indent=2))
+    atomic_files.replace_whole(record_path, json.dumps(recorded, indent=2))
   if not diff:
     return
   entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
@@ -319,7 +309,8 @@ def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
         "history is then started) and rerun.") from None
   if before and not before.endswith(b"\n"):
     before += b"\n"
-  _write(history, before + (json.dumps(entry) + "\n").encode())
+  atomic_files.replace_whole(history,
+                             before + (json.dumps(entry) + "\n").encode())
   if entry["accepted"]:  # allow_config_change: say what now trains otherwise
     logging.warning(
         "Resuming from step %d with changes to how the run trains, accepted "

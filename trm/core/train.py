@@ -45,6 +45,7 @@ from trm.core import task as task_lib
 from trm.core import wandb_writer
 from trm.core import workdir_lock
 from trm.core import pipeline
+from trm.data import atomic_files
 from trm.data import io as io_lib
 
 
@@ -69,8 +70,9 @@ def _disk_error(error: OSError, workpath: epath.Path) -> WorkdirWriteError:
   cause = os.strerror(error.errno).lower() if error.errno else str(error)
   free = ckpt_lib._free_space(workpath)  # pylint: disable=protected-access
   kept = ckpt_lib.complete_steps(workpath / "checkpoints")
-  last = (f"The last good checkpoint, {workpath / 'checkpoints' / str(kept[-1])},"
-          " is kept" if kept else "No complete checkpoint was written yet")
+  last = (f"The last good checkpoint, {workpath / 'checkpoints'}/"
+          f"{kept[-1]}, is kept" if kept else
+          "No complete checkpoint was written yet")
   result = WorkdirWriteError(
       f"Writing {where} failed ({cause}){free}. {last}. Free space (or make "
       "the workdir writable again) and rerun to resume.")
@@ -279,7 +281,9 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     results["eval/seconds"] = time.time() - start
     writer.write_scalars(step, results)
     if is_main:
-      (workpath / f"eval_{step}.json").write_text(json.dumps(results, indent=1))
+      # Whole or not at all: a resume ranks checkpoints by these records.
+      atomic_files.replace_whole(workpath / f"eval_{step}.json",
+                                 json.dumps(results, indent=1))
     return results
 
   if config.eval_only:  # nanoGPT's eval_only: no training

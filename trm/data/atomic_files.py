@@ -38,6 +38,19 @@ def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
     raise
 
 
+def replace_whole(path, text: str | bytes) -> None:
+  """Replaces the file `path` (a str or epath.Path) whole: a local file
+  through `atomic_write`, so a crash or a full disk mid-write leaves the
+  previous file (or none) instead of a truncated one; an object store's
+  object is replaced whole by its own write."""
+  data = text.encode() if isinstance(text, str) else text
+  if "://" in str(path):
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    epath.Path(path).write_bytes(data)
+  else:
+    atomic_write(str(path), lambda f: f.write(data))
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
   """Atomically writes `obj` as JSON to `path`."""
   atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
