@@ -169,12 +169,16 @@ def test_a_full_disk_at_an_evaluation_is_one_line(tmp_path, data_dir,
   config = tiny_config(**{"data.data_dir": data_dir})
   real_atomic_write = atomic_files.atomic_write
 
-  def full(path, *args, **kwargs):
+  def write_on_a_full_disk(f):
+    # What a write on a full disk raises: the error names no file.
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  def full(path, write_fn, *args, **kwargs):
     # The record goes through a temporary file (a kill mid-write left a
     # truncated eval_<step>.json, which a resume ranks checkpoints by).
     if os.path.basename(path).startswith("eval_"):
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-    return real_atomic_write(path, *args, **kwargs)
+      write_fn = write_on_a_full_disk
+    return real_atomic_write(path, write_fn, *args, **kwargs)
 
   monkeypatch.setattr(atomic_files, "atomic_write", full)
   workdir = tmp_path / "run"

@@ -68,7 +68,11 @@ def _disk_error(error: OSError, workpath: epath.Path) -> WorkdirWriteError:
   themselves say as much through `checkpoint.CheckpointError`)."""
   where = error.filename or f"to the workdir {workpath}"
   cause = os.strerror(error.errno).lower() if error.errno else str(error)
-  free = ckpt_lib._free_space(workpath)  # pylint: disable=protected-access
+  # The space left on the disk of the file that failed (a dataset prepared
+  # outside the workdir may be on another disk).
+  free = ckpt_lib._free_space(  # pylint: disable=protected-access
+      os.path.dirname(os.path.abspath(error.filename)) if error.filename
+      and "://" not in str(error.filename) else workpath)
   kept = ckpt_lib.complete_steps(workpath / "checkpoints")
   last = (f"The last good checkpoint, {workpath / 'checkpoints'}/"
           f"{kept[-1]}, is kept" if kept else

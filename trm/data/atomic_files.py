@@ -32,9 +32,13 @@ def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     if os.path.exists(tmp):
       os.remove(tmp)
+    if isinstance(e, OSError) and e.filename is None:
+      # A failed write or fsync (a full disk) names no file; the caller's
+      # message should name the one being written.
+      e.filename = path
     raise
 
 
