@@ -138,6 +138,21 @@ def test_a_step_metadata_of_the_wrong_shape_is_one_line_naming_it(
   assert _snapshot(str(tmp_path)) == before
 
 
+def test_a_null_step_metadata_is_opened_as_orbax_opens_it(tmp_path):
+  """JSON `null` is no metadata to Orbax (its reader's None): the manager
+  opens, ranks and saves as before, so it is not refused."""
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=2,
+                                  async_save=False)
+  for step in (10, 20):
+    ckpt_lib.save(manager, step, {"w": jnp.ones((4,))}, _Iterator(),
+                  eval_loss=1.0, best_eval_loss=1.0)
+  (tmp_path / "10" / "_CHECKPOINT_METADATA").write_text("null")
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=2,
+                                  async_save=False)
+  assert manager.all_steps() == [10, 20]
+  assert manager.metrics(10) == {ckpt_lib.EVAL_LOSS: 1.0}
+
+
 def test_saves_a_killed_run_left_unfinished_are_removed(tmp_path, caplog):
   manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
                                   async_save=False)

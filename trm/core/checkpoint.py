@@ -163,6 +163,8 @@ def _check_step_metadata(step_dir: str) -> None:
       record = json.loads(f.read())
   except (OSError, ValueError):
     return
+  if record is None:  # `null`: Orbax reads it as no metadata, and opens
+    return
   try:
     step_metadata_serialization.deserialize(record)
   except Exception as e:  # pylint: disable=broad-except
