@@ -202,17 +202,38 @@ def test_a_killed_exports_leftovers_are_removed(tmp_path):
   out = tmp_path / "hf"
   _export_dir(out, "new")
   host, dead = export._host(), _ended_pid()
-  _export_dir(tmp_path / f"hf.partial-{host}-{dead}", "half")
-  _export_dir(tmp_path / f"hf.replaced-{dead}", "old")  # older naming
-  _export_dir(tmp_path / f"hf.partial-{host}-{os.getpid()}", "running")
-  _export_dir(tmp_path / f"hf.partial-otherhost-{dead}", "elsewhere")
-  _export_dir(tmp_path / f"hf2.partial-{host}-{dead}", "another out")
-  done = export.recover_interrupted(str(out))
+  running = subprocess.Popen(["sleep", "60"])  # another live export
+  try:
+    _export_dir(tmp_path / f"hf.partial-{host}-{dead}", "half")
+    _export_dir(tmp_path / f"hf.replaced-{dead}", "old")  # older naming
+    _export_dir(tmp_path / f"hf.partial-{host}-{running.pid}", "running")
+    _export_dir(tmp_path / f"hf.partial-otherhost-{dead}", "elsewhere")
+    _export_dir(tmp_path / f"hf2.partial-{host}-{dead}", "another out")
+    done = export.recover_interrupted(str(out))
+  finally:
+    running.kill()
+    running.wait()
   assert len(done) == 2, done
   assert sorted(os.listdir(tmp_path)) == sorted([
-      "hf", f"hf.partial-{host}-{os.getpid()}", f"hf.partial-otherhost-{dead}",
+      "hf", f"hf.partial-{host}-{running.pid}", f"hf.partial-otherhost-{dead}",
       f"hf2.partial-{host}-{dead}"])
   assert (out / "config.json").read_text() == "new"
+
+
+def test_leftovers_under_this_processs_own_pid_are_an_earlier_ones(
+    tmp_path):
+  """A container restarted under the same host name runs its export as
+  pid 1 again: the killed one's staging and renamed-aside export carry
+  this process's pid. They were kept as a live export's, so the old
+  export was never restored, and the next --overwrite failed renaming
+  --out onto the non-empty OUT.replaced-HOST-PID after the whole export."""
+  host, pid = export._host(), os.getpid()
+  _export_dir(tmp_path / f"hf.replaced-{host}-{pid}", "old")
+  _export_dir(tmp_path / f"hf.partial-{host}-{pid}", "half")
+  done = export.recover_interrupted(str(tmp_path / "hf"))
+  assert len(done) == 2, done
+  assert sorted(os.listdir(tmp_path)) == ["hf"]
+  assert (tmp_path / "hf" / "config.json").read_text() == "old"
 
 
 def test_an_export_killed_between_its_renames_gets_the_old_one_back(

@@ -226,7 +226,9 @@ def recover_interrupted(out: str) -> list[str]:
   `swap_in`: with no `out` (killed between the two renames) it is renamed
   back, so the previous export is not lost; beside a new `out` (killed
   while deleting it) it is deleted. Only leftovers whose process has ended
-  are touched. Returns what was done, one line each."""
+  are touched (this process's pid too: it has written nothing yet, so
+  such a leftover is an earlier process's). Call it before the export
+  begins. Returns what was done, one line each."""
   out = out.rstrip(os.sep) or os.sep
   if out == os.sep:
     return []
@@ -243,7 +245,11 @@ def recover_interrupted(out: str) -> list[str]:
   done = []
   for name in sorted(names):
     match = leftover.fullmatch(name)
-    if not match or not _process_ended(int(match.group(2))):
+    # This process has staged nothing yet: a leftover with its pid is an
+    # earlier process's (a container restarted under the same host name,
+    # its export again pid 1).
+    if not match or not (int(match.group(2)) == os.getpid()
+                         or _process_ended(int(match.group(2)))):
       continue
     path = os.path.join(parent, name)
     if os.path.islink(path) or not os.path.isdir(path):
