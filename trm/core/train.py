@@ -357,8 +357,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     check_bad_streak(step, int(values.get("max_bad_streak", 0)))
 
   def write_metrics_to_disk() -> None:
-    """Every metric so far, the interval still pending included, written
-    and flushed before a checkpoint is saved: a run killed after it
+    """Every interval logged so far, the one still pending included,
+    written and flushed before a checkpoint is saved (steps since the last
+    `log_every` step are logged with their interval: with a
+    `checkpoint_every` that is no multiple of `log_every`, those up to the
+    checkpoint are not on disk yet): a run killed after it
     (SIGKILL, a lost host, no cleanup) resumes from the checkpoint and
     never writes those steps' metrics again, and the events file holds
     only what was flushed (`trm.core.metrics`: at the latest 120 s after a
