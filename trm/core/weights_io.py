@@ -336,9 +336,23 @@ def save_safetensors(tensors: dict, path: str, metadata: dict | None = None
   non-root user, a colleague on a shared disk) could read the config but
   not the weights."""
   save_file(tensors, path, metadata=metadata)
-  mask = os.umask(0o022)  # reads the umask; set back at once
+  os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+  """The process's umask, read without changing it where Linux tells it
+  (`os.umask` can only read it by setting it, which for that instant
+  applies another mask to files other threads create)."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except (OSError, ValueError, IndexError):
+    pass
+  mask = os.umask(0o022)
   os.umask(mask)
-  os.chmod(path, 0o666 & ~mask)
+  return mask
 
 
 def read_safetensors(path: str, allow_nonfinite: bool = False,

@@ -117,14 +117,17 @@ def check_source_generation_config(directory: str, cfg: DreamConfig) -> None:
   `generation_config` passed in falls back to it for every special id), so
   a file naming another mask id made Dream's code fill the canvas with an
   ordinary token, while config.json and our loaders said the model's. Its
-  mask and pad ids, where set, must equal config.model's; its bos/eos ids
-  must be token ids below the vocabulary. Nothing to check without the
-  file."""
+  mask id, where set, must equal config.model's; its bos/eos/pad ids must
+  be token ids below the vocabulary. Its pad id is not held to the model's: a
+  download's generation config may name another padding token than its
+  config.json (Dream's code then pads as the source model does), and no
+  such file may stop an export of that model. Nothing to check without
+  the file."""
   path = os.path.join(directory, GENERATION_CONFIG_FILE)
   if not os.path.lexists(path):
     return
   generation = read_config_object(path)
-  for field in ("mask_token_id", "pad_token_id"):
+  for field in ("mask_token_id",):
     value = generation.get(field)
     if value is not None and value != getattr(cfg, field):
       raise weights_io.CheckpointError(
@@ -132,7 +135,7 @@ def check_source_generation_config(directory: str, cfg: DreamConfig) -> None:
           f"{getattr(cfg, field)} (what the export's config.json says); "
           "Dream's diffusion_generate would read the file's. Point "
           "--tokenizer at the checkpoint the run was fine-tuned from.")
-  for field in ("bos_token_id", "eos_token_id"):
+  for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
     value = generation.get(field)
     if value is not None and not _are_token_ids(field, value, cfg.vocab_size):
       raise weights_io.CheckpointError(
