@@ -190,24 +190,3 @@ def test_fp8_scales_without_a_quantization_config_are_refused(copy,
       f"'{name}.weight'" in message and "model.safetensors" in message
   assert "\n" not in message
 
-
-@pytest.mark.parametrize("generation, error", [
-    ({"mask_token_id": 60, "pad_token_id": 61, "eos_token_id": [1, 2]}, None),
-    ({"bos_token_id": 0, "pad_token_id": 0}, None),
-    ({"mask_token_id": 7}, "mask_token_id=7, but config.model.mask_token_id=60"),
-    ({"pad_token_id": 64}, "pad_token_id=64 is not token id(s) below"),
-    ({"eos_token_id": "x"}, "eos_token_id='x' is not token id(s) below"),
-])
-def test_a_source_generation_config_is_held_to_the_models_mask_id(
-    tmp_path, generation, error):
-  """Its mask id must be the model's (Dream's diffusion_generate reads it);
-  its pad id need only be a token id: a download's generation config may
-  pad with another token than its config.json, and must still export."""
-  (tmp_path / hf_config.GENERATION_CONFIG_FILE).write_text(
-      json.dumps(generation))
-  if error is None:
-    hf_config.check_source_generation_config(str(tmp_path), CFG)
-    return
-  with pytest.raises(weights_io.CheckpointError, match=error.replace(
-      "(", r"\(").replace(")", r"\)")):
-    hf_config.check_source_generation_config(str(tmp_path), CFG)

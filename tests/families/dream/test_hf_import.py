@@ -385,7 +385,7 @@ def test_exported_weights_are_as_readable_as_the_config(hf_model, tmp_path,
 
 @pytest.mark.parametrize("field,value,message", [
     ("mask_token_id", 7, "mask_token_id=7, but config.model.mask_token_id=500"),
-    ("pad_token_id", 2, "pad_token_id=2, but config.model.pad_token_id=1"),
+    ("pad_token_id", 10**6, "pad_token_id=1000000 is not token"),
     ("eos_token_id", [1, 10**6], "eos_token_id=[1, 1000000] is not token"),
     ("bos_token_id", "x", "bos_token_id='x' is not token"),
 ])
@@ -394,11 +394,15 @@ def test_a_source_generation_config_that_disagrees_is_refused(
   """`trm.export --tokenizer=DIR` copies DIR's generation_config.json over
   the export's own, and Dream's diffusion_generate takes its mask id from
   that file: one naming mask id 7 made Dream's code fill the canvas with
-  token 7 while config.json (and our loaders) said 500."""
+  token 7 while config.json (and our loaders) said 500. Its pad id need
+  only be a token id: a download may pad with another token than its
+  config.json says, and must still export."""
   good = {"bos_token_id": 1, "eos_token_id": [1, 3], "pad_token_id": 1,
           "mask_token_id": 500, "temperature": 0.2}
-  (tmp_path / "generation_config.json").write_text(json.dumps(good))
-  hf_config.check_source_generation_config(str(tmp_path), CFG)  # fits
+  for pad in (1, 2):  # the model's is 1
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps(dict(good, pad_token_id=pad)))
+    hf_config.check_source_generation_config(str(tmp_path), CFG)  # fits
   (tmp_path / "generation_config.json").write_text(
       json.dumps(dict(good, **{field: value})))
   with pytest.raises(weights_io.CheckpointError,
