@@ -260,10 +260,10 @@ class SafetensorsFile:
     self.path = path
     # safe_open of a FIFO blocks until a writer opens it (a hang, not an
     # error); a directory or device is no weight file either.
-    if os.path.exists(path) and not os.path.isfile(path):
-      raise CheckpointError(
-          f"{path} is not a regular file (a directory, FIFO or device), so "
-          "it holds no .safetensors weights; download it again.")
+    try:
+      data_io.check_regular_file(path, "download the checkpoint again")
+    except ValueError as e:
+      raise CheckpointError(str(e)) from None
     try:
       self._handle = safe_open(path, framework="numpy")
     except Exception as e:  # pylint: disable=broad-except

@@ -127,14 +127,13 @@ def check_source_generation_config(directory: str, cfg: DreamConfig) -> None:
   if not os.path.lexists(path):
     return
   generation = read_config_object(path)
-  for field in ("mask_token_id",):
-    value = generation.get(field)
-    if value is not None and value != getattr(cfg, field):
-      raise weights_io.CheckpointError(
-          f"{path}: {field}={value!r}, but config.model.{field}="
-          f"{getattr(cfg, field)} (what the export's config.json says); "
-          "Dream's diffusion_generate would read the file's. Point "
-          "--tokenizer at the checkpoint the run was fine-tuned from.")
+  mask = generation.get("mask_token_id")
+  if mask is not None and mask != cfg.mask_token_id:
+    raise weights_io.CheckpointError(
+        f"{path}: mask_token_id={mask!r}, but config.model.mask_token_id="
+        f"{cfg.mask_token_id} (what the export's config.json says); "
+        "Dream's diffusion_generate would read the file's. Point "
+        "--tokenizer at the checkpoint the run was fine-tuned from.")
   for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
     value = generation.get(field)
     if value is not None and not _are_token_ids(field, value, cfg.vocab_size):
