@@ -37,8 +37,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from trm.core import cli
-from trm.core import config_lib
 from trm.core import distributed
+from trm.core import processes
 
 # Files of a Hugging Face model directory that are not weights or config.json.
 TOKENIZER_FILES = ("tokenizer*", "vocab.json", "merges.txt",
@@ -207,16 +207,6 @@ def staging_dir(out: str) -> str:
   return _sibling(out, "partial")
 
 
-def _process_ended(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return True
-  except PermissionError:  # another user's live process
-    return False
-  return False
-
-
 def recover_interrupted(out: str) -> list[str]:
   """Tidies what an export killed on this host left beside `out` (a
   SIGKILL, a lost machine: its `finally` never ran), before a new export
@@ -249,7 +239,7 @@ def recover_interrupted(out: str) -> list[str]:
     # earlier process's (a container restarted under the same host name,
     # its export again pid 1).
     if not match or not (int(match.group(2)) == os.getpid()
-                         or _process_ended(int(match.group(2)))):
+                         or not processes.alive(int(match.group(2)))):
       continue
     path = os.path.join(parent, name)
     if os.path.islink(path) or not os.path.isdir(path):

@@ -13,6 +13,7 @@ import pytest
 from trm.core import train
 
 from trm import families
+from trm.core import processes
 from trm.core import workdir_lock
 
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
@@ -60,7 +61,7 @@ def test_a_lock_whose_pid_was_reused_is_taken_over(tmp_path, caplog):
   # A restarted container's trainer often gets its killed predecessor's pid
   # (its own pid here) on the same host: that pid is alive, but a process
   # that started at another time than the holder recorded is not the holder.
-  ticks = workdir_lock._start_ticks(os.getpid())  # pylint: disable=protected-access
+  ticks = processes.start_ticks(os.getpid())
   assert ticks is not None
   _write_lock(str(tmp_path), pid_start=ticks + 1)
   with workdir_lock.WorkdirLock(str(tmp_path)) as lock:
@@ -129,6 +130,7 @@ def test_the_holder_renews_its_lease(tmp_path, caplog, monkeypatch):
 _CONTENDER = r"""
 import sys, time
 sys.path.insert(0, sys.argv[1])
+from trm.core import processes
 from trm.core import workdir_lock
 print("ready", flush=True)
 lock = None

@@ -130,21 +130,40 @@ def _eval_loss(metrics) -> float:
   return metrics[EVAL_LOSS]
 
 
+# Far above any loss record (a few scalars): a larger file is not one.
+_LOSS_RECORD_LIMIT = 1 << 20
+
+
+def read_loss_record(path, key: str) -> float:
+  """The finite number at `key` in the small JSON record `path` (a step's
+  Orbax `metrics` item, a run's `eval_<step>.json`); a ValueError saying why
+  it holds none. Anything may lie in a workdir: a FIFO or a directory there
+  is refused, not waited on or read."""
+  path = epath.Path(path)
+  if "://" not in str(path) and not os.path.isfile(path):
+    raise ValueError("it is not a regular file")
+  try:
+    too_big = path.stat().length > _LOSS_RECORD_LIMIT
+    record = None if too_big else json.loads(path.read_bytes())
+  except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+    raise ValueError(f"it cannot be read as JSON ({type(e).__name__}: "
+                     f"{_short(e, 200)})") from None
+  if too_big:
+    raise ValueError(f"it is over {_LOSS_RECORD_LIMIT >> 20} MiB")
+  loss = record.get(key) if isinstance(record, dict) else None
+  if type(loss) not in (int, float) or not np.isfinite(loss):
+    raise ValueError(f"it holds {_short(json.dumps(record), 100)}, not a "
+                     f"finite number at {key!r}")
+  return float(loss)
+
+
 def _metrics_problem(path: str) -> str | None:
   """What is wrong with the held-out loss record `path` (a step's Orbax
   `metrics` item), or None if it holds a finite number at EVAL_LOSS."""
   try:
-    if not os.path.isfile(path):
-      return "it is not a regular file"
-    if os.path.getsize(path) > 1 << 20:
-      return "it is over 1 MiB"
-    with open(path, "rb") as f:
-      record = json.loads(f.read())
-  except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
-    return f"it cannot be read as JSON ({type(e).__name__}: {_short(e, 200)})"
-  loss = record.get(EVAL_LOSS) if isinstance(record, dict) else None
-  if type(loss) not in (int, float) or not np.isfinite(loss):
-    return f"it holds {_short(json.dumps(record), 100)}, not a finite number at {EVAL_LOSS!r}"
+    read_loss_record(path, EVAL_LOSS)
+  except ValueError as e:
+    return str(e)
   return None
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import math
 import os
 import signal
 import time
@@ -46,7 +45,6 @@ from trm.core import wandb_writer
 from trm.core import workdir_lock
 from trm.core import pipeline
 from trm.data import atomic_files
-from trm.data import io as io_lib
 
 
 class NonFiniteError(cli.UserError, RuntimeError):
@@ -115,27 +113,16 @@ def _saved_eval_loss(workpath: epath.Path, step: int) -> float:
   return float("inf") if loss is None else loss
 
 
-# Far above any evaluation's record (a few scalars): a larger file is not one.
-_EVAL_FILE_LIMIT = 1 << 20
-
-
 def _eval_file_loss(workpath: epath.Path, step: int) -> float | None:
   """The held-out loss in the run's `eval_<step>.json`, None if there is no
-  such file; raises (saying why) if it is not a JSON object holding a
-  finite number at "eval/loss". Anything may lie in a workdir: a FIFO or a
-  directory there is refused, not waited on or read."""
+  such file; a ValueError naming the file if it holds none."""
   path = workpath / f"eval_{step}.json"
-  if "://" not in str(path):
-    io_lib.check_regular_file(str(path))
   if not path.exists():
     return None
-  if path.stat().length > _EVAL_FILE_LIMIT:
-    raise ValueError(f"{path} is over {_EVAL_FILE_LIMIT} bytes")
-  record = json.loads(path.read_bytes())
-  loss = record.get("eval/loss") if isinstance(record, dict) else None
-  if type(loss) not in (int, float) or not math.isfinite(loss):
-    raise ValueError(f'{path} holds no finite number at "eval/loss"')
-  return float(loss)
+  try:
+    return ckpt_lib.read_loss_record(path, "eval/loss")
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,

@@ -43,6 +43,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from trm.core import cli
+from trm.core import processes
 
 LOCK_NAME = "trainer.lock"
 LEASE_SECONDS = 300.0
@@ -61,30 +62,6 @@ class MalformedLockError(WorkdirLockedError):
   """The lock file is not a lock record this code can judge."""
 
 
-def _pid_alive(pid: int) -> bool:
-  if pid <= 0:  # 0 and negatives name process groups, never a trainer
-    return False
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # exists, owned by another user
-    return True
-  return True
-
-
-def _start_ticks(pid: int) -> int | None:
-  """When process `pid` started, in clock ticks since boot (Linux /proc),
-  or None where that cannot be read."""
-  try:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-      stat = f.read()
-    # Field 22; the command name (field 2, in parentheses) may hold spaces.
-    return int(stat.rsplit(b")", 1)[1].split()[19])
-  except (OSError, ValueError, IndexError):
-    return None
-
-
 def _pid_reused(holder: dict) -> bool:
   """Whether the live process with the holder's pid is another process (a
   restarted container's trainer often gets its predecessor's pid, its own
@@ -94,7 +71,7 @@ def _pid_reused(holder: dict) -> bool:
   second one whenever the clock stepped back."""
   if "pid_start" not in holder:
     return False
-  ticks = _start_ticks(holder["pid"])
+  ticks = processes.start_ticks(holder["pid"])
   return ticks is not None and ticks != holder["pid_start"]
 
 
@@ -102,7 +79,7 @@ def _stale(holder: dict, now: float) -> str | None:
   """Why the recorded holder is gone, or None if it may still run."""
   if holder["host"] == socket.gethostname() and "://" not in holder.get(
       "path", ""):
-    if not _pid_alive(holder["pid"]):
+    if not processes.alive(holder["pid"]):
       return f"its process {holder['pid']} is no longer running"
     if _pid_reused(holder):
       return (f"its process {holder['pid']} is gone; that pid now belongs to "
@@ -293,7 +270,7 @@ class WorkdirLock:
     record = {"host": socket.gethostname(), "pid": os.getpid(),
               "started": now, "renewed": now, "path": str(self.path),
               "processes": jax.process_count()}
-    ticks = _start_ticks(os.getpid())
+    ticks = processes.start_ticks(os.getpid())
     if ticks is not None:
       record["pid_start"] = ticks
     text = json.dumps(record)
