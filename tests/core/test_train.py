@@ -159,6 +159,54 @@ def test_metrics_up_to_a_checkpoint_are_on_disk_before_it_is_saved(
   assert _train_steps_on_disk(tmp_path) == [3, 6, 9, 12]  # once each
 
 
+def _train_losses_on_disk(workdir):
+  """{step: train/loss} in `workdir`'s events files (the last write of a
+  step wins, as in TensorBoard)."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(str(workdir))
+  events.Reload()
+  return {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+          for e in events.Tensors("train/loss")}
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_metrics(
+    tmp_path, data_dir, monkeypatch):
+  """Checkpoints every 6 steps, logs every 4: the steps after the last log
+  (5 and 6) were held back with the next interval (5-8), which a run
+  killed after checkpoint 6 never wrote, and its resumed run's step 8 then
+  averaged 7-8 where an uninterrupted run's averaged 5-8. They are now
+  logged at the checkpoint, in every run."""
+  config = tiny_config(**{"data.data_dir": data_dir, "log_every": 4})
+  whole = tmp_path / "whole"
+  train.train_and_evaluate(config, str(whole), families.build_task)
+  real_save = ckpt_lib.save
+
+  def save_then_die(manager, step, *args, **kwargs):
+    real_save(manager, step, *args, **kwargs)
+    ckpt_lib.wait_until_finished(manager)
+    raise _Killed(step)
+
+  killed = tmp_path / "killed"
+  monkeypatch.setattr(train.ckpt_lib, "save", save_then_die)
+  with pytest.raises(_Killed):
+    train.train_and_evaluate(config, str(killed), families.build_task)
+  assert sorted(_train_losses_on_disk(killed)) == [4, 6]
+  monkeypatch.setattr(train.ckpt_lib, "save", real_save)
+  train.train_and_evaluate(config, str(killed), families.build_task)
+  expected = _train_losses_on_disk(whole)
+  assert sorted(expected) == [4, 6, 8, 12]
+  resumed = _train_losses_on_disk(killed)
+  assert sorted(resumed) == [4, 6, 8, 12]
+  np.testing.assert_allclose([resumed[k] for k in sorted(resumed)],
+                             [expected[k] for k in sorted(expected)],
+                             rtol=1e-5)
+
+
+class _Killed(Exception):
+  pass
+
+
 def test_a_full_disk_at_an_evaluation_is_one_line(tmp_path, data_dir,
                                                   monkeypatch):
   """The disk fills (or turns read-only) while the evaluation's record is

@@ -343,21 +343,24 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     writer.write_scalars(step, scalars)
     check_bad_streak(step, int(values.get("max_bad_streak", 0)))
 
-  def write_metrics_to_disk() -> None:
-    """Every interval logged so far, the one still pending included,
-    written and flushed before a checkpoint is saved (steps since the last
-    `log_every` step are logged with their interval: with a
-    `checkpoint_every` that is no multiple of `log_every`, those up to the
-    checkpoint are not on disk yet): a run killed after it
-    (SIGKILL, a lost host, no cleanup) resumes from the checkpoint and
-    never writes those steps' metrics again, and the events file holds
-    only what was flushed (`trm.core.metrics`: at the latest 120 s after a
-    write). Fetching the pending metrics waits for no step the save does
-    not wait for: they are this step's at the latest."""
-    nonlocal pending
+  def write_metrics_to_disk(step: int) -> None:
+    """Every step's metrics up to checkpoint `step`, written and flushed
+    before it is saved: a run killed after it (SIGKILL, a lost host, no
+    cleanup) resumes from the checkpoint and never writes them again, and
+    the events file holds only what was flushed (`trm.core.metrics`: at the
+    latest 120 s after a write). The steps since the last `log_every` step
+    (a `checkpoint_every` that is no multiple of it) are logged at `step`
+    as an interval of their own, so a resumed run, whose next interval
+    starts after the checkpoint, writes what an uninterrupted run writes.
+    Fetching these metrics waits for no step the save does not wait for:
+    they are this step's at the latest."""
+    nonlocal pending, train_metrics
     if pending is not None:
       write_train_metrics(*pending)
       pending = None
+    if train_metrics is not None:
+      write_train_metrics(step, train_metrics)
+      train_metrics = None
     writer.flush()
 
   def save_checkpoint(step: int) -> bool:
@@ -490,7 +493,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           improved = (evaluated_at == step
                       and results.get("eval/loss", best_loss) < best_loss)
           if not save_improved_only or improved:
-            write_metrics_to_disk()
+            write_metrics_to_disk(step)
             with report.timed("checkpoint", barrier=state):
               save_checkpoint(step)
           else:
