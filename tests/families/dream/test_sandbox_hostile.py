@@ -108,6 +108,19 @@ CASES = [
      "    builtins.abs = lambda x: 0\n    return 0\n", ERROR, ABS_CHECKS),
     ("override_assertionerror", WRONG + "import builtins\nbuiltins."
      "AssertionError = type('Quiet', (Exception,), {})\n", ERROR),
+    # The bootstrap looks up no builtin after the program ran.
+    ("override_exec_skips_checks", WRONG + "import builtins\nbuiltins.exec "
+     "= lambda *a, **k: None\n", ERROR),
+    ("main_exec_skips_checks", WRONG + "import __main__\n__main__.exec = "
+     "lambda *a, **k: None\n", ERROR),
+    ("override_dict_keeps_patched_abs", "def add(a, b):\n    return 0\n"
+     "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.dict = lambda "
+     "scope, **k: scope\n", ERROR, ABS_CHECKS),
+    ("override_baseexception", WRONG + "import builtins\nbuiltins."
+     "BaseException = type('Other', (Exception,), {})\n", ERROR),
+    ("override_type_str_import", WRONG + "import builtins, os\nbuiltins."
+     "type = lambda *a: SystemExit\nbuiltins.str = lambda *a: ''\n"
+     "builtins.__import__ = lambda *a, **k: os._exit(0)\n", ERROR),
     ("close_stdout_stderr_exit_0", GOOD + "import os\nos.close(1)\n"
      "os.close(2)\nos._exit(0)\n", EXIT),
     ("close_stdout_stderr_wrong", WRONG + "import os\nos.close(1)\n"
@@ -325,6 +338,10 @@ DETAILS = {
     "override_print": ASSERTION, "override_abs_builtin": ASSERTION,
     "override_abs_during_call": ASSERTION,
     "override_assertionerror": ASSERTION,
+    "override_exec_skips_checks": ASSERTION,
+    "main_exec_skips_checks": ASSERTION,
+    "override_dict_keeps_patched_abs": ASSERTION,
+    "override_baseexception": ASSERTION, "override_type_str_import": ASSERTION,
     "close_stdout_stderr_exit_0": "status 0",
     "close_stdout_stderr_wrong": ASSERTION,
     "redirect_stdout_exit_0": "status 0", "forged_token_guess": "status 0",

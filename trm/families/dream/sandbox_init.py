@@ -51,11 +51,16 @@ REPORT_BYTES = 65536  # read from the program's report pipe at most
 # The program's first code: fd 3 holds the nonce, fd 4 takes the report.
 # Only after the checks return does it write "ok <pid> <nonce>"; an
 # exception is reported as "error <type>: <message>". Everything it uses is
-# bound before the program's first line, so patching `os` does not reach it.
+# bound before the program's first line, so patching `os`, `builtins` or
+# `__main__` does not reach it.
 BOOTSTRAP = r"""
 def _bootstrap():
   import os, sys
   write, leave, getpid = os.write, os._exit, os.getpid
+  # Builtins too: a global name is looked up when it is used, so a program
+  # that sets builtins.exec (or __main__.exec) would otherwise skip the checks.
+  run, copy, caught = exec, dict, BaseException
+  kind_of, text_of, importer = type, str, __import__
   nonce = b""
   while True:
     chunk = os.read(3, 256)
@@ -80,20 +85,20 @@ def _bootstrap():
   def report(kind, text):
     try:
       write(4, kind + b" " + text.encode("utf-8", "replace")[:2000] + b"\n")
-    except BaseException:
+    except caught:
       try:
         write(2, b"sandbox: the program closed its report channel (fd 4)\n")
-      except BaseException:
+      except caught:
         pass
       leave(1)
   def describe(error):
     try:
-      name = type(error).__name__
-    except BaseException:
+      name = kind_of(error).__name__
+    except caught:
       name = "BaseException"
     try:
-      text = " ".join(str(error).split())
-    except BaseException:
+      text = " ".join(text_of(error).split())
+    except caught:
       text = ""
     return f"{name}: {text}"[:2000] if text else name
   try:
@@ -103,18 +108,18 @@ def _bootstrap():
     solution = load(path)
     checks = load(checks_path) if checks_path else None
     scope = {"__name__": "__main__", "__builtins__": builtins, "__file__": path}
-    exec(solution, scope)
+    run(solution, scope)
     if checks is not None:
       # The checks see the program's names, but builtins as they were before
       # the program ran.
-      scope = dict(scope, __builtins__=pristine)
-      exec(checks, scope)
-  except BaseException as error:
+      scope = copy(scope, __builtins__=pristine)
+      run(checks, scope)
+  except caught as error:
     try:
-      import traceback
+      traceback = importer("traceback")
       write(2, "".join(traceback.format_exception(error)).encode(
           "utf-8", "replace")[-8000:])
-    except BaseException:
+    except caught:
       pass
     report(b"error", describe(error))
     leave(1)
