@@ -156,6 +156,12 @@ CASES = [
     ("candidate_redefines_check", "def add(a, b):\n    globals()['check'] "
      "= lambda c: None\n    return 0\n", ERROR, CHECK_FN),
     ("unterminated_string_swallows_checks", WRONG + "x = '''\n", ERROR),
+    ("answers_from_the_checks_file", "import glob, re\nT = {}\nfor p in "
+     "glob.glob('/sandbox/*') + glob.glob('*'):\n    try:\n        for a, b, "
+     "c in re.findall(r'add\\((-?\\d+), (-?\\d+)\\) == (-?\\d+)', open(p)"
+     ".read()):\n            T[int(a), int(b)] = int(c)\n    except OSError:"
+     "\n        pass\nassert T, 'no checks to read'\ndef add(a, b):\n"
+     "    return T[a, b]\n", ERROR),
     ("recursion", "def add(a, b):\n    return add(a, b)\n", ERROR),
     ("keyboard_interrupt_in_candidate", "def add(a, b):\n    raise "
      "KeyboardInterrupt\n", EXIT),
@@ -354,6 +360,7 @@ DETAILS = {
     "fork_child_runs_checks_parent_waits": "status 0",
     "predefine_check": ASSERTION, "candidate_redefines_check": ASSERTION,
     "unterminated_string_swallows_checks": "unterminated triple-quoted",
+    "answers_from_the_checks_file": "AssertionError: no checks to read",
     "recursion": "RecursionError", "keyboard_interrupt_in_candidate":
     "(KeyboardInterrupt)", "huge_stdout": "File too large",
     "huge_binary_stderr": "File too large", "invalid_utf8_output": ASSERTION,

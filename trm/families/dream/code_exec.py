@@ -5,7 +5,8 @@ A pass means the checks ran to completion: the program and then its checks
 run under a bootstrap (`sandbox_init.BOOTSTRAP`) that, only after the
 checks return, writes "ok <pid> <nonce>" to a pipe the program is not told
 about; the nonce is random per run and reaches the bootstrap through
-another pipe (not the source, argv or environment). We count a pass only
+another pipe (not the source, argv or environment), and so do the checks
+(no file holds them, to be read for their answers). We count a pass only
 when that exact line, from the program's own process, arrives AND the
 process then exited with status 0. No way of ending early counts:
 sys.exit / os._exit / signals / at-exit hooks / threads / printing

@@ -48,7 +48,9 @@ SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 REPORT_BYTES = 65536  # read from the program's report pipe at most
 
-# The program's first code: fd 3 holds the nonce, fd 4 takes the report.
+# The program's first code: fd 3 holds the nonce, a newline and the checks
+# (no file the program could read their expected answers from); fd 4 takes
+# the report.
 # Only after the checks return does it write "ok <pid> <nonce>"; an
 # exception is reported as "error <type>: <message>". Everything it uses is
 # bound before the program's first line, so patching `os`, `builtins` or
@@ -61,13 +63,14 @@ def _bootstrap():
   # that sets builtins.exec (or __main__.exec) would otherwise skip the checks.
   run, copy, caught = exec, dict, BaseException
   kind_of, text_of, importer = type, str, __import__
-  nonce = b""
+  received = b""
   while True:
-    chunk = os.read(3, 256)
+    chunk = os.read(3, 65536)
     if not chunk:
       break
-    nonce += chunk
+    received += chunk
   os.close(3)
+  nonce, _, checks_source = received.partition(b"\n")
   import _socket, socket
   def no_network(*args, **kwargs):
     raise OSError("network access is disabled in the code-evaluation sandbox")
@@ -78,7 +81,7 @@ def _bootstrap():
   for name in ("socket", "SocketType", "socketpair", "getaddrinfo"):
     if hasattr(_socket, name):
       setattr(_socket, name, no_network)
-  path, checks_path = sys.argv[1], sys.argv[2]
+  path, checks_name = sys.argv[1], sys.argv[2]
   sys.argv = [path]
   import builtins
   pristine = dict(builtins.__dict__)
@@ -106,7 +109,8 @@ def _bootstrap():
       with open(where, encoding="utf-8") as f:
         return compile(f.read(), where, "exec")
     solution = load(path)
-    checks = load(checks_path) if checks_path else None
+    checks = (compile(checks_source.decode("utf-8"), checks_name, "exec")
+              if checks_name else None)
     scope = {"__name__": "__main__", "__builtins__": builtins, "__file__": path}
     run(solution, scope)
     if checks is not None:
@@ -230,8 +234,6 @@ def _build_root(payload):
   box = os.path.join(new, "sandbox")
   os.mkdir(box, 0o755)
   _write(f"{box}/solution.py", payload["solution"])
-  if payload["checks"] is not None:
-    _write(f"{box}/checks.py", payload["checks"])
   _mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
   number = PIVOT_ROOT.get(platform.machine())
   if number is None:
@@ -248,17 +250,14 @@ def _build_root(payload):
 
 
 def _program_files(payload):
-  """(solution path, checks path or '', working directory) in the view the
-  program gets; without namespaces, files in our own directory."""
+  """(solution path, the checks' name or '' when there are none, working
+  directory) in the view the program gets; without namespaces, files in our
+  own directory. The checks come through the nonce's pipe, not a file."""
+  checks = "<checks>" if payload["checks"] is not None else ""
   if payload["mode"] != "none":
-    checks = "/sandbox/checks.py" if payload["checks"] is not None else ""
     return "/sandbox/solution.py", checks, "/tmp"
   work = os.getcwd()
   _write("solution.py", payload["solution"])
-  checks = ""
-  if payload["checks"] is not None:
-    _write("checks.py", payload["checks"])
-    checks = os.path.join(work, "checks.py")
   return os.path.join(work, "solution.py"), checks, work
 
 
@@ -340,8 +339,11 @@ def _supervise(payload, report_fd):
     _start_program(payload, nonce_read, report_write)
   os.close(nonce_read)
   os.close(report_write)
+  message = memoryview(payload["nonce"].encode("ascii") + b"\n" + (
+      payload["checks"] or "").encode("utf-8", "replace"))
   try:
-    os.write(nonce_write, payload["nonce"].encode("ascii"))
+    while message:
+      message = message[os.write(nonce_write, message):]
   except OSError:
     pass  # the program died before reading it
   os.close(nonce_write)
