@@ -19,6 +19,7 @@ import repo
 
 from trm.families.dream import code_eval
 from trm.families.dream import code_exec
+from trm.families.dream import sandbox_init
 
 MODE = code_exec.sandbox_mode(code_exec.Limits())
 pytestmark = pytest.mark.skipif(
@@ -100,6 +101,8 @@ CASES = [
      EXIT),
     ("exec_python_prints_passed", GOOD + "import os, sys\nos.execv("
      "sys.executable, [sys.executable, '-c', 'print(\"passed\")'])\n", EXIT),
+    ("claims_it_could_not_start", WRONG + "import os\nos.write(2, b'sandbox: "
+     "could not start the program: x\\n')\nos._exit(126)\n", EXIT),
     ("override_print", WRONG + "import builtins\nbuiltins.print = lambda *a, "
      "**k: None\n", ERROR),
     ("override_abs_builtin", "def add(a, b):\n    return 0\nimport builtins\n"
@@ -341,6 +344,7 @@ DETAILS = {
     "segfault": "(SIGSEGV)", "c_stack_overflow": "(SIGSEGV)",
     "killpg_own_group": "(SIGKILL)", "prints_passed_exits_0": "status 0",
     "exec_true": "status 0", "exec_python_prints_passed": "status 0",
+    "claims_it_could_not_start": "(exit status 126)",
     "override_print": ASSERTION, "override_abs_builtin": ASSERTION,
     "override_abs_during_call": ASSERTION,
     "override_assertionerror": ASSERTION,
@@ -524,6 +528,19 @@ def test_hostile_completions_through_score():
       "passed", EXIT, EXIT, ERROR, TIMEOUT, SIGNAL]
   assert results["pass@1"] == pytest.approx(1 / 6)
   assert all(r["result"] for r in records)
+
+
+@pytest.mark.skipif(
+    os.path.realpath(sys.executable).split("/")[1] in sandbox_init.SYSTEM,
+    reason="the interpreter is in a system directory, always bound")
+def test_a_program_that_cannot_start_is_a_sandbox_error(monkeypatch):
+  """The sandbox's own failure (here: the interpreter's prefix not bound,
+  so exec fails), told apart from a program that only says so."""
+  monkeypatch.setattr(code_exec, "_python_prefixes", lambda: [])
+  outcome = code_exec.run_program((GOOD, CHECKS), LIMITS, MODE)
+  assert outcome.reason == "sandbox_error", outcome
+  assert outcome.result.startswith(
+      "failed: sandbox error: could not start the program: [Errno 2]"), outcome
 
 
 @pytest.mark.skipif(code_exec.probe("user") is not None,

@@ -345,8 +345,12 @@ def _classify(report: Optional[dict], nonce: str, returncode: int,
       return False, "exit_before_checks", (
           f"failed: exited before the checks completed ({error})")
     return False, "error", f"failed: {error}"
-  if code == 126 and "sandbox: could not start the program" in stderr:
-    return False, "sandbox_error", f"failed: sandbox error: {last}"
+  # From the sandbox before the program's exec (the nonce: not the program).
+  prefix = f"unstarted {nonce} "
+  unstarted = [line[len(prefix):] for line in lines if line.startswith(prefix)]
+  if unstarted:
+    return False, "sandbox_error", ("failed: sandbox error: could not start "
+                                    f"the program: {unstarted[-1][:1000]}")
   if "MemoryError" in last:
     return False, "memory", f"failed: memory limit ({last})"
   return False, "exit_before_checks", (

@@ -294,7 +294,10 @@ def _limit(kind, value):
 
 
 def _start_program(payload, nonce_read, report_write):
-  """In the forked child: limits, privileges, fds, then exec."""
+  """In the forked child: limits, privileges, fds, then exec. A failure is
+  reported as "unstarted <nonce> <why>" (a line the program cannot write:
+  exit status 126 and a message on stderr it could)."""
+  report = report_write
   try:
     solution, checks, cwd = _program_files(payload)
     os.chdir(cwd)
@@ -315,6 +318,7 @@ def _start_program(payload, nonce_read, report_write):
             for fd in (null, nonce_read, report_write)]
     for fd, target in zip(high, (0, 3, 4)):
       os.dup2(fd, target)  # inheritable
+    report = 4
     os.closerange(5, 1 << 16)
     env = dict(payload["env"], HOME=cwd, TMPDIR=cwd)
     python = payload["python"]
@@ -322,7 +326,11 @@ def _start_program(payload, nonce_read, report_write):
                        solution, checks], env)
   except BaseException as error:  # pylint: disable=broad-except
     try:
-      os.write(2, f"sandbox: could not start the program: {error}\n".encode())
+      why = " ".join(str(error).split())
+      os.write(report, f"unstarted {payload['nonce']} {why}\n".encode(
+          "utf-8", "replace"))
+      os.write(2, f"sandbox: could not start the program: {why}\n".encode(
+          "utf-8", "replace"))
     finally:
       os._exit(126)  # pylint: disable=protected-access
 
