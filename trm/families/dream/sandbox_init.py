@@ -200,6 +200,10 @@ def _build_root(payload):
     os.makedirs(target, 0o755, exist_ok=True)
     _bind(real, target)
     bound.append(real)
+  for hidden in payload["hide"]:  # an empty directory over each
+    if os.path.isdir(new + hidden):
+      _mount("tmpfs", new + hidden, "tmpfs",
+             MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
   etc = os.path.join(new, "etc")
   os.mkdir(etc, 0o755)
   _write(f"{etc}/passwd", f"root:x:0:0:root:/tmp:/bin/sh\nsandbox:x:{uid}:"
