@@ -548,6 +548,29 @@ def test_a_program_that_cannot_start_is_a_sandbox_error(monkeypatch):
       "failed: sandbox error: could not start the program: [Errno 2]"), outcome
 
 
+_KEYS = LIBC + """
+add_key, keyctl, KEYCTL_SEARCH = 248, 250, 10
+for ring in (-4, -3):  # the uid's user keyring; the session keyring
+    name = b"trm_probe_%d" % -ring
+"""
+
+
+@pytest.mark.skipif(MODE != "root" or os.uname().machine != "x86_64",
+                    reason="root mode on x86-64 (syscall numbers)")
+def test_keys_do_not_pass_between_samples_of_a_slot():
+  """A key left by one sample (`add_key`) was read by the next sample of
+  the same slot (the same uid in root mode): a channel between samples."""
+  leave = _KEYS + (
+      "    if libc.syscall(add_key, b'user', name, b'secret', 6, ring) < 0:\n"
+      "        raise OSError(ctypes.get_errno(), 'add_key')\n") + GOOD
+  find = _KEYS + (
+      "    found = libc.syscall(keyctl, KEYCTL_SEARCH, ring, b'user', name, 0)\n"
+      "    assert found < 0, ('a key from an earlier sample', ring)\n") + GOOD
+  outcomes = code_exec.run_programs([(leave, CHECKS), (find, CHECKS)],
+                                    LIMITS, 1, mode=MODE)
+  assert [o.reason for o in outcomes] == ["passed", "passed"], outcomes
+
+
 @pytest.mark.skipif(code_exec.probe("user") is not None,
                     reason="user namespaces refused here")
 def test_user_namespace_mode():

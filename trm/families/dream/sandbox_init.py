@@ -44,6 +44,11 @@ PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41,
 KEEP = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV),
         (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, 1024),
         (os.ST_NODIRATIME, 2048), (os.ST_RELATIME, 1 << 21))
+# keyctl(2) by number: glibc has no wrapper (libkeyutils does).
+KEYCTL = {"x86_64": 250, "aarch64": 219, "arm64": 219, "riscv64": 219,
+          "ppc64le": 271, "ppc64": 271, "s390x": 280}
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
+KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 REPORT_BYTES = 65536  # read from the program's report pipe at most
@@ -285,12 +290,28 @@ def _drop_privileges(payload):
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)  # leaves no capability
+    _fresh_keyrings()
   header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
   _call("capset", header, (ctypes.c_uint32 * 6)())
   with open("/proc/self/status") as f:
     effective = [l for l in f if l.startswith(("CapEff", "CapPrm"))]
   if any(int(l.split()[1], 16) for l in effective):
     raise SetupError(f"capabilities remain: {effective}")
+
+
+def _fresh_keyrings():
+  """Kernel keys outlive their process, and in root mode a slot's uid (with
+  its user keyrings) serves every sample the slot runs: a key a sample
+  added (`add_key`) was read back by a later one. Each program starts with
+  its uid's keyrings cleared and a session keyring of its own. (A user
+  namespace, user mode, has keyrings of its own already.) Best effort: a
+  kernel without keys, or an unknown machine, has nothing to clear here."""
+  number = KEYCTL.get(platform.machine())
+  if number is None:
+    return
+  _libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)
+  for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+    _libc.syscall(number, KEYCTL_CLEAR, keyring)
 
 
 def _limit(kind, value):
