@@ -16,7 +16,11 @@ random train step k and a random 0-0.5 s after the run logs that step k is
 done, which lands in the next steps, the asynchronous checkpoint writes,
 the evaluations and the final save. The final checkpoint's state is read
 back with Orbax as numpy arrays and compared bit for bit with the
-reference's (params, and the whole train state with the data position).
+reference's (params, and the whole train state with the data position),
+and the train and eval metrics in the workdir's events files, as
+TensorBoard reads them, with the reference's (`--log_every` that does not
+divide `--checkpoint_every` checks that the steps since the last logged
+interval are not lost with a kill after a checkpoint).
 
 Prints one line per trial: each kill (time since start, the last train step
 the run had logged, the whole checkpoints on disk after it, the step the
@@ -56,6 +60,9 @@ _EVAL_EVERY = flags.DEFINE_integer("eval_every", 8, "config.eval_every.")
 _REKILL_PROB = flags.DEFINE_float("rekill_prob", 0.35, "Chance a restart is "
                                   "killed again.")
 _MAX_KILLS = flags.DEFINE_integer("max_kills", 3, "Kills per trial at most.")
+_LOG_EVERY = flags.DEFINE_integer("log_every", 1, "config.log_every (kills "
+                                  "land after a logged step: 1 spreads "
+                                  "them over every step).")
 
 TRAIN_LOG = re.compile(r"\] \[(\d+)\] .*train/")
 RESUMED = re.compile(r"Training from step (\d+) to")
@@ -71,7 +78,7 @@ def overrides(data_dir: str) -> list[str]:
       "data.build.num_blanks": 30, "optim.warmup_steps": 5,
       "global_batch_size": 16, "total_steps": _STEPS.value,
       "checkpoint_every": _CHECKPOINT_EVERY.value,
-      "eval_every": _EVAL_EVERY.value, "log_every": 1,
+      "eval_every": _EVAL_EVERY.value, "log_every": _LOG_EVERY.value,
   }
   return [f"--config.{k}={v}" for k, v in values.items()]
 
@@ -147,8 +154,9 @@ class Attempt:
     return next((t for t, line in self.lines if pattern in line), None)
 
   def last_step(self) -> int | None:
-    """Last train step whose metrics were logged (they are fetched when the
-    step has run: log_every=1), None if training had not started."""
+    """Last train step whose metrics were logged (they are fetched an
+    interval late: with log_every=1, when the step has run), None if
+    training had not started."""
     steps = [int(m.group(1)) for _, line in self.lines
              if (m := TRAIN_LOG.search(line))]
     return max(steps) if steps else None
@@ -187,6 +195,35 @@ def final_state(workdir: str, step: int):
   with open(os.path.join(path, "data_iter", "metadata")) as f:
     position = json.load(f)
   return state, position
+
+
+def metrics_record(workdir: str) -> dict:
+  """{tag: {step: value}} of the train and eval metrics in `workdir`'s
+  events files, as TensorBoard reads them (a restarted run's rewrites
+  replace the killed run's). Timing (`eval/seconds`, `timing/*`) is left
+  out: it differs in every run."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(
+      workdir, size_guidance={event_accumulator.TENSORS: 0})
+  events.Reload()
+  return {tag: {e.step: tensor_util.make_ndarray(e.tensor_proto).tobytes()
+                for e in events.Tensors(tag)}
+          for tag in events.Tags()["tensors"]
+          if tag.startswith(("train/", "eval/")) and tag != "eval/seconds"}
+
+
+def metrics_difference(record: dict, reference: dict) -> str | None:
+  """Where `record` differs from the reference's, None if nowhere."""
+  problems = []
+  for tag in sorted(set(record) | set(reference)):
+    got, want = record.get(tag, {}), reference.get(tag, {})
+    if set(got) != set(want):
+      problems.append(f"{tag} at steps {sorted(got)}, reference "
+                      f"{sorted(want)}")
+    elif (steps := [k for k in sorted(want) if got[k] != want[k]]):
+      problems.append(f"{tag} differs at steps {steps}")
+  return "; ".join(problems) or None
 
 
 def identical(a, b) -> bool:
@@ -230,8 +267,10 @@ def main(argv):
   compiled = reference.first("Train step compiled") or 1.0
   done = reference.first("Final evaluation") or reference.lines[-1][0]
   ref_state, ref_position = final_state(reference_dir, _STEPS.value)
+  ref_metrics = metrics_record(reference_dir)
   print(f"reference: {_STEPS.value} steps, checkpoint every "
         f"{_CHECKPOINT_EVERY.value}, eval every {_EVAL_EVERY.value}, "
+        f"log every {_LOG_EVERY.value}, "
         f"{_DEVICES.value} CPU devices; train step compiled at "
         f"{compiled:.1f} s, final evaluation at {done:.1f} s", flush=True)
 
@@ -243,7 +282,7 @@ def main(argv):
     return ("step", int(rng.integers(1, _STEPS.value + 1)),
             float(rng.uniform(0.0, 0.5)))
 
-  same_params = same_state = 0
+  same_params = same_state = same_metrics = 0
   for trial in range(1, _TRIALS.value + 1):
     workdir = os.path.join(root, f"trial_{trial:02d}")
     kills, attempt_no, events = 0, 0, []
@@ -298,14 +337,21 @@ def main(argv):
     state, position = final_state(workdir, _STEPS.value)
     params_ok = identical(state["params"], ref_state["params"])
     state_ok = identical(state, ref_state) and position == ref_position
+    metrics_problem = metrics_difference(metrics_record(workdir),
+                                         ref_metrics)
     same_params += params_ok
     same_state += state_ok
+    same_metrics += metrics_problem is None
     print(f"trial {trial:02d}: " + " | ".join(kills_text)
           + f" | identical: {'yes' if params_ok else 'NO'}"
           + ("" if state_ok == params_ok else
-             f" (whole state: {'yes' if state_ok else 'NO'})"), flush=True)
+             f" (whole state: {'yes' if state_ok else 'NO'})")
+          + ("" if metrics_problem is None else
+             f" | metrics: {metrics_problem}"), flush=True)
   print(f"{same_params}/{_TRIALS.value} identical (params); "
-        f"{same_state}/{_TRIALS.value} with the whole train state")
+        f"{same_state}/{_TRIALS.value} with the whole train state; "
+        f"{same_metrics}/{_TRIALS.value} with the metrics "
+        f"({sum(map(len, ref_metrics.values()))} values)")
 
 
 if __name__ == "__main__":
