@@ -446,12 +446,8 @@ def check_forecast_flags(counts: list[int]) -> None:
                      "(0: every layout).")
   if _SEARCH_TOP.value < 1:
     raise ValueError(f"--search_top={_SEARCH_TOP.value} must be >= 1.")
-  path = _FORECAST_JSON.value
-  if path:
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(parent):
-      raise ValueError(f"--forecast_json={path!r} must be a file path "
-                       "in an existing directory.")
+  if _FORECAST_JSON.value:
+    check_output_file("--forecast_json", _FORECAST_JSON.value)
 
 
 def _dcn_step_seconds() -> float | None:
@@ -513,16 +509,33 @@ def check_save_flags(counts: list[int]) -> None:
     if given:
       raise ValueError(f"--save_compiled saves one train step: drop {clash}.")
   if "://" not in path:
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(parent):
-      raise ValueError(f"--save_compiled={path!r} must be a file path in an "
-                       "existing directory.")
-    try:  # a file there, made and removed, before minutes of compiling
-      with tempfile.TemporaryFile(dir=parent):
-        pass
-    except OSError as e:
-      raise ValueError(f"--save_compiled={path!r}: its directory {parent} is "
-                       f"not writable ({e.strerror}).") from None
+    check_output_file("--save_compiled", path)
+
+
+def check_output_file(flag: str, path: str) -> None:
+  """One line naming `flag` unless the local `path` can take the file it
+  writes after minutes of compiling: a file path (not a directory, FIFO or
+  device, which the final rename would replace) in an existing directory
+  this process can write, and not the --config file it was given."""
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path) or not os.path.isdir(parent):
+    raise ValueError(f"{flag}={path!r} must be a file path in an existing "
+                     "directory.")
+  if os.path.exists(path) and not os.path.isfile(path):
+    raise ValueError(f"{flag}={path!r} is not a regular file (a FIFO or "
+                     "device); name a file.")
+  config = config_flags.get_config_filename(flags.FLAGS["config"]).split(
+      ":", 1)[0]   # 'configs/gpt.py:shakespeare_char': the file, its arg
+  if (config and os.path.isfile(path) and os.path.isfile(config)
+      and os.path.samefile(path, config)):
+    raise ValueError(f"{flag}={path!r} is the --config file, which it would "
+                     "overwrite; name another file.")
+  try:  # a file there, made and removed, before minutes of compiling
+    with tempfile.TemporaryFile(dir=parent):
+      pass
+  except OSError as e:
+    raise ValueError(f"{flag}={path!r}: its directory {parent} is not "
+                     f"writable ({e.strerror}).") from None
 
 
 def main(argv):

@@ -278,6 +278,39 @@ def test_bad_forecast_flags_are_one_line(args, match):
   assert "verdict" not in result.stdout
 
 
+TINY_GPT_FLAGS = ["--config.n_layer=2", "--config.n_embd=64",
+                  "--config.n_head=2", "--config.block_size=32",
+                  "--config.batch_size=8", "--config.mesh.data=1",
+                  "--config.mesh.fsdp=-1", "--vocab_size=65"]
+
+
+@pytest.mark.parametrize("flag", ["--forecast_json", "--save_compiled"])
+def test_output_files_are_checked_before_compiling(flag, tmp_path):
+  """Before: the --config file named as the output was overwritten with
+  the rows (or the step) after compiling, a FIFO was replaced by a file,
+  and an unwritable directory failed only once the compile was done."""
+  config = tmp_path / "gpt.py"
+  with open(os.path.join(ROOT, "configs", "gpt.py")) as f:
+    text = f.read()
+  config.write_text(text)
+  fifo = tmp_path / "fifo"
+  os.mkfifo(fifo)
+  for path, match in ((config, "is the --config file"),
+                      (fifo, "is not a regular file"),
+                      ("/proc/out", "its directory /proc is not writable")):
+    result = subprocess.run(
+        [sys.executable, "-m", "trm.aot",
+         f"--config={config}:shakespeare_char", "--topology=v4-8",
+         *TINY_GPT_FLAGS, *(["--forecast"] if flag == "--forecast_json"
+                            else []), f"{flag}={path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"trm.aot: error: {flag}='{path}'"), last
+    assert match in last and "compiling" not in result.stderr
+  assert config.read_text() == text
+
+
 def test_cli_writes_the_forecast_json(tmp_path):
   path = tmp_path / "rows.json"
   result = subprocess.run(
