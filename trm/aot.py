@@ -570,6 +570,8 @@ def main(argv):
   if _FORECAST.value:
     sys.exit(run_forecast(_CONFIG.value, topology, counts, shapes))
   from trm.forecast import plan  # pylint: disable=g-import-not-at-top
+  plan.check_rows(_CONFIG.value, topology, counts, None if sample else [
+      _CONFIG.value.global_batch_size] * len(counts))
   fits = True
   for count in counts:
     if len(counts) > 1:

@@ -311,6 +311,31 @@ def test_output_files_are_checked_before_compiling(flag, tmp_path):
   assert config.read_text() == text
 
 
+@pytest.mark.parametrize("args, match", [
+    (["--forecast", "--num_slices=2,4", "--config.mesh.dcn_data=2"],
+     "--num_slices=4: config.mesh.dcn_* multiply to 2"),
+    (["--num_slices=2,4", "--config.mesh.dcn_data=2"],
+     "--num_slices=4: config.mesh.dcn_* multiply to 2"),
+    (["--forecast", "--num_slices=1,3", "--batch_scaling=strong"],
+     "--num_slices=3: config.global_batch_size=8 must be a positive "
+     "multiple of the data-parallel size 12"),
+    (["--num_slices=1,3"], "--num_slices=3: config.global_batch_size=8"),
+])
+def test_every_rows_mesh_and_batch_are_checked_before_the_first_compiles(
+    args, match):
+  """Before: the rows before the one whose mesh or batch does not work
+  were compiled (minutes each on a large model), then it stopped."""
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.aot",
+       "--config=configs/gpt.py:shakespeare_char", "--topology=v4-8",
+       *TINY_GPT_FLAGS, *args],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 2, result.stderr[-2000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("trm.aot: error: ") and match in last, last
+  assert "compiling" not in result.stderr and not result.stdout
+
+
 def test_cli_writes_the_forecast_json(tmp_path):
   path = tmp_path / "rows.json"
   result = subprocess.run(

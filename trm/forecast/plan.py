@@ -89,6 +89,22 @@ def row_context(config, topology: topology_lib.Topology, slices: int,
   return row, mesh_lib.ShardingContext.from_config(row, devices)
 
 
+def check_rows(config, topology: topology_lib.Topology, slice_counts,
+               global_batches=None) -> None:
+  """Every row's config, mesh and global batch (`global_batches`, one per
+  slice count; None: the config's, not checked), before any row compiles:
+  a later row's error came only after minutes of compiling the earlier
+  ones."""
+  for slices, batch in zip(slice_counts, global_batches or [
+      config.global_batch_size] * len(slice_counts)):
+    row, ctx = row_context(config, topology, slices, batch)
+    if global_batches is not None:
+      try:
+        ctx.check_batch_size(row.global_batch_size)
+      except ValueError as e:
+        raise type(e)(f"--num_slices={slices}: {e}") from None
+
+
 def compile_row(config, topology: topology_lib.Topology, slices: int,
                 shapes, global_batch: int, mesh=None) -> CompiledRow:
   """Compiles the train step for `slices` slices of `topology`."""
@@ -323,8 +339,9 @@ def forecast(config, topology: topology_lib.Topology, slice_counts,
   """(rows, efficiency, where the efficiency came from). dcn_step_seconds:
   the cross-slice ring step's latency (default the topology's constant)."""
   compiled = []
-  for slices, batch in zip(slice_counts, batches(config, slice_counts,
-                                                 scaling)):
+  global_batches = batches(config, slice_counts, scaling)
+  check_rows(config, topology, slice_counts, global_batches)
+  for slices, batch in zip(slice_counts, global_batches):
     chips = slices * topology.chips
     report(f"[forecast] compiling {slices} x {topology.name} ({chips} chips,"
            f" global batch {batch}) ...")
