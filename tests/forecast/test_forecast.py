@@ -237,6 +237,11 @@ def test_tpu_compiler_options():
      "--search_limit=-3 must be >= 0"),
     (["--forecast", "--search", "--search_top=0"],
      "--search_top=0 must be >= 1"),
+    # Before: "no layout fits." and exit 1, as if layouts had been
+    # compiled and found too big.
+    (["--forecast", "--search", "--num_slices=2", "--config.batch_size=3"],
+     "--search: config.global_batch_size=3 splits over none of the 12 mesh "
+     "layouts of 2 x v4-8"),
     (["--forecast", "--mode=sample"], "drop --mode=sample"),
     (["--chip_hour_price=3"], "--chip_hour_price needs --forecast"),
     (["--dcn_step_us=50"], "--dcn_step_us needs --forecast"),

@@ -54,6 +54,12 @@ def search(config, topology: topology_lib.Topology, slices: int, shapes,
            "compiled": 0, "does_not_fit": 0, "not_compiled": 0}
   rows = []
   batch = int(config.global_batch_size)
+  if batch % slices:  # every layout shards the batch over the slices
+    raise plan.ForecastError(
+        f"--search: config.global_batch_size={batch} splits over none of the"
+        f" {len(candidates)} mesh layouts of {slices} x {topology.name} (each"
+        f" shards the batch over the {slices} slices at least); use a "
+        f"multiple of {slices}.")
   for index, mesh in enumerate(candidates):
     ways = mesh["data"] * mesh["fsdp"] * mesh["dcn_data"] * mesh["dcn_fsdp"]
     if batch % ways:
