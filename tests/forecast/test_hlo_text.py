@@ -2,6 +2,7 @@
 programs whose answers are known by hand."""
 import pytest
 
+from trm.core import topology
 from trm.forecast import hlo
 from trm.forecast import loops
 from trm.forecast import network
@@ -162,6 +163,19 @@ def test_rows_with_unread_loops_are_flagged():
   rows = [{"slices": 1, "unknown_loops": 0}, {"slices": 2, "unknown_loops": 3}]
   warnings = plan.unread_loop_warnings(rows)
   assert len(warnings) == 1 and "2-slice row has 3 while loop" in warnings[0]
+
+
+def test_a_program_with_nothing_to_time_is_a_forecast_error():
+  """Before: ZeroDivisionError for its TFLOP/s (and no bound to name)."""
+  text = _module("""
+  %a = bf16[1024,1024]{1,0} parameter(0)
+  ROOT %b = f32[256,1024]{1,0} parameter(1)""", extra="")
+  compiled = plan.CompiledRow(
+      slices=1, chips=4, mesh={"data": 4}, global_batch=8, model_flops=0.0,
+      tokens_per_example=None, compile_seconds=0.0, fits=True,
+      memory_gib=0.1, program=timeline.Program(text, FABRIC))
+  with pytest.raises(plan.ForecastError, match="the 1-slice step's compiled"):
+    plan.forecast_row(compiled, topology.parse_topology("v4-8"), 0.5)
 
 
 def _overlap_module(asynchronous: bool) -> str:

@@ -175,6 +175,11 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
     return row
   step = compiled.program.play(chip.peak_bf16_tflops * 1e12, efficiency,
                                chip.hbm_gbps * 1e9, dcn_overlap)
+  if step.seconds <= 0:  # rates and MFU would divide by it
+    raise ForecastError(
+        f"the {compiled.slices}-slice step's compiled program computes, "
+        "moves and sends nothing the time model counts: no step time to "
+        "forecast; check that the config builds a model.")
   flops_per_chip = compiled.model_flops / compiled.chips
   other = "schedule" if dcn_overlap == "none" else "none"
   other_step = compiled.program.play(chip.peak_bf16_tflops * 1e12,
