@@ -12,6 +12,7 @@ from trm.forecast import timeline
 
 # A 2x2x1 slice (v4-8's shape), no wraparound; 1e9 bytes/s per link so
 # the arithmetic stays readable.
+V4_8 = topology.parse_topology("v4-8")
 FABRIC = network.Fabric(coords=((0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)),
                         dims=(2, 2, 1), wraps=(False, False, False),
                         link_bytes_per_second=1e9,
@@ -170,12 +171,28 @@ def test_a_program_with_nothing_to_time_is_a_forecast_error():
   text = _module("""
   %a = bf16[1024,1024]{1,0} parameter(0)
   ROOT %b = f32[256,1024]{1,0} parameter(1)""", extra="")
-  compiled = plan.CompiledRow(
-      slices=1, chips=4, mesh={"data": 4}, global_batch=8, model_flops=0.0,
-      tokens_per_example=None, compile_seconds=0.0, fits=True,
-      memory_gib=0.1, program=timeline.Program(text, FABRIC))
   with pytest.raises(plan.ForecastError, match="the 1-slice step's compiled"):
-    plan.forecast_row(compiled, topology.parse_topology("v4-8"), 0.5)
+    plan.forecast_row(_compiled_row(text, 0.0), V4_8, 0.5)
+
+
+def _compiled_row(text: str, model_flops: float) -> plan.CompiledRow:
+  """A 1-slice row of 4 chips whose compiled program is `text`."""
+  return plan.CompiledRow(
+      slices=1, chips=4, mesh={"data": 4}, global_batch=8,
+      model_flops=model_flops, tokens_per_example=None, compile_seconds=0.0,
+      fits=True, memory_gib=0.1, program=timeline.Program(text, FABRIC))
+
+
+def test_a_measured_mfu_below_the_calibration_range_is_refused():
+  """Before: the fit stopped at its lowest efficiency and the table said
+  the row's MFU was set to the measurement while showing another."""
+  compiled = _compiled_row(_overlap_module(False), 4 * 2 * 1024**3)
+  lowest = plan.forecast_row(compiled, V4_8, 1e-3)["mfu"]
+  fitted = plan.calibrate(compiled, V4_8, 2 * lowest)
+  assert plan.forecast_row(compiled, V4_8, fitted)["mfu"] == pytest.approx(
+      2 * lowest, rel=1e-4)
+  with pytest.raises(plan.ForecastError, match="--calibrate_mfu=.* is below"):
+    plan.calibrate(compiled, V4_8, lowest / 10)
 
 
 def _overlap_module(asynchronous: bool) -> str:

@@ -304,6 +304,13 @@ def calibrate(compiled: CompiledRow, topology: topology_lib.Topology,
         "reaches with its dense compute at peak; check the measurement (a "
         "fraction, e.g. 0.567) and that it is of the first row.")
   lo, hi = 1e-3, 1.0
+  bottom = mfu_at(lo)
+  if mfu < bottom:  # the search would stop at lo and miss the measurement
+    raise ForecastError(
+        f"--calibrate_mfu={mfu:g} is below the {bottom:.4g} this program "
+        f"reaches with its dense compute at {lo:g} x peak; check the "
+        "measurement (a fraction, e.g. 0.567) and that it is of the first "
+        "row.")
   for _ in range(60):
     mid = (lo + hi) / 2
     if mfu_at(mid) < mfu:
