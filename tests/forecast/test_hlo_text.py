@@ -195,6 +195,32 @@ def test_a_measured_mfu_below_the_calibration_range_is_refused():
     plan.calibrate(compiled, V4_8, lowest / 10)
 
 
+def test_pallas_kernels_that_declare_no_cost_are_flagged():
+  """jax's splash attention declares no cost, so its FLOPs count as 0:
+  before, the row said nothing (a GPT at 8,192 tokens with splash showed
+  111% MFU); now the table warns."""
+  call = ('  %{name} = f32[1024,1024]{{1,0}} custom-call(%a), '
+          'custom_call_target="tpu_custom_call", metadata={{op_name='
+          '"jit(f)/splash_mha_fwd/pallas_call"}}, backend_config={{'
+          '"custom_call_config":{{"body":"TUzv"{cost}}}}}')
+  text = _module("\n".join([
+      "  %a = bf16[1024,1024]{1,0} parameter(0)",
+      "  %b = f32[256,1024]{1,0} parameter(1)",
+      call.format(name="bare", cost=""),
+      call.format(name="costed", cost=', "cost_estimate":{"flops":"2000",'
+                  '"bytes_accessed":"8"}'),
+      "  ROOT %out = (f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) "
+      "tuple(%bare, %costed)"]))
+  totals = timeline.Program(text, FABRIC).totals()
+  assert totals.undeclared_kernels == 1 and totals.flops == 2000
+  row = plan.forecast_row(_compiled_row(text, 1e9), V4_8, 0.5)
+  assert row["undeclared_kernels"] == 1
+  text = plan.format_rows([dict(row, scaling_efficiency=1.0)], "v4-8", 0.5,
+                          "--efficiency")
+  assert ("WARNING: the 1-slice row calls 1 Pallas kernel(s) that declare "
+          "no cost") in text
+
+
 def _overlap_module(asynchronous: bool) -> str:
   if asynchronous:
     gather = """

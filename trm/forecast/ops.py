@@ -367,6 +367,13 @@ def pallas_cost(inst: hlo.Instruction) -> tuple[float, float] | None:
           float(moved.group(1)) if moved else 0.0)
 
 
+def is_pallas_call(inst: hlo.Instruction) -> bool:
+  """A Pallas kernel call: Mosaic's TPU custom call, or one named so."""
+  return inst.opcode == "custom-call" and (
+      'custom_call_target="tpu_custom_call"' in inst.attrs
+      or pallas_kernel_name(inst) is not None)
+
+
 def pallas_kernel_name(inst: hlo.Instruction) -> str | None:
   """The name a Pallas kernel call was given (its op_name ends in
   '<name>/pallas_call', or in 'transpose(jvp(<name>))/pallas_call' where

@@ -202,6 +202,7 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
       "seconds_by_cause": {k: round(v, 6) for k, v in
                            sorted(step.by_cause.items())},
       "unknown_loops": totals.unknown_loops,
+      "undeclared_kernels": totals.undeclared_kernels,
       f"mfu_dcn_{other}": (flops_per_chip / other_step.seconds / 1e12
                            / chip.peak_bf16_tflops),
       "collectives": collective_summary(totals),
@@ -417,6 +418,7 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
         f"{r['dcn_bytes'] / 1e9:>11.3f} {r['bound']:<7} "
         f"{100 * r.get('mfu_dcn_none', r.get('mfu_dcn_schedule', 0)):.1f}%")
   lines.extend(unread_loop_warnings(rows))
+  lines.extend(undeclared_kernel_warnings(rows))
   return "\n".join(lines)
 
 
@@ -445,6 +447,17 @@ def unread_loop_warnings(rows: list[dict]) -> list[str]:
           "while loop(s) whose trip count could not be read; each is counted"
           " once, so this row's step time is too short and its MFU too high."
           for r in rows if r.get("unknown_loops")]
+
+
+def undeclared_kernel_warnings(rows: list[dict]) -> list[str]:
+  """One line per row whose program calls Pallas kernels that declare no
+  cost (jax's splash attention): their FLOPs count as 0, so that row's step
+  is too short and its MFU too high (above 100% where they dominate)."""
+  return [f"WARNING: the {r['slices']}-slice row calls "
+          f"{r['undeclared_kernels']} Pallas kernel(s) that declare no cost "
+          "(e.g. config.model.attention='splash'); their FLOPs are counted "
+          "as 0, so this row's step time is too short and its MFU too high."
+          for r in rows if r.get("undeclared_kernels")]
 
 
 def _per_row_table(title: str, header: str, line, entries) -> str:

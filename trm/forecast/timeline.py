@@ -48,6 +48,9 @@ class Totals:
   collectives: collections.Counter = dataclasses.field(
       default_factory=collections.Counter)
   unknown_loops: int = 0   # loops whose trip count could not be read
+  # Pallas kernel calls that declare no cost (jax's splash attention):
+  # XLA cannot see inside them, so their FLOPs count as 0.
+  undeclared_kernels: int = 0
 
   def add(self, other: "Totals", times: float = 1.0):
     self.flops += other.flops * times
@@ -57,6 +60,7 @@ class Totals:
     for key, count in other.collectives.items():
       self.collectives[key] += count * times
     self.unknown_loops += other.unknown_loops
+    self.undeclared_kernels += other.undeclared_kernels
 
 
 @dataclasses.dataclass
@@ -290,6 +294,9 @@ class Program:
       flops, moved = self.cost(comp, inst)
       total.flops += flops
       total.hbm_bytes += moved
+      if (ops.is_pallas_call(inst) and ops.pallas_cost(inst) is None
+          and self.declared_flops(inst) is None):
+        total.undeclared_kernels += 1
       described = [self.collective(comp, inst)]
       if inst.opcode == "fusion" and self.chain_roles(comp).get(
           inst.name, ("start",))[0] == "start":  # a chain counts once
