@@ -100,6 +100,21 @@ def test_pallas_kernels_are_compiled_and_named_in_the_report():
       aot.format_report(report))
 
 
+def test_pallas_kernels_that_declare_no_cost_are_named_in_the_report():
+  """jax's splash kernel declares no cost, so XLA counts no FLOPs for it;
+  before, the report said every kernel call counted what it declares."""
+  config = sudoku_config("cpu,att")
+  config.model.attention = "splash"
+  report = aot.compile_report(config, aot.parse_topology("v4-8"), 1,
+                              sudoku.dataset_metadata(1))
+  assert report["pallas_kernel_calls"] >= 2
+  assert report["pallas_calls_without_cost"] == report["pallas_kernel_calls"]
+  text = aot.format_report(report)
+  assert (f"{report['pallas_kernel_calls']} Pallas kernel calls declare no "
+          "cost") in text
+  assert "count the FLOPs and bytes they declare" not in text
+
+
 def test_slices_must_match_the_mesh():
   config = sudoku_config()
   with pytest.raises(mesh_lib.MeshConfigError, match="dcn_data=2"):
