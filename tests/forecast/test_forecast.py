@@ -211,6 +211,16 @@ def test_a_v4_384_compiles():
   assert {tuple(d.coords) for d in devices} >= {(3, 3, 11)}
 
 
+@pytest.mark.parametrize("name", ["v5e-1", "v6e-1", "v5litepod-1"])
+def test_a_one_chip_slice_compiles(name):
+  """Before: libtpu refused the 1x1 layout with the default 2x2x1 host
+  bounds, and trm.aot stopped with a traceback telling to install the TPU
+  extra (installed)."""
+  devices = topology.topology_devices(topology.parse_topology(name), 2)
+  assert len(devices) == 2
+  assert {d.slice_index for d in devices} == {0, 1}
+
+
 def test_tpu_compiler_options():
   assert tpu_flags.parse("--a=1 --b_c=true") == {"a": "1", "b_c": "true"}
   assert tpu_flags.parse("") == {}
