@@ -464,7 +464,7 @@ def check_forecast_flags(counts: list[int]) -> None:
                      "(0: every layout).")
   if _SEARCH_TOP.value < 1:
     raise ValueError(f"--search_top={_SEARCH_TOP.value} must be >= 1.")
-  if _FORECAST_JSON.value:
+  if flags.FLAGS["forecast_json"].present:
     check_output_file("--forecast_json", _FORECAST_JSON.value)
 
 
@@ -517,7 +517,7 @@ def check_save_flags(counts: list[int]) -> None:
   if _TOPOLOGY.value == LOCAL and not path:
     raise ValueError(f"--topology={LOCAL} compiles for this host only to "
                      "save the step: add --save_compiled=FILE.")
-  if not path:
+  if not flags.FLAGS["save_compiled"].present:
     return
   for clash, given in (("--forecast", _FORECAST.value),
                        ("--mode=sample", _MODE.value == "sample"),
@@ -535,6 +535,8 @@ def check_output_file(flag: str, path: str) -> None:
   writes after minutes of compiling: a file path (not a directory, FIFO or
   device, which the final rename would replace) in an existing directory
   this process can write, and not the --config file it was given."""
+  if not path:  # e.g. --save_compiled=$OUT with OUT unset
+    raise ValueError(f"{flag} is given but empty: name the file to write.")
   parent = os.path.dirname(os.path.abspath(path))
   if os.path.isdir(path) or not os.path.isdir(parent):
     raise ValueError(f"{flag}={path!r} must be a file path in an existing "

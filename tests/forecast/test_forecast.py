@@ -268,6 +268,12 @@ def test_tpu_compiler_options():
     (["--forecast", "--forecast_json=/no/such/dir/rows.json"],
      "--forecast_json='/no/such/dir/rows.json'"),
     (["--forecast", "--forecast_json=" + ROOT], "must be a file path"),
+    # Before: an empty path (an unset shell variable) compiled, wrote
+    # nothing and exited 0.
+    (["--forecast", "--forecast_json="],
+     "--forecast_json is given but empty: name the file to write."),
+    (["--save_compiled="],
+     "--save_compiled is given but empty: name the file to write."),
     (["--forecast", "--num_slices=1", "--config.mesh.data=3"],
      "config.mesh"),
     (["--forecast", "--num_slices=2", "--config.mesh.dcn_fsdp=4"],
