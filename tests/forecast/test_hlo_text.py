@@ -221,6 +221,15 @@ def test_pallas_kernels_that_declare_no_cost_are_flagged():
           "no cost") in text
 
 
+def test_the_table_states_a_sub_microsecond_dcn_latency():
+  """Before: --dcn_step_us=0.4 was charged but the header said '0 us'."""
+  rows = [{"slices": 1, "dcn_step_seconds": 4e-7},
+          {"slices": 2, "dcn_step_seconds": 4e-7,
+           "dcn_step_source": "--dcn_step_us"}]
+  assert plan._dcn_step_note(rows) == (  # pylint: disable=protected-access
+      ", 0.4 us per cross-slice ring step (--dcn_step_us)")
+
+
 def _overlap_module(asynchronous: bool) -> str:
   if asynchronous:
     gather = """

@@ -435,7 +435,7 @@ def _dcn_step_note(rows: list[dict]) -> str:
                     for r in rows if r.get("slices", 1) > 1
                     and r.get("dcn_step_seconds") is not None})
   return "".join(
-      f", {step * 1e6:.0f} us per cross-slice ring step"
+      f", {step * 1e6:.4g} us per cross-slice ring step"
       + (f" ({source})" if source else "") for step, source in charged)
 
 
