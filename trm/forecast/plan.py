@@ -102,7 +102,9 @@ def check_rows(config, topology: topology_lib.Topology, slice_counts,
       try:
         ctx.check_batch_size(row.global_batch_size)
       except ValueError as e:
-        raise type(e)(f"--num_slices={slices}: {e}") from None
+        if len(slice_counts) == 1:
+          raise
+        raise type(e)(f"--num_slices={slices}: {e}") from None  # which row
 
 
 def compile_row(config, topology: topology_lib.Topology, slices: int,
