@@ -5,7 +5,9 @@ Inside a slice (ICI) a collective over a group of n chips runs as rings
 along the torus axes the group spans, all axes at once: a ring on an axis
 that wraps around sends both ways (2 links per chip), one that does not
 sends one way. Its time is its traffic per chip over the summed bandwidth
-of those rings, plus one hop latency per ring step. Across slices (DCN),
+of those rings, plus one hop latency per hop of each ring's diameter
+(half the ring on an axis that wraps, extent - 1 on one that does not),
+once per collective, not per ring step. Across slices (DCN),
 XLA:TPU emits megascale send/recv pairs; each chip's share of the host
 NICs carries a ring all-reduce's 2 (N-1)/N of its buffer, and each of the
 ring's 2 (N-1) steps (N-1 for a gather or scatter) costs a latency
