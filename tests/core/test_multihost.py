@@ -268,3 +268,30 @@ def test_a_failed_text_preparation_stops_every_process_at_once(tmp_path):
   assert f"error: {empty} holds 0 characters" in outputs[0], outputs[0][-2000:]
   assert "error: process 0 stopped while preparing" in outputs[1], (
       outputs[1][-2000:])
+
+
+def test_processes_started_with_other_settings_stop_before_writing(tmp_path):
+  """Process 1 given another learning rate trained its replica of the
+  parameters apart from process 0's, silently (both logged one loss); given
+  another workdir as well, both processes waited forever for the first
+  checkpoint. Now each stops with one line before anything is written, the
+  odd process naming the fields."""
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=workers_lib.xla_flags(1))
+  workdirs = [tmp_path / "zero", tmp_path / "one"]
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+       f"--workdir={workdirs[i]}", f"--coordinator_address={address}",
+       "--num_processes=2", f"--process_id={i}", "--compilation_cache=off"]
+      + ["--config.optim.lr=0.5"] * i, cwd=ROOT, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+  outputs = workers_lib.wait_all(workers, timeout=120)
+  assert [w.returncode for w in workers] == [2, 2], outputs
+  assert ("error: process 1 of 2 was started with other settings than "
+          "process 0 (its own error line names the fields)") in outputs[0]
+  assert (f"--workdir: '{workdirs[0]}' on process 0, '{workdirs[1]}' here; "
+          "config.optim.lr: 0.001 on process 0, 0.5 here.") in outputs[1]
+  assert "Traceback" not in outputs[0] + outputs[1]
+  assert not any(w.exists() for w in workdirs)

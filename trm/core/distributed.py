@@ -116,3 +116,55 @@ def run_on_process_0(fn, what: str):
     raise ProcessZeroError(f"process 0 stopped while {what}; its output "
                            "names the cause.")
   return result
+
+
+class ProcessesDifferError(cli.UserError, ValueError):
+  """The processes of one job were started with different settings."""
+
+
+def check_same_settings(settings: dict, what: str) -> None:
+  """Refuses a job whose processes were given different `settings` ({name:
+  value}, JSON-serialisable), on every process, before any of them builds
+  or writes anything. Each process names the fields where its own settings
+  differ from process 0's. A process given another learning rate trained
+  its replica of the parameters silently apart from the others; one given
+  another workdir left every process waiting for a checkpoint that never
+  completed."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  text = json.dumps(settings, sort_keys=True, default=repr).encode()
+  digests = np.asarray(multihost_utils.process_allgather(
+      np.frombuffer(hashlib.sha256(text).digest(), np.uint8)))
+  differing = [i for i, digest in enumerate(digests)
+               if not np.array_equal(digest, digests[0])]
+  if not differing:
+    return
+  # Process 0's settings, to name the fields that differ from them.
+  size = int(multihost_utils.broadcast_one_to_all(np.int64(len(text))))
+  mine = np.zeros(size, np.uint8)
+  mine[:min(size, len(text))] = np.frombuffer(text, np.uint8)[:size]
+  first = json.loads(bytes(np.asarray(
+      multihost_utils.broadcast_one_to_all(mine))))
+  ours = json.loads(text)
+  diff = "; ".join(
+      f"{key}: {first.get(key)!r} on process 0, {ours.get(key)!r} here"
+      for key in sorted(set(first) | set(ours))
+      if first.get(key) != ours.get(key))
+  fix = ("Start every process of the job with the same command (the same "
+         f"{what}), then rerun.")
+  if diff:
+    raise ProcessesDifferError(
+        f"process {jax.process_index()} of {jax.process_count()} was started "
+        f"with other settings than process 0: {diff}. {fix}")
+  others = (f"process {differing[0]} of {jax.process_count()} was"
+            if len(differing) == 1 else
+            f"processes {', '.join(map(str, differing))} of "
+            f"{jax.process_count()} were")
+  raise ProcessesDifferError(
+      f"{others} started with other settings than process 0 (its own error "
+      f"line names the fields). {fix}")

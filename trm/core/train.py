@@ -37,6 +37,7 @@ from trm.core import cli
 from trm.core import compiled_step
 from trm.core import config_record
 from trm.core import dispatch
+from trm.core import distributed
 from trm.core import mesh as mesh_lib
 from trm.core import progress
 from trm.core import state as state_lib
@@ -136,6 +137,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   The workdir is locked for the whole run (`workdir_lock`): a second
   trainer on it is refused before it writes anything."""
   check_config(config)
+  # Before any process writes: all must train one config in one workdir.
+  distributed.check_same_settings(
+      {"--workdir": workdir, **{f"config.{k}": v for k, v in
+                                config_record.flat(json.loads(
+                                    config.to_json_best_effort())).items()}},
+      "--config file and variant, --config.* overrides and --workdir")
   workpath = check_workdir(workdir, config)  # local or gs://
   try:
     with workdir_lock.WorkdirLock(workdir), contextlib.ExitStack() as cleanup:
