@@ -290,8 +290,35 @@ def test_processes_started_with_other_settings_stop_before_writing(tmp_path):
   outputs = workers_lib.wait_all(workers, timeout=120)
   assert [w.returncode for w in workers] == [2, 2], outputs
   assert ("error: process 1 of 2 was started with other settings than "
-          "process 0 (its own error line names the fields)") in outputs[0]
+          "process 0 (the odd process's error line names the fields)") in outputs[0]
   assert (f"--workdir: '{workdirs[0]}' on process 0, '{workdirs[1]}' here; "
           "config.optim.lr: 0.001 on process 0, 0.5 here.") in outputs[1]
   assert "Traceback" not in outputs[0] + outputs[1]
   assert not any(w.exists() for w in workdirs)
+
+
+def test_a_mesh_that_puts_the_whole_batch_on_each_process_is_refused(
+    tmp_path):
+  """The model axis across the two processes: each process's devices hold
+  every row of the batch, but each process reads half of them. The first
+  step failed after compiling ("compiled with int32[16,81] and called with
+  int32[8,81]", a TypeError traceback); now one line before the data."""
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=workers_lib.xla_flags(2))
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+       f"--workdir={tmp_path / 'run'}", f"--coordinator_address={address}",
+       "--num_processes=2", f"--process_id={i}", "--compilation_cache=off",
+       "--config.mesh.data=1", "--config.mesh.fsdp=1", "--config.mesh.model=-1",
+       f"--config.data.data_dir={tmp_path / 'data'}"],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True) for i in range(2)]
+  outputs = workers_lib.wait_all(workers, timeout=120)
+  assert [w.returncode for w in workers] == [2, 2], outputs
+  for output in outputs:
+    assert ("error: config.global_batch_size=64: each of the 2 processes "
+            "reads 32 rows of every batch, but the mesh {'data': 1, 'fsdp': "
+            "1, 'model': 4} (batch sharded over ('data', 'fsdp')) places 64 "
+            "rows on this process's devices.") in output, output[-2000:]
+  assert not os.path.exists(tmp_path / "data")

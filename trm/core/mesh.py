@@ -196,6 +196,26 @@ def check_batch_size(global_batch_size: int, mesh: Mesh, rules,
     raise MeshConfigError(
         f"config.{field}={global_batch_size} must be divisible by the number "
         f"of processes ({jax.process_count()}).")
+  if jax.process_count() > 1:
+    # Each process reads only its share of every batch's rows; a mesh whose
+    # batch axes do not split the rows over the processes (e.g. the model
+    # axis across hosts) gave each process's devices more rows than it
+    # read, and the first step failed after compiling (a TypeError).
+    spec = nn.logical_to_mesh_axes((BATCH,), rules)
+    held = NamedSharding(mesh, spec).addressable_devices_indices_map(
+        (global_batch_size,)).values()
+    rows = len(set().union(*(range(global_batch_size)[index[0]]
+                             for index in held)))
+    share = global_batch_size // jax.process_count()
+    if rows != share:
+      raise MeshConfigError(
+          f"config.{field}={global_batch_size}: each of the "
+          f"{jax.process_count()} processes reads {share} rows of every "
+          f"batch, but the mesh {dict(mesh.shape)} (batch sharded over "
+          f"{spec[0]}) places {rows} rows on this process's devices. Split "
+          "the processes' devices over the batch axes: make "
+          "config.mesh.data (or config.mesh.fsdp) a multiple of the number "
+          "of processes.")
 
 
 def logical_sharding(mesh: Mesh, rules, names: Sequence[str | None]):
