@@ -166,5 +166,5 @@ def check_same_settings(settings: dict, what: str) -> None:
             f"processes {', '.join(map(str, differing))} of "
             f"{jax.process_count()} were")
   raise ProcessesDifferError(
-      f"{others} started with other settings than process 0 (its own error "
-      f"line names the fields). {fix}")
+      f"{others} started with other settings than process 0 (the odd "
+      f"process's error line names the fields). {fix}")
