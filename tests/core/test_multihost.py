@@ -139,63 +139,103 @@ def test_two_processes_match_one_and_checkpoint_moves_between_them(
     np.testing.assert_array_equal(a, b)
 
 
+class _Training:
+  """trm.main on 2 processes x `devices` CPU devices, training a long run
+  of the tiny config; each process's output lines kept as they come, and
+  `started[i]` set once process i trains."""
+
+  def __init__(self, workdir: str, data_dir: str, devices: int):
+    import threading  # pylint: disable=g-import-not-at-top
+    from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
+    config = tiny_config(**{"data.data_dir": data_dir, "mesh.data": -1,
+                            "mesh.fsdp": 1, "mesh.model": 1,
+                            "total_steps": 5000, "checkpoint_every": 5000,
+                            "eval_every": 5000})
+    port = _free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=workers_lib.xla_flags(devices))
+    self.workers = [subprocess.Popen(
+        [sys.executable, "-m", "trm.main",
+         "--config=configs/trm_sudoku.py:cpu", f"--workdir={workdir}",
+         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+         f"--process_id={i}", "--alsologtostderr"] + _cli_flags(config),
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True) for i in range(2)]
+    self.logs = [[], []]
+    self.started = [threading.Event(), threading.Event()]
+    self.readers = [threading.Thread(target=self._read, args=(i,),
+                                     daemon=True) for i in range(2)]
+    for reader in self.readers:
+      reader.start()
+
+  def _read(self, i):
+    for line in self.workers[i].stdout:
+      self.logs[i].append(line)
+      if "Training from step 0" in line:
+        self.started[i].set()
+
+  def wait_started(self, i):
+    assert self.started[i].wait(600), "".join(self.logs[i][-40:])
+
+  def finish(self) -> list[str]:
+    """Kills what still runs; each process's whole output."""
+    for worker in self.workers:
+      if worker.poll() is None:
+        worker.kill()
+    for reader in self.readers:
+      reader.join(timeout=10)
+    return ["".join(log) for log in self.logs]
+
+
 def test_sigterm_to_every_process_saves_one_step_and_exits_zero(
     tmp_path, data_dir):
   """A pod's preemption notice reaches every host: through trm.main's own
   start-up, both processes agree on a step, save it once, and exit 0."""
   import re  # pylint: disable=g-import-not-at-top
   import signal  # pylint: disable=g-import-not-at-top
-  import threading  # pylint: disable=g-import-not-at-top
-  from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
-  config = tiny_config(**{"data.data_dir": data_dir, "mesh.data": -1,
-                          "mesh.fsdp": 1, "mesh.model": 1,
-                          "total_steps": 5000, "checkpoint_every": 5000,
-                          "eval_every": 5000})
   workdir = str(tmp_path / "run")
-  port = _free_port()
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=workers_lib.xla_flags(4))
-  workers = [subprocess.Popen(
-      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
-       f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}",
-       "--num_processes=2", f"--process_id={i}", "--alsologtostderr"]
-      + _cli_flags(config), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  logs = [[], []]
-  started = [threading.Event(), threading.Event()]
-
-  def read(i):
-    for line in workers[i].stdout:
-      logs[i].append(line)
-      if "Training from step 0" in line:
-        started[i].set()
-
-  readers = [threading.Thread(target=read, args=(i,), daemon=True)
-             for i in range(2)]
-  for reader in readers:
-    reader.start()
+  run = _Training(workdir, data_dir, devices=4)
   try:
     for i in range(2):
-      assert started[i].wait(600), "".join(logs[i][-40:])
-    for worker in workers:
+      run.wait_started(i)
+    for worker in run.workers:
       worker.send_signal(signal.SIGTERM)
-    for worker in workers:
+    for worker in run.workers:
       worker.wait(timeout=300)
   finally:
-    for worker in workers:
-      if worker.poll() is None:
-        worker.kill()
-  for reader in readers:
-    reader.join(timeout=10)
-  texts = ["".join(log) for log in logs]
+    texts = run.finish()
   steps = []
-  for worker, text in zip(workers, texts):
+  for worker, text in zip(run.workers, texts):
     assert worker.returncode == 0, text[-3000:]
     assert "stack trace" not in text and "Traceback" not in text
     steps.append(int(re.search(r"Preempted at step (\d+) \(SIGTERM\)",
                                text).group(1)))
   assert steps[0] == steps[1] and 0 < steps[0] < 5000
   assert os.path.isdir(os.path.join(workdir, "checkpoints", str(steps[0])))
+
+
+def test_a_killed_process_stops_the_other_at_once_with_one_line(
+    tmp_path, data_dir):
+  """Process 1 SIGKILLed mid-training: process 0's next collective fails.
+  It printed a traceback, waited ~55 s in jax's shutdown barrier for the
+  dead process's heartbeats to time out, then aborted (SIGABRT, a stack
+  dump); now one line naming what to do, exit 1, within seconds."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  run = _Training(str(tmp_path / "run"), data_dir, devices=1)
+  try:
+    run.wait_started(1)
+    time.sleep(1)
+    run.workers[1].send_signal(signal.SIGKILL)
+    killed = time.time()
+    run.workers[0].wait(timeout=300)
+    seconds = time.time() - killed
+  finally:
+    text = run.finish()[0]
+  assert run.workers[0].returncode == 1, text[-3000:]
+  assert "trm.main: error: another process of this job stopped (" in text
+  assert "Traceback" not in text and "Fatal Python error" not in text
+  assert seconds < 30, seconds
 
 
 @pytest.mark.parametrize("argv,match", [

@@ -223,6 +223,19 @@ def out_of_memory(error: BaseException) -> bool:
           and "RESOURCE_EXHAUSTED" in str(error))
 
 
+# What gloo reports when the process at the other end of a collective is
+# gone (killed, crashed, its host lost).
+_PEER_LOST_MARKS = ("Connection reset by peer", "Connection closed by peer",
+                    "Broken pipe")
+
+
+def peer_lost(error: BaseException) -> bool:
+  """An XLA runtime error of a collective whose peer process went away."""
+  text = str(error)
+  return (type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+          and "Gloo" in text and any(m in text for m in _PEER_LOST_MARKS))
+
+
 def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
   if out_of_memory(error):
@@ -253,6 +266,20 @@ def _wrap(main, compilation_cache: bool = True):
                        "the flags)\n")
       sys.exit(2)
     except Exception as error:  # pylint: disable=broad-except
+      if peer_lost(error) and not traceback_requested():
+        # A traceback, then ~1 min in jax's shutdown barrier waiting for the
+        # dead process's heartbeats to time out, then an abort (SIGABRT and
+        # a stack dump): one line, and out at once.
+        text = " ".join(str(error).split())[:300]
+        sys.stderr.write(
+            f"{tool_name()}: error: another process of this job stopped "
+            f"({text}); its own output names the cause. Restart every "
+            "process with the same command: the run resumes from its newest "
+            "complete checkpoint.\n")
+        logging.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # pylint: disable=protected-access
       if not (is_user_error(error) or out_of_memory(error)) or (
           traceback_requested()):
         raise
