@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from etils import epath
 
+from trm.core import cli
 from trm.core import checkpoint as ckpt_lib
 from trm.core import preemption as preemption_lib
 from trm.core import train
@@ -693,3 +694,28 @@ def test_two_processes_record_a_redone_evaluation(tmp_path):
 def test_two_processes_rank_a_step_written_without_its_loss(tmp_path):
   results = _two_workers(_RANK_WORKER, str(tmp_path / "checkpoints"))
   assert results == ["RESULT 0 10 [10, 20]", "RESULT 1 10 [10, 20]"]
+
+
+def test_a_peer_lost_during_a_save_is_not_reported_as_a_disk_error(tmp_path):
+  """Process 1 killed while a checkpoint was being written: process 0 said
+  "Writing a checkpoint ... failed (... Connection closed by peer); ... MiB
+  free there ... Free space (or fix the cause)", then aborted a minute
+  later. The collective's error now goes to cli.run, whose one line names
+  the lost process."""
+
+  class JaxRuntimeError(RuntimeError):  # jax's type, by name
+    pass
+
+  lost = JaxRuntimeError(
+      "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/"
+      "pair.cc:547] Connection closed by peer [127.0.0.1]:56214")
+
+  class Manager:
+    directory = tmp_path
+
+    def check_for_errors(self):
+      raise lost
+
+  with pytest.raises(JaxRuntimeError) as raised:
+    ckpt_lib.check_async_errors(Manager())
+  assert raised.value is lost and cli.peer_lost(raised.value)

@@ -328,6 +328,11 @@ def _wait_until_quiet(path: str, quiet: float = 0.5, limit: float = 15.0):
 
 
 def _save_error(manager, error: Exception) -> CheckpointError:
+  if cli.peer_lost(error):
+    # Another process of the job died during the save: not this disk's
+    # fault ("Free space ..." misled), and cli.run's line for a lost peer
+    # says what to do. The next run removes the partial save.
+    raise error
   free = _free_space(manager.directory)  # before the partial save goes
   removed = _remove_partial_saves(manager.directory)
   kept = complete_steps(manager.directory)
