@@ -214,6 +214,30 @@ def test_sigterm_to_every_process_saves_one_step_and_exits_zero(
   assert os.path.isdir(os.path.join(workdir, "checkpoints", str(steps[0])))
 
 
+def test_ctrl_c_to_one_process_saves_one_step_on_both(tmp_path, data_dir):
+  """Ctrl-C (SIGINT) to process 1 alone: it stopped at once, saying it was
+  "stopped by SIGINT before training began or after it ended; nothing was
+  saved", and process 0 failed in its next collective. Now both save the
+  same step and stop (130 for the interrupted process, 0 for the other)."""
+  import re  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / "run")
+  run = _Training(workdir, data_dir, devices=1)
+  try:
+    for i in range(2):
+      run.wait_started(i)
+    run.workers[1].send_signal(signal.SIGINT)
+    for worker in run.workers:
+      worker.wait(timeout=300)
+  finally:
+    texts = run.finish()
+  assert [w.returncode for w in run.workers] == [0, 130], texts
+  steps = [int(re.search(r"Preempted at step (\d+) \((SIGTERM|SIGINT)\)",
+                         text).group(1)) for text in texts]
+  assert steps[0] == steps[1] and 0 < steps[0] < 5000
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", str(steps[0])))
+
+
 def test_a_killed_process_stops_the_other_at_once_with_one_line(
     tmp_path, data_dir):
   """Process 1 SIGKILLed mid-training: process 0's next collective fails.

@@ -36,8 +36,9 @@ class PreemptionWatch:
   (`manager.reached_preemption`): JAX's own SIGTERM handler tells the
   coordination service, which picks a step every process reaches. A single
   process installs SIGTERM and SIGINT (Ctrl-C) handlers for the loop's
-  lifetime that set a flag read each step (without the preemption service,
-  processes agree on the flag every `agree_every` steps). A second signal
+  lifetime that set a flag read each step (several processes agree on the
+  flag every `agree_every` steps: on both signals without the preemption
+  service, on Ctrl-C with it). A second signal
   exits at once, skipping the save (the newest complete checkpoint stays)."""
 
   def __init__(self, manager, agree_every: int):
@@ -48,14 +49,16 @@ class PreemptionWatch:
     self.signal_time, self.signum = None, signal.SIGTERM
 
   def __enter__(self):
-    if self._sync:
-      return self
     if threading.current_thread() is not threading.main_thread():
       logging.warning("Training outside the main thread: SIGTERM will not "
                       "save a checkpoint before exiting.")
       return self
+    # With the preemption service JAX's own handler takes SIGTERM; Ctrl-C
+    # is still ours (it stopped one process unsaved, its peers in their
+    # next collective).
     self._previous = {signum: signal.signal(signum, self._on_signal)
-                      for signum in (signal.SIGTERM, signal.SIGINT)}
+                      for signum in ((signal.SIGINT,) if self._sync else
+                                     (signal.SIGTERM, signal.SIGINT))}
     cli.startup_watch(False)
     return self
 
@@ -82,8 +85,8 @@ class PreemptionWatch:
 
   def reached(self, step: int) -> bool:
     """Called once per step, with the same steps on every process."""
-    if self._sync:
-      return self._manager.reached_preemption(step)
+    if self._sync and self._manager.reached_preemption(step):
+      return True
     if jax.process_count() == 1:
       return self.signal_time is not None
     if step % self._agree_every:
