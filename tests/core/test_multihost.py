@@ -103,7 +103,7 @@ def test_two_processes_match_one_and_checkpoint_moves_between_them(
     assert worker.returncode == 0, output[-3000:]
   # Each process divides its MFU by a matmul measured on its own devices
   # (process 1 once timed a matmul on process 0's device: 970 TFLOP/s).
-  peaks = [float(re.search(r"MFU is measured against ([\d.]+) TFLOP/s",
+  peaks = [float(re.search(r"MFU is measured against ([\d.eE+-]+) TFLOP/s",
                            output).group(1)) for output in outputs]
   assert all(0 < peak < 20 for peak in peaks), peaks
 

@@ -19,7 +19,7 @@ class StepTimer:
       from trm.core import mfu  # pylint: disable=g-import-not-at-top
       self._peak, description = mfu.peak_flops(jax.devices()[0],
                                                compute_dtype)
-      logging.info("MFU is measured against %.1f TFLOP/s per device (%s).",
+      logging.info("MFU is measured against %.3g TFLOP/s per device (%s).",
                    self._peak / 1e12, description)
     # CPU devices (even forced ones) share one machine's cores, which the
     # measured peak already covers.
