@@ -11,6 +11,7 @@ in by the fixture.
 """
 import os
 import socket
+import subprocess
 import sys
 import time
 
@@ -553,6 +554,12 @@ add_key, keyctl, KEYCTL_SEARCH = 248, 250, 10
 for ring in (-4, -3):  # the uid's user keyring; the session keyring
     name = b"trm_probe_%d" % -ring
 """
+_LEAVE_KEY = _KEYS + (
+    "    if libc.syscall(add_key, b'user', name, b'secret', 6, ring) < 0:\n"
+    "        raise OSError(ctypes.get_errno(), 'add_key')\n") + GOOD
+_FIND_KEY = _KEYS + (
+    "    found = libc.syscall(keyctl, KEYCTL_SEARCH, ring, b'user', name, 0)\n"
+    "    assert found < 0, ('a key from an earlier sample', ring)\n") + GOOD
 
 
 @pytest.mark.skipif(MODE != "root" or os.uname().machine != "x86_64",
@@ -560,15 +567,36 @@ for ring in (-4, -3):  # the uid's user keyring; the session keyring
 def test_keys_do_not_pass_between_samples_of_a_slot():
   """A key left by one sample (`add_key`) was read by the next sample of
   the same slot (the same uid in root mode): a channel between samples."""
-  leave = _KEYS + (
-      "    if libc.syscall(add_key, b'user', name, b'secret', 6, ring) < 0:\n"
-      "        raise OSError(ctypes.get_errno(), 'add_key')\n") + GOOD
-  find = _KEYS + (
-      "    found = libc.syscall(keyctl, KEYCTL_SEARCH, ring, b'user', name, 0)\n"
-      "    assert found < 0, ('a key from an earlier sample', ring)\n") + GOOD
-  outcomes = code_exec.run_programs([(leave, CHECKS), (find, CHECKS)],
-                                    LIMITS, 1, mode=MODE)
+  outcomes = code_exec.run_programs([(_LEAVE_KEY, CHECKS),
+                                     (_FIND_KEY, CHECKS)], LIMITS, 1, mode=MODE)
   assert [o.reason for o in outcomes] == ["passed", "passed"], outcomes
+
+
+@pytest.mark.skipif(code_exec.probe("user") is not None
+                    or os.uname().machine != "x86_64",
+                    reason="user namespaces on x86-64 (syscall numbers)")
+def test_keys_do_not_pass_between_samples_in_user_mode():
+  """User mode inherits the evaluator's session keyring (a login session
+  has one: pam_keyinit): a key one sample added there was read by the
+  next, and stayed in the evaluator's keyring. In a subprocess that joins
+  a session keyring of its own, so that ours is left alone."""
+  script = (
+      "import ctypes\n"
+      "libc = ctypes.CDLL(None, use_errno=True)\n"
+      "assert libc.syscall(250, 1, b'trm_login_session') > 0\n"
+      "from trm.families.dream import code_exec\n"
+      f"programs = [({_LEAVE_KEY!r}, {CHECKS!r}), ({_FIND_KEY!r}, {CHECKS!r})]\n"
+      f"limits = code_exec.Limits(timeout_s={LIMITS.timeout_s}, "
+      f"memory_mb={LIMITS.memory_mb})\n"
+      "outcomes = code_exec.run_programs(programs, limits, 1, mode='user')\n"
+      "print([o.reason for o in outcomes], outcomes)\n"
+      "left = libc.syscall(250, 10, -3, b'user', b'trm_probe_3', 0)\n"
+      "print('evaluator keyring has the key:', left >= 0)\n")
+  done = subprocess.run([sys.executable, "-c", script], cwd=repo.ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.startswith("['passed', 'passed']"), done.stdout
+  assert "evaluator keyring has the key: False" in done.stdout, done.stdout
 
 
 @pytest.mark.skipif(code_exec.probe("user") is not None,

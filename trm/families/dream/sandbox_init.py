@@ -290,7 +290,7 @@ def _drop_privileges(payload):
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)  # leaves no capability
-    _fresh_keyrings()
+  _fresh_keyrings(clear=mode == "root")
   header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
   _call("capset", header, (ctypes.c_uint32 * 6)())
   with open("/proc/self/status") as f:
@@ -299,19 +299,23 @@ def _drop_privileges(payload):
     raise SetupError(f"capabilities remain: {effective}")
 
 
-def _fresh_keyrings():
+def _fresh_keyrings(clear):
   """Kernel keys outlive their process, and in root mode a slot's uid (with
   its user keyrings) serves every sample the slot runs: a key a sample
   added (`add_key`) was read back by a later one. Each program starts with
-  its uid's keyrings cleared and a session keyring of its own. (A user
-  namespace, user mode, has keyrings of its own already.) Best effort: a
-  kernel without keys, or an unknown machine, has nothing to clear here."""
+  a session keyring of its own and, in root mode (`clear`), its uid's
+  keyrings cleared. A user namespace (user mode) has user keyrings of its
+  own, but the session keyring is inherited: the evaluator's own when it
+  has one (a login session's), where a sample's key reached the next
+  sample (and the evaluator); it is joined afresh too, never cleared. Best
+  effort: a kernel without keys, or an unknown machine, has nothing here."""
   number = KEYCTL.get(platform.machine())
   if number is None:
     return
   _libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)
-  for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
-    _libc.syscall(number, KEYCTL_CLEAR, keyring)
+  if clear:
+    for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+      _libc.syscall(number, KEYCTL_CLEAR, keyring)
 
 
 def _limit(kind, value):
