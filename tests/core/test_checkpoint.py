@@ -79,6 +79,9 @@ def test_the_best_step_survives_a_reopened_manager(tmp_path):
     ("{}", "holds {}, not a finite number at 'eval_loss'"),
     ('{"eval_loss": "2.5"}', "not a finite number"),
     ('{"eval_loss": NaN}', "not a finite number"),
+    # Past float's range: np.isfinite raised TypeError, a traceback.
+    pytest.param('{"eval_loss": 1' + "0" * 400 + "}", "not a finite number",
+                 id="integer-past-float-range"),
     ("\xff", "cannot be read as JSON")])
 def test_a_damaged_loss_record_is_one_line_naming_it(tmp_path, text, why):
   """A step's held-out loss record (Orbax's `metrics` item) truncated or

@@ -48,6 +48,7 @@ import functools
 import hashlib
 import json
 import logging as std_logging
+import math
 import os
 import shutil
 import time
@@ -151,10 +152,14 @@ def read_loss_record(path, key: str) -> float:
   if too_big:
     raise ValueError(f"it is over {_LOSS_RECORD_LIMIT >> 20} MiB")
   loss = record.get(key) if isinstance(record, dict) else None
-  if type(loss) not in (int, float) or not np.isfinite(loss):
+  try:  # an integer past float's range (np.isfinite: TypeError) is none
+    value = float(loss) if type(loss) in (int, float) else math.nan
+  except OverflowError:
+    value = math.nan
+  if not math.isfinite(value):
     raise ValueError(f"it holds {_short(json.dumps(record), 100)}, not a "
                      f"finite number at {key!r}")
-  return float(loss)
+  return value
 
 
 def _metrics_problem(path: str) -> str | None:
