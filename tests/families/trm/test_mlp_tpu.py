@@ -95,7 +95,11 @@ def assert_sharded_matches_one_device(fn, x, w_in, w_out, dy):
   with ctx:
     got = jax.jit(functools.partial(_vjp, fn))(x, w_in, w_out, dy)
   for a, b in zip(got, want):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # The split batch sums the weight gradients in another order: float32
+    # rounding of the largest entries (|33| here), not of each one, bounds
+    # the difference (a 0.21 entry once differed by 1.3e-5 under CI's load).
+    np.testing.assert_allclose(a, b, rtol=1e-5,
+                               atol=1e-6 * max(1.0, float(np.abs(b).max())))
 
 
 @pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "channels"])
