@@ -129,15 +129,31 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
       np.asarray(resumed.puzzle_emb["weights"]))
 
 
-def _train_steps_on_disk(workdir):
-  """The steps of train/loss in `workdir`'s events files, as TensorBoard
+def _train_loss_events(workdir) -> list:
+  """The train/loss events in `workdir`'s events files, as TensorBoard
   reads them now."""
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   events = event_accumulator.EventAccumulator(str(workdir))
   events.Reload()
   if "train/loss" not in events.Tags()["tensors"]:
     return []
-  return sorted(e.step for e in events.Tensors("train/loss"))
+  return events.Tensors("train/loss")
+
+
+def _train_steps_on_disk(workdir):
+  """The steps of train/loss, each as often as it was written."""
+  return sorted(e.step for e in _train_loss_events(workdir))
+
+
+def _train_losses_on_disk(workdir):
+  """{step: train/loss} (the last write of a step wins)."""
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  return {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+          for e in _train_loss_events(workdir)}
+
+
+class _Killed(Exception):
+  pass
 
 
 def test_metrics_up_to_a_checkpoint_are_on_disk_before_it_is_saved(
@@ -161,17 +177,6 @@ def test_metrics_up_to_a_checkpoint_are_on_disk_before_it_is_saved(
   assert _train_steps_on_disk(tmp_path) == [3, 6, 9, 12]  # once each
 
 
-def _train_losses_on_disk(workdir):
-  """{step: train/loss} in `workdir`'s events files (the last write of a
-  step wins, as in TensorBoard)."""
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
-  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
-  events = event_accumulator.EventAccumulator(str(workdir))
-  events.Reload()
-  return {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
-          for e in events.Tensors("train/loss")}
-
-
 def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_metrics(
     tmp_path, data_dir, monkeypatch):
   """Checkpoints every 6 steps, logs every 4: the steps after the last log
@@ -193,20 +198,16 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_metrics(
   monkeypatch.setattr(train.ckpt_lib, "save", save_then_die)
   with pytest.raises(_Killed):
     train.train_and_evaluate(config, str(killed), families.build_task)
-  assert sorted(_train_losses_on_disk(killed)) == [4, 6]
+  assert _train_steps_on_disk(killed) == [4, 6]
   monkeypatch.setattr(train.ckpt_lib, "save", real_save)
   train.train_and_evaluate(config, str(killed), families.build_task)
+  assert _train_steps_on_disk(whole) == [4, 6, 8, 12]
+  assert _train_steps_on_disk(killed) == [4, 6, 8, 12]  # once each
   expected = _train_losses_on_disk(whole)
-  assert sorted(expected) == [4, 6, 8, 12]
   resumed = _train_losses_on_disk(killed)
-  assert sorted(resumed) == [4, 6, 8, 12]
   np.testing.assert_allclose([resumed[k] for k in sorted(resumed)],
                              [expected[k] for k in sorted(expected)],
                              rtol=1e-5)
-
-
-class _Killed(Exception):
-  pass
 
 
 def test_a_full_disk_at_an_evaluation_is_one_line(tmp_path, data_dir,
