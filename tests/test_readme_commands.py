@@ -80,6 +80,7 @@ RULES = [
      "--notorch --iters=2 --warmup=1 --rounds=1"),
     (r"trm\.data\.tfds_builders", ""),
     (r"trm\.export --config=configs/diffucoder_7b\.py:tiny", ""),
+    (r"trm\.export --config=configs/(trm_sudoku|gpt)\.py", ""),
     (r"trm\.evaluate --config=configs/diffucoder_7b\.py:tiny .*--benchmark=",
      "--limit=1 --batch_size=1 --max_new_tokens=8 --steps=4"),
 ]

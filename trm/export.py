@@ -1,11 +1,19 @@
-r"""Export fine-tuned DiffuCoder / Dream weights to the Hugging Face layout.
+r"""Export a trm.main run's weights to the formats PyTorch users read.
 
   python -m trm.export --config=configs/diffucoder_7b.py \
       --checkpoint=runs/dc-sft --out=DiffuCoder-7B-mine \
       --tokenizer=DiffuCoder-7B-Instruct --dtype=bfloat16
+  python -m trm.export --config=configs/gpt.py:shakespeare_char \
+      --checkpoint=out-shakespeare-char --out=OUT [--format=nanogpt]
+  python -m trm.export --config=configs/trm_sudoku.py \
+      --checkpoint=runs/sudoku --out=OUT [--format=safetensors]
 
-Reads the newest checkpoint of a `trm.main` workdir (parameters only),
-writes sharded `*.safetensors` + `model.safetensors.index.json` +
+GPT runs go to a Hugging Face GPT-2 directory or nanoGPT's ckpt.pt
+(`trm.families.gpt.gpt_export`); TRM runs to upstream's state_dict, as its
+pretrain.py saves it (`step_<N>`, the EMA weights when config.optim.ema;
+`trm.families.trm.torch_import`). For DiffuCoder / Dream the rest of this
+text holds: it reads the newest checkpoint of a `trm.main` workdir
+(parameters only), writes sharded `*.safetensors` + `model.safetensors.index.json` +
 `config.json` + `generation_config.json` (the special ids; Dream's
 `DreamModel.from_pretrained` refuses a directory without one), and copies
 the tokenizer files of --tokenizer's directory (its generation_config.json
@@ -270,35 +278,45 @@ def swap_in(staging: str, out: str) -> None:
     os.rename(staging, out)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if _OUT.value:
-    for line in recover_interrupted(resolve_out(_OUT.value)):
-      print(f"trm.export: warning: {line}", file=sys.stderr)
-  check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value,
-                _CHECKPOINT.value)
-  if _TOKENIZER.value:
-    check_tokenizer_dir(_TOKENIZER.value)
-  import jax  # pylint: disable=g-import-not-at-top
-  distributed.initialize_distributed(jax)
+# The formats each model family is written in; the first is the default.
+FORMATS = {"dream": ("hf",), "gpt": ("hf", "nanogpt"),
+           "trm": ("torch", "safetensors")}
+# --dtype unset: what each family's readers expect (the hub's DiffuCoder is
+# bfloat16; GPT-2's and nanoGPT's checkpoints float32).
+DEFAULT_DTYPES = {"dream": "bfloat16", "gpt": "float32"}
 
+
+def check_format(family: str, fmt: str | None, dtype: str | None,
+                 tokenizer: str | None) -> str:
+  """The format to write for `family`; a combination that cannot be
+  written is one line before anything is read."""
+  if family not in FORMATS:
+    raise app.UsageError(
+        f"--config's config.model.name={family!r}: trm.export writes "
+        f"{', '.join(sorted(FORMATS))} runs.")
+  fmt = fmt or FORMATS[family][0]
+  if fmt not in FORMATS[family]:
+    raise app.UsageError(
+        f"--format={fmt}: a {family} run is written as "
+        f"{' or '.join(FORMATS[family])}.")
+  if dtype and (family == "trm" or fmt == "nanogpt"):
+    raise app.UsageError(
+        f"--dtype={dtype}: --format={fmt} stores the dtypes its PyTorch "
+        "readers expect (float32 weights); drop --dtype.")
+  if tokenizer and fmt != "hf":
+    raise app.UsageError(
+        f"--tokenizer: a --format={fmt} export holds weights only; "
+        "tokenizer files go with Hugging Face exports (--format=hf).")
+  return fmt
+
+
+def _dream_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
+  """(write(directory) -> files, description) for a DiffuCoder/Dream run."""
+  del fmt  # hf only
   from trm import generate  # pylint: disable=g-import-not-at-top
-  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
   from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
   from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
-
-  config = _CONFIG.value
-  family = config.model.get("name", "dream")
-  if family != "dream":
-    raise app.UsageError(
-        f"--config's config.model.name={family!r}: trm.export writes "
-        "Dream / DiffuCoder checkpoints only (GPT and TRM runs have no "
-        "exporter).")
-  if not os.path.isdir(os.path.join(_CHECKPOINT.value, "checkpoints")):
-    raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
-                         "workdir (it has no checkpoints/ directory).")
   cfg = dream.DreamConfig.from_config(config.model)
   # The fine-tuned checkpoint's bos/eos and position limit, checked before
   # any weight is read.
@@ -307,21 +325,110 @@ def main(argv):
   if _TOKENIZER.value:
     hf_config.check_source_generation_config(_TOKENIZER.value, cfg)
     check_tokenizer_fits(_TOKENIZER.value, cfg)
-  ctx = mesh_lib.ShardingContext.from_config(config)
   _, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
-  params, source = generate.load_params(_CHECKPOINT.value, cfg, shardings)
+  params, source = generate.load_params(checkpoint, cfg, shardings)
+  return (lambda out: hf_import.export_hf_checkpoint(
+      params, cfg, out, dtype=dtype or DEFAULT_DTYPES["dream"],
+      source_fields=source_fields)), source
+
+
+def _recorded_vocab_size(workdir: str) -> int:
+  """config.model.vocab_size as the run recorded it in its config.json
+  (the dataset's vocabulary, where the config file says 0)."""
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, "config.json")
+  try:
+    vocab = weights_io.read_json(path)["model"]["vocab_size"]
+  except (OSError, ValueError, KeyError, TypeError):
+    vocab = None
+  if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab <= 0:
+    raise app.UsageError(
+        f"config.model.vocab_size=0 means the run's dataset's vocabulary, "
+        f"and {path} records none; pass --config.model.vocab_size=N, the "
+        "run's.")
+  return vocab
+
+
+def _gpt_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
+  """(write, description) for a GPT run: a Hugging Face GPT-2 directory or
+  nanoGPT's ckpt.pt."""
+  from trm.families.gpt import gpt_export  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+  model = dict(config.model)
+  if not model.get("vocab_size"):  # 0: the dataset's, as the run resolved it
+    model["vocab_size"] = _recorded_vocab_size(checkpoint)
+  cfg = gpt.GPTConfig.from_config(model)
+  try:
+    gpt_export.check_exportable(cfg)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  params, step = gpt_import.restore_run_params(checkpoint, cfg, ctx)
+  source = f"{checkpoint} step {step}"
+  if fmt == "nanogpt":
+    return (lambda out: gpt_export.export_nanogpt(
+        params, cfg, os.path.join(out, gpt_export.NANOGPT_FILE), step,
+        dataset=config.get("dataset"))), source
+  return (lambda out: gpt_export.export_hf_gpt2(
+      params, cfg, out, dtype=dtype or DEFAULT_DTYPES["gpt"])), source
+
+
+def _trm_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
+  """(write, description) for a TRM run: upstream's state_dict, in the
+  file upstream's pretrain.py saves (`step_<N>`, torch.save) or as
+  model.safetensors (no torch needed)."""
+  del dtype  # refused by check_format
+  from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
+  params, buffers, puzzle_emb, cfg, step = (
+      torch_import.restore_run_variables(config, checkpoint, ctx))
+  name = f"step_{step}" if fmt == "torch" else "model.safetensors"
+
+  def write(out):
+    torch_import.export_torch_checkpoint(params, buffers, puzzle_emb, cfg,
+                                         os.path.join(out, name))
+    return [name]
+  weights = "EMA " if config.optim.ema else ""
+  return write, f"{checkpoint} step {step} ({weights}parameters)"
+
+
+_WRITERS = {"dream": _dream_writer, "gpt": _gpt_writer, "trm": _trm_writer}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = _CONFIG.value
+  family = config.model.get("name", "dream")
+  fmt = check_format(family, _FORMAT.value, _DTYPE.value, _TOKENIZER.value)
+  if _OUT.value:
+    for line in recover_interrupted(resolve_out(_OUT.value)):
+      print(f"trm.export: warning: {line}", file=sys.stderr)
+  check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value,
+                _CHECKPOINT.value)
+  if _TOKENIZER.value:
+    check_tokenizer_dir(_TOKENIZER.value)
+  if not os.path.isdir(os.path.join(_CHECKPOINT.value, "checkpoints")):
+    raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
+                         "workdir (it has no checkpoints/ directory).")
+  import jax  # pylint: disable=g-import-not-at-top
+  distributed.initialize_distributed(jax)
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  write, source = _WRITERS[family](config, _CHECKPOINT.value, ctx, fmt,
+                                   _DTYPE.value)
   # Everything goes to a sibling directory first: a failed export leaves
   # --out as it was. Through a symbolic link, into the directory it names.
   out = resolve_out(_OUT.value)
   staging = staging_dir(out)
+  copied = []
   try:
-    files = hf_import.export_hf_checkpoint(params, cfg, staging,
-                                           dtype=_DTYPE.value,
-                                           source_fields=source_fields)
+    files = write(staging)
     if jax.process_index() == 0:
       copied = (copy_tokenizer_files(_TOKENIZER.value, staging)
                 if _TOKENIZER.value else [])
-      link_remote_code(staging, copied)
+      if family == "dream":
+        link_remote_code(staging, copied)
       swap_in(staging, out)
   finally:
     if os.path.isdir(staging):
@@ -329,12 +436,13 @@ def main(argv):
   if jax.process_index() == 0:
     via = (f" (through the link {_OUT.value})"
            if out != _OUT.value.rstrip(os.sep) else "")
-    print(f"exported {source} to {out}{via}: {len(files)} weight file(s), "
-          f"config.json, {', '.join(copied) or 'no tokenizer files'}")
+    print(f"exported {source} to {out}{via}: {', '.join(files)}"
+          + (f", {', '.join(copied)}" if copied else ""))
 
 
 def define_flags():
-  global _CONFIG, _CHECKPOINT, _OUT, _TOKENIZER, _DTYPE, _OVERWRITE
+  global _CONFIG, _CHECKPOINT, _OUT, _TOKENIZER, _DTYPE, _FORMAT
+  global _OVERWRITE
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Model config.",
                                             lock_config=True)
   _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "trm.main workdir.")
@@ -346,8 +454,17 @@ def define_flags():
       "remote code, if it holds it) are copied: the checkpoint you "
       "fine-tuned from. Unset (a byte-tokenizer run): load the export with "
       "--tokenizer=bytes.")
-  _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"],
-                             "Stored dtype (the hub's is bfloat16).")
+  _DTYPE = flags.DEFINE_enum(
+      "dtype", None, ["bfloat16", "float32"], "Stored dtype of a Hugging "
+      "Face export; unset: bfloat16 for DiffuCoder/Dream (the hub's), "
+      "float32 for GPT.")
+  _FORMAT = flags.DEFINE_enum(
+      "format", None, sorted({f for fs in FORMATS.values() for f in fs}),
+      "What to write; unset: hf for DiffuCoder/Dream and GPT, torch for "
+      "TRM. hf: a Hugging Face directory (Dream's layout; GPT-2's "
+      "GPT2LMHeadModel). nanogpt (GPT): nanoGPT's ckpt.pt. torch / "
+      "safetensors (TRM): upstream's state_dict as pretrain.py saves it "
+      "(step_<N>), or as model.safetensors.")
   _OVERWRITE = flags.DEFINE_bool(
       "overwrite", False, "Replace a non-empty --out as a whole (the new "
       "export is written beside it and swapped in; no old file remains).")

@@ -138,22 +138,14 @@ def check_prompt_ids(prompt, vocab_size: int, codec, data_dir) -> None:
 def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
                ctx):
   """(GPTConfig, params on `ctx.mesh`, default meta.json dir, description)."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-
-  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import task as gpt_task  # pylint: disable=g-import-not-at-top
 
-  def shardings_for(cfg):
-    boxed, shardings = ctx.boxed_shardings(lambda: gpt.abstract_params(cfg))
-    return nn.meta.unbox(boxed), shardings
-
   def from_args(args: dict):
     cfg = gpt.GPTConfig(**{k: args[k] for k in (
         "n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")})
-    return cfg, shardings_for(cfg)[1]
+    return cfg, ctx.boxed_shardings(lambda: gpt.abstract_params(cfg))[1]
 
   if init_from.startswith("gpt2"):
     if not checkpoint:
@@ -183,12 +175,8 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
   cfg = gpt.GPTConfig.from_config(config.model)
   cfg = dataclasses.replace(
       cfg, attention=attention_here(cfg.attention, ctx.platform))
-  abstract, shardings = shardings_for(cfg)
-  fields, step = ckpt_lib.restore_fields(
-      os.path.join(workdir, "checkpoints"),
-      {"params": state_lib.with_shardings(abstract, shardings)})
-  return (cfg, fields["params"], gpt_task.data_dir(config),
-          f"{workdir} step {step}")
+  params, step = gpt_import.restore_run_params(workdir, cfg, ctx)
+  return (cfg, params, gpt_task.data_dir(config), f"{workdir} step {step}")
 
 
 def main(argv):

@@ -373,3 +373,21 @@ def to_sharded(params, shardings, dtype=None):
       raise ValueError(f"{name} of shape {value.shape} cannot take its "
                        f"sharding: {e}") from e
   return jax.tree_util.tree_unflatten(treedef, out)
+
+
+# ------------------------------------------------------------------ our runs
+
+
+def restore_run_params(workdir: str, cfg: GPTConfig, ctx):
+  """(params on `ctx`'s mesh, step): the newest readable checkpoint of a
+  trm.main workdir, its parameters only (the AdamW moments are not read),
+  for `cfg`, the run's own model config."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+  boxed, shardings = ctx.boxed_shardings(lambda: gpt.abstract_params(cfg))
+  fields, step = ckpt_lib.restore_fields(
+      os.path.join(workdir, "checkpoints"),
+      {"params": state_lib.with_shardings(nn.meta.unbox(boxed), shardings)})
+  return fields["params"], step

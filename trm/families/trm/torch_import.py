@@ -298,3 +298,34 @@ def export_torch_checkpoint(params, buffers, puzzle_emb,
     # killed mid-way leaves the previous file, not a truncated one.
     atomic_files.atomic_write(path, lambda f: torch.save(state, f))
   return list(tensors)
+
+
+def restore_run_variables(config, workdir: str, ctx):
+  """(params, buffers, puzzle table, TRMConfig, step) of the newest
+  readable checkpoint of a trm.main workdir, the variables upstream's
+  `pretrain.py` saves: with `config.optim.ema` the EMA of the parameters
+  (the model it evaluates and saves), else the parameters. The model's
+  sizes (vocabulary, sequence, puzzle identifiers) come from the run's
+  dataset's train metadata, as in training."""
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.data.puzzles import format as puzzle_format  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import program as trm_program  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import task as trm_task  # pylint: disable=g-import-not-at-top
+  data_dir = trm_task.run_data_dir(config, workdir, workdir)
+  try:
+    shapes = puzzle_format.read_metadata(data_dir, "train")
+  except (OSError, ValueError) as e:
+    raise FileNotFoundError(
+        f"The model's sizes come from the run's dataset, and {data_dir} "
+        f"gives none ({e}). Pass --config.data.data_dir=DIR, the dataset "
+        "the run trained on.") from None
+  program = trm_program.build(config, ctx, shapes)
+  abstract, _ = state_lib.abstract_state(program.init_fn, ctx)
+  weights = "ema_params" if config.optim.ema else "params"
+  fields, step = ckpt_lib.restore_fields(
+      os.path.join(workdir, "checkpoints"),
+      {k: getattr(abstract, k) for k in (weights, "buffers", "puzzle_emb")},
+      family=trm_program.DISPLAY_NAME)
+  return (fields[weights], fields["buffers"], fields["puzzle_emb"],
+          program.model.cfg, step)

@@ -1,0 +1,211 @@
+"""trm.export for GPT and TRM runs: GPT to a Hugging Face GPT-2 directory
+(read by transformers' GPT2LMHeadModel) or nanoGPT's ckpt.pt (loaded
+strictly by nanoGPT's GPT, our port of it), TRM to upstream's state_dict
+(`step_<N>`, the EMA weights as upstream's pretrain.py saves them). Each
+export's model computes what ours does on the same tokens."""
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from etils import epath
+
+import repo
+from test_gpt_task import tiny_config as gpt_tiny_config  # pylint: disable=g-import-not-at-top
+from test_train import tiny_config as trm_tiny_config  # pylint: disable=g-import-not-at-top
+from trm import families
+from trm.core import checkpoint as ckpt_lib
+from trm.core import config_record
+from trm.core import mesh as mesh_lib
+from trm.core import pipeline
+from trm.core import state as state_lib
+from trm.families.gpt import gpt_import
+from trm.families.gpt import model as gpt
+from trm.families.trm import task as puzzle
+from trm.families.trm import torch_import
+
+# The sizes of the GPT the tests save, as command-line overrides of
+# configs/gpt.py:shakespeare_char_cpu (test_gpt_task's tiny_config).
+_GPT_FLAGS = ["--config.n_layer=2", "--config.n_head=2", "--config.n_embd=32",
+              "--config.block_size=32", "--config.bias=True"]
+
+
+def _perturbed(tree, seed):
+  """`tree` plus noise: biases and norms leave their init (0, 1), so a
+  mapping that dropped or swapped them would show."""
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(treedef, [
+      x + 0.1 * jax.random.normal(k, x.shape, x.dtype)
+      for x, k in zip(leaves, keys)])
+
+
+def _save(config, workdir, step, edit):
+  """A checkpoint of `edit(initial state)` at `step` and the run's
+  config.json, as the loop writes them, compiling no train step."""
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  task = families.build_task(config, workdir, ctx)
+  _, shardings = state_lib.abstract_state(task.program.init_fn, ctx)
+  state = edit(state_lib.init_state(task.program.init_fn, ctx, shardings))
+  manager = ckpt_lib.make_manager(os.path.join(workdir, "checkpoints"),
+                                  max_to_keep=3)
+  ckpt_lib.save(manager, step, state, pipeline.grain_iterator(
+      task.train_source))
+  manager.wait_until_finished()
+  manager.close()
+  config_record.record(config, epath.Path(workdir), {}, None)
+  return state
+
+
+def _export(*flags, check=True):
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.export", *flags], cwd=repo.ROOT,
+      capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  if check:
+    assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+  root = tmp_path_factory.mktemp("gpt_export")
+  config = gpt_tiny_config(root / "data", bias=True)
+  workdir = str(root / "run")
+  state = _save(config, workdir, 7, lambda s: s.replace(
+      params=_perturbed(s.params, 0)))
+  params = jax.tree.map(np.asarray, jax.device_get(nn.meta.unbox(
+      state.params)))
+  flags = [f"--config=configs/gpt.py:shakespeare_char_cpu",
+           f"--config.data_root={root / 'data'}", *_GPT_FLAGS,
+           f"--checkpoint={workdir}"]
+  return gpt.GPTConfig.from_config(config.model), params, flags, root
+
+
+def _tokens(cfg, n=24):
+  return np.random.default_rng(1).integers(0, cfg.vocab_size, (2, n))
+
+
+def _our_logits(cfg, params, tokens):
+  return np.asarray(gpt.GPT(cfg).apply({"params": params},
+                                       jnp.asarray(tokens)))
+
+
+def test_gpt_to_hugging_face_computes_our_logits(gpt_run):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  cfg, params, flags, root = gpt_run
+  out = root / "hf"
+  result = _export(*flags, f"--out={out}")
+  assert "model.safetensors, config.json" in result.stdout
+  read, args = gpt_import.load_hf_gpt2(str(out))  # our reader: every tensor
+  assert args["vocab_size"] == cfg.vocab_size and args["block_size"] == 32
+  jax.tree.map(np.testing.assert_array_equal, read, params)
+  model = transformers.GPT2LMHeadModel.from_pretrained(str(out)).eval()
+  tokens = _tokens(cfg)
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(tokens)).logits.numpy()
+  np.testing.assert_allclose(theirs, _our_logits(cfg, params, tokens),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_gpt_to_nanogpt_loads_strictly_and_computes_our_logits(gpt_run):
+  torch = pytest.importorskip("torch")
+  sys.path.insert(0, os.path.join(repo.ROOT, "benchmarks", "reference"))
+  import nanogpt_torch  # pylint: disable=g-import-not-at-top
+  cfg, params, flags, root = gpt_run
+  out = root / "nanogpt"
+  _export(*flags, f"--out={out}", "--format=nanogpt")
+  path = str(out / "ckpt.pt")
+  checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+  assert checkpoint["iter_num"] == 7
+  assert checkpoint["config"] == {"dataset": "shakespeare_char"}
+  model = nanogpt_torch.GPT(nanogpt_torch.Config(**checkpoint["model_args"]))
+  model.load_state_dict(checkpoint["model"])  # strict: every key, no other
+  model.eval()
+  tokens = _tokens(cfg)
+  with torch.no_grad():
+    theirs, _ = model(torch.from_numpy(tokens), torch.from_numpy(tokens))
+  np.testing.assert_allclose(theirs.numpy(), _our_logits(cfg, params, tokens),
+                             rtol=1e-4, atol=1e-4)
+  read, _, _ = gpt_import.load_nanogpt_checkpoint(path)
+  jax.tree.map(np.testing.assert_array_equal, read, params)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--format=torch"], "--format=torch: a gpt run is written as hf or "
+     "nanogpt"),
+    (["--format=nanogpt", "--dtype=bfloat16"], "--dtype=bfloat16: "
+     "--format=nanogpt stores"),
+    (["--format=nanogpt", "--tokenizer=/nonexistent"], "--tokenizer: a "
+     "--format=nanogpt export holds weights only"),
+    (["--config.model.mlp_size=64"], "config.model.mlp_size=64: nanoGPT and "
+     "Hugging Face GPT-2 have no such field"),
+])
+def test_gpt_exports_it_cannot_write_are_one_line(gpt_run, flags, message):
+  _, _, base, root = gpt_run
+  result = _export(*base, f"--out={root / 'refused'}", *flags, check=False)
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1 and message in errors[0], result.stderr[-3000:]
+  assert not (root / "refused").exists()
+
+
+@pytest.fixture(scope="module")
+def trm_run(tmp_path_factory):
+  root = tmp_path_factory.mktemp("trm_export")
+  data = str(root / "data")
+  config = trm_tiny_config(**{"data.data_dir": data})
+  puzzle.prepare_data(config, data)
+  workdir = str(root / "run")
+  # The EMA differs from the parameters, so the test sees which is written.
+  state = _save(config, workdir, 5, lambda s: s.replace(
+      params=_perturbed(s.params, 1), ema_params=_perturbed(s.ema_params, 2),
+      puzzle_emb=_perturbed(s.puzzle_emb, 3)))
+  flags = ["--config=configs/trm_sudoku.py:cpu", f"--config.data.data_dir={data}",
+           "--config.model.hidden_size=32", "--config.model.num_heads=2",
+           "--config.model.puzzle_emb_ndim=32", "--config.model.halt_max_steps=2",
+           f"--checkpoint={workdir}"]
+  return config, state, flags, root
+
+
+@pytest.mark.parametrize("fmt, name", [("torch", "step_5"),
+                                       ("safetensors", "model.safetensors")])
+def test_trm_to_upstream_writes_the_ema_weights(trm_run, fmt, name):
+  if fmt == "torch":
+    pytest.importorskip("torch")
+  config, state, flags, root = trm_run
+  out = root / fmt
+  result = _export(*flags, f"--out={out}", f"--format={fmt}")
+  assert "(EMA parameters)" in result.stdout
+  assert sorted(os.listdir(out)) == [name]
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  model = families.build_task(config, str(root / "run"), ctx).program.model
+  params, buffers, puzzle_emb = torch_import.load_torch_checkpoint(
+      str(out / name), model.cfg)
+  unbox = lambda t: jax.tree.map(np.asarray, jax.device_get(
+      nn.meta.unbox(t)))
+  for read, saved in ((params, state.ema_params), (puzzle_emb,
+                                                   state.puzzle_emb)):
+    jax.tree.map(np.testing.assert_array_equal, unbox(read), unbox(saved))
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(
+      np.asarray(a, np.float32), np.asarray(b, np.float32)),
+               unbox(buffers), unbox(state.buffers))
+  assert not np.array_equal(
+      jax.tree.leaves(unbox(state.params))[0],
+      jax.tree.leaves(unbox(state.ema_params))[0])
+
+
+def test_trm_export_without_its_dataset_names_the_flag(trm_run):
+  _, _, flags, root = trm_run
+  flags = [f for f in flags if not f.startswith("--config.data.data_dir")]
+  result = _export(*flags, f"--out={root / 'nodata'}",
+                   "--config.data.data_dir=" + str(root / "elsewhere"),
+                   check=False)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "--config.data.data_dir=DIR" in result.stderr
+  assert not (root / "nodata").exists()
