@@ -133,7 +133,7 @@ def export_nanogpt(params, cfg: GPTConfig, path: str, iter_num: int,
   when known, `config.dataset` (sample.py looks for
   data/<dataset>/meta.pkl there). No optimizer state: nanoGPT's train.py
   cannot resume from it, its sample.py and our loaders read it. Returns
-  the state_dict's keys."""
+  the file written (none on processes other than 0)."""
   tensors = _named_tensors(params, cfg, torch_linear=True,
                            with_bias=bool(cfg.bias), dtype=np.float32)
   if jax.process_index() != 0:
@@ -147,4 +147,4 @@ def export_nanogpt(params, cfg: GPTConfig, path: str, iter_num: int,
                 "config": {"dataset": dataset} if dataset else {}}
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   atomic_files.atomic_write(path, lambda f: torch.save(checkpoint, f))
-  return list(state)
+  return [os.path.basename(path)]
