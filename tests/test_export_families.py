@@ -15,8 +15,8 @@ import pytest
 from etils import epath
 
 import repo
-from test_gpt_task import tiny_config as gpt_tiny_config  # pylint: disable=g-import-not-at-top
-from test_train import tiny_config as trm_tiny_config  # pylint: disable=g-import-not-at-top
+from test_gpt_task import tiny_config as gpt_tiny_config
+from test_train import tiny_config as trm_tiny_config
 from trm import families
 from trm.core import checkpoint as ckpt_lib
 from trm.core import config_record
@@ -166,10 +166,10 @@ def trm_run(tmp_path_factory):
   state = _save(config, workdir, 5, lambda s: s.replace(
       params=_perturbed(s.params, 1), ema_params=_perturbed(s.ema_params, 2),
       puzzle_emb=_perturbed(s.puzzle_emb, 3)))
-  flags = ["--config=configs/trm_sudoku.py:cpu", f"--config.data.data_dir={data}",
-           "--config.model.hidden_size=32", "--config.model.num_heads=2",
-           "--config.model.puzzle_emb_ndim=32", "--config.model.halt_max_steps=2",
-           f"--checkpoint={workdir}"]
+  flags = ["--config=configs/trm_sudoku.py:cpu",
+           f"--config.data.data_dir={data}", "--config.model.hidden_size=32",
+           "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
+           "--config.model.halt_max_steps=2", f"--checkpoint={workdir}"]
   return config, state, flags, root
 
 

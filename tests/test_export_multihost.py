@@ -1,31 +1,46 @@
-"""`export_hf_checkpoint` with the weights sharded over two processes (2 x 4
-CPU devices, gloo): the files process 0 writes equal a one-process export of
-the same values, and the other process writes nothing."""
+"""The exporters with the weights sharded over two processes (2 x 4 CPU
+devices, gloo): the files process 0 writes equal a one-process export of the
+same values, and the other process writes nothing. DiffuCoder's Hugging
+Face export, GPT's Hugging Face GPT-2 and nanoGPT ones."""
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 import workers as workers_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Builds the `:tiny` DiffuCoder's parameters from a seeded numpy draw, places
-# them on an 8-device fsdp mesh spanning the processes, and exports them.
+# Builds a model's parameters from a seeded numpy draw, places them on an
+# 8-device fsdp mesh spanning the processes, and exports them.
 _WORKER = workers_lib.JOIN + """
 import numpy as np
 from flax.core import meta
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
-from trm.families.dream import hf_import
-from trm.families.dream import model as dream
 
-config = config_lib.load_config({config!r}, "tiny")
-cfg = dream.DreamConfig.from_config(config.model)
+config = config_lib.load_config({config!r}, {variant!r})
+config = config_lib.set_values(config, {overrides!r})
 ctx = mesh_lib.ShardingContext.from_config(config)
-boxed, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
+if {family!r} == "dream":
+  from trm.families.dream import hf_import
+  from trm.families.dream import model as dream
+  cfg = dream.DreamConfig.from_config(config.model)
+  abstract_params = dream.abstract_params
+  export = lambda params: hf_import.export_hf_checkpoint(
+      params, cfg, {out!r}, shard_size_bytes=200_000)
+else:
+  from trm.families.gpt import gpt_export
+  from trm.families.gpt import model as gpt
+  cfg = gpt.GPTConfig.from_config(config.model)
+  abstract_params = gpt.abstract_params
+  export = lambda params: (
+      gpt_export.export_hf_gpt2(params, cfg, {out!r}) +
+      gpt_export.export_nanogpt(params, cfg, {out!r} + "/ckpt.pt", 3))
+boxed, shardings = ctx.boxed_shardings(lambda: abstract_params(cfg))
 abstract = meta.unbox(boxed)
 rng = np.random.default_rng(0)
 values = jax.tree.map(
@@ -34,16 +49,23 @@ params = jax.tree.map(
     lambda v, s: jax.make_array_from_callback(v.shape, s, lambda i: v[i]),
     values, shardings)
 split = [not x.is_fully_addressable for x in jax.tree.leaves(params)]
-files = hf_import.export_hf_checkpoint(params, cfg, {out!r},
-                                       shard_size_bytes=200_000)
+files = export(params)
 print("SPLIT", sum(split), "FILES", len(files), "PROCESS",
       jax.process_index(), flush=True)
 """
+# family -> (config file, variant, overrides): the weights split over fsdp.
+_MODELS = {
+    "dream": ("diffucoder_7b.py", "tiny", {}),
+    "gpt": ("gpt.py", "shakespeare_char_cpu", {
+        "model.vocab_size": 65, "bias": True, "mesh.data": 1,
+        "mesh.fsdp": 8}),
+}
 
 
-def _script(out, process_id=None, address=None):
-  return _WORKER.format(config=os.path.join(ROOT, "configs",
-                                            "diffucoder_7b.py"),
+def _script(family, out, process_id=None, address=None):
+  config, variant, overrides = _MODELS[family]
+  return _WORKER.format(config=os.path.join(ROOT, "configs", config),
+                        variant=variant, overrides=overrides, family=family,
                         out=out, process_id=process_id, address=address)
 
 
@@ -52,14 +74,23 @@ def _tensors(directory):
   for name in sorted(os.listdir(directory)):
     if name.endswith(".safetensors"):
       tensors.update(load_file(os.path.join(directory, name)))
+    elif name.endswith(".pt"):
+      import torch  # pylint: disable=g-import-not-at-top
+      state = torch.load(os.path.join(directory, name), weights_only=True)
+      tensors.update({f"{name}:{k}": v.numpy()
+                      for k, v in state["model"].items()})
   return tensors
 
 
-def test_two_processes_export_what_one_does(tmp_path):
+@pytest.mark.parametrize("family", sorted(_MODELS))
+def test_two_processes_export_what_one_does(tmp_path, family):
+  if family == "gpt":
+    pytest.importorskip("torch")
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=workers_lib.xla_flags(8))
   one = str(tmp_path / "one")
-  single = subprocess.run([sys.executable, "-c", _script(one)], cwd=ROOT,
+  single = subprocess.run([sys.executable, "-c", _script(family, one)],
+                          cwd=ROOT,
                           env=env, capture_output=True, text=True,
                           timeout=300)
   assert single.returncode == 0, single.stderr[-3000:]
@@ -68,7 +99,8 @@ def test_two_processes_export_what_one_does(tmp_path):
   address = f"127.0.0.1:{workers_lib.free_port()}"
   env["XLA_FLAGS"] = workers_lib.xla_flags(4)
   workers = [subprocess.Popen(
-      [sys.executable, "-c", _script(two, i, address)], cwd=ROOT, env=env,
+      [sys.executable, "-c", _script(family, two, i, address)], cwd=ROOT,
+      env=env,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
   outputs = workers_lib.wait_all(workers, timeout=300)
