@@ -14,8 +14,9 @@ pretrain.py saves it (`step_<N>`, the EMA weights when config.optim.ema;
 `trm.families.trm.torch_import`). For DiffuCoder / Dream the rest of this
 text holds: it reads the newest checkpoint of a `trm.main` workdir
 (parameters only), writes sharded `*.safetensors` +
-`model.safetensors.index.json` + `config.json` + `generation_config.json` (the special ids; Dream's
-`DreamModel.from_pretrained` refuses a directory without one), and copies
+`model.safetensors.index.json` + `config.json` + `generation_config.json`
+(the special ids; Dream's `DreamModel.from_pretrained` refuses a directory
+without one), and copies
 the tokenizer files of --tokenizer's directory (its generation_config.json
 replaces ours; its config.json's bos/eos ids and max_position_embeddings
 go into ours, where by default bos and eos equal the pad id).
