@@ -3,6 +3,7 @@
 strictly by nanoGPT's GPT, our port of it), TRM to upstream's state_dict
 (`step_<N>`, the EMA weights as upstream's pretrain.py saves them). Each
 export's model computes what ours does on the same tokens."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -209,3 +210,26 @@ def test_trm_export_without_its_dataset_names_the_flag(trm_run):
   assert result.returncode == 2, result.stderr[-3000:]
   assert "--config.data.data_dir=DIR" in result.stderr
   assert not (root / "nodata").exists()
+
+
+def test_a_scanned_gpt_exports_what_its_unscanned_twin_does(tmp_path):
+  """`scan_layers` stacks the blocks' weights on a layers axis; the export
+  writes them as the h.<i> tensors of the unscanned model."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import gpt_export  # pylint: disable=g-import-not-at-top
+  cfg = gpt.GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8,
+                      vocab_size=40, bias=False)
+  params = jax.tree.map(np.asarray, nn.meta.unbox(gpt.GPT(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))
+  params = jax.tree.map(lambda x: x + np.random.default_rng(0).standard_normal(
+      x.shape).astype(x.dtype), params)
+  scanned = dataclasses.replace(cfg, scan_layers=True)
+  for which, c, p in (("plain", cfg, params),
+                      ("scanned", scanned, gpt.stack_layers(params, 3))):
+    gpt_export.export_hf_gpt2(p, c, str(tmp_path / which))
+  plain, stacked = (load_file(str(tmp_path / w / "model.safetensors"))
+                    for w in ("plain", "scanned"))
+  assert sorted(plain) == sorted(stacked)
+  assert "transformer.h.2.ln_1.bias" in plain
+  for name, value in plain.items():
+    np.testing.assert_array_equal(stacked[name], value, err_msg=name)

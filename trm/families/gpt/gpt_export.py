@@ -66,19 +66,21 @@ def _named_tensors(params, cfg: GPTConfig, torch_linear: bool,
   """{name without 'transformer.': numpy value} on process 0 ({} on the
   others, after taking part in every gather)."""
   check_exportable(cfg)
-  params = nn.meta.unbox(params)
+  # Gathered whole first (a collective, in the tree's order on every
+  # process), then unstacked on the host: slicing an array that spans
+  # processes is no eager operation.
+  params = jax.tree.map(host_arrays.whole, nn.meta.unbox(params))
+  if jax.process_index() != 0:
+    return {}
   if cfg.scan_layers:
     params = gpt_model.unstack_layers(params, cfg.n_layer)
-  writer = jax.process_index() == 0
   out = {}
   for name, path, shape, is_linear in gpt_layout.tensor_layout(
       dict(model_args(cfg), bias=with_bias)):
     if name.endswith(".bias") and not cfg.bias:
       value = np.zeros(shape, np.float32)
     else:
-      value = host_arrays.whole(weights_io.get_path(params, path))
-    if not writer:
-      continue
+      value = weights_io.get_path(params, path)
     if tuple(value.shape) != shape:
       raise weights_io.CheckpointError(
           f"params/{'/'.join(path)} has shape {tuple(value.shape)}; the "
