@@ -103,6 +103,9 @@ def test_gpt_to_hugging_face_computes_our_logits(gpt_run):
   out = root / "hf"
   result = _export(*flags, f"--out={out}")
   assert "model.safetensors, config.json" in result.stdout
+  # Reading a step's shapes logged Orbax's "Metadata file does not exist"
+  # (a Checkpointer looks for a step's metadata inside the item) each time.
+  assert "Metadata file does not exist" not in result.stderr
   read, args = gpt_import.load_hf_gpt2(str(out))  # our reader: every tensor
   assert args["vocab_size"] == cfg.vocab_size and args["block_size"] == 32
   jax.tree.map(np.testing.assert_array_equal, read, params)

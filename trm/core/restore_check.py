@@ -59,10 +59,12 @@ def saved_shapes(step_dir: str) -> dict[str, tuple[int, ...]] | None:
   if "://" not in step_dir:  # Orbax reads local paths only when absolute
     step_dir = os.path.abspath(step_dir)
   try:
-    metadata = ocp.PyTreeCheckpointer().metadata(
-        os.path.join(step_dir, "state"))
-    tree = getattr(metadata, "item_metadata", metadata)
-    return _shapes(getattr(tree, "tree", tree)) or None
+    # The item's handler, not a Checkpointer: that one also looks for a
+    # step's _CHECKPOINT_METADATA inside the item's directory, where
+    # CheckpointManager never writes one, and logs a warning on every read.
+    metadata = ocp.PyTreeCheckpointHandler().metadata(
+        epath.Path(step_dir) / "state")
+    return _shapes(getattr(metadata, "tree", metadata)) or None
   except Exception:  # pylint: disable=broad-except
     return None
 
