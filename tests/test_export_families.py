@@ -236,3 +236,17 @@ def test_a_scanned_gpt_exports_what_its_unscanned_twin_does(tmp_path):
   assert "transformer.h.2.ln_1.bias" in plain
   for name, value in plain.items():
     np.testing.assert_array_equal(stacked[name], value, err_msg=name)
+
+
+def test_a_run_of_another_family_is_named_before_its_data(gpt_run, trm_run):
+  """A TRM config on a GPT run asked for a puzzle dataset under the GPT's
+  workdir; the run's config.json names its model first."""
+  _, _, gpt_flags, root = gpt_run
+  _, _, trm_flags, _ = trm_run
+  result = _export(*[f for f in trm_flags if not f.startswith("--checkpoint")],
+                   next(f for f in gpt_flags if f.startswith("--checkpoint")),
+                   f"--out={root / 'mixed'}", check=False)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "is a config.model.name='gpt' run (its config.json), but --config " \
+         "describes 'trm'" in result.stderr
+  assert not (root / "mixed").exists()

@@ -333,15 +333,33 @@ def _dream_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
       source_fields=source_fields)), source
 
 
+def _recorded_model(workdir: str) -> dict:
+  """The run's config.json `model` section ({} when there is none to
+  read: runs are then checked by their checkpoint's shapes alone)."""
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  try:
+    model = weights_io.read_json(os.path.join(workdir, "config.json"))["model"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return {}
+  return model if isinstance(model, dict) else {}
+
+
+def check_run_family(workdir: str, family: str) -> None:
+  """A run of another model family is named before its data or weights
+  are looked for (a TRM config on a GPT run asked for a puzzle dataset)."""
+  name = _recorded_model(workdir).get("name")
+  if isinstance(name, str) and name != family:
+    raise app.UsageError(
+        f"--checkpoint={workdir} is a config.model.name={name!r} run (its "
+        f"config.json), but --config describes {family!r}: pass the config "
+        "the run trained with.")
+
+
 def _recorded_vocab_size(workdir: str) -> int:
   """config.model.vocab_size as the run recorded it in its config.json
   (the dataset's vocabulary, where the config file says 0)."""
-  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, "config.json")
-  try:
-    vocab = weights_io.read_json(path)["model"]["vocab_size"]
-  except (OSError, ValueError, KeyError, TypeError):
-    vocab = None
+  vocab = _recorded_model(workdir).get("vocab_size")
   if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab <= 0:
     raise app.UsageError(
         f"config.model.vocab_size=0 means the run's dataset's vocabulary, "
@@ -411,6 +429,7 @@ def main(argv):
   if not os.path.isdir(os.path.join(_CHECKPOINT.value, "checkpoints")):
     raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
                          "workdir (it has no checkpoints/ directory).")
+  check_run_family(_CHECKPOINT.value, family)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
