@@ -224,6 +224,8 @@ def test_read_csv_and_min_difficulty(tmp_path):
     (None, "rating"),
     ("x", "character"),
     ("given", "differs"),
+    ("rules", "not a solved Sudoku"),
+    ("ones", "not a solved Sudoku"),
 ])
 def test_read_csv_malformed_row(tmp_path, bad_row, message):
   boards, solutions = sudoku_generate.generate_puzzles(3, 30, seed=0)
@@ -237,6 +239,12 @@ def test_read_csv_malformed_row(tmp_path, bad_row, message):
     k = int(np.flatnonzero(wrong)[0])
     wrong[k] = wrong[k] % 9 + 1
     bad_row = _csv_row(wrong, solutions[2], 1)
+  elif bad_row == "rules":  # two cells of a row swapped: columns repeat
+    wrong = _GRID.copy()
+    wrong[[0, 1]] = wrong[[1, 0]]
+    bad_row = _csv_row(np.zeros(81, np.uint8), wrong, 1)
+  elif bad_row == "ones":
+    bad_row = _csv_row(np.zeros(81, np.uint8), np.ones(81, np.uint8), 1)
   rows[2] = bad_row
   path = _write_csv(tmp_path / "bad.csv", rows)
   # Header is line 1, so the third data row is line 4.

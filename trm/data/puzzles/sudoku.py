@@ -113,7 +113,8 @@ def read_csv(path: str, min_difficulty: Optional[int] = None
     (boards, solutions), uint8 [N, 81]; 0 = blank, 1..9 = digits.
 
   Raises:
-    ValueError: naming the file and line number of the first malformed row.
+    ValueError: naming the file and line number of the first malformed row
+      (also one whose solution is not a solved Sudoku).
   """
   # Characters are packed into one byte buffer (81 bytes a row) instead of a
   # list of arrays: the full train CSV has millions of rows.
@@ -143,15 +144,21 @@ def read_csv(path: str, min_difficulty: Optional[int] = None
 
   boards = _Q_TABLE[np.frombuffer(bytes(q_buf), np.uint8).reshape(-1, 81)]
   solutions = _A_TABLE[np.frombuffer(bytes(a_buf), np.uint8).reshape(-1, 81)]
-  bad = ((boards == 255).any(1) | (solutions == 255).any(1) |
-         ((boards != 0) & (boards != solutions)).any(1))
+  bad_char = (boards == 255).any(1) | (solutions == 255).any(1)
+  bad_given = ((boards != 0) & (boards != solutions)).any(1)
+  # A solution that breaks the rules would be trained on and scored as the
+  # answer, and no model could reach it: refuse it like a malformed row.
+  bad = bad_char | bad_given | ~sudoku_generate.valid_solutions(solutions)
   if bad.any():
     k = int(np.argmax(bad))
-    if (boards[k] == 255).any() or (solutions[k] == 255).any():
+    if bad_char[k]:
       why = ("invalid character (puzzle allows '.', '0'-'9'; solution "
              "'1'-'9')")
-    else:
+    elif bad_given[k]:
       why = "a given digit of the puzzle differs from the solution"
+    else:
+      why = ("the solution is not a solved Sudoku (a row, column or 3x3 box "
+             "repeats a digit); fix or remove the row")
     raise ValueError(f"{path}:{lines[k]}: {why}")
   return boards, solutions
 

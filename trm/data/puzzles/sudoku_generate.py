@@ -131,14 +131,28 @@ def count_solutions(board: np.ndarray, limit: int = 2) -> int:
   return _count_from(*state, limit)
 
 
+def valid_solutions(grids: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
+  """[N] bool: which grids ([N, 81] values) are complete, legal Sudoku grids.
+
+  Every row, column and 3x3 box must hold 1..9 once. Works through `chunk`
+  grids at a time, so the millions of rows of a Sudoku-Extreme CSV need
+  little memory.
+  """
+  g = np.asarray(grids).reshape(-1, 9, 9)
+  ok = np.empty(len(g), bool)
+  digits = np.arange(1, 10)
+  for start in range(0, len(g), chunk):
+    part = g[start:start + chunk]
+    boxes = part.reshape(-1, 3, 3, 3, 3).transpose(0, 1, 3, 2, 4).reshape(
+        -1, 9, 9)
+    units = np.concatenate([part, part.transpose(0, 2, 1), boxes], axis=1)
+    ok[start:start + chunk] = (np.sort(units, axis=-1) == digits).all((1, 2))
+  return ok
+
+
 def is_valid_solution(grid: np.ndarray) -> bool:
   """True iff `grid` (81 or 9x9 values) is a complete, legal Sudoku grid."""
-  g = np.asarray(grid).reshape(9, 9)
-  boxes = g.reshape(3, 3, 3, 3).transpose(0, 2, 1, 3).reshape(9, 9)
-  digits = np.arange(1, 10)
-  return all(
-      np.array_equal(np.sort(units, axis=1), np.broadcast_to(digits, (9, 9)))
-      for units in (g, g.T, boxes))
+  return bool(valid_solutions(np.asarray(grid).reshape(1, 81))[0])
 
 
 # ----------------------------------------------------------------------------
