@@ -244,6 +244,14 @@ def _corrupt(kind, q, a):
     return f"src,{q},{a[:wall]}o{a[wall + 1:]},1\n"
   if kind == "differs":
     return f"src,{q},{a[:wall]} {a[wall + 1:]},1\n"
+  if kind == "no_path":  # e.g. an unsolvable maze: the answer marks nothing
+    return f"src,{q},{q},1\n"
+  if kind == "gap":
+    step = a.index("o")
+    return f"src,{q},{a[:step]} {a[step + 1:]},1\n"
+  if kind == "stray":
+    spare = a.index(" ")
+    return f"src,{q},{a[:spare]}o{a[spare + 1:]},1\n"
   raise ValueError(kind)
 
 
@@ -255,6 +263,9 @@ def _corrupt(kind, q, a):
     ("two_starts", "exactly one 'S'"),
     ("path_on_wall", "not open"),
     ("differs", "differs from the question at row"),
+    ("no_path", r"0 path cells 'o' are not one path .*do not connect"),
+    ("gap", "do not connect them"),
+    ("stray", r"are not one path from 'S' to 'G' \(S reaches G through them"),
 ])
 def test_read_csv_malformed_row(tmp_path, kind, message):
   questions, answers = maze_generate.generate_mazes(3, seed=6)

@@ -76,7 +76,8 @@ def read_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
   Format: one header row (skipped unread, as upstream does), then rows
   `source,question,answer,rating`; `question` is 900 characters of
   "# SG" with one 'S' and one 'G', `answer` the same maze with the path
-  marked 'o' (open cells only). `source` and `rating` are not used (as
+  marked 'o' (open cells only; the 'o' cells lead from S to G one after
+  another, so an unsolvable maze has no valid row). `source` and `rating` are not used (as
   upstream).
 
   Args:
@@ -136,6 +137,19 @@ def _parse_row(row: list[str]) -> tuple[np.ndarray, np.ndarray]:
         f"the answer differs from the question at row "
         f"{k // maze_grid.GRID_SIZE}, column {k % maze_grid.GRID_SIZE} "
         f"(only path cells 'o' may differ)")
+  # The label must be a path: the 'o' cells, one after another, lead from S
+  # to G. An answer with no path (an unsolvable maze) or with stray or
+  # missing 'o' cells would be trained on and scored as the solution.
+  start, goal = int(np.flatnonzero(q == maze_grid.START)[0]), int(
+      np.flatnonzero(q == maze_grid.GOAL)[0])
+  on_route = (on_path | (q == maze_grid.START) | (q == maze_grid.GOAL))
+  moves = maze_grid.bfs(on_route.tolist(), start)[goal]
+  n = int(on_path.sum())
+  if moves != n + 1:
+    how = ("they do not connect them" if moves < 0 else
+           f"S reaches G through them in {moves} moves, not {n + 1}")
+    raise ValueError(f"the answer's {n} path cells 'o' are not one path "
+                     f"from 'S' to 'G' ({how})")
   return q, a
 
 
