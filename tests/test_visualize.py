@@ -225,3 +225,27 @@ def test_cli_on_a_small_sudoku_dataset(tmp_path):
   with pytest.raises(ValueError, match="token ids"):
     vis.dataset_sheet(data_dir, "test", str(tmp_path / "x.png"),
                       predictions_path=bad_path)
+
+
+def test_predictions_with_a_row_count_other_than_the_splits(tmp_path):
+  """Rows must be the split's examples: too few cannot be drawn, and more
+  than the split holds are another dataset's answers, which would be drawn
+  beside the wrong puzzles."""
+  data_dir = str(tmp_path / "sudoku")
+  sudoku.build_dataset(data_dir, source="generate", num_train=2, num_test=4,
+                       num_aug=0, num_blanks=30)
+  _, arrays = puzzle_format.read_split(data_dir, "test")
+  labels = np.array(arrays["labels"])
+  out = str(tmp_path / "x.png")
+  for rows, needle in ((2, r"2 rows, need 3"),
+                       (9, r"9 rows, but the test split of .* has 4 examples"
+                        r".*this dataset and --split")):
+    path = str(tmp_path / f"preds{rows}.npy")
+    np.save(path, np.resize(labels, (rows, labels.shape[1])))
+    with pytest.raises(ValueError, match=needle):
+      vis.dataset_sheet(data_dir, "test", out, num=3, predictions_path=path)
+  # Fewer rows than the split (an evaluation cut short) still draw.
+  path = str(tmp_path / "preds3.npy")
+  np.save(path, labels[:3])
+  assert vis.dataset_sheet(data_dir, "test", out, num=3,
+                           predictions_path=path).size[0] > 0

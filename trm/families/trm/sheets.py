@@ -183,6 +183,14 @@ def dataset_sheet(data_dir: str, split: str, out: str, num: int = 8,
     if predictions.shape[0] < stop:
       raise ValueError(f"{predictions_path}: {predictions.shape[0]} rows, "
                        f"need {stop} (row i = example i of the split)")
+    # trm.evaluate writes at most one row per example; more rows are the
+    # answers to another dataset or split, and would be drawn beside the
+    # wrong puzzles.
+    if predictions.shape[0] > total:
+      raise ValueError(f"{predictions_path}: {predictions.shape[0]} rows, but "
+                       f"the {split} split of {data_dir} has {total} examples"
+                       " (row i = example i of the split); pass the "
+                       "predictions written for this dataset and --split.")
     predictions = predictions[start:stop]
   return sample_sheet(kind, np.asarray(arrays["inputs"][start:stop]),
                       predictions, np.asarray(arrays["labels"][start:stop]),
