@@ -104,8 +104,16 @@ class EvalHook:
       self.evaluator.update(self.rows(batch["puzzle_identifiers"]), inputs,
                             predictions, self.rows(outputs["q_halt_logits"]))
     if self.sheet is None and self.sheet_rows and jax.process_index() == 0:
-      n = self.sheet_rows
-      self.sheet = (inputs[:n], predictions[:n], self.rows(batch["labels"])[:n])
+      labels = self.rows(batch["labels"])
+      # The padding rows of a short batch have no label (and Sudoku's and
+      # Maze's share the puzzles' identifier): drawn, each would show as a
+      # wrong answer.
+      real = (labels != trm_model.IGNORE_LABEL_ID).reshape(
+          len(labels), -1).any(-1)
+      if real.any():
+        n = self.sheet_rows
+        self.sheet = (inputs[real][:n], predictions[real][:n],
+                      labels[real][:n])
 
   def result(self, save_dir) -> dict:
     results = {}
