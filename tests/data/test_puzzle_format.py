@@ -109,6 +109,31 @@ def test_reads_upstream_written_dataset(tmp_path):
       json.loads((split / "dataset.json").read_text()))
 
 
+def test_reads_upstream_int64_tokens(tmp_path):
+  """Upstream's Sudoku builder with --num-aug (the paper's command) writes
+  int64 inputs and labels (its digit map is int64); they load as uint8 ones
+  do. Token ids outside [0, vocab_size) or a non-integer dtype are still
+  one line naming the file."""
+  metadata, arrays = _toy()
+  pf.write_split(str(tmp_path), "train", metadata, {"all": arrays})
+  for field in ("inputs", "labels"):
+    np.save(tmp_path / "train" / f"all__{field}.npy",
+            arrays[field].astype(np.int64))
+  _, got = pf.read_split(str(tmp_path), "train")
+  assert got["inputs"].dtype == got["labels"].dtype == np.int64
+  np.testing.assert_array_equal(got["labels"], arrays["labels"])
+  bad = arrays["inputs"].astype(np.int64)
+  bad[1, 2] = -3
+  for value, needle in ((bad, r"all__inputs\.npy: field 'inputs': token id -3"
+                         r" < 0"),
+                        (arrays["inputs"].astype(np.float32),
+                         r"all__inputs\.npy: .*uint8 or another integer "
+                         r"dtype, got float32")):
+    np.save(tmp_path / "train" / "all__inputs.npy", value)
+    with pytest.raises(ValueError, match=needle):
+      pf.read_split(str(tmp_path), "train")
+
+
 def test_ignore_label_id_may_be_null(tmp_path):
   metadata, arrays = _toy()
   pf.write_split(str(tmp_path), "train", metadata, {"all": arrays})

@@ -14,7 +14,9 @@ A dataset directory holds one sub-directory per split (`train`, `test`) plus
 The index arrays form a CSR-like hierarchy: group g owns puzzles
 `group_indices[g]:group_indices[g+1]`, puzzle p owns examples
 `puzzle_indices[p]:puzzle_indices[p+1]`. Datasets written by the upstream
-PyTorch builders load unchanged; files written here load in upstream too.
+PyTorch builders load unchanged (their token arrays may be of another
+integer dtype: upstream's Sudoku builder writes int64 when it augments);
+files written here load in upstream too.
 """
 
 import dataclasses
@@ -160,7 +162,8 @@ def _write_npy_atomic(path: str, array: np.ndarray) -> None:
 
 
 def _check_arrays(metadata: PuzzleDatasetMetadata, arrays: Mapping[str, Any],
-                  where: str, check_tokens: bool = True) -> None:
+                  where: str, check_tokens: bool = True,
+                  any_int_tokens: bool = False) -> None:
   """Checks one set's arrays against each other and the metadata.
 
   Args:
@@ -168,8 +171,10 @@ def _check_arrays(metadata: PuzzleDatasetMetadata, arrays: Mapping[str, Any],
     arrays: field name -> array for one set.
     where: prefix for error messages (a directory and set name); the field's
       file name is appended.
-    check_tokens: also scan inputs/labels for ids >= vocab_size (reads the
-      whole token arrays).
+    check_tokens: also scan inputs/labels for ids outside [0, vocab_size)
+      (reads the whole token arrays).
+    any_int_tokens: inputs/labels may be of any integer dtype, not only
+      uint8 (upstream's Sudoku builder writes int64 when it augments).
 
   Raises:
     ValueError: naming the offending field.
@@ -187,8 +192,10 @@ def _check_arrays(metadata: PuzzleDatasetMetadata, arrays: Mapping[str, Any],
     a = arrays[field]
     if not isinstance(a, np.ndarray):
       fail(field, f"expected a numpy array, got {type(a).__name__}")
-    if a.dtype != dtype:
-      fail(field, f"expected dtype {np.dtype(dtype).name}, got {a.dtype}")
+    any_int = any_int_tokens and field in MMAP_FIELDS
+    if a.dtype != dtype and not (any_int and a.dtype.kind in "iu"):
+      fail(field, f"expected dtype {np.dtype(dtype).name}"
+           f"{' or another integer dtype' if any_int else ''}, got {a.dtype}")
     if a.ndim != ndim:
       fail(field, f"expected {ndim} dims, got shape {a.shape}")
 
@@ -216,10 +223,12 @@ def _check_arrays(metadata: PuzzleDatasetMetadata, arrays: Mapping[str, Any],
 
   if check_tokens:
     for field in MMAP_FIELDS:
-      top = _max_token(arrays[field])
+      low, top = _token_range(arrays[field])
       if top is not None and top >= metadata.vocab_size:
         fail(field, f"token id {top} >= metadata vocab_size "
              f"{metadata.vocab_size}")
+      if low is not None and low < 0:
+        fail(field, f"token id {low} < 0")
 
 
 def _check_offsets(offsets: np.ndarray, n_items: int, n_children: int, fail,
@@ -238,15 +247,20 @@ def _check_offsets(offsets: np.ndarray, n_items: int, n_children: int, fail,
     fail("must be non-decreasing")
 
 
-def _max_token(tokens: np.ndarray) -> Optional[int]:
-  """Largest value of a (possibly memory-mapped) array, scanned in chunks."""
-  top = None
+def _token_range(tokens: np.ndarray) -> tuple[Optional[int], Optional[int]]:
+  """(smallest, largest) value of a (possibly memory-mapped) array, scanned
+  in chunks; (None, None) when it is empty. The smallest is only looked
+  for in signed arrays (0 otherwise): the scan of a multi-GB uint8 file
+  costs what it did."""
+  low = top = None
+  signed = tokens.dtype.kind == "i"
   for start in range(0, tokens.shape[0], _TOKEN_CHECK_ROWS):
     chunk = tokens[start:start + _TOKEN_CHECK_ROWS]
     if chunk.size:
-      m = int(chunk.max())
-      top = m if top is None else max(top, m)
-  return top
+      hi, lo = int(chunk.max()), int(chunk.min()) if signed else 0
+      top = hi if top is None else max(top, hi)
+      low = lo if low is None else min(low, lo)
+  return low, top
 
 
 # ----------------------------------------------------------------------------
@@ -374,5 +388,5 @@ def read_split(data_dir: str, split: str, set_name: str = "all",
           "truncated, or holding pickled objects, which are never loaded)"
           f"{detail}; rebuild the dataset.") from e
   _check_arrays(metadata, arrays, os.path.join(split_dir, set_name),
-                check_tokens=check_tokens)
+                check_tokens=check_tokens, any_int_tokens=True)
   return metadata, arrays
