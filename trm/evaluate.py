@@ -145,28 +145,6 @@ def visualize_command(data_dir: str, predictions: str, output_dir: str) -> str:
           ("predictions", predictions), ("num", 8), ("out", out))])
 
 
-def _check_writable_ancestor(path: str, flag: str) -> None:
-  """The nearest existing ancestor of `path` is a directory we may write."""
-  ancestor = os.path.dirname(os.path.abspath(path))
-  while not os.path.exists(ancestor):
-    ancestor = os.path.dirname(ancestor)
-  if not os.path.isdir(ancestor):
-    raise ValueError(f"{flag}={path}: {ancestor} is a file, so nothing can "
-                     "be written under it; choose a path in a directory.")
-  if not os.access(ancestor, os.W_OK | os.X_OK):
-    raise ValueError(f"{flag}={path}: {ancestor} is not writable.")
-
-
-def check_output_dir(path: str) -> str:
-  """--output_dir can be (or become) a directory; checked before anything
-  loads (os.makedirs said only '[Errno 17] File exists'). Returns it."""
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ValueError(f"--output_dir={path}: is a file; a directory is "
-                     "expected.")
-  _check_writable_ancestor(path, "--output_dir")
-  return path
-
-
 def check_output_file(path: str, flag: str) -> str:
   """`path` can become a file: not a directory, not under a regular file,
   in a directory we may write. Returns it."""
@@ -180,7 +158,7 @@ def check_output_file(path: str, flag: str) -> str:
                      "a .gz name would not read back; "
                      + ("pass --output=<a .jsonl file>." if flag ==
                         "--score_only" else "drop the .gz."))
-  _check_writable_ancestor(path, flag)
+  cli.check_writable_ancestor(path, flag)
   summary = os.path.splitext(path)[0] + "_summary.json"
   if os.path.isdir(summary):
     raise ValueError(f"{flag}={path}: its summary {summary} is a directory.")
@@ -211,7 +189,7 @@ def code_settings():
     output = check_output_file(_SCORE_ONLY.value, "--score_only")
   else:
     output = check_output_file(
-        os.path.join(check_output_dir(_OUTPUT_DIR.value),
+        os.path.join(cli.check_output_dir(_OUTPUT_DIR.value),
                      f"{_BENCHMARK.value}_samples.jsonl"), "--output_dir")
   check_not_the_problems(output, _BENCHMARK_PATH.value)
   return limits, workers, output
@@ -483,7 +461,7 @@ def main(argv):
   if config is None or not _CHECKPOINT.value:
     raise ValueError("--config and --checkpoint are required (or "
                      "--benchmark / --score_only for code benchmarks).")
-  check_output_dir(_OUTPUT_DIR.value)
+  cli.check_output_dir(_OUTPUT_DIR.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
   results, source = evaluate_checkpoint(config, _CHECKPOINT.value,

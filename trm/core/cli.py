@@ -365,6 +365,29 @@ class QuietLibraries(logging_std.Filter):
     return True
 
 
+def check_writable_ancestor(path: str, flag: str) -> None:
+  """The nearest existing ancestor of `path` is a directory we may write."""
+  ancestor = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  if not os.path.isdir(ancestor):
+    raise ValueError(f"{flag}={path}: {ancestor} is a file, so nothing can "
+                     "be written under it; choose a path in a directory.")
+  if not os.access(ancestor, os.W_OK | os.X_OK):
+    raise ValueError(f"{flag}={path}: {ancestor} is not writable.")
+
+
+def check_output_dir(path: str, flag: str = "--output_dir") -> str:
+  """`flag`'s `path` can be (or become) a directory; checked before any
+  work (os.makedirs said only '[Errno 17] File exists'). Returns it."""
+  if not path:  # e.g. --output_dir=$OUT with OUT unset
+    raise ValueError(f"{flag} is given but empty: name a directory.")
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{flag}={path}: is a file; a directory is expected.")
+  check_writable_ancestor(path, flag)
+  return path
+
+
 def run(main, compilation_cache: bool = True) -> None:
   """`app.run(main)` with the shared flag parser, one-line errors, signal
   handling, the persistent compilation cache (`compile_cache`; off for

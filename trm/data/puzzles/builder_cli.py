@@ -12,6 +12,8 @@ from typing import Any, Callable, Optional, Sequence
 from absl import app
 from absl import flags
 
+from trm.core import cli
+
 
 def define_output_dir(flag_values: flags.FlagValues) -> None:
   """Defines the required --output_dir."""
@@ -85,6 +87,9 @@ def run_main(argv: Sequence[str],
   """A builder's `main`: builds from the parsed flags, prints output_dir."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # Before the puzzles are read or generated (minutes for big builds), not
+  # at the first write.
+  cli.check_output_dir(flags.FLAGS.output_dir)
   print(run_from_flags(flags.FLAGS))
 
 

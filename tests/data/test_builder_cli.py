@@ -1,0 +1,33 @@
+"""The dataset builders' shared command line (`trm.data.puzzles.builder_cli`)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import repo
+
+
+@pytest.mark.parametrize("builder", ["sudoku", "maze", "arc"])
+def test_output_dir_that_is_a_file_is_one_line_before_any_work(tmp_path,
+                                                              builder):
+  """It was '[Errno 17] File exists: PATH' (for an empty one '[Errno 2] No
+  such file or directory'), and only once the puzzles were generated or
+  read."""
+  path = tmp_path / "a_file"
+  path.write_text("not a dataset")
+  for out, needle in (
+      (path, f"--output_dir={path}: is a file; a directory is expected."),
+      (path / "sub", f"--output_dir={path / 'sub'}: {path} is a file"),
+      ("", "--output_dir is given but empty: name a directory.")):
+    args = [sys.executable, "-m", f"trm.data.puzzles.{builder}",
+            f"--output_dir={out}"]
+    if builder != "arc":
+      args.append("--num_train=5000")
+    result = subprocess.run(args, cwd=repo.ROOT, capture_output=True,
+                            text=True, timeout=300,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"trm.data.puzzles.{builder}: error: {needle}")
+  assert path.read_text() == "not a dataset"
