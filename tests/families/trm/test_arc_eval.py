@@ -260,6 +260,26 @@ def test_pass_at_k_submission_and_reset(data_dir, tmp_path):
   _check_metrics(evaluator.result())
 
 
+def test_answered_only_scores_the_puzzles_an_evaluation_saw(data_dir,
+                                                            tmp_path):
+  """A partial evaluation (config.data.max_eval_batches) scores the test
+  inputs it has predictions for: p3, never predicted, is left out rather
+  than counted as failed; the submission still has every test input."""
+  evaluator = arc_eval.ARCEvaluator(data_dir, answered_only=True)
+  evaluator.update(*_rows())
+  metrics = evaluator.result(save_dir=str(tmp_path))
+  # p1, p2 (2 inputs) and p4, as PASS without p3's zero.
+  expected = {1: (1 + 0 + 1) / 3, 2: (1 + 0.5 + 1) / 3, 5: 1.0, 10: 1.0,
+              100: 1.0, 1000: 1.0}
+  for k, value in expected.items():
+    assert metrics[f"ARC/pass@{k}"] == pytest.approx(value, abs=1e-12), k
+  assert metrics["ARC/num_puzzles"] == 3
+  assert metrics["ARC/num_test_inputs"] == 5
+  assert metrics["ARC/num_answered"] == 4
+  with open(tmp_path / "submission.json") as f:
+    assert json.load(f) == _expected_submission()
+
+
 def test_batching_and_row_order_do_not_matter(data_dir, tmp_path):
   ids, inputs, preds, qs = _rows()
   order = np.random.default_rng(3).permutation(len(ids))

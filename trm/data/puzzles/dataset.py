@@ -202,6 +202,7 @@ class TestBatches(_Split):
         np.diff(arrays["puzzle_indices"]))
     n = -(-self.num_examples // global_batch_size)
     self.num_batches = n if max_batches < 0 else min(n, max_batches)
+    self.partial = self.num_batches < n  # max_batches leaves examples out
 
   def __len__(self):
     return self.num_batches

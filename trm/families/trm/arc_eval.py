@@ -123,7 +123,8 @@ class ARCEvaluator:
 
   def __init__(self, data_dir: str,
                pass_ks: Sequence[int] = (1, 2, 5, 10, 100, 1000),
-               submission_k: int = 2, blank_identifier_id: int = 0):
+               submission_k: int = 2, blank_identifier_id: int = 0,
+               answered_only: bool = False):
     """Reads `identifiers.json` and `test_puzzles.json` from `data_dir`.
 
     Args:
@@ -131,6 +132,11 @@ class ARCEvaluator:
       pass_ks: the K of each reported `ARC/pass@K`.
       submission_k: attempts per test input in `submission.json` (Kaggle: 2).
       blank_identifier_id: puzzle identifier of padding rows.
+      answered_only: score only the test inputs that got a prediction, and
+        average over the puzzles with one or more of them: for an evaluation
+        of part of the test split (config.data.max_eval_batches), whose
+        unseen puzzles would otherwise count as failed. Off, every puzzle
+        counts, as upstream.
     """
     self.pass_ks = tuple(int(k) for k in pass_ks)
     if not self.pass_ks or min(self.pass_ks) < 1:
@@ -139,6 +145,7 @@ class ARCEvaluator:
       raise ValueError(f"submission_k must be >= 1, got {submission_k}")
     self.submission_k = int(submission_k)
     self.blank_identifier_id = int(blank_identifier_id)
+    self.answered_only = bool(answered_only)
     self._identifiers = _read_json(os.path.join(data_dir, IDENTIFIERS_FILE))
     puzzles_path = os.path.join(data_dir, TEST_PUZZLES_FILE)
     self._test_puzzles = _read_json(puzzles_path)
@@ -299,10 +306,11 @@ class ARCEvaluator:
         entry per test input in `test_puzzles.json` order.
 
     Returns:
-      `ARC/pass@K` for every K, and counts: `ARC/num_puzzles`,
-      `ARC/num_test_inputs`, `ARC/num_answered` (test inputs with at least
-      one prediction), `ARC/num_predictions` (rows matched to a test input)
-      and `ARC/num_unmatched` (non-padding rows whose input matched none).
+      `ARC/pass@K` for every K, and counts: `ARC/num_puzzles` (those
+      pass@K averages over), `ARC/num_test_inputs` (all of them),
+      `ARC/num_answered` (test inputs with at least one prediction),
+      `ARC/num_predictions` (rows matched to a test input) and
+      `ARC/num_unmatched` (non-padding rows whose input matched none).
     """
     keys, digests, qs, unmatched = self._gather_records()
     # key -> digest -> confidences of its votes.
@@ -319,16 +327,19 @@ class ARCEvaluator:
     answered = 0
     needed = set()
     for name, key, label in self._slots:
+      ranked = ranking.get(key, [])
+      if self.answered_only and not ranked:
+        continue
       entry = per_puzzle.setdefault(name, [0, [0] * len(self.pass_ks)])
       entry[0] += 1
-      ranked = ranking.get(key, [])
       if ranked:
         answered += 1
         needed.update(ranked[:self.submission_k])
       for j, k in enumerate(self.pass_ks):
         entry[1][j] += label in ranked[:k]
 
-    num_puzzles = len(self._test_puzzles)
+    num_puzzles = len(per_puzzle if self.answered_only else
+                      self._test_puzzles)
     metrics = {}
     for j, k in enumerate(self.pass_ks):
       total = sum(hits[j] / tests for tests, hits in per_puzzle.values())

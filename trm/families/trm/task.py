@@ -88,10 +88,14 @@ class EvalHook:
   beside the sheet) and a PNG sheet of the first rows (input, prediction,
   target)."""
 
-  def __init__(self, data_dir: str, kind: str, arc: bool, sheet_rows: int):
+  def __init__(self, data_dir: str, kind: str, arc: bool, sheet_rows: int,
+               partial: bool = False):
     from trm.families.trm import arc_eval  # pylint: disable=g-import-not-at-top
     self.kind, self.sheet_rows = kind, sheet_rows
-    self.evaluator = arc_eval.ARCEvaluator(data_dir) if arc else None
+    # A partial evaluation (config.data.max_eval_batches) scores the test
+    # inputs it saw, as the token metrics do.
+    self.evaluator = (arc_eval.ARCEvaluator(data_dir, answered_only=partial)
+                      if arc else None)
     self.rows = arc_eval.addressable_rows
     self.sheet = None
 
@@ -205,7 +209,8 @@ def build(config, workdir: str, ctx) -> Task:
       train_source=train_source, eval_source=test_source,
       make_eval_hook=functools.partial(
           EvalHook, data_dir, kind, arc=config.data.name == "arc",
-          sheet_rows=config.data.eval_sheet_rows if kind else 0))
+          sheet_rows=config.data.eval_sheet_rows if kind else 0,
+          partial=test_source.partial))
 
 
 def load_eval_state(checkpoint: str, program, abstract, shardings, ctx):
