@@ -1,4 +1,4 @@
-"""The dataset builders' shared command line (`trm.data.puzzles.builder_cli`)."""
+"""The dataset builders' command line (`trm.data.puzzles.builder_cli`)."""
 import os
 import subprocess
 import sys

@@ -126,8 +126,22 @@ def test_generation_is_deterministic():
 def test_generate_rejects_bad_arguments():
   with pytest.raises(ValueError, match="num_blanks"):
     sudoku_generate.generate_puzzles(1, 65, seed=0)
-  with pytest.raises(RuntimeError, match="blanks"):
+  with pytest.raises(ValueError, match="num_blanks=64: no puzzle with that "
+                     "many blanks"):
     sudoku_generate.generate_puzzles(1, 64, seed=0, max_attempts=2)
+
+
+def test_unreachable_num_blanks_is_one_line_naming_the_field(tmp_path,
+                                                             monkeypatch):
+  """Greedy blanking cannot reach 64 blanks: the builder said
+  'RuntimeError: could not reach 64 blanks' with a traceback (after 1000
+  fresh grids; 2 here)."""
+  monkeypatch.setattr(sudoku_generate.generate_puzzles, "__defaults__", (2,))
+  with pytest.raises(ValueError, match=r"^config\.data\.build\.num_blanks=64"
+                     r": no puzzle with that many blanks"):
+    sudoku.ensure_dataset(str(tmp_path / "s"),
+                          field_prefix="config.data.build.", num_train=1,
+                          num_test=1, num_blanks=64)
 
 
 # ----------------------------------------------------------------------------
