@@ -152,8 +152,20 @@ def test_generator_threshold_and_bad_arguments():
     maze_generate.generate_mazes(1, seed=0, min_path_length=0)
   with pytest.raises(ValueError, match="num_loops"):
     maze_generate.generate_mazes(1, seed=0, num_loops=-1)
-  with pytest.raises(RuntimeError, match="min_path_length"):
+  with pytest.raises(ValueError, match="min_path_length=800: no maze"):
     maze_generate.generate_mazes(1, seed=0, min_path_length=800, max_attempts=2)
+
+
+def test_unreachable_min_path_length_is_one_line_naming_the_field(
+    tmp_path, monkeypatch):
+  """The builder said 'RuntimeError: no maze with a shortest path of >= 700
+  moves' with a traceback."""
+  monkeypatch.setattr(maze_generate.generate_range, "__defaults__",
+                      (maze_generate.DEFAULT_NUM_LOOPS, 2))
+  with pytest.raises(ValueError, match=r"^config\.data\.build\."
+                     r"min_path_length=700: no maze"):
+    maze.ensure_dataset(str(tmp_path / "m"), field_prefix="config.data.build.",
+                        num_train=1, num_test=1, min_path_length=700)
 
 
 def test_generation_is_deterministic():
