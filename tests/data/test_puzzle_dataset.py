@@ -213,6 +213,24 @@ def test_train_batches_multi_example_puzzles(multi):
   assert truncated > 0  # the data really exercises the boundary
 
 
+def test_a_puzzle_without_examples_adds_nothing_to_a_batch(tmp_path):
+  """The format allows a puzzle of 0 examples (upstream's loader samples
+  none from it). Its visit added the next puzzle's first example with no
+  owner: batch 1 held example ids [4, 3, 4] for puzzle ids [5, 5], so
+  example 3 (puzzle 4's) was trained with puzzle 5's identifier."""
+  metadata, arrays = _write(tmp_path, "train", [[1, 0], [2], [0], [1, 1]])
+  pi = arrays["puzzle_indices"]
+  source = _train(metadata, arrays, global_batch_size=2, epochs_per_iter=8,
+                  num_batches=12)
+  for j in range(12):
+    example_ids, owners = source.batch_plan(j)
+    assert len(example_ids) == len(owners) == 2
+    assert np.all((example_ids >= pi[owners]) & (example_ids < pi[owners + 1]))
+    batch = source[j]
+    np.testing.assert_array_equal(batch["inputs"][:, 0], example_ids + 1)
+    np.testing.assert_array_equal(batch["puzzle_identifiers"], owners + 1)
+
+
 def test_train_batches_ignore_label(single):
   metadata, arrays = single
   source = _train(metadata, arrays)

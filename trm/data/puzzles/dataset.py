@@ -62,8 +62,9 @@ def batch_examples(rng: np.random.Generator, puzzles, puzzle_indices,
     start = int(puzzle_indices[puzzle])
     puzzle_size = int(puzzle_indices[puzzle + 1]) - start
     take = min(puzzle_size, global_batch_size - size)
+    # A puzzle of one example (or of none, which adds nothing) needs no draw.
     examples.append(start + (rng.choice(puzzle_size, take, replace=False)
-                             if puzzle_size > 1 else np.zeros(1, np.int64)))
+                             if puzzle_size > 1 else np.zeros(take, np.int64)))
     owners.append(np.full(take, puzzle, np.int64))
     size += take
   return np.concatenate(examples), np.concatenate(owners)
