@@ -469,10 +469,19 @@ def _(env):
 
 
 @case("train and test metadata disagree", ValueError,
-      "train and test splits disagree on seq_len or vocab_size",
+      "train and test dataset.json disagree (vocab_size 11 != 12)",
       "rebuild the dataset")
 def _(env):
   return edited_dataset(env, set_metadata("test", vocab_size=12))
+
+
+# The model's puzzle table is sized by the train split: test identifiers
+# past it read NaN embeddings (the evaluation said loss nan, accuracy 0).
+@case("train and test puzzle identifier counts disagree", ValueError,
+      "train and test dataset.json disagree (num_puzzle_identifiers 1 != 5)",
+      "rebuild the dataset")
+def _(env):
+  return edited_dataset(env, set_metadata("test", num_puzzle_identifiers=5))
 
 
 def _token_out_of_range(data):

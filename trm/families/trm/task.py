@@ -190,10 +190,14 @@ def build(config, workdir: str, ctx) -> Task:
   data_dir = prepare_data(config, workdir)
   train_meta, train_arrays = puzzle_format.read_split(data_dir, "train")
   test_meta, test_arrays = puzzle_format.read_split(data_dir, "test")
-  if (test_meta.seq_len, test_meta.vocab_size) != (train_meta.seq_len,
-                                                   train_meta.vocab_size):
-    raise ValueError(f"{data_dir}: train and test splits disagree on seq_len "
-                     "or vocab_size; rebuild the dataset.")
+  # The model is sized by the train split; a test identifier past its
+  # puzzle table would read NaN embeddings (loss nan, accuracy 0, no error).
+  fields = ("seq_len", "vocab_size", "num_puzzle_identifiers")
+  differ = [f"{f} {getattr(train_meta, f)} != {getattr(test_meta, f)}"
+            for f in fields if getattr(train_meta, f) != getattr(test_meta, f)]
+  if differ:
+    raise ValueError(f"{data_dir}: train and test dataset.json disagree "
+                     f"({', '.join(differ)}); rebuild the dataset.")
   process = dict(process_index=jax.process_index(),
                  process_count=jax.process_count())
   train_source = puzzle_dataset.TrainBatches(
