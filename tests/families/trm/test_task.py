@@ -1,13 +1,21 @@
-"""The puzzle task's evaluation hook (`trm.families.trm.task.EvalHook`)."""
+"""The puzzle task: its build checks and evaluation hook
+(`trm.families.trm.task`)."""
+import json
+import os
+
 import numpy as np
 from PIL import Image
+import pytest
 
+from trm.core import config_lib
+from trm.core import mesh as mesh_lib
 from trm.data.puzzles import arc
 from trm.data.puzzles import dataset as puzzle_dataset
 from trm.data.puzzles import format as puzzle_format
 from trm.data.puzzles import sudoku
 from trm.families.trm import sheets
 from trm.families.trm import task
+import repo
 
 
 def test_sheet_leaves_out_the_padding_rows_of_a_short_batch(tmp_path):
@@ -50,3 +58,32 @@ def test_a_partial_evaluation_scores_arc_on_the_puzzles_it_saw(tmp_path):
     metrics = hook.result(None)
     assert metrics["ARC/pass@1"] == 1.0
     assert metrics["ARC/num_puzzles"] == (2 if partial else 4)
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("puzzles", r"test_puzzles\.json: not valid JSON"),
+    ("identifiers", r"identifiers\.json: names 40 puzzles, but dataset\.json "
+     r"has num_puzzle_identifiers=41"),
+])
+def test_a_damaged_arc_file_stops_the_build_before_training(tmp_path, damage,
+                                                            needle):
+  """The ARC files the evaluator reads were first read at the first
+  evaluation: a damaged test_puzzles.json stopped the run there, after
+  config.eval_every steps of training."""
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "trm_arc.py"), "arc1,cpu")
+  config = config_lib.set_values(config, {"data.data_dir": str(
+      tmp_path / "arc")})
+  data_dir = task.prepare_data(config, str(tmp_path))
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  task.build(config, str(tmp_path), ctx)  # the intact dataset builds
+  if damage == "puzzles":
+    (tmp_path / "arc" / "test_puzzles.json").write_text('{"broken": ')
+  else:
+    path = os.path.join(data_dir, "identifiers.json")
+    with open(path) as f:
+      names = json.load(f)
+    with open(path, "w") as f:
+      json.dump(names[:-1], f)
+  with pytest.raises(ValueError, match=needle):
+    task.build(config, str(tmp_path), ctx)

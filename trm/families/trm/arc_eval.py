@@ -124,7 +124,8 @@ class ARCEvaluator:
   def __init__(self, data_dir: str,
                pass_ks: Sequence[int] = (1, 2, 5, 10, 100, 1000),
                submission_k: int = 2, blank_identifier_id: int = 0,
-               answered_only: bool = False):
+               answered_only: bool = False,
+               num_puzzle_identifiers: Optional[int] = None):
     """Reads `identifiers.json` and `test_puzzles.json` from `data_dir`.
 
     Args:
@@ -137,6 +138,8 @@ class ARCEvaluator:
         of part of the test split (config.data.max_eval_batches), whose
         unseen puzzles would otherwise count as failed. Off, every puzzle
         counts, as upstream.
+      num_puzzle_identifiers: if set, the dataset's count (dataset.json);
+        `identifiers.json` must name that many puzzles.
     """
     self.pass_ks = tuple(int(k) for k in pass_ks)
     if not self.pass_ks or min(self.pass_ks) < 1:
@@ -153,6 +156,12 @@ class ARCEvaluator:
         isinstance(n, str) for n in self._identifiers):
       raise ValueError(f"{data_dir}/{IDENTIFIERS_FILE}: expected a JSON list "
                        "of puzzle names; rebuild the dataset.")
+    if (num_puzzle_identifiers is not None and
+        len(self._identifiers) != num_puzzle_identifiers):
+      raise ValueError(f"{data_dir}/{IDENTIFIERS_FILE}: names "
+                       f"{len(self._identifiers)} puzzles, but dataset.json "
+                       f"has num_puzzle_identifiers={num_puzzle_identifiers}"
+                       "; rebuild the dataset.")
     if not isinstance(self._test_puzzles, dict):
       raise ValueError(f"{puzzles_path}: expected an object {{puzzle name: "
                        f"puzzle}}, got a {type(self._test_puzzles).__name__}"

@@ -208,6 +208,12 @@ def build(config, workdir: str, ctx) -> Task:
       test_meta, test_arrays, global_batch_size=config.data.eval_batch_size,
       max_batches=config.data.max_eval_batches, **process)
   kind = visualize_kind(train_meta)
+  if config.data.name == "arc":
+    # Read and checked now: the hook reads them at each evaluation, and the
+    # first comes only after config.eval_every steps of training.
+    from trm.families.trm import arc_eval  # pylint: disable=g-import-not-at-top
+    arc_eval.ARCEvaluator(
+        data_dir, num_puzzle_identifiers=train_meta.num_puzzle_identifiers)
   return Task(
       program=trm_program.build(config, ctx, train_meta),
       train_source=train_source, eval_source=test_source,
