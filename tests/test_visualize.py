@@ -8,6 +8,7 @@ from PIL import Image
 import pytest
 import repo
 
+from trm.data.puzzles import arc_grids
 from trm.families.trm import arc_canvas
 from trm.families.trm import sheets as vis
 from trm.families.trm import panels
@@ -119,6 +120,38 @@ def test_arc_grid_colours_and_crop():
              1 * cell + 4) == panels.ARC_COLORS[9]
   assert _px(image, 1 * cell + 1,
              1 * cell + 1) == panels.ARC_COLORS[4]
+
+
+def test_arc_train_pairs_at_an_offset_are_drawn(tmp_path):
+  """The train split draws a pair at a random offset (translation
+  augmentation): the top-left crop found no grid there, so the sheet showed
+  'no grid' panels for most train examples."""
+  inp = np.array([[1, 2], [3, 4], [5, 6]])
+  out = np.array([[7, 8, 9]])
+  for row, col in ((5, 0), (0, 7), (11, 20), (0, 0)):
+    canvases = arc_grids.encode_pair(inp, out, row, col)
+    for canvas, grid in zip(canvases, (inp, out)):
+      assert np.array_equal(np.asarray(panels.render("arc", canvas,
+                                                     givens=canvases[0])),
+                            np.asarray(panels.render_arc(grid)))
+    assert np.array_equal(np.asarray(panels.render("arc", canvases[0])),
+                          np.asarray(panels.render_arc(inp)))
+    assert panels.exact_match("arc", canvases[1], canvases[1],
+                              givens=canvases[0])
+    wrong = arc_grids.encode_pair(inp, out + 1, row, col)[1]
+    assert not panels.exact_match("arc", wrong, canvases[1],
+                                  givens=canvases[0])
+  # Both crops were empty, so a wrong answer was framed as right.
+  for prediction, frame in ((canvases[1], vis.FRAME_RIGHT),
+                            (wrong, panels.FRAME_WRONG)):
+    sheet = vis.sample_sheet("arc", canvases[:1], [prediction],
+                             canvases[1:], str(tmp_path / "s.png"))
+    x = vis.SHEET_MARGIN + (sheet.width - vis.SHEET_MARGIN) // 3
+    assert _px(sheet, x, vis.SHEET_HEADER + vis.SHEET_MARGIN) == frame
+  # The test split's grids start at the corner: drawn as the evaluator crops.
+  canvas = arc_canvas.to_canvas(inp)
+  assert np.array_equal(np.asarray(panels.render("arc", canvas, givens=canvas)),
+                        np.asarray(panels.render_arc(inp)))
 
 
 def test_kind_from_metadata():

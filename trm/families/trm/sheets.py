@@ -106,7 +106,7 @@ def sample_sheet(kind: str, inputs, predictions, labels, path: Optional[str],
                                         labels=label)
         if label is not None:
           frame = (FRAME_RIGHT if panels.exact_match(
-              kind, array[i], label) else panels.FRAME_WRONG)
+              kind, array[i], label, givens=given) else panels.FRAME_WRONG)
       else:
         image = panels.render(kind, array[i], givens=given)
       row.append((image, frame))
