@@ -282,3 +282,24 @@ def test_predictions_with_a_row_count_other_than_the_splits(tmp_path):
   np.save(path, labels[:3])
   assert vis.dataset_sheet(data_dir, "test", out, num=3,
                            predictions_path=path).size[0] > 0
+
+
+def test_an_out_that_cannot_be_the_png_is_one_line(tmp_path):
+  """--out was first used by the final rename of the drawn sheet, which
+  said '[Errno 21] Is a directory: <temporary file> -> PATH'."""
+  data_dir = str(tmp_path / "sudoku")
+  sudoku.build_dataset(data_dir, source="generate", num_train=2, num_test=2,
+                       num_blanks=30)
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  for out, needle in (
+      (tmp_path, f"--out={tmp_path}: is a directory; name the PNG file"),
+      ("", "--out is given but empty: name the PNG file to write."),
+      (a_file / "s.png", f"--out={a_file / 's.png'}: {a_file} is a file")):
+    result = subprocess.run(
+        [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
+         f"--out={out}"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"trm.visualize: error: {needle}")

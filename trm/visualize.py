@@ -14,6 +14,7 @@ with one whole file).
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 from absl import app
@@ -44,6 +45,19 @@ def define_flags() -> None:
       "predictions_test.npy).")
 
 
+def check_out(path: str) -> None:
+  """--out can become the PNG: checked before drawing (the final rename
+  said '[Errno 21] Is a directory: <temporary file> -> PATH')."""
+  if not path:  # e.g. --out=$PNG with PNG unset
+    raise ValueError("--out is given but empty: name the PNG file to write.")
+  if "://" in path:  # an object store: written whole by its own client
+    return
+  if path.endswith(os.sep) or os.path.isdir(path):
+    raise ValueError(f"--out={path}: is a directory; name the PNG file to "
+                     "write in it.")
+  cli.check_writable_ancestor(path, "--out")
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -51,6 +65,7 @@ def main(argv: Sequence[str]) -> None:
   if process:  # no devices are needed, so the job is not joined
     print(f"process {process}: nothing to do (process 0 draws {_OUT.value})")
     return
+  check_out(_OUT.value)
   sheet = dataset_sheet(_DATA_DIR.value, _SPLIT.value, _OUT.value,
                         num=_NUM.value, start=_START.value,
                         predictions_path=_PREDICTIONS.value,
