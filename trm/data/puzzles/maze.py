@@ -77,8 +77,8 @@ def read_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
   `source,question,answer,rating`; `question` is 900 characters of
   "# SG" with one 'S' and one 'G', `answer` the same maze with the path
   marked 'o' (open cells only; the 'o' cells lead from S to G one after
-  another, so an unsolvable maze has no valid row). `source` and `rating` are not used (as
-  upstream).
+  another, so an unsolvable maze has no valid row). `source` and `rating`
+  are not used (as upstream).
 
   Args:
     path: the CSV file.

@@ -318,8 +318,9 @@ def restore_run_variables(config, workdir: str, ctx):
   except (OSError, ValueError) as e:
     raise FileNotFoundError(
         f"The model's sizes come from the run's dataset, and {data_dir} "
-        f"gives none ({str(e).rstrip('.')}). Pass --config.data.data_dir=DIR, the dataset "
-        "the run trained on.") from None
+        f"gives none ({str(e).rstrip('.')}). Pass "
+        "--config.data.data_dir=DIR, the dataset the run trained on."
+    ) from None
   program = trm_program.build(config, ctx, shapes)
   abstract, _ = state_lib.abstract_state(program.init_fn, ctx)
   weights = "ema_params" if config.optim.ema else "params"
