@@ -1,9 +1,15 @@
 """Cached block decoding: the model half (dream_cache) and the sampler."""
+import json
+import os
+import subprocess
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import repo
 
 from trm.families.dream import cached_sampling
 from trm.families.dream import sampling as ds
@@ -102,6 +108,59 @@ def test_cached_decoding_equals_exact_for_a_context_free_model(
       threshold=threshold, steps=8, **common)
   assert not np.any(np.asarray(cached) == MASK)
   np.testing.assert_array_equal(cached, exact)
+
+
+def _mask_predicting_models():
+  """The context-free models of `_context_free_models`, except that the
+  head's favourite is <|mask|> itself at some positions (a model may
+  predict it; the reference then leaves the position masked)."""
+  exact, cached = _context_free_models()
+
+  def head(params, h):
+    logits = exact.head(params, h)
+    return logits.at[..., MASK].set(jnp.where(h[..., 0] > 1.0, 1e4, -1e4))
+
+  return exact._replace(head=head), cached._replace(head=head)
+
+
+def run_threshold_decoding_on_a_mask_predicting_model(cache: str):
+  """Prints the cached sampler's tokens and each position's favourite (run
+  in a subprocess: the fault this guards against was a loop that never
+  ended)."""
+  exact, cached = _mask_predicting_models()
+  prompt = np.array([[5, 6, 7, 8]])
+  got = cached_sampling.cached_generate(
+      cached, prompt, params=None, mask_token_id=MASK, max_new_tokens=16,
+      alg="entropy", cache=cache, block_length=4, threshold=0.9)
+  # Position j is predicted by the hidden row of position j - 1.
+  rows = exact.hidden(None, None, None, jnp.arange(3, 19)[None])
+  favourite = jnp.argmax(exact.head(None, rows), axis=-1)
+  print(json.dumps([np.asarray(got)[0, 4:].tolist(),
+                    np.asarray(favourite)[0].tolist()]))
+
+
+@pytest.mark.parametrize("cache", cached_sampling.CACHES)
+def test_threshold_decoding_ends_when_the_model_predicts_the_mask(cache):
+  """Greedy threshold decoding whose most confident token is <|mask|>
+  revealed nothing, so the next step was the same step: the block loop
+  never ended (as Fast-dLLM's would not). Step block_length now reveals
+  what is left, as the exact sampler's last step does."""
+  code = ("import test_cached_sampling as t; "
+          f"t.run_threshold_decoding_on_a_mask_predicting_model({cache!r})")
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [os.path.dirname(os.path.abspath(__file__)),
+       os.path.join(repo.ROOT, "tests"), repo.ROOT]))
+  try:
+    result = subprocess.run([sys.executable, "-c", code], env=env,
+                            capture_output=True, text=True, timeout=120)
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"cache={cache!r}, threshold=0.9 did not end in 120 s")
+  assert result.returncode == 0, result.stderr[-3000:]
+  got, favourite = json.loads(result.stdout.strip().splitlines()[-1])
+  # A context-free model: every position holds its favourite, <|mask|>
+  # where that is the mask token (three of the 16 here).
+  assert favourite.count(MASK) == 3
+  assert got == favourite
 
 
 @pytest.mark.parametrize("cache", cached_sampling.CACHES)

@@ -19,7 +19,11 @@ position j from the output at j - 1. Two reveal rules:
   threshold=t     parallel decoding: every masked block position whose
                   token probability is >= t, and at least the most
                   confident one per row, until the block is done; the step
-                  count then follows the model's confidence.
+                  count then follows the model's confidence. Should the
+                  model draw <|mask|> itself (which leaves the position
+                  masked), step block_length reveals all that is left, as
+                  the exact sampler's last step, where Fast-dLLM loops
+                  forever.
 
 With `fast_dllm=True` the block rules are Fast-dLLM's own
 (`generation_utils_block.py`, NVlabs/Fast-dLLM 24cc59e), so that its
@@ -143,9 +147,10 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
   # (Dream predicts position j from the output at j - 1); Fast-dLLM's at it.
   lead = 0 if fast_dllm else 1
 
-  def reveal(x, h, start, key, count):
+  def reveal(x, h, start, key, count, last=False):
     """Sample the block at `start` from hidden rows h [B, block, D] (row j
-    predicts block position j) and reveal by the rule."""
+    predicts block position j) and reveal by the rule (with a threshold
+    and `last`, every masked position)."""
     k_tok, k_sel = jax.random.split(key)
     block = jax.lax.dynamic_slice_in_dim(x, start, block_length, axis=1)
     masked = block == mask_token_id
@@ -159,7 +164,7 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
     else:
       best = jnp.argmax(conf, axis=-1)[:, None]
       chosen = masked & ((conf.astype(jnp.float32) >= threshold)
-                         | (block_ids == best))
+                         | (block_ids == best) | last)
     block = jnp.where(chosen, x0, block)
     return jax.lax.dynamic_update_slice_in_dim(x, block, start, axis=1)
 
@@ -189,14 +194,21 @@ def _generate(model, params, input_ids, attention_mask, rng, *,
       if fast_dllm:  # row 0 (the decoded first token) stands for itself
         h = jnp.concatenate([h[:, :1], h[:, :block_length - 1]], axis=1)
       return reveal(x, h[:, :block_length], start,
-                    jax.random.fold_in(key, i), counts[i])
+                    jax.random.fold_in(key, i), counts[i],
+                    last=i >= block_length)
 
     if threshold is None:
       return jax.lax.fori_loop(1, steps, lambda i, x: cached_step(x, i), x)
 
     def unfinished(carry):
-      block = jax.lax.dynamic_slice_in_dim(carry[0], start, block_length, 1)
-      return jnp.any(block == mask_token_id)
+      # Every step reveals one masked position at least, so a block is done
+      # before step block_length, unless a token drawn is <|mask|> itself:
+      # nothing changes then, and (greedy) the same step repeats forever,
+      # as in Fast-dLLM's loop. Step block_length reveals every position
+      # left, as the exact sampler's last step does, and ends the block.
+      x, i = carry
+      block = jax.lax.dynamic_slice_in_dim(x, start, block_length, 1)
+      return jnp.any(block == mask_token_id) & (i <= block_length)
 
     x, _ = jax.lax.while_loop(
         unfinished, lambda c: (cached_step(c[0], c[1]), c[1] + 1), (x, 1))
