@@ -149,6 +149,33 @@ def test_greedy_matches_numpy_loop(alg, top_p, top_k):
   np.testing.assert_array_equal(want[:, :4], ids)
 
 
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
+def test_a_model_predicting_the_mask_token_is_sampled_as_the_reference(alg):
+  """A reveal that draws <|mask|> leaves its position masked (the
+  reference's rule), so the canvas holds more masked positions than the
+  schedule's remainder. The steps that draw for the first masked
+  positions only (`_segments`, 16 new tokens and more) dropped the others:
+  some were revealed as token 0, some never (5-33 of 22-46 tokens differed
+  from Dream's own loop at batch 1)."""
+  base = _make_model(seed=5)
+
+  def fn(tokens, mask, positions):  # <|mask|> is the favourite at 1 in 3
+    logits = base(tokens, mask, positions)
+    where = (jnp.arange(tokens.shape[1]) % 3 == 1)[None, :]
+    return logits.at[..., MASK].set(jnp.where(where, 50.0, -30.0))
+
+  ids = _prompts(1, 4)
+  n_new, steps = 24, 6
+  assert len(ds._segments(steps, n_new, 1e-3, alg, True)) > 1
+  want, want_h = _np_generate(fn, ids, None, n_new=n_new, steps=steps,
+                              alg=alg)
+  got, got_h = ds.diffusion_generate(
+      fn, ids, None, mask_token_id=MASK, max_new_tokens=n_new, steps=steps,
+      alg=alg, top_k=None, return_history=True)
+  assert (want == MASK).sum() >= 6  # the model's own <|mask|> draws
+  np.testing.assert_array_equal(np.asarray(got_h), want_h)
+
+
 def test_reveals_per_step_follow_schedule():
   fn = _make_model(seed=3)
   ids = _prompts(2, 3)

@@ -84,19 +84,23 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
       return jnp.concatenate([rows[:, :1], rows[:, :-1]], axis=1)
     return rows[:, window - 1:length - 1]
 
-  def logits_at(x, rows):
-    """Logits [B, S, V] for the window positions `rows` [B, S] (or for the
+  def features(x):
+    """The model's rows predicting [window, length): final hidden states
+    (a Denoiser), else raw logits."""
+    if isinstance(logits_fn, Denoiser):
+      return shifted_window(logits_fn.hidden(params, x, am, pos))
+    return shifted_window(logits_fn(x, am, pos) if params is None
+                          else logits_fn(params, x, am, pos))
+
+  def logits_at(feats, rows):
+    """Logits [B, S, V] of the window positions `rows` [B, S] (or of the
     whole window when `rows` is None)."""
+    if rows is not None:
+      feats = jnp.take_along_axis(feats, rows[..., None], axis=1)
     if isinstance(logits_fn, Denoiser):
       # The LM head (most of a small model's forward) only where needed.
-      h = shifted_window(logits_fn.hidden(params, x, am, pos))
-      if rows is not None:
-        h = jnp.take_along_axis(h, rows[..., None], axis=1)
-      return logits_fn.head(params, h)
-    raw = shifted_window(logits_fn(x, am, pos) if params is None
-                         else logits_fn(params, x, am, pos))
-    return raw if rows is None else jnp.take_along_axis(
-        raw, rows[..., None], axis=1)
+      return logits_fn.head(params, feats)
+    return feats
 
   def step(i, carry, size=None):
     """One denoising step; with `size`, only the (at most `size`) masked
@@ -106,26 +110,46 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
     k_tok, k_sel = jax.random.split(key)
     canvas = x[:, window:]
     mask_index = canvas == mask_token_id
-    rows = None if size is None else token_draws.first_true(mask_index, size)
-    logits = logits_at(x, rows)
+    feats = features(x)
     last = i == steps - 1
     if alg == "origin":
       p_transfer = jnp.where(last, jnp.float32(1.0), ratios[i])
       reveal = mask_index & (jax.random.uniform(k_sel, (b, n)) < p_transfer)
-      _, x0 = token_draws.sample_tokens(logits, k_tok, temperature=temperature,
-                             top_p=top_p, top_k=top_k, conf_kind=None)
+      _, x0 = token_draws.sample_tokens(
+          logits_at(feats, None), k_tok, temperature=temperature,
+          top_p=top_p, top_k=top_k, conf_kind=None)
       canvas = jnp.where(reveal, x0, canvas)
     else:
-      conf, x0 = token_draws.sample_tokens(
-          logits, k_tok, temperature=temperature, top_p=top_p, top_k=top_k,
-          conf_kind=alg)
-      if rows is not None:  # back to window positions; unmasked stay -inf
+      def draw(size):
+        """(confidence, token) [B, n] of every window position; with
+        `size`, drawn for each row's first `size` masked positions only
+        (the others: -inf, 0)."""
+        rows = (None if size is None
+                else token_draws.first_true(mask_index, size))
+        conf, x0 = token_draws.sample_tokens(
+            logits_at(feats, rows), k_tok, temperature=temperature,
+            top_p=top_p, top_k=top_k, conf_kind=alg)
+        if rows is None:
+          return conf, x0
         batch = jnp.arange(b)[:, None]
         valid = jnp.take_along_axis(mask_index, rows, axis=1)
         conf = jnp.full((b, n), -jnp.inf, conf.dtype).at[batch, rows].max(
             jnp.where(valid, conf, -jnp.inf))
         x0 = jnp.zeros((b, n), jnp.int32).at[batch, rows].max(
             jnp.where(valid, x0, 0))
+        return conf, x0
+
+      if size is None:
+        conf, x0 = draw(None)
+      else:
+        # `size` holds every row's masked positions as long as each reveal
+        # draws a real token; a drawn <|mask|> leaves its position masked
+        # (the reference's rule), and a row holding more masked positions
+        # than `size` draws for the whole window, or those beyond would be
+        # revealed as token 0.
+        fits = jnp.max(jnp.sum(mask_index, axis=1)) <= size
+        conf, x0 = jax.lax.cond(fits, lambda: draw(size),
+                                lambda: draw(None))
       # k from the BATCH-AVERAGE mask count, float32, truncated (as the
       # reference); exact integer quotient when counts divide evenly.
       count = jnp.sum(mask_index, dtype=jnp.int32)
@@ -134,8 +158,7 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
       k = jnp.where(last, avg.astype(jnp.int32),
                     (avg * ratios[i]).astype(jnp.int32))
       # Confidence in the logits' dtype, -inf off the mask (reference).
-      full_conf = jnp.where(mask_index, conf.astype(logits.dtype),
-                            -jnp.inf).astype(logits.dtype)
+      full_conf = jnp.where(mask_index, conf, -jnp.inf).astype(conf.dtype)
       chosen = reveal_rules.rank_desc(
           reveal_rules.reveal_scores(full_conf, alg_temp, k_sel)) < k
       # As the reference: a chosen unmasked position would get mask_id (only
@@ -165,6 +188,8 @@ def _segments(steps: int, n: int, eps: float, alg: str, equal_counts: bool):
   host's `reveal_schedule` remainder; each halving of it (down to n/8, to
   keep compiled copies of the step few) gets its own loop, which gives the
   LM head and the sampling about 2/3 of the rows of a whole-canvas step.
+  (A reveal that draws <|mask|> itself keeps more positions masked than
+  the schedule's remainder: such a step draws for the whole canvas.)
   """
   if alg == "origin" or not equal_counts or n < 16:
     return [(0, steps, None)]
