@@ -170,3 +170,39 @@ def test_a_prompt_outside_the_models_vocabulary_is_one_line(tmp_path):
   assert ("--start encodes to token id 15, but the model's vocabulary has "
           "10 ids") in result.stderr
   assert f"the meta.json of {data}, with 16 ids" in result.stderr
+
+
+class _Encoded(Exception):
+  """Stops trm.sample once --start is encoded, carrying the ids."""
+
+
+def test_start_endoftext_is_gpt2s_end_of_text_token(tmp_path, monkeypatch):
+  """nanoGPT's sample.py encodes --start with GPT-2's BPE and
+  allowed_special={"<|endoftext|>"}, so --start="<|endoftext|>" (its
+  suggestion for unconditional samples) is the one end-of-text token.
+  trm.sample used encode_ordinary, data preparation's: ordinary tokens of
+  its characters, another prompt. (tiktoken's files need the
+  network, so the stand-in encoding of test_text_data takes its place.)"""
+  import tiktoken  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  from test_text_data import gpt2_standin_encoding  # pylint: disable=g-import-not-at-top
+  encoding = gpt2_standin_encoding()
+  eot = encoding.eot_token
+  monkeypatch.setattr(tiktoken, "get_encoding", lambda name: encoding)
+
+  def encoded(prompt, *args):
+    raise _Encoded(np.asarray(prompt)[0].tolist())
+
+  monkeypatch.setattr(sample, "check_prompt_ids", encoded)
+  directory = write_tiny_gpt2(tmp_path / "gpt2", vocab=encoding.n_vocab)
+  for start, want in [("<|endoftext|>", [eot]),
+                      ("speak<|endoftext|>", encoding.encode_ordinary(
+                          "speak") + [eot])]:
+    with flagsaver.flagsaver():
+      flags.FLAGS(["trm.sample", "--init_from=gpt2",
+                   f"--checkpoint={directory}", f"--start={start}",
+                   "--num_samples=1", "--max_new_tokens=2"])
+      with pytest.raises(_Encoded) as ids:
+        sample.main(["trm.sample"])
+    assert ids.value.args[0] == want, start

@@ -87,6 +87,21 @@ def read_start(start: str) -> str:
       path, fix=f"--start={start} names a UTF-8 text file")))
 
 
+def encode_start(codec, text: str) -> list[int]:
+  """--start's token ids as nanoGPT's sample.py encodes them: with GPT-2's
+  BPE (tiktoken) the text "<|endoftext|>", which nanoGPT suggests as a
+  start, is the end-of-text token (its `allowed_special`), not the
+  ordinary tokens of its characters that data preparation's
+  `encode_ordinary` makes of it. Other codecs encode as they always do (a
+  tokenizer.json already reads its special tokens as such)."""
+  from trm.data.text import text_codecs  # pylint: disable=g-import-not-at-top
+  if isinstance(codec, text_codecs.TiktokenCodec):
+    special = {"<|endoftext|>"} & codec.encoding.special_tokens_set
+    return codec.encoding.encode(text, allowed_special=special,
+                                 disallowed_special=())
+  return codec.encode(text)
+
+
 def run_config(workdir: str):
   """The ConfigDict a trm.main run recorded in its config.json."""
   import ml_collections  # pylint: disable=g-import-not-at-top
@@ -223,7 +238,8 @@ def main(argv):
     print("No meta.json found, assuming GPT-2 encodings...", file=sys.stderr)
     meta = {"tokenizer": "gpt2", "vocab_size": 50257}
   codec = preparation.codec_from_meta(meta)
-  prompt = np.asarray([codec.encode(start)] * _NUM_SAMPLES.value, np.int32)
+  prompt = np.asarray([encode_start(codec, start)] * _NUM_SAMPLES.value,
+                      np.int32)
   if prompt.shape[1] == 0:
     raise app.UsageError("--start encodes to no tokens; give some text.")
   check_prompt_ids(prompt, cfg.vocab_size, codec, data_dir)

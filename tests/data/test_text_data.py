@@ -224,19 +224,26 @@ def test_prepare_bpe_with_tokenizer_json(tmp_path):
     preparation.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path / "no.json"))
 
 
-def test_prepare_bpe_with_tiktoken(tmp_path, monkeypatch):
-  """tokenizer='gpt2' goes through tiktoken's get_encoding. GPT-2's own
-  files need the network once, so a byte-level encoding with GPT-2's split
-  pattern and a few merges stands in for them here."""
+def gpt2_standin_encoding():
+  """A tiktoken encoding for tiktoken's 'gpt2' (whose files need the
+  network once): bytes, GPT-2's split pattern, a few merges, and
+  <|endoftext|> as its last id (263 of 264)."""
   tiktoken = pytest.importorskip("tiktoken")
   ranks = {bytes([b]): b for b in range(256)}
   for merge in (b"ea", b"pe", b"spe", b"ak", b"speak", b"ci", b" s"):
     ranks[merge] = len(ranks)
-  encoding = tiktoken.Encoding(
+  return tiktoken.Encoding(
       "gpt2-standin",
       pat_str=(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+"""
                r"""| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""),
       mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)})
+
+
+def test_prepare_bpe_with_tiktoken(tmp_path, monkeypatch):
+  """tokenizer='gpt2' goes through tiktoken's get_encoding, here of a
+  stand-in (`gpt2_standin_encoding`)."""
+  tiktoken = pytest.importorskip("tiktoken")
+  encoding = gpt2_standin_encoding()
   asked = []
   monkeypatch.setattr(tiktoken, "get_encoding",
                       lambda name: asked.append(name) or encoding)
