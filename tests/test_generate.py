@@ -242,6 +242,22 @@ def test_cli_bad_settings_are_one_line(checkpoint, flag, message):
   assert len(errors) == 1 and message in errors[0], errors
 
 
+@pytest.mark.parametrize("flag, message", [
+    ("--batch_size=0", "batch_size=0: must be >= 1"),
+    ("--seed=-1", "seed=-1: must lie in [0, 4294967295]"),
+])
+def test_cli_batch_size_and_seed_are_checked_before_the_weights(checkpoint,
+                                                                flag,
+                                                                message):
+  """Both were refused by DiffusionLM.generate, once the weights had
+  loaded (minutes for a 7B checkpoint)."""
+  result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3", flag)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "weights:" not in result.stdout
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1 and message in errors[0], errors
+
+
 def test_cli_bad_batch_files(checkpoint, tmp_path):
   latin = tmp_path / "latin1.txt"
   latin.write_bytes(b"w1 w2\nw3 \xe9\n")

@@ -380,6 +380,8 @@ def evaluate_code(config, checkpoint: str):
   if _LIMIT.value:
     problems = problems[:_LIMIT.value]
     split += f", the first {len(problems)}"
+  # The first round's seeds; later rounds' are checked as they start.
+  generate_cli.check_batch_and_seed(_SAMPLER, len(problems))
   chat = _SAMPLER["chat"].value
   prompts = [code_eval.build_prompt(p, benchmark, chat, shots)
              for p in problems]

@@ -61,6 +61,7 @@ def main(argv):
     raise app.UsageError("--checkpoint is required.")
   prompts = read_prompts(_PROMPT.value, _BATCH_FILE.value)
   settings = sampler_settings(_SAMPLER)
+  check_batch_and_seed(_SAMPLER, len(prompts))
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
   lm = load_model(_CHECKPOINT.value, _SAMPLER, _CONFIG.value)
@@ -109,6 +110,15 @@ def sampler_settings(holders: dict) -> dict:
         steps=settings["steps"], alg=settings["alg"])
     settings.update(cached)
   return settings
+
+
+def check_batch_and_seed(holders: dict, num_prompts: int) -> None:
+  """--batch_size and --seed checked as `DiffusionLM.generate` checks them
+  (for `num_prompts` prompts), before any weight is read: a 7B checkpoint
+  takes minutes to load."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  inference.check_batch_and_seed(holders["batch_size"].value,
+                                 holders["seed"].value, num_prompts)
 
 
 def describe(settings: dict) -> str:

@@ -539,6 +539,10 @@ def test_fallback_without_namespaces_warns_once(monkeypatch, caplog):
      "--benchmark_path=/nonexistent/mbpp.jsonl: no such file"),
     (["--benchmark=humaneval", "--k=1,10"],
      "--k=10 exceeds --num_samples=1"),
+    # Were checked once the weights had loaded (here: a missing checkpoint).
+    (["--benchmark=humaneval", "--batch_size=0"], "batch_size=0: must be "
+     ">= 1"),
+    (["--benchmark=humaneval", "--seed=-1"], "seed=-1: must lie in [0, "),
 ])
 def test_bad_input_is_one_line(flags, message):
   result = _evaluate("--checkpoint=/nonexistent", *flags)
