@@ -109,6 +109,21 @@ def test_from_pretrained_reads_the_model_from_config_json(lm):
   assert lm.tokenizer.mask_id == lm.cfg.mask_token_id
 
 
+def test_chat_prompts_are_stripped_as_diffucoders_readme_does(checkpoint):
+  """DiffuCoder's README and inference_demo.py put `query.strip()` in the
+  template; a prompt with a trailing newline or spaces (a line of a
+  --batch_file, text read from a file) gave other tokens than theirs."""
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  lm = DiffusionLM.from_pretrained(checkpoint, dtype="float32",
+                                   tokenizer="bytes")  # spaces are tokens
+  want = lm.tokenizer.encode(
+      "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+      "<|im_start|>user\nWrite fib.\n<|im_end|>\n<|im_start|>assistant\n")
+  assert lm.encode([" Write fib.\n", "Write fib.  "], chat=True) == [want] * 2
+  # Without the template the text is the model's to continue, as given.
+  assert lm.encode(["Write fib. "]) == [lm.tokenizer.encode("Write fib. ")]
+
+
 def test_batches_left_padding_and_batch_size_agree(lm):
   prompts = ["w3 w4 w5", "w9", "w7 w8", "w1 w2 w6"]
   kw = dict(max_new_tokens=6, steps=3)

@@ -156,8 +156,9 @@ def define_sampler_flags(*, temperature: float = 0.0,
           "tokenizer", None, "Directory with tokenizer.json, or 'bytes'; "
           "default: the checkpoint directory (HF), or the run's "
           "data.tokenizer."),
-      chat=flags.DEFINE_bool("chat", False, "Wrap prompts in the Instruct "
-                             "ChatML template."),
+      chat=flags.DEFINE_bool("chat", False, "Wrap prompts, stripped of "
+                             "surrounding whitespace, in the Instruct "
+                             "ChatML template (as DiffuCoder's README)."),
       max_new_tokens=flags.DEFINE_integer("max_new_tokens", 256,
                                           "Tokens to generate."),
       steps=flags.DEFINE_integer("steps", None, "Denoising steps (default: "
