@@ -320,6 +320,15 @@ def test_cli_checkpoint_not_matching_its_config_json(checkpoint, tmp_path,
 # ------------------------------------------ inputs that parse (issue 25)
 
 
+def test_a_batch_file_that_is_a_directory_is_named_as_such(tmp_path):
+  """--batch_file=<a directory> said there was no such file."""
+  with pytest.raises(ValueError, match=f"{tmp_path} is not a regular file "
+                     r"\(a directory, FIFO or device\); name a file"):
+    generate.read_prompts(None, str(tmp_path))
+  with pytest.raises(app.UsageError, match="no such file"):
+    generate.read_prompts(None, str(tmp_path / "nothing.txt"))
+
+
 def test_crlf_batch_file_gives_the_same_prompts_as_lf(tmp_path):
   lf = tmp_path / "lf.txt"
   lf.write_bytes(b"w3 w4 w5\nw9\n\nw1 w2\n")

@@ -105,6 +105,15 @@ def test_start_file_with_crlf_reads_as_lf(tmp_path):
   assert sample.read_start(f"FILE:{lf}") == "ROMEO:\nBut soft!\n"
 
 
+def test_a_start_file_that_is_a_directory_is_named_as_such(tmp_path):
+  """--start=FILE:<a directory> said the directory did not exist."""
+  with pytest.raises(ValueError, match=f"{tmp_path} is not a regular file "
+                     r"\(a directory, FIFO or device\); name a file"):
+    sample.read_start(f"FILE:{tmp_path}")
+  with pytest.raises(FileNotFoundError, match="nothing.txt does not exist"):
+    sample.read_start(f"FILE:{tmp_path}/nothing.txt")
+
+
 @pytest.mark.parametrize("family, command", [
     ("dream", "python -m trm.generate --checkpoint="),
     ("trm", "python -m trm.evaluate --config=CONFIG --checkpoint=")])

@@ -43,7 +43,7 @@ def read_prompts(prompt: str | None, batch_file: str | None) -> list[str]:
     from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
     inference.check_text(prompt, "--prompt")
     return [prompt]
-  if not os.path.isfile(batch_file):
+  if not os.path.exists(batch_file):  # a directory: read_utf8 names it
     raise app.UsageError(f"--batch_file={batch_file}: no such file (one "
                          "prompt per line).")
   text = data_io.read_utf8(batch_file, fix="--batch_file holds one prompt "

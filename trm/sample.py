@@ -78,7 +78,7 @@ def read_start(start: str) -> str:
   if not start.startswith("FILE:"):
     return start
   path = start[len("FILE:"):]
-  if not os.path.isfile(path):
+  if not os.path.exists(path):  # a directory: read_utf8 says what it is
     raise FileNotFoundError(f"--start={start!r}: {path} does not exist.")
   from trm.data import io as data_io  # pylint: disable=g-import-not-at-top
   # CRLF (or CR) line ends read as LF and a byte-order mark is dropped: a
