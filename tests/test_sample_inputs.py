@@ -215,3 +215,45 @@ def test_start_endoftext_is_gpt2s_end_of_text_token(tmp_path, monkeypatch):
       with pytest.raises(_Encoded) as ids:
         sample.main(["trm.sample"])
     assert ids.value.args[0] == want, start
+
+
+class _RunsCode:
+  """Unpickling it would call print: a meta.pkl that runs code."""
+
+  def __reduce__(self):
+    return (print, ("code ran",))
+
+
+def test_nanogpts_meta_pkl_is_read_as_its_sample_py_reads_it(tmp_path):
+  """nanoGPT's char-level data directory holds meta.pkl, not meta.json:
+  --data_dir named it as 'not a prepared text data set', and a ckpt.pt's
+  own data/<dataset> fell back to GPT-2's BPE (whose ids the model does
+  not have; offline, an error naming a --tokenizer flag trm.sample lacks).
+  Its characters now sample as the meta.json of the same text does; a
+  pickle holding anything but plain data is refused unrun."""
+  import pickle  # pylint: disable=g-import-not-at-top
+  directory = write_tiny_gpt2(tmp_path / "gpt2", vocab=64)
+  text = "to be or not to be, that is the question\n" * 4
+  prepared = tmp_path / "prepared"
+  preparation.prepare_char(text, str(prepared))
+  chars = sorted(set(text))  # nanoGPT's shakespeare_char/prepare.py
+  nanogpt = tmp_path / "nanogpt"
+  nanogpt.mkdir()
+  with open(nanogpt / "meta.pkl", "wb") as f:
+    pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)),
+                 "stoi": {c: i for i, c in enumerate(chars)}}, f)
+  flags = ("--init_from=gpt2", f"--checkpoint={directory}", "--start=to be",
+           "--num_samples=1", "--max_new_tokens=6", "--temperature=0")
+  want = _sample(*flags, f"--data_dir={prepared}")
+  got = _sample(*flags, f"--data_dir={nanogpt}")
+  assert got.returncode == 0, got.stderr[-3000:]
+  assert got.stdout == want.stdout and got.stdout.startswith("to be")
+  with open(nanogpt / "meta.pkl", "wb") as f:
+    pickle.dump({"itos": _RunsCode()}, f)
+  bad = _sample(*flags, f"--data_dir={nanogpt}")
+  assert bad.returncode == 2, bad.stderr[-3000:]
+  assert "code ran" not in bad.stdout + bad.stderr
+  errors = [l for l in bad.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1 and (
+      f"{nanogpt}/meta.pkl is not a nanoGPT meta.pkl (it holds a "
+      "builtins.print object)") in errors[0], bad.stderr[-3000:]

@@ -7,8 +7,9 @@ r"""Samples from a GPT, with nanoGPT's sample.py options:
 `--init_from=resume` (the default) reads the newest checkpoint of a
 `trm.main` workdir and its config.json; `gpt2*` reads a Hugging Face GPT-2
 directory; `--checkpoint=.../ckpt.pt` reads nanoGPT's own checkpoint (with
-`--data_dir` holding the dataset's meta.json). Generation is one compiled
-program with a KV cache (`trm.families.gpt.model.generate`).
+`--data_dir` holding the dataset's meta.json, or nanoGPT's own meta.pkl).
+Generation is one compiled program with a KV cache
+(`trm.families.gpt.model.generate`).
 """
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A Hugging Face GPT-2 directory or a nanoGPT "
     "ckpt.pt, instead of a workdir.")
 _DATA_DIR = flags.DEFINE_string(
-    "data_dir", None, "Directory with the dataset's meta.json (default: the "
-    "run's data_root/dataset; GPT-2 BPE when there is none).")
+    "data_dir", None, "Directory with the dataset's meta.json or nanoGPT's "
+    "meta.pkl (default: the run's data_root/dataset, a ckpt.pt's "
+    "data/<dataset>; GPT-2 BPE when there is none).")
 _START = flags.DEFINE_string("start", "\n", "Prompt text, or FILE:path.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 10, "Samples to draw.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 500, "Tokens per sample.")
@@ -100,6 +102,33 @@ def encode_start(codec, text: str) -> list[int]:
     return codec.encoding.encode(text, allowed_special=special,
                                  disallowed_special=())
   return codec.encode(text)
+
+
+def read_nanogpt_meta(path: str) -> dict:
+  """nanoGPT's meta.pkl (its char-level prepare.py: vocab_size, itos, stoi)
+  as the meta.json fields of a character vocabulary, as nanoGPT's
+  sample.py reads it. The unpickler refuses every class, so only plain
+  dicts, numbers and strings load: no code in the file runs."""
+  import pickle  # pylint: disable=g-import-not-at-top
+
+  class PlainData(pickle.Unpickler):
+
+    def find_class(self, module, name):
+      raise pickle.UnpicklingError(f"it holds a {module}.{name} object")
+
+  fix = ("; pass --data_dir=DIR with the meta.json of the data the model "
+         "was trained on")
+  try:
+    with open(path, "rb") as f:
+      meta = PlainData(f).load()
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path} is not a nanoGPT meta.pkl ({e}){fix}.") from None
+  itos = meta.get("itos") if isinstance(meta, dict) else None
+  if not (isinstance(itos, dict) and itos and all(
+      isinstance(i, int) and isinstance(c, str) for i, c in itos.items())):
+    raise ValueError(f"{path} holds no character vocabulary (nanoGPT's "
+                     f"'itos': {{id: character}}){fix}.")
+  return {"tokenizer": "char", "vocab_size": len(itos), "itos": itos}
 
 
 def run_config(workdir: str):
@@ -232,11 +261,16 @@ def main(argv):
     # A TFDS run: the builder's metadata holds meta.json's fields.
     with open(os.path.join(data_dir, "metadata.json")) as f:
       meta = json.load(f)
+  elif data_dir and os.path.isfile(os.path.join(data_dir, "meta.pkl")):
+    # nanoGPT's own data directory (a ckpt.pt's config.dataset), as its
+    # sample.py reads it.
+    meta = read_nanogpt_meta(os.path.join(data_dir, "meta.pkl"))
   else:
     if _DATA_DIR.value:
       preparation.load_meta(data_dir)  # the error that says what is missing
     print("No meta.json found, assuming GPT-2 encodings...", file=sys.stderr)
     meta = {"tokenizer": "gpt2", "vocab_size": 50257}
+    data_dir = None  # errors then name GPT-2's BPE, not a meta.json
   codec = preparation.codec_from_meta(meta)
   prompt = np.asarray([encode_start(codec, start)] * _NUM_SAMPLES.value,
                       np.int32)
