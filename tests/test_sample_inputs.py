@@ -257,3 +257,22 @@ def test_nanogpts_meta_pkl_is_read_as_its_sample_py_reads_it(tmp_path):
   assert len(errors) == 1 and (
       f"{nanogpt}/meta.pkl is not a nanoGPT meta.pkl (it holds a "
       "builtins.print object)") in errors[0], bad.stderr[-3000:]
+
+
+def test_a_gpt2_download_samples_with_its_own_tokenizer_json(tmp_path):
+  """--init_from=gpt2 without a meta.json took GPT-2's BPE from tiktoken,
+  which downloads its files: offline, every GPT-2 download failed with a
+  hint naming a --tokenizer flag trm.sample does not have, though the
+  download holds tokenizer.json (here a tiny one: 'a'..'z' are 1..26)."""
+  from tokenizers import Tokenizer, models  # pylint: disable=g-import-not-at-top
+  directory = write_tiny_gpt2(tmp_path / "gpt2", vocab=64)
+  vocab = {chr(ord("a") + i): i + 1 for i in range(26)}
+  tokenizer = Tokenizer(models.WordLevel(dict(vocab, **{"?": 0}),
+                                         unk_token="?"))
+  tokenizer.save(os.path.join(directory, "tokenizer.json"))
+  result = _sample("--init_from=gpt2", f"--checkpoint={directory}",
+                   "--start=a", "--num_samples=1", "--max_new_tokens=3",
+                   "--temperature=0")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"using {directory}/tokenizer.json" in result.stderr
+  assert result.stdout.startswith("a")

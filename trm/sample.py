@@ -6,7 +6,8 @@ r"""Samples from a GPT, with nanoGPT's sample.py options:
 
 `--init_from=resume` (the default) reads the newest checkpoint of a
 `trm.main` workdir and its config.json; `gpt2*` reads a Hugging Face GPT-2
-directory; `--checkpoint=.../ckpt.pt` reads nanoGPT's own checkpoint (with
+directory (and its tokenizer.json, when no meta.json names another);
+`--checkpoint=.../ckpt.pt` reads nanoGPT's own checkpoint (with
 `--data_dir` holding the dataset's meta.json, or nanoGPT's own meta.pkl).
 Generation is one compiled program with a KV cache
 (`trm.families.gpt.model.generate`).
@@ -268,9 +269,19 @@ def main(argv):
   else:
     if _DATA_DIR.value:
       preparation.load_meta(data_dir)  # the error that says what is missing
-    print("No meta.json found, assuming GPT-2 encodings...", file=sys.stderr)
-    meta = {"tokenizer": "gpt2", "vocab_size": 50257}
     data_dir = None  # errors then name GPT-2's BPE, not a meta.json
+    own = (os.path.join(_CHECKPOINT.value, "tokenizer.json")
+           if _INIT_FROM.value.startswith("gpt2") and _CHECKPOINT.value
+           else "")
+    if os.path.isfile(own):
+      # A Hugging Face GPT-2 download holds GPT-2's BPE (tiktoken's ids,
+      # <|endoftext|> too), read offline; tiktoken fetches its files.
+      print(f"No meta.json found, using {own}...", file=sys.stderr)
+      meta = {"tokenizer": own}
+    else:
+      print("No meta.json found, assuming GPT-2 encodings...",
+            file=sys.stderr)
+      meta = {"tokenizer": "gpt2", "vocab_size": 50257}
   codec = preparation.codec_from_meta(meta)
   prompt = np.asarray([encode_start(codec, start)] * _NUM_SAMPLES.value,
                       np.int32)
