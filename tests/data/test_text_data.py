@@ -189,7 +189,7 @@ def test_read_text_errors(tmp_path, monkeypatch):
     text_lib.read_text("https://example.com/x.txt")
 
 
-def _tiny_bpe(path):
+def _tiny_bpe(path, special_tokens=()):
   """A byte-level BPE tokenizer.json trained on a few strings."""
   tokenizers = pytest.importorskip("tokenizers")
   tok = tokenizers.Tokenizer(tokenizers.models.BPE())
@@ -197,7 +197,7 @@ def _tiny_bpe(path):
       add_prefix_space=False)
   tok.decoder = tokenizers.decoders.ByteLevel()
   trainer = tokenizers.trainers.BpeTrainer(
-      vocab_size=300, show_progress=False,
+      vocab_size=300, show_progress=False, special_tokens=list(special_tokens),
       initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
   tok.train_from_iterator([_SAMPLE, "speak hear proceed"], trainer=trainer)
   tok.save(str(path))
@@ -222,6 +222,24 @@ def test_prepare_bpe_with_tokenizer_json(tmp_path):
   assert codec.decode(codec.encode("hear me")) == "hear me"
   with pytest.raises(FileNotFoundError, match="neither 'char', 'gpt2'"):
     preparation.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path / "no.json"))
+
+
+def test_tokenizer_json_reads_special_token_text_as_text(tmp_path):
+  """GPT-2's tokenizer.json (the offline stand-in for tokenizer='gpt2')
+  encodes "<|endoftext|>" in the text as ordinary text, as tiktoken's
+  encode_ordinary does for nanoGPT: not as the special token's id."""
+  tok = _tiny_bpe(tmp_path / "tokenizer.json", ["<|endoftext|>"])
+  eot = tok.token_to_id("<|endoftext|>")
+  text = "First doc.<|endoftext|>Second doc.\n" * 30
+  out = str(tmp_path / "bpe")
+  preparation.prepare_bpe(text, out, tokenizer=str(tmp_path))
+  ids = np.concatenate([np.fromfile(os.path.join(out, f), np.uint16)
+                        for f in ("train.bin", "val.bin")])
+  assert eot not in ids
+  codec = preparation.codec_from_meta(preparation.load_meta(out))
+  pieces = codec.encode("<|endoftext|>")
+  assert len(pieces) > 1 and eot not in pieces
+  assert codec.decode(codec.encode(text)) == text
 
 
 def gpt2_standin_encoding():

@@ -82,6 +82,11 @@ class HFTokenizerCodec:
     # gaps, and the .bin files and the model must hold the largest.
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
     self.vocab_size = tok_lib.id_span(self.tokenizer)
+    # Special-token text ("<|endoftext|>" in a corpus) is ordinary text, as
+    # tiktoken's encode_ordinary (the 'gpt2' path, nanoGPT) reads it:
+    # add_special_tokens=False alone still maps it to the special id, so
+    # GPT-2's tokenizer.json and tokenizer='gpt2' gave other ids.
+    self.tokenizer.encode_special_tokens = True
 
   def encode(self, text: str) -> list[int]:
     # No BOS/EOS templates: the text is one continuous stream, as with
