@@ -277,6 +277,28 @@ def test_build_from_an_empty_input_names_it(tmp_path):
                      str(tmp_path / "out"))
 
 
+@pytest.mark.parametrize("name", ["trm_tiny_shakespeare", "trm_code_files"])
+def test_building_again_after_the_inputs_changed_is_refused(tmp_path, name):
+  """TFDS keeps a prepared version: built again from edited input files,
+  the old records would be served as the new text."""
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  first = "To be, or not to be: that is the question.\n" * 40
+  path = manual / ("input.txt" if name == "trm_tiny_shakespeare" else "a.py")
+  path.write_text(first)
+  out = str(tmp_path / "out")
+  tfds_build.build(name, str(manual), out)
+  tfds_build.build(name, str(manual), out)  # the same inputs: kept
+  path.write_text(first.replace("question", "answer"))
+  with pytest.raises(ValueError, match=(
+      r"^\S+/1.0.0 is already prepared, but the input files under "
+      rf"--manual_dir={manual} changed since it was built \(their sha256 is "
+      r"\w{12}\.\.\., the build read \w{12}\.\.\.\)\. TFDS never rebuilds")):
+    tfds_build.build(name, str(manual), out)
+  path.write_text(first)  # back to what was built
+  tfds_build.build(name, str(manual), out)
+
+
 def test_build_command_line(tmp_path):
   source = tmp_path / "play"
   source.mkdir()

@@ -1,6 +1,7 @@
 """Reading users' text files with errors that name the file and the place."""
 from __future__ import annotations
 
+import hashlib
 import os
 
 
@@ -42,3 +43,16 @@ def split_lines(text: str) -> list[str]:
   str.splitlines, which also splits at form feeds and U+2028)."""
   text = text.removeprefix("\ufeff")
   return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def files_sha256(paths, root: str) -> str:
+  """SHA-256 of files' names (relative to `root`) and contents, in the
+  order given: what a build read, to tell whether its inputs changed."""
+  digest = hashlib.sha256()
+  for path in paths:
+    digest.update(os.path.relpath(path, root).encode() + b"\0")
+    with open(path, "rb") as f:
+      for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+    digest.update(b"\0")
+  return digest.hexdigest()

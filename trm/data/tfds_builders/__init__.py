@@ -18,10 +18,11 @@ TFDS marks a build complete itself: it writes into a temporary
 `<version>.incomplete*` directory and renames it when done, so an
 interrupted build is never read (`tfds_source` reports the dataset as not
 prepared) and the next build starts over. `build` also records its
-arguments (`ARGS_FILE` in the version directory, written atomically after
-TFDS finished): TFDS never rebuilds a prepared version, so building again
-with another --manual_dir or --pattern is refused in one line instead of
-silently keeping the old records.
+arguments and the SHA-256 of the input files it read (`ARGS_FILE` in the
+version directory, written atomically after TFDS finished): TFDS never
+rebuilds a prepared version, so building again with another --manual_dir
+or --pattern, or after the input files changed, is refused in one line
+instead of silently keeping the old records.
 """
 import json
 import os
@@ -30,6 +31,7 @@ from absl import logging
 import tensorflow_datasets as tfds
 
 from trm.data import atomic_files
+from trm.data import io as data_io
 
 from trm.data.tfds_builders import trm_code_files
 from trm.data.tfds_builders import trm_tiny_shakespeare
@@ -41,6 +43,9 @@ BUILDERS = {
 
 
 ARGS_FILE = "trm_build_args.json"
+# The recorded hash of the input files (absent from records written before
+# it was kept: those are not compared).
+INPUTS_KEY = "inputs_sha256"
 
 
 def _recorded_args(builder) -> dict | None:
@@ -55,7 +60,8 @@ def _recorded_args(builder) -> dict | None:
 
 def _check_rebuild(builder, wanted: dict) -> None:
   """An already prepared version: fine when built with `wanted`, refused
-  (one line naming the flags) when built with other arguments."""
+  (one line naming the flags) when built with other arguments or from input
+  files that have changed since."""
   where = os.fspath(builder.data_dir)
   recorded = _recorded_args(builder)
   if recorded is None:
@@ -64,7 +70,17 @@ def _check_rebuild(builder, wanted: dict) -> None:
                     "keeps it as it is. Delete it to build it again.", where)
     return
   differ = [k for k in sorted(set(recorded) | set(wanted))
-            if recorded.get(k) != wanted.get(k)]
+            if recorded.get(k) != wanted.get(k)
+            and (k != INPUTS_KEY or k in recorded)]
+  if differ == [INPUTS_KEY]:
+    raise ValueError(
+        f"{where} is already prepared, but the input files under "
+        f"--manual_dir={wanted['manual_dir']} changed since it was built "
+        f"(their sha256 is {wanted[INPUTS_KEY][:12]}..., the build read "
+        f"{recorded[INPUTS_KEY][:12]}...). TFDS never rebuilds a prepared "
+        f"version: delete {where} to build it again, or pass another "
+        "--data_dir.")
+  differ = [k for k in differ if k != INPUTS_KEY]
   if differ:
     shown = ", ".join(f"--{k}={wanted.get(k)!r} (built with "
                       f"{recorded.get(k)!r})" for k in differ)
@@ -78,7 +94,8 @@ def build(name: str, manual_dir: str, data_dir: str, pattern: str = ""):
   """Prepares builder `name` into `data_dir`; returns the builder.
 
   A version already prepared there is kept when it was built with these
-  arguments and refused (ValueError naming them) when it was not."""
+  arguments from the same input files, and refused (ValueError naming what
+  differs) when it was not."""
   if name not in BUILDERS:
     raise ValueError(f"Unknown builder {name!r}; this project has "
                      f"{sorted(BUILDERS)}.")
@@ -93,7 +110,9 @@ def build(name: str, manual_dir: str, data_dir: str, pattern: str = ""):
         name="custom", pattern=pattern)
   builder = BUILDERS[name](data_dir=data_dir, **kwargs)
   wanted = {"manual_dir": os.path.realpath(manual_dir),
-            "pattern": pattern or None}
+            "pattern": pattern or None,
+            INPUTS_KEY: data_io.files_sha256(builder.input_files(manual_dir),
+                                             manual_dir)}
   if builder.is_prepared():
     _check_rebuild(builder, wanted)
     return builder

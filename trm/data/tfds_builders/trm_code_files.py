@@ -43,12 +43,19 @@ class TrmCodeFiles(base.OrderedArrayRecordBuilder):
     return self.ordered_info(__doc__, {"text": tfds.features.Text(),
                                        "path": tfds.features.Text()})
 
+  def input_files(self, manual_dir) -> list[str]:
+    """The files a build reads, in document order (`tfds_builders.build`
+    records their hash)."""
+    root = os.fspath(manual_dir)
+    return sft.code_file_paths(
+        os.path.join(root, self.builder_config.pattern),
+        what=f"the builder config's pattern under --manual_dir={root}")
+
   def _split_generators(self, dl_manager):
     root = os.fspath(dl_manager.manual_dir)
     what = f"the builder config's pattern under --manual_dir={root}"
-    paths = sft.code_file_paths(os.path.join(root, self.builder_config.pattern),
-                                what=what)
-    return {"train": self._generate_examples(root, paths, what)}
+    return {"train": self._generate_examples(root, self.input_files(root),
+                                             what)}
 
   def _generate_examples(self, root, paths, what):
     for i, path in enumerate(paths):

@@ -61,6 +61,10 @@ class TrmTinyShakespeare(base.OrderedArrayRecordBuilder):
     # as metadata.json beside the records.
     }, metadata=tfds.core.MetadataDict())
 
+  def input_files(self, manual_dir) -> list[str]:
+    """The files a build reads (`tfds_builders.build` records their hash)."""
+    return [input_path(manual_dir)]
+
   def _split_generators(self, dl_manager):
     path = input_path(dl_manager.manual_dir)
     meta, train_ids, val_ids = preparation.char_splits(
