@@ -8,6 +8,7 @@ import shutil
 import pytest
 from etils import epath
 
+from trm.core import checkpoint as ckpt_lib
 from trm.core import config_lib
 from trm.core import config_record
 from trm.core import train
@@ -109,3 +110,36 @@ def test_an_accepted_change_is_said_in_the_log(tmp_path, caplog):
               "Resuming from step 6 with changes to how the run trains, "
               "accepted by config.allow_config_change: config.seed: 0 -> 7 "
               f"(recorded in {workdir / config_record.HISTORY})."]
+
+
+def test_a_resume_over_edited_sft_rows_is_refused(tmp_path):
+  """DiffuCoder's epoch order depends on every row: rows appended to the
+  JSONL between a checkpoint and its resume would repeat some rows and skip
+  others (and train on the old held-out tail), so the restore stops, saying
+  why; allow_config_change goes on."""
+  data = tmp_path / "sft.jsonl"
+
+  def write(count):
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "response":
+                                        f"answer number {i}"}) + "\n"
+                            for i in range(count)))
+
+  config = config_lib.set_values(config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "diffucoder_7b.py"), "tiny"), {
+          "data.format": "jsonl", "data.path": str(data), "data.chat": False,
+          "data.eval_rows": 8, "data.eval_batch_size": 8,
+          "global_batch_size": 8, "seq_len": 32, "total_steps": 4,
+          "checkpoint_every": 2, "eval_every": 4})
+  workdir = str(tmp_path / "run")
+  write(40)
+  train.train_and_evaluate(config, workdir, families.build_task)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "4"))  # killed at 3
+  write(56)
+  with pytest.raises(ckpt_lib.CheckpointError, match=(
+      r"checkpoints/2 failed: its data position .* \(ValueError: the "
+      r"training rows \(config.data.path, or data.tfds\) are not those it "
+      r"was trained on")):
+    train.train_and_evaluate(config, workdir, families.build_task)
+  config = config_lib.set_values(config, {"allow_config_change": True})
+  state, _ = train.train_and_evaluate(config, workdir, families.build_task)
+  assert int(state.step) == 4

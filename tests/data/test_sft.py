@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pytest
 
+from trm.core import pipeline
 from trm.data.text import sft
 
 
@@ -95,6 +96,43 @@ def test_batches_are_deterministic_cover_epochs_and_split_by_process():
   with pytest.raises(ValueError, match="cannot fill one global batch"):
     sft.SFTBatches(tokens, maskable, global_batch_size=16, seed=0,
                    num_batches=1)
+
+
+def _row_ids(count):
+  tokens = np.arange(count, dtype=np.int32)[:, None] * np.ones((1, 4),
+                                                               np.int32)
+  return tokens, np.ones_like(tokens, bool)
+
+
+def test_a_position_saved_over_other_rows_is_refused(caplog):
+  """An epoch's order depends on every row: rows added to the data file (or
+  the held-out tail moved) make a saved position repeat some rows and skip
+  others, so restoring it is refused (or, allowed, said in a warning)."""
+  def batches(count, **kw):
+    return pipeline.grain_iterator(sft.SFTBatches(
+        *_row_ids(count), global_batch_size=8, seed=0, num_batches=6), **kw)
+
+  first = batches(32)
+  seen = [next(first)["tokens"][:, 0] for _ in range(2)]
+  state = first.get_state()
+  same = batches(32)
+  same.set_state(state)  # the same rows: the stream goes on
+  rest = [next(same)["tokens"][:, 0] for _ in range(2)]
+  assert sorted(np.concatenate(seen + rest)) == list(range(32))
+  with pytest.raises(ValueError, match=(
+      r"^the training rows \(config.data.path, or data.tfds\) are not those "
+      r"it was trained on \(data fingerprint \w+, saved \w+\): its position "
+      r"would repeat some rows and skip others; set "
+      r"config.allow_config_change=True")):
+    batches(48).set_state(state)
+  allowed = batches(48, allow_data_change=True)
+  allowed.set_state(state)
+  assert "Resuming although the training rows" in caplog.text
+  third = next(allowed)["tokens"]
+  # A position saved before the fingerprint was kept restores as before.
+  old = batches(48)
+  old.set_state({"next_index": 2})
+  np.testing.assert_array_equal(next(old)["tokens"], third)
 
 
 def test_chat_rows_close_with_im_end_then_dlm_pad():

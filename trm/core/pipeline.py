@@ -4,13 +4,20 @@ Each process reads only its rows of every global batch (see
 `puzzle_dataset`), Grain prefetches them on background threads, and
 `jax.make_array_from_process_local_data` assembles the global array sharded
 on the batch axes. The Grain iterator's state (a position) is what the
-checkpoint stores next to the model.
+checkpoint stores next to the model. A source that names its data
+(`fingerprint()`, e.g. `sft.SFTBatches`: whose order depends on every row)
+has that name saved beside the position, and a position saved over other
+data is refused on restore: resuming it would repeat and skip rows.
 """
 from __future__ import annotations
 
+from absl import logging
 import grain
 import jax
 import numpy as np
+
+# The key of the data's fingerprint in a saved iterator state.
+DATA_KEY = "data_fingerprint"
 
 
 class _AtLeast:
@@ -27,18 +34,63 @@ class _AtLeast:
     return self.source[k]
 
 
+class _NamedDataIterator:
+  """A Grain iterator whose state also holds its source's fingerprint, and
+  which refuses a state saved over other data (see the module doc)."""
+
+  def __init__(self, iterator, fingerprint, allow_data_change: bool):
+    self._iterator = iterator
+    self._fingerprint = fingerprint  # called once, when first needed
+    self._name = None
+    self._allow_data_change = allow_data_change
+
+  def _data_name(self) -> str:
+    if self._name is None:
+      self._name = self._fingerprint()
+    return self._name
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return next(self._iterator)
+
+  def get_state(self) -> dict:
+    return {**self._iterator.get_state(), DATA_KEY: self._data_name()}
+
+  def set_state(self, state: dict) -> None:
+    state = dict(state)
+    saved = state.pop(DATA_KEY, None)  # None: saved before it was kept
+    if saved is not None and saved != self._data_name():
+      problem = (f"the training rows (config.data.path, or data.tfds) are "
+                 f"not those it was trained on (data fingerprint "
+                 f"{self._data_name()}, saved {saved}): its position would "
+                 "repeat some rows and skip others")
+      if not self._allow_data_change:
+        raise ValueError(f"{problem}; set config.allow_config_change=True "
+                         "to go on with these rows anyway")
+      logging.warning("Resuming although %s (config.allow_config_change).",
+                      problem)
+    self._iterator.set_state(state)
+
+
 def grain_iterator(source, prefetch: int = 2, num_threads: int = 1,
-                   min_length: int = 0):
+                   min_length: int = 0, allow_data_change: bool = False):
   """A checkpointable iterator over a random-access source. `min_length`:
   positions up to it restore (a run resumed past a lowered
   config.total_steps, whose training source is that long, reads nothing
-  more but must restore its position)."""
+  more but must restore its position). A source with `fingerprint()` has it
+  checked on restore; `allow_data_change` makes a mismatch a warning."""
+  fingerprint = getattr(source, "fingerprint", None)
   if len(source) < min_length:
     source = _AtLeast(source, min_length)
   dataset = grain.MapDataset.source(source)
-  return iter(dataset.to_iter_dataset(
+  iterator = iter(dataset.to_iter_dataset(
       grain.ReadOptions(num_threads=num_threads,
                         prefetch_buffer_size=prefetch)))
+  if fingerprint is None:
+    return iterator
+  return _NamedDataIterator(iterator, fingerprint, allow_data_change)
 
 
 def to_global(local_batch: dict[str, np.ndarray], shardings: dict):

@@ -16,6 +16,7 @@ of (rows, seed, k) and each process takes its rows of the global batch.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 
@@ -159,6 +160,17 @@ class SFTBatches:
 
   def __len__(self):
     return self.num_batches
+
+  def fingerprint(self) -> str:
+    """A hash of every row (the same on every process): the order of an
+    epoch depends on all of them, so a checkpointed position is only valid
+    over these rows (`trm.core.pipeline` checks it on restore)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for array in (self.tokens, self.maskable):
+      array = np.ascontiguousarray(array)
+      digest.update(f"{array.dtype.str}{array.shape}".encode())
+      digest.update(array.data)
+    return digest.hexdigest()
 
   def __getitem__(self, k):
     if not 0 <= k < self.num_batches:
