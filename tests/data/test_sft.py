@@ -68,6 +68,15 @@ def test_pair_rows_pad_truncate_and_prompt_never_maskable():
     sft.pair_rows([([1] * 6, [2])], seq_len=6, pad_id=0)
 
 
+def test_an_empty_prompt_leaves_the_first_token_unmasked():
+  """A row's first token has no position before it to be predicted from
+  (the logit shift): without a prompt (JSONL "prompt": "", chat=False) it
+  is kept as context, as in packed rows, not masked and never scored."""
+  tokens, maskable = sft.pair_rows([([], [5, 6, 7])], seq_len=5, pad_id=0)
+  np.testing.assert_array_equal(tokens, [[5, 6, 7, 0, 0]])
+  np.testing.assert_array_equal(maskable, [[0, 1, 1, 1, 1]])
+
+
 def test_packing(tmp_path):
   (tmp_path / "a.py").write_text("x")
   (tmp_path / "sub").mkdir()

@@ -79,7 +79,8 @@ def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data"):
   """(tokens [N, L] int32, maskable [N, L] bool) from (prompt, response) ids.
 
   Responses longer than the room left are cut; a prompt that leaves no room
-  for a response is an error naming the example.
+  for a response is an error naming the example. The prompt, or without one
+  the first token, is never maskable.
   """
   tokens = np.full((len(token_pairs), seq_len), pad_id, np.int32)
   maskable = np.zeros((len(token_pairs), seq_len), bool)
@@ -92,7 +93,10 @@ def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data"):
     response = list(response)[:seq_len - len(prompt)]
     row = list(prompt) + response
     tokens[i, :len(row)] = row
-    maskable[i, len(prompt):] = True
+    # Without a prompt the first token stays unmasked, as in packed rows:
+    # it has no position before it to be predicted from (the logit shift),
+    # so masked it would only be noise, never learned.
+    maskable[i, max(len(prompt), 1):] = True
   return tokens, maskable
 
 
