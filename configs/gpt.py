@@ -153,7 +153,8 @@ def get_config(arg=None):
       dropout=c.get_ref("dropout"),
       bias=c.get_ref("bias"),
       dtype=c.get_ref("dtype"),
-      vocab_size=0,             # 0: the dataset's meta.json (else 50304)
+      vocab_size=0,             # 0: the dataset's meta.json (nanoGPT's
+                                # meta.pkl; neither: 50304)
       param_dtype="float32",    # stored parameters (AdamW needs float32)
       remat=False,              # recompute blocks in the backward pass
       scan_layers=False,        # one scanned block, params [n_layer, ...]

@@ -256,7 +256,8 @@ def main(argv):
   cfg, params, data_dir, source = load_model(
       _INIT_FROM.value, _WORKDIR.value, _CHECKPOINT.value, ctx)
   data_dir = _DATA_DIR.value or data_dir
-  if data_dir and os.path.isfile(os.path.join(data_dir, "meta.json")):
+  if data_dir and preparation.is_prepared(data_dir):
+    # meta.json, or nanoGPT's meta.pkl (no file at all: GPT-2's BPE).
     meta = preparation.load_meta(data_dir)
   elif data_dir and os.path.isfile(os.path.join(data_dir, "metadata.json")):
     # A TFDS run: the builder's metadata holds meta.json's fields.

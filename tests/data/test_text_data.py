@@ -117,9 +117,11 @@ def test_interrupted_prepare_leaves_no_meta(tmp_path, monkeypatch):
   with pytest.raises(KeyboardInterrupt):
     preparation.prepare_char(_SAMPLE + "!", out)
   # The old meta.json went first, so the half-updated directory does not
-  # look prepared, and no temp file is left.
+  # look prepared (nor, marked as being prepared, like nanoGPT's), and no
+  # temp file is left.
   assert not preparation.is_prepared(out)
-  assert sorted(os.listdir(tmp_path)) == ["train.bin", "val.bin"]
+  assert sorted(os.listdir(tmp_path)) == [".preparing", "train.bin",
+                                          "val.bin"]
   with pytest.raises(FileNotFoundError, match="missing meta.json"):
     preparation.load_meta(out)
 
@@ -347,6 +349,45 @@ def test_ensure_prepared(tmp_path):
   assert "\n" not in str(info.value)
   assert {f: (tmp_path / "d" / f).read_bytes()
           for f in os.listdir(out)} == before
+
+
+def test_a_directory_nanogpt_prepared_is_read_as_nanogpt_reads_it(
+    tmp_path, monkeypatch):
+  """nanoGPT's prepare.py writes train.bin, val.bin and (characters)
+  meta.pkl, no meta.json: that vocabulary is used (or, without meta.pkl,
+  GPT-2's BPE and nanoGPT's 50304), and the directory is neither prepared
+  over nor its input downloaded."""
+  chars = sorted(set(_SAMPLE))
+  stoi = {ch: i for i, ch in enumerate(chars)}
+  cut = int(len(_SAMPLE) * 0.9)
+  d = tmp_path / "shakespeare_char"
+  d.mkdir()
+  _token_file(d / "train.bin", [stoi[c] for c in _SAMPLE[:cut]])
+  _token_file(d / "val.bin", [stoi[c] for c in _SAMPLE[cut:]])
+  with open(d / "meta.pkl", "wb") as f:  # as nanoGPT's prepare.py dumps it
+    pickle.dump({"vocab_size": len(chars), "stoi": stoi,
+                 "itos": dict(enumerate(chars))}, f)
+  before = {f: (d / f).read_bytes() for f in os.listdir(d)}
+  monkeypatch.setattr(text_lib, "read_text", None)  # nothing is read
+  meta = text_lib.ensure_prepared(str(d), text_lib.TINY_SHAKESPEARE_URL,
+                                  "char", process_index=0)
+  assert {f: (d / f).read_bytes() for f in os.listdir(d)} == before
+  assert meta["vocab_size"] == len(chars) and meta["tokenizer"] == "char"
+  codec = preparation.codec_from_meta(meta)
+  assert codec.decode(np.fromfile(d / "val.bin", np.uint16)) == \
+      _SAMPLE[cut:]
+  # data/openwebtext or data/shakespeare: no meta.pkl, GPT-2's BPE.
+  os.remove(d / "meta.pkl")
+  assert text_lib.ensure_prepared(str(d), "", "char") == {
+      "vocab_size": 50304, "tokenizer": "gpt2", "nanogpt": True,
+      "train_tokens": cut, "val_tokens": len(_SAMPLE) - cut}
+  # A meta.pkl that names code is refused unread.
+  with open(d / "meta.pkl", "wb") as f:
+    pickle.dump({"vocab_size": 1, "itos": {0: "a"}, "x": os.getcwd}, f)
+  with pytest.raises(ValueError, match=(
+      r"meta.pkl cannot be read as plain data \(it names posix.getcwd\): it "
+      r"must be the meta.pkl of nanoGPT's data/shakespeare_char/prepare.py")):
+    preparation.load_meta(str(d))
 
 
 def test_ensure_prepared_other_processes_wait(tmp_path):

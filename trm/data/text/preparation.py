@@ -5,10 +5,17 @@ the validation split, each stored as a flat `np.uint16` token stream
 (`train.bin`, `val.bin`) next to a `meta.json` (JSON rather than nanoGPT's
 pickle, so reading a data directory never runs code). Served by
 `trm.data.text.windows`, which also holds the CLI.
+
+A directory nanoGPT's own prepare.py scripts wrote (train.bin, val.bin and,
+for characters, meta.pkl, without meta.json) is read as nanoGPT reads it:
+meta.pkl's vocabulary (unpickled as plain data only: a pickle that names
+any code is refused), or without one GPT-2's BPE with nanoGPT's vocabulary
+of 50304. It is never prepared over.
 """
 
 import json
 import os
+import pickle
 
 import numpy as np
 
@@ -23,6 +30,14 @@ TRAIN_FRACTION = 0.9
 MAX_VOCAB = 2**16
 
 CLI_HINT = "python -m trm.data.text.windows --input=PATH_OR_URL --out_dir={}"
+# nanoGPT's vocabulary file (data/shakespeare_char/prepare.py), and the
+# vocabulary its train.py gives a directory without one (GPT-2's 50257 ids
+# padded to a multiple of 64).
+NANOGPT_META_FILE = "meta.pkl"
+NANOGPT_VOCAB = 50304
+# Present while `_write` writes: .bin files beside it are no nanoGPT
+# directory but an interrupted preparation.
+_PREPARING = ".preparing"
 
 
 def codec_from_meta(meta: dict):
@@ -91,6 +106,8 @@ def _write(out_dir: str, train_ids, val_ids, meta: dict) -> dict:
   """
   os.makedirs(out_dir, exist_ok=True)
   meta_path = os.path.join(out_dir, META_FILE)
+  marker = os.path.join(out_dir, _PREPARING)
+  open(marker, "w").close()
   if os.path.exists(meta_path):
     os.remove(meta_path)
   counts = {}
@@ -100,6 +117,7 @@ def _write(out_dir: str, train_ids, val_ids, meta: dict) -> dict:
     counts[name.split(".")[0] + "_tokens"] = int(array.size)
   meta = {**meta, **counts}
   atomic_files.write_json_atomic(meta_path, meta)
+  os.remove(marker)
   return meta
 
 
@@ -163,14 +181,69 @@ def prepare(text: str, out_dir: str, tokenizer: str = "char",
   return prepare_bpe(text, out_dir, tokenizer, source, tokenizer_flag)
 
 
+def _has(data_dir: str, *names: str) -> bool:
+  return all(os.path.isfile(os.path.join(data_dir, f)) for f in names)
+
+
+def _nanogpt_dir(data_dir: str) -> bool:
+  """train.bin and val.bin without meta.json, not left by an interrupted
+  preparation of ours: nanoGPT's prepare.py wrote them."""
+  return (_has(data_dir, TRAIN_FILE, VAL_FILE)
+          and not _has(data_dir, META_FILE)
+          and not os.path.exists(os.path.join(data_dir, _PREPARING)))
+
+
 def is_prepared(data_dir: str) -> bool:
-  return all(os.path.isfile(os.path.join(data_dir, f))
-             for f in (TRAIN_FILE, VAL_FILE, META_FILE))
+  """Prepared here (meta.json), or by nanoGPT's prepare.py."""
+  return _has(data_dir, TRAIN_FILE, VAL_FILE, META_FILE) or _nanogpt_dir(
+      data_dir)
+
+
+class _PlainData(pickle.Unpickler):
+  """Unpickles dicts, strings and numbers only: naming any class or
+  function (which is how a pickle runs code) is refused."""
+
+  def find_class(self, module, name):
+    raise pickle.UnpicklingError(f"it names {module}.{name}")
+
+
+def _nanogpt_meta(data_dir: str) -> dict:
+  """meta.json's fields for a directory nanoGPT's prepare.py wrote."""
+  path = os.path.join(data_dir, NANOGPT_META_FILE)
+  counts = {name.split(".")[0] + "_tokens":
+            os.path.getsize(os.path.join(data_dir, name)) // 2
+            for name in (TRAIN_FILE, VAL_FILE)}
+  if not os.path.isfile(path):
+    # nanoGPT's train.py and sample.py: no meta.pkl means GPT-2's BPE.
+    return {"vocab_size": NANOGPT_VOCAB, "tokenizer": "gpt2",
+            "nanogpt": True, **counts}
+  fix = ("it must be the meta.pkl of nanoGPT's data/shakespeare_char/"
+         "prepare.py ({'vocab_size', 'itos', 'stoi'}); re-run that, or "
+         "prepare the text here with `" + CLI_HINT.format(data_dir) + "`")
+  try:
+    with open(path, "rb") as f:
+      meta = _PlainData(f).load()
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path} cannot be read as plain data "
+                     f"({' '.join(str(e).split())}): {fix}.") from None
+  itos = meta.get("itos") if isinstance(meta, dict) else None
+  if not (isinstance(itos, dict) and itos
+          and all(isinstance(i, int) and isinstance(ch, str)
+                  for i, ch in itos.items())
+          and sorted(itos) == list(range(len(itos)))
+          and meta.get("vocab_size") == len(itos)):
+    raise ValueError(f"{path} does not hold a character vocabulary: {fix}.")
+  return {"vocab_size": len(itos),
+          "itos": {str(i): ch for i, ch in sorted(itos.items())},
+          "stoi": {ch: i for i, ch in sorted(itos.items())},
+          "tokenizer": "char", "nanogpt": True, **counts}
 
 
 def load_meta(data_dir: str) -> dict:
   """The meta.json of a prepared data directory, checked against its .bin
-  files."""
+  files (for a nanoGPT-prepared directory, its fields from meta.pkl)."""
+  if _nanogpt_dir(data_dir):
+    return _nanogpt_meta(data_dir)
   missing = [f for f in (TRAIN_FILE, VAL_FILE, META_FILE)
              if not os.path.isfile(os.path.join(data_dir, f))]
   if missing:
@@ -219,7 +292,10 @@ def check_prepared_args(data_dir: str, meta: dict, input_path: str,
   fix = (f"delete {data_dir} to prepare it again, or point config.data_root"
          "/config.dataset at another directory")
   recorded = meta.get("tokenizer", "char")
-  if tokenizer and not same_tokenizer(tokenizer, recorded):
+  # A nanoGPT BPE directory records no tokenizer: GPT-2's is nanoGPT's guess
+  # (and ours), not a preparation's argument to hold config.data.tokenizer to.
+  inferred = meta.get("nanogpt") and "itos" not in meta
+  if tokenizer and not inferred and not same_tokenizer(tokenizer, recorded):
     raise ValueError(
         f"{data_dir} was prepared with tokenizer={recorded!r} (recorded in "
         f"{path}), but {field_prefix}tokenizer={tokenizer!r}: set "

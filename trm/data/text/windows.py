@@ -152,7 +152,12 @@ def _prepared(data_dir: str, input_path: str, tokenizer: str,
   # Prepared with other arguments: refused in one line naming the field.
   preparation.check_prepared_args(data_dir, meta, input_path, tokenizer,
                                   field_prefix)
-  if not preparation.same_input(input_path, meta):
+  if meta.get("nanogpt") and input_path:
+    logging.warning(
+        "Using %s as nanoGPT's prepare.py wrote it (no meta.json); "
+        "%sinput=%r is not read (delete %s to prepare it from that "
+        "instead).", data_dir, field_prefix, input_path, data_dir)
+  elif not preparation.same_input(input_path, meta):
     logging.warning(
         "Using %s as prepared from %s; %sinput=%r is not read (delete %s "
         "to prepare it from that instead).", data_dir, meta.get("input"),
