@@ -9,6 +9,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import threading
 
 import ml_collections
 import numpy as np
@@ -297,6 +298,49 @@ def test_building_again_after_the_inputs_changed_is_refused(tmp_path, name):
     tfds_build.build(name, str(manual), out)
   path.write_text(first)  # back to what was built
   tfds_build.build(name, str(manual), out)
+
+
+def test_a_build_started_during_another_waits_for_it(tmp_path, monkeypatch):
+  """Two builds of one --data_dir from other texts: the second, started
+  after TFDS put the first's version in place but before its arguments were
+  recorded, kept those records as its own. It now waits for the first and
+  is refused, naming the arguments."""
+  for name, line in (("a", "To be or not to be.\n"),
+                     ("b", "Now is the winter.\n")):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "input.txt").write_text(line * 50)
+  real = tfds_build.atomic_files.write_json_atomic
+  recording, go_on = threading.Event(), threading.Event()
+
+  def slow_record(path, value):
+    if threading.current_thread().name == "first":
+      recording.set()
+      go_on.wait(60)
+    return real(path, value)
+
+  monkeypatch.setattr(tfds_build.atomic_files, "write_json_atomic",
+                      slow_record)
+  out, results = str(tmp_path / "out"), {}
+
+  def build(name):
+    try:
+      tfds_build.build("trm_tiny_shakespeare", str(tmp_path / name), out)
+      results[name] = "built"
+    except ValueError as e:
+      results[name] = str(e)
+
+  first = threading.Thread(target=build, args=("a",), name="first")
+  first.start()
+  assert recording.wait(120)
+  second = threading.Thread(target=build, args=("b",))
+  second.start()
+  second.join(1)
+  go_on.set()
+  first.join()
+  second.join()
+  assert results["a"] == "built"
+  assert "is already prepared with other arguments: --manual_dir=" in \
+      results["b"]
 
 
 def test_build_command_line(tmp_path):

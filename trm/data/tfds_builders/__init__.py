@@ -108,16 +108,20 @@ def build(name: str, manual_dir: str, data_dir: str, pattern: str = ""):
       raise ValueError("--pattern applies to trm_code_files only.")
     kwargs["config"] = trm_code_files.CodeFilesConfig(
         name="custom", pattern=pattern)
-  builder = BUILDERS[name](data_dir=data_dir, **kwargs)
-  wanted = {"manual_dir": os.path.realpath(manual_dir),
-            "pattern": pattern or None,
-            INPUTS_KEY: data_io.files_sha256(builder.input_files(manual_dir),
-                                             manual_dir)}
-  if builder.is_prepared():
-    _check_rebuild(builder, wanted)
+  # One build of data_dir at a time: a second build started meanwhile
+  # (other inputs, say) would otherwise find the version TFDS just renamed
+  # into place before its arguments are recorded, and keep it as its own.
+  with atomic_files.dir_lock(data_dir):
+    builder = BUILDERS[name](data_dir=data_dir, **kwargs)
+    wanted = {"manual_dir": os.path.realpath(manual_dir),
+              "pattern": pattern or None,
+              INPUTS_KEY: data_io.files_sha256(
+                  builder.input_files(manual_dir), manual_dir)}
+    if builder.is_prepared():
+      _check_rebuild(builder, wanted)
+      return builder
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+    atomic_files.write_json_atomic(
+        os.path.join(os.fspath(builder.data_dir), ARGS_FILE), wanted)
     return builder
-  builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
-  atomic_files.write_json_atomic(
-      os.path.join(os.fspath(builder.data_dir), ARGS_FILE), wanted)
-  return builder
