@@ -1,6 +1,7 @@
 """Fine-tuning data: JSONL pairs, code packing, batching."""
 import json
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -170,6 +171,36 @@ def test_a_held_out_tail_left_out_is_said(caplog):
       "10 held-out rows fill 2 eval batches of config.data.eval_batch_size="
       "4: the last 2 are left out of every evaluation. Hold out a multiple "
       "of it (data.eval_rows) to evaluate them all."]
+
+
+@pytest.mark.parametrize("held, expected", [
+    ({}, "8 held-out rows (the last config.data.eval_rows=8 rows of "
+         "config.data.path=t.jsonl) cannot fill one eval batch of "
+         "config.data.eval_batch_size=16; hold out more rows "
+         "(data.eval_rows) or lower config.data.eval_batch_size."),
+    ({"eval_path": "e.jsonl"},
+     "8 held-out rows (config.data.eval_path=e.jsonl) cannot fill one eval "
+     "batch of config.data.eval_batch_size=16; add rows to it or lower "
+     "config.data.eval_batch_size.")])
+def test_too_few_rows_name_where_they_come_from(held, expected):
+  """data.eval_rows means nothing beside data.eval_path: the message names
+  the rows' source and its remedy, and the batch field."""
+  data = ml_collections.ConfigDict(dict(
+      source="files", path="t.jsonl", eval_path="", eval_rows=8,
+      tfds=dict(split="train", eval_split="")))
+  data.update(held)
+  train_from, held_from, more = sft.row_sources(data)
+  tokens, maskable = _row_ids(8)
+  with pytest.raises(ValueError) as info:
+    sft.SFTEvalBatches(tokens, maskable, global_batch_size=16,
+                       source=held_from, more=more)
+  assert str(info.value) == expected
+  with pytest.raises(ValueError, match=(
+      r"^8 rows of config.data.path=t.jsonl cannot fill one global batch of "
+      r"config.global_batch_size=16; add rows or lower "
+      r"config.global_batch_size.$")):
+    sft.SFTBatches(tokens, maskable, global_batch_size=16, seed=0,
+                   num_batches=1, source=train_from)
 
 
 def test_eval_batches_in_order_and_split_by_process():

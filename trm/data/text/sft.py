@@ -148,10 +148,13 @@ class SFTBatches:
 
   def __init__(self, tokens, maskable, *, global_batch_size: int, seed: int,
                num_batches: int, process_index: int = 0,
-               process_count: int = 1):
+               process_count: int = 1, source: str = ""):
     if len(tokens) < global_batch_size:
-      raise ValueError(f"{len(tokens)} rows cannot fill one global batch of "
-                       f"{global_batch_size}; add data or lower the batch.")
+      # `source` says where the rows came from (`row_sources`).
+      of = f" of {source}" if source else ""
+      raise ValueError(f"{len(tokens)} rows{of} cannot fill one global batch"
+                       f" of config.global_batch_size={global_batch_size}; "
+                       "add rows or lower config.global_batch_size.")
     if global_batch_size % process_count:
       raise ValueError(f"Global batch {global_batch_size} is not divisible by"
                        f" the {process_count} processes.")
@@ -193,12 +196,17 @@ class SFTEvalBatches:
 
   def __init__(self, tokens, maskable, *, global_batch_size: int,
                max_batches: int = -1, process_index: int = 0,
-               process_count: int = 1):
+               process_count: int = 1, source: str = "",
+               more: str = "hold out more rows (data.eval_rows)"):
     count = len(tokens) // global_batch_size
     if count == 0:
-      raise ValueError(f"{len(tokens)} held-out rows cannot fill one eval "
-                       f"batch of data.eval_batch_size={global_batch_size}; "
-                       "hold out more rows (data.eval_rows) or lower it.")
+      # `source` and `more`: where the rows came from and how to get more
+      # (`row_sources`): data.eval_rows means nothing beside data.eval_path.
+      of = f" ({source})" if source else ""
+      raise ValueError(f"{len(tokens)} held-out rows{of} cannot fill one "
+                       "eval batch of config.data.eval_batch_size="
+                       f"{global_batch_size}; {more} or lower "
+                       "config.data.eval_batch_size.")
     self.count = count if max_batches < 0 else min(count, max_batches)
     left_out = len(tokens) - count * global_batch_size
     if left_out and self.count == count:  # not cut by max_batches anyway
@@ -277,6 +285,23 @@ def read_rows(data_config, tokenizer, seq_len: int, path_key: str = "path",
     return packed_rows(documents, seq_len, tokenizer.eos_id)
   raise ValueError(f"config.data.format={data_config.format!r} is not known; "
                    "use 'jsonl' (prompt/response pairs) or 'code' (files).")
+
+
+def row_sources(data_config) -> tuple[str, str, str]:
+  """(where the training rows come from, where the held-out rows do, how to
+  get more held-out rows), as the config names them, for messages."""
+  if _from_tfds(data_config):
+    train = f"config.data.tfds.split={data_config.tfds.split!r}"
+    held = data_config.tfds.eval_split and (
+        f"config.data.tfds.eval_split={data_config.tfds.eval_split!r}")
+  else:
+    train = f"config.data.path={data_config.path}"
+    held = data_config.eval_path and (
+        f"config.data.eval_path={data_config.eval_path}")
+  if held:
+    return train, held, "add rows to it"
+  return (train, f"the last config.data.eval_rows={data_config.eval_rows} "
+          f"rows of {train}", "hold out more rows (data.eval_rows)")
 
 
 def train_and_eval_rows(data_config, tokenizer, seq_len: int):

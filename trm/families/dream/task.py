@@ -65,13 +65,16 @@ def build(config, workdir: str, ctx) -> Task:
       sft.train_and_eval_rows(config.data, tokenizer, config.seq_len))
   process = dict(process_index=jax.process_index(),
                  process_count=jax.process_count())
+  train_from, held_from, more_held = sft.row_sources(config.data)
   train_source = sft.SFTBatches(
       train_tokens, train_maskable, global_batch_size=config.global_batch_size,
-      seed=config.seed, num_batches=config.total_steps, **process)
+      seed=config.seed, num_batches=config.total_steps, source=train_from,
+      **process)
   eval_source = sft.SFTEvalBatches(
       eval_tokens, eval_maskable,
       global_batch_size=config.data.eval_batch_size,
-      max_batches=config.data.max_eval_batches, **process)
+      max_batches=config.data.max_eval_batches, source=held_from,
+      more=more_held, **process)
   program = dream_program.build(config, ctx)
   initial_state = None
   if config.init_checkpoint:
