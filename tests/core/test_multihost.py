@@ -361,6 +361,46 @@ def test_processes_started_with_other_settings_stop_before_writing(tmp_path):
   assert not any(w.exists() for w in workdirs)
 
 
+def test_hosts_holding_other_data_at_one_path_are_refused(tmp_path):
+  """Each process reads its rows of every batch from its own copy of the
+  data: two hosts with other files at the same config.data.path (here each
+  process's relative path from its own directory) trained on a mix of both
+  datasets, each skipping the rows the other would have read, silently.
+  Now each stops with one line before anything is written."""
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+             XLA_FLAGS=workers_lib.xla_flags(1))
+  workers = []
+  for i in range(2):
+    host = tmp_path / f"host{i}"
+    host.mkdir()
+    (host / "sft.jsonl").write_text("".join(
+        f'{{"prompt": "q{j}", "response": "answer {j * (i + 1)}"}}\n'
+        for j in range(24)))
+    workers.append(subprocess.Popen(
+        [sys.executable, "-m", "trm.main",
+         f"--config={ROOT}/configs/diffucoder_7b.py:tiny",
+         f"--workdir={tmp_path / 'run'}", "--config.data.format=jsonl",
+         "--config.data.path=sft.jsonl", "--config.data.chat=False",
+         "--config.data.eval_rows=8", "--config.data.eval_batch_size=8",
+         "--config.global_batch_size=8", "--config.seq_len=32",
+         "--config.total_steps=2", f"--coordinator_address={address}",
+         "--num_processes=2", f"--process_id={i}", "--compilation_cache=off"],
+        cwd=host, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  outputs = workers_lib.wait_all(workers, timeout=120)
+  assert [w.returncode for w in workers] == [2, 2], outputs
+  assert re.search(
+      r"error: process 1 of 2 was started with other settings than process "
+      r"0: held-out rows \(data fingerprint\): '\w+' on process 0, '\w+' "
+      r"here; training rows \(data fingerprint\): '\w+' on process 0, "
+      r"'\w+' here\. Start every process of the job with the same command "
+      r"\(the same data: identical files at config.data's paths on every "
+      r"host\)", outputs[1]), outputs[1][-2000:]
+  assert "Traceback" not in outputs[0] + outputs[1]
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_a_mesh_that_puts_the_whole_batch_on_each_process_is_refused(
     tmp_path):
   """The model axis across the two processes: each process's devices hold

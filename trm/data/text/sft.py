@@ -139,6 +139,15 @@ def packed_rows(documents, seq_len: int, eos_id: int):
   return tokens, maskable
 
 
+def _rows_fingerprint(tokens, maskable) -> str:
+  digest = hashlib.blake2b(digest_size=8)
+  for array in (tokens, maskable):
+    array = np.ascontiguousarray(array)
+    digest.update(f"{array.dtype.str}{array.shape}".encode())
+    digest.update(array.data)
+  return digest.hexdigest()
+
+
 class SFTBatches:
   """Random-access source: item k = this process's rows of batch k.
 
@@ -164,20 +173,19 @@ class SFTBatches:
     local = global_batch_size // process_count
     self.local_slice = slice(process_index * local, (process_index + 1) * local)
     self.batches_per_epoch = len(tokens) // global_batch_size
+    self._fingerprint = None
 
   def __len__(self):
     return self.num_batches
 
   def fingerprint(self) -> str:
-    """A hash of every row (the same on every process): the order of an
-    epoch depends on all of them, so a checkpointed position is only valid
-    over these rows (`trm.core.pipeline` checks it on restore)."""
-    digest = hashlib.blake2b(digest_size=8)
-    for array in (self.tokens, self.maskable):
-      array = np.ascontiguousarray(array)
-      digest.update(f"{array.dtype.str}{array.shape}".encode())
-      digest.update(array.data)
-    return digest.hexdigest()
+    """A hash of every row (the same on every process, which the trainer
+    checks): the order of an epoch depends on all of them, so a
+    checkpointed position is only valid over these rows
+    (`trm.core.pipeline` checks it on restore)."""
+    if self._fingerprint is None:
+      self._fingerprint = _rows_fingerprint(self.tokens, self.maskable)
+    return self._fingerprint
 
   def __getitem__(self, k):
     if not 0 <= k < self.num_batches:
@@ -222,6 +230,11 @@ class SFTEvalBatches:
 
   def __len__(self):
     return self.count
+
+  def fingerprint(self) -> str:
+    """A hash of the held-out rows (the trainer checks that every process
+    holds the same)."""
+    return _rows_fingerprint(self.tokens, self.maskable)
 
   def __getitem__(self, k):
     if not 0 <= k < self.count:
