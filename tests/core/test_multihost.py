@@ -17,6 +17,7 @@ from trm import families
 from trm.core import pipeline
 from trm.data.puzzles import dataset as puzzle_dataset
 from trm.data.puzzles import format as puzzle_format
+from trm.data.text import preparation
 from trm.families.trm import program as trm_program
 from trm.families.trm import task as puzzle
 
@@ -361,12 +362,35 @@ def test_processes_started_with_other_settings_stop_before_writing(tmp_path):
   assert not any(w.exists() for w in workdirs)
 
 
-def test_hosts_holding_other_data_at_one_path_are_refused(tmp_path):
+def _write_host_data(host, family: str, i: int) -> list[str]:
+  """Host i's copy of the data (other on each host) and the flags to it."""
+  if family == "gpt":
+    # The same characters, in another order on host 1.
+    text = "".join(f"line {j}: to be, or not\n" for j in range(400))
+    preparation.prepare_char(text[::1 - 2 * i],
+                             str(host / "data" / "shakespeare_char"))
+    return ["--config=configs/gpt.py:shakespeare_char_cpu",
+            "--config.data_root=data", "--config.data.input=",
+            "--config.batch_size=4", "--config.max_iters=2",
+            "--config.eval_iters=2"]
+  (host / "sft.jsonl").write_text("".join(
+      f'{{"prompt": "q{j}", "response": "answer {j * (i + 1)}"}}\n'
+      for j in range(24)))
+  return ["--config=configs/diffucoder_7b.py:tiny",
+          "--config.data.format=jsonl", "--config.data.path=sft.jsonl",
+          "--config.data.chat=False", "--config.data.eval_rows=8",
+          "--config.data.eval_batch_size=8", "--config.global_batch_size=8",
+          "--config.seq_len=32", "--config.total_steps=2"]
+
+
+@pytest.mark.parametrize("family", ["dream", "gpt"])
+def test_hosts_holding_other_data_at_one_path_are_refused(tmp_path, family):
   """Each process reads its rows of every batch from its own copy of the
-  data: two hosts with other files at the same config.data.path (here each
-  process's relative path from its own directory) trained on a mix of both
-  datasets, each skipping the rows the other would have read, silently.
-  Now each stops with one line before anything is written."""
+  data: two hosts with other files at the same config.data.path /
+  data_root (here each process's relative path from its own directory)
+  trained on a mix of both data sets, each skipping the rows the other
+  would have read, silently. Now each stops with one line before anything
+  is written."""
   address = f"127.0.0.1:{workers_lib.free_port()}"
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
              XLA_FLAGS=workers_lib.xla_flags(1))
@@ -374,32 +398,25 @@ def test_hosts_holding_other_data_at_one_path_are_refused(tmp_path):
   for i in range(2):
     host = tmp_path / f"host{i}"
     host.mkdir()
-    (host / "sft.jsonl").write_text("".join(
-        f'{{"prompt": "q{j}", "response": "answer {j * (i + 1)}"}}\n'
-        for j in range(24)))
+    flags = _write_host_data(host, family, i)
+    flags[0] = flags[0].replace("--config=", f"--config={ROOT}/")
     workers.append(subprocess.Popen(
-        [sys.executable, "-m", "trm.main",
-         f"--config={ROOT}/configs/diffucoder_7b.py:tiny",
-         f"--workdir={tmp_path / 'run'}", "--config.data.format=jsonl",
-         "--config.data.path=sft.jsonl", "--config.data.chat=False",
-         "--config.data.eval_rows=8", "--config.data.eval_batch_size=8",
-         "--config.global_batch_size=8", "--config.seq_len=32",
-         "--config.total_steps=2", f"--coordinator_address={address}",
+        [sys.executable, "-m", "trm.main", *flags,
+         f"--workdir={tmp_path / 'run'}", f"--coordinator_address={address}",
          "--num_processes=2", f"--process_id={i}", "--compilation_cache=off"],
-        cwd=host, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        cwd=host, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True))
   outputs = workers_lib.wait_all(workers, timeout=120)
   assert [w.returncode for w in workers] == [2, 2], outputs
   assert re.search(
       r"error: process 1 of 2 was started with other settings than process "
-      r"0: held-out rows \(data fingerprint\): '\w+' on process 0, '\w+' "
-      r"here; training rows \(data fingerprint\): '\w+' on process 0, "
-      r"'\w+' here\. Start every process of the job with the same command "
-      r"\(the same data: identical files at config.data's paths on every "
-      r"host\)", outputs[1]), outputs[1][-2000:]
+      r"0: evaluation rows \(data fingerprint\): '[\w+]+' on process 0, "
+      r"'[\w+]+' here; training rows \(data fingerprint\): '\w+' on process "
+      r"0, '\w+' here\. Start every process of the job with the same "
+      r"command \(the same data: identical files at config.data's paths on "
+      r"every host\)", outputs[1]), outputs[1][-2000:]
   assert "Traceback" not in outputs[0] + outputs[1]
   assert not (tmp_path / "run" / "checkpoints").exists()
-
 
 def test_a_mesh_that_puts_the_whole_batch_on_each_process_is_refused(
     tmp_path):

@@ -137,8 +137,8 @@ def test_a_resume_over_edited_sft_rows_is_refused(tmp_path):
   write(56)
   with pytest.raises(ckpt_lib.CheckpointError, match=(
       r"checkpoints/2 failed: its data position .* \(ValueError: the "
-      r"training rows \(config.data.path, or data.tfds\) are not those it "
-      r"was trained on")):
+      r"training data \(config.data's files\) is not what it was trained "
+      r"on")):
     train.train_and_evaluate(config, workdir, families.build_task)
   config = config_lib.set_values(config, {"allow_config_change": True})
   state, _ = train.train_and_evaluate(config, workdir, families.build_task)

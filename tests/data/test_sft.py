@@ -130,14 +130,14 @@ def test_a_position_saved_over_other_rows_is_refused(caplog):
   rest = [next(same)["tokens"][:, 0] for _ in range(2)]
   assert sorted(np.concatenate(seen + rest)) == list(range(32))
   with pytest.raises(ValueError, match=(
-      r"^the training rows \(config.data.path, or data.tfds\) are not those "
-      r"it was trained on \(data fingerprint \w+, saved \w+\): its position "
-      r"would repeat some rows and skip others; set "
-      r"config.allow_config_change=True")):
+      r"^the training data \(config.data's files\) is not what it was "
+      r"trained on \(data fingerprint \w+, saved \w+\), so its position "
+      r"does not continue the stream it trained on \(rows would repeat, "
+      r"others be skipped\); set config.allow_config_change=True")):
     batches(48).set_state(state)
   allowed = batches(48, allow_data_change=True)
   allowed.set_state(state)
-  assert "Resuming although the training rows" in caplog.text
+  assert "Resuming although the training data" in caplog.text
   third = next(allowed)["tokens"]
   # A position saved before the fingerprint was kept restores as before.
   old = batches(48)

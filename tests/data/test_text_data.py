@@ -497,6 +497,43 @@ def test_token_windows_in_grain_resumes(data_dir):
       np.testing.assert_array_equal(got[key], batch[key])
 
 
+def test_token_windows_name_their_stream(data_dir, monkeypatch):
+  """A position saved over one train.bin is refused over another (a
+  re-prepared text); the fingerprint reads a long file at evenly spread
+  blocks only, and sees a change in them or in the length."""
+  from trm.core import pipeline  # pylint: disable=g-import-not-at-top
+  path = data_dir / "train.bin"
+
+  def replace(values):
+    # A new file renamed into place, as preparation writes: the old one
+    # may still be mapped by an earlier source.
+    os.replace(_token_file(data_dir / "new.bin", values), path)
+    return str(path)
+
+  def windows():
+    return text_lib.TokenWindows(str(path), 8, 4, seed=7, vocab_size=4000)
+
+  first = pipeline.grain_iterator(windows(), prefetch=0)
+  next(first)
+  state = first.get_state()
+  pipeline.grain_iterator(windows(), prefetch=0).set_state(state)  # same
+  replace(np.arange(1000)[::-1])
+  with pytest.raises(ValueError, match=r"^the training data \(config.data's "
+                     r"files\) is not what it was trained on"):
+    pipeline.grain_iterator(windows(), prefetch=0).set_state(state)
+  # Long files: blocks of 10 tokens at 4 places (0, 330, 660, 990).
+  monkeypatch.setattr(text_lib, "_FINGERPRINT_BLOCKS", 4)
+  monkeypatch.setattr(text_lib, "_FINGERPRINT_TOKENS", 10)
+  def fingerprint(values):
+    return text_lib.TokenFile(replace(values)).fingerprint()
+  tokens = np.arange(1000)
+  sampled = fingerprint(tokens)
+  tokens[335] = 7  # inside a block
+  assert fingerprint(tokens) != sampled
+  tokens[335], tokens[500] = 335, 7  # between blocks: not read
+  assert fingerprint(tokens) == sampled
+  assert fingerprint(tokens[:999]) != sampled
+
 def test_token_windows_errors(data_dir):
   path = str(data_dir / "val.bin")  # 300 tokens
   with pytest.raises(ValueError, match=(

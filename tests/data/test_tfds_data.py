@@ -130,6 +130,14 @@ def test_iterator_state_restores_bit_exactly(built):
                             expected[0]["x"])
 
 
+def test_a_stream_hashes_alike_from_tfds_and_bin(built):
+  """The same text gives the same fingerprint either way, so a run may
+  move between them (config.data.source is a change of its own)."""
+  config, bin_dir = built
+  assert (tfds_source.TokenStream(config).fingerprint()
+          == text.TokenFile(os.path.join(bin_dir, "train.bin")).fingerprint())
+
+
 def test_two_processes_read_disjoint_halves(built):
   config, _ = built
   stream = tfds_source.TokenStream(config)

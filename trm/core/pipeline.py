@@ -5,9 +5,10 @@ Each process reads only its rows of every global batch (see
 `jax.make_array_from_process_local_data` assembles the global array sharded
 on the batch axes. The Grain iterator's state (a position) is what the
 checkpoint stores next to the model. A source that names its data
-(`fingerprint()`, e.g. `sft.SFTBatches`: whose order depends on every row)
-has that name saved beside the position, and a position saved over other
-data is refused on restore: resuming it would repeat and skip rows.
+(`fingerprint()`: `sft.SFTBatches`, whose order depends on every row, and
+`text.TokenWindows`) has that name saved beside the position, and a
+position saved over other data is refused on restore: resuming it would
+not continue the stream (repeating and skipping rows).
 """
 from __future__ import annotations
 
@@ -62,10 +63,11 @@ class _NamedDataIterator:
     state = dict(state)
     saved = state.pop(DATA_KEY, None)  # None: saved before it was kept
     if saved is not None and saved != self._data_name():
-      problem = (f"the training rows (config.data.path, or data.tfds) are "
-                 f"not those it was trained on (data fingerprint "
-                 f"{self._data_name()}, saved {saved}): its position would "
-                 "repeat some rows and skip others")
+      problem = (f"the training data (config.data's files) is not what it "
+                 f"was trained on (data fingerprint {self._data_name()}, "
+                 f"saved {saved}), so its position does not continue the "
+                 "stream it trained on (rows would repeat, others be "
+                 "skipped)")
       if not self._allow_data_change:
         raise ValueError(f"{problem}; set config.allow_config_change=True "
                          "to go on with these rows anyway")

@@ -199,7 +199,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   distributed.check_same_settings(
       {f"{name} rows (data fingerprint)": source.fingerprint()
        for name, source in (("training", task.train_source),
-                            ("held-out", task.eval_source))
+                            ("evaluation", task.eval_source))
        if hasattr(source, "fingerprint")},
       "data: identical files at config.data's paths on every host")
   # A resume may not change how the run trains. Checked after the task has

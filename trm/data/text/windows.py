@@ -19,6 +19,7 @@ the same global batch.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import urllib.error
@@ -56,6 +57,10 @@ ENDLESS = 2**62
 # word for every k < 2**64 (seed < 2**32), hence a non-zero one here keeps
 # evaluation windows apart from every training batch.
 _EVAL_STREAM = 0x6576616C  # "eval"
+# A token stream's fingerprint reads at most this many blocks of this many
+# tokens (16 MiB of a uint16 file).
+_FINGERPRINT_BLOCKS = 256
+_FINGERPRINT_TOKENS = 32768
 
 
 # ----------------------------------------------------------------------------
@@ -205,6 +210,23 @@ class TokenFile:
           "plus the next-token target) needs; lower config.block_size or use "
           "more text.")
 
+  def fingerprint(self) -> str:
+    """A hash of the token stream: the whole of it up to _FINGERPRINT_BLOCKS
+    blocks of _FINGERPRINT_TOKENS, else its length and that many blocks
+    spread evenly over it (reading a 17 GB train.bin on every start and
+    host would take minutes; another text differs in those blocks or the
+    length all but surely). Read as int64 values, so a TFDS split holding
+    the same stream as a .bin file hashes the same."""
+    n, block = self.num_tokens, _FINGERPRINT_TOKENS
+    if n <= _FINGERPRINT_BLOCKS * block:
+      index = np.arange(n)
+    else:
+      starts = np.linspace(0, n - block, _FINGERPRINT_BLOCKS).astype(np.int64)
+      index = (starts[:, None] + np.arange(block)).ravel()
+    digest = hashlib.blake2b(str(n).encode(), digest_size=8)
+    digest.update(np.asarray(self.data[index], np.int64).tobytes())
+    return digest.hexdigest()
+
   def windows(self, offsets: np.ndarray, block_size: int) -> dict:
     """{"x": data[i:i+T], "y": data[i+1:i+1+T]} for each offset, int32."""
     index = offsets[:, None] + np.arange(block_size + 1)
@@ -294,10 +316,18 @@ class TokenWindows:
     # Without num_batches the source is endless (see ENDLESS): training
     # stops by step count, not by running out of batches.
     self.num_batches = ENDLESS if num_batches is None else num_batches
+    self._fingerprint = None
 
   @property
   def num_tokens(self) -> int:
     return self.file.num_tokens
+
+  def fingerprint(self) -> str:
+    """The token stream's (`TokenFile.fingerprint`): checked across
+    processes and on restore (`trm.core.pipeline`)."""
+    if self._fingerprint is None:
+      self._fingerprint = self.file.fingerprint()
+    return self._fingerprint
 
   def global_offsets(self, k: int) -> np.ndarray:
     """Window start offsets of every row of global batch k."""
@@ -366,6 +396,11 @@ class EvalWindows:
 
   def __len__(self) -> int:
     return 2 * self.eval_iters
+
+  def fingerprint(self) -> str:
+    """Both streams' (`TokenFile.fingerprint`), for the check across
+    processes."""
+    return "+".join(f.fingerprint() for f in self.files)
 
   def __getitem__(self, k) -> dict:
     if not 0 <= k < len(self):
