@@ -140,6 +140,12 @@ def test_a_resume_over_edited_sft_rows_is_refused(tmp_path):
       r"training data \(config.data's files\) is not what it was trained "
       r"on")):
     train.train_and_evaluate(config, workdir, families.build_task)
-  config = config_lib.set_values(config, {"allow_config_change": True})
+  # eval_only trains nothing: the checkpoint evaluates on the rows now there.
+  config = config_lib.set_values(config, {"eval_only": True})
+  state, results = train.train_and_evaluate(config, workdir,
+                                            families.build_task)
+  assert int(state.step) == 2 and "eval/loss" in results
+  config = config_lib.set_values(config, {"eval_only": False,
+                                          "allow_config_change": True})
   state, _ = train.train_and_evaluate(config, workdir, families.build_task)
   assert int(state.step) == 4

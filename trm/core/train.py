@@ -212,9 +212,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   saved_record = config_record.run_record(config, workpath, resume_step)
   # A resume past a lowered config.total_steps (allow_config_change) only
   # evaluates again, but restores its data position first.
+  # eval_only reads no training batch: its position may be over other data.
   train_iter = pipeline.grain_iterator(
       task.train_source, config.data.prefetch, min_length=resume_step or 0,
-      allow_data_change=bool(config.get("allow_config_change", False)))
+      allow_data_change=bool(config.get("allow_config_change", False)
+                             or config.eval_only))
 
   # ---------------------------------------------------------------- shard
   abstract, state_shardings = state_lib.abstract_state(program.init_fn, ctx)
