@@ -30,10 +30,11 @@ TRAIN_FRACTION = 0.9
 MAX_VOCAB = 2**16
 
 CLI_HINT = "python -m trm.data.text.windows --input=PATH_OR_URL --out_dir={}"
-# nanoGPT's vocabulary file (data/shakespeare_char/prepare.py), and the
-# vocabulary its train.py gives a directory without one (GPT-2's 50257 ids
-# padded to a multiple of 64).
+# nanoGPT's vocabulary file (data/shakespeare_char/prepare.py); without
+# one its data is GPT-2's BPE (50257 ids), and its train.py gives a model
+# trained from scratch 50304 (padded to a multiple of 64).
 NANOGPT_META_FILE = "meta.pkl"
+GPT2_VOCAB = 50257
 NANOGPT_VOCAB = 50304
 # Present while `_write` writes: .bin files beside it are no nanoGPT
 # directory but an interrupted preparation.
@@ -214,9 +215,11 @@ def _nanogpt_meta(data_dir: str) -> dict:
             os.path.getsize(os.path.join(data_dir, name)) // 2
             for name in (TRAIN_FILE, VAL_FILE)}
   if not os.path.isfile(path):
-    # nanoGPT's train.py and sample.py: no meta.pkl means GPT-2's BPE.
-    return {"vocab_size": NANOGPT_VOCAB, "tokenizer": "gpt2",
-            "nanogpt": True, **counts}
+    # nanoGPT's train.py and sample.py: no meta.pkl means GPT-2's BPE. Its
+    # ids are the data's vocabulary (what a model must cover: GPT-2's own
+    # weights have 50257); model_vocab_size is what a new model gets.
+    return {"vocab_size": GPT2_VOCAB, "model_vocab_size": NANOGPT_VOCAB,
+            "tokenizer": "gpt2", "nanogpt": True, **counts}
   fix = ("it must be the meta.pkl of nanoGPT's data/shakespeare_char/"
          "prepare.py ({'vocab_size', 'itos', 'stoi'}); re-run that, or "
          "prepare the text here with `" + CLI_HINT.format(data_dir) + "`")

@@ -275,7 +275,9 @@ def build(config, workdir: str, ctx) -> Task:
   meta, directory, streams = _token_streams(config)
   with config.unlocked():
     if not config.model.vocab_size:
-      config.model.vocab_size = int(meta["vocab_size"])
+      # A nanoGPT BPE directory: nanoGPT's 50304 (the data's ids are 50257).
+      config.model.vocab_size = int(meta.get("model_vocab_size",
+                                             meta["vocab_size"]))
   if config.model.vocab_size < meta.get("vocab_size", 0):
     raise ValueError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than "
