@@ -46,6 +46,16 @@ def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path):
   assert sft.read_jsonl_pairs(str(path)) == [("a\u2028b", "c")]
 
 
+def test_jsonl_saved_with_a_byte_order_mark_and_crlf_reads_the_same(
+    tmp_path):
+  """A JSONL file saved by a Windows editor (BOM, CRLF) was refused on line
+  1 as not JSON; it reads as the plain file does."""
+  path = tmp_path / "train.jsonl"
+  path.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "p1", "response": "r1"}'
+                   b'\r\n{"prompt": "p2", "response": "r2"}\r\n')
+  assert sft.read_jsonl_pairs(str(path)) == [("p1", "r1"), ("p2", "r2")]
+
+
 @pytest.mark.parametrize("reader", ["jsonl", "code"])
 def test_non_utf8_files_name_the_file_and_offset(tmp_path, reader):
   path = tmp_path / ("train.jsonl" if reader == "jsonl" else "a.py")

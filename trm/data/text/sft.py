@@ -39,7 +39,9 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: set config.{what} to a "
                             "JSONL file of prompt/response pairs.")
-  text = data_io.read_utf8(path)
+  # A byte-order mark (Windows editors, PowerShell) is no part of line 1,
+  # as for the other text files read here (`data_io.split_lines`).
+  text = data_io.read_utf8(path).removeprefix("\ufeff")
   # Split on newlines only: JSON strings may hold U+2028 and the like.
   for line_number, line in enumerate(text.split("\n"), 1):
     if not line.strip():
