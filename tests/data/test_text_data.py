@@ -381,7 +381,8 @@ def test_a_directory_nanogpt_prepared_is_read_as_nanogpt_reads_it(
   # Its ids are GPT-2's 50257 (GPT-2's weights fit); a new model gets 50304.
   assert text_lib.ensure_prepared(str(d), "", "char") == {
       "vocab_size": 50257, "model_vocab_size": 50304, "tokenizer": "gpt2",
-      "nanogpt": True, "train_tokens": cut, "val_tokens": len(_SAMPLE) - cut}
+      "nanogpt": True, "train_tokens": cut, "val_tokens": len(_SAMPLE) - cut,
+      "input": str(d)}
   # A meta.pkl that names code is refused unread.
   with open(d / "meta.pkl", "wb") as f:
     pickle.dump({"vocab_size": 1, "itos": {0: "a"}, "x": os.getcwd}, f)

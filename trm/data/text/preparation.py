@@ -214,6 +214,10 @@ def _nanogpt_meta(data_dir: str) -> dict:
   counts = {name.split(".")[0] + "_tokens":
             os.path.getsize(os.path.join(data_dir, name)) // 2
             for name in (TRAIN_FILE, VAL_FILE)}
+  # The text it was prepared from is unknown: the directory stands for it
+  # (config.json records it as data.input, so a rerun that passes no input,
+  # or another, is the same run).
+  counts["input"] = os.path.abspath(data_dir)
   if not os.path.isfile(path):
     # nanoGPT's train.py and sample.py: no meta.pkl means GPT-2's BPE. Its
     # ids are the data's vocabulary (what a model must cover: GPT-2's own
