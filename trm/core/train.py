@@ -196,12 +196,14 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # Each process reads its rows of every batch from its own copy of the
   # data: a host with other files fed other rows, silently (the config
   # check above sees only the paths).
-  distributed.check_same_settings(
-      {f"{name} rows (data fingerprint)": source.fingerprint()
-       for name, source in (("training", task.train_source),
-                            ("evaluation", task.eval_source))
-       if hasattr(source, "fingerprint")},
-      "data: identical files at config.data's paths on every host")
+  data_names = {f"{name} rows (data fingerprint)": source.fingerprint()
+                for name, source in (("training", task.train_source),
+                                     ("evaluation", task.eval_source))
+                if hasattr(source, "fingerprint")}
+  if data_names:  # (TRM's puzzle sources name none: no extra collective)
+    distributed.check_same_settings(
+        data_names, "data: identical files at config.data's paths on every "
+        "host")
   # A resume may not change how the run trains. Checked after the task has
   # filled in what it derives from the data (e.g. nanoGPT's vocab_size, as
   # recorded), before anything is restored.
