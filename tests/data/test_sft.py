@@ -100,6 +100,27 @@ def test_packing(tmp_path):
   assert not maskable[:, 0].any() and maskable[:, 1:].all()
 
 
+def test_code_quoting_special_token_names_is_text(tmp_path):
+  """A source file that quotes "<|mask|>" or "<|endoftext|>" (tokenizer
+  code does) put the mask id into clean rows, as input and as target, and
+  a document break mid-file; the names are now encoded as their
+  characters, and EOS comes only from packing."""
+  from test_tokenizer import _write_tokenizer  # pylint: disable=g-import-not-at-top
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  _write_tokenizer(tmp_path, [tok_lib.END_OF_TEXT, tok_lib.IM_START,
+                              tok_lib.IM_END, tok_lib.MASK, tok_lib.DLM_PAD])
+  tok = tok_lib.load_tokenizer(str(tmp_path))
+  (tmp_path / "a.py").write_text(
+      'def fib ( n ) : # "<|mask|>" a hole, "<|endoftext|>" the end\n' * 4)
+  data = ml_collections.ConfigDict(dict(source="files", format="code",
+                                        path=str(tmp_path / "*.py")))
+  tokens, _ = sft.read_rows(data, tok, 8)
+  assert tok.mask_id not in tokens and tok.eos_id not in tokens[:, :-1]
+  # The chat template's own tokens are still parsed.
+  assert tok.encode(tok_lib.chat_prompt("fib"))[0] == tok.tokenizer.token_to_id(
+      tok_lib.IM_START)
+
+
 def test_batches_are_deterministic_cover_epochs_and_split_by_process():
   tokens = np.arange(10)[:, None] * np.ones((1, 4), np.int32)
   maskable = np.ones_like(tokens, bool)

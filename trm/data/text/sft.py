@@ -296,7 +296,8 @@ def read_rows(data_config, tokenizer, seq_len: int, path_key: str = "path",
           {data_config.tfds.feature: "config.data.tfds.feature"})]
     else:
       texts = read_code_files(path, what)
-    documents = [tokenizer.encode(text) for text in texts]
+    # Documents are text: EOS comes only from packing.
+    documents = [tokenizer.encode_text(text) for text in texts]
     return packed_rows(documents, seq_len, tokenizer.eos_id)
   raise ValueError(f"config.data.format={data_config.format!r} is not known; "
                    "use 'jsonl' (prompt/response pairs) or 'code' (files).")

@@ -41,6 +41,17 @@ class DreamTokenizer:
   def encode(self, text: str) -> list[int]:
     return self.tokenizer.encode(text, add_special_tokens=False).ids
 
+  def encode_text(self, text: str) -> list[int]:
+    """`text` with special-token names in it ("<|mask|>" quoted in a source
+    file) encoded as the characters they are: as ids, the mask token would
+    be clean data the model learns to output, "<|endoftext|>" a document
+    break. For documents; `encode` parses the chat template's tokens."""
+    self.tokenizer.encode_special_tokens = True
+    try:
+      return self.encode(text)
+    finally:
+      self.tokenizer.encode_special_tokens = False
+
   @property
   def vocab_size(self) -> int:
     """One more than the largest id it can produce (see `id_span`)."""
@@ -80,6 +91,8 @@ class ByteTokenizer:
 
   def encode(self, text: str) -> list[int]:
     return list(text.encode("utf-8"))
+
+  encode_text = encode  # special-token names are bytes like any text
 
   def decode(self, ids) -> str:
     names = {self.eos_id: END_OF_TEXT, self.dlm_pad_id: DLM_PAD,
