@@ -255,8 +255,8 @@ def test_nanogpts_meta_pkl_is_read_as_its_sample_py_reads_it(tmp_path):
   assert "code ran" not in bad.stdout + bad.stderr
   errors = [l for l in bad.stderr.splitlines() if "error:" in l]
   assert len(errors) == 1 and (
-      f"{nanogpt}/meta.pkl is not a nanoGPT meta.pkl (it holds a "
-      "builtins.print object)") in errors[0], bad.stderr[-3000:]
+      f"{nanogpt}/meta.pkl cannot be read as plain data (it names "
+      "builtins.print)") in errors[0], bad.stderr[-3000:]
 
 
 def test_a_gpt2_download_samples_with_its_own_tokenizer_json(tmp_path):
@@ -276,3 +276,24 @@ def test_a_gpt2_download_samples_with_its_own_tokenizer_json(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"using {directory}/tokenizer.json" in result.stderr
   assert result.stdout.startswith("a")
+
+
+def test_start_endoftext_through_a_tokenizer_json_is_its_special_token(
+    tmp_path):
+  """Data preparation reads special-token text in a corpus as text (as
+  tiktoken's encode_ordinary); --start="<|endoftext|>" through a GPT-2
+  download's tokenizer.json is still the end-of-text token, as nanoGPT's
+  sample.py encodes it (allowed_special), not its characters."""
+  from tokenizers import Tokenizer, models  # pylint: disable=g-import-not-at-top
+  from trm.data.text import text_codecs  # pylint: disable=g-import-not-at-top
+  vocab = {ch: i for i, ch in enumerate("<|endoftx>")}
+  tokenizer = Tokenizer(models.WordLevel(dict(vocab, **{"?": 10}),
+                                         unk_token="?"))
+  tokenizer.add_special_tokens(["<|endoftext|>"])
+  path = str(tmp_path / "tokenizer.json")
+  tokenizer.save(path)
+  codec = text_codecs.HFTokenizerCodec(path)
+  eot = tokenizer.token_to_id("<|endoftext|>")
+  assert eot not in codec.encode("<|endoftext|>")  # data: plain text
+  assert sample.encode_start(codec, "<|endoftext|>") == [eot]
+  assert eot not in codec.encode("<|endoftext|>")  # and it stays so

@@ -95,41 +95,16 @@ def encode_start(codec, text: str) -> list[int]:
   BPE (tiktoken) the text "<|endoftext|>", which nanoGPT suggests as a
   start, is the end-of-text token (its `allowed_special`), not the
   ordinary tokens of its characters that data preparation's
-  `encode_ordinary` makes of it. Other codecs encode as they always do (a
-  tokenizer.json already reads its special tokens as such)."""
+  `encode_ordinary` makes of it; a GPT-2 tokenizer.json the same way.
+  Character codecs have no special tokens."""
   from trm.data.text import text_codecs  # pylint: disable=g-import-not-at-top
   if isinstance(codec, text_codecs.TiktokenCodec):
     special = {"<|endoftext|>"} & codec.encoding.special_tokens_set
     return codec.encoding.encode(text, allowed_special=special,
                                  disallowed_special=())
+  if isinstance(codec, text_codecs.HFTokenizerCodec):
+    return codec.encode_allowing_special(text)
   return codec.encode(text)
-
-
-def read_nanogpt_meta(path: str) -> dict:
-  """nanoGPT's meta.pkl (its char-level prepare.py: vocab_size, itos, stoi)
-  as the meta.json fields of a character vocabulary, as nanoGPT's
-  sample.py reads it. The unpickler refuses every class, so only plain
-  dicts, numbers and strings load: no code in the file runs."""
-  import pickle  # pylint: disable=g-import-not-at-top
-
-  class PlainData(pickle.Unpickler):
-
-    def find_class(self, module, name):
-      raise pickle.UnpicklingError(f"it holds a {module}.{name} object")
-
-  fix = ("; pass --data_dir=DIR with the meta.json of the data the model "
-         "was trained on")
-  try:
-    with open(path, "rb") as f:
-      meta = PlainData(f).load()
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"{path} is not a nanoGPT meta.pkl ({e}){fix}.") from None
-  itos = meta.get("itos") if isinstance(meta, dict) else None
-  if not (isinstance(itos, dict) and itos and all(
-      isinstance(i, int) and isinstance(c, str) for i, c in itos.items())):
-    raise ValueError(f"{path} holds no character vocabulary (nanoGPT's "
-                     f"'itos': {{id: character}}){fix}.")
-  return {"tokenizer": "char", "vocab_size": len(itos), "itos": itos}
 
 
 def run_config(workdir: str):
@@ -263,10 +238,14 @@ def main(argv):
     # A TFDS run: the builder's metadata holds meta.json's fields.
     with open(os.path.join(data_dir, "metadata.json")) as f:
       meta = json.load(f)
-  elif data_dir and os.path.isfile(os.path.join(data_dir, "meta.pkl")):
+  elif data_dir and os.path.isfile(
+      os.path.join(data_dir, preparation.NANOGPT_META_FILE)):
     # nanoGPT's own data directory (a ckpt.pt's config.dataset), as its
     # sample.py reads it.
-    meta = read_nanogpt_meta(os.path.join(data_dir, "meta.pkl"))
+    meta = preparation.read_nanogpt_meta(
+        os.path.join(data_dir, preparation.NANOGPT_META_FILE),
+        "pass --data_dir=DIR with the meta.json of the data the model was "
+        "trained on")
   else:
     if _DATA_DIR.value:
       preparation.load_meta(data_dir)  # the error that says what is missing

@@ -208,6 +208,30 @@ class _PlainData(pickle.Unpickler):
     raise pickle.UnpicklingError(f"it names {module}.{name}")
 
 
+def read_nanogpt_meta(path: str, fix: str) -> dict:
+  """meta.json's vocabulary fields of nanoGPT's char-level meta.pkl
+  ({'vocab_size', 'itos', 'stoi'}, as its sample.py reads it), unpickled
+  as plain data only: no code in the file runs. A ValueError naming `path`
+  and ending in `fix` otherwise."""
+  try:
+    with open(path, "rb") as f:
+      meta = _PlainData(f).load()
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path} cannot be read as plain data "
+                     f"({' '.join(str(e).split())}): {fix}.") from None
+  itos = meta.get("itos") if isinstance(meta, dict) else None
+  if not (isinstance(itos, dict) and itos
+          and all(isinstance(i, int) and isinstance(ch, str)
+                  for i, ch in itos.items())
+          and sorted(itos) == list(range(len(itos)))
+          and meta.get("vocab_size") == len(itos)):
+    raise ValueError(f"{path} does not hold a character vocabulary: {fix}.")
+  return {"vocab_size": len(itos),
+          "itos": {str(i): ch for i, ch in sorted(itos.items())},
+          "stoi": {ch: i for i, ch in sorted(itos.items())},
+          "tokenizer": "char"}
+
+
 def _nanogpt_meta(data_dir: str) -> dict:
   """meta.json's fields for a directory nanoGPT's prepare.py wrote."""
   path = os.path.join(data_dir, NANOGPT_META_FILE)
@@ -227,23 +251,7 @@ def _nanogpt_meta(data_dir: str) -> dict:
   fix = ("it must be the meta.pkl of nanoGPT's data/shakespeare_char/"
          "prepare.py ({'vocab_size', 'itos', 'stoi'}); re-run that, or "
          "prepare the text here with `" + CLI_HINT.format(data_dir) + "`")
-  try:
-    with open(path, "rb") as f:
-      meta = _PlainData(f).load()
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"{path} cannot be read as plain data "
-                     f"({' '.join(str(e).split())}): {fix}.") from None
-  itos = meta.get("itos") if isinstance(meta, dict) else None
-  if not (isinstance(itos, dict) and itos
-          and all(isinstance(i, int) and isinstance(ch, str)
-                  for i, ch in itos.items())
-          and sorted(itos) == list(range(len(itos)))
-          and meta.get("vocab_size") == len(itos)):
-    raise ValueError(f"{path} does not hold a character vocabulary: {fix}.")
-  return {"vocab_size": len(itos),
-          "itos": {str(i): ch for i, ch in sorted(itos.items())},
-          "stoi": {ch: i for i, ch in sorted(itos.items())},
-          "tokenizer": "char", "nanogpt": True, **counts}
+  return {**read_nanogpt_meta(path, fix), "nanogpt": True, **counts}
 
 
 def load_meta(data_dir: str) -> dict:

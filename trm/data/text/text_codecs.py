@@ -93,6 +93,15 @@ class HFTokenizerCodec:
     # tiktoken's encode_ordinary.
     return self.tokenizer.encode(text, add_special_tokens=False).ids
 
+  def encode_allowing_special(self, text: str) -> list[int]:
+    """`encode`, but special-token text is the special token (as tiktoken's
+    `allowed_special`: nanoGPT's sample.py encodes --start so)."""
+    self.tokenizer.encode_special_tokens = False
+    try:
+      return self.encode(text)
+    finally:
+      self.tokenizer.encode_special_tokens = True
+
   def decode(self, ids) -> str:
     return self.tokenizer.decode([int(i) for i in ids],
                                  skip_special_tokens=False)
