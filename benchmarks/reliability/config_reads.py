@@ -11,10 +11,11 @@ every read of a `ConfigDict` key recorded, then prints the keys of the
 model's keyword arguments, config.json) are not counted; `config.model`'s
 keys go to the family's config dataclass as a whole, so they show here as
 unread and are checked there (each field is used by the model). A key
-read only on another path (a float16 run's `loss_scale.*`, W&B's
-`wandb.*`, a resume's `allow_config_change`, TFDS's `data.tfds.*`) is
-unread in a run that does not take that path: read the list with the run
-in mind. Exits 0; prints `unread: KEY` lines and a count.
+that others follow through a FieldReference (configs/gpt.py's nanoGPT
+names, e.g. `bias` for `model.bias`) is read through them, unseen here.
+A key read only on another path (a float16 run's `loss_scale.*`, W&B's
+`wandb.*`, TFDS's `data.tfds.*`, JSONL's `data.prompt_key`) is unread in
+a run that does not take that path: read the list with the run in mind. Exits 0; prints `unread: KEY` lines and a count.
 """
 from __future__ import annotations
 
