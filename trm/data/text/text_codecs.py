@@ -82,25 +82,23 @@ class HFTokenizerCodec:
     # gaps, and the .bin files and the model must hold the largest.
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
     self.vocab_size = tok_lib.id_span(self.tokenizer)
-    # Special-token text ("<|endoftext|>" in a corpus) is ordinary text, as
-    # tiktoken's encode_ordinary (the 'gpt2' path, nanoGPT) reads it:
-    # add_special_tokens=False alone still maps it to the special id, so
-    # GPT-2's tokenizer.json and tokenizer='gpt2' gave other ids.
-    self.tokenizer.encode_special_tokens = True
 
   def encode(self, text: str) -> list[int]:
     # No BOS/EOS templates: the text is one continuous stream, as with
-    # tiktoken's encode_ordinary.
-    return self.tokenizer.encode(text, add_special_tokens=False).ids
+    # tiktoken's encode_ordinary, which reads special-token text in a
+    # corpus ("<|endoftext|>") as text: add_special_tokens=False alone
+    # still maps it to the special id (GPT-2's tokenizer.json and
+    # tokenizer='gpt2' gave other ids).
+    from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+    return tok_lib.encode_ids(self.tokenizer, text,
+                              special_names_are_text=True)
 
   def encode_allowing_special(self, text: str) -> list[int]:
     """`encode`, but special-token text is the special token (as tiktoken's
     `allowed_special`: nanoGPT's sample.py encodes --start so)."""
-    self.tokenizer.encode_special_tokens = False
-    try:
-      return self.encode(text)
-    finally:
-      self.tokenizer.encode_special_tokens = True
+    from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+    return tok_lib.encode_ids(self.tokenizer, text,
+                              special_names_are_text=False)
 
   def decode(self, ids) -> str:
     return self.tokenizer.decode([int(i) for i in ids],

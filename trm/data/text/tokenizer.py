@@ -20,6 +20,19 @@ IM_END = "<|im_end|>"
 SYSTEM_PROMPT = "You are a helpful assistant."
 
 
+def encode_ids(tokenizer: Tokenizer, text: str, *,
+               special_names_are_text: bool) -> list[int]:
+  """`text`'s ids without BOS/EOS templates; special-token names in it
+  ("<|endoftext|>") as their characters, or as the special tokens, for
+  this call only (the tokenizer's `encode_special_tokens` is put back)."""
+  previous = tokenizer.encode_special_tokens
+  tokenizer.encode_special_tokens = special_names_are_text
+  try:
+    return tokenizer.encode(text, add_special_tokens=False).ids
+  finally:
+    tokenizer.encode_special_tokens = previous
+
+
 def id_span(tokenizer: Tokenizer) -> int:
   """One more than the largest token id of a `tokenizers.Tokenizer`: what a
   model's vocabulary must cover. Not `get_vocab_size()`, which counts the
@@ -46,11 +59,7 @@ class DreamTokenizer:
     file) encoded as the characters they are: as ids, the mask token would
     be clean data the model learns to output, "<|endoftext|>" a document
     break. For documents; `encode` parses the chat template's tokens."""
-    self.tokenizer.encode_special_tokens = True
-    try:
-      return self.encode(text)
-    finally:
-      self.tokenizer.encode_special_tokens = False
+    return encode_ids(self.tokenizer, text, special_names_are_text=True)
 
   @property
   def vocab_size(self) -> int:
