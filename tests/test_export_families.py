@@ -250,3 +250,23 @@ def test_a_run_of_another_family_is_named_before_its_data(gpt_run, trm_run):
   assert "is a config.model.name='gpt' run (its config.json), but --config " \
          "describes 'trm'" in result.stderr
   assert not (root / "mixed").exists()
+
+
+def test_a_torch_format_without_torch_stops_before_the_weights(trm_run):
+  """`--format=torch` (TRM's default) writes with torch.save: without torch
+  the export read every weight first, then failed."""
+  _, _, flags, root = trm_run
+  script = ("import runpy, sys\n"
+            "sys.modules['torch'] = None  # not installed\n"
+            f"sys.argv = ['trm.export', *{flags!r}, "
+            f"'--out={root / 'notorch'}']\n"
+            "runpy.run_module('trm.export', run_name='__main__')\n")
+  result = subprocess.run([sys.executable, "-c", script], cwd=repo.ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert ("--format=torch is written with torch.save, and PyTorch is not "
+          "installed") in result.stderr
+  assert "Restoring" not in result.stderr and "checkpoint.py" not in \
+      result.stderr
+  assert not (root / "notorch").exists()

@@ -430,6 +430,15 @@ def main(argv):
     raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
                          "workdir (it has no checkpoints/ directory).")
   check_run_family(_CHECKPOINT.value, family)
+  if fmt in ("torch", "nanogpt"):  # torch.save: before the weights load
+    try:
+      import torch  # pylint: disable=g-import-not-at-top,unused-import
+    except ImportError:
+      other = "safetensors" if family == "trm" else "hf"
+      raise app.UsageError(
+          f"--format={fmt} is written with torch.save, and PyTorch is not "
+          f"installed: pip install torch (CPU wheels suffice), or pass "
+          f"--format={other}.") from None
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
