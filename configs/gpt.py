@@ -28,6 +28,11 @@
                                                 (v5e_high_performance.md):
                                                 sequence 2048, flash (splash)
                                                 attention, its XLA flags
+  --config=configs/gpt.py:v5p32b | v5p64b | v5p128b | v5p256b | v5p512b |
+      v5p1024b                                  MaxText's v5p benchmarks
+                                                (configs/v5p/README.md):
+                                                the same decoders on FSDP x
+                                                tensor, remat minimal to 256B
 
 nanoGPT's flag names are the config keys (`--config.n_layer=4`,
 `--config.max_iters=2000`, ...); the trainer's own keys (`total_steps`,
@@ -54,6 +59,28 @@ _MAXTEXT_V5E = {
     "maxtext64b": (64, 32, 10240, 32768, 2, 1),
     "maxtext128b": (64, 64, 10240, 65536, 1, 16),
 }
+# MaxText's v5p runs (configs/v5p/<size>.sh and README.md, commit 76bd53b0f,
+# 2023-12-15; the same base.yml as the v5e runs): n_layer, n_head, n_embd,
+# mlp_dim, per_device_batch_size, ici_tensor_parallelism, remat_policy,
+# chips of the first published slice (v5p-N has N/2 chips).
+_MAXTEXT_V5P = {
+    "v5p32b": (32, 32, 10240, 32768, 8, 4, "minimal", 64),
+    "v5p64b": (64, 32, 10240, 32768, 4, 4, "minimal", 64),
+    "v5p128b": (64, 64, 10240, 65536, 2, 8, "minimal", 128),
+    "v5p256b": (64, 64, 20480, 65536, 2, 8, "minimal", 512),
+    "v5p512b": (128, 64, 20480, 65536, 2, 16, "full", 512),
+    "v5p1024b": (128, 128, 20480, 131072, 2, 16, "full", 1024),
+}
+_MAXTEXT_V5P_FLAGS = (
+    "--xla_tpu_megacore_fusion_allow_ags=false "
+    "--xla_enable_async_collective_permute=true "
+    "--xla_tpu_enable_ag_backward_pipelining=true "
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true "
+    "--xla_tpu_data_parallel_opt_different_sized_ops=true "
+    "--xla_tpu_enable_async_collective_fusion=true "
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+    "--xla_tpu_overlap_compute_collective_tc=true "
+    "--xla_enable_async_all_gather=true")
 # Their LIBTPU_INIT_ARGS (the same in all four scripts).
 _MAXTEXT_V5E_FLAGS = (
     "--xla_tpu_enable_data_parallel_all_reduce_opt=true "
@@ -68,7 +95,8 @@ _MAXTEXT_V5E_FLAGS = (
 def get_config(arg=None):
   variants = config_lib.parse_variants(
       arg, {"shakespeare_char", "shakespeare_char_cpu", "maxtext22b",
-            "maxtext52b", "seq2048", *_GPT2_SIZES, *_MAXTEXT_V5E})
+            "maxtext52b", "seq2048", *_GPT2_SIZES, *_MAXTEXT_V5E,
+            *_MAXTEXT_V5P})
   if "seq2048" in variants and "maxtext22b" not in variants:
     raise ValueError("configs/gpt.py:seq2048 goes with maxtext22b: "
                      "--config=configs/gpt.py:maxtext22b,seq2048.")
@@ -157,6 +185,9 @@ def get_config(arg=None):
                                 # meta.pkl; neither: 50304)
       param_dtype="float32",    # stored parameters (AdamW needs float32)
       remat=False,              # recompute blocks in the backward pass
+      remat_policy="full",      # with remat, what a block saves: full
+                                # (nothing) | minimal (its weight matmuls'
+                                # outputs, MaxText's remat_policy=minimal)
       scan_layers=False,        # one scanned block, params [n_layer, ...]
       residual_dtype="float32",  # residual stream: float32 (torch autocast)
                                 # or the compute dtype (MaxText)
@@ -267,6 +298,23 @@ def get_config(arg=None):
     c.tpu_compiler_options = _MAXTEXT_V5E_FLAGS
     # base.yml's rules put activations' embed axis on 'tensor' (our model);
     # ours keep it whole, which only matters with tensor parallelism (128B).
+    c.logical_axis_rules = tuple(
+        (name, "model" if name == "activation_embed" else axes)
+        for name, axes in c.logical_axis_rules)
+  v5p = variants & set(_MAXTEXT_V5P)
+  if v5p:
+    # The same decoder family on v5p: remat_policy=minimal up to 256B, FSDP
+    # x tensor over the slice, activations' embed axis on the tensor axis
+    # (base.yml's rules), data parallel over slices.
+    (n_layer, n_head, n_embd, mlp, per_chip, model, remat_policy,
+     chips) = _MAXTEXT_V5P[v5p.pop()]
+    _maxtext(c, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+             per_chip=per_chip, chips=chips)
+    c.block_size = 2048
+    c.model.update(head_size=256, mlp_size=mlp, attention="splash",
+                   remat_policy=remat_policy)
+    c.mesh.model = model
+    c.tpu_compiler_options = _MAXTEXT_V5P_FLAGS
     c.logical_axis_rules = tuple(
         (name, "model" if name == "activation_embed" else axes)
         for name, axes in c.logical_axis_rules)

@@ -1,10 +1,10 @@
-r"""Forecast MaxText's published pod runs (v4: 22B, 52B; v5e: 16B-128B)
-and compare.
+r"""Forecast MaxText's published pod runs (v4: 22B, 52B; v5e: 16B-128B;
+v5p: 32B-1024B) and compare.
 
   python benchmarks/forecast/forecast_maxtext.py [--run=22b|52b|both|v5e|
-      all|v5e16b,...] [--fit_on=22b] [--slices=...] [--efficiency=X]
+      v5p|all|v5e16b,...] [--fit_on=22b] [--slices=...] [--efficiency=X]
       [--dcn_overlap=none|schedule] [--dcn_step_us=X | --fit_dcn_on=RUN]
-      [--json=PATH]
+      [--programs=DIR] [--json=PATH]
 
 MaxText's README ("Runtime Performance Results", TPU v4, commit 281e04bf3)
 measured, counting 6 x parameters x tokens per step (train.py, no attention
@@ -16,7 +16,11 @@ term):
   made by the compiler, not for a fundamental reason", its README says);
 - later (v5e_high_performance.md, commit 289fa330, counting attention too)
   16B, 32B, 64B and 128B decoders at sequence 2048 on 1-32 slices of
-  v5e-256 (61.10 .. 46.25 % MFU).
+  v5e-256 (61.10 .. 46.25 % MFU);
+- then (configs/v5p/README.md, commit 76bd53b0f, half the attention term)
+  the same family at 32B to 1024B on 1 and 2 slices of v5p-128 to
+  v5p-4096, FSDP x tensor parallel, remat 'minimal' up to 256B (71.47 ..
+  51.55 % MFU).
 
 `--run=22b` compiles our `configs/gpt.py:maxtext22b` train step for each
 slice count on compile-only v4 devices, fits the one free constant (the
@@ -29,6 +33,10 @@ in the same run unless `--efficiency` gives it): nothing is fitted on the
 52B, so its rows check the forecast out of sample. `--run=v5e` does the
 same for the v5e runs: another chip, whose constants come from its data
 sheet, and up to 32 slices; `--fit_on=v5e16b` fits on that chip instead.
+`--run=v5p` likewise on a third chip, with tensor parallelism.
+`--programs=DIR` keeps each compiled program there and reads it back on a
+later run with the same config, trm/ code, jax and libtpu, so a forecast
+can be replayed without compiling again.
 
 The second constant, the latency of one step of a cross-slice ring
 (`trm.core.topology.DCN_STEP_SECONDS`), is what makes speed fall as slices
@@ -46,6 +54,9 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
+import dataclasses
+import glob
+import hashlib
 import json
 import math
 import sys
@@ -61,7 +72,17 @@ from trm.core import config_lib  # pylint: disable=g-import-not-at-top
 from trm.core import topology as topology_lib  # pylint: disable=g-import-not-at-top
 from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-top
 from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+from trm.forecast import network  # pylint: disable=g-import-not-at-top
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top
+from trm.forecast import timeline  # pylint: disable=g-import-not-at-top
+
+def _v5p(topology: str, one: tuple, two: tuple,
+         batch_per_slice: int | None = None) -> dict:
+  """A v5p run: its train.py of December 2023 counted half the attention
+  term (causal); `batch_per_slice` where the slice is not the variant's."""
+  return dict(topology=topology, slices="1,2", attention_flops="causal",
+              published={1: one, 2: two}, batch_per_slice=batch_per_slice)
+
 
 # Published rows: slices -> (TFLOP/s per chip, MFU %), in MaxText's count
 # of the time: 6 N T until mid-2023, plus the attention term (12 H L Q T^2
@@ -95,39 +116,139 @@ RUNS = {
                     published={1: (110, 56.06), 2: (110, 55.82),
                                4: (108, 54.93), 8: (104, 52.93),
                                16: (100, 50.86), 32: (91, 46.25)}),
+    # configs/v5p/README.md (commit 76bd53b0f, 2023-12-15), 1 and 2 slices:
+    # (TFLOP/s, MFU) on 1 and on 2 slices. The 128B and 1024B were also run
+    # on slices twice as large, with the same batch per chip.
+    **{name: dict(_v5p(*row), variant=name.split("_")[0])
+       for name, row in {
+        "v5p32b": ("v5p-128", (328, 71.47), (319, 69.43)),
+        "v5p64b": ("v5p-128", (323, 70.31), (309, 67.26)),
+        "v5p128b": ("v5p-256", (315, 68.68), (305, 66.34)),
+        "v5p128b_512": ("v5p-512", (316, 68.83), (274, 59.66), 2 * 256),
+        "v5p256b": ("v5p-1024", (308, 67.09), (289, 62.99)),
+        "v5p512b": ("v5p-1024", (294, 63.99), (282, 61.45)),
+        "v5p1024b": ("v5p-2048", (254, 55.35), (237, 51.55)),
+        "v5p1024b_4096": ("v5p-4096", (297, 64.80), (279, 60.83),
+                          2 * 2048),
+    }.items()},
 }
 GROUPS = {"both": ("22b", "52b"), "v4": ("22b", "52b"),
-          "v5e": ("v5e16b", "v5e32b", "v5e64b", "v5e128b")}
-GROUPS["all"] = GROUPS["v4"] + GROUPS["v5e"]
+          "v5e": ("v5e16b", "v5e32b", "v5e64b", "v5e128b"),
+          "v5p": ("v5p32b", "v5p64b", "v5p128b", "v5p128b_512", "v5p256b",
+                  "v5p512b", "v5p1024b", "v5p1024b_4096")}
+GROUPS["all"] = GROUPS["v4"] + GROUPS["v5e"] + GROUPS["v5p"]
 GOAL_POINTS = 2.0
 
 
 def maxtext_flops_per_chip(config, sequences_per_chip: float,
-                           attention: bool) -> float:
-  """MaxText's count: 6 x parameters x tokens per chip, plus (`attention`)
-  12 x heads x layers x head_dim x T^2 per sequence. Its parameters are
-  ours without the learned position table (its decoders have none)."""
+                           attention) -> float:
+  """MaxText's count: 6 x parameters x tokens per chip, plus (`attention`
+  True) 12 x heads x layers x head_dim x T^2 per sequence, or half that
+  (`attention='causal'`, its train.py from December 2023). Its parameters
+  are ours without the learned position table (its decoders have none)."""
   cfg = gpt.GPTConfig.from_config(config.model)
   params = gpt.num_params(gpt.abstract_params(cfg), non_embedding=True)
   per_sequence = 6.0 * params * cfg.block_size
   if attention:
     per_sequence += (12.0 * cfg.n_head * cfg.n_layer * cfg.head_dim
-                     * cfg.block_size**2)
+                     * cfg.block_size**2) * (0.5 if attention == "causal"
+                                             else 1.0)
   return per_sequence * sequences_per_chip
 
 
-def compile_rows(variant: str, topology, slices, attention_flops: bool):
+def _program_files(programs: str, variant: str, topology, count: int,
+                   batch: int) -> tuple[str, str]:
+  stem = os.path.join(programs, f"{variant}_{topology.name}_{count}x_b{batch}")
+  return stem + ".json", stem + ".hlo.txt"
+
+
+def _program_key(config) -> dict:
+  """What a saved program must have been compiled from to be reused."""
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  try:
+    libtpu = importlib.metadata.version("libtpu")
+  except importlib.metadata.PackageNotFoundError:
+    libtpu = None
+  code = hashlib.sha256()
+  for path in sorted(glob.glob(os.path.join(ROOT, "trm", "**", "*.py"),
+                               recursive=True)):
+    with open(path, "rb") as f:
+      code.update(path[len(ROOT):].encode() + b"\0" + f.read())
+  return dict(config_sha256=hashlib.sha256(
+      config.to_json(sort_keys=True).encode()).hexdigest(),
+              trm_sha256=code.hexdigest(), jax=jax.__version__,
+              libtpu=libtpu)
+
+
+def load_row(programs: str, variant: str, topology, count: int, batch: int,
+             config):
+  """A row saved by `save_row` for this config and software, or None."""
+  meta_path, text_path = _program_files(programs, variant, topology, count,
+                                        batch)
+  if not (os.path.isfile(meta_path) and os.path.isfile(text_path)):
+    return None
+  with open(meta_path) as f:
+    meta = json.load(f)
+  if meta.get("key") != _program_key(config):
+    plan.progress(f"  {meta_path}: compiled from another config or "
+                  "software; compiling again")
+    return None
+  fabric = meta.pop("fabric")
+  meta.pop("key")
+  program = None
+  if fabric is not None:
+    fabric = network.Fabric(**{k: tuple(map(tuple, v)) if k == "coords"
+                               else tuple(v) if isinstance(v, list) else v
+                               for k, v in fabric.items()})
+    with open(text_path) as f:
+      program = timeline.Program(f.read(), fabric)
+  return plan.CompiledRow(**meta, program=program)
+
+
+def save_row(programs: str, variant: str, topology, count: int, batch: int,
+             config, row) -> None:
+  """The row's program text and the rest as JSON, for `load_row`."""
+  os.makedirs(programs, exist_ok=True)
+  meta_path, text_path = _program_files(programs, variant, topology, count,
+                                        batch)
+  meta = {f.name: getattr(row, f.name) for f in dataclasses.fields(row)
+          if f.name != "program"}
+  meta["fabric"] = (dataclasses.asdict(row.program.fabric)
+                    if row.program is not None else None)
+  meta["key"] = _program_key(config)
+  with open(text_path + ".tmp", "w") as f:
+    f.write(row.program.text if row.program is not None else "")
+  os.replace(text_path + ".tmp", text_path)
+  with open(meta_path + ".tmp", "w") as f:
+    json.dump(meta, f)
+  os.replace(meta_path + ".tmp", meta_path)
+
+
+def compile_rows(variant: str, topology, slices, attention_flops,
+                 batch_per_slice: int | None = None,
+                 programs: str | None = None):
+  """Each slice count's compiled row (read from `programs` where saved
+  there for this config, else compiled and saved there)."""
   config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
                                   variant)
   rows = []
   for count in slices:
+    batch = (batch_per_slice or config.global_batch_size) * count
+    row = programs and load_row(programs, variant, topology, count, batch,
+                                config)
+    if row:
+      plan.progress(f"gpt.py:{variant}, {count} x {topology.name}: read "
+                    f"from {programs}")
+      rows.append(row)
+      continue
     plan.progress(f"compiling gpt.py:{variant}, {count} x {topology.name} "
                   "...")
-    row = plan.compile_row(config, topology, count, None,
-                           config.global_batch_size * count)
+    row = plan.compile_row(config, topology, count, None, batch)
     plan.progress(f"  {row.compile_seconds:.0f} s, "
                   + (f"{row.memory_gib:.2f} GiB/chip" if row.memory_gib
                      else "memory unknown") + f", fits: {row.fits}")
+    if programs:
+      save_row(programs, variant, topology, count, batch, config, row)
     rows.append(row)
   # Our model FLOPs per chip over MaxText's 6 N T for the same step.
   ratio = (rows[0].model_flops / rows[0].chips) / maxtext_flops_per_chip(
@@ -307,6 +428,11 @@ def main():
       "--fit_dcn_on", default=None, choices=tuple(RUNS),
       help="fit that latency on this run's multi-slice rows instead (the "
       "run must be in --run)")
+  parser.add_argument(
+      "--programs", default=None,
+      help="directory of compiled programs: each row is read from it when "
+      "saved there for the same config, trm/ code, jax and libtpu, else "
+      "compiled and saved")
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
   if args.fit_dcn_on and args.dcn_step_us is not None:
@@ -344,7 +470,8 @@ def main():
                    "first.")
     topology = parse_topology(run["topology"])
     compiled[name] = (topology, *compile_rows(
-        run["variant"], topology, slices, run["attention_flops"]))
+        run["variant"], topology, slices, run["attention_flops"],
+        run.get("batch_per_slice"), args.programs))
   dcn_step = (topology_lib.DCN_STEP_SECONDS if args.dcn_step_us is None
               else args.dcn_step_us * 1e-6)
   efficiency, fitted_on = args.efficiency, None
@@ -355,7 +482,8 @@ def main():
       topology = parse_topology(run["topology"])
       first = int(run["slices"].split(",")[0])
       compiled[fitted_on + "-fit"] = (topology, *compile_rows(
-          run["variant"], topology, [first], run["attention_flops"]))
+          run["variant"], topology, [first], run["attention_flops"],
+          run.get("batch_per_slice"), args.programs))
     key = fitted_on if fitted_on in compiled else fitted_on + "-fit"
     topology, _, rows, ratio = compiled[key]
     if args.fit_dcn_on and rows[0].slices != 1:

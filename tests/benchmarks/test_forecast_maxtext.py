@@ -1,5 +1,6 @@
 """benchmarks/forecast/forecast_maxtext.py: the cross-slice ring step's
 latency is fitted on a run's loss of speed over its slice counts."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -120,3 +121,50 @@ def test_contradicting_latency_flags_stop_before_compiling(flags, message):
 def test_the_default_latency_is_the_topology_constant():
   assert network.Fabric(((0, 0, 0),), (1, 1, 1), (False,) * 3, 1.0, 1.0,
                         2).dcn_step_seconds == topology.DCN_STEP_SECONDS
+
+
+def test_each_published_row_is_its_tflops_over_the_chips_peak(script):
+  """The rows were typed from MaxText's READMEs: each MFU must be its
+  TFLOP/s per chip over the chip's peak (to the rounding of the TFLOP/s)."""
+  for name, run in script.RUNS.items():
+    peak = topology.parse_topology(run["topology"]).chip.peak_bf16_tflops
+    for slices, (tflops, mfu) in run["published"].items():
+      assert abs(100 * tflops / peak - mfu) < 100 * 0.5 / peak, (
+          name, slices)
+
+
+def test_the_v5p_runs_count_half_the_attention_term(script):
+  """MaxText's train.py of December 2023 (the v5p README) halved the
+  attention term for causality; the v5e runs' (November 2023) did not."""
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "gpt.py"), "v5p32b")
+  none = script.maxtext_flops_per_chip(config, 1.0, False)
+  full = script.maxtext_flops_per_chip(config, 1.0, True)
+  causal = script.maxtext_flops_per_chip(config, 1.0, "causal")
+  attention = 12.0 * 32 * 32 * 256 * 2048**2
+  assert full - none == pytest.approx(attention)
+  assert causal - none == pytest.approx(attention / 2)
+  assert {run["attention_flops"] for name, run in script.RUNS.items()
+          if name.startswith("v5p")} == {"causal"}
+
+
+def test_a_saved_program_reads_back_for_its_config_only(script, tmp_path):
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "gpt.py"), "v5p32b")
+  row = _row(2, 40e-6)
+  script.save_row(str(tmp_path), "v5p32b", V5E, 2, 1024, config, row)
+  back = script.load_row(str(tmp_path), "v5p32b", V5E, 2, 1024, config)
+  assert back.program.fabric == row.program.fabric
+  assert back.program.text == row.program.text
+  assert dataclasses.replace(back, program=None) == dataclasses.replace(
+      row, program=None)
+  assert plan.forecast_row(back, V5E, 0.8, "none") == plan.forecast_row(
+      row, V5E, 0.8, "none")
+  # Another batch is another file; another config is compiled again.
+  assert script.load_row(str(tmp_path), "v5p32b", V5E, 2, 512,
+                         config) is None
+  config.n_layer = 4
+  assert script.load_row(str(tmp_path), "v5p32b", V5E, 2, 1024,
+                         config) is None

@@ -738,3 +738,57 @@ def test_an_async_start_of_a_copy_is_charged_its_bytes():
       0.0, 0.0)
   assert ops.instruction_cost(module, entry, entry.by_name["done"], {}) == (
       0.0, 0.0)
+
+
+def _splash_call(name: str, kernel: str, scope: str, q: str, k: str,
+                 metadata: str) -> str:
+  """A splash kernel call as XLA:TPU prints it (q, k, v after two s8 mask
+  tables; the kernel's block sizes in its xprof metadata); `k` names the
+  key and value operand."""
+  return (f'  %{name} = {q}{{3,2,1,0}} custom-call(%m, %m, %q, %{k}, %{k}), '
+          'custom_call_target="tpu_custom_call", frontend_attributes={'
+          'kernel_metadata={\n"xprof_metadata":"{' + metadata + '}"\n}}, '
+          f'metadata={{op_name="jit(f)/{scope}/vmap(s)/{kernel}/{kernel}/'
+          'pallas_call"}, backend_config={"custom_call_config":{"body":"T"}}')
+
+
+def test_splash_calls_are_charged_by_kind_mask_blocks_and_layout():
+  """Forward 2 matmuls, dq 3, dkv 4 (5 with the fused backward); a causal
+  mask computes the blocks on and below the diagonal (256-blocks of a
+  768-long sequence: 6 of 9), a full one all; a sequence-minor k is read
+  [.., D, T]; a call outside our scopes (MaxText's) stays undeclared."""
+  q = "bf16[2,4,768,64]"
+  calls = [
+      ("fwd", "splash_mha_fwd_residuals", "splash_causal_mask", q, "k",
+       r'\"block_q\": 256, \"block_kv\": 256'),
+      ("dq", "splash_mha_dq_no_residuals", "transpose(jvp(splash_full_mask))",
+       q, "kt",
+       r'\"block_q_dq\": 256, \"block_kv_dq\": 256, \"k_layout\": 0'),
+      ("dkv", "splash_mha_dkv_no_residuals", "jvp(splash_causal_mask)", q, "k",
+       r'\"block_q_dkv\": 256, \"block_kv_dkv\": 256'),
+      ("fused", "splash_mha_dkv_no_residuals", "splash_causal_mask", q, "k",
+       r'\"block_q_dkv\": 256, \"block_kv_dkv\": 256, '
+       r'\"use_fused_bwd_kernel\": true'),
+      ("theirs", "splash_mha_fwd_residuals", "flash", q, "k",
+       r'\"block_q\": 256, \"block_kv\": 256'),
+  ]
+  body = ["  %m = s8[1,3,3]{2,1,0} parameter(0)",
+          f"  %q = {q}{{3,2,1,0}} parameter(1)",
+          f"  %k = {q}{{3,2,1,0}} parameter(2)",
+          "  %kt = bf16[2,4,64,768]{3,2,1,0} parameter(3)"]
+  body += [_splash_call(*c) for c in calls]
+  body.append("  ROOT %out = (" + ", ".join(f"{q}{{3,2,1,0}}" for _ in calls)
+              + ") tuple(" + ", ".join(f"%{c[0]}" for c in calls) + ")")
+  text = ("HloModule test, is_scheduled=true, num_partitions=1\n"
+          f"ENTRY %main (m: s8[1,3,3], q: {q}, k: {q}, "
+          "kt: bf16[2,4,64,768]) -> "
+          f"{q} {{\n" + "\n".join(body) + "\n}\n")
+  module = hlo.parse_module(text)
+  comp = module.computations[module.entry]
+  flops = {i.name: ops.splash_flops(i, comp) for i in comp.instructions
+           if ops.is_pallas_call(i)}
+  unit = 2 * 2 * 4 * 64 * 256 * 256  # 2 x batch x heads x D x one block
+  assert flops == {"fwd": 2 * 6 * unit, "dq": 3 * 9 * unit,
+                   "dkv": 4 * 6 * unit, "fused": 5 * 6 * unit,
+                   "theirs": None}
+  assert timeline.Program(text, FABRIC).totals().undeclared_kernels == 1

@@ -385,6 +385,76 @@ def pallas_kernel_name(inst: hlo.Instruction) -> str | None:
   return match.group(1) if match else None
 
 
+# jax's splash attention kernels (Pallas, TPU) declare no cost. Matmuls per
+# computed block of each: the forward forms S = QK^T and O = PV; dq
+# recomputes S and forms dP = dO V^T and dQ = dS K; dkv recomputes S and
+# forms dV = P^T dO, dP and dK = dS^T Q; a fused backward does both.
+_SPLASH_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4, "dkv_fused": 5}
+
+
+def _splash_scopes() -> dict:
+  """{op_name scope: causal?} of the scopes trm/nn/tpu_attention.py names
+  its kernel calls by."""
+  from trm.nn import tpu_attention  # pylint: disable=g-import-not-at-top
+  return {tpu_attention.SCOPE_CAUSAL: True, tpu_attention.SCOPE_FULL: False}
+
+
+def _metadata_int(attrs: str, key: str) -> int | None:
+  match = re.search(r'\\?"' + key + r'\\?"\s*:\s*(\d+)', attrs)
+  return int(match.group(1)) if match else None
+
+
+def splash_flops(inst: hlo.Instruction, comp: hlo.Computation
+                 ) -> float | None:
+  """The FLOPs of one call of jax's splash attention kernel, or None for
+  any other instruction, or a call whose mask is unknown (not inside one
+  of `trm.nn.tpu_attention`'s scopes, e.g. MaxText's).
+
+  2 x matmuls x (batch x heads) x head_dim x the query-key area of the
+  blocks the kernel computes: every block under a full mask; under a
+  causal one the blocks holding a query at or after a key (a block on the
+  diagonal is computed whole, as the kernel does). Shapes come from the
+  call's first three floating operands (q, k, v), blocks from the kernel's
+  xprof metadata."""
+  name = pallas_kernel_name(inst)
+  if name is None or not name.startswith(("splash_mha_", "splash_mqa_")):
+    return None
+  kind = name.split("_")[2]
+  op_name = re.search(r'op_name="([^"]*)"', inst.attrs)
+  scopes = _splash_scopes()
+  # The scope is a path component, or wrapped where autodiff traced it:
+  # '.../attn/splash_causal_mask/vmap(...)', 'jvp(splash_causal_mask)/...',
+  # 'transpose(jvp(splash_causal_mask))/...'.
+  causal = next((c for scope, c in scopes.items() if op_name and re.search(
+      r"[/(]" + scope + r"[)/]", op_name.group(1))), None)
+  if causal is None or kind not in ("fwd", "dq", "dkv"):
+    return None
+  floats = [shape[0].dims for shape in _operand_shapes(inst, comp)
+            if shape and shape[0].dtype in ("bf16", "f32", "f16")
+            and len(shape[0].dims) >= 2]
+  if len(floats) < 2:
+    return None
+  q, k = list(floats[0]), list(floats[1])
+  for layout_key, dims in (("q_layout", q), ("k_layout", k)):
+    if _metadata_int(inst.attrs, layout_key) == 0:  # sequence minor
+      dims[-1], dims[-2] = dims[-2], dims[-1]
+  q_len, head_dim, k_len = q[-2], q[-1], k[-2]
+  suffix = {"fwd": "", "dq": "_dq", "dkv": "_dkv"}[kind]
+  block_q = _metadata_int(inst.attrs, "block_q" + suffix) or q_len
+  block_k = _metadata_int(inst.attrs, "block_kv" + suffix) or k_len
+  if kind == "dkv" and re.search(r'use_fused_bwd_kernel\\?"\s*:\s*true',
+                                 inst.attrs):
+    kind = "dkv_fused"
+  area = 0
+  for start_q in range(0, q_len, block_q):
+    rows = min(block_q, q_len - start_q)
+    for start_k in range(0, k_len, block_k):
+      if causal and start_k > start_q + rows - 1:
+        break
+      area += rows * min(block_k, k_len - start_k)
+  return 2.0 * _SPLASH_MATMULS[kind] * math.prod(q[:-2]) * head_dim * area
+
+
 # XLA:GPU's library calls whose work `gpu_library_cost` reads.
 CUBLAS_PREFIX = "__cublas$"
 CUDNN_ATTENTION_PREFIX = "__cudnn$fmha"

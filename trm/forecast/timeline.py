@@ -48,8 +48,9 @@ class Totals:
   collectives: collections.Counter = dataclasses.field(
       default_factory=collections.Counter)
   unknown_loops: int = 0   # loops whose trip count could not be read
-  # Pallas kernel calls that declare no cost (jax's splash attention):
-  # XLA cannot see inside them, so their FLOPs count as 0.
+  # Pallas kernel calls that declare no cost and are not read otherwise
+  # (splash attention outside our scopes, ops.splash_flops): XLA cannot see
+  # inside them, so their FLOPs count as 0.
   undeclared_kernels: int = 0
 
   def add(self, other: "Totals", times: float = 1.0):
@@ -109,6 +110,7 @@ class Program:
     if key not in self._costs:
       declared = (ops.pallas_cost(inst)
                   or self._declared_flops(comp, inst)
+                  or self._splash_cost(comp, inst)
                   or ops.gpu_library_cost(inst, comp))
       self._costs[key] = declared or ops.instruction_cost(
           self.module, comp, inst, self._fused)
@@ -129,6 +131,14 @@ class Program:
       return None
     return float(flops), ops.instruction_cost(self.module, comp, inst,
                                               self._fused)[1]
+
+  def _splash_cost(self, comp, inst) -> tuple[float, float] | None:
+    """(a splash attention call's FLOPs, its operand and result bytes)."""
+    flops = ops.splash_flops(inst, comp)
+    if flops is None:
+      return None
+    return flops, ops.instruction_cost(self.module, comp, inst,
+                                       self._fused)[1]
 
   def collective(self, comp, inst) -> network.Collective | None:
     key = (comp.name, inst.name)
@@ -295,7 +305,8 @@ class Program:
       total.flops += flops
       total.hbm_bytes += moved
       if (ops.is_pallas_call(inst) and ops.pallas_cost(inst) is None
-          and self.declared_flops(inst) is None):
+          and self.declared_flops(inst) is None
+          and ops.splash_flops(inst, comp) is None):
         total.undeclared_kernels += 1
       described = [self.collective(comp, inst)]
       if inst.opcode == "fusion" and self.chain_roles(comp).get(

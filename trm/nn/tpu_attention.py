@@ -30,6 +30,10 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask as splash_mask)
 
 KINDS = ("dot", "splash", "splash_interpret")
+# Named scopes around the kernel calls, saying which static mask they skip
+# blocks by.
+SCOPE_CAUSAL = "splash_causal_mask"
+SCOPE_FULL = "splash_full_mask"
 # Kernel tiles along the sequence; the length must be a multiple of one.
 _BLOCKS = (512, 256, 128)
 
@@ -68,8 +72,11 @@ def _per_shard(q, k, v, segments, *, interpret: bool, causal: bool = False):
   def one(q, k, v, seg):
     return kernel(q, k, v, splash.SegmentIds(q=seg, kv=seg))
 
-  out = jax.vmap(one)(to_heads_first(q), to_heads_first(k),
-                      to_heads_first(v), segments)
+  # The kernel declares no cost; the forecast reads its mask from this
+  # scope in each call's op_name (trm.forecast.ops.splash_cost).
+  with jax.named_scope(SCOPE_CAUSAL if causal else SCOPE_FULL):
+    out = jax.vmap(one)(to_heads_first(q), to_heads_first(k),
+                        to_heads_first(v), segments)
   return to_heads_first(out)
 
 

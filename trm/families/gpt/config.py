@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 
 from trm.core import config_lib
@@ -16,6 +17,14 @@ ATTENTION_KINDS = ("dot", "splash", "splash_interpret") + attention_lib.GPU_KIND
 QKV_PROJECTIONS = ("auto", "fused", "separate")
 NORM_KERNELS = ("xla",) + norm_gpu.KINDS
 HEAD_GATHERS = ("param", "compute")
+# What a remat'd block saves for the backward pass: 'full' nothing (it is
+# recomputed whole), 'minimal' the outputs of its matmuls with weights, as
+# MaxText's remat_policy=minimal (jax's checkpoint_dots_with_no_batch_dims);
+# attention's batched dots and the elementwise work are recomputed.
+REMAT_POLICIES = ("full", "minimal")
+# The name (jax.ad_checkpoint.checkpoint_name) of each weight matmul's
+# output, which 'minimal' saves.
+WEIGHT_MATMUL = "weight_matmul"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +47,7 @@ class GPTConfig(dtypes.ConfigDtypes):
   dtype: str = "float32"        # compute dtype: float32 | bfloat16 | float16
   param_dtype: str = "float32"  # stored parameters
   remat: bool = False           # jax.checkpoint each block (memory for compute)
+  remat_policy: str = "full"    # with remat, what a block saves (see above)
   scan_layers: bool = False     # nn.scan one block (params h: [n_layer, ...])
   # The residual stream between blocks: float32 as torch.autocast keeps
   # nanoGPT's, or the compute dtype as MaxText keeps it (half the memory of
@@ -111,6 +121,9 @@ class GPTConfig(dtypes.ConfigDtypes):
       raise ValueError(f"config.model.attention={self.attention!r} has no "
                        "attention dropout: set config.model.dropout=0.0 or "
                        "attention='dot'.")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"config.model.remat_policy={self.remat_policy!r} "
+                       f"must be one of {REMAT_POLICIES}.")
     if self.qkv_projection not in QKV_PROJECTIONS:
       raise ValueError(f"config.model.qkv_projection={self.qkv_projection!r}"
                        f" must be one of {QKV_PROJECTIONS}.")
@@ -140,6 +153,13 @@ class GPTConfig(dtypes.ConfigDtypes):
     if self.qkv_projection == "auto":
       return self.attention in attention_lib.GPU_KINDS
     return self.qkv_projection == "separate"
+
+  @property
+  def checkpoint_policy(self):
+    """jax.checkpoint's policy for `remat_policy` (None: save nothing)."""
+    if self.remat_policy == "minimal":
+      return jax.checkpoint_policies.save_only_these_names(WEIGHT_MATMUL)
+    return None
 
   @property
   def mlp_width(self) -> int:

@@ -8,9 +8,11 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from trm.core import mesh as mesh_lib
 from trm.families.gpt.config import GPTConfig
+from trm.families.gpt.config import WEIGHT_MATMUL
 from trm.families.gpt.kernels import gelu
 from trm.families.gpt.kernels import layer_norm
 from trm.families.gpt import norm_gpu
@@ -51,11 +53,15 @@ class LayerNorm(nn.Module):
 
 
 def _project(x, kernel, bias, dtype):
-  """x @ kernel (+ bias) in `dtype`; operands already in `dtype`."""
+  """x @ kernel (+ bias) in `dtype`; operands already in `dtype`. Named
+  for remat_policy='minimal', which saves it: the matmul is a custom_vjp,
+  which jax's dot-saving policies do not look inside."""
   if bias is None:
-    return linear.matmul_to(x, kernel, dtype)
-  # Bias added before the single rounding to `dtype`, as torch's addmm.
-  return linear.add_bias(matmul(x, kernel), bias, dtype)
+    y = linear.matmul_to(x, kernel, dtype)
+  else:
+    # Bias added before the single rounding to `dtype`, as torch's addmm.
+    y = linear.add_bias(matmul(x, kernel), bias, dtype)
+  return checkpoint_name(y, WEIGHT_MATMUL)
 
 
 class Linear(nn.Module):

@@ -73,7 +73,8 @@ def _scanned_blocks(cfg: GPTConfig):
     # deterministic (argument 2, counting self) is a Python bool. Inside a
     # scan the loop body is not merged with its recomputation, so
     # prevent_cse's optimisation barrier only costs (as Dream does).
-    block = nn.remat(block, prevent_cse=False, static_argnums=(2,))
+    block = nn.remat(block, prevent_cse=False, static_argnums=(2,),
+                     policy=cfg.checkpoint_policy)
   return nn.scan(
       # Intermediates (sow, capture_intermediates) stack per layer too.
       block, variable_axes={"params": 0, "intermediates": 0},
@@ -101,7 +102,8 @@ class GPT(nn.Module):
       self.h = _scanned_blocks(cfg)  # h: [n_layer, ...] leaves
     else:
       # deterministic (argument 2, counting self) is a Python bool.
-      block = nn.remat(Block, static_argnums=(2,)) if cfg.remat else Block
+      block = (nn.remat(Block, static_argnums=(2,),
+                        policy=cfg.checkpoint_policy) if cfg.remat else Block)
       self.h = [block(cfg) for _ in range(cfg.n_layer)]  # h_0 .. h_{L-1}
     self.ln_f = LayerNorm(cfg)
 
