@@ -372,6 +372,24 @@ def test_config_refuses_values_it_cannot_train(field, value, needle):
     _cfg(**{field: value})
 
 
+def test_config_refuses_a_puzzle_vector_wider_than_its_prefix():
+  # 64 values do not fit 1 position of 32: before, the first trace failed
+  # with "index can't contain negative values".
+  with pytest.raises(ValueError, match=re.escape(
+      "config.model.puzzle_emb_ndim=64 does not fit the puzzle prefix of "
+      "puzzle_emb_len=1 x hidden_size=32 values: raise puzzle_emb_len to >= "
+      "2, or set it to 0")):
+    _cfg(puzzle_emb_ndim=64, puzzle_emb_len=1)
+  # A vector that fills its prefix, or one sized by puzzle_emb_len=0, runs.
+  for kw in (dict(puzzle_emb_ndim=64, puzzle_emb_len=2),
+             dict(puzzle_emb_ndim=48, puzzle_emb_len=0)):
+    model, variables = _embed_model(**kw)
+    x = model.apply(variables, jnp.zeros((2, model.cfg.seq_len), jnp.int32),
+                    jnp.ones((2, kw["puzzle_emb_ndim"])),
+                    method=trm.TRM._input_embeddings)
+    assert x.shape == (2, model.cfg.seq_len + 2, 32)
+
+
 # --------------------------------------------------------------- TRM forward
 
 

@@ -116,6 +116,16 @@ class TRMConfig:
       if getattr(self, name) < 0:
         raise ValueError(f"config.model.{name}={getattr(self, name)} must be "
                          f">= 0 (0: {zero}).")
+    if self.puzzle_emb_ndim > self.prefix_len * self.hidden_size:
+      # The vector is laid out over the prefix positions; one wider than
+      # them failed while tracing with "index can't contain negative
+      # values" (upstream's view fails on it too).
+      raise ValueError(
+          f"config.model.puzzle_emb_ndim={self.puzzle_emb_ndim} does not fit "
+          f"the puzzle prefix of puzzle_emb_len={self.puzzle_emb_len} x "
+          f"hidden_size={self.hidden_size} values: raise puzzle_emb_len to "
+          f">= {-(self.puzzle_emb_ndim // -self.hidden_size)}, or set it to 0 "
+          "(as many positions as the vector needs).")
     # Float knobs: a NaN compares False with everything, so test the range
     # the right way round.
     if not 0.0 <= self.halt_exploration_prob <= 1.0:
