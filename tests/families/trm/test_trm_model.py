@@ -390,6 +390,18 @@ def test_config_refuses_a_puzzle_vector_wider_than_its_prefix():
     assert x.shape == (2, model.cfg.seq_len + 2, 32)
 
 
+def test_config_refuses_an_odd_head_dim_with_rope():
+  # Head dim 33 (66 / 2): before, the first trace failed with "Incompatible
+  # shapes for broadcasting: shapes=[(1, 22, 2, 33), (22, 1, 34)]".
+  with pytest.raises(ValueError, match=re.escape(
+      "config.model.hidden_size / num_heads (the head dim, 33) must be even "
+      "for pos_encodings='rope'")):
+    _cfg(hidden_size=66, puzzle_emb_ndim=66)
+  # Without RoPE an odd head dim is fine, and mlp_t has no attention.
+  _cfg(hidden_size=66, puzzle_emb_ndim=66, pos_encodings="learned")
+  _cfg(hidden_size=66, puzzle_emb_ndim=66, mlp_t=True)
+
+
 # --------------------------------------------------------------- TRM forward
 
 

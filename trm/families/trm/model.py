@@ -151,6 +151,14 @@ class TRMConfig:
     if self.hidden_size % self.num_heads:
       raise ValueError(f"config.model.hidden_size={self.hidden_size} must be "
                        f"divisible by num_heads={self.num_heads}.")
+    head_dim = self.hidden_size // self.num_heads
+    if self.pos_encodings == "rope" and not self.mlp_t and head_dim % 2:
+      # Rotate-half RoPE pairs the two halves of each head: an odd head
+      # failed while tracing with a broadcasting error (upstream too).
+      raise ValueError(
+          f"config.model.hidden_size / num_heads (the head dim, {head_dim}) "
+          "must be even for pos_encodings='rope': change hidden_size or "
+          "num_heads, or use pos_encodings='learned' or 'none'.")
 
   @property
   def prefix_len(self) -> int:
