@@ -114,6 +114,31 @@ def test_a_damaged_loss_record_is_one_line_naming_it(tmp_path, text, why):
       10) is None
 
 
+def test_readers_restore_a_trm_state_without_puzzle_embeddings(tmp_path):
+  """config.model.puzzle_emb_ndim=0: the puzzle table is an empty field, so
+  the step holds none. trm.evaluate and trm.export refused every such
+  checkpoint as "written by another model" (and named the same family on
+  both sides); a config that wants a table still names the tensor."""
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
+                                  async_save=False)
+  w = jnp.arange(4.0)
+  ckpt_lib.save(manager, 2, {"params": {"w": w}, "ema_params": {"w": w + 1},
+                             "buffers": {"b": w}, "puzzle_emb": {},
+                             "carry": {"steps": jnp.zeros((2,), jnp.int32)}},
+                _Iterator(), eval_loss=1.0, best_eval_loss=1.0)
+  vector = jax.ShapeDtypeStruct((4,), jnp.float32)
+  wanted = {"params": {"w": vector}, "ema_params": {"w": vector},
+            "buffers": {"b": vector}}
+  fields, step = ckpt_lib.restore_fields(
+      str(tmp_path), {**wanted, "puzzle_emb": {}}, family="TRM (puzzle)")
+  assert step == 2 and np.array_equal(fields["ema_params"]["w"], w + 1)
+  with pytest.raises(ValueError, match=re.escape(
+      "does not hold this config's model: missing puzzle_emb/weights")):
+    ckpt_lib.restore_fields(
+        str(tmp_path), {**wanted, "puzzle_emb": {"weights": jax.ShapeDtypeStruct(
+            (3, 4), jnp.float32)}}, family="TRM (puzzle)")
+
+
 @pytest.mark.parametrize("text,why", [
     ("[]", "Metadata dict must be a dictionary, but got list"),
     ('{"custom_metadata": 5}', "Object must be of type <class 'dict'>"),

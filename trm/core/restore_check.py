@@ -120,7 +120,13 @@ def check(directory: str, abstract, step: int | None = None,
   where = f"Checkpoint {step_dir}"
   fix = ("Use the config that wrote it (the run's config.json), or another "
          "--workdir / --checkpoint.")
-  lacking = sorted(set(fields or ()) - saved_fields)
+  # The puzzle table is an empty field (nothing saved) when
+  # config.model.puzzle_emb_ndim is 0, and a config difference otherwise
+  # (reported with the tensors below): only the other fields tell a model
+  # apart. Before, every checkpoint of a run without puzzle embeddings was
+  # refused here as "written by another model" by trm.evaluate and
+  # trm.export.
+  lacking = sorted(set(fields or ()) - saved_fields - {"puzzle_emb"})
   if (ours != "unknown" and ours != theirs) or lacking:
     wanted = (f"a {ours} model" if ours != "unknown"
               else f"the fields {lacking}")
@@ -130,8 +136,6 @@ def check(directory: str, abstract, step: int | None = None,
         f"{sorted(saved_fields)}), but config.model.name describes {wanted} "
         f"(fields {sorted(expected_fields)}): it was written by another "
         f"model. {fix}")
-  # (The puzzle table is an empty field when config.model.puzzle_emb_ndim
-  # is 0: a config difference, reported with the tensors below.)
   if fields is None and (saved_fields ^ expected_fields) - {"puzzle_emb"}:
     raise CheckpointMismatchError(
         f"{where} was written by another version of trm: its train state "
