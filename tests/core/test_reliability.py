@@ -90,11 +90,10 @@ def _poison(batch):
   return dict(batch, inputs=np.full_like(batch["inputs"], 10**6))
 
 
-def test_trm_nonfinite_step_changes_nothing_but_the_counters(tmp_path,
-                                                             data_dir):
-  config = tiny_config(**{"data.data_dir": data_dir})
+def _trm_train_step(config, workdir):
+  """(task, initial state, run(state, host batch) -> (state, metrics))."""
   ctx = mesh_lib.ShardingContext.from_config(config)
-  task = families.build_task(config, str(tmp_path), ctx)
+  task = families.build_task(config, str(workdir), ctx)
   program = task.program
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   state = state_lib.init_state(program.init_fn, ctx, shardings)
@@ -105,6 +104,13 @@ def test_trm_nonfinite_step_changes_nothing_but_the_counters(tmp_path,
   def run(state, batch):
     return step(state, pipeline.to_global(batch, batch_shardings))
 
+  return task, state, run
+
+
+def test_trm_nonfinite_step_changes_nothing_but_the_counters(tmp_path,
+                                                             data_dir):
+  task, state, run = _trm_train_step(
+      tiny_config(**{"data.data_dir": data_dir}), tmp_path)
   # The first step: every row of the fresh carry takes the (poisoned) batch.
   before = _host(state)
   state, metrics = run(state, _poison(task.train_source[0]))
@@ -129,6 +135,22 @@ def test_trm_nonfinite_step_changes_nothing_but_the_counters(tmp_path,
         jax.tree.leaves(getattr(after, name)),
         jax.tree.leaves(getattr(good, name)))]
     assert any(changed), name
+
+
+def test_trm_step_with_overflowed_weights_leaves_the_puzzle_table(tmp_path,
+                                                                  data_dir):
+  """Finite loss and gradients, but a learning rate at float32's edge sends
+  the weights to inf: the step is skipped, and its puzzle-table update with
+  it (before, the skipped step still moved the rows its batch touched)."""
+  task, state, run = _trm_train_step(
+      tiny_config(**{"data.data_dir": data_dir, "optim.lr": 3e38,
+                     "optim.warmup_steps": 0}), tmp_path)
+  before = _host(state)
+  after = _host(run(state, task.train_source[0])[0])
+  assert (int(after.skipped_steps), int(after.bad_streak)) == (1, 1)
+  _assert_trees_equal(
+      before.replace(step=None, skipped_steps=None, bad_streak=None),
+      after.replace(step=None, skipped_steps=None, bad_streak=None))
 
 
 def test_lm_nonfinite_step_changes_nothing_but_the_counters():

@@ -77,6 +77,14 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
   ok = state_lib.all_finite(loss, param_grads, vector_grads)
   updates, opt_state = tx.update(param_grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  ema_params = (optim.ema_update(state.ema_params, params,
+                                 optim_config.ema_rate)
+                if optim_config.ema else params)
+  # `skip_nonfinite` also drops a step whose new values are not finite, but
+  # takes the puzzle table as this step leaves it: its update follows that
+  # verdict too (before, weights overflowed by the learning rate skipped the
+  # step and the table rows still moved).
+  ok = ok & state_lib.all_finite(params, opt_state, ema_params, new_carry)
   puzzle_emb = state.puzzle_emb
   if vectors is not None:
     emb_lr = optim.lr_schedule(optim_config.puzzle_emb_lr,
@@ -88,9 +96,6 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
         puzzle_emb["weights"], carry.puzzle_identifiers,
         jnp.where(ok, vector_grads, 0), emb_lr * ok,
         optim_config.puzzle_emb_weight_decay)}
-  ema_params = (optim.ema_update(state.ema_params, params,
-                                 optim_config.ema_rate)
-                if optim_config.ema else params)
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state, ema_params=ema_params,
                             puzzle_emb=puzzle_emb, carry=new_carry)
