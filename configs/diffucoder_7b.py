@@ -18,6 +18,9 @@ from trm.core import config_lib
 
 def get_config(arg=None):
   variants = config_lib.parse_variants(arg, {"tiny", "1b"})
+  if {"tiny", "1b"} <= variants:
+    # Both size the same fields: ':tiny,1b' would silently be ':tiny'.
+    raise ValueError("Choose one of the variants 'tiny' and '1b'.")
   c = ml_collections.ConfigDict()
 
   c.model = ml_collections.ConfigDict(dict(

@@ -85,6 +85,9 @@ def test_config_file_variants():
   assert (big.mesh.data, big.mesh.fsdp, big.mesh.model) == (1, -1, 1)
   with pytest.raises(ValueError, match="Unknown config variant"):
     module.get_config("huge")
+  # Both size the model: together, one would silently replace the other.
+  with pytest.raises(ValueError, match="one of the variants 'tiny' and '1b'"):
+    module.get_config("tiny,1b")
 
 
 @pytest.mark.parametrize("field,value", [
