@@ -228,6 +228,47 @@ def _not_a_config(argv) -> str | None:
           "(...))")
 
 
+def _stored_field(config, path: str):
+  """What `config` holds at the dotted `path` (a FieldReference where the
+  config file tied the field to another), or None."""
+  node = config
+  for name in path.split("."):
+    if not isinstance(node, ml_collections.ConfigDict):
+      return None
+    node = node._fields.get(name)  # pylint: disable=protected-access
+  return node
+
+
+def _conflicting_aliases(flag_values=None) -> str | None:
+  """Two --config.KEY=VALUE overrides of fields the config file ties
+  together (one FieldReference, e.g. nanoGPT's max_iters and the trainer's
+  total_steps) with different values: the later one would silently win,
+  the earlier one dropped. `flag_values`: absl's FLAGS unless given."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  if "config" not in flag_values:
+    return None
+  holder = flag_values["config"]
+  if not holder.present:  # an optional --config left out (trm.generate)
+    return None
+  values = getattr(holder, "override_values", None) or {}
+  config = holder.value
+  if not isinstance(config, ml_collections.ConfigDict) or len(values) < 2:
+    return None
+  seen = {}  # id of the shared reference -> (path, value) first given
+  for path, value in values.items():
+    stored = _stored_field(config, path)
+    if not isinstance(stored, ml_collections.FieldReference):
+      continue
+    first = seen.setdefault(id(stored), (path, value))
+    if first[0] != path and first[1] != value:
+      return (f"--config.{first[0]}={first[1]!r} and --config.{path}="
+              f"{value!r} set the same field (the config file ties "
+              f"config.{first[0]} and config.{path} together), so one value"
+              " would be dropped; give one of them, or both the same value.")
+  return None
+
+
 def parse_flags(argv):
   """absl `flags_parser` for the command-line tools (`app.run(main,
   flags_parser=config_lib.parse_flags)`). Flag errors stay one line: a
@@ -239,7 +280,8 @@ def parse_flags(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   try:
     parsed = flags.FLAGS(argv)
-    message = _missing_config_file(argv) or _not_a_config(argv)
+    message = (_missing_config_file(argv) or _not_a_config(argv)
+               or _conflicting_aliases())
     if message is None:
       return parsed
   except flags.Error as e:

@@ -1,0 +1,53 @@
+"""`trm.core.config_lib`'s checks of --config overrides."""
+from absl import flags
+from ml_collections import config_flags
+import pytest
+
+from test_train import ROOT  # pylint: disable=g-import-not-at-top
+from trm.core import config_lib
+
+
+def _parsed(*overrides):
+  argv = ["prog", f"--config={ROOT}/configs/gpt.py:shakespeare_char_cpu",
+          *overrides]
+  flag_values = flags.FlagValues()
+  # ml_collections finds the overrides in `sys_argv` (default: sys.argv).
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  flag_values(argv)
+  return flag_values
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (("--config.max_iters=5", "--config.total_steps=3"),
+     "--config.max_iters=5 and --config.total_steps=3 set the same field"),
+    (("--config.model.n_layer=2", "--config.n_layer=4"),
+     "--config.model.n_layer=2 and --config.n_layer=4 set the same field"),
+    (("--config.wandb_log=False", "--config.wandb.enabled=True"),
+     "config.wandb_log and config.wandb.enabled"),
+])
+def test_two_names_of_one_field_with_different_values_are_refused(
+    overrides, needle):
+  # Before: the later flag silently won (max_iters=5 trained 3 steps).
+  message = config_lib._conflicting_aliases(_parsed(*overrides))  # pylint: disable=protected-access
+  assert message is not None and needle in message, message
+
+
+@pytest.mark.parametrize("overrides", [
+    ("--config.max_iters=5", "--config.total_steps=5"),  # the same value
+    ("--config.total_steps=5", "--config.total_steps=3"),  # one name: last wins
+    # A derived field (eval_interval * 1) set apart: the two stay separate.
+    ("--config.checkpoint_every=100", "--config.eval_interval=50"),
+])
+def test_agreeing_or_separate_overrides_pass(overrides):
+  flag_values = _parsed(*overrides)
+  assert config_lib._conflicting_aliases(flag_values) is None  # pylint: disable=protected-access
+
+
+def test_an_optional_config_left_out_passes():
+  # trm.generate's --config is optional: unparsed, it has no overrides.
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
+                                  lock_config=True, sys_argv=["prog"])
+  flag_values(["prog"])
+  assert config_lib._conflicting_aliases(flag_values) is None  # pylint: disable=protected-access
