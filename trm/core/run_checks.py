@@ -61,10 +61,13 @@ def check_eval_only(config, workdir: str) -> None:
 
 def check_config(config) -> None:
   """Rejects values that would only fail (or misbehave) deep in the run:
-  `check_values`, then what this host must have (W&B, a GPU for cuDNN)."""
+  `check_values`, then what this host must have (W&B, a GPU for cuDNN).
+  cuDNN on devices without it is named first: the families' checks of
+  config.model would otherwise ask for its dtype on a host that cannot run
+  it at all."""
+  check_gpu_attention(config)
   check_values(config)
   wandb_writer.check_config(config)
-  check_gpu_attention(config)
 
 
 def check_values(config) -> None:

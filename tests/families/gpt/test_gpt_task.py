@@ -13,6 +13,7 @@ import repo
 
 from trm.core import task as task_lib
 from trm.core import config_lib
+from trm.core import mesh as mesh_lib
 from trm.core import train
 from trm import families
 
@@ -323,3 +324,21 @@ def test_resume_from_a_nanogpt_checkpoint_continues_its_run(data_root,
   got = jax.device_get(state.params)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("model.head_gather", "bogus", "config.model.head_gather"),
+    ("model.residual_dtype", "float64", "config.model.residual_dtype"),
+    ("loss_kernel", "bogus", "config.loss_kernel"),
+    ("n_embd", 33, "config.model.n_embd=33 must be divisible"),
+])
+def test_a_bad_model_field_stops_before_the_data_is_prepared(
+    tmp_path, field, value, needle):
+  # Before: refused only once the text was prepared (and GPT-2 weights read,
+  # with init_from='gpt2*').
+  config = tiny_config(tmp_path / "data", **{field: value})
+  config.mesh.update(data=-1, fsdp=1, model=1)
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  with pytest.raises(ValueError, match=needle):
+    families.build_task(config, str(tmp_path / "run"), ctx)
+  assert not (tmp_path / "data").exists()

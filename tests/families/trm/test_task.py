@@ -87,3 +87,19 @@ def test_a_damaged_arc_file_stops_the_build_before_training(tmp_path, damage,
       json.dump(names[:-1], f)
   with pytest.raises(ValueError, match=needle):
     task.build(config, str(tmp_path), ctx)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("pos_encodings", "bogus"), ("hidden_size", 65), ("mlp_kernel", "x")])
+def test_a_bad_model_field_stops_before_the_data_is_built(tmp_path, field,
+                                                          value):
+  # Before: refused only by TRMConfig, after the dataset was built (the
+  # paper's: a download, or ARC's 1000 augmentations, minutes).
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "trm_sudoku.py"), "cpu")
+  config_lib.set_values(config, {"data.build.num_train": 20,
+                                 "data.build.num_test": 8,
+                                 f"model.{field}": value})
+  with pytest.raises(ValueError, match=f"config.model.{field}"):
+    task.build(config, str(tmp_path), None)
+  assert not (tmp_path / "data").exists()

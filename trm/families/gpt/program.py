@@ -53,16 +53,21 @@ def data_shapes(config, overrides: dict) -> dict:
   return {"vocab_size": vocab}
 
 
-def build(config, ctx, shapes=None) -> Program:
-  """`shapes` ({'vocab_size'}) overrides config.model.vocab_size."""
-  # The layers place themselves by logical names; the platform decides
-  # where the weights' bf16 copies are made (gpt.steps.train_step).
-  cast_once = (ctx is not None
-               and ctx.platform in platform_lib.GPU_PLATFORMS)
-  shapes = shapes or data_shapes(config, {})
+def check_config(config) -> None:
+  """config.model's fields and the loss's, before any weights are read or
+  data prepared (`build` checks the model again with the vocabulary the
+  data give)."""
   model_config = config.model.to_dict()
-  model_config["vocab_size"] = shapes["vocab_size"]
-  cfg = gpt.GPTConfig.from_config(model_config)
+  model_config["vocab_size"] = model_config["vocab_size"] or 1  # the data's
+  if config.init_checkpoint and config.init_from != "scratch":
+    # The weights' shapes replace the config's (task._adopt_shapes).
+    model_config.update(n_layer=1, n_head=1, n_embd=64)
+  gpt.GPTConfig.from_config(model_config)
+  _loss_options(config)
+
+
+def _loss_options(config) -> tuple[int, str]:
+  """(config.loss_chunk_size, config.loss_kernel), checked."""
   chunk = config.get("loss_chunk_size", 0)
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
     raise ValueError(f"config.loss_chunk_size={chunk!r} must be an integer "
@@ -75,6 +80,20 @@ def build(config, ctx, shapes=None) -> Program:
     raise ValueError(f"config.loss_kernel={loss_kernel!r} makes the whole "
                      "sequence's logits in one kernel: set "
                      "config.loss_chunk_size=0, or loss_kernel='xla'.")
+  return chunk, loss_kernel
+
+
+def build(config, ctx, shapes=None) -> Program:
+  """`shapes` ({'vocab_size'}) overrides config.model.vocab_size."""
+  # The layers place themselves by logical names; the platform decides
+  # where the weights' bf16 copies are made (gpt.steps.train_step).
+  cast_once = (ctx is not None
+               and ctx.platform in platform_lib.GPU_PLATFORMS)
+  shapes = shapes or data_shapes(config, {})
+  model_config = config.model.to_dict()
+  model_config["vocab_size"] = shapes["vocab_size"]
+  cfg = gpt.GPTConfig.from_config(model_config)
+  chunk, loss_kernel = _loss_options(config)
   model = gpt.GPT(cfg)
   tx = gpt_steps.make_optimizer(config)
   non_embedding = gpt.num_params(gpt.abstract_params(cfg),

@@ -126,6 +126,9 @@ def check_config(config) -> None:
         f"{config.learning_rate} (the cosine decays from the learning rate "
         "to min_lr; nanoGPT uses about learning_rate / 10), or set "
         "config.decay_lr=False for a constant rate.")
+  # Then the model's own fields (config.model.*), before weights are read or
+  # data prepared: GPTConfig alone would check them only after both.
+  gpt_program.check_config(config)
 
 
 def _load_weights(config, optimizer: bool):

@@ -8,6 +8,7 @@ import os
 import jax
 import numpy as np
 
+from trm.core import config_lib
 from trm.core import host_arrays
 from trm.core.task import Task
 from trm.data.puzzles import dataset as puzzle_dataset
@@ -170,9 +171,13 @@ def visualize_kind(metadata):
 
 
 def check_config(config) -> None:
-  """Before any data is built; TRMConfig checks the rest once the dataset's
-  sizes are known."""
+  """Before any data is built (the paper's datasets take minutes, a
+  download or ARC's 1000 augmentations): every model field, as TRMConfig
+  checks it again once the dataset's sizes are known."""
   trm_model.check_forward_dtype(config.model.forward_dtype)
+  trm_model.TRMConfig(vocab_size=1, seq_len=1, num_puzzle_identifiers=1,
+                      **config_lib.model_kwargs(config.model,
+                                                trm_model.TRMConfig, "trm"))
   if config.data.epochs_per_iter <= 0:
     raise ValueError(f"config.data.epochs_per_iter={config.data.epochs_per_iter}"
                      " must be a positive integer.")
