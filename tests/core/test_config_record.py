@@ -84,16 +84,36 @@ def test_kernel_choice_is_harmless_even_when_unrecorded(finished_run,
     assert diff == {"model.mlp_kernel": [old, config.model.mlp_kernel]}
 
 
-def test_allow_config_change_accepts_and_records(finished_run):
-  workdir, config, _ = finished_run
+def test_allow_config_change_accepts_and_records(finished_run, tmp_path):
+  # A copy: the shared run keeps one config (its later steps would be
+  # trained, and recorded, with the accepted one).
+  workdir, config, recorded = _copy_run(finished_run, tmp_path)
   changed = config.copy_and_resolve_references()
-  changed.total_steps = 14
+  changed.total_steps = _newest(workdir) + 2
   changed.optim.lr = 5e-4
   changed.allow_config_change = True
-  train.train_and_evaluate(changed, workdir, families.build_task)
+  train.train_and_evaluate(changed, str(workdir), families.build_task)
   last = _history(workdir)[-1]
   assert last["accepted"] == ["optim.lr"]
   assert last["changes"]["optim.lr"] == [config.optim.lr, 5e-4]
+  # The steps trained since carry the accepted config: a later resume is
+  # checked against it. Before, they carried the first run's, so going
+  # back to lr 1e-3 passed unchecked and keeping 5e-4 was refused.
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  newest = workdir / "checkpoints" / str(changed.total_steps)
+  assert ckpt_lib.saved_config_record(newest)["optim"]["lr"] == 5e-4
+  with open(workdir / "config.json") as f:
+    assert f.read() == recorded  # the run's first config stays there
+  back = changed.copy_and_resolve_references()
+  back.update(total_steps=changed.total_steps + 2, allow_config_change=False)
+  back.optim.lr = config.optim.lr
+  with pytest.raises(config_record.ConfigChangedError,
+                     match=r"config\.optim\.lr: 0\.0005 -> 0\.001\. The "
+                     r"config record saved with checkpoint .* records"):
+    config_record.check(back, workdir, changed.total_steps)
+  back.optim.lr = 5e-4
+  assert set(config_record.check(back, workdir, changed.total_steps)) == {
+      "total_steps"}
 
 
 def test_a_shorter_run_is_a_change():
@@ -211,7 +231,7 @@ def _seed_changed(config):
 
 
 def test_each_checkpoint_carries_the_record(finished_run):
-  """Also those of resumes with changed configs: the record is the run's,
+  """Also those of resumes with harmless changes: the record is the run's,
   as config.json is."""
   workdir, _, recorded = finished_run
   from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top

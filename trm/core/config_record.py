@@ -12,8 +12,9 @@ beside it (time, step, {field: [recorded, new]}); an accepted one is also
 said in one warning.
 
 The record also travels in every checkpoint (the step's metadata, see
-`trm.core.checkpoint.save`), and a resume compares against the newest
-checkpoint's copy: a deleted, damaged or edited `config.json` cannot let a
+`trm.core.checkpoint.save`; after an accepted change, the config the step
+was trained with), and a resume compares against the newest checkpoint's
+copy: a deleted, damaged or edited `config.json` cannot let a
 changed config through. A missing or damaged `config.json` is then
 rewritten from the checkpoint's record (one warning line naming the file).
 Checkpoints written before records travelled with them fall back to
@@ -155,19 +156,40 @@ def _recorded(workpath: epath.Path, step: int, quiet: bool = False):
                       record_path)
     elif file_record != saved:
       logging.warning("%s differs from %s; the checkpoint's record is the "
-                      "one compared with.", record_path, where)
-  return saved, f"{where} (copied in {record_path})", file_record is None
+                      "one compared with (changes accepted by "
+                      "allow_config_change are listed in %s).", record_path,
+                      where, workpath / HISTORY)
+  # config.json keeps the run's first config after an accepted change.
+  copied = (f" (copied in {record_path})"
+            if file_record is None or file_record == saved else "")
+  return saved, where + copied, file_record is None
 
 
-def run_record(config, workpath: epath.Path, step: int | None) -> dict:
+def run_record(config, workpath: epath.Path, step: int | None,
+               diff: dict | None = None) -> dict:
   """The config record this run saves with its checkpoints: the one it
   resumes under (checkpoint's, else config.json's), or for a new run (or an
-  old one with neither) this config."""
-  if step is not None:
+  old one with neither) this config. A resume whose changes to how the run
+  trains were accepted (`diff`, from `check`, with allow_config_change)
+  records this config too: its steps are trained with it, and a later
+  resume that went back to the old values would otherwise pass unchecked
+  (and one that kept them be refused)."""
+  if step is not None and not accepted(diff or {}, config):
     record, _, _ = _recorded(workpath, step, quiet=True)
     if record is not None:
       return record
-  return json.loads(config.to_json_best_effort())
+  record = json.loads(config.to_json_best_effort())
+  if step is not None and "allow_config_change" in record:
+    # The flag let this resume through; recorded as True, every later
+    # resume without it would log a change to config_history.jsonl.
+    record["allow_config_change"] = False
+  return record
+
+
+def accepted(diff: dict, config) -> list[str]:
+  """The fields of a resume's `diff` that change how the run trains (what
+  config.allow_config_change let through)."""
+  return sorted(k for k, v in diff.items() if not _harmless(k, *v, config))
 
 
 def flat(tree, prefix: str = "") -> dict:
@@ -293,9 +315,7 @@ def record(config, workpath: epath.Path, diff: dict, step: int | None) -> None:
   if not diff:
     return
   entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
-           "changes": diff,
-           "accepted": sorted(k for k, v in diff.items()
-                              if not _harmless(k, *v, config))}
+           "changes": diff, "accepted": accepted(diff, config)}
   history = workpath / HISTORY
   # Read and rewrite rather than append: object stores cannot append. As
   # bytes: a hand-edited history (another encoding, no last newline) is

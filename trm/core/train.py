@@ -211,7 +211,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   resume_step = saved_steps[-1] if saved_steps else None
   config_changes = config_record.check(config, workpath, resume_step)
   # Saved with every checkpoint, so a lost config.json loses nothing.
-  saved_record = config_record.run_record(config, workpath, resume_step)
+  saved_record = config_record.run_record(config, workpath, resume_step,
+                                         config_changes)
   # A resume past a lowered config.total_steps (allow_config_change) only
   # evaluates again, but restores its data position first.
   # eval_only reads no training batch: its position may be over other data.
