@@ -205,6 +205,25 @@ def test_logical_rules_default_round_trip():
   assert mesh_lib.logical_rules(cfg) == RULES
 
 
+def test_rules_that_leave_names_out_are_refused():
+  """--config.logical_axis_rules replaces the whole list: one rule given on
+  the command line left the batch and every other array replicated (no
+  data parallelism on a data=4, fsdp=2 mesh), silently."""
+  config = _load_sudoku_config("cpu")
+  config.mesh.update(data=1, fsdp=-1)
+  mesh_lib.ShardingContext.from_config(config)  # the defaults cover all
+  config.logical_axis_rules = (("embed", "fsdp"),)
+  with pytest.raises(mesh_lib.MeshConfigError,
+                     match=r"config\.logical_axis_rules has no rule for "
+                     r"'activation_batch', .*'layers': .* \(the batch too: "
+                     r"no data parallelism\)\. An override replaces"):
+    mesh_lib.ShardingContext.from_config(config)
+  # A name mapped to None is covered (replicated on purpose).
+  config.logical_axis_rules = tuple(
+      (name, None if name == "mlp" else axes) for name, axes in RULES)
+  mesh_lib.ShardingContext.from_config(config)
+
+
 # ------------------------------------------------------------ rule resolution
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from trm.core import config_lib
 from trm.nn import platform as platform_lib
 
 MESH_AXES = ("data", "fsdp", "model")
@@ -177,6 +178,26 @@ def logical_rules(config) -> tuple[tuple[str, Any], ...]:
   return tuple(rules)
 
 
+def check_rules_cover(rules, names: Sequence[str]) -> None:
+  """Every logical name in `names` has a rule. Flax replicates an axis whose
+  name no rule matches, silently, and a --config.logical_axis_rules
+  override replaces the whole list: one rule given on the command line left
+  every other array, the batch included, whole on every device (no data
+  parallelism on any mesh)."""
+  named = {name for name, _ in rules}
+  missing = [name for name in names if name not in named]
+  if missing:
+    raise MeshConfigError(
+        f"config.logical_axis_rules has no rule for "
+        f"{', '.join(map(repr, missing))}: arrays with these logical axes "
+        "would be replicated on every device"
+        + (" (the batch too: no data parallelism)" if BATCH in missing
+           else "")
+        + ". An override replaces the whole list: give every rule (None "
+        "replicates a name); the defaults are trm/core/config_lib.py's "
+        "default_logical_axis_rules().")
+
+
 def batch_parallelism(mesh: Mesh, rules) -> int:
   """How many ways the batch axis is split across devices."""
   axes = axes_of(nn.logical_to_mesh_axes((BATCH,), rules)[0])
@@ -284,7 +305,11 @@ class ShardingContext:
     if "loss_kernel" in config:
       check_tpu_kernels(mesh, prefix="config.", default="xla",
                         loss_kernel=config.loss_kernel)
-    return cls(mesh, logical_rules(config))
+    rules = logical_rules(config)
+    # The names the code's arrays carry (config_lib's defaults name each).
+    check_rules_cover(rules, [name for name, _ in
+                              config_lib.default_logical_axis_rules()])
+    return cls(mesh, rules)
 
   def __enter__(self):
     stack = contextlib.ExitStack()
