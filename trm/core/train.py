@@ -329,14 +329,31 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     writer.write_scalars(start_step, {key: seconds})
     return step_fn
 
-  if start_step < config.total_steps:
+  # always_save_checkpoint=False keeps only improving steps: a run whose
+  # final evaluation (eval_<total_steps>.json, written after its last step)
+  # did not improve ended without a checkpoint there, and a rerun trained
+  # the steps since its best one again, every time.
+  final_record = workpath / f"eval_{config.total_steps}.json"
+  ended_unsaved = (not config.always_save_checkpoint
+                   and start_step < config.total_steps
+                   and final_record.exists())
+  finished = start_step >= config.total_steps or ended_unsaved
+  if not finished:
     train_step = build_train_step()
   else:  # a finished run only evaluates again: no train step to build
     train_step = None
-    logging.info("Step %d %s config.total_steps=%d: the run is finished; "
-                 "evaluating without building the train step.", start_step,
-                 "reaches" if start_step == config.total_steps else "is past",
-                 config.total_steps)
+    if ended_unsaved:
+      logging.info(
+          "Step %d (config.total_steps) was trained and evaluated by an "
+          "earlier run (%s) and not saved, its loss not below the best "
+          "(always_save_checkpoint=False): the run is finished; evaluating "
+          "its newest checkpoint, step %d, without building the train step.",
+          config.total_steps, final_record, start_step)
+    else:
+      logging.info("Step %d %s config.total_steps=%d: the run is finished; "
+                   "evaluating without building the train step.", start_step,
+                   "reaches" if start_step == config.total_steps
+                   else "is past", config.total_steps)
   speed = step_timer.StepTimer(program.flops_per_step, program.compute_dtype)
 
   bad_limit = config.max_consecutive_bad_steps
@@ -480,17 +497,17 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   bound = dispatch.DispatchBound()
   try:
     with metric_writers.ensure_flushes(writer), preemption:
-      if start_step < config.total_steps and eval_owed:
+      if not finished and eval_owed:
         # A preemption cut this step's evaluation: it is done now, as an
         # uninterrupted run would have done it, before training on.
         logging.info("Step %d: redoing the evaluation the preemption cut "
                      "short.", start_step)
         evaluate_now(start_step)
         record_redone_eval(start_step)
-      if start_step < config.total_steps:
+      if not finished:
         logging.info("Training from step %d to %d.", start_step,
                      config.total_steps)
-      while step < config.total_steps:
+      while not finished and step < config.total_steps:
         batch = pipeline.to_global(next(train_iter), batch_shardings)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           state, metrics = train_step(state, batch)
@@ -526,7 +543,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           speed.restart(step)  # nor is saving
       if pending is not None:
         write_train_metrics(*pending)
-      if start_step >= config.total_steps:  # a finished run: report again
+      if finished:  # a finished run: report again
         results = run_eval(step)
         if eval_owed:
           record_redone_eval(step)

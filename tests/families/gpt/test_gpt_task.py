@@ -165,6 +165,33 @@ def test_checkpoint_only_on_improvement(data_root, tmp_path):
   assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["10"]
 
 
+def test_a_rerun_after_an_unsaved_last_step_is_finished(data_root, tmp_path,
+                                                         monkeypatch):
+  """always_save_checkpoint=False left the last step (20, no better) unsaved;
+  the same command again trained steps 11-20 again, on every rerun. It is a
+  finished run now: it evaluates its newest checkpoint (here the best),
+  compiling no step."""
+  config = tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
+                       max_iters=20, lr_decay_iters=20, eval_interval=10,
+                       always_save_checkpoint=False)
+  train.train_and_evaluate(config, str(tmp_path), families.build_task)
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("the finished run compiled its train step")
+
+  monkeypatch.setattr(task_lib, "compile_train_step", no_training)
+  state, results = train.train_and_evaluate(config, str(tmp_path),
+                                            families.build_task)
+  assert int(state.step) == 10 and "eval/loss" in results
+  assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["10"]
+  # A longer run trains on from the best checkpoint, as before.
+  monkeypatch.undo()
+  config.max_iters = 30
+  state, _ = train.train_and_evaluate(config, str(tmp_path),
+                                      families.build_task)
+  assert int(state.step) == 30
+
+
 def sample_two(workdir):
   """`trm.sample` from a workdir: two samples that continue 'ROMEO:'."""
   result = subprocess.run(
