@@ -205,6 +205,24 @@ def test_logical_rules_default_round_trip():
   assert mesh_lib.logical_rules(cfg) == RULES
 
 
+def test_a_mesh_that_misses_a_slice_counts_its_devices_per_slice():
+  # Before: "has 2 devices but 4 are available" on 8 devices, no word of
+  # the slices.
+  with pytest.raises(mesh_lib.MeshConfigError,
+                     match=r"has 2 devices but 4 are available in each of "
+                     r"the 2 slices \(config\.mesh\.dcn_\* multiply to 2; 8 "
+                     r"devices in all\)"):
+    mesh_lib.mesh_shapes(config_lib.mesh_config(data=2, dcn_data=2), 8)
+  with pytest.raises(mesh_lib.MeshConfigError,
+                     match=r"multiply to 3, which does not divide the 4 devices"
+                     r" available in each of the 2 slices"):
+    mesh_lib.mesh_shapes(config_lib.mesh_config(data=-1, fsdp=3,
+                                                dcn_data=2), 8)
+  with pytest.raises(mesh_lib.MeshConfigError,
+                     match=r"has 3 devices but 8 are available; set"):
+    mesh_lib.mesh_shapes(config_lib.mesh_config(data=3), 8)
+
+
 def test_rules_that_leave_names_out_are_refused():
   """--config.logical_axis_rules replaces the whole list: one rule given on
   the command line left the batch and every other array replicated (no

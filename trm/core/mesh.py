@@ -66,8 +66,13 @@ def check_tpu_kernels(mesh: Mesh, prefix: str = "config.model.",
 
 
 def _resolve_sizes(sizes: Sequence[int], num_devices: int,
-                   what: str) -> tuple[int, ...]:
-  """Replaces a single -1 so that the product equals `num_devices`."""
+                   what: str, slices: int = 1) -> tuple[int, ...]:
+  """Replaces a single -1 so that the product equals `num_devices` (the
+  devices of one of `slices` slices)."""
+  # With slices, "4 are available" on 8 devices read as a miscount.
+  where = (f" in each of the {slices} slices (config.mesh.dcn_* multiply to"
+           f" {slices}; {slices * num_devices} devices in all)"
+           if slices > 1 else "")
   sizes = [int(s) for s in sizes]
   names = [f"{what}{a}" for a in MESH_AXES]
   for name, size in zip(names, sizes):
@@ -84,14 +89,15 @@ def _resolve_sizes(sizes: Sequence[int], num_devices: int,
     if num_devices % known:
       raise MeshConfigError(
           f"The fixed mesh sizes {dict(zip(names, sizes))} multiply to {known}, "
-          f"which does not divide the {num_devices} devices available; "
-          "change config.mesh so the product divides the device count.")
+          f"which does not divide the {num_devices} devices available"
+          f"{where}; change config.mesh so the product divides the device "
+          "count.")
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) != num_devices:
     raise MeshConfigError(
         f"config.mesh {dict(zip(names, sizes))} has {math.prod(sizes)} devices"
-        f" but {num_devices} are available; set one axis to -1 or make the "
-        "product equal the device count.")
+        f" but {num_devices} are available{where}; set one axis to -1 or make"
+        " the product equal the device count.")
   return tuple(sizes)
 
 
@@ -108,7 +114,7 @@ def mesh_shapes(mesh_config, num_devices: int) -> tuple[tuple[int, ...],
         f"config.mesh.dcn_* ask for {num_slices} slices, which does not divide"
         f" the {num_devices} devices available.")
   ici = _resolve_sizes([mesh_config[a] for a in MESH_AXES],
-                       num_devices // num_slices, "mesh.")
+                       num_devices // num_slices, "mesh.", num_slices)
   return ici, dcn
 
 
