@@ -10,6 +10,7 @@ Placeholders in the sources (PORT, MARK, COMM, REPO, SECRET, PREFIX, HOME) are f
 in by the fixture.
 """
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -488,6 +489,21 @@ def test_hostile_program_fails_alone(batch, case):
   outcome.result.encode("utf-8")
   # The correct sample right after it in the batch was not disturbed.
   assert good.passed and good.reason == "passed", good
+
+
+def test_a_program_meets_the_signals_of_a_fresh_interpreter():
+  """An evaluator started as a shell's background job ignores SIGINT, and
+  an ignored disposition survives exec: session 59's CI, started so, saw
+  `_thread.interrupt_main()` do nothing and the program pass its checks."""
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    outcome = code_exec.run_program(
+        (GOOD + "import _thread, time\n_thread.interrupt_main()\n"
+         "time.sleep(2)\n", CHECKS), LIMITS, MODE)
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  assert outcome.reason == "exit_before_checks", outcome
+  assert "KeyboardInterrupt" in outcome.result, outcome
 
 
 def test_no_process_outlives_its_sample(batch):

@@ -353,6 +353,7 @@ def _start_program(payload, nonce_read, report_write):
     report = 4
     os.closerange(5, 1 << 16)
     env = dict(payload["env"], HOME=cwd, TMPDIR=cwd)
+    _default_signals()
     python = payload["python"]
     os.execve(python, [python, payload["python_flags"], "-c", BOOTSTRAP,
                        solution, checks], env)
@@ -365,6 +366,22 @@ def _start_program(payload, nonce_read, report_write):
           "utf-8", "replace"))
     finally:
       os._exit(126)  # pylint: disable=protected-access
+
+
+def _default_signals():
+  """Signals the evaluator's process ignores back to their defaults: an
+  ignored disposition survives exec, and the program must meet the signals
+  a fresh interpreter does, whatever started the evaluation (a shell's
+  background job ignores SIGINT: `_thread.interrupt_main()` then did
+  nothing and a program that calls it passed its checks)."""
+  for number in signal.valid_signals():
+    if number in (signal.SIGKILL, signal.SIGSTOP):
+      continue
+    try:
+      if signal.getsignal(number) == signal.SIG_IGN:
+        signal.signal(number, signal.SIG_DFL)
+    except (OSError, ValueError):  # not settable here
+      pass
 
 
 def _supervise(payload, report_fd):
