@@ -289,36 +289,36 @@ def get_config(arg=None):
     n_layer, n_head, n_embd, mlp, per_chip, model = _MAXTEXT_V5E[v5e.pop()]
     _maxtext(c, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
              per_chip=per_chip, chips=256)
-    c.block_size = 2048
+    _maxtext_2048(c, mlp, model, _MAXTEXT_V5E_FLAGS)
     # head_gather: the whole float32 table otherwise stays live from the
     # token lookup to the loss (32B: 16.42 -> 15.04 GiB per chip).
-    c.model.update(head_size=256, mlp_size=mlp, attention="splash",
-                   head_gather="compute")
-    c.mesh.model = model
-    c.tpu_compiler_options = _MAXTEXT_V5E_FLAGS
-    # base.yml's rules put activations' embed axis on 'tensor' (our model);
-    # ours keep it whole, which only matters with tensor parallelism (128B).
-    c.logical_axis_rules = tuple(
-        (name, "model" if name == "activation_embed" else axes)
-        for name, axes in c.logical_axis_rules)
+    c.model.head_gather = "compute"
   v5p = variants & set(_MAXTEXT_V5P)
   if v5p:
     # The same decoder family on v5p: remat_policy=minimal up to 256B, FSDP
-    # x tensor over the slice, activations' embed axis on the tensor axis
-    # (base.yml's rules), data parallel over slices.
+    # x tensor over the slice, data parallel over slices.
     (n_layer, n_head, n_embd, mlp, per_chip, model, remat_policy,
      chips) = _MAXTEXT_V5P[v5p.pop()]
     _maxtext(c, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
              per_chip=per_chip, chips=chips)
-    c.block_size = 2048
-    c.model.update(head_size=256, mlp_size=mlp, attention="splash",
-                   remat_policy=remat_policy)
-    c.mesh.model = model
-    c.tpu_compiler_options = _MAXTEXT_V5P_FLAGS
-    c.logical_axis_rules = tuple(
-        (name, "model" if name == "activation_embed" else axes)
-        for name, axes in c.logical_axis_rules)
+    _maxtext_2048(c, mlp, model, _MAXTEXT_V5P_FLAGS)
+    c.model.remat_policy = remat_policy
   return c.lock()
+
+
+def _maxtext_2048(c, mlp: int, model: int, flags: str) -> None:
+  """What MaxText's v5e and v5p runs share beyond `_maxtext`: sequence 2048
+  with flash (splash) attention, heads of 256, its mlp_dim, a tensor axis
+  of `model` chips and its LIBTPU_INIT_ARGS."""
+  c.block_size = 2048
+  c.model.update(head_size=256, mlp_size=mlp, attention="splash")
+  c.mesh.model = model
+  c.tpu_compiler_options = flags
+  # base.yml's rules put activations' embed axis on 'tensor' (our model);
+  # ours keep it whole, which only matters with tensor parallelism.
+  c.logical_axis_rules = tuple(
+      (name, "model" if name == "activation_embed" else axes)
+      for name, axes in c.logical_axis_rules)
 
 
 def _maxtext(c, n_layer: int, n_head: int, n_embd: int, per_chip: int,

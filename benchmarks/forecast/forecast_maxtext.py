@@ -55,6 +55,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
+import functools
 import glob
 import hashlib
 import json
@@ -71,6 +72,8 @@ sys.path.insert(0, ROOT)
 from trm.core import config_lib  # pylint: disable=g-import-not-at-top
 from trm.core import topology as topology_lib  # pylint: disable=g-import-not-at-top
 from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-top
+from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+from trm.data import io as io_lib  # pylint: disable=g-import-not-at-top
 from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
 from trm.forecast import network  # pylint: disable=g-import-not-at-top
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top
@@ -162,22 +165,25 @@ def _program_files(programs: str, variant: str, topology, count: int,
   return stem + ".json", stem + ".hlo.txt"
 
 
-def _program_key(config) -> dict:
-  """What a saved program must have been compiled from to be reused."""
+@functools.cache
+def _software_key() -> dict:
+  """The trm/ sources, jax and libtpu this process compiles with (read
+  once: the same for every row)."""
   import importlib.metadata  # pylint: disable=g-import-not-at-top
   try:
     libtpu = importlib.metadata.version("libtpu")
   except importlib.metadata.PackageNotFoundError:
     libtpu = None
-  code = hashlib.sha256()
-  for path in sorted(glob.glob(os.path.join(ROOT, "trm", "**", "*.py"),
-                               recursive=True)):
-    with open(path, "rb") as f:
-      code.update(path[len(ROOT):].encode() + b"\0" + f.read())
-  return dict(config_sha256=hashlib.sha256(
-      config.to_json(sort_keys=True).encode()).hexdigest(),
-              trm_sha256=code.hexdigest(), jax=jax.__version__,
-              libtpu=libtpu)
+  sources = sorted(glob.glob(os.path.join(ROOT, "trm", "**", "*.py"),
+                             recursive=True))
+  return dict(trm_sha256=io_lib.files_sha256(sources, ROOT),
+              jax=jax.__version__, libtpu=libtpu)
+
+
+def _program_key(config) -> dict:
+  """What a saved program must have been compiled from to be reused."""
+  return dict(_software_key(), config_sha256=hashlib.sha256(
+      config.to_json(sort_keys=True).encode()).hexdigest())
 
 
 def load_row(programs: str, variant: str, topology, count: int, batch: int,
@@ -208,7 +214,6 @@ def load_row(programs: str, variant: str, topology, count: int, batch: int,
 def save_row(programs: str, variant: str, topology, count: int, batch: int,
              config, row) -> None:
   """The row's program text and the rest as JSON, for `load_row`."""
-  os.makedirs(programs, exist_ok=True)
   meta_path, text_path = _program_files(programs, variant, topology, count,
                                         batch)
   meta = {f.name: getattr(row, f.name) for f in dataclasses.fields(row)
@@ -216,12 +221,9 @@ def save_row(programs: str, variant: str, topology, count: int, batch: int,
   meta["fabric"] = (dataclasses.asdict(row.program.fabric)
                     if row.program is not None else None)
   meta["key"] = _program_key(config)
-  with open(text_path + ".tmp", "w") as f:
-    f.write(row.program.text if row.program is not None else "")
-  os.replace(text_path + ".tmp", text_path)
-  with open(meta_path + ".tmp", "w") as f:
-    json.dump(meta, f)
-  os.replace(meta_path + ".tmp", meta_path)
+  atomic_files.replace_whole(
+      text_path, row.program.text if row.program is not None else "")
+  atomic_files.write_json_atomic(meta_path, meta)
 
 
 def compile_rows(variant: str, topology, slices, attention_flops,

@@ -110,7 +110,6 @@ class Program:
     if key not in self._costs:
       declared = (ops.pallas_cost(inst)
                   or self._declared_flops(comp, inst)
-                  or self._splash_cost(comp, inst)
                   or ops.gpu_library_cost(inst, comp))
       self._costs[key] = declared or ops.instruction_cost(
           self.module, comp, inst, self._fused)
@@ -124,21 +123,19 @@ class Program:
     return self.kernel_flops.get(
         (name, tuple(tuple(a.dims) for a in inst.shape)))
 
-  def _declared_flops(self, comp, inst) -> tuple[float, float] | None:
-    """(declared FLOPs, the call's operand and result bytes), or None."""
+  def _kernel_flops(self, comp, inst) -> float | None:
+    """A Pallas kernel call's FLOPs where it declares none: from
+    `kernel_flops`, or read from a splash attention call (ops.splash_flops)."""
     flops = self.declared_flops(inst)
+    return ops.splash_flops(inst, comp) if flops is None else flops
+
+  def _declared_flops(self, comp, inst) -> tuple[float, float] | None:
+    """(`_kernel_flops`, the call's operand and result bytes), or None."""
+    flops = self._kernel_flops(comp, inst)
     if flops is None:
       return None
     return float(flops), ops.instruction_cost(self.module, comp, inst,
                                               self._fused)[1]
-
-  def _splash_cost(self, comp, inst) -> tuple[float, float] | None:
-    """(a splash attention call's FLOPs, its operand and result bytes)."""
-    flops = ops.splash_flops(inst, comp)
-    if flops is None:
-      return None
-    return flops, ops.instruction_cost(self.module, comp, inst,
-                                       self._fused)[1]
 
   def collective(self, comp, inst) -> network.Collective | None:
     key = (comp.name, inst.name)
@@ -305,8 +302,7 @@ class Program:
       total.flops += flops
       total.hbm_bytes += moved
       if (ops.is_pallas_call(inst) and ops.pallas_cost(inst) is None
-          and self.declared_flops(inst) is None
-          and ops.splash_flops(inst, comp) is None):
+          and self._kernel_flops(comp, inst) is None):
         total.undeclared_kernels += 1
       described = [self.collective(comp, inst)]
       if inst.opcode == "fusion" and self.chain_roles(comp).get(

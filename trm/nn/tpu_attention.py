@@ -73,7 +73,7 @@ def _per_shard(q, k, v, segments, *, interpret: bool, causal: bool = False):
     return kernel(q, k, v, splash.SegmentIds(q=seg, kv=seg))
 
   # The kernel declares no cost; the forecast reads its mask from this
-  # scope in each call's op_name (trm.forecast.ops.splash_cost).
+  # scope in each call's op_name (trm.forecast.ops.splash_flops).
   with jax.named_scope(SCOPE_CAUSAL if causal else SCOPE_FULL):
     out = jax.vmap(one)(to_heads_first(q), to_heads_first(k),
                         to_heads_first(v), segments)
