@@ -402,6 +402,18 @@ def test_config_refuses_an_odd_head_dim_with_rope():
   _cfg(hidden_size=66, puzzle_emb_ndim=66, mlp_t=True)
 
 
+def test_mlp_t_runs_whatever_the_head_count():
+  # MLP-t has no attention, so upstream trains hidden_size % num_heads != 0
+  # (here 32 / 3) with RoPE on; before, the config refused it.
+  model, variables = _model(mlp_t=True, num_heads=3, pos_encodings="rope")
+  z_H, z_L = model.apply(variables, B, method=trm.TRM.initial_z)
+  cfg = model.cfg
+  out = model.apply(variables, z_H, z_L, _batch(cfg)["inputs"],
+                    _normal((B, cfg.puzzle_emb_ndim), 1))
+  assert all(np.isfinite(np.asarray(a, np.float32)).all()
+             for a in jax.tree.leaves(out))
+
+
 # --------------------------------------------------------------- TRM forward
 
 

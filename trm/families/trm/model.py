@@ -148,11 +148,13 @@ class TRMConfig:
           dtype=self.forward_dtype,
           head_dim=self.hidden_size // max(self.num_heads, 1),
           dtype_field="forward_dtype")
+    if self.mlp_t:
+      return  # no attention: num_heads is unused, as upstream's MLP-t runs
     if self.hidden_size % self.num_heads:
       raise ValueError(f"config.model.hidden_size={self.hidden_size} must be "
                        f"divisible by num_heads={self.num_heads}.")
     head_dim = self.hidden_size // self.num_heads
-    if self.pos_encodings == "rope" and not self.mlp_t and head_dim % 2:
+    if self.pos_encodings == "rope" and head_dim % 2:
       # Rotate-half RoPE pairs the two halves of each head: an odd head
       # failed while tracing with a broadcasting error (upstream too).
       raise ValueError(
@@ -328,7 +330,7 @@ class TRM(nn.Module):
       x, z_H, z_L = (jnp.swapaxes(a, 0, 1) for a in (x, z_H, z_L))
     rope = (layers.rope_tables(cfg.total_len, cfg.hidden_size // cfg.num_heads,
                                cfg.rope_theta)
-            if cfg.pos_encodings == "rope" else None)
+            if cfg.pos_encodings == "rope" and not cfg.mlp_t else None)
 
     def h_cycle(net, z_H, z_L, x, inner_loop):
       def l_step(_, z_L):
