@@ -346,6 +346,14 @@ def _(env):  # no eval loss: always_save_checkpoint=False would never save
                            "always_save_checkpoint": False})
 
 
+@case("saving on improvement at steps never evaluated", ValueError,
+      "config.checkpoint_every=3 must be a multiple of config.eval_every=2",
+      "always_save_checkpoint=True")
+def _(env):  # before: steps 3, 9, ... were never saved, without a word
+  return trm_build(env, **{"checkpoint_every": 3, "eval_every": 2,
+                           "always_save_checkpoint": False})
+
+
 @case("negative eval sheet rows", ValueError,
       "config.data.eval_sheet_rows=-4", ">= 0")
 def _(env):

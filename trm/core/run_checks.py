@@ -97,6 +97,16 @@ def check_values(config) -> None:
     # would never save.
     raise ValueError(f"config.data.max_eval_batches={limit} must be -1 (the "
                      "whole test split) or >= 1.")
+  if (not config.always_save_checkpoint
+      and config.checkpoint_every % config.eval_every):
+    # Such a step saves only when its evaluation beats the best: a
+    # checkpoint step with no evaluation would never save (only the last).
+    raise ValueError(
+        f"config.checkpoint_every={config.checkpoint_every} must be a "
+        f"multiple of config.eval_every={config.eval_every} with "
+        "always_save_checkpoint=False (a step is saved only when its "
+        "evaluation improves on the best); change one, or set "
+        "always_save_checkpoint=True.")
   if data.get("eval_sheet_rows", 0) < 0:
     raise ValueError(f"config.data.eval_sheet_rows={data.eval_sheet_rows} "
                      "must be >= 0 (0: no sheet).")
