@@ -153,6 +153,23 @@ def test_trm_step_with_overflowed_weights_leaves_the_puzzle_table(tmp_path,
       after.replace(step=None, skipped_steps=None, bad_streak=None))
 
 
+def test_trm_step_with_overflowed_puzzle_rows_is_skipped(tmp_path, data_dir):
+  """The puzzle table's own rate and decay overflow (their product is inf,
+  so a zero row becomes 0 * -inf = NaN) while the loss and gradients stay
+  finite: the whole step is skipped (before, the table was outside the
+  finiteness verdict: its rows were kept NaN and the weights moved on)."""
+  task, state, run = _trm_train_step(
+      tiny_config(**{"data.data_dir": data_dir, "optim.puzzle_emb_lr": 1e20,
+                     "optim.puzzle_emb_weight_decay": 1e20,
+                     "optim.warmup_steps": 0}), tmp_path)
+  before = _host(state)
+  after = _host(run(state, task.train_source[0])[0])
+  assert (int(after.skipped_steps), int(after.bad_streak)) == (1, 1)
+  _assert_trees_equal(
+      before.replace(step=None, skipped_steps=None, bad_streak=None),
+      after.replace(step=None, skipped_steps=None, bad_streak=None))
+
+
 def test_lm_nonfinite_step_changes_nothing_but_the_counters():
   config = config_lib.load_config(
       os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")

@@ -90,7 +90,7 @@ def test_a_damaged_arc_file_stops_the_build_before_training(tmp_path, damage,
 
 
 @pytest.mark.parametrize("field, value", [
-    ("pos_encodings", "bogus"), ("hidden_size", 65), ("mlp_kernel", "x")])
+    ("pos_encodings", "bogus"), ("hidden_size", 0), ("mlp_kernel", "x")])
 def test_a_bad_model_field_stops_before_the_data_is_built(tmp_path, field,
                                                           value):
   # Before: refused only by TRMConfig, after the dataset was built (the

@@ -112,6 +112,29 @@ def sparse_sign_sgd_update(table: jax.Array, ids: jax.Array,
   Returns:
     The updated [N, D] table.
   """
+  new_rows = _sign_sgd_rows(table, ids, row_grads, lr, weight_decay)
+  # Duplicate ids compute identical rows, so scatter order does not matter.
+  return table.at[ids].set(new_rows)
+
+
+def guarded_sparse_sign_sgd_update(table: jax.Array, ids: jax.Array,
+                                   row_grads: jax.Array, lr, weight_decay,
+                                   ok) -> tuple[jax.Array, jax.Array]:
+  """`sparse_sign_sgd_update` under the train step's finiteness verdict.
+
+  Returns (table, ok): `ok` (scalar bool, the rest of the step's verdict)
+  also requires the new rows to be finite, and the rows change only when it
+  holds. The check costs O(B*D), not a pass over the whole table, which is
+  why the table stays outside the state-wide check (`skip_nonfinite`).
+  """
+  rows = table[ids]
+  new_rows = _sign_sgd_rows(table, ids, row_grads, lr, weight_decay)
+  ok = jnp.logical_and(ok, jnp.isfinite(new_rows).all())
+  return table.at[ids].set(jnp.where(ok, new_rows, rows)), ok
+
+
+def _sign_sgd_rows(table, ids, row_grads, lr, weight_decay):
+  """The touched rows after the step, [B, D] in the table's dtype."""
   same = (ids[:, None] == ids[None, :]).astype(jnp.float32)
   # HIGHEST keeps the sum in full fp32 (no TF32/bf16 passes), since only its
   # sign is used and a rounded near-cancelling sum could flip it.
@@ -120,8 +143,7 @@ def sparse_sign_sgd_update(table: jax.Array, ids: jax.Array,
   rows = table[ids].astype(jnp.float32)
   lr = jnp.asarray(lr, jnp.float32)
   new_rows = rows * (1.0 - lr * weight_decay) - lr * jnp.sign(summed)
-  # Duplicate ids compute identical rows, so scatter order does not matter.
-  return table.at[ids].set(new_rows.astype(table.dtype))
+  return new_rows.astype(table.dtype)
 
 
 def ema_update(ema_params, params, decay):

@@ -83,19 +83,18 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
   # `skip_nonfinite` also drops a step whose new values are not finite, but
   # takes the puzzle table as this step leaves it: its update follows that
   # verdict too (before, weights overflowed by the learning rate skipped the
-  # step and the table rows still moved).
+  # step and the table rows still moved), and its new rows join the verdict
+  # (before, a puzzle_emb_lr near float32's maximum kept infinite rows).
   ok = ok & state_lib.all_finite(params, opt_state, ema_params, new_carry)
   puzzle_emb = state.puzzle_emb
   if vectors is not None:
     emb_lr = optim.lr_schedule(optim_config.puzzle_emb_lr,
                                optim_config.warmup_steps, total_steps,
                                optim_config.lr_min_ratio)(state.step)
-    # A skipped step leaves the rows as they were (learning rate and
-    # gradient 0), without a select over the whole table.
-    puzzle_emb = {"weights": optim.sparse_sign_sgd_update(
-        puzzle_emb["weights"], carry.puzzle_identifiers,
-        jnp.where(ok, vector_grads, 0), emb_lr * ok,
-        optim_config.puzzle_emb_weight_decay)}
+    weights, ok = optim.guarded_sparse_sign_sgd_update(
+        puzzle_emb["weights"], carry.puzzle_identifiers, vector_grads,
+        emb_lr, optim_config.puzzle_emb_weight_decay, ok)
+    puzzle_emb = {"weights": weights}
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state, ema_params=ema_params,
                             puzzle_emb=puzzle_emb, carry=new_carry)
