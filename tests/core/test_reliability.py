@@ -137,6 +137,30 @@ def test_trm_nonfinite_step_changes_nothing_but_the_counters(tmp_path,
     assert any(changed), name
 
 
+def test_trm_steps_after_a_skipped_one_are_those_of_a_clean_run(tmp_path,
+                                                                data_dir):
+  """Both optimizers count the updates applied: after a skipped step the
+  weights and the puzzle table move as in a run without it (before, the
+  puzzle table's schedule read the trainer's step, one ahead of
+  AdamATan2's count, and its rows moved by the next step's rate)."""
+  config = tiny_config(**{"data.data_dir": data_dir,
+                          "model.halt_exploration_prob": 0.0})
+  task, fresh, run = _trm_train_step(config, tmp_path)
+  batches = [task.train_source[i] for i in range(2)]
+  clean = jax.tree.map(jnp.copy, fresh)  # the step donates its state
+  for batch in batches:
+    clean = run(clean, batch)[0]
+  skipped = run(fresh, _poison(batches[0]))[0]
+  for batch in batches:
+    skipped = run(skipped, batch)[0]
+  clean, skipped = _host(clean), _host(skipped)
+  assert int(skipped.skipped_steps) == 1 and int(skipped.step) == 3
+  for name in ("params", "opt_state", "puzzle_emb"):
+    for x, y in zip(jax.tree.leaves(getattr(clean, name)),
+                    jax.tree.leaves(getattr(skipped, name))):
+      np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 def test_trm_step_with_overflowed_weights_leaves_the_puzzle_table(tmp_path,
                                                                   data_dir):
   """Finite loss and gradients, but a learning rate at float32's edge sends

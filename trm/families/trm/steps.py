@@ -88,9 +88,13 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
   ok = ok & state_lib.all_finite(params, opt_state, ema_params, new_carry)
   puzzle_emb = state.puzzle_emb
   if vectors is not None:
+    # On the clock of the updates applied, as AdamATan2's own count: after a
+    # skipped step the trainer's step is one ahead (before, the two
+    # schedules ran a step apart from then on).
     emb_lr = optim.lr_schedule(optim_config.puzzle_emb_lr,
                                optim_config.warmup_steps, total_steps,
-                               optim_config.lr_min_ratio)(state.step)
+                               optim_config.lr_min_ratio)(
+                                   state.step - state.skipped_steps)
     weights, ok = optim.guarded_sparse_sign_sgd_update(
         puzzle_emb["weights"], carry.puzzle_identifiers, vector_grads,
         emb_lr, optim_config.puzzle_emb_weight_decay, ok)
