@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import ml_collections
 from trm.core import tpu_flags
@@ -157,9 +158,28 @@ def _config_override_error(error: Exception, argv) -> str | None:
           + "; --config.KEY=VALUE only sets fields the config file defines.")
 
 
+# Python's conversion errors, as ml_collections' config flags pass them on
+# for a value of the wrong type, and the type each one means.
+_CONVERSION_ERRORS = (
+    (re.compile(r"invalid literal for int\(\) with base 10: "), "an integer"),
+    (re.compile(r"could not convert string to float: "), "a number"),
+    (re.compile(r"\('Non-boolean argument to boolean flag', "),
+     "true or false"),
+)
+_FLAG_VALUE = re.compile(r"flag --(config[\w.]*)=(.*?): (.*)", re.DOTALL)
+
+
 def _config_file_error(text: str) -> str:
   """ml_collections reports an exception raised by a config file (e.g. an
-  unknown variant) with its whole traceback; keep the flag and the error."""
+  unknown variant) with its whole traceback; keep the flag and the error.
+  A value of the wrong type is said in the field's type (Python's own
+  words, "invalid literal for int()", named the value only)."""
+  match = _FLAG_VALUE.fullmatch(text)
+  if match:
+    key, value, reason = match.groups()
+    for pattern, kind in _CONVERSION_ERRORS:
+      if pattern.match(reason):
+        return f"flag --{key}={value}: {key} takes {kind}, not {value!r}"
   if "Traceback (most recent call last)" not in text:
     return text
   lines = [line.strip() for line in text.splitlines() if line.strip()]
