@@ -135,11 +135,9 @@ def _eval_loss(metrics) -> float:
 _LOSS_RECORD_LIMIT = 1 << 20
 
 
-def read_loss_record(path, key: str) -> float:
-  """The finite number at `key` in the small JSON record `path` (a step's
-  Orbax `metrics` item, a run's `eval_<step>.json`); a ValueError saying why
-  it holds none. Anything may lie in a workdir: a FIFO or a directory there
-  is refused, not waited on or read."""
+def read_record(path):
+  """The JSON value in the small record `path` (see `read_loss_record`); a
+  ValueError saying why there is none."""
   path = epath.Path(path)
   if "://" not in str(path) and not os.path.isfile(path):
     raise ValueError("it is not a regular file")
@@ -151,6 +149,15 @@ def read_loss_record(path, key: str) -> float:
                      f"{_short(e, 200)})") from None
   if too_big:
     raise ValueError(f"it is over {_LOSS_RECORD_LIMIT >> 20} MiB")
+  return record
+
+
+def read_loss_record(path, key: str) -> float:
+  """The finite number at `key` in the small JSON record `path` (a step's
+  Orbax `metrics` item, a run's `eval_<step>.json`); a ValueError saying why
+  it holds none. Anything may lie in a workdir: a FIFO or a directory there
+  is refused, not waited on or read."""
+  record = read_record(path)
   loss = record.get(key) if isinstance(record, dict) else None
   try:  # an integer past float's range (np.isfinite: TypeError) is none
     value = float(loss) if type(loss) in (int, float) else math.nan

@@ -114,6 +114,25 @@ def _saved_eval_loss(workpath: epath.Path, step: int) -> float:
   return float("inf") if loss is None else loss
 
 
+def _repeats_recorded_eval(workpath: epath.Path, step: int,
+                           results: dict) -> bool:
+  """Whether the run's `eval_<step>.json` holds exactly `results` (its
+  timing aside)."""
+  path = workpath / f"eval_{step}.json"
+  try:
+    recorded = ckpt_lib.read_record(path) if path.exists() else None
+  except ValueError:
+    return False
+  if not isinstance(recorded, dict):
+    return False
+  figures = {k: v for k, v in results.items() if k != "eval/seconds"}
+  try:
+    return all(k in recorded and float(recorded[k]) == float(v)
+               for k, v in figures.items())
+  except (TypeError, ValueError):
+    return False
+
+
 def _eval_file_loss(workpath: epath.Path, step: int) -> float | None:
   """The held-out loss in the run's `eval_<step>.json`, None if there is no
   such file; a ValueError naming the file if it holds none."""
@@ -292,7 +311,13 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       return None
     results = {f"eval/{k}": v for k, v in results.items()}
     results["eval/seconds"] = time.time() - start
-    writer.write_scalars(step, results)
+    if _repeats_recorded_eval(workpath, step, results):
+      # A rerun of a finished run (or eval_only) evaluating a step again:
+      # TensorBoard already holds these figures at this step.
+      logging.info("Step %d: the evaluation equals eval_%d.json; not written "
+                   "to TensorBoard again.", step, step)
+    else:
+      writer.write_scalars(step, results)
     if is_main:
       # Whole or not at all: a resume ranks checkpoints by these records.
       atomic_files.replace_whole(workpath / f"eval_{step}.json",

@@ -184,6 +184,12 @@ def test_a_rerun_after_an_unsaved_last_step_is_finished(data_root, tmp_path,
                                             families.build_task)
   assert int(state.step) == 10 and "eval/loss" in results
   assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["10"]
+  # The same figures at step 10 again: TensorBoard holds them once (before,
+  # every rerun added a second point at that step).
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(str(tmp_path))
+  events.Reload()
+  assert [e.step for e in events.Tensors("eval/loss")] == [10, 20]
   # A longer run trains on from the best checkpoint, as before.
   monkeypatch.undo()
   config.max_iters = 30
