@@ -491,6 +491,54 @@ def test_learned_checkpoint_bf16_params_are_cast(tmp_path):
       sd["_orig_mod.model.inner.lm_head.weight"].float().numpy().T)
 
 
+def _write_run_config(directory, **arch):
+  """An all_config.yaml as upstream's pretrain.py dumps it (yaml.dump of
+  its pydantic config) beside the checkpoint."""
+  import yaml  # pylint: disable=g-import-not-at-top
+  fields = dict(name="recursive_reasoning.trm@TinyRecursiveReasoningModel_"
+                "ACTV1", loss={"name": "losses@ACTLossHead"}, H_cycles=2,
+                L_cycles=2, L_layers=2, hidden_size=32, num_heads=2,
+                expansion=4, puzzle_emb_ndim=32, pos_encodings="rope",
+                forward_dtype="float32", mlp_t=False, puzzle_emb_len=4,
+                halt_max_steps=4, no_ACT_continue=True)
+  fields.update(arch)
+  with open(os.path.join(directory, "all_config.yaml"), "w") as f:
+    yaml.dump({"arch": fields, "global_batch_size": 768, "lr": 1e-4}, f)
+
+
+def test_the_runs_all_config_yaml_is_compared(tmp_path, caplog):
+  """No weight shape depends on puzzle_emb_len or num_heads under RoPE: a
+  checkpoint of puzzle_emb_len 8 loaded silently into a config of 4 (each
+  position read another puzzle row). Upstream's all_config.yaml beside the
+  file says what the run had."""
+  cfg = _cfg()
+  path = _save(_ref_state_dict(cfg), tmp_path / "step_10")
+  _write_run_config(tmp_path)
+  torch_import.load_torch_checkpoint(path, cfg)  # the same config loads
+  for field, theirs in (("puzzle_emb_len", 8), ("num_heads", 4),
+                        ("pos_encodings", "none"), ("rms_norm_eps", 1e-6)):
+    _write_run_config(tmp_path, **{field: theirs})
+    with pytest.raises(CheckpointError) as info:
+      torch_import.load_torch_checkpoint(path, cfg)
+    message = str(info.value)
+    for needle in (f"config.model.{field}=", f"arch.{field}={theirs!r}",
+                   "all_config.yaml", path):
+      assert needle in message, message
+  # Recursion depth may change on purpose: said, then loaded.
+  _write_run_config(tmp_path, H_cycles=3)
+  with caplog.at_level("WARNING"):
+    torch_import.load_torch_checkpoint(path, cfg)
+  assert "config.model.H_cycles=2" in caplog.text
+  # MLP-t has no attention: its run's num_heads is not compared.
+  mlp = _cfg(**VARIANTS["mlp_t"])
+  path = _save(_ref_state_dict(mlp), tmp_path / "step_20")
+  _write_run_config(tmp_path, mlp_t=True, pos_encodings="none", num_heads=8)
+  torch_import.load_torch_checkpoint(path, mlp)
+  # A file that is no upstream config is not a reason to refuse the weights.
+  (tmp_path / "all_config.yaml").write_text("[unclosed")
+  torch_import.load_torch_checkpoint(path, mlp)
+
+
 # ------------------------------------------------------------------ errors
 
 

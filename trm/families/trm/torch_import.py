@@ -63,7 +63,12 @@ Notes on the transforms:
   * Not in the checkpoint at all, so they must come from `config.model`:
     num_heads (qkv is [3D, D] for any head count), pos_encodings 'rope' vs
     'none', rope_theta, rms_norm_eps, H_cycles, L_cycles, halt_*,
-    forward_dtype.
+    forward_dtype. Where upstream's `all_config.yaml` lies beside the file
+    (pretrain.py writes it into the checkpoint directory), a config.model
+    that differs from its `arch` in mlp_t, num_heads, pos_encodings,
+    rope_theta, puzzle_emb_len or rms_norm_eps is refused, and one that
+    differs in H_cycles, L_cycles, halt_max_steps or forward_dtype is
+    logged (`check_run_config`).
 
 Security: PyTorch files are read only with `torch.load(path,
 map_location='cpu', weights_only=True)`; a file that needs arbitrary
@@ -79,6 +84,7 @@ import collections
 import os
 from typing import Mapping
 
+from absl import logging
 from flax.core import meta
 import jax
 import jax.numpy as jnp
@@ -142,6 +148,68 @@ def _strip(key: str) -> tuple[str, str]:
   return "".join(p + "." for p in parts[:i]), ".".join(parts[i:])
 
 
+# Upstream's arch fields that no weight shape pins: a checkpoint read under
+# other values computes another function. Refused when the run's
+# all_config.yaml says otherwise. (H/L cycles and the halting knobs may be
+# changed on purpose, e.g. more recursion at test time: a warning.)
+_FUNCTION_FIELDS = ("mlp_t", "num_heads", "pos_encodings", "rope_theta",
+                    "puzzle_emb_len", "rms_norm_eps")
+_RUNTIME_FIELDS = ("H_cycles", "L_cycles", "halt_max_steps",
+                   "forward_dtype")
+_RUN_CONFIG = "all_config.yaml"
+_RUN_CONFIG_LIMIT = 1 << 20
+
+
+def check_run_config(path: str, cfg: trm_model.TRMConfig) -> None:
+  """Compares config.model with the `all_config.yaml` upstream's
+  `pretrain.py` writes beside its checkpoints, if there is one.
+
+  Raises:
+    CheckpointError: a field of `_FUNCTION_FIELDS` differs (naming the
+      field, both values and the file); fields that do not apply (num_heads
+      and RoPE's under mlp_t) are not compared.
+  """
+  yaml_path = os.path.join(os.path.dirname(os.path.abspath(path)),
+                           _RUN_CONFIG)
+  if not os.path.isfile(yaml_path):
+    return
+  import yaml  # pylint: disable=g-import-not-at-top
+  try:
+    if os.path.getsize(yaml_path) > _RUN_CONFIG_LIMIT:
+      raise ValueError(f"over {_RUN_CONFIG_LIMIT >> 20} MiB")
+    with open(yaml_path, encoding="utf-8") as f:
+      arch = yaml.safe_load(f).get("arch")
+    if not isinstance(arch, dict):
+      raise ValueError("no 'arch' mapping")
+  except (OSError, ValueError, AttributeError, yaml.YAMLError) as e:
+    logging.warning("%s was not compared with config.model: %s (%s).",
+                    yaml_path, type(e).__name__, str(e)[:200])
+    return
+  skipped = (("num_heads", "pos_encodings", "rope_theta") if cfg.mlp_t
+             else ()) + (("rope_theta",) if cfg.pos_encodings != "rope"
+                         else ())
+  for field in _FUNCTION_FIELDS + _RUNTIME_FIELDS:
+    if field not in arch or field in skipped:
+      continue
+    theirs, ours = arch[field], getattr(cfg, field)
+    try:
+      same = (float(theirs) == float(ours) if isinstance(ours, float)
+              else theirs == ours)
+    except (TypeError, ValueError):
+      same = False
+    if same:
+      continue
+    if field in _RUNTIME_FIELDS:
+      logging.warning("config.model.%s=%r; the run that wrote %s had %r (%s)."
+                      , field, ours, path, theirs, yaml_path)
+      continue
+    raise weights_io.CheckpointError(
+        f"config.model.{field}={ours!r} does not match the run that wrote "
+        f"{path}: its {yaml_path} has arch.{field}={theirs!r}, and no weight "
+        f"shape depends on it. Set --config.model.{field}={theirs} (or move "
+        f"{_RUN_CONFIG} away to load the weights regardless).")
+
+
 def load_torch_checkpoint(path: str, model_cfg: trm_model.TRMConfig):
   """Reads an upstream TRM state_dict file into our variables.
 
@@ -165,6 +233,7 @@ def load_torch_checkpoint(path: str, model_cfg: trm_model.TRMConfig):
     ImportError: a PyTorch-format file and no torch installed.
   """
   cfg = model_cfg
+  check_run_config(path, cfg)
   abstract = torch_layout.abstract(cfg)
   raw = _read(path)
   if not raw:
