@@ -45,6 +45,23 @@ def _perturbed(tree, seed):
       for x, k in zip(leaves, keys)])
 
 
+def _adam_node(opt_state):
+  import optax  # pylint: disable=g-import-not-at-top
+  return next(x for x in jax.tree.leaves(
+      opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+              if isinstance(x, optax.ScaleByAdamState))
+
+
+def _stepped_adam(opt_state):
+  """AdamW's state as after 7 updates: moments that differ per tensor (the
+  second ones positive)."""
+  from trm.families.gpt import steps as gpt_steps  # pylint: disable=g-import-not-at-top
+  node = _adam_node(opt_state)
+  return gpt_steps.with_adam_state(opt_state, 7, {
+      "mu": _perturbed(node.mu, 1),
+      "nu": jax.tree.map(jnp.abs, _perturbed(node.nu, 2)), "count": 7})
+
+
 def _save(config, workdir, step, edit):
   """A checkpoint of `edit(initial state)` at `step` and the run's
   config.json, as the loop writes them, compiling no train step."""
@@ -78,13 +95,13 @@ def gpt_run(tmp_path_factory):
   config = gpt_tiny_config(root / "data", bias=True)
   workdir = str(root / "run")
   state = _save(config, workdir, 7, lambda s: s.replace(
-      params=_perturbed(s.params, 0)))
+      params=_perturbed(s.params, 0), opt_state=_stepped_adam(s.opt_state)))
   params = jax.tree.map(np.asarray, jax.device_get(nn.meta.unbox(
       state.params)))
   flags = [f"--config=configs/gpt.py:shakespeare_char_cpu",
            f"--config.data_root={root / 'data'}", *_GPT_FLAGS,
            f"--checkpoint={workdir}"]
-  return gpt.GPTConfig.from_config(config.model), params, flags, root
+  return gpt.GPTConfig.from_config(config.model), params, flags, root, state
 
 
 def _tokens(cfg, n=24):
@@ -99,7 +116,7 @@ def _our_logits(cfg, params, tokens):
 def test_gpt_to_hugging_face_computes_our_logits(gpt_run):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  cfg, params, flags, root = gpt_run
+  cfg, params, flags, root, _ = gpt_run
   out = root / "hf"
   result = _export(*flags, f"--out={out}")
   assert "model.safetensors, config.json" in result.stdout
@@ -121,7 +138,7 @@ def test_gpt_to_nanogpt_loads_strictly_and_computes_our_logits(gpt_run):
   torch = pytest.importorskip("torch")
   sys.path.insert(0, os.path.join(repo.ROOT, "benchmarks", "reference"))
   import nanogpt_torch  # pylint: disable=g-import-not-at-top
-  cfg, params, flags, root = gpt_run
+  cfg, params, flags, root, state = gpt_run
   out = root / "nanogpt"
   _export(*flags, f"--out={out}", "--format=nanogpt")
   path = str(out / "ckpt.pt")
@@ -136,8 +153,27 @@ def test_gpt_to_nanogpt_loads_strictly_and_computes_our_logits(gpt_run):
     theirs, _ = model(torch.from_numpy(tokens), torch.from_numpy(tokens))
   np.testing.assert_allclose(theirs.numpy(), _our_logits(cfg, params, tokens),
                              rtol=1e-4, atol=1e-4)
-  read, _, _ = gpt_import.load_nanogpt_checkpoint(path)
+  read, _, extras = gpt_import.load_nanogpt_checkpoint(path, optimizer=True)
   jax.tree.map(np.testing.assert_array_equal, read, params)
+  # AdamW's state comes along (before: none, so nanoGPT's train.py could
+  # not resume): our reader gets the run's moments back, and torch's AdamW
+  # of nanoGPT's configure_optimizers takes it and steps.
+  adam = _adam_node(state.opt_state)
+  assert extras["adam"]["count"] == 7 and extras["best_val_loss"] == 1e9
+  for key in ("mu", "nu"):
+    jax.tree.map(np.testing.assert_array_equal, extras["adam"][key],
+                 jax.tree.map(np.asarray, getattr(adam, key)))
+  optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+  optimizer.load_state_dict(checkpoint["optimizer"])
+  wte = model.transformer.wte.weight
+  np.testing.assert_array_equal(
+      optimizer.state[wte]["exp_avg"].numpy(),
+      np.asarray(adam.mu["wte"]["embedding"]))
+  model.train()
+  _, loss = model(torch.from_numpy(tokens), torch.from_numpy(tokens))
+  loss.backward()
+  optimizer.step()
+  assert float(optimizer.state[wte]["step"]) == 8
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -151,7 +187,7 @@ def test_gpt_to_nanogpt_loads_strictly_and_computes_our_logits(gpt_run):
      "Hugging Face GPT-2 have no such field"),
 ])
 def test_gpt_exports_it_cannot_write_are_one_line(gpt_run, flags, message):
-  _, _, base, root = gpt_run
+  _, _, base, root, _ = gpt_run
   result = _export(*base, f"--out={root / 'refused'}", *flags, check=False)
   assert result.returncode == 2, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
@@ -241,7 +277,7 @@ def test_a_scanned_gpt_exports_what_its_unscanned_twin_does(tmp_path):
 def test_a_run_of_another_family_is_named_before_its_data(gpt_run, trm_run):
   """A TRM config on a GPT run asked for a puzzle dataset under the GPT's
   workdir; the run's config.json names its model first."""
-  _, _, gpt_flags, root = gpt_run
+  _, _, gpt_flags, root, _ = gpt_run
   _, _, trm_flags, _ = trm_run
   result = _export(*[f for f in trm_flags if not f.startswith("--checkpoint")],
                    next(f for f in gpt_flags if f.startswith("--checkpoint")),

@@ -382,12 +382,18 @@ def _gpt_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
     gpt_export.check_exportable(cfg)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  params, step = gpt_import.restore_run_params(checkpoint, cfg, ctx)
-  source = f"{checkpoint} step {step}"
-  if fmt == "nanogpt":
+  if fmt == "nanogpt":  # with AdamW's state: nanoGPT's train.py resumes
+    from trm.families.gpt import steps as gpt_steps  # pylint: disable=g-import-not-at-top
+    params, adam, step, best = gpt_import.restore_run_training(
+        checkpoint, cfg, ctx, gpt_steps.make_optimizer(config))
+    hyper = {k: config[k] for k in ("learning_rate", "beta1", "beta2",
+                                    "weight_decay")}
     return (lambda out: gpt_export.export_nanogpt(
         params, cfg, os.path.join(out, gpt_export.NANOGPT_FILE), step,
-        dataset=config.get("dataset"))), source
+        dataset=config.get("dataset"), adam=adam, hyper=hyper,
+        best_val_loss=best)), f"{checkpoint} step {step}"
+  params, step = gpt_import.restore_run_params(checkpoint, cfg, ctx)
+  source = f"{checkpoint} step {step}"
   return (lambda out: gpt_export.export_hf_gpt2(
       params, cfg, out, dtype=dtype or DEFAULT_DTYPES["gpt"])), source
 

@@ -627,6 +627,18 @@ def saved_best_loss(manager: ocp.CheckpointManager, step: int) -> float | None:
   return None if value is None else float(value)
 
 
+def read_best_loss(directory: str, step: int) -> float | None:
+  """`saved_best_loss` of step `step` in a checkpoint directory, read from
+  the step's metadata file (for exports; no manager); None if the step has
+  none or it cannot be read."""
+  try:
+    value = step_metadata(epath.Path(directory) / str(step)).get(
+        BEST_EVAL_LOSS)
+    return None if value is None else float(value)
+  except (_Damaged, TypeError, ValueError):
+    return None
+
+
 def saved_eval_owed(manager: ocp.CheckpointManager, step: int) -> bool:
   """Whether checkpoint `step` was saved with its evaluation cut short
   (checkpoints written before this record existed: False)."""

@@ -128,25 +128,75 @@ def export_hf_gpt2(params, cfg: GPTConfig, directory: str,
   return [hf_gpt2_files.HF_SINGLE, hf_gpt2_files.HF_CONFIG]
 
 
+# nanoGPT's best_val_loss before any evaluation (its train.py's 1e9).
+_NO_BEST_VAL_LOSS = 1e9
+
+
+def _adamw_state_dict(torch, adam: dict, cfg: GPTConfig, hyper: dict):
+  """torch.optim.AdamW's state_dict for nanoGPT's configure_optimizers:
+  group 0 the tensors of 2 or more dimensions (weight decay), group 1 the
+  rest, each in module order (`gpt_layout.tensor_layout`'s, as
+  `gpt_import._adam_state` reads them back); torch numbers the parameters
+  through the groups in that order."""
+  moments = {key: _named_tensors(adam[key], cfg, torch_linear=True,
+                                 with_bias=bool(cfg.bias), dtype=np.float32)
+             for key in ("mu", "nu")}
+  if jax.process_index() != 0:
+    return None
+  layout = gpt_layout.tensor_layout(dict(model_args(cfg),
+                                         bias=bool(cfg.bias)))
+  groups = ([name for name, _, shape, _ in layout if len(shape) >= 2],
+            [name for name, _, shape, _ in layout if len(shape) < 2])
+  step = float(adam["count"])
+  state, param_groups, index = {}, [], 0
+  for names, decay in zip(groups, (hyper["weight_decay"], 0.0)):
+    indices = list(range(index, index + len(names)))
+    index += len(names)
+    for i, name in zip(indices, names):
+      state[i] = {"step": torch.tensor(step),
+                  "exp_avg": torch.from_numpy(moments["mu"][name]),
+                  "exp_avg_sq": torch.from_numpy(moments["nu"][name])}
+    param_groups.append({
+        "lr": float(hyper["learning_rate"]),
+        "betas": (float(hyper["beta1"]), float(hyper["beta2"])),
+        "eps": 1e-8, "weight_decay": float(decay), "amsgrad": False,
+        "foreach": None, "maximize": False, "capturable": False,
+        "differentiable": False, "fused": None, "params": indices})
+  return {"state": state, "param_groups": param_groups}
+
+
 def export_nanogpt(params, cfg: GPTConfig, path: str, iter_num: int,
-                   dataset: str | None = None) -> list[str]:
+                   dataset: str | None = None, adam: dict | None = None,
+                   hyper: dict | None = None,
+                   best_val_loss: float | None = None) -> list[str]:
   """Writes nanoGPT's checkpoint dict to `path` with `torch.save` (needs
-  torch): `model` (the state_dict, float32), `model_args`, `iter_num` and,
-  when known, `config.dataset` (sample.py looks for
-  data/<dataset>/meta.pkl there). No optimizer state: nanoGPT's train.py
-  cannot resume from it, its sample.py and our loaders read it. Returns
-  the file written (none on processes other than 0)."""
+  torch): `model` (the state_dict, float32), `model_args`, `iter_num`,
+  `best_val_loss` (1e9, nanoGPT's start, when the run recorded none) and,
+  when known, `config.dataset` (sample.py looks for data/<dataset>/meta.pkl
+  there). With `adam` ({'mu', 'nu', 'count'} as
+  `gpt_import.restore_run_training` reads them) and `hyper` (the run's
+  learning_rate, beta1, beta2, weight_decay) also `optimizer`, AdamW's
+  state_dict: nanoGPT's train.py --init_from=resume then continues the run.
+  Returns the file written (none on processes other than 0)."""
   tensors = _named_tensors(params, cfg, torch_linear=True,
                            with_bias=bool(cfg.bias), dtype=np.float32)
+  torch = (weights_io.import_torch(f"Writing nanoGPT's checkpoint {path}")
+           if jax.process_index() == 0 else None)
+  optimizer = (None if adam is None
+               else _adamw_state_dict(torch, adam, cfg, hyper))
   if jax.process_index() != 0:
     return []
-  torch = weights_io.import_torch(f"Writing nanoGPT's checkpoint {path}")
   state = collections.OrderedDict(
       ("transformer." + k, torch.from_numpy(v)) for k, v in tensors.items())
   state["lm_head.weight"] = state["transformer.wte.weight"]  # tied
   checkpoint = {"model": state, "model_args": model_args(cfg),
                 "iter_num": int(iter_num),
+                "best_val_loss": float(_NO_BEST_VAL_LOSS
+                                       if best_val_loss is None
+                                       else best_val_loss),
                 "config": {"dataset": dataset} if dataset else {}}
+  if optimizer is not None:
+    checkpoint["optimizer"] = optimizer
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   atomic_files.atomic_write(path, lambda f: torch.save(checkpoint, f))
   return [os.path.basename(path)]

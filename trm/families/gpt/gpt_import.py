@@ -378,6 +378,39 @@ def to_sharded(params, shardings, dtype=None):
 # ------------------------------------------------------------------ our runs
 
 
+def restore_run_training(workdir: str, cfg: GPTConfig, ctx, tx):
+  """(params, adam, step, best_val_loss) of the newest readable checkpoint
+  of a trm.main workdir: `restore_run_params` plus the AdamW state of `tx`
+  (the run's `gpt.steps.make_optimizer`) as {'mu', 'nu': trees like params,
+  'count': its step}, and the best held-out loss the step was saved with
+  (None when it has none)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+
+  def boxed_fields():
+    params = gpt.abstract_params(cfg)
+    return {"params": params, "opt_state": jax.eval_shape(tx.init, params)}
+
+  boxed, shardings = ctx.boxed_shardings(boxed_fields)
+  directory = os.path.join(workdir, "checkpoints")
+  fields, step = ckpt_lib.restore_fields(
+      directory, state_lib.with_shardings(nn.meta.unbox(boxed), shardings))
+  adam = [node for node in jax.tree.leaves(
+      fields["opt_state"],
+      is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+          if isinstance(node, optax.ScaleByAdamState)]
+  if len(adam) != 1:
+    raise weights_io.CheckpointError(
+        f"{directory} step {step}: its optimizer state holds "
+        f"{len(adam)} AdamW states; nanoGPT's optimizer is one AdamW.")
+  adam = {"mu": adam[0].mu, "nu": adam[0].nu, "count": int(adam[0].count)}
+  return (fields["params"], adam, step,
+          ckpt_lib.read_best_loss(directory, step))
+
+
 def restore_run_params(workdir: str, cfg: GPTConfig, ctx):
   """(params on `ctx`'s mesh, step): the newest readable checkpoint of a
   trm.main workdir, its parameters only (the AdamW moments are not read),
