@@ -53,6 +53,10 @@ _ACCEL_RE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-([0-9]+)$")
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A host name or IPv4 address, or an IPv6 address in brackets; never a port
+# (megascale_env appends --megascale_port).
+_HOST_RE = re.compile(
+    r"[A-Za-z0-9]([-.A-Za-z0-9]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
 
 SUBCOMMANDS = ("create", "setup", "run", "logs", "stop", "delete", "all")
 
@@ -152,6 +156,14 @@ def validate(args, subcommand: str) -> None:
     _not_an_option(flag, getattr(args, flag))
   if not 1 <= args.megascale_port <= 65535:
     raise LaunchError(f"--megascale_port: not a port: {args.megascale_port}")
+  if args.coordinator_address and not _HOST_RE.fullmatch(
+      args.coordinator_address):
+    # trm.main's --coordinator_address is HOST:PORT; here a port made
+    # MEGASCALE_COORDINATOR_ADDRESS=HOST:PORT:PORT and no slice could join.
+    raise LaunchError(
+        f"--coordinator_address: slice 0 worker 0's IP or host name only, "
+        f"no port (the port is --megascale_port={args.megascale_port}; an "
+        f"IPv6 address goes in brackets), got {args.coordinator_address!r}")
 
   if subcommand in ("setup", "all"):
     if bool(args.code_dir) == bool(args.repo_url):
@@ -495,8 +507,9 @@ def _common_flags() -> argparse.ArgumentParser:
                  help="Repeatable; exported before the trainer starts.")
   p.add_argument("--megascale_port", type=int, default=DEFAULT_MEGASCALE_PORT)
   p.add_argument("--coordinator_address",
-                 help="Slice 0 worker 0 IP/hostname (default: looked up with "
-                 "`tpu-vm describe`).")
+                 help="Slice 0 worker 0 IP/hostname, no port (that is "
+                 "--megascale_port; default: looked up with `tpu-vm "
+                 "describe`).")
   p.add_argument("--no_megascale_env", dest="megascale_env",
                  action="store_false",
                  help="Do not export MEGASCALE_*; rely on the values the "

@@ -231,11 +231,11 @@ _INJECTION = "x'; touch /tmp/pwned; echo \"$(id)\" `id` $HOME"
     ("--env=NOTE", "NOTE={}"),
     ("--repo_url", "{}"),
     ("--revision", "{}"),
-    ("--coordinator_address", "MEGASCALE_COORDINATOR_ADDRESS={}:8081"),
 ])
 def test_other_values_are_quoted_in_remote_scripts(flag, expected):
-  """--env values, --repo_url, --revision and --coordinator_address reach
-  the remote shell as one word each, never as shell syntax."""
+  """--env values, --repo_url and --revision reach the remote shell as one
+  word each, never as shell syntax (--coordinator_address takes a host
+  name only: test_coordinator_address_is_a_host_without_port)."""
   name = flag.split("=")[0]
   base = [f for f in MULTI if f.split("=")[0] != name]
   args = _args(*base, f"{flag}={_INJECTION}")
@@ -247,6 +247,30 @@ def test_other_values_are_quoted_in_remote_scripts(flag, expected):
     assert "touch" not in tokens and "id" not in tokens, script
     seen |= expected.format(_INJECTION) in tokens
   assert seen
+
+
+@pytest.mark.parametrize("value", [
+    "10.0.0.2:8081",  # trm.main's --coordinator_address is HOST:PORT
+    "t-0.internal:1234", "fd00::2", "-x", "a b", _INJECTION])
+def test_coordinator_address_is_a_host_without_port(capsys, value):
+  """A port in it gave MEGASCALE_COORDINATOR_ADDRESS=10.0.0.2:8081:8081."""
+  base = [f for f in MULTI if not f.startswith("--coordinator_address")]
+  with pytest.raises(SystemExit) as e:
+    _args(*base, f"--coordinator_address={value}", sub="run")
+  assert e.value.code == 2
+  assert "--coordinator_address: slice 0 worker 0's IP or host name only" in (
+      capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("value, address", [
+    ("10.0.0.2", "10.0.0.2:8081"),
+    ("trm-a-0.internal", "trm-a-0.internal:8081"),
+    ("[fd00::2]", "[fd00::2]:8081")])
+def test_coordinator_address_gets_the_megascale_port(value, address):
+  args = _args(*MULTI, f"--coordinator_address={value}", sub="run")
+  for command in tpu_pod.run_commands(args, tpu_pod.coordinator_ip(args)):
+    assert f"MEGASCALE_COORDINATOR_ADDRESS={address}" in shlex.split(
+        _remote(command))
 
 
 def test_config_path_with_spaces_is_one_token(tmp_path):
