@@ -411,6 +411,23 @@ def _capture(command: list[str]) -> str:
                         text=True).stdout.strip()
 
 
+def start_trainers(args, coordinator: str | None) -> None:
+  """`run_commands`; if starting fails on any worker, stops the trainer on
+  every worker of every slice before reporting the failure. The workers that
+  did start would otherwise wait for the missing ones, each holding its TPU,
+  until the job times out, and a rerun's kill script reaches only the
+  slices it gets to."""
+  try:
+    execute(run_commands(args, coordinator), args.dry_run)
+  except subprocess.CalledProcessError:
+    print("tpu_pod.py: starting the trainer failed; stopping it on every "
+          "worker", file=sys.stderr, flush=True)
+    for command in stop_commands(args):
+      _show(command)
+      subprocess.run(command, check=False)  # best effort: report the first
+    raise
+
+
 def wait_until_active(args) -> None:
   """Polls the queued resource; its VMs are usable once it is ACTIVE."""
   if args.dry_run:
@@ -455,7 +472,7 @@ def dispatch(args) -> None:
   if sub in ("setup", "all"):
     execute(setup_commands(args), args.dry_run)
   if sub in ("run", "all"):
-    execute(run_commands(args, coordinator_ip(args)), args.dry_run)
+    start_trainers(args, coordinator_ip(args))
   if sub in ("logs", "all"):
     execute(logs_commands(args), args.dry_run)
   if sub == "stop":

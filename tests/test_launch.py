@@ -182,6 +182,30 @@ def test_real_run_uses_argv_lists_and_looked_up_coordinator(monkeypatch):
   assert "--worker=0" in calls[-1]  # logs last
 
 
+def test_a_failed_start_stops_the_trainer_on_every_slice(monkeypatch,
+                                                         capsys):
+  """Slice 1's start failed after slice 0's trainers had started: they were
+  left waiting for slice 1, holding their TPUs, and the launcher exited."""
+  calls = []
+
+  def run(command, check=False, **kwargs):
+    del kwargs
+    calls.append(command)
+    if check and "trm-a-1" in command and "nohup" in " ".join(command):
+      raise subprocess.CalledProcessError(255, command)
+    return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
+
+  monkeypatch.setattr(subprocess, "run", run)
+  assert tpu_pod.main(["run", *MULTI,
+                       "--coordinator_address=10.0.0.9"]) == 255
+  starts = [c[5] for c in calls if "nohup" in " ".join(c)]
+  assert starts == ["trm-a-0", "trm-a-1"]
+  stops = [c[5] for c in calls[len(starts):]]
+  assert stops == ["trm-a-0", "trm-a-1"]
+  assert all("pkill -f" in _remote(c) for c in calls[len(starts):])
+  assert "stopping it on every worker" in capsys.readouterr().err
+
+
 def test_builders_match_cli():
   args = _args(*MULTI, "--coordinator_address=10.0.0.9")
   assert [c[5] for c in tpu_pod.create_commands(args)] == ["trm-a"]
