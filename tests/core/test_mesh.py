@@ -190,6 +190,18 @@ def test_logical_rules_malformed_pair():
     mesh_lib.logical_rules(cfg)
 
 
+@pytest.mark.parametrize("rule", [
+    ("embed", 5),             # was TypeError: 'int' object is not iterable
+    ("embed", [["fsdp"]]),    # was TypeError: unhashable type: 'list'
+    ("embed", ("fsdp", None)), (5, "fsdp"), (None, "fsdp"), 5])
+def test_logical_rules_not_of_strings_name_the_rule(rule):
+  """A --config.logical_axis_rules entry of other types was a traceback."""
+  cfg = types.SimpleNamespace(logical_axis_rules=(("mlp", "model"), rule))
+  with pytest.raises(mesh_lib.MeshConfigError,
+                     match=r"logical_axis_rules\[1\]=.* must be a pair"):
+    mesh_lib.logical_rules(cfg)
+
+
 def test_logical_rules_are_hashable_tuples():
   cfg = types.SimpleNamespace(logical_axis_rules=[
       ["activation_batch", ["data", "fsdp"]], ["embed", "fsdp"],

@@ -163,11 +163,21 @@ def logical_rules(config) -> tuple[tuple[str, Any], ...]:
   """The ordered (logical name, mesh axes) rules as hashable tuples."""
   rules = []
   for i, rule in enumerate(config.logical_axis_rules):
-    if len(rule) != 2:
+    if not isinstance(rule, (tuple, list)) or len(rule) != 2:
       raise MeshConfigError(
           f"config.logical_axis_rules[{i}]={rule!r} must be a pair "
           "(logical_name, mesh_axis | tuple of mesh axes | None).")
     name, axes = rule
+    if not isinstance(name, str) or not (
+        axes is None or isinstance(axes, str) or (
+            isinstance(axes, (tuple, list))
+            and all(isinstance(a, str) for a in axes))):
+      # Else a traceback from deep in the mesh code (an int axis: "not
+      # iterable"; a nested list: "unhashable").
+      raise MeshConfigError(
+          f"config.logical_axis_rules[{i}]={rule!r} must be a pair "
+          "(logical_name, mesh_axis | tuple of mesh axes | None) of strings, "
+          f"with mesh axes from {MESH_AXES}.")
     flat = axes_of(axes)
     if len(set(flat)) != len(flat):
       # JAX refuses such a spec only once a sharding is made from it.
