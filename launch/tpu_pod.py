@@ -137,6 +137,31 @@ def _not_an_option(flag: str, value: str | None) -> None:
                       f"as an option), got {value!r}")
 
 
+def _check_dcn_overrides(args) -> None:
+  """The slices are the mesh's DCN axes: the trainer refuses config.mesh.dcn_*
+  sizes that do not multiply to the slice count, but only on the workers,
+  after the slices were created and set up."""
+  dcn = {}
+  for text in args.override:
+    key, value = split_override(text)
+    if key.startswith("mesh.dcn_") and value.strip().isdigit():
+      dcn[key] = int(value)
+  product = 1
+  for value in dcn.values():
+    product *= value
+  # Sizes not given come from the config file, which is not read here (the
+  # repository's configs leave them at 1): they must make up the rest.
+  given_all = len(dcn) == 3
+  if dcn and (product != args.num_slices if given_all
+              else not product or args.num_slices % product):
+    sizes = ", ".join(f"{k}={v}" for k, v in dcn.items())
+    raise LaunchError(
+        f"--override: {sizes} split the mesh over {product} slices, but "
+        f"--num_slices={args.num_slices}; the config.mesh.dcn_* sizes must "
+        f"multiply to the number of slices (e.g. --override=mesh.dcn_data="
+        f"{args.num_slices}).")
+
+
 def validate(args, subcommand: str) -> None:
   """Raises LaunchError (naming the flag) before anything is run."""
   if not args.name or not _NAME_RE.fullmatch(args.name):
@@ -173,6 +198,7 @@ def validate(args, subcommand: str) -> None:
       raise LaunchError(f"--code_dir: no such directory: {args.code_dir!r}")
 
   if subcommand in ("run", "all"):
+    _check_dcn_overrides(args)
     if not args.config:
       raise LaunchError("--config: required, e.g. configs/trm_sudoku.py")
     path = args.config.partition(":")[0]

@@ -338,6 +338,30 @@ def test_bad_flags_are_rejected_naming_the_flag(capsys, flags, names):
   assert names in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("slices, overrides, ok", [
+    (2, ["mesh.dcn_data=4"], False), (1, ["mesh.dcn_data=2"], False),
+    (2, ["mesh.dcn_data=0"], False),
+    (4, ["mesh.dcn_data=2", "mesh.dcn_fsdp=1", "mesh.dcn_model=1"], False),
+    (2, ["mesh.dcn_data=2"], True), (1, ["mesh.dcn_data=1"], True),
+    (4, ["mesh.dcn_data=2", "mesh.dcn_fsdp=2"], True),
+    (4, ["mesh.dcn_data=2"], True),  # the config may give dcn_fsdp=2
+])
+def test_dcn_overrides_must_fit_the_slice_count(capsys, slices, overrides,
+                                                ok):
+  """--num_slices=2 --override=mesh.dcn_data=4 created, set up and started
+  the slices; every worker's trainer then refused the mesh."""
+  flags = ["--name=a", "--accelerator_type=v4-8", "--workdir=gs://b/r",
+           "--config=configs/trm_sudoku.py", f"--num_slices={slices}",
+           *(f"--override={o}" for o in overrides)]
+  if ok:
+    _args(*flags, sub="run")
+    return
+  for sub in ("run", "all"):
+    with pytest.raises(SystemExit):
+      _args(*flags, f"--code_dir={REPO}", sub=sub)
+    assert f"but --num_slices={slices}" in capsys.readouterr().err
+
+
 def test_multi_host_workdir_check_counts_slices():
   # One v4-8 host may use a local workdir; two v4-8 slices may not.
   single = ["--name=a", "--accelerator_type=v4-8", "--workdir=runs/x",
