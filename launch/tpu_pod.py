@@ -176,7 +176,15 @@ def validate(args, subcommand: str) -> None:
   for text in args.override:
     split_override(text)
   for text in args.env:
-    _split_env(text)
+    name, _ = _split_env(text)
+    if (name.startswith("MEGASCALE_") and args.num_slices > 1
+        and args.megascale_env):
+      # remote_run_script exports its own per-slice values after --env's.
+      raise LaunchError(
+          f"--env: {name} is exported by the launcher on every slice and "
+          "would replace this value; use --coordinator_address or "
+          "--megascale_port, or --no_megascale_env to give every MEGASCALE_* "
+          "variable yourself.")
   for flag in ("repo_url", "revision"):
     _not_an_option(flag, getattr(args, flag))
   if not 1 <= args.megascale_port <= 65535:

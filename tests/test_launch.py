@@ -362,6 +362,19 @@ def test_dcn_overrides_must_fit_the_slice_count(capsys, slices, overrides,
     assert f"but --num_slices={slices}" in capsys.readouterr().err
 
 
+def test_env_cannot_set_the_launchers_megascale_variables(capsys):
+  """--env=MEGASCALE_PORT=9999 was exported, then replaced by 8081."""
+  with pytest.raises(SystemExit):
+    _args(*MULTI, "--env=MEGASCALE_PORT=9999", sub="run")
+  assert "--env: MEGASCALE_PORT is exported by the launcher" in (
+      capsys.readouterr().err)
+  # Without the launcher's exports the value is the user's own.
+  args = _args(*MULTI, "--env=MEGASCALE_PORT=9999", "--no_megascale_env",
+               sub="run")
+  for command in tpu_pod.run_commands(args):
+    assert "MEGASCALE_PORT=9999" in shlex.split(_remote(command))
+
+
 def test_multi_host_workdir_check_counts_slices():
   # One v4-8 host may use a local workdir; two v4-8 slices may not.
   single = ["--name=a", "--accelerator_type=v4-8", "--workdir=runs/x",
