@@ -303,9 +303,9 @@ def code_files(code_dir: str, excludes=()) -> list[str]:
   return sorted(f for f in files if not _excluded(f, excludes))
 
 
-def _code_archive_command(args) -> tuple[list[str], str]:
-  """A local `tar` of code_files(--code_dir), and the archive's path."""
-  stage = tempfile.mkdtemp(prefix="trm_code_")
+def _code_archive_command(args, stage: str) -> tuple[list[str], str]:
+  """A local `tar` of code_files(--code_dir) into the directory `stage`,
+  and the archive's path."""
   listing = os.path.join(stage, "files")
   with open(listing, "wb") as f:
     f.write(b"".join(os.fsencode(name) + b"\0" for name in
@@ -315,11 +315,13 @@ def _code_archive_command(args) -> tuple[list[str], str]:
            listing], archive)
 
 
-def setup_commands(args) -> list[list[str]]:
-  """Puts the code in ~/trm on every worker of every slice and installs it."""
+def setup_commands(args, stage: str | None = None) -> list[list[str]]:
+  """Puts the code in ~/trm on every worker of every slice and installs it.
+  With --code_dir, `stage` is an existing local directory for the archive
+  (and its file list), which the caller removes."""
   commands = []
   if args.code_dir:
-    pack, archive = _code_archive_command(args)
+    pack, archive = _code_archive_command(args, stage)
     commands.append(pack)
   for node in node_names(args):
     if args.code_dir:
@@ -504,7 +506,10 @@ def dispatch(args) -> None:
     if sub == "all" and args.num_slices > 1:
       wait_until_active(args)
   if sub in ("setup", "all"):
-    execute(setup_commands(args), args.dry_run)
+    # The archive (a copy of the code) is removed once it was copied: each
+    # setup left one in the temporary directory, a dry run its file list.
+    with tempfile.TemporaryDirectory(prefix="trm_code_") as stage:
+      execute(setup_commands(args, stage), args.dry_run)
   if sub in ("run", "all"):
     start_trainers(args, coordinator_ip(args))
   if sub in ("logs", "all"):

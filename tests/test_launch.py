@@ -5,6 +5,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import repo
@@ -411,13 +412,39 @@ def test_code_dir_leaves_ignored_runs_and_data_behind(tmp_path):
   # The archive holds exactly those files.
   args = _args(*[f for f in MULTI if not f.startswith("--repo_url")],
                f"--code_dir={tmp_path}", "--exclude=data", sub="setup")
-  commands = tpu_pod.setup_commands(args)
-  assert commands[0][0] == "tar"
-  subprocess.run(commands[0], check=True)
-  listed = subprocess.run(["tar", "-tzf", commands[0][2]], check=True,
-                          capture_output=True, text=True).stdout.split()
+  with tempfile.TemporaryDirectory() as stage:  # outside the code
+    commands = tpu_pod.setup_commands(args, stage)
+    assert commands[0][0] == "tar"
+    subprocess.run(commands[0], check=True)
+    listed = subprocess.run(["tar", "-tzf", commands[0][2]], check=True,
+                            capture_output=True, text=True).stdout.split()
   assert sorted(listed) == [".gitignore", "configs/c.py", "notes.txt",
                             "trm/a.py"]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_code_dir_leaves_no_archive_behind(monkeypatch, tmp_path, dry_run):
+  """Each setup with --code_dir left a copy of the code (13.7 MB for this
+  repository) in the temporary directory; a dry run left its file list."""
+  code = tmp_path / "code"
+  code.mkdir()
+  (code / "a.py").write_text("x")
+  temp = tmp_path / "tmp"
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(temp))
+  calls = []
+
+  def run(command, **kwargs):
+    del kwargs
+    calls.append(command)
+    return subprocess.CompletedProcess(command, 1 if command[0] == "git"
+                                       else 0, stdout=b"", stderr=b"")
+
+  monkeypatch.setattr(subprocess, "run", run)
+  flags = ["--name=a", "--accelerator_type=v4-8", f"--code_dir={code}"]
+  assert tpu_pod.main(["setup", *flags] + ["--dry_run"] * dry_run) == 0
+  assert not list(temp.iterdir())
+  assert any(c[0] == "tar" for c in calls) != dry_run
 
 
 @pytest.mark.parametrize("in_git", [False, True])
@@ -430,8 +457,10 @@ def test_code_dir_copies_file_names_that_are_not_utf8(tmp_path, in_git):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
   args = _args(*[f for f in MULTI if not f.startswith("--repo_url")],
                f"--code_dir={tmp_path}", sub="setup")
-  pack = tpu_pod.setup_commands(args)[0]
-  subprocess.run(pack, check=True)
-  listed = subprocess.run(["tar", "--quoting-style=literal", "-tzf", pack[2]],
-                          check=True, capture_output=True).stdout.split()
+  with tempfile.TemporaryDirectory() as stage:  # outside the code
+    pack = tpu_pod.setup_commands(args, stage)[0]
+    subprocess.run(pack, check=True)
+    listed = subprocess.run(
+        ["tar", "--quoting-style=literal", "-tzf", pack[2]], check=True,
+        capture_output=True).stdout.split()
   assert sorted(listed) == [b"a.py", b"caf\xe9.txt"]
