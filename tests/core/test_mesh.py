@@ -235,6 +235,21 @@ def test_a_mesh_that_misses_a_slice_counts_its_devices_per_slice():
     mesh_lib.mesh_shapes(config_lib.mesh_config(data=3), 8)
 
 
+@pytest.mark.parametrize("sizes", [dict(data=8), dict(data=8, dcn_data=4),
+                                   dict(data=-1, fsdp=3, dcn_data=3)])
+def test_a_slice_count_mismatch_is_named_before_the_ici_sizes(sizes):
+  """On two 8-device slices, data=8 without dcn_data=2 was refused as "has 8
+  devices but 16 are available" (and with dcn_data=4 as 4 devices in each
+  of 4 slices): the sizes were counted per slice of the config's."""
+  devices = [types.SimpleNamespace(slice_index=i // 8, platform="tpu")
+             for i in range(16)]
+  with pytest.raises(mesh_lib.MeshConfigError,
+                     match=r"^The devices span 2 slice\(s\) but config\."
+                     r"mesh\.dcn_\* multiply to \d; set "
+                     r"--config\.mesh\.dcn_data=2\.$"):
+    mesh_lib.make_mesh(config_lib.mesh_config(**sizes), devices)
+
+
 def test_rules_that_leave_names_out_are_refused():
   """--config.logical_axis_rules replaces the whole list: one rule given on
   the command line left the batch and every other array replicated (no

@@ -101,13 +101,18 @@ def _resolve_sizes(sizes: Sequence[int], num_devices: int,
   return tuple(sizes)
 
 
-def mesh_shapes(mesh_config, num_devices: int) -> tuple[tuple[int, ...],
-                                                         tuple[int, ...]]:
-  """Returns the (ICI, DCN) sizes of ('data', 'fsdp', 'model')."""
+def _dcn_sizes(mesh_config) -> tuple[int, ...]:
   dcn = tuple(int(mesh_config.get(f"dcn_{a}", 1)) for a in MESH_AXES)
   for axis, size in zip(MESH_AXES, dcn):
     if size < 1:
       raise MeshConfigError(f"config.mesh.dcn_{axis}={size} must be >= 1.")
+  return dcn
+
+
+def mesh_shapes(mesh_config, num_devices: int) -> tuple[tuple[int, ...],
+                                                         tuple[int, ...]]:
+  """Returns the (ICI, DCN) sizes of ('data', 'fsdp', 'model')."""
+  dcn = _dcn_sizes(mesh_config)
   num_slices = math.prod(dcn)
   if num_devices % num_slices:
     raise MeshConfigError(
@@ -121,13 +126,17 @@ def mesh_shapes(mesh_config, num_devices: int) -> tuple[tuple[int, ...],
 def make_mesh(mesh_config, devices: Sequence[Any] | None = None) -> Mesh:
   """Builds the ('data', 'fsdp', 'model') mesh with Auto axis types."""
   devices = list(jax.devices() if devices is None else devices)
-  ici, dcn = mesh_shapes(mesh_config, len(devices))
   if hasattr(devices[0], "slice_index"):
+    # Checked before the ICI sizes, which are counted per slice of the
+    # config's: data=8 on two 8-device slices with dcn_data=1 was "has 8
+    # devices but 16 are available", not the missing dcn_data=2.
     slices = len({d.slice_index for d in devices})
-    if slices != math.prod(dcn):
+    wanted = math.prod(_dcn_sizes(mesh_config))
+    if slices != wanted:
       raise MeshConfigError(
           f"The devices span {slices} slice(s) but config.mesh.dcn_* multiply"
-          f" to {math.prod(dcn)}; set --config.mesh.dcn_data={slices}.")
+          f" to {wanted}; set --config.mesh.dcn_data={slices}.")
+  ici, dcn = mesh_shapes(mesh_config, len(devices))
   if math.prod(dcn) > 1:
     if hasattr(devices[0], "slice_index"):
       array = mesh_utils.create_hybrid_device_mesh(
