@@ -187,6 +187,11 @@ def validate(args, subcommand: str) -> None:
           "variable yourself.")
   for flag in ("repo_url", "revision"):
     _not_an_option(flag, getattr(args, flag))
+  if not args.max_wait_minutes > 0:
+    # NaN made the deadline unreachable: `all` polled a queued resource
+    # stuck in WAITING_FOR_RESOURCES forever.
+    raise LaunchError(f"--max_wait_minutes: must be > 0 (inf waits without "
+                      f"end), got {args.max_wait_minutes}")
   if not 1 <= args.megascale_port <= 65535:
     raise LaunchError(f"--megascale_port: not a port: {args.megascale_port}")
   if args.coordinator_address and not _HOST_RE.fullmatch(

@@ -329,6 +329,10 @@ def test_config_path_with_spaces_is_one_token(tmp_path):
     (["--revision=--upload-pack=touch /tmp/pwned;git-upload-pack"],
      "--revision"),
     (["--repo_url=--upload-pack=touch /tmp/pwned"], "--repo_url"),
+    # NaN: the queued resource's deadline never came; 0 or less: no wait.
+    (["--max_wait_minutes=nan"], "--max_wait_minutes"),
+    (["--max_wait_minutes=0"], "--max_wait_minutes"),
+    (["--max_wait_minutes=-5"], "--max_wait_minutes"),
 ])
 def test_bad_flags_are_rejected_naming_the_flag(capsys, flags, names):
   keys = {f.split("=")[0] for f in flags}
