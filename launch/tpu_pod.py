@@ -340,9 +340,12 @@ def setup_commands(args, stage: str | None = None) -> list[list[str]]:
                f"{REMOTE_DIR} && rm -f ~/{_UPLOAD_ARCHIVE}")
     else:
       # Fetching the revision itself works for branches, tags and commits.
-      fetch = (f"{{ [ -d {REMOTE_DIR}/.git ] || git clone -q "
-               f"{shlex.quote(args.repo_url)} {REMOTE_DIR}; }} && "
-               f"cd {REMOTE_DIR} && git fetch -q origin "
+      # From --repo_url, not `origin`: a worker cloned by an earlier setup
+      # from another URL kept fetching that one (its branch of the same
+      # name, silently; workers cloned anew got the new code).
+      url = shlex.quote(args.repo_url)
+      fetch = (f"{{ [ -d {REMOTE_DIR}/.git ] || git clone -q {url} "
+               f"{REMOTE_DIR}; }} && cd {REMOTE_DIR} && git fetch -q {url} "
                f"{shlex.quote(args.revision)} && "
                f"git checkout -q --detach FETCH_HEAD")
     commands.append(_ssh(args, node, f"{fetch} && {_install_script()}"))

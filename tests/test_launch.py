@@ -426,6 +426,33 @@ def test_code_dir_leaves_ignored_runs_and_data_behind(tmp_path):
                             "trm/a.py"]
 
 
+def test_setup_fetches_from_the_repo_url_given(tmp_path):
+  """A second setup with another --repo_url fetched the revision from the
+  first URL (the existing clone's origin): workers ran the old code."""
+  for name in ("a", "b"):
+    repo_dir = tmp_path / name
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo_dir)],
+                   check=True)
+    (repo_dir / "who.txt").write_text(name)
+    subprocess.run(["git", "-C", str(repo_dir), "add", "who.txt"], check=True)
+    subprocess.run(["git", "-C", str(repo_dir), "-c", "user.name=n", "-c",
+                    "user.email=n@example.com", "commit", "-qm", name],
+                   check=True)
+  home = tmp_path / "home"
+  home.mkdir()
+  install = " && " + tpu_pod._install_script()  # pylint: disable=protected-access
+  for name in ("a", "b"):
+    args = _args("--name=w", f"--repo_url={tmp_path / name}",
+                 "--revision=main", sub="setup")
+    script = _remote(tpu_pod.setup_commands(args)[0])
+    assert script.endswith(install)
+    # The worker's part that gets the code, run here with HOME as the
+    # worker's home directory.
+    subprocess.run(["bash", "-c", script[:-len(install)]], check=True,
+                   env=dict(os.environ, HOME=str(home)))
+    assert (home / "trm" / "who.txt").read_text() == name
+
+
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_code_dir_leaves_no_archive_behind(monkeypatch, tmp_path, dry_run):
   """Each setup with --code_dir left a copy of the code (13.7 MB for this
