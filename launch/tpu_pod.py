@@ -2,7 +2,8 @@ r"""Runs the trainer on every worker of one or more Cloud TPU slices.
 
   python launch/tpu_pod.py all --name=trm-a --project=P --zone=us-central2-b \
       --accelerator_type=v4-64 --num_slices=2 --workdir=gs://BUCKET/run \
-      --config=configs/trm_sudoku.py --override=total_steps=1000
+      --config=configs/trm_sudoku.py --override=total_steps=1000 \
+      --override=mesh.dcn_data=2 --code_dir=.
 
 Sub-commands: create, setup, run, logs, stop, delete, all (= create, setup,
 run, logs). Every gcloud command is printed (`shlex.join`) before it runs;
