@@ -464,9 +464,10 @@ def start_trainers(args, coordinator: str | None) -> None:
   slices it gets to."""
   try:
     execute(run_commands(args, coordinator), args.dry_run)
-  except subprocess.CalledProcessError:
-    print("tpu_pod.py: starting the trainer failed; stopping it on every "
-          "worker", file=sys.stderr, flush=True)
+  except (subprocess.CalledProcessError, KeyboardInterrupt):
+    # Ctrl-C between two slices' starts left the first slice running too.
+    print("tpu_pod.py: starting the trainer failed or was interrupted; "
+          "stopping it on every worker", file=sys.stderr, flush=True)
     for command in stop_commands(args):
       _show(command)
       subprocess.run(command, check=False)  # best effort: report the first

@@ -183,22 +183,27 @@ def test_real_run_uses_argv_lists_and_looked_up_coordinator(monkeypatch):
   assert "--worker=0" in calls[-1]  # logs last
 
 
+@pytest.mark.parametrize("failure, code", [
+    (subprocess.CalledProcessError(255, ["gcloud"]), 255),
+    (KeyboardInterrupt(), 130)])
 def test_a_failed_start_stops_the_trainer_on_every_slice(monkeypatch,
-                                                         capsys):
-  """Slice 1's start failed after slice 0's trainers had started: they were
-  left waiting for slice 1, holding their TPUs, and the launcher exited."""
+                                                         capsys, failure,
+                                                         code):
+  """Slice 1's start failed (or Ctrl-C came) after slice 0's trainers had
+  started: they were left waiting for slice 1, holding their TPUs, and the
+  launcher exited."""
   calls = []
 
   def run(command, check=False, **kwargs):
     del kwargs
     calls.append(command)
     if check and "trm-a-1" in command and "nohup" in " ".join(command):
-      raise subprocess.CalledProcessError(255, command)
+      raise failure
     return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
 
   monkeypatch.setattr(subprocess, "run", run)
   assert tpu_pod.main(["run", *MULTI,
-                       "--coordinator_address=10.0.0.9"]) == 255
+                       "--coordinator_address=10.0.0.9"]) == code
   starts = [c[5] for c in calls if "nohup" in " ".join(c)]
   assert starts == ["trm-a-0", "trm-a-1"]
   stops = [c[5] for c in calls[len(starts):]]
