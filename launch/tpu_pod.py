@@ -375,6 +375,13 @@ def train_command(args) -> str:
   """`python -m trm.main ...` as one remote shell string, every value quoted."""
   argv = ["python", "-m", "trm.main", f"--config={args.config}",
           f"--workdir={args.workdir}"]
+  if hosts_per_slice(args.accelerator_type) * args.num_slices > 1:
+    # trm.main's --distributed=auto looks for the workers in the
+    # environment (TPU_WORKER_HOSTNAMES, MEGASCALE_NUM_SLICES), but a
+    # Cloud TPU VM lists them in its metadata, which jax reads
+    # (GceTpuCluster). Without jax.distributed, Orbax's async checkpoint
+    # barrier has no client to use.
+    argv.append("--distributed=true")
   for text in args.override:
     key, value = split_override(text)
     argv.append(f"--config.{key}={value}")

@@ -19,7 +19,8 @@ tpu_pod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tpu_pod)
 
 TRAIN = ("python -m trm.main --config=configs/trm_sudoku.py "
-         "--workdir=gs://bucket/run --config.total_steps=1000")
+         "--workdir=gs://bucket/run --distributed=true "
+         "--config.total_steps=1000")
 MULTI = ["--name=trm-a", "--project=proj", "--zone=us-central2-b",
          "--accelerator_type=v4-64", "--num_slices=2",
          "--workdir=gs://bucket/run", "--config=configs/trm_sudoku.py",
@@ -132,7 +133,7 @@ def test_cli_dry_run_single_v4_8(no_gcloud):
   # A single host: no slice variables, and a local workdir is allowed.
   assert "MEGASCALE" not in script
   assert ("python -m trm.main --config=configs/trm_sudoku.py:cpu "
-          "--workdir=runs/x") in script
+          "--workdir=runs/x > ~/trm_run.log") in script
   proc = _cli(env, "delete", *flags, "--dry_run")
   assert shlex.split(proc.stdout) == [
       "gcloud", "compute", "tpus", "tpu-vm", "delete", "one",
@@ -383,6 +384,22 @@ def test_env_cannot_set_the_launchers_megascale_variables(capsys):
                sub="run")
   for command in tpu_pod.run_commands(args):
     assert "MEGASCALE_PORT=9999" in shlex.split(_remote(command))
+
+
+@pytest.mark.parametrize("accelerator, slices, joins", [
+    ("v4-8", 1, False), ("v4-64", 1, True), ("v4-8", 2, True),
+    ("v5litepod-8", 1, False), ("v5litepod-16", 1, True)])
+def test_several_hosts_join_jax_distributed(accelerator, slices, joins):
+  """trm.main's --distributed=auto finds the workers in TPU_WORKER_HOSTNAMES
+  or MEGASCALE_NUM_SLICES; a Cloud TPU VM lists them in its metadata (jax's
+  GceTpuCluster reads it), so one multi-host slice ran without
+  jax.distributed (Orbax's async checkpoint barrier needs its client)."""
+  args = _args("--name=a", f"--accelerator_type={accelerator}",
+               f"--num_slices={slices}", "--workdir=gs://b/r",
+               "--config=configs/trm_sudoku.py",
+               f"--override=mesh.dcn_data={slices}", sub="run")
+  tokens = shlex.split(tpu_pod.train_command(args))
+  assert ("--distributed=true" in tokens) == joins
 
 
 def test_multi_host_workdir_check_counts_slices():
