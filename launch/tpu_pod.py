@@ -145,7 +145,8 @@ def _check_dcn_overrides(args) -> None:
   dcn = {}
   for text in args.override:
     key, value = split_override(text)
-    if key.startswith("mesh.dcn_") and value.strip().isdigit():
+    # Other values are the trainer's config parser's to refuse.
+    if key.startswith("mesh.dcn_") and re.fullmatch(r"[0-9]+", value.strip()):
       dcn[key] = int(value)
   product = 1
   for value in dcn.values():

@@ -356,6 +356,8 @@ def test_bad_flags_are_rejected_naming_the_flag(capsys, flags, names):
     (2, ["mesh.dcn_data=2"], True), (1, ["mesh.dcn_data=1"], True),
     (4, ["mesh.dcn_data=2", "mesh.dcn_fsdp=2"], True),
     (4, ["mesh.dcn_data=2"], True),  # the config may give dcn_fsdp=2
+    (2, ["mesh.dcn_data=\u00b2"], True),  # the trainer's to refuse (was a
+                                          # ValueError here: '²'.isdigit())
 ])
 def test_dcn_overrides_must_fit_the_slice_count(capsys, slices, overrides,
                                                 ok):
