@@ -107,3 +107,31 @@ def test_flops_formula_matches_xla_cost_analysis():
   ours = lm_steps.train_flops_per_example(model.cfg, config.seq_len) * batch
   xla = compiled.cost_analysis()["flops"]
   assert abs(xla - ours) / ours < 0.2, (xla, ours)
+
+
+def test_eval_rows_draw_their_own_noise_whatever_the_batching():
+  """Each held-out row's t and mask come from its index: batches of equal
+  rows differ, and the figure does not depend on the eval batch size."""
+  from trm.core import pipeline  # pylint: disable=g-import-not-at-top
+  from trm.data.text import sft  # pylint: disable=g-import-not-at-top
+  config, ctx, program, _, shardings, state = _setup()
+  batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
+  with ctx:
+    eval_step = jax.jit(program.eval_step,
+                        in_shardings=(shardings, batch_shardings))
+  # 16 copies of one row: any difference between batches is the noise's.
+  tokens = np.tile((np.arange(32) % 200).astype(np.int32), (16, 1))
+  maskable = np.ones_like(tokens, bool)
+  maskable[:, 0] = False
+
+  def masked_counts(batch_size):
+    source = sft.SFTEvalBatches(tokens, maskable,
+                                global_batch_size=batch_size)
+    with ctx:
+      return [float(eval_step(state, pipeline.to_global(
+          source[k], batch_shardings))[0]["masked_tokens"].compute())
+              for k in range(len(source))]
+
+  by_8 = masked_counts(8)
+  assert by_8[0] != by_8[1], by_8  # one key for all batches: equal
+  assert sum(by_8) == sum(masked_counts(16))

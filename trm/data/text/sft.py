@@ -202,7 +202,7 @@ class SFTBatches:
 
 class SFTEvalBatches:
   """Held-out rows in order, in full global batches (a short tail is left
-  out); item k = this process's rows of eval batch k."""
+  out); item k = this process's rows of eval batch k, with their indices."""
 
   def __init__(self, tokens, maskable, *, global_batch_size: int,
                max_batches: int = -1, process_index: int = 0,
@@ -243,7 +243,10 @@ class SFTEvalBatches:
       raise IndexError(k)
     start = k * self.global_batch_size + self.offset
     rows = slice(start, start + self.local)
-    return {"tokens": self.tokens[rows], "maskable": self.maskable[rows]}
+    # "row": each row's index among the held-out rows, which seeds its noise
+    # (`trm.families.dream.steps.eval_step`).
+    return {"tokens": self.tokens[rows], "maskable": self.maskable[rows],
+            "row": np.arange(start, start + self.local, dtype=np.int32)}
 
 
 def chat_pair_ids(pairs, tokenizer, chat: bool):

@@ -28,6 +28,16 @@ def add_noise(rng, tokens, maskable, mask_token_id: int, eps: float = 1e-3):
   return jnp.where(masked, mask_token_id, tokens), masked, t
 
 
+def add_noise_per_row(keys, tokens, maskable, mask_token_id: int,
+                      eps: float = 1e-3):
+  """`add_noise` with row b's t and mask drawn from keys[b] [B] alone, so a
+  row's noise does not depend on the batch it sits in."""
+  noisy, masked, t = jax.vmap(
+      lambda key, x, m: add_noise(key, x[None], m[None], mask_token_id, eps)
+  )(keys, tokens, maskable)
+  return noisy[:, 0], masked[:, 0], t[:, 0]
+
+
 def shifted_masked_loss(hidden, logits_fn, tokens, masked, t,
                         chunk_size: int = 512):
   """1/t-weighted CE on masked tokens, predicted from the previous position.

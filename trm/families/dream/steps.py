@@ -88,10 +88,14 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
 def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,
               chunk_size: int = 512):
   """(metrics, no outputs): the held-out diffusion loss with the same noise
-  at every evaluation, so figures from different steps compare."""
-  noisy, masked, t = diffusion_loss.add_noise(
-      jax.random.PRNGKey(seed), batch["tokens"], batch["maskable"],
-      model.cfg.mask_token_id)
+  at every evaluation, so figures from different steps compare. Each
+  held-out row draws its own t and mask from (seed, its index): one key for
+  the batch would give every batch the same t values and masks, so the
+  figure would rest on one batch's draw however many rows are held out."""
+  keys = jax.vmap(functools.partial(jax.random.fold_in,
+                                    jax.random.PRNGKey(seed)))(batch["row"])
+  noisy, masked, t = diffusion_loss.add_noise_per_row(
+      keys, batch["tokens"], batch["maskable"], model.cfg.mask_token_id)
   variables = {"params": state.params}
   hidden = model.apply(variables, noisy, method="hidden")
   head = functools.partial(model.apply, variables, method="logits_from_hidden")
@@ -121,7 +125,9 @@ def state_from_hf_checkpoint(directory: str, model: dream.Dream, tx,
 def batch_spec(seq_len: int) -> dict:
   rows = (mesh_lib.BATCH, None)
   return {"tokens": BatchField((seq_len,), np.int32, rows),
-          "maskable": BatchField((seq_len,), np.bool_, rows)}
+          "maskable": BatchField((seq_len,), np.bool_, rows),
+          # The held-out row's index, which seeds its noise (`eval_step`).
+          "row": BatchField((), np.int32, (mesh_lib.BATCH,), eval_only=True)}
 
 
 def train_flops_per_example(cfg: dream.DreamConfig, seq_len: int) -> int:
