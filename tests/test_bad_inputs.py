@@ -983,9 +983,14 @@ def _(env):
 
 
 @case("DiffuCoder seq_len=0", ValueError, "config.seq_len=0",
-      "positive integer")
+      "at least 2")
 def _(env):
   return dc_train(env, seq_len=0)
+
+
+@case("DiffuCoder seq_len=1", ValueError, "config.seq_len=1", "at least 2")
+def _(env):  # trained nothing and reported a loss of 0
+  return dc_train(env, seq_len=1)
 
 
 @case("DiffuCoder warmup_steps=-5", ValueError,

@@ -24,9 +24,12 @@ def owns_state(paths) -> bool:
 
 
 def check_config(config) -> None:
-  if config.seq_len <= 0:
-    raise ValueError(f"config.seq_len={config.seq_len} must be a positive "
-                     "integer (tokens per training sequence).")
+  # Token j is predicted from position j-1, so the first token of a row is
+  # never scored: a 1-token row trains nothing and reports a loss of 0.
+  if config.seq_len < 2:
+    raise ValueError(f"config.seq_len={config.seq_len} must be an integer of "
+                     "at least 2 (tokens per training sequence; the first "
+                     "has no position before it to be predicted from).")
   if config.loss_chunk_size <= 0:
     raise ValueError(f"config.loss_chunk_size={config.loss_chunk_size} must "
                      "be a positive integer.")
