@@ -827,6 +827,16 @@ def _(env):
   return dc_train(env, (path,), **{"data.format": "jsonl", "data.path": path})
 
 
+@case("JSONL prompt longer than seq_len", ValueError, "sft.jsonl:4:",
+      "200-token prompt", "seq_len=128")
+def _(env):  # named "example 2" once: its index, not its line
+  path = env.write("sft.jsonl", '{"prompt": "a", "response": "b"}\n\n'
+                   '{"prompt": "c", "response": "d"}\n'
+                   '{"prompt": "' + "x" * 200 + '", "response": "e"}\n')
+  return dc_train(env, (path,), **{"data.format": "jsonl", "data.path": path,
+                                   "data.chat": False})
+
+
 @case("JSONL line that is not JSON", ValueError, "sft.jsonl:2",
       "not valid JSON")
 def _(env):

@@ -32,9 +32,11 @@ _JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number",
 
 def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
                      response_key: str = "response",
-                     what: str = "data.path"):
+                     what: str = "data.path", line_numbers=None):
   """[(prompt, response)] from a JSONL file, with line-numbered errors;
-  `what` is the config field that named the file."""
+  `what` is the config field that named the file. Each pair's line number
+  is appended to the list `line_numbers`, if given (blank lines are
+  skipped, so the pairs' indices are not their lines)."""
   pairs = []
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: set config.{what} to a "
@@ -70,6 +72,8 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
       raise ValueError(f"{path}:{line_number}: \"{response_key}\" is empty;"
                        " every example needs a response to learn from.")
     pairs.append((record[prompt_key], record[response_key]))
+    if line_numbers is not None:
+      line_numbers.append(line_number)
   if not pairs:
     raise ValueError(f"{path} holds no examples; write one JSON object "
                      f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}} "
@@ -77,19 +81,23 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
   return pairs
 
 
-def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data"):
+def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data",
+              names=None):
   """(tokens [N, L] int32, maskable [N, L] bool) from (prompt, response) ids.
 
   Responses longer than the room left are cut; a prompt that leaves no room
-  for a response is an error naming the example. The prompt, or without one
-  the first token, is never maskable.
+  for a response is an error naming the example: `names[i]` (e.g.
+  "sft.jsonl:7"), or without names its index in `source`. The prompt, or
+  without one the first token, is never maskable.
   """
   tokens = np.full((len(token_pairs), seq_len), pad_id, np.int32)
   maskable = np.zeros((len(token_pairs), seq_len), bool)
   for i, (prompt, response) in enumerate(token_pairs):
     if len(prompt) >= seq_len:
+      where = (f"{source}: example {i}" if names is None
+               else f"{names[i]}: the example")
       raise ValueError(
-          f"{source}: example {i} has a {len(prompt)}-token prompt, which "
+          f"{where} has a {len(prompt)}-token prompt, which "
           f"leaves no room for a response in seq_len={seq_len}; raise "
           "seq_len or shorten the prompt.")
     response = list(response)[:seq_len - len(prompt)]
@@ -285,13 +293,18 @@ def read_rows(data_config, tokenizer, seq_len: int, path_key: str = "path",
           data_config.tfds, split_key,
           {data_config.prompt_key: "config.data.prompt_key",
            data_config.response_key: "config.data.response_key"})]
+      names = [f"{path} record {i}" for i in range(len(pairs))]
     else:
+      # Named by line, as the reader's own errors: an index is no line once
+      # the file has blank lines, and off by one from an editor's count.
+      lines = []
       pairs = read_jsonl_pairs(path, data_config.prompt_key,
-                               data_config.response_key, what)
+                               data_config.response_key, what, lines)
+      names = [f"{path}:{n}" for n in lines]
     pad_id = (tokenizer.dlm_pad_id if tokenizer.dlm_pad_id is not None
               else tokenizer.eos_id)
     return pair_rows(chat_pair_ids(pairs, tokenizer, data_config.chat),
-                     seq_len, pad_id, source=path)
+                     seq_len, pad_id, source=path, names=names)
   if data_config.format == "code":
     if tfds:
       texts = [row[0] for row in tfds_source.texts(
