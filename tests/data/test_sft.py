@@ -121,6 +121,37 @@ def test_code_quoting_special_token_names_is_text(tmp_path):
       tok_lib.IM_START)
 
 
+@pytest.mark.parametrize("chat", [True, False])
+def test_jsonl_quoting_special_token_names_is_text(tmp_path, chat):
+  """A pair quoting "<|mask|>" (code about Dream) put the mask id into the
+  clean prompt (a blank the model is asked to fill) and into the response
+  as a target, and "<|endoftext|>" an EOS mid-answer; as in code files the
+  names are now their characters, and only the template's are tokens. A
+  pair without such names is tokenized as before, the template whole."""
+  from test_tokenizer import _write_tokenizer  # pylint: disable=g-import-not-at-top
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  _write_tokenizer(tmp_path, [tok_lib.END_OF_TEXT, tok_lib.IM_START,
+                              tok_lib.IM_END, tok_lib.MASK, tok_lib.DLM_PAD])
+  tok = tok_lib.load_tokenizer(str(tmp_path))
+  path = tmp_path / "sft.jsonl"
+  path.write_text(json.dumps({"prompt": "fib <|mask|> n",
+                              "response": "def fib <|endoftext|> ( n )"})
+                  + "\n" + json.dumps({"prompt": "fib", "response": "n"})
+                  + "\n")
+  data = ml_collections.ConfigDict(dict(
+      source="files", format="jsonl", path=str(path), prompt_key="prompt",
+      response_key="response", chat=chat))
+  tokens, maskable = sft.read_rows(data, tok, 40)
+  assert tok.mask_id not in tokens
+  assert tok.eos_id not in tokens[0][maskable[0]]
+  im_start = tok.tokenizer.token_to_id(tok_lib.IM_START)
+  assert (tokens == im_start).sum(axis=1).tolist() == ([3, 3] if chat
+                                                       else [0, 0])
+  plain = tok.encode(tok_lib.chat_prompt("fib") if chat else "fib")
+  assert tokens[1, :len(plain)].tolist() == plain
+  assert not maskable[1, :len(plain)].any()
+
+
 def test_batches_are_deterministic_cover_epochs_and_split_by_process():
   tokens = np.arange(10)[:, None] * np.ones((1, 4), np.int32)
   maskable = np.ones_like(tokens, bool)

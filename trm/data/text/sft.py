@@ -260,13 +260,31 @@ class SFTEvalBatches:
 def chat_pair_ids(pairs, tokenizer, chat: bool):
   """[(prompt ids, response ids)]: with `chat`, the prompt in the ChatML
   template and the response closed by <|im_end|>, as the Instruct model was
-  fine-tuned."""
+  fine-tuned.
+
+  A special token's name inside a prompt or response ("<|mask|>" in code
+  about Dream) is encoded as text, as in code files (`encode_text`): read
+  as the token, <|mask|> would be clean data the model learns to output
+  (and, in a prompt, a blank it is asked to fill), <|endoftext|> or
+  <|im_end|> an end inside the answer. Only the template's own names are
+  tokens.
+  """
   from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-  prompts = [tok_lib.chat_prompt(p) if chat else p for p, _ in pairs]
+  head, tail = tok_lib.chat_prompt_parts()
   close = [tokenizer.im_end_id] if chat and tokenizer.im_end_id is not None \
       else []
-  return [(tokenizer.encode(p), tokenizer.encode(r) + close)
-          for p, (_, r) in zip(prompts, pairs)]
+  ids = []
+  for prompt, response in pairs:
+    prompt_ids = tokenizer.encode_text(prompt)
+    if chat and prompt_ids == tokenizer.encode(prompt):
+      # No special name in it: the whole template in one piece, as the
+      # reference tokenizes the rendered chat (pieces can merge otherwise).
+      prompt_ids = tokenizer.encode(head + prompt + tail)
+    elif chat:
+      prompt_ids = (tokenizer.encode(head) + prompt_ids
+                    + tokenizer.encode(tail))
+    ids.append((prompt_ids, tokenizer.encode_text(response) + close))
+  return ids
 
 
 def _from_tfds(data_config) -> bool:

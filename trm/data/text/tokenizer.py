@@ -128,9 +128,14 @@ def chat_prompt(query: str, system: str = SYSTEM_PROMPT) -> str:
   Note the newline before the user turn's <|im_end|>, which
   `apply_chat_template` would not add; the model was prompted this way.
   """
-  return (f"{IM_START}system\n{system}{IM_END}\n"
-          f"{IM_START}user\n{query}\n{IM_END}\n"
-          f"{IM_START}assistant\n")
+  head, tail = chat_prompt_parts(system)
+  return head + query + tail
+
+
+def chat_prompt_parts(system: str = SYSTEM_PROMPT) -> tuple[str, str]:
+  """The text before and after the query in `chat_prompt`."""
+  return (f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n",
+          f"\n{IM_END}\n{IM_START}assistant\n")
 
 
 def from_spec(spec: str, model_cfg):
