@@ -772,6 +772,13 @@ def _(env):
                     watch=(directory,))
 
 
+@case("data.tokenizer directory without tokenizer.json", FileNotFoundError,
+      "tok/tokenizer.json not found", "point config.data.tokenizer at")
+def _(env):  # named --checkpoint once, a flag trm.main does not have
+  os.makedirs(env.path("tok"))
+  return train_call(env, dc_config(**{"data.tokenizer": env.path("tok")}))
+
+
 @case("no tokenizer configured", ValueError, "config.data.tokenizer",
       "config.init_checkpoint")
 def _(env):

@@ -138,13 +138,14 @@ def chat_prompt_parts(system: str = SYSTEM_PROMPT) -> tuple[str, str]:
           f"\n{IM_END}\n{IM_START}assistant\n")
 
 
-def from_spec(spec: str, model_cfg):
+def from_spec(spec: str, model_cfg, what: str = "--checkpoint"):
   """The tokenizer a config names: 'bytes', or a directory with
-  tokenizer.json; checked against the model's mask id and vocabulary."""
+  tokenizer.json; checked against the model's mask id and vocabulary.
+  `what` is the flag or config field to point at another directory."""
   if spec == "bytes":
     tokenizer = ByteTokenizer(mask_id=model_cfg.mask_token_id)
   else:
-    tokenizer = load_tokenizer(spec)
+    tokenizer = load_tokenizer(spec, what)
   return check_against_model(tokenizer, model_cfg, spec)
 
 
@@ -161,11 +162,14 @@ def check_against_model(tokenizer, model_cfg, spec: str):
   return tokenizer
 
 
-def load_tokenizer(directory: str) -> DreamTokenizer:
+def load_tokenizer(directory: str,
+                   what: str = "--checkpoint") -> DreamTokenizer:
+  """`directory`'s tokenizer.json; `what` (a flag or config field) is named
+  as the fix when it is missing."""
   path = os.path.join(directory, "tokenizer.json")
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f"{path} not found: point --checkpoint at a DiffuCoder/Dream "
+        f"{path} not found: point {what} at a DiffuCoder/Dream "
         "directory that holds tokenizer.json (the Hugging Face download).")
   try:
     tokenizer = Tokenizer.from_file(path)

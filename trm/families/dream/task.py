@@ -60,7 +60,9 @@ def build(config, workdir: str, ctx) -> Task:
           "(config.json and model*.safetensors), or '' for random weights.")
     hf_import.check_hf_checkpoint(config.init_checkpoint, cfg)
   scale = loss_scale.initial_state(config)  # None unless float16
-  tokenizer = tok_lib.from_spec(tokenizer_spec(config), cfg)
+  # trm.main has no --checkpoint: a missing tokenizer.json names the field.
+  tokenizer = tok_lib.from_spec(tokenizer_spec(config), cfg,
+                                "config.data.tokenizer")
   (train_tokens, train_maskable), (eval_tokens, eval_maskable) = (
       sft.train_and_eval_rows(config.data, tokenizer, config.seq_len))
   process = dict(process_index=jax.process_index(),
