@@ -310,6 +310,50 @@ def test_malformed_distributed_flags_stop_before_jax_starts(argv, match):
   assert len(calls) == 1
 
 
+def test_auto_joins_the_slice_jax_finds_on_a_cloud_tpu_vm(monkeypatch):
+  """A pod's workers started by hand have no TPU_WORKER_HOSTNAMES (GKE sets
+  it, Cloud TPU VMs do not): --distributed=auto left each worker alone.
+  On a TPU VM it now lets JAX find the slice from the VM's metadata, and
+  goes on as one process where JAX finds no cluster."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  from trm.core import distributed  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  calls, answers = [], []
+
+  def initialize(**kw):
+    calls.append(kw)
+    if answers:
+      raise answers.pop()
+
+  class FakeJax:
+    class distributed:  # pylint: disable=invalid-name
+      pass
+
+  FakeJax.distributed.initialize = staticmethod(initialize)
+  on_tpu_vm = distributed._on_tpu_vm  # pylint: disable=protected-access
+  monkeypatch.delenv("TPU_WORKER_HOSTNAMES", raising=False)
+  monkeypatch.delenv("MEGASCALE_NUM_SLICES", raising=False)
+  with flagsaver.flagsaver(distributed="auto"):
+    monkeypatch.setattr(distributed, "_on_tpu_vm", lambda: False)
+    distributed.initialize_distributed(FakeJax)
+    assert not calls  # a CPU or GPU host: one process, as before
+    monkeypatch.setattr(distributed, "_on_tpu_vm", lambda: True)
+    distributed.initialize_distributed(FakeJax)
+    assert calls == [{"initialization_timeout": 300}]
+    answers.append(ValueError("coordinator_address should be defined."))
+    distributed.initialize_distributed(FakeJax)  # no cluster: one process
+    answers.append(ValueError("Number of processes must be defined."))
+    with pytest.raises(ValueError, match="Number of processes"):
+      distributed.initialize_distributed(FakeJax)
+  with flagsaver.flagsaver(distributed="false"):
+    distributed.initialize_distributed(FakeJax)
+  assert len(calls) == 3
+  # This CPU host is no TPU VM (jax's import found no chips).
+  assert not on_tpu_vm()
+
+
 def test_a_failed_text_preparation_stops_every_process_at_once(tmp_path):
   """Process 0 prepares a GPT run's text; when it failed (here: an empty
   input), process 1 waited for meta.json and process 0 for process 1 in

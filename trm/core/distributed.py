@@ -10,8 +10,9 @@ from trm.core import cli
 
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ["auto", "true", "false"],
-    "Call jax.distributed.initialize(): 'auto' does so on a multi-host TPU "
-    "pod or when --coordinator_address is given.")
+    "Call jax.distributed.initialize(): 'auto' does so on a Cloud TPU VM "
+    "(JAX finds the slice's workers), on a GKE TPU pod or when "
+    "--coordinator_address is given.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "host:port of process 0 (CPU/GPU clusters; "
     "TPU pods find it themselves).")
@@ -22,15 +23,42 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None,
 
 
 def _on_multihost_tpu() -> bool:
-  """Cloud TPU VMs name every worker of the slice in TPU_WORKER_HOSTNAMES."""
+  """GKE's TPU pods name every worker of the slice in TPU_WORKER_HOSTNAMES;
+  a multi-slice job has MEGASCALE_NUM_SLICES."""
   hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
   slices = int(os.environ.get("MEGASCALE_NUM_SLICES", "1") or 1)
   return len([h for h in hosts.split(",") if h.strip()]) > 1 or slices > 1
 
 
+def _on_tpu_vm() -> bool:
+  """A host with TPU chips whose metadata server may be asked (a Cloud TPU
+  VM: JAX's `GceTpuCluster` reads its workers there, not from the
+  environment)."""
+  if os.environ.get("TPU_SKIP_MDS_QUERY") is not None:
+    return False
+  try:  # set by `import jax` where libtpu finds TPU chips
+    from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
+    return bool(cloud_tpu_init.running_in_cloud_tpu_vm)
+  except Exception:  # pylint: disable=broad-except
+    return False  # a JAX without it: the environment rules above only
+
+
 def initialize_distributed(jax) -> None:
   """Joins the multi-process job before anything touches devices."""
   wanted = _DISTRIBUTED.value
+  if (wanted == "auto" and not _COORDINATOR.value and not _on_multihost_tpu()
+      and _on_tpu_vm()):
+    # A pod's workers started by hand (`gcloud ... ssh --worker=all`) have
+    # no TPU_WORKER_HOSTNAMES: JAX finds the slice from the VM's metadata,
+    # as MaxText relies on (before, each worker went on without joining,
+    # and Orbax's async checkpointer then failed on several processes).
+    try:
+      jax.distributed.initialize(initialization_timeout=300)
+      return
+    except ValueError as e:
+      if "coordinator_address" not in str(e):
+        raise
+      # No TPU cluster found after all: one process, as before.
   if wanted == "false" or (wanted == "auto" and not _COORDINATOR.value
                            and not _on_multihost_tpu()):
     if wanted == "auto" and (_NUM_PROCESSES.value not in (None, 1)
