@@ -302,9 +302,17 @@ def test_train_steps_lower_the_loss():
   assert int(state.step) == 30
 
 
+def _schedule_counts(opt_state):
+  kind = optax.ScaleByScheduleState
+  return [int(node.count) for node in jax.tree.leaves(
+      opt_state, is_leaf=lambda node: isinstance(node, kind))
+          if isinstance(node, kind)]
+
+
 def test_nonfinite_step_is_skipped():
-  """A NaN loss leaves parameters and AdamW state as they were, counts the
-  skip, and the next finite step updates as usual."""
+  """A NaN loss leaves parameters and AdamW's moments and count as they
+  were (only the schedule follows the iteration), counts the skip, and the
+  next finite step updates as usual."""
   state, step, batch = _tiny_training(1, 4, seed=5, shift=1)
   state, _ = step(state, batch)
   params = state.params
@@ -317,14 +325,48 @@ def test_nonfinite_step_is_skipped():
   # Zeroed: an interval's average leaves the skipped step out.
   assert int(metrics["loss"].count) == 0
   assert float(metrics["loss"].total) == 0.0
-  for a, b in zip(jax.tree.leaves((skipped.params, skipped.opt_state)),
-                  jax.tree.leaves((bad.params, bad.opt_state))):
+  adam = lambda s: [node for node in jax.tree.leaves(  # noqa: E731
+      s.opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
+                    if isinstance(node, optax.ScaleByAdamState)]
+  for a, b in zip(jax.tree.leaves((skipped.params, adam(skipped))),
+                  jax.tree.leaves((bad.params, adam(bad)))):
     np.testing.assert_array_equal(a, b)
+  assert _schedule_counts(skipped.opt_state) == [2]
   good, _ = step(state, batch)
   assert int(good.skipped_steps) == 0
   changed = [not np.array_equal(a, b) for a, b in
              zip(jax.tree.leaves(good.params), jax.tree.leaves(params))]
   assert all(changed)
+
+
+def test_float16_skipped_steps_keep_nanogpts_learning_rate():
+  """nanoGPT sets get_lr(iter_num) every iteration, also across the steps
+  its GradScaler skips for overflow: a float16 run whose first steps
+  overflow (a loss scale of 2**24) must not warm up from where it was at
+  the first update. Before, the schedule counted updates: 7 skipped steps
+  left iteration 13 at get_lr(6)."""
+  c = _config(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=4,
+              gradient_accumulation_steps=1, dtype="float16",
+              warmup_iters=10, lr_decay_iters=100, max_iters=100,
+              **{"loss_scale.initial": 2.0**24})
+  with c.unlocked():
+    c.model.vocab_size = 11
+  program = gpt_program.build(c, None)
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  state = nn.meta.unbox(program.init_fn())
+  step = jax.jit(program.train_step)
+  x = np.random.default_rng(0).integers(0, 11, size=(4, 8)).astype(np.int32)
+  batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + 1) % 11)}
+  for _ in range(14):
+    state, _ = step(state, batch)
+  assert int(state.skipped_steps) >= 3  # the premise: overflows were skipped
+  # The next iteration (14) runs at get_lr(14), AdamW counted the updates.
+  assert _schedule_counts(state.opt_state) == [int(state.step)] == [14]
+  adam_count = [int(node.count) for node in jax.tree.leaves(
+      state.opt_state,
+      is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
+                if isinstance(node, optax.ScaleByAdamState)]
+  assert adam_count == [14 - int(state.skipped_steps)]
 
 
 def test_eval_step_splits_train_and_val_rows():

@@ -87,6 +87,22 @@ def with_adam_state(opt_state, schedule_count, adam=None):
                       is_leaf=lambda node: isinstance(node, kinds))
 
 
+def advance_schedule(opt_state):
+  """`opt_state` with only the learning-rate schedule one step on: a
+  skipped step (non-finite gradients, a float16 overflow) leaves AdamW's
+  moments and count alone, as torch's GradScaler skips `optimizer.step()`,
+  but nanoGPT's rate is `get_lr(iter_num)` and its iteration still counts,
+  so the schedule must not fall behind the iterations."""
+  def advance(node):
+    if isinstance(node, optax.ScaleByScheduleState):
+      return node._replace(count=optax.safe_increment(node.count))
+    return node
+
+  return jax.tree.map(
+      advance, opt_state,
+      is_leaf=lambda node: isinstance(node, optax.ScaleByScheduleState))
+
+
 def _mean_over_scored(token_loss, targets):
   """(mean of token_loss(labels) over the targets that are not -1, their
   count); the ignored positions get label 0 and weight 0."""
@@ -274,7 +290,8 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
     return optax.apply_updates(params, updates), opt_state
 
   params, opt_state = jax.lax.cond(
-      ok, apply, lambda operands: operands[:2],
+      ok, apply,
+      lambda operands: (operands[0], advance_schedule(operands[1])),
       (state.params, state.opt_state, grads))
   one = jnp.int32(1)
   metrics = {
