@@ -170,9 +170,13 @@ def check(directory: str, abstract, step: int | None = None,
            f"the run used global_batch_size={have[0]}, this config "
            f"{want[0]}; keep config.global_batch_size={have[0]} to resume")
   else:
-    why = ("the run that wrote it had other sizes: config.model (e.g. "
-           "hidden_size, num_heads, expansion, puzzle_emb_ndim) or the "
-           "dataset's seq_len / vocab_size / puzzle identifiers")
+    # In the family's own field names: GPT's config has no hidden_size.
+    from trm import families  # pylint: disable=g-import-not-at-top
+    why = "the run that wrote it had other sizes: " + (
+        families.size_fields_of_state(expected) or (
+            "config.model (e.g. hidden_size, num_heads, expansion, "
+            "puzzle_emb_ndim) or the dataset's seq_len / vocab_size / "
+            "puzzle identifiers"))
   others = f" (and {len(wrong) - 1} more tensors)" if len(wrong) > 1 else ""
   raise CheckpointMismatchError(
       f"{where}: {path} has shape {have} but this config needs {want}"

@@ -6,9 +6,10 @@ shapes=None) -> Program`, plus `DISPLAY_NAME` and `owns_state(paths)`) and
 `trm/core/task.py`. Optional hooks: in program.py, `data_shapes(config,
 overrides)` (shapes for `trm.aot` without reading data) and
 `check_sample_settings` / `build_sampler(config, ctx, settings)` (`trm.aot
---mode=sample`); in task.py, `load_eval_state` (`trm.evaluate`) and
-`check_config(config)` (the family's own fields, checked before the mesh or
-any data is built).
+--mode=sample`), and `SIZE_FIELDS` (the config fields that set the tensor
+shapes, named when a checkpoint's shapes differ); in task.py,
+`load_eval_state` (`trm.evaluate`) and `check_config(config)` (the family's
+own fields, checked before the mesh or any data is built).
 
 Packages are imported only when asked for, so naming a family costs nothing.
 """
@@ -77,14 +78,28 @@ def build_task(config, workdir: str, ctx):
   return task(config.model.name).build(config, workdir, ctx)
 
 
-def name_of_state(paths) -> str | None:
-  """The display name of the family whose train state has these tensor
+def _program_of_state(paths) -> ModuleType | None:
+  """The program module of the family whose train state has these tensor
   paths ('params/...', 'carry/...'), or None when none claims them."""
   for name in names():
     module = program(name)
     if module.owns_state(paths):
-      return module.DISPLAY_NAME
+      return module
   return None
+
+
+def name_of_state(paths) -> str | None:
+  """The display name of the family whose train state has these tensor
+  paths, or None when none claims them."""
+  module = _program_of_state(paths)
+  return module.DISPLAY_NAME if module is not None else None
+
+
+def size_fields_of_state(paths) -> str | None:
+  """The config fields that set the tensor shapes of the family whose train
+  state has these paths (its program's optional SIZE_FIELDS, in the names
+  its config files use), or None."""
+  return getattr(_program_of_state(paths), "SIZE_FIELDS", None)
 
 
 def display_name(name: str) -> str:

@@ -22,6 +22,11 @@ from trm.nn import cross_entropy_gpu
 from trm.nn import platform as platform_lib
 
 DISPLAY_NAME = "GPT"
+# What sets the tensors' shapes (a checkpoint of other shapes names them).
+SIZE_FIELDS = ("config.n_layer, config.n_head, config.n_embd, "
+               "config.block_size, config.bias, config.model.head_size, "
+               "config.model.mlp_size or the vocabulary "
+               "(config.model.vocab_size; 0: the dataset's)")
 # config.loss_kernel: XLA's passes over the logits, or one Pallas Triton
 # kernel on NVIDIA GPUs (nn.cross_entropy_gpu; "_interpret" on a CPU).
 LOSS_KERNELS = ("xla",) + cross_entropy_gpu.KINDS
