@@ -297,3 +297,48 @@ def test_start_endoftext_through_a_tokenizer_json_is_its_special_token(
   assert eot not in codec.encode("<|endoftext|>")  # data: plain text
   assert sample.encode_start(codec, "<|endoftext|>") == [eot]
   assert eot not in codec.encode("<|endoftext|>")  # and it stays so
+
+
+def _gpt2_sized_tokenizer(path) -> str:
+  """A word-level tokenizer.json with GPT-2's 50257 ids (t0 .. t50255 and
+  <|endoftext|>): a stand-in for a gpt2 download's, whose files are not
+  here."""
+  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  vocab = {f"t{i}": i for i in range(50256)}
+  tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+  tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  tokenizer.add_special_tokens(["<|endoftext|>"])
+  tokenizer.save(str(path))
+  return str(path)
+
+
+def test_a_gpt2_bpe_model_samples_offline_with_tokenizer(tmp_path):
+  """A model whose data is GPT-2's BPE (no meta.json; a run on nanoGPT's
+  openwebtext or on data prepared with tokenizer=gpt2) samples through
+  tiktoken, which downloads its files: offline the error said
+  "Alternatively pass --tokenizer=/path/to/gpt2/tokenizer.json", a flag
+  trm.sample did not have ("Unknown command line flag 'tokenizer'"). It
+  has now, for GPT-2's BPE only."""
+  directory = write_tiny_gpt2(tmp_path / "gpt2", vocab=50257, layers=1)
+  json_path = _gpt2_sized_tokenizer(tmp_path / "tokenizer.json")
+  flags = ("--init_from=gpt2", f"--checkpoint={directory}",
+           "--start=t5 t7", "--num_samples=1", "--max_new_tokens=3",
+           "--temperature=0")
+  result = _sample(*flags, f"--tokenizer={json_path}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.startswith("t5 t7 t")
+  # Not GPT-2's ids, or not a GPT-2 BPE model: one line each.
+  small = tmp_path / "small.json"
+  from tokenizers import Tokenizer, models  # pylint: disable=g-import-not-at-top
+  Tokenizer(models.WordLevel({"a": 0, "?": 1}, unk_token="?")).save(
+      str(small))
+  data = tmp_path / "data"
+  preparation.prepare_char("to be or not to be\n" * 4, str(data))
+  for extra, needle in (
+      ((f"--tokenizer={small}",), "has 2 ids, not GPT-2's 50257"),
+      ((f"--tokenizer={json_path}", f"--data_dir={data}"),
+       "but the model's tokenizer is 'char'")):
+    bad = _sample(*flags, *extra)
+    errors = [l for l in bad.stderr.splitlines() if "error:" in l]
+    assert bad.returncode == 2 and len(errors) == 1, bad.stderr[-3000:]
+    assert needle in errors[0], errors[0]

@@ -9,6 +9,8 @@ r"""Samples from a GPT, with nanoGPT's sample.py options:
 directory (and its tokenizer.json, when no meta.json names another);
 `--checkpoint=.../ckpt.pt` reads nanoGPT's own checkpoint (with
 `--data_dir` holding the dataset's meta.json, or nanoGPT's own meta.pkl).
+A model of GPT-2's BPE reads it through tiktoken, which downloads its
+files; offline, `--tokenizer=DIR` takes a gpt2 download's tokenizer.json.
 Generation is one compiled program with a KV cache
 (`trm.families.gpt.model.generate`).
 """
@@ -55,6 +57,10 @@ _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "Directory with the dataset's meta.json or nanoGPT's "
     "meta.pkl (default: the run's data_root/dataset, a ckpt.pt's "
     "data/<dataset>; GPT-2 BPE when there is none).")
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer", None, "GPT-2's tokenizer.json (or a directory holding one, "
+    "e.g. a Hugging Face gpt2 download) for a model whose data is GPT-2's "
+    "BPE, in place of tiktoken, which downloads its files: samples offline.")
 _START = flags.DEFINE_string("start", "\n", "Prompt text, or FILE:path.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 10, "Samples to draw.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 500, "Tokens per sample.")
@@ -133,6 +139,29 @@ def check_finite(params, where: str) -> None:
   allow = _ALLOW_NONFINITE.value if flags.FLAGS.is_parsed() else False
   weights_io.check_finite_tree(params, where, allow,
                                allow_hint="--allow_nonfinite")
+
+
+def gpt2_tokenizer_json(path: str, meta: dict) -> str:
+  """--tokenizer's file, once it is GPT-2's BPE standing in for tiktoken
+  (the model's `meta` names 'gpt2'): tiktoken's error offline names this
+  flag, and a tokenizer of other ids would sample text of other words."""
+  from trm.data.text import text_codecs  # pylint: disable=g-import-not-at-top
+  from trm.data.text import preparation  # pylint: disable=g-import-not-at-top
+  if meta.get("tokenizer") != "gpt2":
+    raise app.UsageError(
+        f"--tokenizer={path} stands in for GPT-2's BPE (tiktoken), but the "
+        f"model's tokenizer is {meta.get('tokenizer')!r} (its meta.json): "
+        "leave --tokenizer unset.")
+  try:
+    codec = text_codecs.HFTokenizerCodec(path)
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(f"--tokenizer={path}: {e}") from None
+  if codec.vocab_size != preparation.GPT2_VOCAB:
+    raise app.UsageError(
+        f"--tokenizer={path} has {codec.vocab_size} ids, not GPT-2's "
+        f"{preparation.GPT2_VOCAB}: pass the tokenizer.json of a Hugging "
+        "Face gpt2 download.")
+  return codec.path
 
 
 def check_prompt_ids(prompt, vocab_size: int, codec, data_dir) -> None:
@@ -262,6 +291,8 @@ def main(argv):
       print("No meta.json found, assuming GPT-2 encodings...",
             file=sys.stderr)
       meta = {"tokenizer": "gpt2", "vocab_size": 50257}
+  if _TOKENIZER.value:
+    meta = {"tokenizer": gpt2_tokenizer_json(_TOKENIZER.value, meta)}
   codec = preparation.codec_from_meta(meta)
   prompt = np.asarray([encode_start(codec, start)] * _NUM_SAMPLES.value,
                       np.int32)
