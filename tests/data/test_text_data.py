@@ -392,6 +392,38 @@ def test_a_directory_nanogpt_prepared_is_read_as_nanogpt_reads_it(
     preparation.load_meta(str(d))
 
 
+def test_a_nanogpt_meta_pkl_of_vocab_size_alone_trains(tmp_path):
+  """nanoGPT's train.py reads only meta.pkl's vocab_size, so a data set of
+  one's own token ids ships {'vocab_size': N} (nanoGPT issues #141, #401):
+  it trains there, with a model of N ids. It was refused here ("does not
+  hold a character vocabulary"). Sampling has no tokenizer for it (nor has
+  nanoGPT's sample.py): one line."""
+  d = tmp_path / "custom"
+  d.mkdir()
+  ids = np.random.default_rng(0).integers(0, 1000, 400)
+  _token_file(d / "train.bin", ids[:300])
+  _token_file(d / "val.bin", ids[300:])
+  with open(d / "meta.pkl", "wb") as f:
+    pickle.dump({"vocab_size": 1000}, f)
+  meta = text_lib.ensure_prepared(str(d), "", "char")
+  assert meta == {"vocab_size": 1000, "nanogpt": True, "train_tokens": 300,
+                  "val_tokens": 100, "input": str(d)}
+  windows = text_lib.TokenWindows(str(d / "train.bin"), 8, 4, seed=0,
+                                  vocab_size=meta["vocab_size"])
+  assert int(windows[0]["x"].max()) < 1000
+  with pytest.raises(ValueError, match=(
+      r"^the data's meta.pkl records only vocab_size=1000 \(token ids of "
+      r"your own\), no tokenizer")):
+    preparation.codec_from_meta(meta)
+  # Still plain data and a usable size only.
+  for bad in ({"vocab_size": True}, {"vocab_size": 2**16 + 1}, {}):
+    with open(d / "meta.pkl", "wb") as f:
+      pickle.dump(bad, f)
+    with pytest.raises(ValueError, match="does not hold a character "
+                       "vocabulary"):
+      preparation.load_meta(str(d))
+
+
 def test_ensure_prepared_other_processes_wait(tmp_path):
   src = tmp_path / "input.txt"
   src.write_text(_SAMPLE)

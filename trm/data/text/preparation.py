@@ -47,6 +47,13 @@ def codec_from_meta(meta: dict):
   tokenizer = meta.get("tokenizer", "char" if "itos" in meta else None)
   if tokenizer == "char":
     return text_codecs.CharCodec(meta["itos"])
+  if tokenizer is None and meta.get("nanogpt"):
+    # nanoGPT's sample.py cannot decode them either (it needs itos).
+    raise ValueError(
+        f"the data's meta.pkl records only vocab_size={meta.get('vocab_size')}"
+        " (token ids of your own), no tokenizer to encode --start or decode "
+        "samples with: pass --data_dir=DIR with the meta.json of a prepared "
+        "text data set whose ids these are.")
   if tokenizer is None:
     raise ValueError("meta.json names no tokenizer and holds no character "
                      "vocabulary (itos); re-run " + CLI_HINT.format("DIR"))
@@ -208,11 +215,17 @@ class _PlainData(pickle.Unpickler):
     raise pickle.UnpicklingError(f"it names {module}.{name}")
 
 
-def read_nanogpt_meta(path: str, fix: str) -> dict:
+def read_nanogpt_meta(path: str, fix: str, vocab_only: bool = False
+                      ) -> dict:
   """meta.json's vocabulary fields of nanoGPT's char-level meta.pkl
   ({'vocab_size', 'itos', 'stoi'}, as its sample.py reads it), unpickled
   as plain data only: no code in the file runs. A ValueError naming `path`
-  and ending in `fix` otherwise."""
+  and ending in `fix` otherwise.
+
+  With `vocab_only` (training), a meta.pkl holding only {'vocab_size': N}
+  is taken too, as nanoGPT's train.py reads nothing else (a data set of
+  its user's own token ids): {'vocab_size': N} and no tokenizer.
+  """
   try:
     with open(path, "rb") as f:
       meta = _PlainData(f).load()
@@ -220,6 +233,10 @@ def read_nanogpt_meta(path: str, fix: str) -> dict:
     raise ValueError(f"{path} cannot be read as plain data "
                      f"({' '.join(str(e).split())}): {fix}.") from None
   itos = meta.get("itos") if isinstance(meta, dict) else None
+  vocab = meta.get("vocab_size") if isinstance(meta, dict) else None
+  if (vocab_only and "itos" not in meta and not isinstance(vocab, bool)
+      and isinstance(vocab, int) and 0 < vocab <= MAX_VOCAB):
+    return {"vocab_size": vocab}
   if not (isinstance(itos, dict) and itos
           and all(isinstance(i, int) and isinstance(ch, str)
                   for i, ch in itos.items())
@@ -249,9 +266,12 @@ def _nanogpt_meta(data_dir: str) -> dict:
     return {"vocab_size": GPT2_VOCAB, "model_vocab_size": NANOGPT_VOCAB,
             "tokenizer": "gpt2", "nanogpt": True, **counts}
   fix = ("it must be the meta.pkl of nanoGPT's data/shakespeare_char/"
-         "prepare.py ({'vocab_size', 'itos', 'stoi'}); re-run that, or "
-         "prepare the text here with `" + CLI_HINT.format(data_dir) + "`")
-  return {**read_nanogpt_meta(path, fix), "nanogpt": True, **counts}
+         "prepare.py ({'vocab_size', 'itos', 'stoi'}), or hold "
+         f"{{'vocab_size': N}} (N <= {MAX_VOCAB}) alone for token ids of your "
+         "own; re-run that, or prepare the text here with `"
+         + CLI_HINT.format(data_dir) + "`")
+  return {**read_nanogpt_meta(path, fix, vocab_only=True), "nanogpt": True,
+          **counts}
 
 
 def load_meta(data_dir: str) -> dict:
