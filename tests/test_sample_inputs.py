@@ -299,19 +299,6 @@ def test_start_endoftext_through_a_tokenizer_json_is_its_special_token(
   assert eot not in codec.encode("<|endoftext|>")  # and it stays so
 
 
-def _gpt2_sized_tokenizer(path) -> str:
-  """A word-level tokenizer.json with GPT-2's 50257 ids (t0 .. t50255 and
-  <|endoftext|>): a stand-in for a gpt2 download's, whose files are not
-  here."""
-  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
-  vocab = {f"t{i}": i for i in range(50256)}
-  tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-  tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-  tokenizer.add_special_tokens(["<|endoftext|>"])
-  tokenizer.save(str(path))
-  return str(path)
-
-
 def test_a_gpt2_bpe_model_samples_offline_with_tokenizer(tmp_path):
   """A model whose data is GPT-2's BPE (no meta.json; a run on nanoGPT's
   openwebtext or on data prepared with tokenizer=gpt2) samples through
@@ -319,8 +306,9 @@ def test_a_gpt2_bpe_model_samples_offline_with_tokenizer(tmp_path):
   "Alternatively pass --tokenizer=/path/to/gpt2/tokenizer.json", a flag
   trm.sample did not have ("Unknown command line flag 'tokenizer'"). It
   has now, for GPT-2's BPE only."""
+  from test_text_data import gpt2_sized_tokenizer_json  # pylint: disable=g-import-not-at-top
   directory = write_tiny_gpt2(tmp_path / "gpt2", vocab=50257, layers=1)
-  json_path = _gpt2_sized_tokenizer(tmp_path / "tokenizer.json")
+  json_path = gpt2_sized_tokenizer_json(tmp_path / "tokenizer.json")
   flags = ("--init_from=gpt2", f"--checkpoint={directory}",
            "--start=t5 t7", "--num_samples=1", "--max_new_tokens=3",
            "--temperature=0")

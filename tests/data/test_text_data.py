@@ -213,6 +213,7 @@ def test_prepare_bpe_with_tokenizer_json(tmp_path):
   meta = preparation.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path))
   assert meta["tokenizer"] == str(tmp_path / "tokenizer.json")
   assert meta["vocab_size"] == tok.get_vocab_size() <= 300
+  assert "model_vocab_size" not in meta  # not GPT-2's: the model fits it
   cut = int(len(_SAMPLE) * 0.9)
   train = np.fromfile(os.path.join(out, "train.bin"), np.uint16)
   val = np.fromfile(os.path.join(out, "val.bin"), np.uint16)
@@ -259,6 +260,43 @@ def gpt2_standin_encoding():
       mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)})
 
 
+def gpt2_sized_tokenizer_json(path) -> str:
+  """A word-level tokenizer.json with GPT-2's 50257 ids (t0 .. t50255 and
+  <|endoftext|>): a stand-in for a gpt2 download's, whose files are not
+  here."""
+  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  vocab = {f"t{i}": i for i in range(50256)}
+  tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+  tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  tokenizer.add_special_tokens(["<|endoftext|>"])
+  tokenizer.save(str(path))
+  return str(path)
+
+
+def test_gpt2_bpe_data_gives_a_new_model_nanogpts_50304_ids(tmp_path):
+  """nanoGPT's data/shakespeare/prepare.py (tiktoken's GPT-2 BPE) writes
+  no meta.pkl, so its train.py gives the model 50304 ids (50257 padded to
+  a multiple of 64). The same text prepared here with GPT-2's BPE
+  recorded only the data's 50257, and trm.main built a 50257-id model."""
+  from trm.families.gpt import task as gpt_task  # pylint: disable=g-import-not-at-top
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  tokenizer = gpt2_sized_tokenizer_json(tmp_path / "tokenizer.json")
+  text = " ".join(f"t{i % 997}" for i in range(3000))
+  data = tmp_path / "data" / "bpe"
+  meta = preparation.prepare_bpe(text, str(data), tokenizer=tokenizer)
+  assert meta["vocab_size"] == 50257  # the data's ids
+  config = config_lib.load_config("configs/gpt.py", "shakespeare_char_cpu")
+  config_lib.set_values(config, {
+      "data_root": str(tmp_path / "data"), "dataset": "bpe",
+      "data.input": "", "data.tokenizer": tokenizer, "n_layer": 1,
+      "n_head": 2, "n_embd": 16, "block_size": 8, "batch_size": 8,
+      "eval_iters": 1})
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  gpt_task.build(config, str(tmp_path / "run"),
+                 mesh_lib.ShardingContext.from_config(config))
+  assert config.model.vocab_size == 50304
+
+
 def test_prepare_bpe_with_tiktoken(tmp_path, monkeypatch):
   """tokenizer='gpt2' goes through tiktoken's get_encoding, here of a
   stand-in (`gpt2_standin_encoding`)."""
@@ -272,6 +310,9 @@ def test_prepare_bpe_with_tiktoken(tmp_path, monkeypatch):
   assert asked == ["gpt2"]
   assert meta["tokenizer"] == "gpt2"
   assert meta["vocab_size"] == encoding.n_vocab == 264
+  # A new model gets nanoGPT's 50304 ids for GPT-2's BPE, as its train.py
+  # gives data/shakespeare (prepared by tiktoken, no meta.pkl).
+  assert preparation.load_meta(out)["model_vocab_size"] == 50304
   cut = int(len(_SAMPLE) * 0.9)
   train = np.fromfile(os.path.join(out, "train.bin"), np.uint16)
   val = np.fromfile(os.path.join(out, "val.bin"), np.uint16)

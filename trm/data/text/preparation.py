@@ -175,9 +175,15 @@ def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2",
   _check_vocab_fits(codec.vocab_size, tokenizer)
   name = "gpt2" if tokenizer == "gpt2" else os.path.abspath(codec.path)
   train_text, val_text = _split_text(universal_newlines(text), source)
+  meta = {"vocab_size": int(codec.vocab_size), "tokenizer": name,
+          **_source_fields(source)}
+  if name == "gpt2" or codec.vocab_size == GPT2_VOCAB:
+    # GPT-2's BPE (tiktoken's, or a gpt2 download's tokenizer.json): the
+    # model nanoGPT's train.py makes for it has 50304 ids, 50257 padded to
+    # a multiple of 64 for speed; the data's ids stay GPT-2's 50257.
+    meta["model_vocab_size"] = NANOGPT_VOCAB
   return _write(out_dir, codec.encode(train_text), codec.encode(val_text),
-                {"vocab_size": int(codec.vocab_size), "tokenizer": name,
-                 **_source_fields(source)})
+                meta)
 
 
 def prepare(text: str, out_dir: str, tokenizer: str = "char",
