@@ -304,10 +304,15 @@ def main(argv):
 
   model = gpt.GPT(cfg)
   top_k = _TOP_K.value or None
+  # A vocabulary padded past the tokenizer's (nanoGPT's 50304 for GPT-2's
+  # 50257): its extra ids cannot be decoded (tiktoken raised a KeyError
+  # after the whole generation; nanoGPT's sample.py does), so none is drawn.
+  limit = getattr(codec, "vocab_size", None)
+  limit = limit if limit and limit < cfg.vocab_size else None
   generate = jax.jit(
       lambda params, prompt, rng: gpt.generate(
           model, params, prompt, _MAX_NEW.value, rng,
-          temperature=_TEMPERATURE.value, top_k=top_k))
+          temperature=_TEMPERATURE.value, top_k=top_k, vocab_limit=limit))
   with ctx:
     begin = time.time()
     tokens = generate(params, prompt, jax.random.key(_SEED.value))

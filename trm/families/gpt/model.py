@@ -258,10 +258,15 @@ def sampling_probs(logits, temperature: float, top_k: int | None = None):
   return jax.nn.softmax(_top_k_crop(scaled, top_k), axis=-1)
 
 
-def _sample(logits, key, temperature, top_k: int | None):
+def _sample(logits, key, temperature, top_k: int | None,
+            vocab_limit: int | None = None):
   """One token per row from logits [B, V] (nanoGPT's recipe), in float32
-  whatever config.model.logits_dtype made them."""
+  whatever config.model.logits_dtype made them; only ids below
+  `vocab_limit` when given."""
   logits = logits.astype(jnp.float32)
+  if vocab_limit is not None and vocab_limit < logits.shape[-1]:
+    logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_limit, logits,
+                       -jnp.inf)
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   if isinstance(temperature, (int, float)) and temperature == 0:
     return greedy
@@ -278,7 +283,8 @@ def _sample(logits, key, temperature, top_k: int | None):
 
 
 def _generate(cfg: GPTConfig, params, prompt, rng, temperature,
-              max_new_tokens: int, top_k: int | None):
+              max_new_tokens: int, top_k: int | None,
+              vocab_limit: int | None = None):
   model = GPT(cfg)
   variables = {"params": params}
   batch, t0 = prompt.shape
@@ -291,7 +297,8 @@ def _generate(cfg: GPTConfig, params, prompt, rng, temperature,
     return tokens
 
   def put(tokens, step, logits):
-    token = _sample(logits, jax.random.fold_in(rng, step), temperature, top_k)
+    token = _sample(logits, jax.random.fold_in(rng, step), temperature, top_k,
+                    vocab_limit)
     return jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None],
                                                t0 + step, axis=1)
 
@@ -335,11 +342,12 @@ def _generate(cfg: GPTConfig, params, prompt, rng, temperature,
 
 _generate_static_temperature = jax.jit(
     _generate, static_argnames=("cfg", "temperature", "max_new_tokens",
-                                "top_k"))
+                                "top_k", "vocab_limit"))
 
 
 def generate(model: GPT, params, prompt, max_new_tokens: int, rng,
-             temperature: float = 1.0, top_k: int | None = None):
+             temperature: float = 1.0, top_k: int | None = None,
+             vocab_limit: int | None = None):
   """nanoGPT's GPT.generate: prompt [B, T0] -> [B, T0 + max_new_tokens].
 
   Each new token is drawn from the last-position logits of the context
@@ -357,6 +365,10 @@ def generate(model: GPT, params, prompt, max_new_tokens: int, rng,
   Python-number temperature is static too, and a traced one is accepted
   when called under an outer jit. A scanned model (cfg.scan_layers) samples
   the same tokens as the unscanned one with the same weights.
+
+  `vocab_limit` (static) draws only ids below it: the tokenizer's, when the
+  model's vocabulary is padded past it (nanoGPT's 50304 over GPT-2's 50257),
+  whose extra ids were never a target and cannot be decoded.
   """
   prompt = jnp.asarray(prompt)
   if prompt.ndim != 2 or prompt.shape[1] < 1:
@@ -366,6 +378,8 @@ def generate(model: GPT, params, prompt, max_new_tokens: int, rng,
     raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0.")
   if top_k is not None and top_k < 1:
     raise ValueError(f"top_k={top_k} must be >= 1 (or None).")
+  if vocab_limit is not None and vocab_limit < 1:
+    raise ValueError(f"vocab_limit={vocab_limit} must be >= 1 (or None).")
   params = nn.meta.unbox(params)
   if set(params) == {"params"}:
     params = params["params"]
@@ -383,11 +397,12 @@ def generate(model: GPT, params, prompt, max_new_tokens: int, rng,
     temperature = float(temperature)
   except (TypeError, jax.errors.ConcretizationTypeError):
     return _generate(cfg, params, prompt, rng, temperature,
-                     int(max_new_tokens), top_k)
+                     int(max_new_tokens), top_k, vocab_limit)
   # NaN passes `< 0` and makes every logit NaN: each draw is then token 0.
   if not (math.isfinite(temperature) and temperature >= 0):
     raise ValueError(f"temperature={temperature} must be a finite number "
                      ">= 0.")
   return _generate_static_temperature(
       cfg, params, prompt, rng, temperature=temperature,
-      max_new_tokens=int(max_new_tokens), top_k=top_k)
+      max_new_tokens=int(max_new_tokens), top_k=top_k,
+      vocab_limit=vocab_limit)
