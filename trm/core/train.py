@@ -202,6 +202,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # ----------------------------------------------------------------- mesh
   ctx = mesh_lib.ShardingContext.from_config(config)
   mesh = ctx.mesh
+  if "batch_size" in config:
+    # GPT's micro-batch (nanoGPT's batch_size), of which global_batch_size
+    # is a multiple: the field to change when the batch does not split
+    # (global_batch_size, derived from it, is refused when set apart).
+    ctx.check_batch_size(config.batch_size, "batch_size")
   ctx.check_batch_size(config.global_batch_size)
   ctx.check_batch_size(config.data.eval_batch_size,
                             "data.eval_batch_size")

@@ -123,6 +123,10 @@ def test_resume_needs_a_checkpoint(data_root, tmp_path):
     (dict(dtype="float16", **{"model.param_dtype": "bfloat16"}),
      "config.model.param_dtype"),
     (dict(batch_size=6), "batch_size=6 must be a positive multiple"),
+    # Named as nanoGPT's key, which is what to change: global_batch_size
+    # (6 x 1) is derived from it, and refused when set apart.
+    (dict(batch_size=6, gradient_accumulation_steps=1),
+     r"^config\.batch_size=6 must be a positive multiple"),
     (dict(dataset="nowhere"), "nowhere"),
 ])
 def test_bad_config_fails_before_training(data_root, tmp_path, overrides,
