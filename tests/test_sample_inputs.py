@@ -315,6 +315,14 @@ def test_a_gpt2_bpe_model_samples_offline_with_tokenizer(tmp_path):
   result = _sample(*flags, f"--tokenizer={json_path}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.startswith("t5 t7 t")
+  # Given, it is used before a download's own tokenizer.json (here one of
+  # other words, which would not encode "t5").
+  from tokenizers import Tokenizer, models  # pylint: disable=g-import-not-at-top
+  Tokenizer(models.WordLevel({"a": 0, "?": 1}, unk_token="?")).save(
+      os.path.join(directory, "tokenizer.json"))
+  again = _sample(*flags, f"--tokenizer={json_path}")
+  assert again.returncode == 0 and again.stdout == result.stdout
+  os.remove(os.path.join(directory, "tokenizer.json"))
   # Not GPT-2's ids, or not a GPT-2 BPE model: one line each.
   small = tmp_path / "small.json"
   from tokenizers import Tokenizer, models  # pylint: disable=g-import-not-at-top

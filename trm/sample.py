@@ -150,8 +150,8 @@ def gpt2_tokenizer_json(path: str, meta: dict) -> str:
   if meta.get("tokenizer") != "gpt2":
     raise app.UsageError(
         f"--tokenizer={path} stands in for GPT-2's BPE (tiktoken), but the "
-        f"model's tokenizer is {meta.get('tokenizer')!r} (its meta.json): "
-        "leave --tokenizer unset.")
+        f"model's tokenizer is {meta.get('tokenizer')!r} (its data "
+        "directory's): leave --tokenizer unset.")
   try:
     codec = text_codecs.HFTokenizerCodec(path)
   except (FileNotFoundError, ValueError) as e:
@@ -282,7 +282,7 @@ def main(argv):
     own = (os.path.join(_CHECKPOINT.value, "tokenizer.json")
            if _INIT_FROM.value.startswith("gpt2") and _CHECKPOINT.value
            else "")
-    if os.path.isfile(own):
+    if os.path.isfile(own) and not _TOKENIZER.value:
       # A Hugging Face GPT-2 download holds GPT-2's BPE (tiktoken's ids,
       # <|endoftext|> too), read offline; tiktoken fetches its files.
       print(f"No meta.json found, using {own}...", file=sys.stderr)
