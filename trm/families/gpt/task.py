@@ -118,7 +118,8 @@ def check_config(config) -> None:
     raise ValueError(
         f"config.lr_decay_iters={config.lr_decay_iters} must be >= "
         f"config.warmup_iters={config.warmup_iters}.")
-  if config.decay_lr and config.min_lr > config.learning_rate:
+  # (A negative or NaN learning_rate is named itself, by run_checks.)
+  if config.decay_lr and 0 <= config.learning_rate < config.min_lr:
     # The cosine would climb from the peak to min_lr: almost always a
     # mistyped exponent (nanoGPT's rule of thumb is learning_rate / 10).
     raise ValueError(
