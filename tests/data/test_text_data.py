@@ -538,6 +538,24 @@ def test_token_windows_process_slices_make_the_global_batch(data_dir):
         np.concatenate([p[key] for p in parts]), whole[key])
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32])
+def test_a_bin_of_wider_ids_is_refused(tmp_path, dtype):
+  """A prepare script of one's own that forgets dtype=np.uint16
+  (`np.array(ids).tofile`, int64) writes ids that read as uint16 with a 0
+  at every second position: trm.main (as nanoGPT's memmap) trained on
+  that silently (a char run's loss fell to 3.42, every second target
+  '\\n'). Refused now, before the step is compiled."""
+  ids = np.random.default_rng(0).integers(1, 65, 5000)
+  path = str(tmp_path / "train.bin")
+  np.asarray(ids, dtype).tofile(path)
+  with pytest.raises(ValueError, match=(
+      "train.bin reads as uint16 token ids with a 0 at every second "
+      "position: it holds 32- or 64-bit ids")):
+    text_lib.TokenWindows(path, 8, 4, seed=0)
+  _token_file(path, ids)  # the same ids as uint16 are read
+  assert text_lib.TokenWindows(path, 8, 4, seed=0)[0]["x"].shape == (4, 8)
+
+
 def test_token_windows_pickle_and_repr(data_dir):
   path = str(data_dir / "train.bin")
   src = text_lib.TokenWindows(path, 8, 4, seed=1, process_index=1,

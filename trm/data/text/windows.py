@@ -61,6 +61,10 @@ _EVAL_STREAM = 0x6576616C  # "eval"
 # tokens (16 MiB of a uint16 file).
 _FINGERPRINT_BLOCKS = 256
 _FINGERPRINT_TOKENS = 32768
+# `TokenFile` reads this many leading (even, odd) id pairs to tell a file of
+# 32- or 64-bit ids from uint16 ones; shorter files are not judged.
+_DTYPE_PAIRS = 32768
+_DTYPE_PAIRS_MIN = 1024
 
 
 # ----------------------------------------------------------------------------
@@ -195,6 +199,25 @@ class TokenFile:
     self.path = path
     self.num_tokens = size // 2
     self._data = None
+    self._check_not_wider_ids()
+
+  def _check_not_wider_ids(self) -> None:
+    """Refuses a file of 32- or 64-bit ids (np.int32 / int64 `tofile`), which
+    read as uint16 put a 0 in every second position: the model would train
+    on that silently (as nanoGPT's memmap would). Real text never has id 0
+    at every second position of its first _DTYPE_PAIRS pairs."""
+    pairs = min(self.num_tokens // 2, _DTYPE_PAIRS)
+    if pairs < _DTYPE_PAIRS_MIN:
+      return
+    head = np.asarray(self.data[:2 * pairs]).reshape(pairs, 2)
+    if head[:, 0].any() and not head[:, 1].any():
+      raise ValueError(
+          f"{self.path} reads as uint16 token ids with a 0 at every second "
+          "position: it holds 32- or 64-bit ids (written from an int32/int64"
+          " array). The .bin files hold uint16 ids, as nanoGPT's: write "
+          "them with np.asarray(ids, np.uint16).tofile(path), or re-prepare "
+          "it with `" + preparation.CLI_HINT.format(
+              os.path.dirname(self.path) or ".") + "`.")
 
   @property
   def data(self) -> np.ndarray:
