@@ -383,6 +383,8 @@ def evaluate_code(config, checkpoint: str):
   # The first round's seeds; later rounds' are checked as they start.
   generate_cli.check_batch_and_seed(_SAMPLER, len(problems))
   chat = _SAMPLER["chat"].value
+  if benchmark == "mbpp" and not chat:
+    code_eval.check_mbpp_shots(shots, _BENCHMARK_PATH.value)
   prompts = [code_eval.build_prompt(p, benchmark, chat, shots)
              for p in problems]
   import jax  # pylint: disable=g-import-not-at-top

@@ -170,6 +170,25 @@ def test_mbpp_full_file_takes_the_test_split(tmp_path):
   assert len(shots) == 3 and "tasks 11-510" in split
 
 
+def test_mbpp_without_the_shots_is_refused_for_the_base_prompt(tmp_path):
+  """A file of the test split only (tasks 11-510, as the Hugging Face
+  dataset's test split exports) prompted 0-shot without a word, where the
+  published numbers are 3-shot; now one line before the model loads."""
+  rows = [_mbpp_row(i, f"f{i}", "return x", [f"assert f{i}(1) == 1"])
+          for i in (3, 11, 12)]
+  path = tmp_path / "test_split.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  result = _evaluate("--checkpoint=/nonexistent", "--benchmark=mbpp",
+                     f"--benchmark_path={path}")
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines() == [
+      f"trm.evaluate: error: --benchmark_path={path}: no task 2, 4 with "
+      "code, which MBPP's 3-shot prompt shows as examples (tasks 2, 3, 4); "
+      "use a file that holds them too (the original 974-task mbpp.jsonl, or "
+      "the Hugging Face dataset's prompt split beside its test split), or "
+      "--chat (0-shot)."]
+
+
 @pytest.mark.parametrize("content, message", [
     ("{not json\n", "line 1: not JSON"),
     ('{"task_id": 1, "text": "x"}\n', "test_list"),

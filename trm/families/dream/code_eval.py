@@ -191,6 +191,21 @@ def load_mbpp(path: str) -> tuple[list[Problem], list[Problem], str]:
   return problems, shots, split
 
 
+def check_mbpp_shots(shots: Sequence[Problem], path: str) -> None:
+  """The base prompt is 3-shot (tasks 2, 3, 4, as the published numbers
+  are): a file without them (e.g. only the test split exported) would
+  otherwise prompt 0-shot without a word."""
+  have = {int(p.task_id) for p in shots}
+  missing = [i for i in MBPP_SHOT_IDS if i not in have]
+  if missing:
+    raise ValueError(
+        f"--benchmark_path={path}: no task {', '.join(map(str, missing))} "
+        "with code, which MBPP's 3-shot prompt shows as examples (tasks "
+        f"{', '.join(map(str, MBPP_SHOT_IDS))}); use a file that holds them "
+        "too (the original 974-task mbpp.jsonl, or the Hugging Face "
+        "dataset's prompt split beside its test split), or --chat (0-shot).")
+
+
 # ------------------------------------------------------------------ prompts
 
 
