@@ -111,6 +111,46 @@ def test_chat_code_extraction(text, want):
   assert code_eval.extract_code(text) == want
 
 
+@pytest.mark.parametrize("text, want", [
+    # A demo after the answer (prints, its own asserts, input()) goes.
+    ("import math\ndef f(x):\n    return g(x) + K\ndef g(x):\n    return x\n"
+     "K = 1\nprint(f(2))\nassert f(1) == 5\ndata = input()\n"
+     "if __name__ == '__main__':\n    main()\n```",
+     "import math\ndef f(x):\n    return g(x) + K\ndef g(x):\n    return x\n"
+     "K = 1\n"),
+    # Decorators stay; a demo cut at the token limit is dropped with it.
+    ("import functools; print(0)\n@functools.cache\ndef f(x):\n"
+     "    return 1\n\nprint(f(", "import functools\n@functools.cache\n"
+     "def f(x):\n    return 1\n"),
+    # Only a body came back: unchanged.
+    ("    return x + 1\n```", "    return x + 1\n"),
+])
+def test_chat_answers_lose_their_demo_code(text, want):
+  problem = code_eval.Problem("t", "def f(x):\n", "", "", "f")
+  assert code_eval.postprocess(problem, text, "humaneval", True) == want
+
+
+def test_a_chat_answers_demo_does_not_fail_it(humaneval):
+  """A correct "self-contained script" whose demo reads input() or asserts
+  a wrong example failed here (EOFError, AssertionError); EvalPlus and
+  Dream's evaluation sanitize the demo away and pass it."""
+  problem = humaneval[0]
+  answer = ("from typing import List\n\ndef has_close_elements(numbers: "
+            "List[float], threshold: float) -> bool:\n" + problem.solution)
+  demos = ["\ndata = list(map(float, input().split()))\n"
+           "print(has_close_elements(data, 0.5))\n```",
+           "\nassert has_close_elements([1.0, 2.0], 0.5) == True\n```"]
+  mbpp = code_eval.Problem(11, "Write a function square.", "", "",
+                           test_list=("assert square(3) == 9",))
+  outcomes = code_exec.run_programs(
+      [code_eval.program(problem, code_eval.postprocess(
+          problem, answer + demo, "humaneval", True), "humaneval", True)
+       for demo in demos] + [code_eval.program(mbpp, code_eval.postprocess(
+           mbpp, "def square(x):\n    return x * x\n\nprint(square(input()))"
+           "\n```", "mbpp", True), "mbpp", True)], workers=2)
+  assert [o.result for o in outcomes] == ["passed"] * 3
+
+
 def test_mbpp_stops_at_done():
   problem = code_eval.Problem(1, "t", "", "")
   assert code_eval.postprocess(problem, "def f(): return 1\n[DONE]\nmore",

@@ -12,10 +12,12 @@ Prompts follow the published evaluations (see the README section):
   MBPP tasks 2, 3, 4; the completion is cut at "[DONE]".
 - Instruct (`chat=True`): the DiffuCoder ChatML prompt with an EvalPlus-
   style instruction, the assistant turn opened with "```python\\n"; the code
-  block is extracted from the output and runs after the HumanEval prompt
-  (whose imports and helper functions the tests need; its docstring-only
-  stub is redefined), or continues it when it lacks a top-level `def` of
-  the entry point (only the body came back).
+  block is extracted from the output, its demo code dropped (top-level
+  statements other than imports and the definitions the tests reach, as
+  EvalPlus's and Dream's sanitizers drop them), and it runs after the
+  HumanEval prompt (whose imports and helper functions the tests need; its
+  docstring-only stub is redefined), or continues it when it lacks a
+  top-level `def` of the entry point (only the body came back).
 
 MBPP data: no offline copy ships with any pip package (EvalPlus downloads
 its data at run time), so `--benchmark_path` names a JSONL file in the
@@ -25,6 +27,7 @@ A full 974-task file is cut to the standard test split, tasks 11-510.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import gzip
 import json
@@ -32,6 +35,7 @@ import os
 import re
 import sys
 import time
+import types
 from typing import Container, Iterable, Optional, Sequence
 
 from trm.core import cli
@@ -261,11 +265,86 @@ def extract_code(text: str, in_block: bool = True) -> str:
   return next(c for c in candidates if c.strip() or c is text).rstrip() + "\n"
 
 
+def _parsed_prefix(code: str) -> tuple[Optional[ast.Module], str]:
+  """(tree, text) of the longest run of `code`'s first lines that parses:
+  an answer cut at the token limit keeps the code before the cut."""
+  lines = code.splitlines(keepends=True)
+  for end in range(len(lines), 0, -1):
+    text = "".join(lines[:end])
+    try:
+      return ast.parse(text), text
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+      continue
+  return None, code
+
+
+def _names(node: ast.AST) -> set[str]:
+  return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def strip_demo_code(code: str, roots: Iterable[str]) -> str:
+  """`code` (a chat answer) without its top-level statements other than
+  imports and the functions, classes and assignments that the names in
+  `roots` (what the tests call) reach. A "self-contained script" answer often
+  ends with a demo: prints, its own asserts (sometimes wrong), input(); the
+  published harnesses (EvalPlus's and Dream's `sanitize`) drop it before the
+  tests run. Unchanged when nothing in it parses or defines a root (e.g. only
+  a function body came back)."""
+  roots = set(roots)
+  tree, text = _parsed_prefix(code)
+  if tree is None:
+    return code
+  binds = {}  # top-level statement -> the names it defines
+  for i, node in enumerate(tree.body):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      binds[i] = {node.name}
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      binds[i] = set().union(*map(_names, targets))
+  wanted, kept = set(roots), set()
+  while True:
+    more = {i for i, names in binds.items() if i not in kept and names & wanted}
+    if not more:
+      break
+    kept |= more
+    for i in more:
+      wanted |= _names(tree.body[i])
+  if not any(binds[i] & roots for i in kept):
+    return code
+  parts = []
+  for i, node in enumerate(tree.body):
+    if i in kept or isinstance(node, (ast.Import, ast.ImportFrom)):
+      first = min([node.lineno] + [d.lineno for d in
+                                   getattr(node, "decorator_list", [])])
+      # Top-level: a decorator's "@" starts its line.
+      span = types.SimpleNamespace(
+          lineno=first, col_offset=0 if first < node.lineno else
+          node.col_offset, end_lineno=node.end_lineno,
+          end_col_offset=node.end_col_offset)
+      parts.append(ast.get_source_segment(text, span))
+  return "\n".join(parts) + "\n"
+
+
+def _test_roots(problem: Problem, benchmark: str) -> set[str]:
+  """The names the tests call: HumanEval's entry point, the names in MBPP's
+  asserts."""
+  if benchmark == "humaneval":
+    return {problem.entry_point}
+  roots = set()
+  for test in problem.test_list:
+    try:
+      roots |= _names(ast.parse(test))
+    except (SyntaxError, ValueError):
+      continue
+  return roots
+
+
 def postprocess(problem: Problem, generation: str, benchmark: str,
                 chat: bool) -> str:
   """The completion to score, from the model's decoded output."""
   if chat:
-    return extract_code(generation)
+    return strip_demo_code(extract_code(generation),
+                           _test_roots(problem, benchmark))
   stops = HUMANEVAL_STOPS if benchmark == "humaneval" else MBPP_STOPS
   return truncate_at_stops(generation, stops)
 
