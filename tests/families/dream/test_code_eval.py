@@ -85,6 +85,10 @@ def test_prompts_and_programs(humaneval):
     ("    return 1\nclass A:\n", "    return 1"),
     ("    return 1\nif __name__ == '__main__':\n", "    return 1"),
     ("    return 1\nprint(f(2))\n", "    return 1"),
+    # lm-eval's stops: any top-level if / print, Python 2's included (these
+    # were kept, and failed a correct body).
+    ("    return 1\nprint f(2)\n", "    return 1"),
+    ("    return 1\nif len(sys.argv) > 1:\n    f(1)\n", "    return 1"),
     ("    return 1\n# test\nassert f(1)", "    return 1"),
     ("    x = 1  # keep\n    return x\n", "    x = 1  # keep\n    return x\n"),
     ("    if x:\n        return 1\n    print(2)", "    if x:\n        return 1"

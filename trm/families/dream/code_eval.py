@@ -4,8 +4,8 @@ post-processing, sandboxed scoring (`trm.families.dream.code_exec`) and pass@k.
 Prompts follow the published evaluations (see the README section):
 - Base, HumanEval: the problem's prompt verbatim (signature + docstring);
   the model continues the function body, which is cut at the first
-  top-level statement ("\\ndef ", "\\nclass ", "\\nif __name__",
-  "\\nprint(", "\\n#"), as lm-eval's humaneval task (Dream's harness) does.
+  top-level "\\nclass", "\\ndef", "\\n#", "\\nif" or "\\nprint", as
+  lm-eval's humaneval task (Dream's harness) does.
   Program = prompt + completion + tests + `check(entry_point)`.
 - Base, MBPP: lm-eval's 3-shot format ("You are an expert Python
   programmer, and here is your task: ... [BEGIN] code [DONE]"), shots =
@@ -43,7 +43,10 @@ from trm.families.dream import code_exec
 from trm.data.text import tokenizer as tok_lib
 
 BENCHMARKS = ("humaneval", "mbpp")
-HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+# lm-eval's humaneval task (Dream's harness) and the Codex paper: any
+# top-level `if` or `print` ends the body, so a demo after it
+# (`if len(sys.argv) > 1:`, Python 2's `print x`) is cut, not run.
+HUMANEVAL_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 MBPP_STOPS = ("[DONE]",)
 MBPP_SHOT_IDS = (2, 3, 4)
 MBPP_TEST_IDS = range(11, 511)
