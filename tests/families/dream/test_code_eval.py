@@ -194,6 +194,9 @@ def test_mbpp_loads_prompts_and_scores(mbpp_file):
   assert prompt.startswith("You are an expert Python programmer, and here "
                            "is your task: Write a function double.")
   assert prompt.endswith("assert square(-2) == 4\n[BEGIN]\n")
+  # lm-eval joins the examples and the task with a blank line (a single
+  # newline here before).
+  assert prompt.count("[DONE]\n\nYou are an expert Python programmer") == 3
   right = [[p.solution + "\n[DONE]\n"] for p in problems]
   wrong = [["def square(x):\n    return x + x\n[DONE]"],
            ["def root(x):\n    return x / 2\n"]]

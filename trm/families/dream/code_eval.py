@@ -229,7 +229,8 @@ def build_prompt(problem: Problem, benchmark: str, chat: bool = False,
       return problem.prompt
     query = f"{INSTRUCTION}\n```\n{problem.prompt.strip()}\n```"
   elif not chat:
-    examples = "".join(f"{_mbpp_task(s)}[BEGIN]\n{s.solution}\n[DONE]\n"
+    # A blank line after each example: lm-eval's few-shot delimiter.
+    examples = "".join(f"{_mbpp_task(s)}[BEGIN]\n{s.solution}\n[DONE]\n\n"
                        for s in shots)
     return f"{examples}{_mbpp_task(problem)}[BEGIN]\n"
   else:
