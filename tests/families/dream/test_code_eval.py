@@ -520,6 +520,11 @@ def test_score_only_reads_a_samples_file(tmp_path):
                        .read_text())
   assert summary["pass@1"] == 0.5 and summary["pass@2"] == 1.0
   assert summary["reasons"] == {"passed": 3, "error": 3}
+  # 3 of HumanEval's 164: said so, not filed as the whole benchmark's score.
+  assert summary["split"].startswith(
+      "all 164 problems; the 3 of them in the samples file; rescored from")
+  assert (f"warning: {samples} holds samples of 3 of the 164 humaneval "
+          "problems; pass@k is over those only") in result.stdout
   # The input file is left as it was.
   assert "passed" not in json.loads(samples.read_text().splitlines()[0])
 
