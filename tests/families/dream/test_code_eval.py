@@ -217,6 +217,20 @@ def test_mbpp_full_file_takes_the_test_split(tmp_path):
   assert len(shots) == 3 and "tasks 11-510" in split
 
 
+def test_mbpp_prompt_and_test_splits_take_the_test_split(tmp_path):
+  """The Hugging Face dataset's prompt split (tasks 1-10, the shots among
+  them) exported beside its test split: tasks 1 and 5-10 were scored as
+  problems too (507 instead of 500)."""
+  rows = [_mbpp_row(i, f"f{i}", "return x", [f"assert f{i}(1) == 1"])
+          for i in range(1, 511)]
+  path = tmp_path / "prompt_and_test.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  problems, shots, split = code_eval.load_mbpp(str(path))
+  assert [p.task_id for p in problems] == list(range(11, 511))
+  assert [s.task_id for s in shots] == [2, 3, 4]
+  assert split == "test split (tasks 11-510) of 510 rows"
+
+
 def test_mbpp_without_the_shots_is_refused_for_the_base_prompt(tmp_path):
   """A file of the test split only (tasks 11-510, as the Hugging Face
   dataset's test split exports) prompted 0-shot without a word, where the

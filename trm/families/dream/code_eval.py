@@ -23,7 +23,9 @@ MBPP data: no offline copy ships with any pip package (EvalPlus downloads
 its data at run time), so `--benchmark_path` names a JSONL file in the
 original format (task_id, text, code, test_list, test_setup_code) or the
 "sanitized" one (prompt, test_imports instead of text, test_setup_code).
-A full 974-task file is cut to the standard test split, tasks 11-510.
+A file with other splits' tasks beside the test split's (the full 974-task
+file, or the prompt split's with the test split's) is cut to the standard
+test split, tasks 11-510.
 """
 from __future__ import annotations
 
@@ -188,7 +190,13 @@ def load_mbpp(path: str) -> tuple[list[Problem], list[Problem], str]:
   _refuse_duplicates(lines, path)
   number = lambda p: int(p.task_id) if str(p.task_id).isdigit() else -1
   shots = [p for p in rows if number(p) in MBPP_SHOT_IDS and p.solution]
-  if max(number(p) for p in rows) > MBPP_TEST_IDS[-1]:
+  # MBPP's splits by id: prompt 1-10 (the shots among them), test 11-510,
+  # validation 511-600, train 601-974. Test tasks beside another split's
+  # (not only a full file: the prompt split exported with the test split)
+  # are cut to the test split; the prompt split's other tasks were scored.
+  others = [p for p in rows
+            if number(p) not in MBPP_TEST_IDS and p not in shots]
+  if others and any(number(p) in MBPP_TEST_IDS for p in rows):
     problems = [p for p in rows if number(p) in MBPP_TEST_IDS]
     split = f"test split (tasks 11-510) of {len(rows)} rows"
   else:
