@@ -98,6 +98,26 @@ def make_ours(config):
   return timed
 
 
+def torch_argv(config, iters: int, nanogpt_dir: str | None) -> list[str]:
+  """nanogpt_torch's flags for the iteration `config` trains: the same
+  model and the same sequences per iteration (micro-batches included, or
+  the time ratio compares a 4-micro-batch iteration with a 1-micro-batch
+  one)."""
+  argv = [f"--data_dir={os.path.join(config.data_root, config.dataset)}",
+          f"--iters={iters}", f"--n_layer={config.n_layer}",
+          f"--n_head={config.n_head}", f"--n_embd={config.n_embd}",
+          f"--block_size={config.block_size}",
+          f"--batch_size={config.batch_size}",
+          f"--gradient_accumulation_steps="
+          f"{config.gradient_accumulation_steps}",
+          f"--dropout={config.dropout}", f"--bias={config.bias}"]
+  if config.model.vocab_size:
+    argv.append(f"--vocab_size={config.model.vocab_size}")
+  if nanogpt_dir:
+    argv.append(f"--nanogpt_dir={nanogpt_dir}")
+  return argv
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -125,14 +145,8 @@ def main(argv):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))), "reference"))
     import nanogpt_torch  # pylint: disable=g-import-not-at-top
-    data_dir = os.path.join(config.data_root, config.dataset)
-    argv = [f"--data_dir={data_dir}", f"--iters={_ITERS.value}",
-            f"--n_layer={config.n_layer}", f"--n_head={config.n_head}",
-            f"--n_embd={config.n_embd}", f"--block_size={config.block_size}",
-            f"--batch_size={config.batch_size}"]
-    if _NANOGPT_DIR.value:
-      argv.append(f"--nanogpt_dir={_NANOGPT_DIR.value}")
-    torch_args = nanogpt_torch.parse_args(argv)
+    torch_args = nanogpt_torch.parse_args(
+        torch_argv(config, _ITERS.value, _NANOGPT_DIR.value))
   ours_ms, theirs_ms = [], []
   for round_index in range(_ROUNDS.value):
     # Compilation happened in make_ours; later rounds need less warm-up.
