@@ -49,3 +49,8 @@ class DispatchBound:
 
   def __len__(self) -> int:
     return len(self._pending)
+
+  def unfinished(self) -> int:
+    """How many of the recorded calls are still running or queued (calls
+    finish in order, so these are the newest)."""
+    return sum(not x.is_ready() for x in self._pending)

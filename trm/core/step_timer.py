@@ -1,6 +1,7 @@
 """Seconds per step between log points, and MFU when the FLOPs are known."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 import jax
@@ -10,7 +11,15 @@ from absl import logging
 class StepTimer:
   """Time per step between log points, and MFU when the task knows its
   FLOPs per step (nanoGPT's estimate_mfu: a running average that starts
-  after the first intervals, against the peak of the devices in use)."""
+  after the first intervals, against the peak of the devices in use).
+
+  The loop dispatches ahead (`trm.core.dispatch`), so an interval ends at
+  the newest step known to have finished when `interval` is called, not at
+  the step just dispatched: after an evaluation or a save the devices start
+  idle and the next steps dispatch without waiting, and counting them as
+  done made the interval after every evaluation read 2.4 ms instead of
+  ~37 ms (MFU 114%) on the CPU recipe.
+  """
 
   def __init__(self, flops_per_step, compute_dtype: str):
     self._flops = flops_per_step
@@ -27,20 +36,47 @@ class StepTimer:
                      else jax.device_count())
     self._running_mfu = None
     self._intervals = 0
-    self.restart(None)
+    self._mark = None  # (time, newest step known finished); None: warm-up
+    self._seconds = 0.0  # measured since the last reported interval
+    self._steps = 0
 
-  def restart(self, step) -> None:
-    self._start_time, self._start_step = time.time(), step
+  def _measure_to(self, now: float, done: int) -> None:
+    start, start_done = self._mark
+    if done > start_done:  # else none finished since: the time runs on
+      self._seconds += now - start
+      self._steps += done - start_done
+      self._mark = (now, done)
 
-  def interval(self, step: int) -> dict:
-    """{'timing/ms_per_step', 'timing/mfu_percent'} for the steps since the
-    last call (empty for the first interval, which includes warm-up)."""
-    now, start, start_step = time.time(), self._start_time, self._start_step
-    self.restart(step)
-    self._intervals += 1
-    if start_step is None or step <= start_step:
+  @contextlib.contextmanager
+  def paused(self, step: int):
+    """A block whose time is not step time, entered with the devices idle
+    (the caller waited for the state): the steps up to `step` are measured
+    to its start, and measuring goes on from its end."""
+    if self._mark is not None:
+      self._measure_to(time.time(), step)
+    try:
+      yield
+    finally:
+      if self._mark is not None:  # warm-up (compilation) still ends later
+        self._mark = (time.time(), step)
+
+  def interval(self, step: int, unfinished: int = 0) -> dict:
+    """{'timing/ms_per_step', 'timing/mfu_percent'} for the steps finished
+    since the last call, `unfinished` of the `step` dispatched still running
+    or queued (`DispatchBound.unfinished`). Empty for the first interval,
+    which includes warm-up, and while no step finished since the last."""
+    now = time.time()
+    done = step - unfinished
+    if self._mark is None:
+      self._mark = (now, done)
+      self._intervals += 1
       return {}
-    seconds = (now - start) / (step - start_step)
+    self._measure_to(now, done)
+    if not self._steps:
+      return {}
+    seconds = self._seconds / self._steps
+    self._seconds, self._steps = 0.0, 0
+    self._intervals += 1
     timing = {"timing/ms_per_step": 1000 * seconds}
     if self._flops:
       from trm.core import mfu  # pylint: disable=g-import-not-at-top

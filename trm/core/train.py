@@ -477,7 +477,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     """The scheduled evaluation at `step`; a signal during it saves the step
     (marked as owing its evaluation) and stops."""
     nonlocal results, evaluated_at
-    with report.timed("eval", barrier=state):
+    with report.timed("eval", barrier=state), speed.paused(step):
       evaluated = run_eval(step, preemption.pending)
     if evaluated is None:  # a signal arrived during the evaluation
       logging.warning("Step %d: evaluation stopped by %s.", step,
@@ -486,7 +486,6 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     results = evaluated
     evaluated_at = step
     logging.info("Step %d eval: %s", step, results)
-    speed.restart(step)  # evaluation is not step time
 
   def record_redone_eval(step: int) -> None:
     """Gives checkpoint `step`, saved owing its evaluation, what the
@@ -552,7 +551,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           ckpt_lib.check_async_errors(manager)
           if pending is not None:
             write_train_metrics(*pending)
-          pending = (step, train_metrics, speed.interval(step))
+          pending = (step, train_metrics,
+                     speed.interval(step, bound.unfinished()))
           train_metrics = None
         if preemption.reached(step):
           stop_for_preemption(step)
@@ -563,14 +563,14 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                       and results.get("eval/loss", best_loss) < best_loss)
           if not save_improved_only or improved:
             write_metrics_to_disk(step)
-            with report.timed("checkpoint", barrier=state):
+            with report.timed("checkpoint", barrier=state), speed.paused(
+                step):
               save_checkpoint(step)
           else:
             logging.info("Step %d: no checkpoint, eval loss %s is not below "
                          "the best %.4f (always_save_checkpoint=False).", step,
                          results.get("eval/loss") if evaluated_at == step
                          else "not computed", best_loss)
-          speed.restart(step)  # nor is saving
       if pending is not None:
         write_train_metrics(*pending)
       if finished:  # a finished run: report again
