@@ -116,3 +116,21 @@ def test_peak_flops_cpu_is_measured():
   value, description = mfu.peak_flops(device, "float32")
   assert value == mfu.measured_cpu_peak_flops("float32")
   assert "measured CPU matmul peak" in description
+
+
+class _Device:
+  platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize("precision,expected", [
+    (None, 494.5e12), ("tensorfloat32", 494.5e12), ("bfloat16", 494.5e12),
+    ("highest", 67e12), ("float32", 67e12), ("F32_F32_F32", 67e12)])
+def test_float32_on_an_nvidia_gpu_runs_against_the_tf32_peak(precision,
+                                                             expected):
+  """XLA:GPU multiplies float32 operands on TF32 tensor cores unless the
+  precision is highest (as trm.forecast.ops charges them): dividing by the
+  CUDA-core float32 peak made a float32 run's MFU read 7.4x high."""
+  with jax.default_matmul_precision(precision):
+    value, description = mfu.peak_flops(_Device(), "float32")
+  assert value == expected, description
+  assert mfu.peak_flops(_Device(), "bfloat16")[0] == 989e12

@@ -196,13 +196,33 @@ def measured_cpu_peak_flops(dtype: str = "float32", size: int = 1024,
                                     dtype, size, repeats, min_seconds)
 
 
+# jax_default_matmul_precision values under which XLA:GPU multiplies float32
+# operands in float32 (CUDA cores); at every other setting, the default
+# (None) included, it uses TF32 tensor cores (trm.forecast.ops charges a
+# float32 cuBLAS matmul likewise).
+_FULL_FLOAT32 = ("highest", "float32", "f32_f32_f32")
+
+
+def _gpu_float32_as(name: str) -> str:
+  """The peak a float32 matmul on an NVIDIA GPU runs against: TF32's at
+  jax's default precision (dividing by the CUDA-core float32 peak made an
+  H100's MFU read 7.4x high: 67 instead of 494.5 TFLOP/s)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  precision = jax.config.jax_default_matmul_precision
+  if name != "float32" or str(precision).lower() in _FULL_FLOAT32:
+    return name
+  return "tfloat32"
+
+
 def peak_flops(device=None, dtype: str = "float32") -> tuple[float, str]:
   """(Peak FLOP/s of one device, a description of where the number is from).
 
   device: a jax Device (default: this process's first). CPU: measured matmul
-  peak; known accelerator: published peak for `dtype`; unknown accelerator:
-  a matmul measured on it (4096^3, which is big enough to approach peak on
-  current GPUs/TPUs), with a warning that MFU will read high.
+  peak; known accelerator: published peak for `dtype` (float32 on an NVIDIA
+  GPU: TF32's, unless jax's default matmul precision is 'highest');
+  unknown accelerator: a matmul measured on it (4096^3, which is big enough
+  to approach peak on current GPUs/TPUs), with a warning that MFU will read
+  high.
 
   A CPU figure is the whole machine's (XLA's thread pool uses every core).
   Forced host devices (--xla_force_host_platform_device_count=N) share those
@@ -217,6 +237,8 @@ def peak_flops(device=None, dtype: str = "float32") -> tuple[float, str]:
     value = measured_cpu_peak_flops(measure_dtype)
     return value, (f"measured CPU matmul peak ({measure_dtype}, 1024^3, "
                    f"{value / 1e9:.1f} GFLOP/s)")
+  if "tfloat32" in (_published_table(device.device_kind) or {}):
+    name = _gpu_float32_as(name)  # an NVIDIA GPU
   published = published_peak_flops(device.device_kind, name)
   if published is not None:
     return published, (f"published peak of {device.device_kind} ({name}, "
