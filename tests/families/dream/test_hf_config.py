@@ -104,6 +104,24 @@ def test_a_rope_theta_that_is_no_number_names_the_field(copy, theta):
     hf_import.check_hf_checkpoint(str(copy), CFG)
 
 
+@pytest.mark.parametrize("field,ours", [("rope_theta", 1e6),
+                                        ("rms_norm_eps", 1e-5)])
+def test_a_float_left_out_of_config_json_is_dreams_default(copy, field, ours):
+  # config.json without rope_theta means Dream's 10000 (its code, and
+  # trm.generate, read it so); a run starting from the checkpoint took
+  # config.model's 1e6 unchecked and fine-tuned with another RoPE.
+  config = json.loads((copy / "config.json").read_text())
+  del config[field]
+  (copy / "config.json").write_text(json.dumps(config))
+  cfg = dataclasses.replace(CFG, **{field: ours})
+  with pytest.raises(weights_io.CheckpointError,
+                     match=rf"config\.json: {field}=.* \(absent: Dream's "
+                     rf"default\) does not match config\.model\.{field}="):
+    hf_import.check_hf_checkpoint(str(copy), cfg)
+  default, _ = hf_config.model_config_from_hf(str(copy))
+  hf_import.check_hf_checkpoint(str(copy), default)
+
+
 def test_the_dtype_key_of_newer_transformers_is_read(tmp_path):
   # transformers 4.56+ writes config.json's "torch_dtype" as "dtype"; it was
   # ignored: bfloat16 weights were loaded as float32 params (twice the

@@ -19,6 +19,9 @@ _CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size",
                   "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "rope_theta", "rms_norm_eps",
                   "mask_token_id", "pad_token_id")
+# What Dream's DreamConfig (and Qwen2's) takes for a float field config.json
+# leaves out; no tensor shape shows a wrong one, so it must be compared too.
+HF_DEFAULTS = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
 
 
 def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
@@ -33,19 +36,23 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
         "model's config object.")
   weights_io.check_quantization_config(hf, path)
   for field in _CONFIG_FIELDS:
-    if hf.get(field) is None:  # Qwen2 configs have no mask_token_id
+    # A float left out is Dream's default (as `model_config_from_hf` and
+    # Dream's own code read it), not whatever config.model holds.
+    theirs = hf.get(field, HF_DEFAULTS.get(field))
+    if theirs is None:  # Qwen2 configs have no mask_token_id
       continue
     ours = getattr(cfg, field)
-    if isinstance(ours, float) and not _is_number(hf[field]):
+    if isinstance(ours, float) and not _is_number(theirs):
       raise weights_io.CheckpointError(
-          f"{path}: {field}={hf[field]!r} is not a number; fix config.json "
+          f"{path}: {field}={theirs!r} is not a number; fix config.json "
           "or download the checkpoint again.")
-    ok = (math.isclose(float(hf[field]), float(ours), rel_tol=1e-9)
-          if isinstance(ours, float) else hf[field] == ours)
+    ok = (math.isclose(float(theirs), float(ours), rel_tol=1e-9)
+          if isinstance(ours, float) else theirs == ours)
     if not ok:
       raise weights_io.CheckpointError(
-          f"{path}: {field}={hf[field]!r} does not match "
-          f"config.model.{field}={ours!r}.")
+          f"{path}: {field}={theirs!r}"
+          + ("" if field in hf else " (absent: Dream's default)")
+          + f" does not match config.model.{field}={ours!r}.")
   # Architecture switches the port does not implement must be off.
   for field, want in (("tie_word_embeddings", False), ("rope_scaling", None),
                       ("use_sliding_window", False), ("hidden_act", "silu")):
@@ -267,7 +274,7 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
       raise weights_io.CheckpointError(
           f"{path}: {field}={value!r} is not an integer token id.")
   floats = {}
-  for field, default in (("rope_theta", 10000.0), ("rms_norm_eps", 1e-6)):
+  for field, default in HF_DEFAULTS.items():
     value = hf.get(field, default)
     if not _is_number(value):
       raise weights_io.CheckpointError(
