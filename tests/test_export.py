@@ -80,6 +80,26 @@ def test_cli_checks_the_sources_special_ids_before_the_weights(tmp_path):
   assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.parametrize("field,value", [("rope_theta", 500000.0),
+                                         ("rms_norm_eps", 1e-5),
+                                         ("mask_token_id", 400)])
+def test_cli_refuses_a_config_whose_model_is_not_the_runs(tmp_path, field,
+                                                          value):
+  """A --config whose RoPE base, norm epsilon or special ids differ from
+  those the run trained with restored the run's weights (same shapes) and
+  wrote its own values into the export's config.json, so Dream's code ran
+  the weights with another RoPE. Refused before any weight is read."""
+  workdir = _workdir(tmp_path)
+  (workdir / "config.json").write_text(
+      '{"model": {"name": "dream", "rope_theta": 1000000.0, '
+      '"rms_norm_eps": 1e-06, "mask_token_id": 500}}')
+  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+                        f"--config.model.{field}={value}")
+  assert (f"config.model.{field}={value!r}, but the run trained with"
+          in error), error
+  assert not (tmp_path / "hf").exists()
+
+
 def test_an_empty_out_is_refused():
   """--out= read as '/': the export was staged in /.partial-PID and then
   failed to rename the root directory, after loading every weight."""

@@ -355,6 +355,23 @@ def check_run_family(workdir: str, family: str) -> None:
         "the run trained with.")
 
 
+def check_run_model(workdir: str, model, fields) -> None:
+  """--config's `fields` of config.model, which the export writes into its
+  config.json but which no weight's shape shows (RoPE base, norm epsilon,
+  special ids), must be those the run trained with (its config.json):
+  otherwise the checkpoint restores and the export labels its weights with
+  another model's settings, which Dream's code then runs."""
+  recorded = _recorded_model(workdir)
+  for field in fields:
+    if field in recorded and field in model and recorded[field] != model[field]:
+      raise app.UsageError(
+          f"--config gives config.model.{field}={model[field]!r}, but the "
+          f"run trained with {recorded[field]!r} "
+          f"({os.path.join(workdir, 'config.json')}): the export would "
+          "describe its weights as another model's. Pass the config (and "
+          "--config.* overrides) the run trained with.")
+
+
 def _recorded_vocab_size(workdir: str) -> int:
   """config.model.vocab_size as the run recorded it in its config.json
   (the dataset's vocabulary, where the config file says 0)."""
@@ -436,6 +453,9 @@ def main(argv):
     raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
                          "workdir (it has no checkpoints/ directory).")
   check_run_family(_CHECKPOINT.value, family)
+  if family == "dream":
+    from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
+    check_run_model(_CHECKPOINT.value, config.model, hf_config.CONFIG_FIELDS)
   if fmt in ("torch", "nanogpt"):  # torch.save: before the weights load
     try:
       import torch  # pylint: disable=g-import-not-at-top,unused-import

@@ -15,7 +15,7 @@ CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 
 # config.json key -> DreamConfig field (the same names upstream).
-_CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size",
+CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size",
                   "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "rope_theta", "rms_norm_eps",
                   "mask_token_id", "pad_token_id")
@@ -35,7 +35,7 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
         f"{path} holds a {type(hf).__name__}, not the "
         "model's config object.")
   weights_io.check_quantization_config(hf, path)
-  for field in _CONFIG_FIELDS:
+  for field in CONFIG_FIELDS:
     # A float left out is Dream's default (as `model_config_from_hf` and
     # Dream's own code read it), not whatever config.model holds.
     theirs = hf.get(field, HF_DEFAULTS.get(field))
@@ -175,7 +175,7 @@ def hf_config_dict(cfg: DreamConfig, torch_dtype: str,
       "torch_dtype": torch_dtype,
   }
   out.update(source or {})
-  out.update({field: getattr(cfg, field) for field in _CONFIG_FIELDS})
+  out.update({field: getattr(cfg, field) for field in CONFIG_FIELDS})
   return out
 
 
