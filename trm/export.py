@@ -59,9 +59,11 @@ def check_tokenizer_dir(source: str) -> None:
   """--tokenizer holds a tokenizer.json, and every file an export would
   copy from it is a regular file (main checks it before the weights load,
   which takes minutes for a 7B model)."""
-  if not os.path.isfile(os.path.join(source, "tokenizer.json")):
-    raise FileNotFoundError(f"{source} holds no tokenizer.json; point "
-                            "--tokenizer at the checkpoint you fine-tuned.")
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  if not tok_lib.has_tokenizer(source):
+    raise FileNotFoundError(f"{source} holds no tokenizer.json (nor "
+                            "vocab.json and merges.txt); point --tokenizer "
+                            "at the checkpoint you fine-tuned.")
   tokenizer_files(source)
 
 
@@ -93,7 +95,7 @@ def check_tokenizer_fits(source: str, cfg) -> None:
   succeeded before."""
   from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   try:
-    tok_lib.from_spec(source, cfg)
+    tok_lib.from_spec(source, cfg, "--tokenizer")
   except ValueError as e:
     raise app.UsageError(f"--tokenizer={source}: {e} The export would "
                          "ship a tokenizer its loaders refuse; point "

@@ -44,6 +44,58 @@ def test_missing_file_is_a_clear_error(tmp_path):
     tok_lib.load_tokenizer(str(tmp_path))
 
 
+def _write_slow_tokenizer(directory):
+  """What DiffuCoder's and Dream's Hub repositories hold: the slow Qwen2
+  tokenizer's vocab.json and merges.txt (a small byte-level BPE here), the
+  special tokens in added_tokens.json and tokenizer_config.json, which
+  names Dream's remote DreamTokenizer, and no tokenizer.json."""
+  import json  # pylint: disable=g-import-not-at-top
+  from tokenizers import ByteLevelBPETokenizer  # pylint: disable=g-import-not-at-top
+  text = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+          "I'm sure they'll say it's 12345 héllo wörld\r\n\t ok"] * 20
+  bpe = ByteLevelBPETokenizer()
+  bpe.train_from_iterator(text, vocab_size=300, min_frequency=2)
+  bpe.save_model(str(directory))
+  specials = [tok_lib.END_OF_TEXT, tok_lib.IM_START, tok_lib.IM_END,
+              tok_lib.MASK, tok_lib.DLM_PAD]
+  added = {t: bpe.get_vocab_size() + i for i, t in enumerate(specials)}
+  (directory / "added_tokens.json").write_text(json.dumps(added))
+  (directory / "tokenizer_config.json").write_text(json.dumps({
+      "tokenizer_class": "DreamTokenizer",
+      "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer",
+                                     None]},
+      "added_tokens_decoder": {str(i): {
+          "content": t, "lstrip": False, "normalized": False,
+          "rstrip": False, "single_word": False, "special": True}
+                               for t, i in added.items()},
+      "eos_token": tok_lib.END_OF_TEXT, "pad_token": tok_lib.END_OF_TEXT,
+      "bos_token": None, "unk_token": None, "errors": "replace",
+      "split_special_tokens": False}))
+  return added
+
+
+def test_a_hub_download_without_tokenizer_json_loads_its_slow_files(
+    tmp_path):
+  # apple/DiffuCoder-7B-* and Dream-org/Dream-v0-* ship vocab.json and
+  # merges.txt for their (slow) DreamTokenizer, no tokenizer.json: every
+  # loader refused the published download ("tokenizer.json not found").
+  transformers = pytest.importorskip("transformers")
+  added = _write_slow_tokenizer(tmp_path)
+  tok = tok_lib.load_tokenizer(str(tmp_path))
+  # What trm.generate / DiffusionLM and trm.export --tokenizer look for.
+  assert tok_lib.has_tokenizer(str(tmp_path))
+  assert (tok.eos_id, tok.im_end_id, tok.mask_id, tok.dlm_pad_id) == (
+      added[tok_lib.END_OF_TEXT], added[tok_lib.IM_END],
+      added[tok_lib.MASK], added[tok_lib.DLM_PAD])
+  # Encodes as Qwen2's slow tokenizer, which DreamTokenizer copies.
+  slow = transformers.Qwen2Tokenizer.from_pretrained(str(tmp_path))
+  for text in ["def fib(n):\n    return fib(n - 1)  # 12345\n\n\t x",
+               "  I'm sure they'll héllo wörld 😀 中文\r\n",
+               tok_lib.chat_prompt("fib") + tok_lib.MASK * 3]:
+    assert tok.encode(text) == slow.encode(text, add_special_tokens=False)
+    assert tok.decode(tok.encode(text)) == text
+
+
 def test_chat_prompt_matches_the_readme_layout():
   assert tok_lib.chat_prompt("Write fib.") == (
       "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"

@@ -1,4 +1,7 @@
-"""DiffuCoder / Dream tokenizer from a checkpoint directory's tokenizer.json.
+"""DiffuCoder / Dream tokenizer from a checkpoint directory's tokenizer.json,
+or from the slow tokenizer's vocab.json and merges.txt, which is all the
+published DiffuCoder and Dream repositories hold (their DreamTokenizer is
+Qwen2's slow tokenizer; transformers converts the files, see `load_tokenizer`).
 
 Qwen2 byte-level BPE plus Dream's special tokens. The ids come from the file
 itself (`<|mask|>` is 151666 and `<|dlm_pad|>` 151667 in the published
@@ -162,20 +165,66 @@ def check_against_model(tokenizer, model_cfg, spec: str):
   return tokenizer
 
 
+# The slow tokenizer's files: Qwen2's byte-level BPE vocabulary and merges
+# (the special tokens come from added_tokens.json / tokenizer_config.json).
+SLOW_FILES = ("vocab.json", "merges.txt")
+
+
+def has_tokenizer(directory: str) -> bool:
+  """Whether `directory` holds what `load_tokenizer` reads: tokenizer.json,
+  or the slow tokenizer's `SLOW_FILES`."""
+  return os.path.isfile(os.path.join(directory, "tokenizer.json")) or all(
+      os.path.isfile(os.path.join(directory, f)) for f in SLOW_FILES)
+
+
+def _from_slow_files(directory: str, what: str) -> Tokenizer:
+  """Qwen2's fast tokenizer as transformers builds it from the slow one's
+  files (`Qwen2TokenizerFast`, which encodes as `Qwen2Tokenizer`, of which
+  Dream's DreamTokenizer is a copy), special tokens included."""
+  try:
+    import transformers  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise FileNotFoundError(
+        f"{directory} has no tokenizer.json, only the slow tokenizer's "
+        f"{' and '.join(SLOW_FILES)}, and building one from them needs "
+        "transformers: pip install 'transformers<5', or point "
+        f"{what} at a directory that holds tokenizer.json.") from None
+  kind = (getattr(transformers, "Qwen2TokenizerFast", None)
+          or transformers.Qwen2Tokenizer)
+  verbosity = transformers.logging.get_verbosity()
+  # Its warning that tokenizer_config.json names DreamTokenizer is expected.
+  transformers.logging.set_verbosity_error()
+  try:
+    return kind.from_pretrained(directory).backend_tokenizer
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f"{directory}: {' and '.join(SLOW_FILES)} are not a readable Qwen2 "
+        f"tokenizer ({type(e).__name__}: {e}); use the files of the Hugging "
+        "Face download.") from e
+  finally:
+    transformers.logging.set_verbosity(verbosity)
+
+
 def load_tokenizer(directory: str,
                    what: str = "--checkpoint") -> DreamTokenizer:
-  """`directory`'s tokenizer.json; `what` (a flag or config field) is named
-  as the fix when it is missing."""
+  """`directory`'s tokenizer.json, or else the slow tokenizer's files (a
+  DiffuCoder/Dream download); `what` (a flag or config field) is named as
+  the fix when neither is there."""
   path = os.path.join(directory, "tokenizer.json")
-  if not os.path.isfile(path):
+  if os.path.isfile(path):
+    try:
+      tokenizer = Tokenizer.from_file(path)
+    except Exception as e:  # the tokenizers library raises a bare Exception
+      raise ValueError(f"{path} is not a readable tokenizer.json ({e}); use "
+                       "the file of the Hugging Face download.") from e
+  elif has_tokenizer(directory):
+    tokenizer = _from_slow_files(directory, what)
+    path = os.path.join(directory, SLOW_FILES[0])
+  else:
     raise FileNotFoundError(
         f"{path} not found: point {what} at a DiffuCoder/Dream "
-        "directory that holds tokenizer.json (the Hugging Face download).")
-  try:
-    tokenizer = Tokenizer.from_file(path)
-  except Exception as e:  # the tokenizers library raises a bare Exception
-    raise ValueError(f"{path} is not a readable tokenizer.json ({e}); use the "
-                     "file of the Hugging Face download.") from e
+        "directory that holds tokenizer.json, or vocab.json and merges.txt "
+        "(the Hugging Face download).")
 
   def token_id(token: str, required: bool) -> int | None:
     found = tokenizer.token_to_id(token)

@@ -47,7 +47,11 @@ SEED_LIMIT = 2**32
 PROMPT_BUCKET = 64
 # The files of a Hub repository that `from_pretrained("org/name")` reads.
 HUB_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json",
-             "tokenizer.json")
+             "tokenizer.json",
+             # DiffuCoder's and Dream's own repositories have no
+             # tokenizer.json: their slow tokenizer's files.
+             "vocab.json", "merges.txt", "added_tokens.json",
+             "tokenizer_config.json")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
@@ -404,13 +408,13 @@ class DiffusionLM:
           attention=attention)
       tok = tok_lib.from_spec(tokenizer, cfg)
     else:
-      if not os.path.isfile(os.path.join(tokenizer or path,
-                                         "tokenizer.json")):
+      if not tok_lib.has_tokenizer(tokenizer or path):
         which = (f"{names.tokenizer}={tokenizer}" if tokenizer
                  else f"{names.path}={path}")
         raise FileNotFoundError(
             f"{which} holds no tokenizer.json: pass {names.tokenizer}=<a "
-            f"directory with tokenizer.json>, or {names.tokenizer}=bytes for "
+            "directory with tokenizer.json, or vocab.json and merges.txt>, "
+            f"or {names.tokenizer}=bytes for "
             "a model trained with the byte tokenizer (e.g. an export of "
             "configs/diffucoder_7b.py:tiny).")
       tok = tok_lib.load_tokenizer(tokenizer or path)
