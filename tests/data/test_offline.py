@@ -158,6 +158,28 @@ def test_gpt2_hub_id_fails_fast_naming_init_checkpoint(no_hub, tmp_path):
   assert message.endswith("--config.init_checkpoint=DIR")
 
 
+def test_dream_hub_id_is_downloaded_as_the_init_checkpoint(no_hub, tmp_path):
+  # trm.main refused "config.init_checkpoint='apple/DiffuCoder-7B-Instruct'
+  # is no directory", where DiffusionLM.from_pretrained and GPT's trainer
+  # take a Hub id; it is now fetched (here: no network, one line).
+  from trm import families  # pylint: disable=g-import-not-at-top
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.set_values(
+      config_lib.load_config(os.path.join(repo.ROOT, "configs",
+                                          "diffucoder_7b.py"), "tiny"),
+      {"init_checkpoint": "apple/DiffuCoder-7B-Instruct",
+       "mesh.data": 8, "mesh.fsdp": 1, "mesh.model": 1})
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  message = _one_line_error(
+      lambda: families.build_task(config, str(tmp_path / "run"), ctx),
+      FileNotFoundError)
+  assert "hub.invalid does not resolve" in message
+  assert ("huggingface-cli download apple/DiffuCoder-7B-Instruct --local-dir"
+          " DIR) and pass config.init_checkpoint=DIR") in message
+  assert not (tmp_path / "run").exists()
+
+
 def test_a_host_that_resolves_but_does_not_answer(monkeypatch):
   # A closed local port stands for a firewalled host: refused at once, no
   # downloader retries.

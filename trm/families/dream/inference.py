@@ -45,13 +45,13 @@ SEED_LIMIT = 2**32
 # (the padding is masked: outputs are those of the unpadded batch, up to
 # floating-point rounding; see `generate`).
 PROMPT_BUCKET = 64
+# A Hub repository's tokenizer: tokenizer.json, or (DiffuCoder's and Dream's
+# own repositories have none) the slow tokenizer's files.
+TOKENIZER_HUB_FILES = ("tokenizer.json", "vocab.json", "merges.txt",
+                       "added_tokens.json", "tokenizer_config.json")
 # The files of a Hub repository that `from_pretrained("org/name")` reads.
-HUB_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json",
-             "tokenizer.json",
-             # DiffuCoder's and Dream's own repositories have no
-             # tokenizer.json: their slow tokenizer's files.
-             "vocab.json", "merges.txt", "added_tokens.json",
-             "tokenizer_config.json")
+HUB_FILES = ("config.json", "*.safetensors",
+             "model.safetensors.index.json") + TOKENIZER_HUB_FILES
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
@@ -306,11 +306,13 @@ def _workdir_config(workdir: str, config,
 
 
 def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
-                       revision: Optional[str] = None) -> str:
+                       revision: Optional[str] = None,
+                       files: Sequence[str] = HUB_FILES) -> str:
   """The local directory `path` names: itself when it is a directory, else,
   when it looks like a Hub id ('org/name'), a download of the repository's
-  config, weights and tokenizer (`trm.core.hub.snapshot`; the cache when
-  offline). Anything else is refused in one line naming `names.path`."""
+  `files` (its config, weights and tokenizer; `trm.core.hub.snapshot`, the
+  cache when offline). Anything else is refused in one line naming
+  `names.path`."""
   if not isinstance(path, (str, os.PathLike)):
     raise ArgumentTypeError(f"{names.path}={path!r} is a "
                             f"{type(path).__name__}: pass a directory or a "
@@ -330,7 +332,7 @@ def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
   from trm.core import hub  # pylint: disable=g-import-not-at-top
   try:
     return hub.snapshot(
-        path, allow_patterns=HUB_FILES, revision=revision,
+        path, allow_patterns=files, revision=revision,
         offline_hint=(f"{names.path}={path} is no local directory either; "
                       f"download it where there is network (huggingface-cli "
                       f"download {path} --local-dir DIR) and pass "
@@ -626,6 +628,9 @@ def _run_tokenizer(run, workdir: str) -> str:
   spec = run.data.get("tokenizer", "") if "data" in run else ""
   if not spec:
     spec = run.get("init_checkpoint", "")
+    if spec and not os.path.exists(spec) and HUB_ID.fullmatch(spec):
+      # A run started from a Hub id: its tokenizer from the Hub cache.
+      spec = resolve_checkpoint(spec, files=TOKENIZER_HUB_FILES)
   if not spec:
     raise ValueError(f"The run in {workdir} names no tokenizer "
                      "(data.tokenizer, init_checkpoint); pass tokenizer=.")

@@ -20,12 +20,34 @@ from trm.data.text import tokenizer as tok_lib
 from trm.data.text import sft
 from trm.families.dream import model as dream
 from trm.families.dream import hf_import
+from trm.families.dream import inference
 from trm.families.dream import program as dream_program
 from trm.core.task import Task
 
 
-def tokenizer_spec(config) -> str:
-  spec = config.data.tokenizer or config.init_checkpoint
+# How a download's errors name the field (`inference.resolve_checkpoint`).
+INIT_NAMES = inference.ArgumentNames(path="config.init_checkpoint")
+
+
+def init_directory(config, weights: bool = True) -> str:
+  """config.init_checkpoint as a local directory: itself, or, when no such
+  path exists and it reads 'org/name', that Hugging Face Hub repository
+  downloaded once into the Hub cache (the cached copy offline), as
+  `DiffusionLM.from_pretrained` and GPT's init_from='gpt2' take one; its
+  tokenizer files only unless `weights`."""
+  init = config.init_checkpoint
+  if init and not os.path.exists(init) and inference.HUB_ID.fullmatch(init):
+    return inference.resolve_checkpoint(
+        init, INIT_NAMES, files=(inference.HUB_FILES if weights
+                                 else inference.TOKENIZER_HUB_FILES))
+  return init
+
+
+def tokenizer_spec(config, init: str | None = None) -> str:
+  """config.data.tokenizer, else the init checkpoint's directory (`init`,
+  from `init_directory`; config.init_checkpoint itself by default)."""
+  spec = config.data.tokenizer or (config.init_checkpoint if init is None
+                                   else init)
   if not spec:
     raise ValueError("No tokenizer: set config.data.tokenizer to a directory "
                      "holding tokenizer.json (or 'bytes'), or set "
@@ -48,20 +70,24 @@ def schedule_spans_run(config) -> bool:
 def build(config, workdir: str, ctx) -> Task:
   check_config(config)
   cfg = dream.DreamConfig.from_config(config.model)
-  if config.init_checkpoint and restore_check.latest_step(
-      os.path.join(workdir, "checkpoints")) is None:
+  fresh = restore_check.latest_step(os.path.join(workdir,
+                                                 "checkpoints")) is None
+  # A resumed run restores its own weights: at most the tokenizer is read.
+  init = (init_directory(config, weights=fresh)
+          if fresh or not config.data.tokenizer else config.init_checkpoint)
+  if init and fresh:
     # A fresh run: config.json and the tensor shapes checked now (no
     # weights read), before any data is read, checkpoints/ is created or
     # anything compiles. (A resumed run restores its own checkpoint.)
-    if not os.path.isdir(config.init_checkpoint):
+    if not os.path.isdir(init):
       raise ValueError(
           f"config.init_checkpoint={config.init_checkpoint!r} is no "
           "directory: pass a Hugging Face DiffuCoder/Dream download "
           "(config.json and model*.safetensors), or '' for random weights.")
-    hf_import.check_hf_checkpoint(config.init_checkpoint, cfg)
+    hf_import.check_hf_checkpoint(init, cfg)
   scale = loss_scale.initial_state(config)  # None unless float16
   # trm.main has no --checkpoint: a missing tokenizer.json names the field.
-  tokenizer = tok_lib.from_spec(tokenizer_spec(config), cfg,
+  tokenizer = tok_lib.from_spec(tokenizer_spec(config, init), cfg,
                                 "config.data.tokenizer")
   (train_tokens, train_maskable), (eval_tokens, eval_maskable) = (
       sft.train_and_eval_rows(config.data, tokenizer, config.seq_len))
@@ -81,7 +107,7 @@ def build(config, workdir: str, ctx) -> Task:
   initial_state = None
   if config.init_checkpoint:
     initial_state = functools.partial(
-        lm_steps.state_from_hf_checkpoint, config.init_checkpoint,
+        lm_steps.state_from_hf_checkpoint, init,
         program.model, lm_steps.make_optimizer(config.optim,
                                                config.total_steps),
         config.seed, loss_scale=scale)
