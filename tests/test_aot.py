@@ -169,6 +169,12 @@ def test_cli_reports_does_not_fit_with_exit_code_1():
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert result.returncode == 1, result.stdout + result.stderr[-2000:]
   assert "verdict: DOES NOT FIT" in result.stdout
+  # XLA's out-of-memory line names its temporaries only; the report also
+  # gives the train state's share of the chip (the table: 24 GiB), which
+  # no smaller batch frees (the 7B's on a v4-8: 21.3 GiB).
+  state = re.search(r"train state per chip: ([\d.]+) GiB of 30\.75 GiB",
+                    result.stdout)
+  assert state and 23 < float(state.group(1)) < 25, result.stdout
 
 
 def _grad_step_cost(batch=8, **sizes):

@@ -105,12 +105,22 @@ def _progress(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
+def _state_gib(program, ctx) -> float:
+  """GiB of the train state (parameters, optimizer moments, counters) that
+  one chip holds: each array's shard on the mesh, before any activation."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  abstract, _ = state_lib.abstract_state(program.init_fn, ctx)
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(abstract)) / GIB
+
+
 def _train_step_builder(config, ctx, shapes, topology_name: str = ""):
   """(function that compiles the family's train step, FLOPs per step,
   function that compiles its loop-unrolled twin for cost analysis or None,
-  function that saves a compiled step for `--config.compiled_step`),
-  from the family's program builder: the trainer's own model, state and
-  step."""
+  function that saves a compiled step for `--config.compiled_step`,
+  function giving the train state's GiB per chip), from the family's
+  program builder: the trainer's own model, state and step."""
   from trm import families  # pylint: disable=g-import-not-at-top
   program = families.program(config.model.name).build(config, ctx, shapes)
 
@@ -121,7 +131,8 @@ def _train_step_builder(config, ctx, shapes, topology_name: str = ""):
     return _step_saver(program, ctx, config, topology_name)(compiled, path)
 
   return (_step_compiler(program, ctx, config), program.flops_per_step,
-          compile_twin if program.cost_twin is not None else None, save)
+          compile_twin if program.cost_twin is not None else None, save,
+          lambda: _state_gib(program, ctx))
 
 
 def _sampler_family(config):
@@ -189,8 +200,8 @@ def compile_report(config, topology: Topology, num_slices: int,
   }
   if sample is None:
     ctx.check_batch_size(config.global_batch_size)
-    compile_step, flops, compile_twin, save_step = _train_step_builder(
-        config, ctx, shapes, topology.name)
+    compile_step, flops, compile_twin, save_step, state_gib = (
+        _train_step_builder(config, ctx, shapes, topology.name))
     report.update({
         "global_batch_size": config.global_batch_size,
         "per_device_batch": config.global_batch_size / ctx.batch_parallelism,
@@ -231,6 +242,10 @@ def compile_report(config, topology: Topology, num_slices: int,
       raise
     report.update(compile_seconds=time.time() - start, fits=False,
                   error=text.splitlines()[0][:400])
+    if sample is None:
+      # XLA's message counts its temporaries only; the state beside them
+      # says how much of the chip no smaller batch can free.
+      report["state_gib"] = state_gib()
     return report
   compile_seconds = time.time() - start
   if compile_twin is not None:
@@ -286,8 +301,8 @@ def save_local_step(config, path: str, shapes=None) -> dict:
   devices = jax.devices()
   ctx = mesh_lib.ShardingContext.from_config(config, devices)
   ctx.check_batch_size(config.global_batch_size)
-  compile_step, _, _, save_step = _train_step_builder(config, ctx, shapes,
-                                                      LOCAL)
+  compile_step, _, _, save_step, _ = _train_step_builder(config, ctx, shapes,
+                                                         LOCAL)
   _progress(f"[aot] compiling the train step for the {len(devices)} local "
             f"{devices[0].platform} device(s) ...")
   start = time.time()
@@ -326,6 +341,11 @@ def format_report(report: dict) -> str:
         "usable")
   else:
     lines.append(f"compiler: {report['error']}")
+    if "state_gib" in report:
+      lines.append(
+          f"train state per chip: {report['state_gib']:.2f} GiB of "
+          f"{report['usable_gib']:.2f} GiB usable (parameters and optimizer "
+          "state, before any activation)")
   if report.get("mode") == "sample":
     counted = ("forward x steps" if report.get("cache", "none") == "none"
                else "per block one full forward + window forwards"
