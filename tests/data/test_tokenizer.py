@@ -56,8 +56,9 @@ def _write_slow_tokenizer(directory):
   bpe = ByteLevelBPETokenizer()
   bpe.train_from_iterator(text, vocab_size=300, min_frequency=2)
   bpe.save_model(str(directory))
+  # Qwen2.5's files list some added tokens as not special (tool calls).
   specials = [tok_lib.END_OF_TEXT, tok_lib.IM_START, tok_lib.IM_END,
-              tok_lib.MASK, tok_lib.DLM_PAD]
+              "<tool_call>", tok_lib.MASK, tok_lib.DLM_PAD]
   added = {t: bpe.get_vocab_size() + i for i, t in enumerate(specials)}
   (directory / "added_tokens.json").write_text(json.dumps(added))
   (directory / "tokenizer_config.json").write_text(json.dumps({
@@ -66,8 +67,8 @@ def _write_slow_tokenizer(directory):
                                      None]},
       "added_tokens_decoder": {str(i): {
           "content": t, "lstrip": False, "normalized": False,
-          "rstrip": False, "single_word": False, "special": True}
-                               for t, i in added.items()},
+          "rstrip": False, "single_word": False,
+          "special": t != "<tool_call>"} for t, i in added.items()},
       "eos_token": tok_lib.END_OF_TEXT, "pad_token": tok_lib.END_OF_TEXT,
       "bos_token": None, "unk_token": None, "errors": "replace",
       "split_special_tokens": False}))
@@ -79,20 +80,24 @@ def test_a_hub_download_without_tokenizer_json_loads_its_slow_files(
   # apple/DiffuCoder-7B-* and Dream-org/Dream-v0-* ship vocab.json and
   # merges.txt for their (slow) DreamTokenizer, no tokenizer.json: every
   # loader refused the published download ("tokenizer.json not found").
-  transformers = pytest.importorskip("transformers")
   added = _write_slow_tokenizer(tmp_path)
-  tok = tok_lib.load_tokenizer(str(tmp_path))
+  tok = tok_lib.load_tokenizer(str(tmp_path))  # the tokenizers library only
   # What trm.generate / DiffusionLM and trm.export --tokenizer look for.
   assert tok_lib.has_tokenizer(str(tmp_path))
   assert (tok.eos_id, tok.im_end_id, tok.mask_id, tok.dlm_pad_id) == (
       added[tok_lib.END_OF_TEXT], added[tok_lib.IM_END],
       added[tok_lib.MASK], added[tok_lib.DLM_PAD])
-  # Encodes as Qwen2's slow tokenizer, which DreamTokenizer copies.
+  # Encodes as Qwen2's slow tokenizer, which DreamTokenizer copies, and as
+  # transformers' conversion of it (Qwen2TokenizerFast).
+  transformers = pytest.importorskip("transformers")
   slow = transformers.Qwen2Tokenizer.from_pretrained(str(tmp_path))
+  fast = transformers.Qwen2TokenizerFast.from_pretrained(str(tmp_path))
   for text in ["def fib(n):\n    return fib(n - 1)  # 12345\n\n\t x",
                "  I'm sure they'll héllo wörld 😀 中文\r\n",
+               "<tool_call>{}</tool_call> I'M SHOUTING'S",
                tok_lib.chat_prompt("fib") + tok_lib.MASK * 3]:
     assert tok.encode(text) == slow.encode(text, add_special_tokens=False)
+    assert tok.encode(text) == fast.encode(text, add_special_tokens=False)
     assert tok.decode(tok.encode(text)) == text
 
 

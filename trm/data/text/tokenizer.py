@@ -1,7 +1,7 @@
 """DiffuCoder / Dream tokenizer from a checkpoint directory's tokenizer.json,
 or from the slow tokenizer's vocab.json and merges.txt, which is all the
 published DiffuCoder and Dream repositories hold (their DreamTokenizer is
-Qwen2's slow tokenizer; transformers converts the files, see `load_tokenizer`).
+Qwen2's slow tokenizer; `_from_slow_files` builds the same encoder from them).
 
 Qwen2 byte-level BPE plus Dream's special tokens. The ids come from the file
 itself (`<|mask|>` is 151666 and `<|dlm_pad|>` 151667 in the published
@@ -11,6 +11,7 @@ fails here with the token's name rather than producing garbage later.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 from tokenizers import Tokenizer
@@ -177,32 +178,81 @@ def has_tokenizer(directory: str) -> bool:
       os.path.isfile(os.path.join(directory, f)) for f in SLOW_FILES)
 
 
-def _from_slow_files(directory: str, what: str) -> Tokenizer:
-  """Qwen2's fast tokenizer as transformers builds it from the slow one's
-  files (`Qwen2TokenizerFast`, which encodes as `Qwen2Tokenizer`, of which
-  Dream's DreamTokenizer is a copy), special tokens included."""
+# Qwen2's pre-tokenizer split (its slow tokenizer's regular expression):
+# English contractions, letters with one leading non-letter, single digits,
+# punctuation runs with their trailing newlines, newline runs, spaces.
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
+                r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|"
+                r"\s+")
+# Where the slow tokenizer's special tokens are listed (their ids and flags).
+_ADDED_FILES = ("added_tokens.json", "tokenizer_config.json")
+_SLOW_LIMIT = 64 << 20  # bytes per file; the 7B's vocab.json is 2.8 MB
+
+
+def _read_json(path: str):
+  if os.path.getsize(path) > _SLOW_LIMIT:
+    raise ValueError(f"over {_SLOW_LIMIT >> 20} MiB")
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _from_slow_files(directory: str) -> Tokenizer:
+  """Qwen2's byte-level BPE built from the slow tokenizer's files with the
+  `tokenizers` library, as `Qwen2TokenizerFast` encodes (and so as
+  `Qwen2Tokenizer`, of which Dream's DreamTokenizer is a copy): NFC, the
+  split above, bytes mapped to characters, BPE without an unknown token;
+  the added tokens from `added_tokens.json` and `tokenizer_config.json`'s
+  `added_tokens_decoder` (special or not, as there)."""
+  from tokenizers import AddedToken, Regex  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders, models, normalizers, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  vocab_path, merges_path = (os.path.join(directory, f) for f in SLOW_FILES)
   try:
-    import transformers  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise FileNotFoundError(
-        f"{directory} has no tokenizer.json, only the slow tokenizer's "
-        f"{' and '.join(SLOW_FILES)}, and building one from them needs "
-        "transformers: pip install 'transformers<5', or point "
-        f"{what} at a directory that holds tokenizer.json.") from None
-  kind = (getattr(transformers, "Qwen2TokenizerFast", None)
-          or transformers.Qwen2Tokenizer)
-  verbosity = transformers.logging.get_verbosity()
-  # Its warning that tokenizer_config.json names DreamTokenizer is expected.
-  transformers.logging.set_verbosity_error()
-  try:
-    return kind.from_pretrained(directory).backend_tokenizer
-  except Exception as e:  # pylint: disable=broad-except
+    for path in (vocab_path, merges_path):
+      if os.path.getsize(path) > _SLOW_LIMIT:
+        raise ValueError(f"{path} is over {_SLOW_LIMIT >> 20} MiB")
+    tokenizer = Tokenizer(models.BPE.from_file(
+        vocab_path, merges_path, unk_token=None, fuse_unk=False,
+        byte_fallback=False))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated",
+                             invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    added = {}  # id -> AddedToken's fields
+    for name in _ADDED_FILES:
+      path = os.path.join(directory, name)
+      if not os.path.isfile(path):
+        continue
+      record = _read_json(path)
+      if name == "added_tokens.json":  # names and ids only: special tokens
+        for content, index in dict(record).items():
+          added.setdefault(int(index), {"content": str(content)})
+      else:
+        for index, entry in dict(record.get("added_tokens_decoder")
+                                 or {}).items():
+          added[int(index)] = {"content": str(entry["content"]), **{
+              k: bool(entry[k]) for k in ("special", "normalized", "lstrip",
+                                          "rstrip", "single_word")
+              if k in entry}}
+  except Exception as e:  # the tokenizers library raises a bare Exception
     raise ValueError(
-        f"{directory}: {' and '.join(SLOW_FILES)} are not a readable Qwen2 "
-        f"tokenizer ({type(e).__name__}: {e}); use the files of the Hugging "
-        "Face download.") from e
-  finally:
-    transformers.logging.set_verbosity(verbosity)
+        f"{directory}: {' and '.join(SLOW_FILES)} (with "
+        f"{' / '.join(_ADDED_FILES)}) are not a readable Qwen2 tokenizer "
+        f"({type(e).__name__}: {e}); use the files of the Hugging Face "
+        "download.") from e
+  for index in sorted(added):
+    fields = {"special": True, "normalized": False, **added[index]}
+    content = fields["content"]
+    if tokenizer.token_to_id(content) is None:
+      (tokenizer.add_special_tokens if fields["special"]
+       else tokenizer.add_tokens)([AddedToken(**fields)])
+    if tokenizer.token_to_id(content) != index:
+      raise ValueError(
+          f"{directory}: added token {content!r} is id {index} in its files "
+          f"but would be {tokenizer.token_to_id(content)} (the ids must "
+          "follow vocab.json without gaps, as the download's do).")
+  return tokenizer
 
 
 def load_tokenizer(directory: str,
@@ -218,7 +268,7 @@ def load_tokenizer(directory: str,
       raise ValueError(f"{path} is not a readable tokenizer.json ({e}); use "
                        "the file of the Hugging Face download.") from e
   elif has_tokenizer(directory):
-    tokenizer = _from_slow_files(directory, what)
+    tokenizer = _from_slow_files(directory)
     path = os.path.join(directory, SLOW_FILES[0])
   else:
     raise FileNotFoundError(
