@@ -161,20 +161,26 @@ def test_trm_steps_after_a_skipped_one_are_those_of_a_clean_run(tmp_path,
       np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-def test_trm_step_with_overflowed_weights_leaves_the_puzzle_table(tmp_path,
-                                                                  data_dir):
-  """Finite loss and gradients, but a learning rate at float32's edge sends
-  the weights to inf: the step is skipped, and its puzzle-table update with
-  it (before, the skipped step still moved the rows its batch touched)."""
+def _assert_first_step_skipped(tmp_path, data_dir, overrides):
+  """The first step under `overrides` (no warm-up) is skipped: the state
+  changes only in its step and skip counters."""
   task, state, run = _trm_train_step(
-      tiny_config(**{"data.data_dir": data_dir, "optim.lr": 3e38,
-                     "optim.warmup_steps": 0}), tmp_path)
+      tiny_config(**{"data.data_dir": data_dir, "optim.warmup_steps": 0,
+                     **overrides}), tmp_path)
   before = _host(state)
   after = _host(run(state, task.train_source[0])[0])
   assert (int(after.skipped_steps), int(after.bad_streak)) == (1, 1)
   _assert_trees_equal(
       before.replace(step=None, skipped_steps=None, bad_streak=None),
       after.replace(step=None, skipped_steps=None, bad_streak=None))
+
+
+def test_trm_step_with_overflowed_weights_leaves_the_puzzle_table(tmp_path,
+                                                                  data_dir):
+  """Finite loss and gradients, but a learning rate at float32's edge sends
+  the weights to inf: the step is skipped, and its puzzle-table update with
+  it (before, the skipped step still moved the rows its batch touched)."""
+  _assert_first_step_skipped(tmp_path, data_dir, {"optim.lr": 3e38})
 
 
 def test_trm_step_with_overflowed_puzzle_rows_is_skipped(tmp_path, data_dir):
@@ -182,16 +188,8 @@ def test_trm_step_with_overflowed_puzzle_rows_is_skipped(tmp_path, data_dir):
   so a zero row becomes 0 * -inf = NaN) while the loss and gradients stay
   finite: the whole step is skipped (before, the table was outside the
   finiteness verdict: its rows were kept NaN and the weights moved on)."""
-  task, state, run = _trm_train_step(
-      tiny_config(**{"data.data_dir": data_dir, "optim.puzzle_emb_lr": 1e20,
-                     "optim.puzzle_emb_weight_decay": 1e20,
-                     "optim.warmup_steps": 0}), tmp_path)
-  before = _host(state)
-  after = _host(run(state, task.train_source[0])[0])
-  assert (int(after.skipped_steps), int(after.bad_streak)) == (1, 1)
-  _assert_trees_equal(
-      before.replace(step=None, skipped_steps=None, bad_streak=None),
-      after.replace(step=None, skipped_steps=None, bad_streak=None))
+  _assert_first_step_skipped(tmp_path, data_dir, {
+      "optim.puzzle_emb_lr": 1e20, "optim.puzzle_emb_weight_decay": 1e20})
 
 
 def test_lm_nonfinite_step_changes_nothing_but_the_counters():
