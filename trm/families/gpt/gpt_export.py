@@ -133,20 +133,16 @@ _NO_BEST_VAL_LOSS = 1e9
 
 
 def _adamw_state_dict(torch, adam: dict, cfg: GPTConfig, hyper: dict):
-  """torch.optim.AdamW's state_dict for nanoGPT's configure_optimizers:
-  group 0 the tensors of 2 or more dimensions (weight decay), group 1 the
-  rest, each in module order (`gpt_layout.tensor_layout`'s, as
-  `gpt_import._adam_state` reads them back); torch numbers the parameters
-  through the groups in that order."""
+  """torch.optim.AdamW's state_dict for nanoGPT's configure_optimizers,
+  its two parameter groups `gpt_layout.adamw_groups` (as
+  `gpt_import._adam_state` reads them back)."""
   moments = {key: _named_tensors(adam[key], cfg, torch_linear=True,
                                  with_bias=bool(cfg.bias), dtype=np.float32)
              for key in ("mu", "nu")}
   if jax.process_index() != 0:
     return None
-  layout = gpt_layout.tensor_layout(dict(model_args(cfg),
-                                         bias=bool(cfg.bias)))
-  groups = ([name for name, _, shape, _ in layout if len(shape) >= 2],
-            [name for name, _, shape, _ in layout if len(shape) < 2])
+  groups = gpt_layout.adamw_groups(gpt_layout.tensor_layout(
+      dict(model_args(cfg), bias=bool(cfg.bias))))
   step = float(adam["count"])
   state, param_groups, index = {}, [], 0
   for names, decay in zip(groups, (hyper["weight_decay"], 0.0)):

@@ -83,10 +83,8 @@ def _adam_state(torch, optimizer, args: Mapping[str, Any], path: str):
   """nanoGPT's AdamW state_dict -> {'mu', 'nu': numpy trees in our layout,
   'count': AdamW's step}.
 
-  nanoGPT's configure_optimizers makes two groups from named_parameters():
-  the tensors of 2 or more dimensions (decayed), then the rest, each in
-  module order, which is `gpt_layout.tensor_layout`'s order; torch numbers
-  the parameters through the groups in that order.
+  nanoGPT's configure_optimizers makes two groups from named_parameters()
+  (`gpt_layout.adamw_groups`).
   """
   where = f"{path}: 'optimizer'"
   if (not isinstance(optimizer, Mapping)
@@ -97,8 +95,7 @@ def _adam_state(torch, optimizer, args: Mapping[str, Any], path: str):
         f"{where} is not a torch optimizer state_dict "
         "(expected 'state', a dict, and 'param_groups', a list).")
   layout = gpt_layout.tensor_layout(args)
-  groups = ([name for name, _, shape, _ in layout if len(shape) >= 2],
-            [name for name, _, shape, _ in layout if len(shape) < 2])
+  groups = gpt_layout.adamw_groups(layout)
   torch_shapes = {name: shape[::-1] if is_linear else shape
                   for name, _, shape, is_linear in layout}
   sizes = [len(g.get("params", ())) if isinstance(g, Mapping) else None

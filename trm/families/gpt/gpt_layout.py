@@ -39,6 +39,16 @@ def tensor_layout(args: Mapping[str, Any]):
   norm("ln_f", ("ln_f",))
   return out
 
+
+def adamw_groups(layout) -> tuple[list[str], list[str]]:
+  """The tensor names of nanoGPT's two AdamW parameter groups
+  (configure_optimizers): those of 2 or more dimensions (weight decay),
+  then the rest, each in module order, which is `tensor_layout`'s; torch
+  numbers the parameters through the groups in that order."""
+  return ([name for name, _, shape, _ in layout if len(shape) >= 2],
+          [name for name, _, shape, _ in layout if len(shape) < 2])
+
+
 def integer(value, what: str, where: str) -> int:
   """`value` (a size or count read from a checkpoint) as an int; a string,
   bool, None or fraction is one CheckpointError naming `what` in `where`."""
