@@ -375,26 +375,35 @@ def to_sharded(params, shardings, dtype=None):
 # ------------------------------------------------------------------ our runs
 
 
+def _restore_run_fields(workdir: str, ctx, build_boxed):
+  """(fields, step, checkpoints directory): the fields `build_boxed()` (a
+  dict of boxed abstract trees) describes, read from the newest readable
+  checkpoint of a trm.main workdir onto `ctx`'s mesh."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  boxed, shardings = ctx.boxed_shardings(build_boxed)
+  directory = os.path.join(workdir, "checkpoints")
+  fields, step = ckpt_lib.restore_fields(
+      directory, state_lib.with_shardings(nn.meta.unbox(boxed), shardings))
+  return fields, step, directory
+
+
 def restore_run_training(workdir: str, cfg: GPTConfig, ctx, tx):
   """(params, adam, step, best_val_loss) of the newest readable checkpoint
   of a trm.main workdir: `restore_run_params` plus the AdamW state of `tx`
   (the run's `gpt.steps.make_optimizer`) as {'mu', 'nu': trees like params,
   'count': its step}, and the best held-out loss the step was saved with
   (None when it has none)."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
 
   def boxed_fields():
     params = gpt.abstract_params(cfg)
     return {"params": params, "opt_state": jax.eval_shape(tx.init, params)}
 
-  boxed, shardings = ctx.boxed_shardings(boxed_fields)
-  directory = os.path.join(workdir, "checkpoints")
-  fields, step = ckpt_lib.restore_fields(
-      directory, state_lib.with_shardings(nn.meta.unbox(boxed), shardings))
+  fields, step, directory = _restore_run_fields(workdir, ctx, boxed_fields)
   adam = [node for node in jax.tree.leaves(
       fields["opt_state"],
       is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
@@ -412,12 +421,7 @@ def restore_run_params(workdir: str, cfg: GPTConfig, ctx):
   """(params on `ctx`'s mesh, step): the newest readable checkpoint of a
   trm.main workdir, its parameters only (the AdamW moments are not read),
   for `cfg`, the run's own model config."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
-  boxed, shardings = ctx.boxed_shardings(lambda: gpt.abstract_params(cfg))
-  fields, step = ckpt_lib.restore_fields(
-      os.path.join(workdir, "checkpoints"),
-      {"params": state_lib.with_shardings(nn.meta.unbox(boxed), shardings)})
+  fields, step, _ = _restore_run_fields(
+      workdir, ctx, lambda: {"params": gpt.abstract_params(cfg)})
   return fields["params"], step
