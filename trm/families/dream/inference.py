@@ -341,6 +341,16 @@ def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
     raise FileNotFoundError(str(error)) from error
 
 
+def fetch_hub_id(path: str, names: ArgumentNames = API_NAMES,
+                 files: Sequence[str] = HUB_FILES) -> str:
+  """`path` as it is, unless no such path exists and it reads 'org/name':
+  then the download of that Hub repository's `files`
+  (`resolve_checkpoint`, the cache when offline)."""
+  if path and not os.path.exists(path) and HUB_ID.fullmatch(path):
+    return resolve_checkpoint(path, names, files=files)
+  return path
+
+
 class DiffusionLM:
   """A Dream/DiffuCoder model on a mesh, with its tokenizer."""
 
@@ -627,10 +637,9 @@ class DiffusionLM:
 def _run_tokenizer(run, workdir: str) -> str:
   spec = run.data.get("tokenizer", "") if "data" in run else ""
   if not spec:
-    spec = run.get("init_checkpoint", "")
-    if spec and not os.path.exists(spec) and HUB_ID.fullmatch(spec):
-      # A run started from a Hub id: its tokenizer from the Hub cache.
-      spec = resolve_checkpoint(spec, files=TOKENIZER_HUB_FILES)
+    # A run started from a Hub id: its tokenizer from the Hub cache.
+    spec = fetch_hub_id(run.get("init_checkpoint", ""),
+                        files=TOKENIZER_HUB_FILES)
   if not spec:
     raise ValueError(f"The run in {workdir} names no tokenizer "
                      "(data.tokenizer, init_checkpoint); pass tokenizer=.")

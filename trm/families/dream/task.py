@@ -35,12 +35,10 @@ def init_directory(config, weights: bool = True) -> str:
   downloaded once into the Hub cache (the cached copy offline), as
   `DiffusionLM.from_pretrained` and GPT's init_from='gpt2' take one; its
   tokenizer files only unless `weights`."""
-  init = config.init_checkpoint
-  if init and not os.path.exists(init) and inference.HUB_ID.fullmatch(init):
-    return inference.resolve_checkpoint(
-        init, INIT_NAMES, files=(inference.HUB_FILES if weights
-                                 else inference.TOKENIZER_HUB_FILES))
-  return init
+  return inference.fetch_hub_id(
+      config.init_checkpoint, INIT_NAMES,
+      files=(inference.HUB_FILES if weights
+             else inference.TOKENIZER_HUB_FILES))
 
 
 def tokenizer_spec(config, init: str | None = None) -> str:
