@@ -112,7 +112,7 @@ def sparse_sign_sgd_update(table: jax.Array, ids: jax.Array,
   Returns:
     The updated [N, D] table.
   """
-  new_rows = _sign_sgd_rows(table, ids, row_grads, lr, weight_decay)
+  new_rows = _sign_sgd_rows(table[ids], ids, row_grads, lr, weight_decay)
   # Duplicate ids compute identical rows, so scatter order does not matter.
   return table.at[ids].set(new_rows)
 
@@ -128,22 +128,23 @@ def guarded_sparse_sign_sgd_update(table: jax.Array, ids: jax.Array,
   why the table stays outside the state-wide check (`skip_nonfinite`).
   """
   rows = table[ids]
-  new_rows = _sign_sgd_rows(table, ids, row_grads, lr, weight_decay)
+  new_rows = _sign_sgd_rows(rows, ids, row_grads, lr, weight_decay)
   ok = jnp.logical_and(ok, jnp.isfinite(new_rows).all())
   return table.at[ids].set(jnp.where(ok, new_rows, rows)), ok
 
 
-def _sign_sgd_rows(table, ids, row_grads, lr, weight_decay):
-  """The touched rows after the step, [B, D] in the table's dtype."""
+def _sign_sgd_rows(rows, ids, row_grads, lr, weight_decay):
+  """The touched rows `rows` = table[ids] after the step, [B, D] in their
+  dtype."""
   same = (ids[:, None] == ids[None, :]).astype(jnp.float32)
   # HIGHEST keeps the sum in full fp32 (no TF32/bf16 passes), since only its
   # sign is used and a rounded near-cancelling sum could flip it.
   summed = jnp.matmul(same, row_grads.astype(jnp.float32),
                       precision=jax.lax.Precision.HIGHEST)
-  rows = table[ids].astype(jnp.float32)
   lr = jnp.asarray(lr, jnp.float32)
-  new_rows = rows * (1.0 - lr * weight_decay) - lr * jnp.sign(summed)
-  return new_rows.astype(table.dtype)
+  new_rows = (rows.astype(jnp.float32) * (1.0 - lr * weight_decay)
+              - lr * jnp.sign(summed))
+  return new_rows.astype(rows.dtype)
 
 
 def ema_update(ema_params, params, decay):
