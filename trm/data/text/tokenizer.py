@@ -189,9 +189,13 @@ _ADDED_FILES = ("added_tokens.json", "tokenizer_config.json")
 _SLOW_LIMIT = 64 << 20  # bytes per file; the 7B's vocab.json is 2.8 MB
 
 
-def _read_json(path: str):
+def _check_size(path: str) -> None:
   if os.path.getsize(path) > _SLOW_LIMIT:
-    raise ValueError(f"over {_SLOW_LIMIT >> 20} MiB")
+    raise ValueError(f"{path} is over {_SLOW_LIMIT >> 20} MiB")
+
+
+def _read_json(path: str):
+  _check_size(path)
   with open(path, encoding="utf-8") as f:
     return json.load(f)
 
@@ -208,8 +212,7 @@ def _from_slow_files(directory: str) -> Tokenizer:
   vocab_path, merges_path = (os.path.join(directory, f) for f in SLOW_FILES)
   try:
     for path in (vocab_path, merges_path):
-      if os.path.getsize(path) > _SLOW_LIMIT:
-        raise ValueError(f"{path} is over {_SLOW_LIMIT >> 20} MiB")
+      _check_size(path)
     tokenizer = Tokenizer(models.BPE.from_file(
         vocab_path, merges_path, unk_token=None, fuse_unk=False,
         byte_fallback=False))
