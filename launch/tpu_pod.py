@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import math
 import os
 import re
 import shlex
@@ -148,9 +149,7 @@ def _check_dcn_overrides(args) -> None:
     # Other values are the trainer's config parser's to refuse.
     if key.startswith("mesh.dcn_") and re.fullmatch(r"[0-9]+", value.strip()):
       dcn[key] = int(value)
-  product = 1
-  for value in dcn.values():
-    product *= value
+  product = math.prod(dcn.values())
   # Sizes not given come from the config file, which is not read here (the
   # repository's configs leave them at 1): they must make up the rest.
   given_all = len(dcn) == 3
@@ -451,11 +450,12 @@ def _show(command: list[str]) -> None:
   print(shlex.join(command), flush=True)
 
 
-def execute(commands: list[list[str]], dry_run: bool) -> None:
+def execute(commands: list[list[str]], dry_run: bool,
+            check: bool = True) -> None:
   for command in commands:
     _show(command)
     if not dry_run:
-      subprocess.run(command, check=True)
+      subprocess.run(command, check=check)
 
 
 def _capture(command: list[str]) -> str:
@@ -476,9 +476,8 @@ def start_trainers(args, coordinator: str | None) -> None:
     # Ctrl-C between two slices' starts left the first slice running too.
     print("tpu_pod.py: starting the trainer failed or was interrupted; "
           "stopping it on every worker", file=sys.stderr, flush=True)
-    for command in stop_commands(args):
-      _show(command)
-      subprocess.run(command, check=False)  # best effort: report the first
+    # Best effort on every slice: the first failure is the one reported.
+    execute(stop_commands(args), dry_run=False, check=False)
     raise
 
 
