@@ -456,8 +456,9 @@ def test_a_nanogpt_meta_pkl_of_vocab_size_alone_trains(tmp_path):
       r"^the data's meta.pkl records only vocab_size=1000 \(token ids of "
       r"your own\), no tokenizer")):
     preparation.codec_from_meta(meta)
-  # Still plain data and a usable size only.
-  for bad in ({"vocab_size": True}, {"vocab_size": 2**16 + 1}, {}):
+  # Still plain data and a usable size only (a pickled int was a TypeError,
+  # "argument of type 'int' is not iterable").
+  for bad in ({"vocab_size": True}, {"vocab_size": 2**16 + 1}, {}, 5):
     with open(d / "meta.pkl", "wb") as f:
       pickle.dump(bad, f)
     with pytest.raises(ValueError, match="does not hold a character "

@@ -238,8 +238,9 @@ def read_nanogpt_meta(path: str, fix: str, vocab_only: bool = False
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"{path} cannot be read as plain data "
                      f"({' '.join(str(e).split())}): {fix}.") from None
-  itos = meta.get("itos") if isinstance(meta, dict) else None
-  vocab = meta.get("vocab_size") if isinstance(meta, dict) else None
+  if not isinstance(meta, dict):
+    meta = {}  # refused below, as a meta.pkl without a vocabulary
+  itos, vocab = meta.get("itos"), meta.get("vocab_size")
   if (vocab_only and "itos" not in meta and not isinstance(vocab, bool)
       and isinstance(vocab, int) and 0 < vocab <= MAX_VOCAB):
     return {"vocab_size": vocab}
