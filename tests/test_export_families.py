@@ -176,6 +176,25 @@ def test_gpt_to_nanogpt_loads_strictly_and_computes_our_logits(gpt_run):
   assert float(optimizer.state[wte]["step"]) == 8
 
 
+def test_gpt_to_nanogpt_takes_the_runs_optimizer_settings(gpt_run):
+  """--config's grad_clip and betas shape no weight: an export given other
+  ones wrote a state under the run's AdamW until the optimizer state came
+  along, then was refused as another model (grad_clip=0 drops a stage of
+  the state's tree). The run's config.json values are used."""
+  torch = pytest.importorskip("torch")
+  _, _, flags, root, _ = gpt_run
+  out = root / "nanogpt_other_optimizer"
+  _export(*flags, f"--out={out}", "--format=nanogpt", "--config.grad_clip=0",
+          "--config.beta2=0.5")
+  checkpoint = torch.load(str(out / "ckpt.pt"), map_location="cpu",
+                          weights_only=True)
+  recorded = config_record.read_file(epath.Path(flags[-1].split("=", 1)[1])
+                                     / "config.json")
+  assert checkpoint["optimizer"]["param_groups"][0]["betas"] == (
+      recorded["beta1"], recorded["beta2"])
+  assert recorded["beta2"] != 0.5 and recorded["grad_clip"] > 0
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--format=torch"], "--format=torch: a gpt run is written as hf or "
      "nanogpt"),

@@ -335,15 +335,41 @@ def _dream_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
       source_fields=source_fields)), source
 
 
+def _recorded_config(workdir: str) -> dict:
+  """The run's config.json ({} when there is none to read)."""
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  try:
+    recorded = weights_io.read_json(os.path.join(workdir, "config.json"))
+  except (OSError, ValueError):
+    return {}
+  return recorded if isinstance(recorded, dict) else {}
+
+
 def _recorded_model(workdir: str) -> dict:
   """The run's config.json `model` section ({} when there is none to
   read: runs are then checked by their checkpoint's shapes alone)."""
-  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
-  try:
-    model = weights_io.read_json(os.path.join(workdir, "config.json"))["model"]
-  except (OSError, ValueError, KeyError, TypeError):
-    return {}
+  model = _recorded_config(workdir).get("model")
   return model if isinstance(model, dict) else {}
+
+
+# nanoGPT's optimizer settings: the AdamW an export's state was made by
+# (grad_clip > 0 adds a stage to the state's tree) and the hyperparameters
+# torch's load_state_dict takes from the export's parameter groups.
+_GPT_OPTIMIZER_FIELDS = ("learning_rate", "beta1", "beta2", "weight_decay",
+                         "grad_clip")
+
+
+def _run_optimizer_config(config, workdir: str):
+  """`config` with the run's own `_GPT_OPTIMIZER_FIELDS` where its
+  config.json records them: an export's --config may differ there (it
+  shapes no weight), and the AdamW state must be read as it was written."""
+  recorded = _recorded_config(workdir)
+  config = config.copy_and_resolve_references()
+  for field in _GPT_OPTIMIZER_FIELDS:
+    value = recorded.get(field)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      config[field] = type(config[field])(value)
+  return config
 
 
 def check_run_family(workdir: str, family: str) -> None:
@@ -403,10 +429,11 @@ def _gpt_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
     raise app.UsageError(str(e)) from None
   if fmt == "nanogpt":  # with AdamW's state: nanoGPT's train.py resumes
     from trm.families.gpt import steps as gpt_steps  # pylint: disable=g-import-not-at-top
+    run_config = _run_optimizer_config(config, checkpoint)
     params, adam, step, best = gpt_import.restore_run_training(
-        checkpoint, cfg, ctx, gpt_steps.make_optimizer(config))
-    hyper = {k: config[k] for k in ("learning_rate", "beta1", "beta2",
-                                    "weight_decay")}
+        checkpoint, cfg, ctx, gpt_steps.make_optimizer(run_config))
+    hyper = {k: run_config[k] for k in ("learning_rate", "beta1", "beta2",
+                                        "weight_decay")}
     return (lambda out: gpt_export.export_nanogpt(
         params, cfg, os.path.join(out, gpt_export.NANOGPT_FILE), step,
         dataset=config.get("dataset"), adam=adam, hyper=hyper,
