@@ -11,7 +11,6 @@ fails here with the token's name rather than producing garbage later.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 from tokenizers import Tokenizer
@@ -194,12 +193,6 @@ def _check_size(path: str) -> None:
     raise ValueError(f"{path} is over {_SLOW_LIMIT >> 20} MiB")
 
 
-def _read_json(path: str):
-  _check_size(path)
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
-
-
 def _from_slow_files(directory: str) -> Tokenizer:
   """Qwen2's byte-level BPE built from the slow tokenizer's files with the
   `tokenizers` library, as `Qwen2TokenizerFast` encodes (and so as
@@ -209,6 +202,7 @@ def _from_slow_files(directory: str) -> Tokenizer:
   `added_tokens_decoder` (special or not, as there)."""
   from tokenizers import AddedToken, Regex  # pylint: disable=g-import-not-at-top
   from tokenizers import decoders, models, normalizers, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
   vocab_path, merges_path = (os.path.join(directory, f) for f in SLOW_FILES)
   try:
     for path in (vocab_path, merges_path):
@@ -227,7 +221,7 @@ def _from_slow_files(directory: str) -> Tokenizer:
       path = os.path.join(directory, name)
       if not os.path.isfile(path):
         continue
-      record = _read_json(path)
+      record = weights_io.read_json(path)
       if name == "added_tokens.json":  # names and ids only: special tokens
         for content, index in dict(record).items():
           added.setdefault(int(index), {"content": str(content)})
