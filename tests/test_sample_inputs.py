@@ -364,3 +364,39 @@ def test_a_vocabulary_padded_past_the_tokenizer_samples_decodable_ids(
     sample.main(["trm.sample"])
   out = capsys.readouterr().out
   assert out.count("---------------") == 2 and out.startswith("speak")
+
+
+def _samples_of(capsys, *flag_values):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  with flagsaver.flagsaver():
+    flags.FLAGS(["trm.sample", *flag_values])
+    sample.main(["trm.sample"])
+  return capsys.readouterr().out.split("---------------\n")[:-1]
+
+
+def test_batch_size_draws_every_sample_in_batches(tmp_path, capsys):
+  """--num_samples rows were one batch, each holding a KV cache of the
+  whole block: 1,000 GPT-2 samples wanted 75 GB. --batch_size draws them
+  in batches of one compiled program; greedy samples are those of one
+  batch, and sampled ones differ between batches (each its own key)."""
+  directory = write_tiny_gpt2(tmp_path / "gpt2")
+  data = tmp_path / "data"
+  preparation.prepare_char("to be or not to be, that is the question\n" * 4,
+                           str(data))
+  common = ("--init_from=gpt2", f"--checkpoint={directory}",
+            f"--data_dir={data}", "--start=to", "--max_new_tokens=12")
+  greedy = ("--temperature=0", "--num_samples=3")
+  one_batch = _samples_of(capsys, *common, *greedy)
+  batches = _samples_of(capsys, *common, *greedy, "--batch_size=2")
+  assert len(one_batch) == 3 and batches == one_batch
+  drawn = _samples_of(capsys, *common, "--temperature=1.0", "--top_k=0",
+                      "--num_samples=3", "--batch_size=1")
+  assert len(drawn) == 3 and len(set(drawn)) == 3, drawn
+
+
+def test_negative_batch_size_is_refused(tmp_path):
+  result = _sample("--init_from=gpt2", f"--checkpoint={tmp_path}",
+                   "--batch_size=-1")
+  assert result.returncode != 0
+  assert "--batch_size=-1: must be >= 0" in result.stderr, result.stderr

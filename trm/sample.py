@@ -63,6 +63,10 @@ _TOKENIZER = flags.DEFINE_string(
     "BPE, in place of tiktoken, which downloads its files: samples offline.")
 _START = flags.DEFINE_string("start", "\n", "Prompt text, or FILE:path.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 10, "Samples to draw.")
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", 0, "Samples drawn at once (0: all --num_samples). Each "
+    "row holds a KV cache of the whole block (GPT-2 124M: 75 MB), so many "
+    "samples are drawn in batches of this size, printed as each ends.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 500, "Tokens per sample.")
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", 0.8, "1.0: unchanged; lower: less random; 0: greedy.")
@@ -250,6 +254,9 @@ def main(argv):
   if _TOP_K.value < 0:
     raise app.UsageError(f"--top_k={_TOP_K.value}: must be >= 0 (0: all "
                          "tokens).")
+  if _BATCH_SIZE.value < 0:
+    raise app.UsageError(f"--batch_size={_BATCH_SIZE.value}: must be >= 0 "
+                         "(0: all --num_samples at once).")
   start = read_start(_START.value)
   # One device: a handful of samples gains nothing from splitting. On a pod
   # it is process 0's, which alone reads the tokens back and prints.
@@ -294,8 +301,11 @@ def main(argv):
   if _TOKENIZER.value:
     meta = {"tokenizer": gpt2_tokenizer_json(_TOKENIZER.value, meta)}
   codec = preparation.codec_from_meta(meta)
-  prompt = np.asarray([encode_start(codec, start)] * _NUM_SAMPLES.value,
-                      np.int32)
+  num_samples = _NUM_SAMPLES.value
+  batch = min(_BATCH_SIZE.value or num_samples, num_samples)
+  # Every row starts from the same prompt, so the last, partial batch is a
+  # full one cut short: one compiled program serves every batch.
+  prompt = np.asarray([encode_start(codec, start)] * batch, np.int32)
   if prompt.shape[1] == 0:
     raise app.UsageError("--start encodes to no tokens; give some text.")
   check_prompt_ids(prompt, cfg.vocab_size, codec, data_dir)
@@ -313,18 +323,26 @@ def main(argv):
       lambda params, prompt, rng: gpt.generate(
           model, params, prompt, _MAX_NEW.value, rng,
           temperature=_TEMPERATURE.value, top_k=top_k, vocab_limit=limit))
+  key = jax.random.key(_SEED.value)
+  batches = -(-num_samples // batch)
+  begin = time.time()
   with ctx:
-    begin = time.time()
-    tokens = generate(params, prompt, jax.random.key(_SEED.value))
-    if jax.process_index() != 0:
-      return
-    tokens = np.asarray(jax.device_get(tokens))
-    seconds = time.time() - begin
-  for row in tokens:
-    print(codec.decode(row.tolist()))
-    print("---------------")
-  new = _NUM_SAMPLES.value * _MAX_NEW.value
-  print(f"device: {jax.devices()[0].device_kind}; {_NUM_SAMPLES.value} "
+    for index in range(batches):
+      # One batch draws with the seed's key itself (the samples of a run
+      # without --batch_size); each of several its own key from it.
+      rng = key if batches == 1 else jax.random.fold_in(key, index)
+      tokens = generate(params, prompt, rng)
+      if jax.process_index() != 0:
+        continue
+      tokens = np.asarray(jax.device_get(tokens))
+      for row in tokens[:num_samples - index * batch]:
+        print(codec.decode(row.tolist()))
+        print("---------------", flush=True)
+  if jax.process_index() != 0:
+    return
+  seconds = time.time() - begin
+  new = num_samples * _MAX_NEW.value
+  print(f"device: {jax.devices()[0].device_kind}; {num_samples} "
         f"samples x {_MAX_NEW.value} tokens in {seconds:.2f} s including "
         f"compilation ({new / seconds:.0f} tokens/s)", file=sys.stderr)
 
