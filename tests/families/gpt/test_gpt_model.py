@@ -594,3 +594,21 @@ def test_qkv_projection_auto_and_bad_values():
   assert dataclasses.replace(TINY, qkv_projection="separate").separate_qkv
   with pytest.raises(ValueError, match=r"config\.model\.qkv_projection"):
     dataclasses.replace(TINY, qkv_projection="split")
+
+
+@pytest.mark.parametrize("temperature", [2e-38, 1e-45])
+def test_a_temperature_past_float32s_range_samples_the_likeliest(temperature):
+  """logits / 2e-38 pass float32's range: every positive logit became +inf
+  and the first id among them was drawn (token 0 here, the least likely
+  of the three), and a subnormal temperature (flushed to 0) made NaN.
+  Both now draw the likeliest, as greedy does; the distribution at a usual
+  temperature is unchanged."""
+  logits = jnp.array([[10.0, 50.0, 30.0], [40.0, -5.0, 20.0]])
+  for key in range(4):
+    np.testing.assert_array_equal(
+        gpt._sample(logits, jax.random.key(key), temperature, None), [1, 0])
+  traced = jax.jit(lambda t: gpt._sample(logits, jax.random.key(0), t, None))
+  np.testing.assert_array_equal(traced(jnp.float32(temperature)), [1, 0])
+  np.testing.assert_allclose(
+      gpt.sampling_probs(logits, 0.7),
+      jax.nn.softmax(logits / 0.7, axis=-1), rtol=1e-5, atol=1e-12)

@@ -250,11 +250,24 @@ def _top_k_crop(scaled, top_k: int | None):
   return jnp.where(scaled < kth, -jnp.inf, scaled)
 
 
+def _divide(logits, temperature):
+  """logits / temperature with each row's largest logit moved to 0 first:
+  the same softmax, but a temperature so small that a logit over it passes
+  float32's range (1e-38) no longer makes every positive logit +inf (of
+  which the first id, not the likeliest, was drawn): the likeliest stays
+  at 0 (also where a subnormal temperature is flushed to 0) and the rest
+  fall to -inf, which is greedy."""
+  finite_max = jnp.max(jnp.where(jnp.isfinite(logits), logits, -jnp.inf),
+                       axis=-1, keepdims=True)
+  shifted = logits - jnp.where(jnp.isfinite(finite_max), finite_max, 0.0)
+  return jnp.where(shifted == 0, 0.0, shifted / temperature)
+
+
 def sampling_probs(logits, temperature: float, top_k: int | None = None):
   """The distribution `generate` draws each token from (temperature > 0):
   softmax of the float32 logits [..., V] divided by `temperature`, after
   the top-k crop; the same pieces as the draw."""
-  scaled = logits.astype(jnp.float32) / jnp.float32(temperature)
+  scaled = _divide(logits.astype(jnp.float32), jnp.float32(temperature))
   return jax.nn.softmax(_top_k_crop(scaled, top_k), axis=-1)
 
 
@@ -271,10 +284,10 @@ def _sample(logits, key, temperature, top_k: int | None,
   if isinstance(temperature, (int, float)) and temperature == 0:
     return greedy
   if isinstance(temperature, (int, float)):
-    scaled = logits / jnp.float32(temperature)
+    scaled = _divide(logits, jnp.float32(temperature))
   else:  # traced: 0 still means greedy
     temperature = jnp.asarray(temperature, jnp.float32)
-    scaled = logits / jnp.where(temperature == 0, 1.0, temperature)
+    scaled = _divide(logits, jnp.where(temperature == 0, 1.0, temperature))
   sampled = jax.random.categorical(key, _top_k_crop(scaled, top_k),
                                    axis=-1).astype(jnp.int32)
   if isinstance(temperature, (int, float)):
