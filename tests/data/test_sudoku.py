@@ -503,3 +503,14 @@ def test_cli_flags(tmp_path):
   fv(["prog", f"--output_dir={out}", "--subsample_size=x"])
   with pytest.raises(Exception, match="subsample_size"):
     sudoku.run_from_flags(fv)
+
+
+def test_min_difficulty_with_generated_boards_is_refused(tmp_path):
+  """Generated boards carry no rating: min_difficulty was dropped without a
+  word and the unfiltered dataset built as asked for."""
+  out = str(tmp_path / "out")
+  with pytest.raises(ValueError, match="min_difficulty=20 filters the CSVs' "
+                     "rating column .* source 'generate' has no rating"):
+    sudoku.build_dataset(out, source="generate", min_difficulty=20,
+                         num_train=2, num_test=2)
+  assert not os.path.exists(out)

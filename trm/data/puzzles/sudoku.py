@@ -240,8 +240,16 @@ def _encode_split(boards: np.ndarray, solutions: np.ndarray, num_aug: int,
 
 
 def _check_build_args(source, csv_dir, subsample_size, num_aug, seed,
-                      num_train, num_test, num_blanks) -> None:
+                      num_train, num_test, num_blanks,
+                      min_difficulty=None) -> None:
   hub.check_source(source, SOURCES, csv_dir)
+  if min_difficulty is not None and source == "generate":
+    # Generated boards have no rating column to filter on: the dataset
+    # would have been built unfiltered under a name that says otherwise.
+    raise builds.BuildArgumentError(
+        f"min_difficulty={min_difficulty} filters the CSVs' rating column "
+        "(source 'csv' or 'hub'); source 'generate' has no rating: drop "
+        "min_difficulty, or set num_blanks for harder generated boards")
   builds.check_build_args(
       subsample_size, (("num_aug", num_aug), ("seed", seed)),
       (("num_train", num_train), ("num_test", num_test)))
@@ -281,7 +289,7 @@ def build_dataset(output_dir: str, *, source: str = "generate",
     `output_dir`.
   """
   _check_build_args(source, csv_dir, subsample_size, num_aug, seed, num_train,
-                    num_test, num_blanks)
+                    num_test, num_blanks, min_difficulty)
   start = time.time()
   data = _load_source(output_dir, source, csv_dir, min_difficulty, seed,
                       num_train, num_test, num_blanks)
