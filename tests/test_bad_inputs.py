@@ -826,6 +826,15 @@ def _(env):
   return dc_train(env, **{"model.attention": "splash"})
 
 
+# The default rules split the query heads over mesh.model: 8 ways on the
+# tiny model's 4 heads replicated its q/o projections without a word.
+@case("DiffuCoder mesh.model not dividing the heads", mesh_lib.MeshConfigError,
+      "config.mesh.model=8", "config.model.num_attention_heads=4",
+      "4 query and 2 key/value heads", "q/o projections")
+def _(env):
+  return dc_train(env, **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.model": 8})
+
+
 @case("JSONL line missing a key", ValueError, "sft.jsonl:2",
       "missing key(s) ['response']", "data.response_key")
 def _(env):

@@ -7,8 +7,12 @@ Hugging Face directory's config.json through `trm.generate`). `trm.aot
 from __future__ import annotations
 
 import functools
+import math
+
+import flax.linen as nn
 
 from trm.core import loss_scale
+from trm.core import mesh as mesh_lib
 from trm.core.task import Program
 from trm.families.dream import model as dream
 from trm.families.dream import steps as lm_steps
@@ -35,10 +39,33 @@ def check_config(config) -> None:
                      "be a positive integer.")
 
 
+def check_heads_fit(cfg: dream.DreamConfig, ctx) -> None:
+  """The mesh axes the rules split attention heads over divide the head
+  counts. `tree_shardings` replicates a dimension an axis does not divide,
+  so mesh.model=8 on the 28 query heads kept every q/o projection whole on
+  every device (8x their memory, no tensor parallelism) without a word;
+  MaxText refuses such a split."""
+  for name, count, field, label in (
+      ("heads", cfg.num_attention_heads, "num_attention_heads", "q/o"),
+      ("kv_heads", cfg.num_key_value_heads, "num_key_value_heads", "k/v")):
+    axes = mesh_lib.axes_of(
+        nn.logical_to_mesh_axes((name,), ctx.rules)[0])
+    ways = math.prod(ctx.mesh.shape[a] for a in axes)
+    if count % ways:
+      split = " x ".join(f"config.mesh.{a}={ctx.mesh.shape[a]}" for a in axes)
+      raise mesh_lib.MeshConfigError(
+          f"{split} does not divide config.model.{field}={count} (the "
+          f"model has {cfg.num_attention_heads} query and "
+          f"{cfg.num_key_value_heads} key/value heads): the {label} "
+          "projections would be replicated on every device; choose a size "
+          f"that divides {count}.")
+
+
 def build(config, ctx, shapes=None) -> Program:
-  del ctx, shapes  # every size is in the config
+  del shapes  # every size is in the config
   check_config(config)
   model = dream.Dream(dream.DreamConfig.from_config(config.model))
+  check_heads_fit(model.cfg, ctx)
   tx = lm_steps.make_optimizer(config.optim, config.total_steps)
   return Program(
       model=model,

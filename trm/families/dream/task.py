@@ -68,6 +68,9 @@ def schedule_spans_run(config) -> bool:
 def build(config, workdir: str, ctx) -> Task:
   check_config(config)
   cfg = dream.DreamConfig.from_config(config.model)
+  # Before any checkpoint or data is read (`program.build` checks it again
+  # for trm.aot).
+  dream_program.check_heads_fit(cfg, ctx)
   fresh = restore_check.latest_step(os.path.join(workdir,
                                                  "checkpoints")) is None
   # A resumed run restores its own weights: at most the tokenizer is read.
