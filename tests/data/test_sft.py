@@ -220,6 +220,25 @@ def test_chat_rows_close_with_im_end_then_dlm_pad():
   assert maskable[0].tolist() == [False] * len(prompt) + [True] * 5
 
 
+@pytest.mark.parametrize("prompt", ["Reverse a list.\n",
+                                    "  Reverse a list. \n\n",
+                                    "Quote <|mask|>.\n"])
+def test_chat_rows_strip_the_prompt_as_generation_does(prompt):
+  """Generation strips a chat query (DiffuCoder's `query.strip()`); the
+  rows kept its trailing newline, so the model was fine-tuned on
+  "...\n\n<|im_end|>" and prompted with "...\n<|im_end|>"."""
+  import types  # pylint: disable=g-import-not-at-top
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  tokenizer = tok_lib.ByteTokenizer(mask_id=500)
+  (row_prompt, _), = sft.chat_pair_ids([(prompt, "r")], tokenizer, chat=True)
+  lm = types.SimpleNamespace(tokenizer=tokenizer)
+  assert row_prompt == inference.DiffusionLM.encode(lm, [prompt], chat=True)[0]
+  # Without the template a prompt is text to continue, kept as it is.
+  (raw, _), = sft.chat_pair_ids([(prompt, "r")], tokenizer, chat=False)
+  assert raw == tokenizer.encode(prompt)
+
+
 def test_a_held_out_tail_left_out_is_said(caplog):
   """Held-out rows that do not fill the last eval batch are never
   evaluated: one warning says how many, naming the batch field."""

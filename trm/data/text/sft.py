@@ -275,11 +275,16 @@ def chat_pair_ids(pairs, tokenizer, chat: bool):
       else []
   ids = []
   for prompt, response in pairs:
+    if chat:
+      # Stripped as generation strips the query (`tok_lib.chat_prompt`):
+      # "q\n" kept would train "q\n\n<|im_end|>", a prompt the model is
+      # never given.
+      prompt = prompt.strip()
     prompt_ids = tokenizer.encode_text(prompt)
     if chat and prompt_ids == tokenizer.encode(prompt):
       # No special name in it: the whole template in one piece, as the
       # reference tokenizes the rendered chat (pieces can merge otherwise).
-      prompt_ids = tokenizer.encode(head + prompt + tail)
+      prompt_ids = tokenizer.encode(tok_lib.chat_prompt(prompt))
     elif chat:
       prompt_ids = (tokenizer.encode(head) + prompt_ids
                     + tokenizer.encode(tail))

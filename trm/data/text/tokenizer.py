@@ -126,13 +126,17 @@ class ByteTokenizer:
 
 
 def chat_prompt(query: str, system: str = SYSTEM_PROMPT) -> str:
-  """The Instruct prompt as DiffuCoder's README builds it by hand.
+  """The Instruct prompt as DiffuCoder's README builds it by hand, the
+  query stripped of surrounding whitespace (`query.strip()`, also
+  inference_demo.py's): fine-tuning rows and generation both build their
+  prompt here, so a query's trailing newline or space never reaches the
+  template as more tokens in one and not the other.
 
   Note the newline before the user turn's <|im_end|>, which
   `apply_chat_template` would not add; the model was prompted this way.
   """
   head, tail = chat_prompt_parts(system)
-  return head + query + tail
+  return head + query.strip() + tail
 
 
 def chat_prompt_parts(system: str = SYSTEM_PROMPT) -> tuple[str, str]:

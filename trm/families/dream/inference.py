@@ -455,11 +455,11 @@ class DiffusionLM:
 
   def encode(self, prompts: Sequence[str], chat: bool = False):
     """Token ids of `prompts`; with `chat`, each stripped of surrounding
-    whitespace and wrapped in the Instruct template, as DiffuCoder's README
-    and inference_demo.py prompt the model (`query.strip()`): a trailing
-    newline or space would otherwise reach the template as more tokens."""
+    whitespace and wrapped in the Instruct template (`chat_prompt`), as
+    DiffuCoder's README and inference_demo.py prompt the model and as the
+    fine-tuning rows are built."""
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-    texts = [tok_lib.chat_prompt(p.strip()) if chat else p for p in prompts]
+    texts = [tok_lib.chat_prompt(p) if chat else p for p in prompts]
     return [self.tokenizer.encode(t) for t in texts]
 
   def compile(self, batch: int, prompt_len: int, *, padded: bool,
