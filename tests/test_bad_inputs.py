@@ -843,11 +843,13 @@ def _(env):
   return dc_train(env, (path,), **{"data.format": "jsonl", "data.path": path})
 
 
-@case("JSONL prompt longer than seq_len", ValueError, "sft.jsonl:4:",
-      "200-token prompt", "seq_len=128")
-def _(env):  # named "example 2" once: its index, not its line
-  path = env.write("sft.jsonl", '{"prompt": "a", "response": "b"}\n\n'
-                   '{"prompt": "c", "response": "d"}\n'
+# Each example is dropped (as dllm drops them); the first is named by its
+# line, not its index.
+@case("JSONL examples all dropped", ValueError, "sft.jsonl: all 3 examples",
+      "2 with an empty response", "seq_len=128", "sft.jsonl:2)")
+def _(env):
+  path = env.write("sft.jsonl", '\n{"prompt": "a", "response": ""}\n'
+                   '{"prompt": "c", "response": " "}\n'
                    '{"prompt": "' + "x" * 200 + '", "response": "e"}\n')
   return dc_train(env, (path,), **{"data.format": "jsonl", "data.path": path,
                                    "data.chat": False})
@@ -1071,8 +1073,7 @@ def _(env):
 for _name, _value, _needle in (
     ("null prompt", None, '"prompt" must be a string, got null'),
     ("list response", ["a"], '"response" must be a string, got an array'),
-    ("numeric response", 3, '"response" must be a string, got a number'),
-    ("empty response", " ", '"response" is empty')):
+    ("numeric response", 3, '"response" must be a string, got a number')):
   @case(f"JSONL {_name}", ValueError, "sft.jsonl:2", _needle)
   def _(env, name=_name, value=_value):
     record = ({"prompt": value, "response": "r"} if name == "null prompt"

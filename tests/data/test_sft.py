@@ -28,10 +28,8 @@ def test_jsonl_pairs_and_errors(tmp_path):
      r'"response" must be a string, got an array \["a", "b"\]'),
     ({"prompt": "p", "response": 3}, r'"response" must be a string, got a '
      "number 3"),
-    ({"prompt": "p", "response": "  "}, r'"response" is empty'),
 ])
-def test_jsonl_values_must_be_strings_with_a_response(tmp_path, record,
-                                                      message):
+def test_jsonl_values_must_be_strings(tmp_path, record, message):
   path = tmp_path / "train.jsonl"
   path.write_text(json.dumps({"prompt": "ok", "response": "ok"}) + "\n"
                   + json.dumps(record) + "\n")
@@ -66,6 +64,39 @@ def test_non_utf8_files_name_the_file_and_offset(tmp_path, reader):
       sft.read_jsonl_pairs(str(path))
     else:
       sft.read_code_files(str(path))
+
+
+def test_examples_without_a_response_or_room_for_one_are_dropped(
+    tmp_path, caplog):
+  """dllm drops an example whose prompt leaves no room in max_length
+  (`post_process_dataset`) and one with an empty response (its
+  `_extract_first_turn`); here either stopped the run. They are dropped
+  with one warning counting them; dropping every one is an error."""
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "sft.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in [
+      {"prompt": "a", "response": "b"}, {"prompt": "c", "response": " \n"},
+      {"prompt": "x" * 16, "response": "y"}, {"prompt": "d", "response": "e"},
+      {"prompt": "f", "response": ""}]) + "\n")
+  data = ml_collections.ConfigDict(dict(
+      source="files", format="jsonl", path=str(path), prompt_key="prompt",
+      response_key="response", chat=False))
+  tokenizer = tok_lib.ByteTokenizer(mask_id=500)
+  tokens, _ = sft.read_rows(data, tokenizer, 16)
+  assert tokens[:, :2].tolist() == [[ord("a"), ord("b")],
+                                    [ord("d"), ord("e")]]
+  warnings = [r.getMessage() for r in caplog.records if "dropped" in
+              r.getMessage()]
+  assert warnings == [
+      f"config.data.path={path}: 3 of 5 examples dropped, as dllm drops them"
+      " (2 with an empty response, 1 whose prompt leaves no room for a "
+      f"response in seq_len=16; the first: {path}:2)."]
+  path.write_text(json.dumps({"prompt": "x" * 16, "response": "y"}) + "\n"
+                  + json.dumps({"prompt": "a", "response": ""}) + "\n")
+  with pytest.raises(ValueError, match=(
+      r"sft.jsonl: all 2 examples are dropped \(1 with an empty response, 1 "
+      r"whose prompt .* seq_len=16; the first: .*sft.jsonl:1\)")):
+    sft.read_rows(data, tokenizer, 16)
 
 
 def test_pair_rows_pad_truncate_and_prompt_never_maskable():

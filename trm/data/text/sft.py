@@ -68,9 +68,6 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
             f"{path}:{line_number}: \"{key}\" must be a string, got "
             f"{_JSON_TYPES.get(type(record[key]), 'a value')} "
             f"{json.dumps(record[key])[:40]}.")
-    if not record[response_key].strip():
-      raise ValueError(f"{path}:{line_number}: \"{response_key}\" is empty;"
-                       " every example needs a response to learn from.")
     pairs.append((record[prompt_key], record[response_key]))
     if line_numbers is not None:
       line_numbers.append(line_number)
@@ -81,13 +78,40 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
   return pairs
 
 
+def drop_unusable(pairs, token_pairs, names, seq_len: int, source: str):
+  """(token_pairs, names) without the examples dllm drops: an empty (or
+  blank) response, which has nothing to learn, and a prompt that leaves no
+  room for a response in `seq_len` tokens. The count is logged once;
+  dropping every example is an error naming `source`."""
+  empty = {i for i, (_, response) in enumerate(pairs) if not response.strip()}
+  long = {i for i, (prompt, _) in enumerate(token_pairs)
+          if len(prompt) >= seq_len} - empty
+  dropped = empty | long
+  if not dropped:
+    return token_pairs, names
+  why = (f"{len(empty)} with an empty response, {len(long)} whose prompt "
+         f"leaves no room for a response in seq_len={seq_len}")
+  first = names[min(dropped)]
+  if len(dropped) == len(pairs):
+    raise ValueError(
+        f"{source}: all {len(pairs)} examples are dropped ({why}; the "
+        f"first: {first}); give each a response and a prompt shorter than "
+        "seq_len, or raise seq_len.")
+  logging.warning("%s: %d of %d examples dropped, as dllm drops them (%s; "
+                  "the first: %s).", source, len(dropped), len(pairs), why,
+                  first)
+  kept = [i for i in range(len(pairs)) if i not in dropped]
+  return [token_pairs[i] for i in kept], [names[i] for i in kept]
+
+
 def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data",
               names=None):
   """(tokens [N, L] int32, maskable [N, L] bool) from (prompt, response) ids.
 
   Responses longer than the room left are cut; a prompt that leaves no room
   for a response is an error naming the example: `names[i]` (e.g.
-  "sft.jsonl:7"), or without names its index in `source`. The prompt, or
+  "sft.jsonl:7"), or without names its index in `source` (`read_rows`
+  drops such examples first: `drop_unusable`). The prompt, or
   without one the first token, is never maskable.
   """
   tokens = np.full((len(token_pairs), seq_len), pad_id, np.int32)
@@ -326,8 +350,10 @@ def read_rows(data_config, tokenizer, seq_len: int, path_key: str = "path",
       names = [f"{path}:{n}" for n in lines]
     pad_id = (tokenizer.dlm_pad_id if tokenizer.dlm_pad_id is not None
               else tokenizer.eos_id)
-    return pair_rows(chat_pair_ids(pairs, tokenizer, data_config.chat),
-                     seq_len, pad_id, source=path, names=names)
+    token_pairs, names = drop_unusable(
+        pairs, chat_pair_ids(pairs, tokenizer, data_config.chat), names,
+        seq_len, f"config.{what}={path}" if not tfds else path)
+    return pair_rows(token_pairs, seq_len, pad_id, source=path, names=names)
   if data_config.format == "code":
     if tfds:
       texts = [row[0] for row in tfds_source.texts(
