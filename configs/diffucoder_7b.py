@@ -45,7 +45,8 @@ def get_config(arg=None):
 
   c.data = ml_collections.ConfigDict(dict(
       source="files",           # files: data.path | tfds: data.tfds splits
-      format="jsonl",           # jsonl: prompt/response pairs | code: files
+      format="jsonl",           # jsonl: prompt/response pairs (or dllm's
+                                # "messages" lists) | code: files
       path="",                  # JSONL file, or a glob of code files
       eval_path="",             # held-out data, same format; '' = hold out
       eval_rows=64,             # rows of `path` held out when eval_path is ''

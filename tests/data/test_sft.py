@@ -270,6 +270,134 @@ def test_chat_rows_strip_the_prompt_as_generation_does(prompt):
   assert raw == tokenizer.encode(prompt)
 
 
+def _conversation_rows(tmp_path, records, tokenizer, seq_len, chat=True):
+  path = tmp_path / "sft.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  data = ml_collections.ConfigDict(dict(
+      source="files", format="jsonl", path=str(path), prompt_key="prompt",
+      response_key="response", chat=chat))
+  return sft.read_rows(data, tokenizer, seq_len)
+
+
+def test_messages_rows_score_the_last_assistant_turn_only(tmp_path):
+  """dllm's SFT rows are `messages` lists (a system prompt, several
+  turns); only prompt/response pairs were read. The prompt is every
+  message before the last (with the assistant header), the loss scores
+  the last assistant turn, <|im_end|> and the pads (dllm's
+  `default_sft_map_fn`); one user/assistant exchange is the pair's row."""
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  tokenizer = tok_lib.ByteTokenizer(mask_id=500)
+  turns = [{"role": "system", "content": "Be terse."},
+           {"role": "user", "content": "Add.\n"},
+           {"role": "assistant", "content": "a+b"},
+           {"role": "user", "content": "Subtract."},
+           {"role": "assistant", "content": "a-b"}]
+  tokens, maskable = _conversation_rows(
+      tmp_path, [{"messages": turns}, {"prompt": "Add.", "response": "a+b"},
+                 {"messages": turns[1:3]}], tokenizer, 300)
+  prompt = ("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n"
+            "Add.\n<|im_end|>\n<|im_start|>assistant\na+b<|im_end|>\n"
+            "<|im_start|>user\nSubtract.\n<|im_end|>\n<|im_start|>"
+            "assistant\n")
+  ids = tokenizer.encode(prompt) + tokenizer.encode("a-b") + [
+      tokenizer.im_end_id]
+  assert tokens[0, :len(ids)].tolist() == ids
+  assert (tokens[0, len(ids):] == tokenizer.dlm_pad_id).all()
+  assert maskable[0].tolist() == ([False] * len(tokenizer.encode(prompt))
+                                  + [True] * (300 - len(
+                                      tokenizer.encode(prompt))))
+  # One exchange without a system message: the pair's row exactly.
+  np.testing.assert_array_equal(tokens[2], tokens[1])
+  np.testing.assert_array_equal(maskable[2], maskable[1])
+
+
+# This project's ChatML prompt (`tok_lib.chat_prompt`) as a Hugging Face
+# chat template, for the reference's own way of splitting a conversation.
+_CHAT_TEMPLATE = (
+    "{% if messages[0].role == 'system' %}{% set system = "
+    "messages[0].content %}{% set turns = messages[1:] %}{% else %}"
+    "{% set system = 'You are a helpful assistant.' %}{% set turns = "
+    "messages %}{% endif %}<|im_start|>system\n{{ system }}<|im_end|>\n"
+    "{% for m in turns %}{% if m.role == 'user' %}<|im_start|>user\n"
+    "{{ m.content | trim }}\n<|im_end|>\n{% else %}<|im_start|>"
+    "{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_messages_rows_split_as_dllm_splits_them(tmp_path):
+  """dllm's `default_sft_map_fn`: the row is the chat template over every
+  message, the unscored prompt the template over all but the last with the
+  generation prompt. A byte-level BPE (pieces merge across the template's
+  boundaries as Qwen2's do) through `transformers`' apply_chat_template
+  gives our row's tokens and the length of its unmasked prompt."""
+  transformers = pytest.importorskip("transformers")
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+  vocab = {c: i for i, c in enumerate(alphabet)}
+  vocab.update({"\u010a\u010a": len(vocab), "ab": len(vocab) + 1})
+  bpe = Tokenizer(models.BPE(vocab, [("\u010a", "\u010a"), ("a", "b")]))
+  bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  bpe.decoder = decoders.ByteLevel()
+  bpe.add_special_tokens([tok_lib.END_OF_TEXT, tok_lib.IM_START,
+                          tok_lib.IM_END, tok_lib.MASK, tok_lib.DLM_PAD])
+  bpe.save(str(tmp_path / "tokenizer.json"))
+  ours = tok_lib.load_tokenizer(str(tmp_path))
+  reference = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=bpe, chat_template=_CHAT_TEMPLATE)
+  conversations = [
+      [{"role": "user", "content": "ab\n\n"},
+       {"role": "assistant", "content": "ab ab"}],
+      [{"role": "system", "content": "Reply\n\nab."},
+       {"role": "user", "content": " ab"},
+       {"role": "assistant", "content": "abab\n\n"},
+       {"role": "user", "content": "again"},
+       {"role": "assistant", "content": "ab"}]]
+  tokens, maskable = _conversation_rows(
+      tmp_path, [{"messages": m} for m in conversations], ours, 200)
+  for row, messages in enumerate(conversations):
+    whole = reference.apply_chat_template(messages, tokenize=True)
+    prompt_len = len(reference.apply_chat_template(
+        messages[:-1], tokenize=True, add_generation_prompt=True))
+    # The reference's row ends "<|im_end|>\n"; ours closes with <|im_end|>
+    # and pads (DiffuCoder-Instruct's recipe).
+    assert tokens[row, :len(whole) - 1].tolist() == whole[:-1]
+    assert maskable[row].tolist() == [False] * prompt_len + [True] * (
+        200 - prompt_len)
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([{"role": "user", "content": "q"}], "the last message is a user's"),
+    ([{"role": "user", "content": "q"}, {"role": "system", "content": "s"},
+      {"role": "assistant", "content": "a"}],
+     r"a system message only comes first \(message 1"),
+    ([{"role": "tool", "content": "q"}, {"role": "assistant", "content": "a"}],
+     'message 0 is {"role": "tool"'),
+    ([{"role": "user", "content": None}], 'message 0 is {"role": "user"'),
+    ([], r"got \[\]"),
+    ("hi", 'got "hi"'),
+])
+def test_bad_messages_name_the_line(tmp_path, messages, message):
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"sft.jsonl:2: \"messages\" must be a "
+                     r"list of .*ending with the assistant's response.*"
+                     + message):
+    _conversation_rows(tmp_path, [{"prompt": "p", "response": "r"},
+                                  {"messages": messages}],
+                       tok_lib.ByteTokenizer(mask_id=500), 64)
+
+
+def test_messages_need_the_chat_template(tmp_path):
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=(
+      r"sft.jsonl:1: a \"messages\" conversation needs the chat template; "
+      r"set config.data.chat=True")):
+    _conversation_rows(tmp_path, [{"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"}]}],
+                       tok_lib.ByteTokenizer(mask_id=500), 64, chat=False)
+
+
 def test_a_held_out_tail_left_out_is_said(caplog):
   """Held-out rows that do not fill the last eval batch are never
   evaluated: one warning says how many, naming the batch field."""

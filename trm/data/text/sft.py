@@ -30,13 +30,49 @@ _JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number",
                float: "a number", list: "an array", dict: "an object"}
 
 
+# A JSONL record's conversation, as dllm's SFT rows (and the Hugging Face
+# chat datasets they come from) hold it.
+MESSAGES = "messages"
+_ROLES = ("system", "user", "assistant")
+
+
+def conversation_pair(messages, where: str):
+  """(turns before the response, response) from a `messages` list of
+  {"role", "content"} objects, as dllm's `default_sft_map_fn` splits it:
+  the last message, an assistant's, is the response the loss scores;
+  everything before it (a first system message, user and earlier
+  assistant turns) is the prompt, never masked. `where` names the record
+  ("sft.jsonl:3") in errors."""
+  fix = (f"{where}: \"{MESSAGES}\" must be a list of {{\"role\": ..., "
+         "\"content\": ...}} objects (roles system, user, assistant) "
+         "ending with the assistant's response")
+  if not isinstance(messages, list) or not messages:
+    raise ValueError(f"{fix}, got {json.dumps(messages)[:40]}.")
+  turns = []
+  for i, message in enumerate(messages):
+    if (not isinstance(message, dict) or message.get("role") not in _ROLES
+        or not isinstance(message.get("content"), str)):
+      raise ValueError(f"{fix}; message {i} is "
+                       f"{json.dumps(message)[:60]}.")
+    if message["role"] == "system" and i:
+      raise ValueError(f"{fix}; a system message only comes first "
+                       f"(message {i} is one).")
+    turns.append((message["role"], message["content"]))
+  if turns[-1][0] != "assistant":
+    raise ValueError(f"{fix}; the last message is a {turns[-1][0]}'s, so "
+                     "there is no response to learn.")
+  return tuple(turns[:-1]), turns[-1][1]
+
+
 def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
                      response_key: str = "response",
                      what: str = "data.path", line_numbers=None):
   """[(prompt, response)] from a JSONL file, with line-numbered errors;
-  `what` is the config field that named the file. Each pair's line number
-  is appended to the list `line_numbers`, if given (blank lines are
-  skipped, so the pairs' indices are not their lines)."""
+  `what` is the config field that named the file. A record holding
+  "messages" is a conversation (`conversation_pair`: its prompt is then a
+  tuple of (role, content) turns), any other a prompt/response pair. Each
+  pair's line number is appended to the list `line_numbers`, if given
+  (blank lines are skipped, so the pairs' indices are not their lines)."""
   pairs = []
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: set config.{what} to a "
@@ -56,10 +92,17 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
       raise ValueError(f"{path}:{line_number}: expected a JSON object "
                        f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}}, "
                        f"got a {type(record).__name__}.")
+    if MESSAGES in record:
+      pairs.append(conversation_pair(record[MESSAGES],
+                                     f"{path}:{line_number}"))
+      if line_numbers is not None:
+        line_numbers.append(line_number)
+      continue
     missing = [k for k in (prompt_key, response_key) if k not in record]
     if missing:
       raise ValueError(f"{path}:{line_number}: missing key(s) {missing}; "
-                       f"set the data.prompt_key / data.response_key names.")
+                       f"set the data.prompt_key / data.response_key names "
+                       f"(or give a \"{MESSAGES}\" list).")
     # Strings only: str() would turn null into "None" and a list into its
     # repr, and train on that.
     for key in (prompt_key, response_key):
@@ -282,9 +325,9 @@ class SFTEvalBatches:
 
 
 def chat_pair_ids(pairs, tokenizer, chat: bool):
-  """[(prompt ids, response ids)]: with `chat`, the prompt in the ChatML
-  template and the response closed by <|im_end|>, as the Instruct model was
-  fine-tuned.
+  """[(prompt ids, response ids)]: with `chat`, the prompt (a query, or a
+  conversation's turns before the response) in the ChatML template and
+  the response closed by <|im_end|>, as the Instruct model was fine-tuned.
 
   A special token's name inside a prompt or response ("<|mask|>" in code
   about Dream) is encoded as text, as in code files (`encode_text`): read
@@ -294,24 +337,26 @@ def chat_pair_ids(pairs, tokenizer, chat: bool):
   tokens.
   """
   from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-  head, tail = tok_lib.chat_prompt_parts()
   close = [tokenizer.im_end_id] if chat and tokenizer.im_end_id is not None \
       else []
   ids = []
   for prompt, response in pairs:
     if chat:
-      # Stripped as generation strips the query (`tok_lib.chat_prompt`):
-      # "q\n" kept would train "q\n\n<|im_end|>", a prompt the model is
-      # never given.
-      prompt = prompt.strip()
-    prompt_ids = tokenizer.encode_text(prompt)
-    if chat and prompt_ids == tokenizer.encode(prompt):
-      # No special name in it: the whole template in one piece, as the
-      # reference tokenizes the rendered chat (pieces can merge otherwise).
-      prompt_ids = tokenizer.encode(tok_lib.chat_prompt(prompt))
-    elif chat:
-      prompt_ids = (tokenizer.encode(head) + prompt_ids
-                    + tokenizer.encode(tail))
+      # A query, or a conversation's turns, in the template as generation
+      # builds it (`chat_prompt`: a user turn stripped, as the query is).
+      pieces = tok_lib.chat_pieces(prompt)
+      if all(tokenizer.encode_text(text) == tokenizer.encode(text)
+             for text, content in pieces if content):
+        # No special name in it: the whole template in one piece, as the
+        # reference tokenizes the rendered chat (pieces can merge
+        # otherwise).
+        prompt_ids = tokenizer.encode("".join(text for text, _ in pieces))
+      else:
+        prompt_ids = [i for text, content in pieces for i in (
+            tokenizer.encode_text(text) if content
+            else tokenizer.encode(text))]
+    else:
+      prompt_ids = tokenizer.encode_text(prompt)
     ids.append((prompt_ids, tokenizer.encode_text(response) + close))
   return ids
 
@@ -348,6 +393,13 @@ def read_rows(data_config, tokenizer, seq_len: int, path_key: str = "path",
       pairs = read_jsonl_pairs(path, data_config.prompt_key,
                                data_config.response_key, what, lines)
       names = [f"{path}:{n}" for n in lines]
+      if not data_config.chat:
+        turns = next((i for i, (prompt, _) in enumerate(pairs)
+                      if not isinstance(prompt, str)), None)
+        if turns is not None:
+          raise ValueError(
+              f"{names[turns]}: a \"{MESSAGES}\" conversation needs the "
+              "chat template; set config.data.chat=True.")
     pad_id = (tokenizer.dlm_pad_id if tokenizer.dlm_pad_id is not None
               else tokenizer.eos_id)
     token_pairs, names = drop_unusable(

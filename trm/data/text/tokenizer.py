@@ -125,24 +125,40 @@ class ByteTokenizer:
     return [self.eos_id, self.dlm_pad_id, self.im_end_id]
 
 
-def chat_prompt(query: str, system: str = SYSTEM_PROMPT) -> str:
+def chat_prompt(query, system: str = SYSTEM_PROMPT) -> str:
   """The Instruct prompt as DiffuCoder's README builds it by hand, the
   query stripped of surrounding whitespace (`query.strip()`, also
   inference_demo.py's): fine-tuning rows and generation both build their
   prompt here, so a query's trailing newline or space never reaches the
-  template as more tokens in one and not the other.
+  template as more tokens in one and not the other. `query` may also be
+  a conversation's turns (`chat_pieces`).
 
   Note the newline before the user turn's <|im_end|>, which
   `apply_chat_template` would not add; the model was prompted this way.
   """
-  head, tail = chat_prompt_parts(system)
-  return head + query.strip() + tail
+  return "".join(text for text, _ in chat_pieces(query, system))
 
 
-def chat_prompt_parts(system: str = SYSTEM_PROMPT) -> tuple[str, str]:
-  """The text before and after the query in `chat_prompt`."""
-  return (f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n",
-          f"\n{IM_END}\n{IM_START}assistant\n")
+def chat_pieces(query, system: str = SYSTEM_PROMPT):
+  """`chat_prompt` as [(text, is_content)]: the template's own pieces and
+  the turns' contents, in order, up to the assistant header the response
+  follows. `query` is one user turn (a string) or the turns before the
+  response, [(role, content)] with roles "system" (first only: it replaces
+  `system`, as a conversation's system message replaces the template's
+  default), "user" (stripped, as a query) and "assistant"."""
+  turns = [("user", query)] if isinstance(query, str) else list(query)
+  if turns and turns[0][0] == "system":
+    system, turns = turns[0][1], turns[1:]
+  pieces = [(f"{IM_START}system\n", False), (system, True),
+            (f"{IM_END}\n", False)]
+  for role, content in turns:
+    if role == "user":
+      pieces += [(f"{IM_START}user\n", False), (content.strip(), True),
+                 (f"\n{IM_END}\n", False)]
+    else:
+      pieces += [(f"{IM_START}{role}\n", False), (content, True),
+                 (f"{IM_END}\n", False)]
+  return pieces + [(f"{IM_START}assistant\n", False)]
 
 
 def from_spec(spec: str, model_cfg, what: str = "--checkpoint"):
