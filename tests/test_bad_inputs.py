@@ -1152,6 +1152,16 @@ def _(env):
       env.hf_dir, tokenizer="bytes", attention="splash"), watch=(env.hf_dir,))
 
 
+@case("DiffusionLM on a mesh.model not dividing the heads",
+      mesh_lib.MeshConfigError, "config.mesh.model=8",
+      "config.model.num_attention_heads=4")
+def _(env):
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  mesh = mesh_lib.make_mesh(config_lib.mesh_config(data=1, fsdp=1, model=8))
+  return Call(lambda: DiffusionLM.from_pretrained(
+      env.hf_dir, tokenizer="bytes", mesh=mesh), watch=(env.hf_dir,))
+
+
 @case("a state with a NaN is never saved", ckpt_lib.CheckpointError,
       "Not saving step 4", "hold NaN or Inf", "['w']",
       "complete steps: none")

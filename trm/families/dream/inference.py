@@ -400,6 +400,7 @@ class DiffusionLM:
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
     from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
     from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import program as dream_program  # pylint: disable=g-import-not-at-top
     path = resolve_checkpoint(path, names, revision)
     if attention is None:
       attention = (config.model.get("attention", "dot") if config is not None
@@ -443,7 +444,10 @@ class DiffusionLM:
                                 config_lib.mesh_config(data=1, fsdp=-1,
                                                        model=1))
     mesh_lib.check_tpu_kernels(mesh, prefix="", attention=cfg.attention)
-    _, shardings = mesh_lib.ShardingContext(mesh, rules).boxed_shardings(
+    placement = mesh_lib.ShardingContext(mesh, rules)
+    # Before any weight is read, as the trainer checks it.
+    dream_program.check_heads_fit(cfg, placement)
+    _, shardings = placement.boxed_shardings(
         lambda: dream.abstract_params(cfg))
     params, source = load_params(path, cfg, shardings,
                                  allow_nonfinite=allow_nonfinite,
