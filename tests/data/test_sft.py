@@ -270,6 +270,25 @@ def test_chat_rows_strip_the_prompt_as_generation_does(prompt):
   assert raw == tokenizer.encode(prompt)
 
 
+def test_chat_generation_encodes_special_names_as_the_rows_do(tmp_path):
+  """The rows encode "<|mask|>" in a prompt as text; chat generation
+  parsed it as the mask token, a blank in the prompt the sampler fills
+  and the model never saw in fine-tuning."""
+  import types  # pylint: disable=g-import-not-at-top
+  from test_tokenizer import _write_tokenizer  # pylint: disable=g-import-not-at-top
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  _write_tokenizer(tmp_path, [tok_lib.END_OF_TEXT, tok_lib.IM_START,
+                              tok_lib.IM_END, tok_lib.MASK, tok_lib.DLM_PAD])
+  tok = tok_lib.load_tokenizer(str(tmp_path))
+  lm = types.SimpleNamespace(tokenizer=tok)
+  for query in ["fib <|mask|> n", "fib <|im_end|> n", "def fib ( n )"]:
+    (row_prompt, _), = sft.chat_pair_ids([(query, "n")], tok, chat=True)
+    prompt, = inference.DiffusionLM.encode(lm, [query], chat=True)
+    assert prompt == row_prompt and tok.mask_id not in prompt
+    assert prompt.count(tok.im_end_id) == 2  # the template's own
+
+
 def _conversation_rows(tmp_path, records, tokenizer, seq_len, chat=True):
   path = tmp_path / "sft.jsonl"
   path.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -341,22 +341,10 @@ def chat_pair_ids(pairs, tokenizer, chat: bool):
       else []
   ids = []
   for prompt, response in pairs:
-    if chat:
-      # A query, or a conversation's turns, in the template as generation
-      # builds it (`chat_prompt`: a user turn stripped, as the query is).
-      pieces = tok_lib.chat_pieces(prompt)
-      if all(tokenizer.encode_text(text) == tokenizer.encode(text)
-             for text, content in pieces if content):
-        # No special name in it: the whole template in one piece, as the
-        # reference tokenizes the rendered chat (pieces can merge
-        # otherwise).
-        prompt_ids = tokenizer.encode("".join(text for text, _ in pieces))
-      else:
-        prompt_ids = [i for text, content in pieces for i in (
-            tokenizer.encode_text(text) if content
-            else tokenizer.encode(text))]
-    else:
-      prompt_ids = tokenizer.encode_text(prompt)
+    # A query, or a conversation's turns, in the template as generation
+    # builds it (a user turn stripped, as the query is).
+    prompt_ids = (tok_lib.chat_prompt_ids(tokenizer, prompt) if chat
+                  else tokenizer.encode_text(prompt))
     ids.append((prompt_ids, tokenizer.encode_text(response) + close))
   return ids
 

@@ -161,6 +161,22 @@ def chat_pieces(query, system: str = SYSTEM_PROMPT):
   return pieces + [(f"{IM_START}assistant\n", False)]
 
 
+def chat_prompt_ids(tokenizer, query) -> list[int]:
+  """`chat_prompt(query)`'s ids, a special token's name inside the turns
+  ("<|mask|>" in a question about Dream) encoded as text (`encode_text`):
+  the fine-tuning rows and generation both take their prompt from here,
+  so a name the rows learned as text is not a mask to fill, or an end,
+  when the model is prompted. Only the template's own names are tokens."""
+  pieces = chat_pieces(query)
+  if all(tokenizer.encode_text(text) == tokenizer.encode(text)
+         for text, content in pieces if content):
+    # No special name in it: the whole template in one piece, as the
+    # reference tokenizes the rendered chat (pieces can merge otherwise).
+    return tokenizer.encode("".join(text for text, _ in pieces))
+  return [i for text, content in pieces for i in (
+      tokenizer.encode_text(text) if content else tokenizer.encode(text))]
+
+
 def from_spec(spec: str, model_cfg, what: str = "--checkpoint"):
   """The tokenizer a config names: 'bytes', or a directory with
   tokenizer.json; checked against the model's mask id and vocabulary.

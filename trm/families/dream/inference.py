@@ -459,12 +459,14 @@ class DiffusionLM:
 
   def encode(self, prompts: Sequence[str], chat: bool = False):
     """Token ids of `prompts`; with `chat`, each stripped of surrounding
-    whitespace and wrapped in the Instruct template (`chat_prompt`), as
-    DiffuCoder's README and inference_demo.py prompt the model and as the
-    fine-tuning rows are built."""
+    whitespace and wrapped in the Instruct template, a special token's
+    name in it encoded as text (`chat_prompt_ids`), as DiffuCoder's README
+    and inference_demo.py prompt the model and as the fine-tuning rows are
+    built."""
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-    texts = [tok_lib.chat_prompt(p) if chat else p for p in prompts]
-    return [self.tokenizer.encode(t) for t in texts]
+    if chat:
+      return [tok_lib.chat_prompt_ids(self.tokenizer, p) for p in prompts]
+    return [self.tokenizer.encode(p) for p in prompts]
 
   def compile(self, batch: int, prompt_len: int, *, padded: bool,
               history: bool = False, **settings):
