@@ -380,6 +380,20 @@ def test_tiny_diffucoder_sampling_loop_compiles_for_v4_8():
   assert "verdict: FITS" in text
 
 
+def test_sampling_on_a_model_axis_not_dividing_the_heads_is_refused():
+  """The sampler's weights took the mesh's rules, so mesh.model=8 on the
+  tiny model's 4 query heads compiled with the q/o projections whole on
+  every chip, as the trainer did before it refused it."""
+  config = config_lib.set_values(_tiny_dream_config(), {
+      "mesh.data": 1, "mesh.fsdp": 1, "mesh.model": 8})
+  sample = aot.SampleSettings(batch=None, prompt_len=24, max_new_tokens=16,
+                              steps=8)
+  with pytest.raises(mesh_lib.MeshConfigError, match=(
+      r"config.mesh.model=8 does not divide "
+      r"config.model.num_attention_heads=4")):
+    aot.compile_report(config, aot.parse_topology("v4-16"), 1, None, sample)
+
+
 @pytest.mark.parametrize("fast_dllm", [False, True],
                          ids=["our rules", "fast_dllm"])
 def test_tiny_diffucoder_cached_sampler_compiles_for_v4_8(fast_dllm):

@@ -21,6 +21,7 @@ from trm.core import state as state_lib
 from trm.families.dream import cache as dream_cache
 from trm.families.dream import cached_sampling
 from trm.families.dream import model as dream
+from trm.families.dream import program as dream_program
 from trm.families.dream import sampling as diffusion_sampling
 from trm.families.dream import steps as lm_steps
 
@@ -99,6 +100,7 @@ def build(config, ctx, sample):
   `sample` (trm.aot's SampleSettings)."""
   check_settings(sample)
   cfg = dream.DreamConfig.from_config(config.model)
+  dream_program.check_heads_fit(cfg, ctx)  # as generation on that mesh
   boxed, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
   params = state_lib.with_shardings(nn.meta.unbox(boxed), shardings)
   # trm.generate hands the sampler host arrays: they enter replicated.
