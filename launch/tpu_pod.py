@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import math
 import os
 import re
@@ -150,8 +151,8 @@ def _check_dcn_overrides(args) -> None:
     if key.startswith("mesh.dcn_") and re.fullmatch(r"[0-9]+", value.strip()):
       dcn[key] = int(value)
   product = math.prod(dcn.values())
-  # Sizes not given come from the config file, which is not read here (the
-  # repository's configs leave them at 1): they must make up the rest.
+  # Sizes not given come from the config file (check_config reads it
+  # after this quick check): they must make up the rest.
   given_all = len(dcn) == 3
   if dcn and (product != args.num_slices if given_all
               else not product or args.num_slices % product):
@@ -161,6 +162,82 @@ def _check_dcn_overrides(args) -> None:
         f"--num_slices={args.num_slices}; the config.mesh.dcn_* sizes must "
         f"multiply to the number of slices (e.g. --override=mesh.dcn_data="
         f"{args.num_slices}).")
+
+
+def devices_per_slice(accelerator_type: str) -> int:
+  """JAX devices in one slice: a v4/v5p chip's two TensorCores are one
+  device (megacore), a v2/v3 core is one, v5e/v6e sizes count chips."""
+  hosts_per_slice(accelerator_type)  # the flag's own error
+  gen, size = accelerator_type.split("-")
+  return int(size) // (2 if gen in ("v4", "v5p") else 1)
+
+
+# Run by `check_config` in a child Python: the trainer's own --config parser
+# (one-line errors) and mesh rules, on --code_dir's code (else this
+# checkout's: with --repo_url, that of --revision only if it is checked out).
+_CONFIG_CHECK = r"""
+import json, math, sys
+sys.argv[0] = "trm.main"  # how the workers' error lines would start
+from absl import flags
+from ml_collections import config_flags
+from trm.core import config_lib
+config_flags.DEFINE_config_file("config", None, lock_config=True)
+slices, devices = json.loads(sys.argv[1])
+config_lib.parse_flags([sys.argv[0], *sys.argv[2:]])
+from trm.core import mesh
+config = flags.FLAGS.config
+try:
+  wanted = math.prod(mesh._dcn_sizes(config.mesh))
+  if wanted != slices:
+    raise mesh.MeshConfigError(
+        f"config.mesh.dcn_* multiply to {wanted}, but there are "
+        f"--num_slices={slices} slices: add --override=mesh.dcn_data={slices}")
+  mesh.mesh_shapes(config.mesh, slices * devices)
+except mesh.MeshConfigError as e:
+  print(e, file=sys.stderr)
+  sys.exit(3)
+"""
+
+
+def check_config(args) -> None:
+  """Loads --config with the --override values locally, as the trainer on
+  each worker will, and refuses a config it would refuse or a mesh that
+  does not fit --accelerator_type x --num_slices: before, the trainers said
+  so only after the slices were created and set up."""
+  if args.skip_config_check:
+    return
+  root = args.code_dir or REPO_ROOT
+  argv = [sys.executable, "-c", _CONFIG_CHECK,
+          json.dumps([args.num_slices,
+                      devices_per_slice(args.accelerator_type)]),
+          f"--config={args.config}"]
+  argv += [f"--config.{key}={value}"
+           for key, value in map(split_override, args.override)]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      filter(None, [root, os.environ.get("PYTHONPATH")])),
+             JAX_PLATFORMS="cpu")  # never claims a local accelerator
+  try:
+    proc = subprocess.run(argv, cwd=root, env=env, capture_output=True,
+                          text=True, check=False, timeout=300)
+  except subprocess.TimeoutExpired:
+    proc = subprocess.CompletedProcess(argv, 1, "", "no answer in 300 s")
+  if proc.returncode == 0:
+    return
+  lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+  last = lines[-1] if lines else f"exit status {proc.returncode}"
+  refused = "trm.main: error: "
+  if proc.returncode == 2 and last.startswith(refused):
+    # The trainer's own parser refused the file or an --override.
+    last = last[len(refused):].removesuffix(" (--helpshort lists the flags)")
+    raise LaunchError(f"--config/--override: the trainer would refuse it: "
+                      f"{last}")
+  if proc.returncode == 3:
+    raise LaunchError(f"--config: its mesh does not fit {args.num_slices} x "
+                      f"{args.accelerator_type}: {last}")
+  raise LaunchError(
+      f"--config: {args.config} could not be loaded here (from {root}) to "
+      f"check it before anything is created: {last}. Install the project "
+      "locally (pip install -e .), or pass --skip_config_check.")
 
 
 def validate(args, subcommand: str) -> None:
@@ -231,6 +308,8 @@ def validate(args, subcommand: str) -> None:
           f"--workdir: {args.accelerator_type} x {args.num_slices} slice(s) "
           f"is {hosts * args.num_slices} hosts; every host must see the same "
           f"checkpoints, so use a gs://BUCKET/... path, got {args.workdir!r}")
+    # Last: it starts a Python that loads the config (seconds).
+    check_config(args)
 
 
 # ---------------------------------------------------------------------------
@@ -572,6 +651,10 @@ def _common_flags() -> argparse.ArgumentParser:
   p.add_argument("--config",
                  help="Config path relative to the repo root, optionally "
                  "with :variant.")
+  p.add_argument("--skip_config_check", action="store_true",
+                 help="run/all: do not load --config locally (with the "
+                 "--override values) to check it and its mesh against the "
+                 "slices before anything is created.")
   p.add_argument("--workdir", help="gs://BUCKET/DIR (required on >1 host).")
   p.add_argument("--override", action="append", default=[],
                  metavar="KEY=VALUE",

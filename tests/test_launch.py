@@ -20,12 +20,21 @@ _spec.loader.exec_module(tpu_pod)
 
 TRAIN = ("python -m trm.main --config=configs/trm_sudoku.py "
          "--workdir=gs://bucket/run --distributed=true "
-         "--config.total_steps=1000")
+         "--config.total_steps=1000 --config.mesh.dcn_data=2")
 MULTI = ["--name=trm-a", "--project=proj", "--zone=us-central2-b",
          "--accelerator_type=v4-64", "--num_slices=2",
          "--workdir=gs://bucket/run", "--config=configs/trm_sudoku.py",
-         "--override=total_steps=1000",
+         "--override=total_steps=1000", "--override=mesh.dcn_data=2",
          "--repo_url=https://github.com/example/trm.git", "--revision=abc123"]
+
+
+_REAL_RUN = subprocess.run
+
+
+def _is_local(command):
+  """The launcher's local config check (a child Python, not gcloud), which
+  the fakes of subprocess.run below let run."""
+  return command[0] == sys.executable
 
 
 def _args(*flags, sub="all"):
@@ -153,8 +162,10 @@ def test_missing_gcloud_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("sub", tpu_pod.SUBCOMMANDS)
 def test_dry_run_never_calls_subprocess(monkeypatch, capsys, sub):
-  def fail(*a, **k):
-    raise AssertionError(f"subprocess.run called in a dry run: {a} {k}")
+  def fail(command, **k):
+    if _is_local(command):
+      return _REAL_RUN(command, **k)
+    raise AssertionError(f"subprocess.run called in a dry run: {command}")
   monkeypatch.setattr(subprocess, "run", fail)
   assert tpu_pod.main([sub, *MULTI, "--dry_run"]) == 0
   printed = capsys.readouterr().out.splitlines()
@@ -166,6 +177,8 @@ def test_real_run_uses_argv_lists_and_looked_up_coordinator(monkeypatch):
 
   def fake_run(command, **kwargs):
     assert isinstance(command, list) and not kwargs.get("shell")
+    if _is_local(command):
+      return _REAL_RUN(command, **kwargs)
     calls.append(command)
     out = ""
     if "--format=value(state.state)" in command:
@@ -196,7 +209,8 @@ def test_a_failed_start_stops_the_trainer_on_every_slice(monkeypatch,
   calls = []
 
   def run(command, check=False, **kwargs):
-    del kwargs
+    if _is_local(command):
+      return _REAL_RUN(command, check=check, **kwargs)
     calls.append(command)
     if check and "trm-a-1" in command and "nohup" in " ".join(command):
       raise failure
@@ -245,7 +259,8 @@ def test_kill_pattern_spares_its_own_shell():
 ])
 def test_values_are_quoted_in_remote_command(flag, value):
   flags = [f for f in MULTI if not f.startswith(flag)]
-  args = _args(*flags, f"{flag}={value}")
+  # Not a config field: the local config check is not what is tested.
+  args = _args(*flags, f"{flag}={value}", "--skip_config_check")
   expected = (f"--workdir={value}" if flag == "--workdir"
               else f"--config.{value}")
   for command in tpu_pod.run_commands(args):
@@ -310,7 +325,7 @@ def test_config_path_with_spaces_is_one_token(tmp_path):
   cfg.write_text("")
   flags = [f for f in MULTI if not f.startswith(("--config", "--repo_url"))]
   args = _args(*flags, f"--code_dir={tmp_path}",
-               "--config=my configs/a;b.py:variant x")
+               "--config=my configs/a;b.py:variant x", "--skip_config_check")
   tokens = shlex.split(_remote(tpu_pod.run_commands(args)[0]))
   assert "--config=my configs/a;b.py:variant x" in tokens
 
@@ -355,9 +370,10 @@ def test_bad_flags_are_rejected_naming_the_flag(capsys, flags, names):
     (4, ["mesh.dcn_data=2", "mesh.dcn_fsdp=1", "mesh.dcn_model=1"], False),
     (2, ["mesh.dcn_data=2"], True), (1, ["mesh.dcn_data=1"], True),
     (4, ["mesh.dcn_data=2", "mesh.dcn_fsdp=2"], True),
-    (4, ["mesh.dcn_data=2"], True),  # the config may give dcn_fsdp=2
-    (2, ["mesh.dcn_data=\u00b2"], True),  # the trainer's to refuse (was a
-                                          # ValueError here: '²'.isdigit())
+    # The config file is read: trm_sudoku.py leaves dcn_fsdp at 1.
+    (4, ["mesh.dcn_data=2"], False),
+    # The trainer's parser refuses it (was a ValueError here: '²'.isdigit()).
+    (2, ["mesh.dcn_data=\u00b2"], False),
 ])
 def test_dcn_overrides_must_fit_the_slice_count(capsys, slices, overrides,
                                                 ok):
@@ -372,7 +388,9 @@ def test_dcn_overrides_must_fit_the_slice_count(capsys, slices, overrides,
   for sub in ("run", "all"):
     with pytest.raises(SystemExit):
       _args(*flags, f"--code_dir={REPO}", sub=sub)
-    assert f"but --num_slices={slices}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (f"--num_slices={slices}" in err
+            or "mesh.dcn_data takes an integer" in err), err
 
 
 def test_env_cannot_set_the_launchers_megascale_variables(capsys):
@@ -519,3 +537,51 @@ def test_code_dir_copies_file_names_that_are_not_utf8(tmp_path, in_git):
         ["tar", "--quoting-style=literal", "-tzf", pack[2]], check=True,
         capture_output=True).stdout.split()
   assert sorted(listed) == [b"a.py", b"caf\xe9.txt"]
+
+
+@pytest.mark.parametrize("flags, error", [
+    # Both were refused only by every worker's trainer, after `all` had
+    # created the slices and set them up.
+    (["--num_slices=2"], "config.mesh.dcn_* multiply to 1, but there are "
+     "--num_slices=2 slices: add --override=mesh.dcn_data=2"),
+    (["--override=mesh.fsdp=8"], "--config: its mesh does not fit 1 x v4-8: "
+     "The fixed mesh sizes"),
+    (["--override=no_such_key=3"], "--config/--override: the trainer would "
+     "refuse it: --config.no_such_key: the config has no field"),
+    (["--config=configs/trm_sudoku.py:nope"], "Unknown config variant"),
+])
+def test_run_loads_the_config_and_refuses_what_the_trainers_would(
+    capsys, flags, error):
+  base = ["--name=a", "--accelerator_type=v4-8", "--workdir=gs://b/r",
+          "--config=configs/trm_sudoku.py", "--dry_run"]
+  with pytest.raises(SystemExit):
+    _args(*base, *flags, sub="run")
+  err = capsys.readouterr().err.strip().splitlines()
+  assert error in err[-1] and len(err) == 2  # usage, then one line
+  # The check can be skipped (e.g. no local Python environment).
+  _args(*base, *flags, "--skip_config_check", sub="run")
+
+
+def test_a_config_that_cannot_be_loaded_here_says_so(monkeypatch, tmp_path,
+                                                     capsys):
+  fake = tmp_path / "python"
+  fake.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\n"
+                  "echo \"ModuleNotFoundError: No module named 'ml_collections'\""
+                  " >&2\nexit 1\n")
+  fake.chmod(0o755)
+  monkeypatch.setattr(sys, "executable", str(fake))
+  with pytest.raises(SystemExit):
+    _args("--name=a", "--accelerator_type=v4-8", "--workdir=gs://b/r",
+          "--config=configs/trm_sudoku.py", sub="run")
+  assert ("--config: configs/trm_sudoku.py could not be loaded here (from "
+          f"{REPO}) to check it before anything is created: "
+          "ModuleNotFoundError: No module named 'ml_collections'. Install the"
+          " project locally (pip install -e .), or pass --skip_config_check."
+          ) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("accelerator, devices", [
+    ("v2-8", 8), ("v3-32", 32), ("v4-8", 4), ("v4-64", 32), ("v5p-128", 64),
+    ("v5litepod-16", 16), ("v6e-8", 8)])
+def test_devices_per_slice(accelerator, devices):
+  assert tpu_pod.devices_per_slice(accelerator) == devices
