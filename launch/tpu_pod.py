@@ -34,6 +34,9 @@ REMOTE_DIR = "~/trm"
 REMOTE_VENV = "~/trm_venv"
 REMOTE_LOG = "~/trm_run.log"
 _UPLOAD_ARCHIVE = "trm_upload.tar.gz"  # in the worker's home directory
+# The list of files a --code_dir setup put in ~/trm (NUL-separated), so the
+# next setup removes those it no longer copies; `.new` travels in the archive.
+CODE_MANIFEST = ".trm_code_files"
 # Never copied with --code_dir outside a git checkout (in one, what
 # .gitignore ignores is left out instead): runs, datasets, environments.
 DEFAULT_CODE_EXCLUDES = ("runs", "data", ".git", "__pycache__", "*.egg-info",
@@ -389,15 +392,46 @@ def code_files(code_dir: str, excludes=()) -> list[str]:
 
 
 def _code_archive_command(args, stage: str) -> tuple[list[str], str]:
-  """A local `tar` of code_files(--code_dir) into the directory `stage`,
-  and the archive's path."""
-  listing = os.path.join(stage, "files")
+  """A local `tar` of code_files(--code_dir), and their list as
+  CODE_MANIFEST.new, into the directory `stage`; and the archive's path."""
+  listing = os.path.join(stage, CODE_MANIFEST + ".new")
   with open(listing, "wb") as f:
     f.write(b"".join(os.fsencode(name) + b"\0" for name in
-                     code_files(args.code_dir, args.exclude)))
+                     code_files(args.code_dir, args.exclude)
+                     if not name.startswith(CODE_MANIFEST)))
   archive = os.path.join(stage, "code.tar.gz")
   return (["tar", "-czf", archive, "-C", args.code_dir, "--null", "-T",
-           listing], archive)
+           listing, "-C", stage, CODE_MANIFEST + ".new"], archive)
+
+
+# Run on the worker in ~/trm after the archive is unpacked there: removes
+# the files the previous --code_dir setup copied and this one does not (and
+# the folders that leaves empty), then keeps the new list for the next one.
+_PRUNE_SCRIPT = (
+    "import os; "
+    "old, new = (set(filter(None, open(p, \"rb\").read().split(bytes(1)))) "
+    "if os.path.isfile(p) else set() for p in "
+    f"(b\"{CODE_MANIFEST}\", b\"{CODE_MANIFEST}.new\")); "
+    "stale = [f for f in old - new if os.path.isfile(f) or os.path.islink(f)]; "
+    "[os.remove(f) for f in stale]; "
+    "dirs = {f.rsplit(b\"/\", i)[0] for f in stale "
+    "for i in range(1, f.count(b\"/\") + 1)}; "
+    "[os.rmdir(d) for d in sorted(dirs, key=len, reverse=True) "
+    "if os.path.isdir(d) and not os.path.islink(d) and not os.listdir(d)]; "
+    f"os.replace(\"{CODE_MANIFEST}.new\", \"{CODE_MANIFEST}\"); "
+    "print(os.uname().nodename + \": removed\", len(stale), "
+    "\"file(s) the previous setup copied and this one does not\")")
+
+
+def code_unpack_script() -> str:
+  """The worker's side of a --code_dir setup: ~/trm becomes the archive's
+  files. Files the previous --code_dir setup copied and this one does not
+  are removed (they stayed and were imported: a stale module deleted
+  locally); anything else in ~/trm (a local workdir such as ~/trm/runs/x,
+  the editable install's metadata) is kept."""
+  return (f"mkdir -p {REMOTE_DIR} && tar -xzf ~/{_UPLOAD_ARCHIVE} -C "
+          f"{REMOTE_DIR} && rm -f ~/{_UPLOAD_ARCHIVE} && cd {REMOTE_DIR} && "
+          f"python3 -c {shlex.quote(_PRUNE_SCRIPT)}")
 
 
 def setup_commands(args, stage: str | None = None) -> list[list[str]]:
@@ -410,14 +444,11 @@ def setup_commands(args, stage: str | None = None) -> list[list[str]]:
     commands.append(pack)
   for node in node_names(args):
     if args.code_dir:
-      # Unpacked over ~/trm, so a local workdir such as ~/trm/runs/x
-      # survives a re-setup.
       commands.append(
           ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive,
            f"{node}:{_UPLOAD_ARCHIVE}", *_location(args),
            "--worker=all", "--strict-host-key-checking=no"])
-      fetch = (f"mkdir -p {REMOTE_DIR} && tar -xzf ~/{_UPLOAD_ARCHIVE} -C "
-               f"{REMOTE_DIR} && rm -f ~/{_UPLOAD_ARCHIVE}")
+      fetch = code_unpack_script()
     else:
       # Fetching the revision itself works for branches, tags and commits.
       # From --repo_url, not `origin`: a worker cloned by an earlier setup

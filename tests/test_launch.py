@@ -464,8 +464,8 @@ def test_code_dir_leaves_ignored_runs_and_data_behind(tmp_path):
     subprocess.run(commands[0], check=True)
     listed = subprocess.run(["tar", "-tzf", commands[0][2]], check=True,
                             capture_output=True, text=True).stdout.split()
-  assert sorted(listed) == [".gitignore", "configs/c.py", "notes.txt",
-                            "trm/a.py"]
+  assert sorted(listed) == [".gitignore", ".trm_code_files.new",
+                            "configs/c.py", "notes.txt", "trm/a.py"]
 
 
 def test_setup_fetches_from_the_repo_url_given(tmp_path):
@@ -536,7 +536,7 @@ def test_code_dir_copies_file_names_that_are_not_utf8(tmp_path, in_git):
     listed = subprocess.run(
         ["tar", "--quoting-style=literal", "-tzf", pack[2]], check=True,
         capture_output=True).stdout.split()
-  assert sorted(listed) == [b"a.py", b"caf\xe9.txt"]
+  assert sorted(listed) == [b".trm_code_files.new", b"a.py", b"caf\xe9.txt"]
 
 
 @pytest.mark.parametrize("flags, error", [
@@ -585,3 +585,44 @@ def test_a_config_that_cannot_be_loaded_here_says_so(monkeypatch, tmp_path,
     ("v5litepod-16", 16), ("v6e-8", 8)])
 def test_devices_per_slice(accelerator, devices):
   assert tpu_pod.devices_per_slice(accelerator) == devices
+
+
+def test_code_dir_setup_removes_files_deleted_locally(tmp_path):
+  """--code_dir was unpacked over ~/trm: a module deleted locally stayed on
+  the workers and was still imported there. Runs the setup's remote script
+  in a stand-in home directory (pip stubbed), twice."""
+  home, code = tmp_path / "home", tmp_path / "code"
+  venv_bin = home / "trm_venv" / "bin"
+  venv_bin.mkdir(parents=True)
+  (venv_bin / "pip").write_text("#!/bin/sh\nexit 0\n")
+  (venv_bin / "pip").chmod(0o755)
+  (venv_bin / "activate").write_text(f"PATH={venv_bin}:$PATH\n")
+  for name in ("trm/a.py", "trm/old/b.py", "configs/c.py"):
+    (code / name).parent.mkdir(parents=True, exist_ok=True)
+    (code / name).write_text("x")
+  env = dict(os.environ, HOME=str(home))
+
+  def setup():
+    args = _args("--name=a", "--accelerator_type=v4-8",
+                 f"--code_dir={code}", sub="setup")
+    with tempfile.TemporaryDirectory() as stage:
+      pack, scp, ssh = tpu_pod.setup_commands(args, stage)
+      subprocess.run(pack, check=True)
+      os.replace(pack[2], home / "trm_upload.tar.gz")  # what scp does
+    assert _is(scp, "tpu-vm", "scp") and _is(ssh, "tpu-vm", "ssh")
+    subprocess.run(["bash", "-c", _remote(ssh)], env=env, check=True,
+                   capture_output=True, cwd=home)
+
+  setup()
+  remote = home / "trm"
+  assert (remote / "trm" / "old" / "b.py").is_file()
+  (remote / "runs" / "x").mkdir(parents=True)  # a local workdir
+  (remote / "runs" / "x" / "ckpt").write_text("x")
+  (code / "trm" / "old" / "b.py").unlink()
+  (code / "trm" / "old").rmdir()
+  setup()
+  assert not (remote / "trm" / "old").exists()
+  assert (remote / "trm" / "a.py").is_file()
+  assert (remote / "configs" / "c.py").is_file()
+  assert (remote / "runs" / "x" / "ckpt").is_file()  # not the setup's file
+  assert not (home / "trm_upload.tar.gz").exists()
