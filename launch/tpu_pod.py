@@ -52,6 +52,8 @@ COORDINATOR_PLACEHOLDER = "SLICE0_WORKER0_IP"
 # but not the remote `bash -c '... python -m trm.main ...'` shell that runs
 # pkill itself (a bare `pkill -f trm.main` would kill its own shell).
 _TRAINER_PATTERN = r"^[^ ]*python[0-9.]* -m trm[.]main( |$)"
+# The line `run` adds to the log when the trainer exits, then its status.
+_EXIT_LINE = "trm.main exited with status"
 
 # Matched with fullmatch: with match, `$` lets a trailing newline through
 # (and an --env name goes into the remote script unquoted).
@@ -516,10 +518,13 @@ def remote_run_script(args, slice_id: int, coordinator_ip: str | None) -> str:
            # the new job on every other worker.
            _kill_script()]
   parts += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-  # setsid+nohup: the trainer outlives the ssh session; the braces keep the
+  # setsid+nohup: the trainer outlives the ssh session; the subshell (which
+  # ignores the session's hang-up and holds none of its streams) then adds
+  # the trainer's exit status to the log for `logs`. The braces keep the
   # `&` from backgrounding the whole && chain (so set-up errors still fail).
-  parts.append(f"{{ setsid nohup {train_command(args)} > {REMOTE_LOG} 2>&1 "
-               f"< /dev/null & }}")
+  parts.append(f"{{ ( trap '' HUP; setsid --wait nohup {train_command(args)} "
+               f"< /dev/null; echo \"{_EXIT_LINE} $?\" ) > {REMOTE_LOG} "
+               "2>&1 < /dev/null & }")
   parts.append(f'echo "$(hostname): trm.main started, pid $!, log '
                f'{REMOTE_LOG}"')
   return " && ".join(parts)
@@ -533,10 +538,25 @@ def run_commands(args, coordinator_ip: str | None = None) -> list[list[str]]:
           for i, node in enumerate(node_names(args))]
 
 
+def _logs_script() -> str:
+  pattern = shlex.quote(_TRAINER_PATTERN)
+  # Until the trainer exits (tail -F alone followed a finished or failed
+  # run forever), then its exit status, as `run` logged it: a worker that
+  # fails stops the others, so `all` ends with the failure. The status
+  # line may follow the trainer's end by a moment.
+  return (f"pid=$(pgrep -o -f {pattern}); "
+          f"if [ -n \"$pid\" ]; then tail -n 200 -F --pid=\"$pid\" "
+          f"{REMOTE_LOG}; else tail -n 200 {REMOTE_LOG}; fi; "
+          f"for _ in $(seq 10); do grep -q '^{_EXIT_LINE} ' {REMOTE_LOG} && "
+          f"break; sleep 1; done; "
+          f"status=$(sed -n 's/^{_EXIT_LINE} \\([0-9]*\\)$/\\1/p' "
+          f"{REMOTE_LOG} | tail -n 1); exit \"${{status:-0}}\"")
+
+
 def logs_commands(args) -> list[list[str]]:
-  """Follows slice 0 worker 0's log (process 0 logs the metrics)."""
-  return [_ssh(args, node_names(args)[0], f"tail -n 200 -F {REMOTE_LOG}",
-               worker="0")]
+  """Follows slice 0 worker 0's log (process 0 logs the metrics) until its
+  trainer exits, and exits with the trainer's status."""
+  return [_ssh(args, node_names(args)[0], _logs_script(), worker="0")]
 
 
 def stop_commands(args) -> list[list[str]]:

@@ -6,6 +6,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 import repo
@@ -142,7 +143,8 @@ def test_cli_dry_run_single_v4_8(no_gcloud):
   # A single host: no slice variables, and a local workdir is allowed.
   assert "MEGASCALE" not in script
   assert ("python -m trm.main --config=configs/trm_sudoku.py:cpu "
-          "--workdir=runs/x > ~/trm_run.log") in script
+          "--workdir=runs/x < /dev/null;") in script
+  assert ") > ~/trm_run.log 2>&1" in script
   proc = _cli(env, "delete", *flags, "--dry_run")
   assert shlex.split(proc.stdout) == [
       "gcloud", "compute", "tpus", "tpu-vm", "delete", "one",
@@ -626,3 +628,47 @@ def test_code_dir_setup_removes_files_deleted_locally(tmp_path):
   assert (remote / "configs" / "c.py").is_file()
   assert (remote / "runs" / "x" / "ckpt").is_file()  # not the setup's file
   assert not (home / "trm_upload.tar.gz").exists()
+
+
+def test_logs_end_with_the_trainers_exit_status(monkeypatch, tmp_path):
+  """`all` followed worker 0's log with `tail -F` forever, also after the
+  trainer had failed (a failing worker stops the others): Ctrl-C (130) was
+  the only way out, never the failure's status. Runs `run`'s start and `logs`'s script
+  in a stand-in home directory with a stand-in trainer that fails."""
+  home = tmp_path / "home"
+  (home / "trm_venv" / "bin").mkdir(parents=True)
+  (home / "trm_venv" / "bin" / "activate").write_text("")
+  package = home / "trm" / "trm"
+  package.mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  (package / "main.py").write_text(
+      "import sys, time\nprint('training', flush=True)\ntime.sleep(2)\n"
+      "sys.exit(3)\n")
+  (home / "trm" / "configs").mkdir()
+  token = os.path.basename(tmp_path)
+  (home / "trm" / "configs" / f"{token}.py").write_text("")
+  (home / "bin").mkdir()
+  os.symlink(sys.executable, home / "bin" / "python")
+  env = dict(os.environ, HOME=str(home),
+             PATH=f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}")
+  # Only this test's stand-in: pkill/pgrep see every process of the host.
+  monkeypatch.setattr(tpu_pod, "_TRAINER_PATTERN",
+                      rf"^[^ ]*python[0-9.]* -m trm[.]main --config=configs/"
+                      rf"{token}[.]py ")
+  args = _args("--name=a", "--accelerator_type=v4-8", "--workdir=runs/x",
+               f"--config=configs/{token}.py", f"--code_dir={home / 'trm'}",
+               "--skip_config_check", sub="all")
+  (start,) = tpu_pod.run_commands(args)
+  (logs,) = tpu_pod.logs_commands(args)
+  subprocess.run(["bash", "-c", _remote(start)], env=env, check=True,
+                 cwd=home, timeout=60)
+  time.sleep(0.5)  # the trainer is up
+  followed = subprocess.run(["bash", "-c", _remote(logs)], env=env, cwd=home,
+                            capture_output=True, text=True, timeout=60)
+  assert followed.returncode == 3, followed
+  assert followed.stdout.splitlines()[0] == "training"
+  assert "trm.main exited with status 3" in followed.stdout
+  # Read again after the run: the same status, at once.
+  again = subprocess.run(["bash", "-c", _remote(logs)], env=env, cwd=home,
+                         capture_output=True, text=True, timeout=60)
+  assert again.returncode == 3, again
