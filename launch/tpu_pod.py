@@ -594,6 +594,21 @@ def _capture(command: list[str]) -> str:
                         text=True).stdout.strip()
 
 
+def stop_trainers(args, dry_run: bool) -> None:
+  """`stop_commands` on every slice, also after one failed (a worker not
+  reachable): `stop` gave up at the first, and the later slices' trainers
+  went on holding their TPUs. The first failure is raised at the end."""
+  failure = None
+  for command in stop_commands(args):
+    _show(command)
+    if not dry_run:
+      code = subprocess.run(command, check=False).returncode
+      if code and failure is None:
+        failure = subprocess.CalledProcessError(code, command)
+  if failure is not None:
+    raise failure
+
+
 def start_trainers(args, coordinator: str | None) -> None:
   """`run_commands`; if starting fails on any worker, stops the trainer on
   every worker of every slice before reporting the failure. The workers that
@@ -607,7 +622,10 @@ def start_trainers(args, coordinator: str | None) -> None:
     print("tpu_pod.py: starting the trainer failed or was interrupted; "
           "stopping it on every worker", file=sys.stderr, flush=True)
     # Best effort on every slice: the first failure is the one reported.
-    execute(stop_commands(args), dry_run=False, check=False)
+    try:
+      stop_trainers(args, dry_run=False)
+    except subprocess.CalledProcessError:
+      pass
     raise
 
 
@@ -662,7 +680,7 @@ def dispatch(args) -> None:
   if sub in ("logs", "all"):
     execute(logs_commands(args), args.dry_run)
   if sub == "stop":
-    execute(stop_commands(args), args.dry_run)
+    stop_trainers(args, args.dry_run)
   if sub == "delete":
     execute(delete_commands(args), args.dry_run)
 

@@ -672,3 +672,23 @@ def test_logs_end_with_the_trainers_exit_status(monkeypatch, tmp_path):
   again = subprocess.run(["bash", "-c", _remote(logs)], env=env, cwd=home,
                          capture_output=True, text=True, timeout=60)
   assert again.returncode == 3, again
+
+
+def test_stop_reaches_every_slice_when_one_fails(monkeypatch, capsys):
+  """`stop` with slice 0's ssh failing (exit 255) gave up there: slices 1
+  and 2 went on training, holding their TPUs."""
+  calls = []
+
+  def run(command, check=False, **kwargs):
+    del kwargs
+    calls.append(command[5])
+    code = 255 if command[5] == "trm-a-0" else 0
+    if check and code:
+      raise subprocess.CalledProcessError(code, command)
+    return subprocess.CompletedProcess(command, code)
+
+  monkeypatch.setattr(subprocess, "run", run)
+  assert tpu_pod.main(["stop", "--name=trm-a", "--num_slices=3"]) == 255
+  assert calls == ["trm-a-0", "trm-a-1", "trm-a-2"]
+  assert ("command failed with exit status 255: gcloud compute tpus tpu-vm "
+          "ssh trm-a-0") in capsys.readouterr().err
