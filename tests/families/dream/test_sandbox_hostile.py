@@ -296,6 +296,12 @@ CASES = [
     ("memory_in_candidate", "def add(a, b):\n    return len(bytearray("
      "10 ** 10))\n", MEMORY),
     ("fork_bomb", "import os\nwhile True:\n    os.fork()\n", PROCS),
+    # open files are kernel memory and fill the host's file table: each
+    # process gets max_open_files (it had our hard limit, 20000 here)
+    ("open_files_bomb", "import os, resource\nhard = resource.getrlimit("
+     "resource.RLIMIT_NOFILE)[1]\nresource.setrlimit(resource.RLIMIT_NOFILE"
+     ", (hard, hard))\nfds = [os.open('/dev/null', os.O_RDONLY) for _ in "
+     "range(5000)]\n" + GOOD, ERROR),
     ("fork_bomb_sleepers", "import ctypes, os, time\nwhile True:\n    if "
      "os.fork() == 0:\n        ctypes.CDLL(None).prctl(15, b'COMM', 0, 0, 0)"
      "\n        time.sleep(60)\n        os._exit(0)\n", PROCS),
@@ -413,6 +419,7 @@ DETAILS = {
     "memory_mmap": "Cannot allocate memory",
     "memory_in_candidate": "MemoryError",
     "fork_bomb": "Resource temporarily unavailable",
+    "open_files_bomb": "[Errno 24] Too many open files",
     "fork_bomb_sleepers": "Resource temporarily unavailable",
     "thread_bomb": "can't start new thread",
     "subprocess_bomb": "Resource temporarily unavailable",

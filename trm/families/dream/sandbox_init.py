@@ -338,6 +338,7 @@ def _start_program(payload, nonce_read, report_write):
     _limit(resource.RLIMIT_CPU, limits["cpu"])
     _limit(resource.RLIMIT_FSIZE, limits["file"])
     _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_NOFILE, limits["files"])
     if payload["mode"] != "none":
       # Counted per (user namespace, uid) or per our own uid: this sample's
       # processes only. Without namespaces the count would include every
