@@ -293,6 +293,13 @@ CASES = [
     ("memory_list", "chunks = []\nwhile True:\n    chunks.append(' ' * "
      "10 ** 6)\n", MEMORY),
     ("memory_mmap", "import mmap\nm = mmap.mmap(-1, 10 ** 11)\n", MEMORY),
+    # a sample may hold max_processes x memory_mb: under host memory
+    # pressure the OOM killer must pick it, not the evaluator
+    ("oom_killer_prefers_the_evaluator", "adj = int(open('/proc/self/"
+     "oom_score_adj').read())\nassert adj < 1000, 'the first to go'\n" + GOOD,
+     ERROR),
+    ("lower_oom_score_adj", "open('/proc/self/oom_score_adj', 'w').write("
+     "'0')\n" + GOOD, ERROR),
     ("memory_in_candidate", "def add(a, b):\n    return len(bytearray("
      "10 ** 10))\n", MEMORY),
     ("fork_bomb", "import os\nwhile True:\n    os.fork()\n", PROCS),
@@ -418,6 +425,8 @@ DETAILS = {
     "memory_bytearray": "MemoryError", "memory_list": "MemoryError",
     "memory_mmap": "Cannot allocate memory",
     "memory_in_candidate": "MemoryError",
+    "oom_killer_prefers_the_evaluator": "AssertionError: the first to go",
+    "lower_oom_score_adj": ROFS,
     "fork_bomb": "Resource temporarily unavailable",
     "open_files_bomb": "[Errno 24] Too many open files",
     "fork_bomb_sleepers": "Resource temporarily unavailable",

@@ -439,6 +439,14 @@ def main(argv):
   mode = payload["mode"]
   # Whoever ends up running us, a dead parent means a dead sandbox.
   _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  # The OOM killer's first choice, with everything forked from here: a
+  # sample may hold max_processes x memory_mb, and the evaluator (holding a
+  # model) had the higher score. Set from outside, as root it cannot be
+  # lowered without CAP_SYS_RESOURCE, and the program's /proc is read-only.
+  try:
+    _write("/proc/self/oom_score_adj", "1000", flags=0)
+  except OSError:
+    pass  # no /proc here: best effort
   if mode == "none":
     _supervise(payload, report_fd)
     return 0
