@@ -575,6 +575,28 @@ def test_hostile_completions_through_score():
   assert all(r["result"] for r in records)
 
 
+@pytest.mark.skipif(
+    getattr(code_exec, "_cpu_group_base", lambda: "unknown")() is None,
+    reason="no cgroup with the cpu controller can be made here")
+def test_a_sample_of_many_sessions_does_not_starve_the_others():
+  """60 spinning processes, each its own session (so that autogroup, which
+  shares the CPU by session, does not hold them), timed out a correct
+  sample beside them (0.6 s alone: `timed out after 4 s`); each sample's
+  cgroup now shares the CPU by sample. The cgroups are removed after."""
+  hog = ("import os, time\nfor _ in range(60):\n    if os.fork() == 0:\n"
+         "        os.setsid()\n        while True:\n            pass\n"
+         "time.sleep(60)\n", "pass\n")
+  good = ("import time\ntime.sleep(1)  # the hog's processes run by then\n"
+          "def f():\n    return sum(range(10 ** 7))\n",
+          "assert f() == 49999995000000\n")
+  outcomes = code_exec.run_programs([hog, good], code_exec.Limits(timeout_s=4),
+                                    workers=2)
+  assert outcomes[0].reason == TIMEOUT, outcomes[0]
+  assert outcomes[1].passed, outcomes[1]
+  base = code_exec._cpu_group_base()  # pylint: disable=protected-access
+  assert not [n for n in os.listdir(base) if n.startswith("trm_code_")]
+
+
 def test_an_answer_may_import_installed_packages():
   """A correct body importing numpy (HumanEval+ and MBPP answers import
   installed packages) passes under the default limits; it failed with

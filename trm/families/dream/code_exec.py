@@ -31,6 +31,8 @@ warning line and the guards only):
   unshare of anything but fresh namespaces of its own;
 - no network: an empty network namespace (loopback down) plus a Python
   socket guard;
+- a cgroup of its own with the cpu controller where one can be made (so
+  samples share the CPU by sample, not by process or session);
 - rlimits: address space (`memory_mb`), CPU seconds, file size
   (`max_file_mb`; stdout and stderr are files too), processes
   (`max_processes`), open files (`max_open_files`), no core files.
@@ -206,11 +208,12 @@ def sandbox_mode(limits: Limits) -> str:
 def isolation(limits: Limits) -> str:
   """How programs are isolated under `limits`, in words."""
   mode = sandbox_mode(limits)
+  cpu = ", a cpu cgroup per sample" if _cpu_group_base() else ""
   if mode == "none":
-    return "rlimits + python socket guard (no namespaces)"
+    return f"rlimits + python socket guard (no namespaces){cpu}"
   return (f"{'root-made' if mode == 'root' else 'user'} namespaces (pid, "
           "mount, net, ipc, uts), minimal read-only root, no capabilities, "
-          "rlimits, python socket guard")
+          f"rlimits, python socket guard{cpu}")
 
 
 network_isolation = isolation  # the old name
@@ -274,6 +277,83 @@ def _hidden(limits: Limits) -> list[str]:
   if not limits.site_packages:
     return _site_packages()
   return list(_answer_packages())
+
+
+def _cpu_group_bases() -> list[str]:
+  """Our own cgroup in each hierarchy that may hold the cpu controller: the
+  cgroup v1 hierarchy with `cpu`, and the v2 one."""
+  try:
+    with open("/proc/self/cgroup", encoding="utf-8") as f:
+      groups = [line.rstrip("\n").split(":", 2) for line in f]
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+      mounts = [line.split() for line in f]
+  except OSError:
+    return []
+  bases = []
+  for _, controllers, path in groups:
+    for fields in mounts:
+      if "-" not in fields:
+        continue
+      tail = fields[fields.index("-") + 1:]
+      fstype, options = tail[0], (tail[2].split(",") if len(tail) > 2 else [])
+      wanted = (fstype == "cgroup2" if not controllers else
+                fstype == "cgroup" and "cpu" in controllers.split(",")
+                and "cpu" in options)
+      root, mountpoint = fields[3], fields[4]
+      if wanted and (path + "/").startswith(root.rstrip("/") + "/"):
+        bases.append(os.path.join(mountpoint, path[len(root):].lstrip("/")))
+  return bases
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_group_base() -> Optional[str]:
+  """Where each sample can get a cgroup of its own with the cpu controller
+  (where we may make one: as root, or delegated), else None. Its default
+  weight then shares the CPU fairly between samples, however many
+  processes (each its own session, beyond autogroup) a sample runs."""
+  for base in _cpu_group_bases():
+    trial = os.path.join(base, f"trm_code_probe_{secrets.token_hex(6)}")
+    try:
+      os.mkdir(trial)
+    except OSError:
+      continue
+    try:
+      if any(os.path.exists(os.path.join(trial, name))
+             for name in ("cpu.shares", "cpu.weight")):
+        return base
+    finally:
+      _remove_cpu_group(trial)
+  return None
+
+
+def _make_cpu_group() -> Optional[str]:
+  base = _cpu_group_base()
+  if base is None:
+    return None
+  group = os.path.join(base, f"trm_code_{os.getpid()}_{secrets.token_hex(6)}")
+  try:
+    os.mkdir(group)
+  except OSError:
+    return None
+  return group
+
+
+def _remove_cpu_group(group: Optional[str]) -> None:
+  """Removes the (empty) cgroup; its last processes may take a moment to
+  leave it after they exit."""
+  deadline = time.monotonic() + 1.0
+  while group is not None:
+    try:
+      os.rmdir(group)
+      return
+    except FileNotFoundError:
+      return
+    except OSError:
+      if time.monotonic() > deadline:
+        logging.warning("code sandbox: could not remove the cgroup %s",
+                        group)
+        return
+      time.sleep(0.01)
 
 
 def _environment() -> dict:
@@ -410,6 +490,7 @@ def _run(source: str, checks: Optional[str], limits: Limits,
   nonce = secrets.token_hex(16)
   work = tempfile.mkdtemp(prefix="trm_code_")
   slot = _acquire_slot() if mode == "root" else None
+  cpu_group = _make_cpu_group()
   try:
     ids = [0, 0]
     if slot is not None:
@@ -425,6 +506,7 @@ def _run(source: str, checks: Optional[str], limits: Limits,
         hide=_hidden(limits),
         disk=limits.disk_mb << 20, inodes=max(1024, limits.disk_mb * 256),
         python=sys.executable, python_flags=flags, env=_environment(),
+        cpu_group=cpu_group,
         limits=dict(memory=limits.memory_mb << 20,
                     cpu=int(limits.timeout_s) + 1,
                     file=limits.max_file_mb << 20,
@@ -476,6 +558,7 @@ def _run(source: str, checks: Optional[str], limits: Limits,
     if slot is not None:
       _release_slot(slot)
     _remove(work)
+    _remove_cpu_group(cpu_group)
 
 
 def _parts(program: Program) -> tuple[str, Optional[str]]:

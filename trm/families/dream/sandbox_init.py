@@ -437,6 +437,14 @@ def main(argv):
   with os.fdopen(payload_fd, "rb") as f:
     payload = json.loads(f.read())
   mode = payload["mode"]
+  if payload.get("cpu_group"):
+    # Before any fork: all the sample's processes share this cgroup's CPU
+    # weight, which the program (no /sys, no capabilities) cannot leave.
+    try:
+      _write(os.path.join(payload["cpu_group"], "cgroup.procs"),
+             str(os.getpid()), flags=0)
+    except OSError:
+      pass  # best effort: the sample then competes process by process
   # Whoever ends up running us, a dead parent means a dead sandbox.
   _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
   # The OOM killer's first choice, with everything forked from here: a
