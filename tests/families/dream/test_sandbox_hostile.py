@@ -610,6 +610,23 @@ def test_an_answer_may_import_installed_packages():
   assert records[0]["result"] == "passed"
 
 
+def test_a_blas_thread_pool_does_not_end_a_correct_answer():
+  """OpenBLAS starts a thread per core (up to 64 here: max_processes on a
+  64-core host), each a process to RLIMIT_NPROC, and ends the program when
+  one will not start: on this 2-core machine, with one process slot too
+  few, a correct numpy answer failed (KeyboardInterrupt). One BLAS thread
+  per program now, as EvalPlus has OMP_NUM_THREADS=1."""
+  pytest.importorskip("numpy")
+  source = ("import threading, time\nthreading.Thread(target=time.sleep, "
+            "args=(2,), daemon=True).start()\nimport numpy\n"
+            "def total(n):\n    a = numpy.ones((n, n))\n"
+            "    return int((a @ a).sum())\n")
+  outcome = code_exec.run_program(
+      (source, "assert total(300) == 300 ** 3\n"),
+      code_exec.Limits(max_processes=2))
+  assert outcome.passed, outcome
+
+
 @pytest.mark.skipif(
     os.path.realpath(sys.executable).split("/")[1] in sandbox_init.SYSTEM,
     reason="the interpreter is in a system directory, always bound")

@@ -358,9 +358,14 @@ def _remove_cpu_group(group: Optional[str]) -> None:
 
 def _environment() -> dict:
   bin_dir = os.path.dirname(sys.executable)
+  # One thread per BLAS/OpenMP pool (EvalPlus sets OMP_NUM_THREADS=1 too):
+  # a pool of a thread per core counts against max_processes, each thread
+  # against memory_mb (a stack, a buffer), and OpenBLAS ends the program
+  # (SIGINT) when it cannot start one.
   return {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
           "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-          "PYTHONDONTWRITEBYTECODE": "1"}
+          "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
+          "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def _tail(f) -> str:
