@@ -237,7 +237,7 @@ def _score_and_report(problems, records, limits, workers, ks, output,
       results, **summary, passed=sum(r["passed"] for r in records),
       samples=len(records), reasons=dict(reasons), sandbox=dict(
           timeout_s=limits.timeout_s, memory_mb=limits.memory_mb,
-          disk_mb=limits.disk_mb,
+          disk_mb=limits.disk_mb, site_packages=limits.site_packages,
           isolation=code_exec.isolation(limits)),
       execution_seconds=time.perf_counter() - start, samples_file=output)
   summary_path = os.path.splitext(output)[0] + "_summary.json"
