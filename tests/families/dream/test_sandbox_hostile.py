@@ -594,7 +594,46 @@ def test_a_sample_of_many_sessions_does_not_starve_the_others():
   assert outcomes[0].reason == TIMEOUT, outcomes[0]
   assert outcomes[1].passed, outcomes[1]
   base = code_exec._cpu_group_base()  # pylint: disable=protected-access
-  assert not [n for n in os.listdir(base) if n.startswith("trm_code_")]
+  assert not [n for n in os.listdir(base)
+              if n.startswith(f"trm_code_{os.getpid()}_")]
+
+
+def _alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie does not)."""
+  try:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+      return not any(line.split()[1:2] == ["Z"] for line in f
+                     if line.startswith("State:"))
+  except OSError:
+    return False
+
+
+def test_an_evaluator_killed_as_a_sample_starts_takes_it_along():
+  """The sandbox set its parent-death signal only after its interpreter
+  had started: an evaluator killed in between left the sample running
+  under pid 1 (its program sleeping on; 3 runs of 3)."""
+  script = (
+      "import os, signal, subprocess\n"
+      "from trm.families.dream import code_exec as c\n"
+      "real = subprocess.Popen\n"
+      "def popen(*args, **kwargs):\n"
+      "  child = real(*args, **kwargs)\n"
+      "  print(child.pid, flush=True)\n"
+      "  os.kill(os.getpid(), signal.SIGKILL)\n"
+      "c.subprocess.Popen = popen\n"
+      f"c.run_program('import time\\ntime.sleep(60)\\n', mode={MODE!r})\n")
+  run = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=repo.ROOT),
+                       timeout=60, check=False)
+  sandbox = int(run.stdout)
+  deadline = time.monotonic() + 10
+  while _alive(sandbox) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  try:
+    assert not _alive(sandbox)
+  finally:
+    if _alive(sandbox):
+      os.kill(sandbox, signal.SIGKILL)  # its init follows (parent death)
 
 
 def test_an_answer_may_import_installed_packages():

@@ -433,9 +433,15 @@ def _report(report_fd, **fields):
 
 
 def main(argv):
+  # Whoever ends up running us, a dead parent means a dead sandbox; first
+  # thing, and then the check that it was not already dead (killed while
+  # this interpreter started, it left the sample running under pid 1).
+  _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
   payload_fd, report_fd = int(argv[1]), int(argv[2])
   with os.fdopen(payload_fd, "rb") as f:
     payload = json.loads(f.read())
+  if os.getppid() != payload["parent"]:
+    return 4
   mode = payload["mode"]
   if payload.get("cpu_group"):
     # Before any fork: all the sample's processes share this cgroup's CPU
@@ -445,8 +451,6 @@ def main(argv):
              str(os.getpid()), flags=0)
     except OSError:
       pass  # best effort: the sample then competes process by process
-  # Whoever ends up running us, a dead parent means a dead sandbox.
-  _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
   # The OOM killer's first choice, with everything forked from here: a
   # sample may hold max_processes x memory_mb, and the evaluator (holding a
   # model) had the higher score. Set from outside, as root it cannot be
