@@ -636,6 +636,32 @@ def test_an_evaluator_killed_as_a_sample_starts_takes_it_along():
       os.kill(sandbox, signal.SIGKILL)  # its init follows (parent death)
 
 
+@pytest.mark.skipif(
+    getattr(code_exec, "_cpu_group_base", lambda: None)() is None,
+    reason="no cgroup with the cpu controller can be made here")
+def test_cgroups_left_by_a_killed_evaluator_are_removed():
+  """An evaluator killed (SIGKILL) mid-run could not remove its samples'
+  cgroups; the next evaluator's probe removes those of dead pids."""
+  script = ("from trm.families.dream import code_exec as c\n"
+            "c.run_programs(['import time\\ntime.sleep(60)\\n'] * 2, "
+            "c.Limits(timeout_s=60), 2)\n")
+  evaluator = subprocess.Popen([sys.executable, "-c", script],
+                               env=dict(os.environ, PYTHONPATH=repo.ROOT))
+  base = code_exec._cpu_group_base()  # pylint: disable=protected-access
+  prefix = f"trm_code_{evaluator.pid}_"
+  deadline = time.monotonic() + 60
+  while (len([n for n in os.listdir(base) if n.startswith(prefix)]) < 2
+         and time.monotonic() < deadline):
+    time.sleep(0.1)
+  evaluator.kill()
+  evaluator.wait()
+  time.sleep(0.5)  # its sandboxes die with it (parent-death signals)
+  assert [n for n in os.listdir(base) if n.startswith(prefix)]
+  code_exec._cpu_group_base.cache_clear()  # pylint: disable=protected-access
+  assert code_exec._cpu_group_base() == base  # pylint: disable=protected-access
+  assert not [n for n in os.listdir(base) if n.startswith(prefix)]
+
+
 def test_an_answer_may_import_installed_packages():
   """A correct body importing numpy (HumanEval+ and MBPP answers import
   installed packages) passes under the default limits; it failed with

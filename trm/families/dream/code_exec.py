@@ -312,12 +312,31 @@ def _cpu_group_base() -> Optional[str]:
     except OSError:
       continue
     try:
-      if any(os.path.exists(os.path.join(trial, name))
-             for name in ("cpu.shares", "cpu.weight")):
-        return base
+      usable = any(os.path.exists(os.path.join(trial, name))
+                   for name in ("cpu.shares", "cpu.weight"))
     finally:
       _remove_cpu_group(trial)
+    if usable:
+      _remove_orphan_groups(base)
+      return base
   return None
+
+
+def _remove_orphan_groups(base: str) -> None:
+  """The empty cgroups of evaluators that died (killed, they could not
+  remove theirs): named trm_code_<pid>_... after a pid no longer alive."""
+  try:
+    names = os.listdir(base)
+  except OSError:
+    return
+  for name in names:
+    parts = name.split("_")
+    if (len(parts) == 4 and name.startswith("trm_code_")
+        and parts[2].isdigit() and not os.path.exists(f"/proc/{parts[2]}")):
+      try:
+        os.rmdir(os.path.join(base, name))
+      except OSError:
+        pass  # not empty (or not ours to remove): left as it is
 
 
 def _make_cpu_group() -> Optional[str]:
