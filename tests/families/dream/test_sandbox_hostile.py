@@ -662,6 +662,33 @@ def test_cgroups_left_by_a_killed_evaluator_are_removed():
   assert not [n for n in os.listdir(base) if n.startswith(prefix)]
 
 
+def test_ctrl_c_stops_the_programs_not_yet_started():
+  """SIGINT during run_programs reached the caller only after every queued
+  program had run (40 one-second programs on 2 workers: about 20 s);
+  those not yet started are now dropped."""
+  script = (
+      "import signal, time\n"
+      "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+      "from trm.families.dream import code_exec as c\n"
+      "print('start', flush=True)\n"
+      "try:\n"
+      "  c.run_programs(['import time\\ntime.sleep(1)\\n'] * 40, "
+      f"c.Limits(timeout_s=5), 2, mode={MODE!r})\n"
+      "except KeyboardInterrupt:\n"
+      "  print('interrupted', flush=True)\n")
+  evaluator = subprocess.Popen(
+      [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+      env=dict(os.environ, PYTHONPATH=repo.ROOT))
+  assert evaluator.stdout.readline() == "start\n"
+  time.sleep(1.5)
+  evaluator.send_signal(signal.SIGINT)
+  interrupted = time.monotonic()
+  out, _ = evaluator.communicate(timeout=120)
+  seconds = time.monotonic() - interrupted
+  assert out == "interrupted\n"
+  assert seconds < 8, f"{seconds:.1f} s from SIGINT to the caller"
+
+
 def test_an_answer_may_import_installed_packages():
   """A correct body importing numpy (HumanEval+ and MBPP answers import
   installed packages) passes under the default limits; it failed with

@@ -610,7 +610,13 @@ def run_programs(programs: Sequence[Program], limits: Limits = Limits(),
   # Threads suffice: each one only waits on its sandbox.
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
     futures = [pool.submit(_run, *_parts(p), limits, mode) for p in programs]
-    if progress is not None:
-      for done, _ in enumerate(concurrent.futures.as_completed(futures), 1):
-        progress(done, len(futures))
-    return [future.result() for future in futures]
+    try:
+      if progress is not None:
+        for done, _ in enumerate(concurrent.futures.as_completed(futures), 1):
+          progress(done, len(futures))
+      return [future.result() for future in futures]
+    except BaseException:
+      # Ctrl-C (or a failure): drop the programs not yet started; leaving
+      # the block would otherwise run every one of them first (minutes).
+      pool.shutdown(wait=True, cancel_futures=True)
+      raise
