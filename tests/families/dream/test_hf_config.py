@@ -136,11 +136,30 @@ def test_the_dtype_key_of_newer_transformers_is_read(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(config))
   cfg, _ = hf_config.model_config_from_hf(str(tmp_path))
   assert cfg.param_dtype == "bfloat16"
-  _edit_config(tmp_path, dtype="float16")
-  with pytest.raises(weights_io.CheckpointError,
-                     match=r"has dtype BF16; config\.json says torch_dtype="
-                     r"'float16' \(F16\)"):
-    hf_import.check_hf_checkpoint(str(tmp_path), CFG)
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_a_config_dtype_other_than_the_tensors_loads_cast(copy, caplog, key):
+  # transformers loads a checkpoint whose config.json names another dtype
+  # than its tensors hold (it casts every tensor to the model's dtype); it
+  # was refused here: "has dtype F32; config.json says torch_dtype=
+  # 'bfloat16' (BF16)". Now cast, with one warning line.
+  config = json.loads((copy / "config.json").read_text())
+  del config["torch_dtype"]
+  (copy / "config.json").write_text(json.dumps(config))
+  _edit_config(copy, **{key: "bfloat16"})
+  tensors = load_file(str(copy / "model.safetensors"))
+  hf_import.check_hf_checkpoint(str(copy), CFG)
+  with caplog.at_level("WARNING"):
+    params = hf_import.load_hf_checkpoint(str(copy), CFG)
+  lines = [r.getMessage() for r in caplog.records
+           if "torch_dtype" in r.getMessage()]
+  assert len(lines) == 1, lines
+  assert ("says torch_dtype='bfloat16' (BF16), but tensors are stored as "
+          "F32 (first: 'model.embed_tokens.weight'); they are cast to the "
+          "params' float32") in lines[0]
+  np.testing.assert_array_equal(np.asarray(params["embed_tokens"]),
+                                tensors["model.embed_tokens.weight"])
 
 
 def _as_float8(directory, dtype, **extra):

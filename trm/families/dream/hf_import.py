@@ -106,12 +106,11 @@ class _Files:
     return self._file(name).read(name, slices)
 
 
-def _tensor_specs(files: _Files, cfg: DreamConfig, abstract,
-                  torch_dtype: str | None = None):
+def _tensor_specs(files: _Files, cfg: DreamConfig, abstract):
   """[(leaf, our shape, HF tensor names)] after checking that every tensor
-  exists with the shape `cfg` needs, in a floating dtype, and in
-  config.json's `torch_dtype` when it names one (file headers only)."""
-  stored = _SAFETENSORS_DTYPES.get(str(torch_dtype)) if torch_dtype else None
+  exists with the shape `cfg` needs, in a floating dtype (file headers
+  only). config.json's `torch_dtype` is not held against the tensors:
+  transformers loads such a checkpoint, casting (`_log_cast`)."""
   # Scales beside the weights: quantized, even without a quantization_config.
   weights_io.check_not_quantized(files.weight_map, files.where)
   # The last layer first: a num_hidden_layers beyond the file's layers
@@ -138,16 +137,36 @@ def _tensor_specs(files: _Files, cfg: DreamConfig, abstract,
             f"Tensor {name!r} in {files.file_of(name)} has shape {got}; "
             f"the model expects {want} (config.model sizes).")
       kind = files.dtype(name)
-      if kind not in _FLOAT_DTYPES or (stored and kind != stored):
+      if kind not in _FLOAT_DTYPES:
         raise weights_io.CheckpointError(
             f"Tensor {name!r} in {files.file_of(name)} has dtype {kind}; "
-            + (f"config.json says torch_dtype={torch_dtype!r} ({stored})."
-               if kind in _FLOAT_DTYPES else
-               "weights must be floating point (F32, F16, BF16, F8_E4M3 or "
-               "F8_E5M2): convert the tensors and save the checkpoint "
-               "again."))
+            "weights must be floating point (F32, F16, BF16, F8_E4M3 or "
+            "F8_E5M2): convert the tensors and save the checkpoint again.")
     specs.append((leaf, target.shape, names))
   return specs
+
+
+def _log_cast(files: _Files, specs, torch_dtype, param_dtype) -> None:
+  """One log line when config.json's `torch_dtype` is not what the tensors
+  are stored in. transformers loads such a checkpoint without a word (every
+  tensor is cast to the model's dtype: float32 by default, config.json's
+  with dtype="auto"); the tensors are cast here too, to the params' dtype,
+  and the line says so."""
+  stored = _SAFETENSORS_DTYPES.get(str(torch_dtype)) if torch_dtype else None
+  if stored is None:
+    return
+  other = {}
+  for _, _, names in specs:
+    for name in names:
+      other.setdefault(files.dtype(name), name)
+  other.pop(stored, None)
+  if other:
+    kind, name = sorted(other.items())[0]
+    logging.warning(
+        "config.json in %s says torch_dtype=%r (%s), but tensors are stored "
+        "as %s (first: %r); they are cast to the params' %s, as transformers "
+        "casts them.", files.directory, torch_dtype, stored,
+        "/".join(sorted(other)), name, np.dtype(param_dtype).name)
 
 
 def _warn_unused(files: _Files, specs) -> None:
@@ -167,11 +186,10 @@ def check_hf_checkpoint(directory: str, cfg: DreamConfig) -> None:
   """Raises CheckpointError unless `directory` is an HF Dream checkpoint
   whose config.json and tensors (names and shapes, from the headers alone)
   fit `cfg`: what `load_hf_checkpoint` checks, without reading weights."""
-  hf = hf_config.check_hf_config(directory, cfg)
+  hf_config.check_hf_config(directory, cfg)
   abstract = meta.unbox(dream.abstract_params(cfg))
   with contextlib.ExitStack() as stack:
-    _tensor_specs(_Files(directory, stack), cfg, abstract,
-                  hf_config.stored_dtype(hf))
+    _tensor_specs(_Files(directory, stack), cfg, abstract)
 
 
 def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
@@ -187,7 +205,8 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
   params: dict = {}
   with contextlib.ExitStack() as stack:
     files = _Files(directory, stack)
-    specs = _tensor_specs(files, cfg, abstract, hf_config.stored_dtype(hf))
+    specs = _tensor_specs(files, cfg, abstract)
+    _log_cast(files, specs, hf_config.stored_dtype(hf), dtype)
     _warn_unused(files, specs)
 
     for leaf, shape, names in specs:
