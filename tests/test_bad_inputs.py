@@ -732,6 +732,14 @@ def _(env):  # before: '<path>/config.json is missing.', after the data
                           "data.tokenizer": "bytes"})
 
 
+@case("init_checkpoint on gs://", HFCheckpointError,
+      "config.init_checkpoint='gs://bucket/DiffuCoder-7B'",
+      "object-store path", "on each worker", "config.init_checkpoint=DIR")
+def _(env):  # before: "... is no directory: pass a Hugging Face download"
+  return dc_train(env, **{"init_checkpoint": "gs://bucket/DiffuCoder-7B",
+                          "data.tokenizer": "bytes"})
+
+
 @case("init_checkpoint that does not fit, before anything is written",
       HFCheckpointError, "config.json", "hidden_size=64",
       "config.model.hidden_size=32")

@@ -16,6 +16,7 @@ import jax
 from trm.families.dream import steps as lm_steps
 from trm.core import loss_scale
 from trm.core import restore_check
+from trm.core import weights_io
 from trm.data.text import tokenizer as tok_lib
 from trm.data.text import sft
 from trm.families.dream import model as dream
@@ -35,6 +36,7 @@ def init_directory(config, weights: bool = True) -> str:
   downloaded once into the Hub cache (the cached copy offline), as
   `DiffusionLM.from_pretrained` and GPT's init_from='gpt2' take one; its
   tokenizer files only unless `weights`."""
+  weights_io.check_local(config.init_checkpoint, INIT_NAMES.path)
   return inference.fetch_hub_id(
       config.init_checkpoint, INIT_NAMES,
       files=(inference.HUB_FILES if weights
