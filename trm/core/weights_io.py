@@ -19,6 +19,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from trm.data import atomic_files
 from trm.data import io as data_io
 
 class CheckpointError(ValueError):
@@ -338,6 +339,52 @@ class SafetensorsFile:
         size = int.from_bytes(f.read(8), "little")
         self._header = (json.loads(f.read(size)), 8 + size)
     return self._header
+
+
+# Floating dtypes by name -> their safetensors tags (what a writer stores
+# and what a config.json's torch_dtype names).
+SAFETENSORS_TAGS = {"float16": "F16", "bfloat16": "BF16", "float32": "F32",
+                    "float64": "F64", "float8_e4m3fn": "F8_E4M3",
+                    "float8_e5m2": "F8_E5M2"}
+
+
+def save_safetensors_streamed(path: str, entries, arrays,
+                              metadata: dict | None = None) -> int:
+  """Writes a .safetensors file one tensor at a time; returns its data size.
+
+  entries: [(name, numpy dtype, shape)] in file order, which give the
+  header (written first); arrays: an iterable yielding each tensor in that
+  order, each written before the next is made. safetensors' `save_file`
+  takes every tensor at once, so a 7B export held all 15 GB in host memory.
+  Written through `atomic_write` (a temp file renamed over `path`): a
+  killed or failed write leaves no shorter file under `path`, and the file
+  gets the umask's mode like any other (not `save_file`'s 0600)."""
+  header = {"__metadata__": dict(metadata)} if metadata else {}
+  offset = 0
+  for name, dtype, shape in entries:
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    header[name] = {"dtype": SAFETENSORS_TAGS[dtype.name],
+                    "shape": [int(n) for n in shape],
+                    "data_offsets": [offset, offset + size]}
+    offset += size
+  text = json.dumps(header, separators=(",", ":")).encode()
+  text += b" " * (-len(text) % 8)  # tensor data 8-byte aligned, as safetensors
+
+  def write(f):
+    f.write(len(text).to_bytes(8, "little"))
+    f.write(text)
+    values = iter(arrays)
+    for name, dtype, shape in entries:
+      array = np.ascontiguousarray(next(values))
+      if array.dtype != np.dtype(dtype) or array.shape != tuple(shape):
+        raise ValueError(f"{path}: tensor {name!r} is {array.dtype} "
+                         f"{array.shape}, its header says {np.dtype(dtype)} "
+                         f"{tuple(shape)}.")
+      f.write(array.reshape(-1).view(np.uint8))
+
+  atomic_files.atomic_write(path, write)
+  return offset
 
 
 def save_safetensors(tensors: dict, path: str, metadata: dict | None = None

@@ -12,12 +12,15 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
+from flax.core import meta
+
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.core import weights_io
 from trm.families.dream import model as dream
 from trm.families.dream import hf_config
 from trm.families.dream import hf_import
+from trm.families.dream import hf_layout
 
 RULES = config_lib.default_logical_axis_rules() + (
     ("kv_heads", None), ("head_dim", None), ("layers", None))
@@ -440,3 +443,60 @@ def test_an_export_over_one_of_the_other_layout_is_what_loads(
     assert not os.path.exists(tmp_path / hf_import.INDEX_FILE)
   else:
     assert not os.path.exists(tmp_path / hf_import.SINGLE_FILE)
+
+
+def test_export_holds_one_tensor_at_a_time(tmp_path):
+  """export_hf_checkpoint converted every tensor and held them all (15 GB
+  for the 7B) before writing the first file; now each is gathered,
+  converted and written in turn. numpy reports its buffers to tracemalloc,
+  so the export's peak allocation is measured against the tensors' total."""
+  import tracemalloc  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(CFG, hidden_size=128, intermediate_size=512,
+                            num_hidden_layers=16)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(
+      lambda a: rng.standard_normal(a.shape).astype(np.float32),
+      meta.unbox(dream.abstract_params(cfg)))
+  total = sum(x.nbytes for x in jax.tree.leaves(params))
+  # The largest HF tensors: the embedding and lm_head, 512 x 128 float32
+  # (each MLP matrix, 128 x 512, is as large).
+  largest = cfg.vocab_size * cfg.hidden_size * 4
+  tracemalloc.start()
+  try:
+    files = hf_import.export_hf_checkpoint(params, cfg, str(tmp_path),
+                                           shard_size_bytes=total // 3)
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert len(files) > 1
+  assert peak < max(4 * largest, total // 8), (peak, largest, total)
+  back = hf_import.load_hf_checkpoint(str(tmp_path), cfg)
+  jax.tree.map(np.testing.assert_array_equal, back, params)
+
+
+def test_an_export_cut_short_leaves_no_file_that_looks_complete(
+    hf_model, tmp_path, monkeypatch):
+  """A failure while the second shard is written (a full disk, a kill)
+  leaves the first shard whole, no part of the second under its name, and
+  no index or config.json claiming a checkpoint."""
+  _, directory = hf_model
+  params = hf_import.load_hf_checkpoint(directory, CFG)
+  real = hf_layout.to_hf
+  calls = []
+
+  def failing(leaf, x):
+    calls.append(leaf)
+    if len(calls) == 3:  # the second shard's second tensor
+      raise OSError(28, "No space left on device")
+    return real(leaf, x)
+
+  monkeypatch.setattr(hf_layout, "to_hf", failing)
+  out = tmp_path / "out"
+  with pytest.raises(OSError, match="No space left"):
+    hf_import.export_hf_checkpoint(params, CFG, str(out),
+                                   shard_size_bytes=50_000)
+  names = sorted(os.listdir(out))  # no temp file either
+  assert names == [n for n in names if re.fullmatch(
+      r"model-\d{5}-of-\d{5}\.safetensors", n)], names
+  for name in names:  # the shards written are whole
+    load_file(str(out / name))

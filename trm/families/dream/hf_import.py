@@ -32,6 +32,7 @@ import numpy as np
 
 from trm.core import host_arrays
 from trm.core import weights_io
+from trm.data import atomic_files
 from trm.families.dream import hf_config
 from trm.families.dream import hf_layout
 from trm.families.dream import model as dream
@@ -41,9 +42,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2")
-_SAFETENSORS_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32",
-                       "float64": "F64", "float8_e4m3fn": "F8_E4M3",
-                       "float8_e5m2": "F8_E5M2"}
+_SAFETENSORS_DTYPES = weights_io.SAFETENSORS_TAGS
 
 
 class _Files:
@@ -253,42 +252,57 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
   call it (as `trm.export` does on each host): an array sharded over
   several processes is gathered one tensor at a time, and process 0, the
   only one that keeps the values, writes the files.
+
+  The host holds one HF tensor at a time (one layer's slice of a scanned
+  param): the shards are planned from the params' shapes, and each tensor
+  is gathered, converted and written in turn (all of them, 15 GB for the
+  7B, were held before the first file was written). Each file is written
+  to a temp file and renamed, the index and configs after every shard: an
+  export cut short has no index or config.json naming missing shards.
   """
   writer = jax.process_index() == 0
-  if writer:
-    os.makedirs(directory, exist_ok=True)
-  tensors: list[tuple[str, np.ndarray]] = []
-  for leaf in hf_layout.leaves(cfg):
-    value = host_arrays.whole(weights_io.get_path(params, leaf.path))
-    if not writer:  # the gather is collective; only process 0 keeps it
-      continue
-    out_dtype = np.dtype(dtype) if dtype else value.dtype
-    if leaf.per_layer:
-      items = [(leaf.hf_name.replace("{i}",
-                                     str(i)), hf_layout.to_hf(leaf, value[i]))
-               for i in range(value.shape[0])]
-    else:
-      items = [(leaf.hf_name, hf_layout.to_hf(leaf, value))]
-    tensors += [(n, np.ascontiguousarray(x.astype(out_dtype)))
-                for n, x in items]
-  if not writer:
-    return []
-  # HF order: embeddings, layers in order, final norm, lm_head.
+  # (HF name, leaf, layer or None, HF shape, stored dtype) in HF order:
+  # embeddings, layers in order, final norm, lm_head.
   order = {name: i for i, name in enumerate(
       ["model.embed_tokens.weight"]
       + [leaf.hf_name.replace("{i}", str(i))
          for i in range(cfg.num_hidden_layers) for leaf in hf_layout.leaves(
              dataclasses.replace(cfg, scan_layers=True)) if leaf.per_layer]
       + ["model.norm.weight", "lm_head.weight"])}
-  tensors.sort(key=lambda t: order[t[0]])
-  shards: list[list[tuple[str, np.ndarray]]] = [[]]
+  plan = []
+  for leaf in hf_layout.leaves(cfg):
+    value = weights_io.get_path(params, leaf.path)
+    out_dtype = np.dtype(dtype) if dtype else np.dtype(value.dtype)
+    if leaf.per_layer:
+      shape = hf_layout.hf_shape(leaf, value.shape[1:], cfg)
+      plan += [(leaf.hf_name.replace("{i}", str(i)), leaf, i, shape,
+                out_dtype) for i in range(value.shape[0])]
+    else:
+      plan.append((leaf.hf_name, leaf, None,
+                   hf_layout.hf_shape(leaf, value.shape, cfg), out_dtype))
+  plan.sort(key=lambda t: order[t[0]])
+
+  def values(entries):
+    """Each entry's tensor in the HF layout, gathered when asked for."""
+    for _, leaf, layer, _, out_dtype in entries:
+      value = weights_io.get_path(params, leaf.path)
+      value = host_arrays.whole(value if layer is None else value[layer])
+      yield hf_layout.to_hf(leaf, value).astype(out_dtype, copy=False)
+
+  if not writer:  # the gathers are collective; only process 0 keeps them
+    for _ in values(plan):
+      pass
+    return []
+  os.makedirs(directory, exist_ok=True)
+  nbytes = lambda t: int(np.prod(t[3], dtype=np.int64)) * t[4].itemsize
+  shards: list[list] = [[]]
   size = 0
-  for name, x in tensors:
-    if shards[-1] and size + x.nbytes > shard_size_bytes:
+  for entry in plan:
+    if shards[-1] and size + nbytes(entry) > shard_size_bytes:
       shards.append([])
       size = 0
-    shards[-1].append((name, x))
-    size += x.nbytes
+    shards[-1].append(entry)
+    size += nbytes(entry)
   n = len(shards)
   files = ([SINGLE_FILE] if n == 1 else
            [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
@@ -301,20 +315,24 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
                     "read it instead of the new weights.", stale)
     os.remove(stale)
   weight_map = {}
+  total = 0
   for file, shard in zip(files, shards):
-    weights_io.save_safetensors(dict(shard), os.path.join(directory, file),
-                                metadata={"format": "pt"})
-    weight_map.update({name: file for name, _ in shard})
+    total += weights_io.save_safetensors_streamed(
+        os.path.join(directory, file),
+        [(name, out_dtype, shape) for name, _, _, shape, out_dtype in shard],
+        values(shard), metadata={"format": "pt"})
+    weight_map.update({entry[0]: file for entry in shard})
+
+  def write_json(name, value, **kwargs):
+    atomic_files.atomic_write(
+        os.path.join(directory, name),
+        lambda f: json.dump(value, f, indent=2, **kwargs), mode="w")
+
   if n > 1:
-    with open(os.path.join(directory, INDEX_FILE), "w") as f:
-      json.dump({"metadata": {"total_size": sum(x.nbytes for _, x in tensors)},
-                 "weight_map": weight_map}, f, indent=2, sort_keys=True)
-  stored = str(np.dtype(dtype) if dtype else tensors[0][1].dtype)
-  with open(os.path.join(directory, hf_config.CONFIG_FILE), "w") as f:
-    json.dump(hf_config.hf_config_dict(cfg, stored, source_fields), f,
-              indent=2)
-  with open(os.path.join(directory, hf_config.GENERATION_CONFIG_FILE),
-            "w") as f:
-    json.dump(hf_config.hf_generation_config_dict(cfg, source_fields), f,
-              indent=2)
+    write_json(INDEX_FILE, {"metadata": {"total_size": total},
+                            "weight_map": weight_map}, sort_keys=True)
+  write_json(hf_config.CONFIG_FILE,
+             hf_config.hf_config_dict(cfg, plan[0][4].name, source_fields))
+  write_json(hf_config.GENERATION_CONFIG_FILE,
+             hf_config.hf_generation_config_dict(cfg, source_fields))
   return files
