@@ -121,12 +121,16 @@ def import_torch(purpose: str):
 
 
 def is_safetensors(path: str) -> bool:
-  """safetensors: 8-byte little-endian header size, then a JSON header."""
+  """safetensors: 8-byte little-endian header size, then a JSON header.
+  The size is not held to the file's: a file cut short inside its header
+  is a damaged .safetensors file, which its reader names as such (it was
+  called "not a PyTorch checkpoint", and told to pass a .safetensors
+  file)."""
   with open(path, "rb") as f:
     head = f.read(9)
-  if len(head) < 9 or head[8:9] != b"{":
-    return False
-  return 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8
+  # A torch.save zip or pickle (`check_torch_file`) never has "{" there.
+  return (len(head) == 9 and head[8:9] == b"{"
+          and not head.startswith((b"PK\x03\x04", b"\x80")))
 
 
 # Dtypes numpy lacks, held as ml_dtypes' types: torch's name -> numpy dtype.

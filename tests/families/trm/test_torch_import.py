@@ -470,6 +470,26 @@ def test_safetensors_of_upstream_state_dict(tmp_path):
   assert base[1]["H_init"].dtype == jnp.float32  # bf16 upstream, cast
 
 
+@pytest.mark.parametrize("keep", [60, 9])
+def test_a_safetensors_file_cut_inside_its_header_is_named_as_one(tmp_path,
+                                                                  keep):
+  # It was "is not a PyTorch checkpoint: torch.save writes a zip archive
+  # ... Pass the .pt/.pth/.bin file that torch.save wrote, or a
+  # .safetensors file", for what is a .safetensors file cut short.
+  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  cfg = _cfg()
+  path = str(tmp_path / "model.safetensors")
+  save_file(_ref_state_dict(cfg), path)
+  with open(path, "rb") as f:
+    head = f.read(keep)
+  with open(path, "wb") as f:
+    f.write(head)
+  with pytest.raises(CheckpointError,
+                     match=r"model\.safetensors is not a readable "
+                     r"\.safetensors file \(.*\); download it again"):
+    torch_import.load_torch_checkpoint(path, cfg)
+
+
 def test_non_persistent_buffers_tolerated(tmp_path):
   cfg = _cfg()
   sd = _ref_state_dict(cfg)
