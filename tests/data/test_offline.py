@@ -3,6 +3,7 @@ the offline flags of the command in hand (`trm.core.hub`, the puzzle
 builders, text inputs). No network is simulated by unresolvable hosts
 (`.invalid` never resolves, RFC 2606), so these tests behave the same on a
 machine with network."""
+import json
 import os
 import socket
 import subprocess
@@ -190,3 +191,42 @@ def test_a_host_that_resolves_but_does_not_answer(monkeypatch):
   assert "does not accept a connection" in core_hub.unreachable(url)
   monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
   assert core_hub.unreachable(url) is None  # the proxy connects, not us
+
+
+@pytest.mark.parametrize("kept", ["tokenizer", "two_of_three_shards"])
+def test_an_incomplete_cached_dream_snapshot_is_named_as_such(
+    monkeypatch, tmp_path, kept):
+  # Without network huggingface_hub returns the cached snapshot whatever it
+  # holds (a download cut short, or trm.main's fetch of the tokenizer
+  # alone); the loader then said "<cache path> has neither
+  # model.safetensors.index.json nor model.safetensors" (or "...-00003-of-
+  # 00003.safetensors (named in ...) is missing"), of a path never named.
+  from huggingface_hub import constants  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  repo_dir = tmp_path / "hub" / "models--org--tiny"
+  snapshot = repo_dir / "snapshots" / commit
+  snapshot.mkdir(parents=True)
+  (repo_dir / "refs").mkdir()
+  (repo_dir / "refs" / "main").write_text(commit)
+  (snapshot / "tokenizer.json").write_text("{}")
+  if kept != "tokenizer":
+    (snapshot / "config.json").write_text("{}")
+    (snapshot / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {f"t{i}": f"model-0000{i}-of-00003.safetensors"
+                        for i in (1, 2, 3)}}))
+    for i in (1, 2):
+      (snapshot / f"model-0000{i}-of-00003.safetensors").write_bytes(b"x")
+  monkeypatch.setattr(constants, "HF_HUB_CACHE",
+                      str(tmp_path / "hub"))
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  message = _one_line_error(
+      lambda: inference.resolve_checkpoint("org/tiny", inference.CLI_NAMES),
+      FileNotFoundError)
+  assert message.startswith(f"--checkpoint=org/tiny: the Hugging Face "
+                            f"cache's copy ({snapshot}) lacks "), message
+  assert message.endswith("huggingface-cli download org/tiny --local-dir "
+                          "DIR) and pass --checkpoint=DIR."), message
+  assert (("config.json and the weights" in message) if kept == "tokenizer"
+          else ("1 of the 3 weight files its model.safetensors.index.json "
+                "names (model-00003-of-00003.safetensors)" in message)), message

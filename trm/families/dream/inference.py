@@ -330,15 +330,49 @@ def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
         "Hub id, 'org/name'); pass a Hugging Face checkpoint directory or a "
         "trm.main workdir.")
   from trm.core import hub  # pylint: disable=g-import-not-at-top
+  advice = (f"download it where there is network (huggingface-cli download "
+            f"{path} --local-dir DIR) and pass {names.path}=DIR")
   try:
-    return hub.snapshot(
+    directory = hub.snapshot(
         path, allow_patterns=files, revision=revision,
-        offline_hint=(f"{names.path}={path} is no local directory either; "
-                      f"download it where there is network (huggingface-cli "
-                      f"download {path} --local-dir DIR) and pass "
-                      f"{names.path}=DIR"))
+        offline_hint=f"{names.path}={path} is no local directory either; "
+        + advice)
   except hub.HubUnavailable as error:
     raise FileNotFoundError(str(error)) from error
+  if "*.safetensors" in files:
+    lacking = _lacking_weights(directory)
+    if lacking:
+      raise FileNotFoundError(
+          f"{names.path}={path}: the Hugging Face cache's copy ({directory}) "
+          f"lacks {lacking} (a download cut short or of the tokenizer "
+          "alone, which without network is all there is; or a repository "
+          "without them). Run it again with network, or " + advice + ".")
+  return directory
+
+
+def _lacking_weights(directory: str) -> str:
+  """What of a checkpoint's config and weights `directory` lacks ('' if
+  nothing). Without network huggingface_hub returns the cached snapshot as
+  it is, whatever it holds; its loaders then said only "DIR has neither
+  model.safetensors.index.json nor model.safetensors" of a path in the
+  cache the user never named."""
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
+  lacking = [] if os.path.isfile(os.path.join(directory, "config.json")) else [
+      "config.json"]
+  index = os.path.join(directory, hf_import.INDEX_FILE)
+  if os.path.isfile(index):
+    shards = sorted(set(weights_io.read_index(index).values()))
+    absent = [f for f in shards
+              if not os.path.isfile(os.path.join(directory, f))]
+    if absent:
+      lacking.append(f"{len(absent)} of the {len(shards)} weight files its "
+                     f"{hf_import.INDEX_FILE} names ({', '.join(absent[:3])}"
+                     + (", ..." if len(absent) > 3 else "") + ")")
+  elif not os.path.isfile(os.path.join(directory, hf_import.SINGLE_FILE)):
+    lacking.append(f"the weights ({hf_import.SINGLE_FILE}, or "
+                   f"{hf_import.INDEX_FILE} and its shards)")
+  return " and ".join(lacking)
 
 
 def fetch_hub_id(path: str, names: ArgumentNames = API_NAMES,
