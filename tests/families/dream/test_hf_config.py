@@ -227,3 +227,31 @@ def test_fp8_scales_without_a_quantization_config_are_refused(copy,
       f"'{name}.weight'" in message and "model.safetensors" in message
   assert "\n" not in message
 
+
+
+def test_rope_theta_inside_transformers_5_rope_parameters_is_read(copy):
+  # transformers 5 writes no top-level rope_theta: it is in rope_parameters.
+  # Such a config.json was read with the default base 10000 (trm.generate
+  # ran another model without a word; a fine-tune from it was refused
+  # "rope_theta=10000.0 (absent: Dream's default) does not match ...").
+  config = json.loads((copy / "config.json").read_text())
+  config.pop("rope_theta")
+  config.pop("rope_scaling")
+  config["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6}
+  (copy / "config.json").write_text(json.dumps(config))
+  cfg, _ = hf_config.model_config_from_hf(str(copy))
+  assert cfg.rope_theta == 1e6
+  hf_import.check_hf_checkpoint(str(copy), CFG)  # CFG's base is 1e6
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"config\.json: rope_theta=1000000\.0 does not "
+                     r"match config\.model\.rope_theta=10000\.0\.$"):
+    hf_import.check_hf_checkpoint(str(copy), dataclasses.replace(
+        CFG, rope_theta=1e4))
+  _edit_config(copy, rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                      "rope_theta": 1e6})
+  for call in (lambda: hf_config.model_config_from_hf(str(copy)),
+               lambda: hf_import.check_hf_checkpoint(str(copy), CFG)):
+    with pytest.raises(weights_io.CheckpointError,
+                       match=r"config\.json: rope_parameters=.*'yarn'.* is "
+                       r"not supported \(expected the default RoPE"):
+      call()

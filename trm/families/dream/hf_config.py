@@ -24,6 +24,34 @@ CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size",
 HF_DEFAULTS = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
 
 
+def hf_value(hf: dict, field: str):
+  """config.json's `field` (None if absent; a float field absent means
+  `HF_DEFAULTS`). transformers 5 writes no top-level rope_theta: it keeps
+  it in `rope_parameters` ({"rope_type": "default", "rope_theta": ...}),
+  where it was not looked for, so a Qwen2 directory saved by it was read
+  with the default base 10000 (a silently different model)."""
+  if field not in hf and field == "rope_theta":
+    rope = hf.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+      return rope["rope_theta"]
+  return hf.get(field, HF_DEFAULTS.get(field))
+
+
+def _check_rope_parameters(hf: dict, path: str) -> None:
+  """transformers 5's `rope_parameters` (its rope_scaling, with rope_theta
+  inside) must describe plain RoPE, the only one the port implements."""
+  rope = hf.get("rope_parameters")
+  if rope is None:
+    return
+  plain = (isinstance(rope, dict)
+           and rope.get("rope_type", rope.get("type", "default")) == "default"
+           and set(rope) <= {"rope_type", "type", "rope_theta"})
+  if not plain:
+    raise weights_io.CheckpointError(
+        f"{path}: rope_parameters={rope!r} is not supported (expected the "
+        "default RoPE: {\"rope_type\": \"default\", \"rope_theta\": ...}).")
+
+
 def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
   """Checks config.json against `cfg`; returns it. Errors name the field."""
   path = os.path.join(directory, CONFIG_FILE)
@@ -38,7 +66,7 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
   for field in CONFIG_FIELDS:
     # A float left out is Dream's default (as `model_config_from_hf` and
     # Dream's own code read it), not whatever config.model holds.
-    theirs = hf.get(field, HF_DEFAULTS.get(field))
+    theirs = hf_value(hf, field)
     if theirs is None:  # Qwen2 configs have no mask_token_id
       continue
     ours = getattr(cfg, field)
@@ -51,7 +79,8 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
     if not ok:
       raise weights_io.CheckpointError(
           f"{path}: {field}={theirs!r}"
-          + ("" if field in hf else " (absent: Dream's default)")
+          + ("" if field in hf or hf_value(hf, field) != HF_DEFAULTS.get(
+              field) else " (absent: Dream's default)")
           + f" does not match config.model.{field}={ours!r}.")
   # Architecture switches the port does not implement must be off.
   for field, want in (("tie_word_embeddings", False), ("rope_scaling", None),
@@ -61,6 +90,7 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
       raise weights_io.CheckpointError(
           f"{path}: {field}={hf[field]!r} is not supported "
           f"(expected {want!r}).")
+  _check_rope_parameters(hf, path)
   if hf.get("head_dim") not in (None, cfg.head_dim):
     raise weights_io.CheckpointError(
         f"{path}: head_dim={hf['head_dim']!r} does not match "
@@ -274,8 +304,9 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
       raise weights_io.CheckpointError(
           f"{path}: {field}={value!r} is not an integer token id.")
   floats = {}
-  for field, default in HF_DEFAULTS.items():
-    value = hf.get(field, default)
+  _check_rope_parameters(hf, path)
+  for field in HF_DEFAULTS:
+    value = hf_value(hf, field)
     if not _is_number(value):
       raise weights_io.CheckpointError(
           f"{path}: {field}={value!r} is not a number.")
