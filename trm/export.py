@@ -184,7 +184,7 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
   if os.path.isdir(out) and os.listdir(out) and not overwrite:
     raise app.UsageError(
         f"--out={out} is not empty. An export into it would mix its files "
-        "(e.g. an old model.safetensors.index.json, which loaders prefer) "
+        "(e.g. an old model.safetensors, which loaders read first) "
         "with the new weights. Use a new directory, or --overwrite to "
         "replace the whole directory with the export.")
 

@@ -500,3 +500,31 @@ def test_an_export_cut_short_leaves_no_file_that_looks_complete(
       r"model-\d{5}-of-\d{5}\.safetensors", n)], names
   for name in names:  # the shards written are whole
     load_file(str(out / name))
+
+
+def test_model_safetensors_beside_an_index_is_read_as_transformers_does(
+    hf_model, tmp_path, caplog):
+  """transformers' from_pretrained reads model.safetensors when a directory
+  holds it and an index; the index was read here, so the same directory
+  loaded other weights in each."""
+  model, directory = hf_model
+  both = tmp_path / "both"
+  both.mkdir()
+  for f in os.listdir(directory):
+    (both / f).write_bytes(open(os.path.join(directory, f), "rb").read())
+  single = {name: value.numpy() + 1.0
+            for name, value in model.state_dict().items()}
+  save_file(single, str(both / hf_import.SINGLE_FILE))
+  with caplog.at_level("WARNING"):
+    params = hf_import.load_hf_checkpoint(str(both), CFG)
+  np.testing.assert_array_equal(np.asarray(params["embed_tokens"]),
+                                single["model.embed_tokens.weight"])
+  assert (f"holds both {hf_import.SINGLE_FILE} and {hf_import.INDEX_FILE}; "
+          f"reading {hf_import.SINGLE_FILE}, as transformers does"
+          in caplog.text)
+  config = json.loads((both / "config.json").read_text())
+  config["model_type"] = "qwen2"
+  (both / "config.json").write_text(json.dumps(config))
+  theirs = transformers.Qwen2ForCausalLM.from_pretrained(str(both))
+  np.testing.assert_array_equal(theirs.model.embed_tokens.weight.detach()
+                                .numpy(), single["model.embed_tokens.weight"])

@@ -54,13 +54,21 @@ class _Files:
     self._handles: dict[str, Any] = {}
     index_path = os.path.join(directory, INDEX_FILE)
     single = os.path.join(directory, SINGLE_FILE)
-    if os.path.exists(index_path):
-      self.weight_map = weights_io.read_index(index_path)
-      self.where = f"{INDEX_FILE} in {directory}"
-    elif os.path.exists(single):
+    # model.safetensors first, as transformers' from_pretrained reads it
+    # (an index beside it was preferred, so a directory holding both
+    # loaded other weights here than in transformers).
+    if os.path.exists(single):
+      if os.path.exists(index_path):
+        logging.warning(
+            "%s holds both %s and %s; reading %s, as transformers does (the "
+            "index and the shards it names are ignored).", directory,
+            SINGLE_FILE, INDEX_FILE, SINGLE_FILE)
       self.weight_map = {name: SINGLE_FILE
                          for name in self._open(SINGLE_FILE).names}
       self.where = single
+    elif os.path.exists(index_path):
+      self.weight_map = weights_io.read_index(index_path)
+      self.where = f"{INDEX_FILE} in {directory}"
     else:
       raise weights_io.CheckpointError(
           f"{directory} has neither {INDEX_FILE} nor "
@@ -307,8 +315,8 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
   files = ([SINGLE_FILE] if n == 1 else
            [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
   # A directory that held an export of the other layout keeps its index
-  # (which our loader prefers) or its model.safetensors (which
-  # transformers prefers): either would be read in place of these weights.
+  # or its model.safetensors (which transformers and our loader prefer):
+  # either could be read in place of these weights.
   stale = os.path.join(directory, INDEX_FILE if n == 1 else SINGLE_FILE)
   if os.path.lexists(stale):
     logging.warning("Removing %s, left by an earlier export: loaders would "
