@@ -528,3 +528,32 @@ def test_model_safetensors_beside_an_index_is_read_as_transformers_does(
   theirs = transformers.Qwen2ForCausalLM.from_pretrained(str(both))
   np.testing.assert_array_equal(theirs.model.embed_tokens.weight.detach()
                                 .numpy(), single["model.embed_tokens.weight"])
+
+
+def test_a_failed_write_still_takes_part_in_every_gather(hf_model, tmp_path,
+                                                          monkeypatch):
+  """Each tensor is gathered by a collective every process joins, and
+  process 0 writes between gathers: a write failing there (a full disk)
+  must not leave the other processes waiting in the next gather. Process 0
+  takes part in the rest, then raises."""
+  from trm.core import host_arrays  # pylint: disable=g-import-not-at-top
+  _, directory = hf_model
+  params = hf_import.load_hf_checkpoint(directory, CFG)
+  gathers = []
+  real_whole = host_arrays.whole
+  monkeypatch.setattr(host_arrays, "whole",
+                      lambda x: gathers.append(1) or real_whole(x))
+  real_save = weights_io.save_safetensors_streamed
+
+  def save(path, entries, arrays, metadata=None):
+    if "00002" in path:
+      next(iter(arrays))
+      raise OSError(28, "No space left on device")
+    return real_save(path, entries, arrays, metadata)
+
+  monkeypatch.setattr(weights_io, "save_safetensors_streamed", save)
+  with pytest.raises(OSError, match="No space left"):
+    hf_import.export_hf_checkpoint(params, CFG, str(tmp_path / "out"),
+                                   shard_size_bytes=50_000)
+  tensors = 3 + 12 * CFG.num_hidden_layers  # embed, norm, lm_head, layers
+  assert len(gathers) == tensors

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 from typing import Any
@@ -244,6 +245,42 @@ def load_hf_checkpoint(directory: str, cfg: DreamConfig, shardings=None):
   return params
 
 
+def _write_shards(plan, gathered, directory: str, shard_size_bytes: int):
+  """(files, weight map, total bytes): `plan`'s tensors, taken from the
+  iterator `gathered` in its order, written to shards of at most
+  `shard_size_bytes` (a larger tensor alone)."""
+  os.makedirs(directory, exist_ok=True)
+  nbytes = lambda t: int(np.prod(t[3], dtype=np.int64)) * t[4].itemsize
+  shards: list[list] = [[]]
+  size = 0
+  for entry in plan:
+    if shards[-1] and size + nbytes(entry) > shard_size_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(entry)
+    size += nbytes(entry)
+  n = len(shards)
+  files = ([SINGLE_FILE] if n == 1 else
+           [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+  # A directory that held an export of the other layout keeps its index
+  # or its model.safetensors (which transformers and our loader prefer):
+  # either could be read in place of these weights.
+  stale = os.path.join(directory, INDEX_FILE if n == 1 else SINGLE_FILE)
+  if os.path.lexists(stale):
+    logging.warning("Removing %s, left by an earlier export: loaders would "
+                    "read it instead of the new weights.", stale)
+    os.remove(stale)
+  weight_map = {}
+  total = 0
+  for file, shard in zip(files, shards):
+    total += weights_io.save_safetensors_streamed(
+        os.path.join(directory, file),
+        [(name, out_dtype, shape) for name, _, _, shape, out_dtype in shard],
+        itertools.islice(gathered, len(shard)), metadata={"format": "pt"})
+    weight_map.update({entry[0]: file for entry in shard})
+  return files, weight_map, total
+
+
 def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
                          shard_size_bytes: int = 5 * 1024**3,
                          dtype: str | None = None,
@@ -297,46 +334,31 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
       value = host_arrays.whole(value if layer is None else value[layer])
       yield hf_layout.to_hf(leaf, value).astype(out_dtype, copy=False)
 
+  gathered = values(plan)
   if not writer:  # the gathers are collective; only process 0 keeps them
-    for _ in values(plan):
+    for _ in gathered:
       pass
     return []
-  os.makedirs(directory, exist_ok=True)
-  nbytes = lambda t: int(np.prod(t[3], dtype=np.int64)) * t[4].itemsize
-  shards: list[list] = [[]]
-  size = 0
-  for entry in plan:
-    if shards[-1] and size + nbytes(entry) > shard_size_bytes:
-      shards.append([])
-      size = 0
-    shards[-1].append(entry)
-    size += nbytes(entry)
-  n = len(shards)
-  files = ([SINGLE_FILE] if n == 1 else
-           [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
-  # A directory that held an export of the other layout keeps its index
-  # or its model.safetensors (which transformers and our loader prefer):
-  # either could be read in place of these weights.
-  stale = os.path.join(directory, INDEX_FILE if n == 1 else SINGLE_FILE)
-  if os.path.lexists(stale):
-    logging.warning("Removing %s, left by an earlier export: loaders would "
-                    "read it instead of the new weights.", stale)
-    os.remove(stale)
-  weight_map = {}
-  total = 0
-  for file, shard in zip(files, shards):
-    total += weights_io.save_safetensors_streamed(
-        os.path.join(directory, file),
-        [(name, out_dtype, shape) for name, _, _, shape, out_dtype in shard],
-        values(shard), metadata={"format": "pt"})
-    weight_map.update({entry[0]: file for entry in shard})
+  try:
+    files, weight_map, total = _write_shards(plan, gathered, directory,
+                                             shard_size_bytes)
+  except Exception:
+    # The other processes are still gathering (each tensor is a collective
+    # all of them join): a failed write (a full disk) would leave them
+    # waiting on process 0. It takes part in the rest, then raises.
+    try:
+      for _ in gathered:
+        pass
+    except Exception:  # pylint: disable=broad-except
+      pass  # the gather itself failed: the first error is the one to show
+    raise
 
   def write_json(name, value, **kwargs):
     atomic_files.atomic_write(
         os.path.join(directory, name),
         lambda f: json.dump(value, f, indent=2, **kwargs), mode="w")
 
-  if n > 1:
+  if len(files) > 1:
     write_json(INDEX_FILE, {"metadata": {"total_size": total},
                             "weight_map": weight_map}, sort_keys=True)
   write_json(hf_config.CONFIG_FILE,
