@@ -1143,6 +1143,9 @@ for _name, _file in (("parent directory", "../elsewhere.safetensors"),
   def _(env, file=_file):
     directory = env.copy(env.hf_dir, "hf")
     names = list(load_file(os.path.join(directory, "model.safetensors")))
+    # Without it: model.safetensors is read in preference to an index, as
+    # transformers reads it.
+    os.remove(os.path.join(directory, "model.safetensors"))
     with open(os.path.join(directory, "model.safetensors.index.json"),
               "w") as f:
       json.dump({"weight_map": {name: file for name in names}}, f)
