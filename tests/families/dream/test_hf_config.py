@@ -255,3 +255,20 @@ def test_rope_theta_inside_transformers_5_rope_parameters_is_read(copy):
                        match=r"config\.json: rope_parameters=.*'yarn'.* is "
                        r"not supported \(expected the default RoPE"):
       call()
+
+
+@pytest.mark.parametrize("rope_scaling, ok", [
+    (None, True), ({"rope_type": "default"}, True), ({"type": "default"}, True),
+    ({"rope_type": "linear", "factor": 2.0}, False),
+    ({"type": "dynamic", "factor": 2.0}, False)])
+def test_a_default_rope_scaling_is_plain_rope(copy, rope_scaling, ok):
+  # transformers computes rope_type "default" as no scaling; it was refused
+  # ("rope_scaling={'rope_type': 'default'} is not supported (expected
+  # None)").
+  _edit_config(copy, rope_scaling=rope_scaling)
+  if ok:
+    hf_import.check_hf_checkpoint(str(copy), CFG)
+    return
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"config\.json: rope_scaling=.* is not supported"):
+    hf_import.check_hf_checkpoint(str(copy), CFG)

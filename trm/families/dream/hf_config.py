@@ -38,18 +38,22 @@ def hf_value(hf: dict, field: str):
 
 
 def _check_rope_parameters(hf: dict, path: str) -> None:
-  """transformers 5's `rope_parameters` (its rope_scaling, with rope_theta
-  inside) must describe plain RoPE, the only one the port implements."""
-  rope = hf.get("rope_parameters")
-  if rope is None:
-    return
-  plain = (isinstance(rope, dict)
-           and rope.get("rope_type", rope.get("type", "default")) == "default"
-           and set(rope) <= {"rope_type", "type", "rope_theta"})
-  if not plain:
-    raise weights_io.CheckpointError(
-        f"{path}: rope_parameters={rope!r} is not supported (expected the "
-        "default RoPE: {\"rope_type\": \"default\", \"rope_theta\": ...}).")
+  """`rope_scaling`, and transformers 5's `rope_parameters` (its
+  rope_scaling, with rope_theta inside), must describe plain RoPE, the only
+  one the port implements: absent, null, or rope_type "default", which
+  transformers computes as no scaling (such a rope_scaling was refused)."""
+  for field in ("rope_scaling", "rope_parameters"):
+    rope = hf.get(field)
+    if rope is None:
+      continue
+    plain = (isinstance(rope, dict)
+             and rope.get("rope_type", rope.get("type", "default"))
+             == "default"
+             and set(rope) <= {"rope_type", "type", "rope_theta"})
+    if not plain:
+      raise weights_io.CheckpointError(
+          f"{path}: {field}={rope!r} is not supported (expected the "
+          "default RoPE: null, or {\"rope_type\": \"default\"}).")
 
 
 def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
@@ -83,7 +87,7 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
               field) else " (absent: Dream's default)")
           + f" does not match config.model.{field}={ours!r}.")
   # Architecture switches the port does not implement must be off.
-  for field, want in (("tie_word_embeddings", False), ("rope_scaling", None),
+  for field, want in (("tie_word_embeddings", False),
                       ("use_sliding_window", False), ("hidden_act", "silu")):
     if field in hf and hf[field] != want and not (want is False
                                                   and hf[field] is None):
