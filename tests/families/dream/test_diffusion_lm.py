@@ -193,8 +193,8 @@ def _export(workdir, out, *extra):
 
 def test_export_never_mixes_with_an_existing_directory(trained, tmp_path):
   """An old sharded download in --out: refused untouched without
-  --overwrite; with it, replaced as a whole (its index, which loaders
-  prefer, must not survive to point at the old shards)."""
+  --overwrite; with it, replaced as a whole (no old file survives beside
+  the new weights)."""
   workdir, _ = trained
   out = tmp_path / "hf"
   out.mkdir()
