@@ -127,6 +127,30 @@ def test_hf_sharded_and_base_model_layouts(hf, tmp_path):
   _assert_tree_equal(gpt_import.load_hf_gpt2(base)[0], params)
 
 
+def test_model_safetensors_beside_an_index_is_read_as_transformers_does(
+    hf, forward, tmp_path):
+  """A directory holding model.safetensors and an index with its shards (an
+  earlier save of the other layout): transformers reads model.safetensors,
+  this reader read the shards, so the two ran other weights."""
+  model, ref, directory = hf
+  both = tmp_path / "both"
+  other = _hf_model()
+  with torch.no_grad():
+    for p in other.parameters():
+      p.mul_(-1.0)
+  other.save_pretrained(str(both), safe_serialization=True,
+                        max_shard_size="20KB")
+  os.symlink(os.path.join(directory, "model.safetensors"),
+             both / "model.safetensors")
+  with torch.no_grad():
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(str(both))(
+        torch.from_numpy(IDS).long()).logits.numpy()
+  np.testing.assert_allclose(theirs, ref, atol=1e-5, rtol=1e-5)
+  params, _ = gpt_import.load_hf_gpt2(str(both))
+  np.testing.assert_allclose(forward(params, IDS), theirs, atol=1e-5,
+                             rtol=1e-5)
+
+
 def test_nanogpt_checkpoint_parity(hf, forward, tmp_path):
   model, ref, directory = hf
   path = _save_ckpt(str(tmp_path / "ckpt.pt"),
