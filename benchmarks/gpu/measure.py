@@ -55,6 +55,7 @@ import gzip
 import json
 import math
 import os
+import queue
 import re
 import shutil
 import signal
@@ -63,6 +64,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -1398,26 +1400,42 @@ def _smoke_command(args, workdir: str) -> list[str]:
 
 def _run_trainer(command, *, stop_after_step=None, timeout: float):
   """Runs the trainer, echoing its log; with `stop_after_step`, sends
-  SIGTERM once a train step past it is logged. Returns (exit code, log)."""
+  SIGTERM once a train step past it is logged; kills it at `timeout`
+  seconds, printing or not. Returns (exit code, log)."""
   proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  # A thread reads the log, so the deadline holds while the trainer prints
+  # nothing (a compile, a hang): a blocked read would outlast the section's
+  # `timeout`, and run.sh's kill would lose every smoke figure.
+  lines_in = queue.Queue()
+
+  def read():
+    for line in proc.stdout:
+      lines_in.put(line)
+    lines_in.put(None)  # the trainer closed its output
+
+  threading.Thread(target=read, daemon=True).start()
   lines, signalled = [], False
   deadline = time.monotonic() + timeout
+  while True:
+    try:
+      line = lines_in.get(timeout=max(deadline - time.monotonic(), 0.01))
+    except queue.Empty:
+      proc.kill()
+      log("smoke: trainer killed at the section's deadline")
+      break
+    if line is None:
+      break
+    lines.append(line)
+    sys.stdout.write("    | " + line)
+    match = _TRAIN_LOG.search(line)
+    if (stop_after_step is not None and not signalled and match
+        and int(match.group(1)) >= stop_after_step):
+      proc.send_signal(signal.SIGTERM)
+      signalled = True
+      log(f"smoke: SIGTERM after step {match.group(1)}")
   try:
-    for line in proc.stdout:
-      lines.append(line)
-      sys.stdout.write("    | " + line)
-      match = _TRAIN_LOG.search(line)
-      if (stop_after_step is not None and not signalled and match
-          and int(match.group(1)) >= stop_after_step):
-        proc.send_signal(signal.SIGTERM)
-        signalled = True
-        log(f"smoke: SIGTERM after step {match.group(1)}")
-      if time.monotonic() > deadline:
-        proc.kill()
-        log("smoke: trainer killed at the section's deadline")
-        break
     code = proc.wait(timeout=max(deadline - time.monotonic(), 5))
   except subprocess.TimeoutExpired:
     proc.kill()
