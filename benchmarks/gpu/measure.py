@@ -741,11 +741,23 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
   for r in range(args.rounds):
     if r and left() < 3 * (max(ours_s + torch_s) * steps + 1):
       break
-    state, t = run_ours(state)
+    # A side that fails in a round (out of memory, a device error) stops;
+    # the rounds timed so far are still recorded, and the next variant runs.
+    try:
+      state, t = run_ours(state)
+    except Exception as e:  # pylint: disable=broad-except
+      log(f"trm {name} round {r + 1}: ours failed ({type(e).__name__}: "
+          f"{str(e)[:300]}); no more rounds")
+      break
     ours_s.append(statistics.median(t))
     if torch_ok:
-      carry, t = run_torch(carry)
-      torch_s.append(statistics.median(t))
+      try:
+        carry, t = run_torch(carry)
+        torch_s.append(statistics.median(t))
+      except Exception as e:  # pylint: disable=broad-except
+        log(f"trm {name} round {r + 1}: torch failed ({type(e).__name__}: "
+            f"{str(e)[:300]}); ours goes on alone")
+        torch_ok = False
     log(f"trm {name} round {r + 1}: ours {1e3 * ours_s[-1]:.2f} ms/step"
         + (f", torch {1e3 * torch_s[-1]:.2f} ms/step" if torch_ok else ""))
     if r == 0 and torch_s and short_of_goal(ours_s[0], torch_s[0]):
@@ -977,21 +989,39 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
     return 1e3 * statistics.median(times)
 
   slowest = 0.0
+  stopped = set()  # ours' variants that failed in a round
   for r in range(args.rounds):
     if r and budget.left() < 2 * slowest * (len(ours) + 1) * iters / 1e3 + 5:
       break
     line = []
     for attention, (timed, ms) in ours.items():
-      result = timed(iters, warmup if r == 0 else 0)
+      if attention in stopped:
+        continue
+      # A side that fails in a round (out of memory, a device error) stops;
+      # the rounds timed so far are still recorded.
+      try:
+        result = timed(iters, warmup if r == 0 else 0)
+      except Exception as e:  # pylint: disable=broad-except
+        log(f"gpt round {r + 1}: ours {attention} failed ({type(e).__name__}"
+            f": {str(e)[:300]}); no more rounds of it")
+        stopped.add(attention)
+        continue
       ms.append(result["ms_per_iter"])
       slowest = max(slowest, ms[-1])
       line.append(f"ours {attention} {ms[-1]:.1f} ms")
       if flops is None:
         flops = result["mfu"] * peak * result["ms_per_iter"] / 1e3
     if theirs:
-      torch_ms.append(time_torch())
-      slowest = max(slowest, torch_ms[-1])
-      line.append(f"torch {torch_ms[-1]:.1f} ms")
+      try:
+        torch_ms.append(time_torch())
+        slowest = max(slowest, torch_ms[-1])
+        line.append(f"torch {torch_ms[-1]:.1f} ms")
+      except Exception as e:  # pylint: disable=broad-except
+        log(f"gpt round {r + 1}: torch failed ({type(e).__name__}: "
+            f"{str(e)[:300]}); no more rounds of it")
+        theirs = None
+    if not line:
+      break
     log(f"gpt round {r + 1}: " + ", ".join(line) + " per iteration")
     if r == 0 and torch_ms and ours:
       # Traced now, while the budget still holds an iteration each.

@@ -246,23 +246,30 @@ measure.section_trm(args, measure.Recorder(args, "trm"), measure.Budget(300))
 """
 
 
+def _run_trm_driver(driver: str, tmp_path) -> str:
+  """Runs `driver` (Python driving the TRM section, OUT = tmp_path) in a
+  process of its own with one CPU device; returns its log, exit 0
+  checked."""
+  pytest.importorskip("torch")
+  import workers  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      filter(None, [KIT, ROOT, os.environ.get("PYTHONPATH")])),
+             JAX_PLATFORMS="cpu", XLA_FLAGS=workers.xla_flags(1))
+  proc = subprocess.run([sys.executable, "-c", driver, str(tmp_path)],
+                        cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=600, check=False)
+  log = proc.stdout + proc.stderr
+  assert proc.returncode == 0, log[-6000:]
+  return log
+
+
 def test_trm_section_falls_back_to_dot_and_halves_when_torch_runs_out(
     tmp_path):
   """The TRM section's recoveries, on the CPU: ours' cuDNN attention or
   Triton token mixer failing (refused off a GPU) is timed with 'dot'
   instead, and upstream's step running out of memory at a batch ours runs
   halves both sides' batch rather than losing the figure."""
-  pytest.importorskip("torch")
-  import workers  # pylint: disable=g-import-not-at-top
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      filter(None, [KIT, ROOT, os.environ.get("PYTHONPATH")])),
-             JAX_PLATFORMS="cpu", XLA_FLAGS=workers.xla_flags(1))
-  proc = subprocess.run([sys.executable, "-c", _TRM_RECOVERY_DRIVER,
-                         str(tmp_path)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=600,
-                        check=False)
-  log = proc.stdout + proc.stderr
-  assert proc.returncode == 0, log[-6000:]
+  log = _run_trm_driver(_TRM_RECOVERY_DRIVER, tmp_path)
   assert re.search(r"trm att_maze: ours failed \(\w+: .*cuDNN", log), log
   assert "attention=cudnn failed; timing ours with attention=dot" in log
   assert "torch does not fit batch 4; both sides at 2" in log, log
@@ -278,6 +285,55 @@ def test_trm_section_falls_back_to_dot_and_halves_when_torch_runs_out(
   assert "mlp_kernel=triton failed; timing ours with mlp_kernel=dot" in log
   step = rows[("trm/mlp_t_sudoku_triton/train_step/ms", "ours")]
   assert step["mlp_kernel"] == "dot" and step["batch"] == 2, step
+
+
+# Upstream's step runs out of memory after round 1 (run by _run_trm_driver).
+_TRM_ROUND_FAILS = """
+import sys
+import measure
+import torch
+from trm.data.puzzles import maze, sudoku
+
+args = measure.parse_args(["trm", "--out=" + sys.argv[1], "--smoke",
+                           "--rounds=2", "--steps=2"])
+measure._trm_variants = lambda args: [
+    ("mlp_t_sudoku", "trm_sudoku.py", "cpu", sudoku.dataset_metadata(1), 2,
+     "dot", "dot"),
+    ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 2, "dot",
+     "dot")]
+measure.keep_trace = lambda *args, **kwargs: None
+device_trm = measure._device_trm_class()
+
+
+class FailsAfterTheFirstRound(device_trm):
+  steps = 0
+
+  def train_step(self, carry, batch):
+    self.steps += 1
+    if self.steps > 4:  # 2 warm-up steps and round 1's 2
+      raise torch.cuda.OutOfMemoryError(
+          "CUDA out of memory. Tried to allocate 2.00 GiB")
+    return super().train_step(carry, batch)
+
+
+measure._device_trm_class = lambda: FailsAfterTheFirstRound
+measure.section_trm(args, measure.Recorder(args, "trm"), measure.Budget(300))
+"""
+
+
+def test_a_side_failing_in_a_trm_round_keeps_the_figures(tmp_path):
+  """Upstream's step failing in the second round (out of memory, a device
+  error) stops torch's rounds only: the rounds timed so far are recorded
+  and the next variant runs; it lost both before."""
+  log = _run_trm_driver(_TRM_ROUND_FAILS, tmp_path)
+  assert "round 2: torch failed (OutOfMemoryError" in log, log[-6000:]
+  with open(tmp_path / "figures.jsonl") as f:
+    rows = {(r["name"], r["side"]): r for r in map(json.loads, f)}
+  for name in ("mlp_t_sudoku", "att_maze"):
+    ours = rows[(f"trm/{name}/train_step/ms", "ours")]
+    torch = rows[(f"trm/{name}/train_step/ms", "torch")]
+    assert ours["rounds"] == 2 and torch["rounds"] == 1, (ours, torch)
+    assert ours["ours_over_torch_time"] > 0
 
 
 def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):

@@ -1,10 +1,14 @@
 """benchmarks/gpu/measure.py on the device: each measurement ends by its
-own deadline, and both sides start warm at every batch size."""
+own deadline, a side failing in a round loses no figure of the others, and
+both sides start warm at every batch size."""
 from __future__ import annotations
 
+import collections
+import json
 import os
 import sys
 import time
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -38,8 +42,6 @@ def test_dream_starts_warm_at_every_batch_size(tmp_path, monkeypatch):
   not only the first: on the H100 ours' first batch-16 call after batch 1
   took 6.75 s and the next 5.89 s, and with two rounds the median would be
   their mean."""
-  import collections  # pylint: disable=g-import-not-at-top
-  import types  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
   from trm.families.dream import sampling  # pylint: disable=g-import-not-at-top
@@ -77,3 +79,42 @@ def test_dream_starts_warm_at_every_batch_size(tmp_path, monkeypatch):
   # Per batch size: one warm-up call and one timed round of each.
   assert calls == {(side, b): 2 for side in ("exact", "dual", "torch")
                    for b in (1, 2)}
+
+
+def test_a_side_failing_in_a_gpt_round_keeps_the_figures(tmp_path,
+                                                          monkeypatch):
+  """The same for GPT's iterations (ours and nanoGPT's stand-ins here):
+  torch failing in round 2 keeps both sides' round-1 figures and ours'
+  later rounds."""
+  measure = _measure()
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
+  try:
+    import gpt_speed  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+
+  def make_ours(config):
+    del config
+    return lambda iters, warmup: {"ms_per_iter": 10.0, "mfu": 0.1}
+
+  calls = []
+
+  def torch_iteration():
+    calls.append(1)
+    if len(calls) > 1 + 2:  # the first (compiling) one and round 1's 2
+      raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    return 1.0
+
+  monkeypatch.setattr(gpt_speed, "make_ours", make_ours)
+  monkeypatch.setattr(measure, "_torch_gpt",
+                      lambda *args: (torch_iteration, 1000))
+  monkeypatch.setattr(measure, "keep_trace", lambda *a, **k: None)
+  args = measure.parse_args(["gpt", f"--out={tmp_path}", "--smoke",
+                             "--rounds=3"])
+  measure.section_gpt(args, measure.Recorder(args, "gpt"),
+                      measure.Budget(300))
+  with open(tmp_path / "figures.jsonl") as f:
+    rows = {(r["name"], r["side"]): r for r in map(json.loads, f)}
+  ours = rows[("gpt/attention_dot/iteration/ms", "ours")]
+  torch = rows[("gpt/attention_dot/iteration/ms", "torch")]
+  assert ours["rounds"] == 3 and torch["rounds"] == 1, (ours, torch)
