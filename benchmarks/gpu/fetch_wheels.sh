@@ -95,8 +95,9 @@ if [ -d "$dest/dream_hf" ]; then
          "(another copy of Dream's HF files; the figures will say so)"
   fi
 else
-  echo "Dream reference code: none (DREAM_SRC=DIR copies it; see README.md);" \
-       "run.sh then times the project's own PyTorch reference sampler"
+  echo "Dream reference code: none (DREAM_SRC=DIR copies it; see README.md):" \
+       "on the GPU, run.sh's Dream figures then have no PyTorch side (with" \
+       "--smoke it times the project's own PyTorch port)"
 fi
 
 wheels_bytes=$(du -cb "$dest"/*.whl | tail -1 | cut -f1)

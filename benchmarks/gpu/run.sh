@@ -77,6 +77,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 python=${PYTHON:-python3}
 wheels=${TRM_GPU_WHEELS:-$here/wheels}
+[ ! -d "$wheels" ] || wheels=$(cd -- "$wheels" && pwd)  # the sections run in $repo
 install=${TRM_GPU_INSTALL:-1}
 [ ! -e "$out" ] || [ -d "$out" ] || die "OUTDIR $out exists and is not a directory"
 mkdir -p -- "$out" 2> /dev/null || die "OUTDIR $out: cannot create it"
@@ -217,6 +218,10 @@ for module in ("clu.metrics", "grain", "tensorflow_datasets", "ml_collections",
     print(f"import {module}: FAILED ({type(e).__name__}: {e})")
 EOF
 
+if [ "$smoke" = 0 ] && [[ ",$only," == *,dream,* ]] && [ ! -f "$wheels/dream_hf/modeling_dream.py" ]; then
+  say "dream: no Dream HF code in $wheels/dream_hf: the Dream figures will have no PyTorch side (fetch_wheels.sh with DREAM_SRC=DIR)"
+fi
+
 # ----------------------------------------------------------------- sections
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX and torch share the GPU
 export PYTHONUNBUFFERED=1
@@ -273,11 +278,19 @@ for section in ${only//,/ }; do
   var=TRM_GPU_ARGS_$(echo "$section" | tr a-z A-Z)
   read -r -a extra <<< "${!var:-}"
   path=$PYTHONPATH
-  [ "$section" = dream ] && path=$hf_path
+  own_args=()
+  if [ "$section" = dream ]; then
+    path=$hf_path
+    # Dream's HF code travels in the wheels folder (fetch_wheels.sh DEST
+    # with DREAM_SRC), wherever TRM_GPU_WHEELS puts it; measure.py's own
+    # default is benchmarks/gpu/wheels/dream_hf.
+    own_args=(--dream_hf="$wheels/dream_hf")
+  fi
   say "section $section: up to $seconds s ($own s + $spare s carried over)"
   t0=$(date +%s)
   PYTHONPATH=$path timeout --kill-after=10 "$seconds" "$python" \
-    "$here/measure.py" "$section" --out="$out" --budget="$seconds" "${mode[@]}" "${extra[@]}"
+    "$here/measure.py" "$section" --out="$out" --budget="$seconds" "${mode[@]}" \
+    "${own_args[@]}" "${extra[@]}"
   rc=$?
   used=$(( $(date +%s) - t0 ))
   spare=$(( seconds > used ? seconds - used : 0 ))

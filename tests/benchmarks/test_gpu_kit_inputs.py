@@ -18,6 +18,7 @@ KIT = os.path.join(ROOT, "benchmarks", "gpu")
 # run.sh's own handling is checked in a second, not a section's minutes.
 STUB = """#!/bin/bash
 if [[ "${1:-}" == *measure.py ]]; then
+  [ -z "${STUB_ARGV:-}" ] || echo "$*" >> "$STUB_ARGV"
   shift; out=$(printf '%s\\n' "$@" | sed -n 's/^--out=//p')
   echo "{\\"name\\": \\"$1/x\\", \\"value\\": 1.0}" >> "$out/figures.jsonl"
   exit 0
@@ -324,3 +325,25 @@ def test_replay_and_hlo_share_one_check_of_the_hlo_text(tmp_path):
         check(spec)
       assert str(e.value).startswith(f"{prefix}{spec}: "), e.value
       assert said in str(e.value)
+
+
+def test_run_sh_finds_dreams_hf_code_in_the_wheels_it_installs(tmp_path):
+  """TRM_GPU_WHEELS=DIR (fetch_wheels.sh DIR with DREAM_SRC puts Dream's HF
+  code in DIR/dream_hf): the Dream section reads it there, not from
+  benchmarks/gpu/wheels, which left it no PyTorch side; without the code,
+  the log says so before the sections run."""
+  wheels = tmp_path / "wheels"
+  (wheels / "dream_hf").mkdir(parents=True)
+  (wheels / "dream_hf" / "modeling_dream.py").write_text("")
+  argv = tmp_path / "argv"
+  proc = _run_sh(tmp_path, tmp_path / "out", "--only=dream,trm",
+                 TRM_GPU_WHEELS=str(wheels), STUB_ARGV=str(argv))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  dream, trm = argv.read_text().splitlines()
+  assert f"--dream_hf={wheels}/dream_hf" in dream.split(), dream
+  assert "--dream_hf" not in trm
+  assert "no Dream HF code" not in proc.stdout
+  proc = _run_sh(tmp_path, tmp_path / "out", "--only=dream",
+                 TRM_GPU_WHEELS=str(tmp_path / "none"))
+  assert (f"dream: no Dream HF code in {tmp_path / 'none'}/dream_hf: the "
+          "Dream figures will have no PyTorch side") in proc.stdout
