@@ -176,7 +176,9 @@ class Recorder:
       self.torch_version = torch.__version__
       self.torch_device = (torch.cuda.get_device_name(0)
                            if torch.cuda.is_available() else "cpu")
-    except ImportError:
+    except Exception:  # pylint: disable=broad-except
+      # Not only ImportError: a broken install raises others (OSError on a
+      # missing library); torch_device says so, and ours runs alone.
       self.torch_version, self.torch_device = None, None
     self.command = " ".join(["python", "benchmarks/gpu/measure.py"]
                             + sys.argv[1:])
@@ -311,14 +313,24 @@ def free_memory() -> None:
 
 
 def torch_device(args):
-  import torch  # pylint: disable=g-import-not-at-top
+  """torch's device for the section, or None (said in the log) where torch
+  does not import or sees no GPU: then ours is measured alone, rather than
+  the section failing before any of ours' figures."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except Exception as e:  # pylint: disable=broad-except
+    log(f"torch: does not import ({type(e).__name__}: {str(e)[:300]}); "
+        "ours is measured alone")
+    return None
   if args.smoke:
     # One thread: torch's OpenMP workers spinning beside XLA's pool on a
     # small shared CPU slow both sides several-fold.
     torch.set_num_threads(1)
     return torch.device("cpu")
   if not torch.cuda.is_available():
-    raise SystemExit("torch sees no CUDA device; run with --smoke on a CPU")
+    log("torch: sees no CUDA device; ours is measured alone (on a CPU, run "
+        "with --smoke)")
+    return None
   return torch.device("cuda")
 
 
@@ -636,7 +648,6 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
   'torch_oom' when torch cannot run that batch (nothing recorded then)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
   from trm.core import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
   from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
 
@@ -650,21 +661,23 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
       f"H{config.model.H_cycles} L{config.model.L_cycles}, {dtype}; "
       f"{flops:.3e} model FLOPs/step; peak {peak_what}; ours compiled in "
       f"{compile_s:.1f} s, needs {need / 2**30:.1f} GiB")
-  host = jax.device_get(state)
-  table = host.puzzle_emb.get("weights") if host.puzzle_emb else None
-  theirs = _device_trm_class()(model.cfg, host.params, host.buffers, table,
-                               config.optim, config.total_steps,
-                               device=device)
-  del host
-  eager_forward = theirs.forward_loss
-  compiled = use_torch_compile(args)
-  if compiled:
-    theirs.forward_loss = torch.compile(eager_forward)
   steps = args.steps
   batches = [make_batch() for _ in range(steps)]
   ours_batches = [to_device(b) for b in batches]
-  torch_batches = [{k: torch.from_numpy(np.asarray(v)).to(device)
-                    for k, v in b.items()} for b in batches]
+  compiled = use_torch_compile(args) and device is not None
+  if device is not None:  # None: torch is unusable, ours runs alone
+    import torch  # pylint: disable=g-import-not-at-top
+    host = jax.device_get(state)
+    table = host.puzzle_emb.get("weights") if host.puzzle_emb else None
+    theirs = _device_trm_class()(model.cfg, host.params, host.buffers, table,
+                                 config.optim, config.total_steps,
+                                 device=device)
+    del host
+    eager_forward = theirs.forward_loss
+    if compiled:
+      theirs.forward_loss = torch.compile(eager_forward)
+    torch_batches = [{k: torch.from_numpy(np.asarray(v)).to(device)
+                      for k, v in b.items()} for b in batches]
 
   def run_ours(state):
     times = []
@@ -701,10 +714,11 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
       sync(device)
     return carry, first
 
-  carry, torch_ok = None, True
+  carry, torch_ok = None, device is not None
   try:
     # torch.compile gets what is left but 15 s for an eager fallback.
-    carry, first = warm_torch(left() - (15 if compiled else 5))
+    if torch_ok:
+      carry, first = warm_torch(left() - (15 if compiled else 5))
   except Exception as e:  # pylint: disable=broad-except
     log(f"trm {name}: torch {'compile ' if compiled else ''}failed or ran "
         f"out of time ({type(e).__name__}: {str(e)[:300]})")
@@ -903,7 +917,7 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
   import gpt_speed  # pylint: disable=g-import-not-at-top
 
   device = torch_device(args)
-  compile_torch = use_torch_compile(args)
+  compile_torch = use_torch_compile(args) and device is not None
   scratch = tempfile.mkdtemp(prefix="trm_gpt_")
   data_root = os.path.join(scratch, "data")
   # The first variant before torch, the others after it, as the budget
@@ -954,7 +968,8 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
   build_ours(attentions[0])
   theirs = None
   torch_ms = []
-  for compiled in ([True, False] if compile_torch else [False]):
+  for compiled in ([True, False] if compile_torch else
+                   [] if device is None else [False]):
     try:
       # torch.compile leaves 25 s for an eager fallback.
       with time_limit(budget.left() - (25 if compiled else 10)):
@@ -1143,7 +1158,6 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
   from trm.core import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
   from trm.families.dream import cache as dream_cache  # pylint: disable=g-import-not-at-top
   from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
@@ -1173,8 +1187,10 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
 
   reference, ref_what, torch_model = None, None, None
   try:
-    found = _dream_reference(args)
-    if found:
+    found = device is not None and _dream_reference(args)
+    if device is None:
+      pass  # torch is unusable (torch_device said why): ours alone
+    elif found:
       reference, ref_what = found
       start = time.perf_counter()
       torch_model = _torch_dream_model(reference, cfg, device)
@@ -1201,6 +1217,7 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
     torch_model = None
 
   def torch_generate(ids):
+    import torch  # pylint: disable=g-import-not-at-top
     torch.manual_seed(0)
     if reference is not None and hasattr(reference, "DreamModel"):
       out = torch_model.diffusion_generate(

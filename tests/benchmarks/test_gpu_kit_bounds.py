@@ -10,6 +10,8 @@ import sys
 import time
 import types
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 KIT = os.path.join(ROOT, "benchmarks", "gpu")
@@ -37,16 +39,13 @@ def test_smoke_trainer_is_killed_at_its_deadline_while_silent():
   assert code != 0 and log == "[1] up\n"
 
 
-def test_dream_starts_warm_at_every_batch_size(tmp_path, monkeypatch):
-  """One untimed call per side before the timed rounds at each batch size,
-  not only the first: on the H100 ours' first batch-16 call after batch 1
-  took 6.75 s and the next 5.89 s, and with two rounds the median would be
-  their mean."""
+def _stub_dream(measure, monkeypatch, calls):
+  """The Dream section with its samplers and Dream's HF model as stand-ins
+  that count their calls in `calls` ((exact | dual | torch, batch) ->
+  calls): its own logic only, in a second."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
   from trm.families.dream import sampling  # pylint: disable=g-import-not-at-top
-  measure = _measure()
-  calls = collections.Counter()  # (side or variant, batch) -> calls
 
   def lowered(variant):
     def lower(*args, **kwargs):
@@ -72,6 +71,16 @@ def test_dream_starts_warm_at_every_batch_size(tmp_path, monkeypatch):
   monkeypatch.setattr(measure, "_torch_dream_model", lambda *a: (
       types.SimpleNamespace(diffusion_generate=torch_generate)))
   monkeypatch.setattr(measure, "keep_trace", lambda *a, **k: None)
+
+
+def test_dream_starts_warm_at_every_batch_size(tmp_path, monkeypatch):
+  """One untimed call per side before the timed rounds at each batch size,
+  not only the first: on the H100 ours' first batch-16 call after batch 1
+  took 6.75 s and the next 5.89 s, and with two rounds the median would be
+  their mean."""
+  measure = _measure()
+  calls = collections.Counter()
+  _stub_dream(measure, monkeypatch, calls)
   args = measure.parse_args(["dream", f"--out={tmp_path}", "--smoke",
                              "--rounds=1", "--dream_batches", "1", "2"])
   measure.section_dream(args, measure.Recorder(args, "dream"),
@@ -81,12 +90,8 @@ def test_dream_starts_warm_at_every_batch_size(tmp_path, monkeypatch):
                    for b in (1, 2)}
 
 
-def test_a_side_failing_in_a_gpt_round_keeps_the_figures(tmp_path,
-                                                          monkeypatch):
-  """The same for GPT's iterations (ours and nanoGPT's stand-ins here):
-  torch failing in round 2 keeps both sides' round-1 figures and ours'
-  later rounds."""
-  measure = _measure()
+def _stub_gpt(measure, monkeypatch, torch_iteration):
+  """The GPT section with ours' iteration and nanoGPT's as stand-ins."""
   sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
   try:
     import gpt_speed  # pylint: disable=g-import-not-at-top
@@ -97,6 +102,23 @@ def test_a_side_failing_in_a_gpt_round_keeps_the_figures(tmp_path,
     del config
     return lambda iters, warmup: {"ms_per_iter": 10.0, "mfu": 0.1}
 
+  monkeypatch.setattr(gpt_speed, "make_ours", make_ours)
+  monkeypatch.setattr(measure, "_torch_gpt",
+                      lambda *args: (torch_iteration, 1000))
+  monkeypatch.setattr(measure, "keep_trace", lambda *a, **k: None)
+
+
+def _figures(out) -> dict:
+  with open(out / "figures.jsonl") as f:
+    return {(r["name"], r["side"]): r for r in map(json.loads, f)}
+
+
+def test_a_side_failing_in_a_gpt_round_keeps_the_figures(tmp_path,
+                                                          monkeypatch):
+  """The same for GPT's iterations (ours and nanoGPT's stand-ins here):
+  torch failing in round 2 keeps both sides' round-1 figures and ours'
+  later rounds."""
+  measure = _measure()
   calls = []
 
   def torch_iteration():
@@ -105,16 +127,36 @@ def test_a_side_failing_in_a_gpt_round_keeps_the_figures(tmp_path,
       raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
     return 1.0
 
-  monkeypatch.setattr(gpt_speed, "make_ours", make_ours)
-  monkeypatch.setattr(measure, "_torch_gpt",
-                      lambda *args: (torch_iteration, 1000))
-  monkeypatch.setattr(measure, "keep_trace", lambda *a, **k: None)
+  _stub_gpt(measure, monkeypatch, torch_iteration)
   args = measure.parse_args(["gpt", f"--out={tmp_path}", "--smoke",
                              "--rounds=3"])
   measure.section_gpt(args, measure.Recorder(args, "gpt"),
                       measure.Budget(300))
-  with open(tmp_path / "figures.jsonl") as f:
-    rows = {(r["name"], r["side"]): r for r in map(json.loads, f)}
+  rows = _figures(tmp_path)
   ours = rows[("gpt/attention_dot/iteration/ms", "ours")]
   torch = rows[("gpt/attention_dot/iteration/ms", "torch")]
   assert ours["rounds"] == 3 and torch["rounds"] == 1, (ours, torch)
+
+
+@pytest.mark.parametrize("section", ["gpt", "dream"])
+def test_ours_is_measured_alone_where_torch_does_not_import(
+    tmp_path, monkeypatch, section):
+  """A torch that does not import (or sees no GPU) costs the torch side
+  only: the section failed at once before, with none of ours' figures.
+  (The TRM section's path was run by hand: 8 figures of ours.)"""
+  measure = _measure()
+  if section == "gpt":
+    _stub_gpt(measure, monkeypatch, lambda: 1.0)
+  else:
+    _stub_dream(measure, monkeypatch, collections.Counter())
+  monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails
+  args = measure.parse_args([section, f"--out={tmp_path}", "--smoke",
+                             "--rounds=1"])
+  rec = measure.Recorder(args, section)
+  getattr(measure, f"section_{section}")(args, rec, measure.Budget(300))
+  rows = _figures(tmp_path)
+  timed = ("gpt/attention_dot/iteration/ms" if section == "gpt"
+           else "dream/b2/exact/seconds")
+  assert rows[(timed, "ours")]["value"] > 0
+  assert not [key for key in rows if key[1] == "torch"]
+  assert rows[(timed, "ours")]["torch"] is None
