@@ -1454,8 +1454,12 @@ def _run_trainer(command, *, stop_after_step=None, timeout: float):
   """Runs the trainer, echoing its log; with `stop_after_step`, sends
   SIGTERM once a train step past it is logged; kills it at `timeout`
   seconds, printing or not. Returns (exit code, log)."""
+  # errors="backslashreplace": a byte that is not UTF-8 (a library's
+  # message) would end the reading with UnicodeDecodeError, and with it the
+  # section; escaped, it also prints on a stdout of any encoding.
   proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True,
+                          errors="backslashreplace",
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
   # A thread reads the log, so the deadline holds while the trainer prints
   # nothing (a compile, a hang): a blocked read would outlast the section's

@@ -39,6 +39,18 @@ def test_smoke_trainer_is_killed_at_its_deadline_while_silent():
   assert code != 0 and log == "[1] up\n"
 
 
+def test_smoke_trainer_log_that_is_not_utf8_is_read_to_its_end():
+  """A byte that is not UTF-8 in the trainer's output (a library's
+  message) is escaped, not the end of the log: it raised
+  UnicodeDecodeError and ended the smoke section."""
+  measure = _measure()
+  child = [sys.executable, "-c",
+           "import sys; sys.stdout.buffer.write("
+           "b'[1] caf\\xe9\\n[2] train/loss=1\\n'); sys.stdout.flush()"]
+  code, log = measure._run_trainer(child, timeout=30)  # pylint: disable=protected-access
+  assert code == 0 and log == "[1] caf\\xe9\n[2] train/loss=1\n"
+
+
 def _stub_dream(measure, monkeypatch, calls):
   """The Dream section with its samplers and Dream's HF model as stand-ins
   that count their calls in `calls` ((exact | dual | torch, batch) ->
