@@ -41,6 +41,26 @@ def test_schedule_is_nanogpts():
   assert float(constant(1234)) == pytest.approx(1e-3)
 
 
+def test_schedule_edges_nanogpt_runs_are_run(caplog):
+  """lr_decay_iters < warmup_iters (warmup, then min_lr) and min_lr above
+  learning_rate (a rising cosine): nanoGPT's get_lr runs both, so the
+  config check lets them through and the rates are get_lr's."""
+  from trm.families.gpt import task as gpt_task  # pylint: disable=g-import-not-at-top
+  for overrides, said in (
+      (dict(warmup_iters=10, lr_decay_iters=5), "lr_decay_iters=5 < "),
+      (dict(warmup_iters=3, lr_decay_iters=12, learning_rate=1e-4,
+            min_lr=1e-3), "min_lr=0.001 > config.learning_rate=0.0001")):
+    c = _config(**overrides)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+      gpt_task.check_config(c)
+    assert said in caplog.text
+    schedule = gpt_steps.learning_rate_schedule(c)
+    for it in range(20):
+      assert float(schedule(it)) == pytest.approx(_nanogpt_lr(it, c),
+                                                  rel=1e-5)
+
+
 def test_weight_decay_only_on_matrices():
   params = {"wte": {"embedding": jnp.ones((5, 4))},
             "ln_f": {"scale": jnp.ones(4), "bias": jnp.zeros(4)},

@@ -114,19 +114,26 @@ def check_config(config) -> None:
         f"{per_iteration}: set those two instead.")
   if not 0.0 <= config.dropout < 1.0:
     raise ValueError(f"config.dropout={config.dropout} must be in [0, 1).")
+  # nanoGPT's get_lr runs both of these edges, and learning_rate_schedule
+  # gives its values there (warmup then min_lr; a cosine that rises), so
+  # they are said, not refused. (lr_decay_iters == warmup_iters divides by
+  # zero in get_lr at that iteration; ours takes the cosine's start, the
+  # peak rate, there.)
   if config.decay_lr and config.lr_decay_iters < config.warmup_iters:
-    raise ValueError(
-        f"config.lr_decay_iters={config.lr_decay_iters} must be >= "
-        f"config.warmup_iters={config.warmup_iters}.")
+    logging.warning(
+        "config.lr_decay_iters=%d < config.warmup_iters=%d: the rate warms "
+        "up over the first %d iterations, then is config.min_lr=%g (no "
+        "cosine), as nanoGPT's get_lr.", config.lr_decay_iters,
+        config.warmup_iters, config.warmup_iters, config.min_lr)
   # (A negative or NaN learning_rate is named itself, by run_checks.)
   if config.decay_lr and 0 <= config.learning_rate < config.min_lr:
-    # The cosine would climb from the peak to min_lr: almost always a
-    # mistyped exponent (nanoGPT's rule of thumb is learning_rate / 10).
-    raise ValueError(
-        f"config.min_lr={config.min_lr} must be <= config.learning_rate="
-        f"{config.learning_rate} (the cosine decays from the learning rate "
-        "to min_lr; nanoGPT uses about learning_rate / 10), or set "
-        "config.decay_lr=False for a constant rate.")
+    # Almost always a mistyped exponent (nanoGPT's rule of thumb is
+    # learning_rate / 10), but nanoGPT trains it.
+    logging.warning(
+        "config.min_lr=%g > config.learning_rate=%g: the cosine rises from "
+        "the learning rate to min_lr, as nanoGPT's get_lr does (nanoGPT "
+        "uses about learning_rate / 10; config.decay_lr=False: a constant "
+        "rate).", config.min_lr, config.learning_rate)
   # Then the model's own fields (config.model.*), before weights are read or
   # data prepared: GPTConfig alone would check them only after both.
   gpt_program.check_config(config)
