@@ -557,6 +557,28 @@ def test_a_bin_of_wider_ids_is_refused(tmp_path, dtype):
   assert text_lib.TokenWindows(path, 8, 4, seed=0)[0]["x"].shape == (4, 8)
 
 
+def test_a_prepared_text_whose_lowest_id_is_every_second_one_is_read(
+    tmp_path):
+  """One character a line: '\\n' (id 0) at every second position, as a
+  file of 32-bit ids reads. The width check refused the preparation's own
+  uint16 files (its fix said to prepare them again); their count in
+  meta.json settles the width, and a wider file put in their place is
+  still refused, by that count."""
+  rng = np.random.default_rng(0)
+  text = "".join(c + "\n" for c in rng.choice(list("ACGT"), 5000))
+  out = str(tmp_path / "d")
+  preparation.prepare_char(text, out)
+  path = os.path.join(out, "train.bin")
+  batch = text_lib.TokenWindows(path, 8, 4, seed=0)[0]
+  assert batch["x"].shape == (4, 8)
+  ids = np.fromfile(path, np.uint16)
+  assert not ids[1::2].any() and ids[::2].all()  # the pattern refused before
+  ids.astype(np.int32).tofile(path)
+  with pytest.raises(ValueError, match="train.bin holds 18000 tokens but .*"
+                     "meta.json records 9000"):
+    text_lib.TokenWindows(path, 8, 4, seed=0)
+
+
 def test_token_windows_pickle_and_repr(data_dir):
   path = str(data_dir / "train.bin")
   src = text_lib.TokenWindows(path, 8, 4, seed=1, process_index=1,

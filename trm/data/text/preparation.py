@@ -322,6 +322,18 @@ def load_meta(data_dir: str) -> dict:
   return meta
 
 
+def records_token_count(path: str) -> bool:
+  """Whether `path` is a train.bin or val.bin whose count of uint16 ids the
+  meta.json beside it records (as `_write` does), so its width is known:
+  `load_meta` refuses a size that differs from the count. False for
+  nanoGPT's directories and bare files (nothing recorded)."""
+  directory, name = os.path.split(path)
+  directory = directory or "."
+  if name not in (TRAIN_FILE, VAL_FILE) or not _has(directory, META_FILE):
+    return False
+  return load_meta(directory).get(name.split(".")[0] + "_tokens") is not None
+
+
 def check_prepared_args(data_dir: str, meta: dict, input_path: str,
                         tokenizer: str,
                         field_prefix: str = "config.data.") -> None:

@@ -204,8 +204,14 @@ class TokenFile:
   def _check_not_wider_ids(self) -> None:
     """Refuses a file of 32- or 64-bit ids (np.int32 / int64 `tofile`), which
     read as uint16 put a 0 in every second position: the model would train
-    on that silently (as nanoGPT's memmap would). Real text never has id 0
-    at every second position of its first _DTYPE_PAIRS pairs."""
+    on that silently (as nanoGPT's memmap would). The ids alone cannot tell
+    such a file from a text whose lowest id is every second token (single
+    characters, one a line): a file whose uint16 count meta.json records
+    (our preparation's) is never refused here, its size being checked
+    against that count instead; others are, when id 0 fills every second
+    position of their first _DTYPE_PAIRS pairs."""
+    if preparation.records_token_count(self.path):
+      return
     pairs = min(self.num_tokens // 2, _DTYPE_PAIRS)
     if pairs < _DTYPE_PAIRS_MIN:
       return
@@ -215,9 +221,11 @@ class TokenFile:
           f"{self.path} reads as uint16 token ids with a 0 at every second "
           "position: it holds 32- or 64-bit ids (written from an int32/int64"
           " array). The .bin files hold uint16 ids, as nanoGPT's: write "
-          "them with np.asarray(ids, np.uint16).tofile(path), or re-prepare "
-          "it with `" + preparation.CLI_HINT.format(
-              os.path.dirname(self.path) or ".") + "`.")
+          "them with np.asarray(ids, np.uint16).tofile(path), or prepare "
+          "the text with `" + preparation.CLI_HINT.format(
+              os.path.dirname(self.path) or ".") + "` (its meta.json records"
+          " the token counts, so uint16 ids whose lowest is every second "
+          "one are read as they are).")
 
   @property
   def data(self) -> np.ndarray:
