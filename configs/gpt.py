@@ -110,6 +110,10 @@ def get_config(arg=None):
   c.log_interval = 1            # train-metric cadence in iterations
   c.eval_iters = 200            # batches per split in estimate_loss
   c.eval_only = False           # evaluate the restored model, then exit
+  c.eval_at_start = True        # evaluate the starting weights first (step
+                                # 0 or an imported iteration), as nanoGPT's
+                                # iter 0; not saved (the trainer's default,
+                                # for the other models, is False)
   c.compiled_step = ""         # file of trm.aot --save_compiled ('': compile)
   c.always_save_checkpoint = True  # False: save only when val loss improves
   c.init_from = "scratch"       # scratch | resume | gpt2 | gpt2-medium | ...

@@ -249,7 +249,7 @@ def test_resume_after_preemption_keeps_the_best_checkpoint(
   workdir = str(tmp_path / "run")
   config = tiny_config(tmp_path, learning_rate=0.0, min_lr=0.0,
                        max_iters=40, lr_decay_iters=40, eval_interval=10,
-                       always_save_checkpoint=False,
+                       always_save_checkpoint=False, eval_at_start=False,
                        **{"keep_checkpoints": 1})
   real_reached = preemption_lib.PreemptionWatch.reached  # pylint: disable=protected-access
   monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached",  # pylint: disable=protected-access

@@ -54,7 +54,8 @@ _CPU_DEADLOCK = ("collectives span several groupings of the devices (two or "
 HOST_ONLY = (
     "compiled_step", "allow_config_change", "checkpoint_every", "eval_every",
     "log_every", "keep_checkpoints", "max_consecutive_bad_steps",
-    "always_save_checkpoint", "eval_only", "eval_interval", "log_interval",
+    "always_save_checkpoint", "eval_only", "eval_at_start", "eval_interval",
+    "log_interval",
     "eval_iters", "init_from", "init_checkpoint", "wandb_log",
     "wandb_project", "wandb_run_name", "data_root", "data.data_dir",
     "data.path", "data.eval_path", "data.input", "data.prefetch",

@@ -42,6 +42,7 @@ HARMLESS = (
     "keep_checkpoints", "max_consecutive_bad_steps", "data.prefetch",
     "data.eval_batch_size", "data.max_eval_batches", "data.eval_sheet_rows",
     "eval_interval", "log_interval", "eval_iters", "eval_only",
+    "eval_at_start",
     "always_save_checkpoint", "init_from", "init_checkpoint",
     "logical_axis_rules", "model.remat", "model.attention",
     "model.qkv_projection", "model.mlp_kernel", "model.norm_kernel",

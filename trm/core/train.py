@@ -277,6 +277,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   manager = ckpt_lib.make_manager(str(workpath / "checkpoints"),
                                   max_to_keep=config.keep_checkpoints)
   state = ckpt_lib.restore_latest(manager, abstract, train_iter)
+  restored = state is not None
   from_initial_state = state is None and task.initial_state is not None
   if from_initial_state:
     state = task.initial_state(ctx, state_shardings)
@@ -533,6 +534,15 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                      "short.", start_step)
         evaluate_now(start_step)
         record_redone_eval(start_step)
+      elif (not finished and not restored and is_eval_step(start_step)
+            and config.get("eval_at_start", False)):
+        # nanoGPT's evaluation before its first iteration: the starting
+        # weights' (new or imported) losses as a baseline. As there, it is
+        # not saved, but the best loss (what always_save_checkpoint=False
+        # must beat) starts from it.
+        evaluate_now(start_step)
+        if "eval/loss" in results:
+          best_loss = min(best_loss, float(results["eval/loss"]))
       if not finished:
         logging.info("Training from step %d to %d.", start_step,
                      config.total_steps)

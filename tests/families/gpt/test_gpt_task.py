@@ -161,12 +161,40 @@ def test_float16_trains_checkpoints_and_resumes_its_loss_scale(data_root,
 
 
 def test_checkpoint_only_on_improvement(data_root, tmp_path):
-  # A learning rate of 0 never improves after the first evaluation.
+  # A learning rate of 0 never improves after the first evaluation (without
+  # the one of the starting weights, step 10's).
   config = tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
                        max_iters=20, lr_decay_iters=20, eval_interval=10,
-                       always_save_checkpoint=False)
+                       always_save_checkpoint=False, eval_at_start=False)
   train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["10"]
+
+
+def test_the_starting_weights_are_evaluated_first(data_root, tmp_path):
+  """nanoGPT evaluates at iteration 0 (a baseline, not saved); so does a
+  GPT run (config.eval_at_start), which trains the same steps for it. Its
+  loss is the best to beat for always_save_checkpoint=False, as nanoGPT's
+  best_val_loss: a rate of 0 never beats it, and nothing is saved."""
+  short = dict(max_iters=4, lr_decay_iters=4, eval_interval=2)
+  runs = {}
+  for at_start in (True, False):
+    workdir = str(tmp_path / str(at_start))
+    runs[at_start] = train.train_and_evaluate(
+        tiny_config(data_root, eval_at_start=at_start, **short), workdir,
+        families.build_task)[1]
+    assert os.path.exists(os.path.join(workdir, "eval_0.json")) == at_start
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
+        "2", "4"]
+  first = _eval(str(tmp_path / "True"), 0)
+  assert {"eval/train_loss", "eval/val_loss"} <= set(first)
+  assert first["eval/val_loss"] > runs[True]["eval/val_loss"]
+  assert runs[True]["eval/val_loss"] == runs[False]["eval/val_loss"]
+  workdir = str(tmp_path / "still")
+  train.train_and_evaluate(
+      tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
+                  always_save_checkpoint=False, **short), workdir,
+      families.build_task)
+  assert not os.listdir(os.path.join(workdir, "checkpoints"))
 
 
 def test_a_rerun_after_an_unsaved_last_step_is_finished(data_root, tmp_path,
@@ -177,7 +205,7 @@ def test_a_rerun_after_an_unsaved_last_step_is_finished(data_root, tmp_path,
   compiling no step."""
   config = tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
                        max_iters=20, lr_decay_iters=20, eval_interval=10,
-                       always_save_checkpoint=False)
+                       always_save_checkpoint=False, eval_at_start=False)
   train.train_and_evaluate(config, str(tmp_path), families.build_task)
 
   def no_training(*args, **kwargs):
