@@ -9,8 +9,11 @@ nanoGPT's PyTorch code on CPU", so the loop follows nanoGPT's train.py as run
 by its README CPU recipe (`--device=cpu --compile=False --block_size=64
 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --dropout=0.0
 --log_interval=1 ...` with the shakespeare_char config's lr 1e-3, beta2 0.99,
-min_lr 1e-4, warmup 100), float32 (train.py's CPU path: no autocast, the
-GradScaler disabled, so it is left out here):
+min_lr 1e-4, warmup 100), float32 by default (train.py's CPU path: no
+autocast, the GradScaler disabled). `--dtype=bfloat16|float16` runs the
+forward under torch.autocast and (float16) a GradScaler, as train.py does on
+a GPU: it autocasts on CUDA only, but timing our bfloat16 step against a
+float32 PyTorch one would compare two different computations.
 
   per iteration: lr from the warmup + cosine rule set on every param group;
   for each micro-step: forward with targets (cross entropy), loss / grad_accum,
@@ -41,6 +44,7 @@ matmul peak is printed too, for reference.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -308,13 +312,14 @@ def nanogpt_lr(it: int, learning_rate: float, warmup_iters: int,
 
 
 def torch_matmul_peak_flops(size: int = 1024, repeats: int = 5,
-                            min_seconds: float = 0.25) -> float:
-  """Best FLOP/s of a float32 size^3 torch.mm on CPU, sampled as
+                            min_seconds: float = 0.25,
+                            dtype: str = "float32") -> float:
+  """Best FLOP/s of a `dtype` size^3 torch.mm on CPU, sampled as
   `trm.core.mfu.measured_matmul_peak_flops` samples JAX's (>= `repeats` calls and
   >= `min_seconds`)."""
   g = torch.Generator().manual_seed(0)
-  a = torch.randn(size, size, generator=g)
-  b = torch.randn(size, size, generator=g)
+  a = torch.randn(size, size, generator=g).to(getattr(torch, dtype))
+  b = torch.randn(size, size, generator=g).to(getattr(torch, dtype))
   for _ in range(3):  # MKL's first calls at a size are slow (set-up).
     torch.mm(a, b)
   best = float("inf")
@@ -326,6 +331,9 @@ def torch_matmul_peak_flops(size: int = 1024, repeats: int = 5,
     best = min(best, time.perf_counter() - start)
     calls += 1
   return 2.0 * size**3 / best
+
+
+DTYPES = ("float32", "bfloat16", "float16")  # configs/gpt.py's dtype values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -348,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "tinyshakespeare", "input.txt"),
     help="text to build --data_dir from when it is empty")
   a("--seed", type=int, default=1337)
+  a("--dtype", default="float32", choices=DTYPES,
+    help="compute dtype: float32, or torch.autocast to bfloat16 / float16 "
+    "(with a GradScaler), as train.py's dtype on a GPU")
   # Model (README CPU recipe).
   a("--block_size", type=int, default=64)
   a("--batch_size", type=int, default=12)
@@ -420,11 +431,15 @@ def run(args: argparse.Namespace | Mapping[str, Any] | None = None) -> dict:
   # timed loop. JAX's figure is cached per process: every benchmark in a run
   # divides by the same number.
   import jax  # pylint: disable=g-import-not-at-top
-  peak = mfu_lib.measured_cpu_peak_flops("float32", size=args.peak_size)
+  peak = mfu_lib.measured_cpu_peak_flops(args.dtype, size=args.peak_size)
   peak_description = (
-      f"JAX {jax.__version__} measured CPU float32 matmul peak "
+      f"JAX {jax.__version__} measured CPU {args.dtype} matmul peak "
       f"({args.peak_size}^3, {peak / 1e9:.1f} GFLOP/s)")
-  torch_peak = torch_matmul_peak_flops(args.peak_size)
+  torch_peak = torch_matmul_peak_flops(args.peak_size, dtype=args.dtype)
+  # train.py's ctx and scaler, for args.dtype on this CPU.
+  ctx = (contextlib.nullcontext() if args.dtype == "float32" else
+         torch.autocast(device_type="cpu", dtype=getattr(torch, args.dtype)))
+  scaler = torch.amp.GradScaler("cpu", enabled=args.dtype == "float16")
 
   times = []
   losses = []
@@ -436,13 +451,16 @@ def run(args: argparse.Namespace | Mapping[str, Any] | None = None) -> dict:
     for group in optimizer.param_groups:
       group["lr"] = lr
     for _ in range(accum):
-      _, loss = model(x, y)
-      loss = loss / accum
+      with ctx:
+        _, loss = model(x, y)
+        loss = loss / accum
       x, y = get_batch(train_bin, args.block_size, args.batch_size)
-      loss.backward()
+      scaler.scale(loss).backward()
     if args.grad_clip:
+      scaler.unscale_(optimizer)
       torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-    optimizer.step()
+    scaler.step(optimizer)
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
     losses.append(loss.item() * accum)
     t1 = time.perf_counter()
@@ -473,6 +491,7 @@ def run(args: argparse.Namespace | Mapping[str, Any] | None = None) -> dict:
       "first_loss": losses[0],
       "last_loss": losses[-1],
       "model_args": model_args,
+      "dtype": args.dtype,
   }
 
 
@@ -486,13 +505,14 @@ def report(result: dict) -> str:
       f"params, {result['model_args']}, "
       f"{result['tokens_per_iter']} tokens/iter; loss "
       f"{result['first_loss']:.4f} -> {result['last_loss']:.4f}",
-      f"torch {result['torch_version']} CPU threads={result['threads']}: "
-      f"{result['ms_per_iter']:.2f} ms/iter (median of {result['iters']} "
+      f"torch {result['torch_version']} CPU threads={result['threads']} "
+      f"dtype={result['dtype']}: {result['ms_per_iter']:.2f} ms/iter (median of {result['iters']} "
       f"timed iters; mean {result['ms_per_iter_mean']:.2f}, min "
       f"{result['ms_per_iter_min']:.2f}), mfu {100 * result['mfu']:.2f}% of "
       f"{result['peak_description']}",
       f"torch {result['torch_version']} CPU threads={result['threads']}: "
-      f"measured float32 matmul peak {result['torch_peak_flops'] / 1e9:.1f} "
+      f"measured {result['dtype']} matmul peak "
+      f"{result['torch_peak_flops'] / 1e9:.1f} "
       f"GFLOP/s (reference; mfu against it {100 * torch_mfu:.2f}%)",
   ])
 

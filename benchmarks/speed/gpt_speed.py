@@ -15,8 +15,9 @@ against the peak of the device in use (`trm.core.mfu.peak_flops`: a measured
 matmul peak on CPU, the published peak on GPUs and TPUs).
 
 Theirs: `benchmarks/reference/nanogpt_torch.py` (nanoGPT's loop with --compile=False,
-or the user's nanoGPT checkout with --nanogpt_dir), same sizes and data,
-in the same process.
+or the user's nanoGPT checkout with --nanogpt_dir), same sizes, data and
+compute dtype (a bfloat16 or float16 config.dtype runs its forward under
+torch.autocast, as nanoGPT's train.py on a GPU), in the same process.
 
 Time per iteration on a shared 2-core machine moves by 10-20% between runs
 of the same program, so `--rounds` alternates the two (ours, theirs, ours,
@@ -110,7 +111,9 @@ def torch_argv(config, iters: int, nanogpt_dir: str | None) -> list[str]:
           f"--batch_size={config.batch_size}",
           f"--gradient_accumulation_steps="
           f"{config.gradient_accumulation_steps}",
-          f"--dropout={config.dropout}", f"--bias={config.bias}"]
+          f"--dropout={config.dropout}", f"--bias={config.bias}",
+          # The same compute dtype (torch.autocast, as train.py's ctx).
+          f"--dtype={config.dtype}"]
   if config.model.vocab_size:
     argv.append(f"--vocab_size={config.model.vocab_size}")
   if nanogpt_dir:
