@@ -197,6 +197,46 @@ def test_the_starting_weights_are_evaluated_first(data_root, tmp_path):
   assert not os.listdir(os.path.join(workdir, "checkpoints"))
 
 
+def test_a_resume_with_a_shorter_block_size_names_the_crop(data_root,
+                                                          tmp_path):
+  """A workdir resumed with a smaller block_size was refused as a config
+  change whose fix, allow_config_change, then failed on the position
+  table's shape. nanoGPT crops the table on resume, but its AdamW state
+  keeps the old shape and its first step fails; the refusal now names the
+  route that crops both (its ckpt.pt, then init_from=resume), which trains."""
+  workdir = str(tmp_path / "run")
+  short = dict(max_iters=2, lr_decay_iters=4, eval_interval=2,
+               eval_at_start=False)
+  train.train_and_evaluate(tiny_config(data_root, **short), workdir,
+                           families.build_task)
+  for allow in (False, True):
+    with pytest.raises(ValueError, match=(
+        r"config.block_size=16 is smaller than the 32 that the run in .* "
+        r"was trained with: .*--format=nanogpt`, then --config.init_from="
+        r"resume --config.init_checkpoint=DIR/ckpt.pt")):
+      train.train_and_evaluate(
+          tiny_config(data_root, block_size=16, allow_config_change=allow,
+                      **short), workdir, families.build_task)
+  pytest.importorskip("torch")
+  out = str(tmp_path / "nanogpt")
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/gpt.py:shakespeare_char_cpu", f"--checkpoint={workdir}",
+       f"--out={out}", "--format=nanogpt", "--config.n_layer=2",
+       "--config.n_head=2", "--config.n_embd=32", "--config.block_size=32",
+       f"--config.data_root={data_root}"],
+      capture_output=True, text=True, cwd=ROOT, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  state, results = train.train_and_evaluate(
+      tiny_config(data_root, block_size=16, init_from="resume",
+                  init_checkpoint=os.path.join(out, "ckpt.pt"),
+                  **dict(short, max_iters=4)), str(tmp_path / "cropped"),
+      families.build_task)
+  assert state.params["wpe"]["embedding"].shape == (16, 32)
+  assert int(state.step) == 4 and np.isfinite(results["eval/loss"])
+
+
 def test_a_rerun_after_an_unsaved_last_step_is_finished(data_root, tmp_path,
                                                          monkeypatch):
   """always_save_checkpoint=False left the last step (20, no better) unsaved;

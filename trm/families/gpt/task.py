@@ -23,7 +23,9 @@ import os
 import jax
 import jax.numpy as jnp
 from absl import logging
+from etils import epath
 
+from trm.core import config_record
 from trm.core import distributed
 from trm.core import lm_state
 from trm.core import loss_scale
@@ -190,6 +192,28 @@ def _adopt_shapes(config, args: dict, source: str) -> None:
         f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
 
 
+def _check_block_size_kept(config, workdir: str, step: int) -> None:
+  """A resume may not shorten the windows: its checkpoints' position table
+  (and its AdamW moments) cannot be restored at another size, not even
+  with allow_config_change. nanoGPT crops the table on resume
+  (crop_block_size), but its AdamW state keeps the old shape and the first
+  step fails; through its ckpt.pt both are cropped here (`build`)."""
+  recorded = config_record.run_record(config, epath.Path(workdir),
+                                      step).get("block_size")
+  if isinstance(recorded, int) and config.block_size < recorded:
+    raise ValueError(
+        f"config.block_size={config.block_size} is smaller than the "
+        f"{recorded} that the run in {workdir} was trained with: its "
+        "checkpoints cannot be restored with a shorter position table (not "
+        "even with config.allow_config_change). To train on with the table "
+        "cropped, as nanoGPT's crop_block_size: `python -m trm.export "
+        f"--config=CONFIG --checkpoint={workdir} --out=DIR --format=nanogpt`"
+        ", then --config.init_from=resume --config.init_checkpoint=DIR/"
+        f"ckpt.pt --config.block_size={config.block_size} with another "
+        "--workdir (its weights and AdamW moments are cropped); or rerun "
+        f"with --config.block_size={recorded}.")
+
+
 def _crop_positions(params, block_size: int):
   """nanoGPT's crop_block_size: keep the first block_size positions."""
   params = dict(params)
@@ -282,6 +306,9 @@ def build(config, workdir: str, ctx) -> Task:
       weights = _load_weights(
           config, optimizer=config.init_from == "resume" and not resuming)
       _adopt_shapes(config, weights[1], weights[2])
+  if resuming:
+    _check_block_size_kept(config, workdir,
+                           restore_check.latest_step(checkpoints))
 
   meta, directory, streams = _token_streams(config)
   with config.unlocked():
