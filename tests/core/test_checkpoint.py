@@ -517,6 +517,13 @@ def test_a_floor_above_the_peak_rate_is_a_warning(tmp_path, caplog):
     train.check_config(tiny_config(tmp_path, learning_rate=6e-5, min_lr=6e-4,
                                    decay_lr=False))
   assert "min_lr" not in caplog.text
+  # A peak of 0 under a floor above it trains (the cosine rises to min_lr):
+  # not the warning that the weights will not change.
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    train.check_config(tiny_config(tmp_path, learning_rate=0.0, min_lr=6e-4))
+  assert "config.min_lr=0.0006 > config.learning_rate=0" in caplog.text
+  assert "will not change" not in caplog.text
 
 
 def test_a_zero_peak_rate_is_a_warning(tmp_path, caplog):

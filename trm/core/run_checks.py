@@ -130,6 +130,9 @@ def warn_frozen_weights(config) -> None:
     node = config
     for name in key.split("."):
       node = node.get(name) if hasattr(node, "get") else None
+    if key == "learning_rate" and config.get("decay_lr", False) and (
+        config.get("min_lr", 0) > 0):
+      continue  # GPT's cosine rises from 0 to min_lr (nanoGPT's get_lr)
     if isinstance(node, (int, float)) and not isinstance(node, bool) \
         and node == 0:
       logging.warning(
