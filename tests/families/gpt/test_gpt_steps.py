@@ -504,12 +504,10 @@ def test_derived_keys_set_apart_leave_their_source_alone():
       "model.mlp_size": 100}, "config.model.mlp_size=100 makes the MLP 100 "
      "wide, but config.init_from='gpt2' loads GPT-2 / nanoGPT weights whose "
      "MLP is 4 * n_embd wide"),
-    # The negative rate itself, not min_lr above it (whose fix, a negative
-    # min_lr, is refused as well).
+    # The negative rate itself, not min_lr above it (which, as nanoGPT's
+    # get_lr, runs: test_schedule_edges_nanogpt_runs_are_run).
     ({"learning_rate": -1e-3}, "config.learning_rate=-0.001 must be a "
      "finite number >= 0"),
-    ({"min_lr": 1e-2}, "config.min_lr=0.01 must be <= "
-     "config.learning_rate=0.001"),
 ])
 def test_nanogpt_keys_are_named_in_config_errors(values, needle):
   """Refused by run_checks (before the mesh or any data) in nanoGPT's
