@@ -192,7 +192,7 @@ config_lib.parse_flags([sys.argv[0], *sys.argv[2:]])
 from trm.core import mesh
 config = flags.FLAGS.config
 try:
-  wanted = math.prod(mesh._dcn_sizes(config.mesh))
+  wanted = math.prod(mesh.dcn_sizes(config.mesh))
   if wanted != slices:
     raise mesh.MeshConfigError(
         f"config.mesh.dcn_* multiply to {wanted}, but there are "

@@ -101,7 +101,9 @@ def _resolve_sizes(sizes: Sequence[int], num_devices: int,
   return tuple(sizes)
 
 
-def _dcn_sizes(mesh_config) -> tuple[int, ...]:
+def dcn_sizes(mesh_config) -> tuple[int, ...]:
+  """config.mesh's cross-slice sizes of ('data', 'fsdp', 'model'); their
+  product is the number of slices the config asks for."""
   dcn = tuple(int(mesh_config.get(f"dcn_{a}", 1)) for a in MESH_AXES)
   for axis, size in zip(MESH_AXES, dcn):
     if size < 1:
@@ -112,7 +114,7 @@ def _dcn_sizes(mesh_config) -> tuple[int, ...]:
 def mesh_shapes(mesh_config, num_devices: int) -> tuple[tuple[int, ...],
                                                          tuple[int, ...]]:
   """Returns the (ICI, DCN) sizes of ('data', 'fsdp', 'model')."""
-  dcn = _dcn_sizes(mesh_config)
+  dcn = dcn_sizes(mesh_config)
   num_slices = math.prod(dcn)
   if num_devices % num_slices:
     raise MeshConfigError(
@@ -131,7 +133,7 @@ def make_mesh(mesh_config, devices: Sequence[Any] | None = None) -> Mesh:
     # config's: data=8 on two 8-device slices with dcn_data=1 was "has 8
     # devices but 16 are available", not the missing dcn_data=2.
     slices = len({d.slice_index for d in devices})
-    wanted = math.prod(_dcn_sizes(mesh_config))
+    wanted = math.prod(dcn_sizes(mesh_config))
     if slices != wanted:
       raise MeshConfigError(
           f"The devices span {slices} slice(s) but config.mesh.dcn_* multiply"

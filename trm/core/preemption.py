@@ -49,8 +49,9 @@ class PreemptionWatch:
   the preemption service agree on the flag only every `agree_every` steps:
   agreeing is an all-gather that waits for the steps in flight (4.0-6.2 ms
   a call on 2 CPU processes over gloo, besides the lost overlap; JAX's sync
-  point costs microseconds until a notice), too dear for every step. A second signal exits at once, skipping the save (the
-  newest complete checkpoint stays)."""
+  point costs microseconds until a notice), too dear for every step. A
+  second signal exits at once, skipping the save (the
+newest complete checkpoint stays)."""
 
   def __init__(self, manager, agree_every: int):
     self._manager, self._agree_every = manager, agree_every
