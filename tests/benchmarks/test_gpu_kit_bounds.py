@@ -103,18 +103,17 @@ def test_dream_starts_warm_at_every_batch_size(tmp_path, monkeypatch):
 
 
 def _stub_gpt(measure, monkeypatch, torch_iteration):
-  """The GPT section with ours' iteration and nanoGPT's as stand-ins."""
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks", "speed"))
-  try:
-    import gpt_speed  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
+  """The GPT section with ours' iteration and nanoGPT's as stand-ins. The
+  section's `gpt_speed` (of which it calls make_ours only) is a stand-in
+  module too: the script defines absl flags ('config', ...) at import, as
+  other benchmark scripts the same test worker may have loaded do."""
 
   def make_ours(config):
     del config
     return lambda iters, warmup: {"ms_per_iter": 10.0, "mfu": 0.1}
 
-  monkeypatch.setattr(gpt_speed, "make_ours", make_ours)
+  monkeypatch.setitem(sys.modules, "gpt_speed",
+                      types.SimpleNamespace(make_ours=make_ours))
   monkeypatch.setattr(measure, "_torch_gpt",
                       lambda *args: (torch_iteration, 1000))
   monkeypatch.setattr(measure, "keep_trace", lambda *a, **k: None)
