@@ -54,6 +54,32 @@ def _is(command, *words):
   return command[:len(expected)] == expected
 
 
+_CHECKED: dict = {}  # check_config's outcome per input, for this module
+
+
+@pytest.fixture(autouse=True)
+def _config_checked_once(monkeypatch):
+  """`check_config` loads the config in a child Python (1-3 s); most tests
+  launch the same config with the same overrides, so each distinct input
+  is checked once here and its outcome (None or the LaunchError) reused."""
+  check = tpu_pod.check_config
+
+  def check_once(args):
+    key = (args.skip_config_check, args.code_dir, args.config,
+           tuple(args.override), args.num_slices, args.accelerator_type,
+           sys.executable, os.environ.get("PYTHONPATH"))
+    if key not in _CHECKED:
+      try:
+        check(args)
+        _CHECKED[key] = None
+      except tpu_pod.LaunchError as e:
+        _CHECKED[key] = e
+    if _CHECKED[key] is not None:
+      raise _CHECKED[key]
+
+  monkeypatch.setattr(tpu_pod, "check_config", check_once)
+
+
 @pytest.fixture(name="no_gcloud")
 def _no_gcloud(tmp_path):
   """PATH whose `gcloud` records being called (a real one may be installed)."""
