@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 
+from absl import logging
 import ml_dtypes
 import numpy as np
 from safetensors import safe_open
@@ -87,6 +88,23 @@ def check_shard_names(weight_map: dict, directory: str, index: str) -> None:
           f"{index} names the weight file {file!r}, which lies outside "
           f"{directory}; an index may only name files inside its own "
           "directory. Download the checkpoint again.")
+
+
+def weights_layout(directory: str, single: str, index: str) -> str | None:
+  """Which weight layout of a Hugging Face directory to read: `single`
+  (model.safetensors) where it exists, as transformers' from_pretrained
+  reads it, with a warning when `index` lies beside it (preferring the
+  index loaded other weights here than in transformers); else `index`
+  where it exists; else None."""
+  if os.path.exists(os.path.join(directory, single)):
+    if os.path.exists(os.path.join(directory, index)):
+      logging.warning("%s holds both %s and %s; reading %s, as transformers "
+                      "does (the index and the shards it names are "
+                      "ignored).", directory, single, index, single)
+    return single
+  if os.path.exists(os.path.join(directory, index)):
+    return index
+  return None
 
 
 def read_index(path: str) -> dict:

@@ -43,7 +43,6 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2")
-_SAFETENSORS_DTYPES = weights_io.SAFETENSORS_TAGS
 
 
 class _Files:
@@ -53,22 +52,14 @@ class _Files:
     self.directory = directory
     self._stack = stack
     self._handles: dict[str, Any] = {}
-    index_path = os.path.join(directory, INDEX_FILE)
-    single = os.path.join(directory, SINGLE_FILE)
-    # model.safetensors first, as transformers' from_pretrained reads it
-    # (an index beside it was preferred, so a directory holding both
-    # loaded other weights here than in transformers).
-    if os.path.exists(single):
-      if os.path.exists(index_path):
-        logging.warning(
-            "%s holds both %s and %s; reading %s, as transformers does (the "
-            "index and the shards it names are ignored).", directory,
-            SINGLE_FILE, INDEX_FILE, SINGLE_FILE)
+    layout = weights_io.weights_layout(directory, SINGLE_FILE, INDEX_FILE)
+    if layout == SINGLE_FILE:
       self.weight_map = {name: SINGLE_FILE
                          for name in self._open(SINGLE_FILE).names}
-      self.where = single
-    elif os.path.exists(index_path):
-      self.weight_map = weights_io.read_index(index_path)
+      self.where = os.path.join(directory, SINGLE_FILE)
+    elif layout == INDEX_FILE:
+      self.weight_map = weights_io.read_index(
+          os.path.join(directory, INDEX_FILE))
       self.where = f"{INDEX_FILE} in {directory}"
     else:
       raise weights_io.CheckpointError(
@@ -160,7 +151,7 @@ def _log_cast(files: _Files, specs, torch_dtype, param_dtype) -> None:
   tensor is cast to the model's dtype: float32 by default, config.json's
   with dtype="auto"); the tensors are cast here too, to the params' dtype,
   and the line says so."""
-  stored = _SAFETENSORS_DTYPES.get(str(torch_dtype)) if torch_dtype else None
+  stored = weights_io.SAFETENSORS_TAGS.get(str(torch_dtype)) if torch_dtype else None
   if stored is None:
     return
   other = {}

@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import re
 
-from absl import logging
-
 from trm.core import hub
 from trm.core import weights_io
 from trm.families.gpt import gpt_layout
@@ -104,17 +102,11 @@ def hf_model_args(hf: dict, path: str) -> dict:
 
 def hf_files(directory: str) -> tuple[list[str], str]:
   index = os.path.join(directory, HF_INDEX)
-  single = os.path.join(directory, HF_SINGLE)
-  # model.safetensors first, as transformers' from_pretrained reads it: an
-  # index beside it was preferred, so such a directory loaded other weights
-  # here than in transformers (as Dream's reader, hf_import._Files).
-  if os.path.isfile(single):
-    if os.path.isfile(index):
-      logging.warning("%s holds both %s and %s; reading %s, as transformers "
-                      "does (the index and the shards it names are "
-                      "ignored).", directory, HF_SINGLE, HF_INDEX, HF_SINGLE)
+  layout = weights_io.weights_layout(directory, HF_SINGLE, HF_INDEX)
+  if layout == HF_SINGLE:
+    single = os.path.join(directory, HF_SINGLE)
     return [single], single
-  if os.path.isfile(index):
+  if layout == HF_INDEX:
     weight_map = weights_io.read_index(index)  # names checked inside it
     files = sorted(set(weight_map.values()))
     for file in files:
