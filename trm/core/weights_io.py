@@ -90,14 +90,15 @@ def check_shard_names(weight_map: dict, directory: str, index: str) -> None:
           "directory. Download the checkpoint again.")
 
 
-def weights_layout(directory: str, single: str, index: str) -> str | None:
+def weights_layout(directory: str, single: str, index: str,
+                   warn: bool = True) -> str | None:
   """Which weight layout of a Hugging Face directory to read: `single`
   (model.safetensors) where it exists, as transformers' from_pretrained
-  reads it, with a warning when `index` lies beside it (preferring the
-  index loaded other weights here than in transformers); else `index`
-  where it exists; else None."""
+  reads it, with a warning (if `warn`) when `index` lies beside it
+  (preferring the index loaded other weights here than in transformers);
+  else `index` where it exists; else None."""
   if os.path.exists(os.path.join(directory, single)):
-    if os.path.exists(os.path.join(directory, index)):
+    if warn and os.path.exists(os.path.join(directory, index)):
       logging.warning("%s holds both %s and %s; reading %s, as transformers "
                       "does (the index and the shards it names are "
                       "ignored).", directory, single, index, single)

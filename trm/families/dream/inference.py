@@ -361,9 +361,10 @@ def _lacking_weights(directory: str) -> str:
   lacking = [] if os.path.isfile(os.path.join(directory, "config.json")) else [
       "config.json"]
   index = os.path.join(directory, hf_import.INDEX_FILE)
-  if os.path.isfile(os.path.join(directory, hf_import.SINGLE_FILE)):
-    pass  # read in preference to an index (`hf_import._Files`)
-  elif os.path.isfile(index):
+  # The layout the loader will read (it says so when both are there).
+  layout = weights_io.weights_layout(directory, hf_import.SINGLE_FILE,
+                                     hf_import.INDEX_FILE, warn=False)
+  if layout == hf_import.INDEX_FILE:
     shards = sorted(set(weights_io.read_index(index).values()))
     absent = [f for f in shards
               if not os.path.isfile(os.path.join(directory, f))]
@@ -371,7 +372,7 @@ def _lacking_weights(directory: str) -> str:
       lacking.append(f"{len(absent)} of the {len(shards)} weight files its "
                      f"{hf_import.INDEX_FILE} names ({', '.join(absent[:3])}"
                      + (", ..." if len(absent) > 3 else "") + ")")
-  else:
+  elif layout is None:
     lacking.append(f"the weights ({hf_import.SINGLE_FILE}, or "
                    f"{hf_import.INDEX_FILE} and its shards)")
   return " and ".join(lacking)
