@@ -7,13 +7,15 @@ $XDG_CACHE_HOME/trm/jax (~/.cache/trm/jax). `off` (flag or variable) turns
 it off. JAX evicts the least recently used entries beyond
 `--compilation_cache_max_gb` (default 2), so the directory never grows
 without bound. On CPU, a program whose collectives span several device
-groups is never cached (`trm.core.cpu_collectives`: loaded back, it can
-deadlock).
+groups is never written (`trm.core.cpu_collectives`: loaded back, it can
+deadlock); the process that compiled it keeps it in memory instead.
 """
 from __future__ import annotations
 
+import collections
 import os
 import sys
+import threading
 
 from trm.core import cpu_collectives
 
@@ -79,11 +81,23 @@ def configure(setting: str | None, max_gb: float = DEFAULT_MAX_GB
   return path
 
 
+# The executables of such programs that this process compiled, by cache
+# key, most recently used last: a second jit of the same program here (a
+# run restarted in the same process, a notebook's second call) runs the
+# executable compiled for the first instead of compiling it again. It is
+# the same object, never bytes loaded back, so the deadlock above does not
+# apply. Bounded: each holds its compiled code.
+_IN_PROCESS_MAX = 32
+_in_process: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()
+_in_process_lock = threading.Lock()  # JAX may compile on several threads
+
+
 def _keep_deadlock_prone_cpu_programs_out() -> None:
   """Wraps JAX's cache read and write so that an XLA:CPU program whose
   collectives span several device groups is compiled, never loaded
-  (`trm.core.cpu_collectives`). Done once per process; a JAX without
-  these functions is left as it is."""
+  (`trm.core.cpu_collectives`); this process keeps its own in memory
+  (`_in_process`). Done once per process; a JAX without these functions
+  is left as it is."""
   try:
     from jax._src import compilation_cache as jax_cache  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -95,6 +109,11 @@ def _keep_deadlock_prone_cpu_programs_out() -> None:
 
   def get_executable_and_time(cache_key, compile_options, backend, *args,
                               **kwargs):
+    with _in_process_lock:
+      kept = _in_process.get(cache_key)
+      if kept is not None and kept[0] is backend:  # not a client since closed
+        _in_process.move_to_end(cache_key)
+        return kept[1], kept[2]
     executable, seconds = read(cache_key, compile_options, backend, *args,
                                **kwargs)
     if executable is not None and cpu_collectives.deadlock_prone(
@@ -106,6 +125,12 @@ def _keep_deadlock_prone_cpu_programs_out() -> None:
                               *args, **kwargs):
     if cpu_collectives.deadlock_prone(getattr(backend, "platform", ""),
                                       executable):
+      seconds = args[0] if args else kwargs.get("compile_time", 0)
+      with _in_process_lock:
+        _in_process[cache_key] = (backend, executable, seconds)
+        _in_process.move_to_end(cache_key)
+        while len(_in_process) > _IN_PROCESS_MAX:
+          _in_process.popitem(last=False)
       return None
     return write(cache_key, module_name, executable, backend, *args,
                  **kwargs)
