@@ -68,30 +68,36 @@ def test_non_utf8_files_name_the_file_and_offset(tmp_path, reader):
 
 def test_examples_without_a_response_or_room_for_one_are_dropped(
     tmp_path, caplog):
-  """dllm drops an example whose prompt leaves no room in max_length
+  """dllm drops an example whose prompt is longer than max_length
   (`post_process_dataset`) and one with an empty response (its
   `_extract_first_turn`); here either stopped the run. They are dropped
-  with one warning counting them; dropping every one is an error."""
+  with one warning counting them; dropping every one is an error. A prompt
+  exactly seq_len long is kept with nothing scored, as dllm keeps it (its
+  filter is `prompt_len <= max_length`, its labels all -100)."""
   from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   path = tmp_path / "sft.jsonl"
   path.write_text("\n".join(json.dumps(r) for r in [
       {"prompt": "a", "response": "b"}, {"prompt": "c", "response": " \n"},
-      {"prompt": "x" * 16, "response": "y"}, {"prompt": "d", "response": "e"},
-      {"prompt": "f", "response": ""}]) + "\n")
+      {"prompt": "x" * 17, "response": "y"}, {"prompt": "d", "response": "e"},
+      {"prompt": "f", "response": ""}, {"prompt": "z" * 16, "response": "w"}
+  ]) + "\n")
   data = ml_collections.ConfigDict(dict(
       source="files", format="jsonl", path=str(path), prompt_key="prompt",
       response_key="response", chat=False))
   tokenizer = tok_lib.ByteTokenizer(mask_id=500)
-  tokens, _ = sft.read_rows(data, tokenizer, 16)
+  tokens, maskable = sft.read_rows(data, tokenizer, 16)
   assert tokens[:, :2].tolist() == [[ord("a"), ord("b")],
-                                    [ord("d"), ord("e")]]
+                                    [ord("d"), ord("e")],
+                                    [ord("z"), ord("z")]]
+  assert tokens[2].tolist() == [ord("z")] * 16
+  assert maskable.sum(axis=1).tolist() == [15, 15, 0]
   warnings = [r.getMessage() for r in caplog.records if "dropped" in
               r.getMessage()]
   assert warnings == [
-      f"config.data.path={path}: 3 of 5 examples dropped, as dllm drops them"
-      " (2 with an empty response, 1 whose prompt leaves no room for a "
-      f"response in seq_len=16; the first: {path}:2)."]
-  path.write_text(json.dumps({"prompt": "x" * 16, "response": "y"}) + "\n"
+      f"config.data.path={path}: 3 of 6 examples dropped, as dllm drops them"
+      " (2 with an empty response, 1 whose prompt is longer than "
+      f"seq_len=16; the first: {path}:2)."]
+  path.write_text(json.dumps({"prompt": "x" * 17, "response": "y"}) + "\n"
                   + json.dumps({"prompt": "a", "response": ""}) + "\n")
   with pytest.raises(ValueError, match=(
       r"sft.jsonl: all 2 examples are dropped \(1 with an empty response, 1 "
@@ -106,8 +112,13 @@ def test_pair_rows_pad_truncate_and_prompt_never_maskable():
                                          [6, 7, 7, 7, 7, 7]])
   np.testing.assert_array_equal(maskable, [[0, 0, 1, 1, 1, 1],
                                            [0, 1, 1, 1, 1, 1]])
-  with pytest.raises(ValueError, match="example 0 has a 6-token prompt"):
-    sft.pair_rows([([1] * 6, [2])], seq_len=6, pad_id=0)
+  with pytest.raises(ValueError, match="example 0 has a 7-token prompt, "
+                     "longer than seq_len=6"):
+    sft.pair_rows([([1] * 7, [2])], seq_len=6, pad_id=0)
+  # A prompt filling the row is kept with nothing scored (dllm's rows).
+  tokens, maskable = sft.pair_rows([([1] * 6, [2])], seq_len=6, pad_id=0)
+  np.testing.assert_array_equal(tokens, [[1] * 6])
+  assert not maskable.any()
 
 
 def test_an_empty_prompt_leaves_the_first_token_unmasked():

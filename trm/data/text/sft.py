@@ -123,23 +123,25 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
 
 def drop_unusable(pairs, token_pairs, names, seq_len: int, source: str):
   """(token_pairs, names) without the examples dllm drops: an empty (or
-  blank) response, which has nothing to learn, and a prompt that leaves no
-  room for a response in `seq_len` tokens. The count is logged once;
-  dropping every example is an error naming `source`."""
+  blank) response, which has nothing to learn, and a prompt longer than
+  `seq_len` tokens. A prompt exactly `seq_len` long is kept with nothing
+  scored, as dllm keeps it (its filter is `prompt_len <= max_length`; the
+  row's labels are all -100). The count is logged once; dropping every
+  example is an error naming `source`."""
   empty = {i for i, (_, response) in enumerate(pairs) if not response.strip()}
   long = {i for i, (prompt, _) in enumerate(token_pairs)
-          if len(prompt) >= seq_len} - empty
+          if len(prompt) > seq_len} - empty
   dropped = empty | long
   if not dropped:
     return token_pairs, names
   why = (f"{len(empty)} with an empty response, {len(long)} whose prompt "
-         f"leaves no room for a response in seq_len={seq_len}")
+         f"is longer than seq_len={seq_len}")
   first = names[min(dropped)]
   if len(dropped) == len(pairs):
     raise ValueError(
         f"{source}: all {len(pairs)} examples are dropped ({why}; the "
-        f"first: {first}); give each a response and a prompt shorter than "
-        "seq_len, or raise seq_len.")
+        f"first: {first}); give each a response and a prompt of at most "
+        "seq_len tokens, or raise seq_len.")
   logging.warning("%s: %d of %d examples dropped, as dllm drops them (%s; "
                   "the first: %s).", source, len(dropped), len(pairs), why,
                   first)
@@ -151,8 +153,9 @@ def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data",
               names=None):
   """(tokens [N, L] int32, maskable [N, L] bool) from (prompt, response) ids.
 
-  Responses longer than the room left are cut; a prompt that leaves no room
-  for a response is an error naming the example: `names[i]` (e.g.
+  Responses longer than the room left are cut (a prompt of exactly
+  `seq_len` tokens keeps none: its row scores nothing, as dllm's); a prompt
+  longer than `seq_len` is an error naming the example: `names[i]` (e.g.
   "sft.jsonl:7"), or without names its index in `source` (`read_rows`
   drops such examples first: `drop_unusable`). The prompt, or
   without one the first token, is never maskable.
@@ -160,13 +163,12 @@ def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data",
   tokens = np.full((len(token_pairs), seq_len), pad_id, np.int32)
   maskable = np.zeros((len(token_pairs), seq_len), bool)
   for i, (prompt, response) in enumerate(token_pairs):
-    if len(prompt) >= seq_len:
+    if len(prompt) > seq_len:
       where = (f"{source}: example {i}" if names is None
                else f"{names[i]}: the example")
       raise ValueError(
-          f"{where} has a {len(prompt)}-token prompt, which "
-          f"leaves no room for a response in seq_len={seq_len}; raise "
-          "seq_len or shorten the prompt.")
+          f"{where} has a {len(prompt)}-token prompt, longer than "
+          f"seq_len={seq_len}; raise seq_len or shorten the prompt.")
     response = list(response)[:seq_len - len(prompt)]
     row = list(prompt) + response
     tokens[i, :len(row)] = row
