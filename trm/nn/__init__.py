@@ -9,5 +9,6 @@
   norm.py           RMSNorm (scale-free function and the scaled module)
   platform.py       the platform a traced program runs on (mesh or backend)
   rope.py           rotary embeddings (rotate-half convention)
+  temperature.py    logits over a sampling temperature without overflow
   tpu_attention.py  Pallas splash attention for TPU
 """

@@ -110,6 +110,29 @@ def test_cached_decoding_equals_exact_for_a_context_free_model(
   np.testing.assert_array_equal(cached, exact)
 
 
+@pytest.mark.parametrize("cache", [None, "dual"])
+def test_a_vanishing_temperature_draws_the_likeliest_token(cache):
+  """logits / 1e-39 overflowed (every positive logit inf, the softmax NaN),
+  so the draw was token 0 everywhere; now a row that overflows is shifted
+  by its largest logit first, which is greedy, on the exact and the cached
+  paths (both draw through `token_draws`)."""
+  prompt = np.array([[5, 6, 7, 8]])
+  common = dict(mask_token_id=MASK, max_new_tokens=8, alg="entropy",
+                steps=8, temperature=1e-39, top_k=None)
+  if cache is None:
+    got = ds.diffusion_generate(_EXACT, prompt, **common)
+  else:
+    got = cached_sampling.cached_generate(
+        _CACHED, prompt, params=None, cache=cache, block_length=4,
+        threshold=None, **common)
+  # A context-free model: every position gets its favourite, predicted by
+  # the hidden row of the position before it.
+  rows = _EXACT.hidden(None, None, None, jnp.arange(3, 11)[None])
+  favourite = np.asarray(jnp.argmax(_EXACT.head(None, rows), axis=-1))
+  assert not np.any(favourite == 0)
+  np.testing.assert_array_equal(np.asarray(got)[:, 4:], favourite)
+
+
 def _mask_predicting_models():
   """The context-free models of `_context_free_models`, except that the
   head's favourite is <|mask|> itself at some positions (a model may

@@ -13,6 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from trm.nn import temperature as temperature_lib
+
 # Vocabulary blocks for the sort-free top-k: the k-th largest value lies in
 # the k blocks with the largest maxima (see `_candidates`).
 _BLOCK = 16
@@ -202,7 +204,11 @@ def _filtered(logits, finish, *, temperature, top_p, top_k):
   dtype = logits.dtype
   vocab = logits.shape[-1]
   if temperature > 0:
-    logits = logits / jnp.asarray(temperature, dtype)
+    # The reference's division, except in a row where it overflows (a
+    # temperature near 0: every positive logit inf, the softmax NaN, and
+    # token 0 drawn): there the likeliest token is drawn, as greedy.
+    logits = temperature_lib.divide_unless_overflow(
+        logits, jnp.asarray(temperature, dtype))
   use_top_p = top_p is not None and top_p < 1
   log_norm = (jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
               if use_top_p else None)

@@ -44,6 +44,7 @@ from trm.families.gpt.layers import Block
 from trm.families.gpt.layers import Embed
 from trm.families.gpt.layers import LayerNorm
 from trm.nn import layer_stack
+from trm.nn import temperature as temperature_lib
 # Re-exported: the rest of this module's interface, imported from here.
 from trm.families.gpt.kernels import gelu  # noqa: F401
 from trm.families.gpt.kernels import layer_norm  # noqa: F401
@@ -251,16 +252,12 @@ def _top_k_crop(scaled, top_k: int | None):
 
 
 def _divide(logits, temperature):
-  """logits / temperature with each row's largest logit moved to 0 first:
-  the same softmax, but a temperature so small that a logit over it passes
-  float32's range (1e-38) no longer makes every positive logit +inf (of
-  which the first id, not the likeliest, was drawn): the likeliest stays
-  at 0 (also where a subnormal temperature is flushed to 0) and the rest
-  fall to -inf, which is greedy."""
-  finite_max = jnp.max(jnp.where(jnp.isfinite(logits), logits, -jnp.inf),
-                       axis=-1, keepdims=True)
-  shifted = logits - jnp.where(jnp.isfinite(finite_max), finite_max, 0.0)
-  return jnp.where(shifted == 0, 0.0, shifted / temperature)
+  """logits / temperature with each row's largest logit moved to 0 first
+  (`trm.nn.temperature.shift_and_divide`): a temperature so small that a
+  logit over it passes float32's range (1e-38) no longer makes every
+  positive logit +inf (of which the first id, not the likeliest, was
+  drawn), which is greedy."""
+  return temperature_lib.shift_and_divide(logits, temperature)
 
 
 def sampling_probs(logits, temperature: float, top_k: int | None = None):

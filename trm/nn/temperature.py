@@ -1,0 +1,38 @@
+"""Logits over a sampling temperature, safe when the quotient would overflow.
+
+A temperature so small that a logit over it passes the float range turns
+every positive logit into +inf (and 0 / 0 into NaN): the softmax is then NaN
+and a categorical draw returns id 0, not the likeliest token. Both helpers
+keep the likeliest token at logit 0 in that case, which is greedy.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def shift_and_divide(logits, temperature):
+  """logits / temperature with each row's largest finite logit moved to 0
+  first: the same softmax, but the likeliest stays at 0 (also where a
+  subnormal temperature is flushed to 0) and the rest fall towards -inf."""
+  finite_max = jnp.max(jnp.where(jnp.isfinite(logits), logits, -jnp.inf),
+                       axis=-1, keepdims=True)
+  shifted = logits - jnp.where(jnp.isfinite(finite_max), finite_max,
+                               jnp.zeros((), logits.dtype))
+  return jnp.where(shifted == 0, jnp.zeros((), logits.dtype),
+                   shifted / temperature)
+
+
+def divide_unless_overflow(logits, temperature):
+  """logits / temperature as written (a reference's own rounding, e.g. in
+  bfloat16), except in rows where that quotient leaves the float range
+  (a finite logit becomes inf or NaN): those rows get `shift_and_divide`.
+  The extra pass over the vocabulary runs only when some row overflows."""
+  scaled = logits / temperature
+  overflow = jnp.any(~jnp.isfinite(scaled) & jnp.isfinite(logits), axis=-1,
+                     keepdims=True)
+  return jax.lax.cond(
+      jnp.any(overflow),
+      lambda: jnp.where(overflow, shift_and_divide(logits, temperature),
+                        scaled),
+      lambda: scaled)
