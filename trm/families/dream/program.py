@@ -39,18 +39,25 @@ def check_config(config) -> None:
                      "be a positive integer.")
 
 
+def _split_ways(ctx, name: str) -> tuple[tuple[str, ...], int]:
+  """(mesh axes the rules split logical axis `name` over, how many ways)."""
+  axes = mesh_lib.axes_of(nn.logical_to_mesh_axes((name,), ctx.rules)[0])
+  return axes, math.prod(ctx.mesh.shape[a] for a in axes)
+
+
 def check_heads_fit(cfg: dream.DreamConfig, ctx) -> None:
-  """The mesh axes the rules split attention heads over divide the head
-  counts. `tree_shardings` replicates a dimension an axis does not divide,
-  so mesh.model=8 on the 28 query heads kept every q/o projection whole on
-  every device (8x their memory, no tensor parallelism) without a word;
+  """The mesh axes the rules split attention heads, the MLP width and the
+  vocabulary over divide those sizes. `tree_shardings` replicates a
+  dimension an axis does not divide, so mesh.model=8 on the 28 query heads
+  kept every q/o projection whole on every device (8x their memory, no
+  tensor parallelism) without a word, and mesh.model=7 (which divides the
+  heads) did the same to the MLP (18,944 wide) and the embedding and LM
+  head (152,064): 6.8 of the 7B model's 7.6 billion weights 7x over;
   MaxText refuses such a split."""
   for name, count, field, label in (
       ("heads", cfg.num_attention_heads, "num_attention_heads", "q/o"),
       ("kv_heads", cfg.num_key_value_heads, "num_key_value_heads", "k/v")):
-    axes = mesh_lib.axes_of(
-        nn.logical_to_mesh_axes((name,), ctx.rules)[0])
-    ways = math.prod(ctx.mesh.shape[a] for a in axes)
+    axes, ways = _split_ways(ctx, name)
     if count % ways:
       split = " x ".join(f"config.mesh.{a}={ctx.mesh.shape[a]}" for a in axes)
       raise mesh_lib.MeshConfigError(
@@ -59,6 +66,28 @@ def check_heads_fit(cfg: dream.DreamConfig, ctx) -> None:
           f"{cfg.num_key_value_heads} key/value heads): the {label} "
           "projections would be replicated on every device; choose a size "
           f"that divides {count}.")
+  widths = (("heads", cfg.num_attention_heads, "num_attention_heads"),
+            ("kv_heads", cfg.num_key_value_heads, "num_key_value_heads"),
+            ("mlp", cfg.intermediate_size, "intermediate_size"),
+            ("vocab", cfg.vocab_size, "vocab_size"))
+  for name, count, field, label in (
+      ("mlp", cfg.intermediate_size, "intermediate_size",
+       "gate/up/down projections"),
+      ("vocab", cfg.vocab_size, "vocab_size", "embedding and LM head")):
+    axes, ways = _split_ways(ctx, name)
+    if count % ways:
+      split = " x ".join(f"config.mesh.{a}={ctx.mesh.shape[a]}" for a in axes)
+      # The splits every width on the same axes allows.
+      same = [(f, n) for other, n, f in widths
+              if _split_ways(ctx, other)[0] == axes]
+      fits = math.gcd(*(n for _, n in same))
+      sizes = ", ".join(str(d) for d in range(1, min(fits, ctx.mesh.size) + 1)
+                        if fits % d == 0)
+      raise mesh_lib.MeshConfigError(
+          f"{split} does not divide config.model.{field}={count}: the "
+          f"{label} would be replicated on every device of that split; "
+          f"choose a size (product) from {sizes} (these divide each of "
+          + ", ".join(f"{f}={n}" for f, n in same) + ").")
 
 
 def build(config, ctx, shapes=None) -> Program:
