@@ -120,6 +120,12 @@ def test_chat_prompts_are_stripped_as_diffucoders_readme_does(checkpoint):
       "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
       "<|im_start|>user\nWrite fib.\n<|im_end|>\n<|im_start|>assistant\n")
   assert lm.encode([" Write fib.\n", "Write fib.  "], chat=True) == [want] * 2
+  # A system message replaces the default one, as in the chat template
+  # (<|im_start|>system\n{content}<|im_end|>\n), kept as given.
+  assert lm.encode(["Write fib. "], chat=True, system=" Be brief.") == [
+      lm.tokenizer.encode(
+          "<|im_start|>system\n Be brief.<|im_end|>\n"
+          "<|im_start|>user\nWrite fib.\n<|im_end|>\n<|im_start|>assistant\n")]
   # Without the template the text is the model's to continue, as given.
   assert lm.encode(["Write fib. "]) == [lm.tokenizer.encode("Write fib. ")]
 
@@ -161,6 +167,8 @@ def test_chat_history_and_timings(lm):
     (dict(max_new_tokens=0), "max_new_tokens=0"),
     (dict(max_new_tokens=200000), "exceed the model's 131072 positions"),
     (dict(alg="best"), "alg='best'"),
+    (dict(system="Be brief."), "system: a system message belongs to the "
+     "chat template; pass chat=True with it."),
     (dict(batch_size=0), "batch_size=0"),
     (dict(cache="full"), "cache='full': must be one of"),
     (dict(cache="dual", block_length=3), "block_length=3: must divide"),
@@ -227,7 +235,7 @@ def test_cli_cached_decoding(checkpoint):
 
 def test_cli_compiles_once_and_prints_both_times(checkpoint):
   result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3 w4",
-                "--max_new_tokens=4")
+                "--max_new_tokens=4", "--chat", "--system=w5 w6")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "compile" in result.stdout and "generation" in result.stdout
   assert result.stdout.count("=== ") == 1

@@ -1,7 +1,7 @@
 r"""Sample from DiffuCoder / Dream with masked diffusion, sharded on the mesh.
 
   python -m trm.generate --checkpoint=DiffuCoder-7B-Instruct \
-      --prompt="Write a quick sort." --chat
+      --prompt="Write a quick sort." --chat [--system="You are a coder."]
   python -m trm.generate --checkpoint=DIR --batch_file=prompts.txt \
       --max_new_tokens=256 --steps=256 --alg=entropy --temperature=0.3 \
       --top_p=0.95 [--config=configs/diffucoder_7b.py]
@@ -60,6 +60,9 @@ def main(argv):
   if not _CHECKPOINT.value:
     raise app.UsageError("--checkpoint is required.")
   prompts = read_prompts(_PROMPT.value, _BATCH_FILE.value)
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  # Before any weight is read.
+  inference.check_system(_SYSTEM.value, _SAMPLER["chat"].value, "--system")
   settings = sampler_settings(_SAMPLER)
   check_batch_and_seed(_SAMPLER, len(prompts))
   import jax  # pylint: disable=g-import-not-at-top
@@ -69,7 +72,8 @@ def main(argv):
   if first:
     print(f"weights: {lm.source}")
   sampler = {k: _SAMPLER[k].value for k in ("chat", "batch_size", "seed")}
-  completions = lm.generate(prompts, **settings, **sampler)
+  completions = lm.generate(prompts, **settings, **sampler,
+                            system=_SYSTEM.value)
   if not first:
     return
   for prompt, completion in zip(prompts, completions):
@@ -201,7 +205,7 @@ def define_sampler_flags(*, temperature: float = 0.0,
 def define_flags():
   """Defines the command-line flags; only when run as a program, so that
   tests can import several entry points into one process."""
-  global _CONFIG, _CHECKPOINT, _PROMPT, _BATCH_FILE, _SAMPLER
+  global _CONFIG, _CHECKPOINT, _PROMPT, _BATCH_FILE, _SYSTEM, _SAMPLER
   _CONFIG = config_flags.DEFINE_config_file(
       "config", None, "Optional: a config whose mesh and logical-axis rules "
       "to use (model sizes come from the checkpoint).", lock_config=True)
@@ -212,6 +216,9 @@ def define_flags():
   _BATCH_FILE = flags.DEFINE_string(
       "batch_file", None, "A UTF-8 file with one prompt per line (LF or "
       "CRLF line ends).")
+  _SYSTEM = flags.DEFINE_string(
+      "system", None, "With --chat: the system message, in place of the "
+      "template's 'You are a helpful assistant.'.")
   _SAMPLER = define_sampler_flags()
 
 if __name__ == "__main__":

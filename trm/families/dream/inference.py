@@ -101,6 +101,23 @@ def check_text(text: str, name: str) -> None:
                      f"{e.start}); pass UTF-8 text.") from None
 
 
+def check_system(system, chat, name: str = "system") -> None:
+  """`system` (the flag or argument `name`) is a UTF-8 string given with
+  chat: the system message is part of the chat template, and a raw prompt
+  has none (it would be dropped without a word)."""
+  if system is None:
+    return
+  if not isinstance(system, str):
+    raise ArgumentTypeError(f"{name} is a {type(system).__name__}: pass a "
+                            "string.")
+  check_text(system, name)
+  if not chat:
+    raise ValueError(f"{name}: a system message belongs to the chat "
+                     "template; pass "
+                     f"{'--chat' if name.startswith('--') else 'chat=True'}"
+                     " with it.")
+
+
 def check_prompts(prompts) -> list[str]:
   """`prompts` (a string, or a list / tuple / other iterable of strings) as
   a list; ArgumentTypeError naming `prompts` (and the index) otherwise,
@@ -494,15 +511,20 @@ class DiffusionLM:
 
   # ------------------------------------------------------------- generation
 
-  def encode(self, prompts: Sequence[str], chat: bool = False):
+  def encode(self, prompts: Sequence[str], chat: bool = False,
+             system: Optional[str] = None):
     """Token ids of `prompts`; with `chat`, each stripped of surrounding
     whitespace and wrapped in the Instruct template, a special token's
     name in it encoded as text (`chat_prompt_ids`), as DiffuCoder's README
     and inference_demo.py prompt the model and as the fine-tuning rows are
-    built."""
+    built. `system` replaces the template's system message ("You are a
+    helpful assistant."), as a first system message does in the chat
+    template and in a fine-tuning conversation."""
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
     if chat:
-      return [tok_lib.chat_prompt_ids(self.tokenizer, p) for p in prompts]
+      return [tok_lib.chat_prompt_ids(
+          self.tokenizer, p if system is None
+          else [("system", system), ("user", p)]) for p in prompts]
     return [self.tokenizer.encode(p) for p in prompts]
 
   def compile(self, batch: int, prompt_len: int, *, padded: bool,
@@ -550,7 +572,8 @@ class DiffusionLM:
                temperature: float = 0.0, top_p: Optional[float] = None,
                top_k: Optional[int] = DEFAULT_TOP_K,
                alg_temp: Optional[float] = None, eps: float = 1e-3,
-               chat: bool = False, batch_size: Optional[int] = None,
+               chat: bool = False, system: Optional[str] = None,
+               batch_size: Optional[int] = None,
                seed: int = 0, return_tokens: bool = False,
                return_history: bool = False, cache: Optional[str] = None,
                block_length: int = 32, threshold: Optional[float] = None,
@@ -560,7 +583,8 @@ class DiffusionLM:
                output_history: bool = False):
     """Completions (list of str) for `prompts` (a string or a list).
 
-    steps defaults to max_new_tokens (one token per step). `cache`
+    steps defaults to max_new_tokens (one token per step). `system`
+    (with `chat` only) replaces the template's system message. `cache`
     ('prefix' or 'dual') selects Fast-dLLM-style cached block decoding
     (`cached_sampling`: approximate, much faster on long canvases) with
     blocks of `block_length` tokens and, with `threshold`, confidence-
@@ -586,6 +610,7 @@ class DiffusionLM:
     from trm.core import host_arrays  # pylint: disable=g-import-not-at-top
     # Every argument is checked before anything is tokenised or computed.
     prompts = check_prompts(prompts)
+    check_system(system, chat)
     check_batch_and_seed(batch_size, seed, len(prompts))
     seed = int(seed)  # numpy integers would wrap in seed + n
     if not _is_int(prompt_bucket) or prompt_bucket < 1:
@@ -605,7 +630,7 @@ class DiffusionLM:
           cache=cache, block_length=block_length, threshold=threshold,
           max_new_tokens=max_new_tokens, steps=steps, alg=alg,
           fast_dllm=fast_dllm)
-    token_lists = self.encode(prompts, chat)
+    token_lists = self.encode(prompts, chat, system)
     empty = [i for i, t in enumerate(token_lists) if not t]
     if empty:
       raise ValueError(f"prompt {empty[0]} encodes to no tokens; a sequence "
