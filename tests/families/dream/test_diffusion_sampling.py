@@ -327,6 +327,21 @@ def test_alg_temp_gumbel_topk():
   assert not np.array_equal(np.asarray(greedy), np.asarray(x))
 
 
+def test_a_vanishing_alg_temp_reveals_the_most_confident_first():
+  """entropy conf / 1e-39 overflowed to -inf at every masked position, tied
+  with the revealed positions' -inf, so the reveal top-k chose revealed
+  tokens again and wrote <|mask|> over them; such a row now ranks by
+  confidence, as alg_temp=0 does."""
+  fn = _make_model()
+  ids = _prompts(2, 4)
+  kw = dict(mask_token_id=MASK, max_new_tokens=8, steps=8, alg="entropy",
+            rng=jax.random.key(0), return_history=True)
+  _, hist = ds.diffusion_generate(fn, ids, None, alg_temp=1e-39, **kw)
+  _check_monotone(ids, hist)
+  _, greedy = ds.diffusion_generate(fn, ids, None, **kw)
+  np.testing.assert_array_equal(hist, greedy)
+
+
 def test_temperature_sampling_bf16():
   base = _make_model(seed=6)
   fn = lambda t, m, q: base(t, m, q).astype(jnp.bfloat16)  # model dtype

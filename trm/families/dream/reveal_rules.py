@@ -86,8 +86,19 @@ def reveal_scores(conf, alg_temp, key):
   to a constant)."""
   if alg_temp is None or alg_temp == 0:
     return conf
-  scores = (conf / jnp.asarray(alg_temp, conf.dtype)).astype(jnp.float32)
-  return scores + jax.random.gumbel(key, scores.shape, jnp.float32)
+  scaled = conf / jnp.asarray(alg_temp, conf.dtype)
+  scores = scaled.astype(jnp.float32) + jax.random.gumbel(
+      key, scaled.shape, jnp.float32)
+  # An alg_temp so small that conf / alg_temp overflows (1e-38 is flushed
+  # to 0 in bfloat16) tied the masked positions at +-inf, the negative
+  # entropies with the revealed positions' -inf: revealed tokens were chosen
+  # again and turned back into <|mask|>. Such a row ranks by confidence,
+  # the limit of alg_temp -> 0 (as alg_temp=0); the reference (float32
+  # quotient) picks the most confident first there too, or raises once
+  # every masked quotient overflows.
+  overflow = jnp.any(~jnp.isfinite(scaled) & jnp.isfinite(conf), axis=-1,
+                     keepdims=True)
+  return jnp.where(overflow, conf.astype(jnp.float32), scores)
 
 
 def rank_desc(scores):
