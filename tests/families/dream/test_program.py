@@ -44,3 +44,23 @@ def test_a_model_axis_not_dividing_the_mlp_or_vocabulary_is_refused(
   assert str(error.value) == message
   # The sizes it names pass.
   dream_program.check_heads_fit(cfg, _context(2))
+
+
+def test_an_fsdp_size_not_dividing_the_width_is_one_warning(caplog):
+  """mesh.fsdp=-1 on 6 devices: 6 does not divide the 7B's 3,584 wide
+  'embed' axis, so every weight matrix stayed whole on every device
+  without a word. Warned (not refused: a replicated model still samples)."""
+  mesh = mesh_lib.make_mesh(config_lib.mesh_config(data=1, fsdp=-1, model=1),
+                            jax.devices()[:6])
+  ctx = mesh_lib.ShardingContext(mesh, config_lib.default_logical_axis_rules())
+  dream_program._warn_once.cache_clear()  # pylint: disable=protected-access
+  dream_program.check_heads_fit(dream.DreamConfig(), ctx)
+  dream_program.check_heads_fit(dream.DreamConfig(), ctx)  # once only
+  assert [r.getMessage() for r in caplog.records] == [
+      "config.mesh.fsdp=6 does not divide config.model.hidden_size=3584: the "
+      "weights split over it stay whole on each of its 6 devices, 28.37 GiB "
+      "of weights per device (training keeps optimizer state beside each); a "
+      "size that divides it (1, 2, 4) splits them."]
+  caplog.clear()
+  dream_program.check_heads_fit(dream.DreamConfig(), _context(4))
+  assert not caplog.records
