@@ -193,7 +193,7 @@ class Recorder:
                device=self.jax_device if side == "ours" else self.torch_device,
                jax=self.jax_version, torch=self.torch_version, dtype=dtype,
                batch=int(batch), command=self.command,
-               smoke=bool(self.args.smoke), **extra)
+               smoke=bool(self.args.smoke), **matmul_settings(side), **extra)
     with open(self.path, "a") as f:
       f.write(json_line(row) + "\n")
     self.count += 1
@@ -312,16 +312,51 @@ def free_memory() -> None:
     pass
 
 
+# TF32 for torch's float32 matmuls and cuDNN calls, per section, as each
+# reference runs: nanoGPT's train.py turns both on; upstream TRM's
+# pretrain.py and Dream's code set neither, so torch's defaults hold
+# (matmuls off, cuDNN on). Ours runs at JAX's default matmul precision, TF32
+# on an NVIDIA GPU (trm.core.mfu). Every figure records its side's setting.
+TORCH_TF32 = {"trm": (False, True), "gpt": (True, True),
+              "dream": (False, True)}
+
+
+def matmul_settings(side: str) -> dict:
+  """The float32 matmul settings `side` ran under, for its figures."""
+  if side == "ours":
+    import jax  # pylint: disable=g-import-not-at-top
+    from trm.core import mfu as mfu_lib  # pylint: disable=g-import-not-at-top
+    precision = jax.config.jax_default_matmul_precision
+    # trm.core.mfu's rule for the peak: TF32 unless asked for float32.
+    return {"jax_default_matmul_precision": precision,
+            "tf32_matmul": str(precision).lower() not in
+                           mfu_lib.FULL_FLOAT32}
+  torch = sys.modules.get("torch")  # None: torch does not import
+  if torch is None:
+    return {}
+  return {"tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+          "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32)}
+
+
 def torch_device(args):
   """torch's device for the section, or None (said in the log) where torch
   does not import or sees no GPU: then ours is measured alone, rather than
-  the section failing before any of ours' figures."""
+  the section failing before any of ours' figures. Sets torch's TF32 as the
+  section's reference does (TORCH_TF32), on the CPU too, so --smoke runs
+  the same code."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except Exception as e:  # pylint: disable=broad-except
     log(f"torch: does not import ({type(e).__name__}: {str(e)[:300]}); "
         "ours is measured alone")
     return None
+  if args.section in TORCH_TF32:
+    matmul, cudnn = TORCH_TF32[args.section]
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = cudnn
+    log(f"torch: TF32 for float32 matmuls {'on' if matmul else 'off'}, for "
+        f"cuDNN {'on' if cudnn else 'off'}, as the {args.section} reference "
+        "runs")
   if args.smoke:
     # One thread: torch's OpenMP workers spinning beside XLA's pool on a
     # small shared CPU slow both sides several-fold.

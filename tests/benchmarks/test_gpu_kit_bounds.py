@@ -171,3 +171,39 @@ def test_ours_is_measured_alone_where_torch_does_not_import(
   assert rows[(timed, "ours")]["value"] > 0
   assert not [key for key in rows if key[1] == "torch"]
   assert rows[(timed, "ours")]["torch"] is None
+
+
+@pytest.mark.parametrize("section, tf32", [("gpt", True), ("dream", False)])
+def test_torch_runs_tf32_as_its_reference_and_each_figure_says_so(
+    tmp_path, monkeypatch, section, tf32):
+  """nanoGPT's train.py turns TF32 on for torch's float32 matmuls and cuDNN;
+  upstream TRM's pretrain.py and Dream's code leave torch's defaults
+  (matmuls off). The kit left TF32 off for nanoGPT, and no figure said
+  what either side ran under; ours runs at JAX's default precision, which
+  is TF32 on the GPU."""
+  torch = pytest.importorskip("torch")
+  measure = _measure()
+  matmul = torch.backends.cuda.matmul.allow_tf32
+  cudnn = torch.backends.cudnn.allow_tf32
+  try:
+    torch.backends.cuda.matmul.allow_tf32 = not tf32  # what the kit must set
+    if section == "gpt":
+      _stub_gpt(measure, monkeypatch, lambda: 1.0)
+    else:
+      _stub_dream(measure, monkeypatch, collections.Counter())
+    args = measure.parse_args([section, f"--out={tmp_path}", "--smoke",
+                               "--rounds=1"])
+    getattr(measure, f"section_{section}")(
+        args, measure.Recorder(args, section), measure.Budget(300))
+  finally:
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = cudnn
+  rows = _figures(tmp_path).values()
+  torch_rows = [r for r in rows if r["side"] == "torch"]
+  ours_rows = [r for r in rows if r["side"] == "ours"]
+  assert torch_rows and ours_rows
+  for row in torch_rows:
+    assert row["tf32_matmul"] is tf32 and row["tf32_cudnn"] is True, row
+  for row in ours_rows:
+    assert row["jax_default_matmul_precision"] is None, row
+    assert row["tf32_matmul"] is True, row

@@ -200,7 +200,7 @@ def measured_cpu_peak_flops(dtype: str = "float32", size: int = 1024,
 # operands in float32 (CUDA cores); at every other setting, the default
 # (None) included, it uses TF32 tensor cores (trm.forecast.ops charges a
 # float32 cuBLAS matmul likewise).
-_FULL_FLOAT32 = ("highest", "float32", "f32_f32_f32")
+FULL_FLOAT32 = ("highest", "float32", "f32_f32_f32")
 
 
 def _gpu_float32_as(name: str) -> str:
@@ -209,7 +209,7 @@ def _gpu_float32_as(name: str) -> str:
   H100's MFU read 7.4x high: 67 instead of 494.5 TFLOP/s)."""
   import jax  # pylint: disable=g-import-not-at-top
   precision = jax.config.jax_default_matmul_precision
-  if name != "float32" or str(precision).lower() in _FULL_FLOAT32:
+  if name != "float32" or str(precision).lower() in FULL_FLOAT32:
     return name
   return "tfloat32"
 
