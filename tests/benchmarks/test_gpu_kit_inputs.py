@@ -39,6 +39,37 @@ def _run_sh(tmp_path, out, *args, **env):
                         text=True, timeout=120, check=False)
 
 
+def test_run_sh_counts_the_install_in_its_total(tmp_path):
+  """The run ends within its total (issue 26's 8 minutes) counted from its
+  start: the install and the version check (here a 2 s stand-in) and the
+  15 s run.sh keeps for the end come out of the sections' time. The
+  sections' budgets summed to the total without the install (about 15 s on
+  the H100), so the run could end past it."""
+  stub = tmp_path / "slow_version_check"
+  stub.write_text(STUB.replace('exec "$REAL_PYTHON"',
+                               '[ "${1:-}" != - ] || sleep 2\nexec "$REAL_PYTHON"'))
+  stub.chmod(0o755)
+  argv = tmp_path / "argv"
+  proc = _run_sh(tmp_path, tmp_path / "out", "--only=cudnn",
+                 PYTHON=str(stub), STUB_ARGV=str(argv), TRM_GPU_TOTAL="40",
+                 TRM_GPU_BUDGET_CUDNN="40")
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  budget = argv.read_text().split("--budget=")[1].split()[0]
+  assert int(budget) <= 40 - 2 - 15, proc.stdout
+  assert "cut to the" in proc.stdout and "the install counted" in proc.stdout
+  # Under 10 s left: the section is not started, and the run says so.
+  proc = _run_sh(tmp_path, tmp_path / "out", "--only=cudnn",
+                 PYTHON=str(stub), TRM_GPU_TOTAL="25")
+  assert proc.returncode == 1, proc.stdout + proc.stderr
+  assert "section cudnn: skipped: " in proc.stdout, proc.stdout
+  assert "failed: cudnn" in proc.stdout
+  proc = _run_sh(tmp_path, tmp_path / "out", "--only=cudnn",
+                 TRM_GPU_TOTAL="1e3")
+  assert proc.returncode == 2
+  assert "TRM_GPU_TOTAL='1e3' must be a whole number of seconds" in (
+      proc.stderr)
+
+
 def test_run_sh_refuses_an_out_that_is_a_file(tmp_path):
   # It used to fall back to OUT='' and write /figures.jsonl and /log.txt.
   out = tmp_path / "a_file"
