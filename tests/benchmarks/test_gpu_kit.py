@@ -531,6 +531,14 @@ def test_trm_variants_are_checked():
   assert (config.model.mlp_t, config.model.mlp_kernel) == (True, "triton")
   with pytest.raises(SystemExit):
     measure.parse_args(["trm", "--out=x", "--trm_variants=att_maze,mlp"])
+  # Timed in the order named (it was the module's own order, whatever the
+  # flag said: the default's mlp_t_sudoku_triton ran second, so a short
+  # budget cut it rather than att_maze), each once.
+  args = measure.parse_args(["trm", "--out=x", "--trm_variants="
+                             "mlp_t_sudoku_triton,att_maze,mlp_t_sudoku,"
+                             "att_maze"])
+  assert [v[0] for v in measure._trm_variants(args)] == [  # pylint: disable=protected-access
+      "mlp_t_sudoku_triton", "att_maze", "mlp_t_sudoku"]
 
 
 def test_gpt_variants_are_checked_and_set_the_model():
