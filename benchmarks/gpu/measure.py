@@ -31,8 +31,11 @@ SECTION is one of
 Rounds alternate ours and torch on the same device. Each figure is one JSON
 line in DIR/figures.jsonl with name, value, unit, side (ours | torch),
 device, jax and torch versions, dtype, batch and the command, plus the MFU
-and ratio where they apply. A section stops starting new work when its
-budget runs low, so a slow device yields fewer rounds, not a killed run.
+and ratio where they apply; each round's time is written as it is measured.
+A section stops starting new work when its budget runs low, so a slow
+device yields fewer rounds, not a killed run. trm, gpt and dream run in a
+child process under a watchdog (`supervise`): a call that hangs past its
+bound ends its TRM variant or Dream batch size only.
 Where ours falls short of the goal (1.3x torch's throughput) in the first
 round, a jax.profiler trace of a few of our steps is taken then and kept as
 DIR/trace_<name>.tar.gz (if under 16 MiB; at most 5: TRM's two variants,
@@ -100,9 +103,42 @@ class OutOfTime(Exception):
   """The section's budget ran out inside a call (see `time_limit`)."""
 
 
+# The watchdog (`supervise`). SIGALRM stops Python code at its bound, but
+# not a device call that never returns (a GPU hang inside
+# block_until_ready or a torch sync): then `supervise`, the process that
+# started this one, kills it WATCH_GRACE_S past the bound and starts the
+# section's next variant in a new process. This process tells it the unit
+# (TRM variant, Dream batch size) it is in and the bound of the call it is
+# in, one JSON line each, in the file --watch_file names.
+WATCH_GRACE_S = 20.0
+WATCH_FLOOR_S = 60.0  # a call's bound: 4x its earlier time, at least this
+FIRST_CALL_S = 120.0  # a call with no earlier time (Dream's warm-ups)
+_watch = {"path": None, "bounds": []}
+
+
+def _watch_write(**line) -> None:
+  if _watch["path"]:
+    with open(_watch["path"], "a") as f:
+      f.write(json.dumps(line) + "\n")
+
+
+def watch_unit(name) -> None:
+  """Tells the watchdog that the section starts its unit `name`."""
+  _watch_write(unit=str(name))
+
+
+def call_bound(earlier_seconds: float | None, left: float) -> float:
+  """A timed call's bound: 4x the same call's earlier time (a warm-up, the
+  round before), at least WATCH_FLOOR_S, at most `left`."""
+  if not earlier_seconds:
+    return left
+  return min(left, max(WATCH_FLOOR_S, 4 * earlier_seconds))
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float):
-  """Raises OutOfTime in the main thread after `seconds` (SIGALRM)."""
+  """Raises OutOfTime in the main thread after `seconds` (SIGALRM), and
+  tells the watchdog the bound, for a call that SIGALRM cannot stop."""
   if seconds <= 0:
     raise OutOfTime("no time left")
 
@@ -112,11 +148,15 @@ def time_limit(seconds: float):
 
   previous = signal.signal(signal.SIGALRM, handler)
   signal.setitimer(signal.ITIMER_REAL, seconds)
+  _watch["bounds"].append(time.time() + seconds)
+  _watch_write(until=_watch["bounds"][-1])
   try:
     yield
   finally:
     signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, previous)
+    _watch["bounds"].pop()
+    _watch_write(until=_watch["bounds"][-1] if _watch["bounds"] else None)
 
 
 class Budget:
@@ -180,8 +220,10 @@ class Recorder:
       # Not only ImportError: a broken install raises others (OSError on a
       # missing library); torch_device says so, and ours runs alone.
       self.torch_version, self.torch_device = None, None
+    # The watchdog's file is this process's own (a child of `supervise`).
     self.command = " ".join(["python", "benchmarks/gpu/measure.py"]
-                            + sys.argv[1:])
+                            + [a for a in sys.argv[1:]
+                               if not a.startswith("--watch_file=")])
     self.count = 0
     self.traces = sum(n.startswith("trace_") for n in os.listdir(args.out))
 
@@ -202,6 +244,18 @@ class Recorder:
                      and isinstance(v, float))
     log(f"FIGURE {row['name']} [{side}] = {value:.6g} {unit} {shown}")
     return row
+
+  def round_time(self, name: str, side: str, seconds: float, index: int, *,
+                 dtype: str, batch: int, time_unit: str = "ms",
+                 **extra) -> None:
+    """One side's time in round `index` (from 0) of a measurement, written
+    as soon as it is measured (`<name>/round/<ms|seconds>`): a hang later
+    in the section loses none of the rounds before it (`pair` writes the
+    medians once all rounds are in)."""
+    scale = {"ms": 1e3, "s": 1.0}[time_unit]
+    self.figure(f"{name}/round/{'ms' if time_unit == 'ms' else 'seconds'}",
+                seconds * scale, time_unit, side, dtype=dtype, batch=batch,
+                round=index + 1, **extra)
 
   def pair(self, name: str, ours: list[float], theirs: list[float], *,
            dtype: str, batch: int, flops: float | None, peak: float | None,
@@ -244,25 +298,29 @@ def short_of_goal(ours_seconds: float, torch_seconds: float) -> bool:
 
 
 def keep_trace(rec: Recorder, name: str, run, torch_run=None,
-               runs: int = 1) -> None:
+               runs: int = 1, seconds: float | None = None) -> None:
   """Profiles `run()` with jax.profiler into OUT/trace_<name>.tar.gz; with
   `torch_run`, the same work on torch's side with torch.profiler, into the
   same archive (`torch/torch.trace.json.gz`, Chrome format, and
   `torch/meta.json` with `runs`, the steps or calls each side ran), so
-  `profile_table.py --side=torch` sets the two side by side."""
+  `profile_table.py --side=torch` sets the two side by side. `seconds`
+  bounds both (`time_limit`: the watchdog ends a hang)."""
   if rec.traces >= MAX_TRACES:
     log(f"trace {name}: skipped ({MAX_TRACES} traces kept already)")
     return
   import jax  # pylint: disable=g-import-not-at-top
   scratch = tempfile.mkdtemp(prefix="trm_trace_")
   try:
-    with jax.profiler.trace(scratch):
-      run()
-    if torch_run is not None:
-      try:
-        _torch_trace(os.path.join(scratch, "torch"), torch_run, runs)
-      except Exception as e:  # pylint: disable=broad-except
-        log(f"trace {name}: torch's side failed ({type(e).__name__}: {e})")
+    with (time_limit(seconds) if seconds is not None
+          else contextlib.nullcontext()):
+      with jax.profiler.trace(scratch):
+        run()
+      if torch_run is not None:
+        try:
+          _torch_trace(os.path.join(scratch, "torch"), torch_run, runs)
+        except Exception as e:  # pylint: disable=broad-except
+          log(f"trace {name}: torch's side failed ({type(e).__name__}: "
+              f"{e})")
     safe = re.sub(r"[^\w.-]", "_", name)
     path = os.path.join(rec.args.out, f"trace_{safe}.tar.gz")
     with tarfile.open(path, "w:gz") as tar:
@@ -586,6 +644,7 @@ def section_trm(args, rec: Recorder, budget: Budget) -> None:
     args.mixer_setting = _use_mixer_setting(args)
   for index, (name, file, variant, metadata, batch, attention,
               mlp_kernel) in enumerate(variants):
+    watch_unit(name)
     # Each variant gets its share of what is left.
     share = budget.left() / (len(variants) - index)
     end = time.monotonic() + share
@@ -790,22 +849,36 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
                  what="torch.cuda.max_memory_allocated",
                  torch_compile=compiled, **common)
   ours_s, torch_s = [], []  # per round: median seconds per step
+  # Each side's round is bounded by 4x its round before and the variant's
+  # share (`call_bound`: SIGALRM, and the watchdog for a hang), but never
+  # under WATCH_FLOOR_S: the rounds ran unbounded before, and a torch.compile
+  # that took its share but 15 s must not cost the figure. Each round is on
+  # disk as soon as it is timed.
+  earlier = {"ours": None, "torch": None}
+  share_left = lambda: max(left(), WATCH_FLOOR_S)  # noqa: E731
   for r in range(args.rounds):
     if r and left() < 3 * (max(ours_s + torch_s) * steps + 1):
       break
     # A side that fails in a round (out of memory, a device error) stops;
     # the rounds timed so far are still recorded, and the next variant runs.
     try:
-      state, t = run_ours(state)
+      with time_limit(call_bound(earlier["ours"], share_left())):
+        state, t = run_ours(state)
     except Exception as e:  # pylint: disable=broad-except
       log(f"trm {name} round {r + 1}: ours failed ({type(e).__name__}: "
           f"{str(e)[:300]}); no more rounds")
       break
+    earlier["ours"] = sum(t)
     ours_s.append(statistics.median(t))
+    rec.round_time(f"{name}/train_step", "ours", ours_s[-1], r, **common)
     if torch_ok:
       try:
-        carry, t = run_torch(carry)
+        with time_limit(call_bound(earlier["torch"], share_left())):
+          carry, t = run_torch(carry)
+        earlier["torch"] = sum(t)
         torch_s.append(statistics.median(t))
+        rec.round_time(f"{name}/train_step", "torch", torch_s[-1], r,
+                       torch_compile=compiled, **common)
       except Exception as e:  # pylint: disable=broad-except
         log(f"trm {name} round {r + 1}: torch failed ({type(e).__name__}: "
             f"{str(e)[:300]}); ours goes on alone")
@@ -815,7 +888,8 @@ def _trm_time_pair(args, rec, name, config, metadata, batch, ours, device,
     if r == 0 and torch_s and short_of_goal(ours_s[0], torch_s[0]):
       # Traced now, while the budget still holds a few steps.
       keep_trace(rec, f"trm_{name}", traced_steps,
-                 torch_run=lambda: run_torch(carry), runs=steps)
+                 torch_run=lambda: run_torch(carry), runs=steps,
+                 seconds=left())
   rec.pair(f"{name}/train_step", ours_s, torch_s, flops=flops, peak=peak,
            time_unit="ms", rate=("examples_per_s", "examples/s", batch),
            torch_compile=compiled, peak_what=peak_what,
@@ -1043,6 +1117,14 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
 
   slowest = 0.0
   stopped = set()  # ours' variants that failed in a round
+  # Each round is bounded by 4x the one before and the budget
+  # (`call_bound`: SIGALRM, and the watchdog for a hang), never under
+  # WATCH_FLOOR_S (the rounds ran unbounded before), and is on disk as soon
+  # as it is timed.
+  def bound(ms):
+    return call_bound(ms and ms[-1] * iters / 1e3,
+                      max(budget.left(), WATCH_FLOOR_S))
+
   for r in range(args.rounds):
     if r and budget.left() < 2 * slowest * (len(ours) + 1) * iters / 1e3 + 5:
       break
@@ -1053,20 +1135,27 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
       # A side that fails in a round (out of memory, a device error) stops;
       # the rounds timed so far are still recorded.
       try:
-        result = timed(iters, warmup if r == 0 else 0)
+        with time_limit(bound(ms)):
+          result = timed(iters, warmup if r == 0 else 0)
       except Exception as e:  # pylint: disable=broad-except
         log(f"gpt round {r + 1}: ours {attention} failed ({type(e).__name__}"
             f": {str(e)[:300]}); no more rounds of it")
         stopped.add(attention)
         continue
       ms.append(result["ms_per_iter"])
+      rec.round_time(f"attention_{attention}/iteration", "ours", ms[-1] / 1e3,
+                     r, dtype=config.dtype, batch=config.batch_size)
       slowest = max(slowest, ms[-1])
       line.append(f"ours {attention} {ms[-1]:.1f} ms")
       if flops is None:
         flops = result["mfu"] * peak * result["ms_per_iter"] / 1e3
     if theirs:
       try:
-        torch_ms.append(time_torch())
+        with time_limit(bound(torch_ms)):
+          torch_ms.append(time_torch())
+        rec.round_time("torch/iteration", "torch", torch_ms[-1] / 1e3, r,
+                       dtype=config.dtype, batch=config.batch_size,
+                       torch_compile=compile_torch)
         slowest = max(slowest, torch_ms[-1])
         line.append(f"torch {torch_ms[-1]:.1f} ms")
       except Exception as e:  # pylint: disable=broad-except
@@ -1084,7 +1173,7 @@ def section_gpt(args, rec: Recorder, budget: Budget) -> None:
         # One iteration each side (torch's meta.json says 1; time_torch
         # would run `iters`, which the table would count as one).
         keep_trace(rec, f"gpt_{attention}", lambda: timed(1, 0),  # pylint: disable=cell-var-from-loop
-                   torch_run=theirs)
+                   torch_run=theirs, seconds=budget.left() - 5)
   for attention, (timed, ms) in ours.items():
     if not ms:
       continue
@@ -1270,6 +1359,7 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
 
   rng = np.random.default_rng(0)
   for b in batches:
+    watch_unit(b)
     if budget.left() < 20:
       log(f"dream batch {b}: skipped, {budget.left():.0f} s left")
       continue
@@ -1321,17 +1411,26 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
     # choices). Batch 16 did not start warm after batch 1 on the H100: ours'
     # first call took 6.75 s, the next 5.89 s (results/2026-11-27-h100-s39/
     # run2-log.txt), and with two rounds the median is their mean.
-    try:
-      with time_limit(budget.left() - 10):
-        start = time.perf_counter()
-        for variant in list(compiled):
-          ours(variant, 0)
-        if torch_ok:
-          torch_generate(ids)
-      log(f"dream batch {b}: warm-up, one untimed call per side, "
-          f"{time.perf_counter() - start:.1f} s")
-    except Exception as e:  # pylint: disable=broad-except
-      log(f"dream batch {b}: warm-up failed ({type(e).__name__}: {e})")
+    # Each call is bounded (SIGALRM, and the watchdog for a hang, which
+    # ends this batch size only): a first call by FIRST_CALL_S, a timed one
+    # by 4x the same call's time before (`call_bound`).
+    earlier = {}
+    start = time.perf_counter()
+    for variant, side in [(v, "ours") for v in compiled] + (
+        [("exact", "torch")] if torch_ok else []):
+      try:
+        with time_limit(min(budget.left() - 10, FIRST_CALL_S)):
+          call = time.perf_counter()
+          if side == "ours":
+            ours(variant, 0)
+          else:
+            torch_generate(ids)
+          earlier[(variant, side)] = time.perf_counter() - call
+      except Exception as e:  # pylint: disable=broad-except
+        log(f"dream batch {b}: warm-up of {variant} {side} failed "
+            f"({type(e).__name__}: {e})")
+    log(f"dream batch {b}: warm-up, one untimed call per side, "
+        f"{time.perf_counter() - start:.1f} s")
     for r in range(args.rounds):
       spent = max((max(v) for v in seconds.values() if v), default=0.0)
       if r and budget.left() < 2 * sum(
@@ -1345,13 +1444,19 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
         if budget.left() < 2 * spent + 5 and r:
           break
         try:
-          with time_limit(budget.left() - 5):
+          with time_limit(call_bound(earlier.get((variant, side)),
+                                     budget.left() - 5)):
             start = time.perf_counter()
             if side == "ours":
               ours(variant, r)
             else:
               torch_generate(ids)
             seconds[(variant, side)].append(time.perf_counter() - start)
+          earlier[(variant, side)] = seconds[(variant, side)][-1]
+          rec.round_time(f"b{b}/{variant}", side, earlier[(variant, side)],
+                         r, dtype=cfg.dtype, batch=b, time_unit="s",
+                         attention=attention_of.get(variant)
+                         if side == "ours" else None)
         except Exception as e:  # pylint: disable=broad-except
           log(f"dream batch {b} {variant} {side}: failed ({type(e).__name__}"
               f": {e})")
@@ -1378,12 +1483,14 @@ def section_dream(args, rec: Recorder, budget: Budget) -> None:
                       statistics.median(seconds[("exact", "torch")])) and
         budget.left() > 3 * max(seconds[("exact", "ours")]) + 10):
       keep_trace(rec, f"dream_b{b}_exact", lambda: ours("exact", 99),  # pylint: disable=cell-var-from-loop
-                 torch_run=lambda: torch_generate(ids))  # pylint: disable=cell-var-from-loop
+                 torch_run=lambda: torch_generate(ids),  # pylint: disable=cell-var-from-loop
+                 seconds=min(budget.left() - 5, FIRST_CALL_S))
     if (b == batches[0] and seconds[("dual", "ours")] and
         budget.left() > 3 * max(seconds[("dual", "ours")]) + 10):
       # The dual cache has no PyTorch side; on the H100 it ran at half the
       # exact sampler's MFU and twice its forecast, so its trace is kept.
-      keep_trace(rec, f"dream_b{b}_dual", lambda: ours("dual", 98))  # pylint: disable=cell-var-from-loop
+      keep_trace(rec, f"dream_b{b}_dual", lambda: ours("dual", 98),  # pylint: disable=cell-var-from-loop
+                 seconds=min(budget.left() - 5, FIRST_CALL_S))
     compiled.clear()
     free_memory()
 
@@ -1650,6 +1757,8 @@ def parse_args(argv=None):
                  choices=("cudnn", "dot"),
                  help="Dream: ours' attention on the GPU (falls back to dot "
                  "if it does not compile; --smoke: dot)")
+  # Set by `supervise` for the process it watches.
+  p.add_argument("--watch_file", default=None, help=argparse.SUPPRESS)
   p.add_argument("--dream_hf", default=os.path.join(HERE, "wheels",
                                                     "dream_hf"),
                  help="directory of Dream's HF code (a package)")
@@ -1695,9 +1804,90 @@ def parse_args(argv=None):
   return args
 
 
+def _watched(path: str) -> dict:
+  """The unit a watched section is in and the bound of its call (None:
+  no call under way), from its --watch_file."""
+  state = {"unit": None, "until": None}
+  with open(path) as f:
+    for line in f:
+      try:
+        state.update(json.loads(line))
+      except ValueError:
+        pass  # a line being written
+  return state
+
+
+def _watchdog(section: str, proc, path: str) -> bool:
+  """Waits for `proc`; kills it (and says True) once it is WATCH_GRACE_S
+  past the bound of the call it is in: a call SIGALRM did not stop."""
+  while True:
+    try:
+      proc.wait(timeout=0.5)
+      return False
+    except subprocess.TimeoutExpired:
+      pass
+    state = _watched(path)
+    if (state["until"] is not None
+        and time.time() > state["until"] + WATCH_GRACE_S):
+      log(f"{section} {state['unit']}: no answer {WATCH_GRACE_S:.0f} s past "
+          "its call's bound (a device hang?): killed; its rounds so far are "
+          "in figures.jsonl")
+      proc.kill()
+      proc.wait()
+      return True
+
+
+def supervise(args, argv: list[str]) -> int:
+  """Runs the section in a child process under the watchdog. A hang (or a
+  crash) ends the unit it is in, a TRM variant or a Dream batch size: the
+  units after it run in a new process, in what is left of the budget, and
+  the rounds measured so far are on disk already (Recorder.round_time).
+  Returns the exit status: 0 only if the child ran to its end."""
+  deadline = time.monotonic() + args.budget
+  units = {"trm": list(args.trm_variants),
+           "dream": [str(b) for b in args.dream_batches]}.get(args.section,
+                                                              [])
+  # The child's budget is what is left of this one's (its command, in its
+  # figures, shows one --budget).
+  argv = [a for a in argv if not a.startswith("--budget=")]
+  fd, path = tempfile.mkstemp(prefix="trm_watch_", suffix=".jsonl")
+  os.close(fd)
+  status, rest = 0, units
+  try:
+    while True:
+      command = [sys.executable, os.path.abspath(__file__), *argv,
+                 f"--budget={deadline - time.monotonic():.1f}",
+                 f"--watch_file={path}"]
+      if rest != units:
+        command += ([f"--trm_variants={','.join(rest)}"]
+                    if args.section == "trm" else ["--dream_batches", *rest])
+      open(path, "w").close()
+      proc = subprocess.Popen(command)
+      hung = _watchdog(args.section, proc, path)
+      if proc.returncode == 0 and not hung:
+        return status
+      status = 1
+      unit = _watched(path)["unit"]
+      if unit not in rest or unit == rest[-1]:
+        return status  # before its first unit, or after its last
+      rest = rest[rest.index(unit) + 1:]
+      if deadline - time.monotonic() < 20:
+        log(f"{args.section}: {', '.join(rest)} not run, under 20 s left")
+        return status
+      log(f"{args.section}: {unit} ended (exit {proc.returncode}); "
+          f"{', '.join(rest)} next, in a new process")
+  finally:
+    os.remove(path)
+
+
 def main(argv=None) -> None:
   args = parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
+  if args.watch_file:
+    _watch["path"] = args.watch_file
+  elif args.section in ("trm", "gpt", "dream"):
+    # Before JAX or torch start here: the child has the device to itself.
+    sys.exit(supervise(args, sys.argv[1:] if argv is None else list(argv)))
   budget = Budget(args.budget)
   if args.smoke:
     os.environ["JAX_PLATFORMS"] = "cpu"

@@ -334,6 +334,12 @@ def test_a_side_failing_in_a_trm_round_keeps_the_figures(tmp_path):
     torch = rows[(f"trm/{name}/train_step/ms", "torch")]
     assert ours["rounds"] == 2 and torch["rounds"] == 1, (ours, torch)
     assert ours["ours_over_torch_time"] > 0
+  with open(tmp_path / "figures.jsonl") as f:  # each round as it was timed
+    rounds = [(r["name"], r["side"], r["round"]) for r in map(json.loads, f)
+              if "round" in r]
+  assert rounds == [(f"trm/{name}/train_step/round/ms", side, r)
+                    for name in ("mlp_t_sudoku", "att_maze")
+                    for side, r in (("ours", 1), ("torch", 1), ("ours", 2))]
 
 
 def test_sections_run_in_the_order_asked_with_their_own_arguments(tmp_path):

@@ -93,6 +93,8 @@ def test_dream_starts_warm_at_every_batch_size(tmp_path, monkeypatch):
   measure = _measure()
   calls = collections.Counter()
   _stub_dream(measure, monkeypatch, calls)
+  watch = tmp_path / "watch.jsonl"
+  monkeypatch.setitem(measure._watch, "path", str(watch))  # pylint: disable=protected-access
   args = measure.parse_args(["dream", f"--out={tmp_path}", "--smoke",
                              "--rounds=1", "--dream_batches", "1", "2"])
   measure.section_dream(args, measure.Recorder(args, "dream"),
@@ -100,6 +102,18 @@ def test_dream_starts_warm_at_every_batch_size(tmp_path, monkeypatch):
   # Per batch size: one warm-up call and one timed round of each.
   assert calls == {(side, b): 2 for side in ("exact", "dual", "torch")
                    for b in (1, 2)}
+  # Each round is on disk as it is timed; the watchdog is told each batch
+  # size as it starts and each call's bound, cleared after the call.
+  rounds = {(r["name"], r["side"], r["round"]) for r in _figures(
+      tmp_path).values() if "round" in r}
+  assert rounds == {(f"dream/b{b}/{variant}/round/seconds", side, 1)
+                    for b in (1, 2) for variant, side in (
+                        ("exact", "ours"), ("exact", "torch"),
+                        ("dual", "ours"))}
+  lines = [json.loads(line) for line in open(watch)]
+  assert [line["unit"] for line in lines if "unit" in line] == ["1", "2"]
+  bounds = [line["until"] for line in lines if "until" in line]
+  assert len(bounds) >= 2 * 2 * 6 and bounds[-1] is None
 
 
 def _stub_gpt(measure, monkeypatch, torch_iteration):
@@ -147,6 +161,13 @@ def test_a_side_failing_in_a_gpt_round_keeps_the_figures(tmp_path,
   ours = rows[("gpt/attention_dot/iteration/ms", "ours")]
   torch = rows[("gpt/attention_dot/iteration/ms", "torch")]
   assert ours["rounds"] == 3 and torch["rounds"] == 1, (ours, torch)
+  with open(tmp_path / "figures.jsonl") as f:  # each round as it was timed
+    rounds = [(r["name"], r["side"], r["round"]) for r in map(json.loads, f)
+              if "round" in r]
+  assert rounds == [("gpt/attention_dot/iteration/round/ms", "ours", 1),
+                    ("gpt/torch/iteration/round/ms", "torch", 1),
+                    ("gpt/attention_dot/iteration/round/ms", "ours", 2),
+                    ("gpt/attention_dot/iteration/round/ms", "ours", 3)]
 
 
 @pytest.mark.parametrize("section", ["gpt", "dream"])
@@ -207,3 +228,129 @@ def test_torch_runs_tf32_as_its_reference_and_each_figure_says_so(
   for row in ours_rows:
     assert row["jax_default_matmul_precision"] is None, row
     assert row["tf32_matmul"] is True, row
+
+
+# The watched Dream section (the child `supervise` starts), its samplers and
+# Dream's HF model stand-ins as in _stub_dream; torch's third call at batch
+# 1 (round 2) hangs where SIGALRM cannot stop it, as a device call would.
+_DREAM_HANGS = """
+import signal
+import sys
+import time
+import types
+import jax.numpy as jnp
+import measure
+from trm.core import mfu
+from trm.families.dream import cached_sampling, model, sampling
+
+measure.WATCH_FLOOR_S = 1.0
+calls = {}
+
+
+def lowered(*args, **kwargs):
+  return types.SimpleNamespace(compile=lambda: lambda *a: jnp.zeros(()))
+
+
+def torch_generate(ids, **kwargs):
+  calls[ids.shape[0]] = calls.get(ids.shape[0], 0) + 1
+  if ids.shape[0] == 1 and calls[1] == 3:
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+    time.sleep(120)
+  return types.SimpleNamespace(sequences=ids)
+
+
+sampling.lower_generate = lowered
+cached_sampling.lower_cached_generate = lowered
+measure._dream_reference = lambda args: (
+    types.SimpleNamespace(DreamModel=None), "a stand-in")
+measure._torch_dream_model = lambda *a: types.SimpleNamespace(
+    diffusion_generate=torch_generate)
+measure.keep_trace = lambda *a, **k: None
+# Seconds each on a busy CPU, and not what is checked: the model's
+# initialisation and the CPU's measured peak.
+model.Dream = lambda cfg: types.SimpleNamespace(
+    init=lambda key, x: {"params": {}})
+mfu.peak_flops = lambda device, dtype: (1e9, "a stand-in")
+measure.main(sys.argv[1:])
+"""
+
+
+def _supervise(measure, monkeypatch, driver: str, argv: list[str]) -> int:
+  """measure.supervise(argv) with `driver` (Python, given the child's
+  arguments) in place of the child measure.py, the watchdog's grace 1 s."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  popen = subprocess.Popen
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
+      filter(None, [KIT, ROOT, os.environ.get("PYTHONPATH")])))
+  monkeypatch.setattr(measure, "WATCH_GRACE_S", 1.0)
+  monkeypatch.setattr(subprocess, "Popen", lambda command: popen(
+      [command[0], "-c", driver, *command[2:]], env=env, cwd=ROOT))
+  return measure.supervise(measure.parse_args(argv), argv)
+
+
+# A watched section in a few lines (no JAX): each batch size is a unit,
+# with one bounded call; batch 1's never returns, and SIGALRM cannot stop
+# it, as a device call would not return.
+_UNITS_HANG = """
+import json, signal, sys, time
+import measure
+
+args = measure.parse_args(sys.argv[1:])
+measure._watch["path"] = args.watch_file
+for b in args.dream_batches:
+  measure.watch_unit(b)
+  with measure.time_limit(1.0):
+    if b == 1:
+      signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+      time.sleep(120)
+  with open(args.out + "/figures.jsonl", "a") as f:
+    f.write(json.dumps({"name": f"dream/b{b}", "budget": args.budget,
+                        "argv": sys.argv[1:]}) + "\\n")
+"""
+
+
+def test_the_watchdog_ends_a_hung_unit_and_runs_the_next(tmp_path,
+                                                          monkeypatch):
+  """A call that never returns (a device hang, which SIGALRM cannot stop)
+  is killed by the watchdog 1 s (here) past its bound, and only its unit
+  ends: the next batch size runs in a new process with what is left of the
+  budget. Before, the hang held the section until run.sh's `timeout`
+  killed it, and no later unit ran."""
+  measure = _measure()
+  argv = ["dream", f"--out={tmp_path}", "--smoke", "--budget=60",
+          "--dream_batches", "1", "2", "3"]
+  start = time.monotonic()
+  assert _supervise(measure, monkeypatch, _UNITS_HANG, argv) == 1
+  assert time.monotonic() - start < 20
+  rows = [json.loads(line) for line in open(tmp_path / "figures.jsonl")]
+  assert [r["name"] for r in rows] == ["dream/b2", "dream/b3"], rows
+  assert rows[0]["budget"] < 60
+  assert rows[0]["argv"][-3:] == ["--dream_batches", "2", "3"]
+
+
+@pytest.mark.slow
+def test_a_hang_ends_its_batch_size_only_and_keeps_its_rounds(
+    tmp_path, monkeypatch):
+  """The same through the Dream section itself (its samplers stand-ins):
+  the rounds timed before the hang are on disk, and the next batch size
+  runs in a new process. Before, the figures were written after the last
+  round, and the hang lost all of them."""
+  measure = _measure()
+  argv = ["dream", f"--out={tmp_path}", "--smoke", "--rounds=3",
+          "--dream_batches", "1", "2"]
+  start = time.monotonic()
+  assert _supervise(measure, monkeypatch, _DREAM_HANGS, argv) == 1
+  assert time.monotonic() - start < 60
+  rows = [json.loads(line) for line in open(tmp_path / "figures.jsonl")]
+  rounds = {(r["name"], r["side"], r["round"]) for r in rows if "round" in r}
+  # Batch 1: round 1 of each, round 2 of ours' exact before torch's hung.
+  assert {("dream/b1/exact/round/seconds", "ours", 1),
+          ("dream/b1/exact/round/seconds", "torch", 1),
+          ("dream/b1/dual/round/seconds", "ours", 1),
+          ("dream/b1/exact/round/seconds", "ours", 2)} <= rounds, rounds
+  assert ("dream/b1/exact/round/seconds", "torch", 2) not in rounds
+  names = {(r["name"], r["side"]) for r in rows}
+  assert ("dream/b1/exact/seconds", "ours") not in names  # never reached
+  for side in ("ours", "torch"):  # batch 2, in the next process
+    assert ("dream/b2/exact/seconds", side) in names, names
+  assert all("--watch_file" not in r["command"] for r in rows)
