@@ -188,6 +188,15 @@ def test_missing_checkpoint_is_a_clear_error(trained, tmp_path):
                                  str(tmp_path / "eval"))
 
 
+def test_an_object_store_workdir_is_refused_before_the_dataset(tmp_path):
+  """A gs:// workdir went on to build (download) the run's dataset, then
+  failed as "no such file"; now one line says how to copy it."""
+  with pytest.raises(ValueError, match="--checkpoint='gs://b/run' is an "
+                     "object-store path;.*gcloud storage cp -r"):
+    evaluate.evaluate_checkpoint(None, "gs://b/run", str(tmp_path / "eval"))
+  assert not (tmp_path / "eval").exists()
+
+
 def test_missing_config_or_checkpoint_is_one_line():
   """Required unless --score_only rescores a samples file (no model)."""
   result = subprocess.run(

@@ -107,6 +107,20 @@ def test_an_empty_out_is_refused():
     export.check_out_dir("", None, False, "/nonexistent")
 
 
+@pytest.mark.parametrize("checkpoint, tokenizer, flag", [
+    ("gs://bucket/run", None, "--checkpoint"),
+    ("/runs/run", "gs://bucket/DiffuCoder-7B", "--tokenizer")])
+def test_an_object_store_source_is_one_line_saying_how_to_copy_it(
+    checkpoint, tokenizer, flag):
+  """A gs:// workdir was "not a trm.main workdir (it has no checkpoints/
+  directory)", which did not say what to do."""
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  with pytest.raises(weights_io.CheckpointError,
+                     match=f"{flag}='gs://.*gcloud storage cp -r gs://"):
+    export.check_local_sources(checkpoint, tokenizer)
+  export.check_local_sources("/runs/run", "/models/DiffuCoder-7B")
+
+
 def write_tokenizer(directory, mask_id=500, extra_ids=()):
   """A tokenizer.json with the byte tokenizer's special ids (:tiny's model:
   <|endoftext|> 256, <|dlm_pad|> 257, <|im_end|> 258) and <|mask|> at

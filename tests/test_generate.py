@@ -618,6 +618,12 @@ def test_from_pretrained_tells_paths_from_hub_ids(tmp_path, monkeypatch):
   with pytest.raises(NotADirectoryError, match=r"path=.*weights.bin: is a "
                      "file"):
     DiffusionLM.from_pretrained(str(afile))
+  # A gs:// workdir (trm.generate and trm.evaluate --benchmark) was "no
+  # such directory", which did not say what to do.
+  with pytest.raises(ValueError, match=r"path='gs://b/run' is an "
+                     "object-store path;.* gcloud storage cp -r gs://b/run "
+                     "DIR"):
+    DiffusionLM.from_pretrained("gs://b/run")
   # 'org/name' goes to the Hub; offline, one line names the argument and
   # how to download it elsewhere.
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")

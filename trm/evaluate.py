@@ -62,6 +62,7 @@ import numpy as np
 from trm.core import cli
 from trm.core import config_lib
 from trm.core import distributed
+from trm.core import weights_io
 from trm import generate as generate_cli
 from trm.data import atomic_files
 
@@ -72,6 +73,10 @@ PAPER_METRIC = {"sudoku": "exact_accuracy", "maze": "exact_accuracy",
 
 def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
   """(metrics, where the weights came from); collective on every process."""
+  # A gs:// run went on to build (download) the dataset, then was "no
+  # such file"; one line saying how to copy it, before anything is read.
+  weights_io.check_local(checkpoint, "--checkpoint",
+                         "trm.main workdirs and PyTorch checkpoints are")
   import jax  # pylint: disable=g-import-not-at-top
   from trm import families  # pylint: disable=g-import-not-at-top
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top

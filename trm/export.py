@@ -139,6 +139,20 @@ def _within(path: str, directory: str) -> bool:
                                               os.sep)
 
 
+def check_local_sources(checkpoint: str | None,
+                        tokenizer: str | None) -> None:
+  """A gs:// --checkpoint or --tokenizer is refused in one line saying how
+  to copy it, before anything is read (it was "not a trm.main workdir").
+  The run's config.json and checkpoint metadata are read with os, and the
+  tokenizer files are copied with shutil: local paths only."""
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  if checkpoint:
+    weights_io.check_local(checkpoint, "--checkpoint",
+                           "trm.main workdirs are")
+  if tokenizer:
+    weights_io.check_local(tokenizer, "--tokenizer", "tokenizer files are")
+
+
 def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
                   checkpoint: str | None = None) -> None:
   """Refuses, before anything is read or written, an --out that would mix
@@ -471,6 +485,7 @@ def main(argv):
   config = _CONFIG.value
   family = config.model.get("name", "dream")
   fmt = check_format(family, _FORMAT.value, _DTYPE.value, _TOKENIZER.value)
+  check_local_sources(_CHECKPOINT.value, _TOKENIZER.value)
   if _OUT.value:
     for line in recover_interrupted(resolve_out(_OUT.value)):
       print(f"trm.export: warning: {line}", file=sys.stderr)

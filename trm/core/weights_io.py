@@ -50,18 +50,21 @@ def read_json(path: str):
                           f": {str(e)[:200]}); download it again.") from None
 
 
-def check_local(path: str, name: str) -> None:
-  """Refuses an object-store path (`gs://...`) for Hugging Face weights,
-  naming the setting `name`: they are read by slice through the local file
-  system on every worker (safetensors' reader takes file paths; Orbax,
-  which reads gs:// for trm.main's own checkpoints, does not read this
-  format). Said as "no directory" before, which did not say what to do."""
+def check_local(path: str, name: str,
+                what: str = "Hugging Face weights are") -> None:
+  """Refuses an object-store path (`gs://...`) for Hugging Face weights (or
+  `what` else), naming the setting `name`: they are read by slice through
+  the local file system on every worker (safetensors' reader takes file
+  paths; Orbax, which reads gs:// for trm.main's own checkpoints, does not
+  read this format, and the run's config.json and checkpoint metadata
+  are read with os). Said as "no directory" before, which did not say
+  what to do."""
   if "://" in str(path):
     raise CheckpointError(
-        f"{name}={path!r} is an object-store path; Hugging Face weights are "
-        "read from a local disk, on every worker. Copy the directory to the "
-        "same local path on each worker (e.g. gcloud storage cp -r "
-        f"{path} DIR) and pass {name}=DIR.")
+        f"{name}={path!r} is an object-store path; {what} read from a local "
+        "disk, on every worker. Copy the directory to the same local path "
+        f"on each worker (e.g. gcloud storage cp -r {path} DIR) and pass "
+        f"{name}=DIR.")
 
 
 def check_shard_names(weight_map: dict, directory: str, index: str) -> None:

@@ -322,6 +322,12 @@ def _workdir_config(workdir: str, config,
   return config
 
 
+# What `resolve_checkpoint` reads from a local disk only (its refusal of a
+# gs:// path; trm.export's too).
+CHECKPOINTS_READ = ("checkpoints (Hugging Face directories and trm.main "
+                    "workdirs) are")
+
+
 def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
                        revision: Optional[str] = None,
                        files: Sequence[str] = HUB_FILES) -> str:
@@ -335,6 +341,9 @@ def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
                             f"{type(path).__name__}: pass a directory or a "
                             "Hugging Face Hub id ('org/name').")
   path = os.fspath(path)
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  # A gs:// run was "no such directory", which did not say what to do.
+  weights_io.check_local(path, names.path, CHECKPOINTS_READ)
   if os.path.isdir(path):
     return path
   if os.path.exists(path):
