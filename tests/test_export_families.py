@@ -134,6 +134,22 @@ def test_gpt_to_hugging_face_computes_our_logits(gpt_run):
                              rtol=1e-4, atol=1e-4)
 
 
+def test_a_float16_gpt_export_that_overflows_names_the_tensor(gpt_run,
+                                                              tmp_path):
+  """A weight above float16's 65504 was written as Inf (numpy's warning
+  only), and GPT's loaders took it."""
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import gpt_export  # pylint: disable=g-import-not-at-top
+  cfg, params, _, _, _ = gpt_run
+  params = jax.tree.map(np.array, params)
+  params["wte"]["embedding"][3, 4] = -7e4
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"Tensor 'wte.weight' has a weight of magnitude "
+                     r"70000, above float16's largest value 65504.* bfloat16 "
+                     "or float32"):
+    gpt_export.export_hf_gpt2(params, cfg, str(tmp_path), dtype="float16")
+
+
 def test_gpt_to_nanogpt_loads_strictly_and_computes_our_logits(gpt_run):
   torch = pytest.importorskip("torch")
   sys.path.insert(0, os.path.join(repo.ROOT, "benchmarks", "reference"))

@@ -367,6 +367,36 @@ class SafetensorsFile:
     return self._header
 
 
+def cast_for_export(name: str, value: np.ndarray, dtype) -> np.ndarray:
+  """`value` (tensor `name`) as the stored `dtype`. A finite weight the
+  narrower dtype cannot hold (above float16's 65504) is refused in one line
+  naming the tensor, its largest magnitude, the dtype's limit and the
+  dtypes that hold it: numpy stores it as Inf (float8 as NaN) with a
+  warning, and every loader then refused the export as "corrupt or
+  diverged"."""
+  dtype = np.dtype(dtype)
+  with np.errstate(over="ignore"):
+    out = value.astype(dtype, copy=False)
+  if out is value or not (is_float(dtype) and is_float(value.dtype)):
+    return out
+  # Only a dtype with fewer exponent bits (float16 from float32) overflows;
+  # bfloat16 keeps float32's, so the default export pays no extra pass.
+  if (ml_dtypes.finfo(dtype).maxexp >= ml_dtypes.finfo(value.dtype).maxexp
+      or np.isfinite(out).all()):
+    return out
+  overflowed = ~np.isfinite(out) & np.isfinite(value)
+  if not overflowed.any():  # NaN or Inf already: the loaders' check
+    return out
+  peak = float(np.max(np.abs(value[overflowed].astype(np.float64))))
+  holds = [other for other in ("bfloat16", "float32")
+           if float(ml_dtypes.finfo(other).max) >= peak] or ["float64"]
+  raise CheckpointError(
+      f"Tensor {name!r} has a weight of magnitude {peak:.6g}, above "
+      f"{dtype.name}'s largest value {float(ml_dtypes.finfo(dtype).max):.6g}"
+      f", so stored as {dtype.name} it would overflow (to Inf or NaN). Export"
+      f" as {' or '.join(holds)} (trm.export --dtype={holds[0]}).")
+
+
 # Floating dtypes by name -> their safetensors tags (what a writer stores
 # and what a config.json's torch_dtype names).
 SAFETENSORS_TAGS = {"float16": "F16", "bfloat16": "BF16", "float32": "F32",

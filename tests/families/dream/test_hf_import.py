@@ -204,6 +204,29 @@ def test_export_round_trip(hf_model, tmp_path):
                params, back)
 
 
+def test_a_float16_export_that_overflows_names_the_tensor(hf_model,
+                                                          tmp_path):
+  """A float32 weight above float16's 65504 was stored as Inf, and every
+  loader then refused the export as "corrupt or diverged"; a float16
+  export that fits loads back within float16's rounding."""
+  _, directory = hf_model
+  params = jax.tree.map(np.array, hf_import.load_hf_checkpoint(directory,
+                                                               CFG))
+  hf_import.export_hf_checkpoint(params, CFG, str(tmp_path / "fits"),
+                                 dtype="float16")
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3,
+                                                       atol=1e-4),
+               params, hf_import.load_hf_checkpoint(str(tmp_path / "fits"),
+                                                    CFG))
+  params["layers"]["mlp"]["down_proj"]["kernel"][1, 3, 5] = 1e5
+  with pytest.raises(weights_io.CheckpointError, match=(
+      r"Tensor 'model.layers.1.mlp.down_proj.weight' has a weight of "
+      r"magnitude 100000, above float16's largest value 65504, .*Export as "
+      r"bfloat16 or float32")):
+    hf_import.export_hf_checkpoint(params, CFG, str(tmp_path / "over"),
+                                   dtype="float16")
+
+
 def test_export_writes_a_generation_config(hf_model, tmp_path):
   """Dream's remote code loads a directory with `DreamModel.from_pretrained`
   (hub and dllm alike), which reads generation_config.json through

@@ -320,10 +320,11 @@ def export_hf_checkpoint(params, cfg: DreamConfig, directory: str,
 
   def values(entries):
     """Each entry's tensor in the HF layout, gathered when asked for."""
-    for _, leaf, layer, _, out_dtype in entries:
+    for name, leaf, layer, _, out_dtype in entries:
       value = weights_io.get_path(params, leaf.path)
       value = host_arrays.whole(value if layer is None else value[layer])
-      yield hf_layout.to_hf(leaf, value).astype(out_dtype, copy=False)
+      yield weights_io.cast_for_export(name, hf_layout.to_hf(leaf, value),
+                                       out_dtype)
 
   gathered = values(plan)
   if not writer:  # the gathers are collective; only process 0 keeps them

@@ -87,7 +87,8 @@ def _named_tensors(params, cfg: GPTConfig, torch_linear: bool,
           f"config's GPT gives {shape}.")
     if is_linear and torch_linear:
       value = value.T
-    out[name] = np.ascontiguousarray(value.astype(dtype or value.dtype))
+    out[name] = np.ascontiguousarray(weights_io.cast_for_export(
+        name, value, dtype or value.dtype))
   return out
 
 
