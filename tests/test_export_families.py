@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 from etils import epath
 
 import repo
@@ -24,6 +25,7 @@ from trm.core import config_record
 from trm.core import mesh as mesh_lib
 from trm.core import pipeline
 from trm.core import state as state_lib
+from trm.core import weights_io
 from trm.families.gpt import gpt_import
 from trm.families.gpt import model as gpt
 from trm.families.trm import task as puzzle
@@ -138,7 +140,6 @@ def test_a_float16_gpt_export_that_overflows_names_the_tensor(gpt_run,
                                                               tmp_path):
   """A weight above float16's 65504 was written as Inf (numpy's warning
   only), and GPT's loaders took it."""
-  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import gpt_export  # pylint: disable=g-import-not-at-top
   cfg, params, _, _, _ = gpt_run
   params = jax.tree.map(np.array, params)
@@ -257,11 +258,28 @@ def test_trm_to_upstream_writes_the_ema_weights(trm_run, fmt, name):
   out = root / fmt
   result = _export(*flags, f"--out={out}", f"--format={fmt}")
   assert "(EMA parameters)" in result.stdout
-  assert sorted(os.listdir(out)) == [name]
+  assert sorted(os.listdir(out)) == sorted([name, "all_config.yaml"])
   ctx = mesh_lib.ShardingContext.from_config(config)
   model = families.build_task(config, str(root / "run"), ctx).program.model
   params, buffers, puzzle_emb = torch_import.load_torch_checkpoint(
       str(out / name), model.cfg)
+  # Upstream's all_config.yaml: the arch upstream builds the model from
+  # (loaded strictly by its pretrain.py on CPU, session 62) and the run's
+  # own settings (its config.json's, not --config's: batch 16, not 64).
+  with open(out / "all_config.yaml") as f:
+    written = yaml.safe_load(f)
+  assert written["arch"]["name"] == ("recursive_reasoning.trm@"
+                                     "TinyRecursiveReasoningModel_ACTV1")
+  for field in ("hidden_size", "num_heads", "mlp_t", "pos_encodings",
+                "halt_max_steps", "forward_dtype", "rms_norm_eps"):
+    assert written["arch"][field] == getattr(model.cfg, field), field
+  assert (written["global_batch_size"], written["lr_warmup_steps"],
+          written["data_paths"]) == (16, 5, [config.data.data_dir])
+  # A reader with other settings than the weights' is refused (it loaded,
+  # and computed another function).
+  with pytest.raises(weights_io.CheckpointError, match="arch.rms_norm_eps"):
+    torch_import.load_torch_checkpoint(str(out / name), dataclasses.replace(
+        model.cfg, rms_norm_eps=0.5))
   unbox = lambda t: jax.tree.map(np.asarray, jax.device_get(
       nn.meta.unbox(t)))
   for read, saved in ((params, state.ema_params), (puzzle_emb,

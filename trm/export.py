@@ -11,7 +11,7 @@ r"""Export a trm.main run's weights to the formats PyTorch users read.
 GPT runs go to a Hugging Face GPT-2 directory or nanoGPT's ckpt.pt
 (`trm.families.gpt.gpt_export`); TRM runs to upstream's state_dict, as its
 pretrain.py saves it (`step_<N>`, the EMA weights when config.optim.ema;
-`trm.families.trm.torch_import`). For DiffuCoder / Dream the rest of this
+`trm.families.trm.torch_import`) with its `all_config.yaml`. For DiffuCoder / Dream the rest of this
 text holds: it reads the newest checkpoint of a `trm.main` workdir
 (parameters only), writes sharded `*.safetensors` +
 `model.safetensors.index.json` + `config.json` + `generation_config.json`
@@ -371,18 +371,35 @@ def _recorded_model(workdir: str) -> dict:
 # torch's load_state_dict takes from the export's parameter groups.
 _GPT_OPTIMIZER_FIELDS = ("learning_rate", "beta1", "beta2", "weight_decay",
                          "grad_clip")
+# A TRM run's training settings, which its all_config.yaml records.
+_TRM_RUN_FIELDS = ("global_batch_size", "total_steps", "seed", "eval_every",
+                   "checkpoint_every", "data.epochs_per_iter", "optim.lr",
+                   "optim.lr_min_ratio", "optim.warmup_steps", "optim.beta1",
+                   "optim.beta2", "optim.weight_decay", "optim.puzzle_emb_lr",
+                   "optim.puzzle_emb_weight_decay", "optim.ema",
+                   "optim.ema_rate")
 
 
-def _run_optimizer_config(config, workdir: str):
-  """`config` with the run's own `_GPT_OPTIMIZER_FIELDS` where its
-  config.json records them: an export's --config may differ there (it
-  shapes no weight), and the AdamW state must be read as it was written."""
+def _run_optimizer_config(config, workdir: str,
+                          fields=_GPT_OPTIMIZER_FIELDS):
+  """`config` with the run's own `fields` (dotted) where its config.json
+  records them: an export's --config may differ there (they shape no
+  weight), and the AdamW state must be read, and the run described, as
+  it was."""
   recorded = _recorded_config(workdir)
   config = config.copy_and_resolve_references()
-  for field in _GPT_OPTIMIZER_FIELDS:
-    value = recorded.get(field)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-      config[field] = type(config[field])(value)
+  for field in fields:
+    *parents, last = field.split(".")
+    value, section = recorded, config
+    for key in parents:
+      value = value.get(key) if isinstance(value, dict) else None
+      section = section[key]
+    value = value.get(last) if isinstance(value, dict) else None
+    if isinstance(section[last], bool):
+      if isinstance(value, bool):
+        section[last] = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+      section[last] = type(section[last])(value)
   return config
 
 
@@ -461,17 +478,25 @@ def _gpt_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
 def _trm_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
   """(write, description) for a TRM run: upstream's state_dict, in the
   file upstream's pretrain.py saves (`step_<N>`, torch.save) or as
-  model.safetensors (no torch needed)."""
+  model.safetensors (no torch needed), and the all_config.yaml it writes
+  beside them."""
   del dtype  # refused by check_format
+  import jax  # pylint: disable=g-import-not-at-top
   from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
-  params, buffers, puzzle_emb, cfg, step = (
-      torch_import.restore_run_variables(config, checkpoint, ctx))
+  params, buffers, puzzle_emb, cfg, step, run_config = (
+      torch_import.restore_run_variables(
+          config, checkpoint, ctx,
+          _run_optimizer_config(config, checkpoint, _TRM_RUN_FIELDS)))
   name = f"step_{step}" if fmt == "torch" else "model.safetensors"
 
   def write(out):
     torch_import.export_torch_checkpoint(params, buffers, puzzle_emb, cfg,
                                          os.path.join(out, name))
-    return [name]
+    if jax.process_index() != 0:
+      return [name]
+    # Upstream builds the model from it, and every reader of the weights
+    # (ours too) is held to the arch they were trained with.
+    return [name, torch_import.write_run_config(out, run_config)]
   weights = "EMA " if config.optim.ema else ""
   return write, f"{checkpoint} step {step} ({weights}parameters)"
 

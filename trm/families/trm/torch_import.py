@@ -160,6 +160,71 @@ _RUN_CONFIG = "all_config.yaml"
 _RUN_CONFIG_LIMIT = 1 << 20
 
 
+# Upstream's model and loss classes (its config/arch/trm.yaml `name`s).
+_UPSTREAM_ARCH = "recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1"
+_UPSTREAM_LOSS = {"name": "losses@ACTLossHead",
+                  "loss_type": "stablemax_cross_entropy"}
+# config.model's fields upstream's arch names alike (its
+# TinyRecursiveReasoningModel_ACTV1Config).
+_ARCH_FIELDS = ("H_cycles", "L_cycles", "L_layers", "hidden_size",
+                "expansion", "num_heads", "pos_encodings", "rms_norm_eps",
+                "rope_theta", "halt_max_steps", "halt_exploration_prob",
+                "forward_dtype", "mlp_t", "puzzle_emb_ndim", "puzzle_emb_len",
+                "no_ACT_continue")
+
+
+def run_config_dict(config, model_cfg: trm_model.TRMConfig, data_dir: str,
+                    metadata) -> dict:
+  """The `all_config.yaml` upstream's pretrain.py writes beside its
+  checkpoints (its PretrainConfig's model_dump()) for a trm.main run of
+  `config`: the arch the weights compute, which upstream needs to build the
+  model they load into (`pretrain.py --config-path=DIR
+  --config-name=all_config load_checkpoint=DIR/step_N`) and which
+  `check_run_config` holds a reader's config.model to, and the run's
+  training settings under upstream's names. `epochs` is the run's
+  total_steps in upstream's unit (its total_steps = epochs * total_groups *
+  mean_puzzle_examples / global_batch_size, of `metadata`, the train
+  split's), rounded; eval_interval is data.epochs_per_iter where it divides
+  that (upstream asserts it), else unset."""
+  arch = {field: getattr(model_cfg, field) for field in _ARCH_FIELDS}
+  arch.update(name=_UPSTREAM_ARCH, loss=dict(_UPSTREAM_LOSS), H_layers=0,
+              expansion=float(model_cfg.expansion))
+  optim = config.optim
+  examples = metadata.total_groups * metadata.mean_puzzle_examples
+  epochs = max(1, round(config.total_steps * config.global_batch_size
+                        / max(examples, 1)))
+  per_iter = config.data.epochs_per_iter
+  return {
+      "arch": arch, "data_paths": [os.path.abspath(data_dir)],
+      "data_paths_test": [],
+      "evaluators": ([{"name": "arc@ARC"}] if config.data.name == "arc"
+                     else []),
+      "global_batch_size": config.global_batch_size, "epochs": epochs,
+      "lr": optim.lr, "lr_min_ratio": optim.lr_min_ratio,
+      "lr_warmup_steps": optim.warmup_steps,
+      "weight_decay": optim.weight_decay, "beta1": optim.beta1,
+      "beta2": optim.beta2, "puzzle_emb_lr": optim.puzzle_emb_lr,
+      "puzzle_emb_weight_decay": optim.puzzle_emb_weight_decay,
+      "project_name": None, "run_name": None, "load_checkpoint": None,
+      "checkpoint_path": None, "seed": config.seed,
+      "checkpoint_every_eval": config.checkpoint_every == config.eval_every,
+      "eval_interval": per_iter if epochs % per_iter == 0 else None,
+      "min_eval_interval": 0, "eval_save_outputs": [],
+      "ema": bool(optim.ema), "ema_rate": optim.ema_rate,
+      "freeze_weights": False,
+  }
+
+
+def write_run_config(directory: str, run_config: dict) -> str:
+  """Writes `run_config` (`run_config_dict`) as `directory`/all_config.yaml
+  (as upstream dumps it: yaml, keys sorted); returns the file's name."""
+  import yaml  # pylint: disable=g-import-not-at-top
+  atomic_files.atomic_write(
+      os.path.join(directory, _RUN_CONFIG),
+      lambda f: yaml.safe_dump(run_config, f), mode="w")
+  return _RUN_CONFIG
+
+
 def check_run_config(path: str, cfg: trm_model.TRMConfig) -> None:
   """Compares config.model with the `all_config.yaml` upstream's
   `pretrain.py` writes beside its checkpoints, if there is one.
@@ -369,8 +434,10 @@ def export_torch_checkpoint(params, buffers, puzzle_emb,
   return list(tensors)
 
 
-def restore_run_variables(config, workdir: str, ctx):
-  """(params, buffers, puzzle table, TRMConfig, step) of the newest
+def restore_run_variables(config, workdir: str, ctx, settings=None):
+  """(params, buffers, puzzle table, TRMConfig, step, `run_config_dict`
+  of `settings`, the run's training settings, default `config`) of the
+  newest
   readable checkpoint of a trm.main workdir, the variables upstream's
   `pretrain.py` saves: with `config.optim.ema` the EMA of the parameters
   (the model it evaluates and saves), else the parameters. The model's
@@ -398,4 +465,6 @@ def restore_run_variables(config, workdir: str, ctx):
       {k: getattr(abstract, k) for k in (weights, "buffers", "puzzle_emb")},
       family=trm_program.DISPLAY_NAME)
   return (fields[weights], fields["buffers"], fields["puzzle_emb"],
-          program.model.cfg, step)
+          program.model.cfg, step, run_config_dict(
+              config if settings is None else settings, program.model.cfg,
+              data_dir, shapes))
