@@ -221,6 +221,9 @@ def test_gpt_to_nanogpt_takes_the_runs_optimizer_settings(gpt_run):
      "--format=nanogpt export holds weights only"),
     (["--config.model.mlp_size=64"], "config.model.mlp_size=64: nanoGPT and "
      "Hugging Face GPT-2 have no such field"),
+    # No weight shows the head count: config.json said 4 of a 2-head run.
+    (["--config.n_head=4"], "config.model.n_head=4, but the run trained "
+     "with 2"),
 ])
 def test_gpt_exports_it_cannot_write_are_one_line(gpt_run, flags, message):
   _, _, base, root, _ = gpt_run
@@ -291,6 +294,23 @@ def test_trm_to_upstream_writes_the_ema_weights(trm_run, fmt, name):
   assert not np.array_equal(
       jax.tree.leaves(unbox(state.params))[0],
       jax.tree.leaves(unbox(state.ema_params))[0])
+
+
+def test_a_trm_config_the_run_did_not_train_with_is_refused(trm_run):
+  """all_config.yaml records --config's arch: one the run did not train
+  with (rms_norm_eps, H_cycles: no weight shows them) would mislabel the
+  weights."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from trm import export  # pylint: disable=g-import-not-at-top
+  config, _, _, root = trm_run
+  fields = export._model_fields("trm")  # pylint: disable=protected-access
+  export.check_run_model(str(root / "run"), dict(config.model), fields)
+  for field, value, trained in (("rms_norm_eps", 0.5, "1e-05"),
+                                ("H_cycles", 5, "2")):
+    with pytest.raises(app.UsageError, match=(
+        f"config.model.{field}={value}, but the run trained with {trained}")):
+      export.check_run_model(str(root / "run"),
+                             dict(config.model, **{field: value}), fields)
 
 
 def test_trm_export_without_its_dataset_names_the_flag(trm_run):

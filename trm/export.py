@@ -416,10 +416,11 @@ def check_run_family(workdir: str, family: str) -> None:
 
 def check_run_model(workdir: str, model, fields) -> None:
   """--config's `fields` of config.model, which the export writes into its
-  config.json but which no weight's shape shows (RoPE base, norm epsilon,
-  special ids), must be those the run trained with (its config.json):
-  otherwise the checkpoint restores and the export labels its weights with
-  another model's settings, which Dream's code then runs."""
+  config.json (all_config.yaml for TRM) but which no weight's shape shows
+  (RoPE base, norm epsilon, special ids, GPT's head count), must be those
+  the run trained with (its config.json): otherwise the checkpoint
+  restores and the export labels its weights with another model's
+  settings, which its readers then run."""
   recorded = _recorded_model(workdir)
   for field in fields:
     if field in recorded and field in model and recorded[field] != model[field]:
@@ -429,6 +430,19 @@ def check_run_model(workdir: str, model, fields) -> None:
           f"({os.path.join(workdir, 'config.json')}): the export would "
           "describe its weights as another model's. Pass the config (and "
           "--config.* overrides) the run trained with.")
+
+
+def _model_fields(family: str) -> tuple[str, ...]:
+  """config.model's fields an export of `family` writes into its config
+  (config.json, all_config.yaml) that no weight's shape shows."""
+  if family == "dream":
+    from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
+    return hf_config.CONFIG_FIELDS
+  if family == "trm":
+    from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
+    return torch_import.RUN_CONFIG_FIELDS
+  # GPT: c_attn is [D, 3D] for any head count.
+  return ("n_head",)
 
 
 def _recorded_vocab_size(workdir: str) -> int:
@@ -522,9 +536,7 @@ def main(argv):
     raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
                          "workdir (it has no checkpoints/ directory).")
   check_run_family(_CHECKPOINT.value, family)
-  if family == "dream":
-    from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
-    check_run_model(_CHECKPOINT.value, config.model, hf_config.CONFIG_FIELDS)
+  check_run_model(_CHECKPOINT.value, config.model, _model_fields(family))
   if fmt in ("torch", "nanogpt"):  # torch.save: before the weights load
     try:
       import torch  # pylint: disable=g-import-not-at-top,unused-import

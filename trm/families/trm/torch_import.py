@@ -156,6 +156,9 @@ _FUNCTION_FIELDS = ("mlp_t", "num_heads", "pos_encodings", "rope_theta",
                     "puzzle_emb_len", "rms_norm_eps")
 _RUNTIME_FIELDS = ("H_cycles", "L_cycles", "halt_max_steps",
                    "forward_dtype")
+# What all_config.yaml's arch is compared in; trm.export holds --config to
+# the run's config.json in them, since it writes them there.
+RUN_CONFIG_FIELDS = _FUNCTION_FIELDS + _RUNTIME_FIELDS
 _RUN_CONFIG = "all_config.yaml"
 _RUN_CONFIG_LIMIT = 1 << 20
 
