@@ -100,6 +100,51 @@ def test_cli_refuses_a_config_whose_model_is_not_the_runs(tmp_path, field,
   assert not (tmp_path / "hf").exists()
 
 
+# trm.export's cli.run stopped by SIGTERM while it works (the sleep).
+_STOPPED_CHILD = """
+import os, signal, time
+from trm import export
+from trm.core import cli
+def main(argv):
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(20)
+cli.run(main, stopped_line=export.STOPPED_LINE)
+"""
+
+
+def test_an_export_stopped_by_sigterm_does_not_exit_0():
+  """A SIGTERM (a scheduler, `timeout`) exited 0 with trm.main's line
+  ("before training began"), so `trm.export ... && upload OUT` went on
+  with the previous export or none."""
+  result = subprocess.run([sys.executable, "-c", _STOPPED_CHILD],
+                          cwd=repo.ROOT, capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ,
+                                               JAX_PLATFORMS="cpu"))
+  assert result.returncode == 143, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines() == [
+      "trm: stopped by SIGTERM before it reported the export done: --out "
+      "holds the previous export or the whole new one, never a mix; run it "
+      "again."]
+
+
+def test_a_signal_between_the_swaps_renames_puts_the_old_export_back(
+    tmp_path, monkeypatch):
+  from trm.core import cli  # pylint: disable=g-import-not-at-top
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "old").write_text("previous export")
+  (tmp_path / "staging").mkdir()
+  rename = os.rename
+
+  def stopped_second_rename(src, dst):
+    if src == str(tmp_path / "staging"):
+      raise cli.Interrupted(15)
+    rename(src, dst)
+  monkeypatch.setattr(export.os, "rename", stopped_second_rename)
+  with pytest.raises(cli.Interrupted):
+    export.swap_in(str(tmp_path / "staging"), str(tmp_path / "out"))
+  assert (tmp_path / "out" / "old").read_text() == "previous export"
+
+
 def test_an_empty_out_is_refused():
   """--out= read as '/': the export was staged in /.partial-PID and then
   failed to rename the root directory, after loading every weight."""

@@ -289,7 +289,12 @@ def swap_in(staging: str, out: str) -> None:
   if os.path.isdir(out):
     old = _sibling(out, "replaced")
     os.rename(out, old)
-    os.rename(staging, out)
+    try:
+      os.rename(staging, out)
+    except BaseException:  # a stop signal (cli.Interrupted) in between
+      if not os.path.lexists(out):
+        os.rename(old, out)
+      raise
     shutil.rmtree(old)
   else:
     os.rename(staging, out)
@@ -576,6 +581,12 @@ def main(argv):
           + (f", {', '.join(copied)}" if copied else ""))
 
 
+# A stop signal's line (trm.core.cli's is about training); SIGTERM exits 143.
+STOPPED_LINE = ("{tool}: stopped by {name} before it reported the export "
+                "done: --out holds the previous export or the whole new one, "
+                "never a mix; run it again.")
+
+
 def define_flags():
   global _CONFIG, _CHECKPOINT, _OUT, _TOKENIZER, _DTYPE, _FORMAT
   global _OVERWRITE
@@ -609,4 +620,4 @@ def define_flags():
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config", "checkpoint", "out"])
-  cli.run(main)
+  cli.run(main, stopped_line=STOPPED_LINE)

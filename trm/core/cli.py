@@ -388,12 +388,22 @@ def check_output_dir(path: str, flag: str = "--output_dir") -> str:
   return path
 
 
-def run(main, compilation_cache: bool = True) -> None:
+def run(main, compilation_cache: bool = True,
+        stopped_line: str | None = None) -> None:
   """`app.run(main)` with the shared flag parser, one-line errors, signal
   handling, the persistent compilation cache (`compile_cache`; off for
   tools whose executables cannot be loaded back, such as trm.aot's
   compile-only TPU programs), and no libtpu start-up on hosts without an
-  accelerator."""
+  accelerator.
+
+  stopped_line: for a tool whose output is its whole result (trm.export),
+  the line a stop signal prints ({tool}, {name}); SIGTERM then exits 143
+  (128 + 15), not 0: a script's `trm.export ... && upload OUT` went on
+  after an export a scheduler or `timeout` had stopped."""
+  global _STOPPED_LINE
+  if stopped_line is not None:
+    _STOPPED_LINE = stopped_line
+    EXIT_CODES[signal.SIGTERM] = 128 + signal.SIGTERM
   default_to_cpu()
   install_signal_handlers()
   _quiet_closed_loop_callbacks()
