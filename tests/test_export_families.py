@@ -313,6 +313,21 @@ def test_a_trm_config_the_run_did_not_train_with_is_refused(trm_run):
                              dict(config.model, **{field: value}), fields)
 
 
+def test_an_out_over_the_runs_dataset_is_refused(trm_run):
+  """`--out=<the run's dataset> --overwrite` replaced the dataset the
+  export read with the export (its all_config.yaml naming it)."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from trm import export  # pylint: disable=g-import-not-at-top
+  config, _, _, root = trm_run
+  data = config.data.data_dir
+  for out in (data, os.path.dirname(data)):
+    with pytest.raises(app.UsageError, match="contains the run's dataset"):
+      export.check_out_spares_data(out, config, str(root / "run"))
+  export.check_out_spares_data(os.path.join(data, "export"), config,
+                               str(root / "run"))
+  assert os.path.isdir(os.path.join(data, "train"))
+
+
 def test_trm_export_without_its_dataset_names_the_flag(trm_run):
   _, _, flags, root = trm_run
   flags = [f for f in flags if not f.startswith("--config.data.data_dir")]

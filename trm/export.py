@@ -203,6 +203,19 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
         "replace the whole directory with the export.")
 
 
+def check_out_spares_data(out: str, config, workdir: str) -> None:
+  """A TRM export reads the run's dataset (the model's sizes) and names it
+  in all_config.yaml: an --out that is or holds it was replaced by the
+  export under --overwrite (as the checkpoints were, see check_out_dir)."""
+  from trm.families.trm import task as trm_task  # pylint: disable=g-import-not-at-top
+  data_dir = trm_task.run_data_dir(config, workdir, workdir)
+  if _within(data_dir, resolve_out(out)):
+    raise app.UsageError(
+        f"--out={out} equals or contains the run's dataset {data_dir}, "
+        "which the export reads and its all_config.yaml names: the export "
+        "would replace it. Export to a directory outside it.")
+
+
 def resolve_out(out: str) -> str:
   """Where the export goes: --out itself, or, when --out is a symbolic link
   (to a directory, or to a path still to be created), the path it points
@@ -542,6 +555,8 @@ def main(argv):
                          "workdir (it has no checkpoints/ directory).")
   check_run_family(_CHECKPOINT.value, family)
   check_run_model(_CHECKPOINT.value, config.model, _model_fields(family))
+  if family == "trm":
+    check_out_spares_data(_OUT.value, config, _CHECKPOINT.value)
   if fmt in ("torch", "nanogpt"):  # torch.save: before the weights load
     try:
       import torch  # pylint: disable=g-import-not-at-top,unused-import
