@@ -145,6 +145,21 @@ def test_a_signal_between_the_swaps_renames_puts_the_old_export_back(
   assert (tmp_path / "out" / "old").read_text() == "previous export"
 
 
+@pytest.mark.parametrize("out", [".", "..", "./", "here"])
+def test_an_out_holding_the_current_directory_is_refused(tmp_path,
+                                                         monkeypatch, out):
+  """`--out=. --overwrite` wrote the export, then failed renaming '.'
+  ("[Errno 16] Device or resource busy"); an empty '.' did without
+  --overwrite."""
+  (tmp_path / "here").mkdir()
+  monkeypatch.chdir(tmp_path / "here")
+  if out == "here":
+    os.symlink(".", "here")  # a link to the current directory
+  with pytest.raises(app.UsageError, match="contains the current directory"):
+    export.check_out_dir(out, None, True, "/nonexistent/run")
+  export.check_out_dir("new", None, False, "/nonexistent/run")
+
+
 def test_an_empty_out_is_refused():
   """--out= read as '/': the export was staged in /.partial-PID and then
   failed to rename the root directory, after loading every weight."""

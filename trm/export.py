@@ -175,6 +175,13 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
         f"--out={out} equals or contains --checkpoint={checkpoint} or lies "
         "in its checkpoints/: the export would replace the checkpoints it "
         "reads. Export to a directory outside them.")
+  # The swap renames --out, which fails for the process's own directory
+  # ("Device or resource busy: '.'") after every weight was written.
+  if _within(os.getcwd(), resolve_out(out)):
+    raise app.UsageError(
+        f"--out={out} is or contains the current directory, which the "
+        "export cannot replace (it is written beside --out and renamed into "
+        "place); pass a directory that does not hold the current one.")
   if os.path.exists(out) and not os.path.isdir(out):
     raise app.UsageError(f"--out={out} is a file; pass a directory.")
   try:
