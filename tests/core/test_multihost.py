@@ -276,6 +276,14 @@ def test_a_killed_process_stops_the_other_at_once_with_one_line(
     ({"coordinator_address": "10.0.0.2:70000"}, "is not HOST:PORT"),
     # Without an address these were ignored: each process ran alone.
     ({}, "need --coordinator_address"),
+    # JAX's ValueError named neither flag.
+    ({"coordinator_address": "127.0.0.1:1234", "process_id": 2},
+     "--process_id=2 is not one of the --num_processes=2"),
+    ({"coordinator_address": "127.0.0.1:1234", "distributed_timeout": 0},
+     "--distributed_timeout=0: must be 1 to"),
+    # A TypeError traceback from XLA's client (a 32-bit count).
+    ({"coordinator_address": "127.0.0.1:1234",
+      "distributed_timeout": 3 * 10**9}, "must be 1 to 10000000 seconds"),
 ])
 def test_malformed_distributed_flags_stop_before_jax_starts(argv, match):
   from absl import app, flags  # pylint: disable=g-import-not-at-top
@@ -292,7 +300,7 @@ def test_malformed_distributed_flags_stop_before_jax_starts(argv, match):
     class distributed:  # pylint: disable=invalid-name
       initialize = staticmethod(lambda **kw: calls.append(kw))
 
-  with flagsaver.flagsaver(num_processes=2, process_id=1, **argv):
+  with flagsaver.flagsaver(**{"num_processes": 2, "process_id": 1, **argv}):
     with pytest.raises(app.UsageError, match=match):
       distributed.initialize_distributed(FakeJax)
   assert not calls
@@ -344,7 +352,7 @@ def test_auto_joins_the_slice_jax_finds_on_a_cloud_tpu_vm(monkeypatch):
     assert not calls  # a CPU or GPU host: one process, as before
     monkeypatch.setattr(distributed, "_on_tpu_vm", lambda: True)
     distributed.initialize_distributed(FakeJax)
-    assert calls == [{"initialization_timeout": 300}]
+    assert calls == [{"initialization_timeout": 360}]  # ours comes first
     answers.append(ValueError("coordinator_address should be defined."))
     distributed.initialize_distributed(FakeJax)  # no cluster: one process
     answers.append(ValueError("Number of processes must be defined."))
@@ -355,6 +363,61 @@ def test_auto_joins_the_slice_jax_finds_on_a_cloud_tpu_vm(monkeypatch):
   assert len(calls) == 3
   # This CPU host is no TPU VM (jax's import found no chips).
   assert not on_tpu_vm()
+
+
+# Joins the job as trm.main does, then exits.
+_JOIN = """
+import jax
+from trm.core import cli, distributed
+cli.run(lambda _: distributed.initialize_distributed(jax),
+        compilation_cache=False)
+"""
+
+
+def test_a_job_that_does_not_form_stops_each_process_with_one_line():
+  """A peer never started, or pointed at a wrong address: every process
+  waited 300 s, then XLA aborted it (SIGABRT, a C++ stack dump). Now each
+  stops after --distributed_timeout with one line naming the coordinator
+  (process 0: how many of the processes joined)."""
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  nowhere = f"127.0.0.1:{workers_lib.free_port()}"
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=workers_lib.xla_flags(1))
+  runs = [(address, 0), (nowhere, 1)]  # process 1 of 2 is started nowhere
+  workers = [subprocess.Popen(
+      [sys.executable, "-c", _JOIN, f"--coordinator_address={where}",
+       "--num_processes=2", f"--process_id={index}",
+       "--distributed_timeout=1"], cwd=ROOT, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for where, index in runs]
+  outputs = workers_lib.wait_all(workers, timeout=60)
+  assert [w.returncode for w in workers] == [1, 1], outputs
+  lines = [[line for line in output.splitlines() if "error:" in line]
+           for output in outputs]
+  assert [len(found) for found in lines] == [1, 1], outputs
+  assert (f"process 0 of 2 (the coordinator, at {address}) waited 1 s "
+          "(--distributed_timeout) for the job to form; 1 of 2 processes "
+          "joined.") in lines[0][0]
+  assert (f"process 1 of 2 could not reach the coordinator at {nowhere} "
+          "within 1 s") in lines[1][0]
+  text = "".join(outputs)
+  assert "Check failure" not in text and "Traceback" not in text
+
+
+def test_the_join_watch_counts_the_connections_to_the_coordinator():
+  """What the line above counts: this process's established connections on
+  the coordinator's port (served: one per process that joined; reached:
+  one of its own to the coordinator)."""
+  from trm.core import distributed  # pylint: disable=g-import-not-at-top
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    assert distributed._coordinator_sockets(port) == (0, False)  # pylint: disable=protected-access
+    with socket.create_connection(("127.0.0.1", port)) as client:
+      accepted, _ = server.accept()
+      with accepted:
+        assert client and distributed._coordinator_sockets(port) == (1, True)  # pylint: disable=protected-access
 
 
 def test_a_failed_text_preparation_stops_every_process_at_once(tmp_path):

@@ -3,6 +3,9 @@ shares (a pod runs the same command on every worker)."""
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 
 from absl import app, flags
 
@@ -20,6 +23,14 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
                                       "Number of processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None,
                                    "This process's index in the job.")
+_TIMEOUT = flags.DEFINE_integer(
+    "distributed_timeout", 300,
+    "Seconds every process waits for the whole job to join "
+    "jax.distributed; then it stops with one line naming the coordinator "
+    "and, on process 0, how many processes joined.")
+# JAX's own deadline, this much after ours: at it, XLA aborts the process.
+_JAX_GRACE_SECONDS = 60
+_MAX_TIMEOUT = 10**7  # 115 days
 
 
 def _on_multihost_tpu() -> bool:
@@ -53,7 +64,7 @@ def initialize_distributed(jax) -> None:
     # as MaxText relies on (before, each worker went on without joining,
     # and Orbax's async checkpointer then failed on several processes).
     try:
-      jax.distributed.initialize(initialization_timeout=300)
+      _join(jax)
       return
     except ValueError as e:
       if "coordinator_address" not in str(e):
@@ -74,15 +85,125 @@ def initialize_distributed(jax) -> None:
     if _NUM_PROCESSES.value is None or _PROCESS_ID.value is None:
       raise app.UsageError("--coordinator_address needs --num_processes and "
                            "--process_id.")
+    if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
+      # JAX's own ValueError named neither flag.
+      raise app.UsageError(
+          f"--process_id={_PROCESS_ID.value} is not one of the "
+          f"--num_processes={_NUM_PROCESSES.value} processes' indices: give "
+          "each process its own --process_id from 0 to --num_processes - 1.")
     if _PROCESS_ID.value == 0:
       _check_port_free(_COORDINATOR.value)
   if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
     # CPU processes exchange collectives over gloo.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(
-      coordinator_address=_COORDINATOR.value,
-      num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-      initialization_timeout=300)
+  _join(jax, coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+
+
+def _join(jax, **kwargs) -> None:
+  """jax.distributed.initialize, ended with one line after
+  --distributed_timeout seconds if the job has not formed. At JAX's own
+  deadline jax 0.10.2 raises nothing: XLA aborts the process (SIGABRT and
+  a C++ stack dump), and the main thread waits inside that call. So a
+  watchdog thread ends the process first; JAX's deadline comes later."""
+  timeout = _TIMEOUT.value
+  if not 0 < timeout <= _MAX_TIMEOUT:  # XLA takes a 32-bit count
+    raise app.UsageError(f"--distributed_timeout={timeout}: must be 1 to "
+                         f"{_MAX_TIMEOUT} seconds, e.g. 300.")
+  joined = threading.Event()
+  threading.Thread(target=_watch_join, args=(joined, timeout), daemon=True,
+                   name="trm-join-watch").start()
+  try:
+    jax.distributed.initialize(
+        **kwargs, initialization_timeout=timeout + _JAX_GRACE_SECONDS)
+  finally:
+    joined.set()
+
+
+def _coordinator_sockets(port: int) -> tuple[int, bool] | None:
+  """This process's established TCP connections on the coordinator's port:
+  how many it serves (process 0: one per process connected to its
+  coordination service, its own included), and whether it has one to it.
+  None where /proc cannot tell (not Linux)."""
+  try:
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+      try:
+        link = os.readlink(f"/proc/self/fd/{fd}")
+      except OSError:
+        continue
+      if link.startswith("socket:["):
+        inodes.add(link[len("socket:["):-1])
+    served, reached = 0, False
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+      if not os.path.exists(table):
+        continue
+      with open(table) as f:
+        for line in f.readlines()[1:]:
+          fields = line.split()
+          # 01: ESTABLISHED; ports are hexadecimal after the last ':'.
+          if fields[3] != "01" or fields[9] not in inodes:
+            continue
+          served += int(fields[1].rpartition(":")[2], 16) == port
+          reached |= int(fields[2].rpartition(":")[2], 16) == port
+    return served, reached
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _watch_join(joined: threading.Event, timeout: float) -> None:
+  """Counts the processes connected to the coordinator each second; if the
+  job has not formed after `timeout` seconds, ends this process with one
+  line."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  deadline = time.monotonic() + timeout
+  most, reached = None, False
+  while not joined.wait(max(0.0, min(1.0, deadline - time.monotonic()))):
+    state = jax_distributed.global_state
+    address = state.coordinator_address or _COORDINATOR.value or "?"
+    port = address.rpartition(":")[2]
+    sockets = _coordinator_sockets(int(port)) if port.isdigit() else None
+    if sockets is not None:
+      # The most seen: a peer that gave up a moment earlier still joined.
+      most, reached = max(most or 0, sockets[0]), reached or sockets[1]
+    if time.monotonic() < deadline:
+      continue
+    count, index = state.num_processes, state.process_id
+    if _COORDINATOR.value:
+      same = (f"Start every process with --coordinator_address={address} "
+              f"--num_processes={count} and its own --process_id (0 to "
+              f"{count - 1 if count else '?'})")
+      odd = ("process 0 expects another --num_processes, or another "
+             "process has this --process_id")
+    else:  # JAX found the cluster (a TPU pod): no flags of ours to name
+      same = ("Start the same command on every worker of the job "
+              "(launch/tpu_pod.py run does)")
+      odd = "e.g. a worker that failed to start"
+    if count is None or index is None:  # still finding the cluster (TPU)
+      text = (f"the job did not form within {timeout} s "
+              "(--distributed_timeout): JAX found no cluster to join yet. "
+              "Start every worker of the job with the same command, or "
+              "raise --distributed_timeout.")
+    elif index == 0:
+      joined_text = (f"; {most} of {count} processes joined"
+                     if most is not None else "")
+      text = (f"process 0 of {count} (the coordinator, at {address}) waited "
+              f"{timeout} s (--distributed_timeout) for the job to form"
+              f"{joined_text}. {same}, or raise --distributed_timeout if "
+              "some start later.")
+    elif reached:
+      text = (f"process {index} of {count} reached the coordinator at "
+              f"{address}, but the job did not form within {timeout} s "
+              "(--distributed_timeout): not every process joined (process "
+              f"0's own line counts them), {odd}. {same}.")
+    else:
+      text = (f"process {index} of {count} could not reach the coordinator "
+              f"at {address} within {timeout} s (--distributed_timeout): "
+              "process 0 is not running there, or the host or port is "
+              f"wrong or blocked from this host. {same}.")
+    sys.stderr.write(f"{cli.tool_name()}: error: {text}\n")
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access
 
 
 def _check_address(address: str) -> None:
