@@ -406,34 +406,73 @@ def _code_archive_command(args, stage: str) -> tuple[list[str], str]:
            listing, "-C", stage, CODE_MANIFEST + ".new"], archive)
 
 
-# Run on the worker in ~/trm after the archive is unpacked there: removes
-# the files the previous --code_dir setup copied and this one does not (and
-# the folders that leaves empty), then keeps the new list for the next one.
-_PRUNE_SCRIPT = (
-    "import os; "
-    "old, new = (set(filter(None, open(p, \"rb\").read().split(bytes(1)))) "
-    "if os.path.isfile(p) else set() for p in "
-    f"(b\"{CODE_MANIFEST}\", b\"{CODE_MANIFEST}.new\")); "
-    "stale = [f for f in old - new if os.path.isfile(f) or os.path.islink(f)]; "
-    "[os.remove(f) for f in stale]; "
-    "dirs = {f.rsplit(b\"/\", i)[0] for f in stale "
-    "for i in range(1, f.count(b\"/\") + 1)}; "
-    "[os.rmdir(d) for d in sorted(dirs, key=len, reverse=True) "
-    "if os.path.isdir(d) and not os.path.islink(d) and not os.listdir(d)]; "
-    f"os.replace(\"{CODE_MANIFEST}.new\", \"{CODE_MANIFEST}\"); "
-    "print(os.uname().nodename + \": removed\", len(stale), "
-    "\"file(s) the previous setup copied and this one does not\")")
+# Run on the worker with the code's directory (~/trm, or where a link of
+# that name points) as argv[1], once the archive is unpacked beside it in
+# DIR.new: carries into DIR.new what DIR holds besides the files the
+# previous --code_dir setup copied (hard links: a local workdir such as
+# runs/x, the editable install's metadata), then renames DIR.new into place.
+# Until that rename DIR is untouched, so a setup that fails part-way (a cut
+# archive, a full disk) never leaves a mix of old and new code. The old tree
+# stays in DIR.old until the next setup.
+_SWAP_SCRIPT = f"""
+import os, shutil, socket, sys
+here = os.fsencode(sys.argv[1])
+new, old = here + b".new", here + b".old"
+def listed(path):
+  return (set(filter(None, open(path, "rb").read().split(bytes(1))))
+          if os.path.isfile(path) else set())
+copied = listed(os.path.join(here, b"{CODE_MANIFEST}"))
+stale = copied - listed(os.path.join(new, b"{CODE_MANIFEST}.new"))
+made = {{f.rsplit(b"/", i)[0] for f in copied
+        for i in range(1, f.count(b"/") + 1)}}
+kept = 0
+try:
+  for root, dirs, files in os.walk(here) if os.path.isdir(here) else ():
+    dirs[:] = [d for d in dirs if d != b"__pycache__"]  # caches: rebuilt
+    for name in [*dirs, *files]:
+      src = os.path.join(root, name)
+      rel = os.path.normpath(os.path.relpath(src, here))
+      dst = os.path.join(new, rel)
+      if rel in copied or rel == b"{CODE_MANIFEST}" or os.path.lexists(dst):
+        continue
+      if os.path.isdir(src) and not os.path.islink(src):
+        if rel not in made:  # a folder of its own, e.g. an empty runs/
+          os.makedirs(dst)
+        continue
+      os.makedirs(os.path.dirname(dst), exist_ok=True)
+      if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+      else:
+        os.link(src, dst)
+      kept += 1
+  os.replace(os.path.join(new, b"{CODE_MANIFEST}.new"),
+             os.path.join(new, b"{CODE_MANIFEST}"))
+  shutil.rmtree(old, ignore_errors=True)
+  if os.path.lexists(here):
+    os.rename(here, old)
+  os.rename(new, here)
+except OSError as e:
+  sys.exit(f"{{socket.gethostname()}}: setup stopped before the new code "
+           f"replaced {{sys.argv[1]}}, which is unchanged: {{e}}")
+print(f"{{socket.gethostname()}}: {{sys.argv[1]}} holds the new code; "
+      f"{{len(stale)}} file(s) the previous setup copied and this one does "
+      f"not are gone, {{kept}} other file(s) kept; the previous tree is "
+      f"{{sys.argv[1]}}.old")
+"""
 
 
 def code_unpack_script() -> str:
   """The worker's side of a --code_dir setup: ~/trm becomes the archive's
-  files. Files the previous --code_dir setup copied and this one does not
-  are removed (they stayed and were imported: a stale module deleted
+  files, built beside it in ~/trm.new and renamed into place (see
+  _SWAP_SCRIPT). Files the previous --code_dir setup copied and this one
+  does not are gone (they stayed and were imported: a stale module deleted
   locally); anything else in ~/trm (a local workdir such as ~/trm/runs/x,
   the editable install's metadata) is kept."""
-  return (f"mkdir -p {REMOTE_DIR} && tar -xzf ~/{_UPLOAD_ARCHIVE} -C "
-          f"{REMOTE_DIR} && rm -f ~/{_UPLOAD_ARCHIVE} && cd {REMOTE_DIR} && "
-          f"python3 -c {shlex.quote(_PRUNE_SCRIPT)}")
+  return (f"here=$(readlink -f {REMOTE_DIR}) && rm -rf \"$here.new\" && "
+          f"mkdir -p \"$here.new\" && tar -xzf ~/{_UPLOAD_ARCHIVE} -C "
+          f"\"$here.new\" && rm -f ~/{_UPLOAD_ARCHIVE} && python3 -c "
+          # exec of its repr: one line, as every printed command is.
+          f"{shlex.quote(f'exec({_SWAP_SCRIPT!r})')} \"$here\"")
 
 
 def setup_commands(args, stage: str | None = None) -> list[list[str]]:

@@ -165,6 +165,12 @@ def test_cli_dry_run_single_v4_8(no_gcloud):
   assert not any(_is(c, "queued-resources") for c in commands)
   (pack,) = [c for c in commands if c[0] == "tar"]
   assert any(_is(c, "tpu-vm", "scp") and pack[2] in c for c in commands)
+  # Unpacked beside ~/trm, then renamed into place (never over it).
+  unpack = _remote(next(c for c in commands if "tar -xzf" in " ".join(c)))
+  assert unpack.startswith(
+      'here=$(readlink -f ~/trm) && rm -rf "$here.new" && mkdir -p '
+      '"$here.new" && tar -xzf ~/trm_upload.tar.gz -C "$here.new" && ')
+  assert "os.rename(new, here)" in unpack
   script = _remote(next(c for c in commands if "nohup" in " ".join(c)))
   # A single host: no slice variables, and a local workdir is allowed.
   assert "MEGASCALE" not in script
@@ -629,20 +635,27 @@ def test_code_dir_setup_removes_files_deleted_locally(tmp_path):
     (code / name).parent.mkdir(parents=True, exist_ok=True)
     (code / name).write_text("x")
   env = dict(os.environ, HOME=str(home))
+  # ~/trm may be a link to another disk: the link stays, its folder changes.
+  (tmp_path / "disk" / "trm").mkdir(parents=True)
+  (home / "trm").symlink_to(tmp_path / "disk" / "trm")
 
-  def setup():
+  def setup(cut=False):
     args = _args("--name=a", "--accelerator_type=v4-8",
                  f"--code_dir={code}", sub="setup")
     with tempfile.TemporaryDirectory() as stage:
       pack, scp, ssh = tpu_pod.setup_commands(args, stage)
       subprocess.run(pack, check=True)
       os.replace(pack[2], home / "trm_upload.tar.gz")  # what scp does
+    if cut:  # a copy cut short, or a disk that fills while unpacking
+      os.truncate(home / "trm_upload.tar.gz",
+                  os.path.getsize(home / "trm_upload.tar.gz") // 2)
     assert _is(scp, "tpu-vm", "scp") and _is(ssh, "tpu-vm", "ssh")
-    subprocess.run(["bash", "-c", _remote(ssh)], env=env, check=True,
-                   capture_output=True, cwd=home)
+    return subprocess.run(["bash", "-c", _remote(ssh)], env=env,
+                          check=not cut, capture_output=True, cwd=home)
 
   setup()
   remote = home / "trm"
+  assert remote.is_symlink()
   assert (remote / "trm" / "old" / "b.py").is_file()
   (remote / "runs" / "x").mkdir(parents=True)  # a local workdir
   (remote / "runs" / "x" / "ckpt").write_text("x")
@@ -654,6 +667,20 @@ def test_code_dir_setup_removes_files_deleted_locally(tmp_path):
   assert (remote / "configs" / "c.py").is_file()
   assert (remote / "runs" / "x" / "ckpt").is_file()  # not the setup's file
   assert not (home / "trm_upload.tar.gz").exists()
+  # A setup that fails part-way left a mix of old and new modules in ~/trm
+  # (unpacked over it): now the new tree replaces it only when complete.
+  (code / "trm" / "m.bin").write_bytes(os.urandom(300_000))  # incompressible
+  for name in ("trm/a.py", "configs/c.py"):
+    (code / name).write_text("new")
+  assert setup(cut=True).returncode
+  assert [(remote / name).read_text() for name in ("trm/a.py",
+                                                   "configs/c.py")] == [
+                                                       "x", "x"]
+  setup()
+  assert [(remote / name).read_text() for name in ("trm/a.py",
+                                                   "configs/c.py")] == [
+                                                       "new", "new"]
+  assert (remote / "runs" / "x" / "ckpt").is_file() and remote.is_symlink()
 
 
 def test_logs_end_with_the_trainers_exit_status(monkeypatch, tmp_path):
