@@ -23,6 +23,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -178,8 +179,8 @@ def devices_per_slice(accelerator_type: str) -> int:
 
 
 # Run by `check_config` in a child Python: the trainer's own --config parser
-# (one-line errors) and mesh rules, on --code_dir's code (else this
-# checkout's: with --repo_url, that of --revision only if it is checked out).
+# (one-line errors) and mesh rules, on --code_dir's code, with --repo_url on
+# --revision's as this repository has it, else on this checkout's.
 _CONFIG_CHECK = r"""
 import json, math, sys
 sys.argv[0] = "trm.main"  # how the workers' error lines would start
@@ -204,14 +205,72 @@ except mesh.MeshConfigError as e:
 """
 
 
+def _revision_commit(args) -> tuple[str | None, str]:
+  """With --repo_url: the commit this checkout's git repository has for
+  --revision (the workers fetch it from --repo_url), or None and why not."""
+  try:
+    found = subprocess.run(
+        ["git", "-C", REPO_ROOT, "rev-parse", "--verify", "--quiet",
+         f"{args.revision}^{{commit}}"], capture_output=True, text=True,
+        check=False)
+  except OSError as e:
+    return None, f"git cannot run here ({e.strerror})"
+  if found.returncode:
+    return None, (f"--revision={args.revision} is not in this checkout's git "
+                  f"repository ({REPO_ROOT}); `git fetch {args.repo_url} "
+                  f"{args.revision}` there lets the next launch check it")
+  return found.stdout.strip(), ""
+
+
+def _config_at_revision(args, commit: str) -> bool:
+  """Whether --config's file is in `commit`."""
+  path = os.path.normpath(args.config.partition(":")[0])
+  return subprocess.run(["git", "-C", REPO_ROOT, "cat-file", "-e",
+                         f"{commit}:{path}"], capture_output=True,
+                        check=False).returncode == 0
+
+
 def check_config(args) -> None:
   """Loads --config with the --override values locally, as the trainer on
   each worker will, and refuses a config it would refuse or a mesh that
   does not fit --accelerator_type x --num_slices: before, the trainers said
-  so only after the slices were created and set up."""
+  so only after the slices were created and set up. With --repo_url it
+  loads the code and config of --revision as this repository has them
+  (before, this checkout's files: another config than the workers'), and
+  says in one line when it cannot."""
   if args.skip_config_check:
     return
-  root = args.code_dir or REPO_ROOT
+  if args.code_dir or not args.repo_url:
+    root = args.code_dir or REPO_ROOT
+    _check_config_in(args, root, root)
+    return
+  commit, why = _revision_commit(args)
+  if commit is None:
+    print(f"tpu_pod.py: --config was not checked before anything is "
+          f"created: {why}.", file=sys.stderr, flush=True)
+    return
+  top = os.path.normpath(args.config.partition(":")[0]).split(os.sep)[0]
+  with tempfile.TemporaryDirectory(prefix="trm_config_check_") as tree:
+    archive = os.path.join(tree, "tree.tar")
+    packed = subprocess.run(
+        ["git", "-C", REPO_ROOT, "archive", f"--output={archive}", commit,
+         "--", *sorted({"trm", top})], capture_output=True, text=True,
+        check=False)
+    if packed.returncode:  # e.g. a partial clone without those files
+      error = (packed.stderr.strip().splitlines() or ["?"])[-1]
+      print(f"tpu_pod.py: --config was not checked before anything is "
+            f"created: git could not read --revision={args.revision} here "
+            f"({error}).", file=sys.stderr, flush=True)
+      return
+    with tarfile.open(archive) as files:  # (filter: Python 3.12's default)
+      files.extractall(tree, **({"filter": "data"} if hasattr(
+          tarfile, "data_filter") else {}))
+    _check_config_in(args, tree, f"{REPO_ROOT} at --revision="
+                     f"{args.revision}, commit {commit[:12]}")
+
+
+def _check_config_in(args, root: str, where: str) -> None:
+  """check_config on the code and config under `root` (`where` names it)."""
   argv = [sys.executable, "-c", _CONFIG_CHECK,
           json.dumps([args.num_slices,
                       devices_per_slice(args.accelerator_type)]),
@@ -240,7 +299,7 @@ def check_config(args) -> None:
     raise LaunchError(f"--config: its mesh does not fit {args.num_slices} x "
                       f"{args.accelerator_type}: {last}")
   raise LaunchError(
-      f"--config: {args.config} could not be loaded here (from {root}) to "
+      f"--config: {args.config} could not be loaded here (from {where}) to "
       f"check it before anything is created: {last}. Install the project "
       "locally (pip install -e .), or pass --skip_config_check.")
 
@@ -302,9 +361,17 @@ def validate(args, subcommand: str) -> None:
       raise LaunchError(
           f"--config: give the path relative to the repository root (the "
           f"workers resolve it inside {REMOTE_DIR}), got {path!r}")
-    root = args.code_dir or REPO_ROOT
-    if not os.path.isfile(os.path.join(root, path)):
-      raise LaunchError(f"--config: no file {path!r} under {root}")
+    if args.repo_url and not args.code_dir:
+      # The workers' file is --revision's: checked there when this
+      # repository has that revision (check_config says when it has not).
+      commit, _ = _revision_commit(args)
+      if commit is not None and not _config_at_revision(args, commit):
+        raise LaunchError(f"--config: no file {path!r} at --revision="
+                          f"{args.revision} (commit {commit[:12]}) of "
+                          f"{REPO_ROOT}")
+    elif not os.path.isfile(os.path.join(args.code_dir or REPO_ROOT, path)):
+      raise LaunchError(
+          f"--config: no file {path!r} under {args.code_dir or REPO_ROOT}")
     if not args.workdir:
       raise LaunchError("--workdir: required (gs://BUCKET/DIR on a pod)")
     if hosts * args.num_slices > 1 and not re.match(r"^gs://[^/]+",

@@ -33,9 +33,10 @@ _REAL_RUN = subprocess.run
 
 
 def _is_local(command):
-  """The launcher's local config check (a child Python, not gcloud), which
-  the fakes of subprocess.run below let run."""
-  return command[0] == sys.executable
+  """The launcher's local config check (a child Python, and git reading
+  --revision here; not gcloud), which the fakes of subprocess.run below let
+  run."""
+  return command[0] in (sys.executable, "git")
 
 
 def _args(*flags, sub="all"):
@@ -67,7 +68,8 @@ def _config_checked_once(monkeypatch):
   def check_once(args):
     key = (args.skip_config_check, args.code_dir, args.config,
            tuple(args.override), args.num_slices, args.accelerator_type,
-           sys.executable, os.environ.get("PYTHONPATH"))
+           sys.executable, os.environ.get("PYTHONPATH"), args.repo_url,
+           args.revision, tpu_pod.REPO_ROOT)
     if key not in _CHECKED:
       try:
         check(args)
@@ -371,7 +373,8 @@ def test_config_path_with_spaces_is_one_token(tmp_path):
     (["--accelerator_type=v4-12"], "--accelerator_type"),
     (["--accelerator_type=tpu-64"], "--accelerator_type"),
     (["--num_slices=0"], "--num_slices"),
-    (["--config=configs/missing.py"], "--config"),
+    # Looked up at --revision (MULTI's is not in this repository).
+    (["--config=configs/missing.py", "--revision=HEAD"], "--config"),
     (["--override=total_steps"], "--override"),
     (["--name=Bad_Name"], "--name"),
     (["--code_dir=."], "--repo_url"),  # both sources given
@@ -612,6 +615,56 @@ def test_a_config_that_cannot_be_loaded_here_says_so(monkeypatch, tmp_path,
           "ModuleNotFoundError: No module named 'ml_collections'. Install the"
           " project locally (pip install -e .), or pass --skip_config_check."
           ) in capsys.readouterr().err
+
+
+def test_with_repo_url_the_config_is_checked_at_the_revision(
+    monkeypatch, tmp_path, capsys):
+  """With --repo_url the check read this checkout's config and code, not
+  --revision's that the workers run: a config the trainers refuse passed,
+  and one only at the revision was "no file". Runs in a stand-in
+  repository: revision A holds a config whose mesh does not fit and
+  another that does, which HEAD deleted."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copytree(os.path.join(REPO, "trm"), tmp_path / "trm",
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  (tmp_path / "configs").mkdir()
+  good = open(os.path.join(REPO, "configs", "trm_sudoku.py")).read()
+  (tmp_path / "configs" / "trm_sudoku.py").write_text(
+      good + "\n_get = get_config\n\n\ndef get_config(arg=None):\n"
+      "  config = _get(arg) if arg else _get()\n"
+      "  config.mesh.fsdp = 8\n  return config\n")
+  (tmp_path / "configs" / "only_at_a.py").write_text(good)
+
+  def git(*argv):
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c",
+                    "user.email=t@t", *argv], check=True, capture_output=True)
+
+  git("init", "-q")
+  git("add", ".")
+  git("commit", "-q", "-m", "A")
+  git("tag", "a")
+  (tmp_path / "configs" / "trm_sudoku.py").write_text(good)
+  (tmp_path / "configs" / "only_at_a.py").unlink()
+  git("commit", "-q", "-a", "-m", "B")
+  monkeypatch.setattr(tpu_pod, "REPO_ROOT", str(tmp_path))
+  base = ["--name=a", "--accelerator_type=v4-8", "--workdir=gs://b/r",
+          "--repo_url=https://example.com/trm.git", "--dry_run"]
+  with pytest.raises(SystemExit):
+    _args(*base, "--revision=a", "--config=configs/trm_sudoku.py", sub="run")
+  assert ("--config: its mesh does not fit 1 x v4-8: The fixed mesh sizes "
+          "{'mesh.data': -1, 'mesh.fsdp': 8") in capsys.readouterr().err
+  _args(*base, "--revision=a", "--config=configs/only_at_a.py", sub="run")
+  with pytest.raises(SystemExit):
+    _args(*base, "--config=configs/only_at_a.py", sub="run")  # HEAD: B
+  assert ("--config: no file 'configs/only_at_a.py' at --revision=HEAD "
+          "(commit ") in capsys.readouterr().err
+  # A revision this repository lacks: said in one line, not checked.
+  _args(*base, "--revision=nope", "--config=configs/trm_sudoku.py", sub="run")
+  assert capsys.readouterr().err == (
+      "tpu_pod.py: --config was not checked before anything is created: "
+      f"--revision=nope is not in this checkout's git repository "
+      f"({tmp_path}); `git fetch https://example.com/trm.git nope` there "
+      "lets the next launch check it.\n")
 
 
 @pytest.mark.parametrize("accelerator, devices", [
