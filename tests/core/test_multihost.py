@@ -326,7 +326,7 @@ def test_auto_joins_the_slice_jax_finds_on_a_cloud_tpu_vm(monkeypatch):
   it, Cloud TPU VMs do not): --distributed=auto left each worker alone.
   On a TPU VM it now lets JAX find the slice from the VM's metadata, and
   goes on as one process where JAX finds no cluster."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
   from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
   from trm.core import distributed  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS.is_parsed():
@@ -339,6 +339,9 @@ def test_auto_joins_the_slice_jax_finds_on_a_cloud_tpu_vm(monkeypatch):
       raise answers.pop()
 
   class FakeJax:
+    class config:  # pylint: disable=invalid-name
+      update = staticmethod(lambda *args: None)
+
     class distributed:  # pylint: disable=invalid-name
       pass
 
@@ -358,9 +361,17 @@ def test_auto_joins_the_slice_jax_finds_on_a_cloud_tpu_vm(monkeypatch):
     answers.append(ValueError("Number of processes must be defined."))
     with pytest.raises(ValueError, match="Number of processes"):
       distributed.initialize_distributed(FakeJax)
+  with flagsaver.flagsaver(distributed="true"):
+    # No cluster found (SLURM, MPI, TPU): JAX's line named no flag.
+    answers.append(ValueError("coordinator_address should be defined."))
+    monkeypatch.setattr(distributed, "_on_tpu_vm", lambda: False)
+    with pytest.raises(app.UsageError, match=(
+        "--distributed=true: JAX found no cluster to join on this host .*"
+        "--coordinator_address=HOST:PORT")):
+      distributed.initialize_distributed(FakeJax)
   with flagsaver.flagsaver(distributed="false"):
     distributed.initialize_distributed(FakeJax)
-  assert len(calls) == 3
+  assert len(calls) == 4
   # This CPU host is no TPU VM (jax's import found no chips).
   assert not on_tpu_vm()
 

@@ -96,8 +96,19 @@ def initialize_distributed(jax) -> None:
   if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
     # CPU processes exchange collectives over gloo.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  _join(jax, coordinator_address=_COORDINATOR.value,
-        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  try:
+    _join(jax, coordinator_address=_COORDINATOR.value,
+          num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  except ValueError as e:
+    if _COORDINATOR.value or "defined" not in str(e):
+      raise
+    # JAX's own line ("coordinator_address should be defined.") named
+    # neither our flags nor a way out.
+    raise app.UsageError(
+        f"--distributed={wanted}: JAX found no cluster to join on this host "
+        f"({e}); pass --coordinator_address=HOST:PORT --num_processes=N "
+        "--process_id=I to every process, or --distributed=false to run "
+        "one process.") from None
 
 
 def _join(jax, **kwargs) -> None:
