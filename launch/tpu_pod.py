@@ -55,6 +55,8 @@ COORDINATOR_PLACEHOLDER = "SLICE0_WORKER0_IP"
 _TRAINER_PATTERN = r"^[^ ]*python[0-9.]* -m trm[.]main( |$)"
 # The line `run` adds to the log when the trainer exits, then its status.
 _EXIT_LINE = "trm.main exited with status"
+# How long `logs` waits for that line once the trainer is gone.
+_STATUS_WAIT_SECONDS = 10
 
 # Matched with fullmatch: with match, `$` lets a trailing newline through
 # (and an --env name goes into the remote script unquoted).
@@ -650,13 +652,25 @@ def _logs_script() -> str:
   # run forever), then its exit status, as `run` logged it: a worker that
   # fails stops the others, so `all` ends with the failure. The status
   # line may follow the trainer's end by a moment.
-  return (f"pid=$(pgrep -o -f {pattern}); "
+  # No log, or a log without the status line and no trainer running (it
+  # was killed with the shell that logs its status, or the host restarted)
+  # exited 0: `all` reported success without a status.
+  return (f"[ -f {REMOTE_LOG} ] || {{ echo \"$(hostname): no {REMOTE_LOG}: "
+          "the trainer was never started here\" >&2; exit 1; }; "
+          f"pid=$(pgrep -o -f {pattern}); "
           f"if [ -n \"$pid\" ]; then tail -n 200 -F --pid=\"$pid\" "
           f"{REMOTE_LOG}; else tail -n 200 {REMOTE_LOG}; fi; "
-          f"for _ in $(seq 10); do grep -q '^{_EXIT_LINE} ' {REMOTE_LOG} && "
-          f"break; sleep 1; done; "
+          f"for _ in $(seq {_STATUS_WAIT_SECONDS}); do "
+          f"grep -q '^{_EXIT_LINE} ' {REMOTE_LOG} && break; "
+          # A trainer that had not started yet: its whole log, followed.
+          f"pid=$(pgrep -o -f {pattern}); [ -z \"$pid\" ] || tail -n +1 -F "
+          f"--pid=\"$pid\" {REMOTE_LOG}; sleep 1; done; "
           f"status=$(sed -n 's/^{_EXIT_LINE} \\([0-9]*\\)$/\\1/p' "
-          f"{REMOTE_LOG} | tail -n 1); exit \"${{status:-0}}\"")
+          f"{REMOTE_LOG} | tail -n 1); "
+          f"[ -n \"$status\" ] || {{ echo \"$(hostname): the trainer is not "
+          f"running and {REMOTE_LOG} ends without its exit status (killed "
+          "with the shell that records it, or the host restarted)\" >&2; "
+          "exit 1; }; exit \"$status\"")
 
 
 def logs_commands(args) -> list[list[str]]:

@@ -778,6 +778,28 @@ def test_logs_end_with_the_trainers_exit_status(monkeypatch, tmp_path):
   again = subprocess.run(["bash", "-c", _remote(logs)], env=env, cwd=home,
                          capture_output=True, text=True, timeout=60)
   assert again.returncode == 3, again
+  # `logs` before the trainer is up (the run's log still empty) follows it
+  # once it starts.
+  (home / "trm_run.log").write_text("")
+  early = subprocess.Popen(["bash", "-c", _remote(logs)], env=env, cwd=home,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+  time.sleep(0.5)
+  subprocess.run(["bash", "-c", _remote(start)], env=env, check=True,
+                 cwd=home, timeout=60)
+  out, err = early.communicate(timeout=60)
+  assert early.returncode == 3 and "training" in out, (out, err)
+  # No status line and no trainer (killed with the shell that logs it, the
+  # host restarted), or no log at all: both exited 0, as if it succeeded.
+  monkeypatch.setattr(tpu_pod, "_STATUS_WAIT_SECONDS", 1, raising=False)
+  (logs,) = tpu_pod.logs_commands(args)
+  (home / "trm_run.log").write_text("training\n")
+  for error in ("ends without its exit status", "no ~/trm_run.log"):
+    unknown = subprocess.run(["bash", "-c", _remote(logs)], env=env,
+                             cwd=home, capture_output=True, text=True,
+                             timeout=60)
+    assert unknown.returncode == 1 and error in unknown.stderr, unknown
+    (home / "trm_run.log").unlink(missing_ok=True)
 
 
 def test_stop_reaches_every_slice_when_one_fails(monkeypatch, capsys):
