@@ -484,20 +484,29 @@ def _code_archive_command(args, stage: str) -> tuple[list[str], str]:
 # archive, a full disk) never leaves a mix of old and new code. The old tree
 # stays in DIR.old until the next setup.
 _SWAP_SCRIPT = f"""
-import os, shutil, socket, sys
+import os, shutil, socket, subprocess, sys
 here = os.fsencode(sys.argv[1])
 new, old = here + b".new", here + b".old"
 def listed(path):
   return (set(filter(None, open(path, "rb").read().split(bytes(1))))
           if os.path.isfile(path) else set())
 copied = listed(os.path.join(here, b"{CODE_MANIFEST}"))
-stale = copied - listed(os.path.join(new, b"{CODE_MANIFEST}.new"))
+if not copied and os.path.isdir(os.path.join(here, b".git")):
+  # A --repo_url clone: its files are git's (its .git told `setup` the
+  # copied code was the old commit, and modules deleted since stayed).
+  tracked = subprocess.run(["git", "-C", here, "ls-files", "-z"],
+                           capture_output=True).stdout
+  copied = set(filter(None, tracked.split(bytes(1)))) | {{b".git"}}
+stale = (copied - listed(os.path.join(new, b"{CODE_MANIFEST}.new"))
+         - {{b".git"}})
 made = {{f.rsplit(b"/", i)[0] for f in copied
         for i in range(1, f.count(b"/") + 1)}}
 kept = 0
 try:
   for root, dirs, files in os.walk(here) if os.path.isdir(here) else ():
-    dirs[:] = [d for d in dirs if d != b"__pycache__"]  # caches: rebuilt
+    # Caches are rebuilt; a copied folder (a clone's .git) is not carried.
+    dirs[:] = [d for d in dirs if d != b"__pycache__" and os.path.normpath(
+        os.path.relpath(os.path.join(root, d), here)) not in copied]
     for name in [*dirs, *files]:
       src = os.path.join(root, name)
       rel = os.path.normpath(os.path.relpath(src, here))
@@ -514,8 +523,9 @@ try:
       else:
         os.link(src, dst)
       kept += 1
-  os.replace(os.path.join(new, b"{CODE_MANIFEST}.new"),
-             os.path.join(new, b"{CODE_MANIFEST}"))
+  if os.path.isfile(os.path.join(new, b"{CODE_MANIFEST}.new")):
+    os.replace(os.path.join(new, b"{CODE_MANIFEST}.new"),
+               os.path.join(new, b"{CODE_MANIFEST}"))
   shutil.rmtree(old, ignore_errors=True)
   if os.path.lexists(here):
     os.rename(here, old)
@@ -540,8 +550,13 @@ def code_unpack_script() -> str:
   return (f"here=$(readlink -f {REMOTE_DIR}) && rm -rf \"$here.new\" && "
           f"mkdir -p \"$here.new\" && tar -xzf ~/{_UPLOAD_ARCHIVE} -C "
           f"\"$here.new\" && rm -f ~/{_UPLOAD_ARCHIVE} && python3 -c "
-          # exec of its repr: one line, as every printed command is.
-          f"{shlex.quote(f'exec({_SWAP_SCRIPT!r})')} \"$here\"")
+          f"{_swap_command()}")
+
+
+def _swap_command() -> str:
+  """_SWAP_SCRIPT's arguments to `python3 -c` on the worker, $here set."""
+  # exec of its repr: one line, as every printed command is.
+  return f"{shlex.quote(f'exec({_SWAP_SCRIPT!r})')} \"$here\""
 
 
 def setup_commands(args, stage: str | None = None) -> list[list[str]]:
@@ -565,8 +580,12 @@ def setup_commands(args, stage: str | None = None) -> list[list[str]]:
       # from another URL kept fetching that one (its branch of the same
       # name, silently; workers cloned anew got the new code).
       url = shlex.quote(args.repo_url)
-      fetch = (f"{{ [ -d {REMOTE_DIR}/.git ] || git clone -q {url} "
-               f"{REMOTE_DIR}; }} && cd {REMOTE_DIR} && git fetch -q {url} "
+      # Not a clone yet (none, or a --code_dir copy, where `git clone`
+      # refused the folder): cloned beside it and swapped in, as a copy is.
+      fetch = (f"{{ [ -d {REMOTE_DIR}/.git ] || {{ here=$(readlink -f "
+               f"{REMOTE_DIR}) && rm -rf \"$here.new\" && git clone -q {url} "
+               f"\"$here.new\" && python3 -c {_swap_command()}; }}; }} && "
+               f"cd {REMOTE_DIR} && git fetch -q {url} "
                f"{shlex.quote(args.revision)} && "
                f"git checkout -q --detach FETCH_HEAD")
     commands.append(_ssh(args, node, f"{fetch} && {_install_script()}"))

@@ -532,6 +532,50 @@ def test_setup_fetches_from_the_repo_url_given(tmp_path):
     assert (home / "trm" / "who.txt").read_text() == name
 
 
+def test_setup_switches_between_code_dir_and_repo_url(tmp_path):
+  """After a --code_dir setup a --repo_url one failed (`git clone`: the
+  folder exists); after a --repo_url one a --code_dir copy kept the
+  clone's .git (setup then printed the clone's commit as the copied
+  code's) and the modules deleted since. Runs the workers' part that gets
+  the code with a stand-in home directory."""
+  repo, code, home = tmp_path / "repo", tmp_path / "code", tmp_path / "home"
+  for name, text in (("repo/trm/a.py", "git"), ("repo/trm/gone.py", "x"),
+                     ("code/trm/a.py", "copied")):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(text)
+  home.mkdir()
+  subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+  subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+  subprocess.run(["git", "-C", str(repo), "-c", "user.name=n", "-c",
+                  "user.email=n@example.com", "commit", "-qm", "x"],
+                 check=True)
+  install = " && " + tpu_pod._install_script()  # pylint: disable=protected-access
+
+  def setup(*flags):
+    args = _args("--name=w", *flags, sub="setup")
+    with tempfile.TemporaryDirectory() as stage:
+      commands = tpu_pod.setup_commands(args, stage)
+      if args.code_dir:
+        subprocess.run(commands[0], check=True)
+        os.replace(commands[0][2], home / "trm_upload.tar.gz")  # scp
+    script = _remote(commands[-1])
+    assert script.endswith(install)
+    subprocess.run(["bash", "-c", script[:-len(install)]], check=True,
+                   env=dict(os.environ, HOME=str(home)), capture_output=True)
+
+  setup(f"--code_dir={code}")
+  (home / "trm" / "runs").mkdir()
+  (home / "trm" / "runs" / "ckpt").write_text("x")  # a local workdir
+  setup(f"--repo_url={repo}", "--revision=main")
+  assert (home / "trm" / "trm" / "a.py").read_text() == "git"
+  assert (home / "trm" / ".git").is_dir()
+  setup(f"--code_dir={code}")
+  assert (home / "trm" / "trm" / "a.py").read_text() == "copied"
+  assert not (home / "trm" / ".git").exists()
+  assert not (home / "trm" / "trm" / "gone.py").exists()
+  assert (home / "trm" / "runs" / "ckpt").read_text() == "x"
+
+
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_code_dir_leaves_no_archive_behind(monkeypatch, tmp_path, dry_run):
   """Each setup with --code_dir left a copy of the code (13.7 MB for this
