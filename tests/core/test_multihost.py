@@ -285,13 +285,16 @@ def test_a_killed_process_stops_the_other_at_once_with_one_line(
     ({"coordinator_address": "127.0.0.1:1234",
       "distributed_timeout": 3 * 10**9}, "must be 1 to 10000000 seconds"),
 ])
-def test_malformed_distributed_flags_stop_before_jax_starts(argv, match):
+def test_malformed_distributed_flags_stop_before_jax_starts(argv, match,
+                                                            monkeypatch):
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
   from trm.core import distributed  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
   calls = []
+  # Compares the counts through the job FakeJax does not join.
+  monkeypatch.setattr(distributed, "_check_same_count", lambda given: None)
 
   class FakeJax:  # Records jax.distributed.initialize instead of joining.
     class config:  # pylint: disable=invalid-name
@@ -389,23 +392,32 @@ def test_a_job_that_does_not_form_stops_each_process_with_one_line():
   """A peer never started, or pointed at a wrong address: every process
   waited 300 s, then XLA aborted it (SIGABRT, a C++ stack dump). Now each
   stops after --distributed_timeout with one line naming the coordinator
-  (process 0: how many of the processes joined)."""
-  address = f"127.0.0.1:{workers_lib.free_port()}"
-  nowhere = f"127.0.0.1:{workers_lib.free_port()}"
+  (process 0: how many of the processes joined). A process given another
+  --num_processes joined process 0's job and trained on, unnoticed: now
+  both stop with one line once joined."""
+  address, nowhere, other = (f"127.0.0.1:{workers_lib.free_port()}"
+                             for _ in range(3))
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=workers_lib.xla_flags(1))
-  runs = [(address, 0), (nowhere, 1)]  # process 1 of 2 is started nowhere
+  # Process 1 of 2 is started nowhere; at `other`, process 1 is given
+  # --num_processes=3.
+  runs = [(address, 2, 0), (nowhere, 2, 1), (other, 2, 0), (other, 3, 1)]
   workers = [subprocess.Popen(
       [sys.executable, "-c", _JOIN, f"--coordinator_address={where}",
-       "--num_processes=2", f"--process_id={index}",
-       "--distributed_timeout=1"], cwd=ROOT, env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for where, index in runs]
+       f"--num_processes={count}", f"--process_id={index}",
+       f"--distributed_timeout={1 if where != other else 60}"], cwd=ROOT,
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for where, count, index in runs]
   outputs = workers_lib.wait_all(workers, timeout=60)
-  assert [w.returncode for w in workers] == [1, 1], outputs
+  assert [w.returncode for w in workers] == [1, 1, 2, 2], outputs
   lines = [[line for line in output.splitlines() if "error:" in line]
            for output in outputs]
-  assert [len(found) for found in lines] == [1, 1], outputs
+  assert [len(found) for found in lines] == [1, 1, 1, 1], outputs
+  assert ("this job has 2 processes (process 0's --num_processes), but "
+          "process 1: --num_processes=3; give every process the same "
+          "--num_processes.") in lines[2][0]
+  assert (f"--num_processes=3, but process 0 at {other} started a job of 2 "
+          "processes") in lines[3][0]
   assert (f"process 0 of 2 (the coordinator, at {address}) waited 1 s "
           "(--distributed_timeout) for the job to form; 1 of 2 processes "
           "joined.") in lines[0][0]

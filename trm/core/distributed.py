@@ -109,6 +109,38 @@ def initialize_distributed(jax) -> None:
         f"({e}); pass --coordinator_address=HOST:PORT --num_processes=N "
         "--process_id=I to every process, or --distributed=false to run "
         "one process.") from None
+  if _COORDINATOR.value:
+    _check_same_count(_NUM_PROCESSES.value)
+
+
+def _check_same_count(given: int) -> None:
+  """Refuses, on every process, a job whose processes were given different
+  --num_processes: process 0's count wins, and a process given another
+  went on training unnoticed. The processes compare through the
+  coordination service's key-value store (milliseconds, nothing to
+  compile); after its barrier, the store holds one entry per process of
+  the job."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  state = jax_distributed.global_state
+  state.client.key_value_set(f"trm/num_processes/{state.process_id}",
+                             str(given))
+  state.client.wait_at_barrier("trm/num_processes", _TIMEOUT.value * 1000)
+  counts = {int(key.rpartition("/")[2]): int(value) for key, value in
+            state.client.key_value_dir_get("trm/num_processes/")}
+  size = len(counts)  # process 0's --num_processes
+  odd = sorted(index for index, count in counts.items() if count != size)
+  if not odd:
+    return
+  if given != size:
+    raise app.UsageError(
+        f"--num_processes={given}, but process 0 at {_COORDINATOR.value} "
+        f"started a job of {size} processes: give every process the same "
+        "--num_processes.")
+  others = ", ".join(f"process {i}: --num_processes={counts[i]}"
+                     for i in odd)
+  raise app.UsageError(
+      f"this job has {size} processes (process 0's --num_processes), but "
+      f"{others}; give every process the same --num_processes.")
 
 
 def _join(jax, **kwargs) -> None:
