@@ -514,6 +514,9 @@ try:
       if rel in copied or rel == b"{CODE_MANIFEST}" or os.path.lexists(dst):
         continue
       if os.path.isdir(src) and not os.path.islink(src):
+        if os.path.ismount(src):  # it would move with the old tree
+          raise OSError(f"{{os.fsdecode(src)}} is a mount point; mount it "
+                        "outside the code's folder")
         if rel not in made:  # a folder of its own, e.g. an empty runs/
           os.makedirs(dst)
         continue
@@ -521,7 +524,15 @@ try:
       if os.path.islink(src):
         os.symlink(os.readlink(src), dst)
       else:
-        os.link(src, dst)
+        try:
+          os.link(src, dst)
+        except PermissionError:  # another user's file (protected_hardlinks)
+          shutil.copy2(src, dst)
+        except OSError as e:
+          if e.errno != 18:  # EXDEV: a bind mount ismount does not see
+            raise
+          raise OSError(f"{{os.fsdecode(src)}} is on another mount; mount "
+                        "it outside the code's folder") from None
       kept += 1
   if os.path.isfile(os.path.join(new, b"{CODE_MANIFEST}.new")):
     os.replace(os.path.join(new, b"{CODE_MANIFEST}.new"),

@@ -532,6 +532,42 @@ def test_setup_fetches_from_the_repo_url_given(tmp_path):
     assert (home / "trm" / "who.txt").read_text() == name
 
 
+def _can_mount() -> bool:
+  """Whether this host lets a test mount in a namespace of its own."""
+  try:
+    return subprocess.run(["unshare", "-rm", "true"], capture_output=True,
+                          check=False).returncode == 0
+  except OSError:
+    return False
+
+
+@pytest.mark.skipif(not _can_mount(), reason="no unshare -rm here")
+def test_code_dir_setup_refuses_a_mount_point_inside_the_tree(tmp_path):
+  """A disk mounted inside ~/trm moved with the old tree into ~/trm.old:
+  ~/trm/data became an empty folder. Now the setup stops with one line
+  and ~/trm as it was."""
+  home, code = tmp_path / "home", tmp_path / "code"
+  (home / "trm" / "data").mkdir(parents=True)
+  (code / "trm").mkdir(parents=True)
+  (code / "trm" / "a.py").write_text("x")
+  args = _args("--name=a", "--accelerator_type=v4-8", f"--code_dir={code}",
+               sub="setup")
+  with tempfile.TemporaryDirectory() as stage:
+    pack = tpu_pod.setup_commands(args, stage)[0]
+    subprocess.run(pack, check=True)
+    os.replace(pack[2], home / "trm_upload.tar.gz")
+  data = shlex.quote(str(home / "trm" / "data"))
+  script = (f"mount -t tmpfs none {data} && {{ bash -c "
+            f"{shlex.quote(tpu_pod.code_unpack_script())}; echo status $?; "
+            f"mountpoint -q {data} && echo mounted; }}")
+  done = subprocess.run(["unshare", "-rm", "bash", "-c", script],
+                        env=dict(os.environ, HOME=str(home)),
+                        capture_output=True, text=True, check=True)
+  assert done.stdout.split() == ["status", "1", "mounted"], done
+  assert f"{home / 'trm' / 'data'} is a mount point" in done.stderr
+  assert not (home / "trm" / "trm").exists()
+
+
 def test_setup_switches_between_code_dir_and_repo_url(tmp_path):
   """After a --code_dir setup a --repo_url one failed (`git clone`: the
   folder exists); after a --repo_url one a --code_dir copy kept the
