@@ -133,6 +133,27 @@ def split_override(text: str) -> tuple[str, str]:
   return key, value
 
 
+# trm.main flags the launcher sets itself, or that have their own flag here.
+_LAUNCHER_SETS = ("config", "workdir", "distributed", "coordinator_address",
+                  "num_processes", "process_id")
+
+
+def split_trainer_flag(text: str) -> tuple[str, str]:
+  """'distributed_timeout=900' -> ('distributed_timeout', '900')."""
+  name, sep, value = text.partition("=")
+  name = name.removeprefix("--")
+  if not sep or not _ENV_RE.fullmatch(name):  # an identifier
+    hint = (" (a config field goes in --override)" if "." in name else "")
+    raise LaunchError(
+        f"--trainer_flag: expected NAME=VALUE naming a trm.main flag such as "
+        f"distributed_timeout=900, got {text!r}{hint}")
+  if name in _LAUNCHER_SETS:
+    raise LaunchError(
+        f"--trainer_flag: --{name} is set by the launcher (its own --config/"
+        "--workdir, and the job's processes from the slices); drop it.")
+  return name, value
+
+
 def _split_env(text: str) -> tuple[str, str]:
   key, sep, value = text.partition("=")
   if not sep or not _ENV_RE.fullmatch(key):
@@ -187,9 +208,8 @@ _CONFIG_CHECK = r"""
 import json, math, sys
 sys.argv[0] = "trm.main"  # how the workers' error lines would start
 from absl import flags
-from ml_collections import config_flags
+from trm import main  # its flags: --config, --workdir, the tools' own
 from trm.core import config_lib
-config_flags.DEFINE_config_file("config", None, lock_config=True)
 slices, devices = json.loads(sys.argv[1])
 config_lib.parse_flags([sys.argv[0], *sys.argv[2:]])
 from trm.core import mesh
@@ -276,9 +296,11 @@ def _check_config_in(args, root: str, where: str) -> None:
   argv = [sys.executable, "-c", _CONFIG_CHECK,
           json.dumps([args.num_slices,
                       devices_per_slice(args.accelerator_type)]),
-          f"--config={args.config}"]
+          f"--config={args.config}", "--workdir=unused-by-the-check"]
   argv += [f"--config.{key}={value}"
            for key, value in map(split_override, args.override)]
+  argv += [f"--{name}={value}"
+           for name, value in map(split_trainer_flag, args.trainer_flag)]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       filter(None, [root, os.environ.get("PYTHONPATH")])),
              JAX_PLATFORMS="cpu")  # never claims a local accelerator
@@ -295,8 +317,8 @@ def _check_config_in(args, root: str, where: str) -> None:
   if proc.returncode == 2 and last.startswith(refused):
     # The trainer's own parser refused the file or an --override.
     last = last[len(refused):].removesuffix(" (--helpshort lists the flags)")
-    raise LaunchError(f"--config/--override: the trainer would refuse it: "
-                      f"{last}")
+    raise LaunchError(f"--config/--override/--trainer_flag: the trainer "
+                      f"would refuse it: {last}")
   if proc.returncode == 3:
     raise LaunchError(f"--config: its mesh does not fit {args.num_slices} x "
                       f"{args.accelerator_type}: {last}")
@@ -319,6 +341,8 @@ def validate(args, subcommand: str) -> None:
     hosts = hosts_per_slice(args.accelerator_type)
   for text in args.override:
     split_override(text)
+  for text in args.trainer_flag:
+    split_trainer_flag(text)
   for text in args.env:
     name, _ = _split_env(text)
     if (name.startswith("MEGASCALE_") and args.num_slices > 1
@@ -635,6 +659,9 @@ def train_command(args) -> str:
   for text in args.override:
     key, value = split_override(text)
     argv.append(f"--config.{key}={value}")
+  for text in args.trainer_flag:
+    name, value = split_trainer_flag(text)
+    argv.append(f"--{name}={value}")
   return shlex.join(argv)
 
 
@@ -878,6 +905,11 @@ def _common_flags() -> argparse.ArgumentParser:
   p.add_argument("--override", action="append", default=[],
                  metavar="KEY=VALUE",
                  help="Repeatable; becomes --config.KEY=VALUE.")
+  p.add_argument("--trainer_flag", action="append", default=[],
+                 metavar="NAME=VALUE",
+                 help="Repeatable; becomes --NAME=VALUE on trm.main, for its "
+                 "flags that are not config fields (distributed_timeout=900, "
+                 "compilation_cache=off).")
   p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                  help="Repeatable; exported before the trainer starts.")
   p.add_argument("--megascale_port", type=int, default=DEFAULT_MEGASCALE_PORT)

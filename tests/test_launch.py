@@ -67,7 +67,7 @@ def _config_checked_once(monkeypatch):
 
   def check_once(args):
     key = (args.skip_config_check, args.code_dir, args.config,
-           tuple(args.override), args.num_slices, args.accelerator_type,
+           tuple(args.override), tuple(args.trainer_flag), args.num_slices, args.accelerator_type,
            sys.executable, os.environ.get("PYTHONPATH"), args.repo_url,
            args.revision, tpu_pod.REPO_ROOT)
     if key not in _CHECKED:
@@ -272,6 +272,11 @@ def test_builders_match_cli():
       "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1",
       "MEGASCALE_PORT": "8081"}
   assert tpu_pod.train_command(args) == TRAIN
+  # trm.main's flags that are not config fields, after the overrides.
+  flagged = _args(*MULTI, "--trainer_flag=distributed_timeout=900",
+                  "--trainer_flag=--compilation_cache=off")
+  assert tpu_pod.train_command(flagged) == (
+      TRAIN + " --distributed_timeout=900 --compilation_cache=off")
   for command in tpu_pod.stop_commands(args):
     assert "--worker=all" in command and "pkill -f" in _remote(command)
   no_env = _args(*MULTI, "--no_megascale_env")
@@ -391,6 +396,10 @@ def test_config_path_with_spaces_is_one_token(tmp_path):
     (["--max_wait_minutes=nan"], "--max_wait_minutes"),
     (["--max_wait_minutes=0"], "--max_wait_minutes"),
     (["--max_wait_minutes=-5"], "--max_wait_minutes"),
+    # A config field goes in --override; the launcher sets the job's own.
+    (["--trainer_flag=config.total_steps=3"], "goes in --override"),
+    (["--trainer_flag=workdir=gs://b/other"], "set by the launcher"),
+    (["--trainer_flag=distributed_timeout"], "--trainer_flag"),
 ])
 def test_bad_flags_are_rejected_naming_the_flag(capsys, flags, names):
   keys = {f.split("=")[0] for f in flags}
@@ -663,8 +672,11 @@ def test_code_dir_copies_file_names_that_are_not_utf8(tmp_path, in_git):
      "--num_slices=2 slices: add --override=mesh.dcn_data=2"),
     (["--override=mesh.fsdp=8"], "--config: its mesh does not fit 1 x v4-8: "
      "The fixed mesh sizes"),
-    (["--override=no_such_key=3"], "--config/--override: the trainer would "
-     "refuse it: --config.no_such_key: the config has no field"),
+    (["--override=no_such_key=3"], "--config/--override/--trainer_flag: the "
+     "trainer would refuse it: --config.no_such_key: the config has no field"),
+    # A trainer flag is checked by the trainer's own parser too.
+    (["--trainer_flag=no_such_flag=1"], "--config/--override/--trainer_flag: "
+     "the trainer would refuse it: Unknown command line flag 'no_such_flag'"),
     (["--config=configs/trm_sudoku.py:nope"], "Unknown config variant"),
 ])
 def test_run_loads_the_config_and_refuses_what_the_trainers_would(
