@@ -28,6 +28,20 @@ def test_out_over_the_checkpoints_is_refused(tmp_path, out):
     export.check_out_dir(str(tmp_path / out), None, True, str(workdir))
 
 
+@pytest.mark.parametrize("out", ["store", "store/ckpts"])
+def test_out_over_checkpoints_linked_elsewhere_is_refused(tmp_path, out):
+  """A workdir whose checkpoints/ is a link to another disk: an --out
+  holding the link's target passed, and --overwrite deleted every
+  checkpoint after the export (`trm.export ... --out=STORE --overwrite`)."""
+  workdir = _workdir(tmp_path)
+  (tmp_path / "store").mkdir()
+  os.rename(workdir / "checkpoints", tmp_path / "store" / "ckpts")
+  os.symlink(tmp_path / "store" / "ckpts", workdir / "checkpoints")
+  with pytest.raises(app.UsageError, match="its checkpoints/"):
+    export.check_out_dir(str(tmp_path / out), None, True, str(workdir))
+  export.check_out_dir(str(tmp_path / "hf"), None, True, str(workdir))
+
+
 def test_out_beside_or_inside_the_run_is_allowed(tmp_path):
   workdir = _workdir(tmp_path)
   for out in (tmp_path / "hf", workdir / "hf", tmp_path / "run2"):

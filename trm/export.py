@@ -169,12 +169,15 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
         "export would replace the files it copies. Export to a new "
         "directory.")
   # --overwrite swaps --out in as a whole: the run's checkpoints would go.
-  if checkpoint and (_within(checkpoint, out) or _within(
-      out, os.path.join(checkpoint, "checkpoints"))):
+  # Its checkpoints/ may be a link to another disk: where it leads counts.
+  checkpoints = os.path.join(checkpoint or "", "checkpoints")
+  if checkpoint and (_within(checkpoint, out) or _within(checkpoints, out)
+                     or _within(out, checkpoints)):
     raise app.UsageError(
-        f"--out={out} equals or contains --checkpoint={checkpoint} or lies "
-        "in its checkpoints/: the export would replace the checkpoints it "
-        "reads. Export to a directory outside them.")
+        f"--out={out} equals or contains --checkpoint={checkpoint} or its "
+        "checkpoints/ (where a link leads), or lies in them: the export "
+        "would replace the checkpoints it reads. Export to a directory "
+        "outside them.")
   # The swap renames --out, which fails for the process's own directory
   # ("Device or resource busy: '.'") after every weight was written.
   if _within(os.getcwd(), resolve_out(out)):
