@@ -128,6 +128,26 @@ def test_workdir_of_another_family_names_its_command(tmp_path, family,
   assert command + str(tmp_path) in message and "\n" not in message
 
 
+@pytest.mark.parametrize("text, needle", [
+    ("[1]", "holds a JSON list, not a config record"),
+    ('{"model": "gpt"}', "its 'model' is 'gpt', not the config.model object"),
+    ('{"model": {"name": "gpt"', "is not valid JSON"),
+    (b'{"model": {"name": "g\xffpt"}}', "is not UTF-8 text")])
+def test_a_hand_edited_config_json_is_one_line_naming_it(tmp_path, text,
+                                                          needle):
+  """A workdir's config.json that is not the object trm.main records gave
+  an AttributeError's traceback (or, damaged, JSON's error without the
+  file's name)."""
+  path = tmp_path / "config.json"
+  if isinstance(text, bytes):
+    path.write_bytes(text)
+  else:
+    path.write_text(text)
+  with pytest.raises(ValueError, match=needle) as info:
+    sample.run_config(str(tmp_path))
+  assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("attention, platform, used", [
     ("cudnn", "cuda", "cudnn"), ("cudnn", "gpu", "cudnn"),
     ("cudnn", "cpu", "dot"), ("cudnn", "tpu", "dot"),

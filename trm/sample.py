@@ -125,9 +125,17 @@ def run_config(workdir: str):
     raise FileNotFoundError(
         f"{path} does not exist: --workdir must be the --workdir of a "
         "`python -m trm.main --config=configs/gpt.py...` run.")
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  name = config.get("model", {}).get("name")
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from trm.core import config_record  # pylint: disable=g-import-not-at-top
+  # A config.json edited by hand: damaged JSON, or other JSON than the
+  # object trm.main records, is one line naming it (was a traceback).
+  record = config_record.read_file(epath.Path(path))
+  if not isinstance(record.get("model"), dict):
+    raise ValueError(f"{path}: its 'model' is {record.get('model')!r}, not "
+                     "the config.model object trm.main records; restore the "
+                     "file, or sample a checkpoint with --checkpoint.")
+  config = ml_collections.ConfigDict(record)
+  name = config.model.get("name")
   if name != "gpt":
     command = _OTHER_FAMILY_COMMANDS.get(
         name, "use the command of its model family").format(path=workdir)
