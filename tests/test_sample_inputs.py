@@ -237,6 +237,44 @@ def test_start_endoftext_is_gpt2s_end_of_text_token(tmp_path, monkeypatch):
     assert ids.value.args[0] == want, start
 
 
+@pytest.mark.parametrize("name, text, needle", [
+    ("meta.json", {"vocab_size": 15, "tokenizer": "char"},
+     "meta.json: tokenizer='char' needs itos"),
+    ("meta.json", {"vocab_size": 15, "tokenizer": "char", "itos": {"0": 5}},
+     "meta.json: tokenizer='char' needs itos"),
+    ("meta.json", {"vocab_size": 15, "tokenizer": 5},
+     "meta.json: tokenizer=5 must be"),
+    ("metadata.json", [1], "metadata.json holds a JSON list"),
+    ("metadata.json", '{"tokenizer": ', "metadata.json is not valid JSON"),
+    ("metadata.json", {"tokenizer": "char", "itos": None},
+     "metadata.json: tokenizer='char' needs itos")])
+def test_a_hand_edited_vocabulary_file_is_one_line_naming_it(tmp_path, name,
+                                                             text, needle):
+  """A --data_dir whose meta.json (or TFDS metadata.json) holds no usable
+  vocabulary gave a KeyError's, TypeError's or AttributeError's traceback
+  (JSON's error without the file's name, for a damaged metadata.json), or
+  sampled, its ids then failing to decode."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  directory = write_tiny_gpt2(tmp_path / "gpt2")
+  data = tmp_path / "data"
+  if name == "meta.json":
+    preparation.prepare_char("to be or not\n" * 8, str(data))
+    counts = json.loads((data / name).read_text())
+    text = {**text, **{k: counts[k] for k in ("train_tokens", "val_tokens")}}
+  else:
+    data.mkdir()
+  (data / name).write_text(text if isinstance(text, str) else
+                           json.dumps(text))
+  with flagsaver.flagsaver():
+    flags.FLAGS(["trm.sample", "--init_from=gpt2",
+                 f"--checkpoint={directory}", f"--data_dir={data}",
+                 "--start=to", "--num_samples=1", "--max_new_tokens=2"])
+    with pytest.raises(ValueError, match=needle) as info:
+      sample.main(["trm.sample"])
+  assert str(data / name) in str(info.value)
+
+
 class _RunsCode:
   """Unpickling it would call print: a meta.pkl that runs code."""
 

@@ -17,7 +17,6 @@ Generation is one compiled program with a KV cache
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -275,13 +274,17 @@ def main(argv):
   cfg, params, data_dir, source = load_model(
       _INIT_FROM.value, _WORKDIR.value, _CHECKPOINT.value, ctx)
   data_dir = _DATA_DIR.value or data_dir
+  meta_source = "meta.json"  # named in errors about the vocabulary
   if data_dir and preparation.is_prepared(data_dir):
     # meta.json, or nanoGPT's meta.pkl (no file at all: GPT-2's BPE).
     meta = preparation.load_meta(data_dir)
+    meta_source = os.path.join(data_dir, preparation.META_FILE)
   elif data_dir and os.path.isfile(os.path.join(data_dir, "metadata.json")):
     # A TFDS run: the builder's metadata holds meta.json's fields.
-    with open(os.path.join(data_dir, "metadata.json")) as f:
-      meta = json.load(f)
+    meta_source = os.path.join(data_dir, "metadata.json")
+    meta = preparation.read_meta_json(
+        meta_source, "rebuild the data set, or pass --data_dir=DIR with the "
+        "meta.json of the data the model was trained on")
   elif data_dir and os.path.isfile(
       os.path.join(data_dir, preparation.NANOGPT_META_FILE)):
     # nanoGPT's own data directory (a ckpt.pt's config.dataset), as its
@@ -308,7 +311,7 @@ def main(argv):
       meta = {"tokenizer": "gpt2", "vocab_size": 50257}
   if _TOKENIZER.value:
     meta = {"tokenizer": gpt2_tokenizer_json(_TOKENIZER.value, meta)}
-  codec = preparation.codec_from_meta(meta)
+  codec = preparation.codec_from_meta(meta, meta_source)
   num_samples = _NUM_SAMPLES.value
   batch = min(_BATCH_SIZE.value or num_samples, num_samples)
   # Every row starts from the same prompt, so the last, partial batch is a

@@ -41,11 +41,34 @@ NANOGPT_VOCAB = 50304
 _PREPARING = ".preparing"
 
 
-def codec_from_meta(meta: dict):
+def _is_itos(itos) -> bool:
+  """A character vocabulary as meta.json holds it ({"0": "\\n", ...}), or a
+  plain list of its characters."""
+  if isinstance(itos, dict):
+    return bool(itos) and all(
+        isinstance(i, str) and i.isdecimal() and isinstance(ch, str)
+        for i, ch in itos.items())
+  return (isinstance(itos, (list, str)) and bool(itos)
+          and all(isinstance(ch, str) for ch in itos))
+
+
+def codec_from_meta(meta: dict, source: str = META_FILE):
   """The codec (`encode(str) -> list[int]`, `decode(ids) -> str`) that
-  produced a prepared data set, from its meta.json."""
+  produced a prepared data set, from its meta.json (`source`, named in
+  errors)."""
   tokenizer = meta.get("tokenizer", "char" if "itos" in meta else None)
+  if tokenizer is not None and not isinstance(tokenizer, str):
+    raise ValueError(f"{source}: tokenizer={tokenizer!r} must be 'char', "
+                     "'gpt2' or a tokenizer.json path; re-run "
+                     + CLI_HINT.format("DIR"))
   if tokenizer == "char":
+    # A file edited by hand: a missing or malformed vocabulary gave a
+    # KeyError's or TypeError's traceback, or one only once a sampled id
+    # was decoded.
+    if not _is_itos(meta.get("itos")):
+      raise ValueError(f"{source}: tokenizer='char' needs itos, a non-empty "
+                       'object of token ids to characters ({"0": "\\n", '
+                       "...}); re-run " + CLI_HINT.format("DIR"))
     return text_codecs.CharCodec(meta["itos"])
   if tokenizer is None and meta.get("nanogpt"):
     # nanoGPT's sample.py cannot decode them either (it needs itos).
@@ -281,6 +304,21 @@ def _nanogpt_meta(data_dir: str) -> dict:
           **counts}
 
 
+def read_meta_json(path: str, fix: str) -> dict:
+  """The JSON object in `path` (a meta.json, or a TFDS build's
+  metadata.json holding its fields); a ValueError naming `path` and ending
+  in `fix` otherwise."""
+  with open(path, encoding="utf-8") as f:
+    try:
+      meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ValueError(f"{path} is not valid JSON ({e}); {fix}.") from e
+  if not isinstance(meta, dict):
+    raise ValueError(f"{path} holds a JSON {type(meta).__name__}, not the "
+                     f"object that preparation writes; {fix}.")
+  return meta
+
+
 def load_meta(data_dir: str) -> dict:
   """The meta.json of a prepared data directory, checked against its .bin
   files (for a nanoGPT-prepared directory, its fields from meta.pkl)."""
@@ -295,16 +333,7 @@ def load_meta(data_dir: str) -> dict:
         + CLI_HINT.format(data_dir) + "` (or give the training config an "
         "input path so training prepares it).")
   path = os.path.join(data_dir, META_FILE)
-  with open(path, encoding="utf-8") as f:
-    try:
-      meta = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise ValueError(f"{path} is not valid JSON ({e}); re-run `"
-                       + CLI_HINT.format(data_dir) + "`.") from e
-  if not isinstance(meta, dict):
-    raise ValueError(f"{path} holds a JSON {type(meta).__name__}, not the "
-                     "object that preparation writes; re-run `"
-                     + CLI_HINT.format(data_dir) + "`.")
+  meta = read_meta_json(path, "re-run `" + CLI_HINT.format(data_dir) + "`")
   vocab = meta.get("vocab_size")
   if vocab is not None and (isinstance(vocab, bool) or not isinstance(
       vocab, int) or not 0 < vocab <= MAX_VOCAB):
