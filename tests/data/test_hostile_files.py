@@ -217,3 +217,34 @@ def test_fifos_named_as_json_or_text_inputs_are_refused_unread(tmp_path):
       arc_eval.ARCEvaluator(str(tmp_path))
     with pytest.raises(ValueError, match=r"input\.txt is not a regular file"):
       data_io.read_utf8(str(tmp_path / "input.txt"))
+
+
+def _npy_declaring(path, dtype: str, shape: tuple) -> None:
+  """A .npy whose header declares `shape` over 80 bytes of data."""
+  from numpy.lib import format as npy  # pylint: disable=g-import-not-at-top
+  with open(path, "wb") as f:
+    npy.write_array_header_1_0(f, {"descr": dtype, "fortran_order": False,
+                                   "shape": shape})
+    f.write(b"\0" * 80)
+
+
+def test_a_npy_declaring_more_than_it_holds_is_one_line(tmp_path):
+  """A dataset array or --predictions file whose header declares a TiB
+  (truncated, or crafted): np.load tried to allocate it first, a
+  MemoryError's traceback from trm.visualize and trm.main."""
+  from trm.data.puzzles import format as puzzle_format  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import sheets  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path / "sudoku")
+  sudoku.build_dataset(data_dir, source="generate", num_train=2, num_test=2,
+                       num_aug=0, num_blanks=30)
+  predictions = tmp_path / "predictions.npy"
+  _npy_declaring(predictions, "<i8", (2**40, 81))
+  with pytest.raises(ValueError, match=r"predictions\.npy: not a readable "
+                     r".*declares a int64 array of shape \(1099511627776, 81\)"):
+    sheets.dataset_sheet(data_dir, "test", str(tmp_path / "s.png"),
+                         predictions_path=str(predictions))
+  _npy_declaring(os.path.join(data_dir, "test", "all__puzzle_indices.npy"),
+                 "<i4", (2**40,))
+  with pytest.raises(ValueError, match=r"all__puzzle_indices\.npy: field "
+                     r"'puzzle_indices'.*holds 80 bytes after it"):
+    puzzle_format.read_split(data_dir, "test")

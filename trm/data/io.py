@@ -15,6 +15,31 @@ def check_regular_file(path: str, fix: str = "") -> None:
                      + ".")
 
 
+def check_npy_size(path: str) -> None:
+  """A ValueError when the .npy file `path`'s header declares more data
+  than the file holds (truncated, or crafted): np.load would first try to
+  allocate all of it, and a header of a few bytes can ask for TiBs (a
+  MemoryError's traceback). Callers name the file, as for np.load's own
+  errors; a header it cannot parse is left to np.load."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  readers = {(1, 0): np.lib.format.read_array_header_1_0,
+             (2, 0): np.lib.format.read_array_header_2_0}
+  with open(path, "rb") as f:
+    try:
+      reader = readers.get(np.lib.format.read_magic(f))
+      if reader is None:  # version 3.0 (a UTF-8 header): np.load's check
+        return
+      shape, _, dtype = reader(f, max_header_size=1 << 20)
+    except ValueError:
+      return
+    held = os.fstat(f.fileno()).st_size - f.tell()
+  declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+  if declared > held:
+    raise ValueError(f"its header declares a {dtype} array of shape "
+                     f"{shape} ({declared:,} bytes), but the file holds "
+                     f"{held:,} bytes after it (truncated or damaged)")
+
+
 def decode_utf8(data: bytes, path: str, fix: str = "") -> str:
   """`data` as UTF-8; a ValueError naming `path` and the byte offset of the
   first invalid byte otherwise (Python's own error names neither)."""

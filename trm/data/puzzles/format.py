@@ -27,6 +27,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from trm.data import atomic_files
+from trm.data import io as data_io
 
 METADATA_FILE = "dataset.json"
 IDENTIFIERS_FILE = "identifiers.json"
@@ -378,6 +379,7 @@ def read_split(data_dir: str, split: str, set_name: str = "all",
           f"{_BUILD_HINT.format(data_dir=data_dir)}")
     mode = "r" if (mmap and field in MMAP_FIELDS) else None
     try:
+      data_io.check_npy_size(path)
       arrays[field] = np.load(path, mmap_mode=mode, allow_pickle=False)
     except (ValueError, OSError) as e:
       # np.load takes any non-.npy bytes for a pickle and suggests loading

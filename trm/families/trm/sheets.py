@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 from PIL import ImageDraw
 
+from trm.data import io as data_io
 from trm.families.trm import panels
 
 Color = panels.Color
@@ -167,6 +168,7 @@ def dataset_sheet(data_dir: str, split: str, out: str, num: int = 8,
   predictions = None
   if predictions_path:
     try:
+      data_io.check_npy_size(predictions_path)
       predictions = np.load(predictions_path, allow_pickle=False)
     except (ValueError, OSError) as e:
       # np.load's own message names neither the file nor the fix.
