@@ -181,6 +181,33 @@ def test_a_version_directory_of_another_dataset_is_refused(built, tmp_path):
     tfds_source.texts(other, "split", {"text": "config.data.tfds.feature"})
 
 
+@pytest.mark.parametrize("metadata, message", [
+    ('{"vocab_size": 1099511627776}', "vocab_size=1099511627776 must be an "
+     "integer in"),
+    ('{"vocab_size": 22, "model_vocab_size": "abc"}',
+     "model_vocab_size='abc' must be"),
+    ("[1, 2]", "is not the JSON object the builders write"),
+    ('{"vocab_size": 22,', "is not the JSON object the builders write")])
+def test_a_hand_edited_metadata_json_is_one_line(built, tmp_path, metadata,
+                                                 message):
+  """The GPT is sized by the metadata's vocab_size: 2**40 failed in JAX's
+  compilation with a traceback, a list or damaged JSON inside TFDS (a
+  TypeError's traceback, or JSON's error without the file's name)."""
+  config = ml_collections.ConfigDict(built[0].to_dict())
+  version = os.path.join("trm_tiny_shakespeare", "1.0.0")
+  shutil.copytree(os.path.join(config.data_dir, version),
+                  tmp_path / version)
+  config.data_dir = str(tmp_path)
+  assert tfds_source.metadata(config)[0]["vocab_size"] > 0  # as built
+  config.data_dir = str(tmp_path / "edited")
+  shutil.copytree(tmp_path / version, tmp_path / "edited" / version)
+  path = tmp_path / "edited" / version / "metadata.json"
+  path.write_text(metadata)
+  with pytest.raises(ValueError, match=message) as info:
+    tfds_source.metadata(config)
+  assert str(info.value).startswith(str(path))
+
+
 def _code_config(tmp_path):
   src = tmp_path / "src"
   for name, body in [("b/z.py", "def z():\n  return 26\n"),

@@ -319,6 +319,21 @@ def read_meta_json(path: str, fix: str) -> dict:
   return meta
 
 
+def check_vocab_fields(meta: dict, path: str, fix: str) -> None:
+  """meta.json's vocab_size and model_vocab_size (where present) are
+  integers in [1, MAX_VOCAB], the ids of a uint16 .bin file (and of the
+  TFDS builders' token records, which record them in their metadata.json):
+  a GPT is sized by them, and a hand-edited 2**40 failed in JAX's
+  compilation with a traceback (10**8: out of memory, "reduce the batch")."""
+  for field in ("vocab_size", "model_vocab_size"):
+    vocab = meta.get(field)
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(
+        vocab, int) or not 0 < vocab <= MAX_VOCAB):
+      raise ValueError(f"{path}: {field}={vocab!r} must be an integer in "
+                       f"[1, {MAX_VOCAB}] (the ids of a uint16 .bin file); "
+                       f"{fix}.")
+
+
 def load_meta(data_dir: str) -> dict:
   """The meta.json of a prepared data directory, checked against its .bin
   files (for a nanoGPT-prepared directory, its fields from meta.pkl)."""
@@ -333,13 +348,9 @@ def load_meta(data_dir: str) -> dict:
         + CLI_HINT.format(data_dir) + "` (or give the training config an "
         "input path so training prepares it).")
   path = os.path.join(data_dir, META_FILE)
-  meta = read_meta_json(path, "re-run `" + CLI_HINT.format(data_dir) + "`")
-  vocab = meta.get("vocab_size")
-  if vocab is not None and (isinstance(vocab, bool) or not isinstance(
-      vocab, int) or not 0 < vocab <= MAX_VOCAB):
-    raise ValueError(f"{path}: vocab_size={vocab!r} must be an integer in "
-                     f"[1, {MAX_VOCAB}] (the ids of a uint16 .bin file); "
-                     "re-run `" + CLI_HINT.format(data_dir) + "`.")
+  fix = "re-run `" + CLI_HINT.format(data_dir) + "`"
+  meta = read_meta_json(path, fix)
+  check_vocab_fields(meta, path, fix)
   for name in (TRAIN_FILE, VAL_FILE):
     expected = meta.get(name.split(".")[0] + "_tokens")
     actual = os.path.getsize(os.path.join(data_dir, name)) // 2

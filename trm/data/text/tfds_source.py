@@ -117,8 +117,24 @@ def metadata(tfds_config) -> tuple[dict, str]:
   """(the dataset's metadata.json, or {} if it has none; the directory of
   the prepared version). Our builders record meta.json's fields there
   (vocabulary, tokenizer), which GPT and trm.sample read."""
+  from trm.data.text import preparation  # pylint: disable=g-import-not-at-top
   builder = _prepared_builder(tfds_config)
-  return dict(builder.info.metadata or {}), os.fspath(builder.data_dir)
+  directory = os.fspath(builder.data_dir)
+  path = os.path.join(directory, "metadata.json")
+  fix = f"delete {directory} and {_BUILD_HINT}"
+  try:
+    # TFDS parses the file here: damaged JSON, or a list, raised its own
+    # error without the file's name (a TypeError's traceback).
+    meta = builder.info.metadata or {}
+    meta = dict(meta) if isinstance(meta, dict) else None
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{path} is not the JSON object the builders write "
+                     f"({' '.join(str(e).split())}); {fix}.") from None
+  if meta is None:
+    raise ValueError(f"{path} is not the JSON object the builders write; "
+                     f"{fix}.")
+  preparation.check_vocab_fields(meta, path, fix)
+  return meta, directory
 
 
 class TokenStream(text.TokenFile):
