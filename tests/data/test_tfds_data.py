@@ -208,6 +208,32 @@ def test_a_hand_edited_metadata_json_is_one_line(built, tmp_path, metadata,
   assert str(info.value).startswith(str(path))
 
 
+def test_damaged_array_record_files_are_one_line(built, tmp_path):
+  """A truncated or damaged ArrayRecord file (a copy cut short, a bad
+  disk) stopped the run with array_record's RuntimeError's traceback, at
+  start or at the first batch that read it."""
+  config = ml_collections.ConfigDict(built[0].to_dict())
+  version = os.path.join("trm_tiny_shakespeare", "1.0.0")
+  shutil.copytree(os.path.join(config.data_dir, version),
+                  tmp_path / version)
+  config.data_dir = str(tmp_path)
+  (path,) = glob.glob(str(tmp_path / version / "*-train.array_record*"))
+  with open(path, "rb") as f:
+    whole = f.read()
+  stream = tfds_source.TokenStream(config)
+  with open(path, "r+b") as f:  # the middle of the file: read by a batch
+    f.seek(len(whole) // 2)
+    f.write(b"\xff" * 100)
+  where = (f"config.data.tfds.split='train' of trm_tiny_shakespeare in "
+           f"{tmp_path / version}: its ArrayRecord files cannot be read")
+  with pytest.raises(ValueError, match=where):
+    stream[np.arange(stream.num_tokens)]
+  with open(path, "wb") as f:
+    f.write(whole[:20000])
+  with pytest.raises(ValueError, match=where):
+    tfds_source.TokenStream(config)
+
+
 def _code_config(tmp_path):
   src = tmp_path / "src"
   for name, body in [("b/z.py", "def z():\n  return 26\n"),

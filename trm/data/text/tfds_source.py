@@ -113,6 +113,21 @@ def open_split(tfds_config, split_key: str, features: dict):
   return source, info
 
 
+def read_records(source, keys: list[int], where: str) -> list:
+  """`source`'s records `keys`; a ValueError naming `where` (the split and
+  its version directory) when its ArrayRecord files are truncated or
+  damaged (array_record raised a RuntimeError: a traceback)."""
+  try:
+    return source.__getitems__(keys)
+  except RuntimeError as e:
+    text = " ".join(str(e).split())
+    if "Riegeli" not in text and "ArrayRecord" not in text:
+      raise
+    raise ValueError(f"{where}: its ArrayRecord files cannot be read, they "
+                     f"are truncated or damaged ({text[:200]}); delete the "
+                     f"version directory and {_BUILD_HINT}.") from None
+
+
 def metadata(tfds_config) -> tuple[dict, str]:
   """(the dataset's metadata.json, or {} if it has none; the directory of
   the prepared version). Our builders record meta.json's fields there
@@ -158,12 +173,16 @@ class TokenStream(text.TokenFile):
           f"{PREFIX}.feature={self.feature!r} of {tfds_config.name} is "
           f"{spec!r}, not a 1-D sequence of token ids, which GPT needs; use "
           "a token feature (trm_tiny_shakespeare's 'tokens').")
-    self.chunk = len(source[0][self.feature])
-    self.num_records = len(source)
-    self.num_tokens = ((self.num_records - 1) * self.chunk
-                       + len(source[self.num_records - 1][self.feature]))
     self.path = (f"tfds:{tfds_config.name}/{tfds_config[split_key]}"
                  f"[{self.feature}]@{tfds_config.data_dir}")
+    self.where = (f"{PREFIX}.{split_key}={tfds_config[split_key]!r} of "
+                  f"{tfds_config.name} in {info.data_dir}")
+    self.num_records = len(source)
+    first, last = read_records(source, [0, self.num_records - 1],
+                               self.where)
+    self.chunk = len(first[self.feature])
+    self.num_tokens = ((self.num_records - 1) * self.chunk
+                       + len(last[self.feature]))
     self._data = source
 
   @property
@@ -178,7 +197,8 @@ class TokenStream(text.TokenFile):
     index = np.asarray(index)
     records, inverse = np.unique(index // self.chunk, return_inverse=True)
     table = np.zeros((len(records), self.chunk), np.int32)
-    fetched = self._data.__getitems__([int(r) for r in records])
+    fetched = read_records(self._data, [int(r) for r in records],
+                           self.where)
     for row, (r, record) in enumerate(zip(records, fetched)):
       tokens = np.asarray(record[self.feature])
       if len(tokens) != self.chunk and r != self.num_records - 1:
@@ -202,10 +222,12 @@ def texts(tfds_config, split_key: str, features: dict) -> list[list[str]]:
       raise ValueError(
           f"{field}={feature!r} of {tfds_config.name} is {spec!r}, not text;"
           f" set {field} to a text feature.")
+  where = (f"{PREFIX}.{split_key}={tfds_config[split_key]!r} of "
+           f"{tfds_config.name} in {info.data_dir}")
   rows = []
   for start in range(0, len(source), _READ_BLOCK):
     keys = range(start, min(start + _READ_BLOCK, len(source)))
-    for record in source.__getitems__(list(keys)):
+    for record in read_records(source, list(keys), where):
       rows.append([_as_str(record[f]) for f in features])
   return rows
 
