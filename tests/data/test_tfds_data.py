@@ -208,6 +208,26 @@ def test_a_hand_edited_metadata_json_is_one_line(built, tmp_path, metadata,
   assert str(info.value).startswith(str(path))
 
 
+@pytest.mark.parametrize("name, text", [
+    ("dataset_info.json", "[1]"), ("dataset_info.json", '{"splits": 5}'),
+    ("dataset_info.json", "{")])
+def test_a_damaged_dataset_info_json_is_one_line(
+    built, tmp_path, name, text):
+  """TFDS reads them when the builder is made: a protobuf ParseError's
+  traceback, or JSON's error naming no file. (features.json is read there
+  only where the builder's code is not imported, as in trm.main.)"""
+  config = ml_collections.ConfigDict(built[0].to_dict())
+  version = os.path.join("trm_tiny_shakespeare", "1.0.0")
+  shutil.copytree(os.path.join(config.data_dir, version),
+                  tmp_path / version)
+  (tmp_path / version / name).write_text(text)
+  config.data_dir = str(tmp_path)
+  with pytest.raises(ValueError, match=(
+      f"config.data.tfds.name='trm_tiny_shakespeare' in {tmp_path}: its "
+      "dataset_info.json or features.json cannot be read")):
+    tfds_source.metadata(config)
+
+
 def test_damaged_array_record_files_are_one_line(built, tmp_path):
   """A truncated or damaged ArrayRecord file (a copy cut short, a bad
   disk) stopped the run with array_record's RuntimeError's traceback, at

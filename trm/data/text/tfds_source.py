@@ -53,12 +53,23 @@ def _prepared_builder(tfds_config):
         f"{PREFIX}.data_dir={data_dir} does not exist: point it at the "
         f"--data_dir the dataset was built into, or {_BUILD_HINT}.")
   where = f"in {data_dir}" if data_dir else "in TFDS's default data directory"
+  from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
     raise FileNotFoundError(
         f"{PREFIX}.name={name!r}: no such dataset {where}; check "
         f"{PREFIX}.name and {PREFIX}.data_dir, or {_BUILD_HINT}.") from None
+  except (json_format.Error, ValueError, TypeError, AttributeError,
+          KeyError) as e:
+    # TFDS reads the version directory's dataset_info.json and
+    # features.json here; damaged or edited, its error (a protobuf
+    # ParseError's traceback, JSON's) named neither file nor dataset.
+    text = " ".join(str(e).split())[:200]
+    raise ValueError(
+        f"{PREFIX}.name={name!r} {where}: its dataset_info.json or "
+        f"features.json cannot be read ({type(e).__name__}: {text}); delete "
+        f"the dataset's version directory and {_BUILD_HINT}.") from None
   if not builder.is_prepared():
     raise FileNotFoundError(
         f"{PREFIX}.name={name!r} is not prepared {where}; {_BUILD_HINT}.")
