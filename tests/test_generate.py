@@ -400,6 +400,23 @@ def test_api_on_another_familys_workdir(tmp_path):
     DiffusionLM.from_pretrained(workdir)
 
 
+@pytest.mark.parametrize("record, needle", [
+    ({"model": 5}, "model=5, seq_len=None"),
+    ({"model": {"name": "dream"}, "seq_len": "abc"}, "seq_len='abc'")])
+def test_api_on_a_workdir_with_a_hand_edited_config_json(tmp_path, record,
+                                                         needle):
+  """A run's config.json edited by hand: a `model` that is no object gave
+  a TypeError's traceback, a seq_len of text int()'s error naming no
+  file."""
+  import json  # pylint: disable=g-import-not-at-top
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  (tmp_path / "checkpoints" / "1").mkdir(parents=True)
+  (tmp_path / "config.json").write_text(json.dumps(record))
+  with pytest.raises(ValueError, match=needle) as info:
+    DiffusionLM.from_pretrained(str(tmp_path), tokenizer="bytes")
+  assert str(info.value).startswith(str(tmp_path / "config.json"))
+
+
 def _nan_copy(checkpoint, tmp_path, name="model.layers.1.mlp.up_proj.weight",
               value=np.nan):
   import shutil  # pylint: disable=g-import-not-at-top

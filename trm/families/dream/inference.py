@@ -315,7 +315,20 @@ def _workdir_config(workdir: str, config,
   if os.path.isfile(recorded):
     import ml_collections  # pylint: disable=g-import-not-at-top
     from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
-    return ml_collections.ConfigDict(hf_config.read_config_object(recorded))
+    record = hf_config.read_config_object(recorded)
+    # Edited by hand, its fields gave a TypeError's traceback (a model
+    # that is no object) or int()'s error naming no file (seq_len).
+    seq_len = record.get("seq_len")
+    if not isinstance(record.get("model"), dict) or (
+        seq_len is not None and (isinstance(seq_len, bool)
+                                 or not isinstance(seq_len, int)
+                                 or seq_len <= 0)):
+      raise ValueError(
+          f"{recorded}: model={record.get('model')!r:.60}, seq_len="
+          f"{seq_len!r:.60}; trm.main records config.model as an object and"
+          " seq_len as a positive integer: restore the file as the run "
+          "wrote it.")
+    return ml_collections.ConfigDict(record)
   if config is None:
     raise FileNotFoundError(f"{recorded} is missing; pass the run's config "
                             f"as {names.config}.")
