@@ -303,3 +303,29 @@ def test_an_out_that_cannot_be_the_png_is_one_line(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(
         f"trm.visualize: error: {needle}")
+
+
+def test_an_out_over_a_file_drawn_from_is_refused(tmp_path):
+  """--out equal to --predictions (or a file of --data_dir) was replaced by
+  the PNG: the predictions, or the dataset, lost."""
+  from trm import visualize  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path / "sudoku")
+  sudoku.build_dataset(data_dir, source="generate", num_train=2, num_test=2,
+                       num_aug=0, num_blanks=30)
+  _, arrays = puzzle_format.read_split(data_dir, "test")
+  predictions = str(tmp_path / "preds.npy")
+  np.save(predictions, np.array(arrays["labels"]))
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
+       f"--predictions={predictions}", f"--out={predictions}"], cwd=ROOT,
+      capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      f"trm.visualize: error: --out={predictions} is --predictions=")
+  assert np.load(predictions).shape == arrays["labels"].shape  # kept
+  inputs = os.path.join(data_dir, "test", "all__inputs.npy")
+  with pytest.raises(ValueError, match="is a file of --data_dir="):
+    visualize.check_out(inputs, data_dir, None)
+  visualize.check_out(os.path.join(data_dir, "sheet.png"), data_dir,
+                      predictions)  # a new file beside them is fine

@@ -45,9 +45,12 @@ def define_flags() -> None:
       "predictions_test.npy).")
 
 
-def check_out(path: str) -> None:
+def check_out(path: str, data_dir: str | None = None,
+              predictions: str | None = None) -> None:
   """--out can become the PNG: checked before drawing (the final rename
-  said '[Errno 21] Is a directory: <temporary file> -> PATH')."""
+  said '[Errno 21] Is a directory: <temporary file> -> PATH'), and it is
+  none of the files drawn from (the --predictions .npy, a file of
+  --data_dir), which the PNG replaced."""
   if not path:  # e.g. --out=$PNG with PNG unset
     raise ValueError("--out is given but empty: name the PNG file to write.")
   if "://" in path:  # an object store: written whole by its own client
@@ -55,6 +58,18 @@ def check_out(path: str) -> None:
   if path.endswith(os.sep) or os.path.isdir(path):
     raise ValueError(f"--out={path}: is a directory; name the PNG file to "
                      "write in it.")
+  if os.path.isfile(path):
+    real = os.path.realpath(path)
+    if predictions and os.path.isfile(predictions) and os.path.samefile(
+        path, predictions):
+      raise ValueError(f"--out={path} is --predictions={predictions}: the "
+                       "PNG would replace the predictions; name another "
+                       "file.")
+    root = os.path.realpath(data_dir) if data_dir else None
+    if root and real.startswith(root.rstrip(os.sep) + os.sep) and not (
+        real.endswith(".png")):
+      raise ValueError(f"--out={path} is a file of --data_dir={data_dir}: "
+                       "the PNG would replace it; name another file.")
   cli.check_writable_ancestor(path, "--out")
 
 
@@ -65,7 +80,7 @@ def main(argv: Sequence[str]) -> None:
   if process:  # no devices are needed, so the job is not joined
     print(f"process {process}: nothing to do (process 0 draws {_OUT.value})")
     return
-  check_out(_OUT.value)
+  check_out(_OUT.value, _DATA_DIR.value, _PREDICTIONS.value)
   sheet = dataset_sheet(_DATA_DIR.value, _SPLIT.value, _OUT.value,
                         num=_NUM.value, start=_START.value,
                         predictions_path=_PREDICTIONS.value,
