@@ -196,19 +196,35 @@ def code_settings():
     output = check_output_file(
         os.path.join(cli.check_output_dir(_OUTPUT_DIR.value),
                      f"{_BENCHMARK.value}_samples.jsonl"), "--output_dir")
-  check_not_the_problems(output, _BENCHMARK_PATH.value)
+  config = flags.FLAGS["config"]
+  check_not_an_input(output, {
+      "--benchmark_path": _BENCHMARK_PATH.value,
+      "--checkpoint": _CHECKPOINT.value,
+      "--tokenizer": _SAMPLER["tokenizer"].value,
+      "--config": (config_flags.get_config_filename(config).split(":")[0]
+                   if config.present else None)})
   return limits, workers, output
 
 
-def check_not_the_problems(output: str, benchmark_path: str | None) -> None:
-  """The samples file is rewritten whole: as --benchmark_path (a typo for
-  it) it would replace the problems they were scored against."""
-  if (benchmark_path and os.path.isfile(output)
-      and os.path.isfile(benchmark_path)
-      and os.path.samefile(output, benchmark_path)):
-    raise ValueError(f"the samples file {output} is --benchmark_path="
-                     f"{benchmark_path}: writing the samples would replace "
-                     "its problems; pass another --output.")
+def check_not_an_input(output: str, inputs: dict) -> None:
+  """The samples file is rewritten whole: as an input ({flag: path}), e.g.
+  --benchmark_path (a typo for it) or a file of the --checkpoint directory
+  (its config.json), it would replace what the run reads. A samples file
+  (.jsonl) inside a checkpoint directory may be rewritten."""
+  if not os.path.isfile(output):
+    return  # a new file replaces nothing
+  for flag, path in inputs.items():
+    if not path or "://" in path:
+      continue
+    if os.path.isfile(path) and os.path.samefile(output, path):
+      raise ValueError(f"the samples file {output} is {flag}={path}: writing "
+                       "the samples would replace it; pass another --output.")
+    root = os.path.realpath(path)
+    if (os.path.isdir(path) and not output.endswith(".jsonl") and
+        os.path.realpath(output).startswith(root.rstrip(os.sep) + os.sep)):
+      raise ValueError(f"the samples file {output} is a file of {flag}="
+                       f"{path}: writing the samples would replace it; pass "
+                       "another --output.")
 
 
 def _load_problems(benchmark: str):

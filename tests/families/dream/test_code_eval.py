@@ -473,6 +473,29 @@ def test_tiny_model_end_to_end(tmp_path):
   assert summary["pass@1"] == sum(r["passed"] for r in records) / 2
   assert summary["problems"] == 2 and summary["sampler"]["steps"] == 4
   assert f"pass@1: {100 * summary['pass@1']:.2f}%" in result.stdout
+  # --output=<the checkpoint's config.json> replaced the weights' config
+  # with the samples (the run ended with a score and the checkpoint
+  # unreadable); --output=<the --config file> the config. Now one line,
+  # before the weights are read; a samples file among them is rewritten.
+  from trm import evaluate  # pylint: disable=g-import-not-at-top
+  checkpoint = tmp_path / "ckpt"
+  before = (checkpoint / "config.json").read_text()
+  result = _evaluate(f"--checkpoint={checkpoint}", "--benchmark=humaneval",
+                     f"--output={checkpoint / 'config.json'}", "--limit=1",
+                     "--max_new_tokens=4", "--steps=4",
+                     "--config.seq_len=512")
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and (
+      f"is a file of --checkpoint={checkpoint}: writing the samples would "
+      "replace it") in lines[0], lines
+  assert (checkpoint / "config.json").read_text() == before
+  config = os.path.join(ROOT, "configs", "diffucoder_7b.py")
+  with pytest.raises(ValueError, match=f"is --config={config}"):
+    evaluate.check_not_an_input(config, {"--config": config})
+  (checkpoint / "samples.jsonl").write_text("")
+  evaluate.check_not_an_input(str(checkpoint / "samples.jsonl"),
+                              {"--checkpoint": str(checkpoint)})
 
 
 def test_a_fault_while_scoring_leaves_the_samples_to_rescore(tmp_path):
