@@ -189,6 +189,13 @@ def test_from_config():
     gpt.GPTConfig.from_config(dict(name="gpt", n_embd=100, n_head=6))
   with pytest.raises(ValueError, match="dtype"):
     gpt.GPTConfig(dtype="float64")
+  # Sizes JAX cannot hold as int32 (a run's config.json edited to a
+  # vocab_size of 2**40, read by trm.export and trm.sample; the same as a
+  # --config override) failed in JAX with an OverflowError's traceback.
+  for field in ("vocab_size", "n_embd", "mlp_size"):
+    with pytest.raises(ValueError, match=rf"config\.model\.{field}="
+                       r"1099511627776 must be .*below 2\*\*31"):
+      gpt.GPTConfig(**{field: 2**40})
 
 
 def test_causal():

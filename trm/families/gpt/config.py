@@ -13,6 +13,7 @@ from trm.nn import attention as attention_lib
 from trm.nn import dtypes
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_SIZE_LIMIT = 2**31  # sizes are int32 in JAX's shapes and token ids
 ATTENTION_KINDS = ("dot", "splash", "splash_interpret") + attention_lib.GPU_KINDS
 QKV_PROJECTIONS = ("auto", "fused", "separate")
 NORM_KERNELS = ("xla",) + norm_gpu.KINDS
@@ -82,19 +83,22 @@ class GPTConfig(dtypes.ConfigDtypes):
   head_gather: str = "param"
 
   def __post_init__(self):
+    # Below 2**31: JAX reads a larger size as an int32 and failed with an
+    # OverflowError's traceback (e.g. a vocab_size of 2**40 in a run's
+    # config.json edited by hand, which trm.export and trm.sample read).
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
       value = getattr(self, name)
       if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-          or value <= 0):
+          or not 0 < value < _SIZE_LIMIT):
         raise ValueError(f"config.model.{name}={value!r} must be a positive "
-                         "integer.")
+                         "integer (below 2**31).")
     for name, default in (("head_size", "n_embd // n_head"),
                           ("mlp_size", "4 * n_embd")):
       value = getattr(self, name)
       if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-          or value < 0):
+          or not 0 <= value < _SIZE_LIMIT):
         raise ValueError(f"config.model.{name}={value!r} must be an "
-                         f"integer >= 0 (0: {default}).")
+                         f"integer >= 0 and below 2**31 (0: {default}).")
     if not self.head_size and self.n_embd % self.n_head:
       raise ValueError(
           f"config.model.n_embd={self.n_embd} must be divisible by "
