@@ -231,7 +231,8 @@ def _npy_declaring(path, dtype: str, shape: tuple) -> None:
 def test_a_npy_declaring_more_than_it_holds_is_one_line(tmp_path):
   """A dataset array or --predictions file whose header declares a TiB
   (truncated, or crafted): np.load tried to allocate it first, a
-  MemoryError's traceback from trm.visualize and trm.main."""
+  MemoryError's traceback from trm.visualize and trm.main. A --predictions
+  FIFO blocked np.load (trm.visualize hung)."""
   from trm.data.puzzles import format as puzzle_format  # pylint: disable=g-import-not-at-top
   from trm.families.trm import sheets  # pylint: disable=g-import-not-at-top
   data_dir = str(tmp_path / "sudoku")
@@ -243,6 +244,11 @@ def test_a_npy_declaring_more_than_it_holds_is_one_line(tmp_path):
                      r".*declares a int64 array of shape \(1099511627776, 81\)"):
     sheets.dataset_sheet(data_dir, "test", str(tmp_path / "s.png"),
                          predictions_path=str(predictions))
+  os.mkfifo(tmp_path / "fifo.npy")  # blocked np.load: a hang
+  with _within(20), pytest.raises(ValueError, match=r"fifo\.npy is not a "
+                                  "regular file"):
+    sheets.dataset_sheet(data_dir, "test", str(tmp_path / "s.png"),
+                         predictions_path=str(tmp_path / "fifo.npy"))
   _npy_declaring(os.path.join(data_dir, "test", "all__puzzle_indices.npy"),
                  "<i4", (2**40,))
   with pytest.raises(ValueError, match=r"all__puzzle_indices\.npy: field "

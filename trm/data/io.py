@@ -19,9 +19,11 @@ def check_npy_size(path: str) -> None:
   """A ValueError when the .npy file `path`'s header declares more data
   than the file holds (truncated, or crafted): np.load would first try to
   allocate all of it, and a header of a few bytes can ask for TiBs (a
-  MemoryError's traceback). Callers name the file, as for np.load's own
-  errors; a header it cannot parse is left to np.load."""
+  MemoryError's traceback), or that is no regular file (a FIFO blocked
+  np.load). Callers name the file, as for np.load's own errors; a header
+  it cannot parse is left to np.load."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+  check_regular_file(path)  # a FIFO would block the read (np.load's too)
   readers = {(1, 0): np.lib.format.read_array_header_1_0,
              (2, 0): np.lib.format.read_array_header_2_0}
   with open(path, "rb") as f:
