@@ -118,3 +118,16 @@ def test_a_bad_predictions_file_is_one_line_naming_it(sudoku_dir, tmp_path,
                          predictions_path=path)
   message = str(info.value)
   assert path in message and needle in message and "\n" not in message
+
+
+def test_output_paths_starting_with_a_tilde_are_in_home(tmp_path,
+                                                        monkeypatch):
+  """`--output=~/s.jsonl` reaches the program as typed (the shell expands a
+  ~ only at a word's start): the samples went to <cwd>/~/s.jsonl, as
+  trm.main's --workdir did before session 44, and --output_dir's files."""
+  from trm.core import cli  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("HOME", str(tmp_path))
+  assert evaluate.check_output_file("~/s.jsonl", "--output") == str(
+      tmp_path / "s.jsonl")
+  assert cli.check_output_dir("~/eval") == str(tmp_path / "eval")
+  assert cli.expand_home("a/~/b") == "a/~/b"

@@ -226,13 +226,16 @@ def test_cli_on_a_small_sudoku_dataset(tmp_path):
   preds_path = str(tmp_path / "preds.npy")
   np.save(preds_path, predictions)
   out = str(tmp_path / "sheet.png")
+  # --out=~/sheet.png reaches the program as typed (the shell expands a ~
+  # only at a word's start): it wrote <cwd>/~/sheet.png.
   result = subprocess.run(
       [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
-       "--split=test", "--num=3", f"--out={out}",
+       "--split=test", "--num=3", "--out=~/sheet.png",
        f"--predictions={preds_path}"],
       cwd=ROOT, capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      env=dict(os.environ, JAX_PLATFORMS="cpu", HOME=str(tmp_path)))
   assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.startswith(f"Wrote {out} ")
   panel = 9 * panels.SUDOKU_CELL + 1
   # Started as on a pod, process 1 leaves the drawing to process 0.
   other = str(tmp_path / "other.png")

@@ -151,8 +151,9 @@ def visualize_command(data_dir: str, predictions: str, output_dir: str) -> str:
 
 
 def check_output_file(path: str, flag: str) -> str:
-  """`path` can become a file: not a directory, not under a regular file,
-  in a directory we may write. Returns it."""
+  """`path` (a leading ~ expanded) can become a file: not a directory, not
+  under a regular file, in a directory we may write. Returns it."""
+  path = cli.expand_home(path)
   if path.endswith(os.sep) or os.path.isdir(path):
     raise ValueError(f"{flag}={path}: is a directory; a file path is "
                      "expected (the samples JSONL).")
@@ -495,11 +496,11 @@ def main(argv):
   if config is None or not _CHECKPOINT.value:
     raise ValueError("--config and --checkpoint are required (or "
                      "--benchmark / --score_only for code benchmarks).")
-  cli.check_output_dir(_OUTPUT_DIR.value)
+  output_dir = cli.check_output_dir(_OUTPUT_DIR.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
   results, source = evaluate_checkpoint(config, _CHECKPOINT.value,
-                                        _OUTPUT_DIR.value)
+                                        output_dir)
   if jax.process_index() != 0:  # process 0 reports
     return
   metric = PAPER_METRIC.get(config.data.name)

@@ -553,10 +553,11 @@ def main(argv):
   family = config.model.get("name", "dream")
   fmt = check_format(family, _FORMAT.value, _DTYPE.value, _TOKENIZER.value)
   check_local_sources(_CHECKPOINT.value, _TOKENIZER.value)
-  if _OUT.value:
-    for line in recover_interrupted(resolve_out(_OUT.value)):
+  out_flag = cli.expand_home(_OUT.value or "")
+  if out_flag:
+    for line in recover_interrupted(resolve_out(out_flag)):
       print(f"trm.export: warning: {line}", file=sys.stderr)
-  check_out_dir(_OUT.value, _TOKENIZER.value, _OVERWRITE.value,
+  check_out_dir(out_flag, _TOKENIZER.value, _OVERWRITE.value,
                 _CHECKPOINT.value)
   if _TOKENIZER.value:
     check_tokenizer_dir(_TOKENIZER.value)
@@ -566,7 +567,7 @@ def main(argv):
   check_run_family(_CHECKPOINT.value, family)
   check_run_model(_CHECKPOINT.value, config.model, _model_fields(family))
   if family == "trm":
-    check_out_spares_data(_OUT.value, config, _CHECKPOINT.value)
+    check_out_spares_data(out_flag, config, _CHECKPOINT.value)
   if fmt in ("torch", "nanogpt"):  # torch.save: before the weights load
     try:
       import torch  # pylint: disable=g-import-not-at-top,unused-import
@@ -585,7 +586,7 @@ def main(argv):
                                    _DTYPE.value)
   # Everything goes to a sibling directory first: a failed export leaves
   # --out as it was. Through a symbolic link, into the directory it names.
-  out = resolve_out(_OUT.value)
+  out = resolve_out(out_flag)
   staging = staging_dir(out)
   copied = []
   try:
@@ -600,8 +601,8 @@ def main(argv):
     if os.path.isdir(staging):
       shutil.rmtree(staging, ignore_errors=True)
   if jax.process_index() == 0:
-    via = (f" (through the link {_OUT.value})"
-           if out != _OUT.value.rstrip(os.sep) else "")
+    via = (f" (through the link {out_flag})"
+           if out != out_flag.rstrip(os.sep) else "")
     print(f"exported {source} to {out}{via}: {', '.join(files)}"
           + (f", {', '.join(copied)}" if copied else ""))
 

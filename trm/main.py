@@ -51,7 +51,7 @@ def main(argv):
     # `--workdir=~/x` reaches us unexpanded (the shell expands a leading ~
     # only): a folder named '~' in the current one, which a later
     # `rm -rf ~` would miss badly.
-    workdir = os.path.abspath(os.path.expanduser(workdir))
+    workdir = os.path.abspath(cli.expand_home(workdir))
   try:
     train.train_and_evaluate(_CONFIG.value, workdir, families.build_task)
   except train.Preempted as e:  # a clean stop: the scheduler restarts us

@@ -80,12 +80,13 @@ def main(argv: Sequence[str]) -> None:
   if process:  # no devices are needed, so the job is not joined
     print(f"process {process}: nothing to do (process 0 draws {_OUT.value})")
     return
-  check_out(_OUT.value, _DATA_DIR.value, _PREDICTIONS.value)
-  sheet = dataset_sheet(_DATA_DIR.value, _SPLIT.value, _OUT.value,
+  out = cli.expand_home(_OUT.value)
+  check_out(out, _DATA_DIR.value, _PREDICTIONS.value)
+  sheet = dataset_sheet(_DATA_DIR.value, _SPLIT.value, out,
                         num=_NUM.value, start=_START.value,
                         predictions_path=_PREDICTIONS.value,
                         set_name=_SET.value)
-  print(f"Wrote {_OUT.value} ({sheet.width}x{sheet.height})")
+  print(f"Wrote {out} ({sheet.width}x{sheet.height})")
 
 
 if __name__ == "__main__":

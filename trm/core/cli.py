@@ -365,6 +365,13 @@ class QuietLibraries(logging_std.Filter):
     return True
 
 
+def expand_home(path: str) -> str:
+  """`path` with a leading ~ expanded: `--flag=~/x` reaches a program as
+  typed (the shell expands a ~ only at the start of a word), and the
+  output went to a folder named '~' in the current one."""
+  return os.path.expanduser(path) if path.startswith("~") else path
+
+
 def check_writable_ancestor(path: str, flag: str) -> None:
   """The nearest existing ancestor of `path` is a directory we may write."""
   ancestor = os.path.dirname(os.path.abspath(path))
@@ -382,6 +389,7 @@ def check_output_dir(path: str, flag: str = "--output_dir") -> str:
   work (os.makedirs said only '[Errno 17] File exists'). Returns it."""
   if not path:  # e.g. --output_dir=$OUT with OUT unset
     raise ValueError(f"{flag} is given but empty: name a directory.")
+  path = expand_home(path)
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f"{flag}={path}: is a file; a directory is expected.")
   check_writable_ancestor(path, flag)

@@ -89,7 +89,7 @@ def run_main(argv: Sequence[str],
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # Before the puzzles are read or generated (minutes for big builds), not
   # at the first write.
-  cli.check_output_dir(flags.FLAGS.output_dir)
+  flags.FLAGS.output_dir = cli.check_output_dir(flags.FLAGS.output_dir)
   print(run_from_flags(flags.FLAGS))
 
 
