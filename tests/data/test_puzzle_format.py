@@ -194,6 +194,18 @@ def test_bad_metadata_value_types(tmp_path, field, value):
     pf.read_split(str(tmp_path), "train")
 
 
+@pytest.mark.parametrize("field", ["vocab_size", "num_puzzle_identifiers"])
+def test_metadata_sizes_past_int32_are_refused(tmp_path, field):
+  """They size the model's embedding tables: a dataset.json edited to 2**40
+  passed, and training failed in JAX with an OverflowError's traceback."""
+  metadata, arrays = _toy()
+  pf.write_split(str(tmp_path), "train", metadata, {"all": arrays})
+  _rewrite_json(tmp_path / "train" / "dataset.json", **{field: 2**40})
+  with pytest.raises(ValueError, match=rf"dataset\.json: field '{field}' "
+                     r"must be >= 1 and below 2\*\*31, got 1099511627776"):
+    pf.read_split(str(tmp_path), "train")
+
+
 def test_metadata_inconsistent_with_arrays(tmp_path):
   metadata, arrays = _toy(seq_len=5, vocab=7)
   pf.write_split(str(tmp_path), "train", metadata, {"all": arrays})

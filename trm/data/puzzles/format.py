@@ -129,9 +129,11 @@ class PuzzleDatasetMetadata:
   def check(self, source: str = "<metadata>") -> None:
     """Range checks on the metadata values alone."""
     for name in ("vocab_size", "seq_len", "num_puzzle_identifiers"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{source}: field {name!r} must be >= 1, got "
-                         f"{getattr(self, name)}")
+      # They size the model's tables: from 2**31 on, JAX (int32 shapes)
+      # failed at initialisation with an OverflowError's traceback.
+      if not 1 <= getattr(self, name) < 2**31:
+        raise ValueError(f"{source}: field {name!r} must be >= 1 and below "
+                         f"2**31, got {getattr(self, name)}")
     for name in ("total_groups", "total_puzzles"):
       if getattr(self, name) < 0:
         raise ValueError(f"{source}: field {name!r} must be >= 0, got "
