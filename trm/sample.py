@@ -236,7 +236,20 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
   cfg = dataclasses.replace(
       cfg, attention=attention_here(cfg.attention, ctx.platform))
   params, step = gpt_import.restore_run_params(workdir, cfg, ctx)
-  return (cfg, params, gpt_task.data_dir(config), f"{workdir} step {step}")
+  try:
+    data_dir = gpt_task.data_dir(config)
+  except (TypeError, AttributeError, KeyError) as e:
+    # A config.json edited by hand (data_root 5, data a number): a
+    # TypeError's or AttributeError's traceback. --data_dir stands in.
+    if _DATA_DIR.value if flags.FLAGS.is_parsed() else None:
+      data_dir = None
+    else:
+      raise ValueError(
+          f"{os.path.join(workdir, 'config.json')}: data_root, dataset and "
+          f"data.source / data.tfds name no data directory ({e}); restore "
+          "the file, or pass --data_dir=DIR with the meta.json of the data "
+          "the model was trained on.") from None
+  return (cfg, params, data_dir, f"{workdir} step {step}")
 
 
 def main(argv):

@@ -292,6 +292,28 @@ def test_sample_prints_text_from_the_workdir(trained):
   assert "tokens/s" in sample_two(workdir).stderr
 
 
+@pytest.mark.parametrize("edit", [{"data_root": 5}, {"data": 5}])
+def test_sample_names_a_config_json_whose_data_fields_were_edited(
+    trained, tmp_path, edit):
+  """trm.sample's default data directory comes from the run's config.json:
+  edited by hand (data_root a number, data no object) it was a TypeError's
+  or AttributeError's traceback after the weights had been read."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from trm import sample  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "run"
+  shutil.copytree(trained[0], workdir)
+  record = json.loads((workdir / "config.json").read_text())
+  (workdir / "config.json").write_text(json.dumps({**record, **edit}))
+  ctx = mesh_lib.ShardingContext(
+      mesh_lib.make_mesh(config_lib.mesh_config(data=1),
+                         devices=jax.devices()[:1]),
+      config_lib.default_logical_axis_rules())
+  with pytest.raises(ValueError, match=r"config\.json: data_root, dataset "
+                     "and data.source / data.tfds name no data directory"):
+    sample.load_model("resume", str(workdir), None, ctx)
+
+
 def test_sample_rejects_a_missing_workdir(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "trm.sample", f"--workdir={tmp_path}"],
