@@ -155,6 +155,8 @@ def test_two_processes_read_disjoint_halves(built):
     (dict(data_dir="/nonexistent/tfds"),
      "config.data.tfds.data_dir=/nonexistent/tfds does not exist"),
     (dict(name="no_such_set"), "config.data.tfds.name='no_such_set'"),
+    (dict(name="Bad-Name"),
+     "config.data.tfds.name='Bad-Name' is no TFDS dataset name"),
     (dict(split="test"), "config.data.tfds.split='test' is not a split"),
     (dict(feature="tokenz"), "config.data.tfds.feature='tokenz' is not a"),
     (dict(feature="text"), "not a 1-D sequence of token ids"),

@@ -53,6 +53,12 @@ def _prepared_builder(tfds_config):
         f"{PREFIX}.data_dir={data_dir} does not exist: point it at the "
         f"--data_dir the dataset was built into, or {_BUILD_HINT}.")
   where = f"in {data_dir}" if data_dir else "in TFDS's default data directory"
+  try:
+    tfds.core.naming.parse_builder_name_kwargs(name)
+  except ValueError as e:  # told apart from the files' errors below
+    raise ValueError(f"{PREFIX}.name={name!r} is no TFDS dataset name "
+                     f"({str(e).splitlines()[0][:200]}); set it to e.g. "
+                     "trm_tiny_shakespeare.") from None
   from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
   try:
     builder = tfds.builder(name, data_dir=data_dir)
