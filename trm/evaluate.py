@@ -220,9 +220,8 @@ def check_not_an_input(output: str, inputs: dict) -> None:
     if os.path.isfile(path) and os.path.samefile(output, path):
       raise ValueError(f"the samples file {output} is {flag}={path}: writing "
                        "the samples would replace it; pass another --output.")
-    root = os.path.realpath(path)
-    if (os.path.isdir(path) and not output.endswith(".jsonl") and
-        os.path.realpath(output).startswith(root.rstrip(os.sep) + os.sep)):
+    if (os.path.isdir(path) and not output.endswith(".jsonl")
+        and cli.within(output, path)):
       raise ValueError(f"the samples file {output} is a file of {flag}="
                        f"{path}: writing the samples would replace it; pass "
                        "another --output.")

@@ -132,13 +132,6 @@ def link_remote_code(directory: str, copied: list[str]) -> bool:
   return True
 
 
-def _within(path: str, directory: str) -> bool:
-  """Whether `path` is `directory` or lies under it (links resolved)."""
-  path, directory = os.path.realpath(path), os.path.realpath(directory)
-  return path == directory or path.startswith(directory.rstrip(os.sep) +
-                                              os.sep)
-
-
 def check_local_sources(checkpoint: str | None,
                         tokenizer: str | None) -> None:
   """A gs:// --checkpoint or --tokenizer is refused in one line saying how
@@ -163,7 +156,7 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
     raise app.UsageError(f"--out={out}: export to a local directory, then "
                          "copy it (an object store cannot swap a directory "
                          "in atomically).")
-  if tokenizer and _within(tokenizer, out):
+  if tokenizer and cli.within(tokenizer, out):
     raise app.UsageError(
         f"--out={out} equals or contains --tokenizer={tokenizer}: the "
         "export would replace the files it copies. Export to a new "
@@ -171,8 +164,9 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
   # --overwrite swaps --out in as a whole: the run's checkpoints would go.
   # Its checkpoints/ may be a link to another disk: where it leads counts.
   checkpoints = os.path.join(checkpoint or "", "checkpoints")
-  if checkpoint and (_within(checkpoint, out) or _within(checkpoints, out)
-                     or _within(out, checkpoints)):
+  if checkpoint and (cli.within(checkpoint, out)
+                     or cli.within(checkpoints, out)
+                     or cli.within(out, checkpoints)):
     raise app.UsageError(
         f"--out={out} equals or contains --checkpoint={checkpoint} or its "
         "checkpoints/ (where a link leads), or lies in them: the export "
@@ -180,7 +174,7 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
         "outside them.")
   # The swap renames --out, which fails for the process's own directory
   # ("Device or resource busy: '.'") after every weight was written.
-  if _within(os.getcwd(), resolve_out(out)):
+  if cli.within(os.getcwd(), resolve_out(out)):
     raise app.UsageError(
         f"--out={out} is or contains the current directory, which the "
         "export cannot replace (it is written beside --out and renamed into "
@@ -219,7 +213,7 @@ def check_out_spares_data(out: str, config, workdir: str) -> None:
   export under --overwrite (as the checkpoints were, see check_out_dir)."""
   from trm.families.trm import task as trm_task  # pylint: disable=g-import-not-at-top
   data_dir = trm_task.run_data_dir(config, workdir, workdir)
-  if _within(data_dir, resolve_out(out)):
+  if cli.within(data_dir, resolve_out(out)):
     raise app.UsageError(
         f"--out={out} equals or contains the run's dataset {data_dir}, "
         "which the export reads and its all_config.yaml names: the export "

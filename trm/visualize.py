@@ -59,15 +59,13 @@ def check_out(path: str, data_dir: str | None = None,
     raise ValueError(f"--out={path}: is a directory; name the PNG file to "
                      "write in it.")
   if os.path.isfile(path):
-    real = os.path.realpath(path)
     if predictions and os.path.isfile(predictions) and os.path.samefile(
         path, predictions):
       raise ValueError(f"--out={path} is --predictions={predictions}: the "
                        "PNG would replace the predictions; name another "
                        "file.")
-    root = os.path.realpath(data_dir) if data_dir else None
-    if root and real.startswith(root.rstrip(os.sep) + os.sep) and not (
-        real.endswith(".png")):
+    if data_dir and cli.within(path, data_dir) and not (
+        os.path.realpath(path).endswith(".png")):
       raise ValueError(f"--out={path} is a file of --data_dir={data_dir}: "
                        "the PNG would replace it; name another file.")
   cli.check_writable_ancestor(path, "--out")

@@ -372,6 +372,14 @@ def expand_home(path: str) -> str:
   return os.path.expanduser(path) if path.startswith("~") else path
 
 
+def within(path: str, directory: str) -> bool:
+  """Whether `path` is `directory` or lies under it (links resolved): an
+  output there would replace an input."""
+  path, directory = os.path.realpath(path), os.path.realpath(directory)
+  return path == directory or path.startswith(directory.rstrip(os.sep) +
+                                              os.sep)
+
+
 def check_writable_ancestor(path: str, flag: str) -> None:
   """The nearest existing ancestor of `path` is a directory we may write."""
   ancestor = os.path.dirname(os.path.abspath(path))
