@@ -254,3 +254,14 @@ def test_a_npy_declaring_more_than_it_holds_is_one_line(tmp_path):
   with pytest.raises(ValueError, match=r"all__puzzle_indices\.npy: field "
                      r"'puzzle_indices'.*holds 80 bytes after it"):
     puzzle_format.read_split(data_dir, "test")
+
+
+def test_a_meta_pkl_declaring_a_huge_string_names_the_failure(tmp_path):
+  """A meta.pkl of a few bytes declaring a 2**40-character string: the
+  one line said 'cannot be read as plain data ()', an empty reason."""
+  import struct  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "meta.pkl"
+  path.write_bytes(b"\x80\x04\x8d" + struct.pack("<Q", 2**40) + b"abc")
+  with pytest.raises(ValueError, match=r"meta\.pkl cannot be read as plain "
+                     r"data \((MemoryError|pickle data was truncated)\)"):
+    preparation.read_nanogpt_meta(str(path), "fix")

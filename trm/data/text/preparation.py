@@ -259,8 +259,11 @@ def read_nanogpt_meta(path: str, fix: str, vocab_only: bool = False
     with open(path, "rb") as f:
       meta = _PlainData(f).load()
   except Exception as e:  # pylint: disable=broad-except
+    # A MemoryError (a length of 2**40 declared in a few bytes) has no
+    # text: its name says what happened.
     raise ValueError(f"{path} cannot be read as plain data "
-                     f"({' '.join(str(e).split())}): {fix}.") from None
+                     f"({' '.join(str(e).split()) or type(e).__name__}): "
+                     f"{fix}.") from None
   if not isinstance(meta, dict):
     meta = {}  # refused below, as a meta.pkl without a vocabulary
   itos, vocab = meta.get("itos"), meta.get("vocab_size")
