@@ -131,3 +131,18 @@ def test_output_paths_starting_with_a_tilde_are_in_home(tmp_path,
       tmp_path / "s.jsonl")
   assert cli.check_output_dir("~/eval") == str(tmp_path / "eval")
   assert cli.expand_home("a/~/b") == "a/~/b"
+
+
+def test_an_output_over_a_jsonl_of_the_checkpoint_is_refused(tmp_path):
+  """A trm.main workdir keeps config_history.jsonl beside its checkpoints:
+  `--output=WORKDIR/config_history.jsonl` replaced it with samples (any
+  .jsonl there was taken for an earlier samples file). An empty file or
+  one of samples is still rewritten."""
+  history = tmp_path / "config_history.jsonl"
+  history.write_text('{"step": 4, "accepted": false, "changed": {}}\n')
+  with pytest.raises(ValueError, match="is a file of --checkpoint="):
+    evaluate.check_not_an_input(str(history), {"--checkpoint": str(tmp_path)})
+  for text in ("", '{"task_id": "HumanEval/0", "completion": "x"}\n'):
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(text)
+    evaluate.check_not_an_input(str(samples), {"--checkpoint": str(tmp_path)})

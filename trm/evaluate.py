@@ -210,8 +210,9 @@ def code_settings():
 def check_not_an_input(output: str, inputs: dict) -> None:
   """The samples file is rewritten whole: as an input ({flag: path}), e.g.
   --benchmark_path (a typo for it) or a file of the --checkpoint directory
-  (its config.json), it would replace what the run reads. A samples file
-  (.jsonl) inside a checkpoint directory may be rewritten."""
+  (its config.json, or a .jsonl of its own such as a trm.main workdir's
+  config_history.jsonl), it would replace what the run reads. A samples
+  file inside a checkpoint directory may be rewritten."""
   if not os.path.isfile(output):
     return  # a new file replaces nothing
   for flag, path in inputs.items():
@@ -220,11 +221,27 @@ def check_not_an_input(output: str, inputs: dict) -> None:
     if os.path.isfile(path) and os.path.samefile(output, path):
       raise ValueError(f"the samples file {output} is {flag}={path}: writing "
                        "the samples would replace it; pass another --output.")
-    if (os.path.isdir(path) and not output.endswith(".jsonl")
-        and cli.within(output, path)):
+    if (os.path.isdir(path) and cli.within(output, path)
+        and not _holds_samples(output)):
       raise ValueError(f"the samples file {output} is a file of {flag}="
                        f"{path}: writing the samples would replace it; pass "
                        "another --output.")
+
+
+def _holds_samples(path: str) -> bool:
+  """Whether `path` is empty or an earlier samples file (a .jsonl whose
+  first record names a task_id), which an evaluation may rewrite."""
+  if not path.endswith(".jsonl"):
+    return False
+  with open(path, "rb") as f:
+    first = f.readline(1 << 20).strip()
+  if not first:
+    return True
+  try:
+    record = json.loads(first)
+  except ValueError:
+    return False
+  return isinstance(record, dict) and "task_id" in record
 
 
 def _load_problems(benchmark: str):
