@@ -762,7 +762,14 @@ def define_flags():
                                  "Fast-dLLM's own block rules.")
 
 
+# A stop signal exits 143 (SIGTERM) with this line, not trm.main's 0: a
+# forecast or memory check cut short is no verdict.
+STOPPED_LINE = ("{tool}: stopped by {name} before the report was complete "
+                "(a --forecast_json already written is kept whole); run it "
+                "again.")
+
+
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config"])
-  cli.run(main, compilation_cache=False)
+  cli.run(main, compilation_cache=False, stopped_line=STOPPED_LINE)

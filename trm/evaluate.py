@@ -581,6 +581,15 @@ def define_flags():
   # Instruct), top_p=0.95, entropy order, one token per step.
   _SAMPLER = generate_cli.define_sampler_flags(temperature=0.2, top_p=0.95)
 
+
+# A stop signal exits 143 (SIGTERM) with this line, not trm.main's 0: a
+# script's `trm.evaluate ... && upload` must not take part of a score.
+STOPPED_LINE = ("{tool}: stopped by {name} before the evaluation finished: "
+                "its outputs are written whole or not at all (a code "
+                "benchmark keeps the samples already appended to --output; "
+                "--resume goes on from them).")
+
+
 if __name__ == "__main__":
   define_flags()
-  cli.run(main)
+  cli.run(main, stopped_line=STOPPED_LINE)

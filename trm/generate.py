@@ -221,6 +221,13 @@ def define_flags():
       "template's 'You are a helpful assistant.'.")
   _SAMPLER = define_sampler_flags()
 
+
+# A stop signal exits 143 (SIGTERM) with this line: a script's
+# `trm.generate ... > out.txt && next` must not go on with part of it.
+STOPPED_LINE = ("{tool}: stopped by {name} before every completion was "
+                "printed; it writes nothing else: run it again.")
+
+
 if __name__ == "__main__":
   define_flags()
-  cli.run(main)
+  cli.run(main, stopped_line=STOPPED_LINE)

@@ -371,5 +371,11 @@ def main(argv):
         f"compilation ({new / seconds:.0f} tokens/s)", file=sys.stderr)
 
 
+# A stop signal exits 143 (SIGTERM) with this line: a script's
+# `trm.sample ... > out.txt && next` must not go on with part of it.
+STOPPED_LINE = ("{tool}: stopped by {name} before every sample was printed; "
+                "it writes nothing else: run it again.")
+
+
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, stopped_line=STOPPED_LINE)

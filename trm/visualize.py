@@ -87,9 +87,14 @@ def main(argv: Sequence[str]) -> None:
   print(f"Wrote {out} ({sheet.width}x{sheet.height})")
 
 
+# A stop signal exits 143 (SIGTERM) with this line, not trm.main's 0.
+STOPPED_LINE = ("{tool}: stopped by {name} before the sheet was written (a "
+                "sheet already at --out is kept whole); run it again.")
+
+
 if __name__ == "__main__":
   # The pod flags every entry point takes, so one command serves all workers.
   from trm.core import distributed  # pylint: disable=g-import-not-at-top,unused-import
   define_flags()
   flags.mark_flags_as_required(["data_dir"])
-  cli.run(main)
+  cli.run(main, stopped_line=STOPPED_LINE)

@@ -455,3 +455,37 @@ def test_sigterm_during_an_evaluation_saves_without_finishing_it(tmp_path):
           in resumed.stderr), resumed.stderr[-3000:]
   assert (tmp_path / "eval_3.json").exists()
   assert (tmp_path / "eval_6.json").exists()
+
+
+# The tool's own `cli.run(...)` call, with a main that stops itself by
+# SIGTERM in place of the tool's: the line and exit status a script sees.
+_TOOL_STOPPED = """
+import os, runpy, signal, sys, time
+from trm.core import cli
+real_run = cli.run
+def stopped(argv):
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(20)
+cli.run = lambda main, **kwargs: real_run(stopped, **kwargs)
+module = sys.argv.pop(1)
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("tool, required", [
+    ("trm.generate", []), ("trm.sample", []), ("trm.evaluate", []),
+    ("trm.visualize", ["--data_dir=unread"]),
+    ("trm.aot", ["--config=configs/trm_sudoku.py:cpu"])])
+def test_a_tool_stopped_by_sigterm_does_not_exit_0(tool, required):
+  """trm.main saves on SIGTERM and exits 0 for its scheduler to restart
+  it; the other tools exited 0 too, with trm.main's line ("before training
+  began ..."), so `trm.evaluate ... && upload` went on with part of the
+  work. Each now exits 143 with its own line."""
+  result = subprocess.run([sys.executable, "-c", _TOOL_STOPPED, tool,
+                           *required],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=60)
+  assert result.returncode == 143, result.stderr[-3000:]
+  (line,) = result.stderr.strip().splitlines()
+  assert line.startswith(f"{tool}: stopped by SIGTERM before "), line
+  assert "training" not in line, line
