@@ -131,7 +131,7 @@ def test_two_processes_match_one_and_checkpoint_moves_between_them(
                                   max_to_keep=3)
   restored = ckpt_lib.restore_latest(manager, abstract, data_iter)
   assert int(restored.step) == config.total_steps
-  assert data_iter.get_state() == {"next_index": config.total_steps}
+  assert data_iter.get_state()["next_index"] == config.total_steps
   kernel = restored.params["L_level"]["layers_0"]["mlp"]["gate_up_proj"][
       "kernel"]
   assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "model")

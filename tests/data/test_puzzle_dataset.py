@@ -391,6 +391,32 @@ def test_grain_iterator_state_resumes(single):
   _assert_batches_equal(next(it), source[0])
 
 
+def test_puzzle_sources_name_their_data(tmp_path, single):
+  """Each process reads its rows from its own copy of the puzzles: two
+  hosts with other puzzles at one data_dir (here: one label changed, or
+  another test split) trained and evaluated on a mix of both, exit 0. The
+  trainer compares the sources' fingerprints across processes, and a
+  training position saved over other puzzles is refused on restore."""
+  metadata, arrays = single
+  other = dict(arrays, labels=np.array(arrays["labels"]))
+  other["labels"][5, 2] ^= 1
+  train = [_train(metadata, arrays, process_index=p, process_count=2)
+           for p in range(2)]
+  assert train[0].fingerprint() == train[1].fingerprint()  # not per process
+  assert train[0].fingerprint() != _train(metadata, other).fingerprint()
+  test_meta, test_arrays = _write(tmp_path / "a", "test", SINGLE)
+  other_meta, other_test = _write(tmp_path / "b", "test", SINGLE, seed=1)
+  assert (pd.TestBatches(test_meta, test_arrays, global_batch_size=4)
+          .fingerprint() != pd.TestBatches(other_meta, other_test,
+                                           global_batch_size=4).fingerprint())
+  # A resume over other puzzles would not continue the stream it trained on.
+  saved = pipeline.grain_iterator(train[0])
+  next(saved)
+  with pytest.raises(ValueError, match="not what it was trained on"):
+    pipeline.grain_iterator(_train(metadata, other)).set_state(
+        saved.get_state())
+
+
 def test_to_global_shards_batch(single):
   metadata, arrays = single
   ctx = mesh_lib.ShardingContext(

@@ -5,8 +5,9 @@ Each process reads only its rows of every global batch (see
 `jax.make_array_from_process_local_data` assembles the global array sharded
 on the batch axes. The Grain iterator's state (a position) is what the
 checkpoint stores next to the model. A source that names its data
-(`fingerprint()`: `sft.SFTBatches`, whose order depends on every row, and
-`text.TokenWindows`) has that name saved beside the position, and a
+(`fingerprint()`: `sft.SFTBatches`, whose order depends on every row,
+`text.TokenWindows` and the puzzles' `TrainBatches`) has that name saved
+beside the position, and a
 position saved over other data is refused on restore: resuming it would
 not continue the stream (repeating and skipping rows).
 """

@@ -224,7 +224,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                 for name, source in (("training", task.train_source),
                                      ("evaluation", task.eval_source))
                 if hasattr(source, "fingerprint")}
-  if data_names:  # (TRM's puzzle sources name none: no extra collective)
+  if data_names:  # (a source that names none: no extra collective)
     distributed.check_same_settings(
         data_names, "data: identical files at config.data's paths on every "
         "host")

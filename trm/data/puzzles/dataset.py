@@ -8,18 +8,26 @@ group and a random subset of its examples until the global batch is full, and
 drops the last partial batch of the iteration.
 
 Batch k of the stream is a pure function of (dataset, seed, k), so a Grain
-`MapDataset` over batch indices is checkpointable by its position alone, and
-every process slices the same global batch: the data a run sees does not
-depend on how many processes read it.
+`MapDataset` over batch indices is checkpointable by its position (and the
+data's fingerprint) alone, and every process slices the same global batch:
+the data a run sees does not depend on how many processes read it.
 """
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import threading
 
 import numpy as np
 
+from trm.data import io as data_io
 from trm.families.trm.model import IGNORE_LABEL_ID
+
+# A split's fingerprint reads at most this many runs of this many elements
+# of each array (`data_io.spread_positions`).
+_FINGERPRINT_BLOCKS = 256
+_FINGERPRINT_ELEMENTS = 32768
 
 
 def plan_iteration(rng: np.random.Generator, group_indices, puzzle_indices,
@@ -84,6 +92,28 @@ class _Split:
     self.local_batch_size = global_batch_size // process_count
     self.local_slice = slice(process_index * self.local_batch_size,
                              (process_index + 1) * self.local_batch_size)
+    self._fingerprint = None
+
+  def fingerprint(self) -> str:
+    """A hash of the split (dataset.json and its arrays; those past
+    _FINGERPRINT_BLOCKS runs by their shape and runs spread over them).
+    Each process reads its rows from its own copy of the data, so the
+    trainer compares it across processes (hosts with other puzzles at one
+    data_dir trained on a mix of both), and a training position is saved
+    with it (`trm.core.pipeline`): one saved over other puzzles does not
+    continue the run."""
+    if self._fingerprint is None:
+      digest = hashlib.blake2b(json.dumps(
+          self.metadata.to_json_dict(), sort_keys=True).encode(),
+                               digest_size=8)
+      for name in sorted(self.arrays):
+        flat = self.arrays[name].reshape(-1)  # a view of a memmap: no read
+        digest.update(f"{name}{flat.dtype.str}"
+                      f"{self.arrays[name].shape}".encode())
+        digest.update(np.ascontiguousarray(flat[data_io.spread_positions(
+            flat.size, _FINGERPRINT_BLOCKS, _FINGERPRINT_ELEMENTS)]).data)
+      self._fingerprint = digest.hexdigest()
+    return self._fingerprint
 
   def collate(self, example_ids, puzzle_ids):
     """Local rows of a global batch, padded to the global size."""

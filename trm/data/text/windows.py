@@ -248,12 +248,9 @@ class TokenFile:
     host would take minutes; another text differs in those blocks or the
     length all but surely). Read as int64 values, so a TFDS split holding
     the same stream as a .bin file hashes the same."""
-    n, block = self.num_tokens, _FINGERPRINT_TOKENS
-    if n <= _FINGERPRINT_BLOCKS * block:
-      index = np.arange(n)
-    else:
-      starts = np.linspace(0, n - block, _FINGERPRINT_BLOCKS).astype(np.int64)
-      index = (starts[:, None] + np.arange(block)).ravel()
+    n = self.num_tokens
+    index = data_io.spread_positions(n, _FINGERPRINT_BLOCKS,
+                                     _FINGERPRINT_TOKENS)
     digest = hashlib.blake2b(str(n).encode(), digest_size=8)
     digest.update(np.asarray(self.data[index], np.int64).tobytes())
     return digest.hexdigest()
