@@ -1,4 +1,5 @@
 """2 processes x 4 CPU devices (gloo) against 1 process x 8 devices."""
+import json
 import os
 import re
 import socket
@@ -576,3 +577,48 @@ def test_a_mesh_that_puts_the_whole_batch_on_each_process_is_refused(
             "1, 'model': 4} (batch sharded over ('data', 'fsdp')) places 64 "
             "rows on this process's devices.") in output, output[-2000:]
   assert not os.path.exists(tmp_path / "data")
+
+
+# Each process's rows of a 16-row batch (row i holds i), placed by
+# `pipeline.to_global` on a (data, fsdp, model) = (2, 2, 2) mesh of both
+# processes' devices, the batch over `axes`; the global rows, gathered.
+_ROWS_WORKER = workers_lib.JOIN + """
+import json
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from trm.core import pipeline
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "model"))
+rows = np.arange(48).reshape(16, 3)[8 * process_id:8 * (process_id + 1)]
+found = {{}}
+for axes in (("data", "fsdp"), ("fsdp", "data")):
+  sharding = NamedSharding(mesh, P(axes, None))
+  batch = pipeline.to_global({{"x": rows}}, {{"x": sharding}})
+  assert batch["x"].sharding == sharding
+  found["+".join(axes)] = multihost_utils.process_allgather(
+      batch["x"], tiled=True)[:, 0].tolist()
+print("RESULT", json.dumps(found), flush=True)
+"""
+
+
+def test_the_global_batch_keeps_its_row_order_on_any_mesh():
+  """Process p reads rows [8p, 8p + 8) of each batch. With the batch over
+  ('fsdp', 'data') (or fsdp across slices, or a TPU mesh ordering hosts
+  otherwise) p's devices hold rows {0-3, 8-11} and {4-7, 12-15}:
+  make_array_from_process_local_data put process 0's rows 4-7 at 8-11, so
+  the batch was another than one process's, and trm.evaluate's
+  predictions file paired example 4 with example 8's prediction."""
+  address = f"127.0.0.1:{workers_lib.free_port()}"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+             XLA_FLAGS=workers_lib.xla_flags(4))
+  workers = [subprocess.Popen(
+      [sys.executable, "-c", _ROWS_WORKER.format(process_id=i,
+                                                 address=address)],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True) for i in range(2)]
+  outputs = workers_lib.wait_all(workers, timeout=120)
+  for worker, output in zip(workers, outputs):
+    assert worker.returncode == 0, output[-3000:]
+    result = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    assert result == {"data+fsdp": list(range(0, 48, 3)),
+                      "fsdp+data": list(range(0, 48, 3))}, result

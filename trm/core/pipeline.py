@@ -96,7 +96,42 @@ def grain_iterator(source, prefetch: int = 2, num_threads: int = 1,
   return _NamedDataIterator(iterator, fingerprint, allow_data_change)
 
 
+def _process_rows(sharding, shape) -> np.ndarray | None:
+  """Where the sources' global row i lands, or None if at i.
+
+  Process p's source reads rows [p*L, (p+1)*L) of each global batch, and
+  `jax.make_array_from_process_local_data` lays them out over the rows
+  p's devices hold, in order. A mesh whose devices do not hold the rows in
+  process order (the batch over ('fsdp', 'data'), fsdp across slices, a
+  TPU mesh that orders hosts otherwise) put them elsewhere: batches were
+  permuted against one process's, and trm.evaluate's predictions file
+  paired example i with another example's prediction."""
+  rows, held = shape[0], {}
+  for device, index in sharding.devices_indices_map(tuple(shape)).items():
+    held.setdefault(device.process_index, set()).update(
+        range(rows)[index[0]])
+  if len(held) < 2:
+    return None
+  placed = np.concatenate([sorted(held[p]) for p in sorted(held)])
+  if len(placed) != rows or (placed == np.arange(rows)).all():
+    return None  # in order (or rows on several processes: mesh.py refuses)
+  return placed
+
+
+_REORDERS = {}  # (sharding, shape) -> a jitted gather, or None
+
+
 def to_global(local_batch: dict[str, np.ndarray], shardings: dict):
-  """Process-local numpy rows -> global arrays (batch axis sharded)."""
-  return {k: jax.make_array_from_process_local_data(shardings[k], v)
-          for k, v in local_batch.items()}
+  """Process-local numpy rows -> global arrays (batch axis sharded), with
+  the global batch's rows in the sources' order (`_process_rows`)."""
+  batch = {}
+  for k, v in local_batch.items():
+    sharding = shardings[k]
+    array = jax.make_array_from_process_local_data(sharding, v)
+    key = (sharding, array.shape)
+    if key not in _REORDERS:
+      placed = _process_rows(sharding, array.shape)
+      _REORDERS[key] = None if placed is None else jax.jit(
+          lambda x, placed=placed: x[placed], out_shardings=sharding)
+    batch[k] = array if _REORDERS[key] is None else _REORDERS[key](array)
+  return batch
