@@ -484,3 +484,39 @@ def test_sudoku_paper_config_mesh():
   mesh_lib.check_batch_size(config.global_batch_size, mesh,
                             mesh_lib.logical_rules(config))
   assert config.global_batch_size == 768
+
+
+def test_sharding_context_entered_by_two_threads_at_once():
+  """One object entered by two threads at once (two `DiffusionLM.generate`
+  calls from a thread pool share its context): each thread's `with` must
+  leave its own mesh and rules. A shared stack popped the other thread's
+  contexts, failing with 'Token ... was created in a different Context'
+  and leaving the mesh set in the thread that exited first."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from trm.nn import platform as platform_lib  # pylint: disable=g-import-not-at-top
+  ctx = mesh_lib.ShardingContext(_mesh(data=1, fsdp=-1, model=1), RULES)
+  a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+  errors, after = [], {}
+
+  def run(name, entered, wait_for, then):
+    try:
+      with ctx:
+        entered.set()
+        wait_for.wait(10)
+      after[name] = (nn.get_logical_axis_rules(), platform_lib._MESH_PLATFORM.get())  # pylint: disable=protected-access
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(f"{name}: {type(e).__name__}: {e}")
+    finally:
+      if then is not None:
+        then.set()
+
+  # A enters, B enters, A leaves, then B leaves.
+  a = threading.Thread(target=run, args=("a", a_in, b_in, a_out))
+  b = threading.Thread(target=run, args=("b", b_in, a_out, None))
+  a.start()
+  a_in.wait(10)
+  b.start()
+  a.join(20)
+  b.join(20)
+  assert not errors, errors
+  assert after == {"a": ((), None), "b": ((), None)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -316,7 +317,16 @@ class ShardingContext:
 
   def __init__(self, mesh: Mesh, rules):
     self.mesh, self.rules = mesh, tuple(rules)
-    self._stack = []
+    # Per thread: each `with` must leave the contexts it entered (their
+    # context-variable tokens belong to its thread), also when threads
+    # share this object (concurrent `DiffusionLM.generate` calls).
+    self._local = threading.local()
+
+  @property
+  def _stack(self) -> list:
+    if not hasattr(self._local, "stack"):
+      self._local.stack = []
+    return self._local.stack
 
   @classmethod
   def from_config(cls, config, devices: Sequence[Any] | None = None):
