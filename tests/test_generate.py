@@ -109,6 +109,37 @@ def test_from_pretrained_reads_the_model_from_config_json(lm):
   assert lm.tokenizer.mask_id == lm.cfg.mask_token_id
 
 
+def test_from_pretrained_reads_transformers_dtype_spellings(checkpoint,
+                                                           tmp_path):
+  """dtype= as transformers users write it ('bf16', torch.bfloat16,
+  'torch.float16', jnp types; 'auto' and None: the stored dtype) was
+  refused as "config.json describes no valid model: config.model.dtype=
+  'bf16'", blaming the checkpoint for the argument; a bad dtype,
+  param_dtype or attention is now named before any read."""
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  for dtype, want in (("bf16", "bfloat16"), ("torch.float16", "float16"),
+                      (jnp.float32, "float32"), ("Auto", None), (None, None)):
+    assert inference.check_dtype(dtype, "dtype", dream.COMPUTE_DTYPES) == want
+  for dtype, want in (("torch.bfloat16", "bfloat16"),
+                      ("auto", "float32")):  # the tensors are float32
+    lm = DiffusionLM.from_pretrained(checkpoint, dtype=dtype,
+                                     param_dtype="fp32")
+    assert (lm.cfg.dtype, lm.cfg.param_dtype) == (want, "float32"), dtype
+  missing = str(tmp_path / "never_read")
+  for kwargs, message in (
+      (dict(dtype="bogus"), "dtype='bogus': pass one of bfloat16, float32, "
+       "float16 (or 'auto'"),
+      (dict(dtype="torch.int8"), "dtype='torch.int8': pass one of"),
+      (dict(param_dtype="fp16"), "param_dtype='fp16': pass one of bfloat16, "
+       "float32 (or"),
+      (dict(attention="flash"), "attention='flash': pass one of dot, ")):
+    with pytest.raises(ValueError) as info:
+      DiffusionLM.from_pretrained(missing, **kwargs)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "config.json" not in str(info.value)
+
+
 def test_chat_prompts_are_stripped_as_diffucoders_readme_does(checkpoint):
   """DiffuCoder's README and inference_demo.py put `query.strip()` in the
   template; a prompt with a trailing newline or spaces (a line of a

@@ -73,12 +73,16 @@ _DTYPE_ALIASES = {
 }
 
 
-def _normalise_dtype(dtype: Any) -> str:
-  """Maps 'bf16', jnp.bfloat16, np.float32, ... to one canonical name."""
+def normalise_dtype(dtype: Any) -> str:
+  """Maps 'bf16', jnp.bfloat16, np.float32, torch.bfloat16 (or its string,
+  as transformers users write it) ... to one canonical name."""
   if not isinstance(dtype, str):
     import numpy as np  # pylint: disable=g-import-not-at-top
-    dtype = np.dtype(dtype).name
-  key = dtype.strip().lower()
+    try:
+      dtype = np.dtype(dtype).name
+    except TypeError:  # torch.bfloat16 is no numpy dtype; str() names it
+      dtype = str(dtype)
+  key = dtype.strip().lower().removeprefix("torch.")
   if key not in _DTYPE_ALIASES:
     raise ValueError(f"unknown dtype {dtype!r}; expected one of "
                      f"{sorted(set(_DTYPE_ALIASES.values()))}")
@@ -123,7 +127,7 @@ def published_peak_flops(device_kind: str, dtype: str) -> float | None:
   table = _published_table(device_kind)
   if table is None:
     return None
-  return table.get(_normalise_dtype(dtype))
+  return table.get(normalise_dtype(dtype))
 
 
 # (platform, device_kind, dtype, size) -> best measured FLOP/s, so a run (and
@@ -153,7 +157,7 @@ def measured_matmul_peak_flops(device, dtype: str = "float32",
     # process 1 of a 2-process CPU run divide by 970 TFLOP/s. Measure on
     # one of this process's own devices of that platform instead.
     device = jax.local_devices(backend=device.platform)[0]
-  name = _normalise_dtype(dtype)
+  name = normalise_dtype(dtype)
   if name == "tfloat32":
     raise ValueError("measure tfloat32 as float32 under "
                      "jax.default_matmul_precision('tensorfloat32')")
@@ -231,7 +235,7 @@ def peak_flops(device=None, dtype: str = "float32") -> tuple[float, str]:
   import jax  # pylint: disable=g-import-not-at-top
   if device is None:
     device = jax.local_devices()[0]
-  name = _normalise_dtype(dtype)
+  name = normalise_dtype(dtype)
   if device.platform == "cpu":
     measure_dtype = "float32" if name == "tfloat32" else name
     value = measured_cpu_peak_flops(measure_dtype)

@@ -269,12 +269,14 @@ def read_config_object(path: str) -> dict:
 
 
 def model_config_from_hf(directory: str, tokenizer=None, *,
-                         dtype: str = "bfloat16",
+                         dtype: Optional[str] = "bfloat16",
                          param_dtype: Optional[str] = None,
                          attention: str = "dot"):
   """(DreamConfig, max positions or None) from a Hugging Face directory's
   config.json; a Qwen2 config (no mask id) takes `<|mask|>` from the
-  tokenizer."""
+  tokenizer. `dtype` None computes in the stored dtype (bfloat16 for
+  float8); `param_dtype` None stores bfloat16 for bfloat16 or float8
+  tensors, else float32."""
   path = os.path.join(directory, CONFIG_FILE)
   hf = read_config_object(path)
   weights_io.check_quantization_config(hf, path)
@@ -316,6 +318,8 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
           f"{path}: {field}={value!r} is not a number.")
     floats[field] = float(value)
   stored = str(stored_dtype(hf) or "float32")
+  if dtype is None:  # 'auto': compute in the stored dtype (float8: bf16)
+    dtype = stored if stored in ("float32", "float16") else "bfloat16"
   try:
     cfg = DreamConfig(
         **sizes, **floats, mask_token_id=mask_id, pad_token_id=pad_id,

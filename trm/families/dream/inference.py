@@ -144,6 +144,27 @@ def check_prompts(prompts) -> list[str]:
   return prompts
 
 
+def check_dtype(value, name: str, allowed: Sequence[str]) -> Optional[str]:
+  """`value` (a name, or a spelling transformers users write: 'bf16',
+  'torch.bfloat16', torch.float16, jnp.bfloat16) as one of `allowed`; None
+  for None or 'auto' (the checkpoint's own, as transformers' 'auto').
+  Otherwise one ValueError naming the argument `name`; not the checkpoint's
+  config.json."""
+  from trm.core import mfu  # pylint: disable=g-import-not-at-top
+  if value is None or (isinstance(value, str)
+                       and value.strip().lower() == "auto"):
+    return None
+  try:
+    canonical = mfu.normalise_dtype(value)
+  except (TypeError, ValueError):
+    canonical = None
+  if canonical not in allowed:
+    raise ValueError(f"{name}={value!r}: pass one of {', '.join(allowed)} "
+                     "(or 'auto': the checkpoint's own; 'bf16', "
+                     "torch.bfloat16 and the like are read too).")
+  return canonical
+
+
 def check_batch_and_seed(batch_size, seed, num_prompts: int) -> None:
   """batch_size: None or an integer >= 1; seed: an integer in
   [0, 2**32 - number of batches] (batch n samples with seed + n). One
@@ -459,7 +480,12 @@ class DiffusionLM:
     branch, tag or commit); a path that is neither fails in one line.
 
     mesh: a `jax.sharding.Mesh` (default: FSDP over every device, or the
-    config's mesh when `config` is given); dtype: compute dtype;
+    config's mesh when `config` is given); dtype: compute dtype, 'bfloat16',
+    'float32' or 'float16' (transformers' spellings too: 'bf16',
+    torch.bfloat16, 'torch.float32'; 'auto' or None: the checkpoint's, as
+    config.json's torch_dtype or the run's config.model.dtype); param_dtype:
+    the stored weights' ('bfloat16' or 'float32'; default: bfloat16 for
+    bfloat16 or float8 tensors, else float32);
     tokenizer: a directory with tokenizer.json or 'bytes' (default: the
     checkpoint's own, or the run's data.tokenizer); config: an
     ml_collections config whose mesh and logical-axis rules to use (its
@@ -477,6 +503,14 @@ class DiffusionLM:
     from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
     from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
     from trm.families.dream import program as dream_program  # pylint: disable=g-import-not-at-top
+    # The arguments before any download or read; DreamConfig's own check
+    # blamed the checkpoint's config.json for them.
+    dtype = check_dtype(dtype, "dtype", dream.COMPUTE_DTYPES)
+    param_dtype = check_dtype(param_dtype, "param_dtype", dream.PARAM_DTYPES)
+    if attention is not None and attention not in dream.ATTENTION_KINDS:
+      raise ValueError(f"attention={attention!r}: pass one of "
+                       f"{', '.join(dream.ATTENTION_KINDS)} (or None: the "
+                       "config's model.attention, else 'dot').")
     path = resolve_checkpoint(path, names, revision)
     if attention is None:
       attention = (config.model.get("attention", "dot") if config is not None

@@ -34,7 +34,9 @@ from trm.nn import rope
 from trm.nn import tpu_attention
 from trm.nn.attention import repeat_kv
 
-_DTYPES = ("bfloat16", "float32")
+PARAM_DTYPES = ("bfloat16", "float32")
+# float16 computes only (with loss scaling); weights stay wider.
+COMPUTE_DTYPES = PARAM_DTYPES + ("float16",)
 _REMAT = ("none", "full")
 ATTENTION_KINDS = tpu_attention.KINDS + attention.GPU_KINDS
 # Qwen2's `initializer_range`; imported checkpoints replace it anyway.
@@ -97,9 +99,8 @@ class DreamConfig(dtypes.ConfigDtypes):
       if not (math.isfinite(value) and value > 0):
         raise ValueError(f"config.model.{name}={value} must be a finite "
                          "positive number.")
-    # float16 computes only (with loss scaling); weights stay wider.
-    for name, allowed in (("dtype", _DTYPES + ("float16",)),
-                          ("param_dtype", _DTYPES)):
+    for name, allowed in (("dtype", COMPUTE_DTYPES),
+                          ("param_dtype", PARAM_DTYPES)):
       if getattr(self, name) not in allowed:
         raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
                          f"be one of {allowed}.")
