@@ -140,6 +140,23 @@ def test_from_pretrained_reads_transformers_dtype_spellings(checkpoint,
     assert "config.json" not in str(info.value)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mesh="fsdp"), "mesh='fsdp' is a str: pass a jax.sharding.Mesh"),
+    (dict(config={"seq_len": 64}), "config={'seq_len': 64} is a dict: pass "
+     "an ml_collections config"),
+    (dict(tokenizer=3), "tokenizer=3 is a int: pass a directory or 'bytes'"),
+])
+def test_from_pretrained_argument_types_are_named(checkpoint, kwargs,
+                                                  message):
+  """A mesh, config or tokenizer of the wrong type was an AttributeError
+  or TypeError from deep inside ('str' object has no attribute 'devices');
+  now a TypeError naming the argument, before any read."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  with pytest.raises(inference.ArgumentTypeError) as info:
+    inference.DiffusionLM.from_pretrained(checkpoint, **kwargs)
+  assert str(info.value).startswith(message), str(info.value)
+
+
 def test_chat_prompts_are_stripped_as_diffucoders_readme_does(checkpoint):
   """DiffuCoder's README and inference_demo.py put `query.strip()` in the
   template; a prompt with a trailing newline or spaces (a line of a

@@ -511,6 +511,21 @@ class DiffusionLM:
       raise ValueError(f"attention={attention!r}: pass one of "
                        f"{', '.join(dream.ATTENTION_KINDS)} (or None: the "
                        "config's model.attention, else 'dot').")
+    # Of the wrong type they gave AttributeErrors from deep inside
+    # ('str' object has no attribute 'devices').
+    import jax  # pylint: disable=g-import-not-at-top
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    for name, value, kinds, want in (
+        ("mesh", mesh, jax.sharding.Mesh, "a jax.sharding.Mesh"),
+        ("config", config, ml_collections.ConfigDict,
+         "an ml_collections config (config_lib.load_config)"),
+        ("tokenizer", tokenizer, (str, os.PathLike),
+         "a directory or 'bytes'")):
+      if value is not None and not isinstance(value, kinds):
+        raise ArgumentTypeError(f"{name}={value!r:.60} is a "
+                                f"{type(value).__name__}: pass {want} (or "
+                                "None: the default).")
+    tokenizer = None if tokenizer is None else os.fspath(tokenizer)
     path = resolve_checkpoint(path, names, revision)
     if attention is None:
       attention = (config.model.get("attention", "dot") if config is not None
