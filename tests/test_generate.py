@@ -701,6 +701,35 @@ def test_from_pretrained_tells_paths_from_hub_ids(tmp_path, monkeypatch):
           "--local-dir DIR) and pass path=DIR") in message
 
 
+def test_a_hugging_face_cache_folder_reads_its_snapshot(checkpoint,
+                                                        tmp_path):
+  """HF_HOME/hub/models--org--name (refs/ and snapshots/, the files as
+  links into blobs/) was read as a checkpoint: "holds no tokenizer.json:
+  pass tokenizer=...". Its snapshot of refs/main (or of `revision`) is
+  read instead; a revision it lacks is named with the snapshots held."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  repo_dir = tmp_path / "hub" / "models--org--tiny"
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  snapshot = repo_dir / "snapshots" / commit
+  snapshot.mkdir(parents=True)
+  (repo_dir / "blobs").mkdir()
+  (repo_dir / "refs").mkdir()
+  (repo_dir / "refs" / "main").write_text(commit)
+  for name in os.listdir(checkpoint):
+    os.symlink(os.path.join(checkpoint, name), repo_dir / "blobs" / name)
+    os.symlink(os.path.join("..", "..", "blobs", name), snapshot / name)
+  assert inference.resolve_checkpoint(str(repo_dir)) == str(snapshot)
+  assert inference.resolve_checkpoint(str(repo_dir),
+                                      revision=commit) == str(snapshot)
+  assert inference.resolve_checkpoint(str(snapshot)) == str(snapshot)
+  with pytest.raises(FileNotFoundError) as info:
+    inference.resolve_checkpoint(str(repo_dir), revision="v2")
+  assert str(info.value) == (
+      f"path={repo_dir} is a Hugging Face cache folder with no snapshot of "
+      f"revision 'v2' (snapshots: {commit}); pass path={repo_dir}/snapshots/"
+      "<commit> or its Hub id ('org/name').")
+
+
 def test_api_errors_name_arguments_and_the_cli_names_flags(checkpoint,
                                                            tmp_path):
   """The same check words its message for the caller: `path=`/`tokenizer=`

@@ -365,7 +365,8 @@ CHECKPOINTS_READ = ("checkpoints (Hugging Face directories and trm.main "
 def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
                        revision: Optional[str] = None,
                        files: Sequence[str] = HUB_FILES) -> str:
-  """The local directory `path` names: itself when it is a directory, else,
+  """The local directory `path` names: itself when it is a directory (a
+  Hugging Face cache folder: its snapshot of `revision`, default main), else,
   when it looks like a Hub id ('org/name'), a download of the repository's
   `files` (its config, weights and tokenizer; `trm.core.hub.snapshot`, the
   cache when offline). Anything else is refused in one line naming
@@ -379,7 +380,7 @@ def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
   # A gs:// run was "no such directory", which did not say what to do.
   weights_io.check_local(path, names.path, CHECKPOINTS_READ)
   if os.path.isdir(path):
-    return path
+    return _cache_snapshot(path, names, revision) or path
   if os.path.exists(path):
     raise NotADirectoryError(
         f"{names.path}={path}: is a file; pass a Hugging Face checkpoint "
@@ -408,6 +409,34 @@ def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
           "alone, which without network is all there is; or a repository "
           "without them). Run it again with network, or " + advice + ".")
   return directory
+
+
+def _cache_snapshot(path: str, names: ArgumentNames,
+                    revision: Optional[str]) -> Optional[str]:
+  """For a Hugging Face cache folder of a repository (HF_HOME/hub/
+  models--org--name, which holds refs/ and snapshots/, not the files), its
+  snapshot of `revision` (default: main); None for any other directory.
+  Read as a checkpoint it said "holds no tokenizer.json"."""
+  if (os.path.isfile(os.path.join(path, "config.json"))
+      or not os.path.isdir(os.path.join(path, "snapshots"))
+      or not os.path.isdir(os.path.join(path, "refs"))):
+    return None
+  ref = revision or "main"
+  commit = ref
+  try:
+    with open(os.path.join(path, "refs", ref)) as f:
+      commit = f.read().strip()
+  except OSError:
+    pass  # a commit hash names its snapshot directly
+  snapshot = os.path.join(path, "snapshots", commit)
+  if not os.path.isdir(snapshot):
+    have = ", ".join(sorted(os.listdir(os.path.join(path, "snapshots"))))
+    raise FileNotFoundError(
+        f"{names.path}={path} is a Hugging Face cache folder with no "
+        f"snapshot of revision {ref!r} (snapshots: {have or 'none'}); pass "
+        f"{names.path}={os.path.join(path, 'snapshots', '<commit>')} or its "
+        "Hub id ('org/name').")
+  return snapshot
 
 
 def _lacking_weights(directory: str) -> str:
@@ -474,7 +503,9 @@ class DiffusionLM:
     """From a Hugging Face directory, a Hub id or a `trm.main` workdir.
 
     path: a local directory (a Hugging Face download, an export of
-    `trm.export`, or a `trm.main` workdir), else a Hub id such as
+    `trm.export`, a `trm.main` workdir, or a Hugging Face cache folder
+    models--org--name: its snapshot of `revision`, default main), else a
+    Hub id such as
     "apple/DiffuCoder-7B-Instruct", downloaded once into the Hugging Face
     cache (config.json, the safetensors and tokenizer.json; `revision`: a
     branch, tag or commit); a path that is neither fails in one line.
