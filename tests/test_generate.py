@@ -648,6 +648,17 @@ def test_prompt_lengths_in_one_bucket_share_a_program(lm):
     lm.generate("w1", prompt_bucket=0, **kw)
 
 
+def test_a_program_compiled_ahead_is_the_one_generate_runs(lm):
+  """`compile` keyed its program by the settings as given, so one built
+  ahead with generate's defaults left out was compiled again by
+  `generate`; and it compiled unchecked settings (temperature=-1)."""
+  lm.compile(2, 64, padded=True, max_new_tokens=7)  # no other test's setting
+  lm.generate(["w1 w2", "w3"], max_new_tokens=7)
+  assert lm.timings["compile_seconds"] == 0.0
+  with pytest.raises(ValueError, match=r"^temperature=-1: must be a finite"):
+    lm.compile(2, 64, padded=True, max_new_tokens=7, temperature=-1)
+
+
 def test_hugging_face_spellings_return_sequences_and_history(lm):
   prompts = ["w3 w4 w5", "w9"]
   kw = dict(max_new_tokens=6, steps=3)

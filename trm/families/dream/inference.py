@@ -237,6 +237,45 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
         "positions; lower max_new_tokens or shorten the prompts.")
 
 
+def sampler_settings(*, max_new_tokens: int = 256,
+                     steps: Optional[int] = None, alg: str = "entropy",
+                     temperature: float = 0.0, top_p: Optional[float] = None,
+                     top_k: Optional[int] = DEFAULT_TOP_K,
+                     alg_temp: Optional[float] = None, eps: float = 1e-3,
+                     cache: Optional[str] = None, block_length: int = 32,
+                     threshold: Optional[float] = None,
+                     fast_dllm: bool = False) -> dict:
+  """`generate`'s sampler settings (its defaults), checked (one ValueError
+  naming the argument) and normalised as a compiled program is keyed:
+  steps None is max_new_tokens, top_k 0 is None (off), numbers are Python
+  ints and floats, the cache's settings only with `cache`. `compile` takes
+  them too, so a program it builds ahead is the one `generate` reuses."""
+  from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
+  steps = max_new_tokens if steps is None else steps
+  check_settings(max_new_tokens=max_new_tokens, steps=steps,
+                 temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
+                 alg_temp=alg_temp, eps=eps)
+  cached_sampling.check_needs_cache(cache is not None, threshold, fast_dllm,
+                                    cli=False)
+  if cache is not None:
+    cached_sampling.check_cached_settings(
+        cache=cache, block_length=block_length, threshold=threshold,
+        max_new_tokens=max_new_tokens, steps=steps, alg=alg,
+        fast_dllm=fast_dllm)
+  settings = dict(
+      max_new_tokens=int(max_new_tokens), steps=int(steps), alg=alg,
+      temperature=float(temperature),
+      top_p=None if top_p is None else float(top_p),
+      top_k=int(top_k) if top_k else None,  # 0 and None: off
+      alg_temp=None if alg_temp is None else float(alg_temp),
+      eps=float(eps))
+  if cache is not None:
+    settings.update(cache=cache, block_length=int(block_length),
+                    threshold=None if threshold is None
+                    else float(threshold), fast_dllm=bool(fast_dllm))
+  return settings
+
+
 def padded_width(longest: int, *, bucket: int = 1, multiple_of: int = 1,
                  new_tokens: int = 0) -> int:
   """The prompt width P for a longest prompt of `longest` tokens: rounded up
@@ -632,9 +671,15 @@ class DiffusionLM:
   def compile(self, batch: int, prompt_len: int, *, padded: bool,
               history: bool = False, **settings):
     """(compiled program, compile seconds) for [batch, prompt_len] prompts
-    (`padded`: with a padding mask); cached per shape and setting."""
+    (`padded`: with a padding mask; `generate` pads to a multiple of
+    `prompt_bucket` unless it is 1); cached per shape and setting. The
+    settings are `generate`'s (its defaults, `sampler_settings`), so a
+    program compiled ahead here is the one `generate` then reuses."""
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    # Unchecked and unnormalised, they compiled temperature=-1, and keyed
+    # programs that `generate` (all settings, normalised) never found.
+    settings = sampler_settings(**settings)
     key = (batch, prompt_len, padded, history,
            tuple(sorted(settings.items())))
     if key in self._compiled:
@@ -720,18 +765,12 @@ class DiffusionLM:
                        "integer >= 1 (1: no bucketing).")
     return_history = bool(return_history or output_history)
     batch_size = None if batch_size is None else int(batch_size)
-    steps = max_new_tokens if steps is None else steps
-    check_settings(max_new_tokens=max_new_tokens, steps=steps,
-                   temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
-                   alg_temp=alg_temp, eps=eps)
-    from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
-    cached_sampling.check_needs_cache(cache is not None, threshold, fast_dllm,
-                                      cli=False)
-    if cache is not None:
-      cached_sampling.check_cached_settings(
-          cache=cache, block_length=block_length, threshold=threshold,
-          max_new_tokens=max_new_tokens, steps=steps, alg=alg,
-          fast_dllm=fast_dllm)
+    settings = sampler_settings(
+        max_new_tokens=max_new_tokens, steps=steps, alg=alg,
+        temperature=temperature, top_p=top_p, top_k=top_k, alg_temp=alg_temp,
+        eps=eps, cache=cache, block_length=block_length, threshold=threshold,
+        fast_dllm=fast_dllm)
+    steps = settings["steps"]
     token_lists = self.encode(prompts, chat, system)
     empty = [i for i, t in enumerate(token_lists) if not t]
     if empty:
@@ -758,17 +797,6 @@ class DiffusionLM:
     # program too (an all-ones mask gives the same result): one program per
     # bucket, not two.
     padded = bool((~mask).any()) or prompt_bucket > 1
-    settings = dict(
-        max_new_tokens=int(max_new_tokens), steps=int(steps), alg=alg,
-        temperature=float(temperature),
-        top_p=None if top_p is None else float(top_p),
-        top_k=int(top_k) if top_k else None,  # 0 and None: off
-        alg_temp=None if alg_temp is None else float(alg_temp),
-        eps=float(eps))
-    if cache is not None:
-      settings.update(cache=cache, block_length=int(block_length),
-                      threshold=None if threshold is None
-                      else float(threshold), fast_dllm=bool(fast_dllm))
     compiled, compile_seconds = self.compile(
         size, ids.shape[1], padded=padded, history=return_history, **settings)
     # The prompts go where the program wants them (split over the batch
