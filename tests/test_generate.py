@@ -157,6 +157,14 @@ def test_from_pretrained_argument_types_are_named(checkpoint, kwargs,
   assert str(info.value).startswith(message), str(info.value)
 
 
+def test_encode_reads_a_string_as_one_prompt(lm):
+  """lm.encode("w1 w2") encoded each character as a prompt: [[0], [0], [],
+  [0], [0]]."""
+  assert lm.encode("w1 w2") == lm.encode(["w1 w2"]) == [[1, 2]]
+  with pytest.raises(TypeError, match=r"prompts is bytes"):
+    lm.encode(b"w1")
+
+
 def test_chat_prompts_are_stripped_as_diffucoders_readme_does(checkpoint):
   """DiffuCoder's README and inference_demo.py put `query.strip()` in the
   template; a prompt with a trailing newline or spaces (a line of a

@@ -503,7 +503,8 @@ def test_sharding_context_entered_by_two_threads_at_once():
       with ctx:
         entered.set()
         wait_for.wait(10)
-      after[name] = (nn.get_logical_axis_rules(), platform_lib._MESH_PLATFORM.get())  # pylint: disable=protected-access
+      rules = nn.get_logical_axis_rules()
+      after[name] = (rules, platform_lib._MESH_PLATFORM.get())  # pylint: disable=protected-access
     except Exception as e:  # pylint: disable=broad-except
       errors.append(f"{name}: {type(e).__name__}: {e}")
     finally:

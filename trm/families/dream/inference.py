@@ -652,9 +652,10 @@ class DiffusionLM:
 
   # ------------------------------------------------------------- generation
 
-  def encode(self, prompts: Sequence[str], chat: bool = False,
+  def encode(self, prompts: str | Sequence[str], chat: bool = False,
              system: Optional[str] = None):
-    """Token ids of `prompts`; with `chat`, each stripped of surrounding
+    """Token ids of `prompts` (a string or a list, as `generate` takes
+    them), one list per prompt; with `chat`, each stripped of surrounding
     whitespace and wrapped in the Instruct template, a special token's
     name in it encoded as text (`chat_prompt_ids`), as DiffuCoder's README
     and inference_demo.py prompt the model and as the fine-tuning rows are
@@ -662,6 +663,9 @@ class DiffusionLM:
     helpful assistant."), as a first system message does in the chat
     template and in a fine-tuning conversation."""
     from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+    # As `generate` reads them: a lone string was encoded one character at
+    # a time, silently.
+    prompts = check_prompts(prompts)
     if chat:
       return [tok_lib.chat_prompt_ids(
           self.tokenizer, p if system is None
