@@ -165,6 +165,18 @@ def test_encode_reads_a_string_as_one_prompt(lm):
     lm.encode(b"w1")
 
 
+def test_from_pretrained_with_a_config_of_seq_len_only(checkpoint):
+  """A config with no mesh or logical_axis_rules was an AttributeError
+  ("'logical_axis_rules'"); the defaults serve for what it lacks."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  lm = DiffusionLM.from_pretrained(
+      checkpoint, dtype="float32",
+      config=ml_collections.ConfigDict({"seq_len": 64}))
+  assert lm.max_positions == 64
+  assert lm.rules == tuple(config_lib.default_logical_axis_rules())
+
+
 def test_chat_prompts_are_stripped_as_diffucoders_readme_does(checkpoint):
   """DiffuCoder's README and inference_demo.py put `query.strip()` in the
   template; a prompt with a trailing newline or spaces (a line of a

@@ -558,8 +558,9 @@ class DiffusionLM:
     bfloat16 or float8 tensors, else float32);
     tokenizer: a directory with tokenizer.json or 'bytes' (default: the
     checkpoint's own, or the run's data.tokenizer); config: an
-    ml_collections config whose mesh and logical-axis rules to use (its
-    model sizes are not: they come from the checkpoint); attention: 'dot'
+    ml_collections config whose mesh, logical-axis rules and seq_len (the
+    longest sequence) to use, each where it has one (its model sizes are
+    not: they come from the checkpoint); attention: 'dot'
     or 'splash' (the Pallas TPU kernel; default: the config's
     model.attention, else 'dot'); allow_nonfinite: load Hugging Face
     weights holding NaN or Inf (refused by default, naming the tensor).
@@ -632,10 +633,13 @@ class DiffusionLM:
       tok_lib.check_against_model(tok, cfg, tokenizer or path)
     if config is not None and "seq_len" in config:  # the context trained
       positions = min(positions or config.seq_len, config.seq_len)
-    rules = (mesh_lib.logical_rules(config) if config is not None
+    # A config giving only some of them (e.g. seq_len) takes the defaults
+    # for the rest; it was an AttributeError: "'logical_axis_rules'".
+    given = config if config is not None else {}
+    rules = (mesh_lib.logical_rules(config) if "logical_axis_rules" in given
              else config_lib.default_logical_axis_rules())
     if mesh is None:
-      mesh = mesh_lib.make_mesh(config.mesh if config is not None else
+      mesh = mesh_lib.make_mesh(config.mesh if "mesh" in given else
                                 config_lib.mesh_config(data=1, fsdp=-1,
                                                        model=1))
     mesh_lib.check_tpu_kernels(mesh, prefix="", attention=cfg.attention)
