@@ -551,6 +551,8 @@ def test_cli_nonfinite_safetensors_is_one_line(checkpoint, tmp_path):
      "seed=4294967295: must lie in [0, 4294967294]"),
     (dict(max_new_tokens=True), ValueError, "max_new_tokens=True"),
     (dict(top_k=False), ValueError, "top_k=False"),
+    (dict(cache="dual", block_length=True), ValueError,
+     "block_length=True: must be an integer >= 1"),
 ])
 def test_api_argument_types_are_one_error_before_any_compute(
     lm, monkeypatch, kwargs, error, message):

@@ -88,7 +88,9 @@ def check_cached_settings(*, cache: str, block_length: int,
   if cache not in CACHES:
     raise ValueError(f"cache={cache!r}: must be one of {CACHES} (or unset "
                      "for the exact sampler).")
-  if not isinstance(block_length, (int, np.integer)) or block_length < 1:
+  # A bool is no block length (True ran blocks of one token).
+  if (not isinstance(block_length, (int, np.integer))
+      or isinstance(block_length, (bool, np.bool_)) or block_length < 1):
     raise ValueError(f"block_length={block_length!r}: must be an integer "
                      ">= 1.")
   if max_new_tokens % block_length:
