@@ -236,6 +236,12 @@ def test_the_python_api_samples_from_a_workdir(trained):
   assert len(out.completions) == 2
   assert all(isinstance(c, str) for c in out.completions)
   assert out.tokens.shape == (2, out.prompt_len + 8)
+  # param_dtype was dropped for a workdir: the run's float32 restored.
+  half = DiffusionLM.from_pretrained(workdir, dtype="float32",
+                                     param_dtype="bf16")
+  assert half.cfg.param_dtype == "bfloat16"
+  assert {x.dtype for x in jax.tree.leaves(half.params)} == {
+      jnp.dtype("bfloat16")}
 
 
 def test_the_tiny_route_samples_visible_text(trained):

@@ -554,8 +554,9 @@ class DiffusionLM:
     'float32' or 'float16' (transformers' spellings too: 'bf16',
     torch.bfloat16, 'torch.float32'; 'auto' or None: the checkpoint's, as
     config.json's torch_dtype or the run's config.model.dtype); param_dtype:
-    the stored weights' ('bfloat16' or 'float32'; default: bfloat16 for
-    bfloat16 or float8 tensors, else float32);
+    the weights' ('bfloat16' or 'float32'; default: a workdir's
+    config.model.param_dtype, else bfloat16 for bfloat16 or float8 tensors,
+    else float32);
     tokenizer: a directory with tokenizer.json or 'bytes' (default: the
     checkpoint's own, or the run's data.tokenizer); config: an
     ml_collections config whose mesh, logical-axis rules and seq_len (the
@@ -607,7 +608,9 @@ class DiffusionLM:
       run = _workdir_config(path, config, names)
       cfg = dream.DreamConfig.from_config(dict(
           run.model, attention=attention,
-          **({"dtype": dtype} if dtype else {})))
+          **({"dtype": dtype} if dtype else {}),
+          # It was dropped without a word (the run's float32 restored).
+          **({"param_dtype": param_dtype} if param_dtype else {})))
       spec = tokenizer or _run_tokenizer(run, path)
       tok = tok_lib.from_spec(spec, cfg)
       positions = int(run.seq_len) if "seq_len" in run else None
