@@ -790,6 +790,13 @@ def test_api_errors_name_arguments_and_the_cli_names_flags(checkpoint,
                                           names=inference.CLI_NAMES)
 
 
+def test_dir_of_trm_lists_diffusion_lm():
+  """Tab completion (`trm.<TAB>`, dir(trm)) did not offer DiffusionLM,
+  which module __getattr__ gives."""
+  import trm  # pylint: disable=g-import-not-at-top
+  assert "DiffusionLM" in dir(trm)
+
+
 def test_from_trm_import_starts_no_libtpu_on_a_cpu_host():
   """`from trm import DiffusionLM` then jax: no libtpu E0000 lines (with
   libtpu installed, jax would start it on a host without a TPU)."""

@@ -5,6 +5,14 @@ from trm.core import huge_pages as _huge_pages
 _huge_pages.restart_with_huge_pages()
 
 
+_LAZY = ("DiffusionLM",)
+
+
+def __dir__():
+  # Tab completion in a notebook lists what `__getattr__` gives, too.
+  return sorted(set(globals()) | set(_LAZY))
+
+
 def __getattr__(name):
   # `from trm import DiffusionLM` without importing jax at `import trm`.
   if name == "DiffusionLM":
