@@ -177,6 +177,24 @@ def test_from_pretrained_with_a_config_of_seq_len_only(checkpoint):
   assert lm.rules == tuple(config_lib.default_logical_axis_rules())
 
 
+def test_from_pretrained_on_a_mesh_the_user_built(checkpoint):
+  """mesh= from jax.make_mesh (Explicit axes) failed in generate with a
+  ShardingTypeError from the embedding's gather; a mesh of other axis
+  names was a KeyError: 'model'."""
+  from jax.sharding import AxisType, Mesh  # pylint: disable=g-import-not-at-top
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"^mesh= has axes \('x',\), but the "
+                     r"logical-axis rules place arrays on \('data', 'fsdp', "
+                     r"'model'\)"):
+    DiffusionLM.from_pretrained(checkpoint, dtype="float32", mesh=Mesh(
+        np.array(jax.devices()), ("x",)))
+  mesh = jax.make_mesh((1, jax.device_count(), 1), ("data", "fsdp", "model"))
+  lm = DiffusionLM.from_pretrained(checkpoint, dtype="float32", mesh=mesh)
+  assert lm.mesh.axis_types == (AxisType.Auto,) * 3
+  assert lm.mesh.devices.tolist() == mesh.devices.tolist()
+  assert len(lm.generate("w1 w2", max_new_tokens=2)) == 1
+
+
 def test_chat_prompts_are_stripped_as_diffucoders_readme_does(checkpoint):
   """DiffuCoder's README and inference_demo.py put `query.strip()` in the
   template; a prompt with a trailing newline or spaces (a line of a

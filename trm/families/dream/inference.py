@@ -549,8 +549,10 @@ class DiffusionLM:
     cache (config.json, the safetensors and tokenizer.json; `revision`: a
     branch, tag or commit); a path that is neither fails in one line.
 
-    mesh: a `jax.sharding.Mesh` (default: FSDP over every device, or the
-    config's mesh when `config` is given); dtype: compute dtype, 'bfloat16',
+    mesh: a `jax.sharding.Mesh` with axes 'data', 'fsdp' and 'model' (size
+    1 where unused; e.g. from `jax.make_mesh`, its axes taken as Auto)
+    (default: FSDP over every device, or the config's mesh when `config`
+    is given); dtype: compute dtype, 'bfloat16',
     'float32' or 'float16' (transformers' spellings too: 'bf16',
     torch.bfloat16, 'torch.float32'; 'auto' or None: the checkpoint's, as
     config.json's torch_dtype or the run's config.model.dtype); param_dtype:
@@ -645,6 +647,21 @@ class DiffusionLM:
       mesh = mesh_lib.make_mesh(config.mesh if "mesh" in given else
                                 config_lib.mesh_config(data=1, fsdp=-1,
                                                        model=1))
+    else:  # a mesh of other axis names was a KeyError: 'model'
+      wanted = sorted({a for _, axes in rules for a in mesh_lib.axes_of(axes)},
+                      key=mesh_lib.MESH_AXES.index)
+      if not set(wanted) <= set(mesh.axis_names):
+        raise ValueError(
+            f"mesh= has axes {tuple(mesh.axis_names)}, but the logical-axis "
+            f"rules place arrays on {tuple(wanted)}: name its axes so (size 1"
+            f" where unused), e.g. jax.make_mesh((1, jax.device_count(), 1), "
+            f"{tuple(wanted)}), or leave mesh=None (FSDP over every device).")
+      # jax.make_mesh's axes are Explicit, which the model's sharding hints
+      # do not serve (ShardingTypeError in the embedding's gather); the
+      # project's meshes are Auto. The devices and names are kept.
+      mesh = jax.sharding.Mesh(
+          mesh.devices, mesh.axis_names,
+          axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
     mesh_lib.check_tpu_kernels(mesh, prefix="", attention=cfg.attention)
     placement = mesh_lib.ShardingContext(mesh, rules)
     # Before any weight is read, as the trainer checks it.
