@@ -84,6 +84,19 @@ def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
   assert [e.step for e in events.Tensors("train/lm_loss")] == [
       4, 6, 8, 12, 16, 18, 20, 24]
   assert losses[-1] < losses[0] - 0.1, losses
+  # The learning rate of each logged step's update, as AdamATan2 took it
+  # from the schedule (count = the steps applied before it): not logged
+  # before, where upstream logs train/lr every step.
+  from trm.families.trm import optim  # pylint: disable=g-import-not-at-top
+  schedule = optim.lr_schedule(3e-3, config.optim.warmup_steps, 24,
+                               config.optim.lr_min_ratio)
+  rates = {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+           for e in events.Tensors("train/lr")}
+  assert list(rates) == [4, 6, 8, 12, 16, 18, 20, 24]
+  np.testing.assert_allclose(list(rates.values()),
+                             [float(schedule(s - 1)) for s in rates],
+                             rtol=1e-6)
+  assert rates[4] < rates[8]  # warming up to step 5
 
 
 def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,

@@ -13,6 +13,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 from clu import metrics as clu_metrics
 
 
@@ -51,6 +52,22 @@ class Counter(clu_metrics.Metric):
 
   def compute(self):
     return self.value
+
+
+def learning_rate(schedule, opt_state) -> Counter:
+  """The `lr` metric: `schedule` at the count the optimizer's own schedule
+  reads (optax's `ScaleByScheduleState`, else the state's `count`, as
+  AdamATan2's), before this step's update, so the logged rate is the one
+  the step's update used (upstream TRM's train/lr, nanoGPT's
+  get_lr(iter_num)); the interval's last step's, as those logs show."""
+  def is_schedule(node):
+    return isinstance(node, optax.ScaleByScheduleState)
+
+  found = [n for n in jax.tree.leaves(opt_state, is_leaf=is_schedule)
+           if is_schedule(n)]
+  count = found[0].count if found else opt_state.count
+  return Counter(jnp.asarray(schedule(count), jnp.float32),
+                 jnp.ones((), jnp.int32))
 
 
 def skip_nonfinite(state, new_state, metrics: dict, ok, guarded=()):

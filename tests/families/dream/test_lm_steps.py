@@ -75,6 +75,12 @@ def test_loss_falls_pad_row_frozen_and_state_sharded():
       bound(metrics)  # not the state: it is donated to the next step
     after = float(fixed_noise_loss(state.params, eval_batch))
   assert np.isfinite(float(metrics["loss"].compute()))
+  # The logged train/lr: the rate of step 60's update (schedule count 59).
+  np.testing.assert_allclose(
+      float(metrics["lr"].compute()),
+      float(lm_steps.learning_rate_schedule(config.optim,
+                                            config.total_steps)(59)),
+      rtol=1e-6)
   assert after < 0.7 * before, (before, after)
   assert int(state.step) == 60
   np.testing.assert_array_equal(

@@ -377,9 +377,15 @@ def test_float16_skipped_steps_keep_nanogpts_learning_rate():
   step = jax.jit(program.train_step)
   x = np.random.default_rng(0).integers(0, 11, size=(4, 8)).astype(np.int32)
   batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + 1) % 11)}
+  rates = []
   for _ in range(14):
-    state, _ = step(state, batch)
+    state, metrics = step(state, batch)
+    rates.append(float(metrics["lr"].compute()))
   assert int(state.skipped_steps) >= 3  # the premise: overflows were skipped
+  # The logged train/lr is nanoGPT's get_lr(iter_num) at every iteration,
+  # skipped or not (nothing logged it before).
+  np.testing.assert_allclose(rates, [_nanogpt_lr(it, c) for it in range(14)],
+                             rtol=1e-6)
   # The next iteration (14) runs at get_lr(14), AdamW counted the updates.
   assert _schedule_counts(state.opt_state) == [int(state.step)] == [14]
   adam_count = [int(node.count) for node in jax.tree.leaves(

@@ -133,8 +133,11 @@ def build(config, ctx, shapes=None) -> Program:
       model=model,
       init_fn=lm_steps.make_init_fn(model, tx, config.seed,
                                     loss_scale.initial_state(config)),
-      train_step=functools.partial(lm_steps.train_step, model=model, tx=tx,
-                                   chunk_size=config.loss_chunk_size),
+      train_step=functools.partial(
+          lm_steps.train_step, model=model, tx=tx,
+          chunk_size=config.loss_chunk_size,
+          schedule=lm_steps.learning_rate_schedule(config.optim,
+                                                   config.total_steps)),
       eval_step=functools.partial(lm_steps.eval_step, model=model,
                                   seed=config.seed,
                                   chunk_size=config.loss_chunk_size),

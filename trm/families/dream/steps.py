@@ -27,12 +27,17 @@ from trm.families.dream import loss as diffusion_loss
 from trm.families.dream import model as dream
 
 
-def make_optimizer(optim_config, total_steps: int):
-  """AdamW after global-norm clipping; linear warmup, then cosine to 10%."""
-  schedule = optax.warmup_cosine_decay_schedule(
+def learning_rate_schedule(optim_config, total_steps: int):
+  """Linear warmup, then cosine to 10%."""
+  return optax.warmup_cosine_decay_schedule(
       0.0, optim_config.lr, optim_config.warmup_steps,
       max(total_steps, optim_config.warmup_steps + 1),
       end_value=0.1 * optim_config.lr)
+
+
+def make_optimizer(optim_config, total_steps: int):
+  """AdamW after global-norm clipping (`learning_rate_schedule`)."""
+  schedule = learning_rate_schedule(optim_config, total_steps)
   return optax.chain(
       optax.clip_by_global_norm(optim_config.grad_clip_norm),
       optax.adamw(schedule, b1=optim_config.beta1, b2=optim_config.beta2,
@@ -48,8 +53,10 @@ def make_init_fn(model: dream.Dream, tx, seed: int, loss_scale=None):
 
 
 def train_step(state: LMState, batch, *, model: dream.Dream, tx,
-               chunk_size: int = 512):
-  """batch = {tokens [B, L] int32, maskable [B, L] bool}."""
+               chunk_size: int = 512, schedule=None):
+  """batch = {tokens [B, L] int32, maskable [B, L] bool}; `schedule`
+  (`learning_rate_schedule`): the `lr` metric, the rate `tx` gives the
+  step."""
   cfg = model.cfg
   rng = jax.random.fold_in(state.rng, state.step)
   noisy, masked, t = diffusion_loss.add_noise(
@@ -81,8 +88,11 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
   }
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state)
-  return state_lib.skip_nonfinite(state, new_state, metrics,
-                                  state_lib.all_finite(loss, grads))
+  new_state, metrics = state_lib.skip_nonfinite(
+      state, new_state, metrics, state_lib.all_finite(loss, grads))
+  if schedule is not None:
+    metrics["lr"] = state_lib.learning_rate(schedule, state.opt_state)
+  return new_state, metrics
 
 
 def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,

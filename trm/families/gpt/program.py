@@ -113,7 +113,8 @@ def build(config, ctx, shapes=None) -> Program:
           accum_steps=config.gradient_accumulation_steps,
           loss_chunk_size=chunk, loss_kernel=loss_kernel,
           cast_once=cast_once,
-          reduce_once=config.get("reduce_gradients_once", True)),
+          reduce_once=config.get("reduce_gradients_once", True),
+          schedule=gpt_steps.learning_rate_schedule(config)),
       eval_step=functools.partial(gpt_steps.eval_step, model=model),
       batch_spec=batch_spec(cfg.block_size),
       flops_per_step=mfu.nanogpt_flops_per_iter(

@@ -177,7 +177,8 @@ def matmul_weights_in(params, dtype):
 
 def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
                loss_chunk_size: int = 0, loss_kernel: str = "xla",
-               cast_once: bool = False, reduce_once: bool = True):
+               cast_once: bool = False, reduce_once: bool = True,
+               schedule=None):
   """One iteration over batch = {x, y: [accum_steps * B, T] int32}.
 
   Rows are grouped as [B, accum_steps]: each device's contiguous rows hold
@@ -185,6 +186,8 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   The loss of each micro-batch is divided by accum_steps and the gradients
   summed, as nanoGPT does. `cast_once` (GPUs): the weights' compute-dtype
   copies are made before the micro-batch loop, not in every micro-step.
+  `schedule` (`learning_rate_schedule`): the `lr` metric, the rate `tx`
+  gives this iteration.
   """
   def split(a):  # this device's (or the mesh's) rows into micro-batches
     rows, length = a.shape
@@ -301,8 +304,11 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   }
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state)
-  return state_lib.skip_nonfinite(state, new_state, metrics, ok,
-                                  guarded=("params", "opt_state"))
+  new_state, metrics = state_lib.skip_nonfinite(
+      state, new_state, metrics, ok, guarded=("params", "opt_state"))
+  if schedule is not None:
+    metrics["lr"] = state_lib.learning_rate(schedule, state.opt_state)
+  return new_state, metrics
 
 
 def eval_step(state, batch, *, model: gpt.GPT):

@@ -102,8 +102,13 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state, ema_params=ema_params,
                             puzzle_emb=puzzle_emb, carry=new_carry)
-  return state_lib.skip_nonfinite(state, new_state, metrics, ok,
-                                  guarded=("puzzle_emb",))
+  new_state, metrics = state_lib.skip_nonfinite(state, new_state, metrics, ok,
+                                               guarded=("puzzle_emb",))
+  metrics["lr"] = state_lib.learning_rate(
+      optim.lr_schedule(optim_config.lr, optim_config.warmup_steps,
+                        total_steps, optim_config.lr_min_ratio),
+      state.opt_state)
+  return new_state, metrics
 
 
 def eval_step(state: TrainState, batch, *, model: trm_model.TRM,
