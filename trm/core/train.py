@@ -360,14 +360,28 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     writer.write_scalars(start_step, {key: seconds})
     return step_fn
 
+  # The best held-out loss so far (what always_save_checkpoint=False must
+  # beat), the checkpoint's own record first: the step resumed from may have
+  # been saved on preemption, with no evaluation (and no eval file) of its
+  # own.
+  best_loss = ckpt_lib.saved_best_loss(manager, start_step)
+  if best_loss is None:
+    best_loss = _saved_eval_loss(workpath, start_step)
+  if from_initial_state and task.initial_best_loss is not None:
+    best_loss = task.initial_best_loss
   # always_save_checkpoint=False keeps only improving steps: a run whose
   # final evaluation (eval_<total_steps>.json, written after its last step)
   # did not improve ended without a checkpoint there, and a rerun trained
-  # the steps since its best one again, every time.
+  # the steps since its best one again, every time. One that did improve
+  # but was killed while saving it is not finished: it trains them again
+  # (before, it ended on its older checkpoint and called the better loss
+  # not below the best).
   final_record = workpath / f"eval_{config.total_steps}.json"
   ended_unsaved = (not config.always_save_checkpoint
                    and start_step < config.total_steps
-                   and final_record.exists())
+                   and final_record.exists()
+                   and not _saved_eval_loss(workpath, config.total_steps)
+                   < best_loss)
   finished = start_step >= config.total_steps or ended_unsaved
   if not finished:
     train_step = build_train_step()
@@ -510,13 +524,6 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # nanoGPT's always_save_checkpoint=False: save only when the held-out loss
   # improves on the best so far (that of the checkpoint resumed from).
   save_improved_only = not config.always_save_checkpoint
-  # The checkpoint's own record first: the step resumed from may have been
-  # saved on preemption, with no evaluation (and no eval file) of its own.
-  best_loss = ckpt_lib.saved_best_loss(manager, start_step)
-  if best_loss is None:
-    best_loss = _saved_eval_loss(workpath, start_step)
-  if from_initial_state and task.initial_best_loss is not None:
-    best_loss = task.initial_best_loss
   evaluated_at = None
   # Read before any evaluation, on every process: process 0 clears the mark
   # once the evaluation is done (`record_redone_eval`, collective).

@@ -270,6 +270,40 @@ def test_a_rerun_after_an_unsaved_last_step_is_finished(data_root, tmp_path,
   assert int(state.step) == 30
 
 
+def test_a_better_last_step_killed_while_saving_is_trained_again(
+    data_root, tmp_path, monkeypatch):
+  """always_save_checkpoint=False: the last step improved, its
+  eval_<step>.json was written and the run was killed while saving it. The
+  rerun took the record for an unsaved step that did not improve: it ended
+  on the older checkpoint (step 2 and its worse loss as the final
+  evaluation), logging that step 4's loss was not below the best."""
+  config = tiny_config(data_root, max_iters=4, lr_decay_iters=4,
+                       eval_interval=2, always_save_checkpoint=False,
+                       eval_at_start=False)
+  real_save = train.ckpt_lib.save
+
+  class Killed(Exception):
+    pass
+
+  def killed_at_4(manager, step, *args, **kwargs):
+    if step == 4:
+      raise Killed(step)  # as a SIGKILL during the save
+    return real_save(manager, step, *args, **kwargs)
+
+  monkeypatch.setattr(train.ckpt_lib, "save", killed_at_4)
+  with pytest.raises(Killed):
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
+  monkeypatch.undo()
+  assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["2"]
+  recorded = _eval(str(tmp_path), 4)["eval/loss"]
+  assert recorded < _eval(str(tmp_path), 2)["eval/loss"]  # the premise
+  state, results = train.train_and_evaluate(config, str(tmp_path),
+                                            families.build_task)
+  assert int(state.step) == 4 and results["eval/loss"] == recorded
+  assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == [
+      "2", "4"]
+
+
 def sample_two(workdir):
   """`trm.sample` from a workdir: two samples that continue 'ROMEO:'."""
   result = subprocess.run(
