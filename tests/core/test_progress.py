@@ -24,14 +24,14 @@ class _Clock:
     return self.now
 
 
-def _run(report_cls, monkeypatch):
+def _run(report_cls, monkeypatch, **kwargs):
   """10 steps of 0.1 s, a 5 s evaluation after step 5; the steps/s reported
-  at step 10 (`every_steps=5`)."""
+  at step 10 (`every_steps=5`). `kwargs` go to `report_cls`."""
   clock = _Clock()
   monkeypatch.setattr(time, "monotonic", clock)
   writer = _Recorder()
   report = report_cls(num_train_steps=100, writer=writer, every_steps=5,
-                      every_secs=None)
+                      every_secs=None, **kwargs)
   report(0)
   for step in range(1, 11):
     clock.now += 0.1
@@ -49,6 +49,14 @@ def test_eval_time_is_not_step_time(monkeypatch):
   assert abs(rates[5] - 10.0) < 1e-6
   assert abs(rates[10] - 10.0) < 1e-6  # 5 steps in 0.5 s of training
   assert abs(report._time_per_part["eval"] - 5.0) < 1e-6  # still reported
+
+
+def test_examples_per_sec_is_the_step_rate_times_the_batch(monkeypatch):
+  """Nothing reported examples/s before (CLU's hook has no batch size)."""
+  _, report = _run(progress.TrainProgress, monkeypatch, examples_per_step=64)
+  rates = {step: s["examples_per_sec"] for step, s in report._writer.scalars}
+  assert list(rates) == [5, 10]
+  assert abs(rates[10] - 640.0) < 1e-6  # 5 steps of 64 in 0.5 s of training
 
 
 def test_clu_counts_eval_as_step_time(monkeypatch):

@@ -10,7 +10,8 @@ every-`every_secs` cadence.
 The report is a log line of its own, "step 120/1000 (12.0%), 3.2 steps/s,
 ETA 4m35s, 12.0% eval" (CLU's sets a work unit's notes, which a local run
 logs as "Setting work unit notes: ..."), plus the `steps_per_sec` and
-`uptime` scalars at that step.
+`uptime` scalars at that step, and `examples_per_sec` (steps/s times the
+examples each step trains on) when the examples per step are given.
 """
 from __future__ import annotations
 
@@ -59,6 +60,10 @@ class TrainProgress(periodic_actions.ReportProgress):
   """`ReportProgress` with `timed` blocks left out of the step rate, and
   its report as a log line of our own."""
 
+  def __init__(self, *, examples_per_step: int | None = None, **kwargs):
+    super().__init__(**kwargs)
+    self._examples_per_step = examples_per_step
+
   def _apply(self, step: int, t: float):
     steps_per_sec = (step - self._previous_step) / (t - self._previous_time)
     uptime = time.monotonic() - self._t0
@@ -66,8 +71,10 @@ class TrainProgress(periodic_actions.ReportProgress):
                                      steps_per_sec, self._time_per_part,
                                      uptime))
     if self._writer is not None:
-      self._writer.write_scalars(step, {"steps_per_sec": steps_per_sec,
-                                        "uptime": uptime})
+      scalars = {"steps_per_sec": steps_per_sec, "uptime": uptime}
+      if self._examples_per_step:
+        scalars["examples_per_sec"] = steps_per_sec * self._examples_per_step
+      self._writer.write_scalars(step, scalars)
 
   @contextlib.contextmanager
   def timed(self, name: str, barrier=None):  # pylint: disable=arguments-renamed

@@ -517,7 +517,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # ----------------------------------------------------------------- loop
   # Its steps/s and ETA leave out the evaluations and saves it times.
   report = progress.TrainProgress(
-      num_train_steps=config.total_steps, writer=writer, every_secs=30)
+      num_train_steps=config.total_steps, writer=writer, every_secs=30,
+      examples_per_step=config.global_batch_size)
   hooks = [report] if is_main else []
   train_metrics, pending, results = None, None, {}
   step = start_step
