@@ -489,3 +489,27 @@ def test_a_tool_stopped_by_sigterm_does_not_exit_0(tool, required):
   (line,) = result.stderr.strip().splitlines()
   assert line.startswith(f"{tool}: stopped by SIGTERM before "), line
   assert "training" not in line, line
+
+
+def test_help_lists_the_flags_that_shared_helpers_define(monkeypatch):
+  """`python -m trm.data.puzzles.sudoku --help` listed --num_aug,
+  --num_blanks and --seed only: the README's --output_dir (required),
+  --source and --num_train come from builder_cli, and absl's --help shows
+  only the main module's own flags (trm.evaluate's sampling flags, defined
+  in trm.generate, were missing the same way)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from trm.data.puzzles import sudoku  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FlagValues()
+  sudoku.define_flags(flag_values)
+  monkeypatch.setattr(sys, "argv", [sudoku.__name__])
+  cli.show_shared_flags(flag_values=flag_values)
+  shown = flag_values.main_module_help()
+  for name in ("output_dir", "source", "csv_dir", "num_train",
+               "subsample_size", "num_aug"):
+    assert f"--{name}:" in shown, name
+  # A tool without the compilation cache (trm.aot) does not offer its flags.
+  monkeypatch.setattr(sys, "argv", ["trm.a_tool_without_a_cache"])
+  cli.show_shared_flags(compilation_cache=False)
+  shown = flags.FLAGS.main_module_help()
+  assert "traceback: On an input error" in shown
+  assert "--compilation_cache" not in shown

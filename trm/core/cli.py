@@ -404,6 +404,27 @@ def check_output_dir(path: str, flag: str = "--output_dir") -> str:
   return path
 
 
+def show_shared_flags(compilation_cache: bool = True,
+                      flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Makes the flags that trm modules define for the running tool key flags
+  of its main module, so that `--help` lists them.
+
+  absl's --help shows only the flags defined in the main module itself, so
+  a builder's --output_dir and --source (`builder_cli`), trm.evaluate's
+  sampling flags (defined in trm.generate), --traceback and the pod flags
+  were listed by --helpfull alone, among absl's own. The compilation-cache
+  flags stay out where the tool does not use the cache (trm.aot)."""
+  main_module = sys.argv[0]
+  hidden = set() if compilation_cache else {_COMPILATION_CACHE.name,
+                                             _COMPILATION_CACHE_MAX_GB.name}
+  for module, module_flags in flag_values.flags_by_module_dict().items():
+    if module == main_module or not module.startswith("trm."):
+      continue
+    for flag in module_flags:
+      if flag.name not in hidden:
+        flag_values.register_key_flag_for_module(main_module, flag)
+
+
 def run(main, compilation_cache: bool = True,
         stopped_line: str | None = None) -> None:
   """`app.run(main)` with the shared flag parser, one-line errors, signal
@@ -420,6 +441,7 @@ def run(main, compilation_cache: bool = True,
   if stopped_line is not None:
     _STOPPED_LINE = stopped_line
     EXIT_CODES[signal.SIGTERM] = 128 + signal.SIGTERM
+  show_shared_flags(compilation_cache)
   default_to_cpu()
   install_signal_handlers()
   _quiet_closed_loop_callbacks()
