@@ -458,3 +458,18 @@ def test_negative_batch_size_is_refused(tmp_path):
                    "--batch_size=-1")
   assert result.returncode != 0
   assert "--batch_size=-1: must be >= 0" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("flag, args", [
+    ("--workdir", ("resume", "gs://b/run", None)),
+    ("--checkpoint", ("resume", None, "gs://b/out/ckpt.pt")),
+    ("--checkpoint", ("gpt2", None, "gs://b/gpt2"))])
+def test_an_object_store_path_is_refused_naming_the_flag(flag, args):
+  """A pod run's workdir is a gs:// bucket (README); trm.sample said its
+  config.json "does not exist", as if it were no trm.main run. It now says
+  what trm.generate, trm.evaluate and trm.export say: copy it to a local
+  disk."""
+  with pytest.raises(weights_io.CheckpointError,
+                     match=f"{flag}='gs://b/.*' is an object-store path; "
+                     ".* read from a local disk"):
+    sample.load_model(*args, ctx=None)

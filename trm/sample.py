@@ -198,6 +198,7 @@ def check_prompt_ids(prompt, vocab_size: int, codec, data_dir) -> None:
 def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
                ctx):
   """(GPTConfig, params on `ctx.mesh`, default meta.json dir, description)."""
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import task as gpt_task  # pylint: disable=g-import-not-at-top
@@ -207,6 +208,13 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
         "n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")})
     return cfg, ctx.boxed_shardings(lambda: gpt.abstract_params(cfg))[1]
 
+  # Read with os and torch from a local disk, as trm.generate, trm.evaluate
+  # and trm.export read theirs; a pod run's gs:// workdir was said not to
+  # hold its config.json.
+  if workdir and not checkpoint:
+    weights_io.check_local(workdir, "--workdir", "trm.main workdirs are")
+  if checkpoint:
+    weights_io.check_local(checkpoint, "--checkpoint", "checkpoints are")
   if init_from.startswith("gpt2"):
     if not checkpoint:
       raise app.UsageError(
