@@ -513,3 +513,17 @@ def test_help_lists_the_flags_that_shared_helpers_define(monkeypatch):
   shown = flags.FLAGS.main_module_help()
   assert "traceback: On an input error" in shown
   assert "--compilation_cache" not in shown
+
+
+def test_a_package_tool_is_named_as_typed(monkeypatch):
+  """`python -m trm.data.tfds_builders` errors began
+  'trm.data.tfds_builders.__main__: error: ...'."""
+  import importlib.machinery  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  main = types.ModuleType("__main__")
+  main.__spec__ = importlib.machinery.ModuleSpec(
+      "trm.data.tfds_builders.__main__", None)
+  monkeypatch.setitem(sys.modules, "__main__", main)
+  assert cli.tool_name() == "trm.data.tfds_builders"
+  main.__spec__ = importlib.machinery.ModuleSpec("trm.main", None)
+  assert cli.tool_name() == "trm.main"

@@ -77,7 +77,9 @@ def tool_name() -> str:
   """'trm.main' for `python -m trm.main`, else the script's name."""
   spec = getattr(sys.modules.get("__main__"), "__spec__", None)
   if spec is not None and spec.name:
-    return spec.name
+    # A package run as `python -m trm.data.tfds_builders` runs its
+    # __main__ module: name it as it was typed.
+    return spec.name.removesuffix(".__main__")
   name = os.path.basename(sys.argv[0] or "trm")
   if name in ("__main__.py", "-c", ""):
     name = "trm"
