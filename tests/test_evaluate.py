@@ -104,6 +104,26 @@ def test_a_runs_own_dataset_is_read_not_rebuilt(trained, tmp_path,
       for d, _, files in os.walk(data_dir) for f in files}
 
 
+def test_a_runs_dataset_built_otherwise_is_never_advised_away(trained,
+                                                              tmp_path):
+  """The run's own dataset, built with other data.build values than the
+  config given: the builder's line said "Delete DIR to rebuild it", which
+  here deleted the run's training data (and evaluated another dataset).
+  Now it names the run and says to keep it."""
+  config, workdir, _, _ = trained
+  data_dir = config.data.data_dir
+  other = config_lib.set_values(copy.deepcopy(config), {
+      "data.data_dir": "", "data.build.num_train": 300})
+  with pytest.raises(builds.DatasetArgumentsError) as error:
+    evaluate.evaluate_checkpoint(other, workdir, str(tmp_path / "eval"))
+  text = str(error.value)
+  assert text.startswith(f"{workdir} trained on {data_dir}, built with "
+                         "other arguments than this config asks: "
+                         "config.data.build.num_train=300 (built with 256)")
+  assert "Delete" not in text and f"keep {data_dir}" in text
+  assert os.path.isdir(data_dir)
+
+
 def test_which_dataset_evaluate_reads(trained, tmp_path, monkeypatch):
   """A workdir whose config.json leaves data_dir unset trained on
   <workdir>/data; an unbuilt one, or no workdir, builds under output_dir."""

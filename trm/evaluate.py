@@ -83,6 +83,7 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
   from trm.core import train  # pylint: disable=g-import-not-at-top
+  from trm.data.puzzles import builds  # pylint: disable=g-import-not-at-top
 
   family = families.task(config.model.name)
   if not hasattr(family, "load_eval_state"):
@@ -95,9 +96,22 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
   ctx.check_batch_size(config.data.eval_batch_size, "data.eval_batch_size")
   # A trm.main workdir's own dataset is read where it lies, never rebuilt.
   data_dir = family.run_data_dir(config, checkpoint, output_dir)
+  runs_own = not config.data.data_dir and not cli.within(data_dir, output_dir)
   config = config_lib.set_values(copy.deepcopy(config),
                                  {"data.data_dir": data_dir})
-  task = family.build(config, output_dir, ctx)
+  try:
+    task = family.build(config, output_dir, ctx)
+  except builds.DatasetArgumentsError as e:
+    if not (runs_own and e.differences):
+      raise
+    # The builder's advice ("Delete DIR to rebuild it") would delete the
+    # run's training data here, and evaluate another dataset.
+    raise builds.DatasetArgumentsError(
+        f"{checkpoint} trained on {data_dir}, built with other arguments "
+        f"than this config asks: {e.differences} (recorded in {e.record}). "
+        "Evaluate with the recorded values (the run's config.json holds "
+        "them), or pass --config.data.data_dir=DIR for another dataset; "
+        f"keep {data_dir}: it is the run's training data.") from None
   program = task.program
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   state, source = family.load_eval_state(checkpoint, program, abstract,

@@ -44,7 +44,13 @@ SPLITS = ("train", "test")
 
 
 class DatasetArgumentsError(ValueError):
-  """A complete dataset on disk was built with other arguments."""
+  """A complete dataset on disk was built with other arguments: `differences`
+  names them (empty when the record itself is unreadable), `record` is
+  its build_info.json."""
+
+  def __init__(self, message: str, differences: str = "", record: str = ""):
+    super().__init__(message)
+    self.differences, self.record = differences, record
 
 
 def build_args(signature, builder: str, **build_kwargs) -> dict:
@@ -202,7 +208,8 @@ def check_recorded_args(output_dir: str, wanted: dict, derived=("counts",),
   raise DatasetArgumentsError(
       f"Dataset {output_dir} was built with other arguments than asked: "
       f"{shown} (recorded in {path}). Delete {output_dir} to rebuild it, set "
-      f"those arguments to the recorded values, or use {elsewhere}.")
+      f"those arguments to the recorded values, or use {elsewhere}.",
+      differences=shown, record=path)
 
 
 def ensure_built(output_dir: str, build_dataset: Callable,
