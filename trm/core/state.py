@@ -54,18 +54,23 @@ class Counter(clu_metrics.Metric):
     return self.value
 
 
-def learning_rate(schedule, opt_state) -> Counter:
+def learning_rate(schedule, opt_state) -> Counter | None:
   """The `lr` metric: `schedule` at the count the optimizer's own schedule
   reads (optax's `ScaleByScheduleState`, else the state's `count`, as
   AdamATan2's), before this step's update, so the logged rate is the one
   the step's update used (upstream TRM's train/lr, nanoGPT's
-  get_lr(iter_num)); the interval's last step's, as those logs show."""
+  get_lr(iter_num)); the interval's last step's, as those logs show. None
+  for an optimizer that keeps no step count (e.g. a plain `optax.sgd`
+  swapped in by a benchmark): there is no rate of its schedule to log."""
   def is_schedule(node):
     return isinstance(node, optax.ScaleByScheduleState)
 
   found = [n for n in jax.tree.leaves(opt_state, is_leaf=is_schedule)
            if is_schedule(n)]
-  count = found[0].count if found else opt_state.count
+  # getattr on a state without the field finds e.g. tuple.count, a method.
+  count = found[0].count if found else getattr(opt_state, "count", None)
+  if not hasattr(count, "dtype"):
+    return None
   return Counter(jnp.asarray(schedule(count), jnp.float32),
                  jnp.ones((), jnp.int32))
 

@@ -642,8 +642,10 @@ def test_fallback_without_namespaces_warns_once(monkeypatch, caplog):
     (["--score_only=/nonexistent/samples.jsonl"],
      "--score_only=/nonexistent/samples.jsonl: no such file"),
     (["--score_only=configs"], "--score_only=configs: a samples JSONL file"),
-    (["--score_only=configs/diffucoder_7b.py"],
-     "--score_only=configs/diffucoder_7b.py line 1: not JSON"),
+    (["--score_only=setup.py"], "--score_only=setup.py line 1: not JSON"),
+    # The samples file is rewritten with the scores: never over --config.
+    (["--score_only=configs/diffucoder_7b.py"], "the samples file "
+     "configs/diffucoder_7b.py is --config=configs/diffucoder_7b.py"),
     (["--benchmark=mbpp"], "--benchmark=mbpp needs --benchmark_path"),
     (["--benchmark=mbpp", "--benchmark_path=/nonexistent/mbpp.jsonl"],
      "--benchmark_path=/nonexistent/mbpp.jsonl: no such file"),

@@ -90,8 +90,10 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
                             opt_state=opt_state)
   new_state, metrics = state_lib.skip_nonfinite(
       state, new_state, metrics, state_lib.all_finite(loss, grads))
-  if schedule is not None:
-    metrics["lr"] = state_lib.learning_rate(schedule, state.opt_state)
+  lr = (state_lib.learning_rate(schedule, state.opt_state)
+        if schedule is not None else None)
+  if lr is not None:
+    metrics["lr"] = lr
   return new_state, metrics
 
 
