@@ -23,14 +23,20 @@ def shift_and_divide(logits, temperature):
                    shifted / temperature)
 
 
+def overflowed_rows(values, scaled):
+  """[..., 1]: whether a row of `scaled` (values over a temperature) holds
+  an inf or NaN where `values` was finite: the quotient left the range."""
+  return jnp.any(~jnp.isfinite(scaled) & jnp.isfinite(values), axis=-1,
+                 keepdims=True)
+
+
 def divide_unless_overflow(logits, temperature):
   """logits / temperature as written (a reference's own rounding, e.g. in
   bfloat16), except in rows where that quotient leaves the float range
   (a finite logit becomes inf or NaN): those rows get `shift_and_divide`.
   The extra pass over the vocabulary runs only when some row overflows."""
   scaled = logits / temperature
-  overflow = jnp.any(~jnp.isfinite(scaled) & jnp.isfinite(logits), axis=-1,
-                     keepdims=True)
+  overflow = overflowed_rows(logits, scaled)
   return jax.lax.cond(
       jnp.any(overflow),
       lambda: jnp.where(overflow, shift_and_divide(logits, temperature),

@@ -10,6 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trm.nn import temperature as temperature_lib
+
+
 def _timesteps(steps: int, eps: float) -> np.ndarray:
   """torch.linspace(1, eps, steps+1) float32, bit-exact to torch's CPU kernel.
 
@@ -96,8 +99,7 @@ def reveal_scores(conf, alg_temp, key):
   # the limit of alg_temp -> 0 (as alg_temp=0); the reference (float32
   # quotient) picks the most confident first there too, or raises once
   # every masked quotient overflows.
-  overflow = jnp.any(~jnp.isfinite(scaled) & jnp.isfinite(conf), axis=-1,
-                     keepdims=True)
+  overflow = temperature_lib.overflowed_rows(conf, scaled)
   return jnp.where(overflow, conf.astype(jnp.float32), scores)
 
 

@@ -251,20 +251,14 @@ def _top_k_crop(scaled, top_k: int | None):
   return jnp.where(scaled < kth, -jnp.inf, scaled)
 
 
-def _divide(logits, temperature):
-  """logits / temperature with each row's largest logit moved to 0 first
-  (`trm.nn.temperature.shift_and_divide`): a temperature so small that a
-  logit over it passes float32's range (1e-38) no longer makes every
-  positive logit +inf (of which the first id, not the likeliest, was
-  drawn), which is greedy."""
-  return temperature_lib.shift_and_divide(logits, temperature)
-
-
 def sampling_probs(logits, temperature: float, top_k: int | None = None):
   """The distribution `generate` draws each token from (temperature > 0):
   softmax of the float32 logits [..., V] divided by `temperature`, after
   the top-k crop; the same pieces as the draw."""
-  scaled = _divide(logits.astype(jnp.float32), jnp.float32(temperature))
+  # Each row's largest logit moved to 0 first: a temperature past float32's
+  # range made every positive logit +inf, and the first id was drawn.
+  scaled = temperature_lib.shift_and_divide(logits.astype(jnp.float32),
+                                            jnp.float32(temperature))
   return jax.nn.softmax(_top_k_crop(scaled, top_k), axis=-1)
 
 
@@ -281,10 +275,12 @@ def _sample(logits, key, temperature, top_k: int | None,
   if isinstance(temperature, (int, float)) and temperature == 0:
     return greedy
   if isinstance(temperature, (int, float)):
-    scaled = _divide(logits, jnp.float32(temperature))
+    scaled = temperature_lib.shift_and_divide(logits,
+                                              jnp.float32(temperature))
   else:  # traced: 0 still means greedy
     temperature = jnp.asarray(temperature, jnp.float32)
-    scaled = _divide(logits, jnp.where(temperature == 0, 1.0, temperature))
+    scaled = temperature_lib.shift_and_divide(
+        logits, jnp.where(temperature == 0, 1.0, temperature))
   sampled = jax.random.categorical(key, _top_k_crop(scaled, top_k),
                                    axis=-1).astype(jnp.int32)
   if isinstance(temperature, (int, float)):
