@@ -435,10 +435,11 @@ def run(main, compilation_cache: bool = True,
   compile-only TPU programs), and no libtpu start-up on hosts without an
   accelerator.
 
-  stopped_line: for a tool whose output is its whole result (trm.export),
-  the line a stop signal prints ({tool}, {name}); SIGTERM then exits 143
-  (128 + 15), not 0: a script's `trm.export ... && upload OUT` went on
-  after an export a scheduler or `timeout` had stopped."""
+  stopped_line: for every tool but trm.main (which saves on SIGTERM and
+  exits 0 for its scheduler to restart it), the line a stop signal prints
+  ({tool}, {name}); SIGTERM then exits 143 (128 + 15), not 0: a script's
+  `trm.export ... && upload OUT` went on after an export a scheduler or
+  `timeout` had stopped."""
   global _STOPPED_LINE
   if stopped_line is not None:
     _STOPPED_LINE = stopped_line
