@@ -57,6 +57,34 @@ def test_keep_n_never_deletes_the_best_step(tmp_path):
   assert _steps(tmp_path) == [30]
 
 
+def test_cpu_saves_copy_replicated_arrays_whole(tmp_path, monkeypatch):
+  # Orbax's replica-parallel save cuts a replicated array into one slice
+  # per device, each a dispatched op, to copy host memory to itself.
+  from orbax.checkpoint._src.serialization import replica_slices  # pylint: disable=g-import-not-at-top
+  modes = []
+  real = replica_slices.transfer_arrays_to_host
+
+  def spy(arrays, replica_id, use_replica_parallel, *args, **kwargs):
+    modes.append(use_replica_parallel)
+    return real(arrays, replica_id, use_replica_parallel, *args, **kwargs)
+
+  monkeypatch.setattr(replica_slices, "transfer_arrays_to_host", spy)
+  mesh = jax.make_mesh((8,), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  replicated = jax.device_put(
+      jnp.arange(64.0).reshape(8, 8),
+      jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
+                                  async_save=False)
+  ckpt_lib.save(manager, 1, {"w": replicated}, _Iterator())
+  assert modes and not any(modes), modes
+  restored = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1).restore(
+      1, args=ckpt_lib.ocp.args.Composite(
+          state=ckpt_lib.ocp.args.StandardRestore({"w": replicated}),
+          data_iter=ckpt_lib.ocp.args.JsonRestore()))
+  np.testing.assert_array_equal(restored.state["w"], replicated)
+
+
 def test_the_best_step_survives_a_reopened_manager(tmp_path):
   """A resumed run opens a new manager: it must still know each step's
   held-out loss, or keep-N deletes the best step at the next save (Orbax

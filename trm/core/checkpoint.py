@@ -96,6 +96,29 @@ _ALGORITHM = "fmix32x2-sum-v1"
 _METADATA_FILE = "_CHECKPOINT_METADATA"
 
 
+def _no_replica_parallel_saves_on_cpu() -> None:
+  """Orbax's replica-parallel save splits every replicated array into one
+  slice per replica, each cut by a separately dispatched (and, per new
+  shape, compiled) slice op, so that the replicas' hosts share the copy to
+  host memory. On XLA:CPU every device is host memory already, so the cuts
+  only cost: 1,764 of them, about 4 of the 27 s of a 24-step tiny TRM run
+  on 8 CPU devices (BUILD_NOTES "Session 63"). Orbax turns it off itself
+  on GPU; here it is off on CPU too, by the same ArrayHandler Orbax
+  registers by default. Each array is then written by the process holding
+  its replica 0, as on GPU."""
+  if jax.default_backend() != "cpu":
+    return
+  from orbax.checkpoint._src.metadata import array_metadata_store  # pylint: disable=g-import-not-at-top
+  handler = ocp.type_handlers.get_type_handler(jax.Array)
+  if (type(handler) is not ocp.type_handlers.ArrayHandler  # a user's own
+      or not getattr(handler, "_use_replica_parallel", True)):
+    return
+  ocp.type_handlers.register_type_handler(
+      jax.Array, ocp.type_handlers.ArrayHandler(
+          array_metadata_store=array_metadata_store.Store(),
+          use_replica_parallel=False), override=True)
+
+
 def make_manager(directory: str, *, max_to_keep: int,
                  async_save: bool = True) -> ocp.CheckpointManager:
   """Keeps the newest `max_to_keep` steps plus the step with the lowest
@@ -103,6 +126,7 @@ def make_manager(directory: str, *, max_to_keep: int,
   can never push the best checkpoint out."""
   from orbax.checkpoint.checkpoint_managers import preservation_policy as pp  # pylint: disable=g-import-not-at-top
   check_saved_metrics(directory)
+  _no_replica_parallel_saves_on_cpu()
   keep = pp.AnyPreservationPolicy([
       pp.LatestN(n=max_to_keep),
       pp.BestN(get_metric_fn=_eval_loss, reverse=True,
