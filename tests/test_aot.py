@@ -295,6 +295,9 @@ def test_compile_only_devices_have_the_slices_wraparound_links(
   assert asked["wrap"] == wrap
 
 
+# `slow` (a 64-chip compile): the wraparound links it needs are what
+# test_compile_only_devices_have_the_slices_wraparound_links checks.
+@pytest.mark.slow
 def test_fsdp_weights_are_all_gathered_on_a_v4_128_torus():
   """On the torus XLA:TPU gathers FSDP weights with all-gathers; compiled
   for a 4x4x4 mesh without wraparound it used all-reduces of zero-padded

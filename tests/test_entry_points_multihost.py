@@ -137,12 +137,12 @@ def test_two_processes_do_what_one_does(tmp_path):
   trm_config = tiny_config(**{"data.data_dir": sudoku})
   puzzle.prepare_data(trm_config, sudoku)
   trm_run = _write_checkpoint(trm_config, str(tmp_path / "trm_run"))
+  # trm.generate of the Hugging Face checkpoint is the pair of what the
+  # script above (that checkpoint over both processes) and trm.evaluate of
+  # it and trm.generate of a workdir (the command line) each cover.
   tools = {
-      "generate": ["-m", "trm.generate", f"--checkpoint={checkpoint}",
-                   f"--batch_file={prompts}", "--max_new_tokens=8",
-                   "--steps=4", "--dtype=float32"],
-      # The same from a trm.main workdir: its checkpoint restored over the
-      # processes' devices.
+      # A trm.main workdir: its checkpoint restored over the processes'
+      # devices.
       "generate_workdir": ["-m", "trm.generate", f"--checkpoint={workdir}",
                            "--config=configs/diffucoder_7b.py:tiny",
                            f"--batch_file={prompts}", "--max_new_tokens=8",
@@ -162,7 +162,7 @@ def test_two_processes_do_what_one_does(tmp_path):
           f"--checkpoint={trm_run}", "--output_dir={out}",
           f"--config.data.data_dir={sudoku}", "--config.model.hidden_size=32",
           "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
-          "--config.model.halt_max_steps=2",
+          "--config.model.halt_max_steps=2", "--config.model.L_layers=1",
           "--config.data.build.num_train=256",
           "--config.data.build.num_test=32",
           "--config.data.build.num_blanks=30",

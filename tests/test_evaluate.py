@@ -174,7 +174,7 @@ def test_cli_prints_the_paper_metric(trained, tmp_path):
        "--config=configs/trm_sudoku.py:cpu", f"--checkpoint={workdir}",
        f"--output_dir={tmp_path}", "--config.model.hidden_size=32",
        "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
-       "--config.model.halt_max_steps=2",
+       "--config.model.halt_max_steps=2", "--config.model.L_layers=1",
        f"--config.data.data_dir={config.data.data_dir}",
        # The dataset's build arguments: other ones are refused (issue 25).
        "--config.data.build.num_train=256", "--config.data.build.num_test=32",

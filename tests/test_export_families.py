@@ -248,7 +248,8 @@ def trm_run(tmp_path_factory):
   flags = ["--config=configs/trm_sudoku.py:cpu",
            f"--config.data.data_dir={data}", "--config.model.hidden_size=32",
            "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
-           "--config.model.halt_max_steps=2", f"--checkpoint={workdir}"]
+           "--config.model.halt_max_steps=2", "--config.model.L_layers=1",
+           f"--checkpoint={workdir}"]
   return config, state, flags, root
 
 

@@ -592,8 +592,10 @@ def test_a_full_disk_is_one_line_and_loses_nothing(small_disk, tmp_path):
   from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
   from test_train import ROOT  # pylint: disable=g-import-not-at-top
   from test_train import tiny_config as trm_config  # pylint: disable=g-import-not-at-top
+  # Two layers: `small_disk` holds one such checkpoint, not two.
   config = trm_config(**{"data.data_dir": str(tmp_path / "data"),
-                         "mesh.data": 1, "mesh.fsdp": 1, "mesh.model": 1})
+                         "mesh.data": 1, "mesh.fsdp": 1, "mesh.model": 1,
+                         "model.L_layers": 2})
   workdir = small_disk / "run"
   command = [sys.executable, "-m", "trm.main",
              "--config=configs/trm_sudoku.py:cpu", f"--workdir={workdir}"

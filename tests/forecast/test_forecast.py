@@ -20,7 +20,29 @@ V4_8 = topology.parse_topology("v4-8")
 
 # Compiles to compile-only TPU devices, whose executables the session's
 # compilation cache cannot load back (JAX warns, then compiles again).
-pytestmark = pytest.mark.usefixtures("no_compilation_cache")
+pytestmark = pytest.mark.usefixtures("no_compilation_cache",
+                                      "compiled_rows_once")
+
+
+@pytest.fixture(scope="module")
+def compiled_rows_once():
+  """Each distinct row (config, topology, slices, shapes, batch, mesh) is
+  compiled once for the whole file: several tests forecast the tiny GPT's
+  rows of `tiny_rows` again (libtpu takes 5-10 s a row on the 2-core host).
+  A row is a pure function of those arguments."""
+  real, rows = plan.compile_row, {}
+
+  def compile_row(config, topology_, slices, shapes, global_batch,
+                  mesh=None):
+    key = (config.to_json_best_effort(sort_keys=True), repr(topology_),
+           slices, repr(shapes), global_batch, repr(mesh))
+    if key not in rows:
+      rows[key] = real(config, topology_, slices, shapes, global_batch, mesh)
+    return rows[key]
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(plan, "compile_row", compile_row)
+    yield
 
 
 def tiny_gpt():
@@ -34,7 +56,7 @@ def tiny_gpt():
 
 
 @pytest.fixture(scope="module")
-def tiny_rows():
+def tiny_rows(compiled_rows_once):  # pylint: disable=unused-argument
   lines = []
   rows, efficiency, source = plan.forecast(
       tiny_gpt(), V4_8, [1, 2], efficiency=0.5, report=lines.append)
