@@ -137,9 +137,9 @@ def test_two_processes_do_what_one_does(tmp_path):
   trm_config = tiny_config(**{"data.data_dir": sudoku})
   puzzle.prepare_data(trm_config, sudoku)
   trm_run = _write_checkpoint(trm_config, str(tmp_path / "trm_run"))
-  # trm.generate of the Hugging Face checkpoint is the pair of what the
-  # script above (that checkpoint over both processes) and trm.evaluate of
-  # it and trm.generate of a workdir (the command line) each cover.
+  # No trm.generate of the Hugging Face checkpoint: loading it over both
+  # processes is the script's above, and trm.evaluate below loads it by
+  # the command line; trm.generate's own command line is the workdir's.
   tools = {
       # A trm.main workdir: its checkpoint restored over the processes'
       # devices.

@@ -75,6 +75,14 @@ def learning_rate(schedule, opt_state) -> Counter | None:
                  jnp.ones((), jnp.int32))
 
 
+def add_learning_rate(metrics: dict, schedule, opt_state) -> None:
+  """metrics["lr"] = `learning_rate`, unless there is no schedule (None) or
+  no rate of it to log."""
+  lr = None if schedule is None else learning_rate(schedule, opt_state)
+  if lr is not None:
+    metrics["lr"] = lr
+
+
 def skip_nonfinite(state, new_state, metrics: dict, ok, guarded=()):
   """The update guard both model families' train steps end with.
 

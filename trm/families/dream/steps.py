@@ -90,10 +90,7 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
                             opt_state=opt_state)
   new_state, metrics = state_lib.skip_nonfinite(
       state, new_state, metrics, state_lib.all_finite(loss, grads))
-  lr = (state_lib.learning_rate(schedule, state.opt_state)
-        if schedule is not None else None)
-  if lr is not None:
-    metrics["lr"] = lr
+  state_lib.add_learning_rate(metrics, schedule, state.opt_state)
   return new_state, metrics
 
 

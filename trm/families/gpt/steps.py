@@ -306,10 +306,7 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
                             opt_state=opt_state)
   new_state, metrics = state_lib.skip_nonfinite(
       state, new_state, metrics, ok, guarded=("params", "opt_state"))
-  lr = (state_lib.learning_rate(schedule, state.opt_state)
-        if schedule is not None else None)
-  if lr is not None:
-    metrics["lr"] = lr
+  state_lib.add_learning_rate(metrics, schedule, state.opt_state)
   return new_state, metrics
 
 

@@ -104,12 +104,10 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
                             puzzle_emb=puzzle_emb, carry=new_carry)
   new_state, metrics = state_lib.skip_nonfinite(state, new_state, metrics, ok,
                                                guarded=("puzzle_emb",))
-  lr = state_lib.learning_rate(
-      optim.lr_schedule(optim_config.lr, optim_config.warmup_steps,
-                        total_steps, optim_config.lr_min_ratio),
+  state_lib.add_learning_rate(
+      metrics, optim.lr_schedule(optim_config.lr, optim_config.warmup_steps,
+                                 total_steps, optim_config.lr_min_ratio),
       state.opt_state)
-  if lr is not None:
-    metrics["lr"] = lr
   return new_state, metrics
 
 
