@@ -591,6 +591,7 @@ def main(argv):
     check_slice_total(topology, counts)
   check_forecast_flags(counts)
   check_save_flags(counts)
+  check_mode_flags()  # before jax loads: a usage error in a fraction of a second
   from trm.core import run_checks  # pylint: disable=g-import-not-at-top
   try:  # what trm.main would refuse is not compiled or forecast either
     run_checks.check_values(_CONFIG.value)
@@ -635,19 +636,26 @@ _SAMPLE_ONLY = ("sample_batch", "prompt_len", "max_new_tokens", "steps",
                 "threshold", "fast_dllm")
 
 
-def sample_settings_from_flags(config) -> SampleSettings | None:
-  """SampleSettings for --mode=sample, None for --mode=train; flags of the
-  other mode are an error rather than silently ignored."""
+def check_mode_flags() -> None:
+  """Flags of the other --mode are an error rather than silently ignored
+  (needs no model family: `main` checks it before jax loads)."""
   given = lambda names: [f"--{n}" for n in names  # noqa: E731
                          if flags.FLAGS[n].present]
   if _MODE.value == "train":
     if given(_SAMPLE_ONLY):
       raise app.UsageError(f"{', '.join(given(_SAMPLE_ONLY))} only apply to "
                            "--mode=sample.")
-    return None
-  if given(_TRAIN_ONLY):
+  elif given(_TRAIN_ONLY):
     raise app.UsageError(f"{', '.join(given(_TRAIN_ONLY))} only apply to "
                          "--mode=train.")
+
+
+def sample_settings_from_flags(config) -> SampleSettings | None:
+  """SampleSettings for --mode=sample, None for --mode=train; flags of the
+  other mode are an error rather than silently ignored."""
+  check_mode_flags()
+  if _MODE.value == "train":
+    return None
   try:
     family = _sampler_family(config)
     settings = SampleSettings(

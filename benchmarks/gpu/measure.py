@@ -1903,6 +1903,11 @@ def main(argv=None) -> None:
   if args.section == "dream":
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION",
                           str(DREAM_JAX_MEMORY_FRACTION))
+  if os.environ.get("TRM_COMPILATION_CACHE", "").strip():
+    # Only where asked (the tests' session cache, tests/conftest.py): the
+    # device run sets none, so each compile_s figure there is a compile.
+    from trm.core import compile_cache  # pylint: disable=g-import-not-at-top
+    compile_cache.configure(None)
   rec = Recorder(args, args.section)
   log(f"section {args.section}: budget {args.budget:.0f} s; JAX "
       f"{rec.jax_version} on {rec.jax_device} ({rec.platform}); torch "

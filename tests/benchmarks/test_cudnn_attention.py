@@ -89,17 +89,32 @@ def test_check_cudnn_passes_on_gpu_platforms():
 def test_models_refuse_cudnn_on_cpu_when_traced():
   cfg = dataclasses.replace(GPT_TINY, attention="cudnn")
   with pytest.raises(ValueError, match=ONE_LINE):
-    gpt.GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    jax.eval_shape(lambda: gpt.GPT(cfg).init(jax.random.key(0),
+                                             jnp.zeros((1, 8), jnp.int32)))
   dcfg = dataclasses.replace(DREAM_TINY, attention="cudnn")
-  params = _dream_params(DREAM_TINY)
+  # Refused while tracing: shapes stand in for the weights (nothing to
+  # initialise or compile).
+  params = jax.eval_shape(_dream_init(DREAM_TINY))
   with pytest.raises(ValueError, match=ONE_LINE):
-    dream.Dream(dcfg).apply({"params": params}, jnp.ones((1, 8), jnp.int32))
+    jax.eval_shape(lambda p: dream.Dream(dcfg).apply(
+        {"params": p}, jnp.ones((1, 8), jnp.int32)), params)
+
+
+def _dream_init(cfg):
+  return lambda: nn.meta.unbox(dream.Dream(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
 
 
 @functools.lru_cache(maxsize=None)
 def _dream_params(cfg):
-  return nn.meta.unbox(dream.Dream(cfg).init(
-      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  # Jitted: one compile instead of an op-by-op init.
+  return jax.jit(_dream_init(cfg))()
+
+
+def _apply(model, *args):
+  """model.apply jitted: one compile, not one per operation; the attention
+  call the fixture records is made while tracing, as it is eagerly."""
+  return jax.jit(model.apply)(*args)
 
 
 @pytest.fixture
@@ -124,18 +139,17 @@ def _rel(a, b):
 
 
 def test_gpt_cudnn_branch_matches_dot(cudnn_call_on_xla):
-  params = nn.meta.unbox(gpt.GPT(GPT_TINY).init(
-      jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"])
+  params = jax.jit(lambda: nn.meta.unbox(gpt.GPT(GPT_TINY).init(
+      jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]))()
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 50, jnp.int32)
-  dot = gpt.GPT(GPT_TINY).apply({"params": params}, tokens)
-  cudnn = gpt.GPT(dataclasses.replace(GPT_TINY, attention="cudnn")).apply(
-      {"params": params}, tokens)
+  dot = _apply(gpt.GPT(GPT_TINY), {"params": params}, tokens)
+  cudnn_model = gpt.GPT(dataclasses.replace(GPT_TINY, attention="cudnn"))
+  cudnn = _apply(cudnn_model, {"params": params}, tokens)
   assert cudnn_call_on_xla == ["cudnn"] * GPT_TINY.n_layer
   assert _rel(cudnn, dot) < 2e-2
   # Causal: the first 8 positions do not see the last 8.
   changed = tokens.at[:, 8:].set((tokens[:, 8:] + 1) % 50)
-  again = gpt.GPT(dataclasses.replace(GPT_TINY, attention="cudnn")).apply(
-      {"params": params}, changed)
+  again = _apply(cudnn_model, {"params": params}, changed)
   np.testing.assert_array_equal(np.asarray(again[:, :8]),
                                 np.asarray(cudnn[:, :8]))
 
@@ -147,9 +161,10 @@ def test_dream_cudnn_branch_matches_dot(cudnn_call_on_xla, padded):
   mask = None
   if padded:  # left padding of the first row, as the sampler pads
     mask = jnp.ones((2, 16), bool).at[0, :5].set(False)
-  dot = dream.Dream(DREAM_TINY).apply({"params": params}, tokens, mask)
-  cudnn = dream.Dream(dataclasses.replace(DREAM_TINY, attention="cudnn")).apply(
-      {"params": params}, tokens, mask)
+  dot = _apply(dream.Dream(DREAM_TINY), {"params": params}, tokens, mask)
+  cudnn = _apply(dream.Dream(dataclasses.replace(DREAM_TINY,
+                                                 attention="cudnn")),
+                 {"params": params}, tokens, mask)
   assert cudnn_call_on_xla and set(cudnn_call_on_xla) == {"cudnn"}
   rows = slice(None) if not padded else (0, slice(5, None))
   assert _rel(cudnn[rows], dot[rows]) < 2e-2
@@ -199,10 +214,10 @@ def test_trm_cudnn_branch_matches_dot(cudnn_call_on_xla):
   x = jax.random.normal(jax.random.key(3), (2, 10, 32), jnp.bfloat16)
   rope = trm_layers.rope_tables(10, 8, 10000.0)
   dot = trm_layers.Attention(32, 4, 4, jnp.bfloat16, "dot")
-  params = dot.init(jax.random.key(0), x, rope)
-  want = dot.apply(params, x, rope)
+  params = jax.jit(dot.init)(jax.random.key(0), x, rope)
+  want = _apply(dot, params, x, rope)
   cudnn_call_on_xla.clear()  # the dot path's own calls (implementation None)
-  got = trm_layers.Attention(32, 4, 4, jnp.bfloat16, "cudnn").apply(
-      params, x, rope)
+  got = _apply(trm_layers.Attention(32, 4, 4, jnp.bfloat16, "cudnn"),
+               params, x, rope)
   assert cudnn_call_on_xla == ["cudnn"]
   assert _rel(got, want) < 2e-2

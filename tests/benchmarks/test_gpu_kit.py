@@ -255,6 +255,11 @@ def _run_trm_driver(driver: str, tmp_path) -> str:
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       filter(None, [KIT, ROOT, os.environ.get("PYTHONPATH")])),
              JAX_PLATFORMS="cpu", XLA_FLAGS=workers.xla_flags(1))
+  # The session's compilation cache (tests/conftest.py), as measure.py's
+  # main turns it on: the drivers and the run.sh test compile the same
+  # steps at batch 2.
+  driver = ("from trm.core import compile_cache\n"
+            "compile_cache.configure(None)\n" + driver)
   proc = subprocess.run([sys.executable, "-c", driver, str(tmp_path)],
                         cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=600, check=False)

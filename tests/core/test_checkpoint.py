@@ -402,12 +402,13 @@ def _as_written_before_metrics_were_kept(checkpoints):
 
 def test_a_resume_ranks_checkpoints_written_without_their_loss(
     tmp_path, monkeypatch, caplog):
-  """Step 20 (the best, keep 1) was written by a trm that kept no step's
-  loss on disk, and the run stopped after it: the resumed run gives step 20
-  the loss its evaluation recorded (eval_20.json) before its manager reads
-  the steps, so its save of a worse step 30 keeps step 20; unranked, keep-N
-  deleted it."""
-  config = tiny_config(tmp_path, max_iters=30, lr_decay_iters=30,
+  """Step 10 (the best, keep 1) was written by a trm that kept no step's
+  loss on disk, and the run stopped after it: the resumed run gives step 10
+  the loss its evaluation recorded (eval_10.json) before its manager reads
+  the steps, so its save of a worse step 20 keeps step 10; unranked, keep-N
+  deleted it. (20 iterations, as the other tests here: the same compiled
+  program.)"""
+  config = tiny_config(tmp_path, max_iters=20, lr_decay_iters=20,
                        eval_interval=10, keep_checkpoints=1,
                        always_save_checkpoint=True)
   workdir = str(tmp_path / "run")
@@ -415,18 +416,18 @@ def test_a_resume_ranks_checkpoints_written_without_their_loss(
   real_reached = preemption_lib.PreemptionWatch.reached
 
   def crash(self, step):
-    if step == 21:
+    if step == 11:
       raise RuntimeError(f"host lost at step {step}")
     return real_reached(self, step)
 
   monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached", crash)
-  with pytest.raises(RuntimeError, match=r"host lost at step 21"):
+  with pytest.raises(RuntimeError, match=r"host lost at step 11"):
     train.train_and_evaluate(config, workdir, families.build_task)
   monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached", real_reached)
-  assert _steps(checkpoints) == [20]
+  assert _steps(checkpoints) == [10]
   _as_written_before_metrics_were_kept(checkpoints)
-  with open(os.path.join(workdir, "eval_20.json"), encoding="utf-8") as f:
-    loss_20 = json.load(f)["eval/loss"]
+  with open(os.path.join(workdir, "eval_10.json"), encoding="utf-8") as f:
+    loss_10 = json.load(f)["eval/loss"]
   real_evaluate = train.evaluate
 
   def worse(*args):
@@ -436,12 +437,12 @@ def test_a_resume_ranks_checkpoints_written_without_their_loss(
   monkeypatch.setattr(train, "evaluate", worse)
   with caplog.at_level("INFO"):
     train.train_and_evaluate(config, workdir, families.build_task)
-  assert _steps(checkpoints) == [20, 30]
-  assert "Ranked checkpoint(s) [20]" in caplog.text
+  assert _steps(checkpoints) == [10, 20]
+  assert "Ranked checkpoint(s) [10]" in caplog.text
   manager = ckpt_lib.make_manager(checkpoints, max_to_keep=1,
                                   async_save=False)
-  assert manager.metrics(20) == {ckpt_lib.EVAL_LOSS: pytest.approx(loss_20)}
-  assert manager.best_step() == 20
+  assert manager.metrics(10) == {ckpt_lib.EVAL_LOSS: pytest.approx(loss_10)}
+  assert manager.best_step() == 10
 
 
 def test_a_broken_eval_file_leaves_its_step_unranked(tmp_path, caplog):

@@ -75,25 +75,6 @@ def test_an_empty_workdir_is_refused(tmp_path):
   assert not os.listdir(tmp_path)  # nothing written where it was started
 
 
-def test_a_workdir_under_tilde_is_the_home_directory(tmp_path):
-  # `--workdir=~/run` reaches trm.main unexpanded (the shell expands a
-  # leading ~ only); it made a folder named '~' where the run was started.
-  home, started = tmp_path / "home", tmp_path / "started_here"
-  home.mkdir()
-  started.mkdir()
-  config = tiny_config(total_steps=1, checkpoint_every=1, eval_every=1)
-  config.mesh.update(data=-1, fsdp=1, model=1)
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.main",
-       f"--config={os.path.join(ROOT, 'configs', 'trm_sudoku.py')}:cpu",
-       "--workdir=~/run"] + _cli_flags(config), cwd=started,
-      env=dict(ENV, HOME=str(home), PYTHONPATH=ROOT, TRM_NO_HUGE_PAGES="1"),
-      capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert (home / "run" / "checkpoints" / "1").is_dir()
-  assert not os.listdir(started)
-
-
 def test_an_input_error_is_one_line_and_traceback_on_request(tmp_path):
   args = ("--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}",
           "--config.optim.lr=-1.0")
@@ -108,12 +89,13 @@ def test_an_input_error_is_one_line_and_traceback_on_request(tmp_path):
   assert shown.returncode == 1 and "Traceback" in shown.stderr
 
 
-def _start(workdir, config):
+def _start(workdir, config, cwd=ROOT, env=None):
   process = subprocess.Popen(
-      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+      [sys.executable, "-m", "trm.main",
+       f"--config={os.path.join(ROOT, 'configs', 'trm_sudoku.py')}:cpu",
        f"--workdir={workdir}", "--alsologtostderr"] + _cli_flags(config),
-      cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-      text=True)
+      cwd=cwd, env=dict(ENV, PYTHONPATH=ROOT, **(env or {})),
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   lines, seen = [], {}
 
   def read():
@@ -151,9 +133,18 @@ def test_sigterm_before_the_loop_is_one_clean_line(tmp_path):
   assert "stack trace" not in log and "Traceback" not in log
 
 
-def test_ctrl_c_in_the_loop_saves_and_says_so(tmp_path):
+def test_ctrl_c_in_the_loop_saves_under_a_tilde_workdir_and_says_so(
+    tmp_path):
+  # The workdir is given as `~/run`, which reaches trm.main unexpanded (the
+  # shell expands a leading ~ only): it made a folder named '~' where the
+  # run was started. (One training process for both checks: each start
+  # costs an import and a compile.)
+  home, started = tmp_path / "home", tmp_path / "started_here"
+  home.mkdir()
+  started.mkdir()
   process, lines, events, reader = _start(
-      tmp_path, tiny_config(total_steps=2000, checkpoint_every=1000))
+      "~/run", tiny_config(total_steps=2000, checkpoint_every=1000),
+      cwd=started, env=dict(HOME=str(home)))
   assert events["Training from step"].wait(300), "".join(lines[-40:])
   time.sleep(0.3)
   process.send_signal(signal.SIGINT)
@@ -161,7 +152,8 @@ def test_ctrl_c_in_the_loop_saves_and_says_so(tmp_path):
   assert returncode == 130, log[-3000:]
   step = int(re.search(r"Preempted at step (\d+) \(SIGINT\); saved",
                        log).group(1))
-  assert os.path.isdir(os.path.join(tmp_path, "checkpoints", str(step)))
+  assert (home / "run" / "checkpoints" / str(step)).is_dir()
+  assert not os.listdir(started)
   assert "KeyboardInterrupt" not in log and "Traceback" not in log
 
 
@@ -404,57 +396,66 @@ runpy.run_module("trm.main", run_name="__main__")
 """
 
 
-def test_sigterm_during_the_final_save_completes_it(tmp_path):
-  # The loop's preemption watch had ended, so the SIGTERM stopped the
-  # process inside the final wait: the last checkpoint, being written,
-  # was abandoned (`<step>.orbax-checkpoint-tmp`) and the steps since the
-  # previous one had to be trained again.
-  config = tiny_config(total_steps=6, checkpoint_every=3, eval_every=6)
-  config.mesh.update(data=-1, fsdp=1, model=1)
-  result = subprocess.run(
-      [sys.executable, "-c",
-       _sigterm_at("checkpoint", "wait_until_finished"),
-       "--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}"]
-      + _cli_flags(config), cwd=ROOT,
-      env=dict(ENV, TRM_NO_HUGE_PAGES="1"), capture_output=True, text=True,
-      timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  checkpoints = tmp_path / "checkpoints"
-  assert sorted(os.listdir(checkpoints)) == ["3", "6"], os.listdir(
-      checkpoints)
-  assert (checkpoints / "6" / "commit_success.txt").exists()
-  assert "SIGTERM after training ended" in result.stderr
-
-
-def test_sigterm_during_an_evaluation_saves_without_finishing_it(tmp_path):
-  # The evaluation ran to its end first (minutes for the paper's test
-  # sets, past a preemption's notice), then one more step, then the save.
+@pytest.fixture(scope="module")
+def signalled_runs(tmp_path_factory):
+  """One workdir, two trm.main processes (each start costs an import and a
+  compile): the first gets a SIGTERM as its step-3 evaluation begins; the
+  second resumes it and gets one as its final wait for the checkpoints in
+  flight begins. (the workdir, the first's result and its files right
+  after it, the second's result)"""
+  workdir = tmp_path_factory.mktemp("signalled")
   config = tiny_config(total_steps=6, checkpoint_every=6, eval_every=3)
   config.mesh.update(data=-1, fsdp=1, model=1)
-  result = subprocess.run(
-      [sys.executable, "-c", _sigterm_at("train", "evaluate"),
-       "--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}"]
-      + _cli_flags(config), cwd=ROOT,
-      env=dict(ENV, TRM_NO_HUGE_PAGES="1"), capture_output=True, text=True,
-      timeout=300)
+
+  def run(script):
+    return subprocess.run(
+        [sys.executable, "-c", script, "--config=configs/trm_sudoku.py:cpu",
+         f"--workdir={workdir}"] + _cli_flags(config), cwd=ROOT,
+        env=dict(ENV, TRM_NO_HUGE_PAGES="1"), capture_output=True,
+        text=True, timeout=300)
+
+  first = run(_sigterm_at("train", "evaluate"))
+  files = {"eval_3.json": (workdir / "eval_3.json").exists(),
+           "checkpoints/3/commit_success.txt": (
+               workdir / "checkpoints" / "3" / "commit_success.txt").exists()}
+  # `checkpoint.wait_until_finished` runs only there in a run that is not
+  # preempted: the final save (of step 6) may still be writing.
+  second = run(_sigterm_at("checkpoint", "wait_until_finished"))
+  return workdir, first, files, second
+
+
+def test_sigterm_during_an_evaluation_saves_without_finishing_it(
+    signalled_runs):
+  # The evaluation ran to its end first (minutes for the paper's test
+  # sets, past a preemption's notice), then one more step, then the save.
+  workdir, result, files, resumed = signalled_runs
   assert result.returncode == 0, result.stderr[-3000:]
   assert "Preempted at step 3 (SIGTERM); saved" in result.stderr, (
       result.stderr[-3000:])
   assert "Step 3: evaluation stopped by SIGTERM" in result.stderr
-  assert not (tmp_path / "eval_3.json").exists()
-  assert (tmp_path / "checkpoints" / "3" / "commit_success.txt").exists()
+  assert not files["eval_3.json"]
+  assert files["checkpoints/3/commit_success.txt"]
   # The resumed run owes step 3 its evaluation and does it before training.
-  resumed = subprocess.run(
-      [sys.executable, "-m", "trm.main",
-       "--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}"]
-      + _cli_flags(config), cwd=ROOT,
-      env=dict(ENV, TRM_NO_HUGE_PAGES="1"), capture_output=True, text=True,
-      timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert ("Step 3: redoing the evaluation the preemption cut short"
           in resumed.stderr), resumed.stderr[-3000:]
-  assert (tmp_path / "eval_3.json").exists()
-  assert (tmp_path / "eval_6.json").exists()
+  assert (workdir / "eval_3.json").exists()
+  assert (workdir / "eval_6.json").exists()
+
+
+def test_sigterm_during_the_final_save_completes_it(signalled_runs):
+  # The loop's preemption watch had ended, so the SIGTERM stopped the
+  # process inside the final wait: the last checkpoint, being written,
+  # was abandoned (`<step>.orbax-checkpoint-tmp`) and the steps since the
+  # previous one had to be trained again. (The resumed run of
+  # `signalled_runs` is signalled there.)
+  workdir, _, _, result = signalled_runs
+  assert result.returncode == 0, result.stderr[-3000:]
+  checkpoints = workdir / "checkpoints"
+  assert sorted(os.listdir(checkpoints)) == ["3", "6"], os.listdir(
+      checkpoints)
+  assert (checkpoints / "6" / "commit_success.txt").exists()
+  assert "SIGTERM after training ended" in result.stderr
 
 
 # The tool's own `cli.run(...)` call, with a main that stops itself by

@@ -86,32 +86,35 @@ def test_kernel_choice_is_harmless_even_when_unrecorded(finished_run,
 
 def test_allow_config_change_accepts_and_records(finished_run, tmp_path):
   # A copy: the shared run keeps one config (its later steps would be
-  # trained, and recorded, with the accepted one).
+  # trained, and recorded, with the accepted one). The seed changes the
+  # trajectory (the data order) but not the compiled step, which
+  # test_a_deleted_config_json_is_rewritten_by_a_resume's run then shares
+  # (a changed learning rate compiled another).
   workdir, config, recorded = _copy_run(finished_run, tmp_path)
   changed = config.copy_and_resolve_references()
   changed.total_steps = _newest(workdir) + 2
-  changed.optim.lr = 5e-4
+  changed.seed = 7
   changed.allow_config_change = True
   train.train_and_evaluate(changed, str(workdir), families.build_task)
   last = _history(workdir)[-1]
-  assert last["accepted"] == ["optim.lr"]
-  assert last["changes"]["optim.lr"] == [config.optim.lr, 5e-4]
+  assert last["accepted"] == ["seed"]
+  assert last["changes"]["seed"] == [config.seed, 7]
   # The steps trained since carry the accepted config: a later resume is
   # checked against it. Before, they carried the first run's, so going
-  # back to lr 1e-3 passed unchecked and keeping 5e-4 was refused.
+  # back to seed 0 passed unchecked and keeping 7 was refused.
   from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   newest = workdir / "checkpoints" / str(changed.total_steps)
-  assert ckpt_lib.saved_config_record(newest)["optim"]["lr"] == 5e-4
+  assert ckpt_lib.saved_config_record(newest)["seed"] == 7
   with open(workdir / "config.json") as f:
     assert f.read() == recorded  # the run's first config stays there
   back = changed.copy_and_resolve_references()
   back.update(total_steps=changed.total_steps + 2, allow_config_change=False)
-  back.optim.lr = config.optim.lr
+  back.seed = config.seed
   with pytest.raises(config_record.ConfigChangedError,
-                     match=r"config\.optim\.lr: 0\.0005 -> 0\.001\. The "
+                     match=r"config\.seed: 7 -> 0\. The "
                      r"config record saved with checkpoint .* records"):
     config_record.check(back, workdir, changed.total_steps)
-  back.optim.lr = 5e-4
+  back.seed = 7
   assert set(config_record.check(back, workdir, changed.total_steps)) == {
       "total_steps"}
 

@@ -227,6 +227,12 @@ def _gpt(ctx, accum, rows=32, dropout=0.0, ignored=0, reduce_once=True):
   return state, step, batch
 
 
+# The one-device iterations by their options: several tests compare their
+# meshes' iteration with the same one (building and compiling it again cost
+# a few seconds each).
+_ONE_DEVICE = {}
+
+
 def _gpt_on_eight_and_one(mesh=None, **options):
   """One iteration of the same GPT on 8 devices (data-parallel, or the
   `mesh` sizes) and on one: (the 8-device step, its new state and
@@ -234,8 +240,11 @@ def _gpt_on_eight_and_one(mesh=None, **options):
   state, step, batch = _gpt(_ctx(**(mesh or dict(data=8))), accum=4,
                             **options)
   new_state, metrics = step(state, batch)
-  state1, step1, batch1 = _gpt(_one_device(), accum=4, **options)
-  return step, (new_state, metrics), step1(state1, batch1)
+  key = tuple(sorted(options.items()))
+  if key not in _ONE_DEVICE:
+    state1, step1, batch1 = _gpt(_one_device(), accum=4, **options)
+    _ONE_DEVICE[key] = step1(state1, batch1)
+  return step, (new_state, metrics), _ONE_DEVICE[key]
 
 
 def _assert_same_iteration(got, want, params=True):

@@ -201,7 +201,9 @@ def test_sigterm_to_every_process_saves_one_step_and_exits_zero(
   import re  # pylint: disable=g-import-not-at-top
   import signal  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / "run")
-  run = _Training(workdir, data_dir, devices=4)
+  # One device per process, as the next two tests: they load the train
+  # step this run compiled from the session's compilation cache.
+  run = _Training(workdir, data_dir, devices=1)
   try:
     for i in range(2):
       run.wait_started(i)

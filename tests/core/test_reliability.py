@@ -107,10 +107,20 @@ def _trm_train_step(config, workdir):
   return task, state, run
 
 
-def test_trm_nonfinite_step_changes_nothing_but_the_counters(tmp_path,
-                                                             data_dir):
-  task, state, run = _trm_train_step(
-      tiny_config(**{"data.data_dir": data_dir}), tmp_path)
+@pytest.fixture(scope="module")
+def trm_step(data_dir, tmp_path_factory):
+  """`_trm_train_step` of the tiny model without halting exploration, built
+  and compiled once for the tests that start from its fresh state (each
+  runs on a copy: the step donates its state)."""
+  return _trm_train_step(
+      tiny_config(**{"data.data_dir": data_dir,
+                     "model.halt_exploration_prob": 0.0}),
+      tmp_path_factory.mktemp("trm_step"))
+
+
+def test_trm_nonfinite_step_changes_nothing_but_the_counters(trm_step):
+  task, fresh, run = trm_step
+  state = jax.tree.map(jnp.copy, fresh)  # the step donates its state
   # The first step: every row of the fresh carry takes the (poisoned) batch.
   before = _host(state)
   state, metrics = run(state, _poison(task.train_source[0]))
@@ -137,20 +147,18 @@ def test_trm_nonfinite_step_changes_nothing_but_the_counters(tmp_path,
     assert any(changed), name
 
 
-def test_trm_steps_after_a_skipped_one_are_those_of_a_clean_run(tmp_path,
-                                                                data_dir):
+def test_trm_steps_after_a_skipped_one_are_those_of_a_clean_run(trm_step):
   """Both optimizers count the updates applied: after a skipped step the
   weights and the puzzle table move as in a run without it (before, the
   puzzle table's schedule read the trainer's step, one ahead of
-  AdamATan2's count, and its rows moved by the next step's rate)."""
-  config = tiny_config(**{"data.data_dir": data_dir,
-                          "model.halt_exploration_prob": 0.0})
-  task, fresh, run = _trm_train_step(config, tmp_path)
+  AdamATan2's count, and its rows moved by the next step's rate).
+  (`trm_step` has halt_exploration_prob=0, as this test always had.)"""
+  task, fresh, run = trm_step
   batches = [task.train_source[i] for i in range(2)]
   clean = jax.tree.map(jnp.copy, fresh)  # the step donates its state
   for batch in batches:
     clean = run(clean, batch)[0]
-  skipped = run(fresh, _poison(batches[0]))[0]
+  skipped = run(jax.tree.map(jnp.copy, fresh), _poison(batches[0]))[0]
   for batch in batches:
     skipped = run(skipped, batch)[0]
   clean, skipped = _host(clean), _host(skipped)

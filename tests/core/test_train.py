@@ -55,6 +55,45 @@ def _params(state):
   return jax.tree.map(np.asarray, jax.device_get(state.params))
 
 
+def _run_config(data_dir):
+  """The 12-step run the resume tests compare with: checkpoints at 6 and
+  12, logs every 4 (so steps 5 and 6 are logged at the checkpoint)."""
+  return tiny_config(**{"data.data_dir": data_dir, "log_every": 4})
+
+
+@pytest.fixture(scope="module")
+def finished_run(data_dir, tmp_path_factory):
+  """`_run_config` trained once, uninterrupted, for the tests that compare
+  a crashed, killed or rewritten run with it: (its workdir, its final state
+  on the host, {step: the train/loss steps on disk when it was saved}).
+  Tests copy the workdir before writing to it."""
+  workdir = tmp_path_factory.mktemp("straight")
+  on_disk = {}
+  real_save = ckpt_lib.save
+
+  def save(manager, step, *args, **kwargs):
+    on_disk[step] = _train_steps_on_disk(workdir)
+    return real_save(manager, step, *args, **kwargs)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(train.ckpt_lib, "save", save)
+    state, _ = train.train_and_evaluate(_run_config(data_dir), str(workdir),
+                                        families.build_task)
+  return workdir, jax.tree.map(np.asarray, jax.device_get(state)), on_disk
+
+
+def _assert_resumed_equal(reference, resumed):
+  """The params, carry and puzzle table of `resumed` are `reference`'s."""
+  for a, b in zip(jax.tree.leaves(reference.params),
+                  jax.tree.leaves(_params(resumed))):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(np.asarray(reference.carry.z_H),
+                                np.asarray(resumed.carry.z_H))
+  np.testing.assert_array_equal(
+      np.asarray(reference.puzzle_emb["weights"]),
+      np.asarray(resumed.puzzle_emb["weights"]))
+
+
 def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
   in_flight = []  # the unfinished calls after each train and eval step
 
@@ -103,9 +142,10 @@ def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
 
 
 def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
+                                                    finished_run,
                                                     monkeypatch):
-  config = tiny_config(**{"data.data_dir": data_dir})
-  reference, _ = train.train_and_evaluate(config, str(tmp_path / "straight"), families.build_task)
+  config = _run_config(data_dir)
+  _, reference, _ = finished_run
 
   # Crash while fetching the batch of step 9, after the step-6 checkpoint.
   real_to_global = pipeline.to_global
@@ -135,14 +175,7 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
   assert int(resumed.step) == 12
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
       "12", "6"]
-  for a, b in zip(jax.tree.leaves(_params(reference)),
-                  jax.tree.leaves(_params(resumed))):
-    np.testing.assert_array_equal(a, b)
-  np.testing.assert_array_equal(np.asarray(reference.carry.z_H),
-                                np.asarray(resumed.carry.z_H))
-  np.testing.assert_array_equal(
-      np.asarray(reference.puzzle_emb["weights"]),
-      np.asarray(resumed.puzzle_emb["weights"]))
+  _assert_resumed_equal(reference, resumed)
 
 
 def _train_loss_events(workdir) -> list:
@@ -173,36 +206,27 @@ class _Killed(Exception):
 
 
 def test_metrics_up_to_a_checkpoint_are_on_disk_before_it_is_saved(
-    tmp_path, data_dir, monkeypatch):
+    finished_run):
   """A run killed after a checkpoint (SIGKILL: no cleanup, no flush)
   resumes from it and never writes the earlier steps' metrics again, so
   they must be in the events file by then. Before the fix the file held
   only its header when step 6 was saved (the writer's buffer and its
-  120 s flush timer held the rest)."""
-  on_disk = {}
-  real_save = ckpt_lib.save
-
-  def save(manager, step, *args, **kwargs):
-    on_disk[step] = _train_steps_on_disk(tmp_path)
-    return real_save(manager, step, *args, **kwargs)
-
-  monkeypatch.setattr(train.ckpt_lib, "save", save)
-  config = tiny_config(**{"data.data_dir": data_dir})  # log 3, save 6
-  train.train_and_evaluate(config, str(tmp_path), families.build_task)
-  assert on_disk == {6: [3, 6], 12: [3, 6, 9, 12]}
-  assert _train_steps_on_disk(tmp_path) == [3, 6, 9, 12]  # once each
+  120 s flush timer held the rest). (`finished_run` records the steps on
+  disk at each of its saves.)"""
+  workdir, _, on_disk = finished_run  # log 4, save 6
+  assert on_disk == {6: [4, 6], 12: [4, 6, 8, 12]}
+  assert _train_steps_on_disk(workdir) == [4, 6, 8, 12]  # once each
 
 
 def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_metrics(
-    tmp_path, data_dir, monkeypatch):
+    tmp_path, data_dir, finished_run, monkeypatch):
   """Checkpoints every 6 steps, logs every 4: the steps after the last log
   (5 and 6) were held back with the next interval (5-8), which a run
   killed after checkpoint 6 never wrote, and its resumed run's step 8 then
   averaged 7-8 where an uninterrupted run's averaged 5-8. They are now
   logged at the checkpoint, in every run."""
-  config = tiny_config(**{"data.data_dir": data_dir, "log_every": 4})
-  whole = tmp_path / "whole"
-  train.train_and_evaluate(config, str(whole), families.build_task)
+  config = _run_config(data_dir)
+  whole, _, _ = finished_run
   real_save = ckpt_lib.save
 
   def save_then_die(manager, step, *args, **kwargs):
@@ -289,30 +313,26 @@ def _drop_fields(checkpoints, step, names):
 
 
 def test_a_checkpoint_without_the_skipped_step_counters_resumes(
-    tmp_path, data_dir, caplog):
+    tmp_path, data_dir, finished_run, caplog):
   """A checkpoint written before the train state kept `skipped_steps` and
   `bad_streak` resumes as the same checkpoint with them would, counters
-  at 0 (it used to be refused as another version's)."""
-  first = tiny_config(**{"data.data_dir": data_dir, "total_steps": 6})
-  train.train_and_evaluate(first, str(tmp_path / "new"), families.build_task)
-  shutil.copytree(tmp_path / "new", tmp_path / "old")
+  at 0 (it used to be refused as another version's): to the state of the
+  uninterrupted run (test_crash_and_resume_matches_uninterrupted_run
+  resumes its step 6 with the counters to the same state)."""
+  straight, reference, _ = finished_run
+  shutil.copytree(straight, tmp_path / "old")
+  shutil.rmtree(tmp_path / "old" / "checkpoints" / "12")
   _drop_fields(str(tmp_path / "old" / "checkpoints"), 6,
                state_lib.COUNTER_FIELDS)
-  config = tiny_config(**{"data.data_dir": data_dir})
-  expected, _ = train.train_and_evaluate(config, str(tmp_path / "new"),
-                                         families.build_task)
   with caplog.at_level(logging.WARNING):
-    resumed, _ = train.train_and_evaluate(config, str(tmp_path / "old"),
+    resumed, _ = train.train_and_evaluate(_run_config(data_dir),
+                                          str(tmp_path / "old"),
                                           families.build_task)
   assert ("was written before trm kept ['bad_streak', 'skipped_steps'] in "
           "the train state; they start at 0.") in caplog.text
   assert int(resumed.step) == 12
   assert (int(resumed.skipped_steps), int(resumed.bad_streak)) == (0, 0)
-  for a, b in zip(jax.tree.leaves(_params(expected)),
-                  jax.tree.leaves(_params(resumed))):
-    np.testing.assert_array_equal(a, b)
-  np.testing.assert_array_equal(np.asarray(expected.carry.z_H),
-                                np.asarray(resumed.carry.z_H))
+  _assert_resumed_equal(reference, resumed)
 
 
 def test_mesh_mismatch_fails_before_anything_is_built(tmp_path):

@@ -26,16 +26,19 @@ pytestmark = pytest.mark.usefixtures("no_compilation_cache",
 
 @pytest.fixture(scope="module")
 def compiled_rows_once():
-  """Each distinct row (config, topology, slices, shapes, batch, mesh) is
-  compiled once for the whole file: several tests forecast the tiny GPT's
-  rows of `tiny_rows` again (libtpu takes 5-10 s a row on the 2-core host).
-  A row is a pure function of those arguments."""
+  """Each distinct row is compiled once for the whole file: several tests
+  forecast the tiny GPT's rows of `tiny_rows` again, and the search's first
+  layout is `tiny_rows`' one-slice row (libtpu takes 5-10 s a row on the
+  2-core host). A row is a pure function of its config as `plan.row_config`
+  resolves it (the slice count, batch and mesh overrides applied: all that
+  `plan.compile_row` reads of them), the topology, slices and shapes."""
   real, rows = plan.compile_row, {}
 
   def compile_row(config, topology_, slices, shapes, global_batch,
                   mesh=None):
-    key = (config.to_json_best_effort(sort_keys=True), repr(topology_),
-           slices, repr(shapes), global_batch, repr(mesh))
+    row = plan.row_config(config, slices, global_batch, mesh)
+    key = (row.to_json_best_effort(sort_keys=True), repr(topology_), slices,
+           repr(shapes))
     if key not in rows:
       rows[key] = real(config, topology_, slices, shapes, global_batch, mesh)
     return rows[key]
@@ -51,7 +54,9 @@ def tiny_gpt():
   config.update(dict(n_layer=2, n_head=2, n_embd=64, block_size=32,
                      batch_size=8, gradient_accumulation_steps=1))
   config.model.update(vocab_size=65, scan_layers=True)
-  config.mesh.update(data=1, fsdp=-1)
+  # fsdp=4 (all of a v4-8), not -1: the search's first layout then resolves
+  # to the same row config as `tiny_rows`' one-slice row (compiled once).
+  config.mesh.update(data=1, fsdp=4)
   return config
 
 
@@ -112,16 +117,17 @@ def test_a_given_dcn_latency_replaces_the_fitted_one():
   assert slow["step_seconds"] - bare["step_seconds"] == pytest.approx(
       ring_steps * 1e-3, rel=1e-6)
   assert slow["dcn_step_seconds"] == 1e-3
-  # What trm.aot --dcn_step_us=1000 runs: the same row, and the table says
-  # the figure was given, even where it equals the fitted constant.
+  # What trm.aot --num_slices=1,2 --dcn_step_us=1000 runs: the same rows
+  # (those of `tiny_rows`, compiled once), and the table says the figure
+  # was given, even where it equals the fitted constant.
   for seconds in (1e-3, topology.DCN_STEP_SECONDS):
-    rows, _, _ = plan.forecast(tiny_gpt(), V4_8, [2], efficiency=0.5,
+    rows, _, _ = plan.forecast(tiny_gpt(), V4_8, [1, 2], efficiency=0.5,
                                report=lambda _: None,
                                dcn_step_seconds=seconds)
     text = plan.format_rows(rows, "v4-8", 0.5, "--efficiency")
     assert (f"{seconds * 1e6:.0f} us per cross-slice ring step "
             "(--dcn_step_us)") in text
-    assert rows[0]["dcn_step_seconds"] == seconds
+    assert [r["dcn_step_seconds"] for r in rows] == [seconds, seconds]
 
 
 def test_rows_state_the_runs_cost(tiny_rows):

@@ -1,6 +1,7 @@
 """The Pallas splash attention path, in interpret mode on CPU, against the
 plain dot path: forward, gradients, padding, and sharded over a mesh."""
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -22,7 +23,7 @@ SPLASH = dataclasses.replace(CFG, attention="splash_interpret")
 
 @pytest.fixture(scope="module")
 def params():
-  return nn.meta.unbox(dream.Dream(CFG).init(
+  return nn.meta.unbox(jax.jit(dream.Dream(CFG).init)(
       jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
 
 
@@ -40,20 +41,28 @@ def _loss(cfg, params, tokens, mask, positions):
   return jnp.sum(jax.nn.log_softmax(logits) * real) / jnp.sum(real)
 
 
+def _jitted(fn, cfg):
+  # One compile per program: op by op, each op of the model compiled alone.
+  return jax.jit(functools.partial(fn, cfg))
+
+
+def _apply(cfg, params, tokens, mask, positions):
+  return dream.Dream(cfg).apply({"params": params}, tokens, mask, positions)
+
+
 def test_forward_and_gradients_match_the_dot_path(params):
   tokens, mask, positions = _batch()
-  want, want_grad = jax.value_and_grad(_loss, argnums=1)(
-      CFG, params, tokens, mask, positions)
-  got, got_grad = jax.value_and_grad(_loss, argnums=1)(
-      SPLASH, params, tokens, mask, positions)
+  want, want_grad = _jitted(jax.value_and_grad(_loss, argnums=1), CFG)(
+      params, tokens, mask, positions)
+  got, got_grad = _jitted(jax.value_and_grad(_loss, argnums=1), SPLASH)(
+      params, tokens, mask, positions)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
     np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
   # Real rows agree position by position, unpadded too.
   for m in (mask, None):
-    full = dream.Dream(CFG).apply({"params": params}, tokens, m, positions)
-    fast = dream.Dream(SPLASH).apply({"params": params}, tokens, m,
-                                     positions)
+    full = _jitted(_apply, CFG)(params, tokens, m, positions)
+    fast = _jitted(_apply, SPLASH)(params, tokens, m, positions)
     rows = np.asarray(mask) if m is not None else np.ones(mask.shape, bool)
     np.testing.assert_allclose(np.asarray(fast)[rows],
                                np.asarray(full)[rows], atol=2e-5)

@@ -613,7 +613,68 @@ def test_fallback_without_namespaces_warns_once(monkeypatch, caplog):
     code_exec._probe_modes.cache_clear()  # pylint: disable=protected-access
 
 
-@pytest.mark.parametrize("flags, message", [
+# Forked after the imports, each child runs `python -m trm.evaluate` as its
+# own process would (fresh flags, its own exit status, stdout and stderr):
+# one interpreter start-up for all the cases below instead of one each. What
+# an interpreter prints while importing is not seen here; the checks that
+# run a fresh `python -m trm.evaluate` (`_evaluate`: the MBPP and samples
+# file tests) still see it.
+_FORKED_EVALUATE = r"""
+import json, logging, os, runpy, sys, traceback
+# What trm.evaluate imports, shared by every case (importing trm.evaluate
+# itself would make runpy warn; no flags are defined yet).
+import jax, trm.generate, trm.core.cli, trm.families.dream.code_eval
+cases, out_dir = json.loads(sys.argv[1]), sys.argv[2]
+codes = []
+for i, argv in enumerate(cases):
+  sys.stdout.flush()
+  sys.stderr.flush()
+  pid = os.fork()
+  if pid == 0:
+    code = 1
+    try:
+      for fd, name in ((1, "out"), (2, "err")):
+        os.dup2(os.open(os.path.join(out_dir, f"{i}.{name}"),
+                        os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+      sys.argv = ["trm.evaluate", *argv]  # runpy sets [0]
+      runpy.run_module("trm.evaluate", run_name="__main__", alter_sys=True)
+      code = 0
+    except SystemExit as exit_:
+      if exit_.code is None or isinstance(exit_.code, int):
+        code = exit_.code or 0
+      else:
+        print(exit_.code, file=sys.stderr)
+    except BaseException:  # pylint: disable=broad-except
+      traceback.print_exc()
+    finally:
+      logging.shutdown()
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(code)
+  codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print(json.dumps(codes))
+"""
+
+
+def _evaluate_forked(cases, out_dir, config=True):
+  """[CompletedProcess] of `_evaluate(*flags, config=config)` for each
+  flags list in `cases`, from one interpreter."""
+  cases = [[*(["--config=configs/diffucoder_7b.py:tiny"] if config else []),
+            *map(str, flags)] for flags in cases]
+  result = subprocess.run(
+      [sys.executable, "-c", _FORKED_EVALUATE, json.dumps(cases),
+       str(out_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  codes = json.loads(result.stdout.strip().splitlines()[-1])
+  assert len(codes) == len(cases)
+  read = lambda i, name: (out_dir / f"{i}.{name}").read_text()  # noqa: E731
+  return [subprocess.CompletedProcess(case, code, read(i, "out"),
+                                      read(i, "err"))
+          for i, (case, code) in enumerate(zip(cases, codes))]
+
+
+_BAD_INPUT = [
     (["--benchmark=humaneva"], "--benchmark=humaneva: must be one of "
      "humaneval, mbpp"),
     (["--benchmark=humaneval", "--timeout=0"], "--timeout=0.0: must be a "
@@ -655,9 +716,21 @@ def test_fallback_without_namespaces_warns_once(monkeypatch, caplog):
     (["--benchmark=humaneval", "--batch_size=0"], "batch_size=0: must be "
      ">= 1"),
     (["--benchmark=humaneval", "--seed=-1"], "seed=-1: must lie in [0, "),
-])
-def test_bad_input_is_one_line(flags, message):
-  result = _evaluate("--checkpoint=/nonexistent", *flags)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory):
+  """Every case of test_bad_input_is_one_line, run in one batch."""
+  cases = [["--checkpoint=/nonexistent", *flags] for flags, _ in _BAD_INPUT]
+  results = _evaluate_forked(cases, tmp_path_factory.mktemp("bad_input"))
+  return {tuple(flags): result
+          for (flags, _), result in zip(_BAD_INPUT, results)}
+
+
+@pytest.mark.parametrize("flags, message", _BAD_INPUT)
+def test_bad_input_is_one_line(bad_input_runs, flags, message):
+  result = bad_input_runs[tuple(flags)]
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   lines = result.stderr.strip().splitlines()
@@ -694,12 +767,13 @@ def test_samples_never_overwrite_the_benchmark_file(mbpp_file, tmp_path):
   code_eval.write_samples(samples, code_eval.records_for(
       problems, [[p.solution] for p in problems], "mbpp"))
   os.symlink(mbpp_file, tmp_path / "link.jsonl")
-  for output, run in ((mbpp_file, f"--score_only={samples}"),
-                      (mbpp_file, "--benchmark=mbpp"),
-                      (tmp_path / "link.jsonl", "--benchmark=mbpp")):
-    result = _evaluate("--checkpoint=/nonexistent", run, "--workers=1",
-                       f"--benchmark_path={mbpp_file}", f"--output={output}",
-                       config=False)
+  runs = [["--checkpoint=/nonexistent", run, "--workers=1",
+           f"--benchmark_path={mbpp_file}", f"--output={output}"]
+          for output, run in ((mbpp_file, f"--score_only={samples}"),
+                              (mbpp_file, "--benchmark=mbpp"),
+                              (tmp_path / "link.jsonl", "--benchmark=mbpp"))]
+  (tmp_path / "runs").mkdir()
+  for result in _evaluate_forked(runs, tmp_path / "runs", config=False):
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "is --benchmark_path=" in lines[0], lines

@@ -32,7 +32,9 @@ def tiny_config(data_glob, **overrides):
       os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
   config.data.update(path=data_glob, eval_rows=16, eval_batch_size=8)
   config.mesh.update(data=2, fsdp=2, model=2)
-  config.update(total_steps=40, eval_every=20, checkpoint_every=20,
+  # 20 steps: the eval loss falls ~1.4 from step 10 to 20 (the check asks
+  # for 0.5), as it did from 20 to 40 in the 40 steps this ran before.
+  config.update(total_steps=20, eval_every=10, checkpoint_every=10,
                 log_every=10, seq_len=64)
   return config_lib.set_values(config, overrides)
 
@@ -56,17 +58,17 @@ def _eval_loss(workdir, step):
 
 def test_loss_falls_and_checkpoints_are_written(trained):
   workdir, results = trained
-  first, last = _eval_loss(workdir, 20), _eval_loss(workdir, 40)
+  first, last = _eval_loss(workdir, 10), _eval_loss(workdir, 20)
   assert last == pytest.approx(results["eval/loss"])
   assert last < first - 0.5, (first, last)
-  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20",
-                                                                      "40"]
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["10",
+                                                                      "20"]
 
 
 def test_rerun_resumes_and_reevaluates_identically(trained, code_glob):
   workdir, results = trained
   state, again = train.train_and_evaluate(tiny_config(code_glob), workdir, families.build_task)
-  assert int(state.step) == 40
+  assert int(state.step) == 20
   assert again["eval/loss"] == pytest.approx(results["eval/loss"], rel=1e-6)
 
 
@@ -102,7 +104,7 @@ def test_generate_samples_from_the_workdir(trained, code_glob):
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
-  assert f"weights: {workdir}/checkpoints step 40" in result.stdout
+  assert f"weights: {workdir}/checkpoints step 20" in result.stdout
   assert "=== def f(x):" in result.stdout
   assert "tokens/s" in result.stdout
 
@@ -172,7 +174,7 @@ def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "step 40" in result.stdout
+  assert "step 20" in result.stdout
   assert sorted(os.listdir(out)) == [
       "config.json", "generation_config.json", "model.safetensors",
       "modeling_dream.py", "tokenizer.json"]
@@ -230,7 +232,7 @@ def test_the_python_api_samples_from_a_workdir(trained):
   from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
   workdir, _ = trained
   lm = DiffusionLM.from_pretrained(workdir, dtype="float32")
-  assert lm.source.endswith("step 40")
+  assert lm.source.endswith("step 20")
   out = lm.generate(["def f(x):", "x = 1"], max_new_tokens=8, steps=4,
                     return_tokens=True)
   assert len(out.completions) == 2

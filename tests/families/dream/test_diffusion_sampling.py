@@ -452,9 +452,11 @@ def _kept(logits, top_p, top_k):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("top_p,top_k", [(None, 1), (None, 7), (None, 50),
-                                         (0.9, None), (0.5, None),
-                                         (0.95, 50), (0.3, 5)])
+@pytest.mark.parametrize("top_p,top_k", [
+    (None, 1), (None, 7), (None, 50), (0.9, None),
+    # Top-p alone takes the whole-vocabulary path of (0.9, None), which
+    # runs by default; another mass, no other code.
+    pytest.param(0.5, None, marks=pytest.mark.slow), (0.95, 50), (0.3, 5)])
 def test_sort_free_filters_match_a_sorted_reference(dtype, top_p, top_k):
   rng = np.random.default_rng(0)
   # Coarse values: many ties, also at the boundaries (bf16 has few values).
@@ -480,9 +482,24 @@ def test_candidates_are_complete_for_continuous_logits():
     assert complete.mean() > 0.95, (k, np.where(~complete))
 
 
-@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
-@pytest.mark.parametrize("top_p,top_k,temperature", [
-    (None, 50, 0.0), (0.95, 50, 0.2), (0.9, None, 0.0), (None, None, 0.0)])
+def _filter_cases():
+  """Every filter setting with maskgit_plus; the other confidences (computed
+  by the same `_finish` after whichever filter ran) with no filter and with
+  both filters and a draw by default, their top-k-only and top-p-only cases
+  `slow` (the filter paths are maskgit_plus's cases here)."""
+  cases = []
+  for alg in ("maskgit_plus", "topk_margin", "entropy"):
+    for top_p, top_k, temperature in [(None, 50, 0.0), (0.95, 50, 0.2),
+                                      (0.9, None, 0.0), (None, None, 0.0)]:
+      slow = alg != "maskgit_plus" and (top_p is None) != (top_k is None)
+      cases.append(pytest.param(
+          alg, top_p, top_k, temperature,
+          id=f"{top_p}-{top_k}-{temperature}-{alg}",
+          marks=[pytest.mark.slow] if slow else []))
+  return cases
+
+
+@pytest.mark.parametrize("alg,top_p,top_k,temperature", _filter_cases())
 def test_sample_tokens_equals_full_vocabulary_softmax(alg, top_p, top_k,
                                                       temperature):
   """Confidence and greedy token equal those of a softmax over the whole
@@ -597,17 +614,11 @@ def test_default_top_k_is_hugging_faces_50():
   np.testing.assert_array_equal(off[0], off[1])
 
 
-@pytest.mark.parametrize("kw", [dict(alg="entropy", top_k=None),
-                                dict(alg="entropy"),
-                                dict(alg="topk_margin", top_k=20),
-                                dict(alg="maskgit_plus", top_p=0.9)],
-                         ids=["entropy-unset", "entropy-top_k50",
-                              "margin-top_k20", "maskgit-top_p"])
-@pytest.mark.parametrize("padded", [False, True])
-def test_greedy_tokens_equal_the_pytorch_reference_loop(tmp_path, kw, padded):
-  """Same weights in a Dream model and in transformers' Qwen2 running the
-  reference `_sample` loop (benchmarks/reference/dream_torch_sampler.py): greedy
-  tokens agree exactly, also left-padded."""
+@pytest.fixture(scope="module")
+def reference_pair(tmp_path_factory):
+  """(DreamConfig, our params, transformers' Qwen2 running the reference
+  `_sample` loop (benchmarks/reference/dream_torch_sampler.py), its
+  module), the same weights on both sides; built once for every case."""
   import os  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
@@ -628,9 +639,39 @@ def test_greedy_tokens_equal_the_pytorch_reference_loop(tmp_path, kw, padded):
   # pick the order); saturated ones (x200) tie exactly, and torch.topk
   # breaks exact ties in another order than ours (lower index first).
   init["lm_head"]["kernel"] = init["lm_head"]["kernel"] * 20
-  hf_import.export_hf_checkpoint(init, cfg, str(tmp_path), dtype="float32")
-  params = hf_import.load_hf_checkpoint(str(tmp_path), cfg)
-  model = ref.qwen2_from_hf_dir(str(tmp_path))
+  directory = str(tmp_path_factory.mktemp("dream_hf"))
+  hf_import.export_hf_checkpoint(init, cfg, directory, dtype="float32")
+  params = hf_import.load_hf_checkpoint(directory, cfg)
+  return cfg, params, ref.qwen2_from_hf_dir(directory), ref
+
+
+# Left padding (the mask and positions both sides derive from the attention
+# mask) is independent of the confidence and the filters: one padded case
+# runs by default, with the default settings (entropy, top_k 50); the other
+# padded ones are `slow`, their algorithms covered unpadded here.
+@pytest.mark.parametrize("kw, padded", [
+    pytest.param(dict(alg="entropy", top_k=None), False,
+                 id="False-entropy-unset"),
+    pytest.param(dict(alg="entropy"), False, id="False-entropy-top_k50"),
+    pytest.param(dict(alg="topk_margin", top_k=20), False,
+                 id="False-margin-top_k20"),
+    pytest.param(dict(alg="maskgit_plus", top_p=0.9), False,
+                 id="False-maskgit-top_p"),
+    pytest.param(dict(alg="entropy", top_k=None), True,
+                 id="True-entropy-unset", marks=pytest.mark.slow),
+    pytest.param(dict(alg="entropy"), True, id="True-entropy-top_k50"),
+    pytest.param(dict(alg="topk_margin", top_k=20), True,
+                 id="True-margin-top_k20", marks=pytest.mark.slow),
+    pytest.param(dict(alg="maskgit_plus", top_p=0.9), True,
+                 id="True-maskgit-top_p", marks=pytest.mark.slow),
+])
+def test_greedy_tokens_equal_the_pytorch_reference_loop(reference_pair, kw,
+                                                        padded):
+  """Same weights in a Dream model and in transformers' Qwen2 running the
+  reference `_sample` loop (benchmarks/reference/dream_torch_sampler.py): greedy
+  tokens agree exactly, also left-padded."""
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
+  cfg, params, model, ref = reference_pair
   rng = np.random.default_rng(0)
   ids = rng.integers(1, 500, (3, 7)).astype(np.int32)
   mask = np.ones(ids.shape, bool)
@@ -669,8 +710,11 @@ def _numpy_filtered(logits, temperature, top_p, top_k):
   return np.stack(out)
 
 
-@pytest.mark.parametrize("top_p, top_k", [(0.9, None), (None, 20),
-                                          (0.9, 20), (0.6, 50)])
+@pytest.mark.parametrize("top_p, top_k", [
+    (0.9, None), (None, 20), (0.9, 20),
+    # Both filters as (0.9, 20), top-p the tighter: the kept set is the
+    # intersection whichever binds (top-k of what top-p kept), one code path.
+    pytest.param(0.6, 50, marks=pytest.mark.slow)])
 def test_token_probs_is_the_distribution_sample_tokens_draws_from(
     top_p, top_k):
   """token_probs (the draws parity check's view of our sampler) against

@@ -56,8 +56,14 @@ def _init_cached(cfg):
 
 def _apply(cfg, variables, *args, method=None):
   """Jitted apply: eager scan/remat dispatch is slow on CPU."""
-  fn = lambda v, *a: dream.Dream(cfg).apply(v, *a, method=method)  # noqa
-  return jax.jit(fn)(variables, *args)
+  return _jitted_apply(cfg, method)(variables, *args)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_apply(cfg, method):
+  """One jitted function per (config, method): calls with the shapes of an
+  earlier call (several tests run the same forward) reuse its compile."""
+  return jax.jit(lambda v, *a: dream.Dream(cfg).apply(v, *a, method=method))
 
 
 def test_param_count_7b_without_allocation():

@@ -545,8 +545,13 @@ def test_sharded_init_and_forward_match():
       cached, _reference_generate(cfg, plain, idx[:, :4], 6))
 
 
-@pytest.mark.parametrize("bias,dtype", [(True, "float32"), (False, "float32"),
-                                        (False, "bfloat16")])
+# With c_attn's bias (float32) and without it (bfloat16): the kernel's and
+# the bias's column blocks, in both dtypes; (False, float32) adds no path
+# and runs with -m slow.
+@pytest.mark.parametrize("bias,dtype", [
+    (True, "float32"),
+    pytest.param(False, "float32", marks=pytest.mark.slow),
+    (False, "bfloat16")])
 def test_separate_qkv_projection_same_values_and_grads(bias, dtype):
   """qkv_projection='separate' runs c_attn as three matmuls on its column
   blocks: the same parameters, logits, gradients and KV-cache decode as

@@ -121,8 +121,13 @@ def test_stack_and_unstack_round_trip():
     gpt.unstack_layers(params, 3)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("remat", [False, True])
+# Two cases cover each value of both options (the scanned body with and
+# without remat, with and without biases); the other two pairs run with -m
+# slow.
+@pytest.mark.parametrize("bias, remat", [
+    (True, False), (False, True),
+    pytest.param(False, False, marks=pytest.mark.slow),
+    pytest.param(True, True, marks=pytest.mark.slow)])
 def test_scanned_forward_and_grads_equal_unscanned(bias, remat):
   """Logits and gradients of the scanned model on stacked weights equal the
   unscanned model's (dropout 0, training mode)."""
@@ -368,7 +373,7 @@ def test_init_from_a_nanogpt_checkpoint_stacks_weights_and_moments(
     jax.tree.map(np.testing.assert_array_equal, ours,
                  gpt.stack_layers(theirs, 3))
   idx = np.asarray(_tokens(batch=2, length=32, vocab=vocab))
-  logits = {scan: np.asarray(task.program.model.apply(
+  logits = {scan: np.asarray(jax.jit(task.program.model.apply)(
       {"params": state.params}, idx))
             for scan, (task, _, state) in states.items()}
   np.testing.assert_allclose(logits[True], logits[False], rtol=1e-5,
@@ -393,7 +398,7 @@ def test_init_from_gpt2_stacks_its_weights(tmp_path_factory):
   jax.tree.map(np.testing.assert_array_equal, scanned,
                gpt.stack_layers(plain, 2))
   idx = np.asarray(_tokens(batch=2, length=32, vocab=128))
-  logits = [np.asarray(states[scan][0].program.model.apply(
+  logits = [np.asarray(jax.jit(states[scan][0].program.model.apply)(
       {"params": states[scan][2].params}, idx)) for scan in (False, True)]
   np.testing.assert_allclose(logits[1], logits[0], rtol=1e-5, atol=1e-5)
 
@@ -499,8 +504,8 @@ def test_a_bfloat16_residual_stream_carries_bfloat16_between_blocks(scan):
   if scan:
     params = gpt.stack_layers(params, TINY.n_layer)
   tokens = _tokens()
-  ref = gpt.GPT(cfg).apply({"params": params}, tokens)
-  out = gpt.GPT(low).apply({"params": params}, tokens)
+  ref = jax.jit(gpt.GPT(cfg).apply)({"params": params}, tokens)
+  out = jax.jit(gpt.GPT(low).apply)({"params": params}, tokens)
   assert out.dtype == jnp.float32
   np.testing.assert_allclose(out, ref, atol=0.15, rtol=0.05)
   assert not np.array_equal(out, ref)
@@ -553,15 +558,16 @@ def test_splash_attention_is_causal_attention():
   def loss(model):
     return lambda p: model.apply({"params": p}, tokens).mean()
 
-  ref, ref_grads = jax.value_and_grad(loss(gpt.GPT(cfg)))(params)
-  out, grads = jax.value_and_grad(loss(gpt.GPT(splash)))(params)
+  # Jitted: the interpreted kernel op by op is far slower to run.
+  ref, ref_grads = jax.jit(jax.value_and_grad(loss(gpt.GPT(cfg))))(params)
+  out, grads = jax.jit(jax.value_and_grad(loss(gpt.GPT(splash))))(params)
   np.testing.assert_allclose(out, ref, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-3)
   # Position 0 sees only itself: changing a later token leaves its logits.
-  logits = gpt.GPT(splash).apply({"params": params}, tokens)
-  changed = gpt.GPT(splash).apply({"params": params},
-                                  tokens.at[:, 5].set((tokens[:, 5] + 1) % 64))
+  forward = jax.jit(lambda t: gpt.GPT(splash).apply({"params": params}, t))
+  logits = forward(tokens)
+  changed = forward(tokens.at[:, 5].set((tokens[:, 5] + 1) % 64))
   np.testing.assert_array_equal(logits[:, :5], changed[:, :5])
   assert not np.allclose(logits[:, 5:], changed[:, 5:])
 

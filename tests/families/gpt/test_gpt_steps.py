@@ -199,7 +199,10 @@ def test_weights_are_cast_once_on_gpus_only(platform, cast_once):
                                ).train_step.keywords["cast_once"]
 
 
-@pytest.mark.parametrize("chunk", [3, 4, 8])
+# One code path (a scan over chunks): 3 pads the positions, 8 is one chunk
+# without padding; 4 (two chunks, no padding) runs with -m slow.
+@pytest.mark.parametrize("chunk", [
+    3, pytest.param(4, marks=pytest.mark.slow), 8])
 def test_chunked_loss_equals_the_whole_logits_loss(chunk):
   """config.loss_chunk_size: the same loss and update, the [B, T, V]
   logits made a chunk at a time (3 pads the 8 positions with ignored
@@ -230,7 +233,7 @@ def test_bfloat16_logits_train_on_the_rounded_logits():
   for logits_dtype in ("float32", "bfloat16"):
     model = bf16_model.clone(cfg=dataclasses.replace(
         bf16_model.cfg, logits_dtype=logits_dtype))
-    logits = model.apply({"params": state.params}, batch["x"])
+    logits = jax.jit(model.apply)({"params": state.params}, batch["x"])
     assert logits.dtype == jnp.dtype(logits_dtype)
     _, metrics = jax.jit(lambda s, b, model=model: gpt_steps.train_step(
         s, b, model=model, tx=tx, accum_steps=1))(state, batch)
@@ -243,8 +246,12 @@ def test_bfloat16_logits_train_on_the_rounded_logits():
   assert g16 == pytest.approx(g32, rel=5e-2)
 
 
+# float32 logits with the table made in the loop, bfloat16 logits with it
+# made before (cast_once); the remaining pair of the grid runs with -m slow.
 @pytest.mark.parametrize("logits_dtype,cast_once", [
-    ("float32", False), ("float32", True), ("bfloat16", True)])
+    ("float32", False),
+    pytest.param("float32", True, marks=pytest.mark.slow),
+    ("bfloat16", True)])
 def test_triton_loss_kernel_trains_as_the_xla_loss(monkeypatch, logits_dtype,
                                                    cast_once):
   """config.loss_kernel='triton' (here in Pallas's interpreter): the same

@@ -52,6 +52,17 @@ def tiny_config(data_root, **overrides):
   return config_lib.set_values(config, values)
 
 
+# The short runs below keep tiny_config's lr_decay_iters (60): their steps
+# all fall in the warmup (5 iterations), where the rate does not depend on
+# it, and the train step is then the program `trained` compiled (a cache
+# hit, not a compile of its own).
+SHORT = dict(max_iters=4, eval_interval=2)
+# A learning rate of 0 (all rates 0 whatever the schedule's lengths): the
+# loss never improves on the first evaluation.
+FROZEN = dict(learning_rate=0.0, min_lr=0.0, lr_decay_iters=20,
+              always_save_checkpoint=False)
+
+
 def _eval(workdir, step):
   with open(os.path.join(workdir, f"eval_{step}.json")) as f:
     return json.load(f)
@@ -160,14 +171,25 @@ def test_float16_trains_checkpoints_and_resumes_its_loss_scale(data_root,
   assert float(resumed.loss_scale.scale) == scale * 2
 
 
-def test_checkpoint_only_on_improvement(data_root, tmp_path):
+def _frozen_config(data_root):
+  return tiny_config(data_root, max_iters=20, eval_interval=10,
+                     eval_at_start=False, **FROZEN)
+
+
+@pytest.fixture(scope="module")
+def frozen_run(tmp_path_factory, data_root):
+  """A finished 20-step run at a learning rate of 0, always_save_checkpoint
+  False: its workdir (tests that go on with it copy it first)."""
+  workdir = tmp_path_factory.mktemp("frozen")
+  train.train_and_evaluate(_frozen_config(data_root), str(workdir),
+                           families.build_task)
+  return workdir
+
+
+def test_checkpoint_only_on_improvement(frozen_run):
   # A learning rate of 0 never improves after the first evaluation (without
   # the one of the starting weights, step 10's).
-  config = tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
-                       max_iters=20, lr_decay_iters=20, eval_interval=10,
-                       always_save_checkpoint=False, eval_at_start=False)
-  train.train_and_evaluate(config, str(tmp_path), families.build_task)
-  assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["10"]
+  assert os.listdir(os.path.join(frozen_run, "checkpoints")) == ["10"]
 
 
 def test_the_starting_weights_are_evaluated_first(data_root, tmp_path):
@@ -175,12 +197,11 @@ def test_the_starting_weights_are_evaluated_first(data_root, tmp_path):
   GPT run (config.eval_at_start), which trains the same steps for it. Its
   loss is the best to beat for always_save_checkpoint=False, as nanoGPT's
   best_val_loss: a rate of 0 never beats it, and nothing is saved."""
-  short = dict(max_iters=4, lr_decay_iters=4, eval_interval=2)
   runs = {}
   for at_start in (True, False):
     workdir = str(tmp_path / str(at_start))
     runs[at_start] = train.train_and_evaluate(
-        tiny_config(data_root, eval_at_start=at_start, **short), workdir,
+        tiny_config(data_root, eval_at_start=at_start, **SHORT), workdir,
         families.build_task)[1]
     assert os.path.exists(os.path.join(workdir, "eval_0.json")) == at_start
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
@@ -190,10 +211,8 @@ def test_the_starting_weights_are_evaluated_first(data_root, tmp_path):
   assert first["eval/val_loss"] > runs[True]["eval/val_loss"]
   assert runs[True]["eval/val_loss"] == runs[False]["eval/val_loss"]
   workdir = str(tmp_path / "still")
-  train.train_and_evaluate(
-      tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
-                  always_save_checkpoint=False, **short), workdir,
-      families.build_task)
+  train.train_and_evaluate(tiny_config(data_root, **FROZEN, **SHORT), workdir,
+                           families.build_task)
   assert not os.listdir(os.path.join(workdir, "checkpoints"))
 
 
@@ -205,8 +224,7 @@ def test_a_resume_with_a_shorter_block_size_names_the_crop(data_root,
   keeps the old shape and its first step fails; the refusal now names the
   route that crops both (its ckpt.pt, then init_from=resume), which trains."""
   workdir = str(tmp_path / "run")
-  short = dict(max_iters=2, lr_decay_iters=4, eval_interval=2,
-               eval_at_start=False)
+  short = dict(SHORT, max_iters=2, eval_at_start=False)
   train.train_and_evaluate(tiny_config(data_root, **short), workdir,
                            families.build_task)
   for allow in (False, True):
@@ -237,16 +255,16 @@ def test_a_resume_with_a_shorter_block_size_names_the_crop(data_root,
   assert int(state.step) == 4 and np.isfinite(results["eval/loss"])
 
 
-def test_a_rerun_after_an_unsaved_last_step_is_finished(data_root, tmp_path,
-                                                         monkeypatch):
+def test_a_rerun_after_an_unsaved_last_step_is_finished(
+    frozen_run, data_root, tmp_path, monkeypatch):
   """always_save_checkpoint=False left the last step (20, no better) unsaved;
   the same command again trained steps 11-20 again, on every rerun. It is a
   finished run now: it evaluates its newest checkpoint (here the best),
   compiling no step."""
-  config = tiny_config(data_root, learning_rate=0.0, min_lr=0.0,
-                       max_iters=20, lr_decay_iters=20, eval_interval=10,
-                       always_save_checkpoint=False, eval_at_start=False)
-  train.train_and_evaluate(config, str(tmp_path), families.build_task)
+  import shutil  # pylint: disable=g-import-not-at-top
+  config = _frozen_config(data_root)
+  tmp_path = tmp_path / "run"
+  shutil.copytree(frozen_run, tmp_path)
 
   def no_training(*args, **kwargs):
     raise AssertionError("the finished run compiled its train step")
@@ -277,9 +295,8 @@ def test_a_better_last_step_killed_while_saving_is_trained_again(
   rerun took the record for an unsaved step that did not improve: it ended
   on the older checkpoint (step 2 and its worse loss as the final
   evaluation), logging that step 4's loss was not below the best."""
-  config = tiny_config(data_root, max_iters=4, lr_decay_iters=4,
-                       eval_interval=2, always_save_checkpoint=False,
-                       eval_at_start=False)
+  config = tiny_config(data_root, always_save_checkpoint=False,
+                       eval_at_start=False, **SHORT)
   real_save = train.ckpt_lib.save
 
   class Killed(Exception):

@@ -45,6 +45,14 @@ def _triton(x, w_in, w_out):
   return channel_gpu.channel_mlp(x, w_in, w_out, EPS, 1, True)
 
 
+def _triton_and_xla(x, w_in, w_out, dy):
+  """(y, dx, d_w_in, d_w_out) of the kernel and of the XLA path, as one
+  jitted program: one compile instead of one per op (eager). Jitted afresh
+  on each call, so that it traces the launch constants a test has set."""
+  return jax.jit(lambda *args: (_vjp(_triton, *args), _vjp(_xla, *args)))(
+      x, w_in, w_out, dy)
+
+
 # [S, B, D] and the inner width I, with blocks of 32 rows, 16 columns and
 # depth 16: 97 x 2 = 194 rows are six full row blocks and a partial one
 # (masked); 9 x 2 = 18 rows one partial block; 16 x 4 = 64 rows two full
@@ -58,9 +66,7 @@ CASES = {"partial_rows": ((97, 2, 64), 48), "one_partial_block": ((9, 2, 32), 16
 def test_forward_and_gradients_match_the_xla_path(case, dtype, epilogue):
   del epilogue
   shape, inter = CASES[case]
-  x, w_in, w_out, dy = _operands(*shape, inter, jnp.dtype(dtype))
-  want = _vjp(_xla, x, w_in, w_out, dy)
-  got = _vjp(_triton, x, w_in, w_out, dy)
+  got, want = _triton_and_xla(*_operands(*shape, inter, jnp.dtype(dtype)))
   assert_outputs_and_grads_match(got, want, dtype)
 
 
@@ -69,9 +75,8 @@ def test_the_sweep_sizes_compile_in_the_interpreter(monkeypatch):
   divide, with a partial last row block."""
   monkeypatch.setattr(channel_gpu, "_CHANNEL",
                       dict(channel_gpu._CHANNEL, layout="epilogue"))  # pylint: disable=protected-access
-  x, w_in, w_out, dy = _operands(97, 2, 128, 128, jnp.bfloat16)
-  assert_outputs_and_grads_match(_vjp(_triton, x, w_in, w_out, dy),
-                                 _vjp(_xla, x, w_in, w_out, dy), "bfloat16")
+  got, want = _triton_and_xla(*_operands(97, 2, 128, 128, jnp.bfloat16))
+  assert_outputs_and_grads_match(got, want, "bfloat16")
 
 
 def test_sharded_over_a_mesh_matches_one_device(epilogue):

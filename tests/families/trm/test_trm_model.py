@@ -308,16 +308,19 @@ def test_gpu_attention_splits_the_projection_into_three_matmuls(
   rope = layers.rope_tables(8, 16, 10000.0)
   attn = {kernel: layers.Attention(64, 4, 4, jnp.float32, kernel)
           for kernel in ("dot", "cudnn")}
-  params = attn["dot"].init(jax.random.key(1), x, rope)
-  assert (jax.tree.map(jnp.shape, attn["cudnn"].init(jax.random.key(1), x,
-                                                     rope))
+  # Jitted, and the cudnn init only traced for its shapes: one compile per
+  # program instead of one per op (eager), a third of the test's time.
+  params = jax.jit(attn["dot"].init)(jax.random.key(1), x, rope)
+  assert (jax.tree.map(lambda a: a.shape, jax.eval_shape(
+      attn["cudnn"].init, jax.random.key(1), x, rope))
           == jax.tree.map(jnp.shape, params))
 
   def loss(params, kernel):
     return jnp.sum(jnp.sin(attn[kernel].apply(params, x, rope)))
 
-  want, want_grad = jax.value_and_grad(loss)(params, "dot")
-  got, got_grad = jax.value_and_grad(loss)(params, "cudnn")
+  grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  want, want_grad = grad(params, "dot")
+  got, got_grad = grad(params, "cudnn")
   np.testing.assert_allclose(got, want, rtol=1e-6)
   for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -406,10 +409,15 @@ def test_mlp_t_runs_whatever_the_head_count():
   # MLP-t has no attention, so upstream trains hidden_size % num_heads != 0
   # (here 32 / 3) with RoPE on; before, the config refused it.
   model, variables = _model(mlp_t=True, num_heads=3, pos_encodings="rope")
-  z_H, z_L = model.apply(variables, B, method=trm.TRM.initial_z)
   cfg = model.cfg
-  out = model.apply(variables, z_H, z_L, _batch(cfg)["inputs"],
-                    _normal((B, cfg.puzzle_emb_ndim), 1))
+
+  @jax.jit  # one compile, not one per op (eager): most of the test's time
+  def forward(variables, inputs, vectors):
+    z_H, z_L = model.apply(variables, B, method=trm.TRM.initial_z)
+    return model.apply(variables, z_H, z_L, inputs, vectors)
+
+  out = forward(variables, _batch(cfg)["inputs"],
+                _normal((B, cfg.puzzle_emb_ndim), 1))
   assert all(np.isfinite(np.asarray(a, np.float32)).all()
              for a in jax.tree.leaves(out))
 
@@ -808,13 +816,19 @@ def test_streaming_act():
 def test_remat_gives_identical_loss_and_gradients():
   """model.remat only trades memory for recompute."""
   results = []
+  variables = None
   for remat in (False, True):
     cfg = trm.TRMConfig(vocab_size=11, seq_len=81, num_puzzle_identifiers=1,
                         hidden_size=32, num_heads=2, H_cycles=2, L_cycles=2,
                         puzzle_emb_ndim=32, forward_dtype="float32",
                         remat=remat)
     model = trm.TRM(cfg)
-    variables = nn.meta.unbox(trm.init_variables(model, jax.random.PRNGKey(0)))
+    if variables is None:
+      # One jitted init (eager, each took most of the test's time) serves
+      # both: remat adds no variables, and the remat model's apply fails
+      # if it names them otherwise.
+      variables = jax.jit(lambda model=model: nn.meta.unbox(
+          trm.init_variables(model, jax.random.PRNGKey(0))))()
     batch = {"inputs": jnp.arange(4 * 81).reshape(4, 81) % 11,
              "labels": jnp.ones((4, 81), jnp.int32),
              "puzzle_identifiers": jnp.zeros((4,), jnp.int32)}
