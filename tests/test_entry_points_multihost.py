@@ -1,8 +1,8 @@
 """The entry points on 2 processes x 4 CPU devices (gloo) against one
 process x 8: `DiffusionLM.generate` (prompts split over the batch axis,
 history, cached decoding) and the TRM torch export with arrays that span
-both processes; then `trm.generate`, `trm.sample`, `trm.evaluate`
-(TRM and --benchmark) and `trm.export` started as on a pod (the same command, with
+both processes; then `trm.generate`, `trm.sample` and `trm.evaluate`
+(TRM and --benchmark) started as on a pod (the same command, with
 --coordinator_address): every process takes part, process 0 alone prints
 and writes, and what it prints or writes is what one process does."""
 import json
@@ -167,8 +167,10 @@ def test_two_processes_do_what_one_does(tmp_path):
           "--config.data.build.num_test=32",
           "--config.data.build.num_blanks=30",
           "--config.data.eval_batch_size=16"],
-      "export": ["-m", "trm.export", "--config=configs/diffucoder_7b.py:tiny",
-                 f"--checkpoint={workdir}", "--out={out}", "--dtype=float32"]}
+      # No trm.export: tests/test_export_multihost.py exports weights that
+      # span both processes (process 0 alone writes), and generate_workdir
+      # above restores this workdir over them by the same start-up.
+  }
   for name, args in tools.items():
     one, two = tmp_path / f"{name}-one", tmp_path / f"{name}-two"
     env["XLA_FLAGS"] = workers_lib.xla_flags(8)
@@ -190,13 +192,6 @@ def test_two_processes_do_what_one_does(tmp_path):
           np.load(two / "predictions_test.npy"),
           np.load(one / "predictions_test.npy"))
       assert "paper metric exact_accuracy" in outputs[0]
-    elif name == "export":  # the files process 0 alone wrote
-      assert sorted(os.listdir(two)) == sorted(os.listdir(one))
-      want = load_file(str(one / "model.safetensors"))
-      have = load_file(str(two / "model.safetensors"))
-      assert sorted(have) == sorted(want) and "exported" in outputs[0]
-      for key, value in want.items():
-        np.testing.assert_array_equal(have[key], value, err_msg=key)
     else:  # process 0 printed the results (its stderr is merged in)
       want = single.stdout.split("device:")[0].strip().splitlines()
       # Other lines may come between ours (Gloo prints its connections to
