@@ -766,6 +766,26 @@ def test_two_processes_rank_a_step_written_without_its_loss(tmp_path):
   assert results == ["RESULT 0 10 [10, 20]", "RESULT 1 10 [10, 20]"]
 
 
+def test_a_peer_lost_is_recognised_whatever_type_carries_it():
+  """Reproduced (session 64, 1 of ~20 SIGKILLs of process 1): the gloo
+  error reached cli.run as a ValueError-class error, not jax's runtime
+  error, so process 0 took the generic exit and aborted in jax's shutdown
+  barrier ~90 s later. Its text, or its cause's, is what counts."""
+  text = ("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/"
+          "tcp/pair.cc:538] Read error [127.0.0.1]:38326: Connection reset "
+          "by peer")
+  assert cli.peer_lost(ValueError(text)) and cli.peer_lost(OSError(text))
+  try:
+    try:
+      raise RuntimeError(text)
+    except RuntimeError as e:
+      raise ValueError("fetching the metrics failed") from e
+  except ValueError as wrapped:
+    assert cli.peer_lost(wrapped)
+  assert not cli.peer_lost(ValueError("Connection reset by peer"))  # no gloo
+  assert not cli.peer_lost(ValueError("Gloo AllGather failed: a bad shape"))
+
+
 def test_a_peer_lost_during_a_save_is_not_reported_as_a_disk_error(tmp_path):
   """Process 1 killed while a checkpoint was being written: process 0 said
   "Writing a checkpoint ... failed (... Connection closed by peer); ... MiB

@@ -232,10 +232,19 @@ _PEER_LOST_MARKS = ("Connection reset by peer", "Connection closed by peer",
 
 
 def peer_lost(error: BaseException) -> bool:
-  """An XLA runtime error of a collective whose peer process went away."""
-  text = str(error)
-  return (type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
-          and "Gloo" in text and any(m in text for m in _PEER_LOST_MARKS))
+  """A collective's error whose peer process went away, whatever type
+  carries it (or its cause): a SIGKILLed process 1 once reached cli.run as
+  a ValueError-class error with gloo's text, took the generic one-line
+  exit, and process 0 then waited ~90 s in jax's shutdown barrier for the
+  dead process and aborted (SIGABRT, a stack dump)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    text = str(error)
+    if "Gloo" in text and any(m in text for m in _PEER_LOST_MARKS):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
 
 
 def one_line(error: BaseException) -> str:
