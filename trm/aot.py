@@ -651,9 +651,8 @@ def check_mode_flags() -> None:
 
 
 def sample_settings_from_flags(config) -> SampleSettings | None:
-  """SampleSettings for --mode=sample, None for --mode=train; flags of the
-  other mode are an error rather than silently ignored."""
-  check_mode_flags()
+  """SampleSettings for --mode=sample, None for --mode=train (`main` has
+  already refused the other mode's flags: `check_mode_flags`)."""
   if _MODE.value == "train":
     return None
   try:
