@@ -768,9 +768,11 @@ def test_two_processes_rank_a_step_written_without_its_loss(tmp_path):
 
 def test_a_peer_lost_is_recognised_whatever_type_carries_it():
   """Reproduced (session 64, 1 of ~20 SIGKILLs of process 1): the gloo
-  error reached cli.run as a ValueError-class error, not jax's runtime
-  error, so process 0 took the generic exit and aborted in jax's shutdown
-  barrier ~90 s later. Its text, or its cause's, is what counts."""
+  error reached cli.run as a ValueError, not jax's runtime error, so process
+  0 took the generic exit and aborted in jax's shutdown barrier ~90 s later.
+  Session 65 found the source: jit's dispatch of process_allgather's program
+  (in preemption.reached) raises a failure during the call as ValueError.
+  Its text, or its cause's, is what counts."""
   text = ("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/"
           "tcp/pair.cc:538] Read error [127.0.0.1]:38326: Connection reset "
           "by peer")

@@ -150,11 +150,7 @@ class _Training:
                log_every: int = 3):
     import threading  # pylint: disable=g-import-not-at-top
     from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
-    # Two layers, as these tests were written for: with one (steps ~2x
-    # faster), a SIGKILLed process 1 once left process 0 aborting in JAX's
-    # shutdown barrier (BUILD_NOTES, Known limits).
     config = tiny_config(**{"data.data_dir": data_dir, "mesh.data": -1,
-                            "model.L_layers": 2,
                             "mesh.fsdp": 1, "mesh.model": 1,
                             "total_steps": 5000, "checkpoint_every": 5000,
                             "eval_every": 5000, "log_every": log_every})

@@ -233,10 +233,13 @@ _PEER_LOST_MARKS = ("Connection reset by peer", "Connection closed by peer",
 
 def peer_lost(error: BaseException) -> bool:
   """A collective's error whose peer process went away, whatever type
-  carries it (or its cause): a SIGKILLed process 1 once reached cli.run as
-  a ValueError-class error with gloo's text, took the generic one-line
-  exit, and process 0 then waited ~90 s in jax's shutdown barrier for the
-  dead process and aborted (SIGABRT, a stack dump)."""
+  carries it (or its cause). Fetching a failed result raises jax's
+  JaxRuntimeError, but a program that fails while jit dispatches it (XLA:CPU
+  runs a small one inline: `multihost_utils.process_allgather`'s, which
+  `preemption.reached` calls) raises the same text as a ValueError. That one
+  took the generic one-line exit, and process 0 then waited ~90 s in jax's
+  shutdown barrier for the dead process and aborted (SIGABRT, a stack
+  dump)."""
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
