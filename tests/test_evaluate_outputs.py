@@ -37,6 +37,18 @@ def test_a_failed_eval_json_write_keeps_the_old_outputs(tmp_path,
   assert sorted(os.listdir(out)) == sorted(before)  # no temporary left
 
 
+def test_eval_json_is_strict_json_with_a_diverged_figure(tmp_path):
+  """A NaN loss was written as Python's `NaN` token, which jq and other
+  strict JSON readers refuse: null now."""
+  evaluate.write_eval_outputs(str(tmp_path), np.ones((2, 3), np.int32),
+                              {"loss": float("nan"), "acc": 0.5,
+                               "q": [float("-inf"), 1.0]}, "ckpt", "data")
+  recorded = json.loads((tmp_path / "eval.json").read_text(),
+                        parse_constant=pytest.fail)
+  assert (recorded["loss"], recorded["acc"], recorded["q"]) == (
+      None, 0.5, [None, 1.0])
+
+
 def test_a_failed_predictions_write_keeps_the_old_file(tmp_path,
                                                        monkeypatch):
   out = str(tmp_path)

@@ -348,9 +348,10 @@ def _generation_path(output: str) -> str:
 
 
 def _write_json_atomically(path: str, value) -> None:
-  """`value` as JSON at `path`, whole or not at all (a failed write leaves
-  `path` as it was)."""
-  atomic_files.atomic_write(path, lambda f: json.dump(value, f, indent=1),
+  """`value` as strict JSON at `path` (a NaN figure as null), whole or not
+  at all (a failed write leaves `path` as it was)."""
+  atomic_files.atomic_write(path, lambda f: json.dump(
+      atomic_files.nonfinite_as_null(value), f, indent=1, allow_nan=False),
                             mode="w")
 
 

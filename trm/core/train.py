@@ -326,8 +326,10 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       writer.write_scalars(step, results)
     if is_main:
       # Whole or not at all: a resume ranks checkpoints by these records.
-      atomic_files.replace_whole(workpath / f"eval_{step}.json",
-                                 json.dumps(results, indent=1))
+      atomic_files.replace_whole(
+          workpath / f"eval_{step}.json",
+          json.dumps(atomic_files.nonfinite_as_null(results), indent=1,
+                     allow_nan=False))
     return results
 
   if config.eval_only:  # nanoGPT's eval_only: no training

@@ -6,6 +6,7 @@ Shared by the dataset builders (`trm.data.puzzles`) and the text pipeline
 
 import contextlib
 import json
+import math
 import os
 import threading
 import uuid
@@ -58,6 +59,20 @@ def replace_whole(path, text: str | bytes) -> None:
 def write_json_atomic(path: str, obj: Any) -> None:
   """Atomically writes `obj` as JSON to `path`."""
   atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
+
+
+def nonfinite_as_null(value):
+  """`value` with each NaN or infinite float (a diverged loss) made None,
+  for `json.dump(..., allow_nan=False)`: null, as JavaScript's
+  JSON.stringify writes them. Python's default `NaN`/`Infinity` tokens are
+  not JSON: jq and other strict readers refused such files."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {key: nonfinite_as_null(v) for key, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [nonfinite_as_null(v) for v in value]
+  return value
 
 
 _held = threading.local()  # directories whose dir_lock this thread holds
