@@ -183,7 +183,8 @@ def run_dropout(report, case: Case, step_check) -> None:
                      deterministic=False, rngs={"dropout": key})
     return gpt_steps.cross_entropy(lg, jnp.asarray(case.y, jnp.int32))[0]
 
-  loss, grads = jax.value_and_grad(loss_fn)(case.params)
+  # One program, not one compile per op.
+  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(case.params)
   add(compare(f"{label} dropout p={p} logits", logits,
               logits_t.detach().numpy(), 2e-5))
   add(compare(f"{label} dropout p={p} loss", loss, loss_t.item(), 2e-5,
@@ -309,7 +310,7 @@ def run_bf16(report, case: Case, train) -> None:
     lg = model.apply({"params": params}, jnp.asarray(case.x, jnp.int32))
     return gpt_steps.cross_entropy(lg, jnp.asarray(case.y, jnp.int32))[0], lg
 
-  (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+  (loss, logits), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
       case.params)
   grads = jax.tree.map(lambda g: np.asarray(g, np.float32), grads)
   add(judge_bf16(f"{label} bf16 logits", np.asarray(logits, np.float32),
