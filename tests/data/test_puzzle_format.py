@@ -159,6 +159,19 @@ def test_missing_metadata_file(tmp_path):
   assert "python -m trm.data.puzzles.sudoku" in str(e.value)
 
 
+def test_a_dataset_json_that_is_not_utf8_names_the_file(tmp_path):
+  # json's UnicodeDecodeError is a ValueError, so the trainer printed its
+  # one line, but that named neither file nor fix.
+  metadata, arrays = _toy()
+  pf.write_split(str(tmp_path), "train", metadata, {"all": arrays})
+  path = tmp_path / "train" / "dataset.json"
+  path.write_bytes(b"\xff\xfe" + path.read_bytes())
+  with pytest.raises(ValueError) as e:
+    pf.read_split(str(tmp_path), "train")
+  assert str(path) in str(e.value) and "not UTF-8" in str(e.value)
+  assert "rebuild the dataset" in str(e.value)
+
+
 def test_missing_npy_file(tmp_path):
   metadata, arrays = _toy()
   pf.write_split(str(tmp_path), "train", metadata, {"all": arrays})

@@ -338,10 +338,15 @@ def read_metadata(data_dir: str, split: str) -> PuzzleDatasetMetadata:
         f"Puzzle dataset metadata {path!r} does not exist (incomplete or "
         f"interrupted build?). {hint}")
   try:
-    with open(path, "r") as f:
+    with open(path, "r", encoding="utf-8") as f:
       data = json.load(f)
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}: invalid JSON: {e}") from e
+  except UnicodeDecodeError as e:
+    # A ValueError too, but its text ("'utf-8' codec can't decode ...")
+    # named no file.
+    raise ValueError(f"{path}: not UTF-8 JSON (byte 0x{e.object[e.start]:02x}"
+                     f" at offset {e.start}); rebuild the dataset.") from None
   return PuzzleDatasetMetadata.from_json_dict(data, source=path)
 
 
