@@ -142,6 +142,29 @@ def test_packing(tmp_path):
   assert not maskable[:, 0].any() and maskable[:, 1:].all()
 
 
+def test_a_link_cycle_under_a_code_glob_is_one_line_not_a_hang(tmp_path):
+  """glob's ** follows links into directories: a link back to an ancestor
+  read every file ~40 times (held-out rows copies of training rows), two
+  such links walked 2**40 paths (a hang)."""
+  (tmp_path / "a.py").write_text("x")
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "b.py").write_text("y")
+  (tmp_path / "sub" / "up").symlink_to("..")
+  pattern = str(tmp_path / "**" / "*.py")
+  for second_link in (False, True):  # one link first: the old code ended
+    if second_link:
+      (tmp_path / "me").symlink_to(".")
+    with pytest.raises(ValueError, match="a link back to") as e:
+      sft.read_code_files(pattern, "data.path")
+    assert "directory cycle" in str(e.value) and "data.path" in str(e.value)
+  # Without the cycles every file is read once, and a link to a directory
+  # already matched (a venv's lib64 -> lib) adds no second copy.
+  (tmp_path / "sub" / "up").unlink()
+  (tmp_path / "me").unlink()
+  (tmp_path / "lib64").symlink_to("sub")
+  assert sft.read_code_files(pattern) == ["x", "y"]
+
+
 def test_code_quoting_special_token_names_is_text(tmp_path):
   """A source file that quotes "<|mask|>" or "<|endoftext|>" (tokenizer
   code does) put the mask id into clean rows, as input and as target, and

@@ -179,15 +179,68 @@ def pair_rows(token_pairs, seq_len: int, pad_id: int, source: str = "data",
   return tokens, maskable
 
 
+def _check_no_link_cycle(pattern: str, what: str) -> None:
+  """A ValueError when the directories that `pattern`'s `**` walks hold a
+  link back to one of their own ancestors: glob follows links into
+  directories, so it would list the tree below again and again (one such
+  link: every file ~40 times, until the path has too many links to
+  resolve; two: 2**40 paths, a hang). Looked for in glob's own walk of
+  the directories, which stops at the first cycle."""
+  parts = pattern.split(os.sep)
+  if "**" not in parts:
+    return  # no recursion: bounded
+  # The directories up to the last `**` (a trailing separator: directories
+  # only), walked from where the first `**` starts.
+  last = len(parts) - 1 - parts[::-1].index("**")
+  start = parts.index("**")
+  real = {}
+
+  def resolved(path: str) -> str:
+    if path not in real:
+      real[path] = os.path.realpath(path or ".")
+    return real[path]
+
+  for directory in glob.iglob(os.sep.join(parts[:last + 1]) + os.sep,
+                              recursive=True):
+    names = directory.rstrip(os.sep).split(os.sep)
+    if len(names) <= start:
+      continue  # the walk's root itself
+    here = resolved(os.sep.join(names))
+    for i in range(start, len(names)):
+      ancestor = os.sep.join(names[:i]) or (os.sep if pattern.startswith(
+          os.sep) else "")
+      if resolved(ancestor) == here:
+        raise ValueError(
+            f"{pattern!r} ({what}): {os.sep.join(names)} is a link back to "
+            f"{ancestor or '.'} (a directory cycle), so the glob's ** would "
+            "list the same files again and again without end; remove that "
+            f"link, or set {what} to a glob that leaves it out.")
+
+
 def code_file_paths(pattern: str, what: str = "data.path"):
   """The files matching a glob (recursive `**` allowed), sorted: the order
-  of the documents, so the TFDS code builder keeps it too."""
+  of the documents, so the TFDS code builder keeps it too. Each file once:
+  a path through a link to a file or directory already listed (a venv's
+  lib64 -> lib) is left out, as its rows would repeat training rows (and
+  could be held out as evaluation rows); a link cycle is refused."""
+  _check_no_link_cycle(pattern, what)
   paths = sorted(p for p in glob.glob(pattern, recursive=True)
                  if os.path.isfile(p))
   if not paths:
     raise FileNotFoundError(f"No files match {pattern!r}; set {what} to a "
                             "glob such as 'src/**/*.py'.")
-  return paths
+  first = {}
+  for path in paths:
+    first.setdefault(os.path.realpath(path), path)
+  unique = [p for p in paths if first[os.path.realpath(p)] == p]
+  if len(unique) < len(paths):
+    again = next(p for p in paths if first[os.path.realpath(p)] != p)
+    logging.warning(
+        "%s=%r: %d of its %d files are links to files already matched "
+        "(e.g. %s, a link to %s); each is read once.", what, pattern,
+        len(paths) - len(unique), len(paths), again,
+        first[os.path.realpath(again)])
+  return unique
 
 
 def read_code_file(path: str, what: str = "data.path") -> str:
