@@ -466,6 +466,36 @@ def test_a_nanogpt_meta_pkl_of_vocab_size_alone_trains(tmp_path):
       preparation.load_meta(str(d))
 
 
+@pytest.mark.parametrize("kind", ["file", "link_loop", "link_to_file"])
+def test_a_data_dir_that_is_no_directory_is_one_line(tmp_path, kind):
+  """os.makedirs said only "[Errno 17] File exists" of a file or a link
+  loop where the data directory belongs."""
+  src = tmp_path / "input.txt"
+  src.write_text(_SAMPLE)
+  out = tmp_path / "d"
+  if kind == "file":
+    out.write_text("x")
+  elif kind == "link_loop":
+    out.symlink_to("d")
+  else:
+    out.symlink_to(src)
+  with pytest.raises(NotADirectoryError) as e:
+    text_lib.ensure_prepared(str(out), str(src), "char", process_index=0)
+  assert str(e.value).startswith(
+      f"{out} (config.data_root/config.dataset) is a ")
+  assert "not a directory" in str(e.value)
+  assert src.read_text() == _SAMPLE  # a link to the input: untouched
+
+
+def test_a_dangling_data_dir_link_is_prepared_where_it_points(tmp_path):
+  src = tmp_path / "input.txt"
+  src.write_text(_SAMPLE)
+  (tmp_path / "d").symlink_to("target")
+  text_lib.ensure_prepared(str(tmp_path / "d"), str(src), "char",
+                           process_index=0)
+  assert (tmp_path / "target" / "meta.json").is_file()
+
+
 def test_ensure_prepared_other_processes_wait(tmp_path):
   src = tmp_path / "input.txt"
   src.write_text(_SAMPLE)

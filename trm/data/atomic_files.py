@@ -98,15 +98,42 @@ def _locked_dir(path: str) -> int:
     os.close(fd)
 
 
+def check_dir_or_absent(path: str, what: str = "") -> None:
+  """A NotADirectoryError naming `path` (and `what`, the flag or config
+  field that gave it) when something other than a directory is there: a
+  file, a link that loops or leads to no directory. os.makedirs said only
+  "[Errno 17] File exists" of them. A link to a missing path is fine (the
+  directory is made where it points)."""
+  if os.path.isdir(path) or not os.path.lexists(path):
+    return
+  if os.path.islink(path):
+    try:
+      os.stat(path)
+      kind = "a link to a file"
+    except FileNotFoundError:
+      return  # dangling: makedirs makes its target
+    except OSError as e:
+      kind = f"a link that cannot be followed ({e.strerror.lower()})"
+  else:
+    kind = "a file"
+  named = f" ({what})" if what else ""
+  raise NotADirectoryError(
+      f"{path}{named} is {kind}, not a directory: move it away, or name "
+      "another directory.")
+
+
 @contextlib.contextmanager
-def dir_lock(output_dir: str):
+def dir_lock(output_dir: str, what: str = ""):
   """Holds `output_dir` against other preparations of it (other processes
   or threads) until the block ends: an flock on the directory itself (no
   extra file), so two runs started together do not interleave their
   files. Re-entrant in one thread; where flock is refused (some network
   file systems) they run unguarded, as before. A directory it made is
   removed again if the block leaves it empty (input refused before
-  anything was written leaves nothing behind)."""
+  anything was written leaves nothing behind). Something other than a
+  directory at `output_dir` is refused in one line naming it and `what`
+  (`check_dir_or_absent`)."""
+  check_dir_or_absent(output_dir, what)
   key = os.path.realpath(output_dir)
   held = _held.__dict__.setdefault("dirs", set())
   if key in held:

@@ -108,7 +108,9 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
                     process_index: int | None = None,
                     timeout_s: float = 1800.0,
                     poll_s: float = 1.0,
-                    field_prefix: str = "config.data.") -> dict:
+                    field_prefix: str = "config.data.",
+                    dir_field: str = "config.data_root/config.dataset"
+                    ) -> dict:
   """`load_meta(data_dir)`, preparing `input_path` there first if needed.
 
   A prepared directory is used as it is: `input_path` is then not read (a
@@ -121,7 +123,8 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
   reads and writes; the others poll until meta.json appears (it is written
   last), so `data_dir` must be on a file system all processes share, or be
   prepared beforehand on every host with the CLI. `field_prefix` spells the
-  config fields in messages (trm.main's `config.data.`).
+  config fields in messages (trm.main's `config.data.`), `dir_field` the
+  ones that name `data_dir`.
   """
   if preparation.is_prepared(data_dir):
     return _prepared(data_dir, input_path, tokenizer, field_prefix)
@@ -133,7 +136,7 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
   if process_index == 0:
     # One preparation of data_dir at a time: two runs started together
     # would otherwise mix their .bin files under one meta.json.
-    with atomic_files.dir_lock(data_dir):
+    with atomic_files.dir_lock(data_dir, dir_field):
       if preparation.is_prepared(data_dir):  # by the run that held the lock
         return _prepared(data_dir, input_path, tokenizer, field_prefix)
       logging.info("Preparing %s from %s (tokenizer=%s).", data_dir,
@@ -471,7 +474,8 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   fv = flags.FLAGS
   text = read_text(fv.input)
-  with atomic_files.dir_lock(fv.out_dir):  # not mixed with another's files
+  # Not mixed with another's files.
+  with atomic_files.dir_lock(fv.out_dir, "--out_dir"):
     meta = preparation.prepare(text, fv.out_dir, fv.tokenizer,
                                source=fv.input)
   print(f"{fv.input}: {len(text):,} characters, tokenizer={meta['tokenizer']}"

@@ -111,7 +111,7 @@ def build(name: str, manual_dir: str, data_dir: str, pattern: str = ""):
   # One build of data_dir at a time: a second build started meanwhile
   # (other inputs, say) would otherwise find the version TFDS just renamed
   # into place before its arguments are recorded, and keep it as its own.
-  with atomic_files.dir_lock(data_dir):
+  with atomic_files.dir_lock(data_dir, "--data_dir"):
     builder = BUILDERS[name](data_dir=data_dir, **kwargs)
     wanted = {"manual_dir": os.path.realpath(manual_dir),
               "pattern": pattern or None,
