@@ -126,6 +126,31 @@ def test_sudoku_build_killed_by_sigkill_is_never_used(tmp_path):
   assert builds.build_state(out) == "complete"
 
 
+def test_a_build_out_of_memory_is_one_line_and_built_again_later(
+    tmp_path, monkeypatch):
+  """A MemoryError mid-build (an absurd config.data.build.num_aug) reached
+  trm.main as a traceback; it is one line naming the size fields, and the
+  build it interrupted is built again by the next run."""
+  out = str(tmp_path / "sudoku")
+  real = sudoku._encode_split
+
+  def too_big(*args):
+    raise MemoryError("Unable to allocate 37.7 GiB for an array")
+
+  monkeypatch.setattr(sudoku, "_encode_split", too_big)
+  with pytest.raises(ValueError) as e:
+    sudoku.ensure_dataset(out, field_prefix="config.data.build.", num_aug=7,
+                          **SUDOKU)
+  assert str(e.value).startswith(
+      f"Building the dataset in {out} ran out of host memory (Unable to "
+      "allocate 37.7 GiB for an array): config.data.build.num_train=3, "
+      "config.data.build.num_test=2, config.data.build.num_aug=7. ")
+  assert builds.build_state(out) == "interrupted"
+  monkeypatch.setattr(sudoku, "_encode_split", real)
+  sudoku.ensure_dataset(out, num_aug=7, **SUDOKU)
+  assert builds.build_state(out) == "complete"
+
+
 def test_sudoku_other_arguments_are_refused_in_one_line(tmp_path,
                                                         monkeypatch):
   out = str(tmp_path / "d")

@@ -31,3 +31,21 @@ def test_output_dir_that_is_a_file_is_one_line_before_any_work(tmp_path,
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"trm.data.puzzles.{builder}: error: {needle}")
   assert path.read_text() == "not a dataset"
+
+
+def test_a_build_larger_than_memory_is_one_line(tmp_path):
+  """numpy's MemoryError (--num_test=10**13: 810 TB, past any address
+  space) was a traceback; the line names the flags that size the build."""
+  out = tmp_path / "sudoku"
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.data.puzzles.sudoku", f"--output_dir={out}",
+       "--num_train=5", f"--num_test={10**13}"], cwd=repo.ROOT,
+      capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-2000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith(
+      f"trm.data.puzzles.sudoku: error: Building the dataset in {out} ran out"
+      " of host memory (Unable to allocate "), last
+  assert f"--num_test={10**13}, --num_aug=0" in last
+  assert "Traceback" not in result.stderr

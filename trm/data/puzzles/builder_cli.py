@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 
 from trm.core import cli
+from trm.data.puzzles import builds
 
 
 def define_output_dir(flag_values: flags.FlagValues) -> None:
@@ -90,7 +91,14 @@ def run_main(argv: Sequence[str],
   # Before the puzzles are read or generated (minutes for big builds), not
   # at the first write.
   flags.FLAGS.output_dir = cli.check_output_dir(flags.FLAGS.output_dir)
-  print(run_from_flags(flags.FLAGS))
+  try:
+    print(run_from_flags(flags.FLAGS))
+  except MemoryError as e:
+    # numpy's error alone was a traceback; name the flags that size it.
+    sizes = {name: flags.FLAGS[name].value for name in builds.SIZE_ARGS
+             if name in flags.FLAGS and flags.FLAGS[name].value != ""}
+    raise builds.out_of_memory(e, flags.FLAGS.output_dir, sizes,
+                               "--") from None
 
 
 def unset_if_negative(value: int) -> Optional[int]:

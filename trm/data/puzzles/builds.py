@@ -243,6 +243,27 @@ def ensure_built(output_dir: str, build_dataset: Callable,
                          path_args, field_prefix)
 
 
+# The arguments that set how many examples a build holds in memory.
+SIZE_ARGS = ("num_train", "num_test", "num_aug", "aug", "subsample_size")
+
+
+def out_of_memory(error: MemoryError, output_dir: str, build_kwargs: dict,
+                  prefix: str) -> BuildArgumentError:
+  """One line for a build that asked for more host memory than there is
+  (an absurd num_aug or num_test: numpy's MemoryError had no line of ours,
+  a traceback), naming the size arguments as `prefix` spells them
+  ('--' on a builder's command line, 'config.data.build.' in trm.main).
+  The interrupted build's mark makes the next run build it again."""
+  sizes = ", ".join(f"{prefix}{k}={build_kwargs[k]!r}" for k in SIZE_ARGS
+                    if build_kwargs.get(k) is not None)
+  why = " ".join(str(error).split()) or "MemoryError"
+  return BuildArgumentError(
+      f"Building the dataset in {output_dir} ran out of host memory ({why})"
+      f"{': ' + sizes if sizes else ''}. Ask for fewer examples (lower "
+      "num_aug, num_train / num_test, or set subsample_size), or build it on"
+      " a host with more memory.")
+
+
 def _ensure_built(output_dir, build_dataset, recorded_args, build_kwargs,
                   extra_files, derived, ignored, path_args, field_prefix):
   state = build_state(output_dir, extra_files)
@@ -256,6 +277,8 @@ def _ensure_built(output_dir, build_dataset, recorded_args, build_kwargs,
       if not field_prefix:
         raise
       raise BuildArgumentError(f"{field_prefix}{e}") from None
+    except MemoryError as e:
+      raise out_of_memory(e, output_dir, build_kwargs, field_prefix) from None
   if state == "foreign":
     logging.info("Using the dataset in %s as it is: it has no %s (built "
                  "elsewhere, e.g. by upstream's builders), so its build "
