@@ -160,12 +160,28 @@ def test_two_processes_read_disjoint_halves(built):
     (dict(split="test"), "config.data.tfds.split='test' is not a split"),
     (dict(feature="tokenz"), "config.data.tfds.feature='tokenz' is not a"),
     (dict(feature="text"), "not a 1-D sequence of token ids"),
+    # Slices: array_record's "Paths sequence can not be of 0 length", len()'s
+    # "__len__() should return >= 0" and TFDS's own lines named no field.
+    (dict(split="train[:0]"),
+     r"config.data.tfds.split='train\[:0\]' of trm_tiny_shakespeare holds "
+     "no records"),
+    (dict(split="train[5:2]"), r"split='train\[5:2\]' of .* holds no"),
+    (dict(eval_split="validation[:0]"),
+     r"config.data.tfds.eval_split='validation\[:0\]' of .* holds no"),
+    (dict(split="train[abc]"),
+     r"config.data.tfds.split='train\[abc\]' is no slice of "
+     "trm_tiny_shakespeare's splits \\(Unrecognized split format"),
+    (dict(split="train[100000:]"),
+     r"split='train\[100000:\]' is no slice .* \(Requested slice"),
+    (dict(data_dir=__file__),
+     f"config.data.tfds.data_dir={__file__} is not a directory"),
 ])
 def test_bad_tfds_config_names_the_field(built, change, message):
   config = ml_collections.ConfigDict(built[0].to_dict())
   config.update(change)
   with pytest.raises((ValueError, OSError), match=message):
-    tfds_source.TokenStream(config)
+    tfds_source.TokenStream(config, "eval_split" if "eval_split" in change
+                            else "split")
 
 
 def test_a_version_directory_of_another_dataset_is_refused(built, tmp_path):

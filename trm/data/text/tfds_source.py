@@ -49,8 +49,10 @@ def _prepared_builder(tfds_config):
     raise ValueError(f"{PREFIX}.name is empty: set it to the TFDS dataset to "
                      "train from, e.g. trm_tiny_shakespeare.")
   if data_dir and not os.path.isdir(data_dir):
+    what = "is not a directory" if os.path.lexists(data_dir) else (
+        "does not exist")
     raise FileNotFoundError(
-        f"{PREFIX}.data_dir={data_dir} does not exist: point it at the "
+        f"{PREFIX}.data_dir={data_dir} {what}: point it at the "
         f"--data_dir the dataset was built into, or {_BUILD_HINT}.")
   where = f"in {data_dir}" if data_dir else "in TFDS's default data directory"
   try:
@@ -111,6 +113,23 @@ def open_split(tfds_config, split_key: str, features: dict):
       raise ValueError(
           f"{field}={feature!r} is not a feature of {name} (it has "
           f"{sorted(info.features)}); set {field} to one of them.")
+  # The slice ('train[:1%]') checked before the files are opened: TFDS's
+  # own errors (a slice past the end, a malformed one) named no field, an
+  # empty slice failed in array_record ("Paths sequence can not be of 0
+  # length") and a reversed one ('train[5:2]', -3 records) in len().
+  try:
+    count = info.splits[split].num_examples
+  except (ValueError, KeyError, TypeError) as e:
+    # TFDS's reason is its last line ("Error parsing split ..." first).
+    lines = [line for line in str(e).splitlines() if line.strip()] or [""]
+    text = " ".join(lines[-1].split(". See format")[0].split())[:200]
+    raise ValueError(
+        f"{PREFIX}.{split_key}={split!r} is no slice of {name}'s splits "
+        f"({text}); use e.g. '{base}', '{base}[:90%]' or '{base}[100:200]' "
+        "(https://www.tensorflow.org/datasets/splits).") from None
+  if count <= 0:
+    raise ValueError(f"{PREFIX}.{split_key}={split!r} of {name} holds no "
+                     "records; choose a larger split.")
   file_format = getattr(info.file_format, "value", info.file_format)
   if file_format != "array_record":
     raise ValueError(
@@ -124,9 +143,6 @@ def open_split(tfds_config, split_key: str, features: dict):
           if f not in features}
   source = tfds.data_source(name, split=split, data_dir=data_dir,
                             download=False, decoders=skip or None)
-  if not len(source):
-    raise ValueError(f"{PREFIX}.{split_key}={split!r} of {name} holds no "
-                     "records; choose a larger split.")
   return source, info
 
 
