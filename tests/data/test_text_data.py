@@ -145,9 +145,11 @@ def test_concurrent_prepares_of_one_directory_do_not_mix(tmp_path,
   codec = preparation.codec_from_meta(meta)
   train = np.fromfile(os.path.join(out, "train.bin"), np.uint16)
   assert codec.decode(train) == _SAMPLE[:len(train)]
-  # The second waited for the first, then used its data as a rerun does
-  # (a text of the recorded size counts as a copy).
-  assert not errors
+  # The second waited for the first, then was refused as a rerun with
+  # another text is (the same length, other bytes), the data untouched.
+  assert list(errors) == ["second"]
+  assert "holds other bytes of that size: another text" in str(
+      errors["second"])
 
 
 def test_an_empty_input_is_named(tmp_path):
@@ -388,6 +390,33 @@ def test_ensure_prepared(tmp_path):
     text_lib.ensure_prepared(out, str(other), "char")
   assert "config.data.input=" in str(info.value)
   assert "\n" not in str(info.value)
+  assert {f: (tmp_path / "d" / f).read_bytes()
+          for f in os.listdir(out)} == before
+
+
+def test_another_text_of_the_same_size_is_not_taken_for_the_prepared_one(
+    tmp_path):
+  """The input was compared by its size alone: a text of the same length
+  (another seed's generated corpus, or the prepared file edited in place)
+  trained on the old tokens without a word. A copy is still the text."""
+  src = tmp_path / "input.txt"
+  src.write_text(_SAMPLE)
+  out = str(tmp_path / "d")
+  meta = text_lib.ensure_prepared(out, str(src), "char", process_index=0)
+  before = {f: (tmp_path / "d" / f).read_bytes() for f in os.listdir(out)}
+  copy = tmp_path / "copy.txt"
+  copy.write_text(_SAMPLE)
+  assert text_lib.ensure_prepared(out, str(copy), "char",
+                                  process_index=0) == meta
+  same_size = tmp_path / "other.txt"
+  same_size.write_text(_SAMPLE[::-1])
+  for other in (same_size, src):
+    if other == src:  # edited in place, its length kept
+      src.write_text(_SAMPLE[::-1])
+    with pytest.raises(ValueError) as info:
+      text_lib.ensure_prepared(out, str(other), "char", process_index=0)
+    assert (f"config.data.input='{other}' holds other bytes of that size: "
+            "another text") in str(info.value)
   assert {f: (tmp_path / "d" / f).read_bytes()
           for f in os.listdir(out)} == before
 

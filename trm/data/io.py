@@ -87,6 +87,43 @@ def files_sha256(paths, root: str) -> str:
   return digest.hexdigest()
 
 
+# `file_digest` hashes a file whole up to this size; a larger one by its
+# size and _DIGEST_BLOCKS blocks of _DIGEST_BLOCK_BYTES spread over it
+# (256 MiB read, not GBs on every start).
+_DIGEST_WHOLE_BYTES = 1 << 30
+_DIGEST_BLOCKS = 256
+_DIGEST_BLOCK_BYTES = 1 << 20
+
+
+def file_digest(path: str) -> str:
+  """A SHA-256 of a file's size and bytes (of spread blocks of them past
+  _DIGEST_WHOLE_BYTES): whether a text is the one a directory was prepared
+  from, where its size alone took another text of the same length (a
+  generated corpus, an edit in place) for it."""
+  stat = os.stat(path)
+  key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+  if key not in _digests:  # a start compares it more than once
+    _digests[key] = _file_digest(path, stat.st_size)
+  return _digests[key]
+
+
+_digests = {}
+
+
+def _file_digest(path: str, size: int) -> str:
+  digest = hashlib.sha256(f"{size}\0".encode())
+  with open(path, "rb") as f:
+    if size <= _DIGEST_WHOLE_BYTES:
+      for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+    else:
+      for start in np.linspace(0, size - _DIGEST_BLOCK_BYTES,
+                               _DIGEST_BLOCKS).astype(np.int64):
+        f.seek(int(start))
+        digest.update(f.read(_DIGEST_BLOCK_BYTES))
+  return digest.hexdigest()
+
+
 def spread_positions(n: int, blocks: int, block: int) -> np.ndarray:
   """What a fingerprint of `n` items reads: every position when n <=
   blocks * block, else `blocks` runs of `block` consecutive positions

@@ -20,6 +20,7 @@ import pickle
 import numpy as np
 
 from trm.data import atomic_files
+from trm.data import io as data_io
 from trm.data.text import text_codecs
 
 TRAIN_FILE = "train.bin"
@@ -115,7 +116,8 @@ def _check_vocab_fits(vocab_size: int, tokenizer: str) -> None:
 
 def _source_fields(source: str) -> dict:
   """What meta.json records about the input: `input` (a URL, or a local
-  file's absolute path) and, for a local file, `input_bytes`."""
+  file's absolute path) and, for a local file, `input_bytes` and
+  `input_digest` (`data_io.file_digest`)."""
   if not source:
     return {}
   if "://" in source:
@@ -123,7 +125,23 @@ def _source_fields(source: str) -> dict:
   fields = {"input": os.path.abspath(source)}
   if os.path.isfile(source):
     fields["input_bytes"] = os.path.getsize(source)
+    fields["input_digest"] = data_io.file_digest(source)
   return fields
+
+
+def _same_local_text(input_path: str, meta: dict) -> bool | None:
+  """Whether the local file `input_path` holds the text meta.json records
+  (its size, then its digest where one is recorded: directories prepared
+  before it was kept compare sizes only); None when there is nothing to
+  compare (no local file, no recorded size)."""
+  size = meta.get("input_bytes")
+  if (not input_path or _is_url(input_path) or size is None
+      or not os.path.isfile(input_path)):
+    return None
+  if os.path.getsize(input_path) != size:
+    return False
+  recorded = meta.get("input_digest")
+  return recorded is None or data_io.file_digest(input_path) == recorded
 
 
 def _write(out_dir: str, train_ids, val_ids, meta: dict) -> dict:
@@ -398,15 +416,17 @@ def check_prepared_args(data_dir: str, meta: dict, input_path: str,
         f"{path}), but {field_prefix}tokenizer={tokenizer!r}: set "
         f"{field_prefix}tokenizer={recorded!r}, or {fix}.")
   size = meta.get("input_bytes")
-  if (input_path and "://" not in input_path and size is not None
-      and os.path.isfile(input_path)
-      and os.path.getsize(input_path) != size):
+  if _same_local_text(input_path, meta) is False:
+    held = os.path.getsize(input_path)
+    # The same size: its digest differs (another text of that length, or
+    # the prepared file edited in place since).
+    how = (f"holds {held} bytes" if held != size else
+           "holds other bytes of that size")
     raise ValueError(
         f"{data_dir} was prepared from {meta.get('input')} ({size} bytes, "
-        f"recorded in {path}), but {field_prefix}input={input_path!r} holds "
-        f"{os.path.getsize(input_path)} bytes: another text. Set "
-        f"{field_prefix}input to the prepared text (or '' to use the "
-        f"prepared data), or {fix}.")
+        f"recorded in {path}), but {field_prefix}input={input_path!r} {how}"
+        f": another text. Set {field_prefix}input to the prepared text (or "
+        f"'' to use the prepared data), or {fix}.")
   recorded_input = meta.get("input") or ""
   if (_is_url(input_path) and _is_url(recorded_input)
       and input_path != recorded_input):
@@ -424,8 +444,8 @@ def _is_url(source: str) -> bool:
 def same_input(input_path: str, meta: dict) -> bool:
   """Whether `input_path` names the text a prepared directory records
   (`meta`): the same URL, the same local file, or a local file of the
-  recorded size (a copy). An empty input, or a record without one, counts
-  as the same."""
+  recorded size and digest (a copy). An empty input, or a record without
+  one, counts as the same."""
   recorded = meta.get("input")
   if not input_path or not recorded:
     return True
@@ -433,9 +453,7 @@ def same_input(input_path: str, meta: dict) -> bool:
     return input_path == recorded
   if os.path.abspath(input_path) == recorded:
     return True
-  size = meta.get("input_bytes")
-  return (size is not None and os.path.isfile(input_path)
-          and os.path.getsize(input_path) == size)
+  return bool(_same_local_text(input_path, meta))
 
 
 def same_tokenizer(requested: str, recorded: str) -> bool:
