@@ -265,3 +265,45 @@ def test_a_meta_pkl_declaring_a_huge_string_names_the_failure(tmp_path):
   with pytest.raises(ValueError, match=r"meta\.pkl cannot be read as plain "
                      r"data \((MemoryError|pickle data was truncated)\)"):
     preparation.read_nanogpt_meta(str(path), "fix")
+
+
+_DEEP = "[" * 100000 + "]" * 100000  # past Python's recursion limit
+_LONG_INT = "1" * 5000  # past Python's 4300-digit int conversion limit
+
+
+def _deep_json_readers(tmp_path):
+  """(file, reader) pairs: every JSON file the data layer reads."""
+  from trm.data.puzzles import builds  # pylint: disable=g-import-not-at-top
+  from trm.data.puzzles import format as puzzle_format  # pylint: disable=g-import-not-at-top
+  from trm.data.text import sft  # pylint: disable=g-import-not-at-top
+  directory = _prepared(tmp_path)
+  puzzles = tmp_path / "puzzles"
+  (puzzles / "train").mkdir(parents=True)
+  for name, body in (("deep.jsonl", f'{{"prompt": {_DEEP}, "response": '
+                                     '"x"}\n'),
+                     ("long.jsonl", f'{{"prompt": {_LONG_INT}, "response": '
+                                     '"x"}\n')):
+    (tmp_path / name).write_text(body)
+    yield (str(tmp_path / name),
+           lambda path=str(tmp_path / name): sft.read_jsonl_pairs(path))
+  meta = os.path.join(directory, preparation.META_FILE)
+  yield meta, lambda: preparation.load_meta(directory)
+  yield (str(puzzles / "train" / "dataset.json"),
+         lambda: puzzle_format.read_split(str(puzzles), "train"))
+  yield (str(puzzles / builds.BUILD_INFO_FILE),
+         lambda: builds.check_recorded_args(str(puzzles), {}))
+  yield (str(tmp_path / "arc.json"),
+         lambda: arc_sources._read_json(str(tmp_path / "arc.json")))  # pylint: disable=protected-access
+
+
+def test_json_nested_past_the_recursion_limit_is_one_line(tmp_path):
+  """json's RecursionError (nesting) was a traceback from the JSONL pairs,
+  meta.json, a puzzle split's dataset.json and an ARC file; a 5000-digit
+  integer in a JSONL record a ValueError naming no file."""
+  for path, read in _deep_json_readers(tmp_path):
+    if not path.endswith(".jsonl"):
+      with open(path, "w") as f:
+        f.write(_DEEP)
+    with pytest.raises(ValueError) as e:
+      read()
+    assert path in str(e.value), str(e.value)[:300]

@@ -40,6 +40,9 @@ def _read_json(path: str) -> Any:
   except UnicodeDecodeError as e:
     raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte "
                      f"{e.start}); ARC files are UTF-8 JSON.") from None
+  except (RecursionError, ValueError) as e:  # nesting, 4300+ digit ints
+    raise ValueError(f"{path}: no ARC JSON ({type(e).__name__}: "
+                     f"{str(e)[:120]}).") from None
 
 
 def _check_puzzles(puzzles: Any, where: str) -> dict:

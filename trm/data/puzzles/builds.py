@@ -189,10 +189,10 @@ def check_recorded_args(output_dir: str, wanted: dict, derived=("counts",),
   try:
     with open(path) as f:
       built = json.load(f)
-  except (OSError, ValueError) as e:
+  except (OSError, ValueError, RecursionError) as e:  # RecursionError: nesting
     raise DatasetArgumentsError(
-        f"{path} is not readable JSON ({e}); delete {output_dir} to rebuild "
-        "the dataset.") from None
+        f"{path} is not readable JSON ({str(e)[:200]}); delete {output_dir} "
+        "to rebuild the dataset.") from None
   if not isinstance(built, dict):
     raise DatasetArgumentsError(
         f"{path} holds no build arguments; delete {output_dir} to rebuild "

@@ -347,6 +347,9 @@ def read_metadata(data_dir: str, split: str) -> PuzzleDatasetMetadata:
     # named no file.
     raise ValueError(f"{path}: not UTF-8 JSON (byte 0x{e.object[e.start]:02x}"
                      f" at offset {e.start}); rebuild the dataset.") from None
+  except (RecursionError, ValueError) as e:  # nesting, 4300+ digit ints
+    raise ValueError(f"{path}: no dataset metadata ({type(e).__name__}: "
+                     f"{str(e)[:120]}); rebuild the dataset.") from None
   return PuzzleDatasetMetadata.from_json_dict(data, source=path)
 
 

@@ -334,6 +334,10 @@ def read_meta_json(path: str, fix: str) -> dict:
       meta = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise ValueError(f"{path} is not valid JSON ({e}); {fix}.") from e
+    except (RecursionError, ValueError) as e:  # nesting, 4300+ digit ints
+      raise ValueError(f"{path} is not the JSON object that preparation "
+                       f"writes ({type(e).__name__}: {str(e)[:120]}); "
+                       f"{fix}.") from None
   if not isinstance(meta, dict):
     raise ValueError(f"{path} holds a JSON {type(meta).__name__}, not the "
                      f"object that preparation writes; {fix}.")

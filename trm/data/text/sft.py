@@ -88,6 +88,11 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
       record = json.loads(line)
     except json.JSONDecodeError as e:
       raise ValueError(f"{path}:{line_number}: not valid JSON ({e}).") from e
+    except (RecursionError, ValueError) as e:
+      # Nesting past Python's recursion limit (a RecursionError's
+      # traceback), an integer of 4300+ digits (a line naming no file).
+      raise ValueError(f"{path}:{line_number}: not a record ("
+                       f"{type(e).__name__}: {str(e)[:120]}).") from None
     if not isinstance(record, dict):
       raise ValueError(f"{path}:{line_number}: expected a JSON object "
                        f"{{\"{prompt_key}\": ..., \"{response_key}\": ...}}, "

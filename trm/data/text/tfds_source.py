@@ -69,7 +69,7 @@ def _prepared_builder(tfds_config):
         f"{PREFIX}.name={name!r}: no such dataset {where}; check "
         f"{PREFIX}.name and {PREFIX}.data_dir, or {_BUILD_HINT}.") from None
   except (json_format.Error, ValueError, TypeError, AttributeError,
-          KeyError) as e:
+          KeyError, RecursionError) as e:  # RecursionError: nesting
     # TFDS reads the version directory's dataset_info.json and
     # features.json here; damaged or edited, its error (a protobuf
     # ParseError's traceback, JSON's) named neither file nor dataset.
@@ -175,7 +175,7 @@ def metadata(tfds_config) -> tuple[dict, str]:
     # error without the file's name (a TypeError's traceback).
     meta = builder.info.metadata or {}
     meta = dict(meta) if isinstance(meta, dict) else None
-  except (TypeError, ValueError) as e:
+  except (TypeError, ValueError, RecursionError) as e:
     raise ValueError(f"{path} is not the JSON object the builders write "
                      f"({' '.join(str(e).split())}); {fix}.") from None
   if meta is None:

@@ -53,7 +53,7 @@ def _recorded_args(builder) -> dict | None:
   try:
     with open(path) as f:
       recorded = json.load(f)
-  except (OSError, ValueError):
+  except (OSError, ValueError, RecursionError):  # RecursionError: nesting
     return None
   return recorded if isinstance(recorded, dict) else None
 
