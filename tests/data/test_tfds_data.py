@@ -399,6 +399,36 @@ def test_building_again_after_the_inputs_changed_is_refused(tmp_path, name):
   tfds_build.build(name, str(manual), out)
 
 
+def test_a_build_killed_before_recording_its_arguments_is_still_checked(
+    tmp_path, monkeypatch):
+  """Killed after TFDS renamed the version into place but before the
+  build's arguments were written, the next build with other inputs only
+  warned ("its build arguments are not recorded") and kept the records."""
+  for name, line in (("a", "To be or not to be.\n"),
+                     ("b", "Now is the winter.\n")):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "input.txt").write_text(line * 50)
+  real = tfds_build.atomic_files.write_json_atomic
+
+  def killed(path, value):
+    if path.endswith(tfds_build.ARGS_FILE):
+      raise KeyboardInterrupt("killed before the arguments were recorded")
+    return real(path, value)
+
+  out = str(tmp_path / "out")
+  monkeypatch.setattr(tfds_build.atomic_files, "write_json_atomic", killed)
+  with pytest.raises(KeyboardInterrupt):
+    tfds_build.build("trm_tiny_shakespeare", str(tmp_path / "a"), out)
+  monkeypatch.setattr(tfds_build.atomic_files, "write_json_atomic", real)
+  with pytest.raises(ValueError, match=(
+      rf"already prepared with other arguments: --manual_dir='{tmp_path}/b'"
+      rf" \(built with '{tmp_path}/a'\)")):
+    tfds_build.build("trm_tiny_shakespeare", str(tmp_path / "b"), out)
+  builder = tfds_build.build("trm_tiny_shakespeare", str(tmp_path / "a"), out)
+  assert os.path.isfile(os.path.join(builder.data_dir, tfds_build.ARGS_FILE))
+  assert not [f for f in os.listdir(out) if f.endswith(tfds_build.ARGS_FILE)]
+
+
 def test_a_build_started_during_another_waits_for_it(tmp_path, monkeypatch):
   """Two builds of one --data_dir from other texts: the second, started
   after TFDS put the first's version in place but before its arguments were

@@ -58,6 +58,30 @@ def _recorded_args(builder) -> dict | None:
   return recorded if isinstance(recorded, dict) else None
 
 
+def _pending_path(builder, data_dir: str) -> str:
+  """Where a build's arguments wait while TFDS prepares the version: a
+  hidden file in data_dir (TFDS lists no such names), named after the
+  version directory. A build killed after TFDS renamed the version into
+  place, before `ARGS_FILE` was written, leaves it; the next build takes
+  it as the record (one build of data_dir at a time: `build`'s lock)."""
+  version = os.path.relpath(os.fspath(builder.data_dir), data_dir)
+  return os.path.join(data_dir,
+                      f".{version.replace(os.sep, '+')}.{ARGS_FILE}")
+
+
+def _settle_pending(builder, data_dir: str) -> None:
+  """A prepared version's arguments left pending (`_pending_path`) become
+  its record when it has none; a stale copy beside a record goes."""
+  pending = _pending_path(builder, data_dir)
+  if not os.path.isfile(pending):
+    return
+  recorded = os.path.join(os.fspath(builder.data_dir), ARGS_FILE)
+  if os.path.exists(recorded):
+    os.remove(pending)
+  else:
+    os.replace(pending, recorded)
+
+
 def _check_rebuild(builder, wanted: dict) -> None:
   """An already prepared version: fine when built with `wanted`, refused
   (one line naming the flags) when built with other arguments or from input
@@ -118,10 +142,17 @@ def build(name: str, manual_dir: str, data_dir: str, pattern: str = ""):
               INPUTS_KEY: data_io.files_sha256(
                   builder.input_files(manual_dir), manual_dir)}
     if builder.is_prepared():
+      _settle_pending(builder, data_dir)
       _check_rebuild(builder, wanted)
       return builder
+    # Recorded before TFDS starts: a kill between TFDS's rename of the
+    # version into place and ARGS_FILE left a version of unknown arguments,
+    # which the next build kept whatever it was asked for.
+    pending = _pending_path(builder, data_dir)
+    atomic_files.replace_whole(pending, json.dumps(wanted, indent=2))
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
     atomic_files.write_json_atomic(
         os.path.join(os.fspath(builder.data_dir), ARGS_FILE), wanted)
+    os.remove(pending)
     return builder
