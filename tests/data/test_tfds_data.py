@@ -184,6 +184,30 @@ def test_bad_tfds_config_names_the_field(built, change, message):
                             else "split")
 
 
+@pytest.mark.parametrize("first, last", [(4096, 5000), (0, 10)])
+def test_records_that_are_no_token_stream_are_refused_at_once(
+    built, monkeypatch, first, last):
+  """A split whose last record is longer than the first (or whose first
+  is empty) is no stream of equal records: it failed mid-training in
+  numpy's broadcasting (an empty first one: at the first window),
+  naming nothing."""
+  real = tfds_source.read_records
+
+  def records(source, keys, where):
+    got = real(source, keys, where)
+    if len(keys) == 2:  # TokenStream's first look: records 0 and N - 1
+      got = [{"tokens": np.zeros(first, np.int32)},
+             {"tokens": np.zeros(last, np.int32)}]
+    return got
+
+  monkeypatch.setattr(tfds_source, "read_records", records)
+  with pytest.raises(ValueError, match=(
+      f"config.data.tfds.split='train' of trm_tiny_shakespeare in .*: its "
+      f"last record holds {last} tokens, record 0 {first}: the split is not "
+      "a stream of equal token records")):
+    tfds_source.TokenStream(built[0])
+
+
 def test_a_version_directory_of_another_dataset_is_refused(built, tmp_path):
   # Copied (or moved) under another dataset's name, tinyshakespeare's
   # records were read as trm_code_files' documents, silently.

@@ -214,6 +214,15 @@ class TokenStream(text.TokenFile):
     first, last = read_records(source, [0, self.num_records - 1],
                                self.where)
     self.chunk = len(first[self.feature])
+    if not self.chunk or len(last[self.feature]) > self.chunk:
+      # Checked now, as the records between are (when read): a longer last
+      # record failed in the middle of training, in numpy's broadcasting,
+      # naming nothing; an empty first one at the first window.
+      raise ValueError(
+          f"{self.where}: its last record holds {len(last[self.feature])} "
+          f"tokens, record 0 {self.chunk}: the split is not a stream of "
+          "equal token records (the last one shorter); build it with "
+          f"trm_tiny_shakespeare, or use {PREFIX}.feature of such a split.")
     self.num_tokens = ((self.num_records - 1) * self.chunk
                        + len(last[self.feature]))
     self._data = source
