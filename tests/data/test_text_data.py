@@ -229,6 +229,26 @@ def test_prepare_bpe_with_tokenizer_json(tmp_path):
     preparation.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path / "no.json"))
 
 
+def test_a_tokenizer_json_replaced_since_preparation_is_refused(tmp_path):
+  """The tokenizer was compared by its path alone: another tokenizer.json
+  put at that path (another model's) trained and sampled the prepared ids
+  as if they were its own."""
+  path = tmp_path / "tok" / "tokenizer.json"
+  path.parent.mkdir()
+  _tiny_bpe(path)
+  src = tmp_path / "input.txt"
+  src.write_text(_SAMPLE)
+  out = str(tmp_path / "bpe")
+  meta = text_lib.ensure_prepared(out, str(src), str(path), process_index=0)
+  assert text_lib.ensure_prepared(out, str(src), str(path),
+                                  process_index=0) == meta
+  _tiny_bpe(path, special_tokens=["<|another|>"])  # other ids
+  with pytest.raises(ValueError, match=(
+      f"was prepared with tokenizer='{path}' .* but that file has changed "
+      "since")):
+    text_lib.ensure_prepared(out, str(src), str(path), process_index=0)
+
+
 def test_tokenizer_json_reads_special_token_text_as_text(tmp_path):
   """GPT-2's tokenizer.json (the offline stand-in for tokenizer='gpt2')
   encodes "<|endoftext|>" in the text as ordinary text, as tiktoken's

@@ -218,6 +218,10 @@ def prepare_bpe(text: str, out_dir: str, tokenizer: str = "gpt2",
   train_text, val_text = _split_text(universal_newlines(text), source)
   meta = {"vocab_size": int(codec.vocab_size), "tokenizer": name,
           **_source_fields(source)}
+  if name != "gpt2":
+    # The file at that path may be replaced later (another model's
+    # tokenizer.json): its ids would then mean other text.
+    meta["tokenizer_digest"] = data_io.file_digest(codec.path)
   if name == "gpt2" or codec.vocab_size == GPT2_VOCAB:
     # GPT-2's BPE (tiktoken's, or a gpt2 download's tokenizer.json): the
     # model nanoGPT's train.py makes for it has 50304 ids, 50257 padded to
@@ -419,6 +423,15 @@ def check_prepared_args(data_dir: str, meta: dict, input_path: str,
         f"{data_dir} was prepared with tokenizer={recorded!r} (recorded in "
         f"{path}), but {field_prefix}tokenizer={tokenizer!r}: set "
         f"{field_prefix}tokenizer={recorded!r}, or {fix}.")
+  digest = meta.get("tokenizer_digest")
+  if (tokenizer not in ("", "char", "gpt2") and digest is not None
+      and os.path.isfile(recorded)
+      and data_io.file_digest(recorded) != digest):
+    raise ValueError(
+        f"{data_dir} was prepared with tokenizer={recorded!r} (recorded in "
+        f"{path}), but that file has changed since (its digest differs): "
+        "the prepared ids are another tokenizer's. Put that tokenizer.json "
+        f"back, or {fix}.")
   size = meta.get("input_bytes")
   if _same_local_text(input_path, meta) is False:
     held = os.path.getsize(input_path)
