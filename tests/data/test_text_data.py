@@ -179,6 +179,13 @@ def test_read_text_errors(tmp_path, monkeypatch):
   assert text_lib.read_text(str(tmp_path / "a.txt")) == "héllo"
   with pytest.raises(FileNotFoundError, match="nope.txt does not exist"):
     text_lib.read_text(str(tmp_path / "nope.txt"))
+  # A directory (or FIFO) was said not to exist.
+  os.mkfifo(tmp_path / "fifo")
+  for name in ("", "fifo"):
+    with pytest.raises(FileNotFoundError, match=(
+        f"^{tmp_path / name} is not a regular file \\(a directory, FIFO or "
+        "device\\): pass a text file")):
+      text_lib.read_text(str(tmp_path / name))
   (tmp_path / "latin1.txt").write_bytes("to be\nor n\xf6t".encode("latin1"))
   with pytest.raises(ValueError, match=r"latin1.txt: not UTF-8 text: byte "
                      r"0xf6 at offset 10 \(line 2\)"):

@@ -99,8 +99,11 @@ def read_text(source: str, input_flag: str = "--input") -> str:
   if source.startswith(("http://", "https://")):
     return data_io.decode_utf8(_download(source, input_flag), source)
   if not os.path.isfile(source):
-    raise FileNotFoundError(f"{source} does not exist: pass a text file or "
-                            f"an http(s) URL as the input ({input_flag}).")
+    # A directory or FIFO was said not to exist.
+    what = ("is not a regular file (a directory, FIFO or device)"
+            if os.path.exists(source) else "does not exist")
+    raise FileNotFoundError(f"{source} {what}: pass a text file or an "
+                            f"http(s) URL as the input ({input_flag}).")
   return data_io.read_utf8(source)
 
 
