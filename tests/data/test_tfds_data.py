@@ -208,6 +208,34 @@ def test_records_that_are_no_token_stream_are_refused_at_once(
     tfds_source.TokenStream(built[0])
 
 
+def test_a_bucket_data_dir_is_read_by_tfds_and_built_locally(
+    built, tmp_path, monkeypatch):
+  """The README copies DATA_DIR to a bucket, but a gs:// data_dir was
+  refused as one that "does not exist" (os.path.isdir) before TFDS could
+  read it; building into one made a local directory "gs:" and ended in
+  TensorFlow's traceback."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  bucket = "gs://no-such-bucket/tfds"
+
+  def unreachable(*args, **kwargs):
+    raise RuntimeError("FailedPreconditionError: Error executing an HTTP "
+                       "request: Could not resolve host: www.googleapis.com")
+
+  monkeypatch.setattr(tfds, "builder", unreachable)
+  config = ml_collections.ConfigDict(built[0].to_dict())
+  config.data_dir = bucket
+  with pytest.raises(OSError, match=(
+      f"^config.data.tfds.data_dir={bucket} cannot be read \\(RuntimeError: "
+      "FailedPreconditionError: .*Could not resolve host.*\\); check that it "
+      "exists and that this machine can reach it")):
+    tfds_source.TokenStream(config)
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ValueError, match=(
+      f"^--data_dir={bucket}: builds are written to a local directory")):
+    tfds_build.build("trm_tiny_shakespeare", str(tmp_path), bucket)
+  assert not os.path.exists(tmp_path / "gs:")
+
+
 def test_a_version_directory_of_another_dataset_is_refused(built, tmp_path):
   # Copied (or moved) under another dataset's name, tinyshakespeare's
   # records were read as trm_code_files' documents, silently.

@@ -48,7 +48,11 @@ def _prepared_builder(tfds_config):
   if not name:
     raise ValueError(f"{PREFIX}.name is empty: set it to the TFDS dataset to "
                      "train from, e.g. trm_tiny_shakespeare.")
-  if data_dir and not os.path.isdir(data_dir):
+  # A bucket (gs://...) is read by TFDS and array_record themselves (the
+  # README's "copy DATA_DIR to ... a bucket"): only a local path is looked
+  # at here.
+  remote = bool(data_dir) and "://" in data_dir
+  if data_dir and not remote and not os.path.isdir(data_dir):
     what = "is not a directory" if os.path.lexists(data_dir) else (
         "does not exist")
     raise FileNotFoundError(
@@ -64,6 +68,7 @@ def _prepared_builder(tfds_config):
   from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
   try:
     builder = tfds.builder(name, data_dir=data_dir)
+    prepared = builder.is_prepared()
   except tfds.core.registered.DatasetNotFoundError:
     raise FileNotFoundError(
         f"{PREFIX}.name={name!r}: no such dataset {where}; check "
@@ -78,7 +83,17 @@ def _prepared_builder(tfds_config):
         f"{PREFIX}.name={name!r} {where}: its dataset_info.json or "
         f"features.json cannot be read ({type(e).__name__}: {text}); delete "
         f"the dataset's version directory and {_BUILD_HINT}.") from None
-  if not builder.is_prepared():
+  except Exception as e:  # pylint: disable=broad-except
+    if not remote:
+      raise
+    # The bucket unreachable, or not readable with this machine's
+    # credentials: TensorFlow's error (a traceback) said so in its own way.
+    text = " ".join(str(e).split())[:200]
+    raise OSError(
+        f"{PREFIX}.data_dir={data_dir} cannot be read ({type(e).__name__}: "
+        f"{text}); check that it exists and that this machine can reach it "
+        "(network, credentials), or copy it to a local directory.") from None
+  if not prepared:
     raise FileNotFoundError(
         f"{PREFIX}.name={name!r} is not prepared {where}; {_BUILD_HINT}.")
   # A version directory copied or moved from another dataset (or version)

@@ -123,6 +123,14 @@ def build(name: str, manual_dir: str, data_dir: str, pattern: str = ""):
   if name not in BUILDERS:
     raise ValueError(f"Unknown builder {name!r}; this project has "
                      f"{sorted(BUILDERS)}.")
+  if "://" in data_dir:
+    # The build lock and the argument records are local files: a bucket
+    # got a local directory named "gs:" and TFDS's traceback.
+    raise ValueError(
+        f"--data_dir={data_dir}: builds are written to a local directory; "
+        "build into one, then copy it to the bucket (e.g. gsutil -m cp -r "
+        "DATA_DIR gs://...) and train with --config.data.tfds.data_dir set "
+        "to the bucket.")
   if not os.path.isdir(manual_dir):
     raise FileNotFoundError(f"--manual_dir={manual_dir} is not a directory: "
                             "pass the directory holding the input files.")
