@@ -49,3 +49,20 @@ def test_a_build_larger_than_memory_is_one_line(tmp_path):
       " of host memory (Unable to allocate "), last
   assert f"--num_test={10**13}, --num_aug=0" in last
   assert "Traceback" not in result.stderr
+
+
+def test_a_remote_output_dir_is_one_line_and_nothing_local(tmp_path):
+  """--output_dir=gs://... was built into a local directory "gs:" and
+  printed as if written to the bucket."""
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.data.puzzles.sudoku",
+       "--output_dir=gs://bucket/sudoku", "--num_train=5", "--num_test=5"],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(
+                   [str(repo.ROOT), os.environ.get("PYTHONPATH", "")])))
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      "trm.data.puzzles.sudoku: error: gs://bucket/sudoku (--output_dir) is "
+      "a remote path")
+  assert not os.path.exists(tmp_path / "gs:")

@@ -543,6 +543,24 @@ def test_a_data_dir_that_is_no_directory_is_one_line(tmp_path, kind):
   assert src.read_text() == _SAMPLE  # a link to the input: untouched
 
 
+@pytest.mark.parametrize("with_input", [True, False])
+def test_a_remote_data_dir_is_one_line_and_nothing_local(
+    tmp_path, monkeypatch, with_input):
+  """config.data_root=gs://...: with an input it was prepared into a local
+  directory "gs:" (the run trained on it, rc 0), without one it was said
+  to lack train.bin; .bin data is memory-mapped from local disk."""
+  monkeypatch.chdir(tmp_path)
+  src = tmp_path / "input.txt"
+  src.write_text(_SAMPLE)
+  with pytest.raises(ValueError, match=(
+      "^gs://bucket/data/sc \\(config.data_root/config.dataset\\) is a "
+      "remote path, but datasets are prepared on")):
+    text_lib.ensure_prepared("gs://bucket/data/sc",
+                             str(src) if with_input else "", "char",
+                             process_index=0)
+  assert not os.path.exists(tmp_path / "gs:")
+
+
 def test_a_dangling_data_dir_link_is_prepared_where_it_points(tmp_path):
   src = tmp_path / "input.txt"
   src.write_text(_SAMPLE)

@@ -103,7 +103,16 @@ def check_dir_or_absent(path: str, what: str = "") -> None:
   field that gave it) when something other than a directory is there: a
   file, a link that loops or leads to no directory. os.makedirs said only
   "[Errno 17] File exists" of them. A link to a missing path is fine (the
-  directory is made where it points)."""
+  directory is made where it points). A remote path (gs://...) is a
+  ValueError."""
+  named = f" ({what})" if what else ""
+  if "://" in str(path):
+    # os.makedirs made a local directory "gs:" and the data went there,
+    # named as if in the bucket.
+    raise ValueError(
+        f"{path}{named} is a remote path, but datasets are prepared on (and "
+        "memory-mapped from) local disk: name a local directory (copy the "
+        "data there first if it is prepared).")
   if os.path.isdir(path) or not os.path.lexists(path):
     return
   if os.path.islink(path):
@@ -116,7 +125,6 @@ def check_dir_or_absent(path: str, what: str = "") -> None:
       kind = f"a link that cannot be followed ({e.strerror.lower()})"
   else:
     kind = "a file"
-  named = f" ({what})" if what else ""
   raise NotADirectoryError(
       f"{path}{named} is {kind}, not a directory: move it away, or name "
       "another directory.")

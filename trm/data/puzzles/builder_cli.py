@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 
 from trm.core import cli
+from trm.data import atomic_files
 from trm.data.puzzles import builds
 
 
@@ -91,6 +92,9 @@ def run_main(argv: Sequence[str],
   # Before the puzzles are read or generated (minutes for big builds), not
   # at the first write.
   flags.FLAGS.output_dir = cli.check_output_dir(flags.FLAGS.output_dir)
+  # A gs:// one was written to a local directory "gs:" and printed as if in
+  # the bucket.
+  atomic_files.check_dir_or_absent(flags.FLAGS.output_dir, "--output_dir")
   try:
     print(run_from_flags(flags.FLAGS))
   except MemoryError as e:

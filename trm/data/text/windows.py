@@ -129,6 +129,9 @@ def ensure_prepared(data_dir: str, input_path: str, tokenizer: str, *,
   config fields in messages (trm.main's `config.data.`), `dir_field` the
   ones that name `data_dir`.
   """
+  # A remote one (read as missing, or prepared into a local "gs:"), a file
+  # or a link loop: one line naming dir_field.
+  atomic_files.check_dir_or_absent(data_dir, dir_field)
   if preparation.is_prepared(data_dir):
     return _prepared(data_dir, input_path, tokenizer, field_prefix)
   if not input_path:
