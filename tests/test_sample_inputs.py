@@ -174,6 +174,18 @@ def test_bad_sampling_flags_are_one_line_before_the_weights(tmp_path, flag,
   assert "weights:" not in result.stderr
 
 
+@pytest.mark.parametrize("seed", [2**63, -2**63 - 1, 10**20])
+def test_a_seed_past_64_bits_is_one_line_before_the_weights(tmp_path, seed):
+  """jax.random.key takes an int64: --seed=10**20 ended the run after the
+  weights were read with numpy's OverflowError traceback."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  with pytest.raises(app.UsageError, match=f"--seed={seed}: must fit in 64 "
+                     "bits"):
+    # No weights at --checkpoint: reading them would be another error.
+    _samples_of(None, "--init_from=gpt2", f"--checkpoint={tmp_path}",
+                f"--seed={seed}")
+
+
 def test_generate_refuses_a_nan_temperature():
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
   cfg = gpt.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4,

@@ -285,6 +285,11 @@ def main(argv):
   if _BATCH_SIZE.value < 0:
     raise app.UsageError(f"--batch_size={_BATCH_SIZE.value}: must be >= 0 "
                          "(0: all --num_samples at once).")
+  # jax.random.key takes an int64: a larger seed ended the run after the
+  # weights were read, with numpy's OverflowError traceback.
+  if not -2**63 <= _SEED.value < 2**63:
+    raise app.UsageError(f"--seed={_SEED.value}: must fit in 64 bits "
+                         f"(from {-2**63} to {2**63 - 1}).")
   start = read_start(_START.value)
   # One device: a handful of samples gains nothing from splitting. On a pod
   # it is process 0's, which alone reads the tokens back and prints.
