@@ -151,6 +151,19 @@ def test_bad_settings_name_the_field(field, value, message):
     wandb_writer.check_config(config)
 
 
+def test_a_project_name_wandb_refuses_names_the_field_before_any_data():
+  """wandb.init refused config.wandb.project='my/proj' only after the data
+  was built and the model initialised, in a line saying to disable W&B."""
+  pytest.importorskip("wandb")
+  config = config_lib.load_config("configs/diffucoder_7b.py", "tiny")
+  config_lib.set_values(config, {"wandb.enabled": True,
+                                 "wandb.mode": "offline",
+                                 "wandb.project": "my/proj"})
+  with pytest.raises(ValueError, match=r"config.wandb.project='my/proj' is "
+                     r"no W&B project name \(.*'/'.*\); rename it"):
+    wandb_writer.check_config(config)
+
+
 # ------------------------------------------- online without network (#25)
 
 

@@ -67,7 +67,16 @@ def check_config(config) -> None:
   if not wandb_config.project:
     raise ValueError("config.wandb.project is empty: name the W&B project "
                      "to log to (or set config.wandb.enabled=False).")
-  _import_wandb()
+  wandb = _import_wandb()
+  try:
+    # W&B's own rules (no '/', '#', '?', '%', ':', '\\'; at most 128
+    # characters): wandb.init refused such a name only after the data was
+    # built and the model initialised, saying to disable W&B.
+    wandb.Settings(project=wandb_config.project)
+  except Exception as e:  # pylint: disable=broad-except  # its UsageError
+    raise ValueError(f"config.wandb.project={wandb_config.project!r} is "
+                     f"no W&B project name ({' '.join(str(e).split())}); "
+                     "rename it.") from None
   global _forced_offline
   _forced_offline = False
   if wandb_config.mode != "online" or not _is_main_process():
