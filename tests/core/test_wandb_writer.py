@@ -164,6 +164,57 @@ def test_a_project_name_wandb_refuses_names_the_field_before_any_data():
     wandb_writer.check_config(config)
 
 
+def _fake_init(monkeypatch):
+  """wandb.init recording the run ids it is given (no W&B process)."""
+  import wandb  # pylint: disable=g-import-not-at-top
+  ids = []
+
+  class Run:
+    def define_metric(self, *args, **kwargs):
+      pass
+
+  monkeypatch.setattr(wandb, "init", lambda **kw: ids.append(kw["id"])
+                      or Run())
+  return ids
+
+
+@pytest.mark.parametrize("text", ["", "\n"])
+def test_an_empty_run_id_file_starts_a_new_run(tmp_path, monkeypatch, text):
+  """The id file is written before wandb.init, so an empty one (its write
+  failed) names no W&B run: every later run of the workdir stopped in
+  wandb.init ('Run ID cannot be empty')."""
+  pytest.importorskip("wandb")
+  ids = _fake_init(monkeypatch)
+  (tmp_path / wandb_writer.RUN_ID_FILE).write_text(text)
+  config = _online_config()
+  config_lib.set_values(config, {"wandb.mode": "offline"})
+  wandb_writer.create(config, str(tmp_path))
+  assert len(ids) == 1 and len(ids[0]) == 8, ids
+  assert (tmp_path / wandb_writer.RUN_ID_FILE).read_text() == ids[0]
+  wandb_writer.create(config, str(tmp_path))  # resumed: the same run
+  assert ids[1] == ids[0]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"a/b", "holds 'a/b', no W&B run id"), (b"\xff\xfe", "is no text")])
+def test_a_damaged_run_id_file_is_one_line_naming_it(tmp_path, monkeypatch,
+                                                     content, message):
+  """An id W&B refuses stopped the run with 'wandb.init failed ...; set
+  config.wandb.enabled=False', naming neither the file nor its fix."""
+  pytest.importorskip("wandb")
+  ids = _fake_init(monkeypatch)
+  path = tmp_path / wandb_writer.RUN_ID_FILE
+  path.write_bytes(content)
+  config = _online_config()
+  config_lib.set_values(config, {"wandb.mode": "offline"})
+  with pytest.raises(wandb_writer.WandbUnavailableError) as error:
+    wandb_writer.create(config, str(tmp_path))
+  line = cli.one_line(error.value)
+  assert f"error: {path} {message}" in line and "delete the file" in line
+  assert not ids  # refused before wandb.init
+  assert path.read_bytes() == content  # kept for the user to mend
+
+
 # ------------------------------------------- online without network (#25)
 
 

@@ -38,6 +38,7 @@ from etils import epath
 
 from trm.core import cli
 from trm.core import net_probe
+from trm.data import atomic_files
 
 STEP_KEY = "trainer/step"
 MODES = ("online", "offline", "disabled")
@@ -180,13 +181,30 @@ def online_problem(timeout: Optional[float] = None) -> Optional[str]:
   return None if problem is None else f"the W&B server {problem}"
 
 
-def _run_id(workpath: epath.Path) -> str:
+def _run_id(workpath: epath.Path, wandb) -> str:
   """The workdir's W&B run id, created by its first run."""
   path = workpath / RUN_ID_FILE
-  if path.exists():
-    return path.read_text().strip()
-  run_id = secrets.token_hex(4)
-  path.write_text(run_id)
+  try:
+    run_id = path.read_text().strip() if path.exists() else ""
+  except UnicodeDecodeError as e:
+    raise WandbUnavailableError(
+        f"{path} is no text ({e.reason} at byte {e.start}), so no W&B run "
+        "id: write the id of the W&B run to go on with there, or delete the "
+        "file to start a new one.") from None
+  if not run_id:
+    # None yet, or an empty file (the first write failed: a full disk), and
+    # so no W&B run to go on with (wandb.init comes after the write). An
+    # empty id had every later run of the workdir stop in wandb.init.
+    run_id = secrets.token_hex(4)
+    atomic_files.replace_whole(path, run_id)
+    return run_id
+  try:
+    wandb.Settings(run_id=run_id)  # W&B's own rules for an id
+  except Exception as e:  # pylint: disable=broad-except  # its UsageError
+    raise WandbUnavailableError(
+        f"{path} holds {run_id[:100]!r}, no W&B run id "
+        f"({' '.join(str(e).split())}): write the id of the W&B run to go "
+        "on with there, or delete the file to start a new one.") from None
   return run_id
 
 
@@ -201,12 +219,13 @@ def create(config, workdir: str) -> "WandbWriter":
   local_dir = os.environ.get("WANDB_DIR") or (
       None if "://" in workdir else workdir)
   mode = "offline" if _forced_offline else settings.mode
+  run_id = _run_id(workpath, wandb)
 
   def init(mode):
     return wandb.init(
         project=settings.project, entity=settings.entity or None,
         name=settings.name or None, mode=mode, dir=local_dir,
-        id=_run_id(workpath), resume="allow",
+        id=run_id, resume="allow",
         config=json.loads(config.to_json_best_effort()),
         # Leave stdout/stderr alone: wrapping them would reach into the
         # command line's one-line errors and signal handling.
