@@ -17,6 +17,9 @@ def test_kinds_of_unreachable(monkeypatch):
   for name in net_probe.PROXY_VARIABLES:
     monkeypatch.delenv(name, raising=False)
   assert net_probe.probe("no-scheme-or-host", 1).kind == "no_host"
+  # urlsplit's own ValueError was a traceback (HF_ENDPOINT, WANDB_BASE_URL).
+  assert net_probe.probe("http://[::1", 1) == net_probe.Unreachable(
+      "bad_url", detail="Invalid IPv6 URL")
   assert net_probe.probe("http://127.0.0.1:99999/x", 1).kind == "bad_port"
   refused = net_probe.probe(f"http://127.0.0.1:{_closed_port()}/", 1)
   assert refused.kind == "connect" and refused.host == "127.0.0.1"
@@ -40,3 +43,16 @@ def test_a_hanging_look_up_is_bounded(monkeypatch):
   assert time.monotonic() - start < 2
   assert problem.kind == "resolve"
   assert problem.detail == "no answer within 0.5 s"
+
+
+def test_a_malformed_endpoint_is_one_line_naming_it(monkeypatch):
+  """HF_ENDPOINT or WANDB_BASE_URL="http://[::1" (a bracket left open)
+  stopped a download, or W&B's online check, with urlsplit's "Invalid IPv6
+  URL", naming neither the variable's value nor what it is."""
+  from trm.core import hub  # pylint: disable=g-import-not-at-top
+  from trm.core import wandb_writer  # pylint: disable=g-import-not-at-top
+  assert hub.unreachable("http://[::1") == (
+      "http://[::1 is no URL (Invalid IPv6 URL)")
+  monkeypatch.setenv("WANDB_BASE_URL", "http://[::1")
+  assert wandb_writer.online_problem(1) == (
+      "the W&B host URL 'http://[::1' is no URL (Invalid IPv6 URL)")

@@ -82,6 +82,8 @@ def unreachable(url: str, timeout_s: float = CHECK_TIMEOUT_S
   problem = net_probe.probe(url, timeout_s)
   if problem is None:
     return None
+  if problem.kind == "bad_url":
+    return f"{url} is no URL ({problem.detail})"
   if problem.kind == "no_host":
     return f"{url} names no host"
   if problem.kind == "bad_port":

@@ -28,9 +28,10 @@ PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
 class Unreachable:
   """Why a URL's host cannot be reached.
 
-  kind: 'no_host' | 'bad_port' (the URL itself), 'resolve' (the name does
-  not resolve in time), 'connect' (no TCP connection in time); detail: the
-  socket error, or "no answer within N s".
+  kind: 'bad_url' | 'no_host' | 'bad_port' (the URL itself), 'resolve'
+  (the name does not resolve in time), 'connect' (no TCP connection in
+  time); detail: the socket error, the URL's ("Invalid IPv6 URL"), or "no
+  answer within N s".
   """
   kind: str
   host: str = ""
@@ -67,8 +68,11 @@ def probe(url: str, timeout_s: float, *, shared: bool = False
   proxy is configured); else why not. The look-up and the connect each get
   `timeout_s` seconds, or, with `shared`, `timeout_s` in all."""
   start = time.monotonic()
-  parsed = urllib.parse.urlsplit(url)
-  host = parsed.hostname
+  try:
+    parsed = urllib.parse.urlsplit(url)
+    host = parsed.hostname
+  except ValueError as e:  # "http://[::1": "Invalid IPv6 URL" (a traceback)
+    return Unreachable("bad_url", detail=str(e))
   if not host:
     return Unreachable("no_host")
   try:

@@ -163,6 +163,8 @@ def reachable(url: str, timeout: Optional[float] = None) -> Optional[str]:
   problem = net_probe.probe(url, timeout, shared=True)
   if problem is None:
     return None
+  if problem.kind == "bad_url":
+    return f"the W&B host URL {url!r} is no URL ({problem.detail})"
   if problem.kind == "no_host":
     return f"the W&B host URL {url!r} names no host"
   if problem.kind == "bad_port":
@@ -174,6 +176,10 @@ def online_problem(timeout: Optional[float] = None) -> Optional[str]:
   """Why W&B cannot log online from here (no credentials, no network), or
   None. Takes at most `timeout` seconds (default `PROBE_SECONDS`)."""
   url = base_url()
+  try:
+    urlsplit(url)
+  except ValueError as e:  # WANDB_BASE_URL="http://[::1": a traceback
+    return f"the W&B host URL {url!r} is no URL ({e})"
   if not has_credentials(url):
     return ("no W&B API key is set up (WANDB_API_KEY, or `wandb login` "
             f"for {urlsplit(url).netloc or url})")
