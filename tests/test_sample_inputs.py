@@ -465,6 +465,32 @@ def test_batch_size_draws_every_sample_in_batches(tmp_path, capsys):
   assert len(drawn) == 3 and len(set(drawn)) == 3, drawn
 
 
+def test_out_of_memory_names_batch_size(tmp_path, monkeypatch):
+  """--num_samples=10000000 (all at once by default) ran out of memory
+  with the trainer's line: reduce config.global_batch_size, turn on
+  config.model.remat, ... none of which trm.sample takes."""
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+
+  class JaxRuntimeError(RuntimeError):  # what cli.out_of_memory knows
+    pass
+
+  def out_of_memory(*args, **kwargs):
+    raise JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating "
+                          "34000001024 bytes.")
+
+  monkeypatch.setattr(gpt, "generate", out_of_memory)
+  directory = write_tiny_gpt2(tmp_path / "gpt2")
+  data = tmp_path / "data"
+  preparation.prepare_char("to be or not to be\n" * 4, str(data))
+  with pytest.raises(ValueError, match=r"out of memory drawing 3 samples at "
+                     r"once \(RESOURCE_EXHAUSTED: .*\): each holds a KV "
+                     r"cache of the whole 16-token block; pass a smaller "
+                     r"--batch_size"):
+    _samples_of(None, "--init_from=gpt2", f"--checkpoint={directory}",
+                f"--data_dir={data}", "--start=to", "--num_samples=3",
+                "--max_new_tokens=2")
+
+
 def test_negative_batch_size_is_refused(tmp_path):
   result = _sample("--init_from=gpt2", f"--checkpoint={tmp_path}",
                    "--batch_size=-1")

@@ -368,10 +368,21 @@ def main(argv):
       # One batch draws with the seed's key itself (the samples of a run
       # without --batch_size); each of several its own key from it.
       rng = key if batches == 1 else jax.random.fold_in(key, index)
-      tokens = generate(params, prompt, rng)
-      if jax.process_index() != 0:
-        continue
-      tokens = np.asarray(jax.device_get(tokens))
+      try:
+        tokens = generate(params, prompt, rng)
+        if jax.process_index() != 0:
+          continue
+        tokens = np.asarray(jax.device_get(tokens))
+      except Exception as e:  # pylint: disable=broad-except
+        if not cli.out_of_memory(e):
+          raise
+        # The trainer's line (config.global_batch_size, remat, ...) named
+        # nothing this command takes.
+        raise ValueError(
+            f"out of memory drawing {batch} samples at once ("
+            f"{' '.join(str(e).split())[:300]}): each holds a KV cache of "
+            f"the whole {cfg.block_size}-token block; pass a smaller "
+            "--batch_size (samples drawn at once).") from None
       for row in tokens[:num_samples - index * batch]:
         print(codec.decode(row.tolist()))
         print("---------------", flush=True)
