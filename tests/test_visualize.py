@@ -295,13 +295,17 @@ def test_an_out_that_cannot_be_the_png_is_one_line(tmp_path):
                        num_blanks=30)
   a_file = tmp_path / "a_file"
   a_file.write_text("x")
-  for out, needle in (
+  for out, needle, *other in (
       (tmp_path, f"--out={tmp_path}: is a directory; name the PNG file"),
       ("", "--out is given but empty: name the PNG file to write."),
-      (a_file / "s.png", f"--out={a_file / 's.png'}: {a_file} is a file")):
+      (a_file / "s.png", f"--out={a_file / 's.png'}: {a_file} is a file"),
+      # A sheet of 100,000 Sudoku rows wanted ~100 GB and hours to draw,
+      # a PNG nothing opens; that many examples are checked before any.
+      (tmp_path / "s.png", "--num=100000: one sheet draws at most 200 "
+       "examples", "--num=100000", "--data_dir=/nonexistent")):
     result = subprocess.run(
         [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
-         f"--out={out}"], cwd=ROOT, capture_output=True, text=True,
+         f"--out={out}", *other], cwd=ROOT, capture_output=True, text=True,
         timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(

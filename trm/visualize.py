@@ -36,13 +36,31 @@ def define_flags() -> None:
   _DATA_DIR = flags.DEFINE_string("data_dir", None, "Dataset root.")
   _SPLIT = flags.DEFINE_string("split", "test", "Split to draw.")
   _SET = flags.DEFINE_string("set", "all", "Set of the split.")
-  _NUM = flags.DEFINE_integer("num", 8, "Number of examples (rows).")
+  _NUM = flags.DEFINE_integer(
+      "num", 8, f"Number of examples (rows), at most {MAX_NUM} a sheet.")
   _START = flags.DEFINE_integer("start", 0, "First example.")
   _OUT = flags.DEFINE_string("out", "sheet.png", "Output PNG.")
   _PREDICTIONS = flags.DEFINE_string(
       "predictions", None, ".npy of [N, seq_len] predicted token ids; row i "
       "is example i of the split (trm.evaluate writes <output_dir>/"
       "predictions_test.npy).")
+
+
+# The most examples one sheet draws. At 3 columns, 200 rows of the largest
+# panels (30 x 30 ARC grids) are 85M pixels, under the 89M past which PIL
+# (and viewers built on it) refuse to open a PNG as a decompression bomb;
+# 400 Sudoku rows took 730 MB and 16 s, so --num=100000 of its test split
+# would want ~180 GB and over an hour.
+MAX_NUM = 200
+
+
+def check_num(num: int) -> None:
+  """--num is one sheet's examples: a few hundred at most (`MAX_NUM`)."""
+  if num > MAX_NUM:
+    raise ValueError(f"--num={num}: one sheet draws at most {MAX_NUM} "
+                     "examples (more would be a PNG too large to open); "
+                     f"draw the rest on further sheets with --start={MAX_NUM},"
+                     f" --start={2 * MAX_NUM}, ...")
 
 
 def check_out(path: str, data_dir: str | None = None,
@@ -78,6 +96,7 @@ def main(argv: Sequence[str]) -> None:
   if process:  # no devices are needed, so the job is not joined
     print(f"process {process}: nothing to do (process 0 draws {_OUT.value})")
     return
+  check_num(_NUM.value)
   out = cli.expand_home(_OUT.value)
   check_out(out, _DATA_DIR.value, _PREDICTIONS.value)
   sheet = dataset_sheet(_DATA_DIR.value, _SPLIT.value, out,
