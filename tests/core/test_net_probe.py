@@ -29,9 +29,37 @@ def test_kinds_of_unreachable(monkeypatch):
     server.listen(1)
     assert net_probe.probe(f"http://127.0.0.1:{server.getsockname()[1]}",
                            1) is None
-  # Behind a proxy the proxy connects, not this host: nothing to check.
+
+
+def test_behind_a_proxy_the_proxy_is_checked(monkeypatch):
+  """The proxy resolves and connects to the host; a proxy that was down
+  went unchecked, and huggingface_hub failed after 27 s of retries with a
+  ProxyError's text."""
+  for name in net_probe.PROXY_VARIABLES + ("NO_PROXY", "no_proxy"):
+    monkeypatch.delenv(name, raising=False)
+  with socket.socket() as proxy:
+    proxy.bind(("127.0.0.1", 0))
+    proxy.listen(1)
+    monkeypatch.setenv("https_proxy",
+                       f"127.0.0.1:{proxy.getsockname()[1]}")  # no scheme
+    assert net_probe.probe("https://hub.invalid/", 1) is None
   monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
-  assert net_probe.probe(f"http://127.0.0.1:{_closed_port()}/", 1) is None
+  problem = net_probe.probe("https://hub.invalid/", 1)
+  assert (problem.kind, problem.host, problem.port, problem.proxy) == (
+      "resolve", "proxy.invalid", 3128, "http://proxy.invalid:3128")
+  # A URL of another scheme, or a host NO_PROXY names, goes direct.
+  port = _closed_port()
+  assert net_probe.probe(f"http://127.0.0.1:{port}/", 1).proxy == ""
+  monkeypatch.setenv("ALL_PROXY", "http://proxy.invalid:3128")
+  assert net_probe.probe(f"http://127.0.0.1:{port}/", 1).proxy
+  monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")
+  direct = net_probe.probe(f"http://127.0.0.1:{port}/", 1)
+  assert (direct.kind, direct.proxy) == ("connect", "")
+  from trm.core import hub  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("https_proxy", "http://[::1")
+  assert hub.unreachable("https://hub.invalid/") == (
+      "the proxy URL http://[::1 (from the environment's *_PROXY) is no URL"
+      " (Invalid IPv6 URL)")
 
 
 def test_a_hanging_look_up_is_bounded(monkeypatch):

@@ -8,7 +8,8 @@ from a Hub model id, `DiffusionLM.from_pretrained("org/name")`) goes through
   raise one line naming that command;
 - return a cached copy when there is one and the Hub cannot be reached (or
   HF_HUB_OFFLINE=1, read at call time);
-- check first that the Hub's host resolves and accepts a connection
+- check first that the Hub's host (or the proxy to it) resolves and
+  accepts a connection
   (`unreachable`, `CHECK_TIMEOUT_S` each): without that, `huggingface_hub`
   retries a failed request five times with back-off (about 25 s, more with
   its timeouts) before it gives up;
@@ -76,21 +77,24 @@ def unreachable(url: str, timeout_s: float = CHECK_TIMEOUT_S
   does not resolve (no network?)".
 
   Checked before a download so that no network costs seconds, not the
-  retries with back-off of the downloader. None without checking when a
-  proxy is configured (the proxy resolves and connects, not this host).
+  retries with back-off of the downloader. Through a proxy (HTTPS_PROXY
+  ...), the proxy is checked: it resolves and connects to the host.
   """
   problem = net_probe.probe(url, timeout_s)
   if problem is None:
     return None
+  named = (f"the proxy URL {problem.proxy} (from the environment's *_PROXY)"
+           if problem.proxy else url)
   if problem.kind == "bad_url":
-    return f"{url} is no URL ({problem.detail})"
+    return f"{named} is no URL ({problem.detail})"
   if problem.kind == "no_host":
-    return f"{url} names no host"
+    return f"{named} names no host"
   if problem.kind == "bad_port":
-    return f"{url} has an invalid port"
+    return f"{named} has an invalid port"
+  its = "its proxy" if problem.proxy else "its host"
   if problem.kind == "resolve":
-    return f"its host {problem.host} does not resolve (no network?)"
-  return (f"its host {problem.host}:{problem.port} does not accept a "
+    return f"{its} {problem.host} does not resolve (no network?)"
+  return (f"{its} {problem.host}:{problem.port} does not accept a "
           f"connection within {timeout_s:g} s ({problem.detail})")
 
 

@@ -7,17 +7,20 @@ Each caller words the answer for its own error or warning.
 
 A host-name look-up ignores socket timeouts, so it runs in a daemon thread
 that is abandoned if it takes too long; the TCP connect has the socket's
-timeout. With a proxy configured (HTTPS_PROXY and friends) the proxy
-resolves and connects, not this host, so `probe` does not check.
+timeout. With a proxy configured for the URL (HTTPS_PROXY and friends, as
+requests reads them: NO_PROXY's hosts go direct) the proxy resolves and
+connects to the host, so `probe` checks the proxy instead: a proxy that is
+down cost huggingface_hub's 27 s of retries and a ProxyError's traceback
+text.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import threading
 import time
 import urllib.parse
+import urllib.request
 from typing import Optional
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
@@ -37,10 +40,20 @@ class Unreachable:
   host: str = ""
   port: int = 0
   detail: str = ""
+  proxy: str = ""  # the proxy's URL when it is the proxy that is unreachable
 
 
-def proxied() -> bool:
-  return any(os.environ.get(name) for name in PROXY_VARIABLES)
+def proxy_for(url: str) -> Optional[str]:
+  """The proxy that requests (under huggingface_hub) sends `url` through,
+  from the environment (`<scheme>_proxy`, then ALL_PROXY; none for a host
+  NO_PROXY names), or None."""
+  parsed = urllib.parse.urlsplit(url)
+  proxies = urllib.request.getproxies_environment()
+  proxy = proxies.get(parsed.scheme) or proxies.get("all")
+  if not proxy or urllib.request.proxy_bypass_environment(
+      parsed.hostname or "", proxies):
+    return None
+  return proxy if "://" in proxy else f"http://{proxy}"  # as requests reads it
 
 
 def _resolve(host: str, port: int, timeout_s: float):
@@ -62,12 +75,9 @@ def _resolve(host: str, port: int, timeout_s: float):
   return result[0] if result else (None, f"no answer within {timeout_s:g} s")
 
 
-def probe(url: str, timeout_s: float, *, shared: bool = False
-          ) -> Optional[Unreachable]:
-  """None when `url`'s host resolves and accepts a TCP connection (or a
-  proxy is configured); else why not. The look-up and the connect each get
-  `timeout_s` seconds, or, with `shared`, `timeout_s` in all."""
-  start = time.monotonic()
+def _host_and_port(url: str):
+  """(host, port) of `url`, or the Unreachable that says what is wrong
+  with it."""
   try:
     parsed = urllib.parse.urlsplit(url)
     host = parsed.hostname
@@ -76,20 +86,42 @@ def probe(url: str, timeout_s: float, *, shared: bool = False
   if not host:
     return Unreachable("no_host")
   try:
-    port = parsed.port or (80 if parsed.scheme == "http" else 443)
+    return host, parsed.port or (80 if parsed.scheme == "http" else 443)
   except ValueError:
     return Unreachable("bad_port", host)
-  if proxied():
-    return None
+
+
+def probe(url: str, timeout_s: float, *, shared: bool = False
+          ) -> Optional[Unreachable]:
+  """None when `url`'s host (or the proxy it goes through) resolves and
+  accepts a TCP connection; else why not (its `proxy` set when the proxy
+  does not). The look-up and the connect each get `timeout_s` seconds, or,
+  with `shared`, `timeout_s` in all."""
+  start = time.monotonic()
+  address = _host_and_port(url)
+  if isinstance(address, Unreachable):
+    return address
+  proxy = proxy_for(url)
+  if proxy:
+    address = _host_and_port(proxy)
+    if isinstance(address, Unreachable):
+      return dataclasses.replace(address, proxy=proxy)
+  host, port = address
+  problem = None
   addresses, why = _resolve(host, port, timeout_s)
   if not addresses:
-    return Unreachable("resolve", host, port, why or "no address")
-  connect_s = timeout_s - (time.monotonic() - start) if shared else timeout_s
-  family, kind, proto, _, address = addresses[0]
-  try:
-    with socket.socket(family, kind, proto) as connection:
-      connection.settimeout(max(connect_s, 0.05))
-      connection.connect(address)
-  except OSError as e:
-    return Unreachable("connect", host, port, f"{type(e).__name__}: {e}")
-  return None
+    problem = Unreachable("resolve", host, port, why or "no address")
+  else:
+    connect_s = (timeout_s - (time.monotonic() - start) if shared
+                 else timeout_s)
+    family, kind, proto, _, socket_address = addresses[0]
+    try:
+      with socket.socket(family, kind, proto) as connection:
+        connection.settimeout(max(connect_s, 0.05))
+        connection.connect(socket_address)
+    except OSError as e:
+      problem = Unreachable("connect", host, port,
+                            f"{type(e).__name__}: {e}")
+  if problem and proxy:
+    problem = dataclasses.replace(problem, proxy=proxy)
+  return problem

@@ -6,8 +6,9 @@
 `check_config` runs before any data is built: wandb missing (or failing to
 import) stops the run in one line naming config.wandb.enabled; in online
 mode, process 0 looks for an API key (WANDB_API_KEY, an identity token, or
-`wandb login`'s netrc entry) and probes the W&B host with a TCP connection
-bounded to `PROBE_SECONDS` (`trm.core.net_probe`; not behind a proxy).
+`wandb login`'s netrc entry) and probes the W&B host (behind a proxy, the
+proxy) with a TCP connection bounded to `PROBE_SECONDS`
+(`trm.core.net_probe`).
 Without either, the run logs offline instead (config.wandb.mode becomes
 'offline', one warning says so and how to upload the files later with
 `wandb sync`), rather than hanging in wandb.init for its 90-second timeout
@@ -156,20 +157,24 @@ def has_credentials(url: Optional[str] = None) -> bool:
 
 
 def reachable(url: str, timeout: Optional[float] = None) -> Optional[str]:
-  """None if a TCP connection to `url`'s host opens within `timeout`
-  seconds (default `PROBE_SECONDS`; DNS included) or a proxy is configured
-  (it connects, not this host), else why not."""
+  """None if a TCP connection to `url`'s host (or the proxy to it) opens
+  within `timeout` seconds (default `PROBE_SECONDS`; DNS included), else
+  why not."""
   timeout = PROBE_SECONDS if timeout is None else timeout
   problem = net_probe.probe(url, timeout, shared=True)
   if problem is None:
     return None
+  named = (f"proxy URL {problem.proxy!r} (from the environment's *_PROXY)"
+           if problem.proxy else f"W&B host URL {url!r}")
   if problem.kind == "bad_url":
-    return f"the W&B host URL {url!r} is no URL ({problem.detail})"
+    return f"the {named} is no URL ({problem.detail})"
   if problem.kind == "no_host":
-    return f"the W&B host URL {url!r} names no host"
+    return f"the {named} names no host"
   if problem.kind == "bad_port":
-    return f"the W&B host URL {url!r} has a bad port"
-  return f"{problem.host}:{problem.port} is unreachable ({problem.detail})"
+    return f"the {named} has a bad port"
+  via = f" (its proxy {problem.proxy!r})" if problem.proxy else ""
+  return (f"{problem.host}:{problem.port}{via} is unreachable "
+          f"({problem.detail})")
 
 
 def online_problem(timeout: Optional[float] = None) -> Optional[str]:
