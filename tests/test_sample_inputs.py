@@ -465,6 +465,18 @@ def test_batch_size_draws_every_sample_in_batches(tmp_path, capsys):
   assert len(drawn) == 3 and len(set(drawn)) == 3, drawn
 
 
+def test_a_workdir_given_as_checkpoint_names_workdir(tmp_path):
+  """--checkpoint=<a trm.main workdir> said 'nanoGPT checkpoint DIR does
+  not exist or is not a file'."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "config.json").write_text("{}")
+  with pytest.raises(app.UsageError, match=f"--checkpoint={tmp_path} is a "
+                     f"trm.main workdir, not nanoGPT's ckpt.pt: pass "
+                     f"--workdir={tmp_path}"):
+    _samples_of(None, f"--checkpoint={tmp_path}")
+
+
 def test_out_of_memory_names_batch_size(tmp_path, monkeypatch):
   """--num_samples=10000000 (all at once by default) ran out of memory
   with the trainer's line: reduce config.global_batch_size, turn on

@@ -230,6 +230,12 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
     raise app.UsageError(f"--init_from={init_from!r} must be resume, gpt2, "
                          "gpt2-medium, gpt2-large or gpt2-xl.")
   if checkpoint:
+    if os.path.isfile(os.path.join(checkpoint, "config.json")) and (
+        os.path.isdir(os.path.join(checkpoint, "checkpoints"))):
+      # Was "nanoGPT checkpoint DIR does not exist or is not a file".
+      raise app.UsageError(
+          f"--checkpoint={checkpoint} is a trm.main workdir, not nanoGPT's "
+          f"ckpt.pt: pass --workdir={checkpoint} (and no --checkpoint).")
     params, args, extras = gpt_import.load_nanogpt_checkpoint(checkpoint)
     check_finite(params, checkpoint)
     cfg, shardings = from_args(args)
