@@ -12,6 +12,10 @@ CMD = ["python3", "-m", "trm.main", "--config=configs/x.py"]
 def test_a_command_restarts_where_glibc_and_the_kernel_allow():
   assert huge_pages.should_restart(CMD, {}, (2, 36), "madvise")
   assert huge_pages.should_restart(CMD, {}, (2, 35), "always")
+  # TRM_NO_HUGE_PAGES=0 (or empty) opts nothing out; it turned them off.
+  for value in ("0", ""):
+    assert huge_pages.should_restart(CMD, {"TRM_NO_HUGE_PAGES": value},
+                                     (2, 36), "madvise")
 
 
 def test_no_restart_for_library_use_opt_out_or_an_unsupporting_host():

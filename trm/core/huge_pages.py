@@ -11,8 +11,8 @@ glibc reads its tunables only when a process starts, so `python -m trm.X`
 sets the variable and re-executes itself once, before jax is imported
 (`trm/__init__.py` calls `restart_with_huge_pages`). Library use (`import
 trm` in a notebook or a test) never restarts anything. Opt out with
-TRM_NO_HUGE_PAGES=1; a GLIBC_TUNABLES that already names the tunable is
-left alone.
+TRM_NO_HUGE_PAGES=1 (0 or empty: no opt-out); a GLIBC_TUNABLES that
+already names the tunable is left alone.
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def is_command(orig_argv) -> bool:
 def should_restart(orig_argv, environ, glibc_version, thp_setting) -> bool:
   """Whether this process should re-execute itself with the tunable set."""
   return (is_command(orig_argv)
-          and not environ.get(OPT_OUT_ENV)
+          # "0" is no opt-out (as TRM_TRACEBACK=0): it turned huge pages off.
+          and environ.get(OPT_OUT_ENV, "") in ("", "0")
           and TUNABLE not in environ.get("GLIBC_TUNABLES", "")
           and glibc_version is not None and glibc_version >= (2, 35)
           and thp_setting in ("always", "madvise"))
