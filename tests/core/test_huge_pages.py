@@ -23,6 +23,15 @@ def test_no_restart_for_library_use_opt_out_or_an_unsupporting_host():
                                        (2, 36), "madvise")
   assert not huge_pages.should_restart(["python3", "-m", "pytest"], {},
                                        (2, 36), "madvise")
+  # A script's own -m: re-executing it ran its code before `import trm`
+  # twice.
+  for argv in (["python3", "launch.py", "-m", "trm.main"],
+               ["python3", "-c", "import trm", "-m", "trm.main"],
+               ["python3", "-m", "launch", "-m", "trm.main"]):
+    assert not huge_pages.is_command(argv), argv
+  for argv in (["python3", "-W", "ignore", "-X", "dev", "-m", "trm.main"],
+               ["python3", "-u", "-mtrm.sample"]):
+    assert huge_pages.is_command(argv), argv
   assert not huge_pages.should_restart(CMD, {"TRM_NO_HUGE_PAGES": "1"},
                                        (2, 36), "madvise")
   assert not huge_pages.should_restart(

@@ -46,11 +46,27 @@ def _thp_setting() -> str:
   return text[start + 1:end] if 0 <= start < end else ""
 
 
+# Interpreter options whose value is the next argument.
+_OPTIONS_WITH_VALUES = ("-W", "-X", "--check-hash-based-pycs")
+
+
 def is_command(orig_argv) -> bool:
-  """True for `python [options] -m trm.<module> ...`."""
+  """True for `python [options] -m trm.<module> ...`: the interpreter's own
+  -m, not one among a script's arguments (`python launch.py -m trm.main`
+  ran launch.py's code before `import trm` twice)."""
   args = list(orig_argv[1:])
-  return ("-m" in args and args.index("-m") + 1 < len(args)
-          and args[args.index("-m") + 1].startswith("trm."))
+  for i, arg in enumerate(args):
+    if arg == "-m":
+      return i + 1 < len(args) and args[i + 1].startswith("trm.")
+    if arg.startswith("-m"):  # -mtrm.main
+      return arg[2:].startswith("trm.")
+    if arg in _OPTIONS_WITH_VALUES:
+      continue
+    if i and args[i - 1] in _OPTIONS_WITH_VALUES:
+      continue  # the value of -W or -X
+    if arg.startswith("-c") or arg == "-" or not arg.startswith("-"):
+      return False  # a command, stdin or a script: its own arguments follow
+  return False
 
 
 def should_restart(orig_argv, environ, glibc_version, thp_setting) -> bool:
