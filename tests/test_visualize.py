@@ -336,3 +336,20 @@ def test_an_out_over_a_file_drawn_from_is_refused(tmp_path):
     visualize.check_out(inputs, data_dir, None)
   visualize.check_out(os.path.join(data_dir, "sheet.png"), data_dir,
                       predictions)  # a new file beside them is fine
+
+
+def test_a_workdir_as_data_dir_names_the_runs_dataset(tmp_path):
+  """--data_dir=runs/sudoku (for runs/sudoku/data) said to build a dataset
+  with --output_dir=runs/sudoku, into the run's workdir."""
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints").mkdir(parents=True)
+  (workdir / "config.json").write_text('{"data": {"data_dir": "/d/sudoku"}}')
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.visualize", f"--data_dir={workdir}",
+       f"--out={tmp_path / 's.png'}"], cwd=ROOT, capture_output=True,
+      text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      f"trm.visualize: error: --data_dir={workdir} is a trm.main workdir, "
+      "not a dataset: the run's dataset is --data_dir=/d/sudoku ")
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json"]

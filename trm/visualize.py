@@ -63,6 +63,22 @@ def check_num(num: int) -> None:
                      f" --start={2 * MAX_NUM}, ...")
 
 
+def check_not_a_workdir(data_dir: str, split: str) -> None:
+  """--data_dir=<a trm.main workdir> (runs/sudoku for runs/sudoku/data)
+  was told to build a dataset into the workdir; it is told where the
+  run's dataset is."""
+  if os.path.isdir(os.path.join(data_dir, split)) or not (
+      os.path.isfile(os.path.join(data_dir, "config.json"))
+      and os.path.isdir(os.path.join(data_dir, "checkpoints"))):
+    return
+  # pylint: disable-next=g-import-not-at-top,protected-access
+  from trm.families.trm.task import _recorded_data_dir
+  run_data = _recorded_data_dir(data_dir) or os.path.join(data_dir, "data")
+  raise ValueError(f"--data_dir={data_dir} is a trm.main workdir, not a "
+                   f"dataset: the run's dataset is --data_dir={run_data} "
+                   "(its config.json's data.data_dir, else <workdir>/data).")
+
+
 def check_out(path: str, data_dir: str | None = None,
               predictions: str | None = None) -> None:
   """--out can become the PNG: checked before drawing (the final rename
@@ -97,6 +113,7 @@ def main(argv: Sequence[str]) -> None:
     print(f"process {process}: nothing to do (process 0 draws {_OUT.value})")
     return
   check_num(_NUM.value)
+  check_not_a_workdir(_DATA_DIR.value, _SPLIT.value)
   out = cli.expand_home(_OUT.value)
   check_out(out, _DATA_DIR.value, _PREDICTIONS.value)
   sheet = dataset_sheet(_DATA_DIR.value, _SPLIT.value, out,
