@@ -38,7 +38,7 @@ def test_a_libtpu_init_args_flag_set_otherwise_is_one_line(monkeypatch):
   # The same value in both, flags of the environment alone, or a mesh
   # off TPU (the options are not used there) are fine.
   monkeypatch.setenv("LIBTPU_INIT_ARGS",
-                     "--xla_enable_async_all_gather=true --xla_other=1 -v")
+                     "--xla_enable_async_all_gather=True --xla_other=1 -v")
   assert tpu_flags.for_mesh(_config(tpu_flags.DEFAULT), _mesh("tpu")) == {
       "xla_enable_async_all_gather": "true"}
   monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_enable_async_all_gather=0")

@@ -38,6 +38,11 @@ def parse(text: str) -> dict[str, str]:
   return options
 
 
+def _same(value: str) -> str:
+  """A flag's value as XLA reads it: true/True/1 are one boolean."""
+  return {"1": "true", "0": "false"}.get(value.lower(), value.lower())
+
+
 def check_environment(options: dict[str, str], environ=None) -> None:
   """Refuses a flag that LIBTPU_INIT_ARGS (MaxText's way to pass them) sets
   to another value than `options`: the train step's compile was given
@@ -47,7 +52,7 @@ def check_environment(options: dict[str, str], environ=None) -> None:
   for token in environ.get(ENVIRONMENT, "").split():
     match = _TOKEN.fullmatch(token)
     if match and match.group(1) in options and (
-        options[match.group(1)] != match.group(2)):
+        _same(options[match.group(1)]) != _same(match.group(2))):
       conflicts.append(f"--{match.group(1)}={match.group(2)} where {FIELD}"
                        f" sets {options[match.group(1)]}")
   if conflicts:
