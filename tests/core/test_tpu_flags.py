@@ -1,5 +1,5 @@
 """XLA:TPU options of the config (`trm.core.tpu_flags`) beside the user's
-LIBTPU_INIT_ARGS."""
+LIBTPU_INIT_ARGS and XLA_FLAGS."""
 import types
 
 import numpy as np
@@ -44,3 +44,9 @@ def test_a_libtpu_init_args_flag_set_otherwise_is_one_line(monkeypatch):
   monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_enable_async_all_gather=0")
   assert tpu_flags.for_mesh(_config(""), _mesh("tpu")) == {}
   assert tpu_flags.for_mesh(_config(tpu_flags.DEFAULT), _mesh("cpu")) == {}
+  monkeypatch.delenv("LIBTPU_INIT_ARGS")
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8"
+                     " --xla_enable_async_all_gather=false")
+  with pytest.raises(ValueError, match="^XLA_FLAGS sets --xla_enable_async_"
+                     "all_gather=false where config.tpu_compiler_options"):
+    tpu_flags.for_mesh(_config(tpu_flags.DEFAULT), _mesh("tpu"))

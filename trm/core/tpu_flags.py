@@ -4,8 +4,8 @@ LIBTPU_INIT_ARGS: `config.tpu_compiler_options = "--flag=value ..."`.
 They go to `jit(...).lower(...).compile(compiler_options=...)` of the train
 step, on TPU meshes only (XLA:CPU and XLA:GPU reject TPU flags by name), so
 `trm.main` on a pod and `trm.aot`'s compile-only devices build the same
-program. A flag that the user's LIBTPU_INIT_ARGS sets to another value is
-refused there (`check_environment`), naming both.
+program. A flag that the user's LIBTPU_INIT_ARGS or XLA_FLAGS sets to
+another value is refused there (`check_environment`), naming both.
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import os
 import re
 
 FIELD = "config.tpu_compiler_options"
-# libtpu's own flags, read when it starts (MaxText passes its flags here).
-ENVIRONMENT = "LIBTPU_INIT_ARGS"
+# Where a user's XLA flags come from: libtpu's own, read when it starts
+# (MaxText passes its flags there), and XLA's.
+ENVIRONMENT = ("LIBTPU_INIT_ARGS", "XLA_FLAGS")
 # MaxText's v4 runs (configs/v4/22b.sh): FSDP all-gathers overlap compute.
 DEFAULT = "--xla_enable_async_all_gather=true"
 _TOKEN = re.compile(r"--([A-Za-z0-9_]+)=(\S+)")
@@ -44,23 +45,24 @@ def _same(value: str) -> str:
 
 
 def check_environment(options: dict[str, str], environ=None) -> None:
-  """Refuses a flag that LIBTPU_INIT_ARGS (MaxText's way to pass them) sets
-  to another value than `options`: the train step's compile was given
-  both, and one of them was dropped without a word."""
+  """Refuses a flag that LIBTPU_INIT_ARGS (MaxText's way to pass them) or
+  XLA_FLAGS sets to another value than `options`: the train step's compile
+  was given both, and one of them was dropped without a word."""
   environ = os.environ if environ is None else environ
-  conflicts = []
-  for token in environ.get(ENVIRONMENT, "").split():
-    match = _TOKEN.fullmatch(token)
-    if match and match.group(1) in options and (
-        _same(options[match.group(1)]) != _same(match.group(2))):
-      conflicts.append(f"--{match.group(1)}={match.group(2)} where {FIELD}"
-                       f" sets {options[match.group(1)]}")
-  if conflicts:
-    raise ValueError(
-        f"{ENVIRONMENT} sets {'; '.join(conflicts)}: both would reach the "
-        f"train step's compile. Put the value wanted in {FIELD} "
-        f"(--config.tpu_compiler_options='...') and leave it out of "
-        f"{ENVIRONMENT}.")
+  for variable in ENVIRONMENT:
+    conflicts = []
+    for token in environ.get(variable, "").split():
+      match = _TOKEN.fullmatch(token)
+      if match and match.group(1) in options and (
+          _same(options[match.group(1)]) != _same(match.group(2))):
+        conflicts.append(f"--{match.group(1)}={match.group(2)} where "
+                         f"{FIELD} sets {options[match.group(1)]}")
+    if conflicts:
+      raise ValueError(
+          f"{variable} sets {'; '.join(conflicts)}: both would reach the "
+          f"train step's compile. Put the value wanted in {FIELD} "
+          f"(--config.tpu_compiler_options='...') and leave it out of "
+          f"{variable}.")
 
 
 def for_mesh(config, mesh) -> dict[str, str]:
