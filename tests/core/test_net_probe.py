@@ -84,3 +84,25 @@ def test_a_malformed_endpoint_is_one_line_naming_it(monkeypatch):
   monkeypatch.setenv("WANDB_BASE_URL", "http://[::1")
   assert wandb_writer.online_problem(1) == (
       "the W&B host URL 'http://[::1' is no URL (Invalid IPv6 URL)")
+
+
+def test_every_address_of_a_host_is_tried(monkeypatch):
+  """Only getaddrinfo's first address was tried: a host whose IPv6 address
+  comes first but has no route (its IPv4 one answers) counted as
+  unreachable, and its download was not even tried."""
+  for name in net_probe.PROXY_VARIABLES:
+    monkeypatch.delenv(name, raising=False)
+  real = socket.getaddrinfo
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    closed = _closed_port()
+
+    def two_addresses(host, port_, *args, **kwargs):
+      # The closed port stands for the address without a route.
+      return (real("127.0.0.1", closed, *args, **kwargs)
+              + real("127.0.0.1", port, *args, **kwargs))
+
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    assert net_probe.probe(f"http://dual.example:{port}/", 1) is None

@@ -75,6 +75,27 @@ def _resolve(host: str, port: int, timeout_s: float):
   return result[0] if result else (None, f"no answer within {timeout_s:g} s")
 
 
+def _connect(host: str, port: int, addresses, deadline: float
+             ) -> Optional[Unreachable]:
+  """None once a TCP connection to one of `addresses` (getaddrinfo's)
+  opens before `deadline`, tried in turn as requests' urllib3 tries them:
+  only the first was, and a host whose IPv6 address came first but had no
+  route counted as unreachable, its IPv4 one untried."""
+  error = None
+  for family, kind, proto, _, socket_address in addresses:
+    try:
+      with socket.socket(family, kind, proto) as connection:
+        connection.settimeout(max(deadline - time.monotonic(), 0.05))
+        connection.connect(socket_address)
+      return None
+    except OSError as e:
+      error = error or e  # the first address's, as its error is worded
+      if time.monotonic() >= deadline:
+        break
+  return Unreachable("connect", host, port,
+                     f"{type(error).__name__}: {error}")
+
+
 def _host_and_port(url: str):
   """(host, port) of `url`, or the Unreachable that says what is wrong
   with it."""
@@ -112,16 +133,8 @@ def probe(url: str, timeout_s: float, *, shared: bool = False
   if not addresses:
     problem = Unreachable("resolve", host, port, why or "no address")
   else:
-    connect_s = (timeout_s - (time.monotonic() - start) if shared
-                 else timeout_s)
-    family, kind, proto, _, socket_address = addresses[0]
-    try:
-      with socket.socket(family, kind, proto) as connection:
-        connection.settimeout(max(connect_s, 0.05))
-        connection.connect(socket_address)
-    except OSError as e:
-      problem = Unreachable("connect", host, port,
-                            f"{type(e).__name__}: {e}")
+    problem = _connect(host, port, addresses, time.monotonic() + (
+        timeout_s - (time.monotonic() - start) if shared else timeout_s))
   if problem and proxy:
     problem = dataclasses.replace(problem, proxy=proxy)
   return problem
