@@ -510,6 +510,18 @@ def test_negative_batch_size_is_refused(tmp_path):
   assert "--batch_size=-1: must be >= 0" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("flag", ["--data_dir", "--tokenizer"])
+def test_an_object_store_data_dir_or_tokenizer_is_refused(tmp_path, flag):
+  """--data_dir=gs://... was "not a prepared text data set ...; prepare it
+  with ... --out_dir=gs://...", which sampling would not read either (it
+  reads with os); now one line before the weights, as for --workdir."""
+  with pytest.raises(weights_io.CheckpointError,
+                     match=f"{flag}='gs://b/x' is an object-store path; "
+                     ".* read from a local disk"):
+    _samples_of(None, "--init_from=gpt2", f"--checkpoint={tmp_path}",
+                f"{flag}=gs://b/x")
+
+
 @pytest.mark.parametrize("flag, args", [
     ("--workdir", ("resume", "gs://b/run", None)),
     ("--checkpoint", ("resume", None, "gs://b/out/ckpt.pt")),

@@ -302,7 +302,13 @@ def test_an_out_that_cannot_be_the_png_is_one_line(tmp_path):
       # A sheet of 100,000 Sudoku rows wanted ~100 GB and hours to draw,
       # a PNG nothing opens; that many examples are checked before any.
       (tmp_path / "s.png", "--num=100000: one sheet draws at most 200 "
-       "examples", "--num=100000", "--data_dir=/nonexistent")):
+       "examples", "--num=100000", "--data_dir=/nonexistent"),
+      # Read with os: "split directory does not exist. Build the data
+      # first ... --output_dir=gs://b/d".
+      (tmp_path / "s.png", "--data_dir='gs://b/d' is an object-store path",
+       "--data_dir=gs://b/d"),
+      (tmp_path / "s.png", "--predictions='gs://b/p.npy' is an object-store "
+       "path", "--predictions=gs://b/p.npy")):
     result = subprocess.run(
         [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
          f"--out={out}", *other], cwd=ROOT, capture_output=True, text=True,

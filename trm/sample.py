@@ -296,6 +296,16 @@ def main(argv):
   if not -2**63 <= _SEED.value < 2**63:
     raise app.UsageError(f"--seed={_SEED.value}: must fit in 64 bits "
                          f"(from {-2**63} to {2**63 - 1}).")
+  # Read with os (meta.json, .bin, tokenizer.json): an object-store path
+  # was "not a prepared text data set ... prepare it with --out_dir=gs://",
+  # which sampling would not read either.
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  if _DATA_DIR.value:
+    weights_io.check_local(_DATA_DIR.value, "--data_dir",
+                           "data directories are")
+  if _TOKENIZER.value:
+    weights_io.check_local(_TOKENIZER.value, "--tokenizer",
+                           "tokenizer files are")
   start = read_start(_START.value)
   # One device: a handful of samples gains nothing from splitting. On a pod
   # it is process 0's, which alone reads the tokens back and prints.

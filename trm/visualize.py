@@ -113,6 +113,16 @@ def main(argv: Sequence[str]) -> None:
     print(f"process {process}: nothing to do (process 0 draws {_OUT.value})")
     return
   check_num(_NUM.value)
+  # The dataset is memory-mapped and the .npy read with os: an object-store
+  # path was "split directory does not exist. Build the data first ...
+  # --output_dir=gs://...".
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  weights_io.check_local(_DATA_DIR.value, "--data_dir", "datasets are")
+  if "://" in (_PREDICTIONS.value or ""):
+    raise ValueError(
+        f"--predictions={_PREDICTIONS.value!r} is an object-store path; the "
+        "file is read from a local disk: copy it (e.g. gcloud storage cp "
+        f"{_PREDICTIONS.value} FILE) and pass --predictions=FILE.")
   check_not_a_workdir(_DATA_DIR.value, _SPLIT.value)
   out = cli.expand_home(_OUT.value)
   check_out(out, _DATA_DIR.value, _PREDICTIONS.value)
