@@ -299,16 +299,10 @@ def test_an_out_that_cannot_be_the_png_is_one_line(tmp_path):
       (tmp_path, f"--out={tmp_path}: is a directory; name the PNG file"),
       ("", "--out is given but empty: name the PNG file to write."),
       (a_file / "s.png", f"--out={a_file / 's.png'}: {a_file} is a file"),
-      # A sheet of 100,000 Sudoku rows wanted ~100 GB and hours to draw,
-      # a PNG nothing opens; that many examples are checked before any.
+      # The flags naming what is drawn (`check_inputs`, tested below),
+      # checked before anything is read.
       (tmp_path / "s.png", "--num=100000: one sheet draws at most 200 "
-       "examples", "--num=100000", "--data_dir=/nonexistent"),
-      # Read with os: "split directory does not exist. Build the data
-      # first ... --output_dir=gs://b/d".
-      (tmp_path / "s.png", "--data_dir='gs://b/d' is an object-store path",
-       "--data_dir=gs://b/d"),
-      (tmp_path / "s.png", "--predictions='gs://b/p.npy' is an object-store "
-       "path", "--predictions=gs://b/p.npy")):
+       "examples", "--num=100000", "--data_dir=/nonexistent")):
     result = subprocess.run(
         [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
          f"--out={out}", *other], cwd=ROOT, capture_output=True, text=True,
@@ -344,18 +338,31 @@ def test_an_out_over_a_file_drawn_from_is_refused(tmp_path):
                       predictions)  # a new file beside them is fine
 
 
-def test_a_workdir_as_data_dir_names_the_runs_dataset(tmp_path):
-  """--data_dir=runs/sudoku (for runs/sudoku/data) said to build a dataset
-  with --output_dir=runs/sudoku, into the run's workdir."""
+@pytest.mark.parametrize("data_dir, num, predictions, needle", [
+    # A sheet of 100,000 Sudoku rows would want ~180 GB and an hour, a PNG
+    # nothing opens.
+    ("d", 100000, None, "--num=100000: one sheet draws at most 200 examples"
+     " (more would be a PNG too large to open); draw the rest on further "
+     "sheets with --start=200, --start=400"),
+    # --data_dir=$DATA with DATA unset drew the current directory's dataset.
+    ("", 8, None, "--data_dir is given but empty"),
+    # Read with os: "split directory does not exist. Build the data first
+    # ... --output_dir=gs://b/d".
+    ("gs://b/d", 8, None, "--data_dir='gs://b/d' is an object-store path"),
+    ("d", 8, "gs://b/p.npy", "--predictions='gs://b/p.npy' is an object-store"
+     " path; the file is read from a local disk"),
+    # --data_dir=runs/sudoku (for runs/sudoku/data) said to build a dataset
+    # with --output_dir=runs/sudoku, into the run's workdir.
+    ("run", 8, None, "--data_dir={run} is a trm.main workdir, not a dataset:"
+     " the run's dataset is --data_dir=/d/sudoku ")])
+def test_what_to_draw_is_checked_before_anything_is_read(
+    tmp_path, data_dir, num, predictions, needle):
+  from trm import visualize  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "run"
   (workdir / "checkpoints").mkdir(parents=True)
   (workdir / "config.json").write_text('{"data": {"data_dir": "/d/sudoku"}}')
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.visualize", f"--data_dir={workdir}",
-       f"--out={tmp_path / 's.png'}"], cwd=ROOT, capture_output=True,
-      text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert result.returncode == 2, result.stderr[-2000:]
-  assert result.stderr.strip().splitlines()[-1].startswith(
-      f"trm.visualize: error: --data_dir={workdir} is a trm.main workdir, "
-      "not a dataset: the run's dataset is --data_dir=/d/sudoku ")
+  data_dir = str(workdir) if data_dir == "run" else data_dir
+  with pytest.raises(ValueError) as error:
+    visualize.check_inputs(data_dir, "test", num, predictions)
+  assert str(error.value).startswith(needle.format(run=workdir)), error.value
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json"]

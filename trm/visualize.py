@@ -54,29 +54,39 @@ def define_flags() -> None:
 MAX_NUM = 200
 
 
-def check_num(num: int) -> None:
-  """--num is one sheet's examples: a few hundred at most (`MAX_NUM`)."""
+def check_inputs(data_dir: str, split: str, num: int,
+                 predictions: str | None) -> None:
+  """The flags naming what is drawn, checked before anything is read."""
   if num > MAX_NUM:
     raise ValueError(f"--num={num}: one sheet draws at most {MAX_NUM} "
                      "examples (more would be a PNG too large to open); "
                      f"draw the rest on further sheets with --start={MAX_NUM},"
                      f" --start={2 * MAX_NUM}, ...")
-
-
-def check_not_a_workdir(data_dir: str, split: str) -> None:
-  """--data_dir=<a trm.main workdir> (runs/sudoku for runs/sudoku/data)
-  was told to build a dataset into the workdir; it is told where the
-  run's dataset is."""
-  if os.path.isdir(os.path.join(data_dir, split)) or not (
+  if not data_dir:  # --data_dir=$DATA with DATA unset
+    raise ValueError("--data_dir is given but empty (it drew the dataset of "
+                     "the current directory): name the dataset root.")
+  # The dataset is memory-mapped and the .npy read with os: an object-store
+  # path was "split directory does not exist. Build the data first ...
+  # --output_dir=gs://...".
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+  weights_io.check_local(data_dir, "--data_dir", "datasets are")
+  if "://" in (predictions or ""):
+    raise ValueError(
+        f"--predictions={predictions!r} is an object-store path; the file "
+        "is read from a local disk: copy it (e.g. gcloud storage cp "
+        f"{predictions} FILE) and pass --predictions=FILE.")
+  # --data_dir=<a trm.main workdir> (runs/sudoku for runs/sudoku/data) was
+  # told to build a dataset into the workdir; it is told where the run's
+  # dataset is.
+  if not os.path.isdir(os.path.join(data_dir, split)) and (
       os.path.isfile(os.path.join(data_dir, "config.json"))
       and os.path.isdir(os.path.join(data_dir, "checkpoints"))):
-    return
-  # pylint: disable-next=g-import-not-at-top,protected-access
-  from trm.families.trm.task import _recorded_data_dir
-  run_data = _recorded_data_dir(data_dir) or os.path.join(data_dir, "data")
-  raise ValueError(f"--data_dir={data_dir} is a trm.main workdir, not a "
-                   f"dataset: the run's dataset is --data_dir={run_data} "
-                   "(its config.json's data.data_dir, else <workdir>/data).")
+    # pylint: disable-next=g-import-not-at-top,protected-access
+    from trm.families.trm.task import _recorded_data_dir
+    run_data = _recorded_data_dir(data_dir) or os.path.join(data_dir, "data")
+    raise ValueError(f"--data_dir={data_dir} is a trm.main workdir, not a "
+                     f"dataset: the run's dataset is --data_dir={run_data} "
+                     "(its config.json's data.data_dir, else <workdir>/data).")
 
 
 def check_out(path: str, data_dir: str | None = None,
@@ -112,18 +122,8 @@ def main(argv: Sequence[str]) -> None:
   if process:  # no devices are needed, so the job is not joined
     print(f"process {process}: nothing to do (process 0 draws {_OUT.value})")
     return
-  check_num(_NUM.value)
-  # The dataset is memory-mapped and the .npy read with os: an object-store
-  # path was "split directory does not exist. Build the data first ...
-  # --output_dir=gs://...".
-  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
-  weights_io.check_local(_DATA_DIR.value, "--data_dir", "datasets are")
-  if "://" in (_PREDICTIONS.value or ""):
-    raise ValueError(
-        f"--predictions={_PREDICTIONS.value!r} is an object-store path; the "
-        "file is read from a local disk: copy it (e.g. gcloud storage cp "
-        f"{_PREDICTIONS.value} FILE) and pass --predictions=FILE.")
-  check_not_a_workdir(_DATA_DIR.value, _SPLIT.value)
+  check_inputs(_DATA_DIR.value, _SPLIT.value, _NUM.value,
+               _PREDICTIONS.value)
   out = cli.expand_home(_OUT.value)
   check_out(out, _DATA_DIR.value, _PREDICTIONS.value)
   sheet = dataset_sheet(_DATA_DIR.value, _SPLIT.value, out,
