@@ -496,8 +496,9 @@ def test_out_of_memory_names_batch_size(tmp_path, monkeypatch):
   preparation.prepare_char("to be or not to be\n" * 4, str(data))
   with pytest.raises(ValueError, match=r"out of memory drawing 3 samples at "
                      r"once \(RESOURCE_EXHAUSTED: .*\): each holds a KV "
-                     r"cache of the whole 16-token block; pass a smaller "
-                     r"--batch_size"):
+                     r"cache of the whole 16-token block and its 2 new "
+                     r"tokens; pass a smaller --batch_size \(samples drawn "
+                     r"at once\) or fewer --max_new_tokens"):
     _samples_of(None, "--init_from=gpt2", f"--checkpoint={directory}",
                 f"--data_dir={data}", "--start=to", "--num_samples=3",
                 "--max_new_tokens=2")

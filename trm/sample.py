@@ -397,8 +397,9 @@ def main(argv):
         raise ValueError(
             f"out of memory drawing {batch} samples at once ("
             f"{' '.join(str(e).split())[:300]}): each holds a KV cache of "
-            f"the whole {cfg.block_size}-token block; pass a smaller "
-            "--batch_size (samples drawn at once).") from None
+            f"the whole {cfg.block_size}-token block and its "
+            f"{_MAX_NEW.value} new tokens; pass a smaller --batch_size "
+            "(samples drawn at once) or fewer --max_new_tokens.") from None
       for row in tokens[:num_samples - index * batch]:
         print(codec.decode(row.tolist()))
         print("---------------", flush=True)
