@@ -47,6 +47,8 @@ def test_behind_a_proxy_the_proxy_is_checked(monkeypatch):
   problem = net_probe.probe("https://hub.invalid/", 1)
   assert (problem.kind, problem.host, problem.port, problem.proxy) == (
       "resolve", "proxy.invalid", 3128, "http://proxy.invalid:3128")
+  monkeypatch.setenv("https_proxy", "socks5h://proxy.invalid")
+  assert net_probe.probe("https://hub.invalid/", 1).port == 1080
   # A URL of another scheme, or a host NO_PROXY names, goes direct.
   port = _closed_port()
   assert net_probe.probe(f"http://127.0.0.1:{port}/", 1).proxy == ""

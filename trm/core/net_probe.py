@@ -107,9 +107,13 @@ def _host_and_port(url: str):
   if not host:
     return Unreachable("no_host")
   try:
-    return host, parsed.port or (80 if parsed.scheme == "http" else 443)
+    if parsed.port:
+      return host, parsed.port
   except ValueError:
     return Unreachable("bad_port", host)
+  if parsed.scheme.startswith("socks"):  # a SOCKS proxy's
+    return host, 1080
+  return host, 80 if parsed.scheme == "http" else 443
 
 
 def probe(url: str, timeout_s: float, *, shared: bool = False
