@@ -60,3 +60,23 @@ def test_every_interval_is_the_device_time_per_step(monkeypatch, log_every,
   # finished since the last), besides the first (warm-up).
   log_points = 40 // log_every
   assert len(reported) >= log_points - 1 - 40 // pause_every
+
+
+def test_tokens_per_second_over_all_devices_and_per_device(monkeypatch):
+  """Language models' tokens/s (MaxText logs Tokens/s/device): the step's
+  tokens over the interval's seconds per step."""
+  import jax  # pylint: disable=g-import-not-at-top
+  clock = _Clock()
+  monkeypatch.setattr(step_timer, "time", clock)
+  timer = step_timer.StepTimer(None, "float32", tokens_per_step=4096)
+  assert timer.interval(1) == {}  # warm-up
+  clock.now += 20.0
+  timing = timer.interval(5)  # 4 steps in 20 s
+  assert timing["timing/tokens_per_sec"] == pytest.approx(4096 / 5.0)
+  assert timing["timing/tokens_per_sec_per_device"] == pytest.approx(
+      4096 / 5.0 / jax.device_count())
+  # Puzzles (no tokens per step): no such figure.
+  puzzles = step_timer.StepTimer(None, "float32")
+  puzzles.interval(1)
+  clock.now += 20.0
+  assert set(puzzles.interval(5)) == {"timing/ms_per_step"}

@@ -1,4 +1,6 @@
-"""Seconds per step between log points, and MFU when the FLOPs are known."""
+"""Seconds per step between log points, MFU when the FLOPs are known, and
+tokens/s (all devices, and per device as MaxText logs it) for language
+models."""
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +23,10 @@ class StepTimer:
   ~37 ms (MFU 114%) on the CPU recipe.
   """
 
-  def __init__(self, flops_per_step, compute_dtype: str):
+  def __init__(self, flops_per_step, compute_dtype: str,
+               tokens_per_step: int | None = None):
     self._flops = flops_per_step
+    self._tokens = tokens_per_step
     self._peak = None
     if flops_per_step:
       from trm.core import mfu  # pylint: disable=g-import-not-at-top
@@ -34,6 +38,9 @@ class StepTimer:
     # measured peak already covers.
     self._devices = (1 if jax.devices()[0].platform == "cpu"
                      else jax.device_count())
+    # Tokens/s per device divides by every device of the job (MaxText's
+    # Tokens/s/device), CPU ones included.
+    self._all_devices = jax.device_count()
     self._running_mfu = None
     self._intervals = 0
     self._mark = None  # (time, newest step known finished); None: warm-up
@@ -61,7 +68,8 @@ class StepTimer:
         self._mark = (time.time(), step)
 
   def interval(self, step: int, unfinished: int = 0) -> dict:
-    """{'timing/ms_per_step', 'timing/mfu_percent'} for the steps finished
+    """{'timing/ms_per_step', 'timing/mfu_percent', 'timing/tokens_per_sec',
+    'timing/tokens_per_sec_per_device'} for the steps finished
     since the last call, `unfinished` of the `step` dispatched still running
     or queued (`DispatchBound.unfinished`). Empty for the first interval,
     which includes warm-up, and while no step finished since the last."""
@@ -78,6 +86,10 @@ class StepTimer:
     self._seconds, self._steps = 0.0, 0
     self._intervals += 1
     timing = {"timing/ms_per_step": 1000 * seconds}
+    if self._tokens:
+      timing["timing/tokens_per_sec"] = self._tokens / seconds
+      timing["timing/tokens_per_sec_per_device"] = (
+          self._tokens / seconds / self._all_devices)
     if self._flops:
       from trm.core import mfu  # pylint: disable=g-import-not-at-top
       value = 100 * mfu.mfu(self._flops, seconds, self._devices, self._peak)
@@ -89,9 +101,13 @@ class StepTimer:
     return timing
 
   def log(self, step: int, values: dict, timing: dict) -> None:
-    """nanoGPT's progress line."""
+    """nanoGPT's progress line, then tokens/s (MaxText's figure)."""
     line = f"iter {step}: loss {values.get('loss', float('nan')):.4f}"
     line += f", time {timing['timing/ms_per_step']:.2f}ms"
     if "timing/mfu_percent" in timing:
       line += f", mfu {timing['timing/mfu_percent']:.2f}%"
+    if "timing/tokens_per_sec" in timing:
+      line += (f", {timing['timing/tokens_per_sec']:.0f} tokens/s "
+               f"({timing['timing/tokens_per_sec_per_device']:.0f} per "
+               "device)")
     logging.info(line)

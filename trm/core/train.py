@@ -401,7 +401,10 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                    "evaluating without building the train step.", start_step,
                    "reaches" if start_step == config.total_steps
                    else "is past", config.total_steps)
-  speed = step_timer.StepTimer(program.flops_per_step, program.compute_dtype)
+  speed = step_timer.StepTimer(
+      program.flops_per_step, program.compute_dtype,
+      tokens_per_step=(program.tokens_per_example * config.global_batch_size
+                       if program.tokens_per_example else None))
 
   bad_limit = config.max_consecutive_bad_steps
 

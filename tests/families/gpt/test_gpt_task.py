@@ -101,7 +101,7 @@ def test_loss_falls_and_both_splits_are_evaluated(trained, data_root):
   assert sorted(os.listdir(prepared)) == ["meta.json", "train.bin", "val.bin"]
 
 
-def test_mfu_and_step_time_are_logged(trained):
+def test_mfu_step_time_and_tokens_per_second_are_logged(trained):
   workdir, _ = trained
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top,line-too-long
   events = event_accumulator.EventAccumulator(workdir, size_guidance={
@@ -109,6 +109,18 @@ def test_mfu_and_step_time_are_logged(trained):
   events.Reload()
   tags = set(events.Tags()["tensors"])
   assert "timing/ms_per_step" in tags, tags
+  # Tokens/s (none was logged): 16 sequences (8 x 2 micro-batches) of 32
+  # tokens per step over the step's time, and per device over the 8.
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  def by_step(tag):
+    return {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+            for e in events.Tensors(tag)}
+  ms, tokens = by_step("timing/ms_per_step"), by_step("timing/tokens_per_sec")
+  per_device = by_step("timing/tokens_per_sec_per_device")
+  assert tokens and set(tokens) == set(ms) == set(per_device), (tokens, ms)
+  for step, value in tokens.items():
+    assert value == pytest.approx(16 * 32 * 1000 / ms[step], rel=1e-5)
+    assert per_device[step] == pytest.approx(value / 8, rel=1e-6)
 
 
 def test_eval_only_evaluates_without_training(trained, data_root, tmp_path):
