@@ -481,6 +481,26 @@ def test_a_build_killed_before_recording_its_arguments_is_still_checked(
   assert not [f for f in os.listdir(out) if f.endswith(tfds_build.ARGS_FILE)]
 
 
+@pytest.mark.parametrize("record", ["", "[1, 2]", "{\"manual_dir\": "])
+def test_a_damaged_build_record_is_refused_not_taken_for_none(tmp_path,
+                                                              record):
+  """An unreadable trm_build_args.json was taken for a version built
+  without one (a warning), so a build from another --manual_dir kept it."""
+  for name, line in (("a", "To be or not to be.\n"),
+                     ("b", "Now is the winter.\n")):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "input.txt").write_text(line * 50)
+  out = str(tmp_path / "out")
+  builder = tfds_build.build("trm_tiny_shakespeare", str(tmp_path / "a"), out)
+  path = os.path.join(builder.data_dir, tfds_build.ARGS_FILE)
+  with open(path, "w") as f:
+    f.write(record)
+  with pytest.raises(ValueError, match=(
+      f"^{path} \\(the version's build arguments\\) .*; delete "
+      f"{builder.data_dir} to build it again")):
+    tfds_build.build("trm_tiny_shakespeare", str(tmp_path / "b"), out)
+
+
 def test_a_build_started_during_another_waits_for_it(tmp_path, monkeypatch):
   """Two builds of one --data_dir from other texts: the second, started
   after TFDS put the first's version in place but before its arguments were

@@ -49,13 +49,25 @@ INPUTS_KEY = "inputs_sha256"
 
 
 def _recorded_args(builder) -> dict | None:
+  """The version's recorded build arguments; None when it has no record
+  (built by `tfds build` or an older version). A record that cannot be
+  read is refused: taken for none, it let any arguments keep the
+  version."""
   path = os.path.join(os.fspath(builder.data_dir), ARGS_FILE)
-  try:
-    with open(path) as f:
-      recorded = json.load(f)
-  except (OSError, ValueError, RecursionError):  # RecursionError: nesting
+  if not os.path.lexists(path):
     return None
-  return recorded if isinstance(recorded, dict) else None
+  fix = (f"delete {os.fspath(builder.data_dir)} to build it again, or pass "
+         "another --data_dir")
+  try:
+    with open(path, encoding="utf-8") as f:
+      recorded = json.load(f)
+  except (OSError, ValueError, RecursionError) as e:  # RecursionError: nesting
+    raise ValueError(f"{path} (the version's build arguments) cannot be read "
+                     f"({type(e).__name__}: {str(e)[:120]}); {fix}.") from None
+  if not isinstance(recorded, dict):
+    raise ValueError(f"{path} (the version's build arguments) holds a JSON "
+                     f"{type(recorded).__name__}, not an object; {fix}.")
+  return recorded
 
 
 def _pending_path(builder, data_dir: str) -> str:
