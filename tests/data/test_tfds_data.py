@@ -236,6 +236,48 @@ def test_a_bucket_data_dir_is_read_by_tfds_and_built_locally(
   assert not os.path.exists(tmp_path / "gs:")
 
 
+_LATIN1_BUILDER = """
+import tensorflow_datasets as tfds
+from trm.data.tfds_builders import base
+
+
+class TrmTestLatin1Text(base.OrderedArrayRecordBuilder):
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    return self.ordered_info("Latin-1 bytes.", {"text": tfds.features.Text()})
+
+  def _split_generators(self, dl_manager):
+    return {"train": self._generate_examples()}
+
+  def _generate_examples(self):
+    yield 0, {"text": "fine"}
+    yield 1, {"text": b"caf\\xe9"}
+"""
+
+
+def test_text_records_that_are_not_utf8_name_the_record(tmp_path,
+                                                        monkeypatch):
+  """A builder may store any bytes in a Text feature; their decoding error
+  reached trm.main as "'utf-8' codec can't decode byte 0xe9 ...", naming
+  neither dataset, record nor feature."""
+  # TFDS wants a builder's module in a package.
+  (tmp_path / "latin1_builder").mkdir()
+  (tmp_path / "latin1_builder" / "__init__.py").write_text(_LATIN1_BUILDER)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  import latin1_builder  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  data_dir = str(tmp_path / "data")
+  latin1_builder.TrmTestLatin1Text(data_dir=data_dir).download_and_prepare()
+  config = ml_collections.ConfigDict(dict(
+      name="trm_test_latin1_text", data_dir=data_dir, split="train",
+      eval_split="", feature="text"))
+  with pytest.raises(ValueError, match=(
+      "^config.data.tfds.split='train' of trm_test_latin1_text in .*: record "
+      "1, feature 'text' is not UTF-8 text \\(byte 0xe9 at offset 3\\); "
+      "rebuild the dataset")):
+    tfds_source.texts(config, "split", {"text": "config.data.tfds.feature"})
+
+
 def test_a_version_directory_of_another_dataset_is_refused(built, tmp_path):
   # Copied (or moved) under another dataset's name, tinyshakespeare's
   # records were read as trm_code_files' documents, silently.

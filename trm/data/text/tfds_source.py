@@ -284,10 +284,20 @@ def texts(tfds_config, split_key: str, features: dict) -> list[list[str]]:
   rows = []
   for start in range(0, len(source), _READ_BLOCK):
     keys = range(start, min(start + _READ_BLOCK, len(source)))
-    for record in read_records(source, list(keys), where):
-      rows.append([_as_str(record[f]) for f in features])
+    for key, record in zip(keys, read_records(source, list(keys), where)):
+      rows.append([_as_str(record[f], f"{where}: record {key}, feature {f!r}")
+                   for f in features])
   return rows
 
 
-def _as_str(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+def _as_str(value, where: str) -> str:
+  """A text feature's value (TFDS stores UTF-8 bytes, or any bytes a
+  builder gave it: their decoding error named no dataset)."""
+  if not isinstance(value, bytes):
+    return str(value)
+  try:
+    return value.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(
+        f"{where} is not UTF-8 text (byte 0x{value[e.start]:02x} at offset "
+        f"{e.start}); rebuild the dataset from UTF-8 text.") from None
