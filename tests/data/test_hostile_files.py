@@ -160,6 +160,28 @@ def test_bin_tokens_beyond_the_vocabulary_are_one_line(tmp_path):
     evals[0]
 
 
+def test_negative_token_ids_are_one_line(tmp_path):
+  """A TFDS token feature is signed: a negative id passed the check (only
+  ids >= the vocabulary were refused) and indexed the embedding table from
+  its end."""
+
+  class Stream(windows.TokenFile):
+
+    def __init__(self):  # pylint: disable=super-init-not-called
+      self.path, self.num_tokens = "tfds:ints/train[tokens]@d", 100
+      self._data = np.arange(100, dtype=np.int32) % 7
+      self._data[49] = -1
+
+    def check_length(self, block_size):
+      pass
+
+  source = windows.TokenWindows(Stream(), 99, 1, seed=0, vocab_size=7)
+  with pytest.raises(ValueError, match=(
+      r"tfds:ints/train\[tokens\]@d holds token id -1, but the model's "
+      r"vocabulary has 7 ids")):
+    source[0]
+
+
 @pytest.mark.parametrize("identifiers,puzzles,needle", [
     (["<blank>", "p"], "{", r"test_puzzles\.json: not valid JSON"),
     (["<blank>", "p"], [1], r"test_puzzles\.json: expected an object"),

@@ -283,7 +283,12 @@ def _check_ids(batch: dict, vocab_size: int | None, path: str) -> dict:
   far from the file that holds it."""
   if vocab_size is not None and batch["x"].size:
     top = int(max(batch["x"].max(), batch["y"].max()))
-    if top >= vocab_size:
+    # A negative id (a signed TFDS token feature; .bin ids are unsigned)
+    # was read from the end of the embedding table.
+    low = int(min(batch["x"].min(), batch["y"].min()))
+    if low < 0:
+      top = low
+    if not 0 <= top < vocab_size:
       fix = ("re-prepare it with `" + preparation.CLI_HINT.format(
           os.path.dirname(path) or ".") + "`" if os.path.isfile(path)
              else "rebuild the data set")
