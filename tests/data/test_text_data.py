@@ -623,6 +623,21 @@ def test_cli(tmp_path):
   assert json.loads((out / "meta.json").read_text())["tokenizer"] == "char"
 
 
+def test_cli_expands_a_leading_tilde(tmp_path):
+  """`--out_dir=~/sc` reached the CLI as typed (the shell expands a ~ only
+  at the start of a word): a folder named '~' in the current one."""
+  home = tmp_path / "home"
+  home.mkdir()
+  (home / "input.txt").write_text(_SAMPLE)
+  subprocess.run(
+      [sys.executable, "-m", "trm.data.text.windows", "--input=~/input.txt",
+       "--out_dir=~/sc"], capture_output=True, text=True, check=True,
+      cwd=tmp_path, env=dict(os.environ, HOME=str(home), PYTHONPATH=(
+          os.pathsep.join([str(repo.ROOT), os.environ.get("PYTHONPATH", "")]))))
+  assert (home / "sc" / "meta.json").is_file()
+  assert not (tmp_path / "~").exists()
+
+
 # ----------------------------------------------------------------------------
 # Grain sources.
 

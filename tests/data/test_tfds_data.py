@@ -608,3 +608,21 @@ def test_build_command_line(tmp_path):
       f"error: {source / 'input.txt'} does not exist: pass --manual_dir=DIR "
       "with DIR/input.txt (e.g. tinyshakespeare's input.txt, or any UTF-8 "
       "text)."), result.stderr[-2000:]
+
+
+def test_build_command_line_expands_a_leading_tilde(tmp_path):
+  """`--data_dir=~/tfds` reached the builder as typed: a folder named '~'
+  in the current one."""
+  home = tmp_path / "home"
+  (home / "manual").mkdir(parents=True)
+  (home / "manual" / "input.txt").write_text("To be or not to be.\n" * 50)
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.data.tfds_builders", "trm_tiny_shakespeare",
+       "--manual_dir=~/manual", "--data_dir=~/tfds"], capture_output=True,
+      text=True, cwd=tmp_path, timeout=300,
+      env=dict(ENV, HOME=str(home), PYTHONPATH=os.pathsep.join(
+          [ROOT, os.environ.get("PYTHONPATH", "")])))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert f"--config.data.tfds.data_dir={home / 'tfds'}" in result.stdout
+  assert (home / "tfds" / "trm_tiny_shakespeare").is_dir()
+  assert not (tmp_path / "~").exists()

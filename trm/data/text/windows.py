@@ -484,6 +484,10 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   fv = flags.FLAGS
+  # A leading ~ reaches us as typed (`--out_dir=~/x`): a folder named '~'.
+  fv.input = cli.expand_home(fv.input)
+  fv.out_dir = cli.expand_home(fv.out_dir)
+  fv.tokenizer = cli.expand_home(fv.tokenizer)
   text = read_text(fv.input)
   # Not mixed with another's files.
   with atomic_files.dir_lock(fv.out_dir, "--out_dir"):

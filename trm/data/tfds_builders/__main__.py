@@ -27,8 +27,10 @@ flags.mark_flags_as_required(["manual_dir", "data_dir"])
 def main(argv: Sequence[str]) -> None:
   if len(argv) != 2:
     raise app.UsageError("Pass one builder name, e.g. trm_tiny_shakespeare.")
-  builder = tfds_builders.build(argv[1], _MANUAL_DIR.value, _DATA_DIR.value,
-                  _PATTERN.value)
+  # A leading ~ reaches us as typed (`--data_dir=~/x`): a folder named '~'.
+  data_dir = cli.expand_home(_DATA_DIR.value)
+  builder = tfds_builders.build(argv[1], cli.expand_home(_MANUAL_DIR.value),
+                                data_dir, _PATTERN.value)
   splits = ", ".join(f"{name}: {info.num_examples} records"
                      for name, info in builder.info.splits.items())
   name = argv[1] + (f"/{builder.builder_config.name}" if _PATTERN.value
@@ -36,7 +38,7 @@ def main(argv: Sequence[str]) -> None:
   print(f"wrote {builder.data_dir} ({splits})")
   print(f"train from it with --config.data.source=tfds "
         f"--config.data.tfds.name={name} "
-        f"--config.data.tfds.data_dir={os.path.abspath(_DATA_DIR.value)}")
+        f"--config.data.tfds.data_dir={os.path.abspath(data_dir)}")
 
 
 if __name__ == "__main__":
