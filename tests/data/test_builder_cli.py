@@ -66,3 +66,17 @@ def test_a_remote_output_dir_is_one_line_and_nothing_local(tmp_path):
       "trm.data.puzzles.sudoku: error: gs://bucket/sudoku (--output_dir) is "
       "a remote path")
   assert not os.path.exists(tmp_path / "gs:")
+
+
+def test_input_directories_expand_a_leading_tilde(tmp_path):
+  """`--csv_dir=~/csv` reached the builder as typed (the shell expands a ~
+  only at the start of a word) and was looked for under a folder '~'."""
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.data.puzzles.sudoku",
+       f"--output_dir={tmp_path / 'out'}", "--csv_dir=~/csv"], cwd=repo.ROOT,
+      capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", HOME=str(tmp_path)))
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      f"trm.data.puzzles.sudoku: error: {tmp_path / 'csv' / 'train.csv'} not "
+      "found")

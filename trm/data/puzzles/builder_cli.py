@@ -84,6 +84,10 @@ def source(flag_values: flags.FlagValues, dir_flag: str,
   return flag_values.source
 
 
+# The builders' input directories (`define_source_flags`, ARC's).
+_INPUT_DIR_FLAGS = ("csv_dir", "kaggle_dir", "concept_dir")
+
+
 def run_main(argv: Sequence[str],
              run_from_flags: Callable[[flags.FlagValues], str]) -> None:
   """A builder's `main`: builds from the parsed flags, prints output_dir."""
@@ -92,6 +96,10 @@ def run_main(argv: Sequence[str],
   # Before the puzzles are read or generated (minutes for big builds), not
   # at the first write.
   flags.FLAGS.output_dir = cli.check_output_dir(flags.FLAGS.output_dir)
+  # The input directories too: `--csv_dir=~/x` reached us as typed.
+  for name in _INPUT_DIR_FLAGS:
+    if name in flags.FLAGS and flags.FLAGS[name].value:
+      flags.FLAGS[name].value = cli.expand_home(flags.FLAGS[name].value)
   # A gs:// one was written to a local directory "gs:" and printed as if in
   # the bucket.
   atomic_files.check_dir_or_absent(flags.FLAGS.output_dir, "--output_dir")
