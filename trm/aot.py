@@ -447,11 +447,31 @@ def check_forecast_flags(counts: list[int]) -> None:
   """Flag errors of --forecast and --search, before anything compiles."""
   if not _FORECAST.value:
     for name in ("forecast_json", "search", "calibrate_mfu", "efficiency",
-                 "collectives", "dcn_overlap", "batch_scaling",
-                 "chip_hour_price", "dcn_step_us"):
+                 "collectives", "hot_spots", "dcn_overlap", "batch_scaling",
+                 "chip_hour_price", "dcn_step_us", "search_top",
+                 "search_limit"):
       if flags.FLAGS[name].present:
         raise ValueError(f"--{name} needs --forecast.")
     return
+  # Before: each of these was ignored without a word (a --calibrate_mfu
+  # given to --search ranked at the default efficiency, its MFU column
+  # not calibrated at all).
+  if not _SEARCH.value:
+    for name in ("search_top", "search_limit"):
+      if flags.FLAGS[name].present:
+        raise ValueError(f"--{name} needs --search.")
+  else:
+    per_row = ("prints --forecast's rows; --search ranks layouts: forecast "
+               "the layout you pick (its --config.mesh.* overrides) to see "
+               "them")
+    for name, why in (
+        ("calibrate_mfu", "fits the efficiency on the first row of "
+         "--forecast's slice counts; --search ranks layouts at --efficiency "
+         "(or the default): give --efficiency, or calibrate without "
+         "--search"),
+        ("collectives", per_row), ("hot_spots", per_row)):
+      if flags.FLAGS[name].value not in (None, False):
+        raise ValueError(f"--{name} {why}.")
   if _MODE.value != "train":
     raise ValueError("--forecast forecasts the train step: drop "
                      "--mode=sample.")

@@ -281,6 +281,14 @@ def test_tpu_compiler_options():
      "--search: config.global_batch_size=3 splits over none of the 12 mesh "
      "layouts of 2 x v4-8"),
     (["--forecast", "--mode=sample"], "drop --mode=sample"),
+    # Before: ignored without a word (--search ranked at the default
+    # efficiency, its MFU not calibrated; --hot_spots printed nothing).
+    (["--hot_spots"], "--hot_spots needs --forecast"),
+    (["--forecast", "--search_limit=3"], "--search_limit needs --search"),
+    (["--forecast", "--search", "--calibrate_mfu=0.5"],
+     "--calibrate_mfu fits the efficiency on the first row"),
+    (["--forecast", "--search", "--collectives"],
+     "--collectives prints --forecast's rows"),
     (["--chip_hour_price=3"], "--chip_hour_price needs --forecast"),
     (["--dcn_step_us=50"], "--dcn_step_us needs --forecast"),
     (["--forecast", "--dcn_step_us=-1"],
