@@ -225,8 +225,11 @@ def test_every_sold_slice_can_be_named(name, shape, chips, wraps):
   assert (t.shape, t.chips, t.wraps) == (shape, chips, wraps)
 
 
+# Before: digits other than ASCII ('\u0668' is 8) passed the pattern and
+# reached libtpu, whose refusal was a RuntimeError traceback.
 @pytest.mark.parametrize("name", ["v4-100", "v4:3x3x3", "v4:4x4x6",
-                                  "v6e-512", "v5e:3x3", "v4-8194"])
+                                  "v6e-512", "v5e:3x3", "v4-8194",
+                                  "v4:4x4x\u0668", "v4-\u0661\u0662\u0668"])
 def test_unsold_slices_are_refused(name):
   with pytest.raises(ValueError, match="--topology"):
     topology.parse_topology(name)

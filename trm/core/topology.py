@@ -126,9 +126,11 @@ def parse_topology(name: str) -> Topology:
   """'v4-64' -> 32 v4 chips in a 2x4x4 torus; 'v4:4x4x12' names a shape;
   v5litepod-N is v5e-N. Raises ValueError naming --topology."""
   name = str(name).strip()
-  explicit = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e):(\d+(?:x\d+){1,2})",
-                          name)
-  match = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)", name)
+  # ASCII digits only: a shape of other digits ('v4:4x4x٨') passed `\d`
+  # and int() and reached libtpu, whose refusal was a traceback.
+  explicit = re.fullmatch(
+      r"(v4|v5p|v5e|v5litepod|v6e):([0-9]+(?:x[0-9]+){1,2})", name)
+  match = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-([0-9]+)", name)
   if not (explicit or match):
     raise ValueError(
         f"--topology={name!r}: use v4-N or v5p-N (N = TensorCores, 2 per "
