@@ -480,6 +480,12 @@ def check_forecast_flags(counts: list[int]) -> None:
     if value is not None and not 0 < value <= 1:
       raise ValueError(f"--{name}={value} must be a fraction in (0, 1], "
                        "e.g. 0.567 for 56.7%.")
+  from trm.forecast import plan  # pylint: disable=g-import-not-at-top
+  if (_EFFICIENCY.value is not None
+      and _EFFICIENCY.value < plan.MIN_EFFICIENCY):
+    raise ValueError(f"--efficiency={_EFFICIENCY.value:g} is below the "
+                     f"{plan.MIN_EFFICIENCY:g} of peak a forecast takes; "
+                     "give a fraction such as 0.567 for 56.7%.")
   step = _DCN_STEP_US.value
   if step is not None and not (math.isfinite(step) and 0 <= step <= 1e6):
     raise ValueError(f"--dcn_step_us={step} must be a latency in "

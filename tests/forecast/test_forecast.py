@@ -269,6 +269,10 @@ def test_tpu_compiler_options():
     (["--num_slices=2,2"], "--num_slices='2,2'"),
     (["--topology=v4-100"], "--topology='v4-100'"),
     (["--forecast", "--efficiency=1.5"], "--efficiency=1.5 must be"),
+    # Before: a ZeroDivisionError traceback after compiling (the step time
+    # overflowed to inf, the run cost divided by a zero rate).
+    (["--forecast", "--efficiency=5e-324"],
+     "--efficiency=4.94066e-324 is below the 0.001 of peak"),
     (["--forecast", "--calibrate_mfu=56.7"], "--calibrate_mfu=56.7 must be"),
     (["--forecast", "--efficiency=0.5", "--calibrate_mfu=0.5"],
      "give one"),

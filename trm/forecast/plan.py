@@ -26,6 +26,10 @@ GIB = 2**30
 # the compile target gained the slice's torus (0.867 before, fitted on a
 # program compiled for a mesh without wraparound).
 DEFAULT_EFFICIENCY = 0.7985
+# The least dense-compute efficiency a forecast takes (and the floor of
+# `calibrate`'s search): below it no chip runs, and at 5e-324 the step
+# time overflowed to inf and the run cost divided by a zero rate.
+MIN_EFFICIENCY = 1e-3
 # Cross-slice collectives block the chip: what MaxText's published v4
 # multi-slice runs show (BUILD_NOTES); 'schedule' trusts the program's
 # overlap.
@@ -306,7 +310,7 @@ def calibrate(compiled: CompiledRow, topology: topology_lib.Topology,
         f"--calibrate_mfu={mfu:.4f} is above the {top:.4f} this program "
         "reaches with its dense compute at peak; check the measurement (a "
         "fraction, e.g. 0.567) and that it is of the first row.")
-  lo, hi = 1e-3, 1.0
+  lo, hi = MIN_EFFICIENCY, 1.0
   bottom = mfu_at(lo)
   if mfu < bottom:  # the search would stop at lo and miss the measurement
     raise ForecastError(
