@@ -64,3 +64,32 @@ def test_a_fifo_is_refused_unread(tmp_path):
   with pytest.raises(compiled_step.CompiledStepError,
                      match="is not a regular file"):
     compiled_step.read(path)
+
+
+def _build_onto(module: str, name: str, attr: str) -> bytes:
+  """A protocol-2 pickle that BUILDs {attr: numpy.dtype} onto the allowed
+  global module.name itself (not an instance of it), then ends as a
+  payload's (step, args, no_kwargs) tuple would."""
+  return (b"\x80\x02c" + f"{module}\n{name}\n".encode()
+          + b"N}X" + len(attr).to_bytes(4, "little") + attr.encode()
+          + b"cnumpy\ndtype\ns\x86b0" + b"N]\x89\x87.")
+
+
+def test_a_pickle_setting_attributes_of_an_allowed_class_is_refused():
+  """Before: the unpickler built the state onto the class itself, so a
+  crafted file replaced jax's `UnloadedMeshExecutable.load` (any attribute
+  of any allowed class without a __setstate__) in the loading process."""
+  from jax._src.interpreters import pxla  # pylint: disable=g-import-not-at-top
+  real = pxla.UnloadedMeshExecutable.__dict__["load"]
+  try:
+    with pytest.raises(compiled_step.CompiledStepError) as info:
+      compiled_step.load("step.bin", _build_onto(
+          "jax._src.interpreters.pxla", "UnloadedMeshExecutable", "load"),
+                         None, None)
+    assert pxla.UnloadedMeshExecutable.__dict__["load"] is real
+  finally:  # the old code's damage is not left to later tests
+    pxla.UnloadedMeshExecutable.load = real
+  message = str(info.value)
+  assert "refused to unpickle its payload" in message, message
+  assert "sets attributes of UnloadedMeshExecutable itself" in message
+  assert "\n" not in message

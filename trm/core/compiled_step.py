@@ -13,7 +13,8 @@ program, a hash of the `trm` package's code, and the payload's SHA-256.
 A run checks all of it before anything compiles and names the first
 difference in one line ("built for X, this run has Y"). The payload is
 read with an unpickler that builds only the jax classes a compiled step
-holds and refuses any other by name. That closes the pickle's door, not the
+holds, refuses any other by name, and sets state on instances only (never
+on a class or function itself). That closes the pickle's door, not the
 executable's: a compiled step is native code that runs on the devices, so
 load only files you built yourself (or got from someone you would let run
 code on the machine). The checksum only catches damage, not intent.
@@ -29,6 +30,7 @@ import os
 import pickle
 import socket
 import time
+import types
 
 import jax
 from etils import epath
@@ -415,11 +417,27 @@ def check(path: str, header: dict, run: dict) -> None:
 
 
 def _restricted_unpickler():
-  """jax's own unpickler of executables, limited to ALLOWED_CLASSES."""
+  """jax's own unpickler of executables (its persistent ids: executables,
+  devices, the client), limited to ALLOWED_CLASSES, and building state only
+  onto instances. Python's own unpickler, not the C one: only its BUILD can
+  be checked, and a crafted BUILD onto an allowed class itself (not one of
+  its instances) replaced that class's attributes in this process (e.g.
+  jax's `UnloadedMeshExecutable.load`), allowed classes or not."""
+  from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
   from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
-  base = serialize_executable._JaxPjrtUnpickler  # pylint: disable=protected-access
+  jax_unpickler = serialize_executable._JaxPjrtUnpickler  # pylint: disable=protected-access
 
-  class RestrictedUnpickler(base):
+  class RestrictedUnpickler(pickle._Unpickler):  # pylint: disable=protected-access
+
+    def __init__(self, file, backend):
+      super().__init__(file)
+      # What jax's unpickler keeps for its persistent_load.
+      self.backend = backend
+      self.devices_by_id = {d.id: d for d in backend.devices()}
+      self.execution_devices = xla_client.DeviceList(
+          tuple(backend.devices()))
+
+    persistent_load = jax_unpickler.persistent_load
 
     def find_class(self, module, name):
       if (module, name) not in ALLOWED_CLASSES:
@@ -427,6 +445,18 @@ def _restricted_unpickler():
             f"it names the class {module}.{name}, which a compiled train "
             "step never holds")
       return super().find_class(module, name)
+
+    def load_build(self):
+      target = self.stack[-2]  # under the state BUILD pops
+      if isinstance(target, (type, types.FunctionType,
+                             types.BuiltinFunctionType, types.ModuleType)):
+        raise pickle.UnpicklingError(
+            f"it sets attributes of {getattr(target, '__qualname__', target)}"
+            " itself, which a compiled train step never does")
+      super().load_build()
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # pylint: disable=protected-access
+    dispatch[pickle.BUILD[0]] = load_build
 
   return RestrictedUnpickler
 
