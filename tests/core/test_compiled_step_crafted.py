@@ -93,3 +93,16 @@ def test_a_pickle_setting_attributes_of_an_allowed_class_is_refused():
   assert "refused to unpickle its payload" in message, message
   assert "sets attributes of UnloadedMeshExecutable itself" in message
   assert "\n" not in message
+
+
+@pytest.mark.parametrize("size", [b"1e400", b"NaN", b"-1e400"])
+def test_a_header_payload_size_that_is_no_integer_is_one_line(tmp_path,
+                                                              size):
+  """Before: a payload_bytes of 1e400 (JSON's inf) stopped `read` with an
+  OverflowError traceback."""
+  path = tmp_path / "step.bin"
+  path.write_bytes(compiled_step.MAGIC + b'{"payload_bytes": ' + size
+                   + b', "payload_sha256": "0"}\n')
+  with pytest.raises(compiled_step.CompiledStepError,
+                     match="its header is damaged"):
+    compiled_step.read(str(path))
