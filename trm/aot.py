@@ -398,9 +398,21 @@ def data_shapes(config, overrides: dict):
   config. `overrides`: --seq_len, --vocab_size, --num_puzzle_identifiers."""
   from trm import families  # pylint: disable=g-import-not-at-top
   family = families.program(config.model.name)
-  if not hasattr(family, "data_shapes"):
-    return None
-  return family.data_shapes(config, overrides)
+  shapes = (family.data_shapes(config, overrides)
+            if hasattr(family, "data_shapes") else None)
+  # Before: an override the family does not read (--seq_len for GPT, whose
+  # sequence is config.block_size; any of them for Dream) was dropped
+  # without a word and the report was of the config's sizes.
+  taken = (set(shapes) if isinstance(shapes, dict) else
+           {f.name for f in dataclasses.fields(shapes)} if shapes else set())
+  ignored = sorted(k for k, v in overrides.items()
+                   if v is not None and k not in taken)
+  if ignored:
+    raise ValueError(
+        f"--{ignored[0]} does not apply to config.model.name="
+        f"{config.model.name!r}, whose sizes come from its config: set the "
+        "config's own field (--config.*) instead.")
+  return shapes
 
 
 def slice_counts(text: str) -> list[int]:

@@ -291,6 +291,9 @@ def test_tpu_compiler_options():
     # Before: ignored without a word (--search ranked at the default
     # efficiency, its MFU not calibrated; --hot_spots printed nothing).
     (["--hot_spots"], "--hot_spots needs --forecast"),
+    # Before: dropped (GPT's sequence is config.block_size) and the step of
+    # the config's length reported as if of this one.
+    (["--seq_len=64"], "--seq_len does not apply to config.model.name='gpt'"),
     (["--forecast", "--search_limit=3"], "--search_limit needs --search"),
     (["--forecast", "--search", "--calibrate_mfu=0.5"],
      "--calibrate_mfu fits the efficiency on the first row"),
