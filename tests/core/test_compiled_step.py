@@ -306,3 +306,29 @@ def test_a_pickle_with_a_foreign_class_is_refused(saved, tmp_path):
   assert f"{os.system.__module__}.system" in message
   assert not marker.exists()
   assert header["environment"]["platform"] == "cpu"
+
+
+def test_a_payload_whose_inputs_are_not_its_headers_is_one_line(saved,
+                                                                 tmp_path):
+  """A crafted payload: the saved executable with one argument info left
+  out (the header, which the run checks, left as saved). Before: jax's
+  `Too few leaves for PyTreeDef` after loading the executable, naming
+  neither the file nor the field."""
+  import io  # pylint: disable=g-import-not-at-top
+  from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
+  header, payload = compiled_step.read(saved[0])
+  backend = jax.devices()[0].client
+  unloaded, infos, no_kwargs = compiled_step._restricted_unpickler()(  # pylint: disable=protected-access
+      io.BytesIO(payload), backend).load()
+  buffer = io.BytesIO()
+  serialize_executable._JaxPjrtPickler(buffer).dump(  # pylint: disable=protected-access
+      (unloaded, infos[:-1], no_kwargs))
+  path = _rewrite(saved[0], tmp_path / "crafted.bin",
+                  payload=buffer.getvalue())
+  in_tree = jax.tree.structure([0] * len(infos))
+  with pytest.raises(compiled_step.CompiledStepError) as info:
+    compiled_step.load(path, compiled_step.read(path)[1], in_tree, in_tree)
+  message = str(info.value)
+  assert "\n" not in message and repr(path) in message, message
+  assert f"{len(infos) - 1} argument infos" in message, message
+  assert header["environment"]["platform"] == "cpu"

@@ -479,6 +479,24 @@ def load(path: str, payload: bytes, in_tree, out_tree):
         f"{FIELD}={path!r}: refused to unpickle its payload: {why}. Load "
         "only files you built with `python -m trm.aot --save_compiled`."
     ) from None
+  # The header was checked against this run, the payload only hashed
+  # against the header: a crafted one's executable and argument infos are
+  # checked for what they are before any executable is loaded.
+  from jax._src import stages  # pylint: disable=g-import-not-at-top
+  from jax._src.interpreters import pxla  # pylint: disable=g-import-not-at-top
+  if not isinstance(unloaded, pxla.UnloadedMeshExecutable):
+    raise CompiledStepError(
+        f"{FIELD}={path!r}: its payload holds a {type(unloaded).__name__}, "
+        f"not a compiled step; {_REBUILD}.")
+  if not (isinstance(args_info_flat, list)
+          and all(isinstance(a, stages.ArgInfo) for a in args_info_flat)
+          and len(args_info_flat) == in_tree.num_leaves):
+    count = (len(args_info_flat) if isinstance(args_info_flat, list)
+             else type(args_info_flat).__name__)
+    raise CompiledStepError(
+        f"{FIELD}={path!r}: its payload's step takes {count} argument "
+        f"infos, this run has {in_tree.num_leaves} inputs (the payload does "
+        f"not match its header); {_REBUILD}.")
   try:
     executable = unloaded.load()
   except Exception as e:  # pylint: disable=broad-except
