@@ -106,3 +106,12 @@ def test_a_header_payload_size_that_is_no_integer_is_one_line(tmp_path,
   with pytest.raises(compiled_step.CompiledStepError,
                      match="its header is damaged"):
     compiled_step.read(str(path))
+
+
+def test_a_header_nested_past_the_recursion_limit_is_one_line(tmp_path):
+  """Before: json's RecursionError traceback from `read`."""
+  path = tmp_path / "step.bin"
+  path.write_bytes(compiled_step.MAGIC + b"[" * 200_000 + b"\n")
+  with pytest.raises(compiled_step.CompiledStepError,
+                     match="its header is damaged"):
+    compiled_step.read(str(path))

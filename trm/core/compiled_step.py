@@ -291,8 +291,10 @@ def read(path: str) -> tuple[dict, bytes]:
     if not isinstance(header, dict):
       raise ValueError("not a JSON object")
     size, digest = int(header["payload_bytes"]), header["payload_sha256"]
-  except (ValueError, KeyError, TypeError, OverflowError) as e:
-    # OverflowError: a payload_bytes of 1e400, which JSON reads as inf.
+  except (ValueError, KeyError, TypeError, OverflowError,
+          RecursionError) as e:
+    # OverflowError: a payload_bytes of 1e400, which JSON reads as inf;
+    # RecursionError: a header nested deeper than json's recursion.
     raise CompiledStepError(f"{where}: its header is damaged ({e}); "
                             f"{_REBUILD}.") from None
   payload = data[end + 1:] if end >= 0 else b""
