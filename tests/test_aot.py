@@ -469,6 +469,9 @@ def test_sample_flops_are_a_third_of_training_per_forward():
     (dict(alg="greedy"), "--alg='greedy'"),
     (dict(top_p=1.5), "--top_p=1.5"),
     (dict(temperature=-1.0), "--temperature=-1.0"),
+    # Before: compiled, and reported as "temperature nan".
+    (dict(temperature=float("nan")), "--temperature=nan must be a finite"),
+    (dict(temperature=float("inf")), "--temperature=inf must be a finite"),
     (dict(cache="full"), "--cache='full': choose from none, prefix, dual"),
     (dict(cache="dual", block_length=0), "--block_length=0"),
     (dict(cache="dual", max_new_tokens=48, steps=48, block_length=32),

@@ -171,6 +171,11 @@ class SampleSettings:
                         ("block_length", self.block_length)):
       if value is not None and (not isinstance(value, int) or value < 1):
         raise ValueError(f"--{flag}={value!r} must be a positive integer.")
+    # Before: nan passed the family's `temperature < 0` check and was
+    # compiled and reported as the sampling temperature.
+    if not math.isfinite(self.temperature):
+      raise ValueError(f"--temperature={self.temperature} must be a finite "
+                       "number >= 0 (0: greedy).")
 
 
 def compile_report(config, topology: Topology, num_slices: int,
