@@ -492,6 +492,36 @@ def test_a_tool_stopped_by_sigterm_does_not_exit_0(tool, required):
   assert "training" not in line, line
 
 
+_PRINTS_MUCH = """
+from trm.core import cli
+def main(argv):
+  for i in range(100000):
+    print("line", i)
+cli.run(main)
+"""
+
+
+def test_a_tool_piped_into_head_stops_quietly(tmp_path):
+  """`trm.sample ... | head` ended with "error: [Errno 32] Broken pipe" and
+  exit 2: a tool whose reader has gone stops quietly with SIGPIPE's status,
+  as cat does; another broken pipe is still an error."""
+  script = tmp_path / "prints.py"
+  script.write_text(_PRINTS_MUCH)
+  result = subprocess.run(
+      f"{sys.executable} {script} | head -1; echo status ${{PIPESTATUS[0]}}",
+      shell=True, executable="/bin/bash", cwd=ROOT, env=ENV,
+      capture_output=True, text=True, timeout=60)
+  assert result.stdout.splitlines() == ["line 0", "status 141"], result
+  assert result.stderr == "", result.stderr
+  # A broken pipe that is not stdout's: the one-line error, exit 2.
+  script.write_text(_PRINTS_MUCH.replace(
+      'print("line", i)', 'raise BrokenPipeError(32, "Broken pipe")'))
+  result = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 2, result
+  assert "error: [Errno 32] Broken pipe" in result.stderr
+
+
 def test_help_lists_the_flags_that_shared_helpers_define(monkeypatch):
   """`python -m trm.data.puzzles.sudoku --help` listed --num_aug,
   --num_blanks and --seed only: the README's --output_dir (required),

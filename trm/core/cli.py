@@ -250,6 +250,19 @@ def peer_lost(error: BaseException) -> bool:
   return False
 
 
+def stdout_reader_gone() -> bool:
+  """Whether stdout is a pipe or socket whose reading end has closed (poll
+  reports an error on the writing end), not some other broken pipe (a
+  child process's, a socket's)."""
+  import select  # pylint: disable=g-import-not-at-top
+  try:
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+  except (AttributeError, OSError, ValueError):  # no fd (a notebook's)
+    return False
+
+
 def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
   if out_of_memory(error):
@@ -280,6 +293,14 @@ def _wrap(main, compilation_cache: bool = True):
                        "the flags)\n")
       sys.exit(2)
     except Exception as error:  # pylint: disable=broad-except
+      if isinstance(error, BrokenPipeError) and stdout_reader_gone():
+        # `trm.sample ... | head`: the reader took what it wanted. A tool
+        # in a pipeline stops quietly, as SIGPIPE stops `cat` (exit 128 +
+        # 13), not with "error: [Errno 32] Broken pipe" and exit 2; stdout
+        # goes to /dev/null so that Python's flush at exit fails no more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
       if peer_lost(error) and not traceback_requested():
         # A traceback, then ~1 min in jax's shutdown barrier waiting for the
         # dead process's heartbeats to time out, then an abort (SIGABRT and
