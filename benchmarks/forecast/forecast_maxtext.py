@@ -186,28 +186,47 @@ def _program_key(config) -> dict:
       config.to_json(sort_keys=True).encode()).hexdigest())
 
 
+def _row_digest(meta: dict, text: str) -> str:
+  """SHA-256 of a saved row's JSON fields (its digest left out) and its
+  program text: an edited figure or a swapped program is not replayed."""
+  fields = {k: v for k, v in meta.items() if k != "sha256"}
+  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()
+                        + b"\0" + text.encode()).hexdigest()
+
+
 def load_row(programs: str, variant: str, topology, count: int, batch: int,
              config):
-  """A row saved by `save_row` for this config and software, or None."""
+  """A row saved by `save_row` for this config and software, or None (then
+  compiled again): also when its files are damaged or were edited."""
   meta_path, text_path = _program_files(programs, variant, topology, count,
                                         batch)
   if not (os.path.isfile(meta_path) and os.path.isfile(text_path)):
     return None
-  with open(meta_path) as f:
-    meta = json.load(f)
+  try:
+    with open(meta_path, encoding="utf-8") as f:
+      meta = json.load(f)
+    with open(text_path, encoding="utf-8") as f:
+      text = f.read()
+    if not isinstance(meta, dict) or meta.get("sha256") != _row_digest(
+        meta, text):
+      raise ValueError("its digest does not match its contents")
+  except (OSError, ValueError, RecursionError) as e:
+    plan.progress(f"  {meta_path}: damaged or edited ({str(e)[:120]}); "
+                  "compiling again")
+    return None
   if meta.get("key") != _program_key(config):
     plan.progress(f"  {meta_path}: compiled from another config or "
                   "software; compiling again")
     return None
   fabric = meta.pop("fabric")
-  meta.pop("key")
+  for name in ("key", "sha256"):
+    meta.pop(name)
   program = None
   if fabric is not None:
     fabric = network.Fabric(**{k: tuple(map(tuple, v)) if k == "coords"
                                else tuple(v) if isinstance(v, list) else v
                                for k, v in fabric.items()})
-    with open(text_path) as f:
-      program = timeline.Program(f.read(), fabric)
+    program = timeline.Program(text, fabric)
   return plan.CompiledRow(**meta, program=program)
 
 
@@ -221,8 +240,9 @@ def save_row(programs: str, variant: str, topology, count: int, batch: int,
   meta["fabric"] = (dataclasses.asdict(row.program.fabric)
                     if row.program is not None else None)
   meta["key"] = _program_key(config)
-  atomic_files.replace_whole(
-      text_path, row.program.text if row.program is not None else "")
+  text = row.program.text if row.program is not None else ""
+  meta["sha256"] = _row_digest(meta, text)
+  atomic_files.replace_whole(text_path, text)
   atomic_files.write_json_atomic(meta_path, meta)
 
 

@@ -1,6 +1,7 @@
 """benchmarks/forecast/forecast_maxtext.py: the cross-slice ring step's
 latency is fitted on a run's loss of speed over its slice counts."""
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -168,3 +169,36 @@ def test_a_saved_program_reads_back_for_its_config_only(script, tmp_path):
   config.n_layer = 4
   assert script.load_row(str(tmp_path), "v5p32b", V5E, 2, 1024,
                          config) is None
+
+
+def test_a_damaged_or_edited_saved_program_is_compiled_again(script,
+                                                            tmp_path):
+  """An edited figure (model_flops) or a swapped program text replayed as a
+  wrong forecast, and a broken JSON stopped the run with a traceback: each
+  is now compiled again."""
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "gpt.py"), "v5p32b")
+  meta_path, text_path = script._program_files(  # pylint: disable=protected-access
+      str(tmp_path), "v5p32b", V5E, 2, 1024)
+
+  def saved_then(edit):
+    script.save_row(str(tmp_path), "v5p32b", V5E, 2, 1024, config,
+                    _row(2, 40e-6))
+    assert script.load_row(str(tmp_path), "v5p32b", V5E, 2, 1024, config)
+    edit()
+    return script.load_row(str(tmp_path), "v5p32b", V5E, 2, 1024, config)
+
+  def edit_json(change):
+    with open(meta_path) as f:
+      meta = json.load(f)
+    change(meta)
+    with open(meta_path, "w") as f:
+      json.dump(meta, f)
+
+  assert saved_then(lambda: edit_json(
+      lambda m: m.update(model_flops=2 * m["model_flops"]))) is None
+  assert saved_then(lambda: edit_json(lambda m: m.update(extra=1))) is None
+  assert saved_then(lambda: open(text_path, "a").write(" ")) is None
+  assert saved_then(lambda: open(meta_path, "w").write("{")) is None
+  assert saved_then(lambda: open(meta_path, "w").write("[]")) is None
