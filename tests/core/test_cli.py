@@ -352,6 +352,15 @@ def test_out_of_memory_is_one_line_naming_what_to_shrink(capsys,
   assert len(err.strip().splitlines()) == 1, err
   assert "error: out of memory (RESOURCE_EXHAUSTED" in err
   assert "config.global_batch_size" in err
+  # The sampling tools name their own flags, not the trainer's fields.
+  for tool in ("trm.generate", "trm.evaluate"):
+    monkeypatch.setattr(cli, "tool_name", lambda tool=tool: tool)
+    with pytest.raises(SystemExit):
+      cli._wrap(main, compilation_cache=False)([tool])  # pylint: disable=protected-access
+    err = capsys.readouterr().err
+    assert err.startswith(f"{tool}: error: out of memory ("), err
+    assert "--batch_size" in err and "--max_new_tokens" in err, err
+    assert "config.global_batch_size" not in err, err
 
 
 def test_unretrieved_checkpoint_reads_add_no_traceback(monkeypatch):

@@ -263,15 +263,29 @@ def stdout_reader_gone() -> bool:
     return False
 
 
+# What to shrink when a tool runs out of device memory: the sampling tools
+# take flags, not the trainer's config fields (which they told to reduce).
+_SAMPLING_MEMORY = ("Pass fewer prompts at once (--batch_size), fewer "
+                    "--max_new_tokens or shorter prompts, or "
+                    "--dtype=bfloat16")
+_OUT_OF_MEMORY_FIX = {
+    "trm.generate": _SAMPLING_MEMORY + ".",
+    "trm.evaluate": _SAMPLING_MEMORY + " (a TRM checkpoint: a smaller "
+                    "--config.data.eval_batch_size).",
+}
+_TRAINER_MEMORY = ("Reduce config.global_batch_size (or the micro-batch), "
+                   "the sequence length or the model size, turn on "
+                   "rematerialisation (config.model.remat), or shard over "
+                   "more devices (config.mesh.fsdp); checkpoints already "
+                   "written are kept.")
+
+
 def one_line(error: BaseException) -> str:
   text = " ".join(str(error).split()) or type(error).__name__
   if out_of_memory(error):
+    fix = _OUT_OF_MEMORY_FIX.get(tool_name(), _TRAINER_MEMORY)
     text = (f"out of memory ({text[:300]}): the model, batch or sequence is "
-            "too big for this device. Reduce config.global_batch_size (or "
-            "the micro-batch), the sequence length or the model size, turn "
-            "on rematerialisation (config.model.remat), or shard over more "
-            "devices (config.mesh.fsdp); checkpoints already written are "
-            "kept.")
+            f"too big for this device. {fix}")
   return f"{tool_name()}: error: {text}"
 
 
