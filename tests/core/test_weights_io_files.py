@@ -6,6 +6,7 @@ float8 tensors read; quantized checkpoints and unreadable dtypes are one
 line."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -327,3 +328,28 @@ while time.monotonic() < end:
   except OSError:  # ENXIO: no reader yet
     time.sleep(0.05)
 """
+
+
+@pytest.mark.parametrize("version", ["2.5.1+cu121", "1.13.1"])
+def test_a_torch_whose_weights_only_load_runs_code_is_refused(
+    tmp_path, monkeypatch, version):
+  """torch.load(weights_only=True) before torch 2.6 runs code a crafted
+  file carries (CVE-2025-32434): such a torch never opens the file."""
+  path = tmp_path / "model.pt"
+  path.write_bytes(b"PK\x03\x04" + bytes(60))
+  opened = []
+
+  class OldTorch:
+    __version__ = version
+
+    @staticmethod
+    def load(*args, **kwargs):
+      opened.append(args)
+
+  monkeypatch.setattr(weights_io, "import_torch", lambda purpose: OldTorch)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=rf"{re.escape(str(path))} with torch {re.escape(version)}: "
+                           r".*CVE-2025-32434"
+                           r".*Upgrade torch to 2\.6"):
+    weights_io.load_weights_only(str(path), "test")
+  assert not opened

@@ -215,11 +215,33 @@ def check_torch_file(path: str) -> None:
         ".safetensors file.")
 
 
+# torch.load(weights_only=True) before torch 2.6 runs code a crafted file
+# carries (CVE-2025-32434); transformers refuses those versions likewise.
+SAFE_TORCH_LOAD = (2, 6)
+
+
+def check_safe_torch_load(torch, path: str) -> None:
+  """Refuses a torch whose weights-only unpickler a crafted file escapes
+  (torch is an optional, unpinned dependency: a user may have any)."""
+  version = str(torch.__version__)
+  try:
+    major, minor = (int(part) for part in version.split(".")[:2])
+  except ValueError:
+    return  # a source build's odd version: cannot tell, as transformers
+  if (major, minor) < SAFE_TORCH_LOAD:
+    raise CheckpointError(
+        f"Refusing to load {path} with torch {version}: its "
+        "torch.load(weights_only=True) can run code hidden in a crafted file "
+        "(CVE-2025-32434). Upgrade torch to 2.6 or later (pip install -U "
+        "torch), or convert the file to .safetensors, which needs no torch.")
+
+
 def load_weights_only(path: str, purpose: str):
   """(torch, the object in `path`) read with torch.load(weights_only=True):
   tensors and plain containers only, never arbitrary pickled objects."""
   check_torch_file(path)
   torch = import_torch(purpose)
+  check_safe_torch_load(torch, path)
   try:
     return torch, torch.load(path, map_location="cpu", weights_only=True)
   except pickle.UnpicklingError as e:
