@@ -268,6 +268,36 @@ def test_bad_mbpp_files_are_named(tmp_path, content, message):
   assert str(path) in str(error.value)
 
 
+def _corrupt_gzip(text: str) -> bytes:
+  """A gzip whose header is sound and whose deflate stream is not."""
+  packed = gzip.compress(text.encode())
+  return packed[:10] + bytes(b ^ 0x55 for b in packed[10:-8]) + packed[-8:]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    # json's own RecursionError, and int()'s ValueError naming no file.
+    ("deep.jsonl", b'{"a": ' + b"[" * 3000 + b"]" * 3000 + b"}\n",
+     r"deep.jsonl line 1: no problem or sample \(RecursionError"),
+    ("digits.jsonl", b'{"a": ' + b"9" * 5000 + b"}\n",
+     r"digits.jsonl line 1: no problem or sample \(ValueError: Exceeds"),
+    # zlib's error, where a bad CRC was already one line.
+    ("broken.jsonl.gz", _corrupt_gzip('{"task_id": "T/0"}\n'),
+     r"broken.jsonl.gz: unreadable \(Error -3 while decompressing"),
+    # A gzip bomb's one line (gigabytes) filled the memory before json saw
+    # it; the cap is lowered here so the test writes kilobytes.
+    ("bomb.jsonl.gz", gzip.compress(b'{"x": "' + b"a" * 20_000 + b'"}\n'),
+     r"bomb.jsonl.gz line 1: over 10,000 characters, no problem or sample"),
+], ids=["deep", "digits", "broken_gzip", "gzip_bomb"])
+def test_hostile_jsonl_files_are_one_error_naming_file_and_line(
+    tmp_path, monkeypatch, name, content, message):
+  monkeypatch.setattr(code_eval, "MAX_JSONL_LINE", 10_000, raising=False)
+  path = tmp_path / name
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=message) as error:
+    code_eval.load_humaneval(str(path))
+  assert str(path) in str(error.value)
+
+
 # -------------------------------------------------------------- sandbox
 
 

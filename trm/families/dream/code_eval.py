@@ -38,6 +38,7 @@ import re
 import sys
 import time
 import types
+import zlib
 from typing import Container, Iterable, Optional, Sequence
 
 from trm.core import cli
@@ -73,6 +74,11 @@ class Problem:
 # ------------------------------------------------------------------ loading
 
 
+# A problem or a sample is kilobytes; a far longer line (a gzip bomb's one
+# line of gigabytes) is refused before it fills the memory.
+MAX_JSONL_LINE = 64 * 2**20  # characters
+
+
 def _read_jsonl(path: str, flag: str, *, interrupted: bool = False
                 ) -> list[tuple[int, dict]]:
   """(line number, object) for each non-blank line of a JSONL file.
@@ -89,7 +95,12 @@ def _read_jsonl(path: str, flag: str, *, interrupted: bool = False
   rows = []
   try:
     with opener(path, "rt", encoding="utf-8") as f:
-      for number, line in enumerate(f, 1):
+      lines = iter(lambda: f.readline(MAX_JSONL_LINE + 1), "")
+      for number, line in enumerate(lines, 1):
+        if len(line) > MAX_JSONL_LINE:
+          raise ValueError(f"{flag}={path} line {number}: over "
+                           f"{MAX_JSONL_LINE:,} characters, no problem or "
+                           "sample; check the file.")
         if not line.strip():
           continue
         try:
@@ -99,11 +110,15 @@ def _read_jsonl(path: str, flag: str, *, interrupted: bool = False
             break
           raise ValueError(f"{flag}={path} line {number}: not JSON ({e.msg})."
                            " One problem per line is expected.") from None
+        except (RecursionError, ValueError) as e:  # nesting, 4300+ digit ints
+          raise ValueError(f"{flag}={path} line {number}: no problem or "
+                           f"sample ({type(e).__name__}: {str(e)[:120]}); "
+                           "check the file.") from None
         if not isinstance(row, dict):
           raise ValueError(f"{flag}={path} line {number}: a JSON object is "
                            "expected.")
         rows.append((number, row))
-  except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
+  except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, zlib.error) as e:
     raise ValueError(f"{flag}={path}: unreadable ({e}).") from None
   if not rows and not interrupted:
     raise ValueError(f"{flag}={path} holds no problems.")
