@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import jax
 import jax.numpy as jnp
@@ -353,3 +354,28 @@ def test_a_torch_whose_weights_only_load_runs_code_is_refused(
                            r".*Upgrade torch to 2\.6"):
     weights_io.load_weights_only(str(path), "test")
   assert not opened
+
+
+def test_a_compressed_torch_archive_is_refused_unpacked(tmp_path):
+  """torch.save stores its members; torch.load unpacked a deflated one
+  whole into memory before checking it (a zip bomb: here 64 MiB from
+  64 KiB), so compressed members are refused before torch reads them."""
+  torch = pytest.importorskip("torch")
+  saved = tmp_path / "saved.pt"
+  torch.save({"w": torch.zeros(4)}, saved)
+  weights_io.load_weights_only(str(saved), "test")  # stored members: read
+  bomb = tmp_path / "bomb.pt"
+  with zipfile.ZipFile(saved) as source, zipfile.ZipFile(bomb, "w") as out:
+    for member in source.infolist():
+      data = source.read(member)
+      if member.filename.endswith("data/0"):
+        out.writestr(member.filename, bytes(64 * 2**20),
+                     compress_type=zipfile.ZIP_DEFLATED)
+      else:
+        out.writestr(member, data)
+  assert os.path.getsize(bomb) < 2**20
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"bomb\.pt is no archive torch\.save wrote: its "
+                           r"member '[^']*data/0' is compressed \(67,108,864 "
+                           r"bytes packed into"):
+    weights_io.load_weights_only(str(bomb), "test")

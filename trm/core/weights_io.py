@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import zipfile
 
 from absl import logging
 import ml_dtypes
@@ -213,6 +214,28 @@ def check_torch_file(path: str) -> None:
         f" (or, before torch 1.6, a pickle), and this file starts with "
         f"{head!r}. Pass the .pt/.pth/.bin file that torch.save wrote, or a "
         ".safetensors file.")
+  if head.startswith(b"PK"):
+    check_torch_members(path)
+
+
+def check_torch_members(path: str) -> None:
+  """torch.save stores its archive's members uncompressed; torch.load
+  unpacks a compressed one whole into memory before it checks its size,
+  so a few megabytes of deflated zeros (a zip bomb) took gigabytes, or the
+  process, with no message."""
+  try:
+    with zipfile.ZipFile(path) as archive:
+      members = archive.infolist()
+  except (zipfile.BadZipFile, OSError, ValueError):
+    return  # cut short or damaged: torch.load's error says it is unreadable
+  for member in members:
+    if member.compress_type != zipfile.ZIP_STORED:
+      raise CheckpointError(
+          f"{path} is no archive torch.save wrote: its member "
+          f"{member.filename!r} is compressed ({member.file_size:,} bytes "
+          f"packed into {member.compress_size:,}), which torch.load would "
+          "unpack whole into memory first. Re-save the state_dict with "
+          "torch.save, or convert it to .safetensors.")
 
 
 # torch.load(weights_only=True) before torch 2.6 runs code a crafted file
