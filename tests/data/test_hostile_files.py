@@ -289,6 +289,20 @@ def test_a_meta_pkl_declaring_a_huge_string_names_the_failure(tmp_path):
     preparation.read_nanogpt_meta(str(path), "fix")
 
 
+def test_a_meta_pkl_with_bool_token_ids_is_no_vocabulary(tmp_path):
+  """True and False are ints equal to 1 and 0: itos {False: 'a', True:
+  'b'} was taken, and meta.json got the ids "False" and "True", which
+  every codec then refused as no vocabulary of a prepared data set."""
+  import pickle  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "meta.pkl"
+  path.write_bytes(pickle.dumps({"vocab_size": 2, "itos": {False: "a",
+                                                           True: "b"},
+                                 "stoi": {"a": False, "b": True}}))
+  with pytest.raises(ValueError, match=r"meta\.pkl does not hold a character "
+                     "vocabulary: fix"):
+    preparation.read_nanogpt_meta(str(path), "fix")
+
+
 _DEEP = "[" * 100000 + "]" * 100000  # past Python's recursion limit
 _LONG_INT = "1" * 5000  # past Python's 4300-digit int conversion limit
 

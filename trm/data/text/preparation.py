@@ -292,8 +292,10 @@ def read_nanogpt_meta(path: str, fix: str, vocab_only: bool = False
   if (vocab_only and "itos" not in meta and not isinstance(vocab, bool)
       and isinstance(vocab, int) and 0 < vocab <= MAX_VOCAB):
     return {"vocab_size": vocab}
+  # type(...) is int: True and False are ints equal to 1 and 0, and became
+  # the ids "True" and "False" in meta.json.
   if not (isinstance(itos, dict) and itos
-          and all(isinstance(i, int) and isinstance(ch, str)
+          and all(type(i) is int and isinstance(ch, str)  # pylint: disable=unidiomatic-typecheck
                   for i, ch in itos.items())
           and sorted(itos) == list(range(len(itos)))
           and meta.get("vocab_size") == len(itos)):
