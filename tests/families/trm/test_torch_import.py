@@ -526,6 +526,31 @@ def _write_run_config(directory, **arch):
     yaml.dump({"arch": fields, "global_batch_size": 768, "lr": 1e-4}, f)
 
 
+def _alias_tree(levels):
+  """YAML of a few hundred bytes whose arch.num_heads is, through aliases,
+  a list nested `levels` deep holding 10**levels items."""
+  lines = ["l0: &l0 [" + ",".join(["lol"] * 10) + "]"]
+  lines += [f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 10) + "]"
+            for i in range(1, levels)]
+  return "\n".join(lines) + f"\narch: {{num_heads: *l{levels - 1}}}\n"
+
+
+@pytest.mark.parametrize("text, why", [
+    # 10**6 items here, formatted into the message whole; eight levels
+    # more (still under 1 KB) took the memory or never returned.
+    (_alias_tree(6), "its arch.num_heads is a list, no setting"),
+    ("arch: {num_heads: " + "[" * 5000 + "]" * 5000 + "}\n",
+     "RecursionError"),  # a traceback
+], ids=["alias_tree", "deep"])
+def test_a_hostile_all_config_yaml_is_not_compared(tmp_path, caplog, text,
+                                                   why):
+  (tmp_path / "all_config.yaml").write_text(text)
+  with caplog.at_level("WARNING"):
+    torch_import.check_run_config(str(tmp_path / "step_1"), _cfg())
+  assert "all_config.yaml was not compared with config.model" in caplog.text
+  assert why in caplog.text
+
+
 def test_the_runs_all_config_yaml_is_compared(tmp_path, caplog):
   """No weight shape depends on puzzle_emb_len or num_heads under RoPE: a
   checkpoint of puzzle_emb_len 8 loaded silently into a config of 4 (each

@@ -249,10 +249,20 @@ def check_run_config(path: str, cfg: trm_model.TRMConfig) -> None:
       arch = yaml.safe_load(f).get("arch")
     if not isinstance(arch, dict):
       raise ValueError("no 'arch' mapping")
-  except (OSError, ValueError, AttributeError, yaml.YAMLError) as e:
+  except (OSError, ValueError, AttributeError, RecursionError,
+          yaml.YAMLError) as e:  # RecursionError: nesting past the stack
     logging.warning("%s was not compared with config.model: %s (%s).",
                     yaml_path, type(e).__name__, str(e)[:200])
     return
+  for field in _FUNCTION_FIELDS + _RUNTIME_FIELDS:
+    # A list or mapping is no setting, and formatting one for a message
+    # could take forever: YAML aliases let a few hundred bytes stand for a
+    # list of a billion items.
+    if not isinstance(arch.get(field), (str, int, float, bool, type(None))):
+      logging.warning("%s was not compared with config.model: its arch.%s "
+                      "is a %s, no setting.", yaml_path, field,
+                      type(arch[field]).__name__)
+      return
   skipped = (("num_heads", "pos_encodings", "rope_theta") if cfg.mlp_t
              else ()) + (("rope_theta",) if cfg.pos_encodings != "rope"
                          else ())
