@@ -207,9 +207,10 @@ def test_arc_evaluator_dataset_files_of_the_wrong_shape_are_one_line(
 @contextlib.contextmanager
 def _within(seconds: int):
   """A read that blocks (a FIFO with no writer) fails the test instead of
-  hanging it."""
+  hanging it. (An AssertionError: a TimeoutError is an OSError, which a
+  reader's `except OSError` took for an unreadable file, and read on.)"""
   def stop(*_):
-    raise TimeoutError("blocked reading a FIFO")
+    raise AssertionError("blocked reading a FIFO")
   previous = signal.signal(signal.SIGALRM, stop)
   signal.alarm(seconds)
   try:
@@ -343,3 +344,33 @@ def test_json_nested_past_the_recursion_limit_is_one_line(tmp_path):
     with pytest.raises(ValueError) as e:
       read()
     assert path in str(e.value), str(e.value)[:300]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "deep"])
+def test_a_handed_workdirs_config_json_is_read_safely(tmp_path, kind):
+  """A trm.main workdir handed to trm.generate / DiffusionLM /
+  trm.evaluate: its config.json as a FIFO blocked the family check for
+  ever (open waits for a writer), and nested past the stack it was a
+  RecursionError traceback from three readers."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from trm.core import config_record  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import task  # pylint: disable=g-import-not-at-top
+  (tmp_path / "checkpoints").mkdir()
+  path = tmp_path / "config.json"
+  if kind == "fifo":
+    os.mkfifo(path)
+  else:
+    path.write_text('{"model": ' + "[" * 100000 + "]" * 100000 + "}")
+  with _within(10):
+    inference.check_dream_workdir(str(tmp_path))  # no family said: passes
+    assert task._recorded_data_dir(str(tmp_path)) == ""  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match=(
+        r"config\.json is (not a regular file|no checkpoint JSON "
+        r"\(RecursionError)")):
+      inference._workdir_config(str(tmp_path), None)  # pylint: disable=protected-access
+  if kind == "deep":
+    with pytest.raises(config_record.ConfigRecordError,
+                       match=r"config\.json is no config record: its JSON is "
+                             "nested deeper"):
+      config_record.read_file(epath.Path(path))

@@ -98,6 +98,10 @@ def read_file(record_path: epath.Path) -> dict:
     raise ConfigRecordError(
         f"{record_path} is not valid JSON ({e})" if text.strip()
         else f"{record_path} is empty") from None
+  except RecursionError:  # was a traceback
+    raise ConfigRecordError(f"{record_path} is no config record: its JSON "
+                            "is nested deeper than Python's recursion "
+                            "limit") from None
   if not isinstance(record, dict):
     raise ConfigRecordError(f"{record_path} holds a JSON "
                             f"{type(record).__name__}, not a config record "

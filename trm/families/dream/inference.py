@@ -321,12 +321,14 @@ def _workdir_family(workdir: str) -> tuple[str | None, str]:
   (None, '') when neither tells."""
   recorded = os.path.join(workdir, "config.json")
   try:
-    with open(recorded) as f:
-      name = json.load(f).get("model", {}).get("name")
-    if isinstance(name, str) and name:
-      return name, f"config.model.name={name!r} in {recorded}"
-  except (OSError, ValueError, AttributeError):
-    pass
+    # isfile: a FIFO's open blocked until a writer came (for ever).
+    if os.path.isfile(recorded):
+      with open(recorded) as f:
+        name = json.load(f).get("model", {}).get("name")
+      if isinstance(name, str) and name:
+        return name, f"config.model.name={name!r} in {recorded}"
+  except (OSError, ValueError, AttributeError, RecursionError):
+    pass  # RecursionError: JSON nested past the stack
   from trm import families  # pylint: disable=g-import-not-at-top
   from trm.core import restore_check  # pylint: disable=g-import-not-at-top
   checkpoints = os.path.join(workdir, "checkpoints")
@@ -372,7 +374,7 @@ def _workdir_config(workdir: str, config,
                     names: ArgumentNames = API_NAMES):
   """The model section and seq_len a `trm.main` run recorded."""
   recorded = os.path.join(workdir, "config.json")
-  if os.path.isfile(recorded):
+  if os.path.lexists(recorded):  # a FIFO or broken link: named as such
     import ml_collections  # pylint: disable=g-import-not-at-top
     from trm.families.dream import hf_config  # pylint: disable=g-import-not-at-top
     record = hf_config.read_config_object(recorded)

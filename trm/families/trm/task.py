@@ -75,12 +75,15 @@ def _recorded_data_dir(workdir: str) -> str:
   """data.data_dir in the run's config.json ('' when unset or unreadable:
   the run then used `<workdir>/data`)."""
   import json  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):  # a FIFO's open blocked for ever
+    return ""
   try:
-    with open(os.path.join(workdir, "config.json")) as f:
+    with open(path) as f:
       record = json.load(f)
     data_dir = record["data"]["data_dir"]
-  except (OSError, ValueError, KeyError, TypeError):
-    return ""
+  except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    return ""  # RecursionError: JSON nested past the stack
   return data_dir if isinstance(data_dir, str) else ""
 
 
