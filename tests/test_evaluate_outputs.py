@@ -92,7 +92,9 @@ def test_a_failed_sheet_write_keeps_the_old_png(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("[1, 2]", "a JSON list, not an object"), ("{", "not valid JSON")])
+    ("[1, 2]", "a JSON list, not an object"), ("{", "not valid JSON"),
+    # A RecursionError traceback before.
+    ("[" * 100000, "not valid JSON")])
 def test_a_damaged_generation_json_is_one_line(tmp_path, text, needle):
   output = tmp_path / "samples.jsonl"
   output.write_text("")

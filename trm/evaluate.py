@@ -372,7 +372,7 @@ def _resumed_samples(output: str, generation: dict) -> list:
   try:
     with open(path, encoding="utf-8") as f:
       earlier = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+  except (ValueError, RecursionError) as e:  # nesting, 4300+ digit ints
     earlier = e
   if not isinstance(earlier, dict):
     why = (f"not valid JSON ({earlier})" if isinstance(earlier, Exception)

@@ -103,3 +103,12 @@ def test_a_bad_model_field_stops_before_the_data_is_built(tmp_path, field,
   with pytest.raises(ValueError, match=f"config.model.{field}"):
     task.build(config, str(tmp_path), None)
   assert not (tmp_path / "data").exists()
+
+
+def test_an_arc_json_nested_past_the_stack_is_one_line(tmp_path):
+  """A RecursionError traceback before."""
+  from trm.families.trm import arc_eval  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "test_puzzles.json"
+  path.write_text("[" * 100000)
+  with pytest.raises(ValueError, match=r"test_puzzles\.json: not valid JSON"):
+    arc_eval._read_json(str(path))  # pylint: disable=protected-access

@@ -396,9 +396,9 @@ def _read_json(path: str):
   try:
     with open(path, "r", encoding="utf-8") as f:
       return json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path}: not valid JSON ({e}); rebuild the "
-                     "dataset.") from None
+  except (ValueError, RecursionError) as e:  # nesting, 4300+ digit ints
+    raise ValueError(f"{path}: not valid JSON ({str(e)[:200]}); rebuild "
+                     "the dataset.") from None
 
 
 def _grid(rows, name: str) -> np.ndarray:
