@@ -29,18 +29,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 initialize_distributed = distributed.initialize_distributed
 
 
-def expand_home_paths(config) -> None:
-  """The config's strings that are `~` or start with `~/`, with the home
-  directory: `--config.data_root=~/data` (data.input, data.tfds.data_dir,
-  data.data_dir, ...) reaches us as typed, as --workdir does, and the data
-  was prepared into a folder named '~' in the current one."""
-  for key, value in config.items():
-    if hasattr(value, "items"):  # a nested ConfigDict
-      expand_home_paths(value)
-    elif isinstance(value, str) and (value == "~" or value.startswith("~/")):
-      config[key] = cli.expand_home(value)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -64,7 +52,7 @@ def main(argv):
     # only): a folder named '~' in the current one, which a later
     # `rm -rf ~` would miss badly.
     workdir = os.path.abspath(cli.expand_home(workdir))
-  expand_home_paths(_CONFIG.value)
+  cli.expand_home_paths(_CONFIG.value)
   try:
     train.train_and_evaluate(_CONFIG.value, workdir, families.build_task)
   except train.Preempted as e:  # a clean stop: the scheduler restarts us

@@ -567,14 +567,14 @@ def test_data_paths_under_home_are_expanded_as_the_workdir_is(
   expands a leading ~ only): the data was prepared into a folder named '~'
   in the current one, and the run went on (rc 0)."""
   import configs.gpt  # pylint: disable=g-import-not-at-top,import-outside-toplevel
-  from trm import main as trm_main  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from trm.core import cli  # pylint: disable=g-import-not-at-top,import-outside-toplevel
   monkeypatch.setenv("HOME", str(tmp_path))
   config = configs.gpt.get_config("shakespeare_char_cpu")
   config.data_root = "~/data"
   config.data.input = "~/input.txt"
   config.data.tfds.data_dir = "~"
   config.wandb_run_name = "a~/b"  # not a path under home: kept
-  trm_main.expand_home_paths(config)
+  cli.expand_home_paths(config)
   assert config.data_root == str(tmp_path / "data")
   assert config.data.input == str(tmp_path / "input.txt")
   assert config.data.tfds.data_dir == str(tmp_path)

@@ -421,6 +421,18 @@ def expand_home(path: str) -> str:
   return os.path.expanduser(path) if path.startswith("~") else path
 
 
+def expand_home_paths(config) -> None:
+  """The config's strings that are `~` or start with `~/`, with the home
+  directory: `--config.data_root=~/data` (data.input, data.tfds.data_dir,
+  data.data_dir, ...) reaches us as typed, as --workdir does, and the data
+  was prepared into a folder named '~' in the current one."""
+  for key, value in config.items():
+    if hasattr(value, "items"):  # a nested ConfigDict
+      expand_home_paths(value)
+    elif isinstance(value, str) and (value == "~" or value.startswith("~/")):
+      config[key] = expand_home(value)
+
+
 def within(path: str, directory: str) -> bool:
   """Whether `path` is `directory` or lies under it (links resolved): an
   output there would replace an input."""
