@@ -179,17 +179,6 @@ def is_oom(error: BaseException) -> bool:
                                  "OutOfMemoryError", "Out of memory"))
 
 
-def _finite_or_none(value):
-  """`value` with every non-finite float (NaN, inf) as None, recursively."""
-  if isinstance(value, float) and not math.isfinite(value):
-    return None
-  if isinstance(value, dict):
-    return {k: _finite_or_none(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_finite_or_none(v) for v in value]
-  return value
-
-
 def json_line(row: dict) -> str:
   """One strict-JSON line: JSON has no NaN or Infinity (json.dumps would
   write them bare, which jq and other parsers reject), so a non-finite
@@ -198,7 +187,8 @@ def json_line(row: dict) -> str:
   value = row.get("value")
   if isinstance(value, float) and not math.isfinite(value):
     row = dict(row, non_finite=str(value))
-  return json.dumps(_finite_or_none(row), allow_nan=False)
+  from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+  return json.dumps(atomic_files.nonfinite_as_null(row), allow_nan=False)
 
 
 class Recorder:
