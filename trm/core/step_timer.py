@@ -34,13 +34,13 @@ class StepTimer:
                                                compute_dtype)
       logging.info("MFU is measured against %.3g TFLOP/s per device (%s).",
                    self._peak / 1e12, description)
-    # CPU devices (even forced ones) share one machine's cores, which the
-    # measured peak already covers.
-    self._devices = (1 if jax.devices()[0].platform == "cpu"
-                     else jax.device_count())
     # Tokens/s per device divides by every device of the job (MaxText's
-    # Tokens/s/device), CPU ones included.
+    # Tokens/s/device), CPU ones included; MFU does not divide by CPU
+    # devices (even forced ones): they share one machine's cores, which the
+    # measured peak already covers.
     self._all_devices = jax.device_count()
+    self._devices = (1 if jax.devices()[0].platform == "cpu"
+                     else self._all_devices)
     self._running_mfu = None
     self._intervals = 0
     self._mark = None  # (time, newest step known finished); None: warm-up
@@ -87,9 +87,10 @@ class StepTimer:
     self._intervals += 1
     timing = {"timing/ms_per_step": 1000 * seconds}
     if self._tokens:
-      timing["timing/tokens_per_sec"] = self._tokens / seconds
+      per_second = self._tokens / seconds
+      timing["timing/tokens_per_sec"] = per_second
       timing["timing/tokens_per_sec_per_device"] = (
-          self._tokens / seconds / self._all_devices)
+          per_second / self._all_devices)
     if self._flops:
       from trm.core import mfu  # pylint: disable=g-import-not-at-top
       value = 100 * mfu.mfu(self._flops, seconds, self._devices, self._peak)
