@@ -465,6 +465,30 @@ def test_bad_arguments_are_clear_errors(tmp_path):
                       kaggle_dir=bad_dir, subsets=["training", "evaluation"])
 
 
+def test_absurd_num_aug_is_refused_before_planning(tmp_path, monkeypatch):
+  # num_aug=1e8 used to plan for hours before the int32 check at write time.
+  planned = []
+  monkeypatch.setattr(arc.arc_writer, "plan",
+                      lambda *a: planned.append(a) or ([], {}))
+  with pytest.raises(ValueError, match="num_aug=100000000 is more than the "
+                     "2903039 distinct augmentations"):
+    _build_mini(tmp_path, num_aug=10**8)
+  many_pairs = [("training", {"p": {"train": [None] * 1100, "test": []}})]
+  with pytest.raises(ValueError, match=r"num_aug=2000000 asks for up to "
+                     r"2200001100 train examples, past the int32"):
+    arc.arc_writer.check_size(str(tmp_path), many_pairs, set(), 2 * 10**6)
+  monkeypatch.setattr(arc.arc_writer.shutil, "disk_usage",
+                      lambda path: type("U", (), {"free": 2**20})())
+  with pytest.raises(ValueError, match=r"num_aug=1000 asks for up to "
+                     r"[\d.]+ GiB of examples in .*out, where 0.0 GiB are free"):
+    _build_mini(tmp_path, num_aug=1000)
+  assert not planned
+  with pytest.raises(ValueError, match="config.data.build.num_aug=1000"):
+    arc.ensure_dataset(str(tmp_path / "o2"), field_prefix="config.data.build.",
+                       source="kaggle", kaggle_dir=str(tmp_path / "kaggle"),
+                       subsets=["training", "evaluation"], num_aug=1000)
+
+
 def test_ensure_dataset_builds_once(tmp_path, monkeypatch):
   kaggle_dir = _write_kaggle(tmp_path / "k", _mini_subsets())
   out = str(tmp_path / "d")

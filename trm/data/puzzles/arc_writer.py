@@ -8,7 +8,9 @@ streams the encoded examples into the .npy files in chunks. Used by
 """
 
 import dataclasses
+import math
 import os
+import shutil
 import time
 from typing import Optional
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from trm.data import atomic_files
 from trm.data.puzzles import arc_grids
+from trm.data.puzzles import builds
 from trm.data.puzzles import format as puzzle_format
 from trm.data.puzzles import seeding
 
@@ -57,6 +60,55 @@ def subsample(subsets, size: Optional[int], seed: int):
       puzzles = {k: v for i, (k, v) in enumerate(puzzles.items()) if i in keep}
     result.append((subset, puzzles))
   return result
+
+
+# Distinct augmentations of a puzzle: a dihedral transform times a
+# permutation of the colours 1..9, less the identity.
+MAX_AUGMENTATIONS = 8 * math.factorial(arc_grids.NUM_COLOURS - 1) - 1
+
+
+def _existing_parent(path: str) -> str:
+  path = os.path.abspath(path)
+  while not os.path.isdir(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return path
+
+
+def check_size(output_dir: str, subsets, test_sets, num_aug: int) -> None:
+  """Refuses, before any augmentation is drawn, a build that cannot finish:
+  more augmentations than exist, a split past the int32 indices of
+  upstream's format, or more bytes than the disk holds if every asked
+  augmentation is found (planning an absurd `num_aug` took hours before
+  the write failed)."""
+  if num_aug > MAX_AUGMENTATIONS:
+    raise builds.BuildArgumentError(
+        f"num_aug={num_aug} is more than the {MAX_AUGMENTATIONS} distinct "
+        "augmentations a puzzle has (8 dihedral transforms x 9! colour "
+        "permutations, less the original); upstream's builds use 1000")
+  examples = {"train": 0, "test": 0}
+  for subset, puzzles in subsets:
+    for puzzle in puzzles.values():
+      for kind, pairs in puzzle.items():
+        to_test = subset in test_sets and kind == "test"
+        examples["test" if to_test else "train"] += len(pairs)
+  examples = {split: n * (1 + num_aug) for split, n in examples.items()}
+  for split, n in examples.items():
+    if n >= 2**31:
+      raise builds.BuildArgumentError(
+          f"num_aug={num_aug} asks for up to {n} {split} examples, past the "
+          "int32 indices of the dataset format (2**31); lower num_aug or "
+          "set subsample_size")
+  # Inputs and labels, one byte per cell each.
+  size = sum(examples.values()) * 2 * arc_grids.SEQ_LEN
+  try:
+    free = shutil.disk_usage(_existing_parent(output_dir)).free
+  except OSError:
+    return
+  if size > free:
+    raise builds.BuildArgumentError(
+        f"num_aug={num_aug} asks for up to {size / 2**30:.1f} GiB of "
+        f"examples in {output_dir}, where {free / 2**30:.1f} GiB are free; "
+        "lower num_aug, set subsample_size, or build on a larger disk")
 
 
 def plan(subsets, test_sets, num_aug: int, rs: np.random.RandomState):
