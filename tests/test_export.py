@@ -250,6 +250,33 @@ def test_a_directory_matching_a_tokenizer_pattern_is_not_copied(tmp_path):
   assert export.copy_tokenizer_files(source, str(out)) == ["tokenizer.json"]
 
 
+def test_a_tokenizer_link_out_of_its_directory_is_refused(tmp_path):
+  """A crafted `tokenizer_config.json -> ~/.ssh/id_rsa` put the key into
+  the export. Links inside the directory, and a Hugging Face snapshot's
+  links to its repository's blobs, are copied as before."""
+  secret = tmp_path / "id_rsa"
+  secret.write_text("PRIVATE KEY")
+  source = write_tokenizer(str(tmp_path / "source"))
+  os.symlink(secret, os.path.join(source, "tokenizer_config.json"))
+  out = tmp_path / "out"
+  out.mkdir()
+  with pytest.raises(app.UsageError, match=r"tokenizer_config\.json is a "
+                     f"link out of that directory \\(to {secret}\\)"):
+    export.copy_tokenizer_files(source, str(out))
+  assert not list(out.iterdir())
+
+  repo = tmp_path / "hub" / "models--org--coder"
+  snapshot = repo / "snapshots" / "abc123"
+  snapshot.mkdir(parents=True)
+  (repo / "blobs").mkdir()
+  os.replace(os.path.join(source, "tokenizer.json"), repo / "blobs" / "f00")
+  os.symlink("../../blobs/f00", snapshot / "tokenizer.json")
+  os.symlink("tokenizer.json", snapshot / "vocab.json")  # inside: fine
+  assert sorted(export.copy_tokenizer_files(str(snapshot), str(out))) == [
+      "tokenizer.json", "vocab.json"]
+  assert not (out / "tokenizer.json").is_symlink()
+
+
 def test_cli_refuses_a_format_of_another_family_before_the_weights(
     tmp_path):
   """Each family is written in its own formats (a GPT config was refused as

@@ -67,12 +67,25 @@ def check_tokenizer_dir(source: str) -> None:
   tokenizer_files(source)
 
 
+def _link_roots(source: str) -> tuple[str, ...]:
+  """Where a link in `source` may point: inside `source` itself, or, for a
+  Hugging Face cache snapshot (`.../snapshots/<revision>`, whose files are
+  links to `../../blobs/<hash>`), inside that repository's `blobs/`."""
+  real = os.path.realpath(source)
+  roots = (real,)
+  if os.path.basename(os.path.dirname(real)) == "snapshots":
+    roots += (os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"),)
+  return roots
+
+
 def tokenizer_files(source: str) -> list[str]:
   """The paths of `source` that `TOKENIZER_FILES` name. A directory that
   a pattern matches (a `tokenizer_cache/`) is no file to copy and is
   skipped; a FIFO, device or broken link is refused (copying it failed
-  only after every weight had been read and written)."""
-  paths = []
+  only after every weight had been read and written), and so is a link
+  out of `source` (and out of a Hugging Face snapshot's blobs): a crafted
+  `tokenizer_config.json -> ~/.ssh/id_rsa` put the key into the export."""
+  paths, roots = [], _link_roots(source)
   for pattern in TOKENIZER_FILES:
     for path in sorted(glob.glob(os.path.join(source, pattern))):
       if os.path.isdir(path):
@@ -83,6 +96,13 @@ def tokenizer_files(source: str) -> list[str]:
             "regular file (a FIFO, device or broken link), so it cannot be "
             "copied into the export; remove it or point --tokenizer at the "
             "Hugging Face download.")
+      target = os.path.realpath(path)
+      if not any(cli.within(target, root) for root in roots):
+        raise app.UsageError(
+            f"--tokenizer={source}: {os.path.basename(path)} is a link out "
+            f"of that directory (to {target}), which the export would copy "
+            "into its output; copy the file there itself or point "
+            "--tokenizer at the Hugging Face download.")
       paths.append(path)
   return paths
 
