@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import optax
 from clu import metrics as clu_metrics
 
+from trm.core import array_sizes
+
 
 # The skipped-step counters (see `skip_nonfinite`). Checkpoints written
 # before they existed lack them; a resume starts them at 0
@@ -159,8 +161,10 @@ def compile_step(step_fn, abstract_state, state_shardings, abstract_batch,
   Call inside the `mesh.ShardingContext` (`with ctx:`).
   """
   batch_shardings = jax.tree.map(lambda x: x.sharding, abstract_batch)
-  return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
-                 out_shardings=(state_shardings, None),
-                 donate_argnums=0).lower(abstract_state,
-                                         abstract_batch).compile(
-                                             compiler_options or None)
+  lowered = jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
+                    out_shardings=(state_shardings, None),
+                    donate_argnums=0).lower(abstract_state, abstract_batch)
+  array_sizes.check_lowered(lowered, "The train step",
+                            "lower the config's sequence length, batch or "
+                            "width")
+  return lowered.compile(compiler_options or None)

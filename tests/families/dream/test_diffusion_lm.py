@@ -238,6 +238,10 @@ def test_the_python_api_samples_from_a_workdir(trained):
   assert len(out.completions) == 2
   assert all(isinstance(c, str) for c in out.completions)
   assert out.tokens.shape == (2, out.prompt_len + 8)
+  # 10^8 prompt tokens: one line, where XLA aborted the process.
+  with pytest.raises(ValueError, match=r"The sampling loop holds an array "
+                     r"of \[.*100000008, 100000008\].*lower the prompt"):
+    lm.compile(1, 10**8, padded=False, max_new_tokens=8, steps=4)
   # param_dtype was dropped for a workdir: the run's float32 restored.
   half = DiffusionLM.from_pretrained(workdir, dtype="float32",
                                      param_dtype="bf16")

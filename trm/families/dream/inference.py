@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from trm.core import array_sizes
 from trm.core import cli
 from trm.core import config_lib
 from trm.families.dream import sampling as diffusion_sampling
@@ -720,15 +721,19 @@ class DiffusionLM:
       mask = (jax.ShapeDtypeStruct((batch, prompt_len), jnp.bool_) if padded
               else None)
       if settings.get("cache"):
-        compiled = self._lower_cached(ids, mask, history, settings).compile()
+        lowered = self._lower_cached(ids, mask, history, settings)
       else:
         settings = {k: v for k, v in settings.items()
                     if k not in ("cache", "block_length", "threshold",
                                  "fast_dllm")}
-        compiled = diffusion_sampling.lower_generate(
+        lowered = diffusion_sampling.lower_generate(
             self._denoiser, ids, mask, params=self.params,
             mask_token_id=self.cfg.mask_token_id, return_history=history,
-            **settings).compile()
+            **settings)
+      array_sizes.check_lowered(lowered, "The sampling loop",
+                                "lower the prompt length, max_new_tokens "
+                                "or the batch")
+      compiled = lowered.compile()
     self._compiled[key] = compiled
     return compiled, time.perf_counter() - start
 

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from trm.core import array_sizes
 from trm.core import state as state_lib
 from trm.families.dream import cache as dream_cache
 from trm.families.dream import cached_sampling
@@ -95,6 +96,12 @@ def cached_flops_per_call(cfg, batch: int, prompt_len: int,
   return total * batch
 
 
+def _checked_compile(lowered):
+  array_sizes.check_lowered(lowered, "The sampling loop",
+                            "lower --prompt_len, --max_new_tokens or --batch")
+  return lowered.compile()
+
+
 def build(config, ctx, sample):
   """(() -> the compiled sampling loop, model FLOPs per call) for
   `sample` (trm.aot's SampleSettings)."""
@@ -116,14 +123,14 @@ def build(config, ctx, sample):
 
     def compile_cached():
       with ctx:
-        return cached_sampling.lower_cached_generate(
+        return _checked_compile(cached_sampling.lower_cached_generate(
             denoiser, ids, mask, params=params, rng=rng,
             mask_token_id=cfg.mask_token_id,
             max_new_tokens=sample.max_new_tokens, steps=sample.steps,
             cache=sample.cache, block_length=sample.block_length,
             threshold=sample.threshold, alg=sample.alg,
             temperature=sample.temperature, top_p=sample.top_p,
-            fast_dllm=sample.fast_dllm).compile()
+            fast_dllm=sample.fast_dllm))
 
     return compile_cached, cached_flops_per_call(
         cfg, sample.batch, sample.prompt_len, sample.max_new_tokens,
@@ -132,12 +139,12 @@ def build(config, ctx, sample):
 
   def compile_sampler():
     with ctx:
-      return diffusion_sampling.lower_generate(
+      return _checked_compile(diffusion_sampling.lower_generate(
           dream.denoiser(cfg), ids, mask, params=params, rng=rng,
           mask_token_id=cfg.mask_token_id,
           max_new_tokens=sample.max_new_tokens, steps=sample.steps,
           alg=sample.alg, temperature=sample.temperature,
-          top_p=sample.top_p).compile()
+          top_p=sample.top_p))
 
   flops = sample_flops_per_call(cfg, sample.batch, sample.prompt_len,
                                 sample.max_new_tokens, sample.steps)

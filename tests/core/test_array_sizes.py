@@ -1,0 +1,47 @@
+"""Arrays no machine holds are refused before XLA compiles (and aborts)."""
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+import pytest
+
+from trm.core import array_sizes
+from trm.core import state as state_lib
+
+
+def test_largest_array_reads_shapes_and_element_sizes():
+  text = ("%0 = stablehlo.add %a, %b : tensor<2x3xf32>\n"
+          "%1 = stablehlo.convert %0 : (tensor<2x3xf32>) -> "
+          "tensor<4x1000xbf16>\n%2 = ... tensor<8xi1> tensor<i32>")
+  assert array_sizes.largest_array(text) == ([4, 1000], "bf16", 8000)
+  assert array_sizes.largest_array("tensor<i32>") is None
+
+
+def _scores(x):  # [b, L, d] -> the [b, L, L] attention-like product
+  return jnp.einsum("bld,bmd->blm", x, x).sum()
+
+
+def test_a_lowered_program_with_an_absurd_array_is_refused():
+  lowered = jax.jit(_scores).lower(
+      jax.ShapeDtypeStruct((4, 10**9, 8), jnp.float32))
+  with pytest.raises(ValueError, match=r"The train step holds an array of "
+                     r"\[4, 1000000000, 1000000000\] f32 \(1.42e\+04 PiB\), "
+                     r"more than any machine holds .*; lower the length\.$"):
+    array_sizes.check_lowered(lowered, "The train step", "lower the length")
+  small = jax.jit(_scores).lower(jax.ShapeDtypeStruct((4, 64, 8),
+                                                      jnp.float32))
+  array_sizes.check_lowered(small, "The train step", "lower the length")
+
+
+def test_compile_step_refuses_it_before_xla_aborts_the_process():
+  """`--config.block_size=1000000000` ended trm.aot (and trm.main) in
+  XLA's CHECK abort, exit 134, with a C++ stack trace."""
+  mesh = jax.make_mesh((1,), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  state = {"w": jax.ShapeDtypeStruct((8,), jnp.float32, sharding=replicated)}
+  batch = jax.ShapeDtypeStruct((4, 10**9, 8), jnp.float32,
+                               sharding=replicated)
+  step = lambda s, b: (s, {"loss": _scores(b * s["w"])})
+  with pytest.raises(ValueError, match="The train step holds an array of "
+                     r"\[4, 1000000000, 1000000000\] f32"):
+    state_lib.compile_step(step, state, {"w": replicated}, batch)
