@@ -51,3 +51,27 @@ def test_an_optional_config_left_out_passes():
                                   lock_config=True, sys_argv=["prog"])
   flag_values(["prog"])
   assert config_lib._conflicting_aliases(flag_values) is None  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("flag, needle", [
+    # absl's own line suggested --log_dir, its logging directory.
+    ("--out_dir=out-shakespeare-char",
+     "Unknown command line flag 'out_dir': nanoGPT's out_dir is "
+     "--workdir=DIR here"),
+    ("--max_iters=2000", "set it with --config.max_iters=VALUE"),
+    ("--compile=False", "drop nanoGPT's compile"),
+    ("--config.device=cpu", "JAX_PLATFORMS=cpu keeps it on the CPU"),
+])
+def test_nanogpt_flags_name_what_replaces_them(monkeypatch, capsys, flag,
+                                               needle):
+  argv = ["trm.main", f"--config={ROOT}/configs/gpt.py:shakespeare_char_cpu",
+          flag]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
+  monkeypatch.setattr(flags, "FLAGS", flag_values)
+  with pytest.raises(SystemExit) as stop:
+    config_lib.parse_flags(argv)
+  assert stop.value.code == 2
+  assert needle in capsys.readouterr().err

@@ -139,9 +139,54 @@ def set_values(config: ml_collections.ConfigDict, values: dict):
   return config
 
 
-def _config_override_error(error: Exception, argv) -> str | None:
+# nanoGPT's train.py / sample.py flags with no field or flag of that name
+# here, and what a command copied from nanoGPT's README must say instead.
+_NANOGPT_FLAGS = {
+    "out_dir": "nanoGPT's out_dir is --workdir=DIR here",
+    "device": ("JAX runs on the devices it finds, JAX_PLATFORMS=cpu keeps it "
+               "on the CPU: drop nanoGPT's device"),
+    "compile": "every step is compiled by XLA: drop nanoGPT's compile",
+    "backend": ("JAX's distributed runtime picks the collectives: drop "
+                "nanoGPT's backend"),
+}
+
+
+def _nanogpt_hint(name: str, flag_values) -> str | None:
+  """What replaces nanoGPT's flag `name` (`_NANOGPT_FLAGS`), or None. The
+  out_dir hint only where this tool takes --workdir (trm.main,
+  trm.sample)."""
+  if name == "out_dir" and "workdir" not in flag_values:
+    return None
+  return _NANOGPT_FLAGS.get(name)
+
+
+def _unknown_flag_message(error, flag_values) -> str | None:
+  """One line for a flag the tool does not define whose name is a field of
+  the loaded --config (nanoGPT's `--max_iters=2000`: here
+  `--config.max_iters`) or one of nanoGPT's flags with no counterpart of
+  that name; None for other flag errors. absl's own line suggested
+  --log_dir (absl's logging directory) for nanoGPT's --out_dir."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if not isinstance(error, flags.UnrecognizedFlagError):
+    return None
+  name = error.flagname
+  hint = _nanogpt_hint(name, flag_values)
+  if hint is None and "config" in flag_values:
+    config = flag_values["config"].value
+    if (isinstance(config, ml_collections.ConfigDict) and name in config
+        and not isinstance(config[name], ml_collections.ConfigDict)):
+      hint = f"it is a config field: set it with --config.{name}=VALUE"
+  if hint is None:
+    return None
+  return f"Unknown command line flag {name!r}: {hint}"
+
+
+def _config_override_error(error: Exception, argv,
+                           flag_values=None) -> str | None:
   """The one-line message for ml_collections' error on a --config.KEY=VALUE
-  that names no field (a KeyError wrapped in an AttributeError), or None."""
+  that names no field (a KeyError wrapped in an AttributeError), or None.
+  With the tool's `flag_values`, a nanoGPT flag's name (`--config.out_dir`)
+  also says what replaces it."""
   inner = error
   while inner.args and isinstance(inner.args[0], BaseException):
     inner = inner.args[0]
@@ -153,9 +198,11 @@ def _config_override_error(error: Exception, argv) -> str | None:
   named = [flag for flag in overrides if name in flag.split(".")[1:]]
   if not named:
     return None
+  nanogpt = _nanogpt_hint(name, flag_values) if flag_values else None
   return (f"{named[0]}: the config has no field {name!r}"
           + (f" ({hint.strip()})" if hint.strip() else "")
-          + "; --config.KEY=VALUE only sets fields the config file defines.")
+          + "; --config.KEY=VALUE only sets fields the config file defines"
+          + (f" ({nanogpt})." if nanogpt else "."))
 
 
 # Python's conversion errors, as ml_collections' config flags pass them on
@@ -305,9 +352,10 @@ def parse_flags(argv):
     if message is None:
       return parsed
   except flags.Error as e:
-    message = _config_file_error(str(e))
+    message = (_unknown_flag_message(e, flags.FLAGS)
+               or _config_file_error(str(e)))
   except Exception as e:  # pylint: disable=broad-except
-    message = (_config_override_error(e, argv)
+    message = (_config_override_error(e, argv, flags.FLAGS)
                if isinstance(e, (AttributeError, KeyError)) else None)
     if message is None:
       message = _config_load_error(e, argv)
