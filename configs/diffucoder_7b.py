@@ -88,6 +88,10 @@ def get_config(arg=None):
   c.eval_every = 1000           # evaluation cadence in steps
   c.checkpoint_every = 1000     # save cadence in steps
   c.log_every = 10              # train-metric cadence in steps
+  c.profiler_steps = 0          # train steps traced by jax.profiler into
+                                # <workdir>/plugins/profile (0: none)
+  c.skip_first_n_steps_for_profiler = 1  # steps of each run (and resume)
+                                # before the trace: compile, warm-up
   c.keep_checkpoints = 3        # newest checkpoints kept on disk
   c.always_save_checkpoint = True  # False: save only when eval loss improves
   c.eval_only = False           # evaluate the restored model, then exit

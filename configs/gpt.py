@@ -220,6 +220,10 @@ def get_config(arg=None):
   # leaves eval_interval alone.
   c.checkpoint_every = c.get_ref("eval_interval") * 1
   c.log_every = c.get_ref("log_interval")
+  c.profiler_steps = 0          # train steps traced by jax.profiler into
+                                # <workdir>/plugins/profile (0: none)
+  c.skip_first_n_steps_for_profiler = 1  # steps of each run (and resume)
+                                # before the trace: compile, warm-up
   c.global_batch_size = (c.get_ref("batch_size")
                          * c.get_ref("gradient_accumulation_steps"))
   c.keep_checkpoints = 2        # newest checkpoints kept on disk

@@ -101,6 +101,10 @@ def get_config(arg=None):
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.log_every = 100             # train metrics cadence in steps
+  c.profiler_steps = 0          # train steps traced by jax.profiler into
+                                # <workdir>/plugins/profile (0: none)
+  c.skip_first_n_steps_for_profiler = 1  # steps of each run (and resume)
+                                # before the trace: compile, warm-up
   c.mesh = config_lib.mesh_config()
   c.wandb = config_lib.wandb_config(project="trm-sudoku")  # W&B logging
   c.logical_axis_rules = config_lib.default_logical_axis_rules()

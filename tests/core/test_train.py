@@ -104,11 +104,16 @@ def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
       return outputs
 
   monkeypatch.setattr(train.dispatch, "DispatchBound", RecordingBound)
+  # Steps 3-4 traced by jax.profiler (MaxText's profiler window): none was
+  # configurable before.
   config = tiny_config(**{"data.data_dir": data_dir, "total_steps": 24,
                           "eval_every": 24, "log_every": 4,
-                          "optim.lr": 3e-3})
+                          "optim.lr": 3e-3, "profiler_steps": 2,
+                          "skip_first_n_steps_for_profiler": 2})
   state, results = train.train_and_evaluate(config, str(tmp_path), families.build_task)
   assert int(state.step) == 24
+  traces = list(tmp_path.glob("plugins/profile/*/*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0, traces
   # 24 train steps and 2 eval batches, never more than 2 of them unfinished.
   assert len(in_flight) == 26 and max(in_flight) == 2, in_flight
   kernel = state.params["L_level"]["layers_0"]["mlp"]["gate_up_proj"]["kernel"]
@@ -454,6 +459,14 @@ def test_a_data_dir_that_is_a_file_is_a_clear_error(tmp_path):
 def test_non_positive_cadence_is_a_clear_error(tmp_path, key):
   with pytest.raises(ValueError, match=f"config.{key}=0"):
     train.train_and_evaluate(tiny_config(**{key: 0}), str(tmp_path), families.build_task)
+
+
+@pytest.mark.parametrize("key", ["profiler_steps",
+                                 "skip_first_n_steps_for_profiler"])
+def test_a_negative_profiler_window_is_a_clear_error(tmp_path, key):
+  with pytest.raises(ValueError, match=f"config.{key}=-1 must be >= 0"):
+    train.train_and_evaluate(tiny_config(**{key: -1}), str(tmp_path),
+                             families.build_task)
 
 
 def test_a_split_smaller_than_one_batch_fails_before_compile(tmp_path):

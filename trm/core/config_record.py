@@ -47,7 +47,8 @@ HARMLESS = (
     "logical_axis_rules", "model.remat", "model.attention",
     "model.qkv_projection", "model.mlp_kernel", "model.norm_kernel",
     "loss_kernel", "wandb_log", "wandb_project", "wandb_run_name",
-    "tpu_compiler_options", "compiled_step", "reduce_gradients_once")
+    "tpu_compiler_options", "compiled_step", "reduce_gradients_once",
+    "profiler_steps", "skip_first_n_steps_for_profiler")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.

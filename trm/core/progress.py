@@ -96,3 +96,47 @@ class TrainProgress(periodic_actions.ReportProgress):
       self._time_per_part[name] += seconds
       if self._previous_time is not None:  # no report yet: nothing to pause
         self._previous_time += seconds
+
+
+class ProfileWindow:
+  """A `jax.profiler` trace of `num_steps` train steps, once per run, as
+  MaxText's `profiler=xplane` takes it: `skip_steps` steps after the run's
+  first (compilation and warm-up are not in it), on process 0, into
+  `<logdir>/plugins/profile/<time>/` where TensorBoard's profile tab reads
+  it. The host runs ahead of the devices, so the trace ends only once the
+  last traced step is done (`barrier`). `num_steps=0`: no trace."""
+
+  def __init__(self, logdir: str, start_step: int, skip_steps: int,
+               num_steps: int):
+    self._logdir = logdir
+    self._first = start_step + skip_steps  # steps done when it starts
+    self._last = self._first + num_steps
+    self._enabled = num_steps > 0
+    self._running = False
+
+  def __call__(self, step: int, barrier=None) -> None:
+    """After each train step; `step` counts the steps done."""
+    if not self._enabled:
+      return
+    if step == self._first and not self._running:
+      if barrier is not None:  # the steps before the window stay out of it
+        jax.block_until_ready(barrier)
+      jax.profiler.start_trace(self._logdir)
+      self._running = True
+      logging.info("Profiling steps %d to %d into %s/plugins/profile.",
+                   self._first + 1, self._last, self._logdir)
+    elif step == self._last and self._running:
+      self.close(barrier)
+
+  def close(self, barrier=None) -> None:
+    """Ends a trace still running (also a run that stops inside the
+    window)."""
+    if not self._running:
+      return
+    self._running = False
+    try:
+      if barrier is not None:
+        jax.block_until_ready(barrier)
+    finally:
+      jax.profiler.stop_trace()
+      logging.info("Profile written to %s/plugins/profile.", self._logdir)

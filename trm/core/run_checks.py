@@ -82,6 +82,12 @@ def check_values(config) -> None:
       node = node[name]
     if node <= 0:
       raise ValueError(f"config.{key}={node} must be a positive integer.")
+  for key in ("profiler_steps", "skip_first_n_steps_for_profiler"):
+    # A negative window would never start (or never end) silently.
+    if config.get(key, 0) < 0:
+      raise ValueError(f"config.{key}={config[key]} must be >= 0"
+                       + (" (0: no profile)." if key == "profiler_steps"
+                          else "."))
   if config.max_consecutive_bad_steps < 0:
     raise ValueError(
         f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "

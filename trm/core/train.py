@@ -525,6 +525,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       num_train_steps=config.total_steps, writer=writer, every_secs=30,
       examples_per_step=config.global_batch_size)
   hooks = [report] if is_main else []
+  # config.profiler_steps steps traced by jax.profiler (MaxText's window),
+  # on process 0, skipping this run's first steps (compilation, warm-up).
+  profile = progress.ProfileWindow(
+      workdir, start_step, config.get("skip_first_n_steps_for_profiler", 1),
+      config.get("profiler_steps", 0) if is_main else 0)
   train_metrics, pending, results = None, None, {}
   step = start_step
   # nanoGPT's always_save_checkpoint=False: save only when the held-out loss
@@ -568,6 +573,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         train_metrics = metrics_lib.merge(train_metrics, metrics)
         for hook in hooks:
           hook(step)
+        profile(step, barrier=state)
         # Metrics are fetched one interval late so the host never waits on
         # the step it just dispatched.
         if step % config.log_every == 0 or step == config.total_steps:
@@ -605,6 +611,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     # on disk is whole. Under the preemption watch again: a SIGTERM now (the
     # loop is over, the final save may still be writing) waits for the save
     # instead of abandoning it (a second signal still exits at once).
+    profile.close()  # a run that stopped inside the window keeps its trace
     signalled = preemption.signal_time
     with preemption:
       ckpt_lib.wait_until_finished(manager)
