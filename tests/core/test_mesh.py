@@ -1,5 +1,6 @@
 """Tests for trm.core.mesh: mesh construction, config errors, logical sharding."""
 
+import logging
 import math
 import os
 import types
@@ -521,3 +522,28 @@ def test_sharding_context_entered_by_two_threads_at_once():
   b.join(20)
   assert not errors, errors
   assert after == {"a": ((), None), "b": ((), None)}
+
+
+def test_parameters_left_whole_on_a_weight_splitting_mesh_are_warned(caplog):
+  """MaxText's assert_params_sufficiently_sharded (sharding_tolerance 2%),
+  as a warning: none was given before, whatever the rules left whole."""
+  mesh = _mesh(data=2, fsdp=2, model=2)
+
+  def param(shape, *spec):
+    return jax.ShapeDtypeStruct(shape, np.float32, sharding=(
+        jax.sharding.NamedSharding(mesh, P(*spec))))
+
+  split = {"kernel": param((64, 64), "fsdp", "model"),
+           "scale": param((64,), "fsdp")}  # whole along model
+  share, names = mesh_lib.replicated_params(split, mesh)
+  assert share == pytest.approx(64 / (64 * 64 + 64)) and names == ["['scale']"]
+  assert mesh_lib.warn_if_params_replicated(split, mesh) < 0.02
+  assert "not split" not in caplog.text
+  # An override that mapped 'mlp' to None: the kernel is whole over model.
+  whole = {**split, "kernel": param((64, 64), "fsdp", None)}
+  with caplog.at_level(logging.WARNING):
+    assert mesh_lib.warn_if_params_replicated(whole, mesh) == 1.0
+  assert "100.0% of the parameters are not split" in caplog.text
+  assert "fsdp=2, model=2" in caplog.text and "['kernel']" in caplog.text
+  # A mesh that splits no weights (data parallel only) has nothing to warn of.
+  assert mesh_lib.replicated_params(whole, _mesh(data=8)) == (0.0, [])

@@ -15,6 +15,7 @@ import math
 import threading
 from typing import Any, Sequence
 
+from absl import logging
 import flax.linen as nn
 import jax
 import numpy as np
@@ -299,6 +300,55 @@ def tree_shardings(mesh: Mesh, rules, boxed_tree):
           mesh, _fit_spec(nn.logical_to_mesh_axes(tuple(spec), rules)
                           if spec else PartitionSpec(), x.shape, mesh)),
       specs, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+# Mesh axes that split weights (data only replicates them), and MaxText's
+# default `sharding_tolerance`: the share of the parameters that may stay
+# whole along one of them before its `assert_params_sufficiently_sharded`
+# stops a run.
+WEIGHT_AXES = ("fsdp", "model")
+SHARDING_TOLERANCE = 0.02
+
+
+def replicated_params(params, mesh: Mesh) -> tuple[float, list[str]]:
+  """(share of the parameters' elements that some weight-splitting mesh
+  axis larger than 1 does not split, the paths of those arrays, largest
+  first), counted as MaxText's `assert_params_sufficiently_sharded` counts
+  them. `params`: arrays or ShapeDtypeStructs carrying NamedShardings."""
+  axes = {a for a in WEIGHT_AXES if mesh.shape.get(a, 1) > 1}
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  total = sum(math.prod(x.shape) for _, x in leaves)
+  if not axes or not total:
+    return 0.0, []
+  whole = []
+  for path, x in leaves:
+    used = {a for entry in x.sharding.spec for a in axes_of(entry)}
+    if not axes <= used:
+      whole.append((math.prod(x.shape), jax.tree_util.keystr(path)))
+  whole.sort(key=lambda item: -item[0])
+  return sum(n for n, _ in whole) / total, [name for _, name in whole]
+
+
+def warn_if_params_replicated(params, mesh: Mesh) -> float:
+  """Logs a warning when more than MaxText's 2% of the parameters stay
+  whole along `fsdp` or `model` (a rule mapping to None, an override that
+  dropped one, dimensions the axis does not divide): each device then holds
+  and updates those copies in full, which the mesh was meant to split.
+  MaxText stops such a run; here small arrays are replicated on purpose
+  (norm scales, biases, 4 key/value heads), so tiny models on wide meshes
+  cross the line legitimately, and it is a warning. Returns the share."""
+  share, names = replicated_params(params, mesh)
+  if share > SHARDING_TOLERANCE:
+    logging.warning(
+        "%.1f%% of the parameters are not split over every weight-splitting "
+        "mesh axis (%s; MaxText's sharding_tolerance allows %.0f%%), largest"
+        " first: %s. Each device holds them whole; check "
+        "config.logical_axis_rules and that config.mesh.fsdp/model divide "
+        "the weights' dimensions.", 100 * share,
+        ", ".join(f"{a}={mesh.shape[a]}" for a in WEIGHT_AXES
+                  if mesh.shape[a] > 1),
+        100 * SHARDING_TOLERANCE, ", ".join(names[:5]))
+  return share
 
 
 def constrain(x, names: Sequence[str | None]):

@@ -247,6 +247,9 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
 
   # ---------------------------------------------------------------- shard
   abstract, state_shardings = state_lib.abstract_state(program.init_fn, ctx)
+  if is_main:  # MaxText's assert_params_sufficiently_sharded, as a warning
+    mesh_lib.warn_if_params_replicated(getattr(abstract, "params", abstract),
+                                       mesh)
   # Before anything compiles (even the initialiser): a file built for other
   # software, devices, config or inputs is one line naming the difference.
   prepared = (compiled_step.prepare(
