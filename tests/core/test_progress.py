@@ -95,3 +95,29 @@ def test_format_seconds():
   assert progress.progress_line(7, None, 0.5, {}, 0.0) == "step 7, 0.5 steps/s"
   assert progress.progress_line(7, None, 1234.5, {}, 0.0) == (
       "step 7, 1234 steps/s")
+
+
+def test_the_profile_window_traces_the_configured_steps(monkeypatch):
+  """MaxText's window: `skip` steps after the run's first, `n` steps long,
+  closed by a run that ends inside it; n=0 traces nothing."""
+  calls, now = [], [None]  # (event, steps done when it happened)
+  monkeypatch.setattr(progress.jax.profiler, "start_trace",
+                      lambda logdir: calls.append(("start", now[0], logdir)))
+  monkeypatch.setattr(progress.jax.profiler, "stop_trace",
+                      lambda: calls.append(("stop", now[0])))
+
+  def run(start, skip, n, end):
+    calls.clear()
+    window = progress.ProfileWindow("/w", start, skip, n)
+    for step in range(start, end + 1):  # `start`: before the first step
+      now[0] = step
+      window(step)
+    window.close()
+    return calls
+
+  assert run(10, 0, 2, 20) == [("start", 10, "/w"), ("stop", 12)]
+  # A resume at step 10 skips its own first steps, not the run's first 10.
+  assert run(10, 3, 2, 20) == [("start", 13, "/w"), ("stop", 15)]
+  # A run ending inside the window closes it.
+  assert run(0, 5, 10, 8) == [("start", 5, "/w"), ("stop", 8)]
+  assert run(0, 1, 0, 8) == []

@@ -567,6 +567,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       if not finished:
         logging.info("Training from step %d to %d.", start_step,
                      config.total_steps)
+      if not finished:  # skip_first_n_steps_for_profiler=0: from the first
+        profile(step, barrier=state)
       while not finished and step < config.total_steps:
         batch = pipeline.to_global(next(train_iter), batch_shardings)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
