@@ -1,6 +1,8 @@
 """`trm.core.progress.TrainProgress`: steps/s and ETA leave out timed blocks."""
 import time
 
+import pytest
+
 from clu import periodic_actions
 
 from trm.core import progress
@@ -121,3 +123,19 @@ def test_the_profile_window_traces_the_configured_steps(monkeypatch):
   # A run ending inside the window closes it.
   assert run(0, 5, 10, 8) == [("start", 5, "/w"), ("stop", 8)]
   assert run(0, 1, 0, 8) == []
+
+
+def test_a_profile_that_cannot_start_does_not_end_the_run(monkeypatch,
+                                                          caplog):
+  def refuse(logdir):
+    raise RuntimeError("Profile has already been started.")
+
+  monkeypatch.setattr(progress.jax.profiler, "start_trace", refuse)
+  monkeypatch.setattr(progress.jax.profiler, "stop_trace",
+                      lambda: pytest.fail("no trace was started"))
+  window = progress.ProfileWindow("/w", 0, 1, 2)
+  for step in range(5):
+    window(step)
+  window.close()
+  assert "Not profiling" in caplog.text and "already been started" in (
+      caplog.text)

@@ -121,7 +121,15 @@ class ProfileWindow:
     if step == self._first and not self._running:
       if barrier is not None:  # the steps before the window stay out of it
         jax.block_until_ready(barrier)
-      jax.profiler.start_trace(self._logdir)
+      try:
+        jax.profiler.start_trace(self._logdir)
+      except Exception as e:  # pylint: disable=broad-except
+        # A trace must never end a run (another trace already running, a
+        # log directory the profiler cannot write), as CLU's Profile.
+        logging.warning("Not profiling: jax.profiler.start_trace(%r) failed: "
+                        "%s: %s", self._logdir, type(e).__name__, e)
+        self._enabled = False
+        return
       self._running = True
       logging.info("Profiling steps %d to %d into %s/plugins/profile.",
                    self._first + 1, self._last, self._logdir)
@@ -138,5 +146,9 @@ class ProfileWindow:
       if barrier is not None:
         jax.block_until_ready(barrier)
     finally:
-      jax.profiler.stop_trace()
-      logging.info("Profile written to %s/plugins/profile.", self._logdir)
+      try:
+        jax.profiler.stop_trace()
+        logging.info("Profile written to %s/plugins/profile.", self._logdir)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("The profile of %s was not written: %s: %s",
+                        self._logdir, type(e).__name__, e)
