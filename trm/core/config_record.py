@@ -71,7 +71,9 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "model.mlp_size": 0,  # GPT's MLP was 4 * n_embd wide
             "model.logits_dtype": "float32",  # GPT's LM head output
             "loss_chunk_size": 0,  # GPT's logits, all positions at once
-            "compiled_step": ""}  # the train step compiled by the run
+            "compiled_step": "",  # the train step compiled by the run
+            "profiler_steps": 0,  # no profile was taken
+            "skip_first_n_steps_for_profiler": 1}
 # Fields that decide how the checkpointed tensors are laid out (scanned
 # layers are one stacked `h`, unscanned ones h_0 ..): the checkpoints cannot
 # be restored in the other layout, so not even allow_config_change accepts
