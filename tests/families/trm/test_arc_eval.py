@@ -312,6 +312,26 @@ def test_ranking_by_count_then_mean_q(data_dir, tmp_path):
   assert metrics["ARC/pass@1"] == pytest.approx(0.25)  # 1 of 4 puzzles
 
 
+def test_a_nan_q_halt_votes_with_the_least_confidence(data_dir, tmp_path):
+  """A NaN logit (a diverged model) must not make the ranking follow the
+  order rows arrive in, i.e. the process split: it ranks below any number."""
+  rows = [(4, Y, float("nan")), (1, W1, 4.0)]  # one vote each
+  results = []
+  for order in (rows, rows[::-1]):
+    evaluator = arc_eval.ARCEvaluator(data_dir, pass_ks=(1, 2))
+    evaluator.update(
+        np.array([r[0] for r in order]),
+        np.stack([_aug_canvas(A, r[0]) for r in order]),
+        np.stack([_aug_canvas(r[1], r[0]) for r in order]),
+        np.array([r[2] for r in order], np.float32))
+    metrics = evaluator.result(save_dir=str(tmp_path))
+    with open(tmp_path / "submission.json") as f:
+      entry = json.load(f)["p1"][0]
+    results.append((metrics["ARC/pass@1"], metrics["ARC/pass@2"],
+                    entry["attempt_1"], entry["attempt_2"]))
+  assert results[0] == results[1] == (0.0, 0.25, W1, Y)
+
+
 def test_rejects_bad_shapes_and_identifiers(data_dir):
   evaluator = arc_eval.ARCEvaluator(data_dir)
   with pytest.raises(ValueError):

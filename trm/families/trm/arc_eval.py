@@ -22,9 +22,10 @@ Same semantics as upstream, with these fixes:
 * Only 28 bytes per prediction cross processes (input key, 128-bit grid
   hash, confidence); the grids themselves travel only for the submission's
   top candidates.
-* Ties in (votes, mean confidence) are broken by the grid hash, and mean
-  confidences are exact sums (`math.fsum`), so results do not depend on how
-  rows are split over processes or batches (upstream: gather order).
+* Ties in (votes, mean confidence) are broken by the grid hash, mean
+  confidences are exact sums (`math.fsum`) and a NaN q_halt logit votes with
+  confidence 0, so results do not depend on how rows are split over
+  processes or batches (upstream: gather order).
 * A test input without any prediction still gets its entry in
   `submission.json` (placeholder `[[0]]` attempts); upstream skips it, which
   shifts the remaining attempts onto the wrong test inputs.
@@ -220,6 +221,10 @@ class ARCEvaluator:
     inputs = np.asarray(inputs).reshape(len(ids), -1)
     predictions = np.asarray(predictions).reshape(len(ids), -1)
     qs = _sigmoid(np.asarray(q_halt_logits).reshape(-1))
+    # A NaN logit still votes, with the least confidence: a NaN mean
+    # compares neither below nor above any other, so the ranking (and
+    # pass@K) followed the order rows arrived in, i.e. the process split.
+    qs = np.where(np.isnan(qs), 0.0, qs)
     if not (inputs.shape[1] == predictions.shape[1] == arc_canvas.GRID_SIZE ** 2
             and len(qs) == len(ids) and len(predictions) == len(ids)):
       raise ValueError(
