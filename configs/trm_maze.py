@@ -101,9 +101,12 @@ def get_config(arg=None):
 
   c.seed = 0                    # model init, ACT exploration, data order
   c.global_batch_size = batch   # rows per train step, over all devices
-  # 50k epochs: 65,104 steps at batch 768, 390,625 at batch 128.
-  c.total_steps = _EPOCHS * _GROUPS // batch
+  # Upstream runs epochs / eval_interval iterations of the full batches
+  # that eval_interval epochs fill (each drops its last partial batch), so
+  # 50k epochs are 65,100 steps at batch 768 (its formula's 65,104 is never
+  # reached) and 390,620 at batch 128; an evaluation ends each iteration.
   c.eval_every = _EVAL_EPOCHS * _GROUPS // batch  # 5k epochs
+  c.total_steps = _EPOCHS // _EVAL_EPOCHS * c.eval_every
   c.checkpoint_every = c.eval_every          # save cadence in steps
   c.keep_checkpoints = 3        # newest checkpoints kept on disk
   c.always_save_checkpoint = True  # False: save only when eval loss improves

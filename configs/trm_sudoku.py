@@ -20,6 +20,7 @@ from trm.core import config_lib
 
 # Upstream measures time in epochs over the 1,000 training groups.
 _GROUPS, _BATCH = 1000, 768
+_EPOCHS, _EVAL_EPOCHS = 50000, 5000
 
 
 def get_config(arg=None):
@@ -90,8 +91,13 @@ def get_config(arg=None):
 
   c.seed = 0                    # model init, ACT exploration, data order
   c.global_batch_size = _BATCH  # rows per train step, over all devices
-  c.total_steps = 50000 * _GROUPS // _BATCH  # 50k epochs = 65,104 steps
-  c.eval_every = 5000 * _GROUPS // _BATCH    # 5k epochs = 6,510 steps
+  # Upstream runs epochs / eval_interval iterations, each of the full
+  # batches that eval_interval epochs fill (the last partial batch of each
+  # is dropped), evaluating after each: 10 x 6,510 = 65,100 steps. Its
+  # total_steps formula (65,104) is never reached; its last checkpoint is
+  # step_65100.
+  c.eval_every = _EVAL_EPOCHS * _GROUPS // _BATCH  # 5k epochs = 6,510 steps
+  c.total_steps = _EPOCHS // _EVAL_EPOCHS * c.eval_every  # 50k epochs
   c.checkpoint_every = c.eval_every          # save cadence in steps
   c.keep_checkpoints = 3        # newest checkpoints kept on disk
   c.always_save_checkpoint = True  # False: save only when eval loss improves

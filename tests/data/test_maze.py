@@ -512,7 +512,9 @@ def _config(arg=None):
 def test_config_matches_upstream_command():
   c = _config()
   assert c.data.name == "maze" and "maze" in trm_program.BUILDERS
-  assert c.global_batch_size == 768 and c.total_steps == 65104
+  # Upstream's loop: 10 iterations of the 6,510 full batches of 5k epochs
+  # (not its total_steps formula's 65,104), an evaluation after each.
+  assert c.global_batch_size == 768 and c.total_steps == 65100
   assert c.eval_every == 6510 and c.data.epochs_per_iter == 5000
   assert (c.model.H_cycles, c.model.L_cycles, c.model.L_layers) == (3, 4, 2)
   assert not c.model.mlp_t and c.model.pos_encodings == "rope"
@@ -520,7 +522,8 @@ def test_config_matches_upstream_command():
   assert (c.optim.weight_decay, c.optim.puzzle_emb_weight_decay) == (1.0, 1.0)
   assert c.optim.ema and c.data.build.aug
   one_gpu = _config("bs128")
-  assert one_gpu.global_batch_size == 128 and one_gpu.total_steps == 390625
+  assert one_gpu.global_batch_size == 128 and one_gpu.total_steps == 390620
+  assert one_gpu.total_steps == 10 * one_gpu.eval_every
   assert not _config("noaug").data.build.aug
   with pytest.raises(ValueError, match="Unknown config variant"):
     _config("mlp")

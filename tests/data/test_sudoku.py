@@ -514,3 +514,19 @@ def test_min_difficulty_with_generated_boards_is_refused(tmp_path):
     sudoku.build_dataset(out, source="generate", min_difficulty=20,
                          num_train=2, num_test=2)
   assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("variant", ["mlp", "att"])
+def test_paper_config_stops_where_upstream_does(variant):
+  """Upstream's loop (pretrain.py) runs epochs / eval_interval = 10
+  iterations of the 6,510 full batches of 5k epochs each, an evaluation
+  after each: 65,100 steps (its checkpoint step_65100). Its total_steps
+  formula, 65,104, is never reached; run to it we trained 4 steps more and
+  evaluated the 423k test puzzles an eleventh time."""
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  c = config_lib.load_config(
+      os.path.join(os.path.dirname(__file__), "..", "..", "configs",
+                   "trm_sudoku.py"), variant)
+  assert (c.total_steps, c.eval_every, c.data.epochs_per_iter) == (
+      65100, 6510, 5000)
+  assert c.checkpoint_every == c.eval_every

@@ -864,3 +864,26 @@ def test_an_interrupted_torch_export_keeps_the_previous_file(tmp_path,
                                          path)
   assert open(path, "rb").read() == before
   assert sorted(os.listdir(tmp_path)) == ["step_1"]
+
+
+@pytest.mark.parametrize("path,variant", [("trm_sudoku.py", None),
+                                          ("trm_maze.py", None),
+                                          ("trm_maze.py", "bs128")])
+def test_paper_run_config_names_upstreams_epochs(path, variant):
+  """all_config.yaml of a paper Sudoku/Maze run says upstream's epochs=50000
+  and eval_interval=5000: upstream's loop runs 10 iterations of the full
+  batches 5k epochs fill (65,100 steps at 768), not its total_steps
+  formula's count, so that formula read the run as 49,997 epochs with no
+  eval_interval."""
+  import types  # pylint: disable=g-import-not-at-top
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  from trm.data.puzzles import maze, sudoku  # pylint: disable=g-import-not-at-top
+  root = os.path.join(os.path.dirname(__file__), "..", "..", "..")
+  config = config_lib.load_config(os.path.join(root, "configs", path), variant)
+  meta = (sudoku if path == "trm_sudoku.py" else maze).dataset_metadata(1000)
+  iteration_steps = 5000 * 1000 // config.global_batch_size  # drop-last
+  assert config.total_steps == 10 * iteration_steps
+  model_cfg = types.SimpleNamespace(**{
+      field: config.model.get(field) for field in torch_import._ARCH_FIELDS})
+  run = torch_import.run_config_dict(config, model_cfg, "/data", meta)
+  assert (run["epochs"], run["eval_interval"]) == (50000, 5000)

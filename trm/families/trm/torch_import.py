@@ -185,18 +185,26 @@ def run_config_dict(config, model_cfg: trm_model.TRMConfig, data_dir: str,
   --config-name=all_config load_checkpoint=DIR/step_N`) and which
   `check_run_config` holds a reader's config.model to, and the run's
   training settings under upstream's names. `epochs` is the run's
-  total_steps in upstream's unit (its total_steps = epochs * total_groups *
-  mean_puzzle_examples / global_batch_size, of `metadata`, the train
-  split's), rounded; eval_interval is data.epochs_per_iter where it divides
-  that (upstream asserts it), else unset."""
+  total_steps in upstream's unit: whole iterations of data.epochs_per_iter
+  epochs when total_steps is a multiple of the full batches one iteration
+  fills (upstream's loop runs just those, so the paper Sudoku run's 65,100
+  steps are 50,000 epochs), else by upstream's total_steps formula
+  (epochs * total_groups * mean_puzzle_examples / global_batch_size, of
+  `metadata`, the train split's), rounded; eval_interval is
+  data.epochs_per_iter where it divides that (upstream asserts it), else
+  unset."""
   arch = {field: getattr(model_cfg, field) for field in _ARCH_FIELDS}
   arch.update(name=_UPSTREAM_ARCH, loss=dict(_UPSTREAM_LOSS), H_layers=0,
               expansion=float(model_cfg.expansion))
   optim = config.optim
   examples = metadata.total_groups * metadata.mean_puzzle_examples
-  epochs = max(1, round(config.total_steps * config.global_batch_size
-                        / max(examples, 1)))
   per_iter = config.data.epochs_per_iter
+  iteration_steps = int(per_iter * examples) // config.global_batch_size
+  if iteration_steps and config.total_steps % iteration_steps == 0:
+    epochs = config.total_steps // iteration_steps * per_iter
+  else:
+    epochs = max(1, round(config.total_steps * config.global_batch_size
+                          / max(examples, 1)))
   return {
       "arch": arch, "data_paths": [os.path.abspath(data_dir)],
       "data_paths_test": [],
