@@ -159,7 +159,9 @@ def get_config(arg=None):
 
   c.data = ml_collections.ConfigDict(dict(
       source="bin",             # bin: data_root/<dataset> .bin files |
-                                # tfds: the TFDS splits of data.tfds
+                                # tfds: the TFDS splits of data.tfds |
+                                # synthetic: hashed ids, no data (step
+                                # benchmarks, MaxText's dataset_type)
       input="",                 # text file or URL to prepare into data_root/
                                 # <dataset> when that is not prepared yet
       tokenizer="char",         # preparation: char | gpt2 | tokenizer.json

@@ -532,3 +532,24 @@ def test_a_bad_model_field_stops_before_the_data_is_prepared(
   with pytest.raises(ValueError, match=needle):
     families.build_task(config, str(tmp_path / "run"), ctx)
   assert not (tmp_path / "data").exists()
+
+
+def test_synthetic_data_trains_with_no_dataset(tmp_path):
+  # MaxText's dataset_type=synthetic: a step benchmarked on a pod with no
+  # data prepared or read. Before, data.source took only 'bin' or 'tfds'.
+  config = tiny_config(tmp_path / "data", **{"data.source": "synthetic",
+                                             "data.input": ""})
+  config.mesh.update(data=-1, fsdp=1, model=1)
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  task = families.build_task(config, str(tmp_path / "run"), ctx)
+  assert not (tmp_path / "data").exists()
+  assert config.model.vocab_size == 50304  # nanoGPT's, no meta.json
+  batch = task.train_source[3]
+  assert batch["x"].shape == (16, 32) and batch["x"].dtype == np.int32
+  np.testing.assert_array_equal(batch["x"][:, 1:], batch["y"][:, :-1])
+  assert 0 <= batch["x"].min() and batch["y"].max() < 50304
+  assert len(np.unique(batch["x"])) > 400  # ids spread over the vocabulary
+  np.testing.assert_array_equal(task.train_source[3]["x"], batch["x"])
+  val = task.eval_source[len(task.eval_source) - 1]
+  assert val["split"][0] == 1 and val["x"].shape == (8, 32)
+  assert task.train_source.fingerprint() != task.eval_source.fingerprint()

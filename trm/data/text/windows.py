@@ -276,6 +276,45 @@ class TokenFile:
     return state
 
 
+class SyntheticTokens:
+  """A token stream with no file behind it (`config.data.source=
+  'synthetic'`, MaxText's dataset_type=synthetic): token i of stream `split`
+  is a 64-bit hash of (split, i) modulo `vocab_size`, so a mesh's step speed
+  and memory can be measured with no dataset prepared, downloaded or read
+  (a pod's workers need nothing but the code). The tokens follow no
+  language: the loss says nothing about the model. Same methods as
+  `TokenFile`; the stream is 2**40 tokens long, so windows rarely repeat."""
+
+  num_tokens = 2**40
+
+  def __init__(self, vocab_size: int, split: int):
+    if vocab_size < 1:
+      raise ValueError(f"vocab_size={vocab_size} must be positive.")
+    self.vocab_size, self.split = int(vocab_size), int(split)
+    # Named by messages and the sources' reprs (Grain compares them on
+    # restore, so it holds no id or address).
+    self.path = f"synthetic:{('train', 'val')[self.split]}"
+
+  def check_length(self, block_size: int) -> None:
+    del block_size  # every window fits in 2**40 tokens
+
+  def fingerprint(self) -> str:
+    return f"synthetic-{self.split}-{self.vocab_size}"
+
+  def windows(self, offsets: np.ndarray, block_size: int) -> dict:
+    """As `TokenFile.windows`: {"x", "y"} int32 [rows, block_size]."""
+    index = (np.asarray(offsets, np.uint64)[:, None]
+             + np.arange(block_size + 1, dtype=np.uint64))
+    # splitmix64's finaliser of the position, a stream apart per split
+    # (uint64 arithmetic wraps, as the hash wants).
+    h = index + np.uint64(0x9E3779B97F4A7C15 * (self.split + 1) % 2**64)
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    rows = (h % np.uint64(self.vocab_size)).astype(np.int32)
+    return {"x": rows[:, :-1], "y": rows[:, 1:]}
+
+
 def _check_ids(batch: dict, vocab_size: int | None, path: str) -> dict:
   """`batch`, once every token id in it is below `vocab_size` (None: not
   checked). An id the model has no embedding row for would only turn the

@@ -32,6 +32,7 @@ from trm.core import loss_scale
 from trm.core import restore_check
 from trm.core import weights_io
 from trm.core.task import Task
+from trm.data.text import preparation
 from trm.data.text import tfds_source
 from trm.data.text import windows as text
 from trm.families.gpt import gpt_import
@@ -44,7 +45,7 @@ INIT_FROM = ("scratch", "resume", "gpt2", "gpt2-medium", "gpt2-large",
              "gpt2-xl")
 DTYPES = ("float32", "bfloat16", "float16")  # float16: with loss scaling
 _SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "bias")
-SOURCES = ("bin", "tfds")  # config.data.source
+SOURCES = ("bin", "tfds", "synthetic")  # config.data.source
 
 
 def data_dir(config) -> str:
@@ -243,8 +244,17 @@ def _state_from_weights(params, tx, seed: int, param_dtype: str, scale,
 
 def _token_streams(config):
   """(meta, its directory, [train, val] token streams) of config.data:
-  a prepared .bin directory (prepared from data.input if need be) or two
-  TFDS splits."""
+  a prepared .bin directory (prepared from data.input if need be), two
+  TFDS splits, or two synthetic streams (nothing read)."""
+  if config.data.source == "synthetic":
+    # MaxText's dataset_type=synthetic: a pod's step benchmarked with no
+    # data; nanoGPT's vocabulary unless the config sets one.
+    vocab = config.model.vocab_size or preparation.NANOGPT_VOCAB
+    logging.warning("config.data.source='synthetic': training on hashed "
+                    "token ids (vocabulary %d), not text; the loss only "
+                    "shows the step runs.", vocab)
+    return ({"vocab_size": vocab}, "synthetic",
+            [text.SyntheticTokens(vocab, split) for split in (0, 1)])
   if config.data.source == "tfds":
     tfds_config = config.data.tfds
     meta, directory = tfds_source.metadata(tfds_config)
