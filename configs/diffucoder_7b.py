@@ -93,6 +93,9 @@ def get_config(arg=None):
   c.skip_first_n_steps_for_profiler = 1  # steps of each run (and resume)
                                 # before the trace: compile, warm-up
   c.keep_checkpoints = 3        # newest checkpoints kept on disk
+  c.keep_checkpoint_every = 0   # also keep, for good, every step that is a
+                                # multiple of N (0: none; big_vision's
+                                # keep_ckpt_steps)
   c.always_save_checkpoint = True  # False: save only when eval loss improves
   c.eval_only = False           # evaluate the restored model, then exit
   c.compiled_step = ""         # file of trm.aot --save_compiled ('': compile)

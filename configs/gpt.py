@@ -229,6 +229,9 @@ def get_config(arg=None):
   c.global_batch_size = (c.get_ref("batch_size")
                          * c.get_ref("gradient_accumulation_steps"))
   c.keep_checkpoints = 2        # newest checkpoints kept on disk
+  c.keep_checkpoint_every = 0   # also keep, for good, every step that is a
+                                # multiple of N (0: none; big_vision's
+                                # keep_ckpt_steps)
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json

@@ -57,6 +57,17 @@ def test_keep_n_never_deletes_the_best_step(tmp_path):
   assert _steps(tmp_path) == [30]
 
 
+def test_keep_every_keeps_its_steps_for_good(tmp_path):
+  # big_vision's keep_ckpt_steps (config.keep_checkpoint_every): before,
+  # keep-N deleted every step but the newest and the best.
+  manager = ckpt_lib.make_manager(str(tmp_path), max_to_keep=1,
+                                  async_save=False, keep_every=20)
+  state = {"w": jnp.ones((4,))}
+  for step in (10, 20, 30, 40, 50):
+    ckpt_lib.save(manager, step, state, _Iterator())
+  assert _steps(tmp_path) == [20, 40, 50]
+
+
 def test_cpu_saves_copy_replicated_arrays_whole(tmp_path, monkeypatch):
   # Orbax's replica-parallel save cuts a replicated array into one slice
   # per device, each a dispatched op, to copy host memory to itself.

@@ -153,13 +153,14 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "loss_chunk_size": 0,
                                     "compiled_step": "",
                                     "profiler_steps": 0,
-                                    "skip_first_n_steps_for_profiler": 1}
+                                    "skip_first_n_steps_for_profiler": 1,
+                                    "keep_checkpoint_every": 0}
   old = {"model": {"name": "gpt"}}
   # The profiler window's defaults (added in session 66): an older run's
   # resume logs no change.
   assert config_record.changes(old, {
       "model": {"name": "gpt"}, "profiler_steps": 0,
-      "skip_first_n_steps_for_profiler": 1}) == {}
+      "skip_first_n_steps_for_profiler": 1, "keep_checkpoint_every": 0}) == {}
   assert config_record.changes(old, {"model": {"name": "gpt",
                                                "scan_layers": False}}) == {}
   assert config_record.changes(

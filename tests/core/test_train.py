@@ -469,6 +469,15 @@ def test_a_negative_profiler_window_is_a_clear_error(tmp_path, key):
                              families.build_task)
 
 
+@pytest.mark.parametrize("every", [-6, 9])
+def test_a_keep_period_off_the_save_cadence_is_a_clear_error(tmp_path, every):
+  # checkpoint_every=6: 9 would keep only steps 18, 36, ... (multiples of both).
+  with pytest.raises(ValueError, match=f"config.keep_checkpoint_every={every}"
+                     " must be 0 .* or a multiple of config.checkpoint_every=6"):
+    train.train_and_evaluate(tiny_config(keep_checkpoint_every=every),
+                             str(tmp_path), families.build_task)
+
+
 def test_a_split_smaller_than_one_batch_fails_before_compile(tmp_path):
   config = tiny_config(**{"data.build.num_train": 2})
   with pytest.raises(ValueError, match=r"holds 2 examples in 2 groups.*"

@@ -120,17 +120,23 @@ def _no_replica_parallel_saves_on_cpu() -> None:
 
 
 def make_manager(directory: str, *, max_to_keep: int,
-                 async_save: bool = True) -> ocp.CheckpointManager:
+                 async_save: bool = True,
+                 keep_every: int = 0) -> ocp.CheckpointManager:
   """Keeps the newest `max_to_keep` steps plus the step with the lowest
   held-out loss: a save after preemption (or any save without an evaluation)
-  can never push the best checkpoint out."""
+  can never push the best checkpoint out. With `keep_every` > 0, every step
+  that is a multiple of it is kept too, for good (big_vision's
+  keep_ckpt_steps, Orbax's keep_period)."""
   from orbax.checkpoint.checkpoint_managers import preservation_policy as pp  # pylint: disable=g-import-not-at-top
   check_saved_metrics(directory)
   _no_replica_parallel_saves_on_cpu()
-  keep = pp.AnyPreservationPolicy([
+  policies = [
       pp.LatestN(n=max_to_keep),
       pp.BestN(get_metric_fn=_eval_loss, reverse=True,
-               n=1, keep_checkpoints_without_metrics=False)])
+               n=1, keep_checkpoints_without_metrics=False)]
+  if keep_every:
+    policies.append(pp.EveryNSteps(interval_steps=keep_every))
+  keep = pp.AnyPreservationPolicy(policies)
   return ocp.CheckpointManager(
       directory,
       options=ocp.CheckpointManagerOptions(

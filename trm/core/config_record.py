@@ -48,7 +48,8 @@ HARMLESS = (
     "model.qkv_projection", "model.mlp_kernel", "model.norm_kernel",
     "loss_kernel", "wandb_log", "wandb_project", "wandb_run_name",
     "tpu_compiler_options", "compiled_step", "reduce_gradients_once",
-    "profiler_steps", "skip_first_n_steps_for_profiler")
+    "profiler_steps", "skip_first_n_steps_for_profiler",
+    "keep_checkpoint_every")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.
@@ -73,7 +74,8 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "loss_chunk_size": 0,  # GPT's logits, all positions at once
             "compiled_step": "",  # the train step compiled by the run
             "profiler_steps": 0,  # no profile was taken
-            "skip_first_n_steps_for_profiler": 1}
+            "skip_first_n_steps_for_profiler": 1,
+            "keep_checkpoint_every": 0}  # no step kept for good
 # Fields that decide how the checkpointed tensors are laid out (scanned
 # layers are one stacked `h`, unscanned ones h_0 ..): the checkpoints cannot
 # be restored in the other layout, so not even allow_config_change accepts

@@ -88,6 +88,15 @@ def check_values(config) -> None:
       raise ValueError(f"config.{key}={config[key]} must be >= 0"
                        + (" (0: no profile)." if key == "profiler_steps"
                           else "."))
+  keep_every = config.get("keep_checkpoint_every", 0)
+  if keep_every < 0 or keep_every % config.checkpoint_every:
+    # Only saved steps can be kept: another period would keep the steps
+    # that are multiples of both, far fewer than asked (big_vision asserts
+    # the same of keep_ckpt_steps).
+    raise ValueError(
+        f"config.keep_checkpoint_every={keep_every} must be 0 (keep no step"
+        " for good) or a multiple of config.checkpoint_every="
+        f"{config.checkpoint_every} (only saved steps can be kept).")
   if config.max_consecutive_bad_steps < 0:
     raise ValueError(
         f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "

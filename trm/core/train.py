@@ -277,8 +277,9 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # they were kept on disk would otherwise be unranked, and the next save
   # would let keep-N delete the best of them.
   ckpt_lib.rank_saved_steps(workpath / "checkpoints", saved_steps, saved_loss)
-  manager = ckpt_lib.make_manager(str(workpath / "checkpoints"),
-                                  max_to_keep=config.keep_checkpoints)
+  manager = ckpt_lib.make_manager(
+      str(workpath / "checkpoints"), max_to_keep=config.keep_checkpoints,
+      keep_every=config.get("keep_checkpoint_every", 0))
   state = ckpt_lib.restore_latest(manager, abstract, train_iter)
   restored = state is not None
   from_initial_state = state is None and task.initial_state is not None
