@@ -53,6 +53,21 @@ def test_an_optional_config_left_out_passes():
   assert config_lib._conflicting_aliases(flag_values) is None  # pylint: disable=protected-access
 
 
+def _trm_main_error(monkeypatch, capsys, flag) -> str:
+  """trm.main's one line (exit 2) for the GPT CPU config and `flag`."""
+  argv = ["trm.main", f"--config={ROOT}/configs/gpt.py:shakespeare_char_cpu",
+          flag]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
+  monkeypatch.setattr(flags, "FLAGS", flag_values)
+  with pytest.raises(SystemExit) as stop:
+    config_lib.parse_flags(argv)
+  assert stop.value.code == 2
+  return capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag, needle", [
     # absl's own line suggested --log_dir, its logging directory.
     ("--out_dir=out-shakespeare-char",
@@ -64,14 +79,21 @@ def test_an_optional_config_left_out_passes():
 ])
 def test_nanogpt_flags_name_what_replaces_them(monkeypatch, capsys, flag,
                                                needle):
-  argv = ["trm.main", f"--config={ROOT}/configs/gpt.py:shakespeare_char_cpu",
-          flag]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
-                                  lock_config=True, sys_argv=argv)
-  flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
-  monkeypatch.setattr(flags, "FLAGS", flag_values)
-  with pytest.raises(SystemExit) as stop:
-    config_lib.parse_flags(argv)
-  assert stop.value.code == 2
-  assert needle in capsys.readouterr().err
+  assert needle in _trm_main_error(monkeypatch, capsys, flag)
+
+
+@pytest.mark.parametrize("flag, needle", [
+    # Before: "the config has no field 'steps'", and nothing on what to set.
+    ("--config.steps=10", "(the run's length in steps is config.total_steps"),
+    ("--max_steps=10", "Unknown command line flag 'max_steps': the run's "
+     "length in steps is config.total_steps here"),
+    ("--config.save_total_limit=2", "config.keep_checkpoints keeps"),
+    ("--config.keep_ckpt_steps=1000", "config.keep_checkpoint_every is "
+     "big_vision's keep_ckpt_steps"),
+    ("--config.ici_tensor_parallelism=4", "config.mesh.model"),
+    ("--config.dataset_type=synthetic", "config.data.source"),
+    ("--config.base_output_directory=gs://b", "--workdir=DIR"),
+])
+def test_maxtext_hf_and_big_vision_names_name_what_replaces_them(
+    monkeypatch, capsys, flag, needle):
+  assert needle in _trm_main_error(monkeypatch, capsys, flag)

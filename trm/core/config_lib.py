@@ -151,6 +151,72 @@ _NANOGPT_FLAGS = {
 }
 
 
+# MaxText's (base.yml), Hugging Face Trainer's (TrainingArguments) and
+# big_vision's config names that our configs do not define, and the field
+# that does the same here: what a command copied from those trainers must
+# say instead.
+_CADENCE = "the trainer's steps between {}: config.{} here"
+_OTHER_TRAINERS = {
+    **dict.fromkeys(("steps", "max_steps", "num_train_steps"),
+                    "the run's length in steps is config.total_steps here"),
+    **dict.fromkeys(("num_train_epochs", "total_epochs"),
+                    "runs are measured in steps: set config.total_steps"),
+    **dict.fromkeys(("checkpoint_period", "save_steps", "ckpt_steps"),
+                    _CADENCE.format("saves", "checkpoint_every")),
+    **dict.fromkeys(("log_period", "logging_steps", "log_training_steps"),
+                    _CADENCE.format("train metrics", "log_every")),
+    "eval_interval": _CADENCE.format("evaluations", "eval_every"),
+    "eval_steps": ("Hugging Face's eval_steps (a cadence) is "
+                   "config.eval_every, MaxText's (batches per evaluation) "
+                   "config.data.max_eval_batches (GPT: eval_iters)"),
+    **dict.fromkeys(("save_total_limit", "max_num_checkpoints_to_keep"),
+                    "config.keep_checkpoints keeps the newest N (and the "
+                    "best) checkpoints"),
+    "keep_ckpt_steps": "config.keep_checkpoint_every is big_vision's "
+                       "keep_ckpt_steps",
+    **dict.fromkeys(("per_device_batch_size", "per_device_train_batch_size"),
+                    "the batch is set over the whole mesh: "
+                    "config.global_batch_size (GPT: batch_size x "
+                    "gradient_accumulation_steps)"),
+    "dataset_type": ("config.data.source picks the data (configs/gpt.py: "
+                     "'synthetic' needs none)"),
+    **dict.fromkeys(("enable_checkpointing", "save_strategy"),
+                    "checkpoints cannot be turned off: config.checkpoint_"
+                    "every sets their cadence (the last step is saved)"),
+    **dict.fromkeys(("enable_profiler", "profiler"),
+                    "config.profiler_steps=N traces N steps (after "
+                    "config.skip_first_n_steps_for_profiler)"),
+    "max_target_length": ("the sequence length is config.block_size (GPT) "
+                          "or config.seq_len (DiffuCoder)"),
+    **dict.fromkeys(("warmup_steps", "warmup_ratio",
+                     "warmup_steps_fraction"),
+                    "warmup is in steps: config.optim.warmup_steps (GPT: "
+                    "warmup_iters)"),
+    **dict.fromkeys(("lr", "learning_rate"),
+                    "the peak rate is config.optim.lr (GPT: learning_rate)"),
+    **dict.fromkeys(("gradient_clipping_threshold", "max_grad_norm"),
+                    "config.optim.grad_clip_norm (GPT: grad_clip; TRM does "
+                    "not clip, as upstream)"),
+    "gradient_accumulation_steps": ("only configs/gpt.py splits a step "
+                                    "into micro-batches"),
+    **{f"{where}_{axis}_parallelism":
+           f"the mesh axis is config.mesh.{prefix}{ours}"
+       for where, prefix in (("ici", ""), ("dcn", "dcn_"))
+       for axis, ours in (("data", "data"), ("fsdp", "fsdp"),
+                          ("tensor", "model"))},
+    "resume_from_checkpoint": ("rerun with the same --workdir: it resumes "
+                               "from its newest checkpoint"),
+    **dict.fromkeys(("load_parameters_path", "model_name_or_path"),
+                    "config.init_checkpoint names the weights to start "
+                    "from"),
+}
+# Of those, the ones answered by a flag of trm.main (only where the tool
+# takes --workdir).
+_OTHER_WORKDIR = dict.fromkeys(
+    ("output_dir", "base_output_directory", "run_name"),
+    "the run's directory is --workdir=DIR here")
+
+
 def _nanogpt_hint(name: str, flag_values) -> str | None:
   """What replaces nanoGPT's flag `name` (`_NANOGPT_FLAGS`), or None. The
   out_dir hint only where this tool takes --workdir (trm.main,
@@ -158,6 +224,14 @@ def _nanogpt_hint(name: str, flag_values) -> str | None:
   if name == "out_dir" and "workdir" not in flag_values:
     return None
   return _NANOGPT_FLAGS.get(name)
+
+
+def _other_trainer_hint(name: str, flag_values) -> str | None:
+  """What replaces MaxText's, Hugging Face's or big_vision's config name
+  `name` (`_OTHER_TRAINERS`), or None."""
+  if name in _OTHER_WORKDIR:
+    return _OTHER_WORKDIR[name] if "workdir" in flag_values else None
+  return _OTHER_TRAINERS.get(name)
 
 
 def _unknown_flag_message(error, flag_values) -> str | None:
@@ -176,6 +250,10 @@ def _unknown_flag_message(error, flag_values) -> str | None:
     if (isinstance(config, ml_collections.ConfigDict) and name in config
         and not isinstance(config[name], ml_collections.ConfigDict)):
       hint = f"it is a config field: set it with --config.{name}=VALUE"
+  if hint is None and "workdir" in flag_values:
+    # A trainer's flag only where the tool trains (trm.main): trm.generate's
+    # own --steps is another thing.
+    hint = _other_trainer_hint(name, flag_values)
   if hint is None:
     return None
   return f"Unknown command line flag {name!r}: {hint}"
@@ -198,7 +276,12 @@ def _config_override_error(error: Exception, argv,
   named = [flag for flag in overrides if name in flag.split(".")[1:]]
   if not named:
     return None
-  nanogpt = _nanogpt_hint(name, flag_values) if flag_values else None
+  nanogpt = None
+  if flag_values:
+    nanogpt = _nanogpt_hint(name, flag_values)
+    if nanogpt is None and named[0] == f"--config.{name}":
+      # A top-level name only: config.model.steps is no MaxText name.
+      nanogpt = _other_trainer_hint(name, flag_values)
   return (f"{named[0]}: the config has no field {name!r}"
           + (f" ({hint.strip()})" if hint.strip() else "")
           + "; --config.KEY=VALUE only sets fields the config file defines"
