@@ -277,6 +277,23 @@ def test_a_tokenizer_link_out_of_its_directory_is_refused(tmp_path):
   assert not (out / "tokenizer.json").is_symlink()
 
 
+def test_a_snapshot_whose_blobs_is_a_link_allows_no_link_out(tmp_path):
+  """A crafted `snapshots/<rev>` whose `../../blobs` is a link to `/` made
+  every file on the machine a blob: `tokenizer_config.json -> id_rsa` was
+  copied into the export."""
+  secret = tmp_path / "id_rsa"
+  secret.write_text("PRIVATE KEY")
+  repo = tmp_path / "models--evil"
+  snapshot = repo / "snapshots" / "abc123"
+  snapshot.mkdir(parents=True)
+  os.symlink("/", repo / "blobs")
+  (snapshot / "tokenizer.json").write_text("{}")
+  os.symlink(secret, snapshot / "tokenizer_config.json")
+  with pytest.raises(app.UsageError, match=r"tokenizer_config\.json is a "
+                     "link out of that directory"):
+    export.tokenizer_files(str(snapshot))
+
+
 def test_cli_refuses_a_format_of_another_family_before_the_weights(
     tmp_path):
   """Each family is written in its own formats (a GPT config was refused as

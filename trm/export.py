@@ -73,8 +73,12 @@ def _link_roots(source: str) -> tuple[str, ...]:
   links to `../../blobs/<hash>`), inside that repository's `blobs/`."""
   real = os.path.realpath(source)
   roots = (real,)
-  if os.path.basename(os.path.dirname(real)) == "snapshots":
-    roots += (os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"),)
+  blobs = os.path.join(os.path.dirname(os.path.dirname(real)), "blobs")
+  # The hub writes blobs/ as a directory; one that is a link (to `/` or
+  # `~`) would make every file on the machine a "blob".
+  if (os.path.basename(os.path.dirname(real)) == "snapshots" and
+      os.path.isdir(blobs) and not os.path.islink(blobs)):
+    roots += (blobs,)
   return roots
 
 
