@@ -125,6 +125,22 @@ def test_the_profile_window_traces_the_configured_steps(monkeypatch):
   assert run(0, 1, 0, 8) == []
 
 
+def test_a_profile_window_past_the_run_s_end_says_so(monkeypatch, caplog):
+  """profiler_steps=5 with a skip past total_steps (a resume near the end)
+  traced nothing and said nothing; MaxText refuses such a window."""
+  monkeypatch.setattr(progress.jax.profiler, "start_trace",
+                      lambda logdir: pytest.fail("nothing to trace"))
+  window = progress.ProfileWindow("/w", 95, 5, 5, end_step=100)
+  for step in range(95, 101):
+    window(step)
+  window.close()
+  assert "Not profiling: the window starts after step 100" in caplog.text
+  caplog.clear()
+  progress.ProfileWindow("/w", 94, 5, 5, end_step=100)  # step 100 is traced
+  progress.ProfileWindow("/w", 0, 5, 0, end_step=1)  # asked for none
+  assert "Not profiling" not in caplog.text
+
+
 def test_a_profile_that_cannot_start_does_not_end_the_run(monkeypatch,
                                                           caplog):
   def refuse(logdir):

@@ -104,15 +104,25 @@ class ProfileWindow:
   first (compilation and warm-up are not in it), on process 0, into
   `<logdir>/plugins/profile/<time>/` where TensorBoard's profile tab reads
   it. The host runs ahead of the devices, so the trace ends only once the
-  last traced step is done (`barrier`). `num_steps=0`: no trace."""
+  last traced step is done (`barrier`). `num_steps=0`: no trace. A window
+  that starts at or past `end_step` (the run's last step) traces nothing,
+  and says so (MaxText refuses it)."""
 
   def __init__(self, logdir: str, start_step: int, skip_steps: int,
-               num_steps: int):
+               num_steps: int, end_step: int | None = None):
     self._logdir = logdir
     self._first = start_step + skip_steps  # steps done when it starts
     self._last = self._first + num_steps
     self._enabled = num_steps > 0
     self._running = False
+    if self._enabled and end_step is not None and self._first >= end_step:
+      # profiler_steps asked for a trace; none would come, without a word.
+      logging.warning(
+          "Not profiling: the window starts after step %d "
+          "(skip_first_n_steps_for_profiler=%d from step %d), and the run "
+          "ends at step %d; lower skip_first_n_steps_for_profiler.",
+          self._first, skip_steps, start_step, end_step)
+      self._enabled = False
 
   def __call__(self, step: int, barrier=None) -> None:
     """After each train step; `step` counts the steps done."""

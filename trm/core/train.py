@@ -533,7 +533,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # on process 0, skipping this run's first steps (compilation, warm-up).
   profile = progress.ProfileWindow(
       workdir, start_step, config.get("skip_first_n_steps_for_profiler", 1),
-      config.get("profiler_steps", 0) if is_main else 0)
+      config.get("profiler_steps", 0) if is_main else 0,
+      end_step=None if finished else config.total_steps)
   train_metrics, pending, results = None, None, {}
   step = start_step
   # nanoGPT's always_save_checkpoint=False: save only when the held-out loss
