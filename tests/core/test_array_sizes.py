@@ -5,6 +5,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import pytest
 
 from trm.core import array_sizes
+from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
 
 
@@ -45,3 +46,18 @@ def test_compile_step_refuses_it_before_xla_aborts_the_process():
   with pytest.raises(ValueError, match="The train step holds an array of "
                      r"\[4, 1000000000, 1000000000\] f32"):
     state_lib.compile_step(step, state, {"w": replicated}, batch)
+
+
+def test_init_state_refuses_it_before_xla_aborts_the_process():
+  """The initialiser is compiled before the train step: an absurd
+  `model.hidden_size=2**30` ended trm.main there in XLA's CHECK abort
+  (exit 134) before compile_step's check ran. (2 PiB here: the old code
+  compiled it and failed allocating, not aborting the test run.)"""
+  mesh = jax.make_mesh((1,), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  init = lambda: {"w": jnp.zeros((2**26, 2**23), jnp.float32)}
+  with pytest.raises(ValueError, match=r"The model's initialisation holds "
+                     r"an array of \[67108864, 8388608\] f32 \(2 PiB\)"):
+    state_lib.init_state(init, mesh_lib.ShardingContext(mesh, ()),
+                         {"w": replicated})

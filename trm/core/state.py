@@ -147,8 +147,14 @@ def abstract_state(init_fn, ctx):
 def init_state(init_fn, ctx, shardings):
   """Runs the initialiser with every array born sharded."""
   with ctx:
-    return jax.jit(lambda: nn.meta.unbox(init_fn()),
-                   out_shardings=shardings)()
+    lowered = jax.jit(lambda: nn.meta.unbox(init_fn()),
+                      out_shardings=shardings).lower()
+    # Compiled before the train step: an absurd width or vocabulary ended
+    # here in XLA's CHECK abort, before compile_step could name it.
+    array_sizes.check_lowered(lowered, "The model's initialisation",
+                              "lower the config's model sizes (width, "
+                              "vocabulary, sequence length)")
+    return lowered.compile()()
 
 
 def compile_step(step_fn, abstract_state, state_shardings, abstract_batch,
