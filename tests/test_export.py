@@ -275,6 +275,12 @@ def test_a_tokenizer_link_out_of_its_directory_is_refused(tmp_path):
   assert sorted(export.copy_tokenizer_files(str(snapshot), str(out))) == [
       "tokenizer.json", "vocab.json"]
   assert not (out / "tokenizer.json").is_symlink()
+  # A repository whose tokenizer is in a subfolder (snapshots/<rev>/sub/,
+  # links to ../../../blobs/) was refused as linking out.
+  (snapshot / "tokenizer").mkdir()
+  os.symlink("../../../blobs/f00", snapshot / "tokenizer" / "tokenizer.json")
+  assert export.tokenizer_files(str(snapshot / "tokenizer")) == [
+      str(snapshot / "tokenizer" / "tokenizer.json")]
 
 
 def test_a_snapshot_whose_blobs_is_a_link_allows_no_link_out(tmp_path):

@@ -69,17 +69,21 @@ def check_tokenizer_dir(source: str) -> None:
 
 def _link_roots(source: str) -> tuple[str, ...]:
   """Where a link in `source` may point: inside `source` itself, or, for a
-  Hugging Face cache snapshot (`.../snapshots/<revision>`, whose files are
-  links to `../../blobs/<hash>`), inside that repository's `blobs/`."""
+  Hugging Face cache snapshot (`.../snapshots/<revision>`, or a subfolder
+  of one, whose files are links to `../../blobs/<hash>`), inside that
+  repository's `blobs/`."""
   real = os.path.realpath(source)
-  roots = (real,)
-  blobs = os.path.join(os.path.dirname(os.path.dirname(real)), "blobs")
+  revision = real
+  while os.path.basename(os.path.dirname(revision)) != "snapshots":
+    if os.path.dirname(revision) == revision:  # no snapshot: only itself
+      return (real,)
+    revision = os.path.dirname(revision)
+  blobs = os.path.join(os.path.dirname(os.path.dirname(revision)), "blobs")
   # The hub writes blobs/ as a directory; one that is a link (to `/` or
   # `~`) would make every file on the machine a "blob".
-  if (os.path.basename(os.path.dirname(real)) == "snapshots" and
-      os.path.isdir(blobs) and not os.path.islink(blobs)):
-    roots += (blobs,)
-  return roots
+  if os.path.isdir(blobs) and not os.path.islink(blobs):
+    return (real, blobs)
+  return (real,)
 
 
 def tokenizer_files(source: str) -> list[str]:
