@@ -183,15 +183,15 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
   _assert_resumed_equal(reference, resumed)
 
 
-def _train_loss_events(workdir) -> list:
-  """The train/loss events in `workdir`'s events files, as TensorBoard
-  reads them now."""
+def _train_loss_events(workdir, tag="train/loss") -> list:
+  """The `tag` events in `workdir`'s events files, as TensorBoard reads
+  them now."""
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   events = event_accumulator.EventAccumulator(str(workdir))
   events.Reload()
-  if "train/loss" not in events.Tags()["tensors"]:
+  if tag not in events.Tags()["tensors"]:
     return []
-  return events.Tensors("train/loss")
+  return events.Tensors(tag)
 
 
 def _train_steps_on_disk(workdir):
@@ -269,10 +269,14 @@ def test_a_full_disk_at_an_evaluation_is_one_line(tmp_path, data_dir,
     # What a write on a full disk raises: the error names no file.
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
+  eval_steps_on_disk = []  # TensorBoard's when the record was written
+
   def full(path, write_fn, *args, **kwargs):
     # The record goes through a temporary file (a kill mid-write left a
     # truncated eval_<step>.json, which a resume ranks checkpoints by).
     if os.path.basename(path).startswith("eval_"):
+      eval_steps_on_disk.extend(
+          e.step for e in _train_loss_events(workdir, "eval/loss"))
       write_fn = write_on_a_full_disk
     return real_atomic_write(path, write_fn, *args, **kwargs)
 
@@ -288,6 +292,10 @@ def test_a_full_disk_at_an_evaluation_is_one_line(tmp_path, data_dir,
       "resume.")
   assert error.value.errno == errno.ENOSPC
   assert sorted(os.listdir(workdir / "checkpoints")) == ["6"]
+  # The figures were in the events file before their record: a run killed
+  # between the two resumed, found the record equal to its evaluation and
+  # never wrote them (the writer's buffer had lost them).
+  assert eval_steps_on_disk == [12]
   assert not (workdir / "trainer.lock").exists()
 
 

@@ -328,6 +328,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                    "to TensorBoard again.", step, step)
     else:
       writer.write_scalars(step, results)
+      # On disk before the record below: a run killed between the two
+      # (SIGKILL, before the checkpoint's flush) resumed from the previous
+      # checkpoint, found this step's record equal to its own evaluation
+      # and never wrote the figures, which the buffer had lost.
+      writer.flush()
     if is_main:
       # Whole or not at all: a resume ranks checkpoints by these records.
       atomic_files.replace_whole(
