@@ -496,6 +496,35 @@ def test_a_checkpoints_path_that_is_a_file_fails_before_the_data(tmp_path):
       "rerun.")
 
 
+def test_a_run_file_of_the_wrong_kind_fails_before_the_data(tmp_path):
+  """A directory where the run replaces a file (an evaluation's record,
+  config.json), a file where it fills a directory: found where it was
+  written, a bare "[Errno 21] Is a directory" or "[Errno 17] File exists",
+  the steps since the last checkpoint trained for nothing."""
+  def no_build(*args, **kwargs):
+    raise AssertionError("the task was built before the workdir check")
+
+  cases = {"eval_12.json": ("a directory", "record of step 12's evaluation",
+                            "file"),
+           "eval_12": ("not a directory", "outputs of step 12's evaluation",
+                       "directory"),
+           "config.json": ("a directory", "config record", "file")}
+  for name, (found, what, kind) in cases.items():
+    workdir = tmp_path / name.replace(".", "_")
+    if kind == "file":
+      (workdir / name).mkdir(parents=True)
+    else:
+      workdir.mkdir()
+      (workdir / name).write_text("")
+    with pytest.raises(run_checks.WorkdirError) as error:
+      train.train_and_evaluate(tiny_config(), str(workdir), no_build)
+    assert str(error.value) == (
+        f"{workdir}/{name} is {found}: the run keeps its {what} there (a "
+        f"{kind}). Move it away (or pass another --workdir) and rerun; "
+        "nothing was changed.")
+    assert sorted(os.listdir(workdir)) == [name]
+
+
 # slow: tests/core/test_checkpoint.py's full-disk test fails a save the same way
 # and checks the previous checkpoint is kept.
 @pytest.mark.slow

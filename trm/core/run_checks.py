@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import re
 
 from absl import logging
@@ -11,9 +12,11 @@ import ml_collections
 from etils import epath
 
 from trm.core import cli
+from trm.core import config_record
 from trm.core import loss_scale
 from trm.core import tpu_flags
 from trm.core import wandb_writer
+from trm.core import workdir_lock
 from trm.nn import attention as attention_lib
 
 
@@ -205,6 +208,48 @@ def _numeric_fields(node, pattern: str, prefix=""):
       yield prefix + key, value
 
 
+# What the trainer writes at the top of its workdir: files it replaces whole
+# (a record of the config, of its changes, of an evaluation; the lock) and
+# the directories of an evaluation's outputs (sheets, submissions).
+_RUN_FILES = {config_record.RECORD: "config record",
+              config_record.HISTORY: "record of config changes",
+              workdir_lock.LOCK_NAME: "workdir lock"}
+_EVAL_RECORD = re.compile(r"eval_(\d+)\.json")
+_EVAL_OUTPUTS = re.compile(r"eval_(\d+)")
+
+
+def check_run_file_kinds(workdir: str) -> None:
+  """A WorkdirError naming the first of the workdir's own names held by the
+  wrong kind of thing (a directory where the run replaces a file, a file
+  where it fills a directory). Found where it was written, it stopped the
+  run as a bare "[Errno 21] Is a directory" or "[Errno 17] File exists",
+  after the steps since the last checkpoint were trained (an evaluation's
+  record is written before that step's save). Local workdirs only."""
+  if "://" in workdir or not os.path.isdir(workdir):
+    return
+  for entry in sorted(os.scandir(workdir), key=lambda e: e.name):
+    record = _EVAL_RECORD.fullmatch(entry.name)
+    outputs = _EVAL_OUTPUTS.fullmatch(entry.name)
+    if entry.name in _RUN_FILES or record:
+      what = (_RUN_FILES.get(entry.name)
+              or f"record of step {record.group(1)}'s evaluation")
+      if entry.is_file():
+        continue
+      found, kind = ("a directory" if entry.is_dir() else
+                     "not a regular file"), "file"
+    elif outputs:
+      what = f"outputs of step {outputs.group(1)}'s evaluation"
+      if entry.is_dir():
+        continue
+      found, kind = "not a directory", "directory"
+    else:
+      continue
+    raise WorkdirError(
+        f"{entry.path} is {found}: the run keeps its {what} there (a "
+        f"{kind}). Move it away (or pass another --workdir) and rerun; "
+        "nothing was changed.")
+
+
 def check_workdir(workdir: str, config=None) -> epath.Path:
   """Creates the workdir and writes a file into it (every process, since
   each writes its checkpoint shards), so an unwritable one fails now rather
@@ -219,6 +264,7 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
     raise WorkdirError(
         f"{checkpoints} is not a directory: the run keeps its checkpoints "
         "there. Move it away (or pass another --workdir) and rerun.")
+  check_run_file_kinds(workdir)
   if config is not None:
     check_eval_only(config, workdir)
   probe = path / f".write_test.{jax.process_index()}"
