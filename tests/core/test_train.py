@@ -244,8 +244,24 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_metrics(
   with pytest.raises(_Killed):
     train.train_and_evaluate(config, str(killed), families.build_task)
   assert _train_steps_on_disk(killed) == [4, 6]
+  # What a run killed inside `atomic_write` leaves (no later write removed
+  # them); a file of the user's, a link of that form and a dataset's
+  # temporary (its build has a lock of its own) stay.
+  temporary = f".eval_12.json.{'a0' * 16}.tmp"
+  (killed / temporary).write_text('{"eval/lo')
+  (killed / "eval_12").mkdir()
+  (killed / "eval_12" / f".sheet.png.{'b1' * 16}.tmp").write_bytes(b"")
+  (killed / "notes.tmp").write_text("mine")
+  (killed / f".x.{'c2' * 16}.tmp").symlink_to(killed / "notes.tmp")
+  dataset_temporary = killed / f".train.bin.{'d3' * 16}.tmp"
+  dataset_temporary.write_bytes(b"")
   monkeypatch.setattr(train.ckpt_lib, "save", real_save)
   train.train_and_evaluate(config, str(killed), families.build_task)
+  assert not (killed / temporary).exists()
+  assert os.listdir(killed / "eval_12") == ["sheet.png"]  # its own, now
+  assert (killed / "notes.tmp").exists()
+  assert (killed / f".x.{'c2' * 16}.tmp").is_symlink()
+  assert dataset_temporary.exists()
   assert _train_steps_on_disk(whole) == [4, 6, 8, 12]
   assert _train_steps_on_disk(killed) == [4, 6, 8, 12]  # once each
   expected = _train_losses_on_disk(whole)

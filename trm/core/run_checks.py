@@ -218,6 +218,13 @@ _EVAL_RECORD = re.compile(r"eval_(\d+)\.json")
 _EVAL_OUTPUTS = re.compile(r"eval_(\d+)")
 
 
+def is_run_record(name: str) -> bool:
+  """Whether `name` is one of the files the run replaces whole at the top of
+  its workdir (its lock aside, which is made otherwise)."""
+  return (name in _RUN_FILES and name != workdir_lock.LOCK_NAME
+          or bool(_EVAL_RECORD.fullmatch(name)))
+
+
 def check_run_file_kinds(workdir: str) -> None:
   """A WorkdirError naming the first of the workdir's own names held by the
   wrong kind of thing (a directory where the run replaces a file, a file

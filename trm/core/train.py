@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 import time
 from typing import Callable
@@ -32,6 +33,7 @@ from trm.core import preemption as preemption_lib
 from trm.core import step_timer
 from trm.core import tpu_flags
 from trm.core.preemption import Preempted
+from trm.core import run_checks
 from trm.core.run_checks import check_config, check_workdir
 from trm.core import cli
 from trm.core import compiled_step
@@ -273,6 +275,19 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # The workdir is this run's (locked): a save a killed run left unfinished
   # is nobody's, and Orbax would keep it unless it saved that step again.
   ckpt_lib.remove_abandoned_saves(workpath / "checkpoints")
+  if is_main and "://" not in workdir:
+    # Likewise the temporary files of records (eval_<step>.json,
+    # config.json) and evaluation outputs a killed run was writing; only
+    # the run's own (a dataset may be built into the workdir).
+    left = atomic_files.remove_temporaries(
+        workdir, run_checks.is_run_record) + [
+        path for name in sorted(os.listdir(workdir))
+        if re.fullmatch(r"eval_\d+", name)
+        for path in atomic_files.remove_temporaries(
+            os.path.join(workdir, name))]
+    if left:
+      logging.warning("Removed %s: the unfinished writes of a run that was "
+                      "killed while writing them.", ", ".join(left))
   # Before the manager reads the steps' metrics: checkpoints written before
   # they were kept on disk would otherwise be unranked, and the next save
   # would let keep-N delete the best of them.

@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import threading
 import uuid
 from typing import Any
@@ -41,6 +42,34 @@ def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
       # message should name the one being written.
       e.filename = path
     raise
+
+
+# `atomic_write`'s temporary names: a dot, the final name, 32 hex digits.
+_TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{32}\.tmp")
+
+
+def remove_temporaries(directory: str, final=lambda name: True) -> list[str]:
+  """Deletes the temporary files `atomic_write` left in `directory` (a
+  writer killed before its rename: nothing else ever removed them) for the
+  final names `final` accepts; the paths removed. Only for files no other
+  process writes now (ones the caller holds a lock on): a live writer's
+  file would go too."""
+  try:
+    names = os.listdir(directory)
+  except OSError:  # missing, not a directory: nothing was left there
+    return []
+  removed = []
+  for name in sorted(names):
+    path = os.path.join(directory, name)
+    match = _TEMPORARY.fullmatch(name)
+    if match and final(match.group(1)) and os.path.isfile(path) and not (
+        os.path.islink(path)):
+      try:
+        os.remove(path)
+      except FileNotFoundError:
+        continue
+      removed.append(path)
+  return removed
 
 
 def replace_whole(path, text: str | bytes) -> None:
