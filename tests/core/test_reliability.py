@@ -500,7 +500,9 @@ def test_a_run_file_of_the_wrong_kind_fails_before_the_data(tmp_path):
   """A directory where the run replaces a file (an evaluation's record,
   config.json), a file where it fills a directory: found where it was
   written, a bare "[Errno 21] Is a directory" or "[Errno 17] File exists",
-  the steps since the last checkpoint trained for nothing."""
+  the steps since the last checkpoint trained for nothing. A FIFO as the
+  lock hung the run. A FIFO or a link as an evaluation's record is
+  replaced when the step is evaluated again: no error."""
   def no_build(*args, **kwargs):
     raise AssertionError("the task was built before the workdir check")
 
@@ -508,10 +510,15 @@ def test_a_run_file_of_the_wrong_kind_fails_before_the_data(tmp_path):
                             "file"),
            "eval_12": ("not a directory", "outputs of step 12's evaluation",
                        "directory"),
-           "config.json": ("a directory", "config record", "file")}
+           "config.json": ("a directory", "config record", "file"),
+           # (The lock's read waited for a writer forever.)
+           "trainer.lock": ("not a regular file", "workdir lock", "file")}
   for name, (found, what, kind) in cases.items():
     workdir = tmp_path / name.replace(".", "_")
-    if kind == "file":
+    if name == "trainer.lock":
+      workdir.mkdir()
+      os.mkfifo(workdir / name)
+    elif kind == "file":
       (workdir / name).mkdir(parents=True)
     else:
       workdir.mkdir()
@@ -523,6 +530,11 @@ def test_a_run_file_of_the_wrong_kind_fails_before_the_data(tmp_path):
         f"{kind}). Move it away (or pass another --workdir) and rerun; "
         "nothing was changed.")
     assert sorted(os.listdir(workdir)) == [name]
+  fine = tmp_path / "fine"
+  fine.mkdir()
+  os.mkfifo(fine / "eval_6.json")
+  (fine / "eval_12.json").symlink_to(tmp_path)
+  run_checks.check_run_file_kinds(str(fine))
 
 
 # slow: tests/core/test_checkpoint.py's full-disk test fails a save the same way

@@ -240,7 +240,11 @@ def check_run_file_kinds(workdir: str) -> None:
     if entry.name in _RUN_FILES or record:
       what = (_RUN_FILES.get(entry.name)
               or f"record of step {record.group(1)}'s evaluation")
-      if entry.is_file():
+      # An evaluation's record is only replaced (os.replace takes the place
+      # of a link or a FIFO) or read as a checked record; the others are
+      # also opened as they are (a FIFO for a lock: the read hung).
+      if entry.is_file() or record and not entry.is_dir(
+          follow_symlinks=False):
         continue
       found, kind = ("a directory" if entry.is_dir() else
                      "not a regular file"), "file"
