@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from trm.nn import dtypes
+
 
 def shift_and_divide(logits, temperature):
   """logits / temperature with each row's largest finite logit moved to 0
@@ -30,12 +32,19 @@ def overflowed_rows(values, scaled):
                  keepdims=True)
 
 
-def divide_unless_overflow(logits, temperature):
+def divide_unless_overflow(logits, temperature, wide: bool = False):
   """logits / temperature as written (a reference's own rounding, e.g. in
   bfloat16), except in rows where that quotient leaves the float range
   (a finite logit becomes inf or NaN): those rows get `shift_and_divide`.
+  With `wide` the quotient is taken in float32 and rounded once to the
+  logits' dtype, as torch divides a bf16 tensor by a Python float.
   The extra pass over the vocabulary runs only when some row overflows."""
-  scaled = logits / temperature
+  if wide:
+    scaled = dtypes.rounded_to(logits.astype(jnp.float32) / temperature,
+                               logits.dtype).astype(logits.dtype)
+    temperature = jnp.asarray(temperature, logits.dtype)
+  else:
+    scaled = logits / temperature
   overflow = overflowed_rows(logits, scaled)
   return jax.lax.cond(
       jnp.any(overflow),

@@ -398,15 +398,25 @@ def test_params_enter_the_loop_as_arguments():
 # ------------------------------------------ sort-free top-k / top-p (exact)
 
 
-def _sorted_filter(logits, top_p, top_k):
+def _as_dtype(x, dtype):
+  """float64 `x` rounded to `dtype` (None: as it is)."""
+  if dtype is None:
+    return x
+  return np.asarray(jnp.asarray(x, jnp.float32).astype(dtype).astype(
+      jnp.float32), np.float64)
+
+
+def _sorted_filter(logits, top_p, top_k, dtype=None):
   """The reference's filters with a stable descending sort (ties: lower id
-  first), in numpy float64 for the mass: the kept mask."""
+  first), in numpy float64 for the mass: the kept mask. With `dtype`
+  (bfloat16 logits) each probability and each running mass is rounded to
+  it, as torch's softmax and cumsum of a bf16 tensor round them."""
   x = np.asarray(logits, np.float64)
   keep = np.ones(x.shape, bool)
   if top_p is not None:
     order = np.argsort(-x, axis=-1, kind="stable")
-    p = np.take_along_axis(_np_softmax(x), order, -1)
-    before = np.cumsum(p, -1) - p
+    p = np.take_along_axis(_as_dtype(_np_softmax(x), dtype), order, -1)
+    before = _as_dtype(np.cumsum(p, -1) - p, dtype)
     np.put_along_axis(keep, order, before <= top_p, -1)
   if top_k is not None:
     # The reference takes the k-th of the top-p-filtered logits; top-p keeps
@@ -463,7 +473,8 @@ def test_sort_free_filters_match_a_sorted_reference(dtype, top_p, top_k):
   logits = np.round(rng.normal(size=(6, 5, 1000)) * 4) / 4
   logits[0, 0] = 0.0  # all equal
   logits = jnp.asarray(logits, dtype).reshape(-1, 1000)
-  want = _sorted_filter(np.asarray(logits.astype(jnp.float32)), top_p, top_k)
+  want = _sorted_filter(np.asarray(logits.astype(jnp.float32)), top_p, top_k,
+                        None if dtype == "float32" else dtype)
   got, complete = _kept(logits, top_p, top_k)
   np.testing.assert_array_equal(got, want)
   if top_k and top_k < 16:
@@ -746,3 +757,35 @@ def test_token_probs_is_the_distribution_sample_tokens_draws_from(
     obs, exp = obs[exp > 0], exp[exp > 0]
     chi2 = ((obs - exp) ** 2 / exp).sum()
     assert stats.chi2.sf(chi2, obs.size - 1) > 1e-6
+
+
+def test_bf16_filters_and_confidences_round_as_the_torch_reference():
+  """bf16 logits (the 7B's compute dtype) through the PyTorch port of the
+  reference's `sample_tokens` (benchmarks/reference/dream_torch_sampler.py):
+  torch computes a bf16 tensor's softmax, its quotient by a Python
+  temperature, top-p's running mass and the entropy's sum in float32 and
+  rounds each once. Ours did them in bf16 steps (the temperature itself
+  rounded to 0.30078125): half of the rows' confidences differed."""
+  torch = pytest.importorskip("torch")
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import repo  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(repo.ROOT, "benchmarks", "reference"))
+  import dream_torch_sampler as ref  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((48, 1024)) * rng.uniform(1, 6, (48, 1))
+  theirs = torch.tensor(x, dtype=torch.float32).to(torch.bfloat16)
+  ours = jnp.asarray(theirs.float().numpy()).astype(jnp.bfloat16)
+  # DiffuCoder's T=0.3, top_p=0.95, with top_k 50: the quotient, top-p's
+  # mass, the softmax and the entropy's terms and sum (the entropy does not
+  # depend on the draw). One compiled call (an eager one takes seconds).
+  # Rows 3 and 7 sit where float32 rounding (our logsumexp against torch's
+  # max-and-sum) moves a probability across a bf16 rounding edge; the old
+  # code differed in 24 of the 48 rows.
+  want, _ = ref.sample_tokens(theirs, 0.3, top_p=0.95, top_k=50,
+                              neg_entropy=True)
+  got, _ = jax.jit(functools.partial(
+      token_draws.sample_tokens, temperature=0.3, top_p=0.95, top_k=50,
+      conf_kind="entropy"))(ours, jax.random.key(0))
+  differ = np.asarray(got.astype(jnp.float32)) != want.float().numpy()
+  assert differ.sum() <= 2, np.flatnonzero(differ)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trm.nn import dtypes
 from trm.nn import temperature as temperature_lib
 
 
@@ -89,7 +90,9 @@ def reveal_scores(conf, alg_temp, key):
   to a constant)."""
   if alg_temp is None or alg_temp == 0:
     return conf
-  scaled = conf / jnp.asarray(alg_temp, conf.dtype)
+  # In float32, rounded once (torch's bf16 tensor over a Python float).
+  scaled = dtypes.rounded_to(conf.astype(jnp.float32) / jnp.float32(alg_temp),
+                             conf.dtype).astype(conf.dtype)
   scores = scaled.astype(jnp.float32) + jax.random.gumbel(
       key, scaled.shape, jnp.float32)
   # An alg_temp so small that conf / alg_temp overflows (1e-38 is flushed

@@ -13,6 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from trm.nn import dtypes
 from trm.nn import temperature as temperature_lib
 
 # Vocabulary blocks for the sort-free top-k: the k-th largest value lies in
@@ -107,12 +108,18 @@ def _top_p_keep(values, log_norm, top_p: float):
   reach), with probabilities exp(v - log_norm) of the whole vocabulary: keep
   an entry iff the mass ranked before it (larger values, then equal values
   of lower vocabulary index, i.e. a stable descending sort) is <= top_p."""
-  probs = jnp.exp(values.astype(jnp.float32) - log_norm[..., None])
+  # The reference's softmax and cumulative sum round each probability and
+  # each running mass to the logits' dtype (torch computes bf16 ones in
+  # float32 and rounds once); in float32 the roundings change nothing.
+  probs = dtypes.rounded_to(
+      jnp.exp(values.astype(jnp.float32) - log_norm[..., None]),
+      values.dtype)
   keys = _order_keys(values)
   target = jnp.float32(top_p)
   # Smallest key t whose strictly-larger mass is <= top_p: bisection on the
   # complement (largest t with mass(keys >= t) > top_p, plus one step).
-  mass_ge = lambda m: jnp.sum(jnp.where(m, probs, 0.0), axis=-1)  # noqa: E731
+  mass_ge = lambda m: dtypes.rounded_to(  # noqa: E731
+      jnp.sum(jnp.where(m, probs, 0.0), axis=-1), values.dtype)
   below = _bisect_keys(keys, lambda m: mass_ge(m) > target, True)
   # `below` is the largest key whose inclusive mass exceeds top_p (or the
   # row's minimum when none does): entries above it are kept outright.
@@ -124,15 +131,19 @@ def _top_p_keep(values, log_norm, top_p: float):
   tie = keys == boundary
   tie_before = jnp.cumsum(jnp.where(tie, probs, 0.0), axis=-1) - jnp.where(
       tie, probs, 0.0)
-  return greater | (tie & (mass_greater + tie_before <= target))
+  before = dtypes.rounded_to(mass_greater + tie_before, values.dtype)
+  return greater | (tie & (before <= target))
 
 
 def _kept_probs(values, keep):
   """softmax over the kept `values` (the others: the dtype's finfo.min, so
-  probability exactly 0)."""
+  probability exactly 0), in float32 and rounded once to the values' dtype,
+  as torch's softmax of a bf16 tensor (jax's bf16 softmax rounds the
+  exponentials and the sum too: 4 in 5 bf16 probabilities differed)."""
   if keep is not None:
     values = jnp.where(keep, values, jnp.finfo(values.dtype).min)
-  return jax.nn.softmax(values, axis=-1)
+  probs = jax.nn.softmax(values.astype(jnp.float32), axis=-1)
+  return dtypes.rounded_to(probs, values.dtype).astype(values.dtype)
 
 
 def _finish(values, ids, keep, key, *, temperature, conf_kind):
@@ -150,10 +161,15 @@ def _finish(values, ids, keep, key, *, temperature, conf_kind):
     top1 = jnp.max(probs, axis=-1)
     others = jnp.where(jnp.arange(probs.shape[-1]) == first[..., None],
                        -jnp.inf, probs)
-    conf = top1 - jnp.max(others, axis=-1)
+    margin = top1.astype(jnp.float32) - jnp.max(others, axis=-1)
+    conf = dtypes.rounded_to(margin, dtype).astype(dtype)
   elif conf_kind == "entropy":
-    conf = jnp.sum(probs * jnp.log(probs + jnp.asarray(1e-10, dtype)),
-                   axis=-1)
+    # Each op rounded to the dtype, the sum accumulated in float32 (torch's
+    # bf16 arithmetic; 1e-10 is added as a float32, not rounded first).
+    log_probs = dtypes.rounded_to(jnp.log(dtypes.rounded_to(
+        probs.astype(jnp.float32) + jnp.float32(1e-10), dtype)), dtype)
+    terms = dtypes.rounded_to(probs.astype(jnp.float32) * log_probs, dtype)
+    conf = dtypes.rounded_to(jnp.sum(terms, axis=-1), dtype).astype(dtype)
   x0 = jnp.take_along_axis(ids, j[..., None], axis=-1)[..., 0]
   return conf, x0.astype(jnp.int32)
 
@@ -207,8 +223,11 @@ def _filtered(logits, finish, *, temperature, top_p, top_k):
     # The reference's division, except in a row where it overflows (a
     # temperature near 0: every positive logit inf, the softmax NaN, and
     # token 0 drawn): there the likeliest token is drawn, as greedy.
+    # torch divides a bf16 tensor by a Python float in float32 and rounds
+    # the quotient once; dividing by the temperature rounded to bf16 (0.3
+    # is 0.30078125 there) moved a third of the logits by a unit.
     logits = temperature_lib.divide_unless_overflow(
-        logits, jnp.asarray(temperature, dtype))
+        logits, jnp.float32(temperature), wide=True)
   use_top_p = top_p is not None and top_p < 1
   log_norm = (jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
               if use_top_p else None)
@@ -232,10 +251,11 @@ def _filtered(logits, finish, *, temperature, top_p, top_k):
   top = _order_keys(values) >= kth[..., None]
   # Every entry outside complete candidates ranks after all of `top`: if
   # `top` alone holds more than top_p, they are all removed.
-  covered = complete & (jnp.sum(
-      jnp.where(top, jnp.exp(values.astype(jnp.float32)
-                             - log_norm[..., None]), 0.0),
-      axis=-1) > jnp.float32(top_p))
+  top_probs = dtypes.rounded_to(
+      jnp.exp(values.astype(jnp.float32) - log_norm[..., None]), dtype)
+  top_mass = dtypes.rounded_to(
+      jnp.sum(jnp.where(top, top_probs, 0.0), axis=-1), dtype)
+  covered = complete & (top_mass > jnp.float32(top_p))
   return jax.lax.cond(
       jnp.all(covered),
       lambda: finish(values, ids, _top_p_keep(values, log_norm, top_p)),
