@@ -16,9 +16,13 @@ programs are kept per setting on the object; `compile` builds one ahead of
 time and reports its compile time.
 
 Defaults follow what Hugging Face's `diffusion_generate` runs with
-(`top_k=50`, `eps=1e-3`, greedy), except `alg="entropy"` and `steps =
-max_new_tokens`, DiffuCoder's recommendation (the reference's own defaults
-are `alg="origin"`, `steps=512`); see the README table.
+(`top_k=50`, `eps=1e-3`), except `alg="entropy"` and `steps =
+max_new_tokens`, DiffuCoder's recommendation, and greedy decoding. Called
+without a generation config the reference builds one from the model's
+config, whose legacy generation fields (transformers 4.x) give it
+`top_k=50`, `top_p=1.0` (off) and `temperature=1.0`: a call that passes
+no temperature samples there (its own class default, 0.0, applies only to
+a `DreamGenerationConfig()` passed in), with `alg="origin"`, `steps=512`.
 """
 from __future__ import annotations
 
