@@ -69,6 +69,28 @@ def test_workdir_evaluates_to_the_trainers_figures(trained, tmp_path):
       "sudoku", inputs[:3], predictions[:3], labels[:3], None).size
 
 
+def test_step_chooses_the_checkpoint_read(trained):
+  """--step: the run saved steps 6 and 12 and evaluated 12 alone, so best
+  is 12 (ranked by the loss the trainer saved with it); --step=6 reads 6's
+  weights, not the newest ones, and the source names it."""
+  from trm.core import cli  # pylint: disable=g-import-not-at-top
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  config, workdir, state, _ = trained
+  assert cli.workdir_step(workdir, "best") == 12
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  program = trm_program.build(config, ctx, puzzle_format.read_metadata(
+      config.data.data_dir, "train"))
+  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
+  read, source = trm_task.load_eval_state(
+      workdir, program, abstract, shardings, ctx,
+      step=cli.workdir_step(workdir, 6))
+  assert source.endswith("checkpoints step 6")
+  newest = jax.tree.leaves(jax.device_get(state.ema_params))
+  assert not all(np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(jax.device_get(read.ema_params)), newest))
+
+
 def test_a_runs_own_dataset_is_read_not_rebuilt(trained, tmp_path,
                                                  monkeypatch):
   """data.data_dir '' and a trm.main workdir: the run's dataset (named by

@@ -260,8 +260,10 @@ def test_trm_to_upstream_writes_the_ema_weights(trm_run, fmt, name):
     pytest.importorskip("torch")
   config, state, flags, root = trm_run
   out = root / fmt
-  result = _export(*flags, f"--out={out}", f"--format={fmt}")
-  assert "(EMA parameters)" in result.stdout
+  # --step names the step read (the run's only one here; choosing among
+  # several: tests/test_evaluate.py::test_step_chooses_the_checkpoint_read).
+  result = _export(*flags, f"--out={out}", f"--format={fmt}", "--step=5")
+  assert "step 5 (EMA parameters)" in result.stdout
   assert sorted(os.listdir(out)) == sorted([name, "all_config.yaml"])
   ctx = mesh_lib.ShardingContext.from_config(config)
   model = families.build_task(config, str(root / "run"), ctx).program.model

@@ -5,7 +5,8 @@ r"""Evaluate a TRM checkpoint on its dataset's test split.
   python -m trm.evaluate --config=configs/trm_sudoku.py \
       --checkpoint=upstream/step_65100 --output_dir=runs/sudoku-eval
 
---checkpoint is a `trm.main` workdir (its newest checkpoint; the EMA
+--checkpoint is a `trm.main` workdir (its newest checkpoint, or the one
+`--step=best|N` names; the EMA
 weights when the config uses EMA) or an upstream PyTorch TRM checkpoint
 (`state_dict` file, or the same tensors as .safetensors; read with
 `torch.load(weights_only=True)`). The config must describe the run that
@@ -71,8 +72,11 @@ PAPER_METRIC = {"sudoku": "exact_accuracy", "maze": "exact_accuracy",
                 "arc": "ARC/pass@2"}
 
 
-def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
-  """(metrics, where the weights came from); collective on every process."""
+def evaluate_checkpoint(config, checkpoint: str, output_dir: str,
+                        step: int | None = None):
+  """(metrics, where the weights came from); collective on every process.
+  step: of a trm.main workdir, the checkpoint to read (`cli.workdir_step`;
+  default the newest readable one)."""
   # A gs:// run went on to build (download) the dataset, then was "no
   # such file"; one line saying how to copy it, before anything is read.
   weights_io.check_local(checkpoint, "--checkpoint",
@@ -115,7 +119,7 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str):
   program = task.program
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   state, source = family.load_eval_state(checkpoint, program, abstract,
-                                         shardings, ctx)
+                                         shardings, ctx, step=step)
   batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
   with ctx:
     eval_step = jax.jit(program.eval_step,
@@ -449,9 +453,10 @@ def evaluate_code(config, checkpoint: str):
     code_eval.check_mbpp_shots(shots, _BENCHMARK_PATH.value)
   prompts = [code_eval.build_prompt(p, benchmark, chat, shots)
              for p in problems]
+  step = cli.workdir_step(checkpoint, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
-  lm = generate_cli.load_model(checkpoint, _SAMPLER, config)
+  lm = generate_cli.load_model(checkpoint, _SAMPLER, config, step)
   # On a pod every process generates every batch; process 0 alone reads
   # and writes --output, prints, and runs the samples.
   first = jax.process_index() == 0
@@ -528,10 +533,11 @@ def main(argv):
     raise ValueError("--config and --checkpoint are required (or "
                      "--benchmark / --score_only for code benchmarks).")
   output_dir = cli.check_output_dir(_OUTPUT_DIR.value)
+  step = cli.workdir_step(_CHECKPOINT.value, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
   results, source = evaluate_checkpoint(config, _CHECKPOINT.value,
-                                        output_dir)
+                                        output_dir, step)
   if jax.process_index() != 0:  # process 0 reports
     return
   metric = PAPER_METRIC.get(config.data.name)
@@ -545,7 +551,7 @@ def main(argv):
 def define_flags():
   global _CONFIG, _CHECKPOINT, _OUTPUT_DIR, _BENCHMARK, _BENCHMARK_PATH, \
       _NUM_SAMPLES, _K, _LIMIT, _OUTPUT, _WORKERS, _TIMEOUT, _MEMORY_MB, \
-      _DISK_MB, _RESUME, _SCORE_ONLY, _SAMPLER
+      _DISK_MB, _RESUME, _SCORE_ONLY, _SAMPLER, _STEP
   _CONFIG = config_flags.DEFINE_config_file("config", None, "TRM config, or "
                                             "with --benchmark a DiffuCoder "
                                             "config (its mesh).",
@@ -554,6 +560,7 @@ def define_flags():
       "checkpoint", None, "trm.main workdir, or an upstream PyTorch TRM "
       "checkpoint file; with --benchmark a Hugging Face DiffuCoder/Dream "
       "directory or a trm.main DiffuCoder workdir.")
+  _STEP = cli.define_step_flag()
   _OUTPUT_DIR = flags.DEFINE_string(
       "output_dir", "runs/evaluate", "Where eval.json, predictions_test.npy, "
       "submission.json and sheet.png go (and the dataset, when config.data."

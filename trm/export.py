@@ -12,7 +12,8 @@ GPT runs go to a Hugging Face GPT-2 directory or nanoGPT's ckpt.pt
 (`trm.families.gpt.gpt_export`); TRM runs to upstream's state_dict, as its
 pretrain.py saves it (`step_<N>`, the EMA weights when config.optim.ema;
 `trm.families.trm.torch_import`) with its `all_config.yaml`. For DiffuCoder / Dream the rest of this
-text holds: it reads the newest checkpoint of a `trm.main` workdir
+text holds: it reads the newest checkpoint of a `trm.main` workdir (or
+the one `--step=best|N` names)
 (parameters only), writes sharded `*.safetensors` +
 `model.safetensors.index.json` + `config.json` + `generation_config.json`
 (the special ids; Dream's `DreamModel.from_pretrained` refuses a directory
@@ -377,7 +378,8 @@ def check_format(family: str, fmt: str | None, dtype: str | None,
   return fmt
 
 
-def _dream_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
+def _dream_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None,
+                  step: int | None = None):
   """(write(directory) -> files, description) for a DiffuCoder/Dream run."""
   del fmt  # hf only
   from trm import generate  # pylint: disable=g-import-not-at-top
@@ -393,7 +395,8 @@ def _dream_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
     hf_config.check_source_generation_config(_TOKENIZER.value, cfg)
     check_tokenizer_fits(_TOKENIZER.value, cfg)
   _, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
-  params, source = generate.load_params(checkpoint, cfg, shardings)
+  params, source = generate.load_params(checkpoint, cfg, shardings,
+                                        checkpoint_step=step)
   return (lambda out: hf_import.export_hf_checkpoint(
       params, cfg, out, dtype=dtype or DEFAULT_DTYPES["dream"],
       source_fields=source_fields)), source
@@ -508,7 +511,8 @@ def _recorded_vocab_size(workdir: str) -> int:
   return vocab
 
 
-def _gpt_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
+def _gpt_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None,
+                step: int | None = None):
   """(write, description) for a GPT run: a Hugging Face GPT-2 directory or
   nanoGPT's ckpt.pt."""
   from trm.families.gpt import gpt_export  # pylint: disable=g-import-not-at-top
@@ -526,20 +530,21 @@ def _gpt_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
     from trm.families.gpt import steps as gpt_steps  # pylint: disable=g-import-not-at-top
     run_config = _run_optimizer_config(config, checkpoint)
     params, adam, step, best = gpt_import.restore_run_training(
-        checkpoint, cfg, ctx, gpt_steps.make_optimizer(run_config))
+        checkpoint, cfg, ctx, gpt_steps.make_optimizer(run_config), step)
     hyper = {k: run_config[k] for k in ("learning_rate", "beta1", "beta2",
                                         "weight_decay")}
     return (lambda out: gpt_export.export_nanogpt(
         params, cfg, os.path.join(out, gpt_export.NANOGPT_FILE), step,
         dataset=config.get("dataset"), adam=adam, hyper=hyper,
         best_val_loss=best)), f"{checkpoint} step {step}"
-  params, step = gpt_import.restore_run_params(checkpoint, cfg, ctx)
+  params, step = gpt_import.restore_run_params(checkpoint, cfg, ctx, step)
   source = f"{checkpoint} step {step}"
   return (lambda out: gpt_export.export_hf_gpt2(
       params, cfg, out, dtype=dtype or DEFAULT_DTYPES["gpt"])), source
 
 
-def _trm_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
+def _trm_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None,
+                step: int | None = None):
   """(write, description) for a TRM run: upstream's state_dict, in the
   file upstream's pretrain.py saves (`step_<N>`, torch.save) or as
   model.safetensors (no torch needed), and the all_config.yaml it writes
@@ -550,7 +555,8 @@ def _trm_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None):
   params, buffers, puzzle_emb, cfg, step, run_config = (
       torch_import.restore_run_variables(
           config, checkpoint, ctx,
-          _run_optimizer_config(config, checkpoint, _TRM_RUN_FIELDS)))
+          _run_optimizer_config(config, checkpoint, _TRM_RUN_FIELDS),
+          step))
   name = f"step_{step}" if fmt == "torch" else "model.safetensors"
 
   def write(out):
@@ -588,6 +594,7 @@ def main(argv):
                          "workdir (it has no checkpoints/ directory).")
   check_run_family(_CHECKPOINT.value, family)
   check_run_model(_CHECKPOINT.value, config.model, _model_fields(family))
+  step = cli.workdir_step(_CHECKPOINT.value, _STEP.value)
   if family == "trm":
     check_out_spares_data(out_flag, config, _CHECKPOINT.value)
   if fmt in ("torch", "nanogpt"):  # torch.save: before the weights load
@@ -605,7 +612,7 @@ def main(argv):
 
   ctx = mesh_lib.ShardingContext.from_config(config)
   write, source = _WRITERS[family](config, _CHECKPOINT.value, ctx, fmt,
-                                   _DTYPE.value)
+                                   _DTYPE.value, step)
   # Everything goes to a sibling directory first: a failed export leaves
   # --out as it was. Through a symbolic link, into the directory it names.
   out = resolve_out(out_flag)
@@ -637,10 +644,11 @@ STOPPED_LINE = ("{tool}: stopped by {name} before it reported the export "
 
 def define_flags():
   global _CONFIG, _CHECKPOINT, _OUT, _TOKENIZER, _DTYPE, _FORMAT
-  global _OVERWRITE
+  global _OVERWRITE, _STEP
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Model config.",
                                             lock_config=True)
   _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "trm.main workdir.")
+  _STEP = cli.define_step_flag()
   _OUT = flags.DEFINE_string(
       "out", None, "Output directory (a symbolic link to one: the export "
       "goes into the directory it points at).")

@@ -65,9 +65,10 @@ def main(argv):
   inference.check_system(_SYSTEM.value, _SAMPLER["chat"].value, "--system")
   settings = sampler_settings(_SAMPLER)
   check_batch_and_seed(_SAMPLER, len(prompts))
+  step = cli.workdir_step(_CHECKPOINT.value, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
-  lm = load_model(_CHECKPOINT.value, _SAMPLER, _CONFIG.value)
+  lm = load_model(_CHECKPOINT.value, _SAMPLER, _CONFIG.value, step)
   first = jax.process_index() == 0  # on a pod every process generates
   if first:
     print(f"weights: {lm.source}")
@@ -137,16 +138,18 @@ def describe(settings: dict) -> str:
                         else ""))
 
 
-def load_model(checkpoint: str, holders: dict, config=None):
+def load_model(checkpoint: str, holders: dict, config=None,
+               step: int | None = None):
   """The DiffusionLM the flags name (--dtype, --tokenizer,
-  --allow_nonfinite)."""
+  --allow_nonfinite), of a workdir's checkpoint `step` (`choose_step`;
+  default the newest readable one)."""
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   allow = holders.get("allow_nonfinite")
   return inference.DiffusionLM.from_pretrained(
       checkpoint, dtype=holders["dtype"].value,
       tokenizer=holders["tokenizer"].value, config=config,
       allow_nonfinite=bool(allow.value) if allow is not None else False,
-      names=inference.CLI_NAMES)
+      checkpoint_step=step, names=inference.CLI_NAMES)
 
 
 def define_sampler_flags(*, temperature: float = 0.0,
@@ -205,13 +208,14 @@ def define_sampler_flags(*, temperature: float = 0.0,
 def define_flags():
   """Defines the command-line flags; only when run as a program, so that
   tests can import several entry points into one process."""
-  global _CONFIG, _CHECKPOINT, _PROMPT, _BATCH_FILE, _SYSTEM, _SAMPLER
+  global _CONFIG, _CHECKPOINT, _PROMPT, _BATCH_FILE, _SYSTEM, _SAMPLER, _STEP
   _CONFIG = config_flags.DEFINE_config_file(
       "config", None, "Optional: a config whose mesh and logical-axis rules "
       "to use (model sizes come from the checkpoint).", lock_config=True)
   _CHECKPOINT = flags.DEFINE_string(
       "checkpoint", None, "Hugging Face checkpoint directory, a trm.main "
-      "workdir (its newest checkpoint), or a Hub id ('org/name').")
+      "workdir (its checkpoint --step), or a Hub id ('org/name').")
+  _STEP = cli.define_step_flag()
   _PROMPT = flags.DEFINE_string("prompt", None, "One prompt.")
   _BATCH_FILE = flags.DEFINE_string(
       "batch_file", None, "A UTF-8 file with one prompt per line (LF or "

@@ -5,7 +5,7 @@ r"""Samples from a GPT, with nanoGPT's sample.py options:
   python -m trm.sample --init_from=gpt2 --checkpoint=DIR --start=FILE:p.txt
 
 `--init_from=resume` (the default) reads the newest checkpoint of a
-`trm.main` workdir and its config.json; `gpt2*` reads a Hugging Face GPT-2
+`trm.main` workdir (or the one `--step=best|N` names) and its config.json; `gpt2*` reads a Hugging Face GPT-2
 directory (and its tokenizer.json, when no meta.json names another);
 `--checkpoint=.../ckpt.pt` reads nanoGPT's own checkpoint (with
 `--data_dir` holding the dataset's meta.json, or nanoGPT's own meta.pkl).
@@ -52,6 +52,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "The trm.main workdir "
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A Hugging Face GPT-2 directory or a nanoGPT "
     "ckpt.pt, instead of a workdir.")
+_STEP = cli.define_step_flag()
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "Directory with the dataset's meta.json or nanoGPT's "
     "meta.pkl (default: the run's data_root/dataset, a ckpt.pt's "
@@ -196,8 +197,10 @@ def check_prompt_ids(prompt, vocab_size: int, codec, data_dir) -> None:
 
 
 def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
-               ctx):
-  """(GPTConfig, params on `ctx.mesh`, default meta.json dir, description)."""
+               ctx, step: int | None = None):
+  """(GPTConfig, params on `ctx.mesh`, default meta.json dir, description);
+  of a workdir, its checkpoint `step` (`cli.workdir_step`; default the
+  newest readable one)."""
   from trm.core import weights_io  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
   from trm.families.gpt import gpt_import  # pylint: disable=g-import-not-at-top
@@ -249,7 +252,7 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
   cfg = gpt.GPTConfig.from_config(config.model)
   cfg = dataclasses.replace(
       cfg, attention=attention_here(cfg.attention, ctx.platform))
-  params, step = gpt_import.restore_run_params(workdir, cfg, ctx)
+  params, step = gpt_import.restore_run_params(workdir, cfg, ctx, step)
   try:
     data_dir = gpt_task.data_dir(config)
   except (TypeError, AttributeError, KeyError) as e:
@@ -269,6 +272,12 @@ def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # Before jax starts: --step=best or a step not on disk is one line.
+  if _CHECKPOINT.value or _INIT_FROM.value != "resume":
+    step = cli.workdir_step(_CHECKPOINT.value or "", _STEP.value,
+                            "--checkpoint")
+  else:
+    step = cli.workdir_step(_WORKDIR.value or "", _STEP.value, "--workdir")
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
@@ -314,7 +323,7 @@ def main(argv):
                          devices=jax.devices()[:1]),
       config_lib.default_logical_axis_rules())
   cfg, params, data_dir, source = load_model(
-      _INIT_FROM.value, _WORKDIR.value, _CHECKPOINT.value, ctx)
+      _INIT_FROM.value, _WORKDIR.value, _CHECKPOINT.value, ctx, step)
   data_dir = _DATA_DIR.value or data_dir
   meta_source = "meta.json"  # named in errors about the vocabulary
   if data_dir and preparation.is_prepared(data_dir):

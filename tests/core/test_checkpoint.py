@@ -831,3 +831,56 @@ def test_a_peer_lost_during_a_save_is_not_reported_as_a_disk_error(tmp_path):
   with pytest.raises(JaxRuntimeError) as raised:
     ckpt_lib.check_async_errors(Manager())
   assert raised.value is lost and cli.peer_lost(raised.value)
+
+
+def _fake_checkpoints(directory, losses: dict):
+  """Step directories as a trainer leaves them, each with its held-out loss
+  record (`<step>/metrics/metrics`) where `losses` gives one."""
+  for step, loss in losses.items():
+    os.makedirs(directory / str(step))
+    if loss is not None:
+      os.makedirs(directory / str(step) / "metrics")
+      (directory / str(step) / "metrics" / "metrics").write_text(
+          json.dumps({ckpt_lib.EVAL_LOSS: loss}))
+
+
+def test_step_flag_chooses_latest_best_or_a_step_on_disk(tmp_path):
+  """--step of trm.generate, trm.evaluate, trm.export and trm.sample: best
+  is the step with the lowest held-out loss, a tie going to the newest (the
+  one Orbax's keep-best policy keeps); a step not on disk, a best with no
+  ranked step and a bad value are one line, before any weight is read."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  parse = cli._StepParser().parse  # pylint: disable=protected-access
+  assert (parse("Best"), parse("latest"), parse("0020")) == ("best",
+                                                             "latest", 20)
+  for bad in ("-1", "1e3", "²", "", "newest"):
+    with pytest.raises(ValueError, match="none of latest, best or a step"):
+      parse(bad)
+  workdir = tmp_path / "run"
+  directory = workdir / "checkpoints"
+  _fake_checkpoints(directory, {10: 2.0, 20: 1.5, 30: None, 40: 1.5,
+                                50: 3.0})
+  os.makedirs(directory / "60.orbax-checkpoint-tmp")  # not a step
+  assert cli.workdir_step(str(workdir), "latest") is None
+  assert cli.workdir_step(str(workdir), "best") == 40
+  assert cli.workdir_step(str(workdir), 30) == 30
+  with pytest.raises(FileNotFoundError, match=re.escape(
+      r"--step=25: " + f"{directory} has no step 25 (its steps: "
+      "[10, 20, 30, 40, 50])")):
+    cli.workdir_step(str(workdir), 25)
+  with pytest.raises(app.UsageError, match=re.escape(
+      f"is one checkpoint of the trm.main workdir {workdir}: pass "
+      f"--workdir={workdir} --step=20.")):  # for every --step
+    cli.workdir_step(str(directory / "20"), "latest", "--workdir")
+  with pytest.raises(app.UsageError, match=r"--checkpoint=.*hf is not one"):
+    cli.workdir_step(str(tmp_path / "hf"), "best")
+  assert cli.workdir_step(str(tmp_path / "hf"), "latest") is None
+  (directory / "20" / "metrics" / "metrics").write_text("{")
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r"20/metrics/metrics is damaged"):
+    cli.workdir_step(str(workdir), "best")
+  unranked = tmp_path / "unranked" / "checkpoints"
+  _fake_checkpoints(unranked, {6: None, 12: None})
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r"steps \[6, 12\].*config\.eval_every"):
+    ckpt_lib.choose_step(str(unranked), "best")

@@ -1153,6 +1153,54 @@ def _with_zeros(abstract_state, restored, absent):
   return abstract_state.replace(**restored, **zeros)
 
 
+def choose_step(directory: str, choice) -> int | None:
+  """The step of the checkpoint directory `directory` (a trm.main workdir's
+  checkpoints/, local or gs://) that `--step` (`cli.define_step_flag`)
+  names, for `restore_fields`: None for 'latest' (the newest readable step,
+  past a damaged one, as before), the step with the lowest held-out loss
+  for 'best' (the one the trainer's keep-best policy keeps; a tie goes to
+  the newest, as Orbax's), or the step number given. Called before any
+  weight is read; refuses in one line, naming the steps on disk, a step
+  that is not there or a 'best' with no ranked step."""
+  if choice == "latest":
+    return None
+  from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
+  path = epath.Path(directory)
+  steps = (sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
+           if path.is_dir() else [])
+  if not steps:
+    raise FileNotFoundError(f"{directory} holds no checkpoint; point at a "
+                            "trm.main workdir.")
+  if choice != "best":
+    if choice not in steps:
+      raise FileNotFoundError(
+          f"--step={choice}: {directory} has no step {choice} (its steps: "
+          f"{steps}); pass one of them, best or latest.")
+    return choice
+  name = ocp_manager.METRIC_ITEM_NAME
+  losses = {}
+  for step in steps:
+    record = path / str(step) / name / name
+    if not record.exists():
+      continue  # saved without an evaluation (or a preemption): unranked
+    try:
+      losses[step] = read_loss_record(record, EVAL_LOSS)
+    except ValueError as e:
+      raise CheckpointError(
+          f"--step=best: the held-out loss record {record} is damaged ({e}),"
+          " so the steps cannot be ranked. Pass --step=<a step> (steps: "
+          f"{steps}), or write the step's eval/loss from eval_{step}.json "
+          f'in the workdir there as {{"{EVAL_LOSS}": <number>}}.') from None
+  if not losses:
+    raise CheckpointError(
+        f"--step=best: no checkpoint of {directory} (steps {steps}) has a "
+        "held-out loss to rank it by: a step is ranked when it is saved "
+        "at an evaluation (config.eval_every; the run's config.eval_every "
+        "was 0, or no save met an evaluation). Pass --step=latest or "
+        "--step=<one of the steps>.")
+  return min(losses, key=lambda step: (losses[step], -step))
+
+
 def restore_fields(directory: str, abstract_fields: dict,
                    step: int | None = None, family: str | None = None):
   """(fields, step): only the named fields of a saved train state (e.g.

@@ -465,6 +465,76 @@ def check_output_dir(path: str, flag: str = "--output_dir") -> str:
   return path
 
 
+class _StepParser(flags.ArgumentParser):
+  """--step: 'latest', 'best' or a step number (an int), refused as the
+  flags are parsed, before anything is read."""
+  syntactic_help = "latest, best or a step number"
+
+  def parse(self, argument):
+    text = str(argument).strip().lower()
+    if text in ("latest", "best"):
+      return text
+    if text.isascii() and text.isdigit():
+      return int(text)
+    raise ValueError(f"{argument!r} is none of latest, best or a step number "
+                     "(e.g. --step=2000)")
+
+  def flag_type(self):
+    return "string"
+
+
+def parse_step(value) -> str | int:
+  """A --step value ('latest', 'best', a step number; an int passes) as
+  `checkpoint.choose_step` takes it; ValueError naming what is accepted."""
+  return _StepParser().parse(value)
+
+
+def define_step_flag() -> flags.FlagHolder:
+  """--step, which checkpoint of a trm.main workdir a reading tool
+  (trm.generate, trm.evaluate, trm.export, trm.sample) reads: its value is
+  'latest', 'best' or an int, for `checkpoint.choose_step`. Defined by each
+  tool's `define_flags`, not here: trm.main and the builders take no
+  --step."""
+  return flags.DEFINE(
+      _StepParser(), "step", "latest",
+      "Which checkpoint of a trm.main workdir to read: latest (the newest "
+      "readable one), best (the one with the lowest held-out loss, which "
+      "the trainer keeps) or a step number.")
+
+
+def workdir_step(workdir: str, choice, flag: str = "--checkpoint"
+                 ) -> int | None:
+  """The step --step (`define_step_flag`) names among the checkpoints of
+  the trm.main workdir `workdir` (`checkpoint.choose_step`), before any
+  weight is read; None for latest. Another source (Hugging Face weights, a
+  Hub id, a PyTorch file) holds one set of weights: any other --step is
+  refused there, as is an object-store workdir (read from a local disk,
+  as without --step). A step's own directory, `<workdir>/checkpoints/<N>`,
+  is refused naming the flags that read it (no tool reads one alone)."""
+  parent, name = os.path.split(os.path.normpath(workdir)) if workdir else (
+      "", "")
+  if (name.isascii() and name.isdigit()
+      and os.path.basename(parent) == "checkpoints"
+      and os.path.isdir(workdir)):
+    raise app.UsageError(
+        f"{flag}={workdir} is one checkpoint of the trm.main workdir "
+        f"{os.path.dirname(parent)}: pass {flag}={os.path.dirname(parent)} "
+        f"--step={int(name)}.")
+  if choice == "latest":
+    return None
+  if "://" in workdir:
+    from trm.core import weights_io  # pylint: disable=g-import-not-at-top
+    weights_io.check_local(workdir, flag, "trm.main workdirs are")
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    raise app.UsageError(
+        f"--step={choice} chooses among the checkpoints of a trm.main "
+        f"workdir; {flag}={workdir} is not one (it has no checkpoints/ "
+        "directory). Drop --step, or point at the workdir.")
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  return ckpt_lib.choose_step(directory, choice)
+
+
 def show_shared_flags(compilation_cache: bool = True,
                       flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Makes the flags that trm modules define for the running tool key flags

@@ -63,6 +63,20 @@ def test_loss_falls_and_checkpoints_are_written(trained):
   assert last < first - 0.5, (first, last)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["10",
                                                                       "20"]
+  # --step: best is the step of the lower held-out loss (20, as recorded);
+  # --step=10 (checkpoint_step of the API) reads step 10's weights, not
+  # the newest ones.
+  from trm import generate  # pylint: disable=g-import-not-at-top
+  from trm.core import cli  # pylint: disable=g-import-not-at-top
+  assert cli.workdir_step(workdir, "best") == 20
+  newest, cfg = _workdir_params(workdir)
+  shardings = jax.tree.map(lambda x: x.sharding, newest)
+  older, source = generate.load_params(
+      workdir, cfg, shardings, checkpoint_step="10")
+  assert source.endswith("checkpoints step 10")
+  assert not all(np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(jax.device_get(older)),
+      jax.tree.leaves(jax.device_get(newest))))
 
 
 def test_rerun_resumes_and_reevaluates_identically(trained, code_glob):

@@ -96,6 +96,9 @@ def test_loss_falls_and_both_splits_are_evaluated(trained, data_root):
   assert last["eval/val_loss"] < first["eval/val_loss"]
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["30",
                                                                       "60"]
+  # --step=best (trm.sample, trm.export): the lower held-out loss's step.
+  from trm.core import cli  # pylint: disable=g-import-not-at-top
+  assert cli.workdir_step(workdir, "best") == 60
   # The dataset was prepared from the text, nanoGPT-style.
   prepared = os.path.join(data_root, "shakespeare_char")
   assert sorted(os.listdir(prepared)) == ["meta.json", "train.bin", "val.bin"]
@@ -333,12 +336,12 @@ def test_a_better_last_step_killed_while_saving_is_trained_again(
       "2", "4"]
 
 
-def sample_two(workdir):
+def sample_two(workdir, *flags):
   """`trm.sample` from a workdir: two samples that continue 'ROMEO:'."""
   result = subprocess.run(
       [sys.executable, "-m", "trm.sample", f"--workdir={workdir}",
        "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=40",
-       "--top_k=5"],
+       "--top_k=5", *flags],
       capture_output=True, text=True, cwd=ROOT, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-2000:]
@@ -351,8 +354,11 @@ def sample_two(workdir):
 
 
 def test_sample_prints_text_from_the_workdir(trained):
+  """... of the checkpoint --step names (30; 60 is the newest)."""
   workdir, _ = trained
-  assert "tokens/s" in sample_two(workdir).stderr
+  stderr = sample_two(workdir, "--step=30").stderr
+  assert "tokens/s" in stderr
+  assert f"weights: {workdir} step 30\n" in stderr
 
 
 @pytest.mark.parametrize("edit", [{"data_root": 5}, {"data": 5}])

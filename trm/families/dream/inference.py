@@ -545,6 +545,7 @@ class DiffusionLM:
                       attention: Optional[str] = None,
                       allow_nonfinite: bool = False,
                       revision: Optional[str] = None,
+                      checkpoint_step: Optional[int | str] = None,
                       names: ArgumentNames = API_NAMES):
     """From a Hugging Face directory, a Hub id or a `trm.main` workdir.
 
@@ -573,7 +574,10 @@ class DiffusionLM:
     not: they come from the checkpoint); attention: 'dot'
     or 'splash' (the Pallas TPU kernel; default: the config's
     model.attention, else 'dot'); allow_nonfinite: load Hugging Face
-    weights holding NaN or Inf (refused by default, naming the tensor).
+    weights holding NaN or Inf (refused by default, naming the tensor);
+    checkpoint_step: of a `trm.main` workdir, which checkpoint to read:
+    'latest' (None: the newest readable one), 'best' (the lowest held-out
+    loss, the one the trainer keeps) or a step number.
     A workdir of another model family (GPT, TRM) is refused first, naming
     the command that samples it. names: how errors name these arguments
     (the command-line tools pass `CLI_NAMES`, their flags).
@@ -677,7 +681,8 @@ class DiffusionLM:
         lambda: dream.abstract_params(cfg))
     params, source = load_params(path, cfg, shardings,
                                  allow_nonfinite=allow_nonfinite,
-                                 allow_hint=names.allow_nonfinite)
+                                 allow_hint=names.allow_nonfinite,
+                                 checkpoint_step=checkpoint_step)
     return cls(cfg, params, tok, mesh=mesh, rules=rules,
                max_positions=positions, source=source)
 
@@ -921,8 +926,10 @@ def check_finite_params(params, cfg, where: str,
 
 def load_params(checkpoint: str, cfg, shardings,
                 allow_nonfinite: bool = False,
-                allow_hint: str = "allow_nonfinite=True"):
-  """(params, description) from a HF directory or a trm.main workdir.
+                allow_hint: str = "allow_nonfinite=True",
+                checkpoint_step: int | str | None = None):
+  """(params, description) from a HF directory or a trm.main workdir (its
+  checkpoint `checkpoint_step`: see `DiffusionLM.from_pretrained`).
 
   A workdir of another model family is refused naming the command that
   samples it; Hugging Face weights holding NaN or Inf are refused naming
@@ -935,11 +942,22 @@ def load_params(checkpoint: str, cfg, shardings,
   saved = os.path.join(checkpoint, "checkpoints")
   if os.path.isdir(saved):
     check_dream_workdir(checkpoint)
+    if checkpoint_step is not None:
+      try:
+        choice = cli.parse_step(checkpoint_step)
+      except ValueError as e:
+        raise ValueError(f"checkpoint_step={checkpoint_step!r}: {e}.") from None
+      checkpoint_step = ckpt_lib.choose_step(saved, choice)
     abstract = state_lib.with_shardings(
         meta.unbox(dream.abstract_params(cfg)), shardings)
     fields, step = ckpt_lib.restore_fields(saved, {"params": abstract},
+                                           step=checkpoint_step,
                                            family="DiffuCoder/Dream")
     return fields["params"], f"{saved} step {step}"
+  if checkpoint_step not in (None, "latest"):
+    raise ValueError(f"checkpoint_step={checkpoint_step!r} chooses among the "
+                     f"checkpoints of a trm.main workdir; {checkpoint} is "
+                     "not one (it has no checkpoints/ directory).")
   params = hf_import.load_hf_checkpoint(checkpoint, cfg, shardings)
   if not allow_nonfinite:
     check_finite_params(params, cfg, checkpoint, allow_hint)

@@ -375,23 +375,27 @@ def to_sharded(params, shardings, dtype=None):
 # ------------------------------------------------------------------ our runs
 
 
-def _restore_run_fields(workdir: str, ctx, build_boxed):
+def _restore_run_fields(workdir: str, ctx, build_boxed,
+                        step: int | None = None):
   """(fields, step, checkpoints directory): the fields `build_boxed()` (a
-  dict of boxed abstract trees) describes, read from the newest readable
-  checkpoint of a trm.main workdir onto `ctx`'s mesh."""
+  dict of boxed abstract trees) describes, read from checkpoint `step`
+  (default: the newest readable one) of a trm.main workdir onto `ctx`'s
+  mesh."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   boxed, shardings = ctx.boxed_shardings(build_boxed)
   directory = os.path.join(workdir, "checkpoints")
   fields, step = ckpt_lib.restore_fields(
-      directory, state_lib.with_shardings(nn.meta.unbox(boxed), shardings))
+      directory, state_lib.with_shardings(nn.meta.unbox(boxed), shardings),
+      step=step)
   return fields, step, directory
 
 
-def restore_run_training(workdir: str, cfg: GPTConfig, ctx, tx):
-  """(params, adam, step, best_val_loss) of the newest readable checkpoint
-  of a trm.main workdir: `restore_run_params` plus the AdamW state of `tx`
+def restore_run_training(workdir: str, cfg: GPTConfig, ctx, tx,
+                         step: int | None = None):
+  """(params, adam, step, best_val_loss) of checkpoint `step` (default: the
+  newest readable one) of a trm.main workdir: `restore_run_params` plus the AdamW state of `tx`
   (the run's `gpt.steps.make_optimizer`) as {'mu', 'nu': trees like params,
   'count': its step}, and the best held-out loss the step was saved with
   (None when it has none)."""
@@ -403,7 +407,8 @@ def restore_run_training(workdir: str, cfg: GPTConfig, ctx, tx):
     params = gpt.abstract_params(cfg)
     return {"params": params, "opt_state": jax.eval_shape(tx.init, params)}
 
-  fields, step, directory = _restore_run_fields(workdir, ctx, boxed_fields)
+  fields, step, directory = _restore_run_fields(workdir, ctx, boxed_fields,
+                                                step)
   adam = [node for node in jax.tree.leaves(
       fields["opt_state"],
       is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
@@ -417,11 +422,12 @@ def restore_run_training(workdir: str, cfg: GPTConfig, ctx, tx):
           ckpt_lib.read_best_loss(directory, step))
 
 
-def restore_run_params(workdir: str, cfg: GPTConfig, ctx):
-  """(params on `ctx`'s mesh, step): the newest readable checkpoint of a
-  trm.main workdir, its parameters only (the AdamW moments are not read),
+def restore_run_params(workdir: str, cfg: GPTConfig, ctx,
+                       step: int | None = None):
+  """(params on `ctx`'s mesh, step): checkpoint `step` (default: the newest
+  readable one) of a trm.main workdir, its parameters only (the AdamW moments are not read),
   for `cfg`, the run's own model config."""
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
   fields, step, _ = _restore_run_fields(
-      workdir, ctx, lambda: {"params": gpt.abstract_params(cfg)})
+      workdir, ctx, lambda: {"params": gpt.abstract_params(cfg)}, step)
   return fields["params"], step

@@ -231,16 +231,18 @@ def build(config, workdir: str, ctx) -> Task:
           partial=test_source.partial))
 
 
-def load_eval_state(checkpoint: str, program, abstract, shardings, ctx):
+def load_eval_state(checkpoint: str, program, abstract, shardings, ctx,
+                    step: int | None = None):
   """(train state, description) for `trm.evaluate`: the weights of a
-  trm.main workdir or of an upstream PyTorch checkpoint file."""
+  trm.main workdir (its checkpoint `step`, default the newest readable
+  one) or of an upstream PyTorch checkpoint file."""
   from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   saved = os.path.join(checkpoint, "checkpoints")
   names = ("params", "ema_params", "buffers", "puzzle_emb")
   if os.path.isdir(saved):
     fields, step = ckpt_lib.restore_fields(
-        saved, {k: getattr(abstract, k) for k in names},
+        saved, {k: getattr(abstract, k) for k in names}, step=step,
         family=trm_program.DISPLAY_NAME)
     state = state_lib.init_state(program.init_fn, ctx, shardings)
     return state.replace(**fields), f"{saved} step {step}"

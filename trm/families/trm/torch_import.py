@@ -455,11 +455,12 @@ def export_torch_checkpoint(params, buffers, puzzle_emb,
   return list(tensors)
 
 
-def restore_run_variables(config, workdir: str, ctx, settings=None):
+def restore_run_variables(config, workdir: str, ctx, settings=None,
+                          step: int | None = None):
   """(params, buffers, puzzle table, TRMConfig, step, `run_config_dict`
-  of `settings`, the run's training settings, default `config`) of the
-  newest
-  readable checkpoint of a trm.main workdir, the variables upstream's
+  of `settings`, the run's training settings, default `config`) of
+  checkpoint `step` (default: the newest readable one) of a trm.main
+  workdir, the variables upstream's
   `pretrain.py` saves: with `config.optim.ema` the EMA of the parameters
   (the model it evaluates and saves), else the parameters. The model's
   sizes (vocabulary, sequence, puzzle identifiers) come from the run's
@@ -484,7 +485,7 @@ def restore_run_variables(config, workdir: str, ctx, settings=None):
   fields, step = ckpt_lib.restore_fields(
       os.path.join(workdir, "checkpoints"),
       {k: getattr(abstract, k) for k in (weights, "buffers", "puzzle_emb")},
-      family=trm_program.DISPLAY_NAME)
+      step=step, family=trm_program.DISPLAY_NAME)
   return (fields[weights], fields["buffers"], fields["puzzle_emb"],
           program.model.cfg, step, run_config_dict(
               config if settings is None else settings, program.model.cfg,
