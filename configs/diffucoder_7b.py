@@ -88,6 +88,8 @@ def get_config(arg=None):
   c.eval_every = 1000           # evaluation cadence in steps
   c.checkpoint_every = 1000     # save cadence in steps
   c.log_every = 10              # train-metric cadence in steps
+  c.metrics_jsonl = True        # also WORKDIR/metrics.jsonl: one JSON object
+                                # per write (step, metrics; NaN/Inf null)
   c.profiler_steps = 0          # train steps traced by jax.profiler into
                                 # <workdir>/plugins/profile (0: none)
   c.skip_first_n_steps_for_profiler = 1  # steps of each run (and resume)

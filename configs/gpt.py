@@ -108,6 +108,8 @@ def get_config(arg=None):
   # I/O (nanoGPT names).
   c.eval_interval = 2000        # evaluate (and maybe checkpoint) every N iters
   c.log_interval = 1            # train-metric cadence in iterations
+  c.metrics_jsonl = True        # also WORKDIR/metrics.jsonl: one JSON object
+                                # per write (step, metrics; NaN/Inf null)
   c.eval_iters = 200            # batches per split in estimate_loss
   c.eval_only = False           # evaluate the restored model, then exit
   c.eval_at_start = True        # evaluate the starting weights first (step

@@ -110,6 +110,8 @@ def get_config(arg=None):
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.log_every = 100             # train metrics cadence in steps
+  c.metrics_jsonl = True        # also WORKDIR/metrics.jsonl: one JSON object
+                                # per write (step, metrics; NaN/Inf null)
   c.profiler_steps = 0          # train steps traced by jax.profiler into
                                 # <workdir>/plugins/profile (0: none)
   c.skip_first_n_steps_for_profiler = 1  # steps of each run (and resume)

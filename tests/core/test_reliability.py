@@ -512,10 +512,13 @@ def test_a_run_file_of_the_wrong_kind_fails_before_the_data(tmp_path):
                        "directory"),
            "config.json": ("a directory", "config record", "file"),
            # (The lock's read waited for a writer forever.)
-           "trainer.lock": ("not a regular file", "workdir lock", "file")}
+           "trainer.lock": ("not a regular file", "workdir lock", "file"),
+           # (The JSON-lines writer's read at open would wait forever too.)
+           "metrics.jsonl": ("not a regular file", "metrics as JSON lines",
+                             "file")}
   for name, (found, what, kind) in cases.items():
     workdir = tmp_path / name.replace(".", "_")
-    if name == "trainer.lock":
+    if name in ("trainer.lock", "metrics.jsonl"):
       workdir.mkdir()
       os.mkfifo(workdir / name)
     elif kind == "file":

@@ -1,5 +1,6 @@
 """End-to-end: the loss falls, a crashed run resumes bit-exactly, bad
 configs fail early with clear messages. 8 CPU devices, mesh 2x2x2."""
+import json
 import logging
 import os
 import re
@@ -130,6 +131,15 @@ def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
   # Every 4 steps, and the steps since then at each checkpoint (6, 18).
   assert [e.step for e in events.Tensors("train/lm_loss")] == [
       4, 6, 8, 12, 16, 18, 20, 24]
+  # The same figures as JSON lines (MaxText's metrics_file), strictly parsed.
+  records = _metrics_jsonl(tmp_path)
+  assert [r["step"] for r in records if "train/lm_loss" in r] == [
+      4, 6, 8, 12, 16, 18, 20, 24]
+  np.testing.assert_allclose(
+      [r["train/lm_loss"] for r in records if "train/lm_loss" in r],
+      [float(tensor_util.make_ndarray(e.tensor_proto))
+       for e in events.Tensors("train/lm_loss")], rtol=1e-6)
+  assert [r["step"] for r in records if "eval/loss" in r] == [24]
   assert losses[-1] < losses[0] - 0.1, losses
   # The learning rate of each logged step's update, as AdamATan2 took it
   # from the schedule (count = the steps applied before it): not logged
@@ -194,6 +204,26 @@ def _train_loss_events(workdir, tag="train/loss") -> list:
   return events.Tensors(tag)
 
 
+def _metrics_jsonl(workdir) -> list[dict]:
+  """The records of `workdir`'s metrics.jsonl, parsed strictly (no NaN or
+  Infinity tokens, one object per line)."""
+  def refuse(name):
+    raise ValueError(f"{name} in metrics.jsonl")
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    text = f.read()
+  assert text.endswith("\n")
+  return [json.loads(line, parse_constant=refuse)
+          for line in text.splitlines()]
+
+
+def _jsonl_losses(workdir, key="train/loss") -> dict:
+  """{step: `key`} from metrics.jsonl, each step's record once."""
+  records = [r for r in _metrics_jsonl(workdir) if key in r]
+  steps = [r["step"] for r in records]
+  assert len(steps) == len(set(steps)), steps
+  return {r["step"]: r[key] for r in records}
+
+
 def _train_steps_on_disk(workdir):
   """The steps of train/loss, each as often as it was written."""
   return sorted(e.step for e in _train_loss_events(workdir))
@@ -244,6 +274,11 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_metrics(
   with pytest.raises(_Killed):
     train.train_and_evaluate(config, str(killed), families.build_task)
   assert _train_steps_on_disk(killed) == [4, 6]
+  assert list(_jsonl_losses(killed)) == [4, 6]  # flushed before the save
+  # A record the killed run wrote after its checkpoint (step 8, which the
+  # resumed run writes again), then a line cut short by the kill.
+  with open(killed / "metrics.jsonl", "a", encoding="utf-8") as f:
+    f.write('{"step": 8, "train/loss": 99.0}\n{"step": 9, "train/lo')
   # What a run killed inside `atomic_write` leaves (no later write removed
   # them); a file of the user's, a link of that form and a dataset's
   # temporary (its build has a lock of its own) stay.
@@ -269,6 +304,12 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_metrics(
   np.testing.assert_allclose([resumed[k] for k in sorted(resumed)],
                              [expected[k] for k in sorted(expected)],
                              rtol=1e-5)
+  # metrics.jsonl: the records past checkpoint 6 and the torn line were
+  # dropped, and the resumed run wrote steps 8 and 12 once, as the
+  # uninterrupted run did.
+  assert _jsonl_losses(whole) == pytest.approx(expected, rel=1e-6)
+  assert _jsonl_losses(killed) == pytest.approx(_jsonl_losses(whole),
+                                                rel=1e-5)
 
 
 def test_a_full_disk_at_an_evaluation_is_one_line(tmp_path, data_dir,
@@ -353,10 +394,15 @@ def test_a_checkpoint_without_the_skipped_step_counters_resumes(
   shutil.rmtree(tmp_path / "old" / "checkpoints" / "12")
   _drop_fields(str(tmp_path / "old" / "checkpoints"), 6,
                state_lib.COUNTER_FIELDS)
+  # config.metrics_jsonl=False: the file is neither written nor cut back
+  # to step 6.
+  jsonl = (tmp_path / "old" / "metrics.jsonl").read_text()
+  config = _run_config(data_dir)
+  config.metrics_jsonl = False
   with caplog.at_level(logging.WARNING):
-    resumed, _ = train.train_and_evaluate(_run_config(data_dir),
-                                          str(tmp_path / "old"),
+    resumed, _ = train.train_and_evaluate(config, str(tmp_path / "old"),
                                           families.build_task)
+  assert (tmp_path / "old" / "metrics.jsonl").read_text() == jsonl
   assert ("was written before trm kept ['bad_streak', 'skipped_steps'] in "
           "the train state; they start at 0.") in caplog.text
   assert int(resumed.step) == 12
@@ -500,6 +546,26 @@ def test_a_keep_period_off_the_save_cadence_is_a_clear_error(tmp_path, every):
                      " must be 0 .* or a multiple of config.checkpoint_every=6"):
     train.train_and_evaluate(tiny_config(keep_checkpoint_every=every),
                              str(tmp_path), families.build_task)
+
+
+def test_metrics_jsonl_is_strict_and_drops_what_a_resume_rewrites(tmp_path):
+  """NaN/Inf are null (strict JSON readers refused NaN tokens); a torn last
+  line is left out at open (it would have joined the next record); and
+  drop_after keeps the steps up to the checkpoint resumed from."""
+  path = str(tmp_path / "metrics.jsonl")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write('{"step": 2, "a": 1.0}\n{"step": 4, "a": 2.0}\n{"step": 6, "a')
+  writer = train.metrics_lib.JsonlWriter(path)
+  writer.write_scalars(6, {"a": np.float32("nan"), "b": np.inf,
+                           "c": np.int32(3)})
+  writer.flush()
+  assert _metrics_jsonl(tmp_path) == [
+      {"step": 2, "a": 1.0}, {"step": 4, "a": 2.0},
+      {"step": 6, "a": None, "b": None, "c": 3}]
+  writer.drop_after(4)
+  writer.write_scalars(5, {"a": 0.5})
+  writer.close()
+  assert [r["step"] for r in _metrics_jsonl(tmp_path)] == [2, 4, 5]
 
 
 def test_a_split_smaller_than_one_batch_fails_before_compile(tmp_path):

@@ -174,6 +174,9 @@ _OTHER_TRAINERS = {
                     "best) checkpoints"),
     "keep_ckpt_steps": "config.keep_checkpoint_every is big_vision's "
                        "keep_ckpt_steps",
+    **dict.fromkeys(("metrics_file", "log_history"),
+                    "config.metrics_jsonl writes every metric to "
+                    "WORKDIR/metrics.jsonl"),
     **dict.fromkeys(("per_device_batch_size", "per_device_train_batch_size"),
                     "the batch is set over the whole mesh: "
                     "config.global_batch_size (GPT: batch_size x "

@@ -297,3 +297,113 @@ def create_default_writer(logdir, *, asynchronous: bool = True):
   from clu import metric_writers  # pylint: disable=g-import-not-at-top
   return metric_writers.create_default_writer(logdir,
                                               asynchronous=asynchronous)
+
+
+# --------------------------------------------------------------------------
+# Metrics as JSON lines (MaxText's metrics_file, Hugging Face's log_history).
+
+# At the top of the workdir (config.metrics_jsonl).
+JSONL_NAME = "metrics.jsonl"
+
+
+def _jsonl_records(path: str) -> list[tuple[int, str]]:
+  """(step, line) of each record in `path` a strict JSON reader accepts; a
+  line that is not such an object with an integer step (the torn last line
+  of a killed run) is left out, with a warning."""
+  import json  # pylint: disable=g-import-not-at-top
+  records, torn = [], 0
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for line in f:
+      try:
+        record = json.loads(line, parse_constant=_refuse_constant)
+        step = record["step"]
+        if isinstance(step, bool) or not isinstance(step, int):
+          raise ValueError(step)
+      except (ValueError, TypeError, KeyError):
+        torn += 1
+        continue
+      records.append((step, line if line.endswith("\n") else line + "\n"))
+  if torn:
+    logging.warning("%s: left out %d line(s) that were not whole JSON "
+                    "records (a killed run's last write).", path, torn)
+  return records
+
+
+def _refuse_constant(name):
+  raise ValueError(f"{name} is not JSON")
+
+
+class JsonlWriter:
+  """One strict JSON object per `write_scalars` call, appended to `path`:
+  `{"step": N, "train/loss": ..., ...}`, NaN and Inf as null. Flushed with
+  the other writers (`flush`: before each checkpoint and after each
+  evaluation), so a record is on disk when the events file's is.
+
+  A run resumed from checkpoint step S writes the steps after S again: the
+  killed run's records past S are dropped first (`drop_after`), so each
+  train step's record appears once. Records at S itself are kept; a
+  resumed run may add to them (its compile time, an evaluation a
+  preemption cut short), and a reader takes the last value of a key at a
+  step. Texts, images, histograms and hparams go to TensorBoard only."""
+
+  def __init__(self, path: str):
+    self._path = path
+    self._lock = threading.Lock()  # writes may come from other threads
+    if os.path.exists(path):
+      self._rewrite(lambda step: True)  # a torn last line would join ours
+    self._file = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+
+  def _rewrite(self, keep) -> int:
+    """Rewrites the file whole with the records whose step `keep`s;
+    returns how many were left out."""
+    from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+    records = _jsonl_records(self._path)
+    kept = [line for step, line in records if keep(step)]
+    with open(self._path, "rb") as f:
+      before = f.read()
+    after = "".join(kept).encode()
+    if after != before:
+      atomic_files.replace_whole(self._path, after)
+    return len(records) - len(kept)
+
+  def drop_after(self, step: int) -> None:
+    """Removes the records of steps after `step` (the checkpoint a run
+    resumes from: it writes those steps again)."""
+    with self._lock:
+      self._file.close()
+      dropped = self._rewrite(lambda s: s <= step)
+      self._file = open(self._path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+    if dropped:
+      logging.info("%s: dropped %d record(s) past step %d, written by a run "
+                   "that stopped after it; they are written again.",
+                   self._path, dropped, step)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]):
+    import json  # pylint: disable=g-import-not-at-top
+    from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+    record = {"step": int(step)}
+    record.update({k: np.asarray(v).item() for k, v in scalars.items()})
+    line = json.dumps(atomic_files.nonfinite_as_null(record),
+                      allow_nan=False)
+    with self._lock:
+      self._file.write(line + "\n")
+
+  def write_summaries(self, step: int, values: Mapping[str, Any],
+                      metadata: Optional[Mapping[str, Any]] = None):
+    del metadata
+    self.write_scalars(step, {k: v for k, v in values.items()
+                              if np.ndim(v) == 0})
+
+  def _skip(self, *args, **kwargs):
+    del args, kwargs
+
+  write_images = write_videos = write_audios = write_texts = _skip
+  write_histograms = write_hparams = write_pointcloud = _skip
+
+  def flush(self):
+    with self._lock:
+      self._file.flush()
+
+  def close(self):
+    with self._lock:
+      self._file.close()

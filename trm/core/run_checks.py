@@ -14,6 +14,7 @@ from etils import epath
 from trm.core import cli
 from trm.core import config_record
 from trm.core import loss_scale
+from trm.core import metrics as metrics_lib
 from trm.core import tpu_flags
 from trm.core import wandb_writer
 from trm.core import workdir_lock
@@ -213,7 +214,8 @@ def _numeric_fields(node, pattern: str, prefix=""):
 # the directories of an evaluation's outputs (sheets, submissions).
 _RUN_FILES = {config_record.RECORD: "config record",
               config_record.HISTORY: "record of config changes",
-              workdir_lock.LOCK_NAME: "workdir lock"}
+              workdir_lock.LOCK_NAME: "workdir lock",
+              metrics_lib.JSONL_NAME: "metrics as JSON lines"}
 _EVAL_RECORD = re.compile(r"eval_(\d+)\.json")
 _EVAL_OUTPUTS = re.compile(r"eval_(\d+)")
 

@@ -177,12 +177,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     raise _disk_error(e, workpath) from e
 
 
-def make_writer(config, workdir: str, is_main: bool):
-  """TensorBoard (and W&B when config.wandb.enabled) on process 0; the
-  other processes write nothing (metrics are global)."""
+def make_writer(config, workdir: str, is_main: bool, metrics_file=None):
+  """TensorBoard (and W&B when config.wandb.enabled; and `metrics_file`,
+  the run's metrics.jsonl) on process 0; the other processes write nothing
+  (metrics are global)."""
   if not is_main:
     return metric_writers.MultiWriter([])
   writers = [metric_writers.create_default_writer(workdir, asynchronous=True)]
+  if metrics_file is not None:
+    writers.append(metrics_file)
   if config.wandb.enabled:
     writers.append(wandb_writer.create(config, workdir))
   return metric_writers.MultiWriter(writers)
@@ -307,7 +310,16 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   start_step = int(state.step)
   # Only a run whose config checked out (mesh, data, restore) records it, so
   # a bad restart leaves the run's config.json and logs as they were.
-  writer = make_writer(config, workdir, is_main)
+  metrics_file = None
+  if is_main and config.get("metrics_jsonl", True):
+    if "://" in workdir:  # an object store has no appends
+      logging.warning("config.metrics_jsonl: no metrics.jsonl in a %s "
+                      "workdir (TensorBoard's events hold the metrics).",
+                      workdir.split("://")[0])
+    else:
+      metrics_file = metrics_lib.JsonlWriter(
+          os.path.join(workdir, metrics_lib.JSONL_NAME))
+  writer = make_writer(config, workdir, is_main, metrics_file)
   cleanup.callback(writer.close)  # also on errors: W&B finishes its run
   if is_main:
     config_record.record(config, workpath, config_changes, resume_step)
@@ -589,6 +601,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       if not finished:
         logging.info("Training from step %d to %d.", start_step,
                      config.total_steps)
+        if metrics_file is not None:
+          # A killed run's records after the checkpoint resumed from: this
+          # run writes those steps again (a run that only evaluates keeps
+          # them all: the steps past its checkpoint were not retrained).
+          metrics_file.drop_after(start_step)
       if not finished:  # skip_first_n_steps_for_profiler=0: from the first
         profile(step, barrier=state)
       while not finished and step < config.total_steps:
