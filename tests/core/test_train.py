@@ -95,7 +95,8 @@ def _assert_resumed_equal(reference, resumed):
       np.asarray(resumed.puzzle_emb["weights"]))
 
 
-def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
+def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch,
+                                        caplog):
   in_flight = []  # the unfinished calls after each train and eval step
 
   class RecordingBound(dispatch.DispatchBound):
@@ -107,12 +108,21 @@ def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
   monkeypatch.setattr(train.dispatch, "DispatchBound", RecordingBound)
   # Steps 3-4 traced by jax.profiler (MaxText's profiler window): none was
   # configurable before.
+  # Checkpoints off (MaxText's enable_checkpointing=False): none was, not
+  # even the last step's (a pod benchmark wrote a 22B model's ~260 GB).
   config = tiny_config(**{"data.data_dir": data_dir, "total_steps": 24,
                           "eval_every": 24, "log_every": 4,
                           "optim.lr": 3e-3, "profiler_steps": 2,
-                          "skip_first_n_steps_for_profiler": 2})
-  state, results = train.train_and_evaluate(config, str(tmp_path), families.build_task)
+                          "skip_first_n_steps_for_profiler": 2,
+                          "checkpoint_every": 0})
+  with caplog.at_level(logging.WARNING):
+    state, results = train.train_and_evaluate(config, str(tmp_path),
+                                              families.build_task)
+  assert ("config.checkpoint_every=0: this run writes no checkpoint, not at "
+          "step 24 (config.total_steps) nor on preemption") in caplog.text
   assert int(state.step) == 24
+  assert ckpt_lib.complete_steps(tmp_path / "checkpoints") == []
+  assert not os.listdir(tmp_path / "checkpoints")
   traces = list(tmp_path.glob("plugins/profile/*/*.xplane.pb"))
   assert len(traces) == 1 and traces[0].stat().st_size > 0, traces
   # 24 train steps and 2 eval batches, never more than 2 of them unfinished.
@@ -128,13 +138,14 @@ def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
   from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
   losses = [float(tensor_util.make_ndarray(e.tensor_proto))
             for e in events.Tensors("train/lm_loss")]
-  # Every 4 steps, and the steps since then at each checkpoint (6, 18).
+  # Every 4 steps (no checkpoint logs the steps since the last log: see
+  # test_metrics_up_to_a_checkpoint_are_on_disk_before_it_is_saved).
   assert [e.step for e in events.Tensors("train/lm_loss")] == [
-      4, 6, 8, 12, 16, 18, 20, 24]
+      4, 8, 12, 16, 20, 24]
   # The same figures as JSON lines (MaxText's metrics_file), strictly parsed.
   records = _metrics_jsonl(tmp_path)
   assert [r["step"] for r in records if "train/lm_loss" in r] == [
-      4, 6, 8, 12, 16, 18, 20, 24]
+      4, 8, 12, 16, 20, 24]
   np.testing.assert_allclose(
       [r["train/lm_loss"] for r in records if "train/lm_loss" in r],
       [float(tensor_util.make_ndarray(e.tensor_proto))
@@ -149,7 +160,7 @@ def test_loss_falls_and_state_is_sharded(tmp_path, data_dir, monkeypatch):
                                config.optim.lr_min_ratio)
   rates = {e.step: float(tensor_util.make_ndarray(e.tensor_proto))
            for e in events.Tensors("train/lr")}
-  assert list(rates) == [4, 6, 8, 12, 16, 18, 20, 24]
+  assert list(rates) == [4, 8, 12, 16, 20, 24]
   np.testing.assert_allclose(list(rates.values()),
                              [float(schedule(s - 1)) for s in rates],
                              rtol=1e-6)
@@ -525,7 +536,7 @@ def test_a_data_dir_that_is_a_file_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("key", ["total_steps", "eval_every",
-                                 "checkpoint_every", "data.epochs_per_iter"])
+                                 "data.epochs_per_iter"])
 def test_non_positive_cadence_is_a_clear_error(tmp_path, key):
   with pytest.raises(ValueError, match=f"config.{key}=0"):
     train.train_and_evaluate(tiny_config(**{key: 0}), str(tmp_path), families.build_task)
@@ -546,6 +557,40 @@ def test_a_keep_period_off_the_save_cadence_is_a_clear_error(tmp_path, every):
                      " must be 0 .* or a multiple of config.checkpoint_every=6"):
     train.train_and_evaluate(tiny_config(keep_checkpoint_every=every),
                              str(tmp_path), families.build_task)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"checkpoint_every": -1}, r"config.checkpoint_every=-1 must be a "
+     r"positive integer \(or 0: write no checkpoint\)"),
+    ({"checkpoint_every": 0, "keep_checkpoint_every": 6},
+     r"checkpoint_every=0 writes no checkpoint, so config."
+     r"keep_checkpoint_every=6 has none to keep"),
+    ({"checkpoint_every": 0, "always_save_checkpoint": False},
+     r"checkpoint_every=0 writes no checkpoint, not even the improving ones "
+     r"always_save_checkpoint=False keeps"),
+])
+def test_checkpoints_off_refuses_contradicting_fields(tmp_path, overrides,
+                                                      message):
+  # Before: keep_checkpoint_every % 0 raised ZeroDivisionError, and 0 was
+  # refused outright.
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(tiny_config(**overrides), str(tmp_path),
+                             families.build_task)
+  assert not os.listdir(tmp_path)  # refused before anything was written
+
+
+def test_checkpoints_off_in_a_run_with_checkpoints_is_refused(finished_run):
+  """A run that saves no checkpoint would start over in a workdir holding
+  another run's, overwriting the eval records that rank them: refused
+  before anything is built or written."""
+  workdir, _, _ = finished_run
+  before = sorted(os.listdir(workdir))
+  with pytest.raises(ValueError, match=r"checkpoint_every=0 writes and reads "
+                     r"no checkpoint, but .*checkpoints holds step\(s\) 6, 12 "
+                     r"of another run.*pass a new --workdir"):
+    train.train_and_evaluate(tiny_config(checkpoint_every=0), str(workdir),
+                             families.build_task)
+  assert sorted(os.listdir(workdir)) == before
 
 
 def test_metrics_jsonl_is_strict_and_drops_what_a_resume_rewrites(tmp_path):

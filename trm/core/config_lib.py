@@ -184,8 +184,8 @@ _OTHER_TRAINERS = {
     "dataset_type": ("config.data.source picks the data (configs/gpt.py: "
                      "'synthetic' needs none)"),
     **dict.fromkeys(("enable_checkpointing", "save_strategy"),
-                    "checkpoints cannot be turned off: config.checkpoint_"
-                    "every sets their cadence (the last step is saved)"),
+                    "config.checkpoint_every sets the checkpoints' cadence "
+                    "(the last step is saved); 0 writes none"),
     **dict.fromkeys(("enable_profiler", "profiler"),
                     "config.profiler_steps=N traces N steps (after "
                     "config.skip_first_n_steps_for_profiler)"),

@@ -79,8 +79,8 @@ def check_values(config) -> None:
   `trm.aot` checks before it compiles a step for other devices."""
   from trm import families  # pylint: disable=g-import-not-at-top
   families.check_config(config)
-  for key in ("total_steps", "eval_every", "checkpoint_every", "log_every",
-              "keep_checkpoints", "data.prefetch"):
+  for key in ("total_steps", "eval_every", "log_every", "keep_checkpoints",
+              "data.prefetch"):
     node = config
     for name in key.split("."):
       node = node[name]
@@ -92,8 +92,10 @@ def check_values(config) -> None:
       raise ValueError(f"config.{key}={config[key]} must be >= 0"
                        + (" (0: no profile)." if key == "profiler_steps"
                           else "."))
+  check_checkpoints_off(config)
   keep_every = config.get("keep_checkpoint_every", 0)
-  if keep_every < 0 or keep_every % config.checkpoint_every:
+  if config.checkpoint_every and (keep_every < 0
+                                  or keep_every % config.checkpoint_every):
     # Only saved steps can be kept: another period would keep the steps
     # that are multiples of both, far fewer than asked (big_vision asserts
     # the same of keep_ckpt_steps).
@@ -116,7 +118,7 @@ def check_values(config) -> None:
     # would never save.
     raise ValueError(f"config.data.max_eval_batches={limit} must be -1 (the "
                      "whole test split) or >= 1.")
-  if (not config.always_save_checkpoint
+  if (config.checkpoint_every and not config.always_save_checkpoint
       and config.checkpoint_every % config.eval_every):
     # Such a step saves only when its evaluation beats the best: a
     # checkpoint step with no evaluation would never save (only the last).
@@ -132,6 +134,52 @@ def check_values(config) -> None:
   loss_scale.check_config(config)
   tpu_flags.parse(config.get("tpu_compiler_options", ""))
   warn_frozen_weights(config)
+
+
+def check_checkpoints_off(config) -> None:
+  """config.checkpoint_every=0 writes no checkpoint at all (MaxText's
+  enable_checkpointing=False, Hugging Face's save_strategy="no"): not the
+  final step's, nor one on preemption. A negative value, and the fields
+  that only steer checkpoints when set to save fewer or keep more, are
+  refused in one line: they would silently do nothing."""
+  every = config.checkpoint_every
+  if every < 0:
+    raise ValueError(f"config.checkpoint_every={every} must be a positive "
+                     "integer (or 0: write no checkpoint).")
+  if every:
+    return
+  if config.get("keep_checkpoint_every", 0):
+    raise ValueError(
+        "config.checkpoint_every=0 writes no checkpoint, so config."
+        f"keep_checkpoint_every={config.keep_checkpoint_every} has none to "
+        "keep: set keep_checkpoint_every=0, or a positive checkpoint_every.")
+  if not config.get("always_save_checkpoint", True):
+    raise ValueError(
+        "config.checkpoint_every=0 writes no checkpoint, not even the "
+        "improving ones always_save_checkpoint=False keeps: set "
+        "always_save_checkpoint=True, or a positive checkpoint_every.")
+
+
+def check_no_checkpoints_to_ignore(config, workdir: str) -> None:
+  """A run with config.checkpoint_every=0 starts from its starting weights
+  and saves nothing, so in a workdir holding another run's checkpoints it
+  would ignore them and overwrite that run's records (eval_<step>.json,
+  which rank its checkpoints; config.json; metrics.jsonl): refused in one
+  line, before anything is built or written. (MaxText with
+  enable_checkpointing=False would start over silently; here a workdir is
+  one run.) eval_only evaluates those checkpoints and writes none: it may."""
+  if config.checkpoint_every or config.get("eval_only", False):
+    return
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  checkpoints = epath.Path(workdir) / "checkpoints"
+  steps = ckpt_lib.complete_steps(checkpoints)
+  if steps:
+    raise ValueError(
+        f"config.checkpoint_every=0 writes and reads no checkpoint, but "
+        f"{checkpoints} holds step(s) {', '.join(map(str, steps))} of "
+        "another run, which this one would neither resume nor keep apart "
+        "from: pass a new --workdir, or a positive checkpoint_every to "
+        "resume them.")
 
 
 # The peak rate of the main optimizer, by family: TRM and Dream keep it in
@@ -280,6 +328,7 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
   check_run_file_kinds(workdir)
   if config is not None:
     check_eval_only(config, workdir)
+    check_no_checkpoints_to_ignore(config, workdir)
   probe = path / f".write_test.{jax.process_index()}"
   try:
     path.mkdir(parents=True, exist_ok=True)

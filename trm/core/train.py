@@ -265,6 +265,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     return step % config.eval_every == 0 or step == config.total_steps
 
   def is_checkpoint_step(step: int) -> bool:
+    if not config.checkpoint_every:  # checkpoints off: not even the last
+      return False
     return step % config.checkpoint_every == 0 or step == config.total_steps
 
   def saved_loss(step: int) -> float | None:
@@ -308,6 +310,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     state = state_lib.init_state(program.init_fn, ctx, state_shardings)
     logging.info("Initialised a new model.")
   start_step = int(state.step)
+  if not config.checkpoint_every and not config.eval_only:
+    logging.warning(
+        "config.checkpoint_every=0: this run writes no checkpoint, not at "
+        "step %d (config.total_steps) nor on preemption; a rerun starts "
+        "from step %d again.", config.total_steps, start_step)
   # Only a run whose config checked out (mesh, data, restore) records it, so
   # a bad restart leaves the run's config.json and logs as they were.
   metrics_file = None
@@ -514,6 +521,14 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     since = (f" {time.time() - preemption.signal_time:.1f} s after "
              f"{signal.Signals(preemption.signum).name}"
              if preemption.signal_time else "")
+    if not config.checkpoint_every:  # checkpoints off: nothing to save
+      logging.warning("Preemption at step %d: stopping without a checkpoint "
+                      "(config.checkpoint_every=0)%s.", step, since)
+      if pending is not None:
+        write_train_metrics(*pending)
+      if train_metrics is not None:
+        write_train_metrics(step, train_metrics)
+      raise Preempted(step, None, preemption.signum)
     if step == start_step:  # the step resumed from: it is on disk already
       logging.warning("Preemption at step %d, the step resumed from; "
                       "stopping%s.", step, since)
