@@ -326,6 +326,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     else:
       metrics_file = metrics_lib.JsonlWriter(
           os.path.join(workdir, metrics_lib.JSONL_NAME))
+      cleanup.callback(metrics_file.close)  # also if the writers fail
   writer = make_writer(config, workdir, is_main, metrics_file)
   cleanup.callback(writer.close)  # also on errors: W&B finishes its run
   if is_main:
