@@ -275,6 +275,22 @@ def is_run_record(name: str) -> bool:
           or bool(_EVAL_RECORD.fullmatch(name)))
 
 
+def remove_unfinished_writes(workdir: str) -> list[str]:
+  """Removes the temporary files of the run's records (eval_<step>.json,
+  config.json) and evaluation outputs (eval_<step>/) that a run killed
+  inside `atomic_write` left; returns their paths. Only the run's own: a
+  dataset may be built into the workdir. Local workdirs only; call holding
+  the workdir lock."""
+  from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+  if "://" in workdir:
+    return []
+  removed = atomic_files.remove_temporaries(workdir, is_run_record)
+  for name in sorted(os.listdir(workdir)):
+    if re.fullmatch(r"eval_\d+", name):
+      removed += atomic_files.remove_temporaries(os.path.join(workdir, name))
+  return removed
+
+
 def check_run_file_kinds(workdir: str) -> None:
   """A WorkdirError naming the first of the workdir's own names held by the
   wrong kind of thing (a directory where the run replaces a file, a file

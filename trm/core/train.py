@@ -14,7 +14,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import signal
 import time
 from typing import Callable
@@ -280,19 +279,12 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # The workdir is this run's (locked): a save a killed run left unfinished
   # is nobody's, and Orbax would keep it unless it saved that step again.
   ckpt_lib.remove_abandoned_saves(workpath / "checkpoints")
-  if is_main and "://" not in workdir:
-    # Likewise the temporary files of records (eval_<step>.json,
-    # config.json) and evaluation outputs a killed run was writing; only
-    # the run's own (a dataset may be built into the workdir).
-    left = atomic_files.remove_temporaries(
-        workdir, run_checks.is_run_record) + [
-        path for name in sorted(os.listdir(workdir))
-        if re.fullmatch(r"eval_\d+", name)
-        for path in atomic_files.remove_temporaries(
-            os.path.join(workdir, name))]
-    if left:
-      logging.warning("Removed %s: the unfinished writes of a run that was "
-                      "killed while writing them.", ", ".join(left))
+  # Likewise the temporary files of records and evaluation outputs a
+  # killed run was writing.
+  left = run_checks.remove_unfinished_writes(workdir) if is_main else []
+  if left:
+    logging.warning("Removed %s: the unfinished writes of a run that was "
+                    "killed while writing them.", ", ".join(left))
   # Before the manager reads the steps' metrics: checkpoints written before
   # they were kept on disk would otherwise be unranked, and the next save
   # would let keep-N delete the best of them.
@@ -622,8 +614,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           # run writes those steps again (a run that only evaluates keeps
           # them all: the steps past its checkpoint were not retrained).
           metrics_file.drop_after(start_step)
-      if not finished:  # skip_first_n_steps_for_profiler=0: from the first
-        profile(step, barrier=state)
+        profile(step, barrier=state)  # skip_first_n_steps_for_profiler=0
       while not finished and step < config.total_steps:
         batch = pipeline.to_global(next(train_iter), batch_shardings)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
