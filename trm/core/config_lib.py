@@ -5,6 +5,7 @@ import os
 import re
 
 import ml_collections
+from trm.core import foreign_names
 from trm.core import tpu_flags
 
 # XLA:TPU options of the train step (TPU meshes only; trm.core.tpu_flags).
@@ -139,104 +140,6 @@ def set_values(config: ml_collections.ConfigDict, values: dict):
   return config
 
 
-# nanoGPT's train.py / sample.py flags with no field or flag of that name
-# here, and what a command copied from nanoGPT's README must say instead.
-_NANOGPT_FLAGS = {
-    "out_dir": "nanoGPT's out_dir is --workdir=DIR here",
-    "device": ("JAX runs on the devices it finds, JAX_PLATFORMS=cpu keeps it "
-               "on the CPU: drop nanoGPT's device"),
-    "compile": "every step is compiled by XLA: drop nanoGPT's compile",
-    "backend": ("JAX's distributed runtime picks the collectives: drop "
-                "nanoGPT's backend"),
-}
-
-
-# MaxText's (base.yml), Hugging Face Trainer's (TrainingArguments) and
-# big_vision's config names that our configs do not define, and the field
-# that does the same here: what a command copied from those trainers must
-# say instead.
-_CADENCE = "the trainer's steps between {}: config.{} here"
-_OTHER_TRAINERS = {
-    **dict.fromkeys(("steps", "max_steps", "num_train_steps"),
-                    "the run's length in steps is config.total_steps here"),
-    **dict.fromkeys(("num_train_epochs", "total_epochs"),
-                    "runs are measured in steps: set config.total_steps"),
-    **dict.fromkeys(("checkpoint_period", "save_steps", "ckpt_steps"),
-                    _CADENCE.format("saves", "checkpoint_every")),
-    **dict.fromkeys(("log_period", "logging_steps", "log_training_steps"),
-                    _CADENCE.format("train metrics", "log_every")),
-    "eval_interval": _CADENCE.format("evaluations", "eval_every"),
-    "eval_steps": ("Hugging Face's eval_steps (a cadence) is "
-                   "config.eval_every, MaxText's (batches per evaluation) "
-                   "config.data.max_eval_batches (GPT: eval_iters)"),
-    **dict.fromkeys(("save_total_limit", "max_num_checkpoints_to_keep"),
-                    "config.keep_checkpoints keeps the newest N (and the "
-                    "best) checkpoints"),
-    "keep_ckpt_steps": "config.keep_checkpoint_every is big_vision's "
-                       "keep_ckpt_steps",
-    **dict.fromkeys(("metrics_file", "log_history"),
-                    "config.metrics_jsonl writes every metric to "
-                    "WORKDIR/metrics.jsonl"),
-    **dict.fromkeys(("per_device_batch_size", "per_device_train_batch_size"),
-                    "the batch is set over the whole mesh: "
-                    "config.global_batch_size (GPT: batch_size x "
-                    "gradient_accumulation_steps)"),
-    "dataset_type": ("config.data.source picks the data (configs/gpt.py: "
-                     "'synthetic' needs none)"),
-    **dict.fromkeys(("enable_checkpointing", "save_strategy"),
-                    "config.checkpoint_every sets the checkpoints' cadence "
-                    "(the last step is saved); 0 writes none"),
-    **dict.fromkeys(("enable_profiler", "profiler"),
-                    "config.profiler_steps=N traces N steps (after "
-                    "config.skip_first_n_steps_for_profiler)"),
-    "max_target_length": ("the sequence length is config.block_size (GPT) "
-                          "or config.seq_len (DiffuCoder)"),
-    **dict.fromkeys(("warmup_steps", "warmup_ratio",
-                     "warmup_steps_fraction"),
-                    "warmup is in steps: config.optim.warmup_steps (GPT: "
-                    "warmup_iters)"),
-    **dict.fromkeys(("lr", "learning_rate"),
-                    "the peak rate is config.optim.lr (GPT: learning_rate)"),
-    **dict.fromkeys(("gradient_clipping_threshold", "max_grad_norm"),
-                    "config.optim.grad_clip_norm (GPT: grad_clip; TRM does "
-                    "not clip, as upstream)"),
-    "gradient_accumulation_steps": ("only configs/gpt.py splits a step "
-                                    "into micro-batches"),
-    **{f"{where}_{axis}_parallelism":
-           f"the mesh axis is config.mesh.{prefix}{ours}"
-       for where, prefix in (("ici", ""), ("dcn", "dcn_"))
-       for axis, ours in (("data", "data"), ("fsdp", "fsdp"),
-                          ("tensor", "model"))},
-    "resume_from_checkpoint": ("rerun with the same --workdir: it resumes "
-                               "from its newest checkpoint"),
-    **dict.fromkeys(("load_parameters_path", "model_name_or_path"),
-                    "config.init_checkpoint names the weights to start "
-                    "from"),
-}
-# Of those, the ones answered by a flag of trm.main (only where the tool
-# takes --workdir).
-_OTHER_WORKDIR = dict.fromkeys(
-    ("output_dir", "base_output_directory", "run_name"),
-    "the run's directory is --workdir=DIR here")
-
-
-def _nanogpt_hint(name: str, flag_values) -> str | None:
-  """What replaces nanoGPT's flag `name` (`_NANOGPT_FLAGS`), or None. The
-  out_dir hint only where this tool takes --workdir (trm.main,
-  trm.sample)."""
-  if name == "out_dir" and "workdir" not in flag_values:
-    return None
-  return _NANOGPT_FLAGS.get(name)
-
-
-def _other_trainer_hint(name: str, flag_values) -> str | None:
-  """What replaces MaxText's, Hugging Face's or big_vision's config name
-  `name` (`_OTHER_TRAINERS`), or None."""
-  if name in _OTHER_WORKDIR:
-    return _OTHER_WORKDIR[name] if "workdir" in flag_values else None
-  return _OTHER_TRAINERS.get(name)
-
-
 def _unknown_flag_message(error, flag_values) -> str | None:
   """One line for a flag the tool does not define whose name is a field of
   the loaded --config (nanoGPT's `--max_iters=2000`: here
@@ -247,7 +150,7 @@ def _unknown_flag_message(error, flag_values) -> str | None:
   if not isinstance(error, flags.UnrecognizedFlagError):
     return None
   name = error.flagname
-  hint = _nanogpt_hint(name, flag_values)
+  hint = foreign_names.nanogpt_hint(name, flag_values)
   if hint is None and "config" in flag_values:
     config = flag_values["config"].value
     if (isinstance(config, ml_collections.ConfigDict) and name in config
@@ -256,7 +159,7 @@ def _unknown_flag_message(error, flag_values) -> str | None:
   if hint is None and "workdir" in flag_values:
     # A trainer's flag only where the tool trains (trm.main): trm.generate's
     # own --steps is another thing.
-    hint = _other_trainer_hint(name, flag_values)
+    hint = foreign_names.other_trainer_hint(name, flag_values)
   if hint is None:
     return None
   return f"Unknown command line flag {name!r}: {hint}"
@@ -281,10 +184,10 @@ def _config_override_error(error: Exception, argv,
     return None
   nanogpt = None
   if flag_values:
-    nanogpt = _nanogpt_hint(name, flag_values)
+    nanogpt = foreign_names.nanogpt_hint(name, flag_values)
     if nanogpt is None and named[0] == f"--config.{name}":
       # A top-level name only: config.model.steps is no MaxText name.
-      nanogpt = _other_trainer_hint(name, flag_values)
+      nanogpt = foreign_names.other_trainer_hint(name, flag_values)
   return (f"{named[0]}: the config has no field {name!r}"
           + (f" ({hint.strip()})" if hint.strip() else "")
           + "; --config.KEY=VALUE only sets fields the config file defines"
