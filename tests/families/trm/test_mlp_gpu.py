@@ -146,8 +146,10 @@ def test_sharded_over_a_mesh_matches_one_device(layout, monkeypatch):
       _triton, *_operands(22, 8, 64, 64, jnp.float32))
 
 
+# mlp_t_channel runs mlp_t's token-mixer kernels too: mlp_t alone is slow.
 @pytest.mark.parametrize("mlp_t, channel", [
-    (True, "xla"), (True, "epilogue"), (False, "epilogue")],
+    pytest.param(True, "xla", marks=pytest.mark.slow), (True, "epilogue"),
+    (False, "epilogue")],
                          ids=["mlp_t", "mlp_t_channel", "attention_channel"])
 def test_whole_trm_step_matches_the_xla_path(mlp_t, channel, monkeypatch):
   """A TRM step with mlp_kernel='triton' (interpreted): the mlp_t token
