@@ -220,9 +220,9 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
   # The export is staged beside --out (or its link's target) and renamed:
   # that directory must take new entries. Checked here, not when the
   # staging directory is made, after minutes of reading weights.
-  parent = os.path.dirname(os.path.abspath(resolve_out(out)))
-  while not os.path.exists(parent) and os.path.dirname(parent) != parent:
-    parent = os.path.dirname(parent)  # makedirs creates the rest
+  # Its nearest existing ancestor: makedirs creates the rest.
+  parent = cli.nearest_existing(os.path.dirname(os.path.abspath(
+      resolve_out(out))))
   if not os.access(parent, os.W_OK | os.X_OK):
     raise app.UsageError(
         f"--out={out}: {parent} cannot be written (a read-only file system "

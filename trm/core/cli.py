@@ -441,11 +441,18 @@ def within(path: str, directory: str) -> bool:
                                               os.sep)
 
 
+def nearest_existing(path: str) -> str:
+  """`path` (made absolute) or its nearest ancestor that exists: where a
+  path still to be created would go (its permissions, its disk)."""
+  path = os.path.abspath(path)
+  while not os.path.exists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return path
+
+
 def check_writable_ancestor(path: str, flag: str) -> None:
   """The nearest existing ancestor of `path` is a directory we may write."""
-  ancestor = os.path.dirname(os.path.abspath(path))
-  while not os.path.exists(ancestor):
-    ancestor = os.path.dirname(ancestor)
+  ancestor = nearest_existing(os.path.dirname(os.path.abspath(path)))
   if not os.path.isdir(ancestor):
     raise ValueError(f"{flag}={path}: {ancestor} is a file, so nothing can "
                      "be written under it; choose a path in a directory.")

@@ -286,7 +286,7 @@ def remove_unfinished_writes(workdir: str) -> list[str]:
     return []
   removed = atomic_files.remove_temporaries(workdir, is_run_record)
   for name in sorted(os.listdir(workdir)):
-    if re.fullmatch(r"eval_\d+", name):
+    if _EVAL_OUTPUTS.fullmatch(name):
       removed += atomic_files.remove_temporaries(os.path.join(workdir, name))
   return removed
 

@@ -17,6 +17,7 @@ from typing import Optional
 from absl import logging
 import numpy as np
 
+from trm.core import cli
 from trm.data import atomic_files
 from trm.data.puzzles import arc_grids
 from trm.data.puzzles import builds
@@ -67,13 +68,6 @@ def subsample(subsets, size: Optional[int], seed: int):
 MAX_AUGMENTATIONS = 8 * math.factorial(arc_grids.NUM_COLOURS - 1) - 1
 
 
-def _existing_parent(path: str) -> str:
-  path = os.path.abspath(path)
-  while not os.path.isdir(path) and os.path.dirname(path) != path:
-    path = os.path.dirname(path)
-  return path
-
-
 def check_size(output_dir: str, subsets, test_sets, num_aug: int) -> None:
   """Refuses, before any augmentation is drawn, a build that cannot finish:
   more augmentations than exist, a split past the int32 indices of
@@ -101,7 +95,7 @@ def check_size(output_dir: str, subsets, test_sets, num_aug: int) -> None:
   # Inputs and labels, one byte per cell each.
   size = sum(examples.values()) * 2 * arc_grids.SEQ_LEN
   try:
-    free = shutil.disk_usage(_existing_parent(output_dir)).free
+    free = shutil.disk_usage(cli.nearest_existing(output_dir)).free
   except OSError:
     return
   if size > free:
