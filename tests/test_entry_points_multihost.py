@@ -4,13 +4,17 @@ history, cached decoding) and the TRM torch export with arrays that span
 both processes; then `trm.generate`, `trm.sample` and `trm.evaluate`
 (TRM and --benchmark) started as on a pod (the same command, with
 --coordinator_address): every process takes part, process 0 alone prints
-and writes, and what it prints or writes is what one process does."""
+and writes, and what it prints or writes is what one process does. The
+default run starts trm.evaluate --benchmark so (with --resume and two
+failures); the other tools are a `slow` test's (each loads its weights
+over the processes as the script and tests/test_export_multihost.py do)."""
 import json
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 from test_bad_inputs import _write_checkpoint, dc_config
@@ -86,6 +90,17 @@ def _samples(directory):
             for r in map(json.loads, f)]
 
 
+def _evaluate_args(checkpoint):
+  """trm.evaluate --benchmark on the tiny Dream checkpoint; {out} is the
+  output directory."""
+  return ["-m", "trm.evaluate", f"--checkpoint={checkpoint}",
+          "--config=configs/diffucoder_7b.py:tiny",
+          "--config.seq_len=512", "--benchmark=humaneval",
+          "--limit=2", "--num_samples=2", "--batch_size=2",
+          "--max_new_tokens=8", "--steps=2", "--dtype=float32",
+          "--output={out}/samples.jsonl"]
+
+
 def test_two_processes_do_what_one_does(tmp_path):
   checkpoint = test_generate.make_tiny_checkpoint(tmp_path / "ckpt")
   env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -120,90 +135,11 @@ def test_two_processes_do_what_one_does(tmp_path):
   for name, value in want.items():
     np.testing.assert_array_equal(have[name], value, err_msg=name)
 
-  # The command-line tools, as every worker of a pod starts them.
-  prompts = tmp_path / "prompts.txt"
-  prompts.write_text("w3 w4 w5\nw9\nw7 w1\nw2\n" * 2)
-  gpt2 = test_sample_inputs.write_tiny_gpt2(tmp_path / "gpt2")
-  chars = tmp_path / "chars"
-  os.makedirs(chars)
-  (chars / "meta.json").write_text(json.dumps(
-      {"vocab_size": 64, "tokenizer": "char",
-       "itos": list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                    "0123456789 \n")}))
-  for name in ("train.bin", "val.bin"):
-    (chars / name).write_bytes(bytes(16))
-  workdir = _write_checkpoint(dc_config(), str(tmp_path / "dc_run"))
-  sudoku = str(tmp_path / "sudoku")
-  trm_config = tiny_config(**{"data.data_dir": sudoku})
-  puzzle.prepare_data(trm_config, sudoku)
-  trm_run = _write_checkpoint(trm_config, str(tmp_path / "trm_run"))
-  # No trm.generate of the Hugging Face checkpoint: loading it over both
-  # processes is the script's above, and trm.evaluate below loads it by
-  # the command line; trm.generate's own command line is the workdir's.
-  tools = {
-      # A trm.main workdir: its checkpoint restored over the processes'
-      # devices.
-      "generate_workdir": ["-m", "trm.generate", f"--checkpoint={workdir}",
-                           "--config=configs/diffucoder_7b.py:tiny",
-                           f"--batch_file={prompts}", "--max_new_tokens=8",
-                           "--steps=4"],
-      "sample": ["-m", "trm.sample", "--init_from=gpt2",
-                 f"--checkpoint={gpt2}", f"--data_dir={chars}", "--start=ab",
-                 "--num_samples=2", "--max_new_tokens=8"],
-      "evaluate": ["-m", "trm.evaluate", f"--checkpoint={checkpoint}",
-                   "--config=configs/diffucoder_7b.py:tiny",
-                   "--config.seq_len=512", "--benchmark=humaneval",
-                   "--limit=2", "--num_samples=2", "--batch_size=2",
-                   "--max_new_tokens=8", "--steps=2", "--dtype=float32",
-                   "--output={out}/samples.jsonl"],
-      # tests/core/test_train.py's tiny_config, as flags.
-      "evaluate_trm": [
-          "-m", "trm.evaluate", "--config=configs/trm_sudoku.py:cpu",
-          f"--checkpoint={trm_run}", "--output_dir={out}",
-          f"--config.data.data_dir={sudoku}", "--config.model.hidden_size=32",
-          "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
-          "--config.model.halt_max_steps=2", "--config.model.L_layers=1",
-          "--config.data.build.num_train=256",
-          "--config.data.build.num_test=32",
-          "--config.data.build.num_blanks=30",
-          "--config.data.eval_batch_size=16"],
-      # No trm.export: tests/test_export_multihost.py exports weights that
-      # span both processes (process 0 alone writes), and generate_workdir
-      # above restores this workdir over them by the same start-up.
-  }
-  for name, args in tools.items():
-    one, two = tmp_path / f"{name}-one", tmp_path / f"{name}-two"
-    env["XLA_FLAGS"] = workers_lib.xla_flags(8)
-    single = subprocess.run(
-        [sys.executable, *[a.format(out=one) for a in args]], cwd=ROOT,
-        env=env, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr[-3000:]
-    env["XLA_FLAGS"] = workers_lib.xla_flags(4)
-    address = f"127.0.0.1:{workers_lib.free_port()}"
-    outputs = _two([[sys.executable, *[a.format(out=two) for a in args],
-                     f"--coordinator_address={address}", "--num_processes=2",
-                     f"--process_id={i}"] for i in range(2)], env)
-    if name == "evaluate":  # the samples file process 0 alone wrote
-      assert _samples(two) == _samples(one) and len(_samples(one)) == 4
-      assert "pass@1" in outputs[0]
-    elif name == "evaluate_trm":
-      assert sorted(os.listdir(two)) == sorted(os.listdir(one))
-      np.testing.assert_array_equal(
-          np.load(two / "predictions_test.npy"),
-          np.load(one / "predictions_test.npy"))
-      assert "paper metric exact_accuracy" in outputs[0]
-    else:  # process 0 printed the results (its stderr is merged in)
-      want = single.stdout.split("device:")[0].strip().splitlines()
-      # Other lines may come between ours (Gloo prints its connections to
-      # stdout when a restore opens them, logs go to the merged stderr):
-      # ours must all be there, in order.
-      printed = iter(outputs[0].splitlines())
-      assert want and all(line in printed for line in want), (
-          name, want, outputs[0][-3000:])
-    # The other process printed none of it (its stderr is merged in here).
-    for line in ("weights:", "===", "---------------", "pass@1", "exported",
-                 "paper metric"):
-      assert line not in outputs[1], (name, outputs[1][-3000:])
+  # trm.evaluate --benchmark as every worker of a pod starts it; the other
+  # tools are the slow test below's (each restores or loads its weights as
+  # the script above and tests/test_export_multihost.py do).
+  tools = {"evaluate": _evaluate_args(checkpoint)}
+  _compare_tools(tmp_path, tools, env)
 
   # --resume across processes: process 0 reads what the two-process run
   # wrote and every process skips the same batches.
@@ -254,3 +190,94 @@ def test_two_processes_do_what_one_does(tmp_path):
   assert "process 0 stopped while appending samples to --output" in (
       outputs[1]), outputs[1][-2000:]
   assert "Traceback" not in outputs[0] + outputs[1]
+
+
+def _compare_tools(tmp_path, tools, env):
+  """Runs each tool as one process with 8 devices, then as 2 processes x 4
+  started as on a pod; what process 0 prints or writes must be what the
+  one process does, and process 1 prints none of it."""
+  for name, args in tools.items():
+    one, two = tmp_path / f"{name}-one", tmp_path / f"{name}-two"
+    env["XLA_FLAGS"] = workers_lib.xla_flags(8)
+    single = subprocess.run(
+        [sys.executable, *[a.format(out=one) for a in args]], cwd=ROOT,
+        env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    env["XLA_FLAGS"] = workers_lib.xla_flags(4)
+    address = f"127.0.0.1:{workers_lib.free_port()}"
+    outputs = _two([[sys.executable, *[a.format(out=two) for a in args],
+                     f"--coordinator_address={address}", "--num_processes=2",
+                     f"--process_id={i}"] for i in range(2)], env)
+    if name == "evaluate":  # the samples file process 0 alone wrote
+      assert _samples(two) == _samples(one) and len(_samples(one)) == 4
+      assert "pass@1" in outputs[0]
+    elif name == "evaluate_trm":
+      assert sorted(os.listdir(two)) == sorted(os.listdir(one))
+      np.testing.assert_array_equal(
+          np.load(two / "predictions_test.npy"),
+          np.load(one / "predictions_test.npy"))
+      assert "paper metric exact_accuracy" in outputs[0]
+    else:  # process 0 printed the results (its stderr is merged in)
+      want = single.stdout.split("device:")[0].strip().splitlines()
+      # Other lines may come between ours (Gloo prints its connections to
+      # stdout when a restore opens them, logs go to the merged stderr):
+      # ours must all be there, in order.
+      printed = iter(outputs[0].splitlines())
+      assert want and all(line in printed for line in want), (
+          name, want, outputs[0][-3000:])
+    # The other process printed none of it (its stderr is merged in here).
+    for line in ("weights:", "===", "---------------", "pass@1", "exported",
+                 "paper metric"):
+      assert line not in outputs[1], (name, outputs[1][-3000:])
+
+
+@pytest.mark.slow
+def test_two_processes_run_the_other_tools_as_one_does(tmp_path):
+  """trm.generate of a trm.main workdir, trm.sample of GPT-2 weights and
+  trm.evaluate of a TRM workdir, started as on a pod."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("w3 w4 w5\nw9\nw7 w1\nw2\n" * 2)
+  gpt2 = test_sample_inputs.write_tiny_gpt2(tmp_path / "gpt2")
+  chars = tmp_path / "chars"
+  os.makedirs(chars)
+  (chars / "meta.json").write_text(json.dumps(
+      {"vocab_size": 64, "tokenizer": "char",
+       "itos": list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                    "0123456789 \n")}))
+  for name in ("train.bin", "val.bin"):
+    (chars / name).write_bytes(bytes(16))
+  workdir = _write_checkpoint(dc_config(), str(tmp_path / "dc_run"))
+  sudoku = str(tmp_path / "sudoku")
+  trm_config = tiny_config(**{"data.data_dir": sudoku})
+  puzzle.prepare_data(trm_config, sudoku)
+  trm_run = _write_checkpoint(trm_config, str(tmp_path / "trm_run"))
+  # No trm.generate of the Hugging Face checkpoint: loading it over both
+  # processes is the fast test's script, and its trm.evaluate loads it by
+  # the command line; trm.generate's own command line is the workdir's.
+  tools = {
+      # A trm.main workdir: its checkpoint restored over the processes'
+      # devices.
+      "generate_workdir": ["-m", "trm.generate", f"--checkpoint={workdir}",
+                           "--config=configs/diffucoder_7b.py:tiny",
+                           f"--batch_file={prompts}", "--max_new_tokens=8",
+                           "--steps=4"],
+      "sample": ["-m", "trm.sample", "--init_from=gpt2",
+                 f"--checkpoint={gpt2}", f"--data_dir={chars}", "--start=ab",
+                 "--num_samples=2", "--max_new_tokens=8"],
+      # tests/core/test_train.py's tiny_config, as flags.
+      "evaluate_trm": [
+          "-m", "trm.evaluate", "--config=configs/trm_sudoku.py:cpu",
+          f"--checkpoint={trm_run}", "--output_dir={out}",
+          f"--config.data.data_dir={sudoku}", "--config.model.hidden_size=32",
+          "--config.model.num_heads=2", "--config.model.puzzle_emb_ndim=32",
+          "--config.model.halt_max_steps=2", "--config.model.L_layers=1",
+          "--config.data.build.num_train=256",
+          "--config.data.build.num_test=32",
+          "--config.data.build.num_blanks=30",
+          "--config.data.eval_batch_size=16"],
+      # No trm.export: tests/test_export_multihost.py exports weights that
+      # span both processes (process 0 alone writes), and generate_workdir
+      # above restores this workdir over them by the same start-up.
+  }
+  _compare_tools(tmp_path, tools, env)

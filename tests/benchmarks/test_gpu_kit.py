@@ -200,7 +200,11 @@ def test_batch_search_jumps_to_the_batch_the_compiled_step_fits():
 
 
 # Run in a process of its own with one CPU device (the kit's TRM configs
-# put the step on one device); `measure` is imported from the kit.
+# put the step on one device); `measure` is imported from the kit. One run
+# holds every recovery the two tests below check (each variant's compiles
+# cost more than its rounds): ours' cuDNN attention and Triton token mixer
+# refused off a GPU, upstream's step out of memory above batch 2, and then
+# out of memory in its second round.
 _TRM_RECOVERY_DRIVER = """
 import sys
 import measure
@@ -208,12 +212,13 @@ import torch
 from trm.data.puzzles import maze, sudoku
 
 args = measure.parse_args(["trm", "--out=" + sys.argv[1], "--smoke",
-                           "--rounds=1", "--steps=2"])
+                           "--rounds=2", "--steps=2"])
 measure._trm_variants = lambda args: [
     ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 4, "cudnn",
      "dot"),
     ("mlp_t_sudoku_triton", "trm_sudoku.py", "cpu",
      sudoku.dataset_metadata(1), 4, "dot", "triton")]
+measure.keep_trace = lambda *args, **kwargs: None
 device_trm = measure._device_trm_class()
 smoke_config = measure.trm_config
 
@@ -231,58 +236,64 @@ def cudnn_in_bfloat16(*args, **kwargs):
 measure.trm_config = cudnn_in_bfloat16
 
 
-class RunsOutAboveTwo(device_trm):
+class RunsOutAboveTwoAndAfterTheFirstRound(device_trm):
+  steps = 0
+
   def train_step(self, carry, batch):
     rows = batch["inputs"].shape[0]
     print("torch step at batch", rows, flush=True)
     if rows > 2:
       raise torch.cuda.OutOfMemoryError(
           "CUDA out of memory. Tried to allocate 2.00 GiB")
+    self.steps += 1
+    if self.steps > 4:  # 2 warm-up steps and round 1's 2
+      raise torch.cuda.OutOfMemoryError(
+          "CUDA out of memory. Tried to allocate 2.00 GiB")
     return super().train_step(carry, batch)
 
 
-measure._device_trm_class = lambda: RunsOutAboveTwo
+measure._device_trm_class = lambda: RunsOutAboveTwoAndAfterTheFirstRound
 measure.section_trm(args, measure.Recorder(args, "trm"), measure.Budget(300))
 """
 
 
-def _run_trm_driver(driver: str, tmp_path) -> str:
-  """Runs `driver` (Python driving the TRM section, OUT = tmp_path) in a
-  process of its own with one CPU device; returns its log, exit 0
-  checked."""
+@pytest.fixture(scope="module")
+def trm_recovery(tmp_path_factory):
+  """(log, figures.jsonl rows in order) of _TRM_RECOVERY_DRIVER's run."""
   pytest.importorskip("torch")
   import workers  # pylint: disable=g-import-not-at-top
+  out = tmp_path_factory.mktemp("trm_recovery")
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       filter(None, [KIT, ROOT, os.environ.get("PYTHONPATH")])),
              JAX_PLATFORMS="cpu", XLA_FLAGS=workers.xla_flags(1))
   # The session's compilation cache (tests/conftest.py), as measure.py's
-  # main turns it on: the drivers and the run.sh test compile the same
+  # main turns it on: the driver and the run.sh test compile the same
   # steps at batch 2.
   driver = ("from trm.core import compile_cache\n"
-            "compile_cache.configure(None)\n" + driver)
-  proc = subprocess.run([sys.executable, "-c", driver, str(tmp_path)],
+            "compile_cache.configure(None)\n" + _TRM_RECOVERY_DRIVER)
+  proc = subprocess.run([sys.executable, "-c", driver, str(out)],
                         cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=600, check=False)
   log = proc.stdout + proc.stderr
   assert proc.returncode == 0, log[-6000:]
-  return log
+  with open(out / "figures.jsonl") as f:
+    return log, [json.loads(line) for line in f]
 
 
 def test_trm_section_falls_back_to_dot_and_halves_when_torch_runs_out(
-    tmp_path):
+    trm_recovery):
   """The TRM section's recoveries, on the CPU: ours' cuDNN attention or
   Triton token mixer failing (refused off a GPU) is timed with 'dot'
   instead, and upstream's step running out of memory at a batch ours runs
   halves both sides' batch rather than losing the figure."""
-  log = _run_trm_driver(_TRM_RECOVERY_DRIVER, tmp_path)
+  log, rows = trm_recovery
   assert re.search(r"trm att_maze: ours failed \(\w+: .*cuDNN", log), log
   assert "attention=cudnn failed; timing ours with attention=dot" in log
   assert "torch does not fit batch 4; both sides at 2" in log, log
   tried = [int(b) for b in re.findall(r"torch step at batch (\d+)", log)]
   # Each variant tries 4 once, then 2.
   assert tried[0] == 4 and tried.count(4) == 2 and set(tried) == {2, 4}, tried
-  with open(tmp_path / "figures.jsonl") as f:
-    rows = {(r["name"], r["side"]): r for r in map(json.loads, f)}
+  rows = {(r["name"], r["side"]): r for r in rows}
   for side in ("ours", "torch"):
     step = rows[("trm/att_maze/train_step/ms", side)]
     assert step["batch"] == 2 and step["attention"] == "dot", step
@@ -292,58 +303,23 @@ def test_trm_section_falls_back_to_dot_and_halves_when_torch_runs_out(
   assert step["mlp_kernel"] == "dot" and step["batch"] == 2, step
 
 
-# Upstream's step runs out of memory after round 1 (run by _run_trm_driver).
-_TRM_ROUND_FAILS = """
-import sys
-import measure
-import torch
-from trm.data.puzzles import maze, sudoku
-
-args = measure.parse_args(["trm", "--out=" + sys.argv[1], "--smoke",
-                           "--rounds=2", "--steps=2"])
-measure._trm_variants = lambda args: [
-    ("mlp_t_sudoku", "trm_sudoku.py", "cpu", sudoku.dataset_metadata(1), 2,
-     "dot", "dot"),
-    ("att_maze", "trm_maze.py", "cpu", maze.dataset_metadata(1), 2, "dot",
-     "dot")]
-measure.keep_trace = lambda *args, **kwargs: None
-device_trm = measure._device_trm_class()
-
-
-class FailsAfterTheFirstRound(device_trm):
-  steps = 0
-
-  def train_step(self, carry, batch):
-    self.steps += 1
-    if self.steps > 4:  # 2 warm-up steps and round 1's 2
-      raise torch.cuda.OutOfMemoryError(
-          "CUDA out of memory. Tried to allocate 2.00 GiB")
-    return super().train_step(carry, batch)
-
-
-measure._device_trm_class = lambda: FailsAfterTheFirstRound
-measure.section_trm(args, measure.Recorder(args, "trm"), measure.Budget(300))
-"""
-
-
-def test_a_side_failing_in_a_trm_round_keeps_the_figures(tmp_path):
+def test_a_side_failing_in_a_trm_round_keeps_the_figures(trm_recovery):
   """Upstream's step failing in the second round (out of memory, a device
   error) stops torch's rounds only: the rounds timed so far are recorded
   and the next variant runs; it lost both before."""
-  log = _run_trm_driver(_TRM_ROUND_FAILS, tmp_path)
+  log, rows = trm_recovery
   assert "round 2: torch failed (OutOfMemoryError" in log, log[-6000:]
-  with open(tmp_path / "figures.jsonl") as f:
-    rows = {(r["name"], r["side"]): r for r in map(json.loads, f)}
-  for name in ("mlp_t_sudoku", "att_maze"):
-    ours = rows[(f"trm/{name}/train_step/ms", "ours")]
-    torch = rows[(f"trm/{name}/train_step/ms", "torch")]
+  names = ("att_maze", "mlp_t_sudoku_triton")
+  figures = {(r["name"], r["side"]): r for r in rows}
+  for name in names:
+    ours = figures[(f"trm/{name}/train_step/ms", "ours")]
+    torch = figures[(f"trm/{name}/train_step/ms", "torch")]
     assert ours["rounds"] == 2 and torch["rounds"] == 1, (ours, torch)
     assert ours["ours_over_torch_time"] > 0
-  with open(tmp_path / "figures.jsonl") as f:  # each round as it was timed
-    rounds = [(r["name"], r["side"], r["round"]) for r in map(json.loads, f)
-              if "round" in r]
+  # Each round as it was timed.
+  rounds = [(r["name"], r["side"], r["round"]) for r in rows if "round" in r]
   assert rounds == [(f"trm/{name}/train_step/round/ms", side, r)
-                    for name in ("mlp_t_sudoku", "att_maze")
+                    for name in names
                     for side, r in (("ours", 1), ("torch", 1), ("ours", 2))]
 
 
