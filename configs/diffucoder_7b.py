@@ -83,6 +83,9 @@ def get_config(arg=None):
 
   c.seed = 0                    # init and masking randomness
   c.global_batch_size = 64      # sequences per train step, over all devices
+  c.gradient_accumulation_steps = 1  # micro-batches per step: global_batch_size
+                                # / this rows in memory at once, gradients
+                                # summed (the step is the whole batch's)
   c.seq_len = 2048              # tokens per sequence (Dream's trained context)
   c.total_steps = 10000         # train steps
   c.eval_every = 1000           # evaluation cadence in steps
@@ -105,6 +108,8 @@ def get_config(arg=None):
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.loss_chunk_size = 512       # positions whose logits exist at once
+  c.reduce_gradients_once = True  # micro-batches' gradients cross `data`
+                                # once per step
   c.mesh = config_lib.mesh_config(data=1, fsdp=-1, model=1)
   c.loss_scale = config_lib.loss_scale_config()  # float16 compute only
   c.wandb = config_lib.wandb_config(project="diffucoder")  # W&B logging

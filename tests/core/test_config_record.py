@@ -154,7 +154,11 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "compiled_step": "",
                                     "profiler_steps": 0,
                                     "skip_first_n_steps_for_profiler": 1,
-                                    "keep_checkpoint_every": 0}
+                                    "keep_checkpoint_every": 0,
+                                    "gradient_accumulation_steps": 1}
+  # A DiffuCoder run recorded before it could accumulate gradients.
+  assert config_record.changes({"model": {"name": "dream"}}, {
+      "model": {"name": "dream"}, "gradient_accumulation_steps": 1}) == {}
   old = {"model": {"name": "gpt"}}
   # The profiler window's defaults (added in session 66): an older run's
   # resume logs no change.

@@ -67,8 +67,9 @@ _OTHER_TRAINERS = {
     **dict.fromkeys(("gradient_clipping_threshold", "max_grad_norm"),
                     "config.optim.grad_clip_norm (GPT: grad_clip; TRM does "
                     "not clip, as upstream)"),
-    "gradient_accumulation_steps": ("only configs/gpt.py splits a step "
-                                    "into micro-batches"),
+    "gradient_accumulation_steps": ("only configs/gpt.py and configs/"
+                                    "diffucoder_7b.py split a step into "
+                                    "micro-batches"),
     **{f"{where}_{axis}_parallelism":
            f"the mesh axis is config.mesh.{prefix}{ours}"
        for where, prefix in (("ici", ""), ("dcn", "dcn_"))

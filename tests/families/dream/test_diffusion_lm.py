@@ -144,6 +144,13 @@ def test_jsonl_pairs_train(tmp_path):
     ({"data.tokenizer": ""}, "No tokenizer"),
     ({"model.mask_token_id": 100}, "collides with the byte tokenizer"),
     ({"loss_chunk_size": 0}, "config.loss_chunk_size=0"),
+    ({"gradient_accumulation_steps": 0},
+     "config.gradient_accumulation_steps=0 must be a positive integer"),
+    ({"gradient_accumulation_steps": 3}, "config.global_batch_size=16 must "
+     "be a multiple of config.gradient_accumulation_steps=3"),
+    # 2 rows per micro-batch over the data x fsdp = 4 batch devices.
+    ({"gradient_accumulation_steps": 8},
+     "= 2 rows per micro-batch must be a multiple of the data-parallel size 4"),
 ])
 def test_bad_configs_fail_before_compiling(tmp_path, code_glob, overrides,
                                            message):

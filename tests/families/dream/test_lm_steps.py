@@ -34,6 +34,10 @@ def _setup(**model_overrides):
 
 
 def test_loss_falls_pad_row_frozen_and_state_sharded():
+  """Also: config.gradient_accumulation_steps=2 gives the first step's
+  update and metrics (same noise, the loss divided by the whole batch's
+  masked tokens: DiffuLLaMA's per-token mean), and MFU and tokens/s count
+  the whole step's rows."""
   config, ctx, program, abstract, shardings, state = _setup()
   model = program.model
   batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
@@ -45,13 +49,20 @@ def test_loss_falls_pad_row_frozen_and_state_sharded():
   # first 4 tokens are a never-masked prompt; the pad token appears too.
   rng = np.random.default_rng(0)
 
-  def make_batch():
+  def make_batch(prompt=4):
     start = rng.integers(2, 10, (8, 1))
     tokens = (start + np.arange(32)[None]).astype(np.int32)
     tokens[:, -3:] = pad
-    maskable = np.broadcast_to(np.arange(32)[None] >= 4, tokens.shape)
+    maskable = np.broadcast_to(np.arange(32)[None] >= prompt, tokens.shape)
     return {k: jax.device_put(v, batch_shardings[k]) for k, v in
             {"tokens": tokens, "maskable": maskable}.items()}
+
+  # The first step, kept to compare with the accumulated one: its rows
+  # hold different masked counts (a micro-batch mean would differ).
+  first_batch = make_batch(np.arange(2, 26, 3)[:, None])
+  initial = jax.tree.map(jnp.copy, state)  # `step` donates the state
+  state, first_metrics = step(state, first_batch)
+  first = jax.tree.map(np.asarray, state.params)
 
   @jax.jit
   def fixed_noise_loss(params, batch):
@@ -71,9 +82,9 @@ def test_loss_falls_pad_row_frozen_and_state_sharded():
   steps = 20
   eval_batch = make_batch()
   with ctx:
-    before = float(fixed_noise_loss(state.params, eval_batch))
+    before = float(fixed_noise_loss(initial.params, eval_batch))
     bound = dispatch.DispatchBound()  # many unread steps deadlock XLA:CPU
-    for _ in range(steps):
+    for _ in range(steps - 1):
       state, metrics = step(state, make_batch())
       bound(metrics)  # not the state: it is donated to the next step
     after = float(fixed_noise_loss(state.params, eval_batch))
@@ -93,6 +104,28 @@ def test_loss_falls_pad_row_frozen_and_state_sharded():
       jax.sharding.PartitionSpec("model", "fsdp")
   mu = state.opt_state[1][0].mu["embed_tokens"]
   assert mu.sharding.spec == state.params["embed_tokens"].sharding.spec
+
+  split = config_lib.set_values(config.copy_and_resolve_references(),
+                                {"gradient_accumulation_steps": 2})
+  split_program = dream_program.build(split, ctx)
+  assert split_program.flops_per_step == program.flops_per_step == (
+      lm_steps.train_flops_per_example(model.cfg, 32) * 8)
+  split_step = task_lib.compile_train_step(
+      split_program, ctx, split.global_batch_size, abstract, shardings)
+  # One more loop than the one-batch step's (layers, loss chunks): the
+  # micro-batches'.
+  assert split_step.as_text().count(" while(") == (
+      step.as_text().count(" while(") + 1)
+  with ctx:
+    accumulated, metrics = split_step(initial, first_batch)
+  for name in ("loss", "masked_tokens", "grad_norm"):
+    np.testing.assert_allclose(float(metrics[name].compute()),
+                               float(first_metrics[name].compute()),
+                               rtol=1e-5, err_msg=name)
+  # AdamW's first update is lr * g / (|g| + eps): g's float32 rounding
+  # moves it by far less than this.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      np.asarray(a), b, rtol=0, atol=1e-6), accumulated.params, first)
 
 
 def test_flops_formula_matches_xla_cost_analysis():
@@ -145,3 +178,4 @@ def test_eval_rows_draw_their_own_noise_whatever_the_batching():
   by_8 = masked_counts(8)
   assert by_8[0] != by_8[1], by_8  # one key for all batches: equal
   assert sum(by_8) == sum(masked_counts(16))
+

@@ -39,12 +39,15 @@ def add_noise_per_row(keys, tokens, maskable, mask_token_id: int,
 
 
 def shifted_masked_loss(hidden, logits_fn, tokens, masked, t,
-                        chunk_size: int = 512):
+                        chunk_size: int = 512, num_scored=None):
   """1/t-weighted CE on masked tokens, predicted from the previous position.
 
   `hidden` [B, L, D] are the final hidden states of the noisy sequence;
   `logits_fn(h [B, C, D]) -> [B, C, V]` applies the LM head. Returns
   (loss, number of masked tokens); a batch with no masked token gives 0.
+  `num_scored`: the masked tokens of the whole batch these rows are part of
+  (a micro-batch's), which the sum is divided by instead of their own, so
+  the micro-batches' losses sum to the whole batch's.
   """
   # Position j's target is predicted from hidden j-1; position 0 has none.
   inputs = hidden[:, :-1]
@@ -72,4 +75,6 @@ def shifted_masked_loss(hidden, logits_fn, tokens, masked, t,
   total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
                           (split(inputs), split(targets), split(weights)))
   num_masked = masked[:, 1:].sum()
-  return total / jnp.maximum(num_masked, 1), num_masked
+  if num_scored is None:
+    num_scored = num_masked
+  return total / jnp.maximum(num_scored, 1), num_masked

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 from absl import logging
 
+from trm.core import accumulation
 from trm.core import loss_scale
 from trm.core import mesh as mesh_lib
 from trm.core.task import Program
@@ -39,6 +40,7 @@ def check_config(config) -> None:
   if config.loss_chunk_size <= 0:
     raise ValueError(f"config.loss_chunk_size={config.loss_chunk_size} must "
                      "be a positive integer.")
+  accumulation.check_micro_batch(config)
 
 
 def _split_ways(ctx, name: str) -> tuple[tuple[str, ...], int]:
@@ -128,6 +130,7 @@ def build(config, ctx, shapes=None) -> Program:
   check_config(config)
   model = dream.Dream(dream.DreamConfig.from_config(config.model))
   check_heads_fit(model.cfg, ctx)
+  accumulation.check_micro_batch(config, ctx)
   tx = lm_steps.make_optimizer(config.optim, config.total_steps)
   return Program(
       model=model,
@@ -137,11 +140,14 @@ def build(config, ctx, shapes=None) -> Program:
           lm_steps.train_step, model=model, tx=tx,
           chunk_size=config.loss_chunk_size,
           schedule=lm_steps.learning_rate_schedule(config.optim,
-                                                   config.total_steps)),
+                                                   config.total_steps),
+          accum_steps=accumulation.steps_of(config),
+          reduce_once=config.get("reduce_gradients_once", True)),
       eval_step=functools.partial(lm_steps.eval_step, model=model,
                                   seed=config.seed,
                                   chunk_size=config.loss_chunk_size),
       batch_spec=lm_steps.batch_spec(config.seq_len),
+      # The whole step's rows, all of its micro-batches.
       flops_per_step=lm_steps.train_flops_per_example(
           model.cfg, config.seq_len) * config.global_batch_size,
       compute_dtype=config.model.dtype,

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 from clu import metrics as clu_metrics
 
+from trm.core import accumulation
 from trm.core import lm_state
 from trm.core import loss_scale as loss_scale_lib
 from trm.core import mesh as mesh_lib
@@ -53,28 +54,59 @@ def make_init_fn(model: dream.Dream, tx, seed: int, loss_scale=None):
 
 
 def train_step(state: LMState, batch, *, model: dream.Dream, tx,
-               chunk_size: int = 512, schedule=None):
+               chunk_size: int = 512, schedule=None, accum_steps: int = 1,
+               reduce_once: bool = True):
   """batch = {tokens [B, L] int32, maskable [B, L] bool}; `schedule`
   (`learning_rate_schedule`): the `lr` metric, the rate `tx` gives the
-  step."""
+  step. `accum_steps` (config.gradient_accumulation_steps): the batch's
+  gradients are summed over that many micro-batches (`trm.core.
+  accumulation`), each micro-batch's loss divided by the whole batch's
+  masked-token count, so the step is the one-batch step (the loss is a
+  per-token mean over the whole batch, DiffuLLaMA's normalisation)."""
   cfg = model.cfg
   rng = jax.random.fold_in(state.rng, state.step)
+  # The whole batch's t and masks, drawn before it is split: micro-batches
+  # train on the one-batch step's draws.
   noisy, masked, t = diffusion_loss.add_noise(
       rng, batch["tokens"], batch["maskable"], cfg.mask_token_id)
 
-  def loss_fn(params):
+  def loss_fn(params, noisy, tokens, masked, t, loss_scale, num_scored=None):
     variables = {"params": params}
     hidden = model.apply(variables, noisy, method="hidden")
     head = functools.partial(model.apply, variables,
                              method="logits_from_hidden")
     loss, num_masked = diffusion_loss.shifted_masked_loss(
-        hidden, head, batch["tokens"], masked, t, chunk_size)
-    scaled = loss_scale_lib.scale_loss(state.loss_scale, loss)
+        hidden, head, tokens, masked, t, chunk_size, num_scored)
+    scaled = loss_scale_lib.scale_loss(loss_scale, loss)
     return scaled, (loss, num_masked)
 
-  (_, (loss, num_masked)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      state.params)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if accum_steps == 1:
+    (_, (loss, num_masked)), grads = grad_fn(
+        state.params, noisy, batch["tokens"], masked, t, state.loss_scale)
+  else:
+    num_masked = masked[:, 1:].sum()
+
+    def micro_steps(whole, rows):
+      params, loss_scale, num_scored = whole
+
+      def micro_step(k, *micro_rows):
+        del k  # the noise was drawn for the whole batch
+        (_, (loss, _)), grads = grad_fn(params, *micro_rows, loss_scale,
+                                        num_scored)
+        return loss, grads
+
+      xs = tuple(accumulation.split(a, accum_steps) for a in rows)
+      return accumulation.sum_micro_steps(micro_step, accum_steps, xs,
+                                          params), ()
+
+    (loss, grads), _ = accumulation.run(
+        micro_steps, (state.params, state.loss_scale, num_masked),
+        (noisy, batch["tokens"], masked, t), accum_steps, reduce_once)
   grads = loss_scale_lib.unscale(state.loss_scale, grads)
+  # Summed in float32 over the micro-batches; the update is in the
+  # parameters' dtype.
+  grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
   # PyTorch's padding_idx: the pad row of the embedding is never updated.
   grads["embed_tokens"] = grads["embed_tokens"].at[cfg.pad_token_id].set(0)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)

@@ -14,6 +14,7 @@ import os
 import jax
 
 from trm.families.dream import steps as lm_steps
+from trm.core import accumulation
 from trm.core import loss_scale
 from trm.core import restore_check
 from trm.core import weights_io
@@ -73,6 +74,7 @@ def build(config, workdir: str, ctx) -> Task:
   # Before any checkpoint or data is read (`program.build` checks it again
   # for trm.aot).
   dream_program.check_heads_fit(cfg, ctx)
+  accumulation.check_micro_batch(config, ctx)
   fresh = restore_check.latest_step(os.path.join(workdir,
                                                  "checkpoints")) is None
   # A resumed run restores its own weights: at most the tokenizer is read.

@@ -8,6 +8,7 @@ AdamW update, as nanoGPT's loop does outside its compiled model.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -15,9 +16,8 @@ import jax.numpy as jnp
 import optax
 from clu import metrics as clu_metrics
 
-from trm.core import data_parallel
+from trm.core import accumulation
 from trm.core import loss_scale as loss_scale_lib
-from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
 from trm.families.gpt import model as gpt
 from trm.nn import cross_entropy_gpu
@@ -189,10 +189,7 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   `schedule` (`learning_rate_schedule`): the `lr` metric, the rate `tx`
   gives this iteration.
   """
-  def split(a):  # this device's (or the mesh's) rows into micro-batches
-    rows, length = a.shape
-    a = a.reshape(rows // accum_steps, accum_steps, length).swapaxes(0, 1)
-    return mesh_lib.constrain(a, (None, mesh_lib.BATCH, None))
+  split = functools.partial(accumulation.split, accum_steps=accum_steps)
 
   step_rng = jax.random.fold_in(state.rng, state.step)
 
@@ -236,49 +233,30 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
 
   def micro_steps(whole, rows):
     params, table, loss_scale, rng, scored = whole
-    xs, ys = (split(a) for a in rows)
 
-    def accumulate(carry, inputs):
-      loss_sum, grad_sum = carry
-      k, x, y, n = inputs
+    def micro_step(k, x, y, n):
       (_, loss), (grads, d_table) = grad_fn(
           params, table, x, y, jax.random.fold_in(rng, k), loss_scale, n)
       if table is not None:
         wte = grads["wte"]["embedding"] + d_table.astype(jnp.float32)
         grads = {**grads, "wte": {**grads["wte"], "embedding": wte}}
-      # Widened before the division, as the float32 parameters' gradients
-      # were (the same values).
-      grad_sum = jax.tree.map(
-          lambda a, g: a + g.astype(jnp.float32) / accum_steps, grad_sum,
-          grads)
-      return (loss_sum + loss / accum_steps, grad_sum), None
+      return loss, grads
 
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    (loss, grads), _ = jax.lax.scan(
-        accumulate, (jnp.zeros((), jnp.float32), zeros),
-        (jnp.arange(accum_steps), xs, ys, scored))
-    return (loss, grads), ()
+    xs = tuple(split(a) for a in rows) + (scored,)
+    return accumulation.sum_micro_steps(micro_step, accum_steps, xs, params,
+                                        divisor=accum_steps), ()
 
   rows = (batch["x"], batch["y"])
   scored = (split(batch["y"]) >= 0).sum((1, 2))  # per micro-batch, all rows
   whole = (params, table, state.loss_scale, step_rng, scored)
-  micro = batch["x"].shape[0] // accum_steps
-  if (accum_steps > 1 and not model.cfg.dropout
-      and micro % data_parallel.shard_count(reduce_once) == 0):
-    # Each micro-step's gradients stay with their data-parallel index and
-    # are reduced over the data-parallel devices once per iteration, as
-    # DDP's no_sync does (`trm.core.data_parallel`; under FSDP they are
-    # still reduce-scattered over `fsdp` in each micro-step); GSPMD alone
-    # reduced them over every axis in every micro-step. One micro-step
-    # keeps GSPMD's reduction, which overlaps the backward layer by layer;
-    # so does a micro-batch that does not split into the data-parallel
-    # groups, and so does dropout: its masks, drawn per device or per
-    # group, would depend on the mesh (GSPMD's draws are the one-device
-    # step's).
-    (loss, grads), _ = data_parallel.sum_over_data(micro_steps, whole, rows,
-                                                   enabled=reduce_once)
-  else:
-    (loss, grads), _ = micro_steps(whole, rows)
+  # Each micro-step's gradients stay with their data-parallel index and are
+  # reduced over the data-parallel devices once per iteration, as DDP's
+  # no_sync does (under FSDP they are still reduce-scattered over `fsdp` in
+  # each micro-step); GSPMD alone reduced them over every axis in every
+  # micro-step. Not with dropout, whose masks would depend on the mesh.
+  (loss, grads), _ = accumulation.run(
+      micro_steps, whole, rows, accum_steps, reduce_once,
+      mesh_dependent_draws=bool(model.cfg.dropout))
   # Unscaled (float16 runs) before the finite check, clipping and AdamW.
   grads = loss_scale_lib.unscale(state.loss_scale, grads)
   grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
