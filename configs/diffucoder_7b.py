@@ -45,6 +45,8 @@ def get_config(arg=None):
 
   c.data = ml_collections.ConfigDict(dict(
       source="files",           # files: data.path | tfds: data.tfds splits
+                                # | synthetic: hashed ids, no data (step
+                                # speed and memory without a data set)
       format="jsonl",           # jsonl: prompt/response pairs (or dllm's
                                 # "messages" lists) | code: files
       path="",                  # JSONL file, or a glob of code files

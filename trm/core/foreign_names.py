@@ -48,8 +48,8 @@ _OTHER_TRAINERS = {
                     "the batch is set over the whole mesh: "
                     "config.global_batch_size (GPT: batch_size x "
                     "gradient_accumulation_steps)"),
-    "dataset_type": ("config.data.source picks the data (configs/gpt.py: "
-                     "'synthetic' needs none)"),
+    "dataset_type": ("config.data.source picks the data (configs/gpt.py "
+                     "and configs/diffucoder_7b.py: 'synthetic' needs none)"),
     **dict.fromkeys(("enable_checkpointing", "save_strategy"),
                     "config.checkpoint_every sets the checkpoints' cadence "
                     "(the last step is saved); 0 writes none"),

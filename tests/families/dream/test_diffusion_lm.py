@@ -151,12 +151,41 @@ def test_jsonl_pairs_train(tmp_path):
     # 2 rows per micro-batch over the data x fsdp = 4 batch devices.
     ({"gradient_accumulation_steps": 8},
      "= 2 rows per micro-batch must be a multiple of the data-parallel size 4"),
+    ({"data.source": "hub"}, "config.data.source='hub' must be 'files'"),
 ])
 def test_bad_configs_fail_before_compiling(tmp_path, code_glob, overrides,
                                            message):
   with pytest.raises((ValueError, FileNotFoundError), match=message):
     train.train_and_evaluate(tiny_config(code_glob, **overrides),
                              str(tmp_path), families.build_task)
+
+
+def test_synthetic_rows_need_no_tokenizer_or_files(tmp_path):
+  """data.source='synthetic': hashed rows of the configured shape, never
+  <|mask|>, each process its share of the same global batch."""
+  from trm.data.text import sft  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import task as dream_task  # pylint: disable=g-import-not-at-top
+  config = tiny_config("", **{"data.source": "synthetic",
+                              "data.tokenizer": ""})
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  task = dream_task.build(config, str(tmp_path), ctx)
+  batch = task.train_source[3]
+  assert batch["tokens"].shape == batch["maskable"].shape == (16, 64)
+  assert batch["tokens"].dtype == np.int32
+  assert not batch["maskable"][:, 0].any() and batch["maskable"][:, 1:].all()
+  tokens = np.concatenate([task.train_source[k]["tokens"] for k in range(4)])
+  assert tokens.min() >= 0 and tokens.max() < 512
+  assert len(np.unique(tokens)) > 400
+  assert not (tokens == 500).any()  # <|mask|>: config.model.mask_token_id
+  assert (tokens[:16] != tokens[16:32]).mean() > 0.9  # batches differ
+  halves = [sft.SyntheticBatches(
+      global_batch_size=16, seq_len=64, vocab_size=512, mask_token_id=500,
+      num_batches=20, process_index=i, process_count=2)[3] for i in (0, 1)]
+  np.testing.assert_array_equal(
+      np.concatenate([h["tokens"] for h in halves]), batch["tokens"])
+  held = task.eval_source[1]
+  assert held["tokens"].shape == (8, 64) and len(task.eval_source) == 2
+  assert (held["tokens"] != tokens[8:16]).mean() > 0.9  # another stream
 
 
 def _workdir_params(workdir):

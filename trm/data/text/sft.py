@@ -335,6 +335,56 @@ class SFTBatches:
     return {"tokens": self.tokens[rows], "maskable": self.maskable[rows]}
 
 
+def synthetic_rows(first_row: int, count: int, seq_len: int,
+                   vocab_size: int, mask_token_id: int, split: int):
+  """(tokens, maskable) of synthetic rows first_row .. first_row + count - 1
+  of stream `split` (0: training, 1: held out): token j of row r is
+  `windows.hashed_ids` of position r * seq_len + j, drawn from the
+  vocabulary without <|mask|> (data that held it would be a blank to
+  fill, not a token to learn); every position but the first is maskable,
+  as in packed code rows."""
+  from trm.data.text import windows  # pylint: disable=g-import-not-at-top
+  index = (np.arange(first_row, first_row + count, dtype=np.uint64)[:, None]
+           * np.uint64(seq_len) + np.arange(seq_len, dtype=np.uint64))
+  tokens = windows.hashed_ids(index, split, vocab_size - 1)
+  tokens += tokens >= mask_token_id  # the ids above <|mask|> move up one
+  maskable = np.ones_like(tokens, bool)
+  maskable[:, 0] = False
+  return tokens, maskable
+
+
+class SyntheticBatches:
+  """`SFTBatches` with no data behind it (config.data.source='synthetic',
+  MaxText's dataset_type=synthetic): batch k is synthetic rows k *
+  global_batch_size .. of stream 0 (`synthetic_rows`), so a pod's step speed
+  and memory can be measured with no tokenizer, file or download. The
+  tokens follow no language: the loss only shows that the step runs."""
+
+  def __init__(self, *, global_batch_size: int, seq_len: int,
+               vocab_size: int, mask_token_id: int, num_batches: int,
+               process_index: int = 0, process_count: int = 1):
+    if global_batch_size % process_count:
+      raise ValueError(f"Global batch {global_batch_size} is not divisible by"
+                       f" the {process_count} processes.")
+    self.global_batch_size, self.num_batches = global_batch_size, num_batches
+    self.row_args = (seq_len, vocab_size, mask_token_id, 0)
+    self.local = global_batch_size // process_count
+    self.offset = process_index * self.local
+
+  def __len__(self):
+    return self.num_batches
+
+  def fingerprint(self) -> str:
+    return "synthetic-{}-{}-{}-{}".format(*self.row_args)
+
+  def __getitem__(self, k):
+    if not 0 <= k < self.num_batches:
+      raise IndexError(k)
+    tokens, maskable = synthetic_rows(
+        k * self.global_batch_size + self.offset, self.local, *self.row_args)
+    return {"tokens": tokens, "maskable": maskable}
+
+
 class SFTEvalBatches:
   """Held-out rows in order, in full global batches (a short tail is left
   out); item k = this process's rows of eval batch k, with their indices."""
@@ -409,12 +459,22 @@ def chat_pair_ids(pairs, tokenizer, chat: bool):
   return ids
 
 
-def _from_tfds(data_config) -> bool:
+SOURCES = ("files", "tfds", "synthetic")  # config.data.source
+
+
+def check_source(data_config) -> str:
+  """config.data.source, one of `SOURCES` ('files' where the config
+  predates the field)."""
   source = data_config.get("source", "files")
-  if source not in ("files", "tfds"):
+  if source not in SOURCES:
     raise ValueError(f"config.data.source={source!r} must be 'files' "
-                     "(data.path) or 'tfds' (data.tfds).")
-  return source == "tfds"
+                     "(data.path), 'tfds' (data.tfds) or 'synthetic' (random "
+                     "token rows, no data: for timing a mesh).")
+  return source
+
+
+def _from_tfds(data_config) -> bool:
+  return check_source(data_config) == "tfds"
 
 
 def read_rows(data_config, tokenizer, seq_len: int, path_key: str = "path",

@@ -305,14 +305,21 @@ class SyntheticTokens:
     """As `TokenFile.windows`: {"x", "y"} int32 [rows, block_size]."""
     index = (np.asarray(offsets, np.uint64)[:, None]
              + np.arange(block_size + 1, dtype=np.uint64))
-    # splitmix64's finaliser of the position, a stream apart per split
-    # (uint64 arithmetic wraps, as the hash wants).
-    h = index + np.uint64(0x9E3779B97F4A7C15 * (self.split + 1) % 2**64)
-    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    h ^= h >> np.uint64(31)
-    rows = (h % np.uint64(self.vocab_size)).astype(np.int32)
+    rows = hashed_ids(index, self.split, self.vocab_size)
     return {"x": rows[:, :-1], "y": rows[:, 1:]}
+
+
+def hashed_ids(index: np.ndarray, split: int, vocab_size: int) -> np.ndarray:
+  """int32 token ids in [0, vocab_size), one per uint64 position in `index`:
+  splitmix64's finaliser of the position, a stream apart per `split` (the
+  synthetic data of `SyntheticTokens` and DiffuCoder's `sft.
+  SyntheticBatches`)."""
+  # uint64 arithmetic wraps, as the hash wants.
+  h = index + np.uint64(0x9E3779B97F4A7C15 * (split + 1) % 2**64)
+  h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  h ^= h >> np.uint64(31)
+  return (h % np.uint64(vocab_size)).astype(np.int32)
 
 
 def _check_ids(batch: dict, vocab_size: int | None, path: str) -> dict:

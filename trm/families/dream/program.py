@@ -17,6 +17,7 @@ from trm.core import accumulation
 from trm.core import loss_scale
 from trm.core import mesh as mesh_lib
 from trm.core.task import Program
+from trm.data.text import sft
 from trm.families.dream import model as dream
 from trm.families.dream import steps as lm_steps
 
@@ -41,6 +42,7 @@ def check_config(config) -> None:
     raise ValueError(f"config.loss_chunk_size={config.loss_chunk_size} must "
                      "be a positive integer.")
   accumulation.check_micro_batch(config)
+  sft.check_source(config.data)
 
 
 def _split_ways(ctx, name: str) -> tuple[tuple[str, ...], int]:

@@ -12,6 +12,7 @@ import functools
 import os
 
 import jax
+from absl import logging
 
 from trm.families.dream import steps as lm_steps
 from trm.core import accumulation
@@ -68,6 +69,49 @@ def schedule_spans_run(config) -> bool:
   return True
 
 
+def _sources(config, cfg: dream.DreamConfig, init: str):
+  """(training batches, held-out batches) of config.data: rows of the
+  tokenized files or TFDS splits, or synthetic rows (no tokenizer or data
+  read)."""
+  process = dict(process_index=jax.process_index(),
+                 process_count=jax.process_count())
+  if sft.check_source(config.data) == "synthetic":
+    # MaxText's dataset_type=synthetic: a pod's step timed with no data.
+    logging.warning("config.data.source='synthetic': training on hashed "
+                    "token ids (vocabulary %d), not text; the loss only "
+                    "shows the step runs.", cfg.vocab_size)
+    shape = dict(seq_len=config.seq_len, vocab_size=cfg.vocab_size,
+                 mask_token_id=cfg.mask_token_id)
+    train_source = sft.SyntheticBatches(
+        global_batch_size=config.global_batch_size,
+        num_batches=config.total_steps, **shape, **process)
+    # The held-out rows: data.eval_rows rows of another stream.
+    eval_source = sft.SFTEvalBatches(
+        *sft.synthetic_rows(0, max(config.data.eval_rows, 0), split=1,
+                            **shape),
+        global_batch_size=config.data.eval_batch_size,
+        max_batches=config.data.max_eval_batches,
+        source="config.data.source='synthetic'",
+        more="raise config.data.eval_rows", **process)
+    return train_source, eval_source
+  # trm.main has no --checkpoint: a missing tokenizer.json names the field.
+  tokenizer = tok_lib.from_spec(tokenizer_spec(config, init), cfg,
+                                "config.data.tokenizer")
+  (train_tokens, train_maskable), (eval_tokens, eval_maskable) = (
+      sft.train_and_eval_rows(config.data, tokenizer, config.seq_len))
+  train_from, held_from, more_held = sft.row_sources(config.data)
+  train_source = sft.SFTBatches(
+      train_tokens, train_maskable, global_batch_size=config.global_batch_size,
+      seed=config.seed, num_batches=config.total_steps, source=train_from,
+      **process)
+  eval_source = sft.SFTEvalBatches(
+      eval_tokens, eval_maskable,
+      global_batch_size=config.data.eval_batch_size,
+      max_batches=config.data.max_eval_batches, source=held_from,
+      more=more_held, **process)
+  return train_source, eval_source
+
+
 def build(config, workdir: str, ctx) -> Task:
   check_config(config)
   cfg = dream.DreamConfig.from_config(config.model)
@@ -91,23 +135,7 @@ def build(config, workdir: str, ctx) -> Task:
           "(config.json and model*.safetensors), or '' for random weights.")
     hf_import.check_hf_checkpoint(init, cfg)
   scale = loss_scale.initial_state(config)  # None unless float16
-  # trm.main has no --checkpoint: a missing tokenizer.json names the field.
-  tokenizer = tok_lib.from_spec(tokenizer_spec(config, init), cfg,
-                                "config.data.tokenizer")
-  (train_tokens, train_maskable), (eval_tokens, eval_maskable) = (
-      sft.train_and_eval_rows(config.data, tokenizer, config.seq_len))
-  process = dict(process_index=jax.process_index(),
-                 process_count=jax.process_count())
-  train_from, held_from, more_held = sft.row_sources(config.data)
-  train_source = sft.SFTBatches(
-      train_tokens, train_maskable, global_batch_size=config.global_batch_size,
-      seed=config.seed, num_batches=config.total_steps, source=train_from,
-      **process)
-  eval_source = sft.SFTEvalBatches(
-      eval_tokens, eval_maskable,
-      global_batch_size=config.data.eval_batch_size,
-      max_batches=config.data.max_eval_batches, source=held_from,
-      more=more_held, **process)
+  train_source, eval_source = _sources(config, cfg, init)
   program = dream_program.build(config, ctx)
   initial_state = None
   if config.init_checkpoint:
