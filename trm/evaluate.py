@@ -122,8 +122,8 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str,
                                          shardings, ctx, step=step)
   batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
   with ctx:
-    eval_step = jax.jit(program.eval_step,
-                        in_shardings=(shardings, batch_shardings))
+    eval_step = state_lib.eval_step(program.eval_step, shardings,
+                                    batch_shardings)
     hook = family.KeptPredictions(task.make_eval_hook(),
                                   task.eval_source.num_examples)
     results = train.evaluate(eval_step, state, task.eval_source,

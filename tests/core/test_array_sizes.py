@@ -61,3 +61,34 @@ def test_init_state_refuses_it_before_xla_aborts_the_process():
                      r"an array of \[67108864, 8388608\] f32 \(2 PiB\)"):
     state_lib.init_state(init, mesh_lib.ShardingContext(mesh, ()),
                          {"w": replicated})
+
+
+def test_eval_step_refuses_it_before_xla_aborts_the_process():
+  """train.py and trm.evaluate compiled the eval step with a plain jax.jit
+  on its first call, unchecked: an `eval_only` run (no train step built
+  to refuse the sizes first) ended in XLA's CHECK abort, exit 134
+  (probes/eval_step_abort.py). Each batch shape is now lowered, checked
+  and compiled once."""
+  mesh = jax.make_mesh((1,), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  traced = []
+
+  def eval_fn(state, batch):  # [b, L, 8] -> [b, L, L] scores
+    traced.append(batch["x"].shape)
+    length = 10**9 if batch["x"].shape[1] == 1 else batch["x"].shape[1]
+    x = jnp.broadcast_to(batch["x"][:, :1], (4, length, 8)) * state["w"]
+    return {"loss": _scores(x)}, {}
+
+  step = state_lib.eval_step(eval_fn, {"w": replicated}, {"x": replicated})
+  state = {"w": jax.device_put(jnp.ones((8,), jnp.float32), replicated)}
+  tiny = {"x": jax.device_put(jnp.ones((4, 1, 8), jnp.float32), replicated)}
+  with pytest.raises(ValueError, match=r"^The eval step holds an array of "
+                     r"\[4, 1000000000, 1000000000\] f32 .*; lower the "
+                     r"config's sequence length or eval batch size\.$"):
+    step(state, tiny)
+  small = {"x": jax.device_put(jnp.ones((4, 3, 8), jnp.float32), replicated)}
+  for _ in range(2):  # compiled once for its shape
+    metrics, _ = step(state, small)
+    assert float(metrics["loss"]) == 4 * 3 * 3 * 8
+  assert traced == [(4, 1, 8), (4, 3, 8)]

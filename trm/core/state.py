@@ -174,3 +174,27 @@ def compile_step(step_fn, abstract_state, state_shardings, abstract_batch,
                             "lower the config's sequence length, batch or "
                             "width")
   return lowered.compile(compiler_options or None)
+
+
+def eval_step(eval_fn, state_shardings, batch_shardings):
+  """`eval_fn(state, batch) -> (metrics, outputs)` jitted with the state's
+  and the batch's shardings; each batch shape it meets is lowered, its
+  arrays' sizes checked (`array_sizes`), then compiled, once. A plain
+  `jax.jit` compiled on the first call: an eval step that alone holds an
+  absurd array (`eval_only`, or a finished run, builds no train step to
+  refuse it first) ended in XLA's CHECK abort."""
+  jitted = jax.jit(eval_fn, in_shardings=(state_shardings, batch_shardings))
+  compiled = {}
+
+  def step(state, batch):
+    leaves, structure = jax.tree.flatten(batch)
+    key = (structure, tuple((x.shape, x.dtype) for x in leaves))
+    if key not in compiled:
+      lowered = jitted.lower(state, batch)
+      array_sizes.check_lowered(lowered, "The eval step",
+                                "lower the config's sequence length or eval "
+                                "batch size")
+      compiled[key] = lowered.compile()
+    return compiled[key](state, batch)
+
+  return step

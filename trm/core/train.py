@@ -332,8 +332,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # ----------------------------------------------------------------- step
   batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
   with ctx:
-    eval_step = jax.jit(program.eval_step,
-                        in_shardings=(state_shardings, batch_shardings))
+    eval_step = state_lib.eval_step(program.eval_step, state_shardings,
+                                    batch_shardings)
 
   def run_eval(step: int, stop=None) -> dict | None:
     """The held-out metrics at `step`; None if `stop()` cut it short."""
