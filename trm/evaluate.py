@@ -433,6 +433,13 @@ def evaluate_code(config, checkpoint: str):
   if _NUM_SAMPLES.value < 1 or _LIMIT.value < 0:
     raise ValueError("--num_samples must be >= 1 and --limit >= 0 (0: all "
                      "problems).")
+  if _SCORE_ONLY.value is not None and _STEP.value != "latest":
+    # It was ignored: the file's samples were scored whichever step the
+    # caller meant (the step that made them is in its _generation.json).
+    raise ValueError(
+        f"--step={_STEP.value}: --score_only rescores the samples file as "
+        "written and reads no checkpoint; drop --step (with --benchmark and "
+        "--checkpoint it chooses the checkpoint that generates samples).")
   limits, workers, output = code_settings()
   if _SCORE_ONLY.value is not None:
     return score_only(benchmark, _K.value, limits, workers, output)

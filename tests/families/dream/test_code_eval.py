@@ -734,6 +734,10 @@ _BAD_INPUT = [
      "--score_only=/nonexistent/samples.jsonl: no such file"),
     (["--score_only=configs"], "--score_only=configs: a samples JSONL file"),
     (["--score_only=setup.py"], "--score_only=setup.py line 1: not JSON"),
+    # --step was ignored: no checkpoint is read to rescore a file.
+    (["--score_only=setup.py", "--step=10"], "--step=10: --score_only "
+     "rescores the samples file as written and reads no checkpoint; drop "
+     "--step"),
     # The samples file is rewritten with the scores: never over --config.
     (["--score_only=configs/diffucoder_7b.py"], "the samples file "
      "configs/diffucoder_7b.py is --config=configs/diffucoder_7b.py"),
