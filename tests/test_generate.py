@@ -808,6 +808,36 @@ def test_api_errors_name_arguments_and_the_cli_names_flags(checkpoint,
                                           names=inference.CLI_NAMES)
 
 
+
+def test_api_checkpoint_step_errors_name_checkpoint_step(tmp_path):
+  """`DiffusionLM.from_pretrained(checkpoint_step=...)` answered with the
+  tools' flag ("--step=5: ...", "Pass --step=latest", "e.g. --step=2000"),
+  which a Python caller never passed; the tools still say --step."""
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  for step in (10, 20):  # steps without a held-out loss: 'best' ranks none
+    os.makedirs(tmp_path / "checkpoints" / str(step))
+  (tmp_path / "config.json").write_text(_tiny_config().to_json())
+  workdir = str(tmp_path)
+  messages = {}
+  for step, error, start in (
+      (5, FileNotFoundError, "checkpoint_step=5: "),
+      ("best", ckpt_lib.CheckpointError, "checkpoint_step='best': no "
+       "checkpoint of"),
+      ("x", ValueError, "checkpoint_step='x': 'x' is none of latest, best "
+       "or a step number (e.g. checkpoint_step=2000).")):
+    with pytest.raises(error) as info:
+      inference.DiffusionLM.from_pretrained(workdir, checkpoint_step=step)
+    message = messages[step] = str(info.value)
+    assert message.startswith(start) and "--" not in message, message
+    assert "\n" not in message
+  assert ("Pass checkpoint_step='latest' or checkpoint_step=<one of"
+          in messages["best"])
+  with pytest.raises(FileNotFoundError, match=r"^--step=5: .* best or "
+                     r"latest\.$"):
+    inference.DiffusionLM.from_pretrained(workdir, checkpoint_step=5,
+                                          names=inference.CLI_NAMES)
+
 def test_dir_of_trm_lists_diffusion_lm():
   """Tab completion (`trm.<TAB>`, dir(trm)) did not offer DiffusionLM,
   which module __getattr__ gives."""

@@ -396,7 +396,8 @@ def _dream_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None,
     check_tokenizer_fits(_TOKENIZER.value, cfg)
   _, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))
   params, source = generate.load_params(checkpoint, cfg, shardings,
-                                        checkpoint_step=step)
+                                        checkpoint_step=step,
+                                        step_name="--step")
   return (lambda out: hf_import.export_hf_checkpoint(
       params, cfg, out, dtype=dtype or DEFAULT_DTYPES["dream"],
       source_fields=source_fields)), source

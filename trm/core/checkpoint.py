@@ -1153,7 +1153,7 @@ def _with_zeros(abstract_state, restored, absent):
   return abstract_state.replace(**restored, **zeros)
 
 
-def choose_step(directory: str, choice) -> int | None:
+def choose_step(directory: str, choice, flag: str = "--step") -> int | None:
   """The step of the checkpoint directory `directory` (a trm.main workdir's
   checkpoints/, local or gs://) that `--step` (`cli.define_step_flag`)
   names, for `restore_fields`: None for 'latest' (the newest readable step,
@@ -1161,9 +1161,12 @@ def choose_step(directory: str, choice) -> int | None:
   for 'best' (the one the trainer's keep-best policy keeps; a tie goes to
   the newest, as Orbax's), or the step number given. Called before any
   weight is read; refuses in one line, naming the steps on disk, a step
-  that is not there or a 'best' with no ranked step."""
+  that is not there or a 'best' with no ranked step. `flag`: how the
+  errors spell the choice (the flag, or the Python API's
+  `checkpoint_step`)."""
   if choice == "latest":
     return None
+  spell = cli.step_spelling(flag)
   from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
   path = epath.Path(directory)
   steps = (sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
@@ -1174,7 +1177,7 @@ def choose_step(directory: str, choice) -> int | None:
   if choice != "best":
     if choice not in steps:
       raise FileNotFoundError(
-          f"--step={choice}: {directory} has no step {choice} (its steps: "
+          f"{spell(choice)}: {directory} has no step {choice} (its steps: "
           f"{steps}); pass one of them, best or latest.")
     return choice
   name = ocp_manager.METRIC_ITEM_NAME
@@ -1187,17 +1190,17 @@ def choose_step(directory: str, choice) -> int | None:
       losses[step] = read_loss_record(record, EVAL_LOSS)
     except ValueError as e:
       raise CheckpointError(
-          f"--step=best: the held-out loss record {record} is damaged ({e}),"
-          " so the steps cannot be ranked. Pass --step=<a step> (steps: "
+          f"{spell('best')}: the held-out loss record {record} is damaged "
+          f"({e}), so the steps cannot be ranked. Pass {flag}=<a step> (steps: "
           f"{steps}), or write the step's eval/loss from eval_{step}.json "
           f'in the workdir there as {{"{EVAL_LOSS}": <number>}}.') from None
   if not losses:
     raise CheckpointError(
-        f"--step=best: no checkpoint of {directory} (steps {steps}) has a "
+        f"{spell('best')}: no checkpoint of {directory} (steps {steps}) has a "
         "held-out loss to rank it by: a step is ranked when it is saved "
         "at an evaluation (config.eval_every; the run's config.eval_every "
-        "was 0, or no save met an evaluation). Pass --step=latest or "
-        "--step=<one of the steps>.")
+        f"was 0, or no save met an evaluation). Pass {spell('latest')} or "
+        f"{flag}=<one of the steps>.")
   return min(losses, key=lambda step: (losses[step], -step))
 
 

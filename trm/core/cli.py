@@ -477,6 +477,10 @@ class _StepParser(flags.ArgumentParser):
   flags are parsed, before anything is read."""
   syntactic_help = "latest, best or a step number"
 
+  def __init__(self, name: str = "--step"):
+    super().__init__()
+    self.name = name  # how the error's example spells it
+
   def parse(self, argument):
     text = str(argument).strip().lower()
     if text in ("latest", "best"):
@@ -484,16 +488,26 @@ class _StepParser(flags.ArgumentParser):
     if text.isascii() and text.isdigit():
       return int(text)
     raise ValueError(f"{argument!r} is none of latest, best or a step number "
-                     "(e.g. --step=2000)")
+                     f"(e.g. {self.name}=2000)")
 
   def flag_type(self):
     return "string"
 
 
-def parse_step(value) -> str | int:
+def parse_step(value, name: str = "--step") -> str | int:
   """A --step value ('latest', 'best', a step number; an int passes) as
-  `checkpoint.choose_step` takes it; ValueError naming what is accepted."""
-  return _StepParser().parse(value)
+  `checkpoint.choose_step` takes it; ValueError naming what is accepted
+  (its example spelled as `name`: the flag, or the API's argument)."""
+  return _StepParser(name).parse(value)
+
+
+def step_spelling(name: str = "--step"):
+  """value -> how an error spells that step choice: `--step=best` for the
+  tools' flag, `checkpoint_step='best'` for the Python API's argument (a
+  `DiffusionLM` caller passed no --step)."""
+  if name.startswith("--"):
+    return lambda value: f"{name}={value}"
+  return lambda value: f"{name}={value!r}"
 
 
 def define_step_flag() -> flags.FlagHolder:

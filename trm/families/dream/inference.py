@@ -68,12 +68,14 @@ class ArgumentNames:
   tokenizer: str = "tokenizer"
   config: str = "config"
   allow_nonfinite: str = "allow_nonfinite=True"
+  checkpoint_step: str = "checkpoint_step"
 
 
 API_NAMES = ArgumentNames()
 CLI_NAMES = ArgumentNames(path="--checkpoint", tokenizer="--tokenizer",
                           config="--config",
-                          allow_nonfinite="--allow_nonfinite")
+                          allow_nonfinite="--allow_nonfinite",
+                          checkpoint_step="--step")
 
 
 class ArgumentTypeError(cli.UserError, TypeError):
@@ -682,7 +684,8 @@ class DiffusionLM:
     params, source = load_params(path, cfg, shardings,
                                  allow_nonfinite=allow_nonfinite,
                                  allow_hint=names.allow_nonfinite,
-                                 checkpoint_step=checkpoint_step)
+                                 checkpoint_step=checkpoint_step,
+                                 step_name=names.checkpoint_step)
     return cls(cfg, params, tok, mesh=mesh, rules=rules,
                max_positions=positions, source=source)
 
@@ -927,9 +930,11 @@ def check_finite_params(params, cfg, where: str,
 def load_params(checkpoint: str, cfg, shardings,
                 allow_nonfinite: bool = False,
                 allow_hint: str = "allow_nonfinite=True",
-                checkpoint_step: int | str | None = None):
+                checkpoint_step: int | str | None = None,
+                step_name: str = "checkpoint_step"):
   """(params, description) from a HF directory or a trm.main workdir (its
-  checkpoint `checkpoint_step`: see `DiffusionLM.from_pretrained`).
+  checkpoint `checkpoint_step`: see `DiffusionLM.from_pretrained`; errors
+  spell it as `step_name`, the tools' `--step`).
 
   A workdir of another model family is refused naming the command that
   samples it; Hugging Face weights holding NaN or Inf are refused naming
@@ -944,10 +949,11 @@ def load_params(checkpoint: str, cfg, shardings,
     check_dream_workdir(checkpoint)
     if checkpoint_step is not None:
       try:
-        choice = cli.parse_step(checkpoint_step)
+        choice = cli.parse_step(checkpoint_step, step_name)
       except ValueError as e:
-        raise ValueError(f"checkpoint_step={checkpoint_step!r}: {e}.") from None
-      checkpoint_step = ckpt_lib.choose_step(saved, choice)
+        raise ValueError(f"{cli.step_spelling(step_name)(checkpoint_step)}: "
+                         f"{e}.") from None
+      checkpoint_step = ckpt_lib.choose_step(saved, choice, step_name)
     abstract = state_lib.with_shardings(
         meta.unbox(dream.abstract_params(cfg)), shardings)
     fields, step = ckpt_lib.restore_fields(saved, {"params": abstract},
@@ -955,9 +961,10 @@ def load_params(checkpoint: str, cfg, shardings,
                                            family="DiffuCoder/Dream")
     return fields["params"], f"{saved} step {step}"
   if checkpoint_step not in (None, "latest"):
-    raise ValueError(f"checkpoint_step={checkpoint_step!r} chooses among the "
-                     f"checkpoints of a trm.main workdir; {checkpoint} is "
-                     "not one (it has no checkpoints/ directory).")
+    raise ValueError(f"{cli.step_spelling(step_name)(checkpoint_step)} "
+                     "chooses among the checkpoints of a trm.main workdir; "
+                     f"{checkpoint} is not one (it has no checkpoints/ "
+                     "directory).")
   params = hf_import.load_hf_checkpoint(checkpoint, cfg, shardings)
   if not allow_nonfinite:
     check_finite_params(params, cfg, checkpoint, allow_hint)
