@@ -69,10 +69,15 @@ def test_cli_generates_for_a_batch(tmp_path, checkpoint):
       [sys.executable, "-m", "trm.generate",
        "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={checkpoint}",
        f"--batch_file={prompts}", "--max_new_tokens=8", "--steps=4",
-       "--alg=entropy"], cwd=ROOT, capture_output=True, text=True,
+       "--alg=entropy", "--num_return_sequences=2", "--temperature=1"],
+      cwd=ROOT, capture_output=True, text=True,
       timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
-  assert result.stdout.count("=== ") == 2
+  # Each prompt's completions together, as Hugging Face returns them.
+  assert [l for l in result.stdout.splitlines() if l.startswith("===")] == [
+      "=== w3 w4 w5 [1/2]", "=== w3 w4 w5 [2/2]", "=== w9 [1/2]",
+      "=== w9 [2/2]"]
+  assert "batch 4, 8 new tokens" in result.stdout
   assert "tokens/s" in result.stdout
 
 
@@ -256,6 +261,8 @@ def test_chat_history_and_timings(lm):
     (dict(system="Be brief."), "system: a system message belongs to the "
      "chat template; pass chat=True with it."),
     (dict(batch_size=0), "batch_size=0"),
+    (dict(num_return_sequences=0), "num_return_sequences=0: must be >= 1 "
+     "(completions per prompt)"),
     (dict(cache="full"), "cache='full': must be one of"),
     (dict(cache="dual", block_length=3), "block_length=3: must divide"),
     (dict(cache="dual", block_length=4, threshold=2.0),
@@ -567,6 +574,13 @@ def test_cli_nonfinite_safetensors_is_one_line(checkpoint, tmp_path):
     (dict(seed=2**32), ValueError, "seed=4294967296: must lie in"),
     (dict(prompts=["w3", "w4"], batch_size=1, seed=2**32 - 1), ValueError,
      "seed=4294967295: must lie in [0, 4294967294]"),
+    (dict(num_return_sequences=2.0), TypeError,
+     "num_return_sequences=2.0 is a float"),
+    (dict(num_return_sequences=True), TypeError,
+     "num_return_sequences=True is a bool"),
+    # Two rows of one prompt, one per batch: seeds seed and seed + 1.
+    (dict(num_return_sequences=2, batch_size=1, seed=2**32 - 1), ValueError,
+     "seed=4294967295: must lie in [0, 4294967294]"),
     (dict(max_new_tokens=True), ValueError, "max_new_tokens=True"),
     (dict(top_k=False), ValueError, "top_k=False"),
     (dict(cache="dual", block_length=True), ValueError,
@@ -587,11 +601,53 @@ def test_api_argument_types_are_one_error_before_any_compute(
 
 
 def test_api_accepts_integer_like_seeds_and_batches(lm):
-  a = lm.generate(["w3", "w4"], max_new_tokens=4, steps=2,
-                  batch_size=np.int64(1), seed=np.int32(2**31 - 1))
-  b = lm.generate(("w3", "w4"), max_new_tokens=4, steps=2, batch_size=1,
-                  seed=2**31 - 1)
+  # Sampled (temperature 1), so a seed wrapped in seed + n would show;
+  # the program num_return_sequences' test below reuses.
+  kw = dict(max_new_tokens=4, steps=2, temperature=1.0)
+  a = lm.generate(["w3", "w4", "w5", "w6"], batch_size=np.int64(2),
+                  seed=np.int32(2**31 - 1), **kw)
+  b = lm.generate(("w3", "w4", "w5", "w6"), batch_size=2, seed=2**31 - 1,
+                  **kw)
   assert a == b
+
+
+@pytest.mark.parametrize("cache", [
+    {},
+    # slow: a second compile (~5 s of CPU); the rows are expanded before
+    # either sampler is chosen.
+    pytest.param(dict(cache="dual", block_length=4), marks=pytest.mark.slow),
+])
+def test_num_return_sequences_rows_are_hugging_faces_and_reproducible(lm,
+                                                                      cache):
+  """Hugging Face's `num_return_sequences` (Dream's `diffusion_generate`
+  repeats each prompt with `repeat_interleave`): each prompt's copies
+  together, each its own draw (copies share a batch here), the same rows
+  again for a fixed seed. Batches of 2 rows at the settings of
+  test_api_accepts_integer_like_seeds_and_batches: its program, no
+  compile of its own."""
+  prompts = ["w3 w4 w5", "w9"]
+  spelled = ["w3 w4 w5", "w3 w4 w5", "w9", "w9"]
+  kw = dict(max_new_tokens=4, steps=2, temperature=1.0, seed=3,
+            batch_size=2, return_tokens=True, **cache)
+  two = lm.generate(prompts, num_return_sequences=2, **kw)
+  assert len(two.completions) == 4 and two.tokens.shape[0] == 4
+  assert lm.timings["new_tokens"] == 16
+  np.testing.assert_array_equal(two.tokens, lm.generate(spelled, **kw).tokens)
+  assert not np.array_equal(two.tokens[0], two.tokens[1])
+  assert not np.array_equal(two.tokens[2], two.tokens[3])
+  again = lm.generate(prompts, num_return_sequences=2, **kw)
+  np.testing.assert_array_equal(again.tokens, two.tokens)
+  assert again.completions == two.completions
+  # --num_return_sequences and the seed's range are checked before the
+  # weights load, as the API checks them.
+  holders = lambda **v: {k: type("Flag", (), {"value": x})()  # noqa: E731
+                         for k, x in dict(batch_size=1, seed=2**32 - 2,
+                                          **v).items()}
+  generate.check_batch_and_seed(holders(num_return_sequences=2), 1)
+  with pytest.raises(ValueError, match=r"^num_return_sequences=0: must be"):
+    generate.check_batch_and_seed(holders(num_return_sequences=0), 1)
+  with pytest.raises(ValueError, match=r"^seed=4294967294: must lie in"):
+    generate.check_batch_and_seed(holders(num_return_sequences=3), 1)
 
 
 def test_steps_zero_is_refused_as_the_api_refuses_it():

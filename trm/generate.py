@@ -19,6 +19,9 @@ reference callers do. `--top_k` defaults to 50, what Hugging Face's
 `--block_length` and, for parallel decoding, `--threshold` (approximate;
 see `trm/families/dream/cached_sampling.py`); `--fast_dllm` takes
 Fast-dLLM's own block rules, so that its outputs are reproduced.
+`--num_return_sequences=N` (Hugging Face's name) samples N completions of
+each prompt, printed under it in turn; each counts as one row of
+`--batch_size`.
 """
 from __future__ import annotations
 
@@ -72,16 +75,19 @@ def main(argv):
   first = jax.process_index() == 0  # on a pod every process generates
   if first:
     print(f"weights: {lm.source}")
-  sampler = {k: _SAMPLER[k].value for k in ("chat", "batch_size", "seed")}
+  sampler = {k: _SAMPLER[k].value for k in ("chat", "batch_size", "seed",
+                                             "num_return_sequences")}
   completions = lm.generate(prompts, **settings, **sampler,
                             system=_SYSTEM.value)
   if not first:
     return
-  for prompt, completion in zip(prompts, completions):
-    print(f"=== {prompt}\n{completion}")
+  copies = sampler["num_return_sequences"]
+  for n, completion in enumerate(completions):  # each prompt's together
+    which = f" [{n % copies + 1}/{copies}]" if copies > 1 else ""
+    print(f"=== {prompts[n // copies]}{which}\n{completion}")
   t = lm.timings
   print(f"device: {jax.device_count()} x {jax.devices()[0].device_kind}; "
-        f"batch {len(prompts)}, {settings['max_new_tokens']} new tokens, "
+        f"batch {len(completions)}, {settings['max_new_tokens']} new tokens, "
         f"{describe(settings)}: "
         f"{t['new_tokens'] / t['run_seconds']:.1f} tokens/s (generation "
         f"{t['run_seconds']:.2f} s; compile {t['compile_seconds']:.1f} s)")
@@ -118,12 +124,16 @@ def sampler_settings(holders: dict) -> dict:
 
 
 def check_batch_and_seed(holders: dict, num_prompts: int) -> None:
-  """--batch_size and --seed checked as `DiffusionLM.generate` checks them
-  (for `num_prompts` prompts), before any weight is read: a 7B checkpoint
-  takes minutes to load."""
+  """--batch_size, --seed and (trm.generate's) --num_return_sequences
+  checked as `DiffusionLM.generate` checks them (for `num_prompts`
+  prompts), before any weight is read: a 7B checkpoint takes minutes to
+  load."""
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  copies = holders.get("num_return_sequences")
+  copies = (1 if copies is None
+            else inference.check_num_return_sequences(copies.value))
   inference.check_batch_and_seed(holders["batch_size"].value,
-                                 holders["seed"].value, num_prompts)
+                                 holders["seed"].value, num_prompts * copies)
 
 
 def describe(settings: dict) -> str:
@@ -224,6 +234,10 @@ def define_flags():
       "system", None, "With --chat: the system message, in place of the "
       "template's 'You are a helpful assistant.'.")
   _SAMPLER = define_sampler_flags()
+  # trm.generate's own: trm.evaluate --benchmark has --num_samples.
+  _SAMPLER["num_return_sequences"] = flags.DEFINE_integer(
+      "num_return_sequences", 1, "Completions per prompt (Hugging Face's "
+      "name), each its own draw, printed in turn under their prompt.")
 
 
 # A stop signal exits 143 (SIGTERM) with this line: a script's

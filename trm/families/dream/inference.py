@@ -172,18 +172,30 @@ def check_dtype(value, name: str, allowed: Sequence[str]) -> Optional[str]:
   return canonical
 
 
+def _check_count(name: str, value, meaning: str) -> None:
+  """An integer >= 1 (not a bool), else one ArgumentTypeError / ValueError
+  naming the argument; `meaning` says what it counts."""
+  if not _is_int(value):
+    raise ArgumentTypeError(f"{name}={value!r} is a {type(value).__name__}: "
+                            f"pass an integer >= 1 ({meaning}).")
+  if value < 1:
+    raise ValueError(f"{name}={value!r}: must be >= 1 ({meaning}).")
+
+
+def check_num_return_sequences(value) -> int:
+  """Completions per prompt (Hugging Face's `num_return_sequences`),
+  checked (`_check_count`)."""
+  _check_count("num_return_sequences", value, "completions per prompt")
+  return int(value)
+
+
 def check_batch_and_seed(batch_size, seed, num_prompts: int) -> None:
   """batch_size: None or an integer >= 1; seed: an integer in
-  [0, 2**32 - number of batches] (batch n samples with seed + n). One
+  [0, 2**32 - number of batches] (batch n samples with seed + n), for
+  `num_prompts` sequences (prompts times `num_return_sequences`). One
   ArgumentTypeError / ValueError naming the argument."""
   if batch_size is not None:
-    if not _is_int(batch_size):
-      raise ArgumentTypeError(
-          f"batch_size={batch_size!r} is a {type(batch_size).__name__}: pass "
-          "an integer >= 1 (or None: all prompts in one batch).")
-    if batch_size < 1:
-      raise ValueError(f"batch_size={batch_size!r}: must be >= 1 (or None: "
-                       "all prompts in one batch).")
+    _check_count("batch_size", batch_size, "or None: all prompts in one batch")
   if not _is_int(seed):
     raise ArgumentTypeError(f"seed={seed!r} is a {type(seed).__name__}: pass "
                             "an integer.")
@@ -774,8 +786,17 @@ class DiffusionLM:
                fast_dllm: bool = False,
                prompt_bucket: int = PROMPT_BUCKET,
                return_dict_in_generate: bool = False,
-               output_history: bool = False):
+               output_history: bool = False,
+               num_return_sequences: int = 1):
     """Completions (list of str) for `prompts` (a string or a list).
+
+    `num_return_sequences` completions of each prompt, as Hugging Face's
+    generate and Dream's `diffusion_generate` return them: each prompt's
+    consecutively (p0, p0, p1, p1, ...), each its own draw (each row of a
+    batch draws its own noise; with temperature 0 and no `alg_temp` the
+    copies are equal). Rows, not prompts, then fill the batches of
+    `batch_size`; batch n samples with seed + n, so a fixed seed gives the
+    same rows again.
 
     steps defaults to max_new_tokens (one token per step). `system`
     (with `chat` only) replaces the template's system message. `cache`
@@ -805,7 +826,8 @@ class DiffusionLM:
     # Every argument is checked before anything is tokenised or computed.
     prompts = check_prompts(prompts)
     check_system(system, chat)
-    check_batch_and_seed(batch_size, seed, len(prompts))
+    copies = check_num_return_sequences(num_return_sequences)
+    check_batch_and_seed(batch_size, seed, len(prompts) * copies)
     seed = int(seed)  # numpy integers would wrap in seed + n
     if not _is_int(prompt_bucket) or prompt_bucket < 1:
       raise ValueError(f"prompt_bucket={prompt_bucket!r}: must be an "
@@ -823,6 +845,7 @@ class DiffusionLM:
     if empty:
       raise ValueError(f"prompt {empty[0]} encodes to no tokens; a sequence "
                        "needs at least one token before the canvas.")
+    count = len(token_lists) * copies  # rows: one per sequence
     longest = max(len(t) for t in token_lists)
     check_settings(max_new_tokens=max_new_tokens, steps=steps,
                    temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
@@ -832,14 +855,17 @@ class DiffusionLM:
                   multiple_of=1 if self.cfg.attention == "dot" else 128)
     ids, mask = left_pad(token_lists, self.tokenizer.eos_id,
                          bucket=int(prompt_bucket), **widths)
+    if copies > 1:
+      # Hugging Face's order (`repeat_interleave`): each prompt's copies
+      # together.
+      ids, mask = np.repeat(ids, copies, 0), np.repeat(mask, copies, 0)
     # The bucket's extra pad columns, cut from what is returned.
     extra = ids.shape[1] - padded_width(longest, **widths)
-    size = batch_size or len(prompts)
-    rows = -(-len(prompts) // size) * size
-    if rows > len(prompts):  # repeat the last prompt: one program for all
-      ids = np.concatenate([ids, np.repeat(ids[-1:], rows - len(prompts), 0)])
-      mask = np.concatenate([mask, np.repeat(mask[-1:], rows - len(prompts),
-                                             0)])
+    size = batch_size or count
+    rows = -(-count // size) * size
+    if rows > count:  # repeat the last prompt: one program for all
+      ids = np.concatenate([ids, np.repeat(ids[-1:], rows - count, 0)])
+      mask = np.concatenate([mask, np.repeat(mask[-1:], rows - count, 0)])
     # Bucketed, a prompt that fills its bucket exactly runs the padded
     # program too (an all-ones mask gives the same result): one program per
     # bucket, not two.
@@ -864,17 +890,17 @@ class DiffusionLM:
           out, hist = out
           hists.append(host_arrays.whole(hist))
         outs.append(host_arrays.whole(out))
-    tokens = np.concatenate(outs)[:len(prompts), extra:]
+    tokens = np.concatenate(outs)[:count, extra:]
     self.timings = {"compile_seconds": compile_seconds,
                     "run_seconds": time.perf_counter() - start,
-                    "new_tokens": len(prompts) * int(max_new_tokens)}
+                    "new_tokens": count * int(max_new_tokens)}
     prompt_len = ids.shape[1] - extra
     cut = diffusion_sampling.split_completion(tokens[:, prompt_len:],
                                               self.tokenizer.stop_ids())
     completions = [self.tokenizer.decode(c) for c in cut]
     if not (return_tokens or return_history or return_dict_in_generate):
       return completions
-    history = (np.concatenate(hists, axis=1)[:, :len(prompts), extra:]
+    history = (np.concatenate(hists, axis=1)[:, :count, extra:]
                if hists else None)
     return Generation(completions, tokens, prompt_len, history)
 
