@@ -69,7 +69,7 @@ def test_cli_generates_for_a_batch(tmp_path, checkpoint):
       [sys.executable, "-m", "trm.generate",
        "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={checkpoint}",
        f"--batch_file={prompts}", "--max_new_tokens=8", "--steps=4",
-       "--alg=entropy", "--num_return_sequences=2", "--temperature=1"],
+       "--alg=entropy", "--num_return_sequences=2"],
       cwd=ROOT, capture_output=True, text=True,
       timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
