@@ -83,7 +83,9 @@ def get_config(arg=None):
       grad_clip_norm=1.0,       # global-norm gradient clipping (float)
   ))
 
-  c.seed = 0                    # init and masking randomness
+  c.seed = 0                    # init, masking and data-order randomness
+  c.data_seed = -1              # the data's own seed (training rows' order);
+                                # -1: seed (HF's data_seed)
   c.global_batch_size = 64      # sequences per train step, over all devices
   c.gradient_accumulation_steps = 1  # micro-batches per step: global_batch_size
                                 # / this rows in memory at once, gradients

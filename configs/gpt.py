@@ -149,6 +149,9 @@ def get_config(arg=None):
   c.dtype = "bfloat16"          # compute dtype: float32 | bfloat16 | float16
                                 # (float16: with dynamic loss scaling)
   c.seed = 1337                 # init, data and dropout randomness
+  c.data_seed = -1              # the data's own seed (the windows drawn for
+                                # training and estimate_loss); -1: seed (HF's
+                                # data_seed, MaxText's data_shuffle_seed)
   c.loss_chunk_size = 0         # positions whose logits exist at once in the
                                 # loss (0: all of them, as nanoGPT)
   c.loss_kernel = "xla"         # the loss's passes over the logits: xla |

@@ -121,6 +121,8 @@ def get_config(arg=None):
 
   total_steps = _TOTAL_STEPS[version]
   c.seed = 0                    # model init, ACT exploration, data order
+  c.data_seed = -1              # the data's own seed (batch order, examples
+                                # drawn); -1: seed (HF's data_seed)
   c.global_batch_size = _BATCH  # rows per train step, over all devices
   c.total_steps = total_steps   # 1e5 epochs (see the module docstring)
   c.eval_every = -(-total_steps // 10)  # every 1e4 epochs: 10 evaluations

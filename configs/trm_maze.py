@@ -100,6 +100,8 @@ def get_config(arg=None):
   ))
 
   c.seed = 0                    # model init, ACT exploration, data order
+  c.data_seed = -1              # the data's own seed (batch order, examples
+                                # drawn); -1: seed (HF's data_seed)
   c.global_batch_size = batch   # rows per train step, over all devices
   # Upstream runs epochs / eval_interval iterations of the full batches
   # that eval_interval epochs fill (each drops its last partial batch), so

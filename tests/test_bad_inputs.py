@@ -978,7 +978,9 @@ for _make, _key, _value, _want in (
     ("trm", "optim.beta1", -0.1, _BETA), ("gpt", "beta1", float("nan"), _BETA),
     ("dc", "optim.beta2", 1.0, _BETA), ("trm", "seed", -1, _SEED),
     ("gpt", "seed", 2**32, _SEED), ("dc", "seed", -7, _SEED),
-    ("trm", "data.build.seed", -1, _SEED)):
+    ("trm", "data.build.seed", -1, _SEED),
+    ("gpt", "data_seed", -2, "must be -1 (follow config.seed) or an "
+     "integer in [0, 2**32 - 1]")):
   @case(f"{_make} {_key}={_value}", ValueError, f"config.{_key}={_value}",
         _want)
   def _(env, make=_make, key=_key, value=_value):

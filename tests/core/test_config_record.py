@@ -155,7 +155,8 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "profiler_steps": 0,
                                     "skip_first_n_steps_for_profiler": 1,
                                     "keep_checkpoint_every": 0,
-                                    "gradient_accumulation_steps": 1}
+                                    "gradient_accumulation_steps": 1,
+                                    "data_seed": -1}
   # A DiffuCoder run recorded before it could accumulate gradients.
   assert config_record.changes({"model": {"name": "dream"}}, {
       "model": {"name": "dream"}, "gradient_accumulation_steps": 1}) == {}
@@ -189,6 +190,23 @@ def test_a_run_recorded_before_tpu_compiler_options_resumes(tmp_path):
   (tmp_path / config_record.RECORD).write_text(json.dumps(record))
   assert config_record.check(config, tmp_path, step=10) == {
       "tpu_compiler_options": [None, config.tpu_compiler_options]}
+
+
+def test_a_data_seed_change_is_refused_and_its_default_is_no_change(
+    tmp_path):
+  """config.data_seed (HF's data_seed) draws the data: a run recorded
+  before it existed drew with config.seed (-1, the default, is no change);
+  another value changes the batches, so a resume refuses it."""
+  config = _gpt_config(False)
+  record = json.loads(config.to_json_best_effort())
+  del record["data_seed"]
+  (tmp_path / config_record.RECORD).write_text(json.dumps(record))
+  assert config_record.check(config, tmp_path, step=10) == {}
+  config.data_seed = 7
+  with pytest.raises(config_record.ConfigChangedError,
+                     match=r"changes how it trains: config\.data_seed: None "
+                     "-> 7"):
+    config_record.check(config, tmp_path, step=10)
 
 
 def test_a_gpt_run_recorded_before_scan_layers_resumes_unscanned(tmp_path):

@@ -38,6 +38,15 @@ def model_kwargs(model_config, config_class, family: str) -> dict:
   return kwargs
 
 
+def data_seed(config) -> int:
+  """The seed of the data's draws (training order, GPT's windows):
+  config.data_seed, or config.seed where it is -1 or absent (MaxText's
+  data_shuffle_seed, Hugging Face's data_seed). Initialisation and the
+  model's noise (dropout, masks, ACT exploration) keep config.seed."""
+  seed = config.get("data_seed", -1)
+  return config.seed if seed == -1 else seed
+
+
 def default_logical_axis_rules():
   """Logical axis -> mesh axes, ordered, first match wins.
 

@@ -75,6 +75,9 @@ _OTHER_TRAINERS = {
        for where, prefix in (("ici", ""), ("dcn", "dcn_"))
        for axis, ours in (("data", "data"), ("fsdp", "fsdp"),
                           ("tensor", "model"))},
+    "data_shuffle_seed": "config.data_seed is MaxText's data_shuffle_seed",
+    "init_weights_seed": ("config.seed draws the initial weights (and the "
+                          "model's noise); config.data_seed the data"),
     "resume_from_checkpoint": ("rerun with the same --workdir: it resumes "
                                "from its newest checkpoint"),
     **dict.fromkeys(("load_parameters_path", "model_name_or_path"),

@@ -244,6 +244,8 @@ _NUMBER_RANGES = (
     # (seed 2**32 would initialise as seed 0 does).
     (r"^seed$", lambda v: v == int(v) and 0 <= v < 2**32,
      "an integer in [0, 2**32 - 1]"),
+    (r"^data_seed$", lambda v: v == int(v) and -1 <= v < 2**32,
+     "-1 (follow config.seed) or an integer in [0, 2**32 - 1]"),
 )
 
 

@@ -16,6 +16,7 @@ from absl import logging
 
 from trm.families.dream import steps as lm_steps
 from trm.core import accumulation
+from trm.core import config_lib
 from trm.core import loss_scale
 from trm.core import restore_check
 from trm.core import weights_io
@@ -102,7 +103,8 @@ def _sources(config, cfg: dream.DreamConfig, init: str):
   train_from, held_from, more_held = sft.row_sources(config.data)
   train_source = sft.SFTBatches(
       train_tokens, train_maskable, global_batch_size=config.global_batch_size,
-      seed=config.seed, num_batches=config.total_steps, source=train_from,
+      seed=config_lib.data_seed(config), num_batches=config.total_steps,
+      source=train_from,
       **process)
   eval_source = sft.SFTEvalBatches(
       eval_tokens, eval_maskable,

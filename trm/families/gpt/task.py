@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from absl import logging
 from etils import epath
 
+from trm.core import config_lib
 from trm.core import config_record
 from trm.core import distributed
 from trm.core import lm_state
@@ -336,11 +337,12 @@ def build(config, workdir: str, ctx) -> Task:
   process = dict(process_index=jax.process_index(),
                  process_count=jax.process_count())
   train_source = text.TokenWindows(
-      streams[0], cfg.block_size, config.global_batch_size, config.seed,
+      streams[0], cfg.block_size, config.global_batch_size,
+      config_lib.data_seed(config),
       num_batches=config.total_steps, vocab_size=cfg.vocab_size, **process)
   eval_source = text.EvalWindows(
       directory, cfg.block_size, config.data.eval_batch_size,
-      config.eval_iters, config.seed, streams=streams,
+      config.eval_iters, config_lib.data_seed(config), streams=streams,
       vocab_size=cfg.vocab_size, **process)
 
   scale = loss_scale.initial_state(config)  # None unless float16

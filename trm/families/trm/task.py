@@ -210,7 +210,8 @@ def build(config, workdir: str, ctx) -> Task:
                  process_count=jax.process_count())
   train_source = puzzle_dataset.TrainBatches(
       train_meta, train_arrays, global_batch_size=config.global_batch_size,
-      seed=config.seed, epochs_per_iter=config.data.epochs_per_iter,
+      seed=config_lib.data_seed(config),
+      epochs_per_iter=config.data.epochs_per_iter,
       num_batches=config.total_steps, **process)
   test_source = puzzle_dataset.TestBatches(
       test_meta, test_arrays, global_batch_size=config.data.eval_batch_size,
