@@ -980,7 +980,9 @@ for _make, _key, _value, _want in (
     ("gpt", "seed", 2**32, _SEED), ("dc", "seed", -7, _SEED),
     ("trm", "data.build.seed", -1, _SEED),
     ("gpt", "data_seed", -2, "must be -1 (follow config.seed) or an "
-     "integer in [0, 2**32 - 1]")):
+     "integer in [0, 2**32 - 1]"),
+    ("gpt", "label_smoothing", 1.5, "must be in [0, 1] (0: none"),
+    ("gpt", "z_loss", -1e-4, "must be a finite number >= 0 (0: none")):
   @case(f"{_make} {_key}={_value}", ValueError, f"config.{_key}={_value}",
         _want)
   def _(env, make=_make, key=_key, value=_value):

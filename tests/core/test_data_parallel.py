@@ -205,12 +205,13 @@ def test_bfloat16_token_mixing_runs_in_row_groups_on_cpu():
                                atol=0.05 * float(np.abs(b).max()))
 
 
-def _gpt(ctx, accum, rows=32, dropout=0.0, ignored=0, reduce_once=True):
+def _gpt(ctx, accum, rows=32, dropout=0.0, ignored=0, reduce_once=True,
+         **loss_terms):
   c = config_lib.load_config("configs/gpt.py", "shakespeare_char_cpu")
   config_lib.set_values(c, dict(
       n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=dropout,
       gradient_accumulation_steps=accum, batch_size=rows // accum,
-      grad_clip=0.0, reduce_gradients_once=reduce_once))
+      grad_clip=0.0, reduce_gradients_once=reduce_once, **loss_terms))
   with c.unlocked():
     c.model.vocab_size = 11
     c.seed = 0
@@ -288,8 +289,10 @@ def test_gpt_dropout_draws_do_not_depend_on_the_mesh():
 def test_gpt_ignored_targets_on_some_devices_keep_the_one_device_mean():
   """Targets of -1 on the first device's rows only: each micro-batch's
   loss is still the mean over all its scored targets (each device's mean
-  weighed by its count), not the mean of the devices' means."""
-  _, got, want = _gpt_on_eight_and_one(ignored=4)
+  weighed by its count), not the mean of the devices' means. With label
+  smoothing and a z-loss (per-token terms, the same mean) as well."""
+  _, got, want = _gpt_on_eight_and_one(ignored=4, label_smoothing=0.1,
+                                       z_loss=1e-2)
   _assert_same_iteration(got, want)
 
 

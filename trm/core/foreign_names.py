@@ -78,6 +78,10 @@ _OTHER_TRAINERS = {
     "data_shuffle_seed": "config.data_seed is MaxText's data_shuffle_seed",
     "init_weights_seed": ("config.seed draws the initial weights (and the "
                           "model's noise); config.data_seed the data"),
+    "z_loss_multiplier": "config.z_loss is MaxText's z_loss_multiplier "
+                         "(configs/gpt.py)",
+    "label_smoothing_factor": ("config.label_smoothing is Hugging Face's "
+                               "label_smoothing_factor (configs/gpt.py)"),
     "resume_from_checkpoint": ("rerun with the same --workdir: it resumes "
                                "from its newest checkpoint"),
     **dict.fromkeys(("load_parameters_path", "model_name_or_path"),

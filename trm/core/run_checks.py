@@ -244,6 +244,13 @@ _NUMBER_RANGES = (
     # (seed 2**32 would initialise as seed 0 does).
     (r"^seed$", lambda v: v == int(v) and 0 <= v < 2**32,
      "an integer in [0, 2**32 - 1]"),
+    # torch's cross_entropy refuses a smoothing outside [0, 1]; past 1 the
+    # label's own weight turns negative. A negative z-loss rewards a large
+    # log-normaliser.
+    (r"^label_smoothing$", lambda v: 0 <= v <= 1,
+     "in [0, 1] (0: none, torch's label_smoothing)"),
+    (r"^z_loss$", lambda v: v >= 0,
+     "a finite number >= 0 (0: none; MaxText's z_loss_multiplier)"),
     (r"^data_seed$", lambda v: v == int(v) and -1 <= v < 2**32,
      "-1 (follow config.seed) or an integer in [0, 2**32 - 1]"),
 )

@@ -63,8 +63,12 @@ def _rows(n: int) -> int:
   return rows_per_program(n, CONSTANTS["rows"], "config.loss_kernel")
 
 
-def _kernel(logits_ref, labels_ref, loss_ref, p_ref, *, vocab, block):
-  """One row block: loss = lse - logit[label]; P over the logits."""
+def _kernel(logits_ref, labels_ref, loss_ref, p_ref, *, vocab, block,
+            label_smoothing, z_loss):
+  """One row block: loss = lse - logit[label]; P over the logits. With
+  `label_smoothing` s and `z_loss` z (`losses.softmax_cross_entropy`'s):
+  loss = lse - (1 - s) logit[label] - s mean(logits) + z lse**2 and
+  P = softmax (1 + 2 z lse) - (1 - s) one-hot - s / V."""
   rows = loss_ref.shape[0]
   first = pl.program_id(0) * rows
   labels = labels_ref[...]
@@ -80,26 +84,45 @@ def _kernel(logits_ref, labels_ref, loss_ref, p_ref, *, vocab, block):
   # The sums stay per lane ([rows, block]) until the loop ends: one
   # cross-warp reduction per step (the max), not three.
   def stats(j, carry):
-    top, total, picked = carry
-    cols, _, x = load(j)
+    top, total, picked, *summed = carry
+    cols, ok, x = load(j)
     new_top = jnp.maximum(top, jnp.max(x, axis=1))
     total = (total * jnp.exp(top - new_top)[:, None]
              + jnp.exp(x - new_top[:, None]))
     hit = cols[None, :] == labels[:, None]
-    return new_top, total, picked + jnp.where(hit, x, 0.0)
+    # With label smoothing, also the row's sum of logits (for their mean);
+    # without, the loop carries no third tile.
+    summed = [s + jnp.where(ok[None, :], x, 0.0) for s in summed]
+    return (new_top, total, picked + jnp.where(hit, x, 0.0), *summed)
 
-  start = (jnp.full((rows,), float("-inf"), jnp.float32),
-           jnp.zeros((rows, block), jnp.float32),
-           jnp.zeros((rows, block), jnp.float32))
-  top, total, picked = jax.lax.fori_loop(0, steps, stats, start)
+  tile = jnp.zeros((rows, block), jnp.float32)
+  start = (jnp.full((rows,), float("-inf"), jnp.float32), tile, tile,
+           *([tile] if label_smoothing else []))
+  top, total, picked, *summed = jax.lax.fori_loop(0, steps, stats, start)
   log_z = top + jnp.log(jnp.sum(total, axis=1))
-  loss_ref[...] = log_z - jnp.sum(picked, axis=1)
+  picked = jnp.sum(picked, axis=1)
+  if label_smoothing:
+    loss = (log_z - (1.0 - label_smoothing) * picked
+            - label_smoothing / vocab * jnp.sum(summed[0], axis=1))
+  else:
+    loss = log_z - picked
+  if z_loss:
+    loss = loss + z_loss * log_z * log_z
+  loss_ref[...] = loss
+  # d(z lse**2) = 2 z lse softmax: the softmax's factor in P.
+  softmax_scale = 1.0 + 2.0 * z_loss * log_z if z_loss else None
 
   def softmax_minus_one_hot(i, carry):
     j = steps - 1 - i
     cols, ok, x = load(j)
     hit = (cols[None, :] == labels[:, None]).astype(jnp.float32)
-    p = jnp.exp(x - log_z[:, None]) - hit
+    p = jnp.exp(x - log_z[:, None])
+    if z_loss:
+      p = p * softmax_scale[:, None]
+    if label_smoothing:
+      p = p - ((1.0 - label_smoothing) * hit + label_smoothing / vocab)
+    else:
+      p = p - hit
     plgpu.store(p_ref.at[pl.ds(first, rows), pl.ds(j * block, block)],
                 p.astype(p_ref.dtype), mask=ok[None, :])
     return carry
@@ -107,14 +130,16 @@ def _kernel(logits_ref, labels_ref, loss_ref, p_ref, *, vocab, block):
   jax.lax.fori_loop(0, steps, softmax_minus_one_hot, 0)
 
 
-def _loss_and_p(logits, labels, interpret: bool):
+def _loss_and_p(logits, labels, interpret: bool, label_smoothing=0.0,
+                z_loss=0.0):
   """logits [N, V], labels [N] -> (loss [N] float32, P [N, V] over the
   logits' buffer)."""
   n, vocab = logits.shape
   rows = _rows(n)
   itemsize = jnp.dtype(logits.dtype).itemsize
   return pl.pallas_call(
-      functools.partial(_kernel, vocab=vocab, block=CONSTANTS["block"]),
+      functools.partial(_kernel, vocab=vocab, block=CONSTANTS["block"],
+                        label_smoothing=label_smoothing, z_loss=z_loss),
       grid=(n // rows,),
       in_specs=[pl.BlockSpec(memory_space=pl.ANY),
                 pl.BlockSpec((rows,), lambda i: (i,))],
@@ -131,25 +156,30 @@ def _loss_and_p(logits, labels, interpret: bool):
       interpret=interpret, name="lm_head_cross_entropy")(logits, labels)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def linear_cross_entropy(h, table, labels, logits_dtype, interpret=False):
-  """-log softmax(h @ table^T)[label] per position, float32.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def linear_cross_entropy(h, table, labels, logits_dtype, interpret=False,
+                         label_smoothing=0.0, z_loss=0.0):
+  """-log softmax(h @ table^T)[label] per position, float32 (with
+  `losses.softmax_cross_entropy`'s label_smoothing and z_loss terms).
 
   h [B, T, C] and table [V, C] (the tied embedding) in the compute dtype;
   labels [B, T] integers in [0, V) (positions to ignore are the caller's:
   a valid label and a zero weight). The logits are made in `logits_dtype`,
   as `GPT.logits_from_hidden` makes them, and never leave this function.
   """
-  return _forward(h, table, labels, logits_dtype, interpret)[0]
+  return _forward(h, table, labels, logits_dtype, interpret,
+                  label_smoothing, z_loss)[0]
 
 
-def _forward(h, table, labels, logits_dtype, interpret):
+def _forward(h, table, labels, logits_dtype, interpret, label_smoothing=0.0,
+             z_loss=0.0):
   logits = linear.matmul_to(h, table.T, logits_dtype)
 
   def per_shard(logits, labels):
     b, t, vocab = logits.shape
     loss, p = _loss_and_p(logits.reshape(b * t, vocab),
-                          labels.reshape(b * t), interpret)
+                          labels.reshape(b * t), interpret, label_smoothing,
+                          z_loss)
     return loss.reshape(b, t), p.reshape(b, t, vocab)
 
   loss, p = mesh_lib.per_batch_shard(per_shard, (logits, labels), (),
@@ -157,8 +187,8 @@ def _forward(h, table, labels, logits_dtype, interpret):
   return loss, (h, table, p)
 
 
-def _backward(logits_dtype, interpret, residuals, g):
-  del logits_dtype, interpret
+def _backward(logits_dtype, interpret, label_smoothing, z_loss, residuals, g):
+  del logits_dtype, interpret, label_smoothing, z_loss  # all in P
   h, table, p = residuals
   # The head's matmuls run in the compute dtype, as `linear.matmul`'s
   # backward rounds the logits' gradient before them.

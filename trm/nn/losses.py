@@ -12,6 +12,8 @@ program of GPT-2's iteration that was three extra passes over
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -41,36 +43,55 @@ def _log_sum_exp(x):
       default=lambda x: jax.nn.logsumexp(x, axis=-1))
 
 
-def _forward(logits, labels):
+def _forward(logits, labels, label_smoothing=0.0, z_loss=0.0):
   x = logits.astype(jnp.float32)
   log_z = _log_sum_exp(x)
   picked = jnp.take_along_axis(x, labels[..., None], axis=-1)[..., 0]
-  return log_z - picked, log_z
+  loss = log_z - picked
+  if label_smoothing:
+    # -sum(q log softmax(x)) for q = (1 - s) one-hot + s / V (torch's
+    # cross_entropy(label_smoothing=s)): lse - (1 - s) x[label] - s mean(x).
+    loss = log_z - (1.0 - label_smoothing) * picked - (
+        label_smoothing * jnp.mean(x, axis=-1))
+  if z_loss:
+    loss = loss + z_loss * jnp.square(log_z)  # MaxText's z_loss_multiplier
+  return loss, log_z
 
 
-@jax.custom_vjp
-def softmax_cross_entropy(logits, labels):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def softmax_cross_entropy(logits, labels, label_smoothing=0.0, z_loss=0.0):
   """-log softmax(logits)[label] per position, float32.
 
   logits [..., V] in any float dtype (the softmax runs in float32); labels
   [...] integers in [0, V). Positions to ignore are the caller's: give them
-  a valid label and a zero weight.
+  a valid label and a zero weight. `label_smoothing` s (Python float in
+  [0, 1]) scores q = (1 - s) one-hot + s / V instead of the one-hot, as
+  torch's cross_entropy(label_smoothing=s); `z_loss` z adds z lse**2, the
+  log-normaliser's penalty of MaxText's z_loss_multiplier (PaLM's). At 0
+  (the defaults) neither term is computed.
   """
-  return _forward(logits, labels)[0]
+  return _forward(logits, labels, label_smoothing, z_loss)[0]
 
 
-def _fwd(logits, labels):
-  loss, log_z = _forward(logits, labels)
+def _fwd(logits, labels, label_smoothing, z_loss):
+  loss, log_z = _forward(logits, labels, label_smoothing, z_loss)
   return loss, (logits, labels, log_z)
 
 
-def _bwd(residuals, g):
+def _bwd(label_smoothing, z_loss, residuals, g):
   logits, labels, log_z = residuals
   probs = jnp.exp(logits.astype(jnp.float32) - log_z[..., None])
+  if z_loss:  # d(z lse**2) = 2 z lse softmax
+    probs = probs * (1.0 + 2.0 * z_loss * log_z[..., None])
   vocab = jax.lax.broadcasted_iota(labels.dtype, logits.shape,
                                    logits.ndim - 1)
   one_hot = (vocab == labels[..., None]).astype(jnp.float32)
-  return ((probs - one_hot) * g[..., None]).astype(logits.dtype), None
+  if label_smoothing:
+    target = (1.0 - label_smoothing) * one_hot + (
+        label_smoothing / logits.shape[-1])
+  else:
+    target = one_hot
+  return ((probs - target) * g[..., None]).astype(logits.dtype), None
 
 
 softmax_cross_entropy.defvjp(_fwd, _bwd)

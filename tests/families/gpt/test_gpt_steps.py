@@ -531,3 +531,60 @@ def test_nanogpt_keys_are_named_in_config_errors(values, needle):
   with pytest.raises(ValueError) as error:
     run_checks.check_config(c)
   assert needle in str(error.value)
+
+
+
+def test_label_smoothing_and_z_loss_are_the_iterations_loss():
+  """config.label_smoothing (torch's) and config.z_loss (MaxText's
+  z_loss_multiplier): the iteration's loss is the written-out formula,
+  averaged over the scored targets of each micro-batch."""
+  rng = np.random.default_rng(5)
+  x = rng.integers(0, 11, size=(4, 8)).astype(np.int32)
+  y = (x + 1) % 11
+  y[1, 2:5] = -1
+  smoothing, z_loss = 0.2, 0.05
+  state, model, _ = _tiny(2, 2, dropout=0.0, label_smoothing=smoothing,
+                          z_loss=z_loss)
+  program = gpt_program.build(_config(
+      n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0,
+      gradient_accumulation_steps=2, batch_size=2, grad_clip=0.0,
+      label_smoothing=smoothing, z_loss=z_loss), None, {"vocab_size": 11})
+  _, metrics = jax.jit(program.train_step)(
+      state, {"x": jnp.asarray(x), "y": jnp.asarray(y)})
+  logits = np.asarray(model.apply({"params": state.params}, x), np.float64)
+  log_z = np.log(np.exp(logits).sum(-1))
+  target = (1 - smoothing) * np.eye(11)[np.maximum(y, 0)] + smoothing / 11
+  per_token = -(target * (logits - log_z[..., None])).sum(-1) + (
+      z_loss * log_z**2)
+  # Micro-batch k is rows k, k + 2 (train_step's split).
+  want = np.mean([per_token[k::2][y[k::2] >= 0].mean() for k in range(2)])
+  assert float(metrics["loss"].compute()) == pytest.approx(want, rel=1e-5)
+
+
+def test_label_smoothing_and_z_loss_on_the_chunked_and_triton_losses(
+    monkeypatch):
+  """The chunked logits' loss and the Triton kernel's (interpreted) have
+  the whole logits' value and gradients with both terms."""
+  from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(cross_entropy_gpu.CONSTANTS, "block", 8)  # 11 = 8 + 3
+  rng = np.random.default_rng(6)
+  hidden = jnp.asarray(rng.normal(size=(2, 8, 16)), jnp.float32)
+  table = jnp.asarray(rng.normal(size=(11, 16)), jnp.float32)
+  y = rng.integers(0, 11, size=(2, 8)).astype(np.int32)
+  y[0, :3] = -1
+  terms = (0.2, 0.05)
+  head = lambda h, t: h @ t.T  # noqa: E731
+  losses = {
+      "whole": lambda h, t: gpt_steps.cross_entropy(head(h, t), y, *terms),
+      "chunked": lambda h, t: gpt_steps.chunked_cross_entropy(
+          h, lambda part: head(part, t), y, 3, *terms),
+      "triton": lambda h, t: gpt_steps.fused_cross_entropy(
+          h, t, y, "float32", True, *terms)}
+  (want, _), want_grads = jax.jit(jax.value_and_grad(
+      losses.pop("whole"), argnums=(0, 1), has_aux=True))(hidden, table)
+  for name, loss in losses.items():
+    (got, _), grads = jax.jit(jax.value_and_grad(
+        loss, argnums=(0, 1), has_aux=True))(hidden, table)
+    assert float(got) == pytest.approx(float(want), rel=1e-6), name
+    for a, b in zip(grads, want_grads):
+      np.testing.assert_allclose(a, b, atol=1e-6, err_msg=name)

@@ -114,7 +114,9 @@ def build(config, ctx, shapes=None) -> Program:
           loss_chunk_size=chunk, loss_kernel=loss_kernel,
           cast_once=cast_once,
           reduce_once=config.get("reduce_gradients_once", True),
-          schedule=gpt_steps.learning_rate_schedule(config)),
+          schedule=gpt_steps.learning_rate_schedule(config),
+          label_smoothing=float(config.get("label_smoothing", 0.0)),
+          z_loss=float(config.get("z_loss", 0.0))),
       eval_step=functools.partial(gpt_steps.eval_step, model=model),
       batch_spec=batch_spec(cfg.block_size),
       flops_per_step=mfu.nanogpt_flops_per_iter(

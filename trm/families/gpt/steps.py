@@ -112,15 +112,19 @@ def _mean_over_scored(token_loss, targets):
   return jnp.where(valid, per_token, 0.0).sum() / jnp.maximum(count, 1), count
 
 
-def cross_entropy(logits, targets):
+def cross_entropy(logits, targets, label_smoothing=0.0, z_loss=0.0):
   """Mean token cross-entropy, ignoring targets of -1 (F.cross_entropy's
-  ignore_index=-1), and the number of scored tokens."""
+  ignore_index=-1), and the number of scored tokens. `label_smoothing` and
+  `z_loss`: `losses.softmax_cross_entropy`'s (torch's label_smoothing,
+  MaxText's z_loss_multiplier, both averaged over the scored tokens)."""
   return _mean_over_scored(
-      lambda labels: losses.softmax_cross_entropy(logits, labels), targets)
+      lambda labels: losses.softmax_cross_entropy(
+          logits, labels, label_smoothing, z_loss), targets)
 
 
-def chunked_cross_entropy(hidden, head, targets, chunk_size: int):
-  """`cross_entropy(head(hidden), targets)` with the logits made
+def chunked_cross_entropy(hidden, head, targets, chunk_size: int,
+                          label_smoothing=0.0, z_loss=0.0):
+  """`cross_entropy(head(hidden), targets, ...)` with the logits made
   `chunk_size` positions at a time and remade in the backward pass, so the
   [B, T, vocab] logits and their gradient never exist whole."""
   length = hidden.shape[1]
@@ -138,7 +142,7 @@ def chunked_cross_entropy(hidden, head, targets, chunk_size: int):
   def chunk_loss(h, y):
     valid = y >= 0
     token_loss = losses.softmax_cross_entropy(
-        head(h), jnp.where(valid, y, 0))
+        head(h), jnp.where(valid, y, 0), label_smoothing, z_loss)
     return jnp.where(valid, token_loss, 0.0).sum()
 
   total, _ = jax.lax.scan(lambda acc, xs: (acc + chunk_loss(*xs), None),
@@ -149,12 +153,13 @@ def chunked_cross_entropy(hidden, head, targets, chunk_size: int):
 
 
 def fused_cross_entropy(hidden, table, targets, logits_dtype,
-                        interpret: bool):
-  """`cross_entropy(hidden @ table^T, targets)` with the loss's passes over
-  the logits in one Pallas Triton kernel (`nn.cross_entropy_gpu`)."""
+                        interpret: bool, label_smoothing=0.0, z_loss=0.0):
+  """`cross_entropy(hidden @ table^T, targets, ...)` with the loss's passes
+  over the logits in one Pallas Triton kernel (`nn.cross_entropy_gpu`)."""
   return _mean_over_scored(
       lambda labels: cross_entropy_gpu.linear_cross_entropy(
-          hidden, table, labels, logits_dtype, interpret), targets)
+          hidden, table, labels, logits_dtype, interpret, label_smoothing,
+          z_loss), targets)
 
 
 def matmul_weights_in(params, dtype):
@@ -178,7 +183,8 @@ def matmul_weights_in(params, dtype):
 def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
                loss_chunk_size: int = 0, loss_kernel: str = "xla",
                cast_once: bool = False, reduce_once: bool = True,
-               schedule=None):
+               schedule=None, label_smoothing: float = 0.0,
+               z_loss: float = 0.0):
   """One iteration over batch = {x, y: [accum_steps * B, T] int32}.
 
   Rows are grouped as [B, accum_steps]: each device's contiguous rows hold
@@ -187,7 +193,9 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   summed, as nanoGPT does. `cast_once` (GPUs): the weights' compute-dtype
   copies are made before the micro-batch loop, not in every micro-step.
   `schedule` (`learning_rate_schedule`): the `lr` metric, the rate `tx`
-  gives this iteration.
+  gives this iteration. `label_smoothing`, `z_loss`: the training loss's
+  (`cross_entropy`), which the `loss` metric includes; estimate_loss
+  (`eval_step`) stays the plain cross-entropy.
   """
   split = functools.partial(accumulation.split, accum_steps=accum_steps)
 
@@ -201,7 +209,8 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
         table = model.apply({"params": params}, method=gpt.GPT.head_table)
       loss, count = fused_cross_entropy(hidden, table, y,
                                         model.cfg.logits_dtype,
-                                        loss_kernel == "triton_interpret")
+                                        loss_kernel == "triton_interpret",
+                                        label_smoothing, z_loss)
     else:
       # Without cast_once the head makes its table where it is used: made
       # here, before the layers, XLA kept it live through the forward and
@@ -209,8 +218,11 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
       # 30.56 made at use).
       head = lambda h: model.apply({"params": params}, h, table,  # noqa: E731
                                    method=gpt.GPT.logits_from_hidden)
-      loss, count = (chunked_cross_entropy(hidden, head, y, loss_chunk_size)
-                     if loss_chunk_size else cross_entropy(head(hidden), y))
+      loss, count = (
+          chunked_cross_entropy(hidden, head, y, loss_chunk_size,
+                                label_smoothing, z_loss)
+          if loss_chunk_size else
+          cross_entropy(head(hidden), y, label_smoothing, z_loss))
     # This device's share of the micro-batch's mean over all its scored
     # targets (`scored`: the whole micro-batch's count; 1 when these rows
     # are the whole micro-batch), so shards with fewer scored targets
