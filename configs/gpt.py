@@ -143,6 +143,8 @@ def get_config(arg=None):
   # Learning-rate schedule.
   c.decay_lr = True             # warmup + cosine; False: constant rate
   c.warmup_iters = 2000         # linear warmup iterations
+  c.warmup_ratio = 0.0          # > 0: warm up over ceil(ratio x max_iters)
+                                # iterations instead (HF's; warmup_iters=0)
   c.lr_decay_iters = 600000     # cosine reaches min_lr here (~= max_iters)
   c.min_lr = 6e-5               # final learning rate (~= learning_rate/10)
   # System.

@@ -428,7 +428,8 @@ _GPT_OPTIMIZER_FIELDS = ("learning_rate", "beta1", "beta2", "weight_decay",
 # A TRM run's training settings, which its all_config.yaml records.
 _TRM_RUN_FIELDS = ("global_batch_size", "total_steps", "seed", "eval_every",
                    "checkpoint_every", "data.epochs_per_iter", "optim.lr",
-                   "optim.lr_min_ratio", "optim.warmup_steps", "optim.beta1",
+                   "optim.lr_min_ratio", "optim.warmup_steps",
+                   "optim.warmup_ratio", "optim.beta1",
                    "optim.beta2", "optim.weight_decay", "optim.puzzle_emb_lr",
                    "optim.puzzle_emb_weight_decay", "optim.ema",
                    "optim.ema_rate")

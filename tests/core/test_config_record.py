@@ -157,7 +157,9 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "keep_checkpoint_every": 0,
                                     "gradient_accumulation_steps": 1,
                                     "data_seed": -1,
-                                    "label_smoothing": 0.0, "z_loss": 0.0}
+                                    "label_smoothing": 0.0, "z_loss": 0.0,
+                                    "warmup_ratio": 0.0,
+                                    "optim.warmup_ratio": 0.0}
   # A DiffuCoder run recorded before it could accumulate gradients.
   assert config_record.changes({"model": {"name": "dream"}}, {
       "model": {"name": "dream"}, "gradient_accumulation_steps": 1}) == {}

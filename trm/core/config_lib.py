@@ -1,6 +1,7 @@
 """Helpers shared by the config files in `configs/`."""
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -45,6 +46,14 @@ def data_seed(config) -> int:
   model's noise (dropout, masks, ACT exploration) keep config.seed."""
   seed = config.get("data_seed", -1)
   return config.seed if seed == -1 else seed
+
+
+def warmup_steps(node, total_steps: int, key: str = "warmup_steps") -> int:
+  """The warmup's length in steps: `node[key]` (config.optim.warmup_steps,
+  GPT's config.warmup_iters), or, where node.warmup_ratio r > 0, Hugging
+  Face's ceil(r * total_steps) (`run_checks` refuses both set)."""
+  ratio = node.get("warmup_ratio", 0.0)
+  return math.ceil(ratio * total_steps) if ratio else node[key]
 
 
 def default_logical_axis_rules():

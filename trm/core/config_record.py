@@ -80,7 +80,9 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "gradient_accumulation_steps": 1,
             "data_seed": -1,  # the data drew with config.seed
             "label_smoothing": 0.0,  # GPT's loss: plain cross-entropy
-            "z_loss": 0.0}
+            "z_loss": 0.0,
+            "warmup_ratio": 0.0,  # the warmup was set in steps
+            "optim.warmup_ratio": 0.0}
 # Fields that decide how the checkpointed tensors are laid out (scanned
 # layers are one stacked `h`, unscanned ones h_0 ..): the checkpoints cannot
 # be restored in the other layout, so not even allow_config_change accepts

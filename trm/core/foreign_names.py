@@ -58,10 +58,12 @@ _OTHER_TRAINERS = {
                     "config.skip_first_n_steps_for_profiler)"),
     "max_target_length": ("the sequence length is config.block_size (GPT) "
                           "or config.seq_len (DiffuCoder)"),
-    **dict.fromkeys(("warmup_steps", "warmup_ratio",
-                     "warmup_steps_fraction"),
+    **dict.fromkeys(("warmup_steps", "warmup_steps_fraction"),
                     "warmup is in steps: config.optim.warmup_steps (GPT: "
-                    "warmup_iters)"),
+                    "warmup_iters), or a share of the run: "
+                    "config.optim.warmup_ratio (GPT: warmup_ratio)"),
+    "warmup_ratio": ("config.optim.warmup_ratio (GPT: warmup_ratio), with "
+                     "config.optim.warmup_steps=0"),
     **dict.fromkeys(("lr", "learning_rate"),
                     "the peak rate is config.optim.lr (GPT: learning_rate)"),
     **dict.fromkeys(("gradient_clipping_threshold", "max_grad_norm"),

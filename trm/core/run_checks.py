@@ -111,6 +111,7 @@ def check_values(config) -> None:
     for key, value in _numeric_fields(config, pattern):
       if not (math.isfinite(value) and ok(value)):
         raise ValueError(f"config.{key}={value} must be {want}.")
+  check_warmup(config)
   data = config.get("data") or {}
   limit = data.get("max_eval_batches")
   if limit is not None and (limit == 0 or limit < -1):
@@ -134,6 +135,24 @@ def check_values(config) -> None:
   loss_scale.check_config(config)
   tpu_flags.parse(config.get("tpu_compiler_options", ""))
   warn_frozen_weights(config)
+
+
+def check_warmup(config) -> None:
+  """A warmup set both ways (warmup_ratio > 0 and warmup_steps, GPT's
+  warmup_iters, > 0) is refused in one line: Hugging Face lets the steps
+  win silently, and our configs' warmup steps are not 0 by default, so a
+  ratio alone would be ignored."""
+  for node, prefix in ((config, ""), (config.get("optim"), "optim.")):
+    if not hasattr(node, "get") or not node.get("warmup_ratio", 0.0) > 0:
+      continue
+    key = "warmup_iters" if "warmup_iters" in node else "warmup_steps"
+    if node.get(key, 0):
+      raise ValueError(
+          f"config.{prefix}warmup_ratio={node.warmup_ratio} and config."
+          f"{prefix}{key}={node[key]} both set the warmup: set {key}=0 to "
+          f"warm up over ceil(warmup_ratio x total_steps) = "
+          f"{math.ceil(node.warmup_ratio * config.total_steps)} steps, or "
+          "warmup_ratio=0.")
 
 
 def check_checkpoints_off(config) -> None:
@@ -247,6 +266,9 @@ _NUMBER_RANGES = (
     # torch's cross_entropy refuses a smoothing outside [0, 1]; past 1 the
     # label's own weight turns negative. A negative z-loss rewards a large
     # log-normaliser.
+    # Hugging Face's warmup_ratio: a share of the run's steps.
+    (r"^warmup_ratio$", lambda v: 0 <= v <= 1,
+     "in [0, 1] (0: the warmup is set in steps)"),
     (r"^label_smoothing$", lambda v: 0 <= v <= 1,
      "in [0, 1] (0: none, torch's label_smoothing)"),
     (r"^z_loss$", lambda v: v >= 0,

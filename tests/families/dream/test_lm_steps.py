@@ -179,3 +179,15 @@ def test_eval_rows_draw_their_own_noise_whatever_the_batching():
   assert by_8[0] != by_8[1], by_8  # one key for all batches: equal
   assert sum(by_8) == sum(masked_counts(16))
 
+
+def test_warmup_ratio_warms_up_over_a_share_of_the_run():
+  """config.optim.warmup_ratio (Hugging Face's): ceil(0.1 x 95) = 10
+  warmup steps, as warmup_steps=10."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  optim = dict(lr=1.0, warmup_steps=0, warmup_ratio=0.1)
+  by_ratio, by_steps = [
+      lm_steps.learning_rate_schedule(ml_collections.ConfigDict(o), 95)
+      for o in (optim, dict(optim, warmup_steps=10, warmup_ratio=0.0))]
+  steps = jnp.arange(0, 40)
+  np.testing.assert_array_equal(by_ratio(steps), by_steps(steps))
+  assert float(by_ratio(5)) == 0.5

@@ -41,6 +41,19 @@ def test_schedule_is_nanogpts():
   assert float(constant(1234)) == pytest.approx(1e-3)
 
 
+def test_warmup_ratio_is_hugging_faces_share_of_max_iters():
+  """config.warmup_ratio: warmup_iters = ceil(ratio x max_iters)."""
+  by_ratio = gpt_steps.learning_rate_schedule(_config(
+      warmup_ratio=0.1, warmup_iters=0, max_iters=95))
+  by_iters = gpt_steps.learning_rate_schedule(_config(
+      warmup_iters=10, max_iters=95))
+  its = jnp.arange(0, 40)
+  np.testing.assert_array_equal(by_ratio(its), by_iters(its))
+  from trm.families.gpt import task as gpt_task  # pylint: disable=g-import-not-at-top
+  assert gpt_task.schedule_spans_run(_config(warmup_ratio=0.1))
+  assert not gpt_task.schedule_spans_run(_config())
+
+
 def test_schedule_edges_nanogpt_runs_are_run(caplog):
   """lr_decay_iters < warmup_iters (warmup, then min_lr) and min_lr above
   learning_rate (a rising cosine): nanoGPT's get_lr runs both, so the

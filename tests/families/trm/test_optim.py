@@ -264,3 +264,39 @@ def test_ema_update_values():
   zeros = jax.tree.map(jnp.zeros_like, params)
   out = ema_update(zeros, params, 0.999)
   np.testing.assert_allclose(np.asarray(out["a"]), [0.003, 0.005], rtol=1e-5)
+
+
+def test_warmup_ratio_warms_up_over_a_share_of_the_run():
+  """config.optim.warmup_ratio (Hugging Face's): ceil(ratio x total_steps)
+  warmup steps, in the optimizer and both rates of the train step; a
+  warmup set both ways is refused in one line, before anything is built."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import run_checks  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import steps as trm_steps  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import task as trm_task  # pylint: disable=g-import-not-at-top
+  optim = ml_collections.ConfigDict(dict(
+      lr=1.0, lr_min_ratio=1.0, warmup_steps=0, warmup_ratio=0.1, beta1=0.9,
+      beta2=0.95, weight_decay=0.0))
+  assert config_lib.warmup_steps(optim, 95) == 10  # ceil(9.5)
+  assert config_lib.warmup_steps(dict(warmup_steps=7), 95) == 7
+  # The first update is at a tenth of the peak, as with warmup_steps=10 (a
+  # warmup of 0 steps: the peak).
+  params, grads = {"w": jnp.zeros(3)}, {"w": jnp.ones(3)}
+  first = [tx.update(grads, tx.init(params), params)[0]["w"]
+           for tx in (trm_steps.make_optimizer(optim, 95),
+                      trm_steps.make_optimizer(ml_collections.ConfigDict(
+                          dict(optim, warmup_steps=10, warmup_ratio=0.0)),
+                                               95))]
+  np.testing.assert_array_equal(first[0], first[1])
+  assert 0 < -float(first[0][0]) < 0.2
+  # A longer resume would stretch the warmup: refused by config_record.
+  assert trm_task.schedule_spans_run(ml_collections.ConfigDict(
+      dict(optim=optim)))
+  config = ml_collections.ConfigDict(dict(total_steps=95, optim=optim))
+  config.optim.warmup_steps = 2000
+  with pytest.raises(ValueError, match=r"^config\.optim\.warmup_ratio=0\.1 "
+                     r"and config\.optim\.warmup_steps=2000 both set the "
+                     r"warmup: set warmup_steps=0 to warm up over "
+                     r"ceil\(warmup_ratio x total_steps\) = 10 steps"):
+    run_checks.check_warmup(config)

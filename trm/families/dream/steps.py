@@ -18,6 +18,7 @@ import optax
 from clu import metrics as clu_metrics
 
 from trm.core import accumulation
+from trm.core import config_lib
 from trm.core import lm_state
 from trm.core import loss_scale as loss_scale_lib
 from trm.core import mesh as mesh_lib
@@ -30,9 +31,9 @@ from trm.families.dream import model as dream
 
 def learning_rate_schedule(optim_config, total_steps: int):
   """Linear warmup, then cosine to 10%."""
+  warmup = config_lib.warmup_steps(optim_config, total_steps)
   return optax.warmup_cosine_decay_schedule(
-      0.0, optim_config.lr, optim_config.warmup_steps,
-      max(total_steps, optim_config.warmup_steps + 1),
+      0.0, optim_config.lr, warmup, max(total_steps, warmup + 1),
       end_value=0.1 * optim_config.lr)
 
 

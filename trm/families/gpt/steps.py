@@ -17,6 +17,7 @@ import optax
 from clu import metrics as clu_metrics
 
 from trm.core import accumulation
+from trm.core import config_lib
 from trm.core import loss_scale as loss_scale_lib
 from trm.core import state as state_lib
 from trm.families.gpt import model as gpt
@@ -28,7 +29,8 @@ def learning_rate_schedule(config):
   """nanoGPT's get_lr(it): linear warmup that is non-zero at iteration 0,
   cosine from learning_rate to min_lr at lr_decay_iters, then min_lr."""
   lr, min_lr = config.learning_rate, config.min_lr
-  warmup, decay = config.warmup_iters, config.lr_decay_iters
+  warmup = config_lib.warmup_steps(config, config.total_steps, "warmup_iters")
+  decay = config.lr_decay_iters
   if not config.decay_lr:
     return lambda it: jnp.asarray(lr, jnp.float32)
 

@@ -58,6 +58,13 @@ def data_dir(config) -> str:
   return os.path.join(config.data_root, config.dataset)
 
 
+def schedule_spans_run(config) -> bool:
+  """nanoGPT's cosine spans lr_decay_iters, not the run; a warmup_ratio
+  warms up over a share of config.total_steps, so then a resume may not
+  lengthen the run silently (`trm.core.config_record`)."""
+  return config.get("warmup_ratio", 0.0) > 0
+
+
 def check_config(config) -> None:
   """nanoGPT's keys, checked before any data is read or compiled."""
   if config.data.source not in SOURCES:
@@ -123,12 +130,15 @@ def check_config(config) -> None:
   # they are said, not refused. (lr_decay_iters == warmup_iters divides by
   # zero in get_lr at that iteration; ours takes the cosine's start, the
   # peak rate, there.)
-  if config.decay_lr and config.lr_decay_iters < config.warmup_iters:
+  warmup = config_lib.warmup_steps(config, config.total_steps,
+                                   "warmup_iters")
+  if config.decay_lr and config.lr_decay_iters < warmup:
     logging.warning(
-        "config.lr_decay_iters=%d < config.warmup_iters=%d: the rate warms "
-        "up over the first %d iterations, then is config.min_lr=%g (no "
-        "cosine), as nanoGPT's get_lr.", config.lr_decay_iters,
-        config.warmup_iters, config.warmup_iters, config.min_lr)
+        "config.lr_decay_iters=%d < %s=%d: the rate warms up over the first "
+        "%d iterations, then is config.min_lr=%g (no cosine), as nanoGPT's "
+        "get_lr.", config.lr_decay_iters,
+        "the warmup (config.warmup_ratio)" if config.get("warmup_ratio", 0.0)
+        else "config.warmup_iters", warmup, warmup, config.min_lr)
   # (A negative or NaN learning_rate is named itself, by run_checks.)
   if config.decay_lr and 0 <= config.learning_rate < config.min_lr:
     # Almost always a mistyped exponent (nanoGPT's rule of thumb is

@@ -17,6 +17,7 @@ import optax
 
 from trm.families.trm import losses
 from trm.families.trm import optim
+from trm.core import config_lib
 from trm.core import data_parallel
 from trm.core import state as state_lib
 from trm.families.trm import model as trm_model
@@ -25,8 +26,9 @@ from trm.families.trm.state import TrainState
 
 def make_optimizer(optim_config, total_steps: int):
   """AdamATan2 on params, with upstream's warmup + cosine schedule."""
-  schedule = optim.lr_schedule(optim_config.lr, optim_config.warmup_steps,
-                               total_steps, optim_config.lr_min_ratio)
+  schedule = optim.lr_schedule(
+      optim_config.lr, config_lib.warmup_steps(optim_config, total_steps),
+      total_steps, optim_config.lr_min_ratio)
   return optim.adam_atan2(schedule, b1=optim_config.beta1,
                           b2=optim_config.beta2,
                           weight_decay=optim_config.weight_decay)
@@ -92,8 +94,9 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
     # skipped step the trainer's step is one ahead (before, the two
     # schedules ran a step apart from then on).
     emb_lr = optim.lr_schedule(optim_config.puzzle_emb_lr,
-                               optim_config.warmup_steps, total_steps,
-                               optim_config.lr_min_ratio)(
+                               config_lib.warmup_steps(optim_config,
+                                                       total_steps),
+                               total_steps, optim_config.lr_min_ratio)(
                                    state.step - state.skipped_steps)
     weights, ok = optim.guarded_sparse_sign_sgd_update(
         puzzle_emb["weights"], carry.puzzle_identifiers, vector_grads,
@@ -105,8 +108,9 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
   new_state, metrics = state_lib.skip_nonfinite(state, new_state, metrics, ok,
                                                guarded=("puzzle_emb",))
   state_lib.add_learning_rate(
-      metrics, optim.lr_schedule(optim_config.lr, optim_config.warmup_steps,
-                                 total_steps, optim_config.lr_min_ratio),
+      metrics, optim.lr_schedule(
+          optim_config.lr, config_lib.warmup_steps(optim_config, total_steps),
+          total_steps, optim_config.lr_min_ratio),
       state.opt_state)
   return new_state, metrics
 

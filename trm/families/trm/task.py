@@ -188,9 +188,11 @@ def check_config(config) -> None:
 
 def schedule_spans_run(config) -> bool:
   """Below lr_min_ratio=1.0 the cosine decays over config.total_steps
-  (`optim.lr_schedule`), so a resume may not lengthen the run silently
+  (`optim.lr_schedule`), and a warmup_ratio warms up over a share of it,
+  so a resume may not lengthen the run silently
   (`trm.core.config_record`)."""
-  return config.optim.lr_min_ratio != 1.0
+  return (config.optim.lr_min_ratio != 1.0
+          or config.optim.get("warmup_ratio", 0.0) > 0)
 
 
 def build(config, workdir: str, ctx) -> Task:

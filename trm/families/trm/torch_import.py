@@ -91,6 +91,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from trm.core import config_lib
 from trm.core import host_arrays
 from trm.core import weights_io
 from trm.data import atomic_files
@@ -212,7 +213,7 @@ def run_config_dict(config, model_cfg: trm_model.TRMConfig, data_dir: str,
                      else []),
       "global_batch_size": config.global_batch_size, "epochs": epochs,
       "lr": optim.lr, "lr_min_ratio": optim.lr_min_ratio,
-      "lr_warmup_steps": optim.warmup_steps,
+      "lr_warmup_steps": config_lib.warmup_steps(optim, config.total_steps),
       "weight_decay": optim.weight_decay, "beta1": optim.beta1,
       "beta2": optim.beta2, "puzzle_emb_lr": optim.puzzle_emb_lr,
       "puzzle_emb_weight_decay": optim.puzzle_emb_weight_decay,
