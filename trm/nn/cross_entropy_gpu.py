@@ -95,17 +95,16 @@ def _kernel(logits_ref, labels_ref, loss_ref, p_ref, *, vocab, block,
     summed = [s + jnp.where(ok[None, :], x, 0.0) for s in summed]
     return (new_top, total, picked + jnp.where(hit, x, 0.0), *summed)
 
-  tile = jnp.zeros((rows, block), jnp.float32)
-  start = (jnp.full((rows,), float("-inf"), jnp.float32), tile, tile,
-           *([tile] if label_smoothing else []))
+  tiles = 3 if label_smoothing else 2
+  start = (jnp.full((rows,), float("-inf"), jnp.float32),
+           *(jnp.zeros((rows, block), jnp.float32) for _ in range(tiles)))
   top, total, picked, *summed = jax.lax.fori_loop(0, steps, stats, start)
   log_z = top + jnp.log(jnp.sum(total, axis=1))
-  picked = jnp.sum(picked, axis=1)
   if label_smoothing:
-    loss = (log_z - (1.0 - label_smoothing) * picked
+    loss = (log_z - (1.0 - label_smoothing) * jnp.sum(picked, axis=1)
             - label_smoothing / vocab * jnp.sum(summed[0], axis=1))
   else:
-    loss = log_z - picked
+    loss = log_z - jnp.sum(picked, axis=1)
   if z_loss:
     loss = loss + z_loss * log_z * log_z
   loss_ref[...] = loss
