@@ -82,6 +82,10 @@ _OTHER_TRAINERS = {
                           "model's noise); config.data_seed the data"),
     "z_loss_multiplier": "config.z_loss is MaxText's z_loss_multiplier "
                          "(configs/gpt.py)",
+    # Fields of configs/gpt.py only, asked of the other families' configs.
+    **dict.fromkeys(("label_smoothing", "z_loss"),
+                    "only configs/gpt.py has label_smoothing and z_loss; "
+                    "TRM's and DiffuCoder's losses are their upstreams'"),
     "label_smoothing_factor": ("config.label_smoothing is Hugging Face's "
                                "label_smoothing_factor (configs/gpt.py)"),
     "resume_from_checkpoint": ("rerun with the same --workdir: it resumes "
