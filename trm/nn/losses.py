@@ -47,12 +47,13 @@ def _forward(logits, labels, label_smoothing=0.0, z_loss=0.0):
   x = logits.astype(jnp.float32)
   log_z = _log_sum_exp(x)
   picked = jnp.take_along_axis(x, labels[..., None], axis=-1)[..., 0]
-  loss = log_z - picked
   if label_smoothing:
     # -sum(q log softmax(x)) for q = (1 - s) one-hot + s / V (torch's
     # cross_entropy(label_smoothing=s)): lse - (1 - s) x[label] - s mean(x).
     loss = log_z - (1.0 - label_smoothing) * picked - (
         label_smoothing * jnp.mean(x, axis=-1))
+  else:
+    loss = log_z - picked
   if z_loss:
     loss = loss + z_loss * jnp.square(log_z)  # MaxText's z_loss_multiplier
   return loss, log_z
