@@ -547,37 +547,41 @@ def test_nanogpt_keys_are_named_in_config_errors(values, needle):
 
 
 
-def test_label_smoothing_and_z_loss_are_the_iterations_loss():
+def test_label_smoothing_and_z_loss_reach_every_loss_path(monkeypatch):
   """config.label_smoothing (torch's) and config.z_loss (MaxText's
-  z_loss_multiplier): the iteration's loss is the written-out formula,
-  averaged over the scored targets of each micro-batch."""
-  rng = np.random.default_rng(5)
-  x = rng.integers(0, 11, size=(4, 8)).astype(np.int32)
-  y = (x + 1) % 11
-  y[1, 2:5] = -1
-  smoothing, z_loss = 0.2, 0.05
-  state, model, _ = _tiny(2, 2, dropout=0.0, label_smoothing=smoothing,
-                          z_loss=z_loss)
-  program = gpt_program.build(_config(
-      n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0,
-      gradient_accumulation_steps=2, batch_size=2, grad_clip=0.0,
-      label_smoothing=smoothing, z_loss=z_loss), None, {"vocab_size": 11})
-  _, metrics = jax.jit(program.train_step)(
-      state, {"x": jnp.asarray(x), "y": jnp.asarray(y)})
-  logits = np.asarray(model.apply({"params": state.params}, x), np.float64)
-  log_z = np.log(np.exp(logits).sum(-1))
-  target = (1 - smoothing) * np.eye(11)[np.maximum(y, 0)] + smoothing / 11
-  per_token = -(target * (logits - log_z[..., None])).sum(-1) + (
-      z_loss * log_z**2)
-  # Micro-batch k is rows k, k + 2 (train_step's split).
-  want = np.mean([per_token[k::2][y[k::2] >= 0].mean() for k in range(2)])
-  assert float(metrics["loss"].compute()) == pytest.approx(want, rel=1e-5)
+  z_loss_multiplier) reach the per-token loss of the iteration, whichever
+  path makes it (traced only: the values are checked below)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  def spy(real):
+    def call(*args):
+      seen.append(args[-2:])
+      return real(*args)
+    return call
+
+  monkeypatch.setattr(gpt_steps.losses, "softmax_cross_entropy",
+                      spy(gpt_steps.losses.softmax_cross_entropy))
+  monkeypatch.setattr(cross_entropy_gpu, "linear_cross_entropy",
+                      spy(cross_entropy_gpu.linear_cross_entropy))
+  batch = {k: jax.ShapeDtypeStruct((4, 8), jnp.int32) for k in "xy"}
+  for options in (dict(), dict(loss_chunk_size=3),
+                  dict(loss_kernel="triton_interpret")):
+    program = gpt_program.build(_config(
+        n_layer=1, n_head=2, n_embd=16, block_size=8, dropout=0.0,
+        gradient_accumulation_steps=2, batch_size=2, label_smoothing=0.2,
+        z_loss=0.05, **options), None, {"vocab_size": 11})
+    state = nn.meta.unbox(jax.eval_shape(program.init_fn))
+    del seen[:]
+    jax.eval_shape(program.train_step, state, batch)
+    assert seen and set(seen) == {(0.2, 0.05)}, (options, seen)
 
 
-def test_label_smoothing_and_z_loss_on_the_chunked_and_triton_losses(
-    monkeypatch):
-  """The chunked logits' loss and the Triton kernel's (interpreted) have
-  the whole logits' value and gradients with both terms."""
+def test_label_smoothing_and_z_loss_on_every_loss(monkeypatch):
+  """With both terms, the whole logits' loss is the written-out formula
+  averaged over the scored targets, and the chunked logits' loss and the
+  Triton kernel's (interpreted) have its value and gradients."""
   from trm.nn import cross_entropy_gpu  # pylint: disable=g-import-not-at-top
   monkeypatch.setitem(cross_entropy_gpu.CONSTANTS, "block", 8)  # 11 = 8 + 3
   rng = np.random.default_rng(6)
@@ -595,6 +599,14 @@ def test_label_smoothing_and_z_loss_on_the_chunked_and_triton_losses(
           h, t, y, "float32", True, *terms)}
   (want, _), want_grads = jax.jit(jax.value_and_grad(
       losses.pop("whole"), argnums=(0, 1), has_aux=True))(hidden, table)
+  # torch's cross_entropy(label_smoothing=0.2, ignore_index=-1) plus
+  # MaxText's 0.05 * logsumexp**2, written out, over the scored targets.
+  logits = np.asarray(hidden, np.float64) @ np.asarray(table, np.float64).T
+  log_z = np.log(np.exp(logits).sum(-1))
+  target = 0.8 * np.eye(11)[np.maximum(y, 0)] + 0.2 / 11
+  per_token = -(target * (logits - log_z[..., None])).sum(-1) + (
+      0.05 * log_z**2)
+  assert float(want) == pytest.approx(per_token[y >= 0].mean(), rel=1e-5)
   for name, loss in losses.items():
     (got, _), grads = jax.jit(jax.value_and_grad(
         loss, argnums=(0, 1), has_aux=True))(hidden, table)
