@@ -19,6 +19,7 @@ from trm.core import config_lib
 from trm.core import dispatch
 from trm.core import mesh as mesh_lib
 from trm.core import train
+from trm.core import weights_io
 from trm import families
 from trm.core import pipeline
 from trm.core import state as state_lib
@@ -591,6 +592,72 @@ def test_checkpoints_off_in_a_run_with_checkpoints_is_refused(finished_run):
     train.train_and_evaluate(tiny_config(checkpoint_every=0), str(workdir),
                              families.build_task)
   assert sorted(os.listdir(workdir)) == before
+
+
+def test_init_checkpoint_starts_a_new_run_from_a_workdirs_weights(
+    finished_run, data_dir, tmp_path, caplog):
+  """config.init_checkpoint=WORKDIR: a new run starts from the weights that
+  run evaluated (its EMA), its H_init / L_init and puzzle table, sharded,
+  with a fresh optimizer at step 0 (before, TRM configs had no such
+  field); WORKDIR/checkpoints/N names step N; a workdir that already holds
+  checkpoints resumes and reads none of it (said once)."""
+  workdir, final, _ = finished_run
+  config = tiny_config(**{"data.data_dir": data_dir,
+                          "init_checkpoint": str(workdir)})
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  task = families.build_task(config, str(tmp_path), ctx)
+  _, shardings = state_lib.abstract_state(task.program.init_fn, ctx)
+  state = task.initial_state(ctx, shardings)
+  assert jax.tree.all(jax.tree.map(lambda x, s: x.sharding == s, state,
+                                   shardings))
+  # Buffers of its own for the EMA: the train step donates both.
+  buffers = lambda tree: {shard.data.unsafe_buffer_pointer()
+                          for x in jax.tree.leaves(tree)
+                          for shard in x.addressable_shards}
+  assert not buffers(state.params) & buffers(state.ema_params)
+  state = jax.device_get(state)
+  for name, want in (("params", final.ema_params),
+                     ("ema_params", final.ema_params),
+                     ("buffers", final.buffers),
+                     ("puzzle_emb", final.puzzle_emb)):
+    for a, b in zip(jax.tree.leaves(want),
+                    jax.tree.leaves(getattr(state, name))):
+      np.testing.assert_array_equal(a, b, err_msg=name)
+  assert int(state.step) == 0
+  assert not any(np.any(x) for x in jax.tree.leaves(state.opt_state))
+  one_step = tiny_config(init_checkpoint=os.path.join(workdir, "checkpoints",
+                                                      "6"))
+  assert puzzle.init_source(one_step, str(tmp_path)) == (str(workdir), 6)
+  with caplog.at_level(logging.WARNING):
+    assert puzzle.init_source(config, str(workdir)) is None
+  assert caplog.text.count("is not read") == 1
+
+
+@pytest.mark.parametrize("overrides,error,message", [
+    ({"model.hidden_size": 64}, ValueError,
+     r"config.init_checkpoint='.*': Checkpoint .*/12: buffers/H_init has "
+     r"shape \(32,\) but this config needs \(64,\) \(and 6 more"),
+    ({"model.puzzle_emb_ndim": 64}, ValueError,
+     r"puzzle_emb/weights in .*/12 has shape \(1, 32\) but this config "
+     r"needs \(1, 64\): only its number of identifiers may differ"),
+    ({"init_checkpoint": "no_such_run"}, FileNotFoundError,
+     r"config.init_checkpoint='no_such_run' is neither a trm.main workdir"),
+    ({"init_checkpoint": "gs://bucket/run"}, weights_io.CheckpointError,
+     r"config.init_checkpoint='gs://bucket/run' is an object-store path"),
+])
+def test_an_init_checkpoint_that_does_not_fit_is_one_line(
+    finished_run, data_dir, tmp_path, overrides, error, message):
+  """Refused before anything compiles (a path that is no checkpoint:
+  before the data is built)."""
+  workdir, _, _ = finished_run
+  built = "init_checkpoint" not in overrides
+  config = tiny_config(**{
+      "data.data_dir": data_dir if built else str(tmp_path / "data"),
+      "init_checkpoint": str(workdir), **overrides})
+  with pytest.raises(error, match=message):
+    families.build_task(config, str(tmp_path),
+                        mesh_lib.ShardingContext.from_config(config))
+  assert built or not os.path.exists(tmp_path / "data")
 
 
 def test_metrics_jsonl_is_strict_and_drops_what_a_resume_rewrites(tmp_path):

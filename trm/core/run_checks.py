@@ -32,13 +32,13 @@ class EvalOnlyError(cli.UserError, ValueError):
 def starting_weights(config) -> str:
   """The config field naming weights a run starts from when its workdir
   holds no checkpoint ('' when it starts from a random init): DiffuCoder's
-  init_checkpoint, GPT's init_from='gpt2*' / 'resume' with
+  and TRM's init_checkpoint, GPT's init_from='gpt2*' / 'resume' with
   init_checkpoint."""
   init_checkpoint = config.get("init_checkpoint", "")
   init_from = config.get("init_from", None)
   if not init_checkpoint:
     return ""
-  if init_from is None:  # DiffuCoder: a Hugging Face directory
+  if init_from is None:  # DiffuCoder, TRM: the weights named there
     return f"config.init_checkpoint={init_checkpoint!r}"
   if init_from != "scratch":
     return f"config.init_from={init_from!r}"

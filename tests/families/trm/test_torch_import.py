@@ -690,6 +690,25 @@ def test_shape_mismatch_names_key_shape_and_field(tmp_path, checkpoint, ours,
   assert field in message
 
 
+def test_a_puzzle_table_of_other_rows_loads_for_a_new_run_only(tmp_path):
+  """trm.main's init_checkpoint takes a table of another dataset (its rows
+  as stored: the task starts each row at their mean, as upstream's
+  load_checkpoint); trm.evaluate's read still refuses it, and another
+  width is refused for both."""
+  cfg = _cfg()
+  sd = _ref_state_dict(_cfg(num_puzzle_identifiers=7))
+  path = _save(sd, tmp_path / "other_rows")
+  table = torch_import.load_torch_checkpoint(path, cfg,
+                                             any_puzzle_rows=True)[2]
+  key = "_orig_mod.model.inner.puzzle_emb.weights"
+  np.testing.assert_array_equal(table["weights"], sd[key])
+  assert "num_puzzle_identifiers" in _load_error(tmp_path, sd, cfg)
+  wide = _save({**sd, key: torch.zeros(5, 48)}, tmp_path / "wide")
+  with pytest.raises(CheckpointError, match=r"puzzle_emb.weights.*has shape "
+                     r"\(5, 48\); config.model expects \(5, 32\)"):
+    torch_import.load_torch_checkpoint(wide, cfg, any_puzzle_rows=True)
+
+
 def test_variant_mismatch_hints(tmp_path):
   message = _load_error(tmp_path, _ref_state_dict(_cfg(**VARIANTS["mlp_t"])),
                         _cfg(), "a")

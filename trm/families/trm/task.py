@@ -1,15 +1,31 @@
-"""TRM on puzzle datasets (Sudoku): upstream's data, ACT step and evaluation."""
+"""TRM on puzzle datasets (Sudoku): upstream's data, ACT step and evaluation.
+
+A new run starts from random weights, or from `config.init_checkpoint`'s
+(`init_source`): a trm.main workdir's newest step (`DIR/checkpoints/N`:
+step N), the weights it evaluates (its EMA when it kept one), or an
+upstream PyTorch checkpoint file, as upstream's `load_checkpoint`. Only the
+weights, H_init / L_init and the puzzle table are read: the optimizer
+state, the ACT carry and the step start afresh. A puzzle table of another
+number of identifiers (another dataset) starts every row at the mean of the
+loaded rows, as upstream's; any other shape is refused. A workdir that
+already holds checkpoints resumes from them and reads no init_checkpoint.
+"""
 from __future__ import annotations
 
 import functools
 import importlib
 import os
 
+from absl import logging
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from trm.core import config_lib
 from trm.core import host_arrays
+from trm.core import restore_check
+from trm.core import weights_io
 from trm.core.task import Task
 from trm.data.puzzles import dataset as puzzle_dataset
 from trm.data.puzzles import format as puzzle_format
@@ -195,8 +211,179 @@ def schedule_spans_run(config) -> bool:
           or config.optim.get("warmup_ratio", 0.0) > 0)
 
 
+INIT_NAME = "config.init_checkpoint"
+
+
+def init_source(config, workdir: str):
+  """(path, step) of the weights config.init_checkpoint names: a trm.main
+  workdir and its step (None: the newest readable one), or an upstream
+  PyTorch / safetensors file and None. None when unset, or when `workdir`
+  already holds checkpoints: the run resumes from them (said once), as a
+  restarted run must. Checked before any data is built; a path that is
+  none of those is refused in one line."""
+  path = config.get("init_checkpoint", "")
+  if not path:
+    return None
+  if restore_check.latest_step(os.path.join(workdir, "checkpoints")) is not None:
+    logging.warning(
+        "%s=%r is not read: %s holds checkpoints, and the run resumes from "
+        "its newest (use another --workdir to start a new run from it).",
+        INIT_NAME, path, os.path.join(workdir, "checkpoints"))
+    return None
+  weights_io.check_local(path, INIT_NAME, "starting weights are")
+  parent, name = os.path.split(os.path.normpath(path))
+  if (name.isascii() and name.isdigit()
+      and os.path.basename(parent) == "checkpoints" and os.path.isdir(path)):
+    return os.path.dirname(parent), int(name)  # one step of a workdir
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return path, None
+  if os.path.isfile(path):
+    return path, None
+  raise FileNotFoundError(
+      f"{INIT_NAME}={path!r} is neither a trm.main workdir (a directory with "
+      "checkpoints/), one of its steps (WORKDIR/checkpoints/N) nor an "
+      f"upstream PyTorch checkpoint file: point it at one, or set "
+      f"{INIT_NAME}='' to start from random weights.")
+
+
+def _evaluated_weights(config, workdir: str, step_dir: str) -> str:
+  """'ema_params' where the run in `workdir` kept an EMA (the weights it
+  evaluated and `trm.export` writes, as upstream saves its EMA model),
+  else 'params'; by its record (the step's, else config.json), else by
+  this config."""
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import config_record  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  record = ckpt_lib.saved_config_record(step_dir)
+  if record is None:
+    try:
+      record = config_record.read_file(
+          epath.Path(workdir) / config_record.RECORD)
+    except (OSError, ValueError):
+      record = {}
+  optim = record.get("optim")
+  ema = (optim.get("ema") if isinstance(optim, dict) else None)
+  if not isinstance(ema, bool):
+    ema = bool(config.optim.ema)
+  return "ema_params" if ema else "params"
+
+
+def _check_puzzle_width(got, want, where: str) -> None:
+  """Only the number of identifiers may differ (upstream's mean fills any
+  count; its expand fails on another width)."""
+  if tuple(got[1:]) != tuple(want[1:]):
+    raise ValueError(
+        f"{INIT_NAME}: puzzle_emb/weights in {where} has shape {tuple(got)} "
+        f"but this config needs {tuple(want)}: only its number of "
+        "identifiers may differ (then every row starts at their mean); set "
+        f"config.model.puzzle_emb_ndim={got[1]}, as the run that wrote it.")
+
+
+def _fit_puzzle_table(table, want_rows: int, sharding, where: str):
+  """The loaded table on `sharding`, or, when it holds another number of
+  identifiers, `want_rows` copies of the mean of its rows (upstream
+  `load_checkpoint`'s reset, said in one line)."""
+  if table.shape[0] == want_rows:
+    return jax.device_put(table, sharding)
+  logging.warning(
+      "%s: the puzzle-embedding table in %s has %d identifiers, this "
+      "dataset %d: every row starts at the mean of the loaded rows, as "
+      "upstream's load_checkpoint.", INIT_NAME, where, table.shape[0],
+      want_rows)
+  return jax.jit(
+      lambda t: jnp.broadcast_to(jnp.mean(t, axis=0, keepdims=True),
+                                 (want_rows,) + t.shape[1:]),
+      out_shardings=sharding)(table)
+
+
+def _state_around(program, ctx, shardings, params, buffers, puzzle_emb):
+  """A step-0 train state (fresh optimizer state, ACT carry and counters)
+  holding the given weights, as the EMA too (upstream registers its EMA
+  from the loaded model). The initialiser's own weights are never made
+  (unused, XLA drops them)."""
+  def build(params, buffers, puzzle_emb):
+    # Behind the barrier the weights are new values, so each field gets
+    # buffers of its own (jit hands an output that is an input back as it
+    # is): the train step donates every buffer of the state, and params
+    # and EMA placed from the same arrays shared some (even with
+    # device_put's may_alias=False), which crashed XLA:CPU's first step.
+    params, buffers, puzzle_emb = jax.lax.optimization_barrier(
+        (params, buffers, puzzle_emb))
+    state = nn.meta.unbox(program.init_fn())
+    return state.replace(params=params, ema_params=params, buffers=buffers,
+                         puzzle_emb=puzzle_emb)
+
+  placed = (shardings.params, shardings.buffers, shardings.puzzle_emb)
+  with ctx:
+    return jax.jit(build, in_shardings=placed, out_shardings=shardings)(
+        *jax.device_put((params, buffers, puzzle_emb), placed))
+
+
+def starting_state(config, source, program, ctx):
+  """(ctx, shardings) -> the train state of `source` (`init_source`), for
+  `Task.initial_state`. What can be checked without reading the weights
+  (the file's shapes are read with them; a workdir's from its metadata)
+  is checked now, before anything compiles."""
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  path, step = source
+  abstract, _ = state_lib.abstract_state(program.init_fn, ctx)
+  rows = program.model.cfg.num_puzzle_identifiers
+  if os.path.isfile(path):
+    from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
+    params, buffers, puzzle_emb = torch_import.load_torch_checkpoint(
+        path, program.model.cfg, any_puzzle_rows=True)
+    logging.info("Starting weights: %s (upstream PyTorch); optimizer state "
+                 "fresh, step 0.", path)
+
+    def initial_state(ctx, shardings):
+      table = {k: _fit_puzzle_table(v, rows, shardings.puzzle_emb[k], path)
+               for k, v in puzzle_emb.items()}
+      return _state_around(program, ctx, shardings, params, buffers, table)
+
+    return initial_state
+
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  directory = os.path.join(path, "checkpoints")
+  newest = step if step is not None else restore_check.latest_step(directory)
+  if newest is None:
+    raise FileNotFoundError(f"{INIT_NAME}={path!r}: {directory} holds no "
+                            "checkpoint; point it at a trained workdir.")
+  weights = _evaluated_weights(config, path, os.path.join(directory,
+                                                          str(newest)))
+  fields = {k: getattr(abstract, k) for k in (weights, "buffers",
+                                              "puzzle_emb")}
+  saved = restore_check.saved_shapes(os.path.join(directory, str(newest)))
+  saved_table = (saved or {}).get("puzzle_emb/weights")
+  if fields["puzzle_emb"] and saved_table is not None:
+    target = fields["puzzle_emb"]["weights"]
+    _check_puzzle_width(saved_table, target.shape,
+                        os.path.join(directory, str(newest)))
+    fields["puzzle_emb"] = {"weights": jax.ShapeDtypeStruct(
+        saved_table, target.dtype, sharding=target.sharding)}
+  try:
+    restore_check.check(directory, fields, newest,
+                        family=trm_program.DISPLAY_NAME)
+  except restore_check.CheckpointMismatchError as e:
+    raise restore_check.CheckpointMismatchError(
+        f"{INIT_NAME}={path!r}: {e}") from None
+
+  def initial_state(ctx, shardings):
+    restored, used = ckpt_lib.restore_fields(
+        directory, fields, step=step, family=trm_program.DISPLAY_NAME)
+    where = os.path.join(directory, str(used))
+    logging.info("Starting weights: %s step %d (its %s); optimizer state "
+                 "fresh, step 0.", path, used, weights)
+    table = {k: _fit_puzzle_table(v, rows, shardings.puzzle_emb[k], where)
+             for k, v in restored["puzzle_emb"].items()}
+    return _state_around(program, ctx, shardings, restored[weights],
+                         restored["buffers"], table)
+
+  return initial_state
+
+
 def build(config, workdir: str, ctx) -> Task:
   check_config(config)
+  source = init_source(config, workdir)
   data_dir = prepare_data(config, workdir)
   train_meta, train_arrays = puzzle_format.read_split(data_dir, "train")
   test_meta, test_arrays = puzzle_format.read_split(data_dir, "test")
@@ -225,9 +412,12 @@ def build(config, workdir: str, ctx) -> Task:
     from trm.families.trm import arc_eval  # pylint: disable=g-import-not-at-top
     arc_eval.ARCEvaluator(
         data_dir, num_puzzle_identifiers=train_meta.num_puzzle_identifiers)
+  program = trm_program.build(config, ctx, train_meta)
   return Task(
-      program=trm_program.build(config, ctx, train_meta),
+      program=program,
       train_source=train_source, eval_source=test_source,
+      initial_state=(starting_state(config, source, program, ctx)
+                     if source is not None else None),
       make_eval_hook=functools.partial(
           EvalHook, data_dir, kind, arc=config.data.name == "arc",
           sheet_rows=config.data.eval_sheet_rows if kind else 0,

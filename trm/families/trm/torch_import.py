@@ -57,9 +57,11 @@ Notes on the transforms:
   * Not stored, tolerated and ignored if present: upstream's non-persistent
     `rotary_emb.{cos,sin}_cached` (recomputed from rope_theta) and
     `puzzle_emb.{local_weights,local_ids}` (per-batch scratch).
-  * A puzzle table of another size is an error here (upstream
-    `load_checkpoint` silently replaces it by its row mean): the config must
-    come from the same dataset build.
+  * A puzzle table of another size is an error here for `trm.evaluate`
+    and `trm.export` (the config must come from the same dataset build);
+    `trm.main --config.init_checkpoint` takes one with another number of
+    rows and starts every row at their mean, as upstream's `load_checkpoint`
+    (`trm.families.trm.task`).
   * Not in the checkpoint at all, so they must come from `config.model`:
     num_heads (qkv is [3D, D] for any head count), pos_encodings 'rope' vs
     'none', rope_theta, rms_norm_eps, H_cycles, L_cycles, halt_*,
@@ -297,7 +299,8 @@ def check_run_config(path: str, cfg: trm_model.TRMConfig) -> None:
         f"{_RUN_CONFIG} away to load the weights regardless).")
 
 
-def load_torch_checkpoint(path: str, model_cfg: trm_model.TRMConfig):
+def load_torch_checkpoint(path: str, model_cfg: trm_model.TRMConfig,
+                          any_puzzle_rows: bool = False):
   """Reads an upstream TRM state_dict file into our variables.
 
   Args:
@@ -305,6 +308,10 @@ def load_torch_checkpoint(path: str, model_cfg: trm_model.TRMConfig):
       state_dict; read with `weights_only=True`), or a `.safetensors` file of
       the same state_dict (any name; detected by content).
     model_cfg: our `TRMConfig`; every size must match the checkpoint.
+    any_puzzle_rows: the puzzle table may hold another number of
+      identifiers than `model_cfg`'s (its width must match); it is returned
+      with its own rows (`trm.main --config.init_checkpoint` starts a run
+      on another dataset from it, as upstream's `load_checkpoint`).
 
   Returns:
     (params, buffers, puzzle_emb) as `TrainState` holds them (unboxed dicts of
@@ -372,6 +379,9 @@ def load_torch_checkpoint(path: str, model_cfg: trm_model.TRMConfig):
     target = weights_io.get_path(abstract[entry.collection], entry.path)
     value = names[entry.name]
     want = torch_layout.upstream_shape(entry, target.shape)
+    if (any_puzzle_rows and entry.collection == "puzzle_emb"
+        and value.ndim == 2 and value.shape[1:] == want[1:]):
+      want = tuple(value.shape)
     if tuple(value.shape) != want:
       raise torch_layout.shape_error(entry, full_key[entry.name], path,
                                      value.shape, want, cfg)
