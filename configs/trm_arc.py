@@ -119,6 +119,8 @@ def get_config(arg=None):
       puzzle_emb_weight_decay=0.1,
       ema=True,                 # evaluate and keep an EMA of the parameters
       ema_rate=0.999,           # EMA decay
+      freeze_weights=False,     # train the puzzle embeddings alone (test-
+                                # time adaptation; upstream's freeze_weights)
   ))
 
   total_steps = _TOTAL_STEPS[version]

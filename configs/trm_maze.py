@@ -99,6 +99,8 @@ def get_config(arg=None):
       puzzle_emb_weight_decay=1.0,
       ema=True,                 # evaluate and keep an EMA of the parameters
       ema_rate=0.999,           # EMA decay
+      freeze_weights=False,     # train the puzzle embeddings alone (test-
+                                # time adaptation; upstream's freeze_weights)
   ))
 
   c.seed = 0                    # model init, ACT exploration, data order

@@ -159,7 +159,8 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "data_seed": -1,
                                     "label_smoothing": 0.0, "z_loss": 0.0,
                                     "warmup_ratio": 0.0,
-                                    "optim.warmup_ratio": 0.0}
+                                    "optim.warmup_ratio": 0.0,
+                                    "optim.freeze_weights": False}
   # A DiffuCoder run recorded before it could accumulate gradients.
   assert config_record.changes({"model": {"name": "dream"}}, {
       "model": {"name": "dream"}, "gradient_accumulation_steps": 1}) == {}
@@ -169,6 +170,14 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
   assert config_record.changes(old, {
       "model": {"name": "gpt"}, "profiler_steps": 0,
       "skip_first_n_steps_for_profiler": 1, "keep_checkpoint_every": 0}) == {}
+  # A TRM run recorded before optim.freeze_weights (session 67) trained
+  # every weight: it resumes; with the weights frozen it is a change.
+  trm_old = {"model": {"name": "trm"}, "optim": {"lr": 1e-4}}
+  assert config_record.changes(trm_old, {"model": {"name": "trm"}, "optim": {
+      "lr": 1e-4, "freeze_weights": False}}) == {}
+  assert config_record.changes(trm_old, {"model": {"name": "trm"}, "optim": {
+      "lr": 1e-4, "freeze_weights": True}}) == {
+          "optim.freeze_weights": [None, True]}
   assert config_record.changes(old, {"model": {"name": "gpt",
                                                "scan_layers": False}}) == {}
   assert config_record.changes(

@@ -82,7 +82,8 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "label_smoothing": 0.0,  # GPT's loss: plain cross-entropy
             "z_loss": 0.0,
             "warmup_ratio": 0.0,  # the warmup was set in steps
-            "optim.warmup_ratio": 0.0}
+            "optim.warmup_ratio": 0.0,
+            "optim.freeze_weights": False}  # TRM trained every weight
 # Fields that decide how the checkpointed tensors are laid out (scanned
 # layers are one stacked `h`, unscanned ones h_0 ..): the checkpoints cannot
 # be restored in the other layout, so not even allow_config_change accepts

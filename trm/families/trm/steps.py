@@ -6,6 +6,11 @@ model runs one recursion, and both optimizers step (sparse sign-SGD on the
 puzzle-embedding rows the batch touched, AdamATan2 on everything else),
 followed by the EMA update. A step whose loss or gradients hold a NaN or Inf
 changes nothing but the step counter (`state.skip_nonfinite`).
+
+With `optim.freeze_weights` (upstream's, for test-time adaptation) only the
+puzzle table trains: as upstream builds no AdamATan2 then, the weights,
+their optimizer state and so their EMA stay as they are (no weight decay
+either), and no gradient of theirs is computed.
 """
 from __future__ import annotations
 
@@ -59,11 +64,14 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
     loss, _ = losses.act_loss(outputs, new_carry, train=True)
     return loss / global_batch_size, (new_carry, outputs)
 
+  frozen = optim_config.get("freeze_weights", False)
+
   def local_step(whole, rows):
     params, others = whole
-    (loss, (new_carry, outputs)), (param_grads, vector_grads) = (
-        jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
-            params, *rows, others))
+    (loss, (new_carry, outputs)), grads = jax.value_and_grad(
+        loss_fn, argnums=(1,) if frozen else (0, 1), has_aux=True)(
+            params, *rows, others)
+    param_grads, vector_grads = (None, *grads) if frozen else grads
     return (loss, param_grads), (new_carry, outputs, vector_grads)
 
   # The shared network's gradients are summed on each device over all its
@@ -77,11 +85,16 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
   _, metrics = losses.act_loss(outputs, new_carry, train=True)
 
   ok = state_lib.all_finite(loss, param_grads, vector_grads)
-  updates, opt_state = tx.update(param_grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  ema_params = (optim.ema_update(state.ema_params, params,
-                                 optim_config.ema_rate)
-                if optim_config.ema else params)
+  if frozen:
+    params, opt_state, ema_params = (state.params, state.opt_state,
+                                     state.ema_params)
+  else:
+    updates, opt_state = tx.update(param_grads, state.opt_state,
+                                   state.params)
+    params = optax.apply_updates(state.params, updates)
+    ema_params = (optim.ema_update(state.ema_params, params,
+                                   optim_config.ema_rate)
+                  if optim_config.ema else params)
   # `skip_nonfinite` also drops a step whose new values are not finite, but
   # takes the puzzle table as this step leaves it: its update follows that
   # verdict too (before, weights overflowed by the learning rate skipped the
@@ -107,11 +120,16 @@ def train_step(state: TrainState, batch, *, model: trm_model.TRM,
                             puzzle_emb=puzzle_emb, carry=new_carry)
   new_state, metrics = state_lib.skip_nonfinite(state, new_state, metrics, ok,
                                                guarded=("puzzle_emb",))
-  state_lib.add_learning_rate(
-      metrics, optim.lr_schedule(
-          optim_config.lr, config_lib.warmup_steps(optim_config, total_steps),
-          total_steps, optim_config.lr_min_ratio),
-      state.opt_state)
+  if frozen and vectors is not None:
+    # The rate that trained this step, as upstream logs its last
+    # optimizer's (the puzzle table's alone, here).
+    metrics["lr"] = state_lib.Counter(emb_lr, jnp.ones((), jnp.int32))
+  else:
+    state_lib.add_learning_rate(
+        metrics, optim.lr_schedule(
+            optim_config.lr, config_lib.warmup_steps(optim_config, total_steps),
+            total_steps, optim_config.lr_min_ratio),
+        state.opt_state)
   return new_state, metrics
 
 

@@ -200,6 +200,14 @@ def check_config(config) -> None:
   if config.data.epochs_per_iter <= 0:
     raise ValueError(f"config.data.epochs_per_iter={config.data.epochs_per_iter}"
                      " must be a positive integer.")
+  if (config.optim.get("freeze_weights", False)
+      and config.model.puzzle_emb_ndim <= 0):
+    # Upstream then trains every weight, its flag unread.
+    raise ValueError(
+        "config.optim.freeze_weights=True trains the puzzle embeddings "
+        f"alone, but config.model.puzzle_emb_ndim={config.model.puzzle_emb_ndim}"
+        " gives the model none: set puzzle_emb_ndim > 0 (as the weights it "
+        "starts from, config.init_checkpoint), or freeze_weights=False.")
 
 
 def schedule_spans_run(config) -> bool:

@@ -225,7 +225,7 @@ def run_config_dict(config, model_cfg: trm_model.TRMConfig, data_dir: str,
       "eval_interval": per_iter if epochs % per_iter == 0 else None,
       "min_eval_interval": 0, "eval_save_outputs": [],
       "ema": bool(optim.ema), "ema_rate": optim.ema_rate,
-      "freeze_weights": False,
+      "freeze_weights": bool(optim.get("freeze_weights", False)),
   }
 
 
