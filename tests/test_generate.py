@@ -581,6 +581,11 @@ def test_cli_nonfinite_safetensors_is_one_line(checkpoint, tmp_path):
     # Two rows of one prompt, one per batch: seeds seed and seed + 1.
     (dict(num_return_sequences=2, batch_size=1, seed=2**32 - 1), ValueError,
      "seed=4294967295: must lie in [0, 4294967294]"),
+    # More batches than seeds: the count is named, not an empty seed range.
+    (dict(num_return_sequences=2**40, batch_size=1), ValueError,
+     "1099511627776 sequences (prompts x num_return_sequences) in batches of "
+     "batch_size=1 make 1099511627776 batches, more than the 4294967296 "
+     "seeds"),
     (dict(max_new_tokens=True), ValueError, "max_new_tokens=True"),
     (dict(top_k=False), ValueError, "top_k=False"),
     (dict(cache="dual", block_length=True), ValueError,
@@ -598,6 +603,19 @@ def test_api_argument_types_are_one_error_before_any_compute(
   assert message in str(info.value) and "\n" not in str(info.value)
   if error is TypeError:  # shown as one line by the command line too
     assert isinstance(info.value, inference.ArgumentTypeError)
+
+
+def test_num_return_sequences_beyond_host_memory_is_one_line(lm,
+                                                            monkeypatch):
+  """The prompts' rows repeated num_return_sequences times: numpy's
+  MemoryError or OverflowError traceback, now one ValueError naming it."""
+  monkeypatch.setattr(lm, "compile", lambda *a, **k: pytest.fail(
+      "compiled for rows that cannot exist"))
+  for copies in (2**50, 2**70):
+    with pytest.raises(ValueError, match=rf"^num_return_sequences={copies}: "
+                       rf"{copies} rows of \d+ tokens do not fit in this "
+                       "host's memory"):
+      lm.generate("w3", max_new_tokens=4, num_return_sequences=copies)
 
 
 def test_api_accepts_integer_like_seeds_and_batches(lm):

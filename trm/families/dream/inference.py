@@ -199,7 +199,14 @@ def check_batch_and_seed(batch_size, seed, num_prompts: int) -> None:
   if not _is_int(seed):
     raise ArgumentTypeError(f"seed={seed!r} is a {type(seed).__name__}: pass "
                             "an integer.")
-  batches = -(-num_prompts // (batch_size or num_prompts))
+  size = batch_size or num_prompts
+  batches = -(-num_prompts // size)
+  if batches > SEED_LIMIT:  # no seed fits: the count, not the seed, is wrong
+    raise ValueError(
+        f"{num_prompts} sequences (prompts x num_return_sequences) in batches"
+        f" of batch_size={size} make {batches} batches, more than the "
+        f"{SEED_LIMIT} seeds (batch n samples with seed + n): raise "
+        "batch_size or lower num_return_sequences.")
   if not 0 <= seed <= SEED_LIMIT - batches:
     raise ValueError(
         f"seed={seed}: must lie in [0, {SEED_LIMIT - batches}] (batch n "
@@ -858,7 +865,13 @@ class DiffusionLM:
     if copies > 1:
       # Hugging Face's order (`repeat_interleave`): each prompt's copies
       # together.
-      ids, mask = np.repeat(ids, copies, 0), np.repeat(mask, copies, 0)
+      try:
+        ids, mask = np.repeat(ids, copies, 0), np.repeat(mask, copies, 0)
+      except (MemoryError, OverflowError):  # numpy's traceback otherwise
+        raise ValueError(
+            f"num_return_sequences={copies}: {count} rows of {ids.shape[1]} "
+            "tokens do not fit in this host's memory; lower "
+            "num_return_sequences (or pass fewer prompts).") from None
     # The bucket's extra pad columns, cut from what is returned.
     extra = ids.shape[1] - padded_width(longest, **widths)
     size = batch_size or count
