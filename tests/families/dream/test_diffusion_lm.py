@@ -151,6 +151,12 @@ def test_jsonl_pairs_train(tmp_path):
     # 2 rows per micro-batch over the data x fsdp = 4 batch devices.
     ({"gradient_accumulation_steps": 8},
      "= 2 rows per micro-batch must be a multiple of the data-parallel size 4"),
+    # Synthetic held-out rows are made a batch at a time: -5 was "0 held-out
+    # rows", 2**40 numpy's MemoryError (8 TiB made up front).
+    ({"data.source": "synthetic", "data.eval_rows": -5},
+     r"config.data.eval_rows=-5 must be a positive integer below 2\*\*31"),
+    ({"data.source": "synthetic", "data.eval_rows": 2**40},
+     r"config.data.eval_rows=1099511627776 must be a positive integer"),
     ({"data.source": "hub"}, "config.data.source='hub' must be 'files'"),
 ])
 def test_bad_configs_fail_before_compiling(tmp_path, code_glob, overrides,
@@ -186,6 +192,10 @@ def test_synthetic_rows_need_no_tokenizer_or_files(tmp_path):
   held = task.eval_source[1]
   assert held["tokens"].shape == (8, 64) and len(task.eval_source) == 2
   assert (held["tokens"] != tokens[8:16]).mean() > 0.9  # another stream
+  # Made a batch at a time: rows 8..15 of stream 1, indexed as such.
+  np.testing.assert_array_equal(
+      held["tokens"], sft.synthetic_rows(8, 8, 64, 512, 500, split=1)[0])
+  np.testing.assert_array_equal(held["row"], np.arange(8, 16))
 
 
 def _workdir_params(workdir):

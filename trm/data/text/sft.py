@@ -393,27 +393,34 @@ class SFTEvalBatches:
                max_batches: int = -1, process_index: int = 0,
                process_count: int = 1, source: str = "",
                more: str = "hold out more rows (data.eval_rows)"):
-    count = len(tokens) // global_batch_size
+    self._set_count(len(tokens), global_batch_size, max_batches, source,
+                    more)
+    self.tokens, self.maskable = tokens, maskable
+    self.global_batch_size = global_batch_size
+    self.local = global_batch_size // process_count
+    self.offset = process_index * self.local
+
+  def _set_count(self, num_rows: int, global_batch_size: int,
+                 max_batches: int, source: str, more: str) -> None:
+    """self.count: the eval batches `num_rows` held-out rows fill (at most
+    `max_batches`; -1: all); one line if they fill none."""
+    count = num_rows // global_batch_size
     if count == 0:
       # `source` and `more`: where the rows came from and how to get more
       # (`row_sources`): data.eval_rows means nothing beside data.eval_path.
       of = f" ({source})" if source else ""
-      raise ValueError(f"{len(tokens)} held-out rows{of} cannot fill one "
+      raise ValueError(f"{num_rows} held-out rows{of} cannot fill one "
                        "eval batch of config.data.eval_batch_size="
                        f"{global_batch_size}; {more} or lower "
                        "config.data.eval_batch_size.")
     self.count = count if max_batches < 0 else min(count, max_batches)
-    left_out = len(tokens) - count * global_batch_size
+    left_out = num_rows - count * global_batch_size
     if left_out and self.count == count:  # not cut by max_batches anyway
       logging.warning(
           "%d held-out rows fill %d eval batches of config.data."
           "eval_batch_size=%d: the last %d are left out of every evaluation."
           " Hold out a multiple of it (data.eval_rows) to evaluate them all.",
-          len(tokens), count, global_batch_size, left_out)
-    self.tokens, self.maskable = tokens, maskable
-    self.global_batch_size = global_batch_size
-    self.local = global_batch_size // process_count
-    self.offset = process_index * self.local
+          num_rows, count, global_batch_size, left_out)
 
   def __len__(self):
     return self.count
@@ -431,6 +438,44 @@ class SFTEvalBatches:
     # "row": each row's index among the held-out rows, which seeds its noise
     # (`trm.families.dream.steps.eval_step`).
     return {"tokens": self.tokens[rows], "maskable": self.maskable[rows],
+            "row": np.arange(start, start + self.local, dtype=np.int32)}
+
+
+class SyntheticEvalBatches(SFTEvalBatches):
+  """`SFTEvalBatches` of config.data.eval_rows synthetic rows of stream 1
+  (`synthetic_rows`; config.data.source='synthetic'), made a batch at a
+  time: made whole up front, a large eval_rows was numpy's MemoryError (or
+  the host's memory) before anything ran."""
+
+  def __init__(self, num_rows: int, *, seq_len: int, vocab_size: int,
+               mask_token_id: int, global_batch_size: int,
+               max_batches: int = -1, process_index: int = 0,
+               process_count: int = 1):
+    # Below 2**31: each row's index, which seeds its noise, is an int32
+    # ("row").
+    if isinstance(num_rows, bool) or not isinstance(num_rows, int) or not (
+        0 < num_rows < 2**31):
+      raise ValueError(f"config.data.eval_rows={num_rows!r} must be a "
+                       "positive integer below 2**31 (the synthetic "
+                       "held-out rows).")
+    self._set_count(num_rows, global_batch_size, max_batches,
+                    "config.data.source='synthetic'",
+                    "raise config.data.eval_rows")
+    self.row_args = (seq_len, vocab_size, mask_token_id, 1)
+    self.num_rows, self.global_batch_size = num_rows, global_batch_size
+    self.local = global_batch_size // process_count
+    self.offset = process_index * self.local
+
+  def fingerprint(self) -> str:
+    return "synthetic-eval-{}-{}-{}-{}-{}".format(self.num_rows,
+                                                  *self.row_args)
+
+  def __getitem__(self, k):
+    if not 0 <= k < self.count:
+      raise IndexError(k)
+    start = k * self.global_batch_size + self.offset
+    tokens, maskable = synthetic_rows(start, self.local, *self.row_args)
+    return {"tokens": tokens, "maskable": maskable,
             "row": np.arange(start, start + self.local, dtype=np.int32)}
 
 

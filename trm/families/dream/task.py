@@ -87,13 +87,9 @@ def _sources(config, cfg: dream.DreamConfig, init: str):
         global_batch_size=config.global_batch_size,
         num_batches=config.total_steps, **shape, **process)
     # The held-out rows: data.eval_rows rows of another stream.
-    eval_source = sft.SFTEvalBatches(
-        *sft.synthetic_rows(0, max(config.data.eval_rows, 0), split=1,
-                            **shape),
-        global_batch_size=config.data.eval_batch_size,
-        max_batches=config.data.max_eval_batches,
-        source="config.data.source='synthetic'",
-        more="raise config.data.eval_rows", **process)
+    eval_source = sft.SyntheticEvalBatches(
+        config.data.eval_rows, global_batch_size=config.data.eval_batch_size,
+        max_batches=config.data.max_eval_batches, **shape, **process)
     return train_source, eval_source
   # trm.main has no --checkpoint: a missing tokenizer.json names the field.
   tokenizer = tok_lib.from_spec(tokenizer_spec(config, init), cfg,
