@@ -800,7 +800,8 @@ class DiffusionLM:
     `num_return_sequences` completions of each prompt, as Hugging Face's
     generate and Dream's `diffusion_generate` return them: each prompt's
     consecutively (p0, p0, p1, p1, ...), each its own draw (each row of a
-    batch draws its own noise; with temperature 0 and no `alg_temp` the
+    batch draws its own noise; with temperature 0, no `alg_temp` and an
+    `alg` other than 'origin', whose order of unmasking is drawn, the
     copies are equal). Rows, not prompts, then fill the batches of
     `batch_size`; batch n samples with seed + n, so a fixed seed gives the
     same rows again.
