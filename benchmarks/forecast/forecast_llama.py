@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # First: it points JAX at compile-only TPU devices before jax loads, and puts
 # the repository on the path.
 import forecast_maxtext  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.core import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.data import atomic_files  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -128,6 +129,15 @@ def parse_args(argv=None):
   if not 0.0 < args.efficiency <= 1.0:
     raise SystemExit(f"--efficiency={args.efficiency}: a fraction of peak, "
                      "above 0 and at most 1.")
+  if args.json is not None:  # written after minutes of compiling
+    if not args.json or args.json.endswith(os.sep) or os.path.isdir(
+        args.json):
+      raise SystemExit(f"--json={args.json!r}: name a file to write the "
+                       "rows to.")
+    try:
+      cli.check_writable_ancestor(args.json, "--json")
+    except ValueError as e:
+      raise SystemExit(str(e)) from None
   args.names = names
   return args
 

@@ -40,9 +40,15 @@ def test_the_proxys_flop_count_is_maxtexts_llama_count(script):
     (["--run=v5e,v4"], "--run: unknown ['v4']"),
     (["--efficiency=0"], "--efficiency=0.0: a fraction of peak"),
     (["--efficiency=1.5"], "--efficiency=1.5: a fraction of peak"),
+    (["--json="], "--json='': name a file to write the rows to"),
+    (["--json=/"], "--json='/': name a file to write the rows to"),
+    (["--json=/dev/null/rows.json"], "--json=/dev/null/rows.json: /dev/null "
+     "is a file, so nothing can be written under it"),
 ])
 def test_bad_flags_stop_before_compiling(script, monkeypatch, flags,
                                          message):
+  """Also --json, written after the compiles: a path it cannot write
+  was a traceback after minutes of compiling."""
   monkeypatch.setattr(script.plan, "compile_row", lambda *a: pytest.fail(
       "compiled before checking its flags"))
   with pytest.raises(SystemExit, match=message.replace("[", r"\[")
