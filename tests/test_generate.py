@@ -883,7 +883,8 @@ def test_api_errors_name_arguments_and_the_cli_names_flags(checkpoint,
 
 
 
-def test_api_checkpoint_step_errors_name_checkpoint_step(tmp_path):
+def test_api_checkpoint_step_errors_name_checkpoint_step(tmp_path,
+                                                         checkpoint):
   """`DiffusionLM.from_pretrained(checkpoint_step=...)` answered with the
   tools' flag ("--step=5: ...", "Pass --step=latest", "e.g. --step=2000"),
   which a Python caller never passed; the tools still say --step."""
@@ -911,6 +912,13 @@ def test_api_checkpoint_step_errors_name_checkpoint_step(tmp_path):
                      r"latest\.$"):
     inference.DiffusionLM.from_pretrained(workdir, checkpoint_step=5,
                                           names=inference.CLI_NAMES)
+  # Hugging Face weights: the value is parsed as for a workdir ('Latest'
+  # was refused there, 'x' said it chooses among a workdir's steps).
+  with pytest.raises(ValueError, match=r"^checkpoint_step='x': 'x' is none "
+                     "of latest, best"):
+    inference.DiffusionLM.from_pretrained(checkpoint, checkpoint_step="x")
+  assert inference.DiffusionLM.from_pretrained(
+      checkpoint, checkpoint_step="Latest").source == checkpoint
 
 def test_dir_of_trm_lists_diffusion_lm():
   """Tab completion (`trm.<TAB>`, dir(trm)) did not offer DiffusionLM,

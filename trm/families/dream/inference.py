@@ -985,14 +985,17 @@ def load_params(checkpoint: str, cfg, shardings,
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
   from trm.families.dream import hf_import  # pylint: disable=g-import-not-at-top
   saved = os.path.join(checkpoint, "checkpoints")
+  choice = None
+  if checkpoint_step is not None:
+    # Parsed whatever the weights are ('Latest' is 'latest' for both).
+    try:
+      choice = cli.parse_step(checkpoint_step, step_name)
+    except ValueError as e:
+      raise ValueError(f"{cli.step_spelling(step_name)(checkpoint_step)}: "
+                       f"{e}.") from None
   if os.path.isdir(saved):
     check_dream_workdir(checkpoint)
-    if checkpoint_step is not None:
-      try:
-        choice = cli.parse_step(checkpoint_step, step_name)
-      except ValueError as e:
-        raise ValueError(f"{cli.step_spelling(step_name)(checkpoint_step)}: "
-                         f"{e}.") from None
+    if choice is not None:
       checkpoint_step = ckpt_lib.choose_step(saved, choice, step_name)
     abstract = state_lib.with_shardings(
         meta.unbox(dream.abstract_params(cfg)), shardings)
@@ -1000,7 +1003,7 @@ def load_params(checkpoint: str, cfg, shardings,
                                            step=checkpoint_step,
                                            family="DiffuCoder/Dream")
     return fields["params"], f"{saved} step {step}"
-  if checkpoint_step not in (None, "latest"):
+  if choice not in (None, "latest"):
     raise ValueError(f"{cli.step_spelling(step_name)(checkpoint_step)} "
                      "chooses among the checkpoints of a trm.main workdir; "
                      f"{checkpoint} is not one (it has no checkpoints/ "
