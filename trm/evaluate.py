@@ -440,6 +440,12 @@ def evaluate_code(config, checkpoint: str):
         f"--step={_STEP.value}: --score_only rescores the samples file as "
         "written and reads no checkpoint; drop --step (with --benchmark and "
         "--checkpoint it chooses the checkpoint that generates samples).")
+  if _SCORE_ONLY.value is not None and checkpoint:
+    # Ignored as --step was: the file was scored, not these weights.
+    raise ValueError(
+        f"--checkpoint={checkpoint}: --score_only rescores the samples file "
+        "as written and loads no model; drop --checkpoint (with --benchmark "
+        "it names the weights that generate samples).")
   limits, workers, output = code_settings()
   if _SCORE_ONLY.value is not None:
     return score_only(benchmark, _K.value, limits, workers, output)

@@ -738,6 +738,10 @@ _BAD_INPUT = [
     (["--score_only=setup.py", "--step=10"], "--step=10: --score_only "
      "rescores the samples file as written and reads no checkpoint; drop "
      "--step"),
+    # --checkpoint was ignored too (the fixture gives the others none).
+    (["--score_only=setup.py", "--checkpoint=/nonexistent"],
+     "--checkpoint=/nonexistent: --score_only rescores the samples file as "
+     "written and loads no model; drop --checkpoint"),
     # The samples file is rewritten with the scores: never over --config.
     (["--score_only=configs/diffucoder_7b.py"], "the samples file "
      "configs/diffucoder_7b.py is --config=configs/diffucoder_7b.py"),
@@ -756,7 +760,10 @@ _BAD_INPUT = [
 @pytest.fixture(scope="module")
 def bad_input_runs(tmp_path_factory):
   """Every case of test_bad_input_is_one_line, run in one batch."""
-  cases = [["--checkpoint=/nonexistent", *flags] for flags, _ in _BAD_INPUT]
+  # --score_only loads no model: its cases give --checkpoint where tested.
+  cases = [flags if any(f.startswith("--score_only") for f in flags)
+           else ["--checkpoint=/nonexistent", *flags]
+           for flags, _ in _BAD_INPUT]
   results = _evaluate_forked(cases, tmp_path_factory.mktemp("bad_input"))
   return {tuple(flags): result
           for (flags, _), result in zip(_BAD_INPUT, results)}
