@@ -52,6 +52,7 @@ def get_config(arg=None):
       path="",                  # JSONL file, or a glob of code files
       eval_path="",             # held-out data, same format; '' = hold out
       eval_rows=64,             # rows of `path` held out when eval_path is ''
+                                # (synthetic: the held-out stream's rows)
       tokenizer="",             # dir with tokenizer.json, or 'bytes';
                                 # '' = init_checkpoint's directory
       prompt_key="prompt",      # JSONL field of the prompt
