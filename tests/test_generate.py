@@ -920,6 +920,24 @@ def test_api_checkpoint_step_errors_name_checkpoint_step(tmp_path,
   assert inference.DiffusionLM.from_pretrained(
       checkpoint, checkpoint_step="Latest").source == checkpoint
 
+def test_a_run_without_a_tokenizer_names_the_argument_to_pass(tmp_path):
+  """A run that read no tokenizer (data.source='synthetic'): the error
+  said 'pass tokenizer=.' to trm.generate too, whose flag is
+  --tokenizer."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  os.makedirs(tmp_path / "checkpoints" / "3")
+  config = config_lib.set_values(_tiny_config(), {
+      "data.source": "synthetic", "data.tokenizer": "",
+      "init_checkpoint": ""})
+  (tmp_path / "config.json").write_text(config.to_json())
+  for names, spelled in ((inference.API_NAMES, "tokenizer="),
+                         (inference.CLI_NAMES, "--tokenizer=")):
+    with pytest.raises(ValueError, match=r"names no tokenizer \(data\."
+                       rf"tokenizer, init_checkpoint\); pass {spelled}<a "
+                       "directory with tokenizer.json, or 'bytes'>"):
+      inference.DiffusionLM.from_pretrained(str(tmp_path), names=names)
+
+
 def test_dir_of_trm_lists_diffusion_lm():
   """Tab completion (`trm.<TAB>`, dir(trm)) did not offer DiffusionLM,
   which module __getattr__ gives."""

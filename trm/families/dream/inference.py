@@ -645,7 +645,7 @@ class DiffusionLM:
           **({"dtype": dtype} if dtype else {}),
           # It was dropped without a word (the run's float32 restored).
           **({"param_dtype": param_dtype} if param_dtype else {})))
-      spec = tokenizer or _run_tokenizer(run, path)
+      spec = tokenizer or _run_tokenizer(run, path, names.tokenizer)
       tok = tok_lib.from_spec(spec, cfg)
       positions = int(run.seq_len) if "seq_len" in run else None
     elif tokenizer == "bytes":  # the mask id must come from config.json
@@ -919,15 +919,21 @@ class DiffusionLM:
     return Generation(completions, tokens, prompt_len, history)
 
 
-def _run_tokenizer(run, workdir: str) -> str:
+def _run_tokenizer(run, workdir: str, name: str = "tokenizer") -> str:
+  """The tokenizer the run in `workdir` trained with; `name`: how the
+  error spells the argument that supplies one (`tokenizer` from the API,
+  --tokenizer from the tools)."""
   spec = run.data.get("tokenizer", "") if "data" in run else ""
   if not spec:
     # A run started from a Hub id: its tokenizer from the Hub cache.
     spec = fetch_hub_id(run.get("init_checkpoint", ""),
                         files=TOKENIZER_HUB_FILES)
   if not spec:
+    # e.g. data.source='synthetic' (hashed ids): any tokenizer whose ids
+    # fit the vocabulary decodes them.
     raise ValueError(f"The run in {workdir} names no tokenizer "
-                     "(data.tokenizer, init_checkpoint); pass tokenizer=.")
+                     f"(data.tokenizer, init_checkpoint); pass {name}=<a "
+                     "directory with tokenizer.json, or 'bytes'>.")
   return spec
 
 
