@@ -166,6 +166,25 @@ def test_bad_configs_fail_before_compiling(tmp_path, code_glob, overrides,
                              str(tmp_path), families.build_task)
 
 
+def test_data_seed_orders_the_rows_and_follows_seed_by_default(tmp_path,
+                                                              code_glob):
+  """config.data_seed draws the row order (-1: config.seed's, as before the
+  field); config.seed alone then leaves the data as data_seed set it."""
+  def first_rows(**overrides):
+    config = tiny_config(code_glob, **overrides)
+    task = families.build_task(config, str(tmp_path),
+                               mesh_lib.ShardingContext.from_config(config))
+    return np.asarray(task.train_source[0]["tokens"])
+
+  default = first_rows()
+  np.testing.assert_array_equal(default, first_rows(data_seed=0))
+  by_data_seed = first_rows(data_seed=5)
+  assert not np.array_equal(default, by_data_seed)
+  np.testing.assert_array_equal(by_data_seed, first_rows(seed=5))
+  np.testing.assert_array_equal(by_data_seed,
+                                first_rows(seed=1, data_seed=5))
+
+
 def test_synthetic_rows_need_no_tokenizer_or_files(tmp_path):
   """data.source='synthetic': hashed rows of the configured shape, never
   <|mask|>, each process its share of the same global batch."""
