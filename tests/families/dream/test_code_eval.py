@@ -808,11 +808,14 @@ def test_samples_never_overwrite_the_benchmark_file(mbpp_file, tmp_path):
   code_eval.write_samples(samples, code_eval.records_for(
       problems, [[p.solution] for p in problems], "mbpp"))
   os.symlink(mbpp_file, tmp_path / "link.jsonl")
-  runs = [["--checkpoint=/nonexistent", run, "--workers=1",
-           f"--benchmark_path={mbpp_file}", f"--output={output}"]
-          for output, run in ((mbpp_file, f"--score_only={samples}"),
-                              (mbpp_file, "--benchmark=mbpp"),
-                              (tmp_path / "link.jsonl", "--benchmark=mbpp"))]
+  # --score_only loads no model, so it takes no --checkpoint.
+  runs = [[*run, "--workers=1", f"--benchmark_path={mbpp_file}",
+           f"--output={output}"]
+          for output, run in (
+              (mbpp_file, [f"--score_only={samples}"]),
+              (mbpp_file, ["--checkpoint=/nonexistent", "--benchmark=mbpp"]),
+              (tmp_path / "link.jsonl",
+               ["--checkpoint=/nonexistent", "--benchmark=mbpp"]))]
   (tmp_path / "runs").mkdir()
   for result in _evaluate_forked(runs, tmp_path / "runs", config=False):
     assert result.returncode == 2, result.stderr[-3000:]
