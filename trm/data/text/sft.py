@@ -393,17 +393,19 @@ class SFTEvalBatches:
                max_batches: int = -1, process_index: int = 0,
                process_count: int = 1, source: str = "",
                more: str = "hold out more rows (data.eval_rows)"):
-    self._set_count(len(tokens), global_batch_size, max_batches, source,
-                    more)
+    self._set_batches(len(tokens), global_batch_size, max_batches,
+                      process_index, process_count, source, more)
     self.tokens, self.maskable = tokens, maskable
+
+  def _set_batches(self, num_rows: int, global_batch_size: int,
+                   max_batches: int, process_index: int, process_count: int,
+                   source: str, more: str) -> None:
+    """self.count: the eval batches `num_rows` held-out rows fill (at most
+    `max_batches`; -1: all; one line if they fill none), and this
+    process's share of each."""
     self.global_batch_size = global_batch_size
     self.local = global_batch_size // process_count
     self.offset = process_index * self.local
-
-  def _set_count(self, num_rows: int, global_batch_size: int,
-                 max_batches: int, source: str, more: str) -> None:
-    """self.count: the eval batches `num_rows` held-out rows fill (at most
-    `max_batches`; -1: all); one line if they fill none."""
     count = num_rows // global_batch_size
     if count == 0:
       # `source` and `more`: where the rows came from and how to get more
@@ -430,14 +432,19 @@ class SFTEvalBatches:
     holds the same)."""
     return _rows_fingerprint(self.tokens, self.maskable)
 
+  def _rows(self, start: int):
+    """(tokens, maskable) of held-out rows start .. start + local - 1."""
+    rows = slice(start, start + self.local)
+    return self.tokens[rows], self.maskable[rows]
+
   def __getitem__(self, k):
     if not 0 <= k < self.count:
       raise IndexError(k)
     start = k * self.global_batch_size + self.offset
-    rows = slice(start, start + self.local)
+    tokens, maskable = self._rows(start)
     # "row": each row's index among the held-out rows, which seeds its noise
     # (`trm.families.dream.steps.eval_step`).
-    return {"tokens": self.tokens[rows], "maskable": self.maskable[rows],
+    return {"tokens": tokens, "maskable": maskable,
             "row": np.arange(start, start + self.local, dtype=np.int32)}
 
 
@@ -458,25 +465,19 @@ class SyntheticEvalBatches(SFTEvalBatches):
       raise ValueError(f"config.data.eval_rows={num_rows!r} must be a "
                        "positive integer below 2**31 (the synthetic "
                        "held-out rows).")
-    self._set_count(num_rows, global_batch_size, max_batches,
-                    "config.data.source='synthetic'",
-                    "raise config.data.eval_rows")
+    self._set_batches(num_rows, global_batch_size, max_batches,
+                      process_index, process_count,
+                      "config.data.source='synthetic'",
+                      "raise config.data.eval_rows")
     self.row_args = (seq_len, vocab_size, mask_token_id, 1)
-    self.num_rows, self.global_batch_size = num_rows, global_batch_size
-    self.local = global_batch_size // process_count
-    self.offset = process_index * self.local
+    self.num_rows = num_rows
 
   def fingerprint(self) -> str:
     return "synthetic-eval-{}-{}-{}-{}-{}".format(self.num_rows,
                                                   *self.row_args)
 
-  def __getitem__(self, k):
-    if not 0 <= k < self.count:
-      raise IndexError(k)
-    start = k * self.global_batch_size + self.offset
-    tokens, maskable = synthetic_rows(start, self.local, *self.row_args)
-    return {"tokens": tokens, "maskable": maskable,
-            "row": np.arange(start, start + self.local, dtype=np.int32)}
+  def _rows(self, start: int):
+    return synthetic_rows(start, self.local, *self.row_args)
 
 
 def chat_pair_ids(pairs, tokenizer, chat: bool):
