@@ -356,16 +356,15 @@ def starting_state(config, source, program, ctx):
   if newest is None:
     raise FileNotFoundError(f"{INIT_NAME}={path!r}: {directory} holds no "
                             "checkpoint; point it at a trained workdir.")
-  weights = _evaluated_weights(config, path, os.path.join(directory,
-                                                          str(newest)))
+  step_dir = os.path.join(directory, str(newest))
+  weights = _evaluated_weights(config, path, step_dir)
   fields = {k: getattr(abstract, k) for k in (weights, "buffers",
                                               "puzzle_emb")}
-  saved = restore_check.saved_shapes(os.path.join(directory, str(newest)))
+  saved = restore_check.saved_shapes(step_dir)
   saved_table = (saved or {}).get("puzzle_emb/weights")
   if fields["puzzle_emb"] and saved_table is not None:
     target = fields["puzzle_emb"]["weights"]
-    _check_puzzle_width(saved_table, target.shape,
-                        os.path.join(directory, str(newest)))
+    _check_puzzle_width(saved_table, target.shape, step_dir)
     fields["puzzle_emb"] = {"weights": jax.ShapeDtypeStruct(
         saved_table, target.dtype, sharding=target.sharding)}
   try:
