@@ -195,6 +195,14 @@ CASES = [
      "'wb') as f:\n        f.write(b'x' * (1 << 20))\n    n += 1\n", DISK),
     ("one_huge_file", "with open('big', 'wb') as f:\n    while True:\n"
      "        f.write(b'x' * (1 << 20))\n", OUTPUT),
+    # stdout and stderr were the parent's files on the host's disk, and
+    # fallocate(FALLOC_FL_KEEP_SIZE) reserves blocks past RLIMIT_FSIZE (the
+    # size stays 0): 64 MB each here at max_file_mb=4, the whole disk for a
+    # hostile program. Passes only if both reservations were granted.
+    ("fallocate_past_output_limit", LIBC + "for fd in (1, 2):\n    if libc."
+     "fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(64 << 20)) != 0:\n"
+     "        raise OSError(ctypes.get_errno(), f'fallocate({fd})')\n" + GOOD,
+     OUTPUT),
     ("inode_bomb", "n = 0\nwhile True:\n    open(str(n), 'w').close()\n"
      "    n += 1\n", DISK),
     # ---- writes outside its directory
@@ -400,6 +408,7 @@ DETAILS = {
     "fill_disk": "No space left on device",
     "fill_dev_shm": "No space left on device",
     "one_huge_file": "File too large", "inode_bomb": "No space left",
+    "fallocate_past_output_limit": "[Errno 27] fallocate(1)",
     "write_etc": ROFS, "write_usr": ROFS, "write_python_prefix": ROFS,
     "write_root_dir": ROFS, "overwrite_checks": ROFS, "chmod_dev_null": ROFS,
     "write_proc_sys": ROFS, "read_repo": MISSING, "list_work": MISSING,

@@ -24,7 +24,9 @@ warning line and the guards only):
   dies with the namespace's init when the sample ends or times out;
 - a minimal root: read-only /usr, /lib*, the interpreter's prefix, a tiny
   /etc, and one writable tmpfs at /tmp of `disk_mb` (the quota); nothing
-  else of the host (home, /work, /tmp, the project, checkpoints) exists;
+  else of the host (home, /work, /tmp, the project, checkpoints) exists,
+  and no fd of a host file is handed over (stdout and stderr are files on
+  a tmpfs of their own: fallocate reserves disk past RLIMIT_FSIZE);
 - no capabilities: as root the program runs as an unprivileged uid of its
   own (one per concurrent sample); otherwise as the user namespace's root
   with every capability dropped; no_new_privs; so no setns, mount or

@@ -11,7 +11,9 @@ unshare(2) and forks the new PID namespace's init (pid 1), which
     (read-only binds of /usr, the /bin /lib* links, the interpreter's
     prefix; a tiny /etc; /dev/null and friends; a read-only /proc; one
     writable tmpfs of `disk` bytes at /tmp) and pivots into it, detaching
-    the old root, so no other file of the host is reachable;
+    the old root, so no other file of the host is reachable, and gives the
+    program stdout and stderr files on a detached tmpfs of their own (not
+    the host's files, whose ends it copies there afterwards);
   - forks the program, which sets its rlimits, drops every capability
     (mode "root": to a per-sample unprivileged uid; mode "user": to root of
     the user namespace with no capabilities) and execs the interpreter with
@@ -52,6 +54,9 @@ KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 REPORT_BYTES = 65536  # read from the program's report pipe at most
+# Of the program's stdout and stderr, copied to ours after it ends (the
+# parent reads the last 4 KB of stderr).
+OUTPUT_TAIL_BYTES = 65536
 
 # The program's first code: fd 3 holds the nonce, a newline and the checks
 # (no file the program could read their expected answers from); fd 4 takes
@@ -184,7 +189,8 @@ def _write(path, text, mode=0o644, flags=os.O_CREAT | os.O_TRUNC):
 
 
 def _build_root(payload):
-  """The minimal root at payload["mountpoint"]; pivots into it."""
+  """The minimal root at payload["mountpoint"]; pivots into it. Returns the
+  fds of the program's stdout and stderr (`_output_files`)."""
   new = payload["mountpoint"]
   uid, gid = payload["program_ids"]
   os.umask(0o022)
@@ -246,6 +252,7 @@ def _build_root(payload):
   box = os.path.join(new, "sandbox")
   os.mkdir(box, 0o755)
   _write(f"{box}/solution.py", payload["solution"])
+  outputs = _output_files(os.path.join(new, "output"), payload)
   _mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
   number = PIVOT_ROOT.get(platform.machine())
   if number is None:
@@ -259,6 +266,40 @@ def _build_root(payload):
     _call("sethostname", b"sandbox", 7)
   except SetupError:
     pass
+  return outputs
+
+
+def _output_files(where, payload):
+  """Fds of two files (stdout, stderr) on a tmpfs of their own, mounted at
+  `where` and detached at once: only these fds reach it. The parent's
+  files on the host's disk are not handed to the program, because
+  fallocate(FALLOC_FL_KEEP_SIZE) reserves blocks without growing the file,
+  past RLIMIT_FSIZE: a program reserved 256 MB of the host's disk through
+  its stdout at max_file_mb=4, and could have taken all of it. A
+  reservation now ends at this tmpfs's size."""
+  os.mkdir(where, 0o700)
+  size = 2 * payload["limits"]["file"] + (1 << 20)
+  _mount("tmpfs", where, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+         f"size={size},nr_inodes=16,mode=0700")
+  fds = [os.open(os.path.join(where, name), os.O_RDWR | os.O_CREAT
+                 | os.O_EXCL, 0o600) for name in ("stdout", "stderr")]
+  _call("umount2", _bytes(where), MNT_DETACH)
+  os.rmdir(where)
+  return fds
+
+
+def _copy_tails(outputs):
+  """The last OUTPUT_TAIL_BYTES of the program's stdout and stderr files to
+  our own (the parent's files)."""
+  for source, target in zip(outputs, (1, 2)):
+    try:
+      end = os.fstat(source).st_size
+      data = memoryview(os.pread(source, OUTPUT_TAIL_BYTES,
+                                 max(0, end - OUTPUT_TAIL_BYTES)))
+      while data:
+        data = data[os.write(target, data):]
+    except OSError:
+      pass  # best effort: only the report decides the outcome
 
 
 def _program_files(payload):
@@ -325,8 +366,9 @@ def _limit(kind, value):
   resource.setrlimit(kind, (value, value))
 
 
-def _start_program(payload, nonce_read, report_write):
-  """In the forked child: limits, privileges, fds, then exec. A failure is
+def _start_program(payload, nonce_read, report_write, outputs):
+  """In the forked child: limits, privileges, fds, then exec. `outputs`:
+  the fds of its stdout and stderr, or () to keep ours. A failure is
   reported as "unstarted <nonce> <why>" (a line the program cannot write:
   exit status 126 and a message on stderr it could)."""
   report = report_write
@@ -348,8 +390,8 @@ def _start_program(payload, nonce_read, report_write):
     null = os.open("/dev/null", os.O_RDONLY)
     # Via copies above 9, so that no dup2 overwrites a source still needed.
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
-            for fd in (null, nonce_read, report_write)]
-    for fd, target in zip(high, (0, 3, 4)):
+            for fd in (null, nonce_read, report_write, *outputs)]
+    for fd, target in zip(high, (0, 3, 4, 1, 2)):
       os.dup2(fd, target)  # inheritable
     report = 4
     os.closerange(5, 1 << 16)
@@ -385,8 +427,10 @@ def _default_signals():
       pass
 
 
-def _supervise(payload, report_fd):
-  """Runs the program and writes the report; returns nothing."""
+def _supervise(payload, report_fd, outputs=()):
+  """Runs the program and writes the report; returns nothing. `outputs`:
+  the fds of the program's stdout and stderr (`_output_files`), or () for
+  ours."""
   nonce_read, nonce_write = os.pipe()
   report_read, report_write = os.pipe()
   child = os.fork()
@@ -394,7 +438,7 @@ def _supervise(payload, report_fd):
     os.close(nonce_write)
     os.close(report_read)
     os.close(report_fd)
-    _start_program(payload, nonce_read, report_write)
+    _start_program(payload, nonce_read, report_write, outputs)
   os.close(nonce_read)
   os.close(report_write)
   message = memoryview(payload["nonce"].encode("ascii") + b"\n" + (
@@ -415,6 +459,7 @@ def _supervise(payload, report_fd):
       continue
     if pid == child:
       status = value
+  _copy_tails(outputs)
   os.set_blocking(report_read, False)
   data = b""
   while len(data) < REPORT_BYTES:
@@ -483,11 +528,11 @@ def main(argv):
       # A session of our own: killpg(0) from the program cannot reach the
       # process outside the namespace.
       os.setsid()
-      _build_root(payload)
+      outputs = _build_root(payload)
     except (SetupError, OSError) as error:
       _report(report_fd, setup_error=str(error))
       os._exit(3)  # pylint: disable=protected-access
-    _supervise(payload, report_fd)
+    _supervise(payload, report_fd, outputs)
     os._exit(0)  # pylint: disable=protected-access
   os.close(report_fd)
   # The parent's SIGTERM (its timeout): kill the namespace's init and wait,
