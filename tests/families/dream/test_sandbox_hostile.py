@@ -180,6 +180,8 @@ CASES = [
     ("surrogates_in_message", "raise ValueError('\\udcff\\ud800 bad')\n",
      ERROR),
     ("huge_message", "raise ValueError('x' * 10 ** 7)\n", ERROR),
+    ("non_ascii_message", "raise KeyError('na\u00efve \u2026 \u00c5')\n",
+     ERROR),
     ("unprintable_exception", "class E(Exception):\n    def __str__(self):\n"
      "        raise RuntimeError('no')\nraise E()\n", ERROR),
     ("null_bytes_in_source", "def add(a, b):\n    return a + b\x00\n", ERROR),
@@ -402,6 +404,8 @@ DETAILS = {
     "(KeyboardInterrupt)", "huge_stdout": "File too large",
     "huge_binary_stderr": "File too large", "invalid_utf8_output": ASSERTION,
     "surrogates_in_message": "ValueError: ", "huge_message": "ValueError: xxx",
+    # whole and readable (it came back as "KeyError: 'naÃ¯ve â\x80¦ Ã")
+    "non_ascii_message": "failed: KeyError: 'na\u00efve \u2026 \u00c5'",
     "unprintable_exception": "failed: E", "null_bytes_in_source":
     "cannot contain null bytes", "lone_surrogate_in_source": ASSERTION,
     "read_stdin": ASSERTION, "delete_cwd": ROFS, "chmod_cwd_000": ASSERTION,

@@ -456,7 +456,11 @@ def _classify(report: Optional[dict], nonce: str, returncode: int,
     return False, "sandbox_error", (
         f"failed: sandbox error (no report; exit status {returncode})"
         + (f": {last}" if last else ""))
-  lines = report["report"].splitlines()
+  # The pipe's bytes come as latin-1 (every byte kept through JSON); the
+  # bootstrap wrote its lines in UTF-8. Split as latin-1, "Å" (C3 85) ended
+  # a line at its NEL byte and messages came back as mojibake ("naÃ¯ve").
+  lines = report["report"].encode("latin-1").decode(
+      "utf-8", "replace").splitlines()
   code = os.waitstatus_to_exitcode(report["status"])
   if f"ok {report['pid']} {nonce}" in lines:
     if code == 0:
