@@ -381,6 +381,10 @@ def _start_program(payload, nonce_read, report_write, outputs):
     _limit(resource.RLIMIT_FSIZE, limits["file"])
     _limit(resource.RLIMIT_CORE, 0)
     _limit(resource.RLIMIT_NOFILE, limits["files"])
+    # Where the user may raise priorities (a desktop's `@audio rtprio 95`),
+    # a program would otherwise take SCHED_FIFO and a core ahead of us.
+    _limit(resource.RLIMIT_RTPRIO, 0)
+    _limit(resource.RLIMIT_NICE, 0)
     if payload["mode"] != "none":
       # Counted per (user namespace, uid) or per our own uid: this sample's
       # processes only. Without namespaces the count would include every
