@@ -156,12 +156,13 @@ def get_config(arg=None):
                                 # data_seed, MaxText's data_shuffle_seed)
   c.loss_chunk_size = 0         # positions whose logits exist at once in the
                                 # loss (0: all of them, as nanoGPT)
-  c.label_smoothing = 0.0       # training loss's target: (1 - s) one-hot +
+  c.label_smoothing = 0.0       # the loss's target: (1 - s) one-hot +
                                 # s / vocab (torch's label_smoothing, HF's
                                 # label_smoothing_factor); 0: nanoGPT's
   c.z_loss = 0.0                # adds z * mean(logsumexp(logits)**2) to the
-                                # training loss (MaxText's z_loss_multiplier);
-                                # estimate_loss stays the plain cross-entropy
+                                # loss (MaxText's z_loss_multiplier), logged
+                                # alone as train/z_loss; estimate_loss scores
+                                # both terms, plus eval/*_cross_entropy
   c.loss_kernel = "xla"         # the loss's passes over the logits: xla |
                                 # triton (NVIDIA GPUs: one Pallas kernel
                                 # writes their gradient in place)

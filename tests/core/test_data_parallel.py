@@ -250,8 +250,11 @@ def _gpt_on_eight_and_one(mesh=None, **options):
 
 def _assert_same_iteration(got, want, params=True):
   (new_state, metrics), (new1, metrics1) = got, want
-  assert float(metrics["loss"].compute()) == pytest.approx(
-      float(metrics1["loss"].compute()), rel=1e-5)
+  assert metrics.keys() == metrics1.keys()
+  for name in ("loss", "z_loss"):
+    if name in metrics:
+      assert float(metrics[name].compute()) == pytest.approx(
+          float(metrics1[name].compute()), rel=1e-5), name
   if params:
     for a, b in zip(jax.tree.leaves(new_state.params),
                     jax.tree.leaves(new1.params)):
@@ -294,6 +297,9 @@ def test_gpt_ignored_targets_on_some_devices_keep_the_one_device_mean():
   _, got, want = _gpt_on_eight_and_one(ignored=4, label_smoothing=0.1,
                                        z_loss=1e-2)
   _assert_same_iteration(got, want)
+  # The z-loss term alone (train/z_loss), a part of the loss.
+  z_term = float(got[1]["z_loss"].compute())
+  assert 0 < z_term < float(got[1]["loss"].compute())
 
 
 # data-fsdp-model splits over fsdp too: data-fsdp alone is slow.

@@ -68,12 +68,17 @@ def test_per_position_losses_and_p():
   one-hot written over the logits."""
   logits = 6.0 * jax.random.normal(jax.random.key(3), (8, 300))
   labels = jnp.arange(8) * 37
-  loss, p = jax.jit(cross_entropy_gpu._loss_and_p,  # pylint: disable=protected-access
-                    static_argnums=2)(logits, labels, True)
+  loss_and_p = jax.jit(cross_entropy_gpu._loss_and_p,  # pylint: disable=protected-access
+                       static_argnums=(2, 3, 4))
+  loss, log_z, p = loss_and_p(logits, labels, True, 0.0, 0.0)
   np.testing.assert_allclose(loss, losses.softmax_cross_entropy(logits, labels),
                              rtol=1e-6)
   want = jax.nn.softmax(logits) - jax.nn.one_hot(labels, 300)
   np.testing.assert_allclose(p, want, atol=1e-6)
+  assert log_z is None  # written only with a z-loss, for its metric
+  _, log_z, _ = loss_and_p(logits, labels, True, 0.0, 0.01)
+  np.testing.assert_allclose(log_z, jax.nn.logsumexp(logits, axis=-1),
+                             rtol=1e-6)
 
 
 def test_large_logits_stay_finite():

@@ -68,13 +68,15 @@ def split(a, accum_steps: int):
 
 
 def sum_micro_steps(micro_step: Callable, accum_steps: int, xs, params,
-                    divisor: int = 1):
+                    divisor: int = 1, loss_terms: int = 1):
   """(sum of loss_k / divisor, sum of float32(grads_k) / divisor) over the
   micro-batches, where (loss_k, grads_k) = micro_step(k, *xs_k) and `xs`
   are `split` arrays ([accum_steps, ...]); `params` gives the gradients'
   shapes. `divisor`: GPT divides each micro-batch's mean by accum_steps
   (nanoGPT), DiffuCoder's micro-steps are already shares of the whole
-  batch's mean (1)."""
+  batch's mean (1). `loss_terms` > 1: loss_k is a tuple of that many
+  float32 scalars (the loss and terms logged beside it, such as GPT's
+  z-loss), each summed the same way."""
   def accumulate(carry, inputs):
     loss_sum, grad_sum = carry
     loss, grads = micro_step(*inputs)
@@ -82,12 +84,15 @@ def sum_micro_steps(micro_step: Callable, accum_steps: int, xs, params,
     # (the same values).
     grad_sum = jax.tree.map(
         lambda a, g: a + g.astype(jnp.float32) / divisor, grad_sum, grads)
-    return (loss_sum + loss / divisor, grad_sum), None
+    return (jax.tree.map(lambda a, b: a + b / divisor, loss_sum, loss),
+            grad_sum), None
 
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  no_loss = jnp.zeros((), jnp.float32)
+  if loss_terms > 1:
+    no_loss = (no_loss,) * loss_terms
   (loss, grads), _ = jax.lax.scan(
-      accumulate, (jnp.zeros((), jnp.float32), zeros),
-      (jnp.arange(accum_steps),) + tuple(xs))
+      accumulate, (no_loss, zeros), (jnp.arange(accum_steps),) + tuple(xs))
   return loss, grads
 
 

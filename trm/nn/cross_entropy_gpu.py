@@ -63,12 +63,14 @@ def _rows(n: int) -> int:
   return rows_per_program(n, CONSTANTS["rows"], "config.loss_kernel")
 
 
-def _kernel(logits_ref, labels_ref, loss_ref, p_ref, *, vocab, block,
+def _kernel(logits_ref, labels_ref, loss_ref, *refs, vocab, block,
             label_smoothing, z_loss):
   """One row block: loss = lse - logit[label]; P over the logits. With
   `label_smoothing` s and `z_loss` z (`losses.softmax_cross_entropy`'s):
   loss = lse - (1 - s) logit[label] - s mean(logits) + z lse**2 and
-  P = softmax (1 + 2 z lse) - (1 - s) one-hot - s / V."""
+  P = softmax (1 + 2 z lse) - (1 - s) one-hot - s / V. With z, `refs`
+  also holds lse's output before P's (the z-loss term's metric)."""
+  *log_z_ref, p_ref = refs
   rows = loss_ref.shape[0]
   first = pl.program_id(0) * rows
   labels = labels_ref[...]
@@ -107,6 +109,7 @@ def _kernel(logits_ref, labels_ref, loss_ref, p_ref, *, vocab, block,
     loss = log_z - jnp.sum(picked, axis=1)
   if z_loss:
     loss = loss + z_loss * log_z * log_z
+    log_z_ref[0][...] = log_z
   loss_ref[...] = loss
   # d(z lse**2) = 2 z lse softmax: the softmax's factor in P.
   softmax_scale = 1.0 + 2.0 * z_loss * log_z if z_loss else None
@@ -131,31 +134,35 @@ def _kernel(logits_ref, labels_ref, loss_ref, p_ref, *, vocab, block,
 
 def _loss_and_p(logits, labels, interpret: bool, label_smoothing=0.0,
                 z_loss=0.0):
-  """logits [N, V], labels [N] -> (loss [N] float32, P [N, V] over the
-  logits' buffer)."""
+  """logits [N, V], labels [N] -> (loss [N] float32, lse [N] float32 (None
+  without `z_loss`: the kernel writes no lse), P [N, V] over the logits'
+  buffer)."""
   n, vocab = logits.shape
   rows = _rows(n)
   itemsize = jnp.dtype(logits.dtype).itemsize
-  return pl.pallas_call(
+  row_spec = pl.BlockSpec((rows,), lambda i: (i,))
+  row_shape = jax.ShapeDtypeStruct((n,), jnp.float32)
+  with_log_z = 1 if z_loss else 0
+  out = pl.pallas_call(
       functools.partial(_kernel, vocab=vocab, block=CONSTANTS["block"],
                         label_smoothing=label_smoothing, z_loss=z_loss),
       grid=(n // rows,),
       in_specs=[pl.BlockSpec(memory_space=pl.ANY),
                 pl.BlockSpec((rows,), lambda i: (i,))],
-      out_specs=[pl.BlockSpec((rows,), lambda i: (i,)),
-                 pl.BlockSpec(memory_space=pl.ANY)],
-      out_shape=[jax.ShapeDtypeStruct((n,), jnp.float32),
-                 jax.ShapeDtypeStruct(logits.shape, logits.dtype)],
-      input_output_aliases={0: 1},
+      out_specs=[row_spec] * (1 + with_log_z)
+      + [pl.BlockSpec(memory_space=pl.ANY)],
+      out_shape=[row_shape] * (1 + with_log_z)
+      + [jax.ShapeDtypeStruct(logits.shape, logits.dtype)],
+      input_output_aliases={0: 1 + with_log_z},
       compiler_params=plgpu.CompilerParams(num_warps=CONSTANTS["warps"],
                                            num_stages=CONSTANTS["stages"]),
       cost_estimate=pl.CostEstimate(
           flops=6 * n * vocab, transcendentals=2 * n * vocab,
           bytes_accessed=3 * n * vocab * itemsize + 8 * n),
       interpret=interpret, name="lm_head_cross_entropy")(logits, labels)
+  return out[0], (out[1] if z_loss else None), out[-1]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def linear_cross_entropy(h, table, labels, logits_dtype, interpret=False,
                          label_smoothing=0.0, z_loss=0.0):
   """-log softmax(h @ table^T)[label] per position, float32 (with
@@ -166,28 +173,51 @@ def linear_cross_entropy(h, table, labels, logits_dtype, interpret=False,
   a valid label and a zero weight). The logits are made in `logits_dtype`,
   as `GPT.logits_from_hidden` makes them, and never leave this function.
   """
+  return _loss_and_log_z(h, table, labels, logits_dtype, interpret,
+                         label_smoothing, z_loss)[0]
+
+
+def linear_cross_entropy_and_log_z(h, table, labels, logits_dtype,
+                                   interpret=False, label_smoothing=0.0,
+                                   z_loss=0.0):
+  """(`linear_cross_entropy`, the log-normaliser lse [B, T] float32), for
+  logging the z-loss term alone; lse is None without `z_loss` (the kernel
+  writes it only then) and carries no gradient (a metric)."""
+  loss, log_z = _loss_and_log_z(h, table, labels, logits_dtype, interpret,
+                                label_smoothing, z_loss)
+  return loss, (None if log_z is None else jax.lax.stop_gradient(log_z))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _loss_and_log_z(h, table, labels, logits_dtype, interpret,
+                    label_smoothing, z_loss):
   return _forward(h, table, labels, logits_dtype, interpret,
                   label_smoothing, z_loss)[0]
 
 
-def _forward(h, table, labels, logits_dtype, interpret, label_smoothing=0.0,
-             z_loss=0.0):
+def _forward(h, table, labels, logits_dtype, interpret, label_smoothing,
+             z_loss):
   logits = linear.matmul_to(h, table.T, logits_dtype)
 
   def per_shard(logits, labels):
     b, t, vocab = logits.shape
-    loss, p = _loss_and_p(logits.reshape(b * t, vocab),
-                          labels.reshape(b * t), interpret, label_smoothing,
-                          z_loss)
-    return loss.reshape(b, t), p.reshape(b, t, vocab)
+    loss, log_z, p = _loss_and_p(logits.reshape(b * t, vocab),
+                                 labels.reshape(b * t), interpret,
+                                 label_smoothing, z_loss)
+    rows = (loss,) if log_z is None else (loss, log_z)
+    return tuple(r.reshape(b, t) for r in rows) + (p.reshape(b, t, vocab),)
 
-  loss, p = mesh_lib.per_batch_shard(per_shard, (logits, labels), (),
-                                     batch_axis=0)
-  return loss, (h, table, p)
+  *rows, p = mesh_lib.per_batch_shard(per_shard, (logits, labels), (),
+                                      batch_axis=0)
+  loss, log_z = rows if z_loss else (rows[0], None)
+  return (loss, log_z), (h, table, p)
 
 
-def _backward(logits_dtype, interpret, label_smoothing, z_loss, residuals, g):
+def _backward(logits_dtype, interpret, label_smoothing, z_loss, residuals,
+              cotangents):
   del logits_dtype, interpret, label_smoothing, z_loss  # all in P
+  # lse's cotangent is dropped: it leaves only under stop_gradient.
+  g, _ = cotangents
   h, table, p = residuals
   # The head's matmuls run in the compute dtype, as `linear.matmul`'s
   # backward rounds the logits' gradient before them.
@@ -201,4 +231,4 @@ def _backward(logits_dtype, interpret, label_smoothing, z_loss, residuals, g):
   return dh, d_table.astype(table.dtype), None
 
 
-linear_cross_entropy.defvjp(_forward, _backward)
+_loss_and_log_z.defvjp(_forward, _backward)

@@ -59,7 +59,6 @@ def _forward(logits, labels, label_smoothing=0.0, z_loss=0.0):
   return loss, log_z
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def softmax_cross_entropy(logits, labels, label_smoothing=0.0, z_loss=0.0):
   """-log softmax(logits)[label] per position, float32.
 
@@ -71,15 +70,32 @@ def softmax_cross_entropy(logits, labels, label_smoothing=0.0, z_loss=0.0):
   log-normaliser's penalty of MaxText's z_loss_multiplier (PaLM's). At 0
   (the defaults) neither term is computed.
   """
-  return _forward(logits, labels, label_smoothing, z_loss)[0]
+  return _loss_and_log_z(logits, labels, label_smoothing, z_loss)[0]
+
+
+def softmax_cross_entropy_and_log_z(logits, labels, label_smoothing=0.0,
+                                    z_loss=0.0):
+  """(`softmax_cross_entropy`, the log-normaliser lse per position): the
+  same pass gives both, so the z-loss term (z lse**2) can be logged alone,
+  as MaxText logs it. lse is a metric: no gradient flows through it."""
+  loss, log_z = _loss_and_log_z(logits, labels, label_smoothing, z_loss)
+  return loss, jax.lax.stop_gradient(log_z)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _loss_and_log_z(logits, labels, label_smoothing, z_loss):
+  return _forward(logits, labels, label_smoothing, z_loss)
 
 
 def _fwd(logits, labels, label_smoothing, z_loss):
   loss, log_z = _forward(logits, labels, label_smoothing, z_loss)
-  return loss, (logits, labels, log_z)
+  return (loss, log_z), (logits, labels, log_z)
 
 
-def _bwd(label_smoothing, z_loss, residuals, g):
+def _bwd(label_smoothing, z_loss, residuals, cotangents):
+  # lse's cotangent is dropped: the public functions return it only under
+  # stop_gradient (a metric), so it is zero.
+  g, _ = cotangents
   logits, labels, log_z = residuals
   probs = jnp.exp(logits.astype(jnp.float32) - log_z[..., None])
   if z_loss:  # d(z lse**2) = 2 z lse softmax
@@ -95,4 +111,4 @@ def _bwd(label_smoothing, z_loss, residuals, g):
   return ((probs - target) * g[..., None]).astype(logits.dtype), None
 
 
-softmax_cross_entropy.defvjp(_fwd, _bwd)
+_loss_and_log_z.defvjp(_fwd, _bwd)

@@ -146,6 +146,7 @@ def test_gradient_accumulation_equals_one_big_batch():
         lambda s, b, model=model, tx=tx, accum=accum: gpt_steps.train_step(
             s, b, model=model, tx=tx, accum_steps=accum))(state, batch)
     results.append((new_state.params, float(metrics["loss"].compute())))
+    assert "z_loss" not in metrics  # logged only with a z-loss
   (p1, l1), (p2, l2) = results
   assert l1 == pytest.approx(l2, rel=1e-5)
   for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
@@ -433,12 +434,32 @@ def test_eval_step_splits_train_and_val_rows():
       row[[0, 3]].mean(), rel=1e-5)
   assert float(metrics["loss"].compute()) == float(
       metrics["val_loss"].compute())
+  assert set(metrics) == {"loss", "val_loss", "train_loss"}  # nanoGPT's
+  # With the training loss's label smoothing and z-loss, estimate_loss
+  # scores them too (HF's eval_loss, MaxText's), and keeps the plain
+  # cross-entropy, nanoGPT's figure, as *_cross_entropy.
+  metrics, _ = gpt_steps.eval_step(state, {"x": x, "y": y, "split": split},
+                                   model=model, label_smoothing=0.2,
+                                   z_loss=0.05)
+  log_probs = np.asarray(jax.nn.log_softmax(logits), np.float64)
+  log_z = np.asarray(jax.nn.logsumexp(logits, axis=-1), np.float64)
+  target = 0.8 * np.eye(11)[np.asarray(y)] + 0.2 / 11
+  objective = (-(target * log_probs).sum(-1) + 0.05 * log_z**2).mean(-1)
+  for name, rows in (("val", [1, 2]), ("train", [0, 3])):
+    assert float(metrics[f"{name}_loss"].compute()) == pytest.approx(
+        objective[rows].mean(), rel=1e-5)
+    assert float(metrics[f"{name}_cross_entropy"].compute()) == pytest.approx(
+        row[rows].mean(), rel=1e-5)
+  assert float(metrics["loss"].compute()) == float(
+      metrics["val_loss"].compute())
 
 
 def test_cross_entropy_ignores_minus_one():
   logits = jnp.asarray(np.random.default_rng(4).normal(size=(1, 3, 5)),
                        jnp.float32)
-  loss, count = gpt_steps.cross_entropy(logits, jnp.asarray([[1, -1, 2]]))
+  loss, count, z_term = gpt_steps.cross_entropy(logits,
+                                                jnp.asarray([[1, -1, 2]]))
+  assert float(z_term) == 0.0  # no z-loss
   full = optax.softmax_cross_entropy_with_integer_labels(
       logits, jnp.asarray([[1, 0, 2]]))
   assert int(count) == 2
@@ -557,14 +578,16 @@ def test_label_smoothing_and_z_loss_reach_every_loss_path(monkeypatch):
 
   def spy(real):
     def call(*args):
-      seen.append(args[-2:])
+      # (label_smoothing, z_loss), given after logits and labels (and the
+      # kernel's table, dtype and interpret); None without them.
+      seen.append(args[-2:] if len(args) > 2 else None)
       return real(*args)
     return call
 
-  monkeypatch.setattr(gpt_steps.losses, "softmax_cross_entropy",
-                      spy(gpt_steps.losses.softmax_cross_entropy))
-  monkeypatch.setattr(cross_entropy_gpu, "linear_cross_entropy",
-                      spy(cross_entropy_gpu.linear_cross_entropy))
+  for module, name in ((gpt_steps.losses, "softmax_cross_entropy"),
+                       (gpt_steps.losses, "softmax_cross_entropy_and_log_z"),
+                       (cross_entropy_gpu, "linear_cross_entropy_and_log_z")):
+    monkeypatch.setattr(module, name, spy(getattr(module, name)))
   batch = {k: jax.ShapeDtypeStruct((4, 8), jnp.int32) for k in "xy"}
   for options in (dict(), dict(loss_chunk_size=3),
                   dict(loss_kernel="triton_interpret")):
@@ -576,6 +599,11 @@ def test_label_smoothing_and_z_loss_reach_every_loss_path(monkeypatch):
     del seen[:]
     jax.eval_shape(program.train_step, state, batch)
     assert seen and set(seen) == {(0.2, 0.05)}, (options, seen)
+  # estimate_loss scores the same objective (HF's eval_loss, MaxText's).
+  del seen[:]
+  jax.eval_shape(program.eval_step, state,
+                 {**batch, "split": jax.ShapeDtypeStruct((4,), jnp.int32)})
+  assert (0.2, 0.05) in seen, seen
 
 
 def test_label_smoothing_and_z_loss_on_every_loss(monkeypatch):
@@ -597,7 +625,10 @@ def test_label_smoothing_and_z_loss_on_every_loss(monkeypatch):
           h, lambda part: head(part, t), y, 3, *terms),
       "triton": lambda h, t: gpt_steps.fused_cross_entropy(
           h, t, y, "float32", True, *terms)}
-  (want, _), want_grads = jax.jit(jax.value_and_grad(
+  # (loss, (count, z-loss term)): the loss differentiated, the rest aux.
+  losses = {name: (lambda h, t, f=f: (lambda out: (out[0], out[1:]))(f(h, t)))
+            for name, f in losses.items()}
+  (want, (_, want_z)), want_grads = jax.jit(jax.value_and_grad(
       losses.pop("whole"), argnums=(0, 1), has_aux=True))(hidden, table)
   # torch's cross_entropy(label_smoothing=0.2, ignore_index=-1) plus
   # MaxText's 0.05 * logsumexp**2, written out, over the scored targets.
@@ -607,9 +638,13 @@ def test_label_smoothing_and_z_loss_on_every_loss(monkeypatch):
   per_token = -(target * (logits - log_z[..., None])).sum(-1) + (
       0.05 * log_z**2)
   assert float(want) == pytest.approx(per_token[y >= 0].mean(), rel=1e-5)
+  # The z-loss term alone (train/z_loss, MaxText's learning/z_loss).
+  assert float(want_z) == pytest.approx(
+      0.05 * (log_z[y >= 0]**2).mean(), rel=1e-5)
   for name, loss in losses.items():
-    (got, _), grads = jax.jit(jax.value_and_grad(
+    (got, (_, got_z)), grads = jax.jit(jax.value_and_grad(
         loss, argnums=(0, 1), has_aux=True))(hidden, table)
     assert float(got) == pytest.approx(float(want), rel=1e-6), name
+    assert float(got_z) == pytest.approx(float(want_z), rel=1e-6), name
     for a, b in zip(grads, want_grads):
       np.testing.assert_allclose(a, b, atol=1e-6, err_msg=name)

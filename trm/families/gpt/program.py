@@ -101,6 +101,9 @@ def build(config, ctx, shapes=None) -> Program:
   chunk, loss_kernel = _loss_options(config)
   model = gpt.GPT(cfg)
   tx = gpt_steps.make_optimizer(config)
+  # The loss's terms, the same in training and estimate_loss.
+  objective = dict(label_smoothing=float(config.get("label_smoothing", 0.0)),
+                   z_loss=float(config.get("z_loss", 0.0)))
   non_embedding = gpt.num_params(gpt.abstract_params(cfg),
                                  non_embedding=True)
   return Program(
@@ -109,15 +112,14 @@ def build(config, ctx, shapes=None) -> Program:
           lambda key: model.init(key, jnp.zeros((1, 1), jnp.int32))["params"],
           tx, config.seed, loss_scale.initial_state(config)),
       train_step=functools.partial(
-          gpt_steps.train_step, model=model, tx=tx,
+          gpt_steps.train_step, model=model, tx=tx, **objective,
           accum_steps=config.gradient_accumulation_steps,
           loss_chunk_size=chunk, loss_kernel=loss_kernel,
           cast_once=cast_once,
           reduce_once=config.get("reduce_gradients_once", True),
-          schedule=gpt_steps.learning_rate_schedule(config),
-          label_smoothing=float(config.get("label_smoothing", 0.0)),
-          z_loss=float(config.get("z_loss", 0.0))),
-      eval_step=functools.partial(gpt_steps.eval_step, model=model),
+          schedule=gpt_steps.learning_rate_schedule(config)),
+      eval_step=functools.partial(gpt_steps.eval_step, model=model,
+                                  **objective),
       batch_spec=batch_spec(cfg.block_size),
       flops_per_step=mfu.nanogpt_flops_per_iter(
           non_embedding, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,

@@ -105,23 +105,36 @@ def advance_schedule(opt_state):
       is_leaf=lambda node: isinstance(node, optax.ScaleByScheduleState))
 
 
-def _mean_over_scored(token_loss, targets):
-  """(mean of token_loss(labels) over the targets that are not -1, their
-  count); the ignored positions get label 0 and weight 0."""
+def _z_term(z_loss, log_z_squared_sum, count):
+  """The z-loss term alone, z mean(lse**2) over the scored targets
+  (MaxText's `learning/z_loss`); 0 without a z-loss."""
+  if not z_loss:
+    return jnp.zeros((), jnp.float32)
+  return z_loss * log_z_squared_sum / jnp.maximum(count, 1)
+
+
+def _mean_over_scored(token_terms, targets, z_loss):
+  """(mean of the loss of token_terms(labels) = (loss, lse) over the
+  targets that are not -1, their count, the z-loss term alone); the
+  ignored positions get label 0 and weight 0."""
   valid = targets >= 0
-  per_token = token_loss(jnp.where(valid, targets, 0))
+  per_token, log_z = token_terms(jnp.where(valid, targets, 0))
   count = valid.sum()
-  return jnp.where(valid, per_token, 0.0).sum() / jnp.maximum(count, 1), count
+  total = lambda x: jnp.where(valid, x, 0.0).sum()  # noqa: E731
+  return (total(per_token) / jnp.maximum(count, 1), count,
+          _z_term(z_loss, total(jnp.square(log_z)) if z_loss else None,
+                  count))
 
 
 def cross_entropy(logits, targets, label_smoothing=0.0, z_loss=0.0):
   """Mean token cross-entropy, ignoring targets of -1 (F.cross_entropy's
-  ignore_index=-1), and the number of scored tokens. `label_smoothing` and
+  ignore_index=-1), the number of scored tokens, and the z-loss term
+  alone (included in the mean; 0 without one). `label_smoothing` and
   `z_loss`: `losses.softmax_cross_entropy`'s (torch's label_smoothing,
   MaxText's z_loss_multiplier, both averaged over the scored tokens)."""
   return _mean_over_scored(
-      lambda labels: losses.softmax_cross_entropy(
-          logits, labels, label_smoothing, z_loss), targets)
+      lambda labels: losses.softmax_cross_entropy_and_log_z(
+          logits, labels, label_smoothing, z_loss), targets, z_loss)
 
 
 def chunked_cross_entropy(hidden, head, targets, chunk_size: int,
@@ -141,17 +154,20 @@ def chunked_cross_entropy(hidden, head, targets, chunk_size: int,
     return jnp.moveaxis(x, 1, 0)
 
   @jax.checkpoint
-  def chunk_loss(h, y):
+  def chunk_loss(h, y):  # (sum of the losses, sum of lse**2)
     valid = y >= 0
-    token_loss = losses.softmax_cross_entropy(
+    token_loss, log_z = losses.softmax_cross_entropy_and_log_z(
         head(h), jnp.where(valid, y, 0), label_smoothing, z_loss)
-    return jnp.where(valid, token_loss, 0.0).sum()
+    return (jnp.where(valid, token_loss, 0.0).sum(),
+            jnp.where(valid, jnp.square(log_z), 0.0).sum() if z_loss
+            else jnp.zeros((), jnp.float32))
 
-  total, _ = jax.lax.scan(lambda acc, xs: (acc + chunk_loss(*xs), None),
-                          jnp.zeros((), jnp.float32),
-                          (split(hidden), split(targets)))
+  (total, log_z_squared), _ = jax.lax.scan(
+      lambda acc, xs: (jax.tree.map(jnp.add, acc, chunk_loss(*xs)), None),
+      (jnp.zeros((), jnp.float32),) * 2, (split(hidden), split(targets)))
   count = (targets >= 0).sum()
-  return total / jnp.maximum(count, 1), count
+  return (total / jnp.maximum(count, 1), count,
+          _z_term(z_loss, log_z_squared, count))
 
 
 def fused_cross_entropy(hidden, table, targets, logits_dtype,
@@ -159,9 +175,9 @@ def fused_cross_entropy(hidden, table, targets, logits_dtype,
   """`cross_entropy(hidden @ table^T, targets, ...)` with the loss's passes
   over the logits in one Pallas Triton kernel (`nn.cross_entropy_gpu`)."""
   return _mean_over_scored(
-      lambda labels: cross_entropy_gpu.linear_cross_entropy(
+      lambda labels: cross_entropy_gpu.linear_cross_entropy_and_log_z(
           hidden, table, labels, logits_dtype, interpret, label_smoothing,
-          z_loss), targets)
+          z_loss), targets, z_loss)
 
 
 def matmul_weights_in(params, dtype):
@@ -196,8 +212,8 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   copies are made before the micro-batch loop, not in every micro-step.
   `schedule` (`learning_rate_schedule`): the `lr` metric, the rate `tx`
   gives this iteration. `label_smoothing`, `z_loss`: the training loss's
-  (`cross_entropy`), which the `loss` metric includes; estimate_loss
-  (`eval_step`) stays the plain cross-entropy.
+  (`cross_entropy`), which the `loss` metric includes, as estimate_loss's
+  (`eval_step`) does; with a z-loss its term is also the `z_loss` metric.
   """
   split = functools.partial(accumulation.split, accum_steps=accum_steps)
 
@@ -209,7 +225,7 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
     if loss_kernel != "xla":
       if table is None:
         table = model.apply({"params": params}, method=gpt.GPT.head_table)
-      loss, count = fused_cross_entropy(hidden, table, y,
+      loss, count, z_term = fused_cross_entropy(hidden, table, y,
                                         model.cfg.logits_dtype,
                                         loss_kernel == "triton_interpret",
                                         label_smoothing, z_loss)
@@ -220,7 +236,7 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
       # 30.56 made at use).
       head = lambda h: model.apply({"params": params}, h, table,  # noqa: E731
                                    method=gpt.GPT.logits_from_hidden)
-      loss, count = (
+      loss, count, z_term = (
           chunked_cross_entropy(hidden, head, y, loss_chunk_size,
                                 label_smoothing, z_loss)
           if loss_chunk_size else
@@ -229,8 +245,12 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
     # targets (`scored`: the whole micro-batch's count; 1 when these rows
     # are the whole micro-batch), so shards with fewer scored targets
     # (-1s) weigh less, as in the one-device mean.
-    loss = loss * (jnp.maximum(count, 1) / jnp.maximum(scored, 1))
-    return loss_scale_lib.scale_loss(loss_scale, loss), loss
+    share = jnp.maximum(count, 1) / jnp.maximum(scored, 1)
+    loss = loss * share
+    # With a z-loss its term rides along as a second summed scalar (its
+    # metric); without, the step sums the loss alone, as before.
+    terms = (loss, z_term * share) if z_loss else loss
+    return loss_scale_lib.scale_loss(loss_scale, loss), terms
 
   grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
   # With cast_once, made once per iteration, not in every micro-step: the
@@ -249,16 +269,17 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
     params, table, loss_scale, rng, scored = whole
 
     def micro_step(k, x, y, n):
-      (_, loss), (grads, d_table) = grad_fn(
+      (_, terms), (grads, d_table) = grad_fn(
           params, table, x, y, jax.random.fold_in(rng, k), loss_scale, n)
       if table is not None:
         wte = grads["wte"]["embedding"] + d_table.astype(jnp.float32)
         grads = {**grads, "wte": {**grads["wte"], "embedding": wte}}
-      return loss, grads
+      return terms, grads
 
     xs = tuple(split(a) for a in rows) + (scored,)
     return accumulation.sum_micro_steps(micro_step, accum_steps, xs, params,
-                                        divisor=accum_steps), ()
+                                        divisor=accum_steps,
+                                        loss_terms=2 if z_loss else 1), ()
 
   rows = (batch["x"], batch["y"])
   scored = (split(batch["y"]) >= 0).sum((1, 2))  # per micro-batch, all rows
@@ -268,9 +289,10 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   # no_sync does (under FSDP they are still reduce-scattered over `fsdp` in
   # each micro-step); GSPMD alone reduced them over every axis in every
   # micro-step. Not with dropout, whose masks would depend on the mesh.
-  (loss, grads), _ = accumulation.run(
+  (terms, grads), _ = accumulation.run(
       micro_steps, whole, rows, accum_steps, reduce_once,
       mesh_dependent_draws=bool(model.cfg.dropout))
+  loss, z_term = terms if z_loss else (terms, None)
   # Unscaled (float16 runs) before the finite check, clipping and AdamW.
   grads = loss_scale_lib.unscale(state.loss_scale, grads)
   grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
@@ -294,6 +316,8 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
       "grad_norm": clu_metrics.Average(total=optax.tree.norm(grads),
                                        count=one),
   }
+  if z_loss:  # its own scalar, as MaxText's learning/z_loss (in `loss`)
+    metrics["z_loss"] = clu_metrics.Average(total=z_term, count=one)
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state)
   new_state, metrics = state_lib.skip_nonfinite(
@@ -302,21 +326,35 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
   return new_state, metrics
 
 
-def eval_step(state, batch, *, model: gpt.GPT):
+def eval_step(state, batch, *, model: gpt.GPT, label_smoothing: float = 0.0,
+              z_loss: float = 0.0):
   """estimate_loss for one batch: batch['split'] says per row whether it
-  comes from train.bin (0) or val.bin (1); `loss` is the validation loss."""
+  comes from train.bin (0) or val.bin (1); `loss` is the validation loss.
+
+  The losses are the training objective's, with its `label_smoothing` and
+  `z_loss` (Hugging Face's eval_loss and MaxText's evaluation loss include
+  them). With either term, `train_cross_entropy` and `val_cross_entropy`
+  are also the plain cross-entropy, the figure nanoGPT's val loss is."""
   logits = model.apply({"params": state.params}, batch["x"])
   valid = batch["y"] >= 0
-  token_loss = losses.softmax_cross_entropy(
-      logits, jnp.where(valid, batch["y"], 0))
-  row_loss = (jnp.where(valid, token_loss, 0.0).sum(-1)
-              / jnp.maximum(valid.sum(-1), 1))
+  labels = jnp.where(valid, batch["y"], 0)
   is_val = batch["split"] == 1
 
-  def average(rows):
-    return clu_metrics.Average(total=jnp.where(rows, row_loss, 0.0).sum(),
-                               count=rows.sum().astype(jnp.int32))
+  def split_averages(token_loss):
+    row_loss = (jnp.where(valid, token_loss, 0.0).sum(-1)
+                / jnp.maximum(valid.sum(-1), 1))
 
-  val = average(is_val)
-  return {"loss": val, "val_loss": val,
-          "train_loss": average(jnp.logical_not(is_val))}, {}
+    def average(rows):
+      return clu_metrics.Average(total=jnp.where(rows, row_loss, 0.0).sum(),
+                                 count=rows.sum().astype(jnp.int32))
+
+    return average(jnp.logical_not(is_val)), average(is_val)
+
+  train, val = split_averages(losses.softmax_cross_entropy(
+      logits, labels, label_smoothing, z_loss))
+  metrics = {"loss": val, "val_loss": val, "train_loss": train}
+  if label_smoothing or z_loss:
+    # The same logits' log-normaliser: XLA computes it once for both.
+    metrics["train_cross_entropy"], metrics["val_cross_entropy"] = (
+        split_averages(losses.softmax_cross_entropy(logits, labels)))
+  return metrics, {}
