@@ -204,6 +204,35 @@ def test_a_run_recorded_before_tpu_compiler_options_resumes(tmp_path):
       "tpu_compiler_options": [None, config.tpu_compiler_options]}
 
 
+def test_a_diffucoder_resume_may_split_its_batch_otherwise(tmp_path):
+  """DiffuCoder's accumulated step is its one-batch step (the whole
+  batch's noise and count): a resume that only changes
+  gradient_accumulation_steps passes, logged; with the global batch
+  changed too it is refused, as is GPT's, whose micro-batches are
+  nanoGPT's (each its own mean and dropout draws)."""
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "diffucoder_7b.py"), "tiny")
+  (tmp_path / config_record.RECORD).write_text(config.to_json_best_effort())
+  config.gradient_accumulation_steps = 2
+  assert config_record.check(config, tmp_path, step=10) == {
+      "gradient_accumulation_steps": [1, 2]}
+  config_record.record(config, tmp_path, {
+      "gradient_accumulation_steps": [1, 2]}, step=10)
+  assert [entry["accepted"] for entry in _history(tmp_path)] == [[]]
+  config.global_batch_size *= 2
+  with pytest.raises(config_record.ConfigChangedError,
+                     match=r"changes how it trains: config\.global_batch_size"
+                     r": \d+ -> \d+\. "):
+    config_record.check(config, tmp_path, step=10)
+  gpt = _gpt_config(False)
+  (tmp_path / config_record.RECORD).write_text(gpt.to_json_best_effort())
+  gpt.update(gradient_accumulation_steps=2, batch_size=gpt.batch_size // 2)
+  with pytest.raises(config_record.ConfigChangedError,
+                     match=r"config\.batch_size: 12 -> 6; config\."
+                     r"gradient_accumulation_steps: 1 -> 2\. "):
+    config_record.check(gpt, tmp_path, step=10)
+
+
 def test_a_data_seed_change_is_refused_and_its_default_is_no_change(
     tmp_path):
   """config.data_seed (HF's data_seed) draws the data: a run recorded

@@ -57,6 +57,12 @@ HARMLESS_PREFIXES = ("mesh.", "wandb.", "loss_scale.")
 # May grow (train for longer), not shrink below the recorded value; nor
 # grow where the learning-rate schedule spans the run (`_schedule_spans_run`).
 LONGER = ("total_steps", "max_iters")
+# How many micro-batches a step's batch is split into: harmless where the
+# family's accumulated step is the one-batch step (its task's
+# `accumulation_keeps_the_step(config)`: DiffuCoder draws the noise for the
+# whole batch and divides by its whole count); a change of the batch itself
+# is config.global_batch_size's, refused on its own.
+SPLIT_STEP = "gradient_accumulation_steps"
 # Fields added after runs were recorded: absent from an older record, they
 # change nothing while they keep that run's data (the .bin directory or
 # files; the data.tfds keys are unused unless data.source is 'tfds').
@@ -233,11 +239,27 @@ def _schedule_spans_run(config) -> bool:
   return bool(spans is not None and spans(config))
 
 
+def _accumulation_keeps_the_step(config) -> bool:
+  """Whether the family's step with any config.gradient_accumulation_steps
+  is its one-batch step (its task's optional
+  `accumulation_keeps_the_step(config)`); not for GPT, whose micro-batches
+  are nanoGPT's (each its own mean and dropout draws)."""
+  if config is None:
+    return False
+  from trm import families  # pylint: disable=g-import-not-at-top
+  keeps = getattr(families.task(config.model.name),
+                  "accumulation_keeps_the_step", None)
+  return bool(keeps is not None and keeps(config))
+
+
 def _harmless(key: str, old, new, config=None) -> bool:
   """`config` (the resume's): a longer run is harmless only if its schedule
-  does not span the run."""
+  does not span the run; another micro-batch split only if the family's
+  step stays the one-batch step."""
   if key in HARMLESS or key.startswith(HARMLESS_PREFIXES):
     return True
+  if key == SPLIT_STEP:
+    return _accumulation_keeps_the_step(config)
   return key in LONGER and isinstance(old, int) and isinstance(new, int) and (
       new >= old) and not _schedule_spans_run(config)
 

@@ -70,6 +70,16 @@ def schedule_spans_run(config) -> bool:
   return True
 
 
+def accumulation_keeps_the_step(config) -> bool:
+  """Micro-batches train on the whole batch's noise, each divided by the
+  whole batch's masked count (`steps.train_step`): a resume that only
+  splits config.global_batch_size otherwise is the same step (the same
+  sum, added in another order), so it needs no allow_config_change
+  (`trm.core.config_record`)."""
+  del config
+  return True
+
+
 def _sources(config, cfg: dream.DreamConfig, init: str):
   """(training batches, held-out batches) of config.data: rows of the
   tokenized files or TFDS splits, or synthetic rows (no tokenizer or data
