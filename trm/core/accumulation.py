@@ -59,6 +59,25 @@ def check_micro_batch(config, ctx=None) -> None:
         "raise config.global_batch_size.")
 
 
+def eval_steps_of(config, ctx=None) -> int:
+  """How many micro-batches the eval step splits its
+  config.data.eval_batch_size rows into: 1 without gradient accumulation
+  (the whole batch, as before); with it the fewest whose rows are at most
+  the train step's micro-batch (global_batch_size /
+  gradient_accumulation_steps rows, which fit) and split evenly over the
+  data-parallel devices (`ctx`; None: one), so a held-out batch the size
+  of the global batch fits where the accumulated train step does."""
+  steps = steps_of(config)
+  if steps == 1:
+    return 1
+  rows, micro = config.data.eval_batch_size, config.global_batch_size // steps
+  ways = 1 if ctx is None else mesh_lib.batch_parallelism(ctx.mesh, ctx.rules)
+  per_device = max(rows // ways, 1)
+  return next(k for k in range(1, per_device + 1)
+              if per_device % k == 0 and (rows // k <= micro
+                                          or k == per_device))
+
+
 def split(a, accum_steps: int):
   """[accum_steps * B, ...] -> [accum_steps, B, ...], micro-batch k being
   rows k, k + accum_steps, ... (this device's, or the mesh's, rows)."""

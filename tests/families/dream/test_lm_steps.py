@@ -127,6 +127,35 @@ def test_loss_falls_pad_row_frozen_and_state_sharded():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(
       np.asarray(a), b, rtol=0, atol=1e-6), accumulated.params, first)
 
+  # The eval step in micro-batches no larger than the train step's (16
+  # held-out rows, 4 per train micro-batch: 4 of them, each split over the
+  # 4 data-parallel devices) is the whole batch's eval step.
+  from trm.core import accumulation  # pylint: disable=g-import-not-at-top
+  assert split.data.eval_batch_size == 16
+  assert accumulation.eval_steps_of(split, ctx) == 4
+  assert accumulation.eval_steps_of(split) == 4  # no mesh: one device
+  assert accumulation.eval_steps_of(config, ctx) == 1  # no accumulation
+  assert accumulation.eval_steps_of(config_lib.set_values(
+      split.copy_and_resolve_references(),
+      {"data.eval_batch_size": 12}), ctx) == 3
+  eval_batch = {"tokens": np.concatenate([first_batch["tokens"]] * 2),
+                "maskable": np.concatenate([first_batch["maskable"]] * 2),
+                "row": np.arange(16, dtype=np.int32)}
+  eval_batch = {k: jax.device_put(v, batch_shardings[k])
+                for k, v in eval_batch.items()}
+  with ctx:
+    lowered = [jax.jit(p.eval_step).lower(accumulated, eval_batch)
+               for p in (program, split_program)]
+    whole, micro = (lowering.compile()(accumulated, eval_batch)[0]
+                    for lowering in lowered)
+  # One more loop than the whole batch's eval step: the micro-batches'.
+  loops = [lowering.as_text().count("stablehlo.while") for lowering in lowered]
+  assert loops[1] == loops[0] + 1, loops
+  for name in ("loss", "masked_tokens"):
+    np.testing.assert_allclose(float(micro[name].compute()),
+                               float(whole[name].compute()), rtol=1e-6,
+                               err_msg=name)
+
 
 def test_flops_formula_matches_xla_cost_analysis():
   """Unscanned layers and one loss chunk: XLA counts every FLOP."""

@@ -145,9 +145,10 @@ def build(config, ctx, shapes=None) -> Program:
                                                    config.total_steps),
           accum_steps=accumulation.steps_of(config),
           reduce_once=config.get("reduce_gradients_once", True)),
-      eval_step=functools.partial(lm_steps.eval_step, model=model,
-                                  seed=config.seed,
-                                  chunk_size=config.loss_chunk_size),
+      eval_step=functools.partial(
+          lm_steps.eval_step, model=model, seed=config.seed,
+          chunk_size=config.loss_chunk_size,
+          micro_batches=accumulation.eval_steps_of(config, ctx)),
       batch_spec=lm_steps.batch_spec(config.seq_len),
       # The whole step's rows, all of its micro-batches.
       flops_per_step=lm_steps.train_flops_per_example(

@@ -128,21 +128,38 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
 
 
 def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,
-              chunk_size: int = 512):
+              chunk_size: int = 512, micro_batches: int = 1):
   """(metrics, no outputs): the held-out diffusion loss with the same noise
   at every evaluation, so figures from different steps compare. Each
   held-out row draws its own t and mask from (seed, its index): one key for
   the batch would give every batch the same t values and masks, so the
-  figure would rest on one batch's draw however many rows are held out."""
+  figure would rest on one batch's draw however many rows are held out.
+  `micro_batches` (`accumulation.eval_steps_of`): the rows run that many at
+  a time (a `lax.scan`), as the accumulated train step's do; the loss is
+  the whole batch's (the same noise, one division by its masked count)."""
   keys = jax.vmap(functools.partial(jax.random.fold_in,
                                     jax.random.PRNGKey(seed)))(batch["row"])
   noisy, masked, t = diffusion_loss.add_noise_per_row(
       keys, batch["tokens"], batch["maskable"], model.cfg.mask_token_id)
   variables = {"params": state.params}
-  hidden = model.apply(variables, noisy, method="hidden")
   head = functools.partial(model.apply, variables, method="logits_from_hidden")
-  loss, num_masked = diffusion_loss.shifted_masked_loss(
-      hidden, head, batch["tokens"], masked, t, chunk_size)
+
+  def weighted_sum(noisy, tokens, masked, t):
+    hidden = model.apply(variables, noisy, method="hidden")
+    # num_scored=1: the rows' 1/t-weighted sum, divided once below.
+    return diffusion_loss.shifted_masked_loss(
+        hidden, head, tokens, masked, t, chunk_size, num_scored=1)[0]
+
+  rows = (noisy, batch["tokens"], masked, t)
+  if micro_batches == 1:
+    total = weighted_sum(*rows)
+  else:
+    total, _ = jax.lax.scan(
+        lambda total, micro: (total + weighted_sum(*micro), None),
+        jnp.zeros((), jnp.float32),
+        tuple(accumulation.split(a, micro_batches) for a in rows))
+  num_masked = masked[:, 1:].sum()
+  loss = total / jnp.maximum(num_masked, 1)
   return {"loss": clu_metrics.Average(total=loss, count=jnp.int32(1)),
           "masked_tokens": clu_metrics.Average(
               total=num_masked.astype(jnp.float32), count=jnp.int32(1))}, {}
