@@ -48,7 +48,9 @@ fault, rescore without a model:
       --benchmark_path=mbpp.jsonl --k=1,10
 
 --timeout, --workers, --memory_mb, --disk_mb and --output are checked
-before anything is loaded (one line, exit 2).
+before anything is loaded (one line, exit 2); --score_only refuses the
+flags that only set how samples are generated (--temperature,
+--num_samples, ...), which it would ignore.
 """
 from __future__ import annotations
 
@@ -446,6 +448,22 @@ def evaluate_code(config, checkpoint: str):
         f"--checkpoint={checkpoint}: --score_only rescores the samples file "
         "as written and loads no model; drop --checkpoint (with --benchmark "
         "it names the weights that generate samples).")
+  if _SCORE_ONLY.value is not None:
+    # Ignored without a word, as --step was: a copied --benchmark command
+    # with --score_only added, or a new --temperature, read as if the
+    # samples were drawn again.
+    # The flags that set how --benchmark generates samples: the sampler's,
+    # --num_samples, --limit and --resume.
+    generation = (*_SAMPLER, "num_samples", "limit", "resume")
+    given = [flags.FLAGS[name].serialize() for name in generation
+             if flags.FLAGS[name].present]
+    if given:
+      raise ValueError(
+          f"{' '.join(given)}: --score_only rescores the samples file as "
+          "written and generates nothing; drop "
+          f"{'it' if len(given) == 1 else 'them'} (the settings that made "
+          f"the samples are in {_generation_path(_SCORE_ONLY.value)}), or "
+          "generate anew with --benchmark and --checkpoint.")
   limits, workers, output = code_settings()
   if _SCORE_ONLY.value is not None:
     return score_only(benchmark, _K.value, limits, workers, output)

@@ -168,7 +168,8 @@ def _unknown_flag_message(error, flag_values) -> str | None:
   if not isinstance(error, flags.UnrecognizedFlagError):
     return None
   name = error.flagname
-  hint = foreign_names.nanogpt_hint(name, flag_values)
+  hint = (foreign_names.nanogpt_hint(name, flag_values)
+          or foreign_names.generate_hint(name, flag_values))
   if hint is None and "config" in flag_values:
     config = flag_values["config"].value
     if (isinstance(config, ml_collections.ConfigDict) and name in config

@@ -101,6 +101,23 @@ _OTHER_WORKDIR = dict.fromkeys(
     "the run's directory is --workdir=DIR here")
 
 
+# Hugging Face generate()'s names for a flag a tool has under another name:
+# {their name: (the tool's flag, what replaces it)}, said only by a tool
+# that defines that flag.
+_GENERATE_FLAGS = {
+    "num_return_sequences": (
+        "num_samples", "trm.evaluate's completions per problem are "
+        "--num_samples=N (Hugging Face's num_return_sequences)"),
+}
+
+
+def generate_hint(name: str, flag_values) -> str | None:
+  """What replaces Hugging Face generate()'s `name` (`_GENERATE_FLAGS`) in
+  this tool (`flag_values`), or None."""
+  ours, hint = _GENERATE_FLAGS.get(name, (None, None))
+  return hint if ours is not None and ours in flag_values else None
+
+
 def nanogpt_hint(name: str, flag_values) -> str | None:
   """What replaces nanoGPT's flag `name` (`_NANOGPT_FLAGS`), or None. The
   out_dir hint only where this tool takes --workdir (trm.main,

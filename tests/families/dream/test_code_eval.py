@@ -742,6 +742,15 @@ _BAD_INPUT = [
     (["--score_only=setup.py", "--checkpoint=/nonexistent"],
      "--checkpoint=/nonexistent: --score_only rescores the samples file as "
      "written and loads no model; drop --checkpoint"),
+    # The generation flags were ignored too: the file is scored as written.
+    (["--score_only=setup.py", "--temperature=0.5", "--num_samples=4",
+      "--chat"], "--chat --temperature=0.5 --num_samples=4: --score_only "
+     "rescores the samples file as written and generates nothing; drop them "
+     "(the settings that made the samples are in setup_generation.json)"),
+    # Hugging Face's name was absl's unknown flag, with no pointer.
+    (["--benchmark=humaneval", "--num_return_sequences=4"],
+     "Unknown command line flag 'num_return_sequences': trm.evaluate's "
+     "completions per problem are --num_samples=N"),
     # The samples file is rewritten with the scores: never over --config.
     (["--score_only=configs/diffucoder_7b.py"], "the samples file "
      "configs/diffucoder_7b.py is --config=configs/diffucoder_7b.py"),
