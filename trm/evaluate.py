@@ -51,6 +51,20 @@ fault, rescore without a model:
 before anything is loaded (one line, exit 2); --score_only refuses the
 flags that only set how samples are generated (--temperature,
 --num_samples, ...), which it would ignore.
+
+lm-eval's loglikelihood requests (multiple-choice benchmarks) for a
+DiffuCoder / Dream checkpoint, as Dream's lm-eval harness scores them
+(`trm.families.dream.likelihood`: the Monte Carlo estimate, or with
+--nll_type=ar_ftb the left-to-right sum):
+
+  python -m trm.evaluate --checkpoint=Dream-v0-Base-7B \
+      --loglikelihood=requests.jsonl --mc_num=128 --batch_size=32 \
+      --output=runs/ll/loglikelihood.jsonl
+
+--loglikelihood holds one {"context": ..., "continuation": ...} object per
+line; --output (default <output_dir>/loglikelihood.jsonl) gets one
+{"loglikelihood": ..., "is_greedy": ...} line per request, in order, and
+the settings beside it, both written whole or not at all.
 """
 from __future__ import annotations
 
@@ -217,40 +231,49 @@ def code_settings():
     output = check_output_file(
         os.path.join(cli.check_output_dir(_OUTPUT_DIR.value),
                      f"{_BENCHMARK.value}_samples.jsonl"), "--output_dir")
+  check_not_an_input(output, _inputs(
+      {"--benchmark_path": _BENCHMARK_PATH.value}))
+  return limits, workers, output
+
+
+def _inputs(first: dict) -> dict:
+  """{flag: path} of what a run reads: `first`, then --checkpoint,
+  --tokenizer and --config's file."""
   config = flags.FLAGS["config"]
-  check_not_an_input(output, {
-      "--benchmark_path": _BENCHMARK_PATH.value,
+  return dict(first, **{
       "--checkpoint": _CHECKPOINT.value,
       "--tokenizer": _SAMPLER["tokenizer"].value,
       "--config": (config_flags.get_config_filename(config).split(":")[0]
                    if config.present else None)})
-  return limits, workers, output
 
 
-def check_not_an_input(output: str, inputs: dict) -> None:
-  """The samples file is rewritten whole: as an input ({flag: path}), e.g.
-  --benchmark_path (a typo for it) or a file of the --checkpoint directory
-  (its config.json, or a .jsonl of its own such as a trm.main workdir's
-  config_history.jsonl), it would replace what the run reads. A samples
-  file inside a checkpoint directory may be rewritten."""
+def check_not_an_input(output: str, inputs: dict, what: str = "samples",
+                       record_key: str = "task_id") -> None:
+  """The samples file (`what`) is rewritten whole: as an input ({flag:
+  path}), e.g. --benchmark_path (a typo for it) or a file of the
+  --checkpoint directory (its config.json, or a .jsonl of its own such as a
+  trm.main workdir's config_history.jsonl), it would replace what the run
+  reads. An earlier such file inside a checkpoint directory (its first
+  record holds `record_key`) may be rewritten."""
   if not os.path.isfile(output):
     return  # a new file replaces nothing
   for flag, path in inputs.items():
     if not path or "://" in path:
       continue
     if os.path.isfile(path) and os.path.samefile(output, path):
-      raise ValueError(f"the samples file {output} is {flag}={path}: writing "
-                       "the samples would replace it; pass another --output.")
+      raise ValueError(f"the {what} file {output} is {flag}={path}: writing "
+                       f"the {what} would replace it; pass another --output.")
     if (os.path.isdir(path) and cli.within(output, path)
-        and not _holds_samples(output)):
-      raise ValueError(f"the samples file {output} is a file of {flag}="
-                       f"{path}: writing the samples would replace it; pass "
+        and not _holds_records(output, record_key)):
+      raise ValueError(f"the {what} file {output} is a file of {flag}="
+                       f"{path}: writing the {what} would replace it; pass "
                        "another --output.")
 
 
-def _holds_samples(path: str) -> bool:
-  """Whether `path` is empty or an earlier samples file (a .jsonl whose
-  first record names a task_id), which an evaluation may rewrite."""
+def _holds_records(path: str, key: str = "task_id") -> bool:
+  """Whether `path` is empty or an earlier output (a .jsonl whose first
+  record holds `key`: a samples file's task_id), which an evaluation may
+  rewrite."""
   if not path.endswith(".jsonl"):
     return False
   with open(path, "rb") as f:
@@ -261,7 +284,7 @@ def _holds_samples(path: str) -> bool:
     record = json.loads(first)
   except ValueError:
     return False
-  return isinstance(record, dict) and "task_id" in record
+  return isinstance(record, dict) and key in record
 
 
 def _load_problems(benchmark: str):
@@ -553,10 +576,85 @@ def evaluate_code(config, checkpoint: str):
            sampler=settings, generation_seconds=generation_seconds))
 
 
+# --loglikelihood's --batch_size when unset: Dream's harness runs with 8-32.
+LOGLIKELIHOOD_BATCH = 32
+
+
+def loglikelihood_settings() -> dict:
+  """`DiffusionLM.loglikelihood`'s settings from the flags, checked as it
+  checks them (one line naming the argument), before any weight is read."""
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+  batch = _SAMPLER["batch_size"].value
+  settings = dict(mc_num=_MC_NUM.value,
+                  batch_size=LOGLIKELIHOOD_BATCH if batch is None else batch,
+                  nll_type=_NLL_TYPE.value, log_type=_LOG_TYPE.value,
+                  sampling_eps=_SAMPLING_EPS.value,
+                  seed=_SAMPLER["seed"].value)
+  try:
+    likelihood.check_settings(**settings)
+  except (TypeError, ValueError) as e:  # the flags' spelling
+    raise ValueError(f"--{e}") from None
+  return settings
+
+
+def loglikelihood_output() -> str:
+  """--output (default <output_dir>/loglikelihood.jsonl), checked: a file
+  path that replaces no input."""
+  if _OUTPUT.value is not None:
+    output, flag = cli.expand_home(_OUTPUT.value), "--output"
+  else:
+    output = os.path.join(cli.check_output_dir(_OUTPUT_DIR.value),
+                          "loglikelihood.jsonl")
+    flag = "--output_dir"
+  if not output or output.endswith(os.sep) or os.path.isdir(output):
+    raise ValueError(f"{flag}={output}: a file path is expected (the "
+                     "log-likelihoods, one JSON line per request).")
+  cli.check_writable_ancestor(output, flag)
+  check_not_an_input(output, _inputs(
+      {"--loglikelihood": _LOGLIKELIHOOD.value}), what="log-likelihoods",
+                     record_key="loglikelihood")
+  return output
+
+
+def evaluate_loglikelihood(config, checkpoint: str):
+  """--loglikelihood: score lm-eval's requests with a DiffuCoder/Dream
+  checkpoint, write one line per request to --output."""
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+  if _BENCHMARK.value or _SCORE_ONLY.value is not None:
+    raise ValueError("--loglikelihood scores requests, --benchmark and "
+                     "--score_only run code benchmarks: pass one of them.")
+  if not checkpoint:
+    raise ValueError("--loglikelihood needs --checkpoint (a Hugging Face "
+                     "DiffuCoder/Dream directory or Hub id, or a trm.main "
+                     "DiffuCoder workdir).")
+  settings = loglikelihood_settings()
+  requests = likelihood.read_requests(_LOGLIKELIHOOD.value)
+  output = loglikelihood_output()
+  step = cli.workdir_step(checkpoint, _STEP.value)
+  import jax  # pylint: disable=g-import-not-at-top
+  distributed.initialize_distributed(jax)
+  lm = generate_cli.load_model(checkpoint, _SAMPLER, config, step)
+  first = jax.process_index() == 0  # on a pod every process computes
+  if first:
+    print(f"weights: {lm.source}\n{len(requests)} request(s) from "
+          f"{_LOGLIKELIHOOD.value}")
+  results = lm.loglikelihood(requests, **settings)
+  if not first:
+    return None
+  likelihood.write_results(output, results, dict(
+      settings, requests=_LOGLIKELIHOOD.value, checkpoint=lm.source))
+  print(f"log-likelihoods: {output}\nsettings: "
+        f"{likelihood.settings_path(output)}")
+  return results
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
+  if _LOGLIKELIHOOD.value is not None:
+    evaluate_loglikelihood(config, _CHECKPOINT.value)
+    return
   if _BENCHMARK.value or _SCORE_ONLY.value is not None:
     evaluate_code(config, _CHECKPOINT.value)
     return
@@ -582,7 +680,8 @@ def main(argv):
 def define_flags():
   global _CONFIG, _CHECKPOINT, _OUTPUT_DIR, _BENCHMARK, _BENCHMARK_PATH, \
       _NUM_SAMPLES, _K, _LIMIT, _OUTPUT, _WORKERS, _TIMEOUT, _MEMORY_MB, \
-      _DISK_MB, _RESUME, _SCORE_ONLY, _SAMPLER, _STEP
+      _DISK_MB, _RESUME, _SCORE_ONLY, _SAMPLER, _STEP, _LOGLIKELIHOOD, \
+      _MC_NUM, _NLL_TYPE, _LOG_TYPE, _SAMPLING_EPS
   _CONFIG = config_flags.DEFINE_config_file("config", None, "TRM config, or "
                                             "with --benchmark a DiffuCoder "
                                             "config (its mesh).",
@@ -633,6 +732,27 @@ def define_flags():
   # DiffuCoder's recommended sampling (README): T=0.2 (Base; 0.3-0.4 for
   # Instruct), top_p=0.95, entropy order, one token per step.
   _SAMPLER = generate_cli.define_sampler_flags(temperature=0.2, top_p=0.95)
+  _LOGLIKELIHOOD = flags.DEFINE_string(
+      "loglikelihood", None, "lm-eval loglikelihood requests to score with "
+      "a DiffuCoder/Dream --checkpoint: a JSONL file of {\"context\": ..., "
+      "\"continuation\": ...} objects; one {\"loglikelihood\", "
+      "\"is_greedy\"} line per request goes to --output (default "
+      "<output_dir>/loglikelihood.jsonl). --batch_size (default "
+      f"{LOGLIKELIHOOD_BATCH}) draws per round, --seed the draws.")
+  _MC_NUM = flags.DEFINE_integer(
+      "mc_num", 128, "--loglikelihood: Monte Carlo draws per request (a "
+      "multiple of --batch_size).")
+  _NLL_TYPE = flags.DEFINE_enum(
+      "nll_type", "mc", ["mc", "ar_ftb"], "--loglikelihood: the Monte Carlo "
+      "estimate of Dream's harness, or ar_ftb: the continuation revealed "
+      "left to right (exact; also says whether it is greedy).")
+  _LOG_TYPE = flags.DEFINE_enum(
+      "log_type", "ftb", ["ftb", "btf", "union"], "--loglikelihood "
+      "(nll_type mc): noise the continuation (ftb), the context (btf) or "
+      "both (union).")
+  _SAMPLING_EPS = flags.DEFINE_float(
+      "sampling_eps", 1e-3, "--loglikelihood: the smallest masking "
+      "probability, t in [sampling_eps, 1].")
 
 
 # A stop signal exits 143 (SIGTERM) with this line, not trm.main's 0: a

@@ -13,7 +13,9 @@ takes strings, tokenizes (optionally in the Instruct chat template),
 left-pads, splits into fixed-size batches so one compiled program serves
 them all, samples, and cuts each completion at the stop tokens. Compiled
 programs are kept per setting on the object; `compile` builds one ahead of
-time and reports its compile time.
+time and reports its compile time. `loglikelihood` scores lm-eval's
+(context, continuation) requests as Dream's lm-eval harness does
+(`trm.families.dream.likelihood`).
 
 Defaults follow what Hugging Face's `diffusion_generate` runs with
 (`top_k=50`, `eps=1e-3`), except `alg="entropy"` and `steps =
@@ -917,6 +919,136 @@ class DiffusionLM:
     history = (np.concatenate(hists, axis=1)[:, :count, extra:]
                if hists else None)
     return Generation(completions, tokens, prompt_len, history)
+
+
+  # ------------------------------------------------------------ likelihood
+
+  def loglikelihood(self, requests, *, mc_num: int = 128,
+                    batch_size: int = 32, nll_type: str = "mc",
+                    log_type: str = "ftb", sampling_eps: float = 1e-3,
+                    seed: int = 0, bucket: int = PROMPT_BUCKET
+                    ) -> list[tuple[float, bool]]:
+    """lm-eval's `loglikelihood`: (log p(continuation | context), is_greedy)
+    for each (context, continuation) pair of strings in `requests`, as
+    Dream's lm-eval harness estimates it (`likelihood`'s docstring): with
+    nll_type 'mc', the Monte Carlo estimate over `mc_num` draws in rounds of
+    `batch_size` (mc_num a multiple of it), noising the continuation
+    (log_type 'ftb'), the context ('btf') or both ('union'), t from
+    [`sampling_eps`, 1], is_greedy False (the reference does not check it);
+    with 'ar_ftb', the exact left-to-right sum, is_greedy True when every
+    continuation token is the model's argmax where it is scored. Every
+    request draws from numpy's Generator seeded `seed`, so a request's
+    estimate does not depend on the others. Each request is checked (one
+    line naming its index: empty, too long, holding the mask token) before
+    anything is computed. Sequences are right-padded to a multiple of
+    `bucket` tokens, the padding masked (one compiled program per bucket)."""
+    from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+    likelihood.check_settings(mc_num=mc_num, batch_size=batch_size,
+                              nll_type=nll_type, log_type=log_type,
+                              sampling_eps=sampling_eps, seed=seed)
+    if not _is_int(bucket) or bucket < 1:
+      raise ValueError(f"bucket={bucket!r}: must be an integer >= 1 (1: no "
+                       "padding).")
+    pairs = likelihood.check_requests(requests)
+    encoded = [likelihood.encode_pair(self.tokenizer, *pair)
+               for pair in pairs]
+    for i, request in enumerate(encoded):
+      likelihood.check_request(request, i, self.cfg.mask_token_id,
+                               self.max_positions)
+    out = []
+    for request in encoded:
+      if nll_type == "ar_ftb":
+        nll, wrong = self.ar_nll(request, batch_size=int(batch_size),
+                                 bucket=int(bucket))
+        out.append((-nll, wrong == 0))
+        continue
+      rng = np.random.default_rng(int(seed))
+      length = len(request.tokens)
+      draws = [likelihood.forward_process(rng, int(batch_size), length,
+                                          float(sampling_eps))
+               for _ in range(mc_num // batch_size)]
+      ll = -float(np.mean(self.mc_draw_losses(request, draws, log_type,
+                                              bucket=int(bucket))))
+      if log_type == "union":
+        ll /= length
+      out.append((ll, False))
+    return out
+
+  def _score(self, parts, batch: int, width: int):
+    """`likelihood.score` over the rows of `parts` (a list of
+    `likelihood.Rows`) in batches of `batch`: (nll [rows], wrong [rows])."""
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    from trm.core import host_arrays  # pylint: disable=g-import-not-at-top
+    from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+    count = sum(p.noisy.shape[0] for p in parts)
+    batches = likelihood.stack_rows(parts, batch)
+    scored = batches[0].rows.shape[1]
+    key = ("loglikelihood", batch, width, scored)
+    if key not in self._compiled:
+      with self.ctx:
+        spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+        lowered = likelihood.score.lower(
+            self._denoiser, self.params, spec((batch, width), jnp.int32),
+            spec((batch, width), jnp.bool_), spec((batch, scored), jnp.int32),
+            spec((batch, scored), jnp.int32),
+            spec((batch, scored), jnp.float32))
+        array_sizes.check_lowered(lowered, "The likelihood program",
+                                  "lower batch_size or shorten the requests")
+        self._compiled[key] = lowered.compile()
+    compiled = self._compiled[key]
+    shardings = compiled.input_shardings[0][1:]
+    nll, wrong = [], []
+    with self.ctx:
+      for rows in batches:
+        args = [host_arrays.put(x, s) for x, s in zip(
+            (rows.noisy, rows.real, rows.rows, rows.targets, rows.weights),
+            shardings)]
+        a, b = compiled(self.params, *args)
+        nll.append(host_arrays.whole(a))
+        wrong.append(host_arrays.whole(b))
+    return (np.concatenate(nll)[:count].astype(np.float64),
+            np.concatenate(wrong)[:count])
+
+  def _width(self, length: int, bucket: int) -> int:
+    """The padded width of a `length`-token sequence (the splash kernel
+    tiles by 128)."""
+    return padded_width(length, bucket=bucket,
+                        multiple_of=1 if self.cfg.attention == "dot" else 128)
+
+  def mc_draw_losses(self, request, draws, log_type: str = "ftb", *,
+                     bucket: int = PROMPT_BUCKET) -> np.ndarray:
+    """Each draw's loss (Dream's per-round `loss`: sum over the masked
+    tokens of CE / p_mask, divided by the batch) for a tokenised
+    `likelihood.Request` and `draws`, a list of (masked [B, L] bool,
+    p_mask [B]) over the whole sequence (`likelihood.forward_process`);
+    `log_type` keeps the masks of its region only."""
+    from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+    length = len(request.tokens)
+    region = likelihood.scored_region(len(request.prefix), length, log_type)
+    batch = draws[0][0].shape[0]
+    width = self._width(length, bucket)
+    scored = likelihood.padded(max(len(region), 1), min(bucket, 16))
+    parts = [likelihood.mc_rows(request, np.asarray(masked, bool),
+                                np.asarray(p_mask, np.float32), log_type,
+                                self.cfg.mask_token_id, width, scored,
+                                self.tokenizer.eos_id)
+             for masked, p_mask in draws]
+    nll, _ = self._score(parts, batch, width)
+    return nll.reshape(len(draws), batch).sum(1) / batch
+
+  def ar_nll(self, request, *, batch_size: int = 32,
+             bucket: int = PROMPT_BUCKET) -> tuple[float, int]:
+    """('ar_ftb') (the continuation's negative log-likelihood revealed left
+    to right, how many of its tokens are not the argmax where scored)."""
+    from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+    width = self._width(len(request.tokens), bucket)
+    rows = likelihood.ar_rows(request, self.cfg.mask_token_id, width,
+                              self.tokenizer.eos_id)
+    # batch_size rows per call whatever the length (the last batch filled
+    # with rows of weight 0): one program per width.
+    nll, wrong = self._score([rows], batch_size, width)
+    return float(nll.sum()), int(wrong.sum())
 
 
 def _run_tokenizer(run, workdir: str, name: str = "tokenizer") -> str:
