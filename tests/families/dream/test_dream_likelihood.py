@@ -87,13 +87,16 @@ def _reference_draw(generator, batch, length):
   return masked, p_mask
 
 
-def _reference_loss(model, seq, masked, p_mask, start):
-  """One round of `_eval_target_nll_mc` (log_type 'ftb'): only the
-  continuation (from `start`) keeps the draw's masks."""
+def _reference_loss(model, seq, masked, p_mask, start, log_type="ftb"):
+  """One round of `_eval_target_nll_mc`: only the continuation (from
+  `start`; log_type 'ftb'), the context ('btf') or both ('union') keep the
+  draw's masks."""
   batch = masked.shape[0]
   seq = seq[None].repeat(batch, 1)
   noisy = seq.clone()
-  noisy[:, start:] = torch.where(masked, MASK, seq)[:, start:]
+  region = {"ftb": slice(start, None), "btf": slice(0, start),
+            "union": slice(None)}[log_type]
+  noisy[:, region] = torch.where(masked, MASK, seq)[:, region]
   where = noisy == MASK
   logits = _torch_logits(model, noisy)
   loss = F.cross_entropy(logits[where], seq[where], reduction="none")
@@ -116,6 +119,17 @@ def test_each_draw_equals_dreams_loss_on_the_torch_model(pair):
   # Padded to the default bucket (64 tokens, masked out of attention), the
   # unpadded reference's figures.
   np.testing.assert_allclose(got, want, rtol=2e-5)
+  for log_type in ("btf", "union"):
+    np.testing.assert_allclose(
+        lm.mc_draw_losses(REQUEST, [(draws[0][0].numpy(),
+                                     draws[0][1][:, 0].numpy())], log_type),
+        [_reference_loss(model, seq, *draws[0], len(REQUEST.prefix),
+                         log_type)], rtol=2e-5)
+  # No context: 'btf' has nothing to mask and scores 0 (not -0.0).
+  assert lm.loglikelihood([("", "ab")], mc_num=16, batch_size=16,
+                          log_type="btf") == [(0.0, False)]
+  assert str(lm.loglikelihood([("", "ab")], mc_num=16, batch_size=16,
+                              log_type="btf")[0][0]) == "0.0"
   # The draw of numpy's generator is the reference's formula.
   masked, p_mask = likelihood.forward_process(np.random.default_rng(1), 4, 8,
                                               EPS)

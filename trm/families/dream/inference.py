@@ -967,8 +967,10 @@ class DiffusionLM:
       draws = [likelihood.forward_process(rng, int(batch_size), length,
                                           float(sampling_eps))
                for _ in range(mc_num // batch_size)]
+      # + 0.0: a region with no token to mask ('btf' without a context)
+      # scores 0, not -0.0.
       ll = -float(np.mean(self.mc_draw_losses(request, draws, log_type,
-                                              bucket=int(bucket))))
+                                              bucket=int(bucket)))) + 0.0
       if log_type == "union":
         ll /= length
       out.append((ll, False))

@@ -211,7 +211,8 @@ def mc_rows(request: Request, masked: np.ndarray, p_mask: np.ndarray,
   the reference draws them) kept in the region `log_type` noises."""
   tokens = request.tokens
   batch, length = masked.shape
-  region = np.asarray(scored_region(len(request.prefix), length, log_type))
+  region = np.asarray(scored_region(len(request.prefix), length, log_type),
+                      np.int64)  # an empty one ("btf" without a context)
   keep = np.zeros(length, bool)
   keep[region] = True
   masked = masked & keep
