@@ -578,6 +578,28 @@ def evaluate_code(config, checkpoint: str):
 
 # --loglikelihood's --batch_size when unset: Dream's harness runs with 8-32.
 LOGLIKELIHOOD_BATCH = 32
+# The flags of one mode only: given to the other, they were ignored.
+LOGLIKELIHOOD_FLAGS = ("mc_num", "nll_type", "log_type", "sampling_eps")
+SAMPLING_FLAGS = ("chat", "max_new_tokens", "steps", "alg", "alg_temp",
+                  "temperature", "top_p", "top_k", "cache", "block_length",
+                  "threshold", "fast_dllm", "benchmark_path", "num_samples",
+                  "k", "limit", "timeout", "workers", "memory_mb", "disk_mb",
+                  "resume")
+
+
+def unused_flags(given, loglikelihood: bool) -> None:
+  """One ValueError naming the first of the flags `given` (names set on the
+  command line) that the mode does not read: --loglikelihood scores the
+  context as given (lm-eval applies any chat template before it makes the
+  request) and samples nothing; the other modes draw no likelihood."""
+  for name in SAMPLING_FLAGS if loglikelihood else LOGLIKELIHOOD_FLAGS:
+    if name in given:
+      raise ValueError(
+          f"--{name}: " + ("--loglikelihood scores each request's context "
+                           "as given and samples nothing; drop it."
+                           if loglikelihood else "it sets --loglikelihood's "
+                           "estimate; pass --loglikelihood=FILE with it, or "
+                           "drop it."))
 
 
 def loglikelihood_settings() -> dict:
@@ -652,6 +674,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
+  unused_flags({name for name in flags.FLAGS if flags.FLAGS[name].present},
+               _LOGLIKELIHOOD.value is not None)
   if _LOGLIKELIHOOD.value is not None:
     evaluate_loglikelihood(config, _CHECKPOINT.value)
     return

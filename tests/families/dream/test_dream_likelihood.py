@@ -309,3 +309,17 @@ def test_results_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
   monkeypatch.undo()
   assert open(path).read() == before
   assert sorted(os.listdir(tmp_path)) == ["ll.jsonl", "ll_settings.json"]
+
+
+def test_flags_of_the_other_mode_are_refused():
+  """--chat (or any sampling flag) with --loglikelihood, and --mc_num (or
+  another estimate flag) without it, were ignored without a word."""
+  from trm import evaluate  # pylint: disable=g-import-not-at-top
+  evaluate.unused_flags({"checkpoint", "mc_num", "seed", "batch_size"}, True)
+  evaluate.unused_flags({"checkpoint", "chat", "temperature"}, False)
+  with pytest.raises(ValueError, match=r"^--chat: --loglikelihood scores "
+                     "each request's context as given"):
+    evaluate.unused_flags({"mc_num", "chat"}, True)
+  with pytest.raises(ValueError, match=r"^--log_type: it sets "
+                     "--loglikelihood's estimate; pass --loglikelihood=FILE"):
+    evaluate.unused_flags({"benchmark", "log_type"}, False)
