@@ -57,7 +57,7 @@ DiffuCoder / Dream checkpoint, as Dream's lm-eval harness scores them
 (`trm.families.dream.likelihood`: the Monte Carlo estimate, or with
 --nll_type=ar_ftb the left-to-right sum):
 
-  python -m trm.evaluate --checkpoint=Dream-v0-Base-7B \
+  python -m trm.evaluate --checkpoint=Dream-org/Dream-v0-Base-7B \
       --loglikelihood=requests.jsonl --mc_num=128 --batch_size=32 \
       --output=runs/ll/loglikelihood.jsonl
 

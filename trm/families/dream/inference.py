@@ -920,7 +920,6 @@ class DiffusionLM:
                if hists else None)
     return Generation(completions, tokens, prompt_len, history)
 
-
   # ------------------------------------------------------------ likelihood
 
   def loglikelihood(self, requests, *, mc_num: int = 128,
@@ -988,13 +987,14 @@ class DiffusionLM:
     scored = batches[0].rows.shape[1]
     key = ("loglikelihood", batch, width, scored)
     if key not in self._compiled:
+      # noisy, real [batch, width]; rows, targets, weights [batch, scored]
+      shapes = [((batch, width), jnp.int32), ((batch, width), jnp.bool_),
+                ((batch, scored), jnp.int32), ((batch, scored), jnp.int32),
+                ((batch, scored), jnp.float32)]
       with self.ctx:
-        spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
         lowered = likelihood.score.lower(
-            self._denoiser, self.params, spec((batch, width), jnp.int32),
-            spec((batch, width), jnp.bool_), spec((batch, scored), jnp.int32),
-            spec((batch, scored), jnp.int32),
-            spec((batch, scored), jnp.float32))
+            self._denoiser, self.params,
+            *(jax.ShapeDtypeStruct(*shape) for shape in shapes))
         array_sizes.check_lowered(lowered, "The likelihood program",
                                   "lower batch_size or shorten the requests")
         self._compiled[key] = lowered.compile()
