@@ -113,7 +113,8 @@ def get_config(arg=None):
   c.eval_only = False           # evaluate the restored model, then exit
   c.init_checkpoint = ""        # a new run's weights: a trm.main workdir
                                 # (its newest step; DIR/checkpoints/N: step
-                                # N) or an upstream PyTorch checkpoint file
+                                # N; DIR/checkpoints/best: its best) or an
+                                # upstream PyTorch checkpoint file
   c.compiled_step = ""         # file of trm.aot --save_compiled ('': compile)
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
   c.allow_config_change = False  # resume although model/optim/data/seed/batch

@@ -600,7 +600,8 @@ def test_init_checkpoint_starts_a_new_run_from_a_workdirs_weights(
   """config.init_checkpoint=WORKDIR: a new run starts from the weights that
   run evaluated (its EMA), its H_init / L_init and puzzle table, sharded,
   with a fresh optimizer at step 0 (before, TRM configs had no such
-  field); WORKDIR/checkpoints/N names step N; a workdir that already holds
+  field); WORKDIR/checkpoints/N names step N, .../best the best (a step
+  not on disk names those that are); a workdir that already holds
   checkpoints resumes and reads none of it (said once)."""
   workdir, final, _ = finished_run
   config = tiny_config(**{"data.data_dir": data_dir,
@@ -629,6 +630,30 @@ def test_init_checkpoint_starts_a_new_run_from_a_workdirs_weights(
   one_step = tiny_config(init_checkpoint=os.path.join(workdir, "checkpoints",
                                                       "6"))
   assert puzzle.init_source(one_step, str(tmp_path)) == (str(workdir), 6)
+  # WORKDIR/checkpoints/best: the step the tools' --step=best reads (the
+  # lowest held-out loss; here step 12, then step 6 given a lower one).
+  named = lambda run, name: tiny_config(init_checkpoint=os.path.join(
+      run, "checkpoints", name))
+  assert puzzle.init_source(named(workdir, "best"), str(tmp_path)) == (
+      str(workdir), 12)
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir / "checkpoints", copy / "checkpoints")
+  ckpt_lib._write_metric(str(copy / "checkpoints" / "6"), 0.5)  # pylint: disable=protected-access
+  assert puzzle.init_source(named(copy, "best"), str(tmp_path)) == (
+      str(copy), 6)
+  assert puzzle.init_source(named(copy, "latest"), str(tmp_path)) == (
+      str(copy), None)
+  with pytest.raises(FileNotFoundError, match=(
+      r"^config.init_checkpoint='.*/checkpoints/7': .* has no step 7 \(its "
+      r"steps: \[6, 12\]\); pass one of them, best or latest.$")):
+    puzzle.init_source(named(copy, "7"), str(tmp_path))
+  shutil.rmtree(copy / "checkpoints" / "6" / "metrics")
+  shutil.rmtree(copy / "checkpoints" / "12" / "metrics")
+  with pytest.raises(ckpt_lib.CheckpointError, match=(
+      r"^config.init_checkpoint='.*/checkpoints/best': no checkpoint .* has "
+      r"a held-out loss .* Pass config.init_checkpoint='.*/checkpoints/"
+      r"latest' or config.init_checkpoint='.*/checkpoints/<N>'")):
+    puzzle.init_source(named(copy, "best"), str(tmp_path))
   with caplog.at_level(logging.WARNING):
     assert puzzle.init_source(config, str(workdir)) is None
   assert caplog.text.count("is not read") == 1

@@ -1153,7 +1153,8 @@ def _with_zeros(abstract_state, restored, absent):
   return abstract_state.replace(**restored, **zeros)
 
 
-def choose_step(directory: str, choice, flag: str = "--step") -> int | None:
+def choose_step(directory: str, choice, flag: str = "--step",
+                spell=None) -> int | None:
   """The step of the checkpoint directory `directory` (a trm.main workdir's
   checkpoints/, local or gs://) that `--step` (`cli.define_step_flag`)
   names, for `restore_fields`: None for 'latest' (the newest readable step,
@@ -1163,10 +1164,13 @@ def choose_step(directory: str, choice, flag: str = "--step") -> int | None:
   weight is read; refuses in one line, naming the steps on disk, a step
   that is not there or a 'best' with no ranked step. `flag`: how the
   errors spell the choice (the flag, or the Python API's
-  `checkpoint_step`)."""
+  `checkpoint_step`); `spell` (choice -> text), where a config field names
+  the step inside a path (TRM's init_checkpoint=WORKDIR/checkpoints/best),
+  spells it instead."""
   if choice == "latest":
     return None
-  spell = cli.step_spelling(flag)
+  any_step = spell("<N>") if spell else f"{flag}=<a step>"
+  spell = spell or cli.step_spelling(flag)
   from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
   path = epath.Path(directory)
   steps = (sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
@@ -1191,7 +1195,7 @@ def choose_step(directory: str, choice, flag: str = "--step") -> int | None:
     except ValueError as e:
       raise CheckpointError(
           f"{spell('best')}: the held-out loss record {record} is damaged "
-          f"({e}), so the steps cannot be ranked. Pass {flag}=<a step> (steps: "
+          f"({e}), so the steps cannot be ranked. Pass {any_step} (steps: "
           f"{steps}), or write the step's eval/loss from eval_{step}.json "
           f'in the workdir there as {{"{EVAL_LOSS}": <number>}}.') from None
   if not losses:
@@ -1200,7 +1204,7 @@ def choose_step(directory: str, choice, flag: str = "--step") -> int | None:
         "held-out loss to rank it by: a step is ranked when it is saved "
         "at an evaluation (config.eval_every; the run's config.eval_every "
         f"was 0, or no save met an evaluation). Pass {spell('latest')} or "
-        f"{flag}=<one of the steps>.")
+        f"{any_step} (one of the steps).")
   return min(losses, key=lambda step: (losses[step], -step))
 
 

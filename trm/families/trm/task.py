@@ -2,7 +2,8 @@
 
 A new run starts from random weights, or from `config.init_checkpoint`'s
 (`init_source`): a trm.main workdir's newest step (`DIR/checkpoints/N`:
-step N), the weights it evaluates (its EMA when it kept one), or an
+step N; `DIR/checkpoints/best`: its best, as the tools' --step=best), the
+weights it evaluates (its EMA when it kept one), or an
 upstream PyTorch checkpoint file, as upstream's `load_checkpoint`. Only the
 weights, H_init / L_init and the puzzle table are read: the optimizer
 state, the ACT carry and the step start afresh. A puzzle table of another
@@ -224,7 +225,8 @@ INIT_NAME = "config.init_checkpoint"
 
 def init_source(config, workdir: str):
   """(path, step) of the weights config.init_checkpoint names: a trm.main
-  workdir and its step (None: the newest readable one), or an upstream
+  workdir and its step (None: the newest readable one; WORKDIR/checkpoints/N,
+  .../best or .../latest name one), or an upstream
   PyTorch / safetensors file and None. None when unset, or when `workdir`
   already holds checkpoints: the run resumes from them (said once), as a
   restarted run must. Checked before any data is built; a path that is
@@ -240,17 +242,25 @@ def init_source(config, workdir: str):
     return None
   weights_io.check_local(path, INIT_NAME, "starting weights are")
   parent, name = os.path.split(os.path.normpath(path))
-  if (name.isascii() and name.isdigit()
-      and os.path.basename(parent) == "checkpoints" and os.path.isdir(path)):
-    return os.path.dirname(parent), int(name)  # one step of a workdir
+  if (os.path.basename(parent) == "checkpoints" and os.path.isdir(parent)
+      and (name in ("best", "latest") or (name.isascii() and name.isdigit()))):
+    # One step of a workdir, named as the tools' --step names it: a number,
+    # best (the lowest held-out loss, which the trainer keeps) or latest.
+    # A step not on disk, or a best with none ranked, names the steps.
+    from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+    spell = lambda choice: (
+        f"{INIT_NAME}={os.path.join(parent, str(choice))!r}")
+    step = ckpt_lib.choose_step(
+        parent, name if not name.isdigit() else int(name), spell=spell)
+    return os.path.dirname(parent), step
   if os.path.isdir(os.path.join(path, "checkpoints")):
     return path, None
   if os.path.isfile(path):
     return path, None
   raise FileNotFoundError(
       f"{INIT_NAME}={path!r} is neither a trm.main workdir (a directory with "
-      "checkpoints/), one of its steps (WORKDIR/checkpoints/N) nor an "
-      f"upstream PyTorch checkpoint file: point it at one, or set "
+      "checkpoints/), one of its steps (WORKDIR/checkpoints/N, or .../best) "
+      "nor an upstream PyTorch checkpoint file: point it at one, or set "
       f"{INIT_NAME}='' to start from random weights.")
 
 
