@@ -247,6 +247,9 @@ def get_config(arg=None):
                                 # multiple of N (0: none; big_vision's
                                 # keep_ckpt_steps)
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
+  c.resume_step = 0             # resume from this saved step; the newer
+                                # ones move to checkpoints_abandoned/ (0:
+                                # the newest; HF's resume_from_checkpoint)
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.mesh = config_lib.mesh_config(data=-1, fsdp=1, model=1)

@@ -143,6 +143,9 @@ def get_config(arg=None):
                                 # upstream PyTorch checkpoint file
   c.compiled_step = ""         # file of trm.aot --save_compiled ('': compile)
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
+  c.resume_step = 0             # resume from this saved step; the newer
+                                # ones move to checkpoints_abandoned/ (0:
+                                # the newest; HF's resume_from_checkpoint)
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.log_every = 100             # train metrics cadence in steps

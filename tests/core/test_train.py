@@ -595,6 +595,71 @@ def test_checkpoints_off_in_a_run_with_checkpoints_is_refused(finished_run):
   assert sorted(os.listdir(workdir)) == before
 
 
+def test_a_resume_step_that_cannot_be_is_one_line():
+  """Refused with the config's other values, before the workdir is
+  touched: a negative step, and eval_only (which moves no step aside)."""
+  from trm.core import run_checks  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"config.resume_step=-6 must be a "
+                     r"saved step to resume from, or 0 \(the newest\)"):
+    run_checks.check_values(tiny_config(resume_step=-6))
+  with pytest.raises(ValueError, match=r"config.resume_step=6 with eval_only="
+                     r"True: .* or read step 6 with trm.evaluate's --step=6"):
+    run_checks.check_values(tiny_config(resume_step=6, eval_only=True))
+
+
+def test_resume_step_moves_the_newer_steps_aside(finished_run, data_dir,
+                                                 tmp_path, monkeypatch,
+                                                 caplog):
+  """config.resume_step=N (Hugging Face's resume_from_checkpoint; before,
+  no field: only the newest step resumed): the steps after N, their
+  evaluations' records and a copy of metrics.jsonl move to
+  checkpoints_abandoned/<time>/ (one warning), before anything is read,
+  so the restore, the ranking and the end-of-run checks see N as the
+  newest. A rerun with the same N resumes from the steps trained since; a
+  step not on disk names those that are."""
+  whole, _, _ = finished_run
+  workdir = tmp_path / "run"
+  shutil.copytree(whole, workdir)
+  jsonl = (workdir / "metrics.jsonl").read_text()
+  restored = []
+
+  def stop_at_restore(manager, *unused_args):
+    restored.append(sorted(manager.all_steps()))
+    raise _Killed()
+
+  monkeypatch.setattr(train.ckpt_lib, "restore_latest", stop_at_restore)
+  run = lambda step: train.train_and_evaluate(
+      tiny_config(**{"data.data_dir": data_dir, "log_every": 4,
+                     "resume_step": step}), str(workdir), families.build_task)
+  with pytest.raises(ckpt_lib.CheckpointError, match=(
+      r"^config.resume_step=7: .*/checkpoints has no complete step 7 \(its "
+      r"steps: \[6, 12\]\); pass one of them, or 0 to resume from the "
+      r"newest.$")):
+    run(7)
+  assert sorted(os.listdir(workdir / "checkpoints"))[:2] == ["12", "6"]
+  with caplog.at_level(logging.WARNING), pytest.raises(_Killed):
+    run(6)
+  assert restored == [[6]]
+  [moved] = list((workdir / ckpt_lib.ABANDONED).iterdir())
+  assert f"the newer step(s) [12], their evaluations' records and a copy of " \
+      f"metrics.jsonl were moved to {moved} (nothing deleted)" in caplog.text
+  assert sorted(os.listdir(moved / "checkpoints")) == ["12"]
+  assert (moved / "eval_12.json").exists()
+  assert not (workdir / "eval_12.json").exists()
+  assert (moved / "metrics.jsonl").read_text() == jsonl
+  assert json.loads((moved / "resume_step.json").read_text())[
+      "moved_steps"] == [12]
+  # The resumed run saved step 12 again; the same command, rerun (a
+  # restarted job), resumes from it instead of going back again.
+  shutil.copytree(moved / "checkpoints" / "12", workdir / "checkpoints" / "12")
+  caplog.clear()
+  with caplog.at_level(logging.WARNING), pytest.raises(_Killed):
+    run(6)
+  assert restored[-1] == [6, 12]
+  assert "config.resume_step=6 was applied by an earlier run" in caplog.text
+  assert len(list((workdir / ckpt_lib.ABANDONED).iterdir())) == 1
+
+
 def test_init_checkpoint_starts_a_new_run_from_a_workdirs_weights(
     finished_run, data_dir, tmp_path, caplog):
   """config.init_checkpoint=WORKDIR: a new run starts from the weights that

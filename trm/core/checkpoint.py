@@ -50,6 +50,7 @@ import json
 import logging as std_logging
 import math
 import os
+import re
 import shutil
 import time
 
@@ -1012,6 +1013,107 @@ def _set_aside(manager: ocp.CheckpointManager, steps) -> None:
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("trm_checkpoint_set_aside")
   manager.reload()
+
+
+# config.resume_step=N moves the steps after N (and their evaluations'
+# records) into ABANDONED/<time>/, with a record of the move.
+ABANDONED = "checkpoints_abandoned"
+_REWIND_RECORD = "resume_step.json"
+RESUME_STEP = "config.resume_step"
+
+
+def _last_rewind(workpath: epath.Path) -> tuple[epath.Path, dict] | None:
+  """(its folder, its record) of the newest rewind into
+  `ABANDONED` (`resume_from_step`), or None."""
+  folders = (sorted(p for p in (workpath / ABANDONED).iterdir()
+                    if (p / _REWIND_RECORD).exists())
+             if (workpath / ABANDONED).is_dir() else [])
+  for folder in reversed(folders):
+    try:
+      record = json.loads((folder / _REWIND_RECORD).read_text())
+    except (OSError, ValueError):
+      continue
+    if isinstance(record, dict):
+      return folder, record
+  return None
+
+
+def resume_from_step(workdir: str, step: int) -> None:
+  """`config.resume_step=N` (Hugging Face's resume_from_checkpoint): the
+  run resumes from its saved step N instead of the newest. The steps after
+  N are never lost: their checkpoints, their evaluations' records
+  (eval_<s>.json, eval_<s>/: a resume ranks steps and decides whether the
+  run ended by them) and a copy of metrics.jsonl (whose records past N the
+  resumed run drops, as after any resume) move to
+  WORKDIR/checkpoints_abandoned/<time>/, said in one warning, with a record
+  of the move written last. A rerun with the same N (a restarted job keeps
+  its flags) finds that record and resumes from its newest step instead of
+  going back again (one warning). A step that is not on disk, whole, is one
+  line naming those that are. Call it holding the workdir lock, before any
+  step is read. Collective: every process reads the steps, then process 0
+  moves them."""
+  workpath = epath.Path(workdir)
+  directory = workpath / "checkpoints"
+  complete = complete_steps(directory)
+  if step not in complete:
+    raise CheckpointError(
+        f"{RESUME_STEP}={step}: {directory} has no complete step {step} "
+        f"(its steps: {complete or 'none'}); pass one of them, or 0 to "
+        "resume from the newest.")
+  newer = sorted(int(p.name) for p in directory.iterdir()
+                 if p.name.isdigit() and int(p.name) > step)
+  if not newer:
+    return  # step N is the newest: a plain resume
+  last = _last_rewind(workpath)
+  if last is not None and last[1].get("resume_step") == step:
+    logging.warning(
+        "%s=%d was applied by an earlier run, which moved the steps after it "
+        "to %s; step(s) %s were trained since, so this run resumes from the "
+        "newest. Set %s=0 (to go back to step %d again, move those steps "
+        "out of %s first).", RESUME_STEP, step, last[0], newer, RESUME_STEP,
+        step, directory)
+    return
+  if "://" in str(workpath):
+    raise CheckpointError(
+        f"{RESUME_STEP}={step}: the step(s) {newer} after it would be moved "
+        f"aside, which is done on local disks only: move {directory}/"
+        f"<step> for those steps (and eval_<step>.json) elsewhere yourself, "
+        f"then set {RESUME_STEP}=0.")
+  if jax.process_count() > 1:  # every process has read the steps
+    multihost_utils.sync_global_devices("trm_resume_step_read")
+  if jax.process_index() == 0:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = workpath / ABANDONED / stamp
+    for n in range(1, 100):
+      if not target.exists():
+        break
+      target = workpath / ABANDONED / f"{stamp}-{n}"
+    (target / "checkpoints").mkdir(parents=True)
+    # The records first and the record of the move last: a run killed
+    # part-way still has newer steps, and its rerun moves the rest.
+    records = sorted(p.name for p in workpath.iterdir()
+                     if _EVAL_NAME.fullmatch(p.name)
+                     and int(_EVAL_NAME.fullmatch(p.name).group(1)) > step)
+    for name in records:
+      (workpath / name).rename(target / name)
+    jsonl = workpath / "metrics.jsonl"
+    if jsonl.exists():
+      shutil.copy2(str(jsonl), str(target / "metrics.jsonl"))
+    for moved in newer:
+      (directory / str(moved)).rename(target / "checkpoints" / str(moved))
+    atomic_files.replace_whole(target / _REWIND_RECORD, json.dumps(
+        {"resume_step": step, "moved_steps": newer, "moved_records": records,
+         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, indent=1))
+    logging.warning(
+        "%s=%d: resuming from step %d; the newer step(s) %s, their "
+        "evaluations' records and a copy of metrics.jsonl were moved to %s "
+        "(nothing deleted).", RESUME_STEP, step, step, newer, target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("trm_resume_step_moved")
+
+
+# An evaluation's record (eval_<step>.json) or outputs (eval_<step>/).
+_EVAL_NAME = re.compile(r"eval_(\d+)(\.json)?")
 
 
 def _short(text: str, limit: int = 600) -> str:

@@ -49,7 +49,7 @@ HARMLESS = (
     "loss_kernel", "wandb_log", "wandb_project", "wandb_run_name",
     "tpu_compiler_options", "compiled_step", "reduce_gradients_once",
     "profiler_steps", "skip_first_n_steps_for_profiler",
-    "keep_checkpoint_every", "metrics_jsonl")
+    "keep_checkpoint_every", "metrics_jsonl", "resume_step")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.

@@ -89,7 +89,8 @@ _OTHER_TRAINERS = {
     "label_smoothing_factor": ("config.label_smoothing is Hugging Face's "
                                "label_smoothing_factor (configs/gpt.py)"),
     "resume_from_checkpoint": ("rerun with the same --workdir: it resumes "
-                               "from its newest checkpoint"),
+                               "from its newest checkpoint "
+                               "(config.resume_step=N: from step N)"),
     **dict.fromkeys(("load_parameters_path", "model_name_or_path"),
                     "config.init_checkpoint names the weights to start "
                     "from"),

@@ -103,6 +103,16 @@ def check_values(config) -> None:
         f"config.keep_checkpoint_every={keep_every} must be 0 (keep no step"
         " for good) or a multiple of config.checkpoint_every="
         f"{config.checkpoint_every} (only saved steps can be kept).")
+  resume_step = config.get("resume_step", 0)
+  if resume_step < 0:
+    raise ValueError(f"config.resume_step={resume_step} must be a saved "
+                     "step to resume from, or 0 (the newest).")
+  if resume_step and config.get("eval_only", False):
+    raise ValueError(
+        f"config.resume_step={resume_step} with eval_only=True: eval_only "
+        "evaluates the newest step and moves none aside. Set resume_step=0, "
+        f"or read step {resume_step} with trm.evaluate's --step="
+        f"{resume_step}.")
   if config.max_consecutive_bad_steps < 0:
     raise ValueError(
         f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "

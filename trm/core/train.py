@@ -194,6 +194,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                         cleanup: contextlib.ExitStack, build_task: Callable):
   # ---------------------------------------------------------------- setup
   is_main = jax.process_index() == 0
+  if config.get("resume_step", 0):
+    # Before anything is built or read: the newer steps move aside, so
+    # every later reader (the config record, ranking, restore) sees step N
+    # as the newest.
+    ckpt_lib.resume_from_step(workdir, config.resume_step)
   # A train step compiled ahead of time (trm.aot --save_compiled) is checked
   # against the config as given, before the task fills in what it derives
   # from the data (trm.aot never reads the data).
