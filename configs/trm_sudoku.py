@@ -120,6 +120,9 @@ def get_config(arg=None):
   c.resume_step = 0             # resume from this saved step; the newer
                                 # ones move to checkpoints_abandoned/ (0:
                                 # the newest; HF's resume_from_checkpoint)
+  c.early_stopping_patience = 0  # stop after N evaluations in a row with
+                                # no eval loss improvement (0: never; HF's)
+  c.early_stopping_threshold = 0.0  # the improvement that counts (HF's)
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.log_every = 100             # train metrics cadence in steps

@@ -160,7 +160,10 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "label_smoothing": 0.0, "z_loss": 0.0,
                                     "warmup_ratio": 0.0,
                                     "optim.warmup_ratio": 0.0,
-                                    "optim.freeze_weights": False}
+                                    "optim.freeze_weights": False,
+                                    "resume_step": 0,
+                                    "early_stopping_patience": 0,
+                                    "early_stopping_threshold": 0.0}
   # A DiffuCoder run recorded before it could accumulate gradients.
   assert config_record.changes({"model": {"name": "dream"}}, {
       "model": {"name": "dream"}, "gradient_accumulation_steps": 1}) == {}
@@ -170,6 +173,14 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
   assert config_record.changes(old, {
       "model": {"name": "gpt"}, "profiler_steps": 0,
       "skip_first_n_steps_for_profiler": 1, "keep_checkpoint_every": 0}) == {}
+  # Session 68's run controls at their defaults: no change for an older
+  # run (a resume from another step, early stopping: logged ones).
+  assert config_record.changes(old, {
+      "model": {"name": "gpt"}, "resume_step": 0,
+      "early_stopping_patience": 0, "early_stopping_threshold": 0.0}) == {}
+  assert config_record.changes(old, {
+      "model": {"name": "gpt"}, "early_stopping_patience": 3}) == {
+          "early_stopping_patience": [None, 3]}
   # A TRM run recorded before optim.freeze_weights (session 67) trained
   # every weight: it resumes; with the weights frozen it is a change.
   trm_old = {"model": {"name": "trm"}, "optim": {"lr": 1e-4}}

@@ -93,6 +93,8 @@ EVAL_OWED = "eval_owed"
 # record (`config_record`), also in the step's custom metadata.
 CHECKSUMS = "checksums"
 CONFIG_RECORD = "config_record"
+# The run's early-stopping count and best (`trm.core.early_stopping`).
+EARLY_STOPPING = "early_stopping"
 _ALGORITHM = "fmix32x2-sum-v1"
 _METADATA_FILE = "_CHECKPOINT_METADATA"
 
@@ -602,7 +604,8 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
          eval_loss: float | None = None,
          best_eval_loss: float | None = None,
          config_record: dict | None = None,
-         eval_owed: bool = False) -> None:
+         eval_owed: bool = False,
+         early_stopping: dict | None = None) -> None:
   """Starts an (async) save of `state` and the iterator position at `step`.
 
   `eval_loss` is the held-out loss measured at this step (it ranks the step
@@ -611,7 +614,9 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
   whatever files lie beside the checkpoint; `config_record` the run's
   config record (`trm.core.config_record`), kept with the step likewise;
   `eval_owed` marks a step whose scheduled evaluation was cut short
-  (`saved_eval_owed`). The checksum of every array and of the iterator
+  (`saved_eval_owed`); `early_stopping` is the run's early-stopping count
+  and best (`trm.core.early_stopping`), kept with the step likewise. The
+  checksum of every array and of the iterator
   position goes into the same metadata (the module docstring). A state with a NaN or Inf anywhere
   is never written (`CheckpointError`, naming the leaves). Raises
   `CheckpointError` if this or the previous (async) save failed.
@@ -632,6 +637,8 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
     metadata[CONFIG_RECORD] = config_record
   if eval_owed:
     metadata[EVAL_OWED] = True
+  if early_stopping is not None:
+    metadata[EARLY_STOPPING] = early_stopping
   metrics = (None if eval_loss is None or not np.isfinite(eval_loss)
              else {EVAL_LOSS: float(eval_loss)})
   try:
@@ -670,6 +677,14 @@ def read_best_loss(directory: str, step: int) -> float | None:
     return None
 
 
+def saved_early_stopping(manager: ocp.CheckpointManager,
+                         step: int) -> dict | None:
+  """The early-stopping record (`trm.core.early_stopping`) saved with
+  checkpoint `step`; None for a step saved before it was kept."""
+  record = _saved_custom(manager, step).get(EARLY_STOPPING)
+  return record if isinstance(record, dict) else None
+
+
 def saved_eval_owed(manager: ocp.CheckpointManager, step: int) -> bool:
   """Whether checkpoint `step` was saved with its evaluation cut short
   (checkpoints written before this record existed: False)."""
@@ -678,13 +693,14 @@ def saved_eval_owed(manager: ocp.CheckpointManager, step: int) -> bool:
 
 def record_redone_eval(manager: ocp.CheckpointManager, step: int, *,
                        eval_loss: float | None,
-                       best_eval_loss: float | None) -> None:
+                       best_eval_loss: float | None,
+                       early_stopping: dict | None = None) -> None:
   """Completes checkpoint `step`, saved owing its evaluation
   (`saved_eval_owed`), once the resumed run has done that evaluation: as
   the save would have written it had the evaluation come first,
   `eval_loss` becomes the step's Orbax metric (so `make_manager`'s policy
-  ranks it; None leaves it unranked) and `best_eval_loss` the best in its
-  metadata; and the mark goes, so a later resume from the step does not
+  ranks it; None leaves it unranked), `best_eval_loss` the best and
+  `early_stopping` the count with that evaluation in its metadata; and the mark goes, so a later resume from the step does not
   evaluate it again.
 
   The state, the iterator and their checksums are not touched, and each
@@ -708,6 +724,8 @@ def record_redone_eval(manager: ocp.CheckpointManager, step: int, *,
       custom.pop(EVAL_OWED, None)
       if best_eval_loss is not None and np.isfinite(best_eval_loss):
         custom[BEST_EVAL_LOSS] = float(best_eval_loss)
+      if early_stopping is not None:
+        custom[EARLY_STOPPING] = early_stopping
 
     try:
       _write_metric(str(step_dir), eval_loss, settle)

@@ -64,7 +64,8 @@ HOST_ONLY = (
     "data.max_eval_batches", "data.eval_sheet_rows", "data.tfds.data_dir",
     "data.build.csv_dir", "data.build.kaggle_dir", "data.build.concept_dir",
     "profiler_steps", "skip_first_n_steps_for_profiler",
-    "keep_checkpoint_every", "metrics_jsonl", "resume_step")
+    "keep_checkpoint_every", "metrics_jsonl", "resume_step",
+    "early_stopping_patience", "early_stopping_threshold")
 HOST_ONLY_PREFIXES = ("wandb.",)
 # What a serialized train step holds (jax 0.10.2): the unloaded
 # executable, its argument infos (abstract values, shardings, meshes,

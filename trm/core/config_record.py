@@ -49,7 +49,8 @@ HARMLESS = (
     "loss_kernel", "wandb_log", "wandb_project", "wandb_run_name",
     "tpu_compiler_options", "compiled_step", "reduce_gradients_once",
     "profiler_steps", "skip_first_n_steps_for_profiler",
-    "keep_checkpoint_every", "metrics_jsonl", "resume_step")
+    "keep_checkpoint_every", "metrics_jsonl", "resume_step",
+    "early_stopping_patience", "early_stopping_threshold")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.
@@ -89,7 +90,10 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "z_loss": 0.0,
             "warmup_ratio": 0.0,  # the warmup was set in steps
             "optim.warmup_ratio": 0.0,
-            "optim.freeze_weights": False}  # TRM trained every weight
+            "optim.freeze_weights": False,  # TRM trained every weight
+            "resume_step": 0,  # resumed from the newest step
+            "early_stopping_patience": 0,  # never stopped early
+            "early_stopping_threshold": 0.0}
 # Fields that decide how the checkpointed tensors are laid out (scanned
 # layers are one stacked `h`, unscanned ones h_0 ..): the checkpoints cannot
 # be restored in the other layout, so not even allow_config_change accepts

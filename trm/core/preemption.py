@@ -108,5 +108,13 @@ newest complete checkpoint stays)."""
       return self.signal_time is not None
     if step % self._agree_every:
       return False
-    return bool(np.any(multihost_utils.process_allgather(
-        np.int32(self.signal_time is not None))))
+    return any_process(self.signal_time is not None)
+
+
+def any_process(flag: bool) -> bool:
+  """Whether `flag` holds on any process: how every process agrees to stop
+  (a signal, early stopping) at the same step. Collective: every process
+  calls it at the same step."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))

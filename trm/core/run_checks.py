@@ -113,6 +113,7 @@ def check_values(config) -> None:
         "evaluates the newest step and moves none aside. Set resume_step=0, "
         f"or read step {resume_step} with trm.evaluate's --step="
         f"{resume_step}.")
+  check_early_stopping(config)
   if config.max_consecutive_bad_steps < 0:
     raise ValueError(
         f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "
@@ -145,6 +146,30 @@ def check_values(config) -> None:
   loss_scale.check_config(config)
   tpu_flags.parse(config.get("tpu_compiler_options", ""))
   warn_frozen_weights(config)
+
+
+def check_early_stopping(config) -> None:
+  """config.early_stopping_patience (evaluations without improvement; 0:
+  off) and early_stopping_threshold (the improvement that counts), as
+  Hugging Face's EarlyStoppingCallback takes them; a threshold with the
+  patience off would silently do nothing."""
+  patience = config.get("early_stopping_patience", 0)
+  threshold = config.get("early_stopping_threshold", 0.0)
+  if patience < 0:
+    raise ValueError(
+        f"config.early_stopping_patience={patience} must be >= 0 (the "
+        "evaluations in a row without improvement that stop the run; 0: "
+        "never stop early).")
+  if not (math.isfinite(threshold) and threshold >= 0):
+    raise ValueError(
+        f"config.early_stopping_threshold={threshold} must be a number >= 0 "
+        "(how much lower than the best an eval/loss must be to count as an "
+        "improvement).")
+  if threshold and not patience:
+    raise ValueError(
+        f"config.early_stopping_threshold={threshold} does nothing with "
+        "config.early_stopping_patience=0 (early stopping off): set a "
+        "patience, or early_stopping_threshold=0.")
 
 
 def check_warmup(config) -> None:

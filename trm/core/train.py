@@ -7,6 +7,11 @@ with a NaN/Inf loss or gradient is skipped inside the jitted step
 run (`NonFiniteError`); SIGTERM or a preemption notice saves the current step
 and raises `Preempted` (`trm.main` exits 0); an unreadable newest checkpoint
 falls back to the previous one (`checkpoint.restore_latest`).
+
+Run control: config.early_stopping_patience ends a run whose held-out loss
+stops improving (`trm.core.early_stopping`: the stop step is saved and a
+rerun only evaluates it); config.resume_step=N resumes from saved step N,
+the newer steps moved aside (`checkpoint.resume_from_step`).
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from trm.core import compiled_step
 from trm.core import config_record
 from trm.core import dispatch
 from trm.core import distributed
+from trm.core import early_stopping as early_stopping_lib
 from trm.core import mesh as mesh_lib
 from trm.core import progress
 from trm.core import state as state_lib
@@ -412,6 +418,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     best_loss = _saved_eval_loss(workpath, start_step)
   if from_initial_state and task.initial_best_loss is not None:
     best_loss = task.initial_best_loss
+  # config.early_stopping_patience's count and best, as the checkpoint
+  # resumed from left them (read on every process: all decide alike).
+  stopping = early_stopping_lib.EarlyStopping.resumed(
+      config, ckpt_lib.saved_early_stopping(manager, start_step)
+      if restored else None, best_loss)
   # always_save_checkpoint=False keeps only improving steps: a run whose
   # final evaluation (eval_<total_steps>.json, written after its last step)
   # did not improve ended without a checkpoint there, and a rerun trained
@@ -425,7 +436,12 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                    and final_record.exists()
                    and not _saved_eval_loss(workpath, config.total_steps)
                    < best_loss)
-  finished = start_step >= config.total_steps or ended_unsaved
+  # A run that stopped early ended there: a rerun (a restarted job, the
+  # same command) only evaluates, until the patience is raised.
+  stopped_early = (restored and start_step < config.total_steps
+                   and stopping.exhausted)
+  finished = (start_step >= config.total_steps or ended_unsaved
+              or stopped_early)
   if not finished:
     train_step = build_train_step()
   else:  # a finished run only evaluates again: no train step to build
@@ -437,6 +453,12 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           "(always_save_checkpoint=False): the run is finished; evaluating "
           "its newest checkpoint, step %d, without building the train step.",
           config.total_steps, final_record, start_step)
+    elif stopped_early:
+      logging.info(
+          "Step %d: the run stopped early there (%s): it is finished; "
+          "evaluating without building the train step. Raise config."
+          "early_stopping_patience (or set it to 0) to train on.",
+          start_step, stopping.reason())
     else:
       logging.info("Step %d %s config.total_steps=%d: the run is finished; "
                    "evaluating without building the train step.", start_step,
@@ -512,7 +534,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       best_loss = min(best_loss, float(eval_loss))
     ckpt_lib.save(manager, step, state, train_iter, eval_loss=eval_loss,
                   best_eval_loss=best_loss, config_record=saved_record,
-                  eval_owed=is_eval_step(step) and evaluated_at != step)
+                  eval_owed=is_eval_step(step) and evaluated_at != step,
+                  early_stopping=stopping.record())
     return True
 
   def stop_for_preemption(step: int):
@@ -542,9 +565,10 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     raise Preempted(step, str(manager.directory / str(step)) if saved
                     else None, preemption.signum)
 
-  def evaluate_now(step: int) -> None:
+  def evaluate_now(step: int, counts: bool = True) -> None:
     """The scheduled evaluation at `step`; a signal during it saves the step
-    (marked as owing its evaluation) and stops."""
+    (marked as owing its evaluation) and stops. Its loss goes to the
+    early-stopping count (`counts=False`: to its best only)."""
     nonlocal results, evaluated_at
     with report.timed("eval", barrier=state), speed.paused(step):
       evaluated = run_eval(step, preemption.pending)
@@ -554,7 +578,23 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       stop_for_preemption(step)
     results = evaluated
     evaluated_at = step
+    stopping.update(results.get("eval/loss"), counts)
     logging.info("Step %d eval: %s", step, results)
+
+  def stops_early(step: int) -> bool:
+    """Whether the evaluation just done at `step` exhausted
+    config.early_stopping_patience, agreed by every process as a signal
+    is (`preemption.any_process`); never at the last step, which ends the
+    run anyway."""
+    return (bool(stopping.patience) and step < config.total_steps
+            and preemption_lib.any_process(stopping.exhausted))
+
+  def log_early_stop(step: int, saved: bool) -> None:
+    logging.warning(
+        "Early stopping at step %d: %s. %s", step, stopping.reason(),
+        f"Step {step} is saved; a rerun of this workdir only evaluates it "
+        "(raise config.early_stopping_patience, or set it to 0, to train "
+        "on)." if saved else "No checkpoint was saved.")
 
   def record_redone_eval(step: int) -> None:
     """Gives checkpoint `step`, saved owing its evaluation, what the
@@ -566,7 +606,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     if loss is not None:  # saved when it improved, or always: min either way
       best_loss = min(best_loss, float(loss))
     ckpt_lib.record_redone_eval(manager, step, eval_loss=loss,
-                                best_eval_loss=best_loss)
+                                best_eval_loss=best_loss,
+                                early_stopping=stopping.record())
 
   # ----------------------------------------------------------------- loop
   # Its steps/s and ETA leave out the evaluations and saves it times.
@@ -582,6 +623,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       end_step=None if finished else config.total_steps)
   train_metrics, pending, results = None, None, {}
   step = start_step
+  stopped_at = None  # the step early stopping ended the run at
   # nanoGPT's always_save_checkpoint=False: save only when the held-out loss
   # improves on the best so far (that of the checkpoint resumed from).
   save_improved_only = not config.always_save_checkpoint
@@ -602,16 +644,19 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                      "short.", start_step)
         evaluate_now(start_step)
         record_redone_eval(start_step)
+        if stops_early(start_step):
+          log_early_stop(start_step, saved=True)
+          stopped_at = start_step
       elif (not finished and not restored and is_eval_step(start_step)
             and config.get("eval_at_start", False)):
         # nanoGPT's evaluation before its first iteration: the starting
         # weights' (new or imported) losses as a baseline. As there, it is
         # not saved, but the best loss (what always_save_checkpoint=False
         # must beat) starts from it.
-        evaluate_now(start_step)
+        evaluate_now(start_step, counts=False)
         if "eval/loss" in results:
           best_loss = min(best_loss, float(results["eval/loss"]))
-      if not finished:
+      if not finished and stopped_at is None:
         logging.info("Training from step %d to %d.", start_step,
                      config.total_steps)
         if metrics_file is not None:
@@ -620,7 +665,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           # them all: the steps past its checkpoint were not retrained).
           metrics_file.drop_after(start_step)
         profile(step, barrier=state)  # skip_first_n_steps_for_profiler=0
-      while not finished and step < config.total_steps:
+      while not finished and stopped_at is None and (
+          step < config.total_steps):
         batch = pipeline.to_global(next(train_iter), batch_shardings)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           state, metrics = train_step(state, batch)
@@ -643,19 +689,29 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           stop_for_preemption(step)
         if is_eval_step(step):
           evaluate_now(step)
-        if is_checkpoint_step(step):
+        stop = is_eval_step(step) and stops_early(step)
+        saved = False
+        # Early stopping ends the run as its last step would, saving the
+        # stop step (whatever the save cadence or always_save_checkpoint,
+        # as a preemption does): its record is what stops a rerun.
+        if is_checkpoint_step(step) or (stop and config.checkpoint_every):
           improved = (evaluated_at == step
                       and results.get("eval/loss", best_loss) < best_loss)
-          if not save_improved_only or improved:
+          if not save_improved_only or improved or stop:
             write_metrics_to_disk(step)
             with report.timed("checkpoint", barrier=state), speed.paused(
                 step):
-              save_checkpoint(step)
+              saved = save_checkpoint(step)
           else:
             logging.info("Step %d: no checkpoint, eval loss %s is not below "
                          "the best %.4f (always_save_checkpoint=False).", step,
                          results.get("eval/loss") if evaluated_at == step
                          else "not computed", best_loss)
+        if stop:
+          if not saved:  # the steps since the last log, as a save would
+            write_metrics_to_disk(step)
+          log_early_stop(step, saved)
+          stopped_at = step
       if pending is not None:
         write_train_metrics(*pending)
       if finished:  # a finished run: report again

@@ -1,0 +1,107 @@
+"""Early stopping (Hugging Face's EarlyStoppingCallback): its count, and
+the loop's stop, save and rerun, on the toy family (8 CPU devices, the
+batch split over all of them)."""
+import logging
+import math
+
+import jax
+import pytest
+
+from trm.core import checkpoint as ckpt_lib
+from trm.core import config_lib
+from trm.core import early_stopping
+from trm.core import run_checks
+from trm.core import train
+from trm import families
+
+
+def _counts(losses, patience=2, threshold=0.02):
+  stopping = early_stopping.EarlyStopping(patience, threshold, None)
+  seen = []
+  for loss in losses:
+    stopping.update(loss)
+    seen.append((stopping.count, stopping.exhausted))
+  return stopping, seen
+
+
+def test_the_count_is_hugging_faces():
+  """An evaluation improves when it is below the best of all earlier ones
+  by more than the threshold; the best follows every lower loss (as HF's
+  best_metric); a NaN never improves; no loss changes nothing."""
+  stopping, seen = _counts([1.0, 0.95, 0.94, None, 0.96, 0.5, math.nan,
+                            0.49, 0.46])
+  assert seen == [(0, False), (0, False), (1, False), (1, False),
+                  (2, True), (0, False), (1, False), (2, True), (0, False)]
+  assert stopping.best == 0.46
+  # Patience 0: counted, never exhausted.
+  assert not _counts([1.0, 1.0, 1.0], patience=0)[0].exhausted
+  # The starting weights' evaluation (eval_at_start) sets the best only.
+  stopping = early_stopping.EarlyStopping(1, 0.0, None)
+  stopping.update(1.0, counts=False)
+  stopping.update(1.0)
+  assert (stopping.count, stopping.best) == (1, 1.0)
+  # What a checkpoint keeps, and a resume reads (or, from a checkpoint
+  # written before, starts at the run's best with nothing counted).
+  config = config_lib.set_values(_toy_config(), {
+      "early_stopping_patience": 3})
+  assert early_stopping.EarlyStopping(1, 0.0, None).record() == {
+      "best": None, "count": 0}
+  again = early_stopping.EarlyStopping.resumed(config, stopping.record(), 5.0)
+  assert (again.patience, again.best, again.count) == (3, 1.0, 1)
+  fresh = early_stopping.EarlyStopping.resumed(config, None, 5.0)
+  assert (fresh.best, fresh.count) == (5.0, 0)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"early_stopping_patience": -1}, r"config.early_stopping_patience=-1 "
+     r"must be >= 0"),
+    ({"early_stopping_patience": 2, "early_stopping_threshold": -0.1},
+     r"config.early_stopping_threshold=-0.1 must be a number >= 0"),
+    ({"early_stopping_threshold": 0.1}, r"config.early_stopping_threshold="
+     r"0.1 does nothing with config.early_stopping_patience=0"),
+])
+def test_bad_early_stopping_values_are_one_line(values, message):
+  with pytest.raises(ValueError, match=message):
+    run_checks.check_values(config_lib.set_values(_toy_config(), values))
+
+
+def _toy_config(**values):
+  import toy_config  # pylint: disable=g-import-not-at-top  (registers it)
+  config = toy_config.get_config()
+  config = config_lib.set_values(config, {
+      "total_steps": 12, "eval_every": 3, "checkpoint_every": 12,
+      "keep_checkpoints": 3, "log_every": 4, **values})
+  return config
+
+
+def test_the_run_stops_saves_and_a_rerun_only_evaluates(tmp_path, caplog):
+  """Patience 1 with a threshold no evaluation beats: the evaluation at 3
+  improves on none (the first), the one at 6 does not, so the run stops at
+  6, saving it although 12 is the next save; a rerun of the workdir only
+  evaluates it; a larger patience trains on, the count carrying over (the
+  stop at 9 counts the evaluation at 6)."""
+  run = lambda patience: train.train_and_evaluate(
+      _toy_config(early_stopping_patience=patience,
+                  early_stopping_threshold=100.0), str(tmp_path),
+      families.build_task)
+  with caplog.at_level(logging.INFO):
+    state, _ = run(1)
+  assert int(state.step) == 6
+  assert ckpt_lib.complete_steps(tmp_path / "checkpoints") == [6]
+  assert ("Early stopping at step 6: 1 evaluation(s) in a row without an "
+          "eval/loss more than 100 below the best") in caplog.text
+  assert "Step 6 is saved; a rerun of this workdir only evaluates it" in (
+      caplog.text)
+  assert ckpt_lib.step_metadata(tmp_path / "checkpoints" / "6")[
+      ckpt_lib.EARLY_STOPPING]["count"] == 1
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    state, results = run(1)
+  assert int(state.step) == 6 and "eval/loss" in results
+  assert "Step 6: the run stopped early there" in caplog.text
+  assert "Training from step" not in caplog.text
+  assert ckpt_lib.complete_steps(tmp_path / "checkpoints") == [6]
+  state, _ = run(2)
+  assert int(state.step) == 9
+  assert ckpt_lib.complete_steps(tmp_path / "checkpoints") == [6, 9]
+  assert jax.device_count() == 8
