@@ -88,8 +88,8 @@ def test_the_run_stops_saves_and_a_rerun_only_evaluates(tmp_path, caplog):
     state, _ = run(1)
   assert int(state.step) == 6
   assert ckpt_lib.complete_steps(tmp_path / "checkpoints") == [6]
-  assert ("Early stopping at step 6: 1 evaluation(s) in a row without an "
-          "eval/loss more than 100 below the best") in caplog.text
+  assert ("Early stopping at step 6: 1 evaluation(s) in a row with no "
+          "eval/loss more than 100 below the best (") in caplog.text
   assert "Step 6 is saved; a rerun of this workdir only evaluates it" in (
       caplog.text)
   assert ckpt_lib.step_metadata(tmp_path / "checkpoints" / "6")[

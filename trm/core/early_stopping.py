@@ -69,6 +69,6 @@ class EarlyStopping:
 
   def reason(self) -> str:
     """Why the run stops, for the log line."""
-    return (f"{self.count} evaluation(s) in a row without an eval/loss "
-            f"more than {self.threshold:g} below the best, {self.best:.6g} "
-            f"(config.early_stopping_patience={self.patience})")
+    return (f"{self.count} evaluation(s) in a row with no eval/loss more "
+            f"than {self.threshold:g} below the best ({self.best:.6g}; "
+            f"config.early_stopping_patience={self.patience})")

@@ -31,6 +31,7 @@ def get_config(arg=None):
   c.eval_only = False           # evaluate the restored model, then exit
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop
   c.allow_config_change = False  # resume although the config changed
+  c.resume_step = 0             # a saved step to resume from (0: newest)
   c.early_stopping_patience = 0  # evaluations without improvement to stop
   c.early_stopping_threshold = 0.0  # the eval loss improvement that counts
   c.mesh = config_lib.mesh_config()
