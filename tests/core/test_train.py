@@ -637,6 +637,13 @@ def test_resume_step_moves_the_newer_steps_aside(finished_run, data_dir,
       r"newest.$")):
     run(7)
   assert sorted(os.listdir(workdir / "checkpoints"))[:2] == ["12", "6"]
+  # A move that fails (here: a file in the folder's place) is one line.
+  (workdir / ckpt_lib.ABANDONED).write_text("")
+  with pytest.raises(ckpt_lib.CheckpointError, match=(
+      r"^config.resume_step=6: moving the newer step\(s\) \[12\] aside into "
+      r".*checkpoints_abandoned failed \(.*\); what was moved is there")):
+    run(6)
+  (workdir / ckpt_lib.ABANDONED).unlink()
   with caplog.at_level(logging.WARNING), pytest.raises(_Killed):
     run(6)
   assert restored == [[6]]

@@ -1099,35 +1099,50 @@ def resume_from_step(workdir: str, step: int) -> None:
         f"then set {RESUME_STEP}=0.")
   if jax.process_count() > 1:  # every process has read the steps
     multihost_utils.sync_global_devices("trm_resume_step_read")
+  error = None
   if jax.process_index() == 0:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = workpath / ABANDONED / stamp
-    for n in range(1, 100):
-      if not target.exists():
-        break
-      target = workpath / ABANDONED / f"{stamp}-{n}"
-    (target / "checkpoints").mkdir(parents=True)
-    # The records first and the record of the move last: a run killed
-    # part-way still has newer steps, and its rerun moves the rest.
-    records = sorted(p.name for p in workpath.iterdir()
-                     if _EVAL_NAME.fullmatch(p.name)
-                     and int(_EVAL_NAME.fullmatch(p.name).group(1)) > step)
-    for name in records:
-      (workpath / name).rename(target / name)
-    jsonl = workpath / "metrics.jsonl"
-    if jsonl.exists():
-      shutil.copy2(str(jsonl), str(target / "metrics.jsonl"))
-    for moved in newer:
-      (directory / str(moved)).rename(target / "checkpoints" / str(moved))
-    atomic_files.replace_whole(target / _REWIND_RECORD, json.dumps(
-        {"resume_step": step, "moved_steps": newer, "moved_records": records,
-         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, indent=1))
-    logging.warning(
-        "%s=%d: resuming from step %d; the newer step(s) %s, their "
-        "evaluations' records and a copy of metrics.jsonl were moved to %s "
-        "(nothing deleted).", RESUME_STEP, step, step, newer, target)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("trm_resume_step_moved")
+    try:
+      _move_newer_steps(workpath, step, newer)
+    except OSError as e:
+      error = (f"{RESUME_STEP}={step}: moving the newer step(s) {newer} "
+               f"aside into {workpath / ABANDONED} failed ({e}); what was "
+               "moved is there, the rest is where it was. Fix the cause (or "
+               "move them yourself) and rerun.")
+  # Agreed by all (a barrier too): a failure on process 0 stops every one.
+  if _agree(int(error is not None)):
+    raise CheckpointError(error or f"{RESUME_STEP}={step}: process 0 could "
+                          "not move the newer steps aside (see its log).")
+
+
+def _move_newer_steps(workpath: epath.Path, step: int, newer: list[int]):
+  """`resume_from_step`'s move of the steps after `step` (process 0)."""
+  directory = workpath / "checkpoints"
+  stamp = time.strftime("%Y%m%d-%H%M%S")
+  target = workpath / ABANDONED / stamp
+  for n in range(1, 100):
+    if not target.exists():
+      break
+    target = workpath / ABANDONED / f"{stamp}-{n}"
+  (target / "checkpoints").mkdir(parents=True)
+  # The records first and the record of the move last: a run killed
+  # part-way still has newer steps, and its rerun moves the rest.
+  records = sorted(p.name for p in workpath.iterdir()
+                   if _EVAL_NAME.fullmatch(p.name)
+                   and int(_EVAL_NAME.fullmatch(p.name).group(1)) > step)
+  for name in records:
+    (workpath / name).rename(target / name)
+  jsonl = workpath / "metrics.jsonl"
+  if jsonl.exists():
+    shutil.copy2(str(jsonl), str(target / "metrics.jsonl"))
+  for moved in newer:
+    (directory / str(moved)).rename(target / "checkpoints" / str(moved))
+  atomic_files.replace_whole(target / _REWIND_RECORD, json.dumps(
+      {"resume_step": step, "moved_steps": newer, "moved_records": records,
+       "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, indent=1))
+  logging.warning(
+      "%s=%d: resuming from step %d; the newer step(s) %s, their "
+      "evaluations' records and a copy of metrics.jsonl were moved to %s "
+      "(nothing deleted).", RESUME_STEP, step, step, newer, target)
 
 
 # An evaluation's record (eval_<step>.json) or outputs (eval_<step>/).
