@@ -721,19 +721,31 @@ state = {{"w": jax.make_array_from_callback(
 """
 
 # Two processes save a step owing its evaluation, record the evaluation
-# (process 0 writes), and keep it as the best against a worse later step.
+# (process 0 writes) with its early-stopping count, and keep it as the best
+# against a worse later step; they agree to stop when one says so (as early
+# stopping asks them), then resume from step 10 (config.resume_step: process
+# 0 moves step 20 aside, both then see 10 alone).
 _REDONE_WORKER = _WORKER_STATE + """
+from trm.core import preemption
 manager = ckpt_lib.make_manager({directory!r}, max_to_keep=1,
                                 async_save=False)
-ckpt_lib.save(manager, 10, state, Iterator(), eval_owed=True)
-ckpt_lib.record_redone_eval(manager, 10, eval_loss=1.0, best_eval_loss=1.0)
+ckpt_lib.save(manager, 10, state, Iterator(), eval_owed=True,
+              early_stopping={{"best": None, "count": 0}})
+ckpt_lib.record_redone_eval(manager, 10, eval_loss=1.0, best_eval_loss=1.0,
+                            early_stopping={{"best": 1.0, "count": 1}})
 owed = ckpt_lib.saved_eval_owed(manager, 10)
+count = ckpt_lib.saved_early_stopping(manager, 10)["count"]
 best = manager.best_step()
 ckpt_lib.save(manager, 20, state, Iterator(), eval_loss=2.0,
               best_eval_loss=1.0)
 manager.wait_until_finished()
-print("RESULT", jax.process_index(), owed, best, sorted(
-    int(d) for d in os.listdir({directory!r}) if d.isdigit()), flush=True)
+steps = lambda: sorted(int(d) for d in os.listdir({directory!r})
+                       if d.isdigit())
+saved = steps()
+stop = preemption.any_process(jax.process_index() == 1)
+ckpt_lib.resume_from_step(os.path.dirname({directory!r}), 10)
+print("RESULT", jax.process_index(), owed, best, saved, count, stop, steps(),
+      flush=True)
 """
 
 # Two processes: step 10, saved without its loss (as before the metrics were
@@ -775,10 +787,13 @@ def _two_workers(worker: str, directory: str) -> list[str]:
 
 def test_two_processes_record_a_redone_evaluation(tmp_path):
   results = _two_workers(_REDONE_WORKER, str(tmp_path / "checkpoints"))
-  # Every process's manager sees the metric (10 is its best) and no debt;
-  # the save of worse step 20 keeps 10.
-  assert results == ["RESULT 0 False 10 [10, 20]",
-                     "RESULT 1 False 10 [10, 20]"]
+  # Every process's manager sees the metric (10 is its best), the count and
+  # no debt; the save of worse step 20 keeps 10; process 1's stop is both
+  # processes'; resuming from 10 moved 20 aside once, for both.
+  assert results == ["RESULT 0 False 10 [10, 20] 1 True [10]",
+                     "RESULT 1 False 10 [10, 20] 1 True [10]"]
+  assert os.listdir(next((tmp_path / ckpt_lib.ABANDONED).iterdir())
+                    / "checkpoints") == ["20"]
 
 
 def test_two_processes_rank_a_step_written_without_its_loss(tmp_path):
