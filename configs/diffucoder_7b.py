@@ -75,7 +75,10 @@ def get_config(arg=None):
                                 # from; '' = random initialisation
 
   c.optim = ml_collections.ConfigDict(dict(
-      lr=1e-5,                  # AdamW peak learning rate (float)
+      optimizer="adamw",        # or adam_atan2 | adafactor | lion | sgd
+                                # (momentum beta1): same schedule, clipping
+                                # and decoupled weight decay
+      lr=1e-5,                  # peak learning rate (float)
       warmup_steps=100,         # linear warmup steps (int)
       warmup_ratio=0.0,         # > 0: warm up over ceil(ratio x total_steps)
                                 # steps instead (HF's; warmup_steps=0)

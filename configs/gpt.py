@@ -133,7 +133,11 @@ def get_config(arg=None):
   c.n_embd = 768                # width
   c.dropout = 0.0               # dropout rate (0.0 for pretraining)
   c.bias = False                # biases in Linear and LayerNorm layers
-  # AdamW.
+  # Optimizer (nanoGPT's AdamW).
+  c.optimizer = "adamw"         # or adam_atan2 | adafactor | lion | sgd
+                                # (momentum beta1): same schedule, clipping
+                                # and decay groups; nanoGPT's ckpt.pt (export,
+                                # init_from='resume') holds AdamW's state only
   c.learning_rate = 6e-4        # peak learning rate (float)
   c.max_iters = 600000          # training iterations
   c.weight_decay = 1e-1         # decoupled, on 2-D weights only (float)

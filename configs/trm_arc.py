@@ -107,12 +107,15 @@ def get_config(arg=None):
   ))
 
   c.optim = ml_collections.ConfigDict(dict(
-      lr=1e-4,                  # AdamATan2 peak learning rate
+      optimizer="adam_atan2",   # upstream's; or adamw | adafactor | lion |
+                                # sgd (momentum beta1), same schedule and
+                                # decoupled weight decay
+      lr=1e-4,                  # peak learning rate
       lr_min_ratio=1.0,         # cosine floor; 1.0 = constant after warmup
       warmup_steps=2000,        # linear warmup from lr/warmup_steps
       warmup_ratio=0.0,         # > 0: warm up over ceil(ratio x total_steps)
                                 # steps instead (HF's; warmup_steps=0)
-      beta1=0.9,                # AdamATan2 betas
+      beta1=0.9,                # AdamATan2 (AdamW, Lion) betas
       beta2=0.95,
       weight_decay=0.1,         # decoupled, on every parameter
       puzzle_emb_lr=1e-2,       # sparse sign-SGD on the puzzle embeddings

@@ -420,3 +420,36 @@ def test_cli_removes_a_killed_exports_staging_directory_first(tmp_path):
   assert f"warning: removed {staging}" in result.stderr, result.stderr
   assert not staging.exists()
   assert (out / "config.json").read_text() == "previous"
+
+
+def test_a_nanogpt_export_of_another_optimizers_run_is_refused(tmp_path):
+  """--format=nanogpt writes nanoGPT's AdamW state: a GPT run that trained
+  with another config.optimizer (its config.json) is one line pointing at
+  --format=hf, before its checkpoint is read (here a fake one). A run
+  recorded before the field trained with AdamW; with no record, --config's
+  value is the run's."""
+  import json  # pylint: disable=g-import-not-at-top
+  from trm.core import config_lib  # pylint: disable=g-import-not-at-top
+  workdir = _workdir(tmp_path)
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "gpt.py"), "shakespeare_char_cpu")
+  config = config_lib.set_values(config, {"model.vocab_size": 65})
+  record = json.loads(config.to_json_best_effort())
+  for optimizer in ("lion", "adam_atan2"):
+    (workdir / "config.json").write_text(json.dumps(
+        dict(record, optimizer=optimizer)))
+    with pytest.raises(app.UsageError) as error:
+      export._gpt_writer(config, str(workdir), None, "nanogpt", None)  # pylint: disable=protected-access
+    assert str(error.value) == (
+        f"--format=nanogpt writes nanoGPT's AdamW state, but {workdir} "
+        f"trained with config.optimizer={optimizer!r}: export its weights "
+        "with --format=hf instead.")
+  del record["optimizer"]
+  (workdir / "config.json").write_text(json.dumps(record))
+  config.optimizer = "sgd"  # --config's: the record's (implicit) AdamW wins
+  export.check_nanogpt_optimizer(str(workdir), config)
+  (workdir / "config.json").unlink()
+  with pytest.raises(app.UsageError, match="optimizer='sgd'"):
+    export.check_nanogpt_optimizer(str(workdir), config)
+  config.optimizer = "adamw"
+  export.check_nanogpt_optimizer(str(workdir), config)

@@ -458,6 +458,21 @@ def _run_optimizer_config(config, workdir: str,
   return config
 
 
+def check_nanogpt_optimizer(workdir: str, config) -> None:
+  """nanoGPT's ckpt.pt holds AdamW's state, which its train.py resumes: a
+  run that trained with another config.optimizer (its config.json, else
+  --config's) is one line, before anything is read, not a file whose
+  optimizer state is another optimizer's (or none)."""
+  recorded = _recorded_config(workdir)
+  optimizer = recorded.get("optimizer", "adamw" if recorded
+                           else config.get("optimizer", "adamw"))
+  if optimizer != "adamw":
+    raise app.UsageError(
+        f"--format=nanogpt writes nanoGPT's AdamW state, but {workdir} "
+        f"trained with config.optimizer={optimizer!r}: export its weights "
+        "with --format=hf instead.")
+
+
 def check_run_family(workdir: str, family: str) -> None:
   """A run of another model family is named before its data or weights
   are looked for (a TRM config on a GPT run asked for a puzzle dataset)."""
@@ -530,6 +545,7 @@ def _gpt_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None,
     raise app.UsageError(str(e)) from None
   if fmt == "nanogpt":  # with AdamW's state: nanoGPT's train.py resumes
     from trm.families.gpt import steps as gpt_steps  # pylint: disable=g-import-not-at-top
+    check_nanogpt_optimizer(checkpoint, config)
     run_config = _run_optimizer_config(config, checkpoint)
     params, adam, step, best = gpt_import.restore_run_training(
         checkpoint, cfg, ctx, gpt_steps.make_optimizer(run_config), step)

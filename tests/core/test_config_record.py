@@ -163,7 +163,10 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "optim.freeze_weights": False,
                                     "resume_step": 0,
                                     "early_stopping_patience": 0,
-                                    "early_stopping_threshold": 0.0}
+                                    "early_stopping_threshold": 0.0,
+                                    "optimizer": "adamw"}
+  assert config_record.IMPLICIT_BY_FAMILY == {
+      "optim.optimizer": {"trm": "adam_atan2", "dream": "adamw"}}
   # A DiffuCoder run recorded before it could accumulate gradients.
   assert config_record.changes({"model": {"name": "dream"}}, {
       "model": {"name": "dream"}, "gradient_accumulation_steps": 1}) == {}
@@ -290,6 +293,52 @@ def test_switching_scan_layers_is_refused_even_when_allowed(tmp_path,
   assert (f"config.model.scan_layers: {recorded!r} -> {not recorded!r}"
           in message), message
   assert "layout" in message and "from step 10" in message
+
+
+def _optimizer_record(family: str, workdir, **changes):
+  """config.json of a `family` run recorded before the choice of optimizer
+  (the config's field deleted), and that config with `changes`."""
+  path, variant = {"gpt": ("gpt.py", "shakespeare_char_cpu"),
+                   "trm": ("trm_sudoku.py", "cpu"),
+                   "dream": ("diffucoder_7b.py", "tiny")}[family]
+  config = config_lib.load_config(os.path.join(repo.ROOT, "configs", path),
+                                  variant)
+  record = json.loads(config.to_json_best_effort())
+  del (record if family == "gpt" else record["optim"])["optimizer"]
+  (workdir / config_record.RECORD).write_text(json.dumps(record))
+  return config_lib.set_values(config, changes)
+
+
+@pytest.mark.parametrize("family,field,default,other", [
+    ("gpt", "optimizer", "adamw", "lion"),
+    ("trm", "optim.optimizer", "adam_atan2", "adamw"),
+    ("dream", "optim.optimizer", "adamw", "adafactor")])
+@pytest.mark.parametrize("allow", [False, True])
+def test_another_optimizer_is_refused_even_when_allowed(tmp_path, family,
+                                                        field, default,
+                                                        other, allow):
+  """A run recorded before the choice of optimizer trained with its
+  family's own (TRM's AdamATan2, the others' AdamW): it resumes under that
+  default, logging nothing. Another choice is refused in one line naming
+  the field, also with allow_config_change: the checkpoints' optimizer
+  state is the recorded optimizer's, which the new one cannot restore."""
+  config = _optimizer_record(family, tmp_path)
+  assert config_record.check(config, tmp_path, step=10) == {}
+  config_record.record(config, tmp_path, {}, step=10)
+  assert not (tmp_path / config_record.HISTORY).exists()
+  config.allow_config_change = allow
+  for recorded, changed in ((None, other), (other, default)):
+    if recorded is not None:  # recorded explicitly, e.g. a new run's
+      (tmp_path / config_record.RECORD).write_text(config_lib.set_values(
+          config.copy_and_resolve_references(),
+          {field: recorded}).to_json_best_effort())
+    config = config_lib.set_values(config, {field: changed})
+    with pytest.raises(config_record.ConfigChangedError) as error:
+      config_record.check(config, tmp_path, step=10)
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"config.{field}: {recorded!r} -> {changed!r}" in message, message
+    assert "another optimizer" in message and "allow_config_change" in message
 
 
 # ------------------------------------- the record travels with checkpoints

@@ -6,7 +6,8 @@ has checkpoints. A resume compares its config with it: a change of a field
 that alters the trajectory (model, optimizer, schedule, data, seed, batch;
 everything not in `HARMLESS`) is refused before anything is restored,
 listing the changed fields, unless `--config.allow_config_change=True`; a
-change of the checkpoints' layout (`LAYOUT`) is refused even then.
+change of the checkpoints' layout (`LAYOUT`) or of the optimizer, whose
+state they hold (`OPTIMIZER`), is refused even then.
 Every change, harmless or accepted, is appended to `config_history.jsonl`
 beside it (time, step, {field: [recorded, new]}); an accepted one is also
 said in one warning.
@@ -93,12 +94,21 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "optim.freeze_weights": False,  # TRM trained every weight
             "resume_step": 0,  # resumed from the newest step
             "early_stopping_patience": 0,  # never stopped early
-            "early_stopping_threshold": 0.0}
+            "early_stopping_threshold": 0.0,
+            "optimizer": "adamw"}  # GPT's nanoGPT AdamW
+# As IMPLICIT, where each model family (config.model.name; DiffuCoder's
+# oldest records lack it) had its own value.
+IMPLICIT_BY_FAMILY = {
+    "optim.optimizer": {"trm": "adam_atan2", "dream": "adamw"}}
 # Fields that decide how the checkpointed tensors are laid out (scanned
 # layers are one stacked `h`, unscanned ones h_0 ..): the checkpoints cannot
 # be restored in the other layout, so not even allow_config_change accepts
 # a change.
 LAYOUT = ("model.scan_layers",)
+# Fields that decide the optimizer state's tree (AdamW's moments, Lion's
+# one, Adafactor's factored ones): a checkpoint's state cannot be restored
+# for another, so not even allow_config_change accepts a change.
+OPTIMIZER = ("optimizer", "optim.optimizer")
 
 
 class ConfigChangedError(ValueError):
@@ -280,8 +290,12 @@ def _added_and_unused(key: str, old, new, config) -> bool:
 
 def _implicit(key: str, old_record: dict, new) -> bool:
   """A field absent from the record, set to the value it implicitly had."""
-  return (key in IMPLICIT and key not in old_record
-          and new == IMPLICIT[key])
+  if key in old_record:
+    return False
+  if key in IMPLICIT_BY_FAMILY:
+    family = old_record.get("model.name", "dream")
+    return new == IMPLICIT_BY_FAMILY[key].get(family, object())
+  return key in IMPLICIT and new == IMPLICIT[key]
 
 
 def changes(recorded: dict, config: dict) -> dict:
@@ -316,15 +330,25 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
   refused = {k: v for k, v in diff.items()
              if not _harmless(k, *v, config)
              and not _added_and_unused(k, *v, config)}
-  layout = {k: v for k, v in refused.items() if k in LAYOUT}
-  if layout:
-    raise ConfigChangedError(
-        f"Resuming {workpath} from step {step} with a config that changes the"
-        f" layout of its checkpoints: {_listed(layout)}. {record_path} "
-        "records the config its steps were trained with, and its checkpoints"
-        " cannot be restored in another layout (not even with "
-        "--config.allow_config_change=True). Rerun with the recorded values "
-        "or use another --workdir.")
+  for fields, what, why, instead in (
+      (LAYOUT, "a config that changes the layout of its checkpoints",
+       f"{record_path} records the config its steps were trained with, and "
+       "its checkpoints cannot be restored in another layout",
+       "Rerun with the recorded values or use another --workdir."),
+      (OPTIMIZER, "another optimizer",
+       "Its checkpoints hold the recorded optimizer's state, which the new "
+       "one cannot take up",
+       "Rerun with the recorded value, or train on with the new one in "
+       "another --workdir from this run's weights (TRM: "
+       "config.init_checkpoint=WORKDIR; DiffuCoder and GPT: `trm.export "
+       "--format=hf`, then config.init_checkpoint=DIR, GPT with "
+       "config.init_from='gpt2').")):
+    fixed = {k: v for k, v in refused.items() if k in fields}
+    if fixed:
+      raise ConfigChangedError(
+          f"Resuming {workpath} from step {step} with {what}: "
+          f"{_listed(fixed)}. {why} (not even with "
+          f"--config.allow_config_change=True). {instead}")
   if refused and not config.allow_config_change:
     why = (" (this model's learning-rate schedule decays over "
            "config.total_steps: a longer run changes the rate of every step "

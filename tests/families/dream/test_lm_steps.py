@@ -220,3 +220,30 @@ def test_warmup_ratio_warms_up_over_a_share_of_the_run():
   steps = jnp.arange(0, 40)
   np.testing.assert_array_equal(by_ratio(steps), by_steps(steps))
   assert float(by_ratio(5)) == 0.5
+
+
+def test_default_optimizer_is_clipped_adamw_as_before():
+  """config.optim.optimizer='adamw' (the default), and a config from before
+  the field, build the clipped AdamW every recorded run trained with: the
+  same state tree and, bit for bit, the same update."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  old = dict(lr=1e-2, warmup_steps=2, beta1=0.9, beta2=0.999, eps=1e-8,
+             weight_decay=0.1, grad_clip_norm=1.0)
+  schedule = lm_steps.learning_rate_schedule(ml_collections.ConfigDict(old),
+                                             20)
+  before = optax.chain(
+      optax.clip_by_global_norm(1.0),
+      optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.1))
+  params = {"w": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)}
+  grads = {"w": jnp.cos(params["w"]) * 3}
+
+  def step(tx):
+    return jax.jit(tx.update)(grads, tx.init(params), params)
+
+  want = step(before)
+  for optim in (old, dict(old, optimizer="adamw")):
+    got = step(lm_steps.make_optimizer(ml_collections.ConfigDict(optim), 20))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(a, b)

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from trm.core import config_lib
+from trm.core import state as state_lib
 from trm.families.gpt import steps as gpt_steps
 from trm.families.gpt import program as gpt_program
 
@@ -118,6 +119,77 @@ def test_optimizer_matches_torch_adamw():
     params = optax.apply_updates(params, updates)
   np.testing.assert_allclose(params["w"], tw.detach().numpy(), atol=1e-6)
   np.testing.assert_allclose(params["b"], tb.detach().numpy(), atol=1e-6)
+
+
+def _small_params():
+  rng = np.random.default_rng(0)
+  return {"c_fc": {"kernel": jnp.asarray(rng.normal(size=(4, 6)),
+                                         jnp.float32),
+                   "bias": jnp.asarray(rng.normal(size=(6,)), jnp.float32)}}
+
+
+def _updates(tx, params, steps=2):
+  """(state, [updates]) of `steps` jitted updates of `tx` from init."""
+  def run(params):
+    state, out = tx.init(params), []
+    for k in range(steps):
+      grads = jax.tree.map(lambda p, k=k: jnp.cos(p * (k + 1)), params)
+      updates, state = tx.update(grads, state, params)
+      params = optax.apply_updates(params, updates)
+      out.append(updates)
+    return state, out
+  return jax.jit(run)(params)
+
+
+def test_default_optimizer_is_nanogpts_adamw_as_before():
+  """config.optimizer='adamw' (the default), and a config file from before
+  the field, build the step every recorded run trained with: the same
+  state tree and, bit for bit, the same updates as the clipped AdamW with
+  nanoGPT's decay groups written out."""
+  c = _config(weight_decay=0.1, grad_clip=1.0, warmup_iters=2)
+  old_file = _config(weight_decay=0.1, grad_clip=1.0, warmup_iters=2)
+  with old_file.unlocked():
+    del old_file["optimizer"]
+  before = optax.chain(
+      optax.clip_by_global_norm(1.0),
+      optax.adamw(gpt_steps.learning_rate_schedule(c), b1=c.beta1,
+                  b2=c.beta2, eps=1e-8, weight_decay=0.1,
+                  mask=gpt_steps.decay_mask))
+  params = _small_params()
+  want = _updates(before, params)
+  for config in (c, old_file):
+    got = _updates(gpt_steps.make_optimizer(config), params)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam_atan2", "adafactor", "lion",
+                                  "sgd"])
+def test_a_skipped_step_leaves_every_optimizers_state_but_the_schedule(name):
+  """train_step's branch for a non-finite step (`advance_schedule`): each
+  choice's moments and counts stay as they were, and its one schedule
+  count (what the `lr` metric reads, nanoGPT's iteration) moves on."""
+  tx = gpt_steps.make_optimizer(_config(optimizer=name, grad_clip=1.0,
+                                        warmup_iters=3))
+  state, _ = _updates(tx, _small_params())
+  skipped = gpt_steps.advance_schedule(state)
+  assert _schedule_counts(state) == [2]
+  assert _schedule_counts(skipped) == [3]
+
+  def rest(opt_state):  # every leaf but the schedule's count
+    kind = optax.ScaleByScheduleState
+    return [x for x in jax.tree.leaves(
+        opt_state, is_leaf=lambda n: isinstance(n, kind))
+            if not isinstance(x, kind)]
+
+  # Moments (and counts) besides the schedule.
+  assert len(rest(skipped)) == len(rest(state)) > 1
+  for a, b in zip(rest(skipped), rest(state)):
+    np.testing.assert_array_equal(a, b)
+  schedule = gpt_steps.learning_rate_schedule(_config(warmup_iters=3))
+  assert float(state_lib.learning_rate(schedule, skipped).value) == (
+      pytest.approx(float(schedule(3))))
 
 
 def _tiny(accum, batch_size, **overrides):

@@ -500,6 +500,18 @@ def test_resume_from_a_nanogpt_checkpoint_continues_its_run(data_root,
   save(ckpt_path, 3)
 
   ctx = mesh_lib.ShardingContext.from_config(config)
+  # Only AdamW takes up its AdamW state: another config.optimizer is one
+  # line, before any data or compile (it would have dropped the moments).
+  lion = tiny_config(data_root, init_from="resume", init_checkpoint=ckpt_path,
+                     gradient_accumulation_steps=1, optimizer="lion")
+  with pytest.raises(ValueError) as error:
+    families.build_task(lion, str(tmp_path / "lion"), ctx)
+  assert str(error.value).startswith(
+      f"config.optimizer='lion' cannot take up the AdamW state of nanoGPT "
+      f"checkpoint {ckpt_path} (iter 3, ")
+  assert str(error.value).endswith(
+      "which config.init_from='resume' continues: set "
+      "config.optimizer='adamw' to continue that run.")
   task = families.build_task(config, str(tmp_path / "run"), ctx)
   assert task.initial_best_loss == pytest.approx(2.5)
   abstract, shardings = state_lib.abstract_state(task.program.init_fn, ctx)

@@ -300,3 +300,36 @@ def test_warmup_ratio_warms_up_over_a_share_of_the_run():
                      r"warmup: set warmup_steps=0 to warm up over "
                      r"ceil\(warmup_ratio x total_steps\) = 10 steps"):
     run_checks.check_warmup(config)
+
+
+def test_default_optimizer_is_upstreams_adam_atan2_as_before():
+  """config.optim.optimizer='adam_atan2' (the default), and a config from
+  before the field, build upstream's AdamATan2 itself (its state, not a
+  chain; the `lr` metric reads its count), bit for bit as every recorded
+  run trained; another choice is built with the same schedule."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import steps as trm_steps  # pylint: disable=g-import-not-at-top
+  old = dict(lr=1e-2, lr_min_ratio=0.5, warmup_steps=2, beta1=0.9,
+             beta2=0.95, weight_decay=0.1)
+  schedule = lr_schedule(1e-2, 2, 20, 0.5)
+  params = {"w": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)}
+  grads = {"w": jnp.cos(params["w"])}
+
+  def step(tx):
+    state = tx.init(params)
+    return jax.jit(tx.update)(grads, state, params)
+
+  want_updates, want_state = step(adam_atan2(schedule, b1=0.9, b2=0.95,
+                                             weight_decay=0.1))
+  for optim in (old, dict(old, optimizer="adam_atan2")):
+    updates, state = step(trm_steps.make_optimizer(
+        ml_collections.ConfigDict(optim), 20))
+    assert isinstance(state, AdamATan2State)
+    for a, b in zip(jax.tree.leaves((updates, state)),
+                    jax.tree.leaves((want_updates, want_state))):
+      np.testing.assert_array_equal(a, b)
+  lion = trm_steps.make_optimizer(
+      ml_collections.ConfigDict(dict(old, optimizer="lion")), 20)
+  assert float(state_lib.learning_rate(schedule, lion.init(params)).value) \
+      == pytest.approx(float(schedule(0)))

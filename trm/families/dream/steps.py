@@ -22,6 +22,7 @@ from trm.core import config_lib
 from trm.core import lm_state
 from trm.core import loss_scale as loss_scale_lib
 from trm.core import mesh as mesh_lib
+from trm.core import optimizers
 from trm.core import state as state_lib
 from trm.core.lm_state import LMState
 from trm.core.task import BatchField
@@ -38,13 +39,16 @@ def learning_rate_schedule(optim_config, total_steps: int):
 
 
 def make_optimizer(optim_config, total_steps: int):
-  """AdamW after global-norm clipping (`learning_rate_schedule`)."""
+  """config.optim.optimizer (default AdamW) after global-norm clipping
+  (`learning_rate_schedule`; `trm.core.optimizers`)."""
   schedule = learning_rate_schedule(optim_config, total_steps)
   return optax.chain(
       optax.clip_by_global_norm(optim_config.grad_clip_norm),
-      optax.adamw(schedule, b1=optim_config.beta1, b2=optim_config.beta2,
-                  eps=optim_config.eps,
-                  weight_decay=optim_config.weight_decay))
+      optimizers.build(optim_config.get("optimizer", "adamw"), schedule,
+                       b1=optim_config.beta1, b2=optim_config.beta2,
+                       eps=optim_config.eps,
+                       weight_decay=optim_config.weight_decay,
+                       field="config.optim.optimizer"))
 
 
 def make_init_fn(model: dream.Dream, tx, seed: int, loss_scale=None):

@@ -18,6 +18,7 @@ from trm.families.dream import steps as lm_steps
 from trm.core import accumulation
 from trm.core import config_lib
 from trm.core import loss_scale
+from trm.core import optimizers
 from trm.core import restore_check
 from trm.core import weights_io
 from trm.data.text import tokenizer as tok_lib
@@ -60,6 +61,8 @@ def tokenizer_spec(config, init: str | None = None) -> str:
 
 def check_config(config) -> None:
   dream_program.check_config(config)
+  optimizers.check(config.optim.get("optimizer", "adamw"),
+                   "config.optim.optimizer")
 
 
 def schedule_spans_run(config) -> bool:

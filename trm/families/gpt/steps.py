@@ -19,6 +19,7 @@ from clu import metrics as clu_metrics
 from trm.core import accumulation
 from trm.core import config_lib
 from trm.core import loss_scale as loss_scale_lib
+from trm.core import optimizers
 from trm.core import state as state_lib
 from trm.families.gpt import model as gpt
 from trm.nn import cross_entropy_gpu
@@ -62,13 +63,16 @@ def decay_mask(params):
 
 
 def make_optimizer(config):
-  """torch.optim.AdamW(groups, betas) after clip_grad_norm_(grad_clip)."""
-  adamw = optax.adamw(learning_rate_schedule(config), b1=config.beta1,
-                      b2=config.beta2, eps=1e-8,
-                      weight_decay=config.weight_decay, mask=decay_mask)
+  """torch.optim.AdamW(groups, betas) after clip_grad_norm_(grad_clip), or
+  config.optimizer's choice with the same groups (`trm.core.optimizers`)."""
+  tx = optimizers.build(config.get("optimizer", "adamw"),
+                        learning_rate_schedule(config), b1=config.beta1,
+                        b2=config.beta2, eps=1e-8,
+                        weight_decay=config.weight_decay, mask=decay_mask,
+                        field="config.optimizer")
   if config.grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
-  return adamw
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip), tx)
+  return tx
 
 
 def with_adam_state(opt_state, schedule_count, adam=None):

@@ -30,6 +30,7 @@ from trm.core import config_record
 from trm.core import distributed
 from trm.core import lm_state
 from trm.core import loss_scale
+from trm.core import optimizers
 from trm.core import restore_check
 from trm.core import weights_io
 from trm.core.task import Task
@@ -105,6 +106,7 @@ def check_config(config) -> None:
   if config.dtype not in DTYPES:
     raise ValueError(f"config.dtype={config.dtype!r} must be one of "
                      f"{list(DTYPES)}.")
+  optimizers.check(config.get("optimizer", "adamw"), "config.optimizer")
   loss_scale.check_config(config)
   # nanoGPT's names first: the trainer's total_steps, eval_every,
   # checkpoint_every and log_every follow them.
@@ -175,6 +177,19 @@ def _load_weights(config, optimizer: bool):
   return (_model_layout(config, params, args), args,
           (f"nanoGPT checkpoint {path} (iter {extras.get('iter_num')}, best "
            f"val loss {extras.get('best_val_loss')})"), extras)
+
+
+def _check_optimizer_takes(config, adam, source: str) -> None:
+  """init_from='resume' goes on with a nanoGPT checkpoint's AdamW state
+  (`adam`, None when it holds none), which only config.optimizer='adamw'
+  can take up: another choice is one line (it would start afresh at that
+  iteration and drop the moments without a word)."""
+  optimizer = config.get("optimizer", "adamw")
+  if adam is not None and optimizer != "adamw":
+    raise ValueError(
+        f"config.optimizer={optimizer!r} cannot take up the AdamW state of "
+        f"{source}, which config.init_from='resume' continues: set "
+        "config.optimizer='adamw' to continue that run.")
 
 
 def _model_layout(config, tree, args: dict):
@@ -326,6 +341,7 @@ def build(config, workdir: str, ctx) -> Task:
       # checkpoints, so initial_state goes unused).
       weights = _load_weights(
           config, optimizer=config.init_from == "resume" and not resuming)
+      _check_optimizer_takes(config, weights[3].get("adam"), weights[2])
       _adopt_shapes(config, weights[1], weights[2])
   if resuming:
     _check_block_size_kept(config, workdir,
@@ -368,8 +384,9 @@ def build(config, workdir: str, ctx) -> Task:
       # AdamW state and best validation loss.
       adam = extras.get("adam")
       if adam is None:
-        logging.warning("%s holds no optimizer state: AdamW starts afresh "
-                        "at iteration %d.", source, extras["iter_num"])
+        logging.warning("%s holds no optimizer state: config.optimizer=%r "
+                        "starts afresh at iteration %d.", source,
+                        config.get("optimizer", "adamw"), extras["iter_num"])
       elif crop:
         adam = dict(adam, mu=_crop_positions(adam["mu"], cfg.block_size),
                     nu=_crop_positions(adam["nu"], cfg.block_size))

@@ -45,8 +45,8 @@ class AdamATan2State(NamedTuple):
 
 
 def adam_atan2(learning_rate: ScalarOrSchedule, b1: float = 0.9,
-               b2: float = 0.95,
-               weight_decay: float = 0.0) -> optax.GradientTransformation:
+               b2: float = 0.95, weight_decay: float = 0.0,
+               mask=None) -> optax.GradientTransformation:
   """imoneoi's AdamATan2 (the optimiser TRM uses) as an optax transformation.
 
   Per element, with t the 1-based step:
@@ -55,7 +55,9 @@ def adam_atan2(learning_rate: ScalarOrSchedule, b1: float = 0.9,
     p <- p - lr / (1 - b1^t) * atan2(m, sqrt(v) / sqrt(1 - b2^t))
   There is no epsilon, so the step is invariant to the gradient's scale. The
   returned update is new_p - p, which needs `params` because weight decay is
-  decoupled and multiplicative.
+  decoupled and multiplicative. `mask` (a tree of bools like the params,
+  or a function of them; None: every parameter): the parameters decayed
+  (GPT's `decay_mask`, when another family chooses AdamATan2).
   """
 
   def init_fn(params):
@@ -82,12 +84,17 @@ def adam_atan2(learning_rate: ScalarOrSchedule, b1: float = 0.9,
         lambda v, g: v + (1.0 - b2) * (jnp.square(g.astype(v.dtype)) - v),
         state.nu, grads)
 
-    def leaf_update(p, m, v):
+    def leaf_update(p, m, v, decayed=True):
       direction = jnp.arctan2(m, jnp.sqrt(v) / sqrt_bc2)
-      upd = -(lr * weight_decay) * p - step_size * direction
+      decay = weight_decay if decayed else 0.0
+      upd = -(lr * decay) * p - step_size * direction
       return upd.astype(p.dtype)
 
-    updates = jax.tree.map(leaf_update, params, mu, nu)
+    if mask is None:
+      updates = jax.tree.map(leaf_update, params, mu, nu)
+    else:
+      decayed = mask(params) if callable(mask) else mask
+      updates = jax.tree.map(leaf_update, params, mu, nu, decayed)
     return updates, AdamATan2State(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -3,7 +3,8 @@
 One train step = one ACT supervision step = one optimizer update, as upstream
 `pretrain.py::train_batch`: halted carry rows take the new batch's rows, the
 model runs one recursion, and both optimizers step (sparse sign-SGD on the
-puzzle-embedding rows the batch touched, AdamATan2 on everything else),
+puzzle-embedding rows the batch touched, AdamATan2 on everything else, or
+config.optim.optimizer's choice),
 followed by the EMA update. A step whose loss or gradients hold a NaN or Inf
 changes nothing but the step counter (`state.skip_nonfinite`).
 
@@ -24,19 +25,31 @@ from trm.families.trm import losses
 from trm.families.trm import optim
 from trm.core import config_lib
 from trm.core import data_parallel
+from trm.core import optimizers
 from trm.core import state as state_lib
 from trm.families.trm import model as trm_model
 from trm.families.trm.state import TrainState
 
+# config.optim.optimizer: upstream's AdamATan2 unless it names another.
+OPTIMIZER_FIELD = "config.optim.optimizer"
+DEFAULT_OPTIMIZER = "adam_atan2"
 
 def make_optimizer(optim_config, total_steps: int):
-  """AdamATan2 on params, with upstream's warmup + cosine schedule."""
+  """config.optim.optimizer (default upstream's AdamATan2) on params, with
+  upstream's warmup + cosine schedule (`trm.core.optimizers`)."""
+  name = optim_config.get("optimizer", DEFAULT_OPTIMIZER)
   schedule = optim.lr_schedule(
       optim_config.lr, config_lib.warmup_steps(optim_config, total_steps),
       total_steps, optim_config.lr_min_ratio)
-  return optim.adam_atan2(schedule, b1=optim_config.beta1,
+  if name == DEFAULT_OPTIMIZER:  # as every run before the choice trained
+    return optim.adam_atan2(schedule, b1=optim_config.beta1,
+                            b2=optim_config.beta2,
+                            weight_decay=optim_config.weight_decay)
+  return optimizers.build(name, schedule, b1=optim_config.beta1,
                           b2=optim_config.beta2,
-                          weight_decay=optim_config.weight_decay)
+                          eps=optim_config.get("eps", 1e-8),
+                          weight_decay=optim_config.weight_decay,
+                          field=OPTIMIZER_FIELD)
 
 
 def _puzzle_vectors(model, state, ids):

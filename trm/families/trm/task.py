@@ -25,6 +25,7 @@ import numpy as np
 
 from trm.core import config_lib
 from trm.core import host_arrays
+from trm.core import optimizers
 from trm.core import restore_check
 from trm.core import weights_io
 from trm.core.task import Task
@@ -32,6 +33,7 @@ from trm.data.puzzles import dataset as puzzle_dataset
 from trm.data.puzzles import format as puzzle_format
 from trm.families.trm import model as trm_model
 from trm.families.trm import program as trm_program
+from trm.families.trm import steps as trm_steps
 
 
 def _data_dir(config, workdir: str) -> str:
@@ -201,6 +203,8 @@ def check_config(config) -> None:
   if config.data.epochs_per_iter <= 0:
     raise ValueError(f"config.data.epochs_per_iter={config.data.epochs_per_iter}"
                      " must be a positive integer.")
+  optimizers.check(config.optim.get("optimizer", trm_steps.DEFAULT_OPTIMIZER),
+                   trm_steps.OPTIMIZER_FIELD)
   if (config.optim.get("freeze_weights", False)
       and config.model.puzzle_emb_ndim <= 0):
     # Upstream then trains every weight, its flag unread.
