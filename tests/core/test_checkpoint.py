@@ -899,3 +899,28 @@ def test_step_flag_chooses_latest_best_or_a_step_on_disk(tmp_path):
   with pytest.raises(ckpt_lib.CheckpointError,
                      match=r"steps \[6, 12\].*config\.eval_every"):
     ckpt_lib.choose_step(str(unranked), "best")
+
+
+def test_resume_step_at_the_newest_is_recorded_so_a_restart_keeps_on(
+    tmp_path):
+  """config.resume_step=N with N the newest step moves nothing, but its
+  restart (a job keeps its flags) must not take the steps trained since for
+  newer ones: before, nothing recorded the plain resume, and the restart
+  moved them aside, back to N at every restart."""
+
+  def saved(step):
+    for name in ckpt_lib._COMMITTED_FILES:  # pylint: disable=protected-access
+      path = tmp_path / "checkpoints" / str(step) / name
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text("")
+
+  saved(10)
+  saved(20)
+  ckpt_lib.resume_from_step(str(tmp_path), 20)  # the newest: a plain resume
+  assert _steps(tmp_path / "checkpoints") == [10, 20]
+  saved(30)  # trained by that run
+  ckpt_lib.resume_from_step(str(tmp_path), 20)  # the job restarted
+  assert _steps(tmp_path / "checkpoints") == [10, 20, 30]
+  # Another step asked is a rewind as before (step 30 moved aside).
+  ckpt_lib.resume_from_step(str(tmp_path), 10)
+  assert _steps(tmp_path / "checkpoints") == [10]

@@ -1066,7 +1066,8 @@ def resume_from_step(workdir: str, step: int) -> None:
   WORKDIR/checkpoints_abandoned/<time>/, said in one warning, with a record
   of the move written last. A rerun with the same N (a restarted job keeps
   its flags) finds that record and resumes from its newest step instead of
-  going back again (one warning). A step that is not on disk, whole, is one
+  going back again (one warning); N the newest moves nothing but is
+  recorded likewise. A step that is not on disk, whole, is one
   line naming those that are. Call it holding the workdir lock, before any
   step is read. Collective: every process reads the steps, then process 0
   moves them."""
@@ -1080,10 +1081,10 @@ def resume_from_step(workdir: str, step: int) -> None:
         "resume from the newest.")
   newer = sorted(int(p.name) for p in directory.iterdir()
                  if p.name.isdigit() and int(p.name) > step)
-  if not newer:
-    return  # step N is the newest: a plain resume
   last = _last_rewind(workpath)
   if last is not None and last[1].get("resume_step") == step:
+    if not newer:
+      return  # nothing trained since the earlier run applied it
     logging.warning(
         "%s=%d was applied by an earlier run, which moved the steps after it "
         "to %s; step(s) %s were trained since, so this run resumes from the "
@@ -1091,7 +1092,7 @@ def resume_from_step(workdir: str, step: int) -> None:
         "out of %s first).", RESUME_STEP, step, last[0], newer, RESUME_STEP,
         step, directory)
     return
-  if "://" in str(workpath):
+  if "://" in str(workpath) and newer:
     raise CheckpointError(
         f"{RESUME_STEP}={step}: the step(s) {newer} after it would be moved "
         f"aside, which is done on local disks only: move {directory}/"
@@ -1100,7 +1101,22 @@ def resume_from_step(workdir: str, step: int) -> None:
   if jax.process_count() > 1:  # every process has read the steps
     multihost_utils.sync_global_devices("trm_resume_step_read")
   error = None
-  if jax.process_index() == 0:
+  if jax.process_index() == 0 and not newer:
+    # Step N is the newest: a plain resume, moving nothing. Its record is
+    # written all the same: without it, a restarted job (its flags keep N)
+    # took the steps trained since for newer ones and moved them aside,
+    # back to N at every restart. Not writable: the rerun's case only, so
+    # a warning.
+    try:
+      _record_rewind(_new_folder(workpath), step, [], [])
+    except OSError as e:
+      logging.warning(
+          "%s=%d is the newest step (a plain resume), but its record could "
+          "not be written in %s (%s): a restart with the same %s will move "
+          "the steps trained from here aside; set %s=0 once this run has "
+          "saved a step.", RESUME_STEP, step, workpath / ABANDONED, e,
+          RESUME_STEP, RESUME_STEP)
+  elif jax.process_index() == 0:
     try:
       _move_newer_steps(workpath, step, newer)
     except OSError as e:
@@ -1117,12 +1133,7 @@ def resume_from_step(workdir: str, step: int) -> None:
 def _move_newer_steps(workpath: epath.Path, step: int, newer: list[int]):
   """`resume_from_step`'s move of the steps after `step` (process 0)."""
   directory = workpath / "checkpoints"
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  target = workpath / ABANDONED / stamp
-  for n in range(1, 100):
-    if not target.exists():
-      break
-    target = workpath / ABANDONED / f"{stamp}-{n}"
+  target = _new_folder(workpath)
   (target / "checkpoints").mkdir(parents=True)
   # The records first and the record of the move last: a run killed
   # part-way still has newer steps, and its rerun moves the rest.
@@ -1136,13 +1147,32 @@ def _move_newer_steps(workpath: epath.Path, step: int, newer: list[int]):
     shutil.copy2(str(jsonl), str(target / "metrics.jsonl"))
   for moved in newer:
     (directory / str(moved)).rename(target / "checkpoints" / str(moved))
-  atomic_files.replace_whole(target / _REWIND_RECORD, json.dumps(
-      {"resume_step": step, "moved_steps": newer, "moved_records": records,
-       "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, indent=1))
+  _record_rewind(target, step, newer, records)
   logging.warning(
       "%s=%d: resuming from step %d; the newer step(s) %s, their "
       "evaluations' records and a copy of metrics.jsonl were moved to %s "
       "(nothing deleted).", RESUME_STEP, step, step, newer, target)
+
+
+def _new_folder(workpath: epath.Path) -> epath.Path:
+  """A folder of `ABANDONED` named by the time, not yet on disk."""
+  stamp = time.strftime("%Y%m%d-%H%M%S")
+  target = workpath / ABANDONED / stamp
+  for n in range(1, 100):
+    if not target.exists():
+      break
+    target = workpath / ABANDONED / f"{stamp}-{n}"
+  return target
+
+
+def _record_rewind(target: epath.Path, step: int, newer: list[int],
+                   records: list[str]) -> None:
+  """The record of a rewind to `step` (`_last_rewind` reads it), written
+  last into `target`."""
+  target.mkdir(parents=True, exist_ok=True)
+  atomic_files.replace_whole(target / _REWIND_RECORD, json.dumps(
+      {"resume_step": step, "moved_steps": newer, "moved_records": records,
+       "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, indent=1))
 
 
 # An evaluation's record (eval_<step>.json) or outputs (eval_<step>/).
