@@ -5,6 +5,7 @@ import logging
 import math
 
 import jax
+import ml_collections
 import pytest
 
 from trm.core import checkpoint as ckpt_lib
@@ -54,7 +55,7 @@ def test_the_count_is_hugging_faces():
 
 @pytest.mark.parametrize("values, message", [
     ({"early_stopping_patience": -1}, r"config.early_stopping_patience=-1 "
-     r"must be >= 0"),
+     r"must be an integer >= 0"),
     ({"early_stopping_patience": 2, "early_stopping_threshold": -0.1},
      r"config.early_stopping_threshold=-0.1 must be a number >= 0"),
     ({"early_stopping_threshold": 0.1}, r"config.early_stopping_threshold="
@@ -63,6 +64,24 @@ def test_the_count_is_hugging_faces():
 def test_bad_early_stopping_values_are_one_line(values, message):
   with pytest.raises(ValueError, match=message):
     run_checks.check_values(config_lib.set_values(_toy_config(), values))
+
+
+@pytest.mark.parametrize("patience, threshold, message", [
+    (2.5, 0.0, r"early_stopping_patience=2.5 must be an integer >= 0"),
+    (True, 0.0, r"early_stopping_patience=True must be an integer >= 0"),
+    ("3", 0.0, r"early_stopping_patience='3' must be an integer >= 0"),
+    (3, "0.1", r"early_stopping_threshold='0.1' must be a number >= 0"),
+    (3, None, r"early_stopping_threshold=None must be a number >= 0"),
+])
+def test_early_stopping_values_of_another_type_are_one_line(
+    patience, threshold, message):
+  """A config file's values may be of any type: before, a patience of 2.5
+  stopped after 3 evaluations and True after 1 without a word, and a string
+  or None was a TypeError's traceback."""
+  config = ml_collections.ConfigDict({"early_stopping_patience": patience,
+                                      "early_stopping_threshold": threshold})
+  with pytest.raises(ValueError, match=r"^config\." + message):
+    run_checks.check_early_stopping(config)
 
 
 def _toy_config(**values):

@@ -602,6 +602,14 @@ def test_a_resume_step_that_cannot_be_is_one_line():
   with pytest.raises(ValueError, match=r"config.resume_step=-6 must be a "
                      r"saved step to resume from, or 0 \(the newest\)"):
     run_checks.check_values(tiny_config(resume_step=-6))
+  # A config file's value may be any type (a string was a TypeError).
+  config = tiny_config()
+  with config.unlocked():
+    del config["resume_step"]
+    config["resume_step"] = "6"
+  with pytest.raises(ValueError, match=r"config.resume_step='6' must be a "
+                     r"saved step"):
+    run_checks.check_values(config)
   with pytest.raises(ValueError, match=r"config.resume_step=6 with eval_only="
                      r"True: .* or read step 6 with trm.evaluate's --step=6"):
     run_checks.check_values(tiny_config(resume_step=6, eval_only=True))

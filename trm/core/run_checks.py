@@ -104,8 +104,8 @@ def check_values(config) -> None:
         " for good) or a multiple of config.checkpoint_every="
         f"{config.checkpoint_every} (only saved steps can be kept).")
   resume_step = config.get("resume_step", 0)
-  if resume_step < 0:
-    raise ValueError(f"config.resume_step={resume_step} must be a saved "
+  if not _is_int(resume_step) or resume_step < 0:
+    raise ValueError(f"config.resume_step={resume_step!r} must be a saved "
                      "step to resume from, or 0 (the newest).")
   if resume_step and config.get("eval_only", False):
     raise ValueError(
@@ -148,6 +148,10 @@ def check_values(config) -> None:
   warn_frozen_weights(config)
 
 
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_early_stopping(config) -> None:
   """config.early_stopping_patience (evaluations without improvement; 0:
   off) and early_stopping_threshold (the improvement that counts), as
@@ -155,14 +159,17 @@ def check_early_stopping(config) -> None:
   patience off would silently do nothing."""
   patience = config.get("early_stopping_patience", 0)
   threshold = config.get("early_stopping_threshold", 0.0)
-  if patience < 0:
+  # A config file's value may be any type: 2.5 stopped after 3 evaluations
+  # and True after 1 without a word, a string or None was a TypeError.
+  if not _is_int(patience) or patience < 0:
     raise ValueError(
-        f"config.early_stopping_patience={patience} must be >= 0 (the "
-        "evaluations in a row without improvement that stop the run; 0: "
-        "never stop early).")
-  if not (math.isfinite(threshold) and threshold >= 0):
+        f"config.early_stopping_patience={patience!r} must be an integer >= 0"
+        " (the evaluations in a row without improvement that stop the run; "
+        "0: never stop early).")
+  if not (isinstance(threshold, (int, float)) and not isinstance(
+      threshold, bool) and math.isfinite(threshold) and threshold >= 0):
     raise ValueError(
-        f"config.early_stopping_threshold={threshold} must be a number >= 0 "
+        f"config.early_stopping_threshold={threshold!r} must be a number >= 0 "
         "(how much lower than the best an eval/loss must be to count as an "
         "improvement).")
   if threshold and not patience:
