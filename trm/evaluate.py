@@ -580,6 +580,8 @@ def evaluate_code(config, checkpoint: str):
 LOGLIKELIHOOD_BATCH = 32
 # The flags of one mode only: given to the other, they were ignored.
 LOGLIKELIHOOD_FLAGS = ("mc_num", "nll_type", "log_type", "sampling_eps")
+# Those of the Monte Carlo estimate only (--nll_type=mc).
+MC_FLAGS = ("mc_num", "sampling_eps")
 SAMPLING_FLAGS = ("chat", "max_new_tokens", "steps", "alg", "alg_temp",
                   "temperature", "top_p", "top_k", "cache", "block_length",
                   "threshold", "fast_dllm", "benchmark_path", "num_samples",
@@ -587,11 +589,12 @@ SAMPLING_FLAGS = ("chat", "max_new_tokens", "steps", "alg", "alg_temp",
                   "resume")
 
 
-def unused_flags(given, loglikelihood: bool) -> None:
+def unused_flags(given, loglikelihood: bool, nll_type: str = "mc") -> None:
   """One ValueError naming the first of the flags `given` (names set on the
   command line) that the mode does not read: --loglikelihood scores the
   context as given (lm-eval applies any chat template before it makes the
-  request) and samples nothing; the other modes draw no likelihood."""
+  request) and samples nothing; the other modes draw no likelihood; its
+  --nll_type=ar_ftb (`nll_type`) draws nothing either."""
   for name in SAMPLING_FLAGS if loglikelihood else LOGLIKELIHOOD_FLAGS:
     if name in given:
       raise ValueError(
@@ -600,6 +603,11 @@ def unused_flags(given, loglikelihood: bool) -> None:
                            if loglikelihood else "it sets --loglikelihood's "
                            "estimate; pass --loglikelihood=FILE with it, or "
                            "drop it."))
+  for name in MC_FLAGS if loglikelihood and nll_type == "ar_ftb" else ():
+    if name in given:  # was ignored, and recorded in the settings file
+      raise ValueError(
+          f"--{name}: --nll_type=ar_ftb sums the continuation's tokens "
+          "exactly and draws nothing; drop it, or pass --nll_type=mc.")
 
 
 def loglikelihood_settings() -> dict:
@@ -675,7 +683,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
   unused_flags({name for name in flags.FLAGS if flags.FLAGS[name].present},
-               _LOGLIKELIHOOD.value is not None)
+               _LOGLIKELIHOOD.value is not None, _NLL_TYPE.value)
   if _LOGLIKELIHOOD.value is not None:
     evaluate_loglikelihood(config, _CHECKPOINT.value)
     return

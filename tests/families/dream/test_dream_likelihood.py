@@ -323,3 +323,9 @@ def test_flags_of_the_other_mode_are_refused():
   with pytest.raises(ValueError, match=r"^--log_type: it sets "
                      "--loglikelihood's estimate; pass --loglikelihood=FILE"):
     evaluate.unused_flags({"benchmark", "log_type"}, False)
+  # The Monte Carlo's own flags with the exact sum: ignored before, and
+  # recorded in the settings file as if they had been used.
+  evaluate.unused_flags({"nll_type", "seed", "batch_size"}, True, "ar_ftb")
+  with pytest.raises(ValueError, match=r"^--mc_num: --nll_type=ar_ftb sums "
+                     "the continuation's tokens exactly and draws nothing"):
+    evaluate.unused_flags({"nll_type", "mc_num"}, True, "ar_ftb")
