@@ -233,6 +233,10 @@ def test_ar_ftb_is_the_direct_sum_and_greedy_its_argmaxes(pair):
     (dict(requests=["ab"]), TypeError, "requests[0] is 'ab': each request is"
      " a (context, continuation) pair of strings."),
     (dict(requests=[]), ValueError, "requests is empty"),
+    # Position 0 is never masked: the first token went unscored, and a
+    # one-token choice scored 0.0 (probability 1) without a word.
+    (dict(requests=[("a", "b"), ("  ", "x")]), ValueError, "requests[1]: "
+     "the context encodes to no token, so the continuation's first token"),
 ])
 def test_bad_values_are_one_line_before_any_compile(pair, kwargs, error,
                                                     message, monkeypatch):

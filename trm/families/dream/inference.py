@@ -938,7 +938,8 @@ class DiffusionLM:
     continuation token is the model's argmax where it is scored. Every
     request draws from numpy's Generator seeded `seed`, so a request's
     estimate does not depend on the others. Each request is checked (one
-    line naming its index: empty, too long, holding the mask token) before
+    line naming its index: empty, too long, holding the mask token, 'ftb'
+    with no context, whose first token it would never score) before
     anything is computed. Sequences are right-padded to a multiple of
     `bucket` tokens, the padding masked (one compiled program per bucket)."""
     from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
@@ -953,7 +954,8 @@ class DiffusionLM:
                for pair in pairs]
     for i, request in enumerate(encoded):
       likelihood.check_request(request, i, self.cfg.mask_token_id,
-                               self.max_positions)
+                               self.max_positions,
+                               log_type if nll_type == "mc" else None)
     out = []
     for request in encoded:
       if nll_type == "ar_ftb":

@@ -146,12 +146,24 @@ def encode_pair(tokenizer, context: str, continuation: str) -> Request:
 
 
 def check_request(request: Request, index: int, mask_id: int,
-                  max_positions: Optional[int]) -> None:
-  """One ValueError naming request `index` when it cannot be scored."""
+                  max_positions: Optional[int],
+                  log_type: Optional[str] = None) -> None:
+  """One ValueError naming request `index` when it cannot be scored
+  (`log_type`: the Monte Carlo estimate's; None for 'ar_ftb')."""
   if len(request.target) < 2:  # the end-of-text token alone
     raise ValueError(f"requests[{index}]: the continuation encodes to no "
                      "token (only the appended end-of-text token, which is "
                      "never scored); pass a non-empty continuation.")
+  if log_type == "ftb" and not request.prefix:
+    # The estimate never masks position 0 (the BOS's place): with no
+    # context the continuation's first token is never scored, and a
+    # one-token continuation scored 0.0 (probability 1), the best choice.
+    raise ValueError(f"requests[{index}]: the context encodes to no token, "
+                     "so the continuation's first token would sit at "
+                     "position 0, which the estimate never masks nor "
+                     "scores; start the context with a token (Dream's "
+                     "<|beginoftext|>, as lm-eval puts its prefix token "
+                     "before an empty context).")
   if mask_id in request.prefix + request.target:
     raise ValueError(f"requests[{index}] holds the mask token (id {mask_id})"
                      ", which the estimate cannot tell from a masked "
