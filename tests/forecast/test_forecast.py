@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import cli_batch
 import pytest
 import repo
 
@@ -22,6 +23,15 @@ V4_8 = topology.parse_topology("v4-8")
 # compilation cache cannot load back (JAX warns, then compiles again).
 pytestmark = pytest.mark.usefixtures("no_compilation_cache",
                                       "compiled_rows_once")
+
+# `python -m trm.aot` for the refusal cases, forked from one process that
+# has imported what they import (tests/cli_batch.py): ~45 start-ups of jax
+# and the GPT family less. test_cli_writes_the_forecast_json runs the real
+# entry point.
+aot = cli_batch.serve(
+    "trm.aot", env=lambda: dict(os.environ, TRM_COMPILATION_CACHE="off"),
+    preload=("trm.core.cli", "trm.core.run_checks", "trm.forecast.plan",
+             "trm.forecast.search", "trm.families.gpt.task"))
 
 
 @pytest.fixture(scope="module")
@@ -333,12 +343,10 @@ def test_tpu_compiler_options():
     (["--forecast", "--config.learning_rate=nan"],
      "config.learning_rate=nan must be a finite number >= 0"),
 ])
-def test_bad_forecast_flags_are_one_line(args, match):
+def test_bad_forecast_flags_are_one_line(args, match, aot):
   argv = ["--config=configs/gpt.py:shakespeare_char", "--topology=v4-8",
           "--vocab_size=65", *args]
-  result = subprocess.run([sys.executable, "-m", "trm.aot", *argv],
-                          cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+  result = aot.run(argv, cwd=ROOT, timeout=600)
   assert result.returncode == 2, result.stderr[-2000:]
   assert match in result.stderr, result.stderr[-2000:]
   assert "Traceback" not in result.stderr
@@ -352,7 +360,7 @@ TINY_GPT_FLAGS = ["--config.n_layer=2", "--config.n_embd=64",
 
 
 @pytest.mark.parametrize("flag", ["--forecast_json", "--save_compiled"])
-def test_output_files_are_checked_before_compiling(flag, tmp_path):
+def test_output_files_are_checked_before_compiling(flag, tmp_path, aot):
   """Before: the --config file named as the output was overwritten with
   the rows (or the step) after compiling, a FIFO was replaced by a file,
   and an unwritable directory failed only once the compile was done."""
@@ -365,12 +373,11 @@ def test_output_files_are_checked_before_compiling(flag, tmp_path):
   for path, match in ((config, "is the --config file"),
                       (fifo, "is not a regular file"),
                       ("/proc/out", "its directory /proc is not writable")):
-    result = subprocess.run(
-        [sys.executable, "-m", "trm.aot",
-         f"--config={config}:shakespeare_char", "--topology=v4-8",
+    result = aot.run(
+        [f"--config={config}:shakespeare_char", "--topology=v4-8",
          *TINY_GPT_FLAGS, *(["--forecast"] if flag == "--forecast_json"
                             else []), f"{flag}={path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, timeout=600)
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"trm.aot: error: {flag}='{path}'"), last
@@ -389,14 +396,13 @@ def test_output_files_are_checked_before_compiling(flag, tmp_path):
     (["--num_slices=1,3"], "--num_slices=3: config.global_batch_size=8"),
 ])
 def test_every_rows_mesh_and_batch_are_checked_before_the_first_compiles(
-    args, match):
+    args, match, aot):
   """Before: the rows before the one whose mesh or batch does not work
   were compiled (minutes each on a large model), then it stopped."""
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.aot",
-       "--config=configs/gpt.py:shakespeare_char", "--topology=v4-8",
+  result = aot.run(
+      ["--config=configs/gpt.py:shakespeare_char", "--topology=v4-8",
        *TINY_GPT_FLAGS, *args],
-      cwd=ROOT, capture_output=True, text=True, timeout=600)
+      cwd=ROOT, timeout=600)
   assert result.returncode == 2, result.stderr[-2000:]
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("trm.aot: error: ") and match in last, last
