@@ -8,6 +8,7 @@ import sys
 import pytest
 from absl import app
 
+import cli_batch
 import repo
 from trm import export
 
@@ -48,38 +49,50 @@ def test_out_beside_or_inside_the_run_is_allowed(tmp_path):
     export.check_out_dir(str(out), None, True, str(workdir))
 
 
-def _export_error(workdir, *flags) -> str:
+# `python -m trm.export` for the refusal cases, forked from one process that
+# has imported what the tool imports (tests/cli_batch.py): a start-up of jax,
+# flax and the Dream model per case less.
+# test_cli_removes_a_killed_exports_staging_directory_first runs the real
+# entry point.
+export_cli = cli_batch.serve(
+    "trm.export", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
+    preload=("trm.core.cli", "trm.core.distributed", "trm.core.processes",
+             "trm.core.weights_io", "trm.data.text.tokenizer",
+             "trm.families.dream.hf_import", "trm.generate"))
+
+
+def _export_error(server, workdir, *flags) -> str:
   """The one error line of a trm.export run that must stop before it
-  reads the (fake) checkpoint."""
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.export",
-       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+  reads the (fake) checkpoint (`server`: `export_cli`)."""
+  result = server.run(
+      ["--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
        *flags],
-      cwd=repo.ROOT, capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      cwd=repo.ROOT, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 2, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
   assert len(errors) == 1, result.stderr[-3000:]
   return errors[0]
 
 
-def test_cli_keeps_the_workdir_it_was_asked_to_overwrite(tmp_path):
+def test_cli_keeps_the_workdir_it_was_asked_to_overwrite(tmp_path, export_cli):
   workdir = _workdir(tmp_path)
-  error = _export_error(workdir, f"--out={workdir}", "--overwrite")
+  error = _export_error(export_cli, workdir, f"--out={workdir}",
+                        "--overwrite")
   assert "contains --checkpoint=" in error
   assert (workdir / "checkpoints" / "3" / "state").read_text() == "weights"
 
 
-def test_cli_checks_the_tokenizer_before_the_weights(tmp_path):
+def test_cli_checks_the_tokenizer_before_the_weights(tmp_path, export_cli):
   """A --tokenizer without tokenizer.json failed only after the weights
   were loaded and written."""
   workdir = _workdir(tmp_path)
-  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+  error = _export_error(export_cli, workdir, f"--out={tmp_path / 'hf'}",
                         f"--tokenizer={tmp_path}")
   assert f"{tmp_path} holds no tokenizer.json" in error
 
 
-def test_cli_checks_the_sources_special_ids_before_the_weights(tmp_path):
+def test_cli_checks_the_sources_special_ids_before_the_weights(tmp_path,
+                                                               export_cli):
   """--tokenizer's config.json gives the export its bos/eos ids; one that
   is no token id of the model stops the export before any weight is read
   (the fake checkpoint would fail to load) and leaves --out unwritten."""
@@ -88,7 +101,7 @@ def test_cli_checks_the_sources_special_ids_before_the_weights(tmp_path):
   source.mkdir()
   (source / "tokenizer.json").write_text("{}")
   (source / "config.json").write_text('{"eos_token_id": 99999999}')
-  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+  error = _export_error(export_cli, workdir, f"--out={tmp_path / 'hf'}",
                         f"--tokenizer={source}")
   assert "config.json: eos_token_id=99999999 is not token id(s)" in error
   assert not (tmp_path / "hf").exists()
@@ -98,7 +111,7 @@ def test_cli_checks_the_sources_special_ids_before_the_weights(tmp_path):
                                          ("rms_norm_eps", 1e-5),
                                          ("mask_token_id", 400)])
 def test_cli_refuses_a_config_whose_model_is_not_the_runs(tmp_path, field,
-                                                          value):
+                                                          value, export_cli):
   """A --config whose RoPE base, norm epsilon or special ids differ from
   those the run trained with restored the run's weights (same shapes) and
   wrote its own values into the export's config.json, so Dream's code ran
@@ -107,7 +120,7 @@ def test_cli_refuses_a_config_whose_model_is_not_the_runs(tmp_path, field,
   (workdir / "config.json").write_text(
       '{"model": {"name": "dream", "rope_theta": 1000000.0, '
       '"rms_norm_eps": 1e-06, "mask_token_id": 500}}')
-  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+  error = _export_error(export_cli, workdir, f"--out={tmp_path / 'hf'}",
                         f"--config.model.{field}={value}")
   assert (f"config.model.{field}={value!r}, but the run trained with"
           in error), error
@@ -215,13 +228,13 @@ def write_tokenizer(directory, mask_id=500, extra_ids=()):
     (500, (9000,), "has 9001 ids, more than config.model.vocab_size=512"),
 ])
 def test_cli_checks_the_tokenizer_fits_the_model_before_the_weights(
-    tmp_path, mask_id, extra, message):
+    tmp_path, mask_id, extra, message, export_cli):
   """--tokenizer's tokenizer.json is copied beside the weights; one whose
   <|mask|> id or vocabulary does not fit the model made an export that
   every loader (trm.generate included) refuses, after a whole export."""
   workdir = _workdir(tmp_path)
   source = write_tokenizer(str(tmp_path / "source"), mask_id, extra)
-  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+  error = _export_error(export_cli, workdir, f"--out={tmp_path / 'hf'}",
                         f"--tokenizer={source}")
   assert f"--tokenizer={source}: The tokenizer" in error
   assert message in error
@@ -229,13 +242,13 @@ def test_cli_checks_the_tokenizer_fits_the_model_before_the_weights(
 
 
 def test_cli_refuses_a_tokenizer_file_it_cannot_copy_before_the_weights(
-    tmp_path):
+    tmp_path, export_cli):
   """A FIFO among --tokenizer's files (special_tokens_map.json) failed the
   copy only after every weight had been read and written."""
   workdir = _workdir(tmp_path)
   source = write_tokenizer(str(tmp_path / "source"))
   os.mkfifo(os.path.join(source, "special_tokens_map.json"))
-  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+  error = _export_error(export_cli, workdir, f"--out={tmp_path / 'hf'}",
                         f"--tokenizer={source}")
   assert "special_tokens_map.json is not a regular file" in error
 
@@ -301,11 +314,11 @@ def test_a_snapshot_whose_blobs_is_a_link_allows_no_link_out(tmp_path):
 
 
 def test_cli_refuses_a_format_of_another_family_before_the_weights(
-    tmp_path):
+    tmp_path, export_cli):
   """Each family is written in its own formats (a GPT config was refused as
   "model 'dream' does not know these keys" before GPT had an exporter)."""
   workdir = _workdir(tmp_path)
-  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+  error = _export_error(export_cli, workdir, f"--out={tmp_path / 'hf'}",
                         "--format=nanogpt")
   assert "--format=nanogpt: a dream run is written as hf" in error
   assert not (tmp_path / "hf").exists()
@@ -313,17 +326,18 @@ def test_cli_refuses_a_format_of_another_family_before_the_weights(
 
 @pytest.mark.skipif(os.access("/proc/sys", os.W_OK),
                     reason="needs a directory this user cannot write")
-def test_an_out_that_cannot_be_written_is_refused_first(tmp_path):
+def test_an_out_that_cannot_be_written_is_refused_first(tmp_path, export_cli):
   """An --out on a read-only file system failed only when the staging
   directory was made, after every weight had been read, naming the
   staging path ('No such file or directory: ...partial-PID')."""
   workdir = _workdir(tmp_path)
-  error = _export_error(workdir, "--out=/proc/sys/trm-export-probe/hf")
+  error = _export_error(export_cli, workdir,
+                        "--out=/proc/sys/trm-export-probe/hf")
   assert "/proc/sys cannot be written" in error
 
 
 def test_cli_checks_the_sources_generation_config_before_the_weights(
-    tmp_path):
+    tmp_path, export_cli):
   """--tokenizer's generation_config.json replaces the export's; Dream's
   diffusion_generate reads its mask id, so one that is not the model's is
   refused before any weight is read."""
@@ -331,7 +345,7 @@ def test_cli_checks_the_sources_generation_config_before_the_weights(
   source = write_tokenizer(str(tmp_path / "source"))
   with open(os.path.join(source, "generation_config.json"), "w") as f:
     f.write('{"mask_token_id": 7, "pad_token_id": 256}')
-  error = _export_error(workdir, f"--out={tmp_path / 'hf'}",
+  error = _export_error(export_cli, workdir, f"--out={tmp_path / 'hf'}",
                         f"--tokenizer={source}")
   assert ("generation_config.json: mask_token_id=7, but "
           "config.model.mask_token_id=500") in error
