@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import cli_batch
 import pytest
 import repo
 from safetensors.numpy import load_file, save_file
@@ -50,11 +51,24 @@ def write_tiny_gpt2(directory, vocab=64, positions=16, width=32, layers=2,
   return str(directory)
 
 
-def _sample(*flags):
-  return subprocess.run([sys.executable, "-m", "trm.sample", *flags],
-                        cwd=ROOT, capture_output=True, text=True,
-                        timeout=300, env=dict(os.environ,
-                                              JAX_PLATFORMS="cpu"))
+# `python -m trm.sample` forked from one process that has imported what it
+# imports (tests/cli_batch.py): a start-up of jax and the GPT family per
+# run less. tests/families/gpt/test_gpt_task.py's `samples` runs the real
+# entry point.
+sample_cli = cli_batch.serve(
+    "trm.sample", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
+    preload=("trm.core.cli", "trm.core.config_lib", "trm.core.distributed",
+             "trm.core.config_record", "trm.core.mesh", "trm.core.weights_io",
+             "trm.data.io", "trm.data.text.preparation",
+             "trm.data.text.text_codecs", "trm.families.gpt.gpt_import",
+             "trm.families.gpt.model", "trm.families.gpt.task",
+             "trm.nn.platform"))
+
+
+def _sample(server, *flags):
+  """`python -m trm.sample *flags`'s result (`server`: `sample_cli`)."""
+  return server.run(flags, cwd=ROOT, timeout=300,
+                    env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
 @pytest.fixture(name="gpt2_nan")
@@ -70,19 +84,19 @@ def _gpt2_nan(tmp_path):
   return directory, str(data)
 
 
-def test_nonfinite_weights_are_one_line_naming_the_tensor(gpt2_nan):
+def test_nonfinite_weights_are_one_line_naming_the_tensor(gpt2_nan, sample_cli):
   directory, data = gpt2_nan
   flags = ("--init_from=gpt2", f"--checkpoint={directory}",
            f"--data_dir={data}", "--num_samples=1", "--max_new_tokens=2",
            "--start=to")
-  result = _sample(*flags)
+  result = _sample(sample_cli, *flags)
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
   assert len(errors) == 1, result.stderr[-3000:]
   assert "h_1/mlp/c_fc" in errors[0] and "3 NaN or Inf" in errors[0]
   assert "--allow_nonfinite" in errors[0]
-  allowed = _sample(*flags, "--allow_nonfinite")
+  allowed = _sample(sample_cli, *flags, "--allow_nonfinite")
   assert allowed.returncode == 0, allowed.stderr[-3000:]
 
 
@@ -162,10 +176,11 @@ def test_a_run_samples_with_its_kernel_where_that_kernel_runs(
     ("--temperature=nan", "--temperature=nan: must be a finite number >= 0"),
     ("--top_k=-1", "--top_k=-1: must be >= 0")])
 def test_bad_sampling_flags_are_one_line_before_the_weights(tmp_path, flag,
-                                                            message):
+                                                            message,
+                                                            sample_cli):
   """NaN passed `< 0` and sampled token 0 at every step (exit 0)."""
   directory = write_tiny_gpt2(tmp_path / "gpt2")
-  result = _sample("--init_from=gpt2", f"--checkpoint={directory}",
+  result = _sample(sample_cli, "--init_from=gpt2", f"--checkpoint={directory}",
                    "--num_samples=1", "--max_new_tokens=2", "--start=a",
                    flag)
   assert result.returncode == 2, result.stderr[-3000:]
@@ -195,7 +210,8 @@ def test_generate_refuses_a_nan_temperature():
                  temperature=float("nan"))
 
 
-def test_a_prompt_outside_the_models_vocabulary_is_one_line(tmp_path):
+def test_a_prompt_outside_the_models_vocabulary_is_one_line(tmp_path,
+                                                            sample_cli):
   """A tokenizer larger than the model (here meta.json's 16 characters for
   a 10-token GPT-2) gave prompt ids past the embedding table: JAX's gather
   filled them with NaN and trm.sample printed token 0 for every position,
@@ -203,7 +219,7 @@ def test_a_prompt_outside_the_models_vocabulary_is_one_line(tmp_path):
   directory = write_tiny_gpt2(tmp_path / "gpt2", vocab=10)
   data = tmp_path / "data"
   preparation.prepare_char("abcdefghijklmno\n" * 4, str(data))
-  result = _sample("--init_from=gpt2", f"--checkpoint={directory}",
+  result = _sample(sample_cli, "--init_from=gpt2", f"--checkpoint={directory}",
                    f"--data_dir={data}", "--num_samples=1",
                    "--max_new_tokens=2", "--start=no", "--temperature=0")
   assert result.returncode == 2, result.stderr[-3000:]
@@ -294,7 +310,8 @@ class _RunsCode:
     return (print, ("code ran",))
 
 
-def test_nanogpts_meta_pkl_is_read_as_its_sample_py_reads_it(tmp_path):
+def test_nanogpts_meta_pkl_is_read_as_its_sample_py_reads_it(tmp_path,
+                                                             sample_cli):
   """nanoGPT's char-level data directory holds meta.pkl, not meta.json:
   --data_dir named it as 'not a prepared text data set', and a ckpt.pt's
   own data/<dataset> fell back to GPT-2's BPE (whose ids the model does
@@ -314,13 +331,13 @@ def test_nanogpts_meta_pkl_is_read_as_its_sample_py_reads_it(tmp_path):
                  "stoi": {c: i for i, c in enumerate(chars)}}, f)
   flags = ("--init_from=gpt2", f"--checkpoint={directory}", "--start=to be",
            "--num_samples=1", "--max_new_tokens=6", "--temperature=0")
-  want = _sample(*flags, f"--data_dir={prepared}")
-  got = _sample(*flags, f"--data_dir={nanogpt}")
+  want = _sample(sample_cli, *flags, f"--data_dir={prepared}")
+  got = _sample(sample_cli, *flags, f"--data_dir={nanogpt}")
   assert got.returncode == 0, got.stderr[-3000:]
   assert got.stdout == want.stdout and got.stdout.startswith("to be")
   with open(nanogpt / "meta.pkl", "wb") as f:
     pickle.dump({"itos": _RunsCode()}, f)
-  bad = _sample(*flags, f"--data_dir={nanogpt}")
+  bad = _sample(sample_cli, *flags, f"--data_dir={nanogpt}")
   assert bad.returncode == 2, bad.stderr[-3000:]
   assert "code ran" not in bad.stdout + bad.stderr
   errors = [l for l in bad.stderr.splitlines() if "error:" in l]
@@ -329,7 +346,8 @@ def test_nanogpts_meta_pkl_is_read_as_its_sample_py_reads_it(tmp_path):
       "builtins.print)") in errors[0], bad.stderr[-3000:]
 
 
-def test_a_gpt2_download_samples_with_its_own_tokenizer_json(tmp_path):
+def test_a_gpt2_download_samples_with_its_own_tokenizer_json(tmp_path,
+                                                             sample_cli):
   """--init_from=gpt2 without a meta.json took GPT-2's BPE from tiktoken,
   which downloads its files: offline, every GPT-2 download failed with a
   hint naming a --tokenizer flag trm.sample does not have, though the
@@ -340,7 +358,7 @@ def test_a_gpt2_download_samples_with_its_own_tokenizer_json(tmp_path):
   tokenizer = Tokenizer(models.WordLevel(dict(vocab, **{"?": 0}),
                                          unk_token="?"))
   tokenizer.save(os.path.join(directory, "tokenizer.json"))
-  result = _sample("--init_from=gpt2", f"--checkpoint={directory}",
+  result = _sample(sample_cli, "--init_from=gpt2", f"--checkpoint={directory}",
                    "--start=a", "--num_samples=1", "--max_new_tokens=3",
                    "--temperature=0")
   assert result.returncode == 0, result.stderr[-3000:]
@@ -369,7 +387,7 @@ def test_start_endoftext_through_a_tokenizer_json_is_its_special_token(
   assert eot not in codec.encode("<|endoftext|>")  # and it stays so
 
 
-def test_a_gpt2_bpe_model_samples_offline_with_tokenizer(tmp_path):
+def test_a_gpt2_bpe_model_samples_offline_with_tokenizer(tmp_path, sample_cli):
   """A model whose data is GPT-2's BPE (no meta.json; a run on nanoGPT's
   openwebtext or on data prepared with tokenizer=gpt2) samples through
   tiktoken, which downloads its files: offline the error said
@@ -382,7 +400,7 @@ def test_a_gpt2_bpe_model_samples_offline_with_tokenizer(tmp_path):
   flags = ("--init_from=gpt2", f"--checkpoint={directory}",
            "--start=t5 t7", "--num_samples=1", "--max_new_tokens=3",
            "--temperature=0")
-  result = _sample(*flags, f"--tokenizer={json_path}")
+  result = _sample(sample_cli, *flags, f"--tokenizer={json_path}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.startswith("t5 t7 t")
   # Given, it is used before a download's own tokenizer.json (here one of
@@ -390,7 +408,7 @@ def test_a_gpt2_bpe_model_samples_offline_with_tokenizer(tmp_path):
   from tokenizers import Tokenizer, models  # pylint: disable=g-import-not-at-top
   Tokenizer(models.WordLevel({"a": 0, "?": 1}, unk_token="?")).save(
       os.path.join(directory, "tokenizer.json"))
-  again = _sample(*flags, f"--tokenizer={json_path}")
+  again = _sample(sample_cli, *flags, f"--tokenizer={json_path}")
   assert again.returncode == 0 and again.stdout == result.stdout
   os.remove(os.path.join(directory, "tokenizer.json"))
   # Not GPT-2's ids, or not a GPT-2 BPE model: one line each.
@@ -404,7 +422,7 @@ def test_a_gpt2_bpe_model_samples_offline_with_tokenizer(tmp_path):
       ((f"--tokenizer={small}",), "has 2 ids, not GPT-2's 50257"),
       ((f"--tokenizer={json_path}", f"--data_dir={data}"),
        "but the model's tokenizer is 'char'")):
-    bad = _sample(*flags, *extra)
+    bad = _sample(sample_cli, *flags, *extra)
     errors = [l for l in bad.stderr.splitlines() if "error:" in l]
     assert bad.returncode == 2 and len(errors) == 1, bad.stderr[-3000:]
     assert needle in errors[0], errors[0]
@@ -504,8 +522,8 @@ def test_out_of_memory_names_batch_size(tmp_path, monkeypatch):
                 "--max_new_tokens=2")
 
 
-def test_negative_batch_size_is_refused(tmp_path):
-  result = _sample("--init_from=gpt2", f"--checkpoint={tmp_path}",
+def test_negative_batch_size_is_refused(tmp_path, sample_cli):
+  result = _sample(sample_cli, "--init_from=gpt2", f"--checkpoint={tmp_path}",
                    "--batch_size=-1")
   assert result.returncode != 0
   assert "--batch_size=-1: must be >= 0" in result.stderr, result.stderr
