@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from absl import app
 from tokenizers import Tokenizer, models, pre_tokenizers
+import cli_batch
 import repo
 
 from trm.core import config_lib
@@ -81,13 +82,12 @@ def test_cli_generates_for_a_batch(tmp_path, checkpoint):
   assert "tokens/s" in result.stdout
 
 
-def test_cli_rejects_a_prompt_longer_than_the_context(checkpoint):
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.generate",
-       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={checkpoint}",
+def test_cli_rejects_a_prompt_longer_than_the_context(checkpoint,
+                                                      generate_cli):
+  result = generate_cli.run(
+      ["--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={checkpoint}",
        "--prompt=" + " ".join(["w1"] * 130), "--max_new_tokens=8"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      cwd=ROOT, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 2
   assert "Traceback" not in result.stderr
   assert ("trm.generate: error: max_new_tokens=8: the longest prompt (130 "
@@ -318,6 +318,24 @@ def _cli(*flags, timeout=300):
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
+# `python -m trm.generate` for the refusal cases, forked from one process
+# that has imported what the tool imports (tests/cli_batch.py): ~20
+# start-ups of jax, flax and the Dream model less. The runs that sample
+# (test_cli_generates_for_a_batch, test_cli_cached_decoding, ...) start the
+# real entry point.
+generate_cli = cli_batch.serve(
+    "trm.generate", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
+    preload=("trm.core.cli", "trm.core.distributed", "trm.data.io",
+             "trm.families.dream.inference",
+             "trm.families.dream.cached_sampling"))
+
+
+def _refusal(server, *flags, timeout=300):
+  """What `_cli(*flags)` gives, from `server` (`generate_cli`)."""
+  return server.run(flags, cwd=ROOT, timeout=timeout,
+                    env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
 def test_cli_cached_decoding(checkpoint):
   result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3 w4",
                 "--max_new_tokens=8", "--cache=dual", "--block_length=4",
@@ -350,8 +368,10 @@ def test_cli_compiles_once_and_prints_both_times(checkpoint):
     ("--cache=dual --fast_dllm --alg=maskgit_plus",
      "alg='maskgit_plus': with fast_dllm, fixed steps rank by entropy"),
 ])
-def test_cli_bad_settings_are_one_line(checkpoint, flag, message):
-  result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3", *flag.split())
+def test_cli_bad_settings_are_one_line(checkpoint, flag, message,
+                                      generate_cli):
+  result = _refusal(generate_cli, f"--checkpoint={checkpoint}", "--prompt=w3",
+                    *flag.split())
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
@@ -364,26 +384,30 @@ def test_cli_bad_settings_are_one_line(checkpoint, flag, message):
 ])
 def test_cli_batch_size_and_seed_are_checked_before_the_weights(checkpoint,
                                                                 flag,
-                                                                message):
+                                                                message,
+                                                                generate_cli):
   """Both were refused by DiffusionLM.generate, once the weights had
   loaded (minutes for a 7B checkpoint)."""
-  result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3", flag)
+  result = _refusal(generate_cli, f"--checkpoint={checkpoint}", "--prompt=w3",
+                    flag)
   assert result.returncode == 2, result.stderr[-3000:]
   assert "weights:" not in result.stdout
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
   assert len(errors) == 1 and message in errors[0], errors
 
 
-def test_cli_bad_batch_files(checkpoint, tmp_path):
+def test_cli_bad_batch_files(checkpoint, tmp_path, generate_cli):
   latin = tmp_path / "latin1.txt"
   latin.write_bytes(b"w1 w2\nw3 \xe9\n")
-  result = _cli(f"--checkpoint={checkpoint}", f"--batch_file={latin}")
+  result = _refusal(generate_cli, f"--checkpoint={checkpoint}",
+                    f"--batch_file={latin}")
   assert result.returncode == 2 and "Traceback" not in result.stderr
   assert ("latin1.txt: not UTF-8 text: byte 0xe9 at offset 9 (line 2)"
           in result.stderr)
   empty = tmp_path / "empty.txt"
   empty.write_text("\n \n")
-  result = _cli(f"--checkpoint={checkpoint}", f"--batch_file={empty}")
+  result = _refusal(generate_cli, f"--checkpoint={checkpoint}",
+                    f"--batch_file={empty}")
   assert result.returncode == 2 and "holds no prompts" in result.stderr
 
 
@@ -392,7 +416,8 @@ def test_cli_bad_batch_files(checkpoint, tmp_path):
     ("shape", "has shape"),
 ])
 def test_cli_checkpoint_not_matching_its_config_json(checkpoint, tmp_path,
-                                                     edit, message):
+                                                     edit, message,
+                                                     generate_cli):
   import json  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
@@ -408,7 +433,7 @@ def test_cli_checkpoint_not_matching_its_config_json(checkpoint, tmp_path,
     config["intermediate_size"] = config["intermediate_size"] * 2
   save_file(tensors, weights)
   (directory / "config.json").write_text(json.dumps(config))
-  result = _cli(f"--checkpoint={directory}", "--prompt=w3")
+  result = _refusal(generate_cli, f"--checkpoint={directory}", "--prompt=w3")
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
@@ -472,9 +497,9 @@ def _other_family_workdir(tmp_path, name):
      "--checkpoint="),
 ])
 def test_cli_on_another_familys_workdir_names_it_and_its_command(
-    tmp_path, family, display, command):
+    tmp_path, family, display, command, generate_cli):
   workdir = _other_family_workdir(tmp_path, family)
-  result = _cli(f"--checkpoint={workdir}", "--prompt=w3")
+  result = _refusal(generate_cli, f"--checkpoint={workdir}", "--prompt=w3")
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
@@ -543,9 +568,10 @@ def test_nonfinite_safetensors_are_refused_naming_the_tensor(
   assert lm.cfg.vocab_size > 0
 
 
-def test_cli_nonfinite_safetensors_is_one_line(checkpoint, tmp_path):
+def test_cli_nonfinite_safetensors_is_one_line(checkpoint, tmp_path,
+                                              generate_cli):
   directory = _nan_copy(checkpoint, tmp_path)
-  result = _cli(f"--checkpoint={directory}", "--prompt=w3")
+  result = _refusal(generate_cli, f"--checkpoint={directory}", "--prompt=w3")
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
@@ -692,7 +718,7 @@ def test_an_empty_prompt_is_named():
     generate.read_prompts("", None)
 
 
-def test_non_utf8_prompts_are_one_line_naming_them():
+def test_non_utf8_prompts_are_one_line_naming_them(generate_cli):
   """A non-UTF-8 byte in --prompt (Python reads it as a lone surrogate) or
   a prompt holding a lone surrogate was a TypeError traceback from the
   tokenizer; --prompt is now refused before any weight is read."""
@@ -702,9 +728,9 @@ def test_non_utf8_prompts_are_one_line_naming_them():
     inference.check_prompts(["w1", "w2\udcff"])
   with pytest.raises(ValueError, match="lone surrogate U\\+D800"):
     inference.check_prompts("\ud800")
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.generate", "--checkpoint=/nonexistent",
-       b"--prompt=w1 \xff"], cwd=ROOT, capture_output=True, text=True,
+  # The byte reaches the child as `python -m` decodes argv (os.fsdecode).
+  result = generate_cli.run(
+      ["--checkpoint=/nonexistent", b"--prompt=w1 \xff"], cwd=ROOT,
       timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 2, result.stderr[-3000:]
   assert result.stderr.strip().splitlines() == [
