@@ -8,6 +8,7 @@ import sys
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import cli_batch
 import pytest
 import repo
 
@@ -25,6 +26,15 @@ from trm.families.trm import model as trm
 # Compiles to compile-only TPU devices, whose executables the session's
 # compilation cache cannot load back (JAX warns, then compiles again).
 pytestmark = pytest.mark.usefixtures("no_compilation_cache")
+
+# `python -m trm.aot` for the refusal cases, forked from one process that
+# has imported what they import (tests/cli_batch.py): a start-up of jax and
+# the model families per case less. The test of the DOES NOT FIT exit code
+# runs the real entry point.
+aot_cli = cli_batch.serve(
+    "trm.aot", env=lambda: dict(os.environ, TRM_COMPILATION_CACHE="off"),
+    preload=("trm.core.cli", "trm.core.run_checks", "trm.forecast.plan",
+             "trm.families.dream.task", "trm.families.trm.task"))
 
 ROOT = repo.ROOT
 
@@ -134,10 +144,9 @@ def test_mesh_that_does_not_fit_the_topology_is_a_clear_error():
                        sudoku.dataset_metadata(1))
 
 
-def test_cli_local_topology_needs_save_compiled():
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.aot", "--config=configs/trm_sudoku.py:cpu",
-       "--topology=local"], cwd=ROOT, capture_output=True, text=True,
+def test_cli_local_topology_needs_save_compiled(aot_cli):
+  result = aot_cli.run(
+      ["--config=configs/trm_sudoku.py:cpu", "--topology=local"], cwd=ROOT,
       timeout=300)
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines()[-1] == (
@@ -146,17 +155,16 @@ def test_cli_local_topology_needs_save_compiled():
 
 
 def test_cli_save_compiled_to_an_unwritable_directory_stops_before_compiling(
-    tmp_path):
+    tmp_path, aot_cli):
   locked = tmp_path / "locked"
   locked.mkdir()
   locked.chmod(0o500)
   path = locked / "step.bin"
   if os.access(locked, os.W_OK) and os.geteuid() == 0:
     path = "/proc/step.bin"  # root writes anywhere on disk; procfs refuses
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.aot", "--config=configs/trm_sudoku.py:cpu",
-       "--topology=local", f"--save_compiled={path}"], cwd=ROOT,
-      capture_output=True, text=True, timeout=300)
+  result = aot_cli.run(
+      ["--config=configs/trm_sudoku.py:cpu", "--topology=local",
+       f"--save_compiled={path}"], cwd=ROOT, timeout=300)
   assert result.returncode == 2, result.stderr[-2000:]
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith(f"trm.aot: error: --save_compiled='{path}': its "
@@ -496,33 +504,30 @@ def test_sample_mode_needs_a_dream_config():
                        sudoku.dataset_metadata(1), aot.SampleSettings(4))
 
 
-# Each case is a process that loads jax, but those trm.aot refuses before
-# (--mode and the flags of the other mode). --alg, --cache and --threshold
-# (slow) take the path of --steps=0 (the sampler's ValueError as one usage
-# line); test_bad_sample_settings checks their messages.
+# Each case is a fork of `aot_cli` (a process that loads jax, but those
+# trm.aot refuses before: --mode and the flags of the other mode). --alg,
+# --cache and --threshold take the path of --steps=0 (the sampler's
+# ValueError as one usage line); test_bad_sample_settings checks their
+# messages.
 @pytest.mark.parametrize("args, match", [
     (["--mode=sample", "--steps=0"], "--steps=0 must be a positive"),
-    pytest.param(["--mode=sample", "--alg=fast"], "--alg='fast': choose from",
-                 marks=pytest.mark.slow),
+    (["--mode=sample", "--alg=fast"], "--alg='fast': choose from"),
     (["--mode=sample", "--seq_len=64"], "--seq_len only apply to --mode=train"),
     (["--prompt_len=64"], "--prompt_len only apply to --mode=sample"),
     (["--cache=dual"], "--cache only apply to --mode=sample"),
-    pytest.param(["--mode=sample", "--cache=full"],
-                 "--cache='full': choose from", marks=pytest.mark.slow),
+    (["--mode=sample", "--cache=full"], "--cache='full': choose from"),
     (["--mode=sample", "--cache=dual", "--block_length=48"],
      "--block_length=48: must divide max_new_tokens=512"),
-    pytest.param(["--mode=sample", "--cache=dual", "--threshold=0"],
-                 "--threshold=0.0: must lie in (0, 1]",
-                 marks=pytest.mark.slow),
+    (["--mode=sample", "--cache=dual", "--threshold=0"],
+     "--threshold=0.0: must lie in (0, 1]"),
     (["--mode=decode"], "--mode"),
     (["--mode=sample", "--config=configs/trm_sudoku.py:cpu"],
      "model family 'trm' has no sampler"),
 ])
-def test_cli_rejects_bad_sample_flags(args, match):
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.aot",
-       "--config=configs/diffucoder_7b.py:tiny", "--topology=v4-8", *args],
-      cwd=ROOT, capture_output=True, text=True, timeout=600)
+def test_cli_rejects_bad_sample_flags(args, match, aot_cli):
+  result = aot_cli.run(
+      ["--config=configs/diffucoder_7b.py:tiny", "--topology=v4-8", *args],
+      cwd=ROOT, timeout=600)
   assert result.returncode != 0
   assert match in result.stderr, result.stderr[-2000:]
   assert "verdict" not in result.stdout
