@@ -87,6 +87,10 @@ def get_config(arg=None):
       eps=1e-8,                 # AdamW epsilon (float)
       weight_decay=0.0,         # decoupled weight decay (float)
       grad_clip_norm=1.0,       # global-norm gradient clipping (float)
+      lr_mults=(),              # ((regex, mult), ..): first full match of a
+                                # '/'-joined param name scales its update
+                                # (0 freezes it)
+      wd_mults=(),              # same pairs, scaling its weight decay
   ))
 
   c.seed = 0                    # init, masking and data-order randomness

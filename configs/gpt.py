@@ -144,6 +144,10 @@ def get_config(arg=None):
   c.beta1 = 0.9                 # AdamW beta1 (float)
   c.beta2 = 0.95                # AdamW beta2 (float)
   c.grad_clip = 1.0             # global-norm clip; 0.0 disables (float)
+  c.lr_mults = ()               # ((regex, mult), ..): first full match of a
+                                # '/'-joined param name scales its update
+                                # (0 freezes it)
+  c.wd_mults = ()               # same pairs, scaling its weight decay
   # Learning-rate schedule.
   c.decay_lr = True             # warmup + cosine; False: constant rate
   c.warmup_iters = 2000         # linear warmup iterations

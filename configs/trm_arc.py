@@ -124,6 +124,10 @@ def get_config(arg=None):
       ema_rate=0.999,           # EMA decay
       freeze_weights=False,     # train the puzzle embeddings alone (test-
                                 # time adaptation; upstream's freeze_weights)
+      lr_mults=(),              # ((regex, mult), ..): first full match of a
+                                # '/'-joined param name scales its update
+                                # (0 freezes; not the puzzle embeddings)
+      wd_mults=(),              # same pairs, scaling its weight decay
   ))
 
   total_steps = _TOTAL_STEPS[version]

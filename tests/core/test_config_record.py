@@ -164,7 +164,10 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "resume_step": 0,
                                     "early_stopping_patience": 0,
                                     "early_stopping_threshold": 0.0,
-                                    "optimizer": "adamw"}
+                                    "optimizer": "adamw",
+                                    "optim.lr_mults": [],
+                                    "optim.wd_mults": [],
+                                    "lr_mults": [], "wd_mults": []}
   assert config_record.IMPLICIT_BY_FAMILY == {
       "optim.optimizer": {"trm": "adam_atan2", "dream": "adamw"}}
   # A DiffuCoder run recorded before it could accumulate gradients.
@@ -192,6 +195,13 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
   assert config_record.changes(trm_old, {"model": {"name": "trm"}, "optim": {
       "lr": 1e-4, "freeze_weights": True}}) == {
           "optim.freeze_weights": [None, True]}
+  # Per-parameter multipliers (session 68): none is no change (the config's
+  # () reaches the record as JSON's []); a frozen pattern is one.
+  assert config_record.changes(trm_old, {"model": {"name": "trm"}, "optim": {
+      "lr": 1e-4, "lr_mults": [], "wd_mults": []}}) == {}
+  assert config_record.changes(old, {"model": {"name": "gpt"}, "lr_mults": [
+      ["ln_f/.*", 0.0]], "wd_mults": []}) == {
+          "lr_mults": [None, [["ln_f/.*", 0.0]]]}
   assert config_record.changes(old, {"model": {"name": "gpt",
                                                "scan_layers": False}}) == {}
   assert config_record.changes(

@@ -95,7 +95,10 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "resume_step": 0,  # resumed from the newest step
             "early_stopping_patience": 0,  # never stopped early
             "early_stopping_threshold": 0.0,
-            "optimizer": "adamw"}  # GPT's nanoGPT AdamW
+            "optimizer": "adamw",  # GPT's nanoGPT AdamW
+            # No per-parameter multipliers (a record holds JSON's list).
+            "optim.lr_mults": [], "optim.wd_mults": [],
+            "lr_mults": [], "wd_mults": []}
 # As IMPLICIT, where each model family (config.model.name; DiffuCoder's
 # oldest records lack it) had its own value.
 IMPLICIT_BY_FAMILY = {

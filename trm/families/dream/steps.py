@@ -40,7 +40,8 @@ def learning_rate_schedule(optim_config, total_steps: int):
 
 def make_optimizer(optim_config, total_steps: int):
   """config.optim.optimizer (default AdamW) after global-norm clipping
-  (`learning_rate_schedule`; `trm.core.optimizers`)."""
+  (`learning_rate_schedule`; config.optim.lr_mults / wd_mults:
+  `trm.core.optimizers`)."""
   schedule = learning_rate_schedule(optim_config, total_steps)
   return optax.chain(
       optax.clip_by_global_norm(optim_config.grad_clip_norm),
@@ -48,7 +49,9 @@ def make_optimizer(optim_config, total_steps: int):
                        b1=optim_config.beta1, b2=optim_config.beta2,
                        eps=optim_config.eps,
                        weight_decay=optim_config.weight_decay,
-                       field="config.optim.optimizer"))
+                       field="config.optim.optimizer",
+                       lr_mults=optim_config.get("lr_mults", ()),
+                       wd_mults=optim_config.get("wd_mults", ())))
 
 
 def make_init_fn(model: dream.Dream, tx, seed: int, loss_scale=None):

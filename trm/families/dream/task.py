@@ -63,6 +63,7 @@ def check_config(config) -> None:
   dream_program.check_config(config)
   optimizers.check(config.optim.get("optimizer", "adamw"),
                    "config.optim.optimizer")
+  optimizers.check_multipliers(config.optim, "config.optim")
 
 
 def schedule_spans_run(config) -> bool:

@@ -64,12 +64,16 @@ def decay_mask(params):
 
 def make_optimizer(config):
   """torch.optim.AdamW(groups, betas) after clip_grad_norm_(grad_clip), or
-  config.optimizer's choice with the same groups (`trm.core.optimizers`)."""
+  config.optimizer's choice with the same groups, and config.lr_mults /
+  wd_mults (`trm.core.optimizers`)."""
   tx = optimizers.build(config.get("optimizer", "adamw"),
                         learning_rate_schedule(config), b1=config.beta1,
                         b2=config.beta2, eps=1e-8,
                         weight_decay=config.weight_decay, mask=decay_mask,
-                        field="config.optimizer")
+                        field="config.optimizer",
+                        lr_mults=config.get("lr_mults", ()),
+                        wd_mults=config.get("wd_mults", ()),
+                        mults_field="config")
   if config.grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(config.grad_clip), tx)
   return tx

@@ -107,6 +107,7 @@ def check_config(config) -> None:
     raise ValueError(f"config.dtype={config.dtype!r} must be one of "
                      f"{list(DTYPES)}.")
   optimizers.check(config.get("optimizer", "adamw"), "config.optimizer")
+  optimizers.check_multipliers(config, "config")
   loss_scale.check_config(config)
   # nanoGPT's names first: the trainer's total_steps, eval_every,
   # checkpoint_every and log_every follow them.

@@ -36,20 +36,26 @@ DEFAULT_OPTIMIZER = "adam_atan2"
 
 def make_optimizer(optim_config, total_steps: int):
   """config.optim.optimizer (default upstream's AdamATan2) on params, with
-  upstream's warmup + cosine schedule (`trm.core.optimizers`)."""
+  upstream's warmup + cosine schedule and config.optim.lr_mults / wd_mults
+  (`trm.core.optimizers`; the puzzle embeddings' sign-SGD is apart)."""
   name = optim_config.get("optimizer", DEFAULT_OPTIMIZER)
   schedule = optim.lr_schedule(
       optim_config.lr, config_lib.warmup_steps(optim_config, total_steps),
       total_steps, optim_config.lr_min_ratio)
+  mults = dict(lr_mults=optim_config.get("lr_mults", ()),
+               wd_mults=optim_config.get("wd_mults", ()))
   if name == DEFAULT_OPTIMIZER:  # as every run before the choice trained
-    return optim.adam_atan2(schedule, b1=optim_config.beta1,
-                            b2=optim_config.beta2,
-                            weight_decay=optim_config.weight_decay)
+    return optimizers.with_multipliers(
+        lambda decay: optim.adam_atan2(schedule, b1=optim_config.beta1,
+                                       b2=optim_config.beta2,
+                                       weight_decay=decay),
+        schedule, weight_decay=optim_config.weight_decay, mask=None,
+        field="config.optim", **mults)
   return optimizers.build(name, schedule, b1=optim_config.beta1,
                           b2=optim_config.beta2,
                           eps=optim_config.get("eps", 1e-8),
                           weight_decay=optim_config.weight_decay,
-                          field=OPTIMIZER_FIELD)
+                          field=OPTIMIZER_FIELD, **mults)
 
 
 def _puzzle_vectors(model, state, ids):

@@ -205,6 +205,7 @@ def check_config(config) -> None:
                      " must be a positive integer.")
   optimizers.check(config.optim.get("optimizer", trm_steps.DEFAULT_OPTIMIZER),
                    trm_steps.OPTIMIZER_FIELD)
+  optimizers.check_multipliers(config.optim, "config.optim")
   if (config.optim.get("freeze_weights", False)
       and config.model.puzzle_emb_ndim <= 0):
     # Upstream then trains every weight, its flag unread.
