@@ -629,7 +629,8 @@ def loglikelihood_settings() -> dict:
 
 def loglikelihood_output() -> str:
   """--output (default <output_dir>/loglikelihood.jsonl), checked: a file
-  path that replaces no input."""
+  path that, nor its settings file beside it, replaces no input."""
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
   if _OUTPUT.value is not None:
     output, flag = cli.expand_home(_OUTPUT.value), "--output"
   else:
@@ -640,10 +641,46 @@ def loglikelihood_output() -> str:
     raise ValueError(f"{flag}={output}: a file path is expected (the "
                      "log-likelihoods, one JSON line per request).")
   cli.check_writable_ancestor(output, flag)
-  check_not_an_input(output, _inputs(
-      {"--loglikelihood": _LOGLIKELIHOOD.value}), what="log-likelihoods",
+  inputs = _inputs({"--loglikelihood": _LOGLIKELIHOOD.value})
+  check_not_an_input(output, inputs, what="log-likelihoods",
                      record_key="loglikelihood")
+  _check_settings_file(likelihood.settings_path(output), output, inputs)
   return output
+
+
+def _check_settings_file(path: str, output: str, inputs: dict) -> None:
+  """The settings written beside --output (`path`) replace no input: with
+  --loglikelihood=x_settings.json --output=x.jsonl it was the requests file;
+  inside the --checkpoint directory it may only be an earlier settings
+  file."""
+  if os.path.isdir(path):
+    raise ValueError(f"--output={output}: its settings file {path} is a "
+                     "directory; pass another --output.")
+  if not os.path.isfile(path):
+    return
+  for flag, given in inputs.items():
+    if not given or "://" in given:
+      continue
+    if os.path.isfile(given) and os.path.samefile(path, given):
+      raise ValueError(f"--output={output}: its settings file {path} is "
+                       f"{flag}={given}: writing the settings would replace "
+                       "it; pass another --output.")
+    if (os.path.isdir(given) and cli.within(path, given)
+        and not _is_loglikelihood_settings(path)):
+      raise ValueError(f"--output={output}: its settings file {path} is a "
+                       f"file of {flag}={given}: writing the settings would "
+                       "replace it; pass another --output.")
+
+
+def _is_loglikelihood_settings(path: str) -> bool:
+  """Whether `path` is a settings file an earlier --loglikelihood run wrote
+  (a JSON object with its nll_type)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      record = json.loads(f.read(1 << 20))
+  except (OSError, ValueError, RecursionError):
+    return False
+  return isinstance(record, dict) and "nll_type" in record
 
 
 def evaluate_loglikelihood(config, checkpoint: str):

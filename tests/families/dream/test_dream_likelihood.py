@@ -333,3 +333,29 @@ def test_flags_of_the_other_mode_are_refused():
   with pytest.raises(ValueError, match=r"^--mc_num: --nll_type=ar_ftb sums "
                      "the continuation's tokens exactly and draws nothing"):
     evaluate.unused_flags({"nll_type", "mc_num"}, True, "ar_ftb")
+
+
+def test_settings_file_replaces_no_input(tmp_path):
+  """--loglikelihood=x_settings.json --output=x.jsonl overwrote the
+  requests with the settings."""
+  from trm import evaluate  # pylint: disable=g-import-not-at-top
+  requests = tmp_path / "x_settings.json"
+  requests.write_text('{"context": "a", "continuation": "b"}\n')
+  output = str(tmp_path / "x.jsonl")
+  with pytest.raises(ValueError, match=r"^--output=\S+x\.jsonl: its settings "
+                     r"file \S+ is --loglikelihood=\S+: writing the settings "
+                     "would replace it; pass another --output"):
+    evaluate._check_settings_file(  # pylint: disable=protected-access
+        likelihood.settings_path(output), output,
+        {"--loglikelihood": str(requests)})
+  checkpoint = tmp_path / "ckpt"
+  checkpoint.mkdir()
+  (checkpoint / "model_settings.json").write_text("{}")
+  (checkpoint / "ll_settings.json").write_text('{"nll_type": "mc"}')
+  with pytest.raises(ValueError, match=r"is a file of --checkpoint="):
+    evaluate._check_settings_file(  # pylint: disable=protected-access
+        str(checkpoint / "model_settings.json"), "o",
+        {"--checkpoint": str(checkpoint)})
+  evaluate._check_settings_file(  # pylint: disable=protected-access
+      str(checkpoint / "ll_settings.json"), "o",
+      {"--checkpoint": str(checkpoint)})
