@@ -64,7 +64,8 @@ DiffuCoder / Dream checkpoint, as Dream's lm-eval harness scores them
 --loglikelihood holds one {"context": ..., "continuation": ...} object per
 line; --output (default <output_dir>/loglikelihood.jsonl) gets one
 {"loglikelihood": ..., "is_greedy": ...} line per request, in order, and
-the settings beside it, both written whole or not at all.
+the settings beside it, both written whole or not at all. Each request's
+tokens are checked (naming its file line) before weights load.
 """
 from __future__ import annotations
 
@@ -695,12 +696,23 @@ def evaluate_loglikelihood(config, checkpoint: str):
                      "DiffuCoder/Dream directory or Hub id, or a trm.main "
                      "DiffuCoder workdir).")
   settings = loglikelihood_settings()
-  requests = likelihood.read_requests(_LOGLIKELIHOOD.value)
+  numbered = likelihood.read_numbered_requests(_LOGLIKELIHOOD.value)
+  requests = [pair for _, pair in numbered]
   output = loglikelihood_output()
   step = cli.workdir_step(checkpoint, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
-  lm = generate_cli.load_model(checkpoint, _SAMPLER, config, step)
+
+  def before_weights(tokenizer, cfg, max_positions):
+    # Minutes before a 7B model's weights are read: each request's tokens,
+    # the error naming its file line.
+    likelihood.check_file_requests(
+        numbered, tokenizer, cfg.mask_token_id, max_positions,
+        settings["nll_type"], settings["log_type"],
+        f"--loglikelihood={_LOGLIKELIHOOD.value}")
+
+  lm = generate_cli.load_model(checkpoint, _SAMPLER, config, step,
+                               before_weights=before_weights)
   first = jax.process_index() == 0  # on a pod every process computes
   if first:
     print(f"weights: {lm.source}\n{len(requests)} request(s) from "

@@ -149,17 +149,19 @@ def describe(settings: dict) -> str:
 
 
 def load_model(checkpoint: str, holders: dict, config=None,
-               step: int | None = None):
+               step: int | None = None, before_weights=None):
   """The DiffusionLM the flags name (--dtype, --tokenizer,
   --allow_nonfinite), of a workdir's checkpoint `step` (`choose_step`;
-  default the newest readable one)."""
+  default the newest readable one); `before_weights` as
+  `DiffusionLM.from_pretrained` takes it."""
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   allow = holders.get("allow_nonfinite")
   return inference.DiffusionLM.from_pretrained(
       checkpoint, dtype=holders["dtype"].value,
       tokenizer=holders["tokenizer"].value, config=config,
       allow_nonfinite=bool(allow.value) if allow is not None else False,
-      checkpoint_step=step, names=inference.CLI_NAMES)
+      checkpoint_step=step, names=inference.CLI_NAMES,
+      before_weights=before_weights)
 
 
 def define_sampler_flags(*, temperature: float = 0.0,

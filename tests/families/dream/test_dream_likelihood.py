@@ -335,6 +335,41 @@ def test_flags_of_the_other_mode_are_refused():
     evaluate.unused_flags({"nll_type", "mc_num"}, True, "ar_ftb")
 
 
+def test_request_tokens_are_checked_before_weights_naming_the_line(
+    pair, tmp_path, monkeypatch):
+  """The checks (no token, too long, mask token, not UTF-8) ran after the
+  weights loaded and named the request's index, which blank lines shift
+  from its file line."""
+  lm, _ = pair
+  path = tmp_path / "requests.jsonl"
+  path.write_text('{"context": "a", "continuation": "b"}\n\n'
+                  '{"context": "a", "continuation": "\\ud800"}\n')
+  with pytest.raises(ValueError, match=r"^--loglikelihood=\S+ line 3 "
+                     r"continuation is not UTF-8 text \(lone surrogate"):
+    likelihood.read_numbered_requests(str(path))
+  path.write_text('\n{"context": "a", "continuation": "b"}\n\n'
+                  '{"context": "a", "continuation": "' + "b" * 70 + '"}\n')
+  numbered = likelihood.read_numbered_requests(str(path))
+  assert [n for n, _ in numbered] == [2, 4]
+  with pytest.raises(ValueError, match=r"^--loglikelihood=x line 4: context "
+                     "and continuation are 72 tokens"):
+    likelihood.check_file_requests(numbered, lm.tokenizer, MASK, 64, "mc",
+                                   "ftb", "--loglikelihood=x")
+  # from_pretrained runs them before any weight is read.
+  directory = str(tmp_path / "hf")
+  hf_import.export_hf_checkpoint(jax.device_get(lm.params), lm.cfg,
+                                 directory, dtype="float32")
+  monkeypatch.setattr(inference, "load_params",
+                      lambda *a, **k: pytest.fail("weights read"))
+  seen = []
+  with pytest.raises(ValueError, match="line 4"):
+    inference.DiffusionLM.from_pretrained(
+        directory, tokenizer="bytes", before_weights=lambda tok, cfg, n: (
+            seen.append(n), likelihood.check_file_requests(
+                numbered, tok, cfg.mask_token_id, 64, "mc", "ftb", "f")))
+  assert seen
+
+
 def test_settings_file_replaces_no_input(tmp_path):
   """--loglikelihood=x_settings.json --output=x.jsonl overwrote the
   requests with the settings."""

@@ -569,7 +569,8 @@ class DiffusionLM:
                       allow_nonfinite: bool = False,
                       revision: Optional[str] = None,
                       checkpoint_step: Optional[int | str] = None,
-                      names: ArgumentNames = API_NAMES):
+                      names: ArgumentNames = API_NAMES,
+                      before_weights=None):
     """From a Hugging Face directory, a Hub id or a `trm.main` workdir.
 
     path: a local directory (a Hugging Face download, an export of
@@ -604,6 +605,9 @@ class DiffusionLM:
     A workdir of another model family (GPT, TRM) is refused first, naming
     the command that samples it. names: how errors name these arguments
     (the command-line tools pass `CLI_NAMES`, their flags).
+    before_weights: called as before_weights(tokenizer, model config,
+    max_positions) before any weight is read, to check inputs against them
+    (a tokenizer loads in seconds, a 7B model's weights in minutes).
     """
     cli.default_to_cpu()  # no libtpu start-up (E0000 lines) on a CPU host
     from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
@@ -700,6 +704,8 @@ class DiffusionLM:
     placement = mesh_lib.ShardingContext(mesh, rules)
     # Before any weight is read, as the trainer checks it.
     dream_program.check_heads_fit(cfg, placement)
+    if before_weights is not None:
+      before_weights(tok, cfg, positions)
     _, shardings = placement.boxed_shardings(
         lambda: dream.abstract_params(cfg))
     params, source = load_params(path, cfg, shardings,

@@ -147,30 +147,33 @@ def encode_pair(tokenizer, context: str, continuation: str) -> Request:
 
 def check_request(request: Request, index: int, mask_id: int,
                   max_positions: Optional[int],
-                  log_type: Optional[str] = None) -> None:
-  """One ValueError naming request `index` when it cannot be scored
-  (`log_type`: the Monte Carlo estimate's; None for 'ar_ftb')."""
+                  log_type: Optional[str] = None,
+                  name: Optional[str] = None) -> None:
+  """One ValueError naming request `index` (or `name`, e.g. a file's line)
+  when it cannot be scored (`log_type`: the Monte Carlo estimate's; None
+  for 'ar_ftb')."""
+  name = name or f"requests[{index}]"
   if len(request.target) < 2:  # the end-of-text token alone
-    raise ValueError(f"requests[{index}]: the continuation encodes to no "
+    raise ValueError(f"{name}: the continuation encodes to no "
                      "token (only the appended end-of-text token, which is "
                      "never scored); pass a non-empty continuation.")
   if log_type == "ftb" and not request.prefix:
     # The estimate never masks position 0 (the BOS's place): with no
     # context the continuation's first token is never scored, and a
     # one-token continuation scored 0.0 (probability 1), the best choice.
-    raise ValueError(f"requests[{index}]: the context encodes to no token, "
+    raise ValueError(f"{name}: the context encodes to no token, "
                      "so the continuation's first token would sit at "
                      "position 0, which the estimate never masks nor "
                      "scores; start the context with a token (Dream's "
                      "<|beginoftext|>, as lm-eval puts its prefix token "
                      "before an empty context).")
   if mask_id in request.prefix + request.target:
-    raise ValueError(f"requests[{index}] holds the mask token (id {mask_id})"
+    raise ValueError(f"{name} holds the mask token (id {mask_id})"
                      ", which the estimate cannot tell from a masked "
                      "position; remove it from the text.")
   length = len(request.prefix) + len(request.target)
   if max_positions is not None and length > max_positions:
-    raise ValueError(f"requests[{index}]: context and continuation are "
+    raise ValueError(f"{name}: context and continuation are "
                      f"{length} tokens (with the end-of-text token), more "
                      f"than the model's {max_positions} positions; shorten "
                      "the context.")
@@ -323,7 +326,15 @@ def read_requests(path: str, flag: str = "--loglikelihood"
   """The (context, continuation) pairs of a JSONL file, one object per line
   with string fields "context" and "continuation" (other fields are
   ignored; blank lines are skipped). One error naming the file and line."""
+  return [pair for _, pair in read_numbered_requests(path, flag)]
+
+
+def read_numbered_requests(path: str, flag: str = "--loglikelihood"
+                           ) -> list[tuple[int, tuple[str, str]]]:
+  """`read_requests`' pairs with the file line of each (blank lines are
+  skipped, so a pair's index is not its line); each text UTF-8."""
   from trm.data import io as data_io  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   shape = ('one JSON object per line: {"context": "...", "continuation": '
            '"..."}')
   if not os.path.exists(path):
@@ -343,10 +354,25 @@ def read_requests(path: str, flag: str = "--loglikelihood"
       raise ValueError(f"{flag}={path} line {number}: {line.strip()!r:.60} "
                        f"is not a request; the file holds {shape} (strings)."
                        )
-    pairs.append((record["context"], record["continuation"]))
+    for name in REQUEST_FIELDS:  # a "\ud800" escape: a lone surrogate
+      inference.check_text(record[name], f"{flag}={path} line {number} "
+                           f"{name}")
+    pairs.append((number, (record["context"], record["continuation"])))
   if not pairs:
     raise ValueError(f"{flag}={path} holds no requests ({shape}).")
   return pairs
+
+
+def check_file_requests(numbered, tokenizer, mask_id: int,
+                        max_positions: Optional[int], nll_type: str,
+                        log_type: str, where: str) -> None:
+  """`check_request` for each of `read_numbered_requests`' pairs, the
+  error naming its file line (`where`: "--loglikelihood=<path>"): run with
+  the tokenizer before any weight is read."""
+  for number, pair in numbered:
+    check_request(encode_pair(tokenizer, *pair), number - 1, mask_id,
+                  max_positions, log_type if nll_type == "mc" else None,
+                  name=f"{where} line {number}")
 
 
 def write_results(path: str, results, settings: dict) -> None:
