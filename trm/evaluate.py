@@ -63,9 +63,11 @@ DiffuCoder / Dream checkpoint, as Dream's lm-eval harness scores them
 
 --loglikelihood holds one {"context": ..., "continuation": ...} object per
 line; --output (default <output_dir>/loglikelihood.jsonl) gets one
-{"loglikelihood": ..., "is_greedy": ...} line per request, in order, and
-the settings beside it, both written whole or not at all. Each request's
-tokens are checked (naming its file line) before weights load.
+{"loglikelihood": ..., "is_greedy": ...} line per request, in order,
+appended as each is scored (a killed run keeps them; --resume checks the
+settings beside it, <stem>_settings.json, and scores only the rest); the
+settings say "complete": true once the last request is written. Each
+request's tokens are checked (naming its file line) before weights load.
 """
 from __future__ import annotations
 
@@ -385,18 +387,13 @@ def _write_json_atomically(path: str, value) -> None:
                             mode="w")
 
 
-def _resumed_samples(output: str, generation: dict) -> list:
-  """--resume: the samples of whole batches already in `output`, from a run
-  with these settings (each field compared; the first difference is one
-  line); none when there is no output yet."""
-  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
-  if not os.path.exists(output):
-    print(f"--resume: no samples at {output} yet; generating all")
-    return []
-  path = _generation_path(output)
+def _earlier_settings(output: str, path: str, what: str) -> dict:
+  """--resume: the settings record `path` an earlier run wrote beside
+  `output` when its `what` started; one line when it is missing or no JSON
+  object."""
   if not os.path.isfile(path):
     raise ValueError(f"--resume: {output} has no {os.path.basename(path)} "
-                     "beside it (written when generation starts), so its "
+                     f"beside it (written when {what} starts), so its "
                      "settings are unknown: rerun without --resume to start "
                      "again.")
   try:
@@ -410,6 +407,44 @@ def _resumed_samples(output: str, generation: dict) -> list:
     raise ValueError(f"--resume: {path} is {why}, so the settings of "
                      f"{output} are unknown: rerun without --resume to start "
                      "again.")
+  return earlier
+
+
+# Settings-record fields a resumed --loglikelihood run may change: whether
+# the run finished, and the requests file's path (its content's digest and
+# count are compared: a moved file is the same requests).
+RESUME_UNCHECKED = ("complete", "requests")
+
+
+def _resumed_results(output: str, record: dict, count: int) -> list[str]:
+  """--resume with --loglikelihood: the whole result lines already in
+  `output` (`count` requests), from a run whose settings match `record`
+  (each field but `RESUME_UNCHECKED`; the first difference is one line);
+  none when there is no output yet."""
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(output):
+    return []
+  earlier = _earlier_settings(output, likelihood.settings_path(output),
+                              "scoring")
+  for key, value in json.loads(json.dumps(record)).items():
+    if key not in RESUME_UNCHECKED and earlier.get(key) != value:
+      raise ValueError(f"--resume: {output} was computed with {key} "
+                       f"{earlier.get(key)!r:.80}, this run has {value!r:.80}"
+                       ": rerun with the earlier settings, or without "
+                       "--resume to start again.")
+  return likelihood.resumed_lines(output, count)
+
+
+def _resumed_samples(output: str, generation: dict) -> list:
+  """--resume: the samples of whole batches already in `output`, from a run
+  with these settings (each field compared; the first difference is one
+  line); none when there is no output yet."""
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(output):
+    print(f"--resume: no samples at {output} yet; generating all")
+    return []
+  earlier = _earlier_settings(output, _generation_path(output),
+                              "generation")
   now = json.loads(json.dumps(generation))  # tuples as JSON keeps them
   for key, value in now.items():
     if earlier.get(key) != value:
@@ -586,8 +621,7 @@ MC_FLAGS = ("mc_num", "sampling_eps")
 SAMPLING_FLAGS = ("chat", "max_new_tokens", "steps", "alg", "alg_temp",
                   "temperature", "top_p", "top_k", "cache", "block_length",
                   "threshold", "fast_dllm", "benchmark_path", "num_samples",
-                  "k", "limit", "timeout", "workers", "memory_mb", "disk_mb",
-                  "resume")
+                  "k", "limit", "timeout", "workers", "memory_mb", "disk_mb")
 
 
 def unused_flags(given, loglikelihood: bool, nll_type: str = "mc") -> None:
@@ -686,7 +720,8 @@ def _is_loglikelihood_settings(path: str) -> bool:
 
 def evaluate_loglikelihood(config, checkpoint: str):
   """--loglikelihood: score lm-eval's requests with a DiffuCoder/Dream
-  checkpoint, write one line per request to --output."""
+  checkpoint, appending one line per request to --output as it is scored
+  (--resume goes on from the lines a killed run left)."""
   from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
   if _BENCHMARK.value or _SCORE_ONLY.value is not None:
     raise ValueError("--loglikelihood scores requests, --benchmark and "
@@ -696,35 +731,83 @@ def evaluate_loglikelihood(config, checkpoint: str):
                      "DiffuCoder/Dream directory or Hub id, or a trm.main "
                      "DiffuCoder workdir).")
   settings = loglikelihood_settings()
-  numbered = likelihood.read_numbered_requests(_LOGLIKELIHOOD.value)
+  path = _LOGLIKELIHOOD.value
+  numbered = likelihood.read_numbered_requests(path)
   requests = [pair for _, pair in numbered]
   output = loglikelihood_output()
   step = cli.workdir_step(checkpoint, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
+  record = dict(settings, requests=path, requests_count=len(requests),
+                requests_sha256=likelihood.requests_digest(requests))
 
   def before_weights(tokenizer, cfg, max_positions):
-    # Minutes before a 7B model's weights are read: each request's tokens,
-    # the error naming its file line.
+    # Minutes before a 7B model's weights are read: each request's tokens
+    # (named by file line), and a resumed file's settings but the
+    # checkpoint (known once they are).
     likelihood.check_file_requests(
         numbered, tokenizer, cfg.mask_token_id, max_positions,
         settings["nll_type"], settings["log_type"],
-        f"--loglikelihood={_LOGLIKELIHOOD.value}")
+        f"--loglikelihood={path}")
+    if _RESUME.value:
+      distributed.run_on_process_0(
+          lambda: _resumed_results(output, record, len(requests)),
+          f"reading --output={output}")
 
   lm = generate_cli.load_model(checkpoint, _SAMPLER, config, step,
                                before_weights=before_weights)
+  record["checkpoint"] = lm.source
+  return score_requests(lm, requests, settings, record, output, _RESUME.value,
+                        path)
+
+
+def score_requests(lm, requests, settings: dict, record: dict, output: str,
+                   resume: bool, path: str = "requests"):
+  """Scores (context, continuation) `requests` with `lm` (a DiffusionLM),
+  appending each result line to `output` as it is computed, `record` (the
+  settings) beside it; `resume`: keep the lines an interrupted run with the
+  same `record` left there and score only the rest. The results of this
+  run on process 0 (None on the others)."""
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
   first = jax.process_index() == 0  # on a pod every process computes
+
+  def start_output():
+    kept = (_resumed_results(output, record, len(requests))
+            if resume else [])
+    likelihood.start_results(output, record, kept)
+    return len(kept)
+
+  done = _count_from_process_0(distributed.run_on_process_0(
+      start_output, f"starting --output={output}") or 0)
   if first:
-    print(f"weights: {lm.source}\n{len(requests)} request(s) from "
-          f"{_LOGLIKELIHOOD.value}")
-  results = lm.loglikelihood(requests, **settings)
+    print(f"weights: {lm.source}\n{len(requests)} request(s) from {path}"
+          + (f"; {done} kept from {output}" if resume else ""))
+  results = []
+  for pair in requests[done:]:
+    # A request's figure does not depend on the others (its own draws),
+    # so one at a time equals all at once; each is on disk when scored.
+    result = lm.loglikelihood([pair], **settings)
+    results += result
+    distributed.run_on_process_0(
+        lambda result=result: likelihood.append_results(output, result),
+        f"appending to --output={output}")
   if not first:
     return None
-  likelihood.write_results(output, results, dict(
-      settings, requests=_LOGLIKELIHOOD.value, checkpoint=lm.source))
+  likelihood.write_settings(output, dict(record, complete=True))
   print(f"log-likelihoods: {output}\nsettings: "
         f"{likelihood.settings_path(output)}")
   return results
+
+
+def _count_from_process_0(count: int) -> int:
+  """Process 0's count of kept results on every process (only it reads
+  --output), so that all score the same requests."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return count
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return int(multihost_utils.broadcast_one_to_all(np.int32(count)))
 
 
 def main(argv):
@@ -805,7 +888,9 @@ def define_flags():
   _RESUME = flags.DEFINE_bool(
       "resume", False, "Keep the samples an interrupted --benchmark run "
       "wrote to --output (same checkpoint, problems and sampler settings, "
-      "checked) and generate only the batches it had not finished.")
+      "checked) and generate only the batches it had not finished; with "
+      "--loglikelihood, the results it wrote (same checkpoint, requests "
+      "and estimate settings, checked), scoring only the rest.")
   _SCORE_ONLY = flags.DEFINE_string(
       "score_only", None, "Rescore this samples file (written by an earlier "
       "--benchmark run, before its code ran) without loading a model; "
@@ -840,8 +925,8 @@ def define_flags():
 # script's `trm.evaluate ... && upload` must not take part of a score.
 STOPPED_LINE = ("{tool}: stopped by {name} before the evaluation finished: "
                 "its outputs are written whole or not at all (a code "
-                "benchmark keeps the samples already appended to --output; "
-                "--resume goes on from them).")
+                "benchmark keeps the samples already appended to --output, "
+                "--loglikelihood the results; --resume goes on from them).")
 
 
 if __name__ == "__main__":

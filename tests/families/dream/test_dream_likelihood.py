@@ -335,6 +335,63 @@ def test_flags_of_the_other_mode_are_refused():
     evaluate.unused_flags({"nll_type", "mc_num"}, True, "ar_ftb")
 
 
+def test_results_are_appended_as_scored_and_resume_ends_as_one_run(
+    pair, tmp_path, monkeypatch):
+  """A killed run kept nothing (the file was written at the end); now each
+  request's line is on disk when scored, --resume checks the settings,
+  drops a line cut by the kill and scores only the rest: the file equals
+  an uninterrupted run's."""
+  import json  # pylint: disable=g-import-not-at-top
+  from trm import evaluate  # pylint: disable=g-import-not-at-top
+  lm, _ = pair
+  requests = [("ab", "cd"), ("hello", " w")]
+  # The shapes of the tests above (one compiled program for all).
+  settings = dict(mc_num=16, batch_size=16, nll_type="mc", log_type="ftb",
+                  sampling_eps=EPS, seed=0)
+  record = dict(settings, requests_sha256=likelihood.requests_digest(
+      requests), checkpoint="tiny")
+  whole = str(tmp_path / "whole.jsonl")
+  evaluate.score_requests(lm, requests, settings, record, whole, False)
+  assert json.load(open(likelihood.settings_path(whole)))["complete"]
+  out = str(tmp_path / "ll.jsonl")
+  scored = []
+  real = lm.loglikelihood
+
+  def killed(pairs, **kwargs):
+    if scored:
+      raise KeyboardInterrupt  # the kill, after one request
+    scored.append(pairs)
+    return real(pairs, **kwargs)
+
+  monkeypatch.setattr(lm, "loglikelihood", killed)
+  with pytest.raises(KeyboardInterrupt):
+    evaluate.score_requests(lm, requests, settings, record, out, False)
+  monkeypatch.undo()
+  lines = open(whole).read().splitlines(True)
+  assert open(out).read() == lines[0]
+  assert not json.load(open(likelihood.settings_path(out)))["complete"]
+  with open(out, "a") as f:
+    f.write(lines[1][:7])  # a line cut by the kill
+  with pytest.raises(ValueError, match=r"^--resume: \S+ll\.jsonl was "
+                     r"computed with seed 0, this run has 1: rerun with"):
+    evaluate.score_requests(lm, requests, dict(settings, seed=1),
+                            dict(record, seed=1), out, True)
+  monkeypatch.setattr(lm, "loglikelihood", lambda pairs, **kwargs: (
+      scored.append(pairs), real(pairs, **kwargs))[1])
+  evaluate.score_requests(lm, requests, settings, record, out, True)
+  assert scored[1:] == [[requests[1]]]  # only the rest
+  assert open(out).read() == open(whole).read()
+  assert json.load(open(likelihood.settings_path(out)))["complete"]
+  with pytest.raises(ValueError, match=r"holds 2 results, more than the 1 "
+                     "requests"):
+    likelihood.resumed_lines(out, 1)
+  with open(out, "a") as f:
+    f.write('{"task_id": 1}\n')
+  with pytest.raises(ValueError, match=r"line 3 is not a result line "
+                     "written by trm.evaluate --loglikelihood"):
+    likelihood.resumed_lines(out, 9)
+
+
 def test_request_tokens_are_checked_before_weights_naming_the_line(
     pair, tmp_path, monkeypatch):
   """The checks (no token, too long, mask token, not UTF-8) ran after the

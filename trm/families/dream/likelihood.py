@@ -375,6 +375,22 @@ def check_file_requests(numbered, tokenizer, mask_id: int,
                   name=f"{where} line {number}")
 
 
+def requests_digest(pairs) -> str:
+  """sha256 of the (context, continuation) pairs: what a resumed run checks
+  the requests file against (its path may hold other requests by now)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  return hashlib.sha256(json.dumps(list(pairs)).encode("utf-8")).hexdigest()
+
+
+def result_line(ll, greedy) -> str:
+  """One request's line: {"loglikelihood": float (null if not finite),
+  "is_greedy": bool}."""
+  from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+  return json.dumps(atomic_files.nonfinite_as_null(dict(
+      loglikelihood=float(ll), is_greedy=bool(greedy))),
+                    allow_nan=False) + "\n"
+
+
 def write_results(path: str, results, settings: dict) -> None:
   """One JSON line per request, in order: {"loglikelihood": float (null if
   not finite), "is_greedy": bool}, and the settings beside it
@@ -383,14 +399,71 @@ def write_results(path: str, results, settings: dict) -> None:
 
   def lines(f):
     for ll, greedy in results:
-      f.write(json.dumps(atomic_files.nonfinite_as_null(dict(
-          loglikelihood=float(ll), is_greedy=bool(greedy))),
-                         allow_nan=False) + "\n")
+      f.write(result_line(ll, greedy))
 
   atomic_files.atomic_write(path, lines, mode="w")
+  write_settings(path, settings)
+
+
+def write_settings(path: str, settings: dict) -> None:
+  """The settings of the results file `path`, beside it, whole or not at
+  all."""
+  from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
   atomic_files.atomic_write(
       settings_path(path), lambda f: json.dump(settings, f, indent=1),
       mode="w")
+
+
+def append_results(path: str, results) -> None:
+  """Appends results' lines to `path` and flushes them to disk: a killed
+  run keeps every request scored so far (--resume goes on from them)."""
+  with open(path, "a", encoding="utf-8") as f:
+    for ll, greedy in results:
+      f.write(result_line(ll, greedy))
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def resumed_lines(path: str, count: int) -> list[str]:
+  """--resume: the whole result lines of `path` (a line cut by a kill
+  dropped), one line naming the first that is not a result; `count`: the
+  requests."""
+  with open(path, "rb") as f:
+    data = f.read()
+  lines = data.split(b"\n")
+  lines.pop()  # after the last newline: b"" or a line cut by a kill
+  kept = []
+  for number, raw in enumerate(lines, 1):
+    try:
+      record = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+      record = None
+    if not (isinstance(record, dict) and set(record) == {
+        "loglikelihood", "is_greedy"}
+            and isinstance(record["is_greedy"], bool)
+            and (record["loglikelihood"] is None or isinstance(
+                record["loglikelihood"], float))):
+      raise ValueError(f"--resume: {path} line {number} is not a result "
+                       "line written by trm.evaluate --loglikelihood: rerun "
+                       "without --resume to start again.")
+    kept.append(raw.decode("utf-8") + "\n")
+  if len(kept) > count:
+    raise ValueError(f"--resume: {path} holds {len(kept)} results, more "
+                     f"than the {count} requests: rerun without --resume "
+                     "to start again.")
+  return kept
+
+
+def start_results(path: str, settings: dict, kept: Sequence[str]) -> None:
+  """Starts the results file `path` with the `kept` lines (whole or not at
+  all) and records `settings` beside it (`complete` False until the last
+  request is written)."""
+  from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+  # The results first: killed between the two writes, the file holds no
+  # line of an earlier run under this run's settings (--resume would keep
+  # them).
+  atomic_files.atomic_write(path, lambda f: f.writelines(kept), mode="w")
+  write_settings(path, dict(settings, complete=False))
 
 
 def settings_path(output: str) -> str:
