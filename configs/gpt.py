@@ -255,6 +255,9 @@ def get_config(arg=None):
                                 # multiple of N (0: none; big_vision's
                                 # keep_ckpt_steps)
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
+  c.num_epochs = 0.0            # > 0: max_iters derived from the data, this
+                                # many passes over the training tokens
+                                # (HF's num_train_epochs; 0: max_iters as set)
   c.resume_step = 0             # resume from this saved step; the newer
                                 # ones move to checkpoints_abandoned/ (0:
                                 # the newest; HF's resume_from_checkpoint)

@@ -133,6 +133,9 @@ def get_config(arg=None):
                                 # upstream PyTorch checkpoint file
   c.compiled_step = ""         # file of trm.aot --save_compiled ('': compile)
   c.max_consecutive_bad_steps = 10  # NaN/Inf steps in a row to stop (0: never)
+  c.num_epochs = 0.0            # > 0: total_steps derived from the data, this
+                                # many passes over the training examples
+                                # (HF's num_train_epochs; 0: total_steps as set)
   c.resume_step = 0             # resume from this saved step; the newer
                                 # ones move to checkpoints_abandoned/ (0:
                                 # the newest; HF's resume_from_checkpoint)

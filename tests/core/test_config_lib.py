@@ -1,5 +1,8 @@
 """`trm.core.config_lib`'s checks of --config overrides."""
+import re
+
 from absl import flags
+import ml_collections
 from ml_collections import config_flags
 import pytest
 
@@ -42,6 +45,52 @@ def test_two_names_of_one_field_with_different_values_are_refused(
 def test_agreeing_or_separate_overrides_pass(overrides):
   flag_values = _parsed(*overrides)
   assert config_lib._conflicting_aliases(flag_values) is None  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (("--config.num_epochs=2", "--config.max_iters=5"),
+     "--config.max_iters=5 and config.num_epochs=2.0 both set the run's "
+     "length"),
+    (("--config.total_steps=5", "--config.num_epochs=0.5"),
+     "--config.total_steps=5 and config.num_epochs=0.5 both set"),
+    (("--config.num_epochs=2",), None),  # the config file's steps: replaced
+    (("--config.num_epochs=0", "--config.max_iters=5"), None),  # off
+])
+def test_num_epochs_with_a_step_count_override_is_refused(overrides, needle):
+  # Before: no config.num_epochs (HF's num_train_epochs) at all.
+  message = config_lib._epochs_and_steps(_parsed(*overrides))  # pylint: disable=protected-access
+  assert message == needle if needle is None else needle in message, message
+
+
+def test_num_epochs_rounds_up_to_whole_steps():
+  """ceil(num_epochs x steps per epoch), without float noise (0.1 x 30
+  batches is 3 steps, not 4); nanoGPT's max_iters follows total_steps."""
+  config = ml_collections.ConfigDict({"num_epochs": 0.1, "max_iters": 600})
+  config.total_steps = config.get_ref("max_iters")
+  config.lock()
+  config_lib.total_steps_from_epochs(config, 30, "30 batches")
+  assert (config.total_steps, config.max_iters) == (3, 3)
+  config.num_epochs = 2.5
+  config_lib.total_steps_from_epochs(config, 4.2, "4.2 batches")
+  assert config.total_steps == 11
+
+
+@pytest.mark.parametrize("values, needle", [
+    ({"num_epochs": True}, "config.num_epochs=True must be a finite number"),
+    ({"num_epochs": "2"}, "config.num_epochs='2' must be a finite number"),
+    ({"num_epochs": float("inf")}, "config.num_epochs=inf must be a finite"),
+    ({"num_epochs": 1.0, "compiled_step": "step.bin"},
+     "config.num_epochs=1 with config.compiled_step: the step compiled ahead"),
+    # A family whose task derives no total_steps (the tests' toy).
+    ({"num_epochs": 1.0, "model": {"name": "toy"}},
+     "config.num_epochs=1: model family 'toy' does not count epochs"),
+])
+def test_bad_num_epochs_values_are_one_line(values, needle):
+  import toy_config  # pylint: disable=g-import-not-at-top,unused-import  (registers it)
+  from trm.core import run_checks  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({"data": {"source": "files"}, **values})
+  with pytest.raises(ValueError, match="^" + re.escape(needle)):
+    run_checks.check_epochs(config)
 
 
 def test_an_optional_config_left_out_passes():
@@ -88,6 +137,9 @@ def test_nanogpt_flags_name_what_replaces_them(monkeypatch, capsys, flag,
     ("--max_steps=10", "Unknown command line flag 'max_steps': the run's "
      "length in steps is config.total_steps here"),
     ("--config.save_total_limit=2", "config.keep_checkpoints keeps"),
+    # Before: "runs are measured in steps" (no epochs here then).
+    ("--config.num_train_epochs=3", "the passes over the training data are "
+     "config.num_epochs here"),
     ("--config.keep_ckpt_steps=1000", "config.keep_checkpoint_every is "
      "big_vision's keep_ckpt_steps"),
     ("--config.ici_tensor_parallelism=4", "config.mesh.model"),

@@ -164,6 +164,7 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "resume_step": 0,
                                     "early_stopping_patience": 0,
                                     "early_stopping_threshold": 0.0,
+                                    "num_epochs": 0.0,
                                     "optimizer": "adamw",
                                     "optim.lr_mults": [],
                                     "optim.wd_mults": [],
@@ -183,7 +184,8 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
   # run (a resume from another step, early stopping: logged ones).
   assert config_record.changes(old, {
       "model": {"name": "gpt"}, "resume_step": 0,
-      "early_stopping_patience": 0, "early_stopping_threshold": 0.0}) == {}
+      "early_stopping_patience": 0, "early_stopping_threshold": 0.0,
+      "num_epochs": 0.0}) == {}
   assert config_record.changes(old, {
       "model": {"name": "gpt"}, "early_stopping_patience": 3}) == {
           "early_stopping_patience": [None, 3]}

@@ -56,6 +56,27 @@ def warmup_steps(node, total_steps: int, key: str = "warmup_steps") -> int:
   return math.ceil(ratio * total_steps) if ratio else node[key]
 
 
+def total_steps_from_epochs(config, steps_per_epoch: float,
+                            epoch: str) -> None:
+  """Where config.num_epochs > 0 (Hugging Face's num_train_epochs; 0, the
+  default: config.total_steps as set), sets config.total_steps (and
+  nanoGPT's max_iters, tied to it) to ceil(num_epochs x steps_per_epoch)
+  and says so in one line; `epoch` says what one epoch is. Called by a
+  family's task once it has read its training data, before anything
+  reads total_steps (the schedule, the data's length, the loop's cadence
+  and the run's config record)."""
+  epochs = config.get("num_epochs", 0)
+  if not epochs:
+    return
+  # Rounded first: 0.1 x 30 batches is 3 steps, not ceil(3.0000000000000004).
+  total = max(1, math.ceil(round(epochs * steps_per_epoch, 6)))
+  with config.unlocked():
+    config.total_steps = total
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.info("config.num_epochs=%g: config.total_steps=%d (%s).", epochs,
+               total, epoch)
+
+
 def default_logical_axis_rules():
   """Logical axis -> mesh axes, ordered, first match wins.
 
@@ -344,6 +365,34 @@ def _conflicting_aliases(flag_values=None) -> str | None:
   return None
 
 
+def _epochs_and_steps(flag_values=None) -> str | None:
+  """config.num_epochs > 0 with a --config.total_steps override (or one of a
+  field the config file ties to it, nanoGPT's max_iters): num_epochs sets
+  the run's length, so the given step count would be dropped silently."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  if "config" not in flag_values or not flag_values["config"].present:
+    return None
+  config = flag_values["config"].value
+  values = getattr(flag_values["config"], "override_values", None) or {}
+  if not isinstance(config, ml_collections.ConfigDict):
+    return None
+  epochs = config.get("num_epochs", 0)
+  if not isinstance(epochs, (int, float)) or not epochs:
+    return None
+  steps = _stored_field(config, "total_steps")
+  for path in values:
+    if path == "total_steps" or (
+        isinstance(steps, ml_collections.FieldReference)
+        and _stored_field(config, path) is steps):
+      return (f"--config.{path}={values[path]!r} and config.num_epochs="
+              f"{epochs!r} both set the run's length: num_epochs derives "
+              "config.total_steps from the training data (the config file's "
+              "total_steps is then unused); drop one of them (num_epochs=0: "
+              "the steps as given).")
+  return None
+
+
 def parse_flags(argv):
   """absl `flags_parser` for the command-line tools (`app.run(main,
   flags_parser=config_lib.parse_flags)`). Flag errors stay one line: a
@@ -356,7 +405,7 @@ def parse_flags(argv):
   try:
     parsed = flags.FLAGS(argv)
     message = (_missing_config_file(argv) or _not_a_config(argv)
-               or _conflicting_aliases())
+               or _conflicting_aliases() or _epochs_and_steps())
     if message is None:
       return parsed
   except flags.Error as e:

@@ -51,7 +51,9 @@ HARMLESS = (
     "tpu_compiler_options", "compiled_step", "reduce_gradients_once",
     "profiler_steps", "skip_first_n_steps_for_profiler",
     "keep_checkpoint_every", "metrics_jsonl", "resume_step",
-    "early_stopping_patience", "early_stopping_threshold")
+    "early_stopping_patience", "early_stopping_threshold",
+    # Its total_steps, derived from the data, is recorded and compared.
+    "num_epochs")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.
@@ -95,6 +97,7 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "resume_step": 0,  # resumed from the newest step
             "early_stopping_patience": 0,  # never stopped early
             "early_stopping_threshold": 0.0,
+            "num_epochs": 0.0,  # total_steps as set
             "optimizer": "adamw",  # GPT's nanoGPT AdamW
             # No per-parameter multipliers (a record holds JSON's list).
             "optim.lr_mults": [], "optim.wd_mults": [],

@@ -26,8 +26,10 @@ _CADENCE = "the trainer's steps between {}: config.{} here"
 _OTHER_TRAINERS = {
     **dict.fromkeys(("steps", "max_steps", "num_train_steps"),
                     "the run's length in steps is config.total_steps here"),
-    **dict.fromkeys(("num_train_epochs", "total_epochs"),
-                    "runs are measured in steps: set config.total_steps"),
+    # (upstream TRM's pretrain.py: epochs)
+    **dict.fromkeys(("num_train_epochs", "total_epochs", "epochs"),
+                    "the passes over the training data are config.num_epochs"
+                    " here (it derives config.total_steps)"),
     **dict.fromkeys(("checkpoint_period", "save_steps", "ckpt_steps"),
                     _CADENCE.format("saves", "checkpoint_every")),
     **dict.fromkeys(("log_period", "logging_steps", "log_training_steps"),

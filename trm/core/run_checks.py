@@ -114,6 +114,7 @@ def check_values(config) -> None:
         f"or read step {resume_step} with trm.evaluate's --step="
         f"{resume_step}.")
   check_early_stopping(config)
+  check_epochs(config)
   if config.max_consecutive_bad_steps < 0:
     raise ValueError(
         f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "
@@ -150,6 +151,40 @@ def check_values(config) -> None:
 
 def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_epochs(config) -> None:
+  """config.num_epochs (0: config.total_steps as set; > 0: total_steps
+  derived from the training data, `config_lib.total_steps_from_epochs`)."""
+  epochs = config.get("num_epochs", 0)
+  if (not isinstance(epochs, (int, float)) or isinstance(epochs, bool)
+      or not math.isfinite(epochs) or epochs < 0):
+    raise ValueError(f"config.num_epochs={epochs!r} must be a finite number "
+                     ">= 0 (passes over the training data; 0: "
+                     "config.total_steps as set).")
+  if not epochs:
+    return
+  data = config.get("data") or {}
+  if data.get("source") == "synthetic":
+    # Endless hashed rows: no epoch to count.
+    raise ValueError(
+        f"config.num_epochs={epochs:g} with config.data.source='synthetic': "
+        "synthetic data has no epochs; set config.total_steps instead.")
+  model = config.get("model") or {}
+  if model.get("name"):
+    from trm import families  # pylint: disable=g-import-not-at-top
+    if not getattr(families.task(model.name), "COUNTS_EPOCHS", False):
+      # Its task never derives total_steps: num_epochs would do nothing.
+      raise ValueError(
+          f"config.num_epochs={epochs:g}: model family {model.name!r} does "
+          "not count epochs of its data; set config.total_steps instead.")
+  if config.get("compiled_step", ""):
+    # trm.aot compiled the schedule of the config's total_steps.
+    raise ValueError(
+        f"config.num_epochs={epochs:g} with config.compiled_step: the step "
+        "compiled ahead of time holds the schedule of config.total_steps, "
+        "not of the steps derived from the data; set config.total_steps "
+        "(the number trm.main logs for num_epochs) and compile again.")
 
 
 def check_early_stopping(config) -> None:

@@ -8,8 +8,11 @@ overrides)` (shapes for `trm.aot` without reading data) and
 `check_sample_settings` / `build_sampler(config, ctx, settings)` (`trm.aot
 --mode=sample`), and `SIZE_FIELDS` (the config fields that set the tensor
 shapes, named when a checkpoint's shapes differ); in task.py,
-`load_eval_state` (`trm.evaluate`) and `check_config(config)` (the family's
-own fields, checked before the mesh or any data is built).
+`load_eval_state` (`trm.evaluate`), `check_config(config)` (the family's
+own fields, checked before the mesh or any data is built) and
+`COUNTS_EPOCHS = True` (its build derives config.total_steps from
+config.num_epochs, `config_lib.total_steps_from_epochs`; other families
+refuse num_epochs).
 
 Packages are imported only when asked for, so naming a family costs nothing.
 """

@@ -158,6 +158,12 @@ def test_jsonl_pairs_train(tmp_path):
     ({"data.source": "synthetic", "data.eval_rows": 2**40},
      r"config.data.eval_rows=1099511627776 must be a positive integer"),
     ({"data.source": "hub"}, "config.data.source='hub' must be 'files'"),
+    # num_epochs: a pass count (0: total_steps as set); synthetic rows
+    # have none.
+    ({"num_epochs": -1.0}, r"config.num_epochs=-1.0 must be a finite number"),
+    ({"num_epochs": float("nan")}, r"config.num_epochs=nan must be a finite"),
+    ({"num_epochs": 2.0, "data.source": "synthetic"},
+     "config.num_epochs=2 with config.data.source='synthetic'"),
 ])
 def test_bad_configs_fail_before_compiling(tmp_path, code_glob, overrides,
                                            message):
@@ -183,6 +189,25 @@ def test_data_seed_orders_the_rows_and_follows_seed_by_default(tmp_path,
   np.testing.assert_array_equal(by_data_seed, first_rows(seed=5))
   np.testing.assert_array_equal(by_data_seed,
                                 first_rows(seed=1, data_seed=5))
+
+
+def test_num_epochs_derives_the_run_from_the_rows(tmp_path, code_glob,
+                                                  caplog):
+  """config.num_epochs (HF's num_train_epochs): total_steps is that many
+  passes of the full batches the training rows fill (SFTBatches drops the
+  rest of each epoch, as HF's dataloader_drop_last), set before the data's
+  length, the schedule and the config record read it. Before, the field
+  did not exist."""
+  config = tiny_config(code_glob, num_epochs=1.5)
+  with caplog.at_level("INFO"):
+    task = families.build_task(config, str(tmp_path),
+                               mesh_lib.ShardingContext.from_config(config))
+  per_epoch = task.train_source.batches_per_epoch
+  assert per_epoch == len(task.train_source.tokens) // 16 > 1
+  assert config.total_steps == len(task.train_source) == -(-3 * per_epoch
+                                                          // 2)
+  assert (f"config.num_epochs=1.5: config.total_steps={config.total_steps} "
+          f"({per_epoch} full batches of 16 per epoch") in caplog.text
 
 
 def test_synthetic_rows_need_no_tokenizer_or_files(tmp_path):

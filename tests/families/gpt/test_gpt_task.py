@@ -600,3 +600,19 @@ def test_data_seed_moves_the_data_and_not_the_initial_weights(tmp_path):
             for task in (default, other)]
   for a, b in zip(*params):
     np.testing.assert_array_equal(a, b)
+
+
+def test_num_epochs_derives_max_iters_from_the_tokens(data_root, tmp_path):
+  """config.num_epochs: max_iters (and total_steps, tied to it) become the
+  batches of batch x block_size tokens that many passes over train.bin
+  hold, before the schedule and the data's length read them. Before, the
+  field did not exist."""
+  config = tiny_config(data_root, num_epochs=0.25)
+  config.mesh.update(data=-1, fsdp=1, model=1)
+  task = families.build_task(config, str(tmp_path),
+                             mesh_lib.ShardingContext.from_config(config))
+  tokens = task.train_source.file.num_tokens
+  expected = -(-tokens // (4 * 16 * 32))  # a quarter of the tokens, rounded up
+  assert config.max_iters == config.total_steps == expected
+  assert len(task.train_source) == expected
+

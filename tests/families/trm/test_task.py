@@ -105,6 +105,44 @@ def test_a_bad_model_field_stops_before_the_data_is_built(tmp_path, field,
   assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize("variant, epochs, steps", [
+    ("", 50000, 65100),  # the paper run: 10 iterations of 6,510 batches
+    ("", 7500, 9766),  # no whole iteration: upstream's formula, rounded up
+    ("cpu", 0, 600),  # off: total_steps as set
+])
+def test_num_epochs_counts_steps_as_upstream(variant, epochs, steps):
+  """config.num_epochs (upstream pretrain.py's `epochs`) derives
+  total_steps as upstream's loop runs them; the paper config's 65,100 are
+  its 50,000 epochs over 1,000 groups at batch 768. Before, the field did
+  not exist."""
+  import types  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "trm_sudoku.py"), variant)
+  config.num_epochs = float(epochs)
+  metadata = types.SimpleNamespace(total_groups=1000, mean_puzzle_examples=1)
+  config_lib.total_steps_from_epochs(config, *task.epoch_steps(config,
+                                                               metadata))
+  assert config.total_steps == steps
+
+
+def test_num_epochs_sets_the_run_the_task_builds(tmp_path, caplog):
+  """The derived total_steps is the training data's length (and, being
+  config.total_steps, the schedule's and the loop's)."""
+  config = config_lib.load_config(
+      os.path.join(repo.ROOT, "configs", "trm_sudoku.py"), "cpu")
+  config_lib.set_values(config, {"data.build.num_train": 20,
+                                 "data.build.num_test": 8, "num_epochs": 4.0,
+                                 "data.epochs_per_iter": 2,
+                                 "global_batch_size": 8})
+  with caplog.at_level("INFO"):
+    built = task.build(config, str(tmp_path),
+                       mesh_lib.ShardingContext.from_config(config))
+  # 2 iterations of the 40 // 8 = 5 batches 2 epochs of 20 puzzles fill.
+  assert config.total_steps == len(built.train_source) == 10
+  assert ("config.num_epochs=4: config.total_steps=10 (5 full batches of 8 "
+          "per iteration") in caplog.text
+
+
 def test_an_arc_json_nested_past_the_stack_is_one_line(tmp_path):
   """A RecursionError traceback before."""
   from trm.families.trm import arc_eval  # pylint: disable=g-import-not-at-top

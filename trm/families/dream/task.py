@@ -29,6 +29,9 @@ from trm.families.dream import inference
 from trm.families.dream import program as dream_program
 from trm.core.task import Task
 
+# config.num_epochs derives total_steps from the training data (`build`).
+COUNTS_EPOCHS = True
+
 
 # How a download's errors name the field (`inference.resolve_checkpoint`).
 INIT_NAMES = inference.ArgumentNames(path="config.init_checkpoint")
@@ -111,6 +114,13 @@ def _sources(config, cfg: dream.DreamConfig, init: str):
   (train_tokens, train_maskable), (eval_tokens, eval_maskable) = (
       sft.train_and_eval_rows(config.data, tokenizer, config.seq_len))
   train_from, held_from, more_held = sft.row_sources(config.data)
+  # An epoch is SFTBatches' (as the Hugging Face Trainer's with
+  # dataloader_drop_last): the full batches of one pass over the rows.
+  config_lib.total_steps_from_epochs(
+      config, len(train_tokens) // config.global_batch_size,
+      f"{len(train_tokens) // config.global_batch_size} full batches of "
+      f"{config.global_batch_size} per epoch of {len(train_tokens)} "
+      "training rows")
   train_source = sft.SFTBatches(
       train_tokens, train_maskable, global_batch_size=config.global_batch_size,
       seed=config_lib.data_seed(config), num_batches=config.total_steps,

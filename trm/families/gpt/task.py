@@ -43,6 +43,9 @@ from trm.families.gpt import model as gpt
 from trm.families.gpt import program as gpt_program
 from trm.families.gpt import steps as gpt_steps
 
+# config.num_epochs derives total_steps from the training data (`build`).
+COUNTS_EPOCHS = True
+
 INIT_FROM = ("scratch", "resume", "gpt2", "gpt2-medium", "gpt2-large",
              "gpt2-xl")
 DTYPES = ("float32", "bfloat16", "float16")  # float16: with loss scaling
@@ -358,6 +361,26 @@ def build(config, workdir: str, ctx) -> Task:
     raise ValueError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than "
         f"the vocabulary of {directory} ({meta['vocab_size']} tokens).")
+  if config.get("num_epochs", 0):  # (synthetic streams have no length)
+    # An epoch: as many tokens as the training split holds, in windows of
+    # block_size (nanoGPT's tokens_per_iter = batch x block_size).
+    if isinstance(streams[0], str):
+      streams[0] = text.TokenFile(streams[0])
+    tokens, window_tokens = (streams[0].num_tokens,
+                             config.global_batch_size * config.block_size)
+    config_lib.total_steps_from_epochs(
+        config, tokens / window_tokens,
+        f"{tokens} training tokens per epoch in batches of "
+        f"{config.global_batch_size} x {config.block_size} tokens")
+    if config.decay_lr and config.lr_decay_iters != config.total_steps:
+      # nanoGPT's cosine spans lr_decay_iters, set apart from max_iters.
+      logging.warning(
+          "config.lr_decay_iters=%d is not the %d iterations of "
+          "config.num_epochs=%g: the cosine reaches config.min_lr at "
+          "iteration %d (nanoGPT sets lr_decay_iters ~= max_iters; set it "
+          "to %d to span the run).", config.lr_decay_iters,
+          config.total_steps, config.num_epochs, config.lr_decay_iters,
+          config.total_steps)
   program = gpt_program.build(config, ctx)
   cfg = program.model.cfg
 

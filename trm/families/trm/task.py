@@ -35,6 +35,9 @@ from trm.families.trm import model as trm_model
 from trm.families.trm import program as trm_program
 from trm.families.trm import steps as trm_steps
 
+# config.num_epochs derives total_steps from the training data (`build`).
+COUNTS_EPOCHS = True
+
 
 def _data_dir(config, workdir: str) -> str:
   data_dir = config.data.data_dir or os.path.join(workdir, "data")
@@ -403,6 +406,28 @@ def starting_state(config, source, program, ctx):
   return initial_state
 
 
+def epoch_steps(config, metadata) -> tuple[float, str]:
+  """(steps per epoch, what an epoch is) for config.num_epochs, counted as
+  upstream's pretrain.py counts them: a whole number of iterations of
+  data.epochs_per_iter epochs runs the full batches each iteration fills
+  (its loop; the last partial batch of each is dropped), any other count
+  upstream's total_steps formula, epochs x total_groups x
+  mean_puzzle_examples / global_batch_size (`metadata`: the train
+  split's)."""
+  examples = metadata.total_groups * metadata.mean_puzzle_examples
+  per_iter = config.data.epochs_per_iter
+  iteration_steps = int(per_iter * examples) // config.global_batch_size
+  epochs = config.get("num_epochs", 0)
+  if iteration_steps and epochs and float(epochs / per_iter).is_integer():
+    return (iteration_steps / per_iter,
+            f"{iteration_steps} full batches of {config.global_batch_size} per "
+            f"iteration of config.data.epochs_per_iter={per_iter} epochs, as "
+            "upstream's pretrain.py")
+  return (examples / config.global_batch_size,
+          f"{examples:g} examples per epoch in batches of "
+          f"{config.global_batch_size}, upstream's total_steps formula")
+
+
 def build(config, workdir: str, ctx) -> Task:
   check_config(config)
   source = init_source(config, workdir)
@@ -417,6 +442,8 @@ def build(config, workdir: str, ctx) -> Task:
   if differ:
     raise ValueError(f"{data_dir}: train and test dataset.json disagree "
                      f"({', '.join(differ)}); rebuild the dataset.")
+  config_lib.total_steps_from_epochs(config, *epoch_steps(config,
+                                                         train_meta))
   process = dict(process_index=jax.process_index(),
                  process_count=jax.process_count())
   train_source = puzzle_dataset.TrainBatches(
