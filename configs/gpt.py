@@ -264,6 +264,11 @@ def get_config(arg=None):
   c.early_stopping_patience = 0  # stop after N evaluations in a row with
                                 # no eval loss improvement (0: never; HF's)
   c.early_stopping_threshold = 0.0  # the improvement that counts (HF's)
+  c.best_metric = "eval/loss"  # the eval metric that ranks checkpoints
+                                # (keep-N's best, --step=best) and early
+                                # stopping (HF's metric_for_best_model)
+  c.best_metric_mode = "auto"  # min | max | auto (min for a loss, max
+                                # for an accuracy; HF's greater_is_better)
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.mesh = config_lib.mesh_config(data=-1, fsdp=1, model=1)

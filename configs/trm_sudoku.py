@@ -133,6 +133,12 @@ def get_config(arg=None):
   c.early_stopping_patience = 0  # stop after N evaluations in a row with
                                 # no eval loss improvement (0: never; HF's)
   c.early_stopping_threshold = 0.0  # the improvement that counts (HF's)
+  c.best_metric = "eval/loss"  # the eval metric that ranks checkpoints
+                                # (keep-N's best, --step=best) and early
+                                # stopping (HF's metric_for_best_model);
+                                # the paper's: 'eval/exact_accuracy'
+  c.best_metric_mode = "auto"  # min | max | auto (min for a loss, max
+                                # for an accuracy; HF's greater_is_better)
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.log_every = 100             # train metrics cadence in steps

@@ -859,6 +859,50 @@ def _fake_checkpoints(directory, losses: dict):
           json.dumps({ckpt_lib.EVAL_LOSS: loss}))
 
 
+def test_a_resume_that_changes_best_metric_ranks_again_from_eval_files(
+    tmp_path, caplog):
+  """Steps ranked by eval/loss, resumed with config.best_metric=
+  'eval/accuracy' (auto: max): each is ranked again by its eval file's
+  accuracy (negated: lower is better), tagged with the metric, so keep-N
+  and --step=best take the most accurate step; one whose file lacks the
+  metric is no longer ranked (its loss rank must not stand); a step
+  already ranked by the new metric is left as it is."""
+  from trm.core import best_metric  # pylint: disable=g-import-not-at-top
+  checkpoints = str(tmp_path / "checkpoints")
+  manager = ckpt_lib.make_manager(checkpoints, max_to_keep=20,
+                                  async_save=False)
+  state = {"w": jnp.ones((4,))}
+  figures = {10: (1.0, 0.5), 20: (0.5, 0.25), 30: (2.0, None)}
+  for step, (loss, accuracy) in figures.items():
+    (tmp_path / f"eval_{step}.json").write_text(json.dumps(
+        {"eval/loss": loss, **({} if accuracy is None
+                               else {"eval/accuracy": accuracy})}))
+    ckpt_lib.save(manager, step, state, _Iterator(), eval_loss=loss,
+                  best_eval_loss=0.5)
+  metric = best_metric.spec({"best_metric": "accuracy"})
+  assert metric == ("eval/accuracy", "max")
+  tag = best_metric.tag(metric)
+  ckpt_lib.save(manager, 40, state, _Iterator(), eval_loss=-0.3,
+                best_eval_loss=-0.5, metric_tag=tag)
+  with caplog.at_level("INFO"):
+    ckpt_lib.rank_saved_steps(
+        checkpoints, [10, 20, 30, 40],
+        lambda step: train._eval_file_loss(epath.Path(tmp_path), step,  # pylint: disable=protected-access
+                                           metric), metric)
+  assert "Checkpoint(s) [30] in" in caplog.text
+  assert "Ranked checkpoint(s) [10, 20]" in caplog.text
+  reopened = ckpt_lib.make_manager(checkpoints, max_to_keep=1,
+                                   async_save=False)
+  assert {step: reopened.metrics(step) for step in (10, 20, 30, 40)} == {
+      10: {ckpt_lib.EVAL_LOSS: -0.5, best_metric.TAG: tag},
+      20: {ckpt_lib.EVAL_LOSS: -0.25, best_metric.TAG: tag},
+      30: None, 40: {ckpt_lib.EVAL_LOSS: -0.3, best_metric.TAG: tag}}
+  assert reopened.best_step() == 10
+  assert ckpt_lib.choose_step(checkpoints, "best") == 10
+  assert ckpt_lib.saved_metric(reopened, 40) == metric
+  assert ckpt_lib.saved_metric(reopened, 10) == best_metric.DEFAULT
+
+
 def test_step_flag_chooses_latest_best_or_a_step_on_disk(tmp_path):
   """--step of trm.generate, trm.evaluate, trm.export and trm.sample: best
   is the step with the lowest held-out loss, a tie going to the newest (the

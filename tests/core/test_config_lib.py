@@ -147,6 +147,7 @@ def test_nanogpt_flags_name_what_replaces_them(monkeypatch, capsys, flag,
     ("--config.base_output_directory=gs://b", "--workdir=DIR"),
     ("--config.data_shuffle_seed=3", "config.data_seed is MaxText's"),
     ("--config.z_loss_multiplier=1e-4", "config.z_loss is MaxText's"),
+    ("--config.metric_for_best_model=accuracy", "config.best_metric (e.g. "),
 ])
 def test_maxtext_hf_and_big_vision_names_name_what_replaces_them(
     monkeypatch, capsys, flag, needle):

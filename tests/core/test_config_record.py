@@ -168,7 +168,9 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "optimizer": "adamw",
                                     "optim.lr_mults": [],
                                     "optim.wd_mults": [],
-                                    "lr_mults": [], "wd_mults": []}
+                                    "lr_mults": [], "wd_mults": [],
+                                    "best_metric": "eval/loss",
+                                    "best_metric_mode": "auto"}
   assert config_record.IMPLICIT_BY_FAMILY == {
       "optim.optimizer": {"trm": "adam_atan2", "dream": "adamw"}}
   # A DiffuCoder run recorded before it could accumulate gradients.
@@ -185,7 +187,8 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
   assert config_record.changes(old, {
       "model": {"name": "gpt"}, "resume_step": 0,
       "early_stopping_patience": 0, "early_stopping_threshold": 0.0,
-      "num_epochs": 0.0}) == {}
+      "num_epochs": 0.0,
+      "best_metric": "eval/loss", "best_metric_mode": "auto"}) == {}
   assert config_record.changes(old, {
       "model": {"name": "gpt"}, "early_stopping_patience": 3}) == {
           "early_stopping_patience": [None, 3]}

@@ -3,6 +3,7 @@ the loop's stop, save and rerun, on the toy family (8 CPU devices, the
 batch split over all of them)."""
 import logging
 import math
+import re
 
 import jax
 import ml_collections
@@ -84,6 +85,50 @@ def test_early_stopping_values_of_another_type_are_one_line(
     run_checks.check_early_stopping(config)
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"best_metric": 3}, r"config\.best_metric=3 must name a held-out "
+     r"metric"),
+    ({"best_metric": "eval/"}, r"config\.best_metric='eval/' must name"),
+    ({"best_metric_mode": "higher"}, r"config\.best_metric_mode='higher' "
+     r"must be 'min' \(lower is better\), 'max'"),
+    ({"best_metric": "eval/seconds"}, r"config\.best_metric='eval/seconds' "
+     r"with best_metric_mode='auto': .* set best_metric_mode to 'min' or"),
+])
+def test_bad_best_metric_values_are_one_line(values, message):
+  """Hugging Face's metric_for_best_model and greater_is_better: refused
+  before anything is built (`run_checks.check_values`)."""
+  from trm.core import best_metric  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({"best_metric": "eval/loss",
+                                      "best_metric_mode": "auto", **values})
+  with pytest.raises(ValueError, match="^" + message):
+    best_metric.check_config(config)
+  if values == {"best_metric_mode": "higher"}:
+    with pytest.raises(ValueError, match=message):
+      run_checks.check_values(config_lib.set_values(_toy_config(), values))
+
+
+def test_a_max_metric_counts_rises_as_improvements():
+  """config.best_metric='exact_accuracy' (TRM's paper metric; auto: max):
+  the count runs on its score (negated), so an accuracy that rises by more
+  than the threshold improves, and the stop line names the metric."""
+  from trm.core import best_metric  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({
+      "early_stopping_patience": 2, "early_stopping_threshold": 0.01,
+      "best_metric": "exact_accuracy", "best_metric_mode": "auto"})
+  metric = best_metric.spec(config)
+  assert metric == ("eval/exact_accuracy", "max")
+  assert best_metric.spec(ml_collections.ConfigDict()) == ("eval/loss", "min")
+  stopping = early_stopping.EarlyStopping.resumed(config, None, None)
+  for accuracy in (0.5, 0.6, 0.605, 0.59):
+    stopping.update(best_metric.score({"eval/exact_accuracy": accuracy},
+                                      metric))
+  assert (stopping.count, stopping.exhausted, stopping.best) == (2, True,
+                                                                 -0.605)
+  assert ("2 evaluation(s) in a row with no eval/exact_accuracy more than "
+          "0.01 above the best (0.605;") in stopping.reason()
+  assert best_metric.score({"eval/loss": 1.0}, metric) is None
+
+
 def _toy_config(**values):
   import toy_config  # pylint: disable=g-import-not-at-top  (registers it)
   config = toy_config.get_config()
@@ -123,4 +168,33 @@ def test_the_run_stops_saves_and_a_rerun_only_evaluates(tmp_path, caplog):
   state, _ = run(2)
   assert int(state.step) == 9
   assert ckpt_lib.complete_steps(tmp_path / "checkpoints") == [6, 9]
+  # config.best_metric: a name the task's eval step does not report is one
+  # line listing those it does, before anything is compiled.
+  with pytest.raises(ValueError, match=re.escape(
+      "config.best_metric='eval/exact_accuracy' is not a metric this task's "
+      "evaluation reports (its eval step's metrics: eval/accuracy, "
+      "eval/loss); set it to one of them.")):
+    train.train_and_evaluate(_toy_config(best_metric="exact_accuracy"),
+                             str(tmp_path / "other"), families.build_task)
+  # A resume that ranks by another metric: the steps are ranked again from
+  # their eval files, and the count (at the patience: stopped) starts
+  # afresh, so the run trains on to its end.
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    state, _ = train.train_and_evaluate(
+        _toy_config(early_stopping_patience=2, early_stopping_threshold=100.0,
+                    best_metric="accuracy"), str(tmp_path),
+        families.build_task)
+  assert int(state.step) == 12
+  assert ("checkpoint 9 was ranked by eval/loss, this run ranks by "
+          "eval/accuracy (higher is better, config.best_metric)") in (
+              caplog.text)
+  tag = {"name": "eval/accuracy", "mode": "max"}
+  for step in (6, 9, 12):
+    assert ckpt_lib.read_loss_record(
+        tmp_path / "checkpoints" / str(step) / "metrics" / "metrics",
+        ckpt_lib.EVAL_LOSS) == -ckpt_lib.read_loss_record(
+            tmp_path / f"eval_{step}.json", "eval/accuracy")
+    assert ckpt_lib.read_record(tmp_path / "checkpoints" / str(step) /
+                                "metrics" / "metrics")["best_metric"] == tag
   assert jax.device_count() == 8

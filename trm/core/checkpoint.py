@@ -63,6 +63,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from trm.core import best_metric as best_metric_lib
 from trm.core import cli
 from trm.core import host_arrays
 from trm.core import state as state_lib
@@ -83,7 +84,9 @@ class CheckpointError(cli.UserError, RuntimeError):
 _TMP_MARK = ".orbax-checkpoint-tmp"
 
 # The held-out loss a step was saved with (Orbax keeps it in the step's own
-# metadata), and the best such loss of the run up to that step.
+# metadata), and the best such loss of the run up to that step: with
+# config.best_metric set, that metric's score (`trm.core.best_metric`: lower
+# is better), both records then tagged with the metric (`best_metric.TAG`).
 EVAL_LOSS = "eval_loss"
 BEST_EVAL_LOSS = "best_eval_loss"
 # Set on a step saved at an evaluation step whose evaluation did not run to
@@ -605,7 +608,8 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
          best_eval_loss: float | None = None,
          config_record: dict | None = None,
          eval_owed: bool = False,
-         early_stopping: dict | None = None) -> None:
+         early_stopping: dict | None = None,
+         metric_tag: dict | None = None) -> None:
   """Starts an (async) save of `state` and the iterator position at `step`.
 
   `eval_loss` is the held-out loss measured at this step (it ranks the step
@@ -615,7 +619,8 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
   config record (`trm.core.config_record`), kept with the step likewise;
   `eval_owed` marks a step whose scheduled evaluation was cut short
   (`saved_eval_owed`); `early_stopping` is the run's early-stopping count
-  and best (`trm.core.early_stopping`), kept with the step likewise. The
+  and best (`trm.core.early_stopping`), kept with the step likewise;
+  `metric_tag` (`best_metric.tag`) the metric the losses are scores of. The
   checksum of every array and of the iterator
   position goes into the same metadata (the module docstring). A state with a NaN or Inf anywhere
   is never written (`CheckpointError`, naming the leaves). Raises
@@ -639,8 +644,10 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
     metadata[EVAL_OWED] = True
   if early_stopping is not None:
     metadata[EARLY_STOPPING] = early_stopping
+  if metric_tag is not None:
+    metadata[best_metric_lib.TAG] = metric_tag
   metrics = (None if eval_loss is None or not np.isfinite(eval_loss)
-             else {EVAL_LOSS: float(eval_loss)})
+             else _metric_record(eval_loss, metric_tag))
   try:
     manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
@@ -648,6 +655,23 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iter, *,
                  metrics=metrics, custom_metadata=metadata)
   except Exception as e:  # pylint: disable=broad-except
     raise _save_error(manager, e) from e
+
+
+def _metric_record(eval_loss: float, metric_tag: dict | None) -> dict:
+  """A step's Orbax metric: its score, tagged with a metric not the
+  default's."""
+  record = {EVAL_LOSS: float(eval_loss)}
+  if metric_tag is not None:
+    record[best_metric_lib.TAG] = metric_tag
+  return record
+
+
+def saved_metric(manager: ocp.CheckpointManager,
+                 step: int) -> tuple[str, str]:
+  """The metric (`best_metric.spec`) that checkpoint `step`'s best and
+  early-stopping records are scores of."""
+  return best_metric_lib.of_tag(_saved_custom(manager, step).get(
+      best_metric_lib.TAG))
 
 
 def _saved_custom(manager: ocp.CheckpointManager, step: int) -> dict:
@@ -694,7 +718,8 @@ def saved_eval_owed(manager: ocp.CheckpointManager, step: int) -> bool:
 def record_redone_eval(manager: ocp.CheckpointManager, step: int, *,
                        eval_loss: float | None,
                        best_eval_loss: float | None,
-                       early_stopping: dict | None = None) -> None:
+                       early_stopping: dict | None = None,
+                       metric_tag: dict | None = None) -> None:
   """Completes checkpoint `step`, saved owing its evaluation
   (`saved_eval_owed`), once the resumed run has done that evaluation: as
   the save would have written it had the evaluation come first,
@@ -724,11 +749,16 @@ def record_redone_eval(manager: ocp.CheckpointManager, step: int, *,
       custom.pop(EVAL_OWED, None)
       if best_eval_loss is not None and np.isfinite(best_eval_loss):
         custom[BEST_EVAL_LOSS] = float(best_eval_loss)
+      elif metric_tag != custom.get(best_metric_lib.TAG):
+        custom.pop(BEST_EVAL_LOSS, None)  # another metric's
       if early_stopping is not None:
         custom[EARLY_STOPPING] = early_stopping
+      custom.pop(best_metric_lib.TAG, None)
+      if metric_tag is not None:
+        custom[best_metric_lib.TAG] = metric_tag
 
     try:
-      _write_metric(str(step_dir), eval_loss, settle)
+      _write_metric(str(step_dir), eval_loss, settle, metric_tag)
     except Exception as e:  # pylint: disable=broad-except
       # Each file was replaced whole or not at all, so the step is intact;
       # a record not written must not stop the run (nor leave the other
@@ -741,7 +771,8 @@ def record_redone_eval(manager: ocp.CheckpointManager, step: int, *,
   manager.reload()
 
 
-def rank_saved_steps(directory, steps, loss_at) -> None:
+def rank_saved_steps(directory, steps, loss_at,
+                     metric=best_metric_lib.DEFAULT, rescore_at=None) -> None:
   """Gives each complete step of `steps` that has no held-out loss on disk
   (written before the manager kept it there, see `make_manager`) the loss
   `loss_at(step)` as its Orbax metric, so `make_manager`'s policy ranks it:
@@ -751,7 +782,13 @@ def rank_saved_steps(directory, steps, loss_at) -> None:
   none, or raises when its record cannot be read (such steps stay unranked:
   one warning for all). A step owing its evaluation (`saved_eval_owed`) is
   left to `record_redone_eval`, and one whose own record of the run's best
-  is above the loss was not saved with it. Files are written as
+  is above the loss was not saved with it.
+
+  `loss_at` gives scores of `metric` (`best_metric.spec`): a step ranked
+  under another metric (a resume that changed config.best_metric) is
+  ranked again by `rescore_at` (default `loss_at`: the score of the
+  evaluation it was ranked by, which was at its step), or left unranked
+  where it gives none (its eval file lacks the metric). Files are written as
   `record_redone_eval` writes them; on an object store (`://`) nothing is
   written (warning). Collective, before `make_manager` opens `directory`
   (it reads the metrics once, when it is made): process 0 reads and
@@ -761,7 +798,8 @@ def rank_saved_steps(directory, steps, loss_at) -> None:
   cloud = "://" in str(directory)
   if jax.process_index() == 0:
     try:
-      _rank_saved_steps(directory, steps, loss_at, cloud)
+      _rank_saved_steps(directory, steps, loss_at, cloud, metric,
+                        rescore_at or loss_at)
     except Exception as e:  # pylint: disable=broad-except
       # Ranking is bookkeeping: the run must start (and the other
       # processes must not wait at the barrier for a process 0 that left).
@@ -773,13 +811,18 @@ def rank_saved_steps(directory, steps, loss_at) -> None:
 
 
 def _rank_saved_steps(directory: epath.Path, steps, loss_at,
-                      cloud: bool) -> None:
+                      cloud: bool, metric, rescore_at) -> None:
   from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
   name = ocp_manager.METRIC_ITEM_NAME
-  losses, unreadable = {}, {}
+  losses, unreadable, unranked = {}, {}, []
   for step in steps:
     step_dir = directory / str(step)
-    if (step_dir / name / name).exists():
+    record = step_dir / name / name
+    # Ranked already, under this metric (`check_saved_metrics` has read
+    # every record before).
+    rerank = record.exists() and best_metric_lib.of_tag(
+        (read_record(record) or {}).get(best_metric_lib.TAG)) != metric
+    if record.exists() and not rerank:
       continue
     try:
       custom = step_metadata(step_dir)
@@ -788,14 +831,24 @@ def _rank_saved_steps(directory: epath.Path, steps, loss_at,
     if custom.get(EVAL_OWED) is True:
       continue
     try:
-      loss = loss_at(step)
+      loss = (rescore_at if rerank else loss_at)(step)
     except Exception as e:  # pylint: disable=broad-except
       unreadable[step] = f"{type(e).__name__}: {_short(e, 100)}"
-      continue
-    best = custom.get(BEST_EVAL_LOSS)
+      loss = None
+    best = (custom.get(BEST_EVAL_LOSS) if best_metric_lib.of_tag(
+        custom.get(best_metric_lib.TAG)) == metric else None)
     if loss is None or (type(best) in (int, float) and best > loss):
+      if rerank:  # another metric's rank must not stand
+        unranked.append(step)
       continue
     losses[step] = loss
+  if unranked and not cloud:
+    for step in unranked:
+      _unrank(str(directory / str(step)))
+    logging.warning(
+        "Checkpoint(s) %s in %s are no longer ranked among the best: they "
+        "were ranked by another metric, and their eval files hold no %s.",
+        unranked, directory, metric[0])
   if unreadable:
     logging.warning(
         "Checkpoint(s) %s in %s stay unranked among the best: the held-out "
@@ -813,7 +866,8 @@ def _rank_saved_steps(directory: epath.Path, steps, loss_at,
     return
   for step, loss in sorted(losses.items()):
     try:
-      _write_metric(str(directory / str(step)), loss)
+      _write_metric(str(directory / str(step)), loss,
+                    metric_tag=best_metric_lib.tag(metric))
     except Exception as e:  # pylint: disable=broad-except
       # Most likely a full disk: the other steps would fail alike.
       logging.warning("Could not write the held-out loss into checkpoint %s "
@@ -823,12 +877,30 @@ def _rank_saved_steps(directory: epath.Path, steps, loss_at,
       losses = {s: v for s, v in losses.items() if s < step}
       break
   if losses:
-    logging.info("Ranked checkpoint(s) %s in %s by the held-out loss of "
-                 "their evaluation (written before trm kept it with the "
-                 "step).", sorted(losses), directory)
+    logging.info("Ranked checkpoint(s) %s in %s by the %s of their "
+                 "evaluation (written before trm kept it with the step, or "
+                 "ranked by another metric).", sorted(losses), directory,
+                 best_metric_lib.describe(metric))
 
 
-def _write_metric(step_dir: str, eval_loss, edit_custom=None) -> None:
+def _unrank(step_dir: str) -> None:
+  """Takes checkpoint `step_dir`'s Orbax metric away (the step is then as
+  one saved without an evaluation): the metadata first, no longer naming
+  the item, then the item."""
+  from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
+  name = ocp_manager.METRIC_ITEM_NAME
+  metadata_path = os.path.join(step_dir, _METADATA_FILE)
+  with open(metadata_path, encoding="utf-8") as f:
+    metadata = json.load(f)
+  if isinstance(metadata.get("item_handlers"), dict):
+    metadata["item_handlers"].pop(name, None)
+  atomic_files.atomic_write(metadata_path,
+                            lambda f: f.write(json.dumps(metadata)), mode="w")
+  shutil.rmtree(os.path.join(step_dir, name), ignore_errors=True)
+
+
+def _write_metric(step_dir: str, eval_loss, edit_custom=None,
+                  metric_tag: dict | None = None) -> None:
   """Writes `eval_loss` (if finite) into checkpoint `step_dir` as Orbax's
   own `metrics` item, what a save given it writes, then the step's
   metadata, naming the item and with `edit_custom` applied to its custom
@@ -849,7 +921,7 @@ def _write_metric(step_dir: str, eval_loss, edit_custom=None) -> None:
     item = os.path.join(step_dir, name)
     os.makedirs(item, exist_ok=True)
     replace(os.path.join(item, name),
-            json.dumps({EVAL_LOSS: float(eval_loss)}))
+            json.dumps(_metric_record(eval_loss, metric_tag)))
     replace(os.path.join(item, "commit_success.txt"),
             f"Checkpoint commit was successful to {item}")
     if isinstance(metadata.get("item_handlers"), dict):

@@ -65,7 +65,8 @@ HOST_ONLY = (
     "data.build.csv_dir", "data.build.kaggle_dir", "data.build.concept_dir",
     "profiler_steps", "skip_first_n_steps_for_profiler",
     "keep_checkpoint_every", "metrics_jsonl", "resume_step",
-    "early_stopping_patience", "early_stopping_threshold")
+    "early_stopping_patience", "early_stopping_threshold", "best_metric",
+    "best_metric_mode")
 HOST_ONLY_PREFIXES = ("wandb.",)
 # What a serialized train step holds (jax 0.10.2): the unloaded
 # executable, its argument infos (abstract values, shardings, meshes,

@@ -53,7 +53,7 @@ HARMLESS = (
     "keep_checkpoint_every", "metrics_jsonl", "resume_step",
     "early_stopping_patience", "early_stopping_threshold",
     # Its total_steps, derived from the data, is recorded and compared.
-    "num_epochs")
+    "num_epochs", "best_metric", "best_metric_mode")
 # loss_scale.*: the scale itself is checkpointed state (float16 runs); its
 # knobs only steer how it moves, and runs recorded before they existed
 # resume.
@@ -101,7 +101,9 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "optimizer": "adamw",  # GPT's nanoGPT AdamW
             # No per-parameter multipliers (a record holds JSON's list).
             "optim.lr_mults": [], "optim.wd_mults": [],
-            "lr_mults": [], "wd_mults": []}
+            "lr_mults": [], "wd_mults": [],
+            "best_metric": "eval/loss",  # checkpoints ranked by eval/loss
+            "best_metric_mode": "auto"}
 # As IMPLICIT, where each model family (config.model.name; DiffuCoder's
 # oldest records lack it) had its own value.
 IMPLICIT_BY_FAMILY = {

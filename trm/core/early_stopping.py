@@ -1,5 +1,8 @@
 """Early stopping: Hugging Face's EarlyStoppingCallback over the held-out
-loss (`eval/loss`, the figure that ranks checkpoints for keeping).
+loss (`eval/loss`), or config.best_metric, the figure that ranks checkpoints
+for keeping (`trm.core.best_metric`: its score, lower is better, is what
+is counted here, so a 'max' metric improves by rising more than the
+threshold).
 
 `config.early_stopping_patience` evaluations in a row that do not improve
 on the best loss so far by more than `config.early_stopping_threshold`
@@ -21,14 +24,17 @@ from __future__ import annotations
 
 import math
 
+from trm.core import best_metric as best_metric_lib
+
 
 class EarlyStopping:
   """Counts evaluations without improvement; `exhausted` once they reach
   the patience."""
 
   def __init__(self, patience: int, threshold: float, best: float | None,
-               count: int = 0):
+               count: int = 0, metric=best_metric_lib.DEFAULT):
     self.patience, self.threshold = patience, threshold
+    self.metric = metric
     self.best = math.inf if best is None else best
     self.count = count
 
@@ -44,7 +50,8 @@ class EarlyStopping:
     else:
       count = 0
     return cls(config.get("early_stopping_patience", 0),
-               config.get("early_stopping_threshold", 0.0), best, count)
+               config.get("early_stopping_threshold", 0.0), best, count,
+               best_metric_lib.spec(config))
 
   def update(self, loss: float | None, counts: bool = True) -> None:
     """One evaluation's held-out loss (None: the task reports none, nothing
@@ -69,6 +76,9 @@ class EarlyStopping:
 
   def reason(self) -> str:
     """Why the run stops, for the log line."""
-    return (f"{self.count} evaluation(s) in a row with no eval/loss more "
-            f"than {self.threshold:g} below the best ({self.best:.6g}; "
+    name, mode = self.metric
+    best = best_metric_lib.display(self.best, self.metric)
+    return (f"{self.count} evaluation(s) in a row with no {name} more "
+            f"than {self.threshold:g} {'above' if mode == 'max' else 'below'}"
+            f" the best ({best:.6g}; "
             f"config.early_stopping_patience={self.patience})")

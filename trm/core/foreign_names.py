@@ -43,6 +43,12 @@ _OTHER_TRAINERS = {
                     "best) checkpoints"),
     "keep_ckpt_steps": "config.keep_checkpoint_every is big_vision's "
                        "keep_ckpt_steps",
+    "metric_for_best_model": ("config.best_metric (e.g. 'eval/loss', "
+                              "'eval/exact_accuracy') is Hugging Face's "
+                              "metric_for_best_model"),
+    "greater_is_better": ("config.best_metric_mode='max' (or 'min'; 'auto' "
+                          "tells a loss from an accuracy) is Hugging Face's "
+                          "greater_is_better"),
     **dict.fromkeys(("metrics_file", "log_history"),
                     "config.metrics_jsonl writes every metric to "
                     "WORKDIR/metrics.jsonl"),

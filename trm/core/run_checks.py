@@ -11,6 +11,7 @@ import jax
 import ml_collections
 from etils import epath
 
+from trm.core import best_metric as best_metric_lib
 from trm.core import cli
 from trm.core import config_record
 from trm.core import loss_scale
@@ -115,6 +116,7 @@ def check_values(config) -> None:
         f"{resume_step}.")
   check_early_stopping(config)
   check_epochs(config)
+  best_metric_lib.check_config(config)
   if config.max_consecutive_bad_steps < 0:
     raise ValueError(
         f"config.max_consecutive_bad_steps={config.max_consecutive_bad_steps} "

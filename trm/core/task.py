@@ -94,6 +94,11 @@ class Task:
   # arrays) and `result(save_dir) -> dict` (collective: every process calls
   # it), for metrics beyond the step's averages (ARC voting, sample sheets).
   make_eval_hook: Optional[Callable[[], Any]] = None
+  # The names of the metrics that hook's `result` reports (config.best_metric
+  # is checked against them, and the eval step's, before anything
+  # compiles); None = not known before it runs (checked at the first
+  # evaluation).
+  eval_hook_metrics: Optional[tuple] = None
   # The best evaluation loss of the run initial_state continues (nanoGPT's
   # best_val_loss), for saving on improvement; None = no earlier evaluation.
   initial_best_loss: Optional[float] = None

@@ -8,8 +8,9 @@ run (`NonFiniteError`); SIGTERM or a preemption notice saves the current step
 and raises `Preempted` (`trm.main` exits 0); an unreadable newest checkpoint
 falls back to the previous one (`checkpoint.restore_latest`).
 
-Run control: config.early_stopping_patience ends a run whose held-out loss
-stops improving (`trm.core.early_stopping`: the stop step is saved and a
+Run control: config.best_metric (default eval/loss; `trm.core.best_metric`)
+ranks the checkpoints kept as best; config.early_stopping_patience ends a
+run whose best_metric stops improving (`trm.core.early_stopping`: the stop step is saved and a
 rerun only evaluates it); config.resume_step=N resumes from saved step N,
 the newer steps moved aside (`checkpoint.resume_from_step`).
 """
@@ -32,6 +33,7 @@ from etils import epath
 from clu import metric_writers, parameter_overview
 
 from trm.core import metrics as metrics_lib
+from trm.core import best_metric as best_metric_lib
 from trm.core import checkpoint as ckpt_lib
 from trm.core import preemption as preemption_lib
 from trm.core import step_timer
@@ -112,10 +114,12 @@ def evaluate(eval_fn, state, eval_source, batch_shardings, hook=None,
   return results
 
 
-def _saved_eval_loss(workpath: epath.Path, step: int) -> float:
-  """The eval loss a run recorded at `step` (inf if it recorded none)."""
+def _saved_eval_loss(workpath: epath.Path, step: int,
+                     metric=best_metric_lib.DEFAULT) -> float:
+  """The score of `metric` a run recorded at `step` (inf if it recorded
+  none)."""
   try:
-    loss = _eval_file_loss(workpath, step)
+    loss = _eval_file_loss(workpath, step, metric)
   except Exception:  # pylint: disable=broad-except
     loss = None
   return float("inf") if loss is None else loss
@@ -140,16 +144,59 @@ def _repeats_recorded_eval(workpath: epath.Path, step: int,
     return False
 
 
-def _eval_file_loss(workpath: epath.Path, step: int) -> float | None:
-  """The held-out loss in the run's `eval_<step>.json`, None if there is no
-  such file; a ValueError naming the file if it holds none."""
+def _eval_file_loss(workpath: epath.Path, step: int,
+                    metric=best_metric_lib.DEFAULT) -> float | None:
+  """The score of `metric` (`best_metric.score`: the held-out loss by
+  default) in the run's `eval_<step>.json`, None if there is no such file;
+  a ValueError naming the file if it holds none."""
   path = workpath / f"eval_{step}.json"
   if not path.exists():
     return None
   try:
-    return ckpt_lib.read_loss_record(path, "eval/loss")
+    value = ckpt_lib.read_loss_record(path, metric[0])
   except ValueError as e:
     raise ValueError(f"{path}: {e}") from None
+  return best_metric_lib.score({metric[0]: value}, metric)
+
+
+def _best_in_eval_files(workpath: epath.Path, last_step: int,
+                        metric) -> float:
+  """The best score of `metric` in the run's eval files up to `last_step`
+  (inf if none holds it): the run's best, re-read after config.best_metric
+  changed (the checkpoints' records are another metric's)."""
+  best = float("inf")
+  if not workpath.exists():
+    return best
+  for path in workpath.iterdir():
+    step = path.name.removeprefix("eval_").removesuffix(".json")
+    if not (path.name.endswith(".json") and step.isdigit()
+            and int(step) <= last_step):
+      continue
+    try:
+      score = _eval_file_loss(workpath, int(step), metric)
+    except ValueError:
+      continue
+    if score is not None:
+      best = min(best, score)
+  return best
+
+
+def _declared_eval_metrics(program, abstract, config, ctx) -> set | None:
+  """The names ('eval/...') of the metrics the program's eval step
+  reports, from its traced shapes (nothing compiled or run); None if it
+  cannot be traced on its own."""
+  batch = {key: jax.ShapeDtypeStruct(
+      (config.data.eval_batch_size, *field.shape), field.dtype)
+           for key, field in program.batch_spec.items()}
+  try:
+    with ctx:
+      metrics, _ = jax.eval_shape(program.eval_step, abstract, batch)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info("config.best_metric: the eval step's metric names cannot "
+                 "be traced ahead (%s); checked at the first evaluation.",
+                 type(e).__name__)
+    return None
+  return {f"eval/{name}" for name in metrics}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -200,6 +247,10 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                         cleanup: contextlib.ExitStack, build_task: Callable):
   # ---------------------------------------------------------------- setup
   is_main = jax.process_index() == 0
+  # What ranks the checkpoints and drives early stopping (every record
+  # below holds its score: lower is better).
+  metric = best_metric_lib.spec(config)
+  metric_tag = best_metric_lib.tag(metric)
   if config.get("resume_step", 0):
     # Before anything is built or read: the newer steps move aside, so
     # every later reader (the config record, ranking, restore) sees step N
@@ -267,6 +318,18 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                                        mesh)
   # Before anything compiles (even the initialiser): a file built for other
   # software, devices, config or inputs is one line naming the difference.
+  if metric != best_metric_lib.DEFAULT:
+    # A name the evaluation never reports: before anything compiles, where
+    # the eval step's own metrics tell (a task's eval hook adds figures
+    # known only after the first evaluation, checked there).
+    declared = _declared_eval_metrics(program, abstract, config, ctx)
+    hook_metrics = (() if not task.make_eval_hook
+                    else task.eval_hook_metrics)
+    if declared is not None and hook_metrics is not None:
+      best_metric_lib.check_reported(
+          metric, declared | {f"eval/{name}" for name in hook_metrics},
+          "its eval step's metrics" + (", and its eval hook's"
+                                       if hook_metrics else ""))
   prepared = (compiled_step.prepare(
       compiled_path, compiled_file, program, ctx, abstract,
       config.global_batch_size, program_fields) if compiled_path else None)
@@ -285,7 +348,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     one (a step saved on preemption had none)."""
     if not (is_eval_step(step) and is_checkpoint_step(step)):
       return None
-    return _eval_file_loss(workpath, step)
+    return _eval_file_loss(workpath, step, metric)
 
   # The workdir is this run's (locked): a save a killed run left unfinished
   # is nobody's, and Orbax would keep it unless it saved that step again.
@@ -299,7 +362,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # Before the manager reads the steps' metrics: checkpoints written before
   # they were kept on disk would otherwise be unranked, and the next save
   # would let keep-N delete the best of them.
-  ckpt_lib.rank_saved_steps(workpath / "checkpoints", saved_steps, saved_loss)
+  # A step ranked under another config.best_metric was saved at its
+  # evaluation, whatever the schedule (early stopping's stop step).
+  ckpt_lib.rank_saved_steps(
+      workpath / "checkpoints", saved_steps, saved_loss, metric,
+      lambda step: _eval_file_loss(workpath, step, metric))
   manager = ckpt_lib.make_manager(
       str(workpath / "checkpoints"), max_to_keep=config.keep_checkpoints,
       keep_every=config.get("keep_checkpoint_every", 0))
@@ -413,16 +480,35 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   # beat), the checkpoint's own record first: the step resumed from may have
   # been saved on preemption, with no evaluation (and no eval file) of its
   # own.
-  best_loss = ckpt_lib.saved_best_loss(manager, start_step)
-  if best_loss is None:
-    best_loss = _saved_eval_loss(workpath, start_step)
-  if from_initial_state and task.initial_best_loss is not None:
+  # With config.best_metric, these are its scores (lower is better).
+  saved_metric = (ckpt_lib.saved_metric(manager, start_step) if restored
+                  else metric)
+  if saved_metric != metric:
+    # A resume that changed config.best_metric (or its mode): the steps
+    # were ranked again from their eval files (`rank_saved_steps`), the
+    # best is read from those files likewise, and early stopping counts
+    # afresh (Hugging Face keeps the old metric's best: compared with the
+    # new metric's values, it ranked nonsense).
+    best_loss = _best_in_eval_files(workpath, start_step, metric)
+    logging.warning(
+        "config.best_metric: checkpoint %d was ranked by %s, this run ranks "
+        "by %s: the checkpoints were ranked again from their eval files, "
+        "the best so far is %s, and the early-stopping count starts at 0.",
+        start_step, best_metric_lib.describe(saved_metric),
+        best_metric_lib.describe(metric),
+        best_metric_lib.display(best_loss, metric))
+  else:
+    best_loss = ckpt_lib.saved_best_loss(manager, start_step)
+    if best_loss is None:
+      best_loss = _saved_eval_loss(workpath, start_step, metric)
+  if (from_initial_state and task.initial_best_loss is not None
+      and metric == best_metric_lib.DEFAULT):  # a loss: another metric's
     best_loss = task.initial_best_loss
   # config.early_stopping_patience's count and best, as the checkpoint
   # resumed from left them (read on every process: all decide alike).
   stopping = early_stopping_lib.EarlyStopping.resumed(
       config, ckpt_lib.saved_early_stopping(manager, start_step)
-      if restored else None, best_loss)
+      if restored and saved_metric == metric else None, best_loss)
   # always_save_checkpoint=False keeps only improving steps: a run whose
   # final evaluation (eval_<total_steps>.json, written after its last step)
   # did not improve ended without a checkpoint there, and a rerun trained
@@ -434,8 +520,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
   ended_unsaved = (not config.always_save_checkpoint
                    and start_step < config.total_steps
                    and final_record.exists()
-                   and not _saved_eval_loss(workpath, config.total_steps)
-                   < best_loss)
+                   and not _saved_eval_loss(workpath, config.total_steps,
+                                            metric) < best_loss)
   # A run that stopped early ended there: a rerun (a restarted job, the
   # same command) only evaluates, until the patience is raised.
   stopped_early = (restored and start_step < config.total_steps
@@ -529,13 +615,14 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
           "non-finite loss or gradient; the newest checkpoint stays step %s.",
           step, streak, manager.latest_step())
       return False
-    eval_loss = results.get("eval/loss") if evaluated_at == step else None
+    eval_loss = (best_metric_lib.score(results, metric)
+                 if evaluated_at == step else None)
     if eval_loss is not None:
       best_loss = min(best_loss, float(eval_loss))
     ckpt_lib.save(manager, step, state, train_iter, eval_loss=eval_loss,
                   best_eval_loss=best_loss, config_record=saved_record,
                   eval_owed=is_eval_step(step) and evaluated_at != step,
-                  early_stopping=stopping.record())
+                  early_stopping=stopping.record(), metric_tag=metric_tag)
     return True
 
   def stop_for_preemption(step: int):
@@ -578,7 +665,10 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       stop_for_preemption(step)
     results = evaluated
     evaluated_at = step
-    stopping.update(results.get("eval/loss"), counts)
+    if metric != best_metric_lib.DEFAULT:  # (a task may report no loss)
+      best_metric_lib.check_reported(metric, results, f"step {step}'s "
+                                     "evaluation")
+    stopping.update(best_metric_lib.score(results, metric), counts)
     logging.info("Step %d eval: %s", step, results)
 
   def stops_early(step: int) -> bool:
@@ -602,12 +692,14 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     is done; a step saved only because of the preemption (not a checkpoint
     step) gets no loss, so neither its rank nor the best counts it."""
     nonlocal best_loss
-    loss = results.get("eval/loss") if is_checkpoint_step(step) else None
+    loss = (best_metric_lib.score(results, metric)
+            if is_checkpoint_step(step) else None)
     if loss is not None:  # saved when it improved, or always: min either way
       best_loss = min(best_loss, float(loss))
     ckpt_lib.record_redone_eval(manager, step, eval_loss=loss,
                                 best_eval_loss=best_loss,
-                                early_stopping=stopping.record())
+                                early_stopping=stopping.record(),
+                                metric_tag=metric_tag)
 
   # ----------------------------------------------------------------- loop
   # Its steps/s and ETA leave out the evaluations and saves it times.
@@ -654,8 +746,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         # not saved, but the best loss (what always_save_checkpoint=False
         # must beat) starts from it.
         evaluate_now(start_step, counts=False)
-        if "eval/loss" in results:
-          best_loss = min(best_loss, float(results["eval/loss"]))
+        if best_metric_lib.score(results, metric) is not None:
+          best_loss = min(best_loss, best_metric_lib.score(results, metric))
       if not finished and stopped_at is None:
         logging.info("Training from step %d to %d.", start_step,
                      config.total_steps)
@@ -695,18 +787,20 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         # stop step (whatever the save cadence or always_save_checkpoint,
         # as a preemption does): its record is what stops a rerun.
         if is_checkpoint_step(step) or (stop and config.checkpoint_every):
-          improved = (evaluated_at == step
-                      and results.get("eval/loss", best_loss) < best_loss)
+          score = best_metric_lib.score(results, metric)
+          improved = (evaluated_at == step and score is not None
+                      and score < best_loss)
           if not save_improved_only or improved or stop:
             write_metrics_to_disk(step)
             with report.timed("checkpoint", barrier=state), speed.paused(
                 step):
               saved = save_checkpoint(step)
           else:
-            logging.info("Step %d: no checkpoint, eval loss %s is not below "
+            logging.info("Step %d: no checkpoint, %s %s does not improve on "
                          "the best %.4f (always_save_checkpoint=False).", step,
-                         results.get("eval/loss") if evaluated_at == step
-                         else "not computed", best_loss)
+                         metric[0], results.get(metric[0])
+                         if evaluated_at == step else "not computed",
+                         best_metric_lib.display(best_loss, metric))
         if stop:
           if not saved:  # the steps since the last log, as a save would
             write_metrics_to_disk(step)

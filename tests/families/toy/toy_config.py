@@ -34,6 +34,11 @@ def get_config(arg=None):
   c.resume_step = 0             # a saved step to resume from (0: newest)
   c.early_stopping_patience = 0  # evaluations without improvement to stop
   c.early_stopping_threshold = 0.0  # the eval loss improvement that counts
+  c.best_metric = "eval/loss"  # the eval metric that ranks checkpoints
+                                # (keep-N's best, --step=best) and early
+                                # stopping (HF's metric_for_best_model)
+  c.best_metric_mode = "auto"  # min | max | auto (min for a loss, max
+                                # for an accuracy; HF's greater_is_better)
   c.mesh = config_lib.mesh_config()
   c.wandb = config_lib.wandb_config()
   c.logical_axis_rules = config_lib.default_logical_axis_rules()

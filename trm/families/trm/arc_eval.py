@@ -109,6 +109,16 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 # Evaluator.
 
 
+PASS_KS = (1, 2, 5, 10, 100, 1000)
+
+
+def metric_names(pass_ks: Sequence[int] = PASS_KS) -> tuple:
+  """The names `ARCEvaluator.result` reports."""
+  return (*(f"ARC/pass@{k}" for k in pass_ks), "ARC/num_puzzles",
+          "ARC/num_test_inputs", "ARC/num_answered", "ARC/num_predictions",
+          "ARC/num_unmatched")
+
+
 class ARCEvaluator:
   """Votes over augmented predictions; pass@K and a Kaggle submission.
 
@@ -123,7 +133,7 @@ class ARCEvaluator:
   """
 
   def __init__(self, data_dir: str,
-               pass_ks: Sequence[int] = (1, 2, 5, 10, 100, 1000),
+               pass_ks: Sequence[int] = PASS_KS,
                submission_k: int = 2, blank_identifier_id: int = 0,
                answered_only: bool = False,
                num_puzzle_identifiers: Optional[int] = None):

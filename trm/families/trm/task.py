@@ -470,7 +470,15 @@ def build(config, workdir: str, ctx) -> Task:
       make_eval_hook=functools.partial(
           EvalHook, data_dir, kind, arc=config.data.name == "arc",
           sheet_rows=config.data.eval_sheet_rows if kind else 0,
-          partial=test_source.partial))
+          partial=test_source.partial),
+      # (The sheet is a file, no metric.)
+      eval_hook_metrics=(arc_eval_names() if config.data.name == "arc"
+                         else ()))
+
+
+def arc_eval_names() -> tuple:
+  from trm.families.trm import arc_eval  # pylint: disable=g-import-not-at-top
+  return arc_eval.metric_names()
 
 
 def load_eval_state(checkpoint: str, program, abstract, shardings, ctx,
