@@ -901,6 +901,21 @@ def test_a_resume_that_changes_best_metric_ranks_again_from_eval_files(
   assert ckpt_lib.choose_step(checkpoints, "best") == 10
   assert ckpt_lib.saved_metric(reopened, 40) == metric
   assert ckpt_lib.saved_metric(reopened, 10) == best_metric.DEFAULT
+  # Back to eval/loss, with one record damaged meanwhile: the others are
+  # ranked again; the damaged one is left for the manager to name.
+  (tmp_path / "checkpoints" / "20" / "metrics" / "metrics").write_text("{")
+  caplog.clear()
+  with caplog.at_level("INFO"):
+    ckpt_lib.rank_saved_steps(
+        checkpoints, [10, 20, 30, 40],
+        lambda step: train._eval_file_loss(epath.Path(tmp_path), step))  # pylint: disable=protected-access
+  assert "Ranked checkpoint(s) [10, 30]" in caplog.text  # 40: no eval file
+  assert "Checkpoint(s) [40] in" in caplog.text
+  assert "Could not rank" not in caplog.text
+  assert ckpt_lib.read_record(tmp_path / "checkpoints" / "10" / "metrics" /
+                              "metrics") == {ckpt_lib.EVAL_LOSS: 1.0}
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"20/metrics/metrics"):
+    ckpt_lib.make_manager(checkpoints, max_to_keep=1)
 
 
 def test_step_flag_chooses_latest_best_or_a_step_on_disk(tmp_path):

@@ -818,10 +818,9 @@ def _rank_saved_steps(directory: epath.Path, steps, loss_at,
   for step in steps:
     step_dir = directory / str(step)
     record = step_dir / name / name
-    # Ranked already, under this metric (`check_saved_metrics` has read
-    # every record before).
-    rerank = record.exists() and best_metric_lib.of_tag(
-        (read_record(record) or {}).get(best_metric_lib.TAG)) != metric
+    # Ranked already: under this metric it stays. A damaged record is left
+    # for `make_manager`'s `check_saved_metrics` to name.
+    rerank = record.exists() and _ranked_by(record) not in (metric, None)
     if record.exists() and not rerank:
       continue
     try:
@@ -881,6 +880,17 @@ def _rank_saved_steps(directory: epath.Path, steps, loss_at,
                  "evaluation (written before trm kept it with the step, or "
                  "ranked by another metric).", sorted(losses), directory,
                  best_metric_lib.describe(metric))
+
+
+def _ranked_by(record) -> tuple[str, str] | None:
+  """The metric a step's Orbax metric `record` ranks it by; None if it
+  cannot be read."""
+  try:
+    value = read_record(record)
+  except ValueError:
+    return None
+  return (best_metric_lib.of_tag(value.get(best_metric_lib.TAG))
+          if isinstance(value, dict) else None)
 
 
 def _unrank(step_dir: str) -> None:
