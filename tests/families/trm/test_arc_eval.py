@@ -247,6 +247,8 @@ def test_pass_at_k_submission_and_reset(data_dir, tmp_path):
   save_dir = str(tmp_path / "out")
   metrics = evaluator.result(save_dir=save_dir)
   _check_metrics(metrics)
+  # The names the TRM task declares for config.best_metric's check.
+  assert sorted(metrics) == sorted(arc_eval.metric_names())
   with open(os.path.join(save_dir, "submission.json")) as f:
     assert json.load(f) == _expected_submission()
 
