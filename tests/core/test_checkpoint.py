@@ -884,6 +884,9 @@ def test_a_resume_that_changes_best_metric_ranks_again_from_eval_files(
   tag = best_metric.tag(metric)
   ckpt_lib.save(manager, 40, state, _Iterator(), eval_loss=-0.3,
                 best_eval_loss=-0.5, metric_tag=tag)
+  # A nanoGPT export's best_val_loss is a loss: not an accuracy's score.
+  assert ckpt_lib.read_best_loss(checkpoints, 10) == 0.5
+  assert ckpt_lib.read_best_loss(checkpoints, 40) is None
   with caplog.at_level("INFO"):
     ckpt_lib.rank_saved_steps(
         checkpoints, [10, 20, 30, 40],

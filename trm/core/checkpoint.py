@@ -692,10 +692,14 @@ def saved_best_loss(manager: ocp.CheckpointManager, step: int) -> float | None:
 def read_best_loss(directory: str, step: int) -> float | None:
   """`saved_best_loss` of step `step` in a checkpoint directory, read from
   the step's metadata file (for exports; no manager); None if the step has
-  none or it cannot be read."""
+  none or it cannot be read, or it is another config.best_metric's score
+  (`best_metric`: a nanoGPT export's best_val_loss must be a loss)."""
   try:
-    value = step_metadata(epath.Path(directory) / str(step)).get(
-        BEST_EVAL_LOSS)
+    custom = step_metadata(epath.Path(directory) / str(step))
+    value = custom.get(BEST_EVAL_LOSS)
+    if best_metric_lib.of_tag(custom.get(
+        best_metric_lib.TAG)) != best_metric_lib.DEFAULT:
+      return None
     return None if value is None else float(value)
   except (_Damaged, TypeError, ValueError):
     return None
