@@ -1421,6 +1421,8 @@ def choose_step(directory: str, choice, flag: str = "--step",
   if choice == "latest":
     return None
   any_step = spell("<N>") if spell else f"{flag}=<a step>"
+  any_saved_step = (f"{any_step} (one of the steps)" if spell
+                    else f"{flag}=<one of the steps>")
   spell = spell or cli.step_spelling(flag)
   from orbax.checkpoint import checkpoint_manager as ocp_manager  # pylint: disable=g-import-not-at-top
   path = epath.Path(directory)
@@ -1455,7 +1457,7 @@ def choose_step(directory: str, choice, flag: str = "--step",
         "held-out loss to rank it by: a step is ranked when it is saved "
         "at an evaluation (config.eval_every; the run's config.eval_every "
         f"was 0, or no save met an evaluation). Pass {spell('latest')} or "
-        f"{any_step} (one of the steps).")
+        f"{any_saved_step}.")
   return min(losses, key=lambda step: (losses[step], -step))
 
 
