@@ -10,6 +10,7 @@ failures); the other tools are a `slow` test's (each loads its weights
 over the processes as the script and tests/test_export_multihost.py do)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -65,6 +66,10 @@ print("RESULT", json.dumps(dict(
     process=jax.process_index(), split=split, tokens=exact.tokens.tolist(),
     history=exact.history.tolist(), cached=cached.tokens.tolist())),
     flush=True)
+if {then_module!r}:  # the one-process reference: a tool after, as `-m`
+  import runpy, sys
+  sys.argv = [{then_module!r}, *{then_argv!r}]
+  runpy.run_module({then_module!r}, run_name="__main__", alter_sys=True)
 """
 
 
@@ -106,16 +111,25 @@ def test_two_processes_do_what_one_does(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=workers_lib.xla_flags(8))
 
-  def script(out, process_id=None, address=None):
-    return _WORKER.format(checkpoint=checkpoint, out=str(out),
-                          process_id=process_id, address=address)
+  evaluate = _evaluate_args(checkpoint)
+  evaluate_one = tmp_path / "evaluate-one"
 
+  def script(out, process_id=None, address=None, then=()):
+    return _WORKER.format(checkpoint=checkpoint, out=str(out),
+                          process_id=process_id, address=address,
+                          then_module=then[0] if then else "",
+                          then_argv=list(then[1:]))
+
+  # The one-process reference also runs trm.evaluate's below (its samples
+  # file), in the same process after the script: one start-up fewer.
   os.makedirs(tmp_path / "one")
-  one = subprocess.run([sys.executable, "-c", script(tmp_path / "one")],
+  one = subprocess.run([sys.executable, "-c", script(
+      tmp_path / "one", then=[a.format(out=evaluate_one)
+                              for a in evaluate[1:]])],
                        cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
   assert one.returncode == 0, one.stderr[-3000:]
-  expected = _result(one.stdout)
+  expected, expected_out = _result(one.stdout), one.stdout + one.stderr
 
   os.makedirs(tmp_path / "two")
   address = f"127.0.0.1:{workers_lib.free_port()}"
@@ -135,23 +149,35 @@ def test_two_processes_do_what_one_does(tmp_path):
   for name, value in want.items():
     np.testing.assert_array_equal(have[name], value, err_msg=name)
 
-  # trm.evaluate --benchmark as every worker of a pod starts it; the other
-  # tools are the slow test below's (each restores or loads its weights as
-  # the script above and tests/test_export_multihost.py do).
-  tools = {"evaluate": _evaluate_args(checkpoint)}
-  _compare_tools(tmp_path, tools, env)
-
-  # --resume across processes: process 0 reads what the two-process run
-  # wrote and every process skips the same batches.
-  evaluate = tools["evaluate"]
-  two = tmp_path / "evaluate-two"
+  # trm.evaluate --benchmark as every worker of a pod starts it (the other
+  # tools are the slow test below's: each restores or loads its weights as
+  # the script above and tests/test_export_multihost.py do), with --resume:
+  # the two processes go on from the first batch of the one-process run's
+  # file. Process 0 alone reads it and writes, every process skips the
+  # same batch and generates the other, and the file ends as one process's.
+  one, two = evaluate_one, tmp_path / "evaluate-two"
+  assert len(_samples(one)) == 4 and "pass@1" in expected_out
+  os.makedirs(two)
+  with open(one / "samples.jsonl", encoding="utf-8") as f:
+    # Sample 0 of both problems: the first batch generated (the finished
+    # file is in problem order).
+    first_batch = [line for line in f if json.loads(line)["sample"] == 0]
+  assert len(first_batch) == 2
+  (two / "samples.jsonl").write_text("".join(first_batch), encoding="utf-8")
+  shutil.copy(one / "samples_generation.json", two)
+  env["XLA_FLAGS"] = workers_lib.xla_flags(4)
   address = f"127.0.0.1:{workers_lib.free_port()}"
   outputs = _two([[sys.executable, *[a.format(out=two) for a in evaluate],
                    "--resume", f"--coordinator_address={address}",
                    "--num_processes=2", f"--process_id={i}"]
                   for i in range(2)], env)
-  assert "--resume: 4 samples of 2/2 batches kept" in outputs[0]
-  assert _samples(two) == _samples(tmp_path / "evaluate-one")
+  assert "--resume: 2 samples of 1/2 batches kept" in outputs[0], (
+      outputs[0][-3000:])
+  assert _samples(two) == _samples(one)
+  assert "pass@1" in outputs[0]
+  # The other process printed none of it (its stderr is merged in here).
+  for line in ("pass@1", "--resume:"):
+    assert line not in outputs[1], outputs[1][-3000:]
   # Refused there (other settings), it stops both processes at once, each
   # with one line, instead of leaving process 1 in a collective.
   address = f"127.0.0.1:{workers_lib.free_port()}"
