@@ -23,6 +23,7 @@ from trm.families.trm import program as trm_program
 from trm.families.trm import task as puzzle
 
 from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
+import cli_batch  # pylint: disable=g-import-not-at-top
 import workers as workers_lib  # pylint: disable=g-import-not-at-top
 
 # Runs trm.main's own distributed start-up, trains, and saves process 0's
@@ -56,6 +57,55 @@ def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
+
+
+# trm.main's refusals on 2 processes run as forks of two servers, one per
+# process, that have imported what trm.main imports before its flags are
+# parsed, and jax, flax, optax and clu, which define no flags
+# (tests/cli_batch.py): most of each process's imports saved. The long runs
+# below (_Training) start trm.main as a pod does.
+_MAIN_PRELOAD = ("trm.core.cli", "trm.core.config_lib",
+                 "trm.core.distributed", "jax", "flax.linen", "optax",
+                 "clu.metric_writers")
+
+
+def _main_env():
+  """The environment of the refused trm.main processes: 1 CPU device
+  each."""
+  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+              XLA_FLAGS=workers_lib.xla_flags(1))
+
+
+@pytest.fixture(scope="module")
+def main_clis():
+  servers = [cli_batch.Server("trm.main", _MAIN_PRELOAD, _main_env())
+             for _ in range(2)]
+  yield servers
+  for server in servers:
+    server.close()
+
+
+def _two_mains(servers, argvs, cwds=(ROOT, ROOT), timeout=120):
+  """`python -m trm.main argvs[i]` in `cwds[i]` as process i, both at once:
+  [(exit code, stdout + stderr)] of each."""
+  import threading  # pylint: disable=g-import-not-at-top
+  results, errors = [None, None], []
+
+  def run(i):
+    try:
+      results[i] = servers[i].run(argvs[i], cwd=cwds[i], env=_main_env(),
+                                  timeout=timeout)
+    except BaseException as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  if errors:
+    raise errors[0]
+  return [(r.returncode, r.stdout + r.stderr) for r in results]
 
 
 def _train_losses(workdir):
@@ -382,16 +432,8 @@ def test_auto_joins_the_slice_jax_finds_on_a_cloud_tpu_vm(monkeypatch):
   assert not on_tpu_vm()
 
 
-# Joins the job as trm.main does, then exits.
-_JOIN = """
-import jax
-from trm.core import cli, distributed
-cli.run(lambda _: distributed.initialize_distributed(jax),
-        compilation_cache=False)
-"""
-
-
-def test_a_job_that_does_not_form_stops_each_process_with_one_line():
+def test_a_job_that_does_not_form_stops_each_process_with_one_line(
+    tmp_path, main_clis):
   """A peer never started, or pointed at a wrong address: every process
   waited 300 s, then XLA aborted it (SIGABRT, a C++ stack dump). Now each
   stops after --distributed_timeout with one line naming the coordinator
@@ -400,19 +442,19 @@ def test_a_job_that_does_not_form_stops_each_process_with_one_line():
   both stop with one line once joined."""
   address, nowhere, other = (f"127.0.0.1:{workers_lib.free_port()}"
                              for _ in range(3))
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=workers_lib.xla_flags(1))
-  # Process 1 of 2 is started nowhere; at `other`, process 1 is given
-  # --num_processes=3.
+  # trm.main joins the job before anything else. Process 1 of 2 is started
+  # nowhere (beside process 0 of the job it never joins); at `other`,
+  # process 1 is given --num_processes=3.
   runs = [(address, 2, 0), (nowhere, 2, 1), (other, 2, 0), (other, 3, 1)]
-  workers = [subprocess.Popen(
-      [sys.executable, "-c", _JOIN, f"--coordinator_address={where}",
-       f"--num_processes={count}", f"--process_id={index}",
-       f"--distributed_timeout={1 if where != other else 60}"], cwd=ROOT,
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for where, count, index in runs]
-  outputs = workers_lib.wait_all(workers, timeout=60)
-  assert [w.returncode for w in workers] == [1, 1, 2, 2], outputs
+  argvs = [["--config=configs/trm_sudoku.py:cpu",
+            f"--workdir={tmp_path / 'run'}", f"--coordinator_address={where}",
+            f"--num_processes={count}", f"--process_id={index}",
+            f"--distributed_timeout={1 if where != other else 60}",
+            "--compilation_cache=off"] for where, count, index in runs]
+  ran = (_two_mains(main_clis, argvs[:2], timeout=60)
+         + _two_mains(main_clis, argvs[2:], timeout=60))
+  outputs = [output for _, output in ran]
+  assert [code for code, _ in ran] == [1, 1, 2, 2], outputs
   lines = [[line for line in output.splitlines() if "error:" in line]
            for output in outputs]
   assert [len(found) for found in lines] == [1, 1, 1, 1], outputs
@@ -428,6 +470,7 @@ def test_a_job_that_does_not_form_stops_each_process_with_one_line():
           "within 1 s") in lines[1][0]
   text = "".join(outputs)
   assert "Check failure" not in text and "Traceback" not in text
+  assert not (tmp_path / "run").exists()
 
 
 def test_the_join_watch_counts_the_connections_to_the_coordinator():
@@ -446,50 +489,43 @@ def test_the_join_watch_counts_the_connections_to_the_coordinator():
         assert client and distributed._coordinator_sockets(port) == (1, True)  # pylint: disable=protected-access
 
 
-def test_a_failed_text_preparation_stops_every_process_at_once(tmp_path):
+def test_a_failed_text_preparation_stops_every_process_at_once(tmp_path,
+                                                               main_clis):
   """Process 0 prepares a GPT run's text; when it failed (here: an empty
   input), process 1 waited for meta.json and process 0 for process 1 in
   the job's shutdown barrier: both hung 5 minutes, then aborted."""
   empty = tmp_path / "empty.txt"
   empty.write_text("")
   address = f"127.0.0.1:{workers_lib.free_port()}"
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=workers_lib.xla_flags(1))
-  workers = [subprocess.Popen(
-      [sys.executable, "-m", "trm.main",
-       "--config=configs/gpt.py:shakespeare_char_cpu",
-       f"--workdir={tmp_path / 'run'}", f"--config.data.input={empty}",
-       f"--config.data_root={tmp_path / 'data'}",
-       f"--coordinator_address={address}", "--num_processes=2",
-       f"--process_id={i}", "--compilation_cache=off"], cwd=ROOT, env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-  outputs = workers_lib.wait_all(workers, timeout=120)
-  assert [w.returncode for w in workers] == [2, 2], outputs
+  ran = _two_mains(main_clis, [[
+      "--config=configs/gpt.py:shakespeare_char_cpu",
+      f"--workdir={tmp_path / 'run'}", f"--config.data.input={empty}",
+      f"--config.data_root={tmp_path / 'data'}",
+      f"--coordinator_address={address}", "--num_processes=2",
+      f"--process_id={i}", "--compilation_cache=off"] for i in range(2)])
+  outputs = [output for _, output in ran]
+  assert [code for code, _ in ran] == [2, 2], outputs
   assert f"error: {empty} holds 0 characters" in outputs[0], outputs[0][-2000:]
   assert "error: process 0 stopped while preparing" in outputs[1], (
       outputs[1][-2000:])
 
 
-def test_processes_started_with_other_settings_stop_before_writing(tmp_path):
+def test_processes_started_with_other_settings_stop_before_writing(
+    tmp_path, main_clis):
   """Process 1 given another learning rate trained its replica of the
   parameters apart from process 0's, silently (both logged one loss); given
   another workdir as well, both processes waited forever for the first
   checkpoint. Now each stops with one line before anything is written, the
   odd process naming the fields."""
   address = f"127.0.0.1:{workers_lib.free_port()}"
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=workers_lib.xla_flags(1))
   workdirs = [tmp_path / "zero", tmp_path / "one"]
-  workers = [subprocess.Popen(
-      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+  ran = _two_mains(main_clis, [
+      ["--config=configs/trm_sudoku.py:cpu",
        f"--workdir={workdirs[i]}", f"--coordinator_address={address}",
        "--num_processes=2", f"--process_id={i}", "--compilation_cache=off"]
-      + ["--config.optim.lr=0.5"] * i, cwd=ROOT, env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-  outputs = workers_lib.wait_all(workers, timeout=120)
-  assert [w.returncode for w in workers] == [2, 2], outputs
+      + ["--config.optim.lr=0.5"] * i for i in range(2)])
+  outputs = [output for _, output in ran]
+  assert [code for code, _ in ran] == [2, 2], outputs
   assert ("error: process 1 of 2 was started with other settings than "
           "process 0 (the odd process's error line names the fields)") in outputs[0]
   assert (f"--workdir: '{workdirs[0]}' on process 0, '{workdirs[1]}' here; "
@@ -520,7 +556,8 @@ def _write_host_data(host, family: str, i: int) -> list[str]:
 
 
 @pytest.mark.parametrize("family", ["dream", "gpt"])
-def test_hosts_holding_other_data_at_one_path_are_refused(tmp_path, family):
+def test_hosts_holding_other_data_at_one_path_are_refused(tmp_path, family,
+                                                          main_clis):
   """Each process reads its rows of every batch from its own copy of the
   data: two hosts with other files at the same config.data.path /
   data_root (here each process's relative path from its own directory)
@@ -528,22 +565,19 @@ def test_hosts_holding_other_data_at_one_path_are_refused(tmp_path, family):
   would have read, silently. Now each stops with one line before anything
   is written."""
   address = f"127.0.0.1:{workers_lib.free_port()}"
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS=workers_lib.xla_flags(1))
-  workers = []
+  argvs, hosts = [], []
   for i in range(2):
     host = tmp_path / f"host{i}"
     host.mkdir()
     flags = _write_host_data(host, family, i)
     flags[0] = flags[0].replace("--config=", f"--config={ROOT}/")
-    workers.append(subprocess.Popen(
-        [sys.executable, "-m", "trm.main", *flags,
-         f"--workdir={tmp_path / 'run'}", f"--coordinator_address={address}",
-         "--num_processes=2", f"--process_id={i}", "--compilation_cache=off"],
-        cwd=host, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True))
-  outputs = workers_lib.wait_all(workers, timeout=120)
-  assert [w.returncode for w in workers] == [2, 2], outputs
+    argvs.append([*flags, f"--workdir={tmp_path / 'run'}",
+                  f"--coordinator_address={address}", "--num_processes=2",
+                  f"--process_id={i}", "--compilation_cache=off"])
+    hosts.append(str(host))
+  ran = _two_mains(main_clis, argvs, cwds=hosts)
+  outputs = [output for _, output in ran]
+  assert [code for code, _ in ran] == [2, 2], outputs
   assert re.search(
       r"error: process 1 of 2 was started with other settings than process "
       r"0: evaluation rows \(data fingerprint\): '[\w+]+' on process 0, "
@@ -555,28 +589,24 @@ def test_hosts_holding_other_data_at_one_path_are_refused(tmp_path, family):
   assert not (tmp_path / "run" / "checkpoints").exists()
 
 def test_a_mesh_that_puts_the_whole_batch_on_each_process_is_refused(
-    tmp_path):
+    tmp_path, main_clis):
   """The model axis across the two processes: each process's devices hold
   every row of the batch, but each process reads half of them. The first
   step failed after compiling ("compiled with int32[16,81] and called with
   int32[8,81]", a TypeError traceback); now one line before the data."""
   address = f"127.0.0.1:{workers_lib.free_port()}"
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=workers_lib.xla_flags(2))
-  workers = [subprocess.Popen(
-      [sys.executable, "-m", "trm.main", "--config=configs/trm_sudoku.py:cpu",
+  ran = _two_mains(main_clis, [
+      ["--config=configs/trm_sudoku.py:cpu",
        f"--workdir={tmp_path / 'run'}", f"--coordinator_address={address}",
        "--num_processes=2", f"--process_id={i}", "--compilation_cache=off",
        "--config.mesh.data=1", "--config.mesh.fsdp=1", "--config.mesh.model=-1",
-       f"--config.data.data_dir={tmp_path / 'data'}"],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True) for i in range(2)]
-  outputs = workers_lib.wait_all(workers, timeout=120)
-  assert [w.returncode for w in workers] == [2, 2], outputs
+       f"--config.data.data_dir={tmp_path / 'data'}"] for i in range(2)])
+  outputs = [output for _, output in ran]
+  assert [code for code, _ in ran] == [2, 2], outputs
   for output in outputs:
     assert ("error: config.global_batch_size=64: each of the 2 processes "
             "reads 32 rows of every batch, but the mesh {'data': 1, 'fsdp': "
-            "1, 'model': 4} (batch sharded over ('data', 'fsdp')) places 64 "
+            "1, 'model': 2} (batch sharded over ('data', 'fsdp')) places 64 "
             "rows on this process's devices.") in output, output[-2000:]
   assert not os.path.exists(tmp_path / "data")
 
