@@ -81,70 +81,93 @@ def _tensor_scalars(events, tag):
           for e in events.Tensors(tag)]
 
 
-_SCALARS = textwrap.dedent("""
+# One process per side writes what the comparisons below read: the same
+# scalars and the same images through CLU's TensorFlow writer ("tensorflow":
+# CLU imported before trm is, so it keeps its TensorFlow writer) and through
+# ours ("tf_free"). Ours' process first writes every kind of summary to a
+# local log directory through trm.core.metrics, and says whether anything
+# it wrote imported TensorFlow (before reading the events back, which
+# tensorboard may do with TensorFlow).
+_SIDE = textwrap.dedent("""
     import glob, sys
-    if sys.argv[2] == "tensorflow":
+    import numpy as np
+    out, side = sys.argv[1], sys.argv[2]
+    if side == "tensorflow":
       # Imported before trm is: CLU keeps its TensorFlow writer.
       from clu import metric_writers
       assert "tensorflow" in sys.modules
     import trm
     from clu import metric_writers
     print("WRITER", metric_writers.SummaryWriter.__module__)
-    from tensorboard.backend.event_processing import event_file_loader
-    from tensorboard.compat.proto import event_pb2
-    writer = metric_writers.create_default_writer(sys.argv[1],
+    if side == "tf_free":
+      from trm.core import metrics
+      writer = metrics.create_default_writer(out + "/local",
+                                             asynchronous=True)
+      writer.write_hparams({"lr": 1e-4})
+      writer.write_scalars(1, {"train/loss": 2.0})
+      writer.write_texts(1, {"note": "x"})
+      writer.write_histograms(1, {"weights": np.arange(4.0)})
+      writer.write_images(1, {"sheet": np.zeros((2, 2, 3), np.uint8)})
+      writer.close()
+    writer = metric_writers.create_default_writer(out + "/scalars",
                                                   asynchronous=False)
     writer.write_scalars(3, {"train/loss": 1.25, "eval/steps": 7})
     writer.close()
-    for path in sorted(glob.glob(sys.argv[1] + "/events*")):
-      for raw in event_file_loader.RawEventFileLoader(path).Load():
-        for value in event_pb2.Event.FromString(raw).summary.value:
-          print("VALUE", value.SerializeToString().hex())
-    """)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
-                    reason="compares with CLU's TensorFlow writer")
-def test_scalars_are_written_as_tensorflow_writes_them(tmp_path):
-  """The same scalars through CLU's TensorFlow writer and through ours:
-  the same summary values, byte for byte."""
-  values = {}
-  for side in ("tensorflow", "tf_free"):
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCALARS, str(tmp_path / side), side],
-        cwd=ROOT, env=_ENV, capture_output=True,
-        text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    writer = ("clu.metric_writers.tf.summary_writer" if side == "tensorflow"
-              else "trm.core.metrics")
-    assert f"WRITER {writer}\n" in proc.stdout, proc.stdout
-    values[side] = sorted(line for line in proc.stdout.splitlines()
-                          if line.startswith("VALUE"))
-  assert len(values["tensorflow"]) == 2
-  assert values["tf_free"] == values["tensorflow"]
-
-
-_IMAGES = textwrap.dedent("""
-    import sys
-    import numpy as np
-    if sys.argv[2] == "tensorflow":
-      from clu import metric_writers  # before trm: CLU's TensorFlow writer
-    import trm
-    from clu import metric_writers
-    print("WRITER", metric_writers.SummaryWriter.__module__)
-    writer = metric_writers.create_default_writer(sys.argv[1],
+    writer = metric_writers.create_default_writer(out + "/images",
                                                   asynchronous=False)
     rng = np.random.default_rng(0)
     writer.write_images(5, {
         "floats": rng.random((2, 4, 5, 3)).astype(np.float32) * 1.2 - 0.1,
         "gray": (rng.random((3, 2, 1)) * 255).astype(np.uint8)})
     writer.close()
+    print("TF_IMPORTED", "tensorflow" in sys.modules)
+    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.compat.proto import event_pb2
+    for path in sorted(glob.glob(out + "/scalars/events*")):
+      for raw in event_file_loader.RawEventFileLoader(path).Load():
+        for value in event_pb2.Event.FromString(raw).summary.value:
+          print("VALUE", value.SerializeToString().hex())
     """)
+
+
+@pytest.fixture(scope="module")
+def side_run(tmp_path_factory):
+  """side -> (log directory, stdout) of _SIDE's process for that side, run
+  once for the tests below (two processes for three tests, not five)."""
+  runs = {}
+
+  def run(side):
+    if side not in runs:
+      out = tmp_path_factory.mktemp(side)
+      proc = subprocess.run(
+          [sys.executable, "-c", _SIDE, str(out), side], cwd=ROOT, env=_ENV,
+          capture_output=True, text=True, timeout=300, check=False)
+      assert proc.returncode == 0, proc.stderr[-4000:]
+      writer = ("clu.metric_writers.tf.summary_writer"
+                if side == "tensorflow" else "trm.core.metrics")
+      assert f"WRITER {writer}\n" in proc.stdout, proc.stdout
+      runs[side] = out, proc.stdout
+    return runs[side]
+  return run
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                     reason="compares with CLU's TensorFlow writer")
-def test_images_are_written_as_tensorflow_writes_them(tmp_path):
+def test_scalars_are_written_as_tensorflow_writes_them(side_run):
+  """The same scalars through CLU's TensorFlow writer and through ours:
+  the same summary values, byte for byte."""
+  values = {}
+  for side in ("tensorflow", "tf_free"):
+    _, stdout = side_run(side)
+    values[side] = sorted(line for line in stdout.splitlines()
+                          if line.startswith("VALUE"))
+  assert len(values["tensorflow"]) == 2
+  assert values["tf_free"] == values["tensorflow"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="compares with CLU's TensorFlow writer")
+def test_images_are_written_as_tensorflow_writes_them(side_run):
   """Images through CLU's TensorFlow writer and ours: one summary per key
   with all its images (ours wrote a tag per image, `floats/image/0`, ...),
   the same metadata, and the same pixels (ours rounded floats where
@@ -153,11 +176,7 @@ def test_images_are_written_as_tensorflow_writes_them(tmp_path):
   from PIL import Image  # pylint: disable=g-import-not-at-top
   read = {}
   for side in ("tensorflow", "tf_free"):
-    logdir = str(tmp_path / side)
-    proc = subprocess.run(
-        [sys.executable, "-c", _IMAGES, logdir, side], cwd=ROOT, env=_ENV,
-        capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    logdir = str(side_run(side)[0] / "images")
     events = event_accumulator.EventAccumulator(
         logdir, size_guidance={"tensors": 0, "images": 0})
     events.Reload()
@@ -179,32 +198,14 @@ def test_images_are_written_as_tensorflow_writes_them(tmp_path):
       np.testing.assert_array_equal(a, b)
 
 
-_LOCAL_RUN = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import trm
-    from trm.core import metrics
-    writer = metrics.create_default_writer(sys.argv[1], asynchronous=True)
-    writer.write_hparams({"lr": 1e-4})
-    writer.write_scalars(1, {"train/loss": 2.0})
-    writer.write_texts(1, {"note": "x"})
-    writer.write_histograms(1, {"weights": np.arange(4.0)})
-    writer.write_images(1, {"sheet": np.zeros((2, 2, 3), np.uint8)})
-    writer.close()
-    print("TF_IMPORTED", "tensorflow" in sys.modules)
-    """)
-
-
-def test_a_local_log_directory_does_not_import_tensorflow(tmp_path):
+def test_a_local_log_directory_does_not_import_tensorflow(side_run):
   """Where TensorFlow is installed too (CLU's writer imported it, 3-4 s of
-  every process's start): a local log directory is written without it."""
-  proc = subprocess.run(
-      [sys.executable, "-c", _LOCAL_RUN, str(tmp_path / "logs")], cwd=ROOT,
-      env=_ENV, capture_output=True, text=True, timeout=300, check=False)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  assert "TF_IMPORTED False" in proc.stdout, proc.stdout
+  every process's start): a local log directory is written without it
+  (every kind of summary, then the scalars and images above)."""
+  out, stdout = side_run("tf_free")
+  assert "TF_IMPORTED False" in stdout, stdout
   events = event_accumulator.EventAccumulator(
-      str(tmp_path / "logs"), size_guidance={"tensors": 0, "images": 0})
+      str(out / "local"), size_guidance={"tensors": 0, "images": 0})
   events.Reload()
   assert _tensor_scalars(events, "train/loss") == [(1, 2.0)]
   assert _plugin(events, "sheet") == "images"
