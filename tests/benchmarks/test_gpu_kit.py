@@ -255,7 +255,7 @@ class RunsOutAboveTwoAndAfterTheFirstRound(device_trm):
 
 
 measure._device_trm_class = lambda: RunsOutAboveTwoAndAfterTheFirstRound
-measure.section_trm(args, measure.Recorder(args, "trm"), measure.Budget(300))
+measure.section_trm(args, measure.Recorder(args, "trm"), measure.Budget(900))
 """
 
 
@@ -371,7 +371,7 @@ def _smoke_section(tmp_path, monkeypatch, section: str) -> dict:
   module = importlib.import_module({"mixer": "mixer_sweep",
                                     "gptk": "gpt_kernels"}[section])
   args = measure.parse_args([section, "--smoke", f"--out={tmp_path}",
-                             "--budget=300"])
+                             "--budget=900"])
   rec = measure.Recorder(args, section)
   getattr(module, f"section_{section}")(args, rec, measure.Budget(args.budget),
                                         measure.log)
