@@ -16,6 +16,7 @@ import pytest
 import yaml
 from etils import epath
 
+import cli_batch
 import repo
 from test_gpt_task import tiny_config as gpt_tiny_config
 from test_train import tiny_config as trm_tiny_config
@@ -81,14 +82,33 @@ def _save(config, workdir, step, edit):
   return state
 
 
-def _export(*flags, check=True):
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.export", *flags], cwd=repo.ROOT,
-      capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+def _export(*flags, check=True, server=None):
+  """`python -m trm.export *flags`; from `server` (`export_cli`) when
+  given: a fork of a process that has imported the tool's modules."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  if server is None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trm.export", *flags], cwd=repo.ROOT,
+        capture_output=True, text=True, timeout=300, env=env)
+  else:
+    result = server.run(flags, cwd=repo.ROOT, timeout=300, env=env)
   if check:
     assert result.returncode == 0, result.stderr[-3000:]
   return result
+
+
+# `python -m trm.export` forked from one process that has imported what the
+# tool imports (tests/cli_batch.py; none of these modules defines a flag):
+# a start-up of jax, flax, torch and the families' export code per run
+# less. test_gpt_to_hugging_face_computes_our_logits and the torch-less
+# run start the real entry point.
+export_cli = cli_batch.serve(
+    "trm.export", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
+    preload=("trm.core.cli", "trm.core.distributed", "trm.core.processes",
+             "trm.core.mesh", "trm.core.weights_io",
+             "trm.families.gpt.gpt_export", "trm.families.gpt.gpt_import",
+             "trm.families.gpt.model", "trm.families.gpt.steps",
+             "trm.families.trm.torch_import", "torch"))
 
 
 @pytest.fixture(scope="module")
@@ -151,13 +171,27 @@ def test_a_float16_gpt_export_that_overflows_names_the_tensor(gpt_run,
     gpt_export.export_hf_gpt2(params, cfg, str(tmp_path), dtype="float16")
 
 
-def test_gpt_to_nanogpt_loads_strictly_and_computes_our_logits(gpt_run):
+@pytest.fixture(scope="module")
+def nanogpt_export(gpt_run, export_cli):
+  """The run as nanoGPT's ckpt.pt, exported once for the two tests below.
+  --config's grad_clip and betas are not the run's: they shape no weight,
+  and the export takes the run's own (config.json); given or not, the
+  same file is written."""
+  pytest.importorskip("torch")
+  _, _, flags, root, _ = gpt_run
+  out = root / "nanogpt"
+  _export(*flags, f"--out={out}", "--format=nanogpt", "--config.grad_clip=0",
+          "--config.beta2=0.5", server=export_cli)
+  return out
+
+
+def test_gpt_to_nanogpt_loads_strictly_and_computes_our_logits(
+    gpt_run, nanogpt_export):
   torch = pytest.importorskip("torch")
   sys.path.insert(0, os.path.join(repo.ROOT, "benchmarks", "reference"))
   import nanogpt_torch  # pylint: disable=g-import-not-at-top
-  cfg, params, flags, root, state = gpt_run
-  out = root / "nanogpt"
-  _export(*flags, f"--out={out}", "--format=nanogpt")
+  cfg, params, _, _, state = gpt_run
+  out = nanogpt_export
   path = str(out / "ckpt.pt")
   checkpoint = torch.load(path, map_location="cpu", weights_only=True)
   assert checkpoint["iter_num"] == 7
@@ -193,18 +227,17 @@ def test_gpt_to_nanogpt_loads_strictly_and_computes_our_logits(gpt_run):
   assert float(optimizer.state[wte]["step"]) == 8
 
 
-def test_gpt_to_nanogpt_takes_the_runs_optimizer_settings(gpt_run):
+def test_gpt_to_nanogpt_takes_the_runs_optimizer_settings(gpt_run,
+                                                         nanogpt_export):
   """--config's grad_clip and betas shape no weight: an export given other
   ones wrote a state under the run's AdamW until the optimizer state came
   along, then was refused as another model (grad_clip=0 drops a stage of
-  the state's tree). The run's config.json values are used."""
+  the state's tree). The run's config.json values are used
+  (`nanogpt_export` gives --config.grad_clip=0 --config.beta2=0.5)."""
   torch = pytest.importorskip("torch")
-  _, _, flags, root, _ = gpt_run
-  out = root / "nanogpt_other_optimizer"
-  _export(*flags, f"--out={out}", "--format=nanogpt", "--config.grad_clip=0",
-          "--config.beta2=0.5")
-  checkpoint = torch.load(str(out / "ckpt.pt"), map_location="cpu",
-                          weights_only=True)
+  _, _, flags, _, _ = gpt_run
+  checkpoint = torch.load(str(nanogpt_export / "ckpt.pt"),
+                          map_location="cpu", weights_only=True)
   recorded = config_record.read_file(epath.Path(flags[-1].split("=", 1)[1])
                                      / "config.json")
   assert checkpoint["optimizer"]["param_groups"][0]["betas"] == (
@@ -225,9 +258,11 @@ def test_gpt_to_nanogpt_takes_the_runs_optimizer_settings(gpt_run):
     (["--config.n_head=4"], "config.model.n_head=4, but the run trained "
      "with 2"),
 ])
-def test_gpt_exports_it_cannot_write_are_one_line(gpt_run, flags, message):
+def test_gpt_exports_it_cannot_write_are_one_line(gpt_run, flags, message,
+                                                   export_cli):
   _, _, base, root, _ = gpt_run
-  result = _export(*base, f"--out={root / 'refused'}", *flags, check=False)
+  result = _export(*base, f"--out={root / 'refused'}", *flags, check=False,
+                   server=export_cli)
   assert result.returncode == 2, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if "error:" in l]
   assert len(errors) == 1 and message in errors[0], result.stderr[-3000:]
@@ -255,14 +290,16 @@ def trm_run(tmp_path_factory):
 
 @pytest.mark.parametrize("fmt, name", [("torch", "step_5"),
                                        ("safetensors", "model.safetensors")])
-def test_trm_to_upstream_writes_the_ema_weights(trm_run, fmt, name):
+def test_trm_to_upstream_writes_the_ema_weights(trm_run, fmt, name,
+                                                export_cli):
   if fmt == "torch":
     pytest.importorskip("torch")
   config, state, flags, root = trm_run
   out = root / fmt
   # --step names the step read (the run's only one here; choosing among
   # several: tests/test_evaluate.py::test_step_chooses_the_checkpoint_read).
-  result = _export(*flags, f"--out={out}", f"--format={fmt}", "--step=5")
+  result = _export(*flags, f"--out={out}", f"--format={fmt}", "--step=5",
+                   server=export_cli)
   assert "step 5 (EMA parameters)" in result.stdout
   assert sorted(os.listdir(out)) == sorted([name, "all_config.yaml"])
   ctx = mesh_lib.ShardingContext.from_config(config)
@@ -331,12 +368,12 @@ def test_an_out_over_the_runs_dataset_is_refused(trm_run):
   assert os.path.isdir(os.path.join(data, "train"))
 
 
-def test_trm_export_without_its_dataset_names_the_flag(trm_run):
+def test_trm_export_without_its_dataset_names_the_flag(trm_run, export_cli):
   _, _, flags, root = trm_run
   flags = [f for f in flags if not f.startswith("--config.data.data_dir")]
   result = _export(*flags, f"--out={root / 'nodata'}",
                    "--config.data.data_dir=" + str(root / "elsewhere"),
-                   check=False)
+                   check=False, server=export_cli)
   assert result.returncode == 2, result.stderr[-3000:]
   assert "--config.data.data_dir=DIR" in result.stderr
   assert not (root / "nodata").exists()
@@ -349,7 +386,8 @@ def test_a_scanned_gpt_exports_what_its_unscanned_twin_does(tmp_path):
   from trm.families.gpt import gpt_export  # pylint: disable=g-import-not-at-top
   cfg = gpt.GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8,
                       vocab_size=40, bias=False)
-  params = jax.tree.map(np.asarray, nn.meta.unbox(gpt.GPT(cfg).init(
+  # Jitted: one compile, not one per op of the initialisers.
+  params = jax.tree.map(np.asarray, nn.meta.unbox(jax.jit(gpt.GPT(cfg).init)(
       jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))
   params = jax.tree.map(lambda x: x + np.random.default_rng(0).standard_normal(
       x.shape).astype(x.dtype), params)
@@ -365,14 +403,16 @@ def test_a_scanned_gpt_exports_what_its_unscanned_twin_does(tmp_path):
     np.testing.assert_array_equal(stacked[name], value, err_msg=name)
 
 
-def test_a_run_of_another_family_is_named_before_its_data(gpt_run, trm_run):
+def test_a_run_of_another_family_is_named_before_its_data(gpt_run, trm_run,
+                                                          export_cli):
   """A TRM config on a GPT run asked for a puzzle dataset under the GPT's
   workdir; the run's config.json names its model first."""
   _, _, gpt_flags, root, _ = gpt_run
   _, _, trm_flags, _ = trm_run
   result = _export(*[f for f in trm_flags if not f.startswith("--checkpoint")],
                    next(f for f in gpt_flags if f.startswith("--checkpoint")),
-                   f"--out={root / 'mixed'}", check=False)
+                   f"--out={root / 'mixed'}", check=False,
+                   server=export_cli)
   assert result.returncode == 2, result.stderr[-3000:]
   assert "is a config.model.name='gpt' run (its config.json), but --config " \
          "describes 'trm'" in result.stderr
