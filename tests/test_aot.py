@@ -61,18 +61,49 @@ def test_bad_topology_names(name):
     aot.parse_topology(name)
 
 
+_SMALL_TRM = {}
+
+
+@pytest.fixture
+def small_trm_v4_8(no_compilation_cache, tmp_path_factory):
+  """(report, --save_compiled file) of the small TRM's train step for one
+  v4-8, compiled once (with its unrolled twin) for the save/report test
+  and the Pallas one: `cpu,att` with both kinds of Pallas kernel
+  (mlp_kernel='pallas', attention='splash'), one layer and one L cycle
+  (two H cycles keep the gradient-free loop; every kernel still runs in
+  each H cycle). The report and save path do not depend on depth or on
+  the kernels; the compiles do. The plain `cpu` step compiles in
+  test_cli_reports_does_not_fit_with_exit_code_1. Function-scoped and
+  memoised (not module-scoped): it compiles with the session's cache off,
+  as every test of this file does."""
+  del no_compilation_cache  # requested first: the cache is off
+  if not _SMALL_TRM:
+    config = sudoku_config("cpu,att")
+    config.model.update(mlp_kernel="pallas", attention="splash", L_layers=1,
+                        L_cycles=1)
+    path = str(tmp_path_factory.mktemp("small_trm") / "step.bin")
+    _SMALL_TRM["compiled"] = aot.compile_report(
+        config, aot.parse_topology("v4-8"), 1, sudoku.dataset_metadata(1),
+        save_compiled=path), path
+  return _SMALL_TRM["compiled"]
+
+
 # Two slices (slow): tests/forecast's compiled programs cover multi-slice
 # compiles; one slice runs the same save/report path here.
 @pytest.mark.parametrize("num_slices", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_small_trm_compiles_for_v4_8(num_slices, tmp_path):
-  config = sudoku_config()
-  # One layer and one L cycle (two H cycles keep the gradient-free loop):
-  # the report and save path do not depend on depth, the compiles do.
-  config.model.update(L_layers=1, L_cycles=1)
-  config.mesh.dcn_data = num_slices
-  path = str(tmp_path / "step.bin")
-  report = aot.compile_report(config, aot.parse_topology("v4-8"), num_slices,
-                              sudoku.dataset_metadata(1), save_compiled=path)
+def test_small_trm_compiles_for_v4_8(num_slices, tmp_path, request):
+  if num_slices == 1:
+    report, path = request.getfixturevalue("small_trm_v4_8")
+  else:
+    config = sudoku_config()
+    # One layer and one L cycle (two H cycles keep the gradient-free loop):
+    # the report and save path do not depend on depth, the compiles do.
+    config.model.update(L_layers=1, L_cycles=1)
+    config.mesh.dcn_data = num_slices
+    path = str(tmp_path / "step.bin")
+    report = aot.compile_report(config, aot.parse_topology("v4-8"),
+                                num_slices, sudoku.dataset_metadata(1),
+                                save_compiled=path)
   assert report["chips"] == 4 * num_slices
   assert report["mesh"] == {"data": 4 * num_slices, "fsdp": 1, "model": 1}
   assert report["fits"]
@@ -100,17 +131,13 @@ def test_small_trm_compiles_for_v4_8(num_slices, tmp_path):
     compiled_step.check(path, header, cpu_run)
 
 
-def test_pallas_kernels_are_compiled_and_named_in_the_report():
+def test_pallas_kernels_are_compiled_and_named_in_the_report(small_trm_v4_8):
   """Both kinds of Pallas kernel in one program (one compile, and its
-  unrolled twin, instead of one each): the SwiGLU kernels declare their
-  cost; jax's splash kernel declares none, so XLA counts no FLOPs for it
-  (before, the report said every kernel call counted what it declares).
-  One layer and one L cycle: every kernel still runs in each H cycle."""
-  config = sudoku_config("cpu,att")
-  config.model.update(mlp_kernel="pallas", attention="splash", L_layers=1,
-                      L_cycles=1)
-  report = aot.compile_report(config, aot.parse_topology("v4-8"), 1,
-                              sudoku.dataset_metadata(1))
+  unrolled twin, instead of one each; `small_trm_v4_8`): the SwiGLU
+  kernels declare their cost; jax's splash kernel declares none, so XLA
+  counts no FLOPs for it (before, the report said every kernel call
+  counted what it declares)."""
+  report, _ = small_trm_v4_8
   assert report["fits"]
   calls = report["pallas_kernel_calls"]
   bare = report["pallas_calls_without_cost"]
@@ -174,10 +201,12 @@ def test_cli_save_compiled_to_an_unwritable_directory_stops_before_compiling(
 
 def test_cli_reports_does_not_fit_with_exit_code_1():
   # A 100M-row puzzle table, replicated over the data axis: 24 GiB of
-  # parameters per chip plus its update does not fit a v4 chip.
+  # parameters per chip plus its update does not fit a v4 chip. One layer
+  # and one L cycle (the table is the state; the compile is the network's).
   result = subprocess.run(
       [sys.executable, "-m", "trm.aot", "--config=configs/trm_sudoku.py:cpu",
-       "--topology=v4-8", "--num_puzzle_identifiers=100000000"],
+       "--topology=v4-8", "--num_puzzle_identifiers=100000000",
+       "--config.model.L_layers=1", "--config.model.L_cycles=1"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert result.returncode == 1, result.stdout + result.stderr[-2000:]
   assert "verdict: DOES NOT FIT" in result.stdout
