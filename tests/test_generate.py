@@ -284,7 +284,8 @@ def test_api_bad_settings_are_one_clear_line(lm, kwargs, message):
   assert message in str(info.value) and "\n" not in str(info.value)
 
 
-# slow: test_cli_cached_decoding runs the cached sampler end to end and
+# slow: test_cli_cached_decoding_compiles_once_and_prints_both_times runs
+# the cached sampler end to end and
 # tests/families/dream/test_cached_sampling.py checks its tokens.
 @pytest.mark.slow
 def test_api_cached_decoding(lm):
@@ -318,10 +319,10 @@ def _cli(*flags, timeout=300):
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
-# `python -m trm.generate` for the refusal cases, forked from one process
-# that has imported what the tool imports (tests/cli_batch.py): ~20
-# start-ups of jax, flax and the Dream model less. The runs that sample
-# (test_cli_generates_for_a_batch, test_cli_cached_decoding, ...) start the
+# `python -m trm.generate` for the refusal cases and the cached decoding
+# run, forked from one process that has imported what the tool imports
+# (tests/cli_batch.py): ~20 start-ups of jax, flax and the Dream model
+# less. test_cli_generates_for_a_batch (and the slow CRLF run) start the
 # real entry point.
 generate_cli = cli_batch.serve(
     "trm.generate", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
@@ -336,18 +337,20 @@ def _refusal(server, *flags, timeout=300):
                     env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
-def test_cli_cached_decoding(checkpoint):
-  result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3 w4",
-                "--max_new_tokens=8", "--cache=dual", "--block_length=4",
-                "--threshold=0.9")
+def test_cli_cached_decoding_compiles_once_and_prints_both_times(
+    checkpoint, generate_cli):
+  """Cached decoding from the command line, one chat prompt with a system
+  message: one completion, the cache's rule, the compile and generation
+  times apart. One run (a fork of `generate_cli`; the real entry point is
+  test_cli_generates_for_a_batch's) where two runs checked the cache line
+  and the times apart."""
+  result = generate_cli.run(
+      [f"--checkpoint={checkpoint}", "--prompt=w3 w4", "--max_new_tokens=8",
+       "--chat", "--system=w5 w6", "--cache=dual", "--block_length=4",
+       "--threshold=0.9"],
+      cwd=ROOT, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
   assert "dual cache, blocks of 4, threshold 0.9: " in result.stdout
-
-
-def test_cli_compiles_once_and_prints_both_times(checkpoint):
-  result = _cli(f"--checkpoint={checkpoint}", "--prompt=w3 w4",
-                "--max_new_tokens=4", "--chat", "--system=w5 w6")
-  assert result.returncode == 0, result.stderr[-3000:]
   assert "compile" in result.stdout and "generation" in result.stdout
   assert result.stdout.count("=== ") == 1
   # Orbax's INFO chatter (~30 lines per restore) is filtered as in trm.main.
@@ -742,16 +745,26 @@ def test_non_utf8_prompts_are_one_line_naming_them(generate_cli):
 
 
 @pytest.fixture(scope="module")
-def confident_lm(tmp_path_factory):
+def confident_lm(lm):
   """The tiny model with logits 30x as large. Greedy sampling orders the
   positions by confidence; the random model's near-uniform distributions
   put several positions' entropies within a few float32 ulps (6.22672 +-
   2e-6 on one CPU), so any change in rounding, such as a longer padded
-  row's reduction order, may reorder them."""
+  row's reduction order, may reorder them. `lm`'s weights, the final
+  norm's scale times 30 (what make_tiny_checkpoint's logit_scale=30
+  writes), on its mesh: no second checkpoint to write and read."""
   from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
-  path = make_tiny_checkpoint(tmp_path_factory.mktemp("confident_ckpt"),
-                              logit_scale=30.0)
-  return DiffusionLM.from_pretrained(path, dtype="float32")
+
+  def scaled(path, x):
+    final_norm = jax.tree_util.keystr(path).startswith("['norm']['scale']")
+    return x * 30.0 if final_norm else x
+
+  params = jax.tree_util.tree_map_with_path(scaled, lm.params)
+  assert not all(a is b for a, b in zip(jax.tree.leaves(params),
+                                        jax.tree.leaves(lm.params)))
+  return DiffusionLM(lm.cfg, params, lm.tokenizer, mesh=lm.mesh,
+                     rules=lm.rules, max_positions=lm.max_positions,
+                     source=lm.source)
 
 
 def test_prompt_buckets_give_the_unbucketed_outputs(confident_lm):
