@@ -1,7 +1,9 @@
 """Checkpoint bookkeeping (`trm.core.checkpoint`): the best step survives keep-N,
 the run's best held-out loss travels in the checkpoint's own metadata (so a
 resume after preemption knows it), and nothing non-finite is ever written.
-8 CPU devices."""
+8 CPU devices; the GPT runs on a data-parallel mesh (test_train's
+`ONE_AXIS`: their later runs load the step from the session's compilation
+cache, where a 2x2x2 mesh's step is compiled afresh by each)."""
 import json
 import os
 import re
@@ -24,6 +26,7 @@ from trm import families
 
 from test_checkpoint_integrity import _snapshot  # pylint: disable=g-import-not-at-top
 from test_gpt_task import tiny_config  # pylint: disable=g-import-not-at-top
+from test_train import ONE_AXIS  # pylint: disable=g-import-not-at-top
 import workers as workers_lib  # pylint: disable=g-import-not-at-top
 
 
@@ -289,7 +292,7 @@ def test_resume_after_preemption_keeps_the_best_checkpoint(
   config = tiny_config(tmp_path, learning_rate=0.0, min_lr=0.0,
                        max_iters=40, lr_decay_iters=40, eval_interval=10,
                        always_save_checkpoint=False, eval_at_start=False,
-                       **{"keep_checkpoints": 1})
+                       **{"keep_checkpoints": 1}, **ONE_AXIS)
   real_reached = preemption_lib.PreemptionWatch.reached  # pylint: disable=protected-access
   monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached",  # pylint: disable=protected-access
                       lambda self, step: step == 15 or real_reached(self, step))
@@ -312,7 +315,7 @@ def test_a_preemption_at_an_evaluation_step_owes_it(tmp_path, monkeypatch):
   with the loss an uninterrupted run gets there."""
   def run(workdir, preempt_at=None):
     config = tiny_config(tmp_path, max_iters=20, lr_decay_iters=20,
-                         eval_interval=10)
+                         eval_interval=10, **ONE_AXIS)
     real = preemption_lib.PreemptionWatch.reached
     monkeypatch.setattr(
         preemption_lib.PreemptionWatch, "reached",
@@ -350,7 +353,7 @@ def test_a_redone_evaluation_ranks_its_checkpoint(tmp_path, monkeypatch):
   against a worse later step; the run's best in its metadata includes it;
   and it owes nothing, so the next resume does not evaluate it again."""
   config = tiny_config(tmp_path, max_iters=20, lr_decay_iters=20,
-                       eval_interval=10, keep_checkpoints=1)
+                       eval_interval=10, keep_checkpoints=1, **ONE_AXIS)
   workdir = str(tmp_path / "run")
   checkpoints = os.path.join(workdir, "checkpoints")
   real_reached = preemption_lib.PreemptionWatch.reached
@@ -421,7 +424,7 @@ def test_a_resume_ranks_checkpoints_written_without_their_loss(
   program.)"""
   config = tiny_config(tmp_path, max_iters=20, lr_decay_iters=20,
                        eval_interval=10, keep_checkpoints=1,
-                       always_save_checkpoint=True)
+                       always_save_checkpoint=True, **ONE_AXIS)
   workdir = str(tmp_path / "run")
   checkpoints = os.path.join(workdir, "checkpoints")
   real_reached = preemption_lib.PreemptionWatch.reached
@@ -509,7 +512,7 @@ def test_a_signal_during_the_final_evaluation(tmp_path, monkeypatch):
   rerun (a finished run) evaluates it instead of training."""
   # (No evaluation of the starting weights: the second is the final one.)
   config = tiny_config(tmp_path, max_iters=20, lr_decay_iters=20,
-                       eval_interval=10, eval_at_start=False)
+                       eval_interval=10, eval_at_start=False, **ONE_AXIS)
   workdir = str(tmp_path / "run")
   real_evaluate = train.evaluate
   calls = []

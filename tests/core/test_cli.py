@@ -14,7 +14,7 @@ import time
 import pytest
 
 from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
-from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
+from test_train import ONE_AXIS, ROOT, tiny_config  # pylint: disable=g-import-not-at-top
 from trm.core import cli  # pylint: disable=g-import-not-at-top
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -142,8 +142,10 @@ def test_ctrl_c_in_the_loop_saves_under_a_tilde_workdir_and_says_so(
   home, started = tmp_path / "home", tmp_path / "started_here"
   home.mkdir()
   started.mkdir()
+  # (The data-parallel mesh: the step loads from the compilation cache.)
   process, lines, events, reader = _start(
-      "~/run", tiny_config(total_steps=2000, checkpoint_every=1000),
+      "~/run", tiny_config(total_steps=2000, checkpoint_every=1000,
+                           **ONE_AXIS),
       cwd=started, env=dict(HOME=str(home)))
   assert events["Training from step"].wait(300), "".join(lines[-40:])
   time.sleep(0.3)

@@ -14,14 +14,17 @@ from trm.core import config_record
 from trm.core import train
 from trm import families
 
-from test_train import tiny_config  # pylint: disable=g-import-not-at-top
+from test_train import ONE_AXIS, tiny_config  # pylint: disable=g-import-not-at-top
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-  """A 10-step run with checkpoints; its config.json as written."""
+  """A 10-step run with checkpoints; its config.json as written. (On the
+  data-parallel mesh: the resumes below load its step from the
+  compilation cache.)"""
   workdir = str(tmp_path_factory.mktemp("run"))
-  config = tiny_config(total_steps=10, checkpoint_every=10, eval_every=10)
+  config = tiny_config(total_steps=10, checkpoint_every=10, eval_every=10,
+                       **ONE_AXIS)
   train.train_and_evaluate(config, workdir, families.build_task)
   with open(os.path.join(workdir, "config.json")) as f:
     return workdir, config, f.read()

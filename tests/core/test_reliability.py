@@ -35,7 +35,7 @@ from trm.families.dream import program as dream_program
 from trm.families.trm import program as trm_program
 from trm.families.trm import task as puzzle
 
-from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top
+from test_train import ONE_AXIS, ROOT, tiny_config  # pylint: disable=g-import-not-at-top
 from test_checkpoint_integrity import _Position  # pylint: disable=g-import-not-at-top
 
 
@@ -243,7 +243,7 @@ def test_consecutive_nonfinite_steps_stop_the_run_keeping_the_checkpoint(
     tmp_path, data_dir, monkeypatch):
   config = tiny_config(**{"data.data_dir": data_dir, "log_every": 1,
                           "checkpoint_every": 2,
-                          "max_consecutive_bad_steps": 3})
+                          "max_consecutive_bad_steps": 3, **ONE_AXIS})
   real_to_global, calls = pipeline.to_global, [0]
 
   def poisoned_from_step_5(batch, shardings):
@@ -335,8 +335,10 @@ def test_sigterm_saves_exits_zero_and_resumes_identically(
 def test_corrupt_newest_checkpoint_falls_back_and_matches(
     tmp_path, data_dir, caplog):
   # test_train's 12-step run, checkpoints at 6 and 12: the run itself is the
-  # uninterrupted reference the resumed one must end equal to.
-  config = tiny_config(**{"data.data_dir": data_dir})
+  # uninterrupted reference the resumed one must end equal to. (On
+  # test_train's data-parallel mesh: the resume loads the step the first
+  # run compiled from the session's cache.)
+  config = tiny_config(**{"data.data_dir": data_dir, **ONE_AXIS})
   workdir = str(tmp_path)
   straight, _ = train.train_and_evaluate(config, workdir, families.build_task)
   reference = _host(straight)

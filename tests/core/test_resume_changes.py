@@ -15,14 +15,16 @@ from trm.core import train
 from trm import families
 
 import repo
-from test_train import tiny_config  # pylint: disable=g-import-not-at-top
+from test_train import ONE_AXIS, tiny_config  # pylint: disable=g-import-not-at-top
 
 
 @pytest.fixture(scope="module")
 def six_steps(tmp_path_factory):
-  """A finished 6-step run, checkpointed at 3 and 6."""
+  """A finished 6-step run, checkpointed at 3 and 6 (on the data-parallel
+  mesh: the resume loads its step from the compilation cache)."""
   workdir = str(tmp_path_factory.mktemp("run"))
-  config = tiny_config(total_steps=6, checkpoint_every=3, eval_every=6)
+  config = tiny_config(total_steps=6, checkpoint_every=3, eval_every=6,
+                       **ONE_AXIS)
   train.train_and_evaluate(config, workdir, families.build_task)
   return workdir, config
 

@@ -1,5 +1,6 @@
 """End-to-end: the loss falls, a crashed run resumes bit-exactly, bad
-configs fail early with clear messages. 8 CPU devices, mesh 2x2x2."""
+configs fail early with clear messages. 8 CPU devices: mesh 2x2x2 where
+the sharding is checked, 8x1x1 for the resume runs (`ONE_AXIS`)."""
 import json
 import logging
 import os
@@ -58,10 +59,25 @@ def _params(state):
   return jax.tree.map(np.asarray, jax.device_get(state.params))
 
 
+# A data-parallel mesh for the runs whose subject is not the weights'
+# sharding (resumes, metrics, disk errors): a step whose collectives span
+# one group of devices goes into the session's compilation cache, so the
+# second and later runs of the same tiny model load it instead of compiling
+# it again (the 2x2x2 mesh's step is compiled afresh by every run:
+# trm/core/cpu_collectives.py). test_loss_falls_and_state_is_sharded and
+# test_init_checkpoint_... keep the 2x2x2 mesh (the latter restores this
+# run's checkpoint onto it); the tiny runs of test_cli, test_reliability,
+# test_config_record and test_resume_changes use this one too, so in the
+# CI most of them load the same step.
+ONE_AXIS = {"mesh.data": 8, "mesh.fsdp": 1, "mesh.model": 1}
+
+
 def _run_config(data_dir):
   """The 12-step run the resume tests compare with: checkpoints at 6 and
-  12, logs every 4 (so steps 5 and 6 are logged at the checkpoint)."""
-  return tiny_config(**{"data.data_dir": data_dir, "log_every": 4})
+  12, logs every 4 (so steps 5 and 6 are logged at the checkpoint), on
+  the data-parallel mesh (`ONE_AXIS`)."""
+  return tiny_config(**{"data.data_dir": data_dir, "log_every": 4,
+                        **ONE_AXIS})
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +348,7 @@ def test_a_full_disk_at_an_evaluation_is_one_line(tmp_path, data_dir,
   device`, naming neither the file nor the checkpoint kept."""
   import errno  # pylint: disable=g-import-not-at-top
   from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
-  config = tiny_config(**{"data.data_dir": data_dir})
+  config = tiny_config(**{"data.data_dir": data_dir, **ONE_AXIS})
   real_atomic_write = atomic_files.atomic_write
 
   def write_on_a_full_disk(f):
@@ -638,7 +654,8 @@ def test_resume_step_moves_the_newer_steps_aside(finished_run, data_dir,
   monkeypatch.setattr(train.ckpt_lib, "restore_latest", stop_at_restore)
   run = lambda step: train.train_and_evaluate(
       tiny_config(**{"data.data_dir": data_dir, "log_every": 4,
-                     "resume_step": step}), str(workdir), families.build_task)
+                     "resume_step": step, **ONE_AXIS}), str(workdir),
+      families.build_task)
   with pytest.raises(ckpt_lib.CheckpointError, match=(
       r"^config.resume_step=7: .*/checkpoints has no complete step 7 \(its "
       r"steps: \[6, 12\]\); pass one of them, or 0 to resume from the "
