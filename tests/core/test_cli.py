@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+import cli_batch  # pylint: disable=g-import-not-at-top
 from test_reliability import _cli_flags  # pylint: disable=g-import-not-at-top
 from test_train import ONE_AXIS, ROOT, tiny_config  # pylint: disable=g-import-not-at-top
 from trm.core import cli  # pylint: disable=g-import-not-at-top
@@ -75,17 +76,30 @@ def test_an_empty_workdir_is_refused(tmp_path):
   assert not os.listdir(tmp_path)  # nothing written where it was started
 
 
-def test_an_input_error_is_one_line_and_traceback_on_request(tmp_path):
+# `python -m trm.main` for the refusal of a config value (found after jax
+# and the trainer are imported), forked from one process that has imported
+# jax, flax, optax and tensorstore (tests/cli_batch.py; they define no
+# flags): their start-up per case less. The other tests here run the real
+# entry point.
+main_cli = cli_batch.serve(
+    "trm.main", env=lambda: ENV,
+    preload=("trm.core.cli", "trm.core.config_lib", "trm.core.distributed",
+             "jax", "flax.linen", "optax", "tensorstore"))
+
+
+def test_an_input_error_is_one_line_and_traceback_on_request(tmp_path,
+                                                             main_cli):
   args = ("--config=configs/trm_sudoku.py:cpu", f"--workdir={tmp_path}",
           "--config.optim.lr=-1.0")
-  result = _main(*args)
+  run = lambda *argv: main_cli.run(argv, cwd=ROOT, env=ENV, timeout=300)
+  result = run(*args)
   assert result.returncode == 2, result.stderr[-2000:]
   assert "Traceback" not in result.stderr
   errors = [line for line in result.stderr.splitlines() if "error:" in line]
   assert errors == ["trm.main: error: config.optim.lr=-1.0 must be a finite "
                     "number >= 0."]
   assert not os.listdir(tmp_path) or os.listdir(tmp_path) == []
-  shown = _main(*args, "--traceback")
+  shown = run(*args, "--traceback")
   assert shown.returncode == 1 and "Traceback" in shown.stderr
 
 
@@ -471,6 +485,9 @@ def test_sigterm_during_the_final_save_completes_it(signalled_runs):
 
 # The tool's own `cli.run(...)` call, with a main that stops itself by
 # SIGTERM in place of the tool's: the line and exit status a script sees.
+# Run as `python -m stopped_tool TOOL ...` from a folder holding it, forked
+# from one process that has imported jax, flax, optax and tensorstore
+# (tests/cli_batch.py; they define no flags): their start-up per tool less.
 _TOOL_STOPPED = """
 import os, runpy, signal, sys, time
 from trm.core import cli
@@ -483,20 +500,31 @@ module = sys.argv.pop(1)
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
+stopped_tools = cli_batch.serve(
+    "stopped_tool", env=lambda: ENV,
+    preload=("trm.core.cli", "jax", "flax.linen", "optax", "tensorstore"))
+
+
+@pytest.fixture(scope="module")
+def stopped_tool_dir(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("stopped_tool")
+  (folder / "stopped_tool.py").write_text(_TOOL_STOPPED)
+  return folder
+
 
 @pytest.mark.parametrize("tool, required", [
     ("trm.generate", []), ("trm.sample", []), ("trm.evaluate", []),
     ("trm.visualize", ["--data_dir=unread"]),
-    ("trm.aot", ["--config=configs/trm_sudoku.py:cpu"])])
-def test_a_tool_stopped_by_sigterm_does_not_exit_0(tool, required):
+    ("trm.aot", [f"--config={ROOT}/configs/trm_sudoku.py:cpu"])])
+def test_a_tool_stopped_by_sigterm_does_not_exit_0(tool, required,
+                                                   stopped_tools,
+                                                   stopped_tool_dir):
   """trm.main saves on SIGTERM and exits 0 for its scheduler to restart
   it; the other tools exited 0 too, with trm.main's line ("before training
   began ..."), so `trm.evaluate ... && upload` went on with part of the
   work. Each now exits 143 with its own line."""
-  result = subprocess.run([sys.executable, "-c", _TOOL_STOPPED, tool,
-                           *required],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=60)
+  result = stopped_tools.run([tool, *required], cwd=stopped_tool_dir,
+                             env=ENV, timeout=60)
   assert result.returncode == 143, result.stderr[-3000:]
   (line,) = result.stderr.strip().splitlines()
   assert line.startswith(f"{tool}: stopped by SIGTERM before "), line
