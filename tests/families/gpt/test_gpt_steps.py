@@ -1,5 +1,6 @@
 """nanoGPT's schedule, parameter groups, accumulation and estimate_loss."""
 import dataclasses
+import functools
 import math
 import re
 
@@ -86,7 +87,7 @@ def test_weight_decay_only_on_matrices():
   # The decayed update of a 1-D parameter with zero gradient stays zero.
   tx = gpt_steps.make_optimizer(_config(weight_decay=0.5, grad_clip=0.0))
   grads = jax.tree.map(jnp.zeros_like, params)
-  updates, _ = tx.update(grads, tx.init(params), params)
+  updates, _ = jax.jit(lambda g, p: tx.update(g, tx.init(p), p))(grads, params)
   assert float(jnp.abs(updates["ln_f"]["scale"]).max()) == 0.0
   assert float(jnp.abs(updates["c_fc"]["kernel"]).max()) > 0.0
 
@@ -108,14 +109,15 @@ def test_optimizer_matches_torch_adamw():
   tx = gpt_steps.make_optimizer(c)
   params = {"w": jnp.asarray(w), "b": jnp.asarray(b)}
   opt_state = tx.init(params)
+  update = jax.jit(tx.update)  # one compile, not one per op
   for it, (gw, gb) in enumerate(grads):
     for group in opt.param_groups:
       group["lr"] = _nanogpt_lr(it, c)
     tw.grad, tb.grad = torch.tensor(gw), torch.tensor(gb)
     torch.nn.utils.clip_grad_norm_([tw, tb], c.grad_clip)
     opt.step()
-    updates, opt_state = tx.update({"w": jnp.asarray(gw), "b": jnp.asarray(gb)},
-                                   opt_state, params)
+    updates, opt_state = update({"w": jnp.asarray(gw), "b": jnp.asarray(gb)},
+                                opt_state, params)
     params = optax.apply_updates(params, updates)
   np.testing.assert_allclose(params["w"], tw.detach().numpy(), atol=1e-6)
   np.testing.assert_allclose(params["b"], tb.detach().numpy(), atol=1e-6)
@@ -210,7 +212,8 @@ def _tiny(accum, batch_size, **overrides):
   program = gpt_program.build(c, None)
   model = program.model
   tx = gpt_steps.make_optimizer(c)
-  state = jax.tree.map(lambda x: x, program.init_fn())
+  # Jitted: one compile, not one per op of the init.
+  state = jax.jit(program.init_fn)()
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   return nn.meta.unbox(state), model, tx
 
@@ -253,7 +256,8 @@ def test_bfloat16_accumulation_is_float32_parameters_gradients():
   x = rng.integers(0, 11, size=(6, 8)).astype(np.int32)
   batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + 2) % 11)}
   state, model, tx = _tiny(3, 2, dtype="bfloat16", dropout=0.0)
-  cast = gpt_steps.matmul_weights_in(state.params, jnp.bfloat16)
+  cast = jax.jit(lambda p: gpt_steps.matmul_weights_in(p, jnp.bfloat16))(
+      state.params)
   kinds = {jax.tree_util.keystr(k): v.dtype
            for k, v in jax.tree_util.tree_leaves_with_path(cast)}
   assert {d for k, d in kinds.items() if k.endswith("['kernel']")} == {
@@ -264,17 +268,20 @@ def test_bfloat16_accumulation_is_float32_parameters_gradients():
   def loss(params, x, y):
     return gpt_steps.cross_entropy(model.apply({"params": params}, x), y)[0]
 
-  grads = jax.tree.map(jnp.zeros_like, state.params)
-  for k in range(3):  # micro-batch k is rows k, k + 3 (train_step's split)
-    g = jax.jit(jax.grad(loss))(state.params, batch["x"][k::3],
-                                batch["y"][k::3])
-    grads = jax.tree.map(lambda a, b: a + b / 3, grads, g)
+  def reference(params, opt_state, x, y):  # jitted: one compile
+    grads = jax.tree.map(jnp.zeros_like, params)
+    for k in range(3):  # micro-batch k is rows k, k + 3 (train_step's split)
+      g = jax.grad(loss)(params, x[k::3], y[k::3])
+      grads = jax.tree.map(lambda a, b: a + b / 3, grads, g)
+    updates, _ = tx.update(grads, opt_state, params)
+    return optax.tree.norm(grads), optax.apply_updates(params, updates)
+
+  norm, want = jax.jit(reference)(state.params, state.opt_state, batch["x"],
+                                  batch["y"])
   new_state, metrics = jax.jit(lambda s, b: gpt_steps.train_step(
       s, b, model=model, tx=tx, accum_steps=3, cast_once=True))(state, batch)
   assert float(metrics["grad_norm"].compute()) == pytest.approx(
-      float(optax.tree.norm(grads)), rel=1e-6)
-  updates, _ = tx.update(grads, state.opt_state, state.params)
-  want = optax.apply_updates(state.params, updates)
+      float(norm), rel=1e-6)
   for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -474,7 +481,7 @@ def test_float16_skipped_steps_keep_nanogpts_learning_rate():
     c.model.vocab_size = 11
   program = gpt_program.build(c, None)
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  state = nn.meta.unbox(program.init_fn())
+  state = nn.meta.unbox(jax.jit(program.init_fn)())
   step = jax.jit(program.train_step)
   x = np.random.default_rng(0).integers(0, 11, size=(4, 8)).astype(np.int32)
   batch = {"x": jnp.asarray(x), "y": jnp.asarray((x + 1) % 11)}
@@ -502,10 +509,12 @@ def test_eval_step_splits_train_and_val_rows():
   x = jnp.asarray(rng.integers(0, 11, size=(4, 8)).astype(np.int32))
   y = jnp.asarray(rng.integers(0, 11, size=(4, 8)).astype(np.int32))
   split = jnp.asarray([0, 1, 1, 0], jnp.int32)
-  metrics, outputs = gpt_steps.eval_step(state, {"x": x, "y": y,
-                                                 "split": split}, model=model)
+  # Jitted (as the loop runs them): one compile each, not one per op.
+  eval_step = jax.jit(functools.partial(gpt_steps.eval_step, model=model),
+                      static_argnames=("label_smoothing", "z_loss"))
+  metrics, outputs = eval_step(state, {"x": x, "y": y, "split": split})
   assert outputs == {}
-  logits = model.apply({"params": state.params}, x)
+  logits = jax.jit(model.apply)({"params": state.params}, x)
   row = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
       logits, y).mean(-1))
   assert float(metrics["val_loss"].compute()) == pytest.approx(
@@ -518,9 +527,8 @@ def test_eval_step_splits_train_and_val_rows():
   # With the training loss's label smoothing and z-loss, estimate_loss
   # scores them too (HF's eval_loss, MaxText's), and keeps the plain
   # cross-entropy, nanoGPT's figure, as *_cross_entropy.
-  metrics, _ = gpt_steps.eval_step(state, {"x": x, "y": y, "split": split},
-                                   model=model, label_smoothing=0.2,
-                                   z_loss=0.05)
+  metrics, _ = eval_step(state, {"x": x, "y": y, "split": split},
+                         label_smoothing=0.2, z_loss=0.05)
   log_probs = np.asarray(jax.nn.log_softmax(logits), np.float64)
   log_z = np.asarray(jax.nn.logsumexp(logits, axis=-1), np.float64)
   target = 0.8 * np.eye(11)[np.asarray(y)] + 0.2 / 11

@@ -74,12 +74,13 @@ def _tiny_gpt(**overrides):
                       n_embd=24, dropout=0.0, bias=True, **overrides)
   idx = jnp.asarray(np.random.default_rng(0).integers(0, 11, (4, 8)),
                     jnp.int32)
-  params = gpt.GPT(cfg).init(jax.random.key(0), idx)["params"]
-  # Away from the init's unit scales and zero biases.
-  params = jax.tree.map(
-      lambda p: p + 0.05 * jax.random.normal(jax.random.key(1), p.shape),
-      params)
-  return cfg, idx, params
+  def make(idx):  # jitted: one compile, not one per op of the init
+    params = gpt.GPT(cfg).init(jax.random.key(0), idx)["params"]
+    # Away from the init's unit scales and zero biases.
+    return jax.tree.map(
+        lambda p: p + 0.05 * jax.random.normal(jax.random.key(1), p.shape),
+        params)
+  return cfg, idx, jax.jit(make)(idx)
 
 
 def _model_loss_and_grads(cfg, idx, params):
