@@ -216,9 +216,10 @@ def test_init_statistics_match_the_unscanned_init():
                      (h["mlp"]["c_fc"]["kernel"], 0.02),
                      (h["mlp"]["c_proj"]["kernel"], proj)):
     assert value.shape[0] == cfg.n_layer
+    value = np.asarray(value)  # numpy: no compile per shape
     for i in range(cfg.n_layer):
-      assert abs(float(jnp.std(value[i])) / std - 1) < 0.03
-      assert abs(float(jnp.mean(value[i]))) < 0.05 * std
+      assert abs(float(np.std(value[i])) / std - 1) < 0.03
+      assert abs(float(np.mean(value[i]))) < 0.05 * std
     assert not np.allclose(value[0], value[1])
   for name in ("ln_1", "ln_2"):
     np.testing.assert_array_equal(h[name]["scale"], 1.0)
@@ -227,7 +228,7 @@ def test_init_statistics_match_the_unscanned_init():
                h["mlp"]["c_fc"]["bias"], h["mlp"]["c_proj"]["bias"]):
     np.testing.assert_array_equal(bias, 0.0)
   for table in (params["wte"]["embedding"], params["wpe"]["embedding"]):
-    assert abs(float(jnp.std(table)) / 0.02 - 1) < 0.03
+    assert abs(float(np.std(np.asarray(table))) / 0.02 - 1) < 0.03
 
 
 def test_num_params_is_the_same_in_both_layouts():
@@ -266,7 +267,8 @@ def test_decay_mask_selects_the_same_tensors(bias):
   tx = gpt_steps.make_optimizer(config)
   params = gpt.stack_layers(_params(cfg), cfg.n_layer)
   zeros = jax.tree.map(jnp.zeros_like, params)
-  updates, _ = tx.update(zeros, tx.init(params), params)
+  # Jitted: one compile, not one per op and parameter shape.
+  updates, _ = jax.jit(lambda g, p: tx.update(g, tx.init(p), p))(zeros, params)
   assert float(jnp.abs(updates["h"]["ln_2"]["scale"]).max()) == 0.0
   assert float(jnp.abs(updates["h"]["mlp"]["c_proj"]["kernel"]).min()) > 0.0
 
