@@ -13,6 +13,7 @@ import threading
 
 import ml_collections
 import numpy as np
+import cli_batch
 import pytest
 import repo
 
@@ -410,18 +411,35 @@ def test_tfds_build_loads_our_builder_files():
     assert cls.name == name
 
 
-def _gpt(tmp_path, config, *extra):
-  return subprocess.run(
-      [sys.executable, "-m", "trm.main",
-       "--config=configs/gpt.py:shakespeare_char_cpu",
-       f"--workdir={tmp_path / 'run'}", "--config.data.source=tfds",
-       f"--config.data.tfds.data_dir={config.data_dir}",
-       "--config.max_iters=3", "--config.lr_decay_iters=3",
-       "--config.warmup_iters=1", "--config.eval_interval=3",
-       "--config.eval_iters=1", "--config.n_layer=1", "--config.n_head=2",
-       "--config.n_embd=16", "--config.block_size=16",
-       "--config.batch_size=8", *extra],
-      cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+# The refusals below run in forks of one process that has imported
+# trm.main's modules (tests/cli_batch.py): a start-up of jax, TFDS and the
+# trainer per run less. test_gpt_trains_from_tfds_on_the_command_line runs
+# the real entry point.
+main_cli = cli_batch.serve(
+    "trm.main", env=lambda: ENV,
+    preload=("trm.core.cli", "trm.core.config_lib", "trm.core.distributed",
+             "trm.families", "trm.core.train", "trm.data.text.tfds_source"))
+# trm.data.tfds_builders imports TFDS before it parses its flags.
+builders_cli = cli_batch.serve(
+    "trm.data.tfds_builders", env=lambda: ENV,
+    preload=("trm.core.cli", "trm.data.tfds_builders"))
+
+
+def _gpt(tmp_path, config, *extra, server=None):
+  """`python -m trm.main` on the TFDS data (in a fork of `server`, a
+  `main_cli`, when given)."""
+  argv = ["--config=configs/gpt.py:shakespeare_char_cpu",
+          f"--workdir={tmp_path / 'run'}", "--config.data.source=tfds",
+          f"--config.data.tfds.data_dir={config.data_dir}",
+          "--config.max_iters=3", "--config.lr_decay_iters=3",
+          "--config.warmup_iters=1", "--config.eval_interval=3",
+          "--config.eval_iters=1", "--config.n_layer=1", "--config.n_head=2",
+          "--config.n_embd=16", "--config.block_size=16",
+          "--config.batch_size=8", *extra]
+  if server is not None:
+    return server.run(argv, cwd=ROOT, env=ENV, timeout=300)
+  return subprocess.run([sys.executable, "-m", "trm.main", *argv], cwd=ROOT,
+                        env=ENV, capture_output=True, text=True, timeout=300)
 
 
 def test_gpt_trains_from_tfds_on_the_command_line(built, tmp_path):
@@ -437,8 +455,9 @@ def test_gpt_trains_from_tfds_on_the_command_line(built, tmp_path):
     ("--config.data.tfds.data_dir=/nonexistent/tfds",
      "config.data.tfds.data_dir=/nonexistent/tfds does not exist"),
 ])
-def test_gpt_bad_tfds_config_is_one_line(built, tmp_path, override, message):
-  result = _gpt(tmp_path, built[0], override)
+def test_gpt_bad_tfds_config_is_one_line(built, tmp_path, override, message,
+                                        main_cli):
+  result = _gpt(tmp_path, built[0], override, server=main_cli)
   assert result.returncode == 2
   lines = result.stderr.strip().splitlines()
   assert lines[-1].startswith(f"trm.main: error: {message}"), lines[-5:]
@@ -586,17 +605,16 @@ def test_a_build_started_during_another_waits_for_it(tmp_path, monkeypatch):
       results["b"]
 
 
-def test_build_command_line(tmp_path):
+def test_build_command_line(tmp_path, builders_cli):
+  """(Forks of `builders_cli`; the next test runs the real entry point.)"""
   source = tmp_path / "play"
   source.mkdir()
   (source / "input.txt").write_text(
       "To be, or not to be: that is the question.\n" * 50)
   def build(manual_dir, out="out"):
-    return subprocess.run(
-        [sys.executable, "-m", "trm.data.tfds_builders",
-         "trm_tiny_shakespeare", f"--manual_dir={manual_dir}",
-         f"--data_dir={tmp_path / out}"],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    return builders_cli.run(
+        ["trm_tiny_shakespeare", f"--manual_dir={manual_dir}",
+         f"--data_dir={tmp_path / out}"], cwd=ROOT, env=ENV, timeout=300)
   result = build(source)
   assert result.returncode == 0, result.stderr[-2000:]
   assert (f"--config.data.tfds.name=trm_tiny_shakespeare "
