@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import cli_batch
 import pytest
 
 from trm.families.dream import code_eval
@@ -486,8 +487,15 @@ def _evaluate(*flags, config=True, **env):
       env=dict(os.environ, JAX_PLATFORMS="cpu", **env))
 
 
-def test_tiny_model_end_to_end(tmp_path):
-  checkpoint = make_tiny_checkpoint(tmp_path / "ckpt")
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+  """One tiny checkpoint for the tests that generate from it (read only)."""
+  return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+def test_tiny_model_end_to_end(tmp_path, tiny_checkpoint, evaluate_cli):
+  import pathlib  # pylint: disable=g-import-not-at-top
+  checkpoint = tiny_checkpoint
   output = tmp_path / "he" / "samples.jsonl"
   result = _evaluate(f"--checkpoint={checkpoint}", "--benchmark=humaneval",
                      "--limit=2", "--max_new_tokens=16", "--steps=4",
@@ -507,13 +515,14 @@ def test_tiny_model_end_to_end(tmp_path):
   # with the samples (the run ended with a score and the checkpoint
   # unreadable); --output=<the --config file> the config. Now one line,
   # before the weights are read; a samples file among them is rewritten.
+  # (A refusal: forked after the imports, as the bad-input cases.)
   from trm import evaluate  # pylint: disable=g-import-not-at-top
-  checkpoint = tmp_path / "ckpt"
+  checkpoint = pathlib.Path(tiny_checkpoint)
   before = (checkpoint / "config.json").read_text()
-  result = _evaluate(f"--checkpoint={checkpoint}", "--benchmark=humaneval",
-                     f"--output={checkpoint / 'config.json'}", "--limit=1",
-                     "--max_new_tokens=4", "--steps=4",
-                     "--config.seq_len=512")
+  [result] = _evaluate_forked(evaluate_cli, [[
+      f"--checkpoint={checkpoint}", "--benchmark=humaneval",
+      f"--output={checkpoint / 'config.json'}", "--limit=1",
+      "--max_new_tokens=4", "--steps=4", "--config.seq_len=512"]])
   assert result.returncode == 2, result.stderr[-3000:]
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and (
@@ -526,14 +535,16 @@ def test_tiny_model_end_to_end(tmp_path):
   (checkpoint / "samples.jsonl").write_text("")
   evaluate.check_not_an_input(str(checkpoint / "samples.jsonl"),
                               {"--checkpoint": str(checkpoint)})
+  (checkpoint / "samples.jsonl").unlink()  # the checkpoint is shared
 
 
-def test_a_fault_while_scoring_leaves_the_samples_to_rescore(tmp_path):
+def test_a_fault_while_scoring_leaves_the_samples_to_rescore(
+    tmp_path, tiny_checkpoint, evaluate_cli):
   """The samples file is written before any program runs: with the sandbox
   failing (run_programs raising, injected in this subprocess only) the run
   stops with one line after generating, and --score_only scores that file
   without a model."""
-  checkpoint = make_tiny_checkpoint(tmp_path / "ckpt")
+  checkpoint = tiny_checkpoint
   output = tmp_path / "he" / "samples.jsonl"
   flags = ["trm.evaluate", "--config=configs/diffucoder_7b.py:tiny",
            f"--checkpoint={checkpoint}", "--benchmark=humaneval", "--limit=2",
@@ -560,7 +571,11 @@ def test_a_fault_while_scoring_leaves_the_samples_to_rescore(tmp_path):
   problems = code_eval.load_humaneval()
   records[1]["completion"] = problems[1].solution
   output.write_text("".join(json.dumps(r) + "\n" for r in records))
-  result = _evaluate(f"--score_only={output}", "--timeout=5", config=False)
+  # Forked (`evaluate_cli`; test_score_only_reads_a_samples_file runs a
+  # fresh --score_only process).
+  [result] = _evaluate_forked(evaluate_cli,
+                              [[f"--score_only={output}", "--timeout=5"]],
+                              config=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "weights:" not in result.stdout  # no model was loaded
   scored = [json.loads(line) for line in output.read_text().splitlines()]
@@ -643,65 +658,30 @@ def test_fallback_without_namespaces_warns_once(monkeypatch, caplog):
     code_exec._probe_modes.cache_clear()  # pylint: disable=protected-access
 
 
-# Forked after the imports, each child runs `python -m trm.evaluate` as its
-# own process would (fresh flags, its own exit status, stdout and stderr):
-# one interpreter start-up for all the cases below instead of one each. What
-# an interpreter prints while importing is not seen here; the checks that
-# run a fresh `python -m trm.evaluate` (`_evaluate`: the MBPP and samples
-# file tests) still see it.
-_FORKED_EVALUATE = r"""
-import json, logging, os, runpy, sys, traceback
-# What trm.evaluate imports, shared by every case (importing trm.evaluate
-# itself would make runpy warn; no flags are defined yet).
-import jax, trm.generate, trm.core.cli, trm.families.dream.code_eval
-cases, out_dir = json.loads(sys.argv[1]), sys.argv[2]
-codes = []
-for i, argv in enumerate(cases):
-  sys.stdout.flush()
-  sys.stderr.flush()
-  pid = os.fork()
-  if pid == 0:
-    code = 1
-    try:
-      for fd, name in ((1, "out"), (2, "err")):
-        os.dup2(os.open(os.path.join(out_dir, f"{i}.{name}"),
-                        os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-      sys.argv = ["trm.evaluate", *argv]  # runpy sets [0]
-      runpy.run_module("trm.evaluate", run_name="__main__", alter_sys=True)
-      code = 0
-    except SystemExit as exit_:
-      if exit_.code is None or isinstance(exit_.code, int):
-        code = exit_.code or 0
-      else:
-        print(exit_.code, file=sys.stderr)
-    except BaseException:  # pylint: disable=broad-except
-      traceback.print_exc()
-    finally:
-      logging.shutdown()
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(code)
-  codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-print(json.dumps(codes))
-"""
+# `python -m trm.evaluate` runs forked from one process that has imported
+# what the tool imports (tests/cli_batch.py): each child runs the tool as its
+# own process would (fresh flags, its own exit status, stdout and stderr),
+# one interpreter start-up for all the runs of this file that use it instead
+# of one each. What an interpreter prints while importing is not seen
+# there; the runs that start a fresh `python -m trm.evaluate` (`_evaluate`:
+# test_tiny_model_end_to_end's scored run, test_score_only_reads_a_samples_
+# file, the MBPP and gzip refusals) and the injected fault's `python -c`
+# still see it. Preloaded: what trm.evaluate imports before its flags are
+# defined (importing trm.evaluate itself would make runpy warn).
+evaluate_cli = cli_batch.serve(
+    "trm.evaluate", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
+    preload=("jax", "trm.generate", "trm.core.cli",
+             "trm.families.dream.code_eval"))
 
 
-def _evaluate_forked(cases, out_dir, config=True):
+def _evaluate_forked(server, cases, config=True):
   """[CompletedProcess] of `_evaluate(*flags, config=config)` for each
-  flags list in `cases`, from one interpreter."""
+  flags list in `cases`, forked from `server` (`evaluate_cli`)."""
   cases = [[*(["--config=configs/diffucoder_7b.py:tiny"] if config else []),
             *map(str, flags)] for flags in cases]
-  result = subprocess.run(
-      [sys.executable, "-c", _FORKED_EVALUATE, json.dumps(cases),
-       str(out_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert result.returncode == 0, result.stderr[-3000:]
-  codes = json.loads(result.stdout.strip().splitlines()[-1])
-  assert len(codes) == len(cases)
-  read = lambda i, name: (out_dir / f"{i}.{name}").read_text()  # noqa: E731
-  return [subprocess.CompletedProcess(case, code, read(i, "out"),
-                                      read(i, "err"))
-          for i, (case, code) in enumerate(zip(cases, codes))]
+  return [server.run(case, cwd=ROOT, timeout=600,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"))
+          for case in cases]
 
 
 _BAD_INPUT = [
@@ -767,13 +747,13 @@ _BAD_INPUT = [
 
 
 @pytest.fixture(scope="module")
-def bad_input_runs(tmp_path_factory):
+def bad_input_runs(evaluate_cli):
   """Every case of test_bad_input_is_one_line, run in one batch."""
   # --score_only loads no model: its cases give --checkpoint where tested.
   cases = [flags if any(f.startswith("--score_only") for f in flags)
            else ["--checkpoint=/nonexistent", *flags]
            for flags, _ in _BAD_INPUT]
-  results = _evaluate_forked(cases, tmp_path_factory.mktemp("bad_input"))
+  results = _evaluate_forked(evaluate_cli, cases)
   return {tuple(flags): result
           for (flags, _), result in zip(_BAD_INPUT, results)}
 
@@ -808,7 +788,8 @@ def test_a_gzipped_samples_file_is_not_rescored_in_place(mbpp_file,
   assert len(code_eval.read_samples(str(samples))) == len(problems)
 
 
-def test_samples_never_overwrite_the_benchmark_file(mbpp_file, tmp_path):
+def test_samples_never_overwrite_the_benchmark_file(mbpp_file, tmp_path,
+                                                    evaluate_cli):
   """--output=<the MBPP file> (a typo for --benchmark_path) replaced the
   problems with the samples; now one line, before anything is read."""
   before = open(mbpp_file, encoding="utf-8").read()
@@ -825,8 +806,7 @@ def test_samples_never_overwrite_the_benchmark_file(mbpp_file, tmp_path):
               (mbpp_file, ["--checkpoint=/nonexistent", "--benchmark=mbpp"]),
               (tmp_path / "link.jsonl",
                ["--checkpoint=/nonexistent", "--benchmark=mbpp"]))]
-  (tmp_path / "runs").mkdir()
-  for result in _evaluate_forked(runs, tmp_path / "runs", config=False):
+  for result in _evaluate_forked(evaluate_cli, runs, config=False):
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "is --benchmark_path=" in lines[0], lines
