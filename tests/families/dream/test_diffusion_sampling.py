@@ -735,15 +735,18 @@ def test_token_probs_is_the_distribution_sample_tokens_draws_from(
   logits = rng.normal(0, 2.0, (3, 200)).astype(np.float32)
   logits[1, 5:9] = logits[1].max() + 0.5  # a tie at the top
   t = 1.3
-  probs = np.asarray(token_draws.token_probs(
-      jnp.asarray(logits), temperature=t, top_p=top_p, top_k=top_k))
+  # Jitted, as the sampling loop runs them: op by op, the first case
+  # dispatched (and compiled) each op of the filters on its own.
+  filters = dict(temperature=t, top_p=top_p, top_k=top_k)
+  probs = np.asarray(jax.jit(functools.partial(
+      token_draws.token_probs, **filters))(jnp.asarray(logits)))
   want = _numpy_filtered(logits, t, top_p, top_k)
   np.testing.assert_array_equal(probs > 0, want > 0)
   np.testing.assert_allclose(probs, want, atol=1e-6)
   n = 4000
-  _, x0 = token_draws.sample_tokens(
-      jnp.asarray(np.repeat(logits, n, axis=0)), jax.random.key(3),
-      temperature=t, top_p=top_p, top_k=top_k, conf_kind="maskgit_plus")
+  _, x0 = jax.jit(functools.partial(
+      token_draws.sample_tokens, conf_kind="maskgit_plus", **filters))(
+          jnp.asarray(np.repeat(logits, n, axis=0)), jax.random.key(3))
   draws = np.asarray(x0).reshape(3, n)
   from scipy import stats  # pylint: disable=g-import-not-at-top
   for row in range(3):
