@@ -101,9 +101,23 @@ def _context_free_models(vocab=64, width=16, length=64):
 _EXACT, _CACHED = _context_free_models()
 
 
-@pytest.mark.parametrize("cache", cached_sampling.CACHES)
-@pytest.mark.parametrize("threshold", [None, 0.5])
-@pytest.mark.parametrize("padded", [False, True])
+def _exact_cases():
+  """Every (padded, threshold, cache); four of the eight run by default,
+  every pair of settings together among them: the padding (mask and
+  positions) and the threshold are settled before the cache's block loop,
+  which each cache runs padded and not, with and without a threshold. The
+  other four are `slow` (covered pair by pair by the default ones)."""
+  default = {(False, None, "prefix"), (False, 0.5, "dual"),
+             (True, None, "dual"), (True, 0.5, "prefix")}
+  return [pytest.param(padded, threshold, cache,
+                       id=f"{padded}-{threshold}-{cache}",
+                       marks=[] if (padded, threshold, cache) in default
+                       else [pytest.mark.slow])
+          for padded in (False, True) for threshold in (None, 0.5)
+          for cache in cached_sampling.CACHES]
+
+
+@pytest.mark.parametrize("padded, threshold, cache", _exact_cases())
 def test_cached_decoding_equals_exact_for_a_context_free_model(
     cache, threshold, padded):
   prompt = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
