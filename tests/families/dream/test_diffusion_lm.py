@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import cli_batch
 import repo
 import test_export
 
@@ -288,16 +289,27 @@ def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):
                jax.device_get(saved))
 
 
-def _export(workdir, out, *extra):
-  return subprocess.run(
-      [sys.executable, "-m", "trm.export",
-       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+# `python -m trm.export` for the runs below, forked from one process that
+# has imported what the tool imports (tests/cli_batch.py; the preload of
+# test_export.py's export_cli): a start-up of jax, flax and the Dream model
+# per run less. test_export_round_trips_to_the_hugging_face_layout runs the
+# real entry point.
+export_cli = cli_batch.serve(
+    "trm.export", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
+    preload=("trm.core.cli", "trm.core.distributed", "trm.core.processes",
+             "trm.core.weights_io", "trm.data.text.tokenizer",
+             "trm.families.dream.hf_import", "trm.generate"))
+
+
+def _export(server, workdir, out, *extra):
+  return server.run(
+      ["--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
        f"--out={out}", "--dtype=float32", *extra],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      cwd=ROOT, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
-def test_export_never_mixes_with_an_existing_directory(trained, tmp_path):
+def test_export_never_mixes_with_an_existing_directory(trained, tmp_path,
+                                                       export_cli):
   """An old sharded download in --out: refused untouched without
   --overwrite; with it, replaced as a whole (no old file survives beside
   the new weights)."""
@@ -308,23 +320,25 @@ def test_export_never_mixes_with_an_existing_directory(trained, tmp_path):
          "model-00001-of-00002.safetensors": "old", "config.json": "{}"}
   for name, text in old.items():
     (out / name).write_text(text)
-  refused = _export(workdir, out)
+  refused = _export(export_cli, workdir, out)
   assert refused.returncode == 2, refused.stderr[-2000:]
   assert f"--out={out} is not empty" in refused.stderr
   assert "Traceback" not in refused.stderr
   assert sorted(os.listdir(out)) == sorted(old)
-  replaced = _export(workdir, out, "--overwrite")
+  replaced = _export(export_cli, workdir, out, "--overwrite")
   assert replaced.returncode == 0, replaced.stderr[-3000:]
   assert sorted(os.listdir(out)) == ["config.json", "generation_config.json",
                                      "model.safetensors"]
   assert not [p for p in os.listdir(tmp_path) if p != "hf"]  # no leftovers
 
 
-def test_export_refuses_to_overwrite_its_tokenizer_source(trained, tmp_path):
+def test_export_refuses_to_overwrite_its_tokenizer_source(trained, tmp_path,
+                                                         export_cli):
   workdir, _ = trained
   (tmp_path / "tokenizer.json").write_text("{}")
   for out in (tmp_path, tmp_path.parent):
-    result = _export(workdir, out, f"--tokenizer={tmp_path}", "--overwrite")
+    result = _export(export_cli, workdir, out, f"--tokenizer={tmp_path}",
+                     "--overwrite")
     assert result.returncode == 2
     assert "equals or contains --tokenizer" in result.stderr
   assert os.listdir(tmp_path) == ["tokenizer.json"]
