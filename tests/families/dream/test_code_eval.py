@@ -232,7 +232,8 @@ def test_mbpp_prompt_and_test_splits_take_the_test_split(tmp_path):
   assert split == "test split (tasks 11-510) of 510 rows"
 
 
-def test_mbpp_without_the_shots_is_refused_for_the_base_prompt(tmp_path):
+def test_mbpp_without_the_shots_is_refused_for_the_base_prompt(tmp_path,
+                                                              evaluate_cli):
   """A file of the test split only (tasks 11-510, as the Hugging Face
   dataset's test split exports) prompted 0-shot without a word, where the
   published numbers are 3-shot; now one line before the model loads."""
@@ -240,8 +241,9 @@ def test_mbpp_without_the_shots_is_refused_for_the_base_prompt(tmp_path):
           for i in (3, 11, 12)]
   path = tmp_path / "test_split.jsonl"
   path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  result = _evaluate("--checkpoint=/nonexistent", "--benchmark=mbpp",
-                     f"--benchmark_path={path}")
+  [result] = _evaluate_forked(evaluate_cli, [[
+      "--checkpoint=/nonexistent", "--benchmark=mbpp",
+      f"--benchmark_path={path}"]])
   assert result.returncode == 2, result.stderr[-3000:]
   assert result.stderr.strip().splitlines() == [
       f"trm.evaluate: error: --benchmark_path={path}: no task 2, 4 with "
@@ -665,9 +667,9 @@ def test_fallback_without_namespaces_warns_once(monkeypatch, caplog):
 # of one each. What an interpreter prints while importing is not seen
 # there; the runs that start a fresh `python -m trm.evaluate` (`_evaluate`:
 # test_tiny_model_end_to_end's scored run, test_score_only_reads_a_samples_
-# file, the MBPP and gzip refusals) and the injected fault's `python -c`
-# still see it. Preloaded: what trm.evaluate imports before its flags are
-# defined (importing trm.evaluate itself would make runpy warn).
+# file) and the injected fault's `python -c` still see it. Preloaded: what
+# trm.evaluate imports before its flags are defined (importing trm.evaluate
+# itself would make runpy warn).
 evaluate_cli = cli_batch.serve(
     "trm.evaluate", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
     preload=("jax", "trm.generate", "trm.core.cli",
@@ -769,7 +771,8 @@ def test_bad_input_is_one_line(bad_input_runs, flags, message):
 
 
 def test_a_gzipped_samples_file_is_not_rescored_in_place(mbpp_file,
-                                                         tmp_path):
+                                                         tmp_path,
+                                                         evaluate_cli):
   """--score_only=S.jsonl.gz rewrote S.jsonl.gz as plain text, which the
   next --score_only could not read; now one line asking for --output."""
   problems, _, _ = code_eval.load_mbpp(mbpp_file)
@@ -778,8 +781,9 @@ def test_a_gzipped_samples_file_is_not_rescored_in_place(mbpp_file,
       problems, [[p.solution] for p in problems], "mbpp"))
   with gzip.open(samples, "wt", encoding="utf-8") as f:
     f.write(text)
-  result = _evaluate(f"--score_only={samples}", "--workers=1",
-                     f"--benchmark_path={mbpp_file}", config=False)
+  [result] = _evaluate_forked(evaluate_cli, [[
+      f"--score_only={samples}", "--workers=1",
+      f"--benchmark_path={mbpp_file}"]], config=False)
   assert result.returncode == 2, result.stderr[-3000:]
   assert result.stderr.strip().splitlines() == [
       f"trm.evaluate: error: --score_only={samples}: samples are written "
