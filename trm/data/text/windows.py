@@ -550,4 +550,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main)
+  cli.run(main, compilation_cache=False)  # a builder compiles nothing
