@@ -2,10 +2,13 @@
 tinyshakespeare at toy sizes, 8 CPU devices as mesh 2x2x2: the loss falls,
 checkpoints follow always_save_checkpoint, eval_only and init_from work, a
 run resumes, and trm.sample prints text from the workdir."""
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -22,20 +25,30 @@ SHAKESPEARE = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare",
                            "input.txt")
 
 
+_CORPUS = []  # this process's stand-in corpus, written once
+
+
 def corpus_path(tmp_root) -> str:
   """tinyshakespeare where the checkout has ../shared/data; otherwise this
-  repository's own Python sources, so the tests still run on a bare clone."""
+  repository's own Python sources, so the tests still run on a bare clone.
+  The stand-in goes in a folder of its own: written into `tmp_root` (often
+  the run's data_root), it failed where data_root did not exist yet, and
+  some tests check that nothing else made it."""
+  del tmp_root  # kept for the callers; the stand-in is per process
   if os.path.isfile(SHAKESPEARE):
     return SHAKESPEARE
-  path = os.path.join(str(tmp_root), "corpus.txt")
-  if not os.path.exists(path):
+  if not _CORPUS:
+    folder = tempfile.mkdtemp(prefix="trm_test_corpus_")
+    atexit.register(shutil.rmtree, folder, True)
     texts = []
-    for folder, _, files in sorted(os.walk(os.path.join(ROOT, "trm"))):
-      texts += [open(os.path.join(folder, f), encoding="utf-8").read()
+    for source, _, files in sorted(os.walk(os.path.join(ROOT, "trm"))):
+      texts += [open(os.path.join(source, f), encoding="utf-8").read()
                 for f in sorted(files) if f.endswith(".py")]
+    path = os.path.join(folder, "corpus.txt")
     with open(path, "w", encoding="utf-8") as f:
       f.write("\n".join(texts))
-  return path
+    _CORPUS.append(path)
+  return _CORPUS[0]
 
 
 def tiny_config(data_root, **overrides):
