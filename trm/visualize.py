@@ -143,4 +143,5 @@ if __name__ == "__main__":
   from trm.core import distributed  # pylint: disable=g-import-not-at-top,unused-import
   define_flags()
   flags.mark_flags_as_required(["data_dir"])
-  cli.run(main, stopped_line=STOPPED_LINE)
+  # It compiles nothing: configuring the compilation cache imported jax.
+  cli.run(main, compilation_cache=False, stopped_line=STOPPED_LINE)
