@@ -6,6 +6,7 @@ import sys
 import numpy as np
 from PIL import Image
 import pytest
+import cli_batch
 import repo
 
 from trm.data.puzzles import arc_grids
@@ -17,6 +18,16 @@ from trm.data.puzzles import sudoku
 from trm.data.puzzles import sudoku_generate
 
 ROOT = repo.ROOT
+
+# The refusals run `python -m trm.visualize` forked from one process that
+# has imported what the tool imports before its flags are parsed
+# (tests/cli_batch.py; trm.core.distributed defines the pod flags, the rest
+# none): its start-up per case less. test_cli_on_a_small_sudoku_dataset
+# runs the real entry point.
+visualize_cli = cli_batch.serve(
+    "trm.visualize", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
+    preload=("trm.core.cli", "trm.core.distributed",
+             "trm.families.trm.sheets"))
 
 
 def _px(image, x, y):
@@ -216,7 +227,7 @@ def test_arc_and_maze_sheets(tmp_path):
   assert sheet.size == (_sheet_width(3, 240), _sheet_height(2, 240))
 
 
-def test_cli_on_a_small_sudoku_dataset(tmp_path):
+def test_cli_on_a_small_sudoku_dataset(tmp_path, visualize_cli):
   data_dir = str(tmp_path / "sudoku")
   sudoku.build_dataset(data_dir, source="generate", num_train=2, num_test=4,
                        num_aug=0, num_blanks=30)
@@ -239,12 +250,11 @@ def test_cli_on_a_small_sudoku_dataset(tmp_path):
   panel = 9 * panels.SUDOKU_CELL + 1
   # Started as on a pod, process 1 leaves the drawing to process 0.
   other = str(tmp_path / "other.png")
-  pod = subprocess.run(
-      [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
-       f"--out={other}", "--coordinator_address=127.0.0.1:1",
-       "--num_processes=2", "--process_id=1"],
-      cwd=ROOT, capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  pod = visualize_cli.run(
+      [f"--data_dir={data_dir}", f"--out={other}",
+       "--coordinator_address=127.0.0.1:1", "--num_processes=2",
+       "--process_id=1"],
+      cwd=ROOT, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert pod.returncode == 0, pod.stderr[-3000:]
   assert "process 1: nothing to do" in pod.stdout
   assert not os.path.exists(other)
@@ -287,7 +297,7 @@ def test_predictions_with_a_row_count_other_than_the_splits(tmp_path):
                            predictions_path=path).size[0] > 0
 
 
-def test_an_out_that_cannot_be_the_png_is_one_line(tmp_path):
+def test_an_out_that_cannot_be_the_png_is_one_line(tmp_path, visualize_cli):
   """--out was first used by the final rename of the drawn sheet, which
   said '[Errno 21] Is a directory: <temporary file> -> PATH'."""
   data_dir = str(tmp_path / "sudoku")
@@ -303,16 +313,15 @@ def test_an_out_that_cannot_be_the_png_is_one_line(tmp_path):
       # checked before anything is read.
       (tmp_path / "s.png", "--num=100000: one sheet draws at most 200 "
        "examples", "--num=100000", "--data_dir=/nonexistent")):
-    result = subprocess.run(
-        [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
-         f"--out={out}", *other], cwd=ROOT, capture_output=True, text=True,
+    result = visualize_cli.run(
+        [f"--data_dir={data_dir}", f"--out={out}", *other], cwd=ROOT,
         timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(
         f"trm.visualize: error: {needle}")
 
 
-def test_an_out_over_a_file_drawn_from_is_refused(tmp_path):
+def test_an_out_over_a_file_drawn_from_is_refused(tmp_path, visualize_cli):
   """--out equal to --predictions (or a file of --data_dir) was replaced by
   the PNG: the predictions, or the dataset, lost."""
   from trm import visualize  # pylint: disable=g-import-not-at-top
@@ -322,10 +331,9 @@ def test_an_out_over_a_file_drawn_from_is_refused(tmp_path):
   _, arrays = puzzle_format.read_split(data_dir, "test")
   predictions = str(tmp_path / "preds.npy")
   np.save(predictions, np.array(arrays["labels"]))
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.visualize", f"--data_dir={data_dir}",
-       f"--predictions={predictions}", f"--out={predictions}"], cwd=ROOT,
-      capture_output=True, text=True, timeout=120,
+  result = visualize_cli.run(
+      [f"--data_dir={data_dir}", f"--predictions={predictions}",
+       f"--out={predictions}"], cwd=ROOT, timeout=120,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines()[-1].startswith(
