@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from PIL import Image
 import pytest
+import cli_batch
 
 from trm import evaluate
 from trm.core import train
@@ -252,20 +253,30 @@ def test_missing_config_or_checkpoint_is_one_line():
       "--benchmark / --score_only for code benchmarks)."]
 
 
+# The --output_dir refusals run `python -m trm.evaluate` forked from one
+# process that has imported what the tool imports before its flags are
+# parsed (tests/cli_batch.py; it imports each at its top): its start-up of
+# jax per case less. test_missing_config_or_checkpoint_is_one_line runs the
+# real entry point.
+evaluate_cli = cli_batch.serve(
+    "trm.evaluate", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
+    preload=("jax", "trm.core.cli", "trm.core.config_lib",
+             "trm.core.distributed", "trm.core.weights_io", "trm.generate"))
+
+
 @pytest.mark.parametrize("output_dir, message", [
     ("README.md", "--output_dir=README.md: is a file; a directory is "
      "expected."),
     ("README.md/eval", "--output_dir=README.md/eval: "),
 ])
 def test_output_dir_under_a_file_is_one_line_naming_the_flag(output_dir,
-                                                             message):
+                                                             message,
+                                                             evaluate_cli):
   """Was '[Errno 17] File exists: ...' (or Errno 20), naming no flag."""
-  result = subprocess.run(
-      [sys.executable, "-m", "trm.evaluate",
-       "--config=configs/trm_sudoku.py:cpu", "--checkpoint=/nonexistent",
+  result = evaluate_cli.run(
+      ["--config=configs/trm_sudoku.py:cpu", "--checkpoint=/nonexistent",
        f"--output_dir={output_dir}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      cwd=ROOT, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 2, result.stderr[-3000:]
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(
