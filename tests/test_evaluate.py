@@ -26,13 +26,20 @@ from trm.data.puzzles import sudoku
 from trm.families.trm import sheets as visualize_sheets
 from trm.families.trm import task as trm_task
 
-from test_train import ROOT, tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from test_train import ONE_AXIS, ROOT, tiny_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+  # The data-parallel mesh (the subject here is what is evaluated, not the
+  # weights' sharding): its train and evaluation steps go into the
+  # session's compilation cache, so the evaluations below load the program
+  # the first compiled (the 2x2x2 mesh's are compiled afresh each time:
+  # trm/core/cpu_collectives.py), and the trainer's step may come from
+  # other files' tiny runs (test_train's ONE_AXIS).
   workdir = str(tmp_path_factory.mktemp("sudoku"))
-  config = tiny_config(**{"data.data_dir": os.path.join(workdir, "data")})
+  config = tiny_config(**{"data.data_dir": os.path.join(workdir, "data")},
+                       **ONE_AXIS)
   state, results = train.train_and_evaluate(config, workdir, families.build_task)
   return config, workdir, state, results
 
