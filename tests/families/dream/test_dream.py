@@ -255,10 +255,14 @@ def test_attention_matches_naive_gqa():
   pos = jnp.broadcast_to(jnp.arange(l), (b, l))
   cos, sin = dream.rope_cos_sin(pos, k, cfg.rope_theta, jnp.float32)
   attn = dream.Attention(cfg)
-  params = nn.meta.unbox(attn.init(jax.random.key(1), x, None, cos, sin))
-  p = {n: jax.tree.map(lambda a: a + 0.1 * jax.random.normal(
-      jax.random.key(7), a.shape), v) for n, v in params["params"].items()}
-  out = attn.apply({"params": p}, x, None, cos, sin)
+  # Jitted: op by op, each op of init, the perturbation and apply was a
+  # compile of its own.
+  params = nn.meta.unbox(jax.jit(attn.init)(jax.random.key(1), x, None, cos,
+                                            sin))
+  p = jax.jit(lambda params: {n: jax.tree.map(
+      lambda a: a + 0.1 * jax.random.normal(jax.random.key(7), a.shape), v)
+                              for n, v in params.items()})(params["params"])
+  out = jax.jit(attn.apply)({"params": p}, x, None, cos, sin)
 
   def rope(t):
     t1, t2 = t[..., :k // 2], t[..., k // 2:]
