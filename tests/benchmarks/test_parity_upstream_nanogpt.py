@@ -25,6 +25,10 @@ def _load():
 
 
 parity = _load()
+# Torch on one thread: the tests run beside another pytest worker on a
+# 2-core host, where torch's second thread only contends (the bf16
+# test 26-31 -> 12 s of CPU, measured side by side under load).
+_ONE_THREAD = "--threads=1"
 
 
 def _fake_upstream(tmp_path, train_py="def get_lr(it):\n  return 0.0\n"):
@@ -138,7 +142,8 @@ def test_model_checks_pass_on_a_faithful_port_and_fail_when_perturbed(
     tmp_path, capsys):
   pytest.importorskip("torch")
   d = _fake_upstream(tmp_path)
-  argv = [f"--upstream_dir={d}", "--checks=model", "--cases=v65_bias"]
+  argv = [f"--upstream_dir={d}", "--checks=model", "--cases=v65_bias",
+          _ONE_THREAD]
   assert parity.main(argv) == 0
   out = capsys.readouterr().out
   assert "commit unknown" in out
@@ -295,7 +300,7 @@ def _dropout_check(tmp_path, capsys, *flags):
   pytest.importorskip("torch")
   d = _fake_upstream_manual(tmp_path)
   status = parity.main([f"--upstream_dir={d}", "--checks=dropout",
-                        "--cases=v65_nobias", *flags])
+                        "--cases=v65_nobias", _ONE_THREAD, *flags])
   return status, capsys.readouterr().out
 
 
@@ -324,7 +329,8 @@ def test_bf16_check_passes_and_fails_when_perturbed(tmp_path, capsys):
   pytest.importorskip("torch")
   d = _fake_upstream_manual(tmp_path)
   # After the dropout check too: a config it changed once leaked into this.
-  argv = [f"--upstream_dir={d}", "--checks=dropout,bf16", "--cases=v65_bias"]
+  argv = [f"--upstream_dir={d}", "--checks=dropout,bf16", "--cases=v65_bias",
+          _ONE_THREAD]
   assert parity.main(argv) == 0
   out = capsys.readouterr().out
   assert out.count("PASS") == 12 and "upstream autocast vs float32" in out
