@@ -334,7 +334,9 @@ def test_export_check_on_a_stand_in_upstream(tmp_path):
   report = str(tmp_path / "report.json")
   out = parity_scripts.run_with("upstream_dream", f"""
       import json
+      import torch
       from trm.families.dream import hf_layout
+      torch.set_num_threads(1)  # beside the other pytest worker: 2 cores
       args = ["--upstream_dir={folder}", "--checks=export", "--vocab=64",
               "--hidden=32", "--layers=1", "--prompt_len=6",
               "--new_tokens=8", "--head_scale=2", "--json={report}"]
