@@ -117,6 +117,21 @@ class Server:
     self._work.cleanup()
 
 
+# Preloads shared by several files. trm.main's: what it imports before it
+# parses its flags, and libraries its training imports that define no absl
+# flag (trm.core.train itself would define Grain's and Orbax's: a fork
+# would then accept --grain_py_debug_mode, which the real tool refuses).
+# trm.export's for a Dream export: what it imports at its top.
+# tests/core/test_cli.py checks that neither defines a flag the tool lacks.
+MAIN_PRELOAD = ("trm.core.cli", "trm.core.config_lib", "trm.core.distributed",
+                "jax", "flax.linen", "optax", "tensorstore",
+                "clu.metric_writers")
+DREAM_EXPORT_PRELOAD = ("trm.core.cli", "trm.core.distributed",
+                        "trm.core.processes", "trm.core.weights_io",
+                        "trm.data.text.tokenizer",
+                        "trm.families.dream.hf_import", "trm.generate")
+
+
 def serve(module: str, preload=(), env=None):
   """A module-scoped fixture: a `Server` for `module`, closed after the
   file's tests. `env`: a function returning the environment (os.environ's

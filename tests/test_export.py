@@ -56,9 +56,7 @@ def test_out_beside_or_inside_the_run_is_allowed(tmp_path):
 # entry point.
 export_cli = cli_batch.serve(
     "trm.export", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
-    preload=("trm.core.cli", "trm.core.distributed", "trm.core.processes",
-             "trm.core.weights_io", "trm.data.text.tokenizer",
-             "trm.families.dream.hf_import", "trm.generate"))
+    preload=cli_batch.DREAM_EXPORT_PRELOAD)
 
 
 def _export_error(server, workdir, *flags) -> str:

@@ -78,13 +78,29 @@ def test_an_empty_workdir_is_refused(tmp_path):
 
 # `python -m trm.main` for the refusal of a config value (found after jax
 # and the trainer are imported), forked from one process that has imported
-# jax, flax, optax and tensorstore (tests/cli_batch.py; they define no
-# flags): their start-up per case less. The other tests here run the real
-# entry point.
-main_cli = cli_batch.serve(
-    "trm.main", env=lambda: ENV,
-    preload=("trm.core.cli", "trm.core.config_lib", "trm.core.distributed",
-             "jax", "flax.linen", "optax", "tensorstore"))
+# cli_batch.MAIN_PRELOAD: its start-up per case less. The other tests here
+# run the real entry point.
+main_cli = cli_batch.serve("trm.main", env=lambda: ENV,
+                          preload=cli_batch.MAIN_PRELOAD)
+
+
+def test_shared_preloads_define_no_flag_the_tools_lack():
+  """A fork of a server whose preload defined a flag would accept it where
+  the real tool refuses it as unknown (tests/cli_batch.py)."""
+  script = (
+      "import importlib, sys\n"
+      "from absl import flags\n"
+      "import trm.main, trm.export\n"
+      "tools = set(flags.FLAGS)\n"
+      f"sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\n"
+      "import cli_batch\n"
+      "for name in cli_batch.MAIN_PRELOAD + cli_batch.DREAM_EXPORT_PRELOAD:\n"
+      "  importlib.import_module(name)\n"
+      "print(sorted(set(flags.FLAGS) - tools))\n")
+  done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_an_input_error_is_one_line_and_traceback_on_request(tmp_path,

@@ -60,13 +60,9 @@ def _free_port() -> int:
 
 
 # trm.main's refusals on 2 processes run as forks of two servers, one per
-# process, that have imported what trm.main imports before its flags are
-# parsed, and jax, flax, optax and clu, which define no flags
-# (tests/cli_batch.py): most of each process's imports saved. The long runs
-# below (_Training) start trm.main as a pod does.
-_MAIN_PRELOAD = ("trm.core.cli", "trm.core.config_lib",
-                 "trm.core.distributed", "jax", "flax.linen", "optax",
-                 "clu.metric_writers")
+# process, that have imported cli_batch.MAIN_PRELOAD: most of each
+# process's imports saved. The long runs below (_Training) start trm.main
+# as a pod does.
 
 
 def _main_env():
@@ -78,7 +74,8 @@ def _main_env():
 
 @pytest.fixture(scope="module")
 def main_clis():
-  servers = [cli_batch.Server("trm.main", _MAIN_PRELOAD, _main_env())
+  servers = [cli_batch.Server("trm.main", cli_batch.MAIN_PRELOAD,
+                               _main_env())
              for _ in range(2)]
   yield servers
   for server in servers:
@@ -87,7 +84,7 @@ def main_clis():
 
 def _two_mains(servers, argvs, cwds=(ROOT, ROOT), timeout=120):
   """`python -m trm.main argvs[i]` in `cwds[i]` as process i, both at once:
-  [(exit code, stdout + stderr)] of each."""
+  ([exit code of each], [stdout + stderr of each])."""
   import threading  # pylint: disable=g-import-not-at-top
   results, errors = [None, None], []
 
@@ -105,7 +102,8 @@ def _two_mains(servers, argvs, cwds=(ROOT, ROOT), timeout=120):
     thread.join()
   if errors:
     raise errors[0]
-  return [(r.returncode, r.stdout + r.stderr) for r in results]
+  return ([r.returncode for r in results],
+          [r.stdout + r.stderr for r in results])
 
 
 def _train_losses(workdir):
@@ -451,10 +449,10 @@ def test_a_job_that_does_not_form_stops_each_process_with_one_line(
             f"--num_processes={count}", f"--process_id={index}",
             f"--distributed_timeout={1 if where != other else 60}",
             "--compilation_cache=off"] for where, count, index in runs]
-  ran = (_two_mains(main_clis, argvs[:2], timeout=60)
-         + _two_mains(main_clis, argvs[2:], timeout=60))
-  outputs = [output for _, output in ran]
-  assert [code for code, _ in ran] == [1, 1, 2, 2], outputs
+  codes, outputs = _two_mains(main_clis, argvs[:2], timeout=60)
+  more_codes, more_outputs = _two_mains(main_clis, argvs[2:], timeout=60)
+  codes, outputs = codes + more_codes, outputs + more_outputs
+  assert codes == [1, 1, 2, 2], outputs
   lines = [[line for line in output.splitlines() if "error:" in line]
            for output in outputs]
   assert [len(found) for found in lines] == [1, 1, 1, 1], outputs
@@ -497,14 +495,13 @@ def test_a_failed_text_preparation_stops_every_process_at_once(tmp_path,
   empty = tmp_path / "empty.txt"
   empty.write_text("")
   address = f"127.0.0.1:{workers_lib.free_port()}"
-  ran = _two_mains(main_clis, [[
+  codes, outputs = _two_mains(main_clis, [[
       "--config=configs/gpt.py:shakespeare_char_cpu",
       f"--workdir={tmp_path / 'run'}", f"--config.data.input={empty}",
       f"--config.data_root={tmp_path / 'data'}",
       f"--coordinator_address={address}", "--num_processes=2",
       f"--process_id={i}", "--compilation_cache=off"] for i in range(2)])
-  outputs = [output for _, output in ran]
-  assert [code for code, _ in ran] == [2, 2], outputs
+  assert codes == [2, 2], outputs
   assert f"error: {empty} holds 0 characters" in outputs[0], outputs[0][-2000:]
   assert "error: process 0 stopped while preparing" in outputs[1], (
       outputs[1][-2000:])
@@ -519,13 +516,12 @@ def test_processes_started_with_other_settings_stop_before_writing(
   odd process naming the fields."""
   address = f"127.0.0.1:{workers_lib.free_port()}"
   workdirs = [tmp_path / "zero", tmp_path / "one"]
-  ran = _two_mains(main_clis, [
+  codes, outputs = _two_mains(main_clis, [
       ["--config=configs/trm_sudoku.py:cpu",
        f"--workdir={workdirs[i]}", f"--coordinator_address={address}",
        "--num_processes=2", f"--process_id={i}", "--compilation_cache=off"]
       + ["--config.optim.lr=0.5"] * i for i in range(2)])
-  outputs = [output for _, output in ran]
-  assert [code for code, _ in ran] == [2, 2], outputs
+  assert codes == [2, 2], outputs
   assert ("error: process 1 of 2 was started with other settings than "
           "process 0 (the odd process's error line names the fields)") in outputs[0]
   assert (f"--workdir: '{workdirs[0]}' on process 0, '{workdirs[1]}' here; "
@@ -575,9 +571,8 @@ def test_hosts_holding_other_data_at_one_path_are_refused(tmp_path, family,
                   f"--coordinator_address={address}", "--num_processes=2",
                   f"--process_id={i}", "--compilation_cache=off"])
     hosts.append(str(host))
-  ran = _two_mains(main_clis, argvs, cwds=hosts)
-  outputs = [output for _, output in ran]
-  assert [code for code, _ in ran] == [2, 2], outputs
+  codes, outputs = _two_mains(main_clis, argvs, cwds=hosts)
+  assert codes == [2, 2], outputs
   assert re.search(
       r"error: process 1 of 2 was started with other settings than process "
       r"0: evaluation rows \(data fingerprint\): '[\w+]+' on process 0, "
@@ -595,14 +590,13 @@ def test_a_mesh_that_puts_the_whole_batch_on_each_process_is_refused(
   step failed after compiling ("compiled with int32[16,81] and called with
   int32[8,81]", a TypeError traceback); now one line before the data."""
   address = f"127.0.0.1:{workers_lib.free_port()}"
-  ran = _two_mains(main_clis, [
+  codes, outputs = _two_mains(main_clis, [
       ["--config=configs/trm_sudoku.py:cpu",
        f"--workdir={tmp_path / 'run'}", f"--coordinator_address={address}",
        "--num_processes=2", f"--process_id={i}", "--compilation_cache=off",
        "--config.mesh.data=1", "--config.mesh.fsdp=1", "--config.mesh.model=-1",
        f"--config.data.data_dir={tmp_path / 'data'}"] for i in range(2)])
-  outputs = [output for _, output in ran]
-  assert [code for code, _ in ran] == [2, 2], outputs
+  assert codes == [2, 2], outputs
   for output in outputs:
     assert ("error: config.global_batch_size=64: each of the 2 processes "
             "reads 32 rows of every batch, but the mesh {'data': 1, 'fsdp': "

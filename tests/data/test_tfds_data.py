@@ -412,13 +412,10 @@ def test_tfds_build_loads_our_builder_files():
 
 
 # The refusals below run in forks of one process that has imported
-# trm.main's modules (tests/cli_batch.py): a start-up of jax, TFDS and the
-# trainer per run less. test_gpt_trains_from_tfds_on_the_command_line runs
-# the real entry point.
-main_cli = cli_batch.serve(
-    "trm.main", env=lambda: ENV,
-    preload=("trm.core.cli", "trm.core.config_lib", "trm.core.distributed",
-             "trm.families", "trm.core.train", "trm.data.text.tfds_source"))
+# cli_batch.MAIN_PRELOAD: a start-up of jax per run less.
+# test_gpt_trains_from_tfds_on_the_command_line runs the real entry point.
+main_cli = cli_batch.serve("trm.main", env=lambda: ENV,
+                           preload=cli_batch.MAIN_PRELOAD)
 # trm.data.tfds_builders imports TFDS before it parses its flags.
 builders_cli = cli_batch.serve(
     "trm.data.tfds_builders", env=lambda: ENV,

@@ -290,15 +290,13 @@ def test_export_round_trips_to_the_hugging_face_layout(trained, tmp_path):
 
 
 # `python -m trm.export` for the runs below, forked from one process that
-# has imported what the tool imports (tests/cli_batch.py; the preload of
-# test_export.py's export_cli): a start-up of jax, flax and the Dream model
-# per run less. test_export_round_trips_to_the_hugging_face_layout runs the
-# real entry point.
+# has imported what the tool imports (cli_batch.DREAM_EXPORT_PRELOAD): a
+# start-up of jax, flax and the Dream model per run less.
+# test_export_round_trips_to_the_hugging_face_layout runs the real entry
+# point.
 export_cli = cli_batch.serve(
     "trm.export", env=lambda: dict(os.environ, JAX_PLATFORMS="cpu"),
-    preload=("trm.core.cli", "trm.core.distributed", "trm.core.processes",
-             "trm.core.weights_io", "trm.data.text.tokenizer",
-             "trm.families.dream.hf_import", "trm.generate"))
+    preload=cli_batch.DREAM_EXPORT_PRELOAD)
 
 
 def _export(server, workdir, out, *extra):
