@@ -288,8 +288,8 @@ def test_api_bad_settings_are_one_clear_line(lm, kwargs, message):
 
 
 # slow: test_cli_cached_decoding_compiles_once_and_prints_both_times runs
-# the cached sampler end to end and
-# tests/families/dream/test_cached_sampling.py checks its tokens.
+# the cached sampler end to end and tests/families/dream/
+# test_cached_sampling.py checks its tokens.
 @pytest.mark.slow
 def test_api_cached_decoding(lm):
   """The cache agrees with the exact sampler on every prompt token, fills

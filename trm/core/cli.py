@@ -582,8 +582,9 @@ def run(main, compilation_cache: bool = True,
   """`app.run(main)` with the shared flag parser, one-line errors, signal
   handling, the persistent compilation cache (`compile_cache`; off for
   tools whose executables cannot be loaded back, such as trm.aot's
-  compile-only TPU programs, and for the data builders, which compile
-  nothing: configuring it imports jax, 0.8 s of a builder's 1.3 s refusal),
+  compile-only TPU programs, and for the data builders and trm.visualize,
+  which compile nothing: configuring it imports jax, 0.8 s of a builder's
+  1.3 s refusal),
   and no libtpu start-up on hosts without an accelerator.
 
   stopped_line: for every tool but trm.main (which saves on SIGTERM and
