@@ -7,6 +7,7 @@ import json
 import math
 import os
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from trm.families.dream import code_eval
 from trm.families.dream import code_exec
+from trm.families.dream import sandbox_init
 
 from test_generate import ROOT, make_tiny_checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -426,6 +428,95 @@ def test_network_namespace_stops_unguarded_code(server):
       timeout_s=5, namespaces=False))
   assert guarded.passed, guarded.result
   assert _accepted(server)
+
+
+@pytest.mark.skipif(sandbox_init.seccomp_machine() is None,
+                    reason="no seccomp filter on this machine")
+def test_the_fallback_without_namespaces_has_the_seccomp_filter():
+  """Memory outside the address space escapes --memory_mb (RLIMIT_AS): a
+  program held 1 GB through memfds or SysV shared memory at memory_mb=256,
+  and without namespaces its SysV segments outlived it. The filter is
+  installed in every mode; threads and subprocesses still start."""
+  limits = code_exec.Limits(timeout_s=10, memory_mb=256, namespaces=False)
+  assert "seccomp filter" in code_exec.isolation(limits)
+  # A segment it did get is removed at once (IPC_RMID): it would outlive
+  # the program here.
+  refused = ["import os\nos.memfd_create('x')\n",
+             "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             "segment = libc.shmget(0, 64 << 20, 0o1600)\n"
+             "if segment < 0:\n"
+             "    raise OSError(ctypes.get_errno(), 'shmget')\n"
+             "libc.shmctl(segment, 0, None)\n"]
+  fine = ("import subprocess, sys, threading\nt = threading.Thread("
+          "target=print)\nt.start()\nt.join()\nsubprocess.run("
+          "[sys.executable, '-c', 'pass'], check=True)\n")
+  outcomes = code_exec.run_programs([*refused, fine], limits, 2)
+  for outcome in outcomes[:2]:
+    assert outcome.reason == "error", outcome
+    assert "PermissionError: [Errno 1]" in outcome.result, outcome
+  assert outcomes[2].passed, outcomes[2]
+
+
+def _filtered(program, arch, number, arg0=0):
+  """What the seccomp `program` returns for a call, run as the kernel
+  would (the few classic BPF instructions it uses)."""
+  data = struct.pack("<iIQ6Q", number, arch, 0, arg0, 0, 0, 0, 0, 0)
+  accumulator, at = 0, 0
+  while True:
+    code, jt, jf, k = program[at]
+    at += 1
+    if code == sandbox_init.BPF_RET:
+      return k
+    if code == sandbox_init.BPF_LD_ABS:
+      accumulator = struct.unpack_from("<I", data, k)[0]
+      continue
+    taken = {sandbox_init.BPF_JEQ: accumulator == k,
+             sandbox_init.BPF_JGE: accumulator >= k,
+             sandbox_init.BPF_JSET: bool(accumulator & k)}[code]
+    at += jt if taken else jf
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_seccomp_filters_decisions(machine):
+  """Both machines' filters, whatever this one is: the refused calls, clone
+  with and without a new namespace, clone3, other ABIs, the rest allowed."""
+  program = sandbox_init.seccomp_program(machine)
+  arch = sandbox_init.AUDIT_ARCH[machine]
+  allow, eperm, enosys = 0x7FFF0000, 0x50001, 0x50026
+  read, clone = {"x86_64": 0, "aarch64": 63}[machine], {
+      "x86_64": 56, "aarch64": 220}[machine]
+  for name, number in sandbox_init.REFUSED[machine].items():
+    assert _filtered(program, arch, number) == eperm, name
+  assert _filtered(program, arch, read) == allow
+  assert _filtered(program, arch, clone, 0x3D0F00) == allow  # a thread
+  assert _filtered(program, arch, clone, 0x01200011) == allow  # fork
+  for flag in (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000,
+               0x20000000, 0x40000000):
+    assert _filtered(program, arch, clone, 0x11 | flag) == eperm, hex(flag)
+  assert _filtered(program, arch, 435) == enosys  # clone3
+  assert _filtered(program, 0x40000003, 356) == enosys  # i386: memfd_create
+  assert _filtered(program, 0x40000028, read) == enosys  # AArch32 / ARM
+  if machine == "x86_64":
+    assert _filtered(program, arch, 0x40000000 | 319) == enosys  # x32
+
+
+def test_a_filter_the_kernel_refuses_is_an_error(monkeypatch):
+  """Fail closed: the program then does not start (its caller reports
+  "unstarted", scored sandbox_error)."""
+  if sandbox_init.seccomp_machine() is None:
+    pytest.skip("no seccomp filter on this machine")
+  refusing = type("Libc", (), {"prctl": staticmethod(lambda *args: -1)})
+  monkeypatch.setattr(sandbox_init, "_libc", refusing)
+  with pytest.raises(sandbox_init.SetupError,
+                     match="the seccomp filter was refused"):
+    sandbox_init._seccomp()  # pylint: disable=protected-access
+
+
+def test_other_machines_run_without_a_filter(monkeypatch):
+  monkeypatch.setattr(sandbox_init.platform, "machine", lambda: "riscv64")
+  assert sandbox_init.seccomp_machine() is None
+  limits = code_exec.Limits(namespaces=False)
+  assert "no seccomp filter" in code_exec.isolation(limits)
 
 
 # ---------------------------------------------------------------- pass@k

@@ -16,7 +16,8 @@ unshare(2) and forks the new PID namespace's init (pid 1), which
     the host's files, whose ends it copies there afterwards);
   - forks the program, which sets its rlimits, drops every capability
     (mode "root": to a per-sample unprivileged uid; mode "user": to root of
-    the user namespace with no capabilities) and execs the interpreter with
+    the user namespace with no capabilities), installs the seccomp filter
+    (`seccomp_program`, in mode "none" too) and execs the interpreter with
     the bootstrap below;
   - writes the nonce into the program's pipe, waits for it, reads what it
     reported and writes the report; its exit then kills every process left
@@ -51,6 +52,39 @@ KEYCTL = {"x86_64": 250, "aarch64": 219, "arm64": 219, "riscv64": 219,
           "ppc64le": 271, "ppc64": 271, "s390x": 280}
 KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
 KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+# The seccomp filter (`seccomp_program`): system calls by number, per
+# machine. Memory the kernel holds for a program outside its address space
+# escapes RLIMIT_AS: a memfd, SysV shared memory or message queues, a tmpfs
+# mounted in namespaces of its own (memfds and SysV segments held 1 GB each
+# at --memory_mb=256, in every mode).
+# These calls fail with EPERM (the new mount API and memfd_secret have the
+# same numbers on both machines).
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SAME_NUMBERS = {"open_tree": 428, "move_mount": 429, "fsopen": 430,
+                 "fsconfig": 431, "fsmount": 432, "fspick": 433,
+                 "mount_setattr": 442, "open_tree_attr": 467,
+                 "memfd_secret": 447}
+REFUSED = {
+    "x86_64": dict(_SAME_NUMBERS, memfd_create=319, shmget=29, msgget=68,
+                   unshare=272, setns=308, mount=165, umount2=166,
+                   pivot_root=155, userfaultfd=323),
+    "aarch64": dict(_SAME_NUMBERS, memfd_create=279, shmget=194, msgget=186,
+                    unshare=97, setns=268, mount=40, umount2=39,
+                    pivot_root=41, userfaultfd=282)}
+# clone(2) refused only with a CLONE_NEW* flag (its flags are args[0] on
+# both); clone3(2) with ENOSYS, since its flags are in memory a filter
+# cannot read: glibc then falls back to clone (threads, posix_spawn).
+CLONE = {"x86_64": 56, "aarch64": 220}
+CLONE3 = 435
+CLONE_NEW_ANY = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER,
+#                             NEWPID, NEWNET
+X32_BIT = 0x40000000  # x86-64's x32 ABI: the same calls under other numbers
+EPERM, ENOSYS = 1, 38
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+# Classic BPF opcodes, and offsets in struct seccomp_data.
+BPF_LD_ABS, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
+DATA_NR, DATA_ARCH, DATA_ARG0 = 0, 4, 16
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 REPORT_BYTES = 65536  # read from the program's report pipe at most
@@ -366,6 +400,69 @@ def _limit(kind, value):
   resource.setrlimit(kind, (value, value))
 
 
+def seccomp_machine():
+  """"x86_64" or "aarch64" when this interpreter is a 64-bit little-endian
+  process of one (the filter's tables), else None: no filter there."""
+  machine = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64",
+             "arm64": "aarch64"}.get(platform.machine().lower())
+  if (machine is None or not sys.platform.startswith("linux")
+      or ctypes.sizeof(ctypes.c_void_p) != 8 or sys.byteorder != "little"):
+    return None
+  return machine
+
+
+def seccomp_program(machine):
+  """The filter for `machine`: (code, jt, jf, k) instructions of classic
+  BPF. A call from another ABI (i386's int 0x80 on x86-64, x32, AArch32)
+  gets ENOSYS: its numbers differ, so the tables would not hold there."""
+  code = [(BPF_LD_ABS, 0, 0, DATA_ARCH),
+          (BPF_JEQ, 0, "enosys", AUDIT_ARCH[machine]),
+          (BPF_LD_ABS, 0, 0, DATA_NR)]
+  if machine == "x86_64":
+    code.append((BPF_JGE, "enosys", 0, X32_BIT))
+  code.append((BPF_JEQ, "enosys", 0, CLONE3))
+  for number in sorted(REFUSED[machine].values()):
+    code.append((BPF_JEQ, "eperm", 0, number))
+  code += [(BPF_JEQ, 0, "allow", CLONE[machine]),
+           (BPF_LD_ABS, 0, 0, DATA_ARG0),  # the low half of the flags
+           (BPF_JSET, "eperm", "allow", CLONE_NEW_ANY)]
+  ends = {"allow": SECCOMP_RET_ALLOW, "eperm": SECCOMP_RET_ERRNO | EPERM,
+          "enosys": SECCOMP_RET_ERRNO | ENOSYS}
+  where = {name: len(code) + i for i, name in enumerate(ends)}
+  resolved = [(op, *(where[j] - i - 1 if isinstance(j, str) else j
+                     for j in (jt, jf)), k)
+              for i, (op, jt, jf, k) in enumerate(code)]
+  return resolved + [(BPF_RET, 0, 0, value) for value in ends.values()]
+
+
+class _SockFilter(ctypes.Structure):
+  _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8),
+              ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+  _fields_ = [("len", ctypes.c_ushort),
+              ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _seccomp():
+  """Installs `seccomp_program` in this process (no_new_privs is set):
+  inherited by everything it execs and forks, never removable. Raises
+  (the program then does not start) if the kernel refuses it."""
+  machine = seccomp_machine()
+  if machine is None:
+    return
+  program = seccomp_program(machine)
+  instructions = (_SockFilter * len(program))(*program)
+  fprog = _SockFprog(len(program), instructions)
+  if _libc.prctl(ctypes.c_int(PR_SET_SECCOMP),
+                 ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog),
+                 ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+    errno = ctypes.get_errno()
+    raise SetupError(f"the seccomp filter was refused: {os.strerror(errno)} "
+                     f"(errno {errno})")
+
+
 def _start_program(payload, nonce_read, report_write, outputs):
   """In the forked child: limits, privileges, fds, then exec. `outputs`:
   the fds of its stdout and stderr, or () to keep ours. A failure is
@@ -401,6 +498,9 @@ def _start_program(payload, nonce_read, report_write, outputs):
     os.closerange(5, 1 << 16)
     env = dict(payload["env"], HOME=cwd, TMPDIR=cwd)
     _default_signals()
+    # Last: the sandbox's own unshare and mounts are done, and the filter
+    # refuses them from here on (to the program and all it starts).
+    _seccomp()
     python = payload["python"]
     os.execve(python, [python, payload["python_flags"], "-c", BOOTSTRAP,
                        solution, checks], env)
