@@ -337,3 +337,134 @@ def test_resume_keeps_whole_batches_of_the_same_settings(tmp_path, capsys):
     f.write("not json\n" + _sample("HumanEval/0", 0) + "\n")
   with pytest.raises(ValueError, match="line 1: not JSON"):
     evaluate._resumed_samples(output, _generation())
+
+
+# A fresh DiffuCoder-mode run emptied an existing --output when it started
+# (--score_only --output=X wrote over X): a killed rerun left part of a
+# whole file. Refused before anything loads (--checkpoint does not exist:
+# a load would fail otherwise), naming the file and the three choices.
+def _earlier_file(path, line='{"task_id": "HumanEval/0"}\n'):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(line)
+  return str(path)
+
+
+def _requests(tmp_path):
+  path = tmp_path / "requests.jsonl"
+  path.write_text(json.dumps({"context": "a", "continuation": " b"}) + "\n")
+  return str(path)
+
+
+def _refusal(evaluate_cli, argv):
+  result = evaluate_cli.run(argv, cwd=ROOT, timeout=300,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, lines
+  return lines[0]
+
+
+@pytest.mark.parametrize("mode", ["benchmark", "default_dir", "loglikelihood",
+                                  "score_only"])
+def test_an_existing_output_is_refused_before_anything_loads(
+    mode, tmp_path, evaluate_cli):
+  output = tmp_path / "out" / "samples.jsonl"
+  flag = "--output"
+  argv = [f"--output={output}"]
+  if mode == "default_dir":  # <output_dir>/humaneval_samples.jsonl
+    output, flag = tmp_path / "out" / "humaneval_samples.jsonl", "--output_dir"
+    argv = [f"--output_dir={output.parent}"]
+  before = _earlier_file(output, '{"loglikelihood": -1.0, "is_greedy": true}\n'
+                         if mode == "loglikelihood" else
+                         '{"task_id": "HumanEval/0"}\n')
+  if mode == "loglikelihood":
+    argv += [f"--loglikelihood={_requests(tmp_path)}",
+             "--checkpoint=/nonexistent"]
+  elif mode == "score_only":
+    argv += [f"--score_only={_earlier_file(tmp_path / 'scored.jsonl')}"]
+  else:
+    argv += ["--config=configs/diffucoder_7b.py:tiny", "--benchmark=humaneval",
+             "--checkpoint=/nonexistent"]
+  line = _refusal(evaluate_cli, argv)
+  assert line == (
+      f"trm.evaluate: error: {flag}: {output} holds an earlier run's output; "
+      "pass --resume to go on from it, --overwrite to replace it (kept whole "
+      "until the first new result replaces it), or another --output."), line
+  assert open(before).read().startswith("{")  # untouched
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--benchmark=humaneval", "--config=configs/diffucoder_7b.py:tiny",
+      "--checkpoint=/nonexistent", "--resume", "--overwrite"],
+     "--resume and --overwrite: --resume keeps what --output holds"),
+    (["--config=configs/trm_sudoku.py:cpu", "--checkpoint=/nonexistent",
+      "--overwrite"], "--overwrite: a TRM evaluation replaces eval.json"),
+])
+def test_overwrite_without_a_meaning_is_refused(argv, needle, tmp_path,
+                                                evaluate_cli):
+  line = _refusal(evaluate_cli, [*argv, f"--output={tmp_path / 'o.jsonl'}"]
+                  if "--benchmark=humaneval" in argv
+                  else [*argv, f"--output_dir={tmp_path}"])
+  assert line.startswith(f"trm.evaluate: error: {needle}"), line
+
+
+def test_resume_with_another_checkpoint_is_refused_before_it_loads(
+    tmp_path, evaluate_cli):
+  """Was refused only after the weights loaded. The --checkpoint directory
+  holds no model: reading it would fail with another line."""
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+  requests = _requests(tmp_path)
+  output = _earlier_file(tmp_path / "ll.jsonl",
+                         '{"loglikelihood": -1.0, "is_greedy": true}\n')
+  pairs = [pair for _, pair in likelihood.read_numbered_requests(requests)]
+  likelihood.write_settings(output, dict(
+      mc_num=128, batch_size=32, nll_type="mc", log_type="ftb",
+      sampling_eps=1e-3, seed=0, requests=requests, requests_count=1,
+      requests_sha256=likelihood.requests_digest(pairs),
+      checkpoint="runs/earlier", complete=False))
+  checkpoint = tmp_path / "hf"
+  checkpoint.mkdir()
+  line = _refusal(evaluate_cli, [
+      f"--loglikelihood={requests}", f"--checkpoint={checkpoint}",
+      f"--output={output}", "--resume"])
+  assert line == (
+      f"trm.evaluate: error: --resume: {output} was computed with checkpoint "
+      f"'runs/earlier', this run has '{checkpoint}': rerun with the earlier "
+      "settings, or without --resume to start again."), line
+
+
+class _FakeLM:
+  """A DiffusionLM's loglikelihood: checks what --output holds when each
+  request is scored, and is 'killed' at the second."""
+  source = "runs/new"
+
+  def __init__(self, output, earlier):
+    self.output, self.earlier, self.calls = output, earlier, 0
+
+  def loglikelihood(self, pairs, **unused_settings):
+    self.calls += 1
+    if self.calls == 1:  # the earlier file is still whole
+      with open(self.output) as f:
+        assert f.read() == self.earlier
+      return [(-2.5, False)] * len(pairs)
+    raise KeyboardInterrupt
+
+
+def test_overwrite_keeps_the_earlier_file_until_the_first_result(tmp_path):
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+  earlier = '{"loglikelihood": -1.0, "is_greedy": true}\n' * 3
+  output = _earlier_file(tmp_path / "ll.jsonl", earlier)
+  likelihood.write_settings(output, {"checkpoint": "runs/old"})
+  lm = _FakeLM(output, earlier)
+  with pytest.raises(KeyboardInterrupt):
+    evaluate.score_requests(lm, [("a", " b"), ("c", " d")], {},
+                            {"checkpoint": lm.source}, output, resume=False,
+                            overwrite=True)
+  # Killed after the first result: it alone is there, under this run's
+  # settings (a --resume goes on from it).
+  with open(output) as f:
+    assert f.read() == likelihood.result_line(-2.5, False)
+  with open(likelihood.settings_path(output)) as f:
+    assert json.load(f) == {"checkpoint": "runs/new", "complete": False}
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+      "ll.jsonl", "ll_settings.json"]  # no temporary file left

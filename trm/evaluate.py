@@ -48,7 +48,9 @@ fault, rescore without a model:
       --benchmark_path=mbpp.jsonl --k=1,10
 
 --timeout, --workers, --memory_mb, --disk_mb and --output are checked
-before anything is loaded (one line, exit 2); --score_only refuses the
+before anything is loaded (one line, exit 2; an --output that holds an
+earlier run's lines needs --resume or --overwrite, which keeps it whole
+until the first new batch or result replaces it); --score_only refuses the
 flags that only set how samples are generated (--temperature,
 --num_samples, ...), which it would ignore.
 
@@ -208,6 +210,23 @@ def check_output_file(path: str, flag: str) -> str:
   return path
 
 
+def check_fresh_output(output: str, flag: str = "--output") -> None:
+  """A run that starts `output` anew (no --resume) refuses one that holds
+  an earlier run's lines unless --overwrite: it emptied the file at start,
+  so a killed rerun left part of a whole file. Checked before anything
+  loads."""
+  if _RESUME.value and _OVERWRITE.value:
+    raise ValueError("--resume and --overwrite: --resume keeps what "
+                     f"{flag} holds, --overwrite replaces it; pass one.")
+  if _RESUME.value or _OVERWRITE.value:
+    return
+  if os.path.isfile(output) and os.path.getsize(output) > 0:
+    raise ValueError(f"{flag}: {output} holds an earlier run's output; pass "
+                     "--resume to go on from it, --overwrite to replace it "
+                     "(kept whole until the first new result replaces it), "
+                     "or another --output.")
+
+
 def code_settings():
   """(limits, workers, samples path) from the flags, each checked with a
   one-line error before anything is loaded."""
@@ -236,6 +255,12 @@ def code_settings():
                      f"{_BENCHMARK.value}_samples.jsonl"), "--output_dir")
   check_not_an_input(output, _inputs(
       {"--benchmark_path": _BENCHMARK_PATH.value}))
+  score_path = _SCORE_ONLY.value
+  if not (score_path is not None and os.path.exists(output)
+          and os.path.samefile(output, score_path)):
+    # --score_only's own file is rewritten by design (its default).
+    check_fresh_output(output, "--output" if _OUTPUT.value is not None
+                       else "--output_dir")
   return limits, workers, output
 
 
@@ -437,12 +462,31 @@ def _resumed_results(output: str, record: dict, count: int) -> list[str]:
 
 def _resumed_samples(output: str, generation: dict) -> list:
   """--resume: the samples of whole batches already in `output`, from a run
-  with these settings (each field compared; the first difference is one
-  line); none when there is no output yet."""
+  with these settings (`_check_generation`); none when there is no output
+  yet."""
   from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
   if not os.path.exists(output):
     print(f"--resume: no samples at {output} yet; generating all")
     return []
+  now = _check_generation(output, generation)
+  records = code_eval.read_samples(output, "--output", interrupted=True)
+  done = code_eval.complete_batches(records, now["task_ids"],
+                                    now["num_samples"], now["batch_size"])
+  plan = code_eval.batch_plan(len(now["task_ids"]), now["num_samples"],
+                              now["batch_size"])
+  whole = {(now["task_ids"][i], j) for j, n, rows in plan if (j, n) in done
+           for i in rows}
+  kept = [{k: v for k, v in r.items() if k != "line"} for r in records
+          if (str(r["task_id"]), r["sample"]) in whole]
+  print(f"--resume: {len(kept)} samples of {len(done)}/{len(plan)} batches "
+        f"kept from {output}")
+  return kept
+
+
+def _check_generation(output: str, generation: dict) -> dict:
+  """--resume: `generation` (as JSON) when the settings recorded beside an
+  existing `output` match it, each field compared (the first difference
+  is one line)."""
   earlier = _earlier_settings(output, _generation_path(output),
                               "generation")
   now = json.loads(json.dumps(generation))  # tuples as JSON keeps them
@@ -457,18 +501,7 @@ def _resumed_samples(output: str, generation: dict) -> list:
                        f"{before}, this run has {shown}: rerun with the "
                        "earlier settings, or without --resume to start "
                        "again.")
-  records = code_eval.read_samples(output, "--output", interrupted=True)
-  done = code_eval.complete_batches(records, now["task_ids"],
-                                    now["num_samples"], now["batch_size"])
-  plan = code_eval.batch_plan(len(now["task_ids"]), now["num_samples"],
-                              now["batch_size"])
-  whole = {(now["task_ids"][i], j) for j, n, rows in plan if (j, n) in done
-           for i in rows}
-  kept = [{k: v for k, v in r.items() if k != "line"} for r in records
-          if (str(r["task_id"]), r["sample"]) in whole]
-  print(f"--resume: {len(kept)} samples of {len(done)}/{len(plan)} batches "
-        f"kept from {output}")
-  return kept
+  return now
 
 
 def _from_process_0(done: set, plan: list) -> set:
@@ -546,7 +579,24 @@ def evaluate_code(config, checkpoint: str):
   step = cli.workdir_step(checkpoint, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
+  task_ids = [str(p.task_id) for p in problems]
+  generation = dict(
+      benchmark=benchmark, task_ids=task_ids, shots=len(shots),
+      num_samples=_NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
+      batch_size=_SAMPLER["batch_size"].value, chat=chat,
+      **_expected_checkpoint(checkpoint, step), sampler=settings)
+  if _RESUME.value:
+    # Before the weights load: the settings and, where known before they
+    # are read, the checkpoint (compared again once they are). Process 0
+    # alone reads --output; every process takes part.
+    distributed.run_on_process_0(
+        lambda: os.path.exists(output) and _check_generation(output,
+                                                             generation),
+        f"starting --output={output}")
   lm = generate_cli.load_model(checkpoint, _SAMPLER, config, step)
+  generation.pop("checkpoint", None)
+  sampler = generation.pop("sampler")  # recorded last, as before
+  generation.update(checkpoint=lm.source, sampler=sampler)
   # On a pod every process generates every batch; process 0 alone reads
   # and writes --output, prints, and runs the samples.
   first = jax.process_index() == 0
@@ -554,14 +604,10 @@ def evaluate_code(config, checkpoint: str):
     print(f"weights: {lm.source}\n{benchmark}: {split}; "
           f"{_NUM_SAMPLES.value} sample(s) each")
   start = time.perf_counter()
-  task_ids = [str(p.task_id) for p in problems]
-  generation = dict(
-      benchmark=benchmark, task_ids=task_ids, shots=len(shots),
-      num_samples=_NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
-      batch_size=_SAMPLER["batch_size"].value, chat=chat,
-      checkpoint=lm.source, sampler=settings)
 
   def start_output():
+    if _OVERWRITE.value:
+      return []  # the earlier file stays whole until the first batch
     kept = _resumed_samples(output, generation) if _RESUME.value else []
     # Each batch's samples are appended to --output as soon as they are
     # made, before any of them runs: an interrupted run keeps what was
@@ -579,17 +625,27 @@ def evaluate_code(config, checkpoint: str):
                            _SAMPLER["batch_size"].value))
   records, total = list(kept), len(problems) * _NUM_SAMPLES.value
   progress = code_eval.Progress("generated", every_s=0.0)  # every batch
+  pending = _OVERWRITE.value
+
+  def replace_samples(batch):
+    # --overwrite: the first batch replaces the earlier file whole, then
+    # its settings (killed between, the old settings describe no sample).
+    code_eval.write_samples(output, batch)
+    _write_json_atomically(_generation_path(output), generation)
   if kept:
     progress(len(records), total, f"kept from {output}")
   for rows, j, completions in code_eval.generate_batches(
       lm, prompts, _NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
       batch_size=_SAMPLER["batch_size"].value, skip=done, **settings):
 
-    def append(rows=rows, j=j, completions=completions):
+    def append(rows=rows, j=j, completions=completions, replace=pending):
       batch = [code_eval.record_for(problems[i], j, completion, benchmark,
                                     chat)
                for i, completion in zip(rows, completions)]
-      code_eval.append_samples(output, batch)
+      if replace:
+        replace_samples(batch)
+      else:
+        code_eval.append_samples(output, batch)
       return batch
 
     # Through run_on_process_0: a failed append (disk full, a removed
@@ -597,9 +653,13 @@ def evaluate_code(config, checkpoint: str):
     # collective timeout.
     batch = distributed.run_on_process_0(
         append, f"appending samples to --output={output}")
+    pending = False
     if first:
       records += batch
       progress(len(records), total, f"written to {output}")
+  if pending:  # nothing generated: the file is replaced by none
+    distributed.run_on_process_0(lambda: replace_samples([]),
+                                 f"starting --output={output}")
   if not first:
     return None
   generation_seconds = time.perf_counter() - start
@@ -680,6 +740,7 @@ def loglikelihood_output() -> str:
   check_not_an_input(output, inputs, what="log-likelihoods",
                      record_key="loglikelihood")
   _check_settings_file(likelihood.settings_path(output), output, inputs)
+  check_fresh_output(output, flag)
   return output
 
 
@@ -740,43 +801,70 @@ def evaluate_loglikelihood(config, checkpoint: str):
   distributed.initialize_distributed(jax)
   record = dict(settings, requests=path, requests_count=len(requests),
                 requests_sha256=likelihood.requests_digest(requests))
+  if _RESUME.value:
+    # Before the tokenizer and weights load: a resumed file's settings and,
+    # where known before the weights are read, its checkpoint (compared
+    # again once they are).
+    early = dict(record, **_expected_checkpoint(checkpoint, step))
+    distributed.run_on_process_0(
+        lambda: _resumed_results(output, early, len(requests)),
+        f"reading --output={output}")
 
   def before_weights(tokenizer, cfg, max_positions):
-    # Minutes before a 7B model's weights are read: each request's tokens
-    # (named by file line), and a resumed file's settings but the
-    # checkpoint (known once they are).
+    # Minutes before a 7B model's weights are read: each request's tokens,
+    # named by file line.
     likelihood.check_file_requests(
         numbered, tokenizer, cfg.mask_token_id, max_positions,
         settings["nll_type"], settings["log_type"],
         f"--loglikelihood={path}")
-    if _RESUME.value:
-      distributed.run_on_process_0(
-          lambda: _resumed_results(output, record, len(requests)),
-          f"reading --output={output}")
 
   lm = generate_cli.load_model(checkpoint, _SAMPLER, config, step,
                                before_weights=before_weights)
   record["checkpoint"] = lm.source
   return score_requests(lm, requests, settings, record, output, _RESUME.value,
-                        path)
+                        path, overwrite=_OVERWRITE.value)
+
+
+def _expected_checkpoint(checkpoint: str, step: int | None) -> dict:
+  """{"checkpoint": the weights' source} as the settings will record it,
+  when known before they load (`inference.expected_source`); {} else."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  source = inference.expected_source(checkpoint, step)
+  return {} if source is None else {"checkpoint": source}
 
 
 def score_requests(lm, requests, settings: dict, record: dict, output: str,
-                   resume: bool, path: str = "requests"):
+                   resume: bool, path: str = "requests",
+                   overwrite: bool = False):
   """Scores (context, continuation) `requests` with `lm` (a DiffusionLM),
   appending each result line to `output` as it is computed, `record` (the
   settings) beside it; `resume`: keep the lines an interrupted run with the
-  same `record` left there and score only the rest. The results of this
-  run on process 0 (None on the others)."""
+  same `record` left there and score only the rest; `overwrite`: leave an
+  existing `output` (and its settings) whole until the first result
+  replaces it. The results of this run on process 0 (None on the
+  others)."""
   from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   first = jax.process_index() == 0  # on a pod every process computes
 
   def start_output():
+    if overwrite and not resume:
+      return 0  # the earlier file stays whole until the first result
     kept = (_resumed_results(output, record, len(requests))
             if resume else [])
     likelihood.start_results(output, record, kept)
     return len(kept)
+
+  # The first result's write replaces the earlier file at once (results,
+  # then settings: killed between, the old settings describe no old line).
+  pending = overwrite and not resume
+
+  def save(result, replace):
+    if replace:
+      likelihood.start_results(
+          output, record, [likelihood.result_line(*r) for r in result])
+    else:
+      likelihood.append_results(output, result)
 
   done = _count_from_process_0(distributed.run_on_process_0(
       start_output, f"starting --output={output}") or 0)
@@ -790,8 +878,12 @@ def score_requests(lm, requests, settings: dict, record: dict, output: str,
     result = lm.loglikelihood([pair], **settings)
     results += result
     distributed.run_on_process_0(
-        lambda result=result: likelihood.append_results(output, result),
+        lambda result=result, replace=pending: save(result, replace),
         f"appending to --output={output}")
+    pending = False
+  if pending:  # no request to score: the file is replaced by none
+    distributed.run_on_process_0(lambda: save([], True),
+                                 f"starting --output={output}")
   if not first:
     return None
   likelihood.write_settings(output, dict(record, complete=True))
@@ -822,6 +914,11 @@ def main(argv):
   if _BENCHMARK.value or _SCORE_ONLY.value is not None:
     evaluate_code(config, _CHECKPOINT.value)
     return
+  if _OVERWRITE.value:
+    raise ValueError("--overwrite: a TRM evaluation replaces eval.json and "
+                     "its predictions whole when it ends (the earlier ones "
+                     "stay until then); drop it (it is for --benchmark, "
+                     "--score_only and --loglikelihood).")
   if config is None or not _CHECKPOINT.value:
     raise ValueError("--config and --checkpoint are required (or "
                      "--benchmark / --score_only for code benchmarks).")
@@ -845,7 +942,7 @@ def define_flags():
   global _CONFIG, _CHECKPOINT, _OUTPUT_DIR, _BENCHMARK, _BENCHMARK_PATH, \
       _NUM_SAMPLES, _K, _LIMIT, _OUTPUT, _WORKERS, _TIMEOUT, _MEMORY_MB, \
       _DISK_MB, _RESUME, _SCORE_ONLY, _SAMPLER, _STEP, _LOGLIKELIHOOD, \
-      _MC_NUM, _NLL_TYPE, _LOG_TYPE, _SAMPLING_EPS
+      _MC_NUM, _NLL_TYPE, _LOG_TYPE, _SAMPLING_EPS, _OVERWRITE
   _CONFIG = config_flags.DEFINE_config_file("config", None, "TRM config, or "
                                             "with --benchmark a DiffuCoder "
                                             "config (its mesh).",
@@ -891,6 +988,11 @@ def define_flags():
       "checked) and generate only the batches it had not finished; with "
       "--loglikelihood, the results it wrote (same checkpoint, requests "
       "and estimate settings, checked), scoring only the rest.")
+  _OVERWRITE = flags.DEFINE_bool(
+      "overwrite", False, "Replace an existing --output of --benchmark, "
+      "--score_only or --loglikelihood (refused without it or --resume); "
+      "the old file stays whole until the first new batch or result "
+      "replaces it.")
   _SCORE_ONLY = flags.DEFINE_string(
       "score_only", None, "Rescore this samples file (written by an earlier "
       "--benchmark run, before its code ran) without loading a model; "

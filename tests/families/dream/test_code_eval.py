@@ -10,6 +10,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 import cli_batch
@@ -572,12 +573,20 @@ def test_samples_use_their_own_seeds():
 
 
 def _evaluate(*flags, config=True, **env):
-  return subprocess.run(
-      [sys.executable, "-m", "trm.evaluate",
-       *(["--config=configs/diffucoder_7b.py:tiny"] if config else []),
-       *flags],
-      cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, JAX_PLATFORMS="cpu", **env))
+  with tempfile.TemporaryDirectory() as out:
+    return subprocess.run(
+        [sys.executable, "-m", "trm.evaluate", *_own_output_dir(out),
+         *(["--config=configs/diffucoder_7b.py:tiny"] if config else []),
+         *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", **env))
+
+
+def _own_output_dir(directory):
+  """--output_dir=`directory` first (a case's own comes later and wins): the
+  default, runs/evaluate under the repository, may hold a developer's
+  samples, which a run without --output refuses to replace."""
+  return [f"--output_dir={directory}"]
 
 
 @pytest.fixture(scope="module")
@@ -770,11 +779,13 @@ evaluate_cli = cli_batch.serve(
 def _evaluate_forked(server, cases, config=True):
   """[CompletedProcess] of `_evaluate(*flags, config=config)` for each
   flags list in `cases`, forked from `server` (`evaluate_cli`)."""
-  cases = [[*(["--config=configs/diffucoder_7b.py:tiny"] if config else []),
-            *map(str, flags)] for flags in cases]
-  return [server.run(case, cwd=ROOT, timeout=600,
-                     env=dict(os.environ, JAX_PLATFORMS="cpu"))
-          for case in cases]
+  with tempfile.TemporaryDirectory() as out:
+    cases = [[*_own_output_dir(out),
+              *(["--config=configs/diffucoder_7b.py:tiny"] if config
+                else []), *map(str, flags)] for flags in cases]
+    return [server.run(case, cwd=ROOT, timeout=600,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+            for case in cases]
 
 
 _BAD_INPUT = [

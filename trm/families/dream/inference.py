@@ -480,6 +480,34 @@ def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
   return directory
 
 
+def expected_source(path: str, checkpoint_step: Optional[int] = None
+                    ) -> Optional[str]:
+  """What `DiffusionLM.source` will be for the local checkpoint `path`,
+  before any weight is read (a --resume compares it with the one recorded):
+  a Hugging Face directory (a cache folder's snapshot of main), or a
+  workdir's checkpoints/ and step (`checkpoint_step`, else the newest
+  complete step on disk: the newest readable one, loaded, may be older).
+  None when it is known only once read: a Hub id (downloaded first), a
+  workdir without a complete step, a cache folder without its snapshot."""
+  if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+    return None
+  path = os.fspath(path)
+  try:
+    path = _cache_snapshot(path, API_NAMES, None) or path
+  except (OSError, ValueError):
+    return None
+  saved = os.path.join(path, "checkpoints")
+  if not os.path.isdir(saved):
+    return path
+  if checkpoint_step is None:
+    from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+    steps = ckpt_lib.complete_steps(saved)
+    if not steps:
+      return None
+    checkpoint_step = steps[-1]
+  return f"{saved} step {checkpoint_step}"
+
+
 def _cache_snapshot(path: str, names: ArgumentNames,
                     revision: Optional[str]) -> Optional[str]:
   """For a Hugging Face cache folder of a repository (HF_HOME/hub/
