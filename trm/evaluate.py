@@ -569,8 +569,12 @@ def evaluate_code(config, checkpoint: str):
   if _LIMIT.value:
     problems = problems[:_LIMIT.value]
     split += f", the first {len(problems)}"
-  # The first round's seeds; later rounds' are checked as they start.
+  # The first round's seeds, then every round's (the last failed after
+  # the others ran).
   generate_cli.check_batch_and_seed(_SAMPLER, len(problems))
+  code_eval.check_round_seeds(
+      _SAMPLER["seed"].value, _SAMPLER["batch_size"].value, len(problems),
+      _NUM_SAMPLES.value, ("--seed", "--num_samples", "--batch_size"))
   chat = _SAMPLER["chat"].value
   if benchmark == "mbpp" and not chat:
     code_eval.check_mbpp_shots(shots, _BENCHMARK_PATH.value)

@@ -567,6 +567,17 @@ def test_samples_use_their_own_seeds():
   # whole round's call would give it: two batches per round, 5, 6 then 7, 8.
   assert lm.seeds == [5, 6, 7, 8]
   assert out == [["a:5", "a:7"], ["b:5", "b:7"], ["c:6", "c:8"]]
+  # The last round's seeds are checked before the first batch runs: seeds
+  # 2**32 - 4 .. 2**32 - 1 fit, one more does not.
+  lm.seeds = []
+  code_eval.generate(lm, ["a", "b", "c"], 2, seed=2**32 - 4, batch_size=2)
+  with pytest.raises(ValueError, match=r"^seed=4294967293: 2 rounds of 2 "
+                     r"batch\(es\) sample with seeds 4294967293 to "
+                     r"4294967296, past 4294967295 .*pass seed <= "
+                     r"4294967292\.$"):
+    list(code_eval.generate_batches(lm, ["a", "b", "c"], 2,
+                                    seed=2**32 - 3, batch_size=2))
+  assert lm.seeds == [2**32 - 4, 2**32 - 3, 2**32 - 2, 2**32 - 1]
 
 
 # ------------------------------------------------------ trm.evaluate CLI
@@ -847,6 +858,14 @@ _BAD_INPUT = [
     (["--benchmark=humaneval", "--batch_size=0"], "batch_size=0: must be "
      ">= 1"),
     (["--benchmark=humaneval", "--seed=-1"], "seed=-1: must lie in [0, "),
+    # The first round's seeds fit; the second round's were refused only
+    # after the first had run (2 problems in batches of 1: seeds s .. s+3).
+    (["--benchmark=humaneval", "--limit=2", "--num_samples=2",
+      "--batch_size=1", "--seed=4294967294"],
+     "--seed=4294967294: 2 rounds of 2 batch(es) sample with seeds "
+     "4294967294 to 4294967297, past 4294967295 (jax keeps 32 bits of a "
+     "seed, so the last rounds would repeat another seed's samples); pass "
+     "--seed <= 4294967292."),
 ]
 
 

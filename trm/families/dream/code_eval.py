@@ -543,6 +543,31 @@ def batch_plan(num_prompts: int, num_samples: int,
           for j in range(num_samples) for n in range(batches)]
 
 
+def check_round_seeds(seed: int, batch_size: Optional[int],
+                      num_prompts: int, num_samples: int,
+                      names=("seed", "num_samples", "batch_size")) -> None:
+  """The seeds of every round of `generate_batches` (round j's batch n
+  samples with seed + j * batches + n) are seeds jax keeps (32 bits): one
+  ValueError, before any batch runs. The first round's alone were checked
+  (`inference.check_batch_and_seed`), the last one failed after the others
+  ran. `names`: how the error spells the arguments (the flags)."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  size = batch_size or num_prompts
+  batches = -(-num_prompts // size)
+  total = num_samples * batches  # seeds seed .. seed + total - 1
+  if seed + total <= inference.SEED_LIMIT:
+    return
+  seed_name, samples_name, batch_name = names
+  fits = inference.SEED_LIMIT - total
+  advice = (f"pass {seed_name} <= {fits}" if fits >= 0 else
+            f"lower {samples_name} or raise {batch_name}")
+  raise ValueError(
+      f"{seed_name}={seed}: {num_samples} rounds of {batches} batch(es) "
+      f"sample with seeds {seed} to {seed + total - 1}, past "
+      f"{inference.SEED_LIMIT - 1} (jax keeps 32 bits of a seed, so the "
+      f"last rounds would repeat another seed's samples); {advice}.")
+
+
 def generate_batches(lm, prompts: Sequence[str], num_samples: int, *,
                      seed: int = 0, batch_size: Optional[int] = None,
                      skip: Container[tuple[int, int]] = (), **sampler):
@@ -554,6 +579,7 @@ def generate_batches(lm, prompts: Sequence[str], num_samples: int, *,
   to generate (kept from an interrupted run)."""
   size = batch_size or len(prompts)
   batches = -(-len(prompts) // size)
+  check_round_seeds(seed, batch_size, len(prompts), num_samples)
   for j, n, rows in batch_plan(len(prompts), num_samples, batch_size):
     if (j, n) in skip:
       continue
