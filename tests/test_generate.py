@@ -868,6 +868,56 @@ def test_from_pretrained_tells_paths_from_hub_ids(tmp_path, monkeypatch):
           "--local-dir DIR) and pass path=DIR") in message
 
 
+def test_a_hub_id_downloads_its_weights_after_the_checks_at_one_commit(
+    checkpoint, tmp_path, monkeypatch):
+  """A Hub id's weights (gigabytes) were downloaded before the request's
+  checks ran. Now its config and tokenizer come first, the checks and
+  before_weights run, then the weights of the commit those files came
+  from (a branch moved in between must not pair them with other weights).
+  The Hub is a fake: a cache that a download fills with what was asked."""
+  from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
+  from trm.core import hub  # pylint: disable=g-import-not-at-top
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  snapshot = tmp_path / "models--org--tiny" / "snapshots" / commit
+  snapshot.mkdir(parents=True)
+  calls = []
+
+  def fake_snapshot(repo_id, *, allow_patterns=None, revision=None,
+                    **unused):
+    calls.append((repo_id, "*.safetensors" in allow_patterns, revision))
+    for name in os.listdir(checkpoint):
+      weights = name.endswith(".safetensors")
+      if weights <= ("*.safetensors" in allow_patterns):
+        if not (snapshot / name).exists():
+          os.symlink(os.path.join(checkpoint, name), snapshot / name)
+    return str(snapshot)
+
+  def before_weights(tok, cfg, positions):
+    del tok, cfg, positions
+    calls.append("checks")
+    assert not [n for n in os.listdir(snapshot) if n.endswith(
+        ".safetensors")], "weights were downloaded before the checks"
+
+  monkeypatch.setattr(hub, "snapshot", fake_snapshot)
+  lm = DiffusionLM.from_pretrained("org/tiny", before_weights=before_weights)
+  assert calls == [("org/tiny", False, None), "checks",
+                   ("org/tiny", True, commit)]
+  assert lm.source == str(snapshot)
+  # A refusal in the checks downloads no weight.
+  calls.clear()
+  for name in os.listdir(snapshot):
+    if name.endswith(".safetensors"):
+      os.remove(snapshot / name)
+
+  def refuse(*unused):
+    calls.append("checks")
+    raise ValueError("refused")
+
+  with pytest.raises(ValueError, match="^refused$"):
+    DiffusionLM.from_pretrained("org/tiny", before_weights=refuse)
+  assert calls == [("org/tiny", False, None), "checks"]
+
+
 def test_a_hugging_face_cache_folder_reads_its_snapshot(checkpoint,
                                                         tmp_path):
   """HF_HOME/hub/models--org--name (refs/ and snapshots/, the files as

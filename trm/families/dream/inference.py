@@ -60,6 +60,11 @@ TOKENIZER_HUB_FILES = ("tokenizer.json", "vocab.json", "merges.txt",
 HUB_FILES = ("config.json", "*.safetensors",
              "model.safetensors.index.json") + TOKENIZER_HUB_FILES
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+# What a Hub id's checks read before its weights download: the config, the
+# shards' index and the tokenizer (kilobytes, against gigabytes).
+HUB_CHECK_FILES = tuple(f for f in HUB_FILES if f != "*.safetensors")
+# A Hugging Face cache snapshot's directory name: the commit it holds.
+COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -564,6 +569,27 @@ def _lacking_weights(directory: str) -> str:
   return " and ".join(lacking)
 
 
+def _hub_id(path) -> Optional[str]:
+  """`path` when `resolve_checkpoint` would download it as a Hub id (no
+  such path, and it reads 'org/name'); None else."""
+  if not isinstance(path, (str, os.PathLike)):
+    return None
+  path = os.fspath(path)
+  return (path if path and not os.path.exists(path) and HUB_ID.fullmatch(path)
+          else None)
+
+
+def _hub_weights(repo_id: str, checked: str, names: ArgumentNames,
+                 revision: Optional[str]) -> str:
+  """The download of the Hub repository `repo_id` with its weights, at the
+  commit whose config and tokenizer were checked (`checked`, the cache's
+  snapshots/<commit>): a branch moved between the two downloads would
+  otherwise pair them with another commit's weights."""
+  commit = os.path.basename(os.path.normpath(checked))
+  return resolve_checkpoint(repo_id, names,
+                            commit if COMMIT.fullmatch(commit) else revision)
+
+
 def fetch_hub_id(path: str, names: ArgumentNames = API_NAMES,
                  files: Sequence[str] = HUB_FILES) -> str:
   """`path` as it is, unless no such path exists and it reads 'org/name':
@@ -607,7 +633,9 @@ class DiffusionLM:
     Hub id such as
     "apple/DiffuCoder-7B-Instruct", downloaded once into the Hugging Face
     cache (config.json, the safetensors and tokenizer.json; `revision`: a
-    branch, tag or commit); a path that is neither fails in one line.
+    branch, tag or commit): the config and tokenizer first, then, once
+    the checks and `before_weights` pass, the weights of the same commit;
+    a path that is neither fails in one line.
 
     mesh: a `jax.sharding.Mesh` with axes 'data', 'fsdp' and 'model' (size
     1 where unused; e.g. from `jax.make_mesh`, its axes taken as Auto)
@@ -666,7 +694,11 @@ class DiffusionLM:
                                 f"{type(value).__name__}: pass {want} (or "
                                 "None: the default).")
     tokenizer = None if tokenizer is None else os.fspath(tokenizer)
-    path = resolve_checkpoint(path, names, revision)
+    hub_id = _hub_id(path)
+    # A Hub id's config and tokenizer come first: the checks below and
+    # before_weights run before its weights download (minutes for a 7B).
+    path = resolve_checkpoint(path, names, revision,
+                              HUB_CHECK_FILES if hub_id else HUB_FILES)
     if attention is None:
       attention = (config.model.get("attention", "dot") if config is not None
                    and "model" in config else "dot")
@@ -734,6 +766,8 @@ class DiffusionLM:
     dream_program.check_heads_fit(cfg, placement)
     if before_weights is not None:
       before_weights(tok, cfg, positions)
+    if hub_id:
+      path = _hub_weights(hub_id, path, names, revision)
     _, shardings = placement.boxed_shardings(
         lambda: dream.abstract_params(cfg))
     params, source = load_params(path, cfg, shardings,
