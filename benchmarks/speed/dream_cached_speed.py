@@ -53,7 +53,6 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
@@ -61,14 +60,9 @@ def main(argv):
   from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
   from trm.families.dream import cache as dream_cache  # pylint: disable=g-import-not-at-top
 
-  cfg = dream.DreamConfig(
-      vocab_size=16384, hidden_size=256, intermediate_size=1024,
-      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-      mask_token_id=16383, pad_token_id=0, dtype="float32",
-      param_dtype="float32", remat="none")
-  params = nn.meta.unbox(dream.Dream(cfg).init(
-      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
-  params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * _HEAD_SCALE.value
+  import dream_random  # pylint: disable=g-import-not-at-top  # beside this file
+
+  cfg, params = dream_random.random_dream(_HEAD_SCALE.value)
   ids = np.random.default_rng(0).integers(
       1, cfg.mask_token_id, (_BATCH.value, _PROMPT.value))
   abstract_ids = jax.ShapeDtypeStruct(ids.shape, jnp.int32)

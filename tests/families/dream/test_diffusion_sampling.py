@@ -598,6 +598,33 @@ def test_head_only_on_the_canvas_is_token_exact():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_the_step_is_compiled_once_whatever_the_segments():
+  """The steps that draw for the first masked positions only (`_segments`)
+  run in one loop that picks a draw per static size: the model's forward
+  is in the program once and the LM head once per size. (A loop per
+  segment held a copy of the whole step each, plus a whole-window draw as
+  each smaller size's fallback: 4 forwards and 7 heads here, which
+  multiplied the compile time of the top-k and top-p draws.)"""
+  def hidden(params, tokens, mask, positions):  # sine: the forward's marker
+    return jnp.sin(params["emb"][tokens])
+
+  def head(params, h):  # cosine: the head's marker
+    return jnp.cos(h @ params["w"])
+
+  params = {"emb": jax.ShapeDtypeStruct((V, D), jnp.float32),
+            "w": jax.ShapeDtypeStruct((D, V), jnp.float32)}
+  n_new, steps = 128, 32
+  sizes = len(ds._segments(steps, n_new, 1e-3, "entropy", True))
+  assert sizes == 4
+  for kw in (dict(top_k=50), dict(top_k=None, top_p=0.95, temperature=0.2)):
+    text = ds.lower_generate(
+        ds.Denoiser(hidden, head), jax.ShapeDtypeStruct((2, 5), jnp.int32),
+        None, params=params, mask_token_id=MASK, max_new_tokens=n_new,
+        steps=steps, alg="entropy", **kw).as_text()
+    assert text.count("stablehlo.sine") == 1
+    assert text.count("stablehlo.cosine") == sizes
+
+
 def test_a_prompt_holding_the_mask_token_is_filled_as_the_reference_does():
   fn = _make_model(seed=4)
   ids = _prompts(2, 6)

@@ -102,8 +102,9 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
       return logits_fn.head(params, feats)
     return feats
 
-  def step(i, carry, size=None):
-    """One denoising step; with `size`, only the (at most `size`) masked
+  def step(i, carry, plan=None):
+    """One denoising step; with `plan` (static sizes, the first None, and
+    each step's index into them), only the (at most that size) masked
     positions of each row get logits and sampling."""
     x, hist = carry
     key = jax.random.fold_in(rng, i)
@@ -139,17 +140,22 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
             jnp.where(valid, x0, 0))
         return conf, x0
 
-      if size is None:
+      if plan is None:
         conf, x0 = draw(None)
       else:
-        # `size` holds every row's masked positions as long as each reveal
-        # draws a real token; a drawn <|mask|> leaves its position masked
-        # (the reference's rule), and a row holding more masked positions
-        # than `size` draws for the whole window, or those beyond would be
-        # revealed as token 0.
-        fits = jnp.max(jnp.sum(mask_index, axis=1)) <= size
-        conf, x0 = jax.lax.cond(fits, lambda: draw(size),
-                                lambda: draw(None))
+        # One compiled draw per static size (sizes[0] is None, the whole
+        # window), chosen by the step's segment: its size holds every row's
+        # masked positions as long as each reveal draws a real token; a
+        # drawn <|mask|> leaves its position masked (the reference's rule),
+        # and a row holding more masked positions than the size draws for
+        # the whole window, or those beyond would be revealed as token 0.
+        sizes, segment_of_step = plan
+        widths = jnp.asarray([n if s is None else s for s in sizes])
+        branch = jnp.asarray(segment_of_step)[i]
+        fits = jnp.max(jnp.sum(mask_index, axis=1)) <= widths[branch]
+        conf, x0 = jax.lax.switch(
+            jnp.where(fits, branch, 0),
+            [functools.partial(draw, s) for s in sizes])
       # k from the BATCH-AVERAGE mask count, float32, truncated (as the
       # reference); exact integer quotient when counts divide evenly.
       count = jnp.sum(mask_index, dtype=jnp.int32)
@@ -172,10 +178,20 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
 
   hist = jnp.zeros((steps if history else 0, b, length), jnp.int32)
   carry = (x, hist)
-  for first, stop, size in _segments(steps, n, eps, alg, window == p):
-    carry = jax.lax.fori_loop(first, stop, functools.partial(step, size=size),
-                              carry)
-  x, hist = carry
+  segments = _segments(steps, n, eps, alg, window == p)
+  if len(segments) == 1:
+    x, hist = jax.lax.fori_loop(0, steps, step, carry)
+  else:
+    # One loop over every step, not one per segment: each segment's loop
+    # was a compiled copy of the whole step (the model's forward and a
+    # whole-window fallback draw included), which multiplied the compile
+    # time of the top-k and top-p draws; the step picks its draw instead.
+    sizes = tuple(size for _, _, size in segments)  # sizes[0]: None
+    segment_of_step = np.zeros(steps, np.int32)
+    for j, (first, stop, _) in enumerate(segments):
+      segment_of_step[first:stop] = j
+    x, hist = jax.lax.fori_loop(0, steps, functools.partial(
+        step, plan=(sizes, segment_of_step)), carry)
   return (x, hist) if history else x
 
 
