@@ -966,6 +966,31 @@ def test_step_flag_chooses_latest_best_or_a_step_on_disk(tmp_path):
     ckpt_lib.choose_step(str(unranked), "best")
 
 
+def test_step_best_refusals_name_the_runs_best_metric(tmp_path):
+  """A run ranked by config.best_metric='accuracy' (its steps' metadata
+  say so): --step=best's refusals name that metric, not a held-out loss,
+  and a damaged record's advice writes its negated score, tagged."""
+  from trm.core import best_metric  # pylint: disable=g-import-not-at-top
+  metric = best_metric.spec({"best_metric": "accuracy"})
+  directory = tmp_path / "checkpoints"
+  _fake_checkpoints(directory, {6: None, 12: None})
+  for step in (6, 12):
+    (directory / str(step) / "_CHECKPOINT_METADATA").write_text(json.dumps(
+        {"custom_metadata": {best_metric.TAG: best_metric.tag(metric)}}))
+  with pytest.raises(ckpt_lib.CheckpointError, match=re.escape(
+      "has a config.best_metric='eval/accuracy' score to rank it by")):
+    ckpt_lib.choose_step(str(directory), "best")
+  os.makedirs(directory / "12" / "metrics")
+  (directory / "12" / "metrics" / "metrics").write_text("{")
+  with pytest.raises(ckpt_lib.CheckpointError, match=re.escape(
+      "the config.best_metric='eval/accuracy' score record")) as e:
+    ckpt_lib.choose_step(str(directory), "best")
+  assert ("write the step's eval/accuracy from eval_12.json in the workdir, "
+          'negated (higher is better), there as {"eval_loss": <number>, '
+          '"best_metric": {"name": "eval/accuracy", "mode": "max"}}.'
+          ) in str(e.value)
+
+
 def test_resume_step_at_the_newest_is_recorded_so_a_restart_keeps_on(
     tmp_path):
   """config.resume_step=N with N the newest step moves nothing, but its

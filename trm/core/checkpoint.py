@@ -1446,19 +1446,51 @@ def choose_step(directory: str, choice, flag: str = "--step",
     try:
       losses[step] = read_loss_record(record, EVAL_LOSS)
     except ValueError as e:
+      metric = _ranking_metric(path, steps)
       raise CheckpointError(
-          f"{spell('best')}: the held-out loss record {record} is damaged "
-          f"({e}), so the steps cannot be ranked. Pass {any_step} (steps: "
-          f"{steps}), or write the step's eval/loss from eval_{step}.json "
-          f'in the workdir there as {{"{EVAL_LOSS}": <number>}}.') from None
+          f"{spell('best')}: the {_ranks_by(metric)} record {record} is "
+          f"damaged ({e}), so the steps cannot be ranked. Pass {any_step} "
+          f"(steps: {steps}), or {_record_advice(metric, step)}.") from None
   if not losses:
     raise CheckpointError(
         f"{spell('best')}: no checkpoint of {directory} (steps {steps}) has a "
-        "held-out loss to rank it by: a step is ranked when it is saved "
+        f"{_ranks_by(_ranking_metric(path, steps))} to rank it by: a step "
+        "is ranked when it is saved "
         "at an evaluation (config.eval_every; the run's config.eval_every "
         f"was 0, or no save met an evaluation). Pass {spell('latest')} or "
         f"{any_saved_step}.")
   return min(losses, key=lambda step: (losses[step], -step))
+
+
+def _ranking_metric(path: epath.Path, steps: list) -> tuple[str, str]:
+  """The metric (`best_metric.spec`) the run ranked its steps by: the one
+  the newest step whose metadata can be read was saved under (a resume
+  that changed config.best_metric ranks the older steps again)."""
+  for step in reversed(steps):
+    try:
+      return best_metric_lib.of_tag(step_metadata(path / str(step)).get(
+          best_metric_lib.TAG))
+    except (_Damaged, OSError):
+      continue
+  return best_metric_lib.DEFAULT
+
+
+def _ranks_by(metric: tuple[str, str]) -> str:
+  """How a refusal names what ranks the steps."""
+  return ("held-out loss" if metric == best_metric_lib.DEFAULT
+          else f"config.best_metric={metric[0]!r} score")
+
+
+def _record_advice(metric: tuple[str, str], step: int) -> str:
+  """How to write step `step`'s record of `metric` by hand."""
+  if metric == best_metric_lib.DEFAULT:
+    return (f"write the step's eval/loss from eval_{step}.json in the "
+            f'workdir there as {{"{EVAL_LOSS}": <number>}}')
+  negated = ", negated (higher is better)," if metric[1] == "max" else ""
+  example = (f'{{"{EVAL_LOSS}": <number>, "{best_metric_lib.TAG}": '
+             f"{json.dumps(best_metric_lib.tag(metric))}}}")
+  return (f"write the step's {metric[0]} from eval_{step}.json in the "
+          f"workdir{negated} there as {example}")
 
 
 def restore_fields(directory: str, abstract_fields: dict,

@@ -519,8 +519,9 @@ def define_step_flag() -> flags.FlagHolder:
   return flags.DEFINE(
       _StepParser(), "step", "latest",
       "Which checkpoint of a trm.main workdir to read: latest (the newest "
-      "readable one), best (the one with the lowest held-out loss, which "
-      "the trainer keeps) or a step number.")
+      "readable one), best (the one with the lowest held-out loss, or the "
+      "best config.best_metric the run ranked by, which the trainer keeps) "
+      "or a step number.")
 
 
 def workdir_step(workdir: str, choice, flag: str = "--checkpoint"
