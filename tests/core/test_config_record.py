@@ -265,6 +265,26 @@ def test_a_diffucoder_resume_may_split_its_batch_otherwise(tmp_path):
     config_record.check(gpt, tmp_path, step=10)
 
 
+@pytest.mark.parametrize("old,new", [(0.0, 1.0), (1.0, 0.0)])
+def test_turning_gpt_gradient_clipping_on_or_off_is_refused_even_when_allowed(
+    tmp_path, old, new):
+  """GPT's grad_clip above 0 adds a stage to the optimizer state's tree: a
+  resume switching it could not restore (restore_check's tree mismatch),
+  so it is refused before restore in one line naming the field; another
+  clip above 0 is accepted with allow_config_change."""
+  config = _gpt_config(False)
+  config.grad_clip = old
+  (tmp_path / config_record.RECORD).write_text(config.to_json_best_effort())
+  config.update(grad_clip=new, allow_config_change=True)
+  with pytest.raises(config_record.ConfigChangedError, match=(
+      rf"gradient clipping turned on or off: config\.grad_clip: {old!r} -> "
+      rf"{new!r}\. .*Keep the recorded config\.grad_clip")):
+    config_record.check(config, tmp_path, step=10)
+  config.grad_clip = 0.5 if old else 0.0
+  assert config_record.check(config, tmp_path, step=10).get(
+      "grad_clip") == ([1.0, 0.5] if old else None)
+
+
 def test_a_data_seed_change_is_refused_and_its_default_is_no_change(
     tmp_path):
   """config.data_seed (HF's data_seed) draws the data: a run recorded

@@ -117,6 +117,16 @@ LAYOUT = ("model.scan_layers",)
 # one, Adafactor's factored ones): a checkpoint's state cannot be restored
 # for another, so not even allow_config_change accepts a change.
 OPTIMIZER = ("optimizer", "optim.optimizer")
+# GPT's config.grad_clip above 0 adds a clipping stage to the optimizer
+# state's tree (`gpt.steps.make_optimizer`): turning clipping on or off
+# cannot restore a checkpoint's state, so not even allow_config_change
+# accepts it (another clip above 0 is a trajectory change like any).
+CLIP = "grad_clip"
+
+
+def _clipping_switched(key: str, old, new) -> bool:
+  numbers = all(type(v) in (int, float) for v in (old, new))
+  return key == CLIP and numbers and (old > 0) != (new > 0)
 
 
 class ConfigChangedError(ValueError):
@@ -338,20 +348,30 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
   refused = {k: v for k, v in diff.items()
              if not _harmless(k, *v, config)
              and not _added_and_unused(k, *v, config)}
+
+  def from_weights(new: str) -> str:
+    return (f"train on with the new {new} in another --workdir from this "
+            "run's weights (TRM: config.init_checkpoint=WORKDIR; DiffuCoder "
+            "and GPT: `trm.export --format=hf`, then "
+            "config.init_checkpoint=DIR, GPT with config.init_from='gpt2').")
+
   for fields, what, why, instead in (
-      (LAYOUT, "a config that changes the layout of its checkpoints",
+      (lambda k, *_: k in LAYOUT,
+       "a config that changes the layout of its checkpoints",
        f"{record_path} records the config its steps were trained with, and "
        "its checkpoints cannot be restored in another layout",
        "Rerun with the recorded values or use another --workdir."),
-      (OPTIMIZER, "another optimizer",
+      (lambda k, *_: k in OPTIMIZER, "another optimizer",
        "Its checkpoints hold the recorded optimizer's state, which the new "
        "one cannot take up",
-       "Rerun with the recorded value, or train on with the new one in "
-       "another --workdir from this run's weights (TRM: "
-       "config.init_checkpoint=WORKDIR; DiffuCoder and GPT: `trm.export "
-       "--format=hf`, then config.init_checkpoint=DIR, GPT with "
-       "config.init_from='gpt2').")):
-    fixed = {k: v for k, v in refused.items() if k in fields}
+       f"Rerun with the recorded value, or {from_weights('one')}"),
+      (_clipping_switched, "gradient clipping turned on or off",
+       "Its checkpoints' optimizer state has a clipping stage only where "
+       "config.grad_clip is above 0, and cannot be restored without it or "
+       "with it added",
+       "Keep the recorded config.grad_clip (a clip above 0 may change "
+       f"to another above 0), or {from_weights('clip')}")):
+    fixed = {k: v for k, v in refused.items() if fields(k, *v)}
     if fixed:
       raise ConfigChangedError(
           f"Resuming {workpath} from step {step} with {what}: "
