@@ -129,6 +129,28 @@ def test_a_max_metric_counts_rises_as_improvements():
   assert best_metric.score({"eval/loss": 1.0}, metric) is None
 
 
+def test_a_metric_the_evaluation_lacks_warns_once(caplog):
+  """A task whose evaluation reports no eval/loss (early stopping's
+  default metric) never stops early: the first evaluation without it
+  warns once, naming the metric and those reported; the count stays."""
+  stopping = early_stopping.EarlyStopping(1, 0.0, None)
+  with caplog.at_level(logging.WARNING):
+    for _ in range(3):
+      stopping.watch({"eval/exact_accuracy": 0.5, "eval/seconds": 2.0})
+  assert caplog.text.count("watches eval/loss") == 1
+  assert ("config.early_stopping_patience=1 watches eval/loss, which this "
+          "task's evaluation does not report (it reports: "
+          "eval/exact_accuracy): the run never stops early.") in caplog.text
+  assert (stopping.count, stopping.exhausted) == (0, False)
+  caplog.clear()
+  quiet = early_stopping.EarlyStopping(0, 0.0, None)  # no early stopping
+  with caplog.at_level(logging.WARNING):
+    quiet.watch({"eval/exact_accuracy": 0.5})
+    stopping.watch({"eval/loss": 1.0})
+    stopping.watch({"eval/loss": 1.0})
+  assert not caplog.text and stopping.exhausted
+
+
 def _toy_config(**values):
   import toy_config  # pylint: disable=g-import-not-at-top  (registers it)
   config = toy_config.get_config()

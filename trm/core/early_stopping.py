@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 
+from absl import logging
+
 from trm.core import best_metric as best_metric_lib
 
 
@@ -37,6 +39,7 @@ class EarlyStopping:
     self.metric = metric
     self.best = math.inf if best is None else best
     self.count = count
+    self.warned = False  # `watch`: an evaluation without the metric
 
   @classmethod
   def resumed(cls, config, record, best: float | None) -> "EarlyStopping":
@@ -52,6 +55,24 @@ class EarlyStopping:
     return cls(config.get("early_stopping_patience", 0),
                config.get("early_stopping_threshold", 0.0), best, count,
                best_metric_lib.spec(config))
+
+  def watch(self, results: dict, counts: bool = True) -> None:
+    """`update` with the score of an evaluation's `results`. One that lacks
+    the metric changes nothing; with a patience set the first such one
+    warns, naming the metrics reported, as the run then cannot stop early
+    (config.best_metric's other names are refused before: eval/loss is the
+    one a task may not report)."""
+    score = best_metric_lib.score(results, self.metric)
+    if score is None and self.patience and not self.warned:
+      self.warned = True
+      reported = sorted(k for k in results if k != "eval/seconds")
+      logging.warning(
+          "config.early_stopping_patience=%d watches %s, which this task's "
+          "evaluation does not report (it reports: %s): the run never stops "
+          "early. Set config.best_metric to one of those, or the patience "
+          "to 0.", self.patience, self.metric[0],
+          ", ".join(reported) or "none")
+    self.update(score, counts)
 
   def update(self, loss: float | None, counts: bool = True) -> None:
     """One evaluation's held-out loss (None: the task reports none, nothing

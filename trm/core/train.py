@@ -668,7 +668,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
     if metric != best_metric_lib.DEFAULT:  # (a task may report no loss)
       best_metric_lib.check_reported(metric, results, f"step {step}'s "
                                      "evaluation")
-    stopping.update(best_metric_lib.score(results, metric), counts)
+    stopping.watch(results, counts)
     logging.info("Step %d eval: %s", step, results)
 
   def stops_early(step: int) -> bool:
