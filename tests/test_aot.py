@@ -199,6 +199,23 @@ def test_cli_save_compiled_to_an_unwritable_directory_stops_before_compiling(
   assert "not writable" in last and "[aot] compiling" not in result.stdout
 
 
+def test_cli_save_compiled_with_num_epochs_is_refused_before_compiling(
+    tmp_path, aot_cli):
+  """config.num_epochs derives total_steps from the training data, which
+  trm.aot does not read: a step saved with the file's total_steps would
+  hold another schedule (and trm.main refuses num_epochs with it)."""
+  result = aot_cli.run(
+      ["--config=configs/trm_sudoku.py:cpu", "--topology=local",
+       f"--save_compiled={tmp_path / 'step.bin'}", "--config.num_epochs=2"],
+      cwd=ROOT, timeout=300)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      "trm.aot: error: --save_compiled with config.num_epochs=2: the "
+      "compiled step holds the learning-rate schedule of config.total_steps")
+  assert "[aot] compiling" not in result.stdout + result.stderr
+  assert not (tmp_path / "step.bin").exists()
+
+
 def test_cli_reports_does_not_fit_with_exit_code_1():
   # A 100M-row puzzle table, replicated over the data axis: 24 GiB of
   # parameters per chip plus its update does not fit a v4 chip. One layer

@@ -593,6 +593,21 @@ def check_save_flags(counts: list[int]) -> None:
     check_output_file("--save_compiled", path)
 
 
+def check_save_length(config) -> None:
+  """--save_compiled with config.num_epochs: the step would hold the
+  schedule of the file's total_steps, not of the steps the family's task
+  derives from the training data (which this tool does not read), and
+  trm.main refuses num_epochs with config.compiled_step anyway."""
+  epochs = config.get("num_epochs", 0)
+  if flags.FLAGS["save_compiled"].present and epochs:
+    raise ValueError(
+        f"--save_compiled with config.num_epochs={epochs:g}: the compiled "
+        "step holds the learning-rate schedule of config.total_steps, and "
+        "num_epochs derives those from the training data, which trm.aot "
+        "does not read; set config.total_steps to the steps trm.main logs "
+        "for num_epochs, with config.num_epochs=0, and run both tools so.")
+
+
 def check_output_file(flag: str, path: str) -> None:
   """One line naming `flag` unless the local `path` can take the file it
   writes after minutes of compiling: a file path (not a directory, FIFO or
@@ -638,6 +653,7 @@ def main(argv):
   from trm.core import run_checks  # pylint: disable=g-import-not-at-top
   try:  # what trm.main would refuse is not compiled or forecast either
     run_checks.check_values(_CONFIG.value)
+    check_save_length(_CONFIG.value)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   sample = sample_settings_from_flags(_CONFIG.value)

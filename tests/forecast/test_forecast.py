@@ -163,6 +163,24 @@ def test_rows_state_the_runs_cost(tiny_rows):
   plan.with_run_cost([unfit], steps)
   assert unfit["chip_hours"] is None
   assert plan.format_run_cost([unfit]) == ""
+  # config.num_epochs: the run's steps come from the data, which trm.aot
+  # does not read, so only the cost per unit of data is given (before: the
+  # file's total_steps were costed as the run's).
+  by_epochs = tiny_gpt()
+  by_epochs.num_epochs = 2.0
+  assert plan.run_steps(by_epochs) is None
+  assert plan.run_steps(tiny_gpt()) == steps
+  unknown = [dict(row) for row in rows]
+  plan.with_run_cost(unknown, plan.run_steps(by_epochs))
+  assert [(r["run_hours"], r["chip_hours"]) for r in unknown] == [
+      (None, None)] * len(rows)
+  assert [r["chip_hours_per_unit"] for r in unknown] == [
+      r["chip_hours_per_unit"] for r in rows]
+  text = plan.format_run_cost(unknown, chip_hour_price=3.22)
+  assert text.startswith("run cost per unit of data only (config.num_epochs "
+                         "derives the run's steps from the training data")
+  assert text.splitlines()[-1].split()[2:5] == ["-", "-", (
+      f"{rows[-1]['chip_hours_per_unit']:.4g}")]
   # Examples when the model has no tokens.
   examples = dict(rows[0], tokens_per_second=None)
   plan.with_run_cost([examples], 10)

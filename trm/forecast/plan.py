@@ -247,10 +247,19 @@ def with_scaling(rows: list[dict]) -> list[dict]:
   return rows
 
 
-def with_run_cost(rows: list[dict], total_steps: int) -> list[dict]:
+def run_steps(config) -> int | None:
+  """The steps a run of `config` trains, as the forecast costs them; None
+  where config.num_epochs derives them from the training data (the family's
+  task, `config_lib.total_steps_from_epochs`), which trm.aot does not read:
+  the file's total_steps is then not the run's length."""
+  return None if config.get("num_epochs", 0) else int(config.total_steps)
+
+
+def with_run_cost(rows: list[dict], total_steps: int | None) -> list[dict]:
   """What each row's run costs in time and chips: `total_steps` steps at the
   forecast step time (start-up, compiles, evaluations and checkpoints are
-  left out), and the chip-hours per billion tokens (language models) or
+  left out; None, `run_steps`' unknown length: not costed), and the
+  chip-hours per billion tokens (language models) or
   per million examples, a figure that does not depend on the run's length
   or on how the batch grows with the slices."""
   for row in rows:
@@ -259,12 +268,12 @@ def with_run_cost(rows: list[dict], total_steps: int) -> list[dict]:
       row.update(run_steps=total_steps, run_hours=None, chip_hours=None,
                  chip_hours_per_unit=None, cost_unit=None)
       continue
-    hours = total_steps * step / 3600
+    hours = None if total_steps is None else total_steps * step / 3600
     tokens = row.get("tokens_per_second")
     rate, per, unit = ((tokens, 1e9, "1B tokens") if tokens else
                        (row["examples_per_second"], 1e6, "1M examples"))
     row.update(run_steps=total_steps, run_hours=hours,
-               chip_hours=hours * row["chips"],
+               chip_hours=None if hours is None else hours * row["chips"],
                chip_hours_per_unit=row["chips"] * per / rate / 3600,
                cost_unit=unit)
   return rows
@@ -273,23 +282,36 @@ def with_run_cost(rows: list[dict], total_steps: int) -> list[dict]:
 def format_run_cost(rows: list[dict],
                     chip_hour_price: float | None = None) -> str:
   """The rows' run cost (`with_run_cost`), a line each; with a price per
-  chip-hour, its cost in that currency too."""
-  costed = [r for r in rows if r.get("run_hours") is not None]
+  chip-hour, its cost in that currency too. A run whose length is not
+  known (`run_steps`) has its cost per unit of data only."""
+  costed = [r for r in rows if r.get("chip_hours_per_unit") is not None]
   if not costed:
     return ""
   unit = costed[0]["cost_unit"]
   price = chip_hour_price is not None
-  lines = [f"run cost at {costed[0]['run_steps']} steps (config.total_steps;"
-           " step time only: no start-up, compiles, evaluations or saves)"
-           + (f", at {chip_hour_price:g} per chip-hour" if price else ""),
+  length = (f"run cost at {costed[0]['run_steps']} steps (config.total_steps;"
+            if costed[0]["run_steps"] is not None else
+            "run cost per unit of data only (config.num_epochs derives the "
+            "run's steps from the training data, which trm.aot does not "
+            "read: to cost the run, set config.total_steps to the steps "
+            "trm.main logs for it, with config.num_epochs=0;")
+  lines = [f"{length} step time only: no start-up, compiles, evaluations or "
+           "saves)" + (f", at {chip_hour_price:g} per chip-hour" if price
+                       else ""),
            f"{'slices':>6} {'chips':>6} {'hours':>10} {'chip-hours':>12} "
            f"{'chip-h/' + unit:>20}"
            + (f" {'cost':>14} {'cost/' + unit:>16}" if price else "")]
+  figure = lambda value, width, form: (
+      f"{'-':>{width}}" if value is None else f"{value:>{width}{form}}")
   for r in costed:
-    line = (f"{r['slices']:>6} {r['chips']:>6} {r['run_hours']:>10.4g} "
-            f"{r['chip_hours']:>12.5g} {r['chip_hours_per_unit']:>20.4g}")
+    line = (f"{r['slices']:>6} {r['chips']:>6} "
+            f"{figure(r['run_hours'], 10, '.4g')} "
+            f"{figure(r['chip_hours'], 12, '.5g')} "
+            f"{r['chip_hours_per_unit']:>20.4g}")
     if price:
-      line += (f" {r['chip_hours'] * chip_hour_price:>14.6g} "
+      total = (None if r["chip_hours"] is None
+               else r["chip_hours"] * chip_hour_price)
+      line += (f" {figure(total, 14, '.6g')} "
                f"{r['chip_hours_per_unit'] * chip_hour_price:>16.4g}")
     lines.append(line)
   return "\n".join(lines)
@@ -387,7 +409,7 @@ def forecast(config, topology: topology_lib.Topology, slice_counts,
                        for c in compiled])
   for row in rows:
     row["dcn_step_source"] = DCN_STEP_SOURCES[dcn_step_seconds is not None]
-  return with_run_cost(rows, int(config.total_steps)), efficiency, source
+  return with_run_cost(rows, run_steps(config)), efficiency, source
 
 
 def format_rows(rows: list[dict], topology_name: str, efficiency: float,
