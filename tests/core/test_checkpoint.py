@@ -788,6 +788,37 @@ def _two_workers(worker: str, directory: str) -> list[str]:
                 if line.startswith("RESULT"))
 
 
+def test_rewind_folders_are_utc_sort_as_made_and_never_collide(
+    tmp_path, monkeypatch):
+  """config.resume_step's checkpoints_abandoned/<time> names: UTC (a
+  daylight-saving fall-back repeats no local hour), to the nanosecond,
+  with a counter where one is taken (before: local seconds, and an 11th
+  rewind in one second took the 10th's name); the newest rewind is found
+  past folders named the old way."""
+  monkeypatch.setenv("TZ", "America/New_York")
+  time.tzset()
+  monkeypatch.setattr(time, "time_ns", lambda: 1793511000_000000005)
+  made = []
+  try:
+    for step in range(12):
+      folder = ckpt_lib._new_folder(tmp_path)  # pylint: disable=protected-access
+      ckpt_lib._record_rewind(folder, step, [], [])  # pylint: disable=protected-access
+      made.append(folder.name)
+  finally:
+    monkeypatch.undo()
+    time.tzset()
+  # 2026-11-01 05:30:00.000000005 UTC: 01:30 EST, the hour repeated.
+  assert made[0] == "20261101T053000.000000005Z"
+  assert made[1:3] == [f"{made[0]}-000001", f"{made[0]}-000002"]
+  assert len(set(made)) == 12 and sorted(made) == made
+  os.makedirs(tmp_path / ckpt_lib.ABANDONED / "20261101-235959")  # local
+  ckpt_lib._record_rewind(  # pylint: disable=protected-access
+      tmp_path / ckpt_lib.ABANDONED / "20261101-235959", 99, [], [])
+  folder, record = ckpt_lib._last_rewind(tmp_path)  # pylint: disable=protected-access
+  assert (folder.name, record["resume_step"]) == (made[-1], 11)
+  assert record["time"].endswith(" UTC")
+
+
 def test_two_processes_record_a_redone_evaluation(tmp_path):
   results = _two_workers(_REDONE_WORKER, str(tmp_path / "checkpoints"))
   # Every process's manager sees the metric (10 is its best), the count and

@@ -1129,8 +1129,10 @@ RESUME_STEP = "config.resume_step"
 def _last_rewind(workpath: epath.Path) -> tuple[epath.Path, dict] | None:
   """(its folder, its record) of the newest rewind into
   `ABANDONED` (`resume_from_step`), or None."""
-  folders = (sorted(p for p in (workpath / ABANDONED).iterdir()
-                    if (p / _REWIND_RECORD).exists())
+  folders = (sorted((p for p in (workpath / ABANDONED).iterdir()
+                     if (p / _REWIND_RECORD).exists()),
+                    key=lambda p: (_STAMP.fullmatch(p.name) is not None,
+                                   p.name))
              if (workpath / ABANDONED).is_dir() else [])
   for folder in reversed(folders):
     try:
@@ -1240,14 +1242,23 @@ def _move_newer_steps(workpath: epath.Path, step: int, newer: list[int]):
       "(nothing deleted).", RESUME_STEP, step, step, newer, target)
 
 
+# `_new_folder`'s names: UTC to the nanosecond, then a counter where that
+# name was taken, so names sort as they were made (no daylight-saving
+# fall-back repeats an hour) and never collide. Folders named by local time
+# (YYYYmmdd-HHMMSS[-n], before) sort before all of them.
+_STAMP = re.compile(r"\d{8}T\d{6}\.\d{9}Z(-\d{6})?")
+
+
 def _new_folder(workpath: epath.Path) -> epath.Path:
-  """A folder of `ABANDONED` named by the time, not yet on disk."""
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  target = workpath / ABANDONED / stamp
-  for n in range(1, 100):
-    if not target.exists():
-      break
-    target = workpath / ABANDONED / f"{stamp}-{n}"
+  """A folder of `ABANDONED` named by the time (`_STAMP`), not yet on
+  disk."""
+  ns = time.time_ns()
+  stamp = (time.strftime("%Y%m%dT%H%M%S", time.gmtime(ns // 10**9))
+           + f".{ns % 10**9:09d}Z")
+  target, n = workpath / ABANDONED / stamp, 0
+  while target.exists():
+    n += 1
+    target = workpath / ABANDONED / f"{stamp}-{n:06d}"
   return target
 
 
@@ -1258,7 +1269,8 @@ def _record_rewind(target: epath.Path, step: int, newer: list[int],
   target.mkdir(parents=True, exist_ok=True)
   atomic_files.replace_whole(target / _REWIND_RECORD, json.dumps(
       {"resume_step": step, "moved_steps": newer, "moved_records": records,
-       "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, indent=1))
+       "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())},
+      indent=1))
 
 
 # An evaluation's record (eval_<step>.json) or outputs (eval_<step>/).
