@@ -216,6 +216,19 @@ def test_cli_save_compiled_with_num_epochs_is_refused_before_compiling(
   assert not (tmp_path / "step.bin").exists()
 
 
+def test_cli_a_size_past_int32_is_a_flag_error(aot_cli):
+  """A puzzle table of 2**62 rows (2**71 parameters) ended in a JAX
+  OverflowError traceback from its gather's int32 index arithmetic: the
+  size flags take what the configs' sizes take (1 to 2**31 - 1)."""
+  result = aot_cli.run(
+      ["--config=configs/trm_sudoku.py:cpu", "--topology=v4-8",
+       f"--num_puzzle_identifiers={2**62}"], cwd=ROOT, timeout=300)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      f"trm.aot: error: flag --num_puzzle_identifiers={2**62}: {2**62} is "
+      "not an integer in the range [1, 2147483647]")
+
+
 def test_cli_reports_does_not_fit_with_exit_code_1():
   # A 100M-row puzzle table, replicated over the data axis: 24 GiB of
   # parameters per chip plus its update does not fit a v4 chip. One layer

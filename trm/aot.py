@@ -792,11 +792,17 @@ def define_flags():
   _HOT_SPOTS = flags.DEFINE_bool(
       "hot_spots", False, "--forecast: print each row's compute ops with "
       "the most roofline time per step (by the model code's op name).")
+  # Below 2**31, as the configs' sizes: a puzzle table of 2**31 rows or
+  # more overflowed the int32 arithmetic of its gather (a JAX traceback).
+  sizes = dict(lower_bound=1, upper_bound=2**31 - 1)
   _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Override the dataset's "
-                                  "sequence length (e.g. 900 for ARC/Maze).")
-  _VOCAB = flags.DEFINE_integer("vocab_size", None, "Override the vocabulary.")
+                                  "sequence length (e.g. 900 for ARC/Maze).",
+                                  **sizes)
+  _VOCAB = flags.DEFINE_integer("vocab_size", None, "Override the vocabulary.",
+                                **sizes)
   _PUZZLES = flags.DEFINE_integer("num_puzzle_identifiers", None,
-                                  "Override the puzzle-embedding rows.")
+                                  "Override the puzzle-embedding rows.",
+                                  **sizes)
   _MODE = flags.DEFINE_enum("mode", "train", ["train", "sample"],
                             "train: the train step; sample: the Dream "
                             "masked-diffusion sampling loop.")
