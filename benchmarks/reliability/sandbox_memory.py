@@ -1,0 +1,165 @@
+r"""Memory a sandboxed program can hold outside its address space limit.
+
+  PYTHONPATH=. python benchmarks/reliability/sandbox_memory.py \
+      [--memory_mb=256] [--cap_mb=1024]
+
+RLIMIT_AS (`--memory_mb`) counts a process's mappings, not memory the
+kernel holds for it elsewhere: a memfd's pages, a SysV shared-memory
+segment that was touched and detached, files on a tmpfs that a user
+namespace of its own mounted. Three probe programs each try to hold
+`--cap_mb` that way in 64 MB pieces and end by raising "held N MB"
+with why they stopped. Each runs:
+
+- `rlimit only`: a plain subprocess with RLIMIT_AS = `--memory_mb` and
+  nothing else (what the sandbox's mode "none" amounted to before its
+  seccomp filter, and the proof that the probe can hold memory here);
+- in the code sandbox (`trm.families.dream.code_exec.run_program`), in
+  every mode this machine offers ("root" when run as root, "user" where
+  unprivileged user namespaces work, "none").
+
+Prints one row per probe and column: MB held, then why it stopped. The
+probes remove what they made (shared-memory segments included) before
+they raise.
+"""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+
+from absl import app, flags
+
+from trm.families.dream import code_exec
+
+_MEMORY_MB = flags.DEFINE_integer("memory_mb", 256,
+                                  "the sandbox's --memory_mb (RLIMIT_AS)")
+_CAP_MB = flags.DEFINE_integer("cap_mb", 1024,
+                               "the most each probe tries to hold, in MB")
+
+_HEAD = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+CAP = {cap}
+CHUNK = 64
+held = 0
+why = 'reached the cap'
+"""
+_TAIL = "\nraise RuntimeError(f'held {held} MB: {why}')\n"
+
+# Pages written into memfds: shmem, not the writer's mappings.
+MEMFD = _HEAD + """fds = []
+block = b'x' * (1 << 20)
+try:
+    while held < CAP:
+        fd = os.memfd_create('probe')
+        fds.append(fd)
+        for _ in range(CHUNK):
+            os.write(fd, block)
+        held += CHUNK
+except OSError as error:
+    why = f'{type(error).__name__}: {error}'
+""" + _TAIL
+
+# Segments touched while attached, then detached: they outlive the mapping.
+SYSV_SHM = _HEAD + """libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+ids = []
+try:
+    while held < CAP:
+        sid = libc.shmget(0, CHUNK << 20, 0o1600)
+        if sid < 0:
+            raise OSError(ctypes.get_errno(), 'shmget')
+        ids.append(sid)
+        address = libc.shmat(sid, None, 0)
+        if address in (None, 2 ** 64 - 1):
+            raise OSError(ctypes.get_errno(), 'shmat')
+        ctypes.memset(address, 1, CHUNK << 20)
+        libc.shmdt(ctypes.c_void_p(address))
+        held += CHUNK
+except OSError as error:
+    why = f'{type(error).__name__}: {error}'
+finally:
+    for sid in ids:
+        libc.shmctl(sid, 0, None)  # IPC_RMID
+""" + _TAIL
+
+# A tmpfs of the program's own, in a user and mount namespace of its own.
+USERNS_TMPFS = _HEAD + """try:
+    target = os.path.realpath('.')
+    uid, gid = os.geteuid(), os.getegid()
+    if libc.unshare(0x10020000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS
+        raise OSError(ctypes.get_errno(), 'unshare')
+    # Unmapped ids cannot create files (EOVERFLOW): map ours to root.
+    for name, text in (('setgroups', 'deny'), ('uid_map', f'0 {uid} 1'),
+                       ('gid_map', f'0 {gid} 1')):
+        with open(f'/proc/self/{name}', 'w') as f:
+            f.write(text)
+    if libc.mount(b'none', target.encode(), b'tmpfs', 0, b'size=100%') != 0:
+        raise OSError(ctypes.get_errno(), 'mount')
+    block = b'x' * (1 << 20)
+    while held < CAP:
+        with open(os.path.join(target, f'f{held}'), 'wb') as f:
+            for _ in range(CHUNK):
+                f.write(block)
+        held += CHUNK
+except OSError as error:
+    why = f'{type(error).__name__}: {error}'
+""" + _TAIL
+
+PROBES = {"memfd": MEMFD, "sysv_shm": SYSV_SHM, "userns_tmpfs": USERNS_TMPFS}
+_HELD = re.compile(r"held (\d+) MB: (.*)")
+
+
+def rlimit_only(source: str, memory_mb: int) -> str:
+  """The probe's last stderr line, run under RLIMIT_AS alone (in a scratch
+  directory, killed after 60 s)."""
+  limit = memory_mb << 20
+
+  def _limit():
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+  import tempfile  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as scratch:
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", source],
+                          cwd=scratch, preexec_fn=_limit, capture_output=True,
+                          text=True, timeout=60, check=False)
+  lines = done.stderr.strip().splitlines()
+  return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def _cell(text: str) -> str:
+  found = _HELD.search(text)
+  if not found:
+    return f"? ({text[:100]})"
+  return f"{int(found.group(1)):>5} MB ({found.group(2)[:70]})"
+
+
+def main(argv):
+  del argv
+  memory_mb, cap_mb = _MEMORY_MB.value, _CAP_MB.value
+  limits = code_exec.Limits(memory_mb=memory_mb, timeout_s=60,
+                            disk_mb=64, site_packages=False)
+  limits.check()
+  modes = ["root"] if os.geteuid() == 0 else []
+  modes += ["user", "none"]
+  usable = [m for m in modes if m == "none" or code_exec.probe(m) is None]
+  skipped = sorted(set(modes) - set(usable))
+  print(f"memory_mb={memory_mb} cap_mb={cap_mb} python={sys.version.split()[0]} "
+        f"seccomp={code_exec.sandbox_init.seccomp_machine() or 'none'} "
+        f"load_1min={os.getloadavg()[0]:.2f}")
+  if skipped:
+    print("modes not available here: " + ", ".join(
+        f"{m} ({code_exec.probe(m)})" for m in skipped))
+  for name, template in PROBES.items():
+    source = template.replace("{cap}", str(cap_mb))
+    print(f"{name}:")
+    print(f"  {'rlimit only':<12} {_cell(rlimit_only(source, memory_mb))}")
+    for mode in usable:
+      outcome = code_exec.run_program(source, limits, mode=mode)
+      print(f"  {'sandbox ' + mode:<12} {_cell(outcome.result)}")
+
+
+if __name__ == "__main__":
+  app.run(main)
