@@ -961,3 +961,61 @@ def test_progress_prints_done_of_total(capsys):
   assert [line.split(" (")[0] for line in lines] == [
       "generated: 1/3", "generated: 2/3", "executed: 5/5"]
   assert lines[1].endswith("; written to x.jsonl)")
+
+
+def test_benchmark_overwrite_end_to_end(tmp_path, tiny_checkpoint):
+  """--benchmark --overwrite on an earlier run's --output: the earlier file
+  stays whole until the first batch replaces it; killed after that batch,
+  the file holds that batch alone under this run's settings, and --resume
+  finishes it to the same samples a whole run makes."""
+  output = tmp_path / "he" / "samples.jsonl"
+  earlier = '{"task_id": "HumanEval/7", "completion": "old"}\n' * 3
+  output.parent.mkdir()
+  output.write_text(earlier)
+  flags = ["trm.evaluate", "--config=configs/diffucoder_7b.py:tiny",
+           f"--checkpoint={tiny_checkpoint}", "--benchmark=humaneval",
+           "--limit=2", "--max_new_tokens=8", "--steps=2",
+           "--config.seq_len=512", "--batch_size=1", "--workers=1",
+           f"--output={output}"]
+  # The batches, watched in this subprocess only: before the first one the
+  # earlier file is whole; after the first, the run is 'killed'.
+  inject = (
+      "import runpy, sys\n"
+      "from trm.families.dream import code_eval\n"
+      "real = code_eval.generate_batches\n"
+      "def watched(*args, **kwargs):\n"
+      "  for n, batch in enumerate(real(*args, **kwargs)):\n"
+      f"    if n == 0: assert open({str(output)!r}).read() == {earlier!r}\n"
+      "    if n == 1: raise KeyboardInterrupt\n"
+      "    yield batch\n"
+      "code_eval.generate_batches = watched\n"
+      f"sys.argv = {[*flags, '--overwrite']!r}\n"
+      "runpy.run_module('trm.evaluate', run_name='__main__')\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  killed = subprocess.run([sys.executable, "-c", inject], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env=env)
+  assert killed.returncode != 0 and "KeyboardInterrupt" in killed.stderr, (
+      killed.stderr[-3000:])
+  first = [json.loads(line) for line in output.read_text().splitlines()]
+  assert [r["task_id"] for r in first] == ["HumanEval/0"]
+  assert not (tmp_path / "he" / "samples_summary.json").exists()
+  resumed = subprocess.run([sys.executable, "-m", *flags, "--resume"],
+                           cwd=ROOT, capture_output=True, text=True,
+                           timeout=600, env=env)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  records = [json.loads(line) for line in output.read_text().splitlines()]
+  assert [r["task_id"] for r in records] == ["HumanEval/0", "HumanEval/1"]
+  assert records[0]["completion"] == first[0]["completion"]
+  # The same samples as one whole run (another --output).
+  whole_output = tmp_path / "whole" / "samples.jsonl"
+  whole = subprocess.run(
+      [sys.executable, "-m", *flags[:-1], f"--output={whole_output}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  assert [r["completion"] for r in records] == [
+      json.loads(line)["completion"]
+      for line in whole_output.read_text().splitlines()]
+  summary = json.loads((tmp_path / "he" / "samples_summary.json")
+                       .read_text())
+  assert summary["problems"] == 2 and summary["samples"] == 2
