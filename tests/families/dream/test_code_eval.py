@@ -6,6 +6,7 @@ import gzip
 import json
 import math
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -477,6 +478,29 @@ def _filtered(program, arch, number, arg0=0):
     at += jt if taken else jf
 
 
+# Numbers from the kernel's tables (x86-64's unistd_64.h, arm64's
+# asm-generic/unistd.h), written apart from the filter's own. Refused since
+# the filter follows Docker's default profile: io_uring (3), bpf,
+# perf_event_open, the key calls (3), process_vm_readv/writev, kcmp, the
+# handle calls (2), fanotify_init, kexec (2), modules (3), reboot, swap (2),
+# acct, quotactl, settimeofday, clock_settime, syslog, lookup_dcookie.
+DOCKER_REFUSED = {
+    "x86_64": [425, 426, 427, 321, 298, 250, 248, 249, 310, 311, 312, 304,
+               303, 300, 246, 320, 175, 313, 176, 169, 167, 168, 163, 179,
+               164, 227, 103, 212],
+    "aarch64": [425, 426, 427, 280, 241, 219, 217, 218, 270, 271, 272, 265,
+                264, 262, 104, 294, 105, 273, 106, 142, 224, 225, 89, 60,
+                170, 112, 116, 18]}
+# Calls a program needs, or that the kernel already checks: read, write,
+# mmap, futex, clock_gettime, ptrace, personality, adjtimex and
+# clock_adjtime (glibc's ntp_gettime reads through them), and the NUMA
+# policies (mbind, set_mempolicy, get_mempolicy, move_pages).
+STILL_ALLOWED = {
+    "x86_64": [0, 1, 9, 202, 228, 101, 135, 159, 305, 237, 238, 239, 279],
+    "aarch64": [63, 64, 222, 98, 113, 117, 92, 171, 266, 235, 237, 236,
+                239]}
+
+
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
 def test_the_seccomp_filters_decisions(machine):
   """Both machines' filters, whatever this one is: the refused calls, clone
@@ -488,6 +512,13 @@ def test_the_seccomp_filters_decisions(machine):
       "x86_64": 56, "aarch64": 220}[machine]
   for name, number in sandbox_init.REFUSED[machine].items():
     assert _filtered(program, arch, number) == eperm, name
+  for number in DOCKER_REFUSED[machine]:
+    assert _filtered(program, arch, number) == eperm, number
+  if machine == "x86_64":
+    for number in (172, 173, 134, 136, 139):  # iopl ioperm uselib ustat sysfs
+      assert _filtered(program, arch, number) == eperm, number
+  for number in STILL_ALLOWED[machine]:
+    assert _filtered(program, arch, number) == allow, number
   assert _filtered(program, arch, read) == allow
   assert _filtered(program, arch, clone, 0x3D0F00) == allow  # a thread
   assert _filtered(program, arch, clone, 0x01200011) == allow  # fork
@@ -499,6 +530,39 @@ def test_the_seccomp_filters_decisions(machine):
   assert _filtered(program, 0x40000028, read) == enosys  # AArch32 / ARM
   if machine == "x86_64":
     assert _filtered(program, arch, 0x40000000 | 319) == enosys  # x32
+
+
+def _kernel_numbers(header: str) -> dict:
+  """name -> number from a kernel uapi unistd header (the first definition
+  of each: asm-generic's __NR3264_ names count as the 64-bit ones)."""
+  numbers = {}
+  with open(header, encoding="utf-8") as f:
+    for match in re.finditer(r"#define __NR(?:3264)?_(\w+)\s+(\d+)\b",
+                             f.read()):
+      numbers.setdefault(match.group(1), int(match.group(2)))
+  return numbers
+
+
+@pytest.mark.parametrize("machine, header", [
+    ("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+    ("aarch64", "/usr/include/asm-generic/unistd.h")])
+def test_the_refused_numbers_match_the_kernel_headers(machine, header):
+  """Every number of the filter's table is the kernel's for its name (calls
+  newer than the installed headers are left out); both machines refuse the
+  same calls, less x86-64's own."""
+  if not os.path.isfile(header):
+    pytest.skip(f"no {header} here (linux-libc-dev)")
+  kernel = _kernel_numbers(header)
+  table = sandbox_init.REFUSED[machine]
+  checked = {name: kernel[name] for name in table if name in kernel}
+  assert {name: table[name] for name in checked} == checked
+  newer = set(table) - set(checked)
+  assert newer <= set(sandbox_init._SAME_NUMBERS), newer  # pylint: disable=protected-access
+  x86_64_only = set(sandbox_init.REFUSED["x86_64"]) - set(
+      sandbox_init.REFUSED["aarch64"])
+  assert x86_64_only == {"ioperm", "iopl", "uselib", "ustat", "sysfs"}
+  assert set(sandbox_init.REFUSED["aarch64"]) <= set(
+      sandbox_init.REFUSED["x86_64"])
 
 
 def test_a_filter_the_kernel_refuses_is_an_error(monkeypatch):

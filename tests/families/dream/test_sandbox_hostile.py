@@ -72,6 +72,82 @@ if fd < 0:
 """ + GOOD
 
 
+def _syscall(numbers: str) -> str:
+  """LIBC, then `number`: the call's number on this machine (`numbers`:
+  x86-64's, arm64's), written here apart from the filter's own table."""
+  x86_64, aarch64 = numbers.split()
+  return (LIBC + f"number = {{'x86_64': {x86_64}, 'aarch64': {aarch64}}}"
+          "[os.uname().machine]\n")
+
+
+def _raise_if(test: str, name: str) -> str:
+  return f"if {test}:\n    raise OSError(ctypes.get_errno(), {name!r})\n"
+
+
+def _reaches(name: str, numbers: str, args: str, setup: str = "",
+             refused: str = "result < 0") -> str:
+  """A program that defines add only when system call `name` (`numbers`:
+  x86-64's, arm64's) with `args` gets through; else it raises
+  OSError(errno, name)."""
+  return (_syscall(numbers) + setup + f"result = libc.syscall(number, {args})"
+          "\n" + _raise_if(refused, name) + GOOD)
+
+
+# Kernel interfaces the filter refuses after Docker's default profile. Each
+# program passes where its call reaches the kernel's code.
+# io_uring: its rings are kernel memory past RLIMIT_AS.
+IO_URING = _reaches("io_uring_setup", "425 425", "4, params",
+                    "params = ctypes.create_string_buffer(120)\n")
+# An unknown command: the kernel's bpf code answers EINVAL, whatever
+# kernel.unprivileged_bpf_disabled says (which refuses a map with EPERM).
+BPF = _reaches("bpf", "321 280", "0x7FFF, ctypes.create_string_buffer(64), 64",
+               refused="ctypes.get_errno() == 1")
+# A software clock counting its own user time: perf_event_paranoid 2 (the
+# kernel's default) allows it to anyone.
+PERF = _reaches("perf_event_open", "298 241", "attr, 0, -1, -1, "
+                "ctypes.c_ulong(0)", "import struct\nattr = ctypes."
+                "create_string_buffer(struct.pack('<IIQ24xQ16x', 1, 64, 0, "
+                "0x60))\n")
+# A key in its session keyring (-3): kernel keys outlive the process.
+ADD_KEY = _reaches("add_key", "248 217", "b'user', b'trm_hostile', "
+                   "b'secret', ctypes.c_size_t(6), -3")
+# KEYCTL_GET_KEYRING_ID (0) of the session keyring, created if need be.
+KEYCTL = _reaches("keyctl", "250 219", "0, ctypes.c_long(-3), "
+                  "ctypes.c_long(1)")
+# Another process's memory (its own child's, same uid: the kernel lets it).
+PROCESS_VM_READV = _syscall("310 270") + """import time
+class Iovec(ctypes.Structure):
+    _fields_ = [('base', ctypes.c_void_p), ('size', ctypes.c_size_t)]
+theirs = ctypes.create_string_buffer(b'secret', 16)
+pid = os.fork()
+if pid == 0:
+    time.sleep(30)
+    os._exit(0)
+ours = ctypes.create_string_buffer(16)
+local = Iovec(ctypes.addressof(ours), 16)
+remote = Iovec(ctypes.addressof(theirs), 16)
+one, none = ctypes.c_ulong(1), ctypes.c_ulong(0)
+got = libc.syscall(number, pid, ctypes.byref(local), one, ctypes.byref(remote),
+                   one, none)
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+""" + _raise_if("got < 0", "process_vm_readv") + (
+    "assert ours.value == b'secret', ours.raw\n" + GOOD)
+# A file by handle, past the permissions of the directories above it
+# (Docker's "shocker" escape): the kernel refuses open_by_handle_at without
+# CAP_DAC_READ_SEARCH (the fallback as root has it) but gives anyone a
+# handle; the filter refuses that first step.
+BY_HANDLE = _syscall("303 264") + """handle = ctypes.create_string_buffer(
+    (128).to_bytes(4, 'little'), 8 + 128)
+mount_id = ctypes.c_int()
+open('f', 'w').close()
+done = libc.syscall(number, -100, b'f', handle, ctypes.byref(mount_id), 0)
+""" + _raise_if("done < 0", "name_to_handle_at") + (
+    "number = {'x86_64': 304, 'aarch64': 265}[os.uname().machine]\n"
+    "fd = libc.syscall(number, os.open('.', os.O_RDONLY), handle, 0)\n"
+    + _raise_if("fd < 0", "open_by_handle_at") + GOOD)
+
+
 def _fails_unless(call: str) -> str:
   """Raises unless `call` (ctypes) returned 0; then defines add."""
   return (LIBC + f"if {call} != 0:\n    raise OSError(ctypes.get_errno(), "
@@ -352,6 +428,15 @@ CASES = [
      "0, 0)\nif pid == 0:\n    os._exit(0)\nif pid < 0:\n    raise OSError("
      "ctypes.get_errno(), 'clone(CLONE_NEWUSER)')\nos.waitpid(pid, 0)\n"
      + GOOD, ERROR),
+    # Kernel interfaces past the memory and namespace calls (Docker's
+    # default profile refuses them to a container without capabilities).
+    ("io_uring_setup", IO_URING, ERROR),
+    ("bpf_reaches_the_kernel", BPF, ERROR),
+    ("perf_event_open_self", PERF, ERROR),
+    ("add_session_key", ADD_KEY, ERROR),
+    ("keyctl_session_keyring", KEYCTL, ERROR),
+    ("process_vm_readv_child", PROCESS_VM_READV, ERROR),
+    ("open_by_handle", BY_HANDLE, ERROR),
     # A ctypes callback (libffi's trampolines) still works under the filter.
     ("ctypes_callback", "import ctypes\nplus = ctypes.CFUNCTYPE(ctypes.c_int,"
      " ctypes.c_int)(lambda x: x + 1)\nassert plus(1) == 2\n" + GOOD,
@@ -493,6 +578,13 @@ DETAILS = {
     "memory_mmap": "Cannot allocate memory",
     "memory_in_candidate": "MemoryError", "memory_memfd": EPERM,
     "memory_sysv_shm": EPERM, "memory_userns_tmpfs": EPERM,
+    "io_uring_setup": f"{EPERM} io_uring_setup",
+    "bpf_reaches_the_kernel": f"{EPERM} bpf",
+    "perf_event_open_self": f"{EPERM} perf_event_open",
+    "add_session_key": f"{EPERM} add_key",
+    "keyctl_session_keyring": f"{EPERM} keyctl",
+    "process_vm_readv_child": f"{EPERM} process_vm_readv",
+    "open_by_handle": f"{EPERM} name_to_handle_at",
     "clone_newuser": EPERM, "i386_memfd_int80": "[Errno 38] memfd_create",
     "oom_killer_prefers_the_evaluator": "AssertionError: the first to go",
     "lower_oom_score_adj": ROFS,
@@ -862,10 +954,13 @@ _FIND_KEY = _KEYS + (
                     reason="root mode on x86-64 (syscall numbers)")
 def test_keys_do_not_pass_between_samples_of_a_slot():
   """A key left by one sample (`add_key`) was read by the next sample of
-  the same slot (the same uid in root mode): a channel between samples."""
+  the same slot (the same uid in root mode): a channel between samples.
+  The filter now refuses the key calls; behind it, each program starts with
+  its keyrings cleared (`test_each_program_starts_with_fresh_keyrings`)."""
   outcomes = code_exec.run_programs([(_LEAVE_KEY, CHECKS),
                                      (_FIND_KEY, CHECKS)], LIMITS, 1, mode=MODE)
-  assert [o.reason for o in outcomes] == ["passed", "passed"], outcomes
+  assert [o.reason for o in outcomes] == [ERROR, "passed"], outcomes
+  assert f"{EPERM} add_key" in outcomes[0].result, outcomes
 
 
 @pytest.mark.skipif(code_exec.probe("user") is not None
@@ -891,8 +986,41 @@ def test_keys_do_not_pass_between_samples_in_user_mode():
   done = subprocess.run([sys.executable, "-c", script], cwd=repo.ROOT,
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
-  assert done.stdout.startswith("['passed', 'passed']"), done.stdout
+  assert done.stdout.startswith("['error', 'passed']"), done.stdout
+  assert f"{EPERM} add_key" in done.stdout, done.stdout
   assert "evaluator keyring has the key: False" in done.stdout, done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0
+                    or os.uname().machine not in ("x86_64", "aarch64"),
+                    reason="root (to take a uid of its own) on x86-64 or arm64")
+def test_each_program_starts_with_fresh_keyrings():
+  """What stands behind the filter's refusal of the key calls (and alone
+  where there is no filter): before the filter, each program joins a
+  session keyring of its own and, in root mode, clears its uid's keyrings,
+  so keys an earlier program of the uid added are gone. In a subprocess at
+  a uid of its own, so that our keyrings are left alone."""
+  script = (
+      "import ctypes, os\n"
+      "from trm.families.dream import sandbox_init\n"
+      "libc = ctypes.CDLL(None, use_errno=True)\n"
+      "keyctl = sandbox_init.KEYCTL[os.uname().machine]\n"
+      "add_key = {'x86_64': 248, 'aarch64': 217}[os.uname().machine]\n"
+      "uid = 0x7FF00000 - 1 - (os.getpid() & 0xFFFF)  # below the slots'\n"
+      "os.setresuid(uid, uid, uid)\n"
+      "assert libc.syscall(keyctl, 1, None) > 0  # a session keyring\n"
+      "rings = (-4, -5, -3)  # user, user session, session\n"
+      "for ring in rings:\n"
+      "  assert libc.syscall(add_key, b'user', b'trm_fresh', b'x', "
+      "ctypes.c_size_t(1), ctypes.c_long(ring)) > 0, ring\n"
+      "sandbox_init._fresh_keyrings(clear=True)\n"
+      "print([libc.syscall(keyctl, 10, ctypes.c_long(ring), b'user', "
+      "b'trm_fresh', 0) >= 0 for ring in rings])\n")
+  done = subprocess.run([sys.executable, "-c", script], cwd=repo.ROOT,
+                        capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, PYTHONPATH=repo.ROOT))
+  assert done.returncode == 0, done.stderr
+  assert done.stdout == "[False, False, False]\n", done.stdout
 
 
 @pytest.mark.skipif(code_exec.probe("user") is not None,

@@ -53,24 +53,63 @@ KEYCTL = {"x86_64": 250, "aarch64": 219, "arm64": 219, "riscv64": 219,
 KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
 KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
 # The seccomp filter (`seccomp_program`): system calls by number, per
-# machine. Memory the kernel holds for a program outside its address space
-# escapes RLIMIT_AS: a memfd, SysV shared memory or message queues, a tmpfs
-# mounted in namespaces of its own (memfds and SysV segments held 1 GB each
-# at --memory_mb=256, in every mode).
-# These calls fail with EPERM (the new mount API and memfd_secret have the
-# same numbers on both machines).
+# machine, refused with EPERM. Docker's default profile refuses these to a
+# container without capabilities (the field's standard for untrusted
+# code), less what a program may need (personality, adjtimex and
+# clock_adjtime reads, the NUMA memory policies); most need a capability
+# the program lacks anyway, and the filter keeps their kernel code out of
+# its reach. Memory the kernel holds for a program outside its address
+# space escapes RLIMIT_AS: a memfd, SysV shared memory or message queues,
+# a tmpfs mounted in namespaces of its own, io_uring's rings (memfds and
+# SysV segments held 1 GB each at --memory_mb=256, in every mode).
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_SAME_NUMBERS = {"open_tree": 428, "move_mount": 429, "fsopen": 430,
-                 "fsconfig": 431, "fsmount": 432, "fspick": 433,
-                 "mount_setattr": 442, "open_tree_attr": 467,
-                 "memfd_secret": 447}
-REFUSED = {
-    "x86_64": dict(_SAME_NUMBERS, memfd_create=319, shmget=29, msgget=68,
-                   unshare=272, setns=308, mount=165, umount2=166,
-                   pivot_root=155, userfaultfd=323),
-    "aarch64": dict(_SAME_NUMBERS, memfd_create=279, shmget=194, msgget=186,
-                    unshare=97, setns=268, mount=40, umount2=39,
-                    pivot_root=41, userfaultfd=282)}
+# Calls added since Linux 5.1 have one number on every machine.
+_SAME_NUMBERS = {
+    # the new mount API: mounts of its own
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+    "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+    "open_tree_attr": 467,
+    # memory outside RLIMIT_AS
+    "memfd_secret": 447,
+    # io_uring: kernel memory outside RLIMIT_AS, and a long record of
+    # kernel exploits (Google turned it off on ChromeOS and Android apps)
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    # the host's disk quotas
+    "quotactl_fd": 443}
+# name: (x86-64's number, arm64's; None where it has no such call).
+_NUMBERS = {
+    # memory outside RLIMIT_AS
+    "memfd_create": (319, 279), "shmget": (29, 194), "msgget": (68, 186),
+    "userfaultfd": (323, 282),
+    # namespaces and mounts of its own
+    "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40),
+    "umount2": (166, 39), "pivot_root": (155, 41),
+    # kernel interfaces with their own record of exploits and leaks
+    "bpf": (321, 280), "perf_event_open": (298, 241),
+    # kernel keys outlive the process: a channel between samples
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    # other processes' memory and files (ptrace stays: the kernel checks it,
+    # and debuggers need it)
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "kcmp": (312, 272),
+    # files by handle, past the directories' permissions; fanotify
+    "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264),
+    "fanotify_init": (300, 262),
+    # the host itself: kernels, modules, power, swap, accounting, quotas,
+    # clocks, I/O ports
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294),
+    "init_module": (175, 105), "finit_module": (313, 273),
+    "delete_module": (176, 106), "reboot": (169, 142), "swapon": (167, 224),
+    "swapoff": (168, 225), "acct": (163, 89), "quotactl": (179, 60),
+    "settimeofday": (164, 170), "clock_settime": (227, 112),
+    "ioperm": (173, None), "iopl": (172, None),
+    # the kernel's log (anyone's where kernel.dmesg_restrict is 0), and
+    # calls that are obsolete
+    "syslog": (103, 116), "lookup_dcookie": (212, 18),
+    "uselib": (134, None), "ustat": (136, None), "sysfs": (139, None)}
+REFUSED = {machine: dict(_SAME_NUMBERS, **{
+    name: numbers[i] for name, numbers in _NUMBERS.items()
+    if numbers[i] is not None}) for i, machine in enumerate(AUDIT_ARCH)}
 # clone(2) refused only with a CLONE_NEW* flag (its flags are args[0] on
 # both); clone3(2) with ENOSYS, since its flags are in memory a filter
 # cannot read: glibc then falls back to clone (threads, posix_spawn).
@@ -383,7 +422,9 @@ def _fresh_keyrings(clear):
   own, but the session keyring is inherited: the evaluator's own when it
   has one (a login session's), where a sample's key reached the next
   sample (and the evaluator); it is joined afresh too, never cleared. Best
-  effort: a kernel without keys, or an unknown machine, has nothing here."""
+  effort: a kernel without keys, or an unknown machine, has nothing here.
+  Called before the seccomp filter, which refuses the key calls to the
+  program (where there is a filter: elsewhere this stands alone)."""
   number = KEYCTL.get(platform.machine())
   if number is None:
     return
