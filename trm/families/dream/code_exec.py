@@ -43,9 +43,12 @@ directory, a killed process group; daemons that call setsid survive and the
 program can read what our user can.
 In every mode, on x86-64 and arm64, a seccomp filter (`sandbox_init.
 seccomp_program`) refuses the memory RLIMIT_AS does not count (memfd, SysV
-shared memory and message queues, a tmpfs in namespaces of its own: no
-mount or unshare, no clone with CLONE_NEW*) and other ABIs' system calls;
-elsewhere there is none.
+shared memory and message queues, io_uring, a tmpfs in namespaces of its
+own: no mount or unshare, no clone with CLONE_NEW*) and other ABIs' system
+calls; its list follows the refusals of Docker's default seccomp profile
+(bpf, perf_event_open, kernel keys, other processes' memory, files by
+handle, the host's controls), less the calls a program needs; elsewhere
+there is none.
 """
 from __future__ import annotations
 
