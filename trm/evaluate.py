@@ -47,10 +47,11 @@ fault, rescore without a model:
   python -m trm.evaluate --score_only=runs/mbpp/samples.jsonl \
       --benchmark_path=mbpp.jsonl --k=1,10
 
---timeout, --workers, --memory_mb, --disk_mb and --output are checked
-before anything is loaded (one line, exit 2; an --output that holds an
-earlier run's lines needs --resume or --overwrite, which keeps it whole
-until the first new batch or result replaces it); --score_only refuses the
+--timeout, --workers, --memory_mb, --disk_mb, --sample_memory_mb and
+--output are checked before anything is loaded (one line, exit 2; an
+--output that holds an earlier run's lines needs --resume or --overwrite,
+which keeps it whole until the first new batch or result replaces it);
+--score_only refuses the
 flags that only set how samples are generated (--temperature,
 --num_samples, ...), which it would ignore.
 
@@ -233,7 +234,8 @@ def code_settings():
   from trm.families.dream import code_exec  # pylint: disable=g-import-not-at-top
   limits = code_exec.Limits(timeout_s=_TIMEOUT.value,
                             memory_mb=_MEMORY_MB.value,
-                            disk_mb=_DISK_MB.value)
+                            disk_mb=_DISK_MB.value,
+                            sample_memory_mb=_SAMPLE_MEMORY_MB.value)
   limits.check()
   workers = _WORKERS.value
   if workers is not None:
@@ -346,7 +348,9 @@ def _score_and_report(problems, records, limits, workers, ks, output,
       results, **summary, passed=sum(r["passed"] for r in records),
       samples=len(records), reasons=dict(reasons), sandbox=dict(
           timeout_s=limits.timeout_s, memory_mb=limits.memory_mb,
-          disk_mb=limits.disk_mb, site_packages=limits.site_packages,
+          disk_mb=limits.disk_mb,
+          sample_memory_mb=limits.sample_memory(),
+          site_packages=limits.site_packages,
           isolation=code_exec.isolation(limits)),
       execution_seconds=time.perf_counter() - start, samples_file=output)
   summary_path = os.path.splitext(output)[0] + "_summary.json"
@@ -685,7 +689,8 @@ MC_FLAGS = ("mc_num", "sampling_eps")
 SAMPLING_FLAGS = ("chat", "max_new_tokens", "steps", "alg", "alg_temp",
                   "temperature", "top_p", "top_k", "cache", "block_length",
                   "threshold", "fast_dllm", "benchmark_path", "num_samples",
-                  "k", "limit", "timeout", "workers", "memory_mb", "disk_mb")
+                  "k", "limit", "timeout", "workers", "memory_mb", "disk_mb",
+                  "sample_memory_mb")
 
 
 def unused_flags(given, loglikelihood: bool, nll_type: str = "mc") -> None:
@@ -945,8 +950,8 @@ def main(argv):
 def define_flags():
   global _CONFIG, _CHECKPOINT, _OUTPUT_DIR, _BENCHMARK, _BENCHMARK_PATH, \
       _NUM_SAMPLES, _K, _LIMIT, _OUTPUT, _WORKERS, _TIMEOUT, _MEMORY_MB, \
-      _DISK_MB, _RESUME, _SCORE_ONLY, _SAMPLER, _STEP, _LOGLIKELIHOOD, \
-      _MC_NUM, _NLL_TYPE, _LOG_TYPE, _SAMPLING_EPS, _OVERWRITE
+      _DISK_MB, _SAMPLE_MEMORY_MB, _RESUME, _SCORE_ONLY, _SAMPLER, _STEP, \
+      _LOGLIKELIHOOD, _MC_NUM, _NLL_TYPE, _LOG_TYPE, _SAMPLING_EPS, _OVERWRITE
   _CONFIG = config_flags.DEFINE_config_file("config", None, "TRM config, or "
                                             "with --benchmark a DiffuCoder "
                                             "config (its mesh).",
@@ -986,6 +991,11 @@ def define_flags():
                                     "per process of a program, MB (>= 64).")
   _DISK_MB = flags.DEFINE_integer("disk_mb", 64, "Writable space (a tmpfs "
                                   "at /tmp) per program, MB.")
+  _SAMPLE_MEMORY_MB = flags.DEFINE_integer(
+      "sample_memory_mb", None, "Memory of a whole program, MB: all its "
+      "processes, its /tmp and the kernel's buffers for it, by a memory "
+      "cgroup of its own where one can be made; 0: none, >= 64 otherwise "
+      "(default: 2 x --memory_mb + --disk_mb + 32).")
   _RESUME = flags.DEFINE_bool(
       "resume", False, "Keep the samples an interrupted --benchmark run "
       "wrote to --output (same checkpoint, problems and sampler settings, "

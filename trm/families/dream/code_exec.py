@@ -116,6 +116,22 @@ class Limits:
   # benchmark packages' own files (`ANSWER_PACKAGES`); False: the standard
   # library only (a faster start).
   site_packages: bool = True
+  # The whole sample: all its processes, its /tmp and output files and the
+  # kernel memory charged to it (pipe and socket buffers), by a memory
+  # cgroup of its own where one can be made. None: `sample_memory()`'s
+  # default; 0: no memory cgroup.
+  sample_memory_mb: Optional[int] = None
+
+  def sample_memory(self) -> int:
+    """The sample's memory cgroup limit in MB (0: none). By default one
+    process's whole address space twice over (a parent and a child, or
+    one process and the kernel buffers it fills) plus the files it may
+    write, which are memory too (tmpfs): 2 x memory_mb + disk_mb + 2 x
+    max_file_mb (2144 MB by default), while max_processes x memory_mb
+    alone allowed 64 GB."""
+    if self.sample_memory_mb is not None:
+      return self.sample_memory_mb
+    return 2 * self.memory_mb + self.disk_mb + 2 * self.max_file_mb
 
   def check(self) -> None:
     """One-line ValueErrors naming the flag of each bad value."""
@@ -135,6 +151,14 @@ class Limits:
       raise ValueError(f"--disk_mb={self.disk_mb!r}: must be between 1 and "
                        f"{MAX_MEMORY_MB} (the writable tmpfs of each "
                        "program).")
+    if self.sample_memory_mb is not None and not (
+        isinstance(self.sample_memory_mb, int)
+        and (self.sample_memory_mb == 0
+             or MIN_MEMORY_MB <= self.sample_memory_mb <= MAX_MEMORY_MB)):
+      raise ValueError(f"--sample_memory_mb={self.sample_memory_mb!r}: must "
+                       f"be 0 (no memory cgroup) or between {MIN_MEMORY_MB} "
+                       f"and {MAX_MEMORY_MB} (all of a sample's processes "
+                       "and the kernel memory charged to it).")
     if self.max_open_files < 16:
       raise ValueError(f"max_open_files={self.max_open_files!r}: must be >= "
                        "16 (Python opens a few files to start).")
@@ -218,6 +242,13 @@ def isolation(limits: Limits) -> str:
   """How programs are isolated under `limits`, in words."""
   mode = sandbox_mode(limits)
   cpu = ", a cpu cgroup per sample" if _cpu_group_base() else ""
+  if not limits.sample_memory():
+    cpu += ", no memory cgroup (sample_memory_mb=0)"
+  elif _memory_group_base():
+    cpu += (f", a memory cgroup per sample ({limits.sample_memory()} MB: "
+            "all its processes and the kernel memory charged to it)")
+  else:
+    cpu += ", no memory cgroup (none can be made here)"
   machine = sandbox_init.seccomp_machine()
   seccomp = (f"seccomp filter ({machine}: no memfd, SysV shm, mounts or "
              "namespaces)" if machine else "no seccomp filter")
@@ -286,9 +317,9 @@ def _hidden(limits: Limits) -> list[str]:
   return list(_answer_packages())
 
 
-def _cpu_group_bases() -> list[str]:
-  """Our own cgroup in each hierarchy that may hold the cpu controller: the
-  cgroup v1 hierarchy with `cpu`, and the v2 one."""
+def _group_bases(controller: str) -> list[str]:
+  """Our own cgroup in each hierarchy that may hold `controller` ("cpu" or
+  "memory"): the cgroup v1 hierarchy with it, and the v2 one."""
   try:
     with open("/proc/self/cgroup", encoding="utf-8") as f:
       groups = [line.rstrip("\n").split(":", 2) for line in f]
@@ -304,35 +335,103 @@ def _cpu_group_bases() -> list[str]:
       tail = fields[fields.index("-") + 1:]
       fstype, options = tail[0], (tail[2].split(",") if len(tail) > 2 else [])
       wanted = (fstype == "cgroup2" if not controllers else
-                fstype == "cgroup" and "cpu" in controllers.split(",")
-                and "cpu" in options)
+                fstype == "cgroup" and controller in controllers.split(",")
+                and controller in options)
       root, mountpoint = fields[3], fields[4]
       if wanted and (path + "/").startswith(root.rstrip("/") + "/"):
         bases.append(os.path.join(mountpoint, path[len(root):].lstrip("/")))
   return bases
 
 
-@functools.lru_cache(maxsize=None)
-def _cpu_group_base() -> Optional[str]:
-  """Where each sample can get a cgroup of its own with the cpu controller
-  (where we may make one: as root, or delegated), else None. Its default
-  weight then shares the CPU fairly between samples, however many
-  processes (each its own session, beyond autogroup) a sample runs."""
-  for base in _cpu_group_bases():
-    trial = os.path.join(base, f"trm_code_probe_{secrets.token_hex(6)}")
+# Files a cgroup has when the controller is on for it (v1 names, v2 names).
+_CONTROLLER_FILES = {"cpu": ("cpu.shares", "cpu.weight"),
+                     "memory": ("memory.limit_in_bytes", "memory.max")}
+
+
+def _group_base(controller: str) -> Optional[str]:
+  """The first of `_group_bases` where we may make a cgroup (as root, or
+  delegated) that has `controller`: v2 gives a child group only what the
+  parent's cgroup.subtree_control already holds (we never write that of a
+  group we did not make). Removes the orphans of dead evaluators there."""
+  for base in _group_bases(controller):
+    # Named as a sample's group: an evaluator killed mid-probe leaves an
+    # orphan the next one removes.
+    trial = os.path.join(base,
+                         f"trm_code_{os.getpid()}_p{secrets.token_hex(6)}")
     try:
       os.mkdir(trial)
     except OSError:
       continue
     try:
       usable = any(os.path.exists(os.path.join(trial, name))
-                   for name in ("cpu.shares", "cpu.weight"))
+                   for name in _CONTROLLER_FILES[controller])
+      if usable and controller == "memory":
+        usable = _limit_memory(trial, MIN_MEMORY_MB << 20)
     finally:
-      _remove_cpu_group(trial)
+      _remove_group(trial)
     if usable:
       _remove_orphan_groups(base)
       return base
   return None
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_group_base() -> Optional[str]:
+  """Where each sample can get a cgroup of its own with the cpu controller,
+  else None. Its default weight then shares the CPU fairly between
+  samples, however many processes (each its own session, beyond
+  autogroup) a sample runs."""
+  return _group_base("cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def _memory_group_base() -> Optional[str]:
+  """Where each sample can get a cgroup of its own with the memory
+  controller and a limit written, else None."""
+  return _group_base("memory")
+
+
+def _write_control(group: str, name: str, value: str) -> bool:
+  """Writes a cgroup control file; False where it is absent or refused."""
+  try:
+    with open(os.path.join(group, name), "w", encoding="ascii") as f:
+      f.write(value)
+    return True
+  except OSError:
+    return False
+
+
+def _limit_memory(group: str, limit: int) -> bool:
+  """Caps `group` at `limit` bytes, swap included; False if the limit
+  itself could not be written (then the group caps nothing)."""
+  if os.path.exists(os.path.join(group, "memory.max")):  # v2
+    _write_control(group, "memory.swap.max", "0")  # absent without swap
+    return _write_control(group, "memory.max", str(limit))
+  if not _write_control(group, "memory.limit_in_bytes", str(limit)):
+    return False
+  # v1: memory + swap (present with swap accounting) after memory, never
+  # below it. Kernel memory is charged to the memory counter since 4.6
+  # (unless booted with cgroup.memory=nokmem); a kmem limit only turned
+  # that accounting on before, and newer kernels ignore or refuse it.
+  _write_control(group, "memory.memsw.limit_in_bytes", str(limit))
+  _write_control(group, "memory.kmem.limit_in_bytes", str(limit))
+  return True
+
+
+def _oom_kills(group: Optional[str]) -> int:
+  """How many processes the OOM killer ended in `group` for its limit (v2
+  memory.events, v1 memory.oom_control: both "oom_kill N"; 0 on kernels
+  without the counter)."""
+  for name in ("memory.events", "memory.oom_control"):
+    try:
+      with open(os.path.join(group, name), encoding="ascii") as f:
+        for line in f:
+          key, _, value = line.partition(" ")
+          if key == "oom_kill":
+            return int(value)
+    except (OSError, ValueError, TypeError):
+      continue
+  return 0
 
 
 def _remove_orphan_groups(base: str) -> None:
@@ -352,19 +451,37 @@ def _remove_orphan_groups(base: str) -> None:
         pass  # not empty (or not ours to remove): left as it is
 
 
-def _make_cpu_group() -> Optional[str]:
-  base = _cpu_group_base()
-  if base is None:
-    return None
-  group = os.path.join(base, f"trm_code_{os.getpid()}_{secrets.token_hex(6)}")
-  try:
-    os.mkdir(group)
-  except OSError:
-    return None
-  return group
+@dataclasses.dataclass(frozen=True)
+class _Groups:
+  """A sample's cgroups: one per hierarchy (v1: cpu and memory apart; v2:
+  one with both), and the one with its memory limit, if any."""
+  paths: tuple = ()
+  memory: Optional[str] = None
 
 
-def _remove_cpu_group(group: Optional[str]) -> None:
+def _make_groups(limits: Limits) -> _Groups:
+  """The sample's cgroups, where they can be made (never an error: a
+  sample runs without them as it would on a machine without cgroups)."""
+  cpu = _cpu_group_base()
+  memory = _memory_group_base() if limits.sample_memory() else None
+  name = f"trm_code_{os.getpid()}_{secrets.token_hex(6)}"
+  paths, limited = [], None
+  for base in dict.fromkeys(b for b in (cpu, memory) if b):
+    group = os.path.join(base, name)
+    try:
+      os.mkdir(group)
+    except OSError:
+      continue
+    paths.append(group)
+    if base == memory:
+      if _limit_memory(group, limits.sample_memory() << 20):
+        limited = group
+      elif base != cpu:  # capping nothing: not worth joining
+        _remove_group(paths.pop())
+  return _Groups(tuple(paths), limited)
+
+
+def _remove_group(group: Optional[str]) -> None:
   """Removes the (empty) cgroup; its last processes may take a moment to
   leave it after they exit."""
   deadline = time.monotonic() + 1.0
@@ -519,13 +636,22 @@ def _classify(report: Optional[dict], nonce: str, returncode: int,
       + (f": {last}" if last else ""))
 
 
+def _cgroup_memory_result(result: str, limits: Limits) -> str:
+  """The result of a sample whose cgroup's OOM killer ended a process of
+  it: whichever one it chose (the program, a child, the sandbox's own
+  init), and however that showed, the memory limit is why."""
+  detail = result.removeprefix("failed: ")
+  return (f"failed: memory limit (the sample's cgroup: "
+          f"{limits.sample_memory()} MB; {detail})")[:1000]
+
+
 def _run(source: str, checks: Optional[str], limits: Limits,
          mode: str) -> Outcome:
   start = time.perf_counter()
   nonce = secrets.token_hex(16)
   work = tempfile.mkdtemp(prefix="trm_code_")
   slot = _acquire_slot() if mode == "root" else None
-  cpu_group = _make_cpu_group()
+  groups = _make_groups(limits)
   try:
     ids = [0, 0]
     if slot is not None:
@@ -541,7 +667,7 @@ def _run(source: str, checks: Optional[str], limits: Limits,
         hide=_hidden(limits),
         disk=limits.disk_mb << 20, inodes=max(1024, limits.disk_mb * 256),
         python=sys.executable, python_flags=flags, env=_environment(),
-        cpu_group=cpu_group, parent=os.getpid(),
+        cgroups=list(groups.paths), parent=os.getpid(),
         limits=dict(memory=limits.memory_mb << 20,
                     cpu=int(limits.timeout_s) + 1,
                     file=limits.max_file_mb << 20,
@@ -585,6 +711,8 @@ def _run(source: str, checks: Optional[str], limits: Limits,
         report = None
       passed, reason, result = _classify(report, nonce, returncode,
                                          _tail(err))
+      if not passed and _oom_kills(groups.memory):
+        reason, result = "memory", _cgroup_memory_result(result, limits)
       return Outcome(passed, result, seconds, reason)
     finally:
       for f in files:
@@ -593,7 +721,8 @@ def _run(source: str, checks: Optional[str], limits: Limits,
     if slot is not None:
       _release_slot(slot)
     _remove(work)
-    _remove_cpu_group(cpu_group)
+    for group in groups.paths:
+      _remove_group(group)
 
 
 def _parts(program: Program) -> tuple[str, Optional[str]]:

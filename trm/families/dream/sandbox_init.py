@@ -633,14 +633,14 @@ def main(argv):
   if os.getppid() != payload["parent"]:
     return 4
   mode = payload["mode"]
-  if payload.get("cpu_group"):
-    # Before any fork: all the sample's processes share this cgroup's CPU
-    # weight, which the program (no /sys, no capabilities) cannot leave.
+  for group in payload.get("cgroups", ()):
+    # Before any fork: all the sample's processes share these cgroups' CPU
+    # weight and memory limit, which the program (no /sys, no
+    # capabilities) cannot leave.
     try:
-      _write(os.path.join(payload["cpu_group"], "cgroup.procs"),
-             str(os.getpid()), flags=0)
+      _write(os.path.join(group, "cgroup.procs"), str(os.getpid()), flags=0)
     except OSError:
-      pass  # best effort: the sample then competes process by process
+      pass  # best effort: the sample then runs as without the cgroup
   # The OOM killer's first choice, with everything forked from here: a
   # sample may hold max_processes x memory_mb, and the evaluator (holding a
   # model) had the higher score. Set from outside, as root it cannot be
