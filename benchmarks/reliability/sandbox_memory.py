@@ -1,21 +1,26 @@
 r"""Memory a sandboxed program can hold outside its address space limit.
 
   PYTHONPATH=. python benchmarks/reliability/sandbox_memory.py \
-      [--memory_mb=256] [--cap_mb=1024]
+      [--memory_mb=256] [--cap_mb=1024] [--sample_memory_mb=0|N]
 
 RLIMIT_AS (`--memory_mb`) counts a process's mappings, not memory the
 kernel holds for it elsewhere: a memfd's pages, a SysV shared-memory
 segment that was touched and detached, files on a tmpfs that a user
-namespace of its own mounted. Three probe programs each try to hold
-`--cap_mb` that way in 64 MB pieces and end by raising "held N MB"
-with why they stopped. Each runs:
+namespace of its own mounted, bytes left unread in socketpairs (children
+fill more once one process's open files run out). Four probe programs
+each try to hold `--cap_mb` that way in 64 MB pieces (the socketpairs: a
+process's worth at a time) and end by raising "held N MB" with why they
+stopped. Each runs:
 
 - `rlimit only`: a plain subprocess with RLIMIT_AS = `--memory_mb` and
   nothing else (what the sandbox's mode "none" amounted to before its
   seccomp filter, and the proof that the probe can hold memory here);
 - in the code sandbox (`trm.families.dream.code_exec.run_program`), in
   every mode this machine offers ("root" when run as root, "user" where
-  unprivileged user namespaces work, "none").
+  unprivileged user namespaces work, "none"), with its memory cgroup of
+  `--sample_memory_mb` where one can be made (the header's isolation line
+  says): a probe it stops ends as "memory limit (the sample's cgroup"
+  (MB held then unknown) instead of "held N MB".
 
 Prints one row per probe and column: MB held, then why it stopped. The
 probes remove what they made (shared-memory segments included) before
@@ -37,6 +42,9 @@ _MEMORY_MB = flags.DEFINE_integer("memory_mb", 256,
                                   "the sandbox's --memory_mb (RLIMIT_AS)")
 _CAP_MB = flags.DEFINE_integer("cap_mb", 1024,
                                "the most each probe tries to hold, in MB")
+_SAMPLE_MEMORY_MB = flags.DEFINE_integer(
+    "sample_memory_mb", None, "the sandbox's --sample_memory_mb (its memory "
+    "cgroup, where one can be made; 0: none; default: Limits' own)")
 
 _HEAD = """import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
@@ -168,6 +176,7 @@ finally:
 PROBES = {"memfd": MEMFD, "sysv_shm": SYSV_SHM, "userns_tmpfs": USERNS_TMPFS,
           "socketpairs": SOCKETPAIRS}
 _HELD = re.compile(r"held (\d+) MB: (.*)")
+_CGROUP = re.compile(r"the sample's cgroup: (\d+) MB")
 
 
 def rlimit_only(source: str, memory_mb: int) -> str:
@@ -188,6 +197,9 @@ def rlimit_only(source: str, memory_mb: int) -> str:
 
 
 def _cell(text: str) -> str:
+  stopped = _CGROUP.search(text)
+  if stopped:  # the kernel kept it under the limit; what it held is lost
+    return f"<={stopped.group(1):>4} MB (OOM kill in the sample's cgroup)"
   found = _HELD.search(text)
   if not found:
     return f"? ({text[:100]})"
@@ -198,7 +210,8 @@ def main(argv):
   del argv
   memory_mb, cap_mb = _MEMORY_MB.value, _CAP_MB.value
   limits = code_exec.Limits(memory_mb=memory_mb, timeout_s=60,
-                            disk_mb=64, site_packages=False)
+                            disk_mb=64, site_packages=False,
+                            sample_memory_mb=_SAMPLE_MEMORY_MB.value)
   limits.check()
   modes = ["root"] if os.geteuid() == 0 else []
   modes += ["user", "none"]
@@ -206,7 +219,8 @@ def main(argv):
   skipped = sorted(set(modes) - set(usable))
   print(f"memory_mb={memory_mb} cap_mb={cap_mb} python={sys.version.split()[0]} "
         f"seccomp={code_exec.sandbox_init.seccomp_machine() or 'none'} "
-        f"load_1min={os.getloadavg()[0]:.2f}")
+        f"load_1min={os.getloadavg()[0]:.2f}\n"
+        f"isolation: {code_exec.isolation(limits)}")
   if skipped:
     print("modes not available here: " + ", ".join(
         f"{m} ({code_exec.probe(m)})" for m in skipped))

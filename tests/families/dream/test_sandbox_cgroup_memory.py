@@ -146,3 +146,39 @@ def test_the_flag_is_checked_before_anything_loads(tmp_path):
       "trm.evaluate: error: --sample_memory_mb=10: must be 0 (no memory "
       "cgroup) or between 64 and 1048576 (all of a sample's processes and "
       "the kernel memory charged to it)."], run.stderr
+
+
+def _files(directory, names):
+  for name, text in names.items():
+    (directory / name).write_text(text)
+
+
+def test_v2_limit_and_oom_counter_files(tmp_path):
+  """cgroup v2's files (not mounted with the memory controller here): the
+  limit, no swap, and memory.events' oom_kill."""
+  _files(tmp_path, {"memory.max": "max\n", "memory.swap.max": "max\n",
+                    "memory.events": "low 0\nhigh 0\nmax 7\noom 2\n"
+                                     "oom_kill 2\noom_group_kill 0\n"})
+  assert code_exec._limit_memory(str(tmp_path), 128 << 20)
+  assert (tmp_path / "memory.max").read_text() == str(128 << 20)
+  assert (tmp_path / "memory.swap.max").read_text() == "0"
+  assert code_exec._oom_kills(str(tmp_path)) == 2
+
+
+def test_v1_limit_and_oom_counter_files(tmp_path):
+  """cgroup v1's: memory, then memory + swap (never below it), kmem where
+  it is; memory.oom_control's oom_kill (not failcnt, which page-cache
+  reclaim at the limit raises too)."""
+  _files(tmp_path, {"memory.limit_in_bytes": "9223372036854771712\n",
+                    "memory.memsw.limit_in_bytes": "9223372036854771712\n",
+                    "memory.failcnt": "5\n",
+                    "memory.oom_control": "oom_kill_disable 0\nunder_oom 0"
+                                          "\noom_kill 0\n"})
+  assert code_exec._limit_memory(str(tmp_path), 64 << 20)
+  for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes",
+               "memory.kmem.limit_in_bytes"):
+    assert (tmp_path / name).read_text() == str(64 << 20)
+  assert code_exec._oom_kills(str(tmp_path)) == 0
+  assert code_exec._oom_kills(None) == 0
+  # No limit file at all (no memory controller): nothing capped.
+  assert not code_exec._limit_memory(str(tmp_path / "absent"), 64 << 20)

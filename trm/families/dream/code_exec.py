@@ -34,7 +34,11 @@ warning line and the guards only):
 - no network: an empty network namespace (loopback down) plus a Python
   socket guard;
 - a cgroup of its own with the cpu controller where one can be made (so
-  samples share the CPU by sample, not by process or session);
+  samples share the CPU by sample, not by process or session), and one
+  with the memory controller capped at `sample_memory_mb`: all its
+  processes, its /tmp and the kernel memory charged to it (pipe and
+  socket buffers), which RLIMIT_AS does not count; its OOM kill is reason
+  "memory";
 - rlimits: address space (`memory_mb`), CPU seconds, file size
   (`max_file_mb`; stdout and stderr are files too), processes
   (`max_processes`), open files (`max_open_files`), no core files.
