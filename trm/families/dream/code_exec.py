@@ -245,22 +245,22 @@ def sandbox_mode(limits: Limits) -> str:
 def isolation(limits: Limits) -> str:
   """How programs are isolated under `limits`, in words."""
   mode = sandbox_mode(limits)
-  cpu = ", a cpu cgroup per sample" if _cpu_group_base() else ""
+  groups = ", a cpu cgroup per sample" if _cpu_group_base() else ""
   if not limits.sample_memory():
-    cpu += ", no memory cgroup (sample_memory_mb=0)"
+    groups += ", no memory cgroup (sample_memory_mb=0)"
   elif _memory_group_base():
-    cpu += (f", a memory cgroup per sample ({limits.sample_memory()} MB: "
-            "all its processes and the kernel memory charged to it)")
+    groups += (f", a memory cgroup per sample ({limits.sample_memory()} MB: "
+               "all its processes and the kernel memory charged to it)")
   else:
-    cpu += ", no memory cgroup (none can be made here)"
+    groups += ", no memory cgroup (none can be made here)"
   machine = sandbox_init.seccomp_machine()
   seccomp = (f"seccomp filter ({machine}: no memfd, SysV shm, mounts or "
              "namespaces)" if machine else "no seccomp filter")
   if mode == "none":
-    return f"rlimits + python socket guard + {seccomp} (no namespaces){cpu}"
+    return f"rlimits + python socket guard + {seccomp} (no namespaces){groups}"
   return (f"{'root-made' if mode == 'root' else 'user'} namespaces (pid, "
           "mount, net, ipc, uts), minimal read-only root, no capabilities, "
-          f"rlimits, python socket guard, {seccomp}{cpu}")
+          f"rlimits, python socket guard, {seccomp}{groups}")
 
 
 network_isolation = isolation  # the old name
