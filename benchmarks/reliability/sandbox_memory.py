@@ -38,13 +38,18 @@ from absl import app, flags
 
 from trm.families.dream import code_exec
 
-_MEMORY_MB = flags.DEFINE_integer("memory_mb", 256,
-                                  "the sandbox's --memory_mb (RLIMIT_AS)")
-_CAP_MB = flags.DEFINE_integer("cap_mb", 1024,
-                               "the most each probe tries to hold, in MB")
-_SAMPLE_MEMORY_MB = flags.DEFINE_integer(
-    "sample_memory_mb", None, "the sandbox's --sample_memory_mb (its memory "
-    "cgroup, where one can be made; 0: none; default: Limits' own)")
+
+def _define_flags():
+  """Defined only when run as a script: a test imports the probes into a
+  process whose trm.evaluate already defines --memory_mb."""
+  flags.DEFINE_integer("memory_mb", 256,
+                       "the sandbox's --memory_mb (RLIMIT_AS)")
+  flags.DEFINE_integer("cap_mb", 1024,
+                       "the most each probe tries to hold, in MB")
+  flags.DEFINE_integer(
+      "sample_memory_mb", None, "the sandbox's --sample_memory_mb (its "
+      "memory cgroup, where one can be made; 0: none; default: Limits' own)")
+
 
 _HEAD = """import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
@@ -208,10 +213,10 @@ def _cell(text: str) -> str:
 
 def main(argv):
   del argv
-  memory_mb, cap_mb = _MEMORY_MB.value, _CAP_MB.value
+  memory_mb, cap_mb = flags.FLAGS.memory_mb, flags.FLAGS.cap_mb
   limits = code_exec.Limits(memory_mb=memory_mb, timeout_s=60,
                             disk_mb=64, site_packages=False,
-                            sample_memory_mb=_SAMPLE_MEMORY_MB.value)
+                            sample_memory_mb=flags.FLAGS.sample_memory_mb)
   limits.check()
   modes = ["root"] if os.geteuid() == 0 else []
   modes += ["user", "none"]
@@ -234,4 +239,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
