@@ -412,6 +412,70 @@ def test_python_sockets_are_refused(server):
   assert not _accepted(server)
 
 
+# Correct answers that touch no network: asyncio (its event loop wakes
+# itself through a socketpair; it imports ssl), ssl, urllib.request, and
+# socket types in isinstance. With socket.socket a function, `import ssl`
+# raised "TypeError: function() argument 'code' must be code, not str".
+NETWORK_FREE = {
+    "asyncio_run": ("import asyncio\nasync def square(x):\n"
+                    "    await asyncio.sleep(0.01)\n    return x * x\n"
+                    "async def main(xs):\n"
+                    "    return sum(await asyncio.gather(*map(square, xs)))\n"
+                    "def f(xs):\n    return asyncio.run(main(xs))\n",
+                    "assert f([1, 2, 3]) == 14\n"),
+    "import_ssl": ("import socket, ssl, urllib.request\n"
+                   "def f(x):\n    return issubclass(ssl.SSLSocket, "
+                   "socket.socket) and not isinstance(x, socket.socket)\n",
+                   "assert f(1)\n"),
+    "unix_socketpair": ("import socket\ndef f(data):\n"
+                        "    a, b = socket.socketpair()\n"
+                        "    assert isinstance(a, socket.SocketType)\n"
+                        "    with a, b:\n        a.sendall(data)\n"
+                        "        return b.recv(len(data))\n",
+                        "assert f(b'xyz') == b'xyz'\n"),
+}
+
+
+@pytest.mark.parametrize("mode", ["root", "user", "none"])
+@pytest.mark.parametrize("name", sorted(NETWORK_FREE))
+def test_answers_that_import_asyncio_or_ssl_pass(mode, name):
+  if mode != "none" and code_exec.probe(mode) is not None:
+    pytest.skip(f"{mode} mode does not work here: {code_exec.probe(mode)}")
+  outcome = code_exec.run_program(NETWORK_FREE[name], code_exec.Limits(
+      timeout_s=20, memory_mb=512, site_packages=False), mode)
+  assert outcome.passed, outcome
+
+
+@pytest.mark.parametrize("mode", ["root", "user", "none"])
+def test_internet_sockets_stay_refused(server, mode):
+  """The guard refuses every new socket (an AF_UNIX socketpair excepted),
+  the socket types' base reached by name included, and asyncio's
+  connections to an address that needs no lookup."""
+  if mode != "none" and code_exec.probe(mode) is not None:
+    pytest.skip(f"{mode} mode does not work here: {code_exec.probe(mode)}")
+  port = server.getsockname()[1]
+  attempts = [
+      f"import socket\nsocket.socket().connect(('127.0.0.1', {port}))\n",
+      f"import socket\nsocket.socket(socket.AF_INET6).connect(('::1', {port}))"
+      "\n",
+      f"import _socket\n_socket.socket(2, 1).connect(('127.0.0.1', {port}))\n",
+      f"import socket\nsocket.SocketType(2, 1).connect(('127.0.0.1', {port}))"
+      "\n",
+      "import socket\nsocket.socket(socket.AF_UNIX).connect('/x')\n",
+      "import socket\nsocket.socketpair(socket.AF_INET)\n",
+      f"import socket\nclass S(socket.socket):\n    pass\n"
+      f"S().connect(('127.0.0.1', {port}))\n",
+      "import asyncio\nasyncio.run(asyncio.open_connection('127.0.0.1', "
+      f"{port}))\n"]
+  outcomes = code_exec.run_programs(attempts, code_exec.Limits(
+      timeout_s=20, memory_mb=512, site_packages=False), 2, mode)
+  for source, outcome in zip(attempts, outcomes):
+    assert outcome.reason == "error", (source, outcome)
+    assert ("OSError: network access is disabled in the code-evaluation "
+            "sandbox") in outcome.result, (source, outcome)
+  assert not _accepted(server)
+
+
 def test_network_namespace_stops_unguarded_code(server):
   """A child interpreter escapes the socket guard, not the namespace; the
   guard-only run shows the probe does reach the server."""

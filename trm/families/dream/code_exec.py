@@ -32,7 +32,8 @@ warning line and the guards only):
   with every capability dropped; no_new_privs; so no setns, mount or
   unshare (the seccomp filter below refuses even namespaces of its own);
 - no network: an empty network namespace (loopback down) plus a Python
-  socket guard;
+  socket guard (no new socket of any family, no address lookups; AF_UNIX
+  socketpairs, which asyncio's event loop needs, are left);
 - a cgroup of its own with the cpu controller where one can be made (so
   samples share the CPU by sample, not by process or session), and one
   with the memory controller capped at `sample_memory_mb`: all its

@@ -139,6 +139,47 @@ OUTPUT_TAIL_BYTES = 65536
 # bound before the program's first line, so patching `os`, `builtins` or
 # `__main__` does not reach it.
 BOOTSTRAP = r"""
+def guard_network():
+  # The Python socket guard: no new socket of any family, no address
+  # lookups. The socket types stay types (ssl, hence asyncio and
+  # urllib.request, subclasses socket.socket; answers test isinstance), and
+  # AF_UNIX socketpairs, which reach no one, are left: asyncio's event loop
+  # wakes itself through one. `_socket.socket` becomes a subclass whose
+  # constructor refuses, which socket.socket's own constructor calls by
+  # that name. Code written to get past it (the type's base class,
+  # re-importing _socket, ctypes) meets the empty network namespace.
+  import _socket, socket
+  refusal, raw, unix, raw_pair = OSError, _socket.socket, _socket.AF_UNIX, (
+      _socket.socketpair)
+  def no_network(*args, **kwargs):
+    raise refusal("network access is disabled in the code-evaluation sandbox")
+  class same_type(type):
+    # isinstance(a socket.socket, socket.SocketType) holds, as outside.
+    def __instancecheck__(cls, instance):
+      return raw.__instancecheck__(instance)
+    def __subclasscheck__(cls, subclass):
+      return raw.__subclasscheck__(subclass)
+  class guarded(raw, metaclass=same_type):
+    __slots__ = ()
+    def __init__(self, family=-1, kind=-1, proto=-1, fileno=None):
+      if fileno is None:
+        no_network()
+      raw.__init__(self, family, kind, proto, fileno)
+      if raw.family.__get__(self) != unix:
+        raw.detach(self)  # the fd stays the caller's, as unwrapped
+        no_network()
+  guarded.__name__ = guarded.__qualname__ = "socket"
+  guarded.__module__ = "_socket"
+  def unix_pair(family=unix, *args):
+    if family != unix:
+      no_network()
+    return raw_pair(family, *args)
+  _socket.socket = _socket.SocketType = socket.SocketType = guarded
+  _socket.socketpair = unix_pair
+  for name in ("create_connection", "create_server", "fromfd", "getaddrinfo"):
+    if hasattr(socket, name):
+      setattr(socket, name, no_network)
+  _socket.getaddrinfo = no_network
 def _bootstrap():
   import os, sys
   write, leave, getpid = os.write, os._exit, os.getpid
@@ -154,16 +195,7 @@ def _bootstrap():
     received += chunk
   os.close(3)
   nonce, _, checks_source = received.partition(b"\n")
-  import _socket, socket
-  def no_network(*args, **kwargs):
-    raise OSError("network access is disabled in the code-evaluation sandbox")
-  for name in ("socket", "SocketType", "socketpair", "create_connection",
-               "create_server", "fromfd", "getaddrinfo"):
-    if hasattr(socket, name):
-      setattr(socket, name, no_network)
-  for name in ("socket", "SocketType", "socketpair", "getaddrinfo"):
-    if hasattr(_socket, name):
-      setattr(_socket, name, no_network)
+  guard_network()
   path, checks_name = sys.argv[1], sys.argv[2]
   sys.argv = [path]
   import builtins
