@@ -122,8 +122,8 @@ except OSError as error:
 """ + _TAIL
 
 # Bytes written into socketpairs nobody reads: the kernel's socket
-# buffers, outside every address space (through libc: the sandbox's Python
-# guard replaces socket.socketpair). One process holds about 110 MB before
+# buffers, outside every address space (through libc, past any Python
+# guard: the sandbox's refused socket.socketpair when this was written). One process holds about 110 MB before
 # its 1024 open files run out, so children fill more, one after another,
 # each reporting its bytes through a pipe and then holding them (asleep,
 # killed with their parent). It counts the bytes written, less than the

@@ -51,6 +51,37 @@ def test_socket_buffers_past_the_sample_limit_are_reason_memory():
 
 
 @needs_group
+@pytest.mark.parametrize("mode", ["root", "user", "none"])
+def test_the_oom_kill_takes_the_program_not_its_supervisor(mode):
+  """The sandbox's own processes score below the program (900 and 1000):
+  the cgroup's OOM kill ends the program, whose supervisor reports how.
+  With every process at 1000 it took the supervisor, in every mode, and
+  the result said "sandbox error (no report; exit status -9)"; at 999
+  still."""
+  if mode != "none" and code_exec.probe(mode) is not None:
+    pytest.skip(f"{mode} mode does not work here: {code_exec.probe(mode)}")
+  for _ in range(2):
+    outcome = code_exec.run_program(SOCKETPAIRS, LIMITS, mode)
+    assert outcome.reason == "memory", outcome
+    assert "no report" not in outcome.result, outcome
+    assert "; killed by signal 9 (SIGKILL): held " in outcome.result, outcome
+
+
+@pytest.mark.parametrize("mode", ["root", "user", "none"])
+def test_the_program_scores_above_the_sandbox_for_the_oom_killer(mode):
+  """Its oom_score_adj is 1000, its supervisor's (the parent) 900."""
+  if mode != "none" and code_exec.probe(mode) is not None:
+    pytest.skip(f"{mode} mode does not work here: {code_exec.probe(mode)}")
+  program = ("import os\nscore = open('/proc/self/oom_score_adj').read()\n"
+             "assert score == '1000\\n', score\n")
+  if mode == "none":  # the supervisor's /proc is the program's here
+    program += ("parent = open(f'/proc/{os.getppid()}/oom_score_adj').read()"
+                "\nassert parent == '900\\n', parent\n")
+  outcome = code_exec.run_program(program, LIMITS, mode)
+  assert outcome.passed, outcome
+
+
+@needs_group
 def test_a_sample_under_its_limit_passes_in_its_own_group():
   """It holds some of everything the cgroup counts (an array, /tmp, socket
   buffers) and checks it runs in a memory cgroup of this evaluator's own

@@ -14,7 +14,9 @@ unshare(2) and forks the new PID namespace's init (pid 1), which
     the old root, so no other file of the host is reachable, and gives the
     program stdout and stderr files on a detached tmpfs of their own (not
     the host's files, whose ends it copies there afterwards);
-  - forks the program, which sets its rlimits, drops every capability
+  - forks the program, which raises its oom_score_adj above the
+    sandbox's own (through a writable proc only we hold), sets its
+    rlimits, drops every capability
     (mode "root": to a per-sample unprivileged uid; mode "user": to root of
     the user namespace with no capabilities), installs the seccomp filter
     (`seccomp_program`, in mode "none" too) and execs the interpreter with
@@ -127,6 +129,14 @@ DATA_NR, DATA_ARCH, DATA_ARG0 = 0, 4, 16
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 REPORT_BYTES = 65536  # read from the program's report pipe at most
+# oom_score_adj: the sandbox's own processes, then the program's (and its
+# children's). The OOM killer's points are a process's resident pages plus
+# adj / 1000 of the pages it chooses among (the sample's cgroup, or the
+# host); a gap of 1 (999) weighed less than the difference between two
+# interpreters' resident sets at a small cgroup, and the sandbox's own init
+# or parent went first, taking the report along. 100 is 10% of them.
+SANDBOX_OOM_SCORE_ADJ = 900
+PROGRAM_OOM_SCORE_ADJ = 1000
 # Of the program's stdout and stderr, copied to ours after it ends (the
 # parent reads the last 4 KB of stderr).
 OUTPUT_TAIL_BYTES = 65536
@@ -295,7 +305,8 @@ def _write(path, text, mode=0o644, flags=os.O_CREAT | os.O_TRUNC):
 
 def _build_root(payload):
   """The minimal root at payload["mountpoint"]; pivots into it. Returns the
-  fds of the program's stdout and stderr (`_output_files`)."""
+  fds of the program's stdout and stderr (`_output_files`) and of a
+  writable proc or None (`_writable_proc`)."""
   new = payload["mountpoint"]
   uid, gid = payload["program_ids"]
   os.umask(0o022)
@@ -358,6 +369,7 @@ def _build_root(payload):
   os.mkdir(box, 0o755)
   _write(f"{box}/solution.py", payload["solution"])
   outputs = _output_files(os.path.join(new, "output"), payload)
+  proc = _writable_proc(os.path.join(new, "writable_proc"))
   _mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
   number = PIVOT_ROOT.get(platform.machine())
   if number is None:
@@ -371,7 +383,24 @@ def _build_root(payload):
     _call("sethostname", b"sandbox", 7)
   except SetupError:
     pass
-  return outputs
+  return outputs, proc
+
+
+def _writable_proc(where):
+  """A directory fd of a writable proc of this PID namespace, mounted at
+  `where` and detached at once, or None where it cannot be mounted. The
+  program's own /proc is read-only; its start raises its oom_score_adj
+  through this one (`_prefer_the_program`), which only we hold."""
+  os.mkdir(where, 0o700)
+  try:
+    _mount("proc", where, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+  except SetupError:
+    os.rmdir(where)
+    return None
+  fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+  _call("umount2", _bytes(where), MNT_DETACH)
+  os.rmdir(where)
+  return fd
 
 
 def _output_files(where, payload):
@@ -536,13 +565,36 @@ def _seccomp():
                      f"(errno {errno})")
 
 
-def _start_program(payload, nonce_read, report_write, outputs):
+def _prefer_the_program(proc):
+  """Raises this process's oom_score_adj to PROGRAM_OOM_SCORE_ADJ (raising
+  needs no privilege), above the sandbox's own processes', so that the OOM
+  killer ends the program or a child of it, whose supervisor then reports
+  why, rather than the supervisor. As root (root mode, before the
+  privileges go) the kernel also makes it the floor no write can go below.
+  `proc`: a writable proc's directory fd, or None for our /proc. Best
+  effort: the program then shares the sandbox's score."""
+  try:
+    fd = os.open("self/oom_score_adj" if proc is not None else
+                 "/proc/self/oom_score_adj", os.O_WRONLY, dir_fd=proc)
+  except OSError:
+    return
+  try:
+    os.write(fd, str(PROGRAM_OOM_SCORE_ADJ).encode())
+  except OSError:
+    pass
+  finally:
+    os.close(fd)
+
+
+def _start_program(payload, nonce_read, report_write, outputs, proc=None):
   """In the forked child: limits, privileges, fds, then exec. `outputs`:
-  the fds of its stdout and stderr, or () to keep ours. A failure is
+  the fds of its stdout and stderr, or () to keep ours; `proc`: see
+  `_prefer_the_program` (closed before the exec). A failure is
   reported as "unstarted <nonce> <why>" (a line the program cannot write:
   exit status 126 and a message on stderr it could)."""
   report = report_write
   try:
+    _prefer_the_program(proc)
     solution, checks, cwd = _program_files(payload)
     os.chdir(cwd)
     limits = payload["limits"]
@@ -604,10 +656,10 @@ def _default_signals():
       pass
 
 
-def _supervise(payload, report_fd, outputs=()):
+def _supervise(payload, report_fd, outputs=(), proc=None):
   """Runs the program and writes the report; returns nothing. `outputs`:
   the fds of the program's stdout and stderr (`_output_files`), or () for
-  ours."""
+  ours; `proc`: a writable proc's fd for the program's start, or None."""
   nonce_read, nonce_write = os.pipe()
   report_read, report_write = os.pipe()
   child = os.fork()
@@ -615,7 +667,9 @@ def _supervise(payload, report_fd, outputs=()):
     os.close(nonce_write)
     os.close(report_read)
     os.close(report_fd)
-    _start_program(payload, nonce_read, report_write, outputs)
+    _start_program(payload, nonce_read, report_write, outputs, proc)
+  if proc is not None:
+    os.close(proc)
   os.close(nonce_read)
   os.close(report_write)
   message = memoryview(payload["nonce"].encode("ascii") + b"\n" + (
@@ -673,12 +727,13 @@ def main(argv):
       _write(os.path.join(group, "cgroup.procs"), str(os.getpid()), flags=0)
     except OSError:
       pass  # best effort: the sample then runs as without the cgroup
-  # The OOM killer's first choice, with everything forked from here: a
-  # sample may hold max_processes x memory_mb, and the evaluator (holding a
-  # model) had the higher score. Set from outside, as root it cannot be
-  # lowered without CAP_SYS_RESOURCE, and the program's /proc is read-only.
+  # The OOM killer's choice before the evaluator (holding a model, it had
+  # the higher score), with everything forked from here: a sample may hold
+  # max_processes x memory_mb. The program raises its own above ours
+  # (`_prefer_the_program`). Set as root, the kernel makes it a floor
+  # (lowering needs CAP_SYS_RESOURCE); the program's /proc is read-only.
   try:
-    _write("/proc/self/oom_score_adj", "1000", flags=0)
+    _write("/proc/self/oom_score_adj", str(SANDBOX_OOM_SCORE_ADJ), flags=0)
   except OSError:
     pass  # no /proc here: best effort
   if mode == "none":
@@ -705,11 +760,11 @@ def main(argv):
       # A session of our own: killpg(0) from the program cannot reach the
       # process outside the namespace.
       os.setsid()
-      outputs = _build_root(payload)
+      outputs, proc = _build_root(payload)
     except (SetupError, OSError) as error:
       _report(report_fd, setup_error=str(error))
       os._exit(3)  # pylint: disable=protected-access
-    _supervise(payload, report_fd, outputs)
+    _supervise(payload, report_fd, outputs, proc)
     os._exit(0)  # pylint: disable=protected-access
   os.close(report_fd)
   # The parent's SIGTERM (its timeout): kill the namespace's init and wait,
