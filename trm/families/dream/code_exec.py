@@ -52,8 +52,9 @@ shared memory and message queues, io_uring, a tmpfs in namespaces of its
 own: no mount or unshare, no clone with CLONE_NEW*) and other ABIs' system
 calls; its list follows the refusals of Docker's default seccomp profile
 (bpf, perf_event_open, kernel keys, other processes' memory, files by
-handle, the host's controls), less the calls a program needs; elsewhere
-there is none.
+handle, the host's controls), less the calls a program needs, and every
+socket but AF_UNIX (without namespaces, the network's only real barrier);
+elsewhere there is none.
 """
 from __future__ import annotations
 
@@ -255,8 +256,9 @@ def isolation(limits: Limits) -> str:
   else:
     groups += ", no memory cgroup (none can be made here)"
   machine = sandbox_init.seccomp_machine()
-  seccomp = (f"seccomp filter ({machine}: no memfd, SysV shm, mounts or "
-             "namespaces)" if machine else "no seccomp filter")
+  seccomp = (f"seccomp filter ({machine}: no memfd, SysV shm, mounts, "
+             "namespaces or sockets but AF_UNIX)" if machine
+             else "no seccomp filter")
   if mode == "none":
     return f"rlimits + python socket guard + {seccomp} (no namespaces){groups}"
   return (f"{'root-made' if mode == 'root' else 'user'} namespaces (pid, "

@@ -117,6 +117,12 @@ REFUSED = {machine: dict(_SAME_NUMBERS, **{
 # cannot read: glibc then falls back to clone (threads, posix_spawn).
 CLONE = {"x86_64": 56, "aarch64": 220}
 CLONE3 = 435
+# socket(2) and socketpair(2) of any family but AF_UNIX (args[0]): without
+# namespaces (mode none) the Python guard alone kept a program from the
+# network, and ctypes' socket() went round it; with namespaces the network
+# is empty anyway. AF_UNIX stays (asyncio's self-pipe, multiprocessing).
+SOCKET_CALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}
+AF_UNIX = 1
 CLONE_NEW_ANY = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER,
 #                             NEWPID, NEWNET
 X32_BIT = 0x40000000  # x86-64's x32 ABI: the same calls under other numbers
@@ -525,12 +531,17 @@ def seccomp_program(machine):
   code.append((BPF_JEQ, "enosys", 0, CLONE3))
   for number in sorted(REFUSED[machine].values()):
     code.append((BPF_JEQ, "eperm", 0, number))
+  for number in SOCKET_CALLS[machine]:
+    code.append((BPF_JEQ, "socket", 0, number))
   code += [(BPF_JEQ, 0, "allow", CLONE[machine]),
            (BPF_LD_ABS, 0, 0, DATA_ARG0),  # the low half of the flags
            (BPF_JSET, "eperm", "allow", CLONE_NEW_ANY)]
+  where = {"socket": len(code)}
+  code += [(BPF_LD_ABS, 0, 0, DATA_ARG0),  # the family (an int)
+           (BPF_JEQ, "allow", "eperm", AF_UNIX)]
   ends = {"allow": SECCOMP_RET_ALLOW, "eperm": SECCOMP_RET_ERRNO | EPERM,
           "enosys": SECCOMP_RET_ERRNO | ENOSYS}
-  where = {name: len(code) + i for i, name in enumerate(ends)}
+  where.update({name: len(code) + i for i, name in enumerate(ends)})
   resolved = [(op, *(where[j] - i - 1 if isinstance(j, str) else j
                      for j in (jt, jf)), k)
               for i, (op, jt, jf, k) in enumerate(code)]
