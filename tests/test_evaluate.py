@@ -468,3 +468,209 @@ def test_overwrite_keeps_the_earlier_file_until_the_first_result(tmp_path):
     assert json.load(f) == {"checkpoint": "runs/new", "complete": False}
   assert sorted(p.name for p in tmp_path.iterdir()) == [
       "ll.jsonl", "ll_settings.json"]  # no temporary file left
+
+
+# ------------------------------------- a kill between the writes of a start
+# Each file operation (a rename or a removal) of a start or replacement of
+# an output is 'killed' in turn; after each, whatever a later run reads
+# must be true: a record (settings or summary) beside the output describes
+# what it holds, or is gone.
+
+
+class _Killed(BaseException):
+  """The injected kill (a BaseException, as KeyboardInterrupt)."""
+
+
+def _killed_at(monkeypatch, n):
+  """Makes the `n`-th os.replace / os.remove from now raise `_Killed`
+  before it acts; returns a function saying whether it was reached."""
+  calls = [0]
+  for name in ("replace", "remove"):
+    real = getattr(os, name)
+
+    def fake(*args, real=real, **kwargs):
+      calls[0] += 1
+      if calls[0] == n + 1:
+        raise _Killed
+      return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, name, fake)
+  return lambda: calls[0] > n
+
+
+def _each_kill(monkeypatch, prepare, act, check):
+  """For each step of `act()` on the files `prepare()` lays out: kill it
+  there, undo the fault, `check()`; then once with no kill. Returns how
+  many steps were killed."""
+  n = 0
+  while True:
+    prepare()
+    with monkeypatch.context() as patch:
+      reached = _killed_at(patch, n)
+      try:
+        act()
+      except _Killed:
+        pass
+    check()
+    if not reached():
+      return n
+    n += 1
+
+
+def _read(path):
+  return open(path).read() if os.path.exists(path) else None
+
+
+def _benchmark_files(tmp_path):
+  """An earlier scored run's --output, its generation settings and summary
+  (paths), and (old samples text, old settings)."""
+  output = str(tmp_path / "samples.jsonl")
+  old = _sample("HumanEval/0", 0) + "\n" + _sample("HumanEval/0", 1) + "\n"
+  old_generation = _generation(seed=7, num_samples=2)
+  return output, old, old_generation
+
+
+def _lay_out(output, old, old_generation):
+  with open(output, "w") as f:
+    f.write(old)
+  evaluate._write_json_atomically(evaluate._generation_path(output),
+                                  old_generation)
+  evaluate._write_json_atomically(evaluate._summary_path(output),
+                                  {"pass@1": 0.5, "samples_file": output})
+  for name in os.listdir(os.path.dirname(output)):
+    if name.endswith(".tmp"):
+      os.remove(os.path.join(os.path.dirname(output), name))
+
+
+def _check_samples_records(output, old, old_generation, new_generation,
+                           new_samples):
+  """Whichever step was killed: the old summary only beside the old
+  samples; a --resume with the old settings keeps only old samples, with
+  the new only new ones (or is refused: no settings)."""
+  samples = _read(output)
+  if os.path.exists(evaluate._summary_path(output)):
+    assert samples == old, "an old summary beside new samples"
+  for generation, own in ((old_generation, old),
+                          (new_generation, new_samples)):
+    try:
+      kept = evaluate._resumed_samples(output, generation)
+    except ValueError as e:
+      assert "--resume:" in str(e)
+      continue
+    kept = "".join(json.dumps(r) + "\n" for r in kept)
+    assert kept in ("", own), (generation, samples)
+
+
+def test_a_kill_while_overwrite_replaces_the_samples(tmp_path, monkeypatch,
+                                                      capsys):
+  """--overwrite's first batch: the samples were replaced, then the
+  settings; killed between, the earlier run's settings described the new
+  batch (a --resume with them kept it) and its summary stayed beside it."""
+  output, old, old_generation = _benchmark_files(tmp_path)
+  batch = [json.loads(_sample("HumanEval/0", 0)) | {"completion": "new"}]
+  new = "".join(json.dumps(r) + "\n" for r in batch)
+  steps = _each_kill(
+      monkeypatch, lambda: _lay_out(output, old, old_generation),
+      lambda: evaluate._start_samples(output, batch, _generation(),
+                                      replace=True),
+      lambda: _check_samples_records(output, old, old_generation,
+                                     _generation(), new))
+  assert steps == 4  # summary and settings removed, samples, settings
+  assert _read(output) == new and not os.path.exists(
+      evaluate._summary_path(output))
+  capsys.readouterr()
+
+
+def test_a_kill_while_score_only_copies_into_another_output(
+    tmp_path, monkeypatch, capsys):
+  """--score_only=A --output=B --overwrite: B's earlier settings stayed
+  beside A's samples (a --resume of B with them kept those samples); A's
+  settings now come with them."""
+  output, old, old_generation = _benchmark_files(tmp_path)
+  source = tmp_path / "a" / "samples.jsonl"
+  source.parent.mkdir()
+  source.write_text(_sample("HumanEval/1", 0) + "\n")
+  evaluate._write_json_atomically(evaluate._generation_path(str(source)),
+                                  _generation())
+  records = [json.loads(_sample("HumanEval/1", 0))]
+  steps = _each_kill(
+      monkeypatch, lambda: _lay_out(output, old, old_generation),
+      lambda: evaluate._copy_samples(str(source), output, records),
+      lambda: _check_samples_records(output, old, old_generation,
+                                     _generation(), source.read_text()))
+  assert steps == 4
+  assert _read(output) == source.read_text()
+  assert json.loads(_read(evaluate._generation_path(output))) == (
+      _generation())
+  capsys.readouterr()
+
+
+def test_a_kill_while_overwrite_replaces_the_loglikelihoods(tmp_path,
+                                                            monkeypatch):
+  """--loglikelihood --overwrite's first result: written before the
+  settings, it sat beside the earlier run's (a --resume with them kept
+  it)."""
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+  output = str(tmp_path / "ll.jsonl")
+  old = likelihood.result_line(-1.0, True) * 2
+  old_record = {"checkpoint": "runs/old", "seed": 1}
+  new_record = {"checkpoint": "runs/old", "seed": 2}
+  new = likelihood.result_line(-2.5, False)
+
+  def prepare():
+    with open(output, "w") as f:
+      f.write(old)
+    likelihood.write_settings(output, dict(old_record, complete=True))
+
+  def check():
+    results = _read(output)
+    for record, own in ((old_record, old), (new_record, new)):
+      try:
+        kept = evaluate._resumed_results(output, record, 2)
+      except ValueError as e:
+        assert "--resume:" in str(e)
+        continue
+      assert "".join(kept) in ("", own), (record, results)
+
+  steps = _each_kill(monkeypatch, prepare,
+                     lambda: likelihood.start_results(output, new_record,
+                                                      [new], replace=True),
+                     check)
+  assert steps == 3  # settings removed, results, settings
+  assert _read(output) == new
+
+
+def test_a_kill_while_scoring_rewrites_the_samples(tmp_path, monkeypatch,
+                                                   capsys):
+  """Scoring rewrote the samples with their results, then the summary;
+  killed between, an earlier scoring's summary (here: of other
+  completions, as after an edit and --score_only) sat beside them."""
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import code_exec  # pylint: disable=g-import-not-at-top
+  output, old, old_generation = _benchmark_files(tmp_path)
+  problems = code_eval.load_humaneval()[:1]
+
+  def score(problems, records, *unused, **unused_kw):
+    # The sandbox is not the subject: each sample 'ran' and failed.
+    for record in records:
+      record.update(passed=False, result="failed", reason="failed")
+    return list(records), {"pass@1": 0.0}
+
+  monkeypatch.setattr(code_eval, "score_records", score)
+
+  def act():
+    records = [json.loads(line) for line in old.splitlines()]
+    evaluate._score_and_report(problems, records, code_exec.Limits(), 1,
+                               [1], output, {"benchmark": "humaneval"})
+
+  def check():
+    if os.path.exists(evaluate._summary_path(output)):
+      summary = json.loads(_read(evaluate._summary_path(output)))
+      assert (summary.get("pass@1") == 0.0) == (_read(output) != old), (
+          "a summary beside samples it did not score")
+
+  steps = _each_kill(monkeypatch, lambda: _lay_out(output, old,
+                                                   old_generation),
+                     act, check)
+  assert steps == 3  # summary removed, samples, summary
+  capsys.readouterr()

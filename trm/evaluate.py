@@ -205,7 +205,7 @@ def check_output_file(path: str, flag: str) -> str:
                      + ("pass --output=<a .jsonl file>." if flag ==
                         "--score_only" else "drop the .gz."))
   cli.check_writable_ancestor(path, flag)
-  summary = os.path.splitext(path)[0] + "_summary.json"
+  summary = _summary_path(path)
   if os.path.isdir(summary):
     raise ValueError(f"{flag}={path}: its summary {summary} is a directory.")
   return path
@@ -342,6 +342,9 @@ def _score_and_report(problems, records, limits, workers, ks, output,
       progress=code_eval.Progress("executed"))
   for record in records:
     record.pop("line", None)
+  # The earlier summary first: killed before the new one is written, the
+  # results just written would sit beside another scoring's pass@k.
+  atomic_files.remove_before_rewrite(_summary_path(output))
   code_eval.write_samples(output, records)
   reasons = collections.Counter(r["reason"] for r in records)
   summary = dict(
@@ -353,7 +356,7 @@ def _score_and_report(problems, records, limits, workers, ks, output,
           site_packages=limits.site_packages,
           isolation=code_exec.isolation(limits)),
       execution_seconds=time.perf_counter() - start, samples_file=output)
-  summary_path = os.path.splitext(output)[0] + "_summary.json"
+  summary_path = _summary_path(output)
   _write_json_atomically(summary_path, summary)
   for key in (f"pass@{k}" for k in ks):
     print(f"{key}: {100 * results[key]:.2f}%")
@@ -392,14 +395,28 @@ def score_only(benchmark, ks_flag, limits, workers, output):
           "not comparable with a score over the whole benchmark.")
   problems = covered
   if output != path:
-    code_eval.write_samples(output, [
-        {k: v for k, v in r.items() if k != "line"} for r in records])
+    _copy_samples(path, output, records)
   print(f"rescoring {len(records)} sample(s) of {len(problems)} {written} "
         f"problem(s) from {path}")
   return _score_and_report(
       problems, records, limits, workers, ks, output,
       dict(benchmark=written, problems=len(problems), chat=records[0]["chat"],
            split=f"{split}; rescored from {path}"))
+
+
+def _copy_samples(path: str, output: str, records) -> None:
+  """--score_only=`path` --output=`output`: `records` (path's samples)
+  replace `output`'s, path's generation settings (when readable) beside
+  them."""
+  try:
+    with open(_generation_path(path), encoding="utf-8") as f:
+      generation = json.load(f)
+  except (OSError, ValueError, RecursionError):
+    generation = None  # unknown: a --resume of `output` is refused
+  _start_samples(output, [{k: v for k, v in r.items() if k != "line"}
+                          for r in records],
+                 generation if isinstance(generation, dict) else None,
+                 replace=True)
 
 
 def _generation_path(output: str) -> str:
@@ -414,6 +431,12 @@ def _write_json_atomically(path: str, value) -> None:
   atomic_files.atomic_write(path, lambda f: json.dump(
       atomic_files.nonfinite_as_null(value), f, indent=1, allow_nan=False),
                             mode="w")
+
+
+def _summary_path(output: str) -> str:
+  """The pass@k summary of a samples file, written beside it when scoring
+  ends."""
+  return os.path.splitext(output)[0] + "_summary.json"
 
 
 def _earlier_settings(output: str, path: str, what: str) -> dict:
@@ -506,6 +529,24 @@ def _check_generation(output: str, generation: dict) -> dict:
                        "earlier settings, or without --resume to start "
                        "again.")
   return now
+
+
+def _start_samples(output: str, samples: list, generation: dict | None,
+                   replace: bool = False) -> None:
+  """Starts the samples file `output` with `samples` (--resume's kept ones,
+  none for a new run) and records `generation` beside it (none: the
+  settings are unknown). A summary there goes first: it scored other
+  samples. `replace`: `output` holds another run's samples (--overwrite's
+  first batch, --score_only into another file), whose settings go first
+  too: left there by a kill before this run's replace them, they would
+  describe these samples (a --resume with them took the samples as its
+  own; without settings it refuses)."""
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  atomic_files.remove_before_rewrite(
+      _summary_path(output), *([_generation_path(output)] if replace else []))
+  code_eval.write_samples(output, samples)
+  if generation is not None:
+    _write_json_atomically(_generation_path(output), generation)
 
 
 def _from_process_0(done: set, plan: list) -> set:
@@ -621,8 +662,7 @@ def evaluate_code(config, checkpoint: str):
     # made, before any of them runs: an interrupted run keeps what was
     # generated, --resume goes on from it, and --score_only=<output> scores
     # it without the model.
-    code_eval.write_samples(output, kept)
-    _write_json_atomically(_generation_path(output), generation)
+    _start_samples(output, kept, generation)
     return kept
 
   kept = distributed.run_on_process_0(
@@ -634,12 +674,6 @@ def evaluate_code(config, checkpoint: str):
   records, total = list(kept), len(problems) * _NUM_SAMPLES.value
   progress = code_eval.Progress("generated", every_s=0.0)  # every batch
   pending = _OVERWRITE.value
-
-  def replace_samples(batch):
-    # --overwrite: the first batch replaces the earlier file whole, then
-    # its settings (killed between, the old settings describe no sample).
-    code_eval.write_samples(output, batch)
-    _write_json_atomically(_generation_path(output), generation)
   if kept:
     progress(len(records), total, f"kept from {output}")
   for rows, j, completions in code_eval.generate_batches(
@@ -651,7 +685,7 @@ def evaluate_code(config, checkpoint: str):
                                     chat)
                for i, completion in zip(rows, completions)]
       if replace:
-        replace_samples(batch)
+        _start_samples(output, batch, generation, replace=True)
       else:
         code_eval.append_samples(output, batch)
       return batch
@@ -666,8 +700,9 @@ def evaluate_code(config, checkpoint: str):
       records += batch
       progress(len(records), total, f"written to {output}")
   if pending:  # nothing generated: the file is replaced by none
-    distributed.run_on_process_0(lambda: replace_samples([]),
-                                 f"starting --output={output}")
+    distributed.run_on_process_0(
+        lambda: _start_samples(output, [], generation, replace=True),
+        f"starting --output={output}")
   if not first:
     return None
   generation_seconds = time.perf_counter() - start
@@ -864,14 +899,16 @@ def score_requests(lm, requests, settings: dict, record: dict, output: str,
     likelihood.start_results(output, record, kept)
     return len(kept)
 
-  # The first result's write replaces the earlier file at once (results,
-  # then settings: killed between, the old settings describe no old line).
+  # The first result's write replaces the earlier file at once (the old
+  # settings removed, the results, then this run's settings: killed at any
+  # step, no settings describe lines of another run).
   pending = overwrite and not resume
 
   def save(result, replace):
     if replace:
       likelihood.start_results(
-          output, record, [likelihood.result_line(*r) for r in result])
+          output, record, [likelihood.result_line(*r) for r in result],
+          replace=True)
     else:
       likelihood.append_results(output, result)
 

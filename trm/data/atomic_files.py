@@ -85,6 +85,26 @@ def replace_whole(path, text: str | bytes) -> None:
     atomic_write(str(path), lambda f: f.write(data))
 
 
+def remove_before_rewrite(*paths: str) -> None:
+  """Removes each of `paths` that exists (records describing a file about
+  to be rewritten, such as its settings or summary) and syncs their
+  directories, so the removals reach the disk before the rewrite that
+  follows: no kill or crash leaves an old record beside new contents."""
+  directories = set()
+  for path in paths:
+    try:
+      os.remove(path)
+    except FileNotFoundError:
+      continue
+    directories.add(os.path.dirname(os.path.abspath(path)))
+  for directory in sorted(directories):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
   """Atomically writes `obj` as JSON to `path`."""
   atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")

@@ -1113,6 +1113,11 @@ def test_benchmark_overwrite_end_to_end(tmp_path, tiny_checkpoint):
   earlier = '{"task_id": "HumanEval/7", "completion": "old"}\n' * 3
   output.parent.mkdir()
   output.write_text(earlier)
+  # The earlier run's settings and pass@k: kept until the first batch, then
+  # gone before it lands (an old pass@k never sits beside new samples).
+  summary = tmp_path / "he" / "samples_summary.json"
+  summary.write_text('{"pass@1": 1.0}')
+  (tmp_path / "he" / "samples_generation.json").write_text('{"seed": 9}')
   flags = ["trm.evaluate", "--config=configs/diffucoder_7b.py:tiny",
            f"--checkpoint={tiny_checkpoint}", "--benchmark=humaneval",
            "--limit=2", "--max_new_tokens=8", "--steps=2",
@@ -1127,6 +1132,7 @@ def test_benchmark_overwrite_end_to_end(tmp_path, tiny_checkpoint):
       "def watched(*args, **kwargs):\n"
       "  for n, batch in enumerate(real(*args, **kwargs)):\n"
       f"    if n == 0: assert open({str(output)!r}).read() == {earlier!r}\n"
+      f"    if n == 0: assert open({str(summary)!r}).read()\n"
       "    if n == 1: raise KeyboardInterrupt\n"
       "    yield batch\n"
       "code_eval.generate_batches = watched\n"
@@ -1140,7 +1146,9 @@ def test_benchmark_overwrite_end_to_end(tmp_path, tiny_checkpoint):
       killed.stderr[-3000:])
   first = [json.loads(line) for line in output.read_text().splitlines()]
   assert [r["task_id"] for r in first] == ["HumanEval/0"]
-  assert not (tmp_path / "he" / "samples_summary.json").exists()
+  assert not summary.exists()
+  assert json.loads((tmp_path / "he" / "samples_generation.json")
+                    .read_text())["seed"] == 0
   resumed = subprocess.run([sys.executable, "-m", *flags, "--resume"],
                            cwd=ROOT, capture_output=True, text=True,
                            timeout=600, env=env)

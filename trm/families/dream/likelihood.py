@@ -454,11 +454,18 @@ def resumed_lines(path: str, count: int) -> list[str]:
   return kept
 
 
-def start_results(path: str, settings: dict, kept: Sequence[str]) -> None:
+def start_results(path: str, settings: dict, kept: Sequence[str],
+                  replace: bool = False) -> None:
   """Starts the results file `path` with the `kept` lines (whole or not at
   all) and records `settings` beside it (`complete` False until the last
-  request is written)."""
+  request is written). `replace`: the lines are this run's and `path` holds
+  another run's, whose settings are removed first."""
   from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+  if replace:
+    # Killed between the results and the settings, the earlier run's
+    # settings would describe this run's lines (a --resume with them kept
+    # the lines); without settings --resume refuses.
+    atomic_files.remove_before_rewrite(settings_path(path))
   # The results first: killed between the two writes, the file holds no
   # line of an earlier run under this run's settings (--resume would keep
   # them).
