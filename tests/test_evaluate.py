@@ -408,20 +408,28 @@ def test_overwrite_without_a_meaning_is_refused(argv, needle, tmp_path,
   assert line.startswith(f"trm.evaluate: error: {needle}"), line
 
 
-def test_resume_with_another_checkpoint_is_refused_before_it_loads(
-    tmp_path, evaluate_cli):
-  """Was refused only after the weights loaded. The --checkpoint directory
-  holds no model: reading it would fail with another line."""
+def _earlier_loglikelihoods(tmp_path, checkpoint, mc_num=128, batch_size=32):
+  """(requests, output): one request, and an interrupted --loglikelihood
+  run's --output of its result with the settings beside it (the defaults'
+  but for `checkpoint`, `mc_num` and `batch_size`)."""
   from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
   requests = _requests(tmp_path)
   output = _earlier_file(tmp_path / "ll.jsonl",
                          '{"loglikelihood": -1.0, "is_greedy": true}\n')
   pairs = [pair for _, pair in likelihood.read_numbered_requests(requests)]
   likelihood.write_settings(output, dict(
-      mc_num=128, batch_size=32, nll_type="mc", log_type="ftb",
+      mc_num=mc_num, batch_size=batch_size, nll_type="mc", log_type="ftb",
       sampling_eps=1e-3, seed=0, requests=requests, requests_count=1,
       requests_sha256=likelihood.requests_digest(pairs),
-      checkpoint="runs/earlier", complete=False))
+      checkpoint=checkpoint, complete=False))
+  return requests, output
+
+
+def test_resume_with_another_checkpoint_is_refused_before_it_loads(
+    tmp_path, evaluate_cli):
+  """Was refused only after the weights loaded. The --checkpoint directory
+  holds no model: reading it would fail with another line."""
+  requests, output = _earlier_loglikelihoods(tmp_path, "runs/earlier")
   checkpoint = tmp_path / "hf"
   checkpoint.mkdir()
   line = _refusal(evaluate_cli, [
@@ -674,3 +682,52 @@ def test_a_kill_while_scoring_rewrites_the_samples(tmp_path, monkeypatch,
                      act, check)
   assert steps == 3  # summary removed, samples, summary
   capsys.readouterr()
+
+
+def test_resume_compares_a_hub_ids_commit_before_its_weights_download(
+    tmp_path):
+  """--resume with a Hub id compared the recorded commit only once the
+  weights (gigabytes) had downloaded. Now the commit its config and
+  tokenizer resolve to is compared first. The Hub is a fake in the run's
+  process: it lays the tiny checkpoint out as a cache snapshot of another
+  commit, and marks a weights download."""
+  from test_generate import make_tiny_checkpoint  # pylint: disable=g-import-not-at-top
+  checkpoint = make_tiny_checkpoint(tmp_path / "tiny")
+  snapshots = tmp_path / "hub" / "models--org--tiny" / "snapshots"
+  old, new = "a" * 40, "b" * 40
+  requests, output = _earlier_loglikelihoods(
+      tmp_path, str(snapshots / old), mc_num=1, batch_size=1)
+  marker = tmp_path / "weights_downloaded"
+  argv = ["trm.evaluate", "--checkpoint=nobody-trm-test/tiny",
+          f"--loglikelihood={requests}", f"--output={output}", "--resume",
+          "--mc_num=1", "--batch_size=1"]
+  inject = (
+      "import os, runpy, sys\n"
+      "from trm.core import hub\n"
+      "def snapshot(repo_id, *, allow_patterns=None, revision=None, **_):\n"
+      f"  directory = os.path.join({str(snapshots)!r}, {new!r})\n"
+      "  os.makedirs(directory, exist_ok=True)\n"
+      "  weights = '*.safetensors' in allow_patterns\n"
+      f"  if weights: open({str(marker)!r}, 'w').close()\n"
+      f"  for name in os.listdir({checkpoint!r}):\n"
+      "    if (name.endswith('.safetensors') <= weights\n"
+      "        and not os.path.exists(os.path.join(directory, name))):\n"
+      f"      os.symlink(os.path.join({checkpoint!r}, name),\n"
+      "                 os.path.join(directory, name))\n"
+      "  return directory\n"
+      "hub.snapshot = snapshot\n"
+      f"sys.argv = {argv!r}\n"
+      "runpy.run_module('trm.evaluate', run_name='__main__')\n")
+  result = subprocess.run([sys.executable, "-c", inject], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.stderr.strip().splitlines()
+  assert lines == [
+      f"trm.evaluate: error: --resume: {output} was made with checkpoint "
+      f"'{snapshots / old}' (commit {old}), but --checkpoint=nobody-trm-test/"
+      f"tiny now resolves to '{snapshots / new}' (commit {new}) (found "
+      "before its weights download): rerun without --resume to start "
+      "again."], lines
+  assert not marker.exists(), "the weights were downloaded first"
+  assert open(output).read() == '{"loglikelihood": -1.0, "is_greedy": true}\n'

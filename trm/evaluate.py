@@ -642,7 +642,10 @@ def evaluate_code(config, checkpoint: str):
         lambda: os.path.exists(output) and _check_generation(output,
                                                              generation),
         f"starting --output={output}")
-  lm = generate_cli.load_model(checkpoint, _SAMPLER, config, step)
+  lm = generate_cli.load_model(
+      checkpoint, _SAMPLER, config, step,
+      before_hub_weights=_recorded_commit_check(
+          output, _generation_path(output), "generation", checkpoint))
   generation.pop("checkpoint", None)
   sampler = generation.pop("sampler")  # recorded last, as before
   generation.update(checkpoint=lm.source, sampler=sampler)
@@ -862,11 +865,53 @@ def evaluate_loglikelihood(config, checkpoint: str):
         settings["nll_type"], settings["log_type"],
         f"--loglikelihood={path}")
 
-  lm = generate_cli.load_model(checkpoint, _SAMPLER, config, step,
-                               before_weights=before_weights)
+  lm = generate_cli.load_model(
+      checkpoint, _SAMPLER, config, step, before_weights=before_weights,
+      before_hub_weights=_recorded_commit_check(
+          output, likelihood.settings_path(output), "scoring", checkpoint))
   record["checkpoint"] = lm.source
   return score_requests(lm, requests, settings, record, output, _RESUME.value,
                         path, overwrite=_OVERWRITE.value)
+
+
+def _recorded_commit_check(output: str, settings: str, what: str,
+                           hub_id: str):
+  """With --resume, `DiffusionLM.from_pretrained`'s before_hub_weights: the
+  download a Hub id's config and tokenizer came from (its commit, which
+  the weights will join) against the checkpoint recorded in `settings`
+  beside `output` (`what`: the work it records), before gigabytes of
+  weights download; found only after them otherwise. None without
+  --resume."""
+  if not _RESUME.value:
+    return None
+
+  def compare(source):
+    if not os.path.exists(output):
+      return  # nothing to go on from
+    recorded = _earlier_settings(output, settings, what).get("checkpoint")
+    if recorded == source:
+      return
+    advice = (f"pass --checkpoint={recorded} to go on with its weights, or "
+              if isinstance(recorded, str) and os.path.isdir(recorded)
+              else "")
+    raise ValueError(
+        f"--resume: {output} was made with checkpoint {recorded!r:.200}"
+        f"{_commit_words(recorded)}, but --checkpoint={hub_id} now resolves "
+        f"to {source!r}{_commit_words(source)} (found before its weights "
+        f"download): {advice}rerun without --resume to start again.")
+
+  return lambda source: distributed.run_on_process_0(
+      lambda: compare(source), f"reading --output={output}")
+
+
+def _commit_words(source) -> str:
+  """' (commit <hash>)' when `source` is a Hugging Face cache snapshot
+  (snapshots/<commit>), else ''."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  if not isinstance(source, str):
+    return ""
+  name = os.path.basename(os.path.normpath(source))
+  return f" (commit {name})" if inference.COMMIT.fullmatch(name) else ""
 
 
 def _expected_checkpoint(checkpoint: str, step: int | None) -> dict:

@@ -149,11 +149,12 @@ def describe(settings: dict) -> str:
 
 
 def load_model(checkpoint: str, holders: dict, config=None,
-               step: int | None = None, before_weights=None):
+               step: int | None = None, before_weights=None,
+               before_hub_weights=None):
   """The DiffusionLM the flags name (--dtype, --tokenizer,
   --allow_nonfinite), of a workdir's checkpoint `step` (`choose_step`;
-  default the newest readable one); `before_weights` as
-  `DiffusionLM.from_pretrained` takes it."""
+  default the newest readable one); `before_weights` and
+  `before_hub_weights` as `DiffusionLM.from_pretrained` takes them."""
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   allow = holders.get("allow_nonfinite")
   return inference.DiffusionLM.from_pretrained(
@@ -161,7 +162,7 @@ def load_model(checkpoint: str, holders: dict, config=None,
       tokenizer=holders["tokenizer"].value, config=config,
       allow_nonfinite=bool(allow.value) if allow is not None else False,
       checkpoint_step=step, names=inference.CLI_NAMES,
-      before_weights=before_weights)
+      before_weights=before_weights, before_hub_weights=before_hub_weights)
 
 
 def define_sampler_flags(*, temperature: float = 0.0,

@@ -624,7 +624,7 @@ class DiffusionLM:
                       revision: Optional[str] = None,
                       checkpoint_step: Optional[int | str] = None,
                       names: ArgumentNames = API_NAMES,
-                      before_weights=None):
+                      before_weights=None, before_hub_weights=None):
     """From a Hugging Face directory, a Hub id or a `trm.main` workdir.
 
     path: a local directory (a Hugging Face download, an export of
@@ -664,6 +664,11 @@ class DiffusionLM:
     before_weights: called as before_weights(tokenizer, model config,
     max_positions) before any weight is read, to check inputs against them
     (a tokenizer loads in seconds, a 7B model's weights in minutes).
+    before_hub_weights: for a Hub id, called as before_hub_weights(source)
+    after before_weights and before its weights download, `source` the
+    download of the commit its config and tokenizer came from, which the
+    weights join (the model's `source` once loaded): e.g. to compare that
+    commit with a record of an earlier run.
     """
     cli.default_to_cpu()  # no libtpu start-up (E0000 lines) on a CPU host
     from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
@@ -767,6 +772,8 @@ class DiffusionLM:
     if before_weights is not None:
       before_weights(tok, cfg, positions)
     if hub_id:
+      if before_hub_weights is not None:
+        before_hub_weights(path)
       path = _hub_weights(hub_id, path, names, revision)
     _, shardings = placement.boxed_shardings(
         lambda: dream.abstract_params(cfg))
