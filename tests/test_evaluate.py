@@ -684,6 +684,20 @@ def test_a_kill_while_scoring_rewrites_the_samples(tmp_path, monkeypatch,
   capsys.readouterr()
 
 
+def _refusal_with(inject: str, argv: list) -> list:
+  """The stderr lines of `argv` (trm.evaluate's), run in a fresh process
+  after the Python `inject` (a fake put in place there only), which must
+  exit 2."""
+  result = subprocess.run(
+      [sys.executable, "-c", inject + (
+          f"import runpy, sys\nsys.argv = {argv!r}\n"
+          "runpy.run_module('trm.evaluate', run_name='__main__')\n")],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  return result.stderr.strip().splitlines()
+
+
 def test_resume_compares_a_hub_ids_commit_before_its_weights_download(
     tmp_path):
   """--resume with a Hub id compared the recorded commit only once the
@@ -715,14 +729,8 @@ def test_resume_compares_a_hub_ids_commit_before_its_weights_download(
       f"      os.symlink(os.path.join({checkpoint!r}, name),\n"
       "                 os.path.join(directory, name))\n"
       "  return directory\n"
-      "hub.snapshot = snapshot\n"
-      f"sys.argv = {argv!r}\n"
-      "runpy.run_module('trm.evaluate', run_name='__main__')\n")
-  result = subprocess.run([sys.executable, "-c", inject], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert result.returncode == 2, result.stderr[-3000:]
-  lines = result.stderr.strip().splitlines()
+      "hub.snapshot = snapshot\n")
+  lines = _refusal_with(inject, argv)
   assert lines == [
       f"trm.evaluate: error: --resume: {output} was made with checkpoint "
       f"'{snapshots / old}' (commit {old}), but --checkpoint=nobody-trm-test/"
@@ -731,3 +739,33 @@ def test_resume_compares_a_hub_ids_commit_before_its_weights_download(
       "again."], lines
   assert not marker.exists(), "the weights were downloaded first"
   assert open(output).read() == '{"loglikelihood": -1.0, "is_greedy": true}\n'
+
+
+def test_resume_loads_the_latest_step_it_compared(tmp_path):
+  """--resume --step=latest compared the record with the newest complete
+  step on disk, then the load chose 'latest' again: a step saved in
+  between (a run still training), or a newest step that did not read, was
+  loaded instead and refused only after the weights. The step compared is
+  now the one the load is asked for; the load is watched in the run's
+  process, which stops there (after the resume check passed)."""
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "run"
+  for step, markers in ((10, True), (20, True), (30, False)):
+    for name in ckpt_lib._COMMITTED_FILES if markers else ["state/x"]:  # pylint: disable=protected-access
+      path = workdir / "checkpoints" / str(step) / name
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text("")
+  requests, output = _earlier_loglikelihoods(
+      tmp_path, f"{workdir / 'checkpoints'} step 20")
+  argv = ["trm.evaluate", f"--checkpoint={workdir}",
+          f"--loglikelihood={requests}", f"--output={output}", "--resume"]
+  inject = (
+      "import os, runpy, sys\n"
+      "from trm import generate\n"
+      "def load_model(checkpoint, holders, config=None, step=None, **_):\n"
+      # A step saved after the check, before the load.
+      f"  os.makedirs({str(workdir / 'checkpoints' / '40')!r})\n"
+      "  raise ValueError(f'load asked for step {step!r}')\n"
+      "generate.load_model = load_model\n")
+  assert _refusal_with(inject, argv) == [
+      "trm.evaluate: error: load asked for step 20"]

@@ -628,6 +628,7 @@ def evaluate_code(config, checkpoint: str):
   step = cli.workdir_step(checkpoint, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
+  step = _resumed_step(checkpoint, step)
   task_ids = [str(p.task_id) for p in problems]
   generation = dict(
       benchmark=benchmark, task_ids=task_ids, shots=len(shots),
@@ -846,6 +847,7 @@ def evaluate_loglikelihood(config, checkpoint: str):
   step = cli.workdir_step(checkpoint, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
+  step = _resumed_step(checkpoint, step)
   record = dict(settings, requests=path, requests_count=len(requests),
                 requests_sha256=likelihood.requests_digest(requests))
   if _RESUME.value:
@@ -914,6 +916,25 @@ def _commit_words(source) -> str:
   return f" (commit {name})" if inference.COMMIT.fullmatch(name) else ""
 
 
+def _resumed_step(checkpoint: str, step: int | None) -> int | None:
+  """With --resume and --step=latest (`step` None), a trm.main workdir's
+  newest complete step, resolved once (on process 0, for every process):
+  the step the resume check compares with the record is then the one
+  loaded. Left to the load, 'latest' was resolved again there: a step
+  saved meanwhile (a run still training), or a newest step that does not
+  read (the load goes back past it), was loaded instead of the one
+  checked, and refused only after the weights had loaded. `step`
+  otherwise."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  if step is not None or not _RESUME.value:
+    return step
+  newest = distributed.run_on_process_0(
+      lambda: inference.newest_complete_step(checkpoint),
+      f"reading --checkpoint={checkpoint}")
+  newest = _int_from_process_0(-1 if newest is None else newest)
+  return None if newest < 0 else newest  # -1: none (or not a workdir)
+
+
 def _expected_checkpoint(checkpoint: str, step: int | None) -> dict:
   """{"checkpoint": the weights' source} as the settings will record it,
   when known before they load (`inference.expected_source`); {} else."""
@@ -957,7 +978,7 @@ def score_requests(lm, requests, settings: dict, record: dict, output: str,
     else:
       likelihood.append_results(output, result)
 
-  done = _count_from_process_0(distributed.run_on_process_0(
+  done = _int_from_process_0(distributed.run_on_process_0(
       start_output, f"starting --output={output}") or 0)
   if first:
     print(f"weights: {lm.source}\n{len(requests)} request(s) from {path}"
@@ -983,14 +1004,15 @@ def score_requests(lm, requests, settings: dict, record: dict, output: str,
   return results
 
 
-def _count_from_process_0(count: int) -> int:
-  """Process 0's count of kept results on every process (only it reads
-  --output), so that all score the same requests."""
+def _int_from_process_0(value: int) -> int:
+  """Process 0's `value` on every process (only it reads --output and the
+  checkpoint's steps), e.g. its count of kept results, so that all score
+  the same requests."""
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
-    return count
+    return value
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  return int(multihost_utils.broadcast_one_to_all(np.int32(count)))
+  return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
 def main(argv):

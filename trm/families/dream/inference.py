@@ -505,12 +505,21 @@ def expected_source(path: str, checkpoint_step: Optional[int] = None
   if not os.path.isdir(saved):
     return path
   if checkpoint_step is None:
-    from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-    steps = ckpt_lib.complete_steps(saved)
-    if not steps:
+    checkpoint_step = newest_complete_step(path)
+    if checkpoint_step is None:
       return None
-    checkpoint_step = steps[-1]
   return f"{saved} step {checkpoint_step}"
+
+
+def newest_complete_step(path) -> Optional[int]:
+  """The newest step of the trm.main workdir `path` that carries every
+  commit marker; None for another path, or a workdir without one."""
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  if not isinstance(path, (str, os.PathLike)):
+    return None
+  saved = os.path.join(os.fspath(path), "checkpoints")
+  steps = ckpt_lib.complete_steps(saved) if os.path.isdir(saved) else []
+  return steps[-1] if steps else None
 
 
 def _cache_snapshot(path: str, names: ArgumentNames,
