@@ -769,3 +769,18 @@ def test_resume_loads_the_latest_step_it_compared(tmp_path):
       "generate.load_model = load_model\n")
   assert _refusal_with(inject, argv) == [
       "trm.evaluate: error: load asked for step 20"]
+
+
+def test_a_failed_samples_write_keeps_the_file_and_leaves_no_temporary(
+    tmp_path):
+  """The samples were written to <output>.tmp<pid> unsynced, then renamed:
+  a failed write left that file behind (and a crash after the rename could
+  leave an empty file)."""
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  output = tmp_path / "samples.jsonl"
+  output.write_text(_sample("HumanEval/0", 0) + "\n")
+  with pytest.raises(TypeError):
+    code_eval.write_samples(str(output), [json.loads(_sample(
+        "HumanEval/1", 0)), {"task_id": object()}])
+  assert output.read_text() == _sample("HumanEval/0", 0) + "\n"
+  assert os.listdir(tmp_path) == ["samples.jsonl"]

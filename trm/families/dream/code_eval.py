@@ -624,15 +624,13 @@ def append_samples(path: str, records: Sequence[dict]) -> None:
 
 
 def write_samples(path: str, records: Sequence[dict]) -> None:
-  """Writes the records as JSONL, atomically (a crash leaves the old file or
-  the new one, never half of one)."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  temporary = f"{path}.tmp{os.getpid()}"
-  with open(temporary, "w", encoding="utf-8") as f:
-    for record in records:
-      f.write(json.dumps(record) + "\n")
-  os.replace(temporary, path)
+  """Writes the records as JSONL, atomically (a kill or a crash leaves the
+  old file or the new one, never half of one: synced before the rename; a
+  failed write leaves the old file and no temporary one)."""
+  from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+  # json.dumps escapes non-ASCII text: the file is ASCII whatever the locale.
+  atomic_files.atomic_write(path, lambda f: f.writelines(
+      json.dumps(record) + "\n" for record in records), mode="w")
 
 
 SAMPLE_FIELDS = (("task_id", (int, str)), ("sample", int),
