@@ -784,3 +784,24 @@ def test_a_failed_samples_write_keeps_the_file_and_leaves_no_temporary(
         "HumanEval/1", 0)), {"task_id": object()}])
   assert output.read_text() == _sample("HumanEval/0", 0) + "\n"
   assert os.listdir(tmp_path) == ["samples.jsonl"]
+
+
+def test_score_only_into_a_file_of_the_same_stem_keeps_its_settings(
+    tmp_path, monkeypatch, capsys):
+  """--score_only=x.jsonl --output=x.json: both have x_generation.json, the
+  source's own settings; killed at any step, they are still there."""
+  source = tmp_path / "x.jsonl"
+  source.write_text(_sample("HumanEval/0", 0) + "\n")
+  settings = evaluate._generation_path(str(source))
+  records = [json.loads(_sample("HumanEval/0", 0))]
+
+  def prepare():
+    evaluate._write_json_atomically(settings, _generation())
+
+  _each_kill(monkeypatch, prepare,
+             lambda: evaluate._copy_samples(str(source),
+                                            str(tmp_path / "x.json"),
+                                            records),
+             lambda: json.loads(_read(settings)))
+  assert _read(str(tmp_path / "x.json")) == source.read_text()
+  capsys.readouterr()
