@@ -1113,7 +1113,7 @@ def define_flags():
       "overwrite", False, "Replace an existing --output of --benchmark, "
       "--score_only or --loglikelihood (refused without it or --resume); "
       "the old file stays whole until the first new batch or result "
-      "replaces it.")
+      "replaces it (its summary and settings files removed just before).")
   _SCORE_ONLY = flags.DEFINE_string(
       "score_only", None, "Rescore this samples file (written by an earlier "
       "--benchmark run, before its code ran) without loading a model; "
