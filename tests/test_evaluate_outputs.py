@@ -16,13 +16,16 @@ class _Boom(Exception):
   pass
 
 
-def test_a_failed_eval_json_write_keeps_the_old_outputs(tmp_path,
-                                                        monkeypatch):
+def test_a_failed_eval_json_write_leaves_no_eval_json_of_other_predictions(
+    tmp_path, monkeypatch):
+  """The predictions are replaced first; a failure (or a kill) before the
+  new eval.json kept the earlier one, whose figures described the earlier
+  predictions. Now none is there: never a truncated one, never a stale
+  one."""
   out = str(tmp_path)
   evaluate.write_eval_outputs(out, np.ones((2, 3), np.int32), {"acc": 1.0},
                               "ckpt", "data")
-  before = {f: (tmp_path / f).read_bytes() for f in os.listdir(out)}
-  assert set(before) == {"eval.json", evaluate.PREDICTIONS_FILE}
+  assert set(os.listdir(out)) == {"eval.json", evaluate.PREDICTIONS_FILE}
 
   def dump(value, f, **kwargs):
     f.write('{"acc": 0.')  # part of the new file, then the failure
@@ -33,8 +36,10 @@ def test_a_failed_eval_json_write_keeps_the_old_outputs(tmp_path,
     evaluate.write_eval_outputs(out, np.zeros((2, 3), np.int32),
                                 {"acc": 0.5}, "ckpt", "data")
   monkeypatch.undo()
-  assert json.loads((tmp_path / "eval.json").read_text())["acc"] == 1.0
-  assert sorted(os.listdir(out)) == sorted(before)  # no temporary left
+  assert sorted(os.listdir(out)) == [evaluate.PREDICTIONS_FILE]  # no temp
+  np.testing.assert_array_equal(
+      np.load(os.path.join(out, evaluate.PREDICTIONS_FILE)),
+      np.zeros((2, 3), np.int32))
 
 
 def test_eval_json_is_strict_json_with_a_diverged_figure(tmp_path):

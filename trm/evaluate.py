@@ -161,10 +161,13 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str,
 def write_eval_outputs(output_dir: str, predictions_array, results: dict,
                        source: str, data_dir: str) -> tuple[str, str]:
   """Writes predictions_test.npy, then eval.json, each whole or not at all
-  (an interrupted evaluation leaves the previous files, never a truncated
-  one); returns (predictions path, the visualize command)."""
+  (never a truncated file); returns (predictions path, the visualize
+  command). The earlier eval.json goes first: it describes the earlier
+  predictions, and a run killed between the two writes left it beside the
+  new ones."""
   predictions = os.path.join(output_dir, PREDICTIONS_FILE)
   array = np.asarray(predictions_array)
+  atomic_files.remove_before_rewrite(os.path.join(output_dir, "eval.json"))
   atomic_files.atomic_write(
       predictions, lambda f: np.save(f, array, allow_pickle=False))
   command = visualize_command(data_dir, predictions, output_dir)

@@ -42,6 +42,24 @@ def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
       # message should name the one being written.
       e.filename = path
     raise
+  _sync_directory(directory)
+
+
+def _sync_directory(directory: str) -> None:
+  """The rename on disk before the caller goes on: after a power loss a
+  later write (a settings file, the next checkpoint's marker) could be
+  there and this one not. Best effort: some file systems refuse to sync a
+  directory (EINVAL), and the file itself is already synced."""
+  try:
+    fd = os.open(directory, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    os.fsync(fd)
+  except OSError:
+    pass
+  finally:
+    os.close(fd)
 
 
 # `atomic_write`'s temporary names: a dot, the final name, 32 hex digits.
@@ -98,11 +116,7 @@ def remove_before_rewrite(*paths: str) -> None:
       continue
     directories.add(os.path.dirname(os.path.abspath(path)))
   for directory in sorted(directories):
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-      os.fsync(fd)
-    finally:
-      os.close(fd)
+    _sync_directory(directory)
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
