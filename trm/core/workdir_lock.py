@@ -44,6 +44,7 @@ import numpy as np
 
 from trm.core import cli
 from trm.core import processes
+from trm.data import atomic_files
 
 LOCK_NAME = "trainer.lock"
 LEASE_SECONDS = 300.0
@@ -122,19 +123,6 @@ def parse(text: str) -> dict:
   return record
 
 
-def _fsync_dir(directory: str) -> None:
-  try:
-    fd = os.open(directory, os.O_RDONLY)
-  except OSError:
-    return
-  try:
-    os.fsync(fd)
-  except OSError:
-    pass
-  finally:
-    os.close(fd)
-
-
 class WorkdirLock:
   """Context manager holding `<workdir>/trainer.lock` for a whole run."""
 
@@ -172,7 +160,7 @@ class WorkdirLock:
       return False
     finally:
       os.unlink(tmp)
-    _fsync_dir(str(self.path.parent))
+    atomic_files.sync_directory(str(self.path.parent))
     return True
 
   @contextlib.contextmanager

@@ -42,10 +42,10 @@ def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
       # message should name the one being written.
       e.filename = path
     raise
-  _sync_directory(directory)
+  sync_directory(directory)
 
 
-def _sync_directory(directory: str) -> None:
+def sync_directory(directory: str) -> None:
   """The rename on disk before the caller goes on: after a power loss a
   later write (a settings file, the next checkpoint's marker) could be
   there and this one not. Best effort: some file systems refuse to sync a
@@ -116,7 +116,7 @@ def remove_before_rewrite(*paths: str) -> None:
       continue
     directories.add(os.path.dirname(os.path.abspath(path)))
   for directory in sorted(directories):
-    _sync_directory(directory)
+    sync_directory(directory)
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
