@@ -33,6 +33,7 @@ import re
 import resource
 import subprocess
 import sys
+import tempfile
 
 from absl import app, flags
 
@@ -192,7 +193,6 @@ def rlimit_only(source: str, memory_mb: int) -> str:
   def _limit():
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-  import tempfile  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as scratch:
     done = subprocess.run([sys.executable, "-I", "-S", "-c", source],
                           cwd=scratch, preexec_fn=_limit, capture_output=True,

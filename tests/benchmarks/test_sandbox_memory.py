@@ -2,8 +2,6 @@
 only RLIMIT_AS stands in their way (so its zeros in the sandbox are the
 filter's doing, not a probe that never worked), and hold none in the
 sandbox."""
-import importlib.util
-import os
 import re
 
 import pytest
@@ -11,11 +9,8 @@ import pytest
 import repo
 from trm.families.dream import code_exec
 
-_SPEC = importlib.util.spec_from_file_location(
-    "sandbox_memory", os.path.join(repo.ROOT, "benchmarks", "reliability",
-                                   "sandbox_memory.py"))
-sandbox_memory = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(sandbox_memory)
+sandbox_memory = repo.load_script("benchmarks", "reliability",
+                                  "sandbox_memory.py")
 
 
 def _held(text):

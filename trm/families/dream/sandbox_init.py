@@ -163,7 +163,8 @@ def guard_network():
   # wakes itself through one. `_socket.socket` becomes a subclass whose
   # constructor refuses, which socket.socket's own constructor calls by
   # that name. Code written to get past it (the type's base class,
-  # re-importing _socket, ctypes) meets the empty network namespace.
+  # re-importing _socket, ctypes) meets the seccomp filter's socket rule
+  # and, with namespaces, the empty network namespace.
   import _socket, socket
   refusal, raw, unix, raw_pair = OSError, _socket.socket, _socket.AF_UNIX, (
       _socket.socketpair)
