@@ -1,7 +1,8 @@
 r"""Memory a sandboxed program can hold outside its address space limit.
 
   PYTHONPATH=. python benchmarks/reliability/sandbox_memory.py \
-      [--memory_mb=256] [--cap_mb=1024] [--sample_memory_mb=0|N]
+      [--memory_mb=256] [--cap_mb=1024] [--sample_memory_mb=0|N] \
+      [--start_rounds=4]
 
 RLIMIT_AS (`--memory_mb`) counts a process's mappings, not memory the
 kernel holds for it elsewhere: a memfd's pages, a SysV shared-memory
@@ -24,16 +25,20 @@ stopped. Each runs:
 
 Prints one row per probe and column: MB held, then why it stopped. The
 probes remove what they made (shared-memory segments included) before
-they raise.
+they raise. With `--start_rounds=N`, then what the memory cgroup costs a
+sample's start: 40 `pass` programs without it and with the default one,
+N rounds each, alternating.
 """
 from __future__ import annotations
 
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from absl import app, flags
 
@@ -50,6 +55,10 @@ def _define_flags():
   flags.DEFINE_integer(
       "sample_memory_mb", None, "the sandbox's --sample_memory_mb (its "
       "memory cgroup, where one can be made; 0: none; default: Limits' own)")
+  flags.DEFINE_integer(
+      "start_rounds", 0, "then the start cost of 40 `pass` programs (one "
+      "worker) without a memory cgroup and with the default one, this many "
+      "rounds each, alternating; 0: not measured")
 
 
 _HEAD = """import ctypes, os
@@ -236,6 +245,29 @@ def main(argv):
     for mode in usable:
       outcome = code_exec.run_program(source, limits, mode=mode)
       print(f"  {'sandbox ' + mode:<12} {_cell(outcome.result)}")
+  if flags.FLAGS.start_rounds:
+    start_cost(flags.FLAGS.start_rounds)
+
+
+def start_cost(rounds: int) -> None:
+  """Prints the median start cost per `pass` program, sample_memory_mb=0
+  (no memory cgroup) against the default (a cgroup where one can be
+  made), `rounds` of 40 programs each, alternating which goes first."""
+  seconds = {0: [], None: []}
+  for round_ in range(rounds):
+    for sample_memory_mb in ((0, None) if round_ % 2 == 0 else (None, 0)):
+      limits = code_exec.Limits(sample_memory_mb=sample_memory_mb,
+                                site_packages=False)
+      start = time.perf_counter()
+      outcomes = code_exec.run_programs(["pass"] * 40, limits, workers=1)
+      seconds[sample_memory_mb].append(time.perf_counter() - start)
+      assert all(o.passed for o in outcomes), outcomes
+  for sample_memory_mb, times in seconds.items():
+    print(f"40 x pass, one worker, "
+          f"{'no memory cgroup' if sample_memory_mb == 0 else 'default'}: "
+          f"rounds {', '.join(f'{t:.2f}' for t in times)} s; median "
+          f"{statistics.median(times) / 40 * 1000:.1f} ms per program")
+  print(f"load_1min={os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
