@@ -51,14 +51,15 @@ def _define_flags():
   flags.DEFINE_integer("memory_mb", 256,
                        "the sandbox's --memory_mb (RLIMIT_AS)")
   flags.DEFINE_integer("cap_mb", 1024,
-                       "the most each probe tries to hold, in MB")
+                       "the most each probe tries to hold, in MB",
+                       lower_bound=0)
   flags.DEFINE_integer(
       "sample_memory_mb", None, "the sandbox's --sample_memory_mb (its "
       "memory cgroup, where one can be made; 0: none; default: Limits' own)")
   flags.DEFINE_integer(
       "start_rounds", 0, "then the start cost of 40 `pass` programs (one "
       "worker) without a memory cgroup and with the default one, this many "
-      "rounds each, alternating; 0: not measured")
+      "rounds each, alternating; 0: not measured", lower_bound=0)
 
 
 _HEAD = """import ctypes, os
@@ -226,7 +227,10 @@ def main(argv):
   limits = code_exec.Limits(memory_mb=memory_mb, timeout_s=60,
                             disk_mb=64, site_packages=False,
                             sample_memory_mb=flags.FLAGS.sample_memory_mb)
-  limits.check()
+  try:
+    limits.check()
+  except ValueError as error:
+    raise app.UsageError(str(error)) from None
   modes = ["root"] if os.geteuid() == 0 else []
   modes += ["user", "none"]
   usable = [m for m in modes if m == "none" or code_exec.probe(m) is None]
