@@ -739,6 +739,59 @@ def test_resume_compares_a_hub_ids_commit_before_its_weights_download(
       "again."], lines
   assert not marker.exists(), "the weights were downloaded first"
   assert open(output).read() == '{"loglikelihood": -1.0, "is_greedy": true}\n'
+  # The same commit recorded from another cache (HF_HOME) passes the
+  # check: the weights download is reached (stopped there by the fake).
+  requests, output = _earlier_loglikelihoods(
+      tmp_path, str(tmp_path / "other_home" / "hub" / "models--org--tiny"
+                    / "snapshots" / new), mc_num=1, batch_size=1)
+  stop = inject.replace(
+      f"  if weights: open({str(marker)!r}, 'w').close()\n",
+      "  if weights: raise ValueError('weights download reached')\n")
+  assert stop != inject
+  assert _refusal_with(stop, argv) == [
+      "trm.evaluate: error: weights download reached"]
+
+
+def test_resume_takes_one_hub_commit_from_another_cache(tmp_path):
+  """A Hub id's recorded source is its cache snapshot's path: resumed under
+  another HF_HOME (or with the cache moved), the same commit was refused as
+  another checkpoint. The repository and commit are compared now, in each
+  of the three resume checks; another commit or repository, or a moved
+  local directory, is still refused."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  commit = "c" * 40
+  old = f"/home/a/.cache/huggingface/hub/models--org--tiny/snapshots/{commit}"
+  new = str(tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots"
+            / commit)
+  assert inference.same_source(old, new)
+  assert inference.same_source(old + "/", new)
+  assert inference.same_source("runs/hf", "runs/hf")
+  for other in (new.replace(commit, "d" * 40),
+                new.replace("models--org--tiny", "models--org--big"),
+                new.replace("snapshots", "refs"),
+                f"/data/tiny/{commit}", "/data/tiny", None):
+    assert not inference.same_source(old, other), other
+    assert not inference.same_source(other, old), other
+  # The generation check (--benchmark --resume).
+  samples = str(tmp_path / "samples.jsonl")
+  evaluate._write_json_atomically(evaluate._generation_path(samples),
+                                  _generation(checkpoint=old))
+  open(samples, "w").close()
+  assert evaluate._check_generation(samples, _generation(checkpoint=new))
+  with pytest.raises(ValueError, match="was generated with checkpoint"):
+    evaluate._check_generation(samples, _generation(
+        checkpoint=new.replace(commit, "d" * 40)))
+  # The scoring check (--loglikelihood --resume): its line is kept.
+  _, output = _earlier_loglikelihoods(tmp_path, old)
+  record = {k: v for k, v in json.load(open(
+      os.path.splitext(output)[0] + "_settings.json")).items()
+            if k != "complete"}
+  assert evaluate._resumed_results(output, dict(record, checkpoint=new),
+                                   1) == [
+      '{"loglikelihood": -1.0, "is_greedy": true}\n']
+  with pytest.raises(ValueError, match="was computed with checkpoint"):
+    evaluate._resumed_results(output, dict(record, checkpoint="/data/tiny"),
+                              1)
 
 
 def test_resume_loads_the_latest_step_it_compared(tmp_path):

@@ -474,6 +474,16 @@ def _earlier_settings(output: str, path: str, what: str) -> dict:
 RESUME_UNCHECKED = ("complete", "requests")
 
 
+def _same_setting(key: str, earlier, now) -> bool:
+  """Whether a resumed run's setting `key` is unchanged: equal, or for the
+  checkpoint the same weights (`inference.same_source`: one Hub commit in
+  another cache is the same)."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  if key == "checkpoint":
+    return inference.same_source(earlier, now)
+  return earlier == now
+
+
 def _resumed_results(output: str, record: dict, count: int) -> list[str]:
   """--resume with --loglikelihood: the whole result lines already in
   `output` (`count` requests), from a run whose settings match `record`
@@ -485,7 +495,8 @@ def _resumed_results(output: str, record: dict, count: int) -> list[str]:
   earlier = _earlier_settings(output, likelihood.settings_path(output),
                               "scoring")
   for key, value in json.loads(json.dumps(record)).items():
-    if key not in RESUME_UNCHECKED and earlier.get(key) != value:
+    if key not in RESUME_UNCHECKED and not _same_setting(key, earlier.get(key),
+                                                         value):
       raise ValueError(f"--resume: {output} was computed with {key} "
                        f"{earlier.get(key)!r:.80}, this run has {value!r:.80}"
                        ": rerun with the earlier settings, or without "
@@ -524,7 +535,7 @@ def _check_generation(output: str, generation: dict) -> dict:
                               "generation")
   now = json.loads(json.dumps(generation))  # tuples as JSON keeps them
   for key, value in now.items():
-    if earlier.get(key) != value:
+    if not _same_setting(key, earlier.get(key), value):
       shown = (f"{len(value)} problems" if key == "task_ids"
                else repr(value))
       before = earlier.get(key)
@@ -890,6 +901,7 @@ def _recorded_commit_check(output: str, settings: str, what: str,
   beside `output` (`what`: the work it records), before gigabytes of
   weights download; found only after them otherwise. None without
   --resume."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   if not _RESUME.value:
     return None
 
@@ -897,7 +909,7 @@ def _recorded_commit_check(output: str, settings: str, what: str,
     if not os.path.exists(output):
       return  # nothing to go on from
     recorded = _earlier_settings(output, settings, what).get("checkpoint")
-    if recorded == source:
+    if inference.same_source(recorded, source):
       return
     advice = (f"pass --checkpoint={recorded} to go on with its weights, or "
               if isinstance(recorded, str) and os.path.isdir(recorded)

@@ -511,6 +511,31 @@ def expected_source(path: str, checkpoint_step: Optional[int] = None
   return f"{saved} step {checkpoint_step}"
 
 
+def _hub_snapshot(source) -> Optional[tuple[str, str]]:
+  """(repository folder, commit) when `source` is a Hugging Face cache
+  snapshot path (.../models--org--name/snapshots/<commit>); None else."""
+  if not isinstance(source, str):
+    return None
+  parts = os.path.normpath(source).split(os.sep)
+  if (len(parts) < 3 or parts[-2] != "snapshots"
+      or not parts[-3].startswith("models--")
+      or not COMMIT.fullmatch(parts[-1])):
+    return None
+  return parts[-3], parts[-1]
+
+
+def same_source(recorded, source) -> bool:
+  """Whether a weights source recorded by an earlier run (`recorded`) names
+  the weights `source` does: the same string, or one Hub repository's
+  snapshot of one commit in two caches (another HF_HOME, a moved cache),
+  whose files the commit fixes. A moved local directory is another
+  source: nothing but its path says what it holds."""
+  if recorded == source:
+    return True
+  snapshot = _hub_snapshot(source)
+  return snapshot is not None and _hub_snapshot(recorded) == snapshot
+
+
 def newest_complete_step(path) -> Optional[int]:
   """The newest step of the trm.main workdir `path` that carries every
   commit marker; None for another path, or a workdir without one."""
