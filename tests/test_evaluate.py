@@ -822,6 +822,12 @@ def test_resume_loads_the_latest_step_it_compared(tmp_path):
       "generate.load_model = load_model\n")
   assert _refusal_with(inject, argv) == [
       "trm.evaluate: error: load asked for step 20"]
+  # With no output yet there is no record to compare: the load resolves
+  # 'latest' itself, going back past a newest step that does not read.
+  os.rmdir(workdir / "checkpoints" / "40")
+  fresh = [*argv[:-2], f"--output={tmp_path / 'fresh.jsonl'}", "--resume"]
+  assert _refusal_with(inject, fresh) == [
+      "trm.evaluate: error: load asked for step None"]
 
 
 def test_a_failed_samples_write_keeps_the_file_and_leaves_no_temporary(

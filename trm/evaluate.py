@@ -645,7 +645,7 @@ def evaluate_code(config, checkpoint: str):
   step = cli.workdir_step(checkpoint, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
-  step = _resumed_step(checkpoint, step)
+  step = _resumed_step(checkpoint, step, output)
   task_ids = [str(p.task_id) for p in problems]
   generation = dict(
       benchmark=benchmark, task_ids=task_ids, shots=len(shots),
@@ -864,7 +864,7 @@ def evaluate_loglikelihood(config, checkpoint: str):
   step = cli.workdir_step(checkpoint, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
-  step = _resumed_step(checkpoint, step)
+  step = _resumed_step(checkpoint, step, output)
   record = dict(settings, requests=path, requests_count=len(requests),
                 requests_sha256=likelihood.requests_digest(requests))
   if _RESUME.value:
@@ -934,20 +934,24 @@ def _commit_words(source) -> str:
   return f" (commit {name})" if inference.COMMIT.fullmatch(name) else ""
 
 
-def _resumed_step(checkpoint: str, step: int | None) -> int | None:
-  """With --resume and --step=latest (`step` None), a trm.main workdir's
-  newest complete step, resolved once (on process 0, for every process):
-  the step the resume check compares with the record is then the one
-  loaded. Left to the load, 'latest' was resolved again there: a step
-  saved meanwhile (a run still training), or a newest step that does not
-  read (the load goes back past it), was loaded instead of the one
-  checked, and refused only after the weights had loaded. `step`
-  otherwise."""
+def _resumed_step(checkpoint: str, step: int | None,
+                  output: str) -> int | None:
+  """With --resume and --step=latest (`step` None) when `output` exists, a
+  trm.main workdir's newest complete step, resolved once (on process 0,
+  for every process): the step the resume check compares with the record
+  is then the one loaded. Left to the load, 'latest' was resolved again
+  there: a step saved meanwhile (a run still training), or a newest step
+  that does not read (the load goes back past it), was loaded instead of
+  the one checked, and refused only after the weights had loaded. With no
+  `output` yet there is no record to compare: the load resolves 'latest'
+  and goes back past a newest step that does not read, as without
+  --resume. `step` otherwise."""
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   if step is not None or not _RESUME.value:
     return step
   newest = distributed.run_on_process_0(
-      lambda: inference.newest_complete_step(checkpoint),
+      lambda: (inference.newest_complete_step(checkpoint)
+               if os.path.exists(output) else None),
       f"reading --checkpoint={checkpoint}")
   newest = _int_from_process_0(-1 if newest is None else newest)
   return None if newest < 0 else newest  # -1: none (or not a workdir)
