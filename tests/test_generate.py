@@ -254,8 +254,10 @@ def test_chat_history_and_timings(lm):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(temperature=-0.5), "temperature=-0.5: must be a finite number"),
     (dict(temperature=float("nan")), "temperature=nan"),
-    (dict(top_p=1.5), "top_p=1.5: must lie in (0, 1]"),
-    (dict(top_p=0.0), "top_p=0.0"),
+    (dict(top_p=1.5), "top_p=1.5: must lie in [0, 1]"),
+    (dict(top_p=-0.1), "top_p=-0.1"),
+    (dict(eps=1.5), "eps=1.5: must lie in [0, 1]"),
+    (dict(eps=-0.1), "eps=-0.1"),
     (dict(top_k=-1), "top_k=-1: must be an integer >= 0"),
     (dict(steps=0), "steps=0: must be an integer >= 1"),
     (dict(max_new_tokens=0), "max_new_tokens=0"),
@@ -362,7 +364,7 @@ def test_cli_cached_decoding_compiles_once_and_prints_both_times(
 
 @pytest.mark.parametrize("flag, message", [
     ("--temperature=-1", "temperature=-1.0: must be a finite number >= 0"),
-    ("--top_p=1.5", "top_p=1.5: must lie in (0, 1]"),
+    ("--top_p=1.5", "top_p=1.5: must lie in [0, 1]"),
     ("--top_k=-3", "top_k=-3: must be an integer >= 0"),
     ("--steps=-2", "steps=-2: must be an integer >= 1"),
     ("--max_new_tokens=200000", "exceed the model's"),

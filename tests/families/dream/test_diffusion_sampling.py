@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from trm.families.dream import inference
 from trm.families.dream import reveal_rules
 from trm.families.dream import sampling as ds
 from trm.families.dream import token_draws
@@ -396,6 +397,31 @@ def test_params_enter_the_loop_as_arguments():
 
 
 # ------------------------------------------ sort-free top-k / top-p (exact)
+
+
+@pytest.mark.parametrize("alg,top_p,eps", [
+    ("maskgit_plus", 0.0, 1e-3), ("entropy", 0.0, 1e-3),
+    ("entropy", None, 0.0), ("topk_margin", None, 1.0)])
+def test_the_references_edge_settings_match_numpy_loop(alg, top_p, eps):
+  """top_p=0 (the likeliest token alone) and eps at 0 or 1 (linspace(1,
+  eps)'s ends: 1 reveals everything at the last step) run in the
+  reference; they were refused. They are accepted (`check_settings`) and
+  sample as the reference's loop."""
+  inference.check_settings(max_new_tokens=12, steps=6, temperature=0.0,
+                           top_p=top_p, top_k=None, alg=alg, alg_temp=None,
+                           eps=eps)
+  fn = _make_model()
+  ids = _prompts(3, 4)
+  want, want_h = _np_generate(fn, ids, None, n_new=12, steps=6, alg=alg,
+                              top_p=top_p, eps=eps)
+  got, got_h = ds.diffusion_generate(
+      fn, ids, None, mask_token_id=MASK, max_new_tokens=12, steps=6,
+      alg=alg, top_p=top_p, eps=eps, rng=jax.random.key(0),
+      return_history=True)
+  np.testing.assert_array_equal(np.asarray(got_h), want_h)
+  np.testing.assert_array_equal(np.asarray(got), want)
+  if eps == 1.0:  # nothing revealed before the last step
+    assert (want_h[-2][:, 4:] == MASK).all()
 
 
 def _as_dtype(x, dtype):

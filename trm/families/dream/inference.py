@@ -251,8 +251,9 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
   if not (_is_number(temperature) and math.isfinite(temperature)
           and temperature >= 0):
     bad("temperature", temperature, "must be a finite number >= 0 (0: greedy)")
-  if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
-    bad("top_p", top_p, "must lie in (0, 1] (or be unset)")
+  # 0 keeps the likeliest token alone, as the reference's filter does.
+  if top_p is not None and not (_is_number(top_p) and 0 <= top_p <= 1):
+    bad("top_p", top_p, "must lie in [0, 1] (or be unset)")
   if top_k is not None and not (_is_int(top_k) and top_k >= 0):
     bad("top_k", top_k, "must be an integer >= 0 (0 or None: off)")
   if alg not in diffusion_sampling.ALGS:
@@ -261,8 +262,10 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
                                    and math.isfinite(alg_temp)
                                    and alg_temp >= 0):
     bad("alg_temp", alg_temp, "must be a finite number >= 0")
-  if not (_is_number(eps) and 0 < eps < 1):
-    bad("eps", eps, "must lie in (0, 1)")
+  # The reference's linspace(1, eps) at either end: 1 reveals everything
+  # at the last step, 0 is its last time (outside, counts turn negative).
+  if not (_is_number(eps) and 0 <= eps <= 1):
+    bad("eps", eps, "must lie in [0, 1]")
   if max_positions is not None and prompt_len + max_new_tokens > max_positions:
     raise ValueError(
         f"max_new_tokens={max_new_tokens}: the longest prompt ({prompt_len} "

@@ -36,8 +36,9 @@ def check_settings(sample) -> None:
                      f"{', '.join(diffusion_sampling.ALGS)}.")
   if sample.temperature < 0:
     raise ValueError(f"--temperature={sample.temperature} must be >= 0.")
-  if sample.top_p is not None and not 0 < sample.top_p <= 1:
-    raise ValueError(f"--top_p={sample.top_p} must lie in (0, 1].")
+  if sample.top_p is not None and not 0 <= sample.top_p <= 1:
+    raise ValueError(f"--top_p={sample.top_p} must lie in [0, 1] (0: the "
+                     "likeliest token alone).")
   if sample.cache not in CACHES:
     raise ValueError(f"--cache={sample.cache!r}: choose from "
                      f"{', '.join(CACHES)}.")
