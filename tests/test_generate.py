@@ -70,7 +70,9 @@ def test_cli_generates_for_a_batch(tmp_path, checkpoint):
       [sys.executable, "-m", "trm.generate",
        "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={checkpoint}",
        f"--batch_file={prompts}", "--max_new_tokens=8", "--steps=4",
-       "--alg=entropy", "--num_return_sequences=2"],
+       "--alg=entropy", "--num_return_sequences=2",
+       # The API's third compute dtype (the flag offered two).
+       "--dtype=float16"],
       cwd=ROOT, capture_output=True, text=True,
       timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]
@@ -258,6 +260,11 @@ def test_chat_history_and_timings(lm):
     (dict(top_p=-0.1), "top_p=-0.1"),
     (dict(eps=1.5), "eps=1.5: must lie in [0, 1]"),
     (dict(eps=-0.1), "eps=-0.1"),
+    # Truthy strings and numbers applied the template or returned tokens.
+    (dict(chat="no"), "chat='no': must be True or False."),
+    (dict(return_tokens=1), "return_tokens=1: must be True or False."),
+    (dict(return_dict_in_generate="True"),
+     "return_dict_in_generate='True': must be True or False."),
     (dict(top_k=-1), "top_k=-1: must be an integer >= 0"),
     (dict(steps=0), "steps=0: must be an integer >= 1"),
     (dict(max_new_tokens=0), "max_new_tokens=0"),

@@ -197,8 +197,10 @@ def define_sampler_flags(*, temperature: float = 0.0,
       seed=flags.DEFINE_integer("seed", 0, "Sampling seed."),
       batch_size=flags.DEFINE_integer(
           "batch_size", None, "Prompts per compiled batch (default: all)."),
-      dtype=flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"],
-                              "Compute dtype."),
+      dtype=flags.DEFINE_enum(
+          "dtype", "bfloat16", ["bfloat16", "float32", "float16"],
+          "Compute dtype (float16 as transformers' torch_dtype; bfloat16 "
+          "is what DiffuCoder was trained in)."),
       allow_nonfinite=flags.DEFINE_bool(
           "allow_nonfinite", False, "Load Hugging Face weights even when a "
           "tensor holds NaN or Inf (refused by default, naming it)."),

@@ -115,6 +115,15 @@ def check_text(text: str, name: str) -> None:
                      f"{e.start}); pass UTF-8 text.") from None
 
 
+def check_switches(**switches) -> None:
+  """One ValueError naming the first of the on/off arguments `switches`
+  that is not a bool: a string such as chat="no" is truthy and applied the
+  chat template without a word."""
+  for name, value in switches.items():
+    if not isinstance(value, (bool, np.bool_)):
+      raise ValueError(f"{name}={value!r:.80}: must be True or False.")
+
+
 def check_system(system, chat, name: str = "system") -> None:
   """`system` (the flag or argument `name`) is a UTF-8 string given with
   chat: the system message is part of the chat template, and a raw prompt
@@ -838,6 +847,7 @@ class DiffusionLM:
     # As `generate` reads them: a lone string was encoded one character at
     # a time, silently.
     prompts = check_prompts(prompts)
+    check_switches(chat=chat)
     if chat:
       return [tok_lib.chat_prompt_ids(
           self.tokenizer, p if system is None
@@ -947,6 +957,10 @@ class DiffusionLM:
     from trm.core import host_arrays  # pylint: disable=g-import-not-at-top
     # Every argument is checked before anything is tokenised or computed.
     prompts = check_prompts(prompts)
+    check_switches(chat=chat, return_tokens=return_tokens,
+                   return_history=return_history,
+                   output_history=output_history,
+                   return_dict_in_generate=return_dict_in_generate)
     check_system(system, chat)
     copies = check_num_return_sequences(num_return_sequences)
     check_batch_and_seed(batch_size, seed, len(prompts) * copies)
