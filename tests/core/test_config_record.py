@@ -300,6 +300,19 @@ def test_a_data_seed_change_is_refused_and_its_default_is_no_change(
                      match=r"changes how it trains: config\.data_seed: None "
                      "-> 7"):
     config_record.check(config, tmp_path, step=10)
+  # data_seed equal to seed draws what -1 (or no field) drew: no change,
+  # either way round; a seed change stays one (the model's draws).
+  config.data_seed = config.seed
+  assert config_record.check(config, tmp_path, step=10) == {}
+  record["data_seed"] = config.seed
+  (tmp_path / config_record.RECORD).write_text(json.dumps(record))
+  config.data_seed = -1
+  assert config_record.check(config, tmp_path, step=10) == {}
+  config.seed += 1
+  config.data_seed = record["seed"]
+  with pytest.raises(config_record.ConfigChangedError,
+                     match=r"config\.seed: "):
+    config_record.check(config, tmp_path, step=10)
 
 
 def test_a_gpt_run_recorded_before_scan_layers_resumes_unscanned(tmp_path):

@@ -316,14 +316,24 @@ def _implicit(key: str, old_record: dict, new) -> bool:
   return key in IMPLICIT and new == IMPLICIT[key]
 
 
+def _data_seed(flat_config: dict):
+  """The seed the data drew with (`config_lib.data_seed` of a flat record):
+  data_seed, or seed where it is -1 or absent."""
+  seed = flat_config.get("data_seed", -1)
+  return flat_config.get("seed") if seed == -1 else seed
+
+
 def changes(recorded: dict, config: dict) -> dict:
   """{field: [recorded, new]} for every field that differs (a field in
-  `IMPLICIT` that the record lacks differs only from another value)."""
+  `IMPLICIT` that the record lacks differs only from another value; a
+  data_seed only where the data's seed differs: -1 draws with config.seed,
+  so data_seed=seed is no change, recorded before the field or after)."""
   old, new = flat(recorded), flat(config)
   return {key: [old.get(key), new.get(key)]
           for key in sorted(set(old) | set(new))
           if old.get(key) != new.get(key)
-          and not _implicit(key, old, new.get(key))}
+          and not _implicit(key, old, new.get(key))
+          and not (key == "data_seed" and _data_seed(old) == _data_seed(new))}
 
 
 def _listed(diff: dict) -> str:
