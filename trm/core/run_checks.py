@@ -437,6 +437,33 @@ def check_run_file_kinds(workdir: str) -> None:
         "nothing was changed.")
 
 
+def missing_directories(workdir: str) -> list[str]:
+  """The local directories `check_workdir` will create for `workdir` (it
+  and its missing parents), deepest first; none for a `gs://` one."""
+  if "://" in workdir:
+    return []
+  missing, path = [], os.path.abspath(workdir)
+  while not os.path.lexists(path):
+    missing.append(path)
+    parent = os.path.dirname(path)
+    if parent == path:
+      break
+    path = parent
+  return missing
+
+
+def remove_if_empty(directories: list[str]) -> None:
+  """Removes `directories` (deepest first) while they are empty: a run that
+  failed before writing anything leaves no new empty workdir. rmdir never
+  removes a directory that holds anything (another process's file, a
+  later trainer's lock)."""
+  for path in directories:
+    try:
+      os.rmdir(path)
+    except OSError:  # not empty, gone, or not ours to remove
+      return
+
+
 def check_workdir(workdir: str, config=None) -> epath.Path:
   """Creates the workdir and writes a file into it (every process, since
   each writes its checkpoint shards), so an unwritable one fails now rather

@@ -216,17 +216,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                 config_record.flat(json.loads(
                                     config.to_json_best_effort())).items()}},
       "--config file and variant, --config.* overrides and --workdir")
-  workpath = check_workdir(workdir, config)  # local or gs://
+  # A run that fails before writing anything (its data missing, a config
+  # the task refuses) removes the directories it made for the workdir.
+  created = run_checks.missing_directories(workdir)
   try:
-    with workdir_lock.WorkdirLock(workdir), contextlib.ExitStack() as cleanup:
-      return _train_and_evaluate(config, workdir, workpath, cleanup,
-                                 build_task)
-  except OSError as e:
-    # A bare "[Errno 28] No space left on device" named neither the file
-    # nor what was kept.
-    if e.errno not in _DISK_ERRNOS or isinstance(e, cli.UserError):
-      raise
-    raise _disk_error(e, workpath) from e
+    workpath = check_workdir(workdir, config)  # local or gs://
+    try:
+      with (workdir_lock.WorkdirLock(workdir),
+            contextlib.ExitStack() as cleanup):
+        return _train_and_evaluate(config, workdir, workpath, cleanup,
+                                   build_task)
+    except OSError as e:
+      # A bare "[Errno 28] No space left on device" named neither the file
+      # nor what was kept.
+      if e.errno not in _DISK_ERRNOS or isinstance(e, cli.UserError):
+        raise
+      raise _disk_error(e, workpath) from e
+  except BaseException:
+    run_checks.remove_if_empty(created)
+    raise
 
 
 def make_writer(config, workdir: str, is_main: bool, metrics_file=None):
