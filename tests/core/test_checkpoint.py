@@ -309,6 +309,26 @@ def test_resume_after_preemption_keeps_the_best_checkpoint(
   assert max(_steps(checkpoints)) == 15
 
 
+def test_a_preemption_with_checkpoints_off_promises_no_resume(
+    tmp_path, monkeypatch):
+  """config.checkpoint_every=0 saves nothing, yet the stop line said "Rerun
+  with the same --workdir to resume" and Orbax left an empty checkpoints/."""
+  workdir = tmp_path / "run"
+  config = tiny_config(tmp_path, max_iters=40, lr_decay_iters=40,
+                       eval_interval=10, eval_at_start=False,
+                       checkpoint_every=0, always_save_checkpoint=True,
+                       **ONE_AXIS)
+  real_reached = preemption_lib.PreemptionWatch.reached  # pylint: disable=protected-access
+  monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached",  # pylint: disable=protected-access
+                      lambda self, step: step == 5 or real_reached(self, step))
+  with pytest.raises(train.Preempted) as info:
+    train.train_and_evaluate(config, str(workdir), families.build_task)
+  assert str(info.value) == (
+      "Preempted at step 5 (SIGTERM); no checkpoint saved "
+      "(config.checkpoint_every=0): a rerun trains from the start again.")
+  assert not (workdir / "checkpoints").exists()
+
+
 def test_a_preemption_at_an_evaluation_step_owes_it(tmp_path, monkeypatch):
   """Preempted at step 10, an evaluation step, before its evaluation: the
   checkpoint records the debt and the resumed run evaluates step 10 first,

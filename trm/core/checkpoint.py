@@ -127,7 +127,8 @@ def _no_replica_parallel_saves_on_cpu() -> None:
 
 def make_manager(directory: str, *, max_to_keep: int,
                  async_save: bool = True,
-                 keep_every: int = 0) -> ocp.CheckpointManager:
+                 keep_every: int = 0,
+                 create: bool = True) -> ocp.CheckpointManager:
   """Keeps the newest `max_to_keep` steps plus the step with the lowest
   held-out loss: a save after preemption (or any save without an evaluation)
   can never push the best checkpoint out. With `keep_every` > 0, every step
@@ -146,7 +147,7 @@ def make_manager(directory: str, *, max_to_keep: int,
   return ocp.CheckpointManager(
       directory,
       options=ocp.CheckpointManagerOptions(
-          preservation_policy=keep, create=True,
+          preservation_policy=keep, create=create,
           enable_async_checkpointing=async_save,
           # The step's directories are made by `save` itself, not by a
           # background thread: made there, a failure (a workdir turned

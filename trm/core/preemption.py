@@ -24,12 +24,16 @@ class Preempted(Exception):
   a checkpoint at `step` (rerun with the same workdir to resume)."""
 
   def __init__(self, step: int, checkpoint: str | None,
-               signum: int = signal.SIGTERM):
+               signum: int = signal.SIGTERM, checkpoints_off: bool = False):
     self.step, self.checkpoint, self.signum = step, checkpoint, signum
+    # With checkpoints off there is nothing to resume from: a rerun trains
+    # from the start (the line promised a resume).
     super().__init__(
         f"Preempted at step {step} ({signal.Signals(signum).name}); "
-        + (f"saved {checkpoint}." if checkpoint else "no checkpoint saved.")
-        + " Rerun with the same --workdir to resume.")
+        + ("no checkpoint saved (config.checkpoint_every=0): a rerun trains "
+           "from the start again." if checkpoints_off else
+           (f"saved {checkpoint}." if checkpoint else "no checkpoint saved.")
+           + " Rerun with the same --workdir to resume."))
 
 
 def _preemption_notifier_installed() -> bool:

@@ -377,7 +377,9 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       lambda step: _eval_file_loss(workpath, step, metric))
   manager = ckpt_lib.make_manager(
       str(workpath / "checkpoints"), max_to_keep=config.keep_checkpoints,
-      keep_every=config.get("keep_checkpoint_every", 0))
+      keep_every=config.get("keep_checkpoint_every", 0),
+      # Checkpoints off: no empty checkpoints/ for a run that writes none.
+      create=bool(config.checkpoint_every))
   state = ckpt_lib.restore_latest(manager, abstract, train_iter)
   restored = state is not None
   from_initial_state = state is None and task.initial_state is not None
@@ -644,7 +646,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         write_train_metrics(*pending)
       if train_metrics is not None:
         write_train_metrics(step, train_metrics)
-      raise Preempted(step, None, preemption.signum)
+      raise Preempted(step, None, preemption.signum, checkpoints_off=True)
     if step == start_step:  # the step resumed from: it is on disk already
       logging.warning("Preemption at step %d, the step resumed from; "
                       "stopping%s.", step, since)
