@@ -220,3 +220,40 @@ def test_the_run_stops_saves_and_a_rerun_only_evaluates(tmp_path, caplog):
     assert ckpt_lib.read_record(tmp_path / "checkpoints" / str(step) /
                                 "metrics" / "metrics")["best_metric"] == tag
   assert jax.device_count() == 8
+
+
+def test_a_redone_evaluation_at_resume_can_stop_the_run(tmp_path, caplog,
+                                                        monkeypatch):
+  """Preempted at step 6, an evaluation step, before its evaluation: the
+  resumed run redoes it first, and with patience 1 that evaluation ends the
+  run there, as the uninterrupted run ended (untested before); the stop is
+  recorded in step 6, so a rerun only evaluates."""
+  from trm.core import preemption as preemption_lib  # pylint: disable=g-import-not-at-top
+  config = _toy_config(early_stopping_patience=1,
+                       early_stopping_threshold=100.0)
+  real = preemption_lib.PreemptionWatch.reached
+  monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached",
+                      lambda self, step: step == 6 or real(self, step))
+  with pytest.raises(train.Preempted, match=r"Preempted at step 6 "):
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
+  monkeypatch.setattr(preemption_lib.PreemptionWatch, "reached", real)
+  checkpoints = tmp_path / "checkpoints"
+  assert ckpt_lib.saved_eval_owed(
+      ckpt_lib.make_manager(str(checkpoints), max_to_keep=3), 6)
+  with caplog.at_level(logging.INFO):
+    state, _ = train.train_and_evaluate(config, str(tmp_path),
+                                        families.build_task)
+  assert int(state.step) == 6
+  assert "Step 6: redoing the evaluation the preemption cut short" in (
+      caplog.text)
+  assert "Early stopping at step 6: 1 evaluation(s) in a row" in caplog.text
+  assert "Training from step" not in caplog.text
+  assert ckpt_lib.complete_steps(checkpoints) == [6]
+  assert ckpt_lib.step_metadata(checkpoints / "6")[
+      ckpt_lib.EARLY_STOPPING]["count"] == 1
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    state, _ = train.train_and_evaluate(config, str(tmp_path),
+                                        families.build_task)
+  assert int(state.step) == 6
+  assert "Step 6: the run stopped early there" in caplog.text
