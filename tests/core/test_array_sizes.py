@@ -1,4 +1,6 @@
 """Arrays no machine holds are refused before XLA compiles (and aborts)."""
+import re
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
@@ -61,6 +63,25 @@ def test_init_state_refuses_it_before_xla_aborts_the_process():
                      r"an array of \[67108864, 8388608\] f32 \(2 PiB\)"):
     state_lib.init_state(init, mesh_lib.ShardingContext(mesh, ()),
                          {"w": replicated})
+
+
+def test_abstract_state_refuses_it_before_anything_lowers():
+  """`model.hidden_size=2**31` (a [2**31, 11453246464] kernel drawn at
+  random) ended trm.main in JAX's "random bits array of size exceeding 2
+  ** 64" NotImplementedError traceback while the initialiser lowered."""
+  mesh = jax.make_mesh((1,), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  init = lambda: {"w": jax.nn.initializers.lecun_normal()(
+      jax.random.key(0), (2**31, 11453246464), jnp.float32)}
+  with pytest.raises(ValueError, match=re.escape(
+      "The model's state holds an array of [2147483648, 11453246464] "
+      "float32 (8.74e+04 PiB), more than any machine holds; lower the "
+      "config's model sizes")):
+    state_lib.abstract_state(init, mesh_lib.ShardingContext(mesh, ()))
+  small = lambda: {"w": jnp.zeros((4, 8), jnp.float32)}
+  abstract, _ = state_lib.abstract_state(small,
+                                         mesh_lib.ShardingContext(mesh, ()))
+  assert abstract["w"].shape == (4, 8)
 
 
 def test_eval_step_refuses_it_before_xla_aborts_the_process():

@@ -40,3 +40,28 @@ def check_lowered(lowered, what: str, fix: str) -> None:
         f"{what} holds an array of {shape} {dtype} ({size / 2**50:.3g} PiB), "
         f"more than any machine holds (XLA would abort the process on it); "
         f"{fix}.")
+
+
+def check_abstract(tree, what: str, fix: str) -> None:
+  """As `check_lowered`, for a tree of abstract arrays (`jax.eval_shape`'s
+  ShapeDtypeStructs) before anything is lowered: an initialiser drawing
+  2**64 or more random values fails while lowering with JAX's bare
+  NotImplementedError traceback."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  largest = None
+  for leaf in jax.tree.leaves(tree):
+    shape = getattr(leaf, "shape", None)
+    if shape is None:
+      continue
+    # Python ints: np.prod would wrap at 2**63.
+    size = np.dtype(leaf.dtype).itemsize
+    for d in shape:
+      size *= int(d)
+    if largest is None or size > largest[2]:
+      largest = (list(shape), np.dtype(leaf.dtype).name, size)
+  if largest is not None and largest[2] >= LIMIT_BYTES:
+    shape, dtype, size = largest
+    raise ValueError(
+        f"{what} holds an array of {shape} {dtype} ({size / 2**50:.3g} PiB), "
+        f"more than any machine holds; {fix}.")

@@ -141,7 +141,13 @@ def abstract_state(init_fn, ctx):
   """(abstract unboxed state with shardings, shardings tree); `ctx` a
   `mesh.ShardingContext`."""
   boxed, shardings = ctx.boxed_shardings(lambda: jax.eval_shape(init_fn))
-  return with_shardings(nn.meta.unbox(boxed), shardings), shardings
+  abstract = nn.meta.unbox(boxed)
+  # Before anything lowers: an initialiser drawing 2**64 random values
+  # failed there with JAX's NotImplementedError traceback.
+  array_sizes.check_abstract(abstract, "The model's state",
+                             "lower the config's model sizes (width, "
+                             "vocabulary, sequence length)")
+  return with_shardings(abstract, shardings), shardings
 
 
 def init_state(init_fn, ctx, shardings):
