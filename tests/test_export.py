@@ -185,6 +185,21 @@ def test_an_out_holding_the_current_directory_is_refused(tmp_path,
   export.check_out_dir("new", None, False, "/nonexistent/run")
 
 
+@pytest.mark.parametrize("mode", [0o644, 0o755])
+def test_an_out_under_a_file_is_refused_naming_the_file(tmp_path, mode):
+  """--out=FILE/sub was "FILE cannot be written (a read-only file system
+  or no permission)"; for an executable FILE as root it passed, and the
+  export failed after loading every weight with a bare "[Errno 20] Not a
+  directory: FILE/sub.partial-HOST-PID"."""
+  a_file = tmp_path / "notes.txt"
+  a_file.write_text("x")
+  a_file.chmod(mode)
+  with pytest.raises(app.UsageError,
+                     match=f"{a_file} is a file, not a directory"):
+    export.check_out_dir(str(a_file / "sub" / "hf"), None, False,
+                         "/nonexistent/run")
+
+
 def test_an_empty_out_is_refused():
   """--out= read as '/': the export was staged in /.partial-PID and then
   failed to rename the root directory, after loading every weight."""

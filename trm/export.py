@@ -223,6 +223,12 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
   # Its nearest existing ancestor: makedirs creates the rest.
   parent = cli.nearest_existing(os.path.dirname(os.path.abspath(
       resolve_out(out))))
+  if not os.path.isdir(parent):
+    # os.access said "cannot be written" (or, for an executable file as
+    # root, let it pass to a bare "Not a directory" after the weights).
+    raise app.UsageError(
+        f"--out={out}: {parent} is a file, not a directory, so nothing can "
+        "be written under it; pass a directory path.")
   if not os.access(parent, os.W_OK | os.X_OK):
     raise app.UsageError(
         f"--out={out}: {parent} cannot be written (a read-only file system "
