@@ -346,6 +346,28 @@ def test_an_out_over_a_file_drawn_from_is_refused(tmp_path, visualize_cli):
                       predictions)  # a new file beside them is fine
 
 
+def test_an_out_over_a_file_that_is_no_png_is_refused(tmp_path):
+  """--out=notes.txt (any existing file that is not an image) was replaced
+  by the PNG without a word: trm.visualize has no --overwrite. An earlier
+  sheet (a PNG) is still drawn over, and so is an empty file."""
+  from trm import visualize  # pylint: disable=g-import-not-at-top
+  notes = tmp_path / "notes.txt"
+  notes.write_text("my notes")
+  link = tmp_path / "link.png"
+  os.symlink(notes, link)  # the PNG would replace the link, not the notes,
+  for out in (notes, link):  # but the user meant the file it names
+    with pytest.raises(ValueError, match="is an existing file that is not "
+                       "a PNG"):
+      visualize.check_out(str(out))
+  assert notes.read_text() == "my notes"
+  sheet = tmp_path / "sheet.png"
+  from PIL import Image  # pylint: disable=g-import-not-at-top,reimported
+  Image.new("RGB", (2, 2)).save(sheet)
+  visualize.check_out(str(sheet))  # an earlier sheet: drawn over
+  (tmp_path / "empty.png").write_bytes(b"")
+  visualize.check_out(str(tmp_path / "empty.png"))
+
+
 @pytest.mark.parametrize("data_dir, num, predictions, needle", [
     # A sheet of 100,000 Sudoku rows would want ~180 GB and an hour, a PNG
     # nothing opens.

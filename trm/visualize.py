@@ -112,7 +112,26 @@ def check_out(path: str, data_dir: str | None = None,
         os.path.realpath(path).endswith(".png")):
       raise ValueError(f"--out={path} is a file of --data_dir={data_dir}: "
                        "the PNG would replace it; name another file.")
+    # There is no --overwrite: an earlier sheet (a PNG) is drawn over, any
+    # other file (notes.txt, a results .json) was replaced without a word.
+    if not _png_or_empty(path):
+      raise ValueError(f"--out={path} is an existing file that is not a PNG "
+                       "(not an earlier sheet): the PNG would replace it; "
+                       "name another file, or remove it first.")
   cli.check_writable_ancestor(path, "--out")
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_or_empty(path: str) -> bool:
+  """Whether the file at `path` is a PNG image or empty."""
+  try:
+    with open(path, "rb") as f:
+      head = f.read(len(_PNG_SIGNATURE))
+  except OSError:  # unreadable: its rename is the writer's to report
+    return True
+  return not head or head == _PNG_SIGNATURE
 
 
 def main(argv: Sequence[str]) -> None:
