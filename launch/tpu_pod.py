@@ -387,6 +387,13 @@ def validate(args, subcommand: str) -> None:
       raise LaunchError(
           f"--config: give the path relative to the repository root (the "
           f"workers resolve it inside {REMOTE_DIR}), got {path!r}")
+    rel = os.path.normpath(path)
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+      # It existed here, beside the tree; no worker has it.
+      raise LaunchError(
+          f"--config: {path!r} lies outside the code's tree (the workers "
+          f"resolve it inside {REMOTE_DIR}, which holds the tree only); "
+          "move the config into the repository, e.g. configs/.")
     if args.repo_url and not args.code_dir:
       # The workers' file is --revision's: checked there when this
       # repository has that revision (check_config says when it has not).
@@ -398,6 +405,13 @@ def validate(args, subcommand: str) -> None:
     elif not os.path.isfile(os.path.join(args.code_dir or REPO_ROOT, path)):
       raise LaunchError(
           f"--config: no file {path!r} under {args.code_dir or REPO_ROOT}")
+    elif args.code_dir and rel not in code_files(args.code_dir,
+                                                 args.exclude):
+      # The check below loaded it here; the workers would not find it.
+      raise LaunchError(
+          f"--config: {path!r} is not among the files --code_dir copies "
+          f"to the workers (.gitignore or --exclude leaves it out); move "
+          "it, e.g. to configs/, or stop ignoring it.")
     if not args.workdir:
       raise LaunchError("--workdir: required (gs://BUCKET/DIR on a pod)")
     if hosts * args.num_slices > 1 and not re.match(r"^gs://[^/]+",

@@ -514,6 +514,36 @@ def test_code_dir_leaves_ignored_runs_and_data_behind(tmp_path):
                             "configs/c.py", "notes.txt", "trm/a.py"]
 
 
+def test_a_config_the_workers_will_not_have_is_refused(tmp_path, capsys):
+  """--config passed when its file existed here, but --code_dir copies
+  only what .gitignore and --exclude leave (a config under runs/ stays
+  behind), and a path out of the tree (../x.py) is never under ~/trm: the
+  slices were created and set up, then every trainer failed to find it."""
+  for name in ("configs/c.py", "runs/mine.py"):
+    (tmp_path / "code" / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "code" / name).write_text("x")
+  (tmp_path / "code" / ".gitignore").write_text("runs/\n")
+  subprocess.run(["git", "init", "-q", str(tmp_path / "code")], check=True)
+  single = ["--name=t", "--accelerator_type=v4-8", "--workdir=/tmp/w",
+            "--skip_config_check"]
+  code = f"--code_dir={tmp_path / 'code'}"
+  for sub, flags, needle in (
+      ("all", [code, "--config=runs/mine.py"],
+       "not among the files --code_dir"),
+      ("run", [code, "--config=configs/c.py", "--exclude=configs"],
+       "not among the files --code_dir"),
+      ("all", [code, "--config=../code/configs/c.py"],
+       "outside the code's tree"),
+      ("run", ["--config=../" + os.path.basename(REPO) +
+               "/configs/trm_sudoku.py"], "outside the code's tree")):
+    with pytest.raises(SystemExit) as e:
+      _args(*single, *flags, sub=sub)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err.strip().splitlines()[-1]
+  _args(*single, code, "--config=configs/c.py:variant")
+  _args(*single, code, "--config=./configs/c.py", sub="run")
+
+
 def test_setup_fetches_from_the_repo_url_given(tmp_path):
   """A second setup with another --repo_url fetched the revision from the
   first URL (the existing clone's origin): workers ran the old code."""
