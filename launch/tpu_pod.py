@@ -43,6 +43,9 @@ CODE_MANIFEST = ".trm_code_files"
 DEFAULT_CODE_EXCLUDES = ("runs", "data", ".git", "__pycache__", "*.egg-info",
                          ".venv", "venv", "wandb", "*.pyc", ".pytest_cache")
 
+# What every --code_dir setup must copy: `pip install -e` and the trainer.
+_PROJECT_FILES = ("setup.py", "trm/main.py")
+
 DEFAULT_RUNTIME = "tpu-ubuntu2204-base"
 # Ray's TPU multislice helper uses 8081 as the default MEGASCALE port.
 DEFAULT_MEGASCALE_PORT = 8081
@@ -377,6 +380,17 @@ def validate(args, subcommand: str) -> None:
                         "the workers) or --code_dir (copy a local directory)")
     if args.code_dir and not os.path.isdir(args.code_dir):
       raise LaunchError(f"--code_dir: no such directory: {args.code_dir!r}")
+    if args.code_dir:
+      # Copied as it was, a tree without them failed on every worker
+      # (pip install -e, python -m trm.main) after the upload.
+      copied = set(code_files(args.code_dir, args.exclude))
+      missing = [f for f in _PROJECT_FILES if f not in copied]
+      if missing:
+        raise LaunchError(
+            f"--code_dir: {args.code_dir!r} would copy no "
+            f"{' or '.join(missing)} to the workers (not this project's "
+            "tree, or --exclude or .gitignore leaves them out), which "
+            "install and run it from there; pass the repository's root.")
 
   if subcommand in ("run", "all"):
     _check_dcn_overrides(args)

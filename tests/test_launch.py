@@ -82,6 +82,13 @@ def _config_checked_once(monkeypatch):
   monkeypatch.setattr(tpu_pod, "check_config", check_once)
 
 
+@pytest.fixture(autouse=True)
+def _fake_trees_are_projects(monkeypatch):
+  """Most tests copy small fake --code_dir trees; the check that a tree
+  holds the project (`_PROJECT_FILES`) is tested on its own."""
+  monkeypatch.setattr(tpu_pod, "_PROJECT_FILES", ())
+
+
 @pytest.fixture(name="no_gcloud")
 def _no_gcloud(tmp_path):
   """PATH whose `gcloud` records being called (a real one may be installed)."""
@@ -542,6 +549,30 @@ def test_a_config_the_workers_will_not_have_is_refused(tmp_path, capsys):
     assert needle in capsys.readouterr().err.strip().splitlines()[-1]
   _args(*single, code, "--config=configs/c.py:variant")
   _args(*single, code, "--config=./configs/c.py", sub="run")
+
+
+def test_a_code_dir_that_would_copy_no_project_is_refused(tmp_path, capsys,
+                                                          monkeypatch):
+  """--code_dir=<not the project> (a dataset folder), or an --exclude that
+  leaves out trm/ or setup.py, was copied to every worker, whose
+  `pip install -e '.[tpu]'` or trainer then failed."""
+  monkeypatch.setattr(tpu_pod, "_PROJECT_FILES", ("setup.py", "trm/main.py"))
+  for name in ("setup.py", "trm/main.py", "configs/c.py"):
+    (tmp_path / "code" / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "code" / name).write_text("x")
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "a.npy").write_text("x")
+  single = ["--name=t", "--accelerator_type=v4-8", "--workdir=/tmp/w",
+            "--skip_config_check", "--config=configs/c.py"]
+  code = f"--code_dir={tmp_path / 'code'}"
+  for sub, flags in (("setup", [f"--code_dir={tmp_path / 'other'}"]),
+                     ("all", [code, "--exclude=trm"]),
+                     ("setup", [code, "--exclude=setup.py"])):
+    with pytest.raises(SystemExit) as e:
+      _args(*single, *flags, sub=sub)
+    assert e.value.code == 2
+    assert "--code_dir: " in capsys.readouterr().err.strip().splitlines()[-1]
+  _args(*single, code, "--exclude=*.md")
 
 
 def test_setup_fetches_from_the_repo_url_given(tmp_path):
