@@ -113,3 +113,16 @@ def test_eval_step_refuses_it_before_xla_aborts_the_process():
     metrics, _ = step(state, small)
     assert float(metrics["loss"]) == 4 * 3 * 3 * 8
   assert traced == [(4, 1, 8), (4, 3, 8)]
+
+
+def test_a_typed_prng_key_in_the_state_is_sized_not_a_type_error(
+    monkeypatch):
+  """np.dtype(key<fry>) raises TypeError: a state holding a new-style key
+  (jax.random.key) would have stopped abstract_state with it."""
+  tree = jax.eval_shape(lambda: {"rng": jax.random.key(0),
+                                 "w": jnp.zeros((4,), jnp.bfloat16)})
+  array_sizes.check_abstract(tree, "The model's state", "lower it")
+  keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), 8))
+  monkeypatch.setattr(array_sizes, "LIMIT_BYTES", 64)  # 8 keys of 8 bytes
+  with pytest.raises(ValueError, match=re.escape("[8] key<fry>")):
+    array_sizes.check_abstract(keys, "The model's state", "lower it")

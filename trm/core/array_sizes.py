@@ -54,12 +54,16 @@ def check_abstract(tree, what: str, fix: str) -> None:
     shape = getattr(leaf, "shape", None)
     if shape is None:
       continue
+    # A typed PRNG key's dtype (key<fry>) is no numpy dtype, but it has
+    # an itemsize and a name as numpy's do.
+    dtype = leaf.dtype if hasattr(leaf.dtype, "itemsize") else np.dtype(
+        leaf.dtype)
     # Python ints: np.prod would wrap at 2**63.
-    size = np.dtype(leaf.dtype).itemsize
+    size = dtype.itemsize
     for d in shape:
       size *= int(d)
     if largest is None or size > largest[2]:
-      largest = (list(shape), np.dtype(leaf.dtype).name, size)
+      largest = (list(shape), str(dtype), size)
   if largest is not None and largest[2] >= LIMIT_BYTES:
     shape, dtype, size = largest
     raise ValueError(
