@@ -265,6 +265,25 @@ def test_consecutive_nonfinite_steps_stop_the_run_keeping_the_checkpoint(
   assert calls[0] <= 10
 
 
+def test_nonfinite_steps_before_any_checkpoint_promise_no_resume(
+    tmp_path, data_dir, monkeypatch):
+  """With nothing saved yet the line said "rerun to resume from it" of a
+  checkpoint that does not exist."""
+  config = tiny_config(**{"data.data_dir": data_dir, "log_every": 1,
+                          "checkpoint_every": 1000,
+                          "max_consecutive_bad_steps": 2, **ONE_AXIS})
+  real_to_global = pipeline.to_global
+  monkeypatch.setattr(pipeline, "to_global", lambda batch, shardings:
+                      real_to_global(_poison(batch), shardings))
+  with pytest.raises(train.NonFiniteError) as error:
+    train.train_and_evaluate(config, str(tmp_path), families.build_task)
+  message = str(error.value)
+  assert "No checkpoint had been written" in message
+  assert message.endswith("then rerun (it trains from the start).")
+  assert not os.path.isdir(tmp_path / "checkpoints") or not _steps_on_disk(
+      str(tmp_path))
+
+
 # ------------------------------------------------------------------ SIGTERM
 
 

@@ -889,3 +889,19 @@ def test_a_split_smaller_than_one_batch_fails_before_compile(tmp_path):
     train.train_and_evaluate(config, str(tmp_path), families.build_task)
   # Nothing of a run was written: no config record, events or checkpoints.
   assert sorted(os.listdir(tmp_path)) == ["data"]
+
+
+def test_a_full_disk_before_any_checkpoint_promises_no_resume(
+    tmp_path, monkeypatch):
+  """With no checkpoint kept the line said "rerun to resume"; a rerun
+  trains from the start."""
+  import errno  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                 str(tmp_path / "eval_2.json"))
+  message = str(train._disk_error(full, epath.Path(tmp_path)))  # pylint: disable=protected-access
+  assert "No complete checkpoint was written yet" in message
+  assert message.endswith("and rerun (it trains from the start).")
+  monkeypatch.setattr(ckpt_lib, "complete_steps", lambda directory: [4])
+  message = str(train._disk_error(full, epath.Path(tmp_path)))  # pylint: disable=protected-access
+  assert message.endswith("and rerun to resume.")

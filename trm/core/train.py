@@ -87,7 +87,8 @@ def _disk_error(error: OSError, workpath: epath.Path) -> WorkdirWriteError:
           "No complete checkpoint was written yet")
   result = WorkdirWriteError(
       f"Writing {where} failed ({cause}){free}. {last}. Free space (or make "
-      "the workdir writable again) and rerun to resume.")
+      "the workdir writable again) and rerun " +
+      ("to resume." if kept else "(it trains from the start)."))
   result.errno = error.errno
   return result
 
@@ -580,7 +581,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         "loss or gradient; their updates were skipped. Stopping: config."
         f"max_consecutive_bad_steps={bad_limit}. {kept}, and nothing was "
         "saved after the bad steps began. Check the data and the learning "
-        "rate, then rerun to resume from it.")
+        "rate, then rerun " + ("to resume from it." if last is not None
+                               else "(it trains from the start)."))
 
   def write_train_metrics(step: int, metrics, timing=None) -> None:
     values = metrics_lib.compute(metrics)
