@@ -1,5 +1,6 @@
 """Pictures: panel sizes, colours at known cells, sheets, the CLI."""
 import os
+import re
 import subprocess
 import sys
 
@@ -396,3 +397,20 @@ def test_what_to_draw_is_checked_before_anything_is_read(
     visualize.check_inputs(data_dir, "test", num, predictions)
   assert str(error.value).startswith(needle.format(run=workdir)), error.value
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json"]
+
+
+def test_num_and_start_refusals_name_the_flags(tmp_path):
+  """They said "need num >= 1 ..." and "start=100 but ...", naming no
+  flag of trm.visualize, the one caller that takes them from a user."""
+  data_dir = str(tmp_path / "sudoku")
+  sudoku.build_dataset(data_dir, source="generate", num_train=2, num_test=4,
+                       num_aug=0, num_blanks=30)
+  out = str(tmp_path / "x.png")
+  with pytest.raises(ValueError, match=re.escape(
+      "--num=0, --start=0: need --num >= 1 and --start >= 0")):
+    vis.dataset_sheet(data_dir, "test", out, num=0)
+  with pytest.raises(ValueError, match=re.escape(
+      "--start=100 but the test split has 4 examples (0 to 3); pass a "
+      "smaller --start.")):
+    vis.dataset_sheet(data_dir, "test", out, num=1, start=100)
+  assert not os.path.exists(out)

@@ -157,13 +157,17 @@ def dataset_sheet(data_dir: str, split: str, out: str, num: int = 8,
   """
   from trm.data.puzzles import format as puzzle_format  # pylint: disable=g-import-not-at-top
   if num < 1 or start < 0:
-    raise ValueError(f"need num >= 1 and start >= 0, got {num}, {start}")
+    # The flags are trm.visualize's, the only caller that takes them from
+    # a user.
+    raise ValueError(f"--num={num}, --start={start}: need --num >= 1 and "
+                     "--start >= 0")
   metadata, arrays = puzzle_format.read_split(data_dir, split, set_name,
                                               check_tokens=False)
   kind = kind_from_metadata(metadata)
   total = arrays["inputs"].shape[0]
   if start >= total:
-    raise ValueError(f"start={start} but the split has {total} examples")
+    raise ValueError(f"--start={start} but the {split} split has {total} "
+                     f"examples (0 to {total - 1}); pass a smaller --start.")
   stop = min(start + num, total)
   predictions = None
   if predictions_path:
