@@ -554,3 +554,14 @@ def test_an_object_store_path_is_refused_naming_the_flag(flag, args):
                      match=f"{flag}='gs://b/.*' is an object-store path; "
                      ".* read from a local disk"):
     sample.load_model(*args, ctx=None)
+
+
+def test_a_start_character_outside_the_vocabulary_names_start():
+  """The character codec's refusal named no flag: the text was --start's."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from trm.data.text import text_codecs  # pylint: disable=g-import-not-at-top
+  codec = text_codecs.CharCodec(list("ab\n"))
+  assert sample.encode_start(codec, "ba") == [1, 0]
+  with pytest.raises(app.UsageError, match=r"^--start: Character 'z' is "
+                     "not in the 3-character vocabulary"):
+    sample.encode_start(codec, "abz")

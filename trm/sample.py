@@ -114,7 +114,10 @@ def encode_start(codec, text: str) -> list[int]:
                                  disallowed_special=())
   if isinstance(codec, text_codecs.HFTokenizerCodec):
     return codec.encode_allowing_special(text)
-  return codec.encode(text)
+  try:
+    return codec.encode(text)
+  except ValueError as e:  # the codec's line names no flag
+    raise app.UsageError(f"--start: {e}") from None
 
 
 def run_config(workdir: str):
