@@ -495,23 +495,30 @@ def test_a_workdir_given_as_checkpoint_names_workdir(tmp_path):
     _samples_of(None, f"--checkpoint={tmp_path}")
 
 
+class JaxRuntimeError(RuntimeError):  # what cli.out_of_memory knows
+  pass
+
+
+def _out_of_memory(*args, **kwargs):
+  raise JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating "
+                         "34000001024 bytes.")
+
+
+def _tiny_gpt2_and_chars(tmp_path):
+  """A tiny GPT-2 download and a character data set for its prompts."""
+  directory = write_tiny_gpt2(tmp_path / "gpt2")
+  data = tmp_path / "data"
+  preparation.prepare_char("to be or not to be\n" * 4, str(data))
+  return directory, data
+
+
 def test_out_of_memory_names_batch_size(tmp_path, monkeypatch):
   """--num_samples=10000000 (all at once by default) ran out of memory
   with the trainer's line: reduce config.global_batch_size, turn on
   config.model.remat, ... none of which trm.sample takes."""
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
-
-  class JaxRuntimeError(RuntimeError):  # what cli.out_of_memory knows
-    pass
-
-  def out_of_memory(*args, **kwargs):
-    raise JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating "
-                          "34000001024 bytes.")
-
-  monkeypatch.setattr(gpt, "generate", out_of_memory)
-  directory = write_tiny_gpt2(tmp_path / "gpt2")
-  data = tmp_path / "data"
-  preparation.prepare_char("to be or not to be\n" * 4, str(data))
+  monkeypatch.setattr(gpt, "generate", _out_of_memory)
+  directory, data = _tiny_gpt2_and_chars(tmp_path)
   with pytest.raises(ValueError, match=r"out of memory drawing 3 samples at "
                      r"once \(RESOURCE_EXHAUSTED: .*\): each holds a KV "
                      r"cache of the whole 16-token block and its 2 new "
@@ -565,3 +572,32 @@ def test_a_start_character_outside_the_vocabulary_names_start():
   with pytest.raises(app.UsageError, match=r"^--start: Character 'z' is "
                      "not in the 3-character vocabulary"):
     sample.encode_start(codec, "abz")
+
+
+def test_the_prompt_batch_is_never_built_on_the_host(tmp_path, monkeypatch):
+  """All --num_samples at once were a host array of that many prompt rows
+  (a list of them first): --num_samples=10**9 stopped in a MemoryError
+  traceback before the out-of-memory line. The program repeats one row."""
+  import tracemalloc  # pylint: disable=g-import-not-at-top
+  from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
+  seen = {}
+
+  def out_of_memory(model, params, prompt, *args, **kwargs):
+    seen["shape"] = prompt.shape
+    seen["peak"] = tracemalloc.get_traced_memory()[1]
+    _out_of_memory()
+
+  monkeypatch.setattr(gpt, "generate", out_of_memory)
+  directory, data = _tiny_gpt2_and_chars(tmp_path)
+  tracemalloc.start()
+  try:
+    with pytest.raises(ValueError, match=r"out of memory drawing 4000000 "
+                       r"samples at once"):
+      _samples_of(None, "--init_from=gpt2", f"--checkpoint={directory}",
+                  f"--data_dir={data}", "--start=to be", "--num_samples=4000000",
+                  "--max_new_tokens=2")
+  finally:
+    tracemalloc.stop()
+  assert seen["shape"] == (4000000, 5)
+  # The old host batch: 4e6 x 5 int32 (80 MB) and a list of 4e6 rows.
+  assert seen["peak"] < 40 * 2**20, seen["peak"]

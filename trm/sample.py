@@ -282,6 +282,7 @@ def main(argv):
   else:
     step = cli.workdir_step(_WORKDIR.value or "", _STEP.value, "--workdir")
   import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
 
@@ -369,8 +370,10 @@ def main(argv):
   num_samples = _NUM_SAMPLES.value
   batch = min(_BATCH_SIZE.value or num_samples, num_samples)
   # Every row starts from the same prompt, so the last, partial batch is a
-  # full one cut short: one compiled program serves every batch.
-  prompt = np.asarray([encode_start(codec, start)] * batch, np.int32)
+  # full one cut short: one compiled program serves every batch. The
+  # program repeats the one row (a host-side batch of --num_samples=10**9
+  # rows was a MemoryError traceback before the out-of-memory line below).
+  prompt = np.asarray([encode_start(codec, start)], np.int32)
   if prompt.shape[1] == 0:
     raise app.UsageError("--start encodes to no tokens; give some text.")
   check_prompt_ids(prompt, cfg.vocab_size, codec, data_dir)
@@ -386,7 +389,8 @@ def main(argv):
   limit = limit if limit and limit < cfg.vocab_size else None
   generate = jax.jit(
       lambda params, prompt, rng: gpt.generate(
-          model, params, prompt, _MAX_NEW.value, rng,
+          model, params, jnp.broadcast_to(prompt, (batch, prompt.shape[1])),
+          _MAX_NEW.value, rng,
           temperature=_TEMPERATURE.value, top_k=top_k, vocab_limit=limit))
   key = jax.random.key(_SEED.value)
   batches = -(-num_samples // batch)
