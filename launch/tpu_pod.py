@@ -374,6 +374,12 @@ def validate(args, subcommand: str) -> None:
         f"no port (the port is --megascale_port={args.megascale_port}; an "
         f"IPv6 address goes in brackets), got {args.coordinator_address!r}")
 
+  # What --code_dir's setup copies (git ls-files or a walk), listed once
+  # for the checks below.
+  copied = (set(code_files(args.code_dir, args.exclude))
+            if args.code_dir and subcommand in ("setup", "run", "all")
+            and os.path.isdir(args.code_dir) else set())
+
   if subcommand in ("setup", "all"):
     if bool(args.code_dir) == bool(args.repo_url):
       raise LaunchError("setup: give exactly one of --repo_url (git clone on "
@@ -383,7 +389,6 @@ def validate(args, subcommand: str) -> None:
     if args.code_dir:
       # Copied as it was, a tree without them failed on every worker
       # (pip install -e, python -m trm.main) after the upload.
-      copied = set(code_files(args.code_dir, args.exclude))
       missing = [f for f in _PROJECT_FILES if f not in copied]
       if missing:
         raise LaunchError(
@@ -419,8 +424,7 @@ def validate(args, subcommand: str) -> None:
     elif not os.path.isfile(os.path.join(args.code_dir or REPO_ROOT, path)):
       raise LaunchError(
           f"--config: no file {path!r} under {args.code_dir or REPO_ROOT}")
-    elif args.code_dir and rel not in code_files(args.code_dir,
-                                                 args.exclude):
+    elif args.code_dir and rel not in copied:
       # The check below loaded it here; the workers would not find it.
       raise LaunchError(
           f"--config: {path!r} is not among the files --code_dir copies "
