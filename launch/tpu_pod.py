@@ -47,6 +47,14 @@ DEFAULT_CODE_EXCLUDES = ("runs", "data", ".git", "__pycache__", "*.egg-info",
 _PROJECT_FILES = ("setup.py", "trm/main.py")
 
 DEFAULT_RUNTIME = "tpu-ubuntu2204-base"
+# The most slices one job may join. The largest multislice job published
+# (Google Cloud blog, 2023-11-08, "the world's largest distributed training
+# job for large language models across 50000+ TPU v5e chips") joined about
+# 200 slices (a v5e pod, its largest slice, holds 256 chips); 10,000 leaves
+# 50 times that. The launcher builds and prints commands per slice (about
+# 5 kB each, 0.4 s for all at 10,000 here); at 10**8 that took minutes and
+# gigabytes before gcloud could refuse anything.
+MAX_NUM_SLICES = 10_000
 # Ray's TPU multislice helper uses 8081 as the default MEGASCALE port.
 DEFAULT_MEGASCALE_PORT = 8081
 # Stands in for slice 0 worker 0's IP where it cannot be looked up (dry run).
@@ -339,6 +347,11 @@ def validate(args, subcommand: str) -> None:
         f"(it names the TPU VM or queued resource), got {args.name!r}")
   if args.num_slices < 1:
     raise LaunchError(f"--num_slices: must be >= 1, got {args.num_slices}")
+  if args.num_slices > MAX_NUM_SLICES:
+    raise LaunchError(
+        f"--num_slices: at most {MAX_NUM_SLICES:,} slices (the largest "
+        f"published multislice job joined about 200; the launcher builds "
+        f"commands for each slice), got {args.num_slices:,}")
   needs_hosts = subcommand in ("create", "run", "all")
   if needs_hosts or args.accelerator_type is not None:
     hosts = hosts_per_slice(args.accelerator_type)
@@ -634,28 +647,31 @@ def setup_commands(args, stage: str | None = None) -> list[list[str]]:
   if args.code_dir:
     pack, archive = _code_archive_command(args, stage)
     commands.append(pack)
+    fetch = code_unpack_script()
+  else:
+    # Fetching the revision itself works for branches, tags and commits.
+    # From --repo_url, not `origin`: a worker cloned by an earlier setup
+    # from another URL kept fetching that one (its branch of the same
+    # name, silently; workers cloned anew got the new code).
+    url = shlex.quote(args.repo_url)
+    # Not a clone yet (none, or a --code_dir copy, where `git clone`
+    # refused the folder): cloned beside it and swapped in, as a copy is.
+    fetch = (f"{{ [ -d {REMOTE_DIR}/.git ] || {{ here=$(readlink -f "
+             f"{REMOTE_DIR}) && rm -rf \"$here.new\" && git clone -q {url} "
+             f"\"$here.new\" && python3 -c {_swap_command()}; }}; }} && "
+             f"cd {REMOTE_DIR} && git fetch -q {url} "
+             f"{shlex.quote(args.revision)} && "
+             f"git checkout -q --detach FETCH_HEAD")
+  # The same script on every slice: built once (the swap script's repr is
+  # most of it), not once a slice.
+  script = f"{fetch} && {_install_script()}"
   for node in node_names(args):
     if args.code_dir:
       commands.append(
           ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive,
            f"{node}:{_UPLOAD_ARCHIVE}", *_location(args),
            "--worker=all", "--strict-host-key-checking=no"])
-      fetch = code_unpack_script()
-    else:
-      # Fetching the revision itself works for branches, tags and commits.
-      # From --repo_url, not `origin`: a worker cloned by an earlier setup
-      # from another URL kept fetching that one (its branch of the same
-      # name, silently; workers cloned anew got the new code).
-      url = shlex.quote(args.repo_url)
-      # Not a clone yet (none, or a --code_dir copy, where `git clone`
-      # refused the folder): cloned beside it and swapped in, as a copy is.
-      fetch = (f"{{ [ -d {REMOTE_DIR}/.git ] || {{ here=$(readlink -f "
-               f"{REMOTE_DIR}) && rm -rf \"$here.new\" && git clone -q {url} "
-               f"\"$here.new\" && python3 -c {_swap_command()}; }}; }} && "
-               f"cd {REMOTE_DIR} && git fetch -q {url} "
-               f"{shlex.quote(args.revision)} && "
-               f"git checkout -q --detach FETCH_HEAD")
-    commands.append(_ssh(args, node, f"{fetch} && {_install_script()}"))
+    commands.append(_ssh(args, node, script))
   return commands
 
 

@@ -484,6 +484,53 @@ def test_multi_host_workdir_check_counts_slices():
     _args(*single, "--num_slices=2", sub="run")
 
 
+def test_an_absurd_slice_count_is_refused_before_any_command(monkeypatch,
+                                                             capsys):
+  """--num_slices=10**8 built a command per slice for minutes."""
+  def per_slice(args):
+    raise AssertionError("a command per slice was built")
+  monkeypatch.setattr(tpu_pod, "node_names", per_slice)
+  bound = tpu_pod.MAX_NUM_SLICES
+  for slices in (bound + 1, 10**8):
+    flags = [f for f in MULTI if not f.startswith(("--num_slices",
+                                                   "--override=mesh"))]
+    started = time.monotonic()
+    with pytest.raises(SystemExit):
+      _args(*flags, f"--num_slices={slices}",
+            f"--override=mesh.dcn_data={slices}", "--dry_run")
+    assert time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert f"--num_slices: at most {bound:,} slices" in err, err
+    assert f"got {slices:,}" in err
+
+
+def test_the_largest_slice_count_builds_its_commands_at_once(monkeypatch,
+                                                            tmp_path):
+  """At the bound every sub-command's commands are built in about a second
+  on a loaded host (a quadratic step would take minutes); the setup's
+  unpack script is built once, not once per slice."""
+  slices = tpu_pod.MAX_NUM_SLICES
+  args = _args("--name=a", "--accelerator_type=v4-64",
+               f"--num_slices={slices}", "--workdir=gs://b/r",
+               "--config=configs/trm_sudoku.py", f"--code_dir={REPO}",
+               f"--override=mesh.dcn_data={slices}", "--skip_config_check")
+  unpack = tpu_pod.code_unpack_script
+  built = []
+  monkeypatch.setattr(tpu_pod, "code_unpack_script",
+                      lambda: built.append(1) or unpack())
+  started = time.monotonic()
+  setup = tpu_pod.setup_commands(args, str(tmp_path))
+  run = tpu_pod.run_commands(args)
+  stop = tpu_pod.stop_commands(args)
+  others = (tpu_pod.create_commands(args) + tpu_pod.logs_commands(args)
+            + tpu_pod.delete_commands(args))
+  assert time.monotonic() - started < 30
+  assert (len(setup), len(run), len(stop), len(others)) == (
+      1 + 2 * slices, slices, slices, 3)
+  assert _remote(run[-1]).count(f"MEGASCALE_SLICE_ID={slices - 1}") == 1
+  assert len(built) == 1
+
+
 @pytest.mark.parametrize("accelerator, hosts", [
     ("v4-8", 1), ("v4-16", 2), ("v4-64", 8), ("v5p-128", 16), ("v2-32", 4),
     ("v5litepod-8", 1), ("v5litepod-16", 4), ("v6e-256", 64)])
