@@ -794,6 +794,115 @@ def test_resume_takes_one_hub_commit_from_another_cache(tmp_path):
                               1)
 
 
+def _local_checkpoint(directory, first=0.0, norm=1.0, config="{}"):
+  """A Hugging Face directory's files (no model reads them): a weight file
+  larger than the fingerprint reads whole, whose big tensor starts with
+  `first` and whose small one holds `norm`s, and `config` as config.json."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  directory.mkdir(parents=True)
+  big = np.arange(640 * 640, dtype=np.float32).reshape(640, 640)
+  big[0, 0] = first
+  save_file({"big": big, "norm": np.full(8, norm, np.float32)},
+            str(directory / "model.safetensors"))
+  (directory / "config.json").write_text(config)
+  (directory / "tokenizer.json").write_text("{}")
+  return str(directory)
+
+
+def test_resume_takes_a_moved_local_checkpoint_with_the_same_files(
+    tmp_path):
+  """A local checkpoint's recorded source is its path: moved (the same
+  files under another path), it was refused as another checkpoint. The
+  record now holds a fingerprint of its files, compared where the paths
+  differ, in the generation and scoring checks; other files (weights,
+  config), or a record written before the fingerprint, are still
+  refused."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+  assert os.path.getsize(_local_checkpoint(tmp_path / "size") + "/"
+                         "model.safetensors") > 2**20
+  old = _local_checkpoint(tmp_path / "old")
+  recorded = evaluate._expected_checkpoint(old, None)
+  assert set(recorded) == {"checkpoint", "checkpoint_fingerprint"}
+  moved = str(tmp_path / "elsewhere" / "moved")
+  os.makedirs(os.path.dirname(moved))
+  os.rename(old, moved)
+  now = evaluate._expected_checkpoint(moved, None)
+  assert now["checkpoint"] == moved
+  assert now["checkpoint_fingerprint"] == recorded["checkpoint_fingerprint"]
+  others = [_local_checkpoint(tmp_path / "weights", first=-1.0),
+            _local_checkpoint(tmp_path / "norm", norm=2.0),
+            _local_checkpoint(tmp_path / "config", config='{"a": 1}')]
+  # The generation check (--benchmark --resume).
+  samples = str(tmp_path / "samples.jsonl")
+  open(samples, "w").close()
+  for record, takes in ((recorded, True), ({"checkpoint": old}, False)):
+    evaluate._write_json_atomically(evaluate._generation_path(samples),
+                                    _generation(**record))
+    if takes:
+      assert evaluate._check_generation(samples, _generation(**now))
+    else:  # written before the fingerprint: as it was
+      with pytest.raises(ValueError, match="was generated with checkpoint"):
+        evaluate._check_generation(samples, _generation(**now))
+    for other in others:
+      with pytest.raises(ValueError, match="was generated with checkpoint"):
+        evaluate._check_generation(samples, _generation(
+            **evaluate._expected_checkpoint(other, None)))
+  # The scoring check (--loglikelihood --resume): its line is kept.
+  _, output = _earlier_loglikelihoods(tmp_path, old)
+  settings = os.path.splitext(output)[0] + "_settings.json"
+  record = {k: v for k, v in json.load(open(settings)).items()
+            if k != "complete"}
+  likelihood.write_settings(output, dict(record, **recorded))
+  assert evaluate._resumed_results(output, dict(record, **now), 1) == [
+      '{"loglikelihood": -1.0, "is_greedy": true}\n']
+  for other in others:
+    with pytest.raises(ValueError, match="was computed with checkpoint"):
+      evaluate._resumed_results(
+          output, dict(record, **evaluate._expected_checkpoint(other, None)),
+          1)
+  # A workdir's step: its files.
+  workdir = tmp_path / "run"
+  for name, text in (("7/params/data", "w" * 3000), ("7/meta", "m")):
+    (workdir / "checkpoints" / name).parent.mkdir(parents=True,
+                                                  exist_ok=True)
+    (workdir / "checkpoints" / name).write_text(text)
+  first = evaluate._expected_checkpoint(str(workdir), 7)
+  assert first["checkpoint"] == f"{workdir}/checkpoints step 7"
+  os.rename(workdir, tmp_path / "run2")
+  second = evaluate._expected_checkpoint(str(tmp_path / "run2"), 7)
+  assert inference.same_source(
+      first["checkpoint"], second["checkpoint"],
+      first["checkpoint_fingerprint"], second["checkpoint_fingerprint"])
+  (tmp_path / "run2" / "checkpoints" / "7" / "meta").write_text("n")
+  assert (evaluate._expected_checkpoint(str(tmp_path / "run2"), 7)
+          ["checkpoint_fingerprint"] != second["checkpoint_fingerprint"])
+  # No fingerprint on either side, or one alone: the paths decide.
+  assert not inference.same_source(old, moved)
+  assert not inference.same_source(old, moved, None, None)
+  assert not inference.same_source(
+      old, moved, None, now["checkpoint_fingerprint"])
+
+
+def test_a_fingerprint_reads_every_tensor_but_not_every_byte(monkeypatch,
+                                                            tmp_path):
+  """A 7B model's weights are 15 GB: a resume reads each tensor's first,
+  middle and last block (a small tensor whole), not all of them."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  base = inference.source_fingerprint(_local_checkpoint(tmp_path / "a"))
+  assert base == inference.source_fingerprint(
+      _local_checkpoint(tmp_path / "b"))
+  for name, change in (("first", dict(first=5.0)), ("norm", dict(norm=0.5))):
+    assert base != inference.source_fingerprint(
+        _local_checkpoint(tmp_path / name, **change)), name
+  read = []
+  real_read = inference._read_at
+  monkeypatch.setattr(inference, "_read_at", lambda f, offset, size: (
+      read.append(size) or real_read(f, offset, size)))
+  inference.source_fingerprint(str(tmp_path / "a"))
+  assert 0 < sum(read) < 100_000, sum(read)  # of 1.6 MB
+
+
 def test_resume_loads_the_latest_step_it_compared(tmp_path):
   """--resume --step=latest compared the record with the newest complete
   step on disk, then the load chose 'latest' again: a step saved in

@@ -472,16 +472,24 @@ def _earlier_settings(output: str, path: str, what: str) -> dict:
 # the run finished, and the requests file's path (its content's digest and
 # count are compared: a moved file is the same requests).
 RESUME_UNCHECKED = ("complete", "requests")
+# The record's fingerprint of the checkpoint's files (`_checkpoint_record`),
+# compared with the checkpoint; records written before it lack it.
+FINGERPRINT = "checkpoint_fingerprint"
 
 
-def _same_setting(key: str, earlier, now) -> bool:
-  """Whether a resumed run's setting `key` is unchanged: equal, or for the
-  checkpoint the same weights (`inference.same_source`: one Hub commit in
-  another cache is the same)."""
+def _same_setting(key: str, earlier: dict, now: dict) -> bool:
+  """Whether a resumed run's setting `key` is unchanged from the `earlier`
+  record: equal, or for the checkpoint the same weights
+  (`inference.same_source`: one Hub commit in another cache, or a moved
+  local checkpoint whose files have the recorded fingerprint)."""
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   if key == "checkpoint":
-    return inference.same_source(earlier, now)
-  return earlier == now
+    return inference.same_source(earlier.get(key), now.get(key),
+                                 earlier.get(FINGERPRINT),
+                                 now.get(FINGERPRINT))
+  if key == FINGERPRINT:
+    return True  # compared with the checkpoint: only where paths differ
+  return earlier.get(key) == now.get(key)
 
 
 def _resumed_results(output: str, record: dict, count: int) -> list[str]:
@@ -494,9 +502,10 @@ def _resumed_results(output: str, record: dict, count: int) -> list[str]:
     return []
   earlier = _earlier_settings(output, likelihood.settings_path(output),
                               "scoring")
-  for key, value in json.loads(json.dumps(record)).items():
-    if key not in RESUME_UNCHECKED and not _same_setting(key, earlier.get(key),
-                                                         value):
+  record = json.loads(json.dumps(record))
+  for key, value in record.items():
+    if key not in RESUME_UNCHECKED and not _same_setting(key, earlier,
+                                                         record):
       raise ValueError(f"--resume: {output} was computed with {key} "
                        f"{earlier.get(key)!r:.80}, this run has {value!r:.80}"
                        ": rerun with the earlier settings, or without "
@@ -535,7 +544,7 @@ def _check_generation(output: str, generation: dict) -> dict:
                               "generation")
   now = json.loads(json.dumps(generation))  # tuples as JSON keeps them
   for key, value in now.items():
-    if not _same_setting(key, earlier.get(key), value):
+    if not _same_setting(key, earlier, now):
       shown = (f"{len(value)} problems" if key == "task_ids"
                else repr(value))
       before = earlier.get(key)
@@ -665,8 +674,9 @@ def evaluate_code(config, checkpoint: str):
       before_hub_weights=_recorded_commit_check(
           output, _generation_path(output), "generation", checkpoint))
   generation.pop("checkpoint", None)
+  generation.pop(FINGERPRINT, None)
   sampler = generation.pop("sampler")  # recorded last, as before
-  generation.update(checkpoint=lm.source, sampler=sampler)
+  generation.update(_checkpoint_record(lm.source), sampler=sampler)
   # On a pod every process generates every batch; process 0 alone reads
   # and writes --output, prints, and runs the samples.
   first = jax.process_index() == 0
@@ -888,7 +898,7 @@ def evaluate_loglikelihood(config, checkpoint: str):
       checkpoint, _SAMPLER, config, step, before_weights=before_weights,
       before_hub_weights=_recorded_commit_check(
           output, likelihood.settings_path(output), "scoring", checkpoint))
-  record["checkpoint"] = lm.source
+  record.update(_checkpoint_record(lm.source))
   return score_requests(lm, requests, settings, record, output, _RESUME.value,
                         path, overwrite=_OVERWRITE.value)
 
@@ -957,12 +967,23 @@ def _resumed_step(checkpoint: str, step: int | None,
   return None if newest < 0 else newest  # -1: none (or not a workdir)
 
 
+def _checkpoint_record(source: str) -> dict:
+  """The settings' checkpoint fields: the weights' `source` and, where its
+  files are local, their fingerprint, so that a resume from the checkpoint
+  moved elsewhere is taken (`inference.source_fingerprint`)."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  fingerprint = inference.source_fingerprint(source)
+  return dict(checkpoint=source, **(
+      {} if fingerprint is None else {FINGERPRINT: fingerprint}))
+
+
 def _expected_checkpoint(checkpoint: str, step: int | None) -> dict:
-  """{"checkpoint": the weights' source} as the settings will record it,
-  when known before they load (`inference.expected_source`); {} else."""
+  """The checkpoint fields as the settings will record them
+  (`_checkpoint_record`), when known before the weights load
+  (`inference.expected_source`); {} else."""
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
   source = inference.expected_source(checkpoint, step)
-  return {} if source is None else {"checkpoint": source}
+  return {} if source is None else _checkpoint_record(source)
 
 
 def score_requests(lm, requests, settings: dict, record: dict, output: str,

@@ -536,16 +536,129 @@ def _hub_snapshot(source) -> Optional[tuple[str, str]]:
   return parts[-3], parts[-1]
 
 
-def same_source(recorded, source) -> bool:
+def same_source(recorded, source, recorded_fingerprint=None,
+                fingerprint=None) -> bool:
   """Whether a weights source recorded by an earlier run (`recorded`) names
-  the weights `source` does: the same string, or one Hub repository's
+  the weights `source` does: the same string, one Hub repository's
   snapshot of one commit in two caches (another HF_HOME, a moved cache),
-  whose files the commit fixes. A moved local directory is another
-  source: nothing but its path says what it holds."""
+  whose files the commit fixes, or two paths whose files have one
+  `source_fingerprint` (a moved or copied local checkpoint). Without both
+  fingerprints (a record from before them) a moved local directory is
+  another source: nothing but its path says what it holds."""
   if recorded == source:
     return True
   snapshot = _hub_snapshot(source)
-  return snapshot is not None and _hub_snapshot(recorded) == snapshot
+  if snapshot is not None and _hub_snapshot(recorded) == snapshot:
+    return True
+  return (isinstance(fingerprint, str)
+          and recorded_fingerprint == fingerprint)
+
+
+# `source_fingerprint`'s format, in its digest: a fingerprint of another
+# format is another checkpoint's (refused, as before fingerprints).
+_FINGERPRINT_FORMAT = "files-v1"
+# Files up to this size are read whole (configs, indexes, tokenizers);
+# larger ones in blocks of `_BLOCK` bytes.
+_WHOLE = 1 << 20
+_BLOCK = 4096
+# Blocks of a large file that is not safetensors (an Orbax step's data),
+# evenly spaced.
+_SPREAD = 256
+_STEP_SOURCE = re.compile(r"(.*) step ([0-9]+)")
+
+
+def _read_at(f, offset: int, size: int) -> bytes:
+  f.seek(offset)
+  return f.read(size)
+
+
+def _source_files(source: str) -> Optional[tuple[str, list[str]]]:
+  """(directory, its files that hold the weights `source` names, relative
+  to it): a Hugging Face directory's `HUB_FILES`, a workdir step's
+  (`<workdir>/checkpoints step N`) every file; None for another source."""
+  import fnmatch  # pylint: disable=g-import-not-at-top
+  if os.path.isdir(source):
+    # os.path.isfile follows a cache snapshot's links to its blobs.
+    return source, sorted(
+        name for name in os.listdir(source)
+        if os.path.isfile(os.path.join(source, name))
+        and any(fnmatch.fnmatch(name, p) for p in HUB_FILES))
+  step = _STEP_SOURCE.fullmatch(source)
+  if not step:
+    return None
+  directory = os.path.join(step.group(1), step.group(2))
+  if not os.path.isdir(directory):
+    return None
+  files = []
+  for root, _, names in os.walk(directory):
+    files += [os.path.relpath(os.path.join(root, n), directory)
+              for n in names]
+  return directory, sorted(files)
+
+
+def _file_digest(path: str, digest) -> None:
+  """Adds to `digest` what `source_fingerprint` reads of the file `path`."""
+  size = os.path.getsize(path)
+  digest.update(f"{size}\0".encode())
+  with open(path, "rb") as f:
+    if size <= _WHOLE:
+      digest.update(_read_at(f, 0, size))
+      return
+    spans = None
+    if path.endswith(".safetensors"):
+      header = _read_at(f, 0, 8)
+      length = int.from_bytes(header, "little")
+      if length < size:
+        header += _read_at(f, 8, length)
+        digest.update(header)
+        try:
+          tensors = json.loads(header[8:])
+          spans = [(len(header) + v["data_offsets"][0],
+                    v["data_offsets"][1] - v["data_offsets"][0])
+                   for k, v in sorted(tensors.items())
+                   if k != "__metadata__"]
+        except (ValueError, TypeError, KeyError, IndexError):
+          spans = None  # not safetensors after all: read as any file
+    if spans is None:
+      stride = max(_BLOCK, (size - _BLOCK) // (_SPREAD - 1))
+      spans = [(start, _BLOCK) for start in range(0, size, stride)]
+    for start, length in spans:
+      if length <= 3 * _BLOCK:
+        digest.update(_read_at(f, start, length))
+      else:  # its first, middle and last blocks
+        for at in (start, start + (length - _BLOCK) // 2,
+                   start + length - _BLOCK):
+          digest.update(_read_at(f, at, _BLOCK))
+
+
+def source_fingerprint(source) -> Optional[str]:
+  """A digest of the files behind the weights `source` (`DiffusionLM
+  .source`: a Hugging Face directory's config, index, weights and
+  tokenizer, or every file of a workdir's step) that a moved or copied
+  checkpoint keeps: each file's name and size, a small file's bytes, and
+  of a large one its safetensors header and every tensor's first, middle
+  and last 4 KiB (a tensor of up to 12 KiB whole: norms, biases), or, not
+  safetensors, 256 blocks spread over it. A 7B model's 15 GB are read in
+  a few MB. Two checkpoints that differ only inside large tensors away
+  from those blocks look the same: every trained tensor differs in them;
+  a fine-tune that changed some rows alone of an embedding may not.
+  None when `source` names no local files (a Hub id's snapshot before its
+  weights, a missing path) or they cannot be read."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  if not isinstance(source, str):
+    return None
+  try:
+    found = _source_files(source)
+    if not found or not found[1]:
+      return None
+    directory, files = found
+    digest = hashlib.sha256(_FINGERPRINT_FORMAT.encode())
+    for name in files:
+      digest.update(os.fsencode(name) + b"\0")
+      _file_digest(os.path.join(directory, name), digest)
+  except OSError:
+    return None
+  return f"{_FINGERPRINT_FORMAT}:{digest.hexdigest()}"
 
 
 def newest_complete_step(path) -> Optional[int]:
