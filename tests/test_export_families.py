@@ -245,6 +245,44 @@ def test_gpt_to_nanogpt_takes_the_runs_optimizer_settings(gpt_run,
   assert recorded["beta2"] != 0.5 and recorded["grad_clip"] > 0
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_nanogpt_export_hands_torch_writable_arrays_a_leaf_at_a_time(
+    monkeypatch, tmp_path, scan):
+  """The embeddings, norms and biases (and their AdamW moments) reached
+  torch as read-only views of the JAX arrays, and torch warned (once a
+  process). With `consume` (trm.export's: its last use of the trees) each
+  leaf is copied to memory numpy owns and its JAX array deleted before the
+  next: the copies replace the arrays rather than doubling them."""
+  torch = pytest.importorskip("torch")
+  from trm.families.gpt import gpt_export  # pylint: disable=g-import-not-at-top
+  cfg = gpt.GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8,
+                      vocab_size=32, bias=True, scan_layers=scan)
+  params = nn.meta.unbox(gpt.GPT(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  adam = {"mu": jax.tree.map(lambda x: x * 0.5, params),
+          "nu": jax.tree.map(lambda x: x * x, params), "count": 7}
+  want = jax.tree.map(np.array, (params, adam["mu"], adam["nu"]))
+  given = []
+  real = torch.from_numpy
+  monkeypatch.setattr(torch, "from_numpy", lambda a: given.append(
+      a.flags.writeable) or real(a))
+  path = str(tmp_path / "ckpt.pt")
+  gpt_export.export_nanogpt(
+      params, cfg, path, 7, adam=adam, consume=True,
+      hyper=dict(learning_rate=1e-3, beta1=0.9, beta2=0.95,
+                 weight_decay=0.1))
+  assert given and all(given), given
+  trees = jax.tree.leaves((params, adam["mu"], adam["nu"]))
+  assert all(x.is_deleted() for x in trees)
+  read, _, extras = gpt_import.load_nanogpt_checkpoint(path, optimizer=True)
+  if scan:
+    read = gpt.stack_layers(read, cfg.n_layer)
+    extras["adam"] = {k: gpt.stack_layers(v, cfg.n_layer) if k != "count"
+                      else v for k, v in extras["adam"].items()}
+  jax.tree.map(np.testing.assert_array_equal,
+               (read, extras["adam"]["mu"], extras["adam"]["nu"]), want)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--format=torch"], "--format=torch: a gpt run is written as hf or "
      "nanogpt"),

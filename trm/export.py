@@ -560,7 +560,7 @@ def _gpt_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None,
     return (lambda out: gpt_export.export_nanogpt(
         params, cfg, os.path.join(out, gpt_export.NANOGPT_FILE), step,
         dataset=config.get("dataset"), adam=adam, hyper=hyper,
-        best_val_loss=best)), f"{checkpoint} step {step}"
+        best_val_loss=best, consume=True)), f"{checkpoint} step {step}"
   params, step = gpt_import.restore_run_params(checkpoint, cfg, ctx, step)
   source = f"{checkpoint} step {step}"
   return (lambda out: gpt_export.export_hf_gpt2(

@@ -61,15 +61,32 @@ def model_args(cfg: GPTConfig) -> dict:
               vocab_size=cfg.vocab_size, dropout=float(cfg.dropout))
 
 
+def _owned_whole(x) -> np.ndarray:
+  """`host_arrays.whole(x)` in memory numpy owns, writable, with the JAX
+  array `x` deleted once read. A JAX array's host value is a read-only
+  view (of its buffer, or a copy it caches), which torch warns of; copied
+  while the array lived on, every such tensor would be held twice."""
+  value = host_arrays.whole(x)
+  if not value.flags.writeable:
+    value = np.array(value)
+  if isinstance(x, jax.Array):
+    x.delete()
+  return value
+
+
 def _named_tensors(params, cfg: GPTConfig, torch_linear: bool,
-                   with_bias: bool, dtype=None) -> dict[str, np.ndarray]:
+                   with_bias: bool, dtype=None,
+                   consume: bool = False) -> dict[str, np.ndarray]:
   """{name without 'transformer.': numpy value} on process 0 ({} on the
-  others, after taking part in every gather)."""
+  others, after taking part in every gather). `consume`: the caller's
+  last use of `params`, whose arrays are deleted a leaf at a time as they
+  are read (`_owned_whole`), so that every value is writable."""
   check_exportable(cfg)
   # Gathered whole first (a collective, in the tree's order on every
   # process), then unstacked on the host: slicing an array that spans
   # processes is no eager operation.
-  params = jax.tree.map(host_arrays.whole, nn.meta.unbox(params))
+  params = jax.tree.map(_owned_whole if consume else host_arrays.whole,
+                        nn.meta.unbox(params))
   if jax.process_index() != 0:
     return {}
   if cfg.scan_layers:
@@ -133,12 +150,15 @@ def export_hf_gpt2(params, cfg: GPTConfig, directory: str,
 _NO_BEST_VAL_LOSS = 1e9
 
 
-def _adamw_state_dict(torch, adam: dict, cfg: GPTConfig, hyper: dict):
+def _adamw_state_dict(torch, adam: dict, cfg: GPTConfig, hyper: dict,
+                     consume: bool = False):
   """torch.optim.AdamW's state_dict for nanoGPT's configure_optimizers,
   its two parameter groups `gpt_layout.adamw_groups` (as
-  `gpt_import._adam_state` reads them back)."""
+  `gpt_import._adam_state` reads them back); `consume` as in
+  `_named_tensors`."""
   moments = {key: _named_tensors(adam[key], cfg, torch_linear=True,
-                                 with_bias=bool(cfg.bias), dtype=np.float32)
+                                 with_bias=bool(cfg.bias), dtype=np.float32,
+                                 consume=consume)
              for key in ("mu", "nu")}
   if jax.process_index() != 0:
     return None
@@ -165,7 +185,8 @@ def _adamw_state_dict(torch, adam: dict, cfg: GPTConfig, hyper: dict):
 def export_nanogpt(params, cfg: GPTConfig, path: str, iter_num: int,
                    dataset: str | None = None, adam: dict | None = None,
                    hyper: dict | None = None,
-                   best_val_loss: float | None = None) -> list[str]:
+                   best_val_loss: float | None = None,
+                   consume: bool = False) -> list[str]:
   """Writes nanoGPT's checkpoint dict to `path` with `torch.save` (needs
   torch): `model` (the state_dict, float32), `model_args`, `iter_num`,
   `best_val_loss` (1e9, nanoGPT's start, when the run recorded none) and,
@@ -174,13 +195,18 @@ def export_nanogpt(params, cfg: GPTConfig, path: str, iter_num: int,
   `gpt_import.restore_run_training` reads them) and `hyper` (the run's
   learning_rate, beta1, beta2, weight_decay) also `optimizer`, AdamW's
   state_dict: nanoGPT's train.py --init_from=resume then continues the run.
-  Returns the file written (none on processes other than 0)."""
+  `consume`: the caller's last use of `params` and `adam`, whose arrays are
+  then deleted as they are read, each copied alone into memory numpy owns:
+  torch gets writable arrays (not read-only views of JAX's, which it warns
+  of) for about one tensor more than the views. Returns the file written
+  (none on processes other than 0)."""
   tensors = _named_tensors(params, cfg, torch_linear=True,
-                           with_bias=bool(cfg.bias), dtype=np.float32)
+                           with_bias=bool(cfg.bias), dtype=np.float32,
+                           consume=consume)
   torch = (weights_io.import_torch(f"Writing nanoGPT's checkpoint {path}")
            if jax.process_index() == 0 else None)
   optimizer = (None if adam is None
-               else _adamw_state_dict(torch, adam, cfg, hyper))
+               else _adamw_state_dict(torch, adam, cfg, hyper, consume))
   if jax.process_index() != 0:
     return []
   state = collections.OrderedDict(
