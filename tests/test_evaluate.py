@@ -903,6 +903,49 @@ def test_a_fingerprint_reads_every_tensor_but_not_every_byte(monkeypatch,
   assert 0 < sum(read) < 100_000, sum(read)  # of 1.6 MB
 
 
+def test_a_fingerprint_never_waits_on_a_fifo_nor_reads_a_claimed_header(
+    monkeypatch, tmp_path):
+  """The fingerprint is read before the weights, from files a user names:
+  a FIFO in a workdir's step was opened and waited on forever; a
+  safetensors file whose header claims most of the file, or a tensor
+  whose offsets run backwards (`read(-1)`: to the end), was read whole
+  into memory."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  step = tmp_path / "run" / "checkpoints" / "3"
+  step.mkdir(parents=True)
+  (step / "meta").write_text("m")
+  os.mkfifo(step / "pipe")
+  found = []
+  reader = threading.Thread(target=lambda: found.append(
+      evaluate._expected_checkpoint(str(tmp_path / "run"), 3)), daemon=True)
+  reader.start()
+  reader.join(30)
+  assert not reader.is_alive(), "waited on the FIFO"
+  assert found[0]["checkpoint_fingerprint"]
+  monkeypatch.setattr(inference, "_MAX_HEADER", 2**20, raising=False)
+  size = 2 * 2**20
+  claims = tmp_path / "claims"
+  claims.mkdir()
+  with open(claims / "model.safetensors", "wb") as f:
+    f.write((size - 9).to_bytes(8, "little") + b"\0" * (size - 8))
+  backwards = tmp_path / "backwards"
+  backwards.mkdir()
+  header = json.dumps({"t": {"dtype": "F32", "shape": [1],
+                             "data_offsets": [100, 0]}}).encode()
+  with open(backwards / "model.safetensors", "wb") as f:
+    f.write(len(header).to_bytes(8, "little") + header
+            + b"\0" * (size - 8 - len(header)))
+  read = []
+  real_read = inference._read_at
+  monkeypatch.setattr(inference, "_read_at", lambda f, offset, size: (
+      read.append(size) or real_read(f, offset, size)))
+  for directory in (claims, backwards):
+    read.clear()
+    assert inference.source_fingerprint(str(directory))
+    assert 0 <= min(read) and max(read) <= 4096, (directory, max(read))
+
+
 def test_resume_loads_the_latest_step_it_compared(tmp_path):
   """--resume --step=latest compared the record with the newest complete
   step on disk, then the load chose 'latest' again: a step saved in

@@ -565,6 +565,9 @@ _BLOCK = 4096
 # evenly spaced.
 _SPREAD = 256
 _STEP_SOURCE = re.compile(r"(.*) step ([0-9]+)")
+# safetensors' own bound on a header (its MAX_HEADER_SIZE): a file that
+# claims more is no safetensors, and its claim is not read into memory.
+_MAX_HEADER = 100_000_000
 
 
 def _read_at(f, offset: int, size: int) -> bytes:
@@ -591,8 +594,9 @@ def _source_files(source: str) -> Optional[tuple[str, list[str]]]:
     return None
   files = []
   for root, _, names in os.walk(directory):
+    # Regular files alone: opening a FIFO put there would wait forever.
     files += [os.path.relpath(os.path.join(root, n), directory)
-              for n in names]
+              for n in names if os.path.isfile(os.path.join(root, n))]
   return directory, sorted(files)
 
 
@@ -608,7 +612,7 @@ def _file_digest(path: str, digest) -> None:
     if path.endswith(".safetensors"):
       header = _read_at(f, 0, 8)
       length = int.from_bytes(header, "little")
-      if length < size:
+      if length < min(size - 8, _MAX_HEADER):
         header += _read_at(f, 8, length)
         digest.update(header)
         try:
@@ -617,8 +621,15 @@ def _file_digest(path: str, digest) -> None:
                     v["data_offsets"][1] - v["data_offsets"][0])
                    for k, v in sorted(tensors.items())
                    if k != "__metadata__"]
-        except (ValueError, TypeError, KeyError, IndexError):
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
           spans = None  # not safetensors after all: read as any file
+        # Spans outside the file (or of negative length, which `read`
+        # takes as "to the end") are no safetensors either.
+        if spans and not all(
+            isinstance(start, int) and isinstance(length, int)
+            and len(header) <= start and 0 <= length <= size - start
+            for start, length in spans):
+          spans = None
     if spans is None:
       stride = max(_BLOCK, (size - _BLOCK) // (_SPREAD - 1))
       spans = [(start, _BLOCK) for start in range(0, size, stride)]
