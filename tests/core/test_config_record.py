@@ -616,3 +616,18 @@ def test_an_unreadable_history_is_one_line_naming_it(tmp_path):
   assert message.startswith(f"Cannot read {history} to add")
   assert message.endswith("move it away (a new history is then started) "
                           "and rerun.")
+
+
+def test_a_workdir_of_another_model_is_refused_by_its_name(tmp_path):
+  """A GPT run's workdir given a TRM config named config.model.scan_layers
+  (the first layout field that differed) and not the model; the model's
+  name is refused even with allow_config_change."""
+  record = json.loads(_gpt_config(False).to_json_best_effort())
+  (tmp_path / config_record.RECORD).write_text(json.dumps(record))
+  config = tiny_config()
+  with config.unlocked():
+    config.allow_config_change = True
+  with pytest.raises(config_record.ConfigChangedError,
+                     match=r"another model: config\.model\.name: 'gpt' -> "
+                     f"{config.model.name!r}"):
+    config_record.check(config, tmp_path, step=2)

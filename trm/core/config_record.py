@@ -355,6 +355,18 @@ def check(config, workpath: epath.Path, step: int | None) -> dict:
     return {}
   record_path = record_path[0].upper() + record_path[1:]  # a sentence's start
   diff = changes(recorded, json.loads(config.to_json_best_effort()))
+  # Another family's fields differ by the dozen; listing them (scan_layers
+  # first) hid the one that matters, and allow_config_change let a restore
+  # of another model's tree through. DiffuCoder's oldest records lack it.
+  families_differ = diff.get("model.name")
+  if families_differ and families_differ[0] is not None:
+    raise ConfigChangedError(
+        f"Resuming {workpath} from step {step} with another model: "
+        f"config.model.name: {families_differ[0]!r} -> "
+        f"{families_differ[1]!r}. {record_path} records a "
+        f"{families_differ[0]!r} run, whose checkpoints no other model can "
+        "restore (not even with --config.allow_config_change=True). Use "
+        "another --workdir, or that model's config file.")
   refused = {k: v for k, v in diff.items()
              if not _harmless(k, *v, config)
              and not _added_and_unused(k, *v, config)}
