@@ -23,7 +23,8 @@ def test_jsonl_pairs_and_errors(tmp_path):
 
 
 @pytest.mark.parametrize("record, message", [
-    ({"prompt": None, "response": "r"}, r'"prompt" must be a string, got null'),
+    ({"prompt": None, "response": "r"},
+     r'"prompt" must be a string, got null\.'),
     ({"prompt": "p", "response": ["a", "b"]},
      r'"response" must be a string, got an array \["a", "b"\]'),
     ({"prompt": "p", "response": 3}, r'"response" must be a string, got a '
@@ -433,7 +434,8 @@ def test_messages_rows_split_as_dllm_splits_them(tmp_path):
 def test_bad_messages_name_the_line(tmp_path, messages, message):
   from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match=r"sft.jsonl:2: \"messages\" must be a "
-                     r"list of .*ending with the assistant's response.*"
+                     r'list of \{"role": \.\.\., "content": \.\.\.\} objects '
+                     r"\(roles .*ending with the assistant's response.*"
                      + message):
     _conversation_rows(tmp_path, [{"prompt": "p", "response": "r"},
                                   {"messages": messages}],

@@ -26,7 +26,7 @@ from absl import logging
 from trm.data import io as data_io
 
 
-_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number",
+_JSON_TYPES = {bool: "a boolean", int: "a number",
                float: "a number", list: "an array", dict: "an object"}
 
 
@@ -44,7 +44,7 @@ def conversation_pair(messages, where: str):
   assistant turns) is the prompt, never masked. `where` names the record
   ("sft.jsonl:3") in errors."""
   fix = (f"{where}: \"{MESSAGES}\" must be a list of {{\"role\": ..., "
-         "\"content\": ...}} objects (roles system, user, assistant) "
+         "\"content\": ...} objects (roles system, user, assistant) "
          "ending with the assistant's response")
   if not isinstance(messages, list) or not messages:
     raise ValueError(f"{fix}, got {json.dumps(messages)[:40]}.")
@@ -111,11 +111,13 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
     # Strings only: str() would turn null into "None" and a list into its
     # repr, and train on that.
     for key in (prompt_key, response_key):
-      if not isinstance(record[key], str):
-        raise ValueError(
-            f"{path}:{line_number}: \"{key}\" must be a string, got "
-            f"{_JSON_TYPES.get(type(record[key]), 'a value')} "
-            f"{json.dumps(record[key])[:40]}.")
+      value = record[key]
+      if not isinstance(value, str):
+        shown = json.dumps(value)[:40]
+        if value is not None:  # null names itself ("got null null")
+          shown = f"{_JSON_TYPES.get(type(value), 'a value')} {shown}"
+        raise ValueError(f"{path}:{line_number}: \"{key}\" must be a "
+                         f"string, got {shown}.")
     pairs.append((record[prompt_key], record[response_key]))
     if line_numbers is not None:
       line_numbers.append(line_number)
