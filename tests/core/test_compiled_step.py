@@ -332,3 +332,21 @@ def test_a_payload_whose_inputs_are_not_its_headers_is_one_line(saved,
   assert "\n" not in message and repr(path) in message, message
   assert f"{len(infos) - 1} argument infos" in message, message
   assert header["environment"]["platform"] == "cpu"
+
+
+def test_every_changed_config_field_is_named():
+  """Only the first changed field (sorted) was named, with 'and N more':
+  a builder's data.build.num_test hid the global_batch_size the user
+  changed."""
+  def header(config):
+    return {"environment": {}, "mesh": {"axes": {}, "device_ids": []},
+            "code_sha256": "c",
+            "config": config, "config_sha256": json.dumps(config)}
+  built = header({"data.build.num_test": 1000, "global_batch_size": 8})
+  run = header({"data.build.num_test": 50, "global_batch_size": 16})
+  run["environment"] = built["environment"] = dict.fromkeys((
+      "platform", "device_kind", "jax", "jaxlib", "libtpu", "num_devices",
+      "num_processes", "num_slices", "chip_grid"))
+  assert compiled_step._difference(built, run) == (  # pylint: disable=protected-access
+      "config.data.build.num_test: built for 1000, this run has 50 (also "
+      "config.global_batch_size)")

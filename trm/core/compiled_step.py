@@ -357,8 +357,11 @@ def _difference(built: dict, run: dict) -> str | None:
                      if fields_b.get(k, absent) != fields_r.get(k, absent))
     if changed:
       key = changed[0]
-      more = (f" (and {len(changed) - 1} more field(s))" if len(changed) > 1
-              else "")
+      # By name: the first in sorted order is often not the one the user
+      # changed (a builder's data.build.num_test before global_batch_size).
+      others = [f"config.{k}" for k in changed[1:6]]
+      more = (f" (also {', '.join(others)}"
+              f"{', ...' if len(changed) > 6 else ''})" if others else "")
       return (f"config.{key}: built for "
               f"{_short(fields_b.get(key, absent))}, this run has "
               f"{_short(fields_r.get(key, absent))}{more}")
