@@ -510,3 +510,17 @@ def test_eval_batches_in_order_and_split_by_process():
                                 max_batches=1)) == 1
   with pytest.raises(ValueError, match="cannot fill one eval batch"):
     sft.SFTEvalBatches(tokens, maskable, global_batch_size=11)
+
+
+def test_one_key_for_prompt_and_response_is_refused(tmp_path):
+  """prompt_key == response_key trained each row on its prompt copied as
+  its response, without a word."""
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "sft.jsonl"
+  path.write_text(json.dumps({"prompt": "a", "response": "b"}) + "\n")
+  data = ml_collections.ConfigDict(dict(
+      source="files", format="jsonl", path=str(path), prompt_key="response",
+      response_key="response", chat=False))
+  with pytest.raises(ValueError, match=r"config\.data\.prompt_key and "
+                     r"config\.data\.response_key are both 'response'"):
+    sft.read_rows(data, tok_lib.ByteTokenizer(mask_id=500), 16)

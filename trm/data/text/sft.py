@@ -536,6 +536,12 @@ def read_rows(data_config, tokenizer, seq_len: int, path_key: str = "path",
     from trm.data.text import tfds_source  # pylint: disable=g-import-not-at-top
     path = f"tfds:{data_config.tfds.name}/{data_config.tfds[split_key]}"
   if data_config.format == "jsonl":
+    if data_config.prompt_key == data_config.response_key:
+      # Each row would train on its prompt copied as its response.
+      raise ValueError(
+          f"config.data.prompt_key and config.data.response_key are both "
+          f"{data_config.prompt_key!r}: name the prompt's field and the "
+          "response's, two different ones.")
     if tfds:
       pairs = [tuple(row) for row in tfds_source.texts(
           data_config.tfds, split_key,
