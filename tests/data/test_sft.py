@@ -524,3 +524,11 @@ def test_one_key_for_prompt_and_response_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r"config\.data\.prompt_key and "
                      r"config\.data\.response_key are both 'response'"):
     sft.read_rows(data, tok_lib.ByteTokenizer(mask_id=500), 16)
+
+
+def test_a_directory_for_a_jsonl_file_is_not_called_missing(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"is not a regular file \(a "
+                     r"directory.*set config\.data\.eval_path to a JSONL"):
+    sft.read_jsonl_pairs(str(tmp_path), what="data.eval_path")
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    sft.read_jsonl_pairs(str(tmp_path / "absent.jsonl"))

@@ -75,7 +75,11 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
   (blank lines are skipped, so the pairs' indices are not their lines)."""
   pairs = []
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} does not exist: set config.{what} to a "
+    # A directory or FIFO exists: "does not exist" sent users looking for
+    # a typo.
+    state = ("is not a regular file (a directory, FIFO or device)"
+             if os.path.exists(path) else "does not exist")
+    raise FileNotFoundError(f"{path} {state}: set config.{what} to a "
                             "JSONL file of prompt/response pairs.")
   # A byte-order mark (Windows editors, PowerShell) is no part of line 1,
   # as for the other text files read here (`data_io.split_lines`).
