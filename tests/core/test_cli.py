@@ -27,9 +27,14 @@ def _main(*args, timeout=300):
                         timeout=timeout)
 
 
-def test_a_missing_config_file_is_named_before_jax(tmp_path):
+@pytest.mark.parametrize("overrides", [
+    (),
+    # An override made ml_collections read the missing file: an OSError
+    # traceback.
+    ("--config.total_steps=1",)])
+def test_a_missing_config_file_is_named_before_jax(tmp_path, overrides):
   result = _main("--config=configs/nope.py", f"--workdir={tmp_path}",
-                 timeout=60)
+                 *overrides, timeout=60)
   assert result.returncode == 2
   assert ("trm.main: error: --config=configs/nope.py: no such config file"
           in result.stderr)

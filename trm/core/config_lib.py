@@ -412,8 +412,11 @@ def parse_flags(argv):
     message = (_unknown_flag_message(e, flags.FLAGS)
                or _config_file_error(str(e)))
   except Exception as e:  # pylint: disable=broad-except
-    message = (_config_override_error(e, argv, flags.FLAGS)
-               if isinstance(e, (AttributeError, KeyError)) else None)
+    # A --config.KEY override reads the missing file first: ml_collections'
+    # OSError is then the traceback, unless the file is named here.
+    message = _missing_config_file(argv) or (
+        _config_override_error(e, argv, flags.FLAGS)
+        if isinstance(e, (AttributeError, KeyError)) else None)
     if message is None:
       message = _config_load_error(e, argv)
     from trm.core import cli  # pylint: disable=g-import-not-at-top
