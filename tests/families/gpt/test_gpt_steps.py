@@ -76,6 +76,22 @@ def test_schedule_edges_nanogpt_runs_are_run(caplog):
                                                   rel=1e-5)
 
 
+@pytest.mark.parametrize("dataset", ["", " ", ".", "a/..", "../x",
+                                     "/tmp/x", "a/../../x"])
+def test_a_dataset_outside_data_root_is_refused(dataset):
+  """data_root/<dataset> is where prepared files are written: an empty
+  name wrote them into data_root itself, '../x' outside it."""
+  from trm.families.gpt import task as gpt_task  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"config\.dataset=.* must name a "
+                     r"directory inside config\.data_root"):
+    gpt_task.check_config(_config(dataset=dataset))
+
+
+def test_a_nested_dataset_name_is_taken():
+  from trm.families.gpt import task as gpt_task  # pylint: disable=g-import-not-at-top
+  gpt_task.check_config(_config(dataset="owt/gpt2"))
+
+
 def test_weight_decay_only_on_matrices():
   params = {"wte": {"embedding": jnp.ones((5, 4))},
             "ln_f": {"scale": jnp.ones(4), "bias": jnp.zeros(4)},

@@ -74,6 +74,17 @@ def check_config(config) -> None:
   if config.data.source not in SOURCES:
     raise ValueError(f"config.data.source={config.data.source!r} must be one "
                      f"of {list(SOURCES)}.")
+  dataset = config.dataset
+  if (not isinstance(dataset, str) or not dataset.strip()
+      or os.path.isabs(dataset)
+      or ".." in dataset.replace("\\", "/").split("/")
+      or os.path.normpath(dataset) == "."):
+    # data_root/<dataset> is where the prepared files are written: empty
+    # or "." wrote them into data_root itself, "../x" outside it.
+    raise ValueError(
+        f"config.dataset={dataset!r} must name a directory inside "
+        f"config.data_root ({config.data_root!r}), such as "
+        "'shakespeare_char': not empty, not absolute, no '..'.")
   if config.init_from not in INIT_FROM:
     raise ValueError(f"config.init_from={config.init_from!r} must be one of "
                      f"{list(INIT_FROM)}.")
