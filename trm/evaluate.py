@@ -659,24 +659,22 @@ def evaluate_code(config, checkpoint: str):
   generation = dict(
       benchmark=benchmark, task_ids=task_ids, shots=len(shots),
       num_samples=_NUM_SAMPLES.value, seed=_SAMPLER["seed"].value,
-      batch_size=_SAMPLER["batch_size"].value, chat=chat,
-      **_expected_checkpoint(checkpoint, step), sampler=settings)
+      batch_size=_SAMPLER["batch_size"].value, chat=chat)
   if _RESUME.value:
     # Before the weights load: the settings and, where known before they
     # are read, the checkpoint (compared again once they are). Process 0
     # alone reads --output; every process takes part.
+    early = dict(generation, **_expected_checkpoint(checkpoint, step),
+                 sampler=settings)
     distributed.run_on_process_0(
-        lambda: os.path.exists(output) and _check_generation(output,
-                                                             generation),
+        lambda: os.path.exists(output) and _check_generation(output, early),
         f"starting --output={output}")
   lm = generate_cli.load_model(
       checkpoint, _SAMPLER, config, step,
       before_hub_weights=_recorded_commit_check(
           output, _generation_path(output), "generation", checkpoint))
-  generation.pop("checkpoint", None)
-  generation.pop(FINGERPRINT, None)
-  sampler = generation.pop("sampler")  # recorded last, as before
-  generation.update(_checkpoint_record(lm.source), sampler=sampler)
+  # The checkpoint's fields, then the sampler's (recorded last, as before).
+  generation.update(_checkpoint_record(lm.source), sampler=settings)
   # On a pod every process generates every batch; process 0 alone reads
   # and writes --output, prints, and runs the samples.
   first = jax.process_index() == 0
