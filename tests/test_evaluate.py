@@ -393,6 +393,27 @@ def test_an_existing_output_is_refused_before_anything_loads(
   assert open(before).read().startswith("{")  # untouched
 
 
+@pytest.mark.parametrize("beside, what", [
+    ("p_summary.json", "summary"),
+    ("p_generation.json", "generation settings")])
+def test_a_file_written_beside_the_samples_spares_the_inputs(
+    beside, what, tmp_path, evaluate_cli):
+  """`--output=p.jsonl --benchmark_path=p_summary.json`: the summary
+  beside the samples is removed before the first batch, and the problems
+  file went with it (session 77); likewise the generation settings."""
+  problems = _earlier_file(tmp_path / beside, json.dumps(
+      {"task_id": 1, "text": "x", "code": "y", "test_list": ["z"]}) + "\n")
+  line = _refusal(evaluate_cli, [
+      "--config=configs/diffucoder_7b.py:tiny", "--benchmark=mbpp",
+      f"--benchmark_path={problems}", f"--output={tmp_path / 'p.jsonl'}",
+      "--checkpoint=/nonexistent"])
+  assert line == (
+      f"trm.evaluate: error: --output={tmp_path / 'p.jsonl'}: its {what} "
+      f"file {problems} is --benchmark_path={problems}: writing the {what} "
+      "would replace it; pass another --output."), line
+  assert os.path.isfile(problems)
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--benchmark=humaneval", "--config=configs/diffucoder_7b.py:tiny",
       "--checkpoint=/nonexistent", "--resume", "--overwrite"],

@@ -480,3 +480,98 @@ def test_a_nanogpt_export_of_another_optimizers_run_is_refused(tmp_path):
     export.check_nanogpt_optimizer(str(workdir), config)
   config.optimizer = "adamw"
   export.check_nanogpt_optimizer(str(workdir), config)
+
+
+# Session 77: an --out that holds or lies in what the export reads. With
+# --overwrite the export is swapped in for the whole of --out, so the
+# --config file in it, or a folder of the --tokenizer download it lies in,
+# was deleted (`--config=A/diffucoder_7b.py:tiny --out=A --overwrite` left A
+# holding only the export).
+
+
+def test_cli_keeps_the_config_file_of_an_out_it_was_asked_to_overwrite(
+    tmp_path, export_cli):
+  workdir = _workdir(tmp_path)
+  folder = tmp_path / "mine"
+  folder.mkdir()
+  config = folder / "diffucoder_7b.py"
+  with open(os.path.join(repo.ROOT, "configs", "diffucoder_7b.py")) as f:
+    config.write_text(f.read())
+  result = export_cli.run(
+      [f"--config={config}:tiny", f"--checkpoint={workdir}",
+       f"--out={folder}", "--overwrite"],
+      cwd=repo.ROOT, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1 and f"holds --config={config}" in errors[0], (
+      result.stderr[-3000:])
+  assert config.is_file()
+
+
+@pytest.mark.parametrize("out", ["mine", "mine/..", "link_to_mine"])
+def test_an_out_holding_the_config_file_is_refused(tmp_path, out):
+  """Through `..` and links too (paths are compared resolved)."""
+  (tmp_path / "mine").mkdir()
+  config = tmp_path / "mine" / "gpt.py"
+  config.write_text("")
+  os.symlink(tmp_path / "mine", tmp_path / "link_to_mine")
+  with pytest.raises(app.UsageError, match=f"holds --config={config}"):
+    export.check_out_dir(str(tmp_path / out), None, True, "/nonexistent/run",
+                         config=str(config))
+  export.check_out_dir(str(tmp_path / "hf"), None, True, "/nonexistent/run",
+                       config=str(config))
+
+
+def test_cli_keeps_the_tokenizer_folder_an_out_in_it_would_replace(
+    tmp_path, export_cli):
+  """`--out=DOWNLOAD/original --overwrite --tokenizer=DOWNLOAD` deleted the
+  download's original/ weights (exported, then swapped in for them)."""
+  workdir = _workdir(tmp_path)
+  source = write_tokenizer(str(tmp_path / "source"))
+  (tmp_path / "source" / "original").mkdir()
+  (tmp_path / "source" / "original" / "consolidated.pth").write_text("w")
+  error = _export_error(export_cli, workdir,
+                        f"--out={tmp_path / 'source' / 'original'}",
+                        "--overwrite", f"--tokenizer={source}")
+  assert f"lies in --tokenizer={source}" in error
+  assert (tmp_path / "source" / "original" / "consolidated.pth").exists()
+
+
+@pytest.mark.parametrize("out", ["source/original", "source/hf",
+                                 "link/original", "source/x/../hf"])
+def test_an_out_in_the_tokenizer_folder_is_refused(tmp_path, out):
+  """The tokenizer folder (a Hugging Face download) is a source: no export
+  goes into it, new or replacing, however the path is spelled."""
+  source = write_tokenizer(str(tmp_path / "source"))
+  (tmp_path / "source" / "original").mkdir()
+  (tmp_path / "source" / "original" / "consolidated.pth").write_text("w")
+  os.symlink(source, tmp_path / "link")
+  with pytest.raises(app.UsageError, match=f"lies in --tokenizer={source}"):
+    export.check_out_dir(str(tmp_path / out), source, True, "/nonexistent")
+  export.check_out_dir(str(tmp_path / "hf"), source, True, "/nonexistent")
+
+
+def test_an_existing_folder_of_the_run_is_replaced_only_if_an_export(
+    tmp_path):
+  """An --out in the --checkpoint workdir: a new folder, an empty one or an
+  earlier export (its weights file, no subfolders) may be written; any
+  other folder there holds the run's files (its logs, evaluations), which
+  the swap deleted."""
+  workdir = _workdir(tmp_path)
+  (workdir / "logs" / "train").mkdir(parents=True)
+  (workdir / "logs" / "train" / "events").write_text("x")
+  (workdir / "notes").mkdir()
+  (workdir / "notes" / "todo.txt").write_text("x")
+  for out in ("logs", "notes"):
+    with pytest.raises(app.UsageError,
+                       match=f"is a folder of --checkpoint={workdir}"):
+      export.check_out_dir(str(workdir / out), None, True, str(workdir))
+  for out, files in (("hf", ("config.json", "model.safetensors")),
+                     ("nanogpt", ("ckpt.pt",)), ("upstream",
+                                                 ("step_5", "all_config.yaml")),
+                     ("empty", ()), ("new", None)):
+    if files is not None:
+      (workdir / out).mkdir()
+      for name in files:
+        (workdir / out / name).write_text("x")
+    export.check_out_dir(str(workdir / out), None, True, str(workdir))

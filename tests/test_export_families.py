@@ -404,6 +404,12 @@ def test_an_out_over_the_runs_dataset_is_refused(trm_run):
   export.check_out_spares_data(os.path.join(data, "export"), config,
                                str(root / "run"))
   assert os.path.isdir(os.path.join(data, "train"))
+  # Session 77: one of its folders was replaced (`--out=DATA/train
+  # --overwrite` left the split holding step_5 and all_config.yaml).
+  with pytest.raises(app.UsageError, match=(
+      f"is a folder of the run's dataset {data} .*Export to a new")):
+    export.check_out_spares_data(os.path.join(data, "train"), config,
+                                 str(root / "run"))
 
 
 def test_trm_export_without_its_dataset_names_the_flag(trm_run, export_cli):

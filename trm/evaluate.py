@@ -258,8 +258,14 @@ def code_settings():
     output = check_output_file(
         os.path.join(cli.check_output_dir(_OUTPUT_DIR.value),
                      f"{_BENCHMARK.value}_samples.jsonl"), "--output_dir")
-  check_not_an_input(output, _inputs(
-      {"--benchmark_path": _BENCHMARK_PATH.value}))
+  inputs = _inputs({"--benchmark_path": _BENCHMARK_PATH.value})
+  check_not_an_input(output, inputs)
+  # Removed before the first batch and rewritten: --output=p.jsonl with
+  # --benchmark_path=p_summary.json deleted the problems.
+  _check_file_beside(_summary_path(output), output, inputs, "summary",
+                     "samples_file")
+  _check_file_beside(_generation_path(output), output, inputs,
+                     "generation settings", "task_ids")
   score_path = _SCORE_ONLY.value
   if not (score_path is not None and os.path.exists(output)
           and os.path.samefile(output, score_path)):
@@ -822,8 +828,16 @@ def _check_settings_file(path: str, output: str, inputs: dict) -> None:
   --loglikelihood=x_settings.json --output=x.jsonl it was the requests file;
   inside the --checkpoint directory it may only be an earlier settings
   file."""
+  _check_file_beside(path, output, inputs, "settings", "nll_type")
+
+
+def _check_file_beside(path: str, output: str, inputs: dict, what: str,
+                       key: str) -> None:
+  """The `what` file `path`, which a run writes (or removes) beside
+  `output`, is no input ({flag: path}); inside an input directory it may
+  only be an earlier one (a JSON object holding `key`)."""
   if os.path.isdir(path):
-    raise ValueError(f"--output={output}: its settings file {path} is a "
+    raise ValueError(f"--output={output}: its {what} file {path} is a "
                      "directory; pass another --output.")
   if not os.path.isfile(path):
     return
@@ -831,25 +845,25 @@ def _check_settings_file(path: str, output: str, inputs: dict) -> None:
     if not given or "://" in given:
       continue
     if os.path.isfile(given) and os.path.samefile(path, given):
-      raise ValueError(f"--output={output}: its settings file {path} is "
-                       f"{flag}={given}: writing the settings would replace "
+      raise ValueError(f"--output={output}: its {what} file {path} is "
+                       f"{flag}={given}: writing the {what} would replace "
                        "it; pass another --output.")
     if (os.path.isdir(given) and cli.within(path, given)
-        and not _is_loglikelihood_settings(path)):
-      raise ValueError(f"--output={output}: its settings file {path} is a "
-                       f"file of {flag}={given}: writing the settings would "
+        and not _json_object_with(path, key)):
+      raise ValueError(f"--output={output}: its {what} file {path} is a "
+                       f"file of {flag}={given}: writing the {what} would "
                        "replace it; pass another --output.")
 
 
-def _is_loglikelihood_settings(path: str) -> bool:
-  """Whether `path` is a settings file an earlier --loglikelihood run wrote
-  (a JSON object with its nll_type)."""
+def _json_object_with(path: str, key: str) -> bool:
+  """Whether `path` is a JSON object holding `key` (a file an earlier run
+  wrote: --loglikelihood's settings hold nll_type)."""
   try:
     with open(path, encoding="utf-8") as f:
       record = json.loads(f.read(1 << 20))
   except (OSError, ValueError, RecursionError):
     return False
-  return isinstance(record, dict) and "nll_type" in record
+  return isinstance(record, dict) and key in record
 
 
 def evaluate_loglikelihood(config, checkpoint: str):

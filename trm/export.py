@@ -36,6 +36,7 @@ trm.main; process 0 writes.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import glob
 import os
 import re
@@ -175,21 +176,76 @@ def check_local_sources(checkpoint: str | None,
     weights_io.check_local(tokenizer, "--tokenizer", "tokenizer files are")
 
 
+# What an export writes its weights to (hf: model.safetensors or its
+# shards; nanogpt: ckpt.pt; TRM's torch format: step_<N>): a folder holding
+# one, and no subfolder, is an earlier export, which --overwrite replaces.
+EXPORT_WEIGHTS = ("model*.safetensors", "ckpt.pt", "step_*")
+
+
+def is_earlier_export(path: str) -> bool:
+  """Whether the folder `path` is empty or looks like an earlier export
+  (files only, one of them an EXPORT_WEIGHTS name)."""
+  try:
+    names = os.listdir(path)
+  except OSError:
+    return False
+  if any(os.path.isdir(os.path.join(path, name)) for name in names):
+    return False
+  return not names or any(fnmatch.fnmatch(name, pattern)
+                          for name in names for pattern in EXPORT_WEIGHTS)
+
+
+def check_out_spares_folder(out: str, folder: str, named: str) -> None:
+  """--out in `folder` (an input, `named` in the error) may be a new folder,
+  an empty one or an earlier export; any other would be replaced as a
+  whole, deleting files of the input (a split of the dataset, a run's
+  logs)."""
+  target = resolve_out(out)
+  if (os.path.isdir(target) and cli.within(target, folder)
+      and not cli.within(folder, target) and not is_earlier_export(target)):
+    raise app.UsageError(
+        f"--out={out} is a folder of {named} that holds no earlier export "
+        "(no model*.safetensors, ckpt.pt or step_N): the export would "
+        "replace it and delete its files. Export to a new directory.")
+
+
+def _holds_tokenizer(source: str) -> bool:
+  from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  return os.path.isdir(source) and tok_lib.has_tokenizer(source)
+
+
 def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
-                  checkpoint: str | None = None) -> None:
+                  checkpoint: str | None = None,
+                  config: str | None = None) -> None:
   """Refuses, before anything is read or written, an --out that would mix
-  with other files or destroy the tokenizer source or the checkpoint."""
+  with other files or destroy an input: the --config file, the tokenizer
+  source or the checkpoint (paths compared resolved: links, `..`)."""
   if not out:  # resolve_out would make it "/", and the export went there
     raise app.UsageError("--out is empty; pass the directory to export to.")
   if "://" in out:
     raise app.UsageError(f"--out={out}: export to a local directory, then "
                          "copy it (an object store cannot swap a directory "
                          "in atomically).")
+  # --overwrite swaps --out in as a whole: a --config file in it was gone.
+  if config and "://" not in config and cli.within(config, out):
+    raise app.UsageError(
+        f"--out={out} holds --config={config}, which the export reads: "
+        "replacing --out would delete it. Export to a new directory, or "
+        "keep the config file elsewhere.")
   if tokenizer and cli.within(tokenizer, out):
     raise app.UsageError(
         f"--out={out} equals or contains --tokenizer={tokenizer}: the "
         "export would replace the files it copies. Export to a new "
         "directory.")
+  # The tokenizer's folder is a source (a Hugging Face download): no export
+  # goes into it, new or replacing one of its folders (original/ weights).
+  # A folder without a tokenizer is refused as such (check_tokenizer_dir).
+  if (tokenizer and "://" not in tokenizer and cli.within(out, tokenizer)
+      and _holds_tokenizer(tokenizer)):
+    raise app.UsageError(
+        f"--out={out} lies in --tokenizer={tokenizer}, the download the "
+        "export copies from: it would write into (or, with --overwrite, "
+        "replace a folder of) it. Export to a new directory outside it.")
   # --overwrite swaps --out in as a whole: the run's checkpoints would go.
   # Its checkpoints/ may be a link to another disk: where it leads counts.
   checkpoints = os.path.join(checkpoint or "", "checkpoints")
@@ -201,6 +257,8 @@ def check_out_dir(out: str, tokenizer: str | None, overwrite: bool,
         "checkpoints/ (where a link leads), or lies in them: the export "
         "would replace the checkpoints it reads. Export to a directory "
         "outside them.")
+  if checkpoint:
+    check_out_spares_folder(out, checkpoint, f"--checkpoint={checkpoint}")
   # The swap renames --out, which fails for the process's own directory
   # ("Device or resource busy: '.'") after every weight was written.
   if cli.within(os.getcwd(), resolve_out(out)):
@@ -253,6 +311,7 @@ def check_out_spares_data(out: str, config, workdir: str) -> None:
         f"--out={out} equals or contains the run's dataset {data_dir}, "
         "which the export reads and its all_config.yaml names: the export "
         "would replace it. Export to a directory outside it.")
+  check_out_spares_folder(out, data_dir, f"the run's dataset {data_dir}")
 
 
 def resolve_out(out: str) -> str:
@@ -598,6 +657,13 @@ def _trm_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None,
 _WRITERS = {"dream": _dream_writer, "gpt": _gpt_writer, "trm": _trm_writer}
 
 
+def config_file() -> str:
+  """--config's file ('configs/gpt.py:shakespeare_char': its argument
+  dropped)."""
+  return config_flags.get_config_filename(flags.FLAGS["config"]).split(
+      ":", 1)[0]
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -610,7 +676,7 @@ def main(argv):
     for line in recover_interrupted(resolve_out(out_flag)):
       print(f"trm.export: warning: {line}", file=sys.stderr)
   check_out_dir(out_flag, _TOKENIZER.value, _OVERWRITE.value,
-                _CHECKPOINT.value)
+                _CHECKPOINT.value, config_file())
   if _TOKENIZER.value:
     check_tokenizer_dir(_TOKENIZER.value)
   if not os.path.isdir(os.path.join(_CHECKPOINT.value, "checkpoints")):
