@@ -374,3 +374,36 @@ def test_a_handed_workdirs_config_json_is_read_safely(tmp_path, kind):
                        match=r"config\.json is no config record: its JSON is "
                              "nested deeper"):
       config_record.read_file(epath.Path(path))
+
+
+@pytest.mark.parametrize("reader, body, shown", [
+    ("sft", '{"prompt": "p", "response": "r"}\n'
+     '{"prompt": "p", "response": "r", "prompt": "q"}\n',
+     r"rows\.jsonl:2: key \"prompt\""),
+    ("sft", '{"messages": [{"role": "user", "content": "a", "content": "b"},'
+     ' {"role": "assistant", "content": "c"}]}\n',
+     r"rows\.jsonl:1: key \"content\""),
+    ("loglikelihood", '{"context": "a", "continuation": "b", "context": "c"}'
+     "\n", r"--loglikelihood=\S*rows\.jsonl line 1: key \"context\""),
+    ("benchmark", '{"task_id": "t", "prompt": "p", "task_id": "u"}\n',
+     r"--benchmark_path=\S*rows\.jsonl line 1: key \"task_id\""),
+])
+def test_a_jsonl_row_with_a_repeated_key_is_refused(tmp_path, reader, body,
+                                                     shown):
+  """Python's json keeps a repeated key's last value without a word: an
+  SFT row trained on it, a request or problem was read from it. Each
+  reader of users' JSONL files names the file, the line and the key."""
+  from trm.data.text import sft  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import code_eval  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import likelihood  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / "rows.jsonl")
+  with open(path, "w") as f:
+    f.write(body)
+  read = {"sft": sft.read_jsonl_pairs,
+          "loglikelihood": likelihood.read_numbered_requests,
+          "benchmark": lambda p: code_eval._read_jsonl(  # pylint: disable=protected-access
+              p, "--benchmark_path")}[reader]
+  with pytest.raises(ValueError, match=shown + r" appears twice in one "
+                     r"object \(Python's json would keep the last value "
+                     r"without a word\); remove one of them\.$"):
+    read(path)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import numpy as np
@@ -63,6 +64,43 @@ def read_utf8(path: str, fix: str = "") -> str:
   check_regular_file(path, fix)
   with open(path, "rb") as f:
     return decode_utf8(f.read(), path, fix)
+
+
+class RepeatedKey(ValueError):
+  """A JSON object holding one key twice (`json_record`); `key` is it."""
+
+  def __init__(self, key: str):
+    shown = json.dumps(key)
+    if len(shown) > 60:
+      shown = shown[:56] + '..."'
+    super().__init__(f"key {shown} appears twice in one object (Python's "
+                     "json would keep the last value without a word); "
+                     "remove one of them")
+    self.key = key
+
+
+def _refuse_repeated_keys(pairs):
+  record = dict(pairs)
+  if len(record) != len(pairs):
+    seen = set()
+    for key, _ in pairs:
+      if key in seen:
+        raise RepeatedKey(key)
+      seen.add(key)
+  return record
+
+
+_RECORD_DECODER = json.JSONDecoder(object_pairs_hook=_refuse_repeated_keys)
+
+
+def json_record(line: str):
+  """json.loads(line) for a line of a user's JSONL file, but an object
+  (at any depth) holding a key twice raises `RepeatedKey` (json.loads
+  keeps the last value without a word, and a run trained on it). One
+  decoder for every line (json.loads with a hook builds one a call)."""
+  if line.startswith("\ufeff"):
+    return json.loads(line)  # json's own "Unexpected UTF-8 BOM" error
+  return _RECORD_DECODER.decode(line)
 
 
 def split_lines(text: str) -> list[str]:

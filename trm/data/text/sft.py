@@ -89,9 +89,11 @@ def read_jsonl_pairs(path: str, prompt_key: str = "prompt",
     if not line.strip():
       continue
     try:
-      record = json.loads(line)
+      record = data_io.json_record(line)
     except json.JSONDecodeError as e:
       raise ValueError(f"{path}:{line_number}: not valid JSON ({e}).") from e
+    except data_io.RepeatedKey as e:
+      raise ValueError(f"{path}:{line_number}: {e}.") from None
     except (RecursionError, ValueError) as e:
       # Nesting past Python's recursion limit (a RecursionError's
       # traceback), an integer of 4300+ digits (a line naming no file).

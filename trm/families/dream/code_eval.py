@@ -42,6 +42,7 @@ import zlib
 from typing import Container, Iterable, Optional, Sequence
 
 from trm.core import cli
+from trm.data import io as data_io
 from trm.families.dream import code_exec
 from trm.data.text import tokenizer as tok_lib
 
@@ -104,12 +105,14 @@ def _read_jsonl(path: str, flag: str, *, interrupted: bool = False
         if not line.strip():
           continue
         try:
-          row = json.loads(line)
+          row = data_io.json_record(line)
         except json.JSONDecodeError as e:
           if interrupted and not line.endswith("\n"):
             break
           raise ValueError(f"{flag}={path} line {number}: not JSON ({e.msg})."
                            " One problem per line is expected.") from None
+        except data_io.RepeatedKey as e:  # json would keep the last value
+          raise ValueError(f"{flag}={path} line {number}: {e}.") from None
         except (RecursionError, ValueError) as e:  # nesting, 4300+ digit ints
           raise ValueError(f"{flag}={path} line {number}: no problem or "
                            f"sample ({type(e).__name__}: {str(e)[:120]}); "

@@ -345,7 +345,9 @@ def read_numbered_requests(path: str, flag: str = "--loglikelihood"
     if not line.strip():
       continue
     try:
-      record = json.loads(line)
+      record = data_io.json_record(line)
+    except data_io.RepeatedKey as e:  # json would keep the last value
+      raise ValueError(f"{flag}={path} line {number}: {e}.") from None
     except (ValueError, RecursionError) as e:  # nesting, 4300+ digit ints
       raise ValueError(f"{flag}={path} line {number}: not JSON ({e}); it "
                        f"holds {shape}.") from None
