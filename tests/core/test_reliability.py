@@ -500,6 +500,154 @@ def test_a_full_workdir_is_named_and_the_probe_not_left(tmp_path,
   assert os.listdir(tmp_path / "run") == []
 
 
+def _modes_binding(tmp_path):
+  """A command prefix under which a file's mode binds the process: none for
+  a user other than root; for root (whom `chmod a-w` does not stop), setpriv
+  taking away the capabilities that override modes (`setpriv
+  --reuid=nobody` would need the interpreter readable by nobody: a pyenv
+  under /root is not). Skips the test where neither binds."""
+  prefix = [] if os.geteuid() else [
+      "setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+  probe = tmp_path / "modes_probe"
+  probe.mkdir(mode=0o555)
+  try:
+    done = subprocess.run(
+        prefix + [sys.executable, "-c",
+                  "import sys; open(sys.argv[1] + '/x', 'w')", str(probe)],
+        capture_output=True, text=True, timeout=60)
+  except OSError as e:  # no setpriv
+    pytest.skip(f"as root, a read-only directory needs setpriv: {e}")
+  finally:
+    probe.chmod(0o755)
+  if "PermissionError" not in done.stderr:
+    pytest.skip("no read-only directory here: " + (
+        "root, and `setpriv --bounding-set=-dac_override,...` "
+        + ("still wrote into one" if done.returncode == 0 else
+           f"failed: {done.stderr.strip()[-200:]}") if prefix
+        else "a non-root user wrote into a directory of mode 555"))
+  return prefix
+
+
+def _set_writable(root, writable: bool) -> None:
+  """chmod -R u+w (`writable`) or a-w."""
+  for folder, _, files in os.walk(root):
+    for path in [folder] + [os.path.join(folder, f) for f in files]:
+      mode = os.stat(path).st_mode & 0o7777
+      os.chmod(path, mode | 0o200 if writable else mode & ~0o222)
+
+
+def _tree_digest(root) -> dict:
+  """{relative path: sha256 of a file, or None for a directory}."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  out = {}
+  for folder, dirs, files in os.walk(root):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(folder, name), root)] = None
+    for name in files:
+      with open(os.path.join(folder, name), "rb") as f:
+        out[os.path.relpath(os.path.join(folder, name), root)] = (
+            hashlib.sha256(f.read()).hexdigest())
+  return out
+
+
+def test_a_read_only_workdir_is_one_line_before_the_compile_and_kept(
+    tmp_path, data_dir, caplog, monkeypatch):
+  """A run stopped after its step-6 checkpoint, its workdir made read-only
+  (`chmod -R a-w`) and resumed by `python -m trm.main` as a user the modes
+  bind: one line naming the workdir, before the compile, every file as it
+  was; made writable again, it resumes. (Untested before session 77: the
+  sessions run as root, whom the modes do not stop.)"""
+  prefix = _modes_binding(tmp_path)
+  workdir = str(tmp_path / "run")
+  # test_corrupt_newest_checkpoint_falls_back_and_matches's run, so its
+  # program: both compiles here are hits in the session's cache. Stopped
+  # as test_train's crash test stops it: at the batch of step 7.
+  config = tiny_config(**{"data.data_dir": data_dir, **ONE_AXIS})
+  real_to_global, calls = pipeline.to_global, [0]
+
+  def crash_at_step_7(batch, shardings):
+    calls[0] += 1
+    if calls[0] == 7:
+      raise RuntimeError("stopped")
+    return real_to_global(batch, shardings)
+
+  monkeypatch.setattr(pipeline, "to_global", crash_at_step_7)
+  with pytest.raises(RuntimeError, match="stopped"):
+    train.train_and_evaluate(config, workdir, families.build_task)
+  monkeypatch.setattr(pipeline, "to_global", real_to_global)
+  assert _steps_on_disk(workdir) == [6]
+  before = _tree_digest(workdir)
+  _set_writable(workdir, False)
+  try:
+    done = subprocess.run(
+        prefix + [sys.executable, "-m", "trm.main",
+                  "--config=configs/trm_sudoku.py:cpu",
+                  f"--workdir={workdir}"] + _cli_flags(config),
+        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True, text=True, timeout=300)
+    after = _tree_digest(workdir)
+  finally:
+    _set_writable(workdir, True)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert "Traceback" not in done.stderr, done.stderr[-3000:]
+  errors = [line for line in done.stderr.splitlines() if "error:" in line]
+  assert errors == [
+      f"trm.main: error: Cannot write to the workdir {workdir!r} "
+      "(PermissionError: [Errno 13] Permission denied: "
+      f"'{workdir}/.write_test.0'); checkpoints, metrics and config.json go "
+      "there. Make it writable or pass another --workdir."], errors
+  assert "compiled in" not in done.stderr  # refused before the compile
+  assert after == before
+  with caplog.at_level(logging.INFO):
+    resumed, _ = train.train_and_evaluate(config, workdir,
+                                          families.build_task)
+  assert "Training from step 6 to 12." in caplog.text
+  assert int(resumed.step) == 12
+
+
+def test_read_only_checkpoints_metrics_or_output_dir_are_refused_at_once(
+    tmp_path):
+  """checkpoints/ or metrics.jsonl read-only in a writable workdir: the run
+  compiled and trained to its first save, then said "Free space" with the
+  MiB free; the metrics were a bare "[Errno 13] Permission denied". A
+  read-only --output_dir (trm.evaluate, the puzzle builders) in a writable
+  one: the same bare line, naming a temporary file, after the work."""
+  prefix = _modes_binding(tmp_path)
+  checkpoints, metrics = tmp_path / "a", tmp_path / "b"
+  output = tmp_path / "out"
+  output.mkdir(mode=0o555)
+  for workdir in (checkpoints, metrics):
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "metrics.jsonl").write_text('{"step": 1}\n')
+  (checkpoints / "checkpoints").chmod(0o555)
+  (metrics / "metrics.jsonl").chmod(0o444)
+  script = ("import sys\nfrom trm.core import run_checks\n"
+            "for workdir in sys.argv[1:]:\n"
+            "  try:\n    run_checks.check_workdir(workdir)\n"
+            "  except run_checks.WorkdirError as e:\n    print(e)\n"
+            "from trm.core import cli\n"
+            f"try:\n  cli.check_output_dir({str(output)!r})\n"
+            "except ValueError as e:\n  print(e)\n")
+  done = subprocess.run(
+      prefix + [sys.executable, "-c", script, str(checkpoints), str(metrics)],
+      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      capture_output=True, text=True, timeout=120)
+  (checkpoints / "checkpoints").chmod(0o755)
+  output.chmod(0o755)
+  assert done.stdout.splitlines() == [
+      f"Cannot write to {checkpoints}/checkpoints (PermissionError: [Errno "
+      f"13] Permission denied: '{checkpoints}/checkpoints/.write_test.0'); "
+      "this run saves its checkpoints there. Make it writable or pass "
+      "another --workdir.",
+      f"Cannot append to {metrics}/metrics.jsonl (PermissionError: [Errno "
+      f"13] Permission denied: '{metrics}/metrics.jsonl'); this run adds "
+      "its metrics to it. Make it writable to resume there, set "
+      "config.metrics_jsonl=False, or pass another --workdir.",
+      f"--output_dir={output}: the directory is not writable; make it "
+      "writable or pass another --output_dir."
+  ], done.stdout + done.stderr[-2000:]
+
+
 def test_a_checkpoints_path_that_is_a_file_fails_before_the_data(tmp_path):
   (tmp_path / "checkpoints").write_text("x")
 

@@ -396,11 +396,19 @@ def _save_error(manager, error: Exception) -> CheckpointError:
     cause = f"{type(error).__name__}: {cause}"
   if not removed:  # it starts the sentence
     last = last[0].upper() + last[1:]
+  # Made read-only during the run (`check_workdir` refuses one at the
+  # start): "Free space" and the free MiB misled.
+  denied = isinstance(error, PermissionError) or any(
+      text in cause for text in ("Permission denied",
+                                 "Read-only file system"))
   return CheckpointError(
-      f"Writing a checkpoint to {manager.directory} failed ({cause}){free}. "
+      f"Writing a checkpoint to {manager.directory} failed ({cause})"
+      f"{'' if denied else free}. "
       + (f"Removed the partial save ({', '.join(removed)}); " if removed
-         else "") + f"{last}. Free space (or fix the cause) and rerun to "
-      "resume.")
+         else "") + f"{last}. "
+      + (f"Make {manager.directory} writable" if denied
+         else "Free space (or fix the cause)")
+      + " and rerun to resume.")
 
 
 def check_async_errors(manager: ocp.CheckpointManager) -> None:

@@ -469,6 +469,11 @@ def check_output_dir(path: str, flag: str = "--output_dir") -> str:
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f"{flag}={path}: is a file; a directory is expected.")
   check_writable_ancestor(path, flag)
+  # Written into, not replaced: read-only, the outputs failed after the
+  # work, a bare "[Errno 13] Permission denied" naming a temporary file.
+  if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"{flag}={path}: the directory is not writable; make "
+                     f"it writable or pass another {flag}.")
   return path
 
 

@@ -482,9 +482,41 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
   if config is not None:
     check_eval_only(config, workdir)
     check_no_checkpoints_to_ignore(config, workdir)
+  _write_probe(path, f"the workdir {workdir!r}",
+               "checkpoints, metrics and config.json go there", mkdir=True)
+  # What a resumed run writes into, not beside: read-only (a copied run, a
+  # `chmod -R a-w` undone at the top only), a new checkpoint failed at the
+  # first save, after the compile and the steps before it, and the
+  # metrics were a bare "[Errno 13] Permission denied".
+  if checkpoints.is_dir() and not (config is not None
+                                  and config.get("eval_only", False)):
+    _write_probe(checkpoints, str(checkpoints),
+                 "this run saves its checkpoints there")
+  metrics = os.path.join(workdir, metrics_lib.JSONL_NAME)
+  if ("://" not in workdir and os.path.isfile(metrics)
+      and (config is None or config.get("metrics_jsonl", True))
+      and jax.process_index() == 0):
+    try:
+      open(metrics, "a", encoding="utf-8").close()  # appends nothing
+    except OSError as e:
+      raise WorkdirError(
+          f"Cannot append to {metrics} ({type(e).__name__}: {e}); this run "
+          "adds its metrics to it. Make it writable to resume there, set "
+          "config.metrics_jsonl=False, or pass another --workdir.") from e
+  return path
+
+
+def _write_probe(path: epath.Path, named: str, why: str,
+                 mkdir: bool = False) -> None:
+  """Writes and removes a file in `path` (each process its own), or raises
+  a `WorkdirError` naming it (`named`), saying why it must be writable
+  (`why`) and what to do."""
   probe = path / f".write_test.{jax.process_index()}"
+  existed = False
   try:
-    path.mkdir(parents=True, exist_ok=True)
+    existed = path.is_dir()  # EACCES on a parent raises
+    if mkdir:
+      path.mkdir(parents=True, exist_ok=True)
     probe.write_text("ok")
     probe.unlink()
   except Exception as e:  # pylint: disable=broad-except
@@ -494,8 +526,7 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
       pass
     full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
     raise WorkdirError(
-        f"Cannot write to the workdir {workdir!r} ({type(e).__name__}: {e}); "
-        "checkpoints, metrics and config.json go there. "
+        f"Cannot write to {named} ({type(e).__name__}: {e}); {why}. "
         + ("Free space there or pass another --workdir." if full else
+           "Make it writable or pass another --workdir." if existed else
            "Pass a writable --workdir.")) from e
-  return path
