@@ -387,6 +387,32 @@ def test_fsdp_weights_are_all_gathered_on_a_v4_128_torus():
   assert "all-gather" in kinds, kinds
 
 
+def test_heads_the_model_axis_does_not_divide_are_named_before_compiling(
+    monkeypatch, caplog):
+  """trm.aot logs the trainer's line (trm.families.warn_if_heads_unsplit)
+  once the program is built, before the step compiles."""
+  config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                  "shakespeare_char")
+  config.update(dict(n_layer=2, n_head=2, n_embd=64, block_size=32,
+                     batch_size=8, gradient_accumulation_steps=2))
+  config.mesh.update(data=1, fsdp=1, model=4)
+  config.model.vocab_size = 65
+
+  def no_compile(*args):
+    del args
+    def compile_step():
+      raise RuntimeError("compiled")
+    return compile_step
+
+  monkeypatch.setattr(aot, "_step_compiler", no_compile)
+  aot.families._warn_once.cache_clear()  # pylint: disable=protected-access
+  with caplog.at_level("WARNING"), pytest.raises(RuntimeError,
+                                                 match="compiled"):
+    aot.compile_report(config, aot.parse_topology("v4-8"), 1)
+  assert caplog.text.count(
+      "config.model.n_head=2 is not a multiple of config.mesh.model=4") == 1
+
+
 @pytest.mark.parametrize("head_gather", ["param", "compute"])
 def test_gpt_lm_head_gathers_the_table_as_configured_for_v4_8(
     head_gather, monkeypatch):

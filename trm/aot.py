@@ -68,6 +68,7 @@ import time
 from absl import app, flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags
 
+from trm import families  # (imports no family until one is named)
 from trm.core.topology import (Topology, parse_topology, roofline, step_cost,
                                topology_devices)
 
@@ -121,8 +122,9 @@ def _train_step_builder(config, ctx, shapes, topology_name: str = ""):
   function that saves a compiled step for `--config.compiled_step`,
   function giving the train state's GiB per chip), from the family's
   program builder: the trainer's own model, state and step."""
-  from trm import families  # pylint: disable=g-import-not-at-top
   program = families.program(config.model.name).build(config, ctx, shapes)
+  # The trainer's line, after the family's own refusals (Dream's weights).
+  families.warn_if_heads_unsplit(config, ctx)
 
   def compile_twin():
     return _step_compiler(program.cost_twin(), ctx, config)()
@@ -137,7 +139,6 @@ def _train_step_builder(config, ctx, shapes, topology_name: str = ""):
 
 def _sampler_family(config):
   """The program module of a family that has a sampler to compile."""
-  from trm import families  # pylint: disable=g-import-not-at-top
   family = families.program(config.model.name)
   if not hasattr(family, "build_sampler"):
     raise ValueError(f"--mode=sample: model family {config.model.name!r} "
@@ -220,6 +221,7 @@ def compile_report(config, topology: Topology, num_slices: int,
     if sample.batch is None:
       sample = dataclasses.replace(sample, batch=ways)
     compile_step, flops = family.build_sampler(config, ctx, sample)
+    families.warn_if_heads_unsplit(config, ctx)
     seconds = flops / half_peak
     report.update({
         "sample_batch": sample.batch,
@@ -401,7 +403,6 @@ def data_shapes(config, overrides: dict):
   """The family's data shapes without reading the data (its program
   module's `data_shapes`); None for families whose sizes are all in the
   config. `overrides`: --seq_len, --vocab_size, --num_puzzle_identifiers."""
-  from trm import families  # pylint: disable=g-import-not-at-top
   family = families.program(config.model.name)
   shapes = (family.data_shapes(config, overrides)
             if hasattr(family, "data_shapes") else None)

@@ -561,3 +561,40 @@ def test_parameters_left_whole_on_a_weight_splitting_mesh_are_warned(caplog):
         9000 / 8125 - 1)
   assert "Each device holds 10.8% more" in caplog.text and "['table']" in (
       caplog.text)
+
+
+def test_heads_the_model_axis_does_not_divide_are_one_named_line():
+  """Two heads on model=8 trained with only the replicated-weights warning
+  and XLA's rematerialization lines: none named the heads or the mesh
+  field. Cross-slice factors and the rules' other axes are named too."""
+  mesh = _mesh(data=1, fsdp=1, model=8)
+  line = mesh_lib.unsplit_heads({"n_head": 2}, mesh, RULES)
+  assert line.startswith(
+      "config.model.n_head=2 is not a multiple of config.mesh.model=8, over "
+      "which config.logical_axis_rules split the attention heads "
+      "('activation_heads' -> model): XLA pads the 2 heads to 8 (6 of "
+      "padding)")
+  assert line.endswith("Use a mesh.model that divides n_head (1, 2), or map "
+                       "'activation_heads' to None.")
+  assert "\n" not in line
+  # Heads the split divides, and rules that keep the heads whole: no line.
+  assert mesh_lib.unsplit_heads({"n_head": 16}, mesh, RULES) is None
+  whole = tuple((n, None if n == "activation_heads" else a) for n, a in RULES)
+  assert mesh_lib.unsplit_heads({"n_head": 2}, mesh, whole) is None
+  # model=4 within each of 2 slices: the split is 8, named as the config
+  # sets it.
+  config = config_lib.mesh_config(data=1, fsdp=1, model=4)
+  config.dcn_model = 2
+  line = mesh_lib.unsplit_heads({"num_heads": 12}, mesh_lib.make_mesh(config),
+                                RULES, config)
+  assert line.startswith("config.model.num_heads=12 is not a multiple of "
+                         "config.mesh.model=4 x config.mesh.dcn_model=2")
+  assert "pads the 12 heads to 16 (4 of padding)" in line
+  assert "Use mesh.model, mesh.dcn_model whose product divides num_heads " \
+      "(1, 2, 3, 4, 6)" in line
+  # Heads split over fsdp and model (an override): both sizes named.
+  both = tuple((n, ("fsdp", "model") if n == "activation_heads" else a)
+               for n, a in RULES)
+  line = mesh_lib.unsplit_heads({"num_attention_heads": 6},
+                                _mesh(data=2, fsdp=2, model=2), both)
+  assert "not a multiple of config.mesh.fsdp=2 x config.mesh.model=2" in line

@@ -108,6 +108,28 @@ def test_forecast_rows_have_the_documented_keys(tiny_rows):
   json.dumps(rows, default=float)   # --forecast_json can write them
 
 
+def test_heads_the_model_axis_does_not_divide_are_named_before_compiling(
+    monkeypatch, caplog):
+  """A row on a mesh.model wider than the heads: the trainer's one line
+  (`trm.families.warn_if_heads_unsplit`), before the row compiles."""
+  from trm import families  # pylint: disable=g-import-not-at-top
+  from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
+
+  def no_compile(*args):
+    del args
+    raise RuntimeError("compiled")
+
+  config = tiny_gpt()
+  config.mesh.update(fsdp=1, model=4)
+  monkeypatch.setattr(task_lib, "compile_train_step", no_compile)
+  families._warn_once.cache_clear()  # pylint: disable=protected-access
+  with caplog.at_level("WARNING"), pytest.raises(RuntimeError,
+                                                 match="compiled"):
+    plan.compile_row(config, V4_8, 1, None, 8)
+  assert caplog.text.count(
+      "config.model.n_head=2 is not a multiple of config.mesh.model=4") == 1
+
+
 def test_a_given_dcn_latency_replaces_the_fitted_one():
   """`--dcn_step_us`: each cross-slice ring step of the compiled program
   costs the given latency (2 steps per all-reduce over 2 slices), and the

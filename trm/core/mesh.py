@@ -361,6 +361,53 @@ def warn_if_params_replicated(params, mesh: Mesh) -> float:
   return excess
 
 
+# The logical axis of the heads dimension of every family's attention
+# activations ([batch, length, heads, head_dim]). The weights' 'heads' axis
+# is the heads x head_dim width in GPT and TRM, which a mesh axis can divide
+# where the head count does not.
+ACTIVATION_HEADS = "activation_heads"
+
+
+def unsplit_heads(heads: dict[str, int], mesh: Mesh, rules,
+                  mesh_config=None) -> str | None:
+  """The line saying which of `heads` ({config.model field: head count},
+  the family's `attention_heads`) the mesh axes that the rules split
+  'activation_heads' over do not divide, or None. `mesh_config`
+  (config.mesh) names a cross-slice factor (dcn_model) where there is one."""
+  axes = axes_of(nn.logical_to_mesh_axes((ACTIVATION_HEADS,), rules)[0])
+  ways = math.prod(mesh.shape[a] for a in axes)
+  bad = {field: count for field, count in heads.items() if count % ways}
+  if not bad:
+    return None
+  sizes = []  # (field, value) of each mesh size in the split
+  for axis in axes:
+    dcn = int(mesh_config.get(f"dcn_{axis}", 1)) if mesh_config else 1
+    sizes.append((f"mesh.{axis}", mesh.shape[axis] // dcn))
+    if dcn > 1:
+      sizes.append((f"mesh.dcn_{axis}", dcn))
+  split = " x ".join(f"config.{f}={n}" for f, n in sizes)
+  use = (f"a {sizes[0][0]} that" if len(sizes) == 1 else
+         f"{', '.join(f for f, _ in sizes)} whose product")
+  fits = math.gcd(*heads.values())
+  divisors = ", ".join(str(d) for d in range(1, min(fits, mesh.size) + 1)
+                       if fits % d == 0)
+  count = next(iter(bad.values()))
+  slots = ways * -(-count // ways)
+  # Not refused: GSPMD pads the uneven split and the step computes the
+  # same numbers (a run trains); only the attention's work is not divided.
+  return (
+      f"{', '.join(f'config.model.{f}={n}' for f, n in bad.items())} "
+      f"{'is' if len(bad) == 1 else 'are'} not a multiple of {split}, over "
+      "which config.logical_axis_rules split the attention heads "
+      f"('{ACTIVATION_HEADS}' -> {' x '.join(axes)}): XLA pads the {count} "
+      f"heads to {slots} ({slots - count} of padding) and moves the "
+      "attention's activations in and out of that split (its 'Involuntary "
+      "full rematerialization' lines); the run trains correctly, but that "
+      f"split does not divide the attention's work. Use {use} divides "
+      f"{', '.join(heads)} ({divisors}), or map '{ACTIVATION_HEADS}' to "
+      "None.")
+
+
 def constrain(x, names: Sequence[str | None]):
   """Activation sharding hint by logical names (no-op outside a mesh)."""
   return nn.with_logical_constraint(x, tuple(names))

@@ -54,6 +54,7 @@ from trm.core import task as task_lib
 from trm.core import wandb_writer
 from trm.core import workdir_lock
 from trm.core import pipeline
+from trm import families
 from trm.data import atomic_files
 
 
@@ -322,7 +323,11 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
 
   # ---------------------------------------------------------------- shard
   abstract, state_shardings = state_lib.abstract_state(program.init_fn, ctx)
-  if is_main:  # MaxText's assert_params_sufficiently_sharded, as a warning
+  if is_main:
+    # The cause first: heads the model axis does not divide are what the
+    # replicated-weights warning and XLA's rematerialization lines follow.
+    families.warn_if_heads_unsplit(config, ctx)
+    # MaxText's assert_params_sufficiently_sharded, as a warning
     mesh_lib.warn_if_params_replicated(getattr(abstract, "params", abstract),
                                        mesh)
   # Before anything compiles (even the initialiser): a file built for other

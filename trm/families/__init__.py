@@ -6,8 +6,11 @@ shapes=None) -> Program`, plus `DISPLAY_NAME` and `owns_state(paths)`) and
 `trm/core/task.py`. Optional hooks: in program.py, `data_shapes(config,
 overrides)` (shapes for `trm.aot` without reading data) and
 `check_sample_settings` / `build_sampler(config, ctx, settings)` (`trm.aot
---mode=sample`), and `SIZE_FIELDS` (the config fields that set the tensor
-shapes, named when a checkpoint's shapes differ); in task.py,
+--mode=sample`), `SIZE_FIELDS` (the config fields that set the tensor
+shapes, named when a checkpoint's shapes differ) and
+`attention_heads(model_config)` ({config.model field: head count} of the
+heads its attention splits as 'activation_heads'; `warn_if_heads_unsplit`);
+in task.py,
 `load_eval_state` (`trm.evaluate`), `check_config(config)` (the family's
 own fields, checked before the mesh or any data is built) and
 `COUNTS_EPOCHS = True` (its build derives config.total_steps from
@@ -18,8 +21,11 @@ Packages are imported only when asked for, so naming a family costs nothing.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from types import ModuleType
+
+from absl import logging
 
 _FAMILIES = {
     "trm": "trm.families.trm",      # Tiny Recursive Model on puzzles
@@ -74,6 +80,36 @@ def check_config(config) -> None:
   check = getattr(task(config.model.name), "check_config", None)
   if check is not None:
     check(config)
+
+
+def unsplit_heads(config, ctx) -> str | None:
+  """The line `trm.core.mesh.unsplit_heads` gives for the family's attention
+  heads (its program's `attention_heads`) on `ctx`'s mesh and rules, or
+  None (also for a family without the hook)."""
+  heads = getattr(program(config.model.name), "attention_heads", None)
+  if heads is None:
+    return None
+  from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  return mesh_lib.unsplit_heads(heads(config.model), ctx.mesh, ctx.rules,
+                                config.mesh)
+
+
+def warn_if_heads_unsplit(config, ctx) -> str | None:
+  """Logs `unsplit_heads`'s line, once a process, and returns it: `trm.main`
+  after the task has adopted a checkpoint's shapes, `trm.aot` (one
+  compile per slice count, --forecast's rows) after the family's program,
+  whose own refusals (Dream's replicated weights) come first. Before it a
+  mesh.model wider than the heads said only what XLA and the
+  replicated-weights warning say, neither naming the heads."""
+  message = unsplit_heads(config, ctx)
+  if message:
+    _warn_once(message)
+  return message
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+  logging.warning("%s", message)
 
 
 def build_task(config, workdir: str, ctx):

@@ -121,6 +121,7 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
   row, ctx = row_context(config, topology, slices, global_batch, mesh)
   ctx.check_batch_size(row.global_batch_size)
   program = families.program(row.model.name).build(row, ctx, shapes)
+  families.warn_if_heads_unsplit(row, ctx)
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   start = time.time()
   base = dict(slices=slices, chips=ctx.mesh.devices.size,

@@ -45,6 +45,13 @@ def check_config(config) -> None:
   sft.check_source(config.data)
 
 
+def attention_heads(model_config) -> dict[str, int]:
+  """The query heads, split as 'activation_heads'
+  (`trm.families.warn_if_heads_unsplit`); the weights' 'heads' and
+  'kv_heads' splits are refused by `check_heads_fit`."""
+  return {"num_attention_heads": int(model_config.num_attention_heads)}
+
+
 def _split_ways(ctx, name: str) -> tuple[tuple[str, ...], int]:
   """(mesh axes the rules split logical axis `name` over, how many ways)."""
   axes = mesh_lib.axes_of(nn.logical_to_mesh_axes((name,), ctx.rules)[0])

@@ -58,6 +58,12 @@ def data_shapes(config, overrides: dict) -> dict:
   return {"vocab_size": vocab}
 
 
+def attention_heads(model_config) -> dict[str, int]:
+  """The heads `trm.families.warn_if_heads_unsplit` checks against the
+  mesh (q, k and v alike)."""
+  return {"n_head": int(model_config.n_head)}
+
+
 def check_config(config) -> None:
   """config.model's fields and the loss's, before any weights are read or
   data prepared (`build` checks the model again with the vocabulary the

@@ -38,6 +38,14 @@ def batch_spec(seq_len: int) -> dict:
           "puzzle_identifiers": BatchField((), np.int32, (mesh_lib.BATCH,))}
 
 
+def attention_heads(model_config) -> dict[str, int]:
+  """The heads `trm.families.warn_if_heads_unsplit` checks against the
+  mesh (keys and values have as many); an MLP-t model has no attention."""
+  if model_config.get("mlp_t", False):
+    return {}
+  return {"num_heads": int(model_config.num_heads)}
+
+
 def make_model(model_config, shapes, unroll_loops: bool = False):
   kwargs = config_lib.model_kwargs(model_config, trm_model.TRMConfig, "trm")
   if unroll_loops:
