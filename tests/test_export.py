@@ -554,9 +554,9 @@ def test_an_out_in_the_tokenizer_folder_is_refused(tmp_path, out):
 def test_an_existing_folder_of_the_run_is_replaced_only_if_an_export(
     tmp_path):
   """An --out in the --checkpoint workdir: a new folder, an empty one or an
-  earlier export (its weights file, no subfolders) may be written; any
-  other folder there holds the run's files (its logs, evaluations), which
-  the swap deleted."""
+  earlier export (its weights file, no subfolders but a hidden cache) may
+  be written; any other folder there holds the run's files (its logs,
+  evaluations), which the swap deleted."""
   workdir = _workdir(tmp_path)
   (workdir / "logs" / "train").mkdir(parents=True)
   (workdir / "logs" / "train" / "events").write_text("x")
@@ -569,9 +569,12 @@ def test_an_existing_folder_of_the_run_is_replaced_only_if_an_export(
   for out, files in (("hf", ("config.json", "model.safetensors")),
                      ("nanogpt", ("ckpt.pt",)), ("upstream",
                                                  ("step_5", "all_config.yaml")),
+                     ("uploaded", ("model.safetensors",
+                                   ".cache/huggingface/upload/x")),
                      ("empty", ()), ("new", None)):
     if files is not None:
       (workdir / out).mkdir()
       for name in files:
+        (workdir / out / name).parent.mkdir(parents=True, exist_ok=True)
         (workdir / out / name).write_text("x")
     export.check_out_dir(str(workdir / out), None, True, str(workdir))

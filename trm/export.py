@@ -184,12 +184,16 @@ EXPORT_WEIGHTS = ("model*.safetensors", "ckpt.pt", "step_*")
 
 def is_earlier_export(path: str) -> bool:
   """Whether the folder `path` is empty or looks like an earlier export
-  (files only, one of them an EXPORT_WEIGHTS name)."""
+  (files only, hidden folders aside, one of them an EXPORT_WEIGHTS
+  name)."""
   try:
     names = os.listdir(path)
   except OSError:
     return False
-  if any(os.path.isdir(os.path.join(path, name)) for name in names):
+  # A hidden folder is a tool's cache beside the export (huggingface_hub's
+  # .cache/ after an upload or a local_dir download), not the run's files.
+  if any(os.path.isdir(os.path.join(path, name)) and not name.startswith(".")
+         for name in names):
     return False
   return not names or any(fnmatch.fnmatch(name, pattern)
                           for name in names for pattern in EXPORT_WEIGHTS)
