@@ -554,15 +554,25 @@ def test_an_out_in_the_tokenizer_folder_is_refused(tmp_path, out):
 def test_an_existing_folder_of_the_run_is_replaced_only_if_an_export(
     tmp_path):
   """An --out in the --checkpoint workdir: a new folder, an empty one or an
-  earlier export (its weights file, no subfolders but a hidden cache) may
-  be written; any other folder there holds the run's files (its logs,
+  earlier export (its weights file, whatever was added beside it) may be
+  written; any other folder there holds the run's files (its logs,
   evaluations), which the swap deleted."""
   workdir = _workdir(tmp_path)
   (workdir / "logs" / "train").mkdir(parents=True)
   (workdir / "logs" / "train" / "events").write_text("x")
   (workdir / "notes").mkdir()
   (workdir / "notes" / "todo.txt").write_text("x")
-  for out in ("logs", "notes"):
+  # Files named like an export's but not one (an evaluation's step_N.json,
+  # a step_N/ folder), and the run's folder on another disk through a link
+  # in the workdir (at it or on the way to it).
+  (workdir / "evals" / "step_7").mkdir(parents=True)
+  (workdir / "evals" / "step_5.json").write_text("x")
+  (tmp_path / "disk2" / "logs" / "a").mkdir(parents=True)
+  (tmp_path / "disk2" / "logs" / "a" / "events").write_text("x")
+  os.symlink(tmp_path / "disk2" / "logs", workdir / "linked_logs")
+  os.symlink(tmp_path / "disk2", workdir / "disk2")
+  for out in ("logs", "notes", "evals", "linked_logs", "disk2/logs",
+              "linked_logs/a"):
     with pytest.raises(app.UsageError,
                        match=f"is a folder of --checkpoint={workdir}"):
       export.check_out_dir(str(workdir / out), None, True, str(workdir))
@@ -571,6 +581,11 @@ def test_an_existing_folder_of_the_run_is_replaced_only_if_an_export(
                                                  ("step_5", "all_config.yaml")),
                      ("uploaded", ("model.safetensors",
                                    ".cache/huggingface/upload/x")),
+                     # Folders a user added to it (a conversion, the
+                     # download's original/): still an earlier export.
+                     ("converted", ("model-00001-of-00002.safetensors",
+                                    "README.md", "onnx/model.onnx",
+                                    "original/consolidated.00.pth")),
                      ("empty", ()), ("new", None)):
     if files is not None:
       (workdir / out).mkdir()

@@ -36,7 +36,6 @@ trm.main; process 0 writes.
 from __future__ import annotations
 
 import errno
-import fnmatch
 import glob
 import os
 import re
@@ -178,34 +177,45 @@ def check_local_sources(checkpoint: str | None,
 
 # What an export writes its weights to (hf: model.safetensors or its
 # shards; nanogpt: ckpt.pt; TRM's torch format: step_<N>): a folder holding
-# one, and no subfolder, is an earlier export, which --overwrite replaces.
-EXPORT_WEIGHTS = ("model*.safetensors", "ckpt.pt", "step_*")
+# one of these files is an earlier export, which --overwrite replaces.
+EXPORT_WEIGHTS = re.compile(r"model.*\.safetensors|ckpt\.pt|step_[0-9]+")
 
 
 def is_earlier_export(path: str) -> bool:
-  """Whether the folder `path` is empty or looks like an earlier export
-  (files only, hidden folders aside, one of them an EXPORT_WEIGHTS
-  name)."""
+  """Whether the folder `path` is empty or looks like an earlier export:
+  one of its files has an EXPORT_WEIGHTS name. What a user added to an
+  export (a README.md, an onnx/ conversion, a hub's .cache/) does not make
+  it the run's folder; a folder of the run (logs, evaluations, a dataset
+  split) holds no such file."""
   try:
     names = os.listdir(path)
   except OSError:
     return False
-  # A hidden folder is a tool's cache beside the export (huggingface_hub's
-  # .cache/ after an upload or a local_dir download), not the run's files.
-  if any(os.path.isdir(os.path.join(path, name)) and not name.startswith(".")
-         for name in names):
-    return False
-  return not names or any(fnmatch.fnmatch(name, pattern)
-                          for name in names for pattern in EXPORT_WEIGHTS)
+  return not names or any(
+      EXPORT_WEIGHTS.fullmatch(name)
+      and os.path.isfile(os.path.join(path, name)) for name in names)
+
+
+def _placed_within(out: str, folder: str) -> bool:
+  """Whether --out as spelled lies in `folder` (one of its ancestors is
+  there), wherever a link on the way leads: a link in the workdir to
+  another disk is still a folder of the run."""
+  path = os.path.abspath(out)
+  while os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+    if cli.within(path, folder):
+      return True
+  return False
 
 
 def check_out_spares_folder(out: str, folder: str, named: str) -> None:
   """--out in `folder` (an input, `named` in the error) may be a new folder,
   an empty one or an earlier export; any other would be replaced as a
   whole, deleting files of the input (a split of the dataset, a run's
-  logs)."""
+  logs). Through a link too (in `folder`, or leading into it)."""
   target = resolve_out(out)
-  if (os.path.isdir(target) and cli.within(target, folder)
+  if (os.path.isdir(target)
+      and (cli.within(target, folder) or _placed_within(out, folder))
       and not cli.within(folder, target) and not is_earlier_export(target)):
     raise app.UsageError(
         f"--out={out} is a folder of {named} that holds no earlier export "

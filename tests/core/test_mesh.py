@@ -590,11 +590,34 @@ def test_heads_the_model_axis_does_not_divide_are_one_named_line():
   assert line.startswith("config.model.num_heads=12 is not a multiple of "
                          "config.mesh.model=4 x config.mesh.dcn_model=2")
   assert "pads the 12 heads to 16 (4 of padding)" in line
+  # Only sizes a mesh of these 8 devices can take (3 and 6 divide the
+  # heads, not the devices).
   assert "Use mesh.model, mesh.dcn_model whose product divides num_heads " \
-      "(1, 2, 3, 4, 6)" in line
-  # Heads split over fsdp and model (an override): both sizes named.
-  both = tuple((n, ("fsdp", "model") if n == "activation_heads" else a)
-               for n, a in RULES)
+      "(1, 2, 4)" in line
+  # Heads split over fsdp and model (an override; the batch over data
+  # alone, as the default batch rule takes fsdp first): both sizes named.
+  both = tuple((n, {"activation_heads": ("fsdp", "model"),
+                    "activation_batch": "data"}.get(n, a)) for n, a in RULES)
   line = mesh_lib.unsplit_heads({"num_attention_heads": 6},
                                 _mesh(data=2, fsdp=2, model=2), both)
   assert "not a multiple of config.mesh.fsdp=2 x config.mesh.model=2" in line
+  # model=-1 takes the devices left: the line names the size it took.
+  config = config_lib.mesh_config(data=1, fsdp=1, model=-1)
+  line = mesh_lib.unsplit_heads({"n_head": 6}, mesh_lib.make_mesh(config),
+                                RULES, config)
+  assert line.startswith("config.model.n_head=6 is not a multiple of "
+                         "config.mesh.model=8 (-1: the devices left), ")
+  assert "divides n_head (1, 2), or" in line
+
+
+@pytest.mark.parametrize("taken_by, axes", [
+    ("activation_batch", ("data", "fsdp", "model")),
+    ("activation_length", "model")])
+def test_heads_whose_model_axis_another_activation_axis_takes_are_whole(
+    taken_by, axes):
+  """Rules that split the batch or the sequence over model (sequence
+  parallelism) leave the heads whole in the attention's constraint (a mesh
+  axis splits one dimension, the first to claim it): nothing to warn."""
+  rules = tuple((n, axes if n == taken_by else a) for n, a in RULES)
+  assert mesh_lib.unsplit_heads({"n_head": 2}, _mesh(data=1, fsdp=1,
+                                                     model=8), rules) is None

@@ -500,6 +500,28 @@ def test_a_full_workdir_is_named_and_the_probe_not_left(tmp_path,
   assert os.listdir(tmp_path / "run") == []
 
 
+def test_a_probe_a_second_starting_trainer_removed_is_no_error(
+    tmp_path, monkeypatch):
+  """Two trainers started on one workdir at once write and remove the same
+  probe name (.write_test.<process>): the one whose file the other removed
+  said "Cannot write to ... Make it writable", not that the workdir is in
+  use (the lock's line, after the probes)."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  path_type = type(epath.Path(str(tmp_path)))
+  real = path_type.write_text
+
+  def written_then_removed_by_the_other(self, *args, **kwargs):
+    count = real(self, *args, **kwargs)
+    os.remove(str(self))  # the other trainer's probe.unlink()
+    return count
+
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+  monkeypatch.setattr(path_type, "write_text",
+                      written_then_removed_by_the_other)
+  run_checks.check_workdir(str(tmp_path / "run"))  # the workdir's and
+  assert os.listdir(tmp_path / "run" / "checkpoints") == []  # checkpoints'
+
+
 def _modes_binding(tmp_path):
   """A command prefix under which a file's mode binds the process: none for
   a user other than root; for root (whom `chmod a-w` does not stop), setpriv

@@ -374,7 +374,11 @@ def unsplit_heads(heads: dict[str, int], mesh: Mesh, rules,
   the family's `attention_heads`) the mesh axes that the rules split
   'activation_heads' over do not divide, or None. `mesh_config`
   (config.mesh) names a cross-slice factor (dcn_model) where there is one."""
-  axes = axes_of(nn.logical_to_mesh_axes((ACTIVATION_HEADS,), rules)[0])
+  # As the families' constraint ([batch, length, heads, head_dim]) resolves
+  # it: a mesh axis the batch or length rule takes first splits no heads.
+  axes = axes_of(nn.logical_to_mesh_axes(
+      ("activation_batch", "activation_length", ACTIVATION_HEADS, None),
+      rules)[2])
   ways = math.prod(mesh.shape[a] for a in axes)
   bad = {field: count for field, count in heads.items() if count % ways}
   if not bad:
@@ -383,14 +387,17 @@ def unsplit_heads(heads: dict[str, int], mesh: Mesh, rules,
   for axis in axes:
     dcn = int(mesh_config.get(f"dcn_{axis}", 1)) if mesh_config else 1
     sizes.append((f"mesh.{axis}", mesh.shape[axis] // dcn))
+    if mesh_config and mesh_config.get(axis) == -1:  # the size it took
+      sizes[-1] = (f"mesh.{axis}", f"{sizes[-1][1]} (-1: the devices left)")
     if dcn > 1:
       sizes.append((f"mesh.dcn_{axis}", dcn))
   split = " x ".join(f"config.{f}={n}" for f, n in sizes)
   use = (f"a {sizes[0][0]} that" if len(sizes) == 1 else
          f"{', '.join(f for f, _ in sizes)} whose product")
   fits = math.gcd(*heads.values())
+  # A mesh size divides the device count too (no mesh.model=3 on 8 chips).
   divisors = ", ".join(str(d) for d in range(1, min(fits, mesh.size) + 1)
-                       if fits % d == 0)
+                       if fits % d == 0 and mesh.size % d == 0)
   count = next(iter(bad.values()))
   slots = ways * -(-count // ways)
   # Not refused: GSPMD pads the uneven split and the step computes the

@@ -518,7 +518,9 @@ def _write_probe(path: epath.Path, named: str, why: str,
     if mkdir:
       path.mkdir(parents=True, exist_ok=True)
     probe.write_text("ok")
-    probe.unlink()
+    # Gone already: a second trainer starting on this workdir wrote and
+    # removed the same name (the workdir lock refuses one of them next).
+    probe.unlink(missing_ok=True)
   except Exception as e:  # pylint: disable=broad-except
     try:  # created before the write failed (a full disk): not left behind
       probe.unlink(missing_ok=True)
