@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -522,6 +523,32 @@ def test_a_probe_a_second_starting_trainer_removed_is_no_error(
   assert os.listdir(tmp_path / "run" / "checkpoints") == []  # checkpoints'
 
 
+def test_a_workdir_folder_denied_mid_run_is_one_line(tmp_path):
+  """A write into the workdir denied during the run (an evaluation's
+  outputs folder made read-only then; `check_workdir` refuses one found at
+  the start) was a bare "[Errno 13] Permission denied" naming a temporary
+  file; one outside the workdir (the data's) is not the workdir's."""
+  import errno  # pylint: disable=g-import-not-at-top
+  left = str(tmp_path / "run" / "eval_12" / ".sheet.png.0.tmp")
+
+  def denied(path):
+    def build_task(*unused_args):
+      raise PermissionError(errno.EACCES, "Permission denied", path)
+    return build_task
+
+  with pytest.raises(PermissionError) as error:
+    train.train_and_evaluate(tiny_config(), str(tmp_path / "run"),
+                             denied(str(tmp_path / "data")))
+  assert not isinstance(error.value, train.WorkdirWriteError)
+  with pytest.raises(train.WorkdirWriteError) as error:
+    train.train_and_evaluate(tiny_config(), str(tmp_path / "run"),
+                             denied(left))
+  assert str(error.value) == (
+      f"Writing {left} failed (permission denied). No complete checkpoint "
+      f"was written yet. Make {tmp_path}/run/eval_12 writable again and "
+      "rerun (it trains from the start).")
+
+
 def _modes_binding(tmp_path):
   """A command prefix under which a file's mode binds the process: none for
   a user other than root; for root (whom `chmod a-w` does not stop), setpriv
@@ -578,7 +605,9 @@ def test_a_read_only_workdir_is_one_line_before_the_compile_and_kept(
   (`chmod -R a-w`) and resumed by `python -m trm.main` as a user the modes
   bind: one line naming the workdir, before the compile, every file as it
   was; made writable again, it resumes. (Untested before session 77: the
-  sessions run as root, whom the modes do not stop.)"""
+  sessions run as root, whom the modes do not stop.) A copy in which only
+  step 6 is read-only, resumed with keep_checkpoints=1: one line naming
+  the step, before the compile, nothing changed."""
   prefix = _modes_binding(tmp_path)
   workdir = str(tmp_path / "run")
   # test_corrupt_newest_checkpoint_falls_back_and_matches's run, so its
@@ -598,18 +627,43 @@ def test_a_read_only_workdir_is_one_line_before_the_compile_and_kept(
     train.train_and_evaluate(config, workdir, families.build_task)
   monkeypatch.setattr(pipeline, "to_global", real_to_global)
   assert _steps_on_disk(workdir) == [6]
+  # A copy whose step 6 alone is read-only, resumed keeping one step: the
+  # run trained and saved step 12, then failed at deleting step 6, naming
+  # checkpoints/ (writable) as what to make writable (session 77).
+  copy = str(tmp_path / "copy")
+  shutil.copytree(workdir, copy)
   before = _tree_digest(workdir)
   _set_writable(workdir, False)
-  try:
-    done = subprocess.run(
+  _set_writable(os.path.join(copy, "checkpoints", "6"), False)
+  copied = _tree_digest(copy)
+
+  def resume(where, **overrides):
+    return subprocess.run(
         prefix + [sys.executable, "-m", "trm.main",
-                  "--config=configs/trm_sudoku.py:cpu",
-                  f"--workdir={workdir}"] + _cli_flags(config),
+                  "--config=configs/trm_sudoku.py:cpu", f"--workdir={where}"]
+        + _cli_flags(config_lib.set_values(config.copy_and_resolve_references(),
+                                           overrides)),
         cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
         capture_output=True, text=True, timeout=300)
+
+  try:
+    done = resume(workdir)
     after = _tree_digest(workdir)
+    step_done = resume(copy, keep_checkpoints=1)
+    assert _tree_digest(copy) == copied
   finally:
     _set_writable(workdir, True)
+    _set_writable(copy, True)
+  step = os.path.join(copy, "checkpoints", "6")
+  errors = [line for line in step_done.stderr.splitlines() if "error:" in line]
+  assert step_done.returncode == 2 and errors == [
+      f"trm.main: error: {step} is read-only: this run may delete that step "
+      "(config.keep_checkpoints=1 keeps the newest and the best), move it "
+      "aside (config.resume_step) or write its ranking into it, and would "
+      f"fail there after training. Make it writable (chmod -R u+w {step}) "
+      f"or move it out of {copy}/checkpoints, then rerun; nothing was "
+      "changed."], step_done.stderr[-3000:]
+  assert "compiled in" not in step_done.stderr
   assert done.returncode == 2, done.stderr[-3000:]
   assert "Traceback" not in done.stderr, done.stderr[-3000:]
   errors = [line for line in done.stderr.splitlines() if "error:" in line]
@@ -633,7 +687,9 @@ def test_read_only_checkpoints_metrics_or_output_dir_are_refused_at_once(
   compiled and trained to its first save, then said "Free space" with the
   MiB free; the metrics were a bare "[Errno 13] Permission denied". A
   read-only --output_dir (trm.evaluate, the puzzle builders) in a writable
-  one: the same bare line, naming a temporary file, after the work."""
+  one: the same bare line, naming a temporary file, after the work. And
+  the read-only steps, outputs folders and leftovers in the comments
+  below."""
   prefix = _modes_binding(tmp_path)
   checkpoints, metrics = tmp_path / "a", tmp_path / "b"
   output = tmp_path / "out"
@@ -643,19 +699,59 @@ def test_read_only_checkpoints_metrics_or_output_dir_are_refused_at_once(
     (workdir / "metrics.jsonl").write_text('{"step": 1}\n')
   (checkpoints / "checkpoints").chmod(0o555)
   (metrics / "metrics.jsonl").chmod(0o444)
-  script = ("import sys\nfrom trm.core import run_checks\n"
-            "for workdir in sys.argv[1:]:\n"
+  # Read-only pieces the run deletes, moves or writes into (session 77's
+  # probes): a step keep-N deletes (a save's failure after the training,
+  # naming checkpoints/), one kept for good by keep_checkpoint_every (left
+  # be), an evaluation's outputs folder a step evaluated again writes into
+  # (a bare "[Errno 13]" after the training) and an older one (left be).
+  steps, outputs, saves = tmp_path / "c", tmp_path / "d", tmp_path / "e"
+  for folder in ("c/checkpoints/5", "c/checkpoints/6/state", "d/eval_3",
+                 "d/eval_12", "e/checkpoints/4", "e/checkpoints/8",
+                 "e/checkpoints/9.orbax-checkpoint-tmp-1"):
+    (tmp_path / folder).mkdir(parents=True)
+  for name in ckpt_lib._COMMITTED_FILES:  # pylint: disable=protected-access
+    (outputs / "checkpoints" / "6" / name).parent.mkdir(parents=True,
+                                                        exist_ok=True)
+    (outputs / "checkpoints" / "6" / name).write_text("")
+  # A killed run's unfinished write in the older one, and its unfinished
+  # save, read-only: they were named as removed, or were a bare "[Errno 13]".
+  left = outputs / "eval_3" / f".sheet.png.{'a' * 32}.tmp"
+  left.write_text("")
+  (saves / "checkpoints" / "9.orbax-checkpoint-tmp-1" / "x").write_text("")
+  unmode = [steps / "checkpoints/5", steps / "checkpoints/6/state",
+            outputs / "eval_3", outputs / "eval_12", saves / "checkpoints/8",
+            saves / "checkpoints/9.orbax-checkpoint-tmp-1"]
+  for folder in unmode:
+    folder.chmod(0o555)
+  cases = [(str(steps), {"keep_checkpoints": 1, "keep_checkpoint_every": 5}),
+           (str(outputs), {})]
+  script = ("import json, sys\nfrom trm.core import run_checks\n"
+            "from trm.core import checkpoint, config_lib\n"
+            "for workdir in sys.argv[1:3]:\n"
             "  try:\n    run_checks.check_workdir(workdir)\n"
             "  except run_checks.WorkdirError as e:\n    print(e)\n"
+            "for workdir, overrides in json.loads(sys.argv[3]):\n"
+            "  config = config_lib.set_values(config_lib.load_config(\n"
+            "      'configs/trm_sudoku.py', 'cpu'), overrides)\n"
+            "  try:\n    run_checks.check_workdir(workdir, config)\n"
+            "  except run_checks.WorkdirError as e:\n    print(e)\n"
+            "print(run_checks.remove_unfinished_writes(sys.argv[4]))\n"
+            "class Manager:\n  directory = sys.argv[5]\n"
+            "print(checkpoint._save_error(Manager, PermissionError(\n"
+            "    13, 'Permission denied', '_CHECKPOINT_METADATA')))\n"
             "from trm.core import cli\n"
             f"try:\n  cli.check_output_dir({str(output)!r})\n"
             "except ValueError as e:\n  print(e)\n")
   done = subprocess.run(
-      prefix + [sys.executable, "-c", script, str(checkpoints), str(metrics)],
+      prefix + [sys.executable, "-c", script, str(checkpoints), str(metrics),
+                json.dumps(cases), str(outputs),
+                str(saves / "checkpoints")],
       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
       capture_output=True, text=True, timeout=120)
   (checkpoints / "checkpoints").chmod(0o755)
   output.chmod(0o755)
+  for folder in unmode:
+    folder.chmod(0o755)
   assert done.stdout.splitlines() == [
       f"Cannot write to {checkpoints}/checkpoints (PermissionError: [Errno "
       f"13] Permission denied: '{checkpoints}/checkpoints/.write_test.0'); "
@@ -665,9 +761,33 @@ def test_read_only_checkpoints_metrics_or_output_dir_are_refused_at_once(
       f"13] Permission denied: '{metrics}/metrics.jsonl'); this run adds "
       "its metrics to it. Make it writable to resume there, set "
       "config.metrics_jsonl=False, or pass another --workdir.",
+      f"{steps}/checkpoints/6 is read-only ({steps}/checkpoints/6/state "
+      "inside it): this run may delete that step (config.keep_checkpoints=1 "
+      "keeps the newest and the best), move it aside (config.resume_step) "
+      "or write its ranking into it, and would fail there after training. "
+      f"Make it writable (chmod -R u+w {steps}/checkpoints/6) or move it "
+      f"out of {steps}/checkpoints, then rerun; nothing was changed.",
+      f"{outputs}/eval_12 is read-only: this run may write step 12's "
+      "evaluation outputs into it again (or move it aside, "
+      "config.resume_step), and would fail there after training. Make it "
+      "writable (chmod -R u+w) or move it away, then rerun; nothing was "
+      "changed.",
+      "[]",
+      f"Writing a checkpoint to {saves}/checkpoints failed (PermissionError: "
+      "[Errno 13] Permission denied: '_CHECKPOINT_METADATA'). No complete "
+      f"checkpoint was written yet. Make {saves}/checkpoints/8 writable and "
+      "rerun to resume.",
       f"--output_dir={output}: the directory is not writable; make it "
       "writable or pass another --output_dir."
   ], done.stdout + done.stderr[-2000:]
+  assert (f"Could not remove {left}, the unfinished write of a killed run "
+          f"(Permission denied); left there. Make {outputs}/eval_3 writable "
+          "and delete it." in done.stderr), done.stderr[-2000:]
+  assert (f"Could not remove {saves}/checkpoints/9.orbax-checkpoint-tmp-1, "
+          "the unfinished save of a run that was killed while saving "
+          "(PermissionError: [Errno 13] Permission denied: 'x'); the run "
+          "goes on without it. Make it writable and delete it to free its "
+          "space." in done.stderr), done.stderr[-2000:]
 
 
 def test_a_checkpoints_path_that_is_a_file_fails_before_the_data(tmp_path):

@@ -298,6 +298,31 @@ def complete_steps(directory) -> list[int]:
                 if p.name.isdigit() and not missing_files(p))
 
 
+def read_only_directory(root) -> str | None:
+  """The first directory at or under the local `root` in which this process
+  cannot create, delete or rename entries (deleting or moving a step needs
+  all of them writable), or None."""
+  effective = os.access in os.supports_effective_ids
+  for folder, dirs, _ in os.walk(str(root)):
+    dirs.sort()
+    if not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
+      return folder
+  return None
+
+
+def read_only_step(directory) -> str | None:
+  """The first step directory of the local checkpoints `directory` that
+  `read_only_directory` finds read-only, or None."""
+  if "://" in str(directory) or not os.path.isdir(str(directory)):
+    return None
+  for step in sorted((n for n in os.listdir(str(directory)) if n.isdigit()),
+                     key=int):
+    path = os.path.join(str(directory), step)
+    if os.path.isdir(path) and read_only_directory(path):
+      return path
+  return None
+
+
 def _free_space(directory) -> str:
   if "://" in str(directory):
     return ""
@@ -321,7 +346,18 @@ def _remove_partial_saves(directory) -> list[str]:
       path.rmtree(missing_ok=True)
     else:
       _wait_until_quiet(str(path))
-      shutil.rmtree(str(path), ignore_errors=True)
+      try:
+        shutil.rmtree(str(path))
+      except FileNotFoundError:
+        pass
+      except OSError as e:
+        # Read-only (a copied workdir): it was named as removed, and stayed.
+        logging.warning(
+            "Could not remove %s, the unfinished save of a run that was "
+            "killed while saving (%s: %s); the run goes on without it. Make "
+            "it writable and delete it to free its space.", path,
+            type(e).__name__, e)
+        continue
     removed.append(path.name)
   return removed
 
@@ -406,7 +442,10 @@ def _save_error(manager, error: Exception) -> CheckpointError:
       f"{'' if denied else free}. "
       + (f"Removed the partial save ({', '.join(removed)}); " if removed
          else "") + f"{last}. "
-      + (f"Make {manager.directory} writable" if denied
+      # A read-only older step (keep-N deletes it after the save): the
+      # checkpoints folder itself was named.
+      + (f"Make {read_only_step(manager.directory) or manager.directory} "
+         "writable" if denied
          else "Free space (or fix the cause)")
       + " and rerun to resume.")
 

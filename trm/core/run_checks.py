@@ -469,7 +469,8 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
   each writes its checkpoint shards), so an unwritable one fails now rather
   than at the first checkpoint.
 
-  First, with the run's `config`, `check_eval_only`."""
+  First, with the run's `config`, `check_eval_only`; then
+  `check_run_dirs_writable`."""
   path = epath.Path(workdir)
   checkpoints = path / "checkpoints"
   if checkpoints.exists() and not checkpoints.is_dir():
@@ -492,6 +493,8 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
                                   and config.get("eval_only", False)):
     _write_probe(checkpoints, str(checkpoints),
                  "this run saves its checkpoints there")
+  if config is not None:
+    check_run_dirs_writable(config, workdir)
   metrics = os.path.join(workdir, metrics_lib.JSONL_NAME)
   if ("://" not in workdir and os.path.isfile(metrics)
       and (config is None or config.get("metrics_jsonl", True))
@@ -504,6 +507,59 @@ def check_workdir(workdir: str, config=None) -> epath.Path:
           "adds its metrics to it. Make it writable to resume there, set "
           "config.metrics_jsonl=False, or pass another --workdir.") from e
   return path
+
+
+def check_run_dirs_writable(config, workdir: str) -> None:
+  """A `WorkdirError` naming the first read-only directory in a writable
+  workdir that this run may have to change: a step of checkpoints/ (keep-N
+  deletes it after a later save, config.resume_step moves it aside, a
+  resume writes its ranking into it; those every
+  config.keep_checkpoint_every steps are kept as they are), or the outputs
+  folder eval_<N>/ of a step it evaluates again or moves aside (N at least
+  the newest step, or config.resume_step). Found where the run changed
+  them, a read-only step was a save's failure after the training (the new
+  step saved, the line naming the writable checkpoints/), a read-only
+  outputs folder a bare "[Errno 13] Permission denied" after the training,
+  before that step's save. Local workdirs only."""
+  if "://" in workdir:
+    return
+  from trm.core import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  checkpoints = os.path.join(workdir, "checkpoints")
+  rewind = config.get("resume_step", 0)
+  keep_every = config.get("keep_checkpoint_every", 0)
+  names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+  steps = sorted(int(name) for name in names if name.isdigit()
+                 and os.path.isdir(os.path.join(checkpoints, name)))
+  if not config.get("eval_only", False):
+    for step in steps:
+      if keep_every and step % keep_every == 0 and not step > rewind > 0:
+        continue  # kept for good
+      path = os.path.join(checkpoints, str(step))
+      blocked = ckpt_lib.read_only_directory(path)
+      if blocked:
+        raise WorkdirError(
+            f"{path} is read-only"
+            + (f" ({blocked} inside it)" if blocked != path else "")
+            + ": this run may delete that step (config.keep_checkpoints="
+            f"{config.get('keep_checkpoints', '?')} keeps the newest and the "
+            "best), move it aside (config.resume_step) or write its ranking "
+            "into it, and would fail there after training. Make it writable "
+            f"(chmod -R u+w {path}) or move it out of {checkpoints}, then "
+            "rerun; nothing was changed.")
+  complete = ckpt_lib.complete_steps(checkpoints)
+  first = rewind or (complete[-1] if complete else 0)
+  effective = os.access in os.supports_effective_ids
+  for name in sorted(os.listdir(workdir)):
+    outputs = _EVAL_OUTPUTS.fullmatch(name)
+    path = os.path.join(workdir, name)
+    if (outputs and int(outputs.group(1)) >= first and os.path.isdir(path)
+        and not os.access(path, os.W_OK | os.X_OK, effective_ids=effective)):
+      raise WorkdirError(
+          f"{path} is read-only: this run may write step "
+          f"{outputs.group(1)}'s evaluation outputs into it again (or move "
+          "it aside, config.resume_step), and would fail there after "
+          "training. Make it writable (chmod -R u+w) or move it away, then "
+          "rerun; nothing was changed.")
 
 
 def _write_probe(path: epath.Path, named: str, why: str,

@@ -70,10 +70,23 @@ class WorkdirWriteError(cli.UserError, OSError):
 _DISK_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
 
 
+def _denied_in(error: OSError, workdir: str) -> bool:
+  """Whether `error` is a permission denied on a file of the local
+  `workdir` (a folder of it made read-only during the run: `check_workdir`
+  refuses one found at the start)."""
+  name = error.filename
+  if (error.errno not in (errno.EACCES, errno.EPERM) or "://" in workdir
+      or not isinstance(name, str) or not os.path.isabs(name)):
+    return False
+  root = os.path.abspath(workdir)
+  return os.path.commonpath([root, os.path.abspath(name)]) == root
+
+
 def _disk_error(error: OSError, workpath: epath.Path) -> WorkdirWriteError:
   """One line for a write into the workdir (an evaluation's record, its
-  sheets, the logs) that failed for want of space or a writable disk:
-  which file, the cause, the space left and the checkpoint kept (saves
+  sheets, the logs) that failed for want of space or a writable disk (or
+  folder: `_denied_in`): which file, the cause, the space left (not for a
+  folder made read-only) and the checkpoint kept (saves
   themselves say as much through `checkpoint.CheckpointError`)."""
   where = error.filename or f"to the workdir {workpath}"
   cause = os.strerror(error.errno).lower() if error.errno else str(error)
@@ -86,9 +99,12 @@ def _disk_error(error: OSError, workpath: epath.Path) -> WorkdirWriteError:
   last = (f"The last good checkpoint, {workpath / 'checkpoints'}/"
           f"{kept[-1]}, is kept" if kept else
           "No complete checkpoint was written yet")
+  denied = error.errno in (errno.EACCES, errno.EPERM)
+  fix = (f"Make {os.path.dirname(where)} writable again" if denied else
+         "Free space (or make the workdir writable again)")
   result = WorkdirWriteError(
-      f"Writing {where} failed ({cause}){free}. {last}. Free space (or make "
-      "the workdir writable again) and rerun " +
+      f"Writing {where} failed ({cause}){'' if denied else free}. {last}. "
+      f"{fix} and rerun " +
       ("to resume." if kept else "(it trains from the start)."))
   result.errno = error.errno
   return result
@@ -231,7 +247,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     except OSError as e:
       # A bare "[Errno 28] No space left on device" named neither the file
       # nor what was kept.
-      if e.errno not in _DISK_ERRNOS or isinstance(e, cli.UserError):
+      if isinstance(e, cli.UserError) or not (
+          e.errno in _DISK_ERRNOS or _denied_in(e, workdir)):
         raise
       raise _disk_error(e, workpath) from e
   except BaseException:

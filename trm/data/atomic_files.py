@@ -86,6 +86,11 @@ def remove_temporaries(directory: str, final=lambda name: True) -> list[str]:
         os.remove(path)
       except FileNotFoundError:
         continue
+      except PermissionError as e:  # a read-only folder: kept, said once
+        logging.warning("Could not remove %s, the unfinished write of a "
+                        "killed run (%s); left there. Make %s writable and "
+                        "delete it.", path, e.strerror, directory)
+        continue
       removed.append(path)
   return removed
 
