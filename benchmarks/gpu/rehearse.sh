@@ -13,7 +13,7 @@
 #            GPU run names (README.md; TRM_REHEARSE_ONLY, default
 #            smoke,mixer,trm,gptk,gpt,dream, with both Triton TRM variants
 #            and GPT's cudnn and cudnn_triton) on the CPU, torch's side
-#            included
+#            included; fails if any side failed inside a section
 # compile    offline.py: the kit's Pallas Triton programs (TRM's MLP-t and
 #            attention steps, GPT's iterations; TRM's again with the
 #            epilogue and channel kernels) compiled for an H100 by the
