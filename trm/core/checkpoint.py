@@ -298,27 +298,35 @@ def complete_steps(directory) -> list[int]:
                 if p.name.isdigit() and not missing_files(p))
 
 
+def can_change_entries(folder: str) -> bool:
+  """Whether this process can create, delete or rename entries of the local
+  `folder` (as its effective user, where the system tells)."""
+  return os.access(folder, os.W_OK | os.X_OK,
+                   effective_ids=os.access in os.supports_effective_ids)
+
+
 def read_only_directory(root) -> str | None:
-  """The first directory at or under the local `root` in which this process
-  cannot create, delete or rename entries (deleting or moving a step needs
-  all of them writable), or None."""
-  effective = os.access in os.supports_effective_ids
+  """The first directory at or under the local `root` whose entries
+  `can_change_entries` says no to (deleting or moving a step needs all of
+  them writable), or None."""
   for folder, dirs, _ in os.walk(str(root)):
     dirs.sort()
-    if not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
+    if not can_change_entries(folder):
       return folder
   return None
 
 
-def read_only_step(directory) -> str | None:
-  """The first step directory of the local checkpoints `directory` that
-  `read_only_directory` finds read-only, or None."""
+def read_only_step(directory, exempt=lambda step: False) -> str | None:
+  """The first step directory of the local checkpoints `directory`, other
+  than the steps `exempt(step)` spares, that `read_only_directory` finds
+  read-only, or None."""
   if "://" in str(directory) or not os.path.isdir(str(directory)):
     return None
   for step in sorted((n for n in os.listdir(str(directory)) if n.isdigit()),
                      key=int):
     path = os.path.join(str(directory), step)
-    if os.path.isdir(path) and read_only_directory(path):
+    if (not exempt(int(step)) and os.path.isdir(path)
+        and read_only_directory(path)):
       return path
   return None
 

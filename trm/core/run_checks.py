@@ -527,33 +527,29 @@ def check_run_dirs_writable(config, workdir: str) -> None:
   checkpoints = os.path.join(workdir, "checkpoints")
   rewind = config.get("resume_step", 0)
   keep_every = config.get("keep_checkpoint_every", 0)
-  names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
-  steps = sorted(int(name) for name in names if name.isdigit()
-                 and os.path.isdir(os.path.join(checkpoints, name)))
-  if not config.get("eval_only", False):
-    for step in steps:
-      if keep_every and step % keep_every == 0 and not step > rewind > 0:
-        continue  # kept for good
-      path = os.path.join(checkpoints, str(step))
-      blocked = ckpt_lib.read_only_directory(path)
-      if blocked:
-        raise WorkdirError(
-            f"{path} is read-only"
-            + (f" ({blocked} inside it)" if blocked != path else "")
-            + ": this run may delete that step (config.keep_checkpoints="
-            f"{config.get('keep_checkpoints', '?')} keeps the newest and the "
-            "best), move it aside (config.resume_step) or write its ranking "
-            "into it, and would fail there after training. Make it writable "
-            f"(chmod -R u+w {path}) or move it out of {checkpoints}, then "
-            "rerun; nothing was changed.")
+  # Steps kept for good are never deleted, unless a rewind moves them.
+  kept = lambda step: (  # noqa: E731
+      keep_every and step % keep_every == 0 and not step > rewind > 0)
+  path = (None if config.get("eval_only", False) else
+          ckpt_lib.read_only_step(checkpoints, exempt=kept))
+  if path:
+    blocked = ckpt_lib.read_only_directory(path)
+    raise WorkdirError(
+        f"{path} is read-only"
+        + (f" ({blocked} inside it)" if blocked != path else "")
+        + ": this run may delete that step (config.keep_checkpoints="
+        f"{config.get('keep_checkpoints', '?')} keeps the newest and the "
+        "best), move it aside (config.resume_step) or write its ranking "
+        "into it, and would fail there after training. Make it writable "
+        f"(chmod -R u+w {path}) or move it out of {checkpoints}, then "
+        "rerun; nothing was changed.")
   complete = ckpt_lib.complete_steps(checkpoints)
   first = rewind or (complete[-1] if complete else 0)
-  effective = os.access in os.supports_effective_ids
   for name in sorted(os.listdir(workdir)):
     outputs = _EVAL_OUTPUTS.fullmatch(name)
     path = os.path.join(workdir, name)
     if (outputs and int(outputs.group(1)) >= first and os.path.isdir(path)
-        and not os.access(path, os.W_OK | os.X_OK, effective_ids=effective)):
+        and not ckpt_lib.can_change_entries(path)):
       raise WorkdirError(
           f"{path} is read-only: this run may write step "
           f"{outputs.group(1)}'s evaluation outputs into it again (or move "

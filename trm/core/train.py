@@ -75,11 +75,9 @@ def _denied_in(error: OSError, workdir: str) -> bool:
   `workdir` (a folder of it made read-only during the run: `check_workdir`
   refuses one found at the start)."""
   name = error.filename
-  if (error.errno not in (errno.EACCES, errno.EPERM) or "://" in workdir
-      or not isinstance(name, str) or not os.path.isabs(name)):
-    return False
-  root = os.path.abspath(workdir)
-  return os.path.commonpath([root, os.path.abspath(name)]) == root
+  return (error.errno in (errno.EACCES, errno.EPERM) and "://" not in workdir
+          and isinstance(name, str) and os.path.isabs(name)
+          and cli.within(name, workdir))
 
 
 def _disk_error(error: OSError, workpath: epath.Path) -> WorkdirWriteError:
