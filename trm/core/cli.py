@@ -435,10 +435,53 @@ def expand_home_paths(config) -> None:
 
 def within(path: str, directory: str) -> bool:
   """Whether `path` is `directory` or lies under it (links resolved): an
-  output there would replace an input."""
+  output there would replace an input. Compared as resolved paths, then by
+  file identity: one of `path`'s existing ancestors is `directory` (or its
+  nearest existing ancestor, the names still to be created below it
+  following) reached another way, which a path string does not show (a
+  bind mount, another case of a name on a case-insensitive file system).
+  URLs (`gs://...`) as strings only."""
+  remote = "://" in path or "://" in directory
   path, directory = os.path.realpath(path), os.path.realpath(directory)
-  return path == directory or path.startswith(directory.rstrip(os.sep) +
-                                              os.sep)
+  if path == directory or path.startswith(directory.rstrip(os.sep) + os.sep):
+    return True
+  if remote:
+    return False
+  top, below = _existing_part(directory)
+  if top is None:
+    return False
+  names = []  # path's names under `here`
+  here = path
+  while True:
+    if names[:len(below)] == below and _same_stat(here, top):
+      return True
+    parent = os.path.dirname(here)
+    if parent == here:
+      return False
+    names.insert(0, os.path.basename(here))
+    here = parent
+
+
+def _same_stat(path: str, stat: os.stat_result) -> bool:
+  try:
+    return os.path.samestat(os.stat(path), stat)
+  except (OSError, ValueError):  # absent, unreadable, a NUL in the name
+    return False
+
+
+def _existing_part(path: str) -> tuple[os.stat_result | None, list[str]]:
+  """The stat of `path`'s nearest existing ancestor (itself, if it exists;
+  None if none can be read) and the names below it still to be created."""
+  below = []
+  while True:
+    try:
+      return os.stat(path), below
+    except (OSError, ValueError):
+      parent = os.path.dirname(path)
+      if parent == path:
+        return None, below
+      below.insert(0, os.path.basename(path))
+      path = parent
 
 
 def nearest_existing(path: str) -> str:

@@ -1,0 +1,97 @@
+"""cli.within: whether an output path is an input directory or lies under
+it (an `--overwrite` there would delete the input), by path and by file
+identity: a bind mount (or a case-insensitive file system) reaches one
+folder under two paths that no path string shows."""
+import json
+import os
+import sys
+
+import bind_mounts
+import repo
+from trm.core import cli
+
+
+def test_paths_compared_resolved(tmp_path):
+  (tmp_path / "data" / "sub").mkdir(parents=True)
+  (tmp_path / "data2").mkdir()
+  os.symlink(tmp_path / "data", tmp_path / "link")
+  data = str(tmp_path / "data")
+  assert cli.within(data, data)
+  assert cli.within(str(tmp_path / "data" / "sub"), data)
+  assert cli.within(str(tmp_path / "data" / "new" / "x"), data)  # to be made
+  assert cli.within(str(tmp_path / "link" / "sub"), data)
+  assert cli.within(str(tmp_path / "data" / "sub" / ".." / "x"), data)
+  assert not cli.within(str(tmp_path / "data2"), data)  # a prefix, not a folder
+  assert not cli.within(data, str(tmp_path / "data" / "sub"))
+  assert not cli.within(str(tmp_path / "new" / "x"), str(tmp_path / "new2"))
+  assert cli.within(str(tmp_path / "new" / "x"), str(tmp_path / "new"))
+
+
+def test_urls_compared_as_strings():
+  assert cli.within("gs://bucket/run/x", "gs://bucket/run")
+  assert cli.within("gs://bucket/run", "gs://bucket/run/")
+  assert not cli.within("gs://bucket/run2", "gs://bucket/run")
+  assert not cli.within("gs://bucket", "gs://bucket/run")
+
+
+_CASES = """
+import json, sys
+from trm.core import cli
+root = sys.argv[1]
+cases = [(a, b) for a, b in (line.split() for line in sys.argv[2:])]
+print(json.dumps({f"{a} {b}": cli.within(f"{root}/{a}", f"{root}/{b}")
+                  for a, b in cases}))
+"""
+
+
+def test_a_bind_mount_is_the_folder_it_shows(tmp_path):
+  """`alias` is `data` bound elsewhere (a disk mounted twice; on macOS,
+  `Data` beside `data`): what lies under one lies under the other, paths
+  still to be created too, and other folders stay apart."""
+  (tmp_path / "data" / "split").mkdir(parents=True)
+  (tmp_path / "data" / "split" / "rows.npy").write_text("rows")
+  (tmp_path / "alias").mkdir()
+  (tmp_path / "other").mkdir()
+  expected = {
+      "alias data": True,
+      "data alias": True,
+      "alias/split data": True,
+      "alias/split/rows.npy data": True,
+      "data/split alias": True,
+      "alias/new/deeper data": True,  # not there yet: where it would go
+      "data/new/x alias/new": True,  # neither there: the same name
+      "alias/split data/split": True,
+      "alias data/split": False,
+      "data/other/x alias/new": False,
+      "other data": False,
+      "other/x alias": False,
+      "data other": False,
+  }
+  done = bind_mounts.run(
+      tmp_path / "data", tmp_path / "alias",
+      [sys.executable, "-c", _CASES, tmp_path, *expected])
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert json.loads(done.stdout) == expected
+  assert not os.listdir(tmp_path / "alias")  # the mount went with it
+
+
+def test_export_refuses_an_out_that_is_the_checkpoint_mounted_elsewhere(
+    tmp_path):
+  """`trm.export --out=ALIAS --overwrite` where ALIAS is the run's workdir
+  bound elsewhere: refused as the workdir is (the swap deleted every
+  checkpoint once the export was written)."""
+  workdir, alias = tmp_path / "run", tmp_path / "alias"
+  (workdir / "checkpoints" / "3").mkdir(parents=True)
+  (workdir / "checkpoints" / "3" / "state").write_text("weights")
+  alias.mkdir()
+  done = bind_mounts.run(
+      workdir, alias,
+      [sys.executable, "-m", "trm.export",
+       "--config=configs/diffucoder_7b.py:tiny", f"--checkpoint={workdir}",
+       f"--out={alias}", "--overwrite"],
+      cwd=repo.ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert done.returncode == 2, done.stderr[-3000:]
+  errors = [l for l in done.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1 and "contains --checkpoint=" in errors[0], (
+      done.stderr[-3000:])
+  assert (workdir / "checkpoints" / "3" / "state").read_text() == "weights"
