@@ -47,3 +47,11 @@ def run(source, alias, argv, probe: bool = False, **kwargs):
        os.fspath(alias), *map(os.fspath, argv)],
       capture_output=True, text=True, check=False, timeout=kwargs.pop(
           "timeout", 120), env=env, **kwargs)
+
+
+def python(source, alias, code: str, *args, **kwargs) -> str:
+  """`code` run by this Python (`args` its sys.argv[1:]) with `source`
+  bound onto `alias`; its stdout. Fails the test where it fails."""
+  done = run(source, alias, [sys.executable, "-c", code, *args], **kwargs)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from PIL import Image
 import pytest
+import bind_mounts
 import cli_batch
 
 from trm import evaluate
@@ -1001,6 +1002,34 @@ def test_resume_loads_the_latest_step_it_compared(tmp_path):
   fresh = [*argv[:-2], f"--output={tmp_path / 'fresh.jsonl'}", "--resume"]
   assert _refusal_with(inject, fresh) == [
       "trm.evaluate: error: load asked for step None"]
+
+
+def test_score_only_into_the_same_file_through_a_bind_mount_keeps_settings(
+    tmp_path):
+  """--score_only=DATA/x.jsonl --output=ALIAS/x.jsonl, ALIAS a bind mount
+  of DATA (on macOS another case of its name): the settings beside the
+  output are the source's own. They were removed before the rewrite, so a
+  kill there lost them."""
+  source, alias = tmp_path / "data" / "x.jsonl", tmp_path / "alias"
+  source.parent.mkdir()
+  alias.mkdir()
+  source.write_text(_sample("HumanEval/0", 0) + "\n")
+  settings = evaluate._generation_path(str(source))
+  evaluate._write_json_atomically(settings, _generation())
+  assert bind_mounts.python(source.parent, alias, (
+      "import json, sys\n"
+      "from trm import evaluate\n"
+      "from trm.families.dream import code_eval\n"
+      "source, output = sys.argv[1:]\n"
+      "records = [json.loads(line) for line in open(source)]\n"
+      "def killed(*args):\n"
+      "  raise KeyboardInterrupt('killed while writing the samples')\n"
+      "code_eval.write_samples = killed\n"
+      "try:\n"
+      "  evaluate._copy_samples(source, output, records)\n"
+      "except KeyboardInterrupt:\n"
+      "  print('killed')"), source, alias / "x.jsonl").split() == ["killed"]
+  assert json.loads(_read(settings)) == _generation()
 
 
 def test_a_failed_samples_write_keeps_the_file_and_leaves_no_temporary(

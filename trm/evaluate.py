@@ -422,9 +422,9 @@ def _copy_samples(path: str, output: str, records) -> None:
       generation = json.load(f)
   except (OSError, ValueError, RecursionError):
     generation = None  # unknown: a --resume of `output` is refused
-  # Same stem (x.jsonl into x.json): the settings file is path's own, kept.
-  own = (os.path.abspath(_generation_path(path))
-         == os.path.abspath(_generation_path(output)))
+  # Same stem (x.jsonl into x.json), or `output` the same file reached
+  # another way (a bind mount): the settings file is path's own, kept.
+  own = cli.same_file(_generation_path(path), _generation_path(output))
   _start_samples(output, [{k: v for k, v in r.items() if k != "line"}
                           for r in records],
                  generation if isinstance(generation, dict) else None,

@@ -34,45 +34,55 @@ def test_urls_compared_as_strings():
   assert not cli.within("gs://bucket", "gs://bucket/run")
 
 
-_CASES = """
+# Each case "A B": (within(A, B), same_file(A, B)), paths under the test's
+# folder, where `alias` is a bind mount of `data` (a disk mounted twice; on
+# macOS, `Data` beside `data`).
+_CASES = {
+    "alias data": (True, True),
+    "data alias": (True, True),
+    "alias/split data/split": (True, True),
+    "alias/rows.npy data/rows.npy": (True, True),
+    "data/hard.npy alias/rows.npy": (True, True),  # a hard link
+    "data/soft.npy data/rows.npy": (True, True),  # a link, as before
+    "alias/split data": (True, False),
+    "alias/split/rows.npy data": (True, False),
+    "data/split alias": (True, False),
+    "alias/new/deeper data": (True, False),  # not there yet: where it goes
+    "data/new/x alias/new": (True, False),  # neither there: the same name
+    "data/new alias/new": (True, False),  # same_file: no file to be one
+    "alias data/split": (False, False),
+    "data/other/x alias/new": (False, False),
+    "other data": (False, False),
+    "other/x alias": (False, False),
+    "data other": (False, False),
+}
+_CHECK = """
 import json, sys
 from trm.core import cli
 root = sys.argv[1]
-cases = [(a, b) for a, b in (line.split() for line in sys.argv[2:])]
-print(json.dumps({f"{a} {b}": cli.within(f"{root}/{a}", f"{root}/{b}")
-                  for a, b in cases}))
+print(json.dumps({case: [check(*(f"{root}/{p}" for p in case.split()))
+                         for check in (cli.within, cli.same_file)]
+                  for case in sys.argv[2:]}))
 """
 
 
 def test_a_bind_mount_is_the_folder_it_shows(tmp_path):
-  """`alias` is `data` bound elsewhere (a disk mounted twice; on macOS,
-  `Data` beside `data`): what lies under one lies under the other, paths
-  still to be created too, and other folders stay apart."""
+  """What lies under one path of a folder lies under its other (paths
+  still to be created too), a file is itself under both, and other
+  folders stay apart."""
   (tmp_path / "data" / "split").mkdir(parents=True)
   (tmp_path / "data" / "split" / "rows.npy").write_text("rows")
+  (tmp_path / "data" / "rows.npy").write_text("rows")
+  os.link(tmp_path / "data" / "rows.npy", tmp_path / "data" / "hard.npy")
+  os.symlink("rows.npy", tmp_path / "data" / "soft.npy")
   (tmp_path / "alias").mkdir()
   (tmp_path / "other").mkdir()
-  expected = {
-      "alias data": True,
-      "data alias": True,
-      "alias/split data": True,
-      "alias/split/rows.npy data": True,
-      "data/split alias": True,
-      "alias/new/deeper data": True,  # not there yet: where it would go
-      "data/new/x alias/new": True,  # neither there: the same name
-      "alias/split data/split": True,
-      "alias data/split": False,
-      "data/other/x alias/new": False,
-      "other data": False,
-      "other/x alias": False,
-      "data other": False,
-  }
-  done = bind_mounts.run(
-      tmp_path / "data", tmp_path / "alias",
-      [sys.executable, "-c", _CASES, tmp_path, *expected])
-  assert done.returncode == 0, done.stderr[-3000:]
-  assert json.loads(done.stdout) == expected
+  found = json.loads(bind_mounts.python(
+      tmp_path / "data", tmp_path / "alias", _CHECK, tmp_path, *_CASES))
+  assert {case: tuple(r) for case, r in found.items()} == _CASES
   assert not os.listdir(tmp_path / "alias")  # the mount went with it
+  assert cli.same_file("gs://b/x", "gs://b/x/")
+  assert not cli.same_file("gs://b/x", "gs://b/y")
 
 
 def test_export_refuses_an_out_that_is_the_checkpoint_mounted_elsewhere(

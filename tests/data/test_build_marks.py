@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+import bind_mounts
 import repo
 import workers
 
@@ -255,6 +256,27 @@ def test_arc_interrupted_build_is_never_used_and_arguments_checked(
                        field_prefix="config.data.build.")
   assert "config.data.build.seed=3 (built with 42)" in str(info.value)
   assert len(calls) == 1
+
+
+def test_arc_source_folder_reached_through_a_bind_mount_is_no_change(
+    tmp_path):
+  """--kaggle_dir named through a bind mount of the folder it was built
+  from (a disk mounted twice; on macOS another case of its name): the same
+  input, no "built with" refusal."""
+  kaggle_dir = _write_kaggle(tmp_path / "k", _mini_subsets())
+  out = str(tmp_path / "d")
+  kwargs = dict(source="kaggle", kaggle_dir=kaggle_dir,
+                subsets=["training", "evaluation"], num_aug=1)
+  arc.build_dataset(out, **kwargs)
+  alias = tmp_path / "alias"
+  alias.mkdir()
+  kwargs["kaggle_dir"] = str(alias)
+  assert bind_mounts.python(kaggle_dir, alias, (
+      "import json, sys\n"
+      "from trm.data.puzzles import arc\n"
+      "arc.ensure_dataset(sys.argv[1], **json.loads(sys.argv[2]))\n"
+      "print('kept')"), out, json.dumps(kwargs)).split() == ["kept"]
+  assert builds.build_state(out, arc.EXTRA_FILES) == "complete"
 
 
 # -------------------------------------------------------------- trainer

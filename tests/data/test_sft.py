@@ -1,5 +1,6 @@
 """Fine-tuning data: JSONL pairs, code packing, batching."""
 import json
+import os
 
 import ml_collections
 import numpy as np
@@ -164,6 +165,17 @@ def test_a_link_cycle_under_a_code_glob_is_one_line_not_a_hang(tmp_path):
   (tmp_path / "me").unlink()
   (tmp_path / "lib64").symlink_to("sub")
   assert sft.read_code_files(pattern) == ["x", "y"]
+
+
+def test_a_hard_link_under_a_code_glob_is_read_once(tmp_path):
+  """A hard link (or a bind-mounted folder) is the same file under another
+  path that resolving links does not show: its rows repeated training rows
+  (and could be held out as evaluation rows)."""
+  (tmp_path / "a.py").write_text("x")
+  (tmp_path / "b.py").write_text("y")
+  os.link(tmp_path / "a.py", tmp_path / "c.py")
+  assert sft.code_file_paths(str(tmp_path / "*.py")) == [
+      str(tmp_path / "a.py"), str(tmp_path / "b.py")]
 
 
 def test_code_quoting_special_token_names_is_text(tmp_path):

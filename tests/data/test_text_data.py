@@ -256,6 +256,25 @@ def test_a_tokenizer_json_replaced_since_preparation_is_refused(tmp_path):
     text_lib.ensure_prepared(out, str(src), str(path), process_index=0)
 
 
+def test_the_prepared_tokenizer_json_reached_another_way_is_the_same(
+    tmp_path):
+  """A tokenizer.json is the prepared one however it is reached (a hard
+  link here; a bind mount or another case on macOS alike): it was refused
+  as "prepared with tokenizer=... (another path)"."""
+  path = tmp_path / "tok" / "tokenizer.json"
+  path.parent.mkdir()
+  _tiny_bpe(path)
+  (tmp_path / "other").mkdir()
+  os.link(path, tmp_path / "other" / "tokenizer.json")
+  src = tmp_path / "input.txt"
+  src.write_text(_SAMPLE)
+  out = str(tmp_path / "bpe")
+  meta = text_lib.ensure_prepared(out, str(src), str(path), process_index=0)
+  assert text_lib.ensure_prepared(
+      out, str(src), str(tmp_path / "other" / "tokenizer.json"),
+      process_index=0) == meta
+
+
 def test_tokenizer_json_reads_special_token_text_as_text(tmp_path):
   """GPT-2's tokenizer.json (the offline stand-in for tokenizer='gpt2')
   encodes "<|endoftext|>" in the text as ordinary text, as tiktoken's

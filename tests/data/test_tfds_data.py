@@ -13,6 +13,7 @@ import threading
 
 import ml_collections
 import numpy as np
+import bind_mounts
 import cli_batch
 import pytest
 import repo
@@ -485,6 +486,24 @@ def test_build_from_an_empty_input_names_it(tmp_path):
                      "characters"):
     tfds_build.build("trm_tiny_shakespeare", str(manual),
                      str(tmp_path / "out"))
+
+
+def test_the_input_folder_through_a_bind_mount_is_the_one_built_from(
+    tmp_path):
+  """--manual_dir named through a bind mount of the folder it was built
+  from (a disk mounted twice; on macOS another case of its name): kept,
+  not refused as "already prepared with other arguments"."""
+  manual, alias = tmp_path / "manual", tmp_path / "alias"
+  manual.mkdir()
+  alias.mkdir()
+  (manual / "input.txt").write_text("To be, or not to be.\n" * 40)
+  out = str(tmp_path / "out")
+  tfds_build.build("trm_tiny_shakespeare", str(manual), out)
+  assert bind_mounts.python(manual, alias, (
+      "import sys\n"
+      "from trm.data import tfds_builders\n"
+      "tfds_builders.build('trm_tiny_shakespeare', *sys.argv[1:])\n"
+      "print('kept')"), alias, out).split()[-1:] == ["kept"]
 
 
 @pytest.mark.parametrize("name", ["trm_tiny_shakespeare", "trm_code_files"])

@@ -462,6 +462,21 @@ def within(path: str, directory: str) -> bool:
     here = parent
 
 
+def same_file(a: str, b: str) -> bool:
+  """Whether `a` and `b` name one file or folder: the same resolved path,
+  or, both existing, one file reached two ways (a bind mount, a hard link,
+  another case of a name on a case-insensitive file system). URLs
+  (`gs://...`) as strings only."""
+  remote = "://" in a or "://" in b
+  a, b = os.path.realpath(a), os.path.realpath(b)
+  if a == b or remote:
+    return a == b
+  try:
+    return os.path.samestat(os.stat(a), os.stat(b))
+  except (OSError, ValueError):  # absent, unreadable, a NUL in the name
+    return False
+
+
 def _same_stat(path: str, stat: os.stat_result) -> bool:
   try:
     return os.path.samestat(os.stat(path), stat)

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 from absl import logging
 import numpy as np
 
+from trm.core import cli
 from trm.data import atomic_files
 from trm.data.puzzles import format as puzzle_format
 
@@ -163,7 +164,7 @@ def _same_value(name: str, built, wanted, path_args: Iterable[str]) -> bool:
     return True
   if (name in path_args and isinstance(built, str)
       and isinstance(wanted, str)):
-    return os.path.realpath(built) == os.path.realpath(wanted)
+    return cli.same_file(built, wanted)
   # JSON turns tuples into lists.
   if isinstance(built, list) and isinstance(wanted, (list, tuple)):
     return built == list(wanted)
@@ -233,7 +234,8 @@ def ensure_built(output_dir: str, build_dataset: Callable,
     derived: recorded keys that are outputs, not arguments.
     ignored: `recorded_args` -> names of arguments that do not shape this
       build (e.g. a CSV directory when generating), or a sequence of names.
-    path_args: arguments compared as paths (after os.path.realpath).
+    path_args: arguments compared as paths (`cli.same_file`: links
+      resolved, one folder reached two ways).
     field_prefix: how the caller spells the arguments in messages, e.g.
       'config.data.build.'.
   """

@@ -19,6 +19,7 @@ import pickle
 
 import numpy as np
 
+from trm.core import cli
 from trm.data import atomic_files
 from trm.data import io as data_io
 from trm.data.text import text_codecs
@@ -479,6 +480,6 @@ def same_tokenizer(requested: str, recorded: str) -> bool:
   if requested in ("char", "gpt2") or recorded in ("char", "gpt2"):
     return requested == recorded
   try:
-    return os.path.abspath(text_codecs.tokenizer_file(requested)) == recorded
+    return cli.same_file(text_codecs.tokenizer_file(requested), recorded)
   except FileNotFoundError:
     return False

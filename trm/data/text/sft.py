@@ -235,25 +235,38 @@ def code_file_paths(pattern: str, what: str = "data.path"):
   of the documents, so the TFDS code builder keeps it too. Each file once:
   a path through a link to a file or directory already listed (a venv's
   lib64 -> lib) is left out, as its rows would repeat training rows (and
-  could be held out as evaluation rows); a link cycle is refused."""
+  could be held out as evaluation rows), and so is a hard link or bind
+  mount of one (the same file); a link cycle is refused."""
   _check_no_link_cycle(pattern, what)
   paths = sorted(p for p in glob.glob(pattern, recursive=True)
                  if os.path.isfile(p))
   if not paths:
     raise FileNotFoundError(f"No files match {pattern!r}; set {what} to a "
                             "glob such as 'src/**/*.py'.")
+  ids = {p: _file_id(p) for p in paths}
   first = {}
   for path in paths:
-    first.setdefault(os.path.realpath(path), path)
-  unique = [p for p in paths if first[os.path.realpath(p)] == p]
+    first.setdefault(ids[path], path)
+  unique = [p for p in paths if first[ids[p]] == p]
   if len(unique) < len(paths):
-    again = next(p for p in paths if first[os.path.realpath(p)] != p)
+    again = next(p for p in paths if first[ids[p]] != p)
     logging.warning(
-        "%s=%r: %d of its %d files are links to files already matched "
-        "(e.g. %s, a link to %s); each is read once.", what, pattern,
-        len(paths) - len(unique), len(paths), again,
-        first[os.path.realpath(again)])
+        "%s=%r: %d of its %d files are links to (or mounts of) files "
+        "already matched (e.g. %s, the same file as %s); each is read once.",
+        what, pattern, len(paths) - len(unique), len(paths), again,
+        first[ids[again]])
   return unique
+
+
+def _file_id(path: str):
+  """Which file `path` is, however reached: through a link, a hard link or
+  a bind mount (a folder mounted twice under the glob's root), which its
+  resolved path does not show."""
+  try:
+    stat = os.stat(path)
+  except OSError:  # gone since the glob: its resolved path, as before
+    return os.path.realpath(path)
+  return stat.st_dev, stat.st_ino
 
 
 def read_code_file(path: str, what: str = "data.path") -> str:

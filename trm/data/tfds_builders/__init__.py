@@ -30,6 +30,7 @@ import os
 from absl import logging
 import tensorflow_datasets as tfds
 
+from trm.core import cli
 from trm.data import atomic_files
 from trm.data import io as data_io
 
@@ -97,7 +98,8 @@ def _settle_pending(builder, data_dir: str) -> None:
 def _check_rebuild(builder, wanted: dict) -> None:
   """An already prepared version: fine when built with `wanted`, refused
   (one line naming the flags) when built with other arguments or from input
-  files that have changed since."""
+  files that have changed since. --manual_dir counts as the recorded one
+  when it is that folder reached another way (a link, a bind mount)."""
   where = os.fspath(builder.data_dir)
   recorded = _recorded_args(builder)
   if recorded is None:
@@ -107,7 +109,9 @@ def _check_rebuild(builder, wanted: dict) -> None:
     return
   differ = [k for k in sorted(set(recorded) | set(wanted))
             if recorded.get(k) != wanted.get(k)
-            and (k != INPUTS_KEY or k in recorded)]
+            and (k != INPUTS_KEY or k in recorded)
+            and not (k == "manual_dir" and isinstance(recorded.get(k), str)
+                     and cli.same_file(recorded[k], wanted[k]))]
   if differ == [INPUTS_KEY]:
     raise ValueError(
         f"{where} is already prepared, but the input files under "
