@@ -415,6 +415,26 @@ def test_a_file_written_beside_the_samples_spares_the_inputs(
   assert os.path.isfile(problems)
 
 
+def test_a_large_earlier_generation_file_in_an_input_folder_is_kept(
+    tmp_path):
+  """An earlier run's generation settings inside an input folder are
+  recognised over 1 MiB (80,000 task ids; session 77 read 1 MiB and called
+  them an input); a JSON object without `task_ids` stays an input."""
+  folder = tmp_path / "inputs"
+  output = str(folder / "p.jsonl")
+  _earlier_file(folder / "p_generation.json", json.dumps(_generation(
+      task_ids=[f"Task/{i:06d}" for i in range(80_000)])))
+  assert os.path.getsize(folder / "p_generation.json") > 1 << 20
+  inputs = {"--benchmark_path": str(folder)}
+  evaluate._check_file_beside(evaluate._generation_path(output), output,
+                              inputs, "generation settings", "task_ids")
+  _earlier_file(folder / "p_generation.json",
+                json.dumps({"ids": ["x" * 40] * 60_000}))
+  with pytest.raises(ValueError, match="is a file of --benchmark_path="):
+    evaluate._check_file_beside(evaluate._generation_path(output), output,
+                                inputs, "generation settings", "task_ids")
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--benchmark=humaneval", "--config=configs/diffucoder_7b.py:tiny",
       "--checkpoint=/nonexistent", "--resume", "--overwrite"],

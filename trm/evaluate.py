@@ -855,12 +855,20 @@ def _check_file_beside(path: str, output: str, inputs: dict, what: str,
                        "replace it; pass another --output.")
 
 
+# An earlier run's settings file is read whole to be recognised: 64 MiB
+# holds about three million task ids (1 MiB, the old bound, some 50,000).
+_EARLIER_JSON_LIMIT = 64 << 20
+
+
 def _json_object_with(path: str, key: str) -> bool:
   """Whether `path` is a JSON object holding `key` (a file an earlier run
   wrote: --loglikelihood's settings hold nll_type)."""
   try:
     with open(path, encoding="utf-8") as f:
-      record = json.loads(f.read(1 << 20))
+      text = f.read(_EARLIER_JSON_LIMIT + 1)
+    if len(text) > _EARLIER_JSON_LIMIT:
+      return False
+    record = json.loads(text)
   except (OSError, ValueError, RecursionError):
     return False
   return isinstance(record, dict) and key in record
