@@ -1,7 +1,8 @@
 r"""Forecast MaxText's published Llama2-70B runs (FSDP only, one slice) and
 compare: an out-of-sample check with nothing fitted.
 
-  python benchmarks/forecast/forecast_llama.py [--run=v5e,v5p128,v5p1024|all]
+  python benchmarks/forecast/forecast_llama.py
+      [--run=v5e,v5p128,v5p1024,v6e,v6e2025|all]
       [--efficiency=X] [--json=PATH]
 
 Published:
@@ -17,6 +18,19 @@ Published:
 - MaxText's "Optimized models tiering" page: v5p, "Llama 2 70B, 512 Chips,
   BF16, SL=4096, 65.4% MFU, 692 tokens/sec/device" (its count of 2025:
   attention halved), recipe `MaxText/configs/v5p/llama2_70b.sh` (4 per chip).
+- v6e (Trillium), one v6e-256: tpu-recipes
+  `training/trillium/Llama2-70B-MaxText/README.md` (2024-10-31, MaxText
+  e7292a3a, libtpu 20241028) logged 17.373 s a step, 419.193 TFLOP/s per
+  chip (45.66% of 918) for `llama2_70b_4096` of
+  `benchmarks/maxtext_trillium_model_configs.py`: 4 sequences of 4096 per
+  chip, FSDP over the slice (its `fsdp_transpose` axis), remat `full`,
+  flash (splash) attention, flags DENSE_VMEM_LIMIT + CF_FOR_ALL_GATHER.
+  MaxText's "Optimized models tiering" page (2025-10) lists "Llama 2 70B,
+  256, BF16, SL=4096, 43.8% MFU, 900" tokens/s per chip: the recipe's
+  2025-03 log, `llama2_70b_4096_sc` at tpu-recipes-v0.1.0 (2 per chip,
+  remat `qkv_proj_offloaded`, all-reduces offloaded to the SparseCores;
+  9.052 s, 402.274 TFLOP/s = 43.82%). Both in the 2024 count (attention
+  not halved: PR #1988, 2025-07, came after both runs).
 
 Our GPT has no SwiGLU, GQA or RoPE, so the model is a GPT with Llama2-70B's
 weight-matmul FLOPs and parameters in every layer: 80 x 8192, 64 heads of
@@ -60,6 +74,24 @@ RUNS = {
                    causal=False),
     "v5p1024": dict(topology="v5p-1024", per_chip=4, seq=4096, mfu=65.4,
                     causal=True),
+    # The recipe logged TFLOP/s per chip (419.193), not MFU: / 918 peak.
+    "v6e": dict(topology="v6e-256", per_chip=4, seq=4096,
+                mfu=100 * 419.193 / 918, causal=False, flags="trillium"),
+    "v6e2025": dict(topology="v6e-256", per_chip=2, seq=4096, mfu=43.8,
+                    causal=False, flags="trillium"),
+}
+# MaxText's v6e LIBTPU_INIT_ARGS (benchmarks/xla_flags_library.py:
+# DENSE_VMEM_LIMIT_FLAG + CF_FOR_ALL_GATHER); the 2025 run's SparseCore
+# all-reduce offload is left out (XLA:TPU's lowering, not the model's).
+FLAGS = {
+    "trillium": ("--xla_tpu_scoped_vmem_limit_kib=98304 "
+                 "--xla_tpu_enable_async_collective_fusion=true "
+                 "--xla_tpu_enable_async_collective_fusion_fuse_all_gather="
+                 "true "
+                 "--xla_tpu_enable_async_collective_fusion_multiple_steps="
+                 "true "
+                 "--xla_tpu_overlap_compute_collective_tc=true "
+                 "--xla_enable_async_all_gather=true"),
 }
 
 
@@ -95,8 +127,8 @@ def maxtext_flops_per_chip(per_chip: int, seq: int, causal: bool,
 
 def config_for(run: dict, m: dict = LLAMA2_70B):
   """configs/gpt.py:maxtext64b (FSDP over the slice, splash attention, full
-  remat over scanned layers, MaxText's v5e flags) with Llama2-70B's
-  matmuls and the run's batch and sequence."""
+  remat over scanned layers, MaxText's v5e flags unless the run names
+  others) with Llama2-70B's matmuls and the run's batch and sequence."""
   config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
                                   "maxtext64b")
   chips = parse_topology(run["topology"]).chips
@@ -107,6 +139,8 @@ def config_for(run: dict, m: dict = LLAMA2_70B):
   config.model.mlp_size = proxy_mlp_size(m)
   config.model.vocab_size = m["vocab"]
   config.model.remat_policy = "full"
+  if "flags" in run:  # else maxtext64b's: MaxText's v5e flags
+    config.tpu_compiler_options = FLAGS[run["flags"]]
   return config
 
 
