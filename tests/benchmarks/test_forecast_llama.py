@@ -36,8 +36,41 @@ def test_the_proxys_flop_count_is_maxtexts_llama_count(script):
       script.maxtext_flops_per_chip(4, 4096, causal=False)
 
 
+def test_the_v6e_rows_are_maxtexts_logged_steps(script):
+  # tpu-recipes' 2024-10 log: 17.373 s a step, 419.193 TFLOP/s per chip at
+  # 4 x 4096 per chip; its 2025-03 log (the tiering page's 43.8%): 9.052 s,
+  # 402.274 at 2 x 4096. Both in MaxText's count before PR #1988
+  # (attention not halved); halved, the 2024 row would read 404.0.
+  for name, seconds, logged in (("v6e", 17.373, 419.193),
+                                ("v6e2025", 9.052, 402.274)):
+    run = script.RUNS[name]
+    theirs = script.maxtext_flops_per_chip(run["per_chip"], run["seq"],
+                                           run["causal"])
+    assert theirs / seconds / 1e12 == pytest.approx(logged, rel=1e-4)
+    assert run["mfu"] == pytest.approx(100 * logged / 918, abs=0.05)  # 43.8
+    assert run["per_chip"] * run["seq"] / seconds == pytest.approx(
+        {"v6e": 943.086, "v6e2025": 905.021}[name], rel=1e-4)
+  halved = script.maxtext_flops_per_chip(4, 4096, causal=True)
+  assert halved / 17.373 / 1e12 == pytest.approx(404.0, abs=0.1)
+  # The compiled GPT: 256 chips x 4 sequences of 4096, full remat (as
+  # MaxText's run), MaxText's Trillium flags; the nanoGPT count of it is
+  # MaxText's to 1e-4.
+  config = script.config_for(script.RUNS["v6e"])
+  assert (config.global_batch_size, config.block_size,
+          config.model.remat_policy) == (1024, 4096, "full")
+  assert "--xla_tpu_scoped_vmem_limit_kib=98304" in \
+      config.tpu_compiler_options
+  ours = script.forecast_maxtext.maxtext_flops_per_chip(config, 4, True)
+  assert ours == pytest.approx(
+      script.maxtext_flops_per_chip(4, 4096, causal=False), rel=1e-4)
+  # The v5e and v5p rows keep maxtext64b's flags (MaxText's v5e ones).
+  assert "scoped_vmem" not in script.config_for(
+      script.RUNS["v5e"]).tpu_compiler_options
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--run=v5e,v4"], "--run: unknown ['v4']"),
+    (["--run=v6e,v7"], "--run: unknown ['v7']"),
     (["--efficiency=0"], "--efficiency=0.0: a fraction of peak"),
     (["--efficiency=1.5"], "--efficiency=1.5: a fraction of peak"),
     (["--json="], "--json='': name a file to write the rows to"),
