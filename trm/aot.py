@@ -557,6 +557,9 @@ def run_forecast(config, topology, counts, shapes) -> int:
         dcn_step_seconds=_dcn_step_seconds())
     print(plan.format_rows(rows, topology.name, efficiency, source),
           flush=True)
+    note = plan.chip_check_note(topology.generation, source)
+    if note:
+      print(note, flush=True)
     cost = plan.format_run_cost(rows, _CHIP_HOUR_PRICE.value)
     if cost:
       print(cost, flush=True)

@@ -483,6 +483,29 @@ def test_cli_writes_the_forecast_json(tmp_path):
     assert any("dot_general" in h["op"] for h in row["hot_spots"])
 
 
+def test_a_v6e_forecast_says_the_published_runs_were_slower():
+  """MaxText's v6e runs ran 7-8 MFU points below the forecast (session
+  78): a forecast at the default efficiency says so under its table; one
+  at a given or calibrated efficiency, or on a chip whose runs agreed,
+  does not."""
+  assert plan.chip_check_note("v6e", "default (fitted on ...)").startswith(
+      "NOTE: on v6e this forecast ran 7-8 MFU points above")
+  assert plan.chip_check_note("v6e", "--efficiency") == ""
+  assert plan.chip_check_note("v6e", "calibrated: the 1-slice row") == ""
+  assert plan.chip_check_note("v4", "default (fitted on ...)") == ""
+  result = subprocess.run(
+      [sys.executable, "-m", "trm.aot", "--config=configs/gpt.py:"
+       "shakespeare_char", "--topology=v6e-4", "--vocab_size=65",
+       "--config.n_layer=1", "--config.n_embd=64", "--config.n_head=2",
+       "--config.block_size=32", "--config.batch_size=8",
+       "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--forecast"],
+      cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  table, note = result.stdout.split("NOTE: ")
+  assert "forecast for v6e-4; dense compute at 0.7985" in table
+  assert note.startswith("on v6e this forecast ran 7-8 MFU points"), note
+
+
 def test_the_collectives_summary_keeps_every_cross_slice_one():
   """A small cross-slice all-reduce ranked below the first 12 ICI
   collectives by bytes is still listed: its latency may cost more."""

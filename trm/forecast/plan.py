@@ -451,6 +451,25 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
   return "\n".join(lines)
 
 
+# What the published runs of each chip said of the default efficiency
+# (BUILD_NOTES "Multi-pod forecast"): printed under a forecast that used it.
+CHIP_CHECKS = {
+    "v6e": ("on v6e this forecast ran 7-8 MFU points above MaxText's two "
+            "published Llama2-70B runs (45.7% and 43.8% on one v6e-256; "
+            "BUILD_NOTES 'Session 78'): read it as an upper bound, or pass "
+            "--calibrate_mfu with an MFU measured on v6e."),
+}
+
+
+def chip_check_note(generation: str, efficiency_source: str) -> str:
+  """The NOTE line for a forecast of `generation` at the default
+  efficiency ('' where its published runs agreed or another was set)."""
+  note = CHIP_CHECKS.get(generation)
+  if not note or not efficiency_source.startswith("default"):
+    return ""
+  return "NOTE: " + note
+
+
 # Where a row's cross-slice latency came from: False the topology's
 # constant, True the caller's figure.
 DCN_STEP_SOURCES = {False: "fitted on MaxText's v5e runs",
