@@ -488,11 +488,11 @@ def test_a_v6e_forecast_says_the_published_runs_were_slower():
   78): a forecast at the default efficiency says so under its table; one
   at a given or calibrated efficiency, or on a chip whose runs agreed,
   does not."""
-  assert plan.chip_check_note("v6e", "default (fitted on ...)").startswith(
+  assert plan.chip_check_note("v6e", plan.DEFAULT_EFFICIENCY_SOURCE).startswith(
       "NOTE: on v6e this forecast ran 7-8 MFU points above")
   assert plan.chip_check_note("v6e", "--efficiency") == ""
   assert plan.chip_check_note("v6e", "calibrated: the 1-slice row") == ""
-  assert plan.chip_check_note("v4", "default (fitted on ...)") == ""
+  assert plan.chip_check_note("v4", plan.DEFAULT_EFFICIENCY_SOURCE) == ""
   result = subprocess.run(
       [sys.executable, "-m", "trm.aot", "--config=configs/gpt.py:"
        "shakespeare_char", "--topology=v6e-4", "--vocab_size=65",

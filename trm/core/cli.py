@@ -447,8 +447,14 @@ def within(path: str, directory: str) -> bool:
     return True
   if remote:
     return False
-  top, below = _existing_part(directory)
-  if top is None:
+  # The folder, or where it will go: its nearest existing ancestor and
+  # the names still to be created below it.
+  existing = nearest_existing(directory)
+  below = ([] if existing == directory else
+           os.path.relpath(directory, existing).split(os.sep))
+  try:
+    top = os.stat(existing)
+  except (OSError, ValueError):  # unreadable
     return False
   names = []  # path's names under `here`
   here = path
@@ -482,21 +488,6 @@ def _same_stat(path: str, stat: os.stat_result) -> bool:
     return os.path.samestat(os.stat(path), stat)
   except (OSError, ValueError):  # absent, unreadable, a NUL in the name
     return False
-
-
-def _existing_part(path: str) -> tuple[os.stat_result | None, list[str]]:
-  """The stat of `path`'s nearest existing ancestor (itself, if it exists;
-  None if none can be read) and the names below it still to be created."""
-  below = []
-  while True:
-    try:
-      return os.stat(path), below
-    except (OSError, ValueError):
-      parent = os.path.dirname(path)
-      if parent == path:
-        return None, below
-      below.insert(0, os.path.basename(path))
-      path = parent
 
 
 def nearest_existing(path: str) -> str:

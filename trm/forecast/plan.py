@@ -26,6 +26,8 @@ GIB = 2**30
 # the compile target gained the slice's torus (0.867 before, fitted on a
 # program compiled for a mesh without wraparound).
 DEFAULT_EFFICIENCY = 0.7985
+# The header's word for it (and how `chip_check_note` knows it was used).
+DEFAULT_EFFICIENCY_SOURCE = "default (fitted on MaxText 22B, 1x v4-128)"
 # The least dense-compute efficiency a forecast takes (and the floor of
 # `calibrate`'s search): below it no chip runs, and at 5e-324 the step
 # time overflowed to inf and the run cost divided by a zero rate.
@@ -405,7 +407,7 @@ def forecast(config, topology: topology_lib.Topology, slice_counts,
     source = "--efficiency"
   else:
     efficiency = DEFAULT_EFFICIENCY
-    source = "default (fitted on MaxText 22B, 1x v4-128)"
+    source = DEFAULT_EFFICIENCY_SOURCE
   rows = with_scaling([forecast_row(c, topology, efficiency, dcn_overlap)
                        for c in compiled])
   for row in rows:
@@ -465,7 +467,7 @@ def chip_check_note(generation: str, efficiency_source: str) -> str:
   """The NOTE line for a forecast of `generation` at the default
   efficiency ('' where its published runs agreed or another was set)."""
   note = CHIP_CHECKS.get(generation)
-  if not note or not efficiency_source.startswith("default"):
+  if not note or efficiency_source != DEFAULT_EFFICIENCY_SOURCE:
     return ""
   return "NOTE: " + note
 
