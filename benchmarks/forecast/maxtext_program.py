@@ -156,7 +156,7 @@ def forecast_program(text: str, fabric, topology, efficiency: float):
   chip = topology.chip
   program = timeline.Program(text, fabric)
   return program.play(chip.peak_bf16_tflops * 1e12, efficiency,
-                      chip.hbm_gbps * 1e9)
+                      chip.hbm_gbps * 1e9, mxu_width=chip.mxu_width)
 
 
 def main():

@@ -791,4 +791,65 @@ def test_splash_calls_are_charged_by_kind_mask_blocks_and_layout():
   assert flops == {"fwd": 2 * 6 * unit, "dq": 3 * 9 * unit,
                    "dkv": 4 * 6 * unit, "fused": 5 * 6 * unit,
                    "theirs": None}
+  # On a 256-wide MXU (v6e) S = QK^T and dP = dO V^T contract over D = 64
+  # and occupy the array 4 times over; PV, dQ, dV, dK contract over a
+  # 256-block and stream D: unpadded.
+  padded = {i.name: ops.splash_flops(i, comp, 256) for i in comp.instructions
+            if ops.is_pallas_call(i)}
+  assert padded == {"fwd": 5 * 6 * unit, "dq": 9 * 9 * unit,
+                    "dkv": 10 * 6 * unit, "fused": 11 * 6 * unit,
+                    "theirs": None}
   assert timeline.Program(text, FABRIC).totals().undeclared_kernels == 1
+
+
+def test_mxu_padding_rounds_up_what_the_array_cannot_avoid():
+  """The contraction always; of the two free dims the one that wastes
+  less; nothing without an array (width 1, a GPU)."""
+  assert ops.mxu_padding(4096, 128, 4096, 128) == 1.0
+  assert ops.mxu_padding(4096, 128, 4096, 256) == 2.0   # QK^T, D = 128
+  assert ops.mxu_padding(512, 512, 128, 256) == 1.0     # PV: D streamed
+  assert ops.mxu_padding(128, 512, 128, 256) == 2.0     # both free dims short
+  assert ops.mxu_padding(8, 64, 4096, 128) == 2.0       # contraction of 64
+  assert ops.mxu_padding(100, 100, 100, 1) == 1.0
+
+
+def _one_matmul(k: int, form: str) -> str:
+  """A [4096, k] x [k, 4096] matmul: a dot, or a fused convolution (how
+  XLA:TPU writes many of its matmuls)."""
+  matmul = {"dot": "dot(%a, %b), lhs_contracting_dims={1}, "
+                   "rhs_contracting_dims={0}",
+            "convolution": "convolution(%a, %b), dim_labels=bf_io->bf"}[form]
+  fused = (f"%fused_mm (a: bf16[4096,{k}], b: bf16[{k},4096]) -> "
+           f"f32[4096,4096] {{\n  %a = bf16[4096,{k}]{{1,0}} parameter(0)\n"
+           f"  %b = bf16[{k},4096]{{1,0}} parameter(1)\n"
+           f"  ROOT %mm = f32[4096,4096]{{1,0}} {matmul}\n}}\n")
+  return ("HloModule test, is_scheduled=true, num_partitions=1\n" + fused
+          + f"ENTRY %main (a: bf16[4096,{k}], b: bf16[{k},4096]) -> "
+          f"f32[4096,4096] {{\n  %a = bf16[4096,{k}]{{1,0}} parameter(0)\n"
+          f"  %b = bf16[{k},4096]{{1,0}} parameter(1)\n"
+          + ("  ROOT %f = f32[4096,4096]{1,0} fusion(%a, %b), kind=kOutput, "
+             "calls=%fused_mm\n" if form == "convolution" else
+             f"  ROOT %d = f32[4096,4096]{{1,0}} {matmul}\n") + "}\n")
+
+
+@pytest.mark.parametrize("form", ["dot", "convolution"])
+@pytest.mark.parametrize("k, v6e_over_v4", [(128, 2.0), (256, 1.0),
+                                            (8192, 1.0)])
+def test_a_matmul_is_timed_as_it_fills_the_chips_mxu(form, k, v6e_over_v4):
+  """v6e's MXU is 256 x 256, v4's 128 x 128: a contraction of 128 fills
+  half of v6e's array, so at equal peak it takes twice v4's time; 256 and
+  more fill both. v4's time is the unpadded one (a 128-wide chip whose
+  dims are multiples of 128 is charged as before), and the FLOPs MFU
+  counts are the useful ones on both."""
+  program = timeline.Program(_one_matmul(k, form), FABRIC)
+  steps = {chip: program.play(PEAK, 0.5, HBM, mxu_width=topology.CHIPS[
+      chip].mxu_width) for chip in ("v4", "v6e")}
+  assert steps["v6e"].seconds == pytest.approx(v6e_over_v4
+                                               * steps["v4"].seconds)
+  assert steps["v4"].seconds == program.play(PEAK, 0.5, HBM).seconds
+  assert steps["v4"].seconds == pytest.approx(2 * 4096**2 * k / (PEAK * 0.5))
+  assert steps["v6e"].totals.flops == steps["v4"].totals.flops == (
+      2 * 4096**2 * k)
+  (spot,) = program.hot_spots(PEAK, 0.5, HBM, mxu_width=256)
+  assert spot["seconds"] == pytest.approx(steps["v6e"].seconds)
+  assert spot["flops"] == 2 * 4096**2 * k

@@ -84,6 +84,65 @@ def dot_flops(inst: hlo.Instruction, comp: hlo.Computation) -> float:
   return 0.0
 
 
+def mxu_padding(m: int, k: int, n: int, width: int) -> float:
+  """How many times its FLOPs an [m, k] x [k, n] matmul occupies a
+  `width` x `width` MXU (>= 1; 1 for width <= 1, no array).
+
+  The array holds a k x n tile of one operand (the stationary one) and
+  streams the other's m rows through it: a contraction k that is not a
+  multiple of the width leaves rows of the array idle whichever operand
+  is stationary, so k is always rounded up. Of m and n the compiler may
+  make either the stationary side; counted conservatively, the
+  orientation that wastes less is taken (the streamed side is not padded
+  to the width). A dim here is the product of the dims it flattens (a
+  contraction over heads x 128 counts as one of 8192): only what cannot be
+  laid out in whole tiles is padded. On a 128-wide chip dims that are
+  multiples of 128 give exactly 1."""
+  if width <= 1 or min(m, k, n) <= 0:
+    return 1.0
+
+  def up(x):
+    return -(-x // width) * width
+
+  return up(k) / k * min(up(m) / m, up(n) / n)
+
+
+def matmul_dims(inst: hlo.Instruction, comp: hlo.Computation
+                ) -> tuple[int, int, int] | None:
+  """(m, k, n) of one of a dot's or convolution's matmuls (per batch
+  element, per feature group; a convolution's spatial positions counted
+  into m, its window taps as separate passes of the same k), or None
+  where the shapes cannot be read."""
+  operands = _operand_shapes(inst, comp)
+  if not inst.shape or len(operands) < 2 or not operands[0] or not (
+      operands[1]):
+    return None
+  lhs, rhs = operands[0][0].dims, operands[1][0].dims
+  if inst.opcode == "dot":
+    lhs_used = set(_dims(inst.attr("lhs_contracting_dims"))) | set(
+        _dims(inst.attr("lhs_batch_dims")))
+    rhs_used = set(_dims(inst.attr("rhs_contracting_dims"))) | set(
+        _dims(inst.attr("rhs_batch_dims")))
+    k = math.prod(lhs[d] for d in _dims(inst.attr("lhs_contracting_dims"))
+                  if d < len(lhs))
+    m = math.prod(s for d, s in enumerate(lhs) if d not in lhs_used)
+    n = math.prod(s for d, s in enumerate(rhs) if d not in rhs_used)
+    return m, k, n
+  match = re.fullmatch(r"([^_]+)_([^-]+)->(.+)", inst.attr("dim_labels")
+                       or "")
+  if inst.opcode != "convolution" or not match:
+    return None
+  kernel_labels = match.group(2)
+  if "i" not in kernel_labels or "o" not in kernel_labels:
+    return None
+  groups = max(1, int(inst.attr("feature_group_count") or 1)) * max(
+      1, int(inst.attr("batch_group_count") or 1))
+  outputs = rhs[kernel_labels.index("o")]
+  n = max(1, outputs // groups)
+  m = inst.shape[0].elements // max(outputs, 1)
+  return m, rhs[kernel_labels.index("i")], n
+
+
 def _valid_taps(size, out_size, window, stride, pads, lhs_dilate,
                 rhs_dilate) -> float:
   """Window taps per output position that land on input data, not on
@@ -134,6 +193,9 @@ class FusedCost:
   # Root tuple element -> the parameter it hands through unchanged (XLA:TPU's
   # async collective fusions pass the buffers of their chain along).
   passed_through: dict = dataclasses.field(default_factory=dict)
+  # (FLOPs, (m, k, n) or None) of each dot and convolution inside, nested
+  # fusions' included: what `padded_flops` pads to a chip's MXU.
+  matmuls: tuple = ()
 
 
 # Ops whose every output element reads one element of their operand (and
@@ -188,13 +250,14 @@ def fused_cost(module: hlo.Module, name: str, cache: dict) -> FusedCost:
   if name in cache:
     return cache[name]
   comp = module.computations[name]
-  flops, collectives = 0.0, []
+  flops, collectives, matmuls = 0.0, [], []
   users: dict[str, list[hlo.Instruction]] = {}
   for inst in comp.instructions:
     for operand in inst.operands:
       users.setdefault(operand, []).append(inst)
     if inst.opcode in ("dot", "convolution"):
       flops += dot_flops(inst, comp)
+      matmuls.append((dot_flops(inst, comp), matmul_dims(inst, comp)))
     elif inst.opcode in COLLECTIVES:
       collectives.append(inst)
     for called in inst.called():
@@ -202,6 +265,7 @@ def fused_cost(module: hlo.Module, name: str, cache: dict) -> FusedCost:
         inner = fused_cost(module, called, cache)
         flops += inner.flops
         collectives.extend(inner.collectives)
+        matmuls.extend(inner.matmuls)
   params = sorted((i for i in comp.instructions if i.opcode == "parameter"),
                   key=lambda i: int(re.findall(r"\d+", i.operand_text)[0]
                                     if re.findall(r"\d+", i.operand_text)
@@ -252,7 +316,7 @@ def fused_cost(module: hlo.Module, name: str, cache: dict) -> FusedCost:
       else:
         result_bytes += r.result_bytes
   cost = FusedCost(flops, operand_bytes, result_bytes, tuple(collectives),
-                   passed_through)
+                   passed_through, tuple(matmuls))
   cache[name] = cost
   return cost
 
@@ -335,6 +399,30 @@ def instruction_cost(module: hlo.Module, comp: hlo.Computation,
   return flops, sum(read) + written
 
 
+def padded_flops(module: hlo.Module, comp: hlo.Computation,
+                 inst: hlo.Instruction, width: int, cache: dict
+                 ) -> float | None:
+  """The FLOPs an instruction's dots and convolutions occupy a
+  `width`-wide MXU for (`mxu_padding` of each), or None when it is not a
+  dot, a convolution, or a fusion or call of them: the time model's
+  compute, not the useful FLOPs MFU counts."""
+  if inst.opcode in ("dot", "convolution"):
+    flops = dot_flops(inst, comp)
+    matmuls = [(flops, matmul_dims(inst, comp))]
+  elif inst.opcode in ("fusion", "custom-call") and inst.called():
+    called = [c for c in inst.called() if c in module.computations]
+    if not called:
+      return None
+    fused = fused_cost(module, called[0], cache)
+    flops, matmuls = fused.flops, fused.matmuls
+  else:
+    return None
+  # The useful FLOPs plus the padding's, so that a program whose matmuls
+  # fill the array is charged exactly what it was before.
+  return flops + sum(f * (mxu_padding(*dims, width) - 1.0)
+                     for f, dims in matmuls if dims)
+
+
 def _async_work_cost(module: hlo.Module, inst: hlo.Instruction,
                      cache: dict) -> tuple[float, float]:
   """An `async-start` of computation, not of a collective (the network
@@ -388,8 +476,14 @@ def pallas_kernel_name(inst: hlo.Instruction) -> str | None:
 # jax's splash attention kernels (Pallas, TPU) declare no cost. Matmuls per
 # computed block of each: the forward forms S = QK^T and O = PV; dq
 # recomputes S and forms dP = dO V^T and dQ = dS K; dkv recomputes S and
-# forms dV = P^T dO, dP and dK = dS^T Q; a fused backward does both.
-_SPLASH_MATMULS = {"fwd": 2, "dq": 3, "dkv": 4, "dkv_fused": 5}
+# forms dV = P^T dO, dP and dK = dS^T Q; a fused backward does both. Each
+# as (m, k, n) of the block: "q" its query rows, "k" its key columns, "d"
+# the head dim (S and dP contract over d: padded on a 256-wide MXU when d
+# is 128; the others contract over a block and may keep d streamed).
+_S, _PV, _PTDO = "qdk", "qkd", "kqd"
+_SPLASH_MATMULS = {"fwd": (_S, _PV), "dq": (_S, _S, _PV),
+                   "dkv": (_S, _PTDO, _S, _PTDO),
+                   "dkv_fused": (_S, _PTDO, _S, _PTDO, _PV)}
 
 
 def _splash_scopes() -> dict:
@@ -404,8 +498,8 @@ def _metadata_int(attrs: str, key: str) -> int | None:
   return int(match.group(1)) if match else None
 
 
-def splash_flops(inst: hlo.Instruction, comp: hlo.Computation
-                 ) -> float | None:
+def splash_flops(inst: hlo.Instruction, comp: hlo.Computation,
+                 mxu_width: int = 1) -> float | None:
   """The FLOPs of one call of jax's splash attention kernel, or None for
   any other instruction, or a call whose mask is unknown (not inside one
   of `trm.nn.tpu_attention`'s scopes, e.g. MaxText's).
@@ -415,7 +509,8 @@ def splash_flops(inst: hlo.Instruction, comp: hlo.Computation
   causal one the blocks holding a query at or after a key (a block on the
   diagonal is computed whole, as the kernel does). Shapes come from the
   call's first three floating operands (q, k, v), blocks from the kernel's
-  xprof metadata."""
+  xprof metadata. With `mxu_width` > 1 each block's matmuls count as they
+  occupy that MXU (`mxu_padding`): the time model's charge, not MFU's."""
   name = pallas_kernel_name(inst)
   if name is None or not name.startswith(("splash_mha_", "splash_mqa_")):
     return None
@@ -445,14 +540,18 @@ def splash_flops(inst: hlo.Instruction, comp: hlo.Computation
   if kind == "dkv" and re.search(r'use_fused_bwd_kernel\\?"\s*:\s*true',
                                  inst.attrs):
     kind = "dkv_fused"
-  area = 0
+  area = 0.0   # of the blocks computed, each times its matmuls' padding
   for start_q in range(0, q_len, block_q):
     rows = min(block_q, q_len - start_q)
     for start_k in range(0, k_len, block_k):
       if causal and start_k > start_q + rows - 1:
         break
-      area += rows * min(block_k, k_len - start_k)
-  return 2.0 * _SPLASH_MATMULS[kind] * math.prod(q[:-2]) * head_dim * area
+      cols = min(block_k, k_len - start_k)
+      size = {"q": rows, "k": cols, "d": head_dim}
+      area += rows * cols * sum(
+          mxu_padding(*(size[c] for c in matmul), mxu_width)
+          for matmul in _SPLASH_MATMULS[kind])
+  return 2.0 * math.prod(q[:-2]) * head_dim * area
 
 
 # XLA:GPU's library calls whose work `gpu_library_cost` reads.

@@ -183,7 +183,8 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
     row["error"] = compiled.error
     return row
   step = compiled.program.play(chip.peak_bf16_tflops * 1e12, efficiency,
-                               chip.hbm_gbps * 1e9, dcn_overlap)
+                               chip.hbm_gbps * 1e9, dcn_overlap,
+                               chip.mxu_width)
   if step.seconds <= 0:  # rates and MFU would divide by it
     raise ForecastError(
         f"the {compiled.slices}-slice step's compiled program computes, "
@@ -192,7 +193,8 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
   flops_per_chip = compiled.model_flops / compiled.chips
   other = "schedule" if dcn_overlap == "none" else "none"
   other_step = compiled.program.play(chip.peak_bf16_tflops * 1e12,
-                                     efficiency, chip.hbm_gbps * 1e9, other)
+                                     efficiency, chip.hbm_gbps * 1e9, other,
+                                     chip.mxu_width)
   tflops = flops_per_chip / step.seconds / 1e12
   examples = compiled.global_batch / step.seconds
   totals = step.totals
@@ -217,7 +219,7 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
       "collectives": collective_summary(totals),
       "hot_spots": compiled.program.hot_spots(
           chip.peak_bf16_tflops * 1e12, efficiency, chip.hbm_gbps * 1e9,
-          top=HOT_SPOTS),
+          top=HOT_SPOTS, mxu_width=chip.mxu_width),
   })
   return row
 

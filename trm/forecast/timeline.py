@@ -6,7 +6,10 @@ instruction:
 
 * compute (fusions, dots, copies, ...): the longer of its dense FLOPs at
   `efficiency` x the chip's peak and its HBM bytes at the chip's HBM
-  bandwidth (a roofline per instruction, not per program);
+  bandwidth (a roofline per instruction, not per program); the FLOPs of
+  a matmul as it occupies the chip's MXU (`mxu_width`: its dims rounded
+  up where the array cannot avoid padding, ops.mxu_padding), while the
+  totals and MFU keep the useful FLOPs;
 * a collective's start hands it to its network (ICI or DCN), which runs
   one collective at a time per resource at the time `network` gives; the
   matching done waits for it. What the compiler scheduled between the two
@@ -113,6 +116,25 @@ class Program:
                   or ops.gpu_library_cost(inst, comp))
       self._costs[key] = declared or ops.instruction_cost(
           self.module, comp, inst, self._fused)
+    return self._costs[key]
+
+  def time_flops(self, comp, inst, mxu_width: int) -> float:
+    """The FLOPs the time model charges an instruction on a chip whose MXU
+    is `mxu_width` wide: `cost`'s, with its dots, convolutions and splash
+    attention calls padded to the array (ops.mxu_padding); a kernel's
+    declared FLOPs as declared. Width 1: `cost`'s."""
+    flops = self.cost(comp, inst)[0]
+    if mxu_width <= 1 or not flops:
+      return flops
+    key = (comp.name, inst.name, mxu_width)
+    if key not in self._costs:
+      padded = None
+      if ops.pallas_cost(inst) is None and self.declared_flops(inst) is None:
+        padded = ops.splash_flops(inst, comp, mxu_width)
+        if padded is None and ops.gpu_library_cost(inst, comp) is None:
+          padded = ops.padded_flops(self.module, comp, inst, mxu_width,
+                                    self._fused)
+      self._costs[key] = flops if padded is None else padded
     return self._costs[key]
 
   def declared_flops(self, inst) -> float | None:
@@ -322,9 +344,11 @@ class Program:
 
   # ------------------------------------------------------------ played
   def play(self, peak_flops: float, efficiency: float,
-           hbm_bytes_per_second: float, dcn_overlap: str = "none"
-           ) -> Step:
-    """The step's time with dense compute at `efficiency` x peak.
+           hbm_bytes_per_second: float, dcn_overlap: str = "none",
+           mxu_width: int = 1) -> Step:
+    """The step's time with dense compute at `efficiency` x peak, matmuls
+    padded to a `mxu_width`-wide MXU (`time_flops`; 1: no padding, as for
+    a GPU).
 
     dcn_overlap: 'schedule' plays cross-slice collectives as the program
     schedules them (whatever runs between a send and its done overlaps it);
@@ -336,7 +360,7 @@ class Program:
                        "none.")
     state = _State()
     state.dcn_blocks = dcn_overlap == "none"
-    rates = (peak_flops * efficiency, hbm_bytes_per_second)
+    rates = (peak_flops * efficiency, hbm_bytes_per_second, mxu_width)
     self._play(self.module.entry_computation, state, rates)
     end = max([state.now] + list(state.pending.values()))
     if end > state.now:
@@ -367,7 +391,8 @@ class Program:
           else:
             state.start(inst.name, described, _rendezvous(inst))
           continue
-        flops, moved = self.cost(comp, inst)
+        moved = self.cost(comp, inst)[1]
+        flops = self.time_flops(comp, inst, rates[2])
         if flops or moved:
           compute_s = flops / rates[0]
           memory_s = moved / rates[1]
@@ -416,11 +441,12 @@ class Program:
 
   # ------------------------------------------------------------ where
   def instruction_times(self, peak_flops: float, efficiency: float,
-                        hbm_bytes_per_second: float):
+                        hbm_bytes_per_second: float, mxu_width: int = 1):
     """Yields (instruction, roofline seconds per run, HBM bytes per run,
     FLOPs per run, runs per step) for every compute instruction a step
     runs: loops count their trip counts, a conditional its costlier
-    branch. Network time is not included."""
+    branch. Network time is not included. The seconds charge the MXU's
+    padding (`time_flops`), the FLOPs are the useful ones."""
     rates = (peak_flops * efficiency, hbm_bytes_per_second)
 
     def walk(comp, times):
@@ -443,20 +469,21 @@ class Program:
         flops, moved = self.cost(comp, inst)
         if not (flops or moved):
           continue
-        yield (inst, max(flops / rates[0], moved / rates[1]), moved, flops,
-               times)
+        yield (inst, max(self.time_flops(comp, inst, mxu_width) / rates[0],
+                         moved / rates[1]), moved, flops, times)
 
     yield from walk(self.module.entry_computation, 1)
 
   def hot_spots(self, peak_flops: float, efficiency: float,
-                hbm_bytes_per_second: float, top: int = 20) -> list[dict]:
+                hbm_bytes_per_second: float, top: int = 20,
+                mxu_width: int = 1) -> list[dict]:
     """The compute instructions' roofline time per step, summed by what the
     model code called them (`op_name` metadata, transforms stripped, last
     three scopes) and instruction kind, largest first: which part of the
     model a step's time goes to (`instruction_times`, summed)."""
     spots: dict = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     for inst, seconds, moved, flops, times in self.instruction_times(
-        peak_flops, efficiency, hbm_bytes_per_second):
+        peak_flops, efficiency, hbm_bytes_per_second, mxu_width):
       spot = spots[(op_label(inst), instruction_kind(inst))]
       spot[0] += seconds * times
       spot[1] += moved * times
