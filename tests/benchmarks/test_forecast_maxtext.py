@@ -213,3 +213,30 @@ def test_a_damaged_or_edited_saved_program_is_compiled_again(script,
   assert saved_then(lambda: open(text_path, "a").write(" ")) is None
   assert saved_then(lambda: open(meta_path, "w").write("{")) is None
   assert saved_then(lambda: open(meta_path, "w").write("[]")) is None
+
+
+def test_the_published_runs_matmuls_fill_a_128_wide_mxu(script):
+  """Why the MXU's padding (ops.mxu_padding, BUILD_NOTES "Session 79")
+  leaves the v4, v5e and v5p published-run forecasts as they were: every
+  matmul dim of their configs, per chip and per tensor shard, is a
+  multiple of 128 (the compiled Llama2-70B program of the v6e run, the
+  same model, has no instruction padded at 128 either)."""
+  llama = repo.load_script("benchmarks", "forecast", "forecast_llama.py")
+  runs = [(run["variant"], run) for run in script.RUNS.values()]
+  runs += [(llama.config_for(run), run) for run in llama.RUNS.values()]
+  for config, run in runs:
+    if isinstance(config, str):
+      config = script.config_lib.load_config(
+          os.path.join(repo.ROOT, "configs", "gpt.py"), config)
+    cfg = script.gpt.GPTConfig.from_config(config.model)
+    chips = topology.parse_topology(run["topology"]).chips
+    per_chip = (run.get("batch_per_slice") or config.global_batch_size
+                ) / chips
+    model = config.mesh.model
+    dims = {"embd": cfg.n_embd, "head": cfg.head_dim,
+            "attention shard": cfg.attention_width // model,
+            "mlp shard": cfg.mlp_width // model,
+            "embd shard": cfg.n_embd // model, "vocab": cfg.vocab_size,
+            "sequence": cfg.block_size,
+            "tokens per chip": per_chip * cfg.block_size}
+    assert all(size % 128 == 0 for size in dims.values()), (run, dims)
