@@ -853,3 +853,27 @@ def test_a_matmul_is_timed_as_it_fills_the_chips_mxu(form, k, v6e_over_v4):
   (spot,) = program.hot_spots(PEAK, 0.5, HBM, mxu_width=256)
   assert spot["seconds"] == pytest.approx(steps["v6e"].seconds)
   assert spot["flops"] == 2 * 4096**2 * k
+
+
+def test_a_weight_gradient_convolutions_window_counts_into_its_contraction():
+  """XLA:TPU writes a weight gradient as a convolution whose window spans
+  the tokens and whose input features are the rows per chip (TRM's
+  [512, 3072] gradient: 97 tokens x 24 rows): the array contracts over
+  both (97 x 24 = 2328, padded to 2432 on a 128-wide MXU), not over the
+  24 rows alone (5.3x idle)."""
+  text = ("HloModule test, is_scheduled=true, num_partitions=1\n"
+          "ENTRY %main (x: bf16[97,24,512], d: bf16[97,24,3072]) -> "
+          "bf16[512,3072,1] {\n"
+          "  %x = bf16[97,24,512]{2,1,0} parameter(0)\n"
+          "  %d = bf16[97,24,3072]{2,1,0} parameter(1)\n"
+          "  ROOT %w = bf16[512,3072,1]{1,0,2} convolution(%x, %d), "
+          "window={size=97}, dim_labels=0fb_0io->bf0\n}\n")
+  module = hlo.parse_module(text)
+  comp = module.entry_computation
+  conv = comp.instructions[-1]
+  assert ops.matmul_dims(conv, comp) == (512, 97 * 24, 3072)
+  assert ops.dot_flops(conv, comp) == 2 * 512 * 3072 * 97 * 24
+  program = timeline.Program(text, FABRIC)
+  padded = program.play(PEAK, 0.5, HBM, mxu_width=128).seconds
+  assert padded == pytest.approx(
+      program.play(PEAK, 0.5, HBM).seconds * 2432 / 2328)

@@ -110,9 +110,17 @@ def mxu_padding(m: int, k: int, n: int, width: int) -> float:
 def matmul_dims(inst: hlo.Instruction, comp: hlo.Computation
                 ) -> tuple[int, int, int] | None:
   """(m, k, n) of one of a dot's or convolution's matmuls (per batch
-  element, per feature group; a convolution's spatial positions counted
-  into m, its window taps as separate passes of the same k), or None
-  where the shapes cannot be read."""
+  element, per feature group; a convolution's output positions counted
+  into m, its window taps into k with the input features), or None where
+  the shapes cannot be read.
+
+  Why taps count into k: XLA:TPU writes weight gradients as convolutions
+  whose window spans the tokens and whose input features are the batch
+  (TRM's [512, 3072] gradient: a window of 97 tokens over 24 rows per
+  chip); charged as 97 passes contracting over 24, a 128-wide array would
+  be 5.3x idle, which the compiler, choosing that form, would not have
+  chosen. Folding the taps into the contraction is the layout that wastes
+  less, as for a dot's free dims."""
   operands = _operand_shapes(inst, comp)
   if not inst.shape or len(operands) < 2 or not operands[0] or not (
       operands[1]):
@@ -140,7 +148,7 @@ def matmul_dims(inst: hlo.Instruction, comp: hlo.Computation
   outputs = rhs[kernel_labels.index("o")]
   n = max(1, outputs // groups)
   m = inst.shape[0].elements // max(outputs, 1)
-  return m, rhs[kernel_labels.index("i")], n
+  return m, math.prod(rhs) // max(outputs, 1), n
 
 
 def _valid_taps(size, out_size, window, stride, pads, lhs_dilate,
