@@ -9,6 +9,7 @@ maxima), plus the confidence of each draw that the reveal rules rank. Used by
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -212,13 +213,27 @@ def token_probs(logits, *, temperature, top_p, top_k):
                    top_k=top_k)
 
 
-def _filtered(logits, finish, *, temperature, top_p, top_k):
-  """`finish(values, ids, keep)` on the temperature-scaled logits after the
-  reference's top-p then top-k, over candidate blocks where that is exact
-  (see `sample_tokens`); finish's outputs must not depend on how many
-  candidates there are (both branches of the cond)."""
-  dtype = logits.dtype
-  vocab = logits.shape[-1]
+class _Filter(NamedTuple):
+  """The reference's top-p then top-k on a block of rows, before the draw
+  (apart from it so that the whole-vocabulary fallback can be decided over
+  more rows than one draw holds).
+
+  logits: temperature-scaled; log_norm: their float32 logsumexp (top-p
+  only); kth: each row's k-th largest key (top-k only); values, ids: the
+  candidate blocks (None when there are none); ok [...]: whether a row's
+  candidates hold every entry its kept set can reach.
+  """
+  logits: jax.Array
+  log_norm: Optional[jax.Array]
+  kth: Optional[jax.Array]
+  values: Optional[jax.Array]
+  ids: Optional[jax.Array]
+  ok: Optional[jax.Array]
+
+
+def _scaled(logits, *, temperature, top_p):
+  """(temperature-scaled logits, their float32 logsumexp when top-p
+  filters, else None)."""
   if temperature > 0:
     # The reference's division, except in a row where it overflows (a
     # temperature near 0: every positive logit inf, the softmax NaN, and
@@ -228,24 +243,26 @@ def _filtered(logits, finish, *, temperature, top_p, top_k):
     # is 0.30078125 there) moved a third of the logits by a unit.
     logits = temperature_lib.divide_unless_overflow(
         logits, jnp.float32(temperature), wide=True)
-  use_top_p = top_p is not None and top_p < 1
   log_norm = (jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-              if use_top_p else None)
-  all_ids = jnp.broadcast_to(jnp.arange(vocab, dtype=jnp.int32), logits.shape)
+              if _uses_top_p(top_p) else None)
+  return logits, log_norm
+
+
+def _uses_top_p(top_p) -> bool:
+  return top_p is not None and top_p < 1
+
+
+def _filter(logits, *, temperature, top_p, top_k) -> _Filter:
+  """Temperature, then the candidates where they are exact (see
+  `sample_tokens`)."""
+  dtype = logits.dtype
+  vocab = logits.shape[-1]
+  logits, log_norm = _scaled(logits, temperature=temperature, top_p=top_p)
   if top_k:
     values, ids, kth, complete = _candidates(logits, min(int(top_k), vocab))
-
-    def keep(values):
-      kept = _order_keys(values) >= kth[..., None]
-      if use_top_p:  # top-p acts first in the reference, on the full softmax
-        kept &= _top_p_keep(values, log_norm, top_p)
-      return kept
-
-    return jax.lax.cond(jnp.all(complete),
-                        lambda: finish(values, ids, keep(values)),
-                        lambda: finish(logits, all_ids, keep(logits)))
-  if not use_top_p:
-    return finish(logits, all_ids, None)
+    return _Filter(logits, log_norm, kth, values, ids, complete)
+  if log_norm is None:
+    return _Filter(logits, None, None, None, None, None)
   values, ids, kth, complete = _candidates(
       logits, min(_TOP_P_CANDIDATES, vocab))
   top = _order_keys(values) >= kth[..., None]
@@ -256,7 +273,40 @@ def _filtered(logits, finish, *, temperature, top_p, top_k):
   top_mass = dtypes.rounded_to(
       jnp.sum(jnp.where(top, top_probs, 0.0), axis=-1), dtype)
   covered = complete & (top_mass > jnp.float32(top_p))
-  return jax.lax.cond(
-      jnp.all(covered),
-      lambda: finish(values, ids, _top_p_keep(values, log_norm, top_p)),
-      lambda: finish(logits, all_ids, _top_p_keep(logits, log_norm, top_p)))
+  return _Filter(logits, log_norm, None, values, ids, covered)
+
+
+def _keep(values, f: _Filter, top_p):
+  """The kept entries among `values` (candidates or the whole vocabulary),
+  None when nothing is filtered."""
+  kept = None
+  if f.kth is not None:
+    kept = _order_keys(values) >= f.kth[..., None]
+  if f.log_norm is not None:  # top-p acts first in the reference, on the
+    top = _top_p_keep(values, f.log_norm, top_p)  # full softmax
+    kept = top if kept is None else kept & top
+  return kept
+
+
+def _on_candidates(f: _Filter, finish, top_p):
+  return finish(f.values, f.ids, _keep(f.values, f, top_p))
+
+
+def _on_vocabulary(f: _Filter, finish, top_p):
+  all_ids = jnp.broadcast_to(
+      jnp.arange(f.logits.shape[-1], dtype=jnp.int32), f.logits.shape)
+  return finish(f.logits, all_ids, _keep(f.logits, f, top_p))
+
+
+def _filtered(logits, finish, *, temperature, top_p, top_k):
+  """`finish(values, ids, keep)` on the temperature-scaled logits after the
+  reference's top-p then top-k, over candidate blocks where that is exact
+  (see `sample_tokens`); finish's outputs must not depend on how many
+  candidates there are (both branches of the cond)."""
+  f = _filter(logits, temperature=temperature, top_p=top_p, top_k=top_k)
+  if f.ok is None:
+    return _on_vocabulary(f, finish, top_p)
+  return jax.lax.cond(jnp.all(f.ok),
+                      lambda: _on_candidates(f, finish, top_p),
+                      lambda: _on_vocabulary(f, finish, top_p))
+
