@@ -12,7 +12,9 @@ import functools
 from typing import NamedTuple, Optional
 
 import jax
+from jax.extend import random as jax_random_ext
 import jax.numpy as jnp
+import numpy as np
 
 from trm.nn import dtypes
 from trm.nn import temperature as temperature_lib
@@ -216,7 +218,7 @@ def token_probs(logits, *, temperature, top_p, top_k):
 class _Filter(NamedTuple):
   """The reference's top-p then top-k on a block of rows, before the draw
   (apart from it so that the whole-vocabulary fallback can be decided over
-  more rows than one draw holds).
+  more rows than one draw holds: `sample_rows_in_chunks`).
 
   logits: temperature-scaled; log_norm: their float32 logsumexp (top-p
   only); kth: each row's k-th largest key (top-k only); values, ids: the
@@ -310,3 +312,133 @@ def _filtered(logits, finish, *, temperature, top_p, top_k):
                       lambda: _on_candidates(f, finish, top_p),
                       lambda: _on_vocabulary(f, finish, top_p))
 
+
+# Drawing a block of rows in chunks with the noise of the whole block.
+#
+# With jax_threefry_partitionable (the default since jax 0.5), a threefry
+# key's random bits for a shape are, at each element, the hash of the key
+# with the element's row-major index in that shape (`iota_2x32_shape`): so
+# the noise `jax.random.categorical` adds to rows [first, first + c) of a
+# [..., rows, W] draw is the hash of those rows' indices in the whole
+# block. A `_ROWS` key is the threefry key plus (first, rows): its random
+# bits for a [..., c, W] shape are those indices' hashes, and
+# `jax.random.categorical` turns them into the same floats as for the
+# block (its bits-to-float code is jax's own, untouched).
+
+
+def _rows_bits(key, bit_width, shape):
+  """random_bits of a `_ROWS` key (k1, k2, first, rows) for [..., c, W]."""
+  if bit_width != 32 or len(shape) < 2:
+    raise NotImplementedError("_ROWS keys draw float32 [..., rows, W] only")
+  *lead, chunk, width = shape
+  k1, k2, first, rows = (key[j] for j in range(4))
+  u32 = jnp.uint32
+  lead_index = jnp.arange(int(np.prod(lead)), dtype=u32).reshape(
+      tuple(lead) + (1, 1))
+  row = first + jnp.arange(chunk, dtype=u32)[:, None]
+  index = ((lead_index * rows + row) * u32(width)
+           + jnp.arange(width, dtype=u32))
+  # Blocks hold fewer than 2**32 entries (`rows_drawable`): the index's
+  # high word is 0.
+  hi, k1, k2 = (jnp.broadcast_to(v, shape).astype(u32)
+                for v in (u32(0), k1, k2))
+  bits1, bits2 = jax_random_ext.threefry2x32_p.bind(k1, k2, hi, index)
+  return bits1 ^ bits2
+
+
+def _no_key_op(*_):
+  raise NotImplementedError("a _ROWS key only draws (random_bits)")
+
+
+_ROWS = jax_random_ext.define_prng_impl(
+    key_shape=(4,), seed=_no_key_op, split=_no_key_op,
+    random_bits=_rows_bits, fold_in=_no_key_op, name="threefry2x32_rows",
+    tag="fry_rows")
+
+
+def _threefry_data(key):
+  """The uint32[2] data of a threefry key (typed or raw), else None."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    impl = jax.random.key_impl(key)
+    data = jax.random.key_data(key)
+  else:
+    impl, data = jax.config.jax_default_prng_impl, key
+  name = getattr(impl, "name", impl)
+  return data if name == "threefry2x32" and data.shape == (2,) else None
+
+
+def rows_drawable(key, shape) -> bool:
+  """Whether `sample_rows_in_chunks` draws logits of `shape` [..., R, V]
+  with `key` exactly as `sample_tokens` draws their first rows: a threefry
+  key, partitionable threefry bits, blocks under 2**32 entries."""
+  return (_threefry_data(key) is not None
+          and bool(jax.config.jax_threefry_partitionable)
+          and len(shape) >= 2 and int(np.prod(shape)) < 2 ** 32)
+
+
+def sample_rows_in_chunks(logits, key, rows, chunk: int, *, temperature,
+                          top_p, top_k, conf_kind):
+  """`sample_tokens(logits[..., :rows, :], key, ...)` for a traced `rows`,
+  written to rows [0, rows) of (confidence, x0) [..., R] (the rest are
+  not to be read), drawn `chunk` rows at a time (R a multiple of chunk).
+
+  Why: one compiled draw serves every row count, where `sample_tokens` on
+  each static count compiles the filters and the draw once per count.
+  Each chunk takes its rows' part of the block's noise (`_ROWS`), and
+  whether the candidates suffice is decided over all `rows`, as
+  `sample_tokens` decides it over its block: the chunks are drawn from the
+  candidates, and again from the whole vocabulary if any row needed it.
+  `rows_drawable(key, logits.shape)` must hold.
+  """
+  total = logits.shape[-2]
+  if total % chunk or not rows_drawable(key, logits.shape):
+    raise ValueError(f"cannot draw {logits.shape} in chunks of {chunk}")
+  data = _threefry_data(key).astype(jnp.uint32)
+  rows = jnp.asarray(rows, jnp.int32)
+
+  def part(c):
+    """The chunk's logits and its `_finish`, with its rows' noise."""
+    noise = jax.random.wrap_key_data(jnp.concatenate(
+        [data, jnp.stack([c * chunk, rows]).astype(jnp.uint32)]), impl=_ROWS)
+    return (jax.lax.dynamic_slice_in_dim(logits, c * chunk, chunk, axis=-2),
+            functools.partial(_finish, key=noise, temperature=temperature,
+                              conf_kind=conf_kind))
+
+  def chunks(body, carry):
+    return jax.lax.fori_loop(0, (rows + chunk - 1) // chunk, body, carry)
+
+  def put(c, buffers, drawn):
+    return tuple(jax.lax.dynamic_update_slice_in_dim(buf, d, c * chunk, -1)
+                 for buf, d in zip(buffers, drawn))
+
+  def vocabulary(c, out, kth=None):
+    part_logits, finish = part(c)
+    if kth is not None:  # the k-th largest the candidates found: exact
+      kth = jax.lax.dynamic_slice_in_dim(kth, c * chunk, chunk, -1)
+    f = _Filter(*_scaled(part_logits, temperature=temperature, top_p=top_p),
+                kth, None, None, None)
+    return put(c, out, _on_vocabulary(f, finish, top_p))
+
+  shapes = jax.eval_shape(
+      lambda: sample_tokens(logits[..., :chunk, :], key,
+                            temperature=temperature, top_p=top_p,
+                            top_k=top_k, conf_kind=conf_kind))
+  out = tuple(jnp.zeros(logits.shape[:-1], s.dtype) for s in shapes)
+  if not top_k and not _uses_top_p(top_p):
+    return chunks(vocabulary, out)
+
+  def candidates(c, carry):
+    out, kth, ok = carry
+    part_logits, finish = part(c)
+    f = _filter(part_logits, temperature=temperature, top_p=top_p,
+                top_k=top_k)
+    in_rows = c * chunk + jnp.arange(chunk) < rows
+    ok &= jnp.all(f.ok | ~in_rows)
+    if top_k:
+      kth = jax.lax.dynamic_update_slice_in_dim(kth, f.kth, c * chunk, -1)
+    return put(c, out, _on_candidates(f, finish, top_p)), kth, ok
+
+  kth = jnp.zeros(logits.shape[:-1], jnp.int32)
+  out, kth, ok = chunks(candidates, (out, kth, jnp.bool_(True)))
+  return jax.lax.cond(ok, lambda: out, lambda: chunks(
+      lambda c, out: vocabulary(c, out, kth if top_k else None), out))
