@@ -651,6 +651,48 @@ def test_the_step_is_compiled_once_whatever_the_segments():
     assert text.count("stablehlo.cosine") == sizes
 
 
+@pytest.mark.parametrize("top_p,top_k", [(None, 5), (0.8, None)])
+def test_draws_in_chunks_are_the_per_size_draws(top_p, top_k):
+  """Every step's tokens of the one loop over chunks of rows equal those of
+  the per-size draw: each chunk took its own rows' part of the step's
+  noise (sizes 38, 19 and 9 here: chunks of 9 rows, the last one partial).
+  The logits are scaled down so that the noise decides most tokens."""
+  model = _make_model(seed=5)
+  fn = lambda t, m, q: 0.2 * model(t, m, q)  # noqa: E731
+  ids = jnp.asarray(_prompts(2, 4))
+  assert [s for _, _, s in ds._segments(12, 38, 1e-3, "entropy", True)] == [
+      None, 19, 9]
+  kw = ds._static_kwargs(
+      mask_token_id=MASK, max_new_tokens=38, steps=12, eps=1e-3,
+      alg="entropy", alg_temp=None, temperature=0.8, top_p=top_p,
+      top_k=top_k, use_mask=False, history=True, window=4)
+  assert token_draws.rows_drawable(jax.random.key(1), (2, 45, V))
+  hist = [np.asarray(ds._generate(fn, None, ids, None, jax.random.key(1),
+                                  draw_in_chunks=chunks, **kw)[1])
+          for chunks in (False, True)]
+  np.testing.assert_array_equal(hist[1], hist[0])
+
+
+@pytest.mark.parametrize("flat_row", [9, 11])
+def test_rows_in_chunks_redraw_all_from_the_vocabulary_as_the_block_does(
+    flat_row):
+  """Top-k's candidates cannot hold a row of equal logits: `sample_tokens`
+  then draws every row of its block from the whole vocabulary (other noise,
+  other tokens). In chunks: every chunk too, when the row is in the block
+  (9, in the last chunk of 10 rows), and none when it is beyond (11)."""
+  logits = np.random.default_rng(2).normal(size=(2, 12, 64)) * 3
+  logits[1, flat_row] = 0.0
+  logits = jnp.asarray(logits, jnp.float32)
+  key = jax.random.key(4)
+  kw = dict(temperature=0.7, top_p=None, top_k=2, conf_kind="entropy")
+  want = jax.jit(lambda l: token_draws.sample_tokens(l[:, :10], key, **kw))(
+      logits)
+  got = jax.jit(lambda l, rows: token_draws.sample_rows_in_chunks(
+      l, key, rows, 4, **kw))(logits, 10)
+  for w, g in zip(want, got):
+    np.testing.assert_array_equal(np.asarray(g)[:, :10], np.asarray(w))
+
+
 def test_a_prompt_holding_the_mask_token_is_filled_as_the_reference_does():
   fn = _make_model(seed=4)
   ids = _prompts(2, 6)

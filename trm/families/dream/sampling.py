@@ -60,11 +60,11 @@ DEFAULT_TOP_K = 50
 @functools.partial(jax.jit, static_argnames=(
     "logits_fn", "mask_token_id", "max_new_tokens", "steps", "eps", "alg",
     "alg_temp", "temperature", "top_p", "top_k", "use_mask", "history",
-    "window"))
+    "window", "draw_in_chunks"))
 def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
               mask_token_id,
               max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p,
-              top_k, use_mask, history, window):
+              top_k, use_mask, history, window, draw_in_chunks=True):
   b, p = input_ids.shape
   length = p + max_new_tokens
   if isinstance(logits_fn, Denoiser) and logits_fn.prepare is not None:
@@ -132,13 +132,40 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
             top_p=top_p, top_k=top_k, conf_kind=alg)
         if rows is None:
           return conf, x0
+        return scattered(rows, jnp.take_along_axis(mask_index, rows, axis=1),
+                         conf, x0)
+
+      def scattered(rows, valid, conf, x0):
+        """(confidence, token) [B, n] of draws [B, S] for window positions
+        `rows` (-inf, 0 where none is `valid`)."""
         batch = jnp.arange(b)[:, None]
-        valid = jnp.take_along_axis(mask_index, rows, axis=1)
         conf = jnp.full((b, n), -jnp.inf, conf.dtype).at[batch, rows].max(
             jnp.where(valid, conf, -jnp.inf))
         x0 = jnp.zeros((b, n), jnp.int32).at[batch, rows].max(
             jnp.where(valid, x0, 0))
         return conf, x0
+
+      def drawn_in_chunks(sizes, branch, width, chunk, padded):
+        """`draw(sizes[branch])` with the head per size but the draw of
+        all sizes one loop over chunks of rows
+        (`token_draws.sample_rows_in_chunks`)."""
+        def head_rows(size):
+          rows = (jnp.broadcast_to(jnp.arange(n), (b, n)) if size is None
+                  else token_draws.first_true(mask_index, size))
+          logits = logits_at(feats, None if size is None else rows)
+          valid = (jnp.ones((b, n), bool) if size is None
+                   else jnp.take_along_axis(mask_index, rows, axis=1))
+          pad = padded - rows.shape[1]
+          return (jnp.pad(logits, ((0, 0), (0, pad), (0, 0))),
+                  jnp.pad(rows, ((0, 0), (0, pad))),
+                  jnp.pad(valid, ((0, 0), (0, pad))))
+
+        logits, rows, valid = jax.lax.switch(
+            branch, [functools.partial(head_rows, s) for s in sizes])
+        conf, x0 = token_draws.sample_rows_in_chunks(
+            logits, k_tok, width, chunk, temperature=temperature,
+            top_p=top_p, top_k=top_k, conf_kind=alg)
+        return scattered(rows, valid, conf, x0)
 
       if plan is None:
         conf, x0 = draw(None)
@@ -153,9 +180,24 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
         widths = jnp.asarray([n if s is None else s for s in sizes])
         branch = jnp.asarray(segment_of_step)[i]
         fits = jnp.max(jnp.sum(mask_index, axis=1)) <= widths[branch]
-        conf, x0 = jax.lax.switch(
-            jnp.where(fits, branch, 0),
-            [functools.partial(draw, s) for s in sizes])
+        branch = jnp.where(fits, branch, 0)
+        per_size = lambda: jax.lax.switch(  # noqa: E731
+            branch, [functools.partial(draw, s) for s in sizes])
+        chunk = min(s for s in sizes if s is not None)
+        padded = -(-n // chunk) * chunk
+        vocab = jax.eval_shape(lambda: logits_at(feats[:, :1], None)).shape[-1]
+        if draw_in_chunks and token_draws.rows_drawable(
+            k_tok, (b, padded, vocab)):
+          # The head still runs per size (its rows as the per-size draw's),
+          # but the draw is compiled once: per size it was most of the
+          # compile time with top-p or top-k. Tokens are bit-identical on
+          # the CPU, where that is tested; elsewhere the per-size draw.
+          conf, x0 = jax.lax.platform_dependent(
+              cpu=lambda: drawn_in_chunks(sizes, branch, widths[branch],
+                                          chunk, padded),
+              default=per_size)
+        else:
+          conf, x0 = per_size()
       # k from the BATCH-AVERAGE mask count, float32, truncated (as the
       # reference); exact integer quotient when counts divide evenly.
       count = jnp.sum(mask_index, dtype=jnp.int32)
