@@ -12,10 +12,13 @@ alone and top_p 0.95 with top_k 50 (both at temperature 0.2). One XLA
 thread, to be pinned to one core with taskset. Prints per setting the
 compile seconds (lower + compile, the cache empty; wall and CPU) and the
 run time: the draw's median of `--calls` calls (5 at least), the
-sampler's best call divided by its steps; the 1-minute load average first.
+sampler's best call divided by its steps and a digest of its tokens (to
+compare two trees: run this file with PYTHONPATH at either); the 1-minute
+load average first. `--settings` picks some of the settings.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
@@ -31,6 +34,8 @@ _PARTS = flags.DEFINE_list("parts", ["draw", "sampler"],
                            "Which of: draw, sampler.")
 _STEPS = flags.DEFINE_integer("steps", 32, "Sampler denoising steps.")
 _CALLS = flags.DEFINE_integer("calls", 2, "Timed calls per setting.")
+_SETTINGS = flags.DEFINE_list("settings", None, "Some of: unset, top_k, "
+                              "top_p, top_p+top_k (default: all).")
 
 SETTINGS = {
     "unset": dict(top_k=None, top_p=None, temperature=0.0),
@@ -38,6 +43,14 @@ SETTINGS = {
     "top_p": dict(top_k=None, top_p=0.95, temperature=0.2),
     "top_p+top_k": dict(top_k=50, top_p=0.95, temperature=0.2),
 }
+
+
+def _settings():
+  names = _SETTINGS.value or list(SETTINGS)
+  unknown = sorted(set(names) - set(SETTINGS))
+  if unknown:
+    raise app.UsageError(f"--settings: unknown {unknown}")
+  return {name: SETTINGS[name] for name in names}
 
 
 def _timed(fn, *args, calls):
@@ -69,7 +82,7 @@ def _draws(calls):
   logits = jnp.asarray(np.random.default_rng(0).standard_normal(
       (4, 128, 16384)).astype(np.float32) * 20)
   key = jax.random.key(0)
-  for name, setting in SETTINGS.items():
+  for name, setting in _settings().items():
     draw = jax.jit(lambda l, k, s=setting: token_draws.sample_tokens(
         l, k, conf_kind="entropy", **s))
     compiled, seconds, cpu = _compiled(lambda d=draw: d.lower(logits, key))
@@ -92,7 +105,7 @@ def _sampler(steps, calls):
   ids = jnp.asarray(np.random.default_rng(0).integers(1, 16383, (4, 128)),
                     jnp.int32)
   denoiser = dream.denoiser(cfg)
-  for name, setting in SETTINGS.items():
+  for name, setting in _settings().items():
     compiled, seconds, cpu = _compiled(lambda s=setting: (
         sampling.lower_generate(
             denoiser, jax.ShapeDtypeStruct(ids.shape, jnp.int32), None,
@@ -100,8 +113,10 @@ def _sampler(steps, calls):
             max_new_tokens=128, steps=steps, alg="entropy", **s)))
     best = min(_timed(compiled, params, ids, None, jax.random.key(0),
                       calls=calls))
+    tokens = np.asarray(compiled(params, ids, None, jax.random.key(0)))
+    digest = hashlib.sha1(tokens.astype("<i4").tobytes()).hexdigest()[:12]
     print(f"sampler {name}: compile {seconds:.2f} s ({cpu:.2f} s CPU), run "
-          f"{1e3 * best / steps:.1f} ms/step", flush=True)
+          f"{1e3 * best / steps:.1f} ms/step, tokens {digest}", flush=True)
 
 
 def main(argv):
