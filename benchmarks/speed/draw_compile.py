@@ -14,7 +14,9 @@ compile seconds (lower + compile, the cache empty; wall and CPU) and the
 run time: the draw's median of `--calls` calls (5 at least), the
 sampler's best call divided by its steps and a digest of its tokens (to
 compare two trees: run this file with PYTHONPATH at either); the 1-minute
-load average first. `--settings` picks some of the settings.
+load average first. `--settings` picks some of the settings; with
+`--per_size` the sampler is also compiled with the per-size draw that
+platforms other than the CPU keep, and the two are called in turn.
 """
 from __future__ import annotations
 
@@ -34,6 +36,10 @@ _PARTS = flags.DEFINE_list("parts", ["draw", "sampler"],
                            "Which of: draw, sampler.")
 _STEPS = flags.DEFINE_integer("steps", 32, "Sampler denoising steps.")
 _CALLS = flags.DEFINE_integer("calls", 2, "Timed calls per setting.")
+_PER_SIZE = flags.DEFINE_bool(
+    "per_size", False, "Also compile the sampler with the per-size draw "
+    "(`_generate(draw_in_chunks=False)`) and time both programs' calls in "
+    "turn: their step-time ratio, under the same load.")
 _SETTINGS = flags.DEFINE_list("settings", None, "Some of: unset, top_k, "
                               "top_p, top_p+top_k (default: all).")
 
@@ -117,6 +123,23 @@ def _sampler(steps, calls):
     digest = hashlib.sha1(tokens.astype("<i4").tobytes()).hexdigest()[:12]
     print(f"sampler {name}: compile {seconds:.2f} s ({cpu:.2f} s CPU), run "
           f"{1e3 * best / steps:.1f} ms/step, tokens {digest}", flush=True)
+    if _PER_SIZE.value:
+      kw = sampling._static_kwargs(  # pylint: disable=protected-access
+          mask_token_id=cfg.mask_token_id, max_new_tokens=128, steps=steps,
+          eps=1e-3, alg="entropy", alg_temp=None, use_mask=False,
+          history=False, window=ids.shape[1], **setting)
+      generate = sampling._generate  # pylint: disable=protected-access
+      per_size, seconds, _ = _compiled(lambda kw=kw: generate.lower(
+          denoiser, params, ids, None, jax.random.key(0),
+          draw_in_chunks=False, **kw))
+      pairs = [(_timed(per_size, params, ids, None, jax.random.key(0),
+                       calls=1)[0],
+                _timed(compiled, params, ids, None, jax.random.key(0),
+                       calls=1)[0]) for _ in range(calls)]
+      print(f"  per-size draw: compile {seconds:.2f} s, run "
+            f"{1e3 * min(p for p, _ in pairs) / steps:.1f} ms/step; calls "
+            "in turn, the chunked draw's time / the per-size draw's: "
+            + ", ".join(f"{c / p:.3f}" for p, c in pairs), flush=True)
 
 
 def main(argv):
