@@ -202,7 +202,7 @@ class FusedCost:
   # async collective fusions pass the buffers of their chain along).
   passed_through: dict = dataclasses.field(default_factory=dict)
   # (FLOPs, (m, k, n) or None) of each dot and convolution inside, nested
-  # fusions' included: what `padded_flops` pads to a chip's MXU.
+  # fusions' included: what `mxu_padding_flops` pads to a chip's MXU.
   matmuls: tuple = ()
 
 
@@ -264,8 +264,8 @@ def fused_cost(module: hlo.Module, name: str, cache: dict) -> FusedCost:
     for operand in inst.operands:
       users.setdefault(operand, []).append(inst)
     if inst.opcode in ("dot", "convolution"):
-      flops += dot_flops(inst, comp)
       matmuls.append((dot_flops(inst, comp), matmul_dims(inst, comp)))
+      flops += matmuls[-1][0]
     elif inst.opcode in COLLECTIVES:
       collectives.append(inst)
     for called in inst.called():
@@ -407,28 +407,26 @@ def instruction_cost(module: hlo.Module, comp: hlo.Computation,
   return flops, sum(read) + written
 
 
-def padded_flops(module: hlo.Module, comp: hlo.Computation,
-                 inst: hlo.Instruction, width: int, cache: dict
-                 ) -> float | None:
-  """The FLOPs an instruction's dots and convolutions occupy a
-  `width`-wide MXU for (`mxu_padding` of each), or None when it is not a
-  dot, a convolution, or a fusion or call of them: the time model's
-  compute, not the useful FLOPs MFU counts."""
+def mxu_padding_flops(module: hlo.Module, comp: hlo.Computation,
+                      inst: hlo.Instruction, width: int, cache: dict
+                      ) -> float:
+  """The FLOPs by which an instruction's dots and convolutions (its own,
+  or those of the fusion or call it runs) occupy a `width`-wide MXU beyond
+  their useful FLOPs (`mxu_padding` of each; 0 for any other instruction):
+  the time model adds them to `instruction_cost`'s, which MFU counts."""
   if inst.opcode in ("dot", "convolution"):
-    flops = dot_flops(inst, comp)
-    matmuls = [(flops, matmul_dims(inst, comp))]
+    matmuls = [(dot_flops(inst, comp), matmul_dims(inst, comp))]
   elif inst.opcode in ("fusion", "custom-call") and inst.called():
     called = [c for c in inst.called() if c in module.computations]
     if not called:
-      return None
-    fused = fused_cost(module, called[0], cache)
-    flops, matmuls = fused.flops, fused.matmuls
+      return 0.0
+    matmuls = fused_cost(module, called[0], cache).matmuls
   else:
-    return None
-  # The useful FLOPs plus the padding's, so that a program whose matmuls
-  # fill the array is charged exactly what it was before.
-  return flops + sum(f * (mxu_padding(*dims, width) - 1.0)
-                     for f, dims in matmuls if dims)
+    return 0.0
+  # Added to the useful FLOPs, so that a program whose matmuls fill the
+  # array is charged exactly what it was before.
+  return sum(f * (mxu_padding(*dims, width) - 1.0)
+             for f, dims in matmuls if dims)
 
 
 def _async_work_cost(module: hlo.Module, inst: hlo.Instruction,

@@ -132,8 +132,8 @@ class Program:
       if ops.pallas_cost(inst) is None and self.declared_flops(inst) is None:
         padded = ops.splash_flops(inst, comp, mxu_width)
         if padded is None and ops.gpu_library_cost(inst, comp) is None:
-          padded = ops.padded_flops(self.module, comp, inst, mxu_width,
-                                    self._fused)
+          padded = flops + ops.mxu_padding_flops(self.module, comp, inst,
+                                                 mxu_width, self._fused)
       self._costs[key] = flops if padded is None else padded
     return self._costs[key]
 
