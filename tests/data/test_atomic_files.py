@@ -1,8 +1,13 @@
 """trm.data.atomic_files: a replaced file's directory is synced after the
 rename (a power loss could otherwise keep a later write and lose this
-one), and a file system that refuses to sync a directory is no error."""
+one), and a file system that refuses to sync a directory is no error;
+`check_dir_or_absent` names what is not a directory, and never a
+directory that another process makes while it looks."""
 import os
 import stat
+import threading
+
+import pytest
 
 from trm.data import atomic_files
 
@@ -42,3 +47,45 @@ def test_a_directory_that_cannot_be_synced_is_no_error(tmp_path,
   (tmp_path / "settings.json").write_text("{}")
   atomic_files.remove_before_rewrite(str(tmp_path / "settings.json"))
   assert os.listdir(tmp_path) == ["b.txt"]
+
+
+def test_check_dir_or_absent_names_what_is_not_a_directory(tmp_path):
+  (tmp_path / "dir").mkdir()
+  (tmp_path / "file").write_text("x")
+  os.symlink(tmp_path / "file", tmp_path / "to_file")
+  os.symlink(tmp_path / "missing", tmp_path / "dangling")
+  os.symlink(tmp_path / "loop", tmp_path / "loop")
+  for fine in ("dir", "absent", "dangling"):
+    atomic_files.check_dir_or_absent(str(tmp_path / fine), "--out")
+  for name, kind in (("file", "a file"), ("to_file", "a link to a file"),
+                     ("loop", "a link that cannot be followed")):
+    with pytest.raises(NotADirectoryError,
+                       match=f"{name} \\(--out\\) is {kind}"):
+      atomic_files.check_dir_or_absent(str(tmp_path / name), "--out")
+
+
+def test_a_directory_made_while_it_is_checked_is_no_file(tmp_path):
+  """Process 1 of a text run checks the data directory while process 0
+  makes it (tests/data/test_text_data.py's waiter failed so in a CI run):
+  two looks, "no directory" then "something there", had called it a file.
+  Here a thread makes and removes it as fast as it can; the two looks
+  failed about one check in fifty."""
+  path = str(tmp_path / "data")
+  stop = threading.Event()
+
+  def churn():
+    while not stop.is_set():
+      try:
+        os.mkdir(path)
+        os.rmdir(path)
+      except OSError:
+        pass
+
+  thread = threading.Thread(target=churn)
+  thread.start()
+  try:
+    for _ in range(20_000):
+      atomic_files.check_dir_or_absent(path, "config.data_root")
+  finally:
+    stop.set()
+    thread.join()

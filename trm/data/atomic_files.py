@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import stat
 import threading
 import uuid
 from typing import Any
@@ -181,18 +182,19 @@ def check_dir_or_absent(path: str, what: str = "") -> None:
         f"{path}{named} is a remote path, but datasets are prepared on (and "
         "memory-mapped from) local disk: name a local directory (copy the "
         "data there first if it is prepared).")
-  if os.path.isdir(path) or not os.path.lexists(path):
-    return
-  if os.path.islink(path):
-    try:
-      os.stat(path)
-      kind = "a link to a file"
-    except FileNotFoundError:
-      return  # dangling: makedirs makes its target
-    except OSError as e:
-      kind = f"a link that cannot be followed ({e.strerror.lower()})"
-  else:
-    kind = "a file"
+  # One stat decides: an isdir and then an lexists saw "no directory" and
+  # then "something", and called a directory another process made in
+  # between (process 0 preparing the data the others wait for) a file.
+  try:
+    if stat.S_ISDIR(os.stat(path).st_mode):
+      return
+    kind = "a link to a file" if os.path.islink(path) else "a file"
+  except FileNotFoundError:
+    return  # absent, or a dangling link: makedirs makes its target
+  except OSError as e:
+    if not os.path.islink(path):
+      return  # unreadable: makedirs' own error names it
+    kind = f"a link that cannot be followed ({e.strerror.lower()})"
   raise NotADirectoryError(
       f"{path}{named} is {kind}, not a directory: move it away, or name "
       "another directory.")
