@@ -245,14 +245,17 @@ def test_gpt_to_nanogpt_takes_the_runs_optimizer_settings(gpt_run,
   assert recorded["beta2"] != 0.5 and recorded["grad_clip"] > 0
 
 
-@pytest.mark.parametrize("scan", [False, True])
+@pytest.mark.parametrize("scan, consume", [(False, True), (True, True),
+                                           (False, False)])
 def test_a_nanogpt_export_hands_torch_writable_arrays_a_leaf_at_a_time(
-    monkeypatch, tmp_path, scan):
+    monkeypatch, tmp_path, scan, consume):
   """The embeddings, norms and biases (and their AdamW moments) reached
   torch as read-only views of the JAX arrays, and torch warned (once a
   process). With `consume` (trm.export's: its last use of the trees) each
   leaf is copied to memory numpy owns and its JAX array deleted before the
-  next: the copies replace the arrays rather than doubling them."""
+  next: the copies replace the arrays rather than doubling them. Without
+  it (a caller keeping its trees) the read-only ones are copied beside
+  them."""
   torch = pytest.importorskip("torch")
   from trm.families.gpt import gpt_export  # pylint: disable=g-import-not-at-top
   cfg = gpt.GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8,
@@ -268,12 +271,12 @@ def test_a_nanogpt_export_hands_torch_writable_arrays_a_leaf_at_a_time(
       a.flags.writeable) or real(a))
   path = str(tmp_path / "ckpt.pt")
   gpt_export.export_nanogpt(
-      params, cfg, path, 7, adam=adam, consume=True,
+      params, cfg, path, 7, adam=adam, consume=consume,
       hyper=dict(learning_rate=1e-3, beta1=0.9, beta2=0.95,
                  weight_decay=0.1))
   assert given and all(given), given
   trees = jax.tree.leaves((params, adam["mu"], adam["nu"]))
-  assert all(x.is_deleted() for x in trees)
+  assert [x.is_deleted() for x in trees] == [consume] * len(trees)
   read, _, extras = gpt_import.load_nanogpt_checkpoint(path, optimizer=True)
   if scan:
     read = gpt.stack_layers(read, cfg.n_layer)

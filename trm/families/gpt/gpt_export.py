@@ -74,6 +74,13 @@ def _owned_whole(x) -> np.ndarray:
   return value
 
 
+def _torch_tensor(torch, value: np.ndarray):
+  """`torch.from_numpy(value)`, copying a read-only view (of a JAX array
+  the caller keeps: no `consume`) first, which torch warns of and must
+  not write through."""
+  return torch.from_numpy(value if value.flags.writeable else np.array(value))
+
+
 def _named_tensors(params, cfg: GPTConfig, torch_linear: bool,
                    with_bias: bool, dtype=None,
                    consume: bool = False) -> dict[str, np.ndarray]:
@@ -171,8 +178,8 @@ def _adamw_state_dict(torch, adam: dict, cfg: GPTConfig, hyper: dict,
     index += len(names)
     for i, name in zip(indices, names):
       state[i] = {"step": torch.tensor(step),
-                  "exp_avg": torch.from_numpy(moments["mu"][name]),
-                  "exp_avg_sq": torch.from_numpy(moments["nu"][name])}
+                  "exp_avg": _torch_tensor(torch, moments["mu"][name]),
+                  "exp_avg_sq": _torch_tensor(torch, moments["nu"][name])}
     param_groups.append({
         "lr": float(hyper["learning_rate"]),
         "betas": (float(hyper["beta1"]), float(hyper["beta2"])),
@@ -198,7 +205,8 @@ def export_nanogpt(params, cfg: GPTConfig, path: str, iter_num: int,
   `consume`: the caller's last use of `params` and `adam`, whose arrays are
   then deleted as they are read, each copied alone into memory numpy owns:
   torch gets writable arrays (not read-only views of JAX's, which it warns
-  of) for about one tensor more than the views. Returns the file written
+  of) for about one tensor more than the views; without it the read-only
+  ones are copied beside them. Returns the file written
   (none on processes other than 0)."""
   tensors = _named_tensors(params, cfg, torch_linear=True,
                            with_bias=bool(cfg.bias), dtype=np.float32,
@@ -210,7 +218,7 @@ def export_nanogpt(params, cfg: GPTConfig, path: str, iter_num: int,
   if jax.process_index() != 0:
     return []
   state = collections.OrderedDict(
-      ("transformer." + k, torch.from_numpy(v)) for k, v in tensors.items())
+      ("transformer." + k, _torch_tensor(torch, v)) for k, v in tensors.items())
   state["lm_head.weight"] = state["transformer.wte.weight"]  # tied
   checkpoint = {"model": state, "model_args": model_args(cfg),
                 "iter_num": int(iter_num),
