@@ -68,8 +68,8 @@ def test_a_directory_made_while_it_is_checked_is_no_file(tmp_path):
   """Process 1 of a text run checks the data directory while process 0
   makes it (tests/data/test_text_data.py's waiter failed so in a CI run):
   two looks, "no directory" then "something there", had called it a file.
-  Here a thread makes and removes it as fast as it can; the two looks
-  failed about one check in fifty."""
+  Here a thread makes and removes it as fast as it can while 20,000
+  checks run (the two looks failed in each of five runs)."""
   path = str(tmp_path / "data")
   stop = threading.Event()
 
