@@ -61,24 +61,27 @@ def model_args(cfg: GPTConfig) -> dict:
               vocab_size=cfg.vocab_size, dropout=float(cfg.dropout))
 
 
+def _writable(value: np.ndarray) -> np.ndarray:
+  """`value`, or a copy in memory numpy owns where it is read-only: a JAX
+  array's host value is a view (of its buffer, or a copy it caches),
+  which torch warns of and must not write through."""
+  return value if value.flags.writeable else np.array(value)
+
+
 def _owned_whole(x) -> np.ndarray:
-  """`host_arrays.whole(x)` in memory numpy owns, writable, with the JAX
-  array `x` deleted once read. A JAX array's host value is a read-only
-  view (of its buffer, or a copy it caches), which torch warns of; copied
-  while the array lived on, every such tensor would be held twice."""
-  value = host_arrays.whole(x)
-  if not value.flags.writeable:
-    value = np.array(value)
+  """`host_arrays.whole(x)`, `_writable`, with the JAX array `x` deleted
+  once read: copied while the array lived on, every such tensor would be
+  held twice."""
+  value = _writable(host_arrays.whole(x))
   if isinstance(x, jax.Array):
     x.delete()
   return value
 
 
 def _torch_tensor(torch, value: np.ndarray):
-  """`torch.from_numpy(value)`, copying a read-only view (of a JAX array
-  the caller keeps: no `consume`) first, which torch warns of and must
-  not write through."""
-  return torch.from_numpy(value if value.flags.writeable else np.array(value))
+  """`torch.from_numpy` of `value` made `_writable` (a copy beside the
+  caller's JAX array without `consume`)."""
+  return torch.from_numpy(_writable(value))
 
 
 def _named_tensors(params, cfg: GPTConfig, torch_linear: bool,
