@@ -121,19 +121,27 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
           top_p=top_p, top_k=top_k, conf_kind=None)
       canvas = jnp.where(reveal, x0, canvas)
     else:
+      def head(size):
+        """(rows, their logits, which are masked): every window position
+        (rows and valid None) or, with `size`, each row's first `size`
+        masked positions."""
+        if size is None:
+          return None, logits_at(feats, None), None
+        rows = token_draws.first_true(mask_index, size)
+        return (rows, logits_at(feats, rows),
+                jnp.take_along_axis(mask_index, rows, axis=1))
+
       def draw(size):
         """(confidence, token) [B, n] of every window position; with
         `size`, drawn for each row's first `size` masked positions only
         (the others: -inf, 0)."""
-        rows = (None if size is None
-                else token_draws.first_true(mask_index, size))
+        rows, logits, valid = head(size)
         conf, x0 = token_draws.sample_tokens(
-            logits_at(feats, rows), k_tok, temperature=temperature,
+            logits, k_tok, temperature=temperature,
             top_p=top_p, top_k=top_k, conf_kind=alg)
         if rows is None:
           return conf, x0
-        return scattered(rows, jnp.take_along_axis(mask_index, rows, axis=1),
-                         conf, x0)
+        return scattered(rows, valid, conf, x0)
 
       def scattered(rows, valid, conf, x0):
         """(confidence, token) [B, n] of draws [B, S] for window positions
@@ -150,11 +158,10 @@ def _generate(logits_fn, params, input_ids, attention_mask, rng, *,
         all sizes one loop over chunks of rows
         (`token_draws.sample_rows_in_chunks`)."""
         def head_rows(size):
-          rows = (jnp.broadcast_to(jnp.arange(n), (b, n)) if size is None
-                  else token_draws.first_true(mask_index, size))
-          logits = logits_at(feats, None if size is None else rows)
-          valid = (jnp.ones((b, n), bool) if size is None
-                   else jnp.take_along_axis(mask_index, rows, axis=1))
+          rows, logits, valid = head(size)
+          if rows is None:
+            rows = jnp.broadcast_to(jnp.arange(n), (b, n))
+            valid = jnp.ones((b, n), bool)
           pad = padded - rows.shape[1]
           return (jnp.pad(logits, ((0, 0), (0, pad), (0, 0))),
                   jnp.pad(rows, ((0, 0), (0, pad))),
