@@ -19,6 +19,17 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
 # it (tests/workers.py's xla_flags for those that choose a device count).
 if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# XLA:CPU's older loop emitters compile the tests' programs in half the
+# time of its fusion emitters (tests/families/gpt/test_gpt_steps.py's 172
+# compiles: 60.9 -> 27.9 s; BUILD_NOTES "Session 81"), for the same
+# elementwise math. Only on the jaxlib setup.py pins: XLA aborts every
+# process on an XLA_FLAGS name it does not know, and a later XLA may drop
+# this one. Set the flag yourself to choose.
+from jaxlib import version as _jaxlib_version  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+if (_jaxlib_version.__version__ == "0.10.2"
+    and "--xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]):
+  os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
 
 # One persistent compilation cache for the whole session: both xdist workers
 # and every `python -m trm.*` a test runs (TRM_COMPILATION_CACHE). Many
