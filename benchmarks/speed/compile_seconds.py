@@ -11,7 +11,8 @@ XLA_FLAGS; tests/conftest.py's own choice is overridden by it, and with
 the session compilation cache off, so every program compiles. This file
 is also the pytest plugin that times `backend_compile_and_load` in each
 run (loaded with `-p`), and prints one line per run and a median per
-choice. The device count and optimisation level are the tests' (8, O0).
+choice. The device count and optimisation level are tests/conftest.py's
+(8, O0); XLA_FLAGS of the calling shell are replaced.
 """
 import argparse
 import json
@@ -24,7 +25,7 @@ import time
 _RESULT = "COMPILE_SECONDS_OUT"
 
 
-def pytest_configure(config):  # pylint: disable=unused-argument
+def pytest_configure(config):
   """As a plugin (in the pytest run): wrap jax's backend compile."""
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
   original = compiler.backend_compile_and_load
@@ -50,12 +51,11 @@ def pytest_unconfigure(config):
 
 
 def _run(test_file: str, extra: str, out: str) -> dict:
-  flags = ["--xla_force_host_platform_device_count=8",
-           "--xla_backend_optimization_level=0"]
-  # conftest adds the loop emitters only where XLA_FLAGS names none.
-  flags.append(extra or "--xla_cpu_use_fusion_emitters=true")
+  # tests/conftest.py adds its device count and optimisation level to
+  # these, and the loop emitters only where XLA_FLAGS names none.
+  flags = extra or "--xla_cpu_use_fusion_emitters=true"
   here = os.path.dirname(os.path.abspath(__file__))
-  env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu",
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
              TRM_TEST_COMPILATION_CACHE="off",
              PYTHONPATH=os.pathsep.join(
                  [here, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
