@@ -17,6 +17,11 @@ setup(
         "grain==0.2.18",
         "absl-py>=2.1",
         "numpy>=1.26",
+        # jax's dtypes, pinned for start-up time: 0.7.0's import registers
+        # its ufunc loops in 1.3 s on the 2-core host (numpy scans the loops
+        # already registered for each one), 0.6.0's in 6 ms, and every
+        # process that imports jax pays it (BUILD_NOTES "Session 82").
+        "ml_dtypes==0.6.0",
         "tensorflow-datasets==4.9.10",
         # etils.epath's resource lookup, which TFDS builders need to prepare
         # (tensorflow-datasets does not declare it).
