@@ -19,7 +19,7 @@ setup(
         "numpy>=1.26",
         # jax's dtypes, pinned for start-up time: 0.7.0's import registers
         # its ufunc loops in 1.3 s on the 2-core host (numpy scans the loops
-        # already registered for each one), 0.6.0's in 6 ms, and every
+        # already registered for each one), 0.6.0's in under 10 ms, and every
         # process that imports jax pays it (BUILD_NOTES "Session 82").
         "ml_dtypes==0.6.0",
         "tensorflow-datasets==4.9.10",
