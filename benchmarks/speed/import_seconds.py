@@ -47,16 +47,22 @@ print("RESULT " + json.dumps({"version": ml_dtypes.__version__,
 def _install(version: str, directory: str) -> str:
   target = os.path.join(directory, f"ml_dtypes-{version}")
   if not os.path.isdir(os.path.join(target, "ml_dtypes")):
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
-                    "--disable-pip-version-check", "--no-deps", "--target",
-                    target, f"ml_dtypes=={version}"], check=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
+                           "--disable-pip-version-check", "--no-deps",
+                           "--target", target, f"ml_dtypes=={version}"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+      last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+      raise SystemExit(f"import_seconds: --versions: pip could not install "
+                       f"ml_dtypes=={version} into {target}: {last}")
   return target
 
 
 def _run(target: str, cpu) -> dict:
+  # No empty entry: it would put the caller's directory on the path.
+  path = [target, _ROOT, os.environ.get("PYTHONPATH", "")]
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(
-                 [target, _ROOT, os.environ.get("PYTHONPATH", "")]))
+             PYTHONPATH=os.pathsep.join(p for p in path if p))
   command = [sys.executable, "-c", _CHILD]
   if cpu is not None:
     command = ["taskset", "-c", str(cpu)] + command

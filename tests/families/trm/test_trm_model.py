@@ -844,10 +844,10 @@ def test_remat_gives_identical_loss_and_gradients():
     results.append(jax.jit(jax.value_and_grad(loss))(variables["params"]))
   (value, grads), (value_remat, grads_remat) = results
   np.testing.assert_allclose(value, value_remat, rtol=1e-6)
-  # The recomputed forward may fuse, so round, otherwise: an element is
-  # equal up to float32 rounding of its tensor's largest terms (XLA:CPU's
-  # loop emitters, tests/conftest.py, moved a 0.38 of a tensor reaching
-  # 108 by 8e-6).
+  # The recomputed forward may be fused, and so rounded, differently: an
+  # element is equal up to float32 rounding of its tensor's largest terms
+  # (XLA:CPU's loop emitters, tests/conftest.py, moved a 0.38 of a tensor
+  # reaching 108 by 8e-6).
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_remat)):
     scale = float(np.max(np.abs(a)))
     np.testing.assert_allclose(a, b, rtol=1e-5,
