@@ -20,15 +20,12 @@ alike; the 1-minute load average is printed at each round. With
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fresh_process  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CHILD = r"""
 import json, sys, time
@@ -59,23 +56,7 @@ def _install(version: str, directory: str) -> str:
 
 
 def _run(target: str, cpu) -> dict:
-  # No empty entry: it would put the caller's directory on the path.
-  path = [target, _ROOT, os.environ.get("PYTHONPATH", "")]
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(p for p in path if p))
-  command = [sys.executable, "-c", _CHILD]
-  if cpu is not None:
-    command = ["taskset", "-c", str(cpu)] + command
-  start = time.perf_counter()
-  done = subprocess.run(command, env=env, capture_output=True, text=True,
-                        check=False)
-  wall = time.perf_counter() - start
-  if done.returncode:
-    raise SystemExit(f"import_seconds: the child failed:\n{done.stderr[-2000:]}")
-  line = next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))
-  result = json.loads(line[len("RESULT "):])
-  result["wall"] = wall
-  return result
+  return fresh_process.run("import_seconds", _CHILD, path=[target], cpu=cpu)
 
 
 def main(argv=None) -> None:
@@ -98,27 +79,17 @@ def main(argv=None) -> None:
     if got != version:
       raise SystemExit(f"import_seconds: asked for ml_dtypes {version}, "
                        f"the child imported {got}")
-  results = {v: [] for v in versions}
   print(f"python {sys.version.split()[0]}, cpu {args.cpu}, "
         f"{os.cpu_count()} cores")
-  for round_ in range(args.rounds):
-    for version in versions:
-      load = os.getloadavg()[0]
-      result = _run(targets[version], args.cpu)
-      results[version].append(result)
-      print(f"round {round_} ml_dtypes {version}: import ml_dtypes "
-            f"{result['ml_dtypes']:.3f} s, trm.core.train {result['tool']:.3f}"
-            f" s, process {result['wall']:.3f} s (load {load:.2f})",
-            flush=True)
-  print("\nmedians over the rounds:")
-  print("| ml_dtypes | import ml_dtypes s | import trm.core.train s | "
-        "process s |")
-  print("|---|---|---|---|")
-  for version in versions:
-    rows = results[version]
-    print(f"| {version} | "
-          + " | ".join(f"{statistics.median(r[k] for r in rows):.3f}"
-                       for k in ("ml_dtypes", "tool", "wall")) + " |")
+  results = fresh_process.alternate(
+      args.rounds, versions,
+      lambda version, _: _run(targets[version], args.cpu),
+      lambda r: (f"import ml_dtypes {r['ml_dtypes']:.3f} s, trm.core.train "
+                 f"{r['tool']:.3f} s, process {r['wall']:.3f} s"))
+  fresh_process.print_medians(
+      "ml_dtypes", {"ml_dtypes": "import ml_dtypes s",
+                    "tool": "import trm.core.train s", "wall": "process s"},
+      results)
 
 
 if __name__ == "__main__":

@@ -7,15 +7,19 @@ metrics (each worker of a pod, each `python -m trm.*`), and on a machine
 without TensorFlow (a GPU image: tensorflow is hundreds of MiB) `from clu
 import metric_writers` fails. `trm.core.tf_free` (run when `trm.core` is
 imported) puts `TensorBoardWriter` in that writer's place: the same event
-files, written with the `tensorboard` package's record format and summary
-protos. A local log directory is written with plain file I/O; a URL
+files, written with the `tensorboard` package's summary protos in
+TFRecord framing of our own (`trm.core.event_records`: importing
+tensorboard's writer imports its TensorFlow stub, 0.35 s of a trainer's
+first writes). A local log directory is written with plain file I/O; a URL
 (`gs://...`) through tensorboard's gfile, which is TensorFlow's where it is
 installed (and so imports it then, as CLU's writer would).
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
+import json
 import os
 import posixpath
 import socket
@@ -26,6 +30,8 @@ from typing import Any, Mapping, Optional
 import jax
 import numpy as np
 from absl import logging
+
+from trm.core import event_records
 
 
 def merge(a, b):
@@ -95,7 +101,7 @@ _FILE_NUMBERS = itertools.count()
 
 class _EventFile:
   """One TensorBoard event file: records in TFRecord framing
-  (tensorboard's `RecordWriter`), the first one the file version.
+  (`trm.core.event_records`), the first one the file version.
   EventFileWriter, tensorboard's own, opens every path through its gfile
   and so imports TensorFlow wherever it is installed; here only a URL
   does."""
@@ -107,7 +113,6 @@ class _EventFile:
   def __init__(self, logdir: str):
     # pylint: disable=g-import-not-at-top
     from tensorboard.compat.proto import event_pb2
-    from tensorboard.summary.writer.record_writer import RecordWriter
     # pylint: enable=g-import-not-at-top
     name = "events.out.tfevents.%010d.%s.%s.%s" % (
         time.time(), socket.gethostname(), os.getpid(), next(_FILE_NUMBERS))
@@ -120,20 +125,20 @@ class _EventFile:
       os.makedirs(logdir, exist_ok=True)
       self.path = os.path.join(logdir, name)
       file = open(self.path, "wb")  # pylint: disable=consider-using-with
-    self._records = RecordWriter(file)
+    self._file = file
     self._closed = False
     # CLU's asynchronous writer writes from its own thread.
     self._lock = threading.Lock()
     self._timer = None  # flushes _FLUSH_SECONDS after an unflushed write
-    self._records.write(event_pb2.Event(
+    self._file.write(event_records.frame(event_pb2.Event(
         wall_time=time.time(), file_version="brain.Event:2",
         source_metadata=event_pb2.SourceMetadata(
-            writer="trm.core.metrics.TensorBoardWriter")).SerializeToString())
-    self._records.flush()
+            writer="trm.core.metrics.TensorBoardWriter")).SerializeToString()))
+    self._file.flush()
 
   def add(self, event) -> None:
     with self._lock:
-      self._records.write(event.SerializeToString())
+      self._file.write(event_records.frame(event.SerializeToString()))
       if self._timer is None:  # also when no write follows (a stall)
         self._timer = threading.Timer(self._FLUSH_SECONDS, self.flush)
         self._timer.daemon = True
@@ -144,7 +149,7 @@ class _EventFile:
       self._timer.cancel()
       self._timer = None
     if not self._closed:
-      self._records.flush()
+      self._file.flush()
 
   def flush(self) -> None:
     with self._lock:
@@ -155,7 +160,7 @@ class _EventFile:
       if not self._closed:
         self._flush_locked()
         self._closed = True
-        self._records.close()
+        self._file.close()
 
 
 class TensorBoardWriter:
@@ -268,9 +273,44 @@ class TensorBoardWriter:
           key, np.asarray(value, np.float64), buckets=buckets).value)
 
   def write_hparams(self, hparams: Mapping[str, Any]):
-    from tensorboard.plugins.hparams import summary_v2 as hp  # pylint: disable=g-import-not-at-top
+    """As the hparams plugin's `hparams_pb` writes them (CLU's TensorFlow
+    writer calls it), built here from its protos: importing that function
+    imports tensorboard's TensorFlow stub and the stub's gfile (boto3,
+    fsspec), most of the 0.35 s that `benchmarks/speed/
+    event_writer_seconds.py` measured tensorboard's writer adding to a
+    trainer's first writes."""
+    # pylint: disable=g-import-not-at-top
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2
+    from tensorboard.compat.proto import tensor_shape_pb2, types_pb2
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    # pylint: enable=g-import-not-at-top
     flat = {k: _hparam_value(v) for k, v in _flatten(hparams).items()}
-    self._write(0, hp.hparams_pb(flat).value)
+    # The plugin's default trial name: a hash of the values, so that runs
+    # with equal hyperparameters fall in one group.
+    group = hashlib.sha256(json.dumps(
+        flat, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    start = plugin_data_pb2.SessionStartInfo(group_name=group,
+                                             start_time_secs=time.time())
+    for name in sorted(flat):
+      value = flat[name]
+      if isinstance(value, bool):
+        start.hparams[name].bool_value = value
+      elif isinstance(value, (int, float)):
+        start.hparams[name].number_value = value
+      else:
+        start.hparams[name].string_value = value
+    content = plugin_data_pb2.HParamsPluginData(session_start_info=start)
+    self._write(0, [summary_pb2.Summary.Value(
+        tag="_hparams_/session_start_info",
+        # The plugin's empty float tensor: the data is in the metadata.
+        tensor=tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_FLOAT,
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(
+                dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=0)])),
+        metadata=summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(
+                plugin_name="hparams",
+                content=content.SerializeToString())))])
 
   def flush(self):
     self._writer.flush()
