@@ -2,8 +2,8 @@ r"""Forecast MaxText's published Llama2-70B runs (FSDP only, one slice) and
 compare: an out-of-sample check with nothing fitted.
 
   python benchmarks/forecast/forecast_llama.py
-      [--run=v5e,v5p128,v5p1024,v6e,v6e2025|all]
-      [--efficiency=X] [--json=PATH]
+      [--run=v5e,v5p128,v5p1024,v6e,v6e2025,v6e_gpt3|all]
+      [--efficiency=X[,Y...]] [--json=PATH]
 
 Published:
 - MaxText `getting_started/Run_Llama2.md`: Llama2-70b at 57% MFU on a
@@ -31,6 +31,15 @@ Published:
   remat `qkv_proj_offloaded`, all-reduces offloaded to the SparseCores;
   9.052 s, 402.274 TFLOP/s = 43.82%). Both in the 2024 count (attention
   not halved: PR #1988, 2025-07, came after both runs).
+- v6e, a third run (`--run=v6e_gpt3`, session 83): tpu-recipes
+  `training/trillium/GPT3-175B-MaxText/bf16/README.md` (MaxText tag
+  tpu-recipes-v0.1.2, JAX 0.5.2) logged 17.182 s a step, 384.891 TFLOP/s
+  per chip (41.93% of 918) for `gpt_3_175b_bf16`: 3 sequences of 2048 per
+  chip, FSDP over the slice, remat `full`, flash attention, flags
+  DENSE_VMEM_LIMIT + CF_FOR_ALL_GATHER + DATA_PARALLEL_OVERLAP +
+  DISABLE_BUNDLE_AWARE_COST_MODEL; the count before PR #1988 reproduces
+  its TFLOP/s. GPT-3 is a GPT: no proxy, its own MLP (49152) and
+  vocabulary (50304).
 
 Our GPT has no SwiGLU, GQA or RoPE, so the model is a GPT with Llama2-70B's
 weight-matmul FLOPs and parameters in every layer: 80 x 8192, 64 heads of
@@ -67,8 +76,14 @@ ROOT = forecast_maxtext.ROOT
 LLAMA2_70B = dict(n_layer=80, emb=8192, heads=64, kv_heads=8, head_dim=128,
                   mlp=28672, vocab=32000)
 
+# MaxText's configs/models/gpt3-175b.yml: a GPT (two GELU MLP matmuls,
+# full multi-head attention).
+GPT3_175B = dict(n_layer=96, emb=12288, heads=96, kv_heads=96, head_dim=128,
+                 mlp=49152, vocab=50304, mlp_matmuls=2)
+
 # Published one-slice rows: topology, sequences per chip, sequence length,
-# MFU % and whether that count halved the attention term (causal).
+# MFU % and whether that count halved the attention term (causal); the
+# model where it is not Llama2-70B.
 RUNS = {
     "v5e": dict(topology="v5e-256", per_chip=2, seq=2048, mfu=57.0,
                 causal=False),
@@ -81,6 +96,10 @@ RUNS = {
                 mfu=100 * 419.193 / 918, causal=False, flags="trillium"),
     "v6e2025": dict(topology="v6e-256", per_chip=2, seq=4096, mfu=43.8,
                     causal=False, flags="trillium"),
+    # Logged 384.891 TFLOP/s per chip: / 918 peak.
+    "v6e_gpt3": dict(topology="v6e-256", per_chip=3, seq=2048,
+                     mfu=100 * 384.891 / 918, causal=False,
+                     flags="trillium_gpt3", model=GPT3_175B),
 }
 # MaxText's v6e LIBTPU_INIT_ARGS (benchmarks/xla_flags_library.py:
 # DENSE_VMEM_LIMIT_FLAG + CF_FOR_ALL_GATHER); the 2025 run's SparseCore
@@ -95,14 +114,21 @@ FLAGS = {
                  "--xla_tpu_overlap_compute_collective_tc=true "
                  "--xla_enable_async_all_gather=true"),
 }
+# The GPT-3 run's: those, DATA_PARALLEL_OVERLAP and
+# DISABLE_BUNDLE_AWARE_COST_MODEL (benchmarks/xla_flags_library.py).
+FLAGS["trillium_gpt3"] = FLAGS["trillium"] + (
+    " --xla_tpu_enable_data_parallel_all_reduce_opt=true"
+    " --xla_tpu_data_parallel_opt_different_sized_ops=true"
+    " --xla_tpu_use_bundle_aware_cost_model_for_fusions=false")
 
 
 def llama_layer_params(m: dict = LLAMA2_70B) -> int:
   """Weight-matmul parameters of one Llama decoder layer: GQA q|k|v and
-  output, SwiGLU's gate, up and down projections."""
+  output, SwiGLU's gate, up and down projections (a GPT's: two MLP
+  matmuls)."""
   attention = m["emb"] * (m["heads"] + 2 * m["kv_heads"]) * m["head_dim"]
   attention += m["heads"] * m["head_dim"] * m["emb"]
-  return attention + 3 * m["emb"] * m["mlp"]
+  return attention + m.get("mlp_matmuls", 3) * m["emb"] * m["mlp"]
 
 
 def proxy_mlp_size(m: dict = LLAMA2_70B) -> int:
@@ -127,10 +153,12 @@ def maxtext_flops_per_chip(per_chip: int, seq: int, causal: bool,
   return 3 * (weights + attention)
 
 
-def config_for(run: dict, m: dict = LLAMA2_70B):
+def config_for(run: dict):
   """configs/gpt.py:maxtext64b (FSDP over the slice, splash attention, full
   remat over scanned layers, MaxText's v5e flags unless the run names
-  others) with Llama2-70B's matmuls and the run's batch and sequence."""
+  others) with the run's model's matmuls (Llama2-70B's unless it names
+  another) and the run's batch and sequence."""
+  m = run.get("model", LLAMA2_70B)
   config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
                                   "maxtext64b")
   chips = parse_topology(run["topology"]).chips
@@ -151,10 +179,11 @@ def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--run", default="all",
                       help=f"comma-separated of {', '.join(RUNS)}, or all")
-  parser.add_argument("--efficiency", type=float,
-                      default=plan.DEFAULT_EFFICIENCY,
-                      help="dense-compute fraction of peak (default: the "
-                           "constant fitted on MaxText's v4 22B)")
+  parser.add_argument("--efficiency", default=str(plan.DEFAULT_EFFICIENCY),
+                      help="dense-compute fraction of peak, or several "
+                           "comma-separated (one compile, a line each; "
+                           "default: the constant fitted on MaxText's v4 "
+                           "22B)")
   parser.add_argument("--json", default=None, help="also write the rows")
   args = parser.parse_args(argv)
   names = list(RUNS) if args.run == "all" else args.run.split(",")
@@ -162,9 +191,15 @@ def parse_args(argv=None):
   if unknown or not names:
     raise SystemExit(f"--run: unknown {unknown or [args.run]}; choose from "
                      f"{', '.join(RUNS)} or all.")
-  if not 0.0 < args.efficiency <= 1.0:
-    raise SystemExit(f"--efficiency={args.efficiency}: a fraction of peak, "
-                     "above 0 and at most 1.")
+  try:
+    efficiencies = [float(e) for e in args.efficiency.split(",")]
+  except ValueError:
+    raise SystemExit(f"--efficiency={args.efficiency}: fractions of peak, "
+                     "comma-separated.") from None
+  for efficiency in efficiencies:
+    if not 0.0 < efficiency <= 1.0:
+      raise SystemExit(f"--efficiency={efficiency}: a fraction of peak, "
+                       "above 0 and at most 1.")
   if args.json is not None:  # written after minutes of compiling
     if not args.json or args.json.endswith(os.sep) or os.path.isdir(
         args.json):
@@ -174,16 +209,17 @@ def parse_args(argv=None):
       cli.check_writable_ancestor(args.json, "--json")
     except ValueError as e:
       raise SystemExit(str(e)) from None
-  args.names = names
+  args.names, args.efficiencies = names, efficiencies
   return args
 
 
 def main(argv=None):
   args = parse_args(argv)
-  print(f"dense compute at {args.efficiency:.4f} x peak; MFU in MaxText's "
-        "count of each published row")
-  print(f"{'run':>8} {'chips':>5} {'fits':>4} {'GiB':>6} {'step s':>7} "
-        f"{'MFU pub':>7} {'forecast':>8} {'error':>6} {'compute only':>12} "
+  print("dense compute at "
+        + ", ".join(f"{e:.4f}" for e in args.efficiencies)
+        + " x peak; MFU in MaxText's count of each published row")
+  print(f"{'run':>8} {'eff':>6} {'chips':>5} {'fits':>4} {'GiB':>6} "
+        f"{'step s':>7} {'MFU pub':>7} {'forecast':>8} {'error':>6} {'compute only':>12} "
         "compute / ICI / HBM s on the path")
   rows = []
   for name in args.names:
@@ -193,25 +229,30 @@ def main(argv=None):
     plan.progress(f"compiling {name} ({topology.name}) ...")
     compiled = plan.compile_row(config, topology, 1, None,
                                 config.global_batch_size)
-    row = plan.forecast_row(compiled, topology, args.efficiency)
     peak = topology.chip.peak_bf16_tflops * 1e12
     theirs = maxtext_flops_per_chip(run["per_chip"], run["seq"],
-                                    run["causal"])
-    if row["step_seconds"] is None:
-      print(f"{name:>8} compiler: {row['error']}")
-      rows.append(dict(row, run=name, published_mfu=run["mfu"]))
-      continue
-    causes = row["seconds_by_cause"]
-    mfu = 100 * theirs / row["step_seconds"] / peak
-    compute_only = 100 * theirs / causes.get("compute", float("nan")) / peak
-    print(f"{name:>8} {row['chips']:>5} {'yes' if row['fits'] else 'no':>4} "
-          f"{row['memory_gib']:>6.2f} {row['step_seconds']:>7.3f} "
-          f"{run['mfu']:>7.1f} {mfu:>8.2f} {mfu - run['mfu']:>+6.2f} "
-          f"{compute_only:>11.1f}% " + " / ".join(
-              f"{causes.get(k, 0.0):.2f}" for k in ("compute", "ici", "hbm")))
-    rows.append(dict(row, run=name, published_mfu=run["mfu"],
-                     forecast_mfu=mfu, error_points=mfu - run["mfu"],
-                     compute_only_mfu=compute_only))
+                                    run["causal"],
+                                    run.get("model", LLAMA2_70B))
+    for efficiency in args.efficiencies:
+      row = plan.forecast_row(compiled, topology, efficiency)
+      if row["step_seconds"] is None:
+        print(f"{name:>8} compiler: {row['error']}")
+        rows.append(dict(row, run=name, published_mfu=run["mfu"]))
+        break
+      causes = row["seconds_by_cause"]
+      mfu = 100 * theirs / row["step_seconds"] / peak
+      compute_only = (100 * theirs / causes.get("compute", float("nan"))
+                      / peak)
+      print(f"{name:>8} {efficiency:>6.4f} {row['chips']:>5} "
+            f"{'yes' if row['fits'] else 'no':>4} "
+            f"{row['memory_gib']:>6.2f} {row['step_seconds']:>7.3f} "
+            f"{run['mfu']:>7.1f} {mfu:>8.2f} {mfu - run['mfu']:>+6.2f} "
+            f"{compute_only:>11.1f}% " + " / ".join(
+                f"{causes.get(k, 0.0):.2f}"
+                for k in ("compute", "ici", "hbm")))
+      rows.append(dict(row, run=name, published_mfu=run["mfu"],
+                       forecast_mfu=mfu, error_points=mfu - run["mfu"],
+                       compute_only_mfu=compute_only))
   if args.json:
     atomic_files.write_json_atomic(args.json, rows)
 
