@@ -73,6 +73,8 @@ def test_the_v6e_rows_are_maxtexts_logged_steps(script):
     (["--run=v6e,v7"], "--run: unknown ['v7']"),
     (["--efficiency=0"], "--efficiency=0.0: a fraction of peak"),
     (["--efficiency=1.5"], "--efficiency=1.5: a fraction of peak"),
+    (["--efficiency=0.8,nan"], "--efficiency=nan: a fraction of peak"),
+    (["--efficiency=0.8,x"], "--efficiency=0.8,x: fractions of peak"),
     (["--json="], "--json='': name a file to write the rows to"),
     (["--json=/"], "--json='/': name a file to write the rows to"),
     (["--json=/dev/null/rows.json"], "--json=/dev/null/rows.json: /dev/null "
@@ -87,3 +89,56 @@ def test_bad_flags_stop_before_compiling(script, monkeypatch, flags,
   with pytest.raises(SystemExit, match=message.replace("[", r"\[")
                      .replace("]", r"\]").replace(".", r"\.")):
     script.main(flags)
+
+
+def test_the_gpt3_row_is_maxtexts_logged_step(script):
+  # tpu-recipes' GPT3-175B bf16 log on one v6e-256 (MaxText
+  # tpu-recipes-v0.1.2): 17.182 s a step, 384.891 TFLOP/s and 357.580
+  # tokens/s per chip at 3 x 2048 per chip, attention not halved. GPT-3
+  # is a GPT, so the compiled model is GPT-3's own: 96 x 12288, 96 heads
+  # of 128, MLP 49152, vocabulary 50304, whose nanoGPT count is MaxText's.
+  run = script.RUNS["v6e_gpt3"]
+  gpt3 = run["model"]
+  assert script.llama_layer_params(gpt3) == 4 * 12288**2 + 2 * 12288 * 49152
+  assert script.proxy_mlp_size(gpt3) == 49152
+  theirs = script.maxtext_flops_per_chip(run["per_chip"], run["seq"],
+                                         run["causal"], gpt3)
+  assert theirs / 17.182 / 1e12 == pytest.approx(384.891, rel=1e-4)
+  assert run["per_chip"] * run["seq"] / 17.182 == pytest.approx(357.580,
+                                                                 rel=1e-4)
+  assert run["mfu"] == pytest.approx(41.93, abs=0.005)
+  config = script.config_for(run)
+  assert (config.global_batch_size, config.block_size, config.n_layer,
+          config.n_embd, config.n_head, config.model.head_size,
+          config.model.mlp_size, config.model.vocab_size,
+          config.model.remat_policy) == (768, 2048, 96, 12288, 96, 128,
+                                         49152, 50304, "full")
+  ours = script.forecast_maxtext.maxtext_flops_per_chip(config, 3, True)
+  assert ours == pytest.approx(theirs, rel=1e-4)
+  flags = config.tpu_compiler_options
+  assert flags.startswith(script.FLAGS["trillium"])
+  assert "--xla_tpu_use_bundle_aware_cost_model_for_fusions=false" in flags
+  assert "--xla_tpu_enable_data_parallel_all_reduce_opt=true" in flags
+  # The Llama rows keep Llama2-70B.
+  assert script.config_for(script.RUNS["v6e"]).n_layer == 80
+
+
+def test_several_efficiencies_share_one_compile(script, monkeypatch,
+                                                capsys):
+  compiles, played = [], []
+  monkeypatch.setattr(script.plan, "compile_row",
+                      lambda *a: compiles.append(a) or "compiled")
+
+  def forecast_row(compiled, topology, efficiency):
+    del topology
+    played.append((compiled, efficiency))
+    return {"step_seconds": 1.0 / efficiency, "chips": 256, "fits": True,
+            "memory_gib": 20.0,
+            "seconds_by_cause": {"compute": 0.5 / efficiency}}
+  monkeypatch.setattr(script.plan, "forecast_row", forecast_row)
+  script.main(["--run=v6e", "--efficiency=0.8,0.5"])
+  assert len(compiles) == 1
+  assert played == [("compiled", 0.8), ("compiled", 0.5)]
+  lines = [line for line in capsys.readouterr().out.splitlines()
+           if line.split()[:1] == ["v6e"]]
+  assert [line.split()[1] for line in lines] == ["0.8000", "0.5000"]
