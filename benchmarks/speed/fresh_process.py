@@ -31,8 +31,13 @@ def run(tool: str, code: str, args=(), path=(), cpu=None) -> dict:
                         check=False)
   wall = time.perf_counter() - start
   if done.returncode:
-    raise SystemExit(f"{tool}: the child failed:\n{done.stderr[-2000:]}")
-  line = next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))
+    raise SystemExit(f"{tool}: the child failed (exit {done.returncode}):\n"
+                     f"{done.stderr[-2000:]}")
+  line = next((l for l in done.stdout.splitlines()
+               if l.startswith("RESULT ")), None)
+  if line is None:
+    raise SystemExit(f"{tool}: the child printed no RESULT line:\n"
+                     f"{done.stdout[-2000:]}")
   result = json.loads(line[len("RESULT "):])
   result["wall"] = wall
   return result

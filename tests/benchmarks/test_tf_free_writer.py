@@ -37,7 +37,8 @@ _WRITE = textwrap.dedent("""
                                   "eval/exact": np.float32(0.25 * step)})
     writer.flush()
     # What a trainer writes (hparams, scalars) imports neither tensorboard's
-    # summary package nor its TensorFlow stub (0.7 s of a start, session 83).
+    # summary package nor its TensorFlow stub (0.30-0.35 s of a process's
+    # first writes, session 83).
     print("TB_SUMMARY", sorted(m for m in sys.modules if m.startswith(
         ("tensorboard.summary", "tensorboard.compat.tensorflow_stub"))))
     writer.write_texts(2, {"note": "resumed"})
