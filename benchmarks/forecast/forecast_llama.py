@@ -2,8 +2,8 @@ r"""Forecast MaxText's published Llama2-70B runs (FSDP only, one slice) and
 compare: an out-of-sample check with nothing fitted.
 
   python benchmarks/forecast/forecast_llama.py
-      [--run=v5e,v5p128,v5p1024,v6e,v6e2025,v6e_gpt3|all]
-      [--efficiency=X[,Y...]] [--json=PATH]
+      [--run=v5e,v5p128,v5p1024,v6e,v6e2025,v6e_gpt3,...|all]
+      [--efficiency=X[,Y...]] [--splash_factor=F] [--json=PATH]
 
 Published:
 - MaxText `getting_started/Run_Llama2.md`: Llama2-70b at 57% MFU on a
@@ -40,6 +40,21 @@ Published:
   DISABLE_BUNDLE_AWARE_COST_MODEL; the count before PR #1988 reproduces
   its TFLOP/s. GPT-3 is a GPT: no proxy, its own MLP (49152) and
   vocabulary (50304).
+- v6e at sequence 8192 (session 84), Llama 3.1 on one v6e-256, all with
+  flash attention in blocks of 2048 (fused backward), remat `custom` with
+  the layer input and q, k, v offloaded to the host, flags DENSE_VMEM_LIMIT
+  + LAYOUT_FOR_ALL_REDUCE_SCATTER + DATA_PARALLEL_OVERLAP +
+  CF_FOR_ALL_GATHER (+ HOST_OFFLOAD_FLAGS, and for the 8B the SparseCore
+  all-reduce offload: XLA:TPU's lowering, left out), each in the count
+  before PR #1988 (checked against its log):
+  `v6e_l70b_8k`: tpu-recipes `training/trillium/Llama3.1-70B-MaxText/
+  README.md` (tpu-recipes-v0.1.2, JAX 0.5.2) logged 34.562 s, 456.442
+  TFLOP/s (49.72%) at 32768 tokens per chip: 4 sequences (its listed
+  `per_device_batch_size` says 5; its log's tokens and weights say 4).
+  `v6e_l70b_8k_b5`: `.../Llama3.1-70B-MaxText/v6e-256/README.md`
+  (tpu-recipes-v0.1.4, JAX 0.6.1), 5 per chip: 42.656 s, 462.297 (50.36%).
+  `v6e_l8b_8k`: `.../Llama3.1-8B-MaxText/v6e-256/README.md` (v0.1.4), 4
+  per chip: 4.546 s, 417.397 (45.47%).
 
 Our GPT has no SwiGLU, GQA or RoPE, so the model is a GPT with Llama2-70B's
 weight-matmul FLOPs and parameters in every layer: 80 x 8192, 64 heads of
@@ -68,6 +83,7 @@ from trm.core import cli  # pylint: disable=g-import-not-at-top,wrong-import-pos
 from trm.core import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.data import atomic_files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.forecast import ops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ROOT = forecast_maxtext.ROOT
@@ -75,6 +91,11 @@ ROOT = forecast_maxtext.ROOT
 # MaxText's configs/models/llama2-70b.yml.
 LLAMA2_70B = dict(n_layer=80, emb=8192, heads=64, kv_heads=8, head_dim=128,
                   mlp=28672, vocab=32000)
+
+# MaxText's configs/models/llama3.1-70b.yml and llama3.1-8b.yml.
+LLAMA31_70B = dict(LLAMA2_70B, vocab=128256)
+LLAMA31_8B = dict(n_layer=32, emb=4096, heads=32, kv_heads=8, head_dim=128,
+                  mlp=14336, vocab=128256)
 
 # MaxText's configs/models/gpt3-175b.yml: a GPT (two GELU MLP matmuls,
 # full multi-head attention).
@@ -100,6 +121,16 @@ RUNS = {
     "v6e_gpt3": dict(topology="v6e-256", per_chip=3, seq=2048,
                      mfu=100 * 384.891 / 918, causal=False,
                      flags="trillium_gpt3", model=GPT3_175B),
+    # Llama 3.1 at 8192 (TFLOP/s per chip logged: / 918 peak).
+    "v6e_l70b_8k": dict(topology="v6e-256", per_chip=4, seq=8192,
+                        mfu=100 * 456.442 / 918, causal=False,
+                        flags="trillium_llama31", model=LLAMA31_70B),
+    "v6e_l70b_8k_b5": dict(topology="v6e-256", per_chip=5, seq=8192,
+                           mfu=100 * 462.297 / 918, causal=False,
+                           flags="trillium_llama31", model=LLAMA31_70B),
+    "v6e_l8b_8k": dict(topology="v6e-256", per_chip=4, seq=8192,
+                       mfu=100 * 417.397 / 918, causal=False,
+                       flags="trillium_llama31", model=LLAMA31_8B),
 }
 # MaxText's v6e LIBTPU_INIT_ARGS (benchmarks/xla_flags_library.py:
 # DENSE_VMEM_LIMIT_FLAG + CF_FOR_ALL_GATHER); the 2025 run's SparseCore
@@ -120,6 +151,14 @@ FLAGS["trillium_gpt3"] = FLAGS["trillium"] + (
     " --xla_tpu_enable_data_parallel_all_reduce_opt=true"
     " --xla_tpu_data_parallel_opt_different_sized_ops=true"
     " --xla_tpu_use_bundle_aware_cost_model_for_fusions=false")
+# The Llama 3.1 runs': DENSE_VMEM_LIMIT, CF_FOR_ALL_GATHER,
+# LAYOUT_FOR_ALL_REDUCE_SCATTER and DATA_PARALLEL_OVERLAP.
+FLAGS["trillium_llama31"] = FLAGS["trillium"] + (
+    " --xla_tpu_use_minor_sharding_for_major_trivial_input=true"
+    " --xla_tpu_relayout_group_size_threshold_for_reduce_scatter=1"
+    " --xla_tpu_assign_all_reduce_scatter_layout=true"
+    " --xla_tpu_enable_data_parallel_all_reduce_opt=true"
+    " --xla_tpu_data_parallel_opt_different_sized_ops=true")
 
 
 def llama_layer_params(m: dict = LLAMA2_70B) -> int:
@@ -153,6 +192,24 @@ def maxtext_flops_per_chip(per_chip: int, seq: int, causal: bool,
   return 3 * (weights + attention)
 
 
+def splash_seconds(compiled, topology, efficiency: float) -> float | None:
+  """The roofline seconds a step spends in jax's splash attention kernels
+  (forward, remat recompute, dq, dkv; as `hot_spots` charges them), or None
+  where the row has no program."""
+  program = getattr(compiled, "program", None)
+  if program is None:
+    return None
+  chip = topology.chip
+  total = 0.0
+  for inst, seconds, _, _, runs in program.instruction_times(
+      chip.peak_bf16_tflops * 1e12, efficiency, chip.hbm_gbps * 1e9,
+      chip.mxu_width):
+    name = ops.pallas_kernel_name(inst)
+    if name and name.startswith(("splash_mha_", "splash_mqa_")):
+      total += seconds * runs
+  return total
+
+
 def config_for(run: dict):
   """configs/gpt.py:maxtext64b (FSDP over the slice, splash attention, full
   remat over scanned layers, MaxText's v5e flags unless the run names
@@ -184,6 +241,10 @@ def parse_args(argv=None):
                            "comma-separated (one compile, a line each; "
                            "default: the constant fitted on MaxText's v4 "
                            "22B)")
+  parser.add_argument("--splash_factor", type=float, default=None,
+                      help="also the MFU if the splash kernels took this "
+                           "many times their modelled seconds (a candidate "
+                           "for v6e, not part of the time model)")
   parser.add_argument("--json", default=None, help="also write the rows")
   args = parser.parse_args(argv)
   names = list(RUNS) if args.run == "all" else args.run.split(",")
@@ -200,6 +261,11 @@ def parse_args(argv=None):
     if not 0.0 < efficiency <= 1.0:
       raise SystemExit(f"--efficiency={efficiency}: a fraction of peak, "
                        "above 0 and at most 1.")
+  if args.splash_factor is not None and not (
+      0.0 < args.splash_factor < 100.0):  # also refuses nan
+    raise SystemExit(f"--splash_factor={args.splash_factor}: a multiple of "
+                     "the splash kernels' modelled time, above 0 and below "
+                     "100.")
   if args.json is not None:  # written after minutes of compiling
     if not args.json or args.json.endswith(os.sep) or os.path.isdir(
         args.json):
@@ -220,7 +286,10 @@ def main(argv=None):
         + " x peak; MFU in MaxText's count of each published row")
   print(f"{'run':>8} {'eff':>6} {'chips':>5} {'fits':>4} {'GiB':>6} "
         f"{'step s':>7} {'MFU pub':>7} {'forecast':>8} {'error':>6} {'compute only':>12} "
-        "compute / ICI / HBM s on the path")
+        f"{'splash s':>8} "
+        + (f"{'x' + format(args.splash_factor, 'g'):>6} {'error':>6} "
+           if args.splash_factor is not None else "")
+        + "compute / ICI / HBM s on the path")
   rows = []
   for name in args.names:
     run = RUNS[name]
@@ -243,16 +312,29 @@ def main(argv=None):
       mfu = 100 * theirs / row["step_seconds"] / peak
       compute_only = (100 * theirs / causes.get("compute", float("nan"))
                       / peak)
+      splash = splash_seconds(compiled, topology, efficiency)
+      extra = dict(splash_seconds=splash)
+      columns = f"{splash:>8.3f} " if splash is not None else f"{'-':>8} "
+      if args.splash_factor is not None:
+        # The kernels' extra time lands on the step's path whole: nothing
+        # runs beside a splash call in these FSDP steps but the weight
+        # gathers, which the step already waits on elsewhere.
+        scaled = (100 * theirs / peak / (
+            row["step_seconds"] + (args.splash_factor - 1) * splash)
+                  if splash is not None else float("nan"))
+        extra.update(splash_factor=args.splash_factor,
+                     splash_scaled_mfu=scaled)
+        columns += f"{scaled:>6.2f} {scaled - run['mfu']:>+6.2f} "
       print(f"{name:>8} {efficiency:>6.4f} {row['chips']:>5} "
             f"{'yes' if row['fits'] else 'no':>4} "
             f"{row['memory_gib']:>6.2f} {row['step_seconds']:>7.3f} "
             f"{run['mfu']:>7.1f} {mfu:>8.2f} {mfu - run['mfu']:>+6.2f} "
-            f"{compute_only:>11.1f}% " + " / ".join(
+            f"{compute_only:>11.1f}% " + columns + " / ".join(
                 f"{causes.get(k, 0.0):.2f}"
                 for k in ("compute", "ici", "hbm")))
       rows.append(dict(row, run=name, published_mfu=run["mfu"],
                        forecast_mfu=mfu, error_points=mfu - run["mfu"],
-                       compute_only_mfu=compute_only))
+                       compute_only_mfu=compute_only, **extra))
   if args.json:
     atomic_files.write_json_atomic(args.json, rows)
 
