@@ -223,6 +223,8 @@ def get_config(arg=None):
                                 # nanoGPT's under torch.autocast
       attention="dot",          # dot | splash (Pallas TPU kernel, block
                                 # size % 128 == 0, dropout 0) | cudnn (GPU)
+      splash_block=0,           # splash tile along the sequence; 0: the
+                                # largest of 512/256/128 dividing block_size
       qkv_projection="auto",    # c_attn: fused | separate (three matmuls,
                                 # no q/k/v split copies) | auto (separate
                                 # with cudnn)

@@ -1,8 +1,21 @@
 """benchmarks/forecast/forecast_llama.py: the GPT it forecasts has
 Llama2-70B's weight matmuls, its MaxText count is MaxText's, and bad flags
 stop before anything compiles."""
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import repo
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trm.core.topology import parse_topology
+from trm.core.topology import topology_devices
+from trm.forecast import network
+from trm.forecast import timeline
+from trm.nn import tpu_attention
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +88,10 @@ def test_the_v6e_rows_are_maxtexts_logged_steps(script):
     (["--efficiency=1.5"], "--efficiency=1.5: a fraction of peak"),
     (["--efficiency=0.8,nan"], "--efficiency=nan: a fraction of peak"),
     (["--efficiency=0.8,x"], "--efficiency=0.8,x: fractions of peak"),
+    (["--splash_factor=0"], "--splash_factor=0.0: a multiple"),
+    (["--splash_factor=nan"], "--splash_factor=nan: a multiple"),
+    (["--splash_factor=100"], "--splash_factor=100.0: a multiple"),
+    (["--per_chip=0"], "--per_chip=0: sequences per chip"),
     (["--json="], "--json='': name a file to write the rows to"),
     (["--json=/"], "--json='/': name a file to write the rows to"),
     (["--json=/dev/null/rows.json"], "--json=/dev/null/rows.json: /dev/null "
@@ -142,3 +159,126 @@ def test_several_efficiencies_share_one_compile(script, monkeypatch,
   lines = [line for line in capsys.readouterr().out.splitlines()
            if line.split()[:1] == ["v6e"]]
   assert [line.split()[1] for line in lines] == ["0.8000", "0.5000"]
+
+
+@pytest.mark.parametrize("name, seconds, logged, tokens", [
+    # tpu-recipes' Llama 3.1 logs on one v6e-256 at 8192: MaxText
+    # tpu-recipes-v0.1.2 (its listed batch says 5 per chip; the logged
+    # tokens, 948.086 x 34.562 = 32768, say 4) and v0.1.4.
+    ("v6e_l70b_8k", 34.562, 456.442, 948.086),
+    ("v6e_l70b_8k_b5", 42.656, 462.297, 960.248),
+    ("v6e_l8b_8k", 4.546, 417.397, 7207.336),
+])
+def test_the_llama31_rows_are_maxtexts_logged_steps(script, name, seconds,
+                                                    logged, tokens):
+  run = script.RUNS[name]
+  model = run["model"]
+  theirs = script.maxtext_flops_per_chip(run["per_chip"], run["seq"],
+                                         run["causal"], model)
+  assert theirs / seconds / 1e12 == pytest.approx(logged, rel=2e-4)
+  assert run["per_chip"] * run["seq"] / seconds == pytest.approx(
+      tokens, rel=2e-4)
+  assert run["mfu"] == pytest.approx(100 * logged / 918, abs=1e-9)
+  # Halved (MaxText's count since PR #1988), no row would match its log.
+  assert script.maxtext_flops_per_chip(
+      run["per_chip"], run["seq"], True, model) / seconds / 1e12 < \
+      0.94 * logged
+  config = script.config_for(run)
+  assert (config.block_size, config.n_layer, config.n_embd,
+          config.model.vocab_size) == (8192, model["n_layer"], model["emb"],
+                                       128256)
+  assert config.global_batch_size == 256 * run["per_chip"]
+  # The 8B's GPT: 4 x 4096^2 + 2 x 4096 x 18432 = Llama 3.1 8B's layer.
+  assert config.model.mlp_size == {80: 35840, 32: 18432}[model["n_layer"]]
+  ours = script.forecast_maxtext.maxtext_flops_per_chip(
+      config, run["per_chip"], True)
+  assert ours == pytest.approx(theirs, rel=1e-4)
+  # MaxText's tile in every pass (sa_block_* = 2048); other rows keep ours.
+  assert config.model.splash_block == 2048
+  assert script.config_for(script.RUNS["v6e"]).model.splash_block == 0
+  flags = config.tpu_compiler_options
+  assert flags.startswith(script.FLAGS["trillium"])
+  assert "--xla_tpu_assign_all_reduce_scatter_layout=true" in flags
+  assert "--xla_tpu_enable_data_parallel_all_reduce_opt=true" in flags
+
+
+def test_a_splash_factor_stretches_the_kernels_seconds_only(
+    script, monkeypatch, capsys, tmp_path):
+  """--splash_factor=F adds (F - 1) x the splash kernels' seconds to the
+  step: 2 s of kernels in a 10 s step at F=3 is a 14 s step."""
+  monkeypatch.setattr(script.plan, "compile_row", lambda *a: "compiled")
+  monkeypatch.setattr(script.plan, "forecast_row", lambda *a: {
+      "step_seconds": 10.0, "chips": 256, "fits": True, "memory_gib": 20.0,
+      "seconds_by_cause": {"compute": 8.0}})
+  monkeypatch.setattr(script, "splash_seconds", lambda *a: 2.0)
+  out = tmp_path / "rows.json"
+  script.main(["--run=v6e_l8b_8k", "--splash_factor=3",
+               f"--json={out}"])
+  (row,) = __import__("json").loads(out.read_text())
+  run = script.RUNS["v6e_l8b_8k"]
+  theirs = script.maxtext_flops_per_chip(4, 8192, False, run["model"])
+  assert row["forecast_mfu"] == pytest.approx(100 * theirs / 918e12 / 10)
+  assert row["splash_scaled_mfu"] == pytest.approx(
+      100 * theirs / 918e12 / 14)
+  assert row["splash_seconds"] == 2.0
+  line = next(line for line in capsys.readouterr().out.splitlines()
+              if line.startswith("v6e_l8b_8k "))
+  assert f"{row['splash_scaled_mfu']:.2f}" in line.split()
+
+
+def test_per_chip_compiles_a_stand_in_batch(script, monkeypatch, capsys):
+  """The 70B rows at 8192 do not compile at their batch (MaxText offloads
+  each layer's input to the host; our GPT keeps it in HBM): --per_chip
+  compiles fewer sequences, the published MFU stays the run's, and the
+  line says so."""
+  configs = []
+  monkeypatch.setattr(script.plan, "compile_row",
+                      lambda config, *a: configs.append(config) or "c")
+  monkeypatch.setattr(script.plan, "forecast_row", lambda *a: {
+      "step_seconds": 10.0, "chips": 256, "fits": True, "memory_gib": 20.0,
+      "seconds_by_cause": {"compute": 8.0}})
+  monkeypatch.setattr(script, "splash_seconds", lambda *a: None)
+  script.main(["--run=v6e_l70b_8k", "--per_chip=2"])
+  assert configs[0].global_batch_size == 512
+  out = capsys.readouterr().out
+  assert "v6e_l70b_8k: compiled at 2 sequences per chip, published at 4" \
+      in out
+  theirs = script.maxtext_flops_per_chip(2, 8192, False,
+                                         script.LLAMA31_70B)
+  row = next(line.split() for line in out.splitlines()
+             if line.startswith("v6e_l70b_8k "))
+  assert float(row[6]) == pytest.approx(49.7, abs=0.05)  # the run's
+  assert float(row[7]) == pytest.approx(100 * theirs / 918e12 / 10,
+                                        abs=0.01)
+
+
+@pytest.mark.usefixtures("no_compilation_cache")
+def test_splash_seconds_are_the_kernels_roofline_time(script):
+  """The splash column sums the forward, dq and dkv kernels of a compiled
+  step at the charged rate, and nothing else (not the matmul beside
+  them): causal 1,024 x 1,024 in 512-blocks computes 3 of 4 blocks."""
+  topology = parse_topology("v4-8")
+  mesh = jax.sharding.Mesh(np.array([topology_devices(topology, 1)[0]]),
+                           ("data",))
+  q = jax.ShapeDtypeStruct((2, 1024, 4, 128), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P()))
+  w = jax.ShapeDtypeStruct((512, 8192), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P()))
+
+  def loss(q, k, v, w):
+    out = tpu_attention.splash_attention(q, k, v, None, causal=True)
+    beside = q.reshape(-1, 512) @ w   # 17 GFLOP (2.4x the kernels)
+    return out.astype(jnp.float32).sum() + beside.astype(jnp.float32).sum()
+
+  compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(
+      q, q, q, w).compile()
+  program = timeline.Program(compiled.as_text(),
+                             network.Fabric.for_mesh(mesh, topology, 1))
+  efficiency = 0.25
+  seconds = script.splash_seconds(types.SimpleNamespace(program=program),
+                                  topology, efficiency)
+  flops = 2 * (2 + 3 + 4) * 2 * 4 * 128 * 3 * 512 * 512
+  at_rate = flops / (topology.chip.peak_bf16_tflops * 1e12 * efficiency)
+  assert at_rate <= seconds < 1.1 * at_rate
+  assert script.splash_seconds(types.SimpleNamespace(program=None),
+                               topology, efficiency) is None

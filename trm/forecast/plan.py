@@ -458,12 +458,14 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
 # What the published runs of each chip said of the default efficiency
 # (BUILD_NOTES "Multi-pod forecast"): printed under a forecast that used it.
 CHIP_CHECKS = {
-    "v6e": ("on v6e this forecast ran above all three of MaxText's "
-            "published runs on one v6e-256: 1.4 MFU points on GPT-3 175B "
-            "(41.9%, forecast 43.3%) and 6-6.5 on Llama2-70B (45.7% and "
-            "43.8%, forecast as a GPT with its matmuls at 52.0% and 49.6%; "
-            "BUILD_NOTES 'Session 83'): read it as an upper bound, or pass "
-            "--calibrate_mfu with an MFU measured on v6e."),
+    "v6e": ("on v6e this forecast came within 2.2 MFU points of four of "
+            "MaxText's six published runs on one v6e-256 (GPT-3 175B +1.4; "
+            "Llama 3.1 8B and 70B at 8192, splash tiles of 2048: +1.1, "
+            "-1.5, -2.2) and ran 5.8-6.4 points above its two Llama2-70B "
+            "runs at 4096 (fsdp_transpose sharding, splash key tiles of "
+            "512; BUILD_NOTES 'Session 84'): read it as an upper bound "
+            "for runs like those, or pass --calibrate_mfu with an MFU "
+            "measured on v6e."),
 }
 
 

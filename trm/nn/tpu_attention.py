@@ -38,8 +38,17 @@ SCOPE_FULL = "splash_full_mask"
 _BLOCKS = (512, 256, 128)
 
 
-def check_length(length: int) -> int:
-  """The largest tile dividing `length`, or a ValueError saying what to do."""
+def check_length(length: int, block: int = 0) -> int:
+  """The kernel's tile along the sequence: `block` where set (it must be a
+  multiple of 128 dividing `length`), else the largest of 512, 256 and 128
+  dividing `length`; a ValueError saying what to do otherwise."""
+  if block:
+    if block % 128 or length % block:
+      raise ValueError(
+          f"config.model.splash_block={block} must be a multiple of 128 "
+          f"that divides the sequence length {length}; or 0 (the largest of "
+          f"{', '.join(map(str, _BLOCKS))} dividing it).")
+    return block
   for block in _BLOCKS:
     if length % block == 0:
       return block
@@ -49,10 +58,11 @@ def check_length(length: int) -> int:
       "+ max_new_tokens when sampling) or use attention='dot'.")
 
 
-def _kernel(heads: int, length: int, interpret: bool, causal: bool = False):
+def _kernel(heads: int, length: int, interpret: bool, causal: bool = False,
+            block: int = 0):
   # Built per trace, not cached: the kernel holds its mask tables as arrays,
   # which would leak from one trace into the next.
-  block = check_length(length)
+  block = check_length(length, block)
   sizes = splash.BlockSizes(
       block_q=block, block_kv=block, block_kv_compute=block,
       block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
@@ -64,9 +74,10 @@ def _kernel(heads: int, length: int, interpret: bool, causal: bool = False):
                                 block_sizes=sizes, interpret=interpret)
 
 
-def _per_shard(q, k, v, segments, *, interpret: bool, causal: bool = False):
+def _per_shard(q, k, v, segments, *, interpret: bool, causal: bool = False,
+               block: int = 0):
   """q [B,L,H,K] (already scaled), k/v [B,L,KV,K], segments [B,L] int32."""
-  kernel = _kernel(q.shape[2], q.shape[1], interpret, causal)
+  kernel = _kernel(q.shape[2], q.shape[1], interpret, causal, block)
   to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
 
   def one(q, k, v, seg):
@@ -81,18 +92,21 @@ def _per_shard(q, k, v, segments, *, interpret: bool, causal: bool = False):
 
 
 def splash_attention(q, k, v, key_mask, *, interpret: bool = False,
-                     causal: bool = False):
+                     causal: bool = False, block: int = 0):
   """Bidirectional (or with `causal`, causal) GQA attention -> [B, L, H, K]
   in q's dtype.
 
   q [B, L, H, K] must already carry the 1/sqrt(K) scale; k, v [B, L, KV, K];
-  key_mask [B, L] bool (True: real token) or None.
+  key_mask [B, L] bool (True: real token) or None. `block`: the kernel's
+  tile along the sequence in every pass (0: `check_length`'s choice);
+  MaxText's tuned v6e runs at 8192 use 2048 (its `sa_block_*`).
   """
   batch, length = q.shape[:2]
-  check_length(length)
+  check_length(length, block)
   segments = (jnp.ones((batch, length), jnp.int32) if key_mask is None
               else key_mask.astype(jnp.int32))
-  run = functools.partial(_per_shard, interpret=interpret, causal=causal)
+  run = functools.partial(_per_shard, interpret=interpret, causal=causal,
+                          block=block)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return run(q, k, v, segments)

@@ -27,6 +27,7 @@ from trm.core import mesh as mesh_lib
 from trm.core import train
 from trm.families.gpt import model as gpt
 from trm.families.gpt import steps as gpt_steps
+from trm.nn import tpu_attention
 
 from test_gpt_task import sample_two  # pylint: disable=g-import-not-at-top
 from test_gpt_task import tiny_config  # pylint: disable=g-import-not-at-top
@@ -576,11 +577,43 @@ def test_splash_attention_is_causal_attention():
   assert not np.allclose(logits[:, 5:], changed[:, 5:])
 
 
+def test_splash_block_sets_the_kernels_tile(monkeypatch):
+  """config.model.splash_block: the kernel runs in that tile (here 128 of
+  a 256 window, where the default would take 256) and still gives the dot
+  path's logits."""
+  cfg = gpt.GPTConfig(block_size=256, vocab_size=64, n_layer=1, n_head=2,
+                      n_embd=64)
+  tiles = []
+  sizes = tpu_attention.splash.BlockSizes
+
+  def recording(**kw):
+    tiles.append(kw["block_q"])
+    return sizes(**kw)
+  monkeypatch.setattr(tpu_attention.splash, "BlockSizes", recording)
+  params = jax.jit(lambda: nn.meta.unbox(gpt.GPT(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"])()
+  tokens = _tokens(batch=1, length=256)
+  ref = jax.jit(lambda p: gpt.GPT(cfg).apply({"params": p}, tokens))(params)
+  for block, tile in ((0, 256), (128, 128)):
+    model = gpt.GPT(dataclasses.replace(
+        cfg, attention="splash_interpret", splash_block=block))
+    out = jax.jit(lambda p, m=model: m.apply({"params": p}, tokens))(params)
+    assert tiles[-1] == tile
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("fields, match", [
     (dict(attention="flash"), "config.model.attention='flash'"),
     (dict(attention="splash", dropout=0.1, block_size=128),
      "config.model.dropout=0.0"),
     (dict(attention="splash"), "block_size to be a multiple of 128"),
+    (dict(attention="splash", block_size=512, splash_block=100),
+     "splash_block=100 must be a multiple of 128"),
+    (dict(attention="splash", block_size=512, splash_block=384),
+     "divides the sequence length 512"),
+    (dict(attention="splash", block_size=512, splash_block=-128),
+     "splash_block=-128 must be 0 or a positive multiple of 128"),
+    (dict(splash_block=True), "splash_block=True must be 0 or a positive"),
 ])
 def test_bad_attention_settings_name_the_field(fields, match):
   with pytest.raises(ValueError, match=match):

@@ -11,6 +11,7 @@ from trm.core import config_lib
 from trm.families.gpt import norm_gpu
 from trm.nn import attention as attention_lib
 from trm.nn import dtypes
+from trm.nn import tpu_attention
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _SIZE_LIMIT = 2**31  # sizes are int32 in JAX's shapes and token ids
@@ -64,6 +65,11 @@ class GPTConfig(dtypes.ConfigDtypes):
   # cudnn: cuDNN's flash attention on NVIDIA GPUs (bfloat16/float16, no
   # attention dropout).
   attention: str = "dot"
+  # The splash kernel's tile along the sequence, forward and backward: 0
+  # picks the largest of 512, 256, 128 dividing block_size; set, a multiple
+  # of 128 dividing it (MaxText's sa_block_*: its v6e runs at 8192 use 2048;
+  # larger tiles mean fewer kernel steps and more VMEM).
+  splash_block: int = 0
   # c_attn's q | k | v: 'fused' (nanoGPT's one [C, 3C] matmul, then split),
   # 'separate' (three matmuls on the column blocks of the same kernel: the
   # same weights and values, with no copies splitting one buffer into q, k
@@ -121,6 +127,12 @@ class GPTConfig(dtypes.ConfigDtypes):
       raise ValueError(f"config.model.attention={self.attention!r} needs "
                        "config.model.block_size to be a multiple of 128, "
                        f"not {self.block_size}; or use attention='dot'.")
+    if not isinstance(self.splash_block, (int, np.integer)) or isinstance(
+        self.splash_block, bool) or self.splash_block < 0:
+      raise ValueError(f"config.model.splash_block={self.splash_block!r} "
+                       "must be 0 or a positive multiple of 128.")
+    if self.splash_block and self.attention in ("splash", "splash_interpret"):
+      tpu_attention.check_length(self.block_size, self.splash_block)
     if self.attention != "dot" and float(self.dropout) > 0:
       raise ValueError(f"config.model.attention={self.attention!r} has no "
                        "attention dropout: set config.model.dropout=0.0 or "

@@ -206,7 +206,8 @@ class CausalSelfAttention(nn.Module):
       # by the config); shorter calls (init's one token) take the dot path.
       y = tpu_attention.splash_attention(
           q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype), k, v, None,
-          interpret=self.cfg.attention == "splash_interpret", causal=True)
+          interpret=self.cfg.attention == "splash_interpret", causal=True,
+          block=self.cfg.splash_block)
     else:
       y = _attend(q, k, v, masks.causal(t, t), self.attn_dropout,
                   deterministic)
