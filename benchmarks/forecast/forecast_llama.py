@@ -1,5 +1,6 @@
-r"""Forecast MaxText's published Llama2-70B runs (FSDP only, one slice) and
-compare: an out-of-sample check with nothing fitted.
+r"""Forecast MaxText's published Llama2-70B runs (FSDP only, one slice; on
+v6e also GPT-3 175B and Llama 3.1) and compare: an out-of-sample check
+with nothing fitted.
 
   python benchmarks/forecast/forecast_llama.py
       [--run=v5e,v5p128,v5p1024,v6e,v6e2025,v6e_gpt3,...|all]
@@ -341,9 +342,8 @@ def main(argv=None):
       extra = dict(splash_seconds=splash)
       columns = f"{splash:>8.3f} " if splash is not None else f"{'-':>8} "
       if args.splash_factor is not None:
-        # The kernels' extra time lands on the step's path whole: nothing
-        # runs beside a splash call in these FSDP steps but the weight
-        # gathers, which the step already waits on elsewhere.
+        # Assumed to land on the step's path whole: in these FSDP steps the
+        # kernels are compute on the path, beside weight gathers only.
         scaled = (100 * theirs / peak / (
             row["step_seconds"] + (args.splash_factor - 1) * splash)
                   if splash is not None else float("nan"))
