@@ -216,6 +216,12 @@ def get_config(arg=None):
       remat_policy="full",      # with remat, what a block saves: full
                                 # (nothing) | minimal (its weight matmuls'
                                 # outputs, MaxText's remat_policy=minimal)
+                                # | custom (the two fields below)
+      remat_save="",            # custom: comma-separated names kept in HBM
+                                # (decoder_layer_input, query_proj,
+                                # key_proj, value_proj, weight_matmul)
+      remat_offload="",         # custom: names moved to host memory and
+                                # back for the backward pass
       scan_layers=False,        # one scanned block, params [n_layer, ...]
       residual_dtype="float32",  # residual stream: float32 (torch autocast)
                                 # or the compute dtype (MaxText)

@@ -333,11 +333,15 @@ def test_tiny_diffucoder_train_step_compiles_for_v4_8(num_slices):
 
 def test_tiny_gpt_train_step_compiles_for_v4_8():
   """nanoGPT's iteration (accumulation, AdamW, the written-out backward
-  passes) compiles for TPU, parameters split over fsdp."""
+  passes) compiles for TPU, parameters split over fsdp; scanned blocks
+  whose inputs a remat policy offloads to the host, the report giving the
+  host memory they take."""
   config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
                                   "shakespeare_char")
   config.update(dict(n_layer=2, n_head=2, n_embd=64, block_size=32,
                      batch_size=8, gradient_accumulation_steps=2))
+  config.model.update(remat=True, scan_layers=True, remat_policy="custom",
+                      remat_offload="decoder_layer_input")
   config.mesh.data, config.mesh.fsdp = 1, -1
   with pytest.raises(ValueError, match="--vocab_size"):
     aot.compile_report(config, aot.parse_topology("v4-8"), 1)
@@ -347,6 +351,11 @@ def test_tiny_gpt_train_step_compiles_for_v4_8():
   assert report["global_batch_size"] == 16
   assert report["fits"] and 0 < report["total_gib"] < 1
   assert report["train_flops_per_step"] > 0
+  # 2 layers x 2 sequences a device x 32 x 64, float32 (8 KiB a layer):
+  # XLA:TPU pads its buffers to tiles, so at least that.
+  assert report["host_temp_gib"] * 2**30 >= 2 * 2 * 32 * 64 * 4
+  assert "host memory per chip: 0.00 GiB (offloaded by " in aot.format_report(
+      report)
 
 
 @pytest.mark.parametrize("name, wrap", [

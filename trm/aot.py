@@ -274,6 +274,8 @@ def compile_report(config, topology: Topology, num_slices: int,
       temp_gib=memory.temp_size_in_bytes / GIB,
       alias_gib=memory.alias_size_in_bytes / GIB,
       total_gib=total / GIB,
+      # A remat policy's offloaded tensors, in the host's memory.
+      host_temp_gib=getattr(memory, "host_temp_size_in_bytes", 0) / GIB,
       fits=total / GIB <= topology.chip.usable_hbm_gib)
   if save_compiled and sample is None and report["fits"]:
     report["saved"] = _save(save_step, compiled, save_compiled)
@@ -346,6 +348,9 @@ def format_report(report: dict) -> str:
         f" GiB, aliased {report['alias_gib']:.2f} GiB, total "
         f"{report['total_gib']:.2f} GiB of {report['usable_gib']:.2f} GiB "
         "usable")
+    if report.get("host_temp_gib"):
+      lines.append(f"host memory per chip: {report['host_temp_gib']:.2f} GiB"
+                   " (offloaded by config.model.remat_offload)")
   else:
     lines.append(f"compiler: {report['error']}")
     if "state_gib" in report:

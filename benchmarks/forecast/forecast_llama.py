@@ -57,10 +57,15 @@ Published:
   (tpu-recipes-v0.1.4, JAX 0.6.1), 5 per chip: 42.656 s, 462.297 (50.36%).
   `v6e_l8b_8k`: `.../Llama3.1-8B-MaxText/v6e-256/README.md` (v0.1.4), 4
   per chip: 4.546 s, 417.397 (45.47%).
-  Our GPT keeps each scanned layer's input in HBM, where MaxText offloads
-  it: the 70B at 4 or 5 x 8192 per chip needs 52-64 GB of temporaries and
-  XLA:TPU refuses to compile it; `--per_chip=2` compiles 2 per chip as a
-  stand-in (an FSDP step this size is bound by compute either way; the
+  These rows compile with the runs' remat (`remat_policy=custom`, the
+  layer input and q, k, v offloaded to the host, `CUSTOM_OFFLOAD`; the
+  time model moves them over the chip's PCIe link). Before our GPT could
+  offload (session 84) the 70B at 4 or 5 x 8192 per chip needed 52-64 GB
+  of temporaries and XLA:TPU refused to compile it. With the offload it
+  needs 160 and 200 GiB of host memory a chip, over the 128 GiB libtpu's
+  compile-only v6e allows: our stand-in's k and v are full width (no GQA,
+  8x Llama 3.1's), so it offloads 2 GiB a layer where MaxText's 70B
+  offloaded 1.1. `--per_chip=3` (120 GiB) compiles a stand-in batch (the
   row is still compared with the published MFU, and says so).
 
 Our GPT has no SwiGLU, GQA or RoPE, so the model is a GPT with Llama2-70B's
@@ -69,7 +74,7 @@ weight-matmul FLOPs and parameters in every layer: 80 x 8192, 64 heads of
 matmuls carry what GQA saves on q|k|v and SwiGLU's three matmuls hold
 (855.6M per layer both ways); vocabulary 32000 (tied: the same logits
 matmul). MaxText's count of that step equals ours to 2e-5 (relative). Our remat is
-`full` (it fits; `minimal` would need ~200 GB per chip on v5p): it
+`full` outside the Llama 3.1 rows (it fits; `minimal` would need ~200 GB per chip on v5p): it
 recomputes 1.0% (v5e) and 3.0% (v5p) more weight-matmul FLOPs than MaxText's
 policies did, which the table leaves in (BUILD_NOTES). MaxText's 2024 v6e run
 used `full` too; at its 4 x 4096 per chip our GPT compiles to 33.68 GiB per
@@ -112,6 +117,10 @@ GPT3_175B = dict(n_layer=96, emb=12288, heads=96, kv_heads=96, head_dim=128,
 # Published one-slice rows: topology, sequences per chip, sequence length,
 # MFU % and whether that count halved the attention term (causal); the
 # model where it is not Llama2-70B.
+# The Llama 3.1 runs' remat_policy=custom: these offloaded to the host,
+# everything else recomputed (MaxText's decoder_layer_input, query_proj,
+# key_proj, value_proj: offload).
+CUSTOM_OFFLOAD = "decoder_layer_input,query_proj,key_proj,value_proj"
 RUNS = {
     "v5e": dict(topology="v5e-256", per_chip=2, seq=2048, mfu=57.0,
                 causal=False),
@@ -132,15 +141,15 @@ RUNS = {
     "v6e_l70b_8k": dict(topology="v6e-256", per_chip=4, seq=8192,
                         mfu=100 * 456.442 / 918, causal=False,
                         flags="trillium_llama31", model=LLAMA31_70B,
-                        splash_block=2048),
+                        splash_block=2048, remat_offload=CUSTOM_OFFLOAD),
     "v6e_l70b_8k_b5": dict(topology="v6e-256", per_chip=5, seq=8192,
                            mfu=100 * 462.297 / 918, causal=False,
                            flags="trillium_llama31", model=LLAMA31_70B,
-                           splash_block=2048),
+                           splash_block=2048, remat_offload=CUSTOM_OFFLOAD),
     "v6e_l8b_8k": dict(topology="v6e-256", per_chip=4, seq=8192,
                        mfu=100 * 417.397 / 918, causal=False,
                        flags="trillium_llama31", model=LLAMA31_8B,
-                       splash_block=2048),
+                       splash_block=2048, remat_offload=CUSTOM_OFFLOAD),
 }
 # MaxText's v6e LIBTPU_INIT_ARGS (benchmarks/xla_flags_library.py:
 # DENSE_VMEM_LIMIT_FLAG + CF_FOR_ALL_GATHER); the 2025 run's SparseCore
@@ -224,8 +233,8 @@ def config_for(run: dict):
   """configs/gpt.py:maxtext64b (FSDP over the slice, splash attention, full
   remat over scanned layers, MaxText's v5e flags unless the run names
   others) with the run's model's matmuls (Llama2-70B's unless it names
-  another), the run's batch and sequence, and its splash tile if it set
-  one."""
+  another), the run's batch and sequence, its splash tile if it set one,
+  and its offloads (remat_policy=custom) if it had them."""
   m = run.get("model", LLAMA2_70B)
   config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
                                   "maxtext64b")
@@ -237,6 +246,9 @@ def config_for(run: dict):
   config.model.mlp_size = proxy_mlp_size(m)
   config.model.vocab_size = m["vocab"]
   config.model.remat_policy = "full"
+  if run.get("remat_offload"):  # MaxText's remat_policy=custom
+    config.model.remat_policy = "custom"
+    config.model.remat_offload = run["remat_offload"]
   # The run's splash tile where it set one for every pass (MaxText's
   # sa_block_*); else ours (512 at these lengths: the Llama2 and GPT-3 runs
   # set q 1024 with the default 512 key blocks, which one tile cannot say).
@@ -311,7 +323,7 @@ def main(argv=None):
         f"{'splash s':>8} "
         + (f"{'x' + format(args.splash_factor, 'g'):>6} {'error':>6} "
            if args.splash_factor is not None else "")
-        + "compute / ICI / HBM s on the path")
+        + "compute / ICI / HBM / host s on the path")
   rows = []
   for name in args.names:
     run = RUNS[name]
@@ -356,7 +368,9 @@ def main(argv=None):
             f"{run['mfu']:>7.1f} {mfu:>8.2f} {mfu - run['mfu']:>+6.2f} "
             f"{compute_only:>11.1f}% " + columns + " / ".join(
                 f"{causes.get(k, 0.0):.2f}"
-                for k in ("compute", "ici", "hbm")))
+                for k in ("compute", "ici", "hbm", "host")))
+      for line in plan.host_offload_lines([row]):
+        print(f"{name:>8} {line}")
       rows.append(dict(row, run=name, published_mfu=run["mfu"],
                        per_chip=run["per_chip"], forecast_mfu=mfu,
                        error_points=mfu - run["mfu"],

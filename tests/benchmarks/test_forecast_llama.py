@@ -196,6 +196,13 @@ def test_the_llama31_rows_are_maxtexts_logged_steps(script, name, seconds,
   # MaxText's tile in every pass (sa_block_* = 2048); other rows keep ours.
   assert config.model.splash_block == 2048
   assert script.config_for(script.RUNS["v6e"]).model.splash_block == 0
+  # remat_policy=custom as the runs had it: the layer input and q, k, v
+  # offloaded to the host; the other rows keep full remat.
+  assert (config.model.remat_policy, config.model.remat_offload,
+          config.model.remat_save) == (
+              "custom", "decoder_layer_input,query_proj,key_proj,value_proj",
+              "")
+  assert script.config_for(script.RUNS["v6e"]).model.remat_policy == "full"
   flags = config.tpu_compiler_options
   assert flags.startswith(script.FLAGS["trillium"])
   assert "--xla_tpu_assign_all_reduce_scatter_layout=true" in flags

@@ -32,6 +32,11 @@ class Chip:
                           # TPU's architecture pages, 128 up to v5p, 256 on
                           # v6e. The time model charges a matmul the
                           # array's padding (ops.mxu_padding), not MFU.
+  # The chip's PCIe link to its host, one direction, GB/s: what a remat
+  # policy's offloaded tensors move at (How to Scale Your Model, ch. 2:
+  # 16 each way on v4, "around 1.5e10 bytes/s per chip" typically, 32 on
+  # v6e, "about 2x higher than v5").
+  host_link_gbps: float = 15.0
 
   @property
   def dcn_gbits_per_chip(self) -> float:
@@ -43,13 +48,13 @@ class Chip:
 CHIPS = {
     # v4's DCN: PaLM's cross-pod burst, 81 Tbps over 1536 hosts.
     "v4": Chip(30.75, 275.0, "megacore", (2, 2, 1), 1200.0, 45.0, 3,
-               81e3 / 1536, 4, "cube", 128),
+               81e3 / 1536, 4, "cube", 128, host_link_gbps=16.0),
     "v5p": Chip(95.74, 459.0, "megacore", (2, 2, 1), 2765.0, 90.0, 3,
                 4 * 50.0, 4, "cube", 128),
     "v5e": Chip(15.75, 197.0, "default", (2, 2, 1), 819.0, 45.0, 2,
                 2 * 100.0, 8, "full16", 128),
     "v6e": Chip(31.25, 918.0, "default", (2, 2, 1), 1640.0, 90.0, 2,
-                4 * 200.0, 8, "full16", 256),
+                4 * 200.0, 8, "full16", 256, host_link_gbps=32.0),
 }
 ICI_HOP_SECONDS = 1e-6   # per ICI hop (How to Scale Your Model, ch. 2)
 # Per step of a cross-slice ring (2 (N-1) steps per all-reduce over N

@@ -24,7 +24,12 @@ _ELEMENT_BYTES = {
     "f8e4m3b11fnuz": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3": 1,
     "f8e3m4": 1, "f4e2m1fn": 0.5, "f8e8m0fnu": 1, "token": 0, "opaque": 0,
 }
-_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+# An array type and its layout, if printed: f32[16,2048]{1,0:T(8,128)S(5)}.
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^{}]*\})?")
+_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
+# XLA:TPU's memory space of pinned host memory (a layout's `S(5)`): where a
+# remat policy's offloaded tensors live, moved over the host link.
+HOST_MEMORY_SPACE = 5
 _COMMENT = re.compile(r"/\*.*?\*/")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _ASSIGN = re.compile(r"^\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
@@ -35,6 +40,11 @@ _OPCODE = re.compile(r"\s*([a-z][a-z0-9\-]*)\(")
 class Array:
   dtype: str
   dims: tuple[int, ...]
+  memory_space: int = 0   # the layout's S(n); 0: HBM
+
+  @property
+  def on_host(self) -> bool:
+    return self.memory_space == HOST_MEMORY_SPACE
 
   @property
   def elements(self) -> int:
@@ -47,9 +57,14 @@ class Array:
 
 def parse_shape(text: str) -> tuple[Array, ...]:
   """Every array of a (possibly tuple) shape, in order."""
-  return tuple(Array(dtype, tuple(int(d) for d in dims.split(",") if d))
-               for dtype, dims in _ARRAY.findall(text)
-               if dtype in _ELEMENT_BYTES)
+  out = []
+  for dtype, dims, layout in _ARRAY.findall(text):
+    if dtype in _ELEMENT_BYTES:
+      space = _MEMORY_SPACE.search(layout.split(":", 1)[-1]) if ":" in (
+          layout) else None
+      out.append(Array(dtype, tuple(int(d) for d in dims.split(",") if d),
+                       int(space.group(1)) if space else 0))
+  return tuple(out)
 
 
 def _unquoted(text: str, start: int = 0):

@@ -45,6 +45,8 @@ class Fabric:
   num_slices: int
   hop_seconds: float = topology_lib.ICI_HOP_SECONDS
   dcn_step_seconds: float = topology_lib.DCN_STEP_SECONDS
+  # The chip's link to host memory, per direction (0: not priced).
+  host_bytes_per_second: float = 0.0
 
   @classmethod
   def for_mesh(cls, mesh, topology: topology_lib.Topology,
@@ -58,7 +60,8 @@ class Fabric:
                    for d in devices)
     chip = topology.chip
     return cls(coords, dims, topology.wraps_xyz, chip.ici_link_gbps * 1e9,
-               chip.dcn_gbits_per_chip * 1e9 / 8, num_slices)
+               chip.dcn_gbits_per_chip * 1e9 / 8, num_slices,
+               host_bytes_per_second=chip.host_link_gbps * 1e9)
 
   def axes_of(self, group: list[int]) -> list[tuple[int, int]]:
     """(axis, distinct coordinates) of each torus axis the group spans."""

@@ -35,6 +35,50 @@ ASYNC_DONES = ("all-gather-done", "all-reduce-done",
                "collective-permute-done", "async-done")
 
 
+# Moves between HBM and host memory (hlo.HOST_MEMORY_SPACE): synchronous,
+# or the start of an async one whose done waits for it.
+_HOST_MOVES = ("copy", "dynamic-slice", "dynamic-update-slice")
+HOST_DONES = ("copy-done", "dynamic-slice-done", "dynamic-update-slice-done")
+
+
+def host_transfer(inst: hlo.Instruction, comp: hlo.Computation
+                  ) -> tuple[str, float] | None:
+  """('to_host' | 'from_host', bytes) of an instruction that moves data
+  between HBM and the host's memory over the host link (PCIe): XLA:TPU
+  writes a remat policy's offloaded tensor into a host buffer with a
+  dynamic-update-slice (one layer's slot of a scanned stack) or a copy, and
+  reads it back with a dynamic-slice or a copy; None for anything else."""
+  opcode = inst.opcode
+  base = opcode[:-len("-start")] if opcode.endswith("-start") else opcode
+  if base not in _HOST_MOVES or not inst.shape:
+    return None
+  operands = _operand_shapes(inst, comp)
+  source = operands[0][0] if operands and operands[0] else None
+  if source is None:
+    return None
+  if base == "dynamic-update-slice":
+    if source.on_host and len(operands) > 1:
+      return "to_host", float(sum(a.bytes for a in operands[1]))
+    return None
+  if base == "dynamic-slice":
+    if not source.on_host:
+      return None
+    sizes = _dims(inst.attr("dynamic_slice_sizes"))
+    return "from_host", float(math.prod(sizes) * source.bytes
+                              / max(source.elements, 1))
+  if source.on_host:
+    return "from_host", float(source.bytes)
+  if inst.shape[0].on_host:
+    return "to_host", float(source.bytes)
+  return None
+
+
+def touches_host(inst: hlo.Instruction, comp: hlo.Computation) -> bool:
+  """Is any array of its result or operands in host memory?"""
+  return any(a.on_host for a in inst.shape) or any(
+      a.on_host for shape in _operand_shapes(inst, comp) for a in shape)
+
+
 def _operand_shapes(inst: hlo.Instruction, comp: hlo.Computation):
   out = []
   for name in inst.operands:
@@ -376,9 +420,15 @@ def instruction_cost(module: hlo.Module, comp: hlo.Computation,
   if inst.opcode in FREE or inst.opcode in ASYNC_STARTS or inst.opcode == (
       "send"):
     return 0.0, 0.0
+  if host_transfer(inst, comp) is not None or (
+      inst.opcode in HOST_DONES and touches_host(inst, comp)):
+    return 0.0, 0.0  # the host link's DMA, not the chip's (timeline)
   operand_shapes = _operand_shapes(inst, comp)
-  read = [sum(a.bytes for a in shape) for shape in operand_shapes]
-  written = inst.result_bytes
+  # Host buffers (a stack of offloaded tensors, its allocation) are not
+  # HBM traffic.
+  read = [sum(a.bytes for a in shape if not a.on_host)
+          for shape in operand_shapes]
+  written = sum(a.bytes for a in inst.shape if not a.on_host)
   flops = 0.0
   if inst.opcode in ("dot", "convolution"):
     flops = dot_flops(inst, comp)

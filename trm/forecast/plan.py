@@ -62,6 +62,9 @@ class CompiledRow:
   memory_gib: float | None
   program: timeline.Program | None = None
   error: str | None = None
+  # Host memory the step's offloaded tensors take per chip (a remat
+  # policy's `remat_offload`), beside `memory_gib` of HBM.
+  host_memory_gib: float = 0.0
 
 
 def row_config(config, slices: int, global_batch: int, mesh=None):
@@ -139,11 +142,15 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
     text = str(e)
     if "RESOURCE_EXHAUSTED" not in text and "hbm" not in text.lower():
       raise
-    needed = re.search(r"\(([\d.]+)G\)", text)
+    # Host memory (a remat policy's offloads) runs out apart from HBM:
+    # "Ran out of memory in memory space host. Used 160.00G of 128.00G".
+    host = re.search(r"memory space host\. Used ([\d.]+)G", text)
+    needed = None if host else re.search(r"\(([\d.]+)G\)", text)
     return CompiledRow(**base, compile_seconds=time.time() - start,
                        fits=False,
                        memory_gib=float(needed.group(1)) if needed else None,
-                       error=text.splitlines()[0][:300])
+                       error=text.splitlines()[0][:300],
+                       host_memory_gib=float(host.group(1)) if host else 0.0)
   seconds = time.time() - start
   memory = compiled.memory_analysis()
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
@@ -152,6 +159,8 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
   return CompiledRow(**base, compile_seconds=seconds,
                      fits=total <= topology.chip.usable_hbm_gib,
                      memory_gib=total,
+                     host_memory_gib=getattr(
+                         memory, "host_temp_size_in_bytes", 0) / GIB,
                      program=timeline.Program(compiled.as_text(), fabric))
 
 
@@ -208,6 +217,10 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
       "ici_bytes": totals.ici_bytes,
       "dcn_bytes": totals.dcn_bytes,
       "hbm_bytes": totals.hbm_bytes,
+      "host_bytes": totals.host_bytes,
+      "host_memory_gib": compiled.host_memory_gib,
+      "host_link_bytes_per_second":
+          compiled.program.fabric.host_bytes_per_second,
       "program_flops_per_chip": totals.flops,
       "bound": step.bound,
       "seconds_by_cause": {k: round(v, 6) for k, v in
@@ -450,20 +463,43 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
         f"{scaling:>7} {r['ici_bytes'] / 1e9:>11.3f} "
         f"{r['dcn_bytes'] / 1e9:>11.3f} {r['bound']:<7} "
         f"{100 * r.get('mfu_dcn_none', r.get('mfu_dcn_schedule', 0)):.1f}%")
+  lines.extend(host_offload_lines(rows))
   lines.extend(unread_loop_warnings(rows))
   lines.extend(undeclared_kernel_warnings(rows))
   return "\n".join(lines)
 
 
+def host_offload_lines(rows: list[dict]) -> list[str]:
+  """One line per row that moves tensors to and from host memory (a remat
+  policy's `remat_offload`): the bytes, the host memory they take, and
+  what of their time on the host link the step waits for."""
+  out = []
+  for r in rows:
+    if not r.get("host_bytes"):
+      continue
+    rate = r.get("host_link_bytes_per_second") or 0.0
+    link = (f"{r['host_bytes'] / rate:.3f} s of transfers at "
+            f"{rate / 1e9:.0f} GB/s a direction" if rate else
+            "not priced")
+    out.append(
+        f"host offload: the {r['slices']}-slice row moves "
+        f"{r['host_bytes'] / 1e9:.1f} GB per chip to and from host memory "
+        f"a step ({r.get('host_memory_gib', 0.0):.2f} GiB held there; "
+        f"{link}), {r['seconds_by_cause'].get('host', 0.0):.3f} s of it "
+        "on the step's path")
+  return out
+
+
 # What the published runs of each chip said of the default efficiency
 # (BUILD_NOTES "Multi-pod forecast"): printed under a forecast that used it.
 CHIP_CHECKS = {
-    "v6e": ("on v6e this forecast came within 2.2 MFU points of four of "
+    "v6e": ("on v6e this forecast came within 2.8 MFU points of four of "
             "MaxText's six published runs on one v6e-256 (GPT-3 175B +1.4; "
-            "Llama 3.1 8B and 70B at 8192, splash tiles of 2048: +1.1, "
-            "-1.5, -2.2) and ran 5.8-6.4 points above its two Llama2-70B "
-            "runs at 4096 (fsdp_transpose sharding, splash key tiles of "
-            "512; BUILD_NOTES 'Session 84'): read it as an upper bound "
+            "Llama 3.1 8B and 70B at 8192 with their host offload and "
+            "splash tiles of 2048: -2.1, +2.8, +2.1) and ran 5.8-6.4 points "
+            "above its two Llama2-70B runs at 4096 (fsdp_transpose "
+            "sharding, splash key tiles of 512; BUILD_NOTES 'Session 84', "
+            "'Session 85'): read it as an upper bound "
             "for runs like those, or pass --calibrate_mfu with an MFU "
             "measured on v6e."),
 }

@@ -17,12 +17,16 @@ instruction:
   fusions (a start fusion, continuation fusions, a done fusion, each
   holding the collective) are one such start/done pair; a lone fusion
   holding a collective blocks;
+* a move between HBM and host memory (a remat policy's offloaded
+  tensors, ops.host_transfer) runs on the chip's host link, one queue per
+  direction at the fabric's host bandwidth; an async one overlaps what is
+  scheduled before its done, as a collective does;
 * a while loop runs its body trip-count times: the first iterations are
   played, the rest repeat the last one;
 * a conditional takes its longer branch (the update, not the skip).
 
 Every wait is charged to what it waited for, so the step splits into
-compute, HBM, ICI and DCN seconds; the largest names the bound.
+compute, HBM, ICI, DCN and host seconds; the largest names the bound.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ class Totals:
   hbm_bytes: float = 0.0
   ici_bytes: float = 0.0
   dcn_bytes: float = 0.0
+  host_bytes: float = 0.0   # to and from host memory, both directions
   # (kind, network, axes, group size, payload bytes, traffic bytes) -> runs
   # per step
   collectives: collections.Counter = dataclasses.field(
@@ -61,10 +66,24 @@ class Totals:
     self.hbm_bytes += other.hbm_bytes * times
     self.ici_bytes += other.ici_bytes * times
     self.dcn_bytes += other.dcn_bytes * times
+    self.host_bytes += other.host_bytes * times
     for key, count in other.collectives.items():
       self.collectives[key] += count * times
     self.unknown_loops += other.unknown_loops
     self.undeclared_kernels += other.undeclared_kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class HostTransfer:
+  """One move over the chip's host link (what `_State` queues)."""
+  direction: str          # to_host | from_host
+  bytes: float
+  seconds: float          # 0 where the fabric prices no host link
+  network: str = "host"
+
+  @property
+  def resource(self) -> str:
+    return "host:" + self.direction
 
 
 @dataclasses.dataclass
@@ -97,6 +116,7 @@ class Program:
     self._chains: dict = {}
     self._named_chains: dict | None = None
     self._fused_collectives: dict = {}
+    self._host: dict = {}
 
   def on_fabric(self, fabric: network.Fabric) -> "Program":
     """The same program on another fabric (e.g. another DCN latency),
@@ -105,6 +125,7 @@ class Program:
     other = copy.copy(self)
     other.fabric = fabric
     other._collectives, other._fused_collectives, other._totals = {}, {}, {}
+    other._host = {}
     return other
 
   # ------------------------------------------------------------ static
@@ -158,6 +179,15 @@ class Program:
       return None
     return float(flops), ops.instruction_cost(self.module, comp, inst,
                                               self._fused)[1]
+
+  def host_transfer(self, comp, inst) -> HostTransfer | None:
+    key = (comp.name, inst.name)
+    if key not in self._host:
+      moved = ops.host_transfer(inst, comp)
+      rate = self.fabric.host_bytes_per_second
+      self._host[key] = None if moved is None else HostTransfer(
+          moved[0], moved[1], moved[1] / rate if rate > 0 else 0.0)
+    return self._host[key]
 
   def collective(self, comp, inst) -> network.Collective | None:
     key = (comp.name, inst.name)
@@ -323,6 +353,9 @@ class Program:
       flops, moved = self.cost(comp, inst)
       total.flops += flops
       total.hbm_bytes += moved
+      transfer = self.host_transfer(comp, inst)
+      if transfer is not None:
+        total.host_bytes += transfer.bytes
       if (ops.is_pallas_call(inst) and ops.pallas_cost(inst) is None
           and self._kernel_flops(comp, inst) is None):
         total.undeclared_kernels += 1
@@ -382,6 +415,13 @@ class Program:
         state.wait(inst.operands[0] if inst.operands else None)
       elif opcode == "recv":
         state.pending_alias[inst.name] = _rendezvous(inst)
+      elif self.host_transfer(comp, inst) is not None:
+        if opcode.endswith("-start"):
+          state.start(inst.name, self.host_transfer(comp, inst), None)
+        else:
+          state.block(self.host_transfer(comp, inst))
+      elif opcode in ops.HOST_DONES and ops.touches_host(inst, comp):
+        state.wait(inst.operands[0] if inst.operands else None)
       else:
         described = self.collective(comp, inst)
         if described is not None and (opcode in ops.ASYNC_STARTS
@@ -537,7 +577,7 @@ class _State:
     self.now = 0.0
     self.free = collections.defaultdict(float)     # resource -> free at
     self.pending: dict[str, float] = {}            # start name -> end
-    self.network_of: dict[str, str] = {}           # start name -> ici|dcn
+    self.network_of: dict[str, str] = {}    # start name -> ici|dcn|host
     self.rendezvous: dict[str, str] = {}           # rendezvous -> start
     self.pending_alias: dict[str, str | None] = {}  # recv -> rendezvous
     self.by_cause = collections.defaultdict(float)

@@ -376,6 +376,106 @@ def test_remat_policy_minimal_saves_the_weight_matmuls(scan):
     dataclasses.replace(full, remat_policy="some")
 
 
+_OFFLOAD_ALL = "decoder_layer_input,query_proj,key_proj,value_proj"
+
+
+def test_remat_policy_custom_saves_and_offloads_what_it_names():
+  """remat_policy='custom' (MaxText's): full remat's values and gradients
+  whatever it keeps; saving `weight_matmul` recomputes what 'minimal'
+  does; offloading q, k and v spares the c_attn matmul's recomputation
+  (4 of full's 5 recomputed dots a layer) and moves the named tensors to
+  host memory (a device_put to the host per name and layer, and back),
+  which 'full' never does. Scanned (the unscanned blocks take the same
+  policy: test_remat_policy_minimal_saves_the_weight_matmuls)."""
+  params = gpt.stack_layers(_params(std=0.3), TINY.n_layer)
+  idx = _tokens()
+  full = dataclasses.replace(TINY, remat=True, scan_layers=True)
+
+  def grad(cfg):
+    return jax.value_and_grad(lambda p: jnp.mean(
+        gpt.GPT(cfg).apply({"params": p}, idx) ** 2))
+
+  def dots(cfg) -> int:
+    return jax.jit(grad(cfg)).lower(params).as_text().count(
+        "stablehlo.dot_general")
+
+  def to_host(cfg) -> int:
+    return str(jax.make_jaxpr(grad(cfg))(params)).count(
+        "devices=(MemorySpace.Host,)")
+
+  l0, g0 = jax.jit(grad(full))(params)
+  layers = 1  # a scan's body once in the program's text
+  no_remat = dots(dataclasses.replace(full, remat=False))
+  for fields, recomputed, offloaded in (
+      (dict(remat_save="weight_matmul"), 2, 0),
+      (dict(remat_offload=_OFFLOAD_ALL), 4, 4),
+      (dict(remat_offload="decoder_layer_input"), 5, 1),
+      (dict(remat_save="query_proj, key_proj", remat_offload="value_proj"),
+     4, 1)):
+    custom = dataclasses.replace(full, remat_policy="custom", **fields)
+    l1, g1 = jax.jit(grad(custom))(params)
+    np.testing.assert_allclose(l1, l0, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+                 g1, g0)
+    assert dots(custom) - no_remat == recomputed * layers, fields
+    assert to_host(custom) == offloaded * layers, fields
+  assert to_host(full) == 0
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(remat_policy="custom", remat_offload="layer_input"),
+     r"remat_offload: unknown \['layer_input'\]"),
+    (dict(remat_policy="full", remat_save="weight_matmul"),
+     r"remat_save='weight_matmul' is read only with .*'custom'"),
+    (dict(remat_policy="custom", remat_save="query_proj",
+          remat_offload="key_proj,query_proj"),
+     r"both name \['query_proj'\]"),
+    (dict(remat_policy="custom", remat_offload=("query_proj",)),
+     r"remat_offload=\('query_proj',\) must be a string"),
+])
+def test_bad_custom_remat_names_the_field(fields, match):
+  with pytest.raises(ValueError, match=match):
+    dataclasses.replace(TINY, remat=True, **fields)
+
+
+# Two TPU compiles, 50 s on the 2-core host: the default run checks the
+# offload in the program (test_remat_policy_custom_saves_and_offloads_what_
+# it_names), this one its memory effect on a chip.
+@pytest.mark.slow
+def test_offloading_the_layer_input_moves_it_out_of_hbm():
+  """A scanned, remat'd stack keeps each layer's input in HBM for the
+  backward pass; offloaded, those [layers, B, T, C] bytes leave the TPU
+  chip's temporaries for the host's (compiled for one v4 chip,
+  libtpu's compile-only devices: XLA for CPU has no separate host
+  memory)."""
+  from trm.core import topology  # pylint: disable=g-import-not-at-top
+  device = topology.topology_devices(topology.parse_topology("v4-8"), 1)[0]
+  # Large enough that the saved inputs live in HBM, not on chip.
+  sizes = dict(block_size=512, vocab_size=128, n_layer=4, n_head=4,
+               n_embd=512, remat=True, scan_layers=True)
+  one_chip = jax.sharding.SingleDeviceSharding(device)
+  tokens = jax.ShapeDtypeStruct((16, 512), jnp.int32, sharding=one_chip)
+
+  def memory(**fields):
+    model = gpt.GPT(gpt.GPTConfig(**sizes, **fields))
+    params = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_chip),
+        nn.meta.unbox(jax.eval_shape(lambda: model.init(
+            jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]))
+    loss = lambda p, t: model.apply({"params": p}, t).mean()  # noqa: E731
+    stats = jax.jit(jax.grad(loss)).lower(params, tokens).compile(
+        ).memory_analysis()
+    return stats.temp_size_in_bytes, stats.host_temp_size_in_bytes
+
+  inputs = 4 * 16 * 512 * 512 * 4   # layers x B x T x C, float32
+  hbm, host = memory()
+  hbm_offloaded, host_offloaded = memory(
+      remat_policy="custom", remat_offload="decoder_layer_input")
+  assert host == 0
+  assert host_offloaded >= inputs
+  assert hbm - hbm_offloaded >= 0.9 * inputs
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_low_precision_compute(dtype):
   cfg = dataclasses.replace(TINY, dtype=dtype)

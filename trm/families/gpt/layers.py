@@ -12,6 +12,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from trm.core import mesh as mesh_lib
 from trm.families.gpt.config import GPTConfig
+from trm.families.gpt.config import LAYER_INPUT
+from trm.families.gpt.config import QKV_NAMES
 from trm.families.gpt.config import WEIGHT_MATMUL
 from trm.families.gpt.kernels import gelu
 from trm.families.gpt.kernels import layer_norm
@@ -180,7 +182,9 @@ class CausalSelfAttention(nn.Module):
       q, k, v = self.c_attn(x, blocks=3)
     else:
       q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)
-    q, k, v = (a.reshape(b, t, cfg.n_head, cfg.head_dim) for a in (q, k, v))
+    q, k, v = (checkpoint_name(a.reshape(b, t, cfg.n_head, cfg.head_dim),
+                               name)
+               for a, name in zip((q, k, v), QKV_NAMES))
     return mesh_lib.constrain(q, _HEADS), k, v
 
   def _out(self, y, deterministic: bool):
@@ -253,6 +257,9 @@ class Block(nn.Module):
     self.mlp = MLP(self.cfg)
 
   def __call__(self, x, deterministic: bool = True):
+    # What a remat'd block needs to recompute itself: a 'custom' policy
+    # may keep it in HBM or on the host under this name.
+    x = jax.tree.map(lambda a: checkpoint_name(a, LAYER_INPUT), x)
     if self.cfg.norm_kernel != "xla":
       return self._fused_adds(x, deterministic)
     x = x + self.attn(self.ln_1(x), deterministic)
