@@ -381,8 +381,9 @@ _OFFLOAD_ALL = "decoder_layer_input,query_proj,key_proj,value_proj"
 
 def test_remat_policy_custom_saves_and_offloads_what_it_names():
   """remat_policy='custom' (MaxText's): full remat's values and gradients
-  whatever it keeps; saving `weight_matmul` recomputes what 'minimal'
-  does; offloading q, k and v spares the c_attn matmul's recomputation
+  when it saves some names and offloads others; saving `weight_matmul`
+  recomputes what 'minimal' does; keeping or offloading q, k and v spares
+  the c_attn matmul's recomputation
   (4 of full's 5 recomputed dots a layer) and moves the named tensors to
   host memory (a device_put to the host per name and layer, and back),
   which 'full' never does. Scanned (the unscanned blocks take the same
@@ -406,17 +407,19 @@ def test_remat_policy_custom_saves_and_offloads_what_it_names():
   l0, g0 = jax.jit(grad(full))(params)
   layers = 1  # a scan's body once in the program's text
   no_remat = dots(dataclasses.replace(full, remat=False))
+  # Values are compiled and compared for the case that saves and offloads
+  # (the compiles are this test's time); the programs of all three.
   for fields, recomputed, offloaded in (
+      (dict(remat_save="query_proj, key_proj",
+            remat_offload="value_proj,decoder_layer_input"), 4, 2),
       (dict(remat_save="weight_matmul"), 2, 0),
-      (dict(remat_offload=_OFFLOAD_ALL), 4, 4),
-      (dict(remat_offload="decoder_layer_input"), 5, 1),
-      (dict(remat_save="query_proj, key_proj", remat_offload="value_proj"),
-     4, 1)):
+      (dict(remat_offload=_OFFLOAD_ALL), 4, 4)):
     custom = dataclasses.replace(full, remat_policy="custom", **fields)
-    l1, g1 = jax.jit(grad(custom))(params)
-    np.testing.assert_allclose(l1, l0, rtol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
-                 g1, g0)
+    if "remat_offload" in fields and "remat_save" in fields:
+      l1, g1 = jax.jit(grad(custom))(params)
+      np.testing.assert_allclose(l1, l0, rtol=1e-6)
+      jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+                   g1, g0)
     assert dots(custom) - no_remat == recomputed * layers, fields
     assert to_host(custom) == offloaded * layers, fields
   assert to_host(full) == 0
