@@ -61,9 +61,9 @@ Published:
   layer input and q, k, v offloaded to the host, `CUSTOM_OFFLOAD`; the
   time model moves them over the chip's PCIe link). Before our GPT could
   offload (session 84) the 70B at 4 or 5 x 8192 per chip needed 52-64 GB
-  of temporaries and XLA:TPU refused to compile it. With the offload it
-  needs 160 and 200 GiB of host memory a chip, over the 128 GiB libtpu's
-  compile-only v6e allows: our stand-in's k and v are full width (no GQA,
+  of temporaries and XLA:TPU refused to compile it. With the offload, 4
+  per chip needs 160 GiB of host memory a chip (5, more), over the 128 GiB
+  libtpu's compile-only v6e allows: our stand-in's k and v are full width (no GQA,
   8x Llama 3.1's), so it offloads 2 GiB a layer where MaxText's 70B
   offloaded 1.1. `--per_chip=3` (120 GiB) compiles a stand-in batch (the
   row is still compared with the published MFU, and says so).

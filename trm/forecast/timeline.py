@@ -411,17 +411,16 @@ class Program:
         for called in inst.called():
           if called in self.module.computations:
             self._play(self.module.computations[called], state, rates)
-      elif opcode in ops.ASYNC_DONES or opcode in ("send-done", "recv-done"):
+      elif (opcode in ops.ASYNC_DONES or opcode in ("send-done", "recv-done")
+            or (opcode in ops.HOST_DONES and ops.touches_host(inst, comp))):
         state.wait(inst.operands[0] if inst.operands else None)
       elif opcode == "recv":
         state.pending_alias[inst.name] = _rendezvous(inst)
-      elif self.host_transfer(comp, inst) is not None:
+      elif (transfer := self.host_transfer(comp, inst)) is not None:
         if opcode.endswith("-start"):
-          state.start(inst.name, self.host_transfer(comp, inst), None)
+          state.start(inst.name, transfer, None)
         else:
-          state.block(self.host_transfer(comp, inst))
-      elif opcode in ops.HOST_DONES and ops.touches_host(inst, comp):
-        state.wait(inst.operands[0] if inst.operands else None)
+          state.block(transfer)
       else:
         described = self.collective(comp, inst)
         if described is not None and (opcode in ops.ASYNC_STARTS
