@@ -38,7 +38,13 @@ def get_config(arg=None):
       dtype="bfloat16",         # compute dtype: bfloat16 | float32 | float16
                                 # (float16: with dynamic loss scaling)
       param_dtype="float32",    # stored parameters: float32 | bfloat16
-      remat="full",             # none | full: recompute blocks in backward
+      remat="full",             # none | full | minimal | custom: what a
+                                # block keeps for backward (trm/nn/remat.py)
+      remat_save="",            # custom: comma-separated names kept in HBM
+                                # (decoder_layer_input, query_proj,
+                                # key_proj, value_proj, weight_matmul)
+      remat_offload="",         # custom: names moved to host memory and
+                                # back (pinned_host; TPU frees their HBM)
       scan_layers=True,         # nn.scan the layers: compile time flat in depth
       attention="dot",          # dot | splash (Pallas TPU kernel, seq % 128 == 0)
   ))

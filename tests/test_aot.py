@@ -321,14 +321,20 @@ def test_multislice_devices_need_dcn_sizes():
 @pytest.mark.parametrize("num_slices", [
     pytest.param(1, marks=pytest.mark.slow), 2])
 def test_tiny_diffucoder_train_step_compiles_for_v4_8(num_slices):
+  """Also with each layer's input offloaded to the host by
+  `remat=custom`: the report gives the host memory it takes."""
   config = config_lib.load_config(
       os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
   config.mesh.dcn_data = num_slices
+  config.model.update(remat="custom", remat_offload="decoder_layer_input")
   report = aot.compile_report(config, aot.parse_topology("v4-8"), num_slices,
                               aot.data_shapes(config, {}))
   assert report["mesh"] == {"data": num_slices, "fsdp": 4, "model": 1}
   assert report["fits"] and 0 < report["total_gib"] < 1
   assert report["train_flops_per_step"] > 0
+  # 2 layers x 16 / (4 x num_slices) rows x 128 tokens x 64, float32.
+  inputs = 2 * 16 // (4 * num_slices) * 128 * 64 * 4
+  assert report["host_temp_gib"] * 2**30 >= inputs
 
 
 def test_tiny_gpt_train_step_compiles_for_v4_8():

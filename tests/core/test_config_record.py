@@ -87,6 +87,24 @@ def test_kernel_choice_is_harmless_even_when_unrecorded(finished_run,
     assert diff == {"model.mlp_kernel": [old, config.model.mlp_kernel]}
 
 
+def test_a_remat_policy_change_is_harmless_even_when_unrecorded(tmp_path):
+  """A GPT run resumes with more or less kept, recomputed or offloaded to
+  the host (the same math), also one recorded before the custom policy's
+  fields existed."""
+  config = _gpt_config(scan_layers=True)
+  record = json.loads(config.to_json_best_effort())
+  for field in ("remat_save", "remat_offload"):
+    del record["model"][field]
+  (tmp_path / config_record.RECORD).write_text(json.dumps(record))
+  with config.unlocked():
+    config.model.update(remat=True, remat_policy="custom",
+                        remat_offload="decoder_layer_input")
+  diff = config_record.check(config, tmp_path, step=10)
+  assert diff == {"model.remat": [False, True],
+                  "model.remat_policy": ["full", "custom"],
+                  "model.remat_offload": [None, "decoder_layer_input"]}
+
+
 def test_allow_config_change_accepts_and_records(finished_run, tmp_path):
   # A copy: the shared run keeps one config (its later steps would be
   # trained, and recorded, with the accepted one). The seed changes the
@@ -153,6 +171,8 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "model.head_size": 0,
                                     "model.mlp_size": 0,
                                     "model.logits_dtype": "float32",
+                                    "model.remat_save": "",
+                                    "model.remat_offload": "",
                                     "loss_chunk_size": 0,
                                     "compiled_step": "",
                                     "profiler_steps": 0,

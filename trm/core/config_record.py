@@ -45,7 +45,8 @@ HARMLESS = (
     "eval_interval", "log_interval", "eval_iters", "eval_only",
     "eval_at_start",
     "always_save_checkpoint", "init_from", "init_checkpoint",
-    "logical_axis_rules", "model.remat", "model.attention",
+    "logical_axis_rules", "model.remat", "model.remat_policy",
+    "model.remat_save", "model.remat_offload", "model.attention",
     "model.qkv_projection", "model.mlp_kernel", "model.norm_kernel",
     "loss_kernel", "wandb_log", "wandb_project", "wandb_run_name",
     "tpu_compiler_options", "compiled_step", "reduce_gradients_once",
@@ -81,6 +82,8 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "model.head_size": 0,  # GPT's heads were n_embd // n_head wide
             "model.mlp_size": 0,  # GPT's MLP was 4 * n_embd wide
             "model.logits_dtype": "float32",  # GPT's LM head output
+            # Nothing kept or offloaded by name (remat_policy=custom's)
+            "model.remat_save": "", "model.remat_offload": "",
             "loss_chunk_size": 0,  # GPT's logits, all positions at once
             "compiled_step": "",  # the train step compiled by the run
             "profiler_steps": 0,  # no profile was taken

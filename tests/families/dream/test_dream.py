@@ -98,6 +98,7 @@ def test_config_file_variants():
 
 @pytest.mark.parametrize("field,value", [
     ("num_key_value_heads", 3), ("remat", "some"), ("dtype", "float64"),
+    ("remat_save", "query_proj"), ("remat_offload", "layer_input"),
     ("param_dtype", "float16"),
     ("mask_token_id", 600), ("hidden_size", 65)])
 def test_config_validation_names_field(field, value):
@@ -218,6 +219,48 @@ def test_remat_identical_values_and_grads():
     np.testing.assert_allclose(v1, v2, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6,
                                                          rtol=1e-5), g1, g2)
+
+
+def test_remat_policies_recompute_and_offload_what_they_name():
+  """remat='minimal' and 'custom' (MaxText's, trm/nn/remat.py) in the
+  scanned stack: 'custom' gives full remat's values and gradients while it
+  keeps q and k and offloads v and the layer input; 'minimal' (or 'custom'
+  keeping `weight_matmul`) recomputes only attention's two batched dots of
+  full's eight recomputed dots a layer; keeping or offloading q, k and v
+  spares their three projections; each offloaded name is one device_put
+  to the host a layer."""
+  tokens = _tokens()
+  params = _init(tiny(), tokens)["params"]
+
+  def grad(cfg):
+    return jax.value_and_grad(lambda p: jnp.mean(
+        dream.Dream(cfg).apply({"params": p}, tokens) ** 2))
+
+  def dots(cfg) -> int:  # a scan's body appears once in the text
+    return jax.jit(grad(cfg)).lower(params).as_text().count(
+        "stablehlo.dot_general")
+
+  def to_host(cfg) -> int:
+    return str(jax.make_jaxpr(grad(cfg))(params)).count(
+        "devices=(MemorySpace.Host,)")
+
+  full = tiny(remat="full")
+  kept_and_offloaded = tiny(remat="custom", remat_save="query_proj,key_proj",
+                            remat_offload="value_proj, decoder_layer_input")
+  v1, g1 = jax.jit(grad(full))(params)
+  v2, g2 = jax.jit(grad(kept_and_offloaded))(params)
+  np.testing.assert_allclose(v2, v1, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6,
+                                                       rtol=1e-5), g2, g1)
+  no_remat = dots(tiny(remat="none"))
+  assert dots(full) - no_remat == 8
+  assert dots(tiny(remat="minimal")) - no_remat == 2
+  assert dots(tiny(remat="custom", remat_save="weight_matmul")) - no_remat == 2
+  assert dots(kept_and_offloaded) - no_remat == 5
+  assert to_host(kept_and_offloaded) == 2
+  assert to_host(tiny(remat="custom", remat_offload=(
+      "decoder_layer_input,query_proj,key_proj,value_proj"))) == 4
+  assert to_host(full) == 0
 
 
 def test_left_padding_matches_unpadded():

@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
@@ -30,6 +31,7 @@ from trm.nn import linear
 from trm.nn import masks
 from trm.nn import norm
 from trm.nn import platform as platform_lib
+from trm.nn import remat as remat_lib
 from trm.nn import rope
 from trm.nn import tpu_attention
 from trm.nn.attention import repeat_kv
@@ -37,7 +39,7 @@ from trm.nn.attention import repeat_kv
 PARAM_DTYPES = ("bfloat16", "float32")
 # float16 computes only (with loss scaling); weights stay wider.
 COMPUTE_DTYPES = PARAM_DTYPES + ("float16",)
-_REMAT = ("none", "full")
+_REMAT = ("none",) + remat_lib.POLICIES
 ATTENTION_KINDS = tpu_attention.KINDS + attention.GPU_KINDS
 # Qwen2's `initializer_range`; imported checkpoints replace it anyway.
 _INIT_STD = 0.02
@@ -59,7 +61,10 @@ class DreamConfig(dtypes.ConfigDtypes):
   pad_token_id: int = 151643
   dtype: str = "bfloat16"         # compute (activations)
   param_dtype: str = "float32"    # stored parameters
-  remat: str = "full"             # none | full (recompute each block)
+  remat: str = "full"             # none | full | minimal | custom: what a
+                                  # block saves for backward (nn/remat.py)
+  remat_save: str = ""            # custom: comma-separated names kept
+  remat_offload: str = ""         # custom: names moved to host memory
   scan_layers: bool = True        # nn.scan over the layers
   attention: str = "dot"          # dot | splash (Pallas TPU) | splash_interpret
                                   # | cudnn (cuDNN flash attention, GPU)
@@ -104,9 +109,8 @@ class DreamConfig(dtypes.ConfigDtypes):
       if getattr(self, name) not in allowed:
         raise ValueError(f"config.model.{name}={getattr(self, name)!r} must "
                          f"be one of {allowed}.")
-    if self.remat not in _REMAT:
-      raise ValueError(f"config.model.remat={self.remat!r} must be one of "
-                       f"{_REMAT}.")
+    remat_lib.check(self.remat, self.remat_save, self.remat_offload,
+                    policy_field="remat", policies=_REMAT)
     if self.attention not in ATTENTION_KINDS:
       raise ValueError(f"config.model.attention={self.attention!r} must be "
                        f"one of {ATTENTION_KINDS}.")
@@ -157,7 +161,9 @@ class Projection(nn.Module):
     n_in = len(self.in_shape)
     dims = ((tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in))), ((), ()))
     if not self.use_bias:
-      return jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), dims)
+      return checkpoint_name(
+          jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), dims),
+          remat_lib.WEIGHT_MATMUL)
     bias = linear.logical_param(self, "bias", nn.initializers.zeros,
                                 self.out_axes, self.out_shape,
                                 self.cfg.weight_dtype)
@@ -165,7 +171,8 @@ class Projection(nn.Module):
     # rounds once; do the same (only q/k/v have biases, so this is cheap).
     y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), dims,
                             preferred_element_type=jnp.float32)
-    return linear.add_bias(y, bias, dtype)
+    return checkpoint_name(linear.add_bias(y, bias, dtype),
+                           remat_lib.WEIGHT_MATMUL)
 
 
 def rope_cos_sin(positions, head_dim: int, theta: float, dtype):
@@ -200,6 +207,8 @@ class Attention(nn.Module):
     q = proj((h, k), ("heads", "head_dim"), "q_proj")
     key = proj((kv, k), ("kv_heads", "head_dim"), "k_proj")
     value = proj((kv, k), ("kv_heads", "head_dim"), "v_proj")
+    q, key, value = (checkpoint_name(a, name) for a, name in
+                     zip((q, key, value), remat_lib.QKV_NAMES))
     # In the activation dtype, with the bf16 cos/sin, as upstream.
     q, key = rope.apply_rope(q, cos, sin), rope.apply_rope(key, cos, sin)
     new_kv = (key, value)
@@ -263,6 +272,8 @@ class DecoderLayer(nn.Module):
   def __call__(self, x, pair_mask, cos, sin, *, return_kv=False, cache=None,
                start=None):
     cfg = self.cfg
+    # What a remat'd block recomputes itself from; 'custom' may offload it.
+    x = checkpoint_name(x, remat_lib.LAYER_INPUT)
     attn = Attention(cfg, name="self_attn")(
         rms_norm_layer(cfg, "input_layernorm")(x), pair_mask, cos, sin,
         return_kv=return_kv, cache=cache, start=start)
@@ -285,10 +296,13 @@ def attention_pair_mask(cfg: DreamConfig, attention_mask):
 
 
 def _block_class(cfg: DreamConfig):
-  if cfg.remat == "full":
-    # Saves only the block inputs; everything inside is recomputed.
-    return nn.remat(DecoderLayer, prevent_cse=not cfg.scan_layers)
-  return DecoderLayer
+  if cfg.remat == "none":
+    return DecoderLayer
+  # 'full' keeps only the block inputs (in the scan's stack) and recomputes
+  # everything inside; 'minimal' and 'custom' keep or offload more.
+  return nn.remat(DecoderLayer, prevent_cse=not cfg.scan_layers,
+                  policy=remat_lib.checkpoint_policy(
+                      cfg.remat, cfg.remat_save, cfg.remat_offload))
 
 
 class Dream(nn.Module):

@@ -4,13 +4,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-import jax
 import numpy as np
 
 from trm.core import config_lib
 from trm.families.gpt import norm_gpu
 from trm.nn import attention as attention_lib
 from trm.nn import dtypes
+from trm.nn import remat as remat_lib
 from trm.nn import tpu_attention
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -19,23 +19,6 @@ ATTENTION_KINDS = ("dot", "splash", "splash_interpret") + attention_lib.GPU_KIND
 QKV_PROJECTIONS = ("auto", "fused", "separate")
 NORM_KERNELS = ("xla",) + norm_gpu.KINDS
 HEAD_GATHERS = ("param", "compute")
-# What a remat'd block saves for the backward pass: 'full' nothing (it is
-# recomputed whole), 'minimal' the outputs of its matmuls with weights, as
-# MaxText's remat_policy=minimal (jax's checkpoint_dots_with_no_batch_dims);
-# attention's batched dots and the elementwise work are recomputed.
-# 'custom' (MaxText's remat_policy=custom) saves in HBM the tensors named in
-# `remat_save` and moves those in `remat_offload` to the host's memory
-# (copied back for the backward pass); the rest is recomputed.
-REMAT_POLICIES = ("full", "minimal", "custom")
-# The name (jax.ad_checkpoint.checkpoint_name) of each weight matmul's
-# output, which 'minimal' saves.
-WEIGHT_MATMUL = "weight_matmul"
-# Names a 'custom' policy may save or offload, as MaxText names them: a
-# block's input (the residual stream a scanned stack keeps per layer), and
-# attention's projections after their reshape to heads.
-LAYER_INPUT = "decoder_layer_input"
-QKV_NAMES = ("query_proj", "key_proj", "value_proj")
-REMAT_NAMES = (LAYER_INPUT,) + QKV_NAMES + (WEIGHT_MATMUL,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +41,9 @@ class GPTConfig(dtypes.ConfigDtypes):
   dtype: str = "float32"        # compute dtype: float32 | bfloat16 | float16
   param_dtype: str = "float32"  # stored parameters
   remat: bool = False           # jax.checkpoint each block (memory for compute)
-  remat_policy: str = "full"    # with remat, what a block saves (see above)
-  remat_save: str = ""          # 'custom': comma-separated REMAT_NAMES kept
-  remat_offload: str = ""       # 'custom': REMAT_NAMES moved to host memory
+  remat_policy: str = "full"    # with remat, what a block saves (nn/remat.py)
+  remat_save: str = ""          # 'custom': comma-separated remat.NAMES kept
+  remat_offload: str = ""       # 'custom': remat.NAMES moved to host memory
   scan_layers: bool = False     # nn.scan one block (params h: [n_layer, ...])
   # The residual stream between blocks: float32 as torch.autocast keeps
   # nanoGPT's, or the compute dtype as MaxText keeps it (half the memory of
@@ -148,10 +131,7 @@ class GPTConfig(dtypes.ConfigDtypes):
       raise ValueError(f"config.model.attention={self.attention!r} has no "
                        "attention dropout: set config.model.dropout=0.0 or "
                        "attention='dot'.")
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f"config.model.remat_policy={self.remat_policy!r} "
-                       f"must be one of {REMAT_POLICIES}.")
-    self._check_custom_remat()
+    remat_lib.check(self.remat_policy, self.remat_save, self.remat_offload)
     if self.qkv_projection not in QKV_PROJECTIONS:
       raise ValueError(f"config.model.qkv_projection={self.qkv_projection!r}"
                        f" must be one of {QKV_PROJECTIONS}.")
@@ -182,45 +162,11 @@ class GPTConfig(dtypes.ConfigDtypes):
       return self.attention in attention_lib.GPU_KINDS
     return self.qkv_projection == "separate"
 
-  def remat_names(self, field: str) -> tuple[str, ...]:
-    """`remat_save` or `remat_offload` as a tuple of names."""
-    value = getattr(self, field)
-    if not isinstance(value, str):
-      raise ValueError(f"config.model.{field}={value!r} must be a string of "
-                       f"comma-separated names from {REMAT_NAMES}.")
-    return tuple(n.strip() for n in value.split(",") if n.strip())
-
-  def _check_custom_remat(self):
-    saved, offloaded = (self.remat_names("remat_save"),
-                        self.remat_names("remat_offload"))
-    for field, names in (("remat_save", saved), ("remat_offload", offloaded)):
-      unknown = [n for n in names if n not in REMAT_NAMES]
-      if unknown:
-        raise ValueError(f"config.model.{field}: unknown {unknown}; choose "
-                         f"from {REMAT_NAMES}.")
-      if names and self.remat_policy != "custom":
-        raise ValueError(f"config.model.{field}={getattr(self, field)!r} "
-                         "is read only with config.model.remat_policy="
-                         f"'custom' (it is {self.remat_policy!r}): set the "
-                         "policy, or leave the field empty.")
-    both = sorted(set(saved) & set(offloaded))
-    if both:
-      raise ValueError(f"config.model.remat_save and remat_offload both "
-                       f"name {both}: a tensor is kept in HBM or moved to "
-                       "the host, not both.")
-
   @property
   def checkpoint_policy(self):
     """jax.checkpoint's policy for `remat_policy` (None: save nothing)."""
-    if self.remat_policy == "minimal":
-      return jax.checkpoint_policies.save_only_these_names(WEIGHT_MATMUL)
-    if self.remat_policy == "custom":
-      return jax.checkpoint_policies.save_and_offload_only_these_names(
-          names_which_can_be_saved=list(self.remat_names("remat_save")),
-          names_which_can_be_offloaded=list(
-              self.remat_names("remat_offload")),
-          offload_src="device", offload_dst="pinned_host")
-    return None
+    return remat_lib.checkpoint_policy(self.remat_policy, self.remat_save,
+                                       self.remat_offload)
 
   @property
   def mlp_width(self) -> int:

@@ -12,15 +12,13 @@ from jax.ad_checkpoint import checkpoint_name
 
 from trm.core import mesh as mesh_lib
 from trm.families.gpt.config import GPTConfig
-from trm.families.gpt.config import LAYER_INPUT
-from trm.families.gpt.config import QKV_NAMES
-from trm.families.gpt.config import WEIGHT_MATMUL
 from trm.families.gpt.kernels import gelu
 from trm.families.gpt.kernels import layer_norm
 from trm.families.gpt import norm_gpu
 from trm.nn import attention
 from trm.nn import linear
 from trm.nn import masks
+from trm.nn import remat
 from trm.nn import tpu_attention
 from trm.nn.linear import matmul
 
@@ -63,7 +61,7 @@ def _project(x, kernel, bias, dtype):
   else:
     # Bias added before the single rounding to `dtype`, as torch's addmm.
     y = linear.add_bias(matmul(x, kernel), bias, dtype)
-  return checkpoint_name(y, WEIGHT_MATMUL)
+  return checkpoint_name(y, remat.WEIGHT_MATMUL)
 
 
 class Linear(nn.Module):
@@ -184,7 +182,7 @@ class CausalSelfAttention(nn.Module):
       q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)
     q, k, v = (checkpoint_name(a.reshape(b, t, cfg.n_head, cfg.head_dim),
                                name)
-               for a, name in zip((q, k, v), QKV_NAMES))
+               for a, name in zip((q, k, v), remat.QKV_NAMES))
     return mesh_lib.constrain(q, _HEADS), k, v
 
   def _out(self, y, deterministic: bool):
@@ -259,7 +257,7 @@ class Block(nn.Module):
   def __call__(self, x, deterministic: bool = True):
     # What a remat'd block needs to recompute itself: a 'custom' policy
     # may keep it in HBM or on the host under this name.
-    x = jax.tree.map(lambda a: checkpoint_name(a, LAYER_INPUT), x)
+    x = jax.tree.map(lambda a: checkpoint_name(a, remat.LAYER_INPUT), x)
     if self.cfg.norm_kernel != "xla":
       return self._fused_adds(x, deterministic)
     x = x + self.attn(self.ln_1(x), deterministic)
