@@ -240,6 +240,9 @@ def get_config(arg=None):
                                 # nanoGPT); MaxText's head_dim otherwise
       mlp_size=0,               # MLP hidden width; 0: 4 * n_embd (as
                                 # nanoGPT); MaxText's mlp_dim otherwise
+      n_kv_head=0,              # key/value heads; 0: n_head (as nanoGPT);
+                                # fewer: grouped-query (MaxText's
+                                # num_kv_heads), dividing n_head
       head_gather="param",      # LM head's FSDP table gather: param (the
                                 # float32 table, then cast) | compute (cast
                                 # each shard, gather bf16)

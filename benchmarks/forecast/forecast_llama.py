@@ -61,23 +61,26 @@ Published:
   layer input and q, k, v offloaded to the host, `CUSTOM_OFFLOAD`; the
   time model moves them over the chip's PCIe link). Before our GPT could
   offload (session 84) the 70B at 4 or 5 x 8192 per chip needed 52-64 GB
-  of temporaries and XLA:TPU refused to compile it. With the offload, 4
-  per chip needs 160 GiB of host memory a chip (5, more), over the 128 GiB
-  libtpu's compile-only v6e allows: our stand-in's k and v are full width (no GQA,
-  8x Llama 3.1's), so it offloads 2 GiB a layer where MaxText's 70B
-  offloaded 1.1. `--per_chip=3` (120 GiB) compiles a stand-in batch (the
-  row is still compared with the published MFU, and says so).
+  of temporaries and XLA:TPU refused to compile it; with the offload but
+  full-width k and v (before session 86) 4 per chip needed 160 GiB of
+  host memory, over the 128 GiB libtpu's compile-only v6e allows. With
+  Llama's 8 key/value heads both published batches compile (90 GiB of
+  host memory at 4 per chip). `--per_chip=N` still compiles another
+  batch where one does not (the row is compared with the published MFU,
+  and says so).
 
-Our GPT has no SwiGLU, GQA or RoPE, so the model is a GPT with Llama2-70B's
-weight-matmul FLOPs and parameters in every layer: 80 x 8192, 64 heads of
-128, and the MLP widened to `proxy_mlp_size()` = 35840 so that its two
-matmuls carry what GQA saves on q|k|v and SwiGLU's three matmuls hold
-(855.6M per layer both ways); vocabulary 32000 (tied: the same logits
-matmul). MaxText's count of that step equals ours to 2e-5 (relative). Our remat is
+Our GPT has no SwiGLU or RoPE, so the model is a GPT with Llama2-70B's
+attention and weight-matmul FLOPs and parameters in every layer: 80 x
+8192, 64 query heads of 128 over Llama's 8 key/value heads (GQA:
+`n_kv_head`, since session 86; before, k and v were full width and the MLP
+narrower), and the MLP widened to `proxy_mlp_size()` = 43008 = 1.5 x
+28672 so that its two matmuls carry SwiGLU's three (855.6M per layer both
+ways); vocabulary 32000 (tied: the same logits matmul). MaxText's count
+of that step equals ours to 2e-5 (relative). Our remat is
 `full` outside the Llama 3.1 rows (it fits; `minimal` would need ~200 GB per chip on v5p): it
 recomputes 1.0% (v5e) and 3.0% (v5p) more weight-matmul FLOPs than MaxText's
 policies did, which the table leaves in (BUILD_NOTES). MaxText's 2024 v6e run
-used `full` too; at its 4 x 4096 per chip our GPT compiles to 33.68 GiB per
+used `full` too; at its 4 x 4096 per chip our GPT compiles to 33.47 GiB per
 chip, over v6e's 31.25 (reported `fits: no`, batch unchanged).
 """
 from __future__ import annotations
@@ -190,10 +193,12 @@ def llama_layer_params(m: dict = LLAMA2_70B) -> int:
 
 
 def proxy_mlp_size(m: dict = LLAMA2_70B) -> int:
-  """The GPT MLP width whose two matmuls, beside full multi-head q|k|v and
-  output projections, give the layer Llama's weight-matmul parameters."""
-  gpt_attention = 4 * m["emb"] * m["heads"] * m["head_dim"]
-  width, rest = divmod(llama_layer_params(m) - gpt_attention, 2 * m["emb"])
+  """The GPT MLP width whose two matmuls, beside Llama's q|k|v (GQA: our
+  GPT's n_kv_head) and output projections, give the layer Llama's
+  weight-matmul parameters: SwiGLU's three matmuls as two 1.5x as wide."""
+  attention = m["emb"] * (m["heads"] + 2 * m["kv_heads"]) * m["head_dim"]
+  attention += m["heads"] * m["head_dim"] * m["emb"]
+  width, rest = divmod(llama_layer_params(m) - attention, 2 * m["emb"])
   assert not rest, "no integer MLP width matches the layer"
   return width
 
@@ -243,6 +248,7 @@ def config_for(run: dict):
   config.n_embd, config.block_size = m["emb"], run["seq"]
   config.batch_size = run["per_chip"] * chips
   config.model.head_size = m["head_dim"]
+  config.model.n_kv_head = m["kv_heads"] if m["kv_heads"] != m["heads"] else 0
   config.model.mlp_size = proxy_mlp_size(m)
   config.model.vocab_size = m["vocab"]
   config.model.remat_policy = "full"

@@ -23,13 +23,14 @@ def script():
   return repo.load_script("benchmarks", "forecast", "forecast_llama.py")
 
 
-def test_the_proxy_mlp_carries_what_gqa_and_swiglu_hold(script):
+def test_the_proxy_mlp_carries_what_swiglu_holds(script):
   # Llama2-70B: q|k|v 8192 x (64 + 2 x 8) x 128, output 8192^2, three
-  # 8192 x 28672 MLP matmuls = 855.6M per layer; a GPT of 4 x 8192^2
-  # attention needs an MLP of 2 x 8192 x 35840 for the same.
+  # 8192 x 28672 MLP matmuls = 855.6M per layer; a GPT with Llama's GQA
+  # attention (n_kv_head 8) needs an MLP of 2 x 8192 x 43008 for the same.
   assert script.llama_layer_params() == 855_638_016
-  assert script.proxy_mlp_size() == 35_840
-  assert 4 * 8192**2 + 2 * 8192 * 35_840 == script.llama_layer_params()
+  assert script.proxy_mlp_size() == 43_008 == 3 * 28_672 // 2
+  assert (8192 * 80 * 128 + 8192**2 + 2 * 8192 * 43_008
+          == script.llama_layer_params())
 
 
 def test_the_proxys_flop_count_is_maxtexts_llama_count(script):
@@ -44,6 +45,8 @@ def test_the_proxys_flop_count_is_maxtexts_llama_count(script):
   assert ours == pytest.approx(theirs, rel=1e-4)
   assert (config.global_batch_size, config.block_size,
           config.model.remat_policy) == (512, 2048, "full")
+  # k and v have Llama2-70B's 8 heads; GPT-3 (below) keeps one per head.
+  assert (config.n_head, config.model.n_kv_head) == (64, 8)
   # Since 2025 MaxText halves the attention term (the tiering page's row).
   assert script.maxtext_flops_per_chip(4, 4096, causal=True) < \
       script.maxtext_flops_per_chip(4, 4096, causal=False)
@@ -130,6 +133,7 @@ def test_the_gpt3_row_is_maxtexts_logged_step(script):
           config.model.mlp_size, config.model.vocab_size,
           config.model.remat_policy) == (768, 2048, 96, 12288, 96, 128,
                                          49152, 50304, "full")
+  assert config.model.n_kv_head == 0
   ours = script.forecast_maxtext.maxtext_flops_per_chip(config, 3, True)
   assert ours == pytest.approx(theirs, rel=1e-4)
   flags = config.tpu_compiler_options
@@ -188,8 +192,10 @@ def test_the_llama31_rows_are_maxtexts_logged_steps(script, name, seconds,
           config.model.vocab_size) == (8192, model["n_layer"], model["emb"],
                                        128256)
   assert config.global_batch_size == 256 * run["per_chip"]
-  # The 8B's GPT: 4 x 4096^2 + 2 x 4096 x 18432 = Llama 3.1 8B's layer.
-  assert config.model.mlp_size == {80: 35840, 32: 18432}[model["n_layer"]]
+  # The 8B's GPT: GQA's 4096 x 48 x 128 + 4096^2 + 2 x 4096 x 21504 =
+  # Llama 3.1 8B's layer.
+  assert config.model.mlp_size == {80: 43008, 32: 21504}[model["n_layer"]]
+  assert config.model.n_kv_head == 8
   ours = script.forecast_maxtext.maxtext_flops_per_chip(
       config, run["per_chip"], True)
   assert ours == pytest.approx(theirs, rel=1e-4)

@@ -170,6 +170,7 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "model.residual_dtype": "float32",
                                     "model.head_size": 0,
                                     "model.mlp_size": 0,
+                                    "model.n_kv_head": 0,
                                     "model.logits_dtype": "float32",
                                     "model.remat_save": "",
                                     "model.remat_offload": "",

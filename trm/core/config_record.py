@@ -81,6 +81,7 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             "model.residual_dtype": "float32",  # GPT's residual stream
             "model.head_size": 0,  # GPT's heads were n_embd // n_head wide
             "model.mlp_size": 0,  # GPT's MLP was 4 * n_embd wide
+            "model.n_kv_head": 0,  # GPT's k, v had a head per query head
             "model.logits_dtype": "float32",  # GPT's LM head output
             # Nothing kept or offloaded by name (remat_policy=custom's)
             "model.remat_save": "", "model.remat_offload": "",

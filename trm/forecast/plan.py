@@ -493,14 +493,13 @@ def host_offload_lines(rows: list[dict]) -> list[str]:
 # What the published runs of each chip said of the default efficiency
 # (BUILD_NOTES "Multi-pod forecast"): printed under a forecast that used it.
 CHIP_CHECKS = {
-    "v6e": ("on v6e this forecast came within 2.8 MFU points of four of "
+    "v6e": ("on v6e this forecast came within 1.4 MFU points of two of "
             "MaxText's six published runs on one v6e-256 (GPT-3 175B +1.4; "
-            "Llama 3.1 8B and 70B at 8192 with their host offload and "
-            "splash tiles of 2048: -2.1, +2.8, +2.1) and ran 5.8-6.4 points "
-            "above its two Llama2-70B runs at 4096 (fsdp_transpose "
-            "sharding, splash key tiles of 512; BUILD_NOTES 'Session 84', "
-            "'Session 85'): read it as an upper bound "
-            "for runs like those, or pass --calibrate_mfu with an MFU "
+            "Llama 3.1 8B at 8192 with its host offload +1.1) and ran "
+            "6.2-8.7 points above its four 70B runs (Llama 3.1 70B at 8192 "
+            "+6.2 and +6.2, Llama2-70B at 4096 +8.7 and +8.2; BUILD_NOTES "
+            "'Session 86'): read it as an upper bound for runs like those, "
+            "or pass --calibrate_mfu with an MFU "
             "measured on v6e."),
 }
 

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.core import mfu
+from trm.families.gpt import gpt_export
 from trm.families.gpt import layers as gpt_layers
 from trm.families.gpt import model as gpt
 
@@ -121,6 +122,79 @@ def test_head_size_sets_the_attention_width_apart_from_n_embd():
     for bad in (-1, True, 2.5):
       with pytest.raises(ValueError, match=rf"config\.model\.{name}={bad}"):
         dataclasses.replace(TINY, **{name: bad})
+
+
+@pytest.mark.parametrize("qkv_projection", ["fused", "separate"])
+def test_n_kv_head_is_mha_with_each_kv_head_shared(qkv_projection):
+  """Grouped-query attention (MaxText's num_kv_heads): 4 query heads over
+  2 key/value heads compute what the MHA model computes with each k, v
+  head's weights copied to the query heads it serves (query head n reads
+  kv head n // 2), fused or as three matmuls; the c_attn kernel and the KV
+  cache are that much narrower, and decoding with the cache equals the
+  forward."""
+  gqa = dataclasses.replace(TINY, n_kv_head=2, qkv_projection=qkv_projection)
+  assert (gqa.kv_heads, gqa.kv_width) == (2, 16)
+  attn = _shapes(gpt.abstract_params(gqa))["h_0"]["attn"]
+  assert attn["c_attn"] == {"kernel": (32, 64), "bias": (64,)}
+  params = _params(dataclasses.replace(gqa, qkv_projection="auto"), std=0.3)
+  idx = _tokens(length=14)
+  out = _forward(gqa, params, idx)
+  mha = dataclasses.replace(TINY, qkv_projection=qkv_projection)
+  wide = {name: ({**layer, "attn": {
+      "c_attn": jax.tree.map(lambda a: _widen_kv(gqa, a),
+                             layer["attn"]["c_attn"]),
+      "c_proj": layer["attn"]["c_proj"]}} if name.startswith("h_")
+                 else layer) for name, layer in params.items()}
+  np.testing.assert_allclose(out, _forward(mha, wide, idx), atol=1e-5)
+  cache = gpt.init_cache(gqa, 2, 14)
+  assert cache["k"].shape == (2, 2, 14, 2, 8)
+  decode = jax.jit(lambda p, x, c, i: gpt.GPT(gqa).apply(
+      {"params": p}, x, c, i, method=gpt.GPT.decode))
+  first, cache = decode(params, idx[:, :9], cache, 0)
+  rest, _ = decode(params, idx[:, 9:], cache, 9)
+  np.testing.assert_allclose(jnp.concatenate([first, rest], axis=1), out,
+                             atol=1e-5)
+
+
+def _widen_kv(cfg, a):
+  """c_attn's columns (kernel or bias) of an n_kv_head model as the MHA
+  model's: each k, v head's columns repeated for its query heads."""
+  width, kv, d = cfg.attention_width, cfg.kv_width, cfg.head_dim
+
+  def heads(x):
+    x = x.reshape(x.shape[:-1] + (cfg.kv_heads, d))
+    x = np.repeat(x, cfg.n_head // cfg.kv_heads, axis=-2)
+    return x.reshape(x.shape[:-2] + (width,))
+  a = np.asarray(a)
+  return np.concatenate([a[..., :width], heads(a[..., width:width + kv]),
+                         heads(a[..., width + kv:])], axis=-1)
+
+
+@pytest.mark.parametrize("n_kv_head, match", [
+    (3, r"config\.model\.n_head=4 must be a multiple of config\.model\."
+        r"n_kv_head=3"),
+    (-1, r"config\.model\.n_kv_head=-1 must be an integer >= 0"),
+    (True, r"config\.model\.n_kv_head=True")])
+def test_bad_n_kv_head_names_the_field(n_kv_head, match):
+  with pytest.raises(ValueError, match=match):
+    dataclasses.replace(TINY, n_kv_head=n_kv_head)
+
+
+def test_n_kv_head_in_splash_and_in_exports():
+  """The Pallas kernel's GQA (interpreted) computes the dot path's causal
+  attention; nanoGPT and GPT-2 files cannot hold grouped k, v (n_kv_head
+  = n_head is the MHA model and exports)."""
+  cfg = gpt.GPTConfig(block_size=128, vocab_size=64, n_layer=1, n_head=4,
+                      n_embd=32, n_kv_head=2)
+  params = _params(cfg, std=0.3)
+  idx = _tokens(batch=1, length=128, vocab=64)
+  np.testing.assert_allclose(
+      _forward(dataclasses.replace(cfg, attention="splash_interpret"),
+               params, idx), _forward(cfg, params, idx), atol=1e-5)
+  with pytest.raises(ValueError, match=r"config\.model\.n_kv_head=2: "
+                     "nanoGPT and Hugging Face GPT-2 have no such field"):
+    gpt_export.check_exportable(cfg)
+  gpt_export.check_exportable(dataclasses.replace(cfg, n_kv_head=4))
 
 
 def test_mlp_size_sets_the_mlp_width_apart_from_4_n_embd():

@@ -655,6 +655,10 @@ def test_derived_keys_set_apart_leave_their_source_alone():
       "model.mlp_size": 100}, "config.model.mlp_size=100 makes the MLP 100 "
      "wide, but config.init_from='gpt2' loads GPT-2 / nanoGPT weights whose "
      "MLP is 4 * n_embd wide"),
+    ({"init_from": "gpt2", "init_checkpoint": "gpt2_dir",
+      "model.n_kv_head": 2}, "config.model.n_kv_head=2 groups the keys and "
+     "values, but config.init_from='gpt2' loads GPT-2 / nanoGPT weights "
+     "with one key/value head per query head"),
     # The negative rate itself, not min_lr above it (which, as nanoGPT's
     # get_lr, runs: test_schedule_edges_nanogpt_runs_are_run).
     ({"learning_rate": -1e-3}, "config.learning_rate=-0.001 must be a "

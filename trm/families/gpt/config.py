@@ -29,6 +29,10 @@ class GPTConfig(dtypes.ConfigDtypes):
   n_layer: int = 12
   n_head: int = 12
   n_embd: int = 768
+  # Key/value heads; 0: n_head (nanoGPT, GPT-2). Fewer is grouped-query
+  # attention, as MaxText's num_kv_heads (Llama2-70B: 64 query heads
+  # over 8): each k, v head serves n_head // n_kv_head query heads.
+  n_kv_head: int = 0
   # Width of one attention head; 0: n_embd // n_head (nanoGPT, GPT-2). Set,
   # the attention is n_head * head_size wide apart from n_embd, as MaxText's
   # head_dim (its 52B: 32 heads of 256 in a 12288-wide model).
@@ -93,7 +97,7 @@ class GPTConfig(dtypes.ConfigDtypes):
         raise ValueError(f"config.model.{name}={value!r} must be a positive "
                          "integer (below 2**31).")
     for name, default in (("head_size", "n_embd // n_head"),
-                          ("mlp_size", "4 * n_embd")):
+                          ("mlp_size", "4 * n_embd"), ("n_kv_head", "n_head")):
       value = getattr(self, name)
       if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
           or not 0 <= value < _SIZE_LIMIT):
@@ -104,6 +108,11 @@ class GPTConfig(dtypes.ConfigDtypes):
           f"config.model.n_embd={self.n_embd} must be divisible by "
           f"config.model.n_head={self.n_head} (head size n_embd // n_head),"
           " or config.model.head_size set.")
+    if self.n_kv_head and self.n_head % self.n_kv_head:
+      raise ValueError(
+          f"config.model.n_head={self.n_head} must be a multiple of "
+          f"config.model.n_kv_head={self.n_kv_head} (each key/value head "
+          "serves the same number of query heads), or n_kv_head 0.")
     if not 0.0 <= float(self.dropout) < 1.0:
       raise ValueError(f"config.model.dropout={self.dropout!r} must be in "
                        "[0, 1).")
@@ -174,8 +183,17 @@ class GPTConfig(dtypes.ConfigDtypes):
 
   @property
   def attention_width(self) -> int:
-    """c_attn's q (k, v) width and c_proj's input: n_embd unless head_size."""
+    """c_attn's q width and c_proj's input: n_embd unless head_size."""
     return self.n_head * self.head_dim
+
+  @property
+  def kv_heads(self) -> int:
+    return self.n_kv_head or self.n_head
+
+  @property
+  def kv_width(self) -> int:
+    """c_attn's k (and v) width: attention_width unless n_kv_head."""
+    return self.kv_heads * self.head_dim
 
   @classmethod
   def from_config(cls, model_config: Mapping[str, Any]) -> "GPTConfig":

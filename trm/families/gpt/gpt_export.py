@@ -43,11 +43,13 @@ _GPT2_EOT = 50256
 
 
 def check_exportable(cfg: GPTConfig) -> None:
-  """nanoGPT and GPT-2 have neither a head width apart from n_embd / n_head
-  nor an MLP other than 4 * n_embd."""
+  """nanoGPT and GPT-2 have neither a head width apart from n_embd / n_head,
+  nor an MLP other than 4 * n_embd, nor fewer key/value heads than query
+  heads."""
   for name, default in (("head_size", "n_embd // n_head"),
-                        ("mlp_size", "4 * n_embd")):
-    if getattr(cfg, name):
+                        ("mlp_size", "4 * n_embd"), ("n_kv_head", "n_head")):
+    if getattr(cfg, name) and not (name == "n_kv_head"
+                                   and cfg.n_kv_head == cfg.n_head):
       raise ValueError(
           f"config.model.{name}={getattr(cfg, name)}: nanoGPT and Hugging "
           f"Face GPT-2 have no such field (theirs is always {default}), so "

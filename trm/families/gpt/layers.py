@@ -72,9 +72,10 @@ class Linear(nn.Module):
   cfg: GPTConfig
 
   @nn.compact
-  def __call__(self, x, blocks: int = 1):
-    """y, or with blocks > 1 the list of y's equal column blocks, each from
-    its own matmul against that block of the kernel (and bias)."""
+  def __call__(self, x, blocks: int | tuple[int, ...] = 1):
+    """y, or with blocks > 1 the list of y's equal column blocks (or of
+    blocks of the widths a tuple gives), each from its own matmul against
+    that block of the kernel (and bias)."""
     cfg = self.cfg
     dtype = cfg.compute_dtype
     kernel = _param(self, "kernel", nn.initializers.normal(self.std),
@@ -84,10 +85,11 @@ class Linear(nn.Module):
     x, kernel = x.astype(dtype), kernel.astype(dtype)
     if blocks == 1:
       return _project(x, kernel, bias, dtype)
+    widths = (list(blocks) if isinstance(blocks, tuple)
+              else [self.features // blocks] * blocks)
     return [_project(x_i, kernel[:, c], None if bias is None else bias[c],
                      dtype)
-            for x_i, c in linear.column_blocks(
-                x, [self.features // blocks] * blocks)]
+            for x_i, c in linear.column_blocks(x, widths)]
 
 
 class Embed(nn.Module):
@@ -149,12 +151,16 @@ def _proj_std(cfg: GPTConfig) -> float:
 def _attend(q, k, v, mask, dropout, deterministic: bool):
   """softmax(q k^T / sqrt(d)) v with float32 scores and softmax.
 
-  q [B, T, H, D], k/v [B, S, H, D], mask broadcastable to [B, H, T, S]
+  q [B, T, H, D], k/v [B, S, KV, D] (KV divides H: each k, v head repeated
+  for its H // KV query heads), mask broadcastable to [B, H, T, S]
   (True = attend). Dropout (when active) hits the probabilities, as torch's
   scaled_dot_product_attention(dropout_p=...). Without it this is what
   jax.nn.dot_product_attention computes on XLA, written out because that
   function asks for dot precisions (F16_F16_F32) that CPUs reject.
   """
+  groups = q.shape[2] // k.shape[2]
+  if groups > 1:
+    k, v = attention.repeat_kv(k, groups), attention.repeat_kv(v, groups)
   return attention.dot_product_attention(
       q, k, v, mask,
       dropout=lambda p: dropout(p, deterministic=deterministic))
@@ -166,8 +172,8 @@ class CausalSelfAttention(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.c_attn = Linear(3 * cfg.attention_width, ("embed", "heads"),
-                         _INIT_STD, cfg)
+    self.c_attn = Linear(cfg.attention_width + 2 * cfg.kv_width,
+                         ("embed", "heads"), _INIT_STD, cfg)
     self.c_proj = Linear(cfg.n_embd, ("heads", "embed"), _proj_std(cfg), cfg)
     self.attn_dropout = nn.Dropout(cfg.dropout)
     self.resid_dropout = nn.Dropout(cfg.dropout)
@@ -175,14 +181,18 @@ class CausalSelfAttention(nn.Module):
   def _qkv(self, x):
     cfg = self.cfg
     b, t, _ = x.shape
-    # nanoGPT: c_attn(x).split(n_embd, dim=2), then .view(B, T, nh, hs).
+    # nanoGPT: c_attn(x).split(n_embd, dim=2), then .view(B, T, nh, hs);
+    # with n_kv_head, k and v are narrower than q.
+    widths = (cfg.attention_width, cfg.kv_width, cfg.kv_width)
     if cfg.separate_qkv:
-      q, k, v = self.c_attn(x, blocks=3)
+      q, k, v = self.c_attn(x, blocks=widths)
     else:
-      q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)
-    q, k, v = (checkpoint_name(a.reshape(b, t, cfg.n_head, cfg.head_dim),
-                               name)
-               for a, name in zip((q, k, v), remat.QKV_NAMES))
+      q, k, v = jnp.split(self.c_attn(x), (widths[0], widths[0] + widths[1]),
+                          axis=-1)
+    q, k, v = (checkpoint_name(a.reshape(b, t, heads, cfg.head_dim), name)
+               for a, heads, name in zip((q, k, v), (cfg.n_head, cfg.kv_heads,
+                                                     cfg.kv_heads),
+                                         remat.QKV_NAMES))
     return mesh_lib.constrain(q, _HEADS), k, v
 
   def _out(self, y, deterministic: bool):

@@ -183,11 +183,11 @@ class GPT(nn.Module):
 
 
 def init_cache(cfg: GPTConfig, batch: int, length: int) -> dict:
-  """Zero KV cache {"k", "v"}: [n_layer, batch, length, n_head, head_dim]."""
+  """Zero KV cache {"k", "v"}: [n_layer, batch, length, kv_heads, head_dim]."""
   if not 0 < length <= cfg.block_size:
     raise ValueError(f"KV cache length {length} must be in [1, "
                      f"config.model.block_size={cfg.block_size}].")
-  shape = (cfg.n_layer, batch, length, cfg.n_head, cfg.head_dim)
+  shape = (cfg.n_layer, batch, length, cfg.kv_heads, cfg.head_dim)
   return {"k": jnp.zeros(shape, cfg.compute_dtype),
           "v": jnp.zeros(shape, cfg.compute_dtype)}
 

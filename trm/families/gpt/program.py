@@ -60,8 +60,11 @@ def data_shapes(config, overrides: dict) -> dict:
 
 def attention_heads(model_config) -> dict[str, int]:
   """The heads `trm.families.warn_if_heads_unsplit` checks against the
-  mesh (q, k and v alike)."""
-  return {"n_head": int(model_config.n_head)}
+  mesh (q, and k and v unless n_kv_head gives them fewer)."""
+  heads = {"n_head": int(model_config.n_head)}
+  if model_config.get("n_kv_head", 0):
+    heads["n_kv_head"] = int(model_config.n_kv_head)
+  return heads
 
 
 def check_config(config) -> None:

@@ -117,6 +117,12 @@ def check_config(config) -> None:
             f" but config.init_from={config.init_from!r} loads GPT-2 / "
             f"nanoGPT weights whose {what} is {name} wide: set "
             f"config.model.{key}=0.")
+    if size("n_kv_head", 0) and size("n_kv_head") != config.n_head:
+      raise ValueError(
+          f"config.model.n_kv_head={size('n_kv_head')} groups the keys and "
+          f"values, but config.init_from={config.init_from!r} loads GPT-2 / "
+          "nanoGPT weights with one key/value head per query head: set "
+          "config.model.n_kv_head=0.")
   if config.dtype not in DTYPES:
     raise ValueError(f"config.dtype={config.dtype!r} must be one of "
                      f"{list(DTYPES)}.")
