@@ -183,22 +183,25 @@ FLAGS["trillium_llama31"] = FLAGS["trillium"] + (
     " --xla_tpu_data_parallel_opt_different_sized_ops=true")
 
 
+def attention_params(m: dict = LLAMA2_70B) -> int:
+  """Weight-matmul parameters of one layer's attention: GQA q|k|v and the
+  output projection."""
+  return (m["emb"] * (m["heads"] + 2 * m["kv_heads"]) * m["head_dim"]
+          + m["heads"] * m["head_dim"] * m["emb"])
+
+
 def llama_layer_params(m: dict = LLAMA2_70B) -> int:
-  """Weight-matmul parameters of one Llama decoder layer: GQA q|k|v and
-  output, SwiGLU's gate, up and down projections (a GPT's: two MLP
-  matmuls)."""
-  attention = m["emb"] * (m["heads"] + 2 * m["kv_heads"]) * m["head_dim"]
-  attention += m["heads"] * m["head_dim"] * m["emb"]
-  return attention + m.get("mlp_matmuls", 3) * m["emb"] * m["mlp"]
+  """Weight-matmul parameters of one Llama decoder layer: its attention,
+  SwiGLU's gate, up and down projections (a GPT's: two MLP matmuls)."""
+  return attention_params(m) + m.get("mlp_matmuls", 3) * m["emb"] * m["mlp"]
 
 
 def proxy_mlp_size(m: dict = LLAMA2_70B) -> int:
   """The GPT MLP width whose two matmuls, beside Llama's q|k|v (GQA: our
   GPT's n_kv_head) and output projections, give the layer Llama's
   weight-matmul parameters: SwiGLU's three matmuls as two 1.5x as wide."""
-  attention = m["emb"] * (m["heads"] + 2 * m["kv_heads"]) * m["head_dim"]
-  attention += m["heads"] * m["head_dim"] * m["emb"]
-  width, rest = divmod(llama_layer_params(m) - attention, 2 * m["emb"])
+  width, rest = divmod(llama_layer_params(m) - attention_params(m),
+                       2 * m["emb"])
   assert not rest, "no integer MLP width matches the layer"
   return width
 
