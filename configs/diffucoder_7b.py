@@ -42,7 +42,8 @@ def get_config(arg=None):
                                 # block keeps for backward (trm/nn/remat.py)
       remat_save="",            # custom: comma-separated names kept in HBM
                                 # (decoder_layer_input, query_proj,
-                                # key_proj, value_proj, weight_matmul)
+                                # key_proj, value_proj, out_proj, mlpwi,
+                                # mlpwo, weight_matmul)
       remat_offload="",         # custom: names moved to host memory and
                                 # back (pinned_host; TPU frees their HBM)
       scan_layers=True,         # nn.scan the layers: compile time flat in depth

@@ -219,7 +219,8 @@ def get_config(arg=None):
                                 # | custom (the two fields below)
       remat_save="",            # custom: comma-separated names kept in HBM
                                 # (decoder_layer_input, query_proj,
-                                # key_proj, value_proj, weight_matmul)
+                                # key_proj, value_proj, out_proj, mlpwi,
+                                # mlpwo, weight_matmul)
       remat_offload="",         # custom: names moved to host memory and
                                 # back for the backward pass
       scan_layers=False,        # one scanned block, params [n_layer, ...]

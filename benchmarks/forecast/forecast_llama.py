@@ -56,7 +56,17 @@ Published:
   `v6e_l70b_8k_b5`: `.../Llama3.1-70B-MaxText/v6e-256/README.md`
   (tpu-recipes-v0.1.4, JAX 0.6.1), 5 per chip: 42.656 s, 462.297 (50.36%).
   `v6e_l8b_8k`: `.../Llama3.1-8B-MaxText/v6e-256/README.md` (v0.1.4), 4
-  per chip: 4.546 s, 417.397 (45.47%).
+  per chip: 4.546 s, 417.397 (45.47%); the 8B runs also offloaded
+  attention's output projection (`out_proj`, since session 87 here).
+- The same two models on smaller v6e slices (session 87; tpu-recipes
+  `training/trillium/Llama3.1-{70B,8B}-MaxText/v6e-N/README.md`,
+  v0.1.4, JAX 0.6.1, each its log's step): the 70B at 4 per chip on a
+  v6e-128 (`v6e128_l70b_8k`, 34.786 s), 2 per chip on a v6e-64
+  (`v6e64_l70b_8k`, 18.688 s) and on a v6e-32 with bfloat16 weights and
+  collective matmuls off (`v6e32_l70b_8k`, 17.790 s); the 8B at 4 per chip
+  on a v6e-128 (`v6e128_l8b_8k`, 4.602 s), 3 on a v6e-32 and a v6e-8
+  (`v6e32_l8b_8k`, 3.495 s; `v6e8_l8b_8k`, 3.443 s; collective matmuls
+  off). Whether a miss follows the model or the slice.
   These rows compile with the runs' remat (`remat_policy=custom`, the
   layer input and q, k, v offloaded to the host, `CUSTOM_OFFLOAD`; the
   time model moves them over the chip's PCIe link). Before our GPT could
@@ -124,6 +134,8 @@ GPT3_175B = dict(n_layer=96, emb=12288, heads=96, kv_heads=96, head_dim=128,
 # everything else recomputed (MaxText's decoder_layer_input, query_proj,
 # key_proj, value_proj: offload).
 CUSTOM_OFFLOAD = "decoder_layer_input,query_proj,key_proj,value_proj"
+# The 8B runs' also offloaded attention's output projection (`out_proj`).
+CUSTOM_OFFLOAD_8B = CUSTOM_OFFLOAD + ",out_proj"
 RUNS = {
     "v5e": dict(topology="v5e-256", per_chip=2, seq=2048, mfu=57.0,
                 causal=False),
@@ -152,7 +164,37 @@ RUNS = {
     "v6e_l8b_8k": dict(topology="v6e-256", per_chip=4, seq=8192,
                        mfu=100 * 417.397 / 918, causal=False,
                        flags="trillium_llama31", model=LLAMA31_8B,
-                       splash_block=2048, remat_offload=CUSTOM_OFFLOAD),
+                       splash_block=2048, remat_offload=CUSTOM_OFFLOAD_8B),
+    # The same models on smaller v6e slices (tpu-recipes-v0.1.4, JAX
+    # 0.6.1, each its own README's logged step): does the miss follow the
+    # model or the slice?
+    "v6e128_l70b_8k": dict(topology="v6e-128", per_chip=4, seq=8192,
+                           mfu=100 * 453.500 / 918, causal=False,
+                           flags="trillium_llama31", model=LLAMA31_70B,
+                           splash_block=2048, remat_offload=CUSTOM_OFFLOAD),
+    "v6e64_l70b_8k": dict(topology="v6e-64", per_chip=2, seq=8192,
+                          mfu=100 * 422.091 / 918, causal=False,
+                          flags="trillium_llama31", model=LLAMA31_70B,
+                          splash_block=2048, remat_offload=CUSTOM_OFFLOAD),
+    # bfloat16 weights (MaxText's weight_dtype; Adam's moments follow),
+    # windowed-einsum collective matmuls disabled.
+    "v6e32_l70b_8k": dict(topology="v6e-32", per_chip=2, seq=8192,
+                          mfu=100 * 443.385 / 918, causal=False,
+                          flags="trillium_llama31_no_cm", model=LLAMA31_70B,
+                          splash_block=2048, remat_offload=CUSTOM_OFFLOAD,
+                          param_dtype="bfloat16"),
+    "v6e128_l8b_8k": dict(topology="v6e-128", per_chip=4, seq=8192,
+                          mfu=100 * 412.319 / 918, causal=False,
+                          flags="trillium_llama31", model=LLAMA31_8B,
+                          splash_block=2048, remat_offload=CUSTOM_OFFLOAD_8B),
+    "v6e32_l8b_8k": dict(topology="v6e-32", per_chip=3, seq=8192,
+                         mfu=100 * 407.225 / 918, causal=False,
+                         flags="trillium_llama31_no_cm", model=LLAMA31_8B,
+                         splash_block=2048, remat_offload=CUSTOM_OFFLOAD_8B),
+    "v6e8_l8b_8k": dict(topology="v6e-8", per_chip=3, seq=8192,
+                        mfu=100 * 413.433 / 918, causal=False,
+                        flags="trillium_llama31_no_cm", model=LLAMA31_8B,
+                        splash_block=2048, remat_offload=CUSTOM_OFFLOAD_8B),
 }
 # MaxText's v6e LIBTPU_INIT_ARGS (benchmarks/xla_flags_library.py:
 # DENSE_VMEM_LIMIT_FLAG + CF_FOR_ALL_GATHER); the 2025 run's SparseCore
@@ -181,6 +223,9 @@ FLAGS["trillium_llama31"] = FLAGS["trillium"] + (
     " --xla_tpu_assign_all_reduce_scatter_layout=true"
     " --xla_tpu_enable_data_parallel_all_reduce_opt=true"
     " --xla_tpu_data_parallel_opt_different_sized_ops=true")
+# Those with DISABLE_COLLECTIVE_MATMUL (no windowed einsums).
+FLAGS["trillium_llama31_no_cm"] = FLAGS["trillium_llama31"] + (
+    " --xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000")
 
 
 def attention_params(m: dict = LLAMA2_70B) -> int:
@@ -264,6 +309,8 @@ def config_for(run: dict):
   config.model.splash_block = run.get("splash_block", 0)
   if "flags" in run:  # else maxtext64b's: MaxText's v5e flags
     config.tpu_compiler_options = FLAGS[run["flags"]]
+  if "param_dtype" in run:  # MaxText's weight_dtype
+    config.model.param_dtype = run["param_dtype"]
   return config
 
 

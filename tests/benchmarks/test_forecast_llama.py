@@ -172,6 +172,13 @@ def test_several_efficiencies_share_one_compile(script, monkeypatch,
     ("v6e_l70b_8k", 34.562, 456.442, 948.086),
     ("v6e_l70b_8k_b5", 42.656, 462.297, 960.248),
     ("v6e_l8b_8k", 4.546, 417.397, 7207.336),
+    # The same models on v6e-128, -64, -32 and -8 (v0.1.4).
+    ("v6e128_l70b_8k", 34.786, 453.500, 941.976),
+    ("v6e64_l70b_8k", 18.688, 422.091, 876.736),
+    ("v6e32_l70b_8k", 17.790, 443.385, 920.965),
+    ("v6e128_l8b_8k", 4.602, 412.319, 7119.648),
+    ("v6e32_l8b_8k", 3.495, 407.225, 7031.689),
+    ("v6e8_l8b_8k", 3.443, 413.433, 7138.890),
 ])
 def test_the_llama31_rows_are_maxtexts_logged_steps(script, name, seconds,
                                                     logged, tokens):
@@ -191,7 +198,8 @@ def test_the_llama31_rows_are_maxtexts_logged_steps(script, name, seconds,
   assert (config.block_size, config.n_layer, config.n_embd,
           config.model.vocab_size) == (8192, model["n_layer"], model["emb"],
                                        128256)
-  assert config.global_batch_size == 256 * run["per_chip"]
+  chips = int(run["topology"].split("-")[1])
+  assert config.global_batch_size == chips * run["per_chip"]
   # The 8B's GPT: GQA's 4096 x 48 x 128 + 4096^2 + 2 x 4096 x 21504 =
   # Llama 3.1 8B's layer.
   assert config.model.mlp_size == {80: 43008, 32: 21504}[model["n_layer"]]
@@ -203,16 +211,23 @@ def test_the_llama31_rows_are_maxtexts_logged_steps(script, name, seconds,
   assert config.model.splash_block == 2048
   assert script.config_for(script.RUNS["v6e"]).model.splash_block == 0
   # remat_policy=custom as the runs had it: the layer input and q, k, v
-  # offloaded to the host; the other rows keep full remat.
+  # offloaded to the host, for the 8B also attention's output projection;
+  # the other rows keep full remat.
+  offload = "decoder_layer_input,query_proj,key_proj,value_proj" + (
+      ",out_proj" if model["n_layer"] == 32 else "")
   assert (config.model.remat_policy, config.model.remat_offload,
-          config.model.remat_save) == (
-              "custom", "decoder_layer_input,query_proj,key_proj,value_proj",
-              "")
+          config.model.remat_save) == ("custom", offload, "")
   assert script.config_for(script.RUNS["v6e"]).model.remat_policy == "full"
   flags = config.tpu_compiler_options
   assert flags.startswith(script.FLAGS["trillium"])
   assert "--xla_tpu_assign_all_reduce_scatter_layout=true" in flags
   assert "--xla_tpu_enable_data_parallel_all_reduce_opt=true" in flags
+  # The v6e-32 and v6e-8 runs disabled collective matmuls; only the 70B's
+  # stored bfloat16 weights.
+  no_cm = "--xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000"
+  assert (no_cm in flags) == (run["topology"] in ("v6e-32", "v6e-8"))
+  assert config.model.param_dtype == (
+      "bfloat16" if name == "v6e32_l70b_8k" else "float32")
 
 
 def test_a_splash_factor_stretches_the_kernels_seconds_only(

@@ -19,10 +19,17 @@ POLICIES = ("full", "minimal", "custom")
 # a custom_vjp matmul hides its dot from jax's dot-saving policies).
 WEIGHT_MATMUL = "weight_matmul"
 # MaxText's names: a block's input (the residual stream a scanned stack
-# keeps per layer) and attention's projections after their reshape to heads.
+# keeps per layer), attention's projections after their reshape to heads,
+# its output projection's output, the MLP's input projections' outputs
+# (before the activation; a gated MLP tags gate and up alike, as MaxText's
+# fused `mlpwi`) and its output projection's.
 LAYER_INPUT = "decoder_layer_input"
 QKV_NAMES = ("query_proj", "key_proj", "value_proj")
-NAMES = (LAYER_INPUT,) + QKV_NAMES + (WEIGHT_MATMUL,)
+OUT_PROJ = "out_proj"
+MLP_IN = "mlpwi"
+MLP_OUT = "mlpwo"
+NAMES = ((LAYER_INPUT,) + QKV_NAMES + (OUT_PROJ, MLP_IN, MLP_OUT)
+         + (WEIGHT_MATMUL,))
 
 
 def names(value, field: str) -> tuple[str, ...]:

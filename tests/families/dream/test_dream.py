@@ -227,8 +227,9 @@ def test_remat_policies_recompute_and_offload_what_they_name():
   keeps q and k and offloads v and the layer input; 'minimal' (or 'custom'
   keeping `weight_matmul`) recomputes only attention's two batched dots of
   full's eight recomputed dots a layer; keeping or offloading q, k and v
-  spares their three projections; each offloaded name is one device_put
-  to the host a layer."""
+  spares their three projections, out_proj and mlpwi the attention output's
+  and the MLP's gate and up; each offloaded tensor is one device_put to
+  the host a layer."""
   tokens = _tokens()
   params = _init(tiny(), tokens)["params"]
 
@@ -260,6 +261,11 @@ def test_remat_policies_recompute_and_offload_what_they_name():
   assert to_host(kept_and_offloaded) == 2
   assert to_host(tiny(remat="custom", remat_offload=(
       "decoder_layer_input,query_proj,key_proj,value_proj"))) == 4
+  # o_proj's output spares its matmul, gate's and up's (mlpwi, one name for
+  # both, as MaxText's fused MLP) theirs; down's output is not needed.
+  assert dots(tiny(remat="custom", remat_save="out_proj,mlpwi,mlpwo")
+              ) - no_remat == 5
+  assert to_host(tiny(remat="custom", remat_offload="out_proj,mlpwi")) == 3
   assert to_host(full) == 0
 
 

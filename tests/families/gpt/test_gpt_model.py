@@ -487,7 +487,11 @@ def test_remat_policy_custom_saves_and_offloads_what_it_names():
       (dict(remat_save="query_proj, key_proj",
             remat_offload="value_proj,decoder_layer_input"), 4, 2),
       (dict(remat_save="weight_matmul"), 2, 0),
-      (dict(remat_offload=_OFFLOAD_ALL), 4, 4)):
+      (dict(remat_offload=_OFFLOAD_ALL), 4, 4),
+      # Attention's c_proj and the MLP's c_fc outputs spare their matmuls;
+      # the MLP's c_proj output is not needed by the backward.
+      (dict(remat_save="out_proj,mlpwi,mlpwo"), 3, 0),
+      (dict(remat_offload=_OFFLOAD_ALL + ",out_proj"), 3, 5)):
     custom = dataclasses.replace(full, remat_policy="custom", **fields)
     if "remat_offload" in fields and "remat_save" in fields:
       l1, g1 = jax.jit(grad(custom))(params)

@@ -730,7 +730,7 @@ def test_label_smoothing_and_z_loss_on_every_loss(monkeypatch):
   losses = {
       "whole": lambda h, t: gpt_steps.cross_entropy(head(h, t), y, *terms),
       "chunked": lambda h, t: gpt_steps.chunked_cross_entropy(
-          h, lambda part: head(part, t), y, 3, *terms),
+          h, t, y, 3, head, *terms),
       "triton": lambda h, t: gpt_steps.fused_cross_entropy(
           h, t, y, "float32", True, *terms)}
   # (loss, (count, z-loss term)): the loss differentiated, the rest aux.

@@ -231,8 +231,9 @@ class Attention(nn.Module):
           pair_mask, interpret=cfg.attention == "splash_interpret")
     else:
       out = _dot_attention(q, key, value, pair_mask, cfg)
-    out = Projection((h, k), (d,), ("heads", "head_dim"), ("embed",), False,
-                     cfg, name="o_proj")(out)
+    out = checkpoint_name(
+        Projection((h, k), (d,), ("heads", "head_dim"), ("embed",), False,
+                   cfg, name="o_proj")(out), remat_lib.OUT_PROJ)
     return (out, new_kv) if return_kv else out
 
 
@@ -255,12 +256,12 @@ class MLP(nn.Module):
   def __call__(self, x):
     cfg = self.cfg
     d, f = cfg.hidden_size, cfg.intermediate_size
-    gate = Projection((d,), (f,), ("embed",), ("mlp",), False, cfg,
-                      name="gate_proj")(x)
-    up = Projection((d,), (f,), ("embed",), ("mlp",), False, cfg,
-                    name="up_proj")(x)
-    return Projection((f,), (d,), ("mlp",), ("embed",), False, cfg,
-                      name="down_proj")(nn.silu(gate) * up)
+    gate, up = [checkpoint_name(
+        Projection((d,), (f,), ("embed",), ("mlp",), False, cfg, name=name)(x),
+        remat_lib.MLP_IN) for name in ("gate_proj", "up_proj")]
+    return checkpoint_name(
+        Projection((f,), (d,), ("mlp",), ("embed",), False, cfg,
+                   name="down_proj")(nn.silu(gate) * up), remat_lib.MLP_OUT)
 
 
 class DecoderLayer(nn.Module):

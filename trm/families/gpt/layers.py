@@ -127,9 +127,7 @@ class Embed(nn.Module):
     two matmuls, as torch autocast's bf16 LM head gets it; autodiff of
     jnp.dot would run both as float32 x float32 (on an H100, TF32 at half
     the bf16 rate, over [B*T, vocab] operands)."""
-    dtype = self.cfg.compute_dtype
-    table = self.table() if table is None else table
-    return linear.matmul_to(x.astype(dtype), table.T, self.cfg.logits_dtype)
+    return tied_logits(x, self.table() if table is None else table, self.cfg)
 
   def table(self):
     """The whole [num, C] table in the compute dtype (`attend`'s), gathered
@@ -141,6 +139,17 @@ class Embed(nn.Module):
     # propagation moves the cast after the gather again.
     shard = mesh_lib.constrain(self.embedding.astype(dtype), self.axes)
     return mesh_lib.constrain(shard, (self.axes[0], None))
+
+
+# The token embedding's (and tied LM head's) logical axes.
+TABLE_AXES = ("vocab", "embed")
+
+
+def tied_logits(x, table, cfg: GPTConfig):
+  """`Embed.attend` with its table given: x [..., C] @ table.T in
+  cfg.logits_dtype, the matmul in the compute dtype."""
+  return linear.matmul_to(x.astype(cfg.compute_dtype), table.T,
+                          cfg.logits_dtype)
 
 
 def _proj_std(cfg: GPTConfig) -> float:
@@ -197,7 +206,8 @@ class CausalSelfAttention(nn.Module):
 
   def _out(self, y, deterministic: bool):
     b, t = y.shape[:2]
-    y = self.c_proj(y.reshape(b, t, self.cfg.attention_width))
+    y = checkpoint_name(self.c_proj(y.reshape(b, t, self.cfg.attention_width)),
+                        remat.OUT_PROJ)
     return self.resid_dropout(y, deterministic=deterministic)
 
   def __call__(self, x, deterministic: bool = True):
@@ -246,11 +256,11 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
     cfg = self.cfg
-    h = Linear(cfg.mlp_width, ("embed", "mlp"), _INIT_STD, cfg,
-               name="c_fc")(x)
+    h = checkpoint_name(Linear(cfg.mlp_width, ("embed", "mlp"), _INIT_STD,
+                               cfg, name="c_fc")(x), remat.MLP_IN)
     h = gelu(h)
-    h = Linear(cfg.n_embd, ("mlp", "embed"), _proj_std(cfg), cfg,
-               name="c_proj")(h)
+    h = checkpoint_name(Linear(cfg.n_embd, ("mlp", "embed"), _proj_std(cfg),
+                               cfg, name="c_proj")(h), remat.MLP_OUT)
     return nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
 
 

@@ -43,6 +43,7 @@ from trm.families.gpt.layers import ACTIVATION
 from trm.families.gpt.layers import Block
 from trm.families.gpt.layers import Embed
 from trm.families.gpt.layers import LayerNorm
+from trm.families.gpt.layers import TABLE_AXES
 from trm.nn import layer_stack
 from trm.nn import temperature as temperature_lib
 # Re-exported: the rest of this module's interface, imported from here.
@@ -96,7 +97,7 @@ class GPT(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.wte = Embed(cfg.vocab_size, ("vocab", "embed"), cfg)
+    self.wte = Embed(cfg.vocab_size, TABLE_AXES, cfg)
     self.wpe = Embed(cfg.block_size, (None, "embed"), cfg)
     self.drop = nn.Dropout(cfg.dropout)
     if cfg.scan_layers:

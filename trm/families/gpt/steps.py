@@ -21,6 +21,8 @@ from trm.core import config_lib
 from trm.core import loss_scale as loss_scale_lib
 from trm.core import optimizers
 from trm.core import state as state_lib
+from trm.families.gpt import chunked_loss
+from trm.families.gpt import layers as gpt_layers
 from trm.families.gpt import model as gpt
 from trm.nn import cross_entropy_gpu
 from trm.nn import losses
@@ -145,34 +147,16 @@ def cross_entropy(logits, targets, label_smoothing=0.0, z_loss=0.0):
           logits, labels, label_smoothing, z_loss), targets, z_loss)
 
 
-def chunked_cross_entropy(hidden, head, targets, chunk_size: int,
-                          label_smoothing=0.0, z_loss=0.0):
-  """`cross_entropy(head(hidden), targets, ...)` with the logits made
-  `chunk_size` positions at a time and remade in the backward pass, so the
-  [B, T, vocab] logits and their gradient never exist whole."""
-  length = hidden.shape[1]
-  pad = -length % chunk_size
-  if pad:
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, pad)), constant_values=-1)
-  chunks = hidden.shape[1] // chunk_size
-
-  def split(x):  # [B, chunks * C, ...] -> [chunks, B, C, ...]
-    x = x.reshape((x.shape[0], chunks, chunk_size) + x.shape[2:])
-    return jnp.moveaxis(x, 1, 0)
-
-  @jax.checkpoint
-  def chunk_loss(h, y):  # (sum of the losses, sum of lse**2)
-    valid = y >= 0
-    token_loss, log_z = losses.softmax_cross_entropy_and_log_z(
-        head(h), jnp.where(valid, y, 0), label_smoothing, z_loss)
-    return (jnp.where(valid, token_loss, 0.0).sum(),
-            jnp.where(valid, jnp.square(log_z), 0.0).sum() if z_loss
-            else jnp.zeros((), jnp.float32))
-
-  (total, log_z_squared), _ = jax.lax.scan(
-      lambda acc, xs: (jax.tree.map(jnp.add, acc, chunk_loss(*xs)), None),
-      (jnp.zeros((), jnp.float32),) * 2, (split(hidden), split(targets)))
+def chunked_cross_entropy(hidden, table, targets, chunk_size: int, logits_fn,
+                          label_smoothing=0.0, z_loss=0.0, grad_axes=None):
+  """`cross_entropy(logits_fn(hidden, table), targets, ...)` with the logits
+  made `chunk_size` positions at a time and remade in the backward pass, so
+  the [B, T, vocab] logits and their gradient never exist whole; each
+  chunk's table gradient is reduced straight into `grad_axes`' layout
+  (`trm.families.gpt.chunked_loss`)."""
+  total, log_z_squared = chunked_loss.chunked_cross_entropy(
+      hidden, table, targets, chunk_size, logits_fn, label_smoothing, z_loss,
+      grad_axes)
   count = (targets >= 0).sum()
   return (total / jnp.maximum(count, 1), count,
           _z_term(z_loss, log_z_squared, count))
@@ -242,13 +226,20 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
       # here, before the layers, XLA kept it live through the forward and
       # backward (MaxText's 52B on v4-384: 31.70 GiB per chip, against
       # 30.56 made at use).
-      head = lambda h: model.apply({"params": params}, h, table,  # noqa: E731
-                                   method=gpt.GPT.logits_from_hidden)
-      loss, count, z_term = (
-          chunked_cross_entropy(hidden, head, y, loss_chunk_size,
-                                label_smoothing, z_loss)
-          if loss_chunk_size else
-          cross_entropy(head(hidden), y, label_smoothing, z_loss))
+      if loss_chunk_size:
+        # Made after the layers, for the chunks, which read it whole.
+        if table is None:
+          table = model.apply({"params": params},
+                              method=gpt.GPT.head_table)
+        loss, count, z_term = chunked_cross_entropy(
+            hidden, table, y, loss_chunk_size,
+            functools.partial(gpt_layers.tied_logits, cfg=model.cfg),
+            label_smoothing, z_loss, gpt_layers.TABLE_AXES)
+      else:
+        logits = model.apply({"params": params}, hidden, table,
+                             method=gpt.GPT.logits_from_hidden)
+        loss, count, z_term = cross_entropy(logits, y, label_smoothing,
+                                            z_loss)
     # This device's share of the micro-batch's mean over all its scored
     # targets (`scored`: the whole micro-batch's count; 1 when these rows
     # are the whole micro-batch), so shards with fewer scored targets

@@ -1,0 +1,95 @@
+"""The chunked LM-head loss over a mesh: the whole-logits loss's values and
+gradients; inside its loops only the reduce-scatter of each chunk's table
+gradient into the parameter's layout (no gather, no all-reduce)."""
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trm.core import config_lib
+from trm.core import mesh as mesh_lib
+from trm.families.gpt import steps as gpt_steps
+
+_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|"
+                         r"all-to-all|collective-permute)(-start)?\(")
+
+
+def _head(h, table):
+  return h @ table.T
+
+
+def _case(seed=0):
+  rng = np.random.default_rng(seed)
+  hidden = jnp.asarray(rng.normal(size=(8, 12, 16)), jnp.float32)
+  table = jnp.asarray(rng.normal(size=(24, 16)) * 0.3, jnp.float32)
+  y = rng.integers(0, 24, size=(8, 12)).astype(np.int32)
+  y[1, :5] = -1
+  return hidden, table, jnp.asarray(y)
+
+
+def _loss(kind, terms=(0.1, 0.01)):
+  if kind == "whole":
+    return lambda h, t, y: gpt_steps.cross_entropy(_head(h, t), y, *terms)[0]
+  return lambda h, t, y: gpt_steps.chunked_cross_entropy(
+      h, t, y, 5, _head, *terms, grad_axes=("vocab", "embed"))[0]
+
+
+def _loop_bodies(hlo: str) -> list[str]:
+  """The text of every while loop's body computation."""
+  names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+  bodies = []
+  for name in names:
+    match = re.search(r"\n%?" + re.escape(name) + r" [^\n]*\{\n(.*?)\n\}",
+                      hlo, re.S)
+    assert match, name
+    bodies.append(match.group(1))
+  return bodies
+
+
+def _fsdp_mesh(model: int = 1):
+  return jax.make_mesh((1, 8 // model, model), mesh_lib.MESH_AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+@pytest.mark.parametrize("model", [1, 2])
+def test_over_fsdp_the_chunks_only_reduce_scatter(model):
+  """Batch over 8 devices, the table's width over fsdp (and its vocabulary
+  over 2 devices of `model`): the chunked loss (12 positions in chunks of
+  5, padded) equals the whole logits' in value and gradients; the table
+  enters the loops gathered (no gather inside them), and each chunk's
+  table gradient leaves the backward loop's body by one reduction into
+  the parameter's layout."""
+  hidden, table, y = _case()
+  want, want_grads = jax.jit(jax.value_and_grad(_loss("whole"), (0, 1)))(
+      hidden, table, y)
+  rules = config_lib.default_logical_axis_rules()
+  mesh = _fsdp_mesh(model)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    def place(x, names):
+      return jax.device_put(x, mesh_lib.logical_sharding(mesh, rules, names))
+    args = (place(hidden, ("activation_batch", None, None)),
+            place(table, ("vocab", "embed")), y)
+    # The table as the GPT's head makes it: gathered over its width.
+    step = jax.jit(jax.value_and_grad(
+        lambda h, t, y: _loss("chunked")(
+            h, mesh_lib.constrain(t, ("vocab", None)), y), (0, 1)))
+    got, grads = step(*args)
+    hlo = step.lower(*args).compile().as_text()
+  assert float(got) == pytest.approx(float(want), rel=1e-6)
+  for a, b in zip(grads, want_grads):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  bodies = _loop_bodies(hlo)
+  assert len(bodies) >= 2   # the forward's and the backward's chunks
+  # Collectives of arrays (not the chunk's scalar sums) inside the loops:
+  # one reduction of the chunk's table gradient (XLA:CPU writes a
+  # reduce-scatter as an all-reduce and a slice), no gather.
+  in_loops = sorted(m.group(1) for body in bodies for line in
+                    body.splitlines() if "[]" not in line.split("=")[1][:30]
+                    for m in _COLLECTIVE.finditer(line))
+  assert "all-gather" not in in_loops, in_loops
+  if model == 1:  # (with the vocabulary split the softmax's sums cross too)
+    assert len(in_loops) == 1 and in_loops[0] in (
+        "all-reduce", "reduce-scatter"), in_loops
