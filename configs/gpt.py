@@ -164,6 +164,9 @@ def get_config(arg=None):
                                 # data_seed, MaxText's data_shuffle_seed)
   c.loss_chunk_size = 0         # positions whose logits exist at once in the
                                 # loss (0: all of them, as nanoGPT)
+  c.loss_reduce_once = False    # chunked loss: sum the head's gradient over
+                                # the batch devices once, not per chunk
+                                # (+vocab x n_embd x 4 bytes per device)
   c.label_smoothing = 0.0       # the loss's target: (1 - s) one-hot +
                                 # s / vocab (torch's label_smoothing, HF's
                                 # label_smoothing_factor); 0: nanoGPT's

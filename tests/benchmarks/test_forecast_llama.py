@@ -228,6 +228,10 @@ def test_the_llama31_rows_are_maxtexts_logged_steps(script, name, seconds,
   assert (no_cm in flags) == (run["topology"] in ("v6e-32", "v6e-8"))
   assert config.model.param_dtype == (
       "bfloat16" if name == "v6e32_l70b_8k" else "float32")
+  # The head's gradient summed once (MaxText's one logits matmul); the
+  # Llama2 and GPT-3 rows keep the per-chunk default.
+  assert config.loss_reduce_once
+  assert not script.config_for(script.RUNS["v6e"]).loss_reduce_once
 
 
 def test_a_splash_factor_stretches_the_kernels_seconds_only(

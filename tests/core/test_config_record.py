@@ -175,6 +175,7 @@ def test_a_field_added_later_at_its_implicit_value_is_no_change():
                                     "model.remat_save": "",
                                     "model.remat_offload": "",
                                     "loss_chunk_size": 0,
+                                    "loss_reduce_once": False,
                                     "compiled_step": "",
                                     "profiler_steps": 0,
                                     "skip_first_n_steps_for_profiler": 1,

@@ -50,6 +50,7 @@ HARMLESS = (
     "model.qkv_projection", "model.mlp_kernel", "model.norm_kernel",
     "loss_kernel", "wandb_log", "wandb_project", "wandb_run_name",
     "tpu_compiler_options", "compiled_step", "reduce_gradients_once",
+    "loss_reduce_once",
     "profiler_steps", "skip_first_n_steps_for_profiler",
     "keep_checkpoint_every", "metrics_jsonl", "resume_step",
     "early_stopping_patience", "early_stopping_threshold",
@@ -86,6 +87,7 @@ IMPLICIT = {"model.scan_layers": False,  # GPT's blocks were h_0 .. h_{L-1}
             # Nothing kept or offloaded by name (remat_policy=custom's)
             "model.remat_save": "", "model.remat_offload": "",
             "loss_chunk_size": 0,  # GPT's logits, all positions at once
+            "loss_reduce_once": False,  # its head gradient summed per chunk
             "compiled_step": "",  # the train step compiled by the run
             "profiler_steps": 0,  # no profile was taken
             "skip_first_n_steps_for_profiler": 1,

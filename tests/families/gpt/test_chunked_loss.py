@@ -1,6 +1,7 @@
 """The chunked LM-head loss over a mesh: the whole-logits loss's values and
-gradients; inside its loops only the reduce-scatter of each chunk's table
-gradient into the parameter's layout (no gather, no all-reduce)."""
+gradients; inside its loops only the reduction of each chunk's table
+gradient into the parameter's layout, or with `reduce_once` nothing (no
+gather either way)."""
 import re
 
 import flax.linen as nn
@@ -30,11 +31,12 @@ def _case(seed=0):
   return hidden, table, jnp.asarray(y)
 
 
-def _loss(kind, terms=(0.1, 0.01)):
+def _loss(kind, terms=(0.1, 0.01), reduce_once=False):
   if kind == "whole":
     return lambda h, t, y: gpt_steps.cross_entropy(_head(h, t), y, *terms)[0]
   return lambda h, t, y: gpt_steps.chunked_cross_entropy(
-      h, t, y, 5, _head, *terms, grad_axes=("vocab", "embed"))[0]
+      h, t, y, 5, _head, *terms, grad_axes=("vocab", "embed"),
+      reduce_once=reduce_once)[0]
 
 
 def _loop_bodies(hlo: str) -> list[str]:
@@ -54,14 +56,17 @@ def _fsdp_mesh(model: int = 1):
                        axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
-@pytest.mark.parametrize("model", [1, 2])
-def test_over_fsdp_the_chunks_only_reduce_scatter(model):
+@pytest.mark.parametrize("model, reduce_once", [
+    (1, False), (1, True), (2, False), (2, True)])
+def test_over_fsdp_the_chunks_reduce_once_or_per_chunk(model, reduce_once):
   """Batch over 8 devices, the table's width over fsdp (and its vocabulary
   over 2 devices of `model`): the chunked loss (12 positions in chunks of
   5, padded) equals the whole logits' in value and gradients; the table
-  enters the loops gathered (no gather inside them), and each chunk's
-  table gradient leaves the backward loop's body by one reduction into
-  the parameter's layout."""
+  enters the loops gathered (no gather inside them); each chunk's table
+  gradient leaves the backward loop's body by one reduction into the
+  parameter's layout, or with `reduce_once` by none (the devices' float32
+  sums cross once, after the loop; with the vocabulary split it keeps the
+  per-chunk reduction)."""
   hidden, table, y = _case()
   want, want_grads = jax.jit(jax.value_and_grad(_loss("whole"), (0, 1)))(
       hidden, table, y)
@@ -74,7 +79,7 @@ def test_over_fsdp_the_chunks_only_reduce_scatter(model):
             place(table, ("vocab", "embed")), y)
     # The table as the GPT's head makes it: gathered over its width.
     step = jax.jit(jax.value_and_grad(
-        lambda h, t, y: _loss("chunked")(
+        lambda h, t, y: _loss("chunked", reduce_once=reduce_once)(
             h, mesh_lib.constrain(t, ("vocab", None)), y), (0, 1)))
     got, grads = step(*args)
     hlo = step.lower(*args).compile().as_text()
@@ -90,6 +95,10 @@ def test_over_fsdp_the_chunks_only_reduce_scatter(model):
                     body.splitlines() if "[]" not in line.split("=")[1][:30]
                     for m in _COLLECTIVE.finditer(line))
   assert "all-gather" not in in_loops, in_loops
-  if model == 1:  # (with the vocabulary split the softmax's sums cross too)
+  if model == 1 and reduce_once:
+    assert not in_loops, in_loops
+    assert [line for line in hlo.splitlines() if "f32[24,16]" in line
+            and re.search(r"\ball-reduce(-start)?\(", line)]
+  elif model == 1:  # (with the vocabulary split the softmax's sums cross)
     assert len(in_loops) == 1 and in_loops[0] in (
         "all-reduce", "reduce-scatter"), in_loops

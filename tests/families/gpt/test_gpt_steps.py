@@ -424,6 +424,15 @@ def test_bad_loss_chunk_size_names_the_field():
     gpt_program.build(c, None, {"vocab_size": 11})
 
 
+@pytest.mark.parametrize("overrides, needle", [
+    (dict(loss_reduce_once=1), "config.loss_reduce_once=1 has the wrong type"),
+    (dict(loss_reduce_once=True), "set config.loss_chunk_size > 0"),
+])
+def test_bad_loss_reduce_once_names_the_field(overrides, needle):
+  with pytest.raises(ValueError, match=needle):
+    gpt_program.build(_config(**overrides), None, {"vocab_size": 11})
+
+
 def _tiny_training(accum, micro, seed, shift):
   """A tiny model's state, a jitted train step and a batch whose targets are
   the inputs shifted by `shift` (mod 11)."""

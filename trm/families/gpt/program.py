@@ -80,8 +80,9 @@ def check_config(config) -> None:
   _loss_options(config)
 
 
-def _loss_options(config) -> tuple[int, str]:
-  """(config.loss_chunk_size, config.loss_kernel), checked."""
+def _loss_options(config) -> tuple[int, str, bool]:
+  """(config.loss_chunk_size, config.loss_kernel,
+  config.loss_reduce_once), checked."""
   chunk = config.get("loss_chunk_size", 0)
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
     raise ValueError(f"config.loss_chunk_size={chunk!r} must be an integer "
@@ -94,7 +95,15 @@ def _loss_options(config) -> tuple[int, str]:
     raise ValueError(f"config.loss_kernel={loss_kernel!r} makes the whole "
                      "sequence's logits in one kernel: set "
                      "config.loss_chunk_size=0, or loss_kernel='xla'.")
-  return chunk, loss_kernel
+  reduce_once = config.get("loss_reduce_once", False)
+  if not isinstance(reduce_once, bool):
+    raise ValueError(f"config.loss_reduce_once={reduce_once!r} must be True "
+                     "or False.")
+  if reduce_once and not chunk:
+    raise ValueError("config.loss_reduce_once=True sums the chunked loss's "
+                     "head gradient: set config.loss_chunk_size > 0, or "
+                     "leave it False.")
+  return chunk, loss_kernel, reduce_once
 
 
 def build(config, ctx, shapes=None) -> Program:
@@ -107,7 +116,7 @@ def build(config, ctx, shapes=None) -> Program:
   model_config = config.model.to_dict()
   model_config["vocab_size"] = shapes["vocab_size"]
   cfg = gpt.GPTConfig.from_config(model_config)
-  chunk, loss_kernel = _loss_options(config)
+  chunk, loss_kernel, loss_reduce_once = _loss_options(config)
   model = gpt.GPT(cfg)
   tx = gpt_steps.make_optimizer(config)
   # The loss's terms, the same in training and estimate_loss.
@@ -124,7 +133,7 @@ def build(config, ctx, shapes=None) -> Program:
           gpt_steps.train_step, model=model, tx=tx, **objective,
           accum_steps=config.gradient_accumulation_steps,
           loss_chunk_size=chunk, loss_kernel=loss_kernel,
-          cast_once=cast_once,
+          loss_reduce_once=loss_reduce_once, cast_once=cast_once,
           reduce_once=config.get("reduce_gradients_once", True),
           schedule=gpt_steps.learning_rate_schedule(config)),
       eval_step=functools.partial(gpt_steps.eval_step, model=model,

@@ -148,15 +148,17 @@ def cross_entropy(logits, targets, label_smoothing=0.0, z_loss=0.0):
 
 
 def chunked_cross_entropy(hidden, table, targets, chunk_size: int, logits_fn,
-                          label_smoothing=0.0, z_loss=0.0, grad_axes=None):
+                          label_smoothing=0.0, z_loss=0.0, grad_axes=None,
+                          reduce_once: bool = False):
   """`cross_entropy(logits_fn(hidden, table), targets, ...)` with the logits
   made `chunk_size` positions at a time and remade in the backward pass, so
   the [B, T, vocab] logits and their gradient never exist whole; each
-  chunk's table gradient is reduced straight into `grad_axes`' layout
+  chunk's table gradient is reduced straight into `grad_axes`' layout, or
+  with `reduce_once` over the batch devices once
   (`trm.families.gpt.chunked_loss`)."""
   total, log_z_squared = chunked_loss.chunked_cross_entropy(
       hidden, table, targets, chunk_size, logits_fn, label_smoothing, z_loss,
-      grad_axes)
+      grad_axes, reduce_once)
   count = (targets >= 0).sum()
   return (total / jnp.maximum(count, 1), count,
           _z_term(z_loss, log_z_squared, count))
@@ -192,6 +194,7 @@ def matmul_weights_in(params, dtype):
 
 def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
                loss_chunk_size: int = 0, loss_kernel: str = "xla",
+               loss_reduce_once: bool = False,
                cast_once: bool = False, reduce_once: bool = True,
                schedule=None, label_smoothing: float = 0.0,
                z_loss: float = 0.0):
@@ -234,7 +237,8 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
         loss, count, z_term = chunked_cross_entropy(
             hidden, table, y, loss_chunk_size,
             functools.partial(gpt_layers.tied_logits, cfg=model.cfg),
-            label_smoothing, z_loss, gpt_layers.TABLE_AXES)
+            label_smoothing, z_loss, gpt_layers.TABLE_AXES,
+            loss_reduce_once)
       else:
         logits = model.apply({"params": params}, hidden, table,
                              method=gpt.GPT.logits_from_hidden)
