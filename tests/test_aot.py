@@ -444,8 +444,10 @@ def test_gpt_lm_head_gathers_the_table_as_configured_for_v4_8(
   config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
                                   "maxtext16b")
   assert config.model.head_gather == "compute"  # the v5e variants' choice
+  # The whole logits at once: the chunked loss's backward pins its table
+  # gradient, a bfloat16 [vocab, C] split over fsdp too.
   config.update(dict(n_layer=2, n_head=2, n_embd=256, block_size=64,
-                     batch_size=8))
+                     batch_size=8, loss_chunk_size=0))
   config.model.update(head_size=128, mlp_size=512, attention="dot",
                       head_gather=head_gather)
   devices = topology.topology_devices(aot.parse_topology("v4-8"), 1)
