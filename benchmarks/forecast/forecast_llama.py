@@ -136,6 +136,21 @@ GPT3_175B = dict(n_layer=96, emb=12288, heads=96, kv_heads=96, head_dim=128,
 CUSTOM_OFFLOAD = "decoder_layer_input,query_proj,key_proj,value_proj"
 # The 8B runs' also offloaded attention's output projection (`out_proj`).
 CUSTOM_OFFLOAD_8B = CUSTOM_OFFLOAD + ",out_proj"
+
+
+def _llama31(topology: str, per_chip: int, tflops: float, model: dict,
+             flags: str = "trillium_llama31", **extra) -> dict:
+  """A tpu-recipes Llama 3.1 run at 8192 (its logged TFLOP/s per chip / 918
+  peak): splash in tiles of 2048, remat_policy=custom with its offloads,
+  the head's gradient summed once (MaxText's one logits matmul)."""
+  return dict(topology=topology, per_chip=per_chip, seq=8192,
+              mfu=100 * tflops / 918, causal=False, flags=flags, model=model,
+              splash_block=2048,
+              remat_offload=(CUSTOM_OFFLOAD_8B if model is LLAMA31_8B
+                             else CUSTOM_OFFLOAD),
+              loss_reduce_once=True, **extra)
+
+
 RUNS = {
     "v5e": dict(topology="v5e-256", per_chip=2, seq=2048, mfu=57.0,
                 causal=False),
@@ -152,60 +167,27 @@ RUNS = {
     "v6e_gpt3": dict(topology="v6e-256", per_chip=3, seq=2048,
                      mfu=100 * 384.891 / 918, causal=False,
                      flags="trillium_gpt3", model=GPT3_175B),
-    # Llama 3.1 at 8192 (TFLOP/s per chip logged: / 918 peak).
-    "v6e_l70b_8k": dict(topology="v6e-256", per_chip=4, seq=8192,
-                        mfu=100 * 456.442 / 918, causal=False,
-                        flags="trillium_llama31", model=LLAMA31_70B,
-                        splash_block=2048, remat_offload=CUSTOM_OFFLOAD,
-                        loss_reduce_once=True),
-    "v6e_l70b_8k_b5": dict(topology="v6e-256", per_chip=5, seq=8192,
-                           mfu=100 * 462.297 / 918, causal=False,
-                           flags="trillium_llama31", model=LLAMA31_70B,
-                           splash_block=2048, remat_offload=CUSTOM_OFFLOAD,
-                           loss_reduce_once=True),
-    "v6e_l8b_8k": dict(topology="v6e-256", per_chip=4, seq=8192,
-                       mfu=100 * 417.397 / 918, causal=False,
-                       flags="trillium_llama31", model=LLAMA31_8B,
-                       splash_block=2048, remat_offload=CUSTOM_OFFLOAD_8B,
-                       loss_reduce_once=True),
+    # Llama 3.1 at 8192 (`_llama31`).
+    "v6e_l70b_8k": _llama31("v6e-256", 4, 456.442, LLAMA31_70B),
+    "v6e_l70b_8k_b5": _llama31("v6e-256", 5, 462.297, LLAMA31_70B),
+    "v6e_l8b_8k": _llama31("v6e-256", 4, 417.397, LLAMA31_8B),
     # The same models on smaller v6e slices (tpu-recipes-v0.1.4, JAX
     # 0.6.1, each its own README's logged step): does the miss follow the
     # model or the slice?
-    "v6e128_l70b_8k": dict(topology="v6e-128", per_chip=4, seq=8192,
-                           mfu=100 * 453.500 / 918, causal=False,
-                           flags="trillium_llama31", model=LLAMA31_70B,
-                           splash_block=2048, remat_offload=CUSTOM_OFFLOAD,
-                           loss_reduce_once=True),
+    "v6e128_l70b_8k": _llama31("v6e-128", 4, 453.500, LLAMA31_70B),
     # Fits neither way (33.17 GiB a chip summed once, 38.67 per chunk; the
     # optimizer's state is 4x 256 chips' a chip).
-    "v6e64_l70b_8k": dict(topology="v6e-64", per_chip=2, seq=8192,
-                          mfu=100 * 422.091 / 918, causal=False,
-                          flags="trillium_llama31", model=LLAMA31_70B,
-                          splash_block=2048, remat_offload=CUSTOM_OFFLOAD,
-                          loss_reduce_once=True),
+    "v6e64_l70b_8k": _llama31("v6e-64", 2, 422.091, LLAMA31_70B),
     # bfloat16 weights (MaxText's weight_dtype; Adam's moments follow),
     # windowed-einsum collective matmuls disabled.
-    "v6e32_l70b_8k": dict(topology="v6e-32", per_chip=2, seq=8192,
-                          mfu=100 * 443.385 / 918, causal=False,
-                          flags="trillium_llama31_no_cm", model=LLAMA31_70B,
-                          splash_block=2048, remat_offload=CUSTOM_OFFLOAD,
-                          param_dtype="bfloat16",
-                          loss_reduce_once=True),
-    "v6e128_l8b_8k": dict(topology="v6e-128", per_chip=4, seq=8192,
-                          mfu=100 * 412.319 / 918, causal=False,
-                          flags="trillium_llama31", model=LLAMA31_8B,
-                          splash_block=2048, remat_offload=CUSTOM_OFFLOAD_8B,
-                          loss_reduce_once=True),
-    "v6e32_l8b_8k": dict(topology="v6e-32", per_chip=3, seq=8192,
-                         mfu=100 * 407.225 / 918, causal=False,
-                         flags="trillium_llama31_no_cm", model=LLAMA31_8B,
-                         splash_block=2048, remat_offload=CUSTOM_OFFLOAD_8B,
-                         loss_reduce_once=True),
-    "v6e8_l8b_8k": dict(topology="v6e-8", per_chip=3, seq=8192,
-                        mfu=100 * 413.433 / 918, causal=False,
-                        flags="trillium_llama31_no_cm", model=LLAMA31_8B,
-                        splash_block=2048, remat_offload=CUSTOM_OFFLOAD_8B,
-                        loss_reduce_once=True),
+    "v6e32_l70b_8k": _llama31("v6e-32", 2, 443.385, LLAMA31_70B,
+                              flags="trillium_llama31_no_cm",
+                              param_dtype="bfloat16"),
+    "v6e128_l8b_8k": _llama31("v6e-128", 4, 412.319, LLAMA31_8B),
+    "v6e32_l8b_8k": _llama31("v6e-32", 3, 407.225, LLAMA31_8B,
+                             flags="trillium_llama31_no_cm"),
+    "v6e8_l8b_8k": _llama31("v6e-8", 3, 413.433, LLAMA31_8B,
+                            flags="trillium_llama31_no_cm"),
 }
 # MaxText's v6e LIBTPU_INIT_ARGS (benchmarks/xla_flags_library.py:
 # DENSE_VMEM_LIMIT_FLAG + CF_FOR_ALL_GATHER); the 2025 run's SparseCore
