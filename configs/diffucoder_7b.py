@@ -143,6 +143,9 @@ def get_config(arg=None):
   c.allow_config_change = False  # resume although model/optim/data/seed/batch
                                 # differ from the run's config.json
   c.loss_chunk_size = 512       # positions whose logits exist at once
+  c.loss_reduce_once = False    # sum lm_head's gradient over the batch
+                                # devices once, not per chunk (+ vocab x
+                                # hidden x 4 bytes a device)
   c.reduce_gradients_once = True  # micro-batches' gradients cross `data`
                                 # once per step
   c.mesh = config_lib.mesh_config(data=1, fsdp=-1, model=1)

@@ -909,6 +909,7 @@ def check_loss(trainer, up_model, ours: Ours, opts: Options,
   import torch  # pylint: disable=g-import-not-at-top
   from trm.families.dream import hf_layout  # pylint: disable=g-import-not-at-top
   from trm.families.dream import loss as diffusion_loss  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import model as dream  # pylint: disable=g-import-not-at-top
   mask_id = opts.vocab - 1
   b, length = 4, opts.prompt_len + opts.new_tokens
   tokens = rng.integers(1, mask_id, (b, length))
@@ -958,11 +959,12 @@ def check_loss(trainer, up_model, ours: Ours, opts: Options,
   def our_loss(params):
     variables = {"params": params}
     hidden = ours.model.apply(variables, jnp.asarray(noisy), method="hidden")
-    head = lambda h: ours.model.apply(variables, h,  # noqa: E731
-                                      method="logits_from_hidden")
     loss, count = diffusion_loss.shifted_masked_loss(
-        hidden, head, jnp.asarray(tokens), jnp.asarray(masked),
-        jnp.asarray(t), chunk_size=16)
+        hidden, dream.head_kernel(params),
+        lambda h, table: dream.head_logits(h, table, ours.model.cfg),
+        jnp.asarray(tokens), jnp.asarray(masked), jnp.asarray(t),
+        chunk_size=16,
+        gather_fn=lambda k: dream.gather_head(k, ours.model.cfg))
     return loss, count
   (loss_ours, count), grads = jax.value_and_grad(our_loss, has_aux=True)(
       ours.params)

@@ -100,10 +100,10 @@ def main(argv):
         key, tokens, maskable, lm.cfg.mask_token_id)
     hidden = model.apply({"params": lm.params}, noisy,
                          method=dream.Dream.hidden)
-    head = lambda h: model.apply({"params": lm.params}, h,  # noqa: E731
-                                 method=dream.Dream.logits_from_hidden)
-    return diffusion_loss.shifted_masked_loss(hidden, head, tokens, masked,
-                                              t)[0]
+    return diffusion_loss.shifted_masked_loss(
+        hidden, dream.gather_head(dream.head_kernel(lm.params), model.cfg),
+        lambda h, table: dream.head_logits(h, table, model.cfg), tokens,
+        masked, t)[0]
 
   def held_out_loss(tokens):
     return float(np.mean([loss_of(jnp.asarray(tokens), jax.random.key(s))

@@ -227,10 +227,18 @@ def check_rules_cover(rules, names: Sequence[str]) -> None:
         "default_logical_axis_rules().")
 
 
+def logical_split(mesh, rules, name: str) -> tuple[tuple[str, ...], int]:
+  """(the mesh axes logical axis `name` is split over, how many ways), by
+  `rules` (None: the active ones) on `mesh` (a Mesh or an abstract one;
+  axes it lacks do not split)."""
+  axes = tuple(a for a in axes_of(nn.logical_to_mesh_axes((name,), rules)[0])
+               if a in mesh.shape)
+  return axes, math.prod(mesh.shape[a] for a in axes)
+
+
 def batch_parallelism(mesh: Mesh, rules) -> int:
   """How many ways the batch axis is split across devices."""
-  axes = axes_of(nn.logical_to_mesh_axes((BATCH,), rules)[0])
-  return math.prod(mesh.shape[a] for a in axes)
+  return logical_split(mesh, rules, BATCH)[1]
 
 
 def check_batch_size(global_batch_size: int, mesh: Mesh, rules,

@@ -499,9 +499,9 @@ CHIP_CHECKS = {
             "MaxText's published runs of Llama 3.1 8B (on v6e-8 to "
             "v6e-256) and GPT-3 175B, and ran 4-9 points above its runs "
             "of 70B models (Llama 3.1 70B on v6e-32 to v6e-256, "
-            "Llama2-70B; BUILD_NOTES 'Session 87'): read it as an upper "
-            "bound for runs like those, or pass --calibrate_mfu with an "
-            "MFU measured on v6e."),
+            "Llama2-70B; BUILD_NOTES 'Session 87', 'Session 88'): read "
+            "it as an upper bound for runs like those, or pass "
+            "--calibrate_mfu with an MFU measured on v6e."),
 }
 
 

@@ -145,6 +145,7 @@ def test_jsonl_pairs_train(tmp_path):
     ({"data.tokenizer": ""}, "No tokenizer"),
     ({"model.mask_token_id": 100}, "collides with the byte tokenizer"),
     ({"loss_chunk_size": 0}, "config.loss_chunk_size=0"),
+    ({"loss_reduce_once": 1}, "config.loss_reduce_once=1 has the wrong type"),
     ({"gradient_accumulation_steps": 0},
      "config.gradient_accumulation_steps=0 must be a positive integer"),
     ({"gradient_accumulation_steps": 3}, "config.global_batch_size=16 must "

@@ -32,7 +32,7 @@ def test_loss_matches_reference(chunk_size):
   t = np.array([0.2, 0.5, 0.9], np.float32)
   loss, count = jax.jit(
       lambda h: diffusion_loss.shifted_masked_loss(
-          h, lambda x: x @ kernel, tokens, masked, t, chunk_size))(hidden)
+          h, kernel, lambda x, k: x @ k, tokens, masked, t, chunk_size))(hidden)
   expected, expected_count = _reference(hidden, kernel, tokens, masked, t)
   assert int(count) == expected_count == masked[:, 1:].sum()
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
@@ -43,13 +43,14 @@ def test_no_masked_token_gives_zero_and_finite_gradient():
   kernel = jnp.ones((4, 7))
   masked = jnp.zeros((2, 6), bool)
   loss_fn = lambda h: diffusion_loss.shifted_masked_loss(
-      h, lambda x: x @ kernel, jnp.zeros((2, 6), jnp.int32), masked,
+      h, kernel, lambda x, k: x @ k, jnp.zeros((2, 6), jnp.int32), masked,
       jnp.array([0.5, 0.5]), 4)[0]
   assert float(loss_fn(hidden)) == 0.0
   assert np.all(np.isfinite(jax.grad(loss_fn)(hidden)))
 
 
 def test_gradient_matches_full_logits_loss():
+  """Gradients of the hidden states and of the head's weights."""
   rng = np.random.default_rng(1)
   hidden = jnp.asarray(rng.normal(size=(2, 9, 6)), jnp.float32)
   kernel = jnp.asarray(rng.normal(size=(6, 11)), jnp.float32)
@@ -57,17 +58,18 @@ def test_gradient_matches_full_logits_loss():
   masked = jnp.asarray(rng.random((2, 9)) < 0.6)
   t = jnp.array([0.3, 0.7])
 
-  def direct(h):
-    logits = (h @ kernel)[:, :-1]
+  def direct(h, k):
+    logits = (h @ k)[:, :-1]
     ce = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
         logits, tokens[:, 1:, None], -1)[..., 0]
     w = masked[:, 1:] / t[:, None]
     return jnp.sum(w * ce) / jnp.maximum(masked[:, 1:].sum(), 1)
 
-  chunked = lambda h: diffusion_loss.shifted_masked_loss(
-      h, lambda x: x @ kernel, tokens, masked, t, 3)[0]
-  np.testing.assert_allclose(jax.grad(chunked)(hidden),
-                             jax.grad(direct)(hidden), rtol=1e-5, atol=1e-6)
+  chunked = lambda h, k: diffusion_loss.shifted_masked_loss(
+      h, k, lambda x, k: x @ k, tokens, masked, t, 3)[0]
+  for got, want in zip(jax.grad(chunked, (0, 1))(hidden, kernel),
+                       jax.grad(direct, (0, 1))(hidden, kernel)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_noise_masks_only_maskable_tokens_at_rate_t():

@@ -1,15 +1,18 @@
 """DiffuCoder fine-tuning step on the tiny config, sharded 2x2x2."""
+import functools
 import os
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import repo
 
 from trm.core import config_lib
 from trm.core import dispatch
 from trm.families.dream import loss as diffusion_loss
+from trm.families.dream import model as dream
 from trm.families.dream import steps as lm_steps
 from trm.core import mesh as mesh_lib
 from trm.core import state as state_lib
@@ -19,13 +22,14 @@ from trm.families.dream import program as dream_program
 ROOT = repo.ROOT
 
 
-def _setup(**model_overrides):
+def _setup(mesh=(2, 2, 2), config_overrides=None, **model_overrides):
   config = config_lib.load_config(
       os.path.join(ROOT, "configs", "diffucoder_7b.py"), "tiny")
   config.model.update(model_overrides)
-  config.mesh.update(data=2, fsdp=2, model=2)
+  config.mesh.update(dict(zip(("data", "fsdp", "model"), mesh)))
   config.optim.update(lr=3e-3, warmup_steps=5)
-  config.update(seq_len=32, global_batch_size=8)
+  config.update({"seq_len": 32, "global_batch_size": 8,
+                 **(config_overrides or {})})
   ctx = mesh_lib.ShardingContext.from_config(config)
   program = dream_program.build(config, ctx)
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
@@ -70,10 +74,10 @@ def test_loss_falls_pad_row_frozen_and_state_sharded():
         jax.random.PRNGKey(7), batch["tokens"], batch["maskable"],
         model.cfg.mask_token_id)
     hidden = model.apply({"params": params}, noisy, method="hidden")
-    head = lambda h: model.apply({"params": params}, h,
-                                 method="logits_from_hidden")
-    return diffusion_loss.shifted_masked_loss(hidden, head, batch["tokens"],
-                                              masked, t)[0]
+    return diffusion_loss.shifted_masked_loss(
+        hidden, dream.gather_head(dream.head_kernel(params), model.cfg),
+        functools.partial(dream.head_logits, cfg=model.cfg),
+        batch["tokens"], masked, t)[0]
 
   # A learnable toy language: each row counts up from a random start; the
   # first 4 tokens are a never-masked prompt; the pad token appears too.
@@ -157,6 +161,36 @@ def test_loss_falls_pad_row_frozen_and_state_sharded():
                                err_msg=name)
 
 
+def test_loss_reduce_once_takes_the_same_step():
+  """config.loss_reduce_once over data 2 x fsdp 4 (the vocabulary whole on
+  each device, so the per-device sums apply): the step's loss and
+  parameters are the per-chunk reduction's; a 20-position sequence in
+  chunks of 8 pads its last chunk."""
+  results = []
+  for reduce_once in (False, True):
+    config, ctx, program, abstract, shardings, state = _setup(
+        mesh=(2, 4, 1), config_overrides=dict(loss_reduce_once=reduce_once,
+                                              loss_chunk_size=8, seq_len=20))
+    batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
+    step = task_lib.compile_train_step(program, ctx, config.global_batch_size,
+                                       abstract, shardings)
+    tokens = np.random.default_rng(3).integers(
+        2, 60, (8, 20)).astype(np.int32)
+    maskable = np.broadcast_to(np.arange(20)[None] >= 3, tokens.shape)
+    batch = {k: jax.device_put(v, batch_shardings[k]) for k, v in
+             {"tokens": tokens, "maskable": maskable}.items()}
+    state, metrics = step(state, batch)
+    results.append((float(metrics["loss"].compute()),
+                    float(metrics["grad_norm"].compute()),
+                    jax.tree.map(np.asarray, state.params)))
+  (loss_a, norm_a, params_a), (loss_b, norm_b, params_b) = results
+  assert abs(loss_a - loss_b) < 1e-5
+  # (Adam's update barely moves with the gradient's scale; its norm does.)
+  assert norm_b == pytest.approx(norm_a, rel=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6),
+               params_a, params_b)
+
+
 def test_flops_formula_matches_xla_cost_analysis():
   """Unscanned layers and one loss chunk: XLA counts every FLOP."""
   config, _, program, _, _, _ = _setup(scan_layers=False, remat="none")
@@ -168,10 +202,12 @@ def test_flops_formula_matches_xla_cost_analysis():
   def loss(params, tokens):
     from trm.families.dream import loss as diffusion_loss  # pylint: disable=g-import-not-at-top
     hidden = model.apply(params, tokens, method="hidden")
-    head = lambda h: model.apply(params, h, method="logits_from_hidden")
     return diffusion_loss.shifted_masked_loss(
-        hidden, head, tokens, jnp.ones(tokens.shape, bool),
-        jnp.ones((batch,)), chunk_size=config.seq_len)[0]
+        hidden, dream.head_kernel(params["params"]),
+        functools.partial(dream.head_logits, cfg=model.cfg), tokens,
+        jnp.ones(tokens.shape, bool), jnp.ones((batch,)),
+        chunk_size=config.seq_len,
+        gather_fn=functools.partial(dream.gather_head, cfg=model.cfg))[0]
 
   compiled = jax.jit(jax.grad(loss)).lower(
       params, jax.ShapeDtypeStruct((batch, config.seq_len), jnp.int32)

@@ -10,14 +10,15 @@ the number of masked tokens in the batch:
 Dream keeps the autoregressive alignment of its Qwen initialisation: the
 prediction for token j comes from the model's output at position j-1 (the
 "logit shift"). Logits are computed chunk by chunk over the sequence from the
-final hidden states, so the [B, L, 152064] tensor never exists at once.
+final hidden states, so the [B, L, 152064] tensor never exists at once, and
+from one copy of the LM head gathered before the chunks.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from trm.nn import losses
+from trm.nn import chunked_loss
 
 
 def add_noise(rng, tokens, maskable, mask_token_id: int, eps: float = 1e-3):
@@ -38,42 +39,33 @@ def add_noise_per_row(keys, tokens, maskable, mask_token_id: int,
   return noisy[:, 0], masked[:, 0], t[:, 0]
 
 
-def shifted_masked_loss(hidden, logits_fn, tokens, masked, t,
-                        chunk_size: int = 512, num_scored=None):
+def shifted_masked_loss(hidden, table, logits_fn, tokens, masked, t,
+                        chunk_size: int = 512, num_scored=None,
+                        grad_axes=None, reduce_once: bool = False,
+                        gather_fn=None):
   """1/t-weighted CE on masked tokens, predicted from the previous position.
 
   `hidden` [B, L, D] are the final hidden states of the noisy sequence;
-  `logits_fn(h [B, C, D]) -> [B, C, V]` applies the LM head. Returns
+  `logits_fn(h [B, C, D], table) -> [B, C, V]` applies the LM head whose
+  weights are `table` (`model.head_kernel` and `model.head_logits`), read
+  through `gather_fn` (`model.gather_head`) once for all the chunks
+  (`trm.nn.chunked_loss`; `grad_axes`: the table's logical axes, the
+  layout its gradient is summed into; `reduce_once`: summed over the batch
+  devices once instead). Returns
   (loss, number of masked tokens); a batch with no masked token gives 0.
   `num_scored`: the masked tokens of the whole batch these rows are part of
   (a micro-batch's), which the sum is divided by instead of their own, so
   the micro-batches' losses sum to the whole batch's.
   """
-  # Position j's target is predicted from hidden j-1; position 0 has none.
-  inputs = hidden[:, :-1]
-  targets = tokens[:, 1:]
-  weights = masked[:, 1:].astype(jnp.float32) / t[:, None]
-  length = inputs.shape[1]
-  pad = -length % chunk_size
-  if pad:
-    inputs = jnp.pad(inputs, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    weights = jnp.pad(weights, ((0, 0), (0, pad)))
-  chunks = inputs.shape[1] // chunk_size
-
-  def split(x):  # [B, chunks * C, ...] -> [chunks, B, C, ...]
-    x = x.reshape((x.shape[0], chunks, chunk_size) + x.shape[2:])
-    return jnp.moveaxis(x, 1, 0)
-
-  @jax.checkpoint  # recompute each chunk's logits in the backward pass
-  def chunk_loss(h, y, w):
-    return jnp.sum(w * losses.softmax_cross_entropy(logits_fn(h), y))
-
-  def body(total, xs):
-    return total + chunk_loss(*xs), None
-
-  total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32),
-                          (split(inputs), split(targets), split(weights)))
+  # Hidden j predicts token j + 1: the targets move left, not the hidden
+  # states, whose length stays a multiple of the chunk. The last position
+  # predicts nothing, and neither does an unmasked one.
+  scored = jnp.pad(masked[:, 1:], ((0, 0), (0, 1)))
+  targets = jnp.where(scored, jnp.pad(tokens[:, 1:], ((0, 0), (0, 1))), -1)
+  weights = scored.astype(jnp.float32) / t[:, None]
+  total, _ = chunked_loss.chunked_cross_entropy(
+      hidden, table, targets, chunk_size, logits_fn, grad_axes=grad_axes,
+      reduce_once=reduce_once, weights=weights, gather_fn=gather_fn)
   num_masked = masked[:, 1:].sum()
   if num_scored is None:
     num_scored = num_masked

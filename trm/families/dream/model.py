@@ -363,6 +363,33 @@ class Dream(nn.Module):
                                                positions))
 
 
+# The LM head kernel's logical axes ([D, V]).
+HEAD_AXES = ("embed", "vocab")
+
+
+def head_kernel(params):
+  """The lm_head kernel [D, V] as the params hold it (its parameter
+  layout), for losses that make the logits a chunk at a time."""
+  return nn.meta.unbox(params["lm_head"]["kernel"])
+
+
+def gather_head(kernel, cfg: DreamConfig):
+  """`head_kernel` gathered over D (its vocabulary split as the rules say)
+  in the compute dtype, cast where it lies first, so the gather moves
+  compute-dtype bytes."""
+  shard = mesh_lib.constrain(kernel.astype(cfg.compute_dtype), HEAD_AXES)
+  return mesh_lib.constrain(shard, (None, HEAD_AXES[1]))
+
+
+def head_logits(h, table, cfg: DreamConfig):
+  """`Dream.logits_from_hidden` with its kernel given: h [..., D] @ table
+  [D, V] in the compute dtype."""
+  dtype = cfg.compute_dtype
+  with jax.named_scope("lm_head"):  # profiles name the head's matmul
+    return jax.lax.dot_general(h.astype(dtype), table.astype(dtype),
+                               (((h.ndim - 1,), (0,)), ((), ())))
+
+
 def unstack_layers(params, num_layers: int):
   """Scanned params (`layers`, leaves [num_layers, ...]) as the unscanned
   model's `layers_0` .. `layers_{num_layers - 1}`."""

@@ -41,6 +41,10 @@ def check_config(config) -> None:
   if config.loss_chunk_size <= 0:
     raise ValueError(f"config.loss_chunk_size={config.loss_chunk_size} must "
                      "be a positive integer.")
+  reduce_once = config.get("loss_reduce_once", False)
+  if not isinstance(reduce_once, bool):
+    raise ValueError(f"config.loss_reduce_once={reduce_once!r} must be True "
+                     "or False.")
   accumulation.check_micro_batch(config)
   sft.check_source(config.data)
 
@@ -54,8 +58,7 @@ def attention_heads(model_config) -> dict[str, int]:
 
 def _split_ways(ctx, name: str) -> tuple[tuple[str, ...], int]:
   """(mesh axes the rules split logical axis `name` over, how many ways)."""
-  axes = mesh_lib.axes_of(nn.logical_to_mesh_axes((name,), ctx.rules)[0])
-  return axes, math.prod(ctx.mesh.shape[a] for a in axes)
+  return mesh_lib.logical_split(ctx.mesh, ctx.rules, name)
 
 
 def check_heads_fit(cfg: dream.DreamConfig, ctx) -> None:
@@ -148,6 +151,7 @@ def build(config, ctx, shapes=None) -> Program:
       train_step=functools.partial(
           lm_steps.train_step, model=model, tx=tx,
           chunk_size=config.loss_chunk_size,
+          loss_reduce_once=config.get("loss_reduce_once", False),
           schedule=lm_steps.learning_rate_schedule(config.optim,
                                                    config.total_steps),
           accum_steps=accumulation.steps_of(config),

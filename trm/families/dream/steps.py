@@ -63,15 +63,19 @@ def make_init_fn(model: dream.Dream, tx, seed: int, loss_scale=None):
 
 def train_step(state: LMState, batch, *, model: dream.Dream, tx,
                chunk_size: int = 512, schedule=None, accum_steps: int = 1,
-               reduce_once: bool = True):
+               reduce_once: bool = True, loss_reduce_once: bool = False):
   """batch = {tokens [B, L] int32, maskable [B, L] bool}; `schedule`
   (`learning_rate_schedule`): the `lr` metric, the rate `tx` gives the
   step. `accum_steps` (config.gradient_accumulation_steps): the batch's
   gradients are summed over that many micro-batches (`trm.core.
   accumulation`), each micro-batch's loss divided by the whole batch's
   masked-token count, so the step is the one-batch step (the loss is a
-  per-token mean over the whole batch, DiffuLLaMA's normalisation)."""
+  per-token mean over the whole batch, DiffuLLaMA's normalisation).
+  `loss_reduce_once` (config.loss_reduce_once): the chunked loss's head
+  gradient crosses the batch devices once (`trm.nn.chunked_loss`)."""
   cfg = model.cfg
+  head_logits = functools.partial(dream.head_logits, cfg=cfg)
+  gather_head = functools.partial(dream.gather_head, cfg=cfg)
   rng = jax.random.fold_in(state.rng, state.step)
   # The whole batch's t and masks, drawn before it is split: micro-batches
   # train on the one-batch step's draws.
@@ -79,12 +83,11 @@ def train_step(state: LMState, batch, *, model: dream.Dream, tx,
       rng, batch["tokens"], batch["maskable"], cfg.mask_token_id)
 
   def loss_fn(params, noisy, tokens, masked, t, loss_scale, num_scored=None):
-    variables = {"params": params}
-    hidden = model.apply(variables, noisy, method="hidden")
-    head = functools.partial(model.apply, variables,
-                             method="logits_from_hidden")
+    hidden = model.apply({"params": params}, noisy, method="hidden")
     loss, num_masked = diffusion_loss.shifted_masked_loss(
-        hidden, head, tokens, masked, t, chunk_size, num_scored)
+        hidden, dream.head_kernel(params), head_logits, tokens, masked, t,
+        chunk_size, num_scored, dream.HEAD_AXES, loss_reduce_once,
+        gather_head)
     scaled = loss_scale_lib.scale_loss(loss_scale, loss)
     return scaled, (loss, num_masked)
 
@@ -149,13 +152,15 @@ def eval_step(state: LMState, batch, *, model: dream.Dream, seed: int,
   noisy, masked, t = diffusion_loss.add_noise_per_row(
       keys, batch["tokens"], batch["maskable"], model.cfg.mask_token_id)
   variables = {"params": state.params}
-  head = functools.partial(model.apply, variables, method="logits_from_hidden")
+  table = dream.gather_head(dream.head_kernel(state.params), model.cfg)
+  head_logits = functools.partial(dream.head_logits, cfg=model.cfg)
 
   def weighted_sum(noisy, tokens, masked, t):
     hidden = model.apply(variables, noisy, method="hidden")
     # num_scored=1: the rows' 1/t-weighted sum, divided once below.
     return diffusion_loss.shifted_masked_loss(
-        hidden, head, tokens, masked, t, chunk_size, num_scored=1)[0]
+        hidden, table, head_logits, tokens, masked, t, chunk_size,
+        num_scored=1)[0]
 
   rows = (noisy, batch["tokens"], masked, t)
   if micro_batches == 1:

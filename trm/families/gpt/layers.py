@@ -132,17 +132,24 @@ class Embed(nn.Module):
   def table(self):
     """The whole [num, C] table in the compute dtype (`attend`'s), gathered
     as `cfg.head_gather` says (the same values either way)."""
-    dtype = self.cfg.compute_dtype
-    if self.cfg.head_gather == "param":
-      return self._gatherable().astype(dtype)
-    # Pinned to the parameter's sharding first: otherwise sharding
-    # propagation moves the cast after the gather again.
-    shard = mesh_lib.constrain(self.embedding.astype(dtype), self.axes)
-    return mesh_lib.constrain(shard, (self.axes[0], None))
+    return gather_table(self.embedding, self.cfg, self.axes)
 
 
 # The token embedding's (and tied LM head's) logical axes.
 TABLE_AXES = ("vocab", "embed")
+
+
+def gather_table(embedding, cfg: GPTConfig, axes=TABLE_AXES):
+  """An embedding table as its parameter holds it -> the whole [num, C]
+  table in the compute dtype, gathered over C as `cfg.head_gather` says:
+  in the parameter's dtype, or cast where it lies first."""
+  dtype = cfg.compute_dtype
+  if cfg.head_gather == "param":
+    return mesh_lib.constrain(embedding, (axes[0], None)).astype(dtype)
+  # Pinned to the parameter's sharding first: otherwise sharding
+  # propagation moves the cast after the gather again.
+  shard = mesh_lib.constrain(embedding.astype(dtype), axes)
+  return mesh_lib.constrain(shard, (axes[0], None))
 
 
 def tied_logits(x, table, cfg: GPTConfig):

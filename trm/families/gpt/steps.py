@@ -21,7 +21,7 @@ from trm.core import config_lib
 from trm.core import loss_scale as loss_scale_lib
 from trm.core import optimizers
 from trm.core import state as state_lib
-from trm.families.gpt import chunked_loss
+from trm.nn import chunked_loss
 from trm.families.gpt import layers as gpt_layers
 from trm.families.gpt import model as gpt
 from trm.nn import cross_entropy_gpu
@@ -149,16 +149,17 @@ def cross_entropy(logits, targets, label_smoothing=0.0, z_loss=0.0):
 
 def chunked_cross_entropy(hidden, table, targets, chunk_size: int, logits_fn,
                           label_smoothing=0.0, z_loss=0.0, grad_axes=None,
-                          reduce_once: bool = False):
+                          reduce_once: bool = False, gather_fn=None):
   """`cross_entropy(logits_fn(hidden, table), targets, ...)` with the logits
   made `chunk_size` positions at a time and remade in the backward pass, so
   the [B, T, vocab] logits and their gradient never exist whole; each
   chunk's table gradient is reduced straight into `grad_axes`' layout, or
-  with `reduce_once` over the batch devices once
-  (`trm.families.gpt.chunked_loss`)."""
+  with `reduce_once` over the batch devices once; `gather_fn`: how the
+  loss gathers the table as the parameter holds it
+  (`trm.nn.chunked_loss`)."""
   total, log_z_squared = chunked_loss.chunked_cross_entropy(
       hidden, table, targets, chunk_size, logits_fn, label_smoothing, z_loss,
-      grad_axes, reduce_once)
+      grad_axes, reduce_once, gather_fn=gather_fn)
   count = (targets >= 0).sum()
   return (total / jnp.maximum(count, 1), count,
           _z_term(z_loss, log_z_squared, count))
@@ -230,15 +231,18 @@ def train_step(state, batch, *, model: gpt.GPT, tx, accum_steps: int,
       # backward (MaxText's 52B on v4-384: 31.70 GiB per chip, against
       # 30.56 made at use).
       if loss_chunk_size:
-        # Made after the layers, for the chunks, which read it whole.
+        # Gathered by the loss, for the chunks, which read it whole (and
+        # again in its backward pass, whose gradient then leaves in the
+        # parameter's layout), unless cast_once made it.
+        gather = None
         if table is None:
-          table = model.apply({"params": params},
-                              method=gpt.GPT.head_table)
+          table = params["wte"]["embedding"]
+          gather = functools.partial(gpt_layers.gather_table, cfg=model.cfg)
         loss, count, z_term = chunked_cross_entropy(
             hidden, table, y, loss_chunk_size,
             functools.partial(gpt_layers.tied_logits, cfg=model.cfg),
             label_smoothing, z_loss, gpt_layers.TABLE_AXES,
-            loss_reduce_once)
+            loss_reduce_once, gather)
       else:
         logits = model.apply({"params": params}, hidden, table,
                              method=gpt.GPT.logits_from_hidden)
