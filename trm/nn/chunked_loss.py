@@ -5,9 +5,13 @@ Under FSDP the batch is split over devices and the head's table over its
 width. Left to autodiff of a `lax.scan` with the table made inside the
 loop, XLA gathered the table in every chunk and all-reduced every chunk's
 [vocab, C] gradient to whole copies (32 of each a micro-step for 8192
-positions in chunks of 256). Here the table is gathered once, before the
-chunks, and the loss has its own backward pass, which sums each chunk's
-table gradient over the batch devices one of two ways:
+positions in chunks of 256). Here the loss gathers the table once
+(`gather_fn`) and has its own backward pass: when gradients are asked
+for, one pass over the chunks makes each chunk's logits once and
+differentiates them at once (three matmuls a chunk, as one logits matmul
+and its backward; the loss is linear in its cotangent, so the backward
+pass only scales what that pass kept). Each chunk's table gradient is
+summed over the batch devices one of two ways:
 - by default it reduce-scatters each chunk's share straight into a float32
   accumulator laid out like the parameter (`grad_axes`): a third of the
   bytes a chunk moved before, and no device holds the whole gradient;
@@ -36,9 +40,10 @@ def chunked_cross_entropy(hidden, table, targets, chunk_size: int, logits_fn,
                           gather_fn=None):
   """(sum of the token losses, sum of their logsumexp**2) over the scored
   targets (not -1) of `logits_fn(hidden, table)`, made `chunk_size`
-  positions at a time in the forward and again in the backward pass.
-  hidden [B, T, C]; table: the head's weights as logits_fn reads them
-  (gathered); logits_fn(h [B, c, C], table) -> [B, c, vocab], a function of
+  positions at a time (with their gradients, when asked for, in the same
+  pass). hidden [B, T, C]; table: the head's weights as held, which
+  `gather_fn` turns into what logits_fn reads;
+  logits_fn(h [B, c, C], table) -> [B, c, vocab], a function of
   its arguments alone (it is not differentiated through a closure);
   grad_axes: the table's logical axis names, how its gradient is laid out
   as the chunks add to it (None: as XLA places it); reduce_once: each
@@ -73,7 +78,8 @@ def _batch_split_alone() -> bool:
   vocabulary is not split over it (tensor parallel splits the logits,
   whose softmax then needs XLA's placement)."""
   mesh = jax.sharding.get_abstract_mesh()
-  return not mesh.empty and mesh_lib.logical_split(mesh, None, "vocab")[1] == 1
+  return (not mesh.empty
+          and mesh_lib.logical_split(mesh, None, "vocab")[1] == 1)
 
 
 def _split(x, chunk_size: int):
