@@ -188,20 +188,20 @@ def _sums_fwd(hidden, held, targets, weights, chunk_size, logits_fn,
   else:
     sums, hidden_grad, table_grad = local(hidden, targets, weights, table,
                                           grad_axes=grad_axes)
-  # (An empty array carries the held table's dtype.)
-  return sums, (hidden_grad, table_grad, jnp.zeros((0,), held.dtype))
+  # `held` (a parameter, alive anyway) gives the gradient's dtype.
+  return sums, (hidden_grad, table_grad, held)
 
 
 def _sums_bwd(chunk_size, logits_fn, label_smoothing, z_loss, grad_axes,
               reduce_once, gather_fn, residuals, cotangent):
   del chunk_size, logits_fn, label_smoothing, z_loss, grad_axes
   del reduce_once, gather_fn
-  hidden_grad, table_grad, held_dtype = residuals
+  hidden_grad, table_grad, held = residuals
   scale = cotangent[0]
   # The table's float32 sum, laid out as the held table, in its dtype: the
   # transpose of gather_fn's gather and cast.
   return ((hidden_grad.astype(jnp.float32) * scale).astype(hidden_grad.dtype),
-          (table_grad * scale).astype(held_dtype.dtype), None, None)
+          (table_grad * scale).astype(held.dtype), None, None)
 
 
 _sums.defvjp(_sums_fwd, _sums_bwd)

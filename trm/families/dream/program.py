@@ -56,11 +56,6 @@ def attention_heads(model_config) -> dict[str, int]:
   return {"num_attention_heads": int(model_config.num_attention_heads)}
 
 
-def _split_ways(ctx, name: str) -> tuple[tuple[str, ...], int]:
-  """(mesh axes the rules split logical axis `name` over, how many ways)."""
-  return mesh_lib.logical_split(ctx.mesh, ctx.rules, name)
-
-
 def check_heads_fit(cfg: dream.DreamConfig, ctx) -> None:
   """The mesh axes the rules split attention heads, the MLP width and the
   vocabulary over divide those sizes. `tree_shardings` replicates a
@@ -73,7 +68,7 @@ def check_heads_fit(cfg: dream.DreamConfig, ctx) -> None:
   for name, count, field, label in (
       ("heads", cfg.num_attention_heads, "num_attention_heads", "q/o"),
       ("kv_heads", cfg.num_key_value_heads, "num_key_value_heads", "k/v")):
-    axes, ways = _split_ways(ctx, name)
+    axes, ways = mesh_lib.logical_split(ctx.mesh, ctx.rules, name)
     if count % ways:
       split = " x ".join(f"config.mesh.{a}={ctx.mesh.shape[a]}" for a in axes)
       raise mesh_lib.MeshConfigError(
@@ -90,12 +85,12 @@ def check_heads_fit(cfg: dream.DreamConfig, ctx) -> None:
       ("mlp", cfg.intermediate_size, "intermediate_size",
        "gate/up/down projections"),
       ("vocab", cfg.vocab_size, "vocab_size", "embedding and LM head")):
-    axes, ways = _split_ways(ctx, name)
+    axes, ways = mesh_lib.logical_split(ctx.mesh, ctx.rules, name)
     if count % ways:
       split = " x ".join(f"config.mesh.{a}={ctx.mesh.shape[a]}" for a in axes)
       # The splits every width on the same axes allows.
       same = [(f, n) for other, n, f in widths
-              if _split_ways(ctx, other)[0] == axes]
+              if mesh_lib.logical_split(ctx.mesh, ctx.rules, other)[0] == axes]
       fits = math.gcd(*(n for _, n in same))
       sizes = ", ".join(str(d) for d in range(1, min(fits, ctx.mesh.size) + 1)
                         if fits % d == 0)
@@ -113,7 +108,7 @@ def _warn_unsplit_embed(cfg: dream.DreamConfig, ctx) -> None:
   devices (mesh.fsdp=-1 on 6 devices held all 7.6B weights on each: 28.37
   GiB in float32, 14.19 in bfloat16). Not refused: a replicated model
   still samples, where it fits."""
-  axes, ways = _split_ways(ctx, "embed")
+  axes, ways = mesh_lib.logical_split(ctx.mesh, ctx.rules, "embed")
   if cfg.hidden_size % ways == 0:
     return
   boxed, shardings = ctx.boxed_shardings(lambda: dream.abstract_params(cfg))

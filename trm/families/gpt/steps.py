@@ -151,11 +151,11 @@ def chunked_cross_entropy(hidden, table, targets, chunk_size: int, logits_fn,
                           label_smoothing=0.0, z_loss=0.0, grad_axes=None,
                           reduce_once: bool = False, gather_fn=None):
   """`cross_entropy(logits_fn(hidden, table), targets, ...)` with the logits
-  made `chunk_size` positions at a time and remade in the backward pass, so
-  the [B, T, vocab] logits and their gradient never exist whole; each
-  chunk's table gradient is reduced straight into `grad_axes`' layout, or
-  with `reduce_once` over the batch devices once; `gather_fn`: how the
-  loss gathers the table as the parameter holds it
+  made `chunk_size` positions at a time, with their gradients in the same
+  pass, so the [B, T, vocab] logits and their gradient never exist whole;
+  each chunk's table gradient is reduced straight into `grad_axes`'
+  layout, or with `reduce_once` over the batch devices once; `gather_fn`:
+  how the loss gathers the table as the parameter holds it
   (`trm.nn.chunked_loss`)."""
   total, log_z_squared = chunked_loss.chunked_cross_entropy(
       hidden, table, targets, chunk_size, logits_fn, label_smoothing, z_loss,
