@@ -53,6 +53,14 @@ if process_id is not None:
                              process_id=process_id)
 """
 
+# A joined worker's last lines: leave the job at once, both processes
+# together, rather than in interpreter teardown (where one worker of a
+# finished test once hung past its bound under CI load).
+LEAVE = """
+if process_id is not None:
+  jax.distributed.shutdown()
+"""
+
 
 
 def overlap(monkeypatch, owner, name: str, pause_after, work) -> dict:

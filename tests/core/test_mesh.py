@@ -7,6 +7,7 @@ import types
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
@@ -621,3 +622,64 @@ def test_heads_whose_model_axis_another_activation_axis_takes_are_whole(
   rules = tuple((n, axes if n == taken_by else a) for n, a in RULES)
   assert mesh_lib.unsplit_heads({"n_head": 2}, _mesh(data=1, fsdp=1,
                                                      model=8), rules) is None
+
+
+# ------------------------------------------------------------ per_batch_shard
+@pytest.mark.parametrize("shape, rules", [
+    # The batch over fsdp alone: the sum reduce-scatters over fsdp into
+    # the width.
+    ((1, 8, 1), (("activation_batch", ("data", "fsdp")), ("embed", "fsdp"),
+                 ("vocab", "model"))),
+    # A tuple entry (fsdp major, data minor), both batch axes.
+    ((2, 4, 1), (("activation_batch", ("data", "fsdp")),
+                 ("embed", ("fsdp", "data")), ("vocab", None))),
+    # Batch over data x fsdp, the width over fsdp, the vocabulary over
+    # model (no batch there: each device keeps its own slice).
+    ((2, 2, 2), (("activation_batch", ("data", "fsdp")), ("embed", "fsdp"),
+                 ("vocab", "model"))),
+    # An entry mixing a batch axis and another (summed, then sliced).
+    ((2, 2, 2), (("activation_batch", ("data", "fsdp")),
+                 ("embed", ("model", "fsdp")), ("vocab", None))),
+    # The batch not split at all: each device slices the same sum.
+    ((1, 1, 8), (("activation_batch", None), ("embed", "model"),
+                 ("vocab", None))),
+])
+def test_per_batch_shard_lays_a_sum_out_as_its_names_say(shape, rules):
+  """A summed output given logical names leaves laid out as they say, with
+  the values of the whole sum (against a sum made without the mesh)."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(16, 3, 8)).astype(np.float32)
+  w = rng.normal(size=(24, 8)).astype(np.float32)
+
+  def fn(x, w):  # per rows: a [24, 8] sum and the rows' own outputs
+    return jnp.einsum("btc,vc->vc", x, w), x * 2.0
+
+  want = jnp.einsum("btc,vc->vc", x, w)
+  mesh = jax.make_mesh(shape, mesh_lib.MESH_AXES,
+                       axis_types=(AxisType.Auto,) * 3)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    xs = jax.device_put(x, mesh_lib.logical_sharding(
+        mesh, rules, ("activation_batch", None, None)))
+
+    @jax.jit
+    def run(x, w):
+      return mesh_lib.per_batch_shard(fn, (x,), (w,), batch_axis=0,
+                                      reduce_outputs=(0,),
+                                      reduced_layouts={0: ("vocab", "embed")})
+
+    total, doubled = run(xs, jnp.asarray(w))
+  spec = mesh_lib.logical_sharding(mesh, rules, ("vocab", "embed")).spec
+  assert total.sharding.is_equivalent_to(
+      jax.sharding.NamedSharding(mesh, spec), 2), (total.sharding, spec)
+  np.testing.assert_allclose(np.asarray(total), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(doubled), x * 2.0)
+
+
+def test_per_batch_shard_refuses_a_layout_for_an_unsummed_output():
+  mesh = jax.make_mesh((1, 8, 1), mesh_lib.MESH_AXES,
+                       axis_types=(AxisType.Auto,) * 3)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+    with pytest.raises(ValueError, match="reduced_layouts names output 1"):
+      mesh_lib.per_batch_shard(lambda x: (x, x), (np.ones((8, 2)),), (),
+                               batch_axis=0, reduce_outputs=(0,),
+                               reduced_layouts={1: ("embed", None)})

@@ -624,7 +624,7 @@ for axes in (("data", "fsdp"), ("fsdp", "data")):
   found["+".join(axes)] = multihost_utils.process_allgather(
       batch["x"], tiled=True)[:, 0].tolist()
 print("RESULT", json.dumps(found), flush=True)
-"""
+""" + workers_lib.LEAVE
 
 
 def test_the_global_batch_keeps_its_row_order_on_any_mesh():

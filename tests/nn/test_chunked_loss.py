@@ -107,8 +107,16 @@ def test_over_fsdp_the_chunks_reduce_once_or_per_chunk(model, reduce_once):
   assert "all-gather" not in in_loops, in_loops
   if model == 1 and reduce_once:
     assert not in_loops, in_loops
-    assert [line for line in hlo.splitlines() if "f32[24,16]" in line
-            and re.search(r"\ball-reduce(-start)?\(", line)]
+    # The devices' sums reduce-scatter over the vocabulary (an eighth of
+    # its 24 rows a device), and an all-to-all of those shares lays them
+    # out as the parameter (its width over 8 devices); no whole float32
+    # sum is all-reduced.
+    assert [line for line in hlo.splitlines() if "f32[3,16]" in line
+            and re.search(r"\breduce-scatter(-start)?\(", line)]
+    assert [line for line in hlo.splitlines() if "f32[3,2]" in line
+            and re.search(r"\ball-to-all(-start)?\(", line)]
+    assert not [line for line in hlo.splitlines() if "f32[24,16]" in line
+                and re.search(r"\ball-reduce(-start)?\(", line)]
   elif model == 1:  # (with the vocabulary split the softmax's sums cross)
     assert len(in_loops) == 1 and in_loops[0] in (
         "all-reduce", "reduce-scatter"), in_loops

@@ -509,11 +509,17 @@ class ShardingContext:
     check_batch_size(global_batch_size, self.mesh, self.rules, field)
 
 
-def per_batch_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
+def per_batch_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=(),
+                    reduced_layouts=None):
   """fn(*local sharded, *replicated) on each shard of the batch axis
   (`batch_axis` of every `sharded` array, split as 'activation_batch').
   Outputs whose index is in `reduce_outputs` are summed over the shards;
-  the others are split like the inputs."""
+  the others are split like the inputs. `reduced_layouts`: {index of a
+  summed output: its logical axis names}: that sum leaves laid out as the
+  names say rather than whole on every device; over each mesh axis of that
+  layout that the batch is split over the shards reduce-scatter it (half
+  an all-reduce's bytes, and no device holds the whole sum), over the
+  others each device keeps its own slice."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return fn(*sharded, *replicated)
@@ -531,17 +537,90 @@ def per_batch_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=()):
         *(batch if i == batch_axis else None for i in range(ndim)))
 
   whole = jax.sharding.PartitionSpec()
+  outs = jax.eval_shape(fn, *sharded, *replicated)
+  layouts = {}
+  for i, names in (reduced_layouts or {}).items():
+    if i not in reduce_outputs:
+      raise ValueError(f"reduced_layouts names output {i}, which is not in "
+                       f"reduce_outputs={tuple(reduce_outputs)}.")
+    spec = _fit_spec(nn.logical_to_mesh_axes(tuple(names)), outs[i].shape,
+                     mesh)
+    if set(axes_of_spec(spec)) <= free:
+      layouts[i] = spec
 
   def run(*args):
-    outs = fn(*args)
-    return tuple(jax.lax.psum(o, axes) if i in reduce_outputs and axes else o
-                 for i, o in enumerate(outs))
+    results = fn(*args)
+    return tuple(_sum_into(o, axes, layouts.get(i, whole), mesh)
+                 if i in reduce_outputs else o
+                 for i, o in enumerate(results))
 
-  outs = jax.eval_shape(fn, *sharded, *replicated)
   return jax.shard_map(
       run, mesh=mesh, axis_names=free,
       in_specs=(tuple(split(a.ndim) for a in sharded)
                 + (whole,) * len(replicated)),
-      out_specs=tuple(whole if i in reduce_outputs else split(o.ndim)
-                      for i, o in enumerate(outs)),
+      out_specs=tuple(layouts.get(i, whole) if i in reduce_outputs
+                      else split(o.ndim) for i, o in enumerate(outs)),
       check_vma=False)(*sharded, *replicated)
+
+
+def axes_of_spec(spec: PartitionSpec) -> tuple[str, ...]:
+  """Every mesh axis a PartitionSpec names, in order."""
+  return tuple(a for entry in spec for a in axes_of(entry))
+
+
+def _sum_into(x, axes: tuple[str, ...], spec: PartitionSpec, mesh):
+  """Inside a shard_map: this device's part of x summed over the mesh axes
+  `axes`, as `spec` lays the sum out (`spec`'s other axes hold the same x
+  on every device, so each keeps its slice)."""
+  # A sum over one device is the identity (and an all-reduce XLA may keep).
+  axes = tuple(a for a in axes if mesh.shape[a] > 1)
+  if not axes:
+    return _slice_as(x, spec, mesh)
+  laid = set(axes_of_spec(spec))
+  rest = tuple(a for a in axes if a not in laid)
+  if rest:
+    x = jax.lax.psum(x, rest)
+  for dim, entry in enumerate(spec):
+    entry = axes_of(entry)
+    if entry and all(a in axes for a in entry):
+      # Tiled over a tuple of axes, the first the major one, as a spec's
+      # entry orders them.
+      x = _scatter(x, entry, dim, spec, mesh)
+    elif entry:
+      summed = tuple(a for a in entry if a in axes)
+      if summed:
+        x = jax.lax.psum(x, summed)
+      x = _slice_dim(x, dim, entry, mesh)
+  return x
+
+
+def _scatter(x, entry: tuple[str, ...], dim: int, spec: PartitionSpec, mesh):
+  """x summed over the mesh axes `entry`, split over them along `dim`.
+  Along a minor dimension XLA:TPU wrote the reduce-scatter as a whole
+  all-reduce and a slice (a second whole copy of x, twice the bytes):
+  where the leading dimension is free and divides, the sum is scattered
+  along it and an all-to-all of the shares (1/n of x) moves the split to
+  `dim`."""
+  ways = math.prod(mesh.shape[a] for a in entry)
+  if (dim > 0 and math.prod(mesh.shape[a] for a in axes_of(spec[0])) == 1
+      and x.shape[0] % ways == 0
+      and x.shape[dim] % ways == 0):
+    x = jax.lax.psum_scatter(x, entry, scatter_dimension=0, tiled=True)
+    return jax.lax.all_to_all(x, entry, split_axis=dim, concat_axis=0,
+                              tiled=True)
+  return jax.lax.psum_scatter(x, entry, scatter_dimension=dim, tiled=True)
+
+
+def _slice_as(x, spec: PartitionSpec, mesh):
+  for dim, entry in enumerate(spec):
+    if axes_of(entry):
+      x = _slice_dim(x, dim, axes_of(entry), mesh)
+  return x
+
+
+def _slice_dim(x, dim: int, entry: tuple[str, ...], mesh):
+  """This device's block of x's `dim` split over the mesh axes `entry`
+  (the first the major one)."""
+  size = x.shape[dim] // math.prod(mesh.shape[a] for a in entry)
+  return jax.lax.dynamic_slice_in_dim(
+      x, jax.lax.axis_index(entry) * size, size, axis=dim)

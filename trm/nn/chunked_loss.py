@@ -18,7 +18,8 @@ summed over the batch devices one of two ways:
 - `reduce_once` (`config.loss_reduce_once`): each device runs the chunks
   over its own rows into its own float32 [vocab, C] sum, and the sums
   cross the batch devices once, after the last chunk (as MaxText's one
-  logits matmul does), for vocab x C x 4 bytes more per device.
+  logits matmul does), reduce-scattered into the parameter's layout, for
+  vocab x C x 4 bytes more per device.
 GPT's tied head ([vocab, C]) and DiffuCoder's lm_head ([C, vocab], each
 token's loss weighted 1/t) both use it; `logits_fn` says how the table is
 read.
@@ -181,9 +182,12 @@ def _sums_fwd(hidden, held, targets, weights, chunk_size, logits_fn,
                             logits_fn=logits_fn,
                             label_smoothing=label_smoothing, z_loss=z_loss)
   if reduce_once:
+    # The devices' float32 sums reduce-scatter straight into the
+    # parameter's layout: no device holds a second whole copy.
     sums, hidden_grad, table_grad = mesh_lib.per_batch_shard(
         functools.partial(local, grad_axes=None), (hidden, targets, weights),
-        (table,), batch_axis=0, reduce_outputs=(0, 2))
+        (table,), batch_axis=0, reduce_outputs=(0, 2),
+        reduced_layouts=None if grad_axes is None else {2: grad_axes})
     table_grad = _laid_out(table_grad, grad_axes)
   else:
     sums, hidden_grad, table_grad = local(hidden, targets, weights, table,
