@@ -517,9 +517,8 @@ def per_batch_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=(),
   the others are split like the inputs. `reduced_layouts`: {index of a
   summed output: its logical axis names}: that sum leaves laid out as the
   names say rather than whole on every device; over each mesh axis of that
-  layout that the batch is split over the shards reduce-scatter it (half
-  an all-reduce's bytes, and no device holds the whole sum), over the
-  others each device keeps its own slice."""
+  layout that the batch is split over the shards reduce-scatter it, over
+  the others each device keeps its own slice."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return fn(*sharded, *replicated)
@@ -596,11 +595,13 @@ def _sum_into(x, axes: tuple[str, ...], spec: PartitionSpec, mesh):
 
 def _scatter(x, entry: tuple[str, ...], dim: int, spec: PartitionSpec, mesh):
   """x summed over the mesh axes `entry`, split over them along `dim`.
-  Along a minor dimension XLA:TPU wrote the reduce-scatter as a whole
-  all-reduce and a slice (a second whole copy of x, twice the bytes):
-  where the leading dimension is free and divides, the sum is scattered
-  along it and an all-to-all of the shares (1/n of x) moves the split to
-  `dim`."""
+  XLA:TPU (libtpu 0.0.42.1) writes this reduce-scatter as a whole
+  all-reduce and a slice. Along a minor dimension it fused the slice
+  into the sum's last reader (a step's finite check, after every layer's
+  backward pass), so the whole sum stayed alive until then. Where the
+  leading dimension is free and divides, the sum is scattered along it
+  and an all-to-all of the shares (1/n of x) moves the split to `dim`: a
+  collective reads the slice, so the whole sum dies at once."""
   ways = math.prod(mesh.shape[a] for a in entry)
   if (dim > 0 and math.prod(mesh.shape[a] for a in axes_of(spec[0])) == 1
       and x.shape[0] % ways == 0

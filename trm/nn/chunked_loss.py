@@ -182,8 +182,9 @@ def _sums_fwd(hidden, held, targets, weights, chunk_size, logits_fn,
                             logits_fn=logits_fn,
                             label_smoothing=label_smoothing, z_loss=z_loss)
   if reduce_once:
-    # The devices' float32 sums reduce-scatter straight into the
-    # parameter's layout: no device holds a second whole copy.
+    # The devices' float32 sums reduce-scatter into the parameter's
+    # layout, so no whole sum outlives the loss (one did through the
+    # layers' backward pass: BUILD_NOTES "Session 89").
     sums, hidden_grad, table_grad = mesh_lib.per_batch_shard(
         functools.partial(local, grad_axes=None), (hidden, targets, weights),
         (table,), batch_axis=0, reduce_outputs=(0, 2),
