@@ -335,7 +335,7 @@ def replicated_params(params, mesh: Mesh) -> tuple[float, list[str]]:
         x.sharding.spec))
     held += math.prod(-(-dim // math.prod(mesh.shape[a] for a in axes_of(s)))
                       for dim, s in zip(x.shape, spec))
-    used = {a for entry in spec for a in axes_of(entry)}
+    used = set(axes_of_spec(spec))
     if not axes <= used:
       whole.append((math.prod(x.shape), jax.tree_util.keystr(path)))
   whole.sort(key=lambda item: -item[0])
@@ -573,8 +573,6 @@ def _sum_into(x, axes: tuple[str, ...], spec: PartitionSpec, mesh):
   on every device, so each keeps its slice)."""
   # A sum over one device is the identity (and an all-reduce XLA may keep).
   axes = tuple(a for a in axes if mesh.shape[a] > 1)
-  if not axes:
-    return _slice_as(x, spec, mesh)
   laid = set(axes_of_spec(spec))
   rest = tuple(a for a in axes if a not in laid)
   if rest:
@@ -610,13 +608,6 @@ def _scatter(x, entry: tuple[str, ...], dim: int, spec: PartitionSpec, mesh):
     return jax.lax.all_to_all(x, entry, split_axis=dim, concat_axis=0,
                               tiled=True)
   return jax.lax.psum_scatter(x, entry, scatter_dimension=dim, tiled=True)
-
-
-def _slice_as(x, spec: PartitionSpec, mesh):
-  for dim, entry in enumerate(spec):
-    if axes_of(entry):
-      x = _slice_dim(x, dim, axes_of(entry), mesh)
-  return x
 
 
 def _slice_dim(x, dim: int, entry: tuple[str, ...], mesh):
