@@ -1,0 +1,56 @@
+"""Compile one forecast_llama row (compile-only TPU devices) with fewer
+layers and print its HBM a chip; with --dump=DIR XLA also writes its
+buffer assignment there (`*-memory-usage-report.txt`: which buffers make
+the peak). libtpu takes `xla_dump_to` as a compile option, not in
+LIBTPU_INIT_ARGS.
+
+  PYTHONPATH=. python3 benchmarks/forecast/memory_dump.py \
+      --run=v6e_l8b_8k --layers=2 --reduce_once=1 --dump=/tmp/dump
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import forecast_llama  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.forecast import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--run", required=True,
+                      help=f"one of {', '.join(forecast_llama.RUNS)}")
+  parser.add_argument("--layers", type=int, default=2)
+  parser.add_argument("--reduce_once", type=int, choices=(0, 1), default=1,
+                      help="config.loss_reduce_once")
+  parser.add_argument("--dump", default=None, help="XLA's dump directory")
+  args = parser.parse_args(argv)
+  if args.run not in forecast_llama.RUNS:
+    parser.error(f"--run={args.run!r}: not one of "
+                 f"{', '.join(forecast_llama.RUNS)}")
+  if args.layers < 1:
+    parser.error(f"--layers={args.layers}: must be at least 1")
+  run = forecast_llama.RUNS[args.run]
+  config = forecast_llama.config_for(run)
+  config.n_layer = args.layers
+  config.loss_reduce_once = bool(args.reduce_once)
+  if args.dump:
+    for_mesh = tpu_flags.for_mesh
+
+    def dumping(config, mesh):
+      return dict(for_mesh(config, mesh), xla_dump_to=args.dump,
+                  xla_dump_hlo_as_text=True)
+
+    tpu_flags.for_mesh = dumping
+  row = plan.compile_row(config, parse_topology(run["topology"]), 1, None,
+                         config.global_batch_size)
+  print(f"{args.run} layers={args.layers} reduce_once={bool(args.reduce_once)}: "
+        f"{row.memory_gib:.3f} GiB a chip, fits={row.fits}, "
+        f"host {row.host_memory_gib:.2f} GiB")
+
+
+if __name__ == "__main__":
+  main()
