@@ -27,6 +27,10 @@ def main(argv=None):
   parser.add_argument("--reduce_once", type=int, choices=(0, 1), default=1,
                       help="config.loss_reduce_once")
   parser.add_argument("--dump", default=None, help="XLA's dump directory")
+  parser.add_argument("--set", action="append", default=[],
+                      metavar="KEY=VALUE",
+                      help="a config field on top of the row's, e.g. "
+                      "model.head_gather=compute (repeatable)")
   args = parser.parse_args(argv)
   if args.run not in forecast_llama.RUNS:
     parser.error(f"--run={args.run!r}: not one of "
@@ -37,6 +41,23 @@ def main(argv=None):
   config = forecast_llama.config_for(run)
   config.n_layer = args.layers
   config.loss_reduce_once = bool(args.reduce_once)
+  for item in args.set:
+    key, sep, value = item.partition("=")
+    *parents, leaf = key.split(".")
+    owner = config
+    for name in parents + [leaf]:
+      if not sep or not hasattr(owner, "keys") or name not in owner:
+        parser.error(f"--set={item!r}: expected KEY=VALUE, KEY a field of "
+                     f"the row's config (no {name!r})" if sep else
+                     f"--set={item!r}: expected KEY=VALUE")
+      if name != leaf:
+        owner = owner[name]
+    kind = type(owner[leaf])
+    try:
+      owner[leaf] = (value.lower() in ("1", "true") if kind is bool
+                     else kind(value))
+    except (ValueError, TypeError) as e:
+      parser.error(f"--set={item!r}: {e}")
   if args.dump:
     for_mesh = tpu_flags.for_mesh
 
@@ -47,7 +68,8 @@ def main(argv=None):
     tpu_flags.for_mesh = dumping
   row = plan.compile_row(config, parse_topology(run["topology"]), 1, None,
                          config.global_batch_size)
-  print(f"{args.run} layers={args.layers} reduce_once={bool(args.reduce_once)}: "
+  print(f"{args.run} layers={args.layers} reduce_once={bool(args.reduce_once)}"
+        f"{''.join(' ' + item for item in args.set)}: "
         f"{row.memory_gib:.3f} GiB a chip, fits={row.fits}, "
         f"host {row.host_memory_gib:.2f} GiB")
 

@@ -308,7 +308,7 @@ def test_batch_parallelism():
 
 def test_fit_spec_drops_non_dividing_axes():
   mesh = _mesh(data=2, fsdp=2, model=2)
-  fit = mesh_lib._fit_spec  # pylint: disable=protected-access
+  fit = mesh_lib.fit_spec
   assert fit(P("model", "fsdp"), (11, 32), mesh) == P(None, "fsdp")
   assert fit(P(("data", "fsdp")), (6,), mesh) == P("data")
   assert fit(P(("data", "fsdp"), None), (8, 3), mesh) == P(("data", "fsdp"),

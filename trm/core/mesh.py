@@ -281,7 +281,7 @@ def logical_sharding(mesh: Mesh, rules, names: Sequence[str | None]):
   return NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(names), rules))
 
 
-def _fit_spec(spec: PartitionSpec, shape, mesh: Mesh) -> PartitionSpec:
+def fit_spec(spec: PartitionSpec, shape, mesh: Mesh) -> PartitionSpec:
   """Drops mesh axes from dimensions they do not divide (those replicate)."""
   fitted = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
@@ -305,7 +305,7 @@ def tree_shardings(mesh: Mesh, rules, boxed_tree):
   shapes = nn.meta.unbox(boxed_tree)
   return jax.tree.map(
       lambda spec, x: NamedSharding(
-          mesh, _fit_spec(nn.logical_to_mesh_axes(tuple(spec), rules)
+          mesh, fit_spec(nn.logical_to_mesh_axes(tuple(spec), rules)
                           if spec else PartitionSpec(), x.shape, mesh)),
       specs, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
@@ -542,7 +542,7 @@ def per_batch_shard(fn, sharded, replicated, *, batch_axis, reduce_outputs=(),
     if i not in reduce_outputs:
       raise ValueError(f"reduced_layouts names output {i}, which is not in "
                        f"reduce_outputs={tuple(reduce_outputs)}.")
-    spec = _fit_spec(nn.logical_to_mesh_axes(tuple(names)), outs[i].shape,
+    spec = fit_spec(nn.logical_to_mesh_axes(tuple(names)), outs[i].shape,
                      mesh)
     if set(axes_of_spec(spec)) <= free:
       layouts[i] = spec

@@ -28,6 +28,7 @@ from trm.nn import attention
 from trm.nn import dtypes
 from trm.nn import layer_stack
 from trm.nn import linear
+from trm.nn import lookup
 from trm.nn import masks
 from trm.nn import norm
 from trm.nn import platform as platform_lib
@@ -345,7 +346,11 @@ class Dream(nn.Module):
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta,
                             cfg.compute_dtype)
     # No embedding scaling (Qwen2).
-    x = jnp.take(self.embed_tokens, tokens, axis=0).astype(cfg.compute_dtype)
+    # On a mesh, each device looks up its own columns (lookup.take_rows).
+    x = lookup.take_rows(self.embed_tokens, tokens, ("vocab", "embed"),
+                         cfg.compute_dtype)
+    if x is None:
+      x = jnp.take(self.embed_tokens, tokens, axis=0).astype(cfg.compute_dtype)
     x = mesh_lib.constrain(x, ACTIVATION)
     if cfg.scan_layers:
       x, _ = self.layers(x, pair_mask, cos, sin)

@@ -79,11 +79,11 @@ class GPTConfig(dtypes.ConfigDtypes):
   # 'triton_interpret' runs it in Pallas's interpreter, for tests).
   norm_kernel: str = "xla"
   # How the LM head gathers the FSDP-sharded tied table: 'param' gathers
-  # the stored (float32) table and casts it, so one gather can serve the
-  # token lookup too; 'compute' casts each shard and gathers in the compute
-  # dtype. Which needs less memory depends on XLA's schedule (measured,
-  # BUILD_NOTES "Another chip": v5e 32B 16.42 -> 15.04 GiB per chip, v4 52B
-  # 30.56 -> 32.12).
+  # the stored (float32) table and casts it (one gather serves a token
+  # lookup that gathers too: trm.nn.lookup's fallback); 'compute' casts
+  # each shard and gathers in the compute dtype. Which needs less memory
+  # depends on XLA's schedule (measured, BUILD_NOTES "Another chip": v5e
+  # 32B 16.42 -> 15.04 GiB per chip, v4 52B 30.56 -> 32.12; session 90).
   head_gather: str = "param"
 
   def __post_init__(self):

@@ -17,6 +17,7 @@ from trm.families.gpt.kernels import layer_norm
 from trm.families.gpt import norm_gpu
 from trm.nn import attention
 from trm.nn import linear
+from trm.nn import lookup
 from trm.nn import masks
 from trm.nn import remat
 from trm.nn import tpu_attention
@@ -105,13 +106,19 @@ class Embed(nn.Module):
                             self.cfg.weight_dtype)
 
   def _gatherable(self):
-    # Gathers the model-width shards (FSDP) before use: a lookup in a table
-    # split along its width makes XLA's SPMD partitioner fall back to
-    # replicating the result ("involuntary full rematerialization").
+    # Gathers the model-width shards (FSDP) before use where
+    # lookup.take_rows does not apply: a lookup in a table split along its
+    # width makes XLA's SPMD partitioner fall back to replicating the
+    # result ("involuntary full rematerialization").
     return mesh_lib.constrain(self.embedding, (self.axes[0], None))
 
   def __call__(self, ids):
-    return jnp.take(self._gatherable(), ids, axis=0).astype(jnp.float32)
+    # On a mesh, each device looks up its own columns (lookup.take_rows:
+    # no whole float32 table gathered, summed or kept for the gradient).
+    x = lookup.take_rows(self.embedding, ids, self.axes)
+    if x is None:
+      x = jnp.take(self._gatherable(), ids, axis=0)
+    return x.astype(jnp.float32)
 
   def rows(self, start, length: int):
     """Rows start..start+length-1 (start may be traced; clamped in range)."""
