@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.nn import lookup
+from trm.nn import platform as platform_lib
 
 _NAMES = ("vocab", "embed")
 _IDS = (mesh_lib.BATCH, "activation_length")
@@ -54,24 +55,30 @@ def _loss(lookup_fn, cot):
 # (data, fsdp, model): the width over fsdp beside a data split, over all 8
 # devices, with the vocabulary over model (masked rows, summed), and over
 # a tuple of axes in the other order than the batch's.
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
 @pytest.mark.parametrize("shape, rules_update", [
     ((2, 4, 1), {}), ((1, 8, 1), {}), ((2, 2, 2), {}), ((1, 2, 4), {}),
     ((2, 4, 1), {"embed": ("fsdp", "data")}),
     ((2, 2, 2), {"embed": ("fsdp", "data")})])
-def test_values_and_gradients_are_jnp_takes(shape, rules_update):
+def test_values_and_gradients_are_jnp_takes(shape, rules_update, platform):
+  """On a TPU (traced as for one, run here) the rows are looked up in
+  chunks, in a loop; elsewhere in one go."""
   table, ids, cot = _case()
   want = jnp.take(table, ids, axis=0)
   want_grad = jax.grad(_loss(lambda t, i: jnp.take(t, i, axis=0), cot))(
       table, ids)
   mesh = _mesh(shape)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(_rules(rules_update)):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(_rules(rules_update)), \
+      platform_lib.mesh_platform(platform):
     table_p, ids_p = _placed(mesh, table, ids)
     take = lambda t, i: lookup.take_rows(t, i, _NAMES)
     got = jax.jit(take)(table_p, ids_p)
+    hlo = jax.jit(take).lower(table_p, ids_p).as_text()
     grad = jax.jit(jax.grad(_loss(take, cot)))(table_p, ids_p)
     bf16 = jax.jit(lambda t, i: lookup.take_rows(t, i, _NAMES,
                                                  jnp.bfloat16))(table_p, ids_p)
   np.testing.assert_array_equal(got, want)
+  assert ("stablehlo.while" in hlo) == (platform == "tpu")
   np.testing.assert_array_equal(bf16, want.astype(jnp.bfloat16))
   assert bf16.dtype == jnp.bfloat16
   # Sums of the same rows, perhaps in another order.

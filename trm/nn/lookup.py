@@ -28,14 +28,15 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from trm.core import mesh as mesh_lib
+from trm.nn import platform as platform_lib
 
 _LENGTH = "activation_length"
 
 
 # A TPU tiles an array's minor dimension by 128: a device's few columns
-# (4,096 over 256 devices: 16) take 128 lanes. The rows are looked up in
-# chunks of the tokens so that the padded rows of one chunk hold no more
-# than all of them unpadded.
+# (4,096 over 256 devices: 16) take 128 lanes. There the rows are looked
+# up in chunks of the tokens so that the padded rows of one chunk hold no
+# more than all of them unpadded (elsewhere in one go).
 _LANES = 128
 
 
@@ -80,7 +81,8 @@ def take_rows(table, ids, names: Sequence[str | None], dtype=None):
   ways = math.prod(mesh.shape[a] for a in width)
   tokens = math.prod(ids.shape) // math.prod(
       mesh.shape[a] for a in mesh_lib.axes_of_spec(ids_spec))
-  chunks = _chunks(tokens, table.shape[1] // ways)
+  chunks = (_chunks(tokens, table.shape[1] // ways)
+            if platform_lib.current() == "tpu" else 1)
 
   def lookup(table_block, ids_of_all):
     """[ways * n] ids, n of each device's -> this device's n rows, whole."""
@@ -99,6 +101,8 @@ def take_rows(table, ids, names: Sequence[str | None], dtype=None):
   def local(table_block, ids_block):
     everyone = jax.lax.all_gather(ids_block.reshape(-1), width, axis=0,
                                   tiled=True)
+    if chunks == 1:
+      return lookup(table_block, everyone).reshape(*ids_block.shape, -1)
     # Chunk c: the c-th part of every device's tokens.
     parts = everyone.reshape(ways, chunks, -1).transpose(1, 0, 2).reshape(
         chunks, -1)
