@@ -1,14 +1,17 @@
 """Compile one forecast_llama row (compile-only TPU devices) with fewer
 layers and print its HBM a chip; with --dump=DIR XLA also writes its
-buffer assignment there (`*-memory-usage-report.txt`: which buffers make
-the peak). libtpu takes `xla_dump_to` as a compile option, not in
-LIBTPU_INIT_ARGS.
+buffer assignment there (`*-memory-usage-report.txt`: the largest
+buffers; `*-live-range.txt`: those live at the peak, which the script
+prints, `--peak=N`, with the op each came from). libtpu takes
+`xla_dump_to` as a compile option, not in LIBTPU_INIT_ARGS.
 
   PYTHONPATH=. python3 benchmarks/forecast/memory_dump.py \
       --run=v6e_l8b_8k --layers=2 --reduce_once=1 --dump=/tmp/dump
 """
 import argparse
+import glob
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -17,6 +20,9 @@ import forecast_llama  # pylint: disable=g-import-not-at-top,wrong-import-positi
 from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# A live buffer's line under "Live ranges at N (peak):".
+_LIVE = re.compile(r"^\s+(\S+): (\d+) bytes")
 
 
 def main(argv=None):
@@ -27,6 +33,10 @@ def main(argv=None):
   parser.add_argument("--reduce_once", type=int, choices=(0, 1), default=1,
                       help="config.loss_reduce_once")
   parser.add_argument("--dump", default=None, help="XLA's dump directory")
+  parser.add_argument("--peak", type=int, default=20, metavar="N",
+                      help="with --dump: print the N largest buffers live "
+                      "at the step's peak, as XLA's live-range report "
+                      "lists them")
   parser.add_argument("--set", action="append", default=[],
                       metavar="KEY=VALUE",
                       help="a config field on top of the row's, e.g. "
@@ -37,6 +47,8 @@ def main(argv=None):
                  f"{', '.join(forecast_llama.RUNS)}")
   if args.layers < 1:
     parser.error(f"--layers={args.layers}: must be at least 1")
+  if args.peak < 0:
+    parser.error(f"--peak={args.peak}: must be 0 or more")
   run = forecast_llama.RUNS[args.run]
   config = forecast_llama.config_for(run)
   config.n_layer = args.layers
@@ -72,6 +84,45 @@ def main(argv=None):
         f"{''.join(' ' + item for item in args.set)}: "
         f"{row.memory_gib:.3f} GiB a chip, fits={row.fits}, "
         f"host {row.host_memory_gib:.2f} GiB")
+  if args.dump and args.peak:
+    print("\n".join(peak_buffers(args.dump, args.peak)))
+
+
+def peak_buffers(dump: str, count: int) -> list[str]:
+  """The train step's `count` largest buffers live at its peak, from XLA's
+  `*train_step*after_optimizations-live-range.txt` in `dump` (the header
+  line first: the schedule's position of the peak)."""
+  reports = sorted(glob.glob(os.path.join(
+      dump, "*train_step*after_optimizations-live-range.txt")),
+                   key=os.path.getmtime)
+  if not reports:
+    return [f"no train step live-range report in {dump}"]
+  with open(reports[-1], encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  start = next((i for i, line in enumerate(lines) if "(peak):" in line),
+               None)
+  if start is None:
+    return [f"{reports[-1]}: no peak section"]
+  live = []
+  for line in lines[start + 1:]:
+    match = _LIVE.match(line)
+    if not match:
+      break
+    live.append((int(match.group(2)), match.group(1)))
+  live.sort(key=lambda item: -item[0])
+  program = reports[-1].replace("-live-range.txt", ".txt")
+  text = ""
+  if os.path.exists(program):
+    with open(program, encoding="utf-8") as f:
+      text = f.read()
+  rows = []
+  for size, name in live[:count]:
+    # Where it comes from: the instruction's op_name, when XLA kept one.
+    made = re.search(r"\n\s*%?" + re.escape(name.split("{")[0])
+                     + r" = [^\n]*?op_name=\"([^\"]+)\"", text)
+    rows.append(f"{size / 2**20:10.1f} MiB  {name}"
+                + (f"  {made.group(1)}" if made else ""))
+  return [lines[start].strip()] + rows
 
 
 if __name__ == "__main__":

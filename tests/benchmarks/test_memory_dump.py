@@ -1,5 +1,5 @@
 """benchmarks/forecast/memory_dump.py refuses a bad flag in one line, before
-anything compiles."""
+anything compiles, and lists the buffers live at a dumped step's peak."""
 import pytest
 import repo
 
@@ -12,6 +12,7 @@ def script():
 @pytest.mark.parametrize("argv, needle", [
     (["--run=v6e_nope"], "--run='v6e_nope': not one of"),
     (["--run=v6e_l8b_8k", "--layers=0"], "--layers=0: must be at least 1"),
+    (["--run=v6e_l8b_8k", "--peak=-1"], "--peak=-1: must be 0 or more"),
     (["--run=v6e_l8b_8k", "--set=model.head_gather"], "expected KEY=VALUE"),
     (["--run=v6e_l8b_8k", "--set=model.nope=1"],
      "a field of the row's config (no 'nope')"),
@@ -43,3 +44,37 @@ def test_set_types_a_field_as_the_config_does(script, monkeypatch, capsys):
     script.main(["--run=v6e_l8b_8k", "--layers=3",
                  "--set=model.head_gather=compute", "--set=model.n_kv_head=4"])
   assert seen == dict(head_gather="compute", n_kv_head=4, layers=3)
+
+
+_REPORT = """HloLiveRange (max 9):
+  InstructionSequence:
+    0:param.1
+  BufferLiveRange:
+    param.1{}:0-9
+  Live ranges at 7 (peak):
+    copy.3{}: 1048576 bytes (cumulative: 1048576 bytes)
+    fusion.9{1}: 4194304 bytes (cumulative: 5242880 bytes)
+    all-gather.2{}: 2097152 bytes (cumulative: 7340032 bytes)
+  Stack trace breakdown for peak usage: 7 340 032 bytes
+"""
+_PROGRAM = """HloModule jit_train_step
+  %fusion.9 = (f32[4]) fusion(%p), metadata={op_name="jit(train_step)/mlp/dot_general"}
+  %all-gather.2 = f32[512,1024] all-gather(%x)
+"""
+
+
+def test_the_peak_is_listed_largest_first_with_each_op(script, tmp_path):
+  stem = "module_0001.jit_train_step.cl_1.after_optimizations"
+  (tmp_path / f"{stem}-live-range.txt").write_text(_REPORT)
+  (tmp_path / f"{stem}.txt").write_text(_PROGRAM)
+  lines = script.peak_buffers(str(tmp_path), 2)
+  assert lines[0] == "Live ranges at 7 (peak):"
+  assert lines[1].split() == ["4.0", "MiB", "fusion.9{1}",
+                              "jit(train_step)/mlp/dot_general"]
+  assert lines[2].split() == ["2.0", "MiB", "all-gather.2{}"]
+  assert len(lines) == 3
+
+
+def test_no_report_says_so(script, tmp_path):
+  assert script.peak_buffers(str(tmp_path), 5) == [
+      f"no train step live-range report in {tmp_path}"]
