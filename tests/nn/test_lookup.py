@@ -27,6 +27,8 @@ def _case():
   ids = rng.integers(0, 64, size=(8, 6)).astype(np.int32)
   ids[0, :3] = 5  # a token many times: its gradient rows add
   ids[5, 2] = 5
+  ids[2, 1] = -1  # jnp.take: the last row
+  ids[3, 4] = 70  # out of range: NaN, no gradient
   cot = jnp.asarray(rng.normal(size=(8, 6, 16)), jnp.float32)
   return table, jnp.asarray(ids), cot
 
@@ -77,9 +79,11 @@ def test_values_and_gradients_are_jnp_takes(shape, rules_update, platform):
     grad = jax.jit(jax.grad(_loss(take, cot)))(table_p, ids_p)
     bf16 = jax.jit(lambda t, i: lookup.take_rows(t, i, _NAMES,
                                                  jnp.bfloat16))(table_p, ids_p)
+  assert np.isnan(want[3, 4]).all() and not np.isnan(want[2, 1]).any()
   np.testing.assert_array_equal(got, want)
   assert ("stablehlo.while" in hlo) == (platform == "tpu")
-  np.testing.assert_array_equal(bf16, want.astype(jnp.bfloat16))
+  np.testing.assert_array_equal(  # (NaN is NaN in float32's comparison)
+      np.float32(bf16), np.float32(want.astype(jnp.bfloat16)))
   assert bf16.dtype == jnp.bfloat16
   # Sums of the same rows, perhaps in another order.
   np.testing.assert_allclose(grad, want_grad, rtol=1e-6, atol=1e-6)

@@ -76,7 +76,8 @@ def take_rows(table, ids, names: Sequence[str | None], dtype=None):
       or not table_axes | ids_axes <= free):
     return None
   dtype = table.dtype if dtype is None else dtype
-  rows = table.shape[0] // math.prod(mesh.shape[a] for a in vocab)
+  vocab_size = table.shape[0]
+  rows = vocab_size // math.prod(mesh.shape[a] for a in vocab)
 
   ways = math.prod(mesh.shape[a] for a in width)
   tokens = math.prod(ids.shape) // math.prod(
@@ -87,11 +88,18 @@ def take_rows(table, ids, names: Sequence[str | None], dtype=None):
   def lookup(table_block, ids_of_all):
     """[ways * n] ids, n of each device's -> this device's n rows, whole."""
     if vocab:
+      # As jnp.take: a negative id counts from the end; one out of range
+      # reads NaN (and takes no gradient).
+      ids_of_all = jnp.where(ids_of_all < 0, ids_of_all + vocab_size,
+                             ids_of_all)
       here = ids_of_all - jax.lax.axis_index(vocab) * rows
       inside = (here >= 0) & (here < rows)
       x = jnp.take(table_block, jnp.where(inside, here, 0), axis=0)
       # Each id is inside one device's rows: a sum of it and zeros.
       x = jax.lax.psum(jnp.where(inside[:, None], x, 0).astype(dtype), vocab)
+      if jnp.issubdtype(dtype, jnp.inexact):
+        valid = (ids_of_all >= 0) & (ids_of_all < vocab_size)
+        x = jnp.where(valid[:, None], x, jnp.nan)
     else:
       x = jnp.take(table_block, ids_of_all, axis=0).astype(dtype)
     # Device j's tokens to device j, every device's columns side by side.
