@@ -21,6 +21,9 @@ from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top,wrong-impo
 from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+# An allocation's line in XLA's buffer assignment: its size, memory color
+# (absent: 0, HBM) and kind.
+_ALLOCATION = re.compile(r"allocation \d+: size (\d+)(?:, color (\d+))?(.*)")
 # A live buffer's line under "Live ranges at N (peak):".
 _LIVE = re.compile(r"^\s+(\S+): (\d+) bytes")
 
@@ -84,8 +87,34 @@ def main(argv=None):
         f"{''.join(' ' + item for item in args.set)}: "
         f"{row.memory_gib:.3f} GiB a chip, fits={row.fits}, "
         f"host {row.host_memory_gib:.2f} GiB")
+  if args.dump:
+    print(allocations(args.dump))
   if args.dump and args.peak:
     print("\n".join(peak_buffers(args.dump, args.peak)))
+
+
+def allocations(dump: str) -> str:
+  """XLA's buffer assignment of the train step in HBM (memory color 0):
+  GiB of parameters and outputs, and of temporaries (a sum of allocations,
+  each temporary one the heap it packs)."""
+  reports = sorted(glob.glob(os.path.join(
+      dump, "*train_step*after_optimizations-buffer-assignment.txt")),
+                   key=os.path.getmtime)
+  if not reports:
+    return f"no train step buffer assignment in {dump}"
+  params = temps = 0
+  with open(reports[-1], encoding="utf-8") as f:
+    for line in f:
+      match = _ALLOCATION.match(line)
+      if not match or (match.group(2) or "0") != "0":
+        continue
+      if "parameter" in match.group(3) or "live-out" in match.group(3):
+        params += int(match.group(1))
+      else:
+        temps += int(match.group(1))
+  return (f"buffer assignment, HBM: {params / 2**30:.2f} GiB parameters "
+          f"and outputs, {temps / 2**30:.2f} GiB temporaries, "
+          f"{(params + temps) / 2**30:.2f} GiB in all")
 
 
 def peak_buffers(dump: str, count: int) -> list[str]:

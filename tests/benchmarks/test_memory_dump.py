@@ -78,3 +78,21 @@ def test_the_peak_is_listed_largest_first_with_each_op(script, tmp_path):
 def test_no_report_says_so(script, tmp_path):
   assert script.peak_buffers(str(tmp_path), 5) == [
       f"no train step live-range report in {tmp_path}"]
+
+
+_ASSIGNMENT = """BufferAssignment:
+allocation 0: size 1073741824, parameter 0, shape |f32[4]| at ShapeIndex {}, maybe-live-out:
+allocation 1: size 536870912, maybe-live-out:
+allocation 2: size 2147483648, preallocated-temp:
+allocation 3: size 4294967296, color 5, preallocated-temp:
+allocation 4: size 512, color 6, thread-local:
+"""
+
+
+def test_allocations_sum_hbm_only(script, tmp_path):
+  stem = "module_0001.jit_train_step.cl_1.after_optimizations"
+  (tmp_path / f"{stem}-buffer-assignment.txt").write_text(_ASSIGNMENT)
+  assert script.allocations(str(tmp_path)) == (
+      "buffer assignment, HBM: 1.50 GiB parameters and outputs, "
+      "2.00 GiB temporaries, 3.50 GiB in all")
+  assert script.allocations(str(tmp_path / "none")).startswith("no train")
