@@ -9,6 +9,7 @@ prints, `--peak=N`, with the op each came from). libtpu takes
       --run=v6e_l8b_8k --layers=2 --reduce_once=1 --dump=/tmp/dump
 """
 import argparse
+import ast
 import glob
 import os
 import re
@@ -17,6 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import forecast_llama  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.core import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core.topology import parse_topology  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -43,7 +45,8 @@ def main(argv=None):
   parser.add_argument("--set", action="append", default=[],
                       metavar="KEY=VALUE",
                       help="a config field on top of the row's, e.g. "
-                      "model.head_gather=compute (repeatable)")
+                      "model.head_gather=compute (a Python literal, else "
+                      "text; repeatable)")
   args = parser.parse_args(argv)
   if args.run not in forecast_llama.RUNS:
     parser.error(f"--run={args.run!r}: not one of "
@@ -56,23 +59,10 @@ def main(argv=None):
   config = forecast_llama.config_for(run)
   config.n_layer = args.layers
   config.loss_reduce_once = bool(args.reduce_once)
-  for item in args.set:
-    key, sep, value = item.partition("=")
-    *parents, leaf = key.split(".")
-    owner = config
-    for name in parents + [leaf]:
-      if not sep or not hasattr(owner, "keys") or name not in owner:
-        parser.error(f"--set={item!r}: expected KEY=VALUE, KEY a field of "
-                     f"the row's config (no {name!r})" if sep else
-                     f"--set={item!r}: expected KEY=VALUE")
-      if name != leaf:
-        owner = owner[name]
-    kind = type(owner[leaf])
-    try:
-      owner[leaf] = (value.lower() in ("1", "true") if kind is bool
-                     else kind(value))
-    except (ValueError, TypeError) as e:
-      parser.error(f"--set={item!r}: {e}")
+  try:
+    config_lib.set_values(config, dict(_override(item) for item in args.set))
+  except ValueError as e:
+    parser.error(f"--set: {e}")
   if args.dump:
     for_mesh = tpu_flags.for_mesh
 
@@ -93,17 +83,34 @@ def main(argv=None):
     print("\n".join(peak_buffers(args.dump, args.peak)))
 
 
+def _override(item: str) -> tuple[str, object]:
+  """'KEY=VALUE' -> (KEY, VALUE as a Python literal, else the text), as
+  benchmarks/reliability/mesh_equivalence.py reads its overrides."""
+  key, sep, text = item.partition("=")
+  if not sep:
+    raise ValueError(f"{item!r}: expected KEY=VALUE")
+  try:
+    return key, ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return key, text
+
+
+def _newest_report(dump: str, kind: str) -> str | None:
+  """The newest `*train_step*after_optimizations-{kind}.txt` in `dump`."""
+  reports = glob.glob(os.path.join(
+      dump, f"*train_step*after_optimizations-{kind}.txt"))
+  return max(reports, key=os.path.getmtime) if reports else None
+
+
 def allocations(dump: str) -> str:
   """XLA's buffer assignment of the train step in HBM (memory color 0):
   GiB of parameters and outputs, and of temporaries (a sum of allocations,
   each temporary one the heap it packs)."""
-  reports = sorted(glob.glob(os.path.join(
-      dump, "*train_step*after_optimizations-buffer-assignment.txt")),
-                   key=os.path.getmtime)
-  if not reports:
+  report = _newest_report(dump, "buffer-assignment")
+  if report is None:
     return f"no train step buffer assignment in {dump}"
   params = temps = 0
-  with open(reports[-1], encoding="utf-8") as f:
+  with open(report, encoding="utf-8") as f:
     for line in f:
       match = _ALLOCATION.match(line)
       if not match or (match.group(2) or "0") != "0":
@@ -121,17 +128,15 @@ def peak_buffers(dump: str, count: int) -> list[str]:
   """The train step's `count` largest buffers live at its peak, from XLA's
   `*train_step*after_optimizations-live-range.txt` in `dump` (the header
   line first: the schedule's position of the peak)."""
-  reports = sorted(glob.glob(os.path.join(
-      dump, "*train_step*after_optimizations-live-range.txt")),
-                   key=os.path.getmtime)
-  if not reports:
+  report = _newest_report(dump, "live-range")
+  if report is None:
     return [f"no train step live-range report in {dump}"]
-  with open(reports[-1], encoding="utf-8") as f:
+  with open(report, encoding="utf-8") as f:
     lines = f.read().splitlines()
   start = next((i for i, line in enumerate(lines) if "(peak):" in line),
                None)
   if start is None:
-    return [f"{reports[-1]}: no peak section"]
+    return [f"{report}: no peak section"]
   live = []
   for line in lines[start + 1:]:
     match = _LIVE.match(line)
@@ -139,7 +144,7 @@ def peak_buffers(dump: str, count: int) -> list[str]:
       break
     live.append((int(match.group(2)), match.group(1)))
   live.sort(key=lambda item: -item[0])
-  program = reports[-1].replace("-live-range.txt", ".txt")
+  program = report.replace("-live-range.txt", ".txt")
   text = ""
   if os.path.exists(program):
     with open(program, encoding="utf-8") as f:

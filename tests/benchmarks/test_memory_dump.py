@@ -13,12 +13,14 @@ def script():
     (["--run=v6e_nope"], "--run='v6e_nope': not one of"),
     (["--run=v6e_l8b_8k", "--layers=0"], "--layers=0: must be at least 1"),
     (["--run=v6e_l8b_8k", "--peak=-1"], "--peak=-1: must be 0 or more"),
-    (["--run=v6e_l8b_8k", "--set=model.head_gather"], "expected KEY=VALUE"),
+    (["--run=v6e_l8b_8k", "--set=model.head_gather"],
+     "'model.head_gather': expected KEY=VALUE"),
     (["--run=v6e_l8b_8k", "--set=model.nope=1"],
-     "a field of the row's config (no 'nope')"),
-    (["--run=v6e_l8b_8k", "--set=model.head_gather.x=1"], "(no 'x')"),
+     "config.model has no field 'nope'"),
+    (["--run=v6e_l8b_8k", "--set=model.head_gather.x=1"],
+     "config.model.head_gather has no field 'x'"),
     (["--run=v6e_l8b_8k", "--set=model.n_kv_head=eight"],
-     "invalid literal for int()"),
+     "config.model.n_kv_head='eight' has the wrong type"),
 ])
 def test_a_bad_flag_is_one_line(script, monkeypatch, capsys, argv, needle):
   def compile_row(*_):

@@ -80,10 +80,7 @@ def take_rows(table, ids, names: Sequence[str | None], dtype=None):
   rows = vocab_size // math.prod(mesh.shape[a] for a in vocab)
 
   ways = math.prod(mesh.shape[a] for a in width)
-  tokens = math.prod(ids.shape) // math.prod(
-      mesh.shape[a] for a in mesh_lib.axes_of_spec(ids_spec))
-  chunks = (_chunks(tokens, table.shape[1] // ways)
-            if platform_lib.current() == "tpu" else 1)
+  on_tpu = platform_lib.current() == "tpu"
 
   def lookup(table_block, ids_of_all):
     """[ways * n] ids, n of each device's -> this device's n rows, whole."""
@@ -109,6 +106,7 @@ def take_rows(table, ids, names: Sequence[str | None], dtype=None):
   def local(table_block, ids_block):
     everyone = jax.lax.all_gather(ids_block.reshape(-1), width, axis=0,
                                   tiled=True)
+    chunks = _chunks(ids_block.size, table_block.shape[1]) if on_tpu else 1
     if chunks == 1:
       return lookup(table_block, everyone).reshape(*ids_block.shape, -1)
     # Chunk c: the c-th part of every device's tokens.

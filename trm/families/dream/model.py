@@ -45,6 +45,8 @@ ATTENTION_KINDS = tpu_attention.KINDS + attention.GPU_KINDS
 # Qwen2's `initializer_range`; imported checkpoints replace it anyway.
 _INIT_STD = 0.02
 ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
+# The token embedding's logical axes.
+_TABLE_AXES = ("vocab", "embed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +317,7 @@ class Dream(nn.Module):
     cfg = self.cfg
     self.embed_tokens = linear.logical_param(
         self, "embed_tokens", nn.initializers.normal(_INIT_STD),
-        ("vocab", "embed"), (cfg.vocab_size, cfg.hidden_size),
+        _TABLE_AXES, (cfg.vocab_size, cfg.hidden_size),
         cfg.weight_dtype)
     block = _block_class(cfg)
     if cfg.scan_layers:
@@ -347,7 +349,7 @@ class Dream(nn.Module):
                             cfg.compute_dtype)
     # No embedding scaling (Qwen2).
     # On a mesh, each device looks up its own columns (lookup.take_rows).
-    x = lookup.take_rows(self.embed_tokens, tokens, ("vocab", "embed"),
+    x = lookup.take_rows(self.embed_tokens, tokens, _TABLE_AXES,
                          cfg.compute_dtype)
     if x is None:
       x = jnp.take(self.embed_tokens, tokens, axis=0).astype(cfg.compute_dtype)
