@@ -92,7 +92,8 @@ def _poison(batch):
 
 
 def _trm_train_step(config, workdir):
-  """(task, initial state, run(state, host batch) -> (state, metrics))."""
+  """(task, initial state, run(state, host batch) -> (state, metrics)),
+  `run` returning once the step has finished."""
   ctx = mesh_lib.ShardingContext.from_config(config)
   task = families.build_task(config, str(workdir), ctx)
   program = task.program
@@ -103,7 +104,14 @@ def _trm_train_step(config, workdir):
   batch_shardings = task_lib.batch_shardings(program.batch_spec, ctx)
 
   def run(state, batch):
-    return step(state, pipeline.to_global(batch, batch_shardings))
+    # Waits for the step. Unwaited, two steps queued and then the copies
+    # of the fresh state deadlocked XLA:CPU's collectives on a loaded host,
+    # and XLA aborted the process after 40 s: the CI run of de797d4 lost
+    # its worker here, and 8 of 20 runs of this file's two TRM step tests
+    # beside three busy processes aborted; waiting, none of 20 did
+    # (benchmarks/reliability/busy_host.py; BUILD_NOTES "Session 91").
+    return jax.block_until_ready(
+        step(state, pipeline.to_global(batch, batch_shardings)))
 
   return task, state, run
 
