@@ -175,8 +175,9 @@ RUNS = {
     # 0.6.1, each its own README's logged step): does the miss follow the
     # model or the slice?
     "v6e128_l70b_8k": _llama31("v6e-128", 4, 453.500, LLAMA31_70B),
-    # Fits neither way (33.17 GiB a chip summed once, 38.67 per chunk; the
-    # optimizer's state is 4x 256 chips' a chip).
+    # Summed once it fits since session 90's lookup (29.91 GiB a chip,
+    # 33.17 before; per chunk 38.67 in session 87): the optimizer's state
+    # is 4x 256 chips' a chip.
     "v6e64_l70b_8k": _llama31("v6e-64", 2, 422.091, LLAMA31_70B),
     # bfloat16 weights (MaxText's weight_dtype; Adam's moments follow),
     # windowed-einsum collective matmuls disabled.
