@@ -10,7 +10,8 @@ This starts `--busy` processes that spin (the load), runs
 `python -m pytest -q -s -x ARGS` `--runs` times one after another (each a
 fresh process, so a fresh compile), and prints one line per failed run,
 with XLA's reason where it gave one, then the counts. The busy processes are
-stopped at the end, also on Ctrl-C.
+stopped at the end, also on Ctrl-C, and each stops by itself once this
+process is gone (killed, it leaves no spinning process behind).
 """
 import argparse
 import os
@@ -21,10 +22,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-_SPIN = "while True: pass"
+# Spins until its parent (this script) is gone.
+_SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
 
 
-def _reason(output: str) -> str:
+def xla_abort_reason(output: str) -> str:
+  """XLA:CPU's collective timeout in `output`, in one line (also used by
+  cpu_dispatch_depth.py); else the output's last line."""
   found = re.search(r"Termination timeout for `([^`]*?) RendezvousKey.*?"
                     r"global_devices=\[([^\]]*)\].*?of (\d+) seconds "
                     r"exceeded.*?Expected (\d+) threads.*?only (\d+) of them",
@@ -55,6 +59,7 @@ def main():
   spinners = [subprocess.Popen([sys.executable, "-c", _SPIN])
               for _ in range(args.busy)]
   passed = failed = 0
+  interrupted = False
   try:
     for run in range(1, args.runs + 1):
       begin = time.time()
@@ -71,11 +76,17 @@ def main():
       else:
         failed += 1
         print(f"run {run}: exit code {code} after {time.time() - begin:.0f}"
-              f" s; {_reason(output)}", flush=True)
+              f" s; {xla_abort_reason(output)}", flush=True)
+  except KeyboardInterrupt:
+    interrupted = True
   finally:
     for spinner in spinners:
       spinner.kill()
-  print(f"passed {passed} of {passed + failed} runs, failed {failed}")
+  print(f"passed {passed} of {passed + failed} runs, failed {failed}"
+        + ("; interrupted (the run under way is not counted)"
+           if interrupted else ""))
+  if interrupted:
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ finished (with seconds), or the exit code and XLA's reason.
 """
 import argparse
 import os
-import re
 import subprocess
 import sys
 import time
+
+import busy_host  # this folder's: XLA's abort in one line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -80,11 +81,7 @@ def main():
     if run.returncode == 0:
       print(f"depth {depth}: {run.stdout.strip()}")
     else:
-      found = re.search(r"of (\d+) seconds exceeded.*Expected (\d+) threads"
-                        r".*only (\d+) of them", run.stderr)
-      reason = (f"XLA's collective timeout ({found[1]} s): {found[3]} of "
-                f"{found[2]} device threads arrived" if found else
-                run.stderr.strip().splitlines()[-1:])
+      reason = busy_host.xla_abort_reason(run.stderr)
       print(f"depth {depth}: exit code {run.returncode} after "
             f"{time.time() - begin:.0f} s; {reason}")
 

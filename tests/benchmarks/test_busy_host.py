@@ -3,6 +3,7 @@ pytest selection, and reads XLA:CPU's collective timeout."""
 import os
 import subprocess
 import sys
+import time
 
 import repo
 
@@ -21,10 +22,10 @@ _XLA_ABORT = (
 
 
 def test_reason_names_the_collective_and_who_arrived():
-  assert busy_host._reason(_XLA_ABORT) == (  # pylint: disable=protected-access
+  assert busy_host.xla_abort_reason(_XLA_ABORT) == (
       "XLA's collective timeout (40 s) in all gather over devices [1, 3]: "
       "1 of 2 arrived")
-  assert busy_host._reason("x\nlast line\n") == "last line"  # pylint: disable=protected-access
+  assert busy_host.xla_abort_reason("x\nlast line\n") == "last line"
 
 
 def test_counts_passed_and_aborted_runs(tmp_path):
@@ -48,3 +49,49 @@ def test_refuses_no_tests():
   done = subprocess.run([sys.executable, SCRIPT, "--runs=1"],
                         capture_output=True, text=True, timeout=60)
   assert done.returncode == 2 and "name the tests" in done.stderr
+
+
+def test_refuses_a_bad_count_and_leaves_no_spinner_behind(tmp_path):
+  done = subprocess.run([sys.executable, SCRIPT, "--runs=0", "x.py"],
+                        capture_output=True, text=True, timeout=60)
+  assert done.returncode == 2 and "--runs must be >= 1" in done.stderr
+  # Killed mid-run (SIGKILL: no cleanup of its own), the script's spinning
+  # processes stop by themselves.
+  (tmp_path / "test_slow.py").write_text(
+      "import time\n\ndef test_slow():\n  time.sleep(60)\n")
+  script = subprocess.Popen([sys.executable, SCRIPT, "--runs=1", "--busy=2",
+                             str(tmp_path / "test_slow.py")],
+                            stdout=subprocess.PIPE, text=True)
+  assert script.stdout.readline().startswith("cpus:")
+  spinners = _children(script.pid)
+  assert len(spinners) == 2
+  script.kill()
+  script.wait()
+  deadline = time.time() + 30
+  while time.time() < deadline and any(_alive(p) for p in spinners):
+    time.sleep(0.2)
+  assert not any(_alive(p) for p in spinners)
+
+
+def _children(pid):
+  """The spinning processes among `pid`'s children."""
+  time.sleep(1)  # the spinners and the pytest run start
+  with open(f"/proc/{pid}/task/{pid}/children") as f:
+    children = [int(p) for p in f.read().split()]
+  return [p for p in children if _SPINNER in _cmdline(p)]
+
+
+_SPINNER = "getppid"  # busy_host._SPIN's; the pytest run is another child
+
+
+def _cmdline(pid):
+  with open(f"/proc/{pid}/cmdline", "rb") as f:
+    return f.read().decode(errors="replace")
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split()[2] != "Z"
+  except FileNotFoundError:
+    return False

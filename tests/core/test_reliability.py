@@ -107,8 +107,8 @@ def _trm_train_step(config, workdir):
     # Waits for the step. Unwaited, two steps queued and then the copies
     # of the fresh state deadlocked XLA:CPU's collectives on a loaded host,
     # and XLA aborted the process after 40 s: the CI run of de797d4 lost
-    # its worker here, and 8 of 20 runs of this file's two TRM step tests
-    # beside three busy processes aborted; waiting, none of 20 did
+    # its worker here, and 9 of 40 runs of this file's two TRM step tests
+    # beside three busy processes aborted; waiting, none of 40 did
     # (benchmarks/reliability/busy_host.py; BUILD_NOTES "Session 91").
     return jax.block_until_ready(
         step(state, pipeline.to_global(batch, batch_shardings)))
