@@ -360,8 +360,54 @@ def test_tiny_gpt_train_step_compiles_for_v4_8():
   # 2 layers x 2 sequences a device x 32 x 64, float32 (8 KiB a layer):
   # XLA:TPU pads its buffers to tiles, so at least that.
   assert report["host_temp_gib"] * 2**30 >= 2 * 2 * 32 * 64 * 4
-  assert "host memory per chip: 0.00 GiB (offloaded by " in aot.format_report(
-      report)
+  text = aot.format_report(report)
+  assert "host memory per chip: 0.00 GiB (offloaded by " in text
+  # The verdict is XLA's compile for the chip; its peak is reported beside
+  # the sum (topology.hbm_use).
+  assert 0 < report["peak_gib"] < 1
+  assert (f"XLA's peak {report['peak_gib']:.2f} GiB; XLA:TPU compiled it for "
+          "the chip's 30.75 GiB") in text
+
+
+def test_the_verdict_is_xlas_compile_for_the_chips_hbm(monkeypatch):
+  """XLA:TPU fits a step to the chip's HBM or refuses it; the report's
+  verdict is that. A tiny GPT under an HBM of 16 MiB
+  (--xla_tpu_max_hbm_size_mib, the chip's own by default) is refused,
+  with XLA's figure (about 20 MiB); under 32 MiB it compiles, though XLA's
+  peak (about 38 MiB) is above it: the peak is reported, not checked."""
+  def report(limit_mib):
+    config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
+                                    "shakespeare_char")
+    config.update(dict(n_layer=2, n_head=2, n_embd=256, block_size=256,
+                       batch_size=32, gradient_accumulation_steps=2,
+                       tpu_compiler_options=(
+                           f"--xla_tpu_max_hbm_size_mib={limit_mib}")))
+    config.model.update(remat=True, scan_layers=True, vocab_size=65)
+    config.mesh.data, config.mesh.fsdp = 1, -1
+    return aot.compile_report(config, aot.parse_topology("v4-8"), 1)
+
+  # A sum far over the chip (as GPT-3 175B's 35.56 GiB on v6e's 31.25)
+  # changes no verdict of a step XLA compiled.
+  real = aot.hbm_use
+  monkeypatch.setattr(aot, "hbm_use",
+                      lambda compiled: (real(compiled)[0], 100 * 2**30))
+  refused = report(16)
+  assert not refused["fits"] and refused["usable_gib"] == 16 / 1024
+  assert re.search(r"Used [\d.]+M of 16\.00M hbm", refused["error"])
+  fitted = report(32)
+  assert fitted["fits"] and fitted["usable_gib"] == 32 / 1024
+  assert fitted["peak_gib"] > fitted["usable_gib"]
+  assert fitted["total_gib"] == 100
+  assert "XLA:TPU compiled it for the chip's 0.03 GiB" in aot.format_report(
+      fitted)
+
+
+def test_an_hbm_limit_that_is_not_a_number_is_refused_before_compiling():
+  config = sudoku_config()
+  config.tpu_compiler_options = "--xla_tpu_max_hbm_size_mib=lots"
+  with pytest.raises(ValueError, match="--xla_tpu_max_hbm_size_mib=lots is "
+                     "not a whole number of MiB"):
+    aot.compile_report(config, aot.parse_topology("v4-8"), 1)
 
 
 @pytest.mark.parametrize("name, wrap", [

@@ -21,8 +21,9 @@ r"""Compile the real train step for a TPU topology on a CPU host.
 
 Uses libtpu's compile-only devices (`pip install -e .[tpu]`; no TPU needed)
 and the trainer's own mesh, sharding and step code, then prints per chip the
-argument, output, temporary and total bytes against the usable HBM, a FITS /
-DOES NOT FIT verdict (exit code 1 when it does not fit), the compile time,
+argument, output, temporary and total bytes and XLA's peak, a FITS / DOES
+NOT FIT verdict (XLA:TPU's: it compiles the step for the chip's HBM or
+refuses it; exit code 1 when it does not fit), the compile time,
 and the analytic training FLOPs per step with the step time they imply at 50%
 MFU.
 
@@ -69,8 +70,8 @@ from absl import app, flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags
 
 from trm import families  # (imports no family until one is named)
-from trm.core.topology import (Topology, parse_topology, roofline, step_cost,
-                               topology_devices)
+from trm.core.topology import (Topology, hbm_use, parse_topology, roofline,
+                               step_cost, topology_devices)
 
 GIB = 2**30
 # --topology=local: this host's own devices, for --save_compiled.
@@ -188,6 +189,7 @@ def compile_report(config, topology: Topology, num_slices: int,
   a file to write the compiled train step to when it fits, for
   `--config.compiled_step` (report key `saved`)."""
   from trm.core import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top
 
   slices = math.prod(config.mesh.get(f"dcn_{a}", 1) for a in mesh_lib.MESH_AXES)
   if slices != num_slices:
@@ -202,7 +204,8 @@ def compile_report(config, topology: Topology, num_slices: int,
       "mode": "sample" if sample else "train",
       "topology": topology.name, "num_slices": num_slices,
       "chips": len(devices), "mesh": dict(mesh.shape),
-      "usable_gib": topology.chip.usable_hbm_gib,
+      "usable_gib": tpu_flags.hbm_limit_gib(config,
+                                            topology.chip.usable_hbm_gib),
   }
   if sample is None:
     ctx.check_batch_size(config.global_batch_size)
@@ -265,8 +268,7 @@ def compile_report(config, topology: Topology, num_slices: int,
                   analysis_compile_seconds=time.time() - start,
                   **_pallas_calls(unrolled.as_text()))
   memory = compiled.memory_analysis()
-  total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
-           + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  peak, total = hbm_use(compiled)
   report.update(
       compile_seconds=compile_seconds,
       argument_gib=memory.argument_size_in_bytes / GIB,
@@ -274,9 +276,13 @@ def compile_report(config, topology: Topology, num_slices: int,
       temp_gib=memory.temp_size_in_bytes / GIB,
       alias_gib=memory.alias_size_in_bytes / GIB,
       total_gib=total / GIB,
+      peak_gib=peak / GIB,
       # A remat policy's offloaded tensors, in the host's memory.
       host_temp_gib=getattr(memory, "host_temp_size_in_bytes", 0) / GIB,
-      fits=total / GIB <= topology.chip.usable_hbm_gib)
+      # XLA:TPU fits the program to the chip or refuses it (the except
+      # above); the sum can run GiBs over a step it compiled
+      # (topology.hbm_use).
+      fits=True)
   if save_compiled and sample is None and report["fits"]:
     report["saved"] = _save(save_step, compiled, save_compiled)
   return report
@@ -346,8 +352,9 @@ def format_report(report: dict) -> str:
         f"per chip: arguments {report['argument_gib']:.2f} GiB, outputs "
         f"{report['output_gib']:.2f} GiB, temporaries {report['temp_gib']:.2f}"
         f" GiB, aliased {report['alias_gib']:.2f} GiB, total "
-        f"{report['total_gib']:.2f} GiB of {report['usable_gib']:.2f} GiB "
-        "usable")
+        f"{report['total_gib']:.2f} GiB; XLA's peak "
+        f"{report.get('peak_gib', report['total_gib']):.2f} GiB; XLA:TPU "
+        f"compiled it for the chip's {report['usable_gib']:.2f} GiB")
     if report.get("host_temp_gib"):
       lines.append(f"host memory per chip: {report['host_temp_gib']:.2f} GiB"
                    " (offloaded by config.model.remat_offload)")

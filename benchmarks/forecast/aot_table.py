@@ -84,13 +84,14 @@ ROWS = {
 HEADERS = {
     "train": (
         "| model | topology | mesh (data, fsdp, model) | global batch | "
-        "per-device batch | args GiB | temp GiB | total GiB / usable | "
+        "per-device batch | args GiB | temp GiB | sum GiB; XLA's peak / chip | "
         "verdict | compile s | step s at 50% MFU |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|"),
     "sample": (
         "| model | topology | mesh (data, fsdp, model) | params | prompts "
         "(per device) | prompt + new tokens, steps | args GiB | temp GiB | "
-        "total GiB / usable | verdict | compile s | call s at 50% MFU | new "
+        "sum GiB; XLA's peak / chip | verdict | compile s | call s at 50% "
+        "MFU | new "
         "tokens/s at 50% MFU |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"),
 }
@@ -132,7 +133,8 @@ def main(argv):
     m = report["mesh"]
     where = f"{slices} x {topo}" if slices > 1 else topo
     memory = (f"{report['argument_gib']:.2f} | {report['temp_gib']:.2f} | "
-              f"{report['total_gib']:.2f} / {report['usable_gib']}"
+              f"{report['total_gib']:.2f}; {report['peak_gib']:.2f} / "
+              f"{report['usable_gib']}"
               if "total_gib" in report else
               f"- | - | compiler: out of HBM / {report['usable_gib']}")
     verdict = "FITS" if report["fits"] else "DOES NOT FIT"

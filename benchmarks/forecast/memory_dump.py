@@ -7,6 +7,9 @@ prints, `--peak=N`, with the op each came from). libtpu takes
 
   PYTHONPATH=. python3 benchmarks/forecast/memory_dump.py \
       --run=v6e_l8b_8k --layers=2 --reduce_once=1 --dump=/tmp/dump
+
+With --hbm_limit_mib=MIB it compiles for a chip of that much HBM: XLA:TPU
+reschedules and rematerializes to fit, or refuses, and the line says which.
 """
 import argparse
 import ast
@@ -42,6 +45,11 @@ def main(argv=None):
                       help="with --dump: print the N largest buffers live "
                       "at the step's peak, as XLA's live-range report "
                       "lists them")
+  parser.add_argument("--hbm_limit_mib", type=int, default=None,
+                      metavar="MIB",
+                      help="compile for a chip of MIB MiB of HBM "
+                      "(xla_tpu_max_hbm_size_mib): where XLA's own check "
+                      "refuses the step, and what it compiles under it")
   parser.add_argument("--set", action="append", default=[],
                       metavar="KEY=VALUE",
                       help="a config field on top of the row's, e.g. "
@@ -55,6 +63,9 @@ def main(argv=None):
     parser.error(f"--layers={args.layers}: must be at least 1")
   if args.peak < 0:
     parser.error(f"--peak={args.peak}: must be 0 or more")
+  if args.hbm_limit_mib is not None and args.hbm_limit_mib < 1:
+    parser.error(f"--hbm_limit_mib={args.hbm_limit_mib}: must be at least "
+                 "1")
   run = forecast_llama.RUNS[args.run]
   config = forecast_llama.config_for(run)
   config.n_layer = args.layers
@@ -63,20 +74,34 @@ def main(argv=None):
     config_lib.set_values(config, dict(_override(item) for item in args.set))
   except ValueError as e:
     parser.error(f"--set: {e}")
+  options = {}
   if args.dump:
-    for_mesh = tpu_flags.for_mesh
-
-    def dumping(config, mesh):
-      return dict(for_mesh(config, mesh), xla_dump_to=args.dump,
-                  xla_dump_hlo_as_text=True)
-
-    tpu_flags.for_mesh = dumping
-  row = plan.compile_row(config, parse_topology(run["topology"]), 1, None,
-                         config.global_batch_size)
-  print(f"{args.run} layers={args.layers} reduce_once={bool(args.reduce_once)}"
-        f"{''.join(' ' + item for item in args.set)}: "
-        f"{row.memory_gib:.3f} GiB a chip, fits={row.fits}, "
-        f"host {row.host_memory_gib:.2f} GiB")
+    options.update(xla_dump_to=args.dump, xla_dump_hlo_as_text=True)
+  if args.hbm_limit_mib is not None:
+    options.update(xla_tpu_max_hbm_size_mib=args.hbm_limit_mib)
+  for_mesh = tpu_flags.for_mesh
+  if options:
+    tpu_flags.for_mesh = lambda config, mesh: dict(for_mesh(config, mesh),
+                                                   **options)
+  try:
+    row = plan.compile_row(config, parse_topology(run["topology"]), 1, None,
+                           config.global_batch_size)
+  finally:
+    tpu_flags.for_mesh = for_mesh
+  head = (f"{args.run} layers={args.layers} "
+          f"reduce_once={bool(args.reduce_once)}"
+          + (f" hbm_limit_mib={args.hbm_limit_mib}"
+             if args.hbm_limit_mib is not None else "")
+          + "".join(" " + item for item in args.set))
+  if row.program is None:
+    print(f"{head}: refused by XLA ("
+          + (f"{row.memory_gib:.3f} GiB a chip" if row.memory_gib
+             else "no figure") + f"): {row.error}")
+    return
+  print(f"{head}: {row.memory_gib:.3f} GiB a chip (arguments, outputs and "
+        f"temporaries less aliased; XLA's peak {row.memory_peak_gib:.3f}), "
+        f"fits={row.fits} (XLA compiled it), host "
+        f"{row.host_memory_gib:.2f} GiB")
   if args.dump:
     print(allocations(args.dump))
   if args.dump and args.peak:

@@ -284,6 +284,25 @@ def test_per_chip_compiles_a_stand_in_batch(script, monkeypatch, capsys):
                                         abs=0.01)
 
 
+def test_a_sum_over_the_chip_that_xla_compiled_is_marked(
+    script, monkeypatch, capsys):
+  """GPT-3 175B's step on v6e-256: 35.56 GiB in sum, compiled for the
+  chip's 31.25. The row fits (XLA's verdict); its GiB is starred and a
+  line under it says why."""
+  monkeypatch.setattr(script.plan, "compile_row", lambda *a: "compiled")
+  monkeypatch.setattr(script.plan, "forecast_row", lambda *a: {
+      "step_seconds": 16.0, "chips": 256, "fits": True, "memory_gib": 35.56,
+      "chip_hbm_gib": 31.25, "seconds_by_cause": {"compute": 11.0}})
+  monkeypatch.setattr(script, "splash_seconds", lambda *a: None)
+  script.main(["--run=v6e_gpt3"])
+  lines = [line for line in capsys.readouterr().out.splitlines()
+           if line.startswith("v6e_gpt3 ")]
+  assert lines[0].split()[3:5] == ["yes", "35.56*"]
+  assert lines[1].startswith("v6e_gpt3 * arguments + outputs + temporaries "
+                             "are over the chip's 31.25 GiB; XLA:TPU "
+                             "compiled the step for it")
+
+
 @pytest.mark.usefixtures("no_compilation_cache")
 def test_splash_seconds_are_the_kernels_roofline_time(script):
   """The splash column sums the forward, dq and dkv kernels of a compiled

@@ -21,6 +21,8 @@ def script():
      "config.model.head_gather has no field 'x'"),
     (["--run=v6e_l8b_8k", "--set=model.n_kv_head=eight"],
      "config.model.n_kv_head='eight' has the wrong type"),
+    (["--run=v6e_l8b_8k", "--hbm_limit_mib=0"],
+     "--hbm_limit_mib=0: must be at least 1"),
 ])
 def test_a_bad_flag_is_one_line(script, monkeypatch, capsys, argv, needle):
   def compile_row(*_):
@@ -46,6 +48,48 @@ def test_set_types_a_field_as_the_config_does(script, monkeypatch, capsys):
     script.main(["--run=v6e_l8b_8k", "--layers=3",
                  "--set=model.head_gather=compute", "--set=model.n_kv_head=4"])
   assert seen == dict(head_gather="compute", n_kv_head=4, layers=3)
+
+
+class _Row:
+  def __init__(self, **fields):
+    self.__dict__.update(dict(program=None, memory_gib=None,
+                              memory_peak_gib=None, fits=False,
+                              host_memory_gib=0.0, error=None), **fields)
+
+
+def test_hbm_limit_reaches_the_compile_and_a_refusal_is_one_line(
+    script, monkeypatch, capsys):
+  """--hbm_limit_mib is XLA:TPU's xla_tpu_max_hbm_size_mib beside the
+  row's own options; a step XLA refuses under it is a line with XLA's
+  figure and message, a step it compiles a line with sum and peak (the
+  sum over the limit: XLA rescheduled it to fit)."""
+  seen = []
+  tpu_mesh = type("Mesh", (), {"devices": type("D", (), {
+      "flat": [type("Dev", (), {"platform": "tpu"})()]})()})()
+
+  def compile_row(config, *_):
+    seen.append(script.tpu_flags.for_mesh(config, tpu_mesh))
+    if len(seen) == 1:
+      return _Row(memory_gib=4.37, error="RESOURCE_EXHAUSTED: ... (4.37G)")
+    return _Row(program=object(), memory_gib=8.383, memory_peak_gib=6.759,
+                fits=True)
+  monkeypatch.setattr(script.plan, "compile_row", compile_row)
+  script.main(["--run=v6e_gpt3", "--reduce_once=0", "--hbm_limit_mib=4096"])
+  assert seen[0]["xla_tpu_max_hbm_size_mib"] == 4096
+  assert capsys.readouterr().out.strip() == (
+      "v6e_gpt3 layers=2 reduce_once=False hbm_limit_mib=4096: refused by "
+      "XLA (4.370 GiB a chip): RESOURCE_EXHAUSTED: ... (4.37G)")
+  script.main(["--run=v6e_gpt3", "--reduce_once=0", "--hbm_limit_mib=7500"])
+  assert seen[1]["xla_tpu_max_hbm_size_mib"] == 7500
+  assert capsys.readouterr().out.strip() == (
+      "v6e_gpt3 layers=2 reduce_once=False hbm_limit_mib=7500: 8.383 GiB a "
+      "chip (arguments, outputs and temporaries less aliased; XLA's peak "
+      "6.759), fits=True (XLA compiled it), host 0.00 GiB")
+  # Each run's options are its own, and none outlive it.
+  assert seen[1]["xla_tpu_max_hbm_size_mib"] == 7500
+  assert "xla_tpu_max_hbm_size_mib" not in script.tpu_flags.for_mesh(
+      script.forecast_llama.config_for(script.forecast_llama.RUNS["v6e_gpt3"]),
+      tpu_mesh)
 
 
 _REPORT = """HloLiveRange (max 9):

@@ -535,6 +535,14 @@ def test_the_collectives_summary_keeps_every_cross_slice_one():
     ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory"
      " in memory space host. Used 160.00G of 128.00G host. Exceeded host "
      "capacity by 32.00G.\n    program (160.00G)", None, 160.0),
+    # The refusal before scheduling (GPT-3 175B's 2 layers at 36 a chip).
+    ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+     "required for HLO temporaries (35.79G) exceeds available HBM (31.25G).",
+     35.79, 0.0),
+    # After scheduling, in MiB (a tiny GPT under a 16 MiB limit).
+    ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile "
+     "permanent error. Ran out of memory in memory space hbm. Used 20.38M "
+     "of 16.00M hbm. Exceeded hbm capacity by 4.38M.", 20.38 / 1024, 0.0),
 ])
 def test_a_row_out_of_memory_names_the_memory(monkeypatch, message, hbm,
                                               host):
@@ -553,3 +561,56 @@ def test_a_row_out_of_memory_names_the_memory(monkeypatch, message, hbm,
   assert not compiled.fits and compiled.program is None
   assert compiled.memory_gib == hbm and compiled.host_memory_gib == host
   assert compiled.error == message.splitlines()[0]
+
+
+def test_a_step_xla_compiled_fits_whatever_its_memory_sum(monkeypatch):
+  """XLA:TPU fits a step to the chip or refuses it: a compiled step whose
+  arguments + outputs + temporaries run past the chip (GPT-3 175B's on
+  v6e-256: 35.56 GiB for 31.25) is a row that fits, its GiB the sum
+  (marked), XLA's peak beside it."""
+  from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
+  real = task_lib.compile_train_step
+  gib = 2**30
+
+  class Stats:
+    argument_size_in_bytes = output_size_in_bytes = alias_size_in_bytes = (
+        2 * gib)
+    temp_size_in_bytes = 40 * gib
+    peak_memory_in_bytes = 29 * gib
+    host_temp_size_in_bytes = 0
+
+  class Compiled:
+    def __init__(self, compiled):
+      self.as_text = compiled.as_text
+
+    def memory_analysis(self):
+      return Stats()
+
+  monkeypatch.setattr(task_lib, "compile_train_step",
+                      lambda *a: Compiled(real(*a)))
+  compiled = _REAL_COMPILE_ROW(tiny_gpt(), V4_8, 1, None, 8)
+  assert compiled.fits and compiled.program is not None
+  assert compiled.memory_gib == 42 and compiled.memory_peak_gib == 29
+  row = plan.forecast_row(compiled, V4_8, plan.DEFAULT_EFFICIENCY)
+  assert row["fits"] and (row["memory_gib"], row["memory_peak_gib"]) == (42, 29)
+  # The table marks a sum over the chip and says whose verdict it is.
+  text = plan.format_rows([row], "v4-8", plan.DEFAULT_EFFICIENCY, "default")
+  assert "  yes   42.00* " in text
+  assert ("* the sum of arguments, outputs and temporaries (GiB/chip) is "
+          "over the chip's 30.75 GiB, and XLA:TPU compiled the step for it "
+          "all the same") in text
+
+
+@pytest.mark.parametrize("peak, expected", [(29, (29, 42)), (0, (42, 42)),
+                                            (None, (42, 42))])
+def test_hbm_use_is_the_peak_and_the_sum(peak, expected):
+  """(peak, sum); a backend with no peak (0, or an older jaxlib without
+  the field) gives the sum for both."""
+  gib = 2**30
+  fields = dict(argument_size_in_bytes=2 * gib, output_size_in_bytes=2 * gib,
+                alias_size_in_bytes=2 * gib, temp_size_in_bytes=40 * gib)
+  if peak is not None:
+    fields["peak_memory_in_bytes"] = peak * gib
+  stats = type("Stats", (), fields)()
+  compiled = type("Compiled", (), {"memory_analysis": lambda self: stats})()
+  assert tuple(b / gib for b in topology.hbm_use(compiled)) == expected

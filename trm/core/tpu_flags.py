@@ -72,3 +72,23 @@ def for_mesh(config, mesh) -> dict[str, str]:
     return {}
   check_environment(options)
   return options
+
+
+# XLA:TPU's HBM a chip for the compile, in MiB (the chip's by default):
+# a step is fitted to it or refused.
+HBM_LIMIT = "xla_tpu_max_hbm_size_mib"
+
+
+def hbm_limit_gib(config, chip_gib: float) -> float:
+  """The HBM a chip a TPU compile of this config fits its step to: the
+  chip's, or less where `config.tpu_compiler_options` sets HBM_LIMIT."""
+  limit = parse(config.get("tpu_compiler_options", "")).get(HBM_LIMIT)
+  if limit is None:
+    return chip_gib
+  try:
+    mib = int(limit)
+  except ValueError:
+    raise ValueError(f"{FIELD}: --{HBM_LIMIT}={limit} is not a whole "
+                     "number of MiB.") from None
+  return min(chip_gib, mib / 1024)
+

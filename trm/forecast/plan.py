@@ -61,12 +61,17 @@ class CompiledRow:
   tokens_per_example: int | None
   compile_seconds: float
   fits: bool
+  # Arguments + outputs + temporaries - aliased a chip, as MaxText prints
+  # it; where XLA refused the step, the figure its message gives.
   memory_gib: float | None
   program: timeline.Program | None = None
   error: str | None = None
   # Host memory the step's offloaded tensors take per chip (a remat
   # policy's `remat_offload`), beside `memory_gib` of HBM.
   host_memory_gib: float = 0.0
+  # XLA's peak a chip (topology.hbm_use: host memory a remat policy
+  # offloads to included); None where the compile was refused.
+  memory_peak_gib: float | None = None
 
 
 def row_config(config, slices: int, global_batch: int, mesh=None):
@@ -118,6 +123,23 @@ def check_rows(config, topology: topology_lib.Topology, slice_counts,
         raise type(e)(f"--num_slices={slices}: {e}") from None  # which row
 
 
+# XLA:TPU's two refusals: before scheduling, "the total memory required
+# for HLO temporaries (35.79G) exceeds available HBM (31.25G)"; after,
+# "Ran out of memory in memory space hbm. Used 20.38M of 16.00M hbm".
+_REFUSED = re.compile(r"required for HLO temporaries \(([\d.]+)([KMG])\)"
+                      r"|memory space hbm\. Used ([\d.]+)([KMG]) of")
+
+
+def _refused_gib(text: str) -> float | None:
+  """GiB a chip that XLA:TPU's refusal says the step needs (None: not
+  given)."""
+  found = _REFUSED.search(text)
+  if not found:
+    return None
+  number, unit = found.group(1, 2) if found.group(1) else found.group(3, 4)
+  return float(number) / {"K": 2**20, "M": 2**10, "G": 1}[unit]
+
+
 def compile_row(config, topology: topology_lib.Topology, slices: int,
                 shapes, global_batch: int, mesh=None) -> CompiledRow:
   """Compiles the train step for `slices` slices of `topology`."""
@@ -147,20 +169,19 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
     # Host memory (a remat policy's offloads) runs out apart from HBM:
     # "Ran out of memory in memory space host. Used 160.00G of 128.00G".
     host = re.search(r"memory space host\. Used ([\d.]+)G", text)
-    needed = None if host else re.search(r"\(([\d.]+)G\)", text)
     return CompiledRow(**base, compile_seconds=time.time() - start,
                        fits=False,
-                       memory_gib=float(needed.group(1)) if needed else None,
+                       memory_gib=None if host else _refused_gib(text),
                        error=text.splitlines()[0][:300],
                        host_memory_gib=float(host.group(1)) if host else 0.0)
   seconds = time.time() - start
   memory = compiled.memory_analysis()
-  total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
-           + memory.temp_size_in_bytes - memory.alias_size_in_bytes) / GIB
+  peak, total = (b / GIB for b in topology_lib.hbm_use(compiled))
   fabric = network.Fabric.for_mesh(ctx.mesh, topology, slices)
-  return CompiledRow(**base, compile_seconds=seconds,
-                     fits=total <= topology.chip.usable_hbm_gib,
-                     memory_gib=total,
+  # XLA:TPU fits the step to the chip or refuses it (the except above):
+  # the sum can run GiBs over a step it compiled (topology.hbm_use).
+  return CompiledRow(**base, compile_seconds=seconds, fits=True,
+                     memory_gib=total, memory_peak_gib=peak,
                      host_memory_gib=getattr(
                          memory, "host_temp_size_in_bytes", 0) / GIB,
                      program=timeline.Program(compiled.as_text(), fabric))
@@ -184,6 +205,8 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
   chip = topology.chip
   row = {"slices": compiled.slices, "chips": compiled.chips,
          "fits": compiled.fits, "memory_gib": compiled.memory_gib,
+         "memory_peak_gib": compiled.memory_peak_gib,
+         "chip_hbm_gib": chip.usable_hbm_gib,
          "mesh": compiled.mesh, "global_batch": compiled.global_batch,
          "compile_seconds": round(compiled.compile_seconds, 1),
          "efficiency": efficiency, "dcn_overlap": dcn_overlap,
@@ -457,18 +480,31 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
     rate = r["tokens_per_second"] if lm else r["examples_per_second"]
     scaling = (f"{100 * r['scaling_efficiency']:.1f}%"
                if r.get("scaling_efficiency") is not None else "-")
+    memory = f"{r['memory_gib']:.2f}" + ("*" if sum_over_chip(r) else "")
     lines.append(
         f"{r['slices']:>6} {r['chips']:>6} "
-        f"{'yes' if r['fits'] else 'no':>4} {r['memory_gib']:>8.2f} "
+        f"{'yes' if r['fits'] else 'no':>4} {memory:>8} "
         f"{r['step_seconds']:>9.4f} {rate:>12.4g} "
         f"{r['tflops_per_chip']:>12.1f} {100 * r['mfu']:>5.1f}% "
         f"{scaling:>7} {r['ici_bytes'] / 1e9:>11.3f} "
         f"{r['dcn_bytes'] / 1e9:>11.3f} {r['bound']:<7} "
         f"{100 * r.get('mfu_dcn_none', r.get('mfu_dcn_schedule', 0)):.1f}%")
+  if any(sum_over_chip(r) for r in rows):
+    lines.append(
+        "* the sum of arguments, outputs and temporaries (GiB/chip) is over "
+        f"the chip's {rows[0]['chip_hbm_gib']:.2f} GiB, and XLA:TPU compiled "
+        "the step for it all the same: the verdict is XLA's (BUILD_NOTES "
+        "\"Session 92\")")
   lines.extend(host_offload_lines(rows))
   lines.extend(unread_loop_warnings(rows))
   lines.extend(undeclared_kernel_warnings(rows))
   return "\n".join(lines)
+
+
+def sum_over_chip(row: dict) -> bool:
+  """A step XLA fitted whose memory sum is over the chip's HBM."""
+  return bool(row.get("fits") and row.get("memory_gib") and row.get(
+      "chip_hbm_gib") and row["memory_gib"] > row["chip_hbm_gib"])
 
 
 def host_offload_lines(rows: list[dict]) -> list[str]:
