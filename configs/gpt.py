@@ -331,7 +331,8 @@ def get_config(arg=None):
     if "seq2048" in variants:
       # configs/v4/22b.sh (Dec 2023): 2048 tokens with flash attention; 16
       # sequences per chip fit neither MaxText (its script went to 15, then
-      # 13) nor us (36.8 GiB); 12 does (29.3 GiB, BUILD_NOTES).
+      # 13) nor, by our memory sum, us (36.8 GiB; not rechecked since XLA's
+      # compile became the verdict, session 92); 12 does (29.3 GiB).
       c.block_size = 2048
       c.model.attention = "splash"
       c.batch_size = 12 * 64

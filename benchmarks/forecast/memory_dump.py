@@ -63,9 +63,6 @@ def main(argv=None):
     parser.error(f"--layers={args.layers}: must be at least 1")
   if args.peak < 0:
     parser.error(f"--peak={args.peak}: must be 0 or more")
-  if args.hbm_limit_mib is not None and args.hbm_limit_mib < 1:
-    parser.error(f"--hbm_limit_mib={args.hbm_limit_mib}: must be at least "
-                 "1")
   run = forecast_llama.RUNS[args.run]
   config = forecast_llama.config_for(run)
   config.n_layer = args.layers
@@ -74,17 +71,26 @@ def main(argv=None):
     config_lib.set_values(config, dict(_override(item) for item in args.set))
   except ValueError as e:
     parser.error(f"--set: {e}")
-  options = {}
-  if args.dump:
-    options.update(xla_dump_to=args.dump, xla_dump_hlo_as_text=True)
+  topology = parse_topology(run["topology"])
   if args.hbm_limit_mib is not None:
-    options.update(xla_tpu_max_hbm_size_mib=args.hbm_limit_mib)
+    # One of the row's own options: checked against LIBTPU_INIT_ARGS and
+    # the chip as they are.
+    config.tpu_compiler_options = (
+        f"{config.get('tpu_compiler_options', '')} "
+        f"--{tpu_flags.HBM_LIMIT}={args.hbm_limit_mib}").strip()
+    try:
+      tpu_flags.hbm_limit_gib(config, topology.chip.usable_hbm_gib)
+      tpu_flags.check_environment(
+          tpu_flags.parse(config.tpu_compiler_options))
+    except ValueError as e:
+      parser.error(f"--hbm_limit_mib: {e}")
   for_mesh = tpu_flags.for_mesh
-  if options:
-    tpu_flags.for_mesh = lambda config, mesh: dict(for_mesh(config, mesh),
-                                                   **options)
+  if args.dump:
+    tpu_flags.for_mesh = lambda config, mesh: dict(
+        for_mesh(config, mesh), xla_dump_to=args.dump,
+        xla_dump_hlo_as_text=True)
   try:
-    row = plan.compile_row(config, parse_topology(run["topology"]), 1, None,
+    row = plan.compile_row(config, topology, 1, None,
                            config.global_batch_size)
   finally:
     tpu_flags.for_mesh = for_mesh
@@ -96,7 +102,8 @@ def main(argv=None):
   if row.program is None:
     print(f"{head}: refused by XLA ("
           + (f"{row.memory_gib:.3f} GiB a chip" if row.memory_gib
-             else "no figure") + f"): {row.error}")
+             else f"{row.host_memory_gib:.3f} GiB of host memory a chip"
+             if row.host_memory_gib else "no figure") + f"): {row.error}")
     return
   print(f"{head}: {row.memory_gib:.3f} GiB a chip (arguments, outputs and "
         f"temporaries less aliased; XLA's peak {row.memory_peak_gib:.3f}), "

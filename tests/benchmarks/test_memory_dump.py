@@ -22,7 +22,10 @@ def script():
     (["--run=v6e_l8b_8k", "--set=model.n_kv_head=eight"],
      "config.model.n_kv_head='eight' has the wrong type"),
     (["--run=v6e_l8b_8k", "--hbm_limit_mib=0"],
-     "--hbm_limit_mib=0: must be at least 1"),
+     "--xla_tpu_max_hbm_size_mib=0: XLA:TPU fits the step to that many MiB"),
+    # Above v6e's 31.25 GiB: a step fitted to it need not fit the chip.
+    (["--run=v6e_l8b_8k", "--hbm_limit_mib=32769"],
+     "and the chip has 32000; set it from 1 to that"),
 ])
 def test_a_bad_flag_is_one_line(script, monkeypatch, capsys, argv, needle):
   def compile_row(*_):
@@ -59,7 +62,7 @@ class _Row:
 
 def test_hbm_limit_reaches_the_compile_and_a_refusal_is_one_line(
     script, monkeypatch, capsys):
-  """--hbm_limit_mib is XLA:TPU's xla_tpu_max_hbm_size_mib beside the
+  """--hbm_limit_mib is XLA:TPU's xla_tpu_max_hbm_size_mib among the
   row's own options; a step XLA refuses under it is a line with XLA's
   figure and message, a step it compiles a line with sum and peak (the
   sum over the limit: XLA rescheduled it to fit)."""
@@ -75,21 +78,19 @@ def test_hbm_limit_reaches_the_compile_and_a_refusal_is_one_line(
                 fits=True)
   monkeypatch.setattr(script.plan, "compile_row", compile_row)
   script.main(["--run=v6e_gpt3", "--reduce_once=0", "--hbm_limit_mib=4096"])
-  assert seen[0]["xla_tpu_max_hbm_size_mib"] == 4096
+  assert seen[0]["xla_tpu_max_hbm_size_mib"] == "4096"
   assert capsys.readouterr().out.strip() == (
       "v6e_gpt3 layers=2 reduce_once=False hbm_limit_mib=4096: refused by "
       "XLA (4.370 GiB a chip): RESOURCE_EXHAUSTED: ... (4.37G)")
   script.main(["--run=v6e_gpt3", "--reduce_once=0", "--hbm_limit_mib=7500"])
-  assert seen[1]["xla_tpu_max_hbm_size_mib"] == 7500
+  assert seen[1]["xla_tpu_max_hbm_size_mib"] == "7500"
   assert capsys.readouterr().out.strip() == (
       "v6e_gpt3 layers=2 reduce_once=False hbm_limit_mib=7500: 8.383 GiB a "
       "chip (arguments, outputs and temporaries less aliased; XLA's peak "
       "6.759), fits=True (XLA compiled it), host 0.00 GiB")
-  # Each run's options are its own, and none outlive it.
-  assert seen[1]["xla_tpu_max_hbm_size_mib"] == 7500
-  assert "xla_tpu_max_hbm_size_mib" not in script.tpu_flags.for_mesh(
-      script.forecast_llama.config_for(script.forecast_llama.RUNS["v6e_gpt3"]),
-      tpu_mesh)
+  # Each run's limit is its own: a run without one compiles for the chip.
+  script.main(["--run=v6e_gpt3", "--reduce_once=0"])
+  assert "xla_tpu_max_hbm_size_mib" not in seen[2]
 
 
 _REPORT = """HloLiveRange (max 9):

@@ -50,3 +50,29 @@ def test_a_libtpu_init_args_flag_set_otherwise_is_one_line(monkeypatch):
   with pytest.raises(ValueError, match="^XLA_FLAGS sets --xla_enable_async_"
                      "all_gather=false where config.tpu_compiler_options"):
     tpu_flags.for_mesh(_config(tpu_flags.DEFAULT), _mesh("tpu"))
+
+
+@pytest.mark.parametrize("options, environ, expected", [
+    ("", {}, 31.25),                                       # the chip's
+    ("--xla_tpu_max_hbm_size_mib=7500", {}, 7500 / 1024),
+    ("", {"LIBTPU_INIT_ARGS": "--xla_tpu_max_hbm_size_mib=4096"}, 4.0),
+    ("--xla_tpu_max_hbm_size_mib=32000", {}, 31.25),       # all of it
+])
+def test_the_hbm_a_step_is_fitted_to(options, environ, expected):
+  """The chip's HBM, or the limit XLA:TPU is given in the config or in
+  LIBTPU_INIT_ARGS: what trm.aot's verdict names."""
+  assert tpu_flags.hbm_limit_gib(_config(options), 31.25,
+                                 environ) == expected
+
+
+@pytest.mark.parametrize("value, match", [
+    ("32001", "and the chip has 32000; set it from 1 to that"),
+    ("0", "XLA:TPU fits the step to that many MiB"),
+    ("lots", "is not a whole number of MiB"),
+])
+def test_an_hbm_limit_above_the_chip_or_not_a_size_is_refused(value, match):
+  """A step XLA fitted to more HBM than the chip has need not fit it: no
+  verdict is given for one."""
+  with pytest.raises(ValueError, match=match):
+    tpu_flags.hbm_limit_gib(
+        _config(f"--xla_tpu_max_hbm_size_mib={value}"), 31.25, {})

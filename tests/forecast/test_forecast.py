@@ -601,6 +601,32 @@ def test_a_step_xla_compiled_fits_whatever_its_memory_sum(monkeypatch):
           "all the same") in text
 
 
+@pytest.mark.parametrize("row, starred", [
+    (dict(fits=True, memory_gib=35.56, chip_hbm_gib=31.25), True),
+    (dict(fits=True, memory_gib=29.0, chip_hbm_gib=31.25), False),
+    # Refused by XLA: the figure is XLA's, the verdict "no"; no star.
+    (dict(fits=False, memory_gib=35.79, chip_hbm_gib=31.25), False),
+    (dict(fits=False, memory_gib=None, chip_hbm_gib=31.25), False),
+    (dict(fits=True, memory_gib=35.56), False),  # no chip given
+])
+def test_only_a_sum_over_the_chip_of_a_step_xla_fitted_is_starred(
+    row, starred):
+  assert plan.sum_over_chip(row) is starred
+
+
+def test_the_star_reads_the_hbm_the_step_was_fitted_to(monkeypatch):
+  """A limit in config.tpu_compiler_options is the chip the row's star and
+  line compare with."""
+  from trm.core import task as task_lib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(task_lib, "compile_train_step", lambda *a: (
+      _ for _ in ()).throw(RuntimeError("RESOURCE_EXHAUSTED: (1.00G)")))
+  config = tiny_gpt()
+  config.tpu_compiler_options = "--xla_tpu_max_hbm_size_mib=512"
+  compiled = _REAL_COMPILE_ROW(config, V4_8, 1, None, 8)
+  assert compiled.chip_hbm_gib == 0.5
+  assert plan.forecast_row(compiled, V4_8, 0.8)["chip_hbm_gib"] == 0.5
+
+
 @pytest.mark.parametrize("peak, expected", [(29, (29, 42)), (0, (42, 42)),
                                             (None, (42, 42))])
 def test_hbm_use_is_the_peak_and_the_sum(peak, expected):

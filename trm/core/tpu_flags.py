@@ -79,10 +79,17 @@ def for_mesh(config, mesh) -> dict[str, str]:
 HBM_LIMIT = "xla_tpu_max_hbm_size_mib"
 
 
-def hbm_limit_gib(config, chip_gib: float) -> float:
+def hbm_limit_gib(config, chip_gib: float, environ=None) -> float:
   """The HBM a chip a TPU compile of this config fits its step to: the
-  chip's, or less where `config.tpu_compiler_options` sets HBM_LIMIT."""
+  chip's, or less where `config.tpu_compiler_options` (or LIBTPU_INIT_ARGS)
+  sets HBM_LIMIT. One above the chip is refused: a step XLA fitted to it
+  need not fit the chip."""
+  environ = os.environ if environ is None else environ
   limit = parse(config.get("tpu_compiler_options", "")).get(HBM_LIMIT)
+  if limit is None:
+    limit = next((m.group(2) for m in map(
+        _TOKEN.fullmatch, environ.get("LIBTPU_INIT_ARGS", "").split())
+                  if m and m.group(1) == HBM_LIMIT), None)
   if limit is None:
     return chip_gib
   try:
@@ -90,5 +97,9 @@ def hbm_limit_gib(config, chip_gib: float) -> float:
   except ValueError:
     raise ValueError(f"{FIELD}: --{HBM_LIMIT}={limit} is not a whole "
                      "number of MiB.") from None
-  return min(chip_gib, mib / 1024)
-
+  if not 0 < mib <= chip_gib * 1024:
+    raise ValueError(
+        f"--{HBM_LIMIT}={limit}: XLA:TPU fits the step to that many MiB of "
+        f"HBM, and the chip has {chip_gib * 1024:.0f}; set it from 1 to "
+        "that, or leave it out for the chip's own.")
+  return mib / 1024

@@ -72,6 +72,9 @@ class CompiledRow:
   # XLA's peak a chip (topology.hbm_use: host memory a remat policy
   # offloads to included); None where the compile was refused.
   memory_peak_gib: float | None = None
+  # The HBM a chip XLA fitted the step to (tpu_flags.hbm_limit_gib);
+  # None: the chip's.
+  chip_hbm_gib: float | None = None
 
 
 def row_config(config, slices: int, global_batch: int, mesh=None):
@@ -149,12 +152,13 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
   from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top
   row, ctx = row_context(config, topology, slices, global_batch, mesh)
   ctx.check_batch_size(row.global_batch_size)
+  hbm_gib = tpu_flags.hbm_limit_gib(row, topology.chip.usable_hbm_gib)
   program = families.program(row.model.name).build(row, ctx, shapes)
   families.warn_if_heads_unsplit(row, ctx)
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   start = time.time()
   base = dict(slices=slices, chips=ctx.mesh.devices.size,
-              mesh=dict(ctx.mesh.shape),
+              mesh=dict(ctx.mesh.shape), chip_hbm_gib=hbm_gib,
               global_batch=row.global_batch_size,
               model_flops=float(program.flops_per_step or 0.0),
               tokens_per_example=program.tokens_per_example)
@@ -206,7 +210,7 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
   row = {"slices": compiled.slices, "chips": compiled.chips,
          "fits": compiled.fits, "memory_gib": compiled.memory_gib,
          "memory_peak_gib": compiled.memory_peak_gib,
-         "chip_hbm_gib": chip.usable_hbm_gib,
+         "chip_hbm_gib": compiled.chip_hbm_gib or chip.usable_hbm_gib,
          "mesh": compiled.mesh, "global_batch": compiled.global_batch,
          "compile_seconds": round(compiled.compile_seconds, 1),
          "efficiency": efficiency, "dcn_overlap": dcn_overlap,
