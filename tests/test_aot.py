@@ -390,7 +390,7 @@ def test_the_verdict_is_xlas_compile_for_the_chips_hbm(monkeypatch):
   # changes no verdict of a step XLA compiled.
   real = aot.hbm_use
   monkeypatch.setattr(aot, "hbm_use",
-                      lambda compiled: (real(compiled)[0], 100 * 2**30))
+                      lambda memory: (real(memory)[0], 100 * 2**30))
   refused = report(16)
   assert not refused["fits"] and refused["usable_gib"] == 16 / 1024
   assert re.search(r"Used [\d.]+M of 16\.00M hbm", refused["error"])

@@ -268,7 +268,7 @@ def compile_report(config, topology: Topology, num_slices: int,
                   analysis_compile_seconds=time.time() - start,
                   **_pallas_calls(unrolled.as_text()))
   memory = compiled.memory_analysis()
-  peak, total = hbm_use(compiled)
+  peak, total = hbm_use(memory)
   report.update(
       compile_seconds=compile_seconds,
       argument_gib=memory.argument_size_in_bytes / GIB,
@@ -353,7 +353,7 @@ def format_report(report: dict) -> str:
         f"{report['output_gib']:.2f} GiB, temporaries {report['temp_gib']:.2f}"
         f" GiB, aliased {report['alias_gib']:.2f} GiB, total "
         f"{report['total_gib']:.2f} GiB; XLA's peak "
-        f"{report.get('peak_gib', report['total_gib']):.2f} GiB; XLA:TPU "
+        f"{report['peak_gib']:.2f} GiB; XLA:TPU "
         f"compiled it for the chip's {report['usable_gib']:.2f} GiB")
     if report.get("host_temp_gib"):
       lines.append(f"host memory per chip: {report['host_temp_gib']:.2f} GiB"

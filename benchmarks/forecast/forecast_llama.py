@@ -418,21 +418,15 @@ def main(argv=None):
         extra.update(splash_factor=args.splash_factor,
                      splash_scaled_mfu=scaled)
         columns += f"{scaled:>6.2f} {scaled - run['mfu']:>+6.2f} "
-      gib = (f"{row['memory_gib']:.2f}"
-             + ("*" if plan.sum_over_chip(row) else ""))
       print(f"{name:>8} {efficiency:>6.4f} {row['chips']:>5} "
             f"{'yes' if row['fits'] else 'no':>4} "
-            f"{gib:>6} {row['step_seconds']:>7.3f} "
+            f"{plan.memory_text(row):>6} {row['step_seconds']:>7.3f} "
             f"{run['mfu']:>7.1f} {mfu:>8.2f} {mfu - run['mfu']:>+6.2f} "
             f"{compute_only:>11.1f}% " + columns + " / ".join(
                 f"{causes.get(k, 0.0):.2f}"
                 for k in ("compute", "ici", "hbm", "host")))
-      if plan.sum_over_chip(row):
-        print(f"{name:>8} * arguments + outputs + temporaries are over the "
-              f"chip's {row['chip_hbm_gib']:.2f} GiB; XLA:TPU compiled the "
-              "step for it (the verdict is XLA's; BUILD_NOTES \"Session "
-              "92\")")
-      for line in plan.host_offload_lines([row]):
+      for line in (plan.sum_over_chip_lines([row])
+                   + plan.host_offload_lines([row])):
         print(f"{name:>8} {line}")
       rows.append(dict(row, run=name, published_mfu=run["mfu"],
                        per_chip=run["per_chip"], forecast_mfu=mfu,

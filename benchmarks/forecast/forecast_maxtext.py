@@ -390,18 +390,14 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
                       dcn_bytes=row["dcn_bytes"], ici_bytes=row["ici_bytes"],
                       bound=row["bound"],
                       seconds_by_cause=row["seconds_by_cause"]))
-    # "*": a memory sum over the chip in a step XLA compiled for it.
-    gib = f"{row['memory_gib']:.2f}" + ("*" if plan.sum_over_chip(row) else "")
     print(f"{count:>6} {'yes' if row['fits'] else 'no':>4} "
-          f"{gib:>6} {row['step_seconds']:>8.3f} "
+          f"{plan.memory_text(row):>6} {row['step_seconds']:>8.3f} "
           f"{pub_tflops:>11.0f} {tflops:>8.1f} {pub_mfu:>7.1f} {mfu:>8.2f} "
           f"{error:>+6.2f} {100 * pub_scaling:>10.1f}% "
           f"{100 * row['scaling_efficiency']:>7.1f}% "
           f"{row['dcn_bytes'] / 1e9:>11.3f} {row['bound']}")
-  if any(plan.sum_over_chip(r) for r in rows):
-    print(f"* arguments + outputs + temporaries are over the chip's "
-          f"{rows[0]['chip_hbm_gib']:.2f} GiB; XLA:TPU compiled the step for "
-          "it (the verdict is XLA's; BUILD_NOTES \"Session 92\")")
+  for line in plan.sum_over_chip_lines(rows):
+    print(line)
   worst = max(checked, default=0.0)
   last = rows[-1]
   scaling_error = (math.inf if last["scaling_efficiency"] is None else 100 * (

@@ -298,9 +298,10 @@ def test_a_sum_over_the_chip_that_xla_compiled_is_marked(
   lines = [line for line in capsys.readouterr().out.splitlines()
            if line.startswith("v6e_gpt3 ")]
   assert lines[0].split()[3:5] == ["yes", "35.56*"]
-  assert lines[1].startswith("v6e_gpt3 * arguments + outputs + temporaries "
-                             "are over the chip's 31.25 GiB; XLA:TPU "
-                             "compiled the step for it")
+  assert lines[1].startswith("v6e_gpt3 * the sum of arguments, outputs and "
+                             "temporaries (GiB/chip) is over the chip's "
+                             "31.25 GiB, and XLA:TPU compiled the step for "
+                             "it")
 
 
 @pytest.mark.usefixtures("no_compilation_cache")

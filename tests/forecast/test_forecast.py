@@ -638,5 +638,4 @@ def test_hbm_use_is_the_peak_and_the_sum(peak, expected):
   if peak is not None:
     fields["peak_memory_in_bytes"] = peak * gib
   stats = type("Stats", (), fields)()
-  compiled = type("Compiled", (), {"memory_analysis": lambda self: stats})()
-  assert tuple(b / gib for b in topology.hbm_use(compiled)) == expected
+  assert tuple(b / gib for b in topology.hbm_use(stats)) == expected

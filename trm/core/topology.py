@@ -208,9 +208,9 @@ def step_cost(compiled) -> tuple[float, float]:
   return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
-def hbm_use(compiled) -> tuple[int, int]:
-  """(peak, sum): bytes a chip of a compiled program, from
-  `memory_analysis()`: XLA's peak (`peak_memory_in_bytes`: arguments
+def hbm_use(memory) -> tuple[int, int]:
+  """(peak, sum): bytes a chip of a compiled program, from its
+  `memory_analysis()` (`memory`): XLA's peak (`peak_memory_in_bytes`: arguments
   included, and host memory a remat policy offloads to: the 70B at 2 a
   chip on v6e-64 peaks at 57.15 GiB with 45.00 offloaded), and the sum of
   arguments, outputs and temporaries in HBM less the aliased (what MaxText
@@ -221,7 +221,6 @@ def hbm_use(compiled) -> tuple[int, int]:
   and refuses one it cannot fit ("... exceeds available HBM"), so a step
   that compiles fits: GPT-3 175B's on v6e-256 compiles with a sum of 35.56
   GiB for the chip's 31.25 (peak 29.02; BUILD_NOTES "Session 92")."""
-  memory = compiled.memory_analysis()
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
            + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
   peak = getattr(memory, "peak_memory_in_bytes", 0) or 0

@@ -39,6 +39,12 @@ def parse(text: str) -> dict[str, str]:
   return options
 
 
+def _flags_in(text: str) -> list[tuple[str, str]]:
+  """The --flag=value tokens of an environment variable, in order (its
+  other tokens are libtpu's business, not refused here)."""
+  return [m.group(1, 2) for m in map(_TOKEN.fullmatch, text.split()) if m]
+
+
 def _same(value: str) -> str:
   """A flag's value as XLA reads it: true/True/1 are one boolean."""
   return {"1": "true", "0": "false"}.get(value.lower(), value.lower())
@@ -51,12 +57,10 @@ def check_environment(options: dict[str, str], environ=None) -> None:
   environ = os.environ if environ is None else environ
   for variable in ENVIRONMENT:
     conflicts = []
-    for token in environ.get(variable, "").split():
-      match = _TOKEN.fullmatch(token)
-      if match and match.group(1) in options and (
-          _same(options[match.group(1)]) != _same(match.group(2))):
-        conflicts.append(f"--{match.group(1)}={match.group(2)} where "
-                         f"{FIELD} sets {options[match.group(1)]}")
+    for name, value in _flags_in(environ.get(variable, "")):
+      if name in options and _same(options[name]) != _same(value):
+        conflicts.append(f"--{name}={value} where {FIELD} sets "
+                         f"{options[name]}")
     if conflicts:
       raise ValueError(
           f"{variable} sets {'; '.join(conflicts)}: both would reach the "
@@ -87,9 +91,8 @@ def hbm_limit_gib(config, chip_gib: float, environ=None) -> float:
   environ = os.environ if environ is None else environ
   limit = parse(config.get("tpu_compiler_options", "")).get(HBM_LIMIT)
   if limit is None:
-    limit = next((m.group(2) for m in map(
-        _TOKEN.fullmatch, environ.get("LIBTPU_INIT_ARGS", "").split())
-                  if m and m.group(1) == HBM_LIMIT), None)
+    limit = next((value for name, value in _flags_in(
+        environ.get("LIBTPU_INIT_ARGS", "")) if name == HBM_LIMIT), None)
   if limit is None:
     return chip_gib
   try:

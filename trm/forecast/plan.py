@@ -180,7 +180,7 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
                        host_memory_gib=float(host.group(1)) if host else 0.0)
   seconds = time.time() - start
   memory = compiled.memory_analysis()
-  peak, total = (b / GIB for b in topology_lib.hbm_use(compiled))
+  peak, total = (b / GIB for b in topology_lib.hbm_use(memory))
   fabric = network.Fabric.for_mesh(ctx.mesh, topology, slices)
   # XLA:TPU fits the step to the chip or refuses it (the except above):
   # the sum can run GiBs over a step it compiled (topology.hbm_use).
@@ -484,21 +484,15 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
     rate = r["tokens_per_second"] if lm else r["examples_per_second"]
     scaling = (f"{100 * r['scaling_efficiency']:.1f}%"
                if r.get("scaling_efficiency") is not None else "-")
-    memory = f"{r['memory_gib']:.2f}" + ("*" if sum_over_chip(r) else "")
     lines.append(
         f"{r['slices']:>6} {r['chips']:>6} "
-        f"{'yes' if r['fits'] else 'no':>4} {memory:>8} "
+        f"{'yes' if r['fits'] else 'no':>4} {memory_text(r):>8} "
         f"{r['step_seconds']:>9.4f} {rate:>12.4g} "
         f"{r['tflops_per_chip']:>12.1f} {100 * r['mfu']:>5.1f}% "
         f"{scaling:>7} {r['ici_bytes'] / 1e9:>11.3f} "
         f"{r['dcn_bytes'] / 1e9:>11.3f} {r['bound']:<7} "
         f"{100 * r.get('mfu_dcn_none', r.get('mfu_dcn_schedule', 0)):.1f}%")
-  if any(sum_over_chip(r) for r in rows):
-    lines.append(
-        "* the sum of arguments, outputs and temporaries (GiB/chip) is over "
-        f"the chip's {rows[0]['chip_hbm_gib']:.2f} GiB, and XLA:TPU compiled "
-        "the step for it all the same: the verdict is XLA's (BUILD_NOTES "
-        "\"Session 92\")")
+  lines.extend(sum_over_chip_lines(rows))
   lines.extend(host_offload_lines(rows))
   lines.extend(unread_loop_warnings(rows))
   lines.extend(undeclared_kernel_warnings(rows))
@@ -509,6 +503,23 @@ def sum_over_chip(row: dict) -> bool:
   """A step XLA fitted whose memory sum is over the chip's HBM."""
   return bool(row.get("fits") and row.get("memory_gib") and row.get(
       "chip_hbm_gib") and row["memory_gib"] > row["chip_hbm_gib"])
+
+
+def memory_text(row: dict) -> str:
+  """A compiled row's GiB a chip, starred where `sum_over_chip`."""
+  return f"{row['memory_gib']:.2f}" + ("*" if sum_over_chip(row) else "")
+
+
+def sum_over_chip_lines(rows: list[dict]) -> list[str]:
+  """The line under a table that says what its stars mean (none: no
+  star)."""
+  over = [r for r in rows if sum_over_chip(r)]
+  if not over:
+    return []
+  return ["* the sum of arguments, outputs and temporaries (GiB/chip) is "
+          f"over the chip's {over[0]['chip_hbm_gib']:.2f} GiB, and XLA:TPU "
+          "compiled the step for it all the same: the verdict is XLA's "
+          "(BUILD_NOTES \"Session 92\")"]
 
 
 def host_offload_lines(rows: list[dict]) -> list[str]:
