@@ -18,7 +18,10 @@ DIR/<run>/ holds what one `train_compile.py` command wrote for that run:
 XLA's dump of the compiled step (`*jit_train_step*after_optimizations.txt`,
 from `dump_hlo=true`) and, optionally, the command's output as
 `train_compile.log`, whose "Memory analysis:" line gives MaxText's memory
-per chip. `--print_commands` prints the commands: MaxText's current code
+per chip (the sum of arguments, outputs and temporaries, starred where it
+is over the chip: the line is printed only once XLA:TPU has compiled the
+step for the chip, so such a step fits all the same). `--print_commands`
+prints the commands: MaxText's current code
 given the published runs' shapes explicitly (its base.yml has changed since
 2023-2024: SwiGLU, 128-wide heads, no tied embedding), each run's batch,
 remat, attention and mesh, and the run's LIBTPU_INIT_ARGS; run them in
@@ -198,6 +201,7 @@ def main():
                                         if args.ours else "")
         + "  MaxText program: compute / hbm / ici s")
   results = []
+  starred = []
   for name in names:
     run = forecast_maxtext.RUNS[name]
     topology = topology_lib.parse_topology(run["topology"])
@@ -211,6 +215,11 @@ def main():
     mfu = 100 * theirs / step.seconds / peak
     published = run["published"][1][1]
     gib = memory_gib(directory)
+    # train_compile.py prints its "Memory analysis:" line only once XLA:TPU
+    # has compiled the step for the chip, so a figure means the step fits.
+    theirs_row = dict(fits=gib is not None, memory_gib=gib,
+                      chip_hbm_gib=topology.chip.usable_hbm_gib)
+    starred.append(theirs_row)
     result = dict(run=name, topology=topology.name, published_mfu=published,
                   maxtext_program_mfu=mfu, error_points=mfu - published,
                   maxtext_step_seconds=step.seconds,
@@ -219,7 +228,8 @@ def main():
                   maxtext_unknown_loops=step.totals.unknown_loops)
     line = (f"{name:>8} {topology.name:>8} {published:>9.2f} {mfu:>12.2f} "
             f"{mfu - published:>+6.2f} "
-            + (f"{gib:>6.2f}" if gib is not None else f"{'-':>6}"))
+            + (f"{plan.memory_text(theirs_row):>6}" if gib is not None
+               else f"{'-':>6}"))
     if args.ours:
       _, rows, _ = forecast_maxtext.compile_rows(
           run["variant"], topology, [1], run["attention_flops"])
@@ -227,9 +237,11 @@ def main():
       ours_mfu = (100 * theirs / ours["step_seconds"] / peak
                   if ours["step_seconds"] else float("nan"))
       result.update(ours_mfu=ours_mfu, ours_memory_gib=ours["memory_gib"],
+                    ours_fits=ours["fits"],
                     ours_step_seconds=ours["step_seconds"])
+      starred.append(ours)
       line += (f" {ours_mfu:>6.2f} {ours_mfu - mfu:>+7.2f} "
-               f"{ours['memory_gib']:>6.2f}")
+               f"{plan.memory_text(ours):>6}")
     causes = step.by_cause
     line += "  " + " / ".join(f"{causes.get(k, 0.0):.2f}"
                               for k in ("compute", "hbm", "ici"))
@@ -237,6 +249,8 @@ def main():
       line += f"  WARNING: {step.totals.unknown_loops} loop(s) unread"
     print(line, flush=True)
     results.append(result)
+  for line in plan.sum_over_chip_lines(starred):
+    print(line)
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"efficiency": args.efficiency, "runs": results}, f,

@@ -75,15 +75,20 @@ _LOG = ("Jitting and compilation complete!\nMemory analysis: "
         "host_temp_size_in_bytes=0)\n")
 
 
+def _write_run(folder, log: str):
+  """One run's folder as train_compile.py leaves it: the dumped programs
+  (only the optimized one is read) and the command's output."""
+  folder.mkdir()
+  (folder / "module_0001.jit_train_step.cl_1.after_optimizations.txt"
+   ).write_text(_PROGRAM)
+  (folder / "module_0001.jit_train_step.cl_1.after_codegen.txt"
+   ).write_text("not read")
+  (folder / "train_compile.log").write_text(log)
+
+
 def test_a_dumped_program_is_played_and_charged_maxtexts_count(
     script, tmp_path, capsys, monkeypatch):
-  run_dir = tmp_path / "v5e16b"
-  run_dir.mkdir()
-  (run_dir / "module_0001.jit_train_step.cl_1.after_optimizations.txt"
-   ).write_text(_PROGRAM)
-  (run_dir / "module_0001.jit_train_step.cl_1.after_codegen.txt"
-   ).write_text("not read")
-  (run_dir / "train_compile.log").write_text(_LOG)
+  _write_run(tmp_path / "v5e16b", _LOG)
   out = tmp_path / "rows.json"
   monkeypatch.setattr("sys.argv", [
       SCRIPT, f"--dumps={tmp_path}", "--run=v5e16b", "--efficiency=0.5",
@@ -103,7 +108,24 @@ def test_a_dumped_program_is_played_and_charged_maxtexts_count(
   assert row["error_points"] == pytest.approx(
       row["maxtext_program_mfu"] - 61.10)
   assert row["maxtext_memory_gib"] == pytest.approx(15.0)  # 3 + 3 + 12 - 3
-  assert "v5e16b" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "v5e16b" in out and " 15.00 " in out  # under the chip: no star
+  assert "over the chip" not in out
+
+
+def test_a_compiled_program_whose_sum_is_over_the_chip_is_starred(
+    script, tmp_path, capsys, monkeypatch):
+  # 3 + 3 + 14 - 3 = 17 GiB, over v5e's 15.75: train_compile.py printed
+  # the line, so XLA:TPU compiled it for the chip.
+  _write_run(tmp_path / "v5e32b",
+             _LOG.replace("temp_size_in_bytes=12884901888",
+                          f"temp_size_in_bytes={14 * 2**30}"))
+  monkeypatch.setattr("sys.argv", [SCRIPT, f"--dumps={tmp_path}",
+                                   "--run=v5e32b"])
+  script.main()
+  out = capsys.readouterr().out
+  assert " 17.00* " in out
+  assert "over the chip's 15.75 GiB" in out
 
 
 def test_a_missing_dump_names_the_folder_and_the_way_to_make_it(

@@ -265,6 +265,12 @@ def test_search_ranks_layouts_that_fit():
   assert all(r["overrides"].startswith("--config.mesh.data=") for r in rows)
   text = search.format_ranking(rows, tried, "v4-8", 1, 5)
   assert "1. " in text and "--config.mesh.fsdp=" in text
+  assert "*" not in text
+  # A fitted layout whose memory sum is over the chip is starred, with the
+  # line that says the verdict is XLA's.
+  rows[0]["memory_gib"] = 100.0
+  text = search.format_ranking(rows, tried, "v4-8", 1, 5)
+  assert "100.00* GiB/chip" in text and "over the chip's 30.75 GiB" in text
 
 
 @pytest.mark.parametrize("name, shape, chips, wraps", [

@@ -55,13 +55,17 @@ def _loss(lookup_fn, cot):
 
 
 # (data, fsdp, model): the width over fsdp beside a data split, over all 8
-# devices, with the vocabulary over model (masked rows, summed), and over
-# a tuple of axes in the other order than the batch's.
+# devices, beside a model axis the table is not split over, and over a
+# tuple of axes in the other order than the batch's.
+_WHOLE_VOCAB = {"vocab": None}
+
+
 @pytest.mark.parametrize("platform", ["cpu", "tpu"])
 @pytest.mark.parametrize("shape, rules_update", [
-    ((2, 4, 1), {}), ((1, 8, 1), {}), ((2, 2, 2), {}), ((1, 2, 4), {}),
+    ((2, 4, 1), {}), ((1, 8, 1), {}), ((2, 2, 2), _WHOLE_VOCAB),
+    ((1, 2, 4), _WHOLE_VOCAB),
     ((2, 4, 1), {"embed": ("fsdp", "data")}),
-    ((2, 2, 2), {"embed": ("fsdp", "data")})])
+    ((2, 2, 2), {"embed": ("fsdp", "data"), **_WHOLE_VOCAB})])
 def test_values_and_gradients_are_jnp_takes(shape, rules_update, platform):
   """On a TPU (traced as for one, run here) the rows are looked up in
   chunks, in a loop; elsewhere in one go."""
@@ -125,6 +129,8 @@ def test_no_collective_moves_the_whole_table():
     ({}, None),                                  # no mesh
     ({}, (8, 1, 1)),                             # the table whole (no split)
     ({"embed": "model"}, (1, 2, 4)),             # width over a non-batch axis
+    ({}, (2, 2, 2)),                             # vocabulary over model
+    ({"embed": ("fsdp", "data")}, (2, 2, 2)),    # ... with the width split
     ({"vocab": "fsdp", "embed": None}, (1, 8, 1)),  # vocabulary over the batch
     ({"activation_length": "model"}, (1, 4, 2)),  # ... or over the sequence
 ])

@@ -86,7 +86,8 @@ def search(config, topology: topology_lib.Topology, slices: int, shapes,
     row["overrides"] = overrides(mesh)
     if not compiled.fits:
       tried["does_not_fit"] += 1
-      report(f"[search]   does not fit ({compiled.memory_gib} GiB)")
+      report(f"[search]   does not fit (XLA:TPU: {compiled.memory_gib:.2f} "
+             "GiB)" if compiled.memory_gib else "[search]   does not fit")
       continue
     report(f"[search]   {row['step_seconds']:.4f} s/step, "
            f"{compiled.memory_gib:.2f} GiB (compile "
@@ -113,7 +114,8 @@ def format_ranking(rows: list[dict], tried: dict, topology_name: str,
     lines.append(
         f"{rank}. {row['step_seconds']:.4f} s/step ({best / row['step_seconds']:.0%}"
         f" of the best's speed), MFU {100 * row['mfu']:.1f}%, "
-        f"{row['memory_gib']:.2f} GiB/chip, bound {row['bound']}, ICI "
+        f"{plan.memory_text(row)} GiB/chip, bound {row['bound']}, ICI "
         f"{row['ici_bytes'] / 1e9:.2f} GB, DCN {row['dcn_bytes'] / 1e9:.2f} "
         f"GB per chip\n   {row['overrides']}")
+  lines += plan.sum_over_chip_lines(rows[:top])
   return "\n".join(lines)

@@ -9,13 +9,20 @@ table, all-reduced whole before each device keeps its slice. For a
 
   1. gather the token ids over the mesh axes that split the table's width
      (they split the batch too: the ids, not the table, travel);
-  2. take this device's columns of those rows (rows of a vocabulary split,
-     masked to this device's range and summed over that split);
+  2. take this device's columns of those rows;
   3. all-to-all: each device gets its own rows back with every column.
 
 The backward pass is the same in reverse, and its scatter-add lands in
 this device's own block of the table. The values are the table's own
 (a lookup rounds nothing), so the result equals `jnp.take` exactly.
+
+A table whose vocabulary is split too (tensor parallelism: 'vocab' on
+'model') is left to `jnp.take`, which then gathers only its share of the
+rows. This route there had to sum every token's rows over the vocabulary
+split, and measured no better: MaxText's 128B on two v5e-256 slices was
+refused by 27 MiB where `jnp.take`'s step compiles, and the v5e 128B, the
+v5p 32B and DiffuCoder-7B on v4-64 with model=4 took 0-0.5 GiB more a chip
+(BUILD_NOTES "Session 93").
 """
 from __future__ import annotations
 
@@ -53,8 +60,7 @@ def take_rows(table, ids, names: Sequence[str | None], dtype=None):
   carry the logical `names`, ids [batch, length] split as the activations
   ('activation_batch', 'activation_length'). Returns None where this
   route does not apply (no mesh, a table whose width is not split over
-  batch axes only, or a vocabulary split over axes that split the ids):
-  use `jnp.take` there."""
+  batch axes only, or whose vocabulary is split): use `jnp.take` there."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or ids.ndim != 2 or table.ndim != 2:
     return None
@@ -70,35 +76,19 @@ def take_rows(table, ids, names: Sequence[str | None], dtype=None):
   vocab, width, batch = split(spec[0]), split(spec[1]), split(ids_spec[0])
   table_axes = set(mesh_lib.axes_of_spec(spec))
   ids_axes = set(mesh_lib.axes_of_spec(ids_spec))
-  # A vocabulary split sums its devices' rows of the same tokens: the ids
-  # must not differ across it (by batch or by sequence).
-  if (not width or not set(width) <= set(batch) or set(vocab) & ids_axes
+  if (not width or vocab or not set(width) <= set(batch)
       or not table_axes | ids_axes <= free):
     return None
   dtype = table.dtype if dtype is None else dtype
-  vocab_size = table.shape[0]
-  rows = vocab_size // math.prod(mesh.shape[a] for a in vocab)
 
   ways = math.prod(mesh.shape[a] for a in width)
   on_tpu = platform_lib.current() == "tpu"
 
   def lookup(table_block, ids_of_all):
     """[ways * n] ids, n of each device's -> this device's n rows, whole."""
-    if vocab:
-      # As jnp.take: a negative id counts from the end; one out of range
-      # reads NaN (and takes no gradient).
-      ids_of_all = jnp.where(ids_of_all < 0, ids_of_all + vocab_size,
-                             ids_of_all)
-      here = ids_of_all - jax.lax.axis_index(vocab) * rows
-      inside = (here >= 0) & (here < rows)
-      x = jnp.take(table_block, jnp.where(inside, here, 0), axis=0)
-      # Each id is inside one device's rows: a sum of it and zeros.
-      x = jax.lax.psum(jnp.where(inside[:, None], x, 0).astype(dtype), vocab)
-      if jnp.issubdtype(dtype, jnp.inexact):
-        valid = (ids_of_all >= 0) & (ids_of_all < vocab_size)
-        x = jnp.where(valid[:, None], x, jnp.nan)
-    else:
-      x = jnp.take(table_block, ids_of_all, axis=0).astype(dtype)
+    # The block has every row: jnp.take's reading of a negative id (from
+    # the end) and of one out of range (NaN, no gradient) holds as is.
+    x = jnp.take(table_block, ids_of_all, axis=0).astype(dtype)
     # Device j's tokens to device j, every device's columns side by side.
     return jax.lax.all_to_all(x, width, split_axis=0, concat_axis=1,
                               tiled=True)
