@@ -64,9 +64,10 @@ _MAXTEXT_V5E = {
 # mlp_dim, per_device_batch_size, ici_tensor_parallelism, remat_policy,
 # chips of the first published slice (v5p-N has N/2 chips). XLA:TPU
 # (libtpu 0.0.42.1) refuses v5p64b's "minimal" (95.87G of temporaries for
-# 95.74); keeping all but the MLP's input projection compiles at 74.30 GiB:
-# --config.model.remat_policy=custom --config.model.remat_save=query_proj,
-# key_proj,value_proj,out_proj,mlpwo (BUILD_NOTES "Session 93").
+# 95.74) and v5p256b's on two slices (105.27G); keeping all but the MLP's
+# input projection compiles both: --config.model.remat_policy=custom
+# --config.model.remat_save=query_proj,key_proj,value_proj,out_proj,mlpwo
+# (BUILD_NOTES "Session 93").
 _MAXTEXT_V5P = {
     "v5p32b": (32, 32, 10240, 32768, 8, 4, "minimal", 64),
     "v5p64b": (64, 32, 10240, 32768, 4, 4, "minimal", 64),
