@@ -86,8 +86,9 @@ def search(config, topology: topology_lib.Topology, slices: int, shapes,
     row["overrides"] = overrides(mesh)
     if not compiled.fits:
       tried["does_not_fit"] += 1
-      report(f"[search]   does not fit (XLA:TPU: {compiled.memory_gib:.2f} "
-             "GiB)" if compiled.memory_gib else "[search]   does not fit")
+      need = (f" (XLA:TPU: {compiled.memory_gib:.2f} GiB)"
+              if compiled.memory_gib else "")
+      report(f"[search]   does not fit{need}")
       continue
     report(f"[search]   {row['step_seconds']:.4f} s/step, "
            f"{compiled.memory_gib:.2f} GiB (compile "
