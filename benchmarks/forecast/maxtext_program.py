@@ -1,7 +1,7 @@
 r"""Forecast MaxText's own compiled train steps beside its published rows.
 
   python benchmarks/forecast/maxtext_program.py --dumps=DIR
-      [--run=all|v4|v5e|22b,v5e32b,...] [--efficiency=0.7985] [--ours]
+      [--run=all|v4|v5e|v5p|22b,v5e32b,...] [--efficiency=0.7985] [--ours]
       [--json=PATH]
   python benchmarks/forecast/maxtext_program.py --print_commands [--run=...]
 
@@ -28,7 +28,9 @@ remat, attention and mesh, and the run's LIBTPU_INIT_ARGS; run them in
 MaxText's checkout with JAX_PLATFORMS=cpu. Without Google credentials each
 ends in an error uploading the dump to GCS, after the dump and the log are
 written. MaxText's code is not part of this project: check it out and
-install it beside (BUILD_NOTES, "Session 47: the slice's torus", part 3).
+install it beside (BUILD_NOTES, "Session 47: the slice's torus", part 3;
+"Session 94" has the venv's commands). MaxText's splash attention calls
+are charged as causal (`MAXTEXT_SPLASH_SCOPES`), as ours are.
 
 MFU is in MaxText's count of the time (`forecast_maxtext.RUNS`), from the
 model's shapes, so both programs are charged the same work.
@@ -64,9 +66,11 @@ GIB = 2**30
 # 281e04bf3 at scale 3 (22B) and 4 with its overrides (52B), sequence 1024,
 # dot-product attention. 2024 v5e runs: base.yml of 289fa330 grown by
 # global_parameter_scale (pyconfig.get_individual_scales), sequence 2048,
-# flash attention.
+# flash attention. 2023 v5p runs (configs/v5p/<size>.sh at 76bd53b0f): the
+# v5e runs' base.yml, FSDP x tensor over the slice, remat 'minimal' up to
+# 256B. Each command's remat is our variant's (the run's own).
 _COMMON = ("global_parameter_scale=1 head_dim=256 \"mlp_activations=['relu']\" "
-           "logits_via_embedding=true vocab_size=32768 remat_policy=full "
+           "logits_via_embedding=true vocab_size=32768 "
            "compile_topology_num_slices=1 dataset_type=synthetic "
            "use_iota_embed=true reuse_example_batch=1 enable_checkpointing="
            "false")
@@ -82,6 +86,20 @@ MAXTEXT_ARGS = {
     "v5e64b": (64, 10240, 32, 32768, 2048, 2, "flash", ""),
     "v5e128b": (64, 10240, 64, 65536, 2048, 1, "flash",
                 "ici_fsdp_parallelism=16 ici_tensor_parallelism=16"),
+    # A tensor axis of 16 on v5p's 8 x 8 x N torus splits a physical axis,
+    # which MaxText's mesh now refuses unless told to allow it.
+    **{name: (*shape, 2048, batch, "flash",
+              f"ici_fsdp_parallelism=-1 ici_tensor_parallelism={tensor}"
+              + (" allow_split_physical_axes=true" if tensor > 8 else ""))
+       for name, shape, batch, tensor in (
+           ("v5p32b", (32, 10240, 32, 32768), 8, 4),
+           ("v5p64b", (64, 10240, 32, 32768), 4, 4),
+           ("v5p128b", (64, 10240, 64, 65536), 2, 8),
+           ("v5p128b_512", (64, 10240, 64, 65536), 2, 8),
+           ("v5p256b", (64, 20480, 64, 65536), 2, 8),
+           ("v5p512b", (128, 20480, 64, 65536), 2, 16),
+           ("v5p1024b", (128, 20480, 128, 131072), 2, 16),
+           ("v5p1024b_4096", (128, 20480, 128, 131072), 2, 16))},
 }
 
 
@@ -89,6 +107,13 @@ def _config(name: str):
   return config_lib.load_config(
       os.path.join(forecast_maxtext.ROOT, "configs", "gpt.py"),
       forecast_maxtext.RUNS[name]["variant"])
+
+
+def global_batch(name: str) -> int:
+  """The run's sequences a step on one slice: its variant's, or the run's
+  own where it ran the variant on a larger slice (`batch_per_slice`)."""
+  return (forecast_maxtext.RUNS[name].get("batch_per_slice")
+          or _config(name).global_batch_size)
 
 
 def libtpu_flags(name: str) -> str:
@@ -110,7 +135,8 @@ def command(name: str, dumps: str) -> str:
       f"{_COMMON} base_num_decoder_layers={layers} base_emb_dim={width} "
       f"base_num_query_heads={heads} base_num_kv_heads={heads} "
       f"base_mlp_dim={mlp} max_target_length={seq} "
-      f"per_device_batch_size={batch} attention={attention} {extra} "
+      f"per_device_batch_size={batch} attention={attention} "
+      f"remat_policy={_config(name).model.remat_policy} {extra} "
       f"dump_hlo=true dump_hlo_local_dir={out} "
       f"dump_hlo_delete_local_after=false 2>&1 | tee {out}/train_compile.log"
   ).replace("  ", " ")
@@ -128,6 +154,26 @@ def dump_text(directory: str) -> str:
                      "one of the run.")
   with open(found[0]) as f:
     return f.read()
+
+
+def refusal(directory: str) -> str | None:
+  """XLA:TPU's refusal of the run's step from its train_compile.log (the
+  line with its figure, e.g. "Ran out of memory in memory space hbm. Used
+  96.5G of 95.74G hbm"), None where the log names none. Such a run's
+  folder can hold a dump all the same; the row says it was refused instead
+  of a forecast."""
+  path = os.path.join(directory, "train_compile.log")
+  if not os.path.exists(path):
+    return None
+  with open(path, errors="replace") as f:
+    text = f.read()
+  if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
+    return None
+  gib = plan.refused_gib(text)
+  line = next((l.strip() for l in text.splitlines()
+               if "Ran out of memory" in l or "RESOURCE_EXHAUSTED" in l), "")
+  line = line.split("RESOURCE_EXHAUSTED: ")[-1]
+  return (f"{gib:.2f} GiB a chip: " if gib else "") + line[:200]
 
 
 def memory_gib(directory: str) -> float | None:
@@ -150,14 +196,21 @@ def fabric_and_config(name: str, topology):
   """Our config of the run and the slice's network, mapped through the
   same device order a 1-slice mesh of that config has (nothing compiled)."""
   config = _config(name)
-  _, ctx = plan.row_context(config, topology, 1, config.global_batch_size)
+  _, ctx = plan.row_context(config, topology, 1, global_batch(name))
   return (network.Fabric.for_mesh(ctx.mesh, topology, 1), config,
           ctx.mesh.devices.size)
 
 
+# MaxText's splash attention calls (jax's kernels, under this scope of its
+# attention op) carry a causal mask in every run here (decoder LMs); read
+# so, they are charged as ours are instead of nothing.
+MAXTEXT_SPLASH_SCOPES = {"static_sparsity_splash": True}
+
+
 def forecast_program(text: str, fabric, topology, efficiency: float):
   chip = topology.chip
-  program = timeline.Program(text, fabric)
+  program = timeline.Program(text, fabric,
+                             splash_scopes=MAXTEXT_SPLASH_SCOPES)
   return program.play(chip.peak_bf16_tflops * 1e12, efficiency,
                       chip.hbm_gbps * 1e9, mxu_width=chip.mxu_width)
 
@@ -168,7 +221,7 @@ def main():
                       help="folder with one subfolder per run (see above)")
   parser.add_argument("--run", default="all",
                       help="comma-separated runs (" + ", ".join(MAXTEXT_ARGS)
-                      + ") or groups (v4, v5e, all)")
+                      + ") or groups (v4, v5e, v5p, all)")
   parser.add_argument("--efficiency", type=float,
                       default=plan.DEFAULT_EFFICIENCY,
                       help="dense-compute efficiency (default: the one "
@@ -185,7 +238,7 @@ def main():
     for name in group:
       if name not in MAXTEXT_ARGS:
         parser.error(f"--run={args.run}: {name!r} is none of "
-                     f"{', '.join([*MAXTEXT_ARGS, 'v4', 'v5e', 'all'])}.")
+                     f"{', '.join([*MAXTEXT_ARGS, 'v4', 'v5e', 'v5p', 'all'])}.")
       if name not in names:
         names.append(name)
   if args.print_commands:
@@ -196,7 +249,7 @@ def main():
     parser.error("--dumps=DIR is needed (or --print_commands).")
   print(f"dense compute at {args.efficiency:.4f} x peak; MFU in MaxText's "
         "count; one slice")
-  print(f"{'run':>8} {'topology':>8} {'published':>9} {'MaxText prog':>12} "
+  print(f"{'run':>13} {'topology':>8} {'published':>9} {'MaxText prog':>12} "
         f"{'error':>6} {'GiB':>6}" + (f" {'ours':>6} {'ours-MT':>7} {'GiB':>6}"
                                         if args.ours else "")
         + "  MaxText program: compute / hbm / ici s")
@@ -207,11 +260,21 @@ def main():
     topology = topology_lib.parse_topology(run["topology"])
     fabric, config, chips = fabric_and_config(name, topology)
     directory = os.path.join(args.dumps, name)
+    theirs = forecast_maxtext.maxtext_flops_per_chip(
+        config, global_batch(name) / chips, run["attention_flops"])
+    peak = topology.chip.peak_bf16_tflops * 1e12
+    # XLA dumps the optimized step before it checks the chip's HBM: a
+    # refused run has a program too, which no chip runs.
+    refused = refusal(directory)
+    if refused:
+      print(f"{name:>13} {topology.name:>8} {run['published'][1][1]:>9.2f} "
+            f"MaxText's step refused by XLA:TPU ({refused})", flush=True)
+      results.append(dict(run=name, topology=topology.name,
+                          published_mfu=run["published"][1][1],
+                          maxtext_refused=refused))
+      continue
     step = forecast_program(dump_text(directory), fabric, topology,
                             args.efficiency)
-    theirs = forecast_maxtext.maxtext_flops_per_chip(
-        config, config.global_batch_size / chips, run["attention_flops"])
-    peak = topology.chip.peak_bf16_tflops * 1e12
     mfu = 100 * theirs / step.seconds / peak
     published = run["published"][1][1]
     gib = memory_gib(directory)
@@ -225,14 +288,16 @@ def main():
                   maxtext_step_seconds=step.seconds,
                   maxtext_seconds_by_cause=dict(step.by_cause),
                   maxtext_memory_gib=gib,
-                  maxtext_unknown_loops=step.totals.unknown_loops)
-    line = (f"{name:>8} {topology.name:>8} {published:>9.2f} {mfu:>12.2f} "
+                  maxtext_unknown_loops=step.totals.unknown_loops,
+                  maxtext_undeclared_kernels=step.totals.undeclared_kernels)
+    line = (f"{name:>13} {topology.name:>8} {published:>9.2f} {mfu:>12.2f} "
             f"{mfu - published:>+6.2f} "
             + (f"{plan.memory_text(theirs_row):>6}" if gib is not None
                else f"{'-':>6}"))
     if args.ours:
       _, rows, _ = forecast_maxtext.compile_rows(
-          run["variant"], topology, [1], run["attention_flops"])
+          run["variant"], topology, [1], run["attention_flops"],
+          run.get("batch_per_slice"))
       ours = plan.forecast_row(rows[0], topology, args.efficiency)
       ours_mfu = (100 * theirs / ours["step_seconds"] / peak
                   if ours["step_seconds"] else float("nan"))
@@ -247,6 +312,9 @@ def main():
                               for k in ("compute", "hbm", "ici"))
     if step.totals.unknown_loops:
       line += f"  WARNING: {step.totals.unknown_loops} loop(s) unread"
+    if step.totals.undeclared_kernels:
+      line += (f"  WARNING: {step.totals.undeclared_kernels} kernel call(s) "
+               "charged no FLOPs")
     print(line, flush=True)
     results.append(result)
   for line in plan.sum_over_chip_lines(starred):

@@ -27,8 +27,10 @@ def _flag(command, name):
   return found[0]
 
 
-@pytest.mark.parametrize("name", ["22b", "52b", "v5e16b", "v5e32b",
-                                  "v5e64b", "v5e128b"])
+@pytest.mark.parametrize("name", [
+    "22b", "52b", "v5e16b", "v5e32b", "v5e64b", "v5e128b", "v5p32b",
+    "v5p64b", "v5p128b", "v5p128b_512", "v5p256b", "v5p512b", "v5p1024b",
+    "v5p1024b_4096"])
 def test_each_command_compiles_the_model_our_variant_has(script, name):
   run = script.forecast_maxtext.RUNS[name]
   config = config_lib.load_config(os.path.join(repo.ROOT, "configs",
@@ -43,8 +45,11 @@ def test_each_command_compiles_the_model_our_variant_has(script, name):
   assert int(_flag(command, "base_mlp_dim")) == cfg.mlp_width
   assert int(_flag(command, "max_target_length")) == cfg.block_size
   assert int(_flag(command, "vocab_size")) == cfg.vocab_size
-  assert (int(_flag(command, "per_device_batch_size"))
-          == config.global_batch_size // chips)
+  batch = run.get("batch_per_slice") or config.global_batch_size
+  assert int(_flag(command, "per_device_batch_size")) == batch // chips
+  assert _flag(command, "remat_policy") == config.model.remat_policy
+  tensor = re.findall(r"ici_tensor_parallelism=(\d+)", command)
+  assert int(tensor[0] if tensor else 1) == config.mesh.model
   assert _flag(command, "compile_topology") == run["topology"]
   assert _flag(command, "dump_hlo_local_dir") == f"/d/{name}"
   # MaxText's flags for the run are the ones our variant compiles with.
@@ -115,17 +120,27 @@ def test_a_dumped_program_is_played_and_charged_maxtexts_count(
 
 def test_a_compiled_program_whose_sum_is_over_the_chip_is_starred(
     script, tmp_path, capsys, monkeypatch):
+  def table(runs, **temp_gib):
+    """The table of `runs`, each of temp_gib's with that many GiB of
+    temporaries (3 GiB of arguments, outputs and aliases as _LOG's)."""
+    for name, gib in temp_gib.items():
+      _write_run(tmp_path / name,
+                 _LOG.replace("temp_size_in_bytes=12884901888",
+                              f"temp_size_in_bytes={gib * 2**30}"))
+    monkeypatch.setattr("sys.argv", [SCRIPT, f"--dumps={tmp_path}",
+                                     f"--run={runs}"])
+    script.main()
+    return capsys.readouterr().out
+
   # 3 + 3 + 14 - 3 = 17 GiB, over v5e's 15.75: train_compile.py printed
   # the line, so XLA:TPU compiled it for the chip.
-  _write_run(tmp_path / "v5e32b",
-             _LOG.replace("temp_size_in_bytes=12884901888",
-                          f"temp_size_in_bytes={14 * 2**30}"))
-  monkeypatch.setattr("sys.argv", [SCRIPT, f"--dumps={tmp_path}",
-                                   "--run=v5e32b"])
-  script.main()
-  out = capsys.readouterr().out
+  out = table("v5e32b", v5e32b=14)
   assert " 17.00* " in out
   assert "over the chip's 15.75 GiB" in out
+  # Two chips in one table: the line names both.
+  out = table("v5e32b,v5p32b", v5p32b=100)
+  assert " 17.00* " in out and " 103.00* " in out
+  assert "over the chip's 15.75 or 95.74 GiB" in out
 
 
 def test_a_missing_dump_names_the_folder_and_the_way_to_make_it(
@@ -135,6 +150,37 @@ def test_a_missing_dump_names_the_folder_and_the_way_to_make_it(
                                    "--run=v5e32b"])
   with pytest.raises(SystemExit, match=r"v5e32b: no .*--print_commands"):
     script.main()
+
+
+def test_a_step_xla_refused_is_a_row_that_says_so(script, tmp_path, capsys,
+                                                  monkeypatch):
+  # XLA:TPU refused the step for the chip after it dumped the program.
+  _write_run(tmp_path / "v5p64b", "")
+  (tmp_path / "v5p64b" / "train_compile.log").write_text(
+      "Traceback ...\njax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Ran "
+      "out of memory on HBM, the total memory required for HLO temporaries "
+      "(97.01G) exceeds available HBM (95.74G).\n")
+  _write_run(tmp_path / "v5p32b", _LOG)
+  out = tmp_path / "rows.json"
+  monkeypatch.setattr("sys.argv", [SCRIPT, f"--dumps={tmp_path}",
+                                   "--run=v5p64b,v5p32b", f"--json={out}"])
+  script.main()
+  text = capsys.readouterr().out
+  assert "v5p64b" in text and "refused by XLA:TPU (97.01 GiB a chip" in text
+  rows = __import__("json").loads(out.read_text())["runs"]
+  assert rows[0]["run"] == "v5p64b" and "(97.01G) exceeds" in rows[0][
+      "maxtext_refused"]
+  assert rows[1]["run"] == "v5p32b" and rows[1]["maxtext_program_mfu"] > 0
+
+
+def test_every_group_of_runs_has_its_commands(script, capsys, monkeypatch):
+  # --run=all is the default: every run forecast_maxtext.py groups.
+  monkeypatch.setattr("sys.argv", [SCRIPT, "--print_commands"])
+  script.main()
+  out = capsys.readouterr().out
+  assert out.count("train_compile ") == len(script.forecast_maxtext.GROUPS[
+      "all"])
+  assert "run_name=v5p64b " in out and "remat_policy=minimal " in out
 
 
 def test_an_unknown_run_is_refused(script, monkeypatch, capsys):

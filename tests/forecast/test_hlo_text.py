@@ -800,6 +800,14 @@ def test_splash_calls_are_charged_by_kind_mask_blocks_and_layout():
                     "dkv": 10 * 6 * unit, "fused": 11 * 6 * unit,
                     "theirs": None}
   assert timeline.Program(text, FABRIC).totals().undeclared_kernels == 1
+  # A caller that knows the other framework's scope and mask (MaxText's
+  # causal LMs, benchmarks/forecast/maxtext_program.py) has it read.
+  assert ops.splash_flops(comp.instructions[-2], comp,
+                          scopes={"flash": True}) == 2 * 6 * unit
+  theirs = timeline.Program(text, FABRIC, splash_scopes={"flash": False})
+  assert theirs.totals().undeclared_kernels == 0
+  assert theirs.totals().flops == timeline.Program(
+      text, FABRIC).totals().flops + 2 * 9 * unit
 
 
 def test_mxu_padding_rounds_up_what_the_array_cannot_avoid():

@@ -555,10 +555,12 @@ def _metadata_int(attrs: str, key: str) -> int | None:
 
 
 def splash_flops(inst: hlo.Instruction, comp: hlo.Computation,
-                 mxu_width: int = 1) -> float | None:
+                 mxu_width: int = 1,
+                 scopes: dict | None = None) -> float | None:
   """The FLOPs of one call of jax's splash attention kernel, or None for
   any other instruction, or a call whose mask is unknown (not inside one
-  of `trm.nn.tpu_attention`'s scopes, e.g. MaxText's).
+  of `trm.nn.tpu_attention`'s scopes, e.g. MaxText's, nor of `scopes`:
+  {op_name scope: causal?} the caller knows the mask of).
 
   2 x matmuls x (batch x heads) x head_dim x the query-key area of the
   blocks the kernel computes: every block under a full mask; under a
@@ -572,7 +574,7 @@ def splash_flops(inst: hlo.Instruction, comp: hlo.Computation,
     return None
   kind = name.split("_")[2]
   op_name = re.search(r'op_name="([^"]*)"', inst.attrs)
-  scopes = _splash_scopes()
+  scopes = {**_splash_scopes(), **(scopes or {})}
   # The scope is a path component, or wrapped where autodiff traced it:
   # '.../attn/splash_causal_mask/vmap(...)', 'jvp(splash_causal_mask)/...',
   # 'transpose(jvp(splash_causal_mask))/...'.

@@ -133,7 +133,7 @@ _REFUSED = re.compile(r"required for HLO temporaries \(([\d.]+)([KMG])\)"
                       r"|memory space hbm\. Used ([\d.]+)([KMG]) of")
 
 
-def _refused_gib(text: str) -> float | None:
+def refused_gib(text: str) -> float | None:
   """GiB a chip that XLA:TPU's refusal says the step needs (None: not
   given)."""
   found = _REFUSED.search(text)
@@ -175,7 +175,7 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
     host = re.search(r"memory space host\. Used ([\d.]+)G", text)
     return CompiledRow(**base, compile_seconds=time.time() - start,
                        fits=False,
-                       memory_gib=None if host else _refused_gib(text),
+                       memory_gib=None if host else refused_gib(text),
                        error=text.splitlines()[0][:300],
                        host_memory_gib=float(host.group(1)) if host else 0.0)
   seconds = time.time() - start
@@ -516,8 +516,11 @@ def sum_over_chip_lines(rows: list[dict]) -> list[str]:
   over = [r for r in rows if sum_over_chip(r)]
   if not over:
     return []
+  # A table can mix chips (maxtext_program.py --run=all: v4, v5e, v5p).
+  chips = " or ".join(f"{gib:.2f}" for gib in sorted(
+      {r["chip_hbm_gib"] for r in over}))
   return ["* the sum of arguments, outputs and temporaries (GiB/chip) is "
-          f"over the chip's {over[0]['chip_hbm_gib']:.2f} GiB, and XLA:TPU "
+          f"over the chip's {chips} GiB, and XLA:TPU "
           "compiled the step for it all the same: the verdict is XLA's "
           "(BUILD_NOTES \"Session 92\")"]
 

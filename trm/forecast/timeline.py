@@ -101,13 +101,17 @@ class Program:
   """A parsed compiled program on a fabric, ready to be played."""
 
   def __init__(self, text: str, fabric: network.Fabric,
-               kernel_flops: dict | None = None):
+               kernel_flops: dict | None = None,
+               splash_scopes: dict | None = None):
     self.module = hlo.parse_module(text)
     self.text = text
     self.fabric = fabric
     # {(Pallas kernel name, result dims): FLOPs per call}, for kernels
     # whose lowering drops their declared cost (Pallas's Triton backend).
     self.kernel_flops = kernel_flops or {}
+    # {op_name scope: causal?} of splash attention calls made outside our
+    # own scopes (another framework's program), read as ours are.
+    self.splash_scopes = splash_scopes or {}
     self._fused: dict = {}
     self._costs: dict = {}
     self._collectives: dict = {}
@@ -151,7 +155,8 @@ class Program:
     if key not in self._costs:
       padded = None
       if ops.pallas_cost(inst) is None and self.declared_flops(inst) is None:
-        padded = ops.splash_flops(inst, comp, mxu_width)
+        padded = ops.splash_flops(inst, comp, mxu_width,
+                                  self.splash_scopes)
         if padded is None and ops.gpu_library_cost(inst, comp) is None:
           padded = flops + ops.mxu_padding_flops(self.module, comp, inst,
                                                  mxu_width, self._fused)
@@ -170,7 +175,8 @@ class Program:
     """A Pallas kernel call's FLOPs where it declares none: from
     `kernel_flops`, or read from a splash attention call (ops.splash_flops)."""
     flops = self.declared_flops(inst)
-    return ops.splash_flops(inst, comp) if flops is None else flops
+    return (ops.splash_flops(inst, comp, scopes=self.splash_scopes)
+            if flops is None else flops)
 
   def _declared_flops(self, comp, inst) -> tuple[float, float] | None:
     """(`_kernel_flops`, the call's operand and result bytes), or None."""
