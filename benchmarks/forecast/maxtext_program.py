@@ -167,7 +167,9 @@ def refusal(directory: str) -> str | None:
     return None
   with open(path, errors="replace") as f:
     text = f.read()
-  if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
+  if ("RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text
+      # The line train_compile.py prints once XLA compiled the step.
+      or re.search(r"^Memory analysis:", text, re.M)):
     return None
   gib = plan.refused_gib(text)
   line = next((l.strip() for l in text.splitlines()

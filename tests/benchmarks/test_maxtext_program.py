@@ -171,6 +171,12 @@ def test_a_step_xla_refused_is_a_row_that_says_so(script, tmp_path, capsys,
   assert rows[0]["run"] == "v5p64b" and "(97.01G) exceeds" in rows[0][
       "maxtext_refused"]
   assert rows[1]["run"] == "v5p32b" and rows[1]["maxtext_program_mfu"] > 0
+  # A log that also has the line train_compile.py prints once XLA compiled
+  # the step (an earlier attempt's message above it) is a compiled run.
+  assert script.refusal(str(tmp_path / "v5p64b")) is not None
+  (tmp_path / "v5p64b" / "train_compile.log").write_text(
+      (tmp_path / "v5p64b" / "train_compile.log").read_text() + _LOG)
+  assert script.refusal(str(tmp_path / "v5p64b")) is None
 
 
 def test_every_group_of_runs_has_its_commands(script, capsys, monkeypatch):
