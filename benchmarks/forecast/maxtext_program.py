@@ -167,15 +167,17 @@ def refusal(directory: str) -> str | None:
     return None
   with open(path, errors="replace") as f:
     text = f.read()
-  if ("RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text
-      # The line train_compile.py prints once XLA compiled the step.
-      or re.search(r"^Memory analysis:", text, re.M)):
+  lines = text.splitlines()
+  # The line train_compile.py prints once XLA compiled the step.
+  if any(l.startswith("Memory analysis:") for l in lines):
+    return None
+  line = next((l.strip() for l in lines
+               if "Ran out of memory" in l or "RESOURCE_EXHAUSTED" in l), None)
+  if line is None:
     return None
   gib = plan.refused_gib(text)
-  line = next((l.strip() for l in text.splitlines()
-               if "Ran out of memory" in l or "RESOURCE_EXHAUSTED" in l), "")
-  line = line.split("RESOURCE_EXHAUSTED: ")[-1]
-  return (f"{gib:.2f} GiB a chip: " if gib else "") + line[:200]
+  return ((f"{gib:.2f} GiB a chip: " if gib else "")
+          + line.split("RESOURCE_EXHAUSTED: ")[-1][:200])
 
 
 def memory_gib(directory: str) -> float | None:
@@ -260,25 +262,24 @@ def main():
   for name in names:
     run = forecast_maxtext.RUNS[name]
     topology = topology_lib.parse_topology(run["topology"])
-    fabric, config, chips = fabric_and_config(name, topology)
     directory = os.path.join(args.dumps, name)
-    theirs = forecast_maxtext.maxtext_flops_per_chip(
-        config, global_batch(name) / chips, run["attention_flops"])
-    peak = topology.chip.peak_bf16_tflops * 1e12
+    published = run["published"][1][1]
     # XLA dumps the optimized step before it checks the chip's HBM: a
     # refused run has a program too, which no chip runs.
     refused = refusal(directory)
     if refused:
-      print(f"{name:>13} {topology.name:>8} {run['published'][1][1]:>9.2f} "
+      print(f"{name:>13} {topology.name:>8} {published:>9.2f} "
             f"MaxText's step refused by XLA:TPU ({refused})", flush=True)
       results.append(dict(run=name, topology=topology.name,
-                          published_mfu=run["published"][1][1],
-                          maxtext_refused=refused))
+                          published_mfu=published, maxtext_refused=refused))
       continue
+    fabric, config, chips = fabric_and_config(name, topology)
+    theirs = forecast_maxtext.maxtext_flops_per_chip(
+        config, global_batch(name) / chips, run["attention_flops"])
+    peak = topology.chip.peak_bf16_tflops * 1e12
     step = forecast_program(dump_text(directory), fabric, topology,
                             args.efficiency)
     mfu = 100 * theirs / step.seconds / peak
-    published = run["published"][1][1]
     gib = memory_gib(directory)
     # train_compile.py prints its "Memory analysis:" line only once XLA:TPU
     # has compiled the step for the chip, so a figure means the step fits.
