@@ -105,15 +105,49 @@ def test_matmul_to_is_matmul_rounded_with_its_gradients(dtype):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("platform, result", [("cuda", "bf16"),
-                                              ("tpu", "f32"), ("cpu", "f32")])
-def test_matmul_to_asks_a_gpu_matmul_for_the_rounded_result(platform, result):
-  # Lowered for each platform from this CPU: on a GPU the dot itself
-  # returns bfloat16 (cuBLAS rounds its float32 accumulator); elsewhere the
-  # float32-result dot the CPU and TPU programs were measured with.
+@pytest.mark.parametrize("platform, result", [
+    ("cuda", "bf16"), ("rocm", "bf16"), ("tpu", "bf16"), ("cpu", "f32")])
+def test_matmul_to_asks_an_accelerator_matmul_for_the_rounded_result(
+    platform, result):
+  # Lowered for each platform from this CPU: on a GPU or TPU the dot itself
+  # returns bfloat16 (it rounds its float32 accumulator; under tensor
+  # parallelism XLA then sums bfloat16 partials); on a CPU the float32-result
+  # dot its programs were measured with.
   x = jax.ShapeDtypeStruct((8, 16), jnp.bfloat16)
   w = jax.ShapeDtypeStruct((16, 32), jnp.bfloat16)
   text = jax.jit(lambda x, w: linear.matmul_to(x, w, jnp.bfloat16)).trace(
       x, w).lower(lowering_platforms=(platform,)).as_text()
   dots = [line for line in text.splitlines() if "dot_general" in line]
   assert dots and all(f"-> tensor<8x32x{result}>" in line for line in dots)
+
+
+def test_tpu_sums_the_partials_of_a_split_contraction_in_the_result_dtype():
+  # Tensor parallelism on TPU (libtpu's compile-only v4 chips): the
+  # contraction split over `model`, each chip's partial product is
+  # reduce-scattered in bfloat16, as the backward pass's are; the
+  # float32-result form moved float32 partials, twice the bytes.
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from trm.core import topology  # pylint: disable=g-import-not-at-top
+  devices = topology.topology_devices(topology.parse_topology("v4-8"), 1)
+  mesh = jax.sharding.Mesh(np.array(devices[:4]), ("model",),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+  x = jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P(None, "model")))
+  w = jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P("model", None)))
+
+  def collectives(f):
+    text = jax.jit(f, out_shardings=NamedSharding(mesh, P(None, "model"))
+                   ).lower(x, w).compile().as_text()
+    kinds = ("reduce-scatter", "all-reduce", "collective-permute")
+    return [line.split(" = ", 1)[1].split(" ", 1)[0]
+            for line in text.splitlines()
+            if " = " in line and any(f" {k}" in line.split(" = ", 1)[1]
+                                     for k in kinds)]
+
+  rounded = collectives(lambda x, w: linear.matmul_to(x, w, jnp.bfloat16))
+  unrounded = collectives(lambda x, w: linear.matmul(x, w).astype(
+      jnp.bfloat16))
+  assert rounded and all("f32" not in shape for shape in rounded), rounded
+  assert any("f32" in shape for shape in unrounded), unrounded

@@ -138,13 +138,19 @@ matmul.defvjp(_matmul_fwd, _matmul_bwd)
 def matmul_to(x, w, dtype):
   """`matmul(x, w).astype(dtype)`, with `matmul`'s backward pass.
 
-  On a GPU the rounding is the matmul's own: a bfloat16-result cuBLAS call
-  still accumulates in float32, so the float32 product never reaches
-  memory. Given the float32-result form, XLA:GPU writes the product and
-  rounds it in a separate pass (GPT-2's bias-free projections and bfloat16
-  logits: about 8 bytes per output element read and written for nothing).
-  CPU and TPU programs keep the float32-result form they were measured with
-  (XLA:CPU's bfloat16-result dot differs in the last bit of a few elements).
+  On a GPU or TPU the rounding is the matmul's own: the dot still
+  accumulates in float32 and rounds once, so the float32 product never
+  reaches memory. Given the float32-result form, XLA:GPU writes the product
+  and rounds it in a separate pass (GPT-2's bias-free projections and
+  bfloat16 logits: about 8 bytes per output element read and written for
+  nothing). Under tensor parallelism (a contraction split over `model`)
+  each device's partial product is rounded before the partials are
+  summed, as the backward pass's are and as MaxText's and Megatron's are;
+  in the float32-result form XLA:TPU reduce-scattered float32 partials,
+  twice the bytes on the tensor axis (BUILD_NOTES "Session 95": 2-4 points
+  of forecast MFU on every tensor-parallel v5p and v5e row). CPU programs
+  keep the float32-result form they were measured with (XLA:CPU's
+  bfloat16-result dot differs in the last bit of a few elements).
   """
   dtype = jnp.dtype(dtype)
   if dtype == jnp.float32:
@@ -160,9 +166,8 @@ def _matmul_to(x, w, dtype):
   def rounded_by_the_matmul(x, w):
     return jnp.dot(x, w, preferred_element_type=dtype)
 
-  return jax.lax.platform_dependent(x, w, cuda=rounded_by_the_matmul,
-                                    rocm=rounded_by_the_matmul,
-                                    default=round_after)
+  return jax.lax.platform_dependent(x, w, cpu=round_after,
+                                    default=rounded_by_the_matmul)
 
 
 def _matmul_to_fwd(x, w, dtype):
