@@ -10,13 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hlo_collectives import COLLECTIVE
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.families.gpt import steps as gpt_steps
 from trm.nn import chunked_loss
-
-_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|"
-                         r"all-to-all|collective-permute)(-start)?\(")
 
 
 def _head(h, table):
@@ -102,7 +100,7 @@ def test_over_fsdp_the_chunks_reduce_once_or_per_chunk(model, reduce_once):
   # one reduction of the chunk's table gradient (XLA:CPU writes a
   # reduce-scatter as an all-reduce and a slice), no gather.
   in_loops = sorted(m.group(1) for body in bodies for line in
-                    body.splitlines() for m in _COLLECTIVE.finditer(line)
+                    body.splitlines() for m in COLLECTIVE.finditer(line)
                     if re.search(r"\[\d", line[:m.start()]))
   assert "all-gather" not in in_loops, in_loops
   if model == 1 and reduce_once:

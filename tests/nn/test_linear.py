@@ -126,6 +126,7 @@ def test_tpu_sums_the_partials_of_a_split_contraction_in_the_result_dtype():
   # contraction split over `model`, each chip's partial product is
   # reduce-scattered in bfloat16, as the backward pass's are; the
   # float32-result form moved float32 partials, twice the bytes.
+  import hlo_collectives  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from trm.core import topology  # pylint: disable=g-import-not-at-top
@@ -137,17 +138,14 @@ def test_tpu_sums_the_partials_of_a_split_contraction_in_the_result_dtype():
   w = jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16,
                            sharding=NamedSharding(mesh, P("model", None)))
 
-  def collectives(f):
+  def moved(f):
+    """The result types of the step's collectives."""
     text = jax.jit(f, out_shardings=NamedSharding(mesh, P(None, "model"))
                    ).lower(x, w).compile().as_text()
-    kinds = ("reduce-scatter", "all-reduce", "collective-permute")
     return [line.split(" = ", 1)[1].split(" ", 1)[0]
-            for line in text.splitlines()
-            if " = " in line and any(f" {k}" in line.split(" = ", 1)[1]
-                                     for k in kinds)]
+            for _, line in hlo_collectives.collectives(text)]
 
-  rounded = collectives(lambda x, w: linear.matmul_to(x, w, jnp.bfloat16))
-  unrounded = collectives(lambda x, w: linear.matmul(x, w).astype(
-      jnp.bfloat16))
+  rounded = moved(lambda x, w: linear.matmul_to(x, w, jnp.bfloat16))
+  unrounded = moved(lambda x, w: linear.matmul(x, w).astype(jnp.bfloat16))
   assert rounded and all("f32" not in shape for shape in rounded), rounded
   assert any("f32" in shape for shape in unrounded), unrounded

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 
+from hlo_collectives import collectives
 from trm.core import config_lib
 from trm.core import mesh as mesh_lib
 from trm.nn import lookup
@@ -17,8 +18,6 @@ from trm.nn import platform as platform_lib
 _NAMES = ("vocab", "embed")
 _IDS = (mesh_lib.BATCH, "activation_length")
 _WHOLE_TABLE = re.compile(r"f32\[64,16\]")
-_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|"
-                         r"all-to-all|collective-permute)(-start)?\(")
 
 
 def _case():
@@ -94,11 +93,6 @@ def test_values_and_gradients_are_jnp_takes(shape, rules_update, platform):
   assert grad.sharding.is_equivalent_to(table_p.sharding, 2)
 
 
-def _collectives(hlo):
-  return [(m.group(1), line) for line in hlo.splitlines()
-          for m in _COLLECTIVE.finditer(line)]
-
-
 def test_no_collective_moves_the_whole_table():
   """jnp.take on the width-split table gathers it whole and all-reduces
   its whole gradient (checked, so the test can tell); take_rows moves ids
@@ -114,9 +108,9 @@ def test_no_collective_moves_the_whole_table():
     plain = programs(lambda t, i: jnp.take(
         mesh_lib.constrain(t, ("vocab", None)), i, axis=0))
     ours = programs(lambda t, i: lookup.take_rows(t, i, _NAMES))
-  assert [op for op, line in _collectives(plain)
+  assert [op for op, line in collectives(plain)
           if _WHOLE_TABLE.search(line)]
-  moved = _collectives(ours)
+  moved = collectives(ours)
   assert not [op for op, line in moved if _WHOLE_TABLE.search(line)], moved
   kinds = {op for op, _ in moved}
   assert "all-to-all" in kinds, kinds
