@@ -24,6 +24,11 @@ training maze by default, as the paper describes; upstream's builder
 defaults to no augmentation, so its README command trains without it. Use
 `:noaug` for upstream's data. The step counts do not change: upstream counts
 an epoch as one pass over the 1,000 groups, whatever their size.
+
+TPU: XLA refuses this step on one v4-8 (61.95G of temporaries per chip
+for its 30.75 GiB); add --config.model.remat=True there (19.10 GiB).
+From v4-16 up it fits as it is (30.46 GiB per chip on v4-16, 28.49 on
+v4-32; `python -m trm.aot --config=configs/trm_maze.py --topology=v4-16`).
 """
 import ml_collections
 
@@ -62,7 +67,8 @@ def get_config(arg=None):
       rope_theta=10000.0,       # RoPE base
       forward_dtype="bfloat16",  # activations; parameters stay float32
       no_ACT_continue=True,     # halt on sigmoid(q_halt) alone (TRM)
-      remat=False,              # recompute blocks in backward (less memory)
+      remat=False,              # recompute blocks in backward (less memory):
+                                # one v4-8 needs it (trm.aot; docstring)
   ))
 
   c.data = ml_collections.ConfigDict(dict(

@@ -267,7 +267,7 @@ def test_sparse_sign_sgd_on_a_mesh_all_reduces_the_row_sums(table_spec):
   rows: the same rows as the dense reference, and the duplicates' sums are
   partial sums all-reduced; no float row is all-gathered (only the int
   ids are). An async all-gather of the gradient rows cost ARC-1's v4-8
-  step 7.8-15 GiB (tests/families/trm/test_arc_step_on_v4.py)."""
+  step 7.8-15 GiB (tests/families/trm/test_paper_steps_on_v4_8.py)."""
   # 12 ids over 32 rows on 8 devices: duplicates across devices.
   table, ids, row_grads, lr, wd, want = _sign_sgd_problem(3, 64, 12)
   mesh = jax.make_mesh((8,), ("data",),
