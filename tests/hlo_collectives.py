@@ -12,3 +12,14 @@ def collectives(hlo: str) -> list[tuple[str, str]]:
   """(opcode without -start, its line) for every collective in `hlo`."""
   return [(m.group(1), line) for line in hlo.splitlines()
           for m in COLLECTIVE.finditer(line)]
+
+
+def results(hlo: str) -> list[tuple[str, str]]:
+  """(opcode without -start, its result's type, a tuple's whole) for every
+  collective in `hlo`, e.g. ('all-reduce', 'f32[768,512]{1,0}')."""
+  found = []
+  for line in hlo.splitlines():
+    _, eq, rhs = line.partition(" = ")
+    for m in COLLECTIVE.finditer(rhs if eq else ""):
+      found.append((m.group(1), rhs[:m.start()].strip()))
+  return found

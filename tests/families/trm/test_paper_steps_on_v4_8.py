@@ -65,8 +65,8 @@ def test_the_paper_arc1_step_fits_a_v4_8_and_gathers_no_float_rows(
   del no_compilation_cache  # requested first: the cache is off
   compiled, gib = _compiled_on_v4_8("trm_arc.py", "arc1")
   assert gib < BOUND_GIB, f"{gib:.2f} GiB per chip"
-  gathered = [line for op, line in hlo_collectives.collectives(
-      compiled.as_text()) if op == "all-gather" and " f32[" in line]
+  gathered = [shape for op, shape in hlo_collectives.results(
+      compiled.as_text()) if op == "all-gather" and "f32[" in shape]
   assert not gathered, gathered[:2]
 
 
