@@ -44,6 +44,7 @@ over the whole mesh (nanoGPT's is per GPU), and `--workdir` replaces
 import ml_collections
 
 from trm.core import config_lib
+from trm.core import tpu_flags
 
 _GPT2_SIZES = {  # n_layer, n_head, n_embd (nanoGPT's from_pretrained table)
     "gpt2": (12, 12, 768),
@@ -64,10 +65,11 @@ _MAXTEXT_V5E = {
 # mlp_dim, per_device_batch_size, ici_tensor_parallelism, remat_policy,
 # chips of the first published slice (v5p-N has N/2 chips). XLA:TPU
 # (libtpu 0.0.42.1) refuses v5p64b's "minimal" (95.87G of temporaries for
-# 95.74) and v5p256b's on two slices (105.27G); keeping all but the MLP's
-# input projection compiles both: --config.model.remat_policy=custom
+# 95.74); keeping all but the MLP's input projection compiles it:
+# --config.model.remat_policy=custom
 # --config.model.remat_save=query_proj,key_proj,value_proj,out_proj,mlpwo
-# (BUILD_NOTES "Session 93").
+# (BUILD_NOTES "Session 93"; v5p256b's 2-slice step, refused until session
+# 97, compiles as it is since: tpu_flags.COLLECTIVE_MATMUL_USERS).
 _MAXTEXT_V5P = {
     "v5p32b": (32, 32, 10240, 32768, 8, 4, "minimal", 64),
     "v5p64b": (64, 32, 10240, 32768, 4, 4, "minimal", 64),
@@ -384,7 +386,10 @@ def _maxtext_2048(c, mlp: int, model: int, flags: str) -> None:
   c.block_size = 2048
   c.model.update(head_size=256, mlp_size=mlp, attention="splash")
   c.mesh.model = model
-  c.tpu_compiler_options = flags
+  # Their LIBTPU_INIT_ARGS, and ours that lets a multi-slice step keep its
+  # collective matmuls (trm/core/tpu_flags.py; MaxText's programs did not
+  # need it: BUILD_NOTES "Session 97").
+  c.tpu_compiler_options = f"{flags} {tpu_flags.COLLECTIVE_MATMUL_USERS}"
   # base.yml's rules put activations' embed axis on 'tensor' (our model);
   # ours keep it whole, which only matters with tensor parallelism.
   c.logical_axis_rules = tuple(

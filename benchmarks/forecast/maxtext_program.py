@@ -56,6 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 import forecast_maxtext  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core import config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.core import topology as topology_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from trm.core import tpu_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.forecast import network  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.forecast import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
 from trm.forecast import timeline  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -118,8 +119,12 @@ def global_batch(name: str) -> int:
 
 def libtpu_flags(name: str) -> str:
   """The run's LIBTPU_INIT_ARGS: those our variant compiles with (its
-  published script's)."""
-  return _config(name).tpu_compiler_options
+  published script's), less the one our variants add to them
+  (`tpu_flags.COLLECTIVE_MATMUL_USERS`): each program compiles with its
+  own framework's flags."""
+  ours = tpu_flags.COLLECTIVE_MATMUL_USERS
+  return " ".join(flag for flag in _config(name).tpu_compiler_options.split()
+                  if flag != ours)
 
 
 def command(name: str, dumps: str) -> str:

@@ -40,7 +40,8 @@ def test_a_libtpu_init_args_flag_set_otherwise_is_one_line(monkeypatch):
   monkeypatch.setenv("LIBTPU_INIT_ARGS",
                      "--xla_enable_async_all_gather=True --xla_other=1 -v")
   assert tpu_flags.for_mesh(_config(tpu_flags.DEFAULT), _mesh("tpu")) == {
-      "xla_enable_async_all_gather": "true"}
+      "xla_enable_async_all_gather": "true",
+      "xla_tpu_skip_checking_windowed_einsum_users": "true"}
   monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_enable_async_all_gather=0")
   assert tpu_flags.for_mesh(_config(""), _mesh("tpu")) == {}
   assert tpu_flags.for_mesh(_config(tpu_flags.DEFAULT), _mesh("cpu")) == {}

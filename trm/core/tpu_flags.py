@@ -16,8 +16,18 @@ FIELD = "config.tpu_compiler_options"
 # Where a user's XLA flags come from: libtpu's own, read when it starts
 # (MaxText passes its flags there), and XLA's.
 ENVIRONMENT = ("LIBTPU_INIT_ARGS", "XLA_FLAGS")
+# XLA:TPU turns an all-gather feeding a matmul into a collective matmul (a
+# "windowed einsum" loop that never holds the gathered operand) only where
+# the matmul's users pass a check that XLA:GPU skips by default. On two or
+# more slices that check refused the collective matmuls of a tensor-parallel
+# step's backward: the gathered activations' layout then spread to the
+# scanned layers' saved outputs, which XLA copied whole (v5p 128B on 2 x
+# v5p-256: 107.48 against 94.62 GiB per chip on one slice, 43.1% against
+# 53.3% forecast MFU; the 256B refused on 2 x v5p-1024; BUILD_NOTES
+# "Session 97"). One-slice programs compiled the same with or without it.
+COLLECTIVE_MATMUL_USERS = "--xla_tpu_skip_checking_windowed_einsum_users=true"
 # MaxText's v4 runs (configs/v4/22b.sh): FSDP all-gathers overlap compute.
-DEFAULT = "--xla_enable_async_all_gather=true"
+DEFAULT = f"--xla_enable_async_all_gather=true {COLLECTIVE_MATMUL_USERS}"
 _TOKEN = re.compile(r"--([A-Za-z0-9_]+)=(\S+)")
 
 
