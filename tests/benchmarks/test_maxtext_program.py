@@ -56,9 +56,9 @@ def test_each_command_compiles_the_model_our_variant_has(script, name):
   # MaxText's flags for the run are the ones our variant compiles with,
   # less the one our framework adds (each compiles with its own).
   ours = tpu_flags.COLLECTIVE_MATMUL_USERS
-  published = config.tpu_compiler_options.split()
-  assert published[-1] == ours
-  assert f'LIBTPU_INIT_ARGS="{" ".join(published[:-1])}"' in command
+  variant_flags = config.tpu_compiler_options.split()
+  assert variant_flags[-1] == ours
+  assert f'LIBTPU_INIT_ARGS="{" ".join(variant_flags[:-1])}"' in command
   assert ours.split("=")[0] not in command
   attention = _flag(command, "attention")
   assert attention == ("flash" if cfg.attention == "splash"

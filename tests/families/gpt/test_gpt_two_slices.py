@@ -34,9 +34,9 @@ def _tensor_parallel_step(slices: int):
       "n_layer": 1, "n_embd": 8192, "n_head": 32, "model.mlp_size": 32768,
       "model.vocab_size": 4096,
       "tpu_compiler_options": config_lib.TPU_COMPILER_OPTIONS})
-  chips = topology.parse_topology("v5p-64").chips
-  return plan.compile_row(config, topology.parse_topology("v5p-64"), slices,
-                          None, SEQUENCES_PER_CHIP * chips * slices)
+  slice_topology = topology.parse_topology("v5p-64")
+  return plan.compile_row(config, slice_topology, slices, None,
+                          SEQUENCES_PER_CHIP * slice_topology.chips * slices)
 
 
 def _loops(row) -> int:
