@@ -13,13 +13,9 @@ import pytest
 
 import hlo_collectives
 from trm import aot
-from trm import families
 from trm.core import config_lib
-from trm.core import mesh as mesh_lib
-from trm.core import state as state_lib
-from trm.core import task as task_lib
-from trm.core import topology
 from trm.core import tpu_flags
+from trm.forecast import plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
@@ -31,28 +27,22 @@ BOUND_GIB = 23.0
 
 
 def _compiled_on_v4_8(config_file: str, arg, **model):
-  """(compiled train step, GiB per chip in sum) of a config on one v4-8;
-  a refusal by XLA fails the test, naming the config."""
+  """(the compiled HLO text, GiB per chip in sum) of a config's train step
+  on one v4-8, compiled as `trm.aot --forecast` compiles a row
+  (`plan.compile_row`: the trainer's step and XLA options); a refusal by
+  XLA fails the test, naming the config."""
   config = config_lib.load_config(os.path.join(ROOT, "configs", config_file),
                                   arg)
   config.model.update(model)
-  shapes = aot.data_shapes(config, {})
-  devices = topology.topology_devices(aot.parse_topology("v4-8"), 1)
-  ctx = mesh_lib.ShardingContext.from_config(config, devices)
-  program = families.program(config.model.name).build(config, ctx, shapes)
-  abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
-  options = tpu_flags.for_mesh(config, ctx.mesh)
-  assert options, "the trainer's XLA:TPU options are what moved the memory"
-  try:
-    compiled = task_lib.compile_train_step(
-        program, ctx, config.global_batch_size, abstract, shardings, options)
-  except Exception as e:  # pylint: disable=broad-except
-    if "RESOURCE_EXHAUSTED" not in str(e):
-      raise
+  assert tpu_flags.parse(config.tpu_compiler_options), (
+      "the trainer's XLA:TPU options are what moved the memory")
+  row = plan.compile_row(config, aot.parse_topology("v4-8"), 1,
+                         aot.data_shapes(config, {}),
+                         config.global_batch_size)
+  if not row.fits:
     pytest.fail(f"{config_file}:{arg} {model} no longer fits a v4-8: "
-                f"{str(e)[:300]}")
-  _, total = topology.hbm_use(compiled.memory_analysis())
-  return compiled, total / 2**30
+                f"{row.error}")
+  return row.program.text, row.memory_gib
 
 
 def test_the_paper_arc1_step_fits_a_v4_8_and_gathers_no_float_rows(
@@ -63,10 +53,10 @@ def test_the_paper_arc1_step_fits_a_v4_8_and_gathers_no_float_rows(
   the [768, 512] float32 rows (async on TPU) is what let the scheduler
   keep 7.8-15 GiB more of the backward alive."""
   del no_compilation_cache  # requested first: the cache is off
-  compiled, gib = _compiled_on_v4_8("trm_arc.py", "arc1")
+  hlo, gib = _compiled_on_v4_8("trm_arc.py", "arc1")
   assert gib < BOUND_GIB, f"{gib:.2f} GiB per chip"
-  gathered = [shape for op, shape in hlo_collectives.results(
-      compiled.as_text()) if op == "all-gather" and "f32[" in shape]
+  gathered = [shape for op, shape in hlo_collectives.results(hlo)
+              if op == "all-gather" and "f32[" in shape]
   assert not gathered, gathered[:2]
 
 
