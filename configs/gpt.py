@@ -242,10 +242,11 @@ def get_config(arg=None):
                                 # size % 128 == 0, dropout 0) | cudnn (GPU)
       splash_block=0,           # splash tile along the sequence; 0: the
                                 # largest of 512/256/128 dividing block_size
-      qkv_projection="auto",    # c_attn: fused | separate (three matmuls,
-                                # no q/k/v split copies; on a TPU tensor
-                                # axis no resharding split: BUILD_NOTES
-                                # "Session 94") | auto (separate with cudnn)
+      qkv_projection="auto",    # c_attn: fused | grouped (columns per kv
+                                # head: a tensor split on head boundaries,
+                                # BUILD_NOTES "Session 98") | separate
+                                # (three matmuls) | auto (separate with
+                                # cudnn, grouped with heads split, else fused)
       norm_kernel="xla",        # residual adds + LayerNorms: xla | triton
                                 # (NVIDIA GPUs: one Pallas kernel each)
       head_size=0,              # per-head width; 0: n_embd // n_head (as

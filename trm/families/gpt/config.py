@@ -16,7 +16,7 @@ from trm.nn import tpu_attention
 _DTYPES = ("float32", "bfloat16", "float16")
 _SIZE_LIMIT = 2**31  # sizes are int32 in JAX's shapes and token ids
 ATTENTION_KINDS = ("dot", "splash", "splash_interpret") + attention_lib.GPU_KINDS
-QKV_PROJECTIONS = ("auto", "fused", "separate")
+QKV_PROJECTIONS = ("auto", "fused", "grouped", "separate")
 NORM_KERNELS = ("xla",) + norm_gpu.KINDS
 HEAD_GATHERS = ("param", "compute")
 
@@ -69,10 +69,14 @@ class GPTConfig(dtypes.ConfigDtypes):
   # larger tiles mean fewer kernel steps and more VMEM).
   splash_block: int = 0
   # c_attn's q | k | v: 'fused' (nanoGPT's one [C, 3C] matmul, then split),
-  # 'separate' (three matmuls on the column blocks of the same kernel: the
-  # same weights and values, with no copies splitting one buffer into q, k
+  # 'grouped' (one matmul against the same kernel with its columns
+  # reordered per key/value head, so a tensor-parallel split of the product
+  # falls on head boundaries), 'separate' (three matmuls on the column
+  # blocks of the same kernel: no copies splitting one buffer into q, k
   # and v nor joining their gradients), or 'auto': separate with
-  # attention='cudnn', whose kernel cannot read q, k, v in place.
+  # attention='cudnn', whose kernel cannot read q, k, v in place; grouped
+  # where the mesh splits the heads (layers.grouped_qkv); else fused. The
+  # same weights and values in all four.
   qkv_projection: str = "auto"
   # The residual adds and the LayerNorms after them: 'xla', or 'triton'
   # (NVIDIA GPUs: one Pallas kernel per add and norm, norm_gpu.py;

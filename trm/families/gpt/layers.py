@@ -3,6 +3,7 @@ self-attention, the GELU MLP and the pre-LN block (see model.py for the
 numerics)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -73,10 +74,12 @@ class Linear(nn.Module):
   cfg: GPTConfig
 
   @nn.compact
-  def __call__(self, x, blocks: int | tuple[int, ...] = 1):
+  def __call__(self, x, blocks: int | tuple[int, ...] = 1, columns=None):
     """y, or with blocks > 1 the list of y's equal column blocks (or of
     blocks of the widths a tuple gives), each from its own matmul against
-    that block of the kernel (and bias)."""
+    that block of the kernel (and bias). `columns`, a function of an array
+    whose last axis is the kernel's columns, reorders them first: y comes
+    out in that order, and the kernel keeps its sharding."""
     cfg = self.cfg
     dtype = cfg.compute_dtype
     kernel = _param(self, "kernel", nn.initializers.normal(self.std),
@@ -84,6 +87,9 @@ class Linear(nn.Module):
     bias = (_param(self, "bias", nn.initializers.zeros, (self.axes[1],),
                    (self.features,), cfg.weight_dtype) if cfg.bias else None)
     x, kernel = x.astype(dtype), kernel.astype(dtype)
+    if columns is not None:
+      kernel = mesh_lib.constrain(columns(kernel), self.axes)
+      bias = None if bias is None else columns(bias)
     if blocks == 1:
       return _project(x, kernel, bias, dtype)
     widths = (list(blocks) if isinstance(blocks, tuple)
@@ -189,6 +195,34 @@ def _attend(q, k, v, mask, dropout, deterministic: bool):
       dropout=lambda p: dropout(p, deterministic=deterministic))
 
 
+def grouped_qkv(cfg: GPTConfig) -> bool:
+  """Does c_attn run with its columns per key/value head
+  (`qkv_projection`)? 'auto' picks it, tracing under a mesh, where the
+  rules split c_attn's columns ('heads') over mesh axes whose product
+  divides the key/value heads: tensor parallelism. Elsewhere the reorder
+  would be a copy of the kernel for nothing."""
+  if cfg.qkv_projection != "auto" or cfg.separate_qkv:
+    return cfg.qkv_projection == "grouped"
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return False
+  axes = mesh_lib.axes_of(nn.logical_to_mesh_axes(("heads",))[0])
+  ways = math.prod(mesh.shape[a] for a in axes)
+  return ways > 1 and cfg.kv_heads % ways == 0
+
+
+def _per_kv_head(w, *, n_head: int, kv_heads: int, head_dim: int):
+  """c_attn's columns [q | k | v] (last axis of w) reordered per key/value
+  head: [q heads of kv head 0, k 0, v 0, q heads of kv head 1, ...]; query
+  head n serves kv head n // (n_head // kv_heads), as `repeat_kv` has it."""
+  lead, d = w.shape[:-1], head_dim
+  q = w[..., :n_head * d].reshape(*lead, kv_heads, n_head // kv_heads, d)
+  k = w[..., n_head * d:(n_head + kv_heads) * d].reshape(*lead, kv_heads, 1,
+                                                          d)
+  v = w[..., (n_head + kv_heads) * d:].reshape(*lead, kv_heads, 1, d)
+  return jnp.concatenate([q, k, v], axis=-2).reshape(*lead, w.shape[-1])
+
+
 class CausalSelfAttention(nn.Module):
   """Fused c_attn -> q | k | v, causal attention, c_proj, resid dropout."""
   cfg: GPTConfig
@@ -209,6 +243,22 @@ class CausalSelfAttention(nn.Module):
     widths = (cfg.attention_width, cfg.kv_width, cfg.kv_width)
     if cfg.separate_qkv:
       q, k, v = self.c_attn(x, blocks=widths)
+    elif grouped_qkv(cfg):
+      # One matmul whose columns come per key/value head (its query heads,
+      # its key, its value), so a split of them over `model` falls on head
+      # boundaries: each device's product holds whole heads of q, k and v
+      # and none moves. Only the kernel (and its gradient) is reordered,
+      # once a step; nanoGPT's column order splits the product across q, k
+      # and v and reshards it every layer (BUILD_NOTES "Session 98").
+      group = cfg.n_head // cfg.kv_heads
+      y = self.c_attn(x, columns=functools.partial(
+          _per_kv_head, n_head=cfg.n_head, kv_heads=cfg.kv_heads,
+          head_dim=cfg.head_dim)).reshape(b, t, cfg.kv_heads, group + 2,
+                                          cfg.head_dim)
+      y = mesh_lib.constrain(y, _HEADS + (None,))
+      q = y[:, :, :, :group].reshape(b, t, cfg.attention_width)
+      k = y[:, :, :, group].reshape(b, t, cfg.kv_width)
+      v = y[:, :, :, group + 1].reshape(b, t, cfg.kv_width)
     else:
       q, k, v = jnp.split(self.c_attn(x), (widths[0], widths[0] + widths[1]),
                           axis=-1)
