@@ -248,8 +248,9 @@ class CausalSelfAttention(nn.Module):
       # its key, its value), so a split of them over `model` falls on head
       # boundaries: each device's product holds whole heads of q, k and v
       # and none moves. Only the kernel (and its gradient) is reordered,
-      # once a step; nanoGPT's column order splits the product across q, k
-      # and v and reshards it every layer (BUILD_NOTES "Session 98").
+      # a weight's bytes per layer and pass; nanoGPT's column order splits
+      # the product across q, k and v and reshards that, activations' bytes
+      # (BUILD_NOTES "Session 98").
       group = cfg.n_head // cfg.kv_heads
       y = self.c_attn(x, columns=functools.partial(
           _per_kv_head, n_head=cfg.n_head, kv_heads=cfg.kv_heads,
