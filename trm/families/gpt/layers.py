@@ -206,8 +206,7 @@ def grouped_qkv(cfg: GPTConfig) -> bool:
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return False
-  axes = mesh_lib.axes_of(nn.logical_to_mesh_axes(("heads",))[0])
-  ways = math.prod(mesh.shape[a] for a in axes)
+  ways = mesh_lib.logical_split(mesh, None, "heads")[1]
   return ways > 1 and cfg.kv_heads % ways == 0
 
 
