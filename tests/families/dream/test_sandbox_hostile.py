@@ -848,6 +848,39 @@ def test_cgroups_left_by_a_killed_evaluator_are_removed():
   assert not [n for n in os.listdir(base) if n.startswith(prefix)]
 
 
+@pytest.mark.skipif(
+    getattr(code_exec, "_cpu_group_base", lambda: None)() is None,
+    reason="no cgroup with the cpu controller can be made here")
+def test_processes_left_in_a_dead_evaluators_cgroup_are_killed():
+  """A dead evaluator's group that still holds a process (a sample slow to
+  exit: CI once found one 0.5 s after the kill; or a descendant that
+  outlived the parent-death signal) was left as it was, and its process
+  ran on; the probe now kills what is there and removes the group."""
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  base = code_exec._cpu_group_base()  # pylint: disable=protected-access
+  orphan = os.path.join(base, f"trm_code_{int(dead.stdout)}_0123456789ab")
+  os.mkdir(orphan)
+  straggler = subprocess.Popen([sys.executable, "-c",
+                                "import time; time.sleep(60)"])
+  try:
+    try:
+      with open(os.path.join(orphan, "cgroup.procs"), "w",
+                encoding="ascii") as f:
+        f.write(str(straggler.pid))
+    except OSError as error:
+      pytest.skip(f"cannot move a process into {orphan}: {error}")
+    code_exec._cpu_group_base.cache_clear()  # pylint: disable=protected-access
+    assert code_exec._cpu_group_base() == base  # pylint: disable=protected-access
+    assert straggler.wait(timeout=10) == -signal.SIGKILL
+    assert not os.path.exists(orphan)
+  finally:
+    straggler.kill()
+    straggler.wait()
+    if os.path.exists(orphan):
+      os.rmdir(orphan)
+
+
 def test_ctrl_c_stops_the_programs_not_yet_started():
   """SIGINT during run_programs reached the caller only after every queued
   program had run (40 one-second programs on 2 workers: about 20 s);

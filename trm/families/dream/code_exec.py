@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
 import functools
 import json
 import logging
@@ -441,21 +442,47 @@ def _oom_kills(group: Optional[str]) -> int:
   return 0
 
 
+def _kill_members(group: str) -> None:
+  """SIGKILLs every process in `group` (v2 cgroup.kill where the kernel
+  has it, else each pid of cgroup.procs, v1 or v2)."""
+  if _write_control(group, "cgroup.kill", "1"):
+    return
+  try:
+    with open(os.path.join(group, "cgroup.procs"), encoding="ascii") as f:
+      pids = [int(line) for line in f if line.strip().isdigit()]
+  except OSError:
+    return
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except OSError:
+      pass
+
+
 def _remove_orphan_groups(base: str) -> None:
-  """The empty cgroups of evaluators that died (killed, they could not
-  remove theirs): named trm_code_<pid>_... after a pid no longer alive."""
+  """The cgroups of evaluators that died (killed, they could not remove
+  theirs): named trm_code_<pid>_... after a pid no longer alive. One that
+  still holds processes (samples a moment from exiting, or a descendant
+  that outlived its evaluator's parent-death signal) has them killed
+  first: nothing may run on in a dead evaluator's group."""
   try:
     names = os.listdir(base)
   except OSError:
     return
   for name in names:
     parts = name.split("_")
-    if (len(parts) == 4 and name.startswith("trm_code_")
-        and parts[2].isdigit() and not os.path.exists(f"/proc/{parts[2]}")):
-      try:
-        os.rmdir(os.path.join(base, name))
-      except OSError:
-        pass  # not empty (or not ours to remove): left as it is
+    if not (len(parts) == 4 and name.startswith("trm_code_")
+            and parts[2].isdigit() and not os.path.exists(f"/proc/{parts[2]}")):
+      continue
+    group = os.path.join(base, name)
+    try:
+      os.rmdir(group)
+    except FileNotFoundError:
+      pass  # another evaluator's probe removed it first
+    except OSError as error:
+      if error.errno == errno.EBUSY:  # else not ours to remove: left as is
+        _kill_members(group)
+        _remove_group(group)
 
 
 @dataclasses.dataclass(frozen=True)
