@@ -276,6 +276,60 @@ def test_a_collective_longer_than_the_overlapped_compute_is_waited_for():
   assert step.bound == "ici"
 
 
+def _back_to_back_module() -> str:
+  return _module("""
+  %a = bf16[1024,1024]{1,0} parameter(0)
+  %b = f32[256,1024]{1,0} parameter(1)
+  %ag = (f32[256,1024]{1,0}, f32[1024,1024]{1,0}) all-gather-start(%b), replica_groups={{0,1,2,3}}, dimensions={0}
+  %agd = f32[1024,1024]{1,0} all-gather-done(%ag)
+  %f = f32[1024,1024]{1,0} fusion(%a, %a), kind=kOutput, calls=%fused_dot
+  ROOT %out = (f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%f, %agd)""")
+
+
+def test_an_async_collective_awaited_at_once_is_counted_unoverlapped():
+  """XLA:TPU's scheduler, short of memory, starts a collective and awaits
+  it with nothing between (MaxText's v5p 32B on one slice, session 99):
+  the wait is the schedule's, and the step says how much of it there is."""
+  step = timeline.Program(_back_to_back_module(), FABRIC).play(PEAK, 0.5, HBM)
+  assert step.by_cause["ici"] == pytest.approx(GATHER_S, rel=1e-6)
+  assert step.unoverlapped_seconds == pytest.approx(GATHER_S, rel=1e-6)
+  # With the dot between start and done, what is still waited for is the
+  # network's, not the schedule's.
+  overlapped = timeline.Program(_overlap_module(True), FABRIC).play(
+      PEAK * 10, 1.0, HBM)
+  assert overlapped.by_cause["ici"] > 0
+  assert overlapped.unoverlapped_seconds == 0.0
+  blocking = timeline.Program(_overlap_module(False), FABRIC).play(
+      PEAK, 0.5, HBM)
+  assert blocking.unoverlapped_seconds == 0.0
+
+
+def test_unoverlapped_waits_in_a_loop_count_every_trip():
+  text = _loop_module(0, 7, 1).replace(
+      "%ar = f32[1024,1024]{1,0} all-reduce(%y)",
+      "%ars = f32[1024,1024]{1,0} all-reduce-start(%y)").replace(
+          "to_apply=%add\n", "to_apply=%add\n  %ar = f32[1024,1024]{1,0} "
+          "all-reduce-done(%ars)\n")
+  assert "all-reduce-done" in text
+  program = timeline.Program(text, FABRIC)
+  step = program.play(PEAK, 0.5, HBM)
+  reduce_s = 2 * 0.75 * 4 * 2**20 / 2e9
+  assert step.by_cause["ici"] == pytest.approx(7 * reduce_s, rel=1e-6)
+  assert step.unoverlapped_seconds == pytest.approx(7 * reduce_s, rel=1e-6)
+
+
+def test_rows_that_wait_on_unoverlapped_collectives_get_a_note():
+  row = {"slices": 1, "step_seconds": 14.29, "unoverlapped_seconds": 3.87,
+         "fits": True, "memory_gib": 99.68, "chip_hbm_gib": 95.74}
+  (line,) = plan.unoverlapped_lines([row])
+  assert line.startswith("NOTE: the 1-slice step waits 3.870 s of its "
+                         "14.290 s (27%)")
+  assert "99.68 GiB of the chip's 95.74" in line
+  assert "--config.batch_size" in line
+  assert not plan.unoverlapped_lines([dict(row, unoverlapped_seconds=1.0)])
+  assert not plan.unoverlapped_lines([dict(row, step_seconds=None)])
+
+
 # XLA:TPU's async collective fusion (MaxText's v5e flags): one all-gather
 # carried by a start fusion, a continuation fusion doing a dot beside it,
 # and a done fusion, each fed the previous one's outputs.

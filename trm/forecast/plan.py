@@ -44,6 +44,9 @@ ROW_KEYS = ("slices", "chips", "fits", "memory_gib", "step_seconds",
 
 
 HOT_SPOTS = 12  # compute ops per row in its `hot_spots`
+# A row whose step waits this share of its time or more on collectives its
+# schedule left nothing to overlap with gets a note (`unoverlapped_lines`).
+UNOVERLAPPED_NOTE_SHARE = 0.1
 
 
 class ForecastError(ValueError):
@@ -254,6 +257,7 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
       "bound": step.bound,
       "seconds_by_cause": {k: round(v, 6) for k, v in
                            sorted(step.by_cause.items())},
+      "unoverlapped_seconds": round(step.unoverlapped_seconds, 6),
       "unknown_loops": totals.unknown_loops,
       "undeclared_kernels": totals.undeclared_kernels,
       f"mfu_dcn_{other}": (flops_per_chip / other_step.seconds / 1e12
@@ -494,6 +498,7 @@ def format_rows(rows: list[dict], topology_name: str, efficiency: float,
         f"{100 * r.get('mfu_dcn_none', r.get('mfu_dcn_schedule', 0)):.1f}%")
   lines.extend(sum_over_chip_lines(rows))
   lines.extend(host_offload_lines(rows))
+  lines.extend(unoverlapped_lines(rows))
   lines.extend(unread_loop_warnings(rows))
   lines.extend(undeclared_kernel_warnings(rows))
   return "\n".join(lines)
@@ -583,6 +588,31 @@ def _dcn_step_note(rows: list[dict]) -> str:
   return "".join(
       f", {step * 1e6:.4g} us per cross-slice ring step"
       + (f" ({source})" if source else "") for step, source in charged)
+
+
+def unoverlapped_lines(rows: list[dict]) -> list[str]:
+  """One line per row whose step waits `UNOVERLAPPED_NOTE_SHARE` of its
+  time or more on asynchronous collectives its compiled schedule started
+  and awaited back to back. XLA:TPU's latency-hiding scheduler gives up
+  such overlap when the step is short of memory (session 99: MaxText's
+  v5p 32B on one v5p-128, 8 sequences a chip); the time is the program's,
+  so the forecast keeps it, and says what may win it back."""
+  out = []
+  for r in rows:
+    seconds, step = r.get("unoverlapped_seconds"), r.get("step_seconds")
+    if not (seconds and step and seconds >= UNOVERLAPPED_NOTE_SHARE * step):
+      continue
+    memory = (f" (this step: {r['memory_gib']:.2f} GiB of the chip's "
+              f"{r['chip_hbm_gib']:.2f})"
+              if r.get("memory_gib") and r.get("chip_hbm_gib") else "")
+    out.append(
+        f"NOTE: the {r['slices']}-slice step waits {seconds:.3f} s of its "
+        f"{step:.3f} s ({100 * seconds / step:.0f}%) on asynchronous "
+        "collectives that its compiled schedule starts and awaits with "
+        "nothing between to overlap them; XLA:TPU's scheduler does this "
+        f"when a step is short of memory{memory}. Fewer sequences a chip "
+        "(--config.batch_size) or more remat may forecast faster.")
+  return out
 
 
 def unread_loop_warnings(rows: list[dict]) -> list[str]:

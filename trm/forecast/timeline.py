@@ -91,6 +91,10 @@ class Step:
   seconds: float
   by_cause: dict          # compute | hbm | ici | dcn -> seconds on the path
   totals: Totals
+  # Of by_cause's network seconds, those spent waiting on asynchronous
+  # collectives that the schedule started and awaited with no compute
+  # between (`_State.wait`): exposure the program chose, not the network.
+  unoverlapped_seconds: float = 0.0
 
   @property
   def bound(self) -> str:
@@ -404,7 +408,8 @@ class Program:
     end = max([state.now] + list(state.pending.values()))
     if end > state.now:
       state.charge(end - state.now, "dcn")
-    return Step(end, dict(state.by_cause), self.totals())
+    return Step(end, dict(state.by_cause), self.totals(),
+                state.unoverlapped)
 
   def _play(self, comp, state, rates):
     for inst in comp.instructions:
@@ -587,6 +592,13 @@ class _State:
     self.pending_alias: dict[str, str | None] = {}  # recv -> rendezvous
     self.by_cause = collections.defaultdict(float)
     self.dcn_blocks = False   # cross-slice collectives block the chip
+    self.work_at: dict[str, float] = {}    # start name -> `work` at start
+    self.unoverlapped = 0.0   # waits with no work since their start
+
+  @property
+  def work(self) -> float:
+    """Seconds the chip has computed (or moved HBM bytes) so far."""
+    return self.by_cause.get("compute", 0.0) + self.by_cause.get("hbm", 0.0)
 
   def charge(self, seconds: float, cause: str):
     if seconds > 0:
@@ -599,6 +611,7 @@ class _State:
     self.free[collective.resource] = end
     self.pending[name] = end
     self.network_of[name] = collective.network
+    self.work_at[name] = self.work
     if rendezvous:
       self.rendezvous[rendezvous] = name
 
@@ -608,7 +621,10 @@ class _State:
     if name is None or name not in self.pending:
       return
     end = self.pending.pop(name)
+    idle = self.work_at.pop(name, None) == self.work
     if end > self.now:
+      if idle:
+        self.unoverlapped += end - self.now
       self.charge(end - self.now, self.network_of.get(name, "ici"))
 
   def block(self, collective):
@@ -620,14 +636,15 @@ class _State:
 
   def snapshot(self):
     return (self.now, dict(self.by_cause), dict(self.free),
-            dict(self.pending))
+            dict(self.pending), self.unoverlapped)
 
   def repeat_since(self, snapshot, times: int):
     """The span since `snapshot` (one loop iteration) happens `times` more:
     the clock, its causes, and what the iteration started move on."""
-    now, causes, free, pending = snapshot
+    now, causes, free, pending, unoverlapped = snapshot
     seconds = (self.now - now) * times
     self.now += seconds
+    self.unoverlapped += (self.unoverlapped - unoverlapped) * times
     for cause in list(self.by_cause):
       self.by_cause[cause] += (self.by_cause[cause] - causes.get(cause, 0.0)
                                ) * times
@@ -648,6 +665,8 @@ class _State:
     other.pending_alias = dict(self.pending_alias)
     other.by_cause = collections.defaultdict(float, self.by_cause)
     other.dcn_blocks = self.dcn_blocks
+    other.work_at = dict(self.work_at)
+    other.unoverlapped = self.unoverlapped
     return other
 
   def adopt(self, other: "_State"):
