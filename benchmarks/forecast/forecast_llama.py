@@ -426,7 +426,8 @@ def main(argv=None):
                 f"{causes.get(k, 0.0):.2f}"
                 for k in ("compute", "ici", "hbm", "host")))
       for line in (plan.sum_over_chip_lines([row])
-                   + plan.host_offload_lines([row])):
+                   + plan.host_offload_lines([row])
+                   + plan.unoverlapped_lines([row])):
         print(f"{name:>8} {line}")
       rows.append(dict(row, run=name, published_mfu=run["mfu"],
                        per_chip=run["per_chip"], forecast_mfu=mfu,

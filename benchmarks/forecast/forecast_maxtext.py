@@ -396,7 +396,7 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
           f"{error:>+6.2f} {100 * pub_scaling:>10.1f}% "
           f"{100 * row['scaling_efficiency']:>7.1f}% "
           f"{row['dcn_bytes'] / 1e9:>11.3f} {row['bound']}")
-  for line in plan.sum_over_chip_lines(rows):
+  for line in plan.sum_over_chip_lines(rows) + plan.unoverlapped_lines(rows):
     print(line)
   worst = max(checked, default=0.0)
   last = rows[-1]

@@ -295,6 +295,7 @@ def main():
                   maxtext_program_mfu=mfu, error_points=mfu - published,
                   maxtext_step_seconds=step.seconds,
                   maxtext_seconds_by_cause=dict(step.by_cause),
+                  maxtext_unoverlapped_seconds=step.unoverlapped_seconds,
                   maxtext_memory_gib=gib,
                   maxtext_unknown_loops=step.totals.unknown_loops,
                   maxtext_undeclared_kernels=step.totals.undeclared_kernels)
@@ -323,6 +324,10 @@ def main():
     if step.totals.undeclared_kernels:
       line += (f"  WARNING: {step.totals.undeclared_kernels} kernel call(s) "
                "charged no FLOPs")
+    if (step.unoverlapped_seconds
+        >= plan.UNOVERLAPPED_NOTE_SHARE * step.seconds):
+      line += (f"  NOTE: {step.unoverlapped_seconds:.2f} s on collectives "
+               "awaited back to back (plan.unoverlapped_lines)")
     print(line, flush=True)
     results.append(result)
   for line in plan.sum_over_chip_lines(starred):

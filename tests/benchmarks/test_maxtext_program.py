@@ -122,6 +122,7 @@ def test_a_dumped_program_is_played_and_charged_maxtexts_count(
   out = capsys.readouterr().out
   assert "v5e16b" in out and " 15.00 " in out  # under the chip: no star
   assert "over the chip" not in out
+  assert row["maxtext_unoverlapped_seconds"] == 0.0 and "NOTE" not in out
 
 
 def test_a_compiled_program_whose_sum_is_over_the_chip_is_starred(

@@ -92,6 +92,7 @@ def test_forecast_rows_have_the_documented_keys(tiny_rows):
     assert row["fits"] and 0 < row["memory_gib"] < 1
     assert row["step_seconds"] > 0 and 0 < row["mfu"] < 1
     assert row["bound"] in ("compute", "hbm", "ici", "dcn")
+    assert 0 <= row["unoverlapped_seconds"] <= row["step_seconds"]
     assert row["tflops_per_chip"] == pytest.approx(
         row["mfu"] * topology.CHIPS["v4"].peak_bf16_tflops)
   # Weak scaling: the 2-slice row doubles the global batch.
@@ -271,6 +272,10 @@ def test_search_ranks_layouts_that_fit():
   rows[0]["memory_gib"] = 100.0
   text = search.format_ranking(rows, tried, "v4-8", 1, 5)
   assert "100.00* GiB/chip" in text and "over the chip's 30.75 GiB" in text
+  # One whose schedule awaits its collectives back to back gets a note.
+  rows[0]["unoverlapped_seconds"] = 0.5 * rows[0]["step_seconds"]
+  text = search.format_ranking(rows, tried, "v4-8", 1, 5)
+  assert "NOTE: the 1-slice step waits" in text and "(50%)" in text
 
 
 @pytest.mark.parametrize("name, shape, chips, wraps", [

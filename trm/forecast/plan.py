@@ -47,6 +47,9 @@ HOT_SPOTS = 12  # compute ops per row in its `hot_spots`
 # A row whose step waits this share of its time or more on collectives its
 # schedule left nothing to overlap with gets a note (`unoverlapped_lines`).
 UNOVERLAPPED_NOTE_SHARE = 0.1
+# A step using this share of the chip's HBM or more is short of memory for
+# that note's purpose.
+MEMORY_TIGHT_SHARE = 0.9
 
 
 class ForecastError(ValueError):
@@ -595,23 +598,31 @@ def unoverlapped_lines(rows: list[dict]) -> list[str]:
   time or more on asynchronous collectives its compiled schedule started
   and awaited back to back. XLA:TPU's latency-hiding scheduler gives up
   such overlap when the step is short of memory (session 99: MaxText's
-  v5p 32B on one v5p-128, 8 sequences a chip); the time is the program's,
-  so the forecast keeps it, and says what may win it back."""
+  v5p 32B on one v5p-128, 8 sequences a chip, 99.68 GiB); a small step
+  may have nothing independent to place beside them. The time is the
+  program's, so the forecast keeps it, and says what may win it back."""
   out = []
   for r in rows:
     seconds, step = r.get("unoverlapped_seconds"), r.get("step_seconds")
     if not (seconds and step and seconds >= UNOVERLAPPED_NOTE_SHARE * step):
       continue
-    memory = (f" (this step: {r['memory_gib']:.2f} GiB of the chip's "
-              f"{r['chip_hbm_gib']:.2f})"
-              if r.get("memory_gib") and r.get("chip_hbm_gib") else "")
-    out.append(
-        f"NOTE: the {r['slices']}-slice step waits {seconds:.3f} s of its "
-        f"{step:.3f} s ({100 * seconds / step:.0f}%) on asynchronous "
-        "collectives that its compiled schedule starts and awaits with "
-        "nothing between to overlap them; XLA:TPU's scheduler does this "
-        f"when a step is short of memory{memory}. Fewer sequences a chip "
-        "(--config.batch_size) or more remat may forecast faster.")
+    line = (f"NOTE: the {r['slices']}-slice step waits {seconds:.3f} s of its "
+            f"{step:.3f} s ({100 * seconds / step:.0f}%) on asynchronous "
+            "collectives that its compiled schedule starts and awaits with "
+            "nothing between to overlap them; ")
+    gib, chip = r.get("memory_gib"), r.get("chip_hbm_gib")
+    if gib and chip and gib >= MEMORY_TIGHT_SHARE * chip:
+      line += ("XLA:TPU's scheduler does this when a step is short of "
+               f"memory (this step: {gib:.2f} GiB of the chip's {chip:.2f}). "
+               "Fewer sequences a chip (--config.batch_size) or more remat "
+               "may forecast faster.")
+    else:
+      line += ("the step is not short of memory"
+               + (f" ({gib:.2f} GiB of the chip's {chip:.2f})"
+                  if gib and chip else "")
+               + ", so its program has too little independent work beside "
+               "them; more work a chip (a larger batch) may hide them.")
+    out.append(line)
   return out
 
 

@@ -119,4 +119,5 @@ def format_ranking(rows: list[dict], tried: dict, topology_name: str,
         f"{row['ici_bytes'] / 1e9:.2f} GB, DCN {row['dcn_bytes'] / 1e9:.2f} "
         f"GB per chip\n   {row['overrides']}")
   lines += plan.sum_over_chip_lines(rows[:top])
+  lines += plan.unoverlapped_lines(rows[:top])
   return "\n".join(lines)
