@@ -27,6 +27,10 @@ instruction:
 
 Every wait is charged to what it waited for, so the step splits into
 compute, HBM, ICI, DCN and host seconds; the largest names the bound.
+Waits on an asynchronous collective with nothing computed since its start
+are also summed apart (`Step.unoverlapped_seconds`): exposure the
+schedule chose, which XLA:TPU's scheduler does when a step is short of
+memory.
 """
 from __future__ import annotations
 
