@@ -784,6 +784,37 @@ def test_a_sample_of_many_sessions_does_not_starve_the_others():
               if n.startswith(f"trm_code_{os.getpid()}_")]
 
 
+@pytest.mark.skipif(
+    getattr(code_exec, "_cpu_group_base", lambda: None)() is None,
+    reason="no cgroup with the cpu controller can be made here")
+def test_without_namespaces_a_setsid_daemon_dies_with_its_sample(tmp_path):
+  """The fallback kills the sample's process group, which a daemon leaves
+  by setsid: it outlived its sample (README, "Fallback"). Where the sample
+  has a cgroup, what is left in it is killed when the sample ends."""
+  pid_file = str(tmp_path / "daemon.pid")
+  program = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+             "    if os.fork() == 0:\n"
+             f"        open({pid_file!r} + '.new', 'w').write(\n"
+             "            str(os.getpid()))\n"
+             f"        os.rename({pid_file!r} + '.new', {pid_file!r})\n"
+             "        time.sleep(60)\n    os._exit(0)\n"
+             f"while not os.path.exists({pid_file!r}):\n"
+             "    time.sleep(0.01)\n")
+  outcome = code_exec.run_program(
+      (program, "pass\n"), code_exec.Limits(timeout_s=20, namespaces=False))
+  assert outcome.passed, outcome
+  with open(pid_file, encoding="ascii") as f:
+    daemon = int(f.read())
+  deadline = time.monotonic() + 5
+  while _alive(daemon) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  try:
+    assert not _alive(daemon)
+  finally:
+    if _alive(daemon):
+      os.kill(daemon, signal.SIGKILL)
+
+
 def _alive(pid: int) -> bool:
   """Whether `pid` runs (a zombie does not)."""
   try:

@@ -44,7 +44,8 @@ warning line and the guards only):
   (`max_file_mb`; stdout and stderr are files too), processes
   (`max_processes`), open files (`max_open_files`), no core files.
 Without namespaces: rlimits (no process limit), the socket guard, a fresh
-directory, a killed process group; daemons that call setsid survive and the
+directory, a killed process group and, where the sample has a cgroup, its
+members killed; without a cgroup, daemons that call setsid survive; the
 program can read what our user can.
 In every mode, on x86-64 and arm64, a seccomp filter (`sandbox_init.
 seccomp_program`) refuses the memory RLIMIT_AS does not count (memfd, SysV
@@ -756,6 +757,9 @@ def _run(source: str, checks: Optional[str], limits: Limits,
       _release_slot(slot)
     _remove(work)
     for group in groups.paths:
+      # Empty after a namespace's teardown; without namespaces, a daemon
+      # that left the process group by setsid is still here.
+      _kill_members(group)
       _remove_group(group)
 
 
