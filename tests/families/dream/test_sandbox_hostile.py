@@ -804,15 +804,7 @@ def test_without_namespaces_a_setsid_daemon_dies_with_its_sample(tmp_path):
       (program, "pass\n"), code_exec.Limits(timeout_s=20, namespaces=False))
   assert outcome.passed, outcome
   with open(pid_file, encoding="ascii") as f:
-    daemon = int(f.read())
-  deadline = time.monotonic() + 5
-  while _alive(daemon) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  try:
-    assert not _alive(daemon)
-  finally:
-    if _alive(daemon):
-      os.kill(daemon, signal.SIGKILL)
+    _assert_ends(int(f.read()), seconds=5)
 
 
 def _alive(pid: int) -> bool:
@@ -823,6 +815,19 @@ def _alive(pid: int) -> bool:
                      if line.startswith("State:"))
   except OSError:
     return False
+
+
+def _assert_ends(pid: int, seconds: float) -> None:
+  """`pid` stops running within `seconds`; else it is killed and the test
+  fails."""
+  deadline = time.monotonic() + seconds
+  while _alive(pid) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  try:
+    assert not _alive(pid)
+  finally:
+    if _alive(pid):
+      os.kill(pid, signal.SIGKILL)
 
 
 def test_an_evaluator_killed_as_a_sample_starts_takes_it_along():
@@ -842,15 +847,8 @@ def test_an_evaluator_killed_as_a_sample_starts_takes_it_along():
   run = subprocess.run([sys.executable, "-c", script], capture_output=True,
                        text=True, env=dict(os.environ, PYTHONPATH=repo.ROOT),
                        timeout=60, check=False)
-  sandbox = int(run.stdout)
-  deadline = time.monotonic() + 10
-  while _alive(sandbox) and time.monotonic() < deadline:
-    time.sleep(0.1)
-  try:
-    assert not _alive(sandbox)
-  finally:
-    if _alive(sandbox):
-      os.kill(sandbox, signal.SIGKILL)  # its init follows (parent death)
+  # Killed if it lives on: its init follows (parent death).
+  _assert_ends(int(run.stdout), seconds=10)
 
 
 @pytest.mark.skipif(
