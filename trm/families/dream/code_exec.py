@@ -443,21 +443,27 @@ def _oom_kills(group: Optional[str]) -> int:
   return 0
 
 
-def _kill_members(group: str) -> None:
-  """SIGKILLs every process in `group` (v2 cgroup.kill where the kernel
-  has it, else each pid of cgroup.procs, v1 or v2)."""
+def _kill_members(group: str, seconds: float = 1.0) -> None:
+  """SIGKILLs every process in `group`: v2's cgroup.kill where the kernel
+  has it (atomic), else each pid of cgroup.procs, read again until none is
+  left or `seconds` pass (a process forking meanwhile adds pids)."""
   if _write_control(group, "cgroup.kill", "1"):
     return
-  try:
-    with open(os.path.join(group, "cgroup.procs"), encoding="ascii") as f:
-      pids = [int(line) for line in f if line.strip().isdigit()]
-  except OSError:
-    return
-  for pid in pids:
+  deadline = time.monotonic() + seconds
+  while True:
     try:
-      os.kill(pid, signal.SIGKILL)
+      with open(os.path.join(group, "cgroup.procs"), encoding="ascii") as f:
+        pids = [int(line) for line in f if line.strip().isdigit()]
     except OSError:
-      pass
+      return
+    if not pids or time.monotonic() > deadline:
+      return
+    for pid in pids:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
+        pass
+    time.sleep(0.001)
 
 
 def _remove_orphan_groups(base: str) -> None:
