@@ -325,7 +325,7 @@ def test_rows_that_wait_on_unoverlapped_collectives_get_a_note():
   assert line.startswith("NOTE: the 1-slice step waits 3.870 s of its "
                          "14.290 s (27%)")
   assert "short of memory (this step: 99.68 GiB of the chip's 95.74)" in line
-  assert "--config.batch_size" in line
+  assert "--config.global_batch_size; GPT's --config.batch_size" in line
   # A small step is not short of memory: nothing else was there to overlap.
   (line,) = plan.unoverlapped_lines([dict(row, memory_gib=0.01)])
   assert "not short of memory (0.01 GiB of the chip's 95.74)" in line

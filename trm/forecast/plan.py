@@ -614,8 +614,8 @@ def unoverlapped_lines(rows: list[dict]) -> list[str]:
     if gib and chip and gib >= MEMORY_TIGHT_SHARE * chip:
       line += ("XLA:TPU's scheduler does this when a step is short of "
                f"memory (this step: {gib:.2f} GiB of the chip's {chip:.2f}). "
-               "Fewer sequences a chip (--config.batch_size) or more remat "
-               "may forecast faster.")
+               "A smaller batch a chip (--config.global_batch_size; GPT's "
+               "--config.batch_size) or more remat may forecast faster.")
     else:
       line += ("the step is not short of memory"
                + (f" ({gib:.2f} GiB of the chip's {chip:.2f})"
