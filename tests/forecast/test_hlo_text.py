@@ -326,6 +326,8 @@ def test_rows_that_wait_on_unoverlapped_collectives_get_a_note():
                          "14.290 s (27%)")
   assert "short of memory (this step: 99.68 GiB of the chip's 95.74)" in line
   assert "--config.global_batch_size; GPT's --config.batch_size" in line
+  assert ("add --xla_latency_hiding_scheduler_rerun=0 to "
+          "--config.tpu_compiler_options") in line
   # A small step is not short of memory: nothing else was there to overlap.
   (line,) = plan.unoverlapped_lines([dict(row, memory_gib=0.01)])
   assert "not short of memory (0.01 GiB of the chip's 95.74)" in line
