@@ -389,7 +389,8 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
                       memory_gib=row["memory_gib"], fits=row["fits"],
                       dcn_bytes=row["dcn_bytes"], ici_bytes=row["ici_bytes"],
                       bound=row["bound"],
-                      seconds_by_cause=row["seconds_by_cause"]))
+                      seconds_by_cause=row["seconds_by_cause"],
+                      unoverlapped_seconds=row.get("unoverlapped_seconds")))
     print(f"{count:>6} {'yes' if row['fits'] else 'no':>4} "
           f"{plan.memory_text(row):>6} {row['step_seconds']:>8.3f} "
           f"{pub_tflops:>11.0f} {tflops:>8.1f} {pub_mfu:>7.1f} {mfu:>8.2f} "
