@@ -93,6 +93,7 @@ def test_forecast_rows_have_the_documented_keys(tiny_rows):
     assert row["step_seconds"] > 0 and 0 < row["mfu"] < 1
     assert row["bound"] in ("compute", "hbm", "ici", "dcn")
     assert 0 <= row["unoverlapped_seconds"] <= row["step_seconds"]
+    assert row["tpu_compiler_options"] == tiny_gpt().tpu_compiler_options
     assert row["tflops_per_chip"] == pytest.approx(
         row["mfu"] * topology.CHIPS["v4"].peak_bf16_tflops)
   # Weak scaling: the 2-slice row doubles the global batch.

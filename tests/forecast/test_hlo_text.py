@@ -326,8 +326,20 @@ def test_rows_that_wait_on_unoverlapped_collectives_get_a_note():
                          "14.290 s (27%)")
   assert "short of memory (this step: 99.68 GiB of the chip's 95.74)" in line
   assert "--config.global_batch_size; GPT's --config.batch_size" in line
-  assert ("add --xla_latency_hiding_scheduler_rerun=0 to "
+  assert ("Keeping the first schedule (add "
+          "--xla_latency_hiding_scheduler_rerun=0 to "
           "--config.tpu_compiler_options") in line
+  # With the row's own options known, the flag to copy keeps them.
+  (line,) = plan.unoverlapped_lines([dict(
+      row, tpu_compiler_options="--xla_enable_async_all_gather=true")])
+  assert ("(--config.tpu_compiler_options='--xla_enable_async_all_gather="
+          "true --xla_latency_hiding_scheduler_rerun=0'; the compile says"
+          ) in line
+  # Options that set the rerun already leave the batch and remat.
+  (line,) = plan.unoverlapped_lines([dict(
+      row, tpu_compiler_options="--xla_latency_hiding_scheduler_rerun=0")])
+  assert "Keeping" not in line
+  assert "memory limit. A smaller batch a chip" in line
   # A small step is not short of memory: nothing else was there to overlap.
   (line,) = plan.unoverlapped_lines([dict(row, memory_gib=0.01)])
   assert "not short of memory (0.01 GiB of the chip's 95.74)" in line

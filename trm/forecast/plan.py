@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import shlex
 import sys
 import time
 
@@ -86,6 +87,8 @@ class CompiledRow:
   # The HBM a chip XLA fitted the step to (tpu_flags.hbm_limit_gib);
   # None: the chip's.
   chip_hbm_gib: float | None = None
+  # The config's XLA:TPU options it was compiled with (None: not known).
+  tpu_compiler_options: str | None = None
 
 
 def row_config(config, slices: int, global_batch: int, mesh=None):
@@ -172,7 +175,8 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
               mesh=dict(ctx.mesh.shape), chip_hbm_gib=hbm_gib,
               global_batch=row.global_batch_size,
               model_flops=float(program.flops_per_step or 0.0),
-              tokens_per_example=program.tokens_per_example)
+              tokens_per_example=program.tokens_per_example,
+              tpu_compiler_options=row.get("tpu_compiler_options", ""))
   try:
     compiled = task_lib.compile_train_step(
         program, ctx, row.global_batch_size, abstract, shardings,
@@ -225,6 +229,7 @@ def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
          "mesh": compiled.mesh, "global_batch": compiled.global_batch,
          "compile_seconds": round(compiled.compile_seconds, 1),
          "efficiency": efficiency, "dcn_overlap": dcn_overlap,
+         "tpu_compiler_options": compiled.tpu_compiler_options,
          "dcn_step_seconds": (compiled.program.fabric.dcn_step_seconds
                               if compiled.program is not None else None)}
   if compiled.program is None:
@@ -620,11 +625,13 @@ def unoverlapped_lines(rows: list[dict]) -> list[str]:
       line += ("XLA:TPU's scheduler does this when a step is short of "
                f"memory (this step: {gib:.2f} GiB of the chip's {chip:.2f}), "
                "scheduling again, tighter, when its first schedule goes over "
-               "its memory limit. Keeping the first schedule (add "
-               f"{NO_SCHEDULER_RERUN} to --config.tpu_compiler_options; the "
-               "compile says whether it still fits), a smaller batch a chip "
-               "(--config.global_batch_size; GPT's --config.batch_size) or "
-               "more remat may forecast faster.")
+               "its memory limit. ")
+      remedies = [_keep_first_schedule(r.get("tpu_compiler_options")),
+                  "a smaller batch a chip (--config.global_batch_size; "
+                  "GPT's --config.batch_size)", "more remat"]
+      remedies = [x for x in remedies if x]
+      sentence = ", ".join(remedies[:-1]) + " or " + remedies[-1]
+      line += sentence[0].upper() + sentence[1:] + " may forecast faster."
     else:
       line += ("the step is not short of memory"
                + (f" ({gib:.2f} GiB of the chip's {chip:.2f})"
@@ -633,6 +640,21 @@ def unoverlapped_lines(rows: list[dict]) -> list[str]:
                "them; more work a chip (a larger batch) may hide them.")
     out.append(line)
   return out
+
+
+def _keep_first_schedule(options: str | None) -> str:
+  """The NOTE's first remedy: the row's own options with the scheduler's
+  rerun off, as a flag to copy where they are known; '' where they set the
+  rerun already."""
+  if options is None:
+    return (f"keeping the first schedule (add {NO_SCHEDULER_RERUN} to "
+            "--config.tpu_compiler_options; the compile says whether it "
+            "still fits)")
+  if "xla_latency_hiding_scheduler_rerun" in options:
+    return ""
+  kept = shlex.quote(f"{options} {NO_SCHEDULER_RERUN}".strip())
+  return (f"keeping the first schedule (--config.tpu_compiler_options="
+          f"{kept}; the compile says whether it still fits)")
 
 
 def unread_loop_warnings(rows: list[dict]) -> list[str]:
