@@ -324,8 +324,7 @@ def main():
     if step.totals.undeclared_kernels:
       line += (f"  WARNING: {step.totals.undeclared_kernels} kernel call(s) "
                "charged no FLOPs")
-    if (step.unoverlapped_seconds
-        >= plan.UNOVERLAPPED_NOTE_SHARE * step.seconds):
+    if plan.waits_unoverlapped(step.unoverlapped_seconds, step.seconds):
       line += (f"  NOTE: {step.unoverlapped_seconds:.2f} s on collectives "
                "awaited back to back (plan.unoverlapped_lines)")
     print(line, flush=True)

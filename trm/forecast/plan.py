@@ -603,6 +603,12 @@ def _dcn_step_note(rows: list[dict]) -> str:
       + (f" ({source})" if source else "") for step, source in charged)
 
 
+def waits_unoverlapped(seconds: float | None, step: float | None) -> bool:
+  """Whether a step of `step` s waiting `seconds` on collectives awaited
+  back to back gets the NOTE (`UNOVERLAPPED_NOTE_SHARE` of it or more)."""
+  return bool(seconds and step and seconds >= UNOVERLAPPED_NOTE_SHARE * step)
+
+
 def unoverlapped_lines(rows: list[dict]) -> list[str]:
   """One line per row whose step waits `UNOVERLAPPED_NOTE_SHARE` of its
   time or more on asynchronous collectives its compiled schedule started
@@ -614,7 +620,7 @@ def unoverlapped_lines(rows: list[dict]) -> list[str]:
   out = []
   for r in rows:
     seconds, step = r.get("unoverlapped_seconds"), r.get("step_seconds")
-    if not (seconds and step and seconds >= UNOVERLAPPED_NOTE_SHARE * step):
+    if not waits_unoverlapped(seconds, step):
       continue
     line = (f"NOTE: the {r['slices']}-slice step waits {seconds:.3f} s of its "
             f"{step:.3f} s ({100 * seconds / step:.0f}%) on asynchronous "

@@ -488,7 +488,6 @@ def _remove_orphan_groups(base: str) -> None:
       pass  # another evaluator's probe removed it first
     except OSError as error:
       if error.errno == errno.EBUSY:  # else not ours to remove: left as is
-        _kill_members(group)
         _remove_group(group)
 
 
@@ -523,10 +522,16 @@ def _make_groups(limits: Limits) -> _Groups:
 
 
 def _remove_group(group: Optional[str]) -> None:
-  """Removes the (empty) cgroup; its last processes may take a moment to
-  leave it after they exit."""
+  """Kills what is still in the cgroup, then removes it; its last
+  processes may take a moment to leave it after they exit. Nothing is
+  left there after a namespace's teardown; without namespaces a daemon
+  that left the sample's process group by setsid is, and so are the
+  processes of a dead evaluator's group (`_remove_orphan_groups`)."""
+  if group is None:
+    return
+  _kill_members(group)
   deadline = time.monotonic() + 1.0
-  while group is not None:
+  while True:
     try:
       os.rmdir(group)
       return
@@ -763,9 +768,6 @@ def _run(source: str, checks: Optional[str], limits: Limits,
       _release_slot(slot)
     _remove(work)
     for group in groups.paths:
-      # Empty after a namespace's teardown; without namespaces, a daemon
-      # that left the process group by setsid is still here.
-      _kill_members(group)
       _remove_group(group)
 
 
