@@ -404,8 +404,8 @@ def main(argv=None):
         break
       causes = row["seconds_by_cause"]
       mfu = 100 * theirs / row["step_seconds"] / peak
-      compute_only = (100 * theirs / causes.get("compute", float("nan"))
-                      / peak)
+      compute_only, pub_efficiency = forecast_maxtext.compute_only(
+          theirs, peak / 1e12, efficiency, row, run["mfu"])
       splash = splash_seconds(compiled, topology, efficiency)
       extra = dict(splash_seconds=splash)
       columns = f"{splash:>8.3f} " if splash is not None else f"{'-':>8} "
@@ -425,14 +425,18 @@ def main(argv=None):
             f"{compute_only:>11.1f}% " + columns + " / ".join(
                 f"{causes.get(k, 0.0):.2f}"
                 for k in ("compute", "ici", "hbm", "host")))
+      out = dict(row, run=name, published_mfu=run["mfu"],
+                 per_chip=run["per_chip"], forecast_mfu=mfu,
+                 error_points=mfu - run["mfu"],
+                 compute_seconds=causes.get("compute", 0.0),
+                 compute_only_mfu=compute_only,
+                 published_efficiency=pub_efficiency, **extra)
       for line in (plan.sum_over_chip_lines([row])
                    + plan.host_offload_lines([row])
-                   + plan.unoverlapped_lines([row])):
+                   + plan.unoverlapped_lines([row])
+                   + forecast_maxtext.compute_only_lines([out], efficiency)):
         print(f"{name:>8} {line}")
-      rows.append(dict(row, run=name, published_mfu=run["mfu"],
-                       per_chip=run["per_chip"], forecast_mfu=mfu,
-                       error_points=mfu - run["mfu"],
-                       compute_only_mfu=compute_only, **extra))
+      rows.append(out)
   if args.json:
     atomic_files.write_json_atomic(args.json, rows)
 

@@ -38,6 +38,13 @@ sheet, and up to 32 slices; `--fit_on=v5e16b` fits on that chip instead.
 later run with the same config, trm/ code, jax and libtpu, so a forecast
 can be replayed without compiling again.
 
+Each row also shows its "compute only" MFU: the step cut to its compute at
+the constant, every memory-bound op and transfer hidden. A published row
+above it gets a CEILING line with the efficiency at which this program's
+compute alone takes the published step: no schedule reaches such a row at
+the constant used, so its miss is the constant's (or the program's FLOPs),
+not the overlap's.
+
 The second constant, the latency of one step of a cross-slice ring
 (`trm.core.topology.DCN_STEP_SECONDS`), is what makes speed fall as slices
 are added (the bytes per chip level off at twice the buffer; an
@@ -157,6 +164,44 @@ def maxtext_flops_per_chip(config, sequences_per_chip: float,
                      * cfg.block_size**2) * (0.5 if attention == "causal"
                                              else 1.0)
   return per_sequence * sequences_per_chip
+
+
+def compute_only(theirs: float, peak_tflops: float, efficiency: float,
+                 row: dict, published_mfu: float) -> tuple[float, float]:
+  """(MFU in MaxText's count if the row's step were its compute alone, the
+  dense-compute efficiency at which that compute takes the published step).
+
+  A published row above the first figure is out of reach of the constant
+  whatever the schedule: even with every memory-bound op and transfer
+  hidden the step is longer; the second figure says what the chip's
+  matmuls must have run at instead (compare the efficiency used)."""
+  compute = row["seconds_by_cause"].get("compute", 0.0)
+  if compute <= 0:
+    return math.nan, math.nan
+  ceiling = 100 * theirs / compute / 1e12 / peak_tflops
+  published_step = theirs / (published_mfu / 100 * peak_tflops * 1e12)
+  return ceiling, efficiency * compute / published_step
+
+
+def compute_only_lines(table: list[dict], efficiency: float) -> list[str]:
+  """Why a row misses when its published MFU is above its compute-only
+  ceiling (`compute_only`)."""
+  lines = []
+  for row in table:
+    ceiling = row.get("compute_only_mfu", math.nan)
+    if not ceiling < row["published_mfu"]:
+      continue
+    hidden = row["step_seconds"] - row["compute_seconds"]
+    lines.append(
+        f"CEILING: the {row.get('slices', 1)}-slice row is published at "
+        f"{row['published_mfu']:.2f}% MFU, above the {ceiling:.2f}% its "
+        f"compute alone gives at {efficiency:.4f} x peak: its published "
+        f"step is this program's compute at "
+        f"{row['published_efficiency']:.4f} x peak with every memory-bound "
+        f"op and transfer hidden ({hidden:.3f} s of the "
+        f"{row['step_seconds']:.3f} s forecast), so no schedule reaches it "
+        "at this efficiency.")
+  return lines
 
 
 def _program_files(programs: str, variant: str, topology, count: int,
@@ -359,8 +404,8 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
            "latency (in sample)" if dcn_fitted_here else ""))
   print(f"{'slices':>6} {'fits':>4} {'GiB':>6} {'step s':>8} "
         f"{'TFLOP/s pub':>11} {'forecast':>8} {'MFU pub':>7} "
-        f"{'forecast':>8} {'error':>6} {'scaling pub':>11} {'forecast':>8} "
-        f"{'DCN GB/chip':>11} bound")
+        f"{'forecast':>8} {'error':>6} {'compute only':>12} "
+        f"{'scaling pub':>11} {'forecast':>8} {'DCN GB/chip':>11} bound")
   table, checked = [], []
   for row in rows:
     count = row["slices"]
@@ -378,6 +423,8 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
     mfu = 100 * tflops / peak
     error = mfu - pub_mfu
     pub_scaling = pub_mfu / published[first][1]
+    ceiling, pub_efficiency = compute_only(theirs, peak, efficiency, row,
+                                           pub_mfu)
     if not (fitted_here and count == first):
       checked.append(abs(error))
     table.append(dict(slices=count, published_tflops=pub_tflops,
@@ -386,6 +433,10 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
                       published_scaling=pub_scaling,
                       forecast_scaling=row["scaling_efficiency"],
                       step_seconds=row["step_seconds"],
+                      compute_seconds=row["seconds_by_cause"].get(
+                          "compute", 0.0),
+                      compute_only_mfu=ceiling,
+                      published_efficiency=pub_efficiency,
                       memory_gib=row["memory_gib"], fits=row["fits"],
                       dcn_bytes=row["dcn_bytes"], ici_bytes=row["ici_bytes"],
                       bound=row["bound"],
@@ -394,10 +445,11 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
     print(f"{count:>6} {'yes' if row['fits'] else 'no':>4} "
           f"{plan.memory_text(row):>6} {row['step_seconds']:>8.3f} "
           f"{pub_tflops:>11.0f} {tflops:>8.1f} {pub_mfu:>7.1f} {mfu:>8.2f} "
-          f"{error:>+6.2f} {100 * pub_scaling:>10.1f}% "
+          f"{error:>+6.2f} {ceiling:>12.2f} {100 * pub_scaling:>10.1f}% "
           f"{100 * row['scaling_efficiency']:>7.1f}% "
           f"{row['dcn_bytes'] / 1e9:>11.3f} {row['bound']}")
-  for line in plan.sum_over_chip_lines(rows) + plan.unoverlapped_lines(rows):
+  for line in (plan.sum_over_chip_lines(rows) + plan.unoverlapped_lines(rows)
+               + compute_only_lines(table, efficiency)):
     print(line)
   worst = max(checked, default=0.0)
   last = rows[-1]

@@ -161,6 +161,45 @@ def test_the_v5p_runs_count_half_the_attention_term(script):
           if name.startswith("v5p")} == {"causal"}
 
 
+def test_a_row_published_above_its_compute_alone_is_named(script, capsys,
+                                                           monkeypatch):
+  """The compute-only ceiling is the MFU with the step cut to its compute;
+  a published row above it gets a CEILING line whose efficiency makes the
+  row's compute take exactly the published step. Below it: no line."""
+  theirs = 2.0 * 4096**3  # the rows' one matmul, as MaxText would count it
+  monkeypatch.setattr(script, "maxtext_flops_per_chip",
+                      lambda *unused: theirs)
+  rows = [_row(1, 0.0), _row(2, 1e-3)]  # the second waits on the DCN
+  played = [plan.forecast_row(r, V5E, 0.8, "none") for r in rows]
+  compute = played[1]["seconds_by_cause"]["compute"]
+  assert played[1]["step_seconds"] > 1.5 * compute
+  peak = V5E.chip.peak_bf16_tflops
+  ceiling = 100 * theirs / compute / 1e12 / peak
+  forecast = 100 * theirs / played[1]["step_seconds"] / 1e12 / peak
+  # Published: the one-slice row just under its ceiling, the two-slice
+  # row above it.
+  run = dict(variant="test", attention_flops=False,
+             published={1: (0.0, 0.99 * ceiling), 2: (0.0, 1.2 * ceiling)})
+  result = script.compare("test", run, V5E, None, rows, 1.0, 0.8, None,
+                          "none")
+  out = capsys.readouterr().out
+  one, two = result["rows"]
+  assert two["compute_only_mfu"] == pytest.approx(ceiling)
+  assert two["forecast_mfu"] == pytest.approx(forecast)
+  assert one["compute_only_mfu"] == pytest.approx(ceiling)  # same compute
+  assert "CEILING: the 2-slice row" in out
+  assert "CEILING: the 1-slice row" not in out
+  # At the efficiency it names, the row's compute is the published step.
+  assert two["published_efficiency"] == pytest.approx(0.8 * 1.2)
+  published_step = theirs / (two["published_mfu"] / 100 * peak * 1e12)
+  at_it = plan.forecast_row(rows[1], V5E, two["published_efficiency"],
+                            "none")
+  # (seconds_by_cause is rounded to the microsecond: this step is 0.7 ms.)
+  assert at_it["seconds_by_cause"]["compute"] == pytest.approx(
+      published_step, rel=2e-3)
+  assert f"{two['published_efficiency']:.4f} x peak" in out
+
+
 def test_a_saved_program_reads_back_for_its_config_only(script, tmp_path):
   from trm.core import config_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config(
