@@ -4,7 +4,7 @@ v5p: 32B-1024B) and compare.
   python benchmarks/forecast/forecast_maxtext.py [--run=22b|52b|both|v5e|
       v5p|all|v5e16b,...] [--fit_on=22b] [--slices=...] [--efficiency=X]
       [--dcn_overlap=none|schedule] [--dcn_step_us=X | --fit_dcn_on=RUN]
-      [--programs=DIR] [--json=PATH]
+      [--permute_links=F] [--programs=DIR] [--json=PATH]
 
 MaxText's README ("Runtime Performance Results", TPU v4, commit 281e04bf3)
 measured, counting 6 x parameters x tokens per step (train.py, no attention
@@ -43,7 +43,10 @@ the constant, every memory-bound op and transfer hidden. A published row
 above it gets a CEILING line with the efficiency at which this program's
 compute alone takes the published step: no schedule reaches such a row at
 the constant used, so its miss is the constant's (or the program's FLOPs),
-not the overlap's.
+not the overlap's. `--permute_links=F` replays the rows with their
+collective-permutes (the tensor axis's ring transfers) over F links'
+bandwidth instead of one: a sensitivity of the tensor-parallel rows to
+that one charge, not a figure of the chip.
 
 The second constant, the latency of one step of a cross-slice ring
 (`trm.core.topology.DCN_STEP_SECONDS`), is what makes speed fall as slices
@@ -293,9 +296,10 @@ def save_row(programs: str, variant: str, topology, count: int, batch: int,
 
 def compile_rows(variant: str, topology, slices, attention_flops,
                  batch_per_slice: int | None = None,
-                 programs: str | None = None):
+                 programs: str | None = None, permute_links: float = 1.0):
   """Each slice count's compiled row (read from `programs` where saved
-  there for this config, else compiled and saved there)."""
+  there for this config, else compiled and saved there), to be played with
+  its collective-permutes over `permute_links` links (saved with 1)."""
   config = config_lib.load_config(os.path.join(ROOT, "configs", "gpt.py"),
                                   variant)
   rows = []
@@ -317,6 +321,9 @@ def compile_rows(variant: str, topology, slices, attention_flops,
     if programs:
       save_row(programs, variant, topology, count, batch, config, row)
     rows.append(row)
+  if permute_links != 1:
+    rows = [plan.with_fabric(row, permute_links=permute_links)
+            for row in rows]
   # Our model FLOPs per chip over MaxText's 6 N T for the same step.
   ratio = (rows[0].model_flops / rows[0].chips) / maxtext_flops_per_chip(
       config, rows[0].global_batch / rows[0].chips, attention_flops)
@@ -506,6 +513,11 @@ def main():
       help="fit that latency on this run's multi-slice rows instead (the "
       "run must be in --run)")
   parser.add_argument(
+      "--permute_links", type=float, default=1.0,
+      help="a sensitivity, not the model: collective-permutes move their "
+      "bytes over this many ICI links' bandwidth (default 1, one link one "
+      "way, as the time model has it; 1000 makes them nearly free)")
+  parser.add_argument(
       "--programs", default=None,
       help="directory of compiled programs: each row is read from it when "
       "saved there for the same config, trm/ code, jax and libtpu, else "
@@ -519,6 +531,9 @@ def main():
       math.isfinite(args.dcn_step_us) and 0 <= args.dcn_step_us <= 1e6):
     parser.error(f"--dcn_step_us={args.dcn_step_us} must be a latency in "
                  "microseconds, 0 to 1e6.")
+  if not (math.isfinite(args.permute_links) and args.permute_links >= 1):
+    parser.error(f"--permute_links={args.permute_links} must be a number "
+                 ">= 1 (1: the time model's one link).")
   names = []
   for part in args.run.split(","):
     if part not in RUNS and part not in GROUPS:
@@ -548,7 +563,7 @@ def main():
     topology = parse_topology(run["topology"])
     compiled[name] = (topology, *compile_rows(
         run["variant"], topology, slices, run["attention_flops"],
-        run.get("batch_per_slice"), args.programs))
+        run.get("batch_per_slice"), args.programs, args.permute_links))
   dcn_step = (topology_lib.DCN_STEP_SECONDS if args.dcn_step_us is None
               else args.dcn_step_us * 1e-6)
   efficiency, fitted_on = args.efficiency, None
@@ -560,7 +575,7 @@ def main():
       first = int(run["slices"].split(",")[0])
       compiled[fitted_on + "-fit"] = (topology, *compile_rows(
           run["variant"], topology, [first], run["attention_flops"],
-          run.get("batch_per_slice"), args.programs))
+          run.get("batch_per_slice"), args.programs, args.permute_links))
     key = fitted_on if fitted_on in compiled else fitted_on + "-fit"
     topology, _, rows, ratio = compiled[key]
     if args.fit_dcn_on and rows[0].slices != 1:
@@ -579,6 +594,9 @@ def main():
         + (f"fitted on {args.fit_dcn_on}'s multi-slice rows" if
            args.fit_dcn_on else "given" if args.dcn_step_us is not None
            else "trm.core.topology.DCN_STEP_SECONDS") + ")")
+  if args.permute_links != 1:
+    print(f"collective-permutes over {args.permute_links:g} links' "
+          "bandwidth (--permute_links: a sensitivity, not the model)")
   for name in runs:
     topology, config, rows, ratio = compiled[name]
     compiled[name] = (topology, config, with_dcn_step(rows, dcn_step), ratio)
@@ -597,7 +615,8 @@ def main():
       json.dump({"efficiency": efficiency, "fitted_on": fitted_on,
                  "dcn_step_seconds": dcn_step,
                  "dcn_fitted_on": args.fit_dcn_on,
-                 "dcn_overlap": args.dcn_overlap, "runs": results}, f,
+                 "dcn_overlap": args.dcn_overlap,
+                 "permute_links": args.permute_links, "runs": results}, f,
                 indent=1)
 
 

@@ -130,6 +130,36 @@ def test_contradicting_latency_flags_stop_before_compiling(
   assert message in stderr
 
 
+@pytest.mark.parametrize("value", ["0.5", "nan", "inf", "-2"])
+def test_permute_links_below_one_link_are_refused(value, script, monkeypatch,
+                                                  capsys):
+  monkeypatch.setattr(sys, "argv", [SCRIPT, "--run=v5e16b",
+                                    f"--permute_links={value}"])
+  with pytest.raises(SystemExit) as stopped:
+    script.main()
+  assert stopped.value.code == 2
+  assert "--permute_links=" in capsys.readouterr().err
+
+
+def test_permute_links_reach_every_row_played_not_the_saved_one(
+    script, monkeypatch, tmp_path):
+  """The sensitivity is applied to the rows as played; a saved program
+  keeps the model's one link, so a later run without the flag is not
+  changed by it."""
+  monkeypatch.setattr(script.plan, "compile_row",
+                      lambda config, topology, count, *unused: _row(count,
+                                                                    0.0))
+  _, rows, _ = script.compile_rows("v5p32b", V5E, [1, 2], "causal",
+                                   programs=str(tmp_path), permute_links=3)
+  assert [r.program.fabric.permute_links for r in rows] == [3, 3]
+  def refuse(*unused):
+    raise AssertionError("read back, not compiled again")
+  monkeypatch.setattr(script.plan, "compile_row", refuse)
+  _, again, _ = script.compile_rows("v5p32b", V5E, [1, 2], "causal",
+                                    programs=str(tmp_path))
+  assert [r.program.fabric.permute_links for r in again] == [1, 1]
+
+
 def test_the_default_latency_is_the_topology_constant():
   assert network.Fabric(((0, 0, 0),), (1, 1, 1), (False,) * 3, 1.0, 1.0,
                         2).dcn_step_seconds == topology.DCN_STEP_SECONDS

@@ -654,6 +654,26 @@ def test_ring_times_follow_the_torus():
   assert FABRIC.ring_seconds(2e9, [0, 1, 2, 3]) == pytest.approx((1.0, "xy"))
 
 
+def test_a_collective_permute_moves_its_buffer_over_one_link():
+  """A ring transfer sends its whole buffer one hop, over one link one way
+  (plus a hop's latency); `permute_links` (a sensitivity) divides only the
+  bandwidth term."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  module = hlo.parse_module(_module("""
+  %b = f32[256,1024]{1,0} parameter(1)
+  ROOT %p = f32[256,1024]{1,0} collective-permute(%b), channel_id=1, source_target_pairs={{0,1},{1,0},{2,3},{3,2}}"""))
+  entry = module.entry_computation
+  fabric = dataclasses.replace(FABRIC, hop_seconds=1e-6)
+  permute = network.describe(module, entry, entry.by_name["p"], fabric)
+  assert (permute.kind, permute.axes, permute.payload_bytes) == (
+      "collective-permute", "x", 2**20)
+  assert permute.seconds == pytest.approx(2**20 / 1e9 + 1e-6)
+  wider = network.describe(module, entry, entry.by_name["p"],
+                           dataclasses.replace(fabric, permute_links=4))
+  assert wider.seconds == pytest.approx(2**20 / 4e9 + 1e-6)
+  assert wider.traffic_bytes == permute.traffic_bytes == 2**20
+
+
 def test_dcn_overlap_none_makes_the_cross_slice_reduction_block():
   program = timeline.Program(_module(_MEGASCALE), FABRIC)
   dcn_s = 2**20 / 1e8

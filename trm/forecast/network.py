@@ -47,6 +47,10 @@ class Fabric:
   dcn_step_seconds: float = topology_lib.DCN_STEP_SECONDS
   # The chip's link to host memory, per direction (0: not priced).
   host_bytes_per_second: float = 0.0
+  # Links a collective-permute's bytes share: 1 is the model (one link,
+  # one direction); more is a sensitivity (forecast_maxtext.py
+  # --permute_links), not a measured figure.
+  permute_links: float = 1.0
 
   @classmethod
   def for_mesh(cls, mesh, topology: topology_lib.Topology,
@@ -215,8 +219,8 @@ def _ici(module, comp, inst, kind, fabric, name) -> Collective:
     hops = sum(abs(d) for _, d in steps) or 1
     axes = "".join(AXIS_NAMES[a] for a, _ in steps)
     direction = "+" if (steps and steps[0][1] > 0) else "-"
-    seconds = payload / fabric.link_bytes_per_second + hops * (
-        fabric.hop_seconds)
+    seconds = payload / (fabric.link_bytes_per_second
+                         * fabric.permute_links) + hops * fabric.hop_seconds
     return Collective(name, kind, "ici", payload, payload, len(pairs), axes,
                       seconds, f"ici-permute-{axes}{direction}")
   groups = hlo.replica_groups(inst, module.num_partitions)

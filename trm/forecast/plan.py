@@ -206,15 +206,19 @@ def compile_row(config, topology: topology_lib.Topology, slices: int,
                      program=timeline.Program(compiled.as_text(), fabric))
 
 
-def with_dcn_step(compiled: CompiledRow, seconds: float) -> CompiledRow:
-  """The row with each cross-slice ring step costing `seconds` (the
-  program is not parsed again)."""
+def with_fabric(compiled: CompiledRow, **fields) -> CompiledRow:
+  """The row on its fabric with `fields` (`network.Fabric`'s) changed; the
+  program is not parsed again."""
   if compiled.program is None:
     return compiled
-  fabric = dataclasses.replace(compiled.program.fabric,
-                               dcn_step_seconds=seconds)
+  fabric = dataclasses.replace(compiled.program.fabric, **fields)
   return dataclasses.replace(compiled,
                              program=compiled.program.on_fabric(fabric))
+
+
+def with_dcn_step(compiled: CompiledRow, seconds: float) -> CompiledRow:
+  """The row with each cross-slice ring step costing `seconds`."""
+  return with_fabric(compiled, dcn_step_seconds=seconds)
 
 
 def forecast_row(compiled: CompiledRow, topology: topology_lib.Topology,
