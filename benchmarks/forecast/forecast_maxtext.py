@@ -182,6 +182,8 @@ def compute_only(theirs: float, peak_tflops: float, efficiency: float,
   if compute <= 0:
     return math.nan, math.nan
   ceiling = 100 * theirs / compute / 1e12 / peak_tflops
+  if not published_mfu > 0:  # no published row (nan) for this count
+    return ceiling, math.nan
   published_step = theirs / (published_mfu / 100 * peak_tflops * 1e12)
   return ceiling, efficiency * compute / published_step
 

@@ -2,6 +2,7 @@
 latency is fitted on a run's loss of speed over its slice counts."""
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -228,6 +229,10 @@ def test_a_row_published_above_its_compute_alone_is_named(script, capsys,
   assert at_it["seconds_by_cause"]["compute"] == pytest.approx(
       published_step, rel=2e-3)
   assert f"{two['published_efficiency']:.4f} x peak" in out
+  # A slice count with no published row: a ceiling, no efficiency.
+  ceiling_only = script.compute_only(theirs, peak, 0.8, played[1], math.nan)
+  assert ceiling_only[0] == pytest.approx(ceiling)
+  assert math.isnan(ceiling_only[1])
 
 
 def test_a_saved_program_reads_back_for_its_config_only(script, tmp_path):
