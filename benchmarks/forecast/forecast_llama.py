@@ -404,7 +404,7 @@ def main(argv=None):
         break
       causes = row["seconds_by_cause"]
       mfu = 100 * theirs / row["step_seconds"] / peak
-      compute_only, pub_efficiency = forecast_maxtext.compute_only(
+      compute_alone = forecast_maxtext.compute_only(
           theirs, peak / 1e12, efficiency, row, run["mfu"])
       splash = splash_seconds(compiled, topology, efficiency)
       extra = dict(splash_seconds=splash)
@@ -422,15 +422,13 @@ def main(argv=None):
             f"{'yes' if row['fits'] else 'no':>4} "
             f"{plan.memory_text(row):>6} {row['step_seconds']:>7.3f} "
             f"{run['mfu']:>7.1f} {mfu:>8.2f} {mfu - run['mfu']:>+6.2f} "
-            f"{compute_only:>11.1f}% " + columns + " / ".join(
+            f"{compute_alone['compute_only_mfu']:>11.1f}% " + columns
+            + " / ".join(
                 f"{causes.get(k, 0.0):.2f}"
                 for k in ("compute", "ici", "hbm", "host")))
       out = dict(row, run=name, published_mfu=run["mfu"],
                  per_chip=run["per_chip"], forecast_mfu=mfu,
-                 error_points=mfu - run["mfu"],
-                 compute_seconds=causes.get("compute", 0.0),
-                 compute_only_mfu=compute_only,
-                 published_efficiency=pub_efficiency, **extra)
+                 error_points=mfu - run["mfu"], **compute_alone, **extra)
       for line in (plan.sum_over_chip_lines([row])
                    + plan.host_offload_lines([row])
                    + plan.unoverlapped_lines([row])

@@ -170,22 +170,25 @@ def maxtext_flops_per_chip(config, sequences_per_chip: float,
 
 
 def compute_only(theirs: float, peak_tflops: float, efficiency: float,
-                 row: dict, published_mfu: float) -> tuple[float, float]:
-  """(MFU in MaxText's count if the row's step were its compute alone, the
+                 row: dict, published_mfu: float) -> dict:
+  """The row's fields for `compute_only_lines`: `compute_seconds` (its
+  compute on the step's path), `compute_only_mfu` (MFU in MaxText's count
+  if the step were that compute alone) and `published_efficiency` (the
   dense-compute efficiency at which that compute takes the published step).
 
-  A published row above the first figure is out of reach of the constant
+  A published row above `compute_only_mfu` is out of reach of the constant
   whatever the schedule: even with every memory-bound op and transfer
-  hidden the step is longer; the second figure says what the chip's
+  hidden the step is longer; `published_efficiency` says what the chip's
   matmuls must have run at instead (compare the efficiency used)."""
   compute = row["seconds_by_cause"].get("compute", 0.0)
-  if compute <= 0:
-    return math.nan, math.nan
-  ceiling = 100 * theirs / compute / 1e12 / peak_tflops
-  if not published_mfu > 0:  # no published row (nan) for this count
-    return ceiling, math.nan
-  published_step = theirs / (published_mfu / 100 * peak_tflops * 1e12)
-  return ceiling, efficiency * compute / published_step
+  ceiling = efficiency_needed = math.nan
+  if compute > 0:
+    ceiling = 100 * theirs / compute / 1e12 / peak_tflops
+    if published_mfu > 0:  # else no published row (nan) for this count
+      published_step = theirs / (published_mfu / 100 * peak_tflops * 1e12)
+      efficiency_needed = efficiency * compute / published_step
+  return dict(compute_seconds=compute, compute_only_mfu=ceiling,
+              published_efficiency=efficiency_needed)
 
 
 def compute_only_lines(table: list[dict], efficiency: float) -> list[str]:
@@ -432,8 +435,7 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
     mfu = 100 * tflops / peak
     error = mfu - pub_mfu
     pub_scaling = pub_mfu / published[first][1]
-    ceiling, pub_efficiency = compute_only(theirs, peak, efficiency, row,
-                                           pub_mfu)
+    compute_alone = compute_only(theirs, peak, efficiency, row, pub_mfu)
     if not (fitted_here and count == first):
       checked.append(abs(error))
     table.append(dict(slices=count, published_tflops=pub_tflops,
@@ -442,10 +444,7 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
                       published_scaling=pub_scaling,
                       forecast_scaling=row["scaling_efficiency"],
                       step_seconds=row["step_seconds"],
-                      compute_seconds=row["seconds_by_cause"].get(
-                          "compute", 0.0),
-                      compute_only_mfu=ceiling,
-                      published_efficiency=pub_efficiency,
+                      **compute_alone,
                       memory_gib=row["memory_gib"], fits=row["fits"],
                       dcn_bytes=row["dcn_bytes"], ici_bytes=row["ici_bytes"],
                       bound=row["bound"],
@@ -454,7 +453,8 @@ def compare(name: str, run: dict, topology, config, compiled, ratio,
     print(f"{count:>6} {'yes' if row['fits'] else 'no':>4} "
           f"{plan.memory_text(row):>6} {row['step_seconds']:>8.3f} "
           f"{pub_tflops:>11.0f} {tflops:>8.1f} {pub_mfu:>7.1f} {mfu:>8.2f} "
-          f"{error:>+6.2f} {ceiling:>12.2f} {100 * pub_scaling:>10.1f}% "
+          f"{error:>+6.2f} {compute_alone['compute_only_mfu']:>12.2f} "
+          f"{100 * pub_scaling:>10.1f}% "
           f"{100 * row['scaling_efficiency']:>7.1f}% "
           f"{row['dcn_bytes'] / 1e9:>11.3f} {row['bound']}")
   for line in (plan.sum_over_chip_lines(rows) + plan.unoverlapped_lines(rows)

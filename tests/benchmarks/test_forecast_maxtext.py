@@ -231,8 +231,8 @@ def test_a_row_published_above_its_compute_alone_is_named(script, capsys,
   assert f"{two['published_efficiency']:.4f} x peak" in out
   # A slice count with no published row: a ceiling, no efficiency.
   ceiling_only = script.compute_only(theirs, peak, 0.8, played[1], math.nan)
-  assert ceiling_only[0] == pytest.approx(ceiling)
-  assert math.isnan(ceiling_only[1])
+  assert ceiling_only["compute_only_mfu"] == pytest.approx(ceiling)
+  assert math.isnan(ceiling_only["published_efficiency"])
 
 
 def test_a_saved_program_reads_back_for_its_config_only(script, tmp_path):
