@@ -10,6 +10,13 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+# `import trm` sizes XLA:CPU's pool for those 8 devices (PJRT_NPROC, which
+# subprocesses inherit and resize for their own count): in XLA's own pool
+# of 8, two queued programs' collectives could starve each other, and the
+# CI lost a worker to it (BUILD_NOTES, "Session 101").
+from trm.core import cpu_threads as _cpu_threads  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_cpu_threads.widen_cpu_pool()
 # The tests' programs are tiny: compiling them, not running them, takes the
 # time. XLA:CPU without LLVM's optimizations compiles them faster
 # (tests/families/gpt/test_gpt_model.py: 121 -> 79 s on the 2-core host;
@@ -65,6 +72,13 @@ for _dir, _, _ in os.walk(_TESTS):
   if "__pycache__" not in _dir and _dir not in sys.path:
     sys.path.insert(0, _dir)
 
+# Under the test command's --capture=sys, each xdist worker's descriptor 2
+# (XLA's own messages) goes to a file whose end the summary prints if the
+# worker crashes (tests/worker_stderr.py).
+import worker_stderr  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+worker_stderr.redirect_if_worker()
+
 
 # CI runs two processes that each take a whole file (`--dist loadfile`) as
 # they come free. Given the longest files first, neither is left running a
@@ -96,6 +110,19 @@ def pytest_unconfigure(config):  # pylint: disable=unused-argument
   if os.environ.get(_CACHE_ENV + "_OWNER") == str(os.getpid()):
     import shutil  # pylint: disable=g-import-not-at-top
     shutil.rmtree(_CACHE, ignore_errors=True)
+  worker_stderr.unconfigure()
+
+
+def pytest_configure(config):
+  worker_stderr.configure(config)
+
+
+def pytest_runtest_logreport(report):
+  worker_stderr.record(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+  worker_stderr.summarize(terminalreporter)
 
 
 @pytest.fixture

@@ -1,8 +1,12 @@
 """Mesh-sharded training of Tiny Recursive Models (and friends) in JAX."""
+from trm.core import cpu_threads as _cpu_threads
 from trm.core import huge_pages as _huge_pages
 
 # `python -m trm.X`: restart once with malloc on huge pages, before jax loads.
 _huge_pages.restart_with_huge_pages()
+# Before jax creates its CPU client: forced host devices need a pool of
+# threads that their collectives cannot starve (trm/core/cpu_threads.py).
+_cpu_threads.widen_cpu_pool()
 
 
 _LAZY = ("DiffusionLM",)

@@ -1,6 +1,8 @@
 """The host stays a bounded number of calls ahead; unbounded, XLA:CPU's
-multi-device collectives deadlock and abort the process."""
+multi-device collectives deadlock and abort the process unless its pool has
+the threads `import trm` gives it (trm/core/cpu_threads.py)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -12,13 +14,15 @@ import repo
 from trm.core import dispatch
 
 
-def _depth_benchmark(*args):
-  """benchmarks/reliability/cpu_dispatch_depth.py's line for one depth: 3,000
-  data-parallel steps on 8 CPU devices, in a fresh process."""
+def _depth_benchmark(*args, steps=3000):
+  """benchmarks/reliability/cpu_dispatch_depth.py's line for one depth:
+  `steps` steps on 8 CPU devices (data-parallel unless `--mesh` says
+  otherwise), in a fresh process."""
   run = subprocess.run(
       [sys.executable, os.path.join(repo.ROOT, "benchmarks", "reliability",
                                     "cpu_dispatch_depth.py"),
-       "--steps=3000", *args], capture_output=True, text=True, timeout=600)
+       f"--steps={steps}", *args], capture_output=True, text=True,
+      timeout=600)
   assert run.returncode == 0, run.stderr[-2000:]
   return run.stdout.strip().splitlines()[-1]
 
@@ -45,17 +49,33 @@ def test_outputs_pass_through_and_bad_depth_is_refused():
 
 
 def test_a_long_unread_loop_on_8_cpu_devices_finishes():
-  line = _depth_benchmark("--depths=2")
-  assert line.startswith("depth 2: finished in"), line
+  # XLA's own pool (8 threads for 8 devices on this host): the bound alone.
+  line = _depth_benchmark("--depths=2", "--pool_threads=8")
+  assert line.startswith("pool 8, depth 2: finished in"), line
 
 
-# `slow` (11-27 s, a 5 s collective timeout in a fresh process): the
-# default run keeps the bound's own test above, which runs the same loop
-# through the product's path; this one shows only why the bound exists.
+@pytest.mark.parametrize("mesh,steps", [("8", 3000), ("2x2x2", 1000)])
+def test_with_the_pool_import_trm_sets_an_unbounded_loop_finishes(mesh,
+                                                                  steps):
+  """Without the bound, queued steps (8 devices: data-parallel, or 2x2x2
+  with a small program between steps) finish in the pool that `import trm`
+  sizes; in XLA's own pool of 8 the 2x2x2 loop aborts (the slow test
+  below; 3 of 3 runs on the idle 2-core host). The collective timeout is
+  5 s, so a deadlock fails in seconds."""
+  line = _depth_benchmark("--depths=none", f"--mesh={mesh}",
+                          "--collective_timeout=5", steps=steps)
+  assert re.fullmatch(r"pool \d+, depth none: finished in [0-9.]+ s",
+                      line), line
+
+
+# `slow` (11-27 s, a 5 s collective timeout in a fresh process): the test
+# above runs the same loop with the product's pool; this one shows only
+# why that pool and the bound exist.
 @pytest.mark.slow
-def test_without_the_bound_the_same_loop_deadlocks():
-  """The reason for the bound, on this host: XLA aborts the process."""
-  line = _depth_benchmark("--depths=none", "--collective_timeout=5")
+def test_without_the_bound_in_xlas_own_pool_the_same_loop_deadlocks():
+  """The reason for both, on this host: XLA aborts the process."""
+  line = _depth_benchmark("--depths=none", "--collective_timeout=5",
+                          "--pool_threads=8", "--mesh=2x2x2", steps=1000)
   if "finished" in line:
-    pytest.skip("this host's XLA:CPU pool kept up with 3000 queued steps")
+    pytest.skip("this host's XLA:CPU pool kept up with 1000 queued steps")
   assert "XLA's collective timeout (5 s)" in line, line

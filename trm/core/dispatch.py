@@ -13,7 +13,10 @@ finish with 8 (BUILD_NOTES.md, "Dispatch depth").
 
 Two calls in flight keep a chip busy (the next step waits in the queue while
 one runs) and stay far below that limit, so the train and eval loops use
-two on every backend.
+two on every backend. The deadlock itself is a pool too small for two
+programs' collectives: `import trm` sizes it (trm/core/cpu_threads.py), and
+then the unbounded loop finishes as well; the bound stays, as a chip's
+queue holds memory.
 """
 from __future__ import annotations
 
