@@ -72,9 +72,10 @@ for _dir, _, _ in os.walk(_TESTS):
   if "__pycache__" not in _dir and _dir not in sys.path:
     sys.path.insert(0, _dir)
 
-# Under the test command's --capture=sys, each xdist worker's descriptor 2
-# (XLA's own messages) goes to a file whose end the summary prints if the
-# worker crashes (tests/worker_stderr.py).
+# Under the test command's --capture=sys, each xdist worker's descriptors 1
+# and 2 (XLA's own messages) go to a file of its own: a failed test's report
+# gets its part, and the summary prints it if the worker crashes
+# (tests/worker_stderr.py).
 import worker_stderr  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 worker_stderr.redirect_if_worker()
@@ -119,6 +120,17 @@ def pytest_configure(config):
 
 def pytest_runtest_logreport(report):
   worker_stderr.record(report)
+
+
+def pytest_runtest_logstart(nodeid, location):  # pylint: disable=unused-argument
+  worker_stderr.phase_start()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):  # pylint: disable=unused-argument
+  report = yield
+  worker_stderr.attach(report)
+  return report
 
 
 def pytest_terminal_summary(terminalreporter):

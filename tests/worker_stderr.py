@@ -1,18 +1,22 @@
-"""What a crashed pytest-xdist worker wrote last, printed in the run's summary.
+"""What a pytest-xdist worker wrote to its file descriptors 1 and 2, kept.
 
 A worker that dies inside XLA (a C++ CHECK, a collective's timeout) writes
-its reason to file descriptor 2 and aborts. Under pytest's default fd-level
+its reason to descriptor 2 and aborts. Under pytest's default fd-level
 capture that line goes to the running test's temporary file and dies with the
 process: six CI runs lost a worker with only "Fatal Python error: Aborted" to
 show for it (BUILD_NOTES, "Session 101"). Under `--capture=sys` (the test
-command's) each worker's descriptor 2 goes to a file of its own instead, and
-the summary prints the end of the file of any worker that crashed. Python's
-own output is still captured per test, as before; what reaches descriptor 2
-directly (XLA's warnings, a subprocess's inherited stderr) stays out of the
-console.
+command's) each worker's descriptors 1 and 2 go to a file of its own
+instead:
+- a failed test's report gets what was written there during each of its
+  phases (XLA's messages, a subprocess's inherited output), as fd capture
+  gave it;
+- the summary prints, for a worker that crashed, the file from XLA's reason
+  through the start of Python's stack dump.
+Python's own output is still captured per test, as before, and the console
+stays free of XLA's warnings.
 
 tests/conftest.py calls `redirect_if_worker()` at import and delegates the
-hooks below; a conftest of two lines can use them too (the module's test).
+hooks below; a conftest of a few lines can use them too (the module's test).
 """
 import os
 import re
@@ -27,8 +31,11 @@ TAIL_LINES = 60
 # fatal logs, a collective's timeout.
 CRASH_MARKS = ("Fatal Python error", "Check failed", "Termination timeout")
 _CRASHED = re.compile(r"worker '(gw\d+)' crashed")
+# At most this much of a failed phase's output goes into its report.
+SECTION_CHARS = 20_000
 
 _crashed_workers = []
+_worker_file = None  # in a redirected worker: (its path, offset read to)
 
 
 def redirect_if_worker() -> None:
@@ -39,10 +46,14 @@ def redirect_if_worker() -> None:
       "PYTEST_XDIST_WORKER")
   if not folder or not worker:
     return
-  fd = os.open(os.path.join(folder, f"{worker}.stderr"),
-               os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+  global _worker_file
+  path = os.path.join(folder, f"{worker}.stderr")
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
   os.dup2(fd, 2)
+  # execnet points a worker's descriptor 1 at /dev/null.
+  os.dup2(fd, 1)
   os.close(fd)
+  _worker_file = [path, os.path.getsize(path)]
   # Not for the worker's children (they inherit the descriptor): a test's
   # own pytest run would otherwise take the worker's file for its own.
   del os.environ[DIR_ENV]
@@ -57,6 +68,27 @@ def configure(config) -> None:
     return
   os.environ[DIR_ENV] = tempfile.mkdtemp(prefix=FOLDER_PREFIX)
   os.environ[OWNER_ENV] = str(os.getpid())
+
+
+def phase_start() -> None:
+  """At a test's start in a worker: what follows in the file is its own."""
+  if _worker_file:
+    _worker_file[1] = os.path.getsize(_worker_file[0])
+
+
+def attach(report) -> None:
+  """In a worker, after each phase of a test: what the phase wrote to the
+  file, added to its report if it failed."""
+  if not _worker_file:
+    return
+  path, start = _worker_file
+  end = os.path.getsize(path)
+  _worker_file[1] = end
+  if report.failed and end > start:
+    with open(path, "rb") as f:
+      f.seek(max(start, end - SECTION_CHARS))
+      text = f.read(end - start).decode(errors="replace")
+    report.sections.append((f"Captured fd 1 and 2 {report.when}", text))
 
 
 def record(report) -> None:
@@ -78,21 +110,27 @@ def tails() -> list:
     worker = name.split(".")[0]
     with open(os.path.join(folder, name), errors="replace") as f:
       text = f.read()
-    if worker in _crashed_workers or any(m in text for m in CRASH_MARKS):
+    if worker in _crashed_workers or "Fatal Python error" in text:
       found.append((worker, _last_words(text.splitlines())))
   return found
 
 
 def _last_words(lines: list) -> list:
-  """The lines before Python's fatal error (XLA's reason comes first) and
-  the start of its stack dump (every thread's; a JAX process has dozens),
-  else the file's end."""
+  """From the first of XLA's crash lines in the 200 before Python's last
+  fatal error (a CHECK's reason comes before its C++ stack), else 30 lines
+  before it, to the start of Python's stack dump (every thread's; a JAX
+  process has dozens); without a fatal error, the file's end."""
   fatal = [i for i, line in enumerate(lines)
            if line.startswith("Fatal Python error")]
   if not fatal:
     return lines[-TAIL_LINES:]
   at = fatal[-1]
-  return lines[max(0, at - TAIL_LINES // 2):at + TAIL_LINES // 2]
+  start = max(0, at - TAIL_LINES // 2)
+  previous = [j for j in range(max(0, at - 200), at) if any(
+      mark in lines[j] for mark in CRASH_MARKS[1:])]
+  if previous:
+    start = min(start, previous[0])
+  return lines[start:at + TAIL_LINES // 2]
 
 
 def summarize(terminalreporter) -> None:

@@ -99,12 +99,14 @@ def main():
   with open("/proc/loadavg") as f:
     print(f"cpus: {os.cpu_count()}; load: {f.read().split()[0]}; "
           f"steps: {args.steps}; mesh: {args.mesh}")
-  for threads in args.pool_threads.split(","):
+  pools = args.pool_threads.split(",")
+  for threads in pools:
+    if threads != "default" and (not threads.isdigit() or int(threads) < 1):
+      parser.error(f"--pool_threads: {threads!r} is not a positive number "
+                   "or 'default'")
+  for threads in pools:
     env = dict(base)
     if threads != "default":
-      if not threads.isdigit() or int(threads) < 1:
-        parser.error(f"--pool_threads: {threads!r} is not a positive "
-                     "number or 'default'")
       env["PJRT_NPROC"] = threads
     else:
       threads = str(cpu_threads.pool_threads(8, os.cpu_count() or 1))

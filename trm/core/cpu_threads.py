@@ -14,12 +14,19 @@ finished every such loop (BUILD_NOTES, "Session 101").
 
 XLA reads the pool's size from PJRT_NPROC (or NPROC) when jax creates its
 CPU client, so this must run before the first jax operation: `import trm`
-does it. A PJRT_NPROC the user set is kept.
+does it, and warns when it comes too late. A PJRT_NPROC the user set is
+kept. The same size applies to XLA:CPU's intra-op (Eigen) pool. On the
+2-core host the larger pools cost a TRM of hidden size 256 on a 2x2x2 mesh
+about 10% a step, and the test suite's tiny models nothing measurable
+(BUILD_NOTES, "Session 101"): a run that never aborts is worth more on a
+CPU mesh, which is for trying sharding, not for speed.
 """
 from __future__ import annotations
 
 import os
 import re
+import sys
+import warnings
 
 ENV = "PJRT_NPROC"
 # PJRT_NPROC as this module last set it: a process started by one that set
@@ -30,18 +37,22 @@ _DEVICE_COUNT_FLAG = re.compile(
     r"(?:^|\s)--xla_force_host_platform_device_count=(\S+)")
 
 
-def forced_cpu_devices(environ) -> int:
-  """The CPU device count jax will create from the environment:
-  JAX_NUM_CPU_DEVICES when set, else XLA_FLAGS' last
-  --xla_force_host_platform_device_count, else 1."""
-  text = environ.get("JAX_NUM_CPU_DEVICES", "").strip()
-  if not text or not text.lstrip("-").isdigit() or int(text) < 0:
-    found = _DEVICE_COUNT_FLAG.findall(environ.get("XLA_FLAGS", ""))
-    text = found[-1] if found else "1"
+def _int(text):
   try:
-    return max(int(text), 1)
-  except ValueError:  # XLA itself refuses such a flag, with its own message
-    return 1
+    return int(text)
+  except (TypeError, ValueError):
+    return None
+
+
+def forced_cpu_devices(environ) -> int:
+  """The CPU device count jax will create from the environment: a
+  non-negative JAX_NUM_CPU_DEVICES (read as jax reads it, with int()), else
+  XLA_FLAGS' last --xla_force_host_platform_device_count, else 1."""
+  count = _int(environ.get("JAX_NUM_CPU_DEVICES"))
+  if count is None or count < 0:
+    found = _DEVICE_COUNT_FLAG.findall(environ.get("XLA_FLAGS", ""))
+    count = _int(found[-1]) if found else 1
+  return max(count or 1, 1)  # XLA refuses a flag it cannot read, itself
 
 
 def pool_threads(devices: int, cores: int) -> int:
@@ -50,20 +61,48 @@ def pool_threads(devices: int, cores: int) -> int:
   return max(cores, 2 * devices)
 
 
+def _cpu_client_exists() -> bool:
+  """Whether jax has already created its backends (then PJRT_NPROC is read
+  already). Does not import jax."""
+  jax = sys.modules.get("jax")
+  if jax is None:
+    return False
+  try:
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+    return bool(xla_bridge.backends_are_initialized())
+  except (ImportError, AttributeError):  # another jax: cannot tell
+    return False
+
+
 def widen_cpu_pool(environ=None, cores: int | None = None) -> int | None:
-  """Sets PJRT_NPROC for the forced CPU devices, unless the user set it
-  (or NPROC); returns the value it set. With one device XLA's own size is
-  kept (an inherited value of ours is removed)."""
+  """Sets PJRT_NPROC for the forced CPU devices and returns it; None where
+  the user set PJRT_NPROC or there is one device (then an inherited value
+  of ours is removed, for XLA's own size or the user's NPROC). NPROC, XLA's
+  other name for it (and Google CI's core reservation), counts as a floor:
+  a smaller pool is what deadlocks. In this process (`environ` None), warns
+  when jax created its CPU client before: the setting then reaches only
+  the processes it starts."""
+  in_process = environ is None
   environ = os.environ if environ is None else environ
-  devices = forced_cpu_devices(environ)
   ours = environ.get(OURS_ENV)
-  if "NPROC" in environ or (ENV in environ and environ[ENV] != ours):
+  if ENV in environ and environ[ENV] != ours:
     return None  # the user's
+  devices = forced_cpu_devices(environ)
   if devices <= 1:
     if ours is not None:
       environ.pop(ENV, None)
       environ.pop(OURS_ENV, None)
     return None
-  threads = pool_threads(devices, cores or os.cpu_count() or 1)
+  floor = _int(environ.get("NPROC")) or 0
+  had = _int(environ.get(ENV)) or floor
+  threads = max(pool_threads(devices, cores or os.cpu_count() or 1), floor)
   environ[ENV] = environ[OURS_ENV] = str(threads)
+  if in_process and had < threads and _cpu_client_exists():
+    warnings.warn(
+        f"jax created its CPU client before `import trm`, with XLA's own "
+        f"thread pool: with {devices} forced CPU devices two programs' "
+        "collectives can starve it, and XLA then aborts the process after "
+        "40 s ('Termination timeout'). Import trm before jax's first "
+        f"operation, or set PJRT_NPROC={threads} before it.",
+        RuntimeWarning, stacklevel=2)
   return threads
