@@ -14,9 +14,7 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
 # subprocesses inherit and resize for their own count): in XLA's own pool
 # of 8, two queued programs' collectives could starve each other, and the
 # CI lost a worker to it (BUILD_NOTES, "Session 101").
-from trm.core import cpu_threads as _cpu_threads  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-_cpu_threads.widen_cpu_pool()
+import trm  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 # The tests' programs are tiny: compiling them, not running them, takes the
 # time. XLA:CPU without LLVM's optimizations compiles them faster
 # (tests/families/gpt/test_gpt_model.py: 121 -> 79 s on the 2-core host;

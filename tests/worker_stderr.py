@@ -27,9 +27,10 @@ DIR_ENV = "TRM_TEST_WORKER_STDERR"
 OWNER_ENV = DIR_ENV + "_OWNER"
 FOLDER_PREFIX = "trm_test_worker_stderr_"
 TAIL_LINES = 60
-# The reasons a worker dies with: Python's faulthandler, XLA's CHECKs and
-# fatal logs, a collective's timeout.
-CRASH_MARKS = ("Fatal Python error", "Check failed", "Termination timeout")
+# Python's faulthandler's first line when the process dies of a signal.
+FATAL = "Fatal Python error"
+# XLA's reasons before it: a CHECK, a collective's timeout.
+XLA_REASONS = ("Check failed", "Termination timeout")
 _CRASHED = re.compile(r"worker '(gw\d+)' crashed")
 # At most this much of a failed phase's output goes into its report.
 SECTION_CHARS = 20_000
@@ -40,8 +41,9 @@ _worker_file = None  # in a redirected worker: (its path, offset read to)
 
 def redirect_if_worker() -> None:
   """In a worker started by a controller that chose this (its
-  `pytest_configure`): descriptor 2 to the worker's own file. At conftest
-  import, before faulthandler duplicates descriptor 2 for its reports."""
+  `pytest_configure`): descriptors 1 and 2 to the worker's own file. At
+  conftest import, before faulthandler duplicates descriptor 2 for its
+  reports."""
   folder, worker = os.environ.get(DIR_ENV), os.environ.get(
       "PYTEST_XDIST_WORKER")
   if not folder or not worker:
@@ -100,8 +102,8 @@ def record(report) -> None:
 
 
 def tails() -> list:
-  """(worker, its file's last lines) for each worker that crashed or whose
-  file holds a crash's marks."""
+  """(worker, its file's last words) for each worker that crashed or whose
+  file holds Python's fatal error."""
   folder = os.environ.get(DIR_ENV)
   if not folder or os.environ.get(OWNER_ENV) != str(os.getpid()):
     return []
@@ -110,7 +112,7 @@ def tails() -> list:
     worker = name.split(".")[0]
     with open(os.path.join(folder, name), errors="replace") as f:
       text = f.read()
-    if worker in _crashed_workers or "Fatal Python error" in text:
+    if worker in _crashed_workers or FATAL in text:
       found.append((worker, _last_words(text.splitlines())))
   return found
 
@@ -121,13 +123,13 @@ def _last_words(lines: list) -> list:
   before it, to the start of Python's stack dump (every thread's; a JAX
   process has dozens); without a fatal error, the file's end."""
   fatal = [i for i, line in enumerate(lines)
-           if line.startswith("Fatal Python error")]
+           if line.startswith(FATAL)]
   if not fatal:
     return lines[-TAIL_LINES:]
   at = fatal[-1]
   start = max(0, at - TAIL_LINES // 2)
   previous = [j for j in range(max(0, at - 200), at) if any(
-      mark in lines[j] for mark in CRASH_MARKS[1:])]
+      reason in lines[j] for reason in XLA_REASONS)]
   if previous:
     start = min(start, previous[0])
   return lines[start:at + TAIL_LINES // 2]
@@ -136,7 +138,7 @@ def _last_words(lines: list) -> list:
 def summarize(terminalreporter) -> None:
   for worker, lines in tails():
     terminalreporter.write_sep(
-        "=", f"what {worker} last wrote to stderr (fd 2, {len(lines)} lines)")
+        "=", f"what {worker} last wrote to fd 1 and 2 ({len(lines)} lines)")
     for line in lines:
       terminalreporter.write_line(line)
 
