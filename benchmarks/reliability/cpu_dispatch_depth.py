@@ -2,15 +2,18 @@ r"""Which dispatch depths and pool sizes let XLA:CPU's multi-device
 collectives deadlock.
 
   python benchmarks/reliability/cpu_dispatch_depth.py [--steps=3000] \
-      [--depths=none,2,8,32] [--mesh=8|2x2x2] [--pool_threads=N,...]
+      [--depths=none,2,8,32] [--mesh=8|2x2x2] [--eager_ops=K] \
+      [--pool_threads=N,...]
 
 Each depth runs in a fresh process with 8 simulated CPU devices: `--steps`
 jitted steps, with the host kept at most DEPTH calls ahead by
 `trm.core.dispatch.DispatchBound` (`none`: never waits, as a loop that reads
 no result). `--mesh=8`: data-parallel (a gradient all-reduce each);
 `--mesh=2x2x2`: a two-layer MLP (256x1024x256) sharded over data, fsdp and
-model (all gathers and reduce-scatters over pairs of devices), with a second
-small program after each step, as the trainer's metrics merge. `--pool_threads`:
+model (all gathers and reduce-scatters over pairs of devices). After each
+step, `--eager_ops` eager additions to a running total (each a program of
+its own on all 8 devices, as CLU's metric merges outside jit were; default
+0 with `--mesh=8`, 1 with `--mesh=2x2x2`). `--pool_threads`:
 the XLA:CPU pool's size (PJRT_NPROC), one pass over the depths per value;
 `default` is what `import trm` sets (trm/core/cpu_threads.py: twice the
 devices), 8 is XLA's own on a host of up to 8 cores. A deadlocked process
@@ -38,6 +41,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from trm.core import dispatch
 
 steps, depth, shape = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+eager_ops = int(sys.argv[4])
 if shape == "8":
   mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
   w = jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh, P()))
@@ -63,13 +67,14 @@ def step(w, x):
 
 bound = (lambda out: out) if depth == "none" else dispatch.DispatchBound(
     int(depth))
-float(step(w, x)[1])  # compile outside the timing
+total = step(w, x)[1]
+float(total)  # compile outside the timing
 begin = time.time()
 for _ in range(steps):
   w, loss = step(w, x)
   bound(loss)
-  if shape != "8":
-    total = loss + 1.0
+  for _ in range(eager_ops):  # each its own 8-device program
+    total = total + loss
 float(loss)
 print(f"finished in {time.time() - begin:.2f} s")
 """
@@ -80,6 +85,8 @@ def main():
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--depths", default="none,2,8,32")
   parser.add_argument("--mesh", choices=("8", "2x2x2"), default="8")
+  parser.add_argument("--eager_ops", type=int, default=None,
+                      help="eager 8-device additions after each step")
   parser.add_argument("--pool_threads", default="default",
                       help="comma-separated PJRT_NPROC values, or default")
   parser.add_argument("--timeout", type=int, default=180,
@@ -88,6 +95,10 @@ def main():
                       help="seconds XLA waits on a stuck collective before "
                       "it warns and again before it aborts (XLA: 20 and 40)")
   args = parser.parse_args()
+  if args.eager_ops is None:
+    args.eager_ops = 0 if args.mesh == "8" else 1
+  if args.eager_ops < 0:
+    parser.error(f"--eager_ops={args.eager_ops} must be >= 0")
   flags = "--xla_force_host_platform_device_count=8"
   if args.collective_timeout:
     flags += "".join(
@@ -98,7 +109,8 @@ def main():
   base.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS=flags)
   with open("/proc/loadavg") as f:
     print(f"cpus: {os.cpu_count()}; load: {f.read().split()[0]}; "
-          f"steps: {args.steps}; mesh: {args.mesh}")
+          f"steps: {args.steps}; mesh: {args.mesh}; "
+          f"eager ops a step: {args.eager_ops}")
   pools = args.pool_threads.split(",")
   for threads in pools:
     if threads != "default" and (not threads.isdigit() or int(threads) < 1):
@@ -116,7 +128,7 @@ def main():
       try:
         run = subprocess.run(
             [sys.executable, "-c", _CHILD, str(args.steps), depth,
-             args.mesh], env=env, capture_output=True, text=True,
+             args.mesh, str(args.eager_ops)], env=env, capture_output=True, text=True,
             timeout=args.timeout)
       except subprocess.TimeoutExpired:
         print(f"{label}: killed after {args.timeout} s")

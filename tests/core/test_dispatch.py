@@ -80,3 +80,24 @@ def test_without_the_bound_in_xlas_own_pool_the_same_loop_deadlocks():
   if "finished" in line:
     pytest.skip("this host's XLA:CPU pool kept up with 1000 queued steps")
   assert "XLA's collective timeout (5 s)" in line, line
+
+
+# `slow` (about 20 s): XLA:CPU's limit of 32 programs in flight a device,
+# which cpu_threads.py and dispatch.py derive their numbers from. In XLA's
+# own pool of 8 a loop of one program a step kept 31 steps ahead never
+# parks a dispatch; 32 ahead, the 33rd call's dispatch waits for a slot on
+# the threads the running step needs.
+@pytest.mark.slow
+def test_in_xlas_own_pool_31_steps_ahead_finish_and_32_abort():
+  run = subprocess.run(
+      [sys.executable, os.path.join(repo.ROOT, "benchmarks", "reliability",
+                                    "cpu_dispatch_depth.py"),
+       "--steps=1000", "--mesh=2x2x2", "--eager_ops=0", "--depths=31,32",
+       "--pool_threads=8", "--collective_timeout=5"],
+      capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-2000:]
+  below, at = run.stdout.strip().splitlines()[-2:]
+  if "finished" in at:
+    pytest.skip("this host's XLA:CPU pool kept up with 32 queued steps")
+  assert below.startswith("pool 8, depth 31: finished in"), below
+  assert "XLA's collective timeout (5 s)" in at, at

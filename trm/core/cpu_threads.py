@@ -3,14 +3,21 @@
 On forced host devices (`--xla_force_host_platform_device_count=N`, the
 tests' and a laptop's 8-device meshes) XLA:CPU runs each device's part of a
 multi-device program on one shared pool, sized max(cores, N), and each
-collective blocks its thread until all N parts arrive. The next program's
-parts may take the threads that the running one's last parts wait for; then
-no part can finish, and after 40 s XLA aborts the process ("Termination
-timeout ... Expected 8 threads to join the rendezvous, but only 7 of them
-arrived"). On a 2-core host with 8 devices that is a pool of 8: 3,000
-unread data-parallel steps abort every time, and the trainer's loop, two
-steps in flight, did about once in a CI run under load. A pool of 2N
-finished every such loop (BUILD_NOTES, "Session 101").
+collective blocks its thread until all N parts arrive. XLA runs one such
+program at a time and assumes N threads are enough for it. They are not
+when the host dispatches ahead: a device takes at most 32 programs in
+flight, and the dispatch of one more waits for a slot on a pool thread of
+each device, holding N threads. The running program then has too few
+threads for its N parts, no part can finish, and after 40 s XLA aborts the
+process ("Termination timeout ... Expected 2 threads to join the
+rendezvous, but only 1 of them arrived"). So a pool of 2N is what one
+dispatching thread needs: N for the running program and N for a parked
+dispatch (derived from XLA's PjRt CPU client; BUILD_NOTES, "Session 102").
+On a 2-core host with 8 devices XLA's pool is 8: a loop kept 32 or more
+steps ahead aborted every time, 31 never; with 16 threads the unbounded
+loop finishes (BUILD_NOTES, "Session 101"). The train and eval loops stay
+far below 32 (trm/core/dispatch.py), so this pool is for the loops a user
+writes.
 
 XLA reads the pool's size from PJRT_NPROC (or NPROC) when jax creates its
 CPU client, so this must run before the first jax operation: `import trm`
@@ -57,7 +64,8 @@ def forced_cpu_devices(environ) -> int:
 
 def pool_threads(devices: int, cores: int) -> int:
   """Threads for `devices` forced CPU devices on `cores` cores: room for
-  two programs' parts at once (the running one and the next)."""
+  the running program's parts and for a dispatch parked at XLA's limit of
+  32 programs a device."""
   return max(cores, 2 * devices)
 
 

@@ -1,22 +1,23 @@
 """Keeps the host a bounded number of compiled calls ahead of the devices.
 
 JAX dispatches asynchronously, so a loop that never reads a result queues
-every call it makes. On a chip that costs only memory. XLA:CPU, though, runs
-the collectives of all its simulated devices
-(`--xla_force_host_platform_device_count`, the tests' 8-device meshes) on
-one shared thread pool: a few dozen queued multi-device steps fill the pool
-with programs that wait on each other, and after 40 s XLA aborts the process
-("Termination timeout ... Exiting to ensure a consistent program state").
-`benchmarks/reliability/cpu_dispatch_depth.py` shows it: on the 2-core host, 3,000
-sharded steps on 8 CPU devices abort with 32 steps allowed in flight and
-finish with 8 (BUILD_NOTES.md, "Dispatch depth").
+every call it makes. On a chip that costs only memory. XLA:CPU, though,
+takes at most 32 programs in flight a device, and on forced host devices
+(`--xla_force_host_platform_device_count`, the tests' 8-device meshes) the
+dispatch of one more parks on the threads the running program's collectives
+need; after 40 s XLA aborts the process ("Termination timeout ... Exiting
+to ensure a consistent program state"; trm/core/cpu_threads.py has the
+mechanism). `benchmarks/reliability/cpu_dispatch_depth.py` shows the limit
+on the 2-core host: in XLA's own pool, a 2x2x2 loop kept 31 steps ahead
+finished every time and one kept 32 or 33 ahead aborted every time
+(BUILD_NOTES.md, "Session 102").
 
 Two calls in flight keep a chip busy (the next step waits in the queue while
 one runs) and stay far below that limit, so the train and eval loops use
-two on every backend. The deadlock itself is a pool too small for two
-programs' collectives: `import trm` sizes it (trm/core/cpu_threads.py), and
-then the unbounded loop finishes as well; the bound stays, as a chip's
-queue holds memory.
+two on every backend, with each step's metrics merged in one compiled call
+(trm/core/metrics.py): six programs a device in flight at most. `import
+trm` also sizes the pool for a loop with no bound (cpu_threads.py); the
+bound stays, as a chip's queue holds memory.
 """
 from __future__ import annotations
 

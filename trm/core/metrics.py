@@ -35,9 +35,18 @@ from trm.core import event_records
 
 
 def merge(a, b):
-  """Merges two metric dicts (None = empty)."""
+  """Merges two metric dicts (None = empty), in one compiled call."""
   if a is None:
     return b
+  return _merged(a, b)
+
+
+@jax.jit
+def _merged(a, b):
+  # One program a step: merged eagerly, each sum (two a CLU Average) is a
+  # program of its own on every device of the mesh, 16 or more a TRM step,
+  # which is host time on every backend and, on forced CPU devices, can
+  # queue XLA:CPU past its 32 programs a device (trm/core/dispatch.py).
   return {k: a[k].merge(b[k]) for k in a}
 
 
