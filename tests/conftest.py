@@ -12,8 +12,9 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 # `import trm` sizes XLA:CPU's pool for those 8 devices (PJRT_NPROC, which
 # subprocesses inherit and resize for their own count): in XLA's own pool
-# of 8, two queued programs' collectives could starve each other, and the
-# CI lost a worker to it (BUILD_NOTES, "Session 101").
+# of 8 a loop 32 programs a device ahead parks its next dispatch on the
+# threads the running program needs, and the CI lost workers to aborts of
+# that kind (BUILD_NOTES, "Session 101" and "Session 102").
 import trm  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
 # The tests' programs are tiny: compiling them, not running them, takes the
 # time. XLA:CPU without LLVM's optimizations compiles them faster

@@ -6,14 +6,15 @@ collectives deadlock.
       [--pool_threads=N,...]
 
 Each depth runs in a fresh process with 8 simulated CPU devices: `--steps`
-jitted steps, with the host kept at most DEPTH calls ahead by
+jitted steps, with the host kept at most DEPTH steps ahead by
 `trm.core.dispatch.DispatchBound` (`none`: never waits, as a loop that reads
 no result). `--mesh=8`: data-parallel (a gradient all-reduce each);
 `--mesh=2x2x2`: a two-layer MLP (256x1024x256) sharded over data, fsdp and
 model (all gathers and reduce-scatters over pairs of devices). After each
 step, `--eager_ops` eager additions to a running total (each a program of
-its own on all 8 devices, as CLU's metric merges outside jit were; default
-0 with `--mesh=8`, 1 with `--mesh=2x2x2`). `--pool_threads`:
+its own on all 8 devices, as CLU's metric merges outside jit were; the
+bound counts steps, not these; default 0 with `--mesh=8`, 1 with
+`--mesh=2x2x2`). `--pool_threads`:
 the XLA:CPU pool's size (PJRT_NPROC), one pass over the depths per value;
 `default` is what `import trm` sets (trm/core/cpu_threads.py: twice the
 devices), 8 is XLA's own on a host of up to 8 cores. A deadlocked process
@@ -128,8 +129,8 @@ def main():
       try:
         run = subprocess.run(
             [sys.executable, "-c", _CHILD, str(args.steps), depth,
-             args.mesh, str(args.eager_ops)], env=env, capture_output=True, text=True,
-            timeout=args.timeout)
+             args.mesh, str(args.eager_ops)], env=env,
+            capture_output=True, text=True, timeout=args.timeout)
       except subprocess.TimeoutExpired:
         print(f"{label}: killed after {args.timeout} s")
         continue

@@ -6,6 +6,7 @@ from clu import metrics as clu_metrics
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from trm.core import metrics as metrics_lib
+from trm.core import state as state_lib
 
 
 def _metrics(names, scale, sharding):
@@ -17,8 +18,10 @@ def _metrics(names, scale, sharding):
 
 def test_merge_runs_every_metric_inside_one_compiled_call(monkeypatch):
   # Eager merges are two programs a metric on every device (XLA:CPU queues
-  # them against its 32 programs a device; trm/core/dispatch.py). Names no
-  # other test uses, so the call is traced here, not found in jit's cache.
+  # them against its 32 programs a device; trm/core/dispatch.py). The cache
+  # is emptied so the call is traced here even where another test (or a
+  # rerun) merged the same names.
+  metrics_lib._merged.clear_cache()  # pylint: disable=protected-access
   seen = []
   plain = clu_metrics.Average.merge
 
@@ -44,3 +47,22 @@ def test_merge_runs_every_metric_inside_one_compiled_call(monkeypatch):
   again = metrics_lib.merge(merged, b)
   assert not seen
   np.testing.assert_allclose(float(again[names[0]].total), 21.0)
+
+
+def test_counters_merge_as_the_trainer_has_them():
+  # The trainer's "lr" is a Counter: the newer value, or the larger one
+  # with keep_max (a field jit must keep static).
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+  replicated = NamedSharding(mesh, P())
+
+  def counters(value):
+    value = jax.device_put(jnp.float32(value), replicated)
+    one = jax.device_put(jnp.int32(1), replicated)
+    return {"lr": state_lib.Counter(value, one),
+            "peak": state_lib.Counter(value, one, keep_max=True)}
+
+  merged = metrics_lib.merge(counters(3.0), counters(2.0))
+  assert float(merged["lr"].value) == 2.0
+  assert float(merged["peak"].value) == 3.0
+  assert merged["peak"].keep_max and not merged["lr"].keep_max
+  assert metrics_lib.compute(merged) == {"lr": 2.0, "peak": 3.0}

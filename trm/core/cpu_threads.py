@@ -8,16 +8,18 @@ program at a time and assumes N threads are enough for it. They are not
 when the host dispatches ahead: a device takes at most 32 programs in
 flight, and the dispatch of one more waits for a slot on a pool thread of
 each device, holding N threads. The running program then has too few
-threads for its N parts, no part can finish, and after 40 s XLA aborts the
-process ("Termination timeout ... Expected 2 threads to join the
-rendezvous, but only 1 of them arrived"). So a pool of 2N is what one
-dispatching thread needs: N for the running program and N for a parked
-dispatch (derived from XLA's PjRt CPU client; BUILD_NOTES, "Session 102").
-On a 2-core host with 8 devices XLA's pool is 8: a loop kept 32 or more
-steps ahead aborted every time, 31 never; with 16 threads the unbounded
-loop finishes (BUILD_NOTES, "Session 101"). The train and eval loops stay
-far below 32 (trm/core/dispatch.py), so this pool is for the loops a user
-writes.
+threads for its N parts, no part can finish, and XLA aborts the process
+after about a minute (20 s to a warning, 40 s more: "Termination timeout
+... Expected 2 threads to join the rendezvous, but only 1 of them
+arrived"). So a pool of 2N is what one dispatching thread needs: N for the
+running program and N for a parked dispatch (derived from XLA's PjRt CPU
+client, read in a newer XLA than jaxlib 0.10.2 pins; BUILD_NOTES, "Session
+102"). On the 2-core host with 8 devices XLA's pool is 8: a loop kept 32
+or 33 steps ahead aborted in 9 of 9 runs and one kept 31 ahead finished 6
+of 6; with 16 threads the loop that never waits finished every run
+(BUILD_NOTES, "Sessions 101 and 102"). By that reading the train and eval
+loops, about six programs a device in flight (trm/core/dispatch.py), need
+only XLA's own N threads; this pool covers the loops a user writes too.
 
 XLA reads the pool's size from PJRT_NPROC (or NPROC) when jax creates its
 CPU client, so this must run before the first jax operation: `import trm`
@@ -108,9 +110,11 @@ def widen_cpu_pool(environ=None, cores: int | None = None) -> int | None:
   if in_process and had < threads and _cpu_client_exists():
     warnings.warn(
         f"jax created its CPU client before `import trm`, with XLA's own "
-        f"thread pool: with {devices} forced CPU devices two programs' "
-        "collectives can starve it, and XLA then aborts the process after "
-        "40 s ('Termination timeout'). Import trm before jax's first "
-        f"operation, or set PJRT_NPROC={threads} before it.",
+        f"thread pool: with {devices} forced CPU devices a loop 32 "
+        "programs ahead parks its next dispatch on the threads the "
+        "running program's collectives need, and XLA then aborts the "
+        "process after about a minute ('Termination timeout'). Import trm "
+        f"before jax's first operation, or set PJRT_NPROC={threads} "
+        "before it.",
         RuntimeWarning, stacklevel=2)
   return threads

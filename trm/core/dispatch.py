@@ -5,19 +5,20 @@ every call it makes. On a chip that costs only memory. XLA:CPU, though,
 takes at most 32 programs in flight a device, and on forced host devices
 (`--xla_force_host_platform_device_count`, the tests' 8-device meshes) the
 dispatch of one more parks on the threads the running program's collectives
-need; after 40 s XLA aborts the process ("Termination timeout ... Exiting
-to ensure a consistent program state"; trm/core/cpu_threads.py has the
-mechanism). `benchmarks/reliability/cpu_dispatch_depth.py` shows the limit
-on the 2-core host: in XLA's own pool, a 2x2x2 loop kept 31 steps ahead
-finished every time and one kept 32 or 33 ahead aborted every time
-(BUILD_NOTES.md, "Session 102").
+need; after about a minute XLA aborts the process ("Termination timeout
+... Exiting to ensure a consistent program state"; trm/core/cpu_threads.py
+has the mechanism). `benchmarks/reliability/cpu_dispatch_depth.py` shows
+the limit on the 2-core host: in XLA's own pool, a 2x2x2 loop kept 31
+steps ahead finished 6 of 6 runs and one kept 32 or 33 ahead aborted 9 of
+9 (BUILD_NOTES.md, "Session 102").
 
 Two calls in flight keep a chip busy (the next step waits in the queue while
 one runs) and stay far below that limit, so the train and eval loops use
 two on every backend, with each step's metrics merged in one compiled call
-(trm/core/metrics.py): six programs a device in flight at most. `import
-trm` also sizes the pool for a loop with no bound (cpu_threads.py); the
-bound stays, as a chip's queue holds memory.
+(trm/core/metrics.py): about six programs a device in flight (the last
+three merges, two steps and the next; the bound waits on a step, not on
+its merge). `import trm` also sizes the pool for a loop with no bound
+(cpu_threads.py); the bound stays, as a chip's queue holds memory.
 """
 from __future__ import annotations
 

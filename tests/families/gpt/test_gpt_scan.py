@@ -304,6 +304,37 @@ def test_generate_and_decode_with_a_scanned_model(t0, steps):
   np.testing.assert_allclose(logits, forward(stacked), atol=1e-5)
 
 
+def test_generate_unstacks_a_sharded_scanned_model_in_one_call(monkeypatch):
+  """Called eagerly on weights sharded over 8 devices, each layer's slices
+  would be a program of their own on every device (XLA:CPU takes 32 a
+  device in flight): generate unstacks them inside one compiled call."""
+  from trm.nn import layer_stack  # pylint: disable=g-import-not-at-top
+  traced = []
+  plain = layer_stack._layer  # pylint: disable=protected-access
+
+  def spy(leaf, i):
+    traced.append(isinstance(leaf, jax.core.Tracer))
+    return plain(leaf, i)
+
+  monkeypatch.setattr(layer_stack, "_layer", spy)
+  gpt._unstacked_layers.clear_cache()  # pylint: disable=protected-access
+  mesh = jax.make_mesh((8,), ("fsdp",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  params = _params()
+  stacked = jax.tree.map(
+      lambda x: jax.device_put(x, jax.sharding.NamedSharding(
+          mesh, P(*(None,) * (x.ndim - 1), "fsdp")
+          if x.shape[-1] % 8 == 0 else P())),
+      gpt.stack_layers(params, 3))
+  prompt = _tokens(length=4)
+  got = gpt.generate(gpt.GPT(_scanned(TINY)), stacked, prompt, 3,
+                     jax.random.key(0), temperature=0.0)
+  assert traced and all(traced)
+  want = gpt.generate(gpt.GPT(TINY), params, prompt, 3, jax.random.key(0),
+                      temperature=0.0)
+  np.testing.assert_array_equal(got, want)
+
+
 # ----------------------------------------------------- the training task
 
 

@@ -239,6 +239,12 @@ def unstack_layers(params, n_layer: int):
                              scan_field="config.model.scan_layers")
 
 
+# One program for every layer's slices: called eagerly on weights sharded
+# over a mesh, each slice would be a program of its own on every device
+# (XLA:CPU takes 32 a device in flight; trm/core/dispatch.py).
+_unstacked_layers = jax.jit(unstack_layers, static_argnums=1)
+
+
 # ------------------------------------------------------------------ sampling
 
 
@@ -398,7 +404,7 @@ def generate(model: GPT, params, prompt, max_new_tokens: int, rng,
     # stays in place in the [n_layer, ...] cache (a scanned decode would
     # write the cache out as the scan's stacked output), and sampling has
     # no backward pass whose memory scanning would save.
-    params = unstack_layers(params, cfg.n_layer)
+    params = _unstacked_layers(params, cfg.n_layer)
     cfg = _unscanned(cfg)
   try:  # a concrete number (Python, numpy or jax) becomes static
     temperature = float(temperature)
