@@ -160,7 +160,10 @@ def test_whole_trm_step_matches_the_xla_path(mlp_t, attention):
                                   attention=attention)))()
   np.testing.assert_allclose(got, want, rtol=1e-5)
   # Splash's online softmax sums in another order: 5e-6 off at most here.
-  atol = 1e-6 if attention == "dot" else 1e-5
+  # The attention TRM's gradients through XLA alone move by up to 2.5e-6
+  # between XLA:CPU's settings (the tests' loop emitters at optimization
+  # level 0 against the defaults), so 1e-6 is below float32's noise there.
+  atol = 1e-6 if mlp_t else 1e-5
   for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol)
 
