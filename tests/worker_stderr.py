@@ -87,9 +87,10 @@ def attach(report) -> None:
   end = os.path.getsize(path)
   _worker_file[1] = end
   if report.failed and end > start:
+    offset = max(start, end - SECTION_CHARS)
     with open(path, "rb") as f:
-      f.seek(max(start, end - SECTION_CHARS))
-      text = f.read(end - start).decode(errors="replace")
+      f.seek(offset)
+      text = f.read(end - offset).decode(errors="replace")
     report.sections.append((f"Captured fd 1 and 2 {report.when}", text))
 
 
