@@ -365,6 +365,28 @@ def test_cli_checks_the_sources_generation_config_before_the_weights(
   assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.parametrize("text, says", [
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "holds a JSON list, not a config"),
+    ('{"a": ' + "[" * 100000 + "]" * 100000 + "}", "no checkpoint JSON"),
+], ids=["not_json", "a_list", "nested"])
+def test_a_runs_unreadable_config_json_is_refused_not_read_as_none(
+    tmp_path, text, says):
+  """Read as no record, the export described a GPT run by --config's
+  optimizer settings and skipped the family check."""
+  workdir = _workdir(tmp_path)
+  assert export._recorded_config(str(workdir)) == {}  # pylint: disable=protected-access
+  (workdir / "config.json").write_text(text)
+  with pytest.raises(app.UsageError) as error:
+    export._recorded_config(str(workdir))  # pylint: disable=protected-access
+  message = str(error.value)
+  assert message.startswith(f"{workdir / 'config.json'} ") and says in message
+  assert message.endswith(
+      "it is the run's record of its config: restore it from a copy, or "
+      "move it aside to export by the checkpoint's shapes and --config "
+      "alone.")
+
+
 def _ended_pid() -> int:
   child = subprocess.Popen(["true"])
   child.wait()

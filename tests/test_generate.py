@@ -956,6 +956,32 @@ def test_a_hugging_face_cache_folder_reads_its_snapshot(checkpoint,
       "<commit> or its Hub id ('org/name').")
 
 
+@pytest.mark.parametrize("ref", ["fifo", "", "../../..", "a/b"])
+def test_a_cache_folders_ref_that_names_no_snapshot_is_refused(tmp_path,
+                                                               ref):
+  """refs/main as a FIFO hung the reader for ever (its open waited for a
+  writer); an empty ref resolved to the snapshots folder itself, and one
+  with a path in it to a folder outside snapshots/."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  repo_dir = tmp_path / "models--org--tiny"
+  (repo_dir / "snapshots" / "0123").mkdir(parents=True)
+  (repo_dir / "refs").mkdir()
+  main = repo_dir / "refs" / "main"
+  if ref == "fifo":
+    os.mkfifo(main)
+  else:
+    main.write_text(ref + "\n")
+  with pytest.raises(FileNotFoundError) as info:
+    inference.resolve_checkpoint(str(repo_dir))
+  if ref == "fifo":  # read as no ref: 'main' is then a snapshot's name
+    start = (f"path={repo_dir} is a Hugging Face cache folder with no "
+             "snapshot of revision 'main' (snapshots: 0123); pass")
+  else:
+    start = (f"path={repo_dir} is a Hugging Face cache folder whose {main} "
+             f"names no snapshot ({ref!r}); pass")
+  assert str(info.value).startswith(start), info.value
+
+
 def test_api_errors_name_arguments_and_the_cli_names_flags(checkpoint,
                                                            tmp_path):
   """The same check words its message for the caller: `path=`/`tokenizer=`

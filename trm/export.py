@@ -483,13 +483,24 @@ def _dream_writer(config, checkpoint: str, ctx, fmt: str, dtype: str | None,
 
 
 def _recorded_config(workdir: str) -> dict:
-  """The run's config.json ({} when there is none to read)."""
+  """The run's config.json ({} when it has none). One that is there but
+  unreadable is refused: read as none, the export described the run by
+  --config's optimizer settings and skipped the family check."""
   from trm.core import weights_io  # pylint: disable=g-import-not-at-top
-  try:
-    recorded = weights_io.read_json(os.path.join(workdir, "config.json"))
-  except (OSError, ValueError):
+  path = os.path.join(workdir, "config.json")
+  if not os.path.lexists(path):
     return {}
-  return recorded if isinstance(recorded, dict) else {}
+  fix = ("it is the run's record of its config: restore it from a copy, or "
+         "move it aside to export by the checkpoint's shapes and --config "
+         "alone")
+  try:
+    recorded = weights_io.read_json(path, fix)
+  except (OSError, ValueError) as e:
+    raise app.UsageError(str(e)) from None
+  if not isinstance(recorded, dict):
+    raise app.UsageError(f"{path} holds a JSON {type(recorded).__name__}, "
+                         f"not a config; {fix}.")
+  return recorded
 
 
 def _recorded_model(workdir: str) -> dict:

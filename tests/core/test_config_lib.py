@@ -62,6 +62,26 @@ def test_num_epochs_with_a_step_count_override_is_refused(overrides, needle):
   assert message == needle if needle is None else needle in message, message
 
 
+_BIG = "1" + "0" * 400
+
+
+@pytest.mark.parametrize("override, needle", [
+    (f"--config.seed={_BIG}", "--config.seed: <an integer of 401 digits> is "
+     "outside the 64-bit integer range"),
+    ("--config.max_iters=-9223372036854775809",
+     "--config.max_iters: -9223372036854775809 is outside"),
+    (f"--config.lr_mults=(('.*', {_BIG}),)",
+     "--config.lr_mults: <an integer of 401 digits>"),
+    ("--config.seed=9223372036854775807", None),  # range checks follow
+    ("--config.learning_rate=1e400", None),  # inf: the field's own check
+])
+def test_integers_past_int64_are_refused_with_the_flag(override, needle):
+  # float() of a 401-digit seed, step count or size raised OverflowError
+  # tracebacks in the trainer's own checks and schedules.
+  message = config_lib._integers_past_int64(_parsed(override))  # pylint: disable=protected-access
+  assert message == needle if needle is None else needle in message, message
+
+
 def test_num_epochs_rounds_up_to_whole_steps():
   """ceil(num_epochs x steps per epoch), without float noise (0.1 x 30
   batches is 3 steps, not 4); nanoGPT's max_iters follows total_steps."""

@@ -346,12 +346,15 @@ def test_json_nested_past_the_recursion_limit_is_one_line(tmp_path):
     assert path in str(e.value), str(e.value)[:300]
 
 
-@pytest.mark.parametrize("kind", ["fifo", "deep"])
-def test_a_handed_workdirs_config_json_is_read_safely(tmp_path, kind):
+@pytest.mark.parametrize("kind", ["fifo", "deep", "huge"])
+def test_a_handed_workdirs_config_json_is_read_safely(tmp_path, kind,
+                                                      monkeypatch):
   """A trm.main workdir handed to trm.generate / DiffusionLM /
   trm.evaluate: its config.json as a FIFO blocked the family check for
-  ever (open waits for a writer), and nested past the stack it was a
-  RecursionError traceback from three readers."""
+  ever (open waits for a writer), nested past the stack it was a
+  RecursionError traceback from three readers, and past 64 MiB the family
+  check read it whole (a 2 GiB sparse file: 4.4 GB resident) before the
+  config's reader refused it "unread"."""
   from etils import epath  # pylint: disable=g-import-not-at-top
   from trm.core import config_record  # pylint: disable=g-import-not-at-top
   from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
@@ -360,14 +363,21 @@ def test_a_handed_workdirs_config_json_is_read_safely(tmp_path, kind):
   path = tmp_path / "config.json"
   if kind == "fifo":
     os.mkfifo(path)
-  else:
+  elif kind == "deep":
     path.write_text('{"model": ' + "[" * 100000 + "]" * 100000 + "}")
+  else:  # sparse: no disk taken
+    with open(path, "wb") as f:
+      f.truncate(65 * 2**20)
+    def read_whole(*args, **kwargs):
+      raise AssertionError("a config.json past 64 MiB was read whole")
+    monkeypatch.setattr(json, "load", read_whole)
+    monkeypatch.setattr(json, "loads", read_whole)
   with _within(10):
     inference.check_dream_workdir(str(tmp_path))  # no family said: passes
     assert task._recorded_data_dir(str(tmp_path)) == ""  # pylint: disable=protected-access
     with pytest.raises(ValueError, match=(
         r"config\.json is (not a regular file|no checkpoint JSON "
-        r"\(RecursionError)")):
+        r"\(RecursionError|68,157,440 bytes)")):
       inference._workdir_config(str(tmp_path), None)  # pylint: disable=protected-access
   if kind == "deep":
     with pytest.raises(config_record.ConfigRecordError,

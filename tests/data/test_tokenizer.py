@@ -44,6 +44,30 @@ def test_missing_file_is_a_clear_error(tmp_path):
     tok_lib.load_tokenizer(str(tmp_path))
 
 
+def test_a_tokenizer_json_past_256_mib_is_refused_unread(tmp_path,
+                                                         monkeypatch):
+  """The tokenizers library read a 2 GiB (sparse) tokenizer.json whole,
+  2.3 GB resident, before its parse error; vocab.json, merges.txt and the
+  checkpoint's JSON files were already capped."""
+  from trm.data.text import text_codecs  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "tokenizer.json"
+  with open(path, "wb") as f:
+    f.truncate(257 * 2**20)
+  def read(*args):
+    raise AssertionError("read whole")
+  monkeypatch.setattr(tok_lib.Tokenizer, "from_file", read)
+  message = (f"{path} is 269,484,032 bytes, no tokenizer.json (at most "
+             "268,435,456); ")
+  with pytest.raises(ValueError) as error:
+    tok_lib.load_tokenizer(str(tmp_path))
+  assert str(error.value) == (
+      message + "use the file of the Hugging Face download.")
+  with pytest.raises(ValueError) as error:
+    text_codecs.HFTokenizerCodec(str(path))
+  assert str(error.value) == (
+      message + "pass the tokenizer.json of a Hugging Face download.")
+
+
 def _write_slow_tokenizer(directory):
   """What DiffuCoder's and Dream's Hub repositories hold: the slow Qwen2
   tokenizer's vocab.json and merges.txt (a small byte-level BPE here), the

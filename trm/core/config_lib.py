@@ -23,6 +23,21 @@ def parse_variants(arg: str | None, allowed: set[str]) -> set[str]:
   return names
 
 
+def is_number(value) -> bool:
+  """A real number a float holds: a Python or numpy int or float, not a
+  bool, and no integer of 309 digits or more (float() and math.isfinite
+  raise OverflowError there, not ValueError)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if (not isinstance(value, (int, float, np.integer, np.floating))
+      or isinstance(value, (bool, np.bool_))):
+    return False
+  try:
+    float(value)
+  except OverflowError:
+    return False
+  return True
+
+
 def model_kwargs(model_config, config_class, family: str) -> dict:
   """`config.model` as keyword arguments of the family's config dataclass;
   a key the model does not know is a one-line error naming it."""
@@ -393,6 +408,42 @@ def _epochs_and_steps(flag_values=None) -> str | None:
   return None
 
 
+def _past_int64(value):
+  """The first integer in `value` (nested tuples, lists and dicts) outside
+  int64's range, or None."""
+  if isinstance(value, int) and not isinstance(value, bool):
+    return value if not -2**63 <= value < 2**63 else None
+  items = value.values() if isinstance(value, dict) else (
+      value if isinstance(value, (tuple, list)) else ())
+  for item in items:
+    found = _past_int64(item)
+    if found is not None:
+      return found
+  return None
+
+
+def _integers_past_int64(flag_values=None) -> str | None:
+  """A --config.KEY=VALUE integer outside int64's range: every integer
+  setting ends in an int64 or a float, and float() of one past 1e308
+  raised OverflowError tracebacks (seed, total_steps, global_batch_size,
+  model sizes)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  if "config" not in flag_values or not flag_values["config"].present:
+    return None
+  values = getattr(flag_values["config"], "override_values", None) or {}
+  for path, value in values.items():
+    found = _past_int64(value)
+    if found is not None:
+      digits = len(str(abs(found)))
+      shown = (str(found) if digits <= 30
+               else f"<an integer of {digits} digits>")
+      return (f"--config.{path}: {shown} is outside the 64-bit integer range "
+              "(+-9.2e18) that every integer setting is held in; pass a "
+              "smaller value.")
+  return None
+
+
 def parse_flags(argv):
   """absl `flags_parser` for the command-line tools (`app.run(main,
   flags_parser=config_lib.parse_flags)`). Flag errors stay one line: a
@@ -405,7 +456,8 @@ def parse_flags(argv):
   try:
     parsed = flags.FLAGS(argv)
     message = (_missing_config_file(argv) or _not_a_config(argv)
-               or _conflicting_aliases() or _epochs_and_steps())
+               or _integers_past_int64() or _conflicting_aliases()
+               or _epochs_and_steps())
     if message is None:
       return parsed
   except flags.Error as e:

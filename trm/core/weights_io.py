@@ -33,22 +33,23 @@ class CheckpointError(ValueError):
 MAX_JSON_BYTES = 64 * 2**20
 
 
-def read_json(path: str):
-  data_io.check_regular_file(path, "download the checkpoint again")
+def read_json(path: str, fix: str = ""):
+  """The JSON object in `path`, a checkpoint's config or index; each
+  refusal names the file and ends in `fix` (default: download again)."""
+  data_io.check_regular_file(path, fix or "download the checkpoint again")
+  fix = fix or "download it again"
   size = os.path.getsize(path)
   if size > MAX_JSON_BYTES:
     raise CheckpointError(f"{path} is {size:,} bytes, no checkpoint config "
-                          f"or index (at most {MAX_JSON_BYTES:,}); download "
-                          "it again.")
+                          f"or index (at most {MAX_JSON_BYTES:,}); {fix}.")
   try:
     with open(path) as f:
       return json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise CheckpointError(f"{path} is not valid JSON ({e}); download it "
-                          "again.") from e
+    raise CheckpointError(f"{path} is not valid JSON ({e}); {fix}.") from e
   except (RecursionError, ValueError) as e:  # nesting, 4300+ digit ints
     raise CheckpointError(f"{path} is no checkpoint JSON ({type(e).__name__}"
-                          f": {str(e)[:200]}); download it again.") from None
+                          f": {str(e)[:200]}); {fix}.") from None
 
 
 def check_local(path: str, name: str,

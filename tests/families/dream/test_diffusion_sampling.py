@@ -396,6 +396,25 @@ def test_params_enter_the_loop_as_arguments():
   assert ds._generate._cache_size() == before  # pylint: disable=protected-access
 
 
+@pytest.mark.parametrize("change, message", [
+    (dict(steps=2**63 - 1), "steps=9223372036854775807: must be at most "
+     "1,048,576 (each step is one call of the model)."),
+    (dict(steps=2**20 + 1), "steps=1048577: must be at most 1,048,576"),
+    (dict(temperature=10**400), "temperature=1000"),
+    (dict(alg_temp=10**400), "alg_temp=1000"),
+])
+def test_settings_past_what_the_host_holds_are_one_line(change, message):
+  # steps=2**63-1 built its schedule table first (an IndexError; 10**9
+  # steps, gigabytes); an integer temperature of 401 digits raised
+  # OverflowError in math.isfinite.
+  settings = dict(max_new_tokens=12, steps=6, temperature=0.0, top_p=None,
+                  top_k=None, alg="entropy", alg_temp=None, eps=1e-3)
+  with pytest.raises(ValueError) as error:
+    inference.check_settings(**{**settings, **change})
+  assert str(error.value).startswith(message), str(error.value)[:200]
+  inference.check_settings(**{**settings, "steps": 2**20})
+
+
 # ------------------------------------------ sort-free top-k / top-p (exact)
 
 

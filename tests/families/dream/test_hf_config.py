@@ -272,3 +272,42 @@ def test_a_default_rope_scaling_is_plain_rope(copy, rope_scaling, ok):
   with pytest.raises(weights_io.CheckpointError,
                      match=r"config\.json: rope_scaling=.* is not supported"):
     hf_import.check_hf_checkpoint(str(copy), CFG)
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "intermediate_size",
+                                   "num_attention_heads"])
+def test_sizes_past_int32_are_refused_in_a_short_line(copy, field):
+  # A 401-digit size reached the head-dim check and printed all its digits.
+  _edit_config(copy, **{field: 10**400})
+  with pytest.raises(weights_io.CheckpointError) as error:
+    hf_config.model_config_from_hf(str(copy))
+  assert (f"config.model.{field}=<an integer of 401 digits> must be below "
+          "2**31") in str(error.value)
+  assert len(str(error.value)) < 300
+
+
+def test_heads_wider_than_any_model_are_refused_before_tracing(copy):
+  # RoPE's host table of head_dim / 2 frequencies is built while the model
+  # is traced, before any weight's shape is checked: hidden_size 2**30 took
+  # 1.8 GB there (2**40: a 1 TiB MemoryError traceback).
+  _edit_config(copy, hidden_size=2**30)
+  with pytest.raises(weights_io.CheckpointError,
+                     match=r"config\.json describes no valid model: .*the "
+                     r"head dim, 536,870,912\) must be at most 65,536"):
+    hf_config.model_config_from_hf(str(copy))
+  with pytest.raises(ValueError, match="must be at most 65,536"):
+    dataclasses.replace(CFG, hidden_size=2**18, num_attention_heads=2)
+  dataclasses.replace(CFG, hidden_size=2**17, num_attention_heads=2)
+
+
+@pytest.mark.parametrize("field", ["rope_theta", "rms_norm_eps"])
+def test_a_float_field_past_floats_range_is_one_line(copy, field):
+  # A JSON integer float() cannot hold raised OverflowError (no ValueError,
+  # so a traceback) in model_config_from_hf and in check_hf_config.
+  _edit_config(copy, **{field: 10**400})
+  needle = (rf"config\.json: {field}=1000000000000000000000000000000000000000"
+            r"\.\.\. \(401 characters\) is not a number")
+  with pytest.raises(weights_io.CheckpointError, match=needle):
+    hf_config.model_config_from_hf(str(copy))
+  with pytest.raises(weights_io.CheckpointError, match=needle):
+    hf_import.check_hf_checkpoint(str(copy), CFG)

@@ -71,16 +71,11 @@ class HFTokenizerCodec:
           f"Reading {path} needs the `tokenizers` package: pip install "
           "tokenizers.") from e
     self.path = path
-    try:
-      self.tokenizer = tokenizers.Tokenizer.from_file(path)
-    except Exception as e:  # pylint: disable=broad-except
-      # The tokenizers library raises a bare Exception for a damaged file.
-      raise ValueError(f"{path} is not a readable tokenizer.json "
-                       f"({' '.join(str(e).split())}); pass the "
-                       "tokenizer.json of a Hugging Face download.") from None
+    from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+    self.tokenizer = tok_lib.read_tokenizer_file(
+        path, "pass the tokenizer.json of a Hugging Face download")
     # One more than the largest id, not the number of tokens: ids may have
     # gaps, and the .bin files and the model must hold the largest.
-    from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
     self.vocab_size = tok_lib.id_span(self.tokenizer)
 
   def encode(self, text: str) -> list[int]:

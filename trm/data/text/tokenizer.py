@@ -15,6 +15,8 @@ import os
 
 from tokenizers import Tokenizer
 
+from trm.data import io as data_io
+
 MASK = "<|mask|>"
 DLM_PAD = "<|dlm_pad|>"
 END_OF_TEXT = "<|endoftext|>"
@@ -224,9 +226,32 @@ _ADDED_FILES = ("added_tokens.json", "tokenizer_config.json")
 _SLOW_LIMIT = 64 << 20  # bytes per file; the 7B's vocab.json is 2.8 MB
 
 
+# tokenizer.json holds the whole vocabulary and merges: DiffuCoder's is 7 MB,
+# the largest vocabularies in use about 35 MB. The library reads it whole
+# (twice its size in memory) before any parse error.
+_FAST_LIMIT = 256 << 20
+
+
 def _check_size(path: str) -> None:
   if os.path.getsize(path) > _SLOW_LIMIT:
     raise ValueError(f"{path} is over {_SLOW_LIMIT >> 20} MiB")
+
+
+def read_tokenizer_file(path: str, fix: str) -> Tokenizer:
+  """`tokenizers`' Tokenizer from the tokenizer.json at `path`, refused in
+  one ValueError naming it and ending in `fix` when it is no file, is past
+  256 MiB (unread) or does not parse."""
+  data_io.check_regular_file(path, fix)
+  size = os.path.getsize(path)
+  if size > _FAST_LIMIT:
+    raise ValueError(f"{path} is {size:,} bytes, no tokenizer.json (at most "
+                     f"{_FAST_LIMIT:,}); {fix}.")
+  try:
+    return Tokenizer.from_file(path)
+  except Exception as e:  # pylint: disable=broad-except
+    # The tokenizers library raises a bare Exception for a damaged file.
+    raise ValueError(f"{path} is not a readable tokenizer.json "
+                     f"({' '.join(str(e).split())}); {fix}.") from None
 
 
 def _from_slow_files(directory: str) -> Tokenizer:
@@ -295,11 +320,8 @@ def load_tokenizer(directory: str,
   the fix when neither is there."""
   path = os.path.join(directory, "tokenizer.json")
   if os.path.isfile(path):
-    try:
-      tokenizer = Tokenizer.from_file(path)
-    except Exception as e:  # the tokenizers library raises a bare Exception
-      raise ValueError(f"{path} is not a readable tokenizer.json ({e}); use "
-                       "the file of the Hugging Face download.") from e
+    tokenizer = read_tokenizer_file(
+        path, "use the file of the Hugging Face download")
   elif has_tokenizer(directory):
     tokenizer = _from_slow_files(directory)
     path = os.path.join(directory, SLOW_FILES[0])

@@ -8,6 +8,7 @@ import math
 import os
 from typing import Optional
 
+from trm.core import config_lib
 from trm.core import weights_io
 from trm.families.dream.model import DreamConfig
 
@@ -76,7 +77,7 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
     ours = getattr(cfg, field)
     if isinstance(ours, float) and not _is_number(theirs):
       raise weights_io.CheckpointError(
-          f"{path}: {field}={theirs!r} is not a number; fix config.json "
+          f"{path}: {field}={_shown(theirs)} is not a number; fix config.json "
           "or download the checkpoint again.")
     ok = (math.isclose(float(theirs), float(ours), rel_tol=1e-9)
           if isinstance(ours, float) else theirs == ours)
@@ -243,8 +244,17 @@ def _is_int(value) -> bool:
 
 
 def _is_number(value) -> bool:
-  """A JSON number (a bool is none)."""
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
+  """A JSON number a float holds (a bool is none)."""
+  return config_lib.is_number(value)
+
+
+def _shown(value) -> str:
+  """repr(value), cut to 60 characters (a crafted number can be thousands
+  of digits long)."""
+  text = repr(value)
+  if len(text) <= 60:
+    return text
+  return f"{text[:40]}... ({len(text):,} characters)"
 
 
 # Stored dtypes whose every value bfloat16 holds exactly (float8's exponent
@@ -315,7 +325,7 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
     value = hf_value(hf, field)
     if not _is_number(value):
       raise weights_io.CheckpointError(
-          f"{path}: {field}={value!r} is not a number.")
+          f"{path}: {field}={_shown(value)} is not a number.")
     floats[field] = float(value)
   stored = str(stored_dtype(hf) or "float32")
   if dtype is None:  # 'auto': compute in the stored dtype (float8: bf16)

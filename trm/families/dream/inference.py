@@ -97,8 +97,7 @@ def _is_int(value) -> bool:
 
 
 def _is_number(value) -> bool:
-  return (isinstance(value, (int, float, np.integer, np.floating))
-          and not isinstance(value, (bool, np.bool_)))
+  return config_lib.is_number(value)
 
 
 def check_text(text: str, name: str) -> None:
@@ -246,6 +245,9 @@ class Generation:
     return self.tokens
 
 
+MAX_STEPS = 2**20
+
+
 def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
                    top_p, top_k, alg: str, alg_temp, eps: float,
                    max_positions: Optional[int] = None,
@@ -257,6 +259,11 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
     bad("max_new_tokens", max_new_tokens, "must be an integer >= 1")
   if not _is_int(steps) or steps < 1:
     bad("steps", steps, "must be an integer >= 1")
+  # The schedule is a host table of steps + 1 times (float64 while built):
+  # 2**63 steps gave an IndexError, 10**9 gigabytes, before any call.
+  if steps > MAX_STEPS:
+    bad("steps", steps, f"must be at most {MAX_STEPS:,} (each step is one "
+        "call of the model)")
   if not (_is_number(temperature) and math.isfinite(temperature)
           and temperature >= 0):
     bad("temperature", temperature, "must be a finite number >= 0 (0: greedy)")
@@ -365,11 +372,13 @@ def _workdir_family(workdir: str) -> tuple[str | None, str]:
   recorded config.json, else from the tensors of its newest checkpoint;
   (None, '') when neither tells."""
   recorded = os.path.join(workdir, "config.json")
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
   try:
-    # isfile: a FIFO's open blocked until a writer came (for ever).
+    # isfile: a FIFO's open blocked until a writer came (for ever). read_json
+    # refuses a file past 64 MiB unread (json.load held twice its size);
+    # _workdir_config's reader then says so.
     if os.path.isfile(recorded):
-      with open(recorded) as f:
-        name = json.load(f).get("model", {}).get("name")
+      name = weights_io.read_json(recorded).get("model", {}).get("name")
       if isinstance(name, str) and name:
         return name, f"config.model.name={name!r} in {recorded}"
   except (OSError, ValueError, AttributeError, RecursionError):
@@ -695,11 +704,22 @@ def _cache_snapshot(path: str, names: ArgumentNames,
     return None
   ref = revision or "main"
   commit = ref
+  ref_file = os.path.join(path, "refs", ref)
   try:
-    with open(os.path.join(path, "refs", ref)) as f:
-      commit = f.read().strip()
+    # isfile: a FIFO's open blocked until a writer came (for ever). A ref
+    # holds a 40-character commit hash; 256 bytes is plenty.
+    if os.path.isfile(ref_file):
+      with open(ref_file, errors="replace") as f:
+        commit = f.read(256).strip()
   except OSError:
     pass  # a commit hash names its snapshot directly
+  if (not commit or commit in (".", "..") or "/" in commit
+      or os.sep in commit or "\0" in commit):
+    raise FileNotFoundError(
+        f"{names.path}={path} is a Hugging Face cache folder whose "
+        f"{ref_file} names no snapshot ({commit[:64]!r}); pass "
+        f"{names.path}={os.path.join(path, 'snapshots', '<commit>')} or its "
+        "Hub id ('org/name').")
   snapshot = os.path.join(path, "snapshots", commit)
   if not os.path.isdir(snapshot):
     have = ", ".join(sorted(os.listdir(os.path.join(path, "snapshots"))))

@@ -42,6 +42,7 @@ PARAM_DTYPES = ("bfloat16", "float32")
 COMPUTE_DTYPES = PARAM_DTYPES + ("float16",)
 _REMAT = ("none",) + remat_lib.POLICIES
 ATTENTION_KINDS = tpu_attention.KINDS + attention.GPU_KINDS
+MAX_HEAD_DIM = 2**16  # a sanity bound (see DreamConfig.__post_init__)
 # Qwen2's `initializer_range`; imported checkpoints replace it anyway.
 _INIT_STD = 0.02
 ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
@@ -80,13 +81,26 @@ class DreamConfig(dtypes.ConfigDtypes):
       if not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"config.model.{name}={value!r} must be a positive "
                          "integer.")
-    if self.vocab_size >= 2**31:  # token ids and their gathers are int32
-      raise ValueError(f"config.model.vocab_size={self.vocab_size} must be "
-                       "below 2**31 (token ids are int32).")
+      # Token ids and their gathers are int32; no other size comes near.
+      if value >= 2**31:
+        shown = str(value) if value < 10**15 else (
+            f"<an integer of {len(str(value))} digits>")
+        raise ValueError(f"config.model.{name}={shown} must be below 2**31"
+                         + (" (token ids are int32)." if name == "vocab_size"
+                            else "."))
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
           f"config.model.hidden_size={self.hidden_size} must be divisible by "
           f"config.model.num_attention_heads={self.num_attention_heads}.")
+    # RoPE's frequencies are a host table of head_dim / 2 built while the
+    # model is traced, before any weight's shape is checked: a config.json
+    # with a wrong hidden_size would cost gigabytes there (Dream's heads
+    # are 128 wide; the widest in use, 256).
+    if self.hidden_size // self.num_attention_heads > MAX_HEAD_DIM:
+      raise ValueError(
+          "config.model.hidden_size / config.model.num_attention_heads (the "
+          f"head dim, {self.hidden_size // self.num_attention_heads:,}) must "
+          f"be at most {MAX_HEAD_DIM:,}; check the two sizes.")
     if (self.hidden_size // self.num_attention_heads) % 2:
       raise ValueError(
           "config.model.hidden_size / config.model.num_attention_heads (the "

@@ -96,16 +96,15 @@ def run_data_dir(config, checkpoint: str, output_dir: str) -> str:
 def _recorded_data_dir(workdir: str) -> str:
   """data.data_dir in the run's config.json ('' when unset or unreadable:
   the run then used `<workdir>/data`)."""
-  import json  # pylint: disable=g-import-not-at-top
+  from trm.core import weights_io  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):  # a FIFO's open blocked for ever
     return ""
   try:
-    with open(path) as f:
-      record = json.load(f)
-    data_dir = record["data"]["data_dir"]
-  except (OSError, ValueError, KeyError, TypeError, RecursionError):
-    return ""  # RecursionError: JSON nested past the stack
+    # Past 64 MiB, refused unread (json.load held twice the file).
+    data_dir = weights_io.read_json(path)["data"]["data_dir"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return ""
   return data_dir if isinstance(data_dir, str) else ""
 
 
