@@ -223,6 +223,31 @@ def test_crash_and_resume_matches_uninterrupted_run(tmp_path, data_dir,
   _assert_resumed_equal(reference, resumed)
 
 
+def test_an_evaluation_killed_before_its_checkpoint_stays_in_metrics_jsonl(
+    tmp_path, data_dir, finished_run):
+  """Killed after step 12's evaluation (eval_12.json and its records
+  written) but before checkpoint 12 committed: the rerun resumed from 6,
+  dropped metrics.jsonl's records past 6 to write them again, found its
+  evaluation at 12 equal to eval_12.json and wrote it to no writer, so
+  metrics.jsonl lost the step's evaluation for good (TensorBoard kept it
+  in the killed run's events file)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  reference_dir, _, _ = finished_run
+  workdir = tmp_path / "killed"
+  shutil.copytree(reference_dir, workdir)
+  shutil.rmtree(workdir / "checkpoints" / "12")
+  reference = _metrics_jsonl(reference_dir)
+  assert [r["step"] for r in reference if "eval/loss" in r] == [12]
+  train.train_and_evaluate(_run_config(data_dir), str(workdir),
+                           families.build_task)
+  records = _metrics_jsonl(workdir)
+  evals = [r for r in records if "eval/loss" in r]
+  assert [r["step"] for r in evals] == [12]
+  want = next(r for r in reference if "eval/loss" in r)
+  assert {k: v for k, v in evals[0].items() if k != "eval/seconds"} == {
+      k: v for k, v in want.items() if k != "eval/seconds"}
+
+
 def _train_loss_events(workdir, tag="train/loss") -> list:
   """The `tag` events in `workdir`'s events files, as TensorBoard reads
   them now."""

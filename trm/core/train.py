@@ -462,6 +462,12 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       # TensorBoard already holds these figures at this step.
       logging.info("Step %d: the evaluation equals eval_%d.json; not written "
                    "to TensorBoard again.", step, step)
+      # metrics.jsonl may not: a run killed after this evaluation but before
+      # its checkpoint resumed from an earlier one, and drop_after took the
+      # record out with the steps it trains again.
+      if metrics_file is not None and not metrics_file.holds(step, results):
+        metrics_file.write_scalars(step, results)
+        metrics_file.flush()
     else:
       writer.write_scalars(step, results)
       # On disk before the record below: a run killed between the two
