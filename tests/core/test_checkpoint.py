@@ -1069,3 +1069,17 @@ def test_resume_step_at_the_newest_is_recorded_so_a_restart_keeps_on(
   # Another step asked is a rewind as before (step 30 moved aside).
   ckpt_lib.resume_from_step(str(tmp_path), 10)
   assert _steps(tmp_path / "checkpoints") == [10]
+  # keep_checkpoints deleted step 10 once the run saved newer ones: the
+  # restart was refused ("no complete step 10"), though its preemption
+  # had said to rerun the same command.
+  import shutil  # pylint: disable=g-import-not-at-top
+  saved(40)
+  saved(50)
+  shutil.rmtree(tmp_path / "checkpoints" / "10")
+  ckpt_lib.resume_from_step(str(tmp_path), 10)
+  assert _steps(tmp_path / "checkpoints") == [40, 50]
+  # A step never applied, missing, is still one line.
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r"resume_step=30: .* has no complete step 30 "
+                           r"\(its steps: \[40, 50\]\)"):
+    ckpt_lib.resume_from_step(str(tmp_path), 30)

@@ -1218,15 +1218,20 @@ def resume_from_step(workdir: str, step: int) -> None:
   workpath = epath.Path(workdir)
   directory = workpath / "checkpoints"
   complete = complete_steps(directory)
-  if step not in complete:
+  newer = sorted(int(p.name) for p in directory.iterdir()
+                 if p.name.isdigit() and int(p.name) > step) if (
+                     directory.exists()) else []
+  last = _last_rewind(workpath)
+  # Before step N's own check: once the resumed run has saved
+  # keep_checkpoints newer steps, N itself is deleted, and a restart with
+  # the same flags (a preempted job's) was refused for it.
+  applied = last is not None and last[1].get("resume_step") == step
+  if step not in complete and not (applied and newer):
     raise CheckpointError(
         f"{RESUME_STEP}={step}: {directory} has no complete step {step} "
         f"(its steps: {complete or 'none'}); pass one of them, or 0 to "
         "resume from the newest.")
-  newer = sorted(int(p.name) for p in directory.iterdir()
-                 if p.name.isdigit() and int(p.name) > step)
-  last = _last_rewind(workpath)
-  if last is not None and last[1].get("resume_step") == step:
+  if applied:
     if not newer:
       return  # nothing trained since the earlier run applied it
     logging.warning(
