@@ -168,8 +168,7 @@ def write_eval_outputs(output_dir: str, predictions_array, results: dict,
   predictions = os.path.join(output_dir, PREDICTIONS_FILE)
   array = np.asarray(predictions_array)
   atomic_files.remove_before_rewrite(os.path.join(output_dir, "eval.json"))
-  atomic_files.atomic_write(
-      predictions, lambda f: np.save(f, array, allow_pickle=False))
+  atomic_files.write_npy(predictions, array)
   command = visualize_command(data_dir, predictions, output_dir)
   _write_json_atomically(
       os.path.join(output_dir, "eval.json"),

@@ -7,6 +7,7 @@ import os
 import stat
 import threading
 
+import numpy as np
 import pytest
 
 from trm.data import atomic_files
@@ -89,3 +90,31 @@ def test_a_directory_made_while_it_is_checked_is_no_file(tmp_path):
   finally:
     stop.set()
     thread.join()
+
+
+def test_a_short_write_under_write_npy_has_its_errno_and_the_file(tmp_path):
+  """np.save to a real file writes with ndarray.tofile, which reported a
+  short write (a full disk: "1048576 requested and 10208 written") as an
+  OSError with no errno, so the dataset build's message gave no cause. A
+  file-size limit (RLIMIT_FSIZE, in a child process) cuts the write short
+  the same way and gives Python's write its errno (EFBIG)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "all__labels.npy"
+  child = f"""
+import errno, resource, signal
+import numpy as np
+from trm.data import atomic_files
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
+try:
+  atomic_files.write_npy({str(path)!r}, np.zeros((1024, 1024), np.int32))
+except OSError as e:
+  print(errno.errorcode.get(e.errno), e.filename)
+"""
+  run = subprocess.run([sys.executable, "-c", child], capture_output=True,
+                       text=True, timeout=120)
+  assert run.stdout.split() == ["EFBIG", str(path)], (run.stdout, run.stderr)
+  assert not list(tmp_path.iterdir())  # the temp file removed
+  atomic_files.write_npy(str(path), np.arange(6).reshape(2, 3))
+  np.testing.assert_array_equal(np.load(path), np.arange(6).reshape(2, 3))

@@ -206,8 +206,7 @@ def write_split(out_dir: str, split: str, groups: list, identifier_map: dict,
   for field, array in (("puzzle_identifiers", identifiers),
                        ("puzzle_indices", puzzle_indices.astype(np.int32)),
                        ("group_indices", group_indices.astype(np.int32))):
-    atomic_files.atomic_write(
-        path(field), lambda f, a=array: np.save(f, a, allow_pickle=False))
+    atomic_files.write_npy(path(field), array)
 
   metadata = puzzle_format.PuzzleDatasetMetadata(
       pad_id=arc_grids.PAD_ID,

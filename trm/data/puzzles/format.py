@@ -155,9 +155,7 @@ class PuzzleDatasetMetadata:
 
 
 def _write_npy_atomic(path: str, array: np.ndarray) -> None:
-  # np.save on a file object does not append ".npy", so the temp name is kept.
-  atomic_files.atomic_write(path,
-                            lambda f: np.save(f, array, allow_pickle=False))
+  atomic_files.write_npy(path, array)
 
 
 # ----------------------------------------------------------------------------
