@@ -1,4 +1,7 @@
 """Mesh-sharded training of Tiny Recursive Models (and friends) in JAX."""
+import atexit as _atexit
+import sys as _sys
+
 from trm.core import cpu_threads as _cpu_threads
 from trm.core import huge_pages as _huge_pages
 
@@ -7,6 +10,13 @@ _huge_pages.restart_with_huge_pages()
 # Before jax creates its CPU client: forced host devices need a pool of
 # threads that their collectives cannot starve (trm/core/cpu_threads.py).
 _cpu_threads.widen_cpu_pool()
+
+
+@_atexit.register  # before jax loads: it then runs after jax's callbacks
+def _ignore_late_stop_signals():
+  cli = _sys.modules.get("trm.core.cli")
+  if cli is not None:
+    cli.ignore_late_stop_signals()
 
 
 _LAZY = ("DiffusionLM",)

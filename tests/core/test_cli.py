@@ -255,6 +255,86 @@ def test_a_resent_signal_that_is_not_handled_is_sent_again():
   assert "again" not in result.stderr  # the copy is not a second signal
 
 
+def test_a_signal_inside_a_weakref_callback_still_interrupts_the_main_code():
+  # As in a gc callback: a SIGTERM just after trm.main's final evaluation
+  # was raised in a WeakKeyDictionary's callback, printed as "Exception
+  # ignored" and dropped. It is delivered again (sys.unraisablehook).
+  child = textwrap.dedent("""
+      import os, signal, sys, time, weakref
+      from trm.core import cli
+      cli.install_signal_handlers()
+      cli._quiet_closed_loop_callbacks()
+      class Key: pass
+      def callback(_):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs here, in the callback
+      key = Key()
+      ref = weakref.ref(key, callback)
+      try:
+        del key
+        time.sleep(20)
+        print("not interrupted")
+      except cli.Interrupted as e:
+        print("interrupted in the main code:", e)
+      """)
+  result = subprocess.run([sys.executable, "-c", child], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+  assert "interrupted in the main code: SIGTERM" in result.stdout, (
+      result.stdout + result.stderr)
+  assert "Exception ignored" not in result.stderr, result.stderr
+
+
+# A tool run through cli.run whose main returns ({mode}: 0, or a one-line
+# error), then gets SIGTERM while the interpreter shuts down: in an exit
+# callback, or during module finalization (after Python has put back the
+# signals' default action).
+_TEARDOWN_CHILD = """
+import atexit, builtins, os, signal, sys, time
+import trm
+from absl import app
+from trm.core import cli
+
+class Late:
+  def __del__(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+
+def main(argv):
+  where, mode = argv[1:]
+  if where == "atexit":
+    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM),
+                             time.sleep(2)))
+  else:
+    builtins.late_object = Late()  # freed after the exit callbacks
+  if mode == "error":
+    raise app.UsageError("bad input")
+
+cli.run(main, compilation_cache=False)
+"""
+
+
+@pytest.mark.parametrize("where, mode, status, line", [
+    ("atexit", "ok", 0, "SIGTERM while shutting down (the work had ended)"),
+    ("atexit", "error", 2, "SIGTERM while shutting down (the work had ended)"),
+    ("finalization", "ok", 0, None),
+    ("finalization", "error", 2, None),
+])
+def test_a_signal_after_the_work_ended_keeps_the_runs_exit_status(
+    where, mode, status, line):
+  """Raised in jax's exit callback, Interrupted was printed as "Exception
+  ignored in atexit callback" with a traceback; later, once Python had put
+  back the default action, SIGTERM ended the process "killed by signal"
+  (-15, a failure to a scheduler) though the run had finished."""
+  result = subprocess.run(
+      [sys.executable, "-c", _TEARDOWN_CHILD, where, mode], cwd=ROOT,
+      env=ENV, capture_output=True, text=True, timeout=60)
+  assert result.returncode == status, (result.returncode, result.stderr)
+  assert "Traceback" not in result.stderr, result.stderr
+  assert "Exception ignored" not in result.stderr, result.stderr
+  if line is not None:
+    assert f"{line}; exiting now." in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("where", ["loop", "before"])
 def test_a_second_signal_exits_at_once_with_one_line(where):
   if where == "loop":

@@ -289,8 +289,66 @@ def one_line(error: BaseException) -> str:
   return f"{tool_name()}: error: {text}"
 
 
+def _exit_on_signal(signum, frame):
+  """SIGTERM / SIGINT once `main` has returned (its work done or its error
+  told): raised in the interpreter's teardown (jax's and Orbax's atexit
+  callbacks), Interrupted was printed as an "Exception ignored" traceback.
+  One line, then out at once with the run's own exit status: its work
+  ended before the signal (and a failure stays one, not trm.main's 0 for
+  a SIGTERM)."""
+  del frame
+  status = _exit_on_signal.status
+  try:
+    sys.stderr.write(f"{tool_name()}: {signal.Signals(signum).name} while "
+                     "shutting down (the work had ended); exiting now.\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+  except (OSError, ValueError):  # a closed or broken stream
+    pass
+  os._exit(status)  # pylint: disable=protected-access
+
+
+_exit_on_signal.status = 0
+_exit_on_signal.installed = False
+
+
+def ignore_late_stop_signals() -> None:
+  """The last exit callback (`trm/__init__.py` registers it before jax
+  loads, so after jax's and Orbax's): past it, Python's finalization puts
+  back the signals' default action, and a SIGTERM there ended a finished
+  run "killed by signal" (-15, which a scheduler counts as a failure)
+  instead of its exit status."""
+  if (_exit_on_signal.installed
+      and threading.current_thread() is threading.main_thread()):
+    for signum in EXIT_CODES:
+      signal.signal(signum, signal.SIG_IGN)
+
+
+def _exit_status(code) -> int:
+  """The process exit status of `sys.exit(code)`."""
+  if code is None:
+    return 0
+  return code if isinstance(code, int) else 1
+
+
 def _wrap(main, compilation_cache: bool = True):
   def wrapped(argv):
+    status = 1  # an exception other than SystemExit
+    try:
+      result = _run_main(argv)
+      status = _exit_status(result)
+      return result
+    except SystemExit as e:
+      status = _exit_status(e.code)
+      raise
+    finally:
+      if threading.current_thread() is threading.main_thread():
+        _exit_on_signal.status = status
+        for signum in EXIT_CODES:
+          signal.signal(signum, _exit_on_signal)
+        _exit_on_signal.installed = True
+
+  def _run_main(argv):
     try:
       if compilation_cache:
         compile_cache.configure(_COMPILATION_CACHE.value,
@@ -345,6 +403,13 @@ def _quiet_closed_loop_callbacks() -> None:
   report = sys.unraisablehook
 
   def unraisablehook(unraisable):
+    if isinstance(unraisable.exc_value, Interrupted):
+      # Raised in a weakref or gc callback, a __del__ or an atexit callback,
+      # where Python prints and drops it: the watchdog delivers the signal
+      # again, to be raised in the main code.
+      _on_signal.raised = False
+      _on_signal.deferred = unraisable.exc_value.signum
+      return
     if (unraisable.exc_type is RuntimeError
         and str(unraisable.exc_value) == "Event loop is closed"
         and not traceback_requested()):
