@@ -248,6 +248,32 @@ def test_an_evaluation_killed_before_its_checkpoint_stays_in_metrics_jsonl(
       k: v for k, v in want.items() if k != "eval/seconds"}
 
 
+def test_a_trainer_whose_workdir_was_taken_over_saves_no_more(
+    tmp_path, data_dir, monkeypatch):
+  """Once its lock's renewal finds another trainer's record (it stalled past
+  the lease), the trainer stops before its next save instead of writing
+  over that trainer's checkpoints (tests/core/test_workdir_lock.py has the
+  renewal's side)."""
+  from trm.core import workdir_lock  # pylint: disable=g-import-not-at-top
+  checks = []
+  real_check = workdir_lock.WorkdirLock.check_held
+
+  def check_held(lock):
+    checks.append(lock.path)
+    if len(checks) == 2:  # taken over between the two saves
+      lock.taken_over = {"host": "host-b", "pid": 4321, "started": 0.0}
+    real_check(lock)
+
+  monkeypatch.setattr(workdir_lock.WorkdirLock, "check_held", check_held)
+  workdir = tmp_path / "run"
+  with pytest.raises(workdir_lock.WorkdirLockedError,
+                     match="stopping without saving"):
+    train.train_and_evaluate(_run_config(data_dir), str(workdir),
+                             families.build_task)
+  assert len(checks) == 2
+  assert ckpt_lib.complete_steps(workdir / "checkpoints") == [6]
+
+
 def _train_loss_events(workdir, tag="train/loss") -> list:
   """The `tag` events in `workdir`'s events files, as TensorBoard reads
   them now."""

@@ -121,6 +121,38 @@ def test_the_holder_renews_its_lease(tmp_path, caplog, monkeypatch):
   assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
 
 
+def test_a_holder_whose_lock_was_taken_over_stops_renewing_and_saving(
+    tmp_path, caplog, monkeypatch):
+  """A trainer that stalled past its lease (a hung file system, a stopped
+  process) while another host took the workdir over: its renewal wrote
+  its own record back over the new holder's, and it went on saving
+  checkpoints into the same workdir."""
+  monkeypatch.setattr(workdir_lock, "LEASE_SECONDS", 0.2)  # renew each 0.05 s
+  lock = workdir_lock.WorkdirLock(str(tmp_path))
+  with lock:
+    # Another host's trainer holds it now (written as its takeover does).
+    other = {"host": "host-b", "pid": 4321, "started": time.time(),
+             "renewed": time.time(), "path": str(lock.path)}
+    tmp = tmp_path / "other.tmp"
+    tmp.write_text(json.dumps(other))
+    os.replace(tmp, lock.path)
+    deadline = time.time() + 10
+    while lock.taken_over is None and time.time() < deadline:
+      time.sleep(0.05)
+    assert lock.taken_over is not None, "the takeover went unnoticed"
+    time.sleep(0.2)  # several renewal periods
+    with open(lock.path) as f:
+      assert json.load(f) == other  # never written over
+    with pytest.raises(workdir_lock.WorkdirLockedError, match=(
+        r"was taken over by another trainer \(host host-b, pid 4321, "
+        r"started .*\) while this one stalled past its 0.2 s lease; "
+        r"stopping without saving")):
+      lock.check_held()
+  assert "was taken over by another trainer (host host-b" in caplog.text
+  with open(lock.path) as f:
+    assert json.load(f) == other  # nor removed on the way out
+
+
 # ------------------------------------------------------- two at one instant
 
 # One contender: imports the lock once, then per trial ("go DIR T") waits

@@ -238,10 +238,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   try:
     workpath = check_workdir(workdir, config)  # local or gs://
     try:
-      with (workdir_lock.WorkdirLock(workdir),
+      with (workdir_lock.WorkdirLock(workdir) as lock,
             contextlib.ExitStack() as cleanup):
         return _train_and_evaluate(config, workdir, workpath, cleanup,
-                                   build_task)
+                                   build_task, lock)
     except OSError as e:
       # A bare "[Errno 28] No space left on device" named neither the file
       # nor what was kept.
@@ -269,7 +269,8 @@ def make_writer(config, workdir: str, is_main: bool, metrics_file=None):
 
 
 def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
-                        cleanup: contextlib.ExitStack, build_task: Callable):
+                        cleanup: contextlib.ExitStack, build_task: Callable,
+                        lock: workdir_lock.WorkdirLock):
   # ---------------------------------------------------------------- setup
   is_main = jax.process_index() == 0
   # What ranks the checkpoints and drives early stopping (every record
@@ -657,6 +658,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                  if evaluated_at == step else None)
     if eval_loss is not None:
       best_loss = min(best_loss, float(eval_loss))
+    lock.check_held()  # another trainer took the workdir over: not a byte
     ckpt_lib.save(manager, step, state, train_iter, eval_loss=eval_loss,
                   best_eval_loss=best_loss, config_record=saved_record,
                   eval_owed=is_eval_step(step) and evaluated_at != step,

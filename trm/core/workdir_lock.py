@@ -132,6 +132,7 @@ class WorkdirLock:
     self._record = None
     self._stop = threading.Event()
     self._thread = None
+    self.taken_over = None  # the record of a trainer that took the lock
 
   # ------------------------------------------------------------ local files
 
@@ -306,14 +307,45 @@ class WorkdirLock:
       self._thread.start()
     return self
 
+  def _is_ours(self, holder: dict) -> bool:
+    return all(holder.get(k) == self._record[k]
+               for k in ("host", "pid", "started"))
+
   def _renew(self):
     while not self._stop.wait(LEASE_SECONDS / 4):
-      self._record["renewed"] = time.time()
       try:
-        self._replace(json.dumps(self._record))
+        with self._guard():
+          try:
+            holder, _, _ = self._read()
+          except MalformedLockError:
+            holder = None  # damaged: ours is written over it
+          if holder is not None and not self._is_ours(holder):
+            # This trainer stalled past its lease (a hung file system, a
+            # stopped process) and another took the workdir over: writing
+            # our record back hid that from both.
+            self.taken_over = holder
+            logging.error(
+                "The workdir lock %s was taken over by another trainer (%s) "
+                "while this one held it, stalled past its %d s lease; this "
+                "trainer saves no more checkpoints there.", self.path,
+                _describe(holder), LEASE_SECONDS)
+            return
+          self._record["renewed"] = time.time()
+          self._replace(json.dumps(self._record))
       except OSError as e:
         logging.warning("Could not renew the workdir lock %s: %s", self.path,
                         e)
+
+  def check_held(self) -> None:
+    """A WorkdirLockedError once another trainer has taken the lock over
+    (`_renew`): this one must not write the workdir any more."""
+    if self.taken_over is not None:
+      raise WorkdirLockedError(
+          f"The workdir {self.path.parent} was taken over by another trainer "
+          f"({_describe(self.taken_over)}) while this one stalled past its "
+          f"{LEASE_SECONDS:g} s lease; stopping without saving, so as not to "
+          "write over its checkpoints. Wait for that run, or pass another "
+          "--workdir.")
 
   def __exit__(self, *unused_exc):
     self._stop.set()
