@@ -1083,3 +1083,31 @@ def test_resume_step_at_the_newest_is_recorded_so_a_restart_keeps_on(
                      match=r"resume_step=30: .* has no complete step 30 "
                            r"\(its steps: \[40, 50\]\)"):
     ckpt_lib.resume_from_step(str(tmp_path), 30)
+
+
+def test_a_step_that_is_a_link_to_no_directory_is_refused_up_front(tmp_path):
+  """checkpoints/20 as a dangling link: the run trained to step 20 again,
+  then failed to save there ("Not a directory", with advice to free
+  space), at every rerun. A plain file in its place is replaced by the
+  save, as before."""
+  directory = tmp_path / "checkpoints"
+  directory.mkdir()
+  (directory / "10").mkdir()
+  (directory / "15").write_text("x")  # replaced by the save's rename
+  (directory / "30.orbax-checkpoint-tmp").symlink_to(tmp_path / "gone")
+  ckpt_lib.check_step_entries(directory)
+  (directory / "20").symlink_to(tmp_path / "gone")
+  with pytest.raises(ckpt_lib.CheckpointError) as error:
+    ckpt_lib.check_step_entries(directory)
+  assert str(error.value) == (
+      f"{directory}/20 is a dangling symbolic link, not a checkpoint: "
+      "saving step 20 there would fail once the run has trained to it. Move "
+      f"it out of {directory} and rerun.")
+  (directory / "20").unlink()
+  (directory / "20").symlink_to(directory / "15")
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match="20 is a symbolic link to a file"):
+    ckpt_lib.check_step_entries(directory)
+  (directory / "20").unlink()
+  (directory / "20").symlink_to(directory / "10")  # a linked checkpoint
+  ckpt_lib.check_step_entries(directory)

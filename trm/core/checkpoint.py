@@ -370,6 +370,26 @@ def _remove_partial_saves(directory) -> list[str]:
   return removed
 
 
+def check_step_entries(directory) -> None:
+  """A CheckpointError for a step's name in `directory` that is a symbolic
+  link to no directory (dangling, or to a file): not a checkpoint, so the
+  run trained up to that step again and then failed to save it there
+  ("Not a directory", with advice to free space), at every rerun."""
+  if "://" in str(directory) or not os.path.isdir(str(directory)):
+    return
+  for name in sorted(os.listdir(str(directory))):
+    path = os.path.join(str(directory), name)
+    # A plain file is replaced by the save's rename; a link is not.
+    if not name.isdigit() or not os.path.islink(path) or os.path.isdir(path):
+      continue
+    what = ("a dangling symbolic link" if not os.path.exists(path)
+            else "a symbolic link to a file")
+    raise CheckpointError(
+        f"{path} is {what}, not a checkpoint: saving step {name} there would "
+        f"fail once the run has trained to it. Move it out of {directory} "
+        "and rerun.")
+
+
 def remove_abandoned_saves(directory) -> None:
   """Deletes the temporary directories of saves that a killed run left
   (one warning naming them): Orbax removes such a directory only when it

@@ -380,6 +380,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       return None
     return _eval_file_loss(workpath, step, metric)
 
+  ckpt_lib.check_step_entries(workpath / "checkpoints")
   # The workdir is this run's (locked): a save a killed run left unfinished
   # is nobody's, and Orbax would keep it unless it saved that step again.
   ckpt_lib.remove_abandoned_saves(workpath / "checkpoints")
