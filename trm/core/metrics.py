@@ -353,12 +353,14 @@ def create_default_writer(logdir, *, asynchronous: bool = True):
 
 # At the top of the workdir (config.metrics_jsonl).
 JSONL_NAME = "metrics.jsonl"
+EVAL_PREFIX = "eval/"
 
 
-def _jsonl_records(path: str) -> list[tuple[int, str, tuple[str, ...]]]:
-  """(step, line, keys) of each record in `path` a strict JSON reader
-  accepts; a line that is not such an object with an integer step (the torn
-  last line of a killed run) is left out, with a warning."""
+def _jsonl_records(path: str) -> list[tuple[int, str, bool]]:
+  """(step, line, whether it holds an eval/ figure) of each record in
+  `path` a strict JSON reader accepts; a line that is not such an object
+  with an integer step (the torn last line of a killed run) is left out,
+  with a warning."""
   import json  # pylint: disable=g-import-not-at-top
   records, torn = [], 0
   with open(path, encoding="utf-8", errors="replace") as f:
@@ -372,7 +374,7 @@ def _jsonl_records(path: str) -> list[tuple[int, str, tuple[str, ...]]]:
         torn += 1
         continue
       records.append((step, line if line.endswith("\n") else line + "\n",
-                      tuple(record)))
+                      any(k.startswith(EVAL_PREFIX) for k in record)))
   if torn:
     logging.warning("%s: left out %d line(s) that were not whole JSON "
                     "records (a killed run's last write).", path, torn)
@@ -399,7 +401,7 @@ class JsonlWriter:
   def __init__(self, path: str):
     self._path = path
     self._lock = threading.Lock()  # writes may come from other threads
-    self._keys: dict[int, set[str]] = {}  # step -> keys recorded there
+    self._eval_steps: set[int] = set()  # steps with an evaluation record
     if os.path.exists(path):
       self._rewrite(lambda step: True)  # a torn last line would join ours
     self._file = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
@@ -410,10 +412,8 @@ class JsonlWriter:
     from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
     records = _jsonl_records(self._path)
     kept = [line for step, line, _ in records if keep(step)]
-    self._keys = {}
-    for step, _, keys in records:
-      if keep(step):
-        self._keys.setdefault(step, set()).update(keys)
+    self._eval_steps = {step for step, _, has_eval in records
+                        if has_eval and keep(step)}
     with open(self._path, "rb") as f:
       before = f.read()
     after = "".join(kept).encode()
@@ -442,12 +442,14 @@ class JsonlWriter:
                       allow_nan=False)
     with self._lock:
       self._file.write(line + "\n")
-      self._keys.setdefault(int(step), set()).update(record)
+      if any(k.startswith(EVAL_PREFIX) for k in record):
+        self._eval_steps.add(int(step))
 
-  def holds(self, step: int, keys) -> bool:
-    """Whether the file has a record of every one of `keys` at `step`."""
+  def holds_eval(self, step: int) -> bool:
+    """Whether the file has an evaluation record (an eval/ figure) at
+    `step`."""
     with self._lock:
-      return set(keys) <= self._keys.get(int(step), set())
+      return int(step) in self._eval_steps
 
   def write_summaries(self, step: int, values: Mapping[str, Any],
                       metadata: Optional[Mapping[str, Any]] = None):

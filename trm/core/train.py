@@ -467,7 +467,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
       # metrics.jsonl may not: a run killed after this evaluation but before
       # its checkpoint resumed from an earlier one, and drop_after took the
       # record out with the steps it trains again.
-      if metrics_file is not None and not metrics_file.holds(step, results):
+      if metrics_file is not None and not metrics_file.holds_eval(step):
         metrics_file.write_scalars(step, results)
         metrics_file.flush()
     else:
