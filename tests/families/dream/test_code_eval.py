@@ -594,14 +594,23 @@ def test_the_seccomp_filters_decisions(machine):
                0x20000000, 0x40000000):
     assert _filtered(program, arch, clone, 0x11 | flag) == eperm, hex(flag)
   socket, socketpair = sandbox_init.SOCKET_CALLS[machine]
-  for call in (socket, socketpair):
-    assert _filtered(program, arch, call, 1) == allow  # AF_UNIX
-    for family in (0, 2, 10, 16, 17, 40):  # UNSPEC, INET, INET6, NETLINK,
-      #                                     PACKET, VSOCK
-      assert _filtered(program, arch, call, family) == eperm, (call, family)
-    # The kernel reads the family as an int: the high half does not count.
-    assert _filtered(program, arch, call, (1 << 32) | 1) == allow
-    assert _filtered(program, arch, call, (1 << 32) | 2) == eperm
+  # socket() of any family: an AF_UNIX one reached the host's unix sockets
+  # (D-Bus, docker.sock, abstract names) without namespaces. socketpair()
+  # of AF_UNIX only.
+  for family in (0, 1, 2, 10, 16, 17, 40):  # UNSPEC, UNIX, INET, INET6,
+    #                                          NETLINK, PACKET, VSOCK
+    assert _filtered(program, arch, socket, family) == eperm, family
+  assert _filtered(program, arch, socketpair, 1) == allow  # AF_UNIX
+  for family in (0, 2, 10, 16, 17, 40):
+    assert _filtered(program, arch, socketpair, family) == eperm, family
+  # The kernel reads the family as an int: the high half does not count.
+  assert _filtered(program, arch, socketpair, (1 << 32) | 1) == allow
+  assert _filtered(program, arch, socketpair, (1 << 32) | 2) == eperm
+  # SysV semaphore sets (kernel memory outside RLIMIT_AS: 1 GB at
+  # --memory_mb=256) and Linux AIO contexts (the host's whole aio-max-nr).
+  semget, io_setup = {"x86_64": (64, 206), "aarch64": (190, 0)}[machine]
+  assert _filtered(program, arch, semget) == eperm
+  assert _filtered(program, arch, io_setup) == eperm
   assert _filtered(program, arch, 435) == enosys  # clone3
   assert _filtered(program, 0x40000003, 356) == enosys  # i386: memfd_create
   assert _filtered(program, 0x40000028, read) == enosys  # AArch32 / ARM

