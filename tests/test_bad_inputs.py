@@ -492,6 +492,20 @@ def _(env):
   return edited_dataset(env, set_metadata("test", num_puzzle_identifiers=5))
 
 
+# A puzzle table of 2**31 - 1 rows (128 GiB) hung the trainer's start-up
+# with no message; the field is now held to what the splits use and what
+# identifiers.json lists.
+@case("a puzzle identifier count far past the data's", ValueError,
+      "dataset.json's num_puzzle_identifiers=2,147,483,647 is more than the "
+      "splits use (largest identifier 0)", "identifiers.json lists (1 names)",
+      "Rebuild the dataset, or correct the field")
+def _(env):
+  def edit(data):
+    for split in ("train", "test"):
+      set_metadata(split, num_puzzle_identifiers=2**31 - 1)(data)
+  return edited_dataset(env, edit)
+
+
 def _token_out_of_range(data):
   path = os.path.join(data, "train", "all__inputs.npy")
   inputs = np.load(path)

@@ -84,6 +84,50 @@ def test_abstract_state_refuses_it_before_anything_lowers():
   assert abstract["w"].shape == (4, 8)
 
 
+def test_a_state_past_the_hosts_memory_is_refused_on_cpu_devices(
+    monkeypatch):
+  """A TRM whose state needed 65 GiB on a 23.5 GiB host was ended by the
+  kernel's OOM killer with no message, and a handed dataset's 2**31-row
+  puzzle table hung the start-up. Every copy counts: the CPU devices share
+  the host's memory."""
+  monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 2**20)
+  devices = jax.devices()
+  mesh = jax.make_mesh((len(devices),), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  split = NamedSharding(mesh, PartitionSpec("data"))
+  rows = 64 * len(devices)  # 64 KiB a row in float32
+
+  def tree(sharding, n=rows):
+    return {"w": jax.ShapeDtypeStruct((n, 16384), jnp.float32,
+                                      sharding=sharding)}
+  # Split over the devices: rows x 64 KiB in all, 4 MiB per device set.
+  with pytest.raises(ValueError, match=re.escape(
+      f"The state needs {rows * 2**16 / 2**30:,.1f} GiB on this host's "
+      f"{len(devices)} CPU device(s), which share its 0.0 GiB; lower it.")):
+    array_sizes.check_host_memory(tree(split), "The state", "lower it")
+  array_sizes.check_host_memory(tree(split, 8), "The state", "lower it")
+  if len(devices) > 1:  # replicated: a copy per device counts
+    with pytest.raises(ValueError, match="needs"):
+      array_sizes.check_host_memory(tree(replicated, 16 // len(devices) + 1),
+                                    "The state", "lower it")
+
+  class Tpu:
+    platform = "tpu"
+
+  class OnTpu:
+    device_set = {Tpu()}
+    addressable_devices = device_set
+
+    def shard_shape(self, shape):
+      return shape
+  # trm.aot's compile-only TPU devices: XLA's compile is the verdict there.
+  import types  # pylint: disable=g-import-not-at-top
+  on_tpu = types.SimpleNamespace(shape=(rows, 16384), dtype=jnp.float32,
+                                 sharding=OnTpu())
+  array_sizes.check_host_memory([on_tpu], "The state", "lower it")
+
+
 def test_eval_step_refuses_it_before_xla_aborts_the_process():
   """train.py and trm.evaluate compiled the eval step with a plain jax.jit
   on its first call, unchecked: an `eval_only` run (no train step built

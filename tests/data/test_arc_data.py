@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 from absl import flags
 import numpy as np
@@ -59,6 +60,38 @@ def _write_kaggle(directory, subsets, prefix="arc-agi", solutions=True):
         json.dump({name: [t["output"] for t in p["test"]]
                    for name, p in puzzles.items()}, f)
   return str(directory)
+
+
+@pytest.mark.parametrize("name", ["<blank>", "a|||b"])
+def test_puzzle_ids_the_builder_uses_itself_are_refused(tmp_path, name):
+  """'<blank>' (the blank identifier's name) was a KeyError traceback mid-
+  build; 'a|||b' (the augmentations' separator) built, then failed the
+  first evaluation after training, its augmented copies never matched."""
+  subsets = _mini_subsets()
+  subsets["training"][name] = subsets["training"].pop("tr0")
+  kaggle_dir = _write_kaggle(tmp_path / "kaggle", subsets)
+  with pytest.raises(ValueError, match=re.escape(
+      f"puzzle id {name!r} is the builder's own")):
+    arc.build_dataset(str(tmp_path / "out"), source="kaggle",
+                      kaggle_dir=kaggle_dir,
+                      subsets=["training", "evaluation"], num_aug=0)
+
+
+def test_a_repeated_key_in_an_arc_file_is_refused(tmp_path):
+  """json.load kept the last of two puzzles with one id (or of two
+  'train' lists) without a word."""
+  kaggle_dir = _write_kaggle(tmp_path / "kaggle", _mini_subsets())
+  path = os.path.join(kaggle_dir, "arc-agi_training_challenges.json")
+  with open(path) as f:
+    text = f.read()
+  with open(path, "w") as f:
+    f.write(text.replace('{"tr0": ', '{"tr1": {"train": [], "test": []}, '
+                         '"tr0": ', 1))
+  with pytest.raises(ValueError, match=r"challenges\.json: key \"tr1\" "
+                     "appears twice in one object"):
+    arc.build_dataset(str(tmp_path / "out"), source="kaggle",
+                      kaggle_dir=kaggle_dir,
+                      subsets=["training", "evaluation"], num_aug=0)
 
 
 def _build_mini(tmp_path, name="out", **kwargs):

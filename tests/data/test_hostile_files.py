@@ -12,6 +12,7 @@ import signal
 import numpy as np
 import pytest
 
+from trm.data import io as data_io
 from trm.data.puzzles import arc_sources
 from trm.data.puzzles import maze
 from trm.data.puzzles import sudoku
@@ -249,6 +250,32 @@ def _npy_declaring(path, dtype: str, shape: tuple) -> None:
     npy.write_array_header_1_0(f, {"descr": dtype, "fortran_order": False,
                                    "shape": shape})
     f.write(b"\0" * 80)
+
+
+@pytest.mark.parametrize("version", [(2, 0), (3, 0)])
+def test_a_npy_of_a_later_header_version_declaring_too_much_is_refused(
+    tmp_path, version):
+  """A version 3.0 header (UTF-8) skipped the check, and np.load has none
+  for the arrays it reads whole: a 200-byte file declaring 4 TiB was a
+  MemoryError traceback from trm.visualize and trm.main."""
+  import struct  # pylint: disable=g-import-not-at-top
+  from numpy.lib import format as npy  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "all__puzzle_indices.npy"
+  header = repr({"descr": "<i4", "fortran_order": False,
+                 "shape": (2**40,)}).encode()
+  header += b" " * (-(12 + len(header) + 1) % 64) + b"\n"
+  with open(path, "wb") as f:
+    f.write(npy.magic(*version) + struct.pack("<I", len(header)) + header)
+    f.write(b"\0" * 80)
+  with open(path, "rb") as f:
+    assert npy.read_magic(f) == version
+  with pytest.raises(ValueError, match=r"declares a int32 array of shape "
+                     r"\(1099511627776,\) \(4,398,046,511,104 bytes\), but "
+                     r"the file holds 80 bytes"):
+    data_io.check_npy_size(str(path))
+  with open(path, "wb") as f:
+    npy.write_array(f, np.arange(6, dtype=np.int32), version=version)
+  data_io.check_npy_size(str(path))  # a whole one passes
 
 
 def test_a_npy_declaring_more_than_it_holds_is_one_line(tmp_path):

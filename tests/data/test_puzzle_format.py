@@ -207,6 +207,27 @@ def test_bad_metadata_value_types(tmp_path, field, value):
     pf.read_split(str(tmp_path), "train")
 
 
+@pytest.mark.parametrize("change, needle", [
+    ({"total_groups": 0}, r"field 'total_groups'=0 != the 3 groups of set "
+     r"'all'"),
+    ({"total_groups": 2**62}, r"field 'total_groups'=4611686018427387904 "),
+    ({"mean_puzzle_examples": -5.0}, r"'mean_puzzle_examples' must be a "
+     r"finite number >= 0, got -5\.0"),
+    ({"mean_puzzle_examples": float("nan")}, r"got nan"),
+    ({"mean_puzzle_examples": float("inf")}, r"got inf"),
+])
+def test_the_epoch_fields_must_agree_with_the_arrays(tmp_path, change,
+                                                     needle):
+  """total_groups and mean_puzzle_examples set a num_epochs run's length:
+  0 groups or a negative mean trained one step, 2**62 groups without end,
+  NaN and inf were errors naming no file, or a traceback."""
+  metadata, arrays = _toy()
+  pf.write_split(str(tmp_path), "train", metadata, {"all": arrays})
+  _rewrite_json(tmp_path / "train" / "dataset.json", **change)
+  with pytest.raises(ValueError, match=r"train.dataset\.json: .*" + needle):
+    pf.read_split(str(tmp_path), "train")
+
+
 @pytest.mark.parametrize("field", ["vocab_size", "num_puzzle_identifiers"])
 def test_metadata_sizes_past_int32_are_refused(tmp_path, field):
   """They size the model's embedding tables: a dataset.json edited to 2**40

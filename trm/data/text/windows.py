@@ -524,6 +524,37 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string("tokenizer", "char", "char (one token per character), "
                       "gpt2 (tiktoken) or the path of a Hugging Face "
                       "tokenizer.json.", flag_values=flag_values)
+  flags.DEFINE_bool("overwrite", False, "Replace a dataset --out_dir already "
+                    "holds (nanoGPT's, or one prepared here from another "
+                    "input or tokenizer).", flag_values=flag_values)
+
+
+def _check_out_dir(out_dir: str, source: str, tokenizer: str) -> None:
+  """A UsageError when `out_dir` holds a prepared dataset this preparation
+  would replace: nanoGPT's train.bin / val.bin (hours of openwebtext's
+  preparation), or ours from another input or tokenizer. Ours from the
+  same input and tokenizer is prepared again."""
+  if not preparation.is_prepared(out_dir):
+    return
+  meta_path = os.path.join(out_dir, preparation.META_FILE)
+  if not os.path.isfile(meta_path):
+    held = "nanoGPT's train.bin and val.bin (no meta.json)"
+  else:
+    try:
+      meta = preparation.read_meta_json(meta_path, "")
+    except (OSError, ValueError):
+      meta = {}
+    recorded = (meta.get("input"), meta.get("tokenizer"))
+    wanted_input = source if "://" in source else os.path.abspath(source)
+    tokenizers = {tokenizer, os.path.abspath(tokenizer),
+                  os.path.abspath(os.path.join(tokenizer, "tokenizer.json"))}
+    if recorded[0] == wanted_input and recorded[1] in tokenizers:
+      return
+    held = (f"a dataset prepared from {recorded[0]!r} with tokenizer "
+            f"{recorded[1]!r}")
+  raise app.UsageError(
+      f"--out_dir={out_dir} already holds {held}; pass --overwrite to "
+      "replace it, or another --out_dir.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -537,6 +568,8 @@ def main(argv: Sequence[str]) -> None:
   text = read_text(fv.input)
   # Not mixed with another's files.
   with atomic_files.dir_lock(fv.out_dir, "--out_dir"):
+    if not fv.overwrite:
+      _check_out_dir(fv.out_dir, fv.input, fv.tokenizer)
     meta = preparation.prepare(text, fv.out_dir, fv.tokenizer,
                                source=fv.input)
   print(f"{fv.input}: {len(text):,} characters, tokenizer={meta['tokenizer']}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 
 from absl import logging
@@ -427,6 +428,36 @@ def epoch_steps(config, metadata) -> tuple[float, str]:
           f"{config.global_batch_size}, upstream's total_steps formula")
 
 
+def _check_identifier_count(data_dir: str, metadata, splits) -> None:
+  """num_puzzle_identifiers sizes the puzzle table: one past the largest
+  identifier the splits use, or the names identifiers.json lists. A value
+  far beyond both (2**31 - 1 in a handed dataset.json: a 128 GiB table)
+  hung the trainer's start-up with no message."""
+  count = metadata.num_puzzle_identifiers
+  used = max((int(a["puzzle_identifiers"].max()) + 1 for a in splits
+              if a["puzzle_identifiers"].size), default=1)
+  if count <= used:
+    return
+  names = os.path.join(data_dir, puzzle_format.IDENTIFIERS_FILE)
+  listed = None
+  try:
+    if os.path.isfile(names) and os.path.getsize(names) < 1 << 30:
+      with open(names, encoding="utf-8") as f:
+        listed = json.load(f)
+  except (OSError, ValueError, RecursionError):
+    listed = None
+  if isinstance(listed, list) and len(listed) == count:
+    return
+  raise ValueError(
+      f"{data_dir}: dataset.json's num_puzzle_identifiers={count:,} is more "
+      f"than the splits use (largest identifier {used - 1:,}) and than "
+      f"{names} lists "
+      + (f"({len(listed):,} names)" if isinstance(listed, list) else
+         "(no readable list)")
+      + "; the puzzle table would have that many rows. Rebuild the dataset, "
+      "or correct the field.")
+
+
 def build(config, workdir: str, ctx) -> Task:
   check_config(config)
   source = init_source(config, workdir)
@@ -441,6 +472,7 @@ def build(config, workdir: str, ctx) -> Task:
   if differ:
     raise ValueError(f"{data_dir}: train and test dataset.json disagree "
                      f"({', '.join(differ)}); rebuild the dataset.")
+  _check_identifier_count(data_dir, train_meta, (train_arrays, test_arrays))
   config_lib.total_steps_from_epochs(config, *epoch_steps(config,
                                                          train_meta))
   process = dict(process_index=jax.process_index(),
