@@ -33,7 +33,7 @@ SOCKETPAIRS = sandbox_memory.PROBES["socketpairs"].replace("{cap}", "320")
 def _ours(base):
   """This evaluator's sample cgroups left under `base`."""
   return [name for name in os.listdir(base)
-          if name.startswith(f"trm_code_{os.getpid()}_")]
+          if name.startswith(f"trm_code_{code_exec._owner()}_")]  # pylint: disable=protected-access
 
 
 @needs_group
@@ -91,7 +91,7 @@ def test_a_sample_under_its_limit_passes_in_its_own_group():
       "import ctypes, os\n"
       "lines = open('/proc/self/cgroup').read().splitlines()\n"
       "mine = [l for l in lines if l.split(':')[1] in ('', 'memory') and\n"
-      f"        '/trm_code_{os.getpid()}_' in l]\n"
+      f"        '/trm_code_{code_exec._owner()}_' in l]\n"  # pylint: disable=protected-access
       "assert mine, lines\n"
       "data = b'x' * (24 << 20)\n"
       "with open('/tmp/f', 'wb') as f:\n"
