@@ -104,7 +104,8 @@ def test_a_state_past_the_hosts_memory_is_refused_on_cpu_devices(
   # Split over the devices: rows x 64 KiB in all, 4 MiB per device set.
   with pytest.raises(ValueError, match=re.escape(
       f"The state needs {rows * 2**16 / 2**30:,.1f} GiB on this host's "
-      f"{len(devices)} CPU device(s), which share its 0.0 GiB; lower it.")):
+      f"{len(devices)} CPU device(s), which share its 0.0 GiB (memory and "
+      "swap); lower it.")):
     array_sizes.check_host_memory(tree(split), "The state", "lower it")
   array_sizes.check_host_memory(tree(split, 8), "The state", "lower it")
   if len(devices) > 1:  # replicated: a copy per device counts

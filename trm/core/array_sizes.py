@@ -72,13 +72,20 @@ def check_abstract(tree, what: str, fix: str) -> None:
 
 
 def host_memory_bytes() -> int | None:
-  """This host's memory, or the cgroup's limit where that is lower; None
-  where neither can be read."""
+  """This host's memory and swap, or the cgroup's limit where that is
+  lower; None where neither can be read."""
   import os  # pylint: disable=g-import-not-at-top
   try:
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
   except (ValueError, OSError):
     total = None
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("SwapTotal:") and total is not None:
+          total += int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
   for path in ("/sys/fs/cgroup/memory.max",
                "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
     try:
@@ -114,7 +121,8 @@ def check_host_memory(tree, what: str, fix: str) -> None:
     # XLA's compile is the verdict there.
     if any(d.platform != "cpu" for d in placed):
       return
-    devices |= placed
+    devices |= (set(sharding.addressable_devices) if sharding is not None
+                else placed)
     dtype = leaf.dtype if hasattr(leaf.dtype, "itemsize") else np.dtype(
         leaf.dtype)
     if sharding is not None:
@@ -130,4 +138,4 @@ def check_host_memory(tree, what: str, fix: str) -> None:
     raise ValueError(
         f"{what} needs {total / 2**30:,.1f} GiB on this host's "
         f"{len(devices)} CPU device(s), which share its "
-        f"{host / 2**30:,.1f} GiB; {fix}.")
+        f"{host / 2**30:,.1f} GiB (memory and swap); {fix}.")

@@ -299,13 +299,15 @@ def _exit_on_signal(signum, frame):
   del frame
   status = _exit_on_signal.status
   try:
-    sys.stderr.write(f"{tool_name()}: {signal.Signals(signum).name} while "
-                     "shutting down (the work had ended); exiting now.\n")
-    sys.stdout.flush()
-    sys.stderr.flush()
-  except (OSError, ValueError):  # a closed or broken stream
+    # os.write, not sys.stderr: the signal may land inside a write to it
+    # (a reentrant call raises RuntimeError, and the exit never came).
+    os.write(2, (f"{tool_name()}: {signal.Signals(signum).name} while "
+                 "shutting down (the work had ended); exiting now.\n"
+                 ).encode("utf-8", "replace"))
+  except BaseException:  # pylint: disable=broad-except
     pass
-  os._exit(status)  # pylint: disable=protected-access
+  finally:
+    os._exit(status)  # pylint: disable=protected-access
 
 
 _exit_on_signal.status = 0
@@ -317,11 +319,18 @@ def ignore_late_stop_signals() -> None:
   loads, so after jax's and Orbax's): past it, Python's finalization puts
   back the signals' default action, and a SIGTERM there ended a finished
   run "killed by signal" (-15, which a scheduler counts as a failure)
-  instead of its exit status."""
+  instead of its exit status. A tool's process therefore ends here, with
+  that status, streams flushed: what is left is the interpreter's own
+  teardown (ignoring the signals instead left a teardown that hangs
+  deaf to SIGTERM)."""
   if (_exit_on_signal.installed
       and threading.current_thread() is threading.main_thread()):
-    for signum in EXIT_CODES:
-      signal.signal(signum, signal.SIG_IGN)
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except BaseException:  # pylint: disable=broad-except
+        pass
+    os._exit(_exit_on_signal.status)  # pylint: disable=protected-access
 
 
 def _exit_status(code) -> int:

@@ -659,7 +659,7 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
                  if evaluated_at == step else None)
     if eval_loss is not None:
       best_loss = min(best_loss, float(eval_loss))
-    lock.check_held()  # another trainer took the workdir over: not a byte
+    lock.check_held()  # another trainer took the workdir over: no save
     ckpt_lib.save(manager, step, state, train_iter, eval_loss=eval_loss,
                   best_eval_loss=best_loss, config_record=saved_record,
                   eval_owed=is_eval_step(step) and evaluated_at != step,

@@ -939,7 +939,9 @@ def test_work_directories_of_ended_evaluators_are_removed(tmp_path,
   names = {"dead": f"trm_code_{namespace}.{int(dead.stdout)}.7_ab_c1",
            "live": f"trm_code_{code_exec._owner()}_x1y2",  # pylint: disable=protected-access
            "elsewhere": f"trm_code_{namespace + 1}.{int(dead.stdout)}.7_q",
-           "older": "trm_code_k2j4h5g6", "other": "not_trm_code_1.2.3_x"}
+           "older": "trm_code_k2j4h5g6", "other": "not_trm_code_1.2.3_x",
+           # an owner that could not read its start time: the pid decides
+           "no_start": f"trm_code_{namespace}.{os.getpid()}.0_z"}
   for name in names.values():
     (tmp_path / name).mkdir()
     (tmp_path / name / "solution.py").write_text("x = 1\n")

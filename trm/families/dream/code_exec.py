@@ -312,7 +312,8 @@ def _owner_gone(owner: str) -> bool:
   if not os.path.exists(f"/proc/{pid}"):
     return True
   ticks = processes.start_ticks(pid)
-  return ticks is not None and ticks != int(parts[2])
+  # 0: its owner could not read its own start time; the pid alone decides.
+  return ticks is not None and int(parts[2]) != 0 and ticks != int(parts[2])
 
 
 _uid_claim: dict = {}  # pid -> (block, the open lock file)

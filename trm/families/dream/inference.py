@@ -703,18 +703,18 @@ def _cache_snapshot(path: str, names: ArgumentNames,
       or not os.path.isdir(os.path.join(path, "refs"))):
     return None
   ref = revision or "main"
-  commit = ref
+  commit, from_file = ref, False
   ref_file = os.path.join(path, "refs", ref)
   try:
     # isfile: a FIFO's open blocked until a writer came (for ever). A ref
     # holds a 40-character commit hash; 256 bytes is plenty.
     if os.path.isfile(ref_file):
       with open(ref_file, errors="replace") as f:
-        commit = f.read(256).strip()
+        commit, from_file = f.read(256).strip(), True
   except OSError:
     pass  # a commit hash names its snapshot directly
-  if (not commit or commit in (".", "..") or "/" in commit
-      or os.sep in commit or "\0" in commit):
+  if from_file and (not commit or commit in (".", "..") or "/" in commit
+                    or os.sep in commit or "\0" in commit):
     raise FileNotFoundError(
         f"{names.path}={path} is a Hugging Face cache folder whose "
         f"{ref_file} names no snapshot ({commit[:64]!r}); pass "
