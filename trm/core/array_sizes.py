@@ -42,26 +42,36 @@ def check_lowered(lowered, what: str, fix: str) -> None:
         f"{fix}.")
 
 
+def _dtype(leaf):
+  """A leaf's dtype: a typed PRNG key's (key<fry>) is no numpy dtype, but
+  it has an itemsize and a name as numpy's do."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return leaf.dtype if hasattr(leaf.dtype, "itemsize") else np.dtype(
+      leaf.dtype)
+
+
+def _nbytes(shape, dtype) -> int:
+  """Bytes of an array of `shape`; Python ints: np.prod would wrap at
+  2**63."""
+  size = dtype.itemsize
+  for d in shape:
+    size *= int(d)
+  return size
+
+
 def check_abstract(tree, what: str, fix: str) -> None:
   """As `check_lowered`, for a tree of abstract arrays (`jax.eval_shape`'s
   ShapeDtypeStructs) before anything is lowered: an initialiser drawing
   2**64 or more random values fails while lowering with JAX's bare
   NotImplementedError traceback."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   largest = None
   for leaf in jax.tree.leaves(tree):
     shape = getattr(leaf, "shape", None)
     if shape is None:
       continue
-    # A typed PRNG key's dtype (key<fry>) is no numpy dtype, but it has
-    # an itemsize and a name as numpy's do.
-    dtype = leaf.dtype if hasattr(leaf.dtype, "itemsize") else np.dtype(
-        leaf.dtype)
-    # Python ints: np.prod would wrap at 2**63.
-    size = dtype.itemsize
-    for d in shape:
-      size *= int(d)
+    dtype = _dtype(leaf)
+    size = _nbytes(shape, dtype)
     if largest is None or size > largest[2]:
       largest = (list(shape), str(dtype), size)
   if largest is not None and largest[2] >= LIMIT_BYTES:
@@ -105,7 +115,6 @@ def check_host_memory(tree, what: str, fix: str) -> None:
   host has: a state past it was ended by the kernel's OOM killer with no
   message, or (a 128 GiB puzzle table) hung the start-up."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   host = host_memory_bytes()
   if host is None:
     return
@@ -121,19 +130,12 @@ def check_host_memory(tree, what: str, fix: str) -> None:
     # XLA's compile is the verdict there.
     if any(d.platform != "cpu" for d in placed):
       return
-    devices |= (set(sharding.addressable_devices) if sharding is not None
-                else placed)
-    dtype = leaf.dtype if hasattr(leaf.dtype, "itemsize") else np.dtype(
-        leaf.dtype)
+    local = (set(sharding.addressable_devices) if sharding is not None
+             else placed)
+    devices |= local
     if sharding is not None:
-      shape, copies = sharding.shard_shape(shape), len(
-          sharding.addressable_devices)
-    else:
-      copies = 1
-    size = dtype.itemsize * copies
-    for d in shape:
-      size *= int(d)
-    total += size
+      shape = sharding.shard_shape(shape)
+    total += _nbytes(shape, _dtype(leaf)) * len(local)
   if total > host:
     raise ValueError(
         f"{what} needs {total / 2**30:,.1f} GiB on this host's "
