@@ -288,13 +288,19 @@ def _own_pid_namespace() -> int:
     return 0
 
 
+_owners: dict = {}  # pid -> its `_owner` (a forked evaluator has its own)
+
+
 def _owner() -> str:
   """This evaluator as its cgroups and work directories are named: its PID
   namespace, pid and start time ("<ns>.<pid>.<ticks>"). A pid alone named
   it: an evaluator in another PID namespace (another container on the same
   cgroup tree) looked dead, and the sweep killed its running samples."""
-  return (f"{_own_pid_namespace()}.{os.getpid()}."
-          f"{processes.start_ticks(os.getpid()) or 0}")
+  pid = os.getpid()
+  if pid not in _owners:
+    _owners[pid] = (f"{_own_pid_namespace()}.{pid}."
+                    f"{processes.start_ticks(pid) or 0}")
+  return _owners[pid]
 
 
 def _owner_gone(owner: str) -> bool:
