@@ -175,6 +175,13 @@ _NUMPY_READS = ("F64", "F32", "F16", "BF16", "I64", "U64", "I32", "U32",
 _WEIGHT_DTYPES = "float32, float16, bfloat16 or float8 (e4m3fn, e5m2)"
 
 
+def is_float_tag(tag: str) -> bool:
+  """A safetensors dtype tag of a floating-point tensor ('F32', 'BF16',
+  'F8_E4M3', ...; also the ones this loader cannot read, which `read`
+  refuses by name)."""
+  return tag.startswith(("F", "BF"))
+
+
 def is_float(dtype) -> bool:
   """A floating-point dtype: numpy's, or ml_dtypes' bfloat16 / float8, which
   numpy does not count as np.floating."""
@@ -201,10 +208,10 @@ def torch_to_numpy(torch, t, name: str, where: str) -> np.ndarray:
         "tensors (tensor.float()) and save it again.") from e
 
 
-def check_torch_file(path: str) -> None:
+def check_torch_file(path: str) -> bool:
   """`torch.save` writes a zip archive (a pickle before torch 1.6, opening
   with the pickle protocol byte 0x80); anything else is not a checkpoint, and
-  torch's own error for it would blame "pickled objects"."""
+  torch's own error for it would blame "pickled objects". True for a zip."""
   with open(path, "rb") as f:
     head = f.read(16)
   # A zip's local header opens it even when the archive is cut short (then
@@ -217,6 +224,8 @@ def check_torch_file(path: str) -> None:
         ".safetensors file.")
   if head.startswith(b"PK"):
     check_torch_members(path)
+    return True
+  return False
 
 
 def check_torch_members(path: str) -> None:
@@ -260,14 +269,17 @@ def check_safe_torch_load(torch, path: str) -> None:
         "torch), or convert the file to .safetensors, which needs no torch.")
 
 
-def load_weights_only(path: str, purpose: str):
+def load_weights_only(path: str, purpose: str, mmap: bool = False):
   """(torch, the object in `path`) read with torch.load(weights_only=True):
-  tensors and plain containers only, never arbitrary pickled objects."""
-  check_torch_file(path)
+  tensors and plain containers only, never arbitrary pickled objects.
+  `mmap`: tensors of a zip archive (torch.save's format since 1.6) are
+  mapped, not read, until used (a legacy pickle file is read whole)."""
+  zipped = check_torch_file(path)
   torch = import_torch(purpose)
   check_safe_torch_load(torch, path)
   try:
-    return torch, torch.load(path, map_location="cpu", weights_only=True)
+    return torch, torch.load(path, map_location="cpu", weights_only=True,
+                             mmap=mmap and zipped)
   except pickle.UnpicklingError as e:
     # torch's message opens with advice to retry with weights_only=False
     # (full unpickling); only its line naming the refused object is kept.

@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from trm.families.trm import torch_import
 from trm.families.trm import torch_layout
 from trm.families.trm import model as trm
+from trm.core import weights_io
 from trm.core.weights_io import CheckpointError
 
 B = 3
@@ -646,7 +647,8 @@ def test_a_tensor_numpy_cannot_hold_is_one_line(tmp_path):
   sd[key] = sd[key].to(torch.complex32)
   message = _load_error(tmp_path, sd, cfg)
   assert f"Tensor '{key}' in " in message
-  assert "has dtype torch.complex32, which numpy cannot hold" in message
+  # Refused by its kind, before any tensor is read.
+  assert "has dtype torch.complex32; expected a floating-point" in message
   assert "\n" not in message
 
 
@@ -688,6 +690,42 @@ def test_shape_mismatch_names_key_shape_and_field(tmp_path, checkpoint, ours,
   assert f"'_orig_mod.model.inner.{key}'" in message
   assert f"expects {expected}" in message
   assert field in message
+
+
+@pytest.mark.parametrize("format", ["torch", "safetensors"])
+def test_a_mismatched_file_is_refused_before_any_tensor_is_read(
+    tmp_path, monkeypatch, format):
+  # Every tensor was read (the file's size in memory) before the first
+  # shape was compared: a mistyped config, or another model's file of
+  # gigabytes, cost that much memory before its one-line refusal.
+  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  sd = _ref_state_dict(_cfg(hidden_size=64))
+  path = str(tmp_path / "other")
+  if format == "torch":
+    _save(sd, path)
+  else:
+    save_file(sd, path)
+  reads = []
+  real_torch, real_file = (weights_io.torch_to_numpy,
+                           weights_io.SafetensorsFile.read)
+  monkeypatch.setattr(weights_io, "torch_to_numpy",
+                      lambda *a: reads.append(a[2]) or real_torch(*a))
+  monkeypatch.setattr(weights_io.SafetensorsFile, "read",
+                      lambda self, n, *a: reads.append(n) or real_file(
+                          self, n, *a))
+  with pytest.raises(CheckpointError, match="expects"):
+    torch_import.load_torch_checkpoint(path, _cfg())
+  assert not reads
+  # A matching file still reads each tensor once, and only the model's
+  # (the rotary tables upstream may save are never read).
+  good = _ref_state_dict(_cfg())
+  good["_orig_mod.model.inner.rotary_emb.cos_cached"] = torch.zeros(16, 16)
+  if format == "torch":
+    _save(good, path)
+  else:
+    save_file(good, path)
+  torch_import.load_torch_checkpoint(path, _cfg())
+  assert sorted(reads) == sorted(k for k in good if "rotary" not in k)
 
 
 def test_a_puzzle_table_of_other_rows_loads_for_a_new_run_only(tmp_path):

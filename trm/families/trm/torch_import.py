@@ -83,6 +83,7 @@ weights) is refused. torch is imported lazily, only for
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 from typing import Mapping
 
@@ -111,9 +112,28 @@ _IGNORED = ("rotary_emb.cos_cached", "rotary_emb.sin_cached",
 # ------------------------------------------------------------------ reading
 
 
-def _read_torch(path: str) -> dict[str, np.ndarray]:
-  torch, obj = weights_io.load_weights_only(path,
-                                 f"Reading the PyTorch checkpoint {path}")
+class _Stored:
+  """A tensor of the file, known by its shape and kind until `read`: the
+  names and shapes are checked before any tensor's bytes are (a mistyped
+  config, or a file that is not this model's, is refused without reading a
+  file that may be gigabytes)."""
+
+  def __init__(self, shape, floating: bool, dtype: str, read):
+    self.shape = tuple(int(n) for n in shape)
+    self.ndim = len(self.shape)
+    self.floating = floating
+    self.dtype = dtype
+    self._read = read
+
+  def read(self) -> np.ndarray:
+    return self._read()
+
+
+def _torch_tensors(path: str, stack) -> dict[str, _Stored]:
+  # A memory map: a tensor's bytes are read when it is converted, and those
+  # of tensors never read (a refused file's, the ignored buffers) not at all.
+  torch, obj = weights_io.load_weights_only(
+      path, f"Reading the PyTorch checkpoint {path}", mmap=True)
   if not isinstance(obj, Mapping):
     raise weights_io.CheckpointError(
         f"{path} holds a {type(obj).__name__}, not a state_dict (a mapping of "
@@ -126,20 +146,31 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
           f"{path} is not a plain state_dict: key {key!r} holds a "
           f"{type(value).__name__}, not a tensor (upstream pretrain.py saves "
           "model.state_dict() alone).")
-    out[key] = weights_io.torch_to_numpy(torch, value, key, path)
-    # As a .safetensors file's (`weights_io.read_safetensors`): NaN or Inf
-    # weights are refused in one line naming the tensor.
-    weights_io.check_finite(key, out[key], path)
+    # As a .safetensors file's: NaN or Inf weights are refused in one line
+    # naming the tensor (`_checked`).
+    out[key] = _Stored(
+        value.shape, value.is_floating_point(), str(value.dtype),
+        lambda t=value, k=key: weights_io.torch_to_numpy(torch, t, k, path))
   return out
 
 
+def _safetensors_tensors(path: str, stack) -> dict[str, _Stored]:
+  f = stack.enter_context(weights_io.SafetensorsFile(path))
+  weights_io.check_not_quantized(f.names, path)
+  return {name: _Stored(f.shape(name), weights_io.is_float_tag(f.dtype(name)),
+                        f.dtype(name), lambda n=name: f.read(n))
+          for name in f.names}
 
-def _read(path: str) -> dict[str, np.ndarray]:
+
+def _tensors(path: str, stack) -> dict[str, _Stored]:
+  """The file's tensors by name, unread; `stack` (a contextlib.ExitStack)
+  holds the file open while they are read."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"TRM checkpoint {path} does not exist or is not "
                             "a file.")
-  return weights_io.read_safetensors(path) if weights_io.is_safetensors(
-      path) else _read_torch(path)
+  if weights_io.is_safetensors(path):
+    return _safetensors_tensors(path, stack)
+  return _torch_tensors(path, stack)
 
 
 def _strip(key: str) -> tuple[str, str]:
@@ -329,11 +360,15 @@ def load_torch_checkpoint(path: str, model_cfg: trm_model.TRMConfig,
   cfg = model_cfg
   check_run_config(path, cfg)
   abstract = torch_layout.abstract(cfg)
-  raw = _read(path)
+  with contextlib.ExitStack() as stack:
+    return _load(path, cfg, abstract, _tensors(path, stack), any_puzzle_rows)
+
+
+def _load(path: str, cfg: trm_model.TRMConfig, abstract, raw, any_puzzle_rows):
   if not raw:
     raise weights_io.CheckpointError(f"{path} holds an empty state_dict.")
 
-  names: dict[str, np.ndarray] = {}
+  names: dict[str, _Stored] = {}
   full_key: dict[str, str] = {}
   prefixes = collections.Counter()
   for key, value in raw.items():
@@ -385,10 +420,15 @@ def load_torch_checkpoint(path: str, model_cfg: trm_model.TRMConfig,
     if tuple(value.shape) != want:
       raise torch_layout.shape_error(entry, full_key[entry.name], path,
                                      value.shape, want, cfg)
-    if not weights_io.is_float(value.dtype):
+    if not value.floating:
       raise weights_io.CheckpointError(
           f"Tensor {full_key[entry.name]!r} in {path} has dtype {value.dtype}"
           "; expected a floating-point tensor.")
+  # Every name, shape and kind holds: only now are the bytes read.
+  for entry in entries:
+    target = weights_io.get_path(abstract[entry.collection], entry.path)
+    value = names[entry.name].read()
+    weights_io.check_finite(full_key[entry.name], value, path)
     if entry.transpose:
       value = value.T
     value = np.ascontiguousarray(value.astype(target.dtype, copy=False))
