@@ -41,6 +41,24 @@ def test_a_csv_field_over_the_csv_limit_is_one_line(tmp_path):
     maze.read_csv(path)
 
 
+def test_a_csv_line_without_end_is_refused_before_it_is_read_whole(
+    tmp_path):
+  # csv's field limit applied only once the file iterator had read the
+  # whole line: a 64 MiB line cost 64 MiB (a multi-GB one, the host).
+  import tracemalloc  # pylint: disable=g-import-not-at-top
+  path = _csv(tmp_path / "train.csv", f"x,{_Q},{_A},3\n".encode()
+              + b"9" * (64 << 20))
+  tracemalloc.start()
+  try:
+    with pytest.raises(ValueError, match=r"train\.csv:3: a line longer than "
+                       r"1,048,576 characters"):
+      sudoku.read_csv(path)
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert peak < 16 << 20, peak
+
+
 def test_a_csv_that_is_not_utf8_names_the_file(tmp_path):
   path = _csv(tmp_path / "train.csv", b"x,\xff\xfe" + _Q[2:].encode()
               + f",{_A},3\n".encode())

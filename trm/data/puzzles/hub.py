@@ -154,6 +154,24 @@ def read_csv_splits(paths: dict[str, str], read: Callable[[str], tuple],
   return data
 
 
+# Upstream's rows are one puzzle a line (Sudoku's about 180 characters, a
+# 30x30 maze's about 1,820); csv's own field limit (131,072 characters)
+# applies only once a line is in memory, so a line without end is refused
+# by this first.
+MAX_LINE_CHARS = 1 << 20
+
+
+def _bounded_lines(f, path: str) -> Iterator[str]:
+  number = 0
+  while line := f.readline(MAX_LINE_CHARS + 1):
+    number += 1
+    if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+      raise ValueError(
+          f"{path}:{number}: a line longer than {MAX_LINE_CHARS:,} characters"
+          "; upstream's CSV holds one puzzle a line. Is this the right file?")
+    yield line
+
+
 @contextlib.contextmanager
 def csv_rows(path: str, columns: str
              ) -> Iterator[Iterator[tuple[int, list[str]]]]:
@@ -171,10 +189,10 @@ def csv_rows(path: str, columns: str
   Raises:
     ValueError: the file is empty (no header row), is not UTF-8 text, or
       holds a row the csv module cannot read (e.g. a field over its size
-      limit), naming the file and line.
+      limit) or a line over MAX_LINE_CHARS, naming the file and line.
   """
   with open(path, "r", newline="", encoding="utf-8") as f:
-    reader = csv.reader(f)
+    reader = csv.reader(_bounded_lines(f, path))
 
     def read_row():
       """The next row, or None at the end of the file."""
