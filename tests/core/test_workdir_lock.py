@@ -153,6 +153,53 @@ def test_a_holder_whose_lock_was_taken_over_stops_renewing_and_saving(
     assert json.load(f) == other  # nor removed on the way out
 
 
+# Process 0 of a 2-process job holds the lock; it (alone) finds the lock
+# taken over, and both check before a save.
+_TWO_PROCESS_CHECK = """
+import sys, time
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize("127.0.0.1:" + sys.argv[1], num_processes=2,
+                           process_id=int(sys.argv[2]))
+from trm.core import workdir_lock
+with workdir_lock.WorkdirLock(sys.argv[3]) as lock:
+  if jax.process_index() == 0:
+    lock.taken_over = {"host": "host-b", "pid": 4321, "started": time.time()}
+  try:
+    lock.check_held()
+    print("saves", flush=True)
+  except workdir_lock.WorkdirLockedError as e:
+    print("stops:", e, flush=True)
+"""
+
+
+def test_a_takeover_stops_every_process_of_the_job_before_its_save(
+    tmp_path):
+  """Only process 0 holds (and renews) the lock: a takeover it found
+  stopped it alone, and the job's other processes went on into the save's
+  collectives, to wait there until process 0's exit ended them as a lost
+  process."""
+  import workers as workers_lib  # pylint: disable=g-import-not-at-top
+  port = str(workers_lib.free_port())
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+             XLA_FLAGS=workers_lib.xla_flags(1))
+  procs = [subprocess.Popen(
+      [sys.executable, "-c", _TWO_PROCESS_CHECK, port, str(i),
+       str(tmp_path)], env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  outputs = workers_lib.wait_all(procs, timeout=120)
+  lines = [[l for l in out.splitlines() if l.startswith(("saves", "stops"))]
+           for out in outputs]
+  assert lines[0] and lines[0][0].startswith(
+      "stops: The workdir ") and "host host-b, pid 4321" in lines[0][0], (
+          outputs[0][-2000:])
+  assert lines[1] == [
+      f"stops: The workdir {tmp_path} was taken over by another trainer "
+      f"while this job stalled past its {workdir_lock.LEASE_SECONDS:g} s "
+      "lease (process 0 found it; see its log); stopping without saving. "
+      "Wait for that run, or pass another --workdir."], outputs[1][-2000:]
+
+
 # ------------------------------------------------------- two at one instant
 
 # One contender: imports the lock once, then per trial ("go DIR T") waits

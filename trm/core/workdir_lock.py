@@ -338,7 +338,21 @@ class WorkdirLock:
 
   def check_held(self) -> None:
     """A WorkdirLockedError once another trainer has taken the lock over
-    (`_renew`): this one must not write the workdir any more."""
+    (`_renew`): this one must not write the workdir any more. Collective
+    in a job of several processes (call it on all, at the same step, as a
+    save): process 0 holds the lock, and its verdict stops every process
+    before the save (the others went on into the save's collectives and
+    waited there until process 0's exit ended them as a lost process)."""
+    if jax.process_count() > 1:
+      taken = multihost_utils.broadcast_one_to_all(
+          np.int32(self.taken_over is not None))
+      if int(taken) and self.taken_over is None:
+        raise WorkdirLockedError(
+            f"The workdir {self.path.parent} was taken over by another "
+            "trainer while this job stalled past its "
+            f"{LEASE_SECONDS:g} s lease (process 0 found it; see its log); "
+            "stopping without saving. Wait for that run, or pass another "
+            "--workdir.")
     if self.taken_over is not None:
       raise WorkdirLockedError(
           f"The workdir {self.path.parent} was taken over by another trainer "
