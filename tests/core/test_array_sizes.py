@@ -171,3 +171,29 @@ def test_a_typed_prng_key_in_the_state_is_sized_not_a_type_error(
   monkeypatch.setattr(array_sizes, "LIMIT_BYTES", 64)  # 8 keys of 8 bytes
   with pytest.raises(ValueError, match=re.escape("[8] key<fry>")):
     array_sizes.check_abstract(keys, "The model's state", "lower it")
+
+
+def test_a_compiled_steps_memory_counts_each_cpu_device_less_donations(
+    monkeypatch):
+  import types  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 10 * 2**30)
+  devices = jax.local_devices()
+  memory = types.SimpleNamespace(
+      argument_size_in_bytes=2**30, output_size_in_bytes=2**30,
+      alias_size_in_bytes=2**30, temp_size_in_bytes=10 * 2**30 // len(
+          devices) - 2**30)
+  # Arguments + outputs - the donated outputs + temporaries: 10 GiB in all.
+  array_sizes.check_host_step(memory, devices, "The step", "lower it")
+  memory.alias_size_in_bytes -= 1
+  with pytest.raises(ValueError, match=re.escape(
+      f"The step needs 10.0 GiB on this host's {len(devices)} CPU device(s)"
+  )):
+    array_sizes.check_host_step(memory, devices, "The step", "lower it")
+  # Another process's devices hold their own host's memory; an
+  # accelerator's is XLA's to refuse.
+  other = [types.SimpleNamespace(process_index=jax.process_index() + 1,
+                                 platform="cpu")]
+  array_sizes.check_host_step(memory, other, "The step", "lower it")
+  tpu = [types.SimpleNamespace(process_index=jax.process_index(),
+                               platform="tpu")]
+  array_sizes.check_host_step(memory, tpu, "The step", "lower it")

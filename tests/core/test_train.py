@@ -437,6 +437,31 @@ def test_a_full_disk_at_an_evaluation_is_one_line(tmp_path, data_dir,
   assert not (workdir / "trainer.lock").exists()
 
 
+def test_a_step_past_the_hosts_memory_is_one_line_before_it_runs(
+    tmp_path, data_dir, monkeypatch):
+  """XLA:CPU allocates a step's temporaries at its first run: a batch whose
+  temporaries the host cannot hold (config.global_batch_size=16384 of the
+  :cpu Sudoku: 117.7 GiB on a 23.5 GiB host) ended in a JaxRuntimeError
+  traceback ("Out of memory allocating 126371977048 bytes"), or the OOM
+  killer's silence. XLA's memory analysis of the compiled step says so
+  before it runs."""
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  config = tiny_config(**{"data.data_dir": data_dir, **ONE_AXIS})
+  # The state's own check (`state.abstract_state`) is not under test here.
+  monkeypatch.setattr(array_sizes, "check_host_memory", lambda *a: None)
+  monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 2**20)
+  with pytest.raises(ValueError, match=re.escape(
+      "The train step at config.global_batch_size=16 needs ") + r"[0-9.]+ GiB"
+      r" on this host's \d CPU device\(s\) \(XLA's memory analysis: .* GiB"
+      r" of temporaries a device\), which share its 0\.0 GiB \(memory and "
+      r"swap\); lower the batch \(or the model's sizes\), or run on an "
+      r"accelerator\."):
+    train.train_and_evaluate(config, str(tmp_path / "run"),
+                             families.build_task)
+  assert not os.path.exists(tmp_path / "run" / "checkpoints" / "0")
+  assert not _train_steps_on_disk(tmp_path / "run")
+
+
 class _SavedPosition:
   """A data position as read back from a checkpoint (`checkpoint.save`
   asks the iterator for it)."""

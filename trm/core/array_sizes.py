@@ -141,3 +141,32 @@ def check_host_memory(tree, what: str, fix: str) -> None:
         f"{what} needs {total / 2**30:,.1f} GiB on this host's "
         f"{len(devices)} CPU device(s), which share its "
         f"{host / 2**30:,.1f} GiB (memory and swap); {fix}.")
+
+
+def check_host_step(memory, devices, what: str, fix: str) -> None:
+  """On CPU devices, raises ValueError when a compiled program's
+  `memory_analysis()` (`memory`, per device: its arguments, outputs less
+  those aliased to donated arguments, and temporaries) on each of the
+  host's `devices` sums past the host's memory and swap. XLA:CPU's
+  allocation of the temporaries failed in the first step with a
+  JaxRuntimeError traceback ("Out of memory allocating 126371977048
+  bytes"), or, where the kernel overcommits, the OOM killer ended the run
+  with no message."""
+  import jax  # pylint: disable=g-import-not-at-top
+  host = host_memory_bytes()
+  local = [d for d in devices if d.process_index == jax.process_index()]
+  if host is None or memory is None or not local or any(
+      d.platform != "cpu" for d in local):
+    return
+  per_device = sum(int(getattr(memory, name, 0) or 0) for name in (
+      "argument_size_in_bytes", "output_size_in_bytes",
+      "temp_size_in_bytes")) - int(getattr(memory, "alias_size_in_bytes", 0)
+                                   or 0)
+  total = per_device * len(local)
+  if total > host:
+    raise ValueError(
+        f"{what} needs {total / 2**30:,.1f} GiB on this host's {len(local)} "
+        f"CPU device(s) (XLA's memory analysis: "
+        f"{getattr(memory, 'temp_size_in_bytes', 0) / 2**30:,.1f} GiB of "
+        f"temporaries a device), which share its {host / 2**30:,.1f} GiB "
+        f"(memory and swap); {fix}.")

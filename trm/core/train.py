@@ -33,6 +33,7 @@ from etils import epath
 from clu import metric_writers, parameter_overview
 
 from trm.core import metrics as metrics_lib
+from trm.core import array_sizes
 from trm.core import best_metric as best_metric_lib
 from trm.core import checkpoint as ckpt_lib
 from trm.core import preemption as preemption_lib
@@ -513,6 +514,14 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         getattr(memory, "argument_size_in_bytes", 0) / 2**20,
         getattr(memory, "temp_size_in_bytes", 0) / 2**20)
     writer.write_scalars(start_step, {key: seconds})
+    array_sizes.check_host_step(
+        memory, list(ctx.mesh.devices.flat),
+        f"The train step at config.global_batch_size="
+        f"{config.global_batch_size}",
+        "lower the batch ("
+        + ("or raise config.gradient_accumulation_steps, "
+           if "gradient_accumulation_steps" in config else "")
+        + "or the model's sizes), or run on an accelerator")
     return step_fn
 
   # The best held-out loss so far (what always_save_checkpoint=False must
