@@ -197,3 +197,29 @@ def test_a_compiled_steps_memory_counts_each_cpu_device_less_donations(
   tpu = [types.SimpleNamespace(process_index=jax.process_index(),
                                platform="tpu")]
   array_sizes.check_host_step(memory, tpu, "The step", "lower it")
+
+
+def test_an_eval_step_past_the_hosts_memory_is_one_line_before_it_runs(
+    monkeypatch):
+  # As the train step's (tests/core/test_train.py): XLA:CPU's allocation of
+  # the temporaries failed at the first call with a JaxRuntimeError.
+  mesh = jax.make_mesh((1,), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def eval_fn(state, batch):  # a [4096, 4096] temporary: 64 MiB
+    x = batch["x"][:, None] * batch["x"][None, :] * state["w"]
+    return {"loss": jnp.sum(jnp.sin(x))}, {}
+
+  step = state_lib.eval_step(eval_fn, {"w": replicated}, {"x": replicated})
+  state = {"w": jax.device_put(jnp.ones((), jnp.float32), replicated)}
+  batch = {"x": jax.device_put(jnp.ones((4096,), jnp.float32), replicated)}
+  monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 2**20)
+  with pytest.raises(ValueError, match=r"^The eval step needs .* GiB on "
+                     r"this host's 1 CPU device\(s\) .*; lower the eval "
+                     r"batch size or the config's sequence length, or run "
+                     r"on an accelerator\.$"):
+    step(state, batch)
+  monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 2**40)
+  assert float(step(state, batch)[0]["loss"]) == pytest.approx(
+      4096 * 4096 * float(jnp.sin(1.0)), rel=1e-3)

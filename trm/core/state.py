@@ -205,7 +205,13 @@ def eval_step(eval_fn, state_shardings, batch_shardings):
       array_sizes.check_lowered(lowered, "The eval step",
                                 "lower the config's sequence length or eval "
                                 "batch size")
-      compiled[key] = lowered.compile()
+      step_fn = lowered.compile()
+      array_sizes.check_host_step(
+          step_fn.memory_analysis(),
+          list(leaves[0].sharding.device_set) if leaves else [],
+          "The eval step", "lower the eval batch size or the config's "
+          "sequence length, or run on an accelerator")
+      compiled[key] = step_fn
     return compiled[key](state, batch)
 
   return step
