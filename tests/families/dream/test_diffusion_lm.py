@@ -343,7 +343,7 @@ def test_export_refuses_to_overwrite_its_tokenizer_source(trained, tmp_path,
   assert os.listdir(tmp_path) == ["tokenizer.json"]
 
 
-def test_the_python_api_samples_from_a_workdir(trained):
+def test_the_python_api_samples_from_a_workdir(trained, monkeypatch):
   """DiffusionLM.from_pretrained on a trm.main workdir: sizes and tokenizer
   from the run's config.json; a batch of prompts in, strings out."""
   from trm import DiffusionLM  # pylint: disable=g-import-not-at-top
@@ -359,6 +359,15 @@ def test_the_python_api_samples_from_a_workdir(trained):
   with pytest.raises(ValueError, match=r"The sampling loop holds an array "
                      r"of \[.*100000008, 100000008\].*lower the prompt"):
     lm.compile(1, 10**8, padded=False, max_new_tokens=8, steps=4)
+  # A batch past this host's memory: one line before it runs (XLA:CPU's
+  # allocation of its temporaries failed there in a JaxRuntimeError).
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  with monkeypatch.context() as patch:
+    patch.setattr(array_sizes, "host_memory_bytes", lambda: 2**20)
+    with pytest.raises(ValueError, match=r"^The sampling loop needs .* GiB "
+                       r"on this host's \d CPU device\(s\).*; lower the "
+                       r"prompt length, max_new_tokens or the batch\.$"):
+      lm.compile(64, 16, padded=False, max_new_tokens=8, steps=4)
   # param_dtype was dropped for a workdir: the run's float32 restored.
   half = DiffusionLM.from_pretrained(workdir, dtype="float32",
                                      param_dtype="bf16")
