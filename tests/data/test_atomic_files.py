@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+import special_files
 
 from trm.data import atomic_files
 
@@ -118,3 +119,15 @@ except OSError as e:
   assert not list(tmp_path.iterdir())  # the temp file removed
   atomic_files.write_npy(str(path), np.arange(6).reshape(2, 3))
   np.testing.assert_array_equal(np.load(path), np.arange(6).reshape(2, 3))
+
+
+def test_a_fifo_or_a_link_to_one_is_never_replaced(tmp_path):
+  """The final rename replaced whatever `path` named: `trm.visualize
+  --out=/dev/null`, run as root, put a regular file in place of /dev/null
+  for every process on the host. A FIFO stands in for the device here."""
+  for path in special_files.fifo_and_link(tmp_path, "link.json"):
+    with pytest.raises(ValueError, match=f"^{path} is not a regular file "
+                       r"\(a device, FIFO or socket\)"):
+      atomic_files.write_json_atomic(str(path), {"x": 1})
+    assert special_files.still_fifo(path)
+  assert sorted(os.listdir(tmp_path)) == ["fifo", "link.json"]  # no temp

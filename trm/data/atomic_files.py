@@ -22,7 +22,16 @@ def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
   The temp file lives in the same directory, so the final os.replace is
   atomic: readers (and `ensure_dataset`-style existence checks) never see a
   half-written file, even if the writer is killed.
+
+  A device, FIFO or socket at `path` (or a link to one) is refused: the
+  rename replaced it with a regular file (`trm.visualize --out=/dev/null`,
+  run as root, replaced /dev/null for every process on the host).
   """
+  if (os.path.exists(path) and not os.path.isfile(path)
+      and not os.path.isdir(path)):  # a directory: the rename says so
+    raise ValueError(f"{path} is not a regular file (a device, FIFO or "
+                     "socket), which writing the file would replace; name a "
+                     "file.")
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   # Not tempfile.mkstemp: its files are mode 0600, this one honours the umask
