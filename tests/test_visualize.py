@@ -9,6 +9,7 @@ from PIL import Image
 import pytest
 import cli_batch
 import repo
+import special_files
 
 from trm.data.puzzles import arc_grids
 from trm.families.trm import arc_canvas
@@ -367,6 +368,20 @@ def test_an_out_over_a_file_that_is_no_png_is_refused(tmp_path):
   visualize.check_out(str(sheet))  # an earlier sheet: drawn over
   (tmp_path / "empty.png").write_bytes(b"")
   visualize.check_out(str(tmp_path / "empty.png"))
+
+
+def test_an_out_that_is_a_device_or_fifo_is_refused_before_drawing(
+    tmp_path):
+  """--out=/dev/null (or a FIFO, or a link to one) passed every check and
+  the final rename replaced it with the PNG: as root, /dev/null became a
+  regular file for the whole host. Refused before anything is drawn. A
+  FIFO stands in for the device."""
+  from trm import visualize  # pylint: disable=g-import-not-at-top
+  for out in special_files.fifo_and_link(tmp_path, "link.png"):
+    with pytest.raises(ValueError, match=f"^--out={out}: is not a regular "
+                       r"file \(a device, FIFO or socket\)"):
+      visualize.check_out(str(out))
+    assert special_files.still_fifo(out)
 
 
 @pytest.mark.parametrize("data_dir, num, predictions, needle", [

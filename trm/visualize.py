@@ -102,6 +102,11 @@ def check_out(path: str, data_dir: str | None = None,
   if path.endswith(os.sep) or os.path.isdir(path):
     raise ValueError(f"--out={path}: is a directory; name the PNG file to "
                      "write in it.")
+  if os.path.exists(path) and not os.path.isfile(path):
+    # The final rename replaced it: --out=/dev/null, as root, left a
+    # regular file in place of the host's /dev/null.
+    raise ValueError(f"--out={path}: is not a regular file (a device, FIFO "
+                     "or socket), which the PNG would replace; name a file.")
   if os.path.isfile(path):
     if predictions and os.path.isfile(predictions) and os.path.samefile(
         path, predictions):
