@@ -601,3 +601,50 @@ def test_the_prompt_batch_is_never_built_on_the_host(tmp_path, monkeypatch):
   assert seen["shape"] == (4000000, 5)
   # The old host batch: 4e6 x 5 int32 (80 MB) and a list of 4e6 rows.
   assert seen["peak"] < 40 * 2**20, seen["peak"]
+
+
+def test_a_sample_past_int32_positions_is_one_line_before_the_weights(
+    tmp_path):
+  """--max_new_tokens=3000000000 ended, once the weights were read, in
+  jax's OverflowError traceback: token positions are int32."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  with pytest.raises(app.UsageError, match=r"^--max_new_tokens=3000000000: "
+                     r"a sample holds at most 2147483647 tokens, its "
+                     r"prompt's included"):
+    # No weights at --checkpoint: reading them would be another error.
+    _samples_of(None, "--init_from=gpt2", f"--checkpoint={tmp_path}",
+                "--max_new_tokens=3000000000")
+
+
+def _tiny_samples(tmp_path, *flag_values):
+  """`_samples_of` two new tokens a sample of a tiny GPT-2 prompted
+  'to'."""
+  directory, data = _tiny_gpt2_and_chars(tmp_path)
+  return _samples_of(None, "--init_from=gpt2", f"--checkpoint={directory}",
+                     f"--data_dir={data}", "--start=to", "--max_new_tokens=2",
+                     *flag_values)
+
+
+def test_samples_no_machine_holds_are_one_line_before_tracing(tmp_path):
+  """--num_samples=2**62 (all at once by default) ended in JAX's
+  NotImplementedError traceback ("random bits array of size exceeding
+  2 ** 64") while the sampler was traced."""
+  with pytest.raises(ValueError, match=r"^The sampling program for "
+                     r"4611686018427387904 samples at once holds an array of "
+                     r"\[4611686018427387904, 64\] float32 .* more than any "
+                     r"machine holds; pass a smaller --batch_size"):
+    _tiny_samples(tmp_path, f"--num_samples={2**62}")
+
+
+def test_samples_past_the_hosts_memory_are_one_line_on_cpu(tmp_path,
+                                                           monkeypatch):
+  """--num_samples=10**10 on a CPU host (2.2 TB of KV cache) aborted the
+  process in XLA:CPU, a C++ CHECK on the buffer it could not allocate
+  (exit 134, a stack dump). A host of 1 KiB stands in for a small one."""
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 2**10)
+  with pytest.raises(ValueError, match=r"^The sampling program for 64 "
+                     r"samples at once needs .* GiB on this host's 1 CPU "
+                     r"device\(s\), which share its 0.0 GiB \(memory and "
+                     r"swap\); pass a smaller --batch_size"):
+    _tiny_samples(tmp_path, "--num_samples=64")

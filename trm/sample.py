@@ -77,6 +77,11 @@ _ALLOW_NONFINITE = flags.DEFINE_bool(
     "allow_nonfinite", False, "Load weights even when a tensor holds NaN or "
     "Inf (refused by default, naming it).")
 
+# Tokens a sample holds, its prompt's included: their positions and the
+# sampling loop's indices are int32 (--max_new_tokens=3000000000 ended in
+# jax's OverflowError traceback once the weights were read).
+MAX_TOKENS = 2**31 - 1
+
 # What samples or evaluates the workdir of each other model family.
 _OTHER_FAMILY_COMMANDS = {
     "dream": "sample it with `python -m trm.generate --checkpoint={path}`",
@@ -199,6 +204,33 @@ def check_prompt_ids(prompt, vocab_size: int, codec, data_dir) -> None:
       "on.")
 
 
+def compile_sampler(generate, params, prompt, key, batch: int,
+                    max_new_tokens: int, vocab_size: int, devices):
+  """The jitted `generate` compiled for `batch` samples at once, once its
+  arrays are known to fit: none of 2**50 bytes or more (`array_sizes`),
+  and on CPU devices the program within this host's memory. Before,
+  --num_samples=10**10 (all at once by default) aborted the process in
+  XLA:CPU (a C++ CHECK on a buffer it could not allocate, exit 134), and
+  2**62 ended in JAX's NotImplementedError traceback while tracing."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  what = f"The sampling program for {batch} samples at once"
+  fix = ("pass a smaller --batch_size (samples drawn at once) or fewer "
+         "--max_new_tokens")
+  # Before tracing: the samples' tokens, and a step's logits, whose random
+  # draw JAX cannot trace past 2**64 values.
+  array_sizes.check_abstract(
+      [jax.ShapeDtypeStruct((batch, prompt.shape[1] + max_new_tokens),
+                            jnp.int32),
+       jax.ShapeDtypeStruct((batch, vocab_size), jnp.float32)], what, fix)
+  lowered = generate.lower(params, prompt, key)
+  array_sizes.check_lowered(lowered, what, fix)
+  compiled = lowered.compile()
+  array_sizes.check_program_host_memory(compiled, devices, what, fix)
+  return compiled
+
+
 def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
                ctx, step: int | None = None):
   """(GPTConfig, params on `ctx.mesh`, default meta.json dir, description);
@@ -309,6 +341,10 @@ def main(argv):
   if not -2**63 <= _SEED.value < 2**63:
     raise app.UsageError(f"--seed={_SEED.value}: must fit in 64 bits "
                          f"(from {-2**63} to {2**63 - 1}).")
+  if _MAX_NEW.value >= MAX_TOKENS:  # the prompt has a token at least
+    raise app.UsageError(f"--max_new_tokens={_MAX_NEW.value}: a sample "
+                         f"holds at most {MAX_TOKENS} tokens, its prompt's "
+                         "included (their positions are 32-bit).")
   # Read with os (meta.json, .bin, tokenizer.json): an object-store path
   # was "not a prepared text data set ... prepare it with --out_dir=gs://",
   # which sampling would not read either.
@@ -377,6 +413,11 @@ def main(argv):
   if prompt.shape[1] == 0:
     raise app.UsageError("--start encodes to no tokens; give some text.")
   check_prompt_ids(prompt, cfg.vocab_size, codec, data_dir)
+  if prompt.shape[1] + _MAX_NEW.value > MAX_TOKENS:
+    raise app.UsageError(
+        f"--start's {prompt.shape[1]} tokens and --max_new_tokens="
+        f"{_MAX_NEW.value} make {prompt.shape[1] + _MAX_NEW.value} tokens a "
+        f"sample; at most {MAX_TOKENS} (their positions are 32-bit).")
   if jax.process_index() == 0:
     print(f"weights: {source}", file=sys.stderr)
 
@@ -395,13 +436,18 @@ def main(argv):
   key = jax.random.key(_SEED.value)
   batches = -(-num_samples // batch)
   begin = time.time()
+  compiled = None
   with ctx:
     for index in range(batches):
       # One batch draws with the seed's key itself (the samples of a run
       # without --batch_size); each of several its own key from it.
       rng = key if batches == 1 else jax.random.fold_in(key, index)
       try:
-        tokens = generate(params, prompt, rng)
+        if compiled is None:
+          compiled = compile_sampler(
+              generate, params, prompt, rng, batch, _MAX_NEW.value,
+              cfg.vocab_size, ctx.mesh.devices.flatten())
+        tokens = compiled(params, prompt, rng)
         if jax.process_index() != 0:
           continue
         tokens = np.asarray(jax.device_get(tokens))

@@ -136,37 +136,38 @@ def check_host_memory(tree, what: str, fix: str) -> None:
     if sharding is not None:
       shape = sharding.shard_shape(shape)
     total += _nbytes(shape, _dtype(leaf)) * len(local)
+  _check_host_total(total, host, len(devices), what, fix)
+
+
+def _check_host_total(total: int, host: int, devices: int, what: str,
+                      fix: str, detail: str = "") -> None:
   if total > host:
     raise ValueError(
         f"{what} needs {total / 2**30:,.1f} GiB on this host's "
-        f"{len(devices)} CPU device(s), which share its "
+        f"{devices} CPU device(s){detail}, which share its "
         f"{host / 2**30:,.1f} GiB (memory and swap); {fix}.")
 
 
-def check_host_step(memory, devices, what: str, fix: str) -> None:
-  """On CPU devices, raises ValueError when a compiled program's
-  `memory_analysis()` (`memory`, per device: its arguments, outputs less
-  those aliased to donated arguments, and temporaries) on each of the
-  host's `devices` sums past the host's memory and swap. XLA:CPU's
-  allocation of the temporaries failed in the first step with a
-  JaxRuntimeError traceback ("Out of memory allocating 126371977048
-  bytes"), or, where the kernel overcommits, the OOM killer ended the run
-  with no message."""
+def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
+  """As `check_host_memory`, for a compiled program (`jax.stages.Compiled`)
+  run on `devices`: on CPU devices XLA allocates its arguments, outputs
+  (less those aliased to donated arguments) and temporaries
+  (`memory_analysis()`, per device) in this host's memory, once for each
+  of this process's devices. A program past it failed at its first run
+  (XLA:CPU's "Out of memory allocating 126371977048 bytes" in a
+  JaxRuntimeError traceback, or a C++ CHECK on a buffer it could not
+  allocate, exit 134) or was ended by the OOM killer."""
   import jax  # pylint: disable=g-import-not-at-top
   host = host_memory_bytes()
   local = [d for d in devices if d.process_index == jax.process_index()]
-  if host is None or memory is None or not local or any(
-      d.platform != "cpu" for d in local):
+  if host is None or not local or any(d.platform != "cpu" for d in local):
     return
-  per_device = sum(int(getattr(memory, name, 0) or 0) for name in (
-      "argument_size_in_bytes", "output_size_in_bytes",
-      "temp_size_in_bytes")) - int(getattr(memory, "alias_size_in_bytes", 0)
-                                   or 0)
-  total = per_device * len(local)
-  if total > host:
-    raise ValueError(
-        f"{what} needs {total / 2**30:,.1f} GiB on this host's {len(local)} "
-        f"CPU device(s) (XLA's memory analysis: "
-        f"{getattr(memory, 'temp_size_in_bytes', 0) / 2**30:,.1f} GiB of "
-        f"temporaries a device), which share its {host / 2**30:,.1f} GiB "
-        f"(memory and swap); {fix}.")
+  memory = compiled.memory_analysis()
+  if memory is None:
+    return
+  per_device = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  _check_host_total(
+      per_device * len(local), host, len(local), what, fix,
+      f" (XLA's memory analysis: {memory.temp_size_in_bytes / 2**30:,.1f} "
+      "GiB of temporaries a device)")
