@@ -21,8 +21,13 @@ def shift_and_divide(logits, temperature):
                        axis=-1, keepdims=True)
   shifted = logits - jnp.where(jnp.isfinite(finite_max), finite_max,
                                jnp.zeros((), logits.dtype))
+  # A -inf (a masked id: GPT's vocab_limit) stays -inf: XLA divides by a
+  # temperature as a product with its reciprocal, which a temperature of
+  # 2**126 or more flushes to 0, and -inf x 0 is NaN, which the draw took
+  # (trm.sample --temperature=1e38 drew ids past the tokenizer's).
   return jnp.where(shifted == 0, jnp.zeros((), logits.dtype),
-                   shifted / temperature)
+                   jnp.where(jnp.isneginf(shifted), shifted,
+                             shifted / temperature))
 
 
 def overflowed_rows(values, scaled):
