@@ -622,6 +622,9 @@ def test_sample_flops_are_a_third_of_training_per_forward():
     (dict(prompt_len=-1), "--prompt_len=-1"),
     (dict(max_new_tokens=0), "--max_new_tokens=0"),
     (dict(steps=0), "--steps=0"),
+    # Before: "error: Maximum allowed size exceeded", naming no flag.
+    (dict(max_new_tokens=10**20), r"--max_new_tokens=100000000000000000000 "
+     r"must be a positive integer below 2\*\*31"),
     (dict(alg="greedy"), "--alg='greedy'"),
     (dict(top_p=1.5), "--top_p=1.5"),
     (dict(temperature=-1.0), "--temperature=-1.0"),

@@ -171,8 +171,12 @@ class SampleSettings:
                         ("max_new_tokens", self.max_new_tokens),
                         ("steps", self.steps),
                         ("block_length", self.block_length)):
-      if value is not None and (not isinstance(value, int) or value < 1):
-        raise ValueError(f"--{flag}={value!r} must be a positive integer.")
+      # Below 2**31, as the train sizes' flags: --max_new_tokens=10**20
+      # was "error: Maximum allowed size exceeded", naming no flag.
+      if value is not None and (not isinstance(value, int)
+                                or not 1 <= value < 2**31):
+        raise ValueError(f"--{flag}={value!r} must be a positive integer "
+                         "below 2**31.")
     # Before: nan passed the family's `temperature < 0` check and was
     # compiled and reported as the sampling temperature.
     if not math.isfinite(self.temperature):
