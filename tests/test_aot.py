@@ -622,6 +622,10 @@ def test_sample_flops_are_a_third_of_training_per_forward():
     (dict(prompt_len=-1), "--prompt_len=-1"),
     (dict(max_new_tokens=0), "--max_new_tokens=0"),
     (dict(steps=0), "--steps=0"),
+    # Before: a 16 GiB host table of the schedule's times (--max_new_tokens
+    # sets --steps), and the OOM killer.
+    (dict(max_new_tokens=2**31 - 1, steps=2**31 - 1),
+     "--steps=2147483647 must be at most 1,048,576"),
     # Before: "error: Maximum allowed size exceeded", naming no flag.
     (dict(max_new_tokens=10**20), r"--max_new_tokens=100000000000000000000 "
      r"must be a positive integer below 2\*\*31"),

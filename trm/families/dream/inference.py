@@ -245,7 +245,7 @@ class Generation:
     return self.tokens
 
 
-MAX_STEPS = 2**20
+MAX_STEPS = diffusion_sampling.MAX_STEPS
 
 
 def check_settings(*, max_new_tokens: int, steps: int, temperature: float,

@@ -34,6 +34,14 @@ def check_settings(sample) -> None:
   if sample.alg not in diffusion_sampling.ALGS:
     raise ValueError(f"--alg={sample.alg!r}: choose from "
                      f"{', '.join(diffusion_sampling.ALGS)}.")
+  # As trm.generate's --steps (`inference.check_settings`): 2**31 - 1
+  # steps built a 16 GiB host table of times, and the OOM killer ended
+  # trm.aot before anything compiled.
+  if sample.steps > diffusion_sampling.MAX_STEPS:
+    raise ValueError(f"--steps={sample.steps} must be at most "
+                     f"{diffusion_sampling.MAX_STEPS:,} (each step is one "
+                     "call of the model; --steps defaults to "
+                     "--max_new_tokens).")
   if sample.temperature < 0:
     raise ValueError(f"--temperature={sample.temperature} must be >= 0.")
   if sample.top_p is not None and not 0 <= sample.top_p <= 1:

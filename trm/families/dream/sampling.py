@@ -52,6 +52,10 @@ class Denoiser(NamedTuple):
 
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+# The most denoising steps a call takes: the schedule is a host table of
+# steps + 1 times (float64 while built), and each step is one call of the
+# model.
+MAX_STEPS = 2**20
 # Hugging Face's effective default (spec §2.1); None or 0 turns top-k off.
 DEFAULT_TOP_K = 50
 
