@@ -19,6 +19,11 @@ def check_path(parser: argparse.ArgumentParser, path: str | None) -> None:
       os.path.dirname(os.path.abspath(path)))):
     parser.error(f"--json={path}: must be a file path in an existing "
                  "directory")
+  if path and os.path.exists(path) and not os.path.isfile(path):
+    # Taken, the JSON's write was refused only after the minutes of
+    # compiles (`atomic_files.atomic_write`).
+    parser.error(f"--json={path}: must be a file path, not a device or "
+                 "FIFO")
 
 
 def read_lines(path: str, script: str, flag: str | None = None) -> list:

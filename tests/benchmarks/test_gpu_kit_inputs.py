@@ -242,9 +242,14 @@ def test_profile_table_one_line_errors(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--batch=0"],
-                                  ["--gpt", "--json=/nonexistent/r.json"]])
-def test_kernel_report_checks_before_compiling(argv, capsys):
+                                  ["--gpt", "--json=/nonexistent/r.json"],
+                                  ["--json={fifo}"]])
+def test_kernel_report_checks_before_compiling(argv, capsys, tmp_path):
+  """A FIFO (standing in for a device, /dev/null) passed as --json was
+  taken, and its write refused only after the compiles."""
   kernel_report = _kit("kernel_report")
+  os.mkfifo(tmp_path / "fifo")
+  argv = [a.format(fifo=tmp_path / "fifo") for a in argv]
   with pytest.raises(SystemExit) as e:
     kernel_report.main(argv)
   assert e.value.code == 2
