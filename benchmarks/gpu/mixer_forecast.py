@@ -107,6 +107,8 @@ def main(argv=None) -> None:
       HERE, "results", "2026-11-27-h100-s39", "run1-figures.jsonl"),
                  help="a kit figures.jsonl holding the mixer sweep's figures")
   args = p.parse_args(argv)
+  if args.batch < 1:  # as kernel_report.py: before the compiles
+    p.error(f"--batch={args.batch}: must be a positive integer")
   for path in (REPO, HERE):
     if path not in sys.path:
       sys.path.insert(0, path)

@@ -37,3 +37,15 @@ def test_other_batches_and_figures_are_passed_over(tmp_path):
 def test_a_missing_figures_file_is_one_line_before_any_compile(tmp_path):
   with pytest.raises(SystemExit, match=r"--measured=.*nope.jsonl: no such"):
     mixer_forecast.main([f"--measured={tmp_path / 'nope.jsonl'}"])
+
+
+@pytest.mark.parametrize("batch", [0, -384])
+def test_a_batch_that_is_no_positive_count_is_refused_before_any_compile(
+    batch, capsys):
+  """--batch=0 printed a forecast header for 'batch 0' and went on to
+  compile token mixers of no rows."""
+  with pytest.raises(SystemExit) as e:
+    mixer_forecast.main([f"--batch={batch}"])
+  assert e.value.code == 2
+  assert f"--batch={batch}: must be a positive integer" in (
+      capsys.readouterr().err)
