@@ -353,12 +353,15 @@ def parse_args(argv=None):
     raise SystemExit(f"--splash_factor={args.splash_factor}: a multiple of "
                      "the splash kernels' modelled time, above 0 and below "
                      "100.")
-  if args.per_chip is not None and args.per_chip < 1:
-    raise SystemExit(f"--per_chip={args.per_chip}: sequences per chip, 1 or "
-                     "more.")
+  # Below 2**31, as the configs' sizes: --per_chip=10**23 was an MLIR
+  # TypeError traceback (a shape past int64).
+  if args.per_chip is not None and not 1 <= args.per_chip < 2**31:
+    raise SystemExit(f"--per_chip={args.per_chip}: sequences per chip, 1 "
+                     f"to {2**31 - 1}.")
   if args.json is not None:  # written after minutes of compiling
     if not args.json or args.json.endswith(os.sep) or os.path.isdir(
-        args.json):
+        args.json) or (os.path.exists(args.json)
+                       and not os.path.isfile(args.json)):  # a device, FIFO
       raise SystemExit(f"--json={args.json!r}: name a file to write the "
                        "rows to.")
     try:
@@ -390,8 +393,11 @@ def main(argv=None):
     topology = parse_topology(run["topology"])
     config = config_for(run)
     plan.progress(f"compiling {name} ({topology.name}) ...")
-    compiled = plan.compile_row(config, topology, 1, None,
-                                config.global_batch_size)
+    try:
+      compiled = plan.compile_row(config, topology, 1, None,
+                                  config.global_batch_size)
+    except ValueError as e:  # a size no machine holds (--per_chip=2**30)
+      raise SystemExit(f"forecast_llama.py: {name}: {e}") from None
     peak = topology.chip.peak_bf16_tflops * 1e12
     theirs = maxtext_flops_per_chip(run["per_chip"], run["seq"],
                                     run["causal"],

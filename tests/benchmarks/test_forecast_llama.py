@@ -1,6 +1,7 @@
 """benchmarks/forecast/forecast_llama.py: the GPT it forecasts has
 Llama2-70B's weight matmuls, its MaxText count is MaxText's, and bad flags
 stop before anything compiles."""
+import os
 import types
 
 import jax
@@ -95,6 +96,9 @@ def test_the_v6e_rows_are_maxtexts_logged_steps(script):
     (["--splash_factor=nan"], "--splash_factor=nan: a multiple"),
     (["--splash_factor=100"], "--splash_factor=100.0: a multiple"),
     (["--per_chip=0"], "--per_chip=0: sequences per chip"),
+    # Before: an MLIR TypeError traceback once the compile began.
+    ([f"--per_chip={10**23}"], f"--per_chip={10**23}: sequences per chip, 1 "
+     "to 2147483647"),
     (["--json="], "--json='': name a file to write the rows to"),
     (["--json=/"], "--json='/': name a file to write the rows to"),
     (["--json=/dev/null/rows.json"], "--json=/dev/null/rows.json: /dev/null "
@@ -109,6 +113,26 @@ def test_bad_flags_stop_before_compiling(script, monkeypatch, flags,
   with pytest.raises(SystemExit, match=message.replace("[", r"\[")
                      .replace("]", r"\]").replace(".", r"\.")):
     script.main(flags)
+
+
+def test_a_json_that_is_a_fifo_or_a_size_too_big_is_one_line(
+    script, monkeypatch, tmp_path):
+  """--json naming a FIFO (standing in for /dev/null) was taken, its write
+  refused after the compiles; --per_chip=2**30 ended in array_sizes'
+  ValueError as a traceback."""
+  os.mkfifo(tmp_path / "fifo")
+  monkeypatch.setattr(script.plan, "compile_row", lambda *a: pytest.fail(
+      "compiled before checking its flags"))
+  with pytest.raises(SystemExit, match="name a file to write the rows to"):
+    script.main([f"--json={tmp_path / 'fifo'}"])
+
+  def too_big(*args):
+    raise ValueError("The train step holds an array of [80, 1] bf16")
+
+  monkeypatch.setattr(script.plan, "compile_row", too_big)
+  with pytest.raises(SystemExit, match=r"^forecast_llama\.py: v5e: The "
+                     r"train step holds an array"):
+    script.main(["--run=v5e", f"--per_chip={2**30}"])
 
 
 def test_the_gpt3_row_is_maxtexts_logged_step(script):
