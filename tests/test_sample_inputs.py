@@ -645,6 +645,7 @@ def test_samples_past_the_hosts_memory_are_one_line_on_cpu(tmp_path,
   monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 2**10)
   with pytest.raises(ValueError, match=r"^The sampling program for 64 "
                      r"samples at once needs .* GiB on this host's 1 CPU "
-                     r"device\(s\), which share its 0.0 GiB \(memory and "
-                     r"swap\); pass a smaller --batch_size"):
+                     r"device\(s\) \(XLA's memory analysis: .* GiB of "
+                     r"temporaries a device\), which share its 0.0 GiB "
+                     r"\(memory and swap\); pass a smaller --batch_size"):
     _tiny_samples(tmp_path, "--num_samples=64")

@@ -182,21 +182,26 @@ def test_a_compiled_steps_memory_counts_each_cpu_device_less_donations(
       argument_size_in_bytes=2**30, output_size_in_bytes=2**30,
       alias_size_in_bytes=2**30, temp_size_in_bytes=10 * 2**30 // len(
           devices) - 2**30)
+  compiled = types.SimpleNamespace(memory_analysis=lambda: memory)
   # Arguments + outputs - the donated outputs + temporaries: 10 GiB in all.
-  array_sizes.check_host_step(memory, devices, "The step", "lower it")
+  array_sizes.check_program_host_memory(compiled, devices, "The step",
+                                        "lower it")
   memory.alias_size_in_bytes -= 1
   with pytest.raises(ValueError, match=re.escape(
       f"The step needs 10.0 GiB on this host's {len(devices)} CPU device(s)"
   )):
-    array_sizes.check_host_step(memory, devices, "The step", "lower it")
+    array_sizes.check_program_host_memory(compiled, devices, "The step",
+                                          "lower it")
   # Another process's devices hold their own host's memory; an
   # accelerator's is XLA's to refuse.
   other = [types.SimpleNamespace(process_index=jax.process_index() + 1,
                                  platform="cpu")]
-  array_sizes.check_host_step(memory, other, "The step", "lower it")
+  array_sizes.check_program_host_memory(compiled, other, "The step",
+                                        "lower it")
   tpu = [types.SimpleNamespace(process_index=jax.process_index(),
                                platform="tpu")]
-  array_sizes.check_host_step(memory, tpu, "The step", "lower it")
+  array_sizes.check_program_host_memory(compiled, tpu, "The step",
+                                        "lower it")
 
 
 def test_an_eval_step_past_the_hosts_memory_is_one_line_before_it_runs(

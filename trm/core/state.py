@@ -206,8 +206,8 @@ def eval_step(eval_fn, state_shardings, batch_shardings):
                                 "lower the config's sequence length or eval "
                                 "batch size")
       step_fn = lowered.compile()
-      array_sizes.check_host_step(
-          step_fn.memory_analysis(),
+      array_sizes.check_program_host_memory(
+          step_fn,
           list(leaves[0].sharding.device_set) if leaves else [],
           "The eval step", "lower the eval batch size or the config's "
           "sequence length, or run on an accelerator")

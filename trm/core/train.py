@@ -514,8 +514,8 @@ def _train_and_evaluate(config, workdir: str, workpath: epath.Path,
         getattr(memory, "argument_size_in_bytes", 0) / 2**20,
         getattr(memory, "temp_size_in_bytes", 0) / 2**20)
     writer.write_scalars(start_step, {key: seconds})
-    array_sizes.check_host_step(
-        memory, list(ctx.mesh.devices.flat),
+    array_sizes.check_program_host_memory(
+        step_fn, list(ctx.mesh.devices.flat),
         f"The train step at config.global_batch_size="
         f"{config.global_batch_size}",
         "lower the batch ("

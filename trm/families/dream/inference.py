@@ -1042,8 +1042,8 @@ class DiffusionLM:
     with a JaxRuntimeError traceback)."""
     array_sizes.check_lowered(lowered, what, fix)
     compiled = lowered.compile()
-    array_sizes.check_host_step(compiled.memory_analysis(),
-                                list(self.ctx.mesh.devices.flat), what, fix)
+    array_sizes.check_program_host_memory(
+        compiled, list(self.ctx.mesh.devices.flat), what, fix)
     return compiled
 
   def _lower_cached(self, ids, mask, history, settings):
