@@ -71,6 +71,7 @@ import secrets
 import shutil
 import signal
 import site
+import stat
 import subprocess
 import sys
 import tempfile
@@ -698,18 +699,39 @@ def _kill_group(pid: int) -> None:
     pass
 
 
-def _remove(path: str) -> None:
-  """Removes `path` even after a program took the permissions away."""
-  for root, dirs, _ in os.walk(path):
-    for name in dirs:
-      try:
-        os.chmod(os.path.join(root, name), 0o700)
-      except OSError:
-        pass
+def _make_removable(directory: str) -> None:
+  """chmod 0700 of `directory` itself, never of what a symbolic link there
+  points to: opened O_PATH | O_NOFOLLOW | O_DIRECTORY (a link fails) and
+  changed through /proc/self/fd, as glibc's fchmodat(AT_SYMLINK_NOFOLLOW)
+  does. A plain chmod followed a link the program had left in its
+  directory and changed our directory it pointed to."""
   try:
-    os.chmod(path, 0o700)
+    fd = os.open(directory, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY)
+  except OSError:
+    return  # a link (ENOTDIR, ELOOP), or gone
+  try:
+    os.chmod(f"/proc/self/fd/{fd}", 0o700)
+  except FileNotFoundError:  # no /proc: the link checked first instead
+    try:
+      if stat.S_ISDIR(os.lstat(directory).st_mode):
+        os.chmod(directory, 0o700)
+    except OSError:
+      pass
   except OSError:
     pass
+  finally:
+    os.close(fd)
+
+
+def _remove(path: str) -> None:
+  """Removes `path` even after a program took the permissions away. Only
+  directories are made writable (os.walk lists a link to a directory among
+  them, but `_make_removable` leaves links alone), and rmtree never follows
+  a link."""
+  for root, dirs, _ in os.walk(path):
+    for name in dirs:
+      _make_removable(os.path.join(root, name))
+  _make_removable(path)
   shutil.rmtree(path, ignore_errors=True)
 
 
