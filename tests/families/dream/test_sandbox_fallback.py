@@ -5,13 +5,14 @@ without a PID namespace: they signal the evaluator with signal 0 only (a
 permission check, no signal sent), and what they would damage is a
 directory or a process of the test's own making."""
 import os
-import signal
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
+from sandbox_daemons import assert_ends
+from sandbox_daemons import setsid_daemon
+from sandbox_daemons import SharedDir
 
 from trm.families.dream import code_exec
 
@@ -35,3 +36,163 @@ def test_links_left_by_a_program_do_not_redirect_its_removal(tmp_path):
   outcome = code_exec.run_program(program, LIMITS, "none")
   assert outcome.passed, outcome
   assert stat.S_IMODE(ours.stat().st_mode) == 0o755
+
+
+def _maps(uid: int) -> bool:
+  """Whether our user namespace maps `uid` (a rootless container's may
+  not: the fallback then runs programs as our user)."""
+  try:
+    with open("/proc/self/uid_map", encoding="ascii") as f:
+      rows = [tuple(map(int, line.split())) for line in f]
+  except (OSError, ValueError):
+    return True
+  return any(inside <= uid < inside + count for inside, _, count in rows)
+
+
+def _reachable_python():
+  """An interpreter an unprivileged uid may run (ours may sit under
+  /root, 0700), or None."""
+  for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+    try:
+      run = subprocess.run([python, "-I", "-S", "-c", "pass"], user=65534,
+                           group=65534, extra_groups=[], timeout=60,
+                           check=False, capture_output=True)
+    except (OSError, subprocess.SubprocessError):
+      continue
+    if run.returncode == 0:
+      return python
+  return None
+
+
+@pytest.fixture
+def as_a_uid(monkeypatch):
+  """The fallback as root (or with CAP_SETUID and CAP_SETGID), running
+  programs as a uid of their own: under an interpreter that uid can
+  reach."""
+  # pylint: disable=protected-access
+  if not code_exec._can_change_ids():
+    pytest.skip("we cannot change ids here (not root, no CAP_SETUID and "
+                "CAP_SETGID): the fallback runs programs as our user")
+  if not _maps(code_exec._UID_BASE):
+    pytest.skip("our user namespace maps no program uid")
+  python = _reachable_python()
+  if python is None:
+    pytest.skip("no interpreter here that an unprivileged uid may run")
+  monkeypatch.setattr(code_exec, "_program_python", lambda: python)
+  code_exec._probe_fallback_uid.cache_clear()
+  try:
+    assert code_exec._fallback_uid()
+    yield
+  finally:
+    code_exec._probe_fallback_uid.cache_clear()
+
+
+def test_as_root_the_fallback_runs_programs_as_a_uid_of_their_own(as_a_uid):
+  """The fallback ran programs as our user, root included: they read any
+  file, opened the evaluator's memory and could signal it. Now (as root)
+  they run as their slot's unprivileged uid with no groups or
+  capabilities, in a directory of that uid's: what other users may read is
+  all they may read, and the kernel refuses their signals to us."""
+  with SharedDir() as shared:
+    secret = os.path.join(shared, "secret")
+    public = os.path.join(shared, "public")
+    for path, mode in ((secret, 0o600), (public, 0o644)):
+      with open(path, "w", encoding="utf-8") as f:
+        f.write("ours")
+      os.chmod(path, mode)
+    program = f"""import errno, os
+uid = os.getuid()
+assert uid >= {code_exec._UID_BASE} and os.getgid() == uid, uid  # pylint: disable=protected-access
+assert os.getgroups() == [], os.getgroups()
+caps = [l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm'))]
+assert all(int(l.split()[1], 16) == 0 for l in caps), caps
+assert open({public!r}).read() == 'ours'
+def refused(call):
+    try:
+        call()
+    except PermissionError:
+        return True
+    return False
+assert refused(lambda: open({secret!r}).read())
+supervisor = os.getppid()
+evaluator = int([l for l in open(f'/proc/{{supervisor}}/status')
+                 if l.startswith('PPid:')][0].split()[1])
+assert evaluator == {os.getpid()}, evaluator
+assert refused(lambda: os.open(f'/proc/{{evaluator}}/mem', os.O_RDONLY))
+assert refused(lambda: os.listdir(f'/proc/{{evaluator}}/fd'))
+assert refused(lambda: os.kill(evaluator, 0))
+assert refused(lambda: os.kill(supervisor, 0))
+assert os.listdir('.') == ['solution.py'], os.listdir('.')
+with open('mine', 'w') as f:
+    f.write('x')
+os.mkdir('d')
+assert os.environ['HOME'] == os.environ['TMPDIR'] == os.getcwd()
+"""
+    outcome = code_exec.run_program((program, "pass\n"), LIMITS, "none")
+    assert outcome.passed, outcome
+
+
+def test_the_fallbacks_uid_bounds_a_samples_processes(as_a_uid):
+  """Without namespaces the process limit was left off (it counts every
+  process of the uid, which was ours); a uid of the sample's own counts its
+  processes alone, as in root mode."""
+  program = ("import os, time\nfor _ in range(20):\n    if os.fork() == 0:\n"
+             "        time.sleep(30)\n        os._exit(0)\n")
+  limits = code_exec.Limits(timeout_s=20, memory_mb=256, namespaces=False,
+                            site_packages=False, max_processes=8)
+  outcome = code_exec.run_program((program, "pass\n"), limits, "none")
+  assert outcome.reason == "process_limit", outcome
+
+
+@pytest.mark.parametrize("ending", ["exits", "times_out"])
+def test_the_fallbacks_uid_leaves_no_process_behind(as_a_uid, monkeypatch,
+                                                    ending):
+  """Without a cgroup (none can be made in most containers), a daemon that
+  left the sample's process group by setsid outlived the sample, and the
+  next sample of its slot shares its uid. Every process of the uid is now
+  killed when the sample ends or times out."""
+  monkeypatch.setattr(code_exec, "_make_groups",
+                      lambda limits: code_exec._Groups())  # pylint: disable=protected-access
+  limits = code_exec.Limits(timeout_s=5, memory_mb=256, namespaces=False,
+                            site_packages=False)
+  with SharedDir() as shared:
+    pid_file = os.path.join(shared, "daemon.pid")
+    program = setsid_daemon(
+        pid_file, "time.sleep(60)\n" if ending == "times_out" else "")
+    outcome = code_exec.run_program((program, "pass\n"), limits, "none")
+    assert outcome.reason == ("passed" if ending == "exits" else "timeout"), (
+        outcome)
+    with open(pid_file, encoding="ascii") as f:
+      assert_ends(int(f.read()), seconds=5)
+
+
+def test_an_interpreter_the_uid_cannot_reach_keeps_programs_as_our_user(
+    monkeypatch, caplog, tmp_path):
+  """Where the program's uid cannot run the interpreter (one under /root,
+  0700), a program there fails to start with that reason; the probe then
+  leaves programs to run as our user, as before, with one warning."""
+  # pylint: disable=protected-access
+  if not code_exec._can_change_ids() or not _maps(code_exec._UID_BASE):
+    pytest.skip("the fallback cannot change ids here")
+  hidden = tmp_path / "hidden"
+  hidden.mkdir(mode=0o700)
+  (hidden / "python").symlink_to(os.path.realpath(sys.executable))
+  monkeypatch.setattr(code_exec, "_program_python",
+                      lambda: str(hidden / "python"))
+  monkeypatch.setattr(code_exec, "_told_fallback_uid", set())
+  code_exec._probe_fallback_uid.cache_clear()
+  try:
+    outcome = code_exec._run("pass", None, LIMITS, "none", drop=True)
+    assert outcome.reason == "sandbox_error", outcome
+    assert f"cannot reach {hidden / 'python'}" in outcome.result, outcome
+    with caplog.at_level("WARNING"):
+      assert not code_exec._fallback_uid()
+      assert not code_exec._fallback_uid()
+      outcome = code_exec.run_program("import os\nassert os.getuid() == "
+                                      f"{os.getuid()}\n", LIMITS, "none")
+    assert outcome.passed, outcome
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "cannot reach" in warnings[0], warnings
+  finally:
+    code_exec._probe_fallback_uid.cache_clear()

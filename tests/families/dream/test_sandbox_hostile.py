@@ -19,6 +19,9 @@ import time
 
 import pytest
 import repo
+from sandbox_daemons import assert_ends as _assert_ends
+from sandbox_daemons import setsid_daemon
+from sandbox_daemons import SharedDir
 
 from trm.families.dream import code_eval
 from trm.families.dream import code_exec
@@ -808,47 +811,18 @@ def test_a_sample_of_many_sessions_does_not_starve_the_others():
 @pytest.mark.skipif(
     getattr(code_exec, "_cpu_group_base", lambda: None)() is None,
     reason="no cgroup with the cpu controller can be made here")
-def test_without_namespaces_a_setsid_daemon_dies_with_its_sample(tmp_path):
+def test_without_namespaces_a_setsid_daemon_dies_with_its_sample():
   """The fallback kills the sample's process group, which a daemon leaves
   by setsid: it outlived its sample (README, "Fallback"). Where the sample
   has a cgroup, what is left in it is killed when the sample ends."""
-  pid_file = str(tmp_path / "daemon.pid")
-  program = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
-             "    if os.fork() == 0:\n"
-             f"        open({pid_file!r} + '.new', 'w').write(\n"
-             "            str(os.getpid()))\n"
-             f"        os.rename({pid_file!r} + '.new', {pid_file!r})\n"
-             "        time.sleep(60)\n    os._exit(0)\n"
-             f"while not os.path.exists({pid_file!r}):\n"
-             "    time.sleep(0.01)\n")
-  outcome = code_exec.run_program(
-      (program, "pass\n"), code_exec.Limits(timeout_s=20, namespaces=False))
-  assert outcome.passed, outcome
-  with open(pid_file, encoding="ascii") as f:
-    _assert_ends(int(f.read()), seconds=5)
-
-
-def _alive(pid: int) -> bool:
-  """Whether `pid` runs (a zombie does not)."""
-  try:
-    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-      return not any(line.split()[1:2] == ["Z"] for line in f
-                     if line.startswith("State:"))
-  except OSError:
-    return False
-
-
-def _assert_ends(pid: int, seconds: float) -> None:
-  """`pid` stops running within `seconds`; else it is killed and the test
-  fails."""
-  deadline = time.monotonic() + seconds
-  while _alive(pid) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  try:
-    assert not _alive(pid)
-  finally:
-    if _alive(pid):
-      os.kill(pid, signal.SIGKILL)
+  with SharedDir() as shared:
+    pid_file = os.path.join(shared, "daemon.pid")
+    outcome = code_exec.run_program(
+        (setsid_daemon(pid_file), "pass\n"),
+        code_exec.Limits(timeout_s=20, namespaces=False))
+    assert outcome.passed, outcome
+    with open(pid_file, encoding="ascii") as f:
+      _assert_ends(int(f.read()), seconds=5)
 
 
 def test_an_evaluator_killed_as_a_sample_starts_takes_it_along():

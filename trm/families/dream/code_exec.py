@@ -229,12 +229,22 @@ def _probe_modes() -> tuple[str, str]:
       return mode, ""
     whys.append(f"{mode} mode: {why}")
   why = "; ".join(whys)
+  if _fallback_uid(tell=False):
+    who = ("as an unprivileged uid of their own with rlimits, a seccomp "
+           "filter and a Python socket guard: they can read what any user "
+           "can")
+  else:
+    who = ("as this user with rlimits, a seccomp filter and a Python socket "
+           "guard only: their daemons can outlive them and they can read "
+           "what this user can")
+    uid_why = _probe_fallback_uid()[1]
+    if uid_why:
+      who += f" (not as a uid of their own: {uid_why})"
   logging.warning(
       "code sandbox: Linux namespaces are unavailable here (%s); programs "
-      "run with rlimits and a Python socket guard only: their daemons can "
-      "outlive them and they can read what this user can (enable "
-      "unprivileged user namespaces, e.g. sysctl kernel.unprivileged_userns_"
-      "clone=1 / user.max_user_namespaces > 0, or run as root).", why)
+      "run %s (enable unprivileged user namespaces, e.g. sysctl "
+      "kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, "
+      "or run as root).", why, who)
   return "none", why
 
 
@@ -266,13 +276,74 @@ def isolation(limits: Limits) -> str:
              "namespaces or sockets but AF_UNIX)" if machine
              else "no seccomp filter")
   if mode == "none":
-    return f"rlimits + python socket guard + {seccomp} (no namespaces){groups}"
+    uid = (", programs as an unprivileged uid" if _fallback_uid()
+           else ", programs as our own user")
+    return (f"rlimits + python socket guard + {seccomp} (no namespaces)"
+            f"{uid}{groups}")
   return (f"{'root-made' if mode == 'root' else 'user'} namespaces (pid, "
           "mount, net, ipc, uts), minimal read-only root, no capabilities, "
           f"rlimits, python socket guard, {seccomp}{groups}")
 
 
 network_isolation = isolation  # the old name
+
+
+def _can_change_ids() -> bool:
+  """Whether we hold CAP_SETUID and CAP_SETGID (root does, in a container
+  without CAP_SYS_ADMIN too), so that the fallback can run a program as
+  another uid."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("CapEff:"):
+          return int(line.split()[1], 16) & 0xC0 == 0xC0
+  except (OSError, ValueError):
+    pass
+  return os.geteuid() == 0
+
+
+def _program_python() -> str:
+  """The interpreter programs run under (the fallback's uid tests point it
+  at one that uid can reach)."""
+  return sys.executable
+
+
+_probing_fallback = threading.Lock()
+_told_fallback_uid: set = set()  # pids that have warned (a fork warns anew)
+
+
+def _fallback_uid(tell: bool = True) -> bool:
+  """Whether the fallback (mode "none") runs programs as an unprivileged
+  uid of their own, as root mode does (`_probe_fallback_uid`). Where it
+  could change ids but cannot run programs so, one warning line per
+  process (`tell`: here, else in the caller's own line)."""
+  with _probing_fallback:
+    drops, why = _probe_fallback_uid()
+    if why and os.getpid() not in _told_fallback_uid:
+      _told_fallback_uid.add(os.getpid())
+      if tell:
+        logging.warning(
+            "code sandbox: without namespaces, programs run as this user "
+            "(uid %d), with what it may read and signal, not as an "
+            "unprivileged uid of their own: %s", os.geteuid(), why)
+    return drops
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_fallback_uid() -> tuple[bool, str]:
+  """(drops, why not): where we may change ids (`_can_change_ids`),
+  whether a trivial program passes in the fallback as an unprivileged uid,
+  probed once per process; why not ('' where we may not change ids). It
+  fails where that uid cannot reach the interpreter (one under a home
+  directory only its owner may search, /root's 0700) or our temporary
+  directory, or where a user namespace maps no such uid (rootless
+  containers); then programs run as our own user, as before."""
+  if not _can_change_ids():
+    return False, ""
+  outcome = _run("pass", None, Limits(timeout_s=60), "none", drop=True)
+  if outcome.passed:
+    return True, ""
+  return False, f"a trivial program could not run so ({outcome.result})"
 
 
 # ----------------------------------------------------------------- running
@@ -815,12 +886,16 @@ def _cgroup_memory_result(result: str, limits: Limits) -> str:
 
 
 def _run(source: str, checks: Optional[str], limits: Limits,
-         mode: str) -> Outcome:
+         mode: str, drop: Optional[bool] = None) -> Outcome:
+  """`drop`: run the program as an unprivileged uid of its own slot (None:
+  always in root mode; in the fallback where `_fallback_uid` says so)."""
   start = time.perf_counter()
   nonce = secrets.token_hex(16)
+  if drop is None:
+    drop = mode == "root" or (mode == "none" and _fallback_uid())
   _remove_orphan_work_dirs()
   work = tempfile.mkdtemp(prefix=f"trm_code_{_owner()}_")
-  slot = _acquire_slot() if mode == "root" else None
+  slot = _acquire_slot() if drop else None
   groups = _make_groups(limits)
   try:
     ids = [0, 0]
@@ -829,14 +904,17 @@ def _run(source: str, checks: Optional[str], limits: Limits,
     mountpoint = os.path.join(work, "root")
     if mode != "none":
       os.mkdir(mountpoint, 0o755)
-      os.chmod(work, 0o711)  # a user namespace's root must reach it
+    if mode != "none" or drop:
+      # A user namespace's root, or the fallback's uid, must reach it (the
+      # fallback's program then works in a directory of its own there).
+      os.chmod(work, 0o711)
     flags = "-I" if limits.site_packages else "-IS"
     payload = dict(
-        mode=mode, nonce=nonce, solution=source, checks=checks,
+        mode=mode, nonce=nonce, solution=source, checks=checks, drop=drop,
         mountpoint=mountpoint, program_ids=ids, binds=_python_prefixes(),
         hide=_hidden(limits),
         disk=limits.disk_mb << 20, inodes=max(1024, limits.disk_mb * 256),
-        python=sys.executable, python_flags=flags, env=_environment(),
+        python=_program_python(), python_flags=flags, env=_environment(),
         cgroups=list(groups.paths), parent=os.getpid(),
         limits=dict(memory=limits.memory_mb << 20,
                     cpu=int(limits.timeout_s) + 1,
@@ -860,8 +938,9 @@ def _run(source: str, checks: Optional[str], limits: Limits,
                        f"({error})", time.perf_counter() - start,
                        "sandbox_error")
       timed_out = not _wait(child.pid, limits.timeout_s)
-      if timed_out and mode != "none":
-        # The namespace's parent kills its init and waits for the rest.
+      if timed_out:
+        # The namespace's parent kills its init and waits for the rest; the
+        # fallback's supervisor kills the program (and its uid's processes).
         try:
           child.send_signal(signal.SIGTERM)
         except ProcessLookupError:

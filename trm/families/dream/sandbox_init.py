@@ -455,33 +455,90 @@ def _copy_tails(outputs):
 def _program_files(payload):
   """(solution path, the checks' name or '' when there are none, working
   directory) in the view the program gets; without namespaces, files in our
-  own directory. The checks come through the nonce's pipe, not a file."""
+  own directory, or, where the program runs as a uid of its own
+  (`_drops`), in a directory of that uid's inside it (ours, 0711, it may
+  not change). The checks come through the nonce's pipe, not a file."""
   checks = "<checks>" if payload["checks"] is not None else ""
   if payload["mode"] != "none":
     return "/sandbox/solution.py", checks, "/tmp"
   work = os.getcwd()
-  _write("solution.py", payload["solution"])
-  return os.path.join(work, "solution.py"), checks, work
+  if _drops(payload):
+    work = os.path.join(work, "program")
+    os.mkdir(work, 0o700)
+    os.chown(work, *payload["program_ids"])
+  solution = os.path.join(work, "solution.py")
+  _write(solution, payload["solution"])
+  os.chmod(solution, 0o644)  # whatever our umask
+  return solution, checks, work
+
+
+def _drops(payload):
+  """Whether the program runs as the unprivileged uid of
+  payload["program_ids"]: always in root mode; without namespaces where
+  the parent found it can (`code_exec._fallback_uid`)."""
+  return payload["mode"] == "root" or bool(payload.get("drop"))
+
+
+def _reachable(payload, solution):
+  """Raises SetupError, after the drop, where the program's uid cannot run
+  the interpreter or read its solution (without namespaces, the host's
+  own paths: one below a directory only its owner may search)."""
+  for path, mode in ((payload["python"], os.X_OK), (solution, os.R_OK)):
+    if not os.access(path, mode):
+      raise SetupError(
+          f"the program's uid {os.getuid()} cannot reach {path} (without "
+          "namespaces, as root, programs run as an unprivileged uid: every "
+          "directory above it must be searchable by other users)")
+
+
+def _kill_uid(uid):
+  """SIGKILLs every process of `uid` (a fallback sample's own): kill(-1)
+  from a child that takes the uid, which reaches exactly the processes
+  whose real or saved uid it is, setsid daemons and those that left the
+  sample's cgroup included (kill(-1) runs under the kernel's task list
+  lock: a fork cannot slip past it)."""
+  pid = os.fork()
+  if pid == 0:
+    try:
+      os.setresuid(uid, uid, uid)
+      os.kill(-1, signal.SIGKILL)
+    except BaseException:  # pylint: disable=broad-except
+      pass
+    os._exit(0)  # pylint: disable=protected-access
+  while True:
+    try:
+      os.waitpid(pid, 0)
+      return
+    except InterruptedError:
+      continue
+    except ChildProcessError:
+      return
 
 
 def _drop_privileges(payload):
   mode = payload["mode"]
   _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-  if mode == "none":
+  drops = _drops(payload)
+  if mode == "none" and not drops:
     return
   _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
   for cap in range(64):
     if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == -1:
-      if ctypes.get_errno() == 22:  # EINVAL: past the last capability
+      errno = ctypes.get_errno()
+      if errno == 22:  # EINVAL: past the last capability
+        break
+      if errno == 1 and mode == "none":
+        # EPERM: no CAP_SETPCAP (a non-root holder of CAP_SETUID and
+        # CAP_SETGID); no_new_privs already keeps an exec from gaining one.
         break
       raise SetupError(f"prctl(PR_CAPBSET_DROP, {cap}): "
-                       f"{os.strerror(ctypes.get_errno())}")
+                       f"{os.strerror(errno)}")
   uid, gid = payload["program_ids"]
-  if mode == "root":
+  if drops:
     os.setgroups([])
     os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)  # leaves no capability
-  _fresh_keyrings(clear=mode == "root")
+    os.setresuid(uid, uid, uid)  # leaves no capability (from root)
+  _fresh_keyrings(clear=drops)
   header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
   _call("capset", header, (ctypes.c_uint32 * 6)())
   with open("/proc/self/status") as f:
@@ -629,12 +686,15 @@ def _start_program(payload, nonce_read, report_write, outputs, proc=None):
     # a program would otherwise take SCHED_FIFO and a core ahead of us.
     _limit(resource.RLIMIT_RTPRIO, 0)
     _limit(resource.RLIMIT_NICE, 0)
-    if payload["mode"] != "none":
-      # Counted per (user namespace, uid) or per our own uid: this sample's
-      # processes only. Without namespaces the count would include every
-      # process of our user, so it is left alone there.
+    if payload["mode"] != "none" or _drops(payload):
+      # Counted per (user namespace, uid) or per the program's own uid:
+      # this sample's processes only. Without namespaces, as our own user,
+      # the count would include every process of our user, so it is left
+      # alone there.
       _limit(resource.RLIMIT_NPROC, limits["processes"])
     _drop_privileges(payload)
+    if payload["mode"] == "none" and _drops(payload):
+      _reachable(payload, solution)
     null = os.open("/dev/null", os.O_RDONLY)
     # Via copies above 9, so that no dup2 overwrites a source still needed.
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
@@ -684,8 +744,15 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
   ours; `proc`: a writable proc's fd for the program's start, or None."""
   nonce_read, nonce_write = os.pipe()
   report_read, report_write = os.pipe()
+  fallback_uid = (payload["program_ids"][0] if payload["mode"] == "none"
+                  and _drops(payload) else None)
+  if fallback_uid is not None:
+    # The parent's SIGTERM (its timeout, before it kills our process
+    # group): every process of the program's uid, here where it is known.
+    signal.signal(signal.SIGTERM, lambda *_: _kill_uid(fallback_uid))
   child = os.fork()
   if child == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.close(nonce_write)
     os.close(report_read)
     os.close(report_fd)
@@ -712,6 +779,8 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
       continue
     if pid == child:
       status = value
+  if fallback_uid is not None:
+    _kill_uid(fallback_uid)  # what the program left running
   _copy_tails(outputs)
   os.set_blocking(report_read, False)
   data = b""
