@@ -527,10 +527,11 @@ def test_the_fallback_without_namespaces_has_the_seccomp_filter():
   assert outcomes[2].passed, outcomes[2]
 
 
-def _filtered(program, arch, number, arg0=0):
+def _filtered(program, arch, number, arg0=0, arg1=0):
   """What the seccomp `program` returns for a call, run as the kernel
   would (the few classic BPF instructions it uses)."""
-  data = struct.pack("<iIQ6Q", number, arch, 0, arg0, 0, 0, 0, 0, 0)
+  data = struct.pack("<iIQ6Q", number, arch, 0, arg0 & (2 ** 64 - 1),
+                     arg1 & (2 ** 64 - 1), 0, 0, 0, 0)
   accumulator, at = 0, 0
   while True:
     code, jt, jf, k = program[at]
@@ -539,6 +540,9 @@ def _filtered(program, arch, number, arg0=0):
       return k
     if code == sandbox_init.BPF_LD_ABS:
       accumulator = struct.unpack_from("<I", data, k)[0]
+      continue
+    if code == sandbox_init.BPF_JA:
+      at += k
       continue
     taken = {sandbox_init.BPF_JEQ: accumulator == k,
              sandbox_init.BPF_JGE: accumulator >= k,
@@ -618,6 +622,72 @@ def test_the_seccomp_filters_decisions(machine):
     assert _filtered(program, arch, 0x40000000 | 319) == enosys  # x32
 
 
+# The fallback's additions (x86-64's and arm64's numbers, from the same
+# headers): kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
+# prlimit64; ptrace, pidfd_open, pidfd_send_signal, pidfd_getfd; fcntl,
+# ioctl.
+FALLBACK_CALLS = {
+    "x86_64": ([62, 200, 234, 129, 297, 302], [101, 434, 424, 438], 72, 16),
+    "aarch64": ([129, 130, 131, 138, 240, 261], [117, 434, 424, 438], 25,
+                29)}
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_fallbacks_filter_keeps_the_program_from_the_processes_above(
+    machine):
+  """Without namespaces (mode none) the program shared our PID namespace
+  and signalled (or ptraced, or set the limits of) any process our user
+  may, the evaluator and its supervisor among them, and kill(-1) as root
+  reached every process of the host. The fallback's filter refuses those
+  calls for the processes and groups it is given, -1, and every pid
+  written with any high half (the kernel reads an int); the program's
+  own processes and its own group (0) stay reachable. The namespace
+  modes' filter is unchanged."""
+  arch = sandbox_init.AUDIT_ARCH[machine]
+  allow, eperm = 0x7FFF0000, 0x50001
+  pids, groups = [4000, 4001, 4002, 1], [3999, 4000]
+  protect = sandbox_init.seccomp_program(machine, (pids, groups))
+  plain = sandbox_init.seccomp_program(machine)
+  signalling, refused, fcntl, ioctl = FALLBACK_CALLS[machine]
+  kill = signalling[0]
+  for pid in [*pids, *groups]:
+    for number in signalling:
+      assert _filtered(protect, arch, number, pid) == eperm, (number, pid)
+      assert _filtered(protect, arch, number, pid | (7 << 32)) == eperm
+      assert _filtered(plain, arch, number, pid) == allow
+  for value in [-1, 2 ** 32 - 1, *(-group for group in groups),
+                *((-group) & (2 ** 32 - 1) for group in groups)]:
+    assert _filtered(protect, arch, kill, value) == eperm, value
+    assert _filtered(plain, arch, kill, value) == allow
+  for value in [0, 4003, -4003, 2, -2, 1 << 32]:  # its own; other pids
+    for number in signalling:
+      assert _filtered(protect, arch, number, value) == allow, (number, value)
+  for number in refused:
+    assert _filtered(protect, arch, number) == eperm, number
+    assert _filtered(plain, arch, number) == allow, number
+  for command in (8, 15):  # F_SETOWN, F_SETOWN_EX
+    assert _filtered(protect, arch, fcntl, 3, command) == eperm
+    assert _filtered(plain, arch, fcntl, 3, command) == allow
+  for command in (0, 1, 2, 3, 4, 9, 1030):  # DUPFD GETFD SETFD GETFL SETFL
+    #                                         GETOWN DUPFD_CLOEXEC
+    assert _filtered(protect, arch, fcntl, 3, command) == allow, command
+  for command in (0x8901, 0x8902):  # FIOSETOWN, SIOCSPGRP
+    assert _filtered(protect, arch, ioctl, 3, command) == eperm
+  assert _filtered(protect, arch, ioctl, 3, 0x541B) == allow  # FIONREAD
+  # The rest of the filter as before.
+  for name, number in sandbox_init.REFUSED[machine].items():
+    assert _filtered(protect, arch, number) == eperm, name
+  socket_call = sandbox_init.SOCKET_CALLS[machine][0]
+  assert _filtered(protect, arch, socket_call, 1) == eperm
+  assert _filtered(protect, arch, {"x86_64": 0, "aarch64": 63}[machine]) == (
+      allow)
+  # As many numbers as it may be given fit classic BPF's 4096 instructions.
+  most = sandbox_init.MAX_PROTECTED
+  largest = sandbox_init.seccomp_program(
+      machine, (list(range(2, most - 126)), list(range(10 ** 6, 10 ** 6 + 64))))
+  assert len(largest) <= 4096
+
+
 def _kernel_numbers(header: str) -> dict:
   """name -> number from a kernel uapi unistd header (the first definition
   of each: asm-generic's __NR3264_ names count as the 64-bit ones)."""
@@ -644,6 +714,14 @@ def test_the_refused_numbers_match_the_kernel_headers(machine, header):
   assert {name: table[name] for name in checked} == checked
   newer = set(table) - set(checked)
   assert newer <= set(sandbox_init._SAME_NUMBERS), newer  # pylint: disable=protected-access
+  column = list(sandbox_init.AUDIT_ARCH).index(machine)
+  fallback = {name: numbers[column] for table in (
+      sandbox_init.SIGNALLING, sandbox_init.FALLBACK_REFUSED)
+              for name, numbers in table.items()}
+  fallback.update(fcntl=sandbox_init.FCNTL[machine],
+                  ioctl=sandbox_init.IOCTL[machine])
+  assert {name: kernel[name] for name in fallback if name in kernel} == {
+      name: fallback[name] for name in fallback if name in kernel}
   x86_64_only = set(sandbox_init.REFUSED["x86_64"]) - set(
       sandbox_init.REFUSED["aarch64"])
   assert x86_64_only == {"ioperm", "iopl", "uselib", "ustat", "sysfs"}

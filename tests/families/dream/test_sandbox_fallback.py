@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 
 import pytest
 from sandbox_daemons import assert_ends
@@ -196,3 +197,174 @@ def test_an_interpreter_the_uid_cannot_reach_keeps_programs_as_our_user(
     assert len(warnings) == 1 and "cannot reach" in warnings[0], warnings
   finally:
     code_exec._probe_fallback_uid.cache_clear()
+
+
+needs_filter = pytest.mark.skipif(
+    code_exec.sandbox_init.seccomp_machine() is None,
+    reason="no seccomp filter on this machine (x86-64 and arm64 only)")
+
+# Each call as a program would make it against the evaluator (the test's
+# process), its supervisor and the processes above; each must fail with
+# EPERM. Harmless where it gets through: signal 0 (a permission check),
+# a limit read, a ptrace request on a process not traced (the kernel
+# answers ESRCH), a pidfd opened and signal 0, our own pid as an owner.
+_ABOVE = """import ctypes, errno, fcntl, os, signal, socket, struct
+libc = ctypes.CDLL(None, use_errno=True)
+numbers = {'x86_64': dict(kill=62, tgkill=234, tkill=200, rt_sigqueueinfo=129,
+                          ptrace=101, prlimit64=302, ioctl=16),
+           'aarch64': dict(kill=129, tgkill=131, tkill=130, rt_sigqueueinfo=138,
+                           ptrace=117, prlimit64=261, ioctl=29)}[
+                               os.uname().machine]
+def call(name, *args):
+    number = numbers[name] if name in numbers else {
+        'pidfd_open': 434, 'pidfd_send_signal': 424}[name]
+    if libc.syscall(number, *args) < 0:
+        raise OSError(ctypes.get_errno(), name)
+supervisor = os.getppid()
+evaluator = EVALUATOR
+thread = THREAD
+info = ctypes.create_string_buffer(128)  # si_code SI_QUEUE (-1)
+struct.pack_into('<i', info, 8, -1)
+old = ctypes.create_string_buffer(16)
+def pidfd_of_proc():
+    fd = os.open(f'/proc/{evaluator}', os.O_RDONLY | os.O_DIRECTORY)
+    call('pidfd_send_signal', fd, 0, None, 0)
+def owner(command):
+    a, b = socket.socketpair()
+    if command == 'fcntl':
+        fcntl.fcntl(a, fcntl.F_SETOWN, os.getpid())
+    else:
+        call('ioctl', a.fileno(), 0x8901, ctypes.byref(ctypes.c_int(os.getpid())))
+attempts = {
+    'kill(evaluator)': lambda: os.kill(evaluator, 0),
+    'kill(a thread of the evaluator)': lambda: os.kill(thread, 0),
+    'kill(supervisor)': lambda: os.kill(supervisor, 0),
+    'kill(1)': lambda: os.kill(1, 0),
+    'kill(-1)': lambda: os.kill(-1, 0),
+    # pid_t is an int: a high half of zeros is -1 to the kernel
+    'kill(0xffffffff)': lambda: call('kill', ctypes.c_long(2 ** 32 - 1), 0),
+    'killpg(evaluator)': lambda: os.killpg(os.getpgid(evaluator), 0),
+    'killpg(supervisor)': lambda: os.killpg(os.getpgid(supervisor), 0),
+    'tgkill(evaluator)': lambda: call('tgkill', evaluator, evaluator, 0),
+    'tkill(a thread of the evaluator)': lambda: call('tkill', thread, 0),
+    'rt_sigqueueinfo(evaluator)': lambda: call('rt_sigqueueinfo', evaluator, 0, info),
+    'prlimit64(evaluator)': lambda: call('prlimit64', evaluator, 4, None, old),
+    'ptrace(PEEKDATA, evaluator)': lambda: call('ptrace', 2, evaluator, 0, 0),
+    'pidfd_open(evaluator)': lambda: call('pidfd_open', evaluator, 0),
+    'pidfd_send_signal(/proc/evaluator)': pidfd_of_proc,
+    'fcntl(F_SETOWN)': lambda: owner('fcntl'),
+    'ioctl(FIOSETOWN)': lambda: owner('ioctl'),
+}
+through = {}
+for name, attempt in attempts.items():
+    try:
+        attempt()
+        through[name] = 'ok'
+    except OSError as error:
+        if error.errno != errno.EPERM:
+            through[name] = errno.errorcode.get(error.errno, error.errno)
+assert not through, through
+"""
+
+
+@needs_filter
+def test_a_fallback_program_cannot_reach_the_processes_above_it(monkeypatch):
+  """Without namespaces a program as our user (or as root, every process)
+  signalled the evaluator, its threads and its supervisor, their process
+  groups, pid 1 and kill(-1), and could ptrace them, set their limits,
+  signal them through a pidfd or make the kernel signal them for a file
+  (F_SETOWN; SIGIO's default ends a process). The filter refuses each,
+  whatever our user: shown here with the program as our own user."""
+  monkeypatch.setattr(code_exec, "_fallback_uid", lambda *_: False)
+  stop = threading.Event()
+  thread = threading.Thread(target=stop.wait)
+  thread.start()
+  try:
+    program = (_ABOVE.replace("EVALUATOR", str(os.getpid()))
+               .replace("THREAD", str(thread.native_id)))
+    outcome = code_exec.run_program(program, LIMITS, "none")
+  finally:
+    stop.set()
+    thread.join()
+  assert outcome.passed, outcome
+
+
+@needs_filter
+def test_a_fallback_program_still_signals_its_own_processes():
+  """What the refusals leave: a program signals, ends and sets limits of
+  its own children (os.kill, subprocess, multiprocessing's terminate, an
+  asyncio subprocess) and its own process group, and of itself."""
+  program = """import asyncio, multiprocessing, os, resource, signal, subprocess, sys, time
+def sleep():
+    time.sleep(30)
+pid = os.fork()
+if pid == 0:
+    time.sleep(30)
+    os._exit(0)
+os.kill(pid, 0)
+resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+os.kill(pid, signal.SIGTERM)
+assert os.waitpid(pid, 0)[1] == signal.SIGTERM
+os.kill(os.getpid(), 0)
+os.killpg(0, 0)
+os.killpg(os.getpgrp(), 0)
+resource.prlimit(os.getpid(), resource.RLIMIT_CORE, (0, 0))
+child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+child.send_signal(signal.SIGTERM)
+assert child.wait() == -signal.SIGTERM
+process = multiprocessing.Process(target=sleep)
+process.start()
+process.terminate()
+process.join()
+assert process.exitcode == -signal.SIGTERM, process.exitcode
+with multiprocessing.Pool(2) as pool:
+    assert pool.map(abs, [-1, -2]) == [1, 2]
+    pool.terminate()
+async def main():
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, '-c', 'import time; time.sleep(30)')
+    proc.kill()
+    return await proc.wait()
+assert asyncio.run(main()) == -signal.SIGKILL
+"""
+  outcome = code_exec.run_program((program, "pass\n"), LIMITS, "none")
+  assert outcome.passed, outcome
+
+
+def test_a_fallback_programs_process_group_is_its_own():
+  """The program shared its supervisor's process group: killpg(0) (or
+  kill(0)) ended the supervisor, scored sandbox_error. It now has a group
+  of its own."""
+  program = ("import os, signal\n"
+             "signal.signal(signal.SIGTERM, lambda *_: None)\n"
+             "assert os.getpgrp() == os.getpid() != os.getpgid(os.getppid())\n"
+             "os.killpg(0, signal.SIGTERM)\n")
+  outcome = code_exec.run_program((program, "pass\n"), LIMITS, "none")
+  assert outcome.passed, outcome
+
+
+@pytest.mark.parametrize("ending", ["exits", "times_out"])
+def test_a_fallback_programs_children_end_with_it(monkeypatch, ending):
+  """Its children (not daemons: in its process group) are killed when it
+  exits or times out, without a cgroup and as our own user: by its
+  supervisor, since its group is no longer the one we kill."""
+  # pylint: disable=protected-access
+  monkeypatch.setattr(code_exec, "_fallback_uid", lambda *_: False)
+  monkeypatch.setattr(code_exec, "_make_groups",
+                      lambda limits: code_exec._Groups())
+  limits = code_exec.Limits(timeout_s=5, memory_mb=256, namespaces=False,
+                            site_packages=False)
+  with SharedDir() as shared:
+    pid_file = os.path.join(shared, "child.pid")
+    program = ("import os, time\nif os.fork() == 0:\n"
+               f"    open({pid_file!r} + '.new', 'w').write(str(os.getpid()))"
+               f"\n    os.rename({pid_file!r} + '.new', {pid_file!r})\n"
+               "    time.sleep(60)\n    os._exit(0)\n"
+               f"while not os.path.exists({pid_file!r}):\n"
+               "    time.sleep(0.01)\n"
+               + ("time.sleep(60)\n" if ending == "times_out" else ""))
+    outcome = code_exec.run_program((program, "pass\n"), limits, "none")
+    assert outcome.reason == ("passed" if ending == "exits" else "timeout"), (
+        outcome)
+    with open(pid_file, encoding="ascii") as f:
+      assert_ends(int(f.read()), seconds=5)

@@ -131,12 +131,33 @@ AF_UNIX = 1
 CLONE_NEW_ANY = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER,
 #                             NEWPID, NEWNET
 X32_BIT = 0x40000000  # x86-64's x32 ABI: the same calls under other numbers
+# Without namespaces (mode none) the program shares our PID namespace, and
+# the filter (`seccomp_program`'s `protect`) also keeps it from the
+# processes above it: calls whose args[0] names a process, refused for
+# those processes (kill also for -1 and their process groups, as negative
+# numbers); calls that reach any process by a pidfd (a /proc/<pid>
+# directory's fd is one to pidfd_send_signal) or by ptrace, refused
+# whole; and the owner of a file's SIGIO/SIGURG (fcntl F_SETOWN,
+# F_SETOWN_EX; ioctl FIOSETOWN, SIOCSPGRP on a socket), which the kernel
+# signals later on the owner's behalf (SIGIO's default ends a process).
+# name: (x86-64's number, arm64's).
+SIGNALLING = {"kill": (62, 129), "tkill": (200, 130), "tgkill": (234, 131),
+              "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
+              "prlimit64": (302, 261)}
+FALLBACK_REFUSED = {"ptrace": (101, 117), "pidfd_open": (434, 434),
+                    "pidfd_send_signal": (424, 424), "pidfd_getfd": (438, 438)}
+FCNTL, IOCTL = {"x86_64": 72, "aarch64": 25}, {"x86_64": 16, "aarch64": 29}
+F_SETOWN, F_SETOWN_EX, FIOSETOWN, SIOCSPGRP = 8, 15, 0x8901, 0x8902
+# Classic BPF allows 4096 instructions; two a protected number.
+MAX_PROTECTED = 1500
 EPERM, ENOSYS = 1, 38
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
-# Classic BPF opcodes, and offsets in struct seccomp_data.
+# Classic BPF opcodes, and offsets in struct seccomp_data (an argument's
+# low half, which is all of an int's: a pid, a signal, a command).
 BPF_LD_ABS, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
-DATA_NR, DATA_ARCH, DATA_ARG0 = 0, 4, 16
+BPF_JA = 0x05
+DATA_NR, DATA_ARCH, DATA_ARG0, DATA_ARG1 = 0, 4, 16, 24
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 REPORT_BYTES = 65536  # read from the program's report pipe at most
@@ -586,17 +607,30 @@ def seccomp_machine():
   return machine
 
 
-def seccomp_program(machine):
+def seccomp_program(machine, protect=None):
   """The filter for `machine`: (code, jt, jf, k) instructions of classic
   BPF. A call from another ABI (i386's int 0x80 on x86-64, x32, AArch32)
-  gets ENOSYS: its numbers differ, so the tables would not hold there."""
+  gets ENOSYS: its numbers differ, so the tables would not hold there.
+  `protect` (without namespaces): (pids, process groups) the program may
+  not signal or set limits of (`SIGNALLING`), as 32-bit numbers, the
+  kernel's pid_t (the high half of the argument is ignored there too);
+  the calls of `FALLBACK_REFUSED` are then refused, and F_SETOWN."""
   code = [(BPF_LD_ABS, 0, 0, DATA_ARCH),
           (BPF_JEQ, 0, "enosys", AUDIT_ARCH[machine]),
           (BPF_LD_ABS, 0, 0, DATA_NR)]
   if machine == "x86_64":
     code.append((BPF_JGE, "enosys", 0, X32_BIT))
   code.append((BPF_JEQ, "enosys", 0, CLONE3))
-  for number in sorted(REFUSED[machine].values()):
+  refused = set(REFUSED[machine].values())
+  column = list(AUDIT_ARCH).index(machine)
+  if protect is not None:
+    refused |= {numbers[column] for numbers in FALLBACK_REFUSED.values()}
+    blocks = [(numbers[column], "kill" if name == "kill" else "pids")
+              for name, numbers in SIGNALLING.items()]
+    blocks += [(FCNTL[machine], "fcntl"), (IOCTL[machine], "ioctl")]
+    for number, block in blocks:  # far away: a jump of any length
+      code += [(BPF_JEQ, 0, 1, number), (BPF_JA, 0, 0, block)]
+  for number in sorted(refused):
     code.append((BPF_JEQ, "eperm", 0, number))
   socket, socketpair = SOCKET_CALLS[machine]
   code += [(BPF_JEQ, "eperm", 0, socket),
@@ -610,10 +644,42 @@ def seccomp_program(machine):
   ends = {"allow": SECCOMP_RET_ALLOW, "eperm": SECCOMP_RET_ERRNO | EPERM,
           "enosys": SECCOMP_RET_ERRNO | ENOSYS}
   where.update({name: len(code) + i for i, name in enumerate(ends)})
-  resolved = [(op, *(where[j] - i - 1 if isinstance(j, str) else j
-                     for j in (jt, jf)), k)
-              for i, (op, jt, jf, k) in enumerate(code)]
-  return resolved + [(BPF_RET, 0, 0, value) for value in ends.values()]
+  code += [(BPF_RET, 0, 0, value) for value in ends.values()]
+  if protect is not None:
+    pids, groups = protect
+    refuse = lambda value: [(BPF_JEQ, 0, 1, value & 0xFFFFFFFF),
+                            (BPF_RET, 0, 0, ends["eperm"])]
+    where["kill"] = len(code)  # then on into "pids"
+    code.append((BPF_LD_ABS, 0, 0, DATA_ARG0))
+    for value in sorted({-1} | {-group for group in groups if group > 0}):
+      code += refuse(value)
+    where["pids"] = len(code)
+    code.append((BPF_LD_ABS, 0, 0, DATA_ARG0))
+    for value in sorted({v for v in (*pids, *groups) if v > 0}):
+      code += refuse(value)
+    code.append((BPF_RET, 0, 0, ends["allow"]))
+    for block, arg, commands in (("fcntl", DATA_ARG1, (F_SETOWN, F_SETOWN_EX)),
+                                 ("ioctl", DATA_ARG1, (FIOSETOWN, SIOCSPGRP))):
+      where[block] = len(code)
+      code.append((BPF_LD_ABS, 0, 0, arg))
+      for command in commands:
+        code += refuse(command)
+      code.append((BPF_RET, 0, 0, ends["allow"]))
+  return [_resolve(i, instruction, where)
+          for i, instruction in enumerate(code)]
+
+
+def _resolve(i, instruction, where):
+  """Instruction `i` with its labels (names in `where`) as the offsets
+  classic BPF counts from the next instruction: jt and jf of a conditional
+  jump (8 bits: forward by at most 255), k of BPF_JA (32 bits)."""
+  op, jt, jf, k = instruction
+  if op == BPF_JA:
+    return op, 0, 0, where[k] - i - 1 if isinstance(k, str) else k
+  jumps = [where[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf)]
+  if not all(0 <= j <= 255 for j in jumps):
+    raise ValueError(f"seccomp: instruction {i} jumps {jumps}")
+  return op, *jumps, k
 
 
 class _SockFilter(ctypes.Structure):
@@ -626,14 +692,15 @@ class _SockFprog(ctypes.Structure):
               ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def _seccomp():
+def _seccomp(protect=None):
   """Installs `seccomp_program` in this process (no_new_privs is set):
   inherited by everything it execs and forks, never removable. Raises
-  (the program then does not start) if the kernel refuses it."""
+  (the program then does not start) if the kernel refuses it. `protect`:
+  see `seccomp_program` (`_protected`, without namespaces)."""
   machine = seccomp_machine()
   if machine is None:
     return
-  program = seccomp_program(machine)
+  program = seccomp_program(machine, protect)
   instructions = (_SockFilter * len(program))(*program)
   fprog = _SockFprog(len(program), instructions)
   if _libc.prctl(ctypes.c_int(PR_SET_SECCOMP),
@@ -642,6 +709,46 @@ def _seccomp():
     errno = ctypes.get_errno()
     raise SetupError(f"the seccomp filter was refused: {os.strerror(errno)} "
                      f"(errno {errno})")
+
+
+def _parent_of(pid):
+  """`pid`'s parent (0 when unknown or none)."""
+  try:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("PPid:"):
+          return int(line.split()[1])
+  except (OSError, ValueError):
+    pass
+  return 0
+
+
+def _protected(payload):
+  """Without namespaces, the (pids, process groups) the program may not
+  signal (`seccomp_program`): every process above it (its supervisor, the
+  evaluator, what started the evaluator, up to pid 1: a container's init
+  ends the container), each thread the evaluator has as the program starts
+  (kill(2) of a thread's id signals its whole process), and the process
+  groups of those above it. At most MAX_PROTECTED numbers, the threads
+  cut first."""
+  above, pid = [], os.getppid()
+  while pid > 0 and pid not in above and len(above) < 64:
+    above.append(pid)
+    pid = _parent_of(pid)
+  groups = set()
+  for pid in above:
+    try:
+      groups.add(os.getpgid(pid))
+    except OSError:
+      pass
+  groups.discard(0)  # a kernel-started init's (kill(0) is one's own group)
+  try:
+    threads = sorted(int(name) for name in os.listdir(
+        f"/proc/{payload['parent']}/task") if name.isdigit())
+  except OSError:
+    threads = []
+  pids = list(dict.fromkeys([*above, 1, *threads]))
+  return pids[:MAX_PROTECTED - 2 * len(groups)], sorted(groups)
 
 
 def _prefer_the_program(proc):
@@ -673,6 +780,12 @@ def _start_program(payload, nonce_read, report_write, outputs, proc=None):
   exit status 126 and a message on stderr it could)."""
   report = report_write
   try:
+    protect = None
+    if payload["mode"] == "none":
+      # A process group of its own, apart from its supervisor's (which the
+      # filter keeps it from): killpg(0) reaches its own processes only.
+      os.setpgid(0, 0)
+      protect = _protected(payload)
     _prefer_the_program(proc)
     solution, checks, cwd = _program_files(payload)
     os.chdir(cwd)
@@ -707,7 +820,7 @@ def _start_program(payload, nonce_read, report_write, outputs, proc=None):
     _default_signals()
     # Last: the sandbox's own unshare and mounts are done, and the filter
     # refuses them from here on (to the program and all it starts).
-    _seccomp()
+    _seccomp(protect)
     python = payload["python"]
     os.execve(python, [python, payload["python_flags"], "-c", BOOTSTRAP,
                        solution, checks], env)
@@ -744,19 +857,33 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
   ours; `proc`: a writable proc's fd for the program's start, or None."""
   nonce_read, nonce_write = os.pipe()
   report_read, report_write = os.pipe()
-  fallback_uid = (payload["program_ids"][0] if payload["mode"] == "none"
-                  and _drops(payload) else None)
-  if fallback_uid is not None:
+  none = payload["mode"] == "none"
+  fallback_uid = (payload["program_ids"][0] if none and _drops(payload)
+                  else None)
+  target = []  # the program, while its process group's id is held
+  if none:
     # The parent's SIGTERM (its timeout, before it kills our process
-    # group): every process of the program's uid, here where it is known.
-    signal.signal(signal.SIGTERM, lambda *_: _kill_uid(fallback_uid))
+    # group): the program's process group and every process of its uid,
+    # here where they are known (`_end_program`). Blocked until the
+    # program's group is known.
+    signal.signal(signal.SIGTERM,
+                  lambda *_: _end_program(target, fallback_uid))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
   child = os.fork()
   if child == 0:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     os.close(nonce_write)
     os.close(report_read)
     os.close(report_fd)
     _start_program(payload, nonce_read, report_write, outputs, proc)
+  if none:
+    try:
+      os.setpgid(child, child)  # as the child does: whichever runs first
+    except OSError:
+      pass  # it did, and has exec'd
+    target.append(child)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
   if proc is not None:
     os.close(proc)
   os.close(nonce_read)
@@ -769,6 +896,10 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
   except OSError:
     pass  # the program died before reading it
   os.close(nonce_write)
+  if none:
+    _exited(child)  # not reaped: its id stays its group's, not reused
+    _end_program(target, fallback_uid)  # what it left running
+    target.clear()
   status = None
   while status is None:
     try:
@@ -779,8 +910,6 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
       continue
     if pid == child:
       status = value
-  if fallback_uid is not None:
-    _kill_uid(fallback_uid)  # what the program left running
   _copy_tails(outputs)
   os.set_blocking(report_read, False)
   data = b""
@@ -793,6 +922,28 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
       break
     data += chunk
   _report(report_fd, status=status, pid=child, report=data.decode("latin-1"))
+
+
+def _exited(pid):
+  """Waits until our child `pid` has ended, without reaping it."""
+  try:
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+  except ChildProcessError:
+    pass
+
+
+def _end_program(target, uid):
+  """Without namespaces: SIGKILLs the process group of the program in
+  `target` (empty once it is reaped: its group's id may then be reused)
+  and, where it runs as a uid of its own (`uid`), every process of that
+  uid."""
+  for child in target:
+    try:
+      os.killpg(child, signal.SIGKILL)
+    except OSError:
+      pass
+  if uid is not None:
+    _kill_uid(uid)
 
 
 def _report(report_fd, **fields):
