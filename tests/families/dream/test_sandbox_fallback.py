@@ -5,12 +5,14 @@ without a PID namespace: they signal the evaluator with signal 0 only (a
 permission check, no signal sent), and what they would damage is a
 directory or a process of the test's own making."""
 import os
+import shutil
 import stat
 import subprocess
 import sys
 import threading
 
 import pytest
+import repo
 from sandbox_daemons import assert_ends
 from sandbox_daemons import setsid_daemon
 from sandbox_daemons import SharedDir
@@ -368,3 +370,29 @@ def test_a_fallback_programs_children_end_with_it(monkeypatch, ending):
         outcome)
     with open(pid_file, encoding="ascii") as f:
       assert_ends(int(f.read()), seconds=5)
+
+
+def test_a_fallback_program_cannot_open_its_supervisors_memory():
+  """The supervisor holds the nonce and the report's fd: a program of the
+  same uid (our user's, where Yama allows ptrace, as here with no Yama)
+  opened its /proc/<pid>/mem and fds. The supervisor is no longer
+  dumpable, so only CAP_SYS_PTRACE would: shown with an evaluator that is
+  root without it (setpriv), its program as root too (no uid drop)."""
+  if os.geteuid() != 0 or not shutil.which("setpriv"):
+    pytest.skip("needs root and setpriv (an evaluator of our uid without "
+                "CAP_SYS_PTRACE)")
+  program = ("import os\nsupervisor = os.getppid()\nfor path in "
+             "(f'/proc/{supervisor}/mem', f'/proc/{supervisor}/fd/1'):\n"
+             "    try:\n        os.close(os.open(path, os.O_RDONLY))\n"
+             "    except PermissionError:\n        continue\n"
+             "    raise AssertionError(path)\n")
+  script = ("import sys\nfrom trm.families.dream import code_exec as c\n"
+            "c._fallback_uid = lambda *_: False\n"
+            f"outcome = c.run_program(({program!r}, 'pass'), c.Limits("
+            "namespaces=False, site_packages=False), 'none')\n"
+            "print(outcome)\nsys.exit(0 if outcome.passed else 1)\n")
+  run = subprocess.run(
+      ["setpriv", "--bounding-set", "-sys_ptrace", sys.executable, "-c",
+       script], capture_output=True, text=True, timeout=120, check=False,
+      env=dict(os.environ, PYTHONPATH=repo.ROOT))
+  assert run.returncode == 0, (run.stdout, run.stderr[-2000:])

@@ -785,6 +785,9 @@ def _start_program(payload, nonce_read, report_write, outputs, proc=None):
       # A process group of its own, apart from its supervisor's (which the
       # filter keeps it from): killpg(0) reaches its own processes only.
       os.setpgid(0, 0)
+      # Ours is not dumpable (`main`): /proc/self is this process's own
+      # again, for its oom_score_adj.
+      _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
       protect = _protected(payload)
     _prefer_the_program(proc)
     solution, checks, cwd = _program_files(payload)
@@ -979,6 +982,9 @@ def main(argv):
   except OSError:
     pass  # no /proc here: best effort
   if mode == "none":
+    # The program may not ptrace us, open our /proc/<pid>/mem or fds (the
+    # report's), as our user, where Yama allows that (ptrace_scope 0).
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     _supervise(payload, report_fd)
     return 0
   flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
