@@ -43,10 +43,24 @@ warning line and the guards only):
 - rlimits: address space (`memory_mb`), CPU seconds, file size
   (`max_file_mb`; stdout and stderr are files too), processes
   (`max_processes`), open files (`max_open_files`), no core files.
-Without namespaces: rlimits (no process limit), the socket guard, a fresh
-directory, a killed process group and, where the sample has a cgroup, its
-members killed; without a cgroup, daemons that call setsid survive; the
-program can read what our user can.
+Without namespaces (mode "none"): rlimits, the socket guard, a fresh
+directory, a process group of its own killed when it ends or times out
+and, where the sample has a cgroup, its members killed. Where we hold
+CAP_SETUID and CAP_SETGID (root) and that uid can run the interpreter
+(probed once: `_fallback_uid`), the program runs as its slot's
+unprivileged uid as in root mode (no groups, no capabilities), in a
+directory of its own: it reads only what any user may, the kernel refuses
+its signals, ptrace and /proc access to our processes, the process limit
+counts its processes alone, and every process of the uid is killed when
+the sample ends. Otherwise it runs as our user: it can read and write
+what our user can, and daemons that call setsid survive where no cgroup
+holds them. Either way the filter below keeps it from the processes above
+it (its supervisor, the evaluator and its threads, up to pid 1) and
+their process groups: no kill(-1), no ptrace or pidfds, no F_SETOWN; the
+supervisor is not dumpable. Not held there (README, "Fallback"): as our
+user, the evaluator's /proc/<pid>/mem and fds where Yama allows ptrace
+(and as root every process's), threads the evaluator starts later, other
+processes of our user (other samples' included), our files.
 In every mode, on x86-64 and arm64, a seccomp filter (`sandbox_init.
 seccomp_program`) refuses the memory RLIMIT_AS does not count (memfd, SysV
 shared memory and message queues, io_uring, a tmpfs in namespaces of its

@@ -24,7 +24,15 @@ unshare(2) and forks the new PID namespace's init (pid 1), which
   - writes the nonce into the program's pipe, waits for it, reads what it
     reported and writes the report; its exit then kills every process left
     in the namespace (the kernel does so when a PID namespace's init dies).
-Without namespaces (mode "none") this process does the last step itself.
+Without namespaces (mode "none") this process (not dumpable: the program
+may not open its memory or fds) does the last step itself, and forks the
+program into a process group of its own, as the per-sample unprivileged
+uid where the parent says so (payload "drop": as root), in a directory
+of that uid's; with the seccomp filter's `protect` rules (no signals,
+ptrace, pidfds or F_SETOWN to the processes above it or their groups, no
+kill(-1)). When the program ends, or at the parent's SIGTERM (its
+timeout), it kills the program's group and, with the uid, every process
+of that uid.
 """
 import ctypes
 import fcntl
