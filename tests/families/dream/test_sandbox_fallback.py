@@ -41,6 +41,16 @@ def test_links_left_by_a_program_do_not_redirect_its_removal(tmp_path):
   assert stat.S_IMODE(ours.stat().st_mode) == 0o755
 
 
+# In a program: whether `call()` raises PermissionError.
+_REFUSED = """def refused(call):
+    try:
+        call()
+    except PermissionError:
+        return True
+    return False
+"""
+
+
 def _maps(uid: int) -> bool:
   """Whether our user namespace maps `uid` (a rootless container's may
   not: the fallback then runs programs as our user)."""
@@ -69,13 +79,15 @@ def _reachable_python():
 
 @pytest.fixture
 def as_a_uid(monkeypatch):
-  """The fallback as root (or with CAP_SETUID and CAP_SETGID), running
+  """The fallback as root (or with CAP_SETUID, CAP_SETGID and CAP_CHOWN),
+  running
   programs as a uid of their own: under an interpreter that uid can
   reach."""
   # pylint: disable=protected-access
   if not code_exec._can_change_ids():
-    pytest.skip("we cannot change ids here (not root, no CAP_SETUID and "
-                "CAP_SETGID): the fallback runs programs as our user")
+    pytest.skip("we cannot change ids here (not root, no CAP_SETUID, "
+                "CAP_SETGID and CAP_CHOWN): the fallback runs programs as "
+                "our user")
   if not _maps(code_exec._UID_BASE):
     pytest.skip("our user namespace maps no program uid")
   python = _reachable_python()
@@ -110,13 +122,7 @@ assert os.getgroups() == [], os.getgroups()
 caps = [l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm'))]
 assert all(int(l.split()[1], 16) == 0 for l in caps), caps
 assert open({public!r}).read() == 'ours'
-def refused(call):
-    try:
-        call()
-    except PermissionError:
-        return True
-    return False
-assert refused(lambda: open({secret!r}).read())
+{_REFUSED}assert refused(lambda: open({secret!r}).read())
 supervisor = os.getppid()
 evaluator = int([l for l in open(f'/proc/{{supervisor}}/status')
                  if l.startswith('PPid:')][0].split()[1])
@@ -396,3 +402,37 @@ def test_a_fallback_program_cannot_open_its_supervisors_memory():
        script], capture_output=True, text=True, timeout=120, check=False,
       env=dict(os.environ, PYTHONPATH=repo.ROOT))
   assert run.returncode == 0, (run.stdout, run.stderr[-2000:])
+
+
+def test_as_our_user_a_fallback_program_holds_no_capability(monkeypatch):
+  """Where the uid drop does not apply (as root: an interpreter other uids
+  cannot reach, as this host's), the program kept every capability:
+  CAP_DAC_OVERRIDE read any user's files, CAP_SYS_PTRACE opened the
+  evaluator's memory and fds, CAP_KILL signalled any user's process. It
+  keeps our uid now, with no capability, none regained by an exec (it
+  may still list the evaluator's fds as their owner, not open them)."""
+  if os.geteuid() != 0:
+    pytest.skip("as root (a non-root user's program held none before)")
+  monkeypatch.setattr(code_exec, "_fallback_uid", lambda *_: False)
+  with SharedDir() as shared:
+    theirs = os.path.join(shared, "theirs")
+    with open(theirs, "w", encoding="utf-8") as f:
+      f.write("another user's")
+    os.chmod(theirs, 0o600)
+    os.chown(theirs, 65534, 65534)
+    program = f"""import os, subprocess, sys
+def caps(text):
+    return [l for l in text.splitlines() if l.startswith(('CapEff', 'CapPrm', 'CapBnd', 'CapAmb'))]
+mine = caps(open('/proc/self/status').read())
+assert all(int(l.split()[1], 16) == 0 for l in mine), mine
+child = caps(subprocess.run([sys.executable, '-c', "print(open('/proc/self/status').read())"],
+                            capture_output=True, text=True, check=True).stdout)
+assert all(int(l.split()[1], 16) == 0 for l in child), child
+{_REFUSED}assert refused(lambda: open({theirs!r}).read())
+evaluator = {os.getpid()}
+assert refused(lambda: os.open(f'/proc/{{evaluator}}/mem', os.O_RDONLY))
+assert refused(lambda: os.open(f'/proc/{{evaluator}}/fd/0', os.O_RDONLY))
+assert os.getuid() == 0
+"""
+    outcome = code_exec.run_program((program, "pass\n"), LIMITS, "none")
+  assert outcome.passed, outcome

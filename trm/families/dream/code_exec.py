@@ -45,22 +45,23 @@ warning line and the guards only):
   (`max_processes`), open files (`max_open_files`), no core files.
 Without namespaces (mode "none"): rlimits, the socket guard, a fresh
 directory, a process group of its own killed when it ends or times out
-and, where the sample has a cgroup, its members killed. Where we hold
-CAP_SETUID and CAP_SETGID (root) and that uid can run the interpreter
-(probed once: `_fallback_uid`), the program runs as its slot's
-unprivileged uid as in root mode (no groups, no capabilities), in a
-directory of its own: it reads only what any user may, the kernel refuses
-its signals, ptrace and /proc access to our processes, the process limit
-counts its processes alone, and every process of the uid is killed when
-the sample ends. Otherwise it runs as our user: it can read and write
-what our user can, and daemons that call setsid survive where no cgroup
-holds them. Either way the filter below keeps it from the processes above
-it (its supervisor, the evaluator and its threads, up to pid 1) and
-their process groups: no kill(-1), no ptrace or pidfds, no F_SETOWN; the
-supervisor is not dumpable. Not held there (README, "Fallback"): as our
-user, the evaluator's /proc/<pid>/mem and fds where Yama allows ptrace
-(and as root every process's), threads the evaluator starts later, other
-processes of our user (other samples' included), our files.
+and, where the sample has a cgroup, its members killed, and no
+capability. Where we hold CAP_SETUID, CAP_SETGID and CAP_CHOWN (root) and
+that uid can run the interpreter (probed once: `_fallback_uid`), the
+program runs as its slot's unprivileged uid as in root mode (no groups),
+in a directory of its own: it reads only what any user may, the kernel
+refuses its signals, ptrace and /proc access to our processes, the
+process limit counts its processes alone, and every process of the uid
+is killed when the sample ends. Otherwise it runs as our uid (root: uid 0
+without capabilities): it can read and write what our uid can, and
+daemons that call setsid survive where no cgroup holds them. Either way
+the filter below keeps it from the processes above it (its supervisor,
+the evaluator and its threads, up to pid 1) and their process groups: no
+kill(-1), no ptrace or pidfds, no F_SETOWN; the supervisor is not
+dumpable. Not held there (README, "Fallback"): as a non-root user, the
+evaluator's /proc/<pid>/mem and fds where Yama allows ptrace; as our
+uid, threads the evaluator starts later, other processes of our uid
+(other samples' included), our uid's files.
 In every mode, on x86-64 and arm64, a seccomp filter (`sandbox_init.
 seccomp_program`) refuses the memory RLIMIT_AS does not count (memfd, SysV
 shared memory and message queues, io_uring, a tmpfs in namespaces of its
@@ -303,14 +304,14 @@ network_isolation = isolation  # the old name
 
 
 def _can_change_ids() -> bool:
-  """Whether we hold CAP_SETUID and CAP_SETGID (root does, in a container
-  without CAP_SYS_ADMIN too), so that the fallback can run a program as
-  another uid."""
+  """Whether we hold CAP_SETUID, CAP_SETGID and CAP_CHOWN (root does, in
+  a container without CAP_SYS_ADMIN too), so that the fallback can run a
+  program as another uid, in a directory of that uid's."""
   try:
     with open("/proc/self/status", encoding="ascii") as f:
       for line in f:
         if line.startswith("CapEff:"):
-          return int(line.split()[1], 16) & 0xC0 == 0xC0
+          return int(line.split()[1], 16) & 0xC1 == 0xC1
   except (OSError, ValueError):
     pass
   return os.geteuid() == 0

@@ -26,9 +26,9 @@ unshare(2) and forks the new PID namespace's init (pid 1), which
     in the namespace (the kernel does so when a PID namespace's init dies).
 Without namespaces (mode "none") this process (not dumpable: the program
 may not open its memory or fds) does the last step itself, and forks the
-program into a process group of its own, as the per-sample unprivileged
-uid where the parent says so (payload "drop": as root), in a directory
-of that uid's; with the seccomp filter's `protect` rules (no signals,
+program into a process group of its own, with no capability, as the
+per-sample unprivileged uid where the parent says so (payload "drop": as
+root), in a directory of that uid's; with the seccomp filter's `protect` rules (no signals,
 ptrace, pidfds or F_SETOWN to the processes above it or their groups, no
 kill(-1)). When the program ends, or at the parent's SIGTERM (its
 timeout), it kills the program's group and, with the uid, every process
@@ -483,21 +483,25 @@ def _copy_tails(outputs):
 
 def _program_files(payload):
   """(solution path, the checks' name or '' when there are none, working
-  directory) in the view the program gets; without namespaces, files in our
-  own directory, or, where the program runs as a uid of its own
-  (`_drops`), in a directory of that uid's inside it (ours, 0711, it may
-  not change). The checks come through the nonce's pipe, not a file."""
+  directory, made the current one) in the view the program gets; without
+  namespaces, files in our own directory, or, where the program runs as a
+  uid of its own (`_drops`), in a directory of that uid's inside it (ours,
+  0711, it may not change). The checks come through the nonce's pipe, not
+  a file."""
   checks = "<checks>" if payload["checks"] is not None else ""
   if payload["mode"] != "none":
+    os.chdir("/tmp")
     return "/sandbox/solution.py", checks, "/tmp"
   work = os.getcwd()
   if _drops(payload):
     work = os.path.join(work, "program")
     os.mkdir(work, 0o700)
-    os.chown(work, *payload["program_ids"])
   solution = os.path.join(work, "solution.py")
   _write(solution, payload["solution"])
   os.chmod(solution, 0o644)  # whatever our umask
+  os.chdir(work)
+  if _drops(payload):  # last: we may lack CAP_DAC_OVERRIDE (not root)
+    os.chown(work, *payload["program_ids"])
   return solution, checks, work
 
 
@@ -525,12 +529,28 @@ def _kill_uid(uid):
   from a child that takes the uid, which reaches exactly the processes
   whose real or saved uid it is, setsid daemons and those that left the
   sample's cgroup included (kill(-1) runs under the kernel's task list
-  lock: a fork cannot slip past it)."""
+  lock: a fork cannot slip past it). Never as root, nor with a capability
+  left (CAP_KILL would reach every process): a non-root holder of
+  CAP_SETUID keeps its capabilities across setresuid, so they are cleared
+  and checked first."""
+  if uid <= 0:
+    return
   pid = os.fork()
   if pid == 0:
     try:
       os.setresuid(uid, uid, uid)
-      os.kill(-1, signal.SIGKILL)
+      header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # version 3
+      _call("capset", header, (ctypes.c_uint32 * 6)())
+      # Read raw: the uid may not reach the interpreter's library, so
+      # nothing may be imported from here on (a codec's module included).
+      fd = os.open("/proc/self/status", os.O_RDONLY)
+      status = os.read(fd, 1 << 16)
+      os.close(fd)
+      held = [line.split()[1] for line in status.splitlines()
+              if line.startswith((b"CapEff:", b"CapPrm:"))]
+      if (os.getuid() == uid and len(held) == 2
+          and not any(int(value, 16) for value in held)):
+        os.kill(-1, signal.SIGKILL)
     except BaseException:  # pylint: disable=broad-except
       pass
     os._exit(0)  # pylint: disable=protected-access
@@ -545,11 +565,15 @@ def _kill_uid(uid):
 
 
 def _drop_privileges(payload):
+  """no_new_privs, no capability (the bounding and ambient sets too), and
+  where `_drops`, the program's own uid and gid with no groups. Without
+  namespaces as our user, capabilities went with the program: root's
+  every one (so CAP_SYS_PTRACE opened the evaluator's memory, CAP_KILL
+  signalled any process, CAP_DAC_OVERRIDE read any file), or a non-root
+  evaluator's (CAP_SETUID then became uid 0); it now keeps our uid only."""
   mode = payload["mode"]
   _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
   drops = _drops(payload)
-  if mode == "none" and not drops:
-    return
   _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
   for cap in range(64):
     if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == -1:
@@ -557,8 +581,8 @@ def _drop_privileges(payload):
       if errno == 22:  # EINVAL: past the last capability
         break
       if errno == 1 and mode == "none":
-        # EPERM: no CAP_SETPCAP (a non-root holder of CAP_SETUID and
-        # CAP_SETGID); no_new_privs already keeps an exec from gaining one.
+        # EPERM: no CAP_SETPCAP (any user but root); no_new_privs already
+        # keeps an exec from gaining a capability.
         break
       raise SetupError(f"prctl(PR_CAPBSET_DROP, {cap}): "
                        f"{os.strerror(errno)}")
@@ -799,7 +823,6 @@ def _start_program(payload, nonce_read, report_write, outputs, proc=None):
       protect = _protected(payload)
     _prefer_the_program(proc)
     solution, checks, cwd = _program_files(payload)
-    os.chdir(cwd)
     limits = payload["limits"]
     _limit(resource.RLIMIT_AS, limits["memory"])
     _limit(resource.RLIMIT_CPU, limits["cpu"])
