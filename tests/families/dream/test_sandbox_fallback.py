@@ -380,13 +380,14 @@ def test_a_fallback_programs_children_end_with_it(monkeypatch, ending):
 
 def test_a_fallback_program_cannot_open_its_supervisors_memory():
   """The supervisor holds the nonce and the report's fd: a program of the
-  same uid (our user's, where Yama allows ptrace, as here with no Yama)
-  opened its /proc/<pid>/mem and fds. The supervisor is no longer
-  dumpable, so only CAP_SYS_PTRACE would: shown with an evaluator that is
-  root without it (setpriv), its program as root too (no uid drop)."""
+  same uid and capabilities (our user's, where Yama allows ptrace, as here
+  with no Yama) opened its /proc/<pid>/mem and fds. The supervisor is no
+  longer dumpable, so only CAP_SYS_PTRACE would: shown with an evaluator
+  that is root without any capability (setpriv), like a user of its own
+  uid, its program as root too (no uid drop)."""
   if os.geteuid() != 0 or not shutil.which("setpriv"):
     pytest.skip("needs root and setpriv (an evaluator of our uid without "
-                "CAP_SYS_PTRACE)")
+                "capabilities)")
   program = ("import os\nsupervisor = os.getppid()\nfor path in "
              "(f'/proc/{supervisor}/mem', f'/proc/{supervisor}/fd/1'):\n"
              "    try:\n        os.close(os.open(path, os.O_RDONLY))\n"
@@ -398,8 +399,9 @@ def test_a_fallback_program_cannot_open_its_supervisors_memory():
             "namespaces=False, site_packages=False), 'none')\n"
             "print(outcome)\nsys.exit(0 if outcome.passed else 1)\n")
   run = subprocess.run(
-      ["setpriv", "--bounding-set", "-sys_ptrace", sys.executable, "-c",
-       script], capture_output=True, text=True, timeout=120, check=False,
+      ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all",
+       sys.executable, "-c", script], capture_output=True, text=True,
+      timeout=120, check=False,
       env=dict(os.environ, PYTHONPATH=repo.ROOT))
   assert run.returncode == 0, (run.stdout, run.stderr[-2000:])
 
