@@ -46,6 +46,17 @@ from trm.core import compile_cache  # pylint: disable=g-import-not-at-top,wrong-
 
 CONFIG = "configs/diffucoder_7b.py:tiny"
 TRAINED_STEPS = 2
+# The tiny run's flags, and its resume's: two steps longer. DiffuCoder's
+# cosine decays over total_steps, so the trainer refuses a longer resume
+# unless allow_config_change accepts it (without it every round stopped
+# at the resume, before the first row was printed).
+TRAIN_FLAGS = (f"--config.total_steps={TRAINED_STEPS}",
+               f"--config.checkpoint_every={TRAINED_STEPS}",
+               f"--config.eval_every={TRAINED_STEPS}")
+RESUME_FLAGS = (f"--config.total_steps={TRAINED_STEPS + 2}",
+                "--config.allow_config_change=True",
+                "--config.log_every=1", "--config.eval_every=1000",
+                "--config.checkpoint_every=1000")
 PROMPT = "def main("
 FIRST_TOKEN = re.compile(r"^=== ")  # trm.generate prints the completion
 FIRST_STEP = re.compile(r"\] \[(\d+)\] train/")  # trm.main's metrics line
@@ -103,9 +114,7 @@ def train_run(workdir: str, platform: str) -> str:
   shutil.rmtree(run, ignore_errors=True)
   subprocess.run(
       [sys.executable, "-m", "trm.main", f"--config={CONFIG}",
-       f"--workdir={run}", f"--config.total_steps={TRAINED_STEPS}",
-       f"--config.checkpoint_every={TRAINED_STEPS}",
-       f"--config.eval_every={TRAINED_STEPS}"],
+       f"--workdir={run}", *TRAIN_FLAGS],
       cwd=_ROOT, env=_env("off", platform), check=True,
       stdout=subprocess.DEVNULL)
   return run
@@ -126,10 +135,7 @@ def first_step(run: str, cache: str, workdir: str, args) -> dict:
   shutil.rmtree(resume, ignore_errors=True)
   shutil.copytree(run, resume)
   argv = ["taskset", "-c", args.cpu, sys.executable, "-m", "trm.main",
-          f"--config={CONFIG}", f"--workdir={resume}",
-          f"--config.total_steps={TRAINED_STEPS + 2}",
-          "--config.log_every=1", "--config.eval_every=1000",
-          "--config.checkpoint_every=1000"]
+          f"--config={CONFIG}", f"--workdir={resume}", *RESUME_FLAGS]
   seconds, out = _timed(argv, _env(cache, args.platform), FIRST_STEP,
                         kill_at_line=True, timeout=args.timeout)
   step = int(FIRST_STEP.search(out).group(1))
