@@ -4,6 +4,7 @@ evaluator, its supervisor and our files. These programs are safe to run
 without a PID namespace: they signal the evaluator with signal 0 only (a
 permission check, no signal sent), and what they would damage is a
 directory or a process of the test's own making."""
+import ctypes
 import os
 import shutil
 import stat
@@ -438,3 +439,47 @@ assert os.getuid() == 0
 """
     outcome = code_exec.run_program((program, "pass\n"), LIMITS, "none")
   assert outcome.passed, outcome
+
+
+def test_a_fallback_program_cannot_join_its_supervisors_group(monkeypatch):
+  """Its own process group shared its supervisor's session: setpgid() into
+  the supervisor's group, then kill(0) (which the filter allows) killed the
+  supervisor (sandbox_error), and what stayed in the program's group ran
+  on."""
+  monkeypatch.setattr(code_exec, "_fallback_uid", lambda *_: False)
+  program = ("import os\nsupervisor = os.getppid()\ntry:\n"
+             "    os.setpgid(0, os.getpgid(supervisor))\n"
+             "except PermissionError:\n    pass\nelse:\n"
+             "    raise AssertionError('joined the supervisor group')\n")
+  outcome = code_exec.run_program((program, "pass\n"), LIMITS, "none")
+  assert outcome.passed, outcome
+
+
+def test_the_fallbacks_uid_leaves_no_zombie_to_its_slot(as_a_uid,  # pylint: disable=redefined-outer-name,unused-argument
+                                                       monkeypatch):
+  """An evaluator that is a container's pid 1 (here: a subreaper) reaps
+  only its own children: the program's orphans, killed, stayed zombies of
+  the slot's uid, counted by RLIMIT_NPROC, and after max_processes of them
+  every later program of the slot failed with process_limit."""
+  # pylint: disable=protected-access
+  monkeypatch.setattr(code_exec, "_make_groups",
+                      lambda limits: code_exec._Groups())
+  libc = ctypes.CDLL(None, use_errno=True)
+  assert libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+  limits = code_exec.Limits(timeout_s=20, memory_mb=256, namespaces=False,
+                            site_packages=False, max_processes=4)
+  leave = "import subprocess\nsubprocess.Popen(['sleep', '60'])\n"
+  fork = "import subprocess\nsubprocess.run(['true'], check=True)\n"
+  try:
+    for _ in range(5):
+      assert code_exec.run_program((leave, "pass\n"), limits, "none").passed
+    outcome = code_exec.run_program((fork, "pass\n"), limits, "none")
+    assert outcome.passed, outcome
+  finally:
+    libc.prctl(36, 0, 0, 0, 0)
+    while True:
+      try:
+        if os.waitpid(-1, os.WNOHANG) == (0, 0):
+          break
+      except ChildProcessError:
+        break

@@ -44,8 +44,9 @@ warning line and the guards only):
   (`max_file_mb`; stdout and stderr are files too), processes
   (`max_processes`), open files (`max_open_files`), no core files.
 Without namespaces (mode "none"): rlimits, the socket guard, a fresh
-directory, a process group of its own killed when it ends or times out
-and, where the sample has a cgroup, its members killed, and no
+directory, a session (and so a process group) of its own killed when it
+ends or times out and, where the sample has a cgroup, its members killed;
+as an unprivileged uid, its orphans reaped by the supervisor; and no
 capability. Where we hold CAP_SETUID, CAP_SETGID and CAP_CHOWN (root) and
 that uid can run the interpreter (probed once: `_fallback_uid`), the
 program runs as its slot's unprivileged uid as in root mode (no groups),

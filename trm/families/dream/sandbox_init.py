@@ -26,7 +26,7 @@ unshare(2) and forks the new PID namespace's init (pid 1), which
     in the namespace (the kernel does so when a PID namespace's init dies).
 Without namespaces (mode "none") this process (not dumpable: the program
 may not open its memory or fds) does the last step itself, and forks the
-program into a process group of its own, with no capability, as the
+program into a session (and process group) of its own, with no capability, as the
 per-sample unprivileged uid where the parent says so (payload "drop": as
 root), in a directory of that uid's; with the seccomp filter's `protect` rules (no signals,
 ptrace, pidfds or F_SETOWN to the processes above it or their groups, no
@@ -49,6 +49,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41,
               "ppc64le": 203, "ppc64": 203, "s390x": 217}
@@ -814,9 +815,10 @@ def _start_program(payload, nonce_read, report_write, outputs, proc=None):
   try:
     protect = None
     if payload["mode"] == "none":
-      # A process group of its own, apart from its supervisor's (which the
-      # filter keeps it from): killpg(0) reaches its own processes only.
-      os.setpgid(0, 0)
+      # A session of its own, not only a process group: in its
+      # supervisor's session it could setpgid() into the supervisor's
+      # group and signal it there with kill(0), which the filter allows.
+      os.setsid()
       # Ours is not dumpable (`main`): /proc/self is this process's own
       # again, for its oom_score_adj.
       _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
@@ -903,6 +905,12 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
     signal.signal(signal.SIGTERM,
                   lambda *_: _end_program(target, fallback_uid))
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    if fallback_uid is not None:
+      # The program's orphans (killed daemons included) come to us, not to
+      # pid 1 (an evaluator that is a container's pid 1 never reaps them):
+      # reaped below, their zombies no longer count against the slot uid's
+      # RLIMIT_NPROC for its next samples.
+      _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
   child = os.fork()
   if child == 0:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -912,10 +920,8 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
     os.close(report_fd)
     _start_program(payload, nonce_read, report_write, outputs, proc)
   if none:
-    try:
-      os.setpgid(child, child)  # as the child does: whichever runs first
-    except OSError:
-      pass  # it did, and has exec'd
+    # Not setpgid(child, child) here: the child's setsid() would then fail.
+    # `_end_program` also kills the child itself, before its setsid.
     target.append(child)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
   if proc is not None:
@@ -944,6 +950,8 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
       continue
     if pid == child:
       status = value
+  if fallback_uid is not None:
+    _reap_orphans()
   _copy_tails(outputs)
   os.set_blocking(report_read, False)
   data = b""
@@ -956,6 +964,22 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
       break
     data += chunk
   _report(report_fd, status=status, pid=child, report=data.decode("latin-1"))
+
+
+def _reap_orphans(seconds=2.0):
+  """Reaps our remaining children (the program's orphans, every one of
+  them SIGKILLed by `_end_program`) until none is left, for `seconds` at
+  most."""
+  import time  # pylint: disable=g-import-not-at-top
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    try:
+      if os.waitpid(-1, os.WNOHANG) == (0, 0):
+        time.sleep(0.001)
+    except ChildProcessError:
+      return
+    except InterruptedError:
+      continue
 
 
 def _exited(pid):
@@ -972,10 +996,11 @@ def _end_program(target, uid):
   and, where it runs as a uid of its own (`uid`), every process of that
   uid."""
   for child in target:
-    try:
-      os.killpg(child, signal.SIGKILL)
-    except OSError:
-      pass
+    for kill in (os.kill, os.killpg):
+      try:
+        kill(child, signal.SIGKILL)
+      except OSError:
+        pass
   if uid is not None:
     _kill_uid(uid)
 
