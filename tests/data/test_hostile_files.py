@@ -57,6 +57,12 @@ def test_a_csv_line_without_end_is_refused_before_it_is_read_whole(
   finally:
     tracemalloc.stop()
   assert peak < 16 << 20, peak
+  # A line of the limit's length exactly, ending \r\n or \n, is read.
+  for end in (b"\r\n", b"\n"):
+    path = _csv(tmp_path / "train.csv", f"x,{_Q},{_A},3".encode() + end
+                + b"x," + b"." * ((1 << 20) - 2) + end)
+    with pytest.raises(ValueError, match=r"train\.csv:3: not a readable CSV"):
+      sudoku.read_csv(path)  # csv's own field limit, past the line's
 
 
 def test_a_csv_that_is_not_utf8_names_the_file(tmp_path):

@@ -165,9 +165,12 @@ def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
   memory = compiled.memory_analysis()
   if memory is None:
     return
-  per_device = (memory.argument_size_in_bytes + memory.output_size_in_bytes
-                + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  # A field a backend leaves out (or None) counts as 0, as the trainer's
+  # log line of the same figures has it.
+  size = lambda name: int(getattr(memory, name, 0) or 0)
+  per_device = (size("argument_size_in_bytes") + size("output_size_in_bytes")
+                + size("temp_size_in_bytes") - size("alias_size_in_bytes"))
   _check_host_total(
       per_device * len(local), host, len(local), what, fix,
-      f" (XLA's memory analysis: {memory.temp_size_in_bytes / 2**30:,.1f} "
+      f" (XLA's memory analysis: {size('temp_size_in_bytes') / 2**30:,.1f} "
       "GiB of temporaries a device)")

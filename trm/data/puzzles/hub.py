@@ -163,9 +163,10 @@ MAX_LINE_CHARS = 1 << 20
 
 def _bounded_lines(f, path: str) -> Iterator[str]:
   number = 0
-  while line := f.readline(MAX_LINE_CHARS + 1):
+  # Its end ("\n" or "\r\n": the file is read with newline="") aside.
+  while line := f.readline(MAX_LINE_CHARS + 2):
     number += 1
-    if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+    if len(line.rstrip("\r\n")) > MAX_LINE_CHARS:
       raise ValueError(
           f"{path}:{number}: a line longer than {MAX_LINE_CHARS:,} characters"
           "; upstream's CSV holds one puzzle a line. Is this the right file?")
