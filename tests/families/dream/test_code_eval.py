@@ -624,12 +624,14 @@ def test_the_seccomp_filters_decisions(machine):
 
 # The fallback's additions (x86-64's and arm64's numbers, from the same
 # headers): kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
-# prlimit64; ptrace, pidfd_open, pidfd_send_signal, pidfd_getfd; fcntl,
-# ioctl.
+# prlimit64, sched_setparam, sched_setscheduler, sched_setaffinity,
+# sched_setattr; ptrace, pidfd_open, pidfd_send_signal, pidfd_getfd; fcntl,
+# ioctl; setpriority, ioprio_set.
 FALLBACK_CALLS = {
-    "x86_64": ([62, 200, 234, 129, 297, 302], [101, 434, 424, 438], 72, 16),
-    "aarch64": ([129, 130, 131, 138, 240, 261], [117, 434, 424, 438], 25,
-                29)}
+    "x86_64": ([62, 200, 234, 129, 297, 302, 142, 144, 203, 314],
+               [101, 434, 424, 438], 72, 16, (141, 251)),
+    "aarch64": ([129, 130, 131, 138, 240, 261, 118, 119, 122, 274],
+                [117, 434, 424, 438], 25, 29, (140, 30))}
 
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
@@ -648,7 +650,7 @@ def test_the_fallbacks_filter_keeps_the_program_from_the_processes_above(
   pids, groups = [4000, 4001, 4002, 1], [3999, 4000]
   protect = sandbox_init.seccomp_program(machine, (pids, groups))
   plain = sandbox_init.seccomp_program(machine)
-  signalling, refused, fcntl, ioctl = FALLBACK_CALLS[machine]
+  signalling, refused, fcntl, ioctl, who_calls = FALLBACK_CALLS[machine]
   kill = signalling[0]
   for pid in [*pids, *groups]:
     for number in signalling:
@@ -674,6 +676,19 @@ def test_the_fallbacks_filter_keeps_the_program_from_the_processes_above(
   for command in (0x8901, 0x8902):  # FIOSETOWN, SIOCSPGRP
     assert _filtered(protect, arch, ioctl, 3, command) == eperm
   assert _filtered(protect, arch, ioctl, 3, 0x541B) == allow  # FIONREAD
+  # setpriority and ioprio_set name a process, a group or a user by
+  # (which, who): a protected who is refused for a process or a group, a
+  # user (all of our uid's processes) whole; its own (0) and others stay.
+  for number, process, group, user in zip(who_calls, (0, 1), (1, 2),
+                                          (2, 3)):
+    for who in [*pids, *groups]:
+      for which in (process, group):
+        assert _filtered(protect, arch, number, which, who) == eperm
+        assert _filtered(plain, arch, number, which, who) == allow
+    assert _filtered(protect, arch, number, user, 0) == eperm
+    for which in (process, group):
+      for who in (0, 4003):
+        assert _filtered(protect, arch, number, which, who) == allow
   # The rest of the filter as before.
   for name, number in sandbox_init.REFUSED[machine].items():
     assert _filtered(protect, arch, number) == eperm, name
@@ -720,6 +735,8 @@ def test_the_refused_numbers_match_the_kernel_headers(machine, header):
               for name, numbers in table.items()}
   fallback.update(fcntl=sandbox_init.FCNTL[machine],
                   ioctl=sandbox_init.IOCTL[machine])
+  fallback.update({name: numbers[column] for name, (numbers, _) in
+                   sandbox_init.WHO_CALLS.items()})
   assert {name: kernel[name] for name in fallback if name in kernel} == {
       name: fallback[name] for name in fallback if name in kernel}
   x86_64_only = set(sandbox_init.REFUSED["x86_64"]) - set(

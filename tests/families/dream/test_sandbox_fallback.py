@@ -300,8 +300,8 @@ def test_a_fallback_program_cannot_reach_the_processes_above_it(monkeypatch):
 
 @needs_filter
 def test_a_fallback_program_still_signals_its_own_processes():
-  """What the refusals leave: a program signals, ends and sets limits of
-  its own children (os.kill, subprocess, multiprocessing's terminate, an
+  """What the refusals leave: a program signals, ends, renices and sets
+  limits and CPUs of its own children (os.kill, subprocess, multiprocessing's terminate, an
   asyncio subprocess) and its own process group, and of itself."""
   program = """import asyncio, multiprocessing, os, resource, signal, subprocess, sys, time
 def sleep():
@@ -312,12 +312,16 @@ if pid == 0:
     os._exit(0)
 os.kill(pid, 0)
 resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+os.setpriority(os.PRIO_PROCESS, pid, 5)
+os.sched_setaffinity(pid, os.sched_getaffinity(0))
 os.kill(pid, signal.SIGTERM)
 assert os.waitpid(pid, 0)[1] == signal.SIGTERM
 os.kill(os.getpid(), 0)
 os.killpg(0, 0)
 os.killpg(os.getpgrp(), 0)
 resource.prlimit(os.getpid(), resource.RLIMIT_CORE, (0, 0))
+os.sched_setaffinity(0, os.sched_getaffinity(0))
+os.nice(1)
 child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
 child.send_signal(signal.SIGTERM)
 assert child.wait() == -signal.SIGTERM
@@ -386,24 +390,18 @@ def test_a_fallback_programs_children_end_with_it(monkeypatch, ending):
       assert_ends(int(f.read()), seconds=5)
 
 
-def test_a_fallback_program_cannot_open_its_supervisors_memory():
-  """The supervisor holds the nonce and the report's fd: a program of the
-  same uid and capabilities (our user's, where Yama allows ptrace, as here
-  with no Yama) opened its /proc/<pid>/mem and fds. The supervisor is no
-  longer dumpable, so only CAP_SYS_PTRACE would: shown with an evaluator
-  that is root without any capability (setpriv), like a user of its own
-  uid, its program as root too (no uid drop)."""
+def _passes_under_a_capless_evaluator(program):
+  """Runs `program` (EVALUATOR in it: the evaluator's pid) in the fallback,
+  as root without the uid drop, from an evaluator that is root without
+  any capability (setpriv): like a user of its own uid. Asserts it
+  passed."""
   if os.geteuid() != 0 or not shutil.which("setpriv"):
     pytest.skip("needs root and setpriv (an evaluator of our uid without "
                 "capabilities)")
-  program = ("import os\nsupervisor = os.getppid()\nfor path in "
-             "(f'/proc/{supervisor}/mem', f'/proc/{supervisor}/fd/1'):\n"
-             "    try:\n        os.close(os.open(path, os.O_RDONLY))\n"
-             "    except PermissionError:\n        continue\n"
-             "    raise AssertionError(path)\n")
-  script = ("import sys\nfrom trm.families.dream import code_exec as c\n"
+  script = ("import os, sys\nfrom trm.families.dream import code_exec as c\n"
             "c._fallback_uid = lambda *_: False\n"
-            f"outcome = c.run_program(({program!r}, 'pass'), c.Limits("
+            f"program = {program!r}.replace('EVALUATOR', str(os.getpid()))\n"
+            "outcome = c.run_program((program, 'pass'), c.Limits("
             "namespaces=False, site_packages=False), 'none')\n"
             "print(outcome)\nsys.exit(0 if outcome.passed else 1)\n")
   run = subprocess.run(
@@ -412,6 +410,64 @@ def test_a_fallback_program_cannot_open_its_supervisors_memory():
       timeout=120, check=False,
       env=dict(os.environ, PYTHONPATH=repo.ROOT))
   assert run.returncode == 0, (run.stdout, run.stderr[-2000:])
+
+
+def test_a_fallback_program_cannot_reschedule_the_evaluator():
+  """A program of the evaluator's uid and capabilities reniced it to 19,
+  made it SCHED_IDLE, pinned it to one CPU or lowered its I/O priority,
+  each outlasting the sample (as root the kernel refused it only because
+  the evaluator held capabilities the program did not). Shown with an
+  evaluator that is root without any capability (setpriv), its program as
+  root too; each call sets what the evaluator has already, harmless were
+  it let through. Its own processes it still reschedules
+  (`test_a_fallback_program_still_signals_its_own_processes`)."""
+  ioprio = {"x86_64": (251, 252), "aarch64": (30, 31)}.get(os.uname().machine)
+  if ioprio is None:
+    pytest.skip("no seccomp filter on this machine")
+  program = f"""import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+evaluator = EVALUATOR
+def ioprio_set():
+    now = libc.syscall({ioprio[1]}, 1, evaluator)
+    if libc.syscall({ioprio[0]}, 1, evaluator, now) < 0:
+        raise OSError(ctypes.get_errno(), 'ioprio_set')
+attempts = {{
+    'setpriority': lambda: os.setpriority(
+        os.PRIO_PROCESS, evaluator, os.getpriority(os.PRIO_PROCESS, evaluator)),
+    'sched_setaffinity': lambda: os.sched_setaffinity(
+        evaluator, os.sched_getaffinity(evaluator)),
+    'sched_setscheduler': lambda: os.sched_setscheduler(
+        evaluator, os.sched_getscheduler(evaluator), os.sched_getparam(evaluator)),
+    'sched_setparam': lambda: os.sched_setparam(
+        evaluator, os.sched_getparam(evaluator)),
+    'ioprio_set': ioprio_set,
+}}
+through = []
+for name, attempt in attempts.items():
+    try:
+        attempt()
+        through.append(name)
+    except OSError as error:
+        if error.errno != errno.EPERM:
+            through.append((name, error.errno))
+assert not through, through
+"""
+  _passes_under_a_capless_evaluator(program)
+
+
+def test_a_fallback_program_cannot_open_its_supervisors_memory():
+  """The supervisor holds the nonce and the report's fd: a program of the
+  same uid and capabilities (our user's, where Yama allows ptrace, as here
+  with no Yama) opened its /proc/<pid>/mem and fds. The supervisor is no
+  longer dumpable, so only CAP_SYS_PTRACE would: shown with an evaluator
+  that is root without any capability (setpriv), like a user of its own
+  uid, its program as root too (no uid drop)."""
+  program = ("import os\nsupervisor = os.getppid()\nfor path in "
+             "(f'/proc/{supervisor}/mem', f'/proc/{supervisor}/fd/1'):\n"
+             "    try:\n        os.close(os.open(path, os.O_RDONLY))\n"
+             "    except PermissionError:\n        continue\n"
+             "    raise AssertionError(path)\n")
+  _passes_under_a_capless_evaluator(program)
 
 
 def test_as_our_user_a_fallback_program_holds_no_capability(monkeypatch):

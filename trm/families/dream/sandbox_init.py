@@ -149,10 +149,19 @@ X32_BIT = 0x40000000  # x86-64's x32 ABI: the same calls under other numbers
 # whole; and the owner of a file's SIGIO/SIGURG (fcntl F_SETOWN,
 # F_SETOWN_EX; ioctl FIOSETOWN, SIOCSPGRP on a socket), which the kernel
 # signals later on the owner's behalf (SIGIO's default ends a process).
-# name: (x86-64's number, arm64's).
+# The scheduling calls too: a nice of 19, SCHED_IDLE or one CPU's affinity
+# set on the evaluator outlasted the sample. name: (x86-64's number,
+# arm64's).
 SIGNALLING = {"kill": (62, 129), "tkill": (200, 130), "tgkill": (234, 131),
               "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
-              "prlimit64": (302, 261)}
+              "prlimit64": (302, 261), "sched_setparam": (142, 118),
+              "sched_setscheduler": (144, 119),
+              "sched_setaffinity": (203, 122), "sched_setattr": (314, 274)}
+# Calls that name a process, a group or a user by (args[0] which, args[1]
+# who): refused for the protected numbers as `who`, and whole for a user
+# (its value of `which`; all of our uid's processes).
+WHO_CALLS = {"setpriority": ((141, 140), 2),   # PRIO_USER
+             "ioprio_set": ((251, 30), 3)}      # IOPRIO_WHO_USER
 FALLBACK_REFUSED = {"ptrace": (101, 117), "pidfd_open": (434, 434),
                     "pidfd_send_signal": (424, 424), "pidfd_getfd": (438, 438)}
 FCNTL, IOCTL = {"x86_64": 72, "aarch64": 25}, {"x86_64": 16, "aarch64": 29}
@@ -645,9 +654,10 @@ def seccomp_program(machine, protect=None):
   BPF. A call from another ABI (i386's int 0x80 on x86-64, x32, AArch32)
   gets ENOSYS: its numbers differ, so the tables would not hold there.
   `protect` (without namespaces): (pids, process groups) the program may
-  not signal or set limits of (`SIGNALLING`), as 32-bit numbers, the
-  kernel's pid_t (the high half of the argument is ignored there too);
-  the calls of `FALLBACK_REFUSED` are then refused, and F_SETOWN."""
+  not signal, set limits of or schedule (`SIGNALLING`, `WHO_CALLS`), as
+  32-bit numbers, the kernel's pid_t (the high half of the argument is
+  ignored there too); the calls of `FALLBACK_REFUSED` are then refused,
+  and F_SETOWN."""
   code = [(BPF_LD_ABS, 0, 0, DATA_ARCH),
           (BPF_JEQ, 0, "enosys", AUDIT_ARCH[machine]),
           (BPF_LD_ABS, 0, 0, DATA_NR)]
@@ -660,6 +670,8 @@ def seccomp_program(machine, protect=None):
     refused |= {numbers[column] for numbers in FALLBACK_REFUSED.values()}
     blocks = [(numbers[column], "kill" if name == "kill" else "pids")
               for name, numbers in SIGNALLING.items()]
+    blocks += [(numbers[column], name)
+               for name, (numbers, _) in WHO_CALLS.items()]
     blocks += [(FCNTL[machine], "fcntl"), (IOCTL[machine], "ioctl")]
     for number, block in blocks:  # far away: a jump of any length
       code += [(BPF_JEQ, 0, 1, number), (BPF_JA, 0, 0, block)]
@@ -682,12 +694,19 @@ def seccomp_program(machine, protect=None):
     pids, groups = protect
     refuse = lambda value: [(BPF_JEQ, 0, 1, value & 0xFFFFFFFF),
                             (BPF_RET, 0, 0, ends["eperm"])]
+    # Classic BPF jumps forward only: the `who` calls' blocks come before
+    # the numbers they share with "pids".
+    for name, (_, user) in WHO_CALLS.items():
+      where[name] = len(code)
+      code += [(BPF_LD_ABS, 0, 0, DATA_ARG0), *refuse(user),
+               (BPF_LD_ABS, 0, 0, DATA_ARG1), (BPF_JA, 0, 0, "compare")]
     where["kill"] = len(code)  # then on into "pids"
     code.append((BPF_LD_ABS, 0, 0, DATA_ARG0))
     for value in sorted({-1} | {-group for group in groups if group > 0}):
       code += refuse(value)
     where["pids"] = len(code)
     code.append((BPF_LD_ABS, 0, 0, DATA_ARG0))
+    where["compare"] = len(code)
     for value in sorted({v for v in (*pids, *groups) if v > 0}):
       code += refuse(value)
     code.append((BPF_RET, 0, 0, ends["allow"]))
