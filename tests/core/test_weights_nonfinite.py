@@ -38,16 +38,35 @@ def test_finite_and_integer_tensors_load(tmp_path):
   assert sorted(weights_io.read_safetensors(path)) == ["ids", "w"]
 
 
+def _trm_state_dict():
+  """(config, a zero upstream TRM state_dict of numpy arrays) whose
+  names and shapes the importer takes."""
+  from trm.families.trm import model as trm_model  # pylint: disable=g-import-not-at-top
+  from trm.families.trm import torch_layout  # pylint: disable=g-import-not-at-top
+  cfg = trm_model.TRMConfig(
+      vocab_size=10, seq_len=16, num_puzzle_identifiers=5, hidden_size=32,
+      num_heads=2, expansion=4.0, L_layers=1, H_cycles=1, L_cycles=1,
+      halt_max_steps=2, puzzle_emb_ndim=32, puzzle_emb_len=4,
+      forward_dtype="float32")
+  abstract = torch_layout.abstract(cfg)
+  return cfg, {
+      "_orig_mod.model.inner." + e.name: np.zeros(torch_layout.upstream_shape(
+          e, weights_io.get_path(abstract[e.collection], e.path).shape),
+                                                  np.float32)
+      for e in torch_layout.entries(cfg)}
+
+
 def test_trm_importer_refuses_a_nonfinite_safetensors_file(tmp_path):
   """torch_import reads .safetensors through weights_io: a TRM checkpoint
-  with a NaN stops before any shape is matched."""
+  with a NaN stops, naming the tensor, once its names and shapes are
+  matched (before, any tensor is read)."""
   from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
-  w = np.zeros((4, 4), np.float32)
-  w[0, 0] = np.nan
-  path = _file(tmp_path, **{"_orig_mod.model.inner.lm_head.weight": w})
+  cfg, state = _trm_state_dict()
+  state["_orig_mod.model.inner.lm_head.weight"][0, 0] = np.nan
+  path = _file(tmp_path, **state)
   with pytest.raises(weights_io.CheckpointError,
                      match="'_orig_mod.model.inner.lm_head.weight'"):
-    torch_import._read(path)  # pylint: disable=protected-access
+    torch_import.load_torch_checkpoint(path, cfg)
 
 
 def test_trm_importer_refuses_a_nonfinite_torch_file(tmp_path):
@@ -55,12 +74,12 @@ def test_trm_importer_refuses_a_nonfinite_torch_file(tmp_path):
   was loaded with its NaN while the .safetensors copy was refused."""
   torch = pytest.importorskip("torch")
   from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
-  w = torch.zeros(4, 4)
-  w[1, 2] = float("inf")
+  cfg, state = _trm_state_dict()
+  state["_orig_mod.model.inner.lm_head.weight"][1, 2] = np.inf
   path = str(tmp_path / "step_1")
-  torch.save({"_orig_mod.model.inner.lm_head.weight": w}, path)
+  torch.save({k: torch.from_numpy(v) for k, v in state.items()}, path)
   with pytest.raises(weights_io.CheckpointError) as info:
-    torch_import._read(path)  # pylint: disable=protected-access
+    torch_import.load_torch_checkpoint(path, cfg)
   message = str(info.value)
   assert "'_orig_mod.model.inner.lm_head.weight'" in message
   assert path in message and "holds 1 NaN or Inf" in message
