@@ -330,6 +330,20 @@ def test_a_npy_declaring_more_than_it_holds_is_one_line(tmp_path):
     puzzle_format.read_split(data_dir, "test")
 
 
+def test_an_emptied_npy_is_one_line(tmp_path):
+  """A dataset array emptied between runs (a full disk, `> file`): np.load
+  raised EOFError, a traceback from trm.main's resume and trm.visualize."""
+  from trm.data.puzzles import format as puzzle_format  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path / "sudoku")
+  sudoku.build_dataset(data_dir, source="generate", num_train=2, num_test=2,
+                       num_aug=0, num_blanks=30)
+  os.truncate(os.path.join(data_dir, "train", "all__inputs.npy"), 0)
+  with pytest.raises(ValueError, match=r"all__inputs\.npy: field 'inputs': "
+                     r"not a readable .* \(it is empty \(0 bytes\)\); "
+                     "rebuild the dataset"):
+    puzzle_format.read_split(data_dir, "train")
+
+
 def test_a_meta_pkl_declaring_a_huge_string_names_the_failure(tmp_path):
   """A meta.pkl of a few bytes declaring a 2**40-character string: the
   one line said 'cannot be read as plain data ()', an empty reason."""
