@@ -7,6 +7,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -244,6 +245,44 @@ def test_a_damaged_data_position_is_caught(tmp_path):
       _abstract(_state(0)), position)
   assert _equal(restored, _state(1)) and position.index == 1
 
+
+@pytest.mark.parametrize("index", [float("nan"), True, 2.5, "3", -1, None])
+def test_a_data_position_no_save_writes_stops_in_one_line(tmp_path, index):
+  """A position its checksum vouches for (re-digested by hand, or a step
+  saved before checksums) that is no count of batches: NaN was a
+  traceback at the first batch and `true` read from batch 1, silently."""
+  directory = str(tmp_path / "checkpoints")
+  _save(directory, [1, 2], position=lambda step: _Position(
+      step if step == 1 else index))
+  before = _snapshot(directory)
+  with pytest.raises(ckpt_lib.CheckpointError, match=(
+      r"checkpoints/2 failed: its data position .* is not a count of "
+      r"batches read .*/checkpoints/2/data_iter/metadata was edited by hand")):
+    ckpt_lib.restore_latest(ckpt_lib.make_manager(directory, max_to_keep=5),
+                            _abstract(_state(0)), pipeline.grain_iterator(
+                                list(range(10))))
+  assert _snapshot(directory) == before  # nothing moved
+
+
+def test_a_data_position_past_its_step_stops_in_one_line(tmp_path):
+  """One batch a step: a position past the step (in the dataset's range,
+  so Grain took it) silently skipped the batches between. One behind it
+  restores (a run imported from nanoGPT's ckpt.pt reads from batch 0)."""
+  directory = str(tmp_path / "checkpoints")
+  for index, ok in ((5, False), (1, True), (2, True)):
+    shutil.rmtree(directory, ignore_errors=True)
+    _save(directory, [2], position=lambda _: _Position(index))  # pylint: disable=cell-var-from-loop
+    data = pipeline.grain_iterator(list(range(10)))
+    restore = lambda: ckpt_lib.restore_latest(  # pylint: disable=cell-var-from-loop
+        ckpt_lib.make_manager(directory, max_to_keep=5),
+        _abstract(_state(0)), data)
+    if ok:
+      assert _equal(restore(), _state(2)) and next(data) == index
+      continue
+    with pytest.raises(ckpt_lib.CheckpointError, match=(
+        r"its data position \{'next_index': 5\} is past its step 2\. .*"
+        "data_iter/metadata was edited by hand")):
+      restore()
 
 def test_damaged_step_metadata_falls_back(tmp_path, caplog):
   """The checksums live in the step's metadata file: if it cannot be read,

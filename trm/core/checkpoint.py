@@ -1402,6 +1402,32 @@ def _read_verified(path: epath.Path, restore, with_position: bool = False):
   return agreed, error, restored
 
 
+_EDITED_POSITION = ("No save writes that (a whole count of the batches read, "
+                    "one a step): {path}/data_iter/metadata was edited by "
+                    "hand. Put it back as saved, or move {path} away and "
+                    "rerun to resume from the previous checkpoint.")
+
+
+def _position_problem(position, step: int | None) -> str | None:
+  """What is wrong with a restored Grain position (`next_index`: the batches
+  read, one per step) that no save writes, or None; with `step`, the
+  checkpoint's, also a count past it. Grain checks only the dataset's length: NaN was a
+  traceback at the first batch, `true` read from batch 1, and a count past
+  the step silently skipped batches (a count behind it is not refused: a
+  run imported from nanoGPT's ckpt.pt reads from batch 0 at its
+  iteration)."""
+  if not isinstance(position, dict) or "next_index" not in position:
+    return None  # another iterator's state: its own set_state judges it
+  index = position["next_index"]
+  if type(index) is not int or index < 0:  # pylint: disable=unidiomatic-typecheck
+    return (f"its data position {_short(position, 200)} is not a count of "
+            "batches read (next_index: an integer from 0)")
+  if step is not None and index > step:
+    return (f"its data position {_short(position, 200)} is past its step "
+            f"{step}")
+  return None
+
+
 def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
   """Restores the newest readable checkpoint onto `abstract_state`'s
   shardings.
@@ -1439,7 +1465,12 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state, data_iter):
     status, fix = agreed, None
     if agreed == _OK:
       try:
-        data_iter.set_state(restored["data_iter"])
+        error = _position_problem(restored["data_iter"], None)
+        if error is None:
+          data_iter.set_state(restored["data_iter"])  # Grain's range check
+          error = _position_problem(restored["data_iter"], step)
+        if error is not None:
+          status, fix = _FAILED, _EDITED_POSITION.format(path=path)
       except Exception as e:  # pylint: disable=broad-except
         status = _FAILED
         error = (f"its data position {_short(restored['data_iter'], 200)} "
