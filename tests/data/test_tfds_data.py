@@ -343,9 +343,9 @@ def test_a_damaged_dataset_info_json_is_one_line(
 
 
 def test_damaged_array_record_files_are_one_line(built, tmp_path):
-  """A truncated or damaged ArrayRecord file (a copy cut short, a bad
-  disk) stopped the run with array_record's RuntimeError's traceback, at
-  start or at the first batch that read it."""
+  """A truncated, damaged or deleted ArrayRecord file (a copy cut short, a
+  bad disk) stopped the run with array_record's RuntimeError's traceback,
+  at start or at the first batch that read it."""
   config = ml_collections.ConfigDict(built[0].to_dict())
   version = os.path.join("trm_tiny_shakespeare", "1.0.0")
   shutil.copytree(os.path.join(config.data_dir, version),
@@ -365,6 +365,10 @@ def test_damaged_array_record_files_are_one_line(built, tmp_path):
   with open(path, "wb") as f:
     f.write(whole[:20000])
   with pytest.raises(ValueError, match=where):
+    tfds_source.TokenStream(config)
+  os.remove(path)  # a partial copy: array_record's 'open() failed'
+  with pytest.raises(ValueError, match=f"{where}, they are missing, "
+                     "truncated or damaged .*No such file"):
     tfds_source.TokenStream(config)
 
 

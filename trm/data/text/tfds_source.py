@@ -164,16 +164,19 @@ def open_split(tfds_config, split_key: str, features: dict):
 def read_records(source, keys: list[int], where: str) -> list:
   """`source`'s records `keys`; a ValueError naming `where` (the split and
   its version directory) when its ArrayRecord files are truncated or
-  damaged (array_record raised a RuntimeError: a traceback)."""
+  damaged, or one was deleted (array_record raised a RuntimeError: a
+  traceback)."""
   try:
     return source.__getitems__(keys)
   except RuntimeError as e:
     text = " ".join(str(e).split())
-    if "Riegeli" not in text and "ArrayRecord" not in text:
+    if not any(what in text for what in ("Riegeli", "ArrayRecord",
+                                         "open() failed")):
       raise
     raise ValueError(f"{where}: its ArrayRecord files cannot be read, they "
-                     f"are truncated or damaged ({text[:200]}); delete the "
-                     f"version directory and {_BUILD_HINT}.") from None
+                     f"are missing, truncated or damaged ({text[:200]}); "
+                     f"delete the version directory and {_BUILD_HINT}."
+                     ) from None
 
 
 def metadata(tfds_config) -> tuple[dict, str]:
