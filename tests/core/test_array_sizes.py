@@ -3,6 +3,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 import pytest
 
@@ -224,11 +225,12 @@ def test_an_eval_step_past_the_hosts_memory_is_one_line_before_it_runs(
   state = {"w": jax.device_put(jnp.ones((), jnp.float32), replicated)}
   batch = {"x": jax.device_put(jnp.ones((4096,), jnp.float32), replicated)}
   monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 2**20)
-  with pytest.raises(ValueError, match=r"^The eval step needs .* GiB on "
-                     r"this host's 1 CPU device\(s\) .*; lower the eval "
-                     r"batch size or the config's sequence length, or run "
-                     r"on an accelerator\.$"):
-    step(state, batch)
+  for given in (batch, {"x": np.ones((4096,), np.float32)}):  # or the host's
+    with pytest.raises(ValueError, match=r"^The eval step needs .* GiB on "
+                       r"this host's 1 CPU device\(s\) .*; lower the eval "
+                       r"batch size or the config's sequence length, or "
+                       r"run on an accelerator\.$"):
+      step(state, given)
   monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 2**40)
   assert float(step(state, batch)[0]["loss"]) == pytest.approx(
       4096 * 4096 * float(jnp.sin(1.0)), rel=1e-3)

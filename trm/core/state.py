@@ -206,10 +206,12 @@ def eval_step(eval_fn, state_shardings, batch_shardings):
                                 "lower the config's sequence length or eval "
                                 "batch size")
       step_fn = lowered.compile()
+      # The devices it runs on: its arguments' (the state's mesh), whether
+      # the batch came as global arrays or from the host.
+      devices = set().union(*(sharding.device_set for sharding in
+                              jax.tree.leaves(step_fn.input_shardings)))
       array_sizes.check_program_host_memory(
-          step_fn,
-          list(leaves[0].sharding.device_set) if leaves else [],
-          "The eval step", "lower the eval batch size or the config's "
+          step_fn, list(devices), "The eval step", "lower the eval batch size or the config's "
           "sequence length, or run on an accelerator")
       compiled[key] = step_fn
     return compiled[key](state, batch)
