@@ -205,7 +205,7 @@ def check_prompt_ids(prompt, vocab_size: int, codec, data_dir) -> None:
 
 
 def compile_sampler(generate, params, prompt, key, batch: int,
-                    max_new_tokens: int, vocab_size: int, devices):
+                    max_new_tokens: int, vocab_size: int):
   """The jitted `generate` compiled for `batch` samples at once, once its
   arrays are known to fit: none of 2**50 bytes or more (`array_sizes`),
   and on CPU devices the program within this host's memory. Before,
@@ -224,11 +224,8 @@ def compile_sampler(generate, params, prompt, key, batch: int,
       [jax.ShapeDtypeStruct((batch, prompt.shape[1] + max_new_tokens),
                             jnp.int32),
        jax.ShapeDtypeStruct((batch, vocab_size), jnp.float32)], what, fix)
-  lowered = generate.lower(params, prompt, key)
-  array_sizes.check_lowered(lowered, what, fix)
-  compiled = lowered.compile()
-  array_sizes.check_program_host_memory(compiled, devices, what, fix)
-  return compiled
+  return array_sizes.compile_checked(generate.lower(params, prompt, key),
+                                     what, fix)
 
 
 def load_model(init_from: str, workdir: str | None, checkpoint: str | None,
@@ -446,7 +443,7 @@ def main(argv):
         if compiled is None:
           compiled = compile_sampler(
               generate, params, prompt, rng, batch, _MAX_NEW.value,
-              cfg.vocab_size, ctx.mesh.devices.flatten())
+              cfg.vocab_size)
         tokens = compiled(params, prompt, rng)
         if jax.process_index() != 0:
           continue

@@ -174,3 +174,22 @@ def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
       per_device * len(local), host, len(local), what, fix,
       f" (XLA's memory analysis: {size('temp_size_in_bytes') / 2**30:,.1f} "
       "GiB of temporaries a device)")
+
+
+def program_devices(compiled) -> list:
+  """The devices a compiled program runs on: its arguments' shardings'
+  (those of a host array it was given included)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return list(set().union(*(sharding.device_set for sharding in
+                            jax.tree.leaves(compiled.input_shardings))))
+
+
+def compile_checked(lowered, what: str, fix: str):
+  """`lowered` compiled, its arrays held first to what any machine holds
+  (`check_lowered`: XLA would abort the process) and then, on CPU, its
+  memory to this host's (`check_program_host_memory`: it would fail at
+  its first call); `fix` says what to lower in both refusals."""
+  check_lowered(lowered, what, fix)
+  compiled = lowered.compile()
+  check_program_host_memory(compiled, program_devices(compiled), what, fix)
+  return compiled

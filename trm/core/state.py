@@ -206,13 +206,10 @@ def eval_step(eval_fn, state_shardings, batch_shardings):
                                 "lower the config's sequence length or eval "
                                 "batch size")
       step_fn = lowered.compile()
-      # The devices it runs on: its arguments' (the state's mesh), whether
-      # the batch came as global arrays or from the host.
-      devices = set().union(*(sharding.device_set for sharding in
-                              jax.tree.leaves(step_fn.input_shardings)))
       array_sizes.check_program_host_memory(
-          step_fn, list(devices), "The eval step", "lower the eval batch size or the config's "
-          "sequence length, or run on an accelerator")
+          step_fn, array_sizes.program_devices(step_fn), "The eval step",
+          "lower the eval batch size or the config's sequence length, or "
+          "run on an accelerator")
       compiled[key] = step_fn
     return compiled[key](state, batch)
 

@@ -1029,22 +1029,11 @@ class DiffusionLM:
             self._denoiser, ids, mask, params=self.params,
             mask_token_id=self.cfg.mask_token_id, return_history=history,
             **settings)
-      compiled = self._compile(lowered, "The sampling loop",
-                               "lower the prompt length, max_new_tokens "
-                               "or the batch")
+      compiled = array_sizes.compile_checked(
+          lowered, "The sampling loop",
+          "lower the prompt length, max_new_tokens or the batch")
     self._compiled[key] = compiled
     return compiled, time.perf_counter() - start
-
-  def _compile(self, lowered, what: str, fix: str):
-    """`lowered` compiled, its arrays' sizes held to what any machine
-    holds first and its memory, on CPU, to this host's after (XLA:CPU's
-    allocation of a batch's temporaries past it failed at the first call
-    with a JaxRuntimeError traceback)."""
-    array_sizes.check_lowered(lowered, what, fix)
-    compiled = lowered.compile()
-    array_sizes.check_program_host_memory(
-        compiled, list(self.ctx.mesh.devices.flat), what, fix)
-    return compiled
 
   def _lower_cached(self, ids, mask, history, settings):
     from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
@@ -1277,7 +1266,7 @@ class DiffusionLM:
         lowered = likelihood.score.lower(
             self._denoiser, self.params,
             *(jax.ShapeDtypeStruct(*shape) for shape in shapes))
-        self._compiled[key] = self._compile(
+        self._compiled[key] = array_sizes.compile_checked(
             lowered, "The likelihood program",
             "lower batch_size or shorten the requests")
     compiled = self._compiled[key]
