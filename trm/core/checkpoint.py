@@ -1411,11 +1411,11 @@ _EDITED_POSITION = ("No save writes that (a whole count of the batches read, "
 def _position_problem(position, step: int | None) -> str | None:
   """What is wrong with a restored Grain position (`next_index`: the batches
   read, one per step) that no save writes, or None; with `step`, the
-  checkpoint's, also a count past it. Grain checks only the dataset's length: NaN was a
-  traceback at the first batch, `true` read from batch 1, and a count past
-  the step silently skipped batches (a count behind it is not refused: a
-  run imported from nanoGPT's ckpt.pt reads from batch 0 at its
-  iteration)."""
+  checkpoint's, also a count past it. Grain checks only the dataset's
+  length: NaN was a traceback at the first batch, `true` read from batch
+  1, and a count past the step silently skipped batches (a count behind it
+  is not refused: a run imported from nanoGPT's ckpt.pt reads from batch 0
+  at its iteration)."""
   if not isinstance(position, dict) or "next_index" not in position:
     return None  # another iterator's state: its own set_state judges it
   index = position["next_index"]

@@ -24,8 +24,8 @@ def check_npy_size(path: str) -> None:
   than the file holds (truncated, or crafted): np.load would first try to
   allocate all of it, and a header of a few bytes can ask for TiBs (a
   MemoryError's traceback), or that is no regular file (a FIFO blocked
-  np.load), or is empty (np.load's EOFError). Callers name the file, as for np.load's own errors; a header
-  it cannot parse is left to np.load."""
+  np.load), or is empty (np.load's EOFError). Callers name the file, as
+  for np.load's own errors; a header it cannot parse is left to np.load."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   check_regular_file(path)  # a FIFO would block the read (np.load's too)
   if os.path.getsize(path) == 0:  # np.load's EOFError was a traceback

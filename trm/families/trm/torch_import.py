@@ -123,13 +123,10 @@ class _Stored:
     self.ndim = len(self.shape)
     self.floating = floating
     self.dtype = dtype
-    self._read = read
-
-  def read(self) -> np.ndarray:
-    return self._read()
+    self.read = read  # () -> the tensor as numpy
 
 
-def _torch_tensors(path: str, stack) -> dict[str, _Stored]:
+def _torch_tensors(path: str) -> dict[str, _Stored]:
   # A memory map: a tensor's bytes are read when it is converted, and those
   # of tensors never read (a refused file's, the ignored buffers) not at all.
   torch, obj = weights_io.load_weights_only(
@@ -147,7 +144,7 @@ def _torch_tensors(path: str, stack) -> dict[str, _Stored]:
           f"{type(value).__name__}, not a tensor (upstream pretrain.py saves "
           "model.state_dict() alone).")
     # As a .safetensors file's: NaN or Inf weights are refused in one line
-    # naming the tensor (`_checked`).
+    # naming the tensor, once read (`_load`).
     out[key] = _Stored(
         value.shape, value.is_floating_point(), str(value.dtype),
         lambda t=value, k=key: weights_io.torch_to_numpy(torch, t, k, path))
@@ -164,13 +161,14 @@ def _safetensors_tensors(path: str, stack) -> dict[str, _Stored]:
 
 def _tensors(path: str, stack) -> dict[str, _Stored]:
   """The file's tensors by name, unread; `stack` (a contextlib.ExitStack)
-  holds the file open while they are read."""
+  holds a .safetensors file open while they are read (a .pt's tensors
+  hold their own memory map)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"TRM checkpoint {path} does not exist or is not "
                             "a file.")
   if weights_io.is_safetensors(path):
     return _safetensors_tensors(path, stack)
-  return _torch_tensors(path, stack)
+  return _torch_tensors(path)
 
 
 def _strip(key: str) -> tuple[str, str]:
