@@ -21,6 +21,7 @@ from absl import app
 from absl import flags
 
 from trm.core import cli
+from trm.data import atomic_files
 from trm.families.trm.sheets import dataset_sheet
 
 
@@ -102,7 +103,7 @@ def check_out(path: str, data_dir: str | None = None,
   if path.endswith(os.sep) or os.path.isdir(path):
     raise ValueError(f"--out={path}: is a directory; name the PNG file to "
                      "write in it.")
-  if os.path.exists(path) and not os.path.isfile(path):
+  if atomic_files.is_special(path):
     # The final rename replaced it: --out=/dev/null, as root, left a
     # regular file in place of the host's /dev/null.
     raise ValueError(f"--out={path}: is not a regular file (a device, FIFO "

@@ -359,9 +359,8 @@ def parse_args(argv=None):
     raise SystemExit(f"--per_chip={args.per_chip}: sequences per chip, 1 "
                      f"to {2**31 - 1}.")
   if args.json is not None:  # written after minutes of compiling
-    if not args.json or args.json.endswith(os.sep) or os.path.isdir(
-        args.json) or (os.path.exists(args.json)
-                       and not os.path.isfile(args.json)):  # a device, FIFO
+    if (not args.json or args.json.endswith(os.sep)
+        or os.path.isdir(args.json) or atomic_files.is_special(args.json)):
       raise SystemExit(f"--json={args.json!r}: name a file to write the "
                        "rows to.")
     try:

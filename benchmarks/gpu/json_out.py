@@ -12,6 +12,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 
 
+def _atomic_files():
+  """trm.data.atomic_files, from this checkout."""
+  if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+  from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
+  return atomic_files
+
+
 def check_path(parser: argparse.ArgumentParser, path: str | None) -> None:
   """`parser.error` unless `path` (if given) can be a file in an existing
   directory: said before minutes of compiles, not after them."""
@@ -19,7 +27,7 @@ def check_path(parser: argparse.ArgumentParser, path: str | None) -> None:
       os.path.dirname(os.path.abspath(path)))):
     parser.error(f"--json={path}: must be a file path in an existing "
                  "directory")
-  if path and os.path.exists(path) and not os.path.isfile(path):
+  if path and _atomic_files().is_special(path):
     # Taken, the JSON's write was refused only after the minutes of
     # compiles (`atomic_files.atomic_write`).
     parser.error(f"--json={path}: must be a file path, not a device or "
@@ -51,8 +59,5 @@ def read_lines(path: str, script: str, flag: str | None = None) -> list:
 
 def write(path: str, value) -> None:
   """`value` as indented JSON at `path`, whole or not at all."""
-  if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-  from trm.data import atomic_files  # pylint: disable=g-import-not-at-top
-  atomic_files.atomic_write(path, lambda f: json.dump(value, f, indent=1),
+  _atomic_files().atomic_write(path, lambda f: json.dump(value, f, indent=1),
                             mode="w")

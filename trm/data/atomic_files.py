@@ -16,6 +16,14 @@ from typing import Any
 
 from absl import logging
 
+def is_special(path: str) -> bool:
+  """Whether `path` (or what a link there points to) is a device, FIFO or
+  socket: neither a regular file nor a directory, which `atomic_write`'s
+  rename would replace with a regular file."""
+  return (os.path.exists(path) and not os.path.isfile(path)
+          and not os.path.isdir(path))
+
+
 def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
   """Writes `path` by calling `write_fn(file)` on a temp file, then renaming.
 
@@ -27,8 +35,7 @@ def atomic_write(path: str, write_fn, mode: str = "wb") -> None:
   rename replaced it with a regular file (`trm.visualize --out=/dev/null`,
   run as root, replaced /dev/null for every process on the host).
   """
-  if (os.path.exists(path) and not os.path.isfile(path)
-      and not os.path.isdir(path)):  # a directory: the rename says so
+  if is_special(path):  # a directory: the rename says so
     raise ValueError(f"{path} is not a regular file (a device, FIFO or "
                      "socket), which writing the file would replace; name a "
                      "file.")
