@@ -564,14 +564,16 @@ def _kill_uid(uid):
     except BaseException:  # pylint: disable=broad-except
       pass
     os._exit(0)  # pylint: disable=protected-access
-  while True:
-    try:
-      os.waitpid(pid, 0)
-      return
-    except InterruptedError:
-      continue
-    except ChildProcessError:
-      return
+  _wait_child(pid)
+
+
+def _wait_child(pid):
+  """Waits for our child `pid` to end and reaps it (Python retries the
+  wait a signal interrupts, PEP 475); one already reaped is no error."""
+  try:
+    os.waitpid(pid, 0)
+  except ChildProcessError:
+    pass
 
 
 def _drop_privileges(payload):
@@ -965,8 +967,6 @@ def _supervise(payload, report_fd, outputs=(), proc=None):
       pid, value = os.waitpid(-1, 0)
     except ChildProcessError:
       break
-    except InterruptedError:
-      continue
     if pid == child:
       status = value
   if fallback_uid is not None:
@@ -997,8 +997,6 @@ def _reap_orphans(seconds=2.0):
         time.sleep(0.001)
     except ChildProcessError:
       return
-    except InterruptedError:
-      continue
 
 
 def _exited(pid):
@@ -1093,14 +1091,8 @@ def main(argv):
   # The parent's SIGTERM (its timeout): kill the namespace's init and wait,
   # so that when we exit every process of the sample is gone.
   signal.signal(signal.SIGTERM, lambda *_: os.kill(init, signal.SIGKILL))
-  while True:
-    try:
-      os.waitpid(init, 0)
-      return 0
-    except InterruptedError:
-      continue
-    except ChildProcessError:
-      return 0
+  _wait_child(init)
+  return 0
 
 
 if __name__ == "__main__":
