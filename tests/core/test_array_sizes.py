@@ -234,3 +234,65 @@ def test_an_eval_step_past_the_hosts_memory_is_one_line_before_it_runs(
   monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 2**40)
   assert float(step(state, batch)[0]["loss"]) == pytest.approx(
       4096 * 4096 * float(jnp.sin(1.0)), rel=1e-3)
+
+
+def test_the_memory_bound_is_the_lowest_of_the_host_and_the_process_limits(
+    monkeypatch):
+  import resource  # pylint: disable=g-import-not-at-top
+  limits = {resource.RLIMIT_AS: resource.RLIM_INFINITY,
+            resource.RLIMIT_DATA: resource.RLIM_INFINITY}
+  monkeypatch.setattr(resource, "getrlimit",
+                      lambda kind: (limits[kind], resource.RLIM_INFINITY))
+  monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 10 * 2**30)
+  assert array_sizes.memory_bound() == (
+      10 * 2**30, "its 10.0 GiB (memory and swap)")
+  limits[resource.RLIMIT_AS] = 6 * 2**30
+  assert array_sizes.memory_bound() == (
+      6 * 2**30, "this process's 6.0 GiB address-space limit (ulimit -v)")
+  limits[resource.RLIMIT_DATA] = 3 * 2**30
+  assert array_sizes.memory_bound() == (
+      3 * 2**30, "this process's 3.0 GiB data-segment limit (ulimit -d)")
+  monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: None)
+  assert array_sizes.memory_bound()[0] == 3 * 2**30
+  limits[resource.RLIMIT_AS] = limits[resource.RLIMIT_DATA] = (
+      resource.RLIM_INFINITY)
+  assert array_sizes.memory_bound() is None
+
+
+_UNDER_ULIMIT = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, resource.RLIM_INFINITY))
+import jax, jax.numpy as jnp
+from trm.core import array_sizes
+# A 50000 x 50000 float32 table sorted: a 9.3 GiB temporary, never run.
+lowered = jax.jit(lambda x: jnp.sort(x[:, None] * x[None, :], axis=1)[:, 0]
+                  ).lower(jax.ShapeDtypeStruct((50000,), jnp.float32))
+try:
+  array_sizes.compile_checked(lowered, "The program", "lower it")
+except ValueError as e:
+  print(e)
+  sys.exit(2)
+"""
+
+
+def test_a_program_past_the_processs_ulimit_v_is_refused_before_it_runs():
+  # Under `ulimit -v` below the program (and not below the host's memory),
+  # trm.sample's and the trainer's first call failed in XLA:CPU ("Out of
+  # memory allocating", a JaxRuntimeError traceback or exit 134).
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  host = array_sizes.host_memory_bytes()
+  if host is not None and host < 10 * 2**30:
+    pytest.skip("the program must fit the host's memory and not the limit")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)  # one device
+  run = subprocess.run([sys.executable, "-c", _UNDER_ULIMIT], env=env,
+                       capture_output=True, text=True, timeout=300,
+                       check=False)
+  assert run.returncode == 2, run.stdout + run.stderr[-2000:]
+  assert re.fullmatch(
+      r"The program needs 9\.\d GiB on this host's 1 CPU device\(s\) "
+      r"\(XLA's memory analysis: .* GiB of temporaries a device\), which "
+      r"share this process's 6\.0 GiB address-space limit \(ulimit -v\); "
+      r"lower it\.\n", run.stdout), run.stdout

@@ -108,15 +108,41 @@ def host_memory_bytes() -> int | None:
   return total
 
 
+# The process limits that bound what XLA:CPU can allocate, lowest first
+# wins: an allocation past either fails as past the host's memory does.
+_PROCESS_LIMITS = (("RLIMIT_AS", "address-space limit (ulimit -v)"),
+                   ("RLIMIT_DATA", "data-segment limit (ulimit -d)"))
+
+
+def memory_bound() -> tuple[int, str] | None:
+  """The most memory this process can hold, and the words that name it:
+  the host's memory and swap (`host_memory_bytes`) or, where lower, the
+  process's address-space or data-segment limit (each counts every
+  private allocation XLA:CPU makes). None where none can be read."""
+  import resource  # pylint: disable=g-import-not-at-top
+  host = host_memory_bytes()
+  bounds = [] if host is None else [
+      (host, f"its {host / 2**30:,.1f} GiB (memory and swap)")]
+  for name, words in _PROCESS_LIMITS:
+    try:
+      soft, _ = resource.getrlimit(getattr(resource, name))
+    except (AttributeError, ValueError, OSError):
+      continue
+    if soft != resource.RLIM_INFINITY and soft >= 0:
+      bounds.append((soft, f"this process's {soft / 2**30:,.1f} GiB {words}"))
+  return min(bounds, key=lambda bound: bound[0]) if bounds else None
+
+
 def check_host_memory(tree, what: str, fix: str) -> None:
   """On CPU devices (which all share this host's memory), raises
   ValueError when the arrays of `tree` (ShapeDtypeStructs carrying their
   shardings), as many copies as devices hold them, need more than the
-  host has: a state past it was ended by the kernel's OOM killer with no
+  host has (`memory_bound`: its memory and swap, or the process's
+  `ulimit -v` or `-d` where lower): a state past it was ended by the kernel's OOM killer with no
   message, or (a 128 GiB puzzle table) hung the start-up."""
   import jax  # pylint: disable=g-import-not-at-top
-  host = host_memory_bytes()
-  if host is None:
+  bound = memory_bound()
+  if bound is None:
     return
   total, devices = 0, set()
   for leaf in jax.tree.leaves(tree):
@@ -136,31 +162,32 @@ def check_host_memory(tree, what: str, fix: str) -> None:
     if sharding is not None:
       shape = sharding.shard_shape(shape)
     total += _nbytes(shape, _dtype(leaf)) * len(local)
-  _check_host_total(total, host, len(devices), what, fix)
+  _check_host_total(total, bound, len(devices), what, fix)
 
 
-def _check_host_total(total: int, host: int, devices: int, what: str,
-                      fix: str, detail: str = "") -> None:
-  if total > host:
+def _check_host_total(total: int, bound: tuple[int, str], devices: int,
+                      what: str, fix: str, detail: str = "") -> None:
+  limit, words = bound
+  if total > limit:
     raise ValueError(
         f"{what} needs {total / 2**30:,.1f} GiB on this host's "
-        f"{devices} CPU device(s){detail}, which share its "
-        f"{host / 2**30:,.1f} GiB (memory and swap); {fix}.")
+        f"{devices} CPU device(s){detail}, which share {words}; {fix}.")
 
 
 def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
   """As `check_host_memory`, for a compiled program (`jax.stages.Compiled`)
   run on `devices`: on CPU devices XLA allocates its arguments, outputs
   (less those aliased to donated arguments) and temporaries
-  (`memory_analysis()`, per device) in this host's memory, once for each
-  of this process's devices. A program past it failed at its first run
+  (`memory_analysis()`, per device) in this host's memory (within the
+  process's `ulimit -v` and `-d`), once for each of this process's
+  devices. A program past it failed at its first run
   (XLA:CPU's "Out of memory allocating 126371977048 bytes" in a
   JaxRuntimeError traceback, or a C++ CHECK on a buffer it could not
   allocate, exit 134) or was ended by the OOM killer."""
   import jax  # pylint: disable=g-import-not-at-top
-  host = host_memory_bytes()
+  bound = memory_bound()
   local = [d for d in devices if d.process_index == jax.process_index()]
-  if host is None or not local or any(d.platform != "cpu" for d in local):
+  if bound is None or not local or any(d.platform != "cpu" for d in local):
     return
   memory = compiled.memory_analysis()
   if memory is None:
@@ -171,7 +198,7 @@ def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
   per_device = (size("argument_size_in_bytes") + size("output_size_in_bytes")
                 + size("temp_size_in_bytes") - size("alias_size_in_bytes"))
   _check_host_total(
-      per_device * len(local), host, len(local), what, fix,
+      per_device * len(local), bound, len(local), what, fix,
       f" (XLA's memory analysis: {size('temp_size_in_bytes') / 2**30:,.1f} "
       "GiB of temporaries a device)")
 
