@@ -100,16 +100,39 @@ def hosts_per_slice(accelerator_type: str) -> int:
         f"v2, v3, v4, v5p, v5litepod, v6e (e.g. v4-8, v4-64, v5p-128, "
         f"v5litepod-16), got {accelerator_type!r}")
   gen, size = m.group(1), int(m.group(2))
+  if not _sold(gen, size):
+    raise LaunchError(
+        f"--accelerator_type: no {gen} slice of size {size} is sold; "
+        f"{gen} slices are {_SOLD_WORDS[gen]}")
   if gen in ("v5litepod", "v6e"):
     # Size counts chips: up to 8 on one host, 4 chips a host beyond that.
-    if size not in (1, 4, 8) and (size < 16 or size % 16):
-      raise LaunchError(f"--accelerator_type: no {gen} slice of size {size}")
     return 1 if size <= 8 else size // 4
   # Size counts TensorCores: 8 a host (v4/v5p: 4 chips x 2 cores).
-  if size < 8 or size % 8:
-    raise LaunchError(
-        f"--accelerator_type: {gen} sizes are multiples of 8, got {size}")
   return size // 8
+
+
+# The slice sizes Cloud TPU sells (its v2, v3, v4, v5e, v5p and v6e pages).
+# v2/v3 and v4/v5p sizes count TensorCores, v5e/v6e sizes chips. A v4 or
+# v5p slice is 4, 8, 16 or 32 chips, or whole 4x4x4 cubes (64 chips) up to
+# the largest slice: a v4 pod's 4096 chips, v5p's 16x16x24 (6144).
+_SOLD_SIZES = {"v2": (8, 32, 128, 256, 512),
+               "v3": (8, 32, 64, 128, 256, 512, 1024, 2048),
+               "v5litepod": (1, 4, 8, 16, 32, 64, 128, 256),
+               "v6e": (1, 4, 8, 16, 32, 64, 128, 256)}
+_CUBE_CORES, _LARGEST_CORES = 128, {"v4": 8192, "v5p": 12288}
+_SOLD_WORDS = {
+    **{gen: ", ".join(f"{gen}-{n}" for n in sizes)
+       for gen, sizes in _SOLD_SIZES.items()},
+    **{gen: (f"{gen}-8, {gen}-16, {gen}-32, {gen}-64, then multiples of "
+             f"{_CUBE_CORES} (whole 4x4x4 cubes) up to {gen}-{largest}")
+       for gen, largest in _LARGEST_CORES.items()}}
+
+
+def _sold(gen: str, size: int) -> bool:
+  if gen in _SOLD_SIZES:
+    return size in _SOLD_SIZES[gen]
+  return size in (8, 16, 32, 64) or (
+      size % _CUBE_CORES == 0 and 0 < size <= _LARGEST_CORES[gen])
 
 
 def node_names(args) -> list[str]:

@@ -42,6 +42,28 @@ def test_a_missing_config_file_is_named_before_jax(tmp_path, overrides):
   assert "TPU" not in result.stderr  # jax (and libtpu) never loaded
 
 
+@pytest.mark.parametrize("kind", ["directory", "device", "fifo",
+                                  "fifo as its own argument"])
+def test_a_config_path_that_is_no_file_is_said_as_what_it_is(tmp_path, kind):
+  # It was "no such config file" for a path that exists; a FIFO blocked
+  # ml_collections' read.
+  import os  # pylint: disable=g-import-not-at-top
+  path = {"directory": "configs", "device": "/dev/null"}.get(
+      kind, str(tmp_path / "pipe"))
+  if kind.startswith("fifo"):
+    os.mkfifo(path)
+  flag = (["--config", f"{path}:cpu"] if kind.endswith("argument")
+          else [f"--config={path}:cpu"])
+  result = _main(*flag, f"--workdir={tmp_path / 'run'}", timeout=60)
+  assert result.returncode == 2
+  said = ("a directory, not a config file" if kind == "directory" else
+          "not a regular file (a device, FIFO or socket)")
+  assert f"trm.main: error: --config={path}: {said}" in result.stderr, (
+      result.stderr[-2000:])
+  assert "Traceback" not in result.stderr
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("text, needle", [
     ("def get_config(:\n  pass\n", "(line 1): SyntaxError: invalid syntax"),
     ("x = 1\n", "AttributeError: module"),

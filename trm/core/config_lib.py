@@ -279,14 +279,25 @@ def _config_file_error(text: str) -> str:
 
 def _missing_config_file(argv) -> str | None:
   """ml_collections reads --config lazily, so a missing file would only
-  fail after jax has started, with a chained traceback; name it now."""
+  fail after jax has started, with a chained traceback; name it now. A
+  path that is no regular file is refused too (a FIFO would block the
+  read), and said as what it is."""
   import os  # pylint: disable=g-import-not-at-top
-  for arg in argv[1:]:
-    if arg.startswith("--config="):
-      path = arg.split("=", 1)[1].split(":", 1)[0]
+  args = list(argv[1:])
+  for i, arg in enumerate(args):
+    if arg.startswith("--config=") or (arg == "--config" and i + 1 < len(args)):
+      value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+      path = value.split(":", 1)[0]
       if path and not os.path.isfile(path):
+        example = "e.g. --config=configs/trm_sudoku.py"
+        if os.path.isdir(path):
+          return (f"--config={path}: a directory, not a config file; name "
+                  f"one of its Python files, {example}")
+        if os.path.exists(path):
+          return (f"--config={path}: not a regular file (a device, FIFO or "
+                  f"socket); pass a Python config file, {example}")
         return (f"--config={path}: no such config file (relative paths start"
-                f" from {os.getcwd()}); e.g. --config=configs/trm_sudoku.py")
+                f" from {os.getcwd()}); {example}")
   return None
 
 
@@ -453,22 +464,23 @@ def parse_flags(argv):
   way as its other input errors: `<tool>: error: ...`, exit 2."""
   import sys  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
+  # Before parsing: a --config.KEY override, or a variant after the path,
+  # makes ml_collections read the file there (a missing one's OSError
+  # traceback; a FIFO blocked the read).
+  message = _missing_config_file(argv)
   try:
-    parsed = flags.FLAGS(argv)
-    message = (_missing_config_file(argv) or _not_a_config(argv)
-               or _integers_past_int64() or _conflicting_aliases()
-               or _epochs_and_steps())
     if message is None:
-      return parsed
+      parsed = flags.FLAGS(argv)
+      message = (_not_a_config(argv) or _integers_past_int64()
+                 or _conflicting_aliases() or _epochs_and_steps())
+      if message is None:
+        return parsed
   except flags.Error as e:
     message = (_unknown_flag_message(e, flags.FLAGS)
                or _config_file_error(str(e)))
   except Exception as e:  # pylint: disable=broad-except
-    # A --config.KEY override reads the missing file first: ml_collections'
-    # OSError is then the traceback, unless the file is named here.
-    message = _missing_config_file(argv) or (
-        _config_override_error(e, argv, flags.FLAGS)
-        if isinstance(e, (AttributeError, KeyError)) else None)
+    message = (_config_override_error(e, argv, flags.FLAGS)
+               if isinstance(e, (AttributeError, KeyError)) else None)
     if message is None:
       message = _config_load_error(e, argv)
     from trm.core import cli  # pylint: disable=g-import-not-at-top
