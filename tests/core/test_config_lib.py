@@ -172,3 +172,14 @@ def test_nanogpt_flags_name_what_replaces_them(monkeypatch, capsys, flag,
 def test_maxtext_hf_and_big_vision_names_name_what_replaces_them(
     monkeypatch, capsys, flag, needle):
   assert needle in _trm_main_error(monkeypatch, capsys, flag)
+
+
+def test_integer_text_names_a_long_integers_digits_even_past_strs_limit():
+  assert config_lib.integer_text(-12) == "-12"
+  assert config_lib.integer_text(10**30 - 1) == "9" * 30
+  assert config_lib.integer_text(-10**30) == "<an integer of 31 digits>"
+  assert config_lib.integer_text(2**31, max_digits=5) == (
+      "<an integer of 10 digits>")
+  # str() raises ValueError past 4,300 digits (Python 3.11's limit).
+  assert config_lib.integer_text(10**5000) == (
+      "<an integer of about 5,000 digits>")

@@ -23,6 +23,19 @@ def parse_variants(arg: str | None, allowed: set[str]) -> set[str]:
   return names
 
 
+def integer_text(value: int, max_digits: int = 30) -> str:
+  """`value` in decimal, or "<an integer of N digits>" past `max_digits`
+  (a crafted setting can be thousands of digits long; str() refuses one
+  past 4,300 digits, whose count is then taken from its bit length)."""
+  value = int(value)
+  if value.bit_length() < 14000:  # under 4,215 digits
+    text = str(abs(value))
+    if len(text) <= max_digits:
+      return str(value)
+    return f"<an integer of {len(text):,} digits>"
+  return f"<an integer of about {int(value.bit_length() * 0.30103):,} digits>"
+
+
 def is_number(value) -> bool:
   """A real number a float holds: a Python or numpy int or float, not a
   bool, and no integer of 309 digits or more (float() and math.isfinite
@@ -446,10 +459,7 @@ def _integers_past_int64(flag_values=None) -> str | None:
   for path, value in values.items():
     found = _past_int64(value)
     if found is not None:
-      digits = len(str(abs(found)))
-      shown = (str(found) if digits <= 30
-               else f"<an integer of {digits} digits>")
-      return (f"--config.{path}: {shown} is outside the 64-bit integer range "
+      return (f"--config.{path}: {integer_text(found)} is outside the 64-bit integer range "
               "(+-9.2e18) that every integer setting is held in; pass a "
               "smaller value.")
   return None

@@ -75,7 +75,7 @@ def check_hf_config(directory: str, cfg: DreamConfig) -> dict:
     if theirs is None:  # Qwen2 configs have no mask_token_id
       continue
     ours = getattr(cfg, field)
-    if isinstance(ours, float) and not _is_number(theirs):
+    if isinstance(ours, float) and not config_lib.is_number(theirs):
       raise weights_io.CheckpointError(
           f"{path}: {field}={_shown(theirs)} is not a number; fix config.json "
           "or download the checkpoint again.")
@@ -243,11 +243,6 @@ def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
-  """A JSON number a float holds (a bool is none)."""
-  return config_lib.is_number(value)
-
-
 def _shown(value) -> str:
   """repr(value), cut to 60 characters (a crafted number can be thousands
   of digits long)."""
@@ -323,7 +318,7 @@ def model_config_from_hf(directory: str, tokenizer=None, *,
   _check_rope_parameters(hf, path)
   for field in HF_DEFAULTS:
     value = hf_value(hf, field)
-    if not _is_number(value):
+    if not config_lib.is_number(value):
       raise weights_io.CheckpointError(
           f"{path}: {field}={_shown(value)} is not a number.")
     floats[field] = float(value)

@@ -96,10 +96,6 @@ def _is_int(value) -> bool:
           and not isinstance(value, (bool, np.bool_)))
 
 
-def _is_number(value) -> bool:
-  return config_lib.is_number(value)
-
-
 def check_text(text: str, name: str) -> None:
   """ValueError naming `name` when `text` cannot be UTF-8: a lone surrogate,
   which is what Python makes of a non-UTF-8 byte in a command-line argument
@@ -264,23 +260,23 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
   if steps > MAX_STEPS:
     bad("steps", steps, f"must be at most {MAX_STEPS:,} (each step is one "
         "call of the model)")
-  if not (_is_number(temperature) and math.isfinite(temperature)
+  if not (config_lib.is_number(temperature) and math.isfinite(temperature)
           and temperature >= 0):
     bad("temperature", temperature, "must be a finite number >= 0 (0: greedy)")
   # 0 keeps the likeliest token alone, as the reference's filter does.
-  if top_p is not None and not (_is_number(top_p) and 0 <= top_p <= 1):
+  if top_p is not None and not (config_lib.is_number(top_p) and 0 <= top_p <= 1):
     bad("top_p", top_p, "must lie in [0, 1] (or be unset)")
   if top_k is not None and not (_is_int(top_k) and top_k >= 0):
     bad("top_k", top_k, "must be an integer >= 0 (0 or None: off)")
   if alg not in diffusion_sampling.ALGS:
     bad("alg", alg, f"must be one of {diffusion_sampling.ALGS}")
-  if alg_temp is not None and not (_is_number(alg_temp)
+  if alg_temp is not None and not (config_lib.is_number(alg_temp)
                                    and math.isfinite(alg_temp)
                                    and alg_temp >= 0):
     bad("alg_temp", alg_temp, "must be a finite number >= 0")
   # The reference's linspace(1, eps) at either end: 1 reveals everything
   # at the last step, 0 is its last time (outside, counts turn negative).
-  if not (_is_number(eps) and 0 <= eps <= 1):
+  if not (config_lib.is_number(eps) and 0 <= eps <= 1):
     bad("eps", eps, "must lie in [0, 1]")
   if max_positions is not None and prompt_len + max_new_tokens > max_positions:
     raise ValueError(

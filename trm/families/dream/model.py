@@ -83,9 +83,8 @@ class DreamConfig(dtypes.ConfigDtypes):
                          "integer.")
       # Token ids and their gathers are int32; no other size comes near.
       if value >= 2**31:
-        shown = str(value) if value < 10**15 else (
-            f"<an integer of {len(str(value))} digits>")
-        raise ValueError(f"config.model.{name}={shown} must be below 2**31"
+        raise ValueError(f"config.model.{name}="
+                         f"{config_lib.integer_text(value)} must be below 2**31"
                          + (" (token ids are int32)." if name == "vocab_size"
                             else "."))
     if self.hidden_size % self.num_attention_heads:
