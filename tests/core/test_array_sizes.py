@@ -296,3 +296,71 @@ def test_a_program_past_the_processs_ulimit_v_is_refused_before_it_runs():
       r"\(XLA's memory analysis: .* GiB of temporaries a device\), which "
       r"share this process's 6\.0 GiB address-space limit \(ulimit -v\); "
       r"lower it\.\n", run.stdout), run.stdout
+
+
+# A 2-process job (one CPU device each) whose process 1 has too little
+# memory (its bound patched); both check the model's state and a compiled
+# program spanning both.
+_TWO_HOSTS = r"""
+import sys
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize("127.0.0.1:" + sys.argv[1], num_processes=2,
+                           process_id=int(sys.argv[2]))
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+from trm.core import array_sizes
+if jax.process_index() == 1:
+  array_sizes.memory_bound = lambda: (1024, "its 0.0 GiB (memory and swap)")
+mesh = jax.make_mesh((2,), ("data",),
+                     axis_types=(jax.sharding.AxisType.Auto,))
+sharded = NamedSharding(mesh, PartitionSpec("data"))
+state = jax.ShapeDtypeStruct((4096,), jnp.float32, sharding=sharded)
+compiled = jax.jit(lambda x: x * 2, in_shardings=sharded,
+                   out_shardings=sharded).lower(state).compile()
+for what, check in (
+    ("state", lambda: array_sizes.check_host_memory(
+        {"w": state}, "The state", "lower it")),
+    ("program", lambda: array_sizes.check_program_host_memory(
+        compiled, array_sizes.program_devices(compiled), "The step",
+        "lower it"))):
+  try:
+    check()
+    print(what, "fits", flush=True)
+  except ValueError as e:
+    print(what, "refused:", e, flush=True)
+jax.distributed.shutdown()
+"""
+
+
+def test_a_host_short_of_memory_stops_every_process_of_the_job():
+  # Before, only the short host's process raised; the others went on into
+  # the first step's collectives and waited there until it was reported
+  # lost (about a minute, then JAX's abort).
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import workers as workers_lib  # pylint: disable=g-import-not-at-top
+  from test_train import ROOT  # pylint: disable=g-import-not-at-top
+  port = str(workers_lib.free_port())
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+             XLA_FLAGS=workers_lib.xla_flags(1))
+  procs = [subprocess.Popen(
+      [sys.executable, "-c", _TWO_HOSTS, port, str(i)], env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  outputs = workers_lib.wait_all(procs, timeout=120)
+  lines = [[l for l in out.splitlines() if l.startswith(("state", "program"))]
+           for out in outputs]
+  assert lines[1] == [
+      "state refused: The state needs 0.0 GiB on this host's 1 CPU "
+      "device(s), which share its 0.0 GiB (memory and swap); lower it.",
+      "program refused: The step needs 0.0 GiB on this host's 1 CPU "
+      "device(s) (XLA's memory analysis: 0.0 GiB of temporaries a device), "
+      "which share its 0.0 GiB (memory and swap); lower it."], (
+          outputs[1][-2000:])
+  assert lines[0] == [
+      f"{what} refused: The {name} is past the memory of process 1's host "
+      "(1 of 2 processes refused it; their error lines give the figures); "
+      "lower it." for what, name in (("state", "state"), ("program", "step"))
+  ], outputs[0][-2000:]

@@ -138,13 +138,12 @@ def check_host_memory(tree, what: str, fix: str) -> None:
   ValueError when the arrays of `tree` (ShapeDtypeStructs carrying their
   shardings), as many copies as devices hold them, need more than the
   host has (`memory_bound`: its memory and swap, or the process's
-  `ulimit -v` or `-d` where lower): a state past it was ended by the kernel's OOM killer with no
-  message, or (a 128 GiB puzzle table) hung the start-up."""
+  `ulimit -v` or `-d` where lower): a state past it was ended by the
+  kernel's OOM killer with no message, or (a 128 GiB puzzle table) hung
+  the start-up. Every process of a job that holds a part of `tree` raises
+  when one does (`_refuse_together`)."""
   import jax  # pylint: disable=g-import-not-at-top
-  bound = memory_bound()
-  if bound is None:
-    return
-  total, devices = 0, set()
+  total, devices, spanned = 0, set(), set()
   for leaf in jax.tree.leaves(tree):
     shape, sharding = getattr(leaf, "shape", None), getattr(
         leaf, "sharding", None)
@@ -156,22 +155,50 @@ def check_host_memory(tree, what: str, fix: str) -> None:
     # XLA's compile is the verdict there.
     if any(d.platform != "cpu" for d in placed):
       return
+    spanned |= {d.process_index for d in placed}
     local = (set(sharding.addressable_devices) if sharding is not None
              else placed)
     devices |= local
     if sharding is not None:
       shape = sharding.shard_shape(shape)
     total += _nbytes(shape, _dtype(leaf)) * len(local)
-  _check_host_total(total, bound, len(devices), what, fix)
+  _refuse_together(_past_bound(total, len(devices), what, fix), spanned,
+                   what, fix)
 
 
-def _check_host_total(total: int, bound: tuple[int, str], devices: int,
-                      what: str, fix: str, detail: str = "") -> None:
-  limit, words = bound
-  if total > limit:
-    raise ValueError(
-        f"{what} needs {total / 2**30:,.1f} GiB on this host's "
-        f"{devices} CPU device(s){detail}, which share {words}; {fix}.")
+def _past_bound(total: int, devices: int, what: str, fix: str,
+                detail: str = "") -> str | None:
+  """The refusal for `total` bytes on this host's `devices`, or None where
+  they fit (or no bound can be read)."""
+  bound = memory_bound()
+  if bound is None or total <= bound[0]:
+    return None
+  return (f"{what} needs {total / 2**30:,.1f} GiB on this host's "
+          f"{devices} CPU device(s){detail}, which share {bound[1]}; {fix}.")
+
+
+def _refuse_together(refusal: str | None, processes: set, what: str,
+                     fix: str) -> None:
+  """Raises ValueError(`refusal`) and, where the arrays or program span
+  every process of a job, makes every process raise when one refuses:
+  hosts of unequal memory judge alone, and the others went on into the
+  first collective, to wait there until the refusing one was reported
+  lost."""
+  import jax  # pylint: disable=g-import-not-at-top
+  count = jax.process_count()
+  if count > 1 and len(processes) == count:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    refused = np.asarray(multihost_utils.process_allgather(
+        np.int32(refusal is not None))).ravel()
+    others = [i for i, flag in enumerate(refused)
+              if flag and i != jax.process_index()]
+    if refusal is None and others:
+      refusal = (f"{what} is past the memory of process {others[0]}'s host "
+                 f"({len(others)} of {count} processes refused it; their "
+                 f"error lines give the figures); {fix}.")
+  if refusal is not None:
+    raise ValueError(refusal)
 
 
 def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
@@ -185,22 +212,23 @@ def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
   JaxRuntimeError traceback, or a C++ CHECK on a buffer it could not
   allocate, exit 134) or was ended by the OOM killer."""
   import jax  # pylint: disable=g-import-not-at-top
-  bound = memory_bound()
   local = [d for d in devices if d.process_index == jax.process_index()]
-  if bound is None or not local or any(d.platform != "cpu" for d in local):
+  if not local or any(d.platform != "cpu" for d in devices):
     return
   memory = compiled.memory_analysis()
-  if memory is None:
-    return
-  # A field a backend leaves out (or None) counts as 0, as the trainer's
-  # log line of the same figures has it.
-  size = lambda name: int(getattr(memory, name, 0) or 0)
-  per_device = (size("argument_size_in_bytes") + size("output_size_in_bytes")
-                + size("temp_size_in_bytes") - size("alias_size_in_bytes"))
-  _check_host_total(
-      per_device * len(local), bound, len(local), what, fix,
-      f" (XLA's memory analysis: {size('temp_size_in_bytes') / 2**30:,.1f} "
-      "GiB of temporaries a device)")
+  refusal = None
+  if memory is not None:
+    # A field a backend leaves out (or None) counts as 0, as the trainer's
+    # log line of the same figures has it.
+    size = lambda name: int(getattr(memory, name, 0) or 0)
+    per_device = (size("argument_size_in_bytes")
+                  + size("output_size_in_bytes") + size("temp_size_in_bytes")
+                  - size("alias_size_in_bytes"))
+    refusal = _past_bound(
+        per_device * len(local), len(local), what, fix,
+        f" (XLA's memory analysis: {size('temp_size_in_bytes') / 2**30:,.1f}"
+        " GiB of temporaries a device)")
+  _refuse_together(refusal, {d.process_index for d in devices}, what, fix)
 
 
 def program_devices(compiled) -> list:
