@@ -370,9 +370,9 @@ def main(argv):
   elif data_dir and os.path.isfile(os.path.join(data_dir, "metadata.json")):
     # A TFDS run: the builder's metadata holds meta.json's fields.
     meta_source = os.path.join(data_dir, "metadata.json")
-    meta = preparation.read_meta_json(
+    meta = preparation.resolve_tokenizer(preparation.read_meta_json(
         meta_source, "rebuild the data set, or pass --data_dir=DIR with the "
-        "meta.json of the data the model was trained on")
+        "meta.json of the data the model was trained on"), data_dir)
   elif data_dir and os.path.isfile(
       os.path.join(data_dir, preparation.NANOGPT_META_FILE)):
     # nanoGPT's own data directory (a ckpt.pt's config.dataset), as its

@@ -236,6 +236,30 @@ def test_prepare_bpe_with_tokenizer_json(tmp_path):
     preparation.prepare_bpe(_SAMPLE, out, tokenizer=str(tmp_path / "no.json"))
 
 
+def test_a_relative_tokenizer_in_meta_json_is_read_beside_it(
+    tmp_path, monkeypatch):
+  """A hand-written (or moved) meta.json naming its tokenizer.json
+  relative to itself: it was read against the working directory, where
+  another tokenizer.json decoded the ids as other text without a word."""
+  data = tmp_path / "data"
+  data.mkdir()
+  _tiny_bpe(data / "tokenizer.json")
+  preparation.prepare_bpe(_SAMPLE, str(data),
+                          tokenizer=str(data / "tokenizer.json"))
+  meta = json.loads((data / "meta.json").read_text())
+  meta["tokenizer"] = "tokenizer.json"
+  (data / "meta.json").write_text(json.dumps(meta))
+  other = tmp_path / "elsewhere"
+  other.mkdir()
+  _tiny_bpe(other / "tokenizer.json", ["<|x|>"])  # other ids
+  monkeypatch.chdir(other)
+  loaded = preparation.load_meta(str(data))
+  assert loaded["tokenizer"] == str(data / "tokenizer.json")
+  train = np.fromfile(data / "train.bin", np.uint16)
+  codec = preparation.codec_from_meta(loaded)
+  assert codec.decode(train) == _SAMPLE[:int(len(_SAMPLE) * 0.9)]
+
+
 def test_a_tokenizer_json_replaced_since_preparation_is_refused(tmp_path):
   """The tokenizer was compared by its path alone: another tokenizer.json
   put at that path (another model's) trained and sampled the prepared ids

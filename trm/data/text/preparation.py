@@ -351,6 +351,20 @@ def read_meta_json(path: str, fix: str) -> dict:
   return meta
 
 
+def resolve_tokenizer(meta: dict, directory: str) -> dict:
+  """`meta` with a relative tokenizer path made absolute against
+  `directory`, the folder of the meta.json that names it. Preparation
+  records an absolute path; a hand-written or moved meta.json's relative
+  one was read against the working directory, so a tokenizer.json there
+  (another model's) decoded the ids as other text without a word."""
+  tokenizer = meta.get("tokenizer")
+  if (isinstance(tokenizer, str) and tokenizer not in ("char", "gpt2")
+      and tokenizer and not os.path.isabs(tokenizer)):
+    return {**meta, "tokenizer": os.path.join(os.path.abspath(directory),
+                                              tokenizer)}
+  return meta
+
+
 def check_vocab_fields(meta: dict, path: str, fix: str) -> None:
   """meta.json's vocab_size and model_vocab_size (where present) are
   integers in [1, MAX_VOCAB], the ids of a uint16 .bin file (and of the
@@ -381,7 +395,7 @@ def load_meta(data_dir: str) -> dict:
         "input path so training prepares it).")
   path = os.path.join(data_dir, META_FILE)
   fix = "re-run `" + CLI_HINT.format(data_dir) + "`"
-  meta = read_meta_json(path, fix)
+  meta = resolve_tokenizer(read_meta_json(path, fix), data_dir)
   check_vocab_fields(meta, path, fix)
   for name in (TRAIN_FILE, VAL_FILE):
     expected = meta.get(name.split(".")[0] + "_tokens")
