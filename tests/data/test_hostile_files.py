@@ -185,6 +185,31 @@ def test_bin_tokens_beyond_the_vocabulary_are_one_line(tmp_path):
     evals[0]
 
 
+def test_a_bin_token_beyond_the_vocabulary_is_found_before_training(
+    tmp_path, monkeypatch):
+  """One damaged id deep in train.bin stopped a run only at the step whose
+  random window first reached it, after compiling and training up to
+  there; `check_file_ids` (the GPT task's, before compiling) names it and
+  its position. A file over _SCAN_TOKENS is left to each batch's check."""
+  directory = _prepared(tmp_path)
+  vocab = preparation.load_meta(directory)["vocab_size"]
+  train, val = (os.path.join(directory, f)
+                for f in (windows.TRAIN_FILE, windows.VAL_FILE))
+  windows.check_file_ids([train, val], vocab)  # prepared: fine
+  tokens = np.fromfile(train, np.uint16)
+  tokens[1234] = vocab  # the first id past the vocabulary
+  tokens.tofile(train)
+  with pytest.raises(ValueError, match=(
+      rf"train\.bin holds token id {vocab} at token 1234, but the model's "
+      rf"vocabulary has {vocab} ids")):
+    windows.check_file_ids([val, train], vocab)
+  monkeypatch.setattr(windows, "_SCAN_CHUNK", 1000)  # found across chunks
+  with pytest.raises(ValueError, match="at token 1234,"):
+    windows.check_file_ids([windows.TokenFile(train)], vocab)
+  monkeypatch.setattr(windows, "_SCAN_TOKENS", tokens.size - 1)
+  windows.check_file_ids([train], vocab)  # too large to read whole
+
+
 def test_negative_token_ids_are_one_line(tmp_path):
   """A TFDS token feature is signed: a negative id passed the check (only
   ids >= the vocabulary were refused) and indexed the embedding table from

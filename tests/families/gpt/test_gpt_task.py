@@ -596,6 +596,27 @@ def test_a_bad_model_field_stops_before_the_data_is_prepared(
   assert not (tmp_path / "data").exists()
 
 
+def test_a_damaged_token_id_deep_in_train_bin_stops_before_compiling(
+    tmp_path):
+  """It stopped the run only at the step whose random window first read it
+  (168 steps into a shakespeare_char_cpu run), after compiling."""
+  from trm.data.text import preparation  # pylint: disable=g-import-not-at-top
+  config = tiny_config(tmp_path / "data")
+  config.mesh.update(data=-1, fsdp=1, model=1)
+  config.data.input = ""
+  directory = str(tmp_path / "data" / config.dataset)
+  preparation.prepare("abcdefgh \n" * 2000, directory, "char")
+  path = os.path.join(directory, "train.bin")
+  tokens = np.fromfile(path, np.uint16)
+  tokens[len(tokens) // 2] = 60000
+  tokens.tofile(path)
+  ctx = mesh_lib.ShardingContext.from_config(config)
+  with pytest.raises(ValueError, match=(
+      rf"train\.bin holds token id 60000 at token {len(tokens) // 2}, ")):
+    families.build_task(config, str(tmp_path / "run"), ctx)
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_synthetic_data_trains_with_no_dataset(tmp_path):
   # MaxText's dataset_type=synthetic: a step benchmarked on a pod with no
   # data prepared or read. Before, data.source took only 'bin' or 'tfds'.

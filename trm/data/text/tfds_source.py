@@ -252,6 +252,12 @@ class TokenStream(text.TokenFile):
                               {self.feature: f"{PREFIX}.feature"})[0]
     return self
 
+  def first_id_from(self, vocab_size: int) -> None:
+    """None, unread: a split's records are read only as windows reach them
+    (each batch's ids are checked, `text.TokenWindows`)."""
+    del vocab_size
+    return None
+
   def __getitem__(self, index: np.ndarray) -> np.ndarray:
     """Tokens at the stream positions `index` (any integer array)."""
     index = np.asarray(index)

@@ -63,6 +63,12 @@ _FINGERPRINT_BLOCKS = 256
 _FINGERPRINT_TOKENS = 32768
 # `TokenFile` reads this many leading (even, odd) id pairs to tell a file of
 # 32- or 64-bit ids from uint16 ones; shorter files are not judged.
+# A .bin file of up to this many tokens (1 GiB) has its ids checked whole
+# before compilation (`check_file_ids`; tenths of a second from the page
+# cache); a larger one (OpenWebText's 9B tokens: minutes on every start and
+# host) only batch by batch (`_check_ids`). Read in chunks of _SCAN_CHUNK.
+_SCAN_TOKENS = 2**29
+_SCAN_CHUNK = 2**24
 _DTYPE_PAIRS = 32768
 _DTYPE_PAIRS_MIN = 1024
 
@@ -242,6 +248,18 @@ class TokenFile:
       self._data = np.memmap(self.path, dtype=np.uint16, mode="r")
     return self._data
 
+  def first_id_from(self, vocab_size: int) -> tuple[int, int] | None:
+    """(position, id) of the file's first token id >= `vocab_size`, or
+    None; None unread for a file over _SCAN_TOKENS tokens."""
+    if self.num_tokens > _SCAN_TOKENS:
+      return None
+    for start in range(0, self.num_tokens, _SCAN_CHUNK):
+      chunk = np.asarray(self.data[start:start + _SCAN_CHUNK])
+      if int(chunk.max()) >= vocab_size:
+        at = int(np.argmax(chunk >= vocab_size))
+        return start + at, int(chunk[at])
+    return None
+
   def check_length(self, block_size: int) -> None:
     if self.num_tokens < block_size + 1:
       raise ValueError(
@@ -322,6 +340,34 @@ def hashed_ids(index: np.ndarray, split: int, vocab_size: int) -> np.ndarray:
   return (h % np.uint64(vocab_size)).astype(np.int32)
 
 
+def check_file_ids(streams, vocab_size: int) -> None:
+  """Refuses, before compilation, a .bin file among `streams` (paths or
+  token streams) holding an id >= `vocab_size`, naming its position. Its
+  batches' own check (`_check_ids`) found one only when a random window
+  reached it: a damaged id stopped the run at some step, after compiling
+  and training up to there. Files over _SCAN_TOKENS tokens and other
+  streams (TFDS splits, synthetic ids) are left to that check."""
+  for stream in streams:
+    if isinstance(stream, str):
+      stream = TokenFile(stream)
+    found = (stream.first_id_from(vocab_size)
+             if isinstance(stream, TokenFile) else None)
+    if found is not None:
+      at, token = found
+      raise ValueError(_id_error(stream.path, token, vocab_size,
+                                 f" at token {at}"))
+
+
+def _id_error(path: str, top: int, vocab_size: int, where: str = "") -> str:
+  """The one line of a token id outside the model's vocabulary."""
+  fix = ("re-prepare it with `" + preparation.CLI_HINT.format(
+      os.path.dirname(path) or ".") + "`" if os.path.isfile(path)
+         else "rebuild the data set")
+  return (f"{path} holds token id {top}{where}, but the model's vocabulary "
+          f"has {vocab_size} ids (config.model.vocab_size): the data was not "
+          f"prepared with this data set's tokenizer, or is damaged; {fix}.")
+
+
 def _check_ids(batch: dict, vocab_size: int | None, path: str) -> dict:
   """`batch`, once every token id in it is below `vocab_size` (None: not
   checked). An id the model has no embedding row for would only turn the
@@ -335,13 +381,7 @@ def _check_ids(batch: dict, vocab_size: int | None, path: str) -> dict:
     if low < 0:
       top = low
     if not 0 <= top < vocab_size:
-      fix = ("re-prepare it with `" + preparation.CLI_HINT.format(
-          os.path.dirname(path) or ".") + "`" if os.path.isfile(path)
-             else "rebuild the data set")
-      raise ValueError(
-          f"{path} holds token id {top}, but the model's vocabulary has "
-          f"{vocab_size} ids (config.model.vocab_size): the data was not "
-          f"prepared with this data set's tokenizer, or is damaged; {fix}.")
+      raise ValueError(_id_error(path, top, vocab_size))
   return batch
 
 

@@ -378,6 +378,9 @@ def build(config, workdir: str, ctx) -> Task:
     raise ValueError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than "
         f"the vocabulary of {directory} ({meta['vocab_size']} tokens).")
+  # Before compiling: a damaged id deep in train.bin stopped the run at the
+  # step whose random window first reached it.
+  text.check_file_ids(streams, config.model.vocab_size)
   if config.get("num_epochs", 0):  # (synthetic streams have no length)
     # An epoch: as many tokens as the training split holds, in windows of
     # block_size (nanoGPT's tokens_per_iter = batch x block_size).
