@@ -836,7 +836,11 @@ def test_init_checkpoint_starts_a_new_run_from_a_workdirs_weights(
 @pytest.mark.parametrize("overrides,error,message", [
     ({"model.hidden_size": 64}, ValueError,
      r"config.init_checkpoint='.*': Checkpoint .*/12: buffers/H_init has "
-     r"shape \(32,\) but this config needs \(64,\) \(and 6 more"),
+     r"shape \(32,\) but this config needs \(64,\) \(and 6 more.*\. "
+     # What to do about a starting run (not "another --workdir /
+     # --checkpoint": the new run's workdir has nothing to do with it).
+     r"Point config\.init_checkpoint at a run of this config's model and "
+     r"sizes, or set config\.model as that run's config\.json records it\.$"),
     ({"model.puzzle_emb_ndim": 64}, ValueError,
      r"puzzle_emb/weights in .*/12 has shape \(1, 32\) but this config "
      r"needs \(1, 64\): only its number of identifiers may differ"),

@@ -82,9 +82,15 @@ def _short(paths) -> str:
   return ", ".join(paths[:_SHOW]) + more
 
 
+# What to do about a checkpoint that does not fit the config: resumed,
+# evaluated or exported, its run's own config or another run reads it.
+FIX = ("Use the config that wrote it (the run's config.json), or another "
+       "--workdir / --checkpoint.")
+
+
 def check(directory: str, abstract, step: int | None = None,
           fields=None, family: str | None = None,
-          optional=()) -> list[str]:
+          optional=(), fix: str = FIX) -> list[str]:
   """Raises CheckpointMismatchError unless step `step` (default: the newest)
   of the Orbax checkpoints in `directory` holds a state with the tree and
   shapes of `abstract` (a pytree of arrays or ShapeDtypeStructs, e.g. the
@@ -94,7 +100,8 @@ def check(directory: str, abstract, step: int | None = None,
   model the config describes when the tensors alone do not tell. Top-level
   fields named in `optional` (fields a later version added) may be absent
   from the checkpoint: returns those it lacks, [] if none (or nothing was
-  read: no checkpoint, or metadata that cannot be read)."""
+  read: no checkpoint, or metadata that cannot be read). `fix` ends each
+  refusal: what the caller's user can do (the default: `FIX`)."""
   step = latest_step(directory) if step is None else step
   if step is None:
     return []
@@ -118,8 +125,6 @@ def check(directory: str, abstract, step: int | None = None,
     expected = {p: s for p, s in expected.items()
                 if p.split("/")[0] in fields}
   where = f"Checkpoint {step_dir}"
-  fix = ("Use the config that wrote it (the run's config.json), or another "
-         "--workdir / --checkpoint.")
   # The puzzle table is an empty field (nothing saved) when
   # config.model.puzzle_emb_ndim is 0, and a config difference otherwise
   # (reported with the tensors below): only the other fields tell a model

@@ -386,8 +386,13 @@ def starting_state(config, source, program, ctx):
     fields["puzzle_emb"] = {"weights": jax.ShapeDtypeStruct(
         saved_table, target.dtype, sharding=target.sharding)}
   try:
-    restore_check.check(directory, fields, newest,
-                        family=trm_program.DISPLAY_NAME)
+    # Not FIX's "another --workdir / --checkpoint": --workdir is the new
+    # run's, and this run reads no --checkpoint.
+    restore_check.check(
+        directory, fields, newest, family=trm_program.DISPLAY_NAME,
+        fix=(f"Point {INIT_NAME} at a run of this config's model and "
+             "sizes, or set config.model as that run's config.json "
+             "records it."))
   except restore_check.CheckpointMismatchError as e:
     raise restore_check.CheckpointMismatchError(
         f"{INIT_NAME}={path!r}: {e}") from None
