@@ -61,14 +61,14 @@ _EVAL_STREAM = 0x6576616C  # "eval"
 # tokens (16 MiB of a uint16 file).
 _FINGERPRINT_BLOCKS = 256
 _FINGERPRINT_TOKENS = 32768
-# `TokenFile` reads this many leading (even, odd) id pairs to tell a file of
-# 32- or 64-bit ids from uint16 ones; shorter files are not judged.
 # A .bin file of up to this many tokens (1 GiB) has its ids checked whole
 # before compilation (`check_file_ids`; tenths of a second from the page
 # cache); a larger one (OpenWebText's 9B tokens: minutes on every start and
 # host) only batch by batch (`_check_ids`). Read in chunks of _SCAN_CHUNK.
 _SCAN_TOKENS = 2**29
 _SCAN_CHUNK = 2**24
+# `TokenFile` reads this many leading (even, odd) id pairs to tell a file of
+# 32- or 64-bit ids from uint16 ones; shorter files are not judged.
 _DTYPE_PAIRS = 32768
 _DTYPE_PAIRS_MIN = 1024
 
