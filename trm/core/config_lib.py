@@ -298,7 +298,8 @@ def _missing_config_file(argv) -> str | None:
   import os  # pylint: disable=g-import-not-at-top
   args = list(argv[1:])
   for i, arg in enumerate(args):
-    if arg.startswith("--config=") or (arg == "--config" and i + 1 < len(args)):
+    if arg.startswith("--config=") or (arg == "--config"
+                                       and i + 1 < len(args)):
       value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
       path = value.split(":", 1)[0]
       if path and not os.path.isfile(path):
@@ -459,9 +460,9 @@ def _integers_past_int64(flag_values=None) -> str | None:
   for path, value in values.items():
     found = _past_int64(value)
     if found is not None:
-      return (f"--config.{path}: {integer_text(found)} is outside the 64-bit integer range "
-              "(+-9.2e18) that every integer setting is held in; pass a "
-              "smaller value.")
+      return (f"--config.{path}: {integer_text(found)} is outside the "
+              "64-bit integer range (+-9.2e18) that every integer setting "
+              "is held in; pass a smaller value.")
   return None
 
 

@@ -264,7 +264,8 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
           and temperature >= 0):
     bad("temperature", temperature, "must be a finite number >= 0 (0: greedy)")
   # 0 keeps the likeliest token alone, as the reference's filter does.
-  if top_p is not None and not (config_lib.is_number(top_p) and 0 <= top_p <= 1):
+  if top_p is not None and not (config_lib.is_number(top_p)
+                                and 0 <= top_p <= 1):
     bad("top_p", top_p, "must lie in [0, 1] (or be unset)")
   if top_k is not None and not (_is_int(top_k) and top_k >= 0):
     bad("top_k", top_k, "must be an integer >= 0 (0 or None: off)")

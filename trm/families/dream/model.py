@@ -83,10 +83,10 @@ class DreamConfig(dtypes.ConfigDtypes):
                          "integer.")
       # Token ids and their gathers are int32; no other size comes near.
       if value >= 2**31:
-        raise ValueError(f"config.model.{name}="
-                         f"{config_lib.integer_text(value)} must be below 2**31"
-                         + (" (token ids are int32)." if name == "vocab_size"
-                            else "."))
+        raise ValueError(
+            f"config.model.{name}={config_lib.integer_text(value)} must be "
+            "below 2**31" + (" (token ids are int32)." if name == "vocab_size"
+                             else "."))
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
           f"config.model.hidden_size={self.hidden_size} must be divisible by "
