@@ -239,6 +239,18 @@ def test_missing_checkpoint_is_a_clear_error(trained, tmp_path):
                                  str(tmp_path / "eval"))
 
 
+def test_a_missing_checkpoint_is_refused_before_the_dataset(tmp_path):
+  """A mistyped --checkpoint (or a FIFO) was named only after the test
+  split had been built under <output_dir>/data (minutes for ARC)."""
+  config = tiny_config(**{"data.data_dir": ""}, **ONE_AXIS)
+  os.mkfifo(tmp_path / "fifo")
+  for checkpoint in (tmp_path / "nope", tmp_path / "fifo"):
+    with pytest.raises(FileNotFoundError, match="neither a trm.main workdir"):
+      evaluate.evaluate_checkpoint(config, str(checkpoint),
+                                   str(tmp_path / "eval"))
+    assert not (tmp_path / "eval").exists()
+
+
 def test_an_object_store_workdir_is_refused_before_the_dataset(tmp_path):
   """A gs:// workdir went on to build (download) the run's dataset, then
   failed as "no such file"; now one line says how to copy it."""

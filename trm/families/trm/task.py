@@ -517,6 +517,17 @@ def arc_eval_names() -> tuple:
   return arc_eval.metric_names()
 
 
+def check_eval_checkpoint(checkpoint: str) -> None:
+  """`trm.evaluate --checkpoint` is a trm.main workdir or a checkpoint file;
+  checked before the dataset (a mistyped path was named only after the
+  test split had been built under <output_dir>/data: minutes for ARC)."""
+  if not (os.path.isdir(os.path.join(checkpoint, "checkpoints"))
+          or os.path.isfile(checkpoint)):
+    raise FileNotFoundError(
+        f"--checkpoint={checkpoint} is neither a trm.main workdir (with a "
+        "checkpoints/ directory) nor an upstream PyTorch checkpoint file.")
+
+
 def load_eval_state(checkpoint: str, program, abstract, shardings, ctx,
                     step: int | None = None):
   """(train state, description) for `trm.evaluate`: the weights of a
@@ -526,16 +537,13 @@ def load_eval_state(checkpoint: str, program, abstract, shardings, ctx,
   from trm.core import state as state_lib  # pylint: disable=g-import-not-at-top
   saved = os.path.join(checkpoint, "checkpoints")
   names = ("params", "ema_params", "buffers", "puzzle_emb")
+  check_eval_checkpoint(checkpoint)
   if os.path.isdir(saved):
     fields, step = ckpt_lib.restore_fields(
         saved, {k: getattr(abstract, k) for k in names}, step=step,
         family=trm_program.DISPLAY_NAME)
     state = state_lib.init_state(program.init_fn, ctx, shardings)
     return state.replace(**fields), f"{saved} step {step}"
-  if not os.path.isfile(checkpoint):
-    raise FileNotFoundError(
-        f"--checkpoint={checkpoint} is neither a trm.main workdir (with a "
-        "checkpoints/ directory) nor an upstream PyTorch checkpoint file.")
   from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
   params, buffers, puzzle_emb = torch_import.load_torch_checkpoint(
       checkpoint, program.model.cfg)
