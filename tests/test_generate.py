@@ -659,6 +659,18 @@ def test_num_return_sequences_beyond_host_memory_is_one_line(lm,
       lm.generate("w3", max_new_tokens=4, num_return_sequences=copies)
 
 
+def test_a_batch_size_beyond_host_memory_is_one_line(lm, monkeypatch):
+  """One prompt padded to a batch of batch_size rows: --batch_size=2**31
+  was numpy's MemoryError traceback, now one ValueError naming it."""
+  monkeypatch.setattr(lm, "compile", lambda *a, **k: pytest.fail(
+      "compiled for rows that cannot exist"))
+  for size in (2**31, 2**50, 2**62, 2**70):
+    with pytest.raises(ValueError, match=rf"^batch_size={size}: {size} rows "
+                       r"of \d+ tokens do not fit in this host's memory \(the "
+                       r"1 sequence\(s\) to generate"):
+      lm.generate("w3", max_new_tokens=4, batch_size=size)
+
+
 def test_api_accepts_integer_like_seeds_and_batches(lm):
   # Sampled (temperature 1), so a seed wrapped in seed + n would show;
   # the program num_return_sequences' test below reuses.

@@ -225,6 +225,23 @@ def check_batch_and_seed(batch_size, seed, num_prompts: int) -> None:
         "larger or negative one would repeat another seed's samples).")
 
 
+def _pad_rows(ids: np.ndarray, mask: np.ndarray, rows: int,
+              batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """`ids` and `mask` with their last row repeated to `rows` rows (whole
+  batches of `batch_size`). A batch_size far past the prompts
+  (--batch_size=2**31 for one prompt) was numpy's MemoryError traceback;
+  past 2**62 rows numpy's "array is too big" ValueError names no flag."""
+  try:
+    return (np.concatenate([ids, np.repeat(ids[-1:], rows - len(ids), 0)]),
+            np.concatenate([mask, np.repeat(mask[-1:], rows - len(mask), 0)]))
+  except (MemoryError, OverflowError, ValueError):  # "array is too big"
+    raise ValueError(
+        f"batch_size={batch_size}: {batch_size} rows of {ids.shape[1]} "
+        "tokens do not fit in this host's memory (the "
+        f"{len(ids)} sequence(s) to generate are padded to whole batches); "
+        f"lower batch_size ({len(ids)} fills one batch).") from None
+
+
 @dataclasses.dataclass
 class Generation:
   """What `generate(..., return_tokens=True)` (or Hugging Face's spelling,
@@ -1146,8 +1163,7 @@ class DiffusionLM:
     size = batch_size or count
     rows = -(-count // size) * size
     if rows > count:  # repeat the last prompt: one program for all
-      ids = np.concatenate([ids, np.repeat(ids[-1:], rows - count, 0)])
-      mask = np.concatenate([mask, np.repeat(mask[-1:], rows - count, 0)])
+      ids, mask = _pad_rows(ids, mask, rows, batch_size)
     # Bucketed, a prompt that fills its bucket exactly runs the padded
     # program too (an all-ones mask gives the same result): one program per
     # bucket, not two.
