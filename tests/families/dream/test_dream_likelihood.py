@@ -249,6 +249,29 @@ def test_bad_values_are_one_line_before_any_compile(pair, kwargs, error,
   assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("nll_type, named", [
+    ("mc", "mc_num=64, batch_size=64: request 0"),
+    ("ar_ftb", "batch_size=64: request 0"),
+])
+def test_draws_past_the_hosts_memory_are_one_line_before_any_draw(
+    pair, nll_type, named, monkeypatch):
+  """--batch_size=2**31 drew its masks until the kernel's OOM killer ended
+  trm.evaluate --loglikelihood with no message; here a host of 64 KiB."""
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  lm, _ = pair
+  monkeypatch.setattr(array_sizes, "memory_bound",
+                      lambda: (1 << 16, "its 0.0 GiB (memory and swap)"))
+  monkeypatch.setattr(likelihood, "forward_process",
+                      lambda *a, **k: pytest.fail("drawn"))
+  monkeypatch.setattr(lm, "_score", lambda *a, **k: pytest.fail("scored"))
+  with pytest.raises(ValueError) as info:
+    lm.loglikelihood([("ab", "cd")], mc_num=64, batch_size=64,
+                     nll_type=nll_type)
+  message = str(info.value)
+  assert message.startswith(named) and "\n" not in message, message
+  assert "more than its 0.0 GiB (memory and swap); lower batch_size" in message
+
+
 def test_a_request_holding_the_mask_token_is_refused():
   """The reference finds masked positions as those holding the mask token:
   one in the text (a tokenizer parses "<|mask|>" to it) would be scored as

@@ -1238,6 +1238,10 @@ class DiffusionLM:
       likelihood.check_request(request, i, self.cfg.mask_token_id,
                                self.max_positions,
                                log_type if nll_type == "mc" else None)
+      # Before any draw: a batch_size past the host's memory was an OOM kill.
+      likelihood.check_host_memory(
+          mc_num, batch_size, nll_type, len(request.tokens),
+          self._width(len(request.tokens), int(bucket)), i)
     out = []
     for request in encoded:
       if nll_type == "ar_ftb":

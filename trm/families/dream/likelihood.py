@@ -205,6 +205,37 @@ def forward_process(rng: np.random.Generator, batch_size: int, length: int,
   return masked, p_mask
 
 
+# Host bytes of one scored row per position of its padded width: noisy,
+# rows, targets (int32), weights (float32) and real (bool), copies made
+# while the batch is stacked included.
+_ROW_BYTES = 2 * (4 + 4 + 4 + 4 + 1)
+
+
+def check_host_memory(mc_num: int, batch_size: int, nll_type: str,
+                      length: int, width: int, index: int) -> None:
+  """One ValueError naming mc_num and batch_size when request `index`'s
+  arrays (`length` tokens, rows `width` wide) would not fit in this host's
+  memory: its draws' masks (mc_num x length bools, a round's float32
+  uniforms) and a batch of batch_size rows. --batch_size=2**31 drew them
+  until the kernel's OOM killer ended the process, with no message."""
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  bound = array_sizes.memory_bound()
+  if bound is None:
+    return
+  need = batch_size * width * _ROW_BYTES
+  if nll_type == "mc":
+    need += mc_num * length + batch_size * length * 4
+  limit, words = bound
+  if need > limit:
+    named = (f"mc_num={mc_num}, " if nll_type == "mc" else "") + (
+        f"batch_size={batch_size}")
+    raise ValueError(
+        f"{named}: request {index} "
+        f"({length} tokens) needs {need / 2**30:,.1f} GiB of this host's "
+        f"memory for its draws and a batch of rows, more than {words}; "
+        "lower batch_size" + (" and mc_num." if nll_type == "mc" else "."))
+
+
 def padded(n: int, bucket: int) -> int:
   return -(-n // bucket) * bucket
 
