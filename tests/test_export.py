@@ -89,6 +89,19 @@ def test_cli_checks_the_tokenizer_before_the_weights(tmp_path, export_cli):
   assert f"{tmp_path} holds no tokenizer.json" in error
 
 
+def test_cli_tokenizer_bytes_says_to_drop_it(tmp_path, export_cli):
+  """--tokenizer=bytes (the other tools' spelling for a byte-tokenizer run)
+  was read as a directory: 'bytes holds no tokenizer.json ... point
+  --tokenizer at the checkpoint you fine-tuned', which has none."""
+  workdir = _workdir(tmp_path)
+  error = _export_error(export_cli, workdir, f"--out={tmp_path / 'hf'}",
+                        "--tokenizer=bytes")
+  assert (
+      "error: --tokenizer=bytes: the byte tokenizer has no files to copy; "
+      "drop --tokenizer (load the export with --tokenizer=bytes), or pass "
+      "--tokenizer=./bytes for a directory of that name.") in error, error
+
+
 def test_cli_checks_the_sources_special_ids_before_the_weights(tmp_path,
                                                                export_cli):
   """--tokenizer's config.json gives the export its bos/eos ids; one that

@@ -61,6 +61,13 @@ def check_tokenizer_dir(source: str) -> None:
   copy from it is a regular file (main checks it before the weights load,
   which takes minutes for a 7B model)."""
   from trm.data.text import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  if source == "bytes":
+    # What trm.generate and trm.evaluate take for a byte-tokenizer run; here
+    # it was read as a directory ("bytes holds no tokenizer.json").
+    raise app.UsageError(
+        "--tokenizer=bytes: the byte tokenizer has no files to copy; drop "
+        "--tokenizer (load the export with --tokenizer=bytes), or pass "
+        "--tokenizer=./bytes for a directory of that name.")
   if not tok_lib.has_tokenizer(source):
     raise FileNotFoundError(f"{source} holds no tokenizer.json (nor "
                             "vocab.json and merges.txt); point --tokenizer "
