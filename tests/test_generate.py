@@ -652,7 +652,7 @@ def test_num_return_sequences_beyond_host_memory_is_one_line(lm,
   MemoryError or OverflowError traceback, now one ValueError naming it."""
   monkeypatch.setattr(lm, "compile", lambda *a, **k: pytest.fail(
       "compiled for rows that cannot exist"))
-  for copies in (2**50, 2**70):
+  for copies in (2**50, 2**62, 2**70):
     with pytest.raises(ValueError, match=rf"^num_return_sequences={copies}: "
                        rf"{copies} rows of \d+ tokens do not fit in this "
                        "host's memory"):

@@ -1153,7 +1153,9 @@ class DiffusionLM:
       # together.
       try:
         ids, mask = np.repeat(ids, copies, 0), np.repeat(mask, copies, 0)
-      except (MemoryError, OverflowError):  # numpy's traceback otherwise
+      # numpy's traceback otherwise; past 2**62 rows its ValueError "array
+      # is too big" named no argument.
+      except (MemoryError, OverflowError, ValueError):
         raise ValueError(
             f"num_return_sequences={copies}: {count} rows of {ids.shape[1]} "
             "tokens do not fit in this host's memory; lower "
