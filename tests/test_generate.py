@@ -1059,6 +1059,24 @@ def test_api_checkpoint_step_errors_name_checkpoint_step(tmp_path,
   assert inference.DiffusionLM.from_pretrained(
       checkpoint, checkpoint_step="Latest").source == checkpoint
 
+def test_a_workdirs_tokenizer_without_tokenizer_json_names_that_argument(
+    tmp_path):
+  """trm.generate --checkpoint=WORKDIR --tokenizer=DIR (DIR without
+  tokenizer.json) said 'point --checkpoint at a DiffuCoder/Dream
+  directory'; the fix is another --tokenizer."""
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  os.makedirs(tmp_path / "run" / "checkpoints" / "3")
+  os.makedirs(tmp_path / "empty")
+  (tmp_path / "run" / "config.json").write_text(_tiny_config().to_json())
+  for names, spelled in ((inference.API_NAMES, "tokenizer"),
+                         (inference.CLI_NAMES, "--tokenizer")):
+    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json not found: "
+                       rf"point {spelled} at a DiffuCoder/Dream directory"):
+      inference.DiffusionLM.from_pretrained(
+          str(tmp_path / "run"), tokenizer=str(tmp_path / "empty"),
+          names=names)
+
+
 def test_a_run_without_a_tokenizer_names_the_argument_to_pass(tmp_path):
   """A run that read no tokenizer (data.source='synthetic'): the error
   said 'pass tokenizer=.' to trm.generate too, whose flag is

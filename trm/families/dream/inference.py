@@ -921,7 +921,10 @@ class DiffusionLM:
           # It was dropped without a word (the run's float32 restored).
           **({"param_dtype": param_dtype} if param_dtype else {})))
       spec = tokenizer or _run_tokenizer(run, path, names.tokenizer)
-      tok = tok_lib.from_spec(spec, cfg)
+      # Named as the flag that fixes it: a --tokenizer directory without
+      # tokenizer.json said "point --checkpoint at a DiffuCoder/Dream
+      # directory".
+      tok = tok_lib.from_spec(spec, cfg, names.tokenizer)
       positions = int(run.seq_len) if "seq_len" in run else None
     elif tokenizer == "bytes":  # the mask id must come from config.json
       cfg, positions = hf_config.model_config_from_hf(
