@@ -152,6 +152,15 @@ def test_output_paths_starting_with_a_tilde_are_in_home(tmp_path,
   assert cli.expand_home("a/~/b") == "a/~/b"
 
 
+def test_an_empty_output_is_refused_before_anything_runs():
+  """--score_only=FILE --output= ran every sample in the sandbox, then
+  failed renaming its temporary file to '' ([Errno 2], no flag named)."""
+  for flag in ("--output", "--score_only"):
+    with pytest.raises(ValueError, match=rf"^{flag} is given but empty: "
+                       r"name a file \(the samples JSONL\)\.$"):
+      evaluate.check_output_file("", flag)
+
+
 def test_an_output_over_a_jsonl_of_the_checkpoint_is_refused(tmp_path):
   """A trm.main workdir keeps config_history.jsonl beside its checkpoints:
   `--output=WORKDIR/config_history.jsonl` replaced it with samples (any

@@ -196,6 +196,11 @@ def visualize_command(data_dir: str, predictions: str, output_dir: str) -> str:
 def check_output_file(path: str, flag: str) -> str:
   """`path` (a leading ~ expanded) can become a file: not a directory, not
   under a regular file, in a directory we may write. Returns it."""
+  if not path:
+    # --output=$OUT with OUT unset: every sample was generated (or run)
+    # first, then the rename to '' failed naming a temporary file.
+    raise ValueError(f"{flag} is given but empty: name a file (the samples "
+                     "JSONL).")
   path = cli.expand_home(path)
   if path.endswith(os.sep) or os.path.isdir(path):
     raise ValueError(f"{flag}={path}: is a directory; a file path is "
