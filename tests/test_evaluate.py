@@ -406,6 +406,21 @@ def test_an_existing_output_is_refused_before_anything_loads(
   assert open(before).read().startswith("{")  # untouched
 
 
+def test_samples_past_the_hosts_memory_are_refused_before_the_weights(
+    tmp_path, evaluate_cli):
+  """--num_samples=2**31 went on to load the weights, then planned its
+  batches until the kernel's OOM killer ended it, with no message."""
+  line = _refusal(evaluate_cli, [
+      "--config=configs/diffucoder_7b.py:tiny", "--benchmark=humaneval",
+      "--checkpoint=/nonexistent", f"--output={tmp_path / 's.jsonl'}",
+      "--num_samples=2147483648"])
+  assert line.startswith(
+      "trm.evaluate: error: --num_samples=2147483648: 2147483648 samples of "
+      "each of 164 problem(s) hold at least 335,872.0 GiB in memory (1024 "
+      "bytes each), more than "), line
+  assert line.endswith("; lower --num_samples (or --limit)."), line
+
+
 @pytest.mark.parametrize("beside, what", [
     ("p_summary.json", "summary"),
     ("p_generation.json", "generation settings")])

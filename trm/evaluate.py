@@ -280,6 +280,29 @@ def code_settings():
   return limits, workers, output
 
 
+# The least a --benchmark sample holds in this process's memory: its
+# record (a dict of eight fields, the completion and the prompt it extends)
+# and its place in the batch plan, which is made whole before the first
+# batch.
+SAMPLE_BYTES = 1 << 10
+
+
+def check_samples_fit(num_problems: int, num_samples: int) -> None:
+  """--num_samples samples of each of `num_problems` problems fit in this
+  host's memory at SAMPLE_BYTES each; checked before the weights load.
+  --num_samples=2**31 was an OOM kill once the weights had loaded, with no
+  message (the plan of its batches alone took terabytes)."""
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  bound = array_sizes.memory_bound()
+  need = num_problems * num_samples * SAMPLE_BYTES
+  if bound is not None and need > bound[0]:
+    raise ValueError(
+        f"--num_samples={num_samples}: {num_samples} samples of each of "
+        f"{num_problems} problem(s) hold at least {need / 2**30:,.1f} GiB "
+        f"in memory ({SAMPLE_BYTES} bytes each), more than {bound[1]}; "
+        "lower --num_samples (or --limit).")
+
+
 def _inputs(first: dict) -> dict:
   """{flag: path} of what a run reads: `first`, then --checkpoint,
   --tokenizer and --config's file."""
@@ -657,6 +680,7 @@ def evaluate_code(config, checkpoint: str):
   code_eval.check_round_seeds(
       _SAMPLER["seed"].value, _SAMPLER["batch_size"].value, len(problems),
       _NUM_SAMPLES.value, ("--seed", "--num_samples", "--batch_size"))
+  check_samples_fit(len(problems), _NUM_SAMPLES.value)
   chat = _SAMPLER["chat"].value
   if benchmark == "mbpp" and not chat:
     code_eval.check_mbpp_shots(shots, _BENCHMARK_PATH.value)
