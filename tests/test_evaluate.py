@@ -251,6 +251,19 @@ def test_a_missing_checkpoint_is_refused_before_the_dataset(tmp_path):
     assert not (tmp_path / "eval").exists()
 
 
+def test_an_eval_batch_past_the_hosts_memory_is_one_line(trained, tmp_path):
+  """--config.data.eval_batch_size=2**31: numpy's MemoryError traceback
+  when the first batch was padded, now one line before the weights."""
+  config, workdir, _, _ = trained
+  config = config_lib.set_values(copy.deepcopy(config),
+                                 {"data.eval_batch_size": 2**31})
+  with pytest.raises(ValueError, match=r"^config\.data\.eval_batch_size="
+                     r"2147483648: a batch of the test split needs [\d,.]+ "
+                     r"GiB on this host's .*; lower config\.data\."
+                     r"eval_batch_size\.$"):
+    evaluate.evaluate_checkpoint(config, workdir, str(tmp_path / "eval"))
+
+
 def test_an_object_store_workdir_is_refused_before_the_dataset(tmp_path):
   """A gs:// workdir went on to build (download) the run's dataset, then
   failed as "no such file"; now one line says how to copy it."""

@@ -140,6 +140,7 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str,
         "them), or pass --config.data.data_dir=DIR for another dataset; "
         f"keep {data_dir}: it is the run's training data.") from None
   program = task.program
+  check_eval_batch_fits(program, config.data.eval_batch_size)
   abstract, shardings = state_lib.abstract_state(program.init_fn, ctx)
   state, source = family.load_eval_state(checkpoint, program, abstract,
                                          shardings, ctx, step=step)
@@ -157,6 +158,20 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str,
                                               results, source, data_dir)
     print(f"predictions: {predictions}\ndraw them: {command}")
   return results, source
+
+
+def check_eval_batch_fits(program, batch_size: int) -> None:
+  """A batch of `batch_size` test examples (the last one padded to it on
+  the host) fits in this host's memory; checked before the weights load.
+  --config.data.eval_batch_size=2**31 was numpy's MemoryError traceback
+  from the first batch."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  array_sizes.check_host_memory(
+      {key: jax.ShapeDtypeStruct((batch_size, *field.shape), field.dtype)
+       for key, field in program.batch_spec.items()},
+      f"config.data.eval_batch_size={batch_size}: a batch of the test split",
+      "lower config.data.eval_batch_size")
 
 
 def write_eval_outputs(output_dir: str, predictions_array, results: dict,
