@@ -264,6 +264,22 @@ def test_an_eval_batch_past_the_hosts_memory_is_one_line(trained, tmp_path):
     evaluate.evaluate_checkpoint(config, workdir, str(tmp_path / "eval"))
 
 
+def test_a_model_setting_the_run_never_had_is_refused_before_the_dataset(
+    trained, tmp_path):
+  """--config.model.rms_norm_eps differing from the workdir's config.json
+  restored (no weight shape depends on it) and evaluated another function
+  without a word; an upstream checkpoint's all_config.yaml was compared."""
+  config, workdir, _, _ = trained
+  config = config_lib.set_values(copy.deepcopy(config),
+                                 {"model.rms_norm_eps": 1e-3})
+  with pytest.raises(ValueError, match=r"^--config gives config\.model\."
+                     r"rms_norm_eps=0\.001, but the run trained with 1e-05 "
+                     r".*config\.json\) and no weight shape depends on it.* "
+                     r"Pass --config\.model\.rms_norm_eps=1e-05 "):
+    evaluate.evaluate_checkpoint(config, workdir, str(tmp_path / "eval"))
+  assert not (tmp_path / "eval").exists()
+
+
 def test_an_object_store_workdir_is_refused_before_the_dataset(tmp_path):
   """A gs:// workdir went on to build (download) the run's dataset, then
   failed as "no such file"; now one line says how to copy it."""

@@ -191,6 +191,8 @@ _RUNTIME_FIELDS = ("H_cycles", "L_cycles", "halt_max_steps",
 # What all_config.yaml's arch is compared in; trm.export holds --config to
 # the run's config.json in them, since it writes them there.
 RUN_CONFIG_FIELDS = _FUNCTION_FIELDS + _RUNTIME_FIELDS
+# trm.evaluate holds a trm.main workdir's config.json to these too.
+FUNCTION_FIELDS = _FUNCTION_FIELDS
 _RUN_CONFIG = "all_config.yaml"
 _RUN_CONFIG_LIMIT = 1 << 20
 
