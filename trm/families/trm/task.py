@@ -531,7 +531,7 @@ def check_eval_checkpoint(checkpoint: str) -> None:
 def check_run_model(checkpoint: str, model) -> None:
   """config.model (`model`) against the trm.main workdir `checkpoint`'s
   config.json in the fields no weight shape pins
-  (`torch_import.FUNCTION_FIELDS`, as an upstream checkpoint's
+  (`torch_import.differing_fields`, as an upstream checkpoint's
   all_config.yaml is held to them; those that do not apply under mlp_t or
   without RoPE are skipped): a --config.model.rms_norm_eps the run never
   had restored and evaluated another function, silently. H/L cycles may
@@ -548,26 +548,14 @@ def check_run_model(checkpoint: str, model) -> None:
     return  # the restore names what does not fit
   if not isinstance(recorded, dict):
     return
-  skipped = ((("num_heads", "pos_encodings", "rope_theta")
-              if model.get("mlp_t") else ())
-             + (("rope_theta",) if model.get("pos_encodings") != "rope"
-                else ()))
-  for field in torch_import.FUNCTION_FIELDS:
-    if field in skipped or field not in recorded or field not in model:
-      continue
-    theirs, ours = recorded[field], model[field]
-    try:
-      same = (float(theirs) == float(ours) if isinstance(ours, float)
-              else theirs == ours)
-    except (TypeError, ValueError):
-      same = False
-    if not same:
-      raise ValueError(
-          f"--config gives config.model.{field}={ours!r}, but the run "
-          f"trained with {theirs!r} ({path}) and no weight shape depends on "
-          "it: the evaluation would compute another model. Pass "
-          f"--config.model.{field}={theirs} (the run's config.json holds "
-          "its settings).")
+  for field, theirs, ours in torch_import.differing_fields(
+      {k: v for k, v in recorded.items() if k in model}, model.get):
+    raise ValueError(
+        f"--config gives config.model.{field}={ours!r}, but the run "
+        f"trained with {theirs!r} ({path}) and no weight shape depends on "
+        "it: the evaluation would compute another model. Pass "
+        f"--config.model.{field}={theirs} (the run's config.json holds "
+        "its settings).")
 
 
 def load_eval_state(checkpoint: str, program, abstract, shardings, ctx,

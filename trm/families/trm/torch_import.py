@@ -191,8 +191,6 @@ _RUNTIME_FIELDS = ("H_cycles", "L_cycles", "halt_max_steps",
 # What all_config.yaml's arch is compared in; trm.export holds --config to
 # the run's config.json in them, since it writes them there.
 RUN_CONFIG_FIELDS = _FUNCTION_FIELDS + _RUNTIME_FIELDS
-# trm.evaluate holds a trm.main workdir's config.json to these too.
-FUNCTION_FIELDS = _FUNCTION_FIELDS
 _RUN_CONFIG = "all_config.yaml"
 _RUN_CONFIG_LIMIT = 1 << 20
 
@@ -270,6 +268,28 @@ def write_run_config(directory: str, run_config: dict) -> str:
   return _RUN_CONFIG
 
 
+def differing_fields(recorded, value_of, fields=_FUNCTION_FIELDS):
+  """(field, recorded value, ours) for each of `fields` that `recorded`
+  (a run's settings) holds and ours (`value_of(field)`) differs from,
+  floats compared as numbers; those that do not apply are skipped
+  (num_heads and RoPE's under mlp_t, rope_theta without RoPE)."""
+  skipped = ((("num_heads", "pos_encodings", "rope_theta")
+              if value_of("mlp_t") else ())
+             + (("rope_theta",) if value_of("pos_encodings") != "rope"
+                else ()))
+  for field in fields:
+    if field not in recorded or field in skipped:
+      continue
+    theirs, ours = recorded[field], value_of(field)
+    try:
+      same = (float(theirs) == float(ours) if isinstance(ours, float)
+              else theirs == ours)
+    except (TypeError, ValueError):
+      same = False
+    if not same:
+      yield field, theirs, ours
+
+
 def check_run_config(path: str, cfg: trm_model.TRMConfig) -> None:
   """Compares config.model with the `all_config.yaml` upstream's
   `pretrain.py` writes beside its checkpoints, if there is one.
@@ -305,20 +325,8 @@ def check_run_config(path: str, cfg: trm_model.TRMConfig) -> None:
                       "is a %s, no setting.", yaml_path, field,
                       type(arch[field]).__name__)
       return
-  skipped = (("num_heads", "pos_encodings", "rope_theta") if cfg.mlp_t
-             else ()) + (("rope_theta",) if cfg.pos_encodings != "rope"
-                         else ())
-  for field in _FUNCTION_FIELDS + _RUNTIME_FIELDS:
-    if field not in arch or field in skipped:
-      continue
-    theirs, ours = arch[field], getattr(cfg, field)
-    try:
-      same = (float(theirs) == float(ours) if isinstance(ours, float)
-              else theirs == ours)
-    except (TypeError, ValueError):
-      same = False
-    if same:
-      continue
+  for field, theirs, ours in differing_fields(
+      arch, lambda name: getattr(cfg, name), RUN_CONFIG_FIELDS):
     if field in _RUNTIME_FIELDS:
       logging.warning("config.model.%s=%r; the run that wrote %s had %r (%s)."
                       , field, ours, path, theirs, yaml_path)
