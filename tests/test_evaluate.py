@@ -435,6 +435,16 @@ def test_an_existing_output_is_refused_before_anything_loads(
   assert open(before).read().startswith("{")  # untouched
 
 
+def test_a_score_only_fifo_is_said_as_what_it_is(tmp_path, evaluate_cli):
+  # It said "no such file" for a path that exists.
+  fifo = tmp_path / "samples.jsonl"
+  os.mkfifo(fifo)
+  assert _refusal(evaluate_cli, [f"--score_only={fifo}"]) == (
+      f"trm.evaluate: error: --score_only={fifo}: not a regular file (a "
+      "device, FIFO or socket); pass the samples JSONL written by "
+      "trm.evaluate --benchmark.")
+
+
 def test_samples_past_the_hosts_memory_are_refused_before_the_weights(
     tmp_path, evaluate_cli):
   """--num_samples=2**31 went on to load the weights, then planned its

@@ -268,6 +268,11 @@ def code_settings():
     if not _SCORE_ONLY.value or os.path.isdir(_SCORE_ONLY.value):
       raise ValueError(f"--score_only={_SCORE_ONLY.value}: a samples JSONL "
                        "file written by trm.evaluate --benchmark is expected.")
+    if os.path.exists(_SCORE_ONLY.value) and not os.path.isfile(
+        _SCORE_ONLY.value):
+      raise ValueError(f"--score_only={_SCORE_ONLY.value}: not a regular "
+                       "file (a device, FIFO or socket); pass the samples "
+                       "JSONL written by trm.evaluate --benchmark.")
     if not os.path.isfile(_SCORE_ONLY.value):
       raise FileNotFoundError(f"--score_only={_SCORE_ONLY.value}: no such "
                               "file.")

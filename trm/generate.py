@@ -105,7 +105,8 @@ def sampler_settings(holders: dict) -> dict:
   # refuses it (`or` would have turned it into the default).
   settings["steps"] = (value["max_new_tokens"] if value["steps"] is None
                        else value["steps"])
-  inference.check_settings(**settings, eps=1e-3)
+  inference.check_settings(**settings, eps=1e-3,
+                           steps_unset=value["steps"] is None)
   fast_dllm = bool(value.get("fast_dllm", False))
   cached_sampling.check_needs_cache(bool(value["cache"]), value["threshold"],
                                     fast_dllm, cli=True)

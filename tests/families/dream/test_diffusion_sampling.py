@@ -415,6 +415,20 @@ def test_settings_past_what_the_host_holds_are_one_line(change, message):
   inference.check_settings(**{**settings, "steps": 2**20})
 
 
+def test_new_tokens_past_the_step_limit_name_max_new_tokens_if_steps_unset():
+  # trm.generate --max_new_tokens=2**31 said "steps=2147483648: must be at
+  # most 1,048,576", naming a flag that was not given.
+  with pytest.raises(ValueError, match=(
+      r"^max_new_tokens=2147483648: must be at most 1,048,576 while steps "
+      r"is unset \(one step, one call of the model, a token\); set steps "
+      r"to fewer for more tokens\.$")):
+    inference.sampler_settings(max_new_tokens=2**31)
+  with pytest.raises(ValueError, match=r"^steps=2147483648: must be at most"):
+    inference.sampler_settings(max_new_tokens=2**31, steps=2**31)
+  assert inference.sampler_settings(max_new_tokens=2**31, steps=8)[
+      "steps"] == 8
+
+
 # ------------------------------------------ sort-free top-k / top-p (exact)
 
 

@@ -264,8 +264,9 @@ MAX_STEPS = diffusion_sampling.MAX_STEPS
 def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
                    top_p, top_k, alg: str, alg_temp, eps: float,
                    max_positions: Optional[int] = None,
-                   prompt_len: int = 0) -> None:
-  """One ValueError naming the argument (the CLI flag has the same name)."""
+                   prompt_len: int = 0, steps_unset: bool = False) -> None:
+  """One ValueError naming the argument (the CLI flag has the same name);
+  `steps_unset`: `steps` is max_new_tokens, as an unset steps means."""
   def bad(name, value, want):
     raise ValueError(f"{name}={value!r}: {want}.")
   if not _is_int(max_new_tokens) or max_new_tokens < 1:
@@ -274,6 +275,10 @@ def check_settings(*, max_new_tokens: int, steps: int, temperature: float,
     bad("steps", steps, "must be an integer >= 1")
   # The schedule is a host table of steps + 1 times (float64 while built):
   # 2**63 steps gave an IndexError, 10**9 gigabytes, before any call.
+  if steps > MAX_STEPS and steps_unset:  # not the steps the caller gave
+    bad("max_new_tokens", max_new_tokens, f"must be at most {MAX_STEPS:,} "
+        "while steps is unset (one step, one call of the model, a token); "
+        "set steps to fewer for more tokens")
   if steps > MAX_STEPS:
     bad("steps", steps, f"must be at most {MAX_STEPS:,} (each step is one "
         "call of the model)")
@@ -317,10 +322,11 @@ def sampler_settings(*, max_new_tokens: int = 256,
   ints and floats, the cache's settings only with `cache`. `compile` takes
   them too, so a program it builds ahead is the one `generate` reuses."""
   from trm.families.dream import cached_sampling  # pylint: disable=g-import-not-at-top
-  steps = max_new_tokens if steps is None else steps
+  steps_unset = steps is None
+  steps = max_new_tokens if steps_unset else steps
   check_settings(max_new_tokens=max_new_tokens, steps=steps,
                  temperature=temperature, top_p=top_p, top_k=top_k, alg=alg,
-                 alg_temp=alg_temp, eps=eps)
+                 alg_temp=alg_temp, eps=eps, steps_unset=steps_unset)
   cached_sampling.check_needs_cache(cache is not None, threshold, fast_dllm,
                                     cli=False)
   if cache is not None:
