@@ -280,6 +280,21 @@ def test_a_model_setting_the_run_never_had_is_refused_before_the_dataset(
   assert not (tmp_path / "eval").exists()
 
 
+def test_another_datasets_config_is_refused_before_its_dataset(
+    trained, tmp_path):
+  """A Maze config on a Sudoku run built (downloaded) the Maze data under
+  <output_dir>/data before any weight's shape refused it."""
+  config, workdir, _, _ = trained
+  config = config_lib.set_values(copy.deepcopy(config), {"data.name": "maze"})
+  with pytest.raises(ValueError, match=(
+      r"^--config gives config\.data\.name='maze', but the run trained on "
+      r"'sudoku' \(.*config\.json\): its weights fit only that dataset's "
+      r"puzzles\. Pass the config the run trained with "
+      r"\(configs/trm_sudoku\.py for the paper's\)\.$")):
+    evaluate.evaluate_checkpoint(config, workdir, str(tmp_path / "eval"))
+  assert not (tmp_path / "eval").exists()
+
+
 def test_an_object_store_workdir_is_refused_before_the_dataset(tmp_path):
   """A gs:// workdir went on to build (download) the run's dataset, then
   failed as "no such file"; now one line says how to copy it."""

@@ -118,7 +118,7 @@ def evaluate_checkpoint(config, checkpoint: str, output_dir: str,
                      "--benchmark=humaneval or mbpp (trm.main reports its "
                      "held-out loss).")
   family.check_eval_checkpoint(checkpoint)  # before the dataset is built
-  family.check_run_model(checkpoint, config.model)
+  family.check_run_model(checkpoint, config)
   os.makedirs(output_dir, exist_ok=True)
   ctx = mesh_lib.ShardingContext.from_config(config)
   ctx.check_batch_size(config.data.eval_batch_size, "data.eval_batch_size")

@@ -528,9 +528,11 @@ def check_eval_checkpoint(checkpoint: str) -> None:
         "checkpoints/ directory) nor an upstream PyTorch checkpoint file.")
 
 
-def check_run_model(checkpoint: str, model) -> None:
-  """config.model (`model`) against the trm.main workdir `checkpoint`'s
-  config.json in the fields no weight shape pins
+def check_run_model(checkpoint: str, config) -> None:
+  """`config` against the trm.main workdir `checkpoint`'s config.json,
+  before the dataset is built: its dataset (`data.name`: a Maze config on
+  a Sudoku run built, or downloaded, the Maze data before any weight's
+  shape refused it), and config.model in the fields no weight shape pins
   (`torch_import.differing_fields`, as an upstream checkpoint's
   all_config.yaml is held to them; those that do not apply under mlp_t or
   without RoPE are skipped): a --config.model.rms_norm_eps the run never
@@ -543,11 +545,19 @@ def check_run_model(checkpoint: str, model) -> None:
           and os.path.isfile(path)):
     return
   try:
-    recorded = weights_io.read_json(path)["model"]
+    run = weights_io.read_json(path)
+    recorded, dataset = run["model"], run["data"]["name"]
   except (OSError, ValueError, KeyError, TypeError):
     return  # the restore names what does not fit
+  if isinstance(dataset, str) and dataset != config.data.get("name"):
+    raise ValueError(
+        f"--config gives config.data.name={config.data.get('name')!r}, but "
+        f"the run trained on {dataset!r} ({path}): its weights fit only "
+        f"that dataset's puzzles. Pass the config the run trained with "
+        f"(configs/trm_{dataset}.py for the paper's).")
   if not isinstance(recorded, dict):
     return
+  model = config.model
   for field, theirs, ours in torch_import.differing_fields(
       {k: v for k, v in recorded.items() if k in model}, model.get):
     raise ValueError(
