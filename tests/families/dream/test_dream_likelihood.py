@@ -272,6 +272,19 @@ def test_draws_past_the_hosts_memory_are_one_line_before_any_draw(
   assert "more than its 0.0 GiB (memory and swap); lower batch_size" in message
 
 
+def test_every_rounds_rows_count_against_the_hosts_memory(monkeypatch):
+  """'mc' holds the rows of every round at once (mc_draw_losses builds them
+  all, then stack_rows copies them): mc_num=4096 at batch_size=1 holds
+  about 3.5 MB for a 20-token request 128 wide, so a 1 MiB host refuses
+  it; one batch's rows alone (86 KB) passed it."""
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(array_sizes, "memory_bound",
+                      lambda: (1 << 20, "its 0.0 GiB (memory and swap)"))
+  with pytest.raises(ValueError, match=r"^mc_num=4096, batch_size=1: "):
+    likelihood.check_host_memory(4096, 1, "mc", 20, 128, 0)
+  likelihood.check_host_memory(64, 1, "mc", 20, 128, 0)  # 280 KB fits
+
+
 def test_a_request_holding_the_mask_token_is_refused():
   """The reference finds masked positions as those holding the mask token:
   one in the text (a tokenizer parses "<|mask|>" to it) would be scored as

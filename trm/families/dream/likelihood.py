@@ -222,7 +222,10 @@ def check_host_memory(mc_num: int, batch_size: int, nll_type: str,
   bound = array_sizes.memory_bound()
   if bound is None:
     return
-  need = batch_size * width * _ROW_BYTES
+  # 'mc' builds the rows of all mc_num // batch_size rounds before scoring
+  # them (`DiffusionLM.mc_draw_losses`), then stacks them: mc_num rows, not
+  # one batch's (mc_num=2**24 at batch_size=1 passed, then OOM).
+  need = (mc_num if nll_type == "mc" else batch_size) * width * _ROW_BYTES
   if nll_type == "mc":
     need += mc_num * length + batch_size * length * 4
   limit, words = bound
