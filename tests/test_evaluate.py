@@ -259,9 +259,40 @@ def test_an_eval_batch_past_the_hosts_memory_is_one_line(trained, tmp_path):
                                  {"data.eval_batch_size": 2**31})
   with pytest.raises(ValueError, match=r"^config\.data\.eval_batch_size="
                      r"2147483648: a batch of the test split needs [\d,.]+ "
-                     r"GiB on this host's .*; lower config\.data\."
+                     r"GiB on this host, .*; lower config\.data\."
                      r"eval_batch_size\.$"):
     evaluate.evaluate_checkpoint(config, workdir, str(tmp_path / "eval"))
+
+
+@pytest.mark.parametrize("others_refuse", [False, True])
+def test_the_eval_batch_check_holds_on_accelerators_and_refuses_together(
+    monkeypatch, others_refuse):
+  """The padded batch is a host array on a GPU or TPU host too; on a pod a
+  process whose host fits still refuses when another's does not (alone it
+  went on into abstract_state's collective and waited there)."""
+  import types  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
+  program = types.SimpleNamespace(batch_spec={
+      "inputs": jax.ShapeDtypeStruct((81,), np.int32)})
+  monkeypatch.setattr(jax, "local_devices", lambda: [
+      types.SimpleNamespace(platform="gpu", process_index=0)])
+  monkeypatch.setattr(array_sizes, "memory_bound",
+                      lambda: (1 << 20, "its 0.0 GiB (memory and swap)"))
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 0)
+  monkeypatch.setattr(multihost_utils, "process_allgather",
+                      lambda flag: np.asarray([flag, int(others_refuse)]))
+  if others_refuse:
+    with pytest.raises(ValueError, match="past the memory of process 1"):
+      evaluate.check_eval_batch_fits(program, 2)
+  else:
+    evaluate.check_eval_batch_fits(program, 2)  # 648 bytes fit
+  with pytest.raises(ValueError, match=r"^config\.data\.eval_batch_size="
+                     r"1048576: a batch of the test split needs"):
+    evaluate.check_eval_batch_fits(program, 2**20)
 
 
 def test_a_model_setting_the_run_never_had_is_refused_before_the_dataset(

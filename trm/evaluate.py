@@ -165,14 +165,25 @@ def check_eval_batch_fits(program, batch_size: int) -> None:
   """A batch of `batch_size` test examples (the last one padded to it on
   the host) fits in this host's memory; checked before the weights load.
   --config.data.eval_batch_size=2**31 was numpy's MemoryError traceback
-  from the first batch."""
+  from the first batch. The batch is a host array whatever the devices
+  (a GPU or TPU host pads it too), and every process refuses when one
+  does (`array_sizes._refuse_together`): a process refusing alone left
+  the others waiting in the state check's collective."""
   import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
   from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
-  array_sizes.check_host_memory(
-      {key: jax.ShapeDtypeStruct((batch_size, *field.shape), field.dtype)
-       for key, field in program.batch_spec.items()},
-      f"config.data.eval_batch_size={batch_size}: a batch of the test split",
-      "lower config.data.eval_batch_size")
+  what = f"config.data.eval_batch_size={batch_size}: a batch of the test split"
+  fix = "lower config.data.eval_batch_size"
+  total = sum(array_sizes._nbytes((batch_size, *field.shape),  # pylint: disable=protected-access
+                                  np.dtype(field.dtype))
+              for field in program.batch_spec.values())
+  bound = array_sizes.memory_bound()
+  refusal = None
+  if bound is not None and total > bound[0]:
+    refusal = (f"{what} needs {total / 2**30:,.1f} GiB on this host, which "
+               f"has {bound[1]}; {fix}.")
+  array_sizes._refuse_together(  # pylint: disable=protected-access
+      refusal, set(range(jax.process_count())), what, fix)
 
 
 def write_eval_outputs(output_dir: str, predictions_array, results: dict,
