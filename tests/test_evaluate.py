@@ -259,7 +259,8 @@ def test_an_eval_batch_past_the_hosts_memory_is_one_line(trained, tmp_path):
                                  {"data.eval_batch_size": 2**31})
   with pytest.raises(ValueError, match=r"^config\.data\.eval_batch_size="
                      r"2147483648: a batch of the test split needs [\d,.]+ "
-                     r"GiB on this host, .*; lower config\.data\."
+                     r"GiB of this host's memory, more than .*; lower "
+                     r"config\.data\."
                      r"eval_batch_size\.$"):
     evaluate.evaluate_checkpoint(config, workdir, str(tmp_path / "eval"))
 
@@ -500,9 +501,9 @@ def test_samples_past_the_hosts_memory_are_refused_before_the_weights(
       "--checkpoint=/nonexistent", f"--output={tmp_path / 's.jsonl'}",
       "--num_samples=2147483648"])
   assert line.startswith(
-      "trm.evaluate: error: --num_samples=2147483648: 2147483648 samples of "
-      "each of 164 problem(s) hold at least 335,872.0 GiB in memory (1024 "
-      "bytes each), more than "), line
+      "trm.evaluate: error: --num_samples=2147483648: holding 2147483648 "
+      "samples of each of 164 problem(s) (1024 bytes each at least) needs "
+      "335,872.0 GiB of this host's memory, more than "), line
   assert line.endswith("; lower --num_samples (or --limit)."), line
 
 

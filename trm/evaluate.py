@@ -167,23 +167,16 @@ def check_eval_batch_fits(program, batch_size: int) -> None:
   --config.data.eval_batch_size=2**31 was numpy's MemoryError traceback
   from the first batch. The batch is a host array whatever the devices
   (a GPU or TPU host pads it too), and every process refuses when one
-  does (`array_sizes._refuse_together`): a process refusing alone left
-  the others waiting in the state check's collective."""
-  import jax  # pylint: disable=g-import-not-at-top
+  does: a process refusing alone left the others waiting in the state
+  check's collective."""
+  import math  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
-  what = f"config.data.eval_batch_size={batch_size}: a batch of the test split"
-  fix = "lower config.data.eval_batch_size"
-  total = sum(array_sizes._nbytes((batch_size, *field.shape),  # pylint: disable=protected-access
-                                  np.dtype(field.dtype))
-              for field in program.batch_spec.values())
-  bound = array_sizes.memory_bound()
-  refusal = None
-  if bound is not None and total > bound[0]:
-    refusal = (f"{what} needs {total / 2**30:,.1f} GiB on this host, which "
-               f"has {bound[1]}; {fix}.")
-  array_sizes._refuse_together(  # pylint: disable=protected-access
-      refusal, set(range(jax.process_count())), what, fix)
+  array_sizes.check_host_bytes(
+      sum(batch_size * math.prod(field.shape) * np.dtype(field.dtype).itemsize
+          for field in program.batch_spec.values()),
+      f"config.data.eval_batch_size={batch_size}: a batch of the test split",
+      "lower config.data.eval_batch_size")
 
 
 def write_eval_outputs(output_dir: str, predictions_array, results: dict,
@@ -325,14 +318,11 @@ def check_samples_fit(num_problems: int, num_samples: int) -> None:
   --num_samples=2**31 was an OOM kill once the weights had loaded, with no
   message (the plan of its batches alone took terabytes)."""
   from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
-  bound = array_sizes.memory_bound()
-  need = num_problems * num_samples * SAMPLE_BYTES
-  if bound is not None and need > bound[0]:
-    raise ValueError(
-        f"--num_samples={num_samples}: {num_samples} samples of each of "
-        f"{num_problems} problem(s) hold at least {need / 2**30:,.1f} GiB "
-        f"in memory ({SAMPLE_BYTES} bytes each), more than {bound[1]}; "
-        "lower --num_samples (or --limit).")
+  array_sizes.check_host_bytes(
+      num_problems * num_samples * SAMPLE_BYTES,
+      f"--num_samples={num_samples}: holding {num_samples} samples of each "
+      f"of {num_problems} problem(s) ({SAMPLE_BYTES} bytes each at least)",
+      "lower --num_samples (or --limit)")
 
 
 def _inputs(first: dict) -> dict:

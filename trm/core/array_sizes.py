@@ -141,7 +141,7 @@ def check_host_memory(tree, what: str, fix: str) -> None:
   `ulimit -v` or `-d` where lower): a state past it was ended by the
   kernel's OOM killer with no message, or (a 128 GiB puzzle table) hung
   the start-up. Every process of a job that holds a part of `tree` raises
-  when one does (`_refuse_together`)."""
+  when one does (`refuse_together`)."""
   import jax  # pylint: disable=g-import-not-at-top
   total, devices, spanned = 0, set(), set()
   for leaf in jax.tree.leaves(tree):
@@ -162,8 +162,8 @@ def check_host_memory(tree, what: str, fix: str) -> None:
     if sharding is not None:
       shape = sharding.shard_shape(shape)
     total += _nbytes(shape, _dtype(leaf)) * len(local)
-  _refuse_together(_past_bound(total, len(devices), what, fix), spanned,
-                   what, fix)
+  refuse_together(_past_bound(total, len(devices), what, fix), what, fix,
+                  spanned)
 
 
 def _past_bound(total: int, devices: int, what: str, fix: str,
@@ -177,15 +177,18 @@ def _past_bound(total: int, devices: int, what: str, fix: str,
           f"{devices} CPU device(s){detail}, which share {bound[1]}; {fix}.")
 
 
-def _refuse_together(refusal: str | None, processes: set, what: str,
-                     fix: str) -> None:
+def refuse_together(refusal: str | None, what: str, fix: str,
+                    processes=None) -> None:
   """Raises ValueError(`refusal`) and, where the arrays or program span
-  every process of a job, makes every process raise when one refuses:
-  hosts of unequal memory judge alone, and the others went on into the
-  first collective, to wait there until the refusing one was reported
-  lost."""
+  every process of a job (`processes`, default all: a host-side check
+  every process makes at the same point), makes every process raise when
+  one refuses: hosts of unequal memory judge alone, and the others went
+  on into the next collective, to wait there until the refusing one was
+  reported lost."""
   import jax  # pylint: disable=g-import-not-at-top
   count = jax.process_count()
+  if processes is None:
+    processes = set(range(count))
   if count > 1 and len(processes) == count:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     import numpy as np  # pylint: disable=g-import-not-at-top
@@ -199,6 +202,18 @@ def _refuse_together(refusal: str | None, processes: set, what: str,
                  f"error lines give the figures); {fix}.")
   if refusal is not None:
     raise ValueError(refusal)
+
+
+def check_host_bytes(total: int, what: str, fix: str) -> None:
+  """Host arrays (numpy, whatever the devices) of `total` bytes held to
+  `memory_bound`, before they are made; every process of a job calls it at
+  the same point and raises when one refuses (`refuse_together`)."""
+  bound = memory_bound()
+  refusal = None
+  if bound is not None and total > bound[0]:
+    refusal = (f"{what} needs {total / 2**30:,.1f} GiB of this host's "
+               f"memory, more than {bound[1]}; {fix}.")
+  refuse_together(refusal, what, fix)
 
 
 def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
@@ -228,7 +243,7 @@ def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
         per_device * len(local), len(local), what, fix,
         f" (XLA's memory analysis: {size('temp_size_in_bytes') / 2**30:,.1f}"
         " GiB of temporaries a device)")
-  _refuse_together(refusal, {d.process_index for d in devices}, what, fix)
+  refuse_together(refusal, what, fix, {d.process_index for d in devices})
 
 
 def program_devices(compiled) -> list:

@@ -249,12 +249,13 @@ def test_bad_values_are_one_line_before_any_compile(pair, kwargs, error,
   assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("nll_type, named", [
-    ("mc", "mc_num=64, batch_size=64: request 0"),
-    ("ar_ftb", "batch_size=64: request 0"),
+@pytest.mark.parametrize("nll_type, named, fix", [
+    ("mc", "mc_num=64, batch_size=64: request 0",
+     "lower mc_num and batch_size"),
+    ("ar_ftb", "batch_size=64: request 0", "lower batch_size"),
 ])
 def test_draws_past_the_hosts_memory_are_one_line_before_any_draw(
-    pair, nll_type, named, monkeypatch):
+    pair, nll_type, named, fix, monkeypatch):
   """--batch_size=2**31 drew its masks until the kernel's OOM killer ended
   trm.evaluate --loglikelihood with no message; here a host of 64 KiB."""
   from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
@@ -269,7 +270,7 @@ def test_draws_past_the_hosts_memory_are_one_line_before_any_draw(
                      nll_type=nll_type)
   message = str(info.value)
   assert message.startswith(named) and "\n" not in message, message
-  assert "more than its 0.0 GiB (memory and swap); lower batch_size" in message
+  assert message.endswith(f"more than its 0.0 GiB (memory and swap); {fix}.")
 
 
 def test_every_rounds_rows_count_against_the_hosts_memory(monkeypatch):
@@ -280,9 +281,10 @@ def test_every_rounds_rows_count_against_the_hosts_memory(monkeypatch):
   from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(array_sizes, "memory_bound",
                       lambda: (1 << 20, "its 0.0 GiB (memory and swap)"))
-  with pytest.raises(ValueError, match=r"^mc_num=4096, batch_size=1: "):
-    likelihood.check_host_memory(4096, 1, "mc", 20, 128, 0)
-  likelihood.check_host_memory(64, 1, "mc", 20, 128, 0)  # 280 KB fits
+  assert likelihood.host_memory_refusal(4096, 1, "mc", 20, 128, 0).startswith(
+      "mc_num=4096, batch_size=1: ")
+  # 280 KB fits.
+  assert likelihood.host_memory_refusal(64, 1, "mc", 20, 128, 0) is None
 
 
 def test_a_request_holding_the_mask_token_is_refused():

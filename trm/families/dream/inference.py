@@ -1245,14 +1245,19 @@ class DiffusionLM:
     pairs = likelihood.check_requests(requests)
     encoded = [likelihood.encode_pair(self.tokenizer, *pair)
                for pair in pairs]
+    refusal = None
     for i, request in enumerate(encoded):
       likelihood.check_request(request, i, self.cfg.mask_token_id,
                                self.max_positions,
                                log_type if nll_type == "mc" else None)
       # Before any draw: a batch_size past the host's memory was an OOM kill.
-      likelihood.check_host_memory(
+      refusal = refusal or likelihood.host_memory_refusal(
           mc_num, batch_size, nll_type, len(request.tokens),
           self._width(len(request.tokens), int(bucket)), i)
+    array_sizes.refuse_together(
+        refusal, f"{likelihood.host_memory_names(mc_num, batch_size, nll_type)}"
+        ": the draws and rows of a request",
+        likelihood.HOST_MEMORY_FIX[nll_type == "mc"])
     out = []
     for request in encoded:
       if nll_type == "ar_ftb":

@@ -211,17 +211,18 @@ def forward_process(rng: np.random.Generator, batch_size: int, length: int,
 _ROW_BYTES = 2 * (4 + 4 + 4 + 4 + 1)
 
 
-def check_host_memory(mc_num: int, batch_size: int, nll_type: str,
-                      length: int, width: int, index: int) -> None:
-  """One ValueError naming mc_num and batch_size when request `index`'s
+def host_memory_refusal(mc_num: int, batch_size: int, nll_type: str,
+                        length: int, width: int, index: int) -> str | None:
+  """The refusal naming mc_num and batch_size when request `index`'s
   arrays (`length` tokens, rows `width` wide) would not fit in this host's
-  memory: its draws' masks (mc_num x length bools, a round's float32
-  uniforms) and a batch of batch_size rows. --batch_size=2**31 drew them
-  until the kernel's OOM killer ended the process, with no message."""
+  memory, else None: its draws' masks (mc_num x length bools, a round's
+  float32 uniforms) and its rows. --batch_size=2**31 drew them until the
+  kernel's OOM killer ended the process, with no message. The caller
+  raises it on every process together (`array_sizes.refuse_together`)."""
   from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
   bound = array_sizes.memory_bound()
   if bound is None:
-    return
+    return None
   # 'mc' builds the rows of all mc_num // batch_size rounds before scoring
   # them (`DiffusionLM.mc_draw_losses`), then stacks them: mc_num rows, not
   # one batch's (mc_num=2**24 at batch_size=1 passed, then OOM).
@@ -229,14 +230,21 @@ def check_host_memory(mc_num: int, batch_size: int, nll_type: str,
   if nll_type == "mc":
     need += mc_num * length + batch_size * length * 4
   limit, words = bound
-  if need > limit:
-    named = (f"mc_num={mc_num}, " if nll_type == "mc" else "") + (
-        f"batch_size={batch_size}")
-    raise ValueError(
-        f"{named}: request {index} "
-        f"({length} tokens) needs {need / 2**30:,.1f} GiB of this host's "
-        f"memory for its draws and a batch of rows, more than {words}; "
-        "lower batch_size" + (" and mc_num." if nll_type == "mc" else "."))
+  if need <= limit:
+    return None
+  return (f"{host_memory_names(mc_num, batch_size, nll_type)}: request "
+          f"{index} ({length} tokens) needs {need / 2**30:,.1f} GiB of this "
+          f"host's memory for its draws and rows, more than {words}; "
+          f"{HOST_MEMORY_FIX[nll_type == 'mc']}.")
+
+
+# What lowers a request's host memory: ar_ftb's rows are one batch's.
+HOST_MEMORY_FIX = ("lower batch_size", "lower mc_num and batch_size")
+
+
+def host_memory_names(mc_num: int, batch_size: int, nll_type: str) -> str:
+  return (f"mc_num={mc_num}, " if nll_type == "mc" else "") + (
+      f"batch_size={batch_size}")
 
 
 def padded(n: int, bucket: int) -> int:
