@@ -113,26 +113,25 @@ def hosts_per_slice(accelerator_type: str) -> int:
 
 # The slice sizes Cloud TPU sells (its v2, v3, v4, v5e, v5p and v6e pages).
 # v2/v3 and v4/v5p sizes count TensorCores, v5e/v6e sizes chips. A v4 or
-# v5p slice is 4, 8, 16 or 32 chips, or whole 4x4x4 cubes (64 chips) up to
-# the largest slice: a v4 pod's 4096 chips, v5p's 16x16x24 (6144).
+# v5p slice is 4, 8, 16 or 32 chips, or an AxBxC block of whole 4x4x4
+# cubes (64 chips, 128 TensorCores) that its pod holds: v4's 16x16x16
+# (4x4x4 cubes), v5p's largest slice 16x16x24 (4x4x6).
 _SOLD_SIZES = {"v2": (8, 32, 128, 256, 512),
                "v3": (8, 32, 64, 128, 256, 512, 1024, 2048),
                "v5litepod": (1, 4, 8, 16, 32, 64, 128, 256),
                "v6e": (1, 4, 8, 16, 32, 64, 128, 256)}
-_CUBE_CORES, _LARGEST_CORES = 128, {"v4": 8192, "v5p": 12288}
-_SOLD_WORDS = {
-    **{gen: ", ".join(f"{gen}-{n}" for n in sizes)
-       for gen, sizes in _SOLD_SIZES.items()},
-    **{gen: (f"{gen}-8, {gen}-16, {gen}-32, {gen}-64, then multiples of "
-             f"{_CUBE_CORES} (whole 4x4x4 cubes) up to {gen}-{largest}")
-       for gen, largest in _LARGEST_CORES.items()}}
+_CUBE_CORES, _CUBE_GRIDS = 128, {"v4": (4, 4, 4), "v5p": (4, 4, 6)}
+_SOLD_SIZES.update({
+    gen: tuple(sorted({8, 16, 32, 64} | {
+        a * b * c * _CUBE_CORES for a in range(1, grid[0] + 1)
+        for b in range(1, grid[1] + 1) for c in range(1, grid[2] + 1)}))
+    for gen, grid in _CUBE_GRIDS.items()})
+_SOLD_WORDS = {gen: ", ".join(f"{gen}-{n}" for n in sizes)
+               for gen, sizes in _SOLD_SIZES.items()}
 
 
 def _sold(gen: str, size: int) -> bool:
-  if gen in _SOLD_SIZES:
-    return size in _SOLD_SIZES[gen]
-  return size in (8, 16, 32, 64) or (
-      size % _CUBE_CORES == 0 and 0 < size <= _LARGEST_CORES[gen])
+  return size in _SOLD_SIZES[gen]
 
 
 def node_names(args) -> list[str]:

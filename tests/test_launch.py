@@ -539,14 +539,16 @@ def test_hosts_per_slice(accelerator, hosts):
 
 
 @pytest.mark.parametrize("accelerator, hosts", [
-    ("v4-384", 48), ("v4-8192", 1024), ("v5p-12288", 1536), ("v3-2048", 256),
+    ("v4-384", 48), ("v4-8192", 1024), ("v5p-12288", 1536), ("v5p-640", 80),
+    ("v3-2048", 256),
     ("v2-512", 64), ("v5litepod-1", 1), ("v6e-4", 1), ("v6e-128", 32)])
 def test_the_largest_and_odd_sold_slices_are_taken(accelerator, hosts):
   assert tpu_pod.hosts_per_slice(accelerator) == hosts
 
 
 @pytest.mark.parametrize("accelerator", [
-    "v4-8000000", "v4-24", "v4-96", "v4-8320", "v5p-12416", "v5p-0",
+    "v4-8000000", "v4-24", "v4-96", "v4-8320", "v4-640", "v4-896",
+    "v5p-896", "v5p-12416", "v5p-0",
     "v5litepod-48", "v5litepod-2", "v6e-512", "v2-64", "v3-16", "v3-4096"])
 def test_a_slice_no_one_sells_is_refused_with_the_sizes_sold(accelerator):
   # gcloud was first to refuse them (after the config check and the code
