@@ -42,6 +42,16 @@ def test_a_missing_config_file_is_named_before_jax(tmp_path, overrides):
   assert "TPU" not in result.stderr  # jax (and libtpu) never loaded
 
 
+def test_help_is_printed_whatever_config_names(tmp_path):
+  # The config path check runs before absl's parse, which prints the help:
+  # a mistyped --config beside --helpshort refused it.
+  result = _main("--helpshort", "--config=configs/nope.py",
+                 f"--workdir={tmp_path}", timeout=60)
+  assert "Try --helpfull to get a list of all flags." in result.stdout, (
+      result.stderr[-2000:])
+  assert "no such config file" not in result.stderr
+
+
 @pytest.mark.parametrize("kind", ["directory", "device", "fifo",
                                   "fifo as its own argument"])
 def test_a_config_path_that_is_no_file_is_said_as_what_it_is(tmp_path, kind):

@@ -290,6 +290,13 @@ def _config_file_error(text: str) -> str:
   return f"{lines[0]} {lines[-1]}"
 
 
+_HELP_FLAGS = ("--help", "--helpshort", "--helpfull", "--helpxml", "-?")
+
+
+def _asks_for_help(argv) -> bool:
+  return any(arg.split("=", 1)[0] in _HELP_FLAGS for arg in argv[1:])
+
+
 def _missing_config_file(argv) -> str | None:
   """ml_collections reads --config lazily, so a missing file would only
   fail after jax has started, with a chained traceback; name it now. A
@@ -477,8 +484,9 @@ def parse_flags(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   # Before parsing: a --config.KEY override, or a variant after the path,
   # makes ml_collections read the file there (a missing one's OSError
-  # traceback; a FIFO blocked the read).
-  message = _missing_config_file(argv)
+  # traceback; a FIFO blocked the read). Not when help is asked for: absl
+  # prints it during the parse, whatever --config names.
+  message = None if _asks_for_help(argv) else _missing_config_file(argv)
   try:
     if message is None:
       parsed = flags.FLAGS(argv)
