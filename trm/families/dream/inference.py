@@ -1254,10 +1254,13 @@ class DiffusionLM:
       refusal = refusal or likelihood.host_memory_refusal(
           mc_num, batch_size, nll_type, len(request.tokens),
           self._width(len(request.tokens), int(bucket)), i)
+    # Agreed where the model spans every process (each then scores every
+    # request); a per-host model decides alone.
     array_sizes.refuse_together(
         refusal, f"{likelihood.host_memory_names(mc_num, batch_size, nll_type)}"
         ": the draws and rows of a request",
-        likelihood.HOST_MEMORY_FIX[nll_type == "mc"])
+        likelihood.HOST_MEMORY_FIX[nll_type == "mc"],
+        {d.process_index for d in self.mesh.devices.flat})
     out = []
     for request in encoded:
       if nll_type == "ar_ftb":
