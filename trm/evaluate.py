@@ -702,7 +702,6 @@ def evaluate_code(config, checkpoint: str):
   code_eval.check_round_seeds(
       _SAMPLER["seed"].value, _SAMPLER["batch_size"].value, len(problems),
       _NUM_SAMPLES.value, ("--seed", "--num_samples", "--batch_size"))
-  check_samples_fit(len(problems), _NUM_SAMPLES.value)
   chat = _SAMPLER["chat"].value
   if benchmark == "mbpp" and not chat:
     code_eval.check_mbpp_shots(shots, _BENCHMARK_PATH.value)
@@ -711,6 +710,10 @@ def evaluate_code(config, checkpoint: str):
   step = cli.workdir_step(checkpoint, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
+  # After joining the job (it agrees over every process; jax's process
+  # count before the join started the backend, and the join then failed),
+  # before the weights load.
+  check_samples_fit(len(problems), _NUM_SAMPLES.value)
   step = _resumed_step(checkpoint, step, output)
   task_ids = [str(p.task_id) for p in problems]
   generation = dict(
