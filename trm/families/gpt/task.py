@@ -378,14 +378,15 @@ def build(config, workdir: str, ctx) -> Task:
     raise ValueError(
         f"config.model.vocab_size={config.model.vocab_size} is smaller than "
         f"the vocabulary of {directory} ({meta['vocab_size']} tokens).")
+  # Opened once: the id scan, the epoch count and the windows share each
+  # file's header checks and memory map.
+  streams = [text.TokenFile(s) if isinstance(s, str) else s for s in streams]
   # Before compiling: a damaged id deep in train.bin stopped the run at the
   # step whose random window first reached it.
   text.check_file_ids(streams, config.model.vocab_size)
   if config.get("num_epochs", 0):  # (synthetic streams have no length)
     # An epoch: as many tokens as the training split holds, in windows of
     # block_size (nanoGPT's tokens_per_iter = batch x block_size).
-    if isinstance(streams[0], str):
-      streams[0] = text.TokenFile(streams[0])
     tokens, window_tokens = (streams[0].num_tokens,
                              config.global_batch_size * config.block_size)
     config_lib.total_steps_from_epochs(
