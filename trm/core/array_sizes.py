@@ -162,19 +162,24 @@ def check_host_memory(tree, what: str, fix: str) -> None:
     if sharding is not None:
       shape = sharding.shard_shape(shape)
     total += _nbytes(shape, _dtype(leaf)) * len(local)
-  refuse_together(_past_bound(total, len(devices), what, fix), what, fix,
+  refuse_together(host_refusal(total, what, fix, len(devices)), what, fix,
                   spanned)
 
 
-def _past_bound(total: int, devices: int, what: str, fix: str,
-                detail: str = "") -> str | None:
-  """The refusal for `total` bytes on this host's `devices`, or None where
-  they fit (or no bound can be read)."""
+def host_refusal(total: int, what: str, fix: str, devices: int | None = None,
+                 detail: str = "") -> str | None:
+  """The refusal for `total` bytes past `memory_bound`, or None where they
+  fit (or no bound can be read): bytes of this host's `devices` CPU
+  devices (`detail` after them), or of host arrays (`devices` None)."""
   bound = memory_bound()
   if bound is None or total <= bound[0]:
     return None
-  return (f"{what} needs {total / 2**30:,.1f} GiB on this host's "
-          f"{devices} CPU device(s){detail}, which share {bound[1]}; {fix}.")
+  if devices is None:
+    where = f"of this host's memory, more than {bound[1]}"
+  else:
+    where = (f"on this host's {devices} CPU device(s){detail}, which share "
+             f"{bound[1]}")
+  return f"{what} needs {total / 2**30:,.1f} GiB {where}; {fix}."
 
 
 def refuse_together(refusal: str | None, what: str, fix: str,
@@ -208,12 +213,7 @@ def check_host_bytes(total: int, what: str, fix: str) -> None:
   """Host arrays (numpy, whatever the devices) of `total` bytes held to
   `memory_bound`, before they are made; every process of a job calls it at
   the same point and raises when one refuses (`refuse_together`)."""
-  bound = memory_bound()
-  refusal = None
-  if bound is not None and total > bound[0]:
-    refusal = (f"{what} needs {total / 2**30:,.1f} GiB of this host's "
-               f"memory, more than {bound[1]}; {fix}.")
-  refuse_together(refusal, what, fix)
+  refuse_together(host_refusal(total, what, fix), what, fix)
 
 
 def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
@@ -239,8 +239,8 @@ def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
     per_device = (size("argument_size_in_bytes")
                   + size("output_size_in_bytes") + size("temp_size_in_bytes")
                   - size("alias_size_in_bytes"))
-    refusal = _past_bound(
-        per_device * len(local), len(local), what, fix,
+    refusal = host_refusal(
+        per_device * len(local), what, fix, len(local),
         f" (XLA's memory analysis: {size('temp_size_in_bytes') / 2**30:,.1f}"
         " GiB of temporaries a device)")
   refuse_together(refusal, what, fix, {d.process_index for d in devices})

@@ -220,22 +220,16 @@ def host_memory_refusal(mc_num: int, batch_size: int, nll_type: str,
   kernel's OOM killer ended the process, with no message. The caller
   raises it on every process together (`array_sizes.refuse_together`)."""
   from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
-  bound = array_sizes.memory_bound()
-  if bound is None:
-    return None
   # 'mc' builds the rows of all mc_num // batch_size rounds before scoring
   # them (`DiffusionLM.mc_draw_losses`), then stacks them: mc_num rows, not
   # one batch's (mc_num=2**24 at batch_size=1 passed, then OOM).
   need = (mc_num if nll_type == "mc" else batch_size) * width * _ROW_BYTES
   if nll_type == "mc":
     need += mc_num * length + batch_size * length * 4
-  limit, words = bound
-  if need <= limit:
-    return None
-  return (f"{host_memory_names(mc_num, batch_size, nll_type)}: request "
-          f"{index} ({length} tokens) needs {need / 2**30:,.1f} GiB of this "
-          f"host's memory for its draws and rows, more than {words}; "
-          f"{HOST_MEMORY_FIX[nll_type == 'mc']}.")
+  return array_sizes.host_refusal(
+      need, f"{host_memory_names(mc_num, batch_size, nll_type)}: request "
+      f"{index} ({length} tokens), for its draws and rows,",
+      HOST_MEMORY_FIX[nll_type == "mc"])
 
 
 # What lowers a request's host memory: ar_ftb's rows are one batch's.
