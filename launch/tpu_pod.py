@@ -100,7 +100,7 @@ def hosts_per_slice(accelerator_type: str) -> int:
         f"v2, v3, v4, v5p, v5litepod, v6e (e.g. v4-8, v4-64, v5p-128, "
         f"v5litepod-16), got {accelerator_type!r}")
   gen, size = m.group(1), int(m.group(2))
-  if not _sold(gen, size):
+  if size not in _SOLD_SIZES[gen]:
     raise LaunchError(
         f"--accelerator_type: no {gen} slice of size {size} is sold; "
         f"{gen} slices are {_SOLD_WORDS[gen]}")
@@ -128,10 +128,6 @@ _SOLD_SIZES.update({
     for gen, grid in _CUBE_GRIDS.items()})
 _SOLD_WORDS = {gen: ", ".join(f"{gen}-{n}" for n in sizes)
                for gen, sizes in _SOLD_SIZES.items()}
-
-
-def _sold(gen: str, size: int) -> bool:
-  return size in _SOLD_SIZES[gen]
 
 
 def node_names(args) -> list[str]:
