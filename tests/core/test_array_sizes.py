@@ -244,6 +244,8 @@ def test_the_memory_bound_is_the_lowest_of_the_host_and_the_process_limits(
   monkeypatch.setattr(resource, "getrlimit",
                       lambda kind: (limits[kind], resource.RLIM_INFINITY))
   monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: 10 * 2**30)
+  mapped = {}
+  monkeypatch.setattr(array_sizes, "process_mapped_bytes", lambda: mapped)
   assert array_sizes.memory_bound() == (
       10 * 2**30, "its 10.0 GiB (memory and swap)")
   limits[resource.RLIMIT_AS] = 6 * 2**30
@@ -252,6 +254,20 @@ def test_the_memory_bound_is_the_lowest_of_the_host_and_the_process_limits(
   limits[resource.RLIMIT_DATA] = 3 * 2**30
   assert array_sizes.memory_bound() == (
       3 * 2**30, "this process's 3.0 GiB data-segment limit (ulimit -d)")
+  # What the process maps already counts against each limit (a program
+  # just under the limit as set failed at its first run).
+  mapped.update({"VmSize:": 2 * 2**30, "VmData:": 2**29})
+  assert array_sizes.memory_bound() == (
+      5 * 2**29, "the 2.5 GiB this process has left under its 3.0 GiB "
+      "data-segment limit (ulimit -d; it maps 0.5 GiB already)")
+  limits[resource.RLIMIT_DATA] = 5 * 2**30
+  assert array_sizes.memory_bound() == (
+      4 * 2**30, "the 4.0 GiB this process has left under its 6.0 GiB "
+      "address-space limit (ulimit -v; it maps 2.0 GiB already)")
+  mapped["VmSize:"] = 7 * 2**30  # past the limit already: nothing left
+  assert array_sizes.memory_bound()[0] == 0
+  mapped.clear()
+  limits[resource.RLIMIT_DATA] = 3 * 2**30
   monkeypatch.setattr(array_sizes, "host_memory_bytes", lambda: None)
   assert array_sizes.memory_bound()[0] == 3 * 2**30
   limits[resource.RLIMIT_AS] = limits[resource.RLIMIT_DATA] = (
@@ -264,9 +280,11 @@ import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, resource.RLIM_INFINITY))
 import jax, jax.numpy as jnp
 from trm.core import array_sizes
-# A 50000 x 50000 float32 table sorted: a 9.3 GiB temporary, never run.
+# A 36000 x 36000 float32 table sorted: a 4.8 GiB temporary, never run;
+# under the 6 GiB limit as set, past what the process has left of it (it
+# maps about 2 GiB once jax has compiled).
 lowered = jax.jit(lambda x: jnp.sort(x[:, None] * x[None, :], axis=1)[:, 0]
-                  ).lower(jax.ShapeDtypeStruct((50000,), jnp.float32))
+                  ).lower(jax.ShapeDtypeStruct((36000,), jnp.float32))
 try:
   array_sizes.compile_checked(lowered, "The program", "lower it")
 except ValueError as e:
@@ -278,7 +296,9 @@ except ValueError as e:
 def test_a_program_past_the_processs_ulimit_v_is_refused_before_it_runs():
   # Under `ulimit -v` below the program (and not below the host's memory),
   # trm.sample's and the trainer's first call failed in XLA:CPU ("Out of
-  # memory allocating", a JaxRuntimeError traceback or exit 134).
+  # memory allocating", a JaxRuntimeError traceback or exit 134); until
+  # session 106 also a program under the limit as set but past what the
+  # process had left of it (as this one).
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
@@ -292,9 +312,10 @@ def test_a_program_past_the_processs_ulimit_v_is_refused_before_it_runs():
                        check=False)
   assert run.returncode == 2, run.stdout + run.stderr[-2000:]
   assert re.fullmatch(
-      r"The program needs 9\.\d GiB on this host's 1 CPU device\(s\) "
+      r"The program needs 4\.\d GiB on this host's 1 CPU device\(s\) "
       r"\(XLA's memory analysis: .* GiB of temporaries a device\), which "
-      r"share this process's 6\.0 GiB address-space limit \(ulimit -v\); "
+      r"share the \d\.\d GiB this process has left under its 6\.0 GiB "
+      r"address-space limit \(ulimit -v; it maps \d\.\d GiB already\); "
       r"lower it\.\n", run.stdout), run.stdout
 
 

@@ -110,26 +110,58 @@ def host_memory_bytes() -> int | None:
 
 # The process limits that bound what XLA:CPU can allocate, lowest first
 # wins: an allocation past either fails as past the host's memory does.
-_PROCESS_LIMITS = (("RLIMIT_AS", "address-space limit (ulimit -v)"),
-                   ("RLIMIT_DATA", "data-segment limit (ulimit -d)"))
+# Each with the /proc/self/status line of what the process holds against
+# it already.
+_PROCESS_LIMITS = (("RLIMIT_AS", "address-space limit (ulimit -v)", "VmSize:"),
+                   ("RLIMIT_DATA", "data-segment limit (ulimit -d)",
+                    "VmData:"))
+
+
+def process_mapped_bytes() -> dict[str, int]:
+  """{'VmSize:': bytes, 'VmData:': bytes} this process maps now (its
+  /proc/self/status; {} where it cannot be read): counted against `ulimit
+  -v` and `-d` before any new array (about 2.1 GB once jax is imported)."""
+  mapped = {}
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        key = line.split(maxsplit=1)[0] if line.strip() else ""
+        if key in ("VmSize:", "VmData:"):
+          mapped[key] = int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    return {}
+  return mapped
 
 
 def memory_bound() -> tuple[int, str] | None:
   """The most memory this process can hold, and the words that name it:
   the host's memory and swap (`host_memory_bytes`) or, where lower, the
   process's address-space or data-segment limit (each counts every
-  private allocation XLA:CPU makes). None where none can be read."""
+  private allocation XLA:CPU makes), less what the process maps against
+  it already. None where none can be read."""
   import resource  # pylint: disable=g-import-not-at-top
   host = host_memory_bytes()
   bounds = [] if host is None else [
       (host, f"its {host / 2**30:,.1f} GiB (memory and swap)")]
-  for name, words in _PROCESS_LIMITS:
+  mapped = None
+  for name, words, status_key in _PROCESS_LIMITS:
     try:
       soft, _ = resource.getrlimit(getattr(resource, name))
     except (AttributeError, ValueError, OSError):
       continue
-    if soft != resource.RLIM_INFINITY and soft >= 0:
-      bounds.append((soft, f"this process's {soft / 2**30:,.1f} GiB {words}"))
+    if soft == resource.RLIM_INFINITY or soft < 0:
+      continue
+    if mapped is None:
+      mapped = process_mapped_bytes()
+    # What the process maps already counts against the limit: a program
+    # just under the limit as set failed at its first run.
+    held = mapped.get(status_key, 0)
+    left = max(soft - held, 0)
+    bounds.append((left, f"the {left / 2**30:,.1f} GiB this process has "
+                         f"left under its {soft / 2**30:,.1f} GiB "
+                         f"{words[:-1]}; it maps {held / 2**30:,.1f} GiB "
+                         "already)" if held else
+                   f"this process's {soft / 2**30:,.1f} GiB {words}"))
   return min(bounds, key=lambda bound: bound[0]) if bounds else None
 
 
