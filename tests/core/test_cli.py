@@ -53,10 +53,11 @@ def test_help_is_printed_whatever_config_names(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["directory", "device", "fifo",
-                                  "fifo as its own argument"])
+                                  "fifo as its own argument",
+                                  "fifo in a flagfile"])
 def test_a_config_path_that_is_no_file_is_said_as_what_it_is(tmp_path, kind):
   # It was "no such config file" for a path that exists; a FIFO blocked
-  # ml_collections' read.
+  # ml_collections' read (given in a --flagfile, until session 106).
   import os  # pylint: disable=g-import-not-at-top
   path = {"directory": "configs", "device": "/dev/null"}.get(
       kind, str(tmp_path / "pipe"))
@@ -64,6 +65,9 @@ def test_a_config_path_that_is_no_file_is_said_as_what_it_is(tmp_path, kind):
     os.mkfifo(path)
   flag = (["--config", f"{path}:cpu"] if kind.endswith("argument")
           else [f"--config={path}:cpu"])
+  if kind.endswith("flagfile"):
+    (tmp_path / "flags").write_text(f"# the run's flags\n{flag[0]}\n")
+    flag = [f"--flagfile={tmp_path / 'flags'}"]
   result = _main(*flag, f"--workdir={tmp_path / 'run'}", timeout=60)
   assert result.returncode == 2
   said = ("a directory, not a config file" if kind == "directory" else

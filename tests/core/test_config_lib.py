@@ -122,6 +122,27 @@ def test_an_optional_config_left_out_passes():
   assert config_lib._conflicting_aliases(flag_values) is None  # pylint: disable=protected-access
 
 
+def test_a_flagfile_still_gives_the_config_and_its_overrides(monkeypatch,
+                                                            tmp_path):
+  """parse_flags reads --flagfile's lines itself (to check a --config named
+  there before absl's parse): the file's --config, its overrides and the
+  other flags still reach the parse."""
+  flagfile = tmp_path / "flags"
+  flagfile.write_text(
+      f"# the run's flags\n--config={ROOT}/configs/gpt.py:"
+      "shakespeare_char_cpu\n--config.total_steps=7\n--workdir=/tmp/run\n")
+  argv = ["trm.main", f"--flagfile={flagfile}"]
+  flag_values = flags.FlagValues()
+  # ml_collections reads the flagfile too, for the overrides it names.
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
+  monkeypatch.setattr(flags, "FLAGS", flag_values)
+  assert config_lib.parse_flags(argv) == ["trm.main"]
+  assert (flag_values.config.model.name, flag_values.config.total_steps,
+          flag_values.workdir) == ("gpt", 7, "/tmp/run")
+
+
 def _trm_main_error(monkeypatch, capsys, flag) -> str:
   """trm.main's one line (exit 2) for the GPT CPU config and `flag`."""
   argv = ["trm.main", f"--config={ROOT}/configs/gpt.py:shakespeare_char_cpu",
@@ -135,6 +156,24 @@ def _trm_main_error(monkeypatch, capsys, flag) -> str:
     config_lib.parse_flags(argv)
   assert stop.value.code == 2
   return capsys.readouterr().err
+
+
+def test_a_flagfile_from_a_pipe_is_one_line_saying_to_use_a_file(
+    monkeypatch, capsys):
+  """ml_collections reads a flagfile when --config is defined and absl
+  again when it parses: a shell's `--flagfile=<(...)` gave its flags to the
+  first reader only ("Unknown command line flag 'config.total_steps'")."""
+  import os  # pylint: disable=g-import-not-at-top
+  read, write = os.pipe()
+  os.write(write, b"--config.total_steps=7\n")
+  os.close(write)
+  try:
+    error = _trm_main_error(monkeypatch, capsys, f"--flagfile=/dev/fd/{read}")
+  finally:
+    os.close(read)
+  assert (f"error: --flagfile=/dev/fd/{read}: not a regular file "
+          "(a pipe such as a shell's <(...), a FIFO or a device)") in error, (
+              error)
 
 
 @pytest.mark.parametrize("flag, needle", [

@@ -322,6 +322,26 @@ def _missing_config_file(argv) -> str | None:
   return None
 
 
+def _flagfile_not_a_file(argv) -> str | None:
+  """A --flagfile that is no regular file (a shell's `<(...)` pipe):
+  ml_collections reads every flagfile when --config is defined, for the
+  overrides it names, and absl reads it again when it parses, so a pipe's
+  flags reached only the first reader (the parse then said "Unknown
+  command line flag 'config.total_steps'")."""
+  import os  # pylint: disable=g-import-not-at-top
+  args = list(argv[1:])
+  for i, arg in enumerate(args):
+    if arg.startswith("--flagfile=") or (arg == "--flagfile"
+                                         and i + 1 < len(args)):
+      path = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+      if os.path.exists(path) and not os.path.isfile(path):
+        return (f"--flagfile={path}: not a regular file (a pipe such as a "
+                "shell's <(...), a FIFO or a device); its flags are read "
+                "twice (for --config's overrides, then by the parse), so "
+                "write them to a file and pass that")
+  return None
+
+
 def _config_load_error(error: BaseException, argv) -> str | None:
   """The one-line message for an exception raised while ml_collections
   loads a --config file (a SyntaxError, ImportError, NameError, a missing
@@ -482,12 +502,21 @@ def parse_flags(argv):
   way as its other input errors: `<tool>: error: ...`, exit 2."""
   import sys  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
-  # Before parsing: a --config.KEY override, or a variant after the path,
-  # makes ml_collections read the file there (a missing one's OSError
-  # traceback; a FIFO blocked the read). Not when help is asked for: absl
-  # prints it during the parse, whatever --config names.
-  message = None if _asks_for_help(argv) else _missing_config_file(argv)
+  message = None
   try:
+    message = None if _asks_for_help(argv) else _flagfile_not_a_file(argv)
+    if message is None:
+      # --flagfile's lines, here: the check below then sees a --config
+      # given in one (a FIFO there blocked absl's parse); absl finds no
+      # --flagfile left to read again.
+      argv = [argv[0]] + flags.FLAGS.read_flags_from_files(argv[1:],
+                                                           force_gnu=False)
+      # Before parsing: a --config.KEY override, or a variant after the
+      # path, makes ml_collections read the file there (a missing one's
+      # OSError traceback; a FIFO blocked the read). Not when help is
+      # asked for: absl prints it during the parse, whatever --config
+      # names.
+      message = None if _asks_for_help(argv) else _missing_config_file(argv)
     if message is None:
       parsed = flags.FLAGS(argv)
       message = (_not_a_config(argv) or _integers_past_int64()
