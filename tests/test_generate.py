@@ -396,6 +396,19 @@ def test_cli_bad_settings_are_one_line(checkpoint, flag, message,
 @pytest.mark.parametrize("flag, message", [
     ("--batch_size=0", "batch_size=0: must be >= 1"),
     ("--seed=-1", "seed=-1: must lie in [0, 4294967295]"),
+    # Past the host's memory (session 105's audit: refused only once the
+    # weights had loaded).
+    ("--num_return_sequences=1099511627776",
+     "--num_return_sequences=1099511627776: 1099511627776 rows (prompts x "
+     "completions) of at least 257 tokens needs"),
+    ("--batch_size=1099511627776", "--batch_size=1099511627776: 1 rows "
+     "padded to 1099511627776 (whole batches) of at least 257 tokens needs"),
+    # Only its mesh and rules were read, without a word.
+    ("--config=configs/trm_sudoku.py:cpu", "--config describes a "
+     "config.model.name='trm' model; DiffuCoder/Dream checkpoints take a "
+     "'dream' config"),
+    ("--tokenizer=", "--tokenizer is given but empty: pass a directory "
+     "with tokenizer.json or 'bytes'"),
 ])
 def test_cli_batch_size_and_seed_are_checked_before_the_weights(checkpoint,
                                                                 flag,
@@ -654,8 +667,10 @@ def test_num_return_sequences_beyond_host_memory_is_one_line(lm,
       "compiled for rows that cannot exist"))
   for copies in (2**50, 2**62, 2**70):
     with pytest.raises(ValueError, match=rf"^num_return_sequences={copies}: "
-                       rf"{copies} rows of \d+ tokens do not fit in this "
-                       "host's memory"):
+                       rf"{copies} rows \(prompts x completions\) of at "
+                       r"least \d+ tokens needs [\d,.]+ GiB of this host's "
+                       r"memory, more than .*; lower num_return_sequences "
+                       r"\(or pass fewer prompts\)\.$"):
       lm.generate("w3", max_new_tokens=4, num_return_sequences=copies)
 
 
@@ -665,9 +680,11 @@ def test_a_batch_size_beyond_host_memory_is_one_line(lm, monkeypatch):
   monkeypatch.setattr(lm, "compile", lambda *a, **k: pytest.fail(
       "compiled for rows that cannot exist"))
   for size in (2**31, 2**50, 2**62, 2**70):
-    with pytest.raises(ValueError, match=rf"^batch_size={size}: {size} rows "
-                       r"of \d+ tokens do not fit in this host's memory \(the "
-                       r"1 sequence\(s\) to generate"):
+    with pytest.raises(ValueError, match=rf"^batch_size={size}: 1 rows "
+                       rf"padded to {size} \(whole batches\) of at least "
+                       r"\d+ tokens needs [\d,.]+ GiB of this host's memory, "
+                       r"more than .*; lower batch_size \(1 fills one "
+                       r"batch\)\.$"):
       lm.generate("w3", max_new_tokens=4, batch_size=size)
 
 

@@ -71,6 +71,11 @@ def main(argv):
   step = cli.workdir_step(_CHECKPOINT.value, _STEP.value)
   import jax  # pylint: disable=g-import-not-at-top
   distributed.initialize_distributed(jax)
+  # Minutes before a 7B model's weights are read: a row holds at least one
+  # prompt token and the new ones.
+  inference.check_rows_fit(
+      len(prompts), _SAMPLER["num_return_sequences"].value,
+      _SAMPLER["batch_size"].value, settings["max_new_tokens"] + 1, "--")
   lm = load_model(_CHECKPOINT.value, _SAMPLER, _CONFIG.value, step)
   first = jax.process_index() == 0  # on a pod every process generates
   if first:

@@ -225,6 +225,31 @@ def check_batch_and_seed(batch_size, seed, num_prompts: int) -> None:
         "larger or negative one would repeat another seed's samples).")
 
 
+def check_rows_fit(num_prompts: int, copies: int, batch_size, width: int,
+                   prefix: str = "") -> None:
+  """The token and mask rows (int32 + bool, `width` tokens each) of
+  `num_prompts` prompts x `copies` completions, then of those padded to
+  whole batches of `batch_size`, fit in this host's memory
+  (`array_sizes`), every process agreeing; the refusal names
+  num_return_sequences or batch_size (after `prefix`: '--' on a command
+  line). trm.generate checks them before any weight is read, with the
+  least width a row can have (one prompt token and the new ones)."""
+  row_bytes = width * (np.dtype(np.int32).itemsize + 1)
+  count = num_prompts * copies
+  array_sizes.check_host_bytes(
+      count * row_bytes,
+      f"{prefix}num_return_sequences={copies}: {count} rows (prompts x "
+      f"completions) of at least {width} tokens",
+      f"lower {prefix}num_return_sequences (or pass fewer prompts)")
+  rows = -(-count // batch_size) * batch_size if batch_size else count
+  if rows > count:
+    array_sizes.check_host_bytes(
+        rows * row_bytes,
+        f"{prefix}batch_size={batch_size}: {count} rows padded to {rows} "
+        f"(whole batches) of at least {width} tokens",
+        f"lower {prefix}batch_size ({count} fills one batch)")
+
+
 def _pad_rows(ids: np.ndarray, mask: np.ndarray, rows: int,
               batch_size: int) -> tuple[np.ndarray, np.ndarray]:
   """`ids` and `mask` with their last row repeated to `rows` rows (whole
@@ -475,6 +500,19 @@ def _workdir_config(workdir: str, config,
 # gs:// path; trm.export's too).
 CHECKPOINTS_READ = ("checkpoints (Hugging Face directories and trm.main "
                     "workdirs) are")
+
+
+def check_config_family(config, names: ArgumentNames = API_NAMES) -> None:
+  """A `config` of another model family (a TRM or GPT config) is refused:
+  only its mesh and rules were read, so a wrong --config passed without a
+  word."""
+  model = config.get("model") if config is not None else None
+  name = model.get("name") if hasattr(model, "get") else None
+  if name is not None and name != "dream":
+    raise ValueError(
+        f"{names.config} describes a config.model.name={name!r} model; "
+        "DiffuCoder/Dream checkpoints take a 'dream' config (e.g. "
+        "configs/diffucoder_7b.py) or none (their own settings).")
 
 
 def resolve_checkpoint(path: str, names: ArgumentNames = API_NAMES,
@@ -909,6 +947,11 @@ class DiffusionLM:
                                 f"{type(value).__name__}: pass {want} (or "
                                 "None: the default).")
     tokenizer = None if tokenizer is None else os.fspath(tokenizer)
+    if tokenizer == "":  # `or` took it as unset: the checkpoint's own
+      raise ValueError(f"{names.tokenizer} is given but empty: pass a "
+                       "directory with tokenizer.json or 'bytes' (or leave "
+                       "it out: the checkpoint's own tokenizer).")
+    check_config_family(config, names)
     hub_id = _hub_id(path)
     # A Hub id's config and tokenizer come first: the checks below and
     # before_weights run before its weights download (minutes for a 7B).
@@ -1157,6 +1200,7 @@ class DiffusionLM:
                   multiple_of=1 if self.cfg.attention == "dot" else 128)
     ids, mask = left_pad(token_lists, self.tokenizer.eos_id,
                          bucket=int(prompt_bucket), **widths)
+    check_rows_fit(len(token_lists), copies, batch_size, ids.shape[1])
     if copies > 1:
       # Hugging Face's order (`repeat_interleave`): each prompt's copies
       # together.
