@@ -89,6 +89,15 @@ def test_cli_checks_the_tokenizer_before_the_weights(tmp_path, export_cli):
   assert f"{tmp_path} holds no tokenizer.json" in error
 
 
+def test_cli_an_empty_tokenizer_is_refused(tmp_path, export_cli):
+  """--tokenizer= was taken as unset: the export shipped no tokenizer."""
+  workdir = _workdir(tmp_path)
+  error = _export_error(export_cli, workdir, f"--out={tmp_path / 'hf'}",
+                        "--tokenizer=")
+  assert "error: --tokenizer is given but empty" in error, error
+  assert not (tmp_path / "hf").exists()
+
+
 def test_cli_tokenizer_bytes_says_to_drop_it(tmp_path, export_cli):
   """--tokenizer=bytes (the other tools' spelling for a byte-tokenizer run)
   was read as a directory: 'bytes holds no tokenizer.json ... point

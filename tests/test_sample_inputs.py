@@ -201,6 +201,16 @@ def test_a_seed_past_64_bits_is_one_line_before_the_weights(tmp_path, seed):
                 f"--seed={seed}")
 
 
+def test_an_empty_tokenizer_is_one_line_before_the_weights(tmp_path):
+  """--tokenizer= was taken as unset (tiktoken's download, offline an
+  error about a flag that was given)."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  with pytest.raises(app.UsageError, match="^--tokenizer is given but "
+                     "empty: pass GPT-2's tokenizer.json"):
+    _samples_of(None, "--init_from=gpt2", f"--checkpoint={tmp_path}",
+                "--tokenizer=")
+
+
 def test_generate_refuses_a_nan_temperature():
   from trm.families.gpt import model as gpt  # pylint: disable=g-import-not-at-top
   cfg = gpt.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4,

@@ -587,16 +587,24 @@ def check_run_model(workdir: str, model, fields) -> None:
   (RoPE base, norm epsilon, special ids, GPT's head count), must be those
   the run trained with (its config.json): otherwise the checkpoint
   restores and the export labels its weights with another model's
-  settings, which its readers then run."""
+  settings, which its readers then run. TRM's fields are compared as
+  trm.evaluate compares them (`torch_import.differing_fields`: floats as
+  numbers, num_heads and RoPE's skipped where they do not apply)."""
   recorded = _recorded_model(workdir)
-  for field in fields:
-    if field in recorded and field in model and recorded[field] != model[field]:
-      raise app.UsageError(
-          f"--config gives config.model.{field}={model[field]!r}, but the "
-          f"run trained with {recorded[field]!r} "
-          f"({os.path.join(workdir, 'config.json')}): the export would "
-          "describe its weights as another model's. Pass the config (and "
-          "--config.* overrides) the run trained with.")
+  recorded = {k: v for k, v in recorded.items() if k in fields and k in model}
+  if "mlp_t" in fields:  # TRM's
+    from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
+    differing = torch_import.differing_fields(recorded, model.get, fields)
+  else:
+    differing = ((field, recorded[field], model[field]) for field in fields
+                 if field in recorded and recorded[field] != model[field])
+  for field, _, _ in differing:
+    raise app.UsageError(
+        f"--config gives config.model.{field}={model[field]!r}, but the "
+        f"run trained with {recorded[field]!r} "
+        f"({os.path.join(workdir, 'config.json')}): the export would "
+        "describe its weights as another model's. Pass the config (and "
+        "--config.* overrides) the run trained with.")
 
 
 def _model_fields(family: str) -> tuple[str, ...]:
@@ -700,6 +708,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
+  if _TOKENIZER.value == "":  # `if _TOKENIZER.value` took it as unset
+    raise app.UsageError("--tokenizer is given but empty: pass the "
+                         "directory whose tokenizer files to copy, or leave "
+                         "it out.")
   family = config.model.get("name", "dream")
   fmt = check_format(family, _FORMAT.value, _DTYPE.value, _TOKENIZER.value)
   check_local_sources(_CHECKPOINT.value, _TOKENIZER.value)

@@ -349,6 +349,10 @@ def main(argv):
   if _DATA_DIR.value:
     weights_io.check_local(_DATA_DIR.value, "--data_dir",
                            "data directories are")
+  if _TOKENIZER.value == "":  # taken as unset: tiktoken's download
+    raise app.UsageError("--tokenizer is given but empty: pass GPT-2's "
+                         "tokenizer.json (or its directory), or leave it "
+                         "out.")
   if _TOKENIZER.value:
     weights_io.check_local(_TOKENIZER.value, "--tokenizer",
                            "tokenizer files are")
