@@ -470,6 +470,21 @@ def test_a_fallback_program_cannot_open_its_supervisors_memory():
   _passes_under_a_capless_evaluator(program)
 
 
+def test_a_fallback_program_cannot_open_the_evaluators_memory():
+  """A program of the evaluator's uid and capabilities (a non-root user's,
+  where Yama allows ptrace, as here with no Yama) opened the evaluator's
+  /proc/<pid>/mem and fds, and so could rewrite its results. The
+  evaluator is not dumpable from its first such program on (session 106),
+  so only CAP_SYS_PTRACE would: shown with an evaluator that is root
+  without any capability (setpriv), its program as root too."""
+  program = ("import os\nfor path in ('/proc/EVALUATOR/mem', "
+             "'/proc/EVALUATOR/fd/1'):\n"
+             "    try:\n        os.close(os.open(path, os.O_RDONLY))\n"
+             "    except PermissionError:\n        continue\n"
+             "    raise AssertionError(path)\n")
+  _passes_under_a_capless_evaluator(program)
+
+
 def test_as_our_user_a_fallback_program_holds_no_capability(monkeypatch):
   """Where the uid drop does not apply (as root: an interpreter other uids
   cannot reach, as this host's), the program kept every capability:

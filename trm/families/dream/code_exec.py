@@ -59,10 +59,12 @@ daemons that call setsid survive where no cgroup holds them. Either way
 the filter below keeps it from the processes above it (its supervisor,
 the evaluator and its threads, up to pid 1) and their process groups: no
 kill(-1), no ptrace or pidfds, no F_SETOWN; the supervisor is not
-dumpable. Not held there (README, "Fallback"): as a non-root user, the
-evaluator's /proc/<pid>/mem and fds where Yama allows ptrace; as our
-uid, threads the evaluator starts later, other processes of our uid
-(other samples' included), our uid's files.
+dumpable, and neither is the evaluator from the first program it runs as
+our uid on (`_hide_from_our_uid`: as a non-root user, where Yama allows
+ptrace, such a program opened its /proc/<pid>/mem and fds). Not held
+there (README, "Fallback"): as our uid, threads the evaluator starts
+later, other processes of our uid (other samples' included), our uid's
+files.
 In every mode, on x86-64 and arm64, a seccomp filter (`sandbox_init.
 seccomp_program`) refuses the memory RLIMIT_AS does not count (memfd, SysV
 shared memory and message queues, io_uring, a tmpfs in namespaces of its
@@ -76,6 +78,7 @@ elsewhere there is none.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import dataclasses
 import errno
 import functools
@@ -901,6 +904,27 @@ def _cgroup_memory_result(result: str, limits: Limits) -> str:
           f"{limits.sample_memory()} MB; {detail})")[:1000]
 
 
+_HIDE_LOCK = threading.Lock()
+
+
+def _hide_from_our_uid() -> None:
+  """Makes this process (the evaluator) not dumpable, for the rest of its
+  life, before a fallback program runs as our uid: as a non-root user,
+  where Yama allows ptrace (absent, or ptrace_scope 0), such a program
+  opened our /proc/<pid>/mem and fds, and so could rewrite the results.
+  Never undone: a daemon the program left (setsid, where no cgroup holds
+  it) would find us again. The cost: no core dump of this process, and a
+  debugger attaches only with CAP_SYS_PTRACE."""
+  with _HIDE_LOCK:
+    if sandbox_init._libc.prctl(  # pylint: disable=protected-access
+        sandbox_init.PR_GET_DUMPABLE, 0, 0, 0, 0) == 0:
+      return
+    if sandbox_init._libc.prctl(  # pylint: disable=protected-access
+        sandbox_init.PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+      raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed: "
+                    "the program would reach this process's memory")
+
+
 def _run(source: str, checks: Optional[str], limits: Limits,
          mode: str, drop: Optional[bool] = None) -> Outcome:
   """`drop`: run the program as an unprivileged uid of its own slot (None:
@@ -909,6 +933,8 @@ def _run(source: str, checks: Optional[str], limits: Limits,
   nonce = secrets.token_hex(16)
   if drop is None:
     drop = mode == "root" or (mode == "none" and _fallback_uid())
+  if mode == "none" and not drop:
+    _hide_from_our_uid()
   _remove_orphan_work_dirs()
   work = tempfile.mkdtemp(prefix=f"trm_code_{_owner()}_")
   slot = _acquire_slot() if drop else None
