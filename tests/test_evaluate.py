@@ -281,7 +281,7 @@ def test_the_eval_batch_check_holds_on_accelerators_and_refuses_together(
   monkeypatch.setattr(jax, "local_devices", lambda: [
       types.SimpleNamespace(platform="gpu", process_index=0)])
   monkeypatch.setattr(array_sizes, "memory_bound",
-                      lambda: (1 << 20, "its 0.0 GiB (memory and swap)"))
+                      lambda *_: (1 << 20, "its 0.0 GiB (memory and swap)"))
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "process_index", lambda: 0)
   monkeypatch.setattr(multihost_utils, "process_allgather",

@@ -424,6 +424,24 @@ def test_cli_batch_size_and_seed_are_checked_before_the_weights(checkpoint,
   assert len(errors) == 1 and message in errors[0], errors
 
 
+def test_a_config_of_another_family_is_refused_by_its_registered_package(
+    monkeypatch):
+  """A TRM or GPT config handed to the Dream tools was read for its mesh
+  alone; a name registered for the Dream package itself passes."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from trm import families  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(families._FAMILIES, "my_dream", "trm.families.dream")  # pylint: disable=protected-access
+  config = lambda name: ml_collections.ConfigDict({"model": {"name": name}})
+  for name in ("dream", "my_dream"):
+    inference.check_config_family(config(name))
+  inference.check_config_family(ml_collections.ConfigDict({"seq_len": 8}))
+  for name in ("trm", "gpt", "no_such_family"):
+    with pytest.raises(ValueError, match=rf"^config describes a config\."
+                       rf"model\.name='{name}' model; DiffuCoder/Dream"):
+      inference.check_config_family(config(name))
+
+
 def test_cli_bad_batch_files(checkpoint, tmp_path, generate_cli):
   latin = tmp_path / "latin1.txt"
   latin.write_bytes(b"w1 w2\nw3 \xe9\n")
@@ -686,6 +704,25 @@ def test_a_batch_size_beyond_host_memory_is_one_line(lm, monkeypatch):
                        r"more than .*; lower batch_size \(1 fills one "
                        r"batch\)\.$"):
       lm.generate("w3", max_new_tokens=4, batch_size=size)
+
+
+def test_the_row_check_agrees_over_the_processes_the_model_spans(
+    monkeypatch):
+  """DiffusionLM.generate's row check agreed over every process of the
+  job: a model on one host's mesh, generating on that host alone, would
+  have waited in the agreement (session 106's review). One agreement for
+  both of its checks, over the processes given."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from trm.families.dream import inference  # pylint: disable=g-import-not-at-top
+  gathers = []
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(multihost_utils, "process_allgather",
+                      lambda flag: gathers.append(int(flag)) or np.zeros(2))
+  inference.check_rows_fit(3, 2, 4, 16, processes={0})  # this host alone
+  assert gathers == []
+  inference.check_rows_fit(3, 2, 4, 16)  # padded: still one agreement
+  assert gathers == [0]
 
 
 def test_api_accepts_integer_like_seeds_and_batches(lm):

@@ -122,22 +122,31 @@ def test_an_optional_config_left_out_passes():
   assert config_lib._conflicting_aliases(flag_values) is None  # pylint: disable=protected-access
 
 
+_GPT_CPU = f"--config={ROOT}/configs/gpt.py:shakespeare_char_cpu"
+
+
+def _trm_main_flags(monkeypatch, argv):
+  """trm.main's --config and --workdir, defined for `argv` (ml_collections
+  reads its flagfiles then, for the overrides they name) in flags that
+  stand in for absl's."""
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
+  monkeypatch.setattr(flags, "FLAGS", flag_values)
+  return flag_values
+
+
 def test_a_flagfile_still_gives_the_config_and_its_overrides(monkeypatch,
                                                             tmp_path):
   """parse_flags reads --flagfile's lines itself (to check a --config named
   there before absl's parse): the file's --config, its overrides and the
   other flags still reach the parse."""
   flagfile = tmp_path / "flags"
-  flagfile.write_text(
-      f"# the run's flags\n--config={ROOT}/configs/gpt.py:"
-      "shakespeare_char_cpu\n--config.total_steps=7\n--workdir=/tmp/run\n")
+  flagfile.write_text(f"# the run's flags\n{_GPT_CPU}\n"
+                      "--config.total_steps=7\n--workdir=/tmp/run\n")
   argv = ["trm.main", f"--flagfile={flagfile}"]
-  flag_values = flags.FlagValues()
-  # ml_collections reads the flagfile too, for the overrides it names.
-  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
-                                  lock_config=True, sys_argv=argv)
-  flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
-  monkeypatch.setattr(flags, "FLAGS", flag_values)
+  flag_values = _trm_main_flags(monkeypatch, argv)
   assert config_lib.parse_flags(argv) == ["trm.main"]
   assert (flag_values.config.model.name, flag_values.config.total_steps,
           flag_values.workdir) == ("gpt", 7, "/tmp/run")
@@ -145,13 +154,8 @@ def test_a_flagfile_still_gives_the_config_and_its_overrides(monkeypatch,
 
 def _trm_main_error(monkeypatch, capsys, flag) -> str:
   """trm.main's one line (exit 2) for the GPT CPU config and `flag`."""
-  argv = ["trm.main", f"--config={ROOT}/configs/gpt.py:shakespeare_char_cpu",
-          flag]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
-                                  lock_config=True, sys_argv=argv)
-  flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
-  monkeypatch.setattr(flags, "FLAGS", flag_values)
+  argv = ["trm.main", _GPT_CPU, flag]
+  _trm_main_flags(monkeypatch, argv)
   with pytest.raises(SystemExit) as stop:
     config_lib.parse_flags(argv)
   assert stop.value.code == 2
@@ -171,9 +175,18 @@ def test_a_flagfile_from_a_pipe_is_one_line_saying_to_use_a_file(
     error = _trm_main_error(monkeypatch, capsys, f"--flagfile=/dev/fd/{read}")
   finally:
     os.close(read)
-  assert (f"error: --flagfile=/dev/fd/{read}: not a regular file "
-          "(a pipe such as a shell's <(...), a FIFO or a device)") in error, (
-              error)
+  assert (f"error: --flagfile=/dev/fd/{read}: a pipe (such as a shell's "
+          "<(...)) or FIFO; its flags are read twice") in error, error
+
+
+def test_a_flagfile_that_reads_the_same_twice_passes(monkeypatch):
+  """/dev/null (a common "no extra flags" default) is no regular file, but
+  reads the same each time: refused by the pipe check at first (session
+  106's review)."""
+  argv = ["trm.main", _GPT_CPU, "--flagfile=/dev/null", "--workdir=/tmp/run"]
+  flag_values = _trm_main_flags(monkeypatch, argv)
+  assert config_lib.parse_flags(argv) == ["trm.main"]
+  assert flag_values.workdir == "/tmp/run"
 
 
 @pytest.mark.parametrize("flag, needle", [

@@ -120,7 +120,9 @@ _PROCESS_LIMITS = (("RLIMIT_AS", "address-space limit (ulimit -v)", "VmSize:"),
 def process_mapped_bytes() -> dict[str, int]:
   """{'VmSize:': bytes, 'VmData:': bytes} this process maps now (its
   /proc/self/status; {} where it cannot be read): counted against `ulimit
-  -v` and `-d` before any new array (about 2.1 GB once jax is imported)."""
+  -v` and `-d` before any new array (on our 2-core host about 1.4 GiB of
+  address space once jax's CPU client has started, 2.0 with libtpu
+  loaded; glibc's arenas and threads' stacks, so it varies by host)."""
   mapped = {}
   try:
     with open("/proc/self/status", encoding="ascii") as f:
@@ -133,12 +135,14 @@ def process_mapped_bytes() -> dict[str, int]:
   return mapped
 
 
-def memory_bound() -> tuple[int, str] | None:
+def memory_bound(resident: int = 0) -> tuple[int, str] | None:
   """The most memory this process can hold, and the words that name it:
   the host's memory and swap (`host_memory_bytes`) or, where lower, the
   process's address-space or data-segment limit (each counts every
   private allocation XLA:CPU makes), less what the process maps against
-  it already. None where none can be read."""
+  it already, except `resident` bytes of it: arrays that are counted in
+  what is being checked and may exist already (a program's arguments),
+  so as never to count them twice. None where none can be read."""
   import resource  # pylint: disable=g-import-not-at-top
   host = host_memory_bytes()
   bounds = [] if host is None else [
@@ -155,12 +159,13 @@ def memory_bound() -> tuple[int, str] | None:
       mapped = process_mapped_bytes()
     # What the process maps already counts against the limit: a program
     # just under the limit as set failed at its first run.
-    held = mapped.get(status_key, 0)
+    held = max(mapped.get(status_key, 0) - resident, 0)
     left = max(soft - held, 0)
+    besides = " besides the program's arguments" if resident else ""
     bounds.append((left, f"the {left / 2**30:,.1f} GiB this process has "
                          f"left under its {soft / 2**30:,.1f} GiB "
                          f"{words[:-1]}; it maps {held / 2**30:,.1f} GiB "
-                         "already)" if held else
+                         f"already{besides})" if held else
                    f"this process's {soft / 2**30:,.1f} GiB {words}"))
   return min(bounds, key=lambda bound: bound[0]) if bounds else None
 
@@ -199,11 +204,12 @@ def check_host_memory(tree, what: str, fix: str) -> None:
 
 
 def host_refusal(total: int, what: str, fix: str, devices: int | None = None,
-                 detail: str = "") -> str | None:
-  """The refusal for `total` bytes past `memory_bound`, or None where they
-  fit (or no bound can be read): bytes of this host's `devices` CPU
-  devices (`detail` after them), or of host arrays (`devices` None)."""
-  bound = memory_bound()
+                 detail: str = "", resident: int = 0) -> str | None:
+  """The refusal for `total` bytes past `memory_bound` (`resident` of them
+  possibly held already), or None where they fit (or no bound can be
+  read): bytes of this host's `devices` CPU devices (`detail` after
+  them), or of host arrays (`devices` None)."""
+  bound = memory_bound(resident)
   if bound is None or total <= bound[0]:
     return None
   if devices is None:
@@ -271,10 +277,13 @@ def check_program_host_memory(compiled, devices, what: str, fix: str) -> None:
     per_device = (size("argument_size_in_bytes")
                   + size("output_size_in_bytes") + size("temp_size_in_bytes")
                   - size("alias_size_in_bytes"))
+    # Its arguments (the state, weights) are often made already, and so in
+    # what the process maps: counted once, in the program.
     refusal = host_refusal(
         per_device * len(local), what, fix, len(local),
         f" (XLA's memory analysis: {size('temp_size_in_bytes') / 2**30:,.1f}"
-        " GiB of temporaries a device)")
+        " GiB of temporaries a device)",
+        resident=size("argument_size_in_bytes") * len(local))
   refuse_together(refusal, what, fix, {d.process_index for d in devices})
 
 

@@ -322,23 +322,35 @@ def _missing_config_file(argv) -> str | None:
   return None
 
 
-def _flagfile_not_a_file(argv) -> str | None:
-  """A --flagfile that is no regular file (a shell's `<(...)` pipe):
-  ml_collections reads every flagfile when --config is defined, for the
-  overrides it names, and absl reads it again when it parses, so a pipe's
-  flags reached only the first reader (the parse then said "Unknown
-  command line flag 'config.total_steps'")."""
+def _flagfile_not_a_file(argv, flag_values) -> str | None:
+  """A --flagfile that is a pipe (a shell's `<(...)`), FIFO or socket, in
+  a tool with a --config: ml_collections reads every flagfile when
+  --config is defined, for the overrides it names, and absl reads it again
+  when it parses, so a pipe's flags reached only the first reader (the
+  parse then said "Unknown command line flag 'config.total_steps'"). A
+  file that reads the same twice (/dev/null) passes."""
   import os  # pylint: disable=g-import-not-at-top
+  import stat  # pylint: disable=g-import-not-at-top
+  if "config" not in flag_values:
+    return None
   args = list(argv[1:])
   for i, arg in enumerate(args):
-    if arg.startswith("--flagfile=") or (arg == "--flagfile"
-                                         and i + 1 < len(args)):
-      path = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
-      if os.path.exists(path) and not os.path.isfile(path):
-        return (f"--flagfile={path}: not a regular file (a pipe such as a "
-                "shell's <(...), a FIFO or a device); its flags are read "
-                "twice (for --config's overrides, then by the parse), so "
-                "write them to a file and pass that")
+    if arg == "--":  # absl reads no flagfile past it
+      break
+    name, _, value = arg.lstrip("-").partition("=")
+    if name != "flagfile" or not arg.startswith("-"):
+      continue
+    if not value and "=" not in arg:
+      value = args[i + 1] if i + 1 < len(args) else ""
+    path = os.path.expanduser(value)
+    try:
+      mode = os.stat(path).st_mode
+    except OSError:
+      continue  # absl names a missing one
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+      return (f"--flagfile={value}: a pipe (such as a shell's <(...)) or "
+              "FIFO; its flags are read twice (for --config's overrides, "
+              "then by the parse), so write them to a file and pass that")
   return None
 
 
@@ -504,7 +516,8 @@ def parse_flags(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   message = None
   try:
-    message = None if _asks_for_help(argv) else _flagfile_not_a_file(argv)
+    message = (None if _asks_for_help(argv)
+               else _flagfile_not_a_file(argv, flags.FLAGS))
     if message is None:
       # --flagfile's lines, here: the check below then sees a --config
       # given in one (a FIFO there blocked absl's parse); absl finds no

@@ -47,6 +47,11 @@ def names() -> list[str]:
   return sorted(_FAMILIES)
 
 
+def package(name: str) -> str | None:
+  """The import path of family `name`'s package (None: none registered)."""
+  return _FAMILIES.get(name)
+
+
 def _module(name: str, part: str) -> ModuleType:
   if name not in _FAMILIES:
     raise ValueError(f"config.model.name={name!r} is not a known model "

@@ -261,7 +261,7 @@ def test_draws_past_the_hosts_memory_are_one_line_before_any_draw(
   from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
   lm, _ = pair
   monkeypatch.setattr(array_sizes, "memory_bound",
-                      lambda: (1 << 16, "its 0.0 GiB (memory and swap)"))
+                      lambda *_: (1 << 16, "its 0.0 GiB (memory and swap)"))
   monkeypatch.setattr(likelihood, "forward_process",
                       lambda *a, **k: pytest.fail("drawn"))
   monkeypatch.setattr(lm, "_score", lambda *a, **k: pytest.fail("scored"))
@@ -280,7 +280,7 @@ def test_every_rounds_rows_count_against_the_hosts_memory(monkeypatch):
   it; one batch's rows alone (86 KB) passed it."""
   from trm.core import array_sizes  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(array_sizes, "memory_bound",
-                      lambda: (1 << 20, "its 0.0 GiB (memory and swap)"))
+                      lambda *_: (1 << 20, "its 0.0 GiB (memory and swap)"))
   assert likelihood.host_memory_refusal(4096, 1, "mc", 20, 128, 0).startswith(
       "mc_num=4096, batch_size=1: ")
   # 280 KB fits.

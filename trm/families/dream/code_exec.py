@@ -60,8 +60,9 @@ the filter below keeps it from the processes above it (its supervisor,
 the evaluator and its threads, up to pid 1) and their process groups: no
 kill(-1), no ptrace or pidfds, no F_SETOWN; the supervisor is not
 dumpable, and neither is the evaluator from the first program it runs as
-our uid on (`_hide_from_our_uid`: as a non-root user, where Yama allows
-ptrace, such a program opened its /proc/<pid>/mem and fds). Not held
+our uid on (`_hide_from_our_uid`: as a non-root user, such a program
+opened its /proc/<pid>/mem where Yama allows ptrace, and its fds, which
+Yama does not guard). Not held
 there (README, "Fallback"): as our uid, threads the evaluator starts
 later, other processes of our uid (other samples' included), our uid's
 files.
@@ -910,8 +911,9 @@ _HIDE_LOCK = threading.Lock()
 def _hide_from_our_uid() -> None:
   """Makes this process (the evaluator) not dumpable, for the rest of its
   life, before a fallback program runs as our uid: as a non-root user,
-  where Yama allows ptrace (absent, or ptrace_scope 0), such a program
-  opened our /proc/<pid>/mem and fds, and so could rewrite the results.
+  such a program opened our /proc/<pid>/mem where Yama allows ptrace
+  (absent, or ptrace_scope 0), and so could rewrite the results, and our
+  fds (a read-mode check, which Yama does not restrict).
   Never undone: a daemon the program left (setsid, where no cgroup holds
   it) would find us again. The cost: no core dump of this process, and a
   debugger attaches only with CAP_SYS_PTRACE."""

@@ -226,28 +226,38 @@ def check_batch_and_seed(batch_size, seed, num_prompts: int) -> None:
 
 
 def check_rows_fit(num_prompts: int, copies: int, batch_size, width: int,
-                   prefix: str = "") -> None:
+                   prefix: str = "", processes=None) -> None:
   """The token and mask rows (int32 + bool, `width` tokens each) of
   `num_prompts` prompts x `copies` completions, then of those padded to
   whole batches of `batch_size`, fit in this host's memory
-  (`array_sizes`), every process agreeing; the refusal names
-  num_return_sequences or batch_size (after `prefix`: '--' on a command
-  line). trm.generate checks them before any weight is read, with the
-  least width a row can have (one prompt token and the new ones)."""
+  (`array_sizes`); the refusal names num_return_sequences (or the
+  prompts) or batch_size, after `prefix` ('--' on a command line). Every
+  process of `processes` (default all: those the model spans) refuses
+  when one does. trm.generate checks them before any weight is read, with
+  the least width a row can have (one prompt token and the new ones)."""
   row_bytes = width * (np.dtype(np.int32).itemsize + 1)
   count = num_prompts * copies
-  array_sizes.check_host_bytes(
-      count * row_bytes,
-      f"{prefix}num_return_sequences={copies}: {count} rows (prompts x "
-      f"completions) of at least {width} tokens",
-      f"lower {prefix}num_return_sequences (or pass fewer prompts)")
+  if copies > 1:
+    what = (f"{prefix}num_return_sequences={copies}: {count} rows (prompts "
+            f"x completions) of at least {width} tokens")
+    fix = f"lower {prefix}num_return_sequences (or pass fewer prompts)"
+  else:
+    what = f"{count} prompts' rows of at least {width} tokens"
+    fix = f"pass fewer prompts or lower {prefix}max_new_tokens"
+  refusal = array_sizes.host_refusal(count * row_bytes, what, fix)
   rows = -(-count // batch_size) * batch_size if batch_size else count
-  if rows > count:
-    array_sizes.check_host_bytes(
+  if refusal is None and rows > count:
+    refusal = array_sizes.host_refusal(
         rows * row_bytes,
         f"{prefix}batch_size={batch_size}: {count} rows padded to {rows} "
         f"(whole batches) of at least {width} tokens",
         f"lower {prefix}batch_size ({count} fills one batch)")
+  # One agreement for both: the padded check is not made where the first
+  # refuses.
+  array_sizes.refuse_together(
+      refusal, f"The rows of {count} sequences to generate",
+      f"lower {prefix}num_return_sequences or {prefix}batch_size, or pass "
+      "fewer prompts", processes)
 
 
 def _pad_rows(ids: np.ndarray, mask: np.ndarray, rows: int,
@@ -506,9 +516,11 @@ def check_config_family(config, names: ArgumentNames = API_NAMES) -> None:
   """A `config` of another model family (a TRM or GPT config) is refused:
   only its mesh and rules were read, so a wrong --config passed without a
   word."""
+  from trm import families  # pylint: disable=g-import-not-at-top
   model = config.get("model") if config is not None else None
   name = model.get("name") if hasattr(model, "get") else None
-  if name is not None and name != "dream":
+  # A name registered for this package too (`families.register`) passes.
+  if name is not None and families.package(name) != __package__:
     raise ValueError(
         f"{names.config} describes a config.model.name={name!r} model; "
         "DiffuCoder/Dream checkpoints take a 'dream' config (e.g. "
@@ -1200,7 +1212,9 @@ class DiffusionLM:
                   multiple_of=1 if self.cfg.attention == "dot" else 128)
     ids, mask = left_pad(token_lists, self.tokenizer.eos_id,
                          bucket=int(prompt_bucket), **widths)
-    check_rows_fit(len(token_lists), copies, batch_size, ids.shape[1])
+    spanned = {d.process_index for d in self.mesh.devices.flat}
+    check_rows_fit(len(token_lists), copies, batch_size, ids.shape[1],
+                   processes=spanned)
     if copies > 1:
       # Hugging Face's order (`repeat_interleave`): each prompt's copies
       # together.
