@@ -322,7 +322,7 @@ def _missing_config_file(argv) -> str | None:
   return None
 
 
-def _flagfile_not_a_file(argv, flag_values) -> str | None:
+def _piped_flagfile(argv, flag_values) -> str | None:
   """A --flagfile that is a pipe (a shell's `<(...)`), FIFO or socket, in
   a tool with a --config: ml_collections reads every flagfile when
   --config is defined, for the overrides it names, and absl reads it again
@@ -517,7 +517,7 @@ def parse_flags(argv):
   message = None
   try:
     message = (None if _asks_for_help(argv)
-               else _flagfile_not_a_file(argv, flags.FLAGS))
+               else _piped_flagfile(argv, flags.FLAGS))
     if message is None:
       # --flagfile's lines, here: the check below then sees a --config
       # given in one (a FIFO there blocked absl's parse); absl finds no

@@ -62,10 +62,9 @@ kill(-1), no ptrace or pidfds, no F_SETOWN; the supervisor is not
 dumpable, and neither is the evaluator from the first program it runs as
 our uid on (`_hide_from_our_uid`: as a non-root user, such a program
 opened its /proc/<pid>/mem where Yama allows ptrace, and its fds, which
-Yama does not guard). Not held
-there (README, "Fallback"): as our uid, threads the evaluator starts
-later, other processes of our uid (other samples' included), our uid's
-files.
+Yama does not guard). Not held there (README, "Fallback"): as our uid,
+threads the evaluator starts later, other processes of our uid (other
+samples' included), our uid's files.
 In every mode, on x86-64 and arm64, a seccomp filter (`sandbox_init.
 seccomp_program`) refuses the memory RLIMIT_AS does not count (memfd, SysV
 shared memory and message queues, io_uring, a tmpfs in namespaces of its

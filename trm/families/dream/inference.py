@@ -232,9 +232,10 @@ def check_rows_fit(num_prompts: int, copies: int, batch_size, width: int,
   whole batches of `batch_size`, fit in this host's memory
   (`array_sizes`); the refusal names num_return_sequences (or the
   prompts) or batch_size, after `prefix` ('--' on a command line). Every
-  process of `processes` (default all: those the model spans) refuses
-  when one does. trm.generate checks them before any weight is read, with
-  the least width a row can have (one prompt token and the new ones)."""
+  process of `processes` (default: every process of the job;
+  `DiffusionLM.generate` passes those its model spans) refuses when one
+  does. trm.generate checks them before any weight is read, with the
+  least width a row can have (one prompt token and the new ones)."""
   row_bytes = width * (np.dtype(np.int32).itemsize + 1)
   count = num_prompts * copies
   if copies > 1:
