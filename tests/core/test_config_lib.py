@@ -122,6 +122,15 @@ def test_an_optional_config_left_out_passes():
   assert config_lib._conflicting_aliases(flag_values) is None  # pylint: disable=protected-access
 
 
+def test_flag_values_reads_absls_spellings():
+  """The --config and --flagfile checks read a flag as absl does: `--f=V`,
+  `-f=V`, `--f V`, none past `--`, not `--f.key=V`."""
+  argv = ["prog", "--config=a", "-config=b", "--config", "c",
+          "--config.total_steps=3", "--configs=x", "--", "--config=d"]
+  assert list(config_lib._flag_values(argv, "config")) == ["a", "b", "c"]  # pylint: disable=protected-access
+  assert not list(config_lib._flag_values(["prog", "--config"], "config"))  # pylint: disable=protected-access
+
+
 _GPT_CPU = f"--config={ROOT}/configs/gpt.py:shakespeare_char_cpu"
 
 

@@ -297,28 +297,42 @@ def _asks_for_help(argv) -> bool:
   return any(arg.split("=", 1)[0] in _HELP_FLAGS for arg in argv[1:])
 
 
+def _flag_values(argv, name: str):
+  """The values `argv` gives flag `name`, in absl's spellings (`--name=V`,
+  `-name=V`, `--name V`), up to a `--` (past it absl reads no flag)."""
+  args = list(argv[1:])
+  for i, arg in enumerate(args):
+    if arg == "--":
+      return
+    if not arg.startswith("-"):
+      continue
+    given, equals, value = arg.lstrip("-").partition("=")
+    if given != name:
+      continue
+    if equals:
+      yield value
+    elif i + 1 < len(args):
+      yield args[i + 1]
+
+
 def _missing_config_file(argv) -> str | None:
   """ml_collections reads --config lazily, so a missing file would only
   fail after jax has started, with a chained traceback; name it now. A
   path that is no regular file is refused too (a FIFO would block the
   read), and said as what it is."""
   import os  # pylint: disable=g-import-not-at-top
-  args = list(argv[1:])
-  for i, arg in enumerate(args):
-    if arg.startswith("--config=") or (arg == "--config"
-                                       and i + 1 < len(args)):
-      value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
-      path = value.split(":", 1)[0]
-      if path and not os.path.isfile(path):
-        example = "e.g. --config=configs/trm_sudoku.py"
-        if os.path.isdir(path):
-          return (f"--config={path}: a directory, not a config file; name "
-                  f"one of its Python files, {example}")
-        if os.path.exists(path):
-          return (f"--config={path}: not a regular file (a device, FIFO or "
-                  f"socket); pass a Python config file, {example}")
-        return (f"--config={path}: no such config file (relative paths start"
-                f" from {os.getcwd()}); {example}")
+  for value in _flag_values(argv, "config"):
+    path = value.split(":", 1)[0]
+    if path and not os.path.isfile(path):
+      example = "e.g. --config=configs/trm_sudoku.py"
+      if os.path.isdir(path):
+        return (f"--config={path}: a directory, not a config file; name "
+                f"one of its Python files, {example}")
+      if os.path.exists(path):
+        return (f"--config={path}: not a regular file (a device, FIFO or "
+                f"socket); pass a Python config file, {example}")
+      return (f"--config={path}: no such config file (relative paths start"
+              f" from {os.getcwd()}); {example}")
   return None
 
 
@@ -333,18 +347,9 @@ def _piped_flagfile(argv, flag_values) -> str | None:
   import stat  # pylint: disable=g-import-not-at-top
   if "config" not in flag_values:
     return None
-  args = list(argv[1:])
-  for i, arg in enumerate(args):
-    if arg == "--":  # absl reads no flagfile past it
-      break
-    name, _, value = arg.lstrip("-").partition("=")
-    if name != "flagfile" or not arg.startswith("-"):
-      continue
-    if not value and "=" not in arg:
-      value = args[i + 1] if i + 1 < len(args) else ""
-    path = os.path.expanduser(value)
+  for value in _flag_values(argv, "flagfile"):
     try:
-      mode = os.stat(path).st_mode
+      mode = os.stat(os.path.expanduser(value)).st_mode
     except OSError:
       continue  # absl names a missing one
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
