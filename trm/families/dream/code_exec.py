@@ -904,9 +904,6 @@ def _cgroup_memory_result(result: str, limits: Limits) -> str:
           f"{limits.sample_memory()} MB; {detail})")[:1000]
 
 
-_HIDE_LOCK = threading.Lock()
-
-
 def _hide_from_our_uid() -> None:
   """Makes this process (the evaluator) not dumpable, for the rest of its
   life, before a fallback program runs as our uid: as a non-root user,
@@ -915,15 +912,12 @@ def _hide_from_our_uid() -> None:
   fds (a read-mode check, which Yama does not restrict).
   Never undone: a daemon the program left (setsid, where no cgroup holds
   it) would find us again. The cost: no core dump of this process, and a
-  debugger attaches only with CAP_SYS_PTRACE."""
-  with _HIDE_LOCK:
-    if sandbox_init._libc.prctl(  # pylint: disable=protected-access
-        sandbox_init.PR_GET_DUMPABLE, 0, 0, 0, 0) == 0:
-      return
-    if sandbox_init._libc.prctl(  # pylint: disable=protected-access
-        sandbox_init.PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-      raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed: "
-                    "the program would reach this process's memory")
+  debugger attaches only with CAP_SYS_PTRACE. Idempotent: each program's
+  thread may call it."""
+  if sandbox_init._libc.prctl(  # pylint: disable=protected-access
+      sandbox_init.PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed: "
+                  "the program would reach this process's memory")
 
 
 def _run(source: str, checks: Optional[str], limits: Limits,
