@@ -384,21 +384,20 @@ def test_a_trm_config_the_run_did_not_train_with_is_refused(trm_run):
   from absl import app  # pylint: disable=g-import-not-at-top
   from trm import export  # pylint: disable=g-import-not-at-top
   config, _, _, root = trm_run
-  fields = export._model_fields("trm")  # pylint: disable=protected-access
-  export.check_run_model(str(root / "run"), dict(config.model), fields)
+  export.check_run_model(str(root / "run"), dict(config.model), "trm")
   for field, value, trained in (("rms_norm_eps", 0.5, "1e-05"),
                                 ("H_cycles", 5, "2")):
     with pytest.raises(app.UsageError, match=(
         f"config.model.{field}={value}, but the run trained with {trained}")):
       export.check_run_model(str(root / "run"),
-                             dict(config.model, **{field: value}), fields)
+                             dict(config.model, **{field: value}), "trm")
   # Compared as trm.evaluate compares them (session 105's known limit: the
   # export alone refused these): an mlp_t run's unused head count and RoPE
   # base, which no function of the model reads.
   assert config.model.mlp_t
   for field, value in (("num_heads", 7), ("rope_theta", 5.0)):
     export.check_run_model(str(root / "run"),
-                           dict(config.model, **{field: value}), fields)
+                           dict(config.model, **{field: value}), "trm")
 
 
 def test_an_out_over_the_runs_dataset_is_refused(trm_run):

@@ -581,18 +581,20 @@ def check_run_family(workdir: str, family: str) -> None:
         "the run trained with.")
 
 
-def check_run_model(workdir: str, model, fields) -> None:
-  """--config's `fields` of config.model, which the export writes into its
-  config.json (all_config.yaml for TRM) but which no weight's shape shows
-  (RoPE base, norm epsilon, special ids, GPT's head count), must be those
-  the run trained with (its config.json): otherwise the checkpoint
+def check_run_model(workdir: str, model, family: str) -> None:
+  """--config's fields of config.model (`_model_fields(family)`), which
+  the export writes into its config.json (all_config.yaml for TRM) but
+  which no weight's shape shows (RoPE base, norm epsilon, special ids,
+  GPT's head count), must be those the run trained with (its
+  config.json): otherwise the checkpoint
   restores and the export labels its weights with another model's
   settings, which its readers then run. TRM's fields are compared as
   trm.evaluate compares them (`torch_import.differing_fields`: floats as
   numbers, num_heads and RoPE's skipped where they do not apply)."""
-  recorded = _recorded_model(workdir)
-  recorded = {k: v for k, v in recorded.items() if k in fields and k in model}
-  if "mlp_t" in fields:  # TRM's
+  fields = _model_fields(family)
+  recorded = {k: v for k, v in _recorded_model(workdir).items()
+              if k in fields and k in model}
+  if family == "trm":
     from trm.families.trm import torch_import  # pylint: disable=g-import-not-at-top
     differing = torch_import.differing_fields(recorded, model.get, fields)
   else:
@@ -727,7 +729,7 @@ def main(argv):
     raise app.UsageError(f"--checkpoint={_CHECKPOINT.value} is not a trm.main "
                          "workdir (it has no checkpoints/ directory).")
   check_run_family(_CHECKPOINT.value, family)
-  check_run_model(_CHECKPOINT.value, config.model, _model_fields(family))
+  check_run_model(_CHECKPOINT.value, config.model, family)
   step = cli.workdir_step(_CHECKPOINT.value, _STEP.value)
   if family == "trm":
     check_out_spares_data(out_flag, config, _CHECKPOINT.value)
